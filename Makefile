@@ -1,0 +1,48 @@
+# sandboxd: `make serve` runs the daemon, `make test` runs every test.
+# Both create .venv and install the project first.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+WORKSPACE := workspace
+JOBS ?= 2
+
+.PHONY: serve test lint typecheck check bench test-tools clean
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]' --config-settings editable_mode=compat
+	$(PY) -c "from twisted.plugin import IPlugin, getPlugins; list(getPlugins(IPlugin))"
+	touch $(STAMP)
+
+serve: $(STAMP)
+	mkdir -p $(WORKSPACE)
+	$(VENV)/bin/twistd -n --pidfile= sandboxd \
+		--port tcp:9000:interface=127.0.0.1 \
+		--pty-port tcp:9001:interface=127.0.0.1 \
+		--policy etc/policy.json --base-dir $(WORKSPACE)
+
+# Tools some tests drive (git, node, chromium): installed when missing and
+# this machine can; the tests that need one skip, saying why, when absent.
+test-tools:
+	@scripts/install-test-tools.sh
+
+test: $(STAMP) test-tools
+	$(PY) scripts/trial-summary.py --random=0 -j$(JOBS) tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check sandboxd tests twisted
+	$(VENV)/bin/ruff format --check sandboxd tests twisted
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+check: lint typecheck test
+
+bench: $(STAMP)
+	bench/run.sh
+
+clean:
+	rm -rf $(VENV) _trial_temp* build *.egg-info

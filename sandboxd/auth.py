@@ -1,0 +1,168 @@
+"""
+Who is calling: tokens, identities and scopes (SPEC §4).
+
+Tokens are kept only as SHA-256 digests and compared with
+``hmac.compare_digest`` against every known digest, so timing says nothing
+and a token with odd bytes is a plain 401.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+from sandboxd.errors import ApiError
+from sandboxd.policy.document import PolicyError, TokenSpec
+
+
+@attrs.frozen
+class Identity:
+    """An authenticated caller and the scopes it holds."""
+
+    id: str
+    scopes: frozenset[str]
+
+    def has_scope(self, scope: str) -> bool:
+        """Whether this identity holds ``scope`` (``*`` holds every scope)."""
+        return "*" in self.scopes or scope in self.scopes
+
+    def missing(self, required: Iterable[str]) -> str | None:
+        """The first required scope this identity lacks, or None."""
+        for scope in required:
+            if not self.has_scope(scope):
+                return scope
+        return None
+
+    def as_json(self) -> dict[str, object]:
+        """``{id, scopes}`` for discovery."""
+        return {"id": self.id, "scopes": sorted(self.scopes)}
+
+
+ANONYMOUS = Identity("anonymous", frozenset({"*"}))
+
+
+def _digest(token: bytes) -> bytes:
+    return hashlib.sha256(token).digest()
+
+
+def unauthorized() -> ApiError:
+    """The one 401 every failed authentication gets."""
+    return ApiError(401, "unauthorized", "AuthError", "unauthorized")
+
+
+def _read_token_file(path: str, where: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError as e:
+        raise PolicyError(f"{where}: cannot read token file {path!r}: {e.strerror}") from None
+
+
+@attrs.define
+class TokenStore:
+    """
+    The identities a daemon accepts.
+
+    Empty means local mode: every request is :data:`ANONYMOUS`.
+    """
+
+    entries: list[tuple[bytes, Identity]] = attrs.Factory(list)
+    #: environment variables that hold tokens (never passed to children).
+    secret_env: frozenset[str] = frozenset()
+    warnings: list[str] = attrs.Factory(list)
+
+    @property
+    def local_mode(self) -> bool:
+        """No token configured: no authentication."""
+        return not self.entries
+
+    @classmethod
+    def build(
+        cls, specs: Iterable[TokenSpec], environ: Mapping[str, str] | None = None
+    ) -> TokenStore:
+        """Resolve the legacy token and every policy token at start."""
+        env = os.environ if environ is None else environ
+        store = cls()
+        secret_env = {"ABX_SERVER_TOKEN", "ABX_SERVER_TOKEN_FILE"}
+        legacy = env.get("ABX_SERVER_TOKEN", "")
+        legacy_file = env.get("ABX_SERVER_TOKEN_FILE", "")
+        if not legacy and legacy_file:
+            legacy = _read_token_file(legacy_file, "ABX_SERVER_TOKEN_FILE")
+        if legacy:
+            store.entries.append(
+                (_digest(legacy.encode("utf-8")), Identity("legacy", frozenset({"*"})))
+            )
+        for spec in specs:
+            identity = Identity(spec.id, frozenset(spec.scopes))
+            if spec.token_sha256:
+                store.entries.append((bytes.fromhex(spec.token_sha256), identity))
+            elif spec.token_env:
+                secret_env.add(spec.token_env)
+                value = env.get(spec.token_env, "")
+                if value:
+                    store.entries.append((_digest(value.encode("utf-8")), identity))
+                else:
+                    store.warnings.append(
+                        f"auth.tokens: token {spec.id!r}: environment variable "
+                        f"{spec.token_env} is unset, so this identity cannot log in"
+                    )
+            elif spec.token_file:
+                value = _read_token_file(spec.token_file, f"auth.tokens {spec.id!r}")
+                if value:
+                    store.entries.append((_digest(value.encode("utf-8")), identity))
+        store.secret_env = frozenset(secret_env)
+        if not store.entries and any(True for _ in specs):
+            # Tokens were configured but none resolved: fail closed, never open.
+            store.entries.append((b"\x00" * 32, Identity("nobody", frozenset())))
+        return store
+
+    def identify(self, token: bytes) -> Identity | None:
+        """The identity whose token this is, checking every digest."""
+        digest = _digest(token)
+        found: Identity | None = None
+        for known, identity in self.entries:
+            if hmac.compare_digest(known, digest) and found is None:
+                found = identity
+        return found
+
+
+def presented_token(headers: Mapping[bytes, list[bytes]]) -> bytes | None:
+    """
+    The token a request presents, or None.
+
+    :raises ApiError: 400 ``ambiguous_credentials`` when two differing
+        tokens are presented.
+    """
+    tokens: set[bytes] = set()
+    for value in headers.get(b"x-access-token", []):
+        tokens.add(value.strip())
+    for value in headers.get(b"authorization", []):
+        scheme, _, rest = value.strip().partition(b" ")
+        if scheme.lower() == b"bearer":
+            tokens.add(rest.strip())
+    if len(tokens) > 1:
+        raise ApiError(
+            400,
+            "two different credentials were presented",
+            "AuthError",
+            "ambiguous_credentials",
+        )
+    return tokens.pop() if tokens else None
+
+
+def authenticate(store: TokenStore, headers: Mapping[bytes, list[bytes]]) -> Identity:
+    """The caller's identity; raises the 401 or 400 of SPEC §4."""
+    if store.local_mode:
+        presented_token(headers)
+        return ANONYMOUS
+    token = presented_token(headers)
+    if not token:
+        raise unauthorized()
+    identity = store.identify(token)
+    if identity is None:
+        raise unauthorized()
+    return identity

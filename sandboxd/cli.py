@@ -1,0 +1,258 @@
+"""
+The ``sandboxd`` console script: serve, healthcheck, check-config, reload,
+version (SPEC §1).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+from twisted.python import usage
+
+from sandboxd._version import __version__
+from sandboxd.auth import ANONYMOUS, Identity
+from sandboxd.policy import Policy, PolicyError, load_policy
+from sandboxd.server import DEFAULT_PORT, Settings, build, import_commands
+from sandboxd.tap import Options as ServeOptions
+
+
+class HealthcheckOptions(usage.Options):
+    """``sandboxd healthcheck``."""
+
+    optParameters = [
+        ["host", None, "127.0.0.1", "Host to ask."],
+        ["port", None, str(DEFAULT_PORT), "HTTP port."],
+        ["timeout", None, "3", "Seconds to wait."],
+    ]
+
+
+class CheckConfigOptions(usage.Options):
+    """``sandboxd check-config``."""
+
+    optFlags = [
+        ["strict", None, "Treat warnings as errors."],
+        ["json", None, "Print JSON."],
+    ]
+    optParameters = [
+        ["policy", None, None, "Policy file (JSON or YAML)."],
+        ["preset", None, None, "Preset name."],
+        ["base-dir", None, None, "Path boundary."],
+        ["explain", None, None, "Explain the decision for one endpoint."],
+        ["path", None, None, "With --explain: a path to decide."],
+        ["scopes", None, None, "With --explain: comma-separated scopes of the caller."],
+        ["op", None, None, "With --explain: read, write or delete."],
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self["commands"] = []
+
+    def opt_commands(self, spec: str) -> None:
+        """Import a commands file or module first (repeatable)."""
+        self["commands"].append(spec)
+
+
+class ReloadOptions(usage.Options):
+    """``sandboxd reload``."""
+
+    optParameters = [["pid", None, None, "The daemon's pid (default: read --pidfile)."],
+                     ["pidfile", None, "twistd.pid", "A twistd pidfile."]]
+
+
+class Options(usage.Options):
+    """``sandboxd COMMAND [options]``."""
+
+    subCommands = [
+        ["serve", None, ServeOptions, "Run the daemon in the foreground."],
+        ["healthcheck", None, HealthcheckOptions, "Exit 0 when /health answers ok."],
+        ["check-config", None, CheckConfigOptions, "Validate a policy and show its effect."],
+        ["reload", None, ReloadOptions, "Ask a running daemon to re-read its policy."],
+        ["version", None, usage.Options, "Print the version."],
+    ]
+
+    def postOptions(self) -> None:
+        """A command is required."""
+        if self.subCommand is None:
+            raise usage.UsageError("a command is required: " + ", ".join(c[0] for c in self.subCommands))
+
+
+def healthcheck(host: str, port: int, timeout: float) -> int:
+    """GET /health; 0 when it answers 200 ``{"status": "ok"}``."""
+    try:
+        conn = http.client.HTTPConnection(host, port, timeout=timeout)
+        conn.request("GET", "/health", headers={"Host": "localhost"})
+        response = conn.getresponse()
+        body = json.loads(response.read() or b"null")
+        conn.close()
+    except (OSError, ValueError, http.client.HTTPException):
+        return 1
+    return 0 if response.status == 200 and body == {"status": "ok"} else 1
+
+
+def serve(options: ServeOptions) -> int:
+    """Run the daemon on the global reactor until SIGTERM/SIGINT."""
+    from twisted.internet import reactor
+    from twisted.logger import globalLogBeginner, textFileLogObserver
+
+    globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stdout)])
+    daemon = build(options.settings(), reactor)
+    daemon.startService()
+    reactor.addSystemEventTrigger("before", "shutdown", daemon.stopService)
+    reactor.run()
+    return 0
+
+
+def _rule_row(endpoint: Any, policy: Policy) -> dict[str, Any]:
+    rule = policy.rules[endpoint.id]
+    from sandboxd.discovery import _non_default
+
+    return {
+        "endpoint": endpoint.id,
+        "group": endpoint.group.value,
+        "enabled": rule.enabled,
+        "rule": rule.enabled_by,
+        "scopes": list(rule.scopes),
+        "audit": rule.audit,
+        "limits": _non_default(rule.limits),
+        "paths": _non_default(rule.paths),
+        "set_by": dict(rule.sources),
+    }
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """The effective per-endpoint table as aligned text."""
+    header = ("endpoint", "group", "enabled", "decided by", "scopes", "limits")
+    lines = [header]
+    for row in rows:
+        limits = ", ".join(f"{k}={v}" for k, v in row["limits"].items())
+        lines.append(
+            (
+                row["endpoint"],
+                row["group"],
+                "yes" if row["enabled"] else "no",
+                row["rule"],
+                ",".join(row["scopes"]) or "-",
+                limits or "-",
+            )
+        )
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(header) - 1)]
+    out = []
+    for line in lines:
+        cells = [str(c).ljust(w) for c, w in zip(line[:-1], widths, strict=True)]
+        out.append("  ".join([*cells, str(line[-1])]).rstrip())
+    return "\n".join(out)
+
+
+def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:
+    """Validate, then print the table or one explained decision."""
+    from sandboxd.discovery import check
+    from sandboxd.endpoints import default_table
+
+    try:
+        for spec in options["commands"]:
+            import_commands(spec)
+        table = default_table()
+        policy = load_policy(
+            table,
+            path=options["policy"],
+            preset=options["preset"],
+            base_dir=options["base-dir"],
+        )
+    except PolicyError as e:
+        print(f"invalid: {e}", file=out)
+        return 1
+    if options["strict"] and policy.warnings:
+        for warning in policy.warnings:
+            print(f"error (--strict): {warning}", file=out)
+        return 1
+    if options["explain"]:
+        identity: Identity = ANONYMOUS
+        if options["scopes"] is not None:
+            identity = Identity("explain", frozenset(s for s in options["scopes"].split(",") if s))
+        context = SimpleNamespace(table=table, policy=policy)
+        body: dict[str, Any] = {"endpoint": options["explain"]}
+        if options["path"]:
+            body["path"] = options["path"]
+        if options["op"]:
+            body["op"] = options["op"]
+        try:
+            decision = check(context, identity, body)
+        except Exception as e:
+            print(f"invalid: {e}", file=out)
+            return 1
+        rule = policy.rules[options["explain"]]
+        decision["effective"] = _rule_row(table.get(options["explain"]), policy)
+        if options["json"]:
+            print(json.dumps(decision, indent=2), file=out)
+        else:
+            verdict = "ALLOWED" if decision["allowed"] else f"REFUSED ({decision.get('code')})"
+            print(f"{options['explain']}: {verdict}", file=out)
+            print(f"  enabled: {rule.enabled} (by {rule.enabled_by})", file=out)
+            print(f"  scopes required: {', '.join(rule.scopes) or 'none'}", file=out)
+            if decision.get("rule"):
+                print(f"  decided by: {decision['rule']}", file=out)
+            for p in decision["paths"]:
+                state = "allowed" if p["allowed"] else f"refused: {p.get('code')} ({p.get('rule')})"
+                print(f"  path {p['path']}: {state}", file=out)
+            for leaf, origin in sorted(rule.sources.items()):
+                print(f"  {leaf} set by {origin}", file=out)
+        return 0
+    rows = [_rule_row(e, policy) for e in table]
+    if options["json"]:
+        print(json.dumps({"valid": True, "warnings": list(policy.warnings), "endpoints": rows}, indent=2), file=out)
+    else:
+        print(format_table(rows), file=out)
+        for warning in policy.warnings:
+            print(f"warning: {warning}", file=out)
+        print(f"valid: {policy.document.source} (preset {policy.preset or 'none'}, base_dir {policy.base_dir})", file=out)
+    return 0
+
+
+def reload(options: ReloadOptions) -> int:
+    """Send SIGHUP to the daemon."""
+    pid = options["pid"]
+    if pid is None:
+        try:
+            with open(options["pidfile"]) as f:
+                pid = f.read().strip()
+        except OSError as e:
+            print(f"cannot read {options['pidfile']}: {e.strerror}", file=sys.stderr)
+            return 1
+    try:
+        os.kill(int(pid), signal.SIGHUP)
+    except (OSError, ValueError) as e:
+        print(f"cannot signal {pid}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script."""
+    options = Options()
+    try:
+        options.parseOptions(list(sys.argv[1:] if argv is None else argv))
+    except usage.UsageError as e:
+        print(f"sandboxd: {e}", file=sys.stderr)
+        return 2
+    command, sub = options.subCommand, options.subOptions
+    if command == "version":
+        print(__version__)
+        return 0
+    if command == "healthcheck":
+        return healthcheck(sub["host"], int(sub["port"]), float(sub["timeout"]))
+    if command == "check-config":
+        return check_config(sub)
+    if command == "reload":
+        return reload(sub)
+    return serve(sub)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""
+Template commands (SPEC §7.2): named functions a template author registers
+and callers run with ``POST /commands/{name}``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+
+from sandboxd.errors import ApiError
+
+ARG_TYPES = ("string", "integer", "float", "boolean")
+_TRUE = ("true", "yes", "1")
+_FALSE = ("false", "no", "0")
+_PY_TYPES = {int: "integer", float: "float", bool: "boolean", str: "string"}
+_NAME_TYPES = {"int": "integer", "float": "float", "bool": "boolean", "str": "string"}
+
+
+def _check_type(instance: Any, attribute: Any, value: str) -> None:
+    if value not in ARG_TYPES:
+        raise ValueError(f"CommandArg type must be one of {', '.join(ARG_TYPES)}, not {value!r}")
+
+
+@attrs.frozen
+class CommandArg:
+    """One declared argument of a command."""
+
+    name: str
+    type: str = attrs.field(default="string", validator=_check_type)
+    required: bool = True
+    default: Any = None
+    description: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        """The listing form of ``GET /commands``."""
+        return {
+            "name": self.name,
+            "type": self.type,
+            "required": self.required,
+            "default": self.default,
+            "description": self.description,
+        }
+
+    def coerce(self, value: Any) -> Any:
+        """Convert a JSON value to this argument's type, or raise ValueError."""
+        if self.type == "string":
+            if isinstance(value, str):
+                return value
+            if isinstance(value, bool | int | float):
+                return str(value).lower() if isinstance(value, bool) else str(value)
+            raise ValueError("expected a string")
+        if self.type == "boolean":
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+            raise ValueError("expected a boolean (true/false/yes/no/1/0)")
+        if isinstance(value, bool):
+            raise ValueError(f"expected {'an integer' if self.type == 'integer' else 'a number'}")
+        if self.type == "integer":
+            if isinstance(value, int):
+                return value
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            if isinstance(value, str):
+                try:
+                    return int(value.strip())
+                except ValueError:
+                    pass
+            raise ValueError("expected an integer")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError("expected a number") from None
+
+
+def _annotation_type(annotation: Any) -> str:
+    if annotation in _PY_TYPES:
+        return _PY_TYPES[annotation]
+    if isinstance(annotation, str):
+        return _NAME_TYPES.get(annotation.strip(), "string")
+    return "string"
+
+
+def infer_args(func: Callable[..., Any]) -> tuple[CommandArg, ...]:
+    """Arguments from a signature: int/float/bool/else string, no default = required."""
+    out = []
+    for param in inspect.signature(func).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        required = param.default is inspect.Parameter.empty
+        out.append(
+            CommandArg(
+                name=param.name,
+                type=_annotation_type(param.annotation),
+                required=required,
+                default=None if required else param.default,
+            )
+        )
+    return tuple(out)
+
+
+@attrs.frozen
+class Command:
+    """A registered command."""
+
+    name: str
+    func: Callable[..., Any]
+    description: str
+    hidden: bool
+    scopes: tuple[str, ...]
+    args: tuple[CommandArg, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        """The listing form of ``GET /commands``."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "args": [a.as_json() for a in self.args],
+        }
+
+    def bind(self, body: dict[str, Any]) -> dict[str, Any]:
+        """
+        The keyword arguments for a call, coerced.
+
+        :raises ApiError: 400 for a missing, undeclared or uncoercible argument.
+        """
+        declared = {a.name: a for a in self.args}
+        for key in body:
+            if key not in declared:
+                raise ApiError(
+                    400, f"unexpected argument {key!r} for command {self.name!r}",
+                    "ValueError", "invalid_param",
+                )
+        kwargs: dict[str, Any] = {}
+        for arg in self.args:
+            if arg.name in body:
+                try:
+                    kwargs[arg.name] = arg.coerce(body[arg.name])
+                except ValueError as e:
+                    raise ApiError(
+                        400, f"argument {arg.name!r}: {e}", "ValueError", "invalid_param"
+                    ) from None
+            elif arg.required:
+                raise ApiError(
+                    400, f"missing required argument {arg.name!r}", "ValueError", "invalid_param"
+                )
+            elif arg.default is not None:
+                kwargs[arg.name] = arg.default
+        return kwargs
+
+
+class CommandRegistry:
+    """The commands a server offers; frozen when the server starts."""
+
+    def __init__(self) -> None:
+        self._commands: dict[str, Command] = {}
+        self._frozen = False
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._commands
+
+    def __iter__(self) -> Any:
+        return iter(self._commands.values())
+
+    def names(self) -> list[str]:
+        """Every command name (hidden ones included), sorted."""
+        return sorted(self._commands)
+
+    def get(self, name: str) -> Command | None:
+        """The command called ``name``, if any."""
+        return self._commands.get(name)
+
+    @property
+    def frozen(self) -> bool:
+        """Whether registration is closed."""
+        return self._frozen
+
+    def freeze(self) -> None:
+        """Close registration (the server is starting)."""
+        self._frozen = True
+
+    def register(
+        self,
+        func: Callable[..., Any],
+        name: str | None = None,
+        description: str = "",
+        hidden: bool = False,
+        scopes: Iterable[str] = (),
+        args: Iterable[CommandArg] | None = None,
+    ) -> Command:
+        """Add a command; raises RuntimeError once frozen, ValueError on a clash."""
+        if self._frozen:
+            raise RuntimeError("the command registry is frozen: register commands at import time")
+        name = name or func.__name__
+        if name in self._commands:
+            raise ValueError(f"command {name!r} is already registered")
+        cmd = Command(
+            name=name,
+            func=func,
+            description=description or (inspect.getdoc(func) or "").split("\n")[0],
+            hidden=hidden,
+            scopes=tuple(scopes),
+            args=tuple(args) if args is not None else infer_args(func),
+        )
+        self._commands[name] = cmd
+        return cmd
+
+    def command(
+        self,
+        name: str | Callable[..., Any] | None = None,
+        description: str = "",
+        hidden: bool = False,
+        scopes: Iterable[str] = (),
+        args: Iterable[CommandArg] | None = None,
+    ) -> Any:
+        """Decorator: ``@registry.command("name", description=...)`` or bare."""
+        if callable(name):
+            self.register(name)
+            return name
+
+        def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+            self.register(func, name, description, hidden, scopes, args)
+            return func
+
+        return decorate
+
+
+#: The registry ``@command`` writes to and servers use unless given another.
+default_registry = CommandRegistry()
+
+
+def command(
+    name: str | Callable[..., Any] | None = None,
+    description: str = "",
+    hidden: bool = False,
+    scopes: Iterable[str] = (),
+    args: Iterable[CommandArg] | None = None,
+) -> Any:
+    """Register a function in the default registry (SPEC §7.2)."""
+    return default_registry.command(name, description, hidden, scopes, args)

@@ -1,0 +1,134 @@
+"""
+Discovery (SPEC §5.6): what the calling identity may do, and why.
+
+Everything here is computed from the endpoint table and the compiled policy;
+nothing touches the file system.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from sandboxd._version import __version__
+from sandboxd.auth import Identity
+from sandboxd.endpoints import CapabilityGroup, Endpoint
+from sandboxd.errors import ApiError
+from sandboxd.policy import Policy
+from sandboxd.policy.paths import decide
+from sandboxd.policy.rules import EffectiveRule
+from sandboxd.web.pipeline import missing_scope
+
+
+def _non_default(obj: Any) -> dict[str, Any]:
+    """The fields of a rule section, without unset (None) values."""
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in attrs.asdict(obj).items() if v is not None}
+
+
+def describe(endpoint: Endpoint, rule: EffectiveRule, identity: Identity) -> dict[str, Any]:
+    """One endpoint as ``/capabilities`` shows it to ``identity``."""
+    lacking = missing_scope(identity, rule, {})
+    allowed = rule.enabled and (not endpoint.auth_required or lacking is None)
+    if endpoint.id == "commands_run" and lacking and any(
+        s.startswith("commands:run:") for s in identity.scopes
+    ):
+        allowed, lacking = rule.enabled, None
+    reason = rule.reason if not rule.enabled else ("missing_scope" if not allowed else None)
+    return {
+        "method": endpoint.method,
+        "path": endpoint.path,
+        "group": endpoint.group.value,
+        "summary": endpoint.summary,
+        "streaming": endpoint.streaming,
+        "enabled": rule.enabled,
+        "allowed": allowed,
+        "reason": reason,
+        "rule": rule.enabled_by,
+        "scopes": list(rule.scopes),
+        "limits": _non_default(rule.limits),
+        "paths": _non_default(rule.paths),
+        "params": _non_default(rule.params),
+    }
+
+
+def capabilities(context: Any, identity: Identity) -> dict[str, Any]:
+    """The whole ``GET /capabilities`` document."""
+    policy: Policy = context.policy
+    endpoints: dict[str, Any] = {}
+    summary: dict[str, dict[str, int]] = {g.value: {"enabled": 0, "total": 0} for g in CapabilityGroup}
+    for endpoint in context.table:
+        rule = policy.rules[endpoint.id]
+        endpoints[endpoint.id] = describe(endpoint, rule, identity)
+        counts = summary[endpoint.group.value]
+        counts["total"] += 1
+        counts["enabled"] += int(rule.enabled)
+    return {
+        "groups": {name: counts["enabled"] > 0 for name, counts in summary.items()},
+        "api_version": 2,
+        "server_version": __version__,
+        "identity": identity.as_json(),
+        "policy": {"preset": policy.preset, "revision": policy.revision, "base_dir": policy.base_dir},
+        "group_summary": summary,
+        "endpoints": endpoints,
+        "warnings": list(policy.warnings),
+    }
+
+
+def default_op(endpoint: Endpoint) -> str:
+    """The file operation an endpoint performs, for path decisions."""
+    if "files:delete" in endpoint.scopes and endpoint.method == "DELETE":
+        return "delete"
+    if any(s.endswith(":write") for s in endpoint.scopes) or endpoint.id == "files_move":
+        return "write"
+    return "read"
+
+
+def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
+    """``POST /capabilities/check``: the decision for a hypothetical call."""
+    endpoint_id = body.get("endpoint")
+    if not isinstance(endpoint_id, str) or not endpoint_id:
+        raise ApiError(400, "'endpoint' is required", "ValueError", "invalid_param")
+    if endpoint_id not in context.table:
+        from sandboxd.policy.document import suggest
+
+        raise ApiError(
+            400,
+            f"unknown endpoint {endpoint_id!r}{suggest(endpoint_id, context.table.ids())}",
+            "ValueError",
+            "invalid_param",
+        )
+    op = body.get("op")
+    if op is not None and op not in ("read", "write", "delete"):
+        raise ApiError(400, "'op' must be read, write or delete", "ValueError", "invalid_param")
+    paths = list(body.get("paths") or [])
+    if body.get("path") is not None:
+        paths.insert(0, body["path"])
+    if not all(isinstance(p, str) for p in paths):
+        raise ApiError(400, "paths must be strings", "ValueError", "invalid_param")
+    scopes = body.get("scopes")
+    if scopes is not None:
+        if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
+            raise ApiError(400, "'scopes' must be a list of strings", "ValueError", "invalid_param")
+        identity = Identity(identity.id, frozenset(scopes))
+    endpoint = context.table.get(endpoint_id)
+    rule: EffectiveRule = context.policy.rules[endpoint_id]
+    out: dict[str, Any] = {"endpoint": endpoint_id, "allowed": True}
+    if not rule.enabled:
+        out.update(allowed=False, code="endpoint_disabled", rule=rule.enabled_by, reason=rule.reason)
+    else:
+        lacking = missing_scope(identity, rule, {"name": str(body.get("command", ""))})
+        if endpoint.auth_required and lacking:
+            out.update(
+                allowed=False,
+                code="missing_scope",
+                scope=lacking,
+                rule=rule.source("scopes") or f"endpoint:{endpoint_id}",
+                reason="missing_scope",
+            )
+    decisions = [decide(rule, p, op or default_op(endpoint)) for p in paths]
+    out["paths"] = [d.as_json() for d in decisions]
+    if out["allowed"] and any(not d.allowed for d in decisions):
+        first = next(d for d in decisions if not d.allowed)
+        out.update(allowed=False, code=first.code, rule=first.rule, reason=first.code)
+    return out

@@ -1,0 +1,382 @@
+"""
+The endpoint table: every route the daemon serves, declared once.
+
+Routing (:mod:`sandboxd.web.routing`), the policy engine, discovery
+(``/capabilities``), ``/openapi.json`` and the generated API reference all
+read this table; nothing else lists endpoints.  Group modules in
+:mod:`sandboxd.routes` attach handlers to the ids declared here; an id with
+no handler yet is reported as not implemented rather than hidden.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+
+# test-case-name: tests.test_endpoints
+
+
+class CapabilityGroup(str, enum.Enum):
+    """The groups endpoints belong to; the unit of ``enable_group``."""
+
+    CORE = "core"
+    COMMANDS = "commands"
+    FILE_OPS = "file_ops"
+    PROCESS = "process"
+    TERMINAL = "terminal"
+    SYSTEM = "system"
+    DEV_TOOLS = "dev_tools"
+    BROWSER = "browser"
+    AGENTS = "agents"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: Groups that are on unless something turns them off.
+DEFAULT_ON = frozenset(
+    {
+        CapabilityGroup.CORE,
+        CapabilityGroup.COMMANDS,
+        CapabilityGroup.FILE_OPS,
+        CapabilityGroup.PROCESS,
+        CapabilityGroup.TERMINAL,
+        CapabilityGroup.SYSTEM,
+    }
+)
+
+#: Methods the HTTP pipeline knows; anything else is 501.
+HTTP_METHODS = ("GET", "POST", "DELETE")
+
+Handler = Callable[[Any], Any]
+
+
+@attrs.define(eq=False)
+class Endpoint:
+    """
+    One route: its identity, where it lives, who may call it.
+
+    :ivar scopes: every scope listed is required (``files_move`` needs two).
+    :ivar body: ``"json"`` (the pipeline parses an object), ``"raw"`` (the
+        handler consumes the bytes through ``sink``), or ``"none"``.
+    :ivar upload: the body carries a file payload, so its request cap derives
+        from ``max_bytes`` (×4/3 for base64 + 64 KiB) instead of 1 MiB.
+    :ivar sink: for ``body="raw"``, called at header time with the
+        :class:`~sandboxd.web.messages.ServerRequest` to get a
+        :class:`~sandboxd.web.messages.BodySink` the body streams into.
+    """
+
+    id: str
+    method: str
+    path: str
+    group: CapabilityGroup
+    scopes: tuple[str, ...]
+    summary: str = ""
+    streaming: bool = False
+    auth_required: bool = True
+    body: str = "json"
+    upload: bool = False
+    custom: bool = False
+    handler: Handler | None = None
+    sink: Callable[[Any], Any] | None = None
+
+    @property
+    def implemented(self) -> bool:
+        """Whether a handler is attached (WebSocket ids count as served)."""
+        return self.handler is not None or self.method == "WS"
+
+    @property
+    def segments(self) -> tuple[str, ...]:
+        """The path template split into segments (``{x}`` marks a parameter)."""
+        return tuple(s for s in self.path.split("/") if s)
+
+
+_PARAM = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+
+
+def param_name(segment: str) -> str | None:
+    """The parameter name of a ``{name}`` segment, else None."""
+    m = _PARAM.match(segment)
+    return m.group(1) if m else None
+
+
+G = CapabilityGroup
+_S = "/agents/sessions/{sid}"
+
+# (id, method, path, group, scopes, summary, flags)
+_CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dict[str, Any]]] = [
+    ("health", "GET", "/health", G.CORE, (), "Liveness: always 200 {status: ok}.", {"auth_required": False, "body": "none"}),
+    ("capabilities", "GET", "/capabilities", G.CORE, ("core:read",), "What this caller may do, endpoint by endpoint.", {}),
+    ("capabilities_check", "POST", "/capabilities/check", G.CORE, ("core:read",), "Decide a hypothetical call without making it.", {}),
+    ("openapi", "GET", "/openapi.json", G.CORE, ("core:read",), "OpenAPI 3.1 document generated from this table.", {}),
+    ("commands_list", "GET", "/commands", G.COMMANDS, ("commands:run",), "List the template's commands.", {}),
+    ("commands_run", "POST", "/commands/{name}", G.COMMANDS, ("commands:run",), "Run a registered command.", {}),
+    ("upload", "POST", "/upload", G.FILE_OPS, ("files:write",), "Write a file from base64.", {"upload": True}),
+    ("download", "GET", "/download", G.FILE_OPS, ("files:read",), "Read a file as base64.", {}),
+    ("files_list", "GET", "/files/list", G.FILE_OPS, ("files:read",), "List a directory.", {}),
+    ("files_stat", "GET", "/files/stat", G.FILE_OPS, ("files:read",), "Describe one path.", {}),
+    ("files_mkdir", "POST", "/files/mkdir", G.FILE_OPS, ("files:write",), "Create a directory and its parents.", {}),
+    ("files_delete", "DELETE", "/files", G.FILE_OPS, ("files:delete",), "Delete a file or directory tree.", {}),
+    ("files_move", "POST", "/files/move", G.FILE_OPS, ("files:write", "files:delete"), "Move or rename.", {}),
+    ("files_search", "POST", "/files/search", G.FILE_OPS, ("files:read",), "Find names matching a pattern.", {}),
+    ("files_upload_stream", "POST", "/files/upload-stream", G.FILE_OPS, ("files:write",), "Write a file atomically from base64.", {"upload": True}),
+    ("files_download_stream", "GET", "/files/download-stream", G.FILE_OPS, ("files:read",), "Read a file as base64, streamed.", {}),
+    ("files_archive", "POST", "/files/archive", G.FILE_OPS, ("files:read",), "Pack paths into tar.gz or zip.", {}),
+    ("files_extract", "POST", "/files/extract", G.FILE_OPS, ("files:write",), "Unpack an archive, every member checked first.", {"upload": True}),
+    ("files_read_raw", "GET", "/files/raw", G.FILE_OPS, ("files:read",), "Stream a file's bytes (Range, ETag).", {}),
+    ("files_write_raw", "POST", "/files/raw", G.FILE_OPS, ("files:write",), "Write the raw body to a file atomically.", {"body": "raw", "upload": True}),
+    ("files_watch", "GET", "/files/watch", G.FILE_OPS, ("files:read",), "SSE of changes under a directory.", {"streaming": True}),
+    ("shell", "POST", "/shell", G.PROCESS, ("process:run",), "Run a command and wait for it.", {}),
+    ("shell_stream", "POST", "/shell/stream", G.PROCESS, ("process:run",), "Run a command, output as SSE.", {"streaming": True}),
+    ("process_start", "POST", "/process/start", G.PROCESS, ("process:run",), "Start a background process.", {}),
+    ("process_list", "GET", "/process/list", G.PROCESS, ("process:manage",), "List managed processes.", {}),
+    ("process_get", "GET", "/process/{pid}", G.PROCESS, ("process:manage",), "Describe one managed process.", {}),
+    ("process_signal", "POST", "/process/{pid}/signal", G.PROCESS, ("process:manage",), "Signal a process group.", {}),
+    ("process_output", "GET", "/process/{pid}/output", G.PROCESS, ("process:manage",), "Page or follow a process's output log.", {"streaming": True}),
+    ("process_stdin", "POST", "/process/{pid}/stdin", G.PROCESS, ("process:manage",), "Write to a process's stdin.", {}),
+    ("pty_create", "POST", "/pty/sessions", G.TERMINAL, ("terminal:use",), "Open a terminal session.", {}),
+    ("pty_list", "GET", "/pty/sessions", G.TERMINAL, ("terminal:use",), "List terminal sessions.", {}),
+    ("pty_get", "GET", "/pty/sessions/{id}", G.TERMINAL, ("terminal:use",), "Describe one terminal session.", {}),
+    ("pty_resize", "POST", "/pty/sessions/{id}/resize", G.TERMINAL, ("terminal:use",), "Resize a terminal.", {}),
+    ("pty_delete", "DELETE", "/pty/sessions/{id}", G.TERMINAL, ("terminal:use",), "Close a terminal session.", {}),
+    ("pty_connect", "WS", "/pty", G.TERMINAL, ("terminal:use",), "Attach to a terminal over WebSocket (PTY port).", {"body": "none"}),
+    ("system_info", "GET", "/system/info", G.SYSTEM, ("system:read",), "OS, CPU, memory and disk facts.", {}),
+    ("env_get", "GET", "/env", G.SYSTEM, ("system:read",), "Environment variables (secrets redacted).", {}),
+    ("env_set", "POST", "/env", G.SYSTEM, ("system:write",), "Set variables later children inherit.", {}),
+    ("ports", "GET", "/ports", G.SYSTEM, ("system:read",), "Listening TCP sockets.", {}),
+    ("packages", "GET", "/packages", G.SYSTEM, ("system:read",), "Installed pip or npm packages.", {}),
+    ("system_metrics", "GET", "/system/metrics", G.SYSTEM, ("system:read",), "Load, memory and disk usage.", {}),
+    ("code_run", "POST", "/code/run", G.DEV_TOOLS, ("devtools:run",), "Run a snippet of python, node or bash.", {}),
+    ("git_status", "GET", "/git/status", G.DEV_TOOLS, ("devtools:run",), "git status, parsed.", {}),
+    ("git_diff", "GET", "/git/diff", G.DEV_TOOLS, ("devtools:run",), "git diff with stats.", {}),
+    ("browser_navigate", "POST", "/browser/navigate", G.BROWSER, ("browser:use",), "Open a URL in the shared page.", {}),
+    ("browser_screenshot", "POST", "/browser/screenshot", G.BROWSER, ("browser:use",), "Screenshot the page or an element.", {}),
+    ("browser_content", "GET", "/browser/content", G.BROWSER, ("browser:use",), "The page's HTML or text.", {}),
+    ("browser_click", "POST", "/browser/click", G.BROWSER, ("browser:use",), "Click an element.", {}),
+    ("browser_type", "POST", "/browser/type", G.BROWSER, ("browser:use",), "Type into an element.", {}),
+    ("browser_evaluate", "POST", "/browser/evaluate", G.BROWSER, ("browser:use",), "Evaluate JavaScript in the page.", {}),
+    ("browser_pdf", "POST", "/browser/pdf", G.BROWSER, ("browser:use",), "Print the page to PDF.", {}),
+    ("browser_console", "GET", "/browser/console", G.BROWSER, ("browser:use",), "Console messages since the last read.", {}),
+    ("agents_catalog", "GET", "/agents/catalog", G.AGENTS, ("agents:read",), "Coding agents this sandbox knows.", {}),
+    ("agents_catalog_get", "GET", "/agents/catalog/{agent}", G.AGENTS, ("agents:read",), "One catalogue entry, optionally probed.", {}),
+    ("agents_install", "POST", "/agents/catalog/{agent}/install", G.AGENTS, ("agents:install",), "Install an agent as a managed process.", {}),
+    ("agents_catalog_sessions", "GET", "/agents/catalog/{agent}/sessions", G.AGENTS, ("agents:read",), "The agent's own stored sessions.", {}),
+    ("agents_session_create", "POST", "/agents/sessions", G.AGENTS, ("agents:run",), "Start an agent session.", {}),
+    ("agents_session_load", "POST", "/agents/sessions/load", G.AGENTS, ("agents:run",), "Load a stored agent session.", {}),
+    ("agents_session_list", "GET", "/agents/sessions", G.AGENTS, ("agents:read",), "List agent sessions.", {}),
+    ("agents_session_get", "GET", _S, G.AGENTS, ("agents:read",), "Describe one agent session.", {}),
+    ("agents_session_config", "POST", _S + "/config", G.AGENTS, ("agents:run",), "Change mode, model, config or title.", {}),
+    ("agents_session_cancel", "POST", _S + "/cancel", G.AGENTS, ("agents:run",), "Cancel the running turn.", {}),
+    ("agents_session_delete", "DELETE", _S, G.AGENTS, ("agents:run",), "Close an agent session.", {}),
+    ("agents_prompt", "POST", _S + "/prompt", G.AGENTS, ("agents:run",), "Send a prompt (one turn).", {}),
+    ("agents_turns", "GET", _S + "/turns", G.AGENTS, ("agents:read",), "List turns.", {}),
+    ("agents_turn_get", "GET", _S + "/turns/{turn_id}", G.AGENTS, ("agents:read",), "One turn, long-polled.", {}),
+    ("agents_messages", "GET", _S + "/messages", G.AGENTS, ("agents:read",), "Coalesced messages.", {}),
+    ("agents_events", "GET", _S + "/events", G.AGENTS, ("agents:read",), "The session's event log (SSE or page).", {"streaming": True}),
+    ("agents_requests", "GET", "/agents/requests", G.AGENTS, ("agents:read",), "Pending permission requests and questions.", {}),
+    ("agents_request_reply", "POST", "/agents/requests/{request_id}", G.AGENTS, ("agents:approve",), "Answer a permission request or question.", {}),
+    ("agents_plan", "GET", _S + "/plan", G.AGENTS, ("agents:read",), "The agent's current plan.", {}),
+    ("agents_tool_calls", "GET", _S + "/tool-calls", G.AGENTS, ("agents:read",), "Tool calls of the session.", {}),
+    ("agents_tool_call_get", "GET", _S + "/tool-calls/{tool_call_id}", G.AGENTS, ("agents:read",), "One tool call with diffs.", {}),
+    ("agents_files", "GET", _S + "/files", G.AGENTS, ("agents:read",), "Files the agent changed.", {}),
+    ("agents_terminals", "GET", _S + "/terminals", G.AGENTS, ("agents:read",), "The agent's terminals.", {}),
+    ("agents_terminal_output", "GET", _S + "/terminals/{terminal_id}/output", G.AGENTS, ("agents:read",), "A terminal's output log.", {"streaming": True}),
+    ("agents_terminal_kill", "POST", _S + "/terminals/{terminal_id}/kill", G.AGENTS, ("agents:run",), "Signal an agent's terminal.", {}),
+    ("agents_commands", "GET", _S + "/commands", G.AGENTS, ("agents:read",), "The agent's slash commands.", {}),
+    ("agents_logs", "GET", _S + "/logs", G.AGENTS, ("agents:read",), "The agent's stderr, head and tail.", {}),
+]
+
+#: Every scope the built-in table names, plus the wildcard.
+KNOWN_SCOPES = frozenset({"*"} | {s for row in _CATALOGUE for s in row[4]})
+
+
+def default_scopes(group: CapabilityGroup, method: str) -> tuple[str, ...]:
+    """The scope a custom route in ``group`` needs when it names none."""
+    writes = method != "GET"
+    table = {
+        G.CORE: "core:read",
+        G.COMMANDS: "commands:run",
+        G.FILE_OPS: "files:write" if writes else "files:read",
+        G.PROCESS: "process:run",
+        G.TERMINAL: "terminal:use",
+        G.SYSTEM: "system:write" if writes else "system:read",
+        G.DEV_TOOLS: "devtools:run",
+        G.BROWSER: "browser:use",
+        G.AGENTS: "agents:run" if writes else "agents:read",
+    }
+    return (table[group],)
+
+
+class RouteTable:
+    """
+    The ordered table of endpoints, plus the ``code`` policy layer.
+
+    Built-in endpoints come from the catalogue; template authors add their own
+    with :meth:`route` or :meth:`register`.  Once a server starts serving the
+    table it is frozen.
+    """
+
+    def __init__(self) -> None:
+        self._endpoints: dict[str, Endpoint] = {}
+        self._frozen = False
+        #: group -> (enabled, rule string); the ``code`` layer of SPEC §5.3.
+        self.code_layer: dict[CapabilityGroup, tuple[bool, str]] = {}
+
+    def __iter__(self) -> Iterator[Endpoint]:
+        return iter(self._endpoints.values())
+
+    def __len__(self) -> int:
+        return len(self._endpoints)
+
+    def __contains__(self, endpoint_id: object) -> bool:
+        return endpoint_id in self._endpoints
+
+    def get(self, endpoint_id: str) -> Endpoint:
+        """The endpoint with this id (KeyError when unknown)."""
+        return self._endpoints[endpoint_id]
+
+    def ids(self) -> list[str]:
+        """Every endpoint id, in registration order."""
+        return list(self._endpoints)
+
+    def freeze(self) -> None:
+        """Refuse further registrations (the server is serving)."""
+        self._frozen = True
+
+    def _check_open(self) -> None:
+        if self._frozen:
+            raise RuntimeError("the route table is frozen: the server has started")
+
+    def add(self, endpoint: Endpoint) -> Endpoint:
+        """Add a fully formed endpoint; its id and (method, path) must be new."""
+        self._check_open()
+        if endpoint.id in self._endpoints:
+            raise ValueError(f"endpoint id {endpoint.id!r} is already registered")
+        for other in self._endpoints.values():
+            if (other.method, other.path) == (endpoint.method, endpoint.path):
+                raise ValueError(
+                    f"{endpoint.method} {endpoint.path} is already served by "
+                    f"{other.id!r}"
+                )
+        if endpoint.method not in (*HTTP_METHODS, "WS"):
+            raise ValueError(f"unsupported method {endpoint.method!r}")
+        if not endpoint.path.startswith("/"):
+            raise ValueError(f"path must start with '/': {endpoint.path!r}")
+        self._endpoints[endpoint.id] = endpoint
+        return endpoint
+
+    def register(
+        self,
+        method: str,
+        path: str,
+        handler: Handler,
+        group: CapabilityGroup = CapabilityGroup.COMMANDS,
+        auth_required: bool = True,
+        streaming: bool = False,
+        name: str | None = None,
+        scopes: tuple[str, ...] | None = None,
+        summary: str = "",
+    ) -> Endpoint:
+        """
+        Register a custom route.
+
+        :param path: a template; ``{param}`` matches one segment.
+        :param name: the endpoint id (default ``"<METHOD> <path>"``), which
+            policies use to address it.
+        """
+        method = method.upper()
+        group = CapabilityGroup(group)
+        endpoint_id = name or f"{method} {path}"
+        return self.add(
+            Endpoint(
+                id=endpoint_id,
+                method=method,
+                path=path,
+                group=group,
+                scopes=tuple(scopes) if scopes is not None else default_scopes(group, method),
+                summary=summary or (handler.__doc__ or "").strip().split("\n")[0],
+                streaming=streaming,
+                auth_required=auth_required,
+                custom=True,
+                handler=handler,
+            )
+        )
+
+    def route(
+        self,
+        method: str,
+        path: str,
+        group: CapabilityGroup = CapabilityGroup.COMMANDS,
+        auth_required: bool = True,
+        streaming: bool = False,
+        name: str | None = None,
+        scopes: tuple[str, ...] | None = None,
+    ) -> Callable[[Handler], Handler]:
+        """Decorator form of :meth:`register`."""
+
+        def decorate(handler: Handler) -> Handler:
+            self.register(
+                method, path, handler, group, auth_required, streaming, name, scopes
+            )
+            return handler
+
+        return decorate
+
+    def bind(
+        self, endpoint_id: str, handler: Handler, sink: Callable[[Any], Any] | None = None
+    ) -> None:
+        """Attach the handler (and raw-body sink) of a declared endpoint."""
+        self._check_open()
+        endpoint = self._endpoints[endpoint_id]
+        endpoint.handler = handler
+        if sink is not None:
+            endpoint.sink = sink
+
+    def enable_group(self, group: CapabilityGroup | str) -> None:
+        """Turn a group on in the ``code`` layer."""
+        group = CapabilityGroup(group)
+        self.code_layer[group] = (True, f"code:enable_group:{group.value}")
+
+    def disable_group(self, group: CapabilityGroup | str) -> None:
+        """Turn a group off in the ``code`` layer; CORE cannot be turned off."""
+        group = CapabilityGroup(group)
+        if group is CapabilityGroup.CORE:
+            raise ValueError("the core group cannot be disabled")
+        self.code_layer[group] = (False, f"code:disable_group:{group.value}")
+
+
+def catalogue_table() -> RouteTable:
+    """A table holding the declared endpoints, with no handlers bound."""
+    table = RouteTable()
+    for endpoint_id, method, path, group, scopes, summary, flags in _CATALOGUE:
+        table.add(Endpoint(endpoint_id, method, path, group, scopes, summary, **flags))
+    return table
+
+
+def builtin_table() -> RouteTable:
+    """A new table with every built-in handler that exists bound to it."""
+    from sandboxd.routes import bind_all
+
+    table = catalogue_table()
+    bind_all(table)
+    return table
+
+
+_default: RouteTable | None = None
+
+
+def default_table() -> RouteTable:
+    """
+    The process-wide table servers use unless given another.
+
+    A template's ``commands.py`` calls ``default_table()`` and decorates
+    routes onto it, so every call returns the same table.
+    """
+    global _default
+    if _default is None:
+        _default = builtin_table()
+    return _default

@@ -1,0 +1,81 @@
+"""
+The policy engine (SPEC §5): where a policy comes from, how it is checked,
+and the compiled form the pipeline consults on every request.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from sandboxd.auth import TokenStore
+from sandboxd.endpoints import RouteTable
+from sandboxd.policy.document import PolicyDocument, PolicyError, find_policy, suggest, validate
+from sandboxd.policy.engine import compile_rules, resolve_base_dir
+from sandboxd.policy.presets import PRESETS
+from sandboxd.policy.rules import EffectiveRule
+
+__all__ = ["Policy", "PolicyError", "load_policy"]
+
+
+@attrs.frozen
+class Policy:
+    """A validated, compiled policy: one :class:`EffectiveRule` per endpoint."""
+
+    document: PolicyDocument
+    rules: Mapping[str, EffectiveRule]
+    tokens: TokenStore
+    base_dir: str
+    preset: str | None
+    file: str | None
+    warnings: tuple[str, ...]
+
+    @property
+    def revision(self) -> str | None:
+        """The document's ``revision`` label."""
+        return self.document.revision
+
+    def rule(self, endpoint_id: str) -> EffectiveRule:
+        """The merged rule of one endpoint."""
+        return self.rules[endpoint_id]
+
+    def secret_env_names(self) -> frozenset[str]:
+        """Environment names that hold secrets and never reach a child."""
+        return self.tokens.secret_env
+
+
+def load_policy(
+    table: RouteTable,
+    explicit: Any = None,
+    path: str | None = None,
+    preset: str | None = None,
+    base_dir: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Policy:
+    """
+    Find, validate and compile the policy (SPEC §5.1, first found wins).
+
+    :param preset: ``--preset``; overrides the document's ``preset`` key.
+    :raises PolicyError: for anything that must stop the daemon at start.
+    """
+    env = os.environ if environ is None else environ
+    data, source, file = find_policy(explicit, path, env)
+    doc = validate(data, table, source)
+    chosen = preset or doc.preset
+    if chosen is not None and chosen not in PRESETS:
+        raise PolicyError(f"--preset: unknown preset {chosen!r}{suggest(chosen, PRESETS)}")
+    boundary = resolve_base_dir(base_dir, doc, env)
+    rules = compile_rules(table, doc, chosen, boundary, env)
+    tokens = TokenStore.build(doc.tokens, env)
+    return Policy(
+        document=doc,
+        rules=rules,
+        tokens=tokens,
+        base_dir=boundary,
+        preset=chosen,
+        file=file,
+        warnings=tuple(doc.warnings) + tuple(tokens.warnings),
+    )

@@ -1,0 +1,95 @@
+"""
+Every built-in bound of SPEC §13, in one place.
+
+A policy overrides them per endpoint through ``limits``; handlers read the
+merged values from ``request.rule.limits`` and never hold literals of their
+own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+KIB = 1024
+MIB = 1024 * 1024
+MB = 10**6
+
+#: ABX_MAX_UPLOAD_SIZE's default (100 MB).
+DEFAULT_UPLOAD_BYTES = 100 * MB
+
+#: Limits every endpoint starts from.
+GLOBAL_LIMITS: dict[str, Any] = {
+    "max_request_bytes": MIB,
+}
+
+#: Per-endpoint defaults layered over GLOBAL_LIMITS.
+ENDPOINT_LIMITS: dict[str, dict[str, Any]] = {
+    "upload": {"max_bytes": DEFAULT_UPLOAD_BYTES},
+    "files_upload_stream": {"max_bytes": DEFAULT_UPLOAD_BYTES},
+    "files_write_raw": {"max_bytes": DEFAULT_UPLOAD_BYTES},
+    "files_extract": {"max_bytes": DEFAULT_UPLOAD_BYTES, "max_entries": 10000},
+    "files_archive": {"max_bytes": DEFAULT_UPLOAD_BYTES, "max_entries": 10000},
+    "download": {"max_bytes": DEFAULT_UPLOAD_BYTES},
+    "files_download_stream": {"max_bytes": DEFAULT_UPLOAD_BYTES},
+    "files_list": {"max_entries": 10000},
+    "files_search": {"timeout_seconds": 10, "max_entries": 1000},
+    "files_watch": {"max_output_bytes": MIB},
+    "shell": {"timeout_seconds": 300, "max_output_bytes": 10 * MIB},
+    "shell_stream": {"timeout_seconds": 300, "max_output_bytes": 10 * MIB},
+    "process_start": {"max_processes": 100, "max_output_bytes": MIB},
+    "process_output": {"max_output_bytes": MIB},
+    "pty_create": {"max_sessions": 10, "idle_timeout_seconds": 1800},
+    "code_run": {"timeout_seconds": 30, "max_output_bytes": 10 * MIB},
+    "git_status": {"timeout_seconds": 30},
+    "git_diff": {"timeout_seconds": 30, "max_output_bytes": MB},
+    "packages": {"timeout_seconds": 60, "max_output_bytes": 10 * MIB},
+    "browser_console": {"max_entries": 1000},
+    "agents_session_create": {
+        "max_sessions": 4,
+        "max_turn_seconds": 1800,
+        "idle_timeout_seconds": 3600,
+        "init_timeout_seconds": 30,
+        "max_terminals": 8,
+        "max_output_bytes": MIB,
+        "max_message_bytes": 64 * MIB,
+        "max_event_bytes": 16 * MIB,
+        "max_prompt_bytes": MIB,
+        "permission_timeout_seconds": 600,
+    },
+}
+
+#: Shared by every agents_* endpoint so that a session's limits do not
+#: depend on which route created it.
+AGENT_LIMITS = ENDPOINT_LIMITS["agents_session_create"]
+
+#: How long a group's children get between TERM and KILL.
+KILL_GRACE_SECONDS = 5.0
+
+#: SSE heartbeat interval.
+HEARTBEAT_SECONDS = 15.0
+
+#: Scrollback kept per terminal session.
+PTY_SCROLLBACK_BYTES = 64 * KIB
+
+#: Default audit mode when no layer sets one.
+DEFAULT_AUDIT = "deny"
+
+#: Default path boundary.
+DEFAULT_BASE_DIR = "/home/user"
+
+#: How long graceful shutdown may take before the reactor stops anyway.
+SHUTDOWN_TIMEOUT_SECONDS = 10.0
+
+
+def endpoint_limits(endpoint_id: str, group: str) -> dict[str, Any]:
+    """The built-in limits of one endpoint, before any policy layer."""
+    out = dict(GLOBAL_LIMITS)
+    if group == "agents":
+        out.update(AGENT_LIMITS)
+    out.update(ENDPOINT_LIMITS.get(endpoint_id, {}))
+    return out
+
+
+def upload_request_cap(max_bytes: int) -> int:
+    """The HTTP body cap of an upload route: base64 growth plus JSON slack."""
+    return max_bytes * 4 // 3 + 64 * KIB

@@ -1,0 +1,385 @@
+"""
+Reading and validating a policy document (SPEC §5.2).
+
+A document is checked whole before anything uses it: an unknown key,
+endpoint id, group, preset or scope is an error that names its place in the
+document and suggests the nearest valid name.  The result is plain,
+normalised data (sizes in bytes, lists as tuples) for the merger.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from sandboxd.endpoints import CapabilityGroup, RouteTable
+from sandboxd.policy.rules import AUDIT_MODES, RULE_KEYS, SECTIONS, section_fields
+from sandboxd.policy.sizes import parse_size
+
+TOP_KEYS = (
+    "preset",
+    "base_dir",
+    "groups",
+    "defaults",
+    "endpoints",
+    "auth",
+    "revision",
+    "agents",
+    "allowed_origins",
+    "allowed_hosts",
+)
+PRESETS = ("default", "transfer-only", "read-only", "hardened", "locked")
+TOKEN_KEYS = ("id", "token_env", "token_sha256", "token_file", "scopes")
+_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
+
+
+class PolicyError(ValueError):
+    """A policy document that cannot be used; the message says where and why."""
+
+
+def suggest(word: str, choices: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the nearest choice, or nothing."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _unknown(where: str, what: str, name: str, choices: Iterable[str]) -> PolicyError:
+    return PolicyError(f"{where}: unknown {what} {name!r}{suggest(name, choices)}")
+
+
+@attrs.frozen
+class TokenSpec:
+    """One policy token identity (the secret itself is resolved by auth)."""
+
+    id: str
+    scopes: tuple[str, ...]
+    token_env: str | None = None
+    token_sha256: str | None = None
+    token_file: str | None = None
+
+
+@attrs.frozen
+class PolicyDocument:
+    """A validated policy; ``rules`` maps selectors to normalised rules."""
+
+    preset: str | None = None
+    base_dir: str | None = None
+    groups: Mapping[str, bool] = attrs.field(factory=dict)
+    defaults: Mapping[str, Any] = attrs.field(factory=dict)
+    endpoints: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
+    tokens: tuple[TokenSpec, ...] = ()
+    revision: str | None = None
+    agents: Mapping[str, Any] = attrs.field(factory=dict)
+    allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    source: str = "none"
+    warnings: tuple[str, ...] = ()
+
+
+def valid_scope(scope: str, known: Iterable[str]) -> bool:
+    """Whether a scope names something (``commands:run:NAME`` is open-ended)."""
+    return scope in known or (scope.startswith("commands:run:") and len(scope) > 13)
+
+
+def _coerce(where: str, type_text: str, value: Any) -> Any:
+    """Check one section value against its declared type, normalising it."""
+    optional = type_text.endswith("| None")
+    base = type_text.removesuffix(" | None").strip()
+    if value is None:
+        if optional:
+            return None
+        raise PolicyError(f"{where}: must not be null")
+    name = where.rsplit(".", 1)[-1]
+    if base == "int" and name.endswith("_bytes"):
+        try:
+            return parse_size(value)
+        except ValueError as e:
+            raise PolicyError(f"{where}: {e}") from None
+    if base == "int":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise PolicyError(f"{where}: expected a non-negative integer, got {value!r}")
+        return value
+    if base == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise PolicyError(f"{where}: expected a non-negative number, got {value!r}")
+        return float(value)
+    if base == "bool":
+        if not isinstance(value, bool):
+            raise PolicyError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if base == "str":
+        if not isinstance(value, str):
+            raise PolicyError(f"{where}: expected a string, got {value!r}")
+        return value
+    if base.startswith("tuple["):
+        item = int if "int" in base else str
+        if not isinstance(value, list | tuple) or not all(
+            isinstance(v, item) and not isinstance(v, bool) for v in value
+        ):
+            raise PolicyError(f"{where}: expected a list of {item.__name__}s")
+        return tuple(value)
+    if base.startswith("dict["):
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise PolicyError(f"{where}: expected an object of strings")
+        return dict(value)
+    raise PolicyError(f"{where}: cannot check type {type_text}")  # pragma: no cover
+
+
+_CHOICES = {
+    "paths.symlinks": ("follow", "deny"),
+    "params.permission_timeout_action": ("deny", "cancel_turn"),
+    "params.mcp_servers": ("none", "http", "all"),
+    "params.client_fs": ("none", "read", "read_write"),
+}
+
+
+def validate_rule(where: str, rule: Any, known_scopes: Iterable[str]) -> dict[str, Any]:
+    """Check one rule object and return it normalised."""
+    if not isinstance(rule, dict):
+        raise PolicyError(f"{where}: a rule must be an object")
+    out: dict[str, Any] = {}
+    for key, value in rule.items():
+        place = f"{where}.{key}"
+        if key not in RULE_KEYS:
+            raise _unknown(where, "rule key", key, RULE_KEYS)
+        if key == "enabled":
+            out[key] = _coerce(place, "bool", value)
+        elif key == "audit":
+            if value not in AUDIT_MODES:
+                raise PolicyError(f"{place}: expected one of {', '.join(AUDIT_MODES)}")
+            out[key] = value
+        elif key == "scopes":
+            scopes = _coerce(place, "tuple[str, ...]", value)
+            known = list(known_scopes)
+            for scope in scopes:
+                if not valid_scope(scope, known):
+                    raise _unknown(place, "scope", scope, known)
+            out[key] = scopes
+        else:
+            if not isinstance(value, dict):
+                raise PolicyError(f"{place}: must be an object")
+            fields = section_fields(key)
+            section: dict[str, Any] = {}
+            for name, v in value.items():
+                if name not in fields:
+                    raise _unknown(place, f"{key} key", name, fields)
+                typed = _coerce(f"{place}.{name}", str(fields[name].type), v)
+                choices = _CHOICES.get(f"{key}.{name}")
+                if choices and typed not in choices:
+                    raise PolicyError(
+                        f"{place}.{name}: expected one of {', '.join(choices)}"
+                    )
+                section[name] = typed
+            out[key] = section
+    return out
+
+
+def _check_selector(where: str, selector: str, table: RouteTable) -> str | None:
+    """Validate an ``endpoints`` key; return a warning when a glob matches nothing."""
+    groups = [g.value for g in CapabilityGroup]
+    if selector.startswith("group:"):
+        name = selector[6:]
+        if name not in groups:
+            raise _unknown(where, "group", name, groups)
+        return None
+    if any(c in selector for c in "*?["):
+        if not fnmatch.filter(table.ids(), selector):
+            return f"{where}: the pattern {selector!r} matches no endpoint"
+        return None
+    if selector not in table:
+        raise _unknown(where, "endpoint", selector, table.ids())
+    return None
+
+
+def _tokens(value: Any, known_scopes: Iterable[str]) -> tuple[TokenSpec, ...]:
+    if not isinstance(value, dict):
+        raise PolicyError("auth: must be an object")
+    for key in value:
+        if key != "tokens":
+            raise _unknown("auth", "key", key, ["tokens"])
+    raw = value.get("tokens", [])
+    if not isinstance(raw, list):
+        raise PolicyError("auth.tokens: must be a list")
+    out: list[TokenSpec] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(raw):
+        where = f"auth.tokens[{i}]"
+        if not isinstance(entry, dict):
+            raise PolicyError(f"{where}: must be an object")
+        for key in entry:
+            if key not in TOKEN_KEYS:
+                raise _unknown(where, "key", key, TOKEN_KEYS)
+        ident = entry.get("id")
+        if not isinstance(ident, str) or not ident:
+            raise PolicyError(f"{where}.id: a non-empty string is required")
+        if ident in seen or ident in ("anonymous", "legacy"):
+            raise PolicyError(f"{where}.id: {ident!r} is already taken")
+        seen.add(ident)
+        sources = [k for k in ("token_env", "token_sha256", "token_file") if k in entry]
+        if len(sources) != 1:
+            raise PolicyError(
+                f"{where}: give exactly one of token_env, token_sha256, token_file"
+            )
+        for k in sources:
+            _coerce(f"{where}.{k}", "str", entry[k])
+        sha = entry.get("token_sha256")
+        if sha is not None and not _SHA256.match(sha):
+            raise PolicyError(f"{where}.token_sha256: expected 64 hex digits")
+        scopes = _coerce(f"{where}.scopes", "tuple[str, ...]", entry.get("scopes", []))
+        known = list(known_scopes)
+        for scope in scopes:
+            if not valid_scope(scope, known):
+                raise _unknown(f"{where}.scopes", "scope", scope, known)
+        out.append(
+            TokenSpec(
+                id=ident,
+                scopes=scopes,
+                token_env=entry.get("token_env"),
+                token_sha256=sha.lower() if sha else None,
+                token_file=entry.get("token_file"),
+            )
+        )
+    return tuple(out)
+
+
+def _string_list(where: str, value: Any) -> tuple[str, ...]:
+    result: tuple[str, ...] = _coerce(where, "tuple[str, ...]", value)
+    return result
+
+
+def validate(doc: Any, table: RouteTable, source: str = "inline") -> PolicyDocument:
+    """
+    Check a whole document against the route table.
+
+    :raises PolicyError: naming the first problem's place in the document.
+    """
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise PolicyError("policy: the document must be an object")
+    known_scopes = sorted({s for e in table for s in e.scopes} | {"*"})
+    warnings: list[str] = []
+    for key in doc:
+        if key not in TOP_KEYS:
+            raise _unknown("policy", "key", key, TOP_KEYS)
+    preset = doc.get("preset")
+    if preset is not None and preset not in PRESETS:
+        raise _unknown("preset", "preset", str(preset), PRESETS)
+    base_dir = doc.get("base_dir")
+    if base_dir is not None and (not isinstance(base_dir, str) or not base_dir):
+        raise PolicyError("base_dir: expected a non-empty path")
+    groups_raw = doc.get("groups", {})
+    if not isinstance(groups_raw, dict):
+        raise PolicyError("groups: must be an object of group: true|false")
+    group_names = [g.value for g in CapabilityGroup]
+    groups: dict[str, bool] = {}
+    for name, on in groups_raw.items():
+        if name not in group_names:
+            raise _unknown("groups", "group", name, group_names)
+        groups[name] = _coerce(f"groups.{name}", "bool", on)
+    defaults = validate_rule("defaults", doc.get("defaults", {}), known_scopes)
+    endpoints_raw = doc.get("endpoints", {})
+    if not isinstance(endpoints_raw, dict):
+        raise PolicyError("endpoints: must be an object of selector: rule")
+    endpoints: dict[str, dict[str, Any]] = {}
+    for selector, rule in endpoints_raw.items():
+        where = f"endpoints.{selector}"
+        warning = _check_selector(where, selector, table)
+        if warning:
+            warnings.append(warning)
+        endpoints[selector] = validate_rule(where, rule, known_scopes)
+    tokens = _tokens(doc.get("auth", {}), known_scopes)
+    revision = doc.get("revision")
+    if revision is not None and not isinstance(revision, str | int | float):
+        raise PolicyError("revision: expected a string")
+    agents = doc.get("agents", {})
+    if not isinstance(agents, dict):
+        raise PolicyError("agents: must be an object")
+    for key in agents:
+        if key != "catalog":
+            raise _unknown("agents", "key", key, ["catalog"])
+    return PolicyDocument(
+        preset=preset,
+        base_dir=base_dir,
+        groups=groups,
+        defaults=defaults,
+        endpoints=endpoints,
+        tokens=tokens,
+        revision=str(revision) if revision is not None else None,
+        agents=agents,
+        allowed_origins=_string_list("allowed_origins", doc.get("allowed_origins", [])),
+        allowed_hosts=_string_list("allowed_hosts", doc.get("allowed_hosts", [])),
+        source=source,
+        warnings=tuple(warnings),
+    )
+
+
+def parse_text(text: str, name: str) -> Any:
+    """
+    Parse a policy file's text: JSON, or YAML for ``.yaml``/``.yml``.
+
+    A YAML template's ``server:`` block is the policy (SPEC §5.2).
+    """
+    if name.endswith((".yaml", ".yml")):
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise PolicyError(f"{name}: not valid YAML: {e}") from None
+        if isinstance(data, dict) and "server" in data and isinstance(data["server"], dict):
+            return data["server"]
+        return data
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PolicyError(f"{name}: not valid JSON: {e}") from None
+
+
+def read_file(path: str) -> Any:
+    """Load a policy file (JSON or YAML) as data."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise PolicyError(f"{path}: cannot read the policy: {e.strerror}") from None
+    return parse_text(text, path)
+
+
+SYSTEM_POLICY_FILE = "/etc/agent-sandbox/server-policy.json"
+
+
+def find_policy(
+    explicit: Any = None,
+    path: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    system_file: str = SYSTEM_POLICY_FILE,
+) -> tuple[Any, str, str | None]:
+    """
+    Locate the policy by SPEC §5.1's order; first found wins.
+
+    :return: ``(data, source description, file path or None)``.
+    """
+    env = os.environ if environ is None else environ
+    if explicit is not None:
+        return explicit, "argument", None
+    if path:
+        return read_file(path), path, path
+    inline = env.get("ABX_SERVER_POLICY")
+    if inline:
+        return parse_text(inline, "ABX_SERVER_POLICY"), "ABX_SERVER_POLICY", None
+    env_file = env.get("ABX_SERVER_POLICY_FILE")
+    if env_file:
+        return read_file(env_file), env_file, env_file
+    if os.path.exists(system_file):
+        return read_file(system_file), system_file, system_file
+    return {}, "none", None

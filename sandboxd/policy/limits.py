@@ -1,0 +1,93 @@
+"""
+Rate and concurrency limits (SPEC §5.5).
+
+Rates are token buckets per (identity, endpoint) that refill over a minute;
+concurrency counts requests and streams in flight per endpoint.  Both tables
+are bounded by the number of identities and endpoints, which are fixed by
+the policy.
+"""
+
+from __future__ import annotations
+
+import math
+
+from twisted.internet.interfaces import IReactorTime
+
+from sandboxd.errors import ApiError
+
+
+class RateLimiter:
+    """Token buckets of ``rate_per_minute`` per identity and endpoint."""
+
+    def __init__(self, clock: IReactorTime) -> None:
+        self._clock = clock
+        self._buckets: dict[tuple[str, str], tuple[float, float]] = {}
+
+    def take(self, identity: str, endpoint: str, per_minute: int) -> None:
+        """
+        Spend one request.
+
+        :raises ApiError: 429 ``rate_limited`` with ``retry_after``.
+        """
+        now = self._clock.seconds()
+        refill = per_minute / 60.0
+        tokens, stamp = self._buckets.get((identity, endpoint), (float(per_minute), now))
+        tokens = min(float(per_minute), tokens + (now - stamp) * refill)
+        if tokens < 1.0:
+            retry = max(1, math.ceil((1.0 - tokens) / refill)) if refill else 60
+            self._buckets[(identity, endpoint)] = (tokens, now)
+            raise ApiError(
+                429,
+                f"rate limit of {per_minute} requests per minute reached",
+                "ResourceError",
+                "rate_limited",
+                headers={"Retry-After": str(retry)},
+                endpoint=endpoint,
+                limit=per_minute,
+                retry_after=retry,
+            )
+        self._buckets[(identity, endpoint)] = (tokens - 1.0, now)
+
+    def forget(self) -> None:
+        """Drop every bucket (policy reload)."""
+        self._buckets.clear()
+
+
+class ConcurrencyGate:
+    """In-flight counters per endpoint."""
+
+    def __init__(self) -> None:
+        self._in_flight: dict[str, int] = {}
+
+    def acquire(self, endpoint: str, limit: int | None) -> bool:
+        """
+        Take a slot; returns whether one was taken (False when unlimited).
+
+        :raises ApiError: 429 ``concurrency_limited``.
+        """
+        if limit is None:
+            return False
+        current = self._in_flight.get(endpoint, 0)
+        if current >= limit:
+            raise ApiError(
+                429,
+                f"{endpoint} already has {current} requests in flight",
+                "ResourceError",
+                "concurrency_limited",
+                endpoint=endpoint,
+                limit=limit,
+            )
+        self._in_flight[endpoint] = current + 1
+        return True
+
+    def release(self, endpoint: str) -> None:
+        """Give a slot back."""
+        left = self._in_flight.get(endpoint, 0) - 1
+        if left > 0:
+            self._in_flight[endpoint] = left
+        else:
+            self._in_flight.pop(endpoint, None)
+
+    def in_flight(self, endpoint: str) -> int:
+        """How many requests hold a slot of ``endpoint``."""
+        return self._in_flight.get(endpoint, 0)

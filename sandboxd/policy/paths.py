@@ -1,0 +1,133 @@
+"""
+The policy half of path decisions: lexical, never touching the file system.
+
+``/capabilities/check`` answers with this alone, so its answer for a path
+outside the boundary is the same whether or not the path exists.  The
+path guard (:mod:`sandboxd.guard`) runs the same decision first and then
+resolves the path by file descriptor.
+"""
+
+from __future__ import annotations
+
+import functools
+import posixpath
+import re
+
+import attrs
+
+from sandboxd.policy.rules import EffectiveRule
+
+#: Never reachable, whatever a policy allows.
+FORBIDDEN_ROOTS = ("/proc", "/sys", "/dev")
+
+
+@attrs.frozen
+class PathDecision:
+    """The outcome for one path: allowed, or the code and rule that refused."""
+
+    path: str
+    allowed: bool
+    code: str | None = None
+    rule: str | None = None
+
+    def as_json(self) -> dict[str, object]:
+        """The form ``/capabilities/check`` returns."""
+        out: dict[str, object] = {"path": self.path, "allowed": self.allowed}
+        if self.code:
+            out["code"] = self.code
+        if self.rule:
+            out["rule"] = self.rule
+        return out
+
+
+@functools.lru_cache(maxsize=512)
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """
+    A policy glob as a regex over absolute paths.
+
+    ``**`` crosses directories (``**/x`` also matches ``x`` at the top,
+    ``d/**`` also matches ``d`` itself); ``*`` and ``?`` stay within one
+    segment.
+    """
+    out = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("/**", i) and i + 3 == len(pattern):
+            out.append("(?:/.*)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def matches(entry: str, path: str, base_dir: str) -> bool:
+    """
+    Whether ``path`` (absolute, normalised) falls under one allow/deny entry.
+
+    An entry without glob characters is a directory (or file) and matches
+    itself and everything below it; a relative entry is relative to the base
+    dir, except ``**`` globs, which match anywhere.
+    """
+    if not any(c in entry for c in "*?["):
+        root = entry if entry.startswith("/") else posixpath.join(base_dir, entry)
+        root = posixpath.normpath(root)
+        return root == "/" or path == root or path.startswith(root + "/")
+    if not entry.startswith(("/", "**")):
+        entry = posixpath.join(base_dir, entry)
+    return glob_regex(entry).match(path) is not None
+
+
+def absolute(path: str, base_dir: str) -> str:
+    """A request path made absolute (relative to the base dir) and normalised."""
+    joined = path if path.startswith("/") else posixpath.join(base_dir, path)
+    normal = posixpath.normpath(joined)
+    return "/" + normal.lstrip("/")
+
+
+def under(path: str, root: str) -> bool:
+    """Whether ``path`` is ``root`` or below it."""
+    return root == "/" or path == root or path.startswith(root + "/")
+
+
+def decide(rule: EffectiveRule, path: str, op: str = "read") -> PathDecision:
+    """
+    Decide a path by policy alone.
+
+    :param op: ``read``, ``write`` or ``delete``.
+    """
+    if "\x00" in path:
+        return PathDecision(path, False, "invalid_path")
+    target = absolute(path, rule.base_dir)
+    if any(under(target, root) for root in FORBIDDEN_ROOTS):
+        return PathDecision(path, False, "path_not_allowed", "guard:system-paths")
+    allow = rule.paths.allow
+    if allow:
+        if not any(matches(entry, target, rule.base_dir) for entry in allow):
+            return PathDecision(
+                path, False, "path_not_allowed", rule.source("paths.allow") or "paths.allow"
+            )
+    elif not under(target, rule.base_dir):
+        return PathDecision(path, False, "path_not_allowed", "guard:base_dir")
+    for entry in rule.paths.deny:
+        if matches(entry, target, rule.base_dir):
+            return PathDecision(path, False, "path_denied", rule.source("paths.deny"))
+    if op in ("write", "delete"):
+        for entry in rule.paths.read_only:
+            if matches(entry, target, rule.base_dir):
+                return PathDecision(path, False, "read_only", rule.source("paths.read_only"))
+        if op == "delete" and target == rule.base_dir:
+            return PathDecision(path, False, "path_not_allowed", "guard:base_dir")
+    return PathDecision(path, True)

@@ -1,0 +1,124 @@
+"""
+The typed result of policy merging: what a handler reads.
+
+Handlers never parse the policy document; they read ``request.rule.limits``,
+``request.rule.paths`` and ``request.rule.params``.  Every field that the
+policy can set is declared here once; the schema the validator enforces is
+derived from these classes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen
+class Limits:
+    """Numeric bounds (SPEC §5.2 ``limits`` and §15.3's agent limits)."""
+
+    max_bytes: int | None = None
+    max_request_bytes: int | None = None
+    max_entries: int | None = None
+    max_duration_seconds: float | None = None
+    max_output_bytes: int | None = None
+    timeout_seconds: float | None = None
+    rate_per_minute: int | None = None
+    max_concurrency: int | None = None
+    max_processes: int | None = None
+    max_sessions: int | None = None
+    max_turn_seconds: float | None = None
+    idle_timeout_seconds: float | None = None
+    init_timeout_seconds: float | None = None
+    max_terminals: int | None = None
+    max_message_bytes: int | None = None
+    max_event_bytes: int | None = None
+    max_prompt_bytes: int | None = None
+    permission_timeout_seconds: float | None = None
+
+
+@attrs.frozen
+class PathRule:
+    """Where an endpoint may touch the file system (SPEC §5.2 ``paths``)."""
+
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    read_only: tuple[str, ...] = ()
+    symlinks: str = "follow"
+
+
+@attrs.frozen
+class Params:
+    """Behavioural switches and allow/deny lists (SPEC §5.2 ``params``)."""
+
+    overwrite: bool | None = None
+    allow_extensions: tuple[str, ...] | None = None
+    deny_extensions: tuple[str, ...] = ()
+    allow_commands: tuple[str, ...] | None = None
+    deny_commands: tuple[str, ...] = ()
+    languages: tuple[str, ...] = ("python", "node", "bash")
+    allowed_signals: tuple[int, ...] = (2, 9, 15, 18, 20)
+    url_allow: tuple[str, ...] | None = None
+    url_deny: tuple[str, ...] = ()
+    url_schemes: tuple[str, ...] = ("http", "https")
+    block_private_networks: bool = False
+    shells: tuple[str, ...] = ("bash", "sh")
+    env_deny: tuple[str, ...] = ()
+    allow_vars: tuple[str, ...] | None = None
+    deny_vars: tuple[str, ...] = ()
+    users: tuple[str, ...] | None = None
+    default_user: str | None = None
+    # agents (SPEC §15.3)
+    agents: tuple[str, ...] | None = None
+    permission_mode: dict[str, str] | None = None
+    permission_timeout_action: str = "deny"
+    allow_always: bool = True
+    allow_modes: tuple[str, ...] | None = None
+    deny_modes: tuple[str, ...] = ("bypassPermissions", "yolo", "agent-full-access")
+    mcp_servers: str = "none"
+    client_fs: str = "read_write"
+    client_terminal: bool = True
+
+
+#: The sections of a rule and the class describing each.
+SECTIONS: dict[str, type[Any]] = {"limits": Limits, "paths": PathRule, "params": Params}
+
+#: Keys a rule may hold at its top level.
+RULE_KEYS = ("enabled", "scopes", "paths", "limits", "params", "audit")
+
+AUDIT_MODES = ("off", "deny", "all")
+
+
+def section_fields(section: str) -> dict[str, attrs.Attribute[Any]]:
+    """The declared fields of a rule section, by name."""
+    return {a.name: a for a in attrs.fields(SECTIONS[section])}
+
+
+@attrs.frozen
+class EffectiveRule:
+    """
+    One endpoint's merged rule, computed once when a policy is loaded.
+
+    :ivar enabled_by: the rule string that decided ``enabled``.
+    :ivar sources: leaf key (``limits.max_bytes``) -> the rule string that
+        set it, so every decision can explain itself.
+    :ivar reason: ``None`` when enabled, else ``disabled`` or
+        ``not_implemented``.
+    """
+
+    endpoint_id: str
+    enabled: bool
+    enabled_by: str
+    scopes: tuple[str, ...]
+    audit: str
+    limits: Limits
+    paths: PathRule
+    params: Params
+    base_dir: str
+    sources: dict[str, str] = attrs.field(factory=dict, eq=False)
+    reason: str | None = None
+
+    def source(self, leaf: str) -> str | None:
+        """The rule string behind a leaf key, if a layer set it."""
+        return self.sources.get(leaf)

@@ -1,0 +1,322 @@
+"""
+Assembling the daemon: the policy, the context, the listeners and the group
+services, under one ``MultiService`` that starts and stops them in order.
+
+``twistd sandboxd`` (:mod:`sandboxd.tap`), ``sandboxd serve``
+(:mod:`sandboxd.cli`) and the Python API (:class:`SandboxServer`,
+:func:`start`) all build the daemon here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import signal
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+from twisted.application.internet import StreamServerEndpointService
+from twisted.application.service import MultiService
+from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
+from twisted.internet.endpoints import serverFromString
+from twisted.logger import Logger
+
+from sandboxd.audit import AuditLog
+from sandboxd.commands import CommandRegistry, default_registry
+from sandboxd.context import Context
+from sandboxd.endpoints import RouteTable, default_table
+from sandboxd.policy import Policy, PolicyError, load_policy
+from sandboxd.policy.defaults import SHUTDOWN_TIMEOUT_SECONDS
+from sandboxd.routes import setup_services
+from sandboxd.web.pipeline import is_loopback
+from sandboxd.web.site import SandboxSite
+
+log = Logger(namespace="sandboxd")
+
+DEFAULT_HOST = "0.0.0.0"
+DEFAULT_PORT = 9000
+DEFAULT_PTY_PORT = 9001
+
+
+def listen_string(port: str | int, host: str) -> str:
+    """A Twisted endpoint string from a port number or an endpoint string."""
+    text = str(port)
+    if text.isdigit():
+        interface = host.replace(":", "\\:")
+        return f"tcp:{text}:interface={interface}"
+    return text
+
+
+def port_number(description: str) -> int | None:
+    """The TCP port of an endpoint string, when it has one."""
+    parts = description.split(":")
+    if parts[0] in ("tcp", "ssl", "tls") and len(parts) > 1 and parts[1].isdigit():
+        return int(parts[1])
+    for part in parts:
+        if part.startswith("port="):
+            return int(part[5:])
+    return None
+
+
+def interface_of(description: str) -> str:
+    """The interface an endpoint string binds (``0.0.0.0`` when unspecified)."""
+    for part in description.replace("\\:", "\x00").split(":"):
+        if part.startswith("interface="):
+            return part[10:].replace("\x00", ":")
+    return "unix" if description.startswith("unix:") else "0.0.0.0"
+
+
+def import_commands(spec: str) -> None:
+    """
+    Import a template's commands: a ``.py`` file path or a module name.
+
+    Its import registers commands and routes; it runs before the policy is
+    validated so that the policy may name the routes it adds.
+    """
+    if spec.endswith(".py") or os.sep in spec:
+        path = os.path.abspath(spec)
+        if not os.path.exists(path):
+            raise PolicyError(f"--commands: no such file {spec!r}")
+        name = "sandboxd_commands_" + os.path.splitext(os.path.basename(path))[0]
+        if name in sys.modules:
+            return
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise PolicyError(f"--commands: cannot import {spec!r}")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+    else:
+        importlib.import_module(spec)
+
+
+@attrs.define
+class Settings:
+    """Everything needed to build a daemon (command line or Python API)."""
+
+    port: str = f"tcp:{DEFAULT_PORT}:interface={DEFAULT_HOST}"
+    pty_port: str | None = None
+    policy: Any = None
+    policy_file: str | None = None
+    preset: str | None = None
+    base_dir: str | None = None
+    commands: tuple[str, ...] = ()
+    audit_log: str | None = None
+    environ: Mapping[str, str] | None = None
+
+
+class DaemonService(MultiService):
+    """
+    The whole daemon; stops listeners first, then every group's children.
+
+    ``MultiService`` stops its children concurrently; sandboxd needs an
+    order (no new requests while children are being killed) and a bound
+    (a stop that never finishes would hang twistd forever).
+    """
+
+    def __init__(self, context: Context, listeners: list[Any], groups: list[Any], settings: Settings) -> None:
+        super().__init__()
+        self.context = context
+        self.settings = settings
+        self.listeners = listeners
+        self.groups = groups
+        for service in groups + listeners:
+            service.setServiceParent(self)
+        self._previous_hup: Any = None
+
+    def startService(self) -> None:
+        """Start the group services, then listen; warn when wide open."""
+        super().startService()
+        policy = self.context.policy
+        if policy.tokens.local_mode:
+            for listener in self.listeners:
+                iface = interface_of(listener.endpoint_description)
+                if iface != "unix" and not is_loopback(iface):
+                    log.warn(
+                        "sandboxd: NO TOKEN is configured and {port} listens on {iface}: "
+                        "anyone who can reach it controls this sandbox. Set "
+                        "ABX_SERVER_TOKEN(_FILE) or policy auth.tokens.",
+                        port=listener.endpoint_description,
+                        iface=iface,
+                    )
+        for warning in policy.warnings:
+            log.warn("sandboxd: policy warning: {warning}", warning=warning)
+        self._install_hup()
+
+    def _install_hup(self) -> None:
+        reactor = self.context.reactor
+        if not hasattr(reactor, "callFromThread") or not hasattr(signal, "SIGHUP"):
+            return
+        try:
+            self._previous_hup = signal.signal(
+                signal.SIGHUP, lambda *_: reactor.callFromThread(self.reload)
+            )
+        except ValueError:
+            self._previous_hup = None  # not the main thread (tests)
+
+    def reload(self) -> bool:
+        """Re-read the policy; an invalid one is refused and the old one stays."""
+        s = self.settings
+        try:
+            policy = load_policy(
+                self.context.table,
+                explicit=s.policy,
+                path=s.policy_file or self.context.policy.file,
+                preset=s.preset,
+                base_dir=s.base_dir,
+                environ=s.environ,
+            )
+        except PolicyError as e:
+            log.error("sandboxd: policy reload refused, the old policy stays: {error}", error=str(e))
+            return False
+        self.context.replace_policy(policy)
+        log.info("sandboxd: policy reloaded (revision {revision})", revision=policy.revision)
+        return True
+
+    def stopService(self) -> Deferred[Any]:
+        """Stop listening, end every child, flush the audit log; bounded."""
+        self.running = False
+        self.context.draining = True
+        if self._previous_hup is not None:
+            try:
+                signal.signal(signal.SIGHUP, self._previous_hup)
+            except ValueError:
+                pass
+        listeners = DeferredList(
+            [maybeDeferred(s.stopService) for s in self.listeners], consumeErrors=True
+        )
+
+        def stop_groups(_: Any) -> Deferred[Any]:
+            return DeferredList(
+                [maybeDeferred(s.stopService) for s in reversed(self.groups)], consumeErrors=True
+            )
+
+        d: Deferred[Any] = listeners.addCallback(stop_groups)
+        d.addTimeout(SHUTDOWN_TIMEOUT_SECONDS, self.context.reactor)
+        d.addErrback(lambda f: log.warn("sandboxd: shutdown timed out: {f}", f=f.getErrorMessage()))
+
+        def flush(_: Any) -> None:
+            self.context.audit.flush()
+
+        return d.addBoth(flush)
+
+
+def validate_settings(settings: Settings, table: RouteTable | None = None) -> Policy:
+    """Import the commands and check the policy, as the daemon would at start."""
+    for spec in settings.commands:
+        import_commands(spec)
+    return load_policy(
+        table if table is not None else default_table(),
+        explicit=settings.policy,
+        path=settings.policy_file,
+        preset=settings.preset,
+        base_dir=settings.base_dir,
+        environ=settings.environ,
+    )
+
+
+def build(
+    settings: Settings,
+    reactor: Any = None,
+    table: RouteTable | None = None,
+    registry: CommandRegistry | None = None,
+) -> DaemonService:
+    """Build (but do not start) the daemon service."""
+    if reactor is None:
+        from twisted.internet import reactor as global_reactor
+
+        reactor = global_reactor
+    environ = os.environ if settings.environ is None else settings.environ
+    for spec in settings.commands:
+        import_commands(spec)
+    table = table if table is not None else default_table()
+    registry = registry if registry is not None else default_registry
+    policy: Policy = load_policy(
+        table,
+        explicit=settings.policy,
+        path=settings.policy_file,
+        preset=settings.preset,
+        base_dir=settings.base_dir,
+        environ=environ,
+    )
+    registry.freeze()
+    table.freeze()
+    context = Context(
+        reactor=reactor,
+        table=table,
+        policy=policy,
+        registry=registry,
+        audit=AuditLog(settings.audit_log or environ.get("ABX_SERVER_AUDIT_LOG")),
+    )
+    context.http_port = port_number(settings.port)
+    pty = settings.pty_port or environ.get("ABX_PTY_PORT") or str(DEFAULT_PTY_PORT)
+    context.pty_listen = listen_string(pty, interface_of(settings.port))
+    context.pty_port = port_number(context.pty_listen)
+    groups = setup_services(context)
+    site = SandboxSite(context, reactor=reactor)
+    http = StreamServerEndpointService(serverFromString(reactor, settings.port), site)
+    http.endpoint_description = settings.port  # type: ignore[attr-defined]
+    http.setName("http")
+    return DaemonService(context, [http], groups, settings)
+
+
+class SandboxServer:
+    """
+    The Python interface: ``SandboxServer(...).serve(port=9000)``.
+
+    ``serve()`` freezes the command registry and route table, then runs the
+    reactor until :meth:`shutdown` or a signal stops it.
+    """
+
+    def __init__(
+        self,
+        host: str = DEFAULT_HOST,
+        registry: CommandRegistry | None = None,
+        route_table: RouteTable | None = None,
+        policy: Any = None,
+        base_dir: str | None = None,
+        preset: str | None = None,
+    ) -> None:
+        self.host = host
+        self.registry = registry
+        self.route_table = route_table
+        self.policy = policy
+        self.base_dir = base_dir
+        self.preset = preset
+        self.daemon: DaemonService | None = None
+        self._reactor: Any = None
+
+    def build(self, port: int | str = DEFAULT_PORT, pty_port: int | str | None = None, reactor: Any = None) -> DaemonService:
+        """The daemon service, unstarted (for embedding in another application)."""
+        settings = Settings(
+            port=listen_string(port, self.host),
+            pty_port=listen_string(pty_port, self.host) if pty_port is not None else None,
+            policy=self.policy,
+            preset=self.preset,
+            base_dir=self.base_dir,
+        )
+        self.daemon = build(settings, reactor, self.route_table, self.registry)
+        return self.daemon
+
+    def serve(self, port: int | str = DEFAULT_PORT, pty_port: int | str | None = None) -> None:
+        """Run the daemon in the foreground until interrupted."""
+        from twisted.internet import reactor
+
+        self._reactor = reactor
+        daemon = self.build(port, pty_port, reactor)
+        daemon.startService()
+        reactor.addSystemEventTrigger("before", "shutdown", daemon.stopService)
+        reactor.run()
+
+    def shutdown(self) -> None:
+        """Stop a daemon started by :meth:`serve` (thread-safe)."""
+        if self._reactor is not None:
+            self._reactor.callFromThread(self._reactor.stop)
+
+
+def start(port: int = DEFAULT_PORT, host: str = DEFAULT_HOST, **kwargs: Any) -> None:
+    """Blocking convenience: ``start(9000)`` serves until interrupted."""
+    SandboxServer(host=host, **kwargs).serve(port)

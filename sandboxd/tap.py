@@ -1,0 +1,80 @@
+"""
+``twistd sandboxd``: command-line options and ``makeService``.
+
+The reactor is never imported at module scope here, so ``twistd
+--reactor=...`` keeps working.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from twisted.application.service import IService
+from twisted.python import usage
+
+from sandboxd.policy import PolicyError
+from sandboxd.server import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    Settings,
+    build,
+    listen_string,
+    validate_settings,
+)
+
+
+class Options(usage.Options):
+    """Options shared by ``twistd sandboxd`` and ``sandboxd serve``."""
+
+    optParameters = [
+        ["host", None, DEFAULT_HOST, "Interface to bind when --port/--pty-port are numbers."],
+        ["port", None, str(DEFAULT_PORT), "HTTP port, or a Twisted endpoint string."],
+        ["pty-port", None, None, "PTY WebSocket port or endpoint (default $ABX_PTY_PORT or 9001)."],
+        ["policy", None, None, "Policy file (JSON, or YAML with a server: block)."],
+        ["preset", None, None, "Preset: default, transfer-only, read-only, hardened, locked."],
+        ["base-dir", None, None, "Path boundary (default $ABX_SERVER_BASE_DIR or /home/user)."],
+        ["audit-log", None, None, "Audit file (default $ABX_SERVER_AUDIT_LOG or the log)."],
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self["commands"] = []
+
+    def opt_commands(self, spec: str) -> None:
+        """Import a commands file or module (repeatable)."""
+        self["commands"].append(spec)
+
+    def postOptions(self) -> None:
+        """Resolve paths now: twistd may chdir before the service starts."""
+        for key in ("policy", "base-dir", "audit-log"):
+            if self[key]:
+                self[key] = os.path.abspath(self[key])
+        self["commands"] = [
+            os.path.abspath(c) if c.endswith(".py") else c for c in self["commands"]
+        ]
+        try:
+            validate_settings(self.settings())
+        except PolicyError as e:
+            raise usage.UsageError(str(e)) from None
+
+    def settings(self) -> Settings:
+        """The options as daemon settings."""
+        host = self["host"]
+        return Settings(
+            port=listen_string(self["port"], host),
+            pty_port=listen_string(self["pty-port"], host) if self["pty-port"] else None,
+            policy_file=self["policy"],
+            preset=self["preset"],
+            base_dir=self["base-dir"],
+            commands=tuple(self["commands"]),
+            audit_log=self["audit-log"],
+        )
+
+
+def makeService(options: Options, reactor: Any = None) -> IService:
+    """Build the daemon; a bad policy is a usage error that stops twistd."""
+    try:
+        return build(options.settings(), reactor)
+    except PolicyError as e:
+        raise usage.UsageError(str(e)) from None

@@ -1,0 +1,197 @@
+"""
+Helpers for testing sandboxd and code built on it: a real daemon on a
+loopback port, and a small HTTP client for it.
+
+Shipped with the package (as txtorcon ships its fakes) so template authors
+can test their commands and routes against a real pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+from twisted.internet.defer import Deferred, gatherResults, inlineCallbacks
+from twisted.internet.protocol import Protocol
+from twisted.web.client import Agent, readBody
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IBodyProducer
+from zope.interface import implementer
+
+from sandboxd.commands import CommandRegistry
+from sandboxd.endpoints import RouteTable, builtin_table
+from sandboxd.server import DaemonService, Settings, build
+
+
+@implementer(IBodyProducer)
+class BytesProducer:
+    """A request body from bytes."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.length = len(data)
+
+    def startProducing(self, consumer: Any) -> Deferred[None]:
+        consumer.write(self.data)
+        return Deferred.fromCoroutine(_done())
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
+async def _done() -> None:
+    return None
+
+
+@attrs.frozen
+class Reply:
+    """A response as a test sees it."""
+
+    status: int
+    headers: Headers
+    body: bytes
+
+    def json(self) -> Any:
+        """The body parsed as JSON."""
+        return json.loads(self.body)
+
+    def header(self, name: str) -> str | None:
+        """One response header's last value."""
+        values = self.headers.getRawHeaders(name)
+        return values[-1] if values else None
+
+
+class RunningDaemon:
+    """
+    A daemon listening on loopback ports chosen by the kernel.
+
+    :ivar port: the HTTP port; :ivar pty_port: the WebSocket port (when the
+        terminal group listens).
+    """
+
+    def __init__(self, daemon: DaemonService, reactor: Any) -> None:
+        self.daemon = daemon
+        self.context = daemon.context
+        self.reactor = reactor
+        self.port = 0
+        self.token: str | None = None
+        self.agent = Agent(reactor)
+
+    @property
+    def url(self) -> str:
+        """The base URL, ``http://127.0.0.1:PORT``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: Mapping[str, str] | None = None,
+        token: str | None = "default",
+        raw_body: bytes | None = None,
+    ) -> Deferred[Reply]:
+        """Send one request; JSON-encodes ``body`` unless ``raw_body`` is given."""
+        hdrs = Headers()
+        use = self.token if token == "default" else token
+        if use:
+            hdrs.addRawHeader("X-Access-Token", use)
+        for k, v in (headers or {}).items():
+            hdrs.addRawHeader(k, v)
+        producer = None
+        if raw_body is not None:
+            producer = BytesProducer(raw_body)
+        elif body is not None:
+            producer = BytesProducer(json.dumps(body).encode())
+            hdrs.addRawHeader("Content-Type", "application/json")
+        d = self.agent.request(method.encode(), (self.url + path).encode(), hdrs, producer)
+
+        def read(response: Any) -> Deferred[Reply]:
+            return readBody(response).addCallback(
+                lambda data: Reply(response.code, response.headers, data)
+            )
+
+        return d.addCallback(read)
+
+    def stop(self) -> Deferred[Any]:
+        """Stop the daemon (listeners, children, audit)."""
+        return self.daemon.stopService()
+
+
+def listening_port(service: Any) -> Deferred[Any]:
+    """The IListeningPort of a started StreamServerEndpointService."""
+    # StreamServerEndpointService keeps the listen Deferred privately.
+    waiting: Deferred[Any] = service._waitingForPort
+    result: Deferred[Any] = Deferred()
+
+    def got(port: Any) -> Any:
+        result.callback(port)
+        return port
+
+    waiting.addCallback(got)
+    return result
+
+
+@inlineCallbacks
+def start_daemon(
+    reactor: Any,
+    base_dir: str,
+    policy: Any = None,
+    environ: Mapping[str, str] | None = None,
+    table: RouteTable | None = None,
+    registry: CommandRegistry | None = None,
+    preset: str | None = None,
+    token: str | None = None,
+    **settings: Any,
+) -> Any:
+    """
+    Build and start a daemon on ``127.0.0.1`` with kernel-chosen ports.
+
+    The caller must ``addCleanup(daemon.stop)``.  ``environ`` replaces the
+    process environment for policy and token lookup (default: empty, so
+    tests never pick up a developer's tokens).
+    """
+    env = dict(environ or {})
+    if token is not None:
+        env.setdefault("ABX_SERVER_TOKEN", token)
+    s = Settings(
+        port="tcp:0:interface=127.0.0.1",
+        pty_port=settings.pop("pty_port", "tcp:0:interface=127.0.0.1"),
+        policy=policy if policy is not None else {},
+        preset=preset,
+        base_dir=base_dir,
+        environ=env,
+        **settings,
+    )
+    daemon = build(
+        s,
+        reactor,
+        table if table is not None else builtin_table(),
+        registry if registry is not None else CommandRegistry(),
+    )
+    daemon.startService()
+    running = RunningDaemon(daemon, reactor)
+    running.token = env.get("ABX_SERVER_TOKEN")
+    ports = yield gatherResults([listening_port(s) for s in daemon.listeners])
+    running.port = ports[0].getHost().port
+    daemon.context.http_port = running.port
+    return running
+
+
+class RawClient(Protocol):
+    """Send raw bytes over TCP and collect whatever comes back."""
+
+    def __init__(self) -> None:
+        self.received = b""
+        self.closed: Deferred[bytes] = Deferred()
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.closed.callback(self.received)

@@ -1,0 +1,1 @@
+"""The HTTP side: request pipeline, routing, responses, SSE."""

@@ -1,0 +1,182 @@
+"""
+Step 7 of the pipeline: run the handler and turn what it returns into a
+response.
+
+Handlers may return a value, a Deferred or a coroutine; raise or return an
+:class:`~sandboxd.errors.ApiError`; or answer with an SSE stream or a
+streamed body.  A client that disconnects cancels a pending handler, as
+Klein does, and nothing is ever written after that.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet.defer import CancelledError, Deferred, ensureDeferred, maybeDeferred
+from twisted.internet.task import cooperate
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from sandboxd.errors import ApiError
+from sandboxd.web.messages import (
+    ServerRequest,
+    ServerResponse,
+    SSEEvent,
+    SSEResponse,
+    StreamResponse,
+)
+from sandboxd.web.sse import SSEChannel
+
+if TYPE_CHECKING:
+    from sandboxd.web.request import SandboxRequest
+
+log = Logger(namespace="sandboxd.dispatch")
+
+
+def call_handler(handler: Any, request: ServerRequest) -> Deferred[Any]:
+    """Call a handler of any flavour and get a Deferred of its result."""
+    d: Deferred[Any] = maybeDeferred(handler, request)
+
+    def unwrap(result: Any) -> Any:
+        if inspect.iscoroutine(result):
+            return ensureDeferred(result)
+        return result
+
+    return d.addCallback(unwrap)
+
+
+def dispatch(raw: SandboxRequest, request: ServerRequest) -> None:
+    """Run ``request``'s handler and respond on ``raw``."""
+    handler = request.endpoint.handler
+    assert handler is not None
+    d = call_handler(handler, request)
+    if not d.called:
+        raw.notifyFinish().addErrback(lambda _: d.cancel())
+    d.addCallback(lambda result: render(raw, request, result))
+    d.addErrback(lambda failure: render_failure(raw, request, failure))
+
+
+def render(raw: SandboxRequest, request: ServerRequest, result: Any) -> Any:
+    """Write a handler's result as the response."""
+    if raw._disconnected or raw.finished:
+        return None
+    if isinstance(result, ApiError):
+        raw.respond_error(result)
+    elif isinstance(result, ServerResponse):
+        if result.raw is not None:
+            _respond_raw(raw, result)
+        else:
+            if result.status >= 400 and isinstance(result.body, dict):
+                raw.audit_code = result.body.get("code")
+                raw.audit_rule = result.body.get("rule")
+            raw.respond_json(result.status, result.body, result.headers)
+    elif isinstance(result, SSEResponse):
+        return _stream_events(raw, request, result)
+    elif isinstance(result, StreamResponse):
+        return _stream_body(raw, result)
+    else:
+        raw.respond_json(200, result if result is not None else {})
+    return None
+
+
+def render_failure(raw: SandboxRequest, request: ServerRequest, failure: Failure) -> None:
+    """Turn a handler's exception into a JSON error (never a traceback)."""
+    if failure.check(CancelledError) and (raw._disconnected or raw.finished):
+        return
+    if raw._disconnected or raw.finished:
+        if not failure.check(CancelledError):
+            log.failure("handler failed after the response", failure)
+        return
+    error = failure.value
+    if isinstance(error, ApiError):
+        raw.respond_error(error)
+        return
+    log.failure("handler {endpoint} failed", failure, endpoint=request.endpoint.id)
+    name = type(error).__name__
+    raw.respond_error(ApiError(500, str(error) or name, name, "internal"))
+
+
+def _respond_raw(raw: SandboxRequest, result: ServerResponse) -> None:
+    raw.setResponseCode(result.status)
+    for k, v in result.headers.items():
+        raw.setHeader(k, v)
+    assert result.raw is not None
+    raw.setHeader(b"content-length", str(len(result.raw)).encode())
+    raw.write(result.raw)
+    raw.finish()
+
+
+def _stream_body(raw: SandboxRequest, result: StreamResponse) -> Deferred[Any]:
+    raw.setResponseCode(result.status)
+    for k, v in result.headers.items():
+        raw.setHeader(k, v)
+    d = result.write_to(raw)
+
+    def done(_: Any) -> None:
+        if not raw._disconnected and not raw.finished:
+            raw.finish()
+
+    def failed(failure: Failure) -> None:
+        if not raw._disconnected and not raw.finished:
+            log.failure("streamed body failed", failure)
+            raw.channel.transport.abortConnection()
+
+    return d.addCallbacks(done, failed)
+
+
+def _as_frame(channel: SSEChannel, item: Any) -> None:
+    if isinstance(item, bytes | str):
+        channel.write_raw(item.encode() if isinstance(item, str) else item)
+    elif isinstance(item, SSEEvent):
+        channel.send(item.event, item.data, item.id)
+    elif isinstance(item, tuple):
+        channel.send(item[0], item[1])
+    elif isinstance(item, dict):
+        channel.send(str(item.get("event", "message")), item.get("data"), item.get("id"))
+    else:
+        channel.send("message", item)
+
+
+def _stream_events(raw: SandboxRequest, request: ServerRequest, result: SSEResponse) -> Any:
+    """Serve an SSE response; the concurrency slot is held until it ends."""
+    channel = SSEChannel(raw, request.context.reactor, headers=result.headers)
+    if result.start is not None:
+        started = maybeDeferred(result.start, channel)
+        started.addErrback(lambda f: _stream_failed(channel, f))
+        return channel.done
+    source = result.event_iterator
+    if isinstance(source, AsyncIterable):
+        async def pump() -> None:
+            async for item in source:
+                if not channel.open:
+                    break
+                _as_frame(channel, item)
+
+        d = ensureDeferred(pump())
+        channel.on_disconnect(d.cancel)
+    else:
+        assert isinstance(source, Iterable)
+
+        def steps() -> Any:
+            for item in source:
+                if not channel.open:
+                    return
+                _as_frame(channel, item)
+                yield None
+
+        task = cooperate(steps())
+        channel.on_disconnect(task.stop)
+        d = task.whenDone()
+    d.addCallbacks(lambda _: channel.close(), lambda f: _stream_failed(channel, f))
+    return channel.done
+
+
+def _stream_failed(channel: SSEChannel, failure: Failure) -> None:
+    if failure.check(CancelledError) or not channel.open:
+        return
+    log.failure("event stream failed", failure)
+    error = failure.value
+    channel.send("error", {"error": str(error) or type(error).__name__, "type": type(error).__name__})
+    channel.close()

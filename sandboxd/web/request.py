@@ -1,0 +1,304 @@
+"""
+The request class of the site: the pipeline's header-time steps, the body
+cap, and the hand-off to the handler.
+
+Twisted calls :meth:`SandboxRequest.gotLength` once every header is in and
+before any body byte is read (and before it would send ``100 Continue``);
+that is where steps 1–5 of SPEC §3 run, so a refused or oversized request
+never has its body buffered.  The request line is read from the channel's
+``_command``/``_path`` because ``method`` and ``uri`` are only set once the
+whole body has arrived; Synapse relies on the same hooks.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from typing import Any
+
+from twisted.logger import Logger
+from twisted.web.http import datetimeToString
+from twisted.web.server import Request
+
+from sandboxd.audit import make_record, should_record
+from sandboxd.context import Context
+from sandboxd.errors import ApiError
+from sandboxd.web.messages import BodySink, ServerRequest
+from sandboxd.web.pipeline import Admission, PipelineRefusal, Refusal, admit
+
+#: A refused request whose body is at most this big is read and dropped,
+#: so the connection can be kept alive; a bigger one is answered at once
+#: and the connection closed.
+DRAIN_LIMIT = 64 * 1024
+
+_JSON = b"application/json"
+
+
+def json_bytes(value: Any) -> bytes:
+    """Compact UTF-8 JSON."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def payload_too_large(limit: int) -> ApiError:
+    """413 ``payload_too_large``."""
+    return ApiError(
+        413,
+        f"the request body is over the limit of {limit} bytes",
+        "ValueError",
+        "payload_too_large",
+        limit=limit,
+    )
+
+
+class SandboxRequest(Request):
+    """One HTTP request travelling through the pipeline."""
+
+    log = Logger()
+    admission: Admission | None = None
+    refusal: Refusal | None = None
+    sink: BodySink | None = None
+    body_error: ApiError | None = None
+    answered_early = False
+    bytes_in = 0
+    cap = 0
+    started = 0.0
+    audit_code: str | None = None
+    audit_rule: str | None = None
+    method_text = ""
+    _headers_lc: dict[bytes, list[bytes]] = {}
+
+    client_host = ""
+    _context: Context | None = None
+
+    @property
+    def context(self) -> Context:
+        """The daemon's shared state (kept: the channel goes once finished)."""
+        if self._context is None:
+            self._context = self.channel.site.context
+        return self._context
+
+    # -- header time ------------------------------------------------------
+
+    def gotLength(self, length: int | None) -> None:
+        """Run SPEC §3 steps 1–5 before reading the body."""
+        self.started = time.monotonic()
+        self.content = io.BytesIO()
+        channel = self.channel
+        self._context = channel.site.context
+        peer = channel.transport.getPeer() if channel.transport is not None else None
+        self.client_host = getattr(peer, "host", "") or ""
+        method = self.method_text = channel._command.decode("latin-1")
+        headers = {k.lower(): v for k, v in self.requestHeaders.getAllRawHeaders()}
+        self._headers_lc = headers
+        try:
+            admission = admit(self.context, method, channel._path, headers)
+        except PipelineRefusal as e:
+            self.refusal = e.refusal
+            if length is None or length > DRAIN_LIMIT:
+                self._answer_early(e.refusal.error)
+            return
+        self.admission = admission
+        self.cap = admission.rule.limits.max_request_bytes or 0
+        if length is not None and self.cap and length > self.cap:
+            self._fail_at_header(payload_too_large(self.cap))
+            return
+        if admission.endpoint.body == "raw" and admission.endpoint.sink is not None:
+            try:
+                self.sink = admission.endpoint.sink(self.server_request({}))
+            except ApiError as e:
+                self._fail_at_header(e)
+
+    def _fail_at_header(self, error: ApiError) -> None:
+        """Refuse an admitted request before its body: answer now and close."""
+        assert self.admission is not None
+        a = self.admission
+        self.refusal = Refusal(error, a.path, a.raw_query, a.endpoint, a.identity, a.rule)
+        self._release()
+        self.admission = None
+        self._answer_early(self.refusal.error)
+
+    def _answer_early(self, error: ApiError) -> None:
+        """
+        Write a complete error response straight to the transport and close.
+
+        ``setResponseCode``/``write`` cannot be used before
+        ``requestReceived``; this mirrors Twisted's own
+        ``_respondToBadRequestAndDisconnect``.  ``Expect`` is removed so no
+        stray ``100 Continue`` follows the response.
+        """
+        self.answered_early = True
+        self.requestHeaders.removeHeader(b"expect")
+        body = json_bytes(error.body())
+        head = [
+            f"HTTP/1.1 {error.status} {_reason(error.status)}",
+            "Content-Type: application/json",
+            f"Content-Length: {len(body)}",
+            "Connection: close",
+            *(f"{k}: {v}" for k, v in error.headers.items()),
+        ]
+        transport = self.channel.transport
+        transport.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+        self._audit(error.status, error.code, error.extra.get("rule"), len(body))
+        transport.loseConnection()
+
+    def handleContentChunk(self, data: bytes) -> None:
+        """Count, cap and store (or stream) one chunk of the body."""
+        if self.answered_early:
+            return
+        self.bytes_in += len(data)
+        if self.refusal is not None or self.body_error is not None:
+            return
+        if self.cap and self.bytes_in > self.cap:
+            self._abort_sink()
+            self._fail_at_header(payload_too_large(self.cap))
+            return
+        if self.sink is not None:
+            try:
+                self.sink.write(data)
+            except ApiError as e:
+                self.body_error = e
+                self._abort_sink()
+            return
+        self.content.write(data)
+
+    def _abort_sink(self) -> None:
+        if self.sink is not None:
+            sink, self.sink = self.sink, None
+            sink.abort()
+
+    # -- after the body ---------------------------------------------------
+
+    def process(self) -> None:
+        """Answer a refusal, or parse the body and run the handler (steps 6–8)."""
+        if self.answered_early:
+            return
+        self.site = self.channel.site
+        self.setHeader(b"date", datetimeToString())
+        if self.admission is None:
+            refusal = self.refusal
+            assert refusal is not None
+            self.respond_error(refusal.error)
+            return
+        if self.body_error is not None:
+            self.respond_error(self.body_error)
+            return
+        self.notifyFinish().addBoth(self._finished)
+        try:
+            body = self._parse_body()
+            sink_result = self.sink.finish() if self.sink is not None else None
+        except ApiError as e:
+            self._abort_sink()
+            self.respond_error(e)
+            return
+        request = self.server_request(body)
+        request.sink_result = sink_result
+        from sandboxd.web.dispatch import dispatch
+
+        dispatch(self, request)
+
+    def _parse_body(self) -> dict[str, Any]:
+        """Step 6: the JSON object of a POST/DELETE (``{}`` when empty)."""
+        assert self.admission is not None
+        if self.method not in (b"POST", b"DELETE") or self.admission.endpoint.body != "json":
+            return {}
+        raw = self.content.getvalue()
+        self.content = io.BytesIO()
+        if not raw.strip():
+            return {}
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, ValueError):
+            raise ApiError(400, "the body is not valid JSON", "ValueError", "invalid_json") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body must be a JSON object", "ValueError", "invalid_json")
+        return body
+
+    def server_request(self, body: dict[str, Any]) -> ServerRequest:
+        """The handler's view of this request."""
+        a = self.admission
+        assert a is not None
+        return ServerRequest(
+            method=self.method_text,
+            path=a.path,
+            query=a.query,
+            headers={k.decode("latin-1"): v[-1].decode("latin-1") for k, v in self._headers_lc.items()},
+            body=body,
+            path_params=a.path_params,
+            identity=a.identity,
+            endpoint=a.endpoint,
+            rule=a.rule,
+            context=self.context,
+            raw=self,
+            client=self.client_host,
+        )
+
+    # -- responses --------------------------------------------------------
+
+    def respond_json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        """Send a complete JSON response (no-op once the client has gone)."""
+        if self._disconnected or self.finished:
+            return
+        data = json_bytes(body)
+        self.setResponseCode(status)
+        self.responseHeaders.setRawHeaders(b"content-type", [_JSON])
+        self.responseHeaders.setRawHeaders(b"content-length", [str(len(data)).encode()])
+        if headers:
+            for k, v in headers.items():
+                self.setHeader(k, v)
+        self.write(data)
+        self.finish()
+
+    def respond_error(self, error: ApiError) -> None:
+        """Send an :class:`ApiError` as SPEC §3's error body."""
+        self.audit_code = error.code
+        self.audit_rule = error.extra.get("rule")
+        self.respond_json(error.status, error.body(), error.headers)
+        if self.admission is None:
+            self._audit(error.status, error.code, self.audit_rule, self.sentLength)
+
+    def _release(self) -> None:
+        a = self.admission
+        if a is not None and a.slot:
+            a.slot = False
+            self.context.gate.release(a.endpoint.id)
+
+    def _finished(self, result: object) -> None:
+        """The response is over (or the client left): free the slot, audit."""
+        self._release()
+        self._abort_sink()
+        status = self.code if self.finished else 499
+        code = self.audit_code if self.finished else "client_closed"
+        self._audit(status, code, self.audit_rule, self.sentLength)
+
+    def _audit(self, status: int, code: str | None, rule: str | None, bytes_out: int) -> None:
+        """Step 8: one audit line, if the endpoint's ``audit`` mode wants it."""
+        a = self.admission
+        known = a or self.refusal
+        mode = known.rule.audit if known is not None and known.rule is not None else "deny"
+        if not should_record(mode, status):
+            return
+        endpoint = known.endpoint.id if known is not None and known.endpoint is not None else None
+        identity = known.identity.id if known is not None and known.identity is not None else "-"
+        self.context.audit.write(
+            make_record(
+                identity=identity,
+                endpoint=endpoint,
+                method=self.method_text,
+                path=known.path if known is not None else "",
+                query=known.raw_query if known is not None else "",
+                status=status,
+                code=code,
+                rule=rule,
+                started=self.started or time.monotonic(),
+                bytes_in=self.bytes_in,
+                bytes_out=bytes_out,
+                client=self.client_host,
+            )
+        )
+
+
+def _reason(status: int) -> str:
+    from twisted.web.http import RESPONSES
+
+    return RESPONSES.get(status, b"Error").decode("latin-1")

@@ -1,0 +1,84 @@
+"""
+Step 2 of the pipeline: the route tree built from the endpoint table.
+
+Each node is a twisted.web ``Resource``: static segments are its children,
+a ``{param}`` segment is its one wildcard child.  Matching walks the tree
+with the normalised segments, preferring static children and falling back
+to the wildcard, so ``/process/list`` beats ``/process/{pid}``.
+"""
+
+from __future__ import annotations
+
+from twisted.web.resource import Resource
+
+from sandboxd.endpoints import Endpoint, RouteTable, param_name
+
+
+class RouteNode(Resource):
+    """One path position: static children, a wildcard child, and endpoints."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.static: dict[str, RouteNode] = {}
+        self.wildcard: RouteNode | None = None
+        self.methods: dict[str, Endpoint] = {}
+
+    def add(self, segments: tuple[str, ...], endpoint: Endpoint) -> None:
+        """Place ``endpoint`` below this node."""
+        if not segments:
+            self.methods.setdefault(endpoint.method, endpoint)
+            return
+        head, rest = segments[0], segments[1:]
+        name = param_name(head)
+        if name is None:
+            child = self.static.get(head)
+            if child is None:
+                child = self.static[head] = RouteNode()
+                self.putChild(head.encode("utf-8"), child)
+        else:
+            if self.wildcard is None:
+                self.wildcard = RouteNode()
+            child = self.wildcard
+        child.add(rest, endpoint)
+
+    def find(
+        self, segments: tuple[str, ...], method: str, values: list[str]
+    ) -> Endpoint | None:
+        """The endpoint for ``method`` at ``segments``; wildcard values go to ``values``."""
+        if not segments:
+            return self.methods.get(method)
+        head, rest = segments[0], segments[1:]
+        child = self.static.get(head)
+        if child is not None:
+            found = child.find(rest, method, values)
+            if found is not None:
+                return found
+        if self.wildcard is not None:
+            found = self.wildcard.find(rest, method, values)
+            if found is not None:
+                values.insert(0, head)
+                return found
+        return None
+
+
+class Router:
+    """The HTTP routes of a table, as a tree of :class:`RouteNode`."""
+
+    def __init__(self, table: RouteTable) -> None:
+        self.root = RouteNode()
+        for endpoint in table:
+            if endpoint.method != "WS":
+                self.root.add(endpoint.segments, endpoint)
+
+    def match(self, method: str, segments: tuple[str, ...]) -> tuple[Endpoint, dict[str, str]] | None:
+        """``(endpoint, path params)``, or None when nothing matches."""
+        values: list[str] = []
+        endpoint = self.root.find(segments, method, values)
+        if endpoint is None:
+            return None
+        names = [n for n in map(param_name, endpoint.segments) if n is not None]
+        return endpoint, dict(zip(names, values, strict=True))
+
+    def path_exists(self, segments: tuple[str, ...]) -> bool:
+        """Whether any method is served at ``segments``."""
+        return any(self.root.find(segments, m, []) for m in ("GET", "POST", "DELETE"))

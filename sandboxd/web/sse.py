@@ -1,0 +1,143 @@
+"""
+Server-Sent Events over a twisted.web request (SPEC §9).
+
+An :class:`SSEChannel` writes one frame per event as it happens, sends a
+``: keep-alive`` comment after 15 s of silence, notices the client leaving,
+and lets a producer pause whatever feeds it when the client reads slowly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IPushProducer, IReactorTime
+from twisted.internet.task import LoopingCall
+from twisted.python.failure import Failure
+from twisted.web.server import Request
+from zope.interface import implementer
+
+from sandboxd.policy.defaults import HEARTBEAT_SECONDS
+
+
+def frame(event: str, data: Any, id: int | None = None) -> bytes:
+    """One SSE frame; ``data`` is JSON (so it never holds a bare newline)."""
+    payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    head = f"id: {id}\n" if id is not None else ""
+    return f"{head}event: {event}\ndata: {payload}\n\n".encode()
+
+
+@implementer(IPushProducer)
+class _ProducerAdapter:
+    """Pass pause/resume through; turn stop into the channel's close."""
+
+    def __init__(self, target: Any, on_stop: Callable[[], None]) -> None:
+        self._target = target
+        self._on_stop = on_stop
+
+    def pauseProducing(self) -> None:
+        self._target.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        self._target.resumeProducing()
+
+    def stopProducing(self) -> None:
+        self._on_stop()
+
+
+class SSEChannel:
+    """
+    A live event stream to one client.
+
+    :ivar done: fires (with None) once the stream is over, whether the
+        server closed it or the client went away.
+    """
+
+    def __init__(
+        self,
+        request: Request,
+        clock: IReactorTime,
+        heartbeat: float = HEARTBEAT_SECONDS,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self._request = request
+        self._clock = clock
+        self._last_write = clock.seconds()
+        self._disconnect_callbacks: list[Callable[[], None]] = []
+        self.open = True
+        self.client_gone = False
+        self.done: Deferred[None] = Deferred()
+        self.events_sent = 0
+        request.setResponseCode(200)
+        request.setHeader(b"content-type", b"text/event-stream")
+        request.setHeader(b"cache-control", b"no-cache")
+        request.setHeader(b"x-accel-buffering", b"no")
+        for k, v in (headers or {}).items():
+            request.setHeader(k, v)
+        request.notifyFinish().addErrback(self._lost)
+        self._heartbeat = LoopingCall(self._beat)
+        self._heartbeat.clock = clock
+        self._heartbeat.start(heartbeat, now=False)
+        self._producer: _ProducerAdapter | None = None
+
+    def send(self, event: str, data: Any, id: int | None = None) -> None:
+        """Write one event now."""
+        self.write_raw(frame(event, data, id))
+        self.events_sent += 1
+
+    def write_raw(self, data: bytes) -> None:
+        """Write pre-formatted frame bytes (template streams yield these)."""
+        if not self.open:
+            return
+        self._last_write = self._clock.seconds()
+        self._request.write(data)
+
+    def comment(self, text: str = "keep-alive") -> None:
+        """A comment line, ignored by clients, that keeps proxies awake."""
+        self.write_raw(f": {text}\n\n".encode())
+
+    def _beat(self) -> None:
+        if self._clock.seconds() - self._last_write >= HEARTBEAT_SECONDS - 0.001:
+            self.comment()
+
+    def on_disconnect(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` if the client leaves before the stream ends."""
+        self._disconnect_callbacks.append(callback)
+
+    def register_producer(self, producer: Any, on_stop: Callable[[], None] | None = None) -> None:
+        """
+        Let a slow client pause ``producer`` (``pauseProducing``/``resumeProducing``).
+
+        Never register a process transport directly: it has no
+        ``stopProducing`` and the disconnect would go unnoticed.
+        """
+        self._producer = _ProducerAdapter(producer, on_stop or (lambda: None))
+        self._request.registerProducer(self._producer, True)
+
+    def close(self) -> None:
+        """End the stream from the server side."""
+        if not self.open:
+            return
+        self._stop()
+        if not self.client_gone:
+            self._request.finish()
+        self.done.callback(None)
+
+    def _stop(self) -> None:
+        self.open = False
+        if self._heartbeat.running:
+            self._heartbeat.stop()
+        if self._producer is not None:
+            self._producer = None
+            self._request.unregisterProducer()
+
+    def _lost(self, reason: Failure) -> None:
+        if not self.open:
+            return
+        self.client_gone = True
+        self._stop()
+        for callback in self._disconnect_callbacks:
+            callback()
+        self.done.callback(None)

@@ -1,0 +1,97 @@
+"""
+Step 1 and the query half of step 5 of the pipeline (SPEC §3): one normal
+form of the request target.
+
+The path is split on ``/`` first and each segment percent-decoded once, so
+an encoded ``/`` or NUL can never join or split segments behind the router's
+back; dot segments are refused; empty segments are dropped.  The normal form
+is what routing, policy, rate buckets and audit all see.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import unquote_to_bytes
+
+import attrs
+
+from sandboxd.errors import ApiError
+
+
+@attrs.frozen
+class Target:
+    """A parsed request target."""
+
+    path: str
+    segments: tuple[str, ...]
+    query: dict[str, str]
+    raw_query: str
+
+
+def invalid_path(message: str) -> ApiError:
+    """400 ``invalid_path``."""
+    return ApiError(400, message, "ValueError", "invalid_path")
+
+
+def _decode(raw: bytes, what: str) -> str:
+    decoded = unquote_to_bytes(raw)
+    try:
+        return decoded.decode("utf-8")
+    except UnicodeDecodeError:
+        raise invalid_path(f"{what} is not valid UTF-8") from None
+
+
+def parse_path(raw_path: bytes) -> tuple[str, tuple[str, ...]]:
+    """Normalise the path part of a target into ``(path, segments)``."""
+    if not raw_path.startswith(b"/"):
+        raise invalid_path("the request target must be an absolute path")
+    segments: list[str] = []
+    for raw in raw_path.split(b"/"):
+        if not raw:
+            continue
+        segment = _decode(raw, "the path")
+        if "/" in segment or "\x00" in segment:
+            raise invalid_path("an encoded '/' or NUL is not allowed in a path segment")
+        if segment in (".", ".."):
+            raise invalid_path("dot segments are not allowed in the path")
+        segments.append(segment)
+    return "/" + "/".join(segments), tuple(segments)
+
+
+def parse_query(raw_query: bytes) -> dict[str, str]:
+    """
+    Query parameters, each name at most once.
+
+    ``;`` separates pairs as ``&`` does and names are percent-decoded before
+    comparing, so ``?a=1&%61=2`` and ``?a=1;a=2`` are duplicates too.
+    """
+    out: dict[str, str] = {}
+    if not raw_query:
+        return out
+    for pair in raw_query.replace(b";", b"&").split(b"&"):
+        if not pair:
+            continue
+        raw_name, _, raw_value = pair.partition(b"=")
+        try:
+            name = unquote_to_bytes(raw_name.replace(b"+", b" ")).decode("utf-8")
+            value = unquote_to_bytes(raw_value.replace(b"+", b" ")).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ApiError(
+                400, "query parameters must be UTF-8", "ValueError", "invalid_param"
+            ) from None
+        if name in out:
+            raise ApiError(
+                400,
+                f"query parameter {name!r} is given more than once",
+                "ValueError",
+                "duplicate_parameter",
+                param=name,
+            )
+        out[name] = value
+    return out
+
+
+def parse_target(raw: bytes) -> Target:
+    """Parse a request target (origin-form only: absolute-form is refused)."""
+    raw_path, _, raw_query = raw.partition(b"?")
+    path, segments = parse_path(raw_path)
+    return Target(path, segments, parse_query(raw_query), raw_query.decode("latin-1"))

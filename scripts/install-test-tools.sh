@@ -1,0 +1,16 @@
+#!/bin/sh
+# Install the programs some tests drive, when they are missing and apt-get
+# can run (root, Debian).  Never fails the build: a test whose tool is
+# still missing skips and names the tool.
+missing=""
+command -v git >/dev/null 2>&1 || missing="$missing git"
+command -v node >/dev/null 2>&1 || missing="$missing nodejs"
+[ -n "$missing" ] || exit 0
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing test tools:$missing"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing) >/dev/null 2>&1 \
+        || echo "could not install$missing; the tests that need them will skip"
+else
+    echo "missing test tools:$missing (not root or no apt-get); the tests that need them will skip"
+fi
+exit 0

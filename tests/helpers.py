@@ -1,0 +1,53 @@
+"""Shared test fixtures: a real daemon on loopback, in a temporary base dir."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import TestCase
+
+from sandboxd.testing import RunningDaemon, start_daemon
+
+
+class DaemonTestCase(TestCase):
+    """
+    A trial case with a real daemon per test.
+
+    Subclasses set ``policy``, ``environ``, ``token`` or ``preset`` and call
+    ``self.start()`` (or rely on ``setUp``'s default start).
+    """
+
+    timeout = 30
+    policy: Any = None
+    environ: dict[str, str] | None = None
+    token: str | None = None
+    preset: str | None = None
+    autostart = True
+
+    def setUp(self) -> Any:
+        self.base_dir = os.path.realpath(self.mktemp())
+        os.makedirs(self.base_dir)
+        if self.autostart:
+            return self.start()
+        return None
+
+    @inlineCallbacks
+    def start(self, **kwargs: Any) -> Any:
+        """Start the daemon with this case's settings (overridable)."""
+        options = {
+            "policy": self.policy,
+            "environ": self.environ,
+            "token": self.token,
+            "preset": self.preset,
+        }
+        options.update(kwargs)
+        self.daemon: RunningDaemon = yield start_daemon(reactor, self.base_dir, **options)
+        self.addCleanup(self.daemon.stop)
+        return self.daemon
+
+    def request(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
+        """Shortcut for ``self.daemon.request``."""
+        return self.daemon.request(method, path, body, **kwargs)
