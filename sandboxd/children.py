@@ -1,0 +1,281 @@
+"""
+What every child of the daemon shares (SPEC §7.4): its argv, environment,
+user, working directory, process group, and how its whole tree is ended.
+
+Shell commands, background processes, terminals, code runs, git, package
+listings and coding agents are all started through here, so the rules
+(secrets stripped, allow/deny lists, own session, TERM then KILL to every
+descendant) hold for each of them.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shlex
+import signal
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from sandboxd.errors import ApiError, forbidden
+from sandboxd.policy.rules import EffectiveRule
+
+#: Where setsid lives on Debian; spawning through it keeps Twisted's fast
+#: posix_spawn path and still gives the child its own session and group.
+SETSID = "/usr/bin/setsid"
+
+#: Names never passed to a child, whatever the policy says.
+_SECRET_PREFIXES = ("ABX_SERVER_",)
+
+
+def secret_names(context: Any, rule: EffectiveRule | None) -> set[str]:
+    """Environment names removed from every child's environment."""
+    names = set(context.policy.secret_env_names()) if context is not None else set()
+    if rule is not None:
+        names.update(rule.params.env_deny)
+    return names
+
+
+def child_environment(
+    context: Any,
+    rule: EffectiveRule | None,
+    extra: Mapping[str, str] | None = None,
+    base: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """
+    The environment of a new child: the daemon's (which ``POST /env``
+    changes), plus ``extra``, minus secrets and ``env_deny``.
+    """
+    env = dict(os.environ if base is None else base)
+    if extra:
+        env.update(extra)
+    drop = secret_names(context, rule)
+    return {
+        k: v
+        for k, v in env.items()
+        if k not in drop and not k.startswith(_SECRET_PREFIXES)
+    }
+
+
+def validate_env(value: Any) -> dict[str, str]:
+    """A request's ``env`` object: string names (no ``=``/NUL) to string values."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ApiError(400, "'env' must be an object of strings", "ValueError", "invalid_param")
+    out: dict[str, str] = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or not k or "=" in k or "\x00" in k:
+            raise ApiError(400, f"invalid environment name {k!r}", "ValueError", "invalid_param")
+        if isinstance(v, bool) or not isinstance(v, str | int | float) or "\x00" in str(v):
+            raise ApiError(400, f"invalid value for {k!r}", "ValueError", "invalid_param")
+        out[k] = str(v)
+    return out
+
+
+def find_executable(name: str, env: Mapping[str, str]) -> str | None:
+    """``name`` resolved against the child's PATH (not the daemon's)."""
+    if "/" in name:
+        return name if os.access(name, os.X_OK) and not os.path.isdir(name) else None
+    for directory in env.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory or ".", name)
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            return candidate
+    return None
+
+
+def command_argv(body: Mapping[str, Any], rule: EffectiveRule) -> list[str]:
+    """
+    The argv of a ``command`` (SPEC §7.4): ``shlex.split`` without a shell,
+    or ``[shell, "-c", command]`` when ``shell`` names an allowed shell.
+
+    :raises ApiError: 400 for a missing or unparsable command or unknown
+        shell; 403 ``param_not_allowed`` for a refused command or shell.
+    """
+    command = body.get("command")
+    if not isinstance(command, str) or not command.strip():
+        raise ApiError(400, "'command' must be a non-empty string", "ValueError", "invalid_param")
+    if "\x00" in command:
+        raise ApiError(400, "'command' must not contain NUL", "ValueError", "invalid_param")
+    shell = body.get("shell")
+    if shell is not None and shell is not False:
+        if not isinstance(shell, str) or not shell:
+            raise ApiError(400, "'shell' must be a shell name", "ValueError", "invalid_param")
+        if os.path.basename(shell) not in rule.params.shells:
+            raise forbidden(
+                f"the shell {shell!r} is not allowed (allowed: {', '.join(rule.params.shells)})",
+                "param_not_allowed",
+                rule=rule.source("params.shells") or "default:params.shells",
+            )
+        argv = [shell, "-c", command]
+        check_command_allowed(rule, [shell])
+        check_command_allowed(rule, _first_word(command))
+        return argv
+    try:
+        argv = shlex.split(command)
+    except ValueError as e:
+        raise ApiError(400, f"cannot parse the command: {e}", "ValueError", "invalid_param") from None
+    if not argv:
+        raise ApiError(400, "'command' is empty", "ValueError", "invalid_param")
+    check_command_allowed(rule, argv)
+    return argv
+
+
+def _first_word(command: str) -> list[str]:
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = command.split()
+    return words[:1]
+
+
+def check_command_allowed(rule: EffectiveRule, argv: list[str]) -> None:
+    """``allow_commands``/``deny_commands`` on argv[0]'s basename."""
+    if not argv:
+        return
+    name = os.path.basename(argv[0])
+    params = rule.params
+    if name in params.deny_commands:
+        raise forbidden(
+            f"the command {name!r} is not allowed",
+            "param_not_allowed",
+            rule=rule.source("params.deny_commands"),
+        )
+    if params.allow_commands is not None and name not in params.allow_commands:
+        raise forbidden(
+            f"the command {name!r} is not in the allowed list",
+            "param_not_allowed",
+            rule=rule.source("params.allow_commands"),
+        )
+
+
+@attrs.frozen
+class RunAs:
+    """The user a child runs as (only when the daemon is root)."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str
+
+    def apply(self, env: dict[str, str]) -> dict[str, str]:
+        """``HOME``, ``USER``, ``LOGNAME`` set to match."""
+        env.update(HOME=self.home, USER=self.name, LOGNAME=self.name)
+        return env
+
+
+def resolve_user(requested: Any, rule: EffectiveRule) -> RunAs | None:
+    """
+    Who a child runs as: the request's ``user``, else ``params.default_user``.
+
+    Only a root daemon can switch; the user must be allowed by
+    ``params.users`` (default: any non-root user; root only when listed).
+
+    :raises ApiError: 400 unknown user, 403 ``param_not_allowed``.
+    """
+    wanted = requested if requested is not None else rule.params.default_user
+    if wanted is None:
+        return None
+    try:
+        entry = pwd.getpwuid(wanted) if isinstance(wanted, int) and not isinstance(wanted, bool) else pwd.getpwnam(str(wanted))
+    except (KeyError, TypeError):
+        raise ApiError(400, f"unknown user {wanted!r}", "ValueError", "invalid_param") from None
+    if os.geteuid() != 0:
+        if entry.pw_uid == os.geteuid():
+            return None
+        raise forbidden(
+            "the daemon does not run as root, so it cannot switch users",
+            "param_not_allowed",
+            rule="guard:users",
+        )
+    allowed = rule.params.users
+    ok = entry.pw_name in allowed if allowed is not None else entry.pw_uid != 0
+    if not ok:
+        raise forbidden(
+            f"running as {entry.pw_name!r} is not allowed",
+            "param_not_allowed",
+            rule=rule.source("params.users") or "default:params.users",
+        )
+    return RunAs(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
+
+
+def session_argv(argv: list[str]) -> list[str]:
+    """Wrap argv so the child leads its own session and process group."""
+    if os.path.exists(SETSID):
+        return [SETSID, *argv]
+    return argv
+
+
+def descendants(root: int) -> list[int]:
+    """
+    Every live process descended from ``root`` or sharing its session.
+
+    Read from /proc, so a grandchild that left the group with ``setsid``
+    is still found while its parent chain leads back to ``root``.
+    """
+    parents: dict[int, int] = {}
+    sessions: dict[int, int] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        pid = int(name)
+        parents[pid] = int(fields[1])
+        sessions[pid] = int(fields[3])
+    found = {pid for pid, sid in sessions.items() if sid == root and pid != root}
+    changed = True
+    while changed:
+        changed = False
+        for pid, ppid in parents.items():
+            if pid not in found and pid != root and (ppid == root or ppid in found):
+                found.add(pid)
+                changed = True
+    return sorted(found)
+
+
+def signal_tree(pid: int, sig: int) -> None:
+    """Send ``sig`` to ``pid``'s process group and every descendant."""
+    targets = descendants(pid)
+    for call, target in [(os.killpg, pid), (os.kill, pid)] + [(os.kill, p) for p in targets]:
+        try:
+            call(target, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def signal_name(number: int) -> str:
+    """``SIGTERM`` for 15."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+def exit_code(reason: Any) -> int | None:
+    """
+    SPEC §9's exit code from a ``processEnded``/``processExited`` reason:
+    the status, or minus the signal number.
+    """
+    value = getattr(reason, "value", reason)
+    sig = getattr(value, "signal", None)
+    if sig:
+        return -int(sig)
+    code = getattr(value, "exitCode", None)
+    return int(code) if code is not None else None
+
+
+def keep_only(mapping: Mapping[str, str], names: Iterable[str]) -> dict[str, str]:
+    """The entries of ``mapping`` whose names are in ``names``."""
+    wanted = set(names)
+    return {k: v for k, v in mapping.items() if k in wanted}

@@ -1,0 +1,202 @@
+"""
+The one stream contract of SPEC §9: an ordered, bounded log of events
+numbered by ``seq``, and a follower that serves it over SSE.
+
+Background process output, file watches and agent sessions each keep an
+:class:`EventLog`.  A reader asks for the events after a ``seq`` (``after``
+or ``Last-Event-ID``) and gets exactly those still retained, in order, then
+live ones with no gap and no repeat; events already dropped are announced
+with one ``gap`` event.  A follower whose client reads slowly stops taking
+events and catches up from the log when it drains, so memory stays bounded
+by the log, never by the client.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+from twisted.internet.defer import Deferred
+from zope.interface import implementer
+from twisted.internet.interfaces import IPushProducer
+
+from sandboxd.errors import ApiError
+from sandboxd.web.sse import SSEChannel, frame
+
+
+@attrs.frozen
+class Event:
+    """One retained event."""
+
+    seq: int
+    event: str
+    data: Any
+    size: int
+
+    def as_json(self) -> dict[str, Any]:
+        """``{seq, event, data}`` for paged (non-SSE) reads."""
+        return {"seq": self.seq, "event": self.event, "data": self.data}
+
+
+def json_size(data: Any) -> int:
+    """Bytes an event's data costs in the log (its JSON length)."""
+    return len(json.dumps(data, separators=(",", ":")))
+
+
+class EventLog:
+    """
+    A bounded, ordered log; ``seq`` starts at 1.
+
+    :param max_bytes: retention bound; the oldest events go first, but the
+        newest event is always kept, so a finished stream keeps its ``exit``.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._events: deque[Event] = deque()
+        self._bytes = 0
+        self.last_seq = 0
+        self.dropped_bytes = 0
+        self.closed = False
+        self._listeners: list[Callable[[Event | None], None]] = []
+
+    @property
+    def first_seq(self) -> int:
+        """The oldest retained seq (``last_seq + 1`` when empty)."""
+        return self._events[0].seq if self._events else self.last_seq + 1
+
+    @property
+    def retained_bytes(self) -> int:
+        """Bytes held now."""
+        return self._bytes
+
+    def append(self, event: str, data: Any, size: int | None = None) -> Event:
+        """Record an event and tell every listener."""
+        if self.closed:
+            raise RuntimeError("the event log is closed")
+        self.last_seq += 1
+        item = Event(self.last_seq, event, data, json_size(data) if size is None else size)
+        self._events.append(item)
+        self._bytes += item.size
+        while self._bytes > self.max_bytes and len(self._events) > 1:
+            old = self._events.popleft()
+            self._bytes -= old.size
+            self.dropped_bytes += old.size
+        for listener in list(self._listeners):
+            listener(item)
+        return item
+
+    def close(self) -> None:
+        """No more events; listeners get None."""
+        if self.closed:
+            return
+        self.closed = True
+        for listener in list(self._listeners):
+            listener(None)
+        self._listeners.clear()
+
+    def since(self, after: int) -> tuple[tuple[int, int] | None, list[Event]]:
+        """
+        The retained events with ``seq > after``, and the ``(from, to)``
+        range of asked-for events already dropped, if any.
+        """
+        first = self.first_seq
+        gap = (after + 1, first - 1) if after + 1 < first and self.last_seq >= after + 1 else None
+        return gap, [e for e in self._events if e.seq > after]
+
+    def subscribe(self, listener: Callable[[Event | None], None]) -> Callable[[], None]:
+        """Call ``listener`` with each new event (None at close); returns unsubscribe."""
+        self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return unsubscribe
+
+
+def resume_point(query: dict[str, str], headers: dict[str, str]) -> int:
+    """``after`` from the query, else ``Last-Event-ID``, else 0."""
+    raw = query.get("after")
+    if raw is None:
+        raw = headers.get("last-event-id")
+    if raw is None or raw == "":
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, "'after' must be an integer seq", "ValueError", "invalid_param") from None
+    if value < 0:
+        raise ApiError(400, "'after' must not be negative", "ValueError", "invalid_param")
+    return value
+
+
+EventFormatter = Callable[[Event], bytes]
+
+
+def default_format(event: Event) -> bytes:
+    """``id: SEQ`` / ``event: NAME`` / ``data: JSON``."""
+    return frame(event.event, event.data, event.seq)
+
+
+@implementer(IPushProducer)
+class Follower:
+    """
+    Serves one :class:`EventLog` to one SSE client from a resume point.
+
+    The listener is registered before the replay is read, and every write
+    goes through :meth:`_pump`, which only ever sends ``seq > last sent``:
+    no gap between replay and live, and no repeat.
+    """
+
+    def __init__(
+        self,
+        log: EventLog,
+        channel: SSEChannel,
+        after: int,
+        formatter: EventFormatter = default_format,
+    ) -> None:
+        self.log = log
+        self.channel = channel
+        self.sent = after
+        self.paused = False
+        self.format = formatter
+        self.done: Deferred[None] = channel.done
+        self._unsubscribe = log.subscribe(self._on_event)
+        channel.on_disconnect(self._unsubscribe)
+        channel.register_producer(self)
+        self._pump()
+
+    def _on_event(self, event: Event | None) -> None:
+        if not self.paused:
+            self._pump()
+
+    def _pump(self) -> None:
+        gap, events = self.log.since(self.sent)
+        if gap is not None:
+            self.channel.send("gap", {"from": gap[0], "to": gap[1]})
+        for event in events:
+            if not self.channel.open:
+                return
+            self.channel.write_raw(self.format(event))
+            self.sent = event.seq
+        if self.log.closed and self.channel.open:
+            self._unsubscribe()
+            self.channel.close()
+
+    def pauseProducing(self) -> None:
+        """The client is slow: stop writing; the log keeps the events."""
+        self.paused = True
+
+    def resumeProducing(self) -> None:
+        """The client drained: catch up from the log."""
+        if self.paused:
+            self.paused = False
+            self._pump()
+
+    def stopProducing(self) -> None:
+        """The client is gone."""
+        self._unsubscribe()
