@@ -26,6 +26,12 @@ from sandboxd.policy.rules import EffectiveRule
 #: posix_spawn path and still gives the child its own session and group.
 SETSID = "/usr/bin/setsid"
 
+#: The environment the daemon started with.  ``POST /env`` changes
+#: ``os.environ`` (what later user children inherit); the daemon's own
+#: helpers (git, the browser worker, package listings) start from this
+#: snapshot instead, so a caller cannot steer them through the environment.
+BOOT_ENVIRON: dict[str, str] = dict(os.environ)
+
 #: Names never passed to a child, whatever the policy says.
 _SECRET_PREFIXES = ("ABX_SERVER_",)
 
