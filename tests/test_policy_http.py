@@ -1,0 +1,199 @@
+"""
+The policy engine as a client meets it: scoped tokens, rate and concurrency
+limits, discovery and audit, against a real daemon.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.task import deferLater
+
+from sandboxd.commands import CommandRegistry
+from sandboxd.endpoints import CapabilityGroup, builtin_table
+from tests.helpers import DaemonTestCase
+
+READER = "reader-token"
+ADMIN = "admin-token"
+RUNNER = "runner-token"
+
+POLICY = {
+    "auth": {
+        "tokens": [
+            {"id": "reader", "token_env": "READER_TOKEN", "scopes": ["core:read", "files:read"]},
+            {"id": "admin", "token_sha256": hashlib.sha256(ADMIN.encode()).hexdigest(), "scopes": ["*"]},
+            {"id": "runner", "token_env": "RUNNER_TOKEN", "scopes": ["commands:run:hello"]},
+        ]
+    },
+}
+ENV = {"READER_TOKEN": READER, "RUNNER_TOKEN": RUNNER}
+
+
+def registry() -> CommandRegistry:
+    r = CommandRegistry()
+
+    @r.command("hello", description="Say hello.")
+    def hello(name: str = "World") -> str:
+        return f"Hello, {name}!"
+
+    @r.command("secret")
+    def secret() -> str:
+        return "s"
+
+    return r
+
+
+class ScopeTests(DaemonTestCase):
+    """Two identities, different scopes (SPEC §4, §5)."""
+
+    policy = POLICY
+    environ = ENV
+    autostart = False
+
+    def setUp(self) -> Any:
+        super().setUp()
+        return self.start(registry=registry())
+
+    @inlineCallbacks
+    def test_identity_in_capabilities(self) -> Any:
+        """/capabilities names the caller and says what it may do."""
+        reply = yield self.request("GET", "/capabilities", token=READER)
+        body = reply.json()
+        self.assertEqual(body["identity"], {"id": "reader", "scopes": ["core:read", "files:read"]})
+        self.assertFalse(body["endpoints"]["commands_list"]["allowed"])
+        self.assertEqual(body["endpoints"]["commands_list"]["reason"], "missing_scope")
+        self.assertTrue(body["endpoints"]["capabilities"]["allowed"])
+
+    @inlineCallbacks
+    def test_missing_scope(self) -> Any:
+        """A call outside the identity's scopes is 403 missing_scope naming the scope."""
+        reply = yield self.request("GET", "/commands", token=READER)
+        self.assertEqual(reply.status, 403)
+        body = reply.json()
+        self.assertEqual((body["code"], body["scope"], body["endpoint"]), ("missing_scope", "commands:run", "commands_list"))
+
+    @inlineCallbacks
+    def test_sha256_token(self) -> Any:
+        """A token given by its SHA-256 authenticates as its identity."""
+        reply = yield self.request("POST", "/commands/secret", {}, token=ADMIN)
+        self.assertEqual((reply.status, reply.json()), (200, {"result": "s"}))
+
+    @inlineCallbacks
+    def test_command_scope_admits_one_command(self) -> Any:
+        """commands:run:hello runs hello and nothing else."""
+        reply = yield self.request("POST", "/commands/hello", {"name": "Qoder"}, token=RUNNER)
+        self.assertEqual(reply.json(), {"result": "Hello, Qoder!"})
+        reply = yield self.request("POST", "/commands/secret", {}, token=RUNNER)
+        self.assertEqual(reply.status, 403)
+        self.assertEqual(reply.json()["code"], "missing_scope")
+
+    @inlineCallbacks
+    def test_check_endpoint(self) -> Any:
+        """/capabilities/check decides scopes and paths without touching the disk."""
+        reply = yield self.request("POST", "/capabilities/check", {"endpoint": "files_delete", "path": "x"}, token=READER)
+        body = reply.json()
+        self.assertFalse(body["allowed"])
+        reply = yield self.request(
+            "POST", "/capabilities/check",
+            {"endpoint": "download", "paths": ["/etc/passwd", "/etc/nonexistent-xyz"]}, token=ADMIN,
+        )
+        paths = reply.json()["paths"]
+        self.assertEqual([p["code"] for p in paths], ["path_not_allowed", "path_not_allowed"])
+
+
+class RateLimitTests(DaemonTestCase):
+    """rate_per_minute per identity and endpoint (SPEC §5.5)."""
+
+    policy = {"endpoints": {"capabilities": {"limits": {"rate_per_minute": 2}}}}
+
+    @inlineCallbacks
+    def test_rate_limited(self) -> Any:
+        """The third call in a minute is 429 with retry_after and Retry-After."""
+        for _ in range(2):
+            reply = yield self.request("GET", "/capabilities")
+            self.assertEqual(reply.status, 200)
+        reply = yield self.request("GET", "/capabilities")
+        self.assertEqual(reply.status, 429)
+        body = reply.json()
+        self.assertEqual(body["code"], "rate_limited")
+        self.assertGreaterEqual(body["retry_after"], 1)
+        self.assertEqual(reply.header("retry-after"), str(body["retry_after"]))
+        self.assertEqual(body["rule"], "policy:endpoints.capabilities")
+        other = yield self.request("GET", "/openapi.json")
+        self.assertEqual(other.status, 200)
+
+
+class ConcurrencyTests(DaemonTestCase):
+    """max_concurrency counts requests in flight; a slot frees when a request ends."""
+
+    autostart = False
+
+    def setUp(self) -> Any:
+        super().setUp()
+        self.gate: Deferred[None] = Deferred()
+        table = builtin_table()
+
+        @table.route("GET", "/slow", group=CapabilityGroup.COMMANDS, name="slow")
+        def slow(request: Any) -> Any:
+            return self.gate.addCallback(lambda _: {"ok": True})
+
+        return self.start(table=table, policy={"endpoints": {"slow": {"limits": {"max_concurrency": 1}}}})
+
+    @inlineCallbacks
+    def test_concurrency_limited(self) -> Any:
+        """A second call while one is in flight is 429 concurrency_limited; later ones pass."""
+        first = self.request("GET", "/slow")
+        yield deferLater(reactor, 0.1, lambda: None)
+        second = yield self.request("GET", "/slow")
+        self.assertEqual(second.status, 429)
+        self.assertEqual(second.json()["code"], "concurrency_limited")
+        self.gate.callback(None)
+        reply = yield first
+        self.assertEqual(reply.status, 200)
+        self.gate = Deferred()
+        self.gate.callback(None)
+        third = yield self.request("GET", "/slow")
+        self.assertEqual(third.status, 200)
+
+
+class AuditTests(DaemonTestCase):
+    """One JSON line per recorded request, never a token (SPEC §11.5)."""
+
+    token = "audit-secret"
+    policy = {"defaults": {"audit": "all"}}
+    autostart = False
+
+    def setUp(self) -> Any:
+        super().setUp()
+        self.audit_path = os.path.join(self.base_dir, "audit.log")
+        return self.start(audit_log=self.audit_path)
+
+    def lines(self) -> list[dict[str, Any]]:
+        self.daemon.context.audit.flush()
+        with open(self.audit_path) as f:
+            return [json.loads(line) for line in f]
+
+    @inlineCallbacks
+    def test_records(self) -> Any:
+        """Allowed and refused requests are recorded with identity, status, code and rule."""
+        yield self.request("GET", "/capabilities?token=abc&x=1")
+        yield self.request("GET", "/capabilities", token="wrong")
+        yield self.request("GET", "/browser/console")
+        lines = self.lines()
+        self.assertEqual([r["status"] for r in lines], [200, 401, 404])
+        self.assertEqual(lines[0]["identity"], "legacy")
+        self.assertEqual(lines[0]["endpoint"], "capabilities")
+        self.assertEqual(lines[0]["query"], "token=%2A%2A%2A&x=1")
+        self.assertEqual(lines[1]["code"], "unauthorized")
+        self.assertEqual(lines[2]["code"], "endpoint_disabled")
+        self.assertIn(lines[2]["rule"], ("default:opt-in:browser", "code:not-implemented"))
+        with open(self.audit_path) as f:
+            text = f.read()
+        self.assertNotIn("audit-secret", text)
+        self.assertNotIn("wrong", text)
+        self.assertNotIn("abc", text)
