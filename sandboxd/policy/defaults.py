@@ -62,6 +62,23 @@ ENDPOINT_LIMITS: dict[str, dict[str, Any]] = {
 #: depend on which route created it.
 AGENT_LIMITS = ENDPOINT_LIMITS["agents_session_create"]
 
+#: Agents (SPEC §15): how long an agent gets to end a cancelled turn before
+#: its process tree is killed (``turn.ended`` then says ``forced``).
+AGENT_CANCEL_GRACE_SECONDS = 10.0
+
+#: Agents: how long a closing agent gets after stdin is closed before TERM.
+AGENT_STOP_GRACE_SECONDS = 2.0
+
+#: Agents: turns, messages, tool calls, files and terminals kept per session,
+#: and closed sessions kept listed.
+AGENT_KEPT_ITEMS = 1000
+
+#: Agents: default permission_mode when the policy sets none (SPEC §15.3).
+AGENT_PERMISSION_MODE = {"read": "auto", "search": "auto", "think": "auto", "*": "ask"}
+
+#: Agents: the agent's stderr kept per session (head and tail).
+AGENT_STDERR_BYTES = 256 * KIB
+
 #: How long a group's children get between TERM and KILL.
 KILL_GRACE_SECONDS = 5.0
 
