@@ -39,6 +39,7 @@ ENDPOINT_LIMITS: dict[str, dict[str, Any]] = {
     "process_start": {"max_processes": 100, "max_output_bytes": MIB},
     "process_output": {"max_output_bytes": MIB},
     "pty_create": {"max_sessions": 10, "idle_timeout_seconds": 1800},
+    "pty_connect": {"max_message_bytes": MIB},
     "code_run": {"timeout_seconds": 30, "max_output_bytes": 10 * MIB},
     "git_status": {"timeout_seconds": 30},
     "git_diff": {"timeout_seconds": 30, "max_output_bytes": MB},
@@ -87,6 +88,26 @@ HEARTBEAT_SECONDS = 15.0
 
 #: Scrollback kept per terminal session.
 PTY_SCROLLBACK_BYTES = 64 * KIB
+
+#: Terminal output gathered from the PTY into one WebSocket frame at most.
+PTY_FRAME_BYTES = 64 * KIB
+
+#: WebSocket clients attached to one terminal session at once.
+PTY_MAX_CLIENTS = 8
+
+#: WebSocket connections the PTY port holds at once (all sessions).
+PTY_MAX_CONNECTIONS = 100
+
+#: How long a client may leave output unread (pausing the terminal for
+#: every client) before it is dropped.
+PTY_SLOW_CLIENT_SECONDS = 10.0
+
+#: WebSocket keep-alive: ping interval and how long a pong may take.
+WS_PING_SECONDS = 30.0
+WS_PING_TIMEOUT_SECONDS = 30.0
+
+#: How long a WebSocket opening handshake may take.
+WS_HANDSHAKE_SECONDS = 10.0
 
 #: Default audit mode when no layer sets one.
 DEFAULT_AUDIT = "deny"
