@@ -200,6 +200,11 @@ class DaemonService(MultiService):
 
         def flush(_: Any) -> None:
             self.context.audit.flush()
+            # twistd re-raises the stopping signal at exit so the status
+            # reads "killed by SIGTERM"; after a graceful stop SPEC §1 wants
+            # exit 0, so forget the signal (twistd reads it after run()).
+            if getattr(self.context.reactor, "_exitSignal", None) is not None:
+                self.context.reactor._exitSignal = None
 
         return d.addBoth(flush)
 

@@ -1,0 +1,211 @@
+"""
+Starting and stopping the real daemon: twistd plugin, console script,
+healthcheck exit codes, SIGTERM shutdown, SIGHUP reload, check-config.
+
+These run the daemon as a separate process, as an operator would, so they
+use the standard library to wait on it from a synchronous test.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+from twisted.plugin import IPlugin, getPlugins
+from twisted.python import usage
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd import cli
+from sandboxd.tap import Options
+
+BIN = os.path.dirname(sys.executable)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class DaemonProcess:
+    """A daemon started as its own process group."""
+
+    def __init__(self, test: SynchronousTestCase, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        argv = [a.replace("{port}", str(self.port)).replace("{pty}", str(free_port())) for a in argv]
+        self.log = open(test.mktemp(), "w+")  # noqa: SIM115
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT, start_new_session=True)
+        test.addCleanup(self.kill)
+
+    def wait_healthy(self, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cli.healthcheck("127.0.0.1", self.port, 0.5) == 0:
+                # The port opens before the reactor has installed its
+                # signal handlers; give it a moment before signalling.
+                time.sleep(0.3)
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        self.log.seek(0)
+        raise AssertionError(f"daemon not healthy; output:\n{self.log.read()}")
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", headers=headers or {})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.log.close()
+
+
+class PluginTests(SynchronousTestCase):
+    """The twistd plugin is discoverable and validates its options."""
+
+    def test_discovered(self) -> None:
+        """twistd lists sandboxd among its plugins."""
+        from twisted.application.service import IServiceMaker
+
+        names = [p.tapname for p in getPlugins(IServiceMaker)]
+        self.assertIn("sandboxd", names)
+        self.assertTrue(list(getPlugins(IPlugin)))
+
+    def test_bad_policy_is_usage_error(self) -> None:
+        """An invalid policy stops option parsing with the validator's message."""
+        path = self.mktemp()
+        with open(path, "w") as f:
+            json.dump({"endpoints": {"shel": {}}}, f)
+        options = Options()
+        with self.assertRaises(usage.UsageError) as cm:
+            options.parseOptions(["--policy", path, "--base-dir", "/tmp"])
+        self.assertIn("did you mean 'shell'", str(cm.exception))
+
+
+class TwistdTests(SynchronousTestCase):
+    """twistd -n sandboxd, as an operator starts it."""
+
+    def test_start_health_sigterm(self) -> None:
+        """The daemon answers /health, and SIGTERM ends it with status 0."""
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        d = DaemonProcess(self, [
+            os.path.join(BIN, "twistd"), "-n", "--pidfile=", "sandboxd",
+            "--port", "tcp:{port}:interface=127.0.0.1", "--pty-port", "tcp:{pty}:interface=127.0.0.1",
+            "--base-dir", base, "--policy", os.path.join(ROOT, "etc", "policy.json"),
+        ])
+        d.wait_healthy()
+        status, body = d.get("/capabilities", {"Host": "localhost"})
+        self.assertEqual(status, 200)
+        self.assertEqual(body["policy"]["revision"], "default-1")
+        d.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(d.proc.wait(timeout=15), 0)
+
+    def test_healthcheck_exit_codes(self) -> None:
+        """sandboxd healthcheck exits 0 when /health answers and 1 when nothing listens."""
+        port = free_port()
+        result = subprocess.run([os.path.join(BIN, "sandboxd"), "healthcheck", "--port", str(port), "--timeout", "1"])
+        self.assertEqual(result.returncode, 1)
+
+    def test_reload_on_hup(self) -> None:
+        """SIGHUP re-reads the policy file; an invalid new policy leaves the old one in force."""
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        policy = os.path.join(base, "policy.json")
+        with open(policy, "w") as f:
+            json.dump({"revision": "one"}, f)
+        d = DaemonProcess(self, [
+            os.path.join(BIN, "sandboxd"), "serve", "--host", "127.0.0.1",
+            "--port", "{port}", "--pty-port", "{pty}", "--base-dir", base, "--policy", policy,
+        ])
+        d.wait_healthy()
+        self.assertEqual(subprocess.run([os.path.join(BIN, "sandboxd"), "healthcheck", "--port", str(d.port)]).returncode, 0)
+        with open(policy, "w") as f:
+            json.dump({"revision": "two"}, f)
+        d.proc.send_signal(signal.SIGHUP)
+        self.assertTrue(self._wait_revision(d, "two"))
+        with open(policy, "w") as f:
+            json.dump({"revision": "three", "endpoints": {"shel": {}}}, f)
+        d.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        self.assertEqual(d.get("/capabilities", {"Host": "localhost"})[1]["policy"]["revision"], "two")
+        self.assertIn("reload refused", d.output())
+        d.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(d.proc.wait(timeout=15), 0)
+
+    def _wait_revision(self, d: DaemonProcess, revision: str) -> bool:
+        for _ in range(50):
+            if d.get("/capabilities", {"Host": "localhost"})[1]["policy"]["revision"] == revision:
+                return True
+            time.sleep(0.1)
+        return False
+
+
+class CheckConfigTests(SynchronousTestCase):
+    """sandboxd check-config."""
+
+    def run_check(self, policy: Any, *args: str) -> tuple[int, str]:
+        path = self.mktemp() + ".json"
+        with open(path, "w") as f:
+            json.dump(policy, f)
+        options = cli.CheckConfigOptions()
+        options.parseOptions(["--policy", path, "--base-dir", "/tmp", *args])
+        out = io.StringIO()
+        return cli.check_config(options, out), out.getvalue()
+
+    def test_valid_table(self) -> None:
+        """A valid policy prints the per-endpoint table and exits 0."""
+        code, out = self.run_check({"groups": {"dev_tools": True}})
+        self.assertEqual(code, 0)
+        self.assertIn("decided by", out)
+        self.assertIn("valid:", out)
+
+    def test_invalid(self) -> None:
+        """An invalid policy exits 1 with the suggestion."""
+        code, out = self.run_check({"endpoints": {"shel": {}}})
+        self.assertEqual(code, 1)
+        self.assertIn("did you mean 'shell'", out)
+
+    def test_strict(self) -> None:
+        """--strict turns warnings (a glob matching nothing) into errors."""
+        policy = {"endpoints": {"zzz_*": {"enabled": False}}}
+        self.assertEqual(self.run_check(policy)[0], 0)
+        self.assertEqual(self.run_check(policy, "--strict")[0], 1)
+
+    def test_explain(self) -> None:
+        """--explain names the rule behind a decision."""
+        code, out = self.run_check(
+            {"endpoints": {"files_*": {"paths": {"deny": ["**/.git/**"]}}}},
+            "--explain", "files_stat", "--path", "/tmp/repo/.git/config",
+        )
+        self.assertEqual(code, 0)
+        self.assertIn("path_denied", out)
+        self.assertIn("policy:endpoints.files_*", out)
+
+    def test_explain_json_scopes(self) -> None:
+        """--explain --json with --scopes decides for that caller."""
+        code, out = self.run_check({}, "--explain", "capabilities", "--scopes", "files:read", "--json")
+        self.assertEqual(code, 0)
+        decision = json.loads(out)
+        self.assertEqual((decision["allowed"], decision["code"]), (False, "missing_scope"))

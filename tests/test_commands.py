@@ -1,0 +1,219 @@
+"""
+Template commands and custom routes (SPEC §7.2, §10) through a real daemon.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from twisted.internet.defer import Deferred, inlineCallbacks, succeed
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd import CapabilityGroup, CommandArg, CommandRegistry, ServerResponse, SSEResponse
+from sandboxd.endpoints import builtin_table
+from tests.helpers import DaemonTestCase
+
+
+def make_registry() -> CommandRegistry:
+    registry = CommandRegistry()
+
+    @registry.command("hello", description="Say hello.")
+    def hello(name: str = "World") -> str:
+        return f"Hello, {name}!"
+
+    @registry.command("add")
+    def add(a: int, b: float = 0.5, flag: bool = False) -> dict[str, Any]:
+        return {"sum": a + b, "flag": flag, "thread": threading.current_thread().name}
+
+    @registry.command(hidden=True)
+    def _debug_info() -> str:
+        return "debug"
+
+    @registry.command("boom")
+    def boom() -> None:
+        raise KeyError("missing thing")
+
+    @registry.command("later")
+    async def later(x: int) -> int:
+        return x * 2
+
+    @registry.command("deferred")
+    def deferred() -> Deferred[str]:
+        return succeed("from a Deferred")
+
+    @registry.command("admin_only", scopes=("system:write",))
+    def admin_only() -> str:
+        return "ok"
+
+    return registry
+
+
+class RegistryTests(SynchronousTestCase):
+    """Registration rules."""
+
+    def test_signature_inference(self) -> None:
+        """int/float/bool/else string; no default means required."""
+        cmd = make_registry().get("add")
+        assert cmd is not None
+        self.assertEqual(
+            [(a.name, a.type, a.required, a.default) for a in cmd.args],
+            [("a", "integer", True, None), ("b", "float", False, 0.5), ("flag", "boolean", False, False)],
+        )
+
+    def test_bad_arg_type(self) -> None:
+        """CommandArg refuses types outside string/integer/float/boolean."""
+        with self.assertRaises(ValueError):
+            CommandArg("x", "list")
+
+    def test_frozen(self) -> None:
+        """Registering after the freeze raises."""
+        registry = CommandRegistry()
+        registry.freeze()
+        with self.assertRaises(RuntimeError):
+            registry.register(lambda: None, "late")
+
+    def test_boolean_coercion(self) -> None:
+        """true/false/yes/no/1/0 in any case."""
+        arg = CommandArg("f", "boolean")
+        for text, value in (("TRUE", True), ("no", False), ("1", True), ("0", False), ("Yes", True)):
+            self.assertEqual(arg.coerce(text), value)
+        with self.assertRaises(ValueError):
+            arg.coerce("maybe")
+
+
+class CommandTests(DaemonTestCase):
+    """GET /commands and POST /commands/{name}."""
+
+    autostart = False
+
+    def setUp(self) -> Any:
+        super().setUp()
+        table = builtin_table()
+
+        @table.route("GET", "/hello/{name}", group=CapabilityGroup.COMMANDS)
+        def hello_route(request: Any) -> ServerResponse:
+            return ServerResponse.ok({"greeting": f"Hello, {request.path_params['name']}!"})
+
+        @table.route("POST", "/my/stream", group=CapabilityGroup.COMMANDS, streaming=True)
+        def my_stream(request: Any) -> Any:
+            count = request.body.get("count", 3)
+            if not isinstance(count, int) or count <= 0:
+                return ServerResponse.error(400, "Invalid 'count'", "ValueError")
+
+            def events() -> Any:
+                for i in range(count):
+                    yield f'event: progress\ndata: {{"step": {i + 1}}}\n\n'
+                yield ("done", {"total": count})
+
+            return SSEResponse(event_iterator=events())
+
+        @table.route("GET", "/public/status", group=CapabilityGroup.COMMANDS, auth_required=False)
+        def public_status(request: Any) -> ServerResponse:
+            return ServerResponse.ok({"status": "running", "public": True})
+
+        return self.start(table=table, registry=make_registry(), token="tok")
+
+    @inlineCallbacks
+    def test_list(self) -> Any:
+        """Visible commands with their args; hidden and unreachable ones are not listed."""
+        reply = yield self.request("GET", "/commands")
+        names = [c["name"] for c in reply.json()["commands"]]
+        self.assertEqual(names, ["add", "admin_only", "boom", "deferred", "hello", "later"])
+        hello = next(c for c in reply.json()["commands"] if c["name"] == "hello")
+        self.assertEqual(hello["args"], [{"name": "name", "type": "string", "required": False, "default": "World", "description": ""}])
+
+    @inlineCallbacks
+    def test_run(self) -> Any:
+        """Coerced kwargs; plain functions run off the reactor thread."""
+        reply = yield self.request("POST", "/commands/add", {"a": "2", "b": "1.5", "flag": "yes"})
+        self.assertEqual(reply.status, 200)
+        result = reply.json()["result"]
+        self.assertEqual((result["sum"], result["flag"]), (3.5, True))
+        self.assertNotEqual(result["thread"], "MainThread")
+
+    @inlineCallbacks
+    def test_hidden_runs(self) -> Any:
+        """A hidden command is not listed but runs."""
+        reply = yield self.request("POST", "/commands/_debug_info")
+        self.assertEqual(reply.json(), {"result": "debug"})
+
+    @inlineCallbacks
+    def test_async_and_deferred(self) -> Any:
+        """Coroutine functions and Deferred-returning functions work."""
+        reply = yield self.request("POST", "/commands/later", {"x": 21})
+        self.assertEqual(reply.json(), {"result": 42})
+        reply = yield self.request("POST", "/commands/deferred")
+        self.assertEqual(reply.json(), {"result": "from a Deferred"})
+
+    @inlineCallbacks
+    def test_errors(self) -> Any:
+        """Unknown → 404 listing the rest; bad args → 400; a raising command → 500 with its type."""
+        reply = yield self.request("POST", "/commands/nope")
+        self.assertEqual(reply.status, 404)
+        self.assertEqual(reply.json()["error"], "Unknown command 'nope'; available: add, admin_only, boom, deferred, hello, later")
+        self.assertEqual(reply.json()["type"], "ValueError")
+        for body in ({}, {"a": 1, "zzz": 2}, {"a": "two"}):
+            reply = yield self.request("POST", "/commands/add", body)
+            self.assertEqual(reply.status, 400, body)
+        reply = yield self.request("POST", "/commands/boom")
+        self.assertEqual(reply.status, 500)
+        self.assertEqual(reply.json()["type"], "KeyError")
+        self.assertNotIn("Traceback", reply.body.decode())
+
+    @inlineCallbacks
+    def test_custom_route(self) -> Any:
+        """{param} routes get path_params, percent-decoded."""
+        reply = yield self.request("GET", "/hello/Q%20oder")
+        self.assertEqual(reply.json(), {"greeting": "Hello, Q oder!"})
+
+    @inlineCallbacks
+    def test_custom_stream(self) -> Any:
+        """A streaming route answers text/event-stream with every frame."""
+        reply = yield self.request("POST", "/my/stream", {"count": 2})
+        self.assertEqual(reply.header("content-type"), "text/event-stream")
+        self.assertEqual(
+            reply.body,
+            b'event: progress\ndata: {"step": 1}\n\nevent: progress\ndata: {"step": 2}\n\n'
+            b'event: done\ndata: {"total":2}\n\n',
+        )
+        reply = yield self.request("POST", "/my/stream", {"count": 0})
+        self.assertEqual(reply.status, 400)
+
+    @inlineCallbacks
+    def test_public_route(self) -> Any:
+        """auth_required=False opens a custom route without a token."""
+        reply = yield self.request("GET", "/public/status", token=None)
+        self.assertEqual(reply.json(), {"status": "running", "public": True})
+
+    @inlineCallbacks
+    def test_custom_routes_are_discoverable(self) -> Any:
+        """Custom routes appear in /capabilities and /openapi.json under their ids."""
+        caps = yield self.request("GET", "/capabilities")
+        self.assertIn("GET /hello/{name}", caps.json()["endpoints"])
+        spec = yield self.request("GET", "/openapi.json")
+        self.assertIn("/hello/{name}", spec.json()["paths"])
+        self.assertEqual(spec.json()["paths"]["/health"]["get"]["security"], [])
+
+
+class CommandPolicyTests(DaemonTestCase):
+    """A policy can address custom routes by id and disable commands."""
+
+    autostart = False
+
+    def setUp(self) -> Any:
+        super().setUp()
+        table = builtin_table()
+
+        @table.route("GET", "/public/status", group=CapabilityGroup.COMMANDS, auth_required=False, name="public_status")
+        def public_status(request: Any) -> ServerResponse:
+            return ServerResponse.ok({})
+
+        return self.start(table=table, registry=make_registry(), policy={"groups": {"commands": False}})
+
+    @inlineCallbacks
+    def test_group_gate_applies_to_public_routes(self) -> Any:
+        """An unauthenticated route is still gated by its group."""
+        reply = yield self.request("GET", "/public/status")
+        self.assertEqual(reply.status, 404)
+        self.assertEqual(reply.json()["rule"], "policy:groups.commands")
