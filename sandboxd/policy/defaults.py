@@ -119,6 +119,29 @@ DEFAULT_BASE_DIR = "/home/user"
 SHUTDOWN_TIMEOUT_SECONDS = 10.0
 
 
+#: file_ops: bytes read or written per step of a streamed file body.
+STREAM_CHUNK_BYTES = 256 * KIB
+
+#: file_ops: files up to this size are read in one call on the reactor
+#: thread (a page-cache read is cheaper than a thread hop); bigger ones are
+#: read and encoded in a worker thread.
+INLINE_READ_BYTES = 256 * KIB
+
+#: file_ops: longest search pattern accepted (fnmatch compiles to a regex).
+MAX_PATTERN_CHARS = 1024
+
+#: file_ops: deepest listing (``depth`` is 1..this).
+MAX_LIST_DEPTH = 10
+
+#: files_watch: quiet time that merges bursts of events for one path.
+WATCH_DEBOUNCE_SECONDS = 0.05
+
+#: files_watch: how long a watch with no client keeps its log for resumes.
+WATCH_IDLE_SECONDS = 60.0
+
+#: files_watch: concurrent distinct watches (each holds inotify watches).
+MAX_WATCHES = 64
+
 def endpoint_limits(endpoint_id: str, group: str) -> dict[str, Any]:
     """The built-in limits of one endpoint, before any policy layer."""
     out = dict(GLOBAL_LIMITS)
