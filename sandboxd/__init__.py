@@ -9,7 +9,13 @@ from sandboxd._version import __version__
 from sandboxd.commands import CommandArg, CommandRegistry, command
 from sandboxd.endpoints import CapabilityGroup, RouteTable, default_table
 from sandboxd.server import SandboxServer, start
-from sandboxd.web.messages import ServerRequest, ServerResponse, SSEEvent, SSEResponse, StreamResponse
+from sandboxd.web.messages import (
+    ServerRequest,
+    ServerResponse,
+    SSEEvent,
+    SSEResponse,
+    StreamResponse,
+)
 
 __all__ = [
     "CapabilityGroup",

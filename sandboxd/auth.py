@@ -59,7 +59,9 @@ def _read_token_file(path: str, where: str) -> str:
         with open(path, encoding="utf-8") as f:
             return f.read().strip()
     except OSError as e:
-        raise PolicyError(f"{where}: cannot read token file {path!r}: {e.strerror}") from None
+        raise PolicyError(
+            f"{where}: cannot read token file {path!r}: {e.strerror}"
+        ) from None
 
 
 @attrs.define

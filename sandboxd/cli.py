@@ -19,7 +19,7 @@ from twisted.python import usage
 from sandboxd._version import __version__
 from sandboxd.auth import ANONYMOUS, Identity
 from sandboxd.policy import Policy, PolicyError, load_policy
-from sandboxd.server import DEFAULT_PORT, Settings, build, import_commands
+from sandboxd.server import DEFAULT_PORT, build, import_commands
 from sandboxd.tap import Options as ServeOptions
 
 
@@ -62,8 +62,10 @@ class CheckConfigOptions(usage.Options):
 class ReloadOptions(usage.Options):
     """``sandboxd reload``."""
 
-    optParameters = [["pid", None, None, "The daemon's pid (default: read --pidfile)."],
-                     ["pidfile", None, "twistd.pid", "A twistd pidfile."]]
+    optParameters = [
+        ["pid", None, None, "The daemon's pid (default: read --pidfile)."],
+        ["pidfile", None, "twistd.pid", "A twistd pidfile."],
+    ]
 
 
 class Options(usage.Options):
@@ -72,7 +74,12 @@ class Options(usage.Options):
     subCommands = [
         ["serve", None, ServeOptions, "Run the daemon in the foreground."],
         ["healthcheck", None, HealthcheckOptions, "Exit 0 when /health answers ok."],
-        ["check-config", None, CheckConfigOptions, "Validate a policy and show its effect."],
+        [
+            "check-config",
+            None,
+            CheckConfigOptions,
+            "Validate a policy and show its effect.",
+        ],
         ["reload", None, ReloadOptions, "Ask a running daemon to re-read its policy."],
         ["version", None, usage.Options, "Print the version."],
     ]
@@ -80,7 +87,9 @@ class Options(usage.Options):
     def postOptions(self) -> None:
         """A command is required."""
         if self.subCommand is None:
-            raise usage.UsageError("a command is required: " + ", ".join(c[0] for c in self.subCommands))
+            raise usage.UsageError(
+                "a command is required: " + ", ".join(c[0] for c in self.subCommands)
+            )
 
 
 def healthcheck(host: str, port: int, timeout: float) -> int:
@@ -175,7 +184,9 @@ def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:
     if options["explain"]:
         identity: Identity = ANONYMOUS
         if options["scopes"] is not None:
-            identity = Identity("explain", frozenset(s for s in options["scopes"].split(",") if s))
+            identity = Identity(
+                "explain", frozenset(s for s in options["scopes"].split(",") if s)
+            )
         context = SimpleNamespace(table=table, policy=policy)
         body: dict[str, Any] = {"endpoint": options["explain"]}
         if options["path"]:
@@ -192,26 +203,43 @@ def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:
         if options["json"]:
             print(json.dumps(decision, indent=2), file=out)
         else:
-            verdict = "ALLOWED" if decision["allowed"] else f"REFUSED ({decision.get('code')})"
+            verdict = (
+                "ALLOWED"
+                if decision["allowed"]
+                else f"REFUSED ({decision.get('code')})"
+            )
             print(f"{options['explain']}: {verdict}", file=out)
             print(f"  enabled: {rule.enabled} (by {rule.enabled_by})", file=out)
             print(f"  scopes required: {', '.join(rule.scopes) or 'none'}", file=out)
             if decision.get("rule"):
                 print(f"  decided by: {decision['rule']}", file=out)
             for p in decision["paths"]:
-                state = "allowed" if p["allowed"] else f"refused: {p.get('code')} ({p.get('rule')})"
+                state = (
+                    "allowed"
+                    if p["allowed"]
+                    else f"refused: {p.get('code')} ({p.get('rule')})"
+                )
                 print(f"  path {p['path']}: {state}", file=out)
             for leaf, origin in sorted(rule.sources.items()):
                 print(f"  {leaf} set by {origin}", file=out)
         return 0
     rows = [_rule_row(e, policy) for e in table]
     if options["json"]:
-        print(json.dumps({"valid": True, "warnings": list(policy.warnings), "endpoints": rows}, indent=2), file=out)
+        print(
+            json.dumps(
+                {"valid": True, "warnings": list(policy.warnings), "endpoints": rows},
+                indent=2,
+            ),
+            file=out,
+        )
     else:
         print(format_table(rows), file=out)
         for warning in policy.warnings:
             print(f"warning: {warning}", file=out)
-        print(f"valid: {policy.document.source} (preset {policy.preset or 'none'}, base_dir {policy.base_dir})", file=out)
+        print(
+            f"valid: {policy.document.source} (preset {policy.preset or 'none'}, base_dir {policy.base_dir})",
+            file=out,
+        )
     return 0
 
 

@@ -22,7 +22,9 @@ _NAME_TYPES = {"int": "integer", "float": "float", "bool": "boolean", "str": "st
 
 def _check_type(instance: Any, attribute: Any, value: str) -> None:
     if value not in ARG_TYPES:
-        raise ValueError(f"CommandArg type must be one of {', '.join(ARG_TYPES)}, not {value!r}")
+        raise ValueError(
+            f"CommandArg type must be one of {', '.join(ARG_TYPES)}, not {value!r}"
+        )
 
 
 @attrs.frozen
@@ -63,7 +65,9 @@ class CommandArg:
                 return False
             raise ValueError("expected a boolean (true/false/yes/no/1/0)")
         if isinstance(value, bool):
-            raise ValueError(f"expected {'an integer' if self.type == 'integer' else 'a number'}")
+            raise ValueError(
+                f"expected {'an integer' if self.type == 'integer' else 'a number'}"
+            )
         if self.type == "integer":
             if isinstance(value, int):
                 return value
@@ -136,8 +140,10 @@ class Command:
         for key in body:
             if key not in declared:
                 raise ApiError(
-                    400, f"unexpected argument {key!r} for command {self.name!r}",
-                    "ValueError", "invalid_param",
+                    400,
+                    f"unexpected argument {key!r} for command {self.name!r}",
+                    "ValueError",
+                    "invalid_param",
                 )
         kwargs: dict[str, Any] = {}
         for arg in self.args:
@@ -146,11 +152,17 @@ class Command:
                     kwargs[arg.name] = arg.coerce(body[arg.name])
                 except ValueError as e:
                     raise ApiError(
-                        400, f"argument {arg.name!r}: {e}", "ValueError", "invalid_param"
+                        400,
+                        f"argument {arg.name!r}: {e}",
+                        "ValueError",
+                        "invalid_param",
                     ) from None
             elif arg.required:
                 raise ApiError(
-                    400, f"missing required argument {arg.name!r}", "ValueError", "invalid_param"
+                    400,
+                    f"missing required argument {arg.name!r}",
+                    "ValueError",
+                    "invalid_param",
                 )
             elif arg.default is not None:
                 kwargs[arg.name] = arg.default
@@ -198,7 +210,9 @@ class CommandRegistry:
     ) -> Command:
         """Add a command; raises RuntimeError once frozen, ValueError on a clash."""
         if self._frozen:
-            raise RuntimeError("the command registry is frozen: register commands at import time")
+            raise RuntimeError(
+                "the command registry is frozen: register commands at import time"
+            )
         name = name or func.__name__
         if name in self._commands:
             raise ValueError(f"command {name!r} is already registered")

@@ -23,18 +23,28 @@ from sandboxd.web.pipeline import missing_scope
 
 def _non_default(obj: Any) -> dict[str, Any]:
     """The fields of a rule section, without unset (None) values."""
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in attrs.asdict(obj).items() if v is not None}
+    return {
+        k: (list(v) if isinstance(v, tuple) else v)
+        for k, v in attrs.asdict(obj).items()
+        if v is not None
+    }
 
 
-def describe(endpoint: Endpoint, rule: EffectiveRule, identity: Identity) -> dict[str, Any]:
+def describe(
+    endpoint: Endpoint, rule: EffectiveRule, identity: Identity
+) -> dict[str, Any]:
     """One endpoint as ``/capabilities`` shows it to ``identity``."""
     lacking = missing_scope(identity, rule, {})
     allowed = rule.enabled and (not endpoint.auth_required or lacking is None)
-    if endpoint.id == "commands_run" and lacking and any(
-        s.startswith("commands:run:") for s in identity.scopes
+    if (
+        endpoint.id == "commands_run"
+        and lacking
+        and any(s.startswith("commands:run:") for s in identity.scopes)
     ):
         allowed, lacking = rule.enabled, None
-    reason = rule.reason if not rule.enabled else ("missing_scope" if not allowed else None)
+    reason = (
+        rule.reason if not rule.enabled else ("missing_scope" if not allowed else None)
+    )
     return {
         "method": endpoint.method,
         "path": endpoint.path,
@@ -56,7 +66,9 @@ def capabilities(context: Any, identity: Identity) -> dict[str, Any]:
     """The whole ``GET /capabilities`` document."""
     policy: Policy = context.policy
     endpoints: dict[str, Any] = {}
-    summary: dict[str, dict[str, int]] = {g.value: {"enabled": 0, "total": 0} for g in CapabilityGroup}
+    summary: dict[str, dict[str, int]] = {
+        g.value: {"enabled": 0, "total": 0} for g in CapabilityGroup
+    }
     for endpoint in context.table:
         rule = policy.rules[endpoint.id]
         endpoints[endpoint.id] = describe(endpoint, rule, identity)
@@ -68,7 +80,11 @@ def capabilities(context: Any, identity: Identity) -> dict[str, Any]:
         "api_version": 2,
         "server_version": __version__,
         "identity": identity.as_json(),
-        "policy": {"preset": policy.preset, "revision": policy.revision, "base_dir": policy.base_dir},
+        "policy": {
+            "preset": policy.preset,
+            "revision": policy.revision,
+            "base_dir": policy.base_dir,
+        },
         "group_summary": summary,
         "endpoints": endpoints,
         "warnings": list(policy.warnings),
@@ -79,7 +95,10 @@ def default_op(endpoint: Endpoint) -> str:
     """The file operation an endpoint performs, for path decisions."""
     if "files:delete" in endpoint.scopes and endpoint.method == "DELETE":
         return "delete"
-    if any(s.endswith(":write") for s in endpoint.scopes) or endpoint.id == "files_move":
+    if (
+        any(s.endswith(":write") for s in endpoint.scopes)
+        or endpoint.id == "files_move"
+    ):
         return "write"
     return "read"
 
@@ -100,7 +119,9 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
         )
     op = body.get("op")
     if op is not None and op not in ("read", "write", "delete"):
-        raise ApiError(400, "'op' must be read, write or delete", "ValueError", "invalid_param")
+        raise ApiError(
+            400, "'op' must be read, write or delete", "ValueError", "invalid_param"
+        )
     paths = list(body.get("paths") or [])
     if body.get("path") is not None:
         paths.insert(0, body["path"])
@@ -109,13 +130,20 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
     scopes = body.get("scopes")
     if scopes is not None:
         if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
-            raise ApiError(400, "'scopes' must be a list of strings", "ValueError", "invalid_param")
+            raise ApiError(
+                400, "'scopes' must be a list of strings", "ValueError", "invalid_param"
+            )
         identity = Identity(identity.id, frozenset(scopes))
     endpoint = context.table.get(endpoint_id)
     rule: EffectiveRule = context.policy.rules[endpoint_id]
     out: dict[str, Any] = {"endpoint": endpoint_id, "allowed": True}
     if not rule.enabled:
-        out.update(allowed=False, code="endpoint_disabled", rule=rule.enabled_by, reason=rule.reason)
+        out.update(
+            allowed=False,
+            code="endpoint_disabled",
+            rule=rule.enabled_by,
+            reason=rule.reason,
+        )
     else:
         lacking = missing_scope(identity, rule, {"name": str(body.get("command", ""))})
         if endpoint.auth_required and lacking:

@@ -20,8 +20,8 @@ from typing import Any
 
 import attrs
 from twisted.internet.defer import Deferred
-from zope.interface import implementer
 from twisted.internet.interfaces import IPushProducer
+from zope.interface import implementer
 
 from sandboxd.errors import ApiError
 from sandboxd.web.sse import SSEChannel, frame
@@ -78,7 +78,9 @@ class EventLog:
         if self.closed:
             raise RuntimeError("the event log is closed")
         self.last_seq += 1
-        item = Event(self.last_seq, event, data, json_size(data) if size is None else size)
+        item = Event(
+            self.last_seq, event, data, json_size(data) if size is None else size
+        )
         self._events.append(item)
         self._bytes += item.size
         while self._bytes > self.max_bytes and len(self._events) > 1:
@@ -104,7 +106,11 @@ class EventLog:
         range of asked-for events already dropped, if any.
         """
         first = self.first_seq
-        gap = (after + 1, first - 1) if after + 1 < first and self.last_seq >= after + 1 else None
+        gap = (
+            (after + 1, first - 1)
+            if after + 1 < first and self.last_seq >= after + 1
+            else None
+        )
         return gap, [e for e in self._events if e.seq > after]
 
     def subscribe(self, listener: Callable[[Event | None], None]) -> Callable[[], None]:
@@ -128,9 +134,13 @@ def resume_point(query: dict[str, str], headers: dict[str, str]) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise ApiError(400, "'after' must be an integer seq", "ValueError", "invalid_param") from None
+        raise ApiError(
+            400, "'after' must be an integer seq", "ValueError", "invalid_param"
+        ) from None
     if value < 0:
-        raise ApiError(400, "'after' must not be negative", "ValueError", "invalid_param")
+        raise ApiError(
+            400, "'after' must not be negative", "ValueError", "invalid_param"
+        )
     return value
 
 

@@ -33,7 +33,11 @@ def _operation(endpoint: Any, rule: Any) -> dict[str, Any]:
     if endpoint.streaming:
         ok["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
     elif endpoint.id == "files_read_raw":
-        ok["content"] = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+        ok["content"] = {
+            "application/octet-stream": {
+                "schema": {"type": "string", "format": "binary"}
+            }
+        }
     else:
         ok["content"] = {"application/json": {"schema": {"type": "object"}}}
     op: dict[str, Any] = {
@@ -45,7 +49,11 @@ def _operation(endpoint: Any, rule: Any) -> dict[str, Any]:
             "200": ok,
             "default": {
                 "description": "Error",
-                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+                "content": {
+                    "application/json": {
+                        "schema": {"$ref": "#/components/schemas/Error"}
+                    }
+                },
             },
         },
         "x-sandboxd-enabled": rule.enabled,
@@ -59,8 +67,19 @@ def _operation(endpoint: Any, rule: Any) -> dict[str, Any]:
     else:
         op["security"] = []
     if endpoint.method in ("POST", "DELETE") and endpoint.body != "none":
-        media = "application/octet-stream" if endpoint.body == "raw" else "application/json"
-        op["requestBody"] = {"required": False, "content": {media: {"schema": {"type": "object"} if endpoint.body == "json" else {"type": "string", "format": "binary"}}}}
+        media = (
+            "application/octet-stream" if endpoint.body == "raw" else "application/json"
+        )
+        op["requestBody"] = {
+            "required": False,
+            "content": {
+                media: {
+                    "schema": {"type": "object"}
+                    if endpoint.body == "json"
+                    else {"type": "string", "format": "binary"}
+                }
+            },
+        }
     return op
 
 
@@ -84,7 +103,11 @@ def document(table: Any, policy: Any) -> dict[str, Any]:
         "components": {
             "schemas": {"Error": _ERROR},
             "securitySchemes": {
-                "accessToken": {"type": "apiKey", "in": "header", "name": "X-Access-Token"},
+                "accessToken": {
+                    "type": "apiKey",
+                    "in": "header",
+                    "name": "X-Access-Token",
+                },
                 "bearer": {"type": "http", "scheme": "bearer"},
             },
         },

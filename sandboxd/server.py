@@ -117,7 +117,13 @@ class DaemonService(MultiService):
     (a stop that never finishes would hang twistd forever).
     """
 
-    def __init__(self, context: Context, listeners: list[Any], groups: list[Any], settings: Settings) -> None:
+    def __init__(
+        self,
+        context: Context,
+        listeners: list[Any],
+        groups: list[Any],
+        settings: Settings,
+    ) -> None:
         super().__init__()
         self.context = context
         self.settings = settings
@@ -170,10 +176,15 @@ class DaemonService(MultiService):
                 environ=s.environ,
             )
         except PolicyError as e:
-            log.error("sandboxd: policy reload refused, the old policy stays: {error}", error=str(e))
+            log.error(
+                "sandboxd: policy reload refused, the old policy stays: {error}",
+                error=str(e),
+            )
             return False
         self.context.replace_policy(policy)
-        log.info("sandboxd: policy reloaded (revision {revision})", revision=policy.revision)
+        log.info(
+            "sandboxd: policy reloaded (revision {revision})", revision=policy.revision
+        )
         return True
 
     def stopService(self) -> Deferred[Any]:
@@ -191,12 +202,17 @@ class DaemonService(MultiService):
 
         def stop_groups(_: Any) -> Deferred[Any]:
             return DeferredList(
-                [maybeDeferred(s.stopService) for s in reversed(self.groups)], consumeErrors=True
+                [maybeDeferred(s.stopService) for s in reversed(self.groups)],
+                consumeErrors=True,
             )
 
         d: Deferred[Any] = listeners.addCallback(stop_groups)
         d.addTimeout(SHUTDOWN_TIMEOUT_SECONDS, self.context.reactor)
-        d.addErrback(lambda f: log.warn("sandboxd: shutdown timed out: {f}", f=f.getErrorMessage()))
+        d.addErrback(
+            lambda f: log.warn(
+                "sandboxd: shutdown timed out: {f}", f=f.getErrorMessage()
+            )
+        )
 
         def flush(_: Any) -> None:
             self.context.audit.flush()
@@ -294,11 +310,18 @@ class SandboxServer:
         self.daemon: DaemonService | None = None
         self._reactor: Any = None
 
-    def build(self, port: int | str = DEFAULT_PORT, pty_port: int | str | None = None, reactor: Any = None) -> DaemonService:
+    def build(
+        self,
+        port: int | str = DEFAULT_PORT,
+        pty_port: int | str | None = None,
+        reactor: Any = None,
+    ) -> DaemonService:
         """The daemon service, unstarted (for embedding in another application)."""
         settings = Settings(
             port=listen_string(port, self.host),
-            pty_port=listen_string(pty_port, self.host) if pty_port is not None else None,
+            pty_port=listen_string(pty_port, self.host)
+            if pty_port is not None
+            else None,
             policy=self.policy,
             preset=self.preset,
             base_dir=self.base_dir,
@@ -306,7 +329,9 @@ class SandboxServer:
         self.daemon = build(settings, reactor, self.route_table, self.registry)
         return self.daemon
 
-    def serve(self, port: int | str = DEFAULT_PORT, pty_port: int | str | None = None) -> None:
+    def serve(
+        self, port: int | str = DEFAULT_PORT, pty_port: int | str | None = None
+    ) -> None:
         """Run the daemon in the foreground until interrupted."""
         from twisted.internet import reactor
 

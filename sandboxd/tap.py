@@ -28,13 +28,38 @@ class Options(usage.Options):
     """Options shared by ``twistd sandboxd`` and ``sandboxd serve``."""
 
     optParameters = [
-        ["host", None, DEFAULT_HOST, "Interface to bind when --port/--pty-port are numbers."],
+        [
+            "host",
+            None,
+            DEFAULT_HOST,
+            "Interface to bind when --port/--pty-port are numbers.",
+        ],
         ["port", None, str(DEFAULT_PORT), "HTTP port, or a Twisted endpoint string."],
-        ["pty-port", None, None, "PTY WebSocket port or endpoint (default $ABX_PTY_PORT or 9001)."],
+        [
+            "pty-port",
+            None,
+            None,
+            "PTY WebSocket port or endpoint (default $ABX_PTY_PORT or 9001).",
+        ],
         ["policy", None, None, "Policy file (JSON, or YAML with a server: block)."],
-        ["preset", None, None, "Preset: default, transfer-only, read-only, hardened, locked."],
-        ["base-dir", None, None, "Path boundary (default $ABX_SERVER_BASE_DIR or /home/user)."],
-        ["audit-log", None, None, "Audit file (default $ABX_SERVER_AUDIT_LOG or the log)."],
+        [
+            "preset",
+            None,
+            None,
+            "Preset: default, transfer-only, read-only, hardened, locked.",
+        ],
+        [
+            "base-dir",
+            None,
+            None,
+            "Path boundary (default $ABX_SERVER_BASE_DIR or /home/user).",
+        ],
+        [
+            "audit-log",
+            None,
+            None,
+            "Audit file (default $ABX_SERVER_AUDIT_LOG or the log).",
+        ],
     ]
 
     def __init__(self) -> None:
@@ -63,7 +88,9 @@ class Options(usage.Options):
         host = self["host"]
         return Settings(
             port=listen_string(self["port"], host),
-            pty_port=listen_string(self["pty-port"], host) if self["pty-port"] else None,
+            pty_port=listen_string(self["pty-port"], host)
+            if self["pty-port"]
+            else None,
             policy_file=self["policy"],
             preset=self["preset"],
             base_dir=self["base-dir"],

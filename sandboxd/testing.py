@@ -109,7 +109,9 @@ class RunningDaemon:
         elif body is not None:
             producer = BytesProducer(json.dumps(body).encode())
             hdrs.addRawHeader("Content-Type", "application/json")
-        d = self.agent.request(method.encode(), (self.url + path).encode(), hdrs, producer)
+        d = self.agent.request(
+            method.encode(), (self.url + path).encode(), hdrs, producer
+        )
 
         def read(response: Any) -> Deferred[Reply]:
             return readBody(response).addCallback(

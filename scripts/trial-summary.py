@@ -25,7 +25,11 @@ for raw in proc.stdout:
 status = proc.wait()
 counts = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", last)}
 passed = counts.get("successes", 0)
-failed = counts.get("failures", 0) + counts.get("errors", 0) + counts.get("unexpectedSuccesses", 0)
+failed = (
+    counts.get("failures", 0)
+    + counts.get("errors", 0)
+    + counts.get("unexpectedSuccesses", 0)
+)
 skipped = counts.get("skips", 0)
 if not last:
     failed = max(failed, 1)

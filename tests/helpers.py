@@ -44,7 +44,9 @@ class DaemonTestCase(TestCase):
             "preset": self.preset,
         }
         options.update(kwargs)
-        self.daemon: RunningDaemon = yield start_daemon(reactor, self.base_dir, **options)
+        self.daemon: RunningDaemon = yield start_daemon(
+            reactor, self.base_dir, **options
+        )
         self.addCleanup(self.daemon.stop)
         return self.daemon
 

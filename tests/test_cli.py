@@ -39,13 +39,28 @@ def free_port() -> int:
 class DaemonProcess:
     """A daemon started as its own process group."""
 
-    def __init__(self, test: SynchronousTestCase, argv: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        test: SynchronousTestCase,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.port = free_port()
-        argv = [a.replace("{port}", str(self.port)).replace("{pty}", str(free_port())) for a in argv]
-        self.log = open(test.mktemp(), "w+")  # noqa: SIM115
+        argv = [
+            a.replace("{port}", str(self.port)).replace("{pty}", str(free_port()))
+            for a in argv
+        ]
+        self.log = open(test.mktemp(), "w+")
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
         full_env.update(env or {})
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
         test.addCleanup(self.kill)
 
     def wait_healthy(self, timeout: float = 20) -> None:
@@ -63,7 +78,9 @@ class DaemonProcess:
         raise AssertionError(f"daemon not healthy; output:\n{self.log.read()}")
 
     def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", headers=headers or {})
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}", headers=headers or {}
+        )
         try:
             with urllib.request.urlopen(request, timeout=5) as response:
                 return response.status, json.loads(response.read())
@@ -110,11 +127,23 @@ class TwistdTests(SynchronousTestCase):
         """The daemon answers /health, and SIGTERM ends it with status 0."""
         base = os.path.abspath(self.mktemp())
         os.makedirs(base)
-        d = DaemonProcess(self, [
-            os.path.join(BIN, "twistd"), "-n", "--pidfile=", "sandboxd",
-            "--port", "tcp:{port}:interface=127.0.0.1", "--pty-port", "tcp:{pty}:interface=127.0.0.1",
-            "--base-dir", base, "--policy", os.path.join(ROOT, "etc", "policy.json"),
-        ])
+        d = DaemonProcess(
+            self,
+            [
+                os.path.join(BIN, "twistd"),
+                "-n",
+                "--pidfile=",
+                "sandboxd",
+                "--port",
+                "tcp:{port}:interface=127.0.0.1",
+                "--pty-port",
+                "tcp:{pty}:interface=127.0.0.1",
+                "--base-dir",
+                base,
+                "--policy",
+                os.path.join(ROOT, "etc", "policy.json"),
+            ],
+        )
         d.wait_healthy()
         status, body = d.get("/capabilities", {"Host": "localhost"})
         self.assertEqual(status, 200)
@@ -125,7 +154,16 @@ class TwistdTests(SynchronousTestCase):
     def test_healthcheck_exit_codes(self) -> None:
         """sandboxd healthcheck exits 0 when /health answers and 1 when nothing listens."""
         port = free_port()
-        result = subprocess.run([os.path.join(BIN, "sandboxd"), "healthcheck", "--port", str(port), "--timeout", "1"])
+        result = subprocess.run(
+            [
+                os.path.join(BIN, "sandboxd"),
+                "healthcheck",
+                "--port",
+                str(port),
+                "--timeout",
+                "1",
+            ]
+        )
         self.assertEqual(result.returncode, 1)
 
     def test_reload_on_hup(self) -> None:
@@ -135,12 +173,30 @@ class TwistdTests(SynchronousTestCase):
         policy = os.path.join(base, "policy.json")
         with open(policy, "w") as f:
             json.dump({"revision": "one"}, f)
-        d = DaemonProcess(self, [
-            os.path.join(BIN, "sandboxd"), "serve", "--host", "127.0.0.1",
-            "--port", "{port}", "--pty-port", "{pty}", "--base-dir", base, "--policy", policy,
-        ])
+        d = DaemonProcess(
+            self,
+            [
+                os.path.join(BIN, "sandboxd"),
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "{port}",
+                "--pty-port",
+                "{pty}",
+                "--base-dir",
+                base,
+                "--policy",
+                policy,
+            ],
+        )
         d.wait_healthy()
-        self.assertEqual(subprocess.run([os.path.join(BIN, "sandboxd"), "healthcheck", "--port", str(d.port)]).returncode, 0)
+        self.assertEqual(
+            subprocess.run(
+                [os.path.join(BIN, "sandboxd"), "healthcheck", "--port", str(d.port)]
+            ).returncode,
+            0,
+        )
         with open(policy, "w") as f:
             json.dump({"revision": "two"}, f)
         d.proc.send_signal(signal.SIGHUP)
@@ -149,14 +205,20 @@ class TwistdTests(SynchronousTestCase):
             json.dump({"revision": "three", "endpoints": {"shel": {}}}, f)
         d.proc.send_signal(signal.SIGHUP)
         time.sleep(0.5)
-        self.assertEqual(d.get("/capabilities", {"Host": "localhost"})[1]["policy"]["revision"], "two")
+        self.assertEqual(
+            d.get("/capabilities", {"Host": "localhost"})[1]["policy"]["revision"],
+            "two",
+        )
         self.assertIn("reload refused", d.output())
         d.proc.send_signal(signal.SIGTERM)
         self.assertEqual(d.proc.wait(timeout=15), 0)
 
     def _wait_revision(self, d: DaemonProcess, revision: str) -> bool:
         for _ in range(50):
-            if d.get("/capabilities", {"Host": "localhost"})[1]["policy"]["revision"] == revision:
+            if (
+                d.get("/capabilities", {"Host": "localhost"})[1]["policy"]["revision"]
+                == revision
+            ):
                 return True
             time.sleep(0.1)
         return False
@@ -197,7 +259,10 @@ class CheckConfigTests(SynchronousTestCase):
         """--explain names the rule behind a decision."""
         code, out = self.run_check(
             {"endpoints": {"files_*": {"paths": {"deny": ["**/.git/**"]}}}},
-            "--explain", "files_stat", "--path", "/tmp/repo/.git/config",
+            "--explain",
+            "files_stat",
+            "--path",
+            "/tmp/repo/.git/config",
         )
         self.assertEqual(code, 0)
         self.assertIn("path_denied", out)
@@ -205,7 +270,11 @@ class CheckConfigTests(SynchronousTestCase):
 
     def test_explain_json_scopes(self) -> None:
         """--explain --json with --scopes decides for that caller."""
-        code, out = self.run_check({}, "--explain", "capabilities", "--scopes", "files:read", "--json")
+        code, out = self.run_check(
+            {}, "--explain", "capabilities", "--scopes", "files:read", "--json"
+        )
         self.assertEqual(code, 0)
         decision = json.loads(out)
-        self.assertEqual((decision["allowed"], decision["code"]), (False, "missing_scope"))
+        self.assertEqual(
+            (decision["allowed"], decision["code"]), (False, "missing_scope")
+        )

@@ -10,7 +10,13 @@ from typing import Any
 from twisted.internet.defer import Deferred, inlineCallbacks, succeed
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd import CapabilityGroup, CommandArg, CommandRegistry, ServerResponse, SSEResponse
+from sandboxd import (
+    CapabilityGroup,
+    CommandArg,
+    CommandRegistry,
+    ServerResponse,
+    SSEResponse,
+)
 from sandboxd.endpoints import builtin_table
 from tests.helpers import DaemonTestCase
 
@@ -58,7 +64,11 @@ class RegistryTests(SynchronousTestCase):
         assert cmd is not None
         self.assertEqual(
             [(a.name, a.type, a.required, a.default) for a in cmd.args],
-            [("a", "integer", True, None), ("b", "float", False, 0.5), ("flag", "boolean", False, False)],
+            [
+                ("a", "integer", True, None),
+                ("b", "float", False, 0.5),
+                ("flag", "boolean", False, False),
+            ],
         )
 
     def test_bad_arg_type(self) -> None:
@@ -76,7 +86,13 @@ class RegistryTests(SynchronousTestCase):
     def test_boolean_coercion(self) -> None:
         """true/false/yes/no/1/0 in any case."""
         arg = CommandArg("f", "boolean")
-        for text, value in (("TRUE", True), ("no", False), ("1", True), ("0", False), ("Yes", True)):
+        for text, value in (
+            ("TRUE", True),
+            ("no", False),
+            ("1", True),
+            ("0", False),
+            ("Yes", True),
+        ):
             self.assertEqual(arg.coerce(text), value)
         with self.assertRaises(ValueError):
             arg.coerce("maybe")
@@ -93,9 +109,13 @@ class CommandTests(DaemonTestCase):
 
         @table.route("GET", "/hello/{name}", group=CapabilityGroup.COMMANDS)
         def hello_route(request: Any) -> ServerResponse:
-            return ServerResponse.ok({"greeting": f"Hello, {request.path_params['name']}!"})
+            return ServerResponse.ok(
+                {"greeting": f"Hello, {request.path_params['name']}!"}
+            )
 
-        @table.route("POST", "/my/stream", group=CapabilityGroup.COMMANDS, streaming=True)
+        @table.route(
+            "POST", "/my/stream", group=CapabilityGroup.COMMANDS, streaming=True
+        )
         def my_stream(request: Any) -> Any:
             count = request.body.get("count", 3)
             if not isinstance(count, int) or count <= 0:
@@ -108,7 +128,9 @@ class CommandTests(DaemonTestCase):
 
             return SSEResponse(event_iterator=events())
 
-        @table.route("GET", "/public/status", group=CapabilityGroup.COMMANDS, auth_required=False)
+        @table.route(
+            "GET", "/public/status", group=CapabilityGroup.COMMANDS, auth_required=False
+        )
         def public_status(request: Any) -> ServerResponse:
             return ServerResponse.ok({"status": "running", "public": True})
 
@@ -119,14 +141,29 @@ class CommandTests(DaemonTestCase):
         """Visible commands with their args; hidden and unreachable ones are not listed."""
         reply = yield self.request("GET", "/commands")
         names = [c["name"] for c in reply.json()["commands"]]
-        self.assertEqual(names, ["add", "admin_only", "boom", "deferred", "hello", "later"])
+        self.assertEqual(
+            names, ["add", "admin_only", "boom", "deferred", "hello", "later"]
+        )
         hello = next(c for c in reply.json()["commands"] if c["name"] == "hello")
-        self.assertEqual(hello["args"], [{"name": "name", "type": "string", "required": False, "default": "World", "description": ""}])
+        self.assertEqual(
+            hello["args"],
+            [
+                {
+                    "name": "name",
+                    "type": "string",
+                    "required": False,
+                    "default": "World",
+                    "description": "",
+                }
+            ],
+        )
 
     @inlineCallbacks
     def test_run(self) -> Any:
         """Coerced kwargs; plain functions run off the reactor thread."""
-        reply = yield self.request("POST", "/commands/add", {"a": "2", "b": "1.5", "flag": "yes"})
+        reply = yield self.request(
+            "POST", "/commands/add", {"a": "2", "b": "1.5", "flag": "yes"}
+        )
         self.assertEqual(reply.status, 200)
         result = reply.json()["result"]
         self.assertEqual((result["sum"], result["flag"]), (3.5, True))
@@ -151,7 +188,10 @@ class CommandTests(DaemonTestCase):
         """Unknown → 404 listing the rest; bad args → 400; a raising command → 500 with its type."""
         reply = yield self.request("POST", "/commands/nope")
         self.assertEqual(reply.status, 404)
-        self.assertEqual(reply.json()["error"], "Unknown command 'nope'; available: add, admin_only, boom, deferred, hello, later")
+        self.assertEqual(
+            reply.json()["error"],
+            "Unknown command 'nope'; available: add, admin_only, boom, deferred, hello, later",
+        )
         self.assertEqual(reply.json()["type"], "ValueError")
         for body in ({}, {"a": 1, "zzz": 2}, {"a": "two"}):
             reply = yield self.request("POST", "/commands/add", body)
@@ -205,11 +245,21 @@ class CommandPolicyTests(DaemonTestCase):
         super().setUp()
         table = builtin_table()
 
-        @table.route("GET", "/public/status", group=CapabilityGroup.COMMANDS, auth_required=False, name="public_status")
+        @table.route(
+            "GET",
+            "/public/status",
+            group=CapabilityGroup.COMMANDS,
+            auth_required=False,
+            name="public_status",
+        )
         def public_status(request: Any) -> ServerResponse:
             return ServerResponse.ok({})
 
-        return self.start(table=table, registry=make_registry(), policy={"groups": {"commands": False}})
+        return self.start(
+            table=table,
+            registry=make_registry(),
+            policy={"groups": {"commands": False}},
+        )
 
     @inlineCallbacks
     def test_group_gate_applies_to_public_routes(self) -> Any:

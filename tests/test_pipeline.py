@@ -58,7 +58,11 @@ class LocalModeTests(DaemonTestCase, RawMixin):
         self.assertEqual(reply.status, 404)
         self.assertEqual(
             reply.json(),
-            {"error": "Not found: /nope/here", "type": "ValueError", "code": "not_found"},
+            {
+                "error": "Not found: /nope/here",
+                "type": "ValueError",
+                "code": "not_found",
+            },
         )
 
     @inlineCallbacks
@@ -77,7 +81,13 @@ class LocalModeTests(DaemonTestCase, RawMixin):
     @inlineCallbacks
     def test_encoded_slash_and_nul_and_dots(self) -> Any:
         """%2F, %00 and dot segments are 400 invalid_path, never a detour."""
-        for path in ("/files%2Flist", "/health%00", "/x/../health", "/./health", "/%2e%2e/health"):
+        for path in (
+            "/files%2Flist",
+            "/health%00",
+            "/x/../health",
+            "/./health",
+            "/%2e%2e/health",
+        ):
             reply = yield self.request("GET", path)
             self.assertEqual(reply.status, 400, path)
             self.assertEqual(reply.json()["code"], "invalid_path", path)
@@ -93,7 +103,9 @@ class LocalModeTests(DaemonTestCase, RawMixin):
     @inlineCallbacks
     def test_origin_refused(self) -> Any:
         """A browser Origin the policy does not allow is 403 origin_not_allowed."""
-        reply = yield self.request("GET", "/capabilities", headers={"Origin": "http://evil.example"})
+        reply = yield self.request(
+            "GET", "/capabilities", headers={"Origin": "http://evil.example"}
+        )
         self.assertEqual(reply.status, 403)
         self.assertEqual(reply.json()["code"], "origin_not_allowed")
 
@@ -109,7 +121,9 @@ class LocalModeTests(DaemonTestCase, RawMixin):
     @inlineCallbacks
     def test_missing_host(self) -> Any:
         """A request without Host is 400."""
-        received = yield self.raw(b"GET /capabilities HTTP/1.1\r\nConnection: close\r\n\r\n")
+        received = yield self.raw(
+            b"GET /capabilities HTTP/1.1\r\nConnection: close\r\n\r\n"
+        )
         self.assertIn(b" 400 ", received.split(b"\r\n")[0])
 
     @inlineCallbacks
@@ -182,14 +196,18 @@ class TokenTests(DaemonTestCase):
             reply = yield self.request("GET", "/capabilities", token=token)
             self.assertEqual(reply.status, 401)
             self.assertEqual(
-                reply.json(), {"error": "unauthorized", "type": "AuthError", "code": "unauthorized"}
+                reply.json(),
+                {"error": "unauthorized", "type": "AuthError", "code": "unauthorized"},
             )
 
     @inlineCallbacks
     def test_bearer_accepted(self) -> Any:
         """Authorization: Bearer works as X-Access-Token does."""
         reply = yield self.request(
-            "GET", "/capabilities", token=None, headers={"Authorization": f"Bearer {TOKEN}"}
+            "GET",
+            "/capabilities",
+            token=None,
+            headers={"Authorization": f"Bearer {TOKEN}"},
         )
         self.assertEqual(reply.status, 200)
         self.assertEqual(reply.json()["identity"], {"id": "legacy", "scopes": ["*"]})
@@ -207,14 +225,19 @@ class TokenTests(DaemonTestCase):
     def test_non_ascii_token(self) -> Any:
         """A token with non-ASCII bytes is a plain 401, not a 500."""
         reply = yield self.request(
-            "GET", "/capabilities", token=None, headers={"X-Access-Token": "t\u00f6ken\u2603"}
+            "GET",
+            "/capabilities",
+            token=None,
+            headers={"X-Access-Token": "t\u00f6ken\u2603"},
         )
         self.assertEqual(reply.status, 401)
 
     @inlineCallbacks
     def test_any_host_with_token(self) -> Any:
         """With a token, the Host check of local mode does not apply."""
-        reply = yield self.request("GET", "/capabilities", headers={"Host": "sandbox.example"})
+        reply = yield self.request(
+            "GET", "/capabilities", headers={"Host": "sandbox.example"}
+        )
         self.assertEqual(reply.status, 200)
 
     @inlineCallbacks

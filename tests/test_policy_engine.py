@@ -14,13 +14,19 @@ from sandboxd.endpoints import CapabilityGroup, builtin_table
 from sandboxd.policy import PolicyError, load_policy
 
 
-def decide(policy: Any = None, preset: str | None = None, env: dict[str, str] | None = None,
-           code: list[tuple[str, str]] | None = None) -> Any:
+def decide(
+    policy: Any = None,
+    preset: str | None = None,
+    env: dict[str, str] | None = None,
+    code: list[tuple[str, str]] | None = None,
+) -> Any:
     """The compiled policy for a document, preset, environment and code layer."""
     table = builtin_table()
     for action, group in code or []:
         getattr(table, action)(group)
-    return load_policy(table, explicit=policy or {}, preset=preset, base_dir="/tmp", environ=env or {})
+    return load_policy(
+        table, explicit=policy or {}, preset=preset, base_dir="/tmp", environ=env or {}
+    )
 
 
 class DefaultLayerTests(SynchronousTestCase):
@@ -35,7 +41,11 @@ class DefaultLayerTests(SynchronousTestCase):
     def test_opt_in_groups_off(self) -> None:
         """dev_tools, browser and agents are off with rule default:opt-in:GROUP."""
         p = decide()
-        for endpoint, group in (("code_run", "dev_tools"), ("browser_navigate", "browser"), ("agents_catalog", "agents")):
+        for endpoint, group in (
+            ("code_run", "dev_tools"),
+            ("browser_navigate", "browser"),
+            ("agents_catalog", "agents"),
+        ):
             rule = p.rule(endpoint)
             self.assertFalse(rule.enabled)
             if rule.reason != "not_implemented":
@@ -45,21 +55,140 @@ class DefaultLayerTests(SynchronousTestCase):
 # (description, layers, endpoint, expected enabled, expected rule)
 # Uses commands_list (implemented) so not-implemented never masks the result.
 CASES: list[tuple[str, dict[str, Any], str, bool, str]] = [
-    ("policy group off", {"policy": {"groups": {"commands": False}}}, "commands_list", False, "policy:groups.commands"),
-    ("policy endpoints group: off", {"policy": {"endpoints": {"group:commands": {"enabled": False}}}}, "commands_list", False, "policy:endpoints.group:commands"),
-    ("policy exact off", {"policy": {"endpoints": {"commands_list": {"enabled": False}}}}, "commands_list", False, "policy:endpoints.commands_list"),
-    ("policy glob off", {"policy": {"endpoints": {"commands_*": {"enabled": False}}}}, "commands_list", False, "policy:endpoints.commands_*"),
-    ("exact on beats glob off", {"policy": {"endpoints": {"commands_*": {"enabled": False}, "commands_list": {"enabled": True}}}}, "commands_list", True, "policy:endpoints.commands_list"),
-    ("glob on beats group off", {"policy": {"groups": {"commands": False}, "endpoints": {"commands_*": {"enabled": True}}}}, "commands_list", True, "policy:endpoints.commands_*"),
-    ("group beats defaults", {"policy": {"defaults": {"enabled": False}}}, "commands_list", True, "default:on:commands"),
-    ("code disable", {"code": [("disable_group", "commands")]}, "commands_list", False, "code:disable_group:commands"),
-    ("policy group on beats code disable", {"code": [("disable_group", "commands")], "policy": {"groups": {"commands": True}}}, "commands_list", True, "policy:groups.commands"),
+    (
+        "policy group off",
+        {"policy": {"groups": {"commands": False}}},
+        "commands_list",
+        False,
+        "policy:groups.commands",
+    ),
+    (
+        "policy endpoints group: off",
+        {"policy": {"endpoints": {"group:commands": {"enabled": False}}}},
+        "commands_list",
+        False,
+        "policy:endpoints.group:commands",
+    ),
+    (
+        "policy exact off",
+        {"policy": {"endpoints": {"commands_list": {"enabled": False}}}},
+        "commands_list",
+        False,
+        "policy:endpoints.commands_list",
+    ),
+    (
+        "policy glob off",
+        {"policy": {"endpoints": {"commands_*": {"enabled": False}}}},
+        "commands_list",
+        False,
+        "policy:endpoints.commands_*",
+    ),
+    (
+        "exact on beats glob off",
+        {
+            "policy": {
+                "endpoints": {
+                    "commands_*": {"enabled": False},
+                    "commands_list": {"enabled": True},
+                }
+            }
+        },
+        "commands_list",
+        True,
+        "policy:endpoints.commands_list",
+    ),
+    (
+        "glob on beats group off",
+        {
+            "policy": {
+                "groups": {"commands": False},
+                "endpoints": {"commands_*": {"enabled": True}},
+            }
+        },
+        "commands_list",
+        True,
+        "policy:endpoints.commands_*",
+    ),
+    (
+        "group beats defaults",
+        {"policy": {"defaults": {"enabled": False}}},
+        "commands_list",
+        True,
+        "default:on:commands",
+    ),
+    (
+        "code disable",
+        {"code": [("disable_group", "commands")]},
+        "commands_list",
+        False,
+        "code:disable_group:commands",
+    ),
+    (
+        "policy group on beats code disable",
+        {
+            "code": [("disable_group", "commands")],
+            "policy": {"groups": {"commands": True}},
+        },
+        "commands_list",
+        True,
+        "policy:groups.commands",
+    ),
     ("preset locked", {"preset": "locked"}, "commands_list", False, "preset:locked"),
-    ("policy group beats preset group", {"preset": "locked", "policy": {"groups": {"commands": True}}}, "commands_list", True, "policy:groups.commands"),
-    ("env turns group on over policy off", {"policy": {"groups": {"commands": False}}, "env": {"ABX_SERVER_ENABLED_GROUPS": "commands"}}, "commands_list", True, "env:ABX_SERVER_ENABLED_GROUPS"),
-    ("exact policy off beats env group on", {"policy": {"endpoints": {"commands_list": {"enabled": False}}}, "env": {"ABX_SERVER_ENABLED_GROUPS": "commands"}}, "commands_list", False, "policy:endpoints.commands_list"),
-    ("false wins within a layer and specificity", {"policy": {"endpoints": {"commands_*": {"enabled": True}, "*_list": {"enabled": False}}}}, "commands_list", False, "policy:endpoints.*_list"),
-    ("false wins regardless of order", {"policy": {"endpoints": {"*_list": {"enabled": False}, "commands_*": {"enabled": True}}}}, "commands_list", False, "policy:endpoints.*_list"),
+    (
+        "policy group beats preset group",
+        {"preset": "locked", "policy": {"groups": {"commands": True}}},
+        "commands_list",
+        True,
+        "policy:groups.commands",
+    ),
+    (
+        "env turns group on over policy off",
+        {
+            "policy": {"groups": {"commands": False}},
+            "env": {"ABX_SERVER_ENABLED_GROUPS": "commands"},
+        },
+        "commands_list",
+        True,
+        "env:ABX_SERVER_ENABLED_GROUPS",
+    ),
+    (
+        "exact policy off beats env group on",
+        {
+            "policy": {"endpoints": {"commands_list": {"enabled": False}}},
+            "env": {"ABX_SERVER_ENABLED_GROUPS": "commands"},
+        },
+        "commands_list",
+        False,
+        "policy:endpoints.commands_list",
+    ),
+    (
+        "false wins within a layer and specificity",
+        {
+            "policy": {
+                "endpoints": {
+                    "commands_*": {"enabled": True},
+                    "*_list": {"enabled": False},
+                }
+            }
+        },
+        "commands_list",
+        False,
+        "policy:endpoints.*_list",
+    ),
+    (
+        "false wins regardless of order",
+        {
+            "policy": {
+                "endpoints": {
+                    "*_list": {"enabled": False},
+                    "commands_*": {"enabled": True},
+                }
+            }
+        },
+        "commands_list",
+        False,
+        "policy:endpoints.*_list",
+    ),
 ]
 
 
@@ -69,9 +198,16 @@ class PrecedenceTests(SynchronousTestCase):
     def test_cases(self) -> None:
         """Every row of CASES holds."""
         for description, layers, endpoint, enabled, rule in CASES:
-            p = decide(layers.get("policy"), layers.get("preset"), layers.get("env"), layers.get("code"))
+            p = decide(
+                layers.get("policy"),
+                layers.get("preset"),
+                layers.get("env"),
+                layers.get("code"),
+            )
             got = p.rule(endpoint)
-            self.assertEqual((got.enabled, got.enabled_by), (enabled, rule), description)
+            self.assertEqual(
+                (got.enabled, got.enabled_by), (enabled, rule), description
+            )
 
 
 class LeafMergeTests(SynchronousTestCase):
@@ -79,30 +215,51 @@ class LeafMergeTests(SynchronousTestCase):
 
     def test_limits_merge_per_leaf(self) -> None:
         """A group's limit and an endpoint's other limit both apply."""
-        p = decide({"endpoints": {
-            "group:commands": {"limits": {"max_concurrency": 4, "rate_per_minute": 10}},
-            "commands_run": {"limits": {"rate_per_minute": 60}},
-        }})
+        p = decide(
+            {
+                "endpoints": {
+                    "group:commands": {
+                        "limits": {"max_concurrency": 4, "rate_per_minute": 10}
+                    },
+                    "commands_run": {"limits": {"rate_per_minute": 60}},
+                }
+            }
+        )
         rule = p.rule("commands_run")
         self.assertEqual(rule.limits.max_concurrency, 4)
         self.assertEqual(rule.limits.rate_per_minute, 60)
-        self.assertEqual(rule.source("limits.rate_per_minute"), "policy:endpoints.commands_run")
-        self.assertEqual(rule.source("limits.max_concurrency"), "policy:endpoints.group:commands")
+        self.assertEqual(
+            rule.source("limits.rate_per_minute"), "policy:endpoints.commands_run"
+        )
+        self.assertEqual(
+            rule.source("limits.max_concurrency"), "policy:endpoints.group:commands"
+        )
 
     def test_lists_replace(self) -> None:
         """An exact rule's deny list replaces the defaults' list."""
-        p = decide({
-            "defaults": {"params": {"deny_commands": ["rm", "dd"]}},
-            "endpoints": {"commands_run": {"params": {"deny_commands": ["curl"]}}},
-        })
+        p = decide(
+            {
+                "defaults": {"params": {"deny_commands": ["rm", "dd"]}},
+                "endpoints": {"commands_run": {"params": {"deny_commands": ["curl"]}}},
+            }
+        )
         self.assertEqual(p.rule("commands_run").params.deny_commands, ("curl",))
         self.assertEqual(p.rule("commands_list").params.deny_commands, ("rm", "dd"))
 
     def test_sizes(self) -> None:
         """Size strings: MB is 10**6, MiB is 2**20; upload caps derive from max_bytes."""
-        p = decide({"endpoints": {"upload": {"limits": {"max_bytes": "5MB"}}, "files_write_raw": {"limits": {"max_bytes": "1GiB"}}}})
+        p = decide(
+            {
+                "endpoints": {
+                    "upload": {"limits": {"max_bytes": "5MB"}},
+                    "files_write_raw": {"limits": {"max_bytes": "1GiB"}},
+                }
+            }
+        )
         self.assertEqual(p.rule("upload").limits.max_bytes, 5_000_000)
-        self.assertEqual(p.rule("upload").limits.max_request_bytes, 5_000_000 * 4 // 3 + 65536)
+        self.assertEqual(
+            p.rule("upload").limits.max_request_bytes, 5_000_000 * 4 // 3 + 65536
+        )
         self.assertEqual(p.rule("files_write_raw").limits.max_bytes, 2**30)
         self.assertEqual(p.rule("files_write_raw").limits.max_request_bytes, 2**30)
 
@@ -125,16 +282,39 @@ class PresetTests(SynchronousTestCase):
         """locked: core only."""
         p = decide(preset="locked")
         self.assertTrue(p.rule("capabilities").enabled)
-        for endpoint in ("commands_list", "download", "shell", "pty_create", "system_info"):
+        for endpoint in (
+            "commands_list",
+            "download",
+            "shell",
+            "pty_create",
+            "system_info",
+        ):
             self.assertFalse(p.rule(endpoint).enabled, endpoint)
 
     def test_transfer_only(self) -> None:
         """transfer-only: the transfer endpoints' rules allow, everything else off."""
         p = decide(preset="transfer-only")
-        for endpoint in ("upload", "download", "files_list", "files_stat", "files_mkdir",
-                         "files_upload_stream", "files_download_stream", "files_read_raw", "files_write_raw"):
-            self.assertNotEqual(p.rule(endpoint).enabled_by, "preset:transfer-only", endpoint)
-        for endpoint in ("files_delete", "files_move", "shell", "commands_list", "system_info"):
+        for endpoint in (
+            "upload",
+            "download",
+            "files_list",
+            "files_stat",
+            "files_mkdir",
+            "files_upload_stream",
+            "files_download_stream",
+            "files_read_raw",
+            "files_write_raw",
+        ):
+            self.assertNotEqual(
+                p.rule(endpoint).enabled_by, "preset:transfer-only", endpoint
+            )
+        for endpoint in (
+            "files_delete",
+            "files_move",
+            "shell",
+            "commands_list",
+            "system_info",
+        ):
             rule = p.rule(endpoint)
             self.assertFalse(rule.enabled, endpoint)
 
@@ -159,13 +339,17 @@ class PresetTests(SynchronousTestCase):
     def test_preset_in_document(self) -> None:
         """A document's preset key works like --preset, and --preset overrides it."""
         self.assertFalse(decide({"preset": "locked"}).rule("commands_list").enabled)
-        self.assertTrue(decide({"preset": "locked"}, preset="default").rule("commands_list").enabled)
+        self.assertTrue(
+            decide({"preset": "locked"}, preset="default").rule("commands_list").enabled
+        )
 
 
 class ValidationTests(SynchronousTestCase):
     """Bad documents stop the daemon, naming the place and the nearest name."""
 
-    def assertInvalid(self, policy: Any, *fragments: str, env: dict[str, str] | None = None) -> None:
+    def assertInvalid(
+        self, policy: Any, *fragments: str, env: dict[str, str] | None = None
+    ) -> None:
         with self.assertRaises(PolicyError) as cm:
             decide(policy, env=env)
         for fragment in fragments:
@@ -173,27 +357,47 @@ class ValidationTests(SynchronousTestCase):
 
     def test_unknown_endpoint(self) -> None:
         """'shel' suggests 'shell'."""
-        self.assertInvalid({"endpoints": {"shel": {}}}, "endpoints.shel", "did you mean 'shell'")
+        self.assertInvalid(
+            {"endpoints": {"shel": {}}}, "endpoints.shel", "did you mean 'shell'"
+        )
 
     def test_unknown_top_key(self) -> None:
         """An unknown top-level key is named with a suggestion."""
-        self.assertInvalid({"endpoint": {}}, "unknown key 'endpoint'", "did you mean 'endpoints'")
+        self.assertInvalid(
+            {"endpoint": {}}, "unknown key 'endpoint'", "did you mean 'endpoints'"
+        )
 
     def test_unknown_rule_keys(self) -> None:
         """Unknown keys inside a rule and its sections are named with their path."""
-        self.assertInvalid({"endpoints": {"shell": {"limit": {}}}}, "endpoints.shell", "'limit'", "limits")
-        self.assertInvalid({"defaults": {"limits": {"max_byte": 1}}}, "defaults.limits", "max_bytes")
+        self.assertInvalid(
+            {"endpoints": {"shell": {"limit": {}}}},
+            "endpoints.shell",
+            "'limit'",
+            "limits",
+        )
+        self.assertInvalid(
+            {"defaults": {"limits": {"max_byte": 1}}}, "defaults.limits", "max_bytes"
+        )
 
     def test_unknown_group_preset_scope(self) -> None:
         """Unknown groups, presets and scopes are refused with suggestions."""
         self.assertInvalid({"groups": {"procss": True}}, "procss", "process")
         self.assertInvalid({"preset": "hardend"}, "hardend", "hardened")
-        self.assertInvalid({"endpoints": {"shell": {"scopes": ["proces:run"]}}}, "proces:run", "process:run")
+        self.assertInvalid(
+            {"endpoints": {"shell": {"scopes": ["proces:run"]}}},
+            "proces:run",
+            "process:run",
+        )
         self.assertInvalid({"endpoints": {"group:procss": {}}}, "procss")
 
     def test_env_groups(self) -> None:
         """ABX_SERVER_ENABLED_GROUPS with an unknown group stops the daemon."""
-        self.assertInvalid({}, "ABX_SERVER_ENABLED_GROUPS", "browser", env={"ABX_SERVER_ENABLED_GROUPS": "browsr"})
+        self.assertInvalid(
+            {},
+            "ABX_SERVER_ENABLED_GROUPS",
+            "browser",
+            env={"ABX_SERVER_ENABLED_GROUPS": "browsr"},
+        )
 
     def test_core_cannot_be_disabled(self) -> None:
         """A policy that disables a core endpoint is invalid; so is disable_group(core)."""
@@ -205,17 +409,37 @@ class ValidationTests(SynchronousTestCase):
 
     def test_bad_values(self) -> None:
         """Wrong types and sizes are refused with the key's path."""
-        self.assertInvalid({"endpoints": {"upload": {"limits": {"max_bytes": "5 parsecs"}}}}, "endpoints.upload.limits.max_bytes")
-        self.assertInvalid({"endpoints": {"shell": {"enabled": "yes"}}}, "endpoints.shell.enabled")
+        self.assertInvalid(
+            {"endpoints": {"upload": {"limits": {"max_bytes": "5 parsecs"}}}},
+            "endpoints.upload.limits.max_bytes",
+        )
+        self.assertInvalid(
+            {"endpoints": {"shell": {"enabled": "yes"}}}, "endpoints.shell.enabled"
+        )
         self.assertInvalid({"defaults": {"audit": "some"}}, "defaults.audit")
         self.assertInvalid({"defaults": {"paths": {"symlinks": "maybe"}}}, "symlinks")
 
     def test_tokens(self) -> None:
         """Token entries need one secret source, a unique id and known scopes."""
-        self.assertInvalid({"auth": {"tokens": [{"id": "a", "scopes": ["*"]}]}}, "exactly one")
-        self.assertInvalid({"auth": {"tokens": [{"id": "a", "token_sha256": "xyz", "scopes": []}]}}, "64 hex")
-        self.assertInvalid({"auth": {"tokens": [{"id": "legacy", "token_env": "X", "scopes": []}]}}, "taken")
-        self.assertInvalid({"auth": {"tokens": [{"id": "a", "token_env": "X", "scopes": ["files:reed"]}]}}, "files:read")
+        self.assertInvalid(
+            {"auth": {"tokens": [{"id": "a", "scopes": ["*"]}]}}, "exactly one"
+        )
+        self.assertInvalid(
+            {"auth": {"tokens": [{"id": "a", "token_sha256": "xyz", "scopes": []}]}},
+            "64 hex",
+        )
+        self.assertInvalid(
+            {"auth": {"tokens": [{"id": "legacy", "token_env": "X", "scopes": []}]}},
+            "taken",
+        )
+        self.assertInvalid(
+            {
+                "auth": {
+                    "tokens": [{"id": "a", "token_env": "X", "scopes": ["files:reed"]}]
+                }
+            },
+            "files:read",
+        )
 
     def test_glob_matching_nothing_warns(self) -> None:
         """A pattern that selects no endpoint is a warning, not an error."""
@@ -236,8 +460,12 @@ class SourceOrderTests(SynchronousTestCase):
     def test_explicit_beats_environment(self) -> None:
         """An explicit policy wins over ABX_SERVER_POLICY."""
         table = builtin_table()
-        p = load_policy(table, explicit={"revision": "a"}, base_dir="/tmp",
-                        environ={"ABX_SERVER_POLICY": '{"revision": "b"}'})
+        p = load_policy(
+            table,
+            explicit={"revision": "a"},
+            base_dir="/tmp",
+            environ={"ABX_SERVER_POLICY": '{"revision": "b"}'},
+        )
         self.assertEqual(p.revision, "a")
 
     def test_inline_environment_beats_file(self) -> None:
@@ -245,10 +473,18 @@ class SourceOrderTests(SynchronousTestCase):
         path = self.mktemp()
         with open(path, "w") as f:
             f.write('{"revision": "file"}')
-        p = load_policy(builtin_table(), base_dir="/tmp",
-                        environ={"ABX_SERVER_POLICY": '{"revision": "inline"}', "ABX_SERVER_POLICY_FILE": path})
+        p = load_policy(
+            builtin_table(),
+            base_dir="/tmp",
+            environ={
+                "ABX_SERVER_POLICY": '{"revision": "inline"}',
+                "ABX_SERVER_POLICY_FILE": path,
+            },
+        )
         self.assertEqual(p.revision, "inline")
-        p = load_policy(builtin_table(), base_dir="/tmp", environ={"ABX_SERVER_POLICY_FILE": path})
+        p = load_policy(
+            builtin_table(), base_dir="/tmp", environ={"ABX_SERVER_POLICY_FILE": path}
+        )
         self.assertEqual(p.revision, "file")
 
     def test_base_dir_refuses_root(self) -> None:

@@ -25,9 +25,21 @@ RUNNER = "runner-token"
 POLICY = {
     "auth": {
         "tokens": [
-            {"id": "reader", "token_env": "READER_TOKEN", "scopes": ["core:read", "files:read"]},
-            {"id": "admin", "token_sha256": hashlib.sha256(ADMIN.encode()).hexdigest(), "scopes": ["*"]},
-            {"id": "runner", "token_env": "RUNNER_TOKEN", "scopes": ["commands:run:hello"]},
+            {
+                "id": "reader",
+                "token_env": "READER_TOKEN",
+                "scopes": ["core:read", "files:read"],
+            },
+            {
+                "id": "admin",
+                "token_sha256": hashlib.sha256(ADMIN.encode()).hexdigest(),
+                "scopes": ["*"],
+            },
+            {
+                "id": "runner",
+                "token_env": "RUNNER_TOKEN",
+                "scopes": ["commands:run:hello"],
+            },
         ]
     },
 }
@@ -64,7 +76,9 @@ class ScopeTests(DaemonTestCase):
         """/capabilities names the caller and says what it may do."""
         reply = yield self.request("GET", "/capabilities", token=READER)
         body = reply.json()
-        self.assertEqual(body["identity"], {"id": "reader", "scopes": ["core:read", "files:read"]})
+        self.assertEqual(
+            body["identity"], {"id": "reader", "scopes": ["core:read", "files:read"]}
+        )
         self.assertFalse(body["endpoints"]["commands_list"]["allowed"])
         self.assertEqual(body["endpoints"]["commands_list"]["reason"], "missing_scope")
         self.assertTrue(body["endpoints"]["capabilities"]["allowed"])
@@ -75,7 +89,10 @@ class ScopeTests(DaemonTestCase):
         reply = yield self.request("GET", "/commands", token=READER)
         self.assertEqual(reply.status, 403)
         body = reply.json()
-        self.assertEqual((body["code"], body["scope"], body["endpoint"]), ("missing_scope", "commands:run", "commands_list"))
+        self.assertEqual(
+            (body["code"], body["scope"], body["endpoint"]),
+            ("missing_scope", "commands:run", "commands_list"),
+        )
 
     @inlineCallbacks
     def test_sha256_token(self) -> Any:
@@ -86,7 +103,9 @@ class ScopeTests(DaemonTestCase):
     @inlineCallbacks
     def test_command_scope_admits_one_command(self) -> Any:
         """commands:run:hello runs hello and nothing else."""
-        reply = yield self.request("POST", "/commands/hello", {"name": "Qoder"}, token=RUNNER)
+        reply = yield self.request(
+            "POST", "/commands/hello", {"name": "Qoder"}, token=RUNNER
+        )
         self.assertEqual(reply.json(), {"result": "Hello, Qoder!"})
         reply = yield self.request("POST", "/commands/secret", {}, token=RUNNER)
         self.assertEqual(reply.status, 403)
@@ -95,15 +114,24 @@ class ScopeTests(DaemonTestCase):
     @inlineCallbacks
     def test_check_endpoint(self) -> Any:
         """/capabilities/check decides scopes and paths without touching the disk."""
-        reply = yield self.request("POST", "/capabilities/check", {"endpoint": "files_delete", "path": "x"}, token=READER)
+        reply = yield self.request(
+            "POST",
+            "/capabilities/check",
+            {"endpoint": "files_delete", "path": "x"},
+            token=READER,
+        )
         body = reply.json()
         self.assertFalse(body["allowed"])
         reply = yield self.request(
-            "POST", "/capabilities/check",
-            {"endpoint": "download", "paths": ["/etc/passwd", "/etc/nonexistent-xyz"]}, token=ADMIN,
+            "POST",
+            "/capabilities/check",
+            {"endpoint": "download", "paths": ["/etc/passwd", "/etc/nonexistent-xyz"]},
+            token=ADMIN,
         )
         paths = reply.json()["paths"]
-        self.assertEqual([p["code"] for p in paths], ["path_not_allowed", "path_not_allowed"])
+        self.assertEqual(
+            [p["code"] for p in paths], ["path_not_allowed", "path_not_allowed"]
+        )
 
 
 class RateLimitTests(DaemonTestCase):
@@ -142,7 +170,10 @@ class ConcurrencyTests(DaemonTestCase):
         def slow(request: Any) -> Any:
             return self.gate.addCallback(lambda _: {"ok": True})
 
-        return self.start(table=table, policy={"endpoints": {"slow": {"limits": {"max_concurrency": 1}}}})
+        return self.start(
+            table=table,
+            policy={"endpoints": {"slow": {"limits": {"max_concurrency": 1}}}},
+        )
 
     @inlineCallbacks
     def test_concurrency_limited(self) -> Any:
@@ -191,7 +222,9 @@ class AuditTests(DaemonTestCase):
         self.assertEqual(lines[0]["query"], "token=%2A%2A%2A&x=1")
         self.assertEqual(lines[1]["code"], "unauthorized")
         self.assertEqual(lines[2]["code"], "endpoint_disabled")
-        self.assertIn(lines[2]["rule"], ("default:opt-in:browser", "code:not-implemented"))
+        self.assertIn(
+            lines[2]["rule"], ("default:opt-in:browser", "code:not-implemented")
+        )
         with open(self.audit_path) as f:
             text = f.read()
         self.assertNotIn("audit-secret", text)

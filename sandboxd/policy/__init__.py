@@ -13,7 +13,13 @@ import attrs
 
 from sandboxd.auth import TokenStore
 from sandboxd.endpoints import RouteTable
-from sandboxd.policy.document import PolicyDocument, PolicyError, find_policy, suggest, validate
+from sandboxd.policy.document import (
+    PolicyDocument,
+    PolicyError,
+    find_policy,
+    suggest,
+    validate,
+)
 from sandboxd.policy.engine import compile_rules, resolve_base_dir
 from sandboxd.policy.presets import PRESETS
 from sandboxd.policy.rules import EffectiveRule
@@ -66,7 +72,9 @@ def load_policy(
     doc = validate(data, table, source)
     chosen = preset or doc.preset
     if chosen is not None and chosen not in PRESETS:
-        raise PolicyError(f"--preset: unknown preset {chosen!r}{suggest(chosen, PRESETS)}")
+        raise PolicyError(
+            f"--preset: unknown preset {chosen!r}{suggest(chosen, PRESETS)}"
+        )
     boundary = resolve_base_dir(base_dir, doc, env)
     rules = compile_rules(table, doc, chosen, boundary, env)
     tokens = TokenStore.build(doc.tokens, env)

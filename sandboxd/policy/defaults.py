@@ -142,6 +142,7 @@ WATCH_IDLE_SECONDS = 60.0
 #: files_watch: concurrent distinct watches (each holds inotify watches).
 MAX_WATCHES = 64
 
+
 def endpoint_limits(endpoint_id: str, group: str) -> dict[str, Any]:
     """The built-in limits of one endpoint, before any policy layer."""
     out = dict(GLOBAL_LIMITS)

@@ -20,7 +20,7 @@ from typing import Any
 import attrs
 
 from sandboxd.endpoints import CapabilityGroup, RouteTable
-from sandboxd.policy.rules import AUDIT_MODES, RULE_KEYS, SECTIONS, section_fields
+from sandboxd.policy.rules import AUDIT_MODES, RULE_KEYS, section_fields
 from sandboxd.policy.sizes import parse_size
 
 TOP_KEYS = (
@@ -104,7 +104,9 @@ def _coerce(where: str, type_text: str, value: Any) -> Any:
             raise PolicyError(f"{where}: {e}") from None
     if base == "int":
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise PolicyError(f"{where}: expected a non-negative integer, got {value!r}")
+            raise PolicyError(
+                f"{where}: expected a non-negative integer, got {value!r}"
+            )
         return value
     if base == "float":
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
@@ -336,7 +338,11 @@ def parse_text(text: str, name: str) -> Any:
             data = yaml.safe_load(text)
         except yaml.YAMLError as e:
             raise PolicyError(f"{name}: not valid YAML: {e}") from None
-        if isinstance(data, dict) and "server" in data and isinstance(data["server"], dict):
+        if (
+            isinstance(data, dict)
+            and "server" in data
+            and isinstance(data["server"], dict)
+        ):
             return data["server"]
         return data
     try:

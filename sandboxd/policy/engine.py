@@ -74,13 +74,28 @@ class _Builder:
     def __init__(self) -> None:
         self.entries: list[Entry] = []
 
-    def add(self, layer: str, selector: str, rule: Mapping[str, Any], origin: str) -> None:
-        kind, name = (DEFAULTS, "@defaults") if selector == "@defaults" else _selector_kind(selector)
+    def add(
+        self, layer: str, selector: str, rule: Mapping[str, Any], origin: str
+    ) -> None:
+        kind, name = (
+            (DEFAULTS, "@defaults")
+            if selector == "@defaults"
+            else _selector_kind(selector)
+        )
         self.entries.append(
-            Entry(LAYERS.index(layer), kind, name, flatten(rule), origin, len(self.entries))
+            Entry(
+                LAYERS.index(layer),
+                kind,
+                name,
+                flatten(rule),
+                origin,
+                len(self.entries),
+            )
         )
 
-    def add_document_like(self, layer: str, prefix: str, doc: Mapping[str, Any]) -> None:
+    def add_document_like(
+        self, layer: str, prefix: str, doc: Mapping[str, Any]
+    ) -> None:
         """Add a policy- or preset-shaped mapping (groups, defaults, endpoints)."""
         for group, on in doc.get("groups", {}).items():
             origin = f"{prefix}:groups.{group}" if layer == "policy" else prefix
@@ -107,7 +122,10 @@ def enabled_groups_from_env(environ: Mapping[str, str]) -> list[str]:
 
 
 def collect_entries(
-    table: RouteTable, doc: PolicyDocument, preset: str | None, environ: Mapping[str, str]
+    table: RouteTable,
+    doc: PolicyDocument,
+    preset: str | None,
+    environ: Mapping[str, str],
 ) -> list[Entry]:
     """Every layer's entries, in layer order."""
     b = _Builder()
@@ -125,11 +143,18 @@ def collect_entries(
         {"groups": doc.groups, "defaults": doc.defaults, "endpoints": doc.endpoints},
     )
     for group in enabled_groups_from_env(environ):
-        b.add("environment", f"group:{group}", {"enabled": True}, "env:ABX_SERVER_ENABLED_GROUPS")
+        b.add(
+            "environment",
+            f"group:{group}",
+            {"enabled": True},
+            "env:ABX_SERVER_ENABLED_GROUPS",
+        )
     return b.entries
 
 
-def merge_leaves(endpoint: Endpoint, entries: list[Entry]) -> dict[str, tuple[Any, str]]:
+def merge_leaves(
+    endpoint: Endpoint, entries: list[Entry]
+) -> dict[str, tuple[Any, str]]:
     """Leaf key -> (value, rule string) for one endpoint, by SPEC §5.3."""
     chosen: dict[str, tuple[Any, str, tuple[int, int]]] = {}
     applicable = sorted(
@@ -151,7 +176,9 @@ def merge_leaves(endpoint: Endpoint, entries: list[Entry]) -> dict[str, tuple[An
     return {leaf: (v, rule) for leaf, (v, rule, _) in chosen.items()}
 
 
-def _section(cls: type[Any], base: Mapping[str, Any], leaves: Mapping[str, Any], name: str) -> Any:
+def _section(
+    cls: type[Any], base: Mapping[str, Any], leaves: Mapping[str, Any], name: str
+) -> Any:
     values = dict(base)
     prefix = name + "."
     for leaf, value in leaves.items():
@@ -168,11 +195,22 @@ def effective_rule(
     leaves = {k: v for k, (v, _) in merged.items()}
     sources = {k: rule for k, (_, rule) in merged.items()}
     base_limits = builtin.endpoint_limits(endpoint.id, endpoint.group.value)
-    if "max_bytes" in base_limits and base_limits["max_bytes"] == builtin.DEFAULT_UPLOAD_BYTES:
+    if (
+        "max_bytes" in base_limits
+        and base_limits["max_bytes"] == builtin.DEFAULT_UPLOAD_BYTES
+    ):
         base_limits["max_bytes"] = upload_cap
     limits: Limits = _section(Limits, base_limits, leaves, "limits")
-    if endpoint.upload and "limits.max_request_bytes" not in leaves and limits.max_bytes:
-        cap = limits.max_bytes if endpoint.body == "raw" else builtin.upload_request_cap(limits.max_bytes)
+    if (
+        endpoint.upload
+        and "limits.max_request_bytes" not in leaves
+        and limits.max_bytes
+    ):
+        cap = (
+            limits.max_bytes
+            if endpoint.body == "raw"
+            else builtin.upload_request_cap(limits.max_bytes)
+        )
         limits = attrs.evolve(limits, max_request_bytes=cap)
     enabled, enabled_by = merged.get("enabled", (False, "default"))
     reason = None if enabled else "disabled"
@@ -197,10 +235,17 @@ def resolve_base_dir(
     explicit: str | None, doc: PolicyDocument, environ: Mapping[str, str]
 ) -> str:
     """The path boundary: option, then policy, then environment, then default."""
-    raw = explicit or doc.base_dir or environ.get("ABX_SERVER_BASE_DIR") or builtin.DEFAULT_BASE_DIR
+    raw = (
+        explicit
+        or doc.base_dir
+        or environ.get("ABX_SERVER_BASE_DIR")
+        or builtin.DEFAULT_BASE_DIR
+    )
     resolved = os.path.realpath(os.path.abspath(raw))
     if resolved == "/" or resolved.split("/")[1] in ("proc", "sys", "dev"):
-        raise PolicyError(f"base_dir: {raw!r} cannot be the boundary (/, /proc, /sys, /dev)")
+        raise PolicyError(
+            f"base_dir: {raw!r} cannot be the boundary (/, /proc, /sys, /dev)"
+        )
     return resolved
 
 

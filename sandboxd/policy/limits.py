@@ -31,7 +31,9 @@ class RateLimiter:
         """
         now = self._clock.seconds()
         refill = per_minute / 60.0
-        tokens, stamp = self._buckets.get((identity, endpoint), (float(per_minute), now))
+        tokens, stamp = self._buckets.get(
+            (identity, endpoint), (float(per_minute), now)
+        )
         tokens = min(float(per_minute), tokens + (now - stamp) * refill)
         if tokens < 1.0:
             retry = max(1, math.ceil((1.0 - tokens) / refill)) if refill else 60

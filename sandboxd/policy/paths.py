@@ -117,7 +117,10 @@ def decide(rule: EffectiveRule, path: str, op: str = "read") -> PathDecision:
     if allow:
         if not any(matches(entry, target, rule.base_dir) for entry in allow):
             return PathDecision(
-                path, False, "path_not_allowed", rule.source("paths.allow") or "paths.allow"
+                path,
+                False,
+                "path_not_allowed",
+                rule.source("paths.allow") or "paths.allow",
             )
     elif not under(target, rule.base_dir):
         return PathDecision(path, False, "path_not_allowed", "guard:base_dir")
@@ -127,7 +130,9 @@ def decide(rule: EffectiveRule, path: str, op: str = "read") -> PathDecision:
     if op in ("write", "delete"):
         for entry in rule.paths.read_only:
             if matches(entry, target, rule.base_dir):
-                return PathDecision(path, False, "read_only", rule.source("paths.read_only"))
+                return PathDecision(
+                    path, False, "read_only", rule.source("paths.read_only")
+                )
         if op == "delete" and target == rule.base_dir:
             return PathDecision(path, False, "path_not_allowed", "guard:base_dir")
     return PathDecision(path, True)

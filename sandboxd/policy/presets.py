@@ -9,7 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-_NON_CORE = ("commands", "file_ops", "process", "terminal", "system", "dev_tools", "browser", "agents")
+_NON_CORE = (
+    "commands",
+    "file_ops",
+    "process",
+    "terminal",
+    "system",
+    "dev_tools",
+    "browser",
+    "agents",
+)
 
 _FILE_WRITES = (
     "upload",
@@ -32,22 +41,39 @@ PRESETS: dict[str, dict[str, Any]] = {
     "transfer-only": {
         "groups": {g: False for g in _NON_CORE if g != "file_ops"},
         "endpoints": _off(
-            "files_delete", "files_move", "files_search", "files_archive",
-            "files_extract", "files_watch",
+            "files_delete",
+            "files_move",
+            "files_search",
+            "files_archive",
+            "files_extract",
+            "files_watch",
         ),
     },
     "read-only": {
-        "groups": {"commands": False, "terminal": False, "browser": False, "agents": False},
+        "groups": {
+            "commands": False,
+            "terminal": False,
+            "browser": False,
+            "agents": False,
+        },
         "defaults": {"paths": {"read_only": ("/",)}},
         "endpoints": _off(
             *_FILE_WRITES,
-            "shell", "shell_stream", "process_start", "process_signal",
-            "process_stdin", "env_set", "code_run",
+            "shell",
+            "shell_stream",
+            "process_start",
+            "process_signal",
+            "process_stdin",
+            "env_set",
+            "code_run",
         ),
     },
     "hardened": {
         "defaults": {
-            "paths": {"symlinks": "deny", "deny": ("**/.git/**", "**/.ssh/**", "**/.env")},
+            "paths": {
+                "symlinks": "deny",
+                "deny": ("**/.git/**", "**/.ssh/**", "**/.env"),
+            },
             "limits": {"rate_per_minute": 600},
             "audit": "all",
         },

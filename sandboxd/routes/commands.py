@@ -23,13 +23,19 @@ def runs_on_reactor(func: Any) -> bool:
     if inspect.iscoroutinefunction(func):
         return True
     annotation = inspect.signature(func).return_annotation
-    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    text = (
+        annotation
+        if isinstance(annotation, str)
+        else getattr(annotation, "__name__", "")
+    )
     return "Deferred" in str(text) or "Deferred" in repr(annotation)
 
 
 def _may_run(request: ServerRequest, name: str, scopes: tuple[str, ...]) -> bool:
     identity = request.identity
-    if not (identity.has_scope("commands:run") or identity.has_scope(f"commands:run:{name}")):
+    if not (
+        identity.has_scope("commands:run") or identity.has_scope(f"commands:run:{name}")
+    ):
         return False
     return identity.missing(scopes) is None
 
@@ -51,7 +57,12 @@ def _unknown(request: ServerRequest, name: str) -> ApiError:
     available = ", ".join(
         c.name for c in sorted(registry, key=lambda c: c.name) if not c.hidden
     )
-    return ApiError(404, f"Unknown command '{name}'; available: {available}", "ValueError", "not_found")
+    return ApiError(
+        404,
+        f"Unknown command '{name}'; available: {available}",
+        "ValueError",
+        "not_found",
+    )
 
 
 async def run_command(request: ServerRequest) -> dict[str, Any]:
@@ -79,7 +90,9 @@ async def run_command(request: ServerRequest) -> dict[str, Any]:
         else:
             reactor = request.context.reactor
             # A plain function may block: run it in the thread pool.
-            result = await deferToThreadPool(reactor, reactor.getThreadPool(), func, **kwargs)
+            result = await deferToThreadPool(
+                reactor, reactor.getThreadPool(), func, **kwargs
+            )
         if inspect.iscoroutine(result):
             result = await ensureDeferred(result)
         elif isinstance(result, Deferred):
@@ -87,7 +100,9 @@ async def run_command(request: ServerRequest) -> dict[str, Any]:
     except ApiError:
         raise
     except Exception as e:
-        raise ApiError(500, str(e) or type(e).__name__, type(e).__name__, "internal") from e
+        raise ApiError(
+            500, str(e) or type(e).__name__, type(e).__name__, "internal"
+        ) from e
     return {"result": result}
 
 

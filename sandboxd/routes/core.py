@@ -7,7 +7,9 @@ from typing import Any
 from sandboxd import discovery, openapi
 from sandboxd.web.messages import ServerRequest, ServerResponse
 
-_HEALTH = ServerResponse(200, raw=b'{"status":"ok"}', headers={"content-type": "application/json"})
+_HEALTH = ServerResponse(
+    200, raw=b'{"status":"ok"}', headers={"content-type": "application/json"}
+)
 
 
 def health(request: ServerRequest) -> ServerResponse:

@@ -14,7 +14,12 @@ import inspect
 from collections.abc import AsyncIterable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from twisted.internet.defer import CancelledError, Deferred, ensureDeferred, maybeDeferred
+from twisted.internet.defer import (
+    CancelledError,
+    Deferred,
+    ensureDeferred,
+    maybeDeferred,
+)
 from twisted.internet.task import cooperate
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -81,7 +86,9 @@ def render(raw: SandboxRequest, request: ServerRequest, result: Any) -> Any:
     return None
 
 
-def render_failure(raw: SandboxRequest, request: ServerRequest, failure: Failure) -> None:
+def render_failure(
+    raw: SandboxRequest, request: ServerRequest, failure: Failure
+) -> None:
     """Turn a handler's exception into a JSON error (never a traceback)."""
     if failure.check(CancelledError) and (raw._disconnected or raw.finished):
         return
@@ -134,12 +141,16 @@ def _as_frame(channel: SSEChannel, item: Any) -> None:
     elif isinstance(item, tuple):
         channel.send(item[0], item[1])
     elif isinstance(item, dict):
-        channel.send(str(item.get("event", "message")), item.get("data"), item.get("id"))
+        channel.send(
+            str(item.get("event", "message")), item.get("data"), item.get("id")
+        )
     else:
         channel.send("message", item)
 
 
-def _stream_events(raw: SandboxRequest, request: ServerRequest, result: SSEResponse) -> Any:
+def _stream_events(
+    raw: SandboxRequest, request: ServerRequest, result: SSEResponse
+) -> Any:
     """Serve an SSE response; the concurrency slot is held until it ends."""
     channel = SSEChannel(raw, request.context.reactor, headers=result.headers)
     if result.start is not None:
@@ -148,6 +159,7 @@ def _stream_events(raw: SandboxRequest, request: ServerRequest, result: SSERespo
         return channel.done
     source = result.event_iterator
     if isinstance(source, AsyncIterable):
+
         async def pump() -> None:
             async for item in source:
                 if not channel.open:
@@ -178,5 +190,8 @@ def _stream_failed(channel: SSEChannel, failure: Failure) -> None:
         return
     log.failure("event stream failed", failure)
     error = failure.value
-    channel.send("error", {"error": str(error) or type(error).__name__, "type": type(error).__name__})
+    channel.send(
+        "error",
+        {"error": str(error) or type(error).__name__, "type": type(error).__name__},
+    )
     channel.close()

@@ -22,7 +22,12 @@ from sandboxd.errors import ApiError
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.web.target import invalid_path, parse_path, parse_query
 
-_LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
+_LOOPBACK_NAMES = (
+    "localhost",
+    "localhost.localdomain",
+    "ip6-localhost",
+    "ip6-loopback",
+)
 
 
 @attrs.define(eq=False)
@@ -66,7 +71,9 @@ def not_found(path: str) -> ApiError:
 
 def endpoint_disabled(endpoint: Endpoint, rule: EffectiveRule) -> ApiError:
     """404 ``endpoint_disabled`` naming the rule that switched it off."""
-    why = "is not implemented yet" if rule.reason == "not_implemented" else "is disabled"
+    why = (
+        "is not implemented yet" if rule.reason == "not_implemented" else "is disabled"
+    )
     return ApiError(
         404,
         f"endpoint {endpoint.id!r} {why}",
@@ -118,7 +125,9 @@ def is_loopback(name: str) -> bool:
         return False
 
 
-def _refuse(error: ApiError, path: str, raw_query: str, **known: object) -> PipelineRefusal:
+def _refuse(
+    error: ApiError, path: str, raw_query: str, **known: object
+) -> PipelineRefusal:
     return PipelineRefusal(Refusal(error, path, raw_query, **known))  # type: ignore[arg-type]
 
 
@@ -145,7 +154,12 @@ def admit(
     # 2. Route.
     if method not in HTTP_METHODS:
         raise _refuse(
-            ApiError(501, f"method {method} is not supported", "ValueError", "not_implemented"),
+            ApiError(
+                501,
+                f"method {method} is not supported",
+                "ValueError",
+                "not_implemented",
+            ),
             path,
             raw_query,
         )
@@ -193,14 +207,23 @@ def admit(
         slot = context.gate.acquire(endpoint.id, rule.limits.max_concurrency)
     except ApiError as e:
         if e.code in ("rate_limited", "concurrency_limited"):
-            e.extra.setdefault("rule", rule.source(
-                "limits.rate_per_minute" if e.code == "rate_limited" else "limits.max_concurrency"
-            ))
+            e.extra.setdefault(
+                "rule",
+                rule.source(
+                    "limits.rate_per_minute"
+                    if e.code == "rate_limited"
+                    else "limits.max_concurrency"
+                ),
+            )
         raise _refuse(e, path, raw_query, **known) from None
     for value in path_params.values():
         if "\x00" in value:
-            raise _refuse(invalid_path("NUL is not allowed in a path"), path, raw_query, **known)
-    return Admission(endpoint, path, path_params, query, raw_query, identity, rule, slot)
+            raise _refuse(
+                invalid_path("NUL is not allowed in a path"), path, raw_query, **known
+            )
+    return Admission(
+        endpoint, path, path_params, query, raw_query, identity, rule, slot
+    )
 
 
 def _check_headers(context: Context, headers: Mapping[bytes, list[bytes]]) -> None:
@@ -226,7 +249,9 @@ def _check_headers(context: Context, headers: Mapping[bytes, list[bytes]]) -> No
             )
     hosts = headers.get(b"host", [])
     if len(hosts) != 1 or not hosts[0].strip():
-        raise ApiError(400, "exactly one Host header is required", "ValueError", "invalid_param")
+        raise ApiError(
+            400, "exactly one Host header is required", "ValueError", "invalid_param"
+        )
     if policy.tokens.local_mode:
         name = host_name(hosts[0].decode("latin-1"))
         if not (

@@ -113,7 +113,9 @@ class SandboxRequest(Request):
         """Refuse an admitted request before its body: answer now and close."""
         assert self.admission is not None
         a = self.admission
-        self.refusal = Refusal(error, a.path, a.raw_query, a.endpoint, a.identity, a.rule)
+        self.refusal = Refusal(
+            error, a.path, a.raw_query, a.endpoint, a.identity, a.rule
+        )
         self._release()
         self.admission = None
         self._answer_early(self.refusal.error)
@@ -200,7 +202,10 @@ class SandboxRequest(Request):
     def _parse_body(self) -> dict[str, Any]:
         """Step 6: the JSON object of a POST/DELETE (``{}`` when empty)."""
         assert self.admission is not None
-        if self.method not in (b"POST", b"DELETE") or self.admission.endpoint.body != "json":
+        if (
+            self.method not in (b"POST", b"DELETE")
+            or self.admission.endpoint.body != "json"
+        ):
             return {}
         raw = self.content.getvalue()
         self.content = io.BytesIO()
@@ -209,9 +214,13 @@ class SandboxRequest(Request):
         try:
             body = json.loads(raw)
         except (UnicodeDecodeError, ValueError):
-            raise ApiError(400, "the body is not valid JSON", "ValueError", "invalid_json") from None
+            raise ApiError(
+                400, "the body is not valid JSON", "ValueError", "invalid_json"
+            ) from None
         if not isinstance(body, dict):
-            raise ApiError(400, "the body must be a JSON object", "ValueError", "invalid_json")
+            raise ApiError(
+                400, "the body must be a JSON object", "ValueError", "invalid_json"
+            )
         return body
 
     def server_request(self, body: dict[str, Any]) -> ServerRequest:
@@ -222,7 +231,10 @@ class SandboxRequest(Request):
             method=self.method_text,
             path=a.path,
             query=a.query,
-            headers={k.decode("latin-1"): v[-1].decode("latin-1") for k, v in self._headers_lc.items()},
+            headers={
+                k.decode("latin-1"): v[-1].decode("latin-1")
+                for k, v in self._headers_lc.items()
+            },
             body=body,
             path_params=a.path_params,
             identity=a.identity,
@@ -235,7 +247,9 @@ class SandboxRequest(Request):
 
     # -- responses --------------------------------------------------------
 
-    def respond_json(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+    def respond_json(
+        self, status: int, body: Any, headers: dict[str, str] | None = None
+    ) -> None:
         """Send a complete JSON response (no-op once the client has gone)."""
         if self._disconnected or self.finished:
             return
@@ -271,15 +285,27 @@ class SandboxRequest(Request):
         code = self.audit_code if self.finished else "client_closed"
         self._audit(status, code, self.audit_rule, self.sentLength)
 
-    def _audit(self, status: int, code: str | None, rule: str | None, bytes_out: int) -> None:
+    def _audit(
+        self, status: int, code: str | None, rule: str | None, bytes_out: int
+    ) -> None:
         """Step 8: one audit line, if the endpoint's ``audit`` mode wants it."""
         a = self.admission
         known = a or self.refusal
-        mode = known.rule.audit if known is not None and known.rule is not None else "deny"
+        mode = (
+            known.rule.audit if known is not None and known.rule is not None else "deny"
+        )
         if not should_record(mode, status):
             return
-        endpoint = known.endpoint.id if known is not None and known.endpoint is not None else None
-        identity = known.identity.id if known is not None and known.identity is not None else "-"
+        endpoint = (
+            known.endpoint.id
+            if known is not None and known.endpoint is not None
+            else None
+        )
+        identity = (
+            known.identity.id
+            if known is not None and known.identity is not None
+            else "-"
+        )
         self.context.audit.write(
             make_record(
                 identity=identity,

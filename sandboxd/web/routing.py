@@ -70,7 +70,9 @@ class Router:
             if endpoint.method != "WS":
                 self.root.add(endpoint.segments, endpoint)
 
-    def match(self, method: str, segments: tuple[str, ...]) -> tuple[Endpoint, dict[str, str]] | None:
+    def match(
+        self, method: str, segments: tuple[str, ...]
+    ) -> tuple[Endpoint, dict[str, str]] | None:
         """``(endpoint, path params)``, or None when nothing matches."""
         values: list[str] = []
         endpoint = self.root.find(segments, method, values)

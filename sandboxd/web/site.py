@@ -26,7 +26,9 @@ class SandboxSite(Site):
     displayTracebacks = False
 
     def __init__(self, context: Context, reactor: Any = None) -> None:
-        super().__init__(context.router.root, timeout=IDLE_TIMEOUT_SECONDS, reactor=reactor)
+        super().__init__(
+            context.router.root, timeout=IDLE_TIMEOUT_SECONDS, reactor=reactor
+        )
         self.context = context
 
     def log(self, request: Any) -> None:

@@ -106,7 +106,9 @@ class SSEChannel:
         """Call ``callback`` if the client leaves before the stream ends."""
         self._disconnect_callbacks.append(callback)
 
-    def register_producer(self, producer: Any, on_stop: Callable[[], None] | None = None) -> None:
+    def register_producer(
+        self, producer: Any, on_stop: Callable[[], None] | None = None
+    ) -> None:
         """
         Let a slow client pause ``producer`` (``pauseProducing``/``resumeProducing``).
 
