@@ -142,6 +142,33 @@ WATCH_IDLE_SECONDS = 60.0
 #: files_watch: concurrent distinct watches (each holds inotify watches).
 MAX_WATCHES = 64
 
+#: process: exited background processes kept listed (the most recent).
+PROCESS_HISTORY = 100
+
+#: process: after the command exits, how long its pipes may stay quiet
+#: before they are closed (a grandchild holding them must not hang a call),
+#: and the longest a chatty grandchild may keep them open.
+EXIT_DRAIN_SECONDS = 0.1
+EXIT_DRAIN_MAX_SECONDS = 2.0
+
+#: process: /shell/stream coalesces frames written within this window, or
+#: up to this many bytes, into one write.
+STREAM_FLUSH_SECONDS = 0.01
+STREAM_FLUSH_BYTES = 64 * KIB
+
+#: process: a /shell/stream line longer than this is sent in pieces.
+MAX_LINE_BYTES = 64 * KIB
+
+#: process: what one retained output event costs beyond its bytes (so a
+#: child printing one byte at a time cannot grow the log past its bound).
+EVENT_OVERHEAD_BYTES = 64
+
+#: process: how often adopted orphans (the daemon is their subreaper) are reaped.
+ORPHAN_REAP_SECONDS = 2.0
+
+#: process: bytes queued to a child's stdin pipe before process_stdin says 429.
+STDIN_PENDING_BYTES = 4 * MIB
+
 
 def endpoint_limits(endpoint_id: str, group: str) -> dict[str, Any]:
     """The built-in limits of one endpoint, before any policy layer."""
