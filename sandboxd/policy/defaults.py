@@ -109,6 +109,9 @@ WS_PING_TIMEOUT_SECONDS = 30.0
 #: How long a WebSocket opening handshake may take.
 WS_HANDSHAKE_SECONDS = 10.0
 
+#: How long a closing WebSocket may take before its connection is dropped.
+WS_CLOSE_SECONDS = 2.0
+
 #: Default audit mode when no layer sets one.
 DEFAULT_AUDIT = "deny"
 
