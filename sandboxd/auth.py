@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
@@ -132,7 +132,7 @@ class TokenStore:
         return found
 
 
-def presented_token(headers: Mapping[bytes, list[bytes]]) -> bytes | None:
+def presented_token(headers: Mapping[bytes, Sequence[bytes]]) -> bytes | None:
     """
     The token a request presents, or None.
 
@@ -156,7 +156,9 @@ def presented_token(headers: Mapping[bytes, list[bytes]]) -> bytes | None:
     return tokens.pop() if tokens else None
 
 
-def authenticate(store: TokenStore, headers: Mapping[bytes, list[bytes]]) -> Identity:
+def authenticate(
+    store: TokenStore, headers: Mapping[bytes, Sequence[bytes]]
+) -> Identity:
     """The caller's identity; raises the 401 or 400 of SPEC §4."""
     if store.local_mode:
         presented_token(headers)

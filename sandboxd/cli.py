@@ -71,7 +71,7 @@ class ReloadOptions(usage.Options):
 class Options(usage.Options):
     """``sandboxd COMMAND [options]``."""
 
-    subCommands = [
+    subCommands: list[list[Any]] = [
         ["serve", None, ServeOptions, "Run the daemon in the foreground."],
         ["healthcheck", None, HealthcheckOptions, "Exit 0 when /health answers ok."],
         [

@@ -40,6 +40,9 @@ class BytesProducer:
     def pauseProducing(self) -> None:
         pass
 
+    def resumeProducing(self) -> None:
+        pass
+
     def stopProducing(self) -> None:
         pass
 

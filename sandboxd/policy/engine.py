@@ -142,10 +142,10 @@ def collect_entries(
         "policy",
         {"groups": doc.groups, "defaults": doc.defaults, "endpoints": doc.endpoints},
     )
-    for group in enabled_groups_from_env(environ):
+    for name in enabled_groups_from_env(environ):
         b.add(
             "environment",
-            f"group:{group}",
+            f"group:{name}",
             {"enabled": True},
             "env:ABX_SERVER_ENABLED_GROUPS",
         )

@@ -128,7 +128,8 @@ def _stream_body(raw: SandboxRequest, result: StreamResponse) -> Deferred[Any]:
     def failed(failure: Failure) -> None:
         if not raw._disconnected and not raw.finished:
             log.failure("streamed body failed", failure)
-            raw.channel.transport.abortConnection()
+            transport: Any = raw.channel.transport
+            transport.abortConnection()
 
     return d.addCallbacks(done, failed)
 

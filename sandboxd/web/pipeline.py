@@ -11,7 +11,7 @@ client will see.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -135,7 +135,7 @@ def admit(
     context: Context,
     method: str,
     raw_target: bytes,
-    headers: Mapping[bytes, list[bytes]],
+    headers: Mapping[bytes, Sequence[bytes]],
 ) -> Admission:
     """
     Run steps 1–5 for one request.
@@ -226,7 +226,7 @@ def admit(
     )
 
 
-def _check_headers(context: Context, headers: Mapping[bytes, list[bytes]]) -> None:
+def _check_headers(context: Context, headers: Mapping[bytes, Sequence[bytes]]) -> None:
     """Step 5's header checks: Transfer-Encoding, Origin, Host."""
     if headers.get(b"transfer-encoding"):
         raise ApiError(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from twisted.logger import Logger
@@ -66,7 +67,8 @@ class SandboxRequest(Request):
     audit_code: str | None = None
     audit_rule: str | None = None
     method_text = ""
-    _headers_lc: dict[bytes, list[bytes]] = {}
+    _headers_lc: Mapping[bytes, Sequence[bytes]] = {}
+    body_buffer: io.BytesIO
 
     client_host = ""
     _context: Context | None = None
@@ -75,7 +77,7 @@ class SandboxRequest(Request):
     def context(self) -> Context:
         """The daemon's shared state (kept: the channel goes once finished)."""
         if self._context is None:
-            self._context = self.channel.site.context
+            self._context = _site(self).context
         return self._context
 
     # -- header time ------------------------------------------------------
@@ -83,9 +85,9 @@ class SandboxRequest(Request):
     def gotLength(self, length: int | None) -> None:
         """Run SPEC §3 steps 1–5 before reading the body."""
         self.started = time.monotonic()
-        self.content = io.BytesIO()
+        self.body_buffer = self.content = io.BytesIO()
         channel = self.channel
-        self._context = channel.site.context
+        self._context = _site(self).context
         peer = channel.transport.getPeer() if channel.transport is not None else None
         self.client_host = getattr(peer, "host", "") or ""
         method = self.method_text = channel._command.decode("latin-1")
@@ -140,6 +142,7 @@ class SandboxRequest(Request):
             *(f"{k}: {v}" for k, v in error.headers.items()),
         ]
         transport = self.channel.transport
+        assert transport is not None
         transport.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
         self._audit(error.status, error.code, error.extra.get("rule"), len(body))
         transport.loseConnection()
@@ -162,7 +165,7 @@ class SandboxRequest(Request):
                 self.body_error = e
                 self._abort_sink()
             return
-        self.content.write(data)
+        self.body_buffer.write(data)
 
     def _abort_sink(self) -> None:
         if self.sink is not None:
@@ -175,7 +178,7 @@ class SandboxRequest(Request):
         """Answer a refusal, or parse the body and run the handler (steps 6–8)."""
         if self.answered_early:
             return
-        self.site = self.channel.site
+        self.site = _site(self)
         self.setHeader(b"date", datetimeToString())
         if self.admission is None:
             refusal = self.refusal
@@ -207,8 +210,8 @@ class SandboxRequest(Request):
             or self.admission.endpoint.body != "json"
         ):
             return {}
-        raw = self.content.getvalue()
-        self.content = io.BytesIO()
+        raw = self.body_buffer.getvalue()
+        self.body_buffer = self.content = io.BytesIO()
         if not raw.strip():
             return {}
         try:
@@ -322,6 +325,11 @@ class SandboxRequest(Request):
                 client=self.client_host,
             )
         )
+
+
+def _site(request: Request) -> Any:
+    """The channel's site (set by ``Site.buildProtocol``, untyped in Twisted)."""
+    return request.channel.site  # type: ignore[attr-defined]
 
 
 def _reason(status: int) -> str:
