@@ -173,6 +173,43 @@ ORPHAN_REAP_SECONDS = 2.0
 STDIN_PENDING_BYTES = 4 * MIB
 
 
+#: dev_tools: the longest ``code`` /code/run passes as one argv string
+#: (the kernel's MAX_ARG_STRLEN is 128 KiB including the NUL).
+CODE_MAX_BYTES = 128 * KIB - 1
+
+#: browser: how long the worker may take to start Playwright and Chromium.
+BROWSER_START_TIMEOUT_SECONDS = 30.0
+
+#: browser: the daemon's watchdog on one call, beyond the call's own timeout;
+#: past it the worker is presumed stuck (a page spinning in JS) and killed.
+BROWSER_WATCHDOG_SLACK_SECONDS = 5.0
+
+#: browser: per-call timeouts (milliseconds) when the request names none.
+BROWSER_TIMEOUTS_MS: dict[str, int] = {
+    "navigate": 30000,
+    "screenshot": 30000,
+    "content": 30000,
+    "click": 5000,
+    "type": 5000,
+    "evaluate": 10000,
+    "pdf": 30000,
+    "console": 5000,
+}
+
+#: browser: the largest timeout a request may ask for (milliseconds), unless
+#: the endpoint's ``limits.timeout_seconds`` says otherwise.
+BROWSER_MAX_TIMEOUT_MS = 300000
+
+#: browser: one JSON line from the worker (a full-page screenshot in base64).
+BROWSER_MAX_MESSAGE_BYTES = 64 * MIB
+
+#: browser: calls waiting for the one shared page before 429.
+BROWSER_QUEUE_MAX = 16
+
+#: browser: the worker's stderr kept for error messages after a crash.
+BROWSER_STDERR_TAIL_BYTES = 8 * KIB
+
+
 def endpoint_limits(endpoint_id: str, group: str) -> dict[str, Any]:
     """The built-in limits of one endpoint, before any policy layer."""
     out = dict(GLOBAL_LIMITS)
