@@ -154,9 +154,50 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
                 rule=rule.source("scopes") or f"endpoint:{endpoint_id}",
                 reason="missing_scope",
             )
+    params = body.get("params")
+    if params is not None and not isinstance(params, dict):
+        raise ApiError(400, "'params' must be an object", "ValueError", "invalid_param")
+    if out["allowed"] and params:
+        refusal = check_params(rule, params)
+        if refusal is not None:
+            out.update(allowed=False, reason="param_not_allowed", **refusal)
     decisions = [decide(rule, p, op or default_op(endpoint)) for p in paths]
     out["paths"] = [d.as_json() for d in decisions]
     if out["allowed"] and any(not d.allowed for d in decisions):
         first = next(d for d in decisions if not d.allowed)
         out.update(allowed=False, code=first.code, rule=first.rule, reason=first.code)
     return out
+
+
+def check_params(rule: EffectiveRule, params: dict[str, Any]) -> dict[str, Any] | None:
+    """
+    Decide the parameter rules a hypothetical call would meet.
+
+    Understands ``command`` (and ``shell``), ``language`` and ``signal``;
+    returns ``{code, rule, param}`` for the first refusal, or None.
+    """
+    from sandboxd.children import command_argv
+
+    if "command" in params:
+        try:
+            command_argv(
+                {"command": params["command"], "shell": params.get("shell")}, rule
+            )
+        except ApiError as e:
+            return {"code": e.code, "rule": e.extra.get("rule"), "param": "command"}
+    language = params.get("language")
+    if language is not None and language not in rule.params.languages:
+        return {
+            "code": "param_not_allowed",
+            "rule": rule.source("params.languages") or "default:params.languages",
+            "param": "language",
+        }
+    signal = params.get("signal")
+    if signal is not None and signal not in rule.params.allowed_signals:
+        return {
+            "code": "signal_not_allowed",
+            "rule": rule.source("params.allowed_signals")
+            or "default:params.allowed_signals",
+            "param": "signal",
+        }
+    return None

@@ -230,3 +230,44 @@ class AuditTests(DaemonTestCase):
         self.assertNotIn("audit-secret", text)
         self.assertNotIn("wrong", text)
         self.assertNotIn("abc", text)
+
+
+class CheckParamsTests(DaemonTestCase):
+    """/capabilities/check decides parameter rules too."""
+
+    policy = {"endpoints": {"shell": {"params": {"deny_commands": ["rm"]}}}}
+
+    @inlineCallbacks
+    def test_command_refused(self) -> Any:
+        """A denied command is refused with its rule, an allowed one is not."""
+        reply = yield self.request(
+            "POST",
+            "/capabilities/check",
+            {"endpoint": "shell", "params": {"command": "rm -rf x"}},
+        )
+        body = reply.json()
+        if body.get("code") == "endpoint_disabled":
+            self.skipTest("shell is not built yet")
+        self.assertEqual(
+            (body["allowed"], body["code"], body["rule"]),
+            (False, "param_not_allowed", "policy:endpoints.shell"),
+        )
+        reply = yield self.request(
+            "POST",
+            "/capabilities/check",
+            {"endpoint": "shell", "params": {"command": "ls"}},
+        )
+        self.assertTrue(reply.json()["allowed"])
+
+    @inlineCallbacks
+    def test_signal_refused(self) -> Any:
+        """A signal outside allowed_signals is signal_not_allowed."""
+        reply = yield self.request(
+            "POST",
+            "/capabilities/check",
+            {"endpoint": "process_signal", "params": {"signal": 1}},
+        )
+        body = reply.json()
+        if body.get("code") == "endpoint_disabled":
+            self.skipTest("process_signal is not built yet")
+        self.assertEqual(body["code"], "signal_not_allowed")

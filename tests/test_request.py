@@ -1,0 +1,146 @@
+"""
+Parser-level tests of the pipeline: raw bytes fed to the real HTTPChannel of
+a :class:`SandboxSite` over a StringTransport, on a memory reactor.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd.audit import AuditLog
+from sandboxd.commands import CommandRegistry
+from sandboxd.context import Context
+from sandboxd.endpoints import CapabilityGroup, builtin_table
+from sandboxd.policy import load_policy
+from sandboxd.web.messages import SSEResponse
+from sandboxd.web.site import SandboxSite
+
+
+def make_site(
+    policy: Any = None, environ: dict[str, str] | None = None
+) -> tuple[SandboxSite, MemoryReactorClock, list[Any]]:
+    """A site on a memory reactor with one extra streaming route."""
+    reactor = MemoryReactorClock()
+    table = builtin_table()
+    channels: list[Any] = []
+
+    @table.route(
+        "GET", "/events", group=CapabilityGroup.COMMANDS, streaming=True, name="events"
+    )
+    def events(request: Any) -> SSEResponse:
+        def start(channel: Any) -> None:
+            channels.append(channel)
+            channel.send("hello", {"n": 1}, id=1)
+
+        return SSEResponse(start=start)
+
+    context = Context(
+        reactor=reactor,
+        table=table,
+        policy=load_policy(
+            table, explicit=policy or {}, base_dir="/tmp", environ=environ or {}
+        ),
+        registry=CommandRegistry(),
+        audit=AuditLog(),
+    )
+    return SandboxSite(context, reactor=reactor), reactor, channels
+
+
+def connect(site: SandboxSite) -> tuple[Any, StringTransport]:
+    protocol = site.buildProtocol(None)
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    return protocol, transport
+
+
+class BodyCapTests(SynchronousTestCase):
+    """The body cap acts as bytes arrive, never after buffering them."""
+
+    def test_declared_length_refused_before_body(self) -> None:
+        """Content-Length over max_request_bytes: 413 and close, with no body byte read."""
+        site, _, _ = make_site()
+        protocol, transport = connect(site)
+        protocol.dataReceived(
+            b"POST /capabilities/check HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Length: 300000000\r\n\r\n"
+        )
+        self.assertTrue(transport.value().startswith(b"HTTP/1.1 413 "))
+        self.assertTrue(transport.disconnecting)
+        body = transport.value().split(b"\r\n\r\n", 1)[1]
+        self.assertEqual(json.loads(body)["code"], "payload_too_large")
+
+    def test_policy_cap(self) -> None:
+        """A policy's max_request_bytes is the cap."""
+        site, _, _ = make_site(
+            {"endpoints": {"capabilities_check": {"limits": {"max_request_bytes": 10}}}}
+        )
+        protocol, transport = connect(site)
+        protocol.dataReceived(
+            b"POST /capabilities/check HTTP/1.1\r\nHost: localhost\r\nContent-Length: 11\r\n\r\n"
+        )
+        self.assertIn(b" 413 ", transport.value())
+
+    def test_small_body_parsed(self) -> None:
+        """A body under the cap reaches the handler as JSON, in pieces or whole."""
+        site, _, _ = make_site()
+        protocol, transport = connect(site)
+        body = json.dumps({"endpoint": "health"}).encode()
+        protocol.dataReceived(
+            b"POST /capabilities/check HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+        )
+        for i in range(len(body)):
+            protocol.dataReceived(body[i : i + 1])
+        self.assertIn(b"HTTP/1.1 200 OK", transport.value())
+        self.assertIn(b'"allowed":true', transport.value())
+
+    def test_refused_before_body_when_unauthenticated(self) -> None:
+        """With a token, an unauthenticated 1 MB upload is answered at the headers."""
+        site, _, _ = make_site(environ={"ABX_SERVER_TOKEN": "t"})
+        protocol, transport = connect(site)
+        protocol.dataReceived(
+            b"POST /capabilities/check HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n"
+        )
+        self.assertTrue(transport.value().startswith(b"HTTP/1.1 401 "))
+        self.assertTrue(transport.disconnecting)
+
+
+class SSETests(SynchronousTestCase):
+    """SSE framing, heartbeats and disconnects on a memory reactor."""
+
+    def test_frames_and_heartbeat(self) -> None:
+        """Events are written as they happen; 15 s of silence sends a keep-alive comment."""
+        site, clock, channels = make_site()
+        protocol, transport = connect(site)
+        protocol.dataReceived(b"GET /events HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        out = transport.value()
+        self.assertIn(b"text/event-stream", out)
+        self.assertIn(b'id: 1\nevent: hello\ndata: {"n":1}\n\n', out)
+        transport.clear()
+        clock.advance(15)
+        self.assertIn(b": keep-alive\n\n", transport.value())
+        channels[0].close()
+        self.assertTrue(channels[0].done.called)
+
+    def test_disconnect_runs_callbacks_and_frees_slot(self) -> None:
+        """A client that leaves fires on_disconnect and frees its concurrency slot."""
+        site, clock, channels = make_site(
+            {"endpoints": {"events": {"limits": {"max_concurrency": 1}}}}
+        )
+        protocol, transport = connect(site)
+        protocol.dataReceived(b"GET /events HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        gone: list[bool] = []
+        channels[0].on_disconnect(lambda: gone.append(True))
+        self.assertEqual(site.context.gate.in_flight("events"), 1)
+        from twisted.internet.error import ConnectionLost
+        from twisted.python.failure import Failure
+
+        protocol.connectionLost(Failure(ConnectionLost()))
+        self.assertEqual(gone, [True])
+        self.assertEqual(site.context.gate.in_flight("events"), 0)
+        clock.advance(30)
+        self.assertFalse(channels[0].open)
