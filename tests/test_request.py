@@ -131,7 +131,7 @@ class SSETests(SynchronousTestCase):
         site, clock, channels = make_site(
             {"endpoints": {"events": {"limits": {"max_concurrency": 1}}}}
         )
-        protocol, transport = connect(site)
+        protocol, _ = connect(site)
         protocol.dataReceived(b"GET /events HTTP/1.1\r\nHost: localhost\r\n\r\n")
         gone: list[bool] = []
         channels[0].on_disconnect(lambda: gone.append(True))
