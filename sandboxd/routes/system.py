@@ -1,7 +1,383 @@
-"""Handlers of the `system` group (not built yet: reported as not implemented)."""
+"""
+The ``system`` group (SPEC §7.6, §11.3): machine facts, the environment
+later children inherit, listening ports, installed packages, live metrics.
+
+The facts themselves come from :mod:`sandboxd.sysinfo`; this module turns
+them into responses and enforces the environment rules: redaction on
+``GET /env``, protection on ``POST /env``.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import platform
+import time
+from collections.abc import Mapping
 from typing import Any
 
-HANDLERS: dict[str, Any] = {}
+from twisted.internet.threads import deferToThreadPool
+
+from sandboxd import children, sysinfo
+from sandboxd.errors import ApiError, bad_request, forbidden, internal
+from sandboxd.policy import defaults
+from sandboxd.web.messages import ServerRequest
+
+#: Substrings that mark a variable as a secret (any case): never returned.
+REDACTED_MARKERS = ("TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL")
+
+#: Variables ``POST /env`` never changes: the ones every child depends on
+#: to find programs and itself, and the server's legacy token.
+PROTECTED_VARIABLES = frozenset({"PATH", "HOME", "USER", "SHELL", "ABX_SERVER_TOKEN"})
+
+#: The server's own configuration; never shown, never set.
+SERVER_PREFIX = "ABX_SERVER_"
+
+PACKAGE_MANAGERS = ("pip", "npm")
+
+
+# --- /system/info and /system/metrics ----------------------------------------
+
+
+def _mib(n: int) -> int:
+    return n // sysinfo.MIB
+
+
+def _gib(n: int) -> float:
+    return round(n / sysinfo.GIB, 2)
+
+
+def system_info(request: ServerRequest) -> dict[str, Any]:
+    """
+    ``GET /system/info``: OS, CPUs, memory, disk of the base dir, Python.
+
+    Memory and CPU are the container's (cgroup limits) when it has them;
+    ``memory_source`` and ``cpu_source`` say which was reported, and
+    ``cpu_limit`` carries a fractional CPU quota.  Sizes are MiB and GiB.
+    """
+    cgroup = sysinfo.Cgroup.find()
+    memory = sysinfo.memory(cgroup)
+    cpu = sysinfo.cpu(cgroup)
+    disk = sysinfo.disk(request.context.base_dir)
+    return {
+        "os": platform.system(),
+        "arch": platform.machine(),
+        "cpu_count": cpu.count,
+        "memory_total_mb": _mib(memory.total),
+        "memory_available_mb": _mib(memory.available),
+        "disk_total_gb": _gib(disk.total),
+        "disk_free_gb": _gib(disk.free),
+        "python_version": platform.python_version(),
+        "hostname": request.context.hostname,
+        "memory_source": memory.source,
+        "cpu_source": cpu.source,
+        "cpu_limit": cpu.limit,
+    }
+
+
+def system_metrics(request: ServerRequest) -> dict[str, Any]:
+    """
+    ``GET /system/metrics``: load, memory and disk use now.
+
+    The load averages are the kernel's (a container shares its host's);
+    memory is the container's when it has a limit (``memory_source``);
+    ``uptime_seconds`` counts from the daemon's start, as in the seed.
+    """
+    load1, load5, load15 = os.getloadavg()
+    memory = sysinfo.memory()
+    disk = sysinfo.disk(request.context.base_dir)
+    return {
+        "cpu_load_1m": round(load1, 2),
+        "cpu_load_5m": round(load5, 2),
+        "cpu_load_15m": round(load15, 2),
+        "memory_used_mb": _mib(memory.used),
+        "memory_total_mb": _mib(memory.total),
+        "memory_percent": memory.percent,
+        "disk_used_gb": _gib(disk.used),
+        "disk_total_gb": _gib(disk.total),
+        "disk_percent": disk.percent,
+        "uptime_seconds": round(time.time() - request.context.started_at, 1),
+        "memory_source": memory.source,
+    }
+
+
+# --- /env -------------------------------------------------------------------
+
+
+def _secret_names(request: ServerRequest) -> frozenset[str]:
+    """The server's own secret names (legacy token, every ``token_env``)."""
+    return frozenset(request.context.policy.secret_env_names())
+
+
+def is_redacted(name: str, secrets: frozenset[str] = frozenset()) -> bool:
+    """Whether ``GET /env`` hides ``name``."""
+    upper = name.upper()
+    return (
+        any(marker in upper for marker in REDACTED_MARKERS)
+        or name in secrets
+        or name.startswith(SERVER_PREFIX)
+    )
+
+
+def env_get(request: ServerRequest) -> dict[str, Any]:
+    """
+    ``GET /env?filter=A,B``: the environment later children inherit.
+
+    Secrets are never returned: names holding TOKEN, SECRET, KEY, PASSWORD
+    or CREDENTIAL (any case), the server's own ``ABX_SERVER_*`` and
+    ``token_env`` names, and the rule's ``env_deny`` names.
+    """
+    hidden = _secret_names(request) | frozenset(request.rule.params.env_deny)
+    wanted: set[str] | None = None
+    raw = request.arg("filter")
+    if raw is not None:
+        wanted = {name.strip() for name in raw.split(",") if name.strip()}
+    variables = {
+        name: value
+        for name, value in sorted(os.environ.items())
+        if (wanted is None or name in wanted) and not is_redacted(name, hidden)
+    }
+    return {"variables": variables}
+
+
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str) or not name:
+        raise bad_request("a variable name must be a non-empty string")
+    if "=" in name or "\x00" in name:
+        raise bad_request(
+            f"invalid variable name {name!r}: '=' and NUL are not allowed"
+        )
+    _encodable(name, f"invalid variable name {name!r}")
+    return name
+
+
+def _check_value(name: str, value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise bad_request(f"the value of {name!r} must be a string")
+    text = str(value)
+    if "\x00" in text:
+        raise bad_request(f"the value of {name!r} must not contain NUL")
+    _encodable(text, f"the value of {name!r} cannot be encoded")
+    return text
+
+
+def _encodable(text: str, message: str) -> None:
+    # os.environ encodes with surrogateescape: a lone surrogate from JSON
+    # ("\ud800") would fail there, after other names were already set.
+    try:
+        os.fsencode(text)
+    except UnicodeError:
+        raise bad_request(message) from None
+
+
+def _protection(request: ServerRequest, name: str) -> str | None:
+    """The rule that protects ``name`` from ``POST /env``, or None."""
+    params = request.rule.params
+    if name in PROTECTED_VARIABLES or name.startswith(SERVER_PREFIX):
+        return "default:protected_variables"
+    if name in _secret_names(request):
+        return "policy:auth.tokens"
+    if name in params.deny_vars:
+        return request.rule.source("params.deny_vars") or "policy:params.deny_vars"
+    if params.allow_vars is not None and name not in params.allow_vars:
+        return request.rule.source("params.allow_vars") or "policy:params.allow_vars"
+    return None
+
+
+def env_set(request: ServerRequest) -> dict[str, Any]:
+    """
+    ``POST /env {"vars": {...}}``: set variables that later children
+    inherit (the daemon's own helpers start from the boot environment).
+
+    All or nothing: every name and value is checked before any is set.
+
+    :raises ApiError: 400 ``invalid_param`` for a body that is not an
+        object of names, a bad name or value; 403 ``protected_variable``
+        naming the rule for a protected or disallowed name.
+    """
+    updates = request.body.get("vars")
+    if not isinstance(updates, dict):
+        raise bad_request("'vars' must be an object of names to string values")
+    checked: dict[str, str] = {}
+    for name, value in updates.items():
+        checked[_check_name(name)] = _check_value(name, value)
+    for name in sorted(checked):
+        rule = _protection(request, name)
+        if rule is not None:
+            raise forbidden(
+                f"the variable {name!r} is protected",
+                "protected_variable",
+                rule=rule,
+                variable=name,
+            )
+    os.environ.update(checked)
+    return {"updated": sorted(checked)}
+
+
+# --- /ports -----------------------------------------------------------------
+
+
+async def ports(request: ServerRequest) -> dict[str, Any]:
+    """
+    ``GET /ports``: listening TCP sockets, IPv4 and IPv6, with the owning
+    pid where its fds are readable (else null).  The /proc walk runs in
+    the thread pool.
+    """
+    reactor = request.context.reactor
+    found = await deferToThreadPool(reactor, reactor.getThreadPool(), sysinfo.listening)
+    return {"listening": [entry.as_json() for entry in found]}
+
+
+# --- /packages --------------------------------------------------------------
+
+
+def _helper_environment(request: ServerRequest) -> dict[str, str]:
+    """
+    The environment of a package listing: the daemon's boot environment
+    (so ``POST /env`` cannot steer it), without secrets, with the tools'
+    self-update checks and prompts off.
+    """
+    env = children.child_environment(
+        request.context, request.rule, base=children.BOOT_ENVIRON
+    )
+    env.update(
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        PIP_NO_INPUT="1",
+        NO_UPDATE_NOTIFIER="1",
+        npm_config_update_notifier="false",
+        npm_config_fund="false",
+    )
+    return env
+
+
+def package_argv(manager: str, env: Mapping[str, str]) -> list[str] | None:
+    """
+    The listing command of ``manager``, or None when the tool is missing.
+
+    pip runs under the first ``python3`` on the sandbox's PATH, the
+    interpreter a user's ``pip install`` changes, not the daemon's own.
+    """
+    if manager == "pip":
+        python = children.find_executable("python3", env)
+        return [python, "-m", "pip", "list", "--format=json"] if python else None
+    npm = children.find_executable("npm", env)
+    return [npm, "ls", "-g", "--json", "--depth=0"] if npm else None
+
+
+def parse_packages(manager: str, stdout: bytes) -> list[dict[str, str]] | None:
+    """``[{"name", "version"}]`` sorted by name, or None for unreadable output."""
+    try:
+        data = json.loads(stdout.decode("utf-8", errors="replace") or "null")
+    except ValueError:
+        return None
+    out: list[dict[str, str]] = []
+    if manager == "pip":
+        if not isinstance(data, list):
+            return None
+        for item in data:
+            if isinstance(item, dict) and "name" in item:
+                out.append(
+                    {"name": str(item["name"]), "version": str(item.get("version", ""))}
+                )
+    else:
+        if not isinstance(data, dict):
+            return None
+        deps = data.get("dependencies") or {}
+        if not isinstance(deps, dict):
+            return None
+        for name, info in deps.items():
+            version = info.get("version", "") if isinstance(info, dict) else ""
+            out.append({"name": str(name), "version": str(version or "")})
+    out.sort(key=lambda p: p["name"].lower())
+    return out
+
+
+async def packages(request: ServerRequest) -> dict[str, Any]:
+    """
+    ``GET /packages?manager=pip|npm``: installed packages, listed by a
+    child bounded by ``limits.timeout_seconds`` and ``max_output_bytes``.
+
+    A missing tool (no ``python3``/``npm`` on PATH, or a python without
+    pip) is an empty list.  ``interpreter`` names the program that
+    answered (null when none did).
+
+    :raises ApiError: 400 for another manager; 500 TimeoutError past the
+        time limit; 500 for output that is cut off or unreadable.
+    """
+    from sandboxd import processes
+
+    manager = request.arg("manager", "pip") or "pip"
+    if manager not in PACKAGE_MANAGERS:
+        known = ", ".join(PACKAGE_MANAGERS)
+        raise bad_request(f"unknown package manager {manager!r}; use one of: {known}")
+    env = _helper_environment(request)
+    argv = package_argv(manager, env)
+    empty: dict[str, Any] = {"manager": manager, "packages": [], "interpreter": None}
+    if argv is None:
+        return empty
+    limits = request.rule.limits
+    timeout = limits.timeout_seconds
+    cap = (
+        limits.max_output_bytes
+        or defaults.ENDPOINT_LIMITS["packages"]["max_output_bytes"]
+    )
+    try:
+        result = await processes.run_collect(
+            request.context.reactor,
+            argv,
+            env=env,
+            # Never a user-writable cwd: ``python -m`` puts it on sys.path.
+            cwd="/",
+            timeout=timeout,
+            max_output_bytes=cap,
+            run_as=_helper_user(request),
+        )
+    except FileNotFoundError:
+        return empty
+    if result.timed_out:
+        raise ApiError(
+            500,
+            f"{manager} did not answer within {timeout} seconds",
+            "TimeoutError",
+            "internal",
+            limit="timeout_seconds",
+            rule=request.rule.source("limits.timeout_seconds")
+            or "default:limits.timeout_seconds",
+        )
+    if result.truncated:
+        raise ApiError(
+            500,
+            f"the {manager} listing exceeded {cap} bytes",
+            "ResourceError",
+            "internal",
+            limit="max_output_bytes",
+            rule=request.rule.source("limits.max_output_bytes")
+            or "default:limits.max_output_bytes",
+        )
+    found = parse_packages(manager, result.stdout)
+    if found is None:
+        if manager == "pip" and b"No module named pip" in result.stderr:
+            return {**empty, "interpreter": argv[0]}
+        tail = result.stderr.decode("utf-8", errors="replace").strip()[-300:]
+        raise internal(f"{manager} failed (exit {result.exit_code}): {tail}")
+    return {"manager": manager, "packages": found, "interpreter": argv[0]}
+
+
+def _helper_user(request: ServerRequest) -> Any:
+    """
+    A root daemon lists packages as ``params.default_user`` (if set), so a
+    tool a user dropped on PATH never runs as root.
+    """
+    if os.geteuid() != 0 or request.rule.params.default_user is None:
+        return None
+    return children.resolve_user(None, request.rule)
+
+
+HANDLERS = {
+    "system_info": system_info,
+    "env_get": env_get,
+    "env_set": env_set,
+    "ports": ports,
+    "packages": packages,
+    "system_metrics": system_metrics,
+}
