@@ -1,0 +1,594 @@
+"""
+Terminal sessions (SPEC §7.5, §8): a shell on a pseudo-terminal, its
+scrollback, and the clients watching it.
+
+A session outlives its WebSockets.  Output is decoded once, framed once and
+fanned out to every attached client; it is also kept in a bounded ring so
+a client that reconnects can replay what it missed.  A client whose socket
+backs up pauses the PTY (so the shell blocks in ``write`` rather than the
+daemon growing memory) and is dropped if it stays behind for too long.
+"""
+
+from __future__ import annotations
+
+import codecs
+import fcntl
+import json
+import os
+import pty
+import signal
+import struct
+import termios
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import attrs
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import ProcessProtocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from sandboxd.children import RunAs, descendants, exit_code, signal_tree
+from sandboxd.policy.defaults import (
+    KILL_GRACE_SECONDS,
+    PTY_FRAME_BYTES,
+    PTY_MAX_CLIENTS,
+    PTY_SCROLLBACK_BYTES,
+    PTY_SLOW_CLIENT_SECONDS,
+)
+
+log = Logger(namespace="sandboxd.pty")
+
+#: Signals a client may send to the terminal's foreground job (SPEC §8).
+CLIENT_SIGNALS = {
+    "SIGINT": signal.SIGINT,
+    "SIGTERM": signal.SIGTERM,
+    "SIGKILL": signal.SIGKILL,
+    "SIGHUP": signal.SIGHUP,
+    "SIGQUIT": signal.SIGQUIT,
+}
+
+#: The largest window a terminal accepts (``struct winsize`` holds shorts).
+MAX_DIMENSION = 65535
+
+#: A read this large suggests the PTY holds more; worth draining at once.
+_FULL_READ = 4096
+
+
+class Client(Protocol):
+    """What a session needs from an attached client (a WebSocket)."""
+
+    def send_frame(self, frame: bytes) -> None:
+        """Send one ready-made JSON text frame."""
+
+    def session_ended(self, frame: bytes) -> None:
+        """Send the ``exited`` frame, then close normally."""
+
+    def pause_input(self) -> None:
+        """Stop reading input: the terminal cannot take more yet."""
+
+    def resume_input(self) -> None:
+        """Read input again."""
+
+    def drop_slow(self) -> None:
+        """Close a client that left output unread for too long."""
+
+
+def event_frame(event: str, **fields: Any) -> bytes:
+    """A ``{"type": "event"}`` frame, encoded."""
+    return json.dumps({"type": "event", "event": event, **fields}).encode()
+
+
+def output_frame(text: str, offset: int) -> bytes:
+    """An ``{"type": "output"}`` frame: ``offset`` bytes of output came before it."""
+    return json.dumps(
+        {"type": "output", "data": text, "offset": offset}, ensure_ascii=False
+    ).encode()
+
+
+def set_window_size(fd: int, cols: int, rows: int) -> None:
+    """
+    Size the terminal behind ``fd``.  When the size changes, the kernel
+    sends SIGWINCH to the terminal's foreground process group itself.
+    """
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+@attrs.define(eq=False)
+class Scrollback:
+    """
+    The last ``limit`` bytes of a session's output, addressed by absolute
+    byte offsets (bytes of output since the session started).
+    """
+
+    limit: int = PTY_SCROLLBACK_BYTES
+    data: bytearray = attrs.Factory(bytearray)
+    #: the absolute offset of ``data[0]``.
+    start: int = 0
+
+    @property
+    def end(self) -> int:
+        """Bytes of output so far."""
+        return self.start + len(self.data)
+
+    def append(self, chunk: bytes) -> None:
+        """Keep ``chunk``, forgetting the oldest bytes beyond the limit."""
+        self.data += chunk
+        over = len(self.data) - self.limit
+        if over > 0:
+            # Deleting from a bytearray's front only moves its start pointer.
+            del self.data[:over]
+            self.start += over
+
+    def since(self, offset: int | None, upto: int) -> tuple[int, bytes]:
+        """
+        What followed ``offset`` (everything kept when None or forgotten),
+        up to ``upto``, starting on a character boundary.
+
+        :returns: ``(absolute offset of the first byte, bytes)``.
+        """
+        upto = min(upto, self.end)
+        begin = (
+            self.start if offset is None or offset < self.start else min(offset, upto)
+        )
+        chunk = bytes(self.data[begin - self.start : upto - self.start])
+        skip = 0
+        # Trimming can cut a character: its continuation bytes would only
+        # decode to replacement characters.
+        while skip < min(3, len(chunk)) and 0x80 <= chunk[skip] < 0xC0:
+            skip += 1
+        return begin + skip, chunk[skip:]
+
+
+@implementer(IPushProducer)
+class _InputThrottle:
+    """
+    Registered with the PTY transport: when the shell stops reading input,
+    every client stops being read, so pasted input never piles up here.
+    """
+
+    def __init__(self, session: PtySession) -> None:
+        self.session = session
+        self.paused = False
+
+    def pauseProducing(self) -> None:
+        self.paused = True
+        for client in list(self.session.clients):
+            client.pause_input()
+
+    def resumeProducing(self) -> None:
+        self.paused = False
+        for client in list(self.session.clients):
+            client.resume_input()
+
+    def stopProducing(self) -> None:
+        self.paused = False
+
+
+class _ShellProtocol(ProcessProtocol):
+    """Forwards the shell's events to its session."""
+
+    def __init__(self, session: PtySession) -> None:
+        self.session = session
+
+    def childDataReceived(self, childFD: int, data: bytes) -> None:
+        self.session.output(data)
+
+    def processExited(self, reason: Failure) -> None:
+        self.session.shell_exited(reason)
+
+    def processEnded(self, reason: Failure) -> None:
+        self.session.shell_ended(reason)
+
+
+@attrs.define(eq=False)
+class PtySession:
+    """
+    One shell on one PTY, and the clients attached to it.
+
+    :ivar owner: the identity that created it (only it, or ``*``, may attach).
+    :ivar emitted: bytes of output decoded and sent so far (a character
+        boundary; a split multi-byte character waits in the decoder).
+    """
+
+    id: str
+    owner: str
+    clock: Any
+    cols: int
+    rows: int
+    idle_timeout: float | None = None
+    scrollback: Scrollback = attrs.Factory(Scrollback)
+    max_clients: int = PTY_MAX_CLIENTS
+    frame_bytes: int = PTY_FRAME_BYTES
+    slow_client_seconds: float = PTY_SLOW_CLIENT_SECONDS
+    kill_grace: float = KILL_GRACE_SECONDS
+    created_at: float = attrs.Factory(time.time)
+    pid: int = 0
+    transport: Any = None
+    clients: list[Client] = attrs.Factory(list)
+    exit_code: int | None = None
+    alive: bool = True
+    ended: bool = False
+    emitted: int = 0
+    last_activity: float = 0.0
+    _decoder: Any = attrs.Factory(
+        lambda: codecs.getincrementaldecoder("utf-8")("replace")
+    )
+    _paused: dict[Client, Any] = attrs.Factory(dict)
+    _throttle: _InputThrottle | None = None
+    _waiters: list[Deferred[None]] = attrs.Factory(list)
+    _idle_timer: Any = None
+    _kill_timer: Any = None
+    _closing: bool = False
+
+    # -- starting -------------------------------------------------------------
+
+    def protocol(self) -> _ShellProtocol:
+        """The process protocol to spawn the shell with."""
+        return _ShellProtocol(self)
+
+    def started(self, transport: Any) -> None:
+        """The shell is running on ``transport``."""
+        self.transport = transport
+        self.pid = transport.pid
+        self._throttle = _InputThrottle(self)
+        transport.registerProducer(self._throttle, True)
+        self.touch()
+
+    # -- output ---------------------------------------------------------------
+
+    def output(self, data: bytes) -> None:
+        """
+        Output from the shell: kept, decoded once, framed once, sent to all.
+
+        A full read means the PTY likely holds more, so the rest is drained
+        now (up to one frame) instead of one small frame per reactor turn.
+        """
+        if len(data) >= _FULL_READ and self.transport is not None:
+            data = self._drain(data)
+        self.last_activity = self.clock.seconds()
+        self.scrollback.append(data)
+        text = self._decoder.decode(data)
+        if not text:
+            return
+        start = self.emitted
+        self.emitted = self.scrollback.end - len(self._decoder.getstate()[0])
+        if self.clients:
+            frame = output_frame(text, start)
+            for client in list(self.clients):
+                client.send_frame(frame)
+
+    def _drain(self, data: bytes) -> bytes:
+        try:
+            fd = self.transport.fileno()
+        except Exception:
+            return data
+        parts = [data]
+        size = len(data)
+        while size < self.frame_bytes:
+            try:
+                more = os.read(fd, self.frame_bytes - size)
+            except OSError:
+                # EAGAIN: drained.  EIO: the shell is gone; Twisted's next
+                # read sees it too and ends the process.
+                break
+            if not more:
+                break
+            parts.append(more)
+            size += len(more)
+        return b"".join(parts) if len(parts) > 1 else data
+
+    # -- clients --------------------------------------------------------------
+
+    def attach(self, client: Client, offset: int | None = None) -> bool:
+        """
+        Add a client: ``started``, then the scrollback (all of it, or what
+        followed ``offset`` when still kept), then live output.
+
+        :returns: False when the session already has its maximum of clients.
+        """
+        if len(self.clients) >= self.max_clients:
+            return False
+        client.send_frame(event_frame("started", session_id=self.id, pid=self.pid))
+        begin, kept = self.scrollback.since(offset, self.emitted)
+        if kept:
+            client.send_frame(output_frame(kept.decode("utf-8", "replace"), begin))
+        if self.ended:
+            client.session_ended(self._exited_frame())
+            return True
+        self.clients.append(client)
+        if self._throttle is not None and self._throttle.paused:
+            client.pause_input()
+        self.touch()
+        return True
+
+    def detach(self, client: Client) -> None:
+        """A client went away; the session lives on."""
+        if client in self.clients:
+            self.clients.remove(client)
+        self.resume(client)
+        if not self.clients:
+            self.touch()
+
+    def pause(self, client: Client) -> None:
+        """``client``'s socket is full: pause the PTY until it drains."""
+        if client in self._paused or client not in self.clients:
+            return
+        self._paused[client] = self.clock.callLater(
+            self.slow_client_seconds, self._too_slow, client
+        )
+        if len(self._paused) == 1 and self.transport is not None and not self.ended:
+            self.transport.pauseProducing()
+
+    def resume(self, client: Client) -> None:
+        """``client``'s socket drained; resume the PTY if nobody else lags."""
+        timer = self._paused.pop(client, None)
+        if timer is None:
+            return
+        if timer.active():
+            timer.cancel()
+        if not self._paused and self.transport is not None and not self.ended:
+            self.transport.resumeProducing()
+
+    def _too_slow(self, client: Client) -> None:
+        self._paused.pop(client, None)
+        self.detach(client)
+        client.drop_slow()
+
+    # -- input and control ----------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        """Keystrokes or pasted text for the shell."""
+        if self.alive and self.transport is not None and data:
+            self.last_activity = self.clock.seconds()
+            self.transport.write(data)
+
+    def resize(self, cols: int, rows: int) -> None:
+        """Resize the window (TIOCSWINSZ; the kernel sends SIGWINCH)."""
+        if self.alive and self.transport is not None:
+            set_window_size(self.transport.fileno(), cols, rows)
+        self.cols, self.rows = cols, rows
+
+    def send_signal(self, name: str) -> bool:
+        """
+        Signal the terminal's foreground process group, as a keyboard would
+        (the shell itself when nothing runs).  Unknown names are ignored.
+        """
+        number = CLIENT_SIGNALS.get(name)
+        if number is None or not self.alive or self.transport is None:
+            return False
+        try:
+            group = os.tcgetpgrp(self.transport.fileno())
+        except OSError:
+            group = self.pid
+        try:
+            os.killpg(group, number)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    def describe(self) -> dict[str, Any]:
+        """The JSON of SPEC §7.5."""
+        return {
+            "id": self.id,
+            "pid": self.pid,
+            "created_at": self.created_at,
+            "cols": self.cols,
+            "rows": self.rows,
+            "alive": self.alive,
+            "clients": len(self.clients),
+        }
+
+    # -- idle -----------------------------------------------------------------
+
+    def touch(self) -> None:
+        """Note activity, and make sure the idle check is scheduled."""
+        self.last_activity = self.clock.seconds()
+        if self.idle_timeout and self._idle_timer is None and not self.ended:
+            self._idle_timer = self.clock.callLater(self.idle_timeout, self._idle_check)
+
+    def _idle_check(self) -> None:
+        self._idle_timer = None
+        if self.ended or not self.idle_timeout:
+            return
+        quiet = self.clock.seconds() - self.last_activity
+        if not self.clients and quiet >= self.idle_timeout:
+            log.info(
+                "sandboxd: terminal {id} idle for {s:.0f} s, closing",
+                id=self.id,
+                s=quiet,
+            )
+            self.close()
+            return
+        wait = self.idle_timeout - quiet if not self.clients else self.idle_timeout
+        self._idle_timer = self.clock.callLater(max(wait, 1.0), self._idle_check)
+
+    # -- ending ---------------------------------------------------------------
+
+    def close(self) -> Deferred[None]:
+        """
+        End the whole session (hang up the shell and every job it started,
+        KILL after a grace period); fires once the shell has ended.
+        """
+        if self.ended:
+            return succeed(None)
+        d: Deferred[None] = Deferred()
+        self._waiters.append(d)
+        self._terminate()
+        return d
+
+    def _terminate(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        if self.pid:
+            for sig in (signal.SIGHUP, signal.SIGCONT, signal.SIGTERM):
+                signal_tree(self.pid, sig)
+        if self._kill_timer is None:
+            self._kill_timer = self.clock.callLater(self.kill_grace, self._kill)
+
+    def _kill(self) -> None:
+        self._kill_timer = None
+        if self.pid:
+            signal_tree(self.pid, signal.SIGKILL)
+        if self.transport is not None and not self.ended:
+            # A process outside the session may hold the terminal open.
+            self.transport.loseConnection()
+
+    def shell_exited(self, reason: Failure) -> None:
+        """The shell was reaped: end what it left behind in its session."""
+        self.alive = False
+        self.exit_code = exit_code(reason)
+        self._terminate()
+
+    def shell_ended(self, reason: Failure) -> None:
+        """Shell reaped and terminal drained: tell every client, clean up."""
+        self.alive = False
+        self.ended = True
+        if self.exit_code is None:
+            self.exit_code = exit_code(reason)
+        tail = self._decoder.decode(b"", final=True)
+        if tail and self.clients:
+            frame = output_frame(tail, self.emitted)
+            for client in list(self.clients):
+                client.send_frame(frame)
+        self.emitted = self.scrollback.end
+        if self.pid and descendants(self.pid):
+            signal_tree(self.pid, signal.SIGKILL)
+        for timer in (self._kill_timer, self._idle_timer, *self._paused.values()):
+            if timer is not None and timer.active():
+                timer.cancel()
+        self._kill_timer = self._idle_timer = None
+        self._paused.clear()
+        frame = self._exited_frame()
+        clients, self.clients = self.clients, []
+        for client in clients:
+            client.session_ended(frame)
+        waiters, self._waiters = self._waiters, []
+        for d in waiters:
+            d.callback(None)
+
+    def _exited_frame(self) -> bytes:
+        return event_frame("exited", session_id=self.id, exit_code=self.exit_code)
+
+
+@attrs.define
+class SpawnRequest:
+    """Everything needed to start a shell on a PTY."""
+
+    executable: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    cols: int
+    rows: int
+    run_as: RunAs | None = None
+
+
+def new_session_id() -> str:
+    """An unguessable session id."""
+    return uuid.uuid4().hex
+
+
+def spawn_shell(reactor: Any, session: PtySession, spec: SpawnRequest) -> None:
+    """
+    Start the shell on a PTY sized before it runs (no first-read race),
+    in its own session with the PTY as its controlling terminal.
+
+    :raises OSError: the PTY could not be opened or the fork failed.
+    """
+    master, slave = pty.openpty()
+    try:
+        set_window_size(master, spec.cols, spec.rows)
+        uid = gid = None
+        if spec.run_as is not None:
+            uid, gid = spec.run_as.uid, spec.run_as.gid
+            os.fchown(slave, uid, -1)
+        transport = reactor.spawnProcess(
+            session.protocol(),
+            spec.executable,
+            spec.argv,
+            env=spec.env,
+            path=spec.cwd,
+            uid=uid,
+            gid=gid,
+            usePTY=(master, slave, os.ttyname(slave)),
+        )
+    except BaseException:
+        # Twisted closes neither end of a PTY it was handed when it fails.
+        for fd in (master, slave):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        raise
+    session.started(transport)
+
+
+class TooManySessions(Exception):
+    """The session table is full."""
+
+
+@attrs.define(eq=False)
+class TerminalTable:
+    """
+    Every terminal session of the daemon, by id.
+
+    Dead sessions stay (so a late client still learns the exit code) until
+    the next listing or creation reaps them; the cap counts live ones.
+    """
+
+    reactor: Any
+    sessions: dict[str, PtySession] = attrs.Factory(dict)
+
+    def reap(self) -> None:
+        """Forget sessions whose shell has ended."""
+        for sid in [sid for sid, s in self.sessions.items() if s.ended]:
+            del self.sessions[sid]
+
+    def get(self, session_id: str) -> PtySession | None:
+        """The session, or None."""
+        return self.sessions.get(session_id)
+
+    def create(
+        self,
+        owner: str,
+        spec: SpawnRequest,
+        max_sessions: int,
+        idle_timeout: float | None,
+        spawn: Callable[[Any, PtySession, SpawnRequest], None] = spawn_shell,
+    ) -> PtySession:
+        """
+        Start a shell and keep its session.
+
+        :raises TooManySessions: ``max_sessions`` shells already run.
+        :raises OSError: the PTY or the fork failed.
+        """
+        self.reap()
+        if len(self.sessions) >= max_sessions:
+            raise TooManySessions(max_sessions)
+        session = PtySession(
+            id=new_session_id(),
+            owner=owner,
+            clock=self.reactor,
+            cols=spec.cols,
+            rows=spec.rows,
+            idle_timeout=idle_timeout,
+        )
+        spawn(self.reactor, session, spec)
+        self.sessions[session.id] = session
+        return session
+
+    def close(self, session_id: str) -> Deferred[None] | None:
+        """End a session and forget it; None when unknown."""
+        session = self.sessions.pop(session_id, None)
+        return session.close() if session is not None else None
+
+    def close_all(self) -> list[Deferred[None]]:
+        """End every session (daemon shutdown)."""
+        sessions, self.sessions = list(self.sessions.values()), {}
+        return [s.close() for s in sessions]

@@ -1,0 +1,331 @@
+"""
+The PTY WebSocket (SPEC §8): ``ws://HOST:PTY_PORT/pty?session_id=ID``.
+
+Autobahn does the framing; this module decides who may connect (the same
+tokens, scope, Origin and Host rules as the HTTP port, checked during the
+handshake so a refusal is a plain HTTP status), and bridges one socket to
+one :class:`~sandboxd.pty.PtySession` with flow control both ways.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from autobahn.websocket.types import ConnectionDeny
+from twisted.internet.interfaces import IPushProducer
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from sandboxd.auth import Identity, authenticate, presented_token
+from sandboxd.errors import ApiError
+from sandboxd.policy.defaults import (
+    PTY_MAX_CONNECTIONS,
+    WS_CLOSE_SECONDS,
+    WS_HANDSHAKE_SECONDS,
+    WS_PING_SECONDS,
+    WS_PING_TIMEOUT_SECONDS,
+)
+from sandboxd.pty import MAX_DIMENSION, PtySession, TerminalTable
+from sandboxd.web.pipeline import host_name, is_loopback
+
+log = Logger(namespace="sandboxd.ws")
+
+#: Close codes (RFC 6455 §7.4.1) and the seed's reasons.
+POLICY_VIOLATION = 1008
+GOING_AWAY = 1001
+NORMAL = 1000
+#: Application code for a client dropped for leaving output unread.
+SLOW_CLIENT = 4008
+
+WS_PATH = "/pty"
+
+
+def dimension(value: Any) -> int | None:
+    """A window dimension (a positive integer a ``winsize`` holds), or None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 1 <= value <= MAX_DIMENSION else None
+
+
+@implementer(IPushProducer)
+class _OutputLink:
+    """
+    Registered with the socket's transport in place of the PTY: a full
+    socket pauses the session (for everyone), a drained one resumes it, and
+    a lost one only detaches (the PTY itself is never handed to a socket).
+    """
+
+    def __init__(self, protocol: PtyServerProtocol) -> None:
+        self.protocol = protocol
+
+    def pauseProducing(self) -> None:
+        if self.protocol.session is not None:
+            self.protocol.session.pause(self.protocol)
+
+    def resumeProducing(self) -> None:
+        if self.protocol.session is not None:
+            self.protocol.session.resume(self.protocol)
+
+    def stopProducing(self) -> None:
+        self.protocol.detach()
+
+
+class PtyServerProtocol(WebSocketServerProtocol):
+    """One client of one terminal session."""
+
+    factory: PtyServerFactory
+    session: PtySession | None = None
+    identity: Identity | None = None
+    session_id: str | None = None
+    offset: int | None = None
+    _input_paused = False
+    _abort_timer: Any = None
+
+    # -- handshake ------------------------------------------------------------
+
+    def onConnect(self, request: Any) -> None:
+        """
+        Admit or refuse the upgrade with an HTTP status (SPEC §4, §8).
+
+        :raises ConnectionDeny: 404 wrong path or endpoint disabled, 403
+            origin, host or scope, 401 credentials, 400 ambiguous query.
+        """
+        context = self.factory.context
+        if request.path.rstrip("/") != WS_PATH:
+            raise ConnectionDeny(404, f"Not found: {request.path}")
+        rule = context.policy.rules["pty_connect"]
+        if not rule.enabled:
+            raise ConnectionDeny(404, "endpoint pty_connect is disabled")
+        headers = request.headers
+        self._check_origin_and_host(headers)
+        params = request.params
+        self.identity = self._authenticate(headers, params)
+        missing = self.identity.missing(rule.scopes)
+        if missing is not None:
+            raise ConnectionDeny(403, f"missing scope {missing}")
+        ids = [v for v in params.get("session_id", []) if v]
+        if len(set(ids)) > 1:
+            raise ConnectionDeny(400, "duplicate parameter session_id")
+        self.session_id = ids[0] if ids else None
+        offsets = params.get("offset", [])
+        if len(offsets) == 1 and offsets[0].isdigit():
+            self.offset = int(offsets[0])
+        limit = rule.limits.max_message_bytes
+        if limit:
+            self.maxMessagePayloadSize = limit
+            self.maxFramePayloadSize = limit
+
+    def _check_origin_and_host(self, headers: dict[str, str]) -> None:
+        # Checked here rather than with autobahn's allowedOrigins so that a
+        # reloaded policy applies to the next handshake.
+        policy = self.factory.context.policy
+        origin = headers.get("origin")
+        if origin is not None and origin.strip() not in policy.document.allowed_origins:
+            raise ConnectionDeny(
+                403, f"the browser origin {origin.strip()!r} is not allowed"
+            )
+        if policy.tokens.local_mode:
+            name = host_name(headers.get("host", ""))
+            allowed = {h.lower() for h in policy.document.allowed_hosts}
+            if not (
+                is_loopback(name)
+                or name == self.factory.context.hostname.lower()
+                or name in allowed
+            ):
+                raise ConnectionDeny(
+                    403, f"the Host {name!r} is not allowed without a token"
+                )
+
+    def _authenticate(
+        self, headers: dict[str, str], params: dict[str, list[str]]
+    ) -> Identity:
+        raw: dict[bytes, list[bytes]] = {
+            k.encode("latin-1"): [v.encode("latin-1", "replace")]
+            for k, v in headers.items()
+        }
+        try:
+            queried = {v.encode("utf-8") for v in params.get("access_token", []) if v}
+            if len(queried) > 1:
+                raise ApiError(
+                    400, "ambiguous credentials", "AuthError", "ambiguous_credentials"
+                )
+            if queried:
+                token = queried.pop()
+                shown = presented_token(raw)
+                if shown is not None and shown != token:
+                    raise ApiError(
+                        400,
+                        "ambiguous credentials",
+                        "AuthError",
+                        "ambiguous_credentials",
+                    )
+                raw[b"x-access-token"] = [token]
+            return authenticate(self.factory.context.policy.tokens, raw)
+        except ApiError as e:
+            raise ConnectionDeny(e.status, e.message) from None
+
+    # -- session --------------------------------------------------------------
+
+    def onOpen(self) -> None:
+        """Attach, or close 1008 with the seed's reasons."""
+        if not self.session_id:
+            self.close_with(POLICY_VIOLATION, "Missing session_id parameter")
+            return
+        session = self.factory.terminals.get(self.session_id)
+        identity = self.identity
+        if session is None or identity is None or not _may_attach(identity, session):
+            # The same answer whether it does not exist or is someone else's.
+            self.close_with(POLICY_VIOLATION, f"Unknown session: {self.session_id}")
+            return
+        self.session = session
+        self.factory.clients.add(self)
+        self.transport.registerProducer(_OutputLink(self), True)
+        if not session.attach(self, self.offset):
+            self.session = None
+            self.close_with(POLICY_VIOLATION, "Too many clients on this session")
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        """Input, resize and signal messages; anything else is dropped."""
+        session = self.session
+        if isBinary or session is None:
+            return
+        try:
+            message = json.loads(payload)
+        except ValueError:
+            return
+        if not isinstance(message, dict):
+            return
+        kind = message.get("type")
+        if kind == "input":
+            data = message.get("data")
+            if isinstance(data, str):
+                session.write(data.encode("utf-8", "surrogatepass"))
+        elif kind == "resize":
+            cols, rows = dimension(message.get("cols")), dimension(message.get("rows"))
+            if cols is not None and rows is not None:
+                session.resize(cols, rows)
+        elif kind == "signal":
+            name = message.get("signal")
+            if isinstance(name, str):
+                session.send_signal(name)
+
+    def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
+        """The socket is gone; the session lives on."""
+        self.factory.clients.discard(self)
+        if self._abort_timer is not None and self._abort_timer.active():
+            self._abort_timer.cancel()
+        self._abort_timer = None
+        self.detach()
+
+    def detach(self) -> None:
+        """Leave the session (idempotent)."""
+        session, self.session = self.session, None
+        if session is not None:
+            session.detach(self)
+
+    # -- what the session calls -----------------------------------------------
+
+    def send_frame(self, frame: bytes) -> None:
+        """One JSON text frame."""
+        if self.state == self.STATE_OPEN:
+            self.sendMessage(frame, isBinary=False)
+
+    def session_ended(self, frame: bytes) -> None:
+        """The shell ended: ``exited``, then a normal close."""
+        self.session = None
+        self.send_frame(frame)
+        self.close_with(NORMAL, "Session ended")
+
+    def pause_input(self) -> None:
+        """The shell is not reading: stop reading this socket."""
+        if not self._input_paused and self.transport is not None:
+            self._input_paused = True
+            self.transport.pauseProducing()
+
+    def resume_input(self) -> None:
+        """The shell reads again."""
+        if self._input_paused and self.transport is not None:
+            self._input_paused = False
+            self.transport.resumeProducing()
+
+    def drop_slow(self) -> None:
+        """Output went unread too long: close with :data:`SLOW_CLIENT`."""
+        self.session = None
+        self.close_with(SLOW_CLIENT, "Client too slow: reconnect with offset to resume")
+        self._hang_up()
+
+    def _hang_up(self) -> None:
+        # Flush what is buffered (the close frame) and close; a client that
+        # does not read would keep that pending forever, so abort after a
+        # grace period.
+        if self.transport is None:
+            return
+        self.transport.loseConnection()
+        if self._abort_timer is None:
+            self._abort_timer = self.factory.reactor.callLater(
+                WS_CLOSE_SECONDS, self._abort
+            )
+
+    def close_with(self, code: int, reason: str) -> None:
+        """
+        Close with any code: ``sendClose`` refuses 1001/1008, which the
+        protocol needs, so send the frame directly.
+        """
+        if self.state == self.STATE_OPEN:
+            self.sendCloseFrame(code=code, reasonUtf8=reason.encode("utf-8")[:123])
+
+    def _abort(self) -> None:
+        self._abort_timer = None
+        if self.transport is not None:
+            self.transport.abortConnection()
+
+
+def _may_attach(identity: Identity, session: PtySession) -> bool:
+    return identity.id == session.owner or "*" in identity.scopes
+
+
+class PtyServerFactory(WebSocketServerFactory):
+    """
+    The factory behind the PTY port, with autobahn's unsafe defaults
+    replaced: bounded frames and messages, keep-alive pings, no compression
+    (terminal output is small and latency-bound; deflating it costs more
+    than it saves), a cap on connections.
+    """
+
+    protocol = PtyServerProtocol
+
+    def __init__(
+        self,
+        context: Any,
+        terminals: TerminalTable,
+        reactor: Any = None,
+        timers: bool = True,
+        max_message_bytes: int | None = None,
+    ) -> None:
+        super().__init__(reactor=reactor)
+        self.context = context
+        self.terminals = terminals
+        self.clients: set[PtyServerProtocol] = set()
+        limit = max_message_bytes or 0
+        self.setProtocolOptions(
+            maxFramePayloadSize=limit,
+            maxMessagePayloadSize=limit,
+            maxConnections=PTY_MAX_CONNECTIONS,
+            allowNullOrigin=False,
+            autoPingInterval=WS_PING_SECONDS if timers else 0,
+            autoPingTimeout=WS_PING_TIMEOUT_SECONDS if timers else 0,
+            openHandshakeTimeout=WS_HANDSHAKE_SECONDS if timers else 0,
+            closeHandshakeTimeout=WS_CLOSE_SECONDS if timers else 0,
+            failByDrop=False,
+        )
+        # Off: with Nagle on, a keystroke's echo can wait for an ACK.
+        self.setProtocolOptions(tcpNoDelay=True)
+
+    def close_all(self, reason: str = "Server shutting down") -> None:
+        """Detach and close every client with 1001 (daemon shutdown)."""
+        for client in list(self.clients):
+            client.detach()
+            client.close_with(GOING_AWAY, reason)
+            client._hang_up()
