@@ -18,7 +18,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.utils import getProcessOutput
 from twisted.trial.unittest import SkipTest
 
-from sandboxd import children
+from sandboxd import children, sysinfo
 from tests.helpers import DaemonTestCase
 
 INFO_FIELDS = {
@@ -99,6 +99,36 @@ class InfoTests(DaemonTestCase):
         self.assertIn(info["cpu_source"], ("cgroup", "affinity", "host"))
         if info["cpu_limit"] is not None:
             self.assertGreater(info["cpu_limit"], 0)
+
+    @inlineCallbacks
+    def test_container_limits_reported(self) -> Any:
+        """Under a 512 MiB, half-CPU cgroup, info and metrics report the container."""
+        root = os.path.realpath(self.mktemp())
+        group_dir = os.path.join(root, "sys/fs/cgroup/box")
+        os.makedirs(group_dir)
+        os.makedirs(os.path.join(root, "proc/self"))
+        files = {
+            "proc/self/cgroup": "0::/box\n",
+            "proc/self/mountinfo": "30 1 0:30 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
+            "sys/fs/cgroup/box/memory.max": f"{512 * 1024 * 1024}\n",
+            "sys/fs/cgroup/box/memory.current": f"{128 * 1024 * 1024}\n",
+            "sys/fs/cgroup/box/cpu.max": "50000 100000\n",
+        }
+        for rel, text in files.items():
+            with open(os.path.join(root, rel), "w") as f:
+                f.write(text)
+        group = sysinfo.Cgroup.find(root)
+        self.patch(sysinfo.Cgroup, "find", classmethod(lambda cls, root="/": group))
+        info = (yield self.request("GET", "/system/info")).json()
+        self.assertEqual(info["memory_total_mb"], 512)
+        self.assertLessEqual(info["memory_available_mb"], 384)
+        self.assertEqual(info["memory_source"], "cgroup")
+        self.assertEqual((info["cpu_count"], info["cpu_limit"]), (1, 0.5))
+        self.assertEqual(info["cpu_source"], "cgroup")
+        metrics = (yield self.request("GET", "/system/metrics")).json()
+        self.assertEqual(metrics["memory_total_mb"], 512)
+        self.assertEqual(metrics["memory_used_mb"], 128)
+        self.assertEqual(metrics["memory_percent"], 25.0)
 
     @inlineCallbacks
     def test_disk_is_the_base_dir(self) -> Any:
