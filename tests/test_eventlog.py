@@ -1,0 +1,151 @@
+"""
+The stream contract of SPEC §9: ordered seqs, bounded retention, gap,
+resume with no loss and no repeat, and a slow follower that never makes
+memory grow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd.errors import ApiError
+from sandboxd.eventlog import EventLog, Follower, resume_point
+
+
+class FakeChannel:
+    """Just enough of SSEChannel to watch what a follower writes."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+        self.open = True
+        self.done: Deferred[None] = Deferred()
+        self.producer: Any = None
+        self.disconnect: list[Any] = []
+
+    def send(self, event: str, data: Any, id: int | None = None) -> None:
+        self.frames.append(f"{event}:{data}".encode())
+
+    def write_raw(self, data: bytes) -> None:
+        self.frames.append(data)
+
+    def register_producer(self, producer: Any, on_stop: Any = None) -> None:
+        self.producer = producer
+
+    def on_disconnect(self, callback: Any) -> None:
+        self.disconnect.append(callback)
+
+    def close(self) -> None:
+        self.open = False
+        self.done.callback(None)
+
+    def ids(self) -> list[int]:
+        return [
+            int(f.split(b"\n")[0][4:]) for f in self.frames if f.startswith(b"id: ")
+        ]
+
+
+class EventLogTests(SynchronousTestCase):
+    """Retention and paging."""
+
+    def test_seq_and_since(self) -> None:
+        """seq starts at 1; since(N) returns seq > N in order."""
+        log = EventLog(1000)
+        for i in range(5):
+            log.append("stdout", {"data": str(i)})
+        gap, events = log.since(2)
+        self.assertIsNone(gap)
+        self.assertEqual([e.seq for e in events], [3, 4, 5])
+
+    def test_bounded_with_gap(self) -> None:
+        """Old events go first; asking for dropped ones reports the gap."""
+        log = EventLog(100)
+        for i in range(50):
+            log.append("stdout", {"data": "x" * 10, "i": i})
+        self.assertLessEqual(log.retained_bytes, 100)
+        self.assertGreater(log.dropped_bytes, 0)
+        gap, events = log.since(0)
+        assert gap is not None
+        self.assertEqual(gap, (1, events[0].seq - 1))
+        self.assertEqual(events[-1].seq, 50)
+
+    def test_newest_always_kept(self) -> None:
+        """A single event larger than the bound is still kept (the exit survives)."""
+        log = EventLog(10)
+        log.append("stdout", {"data": "y" * 100})
+        log.append("exit", {"exit_code": 0})
+        self.assertEqual([e.event for e in log.since(0)[1]], ["exit"])
+
+    def test_resume_point(self) -> None:
+        """after wins over Last-Event-ID; junk is a 400."""
+        self.assertEqual(resume_point({"after": "7"}, {"last-event-id": "3"}), 7)
+        self.assertEqual(resume_point({}, {"last-event-id": "3"}), 3)
+        self.assertEqual(resume_point({}, {}), 0)
+        with self.assertRaises(ApiError):
+            resume_point({"after": "x"}, {})
+        with self.assertRaises(ApiError):
+            resume_point({"after": "-1"}, {})
+
+
+class FollowerTests(SynchronousTestCase):
+    """A follower serves replay then live events, exactly once each."""
+
+    def test_replay_then_live_then_close(self) -> None:
+        """Events after the resume point, then live ones, then the stream ends at close."""
+        log = EventLog(10_000)
+        for i in range(3):
+            log.append("stdout", {"i": i})
+        channel = FakeChannel()
+        Follower(log, channel, after=1)  # type: ignore[arg-type]
+        log.append("stdout", {"i": 3})
+        log.append("exit", {"exit_code": 0})
+        log.close()
+        self.assertEqual(channel.ids(), [2, 3, 4, 5])
+        self.assertFalse(channel.open)
+
+    def test_finished_log_replays_and_ends(self) -> None:
+        """Following a closed log sends what is kept and ends at once."""
+        log = EventLog(10_000)
+        log.append("exit", {"exit_code": 3})
+        log.close()
+        channel = FakeChannel()
+        Follower(log, channel, after=0)  # type: ignore[arg-type]
+        self.assertEqual(channel.ids(), [1])
+        self.assertFalse(channel.open)
+
+    def test_paused_follower_catches_up_without_repeats(self) -> None:
+        """While paused nothing is written; on resume it catches up from the log, in order."""
+        log = EventLog(10_000)
+        channel = FakeChannel()
+        follower = Follower(log, channel, after=0)  # type: ignore[arg-type]
+        log.append("stdout", {"i": 1})
+        follower.pauseProducing()
+        for i in range(2, 6):
+            log.append("stdout", {"i": i})
+        self.assertEqual(channel.ids(), [1])
+        follower.resumeProducing()
+        self.assertEqual(channel.ids(), [1, 2, 3, 4, 5])
+
+    def test_paused_past_retention_gets_gap(self) -> None:
+        """A follower paused while events were dropped resumes with a gap event."""
+        log = EventLog(60)
+        channel = FakeChannel()
+        follower = Follower(log, channel, after=0)  # type: ignore[arg-type]
+        follower.pauseProducing()
+        for i in range(20):
+            log.append("stdout", {"i": i})
+        follower.resumeProducing()
+        self.assertTrue(any(f.startswith(b"gap:") for f in channel.frames))
+        self.assertEqual(channel.ids()[-1], 20)
+
+    def test_disconnect_unsubscribes(self) -> None:
+        """After the client goes, new events are not written anywhere."""
+        log = EventLog(10_000)
+        channel = FakeChannel()
+        Follower(log, channel, after=0)  # type: ignore[arg-type]
+        for callback in channel.disconnect:
+            callback()
+        log.append("stdout", {"i": 1})
+        self.assertEqual(channel.frames, [])
