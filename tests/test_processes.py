@@ -1,0 +1,340 @@
+"""
+The process machinery (:mod:`sandboxd.processes`): head-and-tail caps, the
+one ProcessProtocol, tree kills, and :func:`run_collect` with real children.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import (
+    CancelledError,
+    Deferred,
+    ensureDeferred,
+    inlineCallbacks,
+)
+from twisted.internet.task import Clock, deferLater
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+
+from sandboxd import processes
+from sandboxd.processes import HeadTail, run_collect
+
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Live (non-zombie) processes whose command line carries ``marker``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        info = processes.proc_info(int(name))
+        if marker.encode() in cmdline and info is not None and info.state != "Z":
+            found.append(int(name))
+    return found
+
+
+def kill_marked(marker: str) -> None:
+    """Cleanup: SIGKILL whatever a failed test left behind."""
+    for pid in marked_pids(marker):
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+
+
+class HeadTailTests(SynchronousTestCase):
+    """The cap keeps the head and the tail and counts what it drops."""
+
+    def test_under_cap(self) -> None:
+        """Output within the cap is kept whole and not marked truncated."""
+        sink = HeadTail(10)
+        sink.write(b"abc")
+        sink.write(b"def")
+        self.assertEqual(sink.value(), b"abcdef")
+        self.assertFalse(sink.truncated)
+        self.assertEqual(sink.dropped_bytes, 0)
+
+    def test_head_and_tail(self) -> None:
+        """Past the cap, the first and last halves survive and the middle is counted."""
+        sink = HeadTail(10)
+        for chunk in (b"01234", b"56789", b"abcdefghij", b"XYZ"):
+            sink.write(chunk)
+        self.assertTrue(sink.truncated)
+        self.assertEqual(sink.dropped_bytes, 23 - 10)
+        self.assertEqual(sink.value(marker=False), b"01234" + b"ijXYZ")
+        self.assertIn(b"[... 13 bytes dropped ...]", sink.value())
+
+    def test_many_small_writes_stay_bounded(self) -> None:
+        """A million one-byte writes leave at most ``cap`` bytes held."""
+        sink = HeadTail(100)
+        for i in range(100_000):
+            sink.write(bytes([48 + i % 10]))
+        self.assertEqual(len(sink.value(marker=False)), 100)
+        self.assertEqual(sink.dropped_bytes, 100_000 - 100)
+        self.assertTrue(sink.value(marker=False).endswith(b"6789"))
+
+    def test_one_huge_write(self) -> None:
+        """A single write larger than the cap keeps its own tail."""
+        sink = HeadTail(8)
+        sink.write(b"A" * 4 + b"B" * 100 + b"CDEF")
+        self.assertEqual(sink.value(marker=False), b"AAAACDEF")
+        self.assertEqual(sink.dropped_bytes, 100)
+
+
+class FakeTransport:
+    """Enough of a process transport for the protocol's logic."""
+
+    def __init__(self, pid: int = 424242) -> None:
+        self.pid = pid
+        self.paused = 0
+        self.resumed = 0
+        self.lost = 0
+        self.written: list[bytes] = []
+        self.stdin_closed = False
+
+    def pauseProducing(self) -> None:
+        self.paused += 1
+
+    def resumeProducing(self) -> None:
+        self.resumed += 1
+
+    def loseConnection(self) -> None:
+        self.lost += 1
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def closeStdin(self) -> None:
+        self.stdin_closed = True
+
+
+class Exited:
+    """A stand-in for ProcessDone/ProcessTerminated."""
+
+    def __init__(self, code: int | None = 0, sig: int | None = None) -> None:
+        self.value = self
+        self.exitCode = code
+        self.signal = sig
+
+
+class ChildProtocolTests(SynchronousTestCase):
+    """The protocol logic, driven by a fake transport and a fake clock."""
+
+    def make(
+        self, **kwargs: Any
+    ) -> tuple[processes.Child, Clock, list[tuple[int, bytes]], list[str]]:
+        clock = Clock()
+        got: list[tuple[int, bytes]] = []
+        child = processes.Child(
+            clock, lambda fd, data: got.append((fd, data)), **kwargs
+        )
+        kills: list[str] = []
+        child.kill = lambda reason="killed": kills.append(reason) or Deferred()  # type: ignore[method-assign]
+        child.makeConnection(FakeTransport())  # type: ignore[arg-type]
+        child.started()
+        self.addCleanup(processes.LIVE.discard, child)
+        return child, clock, got, kills
+
+    def test_exit_then_pipes_closed_shortly_after(self) -> None:
+        """processExited is the result; the pipes close after a quiet grace, not never."""
+        child, clock, got, _ = self.make()
+        child.childDataReceived(1, b"hello\n")
+        child.processExited(Exited(0))  # type: ignore[arg-type]
+        self.assertEqual(self.successResultOf(child.exited), 0)
+        self.assertEqual(child.transport.lost, 0)
+        clock.advance(processes.EXIT_DRAIN_SECONDS / 2)
+        child.childDataReceived(1, b"late\n")  # resets the quiet grace
+        clock.advance(processes.EXIT_DRAIN_SECONDS * 0.75)
+        self.assertEqual(child.transport.lost, 0)
+        clock.advance(processes.EXIT_DRAIN_SECONDS)
+        self.assertEqual(child.transport.lost, 1)
+        self.assertEqual(got, [(1, b"hello\n"), (1, b"late\n")])
+
+    def test_chatty_grandchild_cannot_hold_pipes_forever(self) -> None:
+        """Output that never stops after exit still ends at the drain limit."""
+        child, clock, _, _ = self.make()
+        child.processExited(Exited(0))  # type: ignore[arg-type]
+        for _ in range(int(processes.EXIT_DRAIN_MAX_SECONDS / 0.05) + 5):
+            child.childDataReceived(1, b"x")
+            clock.advance(0.05)
+        self.assertGreaterEqual(child.transport.lost, 1)
+
+    def test_signal_exit_code_is_negative(self) -> None:
+        """A child killed by SIGTERM reports -15."""
+        child, _, _, _ = self.make()
+        child.processExited(Exited(None, 15))  # type: ignore[arg-type]
+        self.assertEqual(self.successResultOf(child.exited), -15)
+
+    def test_timeout_kills(self) -> None:
+        """The hard timeout ends the tree with reason ``timeout``."""
+        _, clock, _, kills = self.make(timeout=3)
+        clock.advance(2.9)
+        self.assertEqual(kills, [])
+        clock.advance(0.2)
+        self.assertEqual(kills, ["timeout"])
+
+    def test_idle_timeout_reset_by_output(self) -> None:
+        """Output resets the idle timer; silence past it ends the tree."""
+        child, clock, _, kills = self.make(idle_timeout=1)
+        clock.advance(0.8)
+        child.childDataReceived(2, b"tick")
+        clock.advance(0.8)
+        self.assertEqual(kills, [])
+        clock.advance(0.3)
+        self.assertEqual(kills, ["idle_timeout"])
+
+    def test_pause_suspends_idle_timer(self) -> None:
+        """While a slow client holds the child paused, silence is not idleness."""
+        child, clock, _, kills = self.make(idle_timeout=1)
+        child.pause_reading()
+        self.assertEqual(child.transport.paused, 1)
+        clock.advance(10)
+        self.assertEqual(kills, [])
+        child.resume_reading()
+        self.assertEqual(child.transport.resumed, 1)
+        clock.advance(1.1)
+        self.assertEqual(kills, ["idle_timeout"])
+
+    def test_paused_exit_keeps_pipes_until_resumed(self) -> None:
+        """A paused child that exits keeps its unread output until the client drains."""
+        child, clock, _, _ = self.make()
+        child.pause_reading()
+        child.processExited(Exited(0))  # type: ignore[arg-type]
+        clock.advance(60)
+        self.assertEqual(child.transport.lost, 0)
+        child.resume_reading()
+        clock.advance(processes.EXIT_DRAIN_SECONDS + 0.01)
+        self.assertEqual(child.transport.lost, 1)
+
+    def test_exit_cancels_timers(self) -> None:
+        """A finished child is never killed by its timers afterwards."""
+        child, clock, _, kills = self.make(timeout=1, idle_timeout=1)
+        child.processExited(Exited(0))  # type: ignore[arg-type]
+        clock.advance(5)
+        self.assertEqual(kills, [])
+
+
+class RunCollectTests(TestCase):
+    """run_collect with real children."""
+
+    timeout = 30
+
+    def setUp(self) -> None:
+        # A sleep length no other process uses: it marks the test's processes.
+        self.marker = f"60.{secrets.randbelow(10**12):012d}"
+        self.addCleanup(kill_marked, self.marker)
+        self.cwd = os.path.realpath(self.mktemp())
+        os.makedirs(self.cwd)
+
+    def run_(self, argv: list[str], **kwargs: Any) -> Deferred[processes.RunResult]:
+        options: dict[str, Any] = {
+            "env": ENV,
+            "cwd": self.cwd,
+            "timeout": 20,
+            "max_output_bytes": 1 << 20,
+        }
+        options.update(kwargs)
+        return ensureDeferred(run_collect(reactor, argv, **options))
+
+    @inlineCallbacks
+    def test_collects_output_and_exit_code(self) -> Any:
+        """stdout, stderr and the exit status come back separately, in the cwd given."""
+        result = yield self.run_(["sh", "-c", "pwd; echo err >&2; exit 3"])
+        self.assertEqual(result.stdout, self.cwd.encode() + b"\n")
+        self.assertEqual(result.stderr, b"err\n")
+        self.assertEqual(result.exit_code, 3)
+        self.assertFalse(result.timed_out)
+        self.assertFalse(result.truncated)
+
+    @inlineCallbacks
+    def test_missing_executable(self) -> Any:
+        """An executable missing from the child's PATH is FileNotFoundError."""
+        with self.assertRaises(FileNotFoundError):
+            yield self.run_(["no-such-command-" + secrets.token_hex(4)])
+        with self.assertRaises(FileNotFoundError):
+            yield self.run_(["true"], env={"PATH": "/nonexistent"})
+
+    @inlineCallbacks
+    def test_stdin_is_closed(self) -> Any:
+        """stdin is /dev/null: a command reading it ends at once."""
+        result = yield self.run_(["cat"])
+        self.assertEqual((result.stdout, result.exit_code), (b"", 0))
+
+    @inlineCallbacks
+    def test_stdin_bytes(self) -> Any:
+        """Given stdin bytes are fed and closed."""
+        result = yield self.run_(["cat"], stdin=b"fed\n")
+        self.assertEqual(result.stdout, b"fed\n")
+
+    @inlineCallbacks
+    def test_own_session(self) -> Any:
+        """The child leads its own session and process group."""
+        result = yield self.run_(["sh", "-c", "cut -d' ' -f1,5,6 /proc/$$/stat"])
+        pid, pgid, sid = result.stdout.split()
+        self.assertEqual(pid, pgid)
+        self.assertEqual(pid, sid)
+
+    @inlineCallbacks
+    def test_grandchild_holding_pipe_does_not_hang(self) -> Any:
+        """A background grandchild keeping stdout open does not delay the result."""
+        result = yield self.run_(
+            ["sh", "-c", f"sleep {self.marker} & echo started"], timeout=None
+        )
+        self.assertEqual(result.stdout, b"started\n")
+        self.assertEqual(result.exit_code, 0)
+        self.assertLess(result.duration_ms, 10_000)
+
+    @inlineCallbacks
+    def test_timeout_kills_tree(self) -> Any:
+        """Past the timeout the whole group is ended and the result says so."""
+        script = f"sleep {self.marker} & sleep {self.marker}; echo never"
+        result = yield self.run_(["sh", "-c", script], timeout=0.5)
+        self.assertTrue(result.timed_out)
+        self.assertEqual(result.exit_code, -15)
+        self.assertNotIn(b"never", result.stdout)
+        yield deferLater(reactor, 0.3, lambda: None)
+        self.assertEqual(marked_pids(self.marker), [])
+
+    @inlineCallbacks
+    def test_idle_timeout(self) -> Any:
+        """No output for idle_timeout seconds ends the tree, reported as idle."""
+        result = yield self.run_(
+            ["sh", "-c", f"echo hi; sleep {self.marker}"], idle_timeout=0.5
+        )
+        self.assertTrue(result.idle_timed_out)
+        self.assertFalse(result.timed_out)
+        self.assertEqual(result.stdout, b"hi\n")
+
+    @inlineCallbacks
+    def test_cap_keeps_head_and_tail(self) -> Any:
+        """Output past the cap keeps its beginning and end and counts the rest."""
+        script = "echo BEGIN; head -c 3000000 /dev/zero | tr '\\0' x; echo; echo END"
+        result = yield self.run_(["sh", "-c", script], max_output_bytes=1000)
+        self.assertTrue(result.truncated)
+        self.assertTrue(result.stdout.startswith(b"BEGIN\n"))
+        self.assertTrue(result.stdout.endswith(b"END\n"))
+        self.assertEqual(result.dropped_bytes, 3000000 + 6 + 1 + 4 - 1000)
+
+    @inlineCallbacks
+    def test_cancel_kills_tree(self) -> Any:
+        """Cancelling the Deferred ends the child's tree."""
+        d = self.run_(["sh", "-c", f"sleep {self.marker}; true"])
+        yield deferLater(reactor, 0.3, lambda: None)
+        self.assertNotEqual(marked_pids(self.marker), [])
+        d.cancel()
+        with self.assertRaises(CancelledError):
+            yield d
+        for _ in range(100):
+            if not marked_pids(self.marker):
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        self.assertEqual(marked_pids(self.marker), [])
