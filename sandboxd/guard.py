@@ -2,19 +2,34 @@
 The path guard (SPEC §11.1): one place that decides every path the daemon
 touches (files, cwd of shell/process/PTY/code, git path).
 
-This first version checks the policy lexically and then on the resolved
-location; the file-descriptor walk (openat2 ``RESOLVE_BENEATH``) that makes
-check and use one step lands with the file_ops group.
+A path is decided twice: lexically by the policy (:func:`sandboxd.policy.paths.decide`,
+the same answer ``/capabilities/check`` gives, so refusals never depend on
+what exists), then by descriptor.  Resolution never lets the kernel follow a
+symbolic link: directories are opened from an anchor fd with
+``openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)``
+where the kernel has it, and one ``O_PATH | O_NOFOLLOW`` component at a time
+otherwise.  When a link is met, its target is spliced into the path as text
+and the whole resolution starts again, so every location actually used has
+passed the policy on its real name, and a link swapped in between check and
+use meets ``O_NOFOLLOW`` instead of being followed.  Trailing slashes are
+stripped before anything is opened (``open("link/", O_NOFOLLOW)`` follows).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import os
+import posixpath
 import stat
+from collections.abc import Iterator
 from typing import Any
 
+import attrs
+
 from sandboxd.errors import ApiError
-from sandboxd.policy.paths import PathDecision, decide
+from sandboxd.policy.paths import FORBIDDEN_ROOTS, PathDecision, absolute, decide, under
 from sandboxd.policy.rules import EffectiveRule
 
 _MESSAGES = {
@@ -24,11 +39,19 @@ _MESSAGES = {
     "symlink_denied": "symbolic links are not allowed here",
 }
 
+#: Links followed in one resolution before it is called a loop (Linux's MAXSYMLINKS).
+MAX_LINKS = 40
+
+_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_ENTRY_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+
 
 def refusal(decision: PathDecision) -> ApiError:
     """The error for a refused decision (same whether the path exists or not)."""
     if decision.code == "invalid_path":
-        return ApiError(400, "NUL is not allowed in a path", "ValueError", "invalid_path")
+        return ApiError(
+            400, "NUL is not allowed in a path", "ValueError", "invalid_path"
+        )
     code = decision.code or "path_not_allowed"
     return ApiError(
         403,
@@ -39,8 +62,125 @@ def refusal(decision: PathDecision) -> ApiError:
     )
 
 
+# -- openat2 through ctypes ------------------------------------------------
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [
+        ("flags", ctypes.c_uint64),
+        ("mode", ctypes.c_uint64),
+        ("resolve", ctypes.c_uint64),
+    ]
+
+
+_SYS_OPENAT2 = 437
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_NO_SYMLINKS = 0x04
+_RESOLVE_BENEATH = 0x08
+
+
+def _load_openat2() -> Any:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        syscall = libc.syscall
+    except (OSError, AttributeError):
+        return None
+    syscall.restype = ctypes.c_long
+    how = _OpenHow(_DIR_FLAGS, 0, _RESOLVE_BENEATH)
+    probe = os.open("/", _DIR_FLAGS)
+    try:
+        fd = syscall(_SYS_OPENAT2, probe, b".", ctypes.byref(how), ctypes.sizeof(how))
+    finally:
+        os.close(probe)
+    if fd < 0:
+        return None
+    os.close(fd)
+    return syscall
+
+
+_syscall = _load_openat2()
+
+#: Whether the fast path is in use; tests switch it off to exercise the walk.
+USE_OPENAT2 = _syscall is not None
+
+
+def _openat2_dir(dir_fd: int, rel: str) -> int:
+    """Open a directory below ``dir_fd`` with no link followed; OSError otherwise."""
+    how = _OpenHow(
+        _DIR_FLAGS, 0, _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS
+    )
+    fd = _syscall(
+        _SYS_OPENAT2, dir_fd, os.fsencode(rel), ctypes.byref(how), ctypes.sizeof(how)
+    )
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), rel)
+    return int(fd)
+
+
+# -- resolution results ----------------------------------------------------
+
+
+class _Restart(Exception):
+    """A link was met: resolve ``target`` (an absolute lexical path) instead."""
+
+    def __init__(self, target: str, point: str) -> None:
+        super().__init__(target)
+        self.target = target
+        #: where the link itself points (``target`` minus the rest of the path)
+        self.point = point
+
+
+@attrs.define
+class Location:
+    """
+    Where a path lands: an open directory and a name in it.
+
+    The last component is not followed (``lstat`` semantics) unless the
+    caller asked for it.  ``name`` is ``""`` when the path is the anchor
+    directory itself (the base dir or an allowed root); then ``dir_fd`` is
+    that directory.
+
+    :ivar path: the absolute location, every link already resolved.
+    :ivar via_link: a link was followed on the way (so a missing last
+        component means a dangling link, which is never created through).
+    """
+
+    dir_fd: int
+    name: str
+    path: str
+    via_link: bool = False
+    _closed: bool = False
+
+    def lstat(self) -> os.stat_result | None:
+        """The entry's own status, or None when it does not exist."""
+        try:
+            if self.name == "":
+                return os.stat(self.dir_fd)
+            return os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+
+    def close(self) -> None:
+        """Release the directory fd."""
+        if not self._closed:
+            self._closed = True
+            os.close(self.dir_fd)
+
+    def __enter__(self) -> Location:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def etag_of(st: os.stat_result) -> str:
+    """A strong-enough validator: inode, size and nanosecond mtime."""
+    return f'"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"'
+
+
 class PathGuard:
-    """Decides paths for one endpoint's merged rule."""
+    """Decides and resolves paths for one endpoint's merged rule."""
 
     def __init__(self, rule: EffectiveRule) -> None:
         self.rule = rule
@@ -55,48 +195,435 @@ class PathGuard:
         """The boundary."""
         return self.rule.base_dir
 
+    # -- public API used by every group ------------------------------------
+
     def check(self, path: Any, op: str = "read") -> str:
         """
         The absolute, resolved path for ``op`` on ``path``, or a refusal.
 
+        Links are resolved (the result names no link) and the result passed
+        the policy; a missing path is fine (the caller reports it).
+
         :raises ApiError: 400 for a non-string or NUL path; 403 with the
             guard's code otherwise.
         """
-        if not isinstance(path, str) or path == "":
-            raise ApiError(400, "'path' must be a non-empty string", "ValueError", "invalid_param")
-        first = decide(self.rule, path, op)
-        if not first.allowed:
-            raise refusal(first)
-        absolute = os.path.normpath(path if path.startswith("/") else os.path.join(self.base_dir, path))
-        resolved = os.path.realpath(absolute)
-        if resolved != absolute:
-            if self.rule.paths.symlinks == "deny" and _has_symlink(absolute, self.base_dir):
-                raise refusal(PathDecision(path, False, "symlink_denied", self.rule.source("paths.symlinks")))
-            second = decide(self.rule, resolved, op)
-            if not second.allowed:
-                raise refusal(PathDecision(path, False, second.code, second.rule))
-        return resolved
+        try:
+            with self.locate(path, op, follow=True, missing_ok=True) as loc:
+                return loc.path
+        except ApiError as e:
+            if e.status != 404:
+                raise
+        # A missing parent: nothing on the way to follow, the lexical path stands.
+        return absolute(path, self.base_dir)
 
     def cwd(self, path: Any = None) -> str:
         """A guarded working directory (default: the base dir)."""
-        if path is None or path == "":
-            target = self.base_dir
-        else:
-            target = self.check(path, "read")
+        target = self.base_dir if path is None or path == "" else path
         try:
-            st = os.stat(target)
-        except OSError:
-            raise ApiError(400, f"cwd does not exist: {path}", "ValueError", "invalid_param") from None
+            with self.locate(target, "read", follow=True) as loc:
+                st = loc.lstat()
+                resolved = loc.path
+        except ApiError as e:
+            if e.status == 404:
+                raise ApiError(
+                    400, f"cwd does not exist: {path}", "ValueError", "invalid_param"
+                ) from None
+            raise
+        if st is None:
+            raise ApiError(
+                400, f"cwd does not exist: {path}", "ValueError", "invalid_param"
+            )
         if not stat.S_ISDIR(st.st_mode):
-            raise ApiError(400, f"cwd is not a directory: {path}", "ValueError", "invalid_param")
-        return target
+            raise ApiError(
+                400, f"cwd is not a directory: {path}", "ValueError", "invalid_param"
+            )
+        return resolved
+
+    def decide(self, path: str, op: str = "read") -> PathDecision:
+        """The policy's lexical decision alone (used to filter listings)."""
+        return decide(self.rule, path, op)
+
+    # -- resolution -----------------------------------------------------------
+
+    def locate(
+        self,
+        path: Any,
+        op: str = "read",
+        *,
+        follow: bool = False,
+        missing_ok: bool = True,
+        make_parents: bool = False,
+    ) -> Location:
+        """
+        Resolve ``path`` to an open parent directory and a name.
+
+        :param follow: follow a link in the last component (reads and
+            writes of content); without it the link itself is the entry
+            (stat, delete, move).
+        :param missing_ok: a missing last component is fine; a missing
+            parent directory is 404 unless ``make_parents``.
+        :param make_parents: create missing parent directories (by fd,
+            never through a link).
+        :raises ApiError: 400/403 refusals, 404 ``FileNotFoundError``.
+        """
+        if not isinstance(path, str) or path == "":
+            raise ApiError(
+                400, "'path' must be a non-empty string", "ValueError", "invalid_param"
+            )
+        original = path
+        first = decide(self.rule, path, op)
+        if not first.allowed:
+            raise refusal(first)
+        target = absolute(path, self.base_dir)
+        link_targets: list[str] = []
+        for _ in range(MAX_LINKS + 1):
+            try:
+                loc = self._locate_once(
+                    target, op, follow, make_parents, link_targets, original
+                )
+            except _Restart as r:
+                if self.rule.paths.symlinks == "deny":
+                    raise refusal(
+                        PathDecision(
+                            original,
+                            False,
+                            "symlink_denied",
+                            self.rule.source("paths.symlinks"),
+                        )
+                    ) from None
+                target = r.target
+                link_targets.append(r.point)
+                again = decide(self.rule, target, op)
+                if not again.allowed:
+                    raise refusal(
+                        PathDecision(original, False, again.code, again.rule)
+                    ) from None
+                continue
+            loc.via_link = bool(link_targets)
+            dangling_risk = loc.path in link_targets and op != "read"
+            if not missing_ok or dangling_risk:
+                if loc.lstat() is None:
+                    loc.close()
+                    if missing_ok:
+                        # The name came from a link whose target is missing.
+                        raise refusal(
+                            PathDecision(
+                                original,
+                                False,
+                                "path_not_allowed",
+                                "guard:dangling-link",
+                            )
+                        )
+                    raise ApiError(
+                        404,
+                        f"No such file or directory: {original}",
+                        "FileNotFoundError",
+                        "not_found",
+                    )
+            return loc
+        raise ApiError(
+            400,
+            f"too many levels of symbolic links: {original}",
+            "ValueError",
+            "invalid_path",
+        )
+
+    def _anchor(self, target: str, original: str) -> str:
+        """The directory a resolution starts from: the base, or an allowed root."""
+        base = posixpath.normpath(self.base_dir)
+        best = base if under(target, base) else ""
+        for entry in self.rule.paths.allow:
+            literal = entry.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0]
+            if literal != entry:
+                literal = literal.rsplit("/", 1)[0] if "/" in literal else ""
+            if not literal:
+                continue
+            root = absolute(literal, base)
+            if root != "/" and under(target, root) and len(root) > len(best):
+                best = root
+        if not best or best == "/" or any(under(best, r) for r in FORBIDDEN_ROOTS):
+            raise refusal(
+                PathDecision(original, False, "path_not_allowed", "guard:base_dir")
+            )
+        return best
+
+    def _locate_once(
+        self,
+        target: str,
+        op: str,
+        follow: bool,
+        make_parents: bool,
+        link_targets: list[str],
+        original: str,
+    ) -> Location:
+        anchor = self._anchor(target, original)
+        try:
+            anchor_fd = os.open(anchor, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            raise ApiError(
+                404,
+                f"No such file or directory: {original}",
+                "FileNotFoundError",
+                "not_found",
+            ) from None
+        rel = target[len(anchor) :].strip("/")
+        if rel == "":
+            return Location(anchor_fd, "", anchor)
+        parts = rel.split("/")
+        try:
+            dir_fd = self._open_dirs(
+                anchor_fd, anchor, parts, make_parents, link_targets, original
+            )
+        except BaseException:
+            os.close(anchor_fd)
+            raise
+        if dir_fd != anchor_fd:
+            os.close(anchor_fd)
+        name = parts[-1]
+        loc = Location(dir_fd, name, target)
+        if follow:
+            st = loc.lstat()
+            if st is not None and stat.S_ISLNK(st.st_mode):
+                try:
+                    link = os.readlink(name, dir_fd=dir_fd)
+                except OSError as e:
+                    raise _raced(e, original) from None
+                finally:
+                    loc.close()
+                point = absolute(posixpath.join(posixpath.dirname(target), link), "/")
+                raise _Restart(point, point)
+        return loc
+
+    def _open_dirs(
+        self,
+        anchor_fd: int,
+        anchor: str,
+        parts: list[str],
+        make_parents: bool,
+        link_targets: list[str],
+        original: str,
+    ) -> int:
+        """
+        The fd of the directory holding ``parts[-1]``, every component on
+        the way a real directory (a link restarts the resolution).
+        """
+        last = parts[-1]
+        parts = parts[:-1]
+        if not parts:
+            return anchor_fd
+        if USE_OPENAT2:
+            try:
+                return _openat2_dir(anchor_fd, "/".join(parts))
+            except OSError:
+                pass  # a link, a missing or odd component: the walk says which
+        fd = os.dup(anchor_fd)
+        here = anchor
+        for i, part in enumerate(parts):
+            here = posixpath.join(here, part)
+            try:
+                nxt = os.open(part, _ENTRY_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not make_parents:
+                    os.close(fd)
+                    raise ApiError(
+                        404,
+                        f"No such file or directory: {original}",
+                        "FileNotFoundError",
+                        "not_found",
+                    ) from None
+                if any(t == here or under(t, here) for t in link_targets):
+                    os.close(fd)
+                    raise refusal(
+                        PathDecision(
+                            original, False, "path_not_allowed", "guard:dangling-link"
+                        )
+                    ) from None
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                except OSError as e:
+                    os.close(fd)
+                    raise os_error(e, original) from None
+                try:
+                    nxt = os.open(part, _ENTRY_FLAGS, dir_fd=fd)
+                except OSError as e:
+                    os.close(fd)
+                    raise os_error(e, original) from None
+            except OSError as e:
+                os.close(fd)
+                raise os_error(e, original) from None
+            try:
+                st = os.fstat(nxt)
+                if stat.S_ISLNK(st.st_mode):
+                    try:
+                        link = os.readlink(part, dir_fd=fd)
+                    except OSError as e:
+                        raise _raced(e, original) from None
+                    rest = [*parts[i + 1 :], last]
+                    point = absolute(posixpath.join(posixpath.dirname(here), link), "/")
+                    raise _Restart(absolute(posixpath.join(point, *rest), "/"), point)
+                if not stat.S_ISDIR(st.st_mode):
+                    raise ApiError(
+                        400,
+                        f"Not a directory: {original}",
+                        "NotADirectoryError",
+                        "invalid_path",
+                    )
+            except BaseException:
+                os.close(nxt)
+                os.close(fd)
+                raise
+            os.close(fd)
+            fd = nxt
+        return fd
+
+    # -- opening content ---------------------------------------------------
+
+    def open_file(self, path: Any, op: str = "read") -> OpenFile:
+        """
+        Open an existing regular file for reading; the caller closes it.
+
+        FIFOs, devices and sockets are refused without blocking (``O_NONBLOCK``
+        then ``fstat``); a directory is 400; missing is 404.
+        """
+        with self.locate(path, op, follow=True, missing_ok=False) as loc:
+            if loc.name == "":
+                raise ApiError(
+                    400, f"Is a directory: {path}", "IsADirectoryError", "invalid_param"
+                )
+            st = loc.lstat()
+            if st is None:
+                raise ApiError(
+                    404,
+                    f"No such file or directory: {path}",
+                    "FileNotFoundError",
+                    "not_found",
+                )
+            check_regular(st, path)
+            try:
+                fd = os.open(
+                    loc.name,
+                    os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                    dir_fd=loc.dir_fd,
+                )
+            except OSError as e:
+                raise os_error(e, path) from None
+            resolved = loc.path
+        try:
+            st = os.fstat(fd)
+            check_regular(st, path)
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return OpenFile(fd, st, resolved)
+
+    @contextlib.contextmanager
+    def open_dir(self, path: Any, op: str = "read") -> Iterator[tuple[int, str]]:
+        """Open an existing directory (following links inside): ``(fd, resolved path)``."""
+        with self.locate(path, op, follow=True, missing_ok=False) as loc:
+            if loc.name == "":
+                fd = os.open(
+                    ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=loc.dir_fd
+                )
+            else:
+                try:
+                    fd = os.open(
+                        loc.name,
+                        os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        dir_fd=loc.dir_fd,
+                    )
+                except NotADirectoryError:
+                    raise ApiError(
+                        400,
+                        f"Not a directory: {path}",
+                        "NotADirectoryError",
+                        "invalid_param",
+                    ) from None
+                except OSError as e:
+                    raise os_error(e, path) from None
+            resolved = loc.path
+        try:
+            yield fd, resolved
+        finally:
+            os.close(fd)
 
 
-def _has_symlink(path: str, base: str) -> bool:
-    """Whether any component of ``path`` below ``base`` is a symlink."""
-    current = path
-    while current not in ("/", "") and current != base:
-        if os.path.islink(current):
-            return True
-        current = os.path.dirname(current)
-    return False
+@attrs.define
+class OpenFile:
+    """A regular file opened through the guard; ``close()`` when done."""
+
+    fd: int
+    stat: os.stat_result
+    path: str
+
+    @property
+    def etag(self) -> str:
+        """The file's validator at open time."""
+        return etag_of(self.stat)
+
+    def close(self) -> None:
+        """Release the fd (idempotent)."""
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+    def __enter__(self) -> OpenFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def check_regular(st: os.stat_result, path: Any) -> None:
+    """Refuse anything but a regular file for content operations."""
+    if stat.S_ISDIR(st.st_mode):
+        raise ApiError(
+            400, f"Is a directory: {path}", "IsADirectoryError", "invalid_param"
+        )
+    if not stat.S_ISREG(st.st_mode):
+        raise ApiError(
+            400, f"Not a regular file: {path}", "ValueError", "invalid_param"
+        )
+
+
+def _raced(e: OSError, path: Any) -> ApiError:
+    """A link that changed between fstat and readlink: refused, never guessed."""
+    if e.errno == errno.ENOENT:
+        return os_error(e, path)
+    return refusal(PathDecision(str(path), False, "path_not_allowed", "guard:resolve"))
+
+
+def os_error(e: OSError, path: Any) -> ApiError:
+    """An OSError met while resolving or operating, as a client sees it."""
+    if e.errno == errno.ENOENT:
+        return ApiError(
+            404, f"No such file or directory: {path}", "FileNotFoundError", "not_found"
+        )
+    if e.errno in (errno.ELOOP, errno.EXDEV):
+        # A link swapped in under us: refuse as an outside path would be.
+        return refusal(
+            PathDecision(str(path), False, "path_not_allowed", "guard:resolve")
+        )
+    if e.errno == errno.ENOTDIR:
+        return ApiError(
+            400, f"Not a directory: {path}", "NotADirectoryError", "invalid_param"
+        )
+    if e.errno == errno.EISDIR:
+        return ApiError(
+            400, f"Is a directory: {path}", "IsADirectoryError", "invalid_param"
+        )
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return ApiError(403, f"Permission denied: {path}", "PermissionError")
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ApiError(
+            507, "no space left on the device", "OSError", "insufficient_storage"
+        )
+    if e.errno == errno.ENAMETOOLONG:
+        return ApiError(
+            400, f"File name too long: {path}", "ValueError", "invalid_path"
+        )
+    return ApiError(
+        500, f"{e.strerror or type(e).__name__}: {path}", "OSError", "internal"
+    )

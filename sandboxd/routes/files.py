@@ -1,7 +1,605 @@
-"""Handlers of the `files` group (not built yet: reported as not implemented)."""
+"""
+Handlers of the ``file_ops`` group (SPEC §7.3).
+
+Every path goes through :class:`~sandboxd.guard.PathGuard`.  Small reads
+and writes run on the reactor thread (one page-cache syscall is cheaper than
+a thread hop); walks, archives and big base64 payloads go to the thread
+pool; raw bodies stream through a producer (reads) or a body sink (writes)
+and never sit in memory whole.
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import json
+import os
+from email.utils import formatdate
 from typing import Any
 
-HANDLERS: dict[str, Any] = {}
+from twisted.internet.defer import Deferred
+from twisted.internet.threads import deferToThreadPool
+
+from sandboxd.errors import ApiError
+from sandboxd.files import archive, walk
+from sandboxd.files.atomic import AtomicWrite, etag_matches, parse_mode
+from sandboxd.files.stream import FileProducer, b64_chunk, parse_range
+from sandboxd.files.watch import WatchService, watch_handler
+from sandboxd.guard import PathGuard
+from sandboxd.policy.defaults import (
+    DEFAULT_UPLOAD_BYTES,
+    INLINE_READ_BYTES,
+    MAX_LIST_DEPTH,
+    MAX_PATTERN_CHARS,
+)
+from sandboxd.web.messages import ServerRequest, ServerResponse, StreamResponse
+from sandboxd.web.request import json_bytes, payload_too_large
+
+# -- small helpers ------------------------------------------------------------
+
+
+def in_thread(request: ServerRequest, fn: Any, *args: Any) -> Deferred[Any]:
+    """Run blocking file work in the reactor's thread pool."""
+    reactor = request.context.reactor
+    return deferToThreadPool(reactor, reactor.getThreadPool(), fn, *args)
+
+
+def _required(value: Any, name: str) -> str:
+    if value is None or value == "":
+        raise ApiError(400, f"missing '{name}'", "ValueError", "invalid_param")
+    if not isinstance(value, str):
+        raise ApiError(400, f"'{name}' must be a string", "ValueError", "invalid_param")
+    return value
+
+
+def _flag(value: Any, name: str, default: bool) -> bool:
+    if value is None or value == "":
+        return default
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "1", "yes"):
+        return True
+    if isinstance(value, str) and value.lower() in ("false", "0", "no"):
+        return False
+    raise ApiError(
+        400, f"'{name}' must be true or false", "ValueError", "invalid_param"
+    )
+
+
+def _int(value: Any, name: str, default: int, low: int, high: int) -> int:
+    if value is None or value == "":
+        return default
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise ApiError(
+            400, f"'{name}' must be an integer", "ValueError", "invalid_param"
+        ) from None
+    if isinstance(value, bool) or not low <= n <= high:
+        raise ApiError(
+            400, f"'{name}' must be within {low}..{high}", "ValueError", "invalid_param"
+        )
+    return n
+
+
+def max_bytes(request: ServerRequest) -> int:
+    """The endpoint's payload cap."""
+    return request.rule.limits.max_bytes or DEFAULT_UPLOAD_BYTES
+
+
+def check_extension(request: ServerRequest, path: str) -> None:
+    """``params.allow_extensions`` / ``deny_extensions`` on the file name."""
+    params = request.rule.params
+    name = path.rsplit("/", 1)[-1].lower()
+
+    def has(exts: tuple[str, ...]) -> bool:
+        return any(
+            name.endswith(e.lower() if e.startswith(".") else "." + e.lower())
+            for e in exts
+        )
+
+    if params.deny_extensions and has(params.deny_extensions):
+        raise ApiError(
+            403,
+            f"this file extension is not allowed: {path}",
+            "PermissionError",
+            "param_not_allowed",
+            rule=request.rule.source("params.deny_extensions"),
+        )
+    if params.allow_extensions is not None and not has(params.allow_extensions):
+        raise ApiError(
+            403,
+            f"this file extension is not allowed: {path}",
+            "PermissionError",
+            "param_not_allowed",
+            rule=request.rule.source("params.allow_extensions"),
+        )
+
+
+def overwrite_allowed(request: ServerRequest, wanted: bool) -> bool:
+    """The client's ``overwrite`` unless the policy's ``params.overwrite`` forbids it."""
+    return wanted and request.rule.params.overwrite is not False
+
+
+def _policy_overwrite_refusal(request: ServerRequest, path: str) -> ApiError:
+    return ApiError(
+        403,
+        f"overwriting is not allowed: {path}",
+        "PermissionError",
+        "param_not_allowed",
+        rule=request.rule.source("params.overwrite"),
+    )
+
+
+def if_match_of(request: ServerRequest) -> str | None:
+    """``If-Match`` header, or ``if_match`` in a JSON body."""
+    value = request.headers.get("if-match")
+    if value is None:
+        raw = request.body.get("if_match") if request.body else None
+        if raw is not None and not isinstance(raw, str):
+            raise ApiError(
+                400, "'if_match' must be a string", "ValueError", "invalid_param"
+            )
+        value = raw
+    return value
+
+
+def write_bytes(
+    request: ServerRequest,
+    guard: PathGuard,
+    path: str,
+    data: bytes,
+    overwrite: bool,
+    if_match: str | None,
+    mode: int | None = None,
+) -> dict[str, Any]:
+    """Atomically write ``data`` to ``path`` (parents created)."""
+    allowed = overwrite_allowed(request, overwrite)
+    loc = guard.locate(path, "write", follow=True, make_parents=True)
+    try:
+        writer = AtomicWrite(
+            loc, overwrite=allowed, if_match=if_match, mode=mode, display=path
+        )
+    except ApiError as e:
+        if e.status == 409 and overwrite and not allowed:
+            raise _policy_overwrite_refusal(request, path) from None
+        raise
+    try:
+        writer.write(data)
+    except BaseException:
+        writer.abort()
+        raise
+    etag = writer.commit()
+    return {"path": writer.path, "bytes": len(data), "etag": etag}
+
+
+def decode_payload(request: ServerRequest) -> bytes:
+    """``content_base64`` decoded, within ``max_bytes`` (413)."""
+    raw = request.body.get("content_base64")
+    if raw is None:
+        raise ApiError(400, "missing 'content_base64'", "ValueError", "invalid_param")
+    if not isinstance(raw, str):
+        raise ApiError(
+            400, "'content_base64' must be a string", "ValueError", "invalid_param"
+        )
+    cap = max_bytes(request)
+    if len(raw) // 4 * 3 - 2 > cap:
+        raise payload_too_large(cap)
+    try:
+        data = base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(
+            400, "'content_base64' is not valid base64", "ValueError", "invalid_param"
+        ) from None
+    if len(data) > cap:
+        raise payload_too_large(cap)
+    return data
+
+
+# -- base64 transfer --------------------------------------------------------------
+
+
+def _upload(request: ServerRequest, default_overwrite: bool) -> Any:
+    path = _required(request.body.get("path"), "path")
+    guard = PathGuard.for_request(request)
+    guard.decide(path)  # NUL and lexical refusals before decoding anything
+    first = guard.decide(path, "write")
+    if not first.allowed:
+        from sandboxd.guard import refusal
+
+        raise refusal(first)
+    check_extension(request, path)
+    overwrite = _flag(request.body.get("overwrite"), "overwrite", default_overwrite)
+    mode = parse_mode(request.body.get("mode"))
+    if_match = if_match_of(request)
+    raw = request.body.get("content_base64")
+    if isinstance(raw, str) and len(raw) <= INLINE_READ_BYTES:
+        data = decode_payload(request)
+        return write_bytes(request, guard, path, data, overwrite, if_match, mode)
+
+    def job() -> dict[str, Any]:
+        data = decode_payload(request)
+        return write_bytes(request, guard, path, data, overwrite, if_match, mode)
+
+    return in_thread(request, job)
+
+
+def upload(request: ServerRequest) -> Any:
+    """``POST /upload``: write a file from base64 (parents created)."""
+    return _upload(request, True)
+
+
+def files_upload_stream(request: ServerRequest) -> Any:
+    """``POST /files/upload-stream``: the same, atomic, ``overwrite`` honoured."""
+    return _upload(request, True)
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    chunks = []
+    left = size
+    while left > 0:
+        data = os.read(fd, left)
+        if not data:
+            break
+        chunks.append(data)
+        left -= len(data)
+    return b"".join(chunks)
+
+
+def download(request: ServerRequest) -> Any:
+    """``GET /download``: a file as base64 (small files answered inline)."""
+    path = _required(request.query.get("path"), "path")
+    guard = PathGuard(request.rule)
+    f = guard.open_file(path)
+    size = f.stat.st_size
+    cap = max_bytes(request)
+    if size > cap:
+        f.close()
+        raise payload_too_large(cap)
+    if size <= INLINE_READ_BYTES:
+        with f:
+            data = _read_all(f.fd, size)
+        return {
+            "path": f.path,
+            "content_base64": b64_chunk(data).decode("ascii"),
+            "etag": f.etag,
+        }
+
+    def job() -> dict[str, Any]:
+        with f:
+            data = _read_all(f.fd, size)
+        return {
+            "path": f.path,
+            "content_base64": base64.b64encode(data).decode("ascii"),
+            "etag": f.etag,
+        }
+
+    return in_thread(request, job)
+
+
+def files_download_stream(request: ServerRequest) -> Any:
+    """
+    ``GET /files/download-stream``: the base64 JSON written as the file is
+    read, so a big file never sits in memory whole (``bytes`` comes last).
+    """
+    path = _required(request.query.get("path"), "path")
+    f = PathGuard.for_request(request).open_file(path)
+    cap = max_bytes(request)
+    if f.stat.st_size > cap:
+        f.close()
+        raise payload_too_large(cap)
+    head = (
+        b'{"path":'
+        + json_bytes(f.path)
+        + b',"etag":'
+        + json_bytes(f.etag)
+        + b',"content_base64":"'
+    )
+    producer = FileProducer(
+        f.fd,
+        0,
+        f.stat.st_size,
+        transform=b64_chunk,
+        trailer=lambda sent: b'","bytes":' + str(sent).encode() + b"}",
+    )
+    f.fd = -1  # the producer owns it now
+
+    def write_to(raw: Any) -> Deferred[Any]:
+        raw.write(head)
+        return producer.start(raw)
+
+    return StreamResponse(
+        write_to=write_to, headers={"content-type": "application/json"}
+    )
+
+
+# -- raw transfer ---------------------------------------------------------------
+
+
+def files_read_raw(request: ServerRequest) -> Any:
+    """``GET /files/raw``: the bytes, streamed, with ETag, Last-Modified and Range."""
+    path = _required(request.query.get("path"), "path")
+    f = PathGuard.for_request(request).open_file(path)
+    st = f.stat
+    cap = request.rule.limits.max_bytes
+    if cap is not None and st.st_size > cap:
+        f.close()
+        raise payload_too_large(cap)
+    headers = {
+        "content-type": "application/octet-stream",
+        "etag": f.etag,
+        "last-modified": formatdate(st.st_mtime, usegmt=True),
+        "accept-ranges": "bytes",
+    }
+    inm = request.headers.get("if-none-match")
+    if inm is not None and etag_matches(inm, f.etag):
+        f.close()
+        return ServerResponse(status=304, headers=headers, raw=b"")
+    size = st.st_size
+    status, offset, length = 200, 0, size
+    wanted = parse_range(request.headers.get("range"), size)
+    if_range = request.headers.get("if-range")
+    if wanted is not None and if_range is not None and if_range.strip() != f.etag:
+        wanted = None
+    if wanted == "unsatisfiable":
+        f.close()
+        raise ApiError(
+            416,
+            "the range is not satisfiable",
+            "ValueError",
+            "invalid_param",
+            headers={"Content-Range": f"bytes */{size}"},
+        )
+    if isinstance(wanted, tuple):
+        offset, length = wanted
+        status = 206
+        headers["content-range"] = f"bytes {offset}-{offset + length - 1}/{size}"
+    headers["content-length"] = str(length)
+    producer = FileProducer(f.fd, offset, length)
+    f.fd = -1
+    return StreamResponse(write_to=producer.start, status=status, headers=headers)
+
+
+class RawSink:
+    """The body of ``POST /files/raw``, written to a temp file as it arrives."""
+
+    def __init__(self, request: ServerRequest) -> None:
+        path = _required(request.query.get("path"), "path")
+        check_extension(request, path)
+        overwrite = _flag(request.query.get("overwrite"), "overwrite", True)
+        allowed = overwrite_allowed(request, overwrite)
+        mode = parse_mode(request.query.get("mode"))
+        guard = PathGuard.for_request(request)
+        loc = guard.locate(path, "write", follow=True, make_parents=True)
+        try:
+            self.writer = AtomicWrite(
+                loc,
+                overwrite=allowed,
+                if_match=request.headers.get("if-match"),
+                mode=mode,
+                display=path,
+            )
+        except ApiError as e:
+            if e.status == 409 and overwrite and not allowed:
+                raise _policy_overwrite_refusal(request, path) from None
+            raise
+        self.cap = max_bytes(request)
+        self.hash = hashlib.sha256()
+
+    def write(self, data: bytes) -> None:
+        """One chunk of the body."""
+        if self.writer.bytes + len(data) > self.cap:
+            self.writer.abort()
+            raise payload_too_large(self.cap)
+        self.hash.update(data)
+        self.writer.write(data)
+
+    def finish(self) -> dict[str, Any]:
+        """The whole body is in: rename into place."""
+        etag = self.writer.commit()
+        return {
+            "path": self.writer.path,
+            "bytes": self.writer.bytes,
+            "sha256": self.hash.hexdigest(),
+            "etag": etag,
+        }
+
+    def abort(self) -> None:
+        """Failed or the client left: the old file stays."""
+        if not self.writer.done:
+            self.writer.abort()
+
+
+def files_write_raw(request: ServerRequest) -> Any:
+    """``POST /files/raw``: the sink has written and renamed the file already."""
+    return request.sink_result
+
+
+# -- tree operations ----------------------------------------------------------------
+
+
+def files_list(request: ServerRequest) -> Any:
+    """``GET /files/list``: entries, off the reactor thread."""
+    guard = PathGuard.for_request(request)
+    path = request.query.get("path") or guard.base_dir
+    depth = _int(request.query.get("depth"), "depth", 1, 1, MAX_LIST_DEPTH)
+    hidden = _flag(request.query.get("hidden"), "hidden", True)
+    cap = request.rule.limits.max_entries or 10000
+    guard.locate(path, "read", follow=True).close()  # refusals before the thread
+    return in_thread(request, walk.list_dir, guard, path, depth, hidden, cap)
+
+
+def files_stat(request: ServerRequest) -> Any:
+    """``GET /files/stat``: one entry; missing inside the boundary is 200 ``exists: false``."""
+    path = _required(request.query.get("path"), "path")
+    return walk.stat_path(PathGuard.for_request(request), path)
+
+
+def files_mkdir(request: ServerRequest) -> Any:
+    """``POST /files/mkdir``: with parents, exist_ok."""
+    path = _required(request.body.get("path"), "path")
+    return {
+        "path": walk.make_dir(PathGuard.for_request(request), path),
+        "created": True,
+    }
+
+
+def files_delete(request: ServerRequest) -> Any:
+    """``DELETE /files?path=``: files, links, or whole trees (in a thread)."""
+    path = request.query.get("path") or request.body.get("path")
+    path = _required(path, "path")
+    guard = PathGuard.for_request(request)
+
+    def job() -> dict[str, Any]:
+        return {"path": walk.delete(guard, path), "deleted": True}
+
+    return in_thread(request, job)
+
+
+def files_move(request: ServerRequest) -> Any:
+    """``POST /files/move``: rename, into a directory when the destination is one."""
+    body = request.body
+    try:
+        source = _required(body.get("source"), "source")
+    except ApiError as e:
+        e.message = "source: " + e.message
+        raise
+    try:
+        destination = _required(body.get("destination"), "destination")
+    except ApiError as e:
+        e.message = "destination: " + e.message
+        raise
+    overwrite = _flag(body.get("overwrite"), "overwrite", False)
+    allowed = overwrite_allowed(request, overwrite)
+    guard = PathGuard.for_request(request)
+    try:
+        src, dst = walk.move(guard, source, destination, allowed)
+    except ApiError as e:
+        if e.status == 409 and overwrite and not allowed:
+            raise _policy_overwrite_refusal(request, destination) from None
+        raise
+    return {"source": src, "destination": dst}
+
+
+def files_search(request: ServerRequest) -> Any:
+    """``POST /files/search``: fnmatch on names, recursive, time-boxed, in a thread."""
+    guard = PathGuard.for_request(request)
+    body = request.body
+    path = body.get("path") or guard.base_dir
+    pattern = _required(body.get("pattern"), "pattern")
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise ApiError(
+            400,
+            f"'pattern' is longer than {MAX_PATTERN_CHARS} characters",
+            "ValueError",
+            "invalid_param",
+        )
+    cap = request.rule.limits.max_entries or 1000
+    max_results = _int(body.get("max_results"), "max_results", cap, 1, cap)
+    timeout = request.rule.limits.timeout_seconds or 10.0
+    guard.locate(path, "read", follow=True).close()
+    return in_thread(request, walk.search, guard, path, pattern, max_results, timeout)
+
+
+def files_archive(request: ServerRequest) -> Any:
+    """``POST /files/archive``: tar.gz or zip of guarded paths, in a thread."""
+    body = request.body
+    paths = body.get("paths")
+    if isinstance(paths, str):
+        paths = [paths]
+    if (
+        not isinstance(paths, list)
+        or not paths
+        or not all(isinstance(p, str) and p for p in paths)
+    ):
+        raise ApiError(
+            400,
+            "'paths' must be a non-empty list of paths",
+            "ValueError",
+            "invalid_param",
+        )
+    fmt = body.get("format") or "tar.gz"
+    if fmt not in archive.FORMATS:
+        raise ApiError(
+            400,
+            f"unsupported format {fmt!r}; use tar.gz or zip",
+            "ValueError",
+            "invalid_param",
+        )
+    guard = PathGuard.for_request(request)
+    for p in paths:
+        guard.locate(p, "read", follow=True).close()
+    limits = request.rule.limits
+    return in_thread(
+        request,
+        archive.create,
+        guard,
+        paths,
+        fmt,
+        limits.max_entries or 10000,
+        max_bytes(request),
+    )
+
+
+def files_extract(request: ServerRequest) -> Any:
+    """``POST /files/extract``: every member checked before anything is written."""
+    body = request.body
+    destination = _required(body.get("destination"), "destination")
+    fmt = body.get("format") or "tar.gz"
+    if fmt not in archive.FORMATS:
+        raise ApiError(
+            400,
+            f"unsupported format {fmt!r}; use tar.gz or zip",
+            "ValueError",
+            "invalid_param",
+        )
+    overwrite = _flag(body.get("overwrite"), "overwrite", False)
+    allowed = overwrite_allowed(request, overwrite)
+    guard = PathGuard.for_request(request)
+    first = guard.decide(destination, "write")
+    if not first.allowed:
+        from sandboxd.guard import refusal
+
+        raise refusal(first)
+    limits = request.rule.limits
+    cap = max_bytes(request)
+
+    def job() -> dict[str, Any]:
+        data = decode_payload(request)
+        return archive.extract(
+            guard, data, fmt, destination, allowed, limits.max_entries or 10000, cap
+        )
+
+    return in_thread(request, job)
+
+
+HANDLERS: dict[str, Any] = {
+    "upload": upload,
+    "download": download,
+    "files_list": files_list,
+    "files_stat": files_stat,
+    "files_mkdir": files_mkdir,
+    "files_delete": files_delete,
+    "files_move": files_move,
+    "files_search": files_search,
+    "files_upload_stream": files_upload_stream,
+    "files_download_stream": files_download_stream,
+    "files_archive": files_archive,
+    "files_extract": files_extract,
+    "files_read_raw": files_read_raw,
+    "files_write_raw": files_write_raw,
+    "files_watch": watch_handler,
+}
+
+SINKS: dict[str, Any] = {"files_write_raw": RawSink}
+
+
+def setup(context: Any) -> WatchService:
+    """The shared inotify watches behind ``files_watch``."""
+    service = WatchService(context.reactor)
+    context.services["files_watch"] = service
+    return service
+
+
+__all__ = ["HANDLERS", "SINKS", "json"]

@@ -1,0 +1,5 @@
+"""
+The file_ops group's machinery, one concern per module: atomic writes
+(:mod:`.atomic`), streamed reads (:mod:`.stream`), directory walks
+(:mod:`.walk`), archives (:mod:`.archive`) and watches (:mod:`.watch`).
+"""

@@ -1,0 +1,471 @@
+"""
+Archives: creating tar.gz/zip from guarded paths, and extracting them with
+every member checked before anything is written.
+
+The stdlib's own safety nets are not relied on (``zipfile`` writes through
+links already in the destination; ``tarfile`` filters on 3.11.7 predate the
+2025 bypass fixes): members are validated here, as names, and then each is
+written through the path guard, file by file, atomically.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import posixpath
+import stat
+import tarfile
+import zipfile
+from typing import Any
+
+import attrs
+
+from sandboxd.errors import ApiError
+from sandboxd.files.atomic import AtomicWrite
+from sandboxd.files.walk import WALK_DEPTH, visible, walk
+from sandboxd.guard import PathGuard, os_error
+from sandboxd.web.request import payload_too_large
+
+FORMATS = ("tar.gz", "zip")
+
+#: Longest member name accepted (PATH_MAX).
+MAX_NAME = 4096
+
+
+def too_many(limit: int) -> ApiError:
+    """413 for an archive over the file-count cap."""
+    return ApiError(
+        413,
+        f"the archive holds more than {limit} files",
+        "ValueError",
+        "payload_too_large",
+        limit=limit,
+    )
+
+
+def refused_member(name: str, why: str) -> ApiError:
+    """403 for a member that would land outside the destination."""
+    return ApiError(
+        403,
+        f"archive member refused ({why}): {name!r}",
+        "PermissionError",
+        "path_not_allowed",
+    )
+
+
+# -- create -------------------------------------------------------------------
+
+
+def _arcname(guard: PathGuard, path: str) -> str:
+    """Members are named relative to the base dir (or absolute-less outside it)."""
+    base = guard.base_dir.rstrip("/")
+    if path.startswith(base + "/"):
+        return path[len(base) + 1 :]
+    return path.lstrip("/")
+
+
+class _Budget:
+    def __init__(self, max_files: int, max_bytes: int) -> None:
+        self.max_files = max_files
+        self.max_bytes = max_bytes
+        self.files = 0
+        self.bytes = 0
+
+    def add(self, size: int, buffer: io.BytesIO) -> None:
+        self.files += 1
+        self.bytes += size
+        if self.files > self.max_files:
+            raise too_many(self.max_files)
+        if self.bytes > self.max_bytes or buffer.tell() > self.max_bytes:
+            raise payload_too_large(self.max_bytes)
+
+
+def create(
+    guard: PathGuard, paths: list[str], fmt: str, max_files: int, max_bytes: int
+) -> dict[str, Any]:
+    """Pack ``paths``; links are stored as links, never followed."""
+    import base64
+
+    buffer = io.BytesIO()
+    budget = _Budget(max_files, max_bytes)
+    if fmt == "zip":
+        writer: Any = zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED)
+    else:
+        writer = tarfile.open(fileobj=buffer, mode="w:gz")
+    with writer:
+        for path in paths:
+            with guard.locate(path, "read", follow=True, missing_ok=False) as loc:
+                st = loc.lstat()
+                assert st is not None
+                if loc.name == "":
+                    fd = os.open(
+                        ".",
+                        os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
+                        dir_fd=loc.dir_fd,
+                    )
+                else:
+                    fd = os.open(
+                        loc.name,
+                        os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                        dir_fd=loc.dir_fd,
+                    )
+                resolved = loc.path
+            try:
+                _add(writer, fmt, fd, resolved, st, guard, budget, buffer)
+                if stat.S_ISDIR(st.st_mode):
+                    for parent, name, sub_st in walk(fd, resolved, WALK_DEPTH):
+                        full = posixpath.join(parent, name)
+                        if not visible(guard, full, sub_st):
+                            continue
+                        _add_entry(writer, fmt, full, sub_st, guard, budget, buffer)
+            finally:
+                os.close(fd)
+    data = buffer.getvalue()
+    if len(data) > max_bytes:
+        raise payload_too_large(max_bytes)
+    return {
+        "content_base64": base64.b64encode(data).decode("ascii"),
+        "format": fmt,
+        "bytes": len(data),
+    }
+
+
+def _add_entry(
+    writer: Any,
+    fmt: str,
+    full: str,
+    st: os.stat_result,
+    guard: PathGuard,
+    budget: _Budget,
+    buffer: io.BytesIO,
+) -> None:
+    if stat.S_ISREG(st.st_mode):
+        try:
+            f = guard.open_file(full)
+        except ApiError:
+            return
+        with f:
+            _add(writer, fmt, f.fd, full, f.stat, guard, budget, buffer)
+    elif stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode):
+        _add(writer, fmt, -1, full, st, guard, budget, buffer)
+    # FIFOs, sockets and devices are skipped.
+
+
+def _add(
+    writer: Any,
+    fmt: str,
+    fd: int,
+    path: str,
+    st: os.stat_result,
+    guard: PathGuard,
+    budget: _Budget,
+    buffer: io.BytesIO,
+) -> None:
+    name = _arcname(guard, path)
+    mode = stat.S_IMODE(st.st_mode)
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            link = os.readlink(path)
+        except OSError:
+            return
+        budget.add(0, buffer)
+        if fmt == "zip":
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (stat.S_IFLNK | 0o777) << 16
+            writer.writestr(info, link)
+        else:
+            ti = tarfile.TarInfo(name)
+            ti.type = tarfile.SYMTYPE
+            ti.linkname = link
+            ti.mtime = int(st.st_mtime)
+            writer.addfile(ti)
+        return
+    if stat.S_ISDIR(st.st_mode):
+        budget.add(0, buffer)
+        if fmt == "zip":
+            info = zipfile.ZipInfo(name.rstrip("/") + "/")
+            info.external_attr = (stat.S_IFDIR | mode) << 16 | 0x10
+            writer.writestr(info, b"")
+        else:
+            ti = tarfile.TarInfo(name)
+            ti.type = tarfile.DIRTYPE
+            ti.mode = mode
+            ti.mtime = int(st.st_mtime)
+            writer.addfile(ti)
+        return
+    if not stat.S_ISREG(st.st_mode):
+        return
+    budget.add(st.st_size, buffer)
+    with os.fdopen(os.dup(fd), "rb") as fobj:
+        if fmt == "zip":
+            info = zipfile.ZipInfo.from_file("/dev/null", name)
+            info.file_size = st.st_size
+            info.external_attr = (stat.S_IFREG | mode) << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            import time
+
+            info.date_time = time.gmtime(max(st.st_mtime, 315532800))[:6]
+            with writer.open(info, "w") as out:
+                while chunk := fobj.read(1 << 20):
+                    out.write(chunk)
+                    if buffer.tell() > budget.max_bytes:
+                        raise payload_too_large(budget.max_bytes)
+        else:
+            ti = tarfile.TarInfo(name)
+            ti.size = st.st_size
+            ti.mode = mode
+            ti.mtime = int(st.st_mtime)
+            writer.addfile(ti, fobj)
+    if buffer.tell() > budget.max_bytes:
+        raise payload_too_large(budget.max_bytes)
+
+
+# -- extract ----------------------------------------------------------------------
+
+
+@attrs.define
+class Member:
+    """One archive member, validated."""
+
+    name: str
+    kind: str  # "file" | "dir" | "link"
+    size: int
+    mode: int
+    link: str = ""
+    source: Any = None
+
+
+def _clean_name(raw: str) -> str:
+    """A member name as a safe relative path, or a 403."""
+    if "\x00" in raw or len(raw) > MAX_NAME:
+        raise refused_member(raw[:200], "bad name")
+    if "\\" in raw:
+        raise refused_member(raw, "backslash in name")
+    if raw.startswith("/") or (len(raw) > 1 and raw[1] == ":"):
+        raise refused_member(raw, "absolute name")
+    parts = [p for p in raw.split("/") if p not in ("", ".")]
+    if any(p == ".." for p in parts):
+        raise refused_member(raw, "'..' in name")
+    if not parts:
+        raise refused_member(raw, "empty name")
+    return "/".join(parts)
+
+
+def _members(
+    data: bytes, fmt: str, max_files: int, max_bytes: int
+) -> tuple[Any, list[Member]]:
+    members: list[Member] = []
+    total = 0
+    try:
+        if fmt == "zip":
+            archive: Any = zipfile.ZipFile(io.BytesIO(data))
+            infos = archive.infolist()
+            if len(infos) > max_files:
+                raise too_many(max_files)
+            for info in infos:
+                mode = info.external_attr >> 16
+                name = _clean_name(info.filename)
+                if stat.S_ISLNK(mode):
+                    if info.file_size > MAX_NAME:
+                        raise refused_member(info.filename, "link target too long")
+                    link = archive.read(info).decode("utf-8", "surrogateescape")
+                    members.append(Member(name, "link", 0, 0o777, link))
+                elif info.is_dir():
+                    members.append(Member(name, "dir", 0, stat.S_IMODE(mode) or 0o755))
+                elif mode and not stat.S_ISREG(mode):
+                    raise refused_member(info.filename, "special file")
+                else:
+                    total += info.file_size
+                    members.append(
+                        Member(
+                            name,
+                            "file",
+                            info.file_size,
+                            stat.S_IMODE(mode) or 0o644,
+                            source=info,
+                        )
+                    )
+                if total > max_bytes:
+                    raise payload_too_large(max_bytes)
+        else:
+            archive = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")
+            count = 0
+            for ti in archive:
+                count += 1
+                if count > max_files:
+                    raise too_many(max_files)
+                name = _clean_name(ti.name)
+                if ti.issym():
+                    members.append(Member(name, "link", 0, 0o777, ti.linkname))
+                elif ti.islnk():
+                    raise refused_member(ti.name, "hard link")
+                elif ti.isdir():
+                    members.append(Member(name, "dir", 0, ti.mode & 0o777 or 0o755))
+                elif ti.isreg():
+                    total += ti.size
+                    members.append(
+                        Member(
+                            name, "file", ti.size, ti.mode & 0o777 or 0o644, source=ti
+                        )
+                    )
+                else:
+                    raise refused_member(ti.name, "special file")
+                if total > max_bytes:
+                    raise payload_too_large(max_bytes)
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as e:
+        raise ApiError(
+            400, f"not a valid {fmt} archive: {e}", "ValueError", "invalid_param"
+        ) from None
+    return archive, members
+
+
+def _check(members: list[Member], guard: PathGuard, dest: str, overwrite: bool) -> None:
+    """Every member, before any byte is written."""
+    seen: dict[str, str] = {}
+    links = set()
+    for m in members:
+        if m.name in seen and (seen[m.name] != m.kind or m.kind != "dir"):
+            raise refused_member(m.name, "duplicate member")
+        seen[m.name] = m.kind
+        parts = m.name.split("/")
+        for i in range(1, len(parts)):
+            prefix = "/".join(parts[:i])
+            if prefix in links:
+                raise refused_member(m.name, "path goes through a link member")
+            if seen.get(prefix) == "file":
+                raise refused_member(m.name, "path goes through a file member")
+        if m.kind == "link":
+            if m.link.startswith("/") or "\x00" in m.link:
+                raise refused_member(m.name, "link points out")
+            landing = posixpath.normpath(
+                posixpath.join(posixpath.dirname(m.name), m.link)
+            )
+            if landing == ".." or landing.startswith("../"):
+                raise refused_member(m.name, "link points out")
+            links.add(m.name)
+    for m in members:
+        target = posixpath.join(dest, m.name)
+        decision = guard.decide(target, "write")
+        if not decision.allowed:
+            from sandboxd.guard import refusal
+
+            raise refusal(decision)
+        # What already exists on the way: links are refused, not written through.
+        here = dest
+        for part in m.name.split("/"):
+            here = posixpath.join(here, part)
+            try:
+                st = os.lstat(here)
+            except FileNotFoundError:
+                break
+            except OSError as e:
+                raise os_error(e, target) from None
+            if stat.S_ISLNK(st.st_mode):
+                raise refused_member(m.name, "a link already in the destination")
+            if here != target and not stat.S_ISDIR(st.st_mode):
+                raise refused_member(m.name, "a file already in the destination")
+            if here == target and m.kind != "dir":
+                if stat.S_ISDIR(st.st_mode):
+                    raise refused_member(
+                        m.name, "a directory already in the destination"
+                    )
+                if not overwrite:
+                    raise ApiError(
+                        409, f"File exists: {target}", "FileExistsError", "file_exists"
+                    )
+
+
+def extract(
+    guard: PathGuard,
+    data: bytes,
+    fmt: str,
+    destination: str,
+    overwrite: bool,
+    max_files: int,
+    max_bytes: int,
+) -> dict[str, Any]:
+    """Unpack into ``destination``; all or nothing on validation, files atomic."""
+    archive, members = _members(data, fmt, max_files, max_bytes)
+    with archive:
+        with guard.locate(destination, "write", follow=True, make_parents=True) as loc:
+            dest = loc.path
+            if loc.name:
+                try:
+                    os.mkdir(loc.name, 0o755, dir_fd=loc.dir_fd)
+                except FileExistsError:
+                    pass
+                except OSError as e:
+                    raise os_error(e, destination) from None
+        _check(members, guard, dest, overwrite)
+        written = 0
+        files = 0
+        created: list[str] = []
+        try:
+            for m in members:
+                target = posixpath.join(dest, m.name)
+                if m.kind == "dir":
+                    with guard.locate(
+                        target, "write", follow=False, make_parents=True
+                    ) as d:
+                        try:
+                            os.mkdir(d.name, m.mode | 0o700, dir_fd=d.dir_fd)
+                            created.append(target)
+                        except FileExistsError:
+                            pass
+                    continue
+                if m.kind == "link":
+                    with guard.locate(
+                        target, "write", follow=False, make_parents=True
+                    ) as d:
+                        os.symlink(m.link, d.name, dir_fd=d.dir_fd)
+                        created.append(target)
+                    continue
+                loc = guard.locate(target, "write", follow=False, make_parents=True)
+                writer = AtomicWrite(
+                    loc, overwrite=overwrite, mode=m.mode, display=target
+                )
+                try:
+                    source = (
+                        archive.open(m.source)
+                        if fmt == "zip"
+                        else archive.extractfile(m.source)
+                    )
+                    got = 0
+                    with source:
+                        while chunk := source.read(1 << 20):
+                            got += len(chunk)
+                            written += len(chunk)
+                            if got > m.size or written > max_bytes:
+                                raise payload_too_large(max_bytes)
+                            writer.write(chunk)
+                except BaseException:
+                    writer.abort()
+                    raise
+                writer.commit()
+                created.append(target)
+                files += 1
+        except (tarfile.TarError, zipfile.BadZipFile, EOFError) as e:
+            _undo(guard, created)
+            raise ApiError(
+                400, f"not a valid {fmt} archive: {e}", "ValueError", "invalid_param"
+            ) from None
+        except BaseException:
+            _undo(guard, created)
+            raise
+    return {"destination": dest, "files": files, "bytes": written}
+
+
+def _undo(guard: PathGuard, created: list[str]) -> None:
+    """Remove what a failed extraction wrote (newest first)."""
+    for path in reversed(created):
+        try:
+            with guard.locate(path, "delete", follow=False) as loc:
+                st = loc.lstat()
+                if st is None:
+                    continue
+                if stat.S_ISDIR(st.st_mode):
+                    os.rmdir(loc.name, dir_fd=loc.dir_fd)
+                else:
+                    os.unlink(loc.name, dir_fd=loc.dir_fd)
+        except (ApiError, OSError):
+            pass

@@ -1,0 +1,216 @@
+"""
+Atomic writes: a temporary file beside the target, renamed into place.
+
+Every write of file content goes through :class:`AtomicWrite`, so a reader
+sees the old file or the new one, never half of either: an aborted, oversize
+or failed upload (ENOSPC included) removes its temporary file and leaves the
+old content alone.  The temporary file is created with ``O_EXCL |
+O_NOFOLLOW`` in the directory the guard resolved by fd, and the rename
+replaces the *name*: a link planted at the target is replaced, never written
+through.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+from typing import Any
+
+from sandboxd.errors import ApiError
+from sandboxd.guard import Location, etag_of, os_error
+
+_TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def insufficient_storage() -> ApiError:
+    """507: the disk filled up (nothing was left half-written)."""
+    return ApiError(
+        507, "no space left on the device", "OSError", "insufficient_storage"
+    )
+
+
+def precondition_failed(path: str) -> ApiError:
+    """412: ``If-Match`` names a version the file no longer has."""
+    return ApiError(
+        412,
+        f"the file changed since the given ETag: {path}",
+        "ValueError",
+        "precondition_failed",
+    )
+
+
+def file_exists(path: str) -> ApiError:
+    """409: the target exists and overwriting was not asked for."""
+    return ApiError(409, f"File exists: {path}", "FileExistsError", "file_exists")
+
+
+def parse_mode(raw: Any) -> int | None:
+    """An octal permission string or int (``"644"``) -> int, or 400."""
+    if raw is None or raw == "":
+        return None
+    try:
+        mode = int(raw, 8) if isinstance(raw, str) else int(raw)
+    except (TypeError, ValueError):
+        raise ApiError(
+            400, "'mode' must be octal, e.g. 644", "ValueError", "invalid_param"
+        ) from None
+    if not 0 <= mode <= 0o777:
+        raise ApiError(
+            400, "'mode' must be within 000..777", "ValueError", "invalid_param"
+        )
+    return mode
+
+
+class AtomicWrite:
+    """
+    One atomic replacement of ``location``'s file.
+
+    Takes ownership of ``location`` (closes its fd at the end).  Preconditions
+    are checked at construction, so a raw upload is refused before any body
+    byte is written, and again just before the rename.
+
+    :param overwrite: replace an existing file (else 409).
+    :param if_match: an ETag the existing file must still have (else 412).
+    :param mode: permissions of the new file (default: the old file's, or 644).
+    """
+
+    def __init__(
+        self,
+        location: Location,
+        *,
+        overwrite: bool = True,
+        if_match: str | None = None,
+        mode: int | None = None,
+        display: str | None = None,
+    ) -> None:
+        self.location = location
+        self.display = display or location.path
+        self.overwrite = overwrite
+        self.if_match = if_match
+        self.bytes = 0
+        self.fd = -1
+        self.tmp_name = ""
+        self.done = False
+        if location.name == "":
+            location.close()
+            raise ApiError(
+                400,
+                f"Is a directory: {self.display}",
+                "IsADirectoryError",
+                "invalid_param",
+            )
+        try:
+            existing = self._check_target()
+            if mode is None:
+                mode = stat.S_IMODE(existing.st_mode) if existing is not None else 0o644
+            self.tmp_name = f".{location.name[:200]}.{secrets.token_hex(6)}.upload"
+            self.fd = os.open(self.tmp_name, _TMP_FLAGS, 0o600, dir_fd=location.dir_fd)
+            os.fchmod(self.fd, mode)
+        except OSError as e:
+            self.abort()
+            raise os_error(e, self.display) from None
+        except BaseException:
+            self.abort()
+            raise
+
+    @property
+    def path(self) -> str:
+        """The resolved target path."""
+        return self.location.path
+
+    def _check_target(self) -> os.stat_result | None:
+        st = self.location.lstat()
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            raise ApiError(
+                400,
+                f"Is a directory: {self.display}",
+                "IsADirectoryError",
+                "invalid_param",
+            )
+        if st is not None and not self.overwrite:
+            raise file_exists(self.display)
+        if self.if_match is not None and self.if_match.strip() != "*":
+            if st is None or not _etag_matches(self.if_match, etag_of(st)):
+                raise precondition_failed(self.display)
+        elif self.if_match is not None and st is None:
+            raise precondition_failed(self.display)
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            return None
+        return st
+
+    def write(self, data: bytes | memoryview) -> None:
+        """Append ``data``; ENOSPC aborts the whole write with 507."""
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.write(self.fd, view)
+                view = view[n:]
+                self.bytes += n
+        except OSError as e:
+            self.abort()
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise insufficient_storage() from None
+            raise os_error(e, self.display) from None
+
+    def commit(self) -> str:
+        """Rename into place; returns the new file's ETag."""
+        try:
+            self._check_target()
+            st = os.fstat(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+            dfd = self.location.dir_fd
+            if self.overwrite:
+                os.rename(
+                    self.tmp_name, self.location.name, src_dir_fd=dfd, dst_dir_fd=dfd
+                )
+            else:
+                # link() refuses an existing name: no window for a racing writer.
+                os.link(
+                    self.tmp_name,
+                    self.location.name,
+                    src_dir_fd=dfd,
+                    dst_dir_fd=dfd,
+                    follow_symlinks=False,
+                )
+                os.unlink(self.tmp_name, dir_fd=dfd)
+            self.tmp_name = ""
+        except FileExistsError:
+            self.abort()
+            raise file_exists(self.display) from None
+        except OSError as e:
+            self.abort()
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise insufficient_storage() from None
+            raise os_error(e, self.display) from None
+        except BaseException:
+            self.abort()
+            raise
+        self.done = True
+        self.location.close()
+        return etag_of(st)
+
+    def abort(self) -> None:
+        """Remove the temporary file; the old file stays as it was."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        if self.tmp_name:
+            try:
+                os.unlink(self.tmp_name, dir_fd=self.location.dir_fd)
+            except OSError:
+                pass
+            self.tmp_name = ""
+        self.location.close()
+
+
+def _etag_matches(header: str, etag: str) -> bool:
+    """Whether an ``If-Match``/``If-None-Match`` value lists ``etag``."""
+    wanted = [t.strip() for t in header.split(",")]
+    bare = etag.strip('"')
+    return any(t in (etag, bare, f"W/{etag}") or t == "*" for t in wanted)
+
+
+etag_matches = _etag_matches

@@ -1,0 +1,160 @@
+"""
+Streamed file bodies: a push producer that reads an fd a chunk at a time
+and writes only while the client keeps up.
+
+Memory per response is one chunk plus the transport's buffer, whatever the
+file's size: the transport pauses the producer when its buffer fills and
+resumes it once drained.  The same producer serves raw bytes
+(``files_read_raw``, with a byte range) and base64 inside a JSON envelope
+(``files_download_stream``); base64 chunks are whole multiples of 3 bytes so
+their encodings concatenate.
+"""
+
+from __future__ import annotations
+
+import binascii
+import os
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IPushProducer
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from sandboxd.policy.defaults import STREAM_CHUNK_BYTES
+
+log = Logger(namespace="sandboxd.files")
+
+
+def b64_chunk(data: bytes) -> bytes:
+    """Base64 of one chunk, no newline."""
+    return binascii.b2a_base64(data, newline=False)
+
+
+@implementer(IPushProducer)
+class FileProducer:
+    """
+    Write ``length`` bytes of ``fd`` from ``offset`` to a consumer.
+
+    Owns ``fd`` and closes it when done, stopped, or failed.
+
+    :param transform: applied to each chunk read (base64 for the JSON route).
+    :param trailer: a callable giving bytes to write after the last chunk,
+        called with the number of file bytes sent.
+    """
+
+    def __init__(
+        self,
+        fd: int,
+        offset: int,
+        length: int,
+        *,
+        transform: Callable[[bytes], bytes] | None = None,
+        trailer: Callable[[int], bytes] | None = None,
+        chunk: int = STREAM_CHUNK_BYTES,
+    ) -> None:
+        self.fd = fd
+        self.pos = offset
+        self.left = length
+        self.sent = 0
+        self.transform = transform
+        self.trailer = trailer
+        self.chunk = (chunk // 3) * 3 if transform is not None else chunk
+        self.paused = False
+        self.consumer: Any = None
+        self.done: Deferred[int] = Deferred()
+        self._busy = False
+
+    def start(self, consumer: Any) -> Deferred[int]:
+        """Register with ``consumer`` and start writing; fires with bytes sent."""
+        self.consumer = consumer
+        consumer.registerProducer(self, True)
+        self.resumeProducing()
+        return self.done
+
+    def resumeProducing(self) -> None:
+        """Write chunks until the consumer pauses us or the range is done."""
+        self.paused = False
+        if self._busy or self.fd < 0:
+            return
+        self._busy = True
+        try:
+            while not self.paused and self.fd >= 0:
+                if self.left <= 0:
+                    self._finish()
+                    return
+                data = os.pread(self.fd, min(self.chunk, self.left), self.pos)
+                if not data:
+                    # The file shrank under us: end here rather than pad.
+                    self._finish()
+                    return
+                self.pos += len(data)
+                self.left -= len(data)
+                self.sent += len(data)
+                self.consumer.write(self.transform(data) if self.transform else data)
+        except OSError as e:
+            log.warn("reading a streamed file failed: {error}", error=e)
+            self._close()
+            self.consumer.unregisterProducer()
+            if not self.done.called:
+                self.done.errback(e)
+        finally:
+            self._busy = False
+
+    def pauseProducing(self) -> None:
+        """The client is behind: stop until resumed."""
+        self.paused = True
+
+    def stopProducing(self) -> None:
+        """The client went away."""
+        self._close()
+        if not self.done.called:
+            self.done.callback(self.sent)
+
+    def _finish(self) -> None:
+        self._close()
+        if self.trailer is not None:
+            self.consumer.write(self.trailer(self.sent))
+        self.consumer.unregisterProducer()
+        if not self.done.called:
+            self.done.callback(self.sent)
+
+    def _close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | str | None:
+    """
+    A single ``bytes=`` range as ``(start, length)``.
+
+    :return: None to serve the whole file (no header, several ranges, or a
+        unit we do not know), ``"unsatisfiable"`` for a range past the end.
+    """
+    if not header:
+        return None
+    unit, _, spec = header.partition("=")
+    if unit.strip().lower() != "bytes" or "," in spec:
+        return None
+    first, dash, last = spec.strip().partition("-")
+    if not dash:
+        return None
+    try:
+        if first == "":
+            n = int(last)
+            if n <= 0:
+                return "unsatisfiable"
+            n = min(n, size)
+            return (size - n, n)
+        start = int(first)
+        end = int(last) if last != "" else size - 1
+    except ValueError:
+        return None
+    if start >= size and start >= 0:
+        return "unsatisfiable"
+    if start < 0 or end < start:
+        return None
+    end = min(end, size - 1)
+    return (start, end - start + 1)

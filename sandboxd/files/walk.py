@@ -1,0 +1,367 @@
+"""
+Directory walks for listing, search, delete and move.
+
+Everything here may block on the disk, so the handlers run it in a worker
+thread.  Walks go by descriptor (``scandir`` of an fd, subdirectories opened
+``O_NOFOLLOW`` relative to their parent), never follow a link into a
+directory, and skip what the guard refuses: entries the policy denies and
+links that lead out of the boundary.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fnmatch
+import os
+import posixpath
+import shutil
+import stat
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from sandboxd.errors import ApiError
+from sandboxd.guard import Location, PathGuard, etag_of, os_error
+
+_SUBDIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+#: Depth bound for unbounded walks (search, archive): open fds stay below it.
+WALK_DEPTH = 64
+
+
+def iso_time(ts: float) -> str:
+    """Seconds since the epoch as ISO 8601 UTC (``2026-09-21T00:00:00+00:00``)."""
+    return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="seconds")
+
+
+def type_of(st: os.stat_result) -> str:
+    """``file``, ``directory``, ``symlink`` or ``other``."""
+    if stat.S_ISLNK(st.st_mode):
+        return "symlink"
+    if stat.S_ISDIR(st.st_mode):
+        return "directory"
+    if stat.S_ISREG(st.st_mode):
+        return "file"
+    return "other"
+
+
+def display_name(name: str) -> str:
+    """A name safe for JSON: undecodable bytes shown as ``\\xNN``."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode(
+            "utf-8", "backslashreplace"
+        )
+
+
+def visible(guard: PathGuard, path: str, st: os.stat_result) -> bool:
+    """Whether a walked entry may be shown: policy allows it, links stay inside."""
+    if not guard.decide(path).allowed:
+        return False
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            with guard.locate(path, "read", follow=True):
+                pass
+        except ApiError:
+            return False
+    return True
+
+
+def walk(
+    fd: int, root: str, max_depth: int, hidden: bool = True
+) -> Iterator[tuple[str, str, os.stat_result]]:
+    """
+    Yield ``(parent path, name, lstat)`` below the open directory ``fd``,
+    sorted by name per directory, descending into real directories only.
+    """
+    try:
+        with os.scandir(fd) as it:
+            items = sorted(
+                (
+                    (e.name, e.stat(follow_symlinks=False))
+                    for e in it
+                    if hidden or not e.name.startswith(".")
+                ),
+                key=lambda x: x[0],
+            )
+    except OSError:
+        return
+    for name, st in items:
+        yield root, name, st
+        if max_depth > 1 and stat.S_ISDIR(st.st_mode):
+            try:
+                sub = os.open(name, _SUBDIR_FLAGS, dir_fd=fd)
+            except OSError:
+                continue
+            try:
+                if os.fstat(sub).st_ino != st.st_ino:
+                    continue  # swapped since scandir: skip rather than guess
+                yield from walk(sub, posixpath.join(root, name), max_depth - 1, hidden)
+            finally:
+                os.close(sub)
+
+
+def list_dir(
+    guard: PathGuard, path: str, depth: int, hidden: bool, max_entries: int
+) -> dict[str, Any]:
+    """``files_list``: entries of a directory (and below, up to ``depth``)."""
+    entries: list[dict[str, Any]] = []
+    truncated = False
+    with guard.open_dir(path) as (fd, root):
+        for parent, name, st in walk(fd, root, depth, hidden):
+            full = posixpath.join(parent, name)
+            if not visible(guard, full, st):
+                continue
+            if len(entries) >= max_entries:
+                truncated = True
+                break
+            entries.append(
+                {
+                    "name": display_name(name),
+                    "path": display_name(full),
+                    "type": type_of(st),
+                    "size": st.st_size,
+                    "modified": iso_time(st.st_mtime),
+                }
+            )
+    return {"path": root, "entries": entries, "truncated": truncated}
+
+
+def search(
+    guard: PathGuard, path: str, pattern: str, max_results: int, timeout: float
+) -> dict[str, Any]:
+    """``files_search``: names matching ``pattern`` below ``path``, within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    matcher = fnmatch.translate(pattern)
+    import re
+
+    regex = re.compile(matcher)
+    results: list[dict[str, str]] = []
+    timed_out = truncated = False
+    with guard.open_dir(path) as (fd, root):
+        for n, (parent, name, st) in enumerate(walk(fd, root, WALK_DEPTH)):
+            if n % 256 == 0 and time.monotonic() > deadline:
+                timed_out = True
+                break
+            if regex.match(name) is None:
+                continue
+            full = posixpath.join(parent, name)
+            if not visible(guard, full, st):
+                continue
+            if len(results) >= max_results:
+                truncated = True
+                break
+            results.append({"name": display_name(name), "path": display_name(full)})
+    return {"results": results, "timed_out": timed_out, "truncated": truncated}
+
+
+def stat_path(guard: PathGuard, path: str) -> dict[str, Any]:
+    """``files_stat``: the entry itself (a link is reported as a link)."""
+    with guard.locate(path, "read", follow=False) as loc:
+        st = loc.lstat()
+        resolved = loc.path
+    name = posixpath.basename(resolved) or resolved
+    if st is None:
+        return {
+            "name": name,
+            "path": resolved,
+            "type": "unknown",
+            "size": 0,
+            "permissions": "",
+            "modified": "",
+            "exists": False,
+        }
+    if stat.S_ISLNK(st.st_mode):
+        # A link is described only when it stays inside the boundary.
+        with guard.locate(path, "read", follow=True):
+            pass
+    out = {
+        "name": name,
+        "path": resolved,
+        "type": type_of(st),
+        "size": st.st_size,
+        "permissions": format(stat.S_IMODE(st.st_mode), "o")[-3:].zfill(3),
+        "modified": iso_time(st.st_mtime),
+        "exists": True,
+    }
+    if stat.S_ISREG(st.st_mode):
+        out["etag"] = etag_of(st)
+    return out
+
+
+def delete(guard: PathGuard, path: str) -> str:
+    """``files_delete``: a file, a link (not its target) or a whole tree."""
+    with guard.locate(path, "delete", follow=False, missing_ok=False) as loc:
+        if loc.name == "":
+            raise ApiError(
+                403,
+                f"refusing to delete a root directory: {path}",
+                "PermissionError",
+                "path_not_allowed",
+                rule="guard:base_dir",
+            )
+        st = loc.lstat()
+        if st is None:
+            raise ApiError(
+                404,
+                f"No such file or directory: {path}",
+                "FileNotFoundError",
+                "not_found",
+            )
+        try:
+            if stat.S_ISDIR(st.st_mode):
+                # fd-based rmtree: a directory swapped for a link is not followed.
+                shutil.rmtree(loc.name, dir_fd=loc.dir_fd)
+            else:
+                os.unlink(loc.name, dir_fd=loc.dir_fd)
+        except OSError as e:
+            raise os_error(e, path) from None
+        return loc.path
+
+
+_libc: Any = None
+
+
+def _renameat2() -> Any:
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            _libc = False
+    return getattr(_libc, "renameat2", None) if _libc else None
+
+
+_RENAME_NOREPLACE = 1
+
+
+def rename_noreplace(src: Location, dst_fd: int, dst_name: str) -> None:
+    """Rename without replacing: ``renameat2(RENAME_NOREPLACE)`` or link+unlink."""
+    fn = _renameat2()
+    if fn is not None:
+        r = fn(
+            src.dir_fd,
+            os.fsencode(src.name),
+            dst_fd,
+            os.fsencode(dst_name),
+            _RENAME_NOREPLACE,
+        )
+        if r == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EINVAL):
+            raise OSError(err, os.strerror(err))
+    try:
+        os.stat(dst_name, dir_fd=dst_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        os.rename(src.name, dst_name, src_dir_fd=src.dir_fd, dst_dir_fd=dst_fd)
+        return
+    raise OSError(errno.EEXIST, "File exists")
+
+
+def _prefixed(e: ApiError, prefix: str) -> ApiError:
+    e.message = f"{prefix}: {e.message}"
+    return e
+
+
+def move(
+    guard: PathGuard, source: Any, destination: Any, overwrite: bool
+) -> tuple[str, str]:
+    """``files_move``: errors say which side (``source:`` / ``destination:``)."""
+    try:
+        src = guard.locate(source, "delete", follow=False, missing_ok=False)
+    except ApiError as e:
+        raise _prefixed(e, "source") from None
+    with src:
+        if src.name == "":
+            raise ApiError(
+                403,
+                f"source: refusing to move a root directory: {source}",
+                "PermissionError",
+                "path_not_allowed",
+                rule="guard:base_dir",
+            )
+        try:
+            dst = guard.locate(destination, "write", follow=False, make_parents=True)
+        except ApiError as e:
+            raise _prefixed(e, "destination") from None
+        with dst:
+            dst_st = dst.lstat()
+            dst_fd, dst_name, dst_path = dst.dir_fd, dst.name, dst.path
+            inner_fd = -1
+            try:
+                if dst_st is not None and stat.S_ISDIR(dst_st.st_mode):
+                    # Moving onto a directory moves into it, as mv and shutil.move do.
+                    inner_fd = os.open(dst_name or ".", _SUBDIR_FLAGS, dir_fd=dst_fd)
+                    dst_fd, dst_name = inner_fd, src.name
+                    dst_path = posixpath.join(dst_path, src.name)
+                    decision = guard.decide(dst_path, "write")
+                    if not decision.allowed:
+                        from sandboxd.guard import refusal
+
+                        raise _prefixed(refusal(decision), "destination")
+                elif dst_name == "":
+                    raise ApiError(
+                        400,
+                        "destination: is a root directory",
+                        "ValueError",
+                        "invalid_param",
+                    )
+                if overwrite:
+                    os.rename(
+                        src.name, dst_name, src_dir_fd=src.dir_fd, dst_dir_fd=dst_fd
+                    )
+                else:
+                    rename_noreplace(src, dst_fd, dst_name)
+            except OSError as e:
+                if e.errno == errno.EEXIST or e.errno == errno.ENOTEMPTY:
+                    raise ApiError(
+                        409,
+                        f"destination: File exists: {destination}",
+                        "FileExistsError",
+                        "file_exists",
+                    ) from None
+                if e.errno == errno.EINVAL:
+                    raise ApiError(
+                        400,
+                        "destination: cannot move a directory into itself",
+                        "ValueError",
+                        "invalid_param",
+                    ) from None
+                if e.errno == errno.EXDEV:
+                    raise ApiError(
+                        400,
+                        "destination: on another file system",
+                        "OSError",
+                        "invalid_param",
+                    ) from None
+                raise _prefixed(os_error(e, destination), "destination") from None
+            finally:
+                if inner_fd >= 0:
+                    os.close(inner_fd)
+            return src.path, dst_path
+
+
+def make_dir(guard: PathGuard, path: Any) -> str:
+    """``files_mkdir``: the directory and its parents (exist_ok)."""
+    with guard.locate(path, "write", follow=True, make_parents=True) as loc:
+        if loc.name == "":
+            return loc.path
+        try:
+            os.mkdir(loc.name, 0o755, dir_fd=loc.dir_fd)
+        except FileExistsError:
+            st = loc.lstat()
+            if st is None or not stat.S_ISDIR(st.st_mode):
+                raise ApiError(
+                    409,
+                    f"File exists and is not a directory: {path}",
+                    "FileExistsError",
+                    "file_exists",
+                ) from None
+        except OSError as e:
+            raise os_error(e, path) from None
+        return loc.path

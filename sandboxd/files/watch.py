@@ -1,0 +1,292 @@
+"""
+``files_watch``: inotify events for a directory, served as a resumable SSE
+stream (SPEC §7.3, §9).
+
+One :class:`Watch` per (directory, recursive) is shared by every client and
+outlives them by ``WATCH_IDLE_SECONDS``, so ``Last-Event-ID`` can resume
+across reconnects.  Raw inotify events are debounced (a burst of writes to
+one file is one ``modified``), paired into ``moved`` where a
+``MOVED_FROM`` is followed by its ``MOVED_TO``, kept in an
+:class:`~sandboxd.eventlog.EventLog`, and filtered per client through that
+client's path guard (events for paths it may not see are dropped; a path
+reached through a link that leaves the boundary resolves outside and is
+dropped too).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from typing import Any
+
+from twisted.application.service import Service
+from twisted.internet import inotify
+from twisted.internet.threads import deferToThreadPool
+from twisted.logger import Logger
+from twisted.python.filepath import FilePath
+
+from sandboxd.errors import ApiError
+from sandboxd.eventlog import Event, EventLog, Follower, default_format, resume_point
+from sandboxd.guard import PathGuard
+from sandboxd.policy.defaults import (
+    MAX_WATCHES,
+    MIB,
+    WATCH_DEBOUNCE_SECONDS,
+    WATCH_IDLE_SECONDS,
+)
+from sandboxd.web.messages import ServerRequest, SSEResponse
+from sandboxd.web.sse import SSEChannel
+
+log = Logger(namespace="sandboxd.files.watch")
+
+_MASK = (
+    inotify.IN_CREATE
+    | inotify.IN_MODIFY
+    | inotify.IN_CLOSE_WRITE
+    | inotify.IN_DELETE
+    | inotify.IN_MOVED_FROM
+    | inotify.IN_MOVED_TO
+    | inotify.IN_DELETE_SELF
+    | inotify.IN_MOVE_SELF
+)
+
+#: Directories one recursive watch may cover (each is an inotify watch).
+MAX_WATCH_DIRS = 8192
+
+
+class _Notifier(inotify.INotify):
+    """
+    Twisted's INotify closes itself when *any* watched directory is deleted
+    (``IN_DELETE_SELF``); a recursive watch must survive its subdirectories.
+    """
+
+    closing = False
+
+    def loseConnection(self, *args: Any) -> None:
+        if self.closing:
+            super().loseConnection(*args)
+
+    def close(self) -> None:
+        self.closing = True
+        self.loseConnection()
+
+
+class Watch:
+    """One inotify watch and its event log."""
+
+    def __init__(
+        self, service: WatchService, root: str, recursive: bool, retention: int
+    ) -> None:
+        self.service = service
+        self.root = root
+        self.recursive = recursive
+        self.log = EventLog(retention)
+        self.clients = 0
+        self.pending: list[dict[str, Any]] = []
+        self._flush_call: Any = None
+        self._idle_call: Any = None
+        self.notifier = _Notifier(service.reactor)
+
+    def start(self, dirs: list[str]) -> None:
+        """Watch ``root`` (and ``dirs`` below it, for a recursive watch)."""
+        self.notifier.watch(
+            FilePath(self.root),
+            mask=_MASK,
+            autoAdd=self.recursive,
+            callbacks=[self._raw],
+        )
+        for d in dirs:
+            try:
+                self.notifier.watch(
+                    FilePath(d), mask=_MASK, autoAdd=True, callbacks=[self._raw]
+                )
+            except inotify.INotifyError:
+                continue
+
+    def _raw(self, _: Any, filepath: FilePath[Any], mask: int) -> None:
+        path = os.fsdecode(filepath.path)
+        kind = "directory" if mask & inotify.IN_ISDIR else "file"
+        if mask & (inotify.IN_DELETE_SELF | inotify.IN_MOVE_SELF):
+            if path == self.root:
+                self._add({"event": "deleted", "path": path, "type": "directory"})
+                self._flush()
+                self.close()
+            return
+        if mask & inotify.IN_CREATE:
+            self._add({"event": "created", "path": path, "type": kind})
+        elif mask & (inotify.IN_MODIFY | inotify.IN_CLOSE_WRITE):
+            self._add({"event": "modified", "path": path, "type": kind})
+        elif mask & inotify.IN_DELETE:
+            self._add({"event": "deleted", "path": path, "type": kind})
+        elif mask & inotify.IN_MOVED_FROM:
+            self._add({"event": "moved", "path": path, "type": kind, "_open": True})
+        elif mask & inotify.IN_MOVED_TO:
+            last = self.pending[-1] if self.pending else None
+            if last is not None and last.get("_open"):
+                last.pop("_open")
+                last["dest"] = path
+            else:
+                self._add({"event": "created", "path": path, "type": kind})
+
+    def _add(self, item: dict[str, Any]) -> None:
+        """Debounce: a modify after a create or modify of the same path is dropped."""
+        if item["event"] == "modified":
+            for old in reversed(self.pending):
+                if old["path"] == item["path"]:
+                    if old["event"] in ("created", "modified"):
+                        return
+                    break
+        self.pending.append(item)
+        if self._flush_call is None:
+            self._flush_call = self.service.reactor.callLater(
+                WATCH_DEBOUNCE_SECONDS, self._flush
+            )
+
+    def _flush(self) -> None:
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush_call = None
+        pending, self.pending = self.pending, []
+        for item in pending:
+            item.pop("_open", None)
+            if not self.log.closed:
+                self.log.append(item["event"], item)
+
+    def acquire(self) -> None:
+        """A client joined."""
+        self.clients += 1
+        if self._idle_call is not None and self._idle_call.active():
+            self._idle_call.cancel()
+        self._idle_call = None
+
+    def release(self) -> None:
+        """A client left; close after an idle period so resumes still work."""
+        self.clients -= 1
+        if self.clients <= 0 and not self.log.closed:
+            self._idle_call = self.service.reactor.callLater(
+                WATCH_IDLE_SECONDS, self.close
+            )
+
+    def close(self) -> None:
+        """Stop watching; streams still attached end."""
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush_call = None
+        if self._idle_call is not None and self._idle_call.active():
+            self._idle_call.cancel()
+        self._idle_call = None
+        self.notifier.close()
+        self.log.close()
+        self.service.forget(self)
+
+
+class WatchService(Service):
+    """The shared watches, by (directory, recursive)."""
+
+    name = "files_watch"
+
+    def __init__(self, reactor: Any) -> None:
+        self.reactor = reactor
+        self.watches: dict[tuple[str, bool], Watch] = {}
+
+    def get(self, root: str, recursive: bool, retention: int, dirs: list[str]) -> Watch:
+        """The watch for ``root``, started if new."""
+        key = (root, recursive)
+        watch = self.watches.get(key)
+        if watch is not None and not watch.log.closed:
+            return watch
+        if len(self.watches) >= MAX_WATCHES:
+            raise ApiError(
+                429,
+                f"too many directories are watched (limit {MAX_WATCHES})",
+                "ResourceError",
+                "concurrency_limited",
+                limit=MAX_WATCHES,
+            )
+        watch = Watch(self, root, recursive, retention)
+        try:
+            watch.start(dirs)
+        except inotify.INotifyError as e:
+            watch.notifier.close()
+            raise ApiError(
+                503, f"cannot watch {root}: {e}", "OSError", "unavailable"
+            ) from None
+        self.watches[key] = watch
+        return watch
+
+    def forget(self, watch: Watch) -> None:
+        """Drop a closed watch."""
+        key = (watch.root, watch.recursive)
+        if self.watches.get(key) is watch:
+            del self.watches[key]
+
+    def stopService(self) -> Any:
+        """Close every watch (streams end)."""
+        for watch in list(self.watches.values()):
+            watch.close()
+        return super().stopService()
+
+
+def _subdirs(guard: PathGuard, path: str) -> tuple[str, list[str]]:
+    """The resolved root and the real directories below it (no link followed)."""
+    import stat
+
+    from sandboxd.files.walk import WALK_DEPTH, walk
+
+    dirs: list[str] = []
+    with guard.open_dir(path) as (fd, root):
+        for parent, name, st in walk(fd, root, WALK_DEPTH):
+            if stat.S_ISDIR(st.st_mode):
+                full = posixpath.join(parent, name)
+                if guard.decide(full).allowed:
+                    dirs.append(full)
+                    if len(dirs) >= MAX_WATCH_DIRS:
+                        break
+    return root, dirs
+
+
+def watch_handler(request: ServerRequest) -> Any:
+    """``GET /files/watch?path=&recursive=``: SSE of changes."""
+    from sandboxd.routes.files import _flag
+
+    guard = PathGuard.for_request(request)
+    path = request.query.get("path") or guard.base_dir
+    recursive = _flag(request.query.get("recursive"), "recursive", False)
+    after = resume_point(request.query, request.headers)
+    retention = request.rule.limits.max_output_bytes or MIB
+    service: WatchService = request.context.services["files_watch"]
+
+    def visible_format(event: Event) -> bytes:
+        data = event.data
+        try:
+            with guard.locate(data["path"], "read", follow=False) as loc:
+                shown = loc.path
+            if "dest" in data:
+                with guard.locate(data["dest"], "read", follow=False):
+                    pass
+        except ApiError:
+            return b""
+        if shown != data["path"]:
+            data = dict(data, path=shown)
+        return default_format(Event(event.seq, event.event, data, event.size))
+
+    def ready(found: tuple[str, list[str]]) -> SSEResponse:
+        root, dirs = found
+        watch = service.get(root, recursive, retention, dirs)
+
+        def start(channel: SSEChannel) -> Any:
+            watch.acquire()
+            channel.done.addBoth(lambda _: watch.release())
+            channel.comment("watching")
+            follower = Follower(watch.log, channel, after, visible_format)
+            return follower.done
+
+        return SSEResponse(start=start)
+
+    if recursive:
+        reactor = request.context.reactor
+        d = deferToThreadPool(reactor, reactor.getThreadPool(), _subdirs, guard, path)
+        return d.addCallback(ready)
+    with guard.open_dir(path) as (_fd, root):
+        pass
+    return ready((root, []))

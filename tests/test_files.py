@@ -1,0 +1,389 @@
+"""
+The file_ops group (SPEC §7.3) against a real daemon in a temporary base dir.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from typing import Any
+from urllib.parse import quote
+
+from twisted.internet.defer import inlineCallbacks
+
+from tests.helpers import DaemonTestCase
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+class FilesCase(DaemonTestCase):
+    def put(self, rel: str, data: bytes = b"hello") -> str:
+        path = os.path.join(self.base_dir, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+
+    def read(self, rel: str) -> bytes:
+        with open(os.path.join(self.base_dir, rel), "rb") as f:
+            return f.read()
+
+    def get(self, route: str, path: str, **kwargs: Any) -> Any:
+        return self.request("GET", f"{route}?path={quote(path, safe='')}", **kwargs)
+
+
+class TransferTests(FilesCase):
+    @inlineCallbacks
+    def test_upload_then_download(self) -> Any:
+        """/upload writes the bytes (creating parents); /download returns them with an etag."""
+        reply = yield self.request(
+            "POST",
+            "/upload",
+            {"path": "a/b/c.txt", "content_base64": b64(b"data\x00\xff")},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        body = reply.json()
+        self.assertEqual(body["path"], os.path.join(self.base_dir, "a/b/c.txt"))
+        self.assertEqual(body["bytes"], 6)
+        self.assertEqual(self.read("a/b/c.txt"), b"data\x00\xff")
+        reply = yield self.get("/download", "a/b/c.txt")
+        self.assertEqual(reply.status, 200)
+        self.assertEqual(
+            base64.b64decode(reply.json()["content_base64"]), b"data\x00\xff"
+        )
+        self.assertEqual(reply.json()["etag"], body["etag"])
+
+    @inlineCallbacks
+    def test_download_errors(self) -> Any:
+        """Missing file 404 FileNotFoundError, a directory 400, no path 400."""
+        os.mkdir(os.path.join(self.base_dir, "d"))
+        reply = yield self.get("/download", "nope.txt")
+        self.assertEqual(
+            (reply.status, reply.json()["type"]), (404, "FileNotFoundError")
+        )
+        reply = yield self.get("/download", "d")
+        self.assertEqual(reply.status, 400)
+        reply = yield self.request("GET", "/download")
+        self.assertEqual(reply.status, 400)
+
+    @inlineCallbacks
+    def test_bad_base64(self) -> Any:
+        """Invalid base64 is 400 and nothing is written."""
+        reply = yield self.request(
+            "POST", "/upload", {"path": "x.txt", "content_base64": "!!!"}
+        )
+        self.assertEqual(reply.status, 400)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "x.txt")))
+
+    @inlineCallbacks
+    def test_big_download_and_stream(self) -> Any:
+        """Files past the inline size go through a thread / the streamed JSON, byte-exact."""
+        data = os.urandom(3 * 1024 * 1024 + 7)
+        self.put("big.bin", data)
+        reply = yield self.get("/download", "big.bin")
+        self.assertEqual(base64.b64decode(reply.json()["content_base64"]), data)
+        reply = yield self.get("/files/download-stream", "big.bin")
+        self.assertEqual(reply.status, 200)
+        body = reply.json()
+        self.assertEqual(body["bytes"], len(data))
+        self.assertEqual(base64.b64decode(body["content_base64"]), data)
+        self.assertEqual(body["path"], os.path.join(self.base_dir, "big.bin"))
+
+    @inlineCallbacks
+    def test_upload_stream_big_and_overwrite_false(self) -> Any:
+        """upload-stream writes big payloads; overwrite=false on an existing file is 409, old bytes kept."""
+        data = os.urandom(2 * 1024 * 1024)
+        reply = yield self.request(
+            "POST",
+            "/files/upload-stream",
+            {"path": "u.bin", "content_base64": b64(data)},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["bytes"], len(data))
+        self.assertEqual(self.read("u.bin"), data)
+        reply = yield self.request(
+            "POST",
+            "/files/upload-stream",
+            {"path": "u.bin", "content_base64": b64(b"x"), "overwrite": False},
+        )
+        self.assertEqual(reply.status, 409)
+        self.assertEqual(self.read("u.bin"), data)
+
+    @inlineCallbacks
+    def test_if_match(self) -> Any:
+        """If-Match with a stale etag is 412 and nothing is written; the current one succeeds."""
+        reply = yield self.request(
+            "POST", "/upload", {"path": "m.txt", "content_base64": b64(b"one")}
+        )
+        etag = reply.json()["etag"]
+        self.put("m.txt", b"changed by someone else")
+        reply = yield self.request(
+            "POST",
+            "/files/upload-stream",
+            {"path": "m.txt", "content_base64": b64(b"two")},
+            headers={"If-Match": etag},
+        )
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (412, "precondition_failed")
+        )
+        self.assertEqual(self.read("m.txt"), b"changed by someone else")
+        reply = yield self.get("/files/stat", "m.txt")
+        fresh = reply.json()["etag"]
+        reply = yield self.request(
+            "POST",
+            "/files/upload-stream",
+            {"path": "m.txt", "content_base64": b64(b"two"), "if_match": fresh},
+        )
+        self.assertEqual(reply.status, 200)
+        self.assertEqual(self.read("m.txt"), b"two")
+
+    @inlineCallbacks
+    def test_no_temp_files_left(self) -> Any:
+        """After uploads (good and refused) the directory holds only the real files."""
+        yield self.request(
+            "POST", "/upload", {"path": "t.txt", "content_base64": b64(b"1")}
+        )
+        yield self.request(
+            "POST",
+            "/files/upload-stream",
+            {"path": "t.txt", "content_base64": b64(b"2"), "overwrite": False},
+        )
+        self.assertEqual(os.listdir(self.base_dir), ["t.txt"])
+
+
+class SmallCapTests(FilesCase):
+    policy = {
+        "endpoints": {
+            "files_*": {"limits": {"max_bytes": 1000}},
+            "upload": {"limits": {"max_bytes": 1000}},
+            "download": {"limits": {"max_bytes": 1000}},
+        }
+    }
+
+    @inlineCallbacks
+    def test_oversize_upload_keeps_old_file(self) -> Any:
+        """A payload over max_bytes is 413 and the old file is intact."""
+        self.put("k.txt", b"old")
+        for route in ("/upload", "/files/upload-stream"):
+            reply = yield self.request(
+                "POST", route, {"path": "k.txt", "content_base64": b64(b"x" * 1001)}
+            )
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (413, "payload_too_large"), route
+            )
+        self.assertEqual(self.read("k.txt"), b"old")
+        reply = yield self.request(
+            "POST", "/files/raw?path=k.txt", raw_body=b"y" * 1001
+        )
+        self.assertEqual(reply.status, 413)
+        self.assertEqual(self.read("k.txt"), b"old")
+        self.assertEqual(os.listdir(self.base_dir), ["k.txt"])
+
+    @inlineCallbacks
+    def test_oversize_download(self) -> Any:
+        """A file over max_bytes is 413 on the base64 routes."""
+        self.put("big.txt", b"z" * 1001)
+        for route in ("/download", "/files/download-stream"):
+            reply = yield self.get(route, "big.txt")
+            self.assertEqual(reply.status, 413, route)
+
+
+class RawTests(FilesCase):
+    @inlineCallbacks
+    def test_write_raw_and_read_raw(self) -> Any:
+        """POST /files/raw stores the body (sha256 reported); GET streams it with ETag and Last-Modified."""
+        data = os.urandom(1024 * 1024 + 3)
+        reply = yield self.request(
+            "POST", "/files/raw?path=r/raw.bin&mode=600", raw_body=data
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        body = reply.json()
+        self.assertEqual(body["bytes"], len(data))
+        self.assertEqual(body["sha256"], hashlib.sha256(data).hexdigest())
+        self.assertEqual(
+            os.stat(os.path.join(self.base_dir, "r/raw.bin")).st_mode & 0o777, 0o600
+        )
+        reply = yield self.get("/files/raw", "r/raw.bin")
+        self.assertEqual(reply.status, 200)
+        self.assertEqual(reply.body, data)
+        self.assertEqual(reply.header("etag"), body["etag"])
+        self.assertIsNotNone(reply.header("last-modified"))
+        self.assertEqual(reply.header("content-type"), "application/octet-stream")
+
+    @inlineCallbacks
+    def test_range_and_conditional(self) -> Any:
+        """A single Range is 206 with Content-Range; If-None-Match with the etag is 304; past the end 416."""
+        self.put("f.txt", b"0123456789")
+        reply = yield self.get("/files/raw", "f.txt", headers={"Range": "bytes=2-4"})
+        self.assertEqual((reply.status, reply.body), (206, b"234"))
+        self.assertEqual(reply.header("content-range"), "bytes 2-4/10")
+        reply = yield self.get("/files/raw", "f.txt", headers={"Range": "bytes=-3"})
+        self.assertEqual((reply.status, reply.body), (206, b"789"))
+        reply = yield self.get("/files/raw", "f.txt", headers={"Range": "bytes=20-"})
+        self.assertEqual(reply.status, 416)
+        etag = reply = yield self.get("/files/raw", "f.txt")
+        etag = reply.header("etag")
+        reply = yield self.get("/files/raw", "f.txt", headers={"If-None-Match": etag})
+        self.assertEqual((reply.status, reply.body), (304, b""))
+
+    @inlineCallbacks
+    def test_write_raw_if_match_and_overwrite(self) -> Any:
+        """Raw write with a stale If-Match is 412; overwrite=false on an existing file 409; old bytes kept."""
+        self.put("w.txt", b"old")
+        reply = yield self.request(
+            "POST",
+            "/files/raw?path=w.txt",
+            raw_body=b"new",
+            headers={"If-Match": '"nope"'},
+        )
+        self.assertEqual(reply.status, 412)
+        reply = yield self.request(
+            "POST", "/files/raw?path=w.txt&overwrite=false", raw_body=b"new"
+        )
+        self.assertEqual(reply.status, 409)
+        self.assertEqual(self.read("w.txt"), b"old")
+        reply = yield self.request("POST", "/files/raw?path=w.txt", raw_body=b"")
+        self.assertEqual((reply.status, self.read("w.txt")), (200, b""))
+
+
+class TreeTests(FilesCase):
+    @inlineCallbacks
+    def test_list(self) -> Any:
+        """Listing gives name/path/type/size/modified; depth and hidden work; missing dir 404."""
+        self.put("d/a.txt", b"abc")
+        self.put("d/.h", b"")
+        self.put("d/sub/deep.txt", b"")
+        reply = yield self.get("/files/list", "d")
+        self.assertEqual(reply.status, 200)
+        entries = reply.json()["entries"]
+        self.assertEqual([e["name"] for e in entries], [".h", "a.txt", "sub"])
+        a = entries[1]
+        self.assertEqual(
+            (a["type"], a["size"], a["path"]),
+            ("file", 3, os.path.join(self.base_dir, "d/a.txt")),
+        )
+        self.assertTrue(a["modified"].endswith("+00:00"))
+        self.assertFalse(reply.json()["truncated"])
+        reply = yield self.request("GET", "/files/list?path=d&depth=2&hidden=false")
+        self.assertEqual(
+            [e["name"] for e in reply.json()["entries"]], ["a.txt", "sub", "deep.txt"]
+        )
+        reply = yield self.get("/files/list", "nope")
+        self.assertEqual(reply.status, 404)
+        reply = yield self.request("GET", "/files/list?depth=11")
+        self.assertEqual(reply.status, 400)
+        reply = yield self.request("GET", "/files/list")
+        self.assertEqual(reply.json()["path"], self.base_dir)
+
+    @inlineCallbacks
+    def test_stat(self) -> Any:
+        """stat reports an existing file, and exists=false (200) for a missing path inside."""
+        path = self.put("s.txt", b"12")
+        os.chmod(path, 0o640)
+        reply = yield self.get("/files/stat", "s.txt")
+        body = reply.json()
+        self.assertEqual(
+            (body["type"], body["size"], body["permissions"], body["exists"]),
+            ("file", 2, "640", True),
+        )
+        reply = yield self.get("/files/stat", "missing")
+        self.assertEqual(reply.status, 200)
+        self.assertEqual(
+            reply.json(),
+            {
+                "name": "missing",
+                "path": os.path.join(self.base_dir, "missing"),
+                "type": "unknown",
+                "size": 0,
+                "permissions": "",
+                "modified": "",
+                "exists": False,
+            },
+        )
+
+    @inlineCallbacks
+    def test_mkdir_delete_move(self) -> Any:
+        """mkdir with parents (twice is fine), delete recursively, move with prefixes and 404."""
+        reply = yield self.request("POST", "/files/mkdir", {"path": "m/n/o"})
+        self.assertEqual(
+            reply.json(),
+            {"path": os.path.join(self.base_dir, "m/n/o"), "created": True},
+        )
+        reply = yield self.request("POST", "/files/mkdir", {"path": "m/n/o"})
+        self.assertEqual(reply.status, 200)
+        self.put("m/n/o/f.txt")
+        reply = yield self.request(
+            "POST", "/files/move", {"source": "m/n/o/f.txt", "destination": "g.txt"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(
+            reply.json()["destination"], os.path.join(self.base_dir, "g.txt")
+        )
+        self.assertEqual(self.read("g.txt"), b"hello")
+        reply = yield self.request(
+            "POST", "/files/move", {"source": "nope", "destination": "x"}
+        )
+        self.assertEqual(reply.status, 404)
+        self.assertTrue(reply.json()["error"].startswith("source:"))
+        reply = yield self.request(
+            "POST", "/files/move", {"source": "g.txt", "destination": "/etc/passwd"}
+        )
+        self.assertEqual(reply.status, 403)
+        self.assertTrue(reply.json()["error"].startswith("destination:"))
+        self.put("h.txt")
+        reply = yield self.request(
+            "POST", "/files/move", {"source": "g.txt", "destination": "h.txt"}
+        )
+        self.assertEqual(reply.status, 409)
+        reply = yield self.request(
+            "POST",
+            "/files/move",
+            {"source": "g.txt", "destination": "h.txt", "overwrite": True},
+        )
+        self.assertEqual(reply.status, 200)
+        reply = yield self.request(
+            "POST", "/files/move", {"source": "h.txt", "destination": "m"}
+        )
+        self.assertEqual(
+            reply.json()["destination"], os.path.join(self.base_dir, "m/h.txt")
+        )
+        reply = yield self.request("DELETE", "/files?path=m")
+        self.assertEqual(
+            reply.json(), {"path": os.path.join(self.base_dir, "m"), "deleted": True}
+        )
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "m")))
+        reply = yield self.request("DELETE", "/files?path=m")
+        self.assertEqual(reply.status, 404)
+        reply = yield self.request(
+            "DELETE", "/files?path=" + quote(self.base_dir, safe="")
+        )
+        self.assertEqual(reply.status, 403)
+        self.assertTrue(os.path.isdir(self.base_dir))
+
+    @inlineCallbacks
+    def test_search(self) -> Any:
+        """Search matches names recursively, caps results, and rejects over-long patterns."""
+        for i in range(5):
+            self.put(f"s/d{i}/f{i}.py")
+        self.put("s/readme.md")
+        reply = yield self.request(
+            "POST", "/files/search", {"path": "s", "pattern": "*.py"}
+        )
+        body = reply.json()
+        self.assertEqual(
+            sorted(r["name"] for r in body["results"]), [f"f{i}.py" for i in range(5)]
+        )
+        self.assertEqual((body["timed_out"], body["truncated"]), (False, False))
+        reply = yield self.request(
+            "POST", "/files/search", {"path": "s", "pattern": "*.py", "max_results": 2}
+        )
+        self.assertEqual(
+            (len(reply.json()["results"]), reply.json()["truncated"]), (2, True)
+        )
+        reply = yield self.request("POST", "/files/search", {"pattern": "[" * 5000})
+        self.assertEqual(reply.status, 400)
+        reply = yield self.request("POST", "/files/search", {})
+        self.assertEqual(reply.status, 400)
