@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""
+Workloads the reference peers cannot run: sandboxd's raw file routes.
+
+Starts a fresh daemon (twistd, a temp base dir, a random token, a policy
+raising ``max_bytes`` to 2 GiB), then writes a file of ``--size`` bytes with
+``POST /files/raw`` and reads it back with ``GET /files/raw``, each over one
+loopback connection, and prints one JSON line per case: MB/s and the
+daemon's peak RSS growth over idle (VmHWM reset through clear_refs).
+
+    .venv/bin/python bench/raw_files.py [--size-mib 1024] [--rounds 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.client
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+MiB = 1024 * 1024
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def status_kb(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def reset_peak(pid: int) -> None:
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def start_daemon(base: str, token: str) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    policy = os.path.join(base, ".policy.json")
+    with open(policy, "w") as f:
+        json.dump({"endpoints": {"files_write_raw": {"limits": {"max_bytes": "2GiB"}},
+                                 "files_read_raw": {"limits": {"max_bytes": "2GiB"}}}}, f)
+    env = {**os.environ, "ABX_SERVER_TOKEN": token}
+    twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
+    proc = subprocess.Popen(
+        [twistd, "-n", "--pidfile=", "sandboxd", "--port", f"tcp:{port}:interface=127.0.0.1",
+         "--pty-port", f"tcp:{free_port()}:interface=127.0.0.1", "--base-dir", base, "--policy", policy],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    for _ in range(200):
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            c.request("GET", "/health")
+            if c.getresponse().status == 200:
+                return proc, port
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("daemon did not start")
+
+
+def write_raw(port: int, token: str, path: str, size: int, block: bytes) -> tuple[float, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.putrequest("POST", f"/files/raw?path={path}&overwrite=true")
+    conn.putheader("X-Access-Token", token)
+    conn.putheader("Content-Length", str(size))
+    conn.endheaders()
+    digest = hashlib.sha256()
+    start = time.perf_counter()
+    left = size
+    while left:
+        chunk = block[: min(left, len(block))]
+        conn.send(chunk)
+        digest.update(chunk)
+        left -= len(chunk)
+    response = conn.getresponse()
+    body = response.read()
+    elapsed = time.perf_counter() - start
+    if response.status != 200:
+        raise SystemExit(f"write failed: {response.status} {body[:200]!r}")
+    return elapsed, digest.hexdigest()
+
+
+def read_raw(port: int, token: str, path: str) -> tuple[float, int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    start = time.perf_counter()
+    conn.request("GET", f"/files/raw?path={path}", headers={"X-Access-Token": token})
+    response = conn.getresponse()
+    digest = hashlib.sha256()
+    total = 0
+    while True:
+        chunk = response.read(4 * MiB)
+        if not chunk:
+            break
+        digest.update(chunk)
+        total += len(chunk)
+    elapsed = time.perf_counter() - start
+    if response.status != 200:
+        raise SystemExit(f"read failed: {response.status}")
+    return elapsed, total, digest.hexdigest()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    size = args.size_mib * MiB
+    token = secrets.token_hex(16)
+    base = tempfile.mkdtemp(prefix="sandboxd-bench-")
+    proc, port = start_daemon(base, token)
+    block = os.urandom(MiB)
+    try:
+        idle = status_kb(proc.pid, "VmRSS")
+        for _ in range(args.rounds):
+            reset_peak(proc.pid)
+            elapsed, sha = write_raw(port, token, "big.bin", size, block)
+            peak = status_kb(proc.pid, "VmHWM")
+            print(json.dumps({"server": "sandboxd", "workload": "RAW", "case": f"write {args.size_mib} MiB",
+                              "mb_s": round(size / elapsed / 1e6, 1), "peak_rss_growth_mb": round((peak - idle) / 1024, 1)}))
+            reset_peak(proc.pid)
+            elapsed, total, got = read_raw(port, token, "big.bin")
+            peak = status_kb(proc.pid, "VmHWM")
+            print(json.dumps({"server": "sandboxd", "workload": "RAW", "case": f"read {args.size_mib} MiB",
+                              "mb_s": round(total / elapsed / 1e6, 1), "verified": got == sha and total == size,
+                              "peak_rss_growth_mb": round((peak - idle) / 1024, 1)}))
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

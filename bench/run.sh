@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# `make bench`: every workload against a freshly started daemon.
+#
+# 1. The shared harness (W0-W7) with the reference peers in the same
+#    invocation, so the figures compare: stdlib-tuned and fastapi.
+# 2. The raw file routes, which the peers do not have (bench/raw_files.py).
+#
+# SHARED_BENCH points at the shared harness (default ../shared/bench);
+# RUN_ARGS is passed to it (e.g. RUN_ARGS="--only W1,W1b --duration 3").
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SHARED_BENCH="${SHARED_BENCH:-$ROOT/../shared/bench}"
+PEERS="${PEERS:-stdlib-tuned fastapi}"
+cd "$ROOT"
+if [ -x "$SHARED_BENCH/compare.sh" ]; then
+  [ -d "${BENCH_HOME:-$HOME/.cache/sandboxd-bench}/venv" ] || "$SHARED_BENCH/setup.sh"
+  # shellcheck disable=SC2086
+  "$SHARED_BENCH/compare.sh" $PEERS \
+    sandboxd="$ROOT/.venv/bin/twistd -n --pidfile= sandboxd --port tcp:{port}:interface=127.0.0.1 --pty-port tcp:{pty_port}:interface=127.0.0.1 --base-dir {base_dir}"
+else
+  echo "shared harness not found at $SHARED_BENCH; skipping W0-W7 (set SHARED_BENCH)" >&2
+fi
+"$ROOT/.venv/bin/python" "$ROOT/bench/raw_files.py" --size-mib "${RAW_MIB:-1024}"
