@@ -10,6 +10,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 
+from sandboxd.endpoints import catalogue_table
 from sandboxd.testing import RawClient
 from tests.helpers import DaemonTestCase
 
@@ -119,6 +120,24 @@ class LocalModeTests(DaemonTestCase, RawMixin):
         self.assertIn(b"host_not_allowed", received)
 
     @inlineCallbacks
+    def test_absolute_form_target(self) -> Any:
+        """GET http://host/x (absolute-form) is 400 invalid_path, never a proxy request."""
+        received = yield self.raw(
+            b"GET http://localhost/health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )
+        self.assertIn(b" 400 ", received.split(b"\r\n")[0])
+        self.assertIn(b"invalid_path", received)
+
+    @inlineCallbacks
+    def test_duplicated_host(self) -> Any:
+        """Two Host headers are 400."""
+        received = yield self.raw(
+            b"GET /capabilities HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\n"
+            b"Connection: close\r\n\r\n"
+        )
+        self.assertIn(b" 400 ", received.split(b"\r\n")[0])
+
+    @inlineCallbacks
     def test_missing_host(self) -> Any:
         """A request without Host is 400."""
         received = yield self.raw(
@@ -154,18 +173,6 @@ class LocalModeTests(DaemonTestCase, RawMixin):
             reply = yield self.request("POST", "/capabilities/check", raw_body=raw)
             self.assertEqual(reply.status, 400)
             self.assertEqual(reply.json()["code"], "invalid_json")
-
-    @inlineCallbacks
-    def test_not_implemented_endpoint(self) -> Any:
-        """An endpoint with no handler yet is 404 endpoint_disabled, rule code:not-implemented."""
-        if self.daemon.context.table.get("browser_console").implemented:
-            self.skipTest("browser_console is implemented")
-        reply = yield self.request("GET", "/browser/console")
-        self.assertEqual(reply.status, 404)
-        body = reply.json()
-        self.assertEqual(body["code"], "endpoint_disabled")
-        self.assertEqual(body["endpoint"], "browser_console")
-        self.assertEqual(body["rule"], "code:not-implemented")
 
     @inlineCallbacks
     def test_keep_alive_after_small_refusal(self) -> Any:
@@ -245,3 +252,25 @@ class TokenTests(DaemonTestCase):
         """An unauthenticated request to a disabled route is 401, not a hint that it exists."""
         reply = yield self.request("GET", "/browser/console", token=None)
         self.assertEqual(reply.status, 401)
+
+
+class NotImplementedTests(DaemonTestCase):
+    """An endpoint whose handler is not built is honest about it."""
+
+    autostart = False
+
+    def setUp(self) -> Any:
+        super().setUp()
+        return self.start(table=catalogue_table())
+
+    @inlineCallbacks
+    def test_not_implemented_endpoint(self) -> Any:
+        """404 endpoint_disabled with rule code:not-implemented, and discovery says why."""
+        reply = yield self.request("GET", "/browser/console")
+        self.assertEqual(reply.status, 404)
+        body = reply.json()
+        self.assertEqual(body["code"], "endpoint_disabled")
+        self.assertEqual(body["endpoint"], "browser_console")
+        self.assertEqual(body["rule"], "code:not-implemented")
+        rule = self.daemon.context.policy.rules["files_list"]
+        self.assertEqual((rule.enabled, rule.reason), (False, "not_implemented"))
