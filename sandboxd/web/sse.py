@@ -133,7 +133,9 @@ class SSEChannel:
             self._heartbeat.stop()
         if self._producer is not None:
             self._producer = None
-            self._request.unregisterProducer()
+            # After a disconnect the request has no channel left to unregister from.
+            if self._request.channel is not None:
+                self._request.unregisterProducer()
 
     def _lost(self, reason: Failure) -> None:
         if not self.open:
