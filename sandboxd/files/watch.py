@@ -102,6 +102,7 @@ class Watch:
                 )
             except inotify.INotifyError:
                 continue
+        self.notifier.startReading()
 
     def _raw(self, _: Any, filepath: FilePath[Any], mask: int) -> None:
         path = os.fsdecode(filepath.path)

@@ -1,0 +1,360 @@
+"""
+Hostile paths and archives against a real daemon (security note §3 C and D):
+encoded traversal, NUL, links in listings and searches, zip-slip and
+tar-slip, links already in the destination, bombs, and a full disk.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import io
+import os
+import tarfile
+import zipfile
+from typing import Any
+from urllib.parse import quote
+
+from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd.errors import ApiError
+from sandboxd.files import atomic
+from sandboxd.guard import PathGuard
+from tests.test_files import FilesCase, b64
+from tests.test_guard import make_rule
+
+
+def tar_of(*members: tuple[str, str, Any]) -> str:
+    """Members as (name, kind, payload): kind file/dir/sym/hard/fifo."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, kind, payload in members:
+            ti = tarfile.TarInfo(name)
+            if kind == "file":
+                ti.size = len(payload)
+                tar.addfile(ti, io.BytesIO(payload))
+                continue
+            ti.type = {
+                "dir": tarfile.DIRTYPE,
+                "sym": tarfile.SYMTYPE,
+                "hard": tarfile.LNKTYPE,
+                "fifo": tarfile.FIFOTYPE,
+                "chr": tarfile.CHRTYPE,
+            }[kind]
+            if kind in ("sym", "hard"):
+                ti.linkname = payload
+            tar.addfile(ti)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def zip_of(*members: tuple[str, bytes], links: dict[str, str] | None = None) -> str:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, data in members:
+            z.writestr(name, data)
+        for name, target in (links or {}).items():
+            info = zipfile.ZipInfo(name)
+            info.external_attr = (0o120777) << 16
+            z.writestr(info, target)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+class HostilePathTests(FilesCase):
+    def setUp(self) -> Any:
+        d = super().setUp()
+        self.outside = os.path.realpath(self.mktemp())
+        os.makedirs(self.outside)
+        with open(os.path.join(self.outside, "secret"), "wb") as f:
+            f.write(b"OUTSIDE")
+        return d
+
+    @inlineCallbacks
+    def test_encoded_traversal_and_nul(self) -> Any:
+        """Traversal spelled raw or percent-encoded is 403; a NUL is 400; never 500."""
+        for raw in (
+            "../x",
+            "%2e%2e%2fx",
+            "..%2F..%2Fetc%2Fpasswd",
+            "%2Fetc%2Fpasswd",
+            "....//x",
+            "/proc/self/environ",
+        ):
+            reply = yield self.request("GET", "/download?path=" + raw)
+            self.assertIn(reply.status, (403, 404), raw)
+            if raw != "....//x":
+                self.assertEqual(reply.status, 403, raw)
+        reply = yield self.request("GET", "/download?path=a%00b")
+        self.assertEqual(reply.status, 400)
+        reply = yield self.request(
+            "POST", "/upload", {"path": "a\u0000b", "content_base64": ""}
+        )
+        self.assertEqual(reply.status, 400)
+
+    @inlineCallbacks
+    def test_outside_refusal_identical(self) -> Any:
+        """The refusal for an outside path is the same body whether the target exists or not."""
+        a = yield self.get("/download", os.path.join(self.outside, "secret"))
+        b = yield self.get("/download", os.path.join(self.outside, "nothing"))
+        self.assertEqual(a.status, 403)
+        self.assertEqual(
+            {k: v for k, v in a.json().items() if k != "error"},
+            {k: v for k, v in b.json().items() if k != "error"},
+        )
+        os.symlink(
+            os.path.join(self.outside, "secret"), os.path.join(self.base_dir, "l1")
+        )
+        os.symlink(
+            os.path.join(self.outside, "nothing"), os.path.join(self.base_dir, "l2")
+        )
+        a = yield self.get("/files/raw", "l1")
+        b = yield self.get("/files/raw", "l2")
+        self.assertEqual((a.status, b.status), (403, 403))
+        self.assertEqual(a.json()["code"], b.json()["code"])
+
+    @inlineCallbacks
+    def test_links_out_skipped_in_list_and_search(self) -> Any:
+        """Listing and search skip links leading out and never descend through them."""
+        self.put("in.txt")
+        os.symlink(self.outside, os.path.join(self.base_dir, "outdir"))
+        os.symlink("in.txt", os.path.join(self.base_dir, "inlink"))
+        os.symlink(self.base_dir, os.path.join(self.base_dir, "loop"))
+        reply = yield self.request("GET", "/files/list?depth=3")
+        names = sorted(e["name"] for e in reply.json()["entries"])
+        self.assertEqual(names, ["in.txt", "inlink", "loop"])
+        reply = yield self.request("POST", "/files/search", {"pattern": "*"})
+        found = sorted(r["name"] for r in reply.json()["results"])
+        self.assertEqual(found, ["in.txt", "inlink", "loop"])
+        reply = yield self.request("POST", "/files/search", {"pattern": "secret"})
+        self.assertEqual(reply.json()["results"], [])
+
+    @inlineCallbacks
+    def test_write_through_link_refused(self) -> Any:
+        """Uploads to a link out, or a dangling link, are refused and leave the outside untouched."""
+        os.symlink(
+            os.path.join(self.outside, "secret"), os.path.join(self.base_dir, "out")
+        )
+        os.symlink("missing-target", os.path.join(self.base_dir, "dangle"))
+        for path in ("out", "dangle", "out/x"):
+            reply = yield self.request(
+                "POST", "/upload", {"path": path, "content_base64": b64(b"pwn")}
+            )
+            self.assertEqual(reply.status, 403, path)
+            reply = yield self.request(
+                "POST", "/files/raw?path=" + quote(path), raw_body=b"pwn"
+            )
+            self.assertEqual(reply.status, 403, path)
+        with open(os.path.join(self.outside, "secret"), "rb") as f:
+            self.assertEqual(f.read(), b"OUTSIDE")
+        self.assertFalse(os.path.lexists(os.path.join(self.base_dir, "missing-target")))
+
+
+class ReadOnlyTests(FilesCase):
+    preset = "read-only"
+
+    @inlineCallbacks
+    def test_read_only_preset(self) -> Any:
+        """Under read-only nothing on disk changes; reads still work."""
+        self.put("r.txt", b"keep")
+        reply = yield self.get("/download", "r.txt")
+        self.assertEqual(reply.status, 200)
+        for method, route, body in (
+            ("POST", "/upload", {"path": "r.txt", "content_base64": b64(b"x")}),
+            ("POST", "/files/mkdir", {"path": "newdir"}),
+            ("DELETE", "/files?path=r.txt", None),
+        ):
+            reply = yield self.request(method, route, body)
+            self.assertIn(reply.status, (403, 404), route)
+        self.assertEqual(self.read("r.txt"), b"keep")
+        self.assertEqual(os.listdir(self.base_dir), ["r.txt"])
+
+
+class ArchiveTests(FilesCase):
+    @inlineCallbacks
+    def test_archive_round_trip(self) -> Any:
+        """tar.gz and zip archives hold members relative to the base; extract restores them."""
+        self.put("proj/a.txt", b"A")
+        self.put("proj/sub/b.txt", b"B")
+        os.symlink("a.txt", os.path.join(self.base_dir, "proj/lnk"))
+        for fmt in ("tar.gz", "zip"):
+            reply = yield self.request(
+                "POST", "/files/archive", {"paths": ["proj"], "format": fmt}
+            )
+            self.assertEqual(reply.status, 200, reply.body)
+            body = reply.json()
+            self.assertEqual(body["format"], fmt)
+            data = base64.b64decode(body["content_base64"])
+            self.assertEqual(body["bytes"], len(data))
+            if fmt == "zip":
+                names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+            else:
+                names = tarfile.open(fileobj=io.BytesIO(data)).getnames()
+            self.assertIn("proj/sub/b.txt", names)
+            self.assertIn("proj/lnk", names)
+            reply = yield self.request(
+                "POST",
+                "/files/extract",
+                {
+                    "content_base64": body["content_base64"],
+                    "format": fmt,
+                    "destination": f"out-{fmt}",
+                },
+            )
+            self.assertEqual(reply.status, 200, reply.body)
+            self.assertEqual(reply.json()["files"], 2)
+            self.assertEqual(self.read(f"out-{fmt}/proj/sub/b.txt"), b"B")
+            self.assertEqual(
+                os.readlink(os.path.join(self.base_dir, f"out-{fmt}/proj/lnk")), "a.txt"
+            )
+
+    @inlineCallbacks
+    def test_archive_errors(self) -> Any:
+        """Unknown format 400, missing path 404, path outside 403."""
+        reply = yield self.request(
+            "POST", "/files/archive", {"paths": ["x"], "format": "rar"}
+        )
+        self.assertEqual(reply.status, 400)
+        reply = yield self.request("POST", "/files/archive", {"paths": ["nope"]})
+        self.assertEqual(reply.status, 404)
+        reply = yield self.request("POST", "/files/archive", {"paths": ["/etc"]})
+        self.assertEqual(reply.status, 403)
+
+    @inlineCallbacks
+    def assertRefused(
+        self, content: str, fmt: str = "tar.gz", status: int = 403
+    ) -> Any:
+        reply = yield self.request(
+            "POST",
+            "/files/extract",
+            {"content_base64": content, "format": fmt, "destination": "dst"},
+        )
+        self.assertEqual(reply.status, status, reply.body)
+        found = (
+            os.listdir(os.path.join(self.base_dir, "dst"))
+            if os.path.isdir(os.path.join(self.base_dir, "dst"))
+            else []
+        )
+        self.assertEqual([n for n in found if n != "ok"], [], "nothing written")
+        return reply
+
+    @inlineCallbacks
+    def test_tar_slip(self) -> Any:
+        """Absolute names, '..', link members pointing out, links then files through them, hard links, devices: 403, nothing written."""
+        good = ("good.txt", "file", b"g")
+        cases = [
+            tar_of(good, ("../evil.txt", "file", b"x")),
+            tar_of(good, ("/abs.txt", "file", b"x")),
+            tar_of(good, ("a/../../evil.txt", "file", b"x")),
+            tar_of(good, ("lnk", "sym", "/etc")),
+            tar_of(good, ("lnk", "sym", "../../outside")),
+            tar_of(good, ("lnk", "sym", "sub"), ("lnk/x.txt", "file", b"x")),
+            tar_of(good, ("h", "hard", "/etc/passwd")),
+            tar_of(good, ("dev", "chr", "")),
+            tar_of(good, ("f", "fifo", "")),
+            tar_of(good, ("a\\..\\..\\x", "file", b"x")),
+        ]
+        for content in cases:
+            yield self.assertRefused(content)
+
+    @inlineCallbacks
+    def test_zip_slip(self) -> Any:
+        """zip names with '..', absolute, drive letters, and link members pointing out: 403, nothing written."""
+        for content in (
+            zip_of(("good", b"g"), ("../../x", b"x")),
+            zip_of(("good", b"g"), ("/abs", b"x")),
+            zip_of(("good", b"g"), ("C:\\win.txt", b"x")),
+            zip_of(("good", b"g"), links={"l": "/etc"}),
+        ):
+            yield self.assertRefused(content, "zip")
+
+    @inlineCallbacks
+    def test_link_already_in_destination(self) -> Any:
+        """A link already in the destination is not written through (zipfile.extract would)."""
+        outside = os.path.realpath(self.mktemp())
+        os.makedirs(outside)
+        os.makedirs(os.path.join(self.base_dir, "dst"))
+        os.symlink(outside, os.path.join(self.base_dir, "dst", "ok"))
+        reply = yield self.request(
+            "POST",
+            "/files/extract",
+            {
+                "content_base64": zip_of(("ok/pwned.txt", b"x")),
+                "format": "zip",
+                "destination": "dst",
+            },
+        )
+        self.assertEqual(reply.status, 403)
+        self.assertEqual(os.listdir(outside), [])
+
+    @inlineCallbacks
+    def test_overwrite_and_bomb(self) -> Any:
+        """Existing files need overwrite (409 otherwise); members over the size cap are 413."""
+        self.put("dst/f.txt", b"old")
+        reply = yield self.request(
+            "POST",
+            "/files/extract",
+            {"content_base64": tar_of(("f.txt", "file", b"new")), "destination": "dst"},
+        )
+        self.assertEqual(reply.status, 409)
+        self.assertEqual(self.read("dst/f.txt"), b"old")
+        reply = yield self.request(
+            "POST",
+            "/files/extract",
+            {
+                "content_base64": tar_of(("f.txt", "file", b"new")),
+                "destination": "dst",
+                "overwrite": True,
+            },
+        )
+        self.assertEqual(reply.status, 200)
+        self.assertEqual(self.read("dst/f.txt"), b"new")
+
+
+class BombTests(FilesCase):
+    policy = {
+        "endpoints": {
+            "files_extract": {"limits": {"max_bytes": 10000, "max_entries": 3}}
+        }
+    }
+
+    @inlineCallbacks
+    def test_bomb_and_count(self) -> Any:
+        """A highly compressible member past max_bytes, or too many members, is 413 with nothing written."""
+        bomb = tar_of(("zeros", "file", b"\0" * 50000))
+        self.assertLess(len(bomb), 10000)
+        reply = yield self.request(
+            "POST", "/files/extract", {"content_base64": bomb, "destination": "d"}
+        )
+        self.assertEqual(reply.status, 413)
+        many = tar_of(*[(f"f{i}", "file", b"x") for i in range(4)])
+        reply = yield self.request(
+            "POST", "/files/extract", {"content_base64": many, "destination": "d"}
+        )
+        self.assertEqual(reply.status, 413)
+        self.assertEqual(os.listdir(self.base_dir), [])
+
+
+class DiskFullTests(SynchronousTestCase):
+    def test_enospc_is_507_and_leaves_nothing(self) -> None:
+        """ENOSPC while writing is 507 insufficient_storage; the old file and directory are as before."""
+        base = os.path.realpath(self.mktemp())
+        os.makedirs(base)
+        with open(os.path.join(base, "f"), "wb") as f:
+            f.write(b"old")
+        guard = PathGuard(make_rule(base))
+        writer = atomic.AtomicWrite(guard.locate("f", "write", follow=True))
+        real_write = os.write
+
+        def full(fd: int, data: Any) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        self.patch(atomic.os, "write", full)
+        with self.assertRaises(ApiError) as cm:
+            writer.write(b"new content")
+        self.patch(atomic.os, "write", real_write)
+        self.assertEqual(
+            (cm.exception.status, cm.exception.code), (507, "insufficient_storage")
+        )
+        self.assertEqual(os.listdir(base), ["f"])
+        with open(os.path.join(base, "f"), "rb") as f:
+            self.assertEqual(f.read(), b"old")

@@ -1,0 +1,130 @@
+"""
+``files_watch`` (SPEC §7.3, §9): inotify changes as a resumable SSE stream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.protocol import Protocol
+from twisted.internet.task import deferLater
+from twisted.web.client import Agent
+from twisted.web.http_headers import Headers
+
+from tests.test_files import FilesCase
+
+
+class _Collect(Protocol):
+    def __init__(self) -> None:
+        self.data = b""
+        self.waiters: list[tuple[bytes, Deferred[None]]] = []
+        self.done: Deferred[None] = Deferred()
+
+    def dataReceived(self, data: bytes) -> None:
+        self.data += data
+        for needle, d in list(self.waiters):
+            if needle in self.data:
+                self.waiters.remove((needle, d))
+                d.callback(None)
+
+    def wait_for(self, needle: bytes) -> Deferred[None]:
+        d: Deferred[None] = Deferred()
+        if needle in self.data:
+            d.callback(None)
+        else:
+            self.waiters.append((needle, d))
+        return d
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.done.callback(None)
+
+    def events(self) -> list[tuple[int | None, str, Any]]:
+        out = []
+        for block in self.data.decode().split("\n\n"):
+            fields = dict(
+                line.split(": ", 1)
+                for line in block.splitlines()
+                if ": " in line and not line.startswith(":")
+            )
+            if "event" in fields:
+                out.append(
+                    (
+                        int(fields["id"]) if "id" in fields else None,
+                        fields["event"],
+                        json.loads(fields["data"]),
+                    )
+                )
+        return out
+
+
+class WatchTests(FilesCase):
+    @inlineCallbacks
+    def open_stream(self, query: str, headers: dict[str, str] | None = None) -> Any:
+        agent = Agent(reactor)
+        h = Headers({k: [v] for k, v in (headers or {}).items()})
+        response = yield agent.request(
+            b"GET", f"{self.daemon.url}/files/watch?{query}".encode(), h
+        )
+        self.assertEqual(response.code, 200)
+        self.assertEqual(
+            response.headers.getRawHeaders("content-type"), ["text/event-stream"]
+        )
+        collector = _Collect()
+        response.deliverBody(collector)
+        self.addCleanup(
+            lambda: (
+                response._transport.stopProducing()
+                if hasattr(response, "_transport")
+                else None
+            )
+        )
+        yield collector.wait_for(b": watching")
+        return collector, response
+
+    def close(self, response: Any) -> None:
+        response._transport.loseConnection()
+
+    @inlineCallbacks
+    def test_events_and_resume(self) -> Any:
+        """create, modify (debounced), move and delete arrive with ids; Last-Event-ID resumes after one."""
+        os.mkdir(os.path.join(self.base_dir, "w"))
+        c, response = yield self.open_stream("path=w")
+        path = os.path.join(self.base_dir, "w", "a.txt")
+        with open(path, "wb") as f:
+            for _ in range(20):
+                f.write(b"x")
+                f.flush()
+        yield c.wait_for(b"created")
+        os.rename(path, path + ".new")
+        yield c.wait_for(b"moved")
+        os.unlink(path + ".new")
+        yield c.wait_for(b"deleted")
+        events = c.events()
+        kinds = [e[1] for e in events]
+        self.assertEqual(kinds[0], "created")
+        self.assertIn("moved", kinds)
+        self.assertEqual(kinds[-1], "deleted")
+        self.assertLessEqual(kinds.count("modified"), 2)
+        moved = next(e for e in events if e[1] == "moved")[2]
+        self.assertEqual((moved["path"], moved["dest"]), (path, path + ".new"))
+        ids = [e[0] for e in events]
+        self.assertEqual(ids, sorted(ids))
+        c.transport = None
+        response._transport.loseConnection()
+        c2, response2 = yield self.open_stream("path=w", {"Last-Event-ID": str(ids[0])})
+        yield c2.wait_for(b"deleted")
+        self.assertEqual([e[0] for e in c2.events()], ids[1:])
+        response2._transport.loseConnection()
+        yield deferLater(reactor, 0.05, lambda: None)
+
+    @inlineCallbacks
+    def test_refusals_are_json(self) -> Any:
+        """A watch outside the boundary is 403 JSON and a missing directory 404, not a stream."""
+        reply = yield self.request("GET", "/files/watch?path=/etc")
+        self.assertEqual(reply.status, 403)
+        reply = yield self.request("GET", "/files/watch?path=nope")
+        self.assertEqual(reply.status, 404)
