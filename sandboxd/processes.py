@@ -25,16 +25,19 @@ package listings) is driven from here.
 
 from __future__ import annotations
 
+import codecs
 import ctypes
 import os
+import re
 import secrets
 import signal
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
 import attrs
+from twisted.application.service import Service
 from twisted.internet import process as _twisted_process
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IDelayedCall
@@ -44,13 +47,20 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sandboxd.children import SETSID, RunAs, exit_code, find_executable
+from sandboxd.eventlog import EventLog
 from sandboxd.policy.defaults import (
     ENDPOINT_LIMITS,
+    EVENT_OVERHEAD_BYTES,
     EXIT_DRAIN_MAX_SECONDS,
     EXIT_DRAIN_SECONDS,
     KILL_GRACE_SECONDS,
+    MAX_LINE_BYTES,
     ORPHAN_REAP_SECONDS,
+    PROCESS_HISTORY,
+    STREAM_FLUSH_BYTES,
+    STREAM_FLUSH_SECONDS,
 )
+from sandboxd.web.sse import frame
 
 log = Logger(namespace="sandboxd.processes")
 
@@ -66,6 +76,9 @@ _PR_SET_CHILD_SUBREAPER = 36
 
 #: A capture with no ``max_output_bytes`` keeps what /shell keeps.
 DEFAULT_CAPTURE_BYTES: int = ENDPOINT_LIMITS["shell"]["max_output_bytes"]
+
+#: A background process's log with no ``max_output_bytes`` keeps this much.
+DEFAULT_RETENTION_BYTES: int = ENDPOINT_LIMITS["process_start"]["max_output_bytes"]
 
 
 # --------------------------------------------------------------------------
@@ -357,8 +370,19 @@ def kill_tree(
     if grace <= 0:
         state["killed"] = True
         signal_all(signal.SIGKILL)
+    KILLING.add(done)
+    done.addBoth(_forget_killer, done)
     clock.callLater(0, check)
     return done
+
+
+#: Tree kills in progress (shutdown waits for them).
+KILLING: set[Deferred[None]] = set()
+
+
+def _forget_killer(result: Any, done: Deferred[None]) -> Any:
+    KILLING.discard(done)
+    return result
 
 
 def reap_orphans() -> int:
@@ -472,7 +496,7 @@ class Child(ProcessProtocol):
 
     def connectionMade(self) -> None:
         """Spawned: remember the leader (its pid is gone from the transport once reaped)."""
-        self.pid = int(self.transport.pid or 0)
+        self.pid = int(getattr(self.transport, "pid", 0) or 0)
         info = proc_info(self.pid) if self.pid else None
         self.start = info.start if info is not None else 0
 
@@ -572,7 +596,7 @@ class Child(ProcessProtocol):
             self._idle.cancel()
         if self._drain is not None and self._drain.active():
             self._drain.cancel()
-        self.transport.pauseProducing()
+        self.transport.pauseProducing()  # type: ignore[attr-defined]
 
     def resume_reading(self) -> None:
         """The client drained: read again."""
@@ -580,7 +604,7 @@ class Child(ProcessProtocol):
             return
         self.paused = False
         if self.transport is not None and not self.has_ended:
-            self.transport.resumeProducing()
+            self.transport.resumeProducing()  # type: ignore[attr-defined]
         self._arm_idle()
         if self.has_exited:
             self._arm_drain()
@@ -613,6 +637,20 @@ class Child(ProcessProtocol):
         """A pipe closed (stdin: the child closed it or exited)."""
         if childFD == 0:
             self.stdin_open = False
+
+
+def signal_child(child: Child, sig: int) -> None:
+    """
+    Send ``sig`` to a running child's process group and to the members of
+    its tree that left the group (never to a pid reused since).
+    """
+    if child.has_exited or child.pid <= 1 or child.pid == os.getpid():
+        return
+    _send_group(child.pid, sig)
+    table = proc_table()
+    for pid, start in tree_members(child.pid, child.marker, table).items():
+        if table[pid].pgid != child.pid:
+            _send(pid, start, sig)
 
 
 def spawn(
@@ -745,7 +783,12 @@ async def run_collect(
         child.kill("cancelled")
 
     waiting: Deferred[int | None] = Deferred(cancel)
-    child.ended.addBoth(lambda r: waiting.called or waiting.callback(r))
+
+    def finished(code: int | None) -> None:
+        if not waiting.called:
+            waiting.callback(code)
+
+    child.ended.addCallback(finished)
     try:
         code = await waiting
     except CancelledError:
@@ -778,5 +821,371 @@ def end_all(clock: Any, grace: float = KILL_GRACE_SECONDS) -> Deferred[Any]:
         info = proc_info(pid)
         if info is not None and info.state != "Z":
             waits.append(kill_tree(clock, pid, None, grace, info.start))
+    waits.extend(KILLING)
     reap_orphans()
     return DeferredList(waits, consumeErrors=True)
+
+
+# --------------------------------------------------------------------------
+# /shell/stream: lines as they complete, coalesced into few writes
+
+_NEEDS_JSON = re.compile(rb'[\x00-\x09\x0b-\x1f"\\\x80-\xff]')
+_STREAM_NAMES = {1: "stdout", 2: "stderr"}
+_PREFIX = {
+    fd: f'event: {name}\ndata: {{"data":"'.encode()
+    for fd, name in _STREAM_NAMES.items()
+}
+_SUFFIX = b'"}\n\n'
+
+
+class LineStream:
+    """
+    Turns a child's output into SSE ``stdout``/``stderr`` line events.
+
+    Lines are sent in the order their reads arrived, each as soon as it is
+    complete; writes closer together than ``flush_seconds`` are coalesced
+    (the first one goes out at once, so the first event is never delayed).
+    Each stream sends its first ``cap // 2`` bytes live and keeps the last
+    ``cap // 2`` for the end, announcing what was dropped between them.
+
+    :param write: takes the frame bytes (``SSEChannel.write_raw``).
+    """
+
+    def __init__(
+        self,
+        clock: Any,
+        write: Callable[[bytes], None],
+        cap: int,
+        flush_seconds: float = STREAM_FLUSH_SECONDS,
+        flush_bytes: int = STREAM_FLUSH_BYTES,
+        max_line: int = MAX_LINE_BYTES,
+    ) -> None:
+        self.clock = clock
+        self.write = write
+        self.flush_seconds = flush_seconds
+        self.flush_bytes = flush_bytes
+        self.max_line = max_line
+        self._partial = {1: b"", 2: b""}
+        self._live = {1: cap // 2, 2: cap // 2}
+        self._tail_cap = cap - cap // 2
+        self._tail: dict[int, deque[bytes]] = {1: deque(), 2: deque()}
+        self._tail_len = {1: 0, 2: 0}
+        self.dropped = {1: 0, 2: 0}
+        self._pending: list[bytes] = []
+        self._pending_len = 0
+        self._last_flush = -1e9
+        self._timer: IDelayedCall | None = None
+        self.closed = False
+
+    # -- input -------------------------------------------------------------
+
+    def feed(self, fd: int, data: bytes) -> None:
+        """A read from the child's stdout (1) or stderr (2)."""
+        if fd not in _PREFIX or self.closed:
+            return
+        buf = self._partial[fd] + data if self._partial[fd] else data
+        cut = buf.rfind(b"\n")
+        if cut >= 0:
+            self._lines(fd, buf[:cut])
+            buf = buf[cut + 1 :]
+        while len(buf) >= self.max_line:
+            self._line(fd, buf[: self.max_line])
+            buf = buf[self.max_line :]
+        self._partial[fd] = buf
+        self._queued()
+
+    def _lines(self, fd: int, block: bytes) -> None:
+        size = len(block) + 1
+        if size <= self._live[fd] and _NEEDS_JSON.search(block) is None:
+            self._live[fd] -= size
+            self._add(
+                _PREFIX[fd] + block.replace(b"\n", _SUFFIX + _PREFIX[fd]) + _SUFFIX
+            )
+            return
+        for line in block.split(b"\n"):
+            self._line(fd, line)
+
+    def _line(self, fd: int, line: bytes) -> None:
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        size = len(line) + 1
+        if size <= self._live[fd]:
+            self._live[fd] -= size
+            self._add(
+                frame(_STREAM_NAMES[fd], {"data": line.decode("utf-8", "replace")})
+            )
+            return
+        self._live[fd] = 0
+        tail = self._tail[fd]
+        tail.append(line)
+        self._tail_len[fd] += size
+        while self._tail_len[fd] > self._tail_cap and tail:
+            old = tail.popleft()
+            self._tail_len[fd] -= len(old) + 1
+            self.dropped[fd] += len(old) + 1
+
+    # -- output ------------------------------------------------------------
+
+    def _add(self, data: bytes) -> None:
+        self._pending.append(data)
+        self._pending_len += len(data)
+
+    def _queued(self) -> None:
+        if not self._pending:
+            return
+        waited = self.clock.seconds() - self._last_flush
+        if self._pending_len >= self.flush_bytes or waited >= self.flush_seconds:
+            self.flush()
+        elif self._timer is None:
+            self._timer = self.clock.callLater(self.flush_seconds - waited, self.flush)
+
+    def flush(self) -> None:
+        """Write whatever is pending as one write."""
+        if self._timer is not None:
+            if self._timer.active():
+                self._timer.cancel()
+            self._timer = None
+        if not self._pending:
+            return
+        data = b"".join(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self._pending.clear()
+        self._pending_len = 0
+        self._last_flush = self.clock.seconds()
+        self.write(data)
+
+    def event(self, name: str, data: Any) -> None:
+        """Queue a non-line event (``truncated``, ``error``, ``exit``)."""
+        self._add(frame(name, data))
+
+    def finish(self) -> None:
+        """The child's pipes are closed: last partial lines, then the kept tails."""
+        for fd in (1, 2):
+            if self._partial[fd]:
+                self._line(fd, self._partial[fd])
+                self._partial[fd] = b""
+        for fd in (1, 2):
+            if self.dropped[fd] or self._tail[fd]:
+                if self.dropped[fd]:
+                    self.event(
+                        "truncated",
+                        {
+                            "stream": _STREAM_NAMES[fd],
+                            "dropped_bytes": self.dropped[fd],
+                        },
+                    )
+                for line in self._tail[fd]:
+                    self.event(
+                        _STREAM_NAMES[fd], {"data": line.decode("utf-8", "replace")}
+                    )
+                self._tail[fd].clear()
+
+    def close(self) -> None:
+        """No more writes (flushes first)."""
+        self.flush()
+        self.closed = True
+
+
+def timeout_error(child: Child) -> dict[str, Any] | None:
+    """The ``error`` of a child the daemon ended on a timeout, else None."""
+    if child.reason == "timeout":
+        return {
+            "error": f"Command timed out after {child.timeout:g} seconds; its process group was killed",
+            "type": "TimeoutError",
+            "code": "timeout",
+        }
+    if child.reason == "idle_timeout":
+        return {
+            "error": (
+                f"IdleTimeout: no output for {child.idle_timeout:g} seconds; "
+                "its process group was killed"
+            ),
+            "type": "TimeoutError",
+            "code": "idle_timeout",
+        }
+    return None
+
+
+# --------------------------------------------------------------------------
+# Background processes
+
+
+class Managed:
+    """
+    One background process: its child, its label, and its output log.
+
+    Output is recorded as it is read, one event per read (``stdout`` or
+    ``stderr``, ``{"data": text}``), then ``error`` (timeouts) and ``exit``.
+    """
+
+    def __init__(
+        self, child: Child, command: str, tag: str | None, retention: int
+    ) -> None:
+        self.child = child
+        self.command = command
+        self.tag = tag
+        self.log = EventLog(retention)
+        self.output_bytes = 0
+        self.ended_at: float | None = None
+        self._decoders = {
+            fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in _STREAM_NAMES
+        }
+
+    @property
+    def pid(self) -> int:
+        """The leader's pid."""
+        return self.child.pid
+
+    @property
+    def running(self) -> bool:
+        """Whether the command has not exited yet."""
+        return not self.child.has_exited
+
+    def on_output(self, fd: int, data: bytes) -> None:
+        """Record one read."""
+        decoder = self._decoders.get(fd)
+        if decoder is None:
+            return
+        self.output_bytes += len(data)
+        text = decoder.decode(data)
+        if text:
+            self.log.append(
+                _STREAM_NAMES[fd], {"data": text}, len(data) + EVENT_OVERHEAD_BYTES
+            )
+
+    def on_ended(self, code: int | None) -> None:
+        """Pipes closed: flush decoders, then ``error`` and ``exit``; close the log."""
+        self.ended_at = time.time()
+        for fd, decoder in self._decoders.items():
+            text = decoder.decode(b"", final=True)
+            if text:
+                self.log.append(
+                    _STREAM_NAMES[fd], {"data": text}, len(text) + EVENT_OVERHEAD_BYTES
+                )
+        error = timeout_error(self.child)
+        if error is not None:
+            self.log.append("error", error)
+        self.log.append("exit", {"exit_code": code})
+        self.log.close()
+
+    def dropped_bytes(self) -> int:
+        """Output bytes no longer kept."""
+        _, events = self.log.since(0)
+        kept = sum(
+            e.size - EVENT_OVERHEAD_BYTES
+            for e in events
+            if e.event in ("stdout", "stderr")
+        )
+        return max(0, self.output_bytes - kept)
+
+    def describe(self) -> dict[str, Any]:
+        """The fields of process_list / process_get."""
+        return {
+            "pid": self.pid,
+            "command": self.command,
+            "tag": self.tag,
+            "state": "running" if self.running else "exited",
+            "started_at": self.child.started_at,
+            "exit_code": None if self.running else self.child.exit_code,
+            "stdin": self.child.stdin_open,
+        }
+
+
+class ProcessService(Service):
+    """
+    The daemon's table of background processes and the keeper of every
+    child's tree.
+
+    Running processes are capped by the caller (``max_processes``); exited
+    ones stay listed, the :data:`PROCESS_HISTORY` most recent.  Stopping
+    the service ends every live child's tree (background, shell, code runs)
+    and every adopted orphan, within the kill grace.
+    """
+
+    name = "processes"
+
+    def __init__(self, reactor: Any, grace: float = KILL_GRACE_SECONDS) -> None:
+        self.reactor = reactor
+        self.grace = grace
+        self.table: OrderedDict[int, Managed] = OrderedDict()
+        self.reaper = OrphanReaper(reactor)
+        self.subreaper = False
+
+    def startService(self) -> None:
+        """Become the subreaper of every descendant and reap orphans."""
+        super().startService()  # type: ignore[no-untyped-call]
+        self.subreaper = become_subreaper()
+        if self.subreaper or os.getpid() == 1:
+            self.reaper.start()
+
+    def stopService(self) -> Deferred[Any]:
+        """End every child's tree and adopted orphan; bounded by the grace."""
+        super().stopService()  # type: ignore[no-untyped-call]
+        self.reaper.stop()
+        d = end_all(self.reactor, self.grace)
+        d.addTimeout(self.grace + 2.0, self.reactor)
+        d.addErrback(
+            lambda f: log.warn("sandboxd: children still ending at shutdown: {f}", f=f)
+        )
+        d.addBoth(lambda _: reap_orphans() and None)
+        return d
+
+    def running_count(self) -> int:
+        """Background processes not yet exited."""
+        return sum(1 for m in self.table.values() if m.running)
+
+    def start(
+        self,
+        argv: list[str],
+        *,
+        command: str,
+        env: dict[str, str],
+        cwd: str,
+        run_as: RunAs | None,
+        stdin_pipe: bool,
+        tag: str | None,
+        retention: int,
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+    ) -> Managed:
+        """
+        Start a background process and record it.
+
+        :raises FileNotFoundError: no such executable.
+        """
+        holder: list[Managed] = []
+
+        def on_output(fd: int, data: bytes) -> None:
+            holder[0].on_output(fd, data)
+
+        child = Child(
+            self.reactor, on_output, timeout=timeout, idle_timeout=idle_timeout
+        )
+        managed = Managed(child, command, tag, retention)
+        holder.append(managed)
+        spawn(
+            self.reactor,
+            child,
+            argv,
+            env=env,
+            cwd=cwd,
+            run_as=run_as,
+            stdin_pipe=stdin_pipe,
+        )
+        self.table.pop(child.pid, None)  # a pid reused after an old entry exited
+        self.table[child.pid] = managed
+        child.ended.addCallback(managed.on_ended)
+        child.exited.addCallback(lambda _: self._prune())
+        return managed
+
+    def _prune(self) -> None:
+        exited = [pid for pid, m in self.table.items() if not m.running]
+        for pid in exited[: max(0, len(exited) - PROCESS_HISTORY)]:
+            del self.table[pid]
+
+    def get(self, pid: int) -> Managed | None:
+        """A managed process by pid."""
+        return self.table.get(pid)
+
+    def list(self, tag: str | None = None) -> list[Managed]:
+        """Managed processes, oldest first, optionally with one tag."""
+        return [m for m in self.table.values() if tag is None or m.tag == tag]

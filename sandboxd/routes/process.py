@@ -1,7 +1,450 @@
-"""Handlers of the `process` group (not built yet: reported as not implemented)."""
+"""
+Handlers of the ``process`` group (SPEC §7.4, §9): ``/shell``,
+``/shell/stream`` and background processes with a resumable output log.
+
+Every request is checked whole (command, shell, allow/deny lists, cwd
+through the path guard, env, user, timeouts) before anything is spawned,
+so a refusal is always a plain JSON error and never half a stream.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
-HANDLERS: dict[str, Any] = {}
+import attrs
+from twisted.application.service import IService
+
+from sandboxd import processes
+from sandboxd.children import (
+    RunAs,
+    child_environment,
+    command_argv,
+    resolve_user,
+    validate_env,
+)
+from sandboxd.errors import ApiError, bad_request, forbidden, not_found, unavailable
+from sandboxd.eventlog import Follower, resume_point
+from sandboxd.guard import PathGuard
+from sandboxd.policy.defaults import STDIN_PENDING_BYTES
+from sandboxd.processes import Child, LineStream, ProcessService, run_collect, spawn
+from sandboxd.web.messages import ServerRequest, SSEResponse
+from sandboxd.web.sse import SSEChannel
+
+
+@attrs.frozen
+class Launch:
+    """A request's child, fully checked and ready to spawn."""
+
+    argv: list[str]
+    command: str
+    env: dict[str, str]
+    cwd: str
+    run_as: RunAs | None
+    timeout: float | None
+    idle_timeout: float | None
+
+
+def _seconds(body: dict[str, Any], name: str) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise bad_request(f"'{name}' must be a number of seconds")
+    if value <= 0:
+        raise bad_request(f"'{name}' must be positive")
+    return float(value)
+
+
+def launch(request: ServerRequest) -> Launch:
+    """
+    Check a request that starts a child (SPEC §7.4).
+
+    :raises ApiError: 400 malformed, 403 refused by policy or guard, 503
+        while the daemon shuts down.
+    """
+    if request.context.draining:
+        raise unavailable("the daemon is shutting down")
+    body = request.body
+    rule = request.rule
+    argv = command_argv(body, rule)
+    cwd = PathGuard(rule).cwd(body.get("cwd"))
+    extra = validate_env(body.get("env"))
+    run_as = resolve_user(body.get("user"), rule)
+    env = child_environment(request.context, rule, extra)
+    timeout = _seconds(body, "timeout")
+    if timeout is None:
+        timeout = rule.limits.timeout_seconds
+    ceiling = rule.limits.max_duration_seconds
+    if ceiling is not None and (timeout is None or timeout > ceiling):
+        timeout = ceiling
+    idle = _seconds(body, "idle_timeout")
+    if idle is None:
+        idle = rule.limits.idle_timeout_seconds
+    return Launch(argv, str(body["command"]), env, cwd, run_as, timeout, idle)
+
+
+def _not_found_command(error: FileNotFoundError) -> ApiError:
+    return ApiError(400, str(error), "FileNotFoundError", "invalid_param")
+
+
+def _cap(request: ServerRequest) -> int:
+    cap = request.rule.limits.max_output_bytes
+    return processes.DEFAULT_CAPTURE_BYTES if cap is None else int(cap)
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+# --------------------------------------------------------------------------
+# /shell
+
+
+async def shell(request: ServerRequest) -> dict[str, Any]:
+    """
+    ``POST /shell``: run a command to completion.
+
+    → ``{"stdout", "stderr", "exit_code", "truncated", "dropped_bytes"}``;
+    past the timeout the group is killed and the answer is 500
+    TimeoutError (with the output gathered so far).
+    """
+    spec = launch(request)
+    try:
+        result = await run_collect(
+            request.context.reactor,
+            spec.argv,
+            env=spec.env,
+            cwd=spec.cwd,
+            timeout=spec.timeout,
+            idle_timeout=spec.idle_timeout,
+            max_output_bytes=_cap(request),
+            run_as=spec.run_as,
+        )
+    except FileNotFoundError as e:
+        raise _not_found_command(e) from None
+    body = {
+        "stdout": _text(result.stdout),
+        "stderr": _text(result.stderr),
+        "exit_code": result.exit_code,
+        "truncated": result.truncated,
+        "dropped_bytes": result.dropped_bytes,
+    }
+    if result.timed_out or result.idle_timed_out:
+        idle = result.idle_timed_out
+        message = (
+            f"IdleTimeout: no output for {spec.idle_timeout:g} seconds"
+            if idle
+            else f"Command timed out after {spec.timeout:g} seconds"
+        )
+        error = ApiError(
+            500,
+            message + "; its process group was killed",
+            "TimeoutError",
+            "idle_timeout" if idle else "timeout",
+            limit="idle_timeout" if idle else "timeout_seconds",
+        )
+        error.extra.update(body)
+        raise error
+    return body
+
+
+# --------------------------------------------------------------------------
+# /shell/stream
+
+
+class _Pauser:
+    """What a slow client pauses: reading from the child's pipes."""
+
+    def __init__(self, child: Child) -> None:
+        self.child = child
+
+    def pauseProducing(self) -> None:
+        self.child.pause_reading()
+
+    def resumeProducing(self) -> None:
+        self.child.resume_reading()
+
+
+def shell_stream(request: ServerRequest) -> SSEResponse:
+    """
+    ``POST /shell/stream``: SSE of ``stdout``/``stderr`` lines as they
+    complete, interleaved in the order produced, then ``error`` (timeouts)
+    and ``exit``, always last.  A client that leaves kills the tree; a
+    slow one pauses the child.
+    """
+    spec = launch(request)
+    clock = request.context.reactor
+    channel_box: list[SSEChannel] = []
+    early: list[bytes] = []
+
+    def write(data: bytes) -> None:
+        if channel_box:
+            channel_box[0].write_raw(data)
+        else:
+            early.append(data)
+
+    stream = LineStream(clock, write, _cap(request))
+    child = Child(
+        clock, stream.feed, timeout=spec.timeout, idle_timeout=spec.idle_timeout
+    )
+    try:
+        spawn(clock, child, spec.argv, env=spec.env, cwd=spec.cwd, run_as=spec.run_as)
+    except FileNotFoundError as e:
+        raise _not_found_command(e) from None
+
+    def ended(code: int | None) -> None:
+        stream.finish()
+        error = processes.timeout_error(child)
+        if error is not None:
+            stream.event("error", {k: error[k] for k in ("error", "type")})
+        stream.event("exit", {"exit_code": code})
+        stream.close()
+        if channel_box:
+            channel_box[0].close()
+
+    def start(channel: SSEChannel) -> None:
+        channel_box.append(channel)
+        for data in early:
+            channel.write_raw(data)
+        early.clear()
+
+        def gone() -> None:
+            child.kill("disconnected")
+
+        channel.on_disconnect(gone)
+        channel.register_producer(_Pauser(child), gone)
+        child.ended.addCallback(ended)
+
+    return SSEResponse(start=start)
+
+
+# --------------------------------------------------------------------------
+# Background processes
+
+
+def _service(request: ServerRequest) -> ProcessService:
+    service: ProcessService = request.context.services["processes"]
+    return service
+
+
+def process_start(request: ServerRequest) -> dict[str, Any]:
+    """
+    ``POST /process/start``: start a background process.
+
+    → ``{"pid", "command", "tag"}``; 429 ResourceError past
+    ``max_processes`` running.
+    """
+    spec = launch(request)
+    body = request.body
+    tag = body.get("tag")
+    if tag is not None and not isinstance(tag, str):
+        raise bad_request("'tag' must be a string")
+    stdin = body.get("stdin", False)
+    if not isinstance(stdin, bool):
+        raise bad_request("'stdin' must be true or false")
+    service = _service(request)
+    limit = request.rule.limits.max_processes
+    if limit is not None and service.running_count() >= limit:
+        raise ApiError(
+            429,
+            f"too many processes running (at most {limit})",
+            "ResourceError",
+            "too_many_processes",
+            limit="max_processes",
+            rule=request.rule.source("limits.max_processes")
+            or "default:limits.max_processes",
+        )
+    retention = (
+        request.rule.limits.max_output_bytes or processes.DEFAULT_RETENTION_BYTES
+    )
+    # A background process has no time limit unless the request gives one.
+    timeout = _seconds(body, "timeout")
+    try:
+        managed = service.start(
+            spec.argv,
+            command=spec.command,
+            env=spec.env,
+            cwd=spec.cwd,
+            run_as=spec.run_as,
+            stdin_pipe=stdin,
+            tag=tag,
+            retention=int(retention),
+            timeout=timeout,
+            idle_timeout=spec.idle_timeout,
+        )
+    except FileNotFoundError as e:
+        raise _not_found_command(e) from None
+    return {"pid": managed.pid, "command": managed.command, "tag": managed.tag}
+
+
+def process_list(request: ServerRequest) -> dict[str, Any]:
+    """``GET /process/list?tag=``: running and recently exited processes."""
+    tag = request.arg("tag")
+    return {"processes": [m.describe() for m in _service(request).list(tag)]}
+
+
+def _pid(request: ServerRequest) -> int:
+    raw = request.path_params.get("pid", "")
+    try:
+        pid = int(raw)
+    except ValueError:
+        raise bad_request(f"pid must be an integer, not {raw!r}") from None
+    if pid <= 0:
+        raise bad_request("pid must be a positive integer")
+    return pid
+
+
+def _managed(request: ServerRequest) -> processes.Managed:
+    pid = _pid(request)
+    managed = _service(request).get(pid)
+    if managed is None:
+        raise not_found(f"process {pid} is not managed by this daemon")
+    return managed
+
+
+def process_get(request: ServerRequest) -> dict[str, Any]:
+    """``GET /process/{pid}``: one managed process."""
+    return _managed(request).describe()
+
+
+def _signal_number(value: Any) -> int:
+    if isinstance(value, bool) or value is None:
+        raise bad_request("'signal' must be a signal number or name")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        text = value.strip().upper()
+        if text.lstrip("-").isdigit():
+            return int(text)
+        name = text if text.startswith("SIG") else "SIG" + text
+        try:
+            return int(signal.Signals[name])
+        except KeyError:
+            pass
+    raise bad_request(f"unknown signal {value!r}")
+
+
+def process_signal(request: ServerRequest) -> dict[str, Any]:
+    """
+    ``POST /process/{pid}/signal {"signal": 15}``: signal a managed
+    process's group (and descendants that left it).
+
+    400 for a signal outside ``allowed_signals``; 403 for pid 1 or the
+    daemon; 404 for a pid that is not a running managed process.
+    """
+    pid = _pid(request)
+    if pid in (1, os.getpid()):
+        raise forbidden(
+            f"signalling pid {pid} is not allowed",
+            "param_not_allowed",
+            rule="guard:signal",
+        )
+    if "signal" not in request.body:
+        raise bad_request("'signal' is required")
+    number = _signal_number(request.body["signal"])
+    allowed = request.rule.params.allowed_signals
+    if number not in allowed:
+        raise ApiError(
+            400,
+            f"signal {number} is not allowed (allowed: {', '.join(map(str, sorted(allowed)))})",
+            "ValueError",
+            "signal_not_allowed",
+            rule=request.rule.source("params.allowed_signals")
+            or "default:params.allowed_signals",
+        )
+    managed = _managed(request)
+    if not managed.running:
+        raise not_found(f"process {pid} has exited")
+    processes.signal_child(managed.child, number)
+    return {"pid": pid, "signal": number}
+
+
+def process_output(request: ServerRequest) -> Any:
+    """
+    ``GET /process/{pid}/output?after=SEQ&follow=false``: the kept output
+    after ``after``; with ``follow=true`` an SSE stream with the stream
+    contract of SPEC §9 (``id:``, ``Last-Event-ID``, ``gap``, ``exit``).
+    """
+    managed = _managed(request)
+    follow = (request.arg("follow", "false") or "false").lower()
+    if follow not in ("true", "false", "1", "0", "yes", "no"):
+        raise bad_request("'follow' must be true or false")
+    if follow in ("true", "1", "yes"):
+        after = resume_point(request.query, request.headers)
+
+        def start(channel: SSEChannel) -> None:
+            Follower(managed.log, channel, after)
+
+        return SSEResponse(start=start)
+    after = resume_point(request.query, {})
+    _, events = managed.log.since(after)
+    out = [
+        {"seq": e.seq, "stream": e.event, "data": e.data["data"]}
+        for e in events
+        if e.event in ("stdout", "stderr")
+    ]
+    described = managed.describe()
+    return {
+        "pid": managed.pid,
+        "state": described["state"],
+        "exit_code": described["exit_code"],
+        "events": out,
+        "next": out[-1]["seq"] if out else after,
+        "dropped_bytes": managed.dropped_bytes(),
+    }
+
+
+def process_stdin(request: ServerRequest) -> dict[str, Any]:
+    """``POST /process/{pid}/stdin {"data", "eof"}``: feed the stdin pipe."""
+    managed = _managed(request)
+    data = request.body.get("data", "")
+    eof = request.body.get("eof", False)
+    if not isinstance(data, str):
+        raise bad_request("'data' must be a string")
+    if not isinstance(eof, bool):
+        raise bad_request("'eof' must be true or false")
+    if not managed.running:
+        raise not_found(f"process {managed.pid} has exited")
+    child = managed.child
+    if not child.stdin_open:
+        raise bad_request(
+            f'process {managed.pid} has no open stdin (start it with "stdin": true)',
+            "stdin_closed",
+        )
+    raw = data.encode()
+    if raw and child.stdin_pending() + len(raw) > STDIN_PENDING_BYTES:
+        raise ApiError(
+            429,
+            "the process is not reading its stdin fast enough; retry later",
+            "ResourceError",
+            "rate_limited",
+            headers={"Retry-After": "1"},
+            limit="stdin_pending_bytes",
+            retry_after=1,
+        )
+    if raw:
+        child.write_stdin(raw)
+    if eof:
+        child.close_stdin()
+    return {"pid": managed.pid, "bytes": len(raw)}
+
+
+HANDLERS: dict[str, Any] = {
+    "shell": shell,
+    "shell_stream": shell_stream,
+    "process_start": process_start,
+    "process_list": process_list,
+    "process_get": process_get,
+    "process_signal": process_signal,
+    "process_output": process_output,
+    "process_stdin": process_stdin,
+}
+
+
+def setup(context: Any) -> IService:
+    """The process table, as ``context.services["processes"]``."""
+    service = ProcessService(context.reactor)
+    context.services["processes"] = service
+    return service

@@ -1,0 +1,661 @@
+"""
+The ``process`` group over HTTP (SPEC §7.4, §9) against a real daemon and
+real children: /shell, /shell/stream, background processes and their
+resumable output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.protocol import Protocol
+from twisted.internet.task import deferLater
+from twisted.web.client import Agent
+from twisted.web.http_headers import Headers
+
+from sandboxd.testing import BytesProducer
+from tests.helpers import DaemonTestCase
+from tests.test_processes import kill_marked, marked_pids
+
+
+def sleep_(seconds: float = 0.05) -> Deferred[None]:
+    """Let the reactor run a little."""
+    return deferLater(reactor, seconds, lambda: None)
+
+
+class SSEReader(Protocol):
+    """Receives an SSE body incrementally and parses it into events."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.raw = b""
+        self.events: list[dict[str, Any]] = []
+        self.writes = 0
+        self.done: Deferred[list[dict[str, Any]]] = Deferred()
+        self.waiters: list[tuple[Any, Deferred[None]]] = []
+
+    def dataReceived(self, data: bytes) -> None:
+        self.writes += 1
+        self.raw += data
+        self.buffer += data
+        while b"\n\n" in self.buffer:
+            block, self.buffer = self.buffer.split(b"\n\n", 1)
+            event: dict[str, Any] = {}
+            for line in block.decode().split("\n"):
+                if line.startswith(":"):
+                    event.setdefault("comment", line)
+                elif line.startswith("id: "):
+                    event["id"] = int(line[4:])
+                elif line.startswith("event: "):
+                    event["event"] = line[7:]
+                elif line.startswith("data: "):
+                    event["data"] = json.loads(line[6:])
+            if "event" in event:
+                self.events.append(event)
+        for test, d in list(self.waiters):
+            if test(self):
+                self.waiters.remove((test, d))
+                d.callback(None)
+
+    def wait_for(self, test: Any) -> Deferred[None]:
+        """Fires once ``test(self)`` holds."""
+        d: Deferred[None] = Deferred()
+        if test(self):
+            d.callback(None)
+        else:
+            self.waiters.append((test, d))
+        return d
+
+    def connectionLost(self, reason: Any = None) -> None:
+        if not self.done.called:
+            self.done.callback(self.events)
+
+    def disconnect(self) -> None:
+        """Drop the connection from the client side."""
+        self.transport.stopProducing()
+
+
+class ProcessCase(DaemonTestCase):
+    """A daemon plus a per-test marker for the processes a test starts."""
+
+    timeout = 30
+
+    def setUp(self) -> Any:
+        # A sleep length no other process uses: it marks the test's processes.
+        self.marker = f"60.{secrets.randbelow(10**12):012d}"
+        self.addCleanup(kill_marked, self.marker)
+        return super().setUp()
+
+    @inlineCallbacks
+    def stream(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
+        """Open a streaming request; returns (response, SSEReader)."""
+        hdrs = Headers()
+        for k, v in (headers or {}).items():
+            hdrs.addRawHeader(k, v)
+        producer = None
+        if body is not None:
+            producer = BytesProducer(json.dumps(body).encode())
+            hdrs.addRawHeader("Content-Type", "application/json")
+        agent = Agent(reactor)
+        response = yield agent.request(
+            method.encode(), (self.daemon.url + path).encode(), hdrs, producer
+        )
+        reader = SSEReader()
+        response.deliverBody(reader)
+        self.addCleanup(lambda: reader.done.called or reader.disconnect())
+        return response, reader
+
+    @inlineCallbacks
+    def gone(self, marker: str | None = None) -> Any:
+        """Wait (bounded) until no process carries the marker; return what is left."""
+        marker = marker or self.marker
+        for _ in range(200):
+            if not marked_pids(marker):
+                break
+            yield sleep_(0.05)
+        return marked_pids(marker)
+
+
+class ShellTests(ProcessCase):
+    """POST /shell."""
+
+    @inlineCallbacks
+    def test_runs_without_shell(self) -> Any:
+        """A command is shlex-split and run without a shell: no expansion."""
+        reply = yield self.request("POST", "/shell", {"command": "echo 'a b' $HOME"})
+        self.assertEqual(reply.status, 200, reply.body)
+        body = reply.json()
+        self.assertEqual(body["stdout"], "a b $HOME\n")
+        self.assertEqual((body["stderr"], body["exit_code"]), ("", 0))
+        self.assertFalse(body["truncated"])
+
+    @inlineCallbacks
+    def test_shell_option(self) -> Any:
+        """``"shell": "bash"`` runs the command with shell syntax; exit status kept."""
+        reply = yield self.request(
+            "POST",
+            "/shell",
+            {"command": "echo out; echo err >&2; exit 7", "shell": "bash"},
+        )
+        self.assertEqual(
+            reply.json(),
+            {
+                "stdout": "out\n",
+                "stderr": "err\n",
+                "exit_code": 7,
+                "truncated": False,
+                "dropped_bytes": 0,
+            },
+        )
+
+    @inlineCallbacks
+    def test_cwd_defaults_to_base_dir(self) -> Any:
+        """The child runs in the base dir unless cwd says otherwise."""
+        reply = yield self.request("POST", "/shell", {"command": "pwd"})
+        self.assertEqual(reply.json()["stdout"], self.base_dir + "\n")
+
+    @inlineCallbacks
+    def test_cwd_outside_refused(self) -> Any:
+        """A cwd outside the boundary is refused by the path guard."""
+        reply = yield self.request("POST", "/shell", {"command": "pwd", "cwd": "/etc"})
+        self.assertEqual(reply.status, 403)
+        self.assertEqual(reply.json()["code"], "path_not_allowed")
+
+    @inlineCallbacks
+    def test_bad_commands(self) -> Any:
+        """Missing, unparsable or unknown commands are 400 and spawn nothing."""
+        for body in (
+            {},
+            {"command": ""},
+            {"command": "echo 'unclosed"},
+            {"command": 5},
+        ):
+            reply = yield self.request("POST", "/shell", body)
+            self.assertEqual(reply.status, 400, body)
+        reply = yield self.request(
+            "POST", "/shell", {"command": "no-such-cmd-" + secrets.token_hex(3)}
+        )
+        self.assertEqual(reply.status, 400)
+        self.assertEqual(reply.json()["type"], "FileNotFoundError")
+
+    @inlineCallbacks
+    def test_timeout_kills_group(self) -> Any:
+        """Past ``timeout`` the whole group is killed and the answer is 500 TimeoutError."""
+        reply = yield self.request(
+            "POST",
+            "/shell",
+            {
+                "command": f"echo started; sleep {self.marker} & sleep {self.marker}",
+                "shell": "sh",
+                "timeout": 0.5,
+            },
+        )
+        self.assertEqual(reply.status, 500)
+        body = reply.json()
+        self.assertEqual(body["type"], "TimeoutError")
+        self.assertEqual(body["stdout"], "started\n")
+        left = yield self.gone()
+        self.assertEqual(left, [])
+
+    @inlineCallbacks
+    def test_idle_timeout(self) -> Any:
+        """No output for ``idle_timeout`` seconds: 500 and the error says IdleTimeout."""
+        reply = yield self.request(
+            "POST",
+            "/shell",
+            {
+                "command": f"echo hi; sleep {self.marker}",
+                "shell": "sh",
+                "idle_timeout": 0.5,
+            },
+        )
+        self.assertEqual(reply.status, 500)
+        self.assertIn("IdleTimeout", reply.json()["error"])
+        left = yield self.gone()
+        self.assertEqual(left, [])
+
+    @inlineCallbacks
+    def test_setsid_grandchild_ignoring_term_is_killed(self) -> Any:
+        """A grandchild that leaves the group with setsid and ignores TERM is still killed."""
+        script = (
+            f"setsid sh -c 'trap \"\" TERM; sleep {self.marker}; sleep {self.marker}' & "
+            f"sleep {self.marker}"
+        )
+        self.daemon.context.services["processes"].grace = 0.5
+        reply = yield self.request(
+            "POST", "/shell", {"command": script, "shell": "sh", "timeout": 1}
+        )
+        self.assertEqual(reply.status, 500)
+        left = yield self.gone()
+        self.assertEqual(left, [])
+
+    @inlineCallbacks
+    def test_stdin_is_closed(self) -> Any:
+        """A command reading stdin gets EOF at once instead of hanging."""
+        reply = yield self.request("POST", "/shell", {"command": "cat", "timeout": 10})
+        self.assertEqual(reply.json()["exit_code"], 0)
+
+    @inlineCallbacks
+    def test_output_cap_keeps_head_and_tail(self) -> Any:
+        """Output past max_output_bytes keeps its start and end with dropped_bytes."""
+        yield self.daemon.stop()
+        yield self.start(
+            policy={"endpoints": {"shell": {"limits": {"max_output_bytes": 1000}}}}
+        )
+        script = "echo FIRST; head -c 200000000 /dev/zero; echo; echo LAST"
+        reply = yield self.request("POST", "/shell", {"command": script, "shell": "sh"})
+        body = reply.json()
+        self.assertTrue(body["truncated"])
+        self.assertTrue(body["stdout"].startswith("FIRST\n"))
+        self.assertTrue(body["stdout"].endswith("LAST\n"))
+        self.assertEqual(body["dropped_bytes"], 200000000 + 6 + 1 + 5 - 1000)
+
+    @inlineCallbacks
+    def test_secrets_absent_from_child_env(self) -> Any:
+        """ABX_SERVER_*, token_env names and env_deny never reach the child."""
+        os.environ["ABX_SERVER_SECRET_THING"] = "leak1"
+        os.environ["SBX_TEST_CI_TOKEN"] = "leak2"
+        os.environ["SBX_TEST_DENIED"] = "leak3"
+        os.environ["SBX_TEST_KEPT"] = "kept"
+        for name in (
+            "ABX_SERVER_SECRET_THING",
+            "SBX_TEST_CI_TOKEN",
+            "SBX_TEST_DENIED",
+            "SBX_TEST_KEPT",
+        ):
+            self.addCleanup(os.environ.pop, name, None)
+        yield self.daemon.stop()
+        yield self.start(
+            policy={
+                "auth": {
+                    "tokens": [
+                        {"id": "ci", "token_env": "SBX_TEST_CI_TOKEN", "scopes": ["*"]}
+                    ]
+                },
+                "endpoints": {"shell": {"params": {"env_deny": ["SBX_TEST_DENIED"]}}},
+            },
+            environ={"SBX_TEST_CI_TOKEN": "leak2"},
+        )
+        reply = yield self.request(
+            "POST",
+            "/shell",
+            {"command": "env", "env": {"ABX_SERVER_TOKEN": "x", "MINE": "1"}},
+            token="leak2",
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        out = reply.json()["stdout"]
+        for leak in ("leak1", "leak2", "leak3", "ABX_SERVER"):
+            self.assertNotIn(leak, out)
+        self.assertIn("SBX_TEST_KEPT=kept", out)
+        self.assertIn("MINE=1", out)
+
+    @inlineCallbacks
+    def test_disallowed_shell_and_command(self) -> Any:
+        """A shell outside params.shells and a denied command are 403 param_not_allowed."""
+        yield self.daemon.stop()
+        yield self.start(
+            policy={"endpoints": {"shell": {"params": {"deny_commands": ["rm"]}}}}
+        )
+        reply = yield self.request(
+            "POST", "/shell", {"command": "true", "shell": "zsh"}
+        )
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (403, "param_not_allowed")
+        )
+        reply = yield self.request("POST", "/shell", {"command": "rm -rf x"})
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (403, "param_not_allowed")
+        )
+
+    @inlineCallbacks
+    def test_run_as_user(self) -> Any:
+        """As root, ``user`` runs the child as that user with HOME/USER set."""
+        if os.geteuid() != 0:
+            self.skipTest("needs root")
+        reply = yield self.request(
+            "POST",
+            "/shell",
+            {
+                "command": "sh -c 'id -un; echo $USER'",
+                "user": "nobody",
+                "cwd": "/tmp" if False else None,
+            },
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["stdout"], "nobody\nnobody\n")
+        reply = yield self.request(
+            "POST", "/shell", {"command": "id -un", "user": "root"}
+        )
+        self.assertEqual(reply.status, 403)
+
+    @inlineCallbacks
+    def test_draining_refuses(self) -> Any:
+        """While the daemon shuts down, new children are refused with 503."""
+        self.daemon.context.draining = True
+        reply = yield self.request("POST", "/shell", {"command": "true"})
+        self.assertEqual(reply.status, 503)
+        self.daemon.context.draining = False
+
+
+class ShellStreamTests(ProcessCase):
+    """POST /shell/stream."""
+
+    @inlineCallbacks
+    def test_interleaved_in_order_then_exit(self) -> Any:
+        """stdout and stderr lines arrive in the order produced; exit is last."""
+        script = "for i in 1 2 3; do echo out$i; sleep 0.05; echo err$i >&2; sleep 0.05; done; printf tail"
+        response, reader = yield self.stream(
+            "POST", "/shell/stream", {"command": script, "shell": "sh"}
+        )
+        self.assertEqual(response.code, 200)
+        self.assertEqual(
+            response.headers.getRawHeaders("content-type"), ["text/event-stream"]
+        )
+        events = yield reader.done
+        got = [(e["event"], e["data"]) for e in events]
+        expected = []
+        for i in (1, 2, 3):
+            expected += [
+                ("stdout", {"data": f"out{i}"}),
+                ("stderr", {"data": f"err{i}"}),
+            ]
+        expected += [("stdout", {"data": "tail"}), ("exit", {"exit_code": 0})]
+        self.assertEqual(got, expected)
+
+    @inlineCallbacks
+    def test_first_event_before_command_ends(self) -> Any:
+        """A line is sent as soon as it completes, while the command still runs."""
+        _, reader = yield self.stream(
+            "POST",
+            "/shell/stream",
+            {"command": f"echo first; sleep {self.marker}", "shell": "sh"},
+        )
+        yield reader.wait_for(lambda r: r.events)
+        self.assertEqual(reader.events[0]["data"], {"data": "first"})
+        self.assertNotEqual(marked_pids(self.marker), [])
+
+    @inlineCallbacks
+    def test_disconnect_kills_tree(self) -> Any:
+        """A client that leaves kills the child's whole tree."""
+        _, reader = yield self.stream(
+            "POST",
+            "/shell/stream",
+            {
+                "command": f"echo go; sleep {self.marker} & sleep {self.marker}",
+                "shell": "sh",
+            },
+        )
+        yield reader.wait_for(lambda r: r.events)
+        self.assertNotEqual(marked_pids(self.marker), [])
+        reader.disconnect()
+        left = yield self.gone()
+        self.assertEqual(left, [])
+
+    @inlineCallbacks
+    def test_timeout_error_then_exit(self) -> Any:
+        """A timeout sends ``error`` (TimeoutError) then ``exit`` with minus the signal."""
+        _, reader = yield self.stream(
+            "POST",
+            "/shell/stream",
+            {"command": f"sleep {self.marker}", "timeout": 0.3},
+        )
+        events = yield reader.done
+        self.assertEqual([e["event"] for e in events], ["error", "exit"])
+        self.assertEqual(events[0]["data"]["type"], "TimeoutError")
+        self.assertEqual(events[1]["data"], {"exit_code": -signal.SIGTERM})
+
+    @inlineCallbacks
+    def test_bursts_coalesced(self) -> Any:
+        """Many lines produced at once arrive in few writes, every line intact."""
+        _, reader = yield self.stream(
+            "POST", "/shell/stream", {"command": "seq 1 20000"}
+        )
+        events = yield reader.done
+        lines = [e["data"]["data"] for e in events if e["event"] == "stdout"]
+        self.assertEqual(lines, [str(i) for i in range(1, 20001)])
+        self.assertLess(reader.writes, 200)
+
+    @inlineCallbacks
+    def test_invalid_request_is_json(self) -> Any:
+        """An invalid request gets an ordinary JSON error, not a stream."""
+        reply = yield self.request("POST", "/shell/stream", {"command": "echo 'x"})
+        self.assertEqual(reply.status, 400)
+        self.assertEqual(reply.json()["type"], "ValueError")
+
+    @inlineCallbacks
+    def test_special_characters(self) -> Any:
+        """Quotes, backslashes, CRLF, tabs and invalid UTF-8 survive as JSON lines."""
+        script = r"printf 'a\042b\134c\r\nt\tx\n\377z\nend'"
+        _, reader = yield self.stream(
+            "POST", "/shell/stream", {"command": script, "shell": "sh"}
+        )
+        events = yield reader.done
+        lines = [e["data"]["data"] for e in events if e["event"] == "stdout"]
+        self.assertEqual(lines, ['a"b\\c', "t\tx", "\ufffdz", "end"])
+
+
+class BackgroundTests(ProcessCase):
+    """POST /process/start and friends."""
+
+    @inlineCallbacks
+    def start_process(self, command: str, **extra: Any) -> Any:
+        body = {"command": command, "shell": "sh"}
+        body.update(extra)
+        reply = yield self.request("POST", "/process/start", body)
+        self.assertEqual(reply.status, 200, reply.body)
+        pid = reply.json()["pid"]
+        self.addCleanup(self._kill, pid)
+        return reply.json()
+
+    def _kill(self, pid: int) -> None:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+    @inlineCallbacks
+    def wait_exited(self, pid: int) -> Any:
+        for _ in range(200):
+            reply = yield self.request("GET", f"/process/{pid}")
+            if reply.json()["state"] == "exited":
+                return reply.json()
+            yield sleep_(0.05)
+        self.fail("process did not exit")
+
+    @inlineCallbacks
+    def test_start_list_get(self) -> Any:
+        """A started process is listed with its tag, running, then exited with its code."""
+        started = yield self.start_process(f"sleep {self.marker}", tag="build")
+        self.assertEqual(started["tag"], "build")
+        pid = started["pid"]
+        reply = yield self.request("GET", "/process/list?tag=build")
+        [entry] = reply.json()["processes"]
+        self.assertEqual(
+            (entry["pid"], entry["state"], entry["exit_code"]), (pid, "running", None)
+        )
+        reply = yield self.request("GET", "/process/list?tag=other")
+        self.assertEqual(reply.json()["processes"], [])
+        reply = yield self.request("POST", f"/process/{pid}/signal", {"signal": 15})
+        self.assertEqual(reply.json(), {"pid": pid, "signal": 15})
+        info = yield self.wait_exited(pid)
+        self.assertEqual(info["exit_code"], -15)
+        reply = yield self.request("GET", "/process/list")
+        self.assertIn(pid, [p["pid"] for p in reply.json()["processes"]])
+
+    @inlineCallbacks
+    def test_get_errors(self) -> Any:
+        """Non-integer pid → 400; unmanaged → 404 NotFoundError."""
+        reply = yield self.request("GET", "/process/abc")
+        self.assertEqual(reply.status, 400)
+        reply = yield self.request("GET", f"/process/{os.getpid()}")
+        self.assertEqual((reply.status, reply.json()["type"]), (404, "NotFoundError"))
+
+    @inlineCallbacks
+    def test_signal_rules(self) -> Any:
+        """Signals outside the allowlist are 400; pid 1 and the daemon are 403."""
+        started = yield self.start_process(f"sleep {self.marker}")
+        pid = started["pid"]
+        reply = yield self.request("POST", f"/process/{pid}/signal", {"signal": 1})
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (400, "signal_not_allowed")
+        )
+        for target in (1, os.getpid()):
+            reply = yield self.request(
+                "POST", f"/process/{target}/signal", {"signal": 15}
+            )
+            self.assertEqual(
+                (reply.status, reply.json()["type"]), (403, "PermissionError")
+            )
+        reply = yield self.request("POST", f"/process/{pid}/signal", {})
+        self.assertEqual(reply.status, 400)
+        reply = yield self.request("POST", "/process/999999999/signal", {"signal": 15})
+        self.assertEqual(reply.status, 404)
+
+    @inlineCallbacks
+    def test_cap_429(self) -> Any:
+        """Past max_processes running, /process/start is 429 ResourceError."""
+        yield self.daemon.stop()
+        yield self.start(
+            policy={"endpoints": {"process_start": {"limits": {"max_processes": 2}}}}
+        )
+        yield self.start_process(f"sleep {self.marker}")
+        yield self.start_process(f"sleep {self.marker}")
+        reply = yield self.request(
+            "POST", "/process/start", {"command": f"sleep {self.marker}"}
+        )
+        self.assertEqual(reply.status, 429)
+        self.assertEqual(reply.json()["type"], "ResourceError")
+
+    @inlineCallbacks
+    def test_paged_output(self) -> Any:
+        """Output is kept as seq-numbered chunks; ``after`` pages it."""
+        started = yield self.start_process(
+            "echo one; echo two >&2; sleep 0.2; echo three"
+        )
+        pid = started["pid"]
+        yield self.wait_exited(pid)
+        yield sleep_(0.3)
+        reply = yield self.request("GET", f"/process/{pid}/output")
+        body = reply.json()
+        self.assertEqual(body["state"], "exited")
+        self.assertEqual(body["exit_code"], 0)
+        text = "".join(e["data"] for e in body["events"] if e["stream"] == "stdout")
+        self.assertEqual(text, "one\nthree\n")
+        self.assertEqual(
+            [e["seq"] for e in body["events"]], list(range(1, len(body["events"]) + 1))
+        )
+        self.assertEqual(body["next"], body["events"][-1]["seq"])
+        reply = yield self.request("GET", f"/process/{pid}/output?after={body['next']}")
+        self.assertEqual(reply.json()["events"], [])
+        self.assertEqual(reply.json()["next"], body["next"])
+
+    @inlineCallbacks
+    def test_stdin_pipe(self) -> Any:
+        """``stdin: true`` keeps a pipe: data is fed, eof ends the reader."""
+        started = yield self.start_process("cat", stdin=True)
+        pid = started["pid"]
+        reply = yield self.request("POST", f"/process/{pid}/stdin", {"data": "hello\n"})
+        self.assertEqual(reply.json(), {"pid": pid, "bytes": 6})
+        reply = yield self.request("POST", f"/process/{pid}/stdin", {"eof": True})
+        self.assertEqual(reply.status, 200)
+        info = yield self.wait_exited(pid)
+        self.assertEqual(info["exit_code"], 0)
+        yield sleep_(0.3)
+        reply = yield self.request("GET", f"/process/{pid}/output")
+        self.assertEqual("".join(e["data"] for e in reply.json()["events"]), "hello\n")
+
+    @inlineCallbacks
+    def test_stdin_closed_by_default(self) -> Any:
+        """Without ``stdin: true`` the child's stdin is /dev/null and stdin writes are 400."""
+        started = yield self.start_process(f"cat; sleep {self.marker}")
+        reply = yield self.request(
+            "POST", f"/process/{started['pid']}/stdin", {"data": "x"}
+        )
+        self.assertEqual(reply.status, 400)
+
+    @inlineCallbacks
+    def test_follow_resume_without_loss_or_repeat(self) -> Any:
+        """A follower that reconnects with Last-Event-ID gets every chunk exactly once, then exit."""
+        started = yield self.start_process(
+            "i=0; while [ $i -lt 30 ]; do echo line$i; i=$((i+1)); sleep 0.02; done"
+        )
+        pid = started["pid"]
+        _, first = yield self.stream("GET", f"/process/{pid}/output?follow=true")
+        yield first.wait_for(lambda r: len(r.events) >= 3)
+        first.disconnect()
+        last = first.events[-1]["id"]
+        yield sleep_(0.2)
+        _, second = yield self.stream(
+            "GET",
+            f"/process/{pid}/output?follow=true",
+            headers={"Last-Event-ID": str(last)},
+        )
+        events = yield second.done
+        self.assertEqual(events[-1]["event"], "exit")
+        ids = [e["id"] for e in first.events] + [e["id"] for e in events]
+        self.assertEqual(ids, list(range(1, len(ids) + 1)))
+        text = "".join(
+            e["data"]["data"] for e in first.events + events if e["event"] == "stdout"
+        )
+        self.assertEqual(text, "".join(f"line{i}\n" for i in range(30)))
+
+    @inlineCallbacks
+    def test_follow_finished_process_ends_with_exit(self) -> Any:
+        """Following a finished process replays what is kept and ends with its exit."""
+        started = yield self.start_process("echo done")
+        yield self.wait_exited(started["pid"])
+        yield sleep_(0.3)
+        _, reader = yield self.stream(
+            "GET", f"/process/{started['pid']}/output?follow=true&after=0"
+        )
+        events = yield reader.done
+        self.assertEqual([e["event"] for e in events], ["stdout", "exit"])
+        self.assertEqual(events[-1]["data"], {"exit_code": 0})
+
+    @inlineCallbacks
+    def test_gap_when_dropped(self) -> Any:
+        """Asking for events already dropped starts the stream with ``gap``."""
+        yield self.daemon.stop()
+        yield self.start(
+            policy={
+                "endpoints": {"process_start": {"limits": {"max_output_bytes": 2000}}}
+            }
+        )
+        started = yield self.start_process("seq 1 5000")
+        yield self.wait_exited(started["pid"])
+        yield sleep_(0.3)
+        _, reader = yield self.stream(
+            "GET", f"/process/{started['pid']}/output?follow=true"
+        )
+        events = yield reader.done
+        self.assertEqual(events[0]["event"], "gap")
+        self.assertEqual(events[0]["data"]["from"], 1)
+        self.assertEqual(events[-1]["event"], "exit")
+        reply = yield self.request("GET", f"/process/{started['pid']}/output")
+        self.assertGreater(reply.json()["dropped_bytes"], 0)
+
+    @inlineCallbacks
+    def test_shutdown_ends_every_tree(self) -> Any:
+        """Stopping the daemon ends background and streaming children's trees."""
+        yield self.start_process(f"sleep {self.marker} & sleep {self.marker}")
+        _, reader = yield self.stream(
+            "POST",
+            "/shell/stream",
+            {"command": f"echo x; sleep {self.marker}", "shell": "sh"},
+        )
+        yield reader.wait_for(lambda r: r.events)
+        yield self.daemon.stop()
+        left = yield self.gone()
+        self.assertEqual(left, [])
