@@ -18,7 +18,7 @@ from typing import Any
 
 from twisted.internet.threads import deferToThreadPool
 
-from sandboxd import children, sysinfo
+from sandboxd import children, processes, sysinfo
 from sandboxd.errors import ApiError, bad_request, forbidden, internal
 from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest
@@ -304,8 +304,6 @@ async def packages(request: ServerRequest) -> dict[str, Any]:
     :raises ApiError: 400 for another manager; 500 TimeoutError past the
         time limit; 500 for output that is cut off or unreadable.
     """
-    from sandboxd import processes
-
     manager = request.arg("manager", "pip") or "pip"
     if manager not in PACKAGE_MANAGERS:
         known = ", ".join(PACKAGE_MANAGERS)
