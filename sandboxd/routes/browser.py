@@ -1,7 +1,251 @@
-"""Handlers of the `browser` group (not built yet: reported as not implemented)."""
+"""
+Handlers of the ``browser`` group (SPEC §7.8).
+
+Each handler checks its request here, in the daemon, and hands one
+operation to the browser supervisor, which runs it on the one shared page
+in the worker process.  A URL is refused here by scheme and glob before any
+browser starts; the worker checks it again, with its resolved addresses,
+for the navigation itself and every request the page makes after it.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-HANDLERS: dict[str, Any] = {}
+from twisted.application.service import IService
+
+from sandboxd.browser.supervisor import BrowserSupervisor
+from sandboxd.browser.urlpolicy import Refusal, UrlPolicy, check_url
+from sandboxd.children import resolve_user
+from sandboxd.errors import bad_request, forbidden, unavailable
+from sandboxd.policy import defaults
+from sandboxd.policy.rules import EffectiveRule
+from sandboxd.web.messages import ServerRequest
+
+WAIT_UNTIL = ("load", "domcontentloaded", "networkidle", "commit")
+IMAGE_TYPES = ("png", "jpeg")
+PDF_FORMATS = (
+    "Letter",
+    "Legal",
+    "Tabloid",
+    "Ledger",
+    "A0",
+    "A1",
+    "A2",
+    "A3",
+    "A4",
+    "A5",
+    "A6",
+)
+
+
+def setup(context: Any) -> IService:
+    """Create the browser supervisor (the worker starts on first use)."""
+    service = BrowserSupervisor(context.reactor, context)
+    context.services["browser"] = service
+    return service
+
+
+def url_policy(rule: EffectiveRule) -> UrlPolicy:
+    """The URL rules of an endpoint's merged rule."""
+    params = rule.params
+    leaves = (
+        "params.url_allow",
+        "params.url_deny",
+        "params.url_schemes",
+        "params.block_private_networks",
+    )
+    return UrlPolicy(
+        allow=params.url_allow,
+        deny=params.url_deny,
+        schemes=tuple(s.lower() for s in params.url_schemes),
+        block_private=params.block_private_networks,
+        rules={leaf: source for leaf in leaves if (source := rule.source(leaf))},
+    )
+
+
+def timeout_ms(request: ServerRequest, op: str, value: Any = None) -> int:
+    """
+    A call's timeout in milliseconds: the request's, else the default; at
+    most the endpoint's ``limits.timeout_seconds`` (or the built-in ceiling).
+    """
+    if value is None:
+        value = (
+            request.body.get("timeout")
+            if request.method == "POST"
+            else request.arg("timeout")
+        )
+    ceiling = defaults.BROWSER_MAX_TIMEOUT_MS
+    if request.rule.limits.timeout_seconds is not None:
+        ceiling = int(request.rule.limits.timeout_seconds * 1000)
+    if value is None:
+        return min(defaults.BROWSER_TIMEOUTS_MS[op], ceiling)
+    number = _number(value, "timeout")
+    if number <= 0:
+        raise bad_request("'timeout' must be a positive number of milliseconds")
+    return max(1, min(int(number), ceiling))
+
+
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, bool):
+        raise bad_request(f"'{name}' must be a number")
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            raise bad_request(f"'{name}' must be a number") from None
+    if not isinstance(value, int | float):
+        raise bad_request(f"'{name}' must be a number")
+    return float(value)
+
+
+def _string(body: dict[str, Any], name: str, required: bool = True) -> str | None:
+    value = body.get(name)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or (required and not value):
+        raise bad_request(f"'{name}' must be a non-empty string")
+    return value
+
+
+def _bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise bad_request(f"'{name}' must be true or false")
+    return value
+
+
+async def _call(
+    request: ServerRequest, op: str, args: dict[str, Any], timeout: int
+) -> dict[str, Any]:
+    service: BrowserSupervisor | None = request.context.services.get("browser")
+    if service is None:
+        raise unavailable("the browser service is not running")
+    args = {"policy": url_policy(request.rule).to_json(), **args}
+    run_as = resolve_user(None, request.rule)
+    return await service.call(op, args, timeout, run_as=run_as)
+
+
+async def navigate(request: ServerRequest) -> dict[str, Any]:
+    """``POST /browser/navigate {"url", "wait_until"?, "timeout"?}``."""
+    url = _string(request.body, "url")
+    assert url is not None
+    try:
+        check_url(url_policy(request.rule), url)
+    except Refusal as refusal:
+        raise forbidden(
+            refusal.message, "param_not_allowed", rule=refusal.rule
+        ) from None
+    wait_until = request.body.get("wait_until", "load")
+    if wait_until not in WAIT_UNTIL:
+        raise bad_request(f"'wait_until' must be one of {', '.join(WAIT_UNTIL)}")
+    timeout = timeout_ms(request, "navigate")
+    return await _call(
+        request, "navigate", {"url": url, "wait_until": wait_until}, timeout
+    )
+
+
+async def screenshot(request: ServerRequest) -> dict[str, Any]:
+    """``POST /browser/screenshot {"full_page"?, "selector"?, "type"?}``."""
+    body = request.body
+    kind = body.get("type", "png")
+    if kind == "jpg":
+        kind = "jpeg"
+    if kind not in IMAGE_TYPES:
+        raise bad_request("'type' must be png or jpeg")
+    args: dict[str, Any] = {"type": kind, "full_page": _bool(body, "full_page")}
+    selector = _string(body, "selector", required=False)
+    if selector:
+        args["selector"] = selector
+    quality = body.get("quality")
+    if quality is not None:
+        number = _number(quality, "quality")
+        if kind != "jpeg" or not 0 <= number <= 100:
+            raise bad_request("'quality' is for jpeg, from 0 to 100")
+        args["quality"] = int(number)
+    return await _call(request, "screenshot", args, timeout_ms(request, "screenshot"))
+
+
+async def content(request: ServerRequest) -> dict[str, Any]:
+    """``GET /browser/content?type=html|text``."""
+    kind = request.arg("type") or "html"
+    if kind not in ("html", "text"):
+        raise bad_request("'type' must be html or text")
+    return await _call(
+        request, "content", {"type": kind}, timeout_ms(request, "content")
+    )
+
+
+async def click(request: ServerRequest) -> dict[str, Any]:
+    """``POST /browser/click {"selector", "timeout"?}``."""
+    selector = _string(request.body, "selector")
+    return await _call(
+        request, "click", {"selector": selector}, timeout_ms(request, "click")
+    )
+
+
+async def type_text(request: ServerRequest) -> dict[str, Any]:
+    """``POST /browser/type {"selector", "text", "delay"?, "timeout"?}``."""
+    body = request.body
+    selector = _string(body, "selector")
+    text = body.get("text")
+    if not isinstance(text, str):
+        raise bad_request("'text' must be a string")
+    delay = _number(body.get("delay", 0), "delay")
+    if delay < 0:
+        raise bad_request("'delay' must not be negative")
+    timeout = timeout_ms(request, "type")
+    # Typing with a delay takes delay x characters on top of finding the element.
+    budget = timeout + int(delay * len(text))
+    ceiling = defaults.BROWSER_MAX_TIMEOUT_MS
+    if budget > ceiling:
+        raise bad_request(
+            f"typing {len(text)} characters {delay:g} ms apart would take longer than {ceiling} ms"
+        )
+    args = {"selector": selector, "text": text, "delay": delay, "timeout": timeout}
+    return await _call(request, "type", args, budget)
+
+
+async def evaluate(request: ServerRequest) -> dict[str, Any]:
+    """``POST /browser/evaluate {"script", "timeout"?}``."""
+    script = _string(request.body, "script")
+    return await _call(
+        request, "evaluate", {"script": script}, timeout_ms(request, "evaluate")
+    )
+
+
+async def pdf(request: ServerRequest) -> dict[str, Any]:
+    """``POST /browser/pdf {"format"?, "landscape"?}``."""
+    body = request.body
+    page_format = body.get("format", "A4")
+    if not isinstance(page_format, str):
+        raise bad_request("'format' must be a paper format name")
+    known = {f.lower(): f for f in PDF_FORMATS}
+    if page_format.lower() not in known:
+        raise bad_request(f"'format' must be one of {', '.join(PDF_FORMATS)}")
+    args = {"format": known[page_format.lower()], "landscape": _bool(body, "landscape")}
+    return await _call(request, "pdf", args, timeout_ms(request, "pdf"))
+
+
+async def console(request: ServerRequest) -> dict[str, Any]:
+    """``GET /browser/console``: the messages since the last read, then cleared."""
+    result = await _call(
+        request, "console", {}, timeout_ms(request, "console", value=None)
+    )
+    limit = request.rule.limits.max_entries
+    logs = result.get("logs") or []
+    if limit is not None and len(logs) > limit:
+        logs = logs[-limit:]
+    return {"logs": logs}
+
+
+HANDLERS: dict[str, Any] = {
+    "browser_navigate": navigate,
+    "browser_screenshot": screenshot,
+    "browser_content": content,
+    "browser_click": click,
+    "browser_type": type_text,
+    "browser_evaluate": evaluate,
+    "browser_pdf": pdf,
+    "browser_console": console,
+}

@@ -1,0 +1,6 @@
+"""
+The headless browser (SPEC §7.8): a Playwright worker child process
+(:mod:`sandboxd.browser.worker`), its supervisor in the daemon
+(:mod:`sandboxd.browser.supervisor`) and the URL rules both apply
+(:mod:`sandboxd.browser.urlpolicy`).
+"""

@@ -1,0 +1,430 @@
+"""
+The daemon's side of the browser: it spawns the worker (``worker.py``) as a
+child in its own session, speaks JSON lines with it, serialises calls on the
+one shared page, watches every call with a timer, and ends the worker's
+whole tree (Playwright's driver and Chromium included) when it stops, when
+a call overruns, or when the worker misbehaves.  The next call starts a
+fresh worker, so a browser crash costs one failed call, never the daemon.
+
+No threads and no asyncio in the daemon: the worker owns both.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import sys
+import tempfile
+from typing import Any
+
+from twisted.application.service import Service
+from twisted.internet.defer import CancelledError, Deferred, DeferredLock
+from twisted.internet.error import ProcessExitedAlready
+from twisted.internet.protocol import ProcessProtocol
+from twisted.logger import Logger
+
+from sandboxd.children import (
+    BOOT_ENVIRON,
+    RunAs,
+    child_environment,
+    exit_code,
+    session_argv,
+    signal_tree,
+)
+from sandboxd.errors import ApiError, internal, unavailable
+from sandboxd.policy import defaults
+
+log = Logger(namespace="sandboxd.browser")
+
+#: The seed's message when the optional extra is missing.
+PLAYWRIGHT_MISSING = (
+    "Playwright is not installed. Install the browser extra (pip install 'sandboxd[browser]') "
+    "and Debian's chromium package."
+)
+
+#: Where the worker script lives (run by path, so it never imports sandboxd).
+WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
+
+#: The setting naming the Chromium binary, and its default.
+CHROMIUM_ENV = "SANDBOXD_CHROMIUM"
+DEFAULT_CHROMIUM = "/usr/bin/chromium"
+
+
+def playwright_installed() -> bool:
+    """Whether the worker's interpreter (ours) can import Playwright."""
+    return importlib.util.find_spec("playwright") is not None
+
+
+def chromium_path() -> str:
+    """The Chromium binary: ``SANDBOXD_CHROMIUM`` as the daemon started, else Debian's."""
+    return BOOT_ENVIRON.get(CHROMIUM_ENV) or DEFAULT_CHROMIUM
+
+
+class WorkerProtocol(ProcessProtocol):
+    """Frames the worker's stdout into JSON lines; keeps its stderr's tail."""
+
+    def __init__(self, supervisor: BrowserSupervisor) -> None:
+        self.supervisor = supervisor
+        self.buffer = bytearray()
+        self.stderr_tail = bytearray()
+        self.pid: int | None = None
+        self.exited = False
+        self.ended: Deferred[None] = Deferred()
+
+    def connectionMade(self) -> None:
+        self.pid = self.transport.pid  # type: ignore[union-attr]
+
+    def outReceived(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            end = self.buffer.find(b"\n")
+            if end < 0:
+                break
+            line = bytes(self.buffer[:end])
+            del self.buffer[: end + 1]
+            self.supervisor.line_received(self, line)
+        if len(self.buffer) > defaults.BROWSER_MAX_MESSAGE_BYTES:
+            self.buffer.clear()
+            self.supervisor.protocol_error(
+                self, "the browser worker sent a message over the size limit"
+            )
+
+    def errReceived(self, data: bytes) -> None:
+        self.stderr_tail += data
+        excess = len(self.stderr_tail) - defaults.BROWSER_STDERR_TAIL_BYTES
+        if excess > 0:
+            del self.stderr_tail[:excess]
+
+    def processExited(self, reason: Any) -> None:
+        self.exited = True
+        self.supervisor.worker_exited(self, exit_code(reason))
+
+    def processEnded(self, reason: Any) -> None:
+        self.exited = True
+        if self.pid is not None:
+            # Chromium's helpers may outlive the worker: sweep its session.
+            signal_tree(self.pid, signal.SIGKILL)
+        if not self.ended.called:
+            self.ended.callback(None)
+
+    def tail(self) -> str:
+        """The last lines the worker wrote to stderr."""
+        return self.stderr_tail.decode("utf-8", "replace").strip()[-1000:]
+
+
+class BrowserSupervisor(Service):
+    """
+    The browser service (``context.services["browser"]``).
+
+    :param reactor: provides spawnProcess and callLater.
+    :param policy_rule: returns an endpoint's merged rule by id (the
+        console buffer's size and the user the worker runs as).
+    """
+
+    name = "browser"
+
+    def __init__(self, reactor: Any, context: Any = None) -> None:
+        self.reactor = reactor
+        self.context = context
+        self.lock = DeferredLock()
+        self.waiting = 0
+        self.worker: WorkerProtocol | None = None
+        #: Whether the current worker said ready; its waiters until it does.
+        self.is_ready = False
+        self.ready_waiters: list[Deferred[None]] = []
+        self.pending: dict[int, Deferred[dict[str, Any]]] = {}
+        self.next_id = 0
+        self.workdir: str | None = None
+        self.starts = 0
+
+    # -- the public call -----------------------------------------------------
+
+    async def call(
+        self,
+        op: str,
+        args: dict[str, Any],
+        timeout_ms: int,
+        run_as: RunAs | None = None,
+    ) -> dict[str, Any]:
+        """
+        Run one operation on the shared page; the worker's result.
+
+        :raises ApiError: 503 when Playwright or Chromium is missing, 429
+            when too many calls wait, 408 when the call overruns, the
+            worker's own error otherwise.
+        """
+        if not playwright_installed():
+            raise unavailable(PLAYWRIGHT_MISSING)
+        if not self.running:
+            raise unavailable("the browser is not running (the daemon is stopping)")
+        if self.waiting >= defaults.BROWSER_QUEUE_MAX:
+            raise ApiError(
+                429,
+                "too many browser calls are waiting for the page",
+                "ResourceError",
+                "concurrency_limited",
+                limit=defaults.BROWSER_QUEUE_MAX,
+            )
+        self.waiting += 1
+        try:
+            await self.lock.acquire()
+        finally:
+            self.waiting -= 1
+        try:
+            worker = await self._ensure_worker(run_as)
+            return await self._send(worker, op, args, timeout_ms)
+        finally:
+            self.lock.release()
+
+    # -- the worker's life ---------------------------------------------------
+
+    async def _ensure_worker(self, run_as: RunAs | None) -> WorkerProtocol:
+        if self.worker is None or self.worker.exited:
+            self._spawn(run_as)
+        worker = self.worker
+        assert worker is not None
+        if self.is_ready:
+            return worker
+        waiter: Deferred[None] = Deferred(lambda d: self._forget_waiter(d))
+        self.ready_waiters.append(waiter)
+        timer = self.reactor.callLater(
+            defaults.BROWSER_START_TIMEOUT_SECONDS, self._start_timed_out, worker
+        )
+        try:
+            await waiter
+        finally:
+            if timer.active():
+                timer.cancel()
+        return worker
+
+    def _forget_waiter(self, waiter: Deferred[None]) -> None:
+        if waiter in self.ready_waiters:
+            self.ready_waiters.remove(waiter)
+
+    def _settle_start(self, error: ApiError | None) -> None:
+        """The worker is ready (``error`` None) or will never be."""
+        waiters, self.ready_waiters = self.ready_waiters, []
+        self.is_ready = error is None
+        for waiter in waiters:
+            if waiter.called:
+                continue
+            if error is None:
+                waiter.callback(None)
+            else:
+                waiter.errback(error)
+
+    def _start_timed_out(self, worker: WorkerProtocol) -> None:
+        if worker is self.worker and not self.is_ready:
+            self._settle_start(
+                internal(
+                    f"the browser did not start within {defaults.BROWSER_START_TIMEOUT_SECONDS:g} s"
+                )
+            )
+            self._kill(worker)
+
+    def _spawn(self, run_as: RunAs | None) -> None:
+        chromium = chromium_path()
+        console_max = defaults.ENDPOINT_LIMITS["browser_console"]["max_entries"]
+        if self.context is not None:
+            console_max = (
+                self.context.policy.rule("browser_console").limits.max_entries
+                or console_max
+            )
+        config = {
+            "chromium": chromium,
+            "console_max": console_max,
+            "max_line": defaults.MIB * 16,
+        }
+        if self.workdir is None or not os.path.isdir(self.workdir):
+            self.workdir = tempfile.mkdtemp(prefix="sandboxd-browser-")
+        env = child_environment(self.context, None, base=BOOT_ENVIRON)
+        # Playwright's driver and Chromium write caches under HOME and TMPDIR.
+        env["TMPDIR"] = self.workdir
+        uid = gid = None
+        if run_as is not None:
+            run_as.apply(env)
+            os.chown(self.workdir, run_as.uid, run_as.gid)
+            uid, gid = run_as.uid, run_as.gid
+        argv = session_argv(
+            [sys.executable, "-I", "-u", WORKER_SCRIPT, json.dumps(config)]
+        )
+        worker = WorkerProtocol(self)
+        self.worker = worker
+        self.is_ready = False
+        self.starts += 1
+        try:
+            self.reactor.spawnProcess(
+                worker, argv[0], argv, env=env, path=self.workdir, uid=uid, gid=gid
+            )
+        except OSError as e:
+            self.worker = None
+            raise internal(f"cannot start the browser worker: {e}") from None
+
+    def line_received(self, worker: WorkerProtocol, line: bytes) -> None:
+        """One JSON line from the worker: an event or a reply."""
+        if worker is not self.worker:
+            return
+        try:
+            message = json.loads(line)
+        except ValueError:
+            log.warn("browser worker: ignoring a line that is not JSON")
+            return
+        if not isinstance(message, dict):
+            return
+        event = message.get("event")
+        if event == "ready":
+            self._settle_start(None)
+            return
+        if event == "fatal":
+            # Playwright or Chromium is missing or broken: say so now; the
+            # next call tries again (someone may have installed it since).
+            self._settle_start(_api_error(message.get("error") or {}))
+            self._kill(worker)
+            return
+        rid = message.get("id")
+        waiter = self.pending.pop(rid, None) if isinstance(rid, int) else None
+        if waiter is None or waiter.called:
+            return
+        if message.get("ok"):
+            result = message.get("result")
+            waiter.callback(result if isinstance(result, dict) else {})
+        else:
+            waiter.errback(_api_error(message.get("error") or {}))
+
+    def protocol_error(self, worker: WorkerProtocol, message: str) -> None:
+        """The worker broke the protocol: fail its calls and end it."""
+        if worker is self.worker:
+            self._fail_pending(internal(message))
+            self._kill(worker)
+
+    def worker_exited(self, worker: WorkerProtocol, code: int | None) -> None:
+        """The worker ended: fail what waited on it; the next call restarts it."""
+        if worker is not self.worker:
+            return
+        tail = worker.tail()
+        detail = f" (exit code {code})" if code is not None else ""
+        message = f"the browser worker exited{detail}" + (
+            f": {tail.splitlines()[-1]}" if tail else ""
+        )
+        self.worker = None
+        if not self.is_ready:
+            self._settle_start(internal(message))
+        self.is_ready = False
+        self._fail_pending(internal(message))
+
+    def _fail_pending(self, error: ApiError) -> None:
+        pending, self.pending = self.pending, {}
+        for waiter in pending.values():
+            if not waiter.called:
+                waiter.errback(error)
+
+    async def _send(
+        self, worker: WorkerProtocol, op: str, args: dict[str, Any], timeout_ms: int
+    ) -> dict[str, Any]:
+        self.next_id += 1
+        rid = self.next_id
+        waiter: Deferred[dict[str, Any]] = Deferred()
+        self.pending[rid] = waiter
+        line = (
+            json.dumps(
+                {
+                    "id": rid,
+                    "op": op,
+                    "timeout": timeout_ms,
+                    **args,
+                    "budget": timeout_ms,
+                }
+            ).encode()
+            + b"\n"
+        )
+        worker.transport.write(line)  # type: ignore[union-attr]
+        limit = timeout_ms / 1000.0 + defaults.BROWSER_WATCHDOG_SLACK_SECONDS
+
+        def overrun() -> None:
+            if waiter.called:
+                return
+            self.pending.pop(rid, None)
+            waiter.errback(
+                ApiError(
+                    408,
+                    f"browser {op} did not finish within {limit:g} s; the browser was restarted",
+                    "TimeoutError",
+                    "timeout",
+                )
+            )
+            # A page stuck in a script blocks every later call: start afresh.
+            self._kill(worker)
+
+        timer = self.reactor.callLater(limit, overrun)
+        try:
+            return await waiter
+        except CancelledError:
+            self.pending.pop(rid, None)
+            raise
+        finally:
+            if timer.active():
+                timer.cancel()
+
+    def _kill(
+        self, worker: WorkerProtocol, grace: float = defaults.KILL_GRACE_SECONDS
+    ) -> None:
+        """TERM the worker's tree, KILL it after ``grace`` if it lingers."""
+        if worker is self.worker:
+            self.worker = None
+            self.is_ready = False
+        if worker.pid is None or worker.ended.called:
+            return
+        signal_tree(worker.pid, signal.SIGTERM)
+
+        def kill() -> None:
+            if not worker.ended.called and worker.pid is not None:
+                signal_tree(worker.pid, signal.SIGKILL)
+
+        timer = self.reactor.callLater(grace, kill)
+        worker.ended.addBoth(lambda r: timer.cancel() if timer.active() else None)
+
+    # -- service -------------------------------------------------------------
+
+    def stopService(self) -> Deferred[None]:
+        """End the worker's whole tree; fires when it is gone (bounded)."""
+        super().stopService()
+        worker, self.worker = self.worker, None
+        self._settle_start(unavailable("the browser is stopping"))
+        self.is_ready = False
+        self._fail_pending(unavailable("the browser is stopping"))
+        done: Deferred[None] = Deferred()
+        if worker is None or worker.ended.called:
+            done.callback(None)
+            return done
+        # Closing stdin lets the worker close Chromium itself; TERM and then
+        # KILL follow in case it does not.
+        try:
+            worker.transport.closeStdin()  # type: ignore[union-attr]
+        except (ProcessExitedAlready, AttributeError):
+            pass
+        term = self.reactor.callLater(1.0, lambda: self._kill(worker, grace=2.0))
+        worker.ended.addBoth(lambda _: term.cancel() if term.active() else None)
+        worker.ended.addBoth(lambda _: done.callback(None) if not done.called else None)
+        timeout = self.reactor.callLater(
+            defaults.KILL_GRACE_SECONDS,
+            lambda: done.callback(None) if not done.called else None,
+        )
+        done.addBoth(lambda r: (timeout.cancel() if timeout.active() else None, r)[1])
+        return done
+
+
+def _api_error(fields: dict[str, Any]) -> ApiError:
+    """An ApiError from the worker's error fields."""
+    extra = {
+        k: v for k, v in fields.items() if k not in ("status", "error", "type", "code")
+    }
+    status = fields.get("status")
+    return ApiError(
+        status if isinstance(status, int) else 500,
+        str(fields.get("error") or "browser error"),
+        str(fields.get("type") or "RuntimeError"),
+        str(fields.get("code") or "internal"),
+        **extra,
+    )

@@ -1,0 +1,204 @@
+"""
+Which URLs the sandbox's browser may load (SPEC §7.8).
+
+Standard library only: the daemon imports it to refuse a bad URL before a
+browser starts, and the browser worker (a separate process that does not
+import sandboxd) loads the same file to judge every request the page makes,
+redirects included, after resolving its host.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+#: Schemes never loaded, whatever ``url_schemes`` says: they reach the
+#: container's files or the browser's own internals, where no path guard
+#: or network rule applies.
+NEVER_SCHEMES = frozenset(
+    {
+        "file",
+        "filesystem",
+        "view-source",
+        "chrome",
+        "chrome-extension",
+        "chrome-untrusted",
+        "chrome-search",
+        "devtools",
+        "javascript",
+    }
+)
+
+#: Ranges that ``ipaddress`` counts as global but a sandbox must not reach.
+_EXTRA_BLOCKED = (ipaddress.ip_network("100.64.0.0/10"),)
+
+
+class Refusal(Exception):
+    """A URL the policy refuses, with the rule that refused it."""
+
+    def __init__(self, message: str, rule: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.rule = rule
+
+    def as_json(self) -> dict[str, Any]:
+        """The error fields of SPEC §3."""
+        return {
+            "status": 403,
+            "error": self.message,
+            "type": "PermissionError",
+            "code": "param_not_allowed",
+            "rule": self.rule,
+        }
+
+
+@dataclass(frozen=True)
+class UrlPolicy:
+    """
+    The URL rules of one browser call.
+
+    :ivar rules: leaf key (``params.url_deny``) -> the rule string that set
+        it, so a refusal names its rule.
+    """
+
+    allow: tuple[str, ...] | None = None
+    deny: tuple[str, ...] = ()
+    schemes: tuple[str, ...] = ("http", "https")
+    block_private: bool = False
+    rules: dict[str, str] = field(default_factory=dict)
+
+    def rule(self, leaf: str) -> str:
+        """The rule string of a leaf, or its built-in default."""
+        return self.rules.get(leaf) or f"default:{leaf}"
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON object for the worker."""
+        return {
+            "allow": list(self.allow) if self.allow is not None else None,
+            "deny": list(self.deny),
+            "schemes": list(self.schemes),
+            "block_private": self.block_private,
+            "rules": dict(self.rules),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> UrlPolicy:
+        """The inverse of :meth:`to_json`."""
+        allow = data.get("allow")
+        return cls(
+            allow=tuple(allow) if allow is not None else None,
+            deny=tuple(data.get("deny") or ()),
+            schemes=tuple(data.get("schemes") or ("http", "https")),
+            block_private=bool(data.get("block_private")),
+            rules=dict(data.get("rules") or {}),
+        )
+
+
+def normalise(url: str) -> str:
+    """The URL with scheme and host in lower case, as globs are matched."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if not parts.scheme:
+        return url
+    return parts._replace(
+        scheme=parts.scheme.lower(), netloc=parts.netloc.lower()
+    ).geturl()
+
+
+def check_url(policy: UrlPolicy, url: str) -> None:
+    """
+    Refuse ``url`` by scheme and by the ``url_deny``/``url_allow`` globs.
+
+    :raises Refusal: when the policy says no.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        raise Refusal(f"not a valid URL: {url!r}", "guard:url") from None
+    scheme = parts.scheme.lower()
+    if not scheme:
+        raise Refusal(f"the URL has no scheme: {url!r}", "guard:url")
+    if scheme in NEVER_SCHEMES:
+        raise Refusal(
+            f"the scheme {scheme!r} is never allowed in the browser",
+            "guard:url_schemes",
+        )
+    if scheme not in policy.schemes:
+        raise Refusal(
+            f"the scheme {scheme!r} is not allowed (allowed: {', '.join(policy.schemes)})",
+            policy.rule("params.url_schemes"),
+        )
+    text = normalise(url)
+    for pattern in policy.deny:
+        if fnmatch.fnmatchcase(text, pattern):
+            raise Refusal(
+                f"the URL {url} is denied by policy ({pattern})",
+                policy.rule("params.url_deny"),
+            )
+    if policy.allow is not None and not any(
+        fnmatch.fnmatchcase(text, p) for p in policy.allow
+    ):
+        raise Refusal(
+            f"the URL {url} is not in the allowed list", policy.rule("params.url_allow")
+        )
+
+
+def host_of(url: str) -> str | None:
+    """The host of a URL (without brackets), or None."""
+    try:
+        return urlsplit(url).hostname
+    except ValueError:
+        return None
+
+
+def is_private_address(address: str) -> bool:
+    """
+    Whether an address is anything but the public internet: private,
+    loopback, link-local (cloud metadata), shared, reserved, multicast,
+    unspecified, and IPv6 forms that embed such an IPv4 address.
+    """
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return True
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = (
+            ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        )
+        if embedded is not None and is_private_address(str(embedded)):
+            return True
+    if ip.is_multicast or not ip.is_global:
+        return True
+    return any(ip in net for net in _EXTRA_BLOCKED)
+
+
+def ip_literal(host: str) -> str | None:
+    """``host`` when it is an IP address literal, else None."""
+    try:
+        return str(ipaddress.ip_address(host.strip("[]")))
+    except ValueError:
+        return None
+
+
+def check_addresses(policy: UrlPolicy, url: str, addresses: list[str]) -> None:
+    """
+    Refuse ``url`` when any address its host resolved to is private.
+
+    Any, not all: a name that resolves to both a public and a private
+    address could be connected to either.
+
+    :raises Refusal: when ``block_private_networks`` is on and one is.
+    """
+    if not policy.block_private:
+        return
+    for address in addresses:
+        if is_private_address(address):
+            raise Refusal(
+                f"the URL {url} resolves to a private network address ({address})",
+                policy.rule("params.block_private_networks"),
+            )

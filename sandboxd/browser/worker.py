@@ -1,0 +1,518 @@
+"""
+The browser worker: asyncio Playwright in a child process of the daemon.
+
+Run as ``python -I -u worker.py CONFIG_JSON``.  It owns one Chromium, one
+context and one page, and speaks JSON lines: one request per stdin line
+(``{"id", "op", ...}``), one reply per stdout line (``{"id", "ok": true,
+"result"}`` or ``{"id", "ok": false, "error": {"status", "error", "type",
+"code", ...}}``), after a first ``{"event": "ready"}`` (or ``{"event":
+"fatal", "error"}`` when Playwright or Chromium cannot start).
+
+It imports nothing from sandboxd (only the standard library, Playwright and
+the sibling ``urlpolicy`` module), so a browser crash, hang or leak stays in
+this process tree, which the daemon kills and restarts.  Requests are
+handled one at a time: there is one page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import datetime
+import json
+import math
+import os
+import re
+import socket
+import sys
+from typing import Any
+
+if __package__:
+    from .urlpolicy import (
+        Refusal,
+        UrlPolicy,
+        check_addresses,
+        check_url,
+        host_of,
+        ip_literal,
+    )
+else:
+    # Run as a script (``python -I worker.py``): load the sibling module
+    # without importing sandboxd, which would pull in Twisted for nothing.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from urlpolicy import (  # type: ignore[import-not-found,no-redef]
+        Refusal,
+        UrlPolicy,
+        check_addresses,
+        check_url,
+        host_of,
+        ip_literal,
+    )
+
+#: Chromium switches for a container with no network beyond what a page asks
+#: for, no GPU, no display and (as root) no sandbox of its own.
+CHROMIUM_ARGS = [
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-first-run",
+    "--no-default-browser-check",
+    # window.open and pop-ups would be pages without the network rules.
+    "--block-new-web-contents",
+    # Keep cross-site frames in the page's process, where its request
+    # interception sees them.
+    "--disable-site-isolation-trials",
+    "--disable-features=Translate,MediaRouter,OptimizationHints,IsolateOrigins,site-per-process",
+]
+
+#: A reply's ``error`` message is cut here: Playwright appends call logs.
+MAX_MESSAGE_CHARS = 2000
+
+
+class WorkerError(Exception):
+    """An error with the JSON fields the daemon passes on."""
+
+    def __init__(
+        self, status: int, message: str, type: str, code: str, **extra: Any
+    ) -> None:
+        super().__init__(message)
+        self.fields = {
+            "status": status,
+            "error": message,
+            "type": type,
+            "code": code,
+            **extra,
+        }
+
+
+def image_size(data: bytes) -> tuple[int, int]:
+    """(width, height) of a PNG or JPEG, read from its header."""
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    i = 2
+    while i + 9 < len(data):
+        if data[i] != 0xFF:
+            i += 1
+            continue
+        marker = data[i + 1]
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return int.from_bytes(data[i + 7 : i + 9], "big"), int.from_bytes(
+                data[i + 5 : i + 7], "big"
+            )
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            i += 2
+            continue
+        i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+    return 0, 0
+
+
+def pdf_pages(data: bytes) -> int:
+    """The page count of a PDF that Chromium printed."""
+    pages = len(re.findall(rb"/Type\s*/Page(?![A-Za-z])", data))
+    if pages:
+        return pages
+    counts = [int(n) for n in re.findall(rb"/Count\s+(\d+)", data)]
+    return max(counts) if counts else 0
+
+
+def jsonable(value: Any, depth: int = 0) -> Any:
+    """``value`` with what JSON cannot carry (NaN, dates, bytes) made text."""
+    if depth > 64:
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {str(k): jsonable(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v, depth + 1) for v in value]
+    if isinstance(value, datetime.datetime | datetime.date):
+        return value.isoformat()
+    return str(value)
+
+
+def now_iso() -> str:
+    """The current time, ISO 8601 UTC (as file timestamps are)."""
+    return datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+class Worker:
+    """One browser, one page, the console buffer and the URL policy."""
+
+    def __init__(self, config: dict[str, Any], out: Any) -> None:
+        self.config = config
+        self.out = out
+        self.console: collections.deque[dict[str, Any]] = collections.deque(
+            maxlen=int(config.get("console_max") or 1000)
+        )
+        self.policy = UrlPolicy()
+        self.blocked: list[Refusal] = []
+        self.playwright: Any = None
+        self.browser: Any = None
+        self.context: Any = None
+        self.page: Any = None
+        self.errors: Any = None
+        self.tasks: set[asyncio.Future[Any]] = set()
+
+    def emit(self, message: dict[str, Any]) -> None:
+        """Write one JSON line to the daemon."""
+        self.out.write(json.dumps(message, allow_nan=False).encode() + b"\n")
+        self.out.flush()
+
+    async def start(self) -> bool:
+        """Start Playwright and Chromium; say ready or why not."""
+        try:
+            import playwright.async_api as api
+        except ImportError:
+            self.fatal(
+                "Playwright is not installed. Install it with: pip install 'sandboxd[browser]'"
+            )
+            return False
+        self.errors = api
+        chromium = self.config.get("chromium") or "/usr/bin/chromium"
+        if not os.access(chromium, os.X_OK):
+            self.fatal(
+                f"Chromium was not found at {chromium} (set SANDBOXD_CHROMIUM, or install Debian's chromium)"
+            )
+            return False
+        try:
+            self.playwright = await api.async_playwright().start()
+            self.browser = await self.playwright.chromium.launch(
+                executable_path=chromium,
+                args=CHROMIUM_ARGS,
+                headless=True,
+                chromium_sandbox=False,
+                handle_sigint=False,
+                handle_sigterm=False,
+                handle_sighup=False,
+            )
+        except Exception as e:
+            self.fatal(f"Chromium could not start: {_first_line(e)}")
+            return False
+        self.emit({"event": "ready", "version": self.browser.version})
+        return True
+
+    def fatal(self, message: str) -> None:
+        """Tell the daemon the browser cannot be offered."""
+        self.emit(
+            {
+                "event": "fatal",
+                "error": {
+                    "status": 503,
+                    "error": message,
+                    "type": "RuntimeError",
+                    "code": "unavailable",
+                },
+            }
+        )
+
+    async def ensure_page(self) -> Any:
+        """The shared page, recreated after a crash or close."""
+        if self.page is not None and not self.page.is_closed():
+            return self.page
+        if self.context is not None:
+            try:
+                await self.context.close()
+            except Exception:
+                pass
+        self.context = await self.browser.new_context(
+            service_workers="block",
+            accept_downloads=False,
+            viewport=self.config.get("viewport") or {"width": 1280, "height": 720},
+        )
+        # WebSockets are not fetches: Playwright's WebSocket routing is the
+        # only place to judge them.
+        await self.context.route_web_socket(re.compile(".*"), self.on_websocket)
+        self.context.on("page", self.on_new_page)
+        page = await self.context.new_page()
+        page.on("console", self.on_console)
+        page.on("pageerror", self.on_page_error)
+        # Playwright's own routing skips redirect hops; the DevTools Fetch
+        # domain pauses every request, each hop of a redirect included.
+        session = await self.context.new_cdp_session(page)
+        session.on(
+            "Fetch.requestPaused",
+            lambda event: self.spawn(self.on_paused(session, event)),
+        )
+        await session.send(
+            "Fetch.enable",
+            {"patterns": [{"urlPattern": "*", "requestStage": "Request"}]},
+        )
+        self.page = page
+        return page
+
+    def spawn(self, coro: Any) -> None:
+        """Run an event handler's coroutine, keeping a reference until done."""
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def on_new_page(self, page: Any) -> None:
+        """Pop-ups get no network rules of their own: close them at once."""
+        if page is not self.page and self.page is not None:
+            self.spawn(page.close())
+
+    async def on_paused(self, session: Any, event: dict[str, Any]) -> None:
+        """Every request the page makes (each redirect hop too) meets the policy."""
+        url = event.get("request", {}).get("url", "")
+        request_id = event.get("requestId")
+        try:
+            try:
+                check_url(self.policy, url)
+                await self.check_network(url)
+            except Refusal as refusal:
+                self.blocked.append(refusal)
+                await session.send(
+                    "Fetch.failRequest",
+                    {"requestId": request_id, "errorReason": "BlockedByClient"},
+                )
+                return
+            await session.send("Fetch.continueRequest", {"requestId": request_id})
+        except Exception:
+            # The page went away while we decided; nothing left to answer.
+            pass
+
+    async def on_websocket(self, ws: Any) -> None:
+        """A WebSocket is judged as the http(s) URL of its handshake."""
+        url = ws.url
+        http_url = "http" + url[2:] if url[:2].lower() == "ws" else url
+        try:
+            check_url(self.policy, http_url)
+            await self.check_network(http_url)
+        except Refusal as refusal:
+            self.blocked.append(refusal)
+            await ws.close(code=1008, reason="refused by policy")
+            return
+        ws.connect_to_server()
+
+    def on_console(self, message: Any) -> None:
+        self.console.append(
+            {"type": message.type, "text": message.text, "timestamp": now_iso()}
+        )
+
+    def on_page_error(self, error: Any) -> None:
+        self.console.append(
+            {"type": "pageerror", "text": str(error), "timestamp": now_iso()}
+        )
+
+    async def check_network(self, url: str) -> None:
+        """With ``block_private_networks``, refuse hosts that resolve privately."""
+        if not self.policy.block_private:
+            return
+        host = host_of(url)
+        if not host:
+            return
+        literal = ip_literal(host)
+        if literal is not None:
+            addresses = [literal]
+        else:
+            try:
+                infos = await asyncio.get_running_loop().getaddrinfo(
+                    host, None, type=socket.SOCK_STREAM
+                )
+            except OSError:
+                # Chromium will fail the same lookup; nothing private to reach.
+                return
+            addresses = [str(info[4][0]) for info in infos]
+        check_addresses(self.policy, url, addresses)
+
+    # -- operations ----------------------------------------------------------
+
+    async def op_navigate(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
+        url = req["url"]
+        check_url(self.policy, url)
+        await self.check_network(url)
+        self.blocked.clear()
+        try:
+            response = await page.goto(
+                url, wait_until=req.get("wait_until", "load"), timeout=req["timeout"]
+            )
+        except self.errors.Error:
+            if self.blocked:
+                raise self.blocked[0] from None
+            raise
+        return {
+            "url": page.url,
+            "title": await page.title(),
+            "status": response.status if response is not None else None,
+        }
+
+    async def op_screenshot(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
+        kind = req.get("type", "png")
+        options: dict[str, Any] = {"type": kind, "timeout": req["timeout"]}
+        if kind == "jpeg" and req.get("quality") is not None:
+            options["quality"] = req["quality"]
+        if req.get("selector"):
+            data = await page.locator(req["selector"]).first.screenshot(**options)
+        else:
+            data = await page.screenshot(
+                full_page=bool(req.get("full_page")), **options
+            )
+        width, height = image_size(data)
+        return {
+            "image_base64": base64.b64encode(data).decode(),
+            "width": width,
+            "height": height,
+            "type": kind,
+        }
+
+    async def op_content(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
+        if req.get("type") == "text":
+            content = await page.evaluate(
+                "() => document.body ? document.body.innerText : ''"
+            )
+        else:
+            content = await page.content()
+        return {"content": content, "url": page.url, "title": await page.title()}
+
+    async def op_click(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
+        await page.click(req["selector"], timeout=req["timeout"])
+        return {"clicked": True, "selector": req["selector"]}
+
+    async def op_type(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
+        await page.type(
+            req["selector"],
+            req["text"],
+            delay=req.get("delay", 0),
+            timeout=req["timeout"],
+        )
+        return {"typed": True, "selector": req["selector"], "text": req["text"]}
+
+    async def op_evaluate(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
+        result = await page.evaluate(req["script"])
+        return {"result": jsonable(result)}
+
+    async def op_pdf(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
+        data = await page.pdf(
+            format=req.get("format", "A4"), landscape=bool(req.get("landscape"))
+        )
+        return {"pdf_base64": base64.b64encode(data).decode(), "pages": pdf_pages(data)}
+
+    async def op_console(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
+        logs = list(self.console)
+        self.console.clear()
+        return {"logs": logs}
+
+    async def handle(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Run one request; the reply line."""
+        rid = req.get("id")
+        try:
+            if "policy" in req:
+                self.policy = UrlPolicy.from_json(req["policy"])
+            method = getattr(self, "op_" + str(req.get("op")), None)
+            if method is None:
+                raise WorkerError(
+                    400,
+                    f"unknown operation {req.get('op')!r}",
+                    "ValueError",
+                    "invalid_param",
+                )
+            page = await self.ensure_page()
+            budget = float(req.get("budget") or req["timeout"]) / 1000.0 + 1.0
+            result = await asyncio.wait_for(method(page, req), budget)
+            return {"id": rid, "ok": True, "result": result}
+        except Refusal as refusal:
+            return {"id": rid, "ok": False, "error": refusal.as_json()}
+        except WorkerError as e:
+            return {"id": rid, "ok": False, "error": e.fields}
+        except (TimeoutError, self.errors.TimeoutError) as e:
+            message = _first_line(e) if isinstance(e, self.errors.TimeoutError) else ""
+            return {
+                "id": rid,
+                "ok": False,
+                "error": {
+                    "status": 408,
+                    "error": f"browser {req.get('op')} timed out after {req['timeout']} ms"
+                    + (f": {message}" if message else ""),
+                    "type": "TimeoutError",
+                    "code": "timeout",
+                },
+            }
+        except self.errors.Error as e:
+            return {
+                "id": rid,
+                "ok": False,
+                "error": {
+                    "status": 400,
+                    "error": _first_line(e),
+                    "type": "RuntimeError",
+                    "code": "browser_error",
+                },
+            }
+        except Exception as e:  # a bug here must not end the worker
+            return {
+                "id": rid,
+                "ok": False,
+                "error": {
+                    "status": 500,
+                    "error": f"browser worker failed: {e!r}"[:MAX_MESSAGE_CHARS],
+                    "type": "RuntimeError",
+                    "code": "internal",
+                },
+            }
+
+    async def serve(self, reader: asyncio.StreamReader) -> None:
+        """Answer requests until stdin closes."""
+        while True:
+            try:
+                line = await reader.readline()
+            except ValueError:
+                # A line over the reader's limit: the daemon never sends one.
+                break
+            if not line:
+                break
+            try:
+                req = json.loads(line)
+                if not isinstance(req, dict):
+                    raise ValueError("not an object")
+            except ValueError:
+                continue
+            self.emit(await self.handle(req))
+
+    async def close(self) -> None:
+        """Close the browser and Playwright, each bounded."""
+        for closer in (self.browser, self.playwright):
+            if closer is None:
+                continue
+            try:
+                await asyncio.wait_for(
+                    closer.close() if closer is self.browser else closer.stop(), 5
+                )
+            except Exception:
+                pass
+
+
+def _first_line(error: BaseException) -> str:
+    """An exception's message without Playwright's call log."""
+    text = str(getattr(error, "message", None) or error).strip()
+    text = text.split("\nCall log:", 1)[0].strip()
+    return text[:MAX_MESSAGE_CHARS] or type(error).__name__
+
+
+async def main(config: dict[str, Any]) -> int:
+    # Our replies use a private copy of stdout; fd 1 itself goes to stderr
+    # so nothing Playwright or a library prints can corrupt the protocol.
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    worker = Worker(config, out)
+    if not await worker.start():
+        return 1
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=int(config.get("max_line") or 16 * 1024 * 1024))
+    await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), sys.stdin
+    )
+    try:
+        await worker.serve(reader)
+    finally:
+        await worker.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {})))

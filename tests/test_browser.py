@@ -1,0 +1,337 @@
+"""
+The browser group (SPEC §7.8) against a page this test serves on loopback,
+driven through a real daemon, its Playwright worker and Debian's Chromium.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
+from twisted.web.resource import Resource
+from twisted.web.server import Site
+from twisted.web.util import Redirect
+
+from sandboxd.browser import supervisor
+from sandboxd.children import descendants
+from tests.helpers import DaemonTestCase
+
+PAGE = b"""<!doctype html>
+<html><head><title>Test page</title><link rel="icon" href="data:,"></head>
+<body style="margin:0">
+<h1 id="title">Hello</h1>
+<input id="name" value="">
+<button id="go" style="width:120px;height:40px"
+  onclick="document.getElementById('title').textContent = 'Hi ' + document.getElementById('name').value;
+           console.log('clicked ' + document.getElementById('name').value);">Go</button>
+<div style="height:3000px">tall</div>
+<script>console.log('loaded'); console.warn('careful');</script>
+</body></html>
+"""
+
+SKIP_REASON: str | None = None
+if not supervisor.playwright_installed():
+    SKIP_REASON = "Playwright is not installed (pip install 'sandboxd[browser]')"
+elif not os.access(supervisor.chromium_path(), os.X_OK):
+    SKIP_REASON = f"Chromium is not installed at {supervisor.chromium_path()} (apt-get install chromium)"
+
+
+class _Page(Resource):
+    isLeaf = True
+
+    def render_GET(self, request: Any) -> bytes:
+        request.setHeader(b"content-type", b"text/html; charset=utf-8")
+        return PAGE
+
+
+def serve_pages(case: Any) -> str:
+    """Serve the test site on 127.0.0.1; its base URL."""
+    root = Resource()
+    root.putChild(b"", _Page())
+    root.putChild(b"page", _Page())
+    root.putChild(b"secret", _Page())
+    root.putChild(b"redirect", Redirect(b"/secret"))
+    port = reactor.listenTCP(0, Site(root), interface="127.0.0.1")
+    case.addCleanup(port.stopListening)
+    return f"http://127.0.0.1:{port.getHost().port}"
+
+
+def _live(pids: list[int]) -> list[int]:
+    """The pids that are still running (not zombies waiting to be reaped)."""
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z":
+            out.append(pid)
+    return out
+
+
+@inlineCallbacks
+def live_after(pid: int, wait: float = 5.0) -> Any:
+    """The live members of ``pid``'s tree, polled until none or ``wait`` passes."""
+    deadline = reactor.seconds() + wait
+    while True:
+        left = _live(descendants(pid))
+        if not left or reactor.seconds() > deadline:
+            return left
+        yield deferLater(reactor, 0.1, lambda: None)
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """A PNG's (width, height), read from its IHDR chunk."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", data[:8]
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+class BrowserTests(DaemonTestCase):
+    """One shared page, used end to end."""
+
+    timeout = 120
+    skip = SKIP_REASON
+    policy = {
+        "groups": {"browser": True},
+        "endpoints": {"browser_*": {"params": {"url_deny": ["*/secret*"]}}},
+    }
+
+    def setUp(self) -> Any:
+        self.site = serve_pages(self)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_page_round_trip(self) -> Any:
+        """
+        Navigate, read the page, type and click (which change the page),
+        evaluate, screenshot (viewport, full page, element, jpeg), print to
+        PDF and read the console, which is then empty.
+        """
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/page"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(
+            reply.json(),
+            {"url": self.site + "/page", "title": "Test page", "status": 200},
+        )
+
+        reply = yield self.request("GET", "/browser/content?type=text")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertIn("Hello", reply.json()["content"])
+        self.assertEqual(reply.json()["title"], "Test page")
+        reply = yield self.request("GET", "/browser/content")
+        self.assertIn('<h1 id="title">Hello</h1>', reply.json()["content"])
+
+        reply = yield self.request(
+            "POST", "/browser/type", {"selector": "#name", "text": "Ada"}
+        )
+        self.assertEqual(
+            reply.json(), {"typed": True, "selector": "#name", "text": "Ada"}
+        )
+        reply = yield self.request("POST", "/browser/click", {"selector": "#go"})
+        self.assertEqual(reply.json(), {"clicked": True, "selector": "#go"})
+        reply = yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {"script": "document.getElementById('title').textContent"},
+        )
+        self.assertEqual(reply.json(), {"result": "Hi Ada"})
+        reply = yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {"script": "() => ({a: [1, 2], b: null, c: 1/0})"},
+        )
+        self.assertEqual(reply.json(), {"result": {"a": [1, 2], "b": None, "c": "inf"}})
+
+        reply = yield self.request("POST", "/browser/screenshot", {})
+        shot = reply.json()
+        self.assertEqual((shot["width"], shot["height"]), (1280, 720))
+        self.assertEqual(png_size(base64.b64decode(shot["image_base64"])), (1280, 720))
+        reply = yield self.request("POST", "/browser/screenshot", {"full_page": True})
+        shot = reply.json()
+        self.assertGreater(shot["height"], 3000)
+        self.assertEqual(
+            png_size(base64.b64decode(shot["image_base64"]))[1], shot["height"]
+        )
+        reply = yield self.request("POST", "/browser/screenshot", {"selector": "#go"})
+        shot = reply.json()
+        width, height = png_size(base64.b64decode(shot["image_base64"]))
+        # The button may sit on a fractional pixel: its box rounds up by one.
+        self.assertEqual(width, 120)
+        self.assertIn(height, (40, 41))
+        reply = yield self.request("POST", "/browser/screenshot", {"type": "jpeg"})
+        data = base64.b64decode(reply.json()["image_base64"])
+        self.assertEqual(data[:3], b"\xff\xd8\xff")
+        self.assertEqual((reply.json()["width"], reply.json()["height"]), (1280, 720))
+
+        reply = yield self.request("POST", "/browser/pdf", {"format": "A4"})
+        self.assertEqual(reply.status, 200, reply.body)
+        pdf = base64.b64decode(reply.json()["pdf_base64"])
+        self.assertTrue(pdf.startswith(b"%PDF-"))
+        self.assertGreaterEqual(reply.json()["pages"], 2)
+
+        reply = yield self.request("GET", "/browser/console")
+        logs = reply.json()["logs"]
+        self.assertEqual(
+            [(e["type"], e["text"]) for e in logs],
+            [("log", "loaded"), ("warning", "careful"), ("log", "clicked Ada")],
+        )
+        self.assertTrue(all(e["timestamp"].endswith("Z") for e in logs))
+        reply = yield self.request("GET", "/browser/console")
+        self.assertEqual(reply.json(), {"logs": []})
+
+    @inlineCallbacks
+    def test_errors(self) -> Any:
+        """
+        A missing element times out (408), a script that throws is 400, a
+        bad argument is 400 before the browser is asked, and the page stays
+        usable after each.
+        """
+        yield self.request("POST", "/browser/navigate", {"url": self.site + "/page"})
+        reply = yield self.request(
+            "POST", "/browser/click", {"selector": "#nope", "timeout": 300}
+        )
+        self.assertEqual(reply.status, 408, reply.body)
+        self.assertEqual(reply.json()["type"], "TimeoutError")
+        reply = yield self.request(
+            "POST", "/browser/evaluate", {"script": "throw new Error('boom')"}
+        )
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertIn("boom", reply.json()["error"])
+        reply = yield self.request("POST", "/browser/screenshot", {"type": "gif"})
+        self.assertEqual(reply.status, 400)
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": self.site, "wait_until": "soon"}
+        )
+        self.assertEqual(reply.status, 400)
+        reply = yield self.request("POST", "/browser/evaluate", {"script": "1 + 1"})
+        self.assertEqual(reply.json(), {"result": 2})
+
+    @inlineCallbacks
+    def test_url_rules(self) -> Any:
+        """
+        file: and other schemes are refused before any browser starts; a
+        url_deny glob refuses the URL, and a redirect to a denied URL is
+        refused too (checked on every hop, inside the browser).
+        """
+        for url in (
+            "file:///etc/passwd",
+            "view-source:http://example.com/",
+            "ftp://example.com/",
+        ):
+            reply = yield self.request("POST", "/browser/navigate", {"url": url})
+            self.assertEqual(reply.status, 403, url)
+            self.assertEqual(reply.json()["code"], "param_not_allowed")
+        self.assertEqual(self.daemon.context.services["browser"].starts, 0)
+
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/secret"}
+        )
+        self.assertEqual(reply.status, 403)
+        self.assertEqual(reply.json()["rule"], "policy:endpoints.browser_*")
+
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/redirect"}
+        )
+        self.assertEqual(reply.status, 403, reply.body)
+        body = reply.json()
+        self.assertEqual(body["code"], "param_not_allowed")
+        self.assertIn("/secret", body["error"])
+        self.assertEqual(body["rule"], "policy:endpoints.browser_*")
+
+    @inlineCallbacks
+    def test_worker_crash_and_stop(self) -> Any:
+        """
+        A worker killed from outside fails nothing for later calls: the
+        next call starts a new one.  Stopping the daemon leaves no process
+        of the worker's tree (Playwright's driver, Chromium) behind.
+        """
+        service = self.daemon.context.services["browser"]
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/page"}
+        )
+        self.assertEqual(reply.status, 200)
+        first = service.worker
+        first_pid = first.pid
+        self.assertTrue(descendants(first_pid))
+        os.kill(first_pid, signal.SIGKILL)
+        yield first.ended
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/page"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(service.starts, 2)
+        second = service.worker
+        yield self.daemon.stop()
+        self.assertTrue(second.ended.called)
+        left = yield live_after(second.pid)
+        self.assertEqual(left, [])
+        left = yield live_after(first_pid)
+        self.assertEqual(left, [])
+
+
+class PrivateNetworkTests(DaemonTestCase):
+    """block_private_networks: loopback and names resolving to it are refused."""
+
+    timeout = 120
+    skip = SKIP_REASON
+    policy = {
+        "groups": {"browser": True},
+        "endpoints": {"group:browser": {"params": {"block_private_networks": True}}},
+    }
+
+    def setUp(self) -> Any:
+        self.site = serve_pages(self)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_private_addresses_refused(self) -> Any:
+        """127.0.0.1, localhost (resolved) and the metadata address are refused with the rule."""
+        port = self.site.rsplit(":", 1)[1]
+        for url in (
+            self.site + "/page",
+            f"http://localhost:{port}/page",
+            "http://169.254.169.254/",
+        ):
+            reply = yield self.request("POST", "/browser/navigate", {"url": url})
+            self.assertEqual(reply.status, 403, (url, reply.body))
+            body = reply.json()
+            self.assertEqual(body["code"], "param_not_allowed")
+            self.assertIn("private network", body["error"])
+            self.assertEqual(body["rule"], "policy:endpoints.group:browser")
+
+
+class MissingPlaywrightTests(DaemonTestCase):
+    """Without Playwright every browser endpoint is 503 with the seed's message."""
+
+    policy = {"groups": {"browser": True}}
+
+    @inlineCallbacks
+    def test_unavailable(self) -> Any:
+        """Each endpoint answers 503 RuntimeError ``unavailable``; no worker starts."""
+        self.patch(supervisor, "playwright_installed", lambda: False)
+        calls = [
+            ("POST", "/browser/navigate", {"url": "http://example.com/"}),
+            ("POST", "/browser/screenshot", {}),
+            ("GET", "/browser/content", None),
+            ("POST", "/browser/click", {"selector": "a"}),
+            ("POST", "/browser/type", {"selector": "a", "text": "x"}),
+            ("POST", "/browser/evaluate", {"script": "1"}),
+            ("POST", "/browser/pdf", {}),
+            ("GET", "/browser/console", None),
+        ]
+        for method, path, body in calls:
+            reply = yield self.request(method, path, body)
+            self.assertEqual(reply.status, 503, path)
+            data = reply.json()
+            self.assertEqual(data["type"], "RuntimeError")
+            self.assertEqual(data["code"], "unavailable")
+            self.assertTrue(data["error"].startswith("Playwright is not installed."))
+        self.assertEqual(self.daemon.context.services["browser"].starts, 0)
