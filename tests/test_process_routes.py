@@ -19,9 +19,16 @@ from twisted.internet.task import deferLater
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
+from sandboxd import processes
 from sandboxd.testing import BytesProducer
 from tests.helpers import DaemonTestCase
 from tests.test_processes import kill_marked, marked_pids
+
+
+def rss_bytes() -> int:
+    """The daemon's (this process's) resident memory."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def sleep_(seconds: float = 0.05) -> Deferred[None]:
@@ -255,7 +262,9 @@ class ShellTests(ProcessCase):
             policy={"endpoints": {"shell": {"limits": {"max_output_bytes": 1000}}}}
         )
         script = "echo FIRST; head -c 200000000 /dev/zero; echo; echo LAST"
+        rss = rss_bytes()
         reply = yield self.request("POST", "/shell", {"command": script, "shell": "sh"})
+        self.assertLess(rss_bytes() - rss, 32 << 20)
         body = reply.json()
         self.assertTrue(body["truncated"])
         self.assertTrue(body["stdout"].startswith("FIRST\n"))
@@ -426,6 +435,30 @@ class ShellStreamTests(ProcessCase):
         lines = [e["data"]["data"] for e in events if e["event"] == "stdout"]
         self.assertEqual(lines, [str(i) for i in range(1, 20001)])
         self.assertLess(reader.writes, 200)
+
+    @inlineCallbacks
+    def test_slow_client_pauses_child(self) -> Any:
+        """A client that stops reading pauses the child instead of growing daemon memory."""
+        _, reader = yield self.stream(
+            "POST", "/shell/stream", {"command": f"yes {self.marker}"}
+        )
+        yield reader.wait_for(lambda r: r.events)
+        reader.transport.pauseProducing()
+        paused = []
+        for _ in range(400):
+            paused = [c for c in processes.LIVE if c.paused]
+            if paused:
+                break
+            yield sleep_(0.05)
+        self.assertEqual(len(paused), 1)
+        rss = rss_bytes()
+        yield sleep_(0.5)
+        self.assertLess(rss_bytes() - rss, 8 << 20)
+        reader.transport.resumeProducing()
+        yield reader.wait_for(lambda r: not [c for c in processes.LIVE if c.paused])
+        reader.disconnect()
+        left = yield self.gone()
+        self.assertEqual(left, [])
 
     @inlineCallbacks
     def test_invalid_request_is_json(self) -> Any:

@@ -338,3 +338,66 @@ class RunCollectTests(TestCase):
                 break
             yield deferLater(reactor, 0.05, lambda: None)
         self.assertEqual(marked_pids(self.marker), [])
+
+
+class TreeTests(TestCase):
+    """Escaped descendants and orphans, with the daemon as subreaper."""
+
+    timeout = 30
+
+    def setUp(self) -> None:
+        self.marker = f"60.{secrets.randbelow(10**12):012d}"
+        self.addCleanup(kill_marked, self.marker)
+        if not processes.become_subreaper():
+            raise self.skipTest("no PR_SET_CHILD_SUBREAPER here")
+
+    def run_(self, script: str, **kwargs: Any) -> Deferred[processes.RunResult]:
+        options: dict[str, Any] = {
+            "env": ENV,
+            "cwd": "/",
+            "timeout": 20,
+            "max_output_bytes": 1 << 20,
+        }
+        options.update(kwargs)
+        return ensureDeferred(run_collect(reactor, ["sh", "-c", script], **options))
+
+    @inlineCallbacks
+    def wait_gone(self) -> Any:
+        for _ in range(200):
+            if not marked_pids(self.marker):
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        return marked_pids(self.marker)
+
+    @inlineCallbacks
+    def test_double_forked_daemon_is_killed(self) -> Any:
+        """A double-forked, setsid'd process adopted by the daemon still dies with its tree."""
+        script = f"(setsid sh -c 'trap \"\" TERM; sleep {self.marker}' &); sleep {self.marker}"
+        result = yield self.run_(script, timeout=1)
+        self.assertTrue(result.timed_out)
+        left = yield self.wait_gone()
+        self.assertEqual(left, [])
+        yield gather_killers()
+
+    @inlineCallbacks
+    def test_orphans_are_reaped(self) -> Any:
+        """An orphan adopted by the daemon is reaped by pid once it exits: no zombie stays."""
+        result = yield self.run_("sleep 0.2 & echo $!", timeout=5)
+        orphan = int(result.stdout)
+        for _ in range(100):
+            info = processes.proc_info(orphan)
+            if info is None or info.state == "Z":
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        info = processes.proc_info(orphan)
+        if info is not None:
+            self.assertEqual(info.ppid, os.getpid())
+            processes.reap_orphans()
+        self.assertIsNone(processes.proc_info(orphan))
+
+
+def gather_killers() -> Deferred[Any]:
+    """Wait for tree kills still polling, so the reactor is clean."""
+    from twisted.internet.defer import DeferredList
+
+    return DeferredList(list(processes.KILLING), consumeErrors=True)
