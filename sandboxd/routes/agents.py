@@ -1,7 +1,588 @@
-"""Handlers of the `agents` group (not built yet: reported as not implemented)."""
+"""
+Handlers of the ``agents`` group (SPEC §15.2): coding agents over ACP.
+
+The handlers are thin: they parse the request, find the session and hand
+over to :mod:`sandboxd.agents`; the session manager service lives in
+``context.services["agents"]``.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-HANDLERS: dict[str, Any] = {}
+from twisted.application.service import IService
+from twisted.internet.defer import Deferred
+
+from sandboxd.agents import catalog
+from sandboxd.agents.manager import AgentManager, build_prompt
+from sandboxd.agents.session import AgentSession, Turn, within
+from sandboxd.errors import ApiError, not_found
+from sandboxd.eventlog import Event, Follower, resume_point
+from sandboxd.policy import defaults
+from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
+from sandboxd.web.sse import SSEChannel, frame
+
+#: The longest a request may wait for a turn (``wait``), whatever it asks.
+MAX_WAIT_SECONDS = 600.0
+
+
+def manager(request: ServerRequest) -> AgentManager:
+    """The group's service."""
+    service: AgentManager = request.context.services["agents"]
+    return service
+
+
+def session_of(request: ServerRequest) -> AgentSession:
+    """The ``{sid}`` session, or 404."""
+    return manager(request).get(request.path_params["sid"])
+
+
+def _flag(value: Any, name: str, default: bool = False) -> bool:
+    if value is None or value == "":
+        return default
+    if isinstance(value, bool):
+        return value
+    text = str(value).lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ApiError(
+        400, f"'{name}' must be true or false", "ValueError", "invalid_param"
+    )
+
+
+def _number(
+    value: Any,
+    name: str,
+    default: float | None = None,
+    maximum: float = MAX_WAIT_SECONDS,
+) -> float | None:
+    if value is None or value == "":
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ApiError(
+            400, f"'{name}' must be a number of seconds", "ValueError", "invalid_param"
+        ) from None
+    if isinstance(value, bool) or number < 0 or number != number:
+        raise ApiError(
+            400,
+            f"'{name}' must be a non-negative number",
+            "ValueError",
+            "invalid_param",
+        )
+    return min(number, maximum)
+
+
+def _int(value: Any, name: str, default: int) -> int:
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ApiError(
+            400, f"'{name}' must be an integer", "ValueError", "invalid_param"
+        ) from None
+    if number < 0:
+        raise ApiError(
+            400, f"'{name}' must not be negative", "ValueError", "invalid_param"
+        )
+    return number
+
+
+async def _wait_turn(request: ServerRequest, turn: Turn, seconds: float) -> None:
+    if turn.state == "running" and seconds > 0:
+        await within(request.context.reactor, turn.wait(), seconds)
+
+
+# -- catalogue -----------------------------------------------------------------
+
+
+def agents_catalog(request: ServerRequest) -> dict[str, Any]:
+    """Every known agent, whether it is installed and has its keys."""
+    return {
+        "agents": [
+            catalog.describe(e, request.rule) for e in catalog.entries(request.context)
+        ]
+    }
+
+
+async def agents_catalog_get(request: ServerRequest) -> dict[str, Any]:
+    """One entry; ``probe=true`` runs ``initialize`` on a short-lived agent."""
+    entry = catalog.find(
+        request.context,
+        request.rule,
+        request.path_params["agent"],
+        require_allowed=False,
+    )
+    out = catalog.describe(entry, request.rule)
+    if _flag(request.query.get("probe"), "probe"):
+        entry = catalog.find(request.context, request.rule, entry.id)
+        out.update(await manager(request).transient(request, entry, None))
+    return out
+
+
+async def agents_catalog_sessions(request: ServerRequest) -> dict[str, Any]:
+    """The agent's own stored sessions (``session/list``)."""
+    entry = catalog.find(request.context, request.rule, request.path_params["agent"])
+    params: dict[str, Any] = {}
+    if request.query.get("cwd"):
+        from sandboxd.guard import PathGuard
+
+        params["cwd"] = PathGuard(request.rule).cwd(request.query["cwd"])
+    if request.query.get("cursor"):
+        params["cursor"] = request.query["cursor"]
+    probe = await manager(request).transient(request, entry, None)
+    caps = probe.get("agent_capabilities") or {}
+    session_caps = caps.get("sessionCapabilities") if isinstance(caps, dict) else None
+    if not isinstance(session_caps, dict) or session_caps.get("list") is None:
+        raise ApiError(
+            501,
+            f"the agent {entry.id!r} cannot list its sessions",
+            "RuntimeError",
+            "unsupported",
+        )
+    result = (
+        await manager(request).transient(request, entry, ("session/list", params))
+    ).get("result") or {}
+    sessions = [
+        {
+            "acp_session_id": s.get("sessionId"),
+            "cwd": s.get("cwd"),
+            "title": s.get("title"),
+            "updated_at": s.get("updatedAt"),
+        }
+        for s in result.get("sessions") or []
+        if isinstance(s, dict)
+    ]
+    return {"sessions": sessions, "next_cursor": result.get("nextCursor")}
+
+
+def agents_install(request: ServerRequest) -> Any:
+    """Install an agent's pinned package as a managed process."""
+    entry = catalog.find(request.context, request.rule, request.path_params["agent"])
+    described = catalog.describe(entry, request.rule)
+    if described["installed"] and not request.body.get("version"):
+        return {"agent": entry.id, "already_installed": True, "path": described["path"]}
+    if not entry.package:
+        raise ApiError(
+            400,
+            f"the agent {entry.id!r} has no package to install",
+            "ValueError",
+            "invalid_param",
+        )
+    version = request.body.get("version") or entry.version
+    if not isinstance(version, str) or not version or any(c.isspace() for c in version):
+        raise ApiError(
+            400, "'version' must be a version string", "ValueError", "invalid_param"
+        )
+    processes = request.context.services.get("processes")
+    start = getattr(processes, "start_managed", None)
+    if start is None:
+        raise ApiError(
+            503,
+            "managed processes are not available in this daemon",
+            "RuntimeError",
+            "unavailable",
+        )
+    argv = ["npm", "install", "-g", f"{entry.package}@{version}"]
+    d: Deferred[Any] = Deferred.fromCoroutine(_install(request, start, argv, entry.id))
+    return d
+
+
+async def _install(
+    request: ServerRequest, start: Any, argv: list[str], agent_id: str
+) -> ServerResponse:
+    result = start(request, argv, tag=f"agents-install:{agent_id}")
+    if isinstance(result, Deferred):
+        result = await result
+    pid = (
+        result.get("pid") if isinstance(result, dict) else getattr(result, "pid", None)
+    )
+    return ServerResponse(
+        status=202,
+        body={"agent": agent_id, "state": "installing", "pid": pid, "command": argv},
+    )
+
+
+# -- sessions ------------------------------------------------------------------
+
+
+async def agents_session_create(request: ServerRequest) -> ServerResponse:
+    """spawn → initialize → session/new → [mode, model, config] → [prompt]."""
+    body = await manager(request).create(request)
+    return ServerResponse(status=201, body=body)
+
+
+async def agents_session_load(request: ServerRequest) -> ServerResponse:
+    """``session/load`` (history replayed as events) or ``session/resume``."""
+    acp_session_id = request.body.get("acp_session_id")
+    if not isinstance(acp_session_id, str) or not acp_session_id:
+        raise ApiError(
+            400, "'acp_session_id' is required", "ValueError", "invalid_param"
+        )
+    replay = _flag(request.body.get("replay"), "replay", True)
+    catalog.find(request.context, request.rule, request.body.get("agent"))
+    body = await manager(request).create(
+        request, load={"acp_session_id": acp_session_id, "replay": replay}
+    )
+    return ServerResponse(status=201, body=body)
+
+
+def agents_session_list(request: ServerRequest) -> dict[str, Any]:
+    """Sessions, optionally by agent and state."""
+    agent = request.query.get("agent")
+    state = request.query.get("state")
+    return {
+        "sessions": [
+            s.summary()
+            for s in manager(request).sessions.values()
+            if (agent is None or s.entry.id == agent)
+            and (state is None or s.state == state)
+        ]
+    }
+
+
+def agents_session_get(request: ServerRequest) -> dict[str, Any]:
+    """One session in full."""
+    return session_of(request).describe()
+
+
+async def agents_session_config(request: ServerRequest) -> dict[str, Any]:
+    """Mode, model, config options, title."""
+    session = session_of(request)
+    return await session.configure(request.body, request.rule)
+
+
+async def agents_session_cancel(request: ServerRequest) -> dict[str, Any]:
+    """``session/cancel``, then wait (bounded) for the turn to end."""
+    session = session_of(request)
+    default_wait = defaults.AGENT_CANCEL_GRACE_SECONDS + defaults.KILL_GRACE_SECONDS
+    wait = _number(request.body.get("wait"), "wait", default_wait) or 0.0
+    turn = session.cancel()
+    if turn is None:
+        last = next(reversed(session.turns.values()), None) if session.turns else None
+        return {
+            "turn_id": last.turn_id if last else None,
+            "state": last.state if last else None,
+            "stop_reason": last.stop_reason if last else None,
+            "forced": last.forced if last else False,
+        }
+    await _wait_turn(request, turn, wait)
+    return {
+        "turn_id": turn.turn_id,
+        "state": turn.state,
+        "stop_reason": turn.stop_reason,
+        "forced": turn.forced,
+    }
+
+
+async def agents_session_delete(request: ServerRequest) -> dict[str, Any]:
+    """Close the session and end the agent's tree."""
+    session = session_of(request)
+    forget = _flag(request.query.get("forget"), "forget")
+    return await session.close(forget=forget)
+
+
+async def agents_prompt(request: ServerRequest) -> Any:
+    """One turn: 200 when it ends within ``wait``, else 202 and follow the events."""
+    session = session_of(request)
+    wait = _number(request.body.get("wait"), "wait", 30.0) or 0.0
+    session.require_live()
+    if session.current is not None:
+        raise ApiError(
+            409,
+            "a turn is already running",
+            "RuntimeError",
+            "turn_in_progress",
+            turn_id=session.current.turn_id,
+        )
+    blocks = build_prompt(session, request.body, request.rule)
+    turn = session.start_turn(blocks)
+    await _wait_turn(request, turn, wait)
+    if turn.state == "running":
+        return ServerResponse(
+            status=202,
+            body={
+                "turn_id": turn.turn_id,
+                "state": "running",
+                "events_url": session.events_url() + f"&after={turn.seq_from - 1}",
+            },
+        )
+    return turn.result()
+
+
+def agents_turns(request: ServerRequest) -> dict[str, Any]:
+    """Every kept turn."""
+    return {"turns": [t.describe() for t in session_of(request).turns.values()]}
+
+
+async def agents_turn_get(request: ServerRequest) -> dict[str, Any]:
+    """One turn, long-polled up to ``wait`` seconds while it runs."""
+    session = session_of(request)
+    turn = session.turns.get(request.path_params["turn_id"])
+    if turn is None:
+        raise not_found(f"unknown turn {request.path_params['turn_id']!r}")
+    await _wait_turn(
+        request, turn, _number(request.query.get("wait"), "wait", 0.0) or 0.0
+    )
+    out = turn.describe()
+    out.update(
+        {
+            k: v
+            for k, v in turn.result().items()
+            if k in ("text", "tool_call_ids", "usage")
+        }
+    )
+    return out
+
+
+def agents_messages(request: ServerRequest) -> dict[str, Any]:
+    """Messages with their chunks coalesced."""
+    session = session_of(request)
+    turn_id = request.query.get("turn_id")
+    after = _int(request.query.get("after"), "after", 0)
+    limit = _int(request.query.get("limit"), "limit", 100) or 100
+    selected = [
+        m
+        for m in session.messages
+        if m["seq_to"] > after and (turn_id is None or m["turn_id"] == turn_id)
+    ][:limit]
+    return {
+        "messages": selected,
+        "next": selected[-1]["seq_to"] if selected else after,
+    }
+
+
+def _event_filter(request: ServerRequest) -> tuple[set[str] | None, bool]:
+    types = request.query.get("types")
+    wanted = {t.strip() for t in types.split(",") if t.strip()} if types else None
+    return wanted, _flag(request.query.get("include_raw"), "include_raw")
+
+
+def _event_view(event: Event, include_raw: bool) -> dict[str, Any]:
+    data: dict[str, Any] = event.data
+    if include_raw or "raw" not in data or data.get("type") == "unknown":
+        return data
+    return {k: v for k, v in data.items() if k != "raw"}
+
+
+def agents_events(request: ServerRequest) -> Any:
+    """The session's event log: SSE with ``follow=true``, else one page."""
+    session = session_of(request)
+    after = resume_point(request.query, request.headers)
+    wanted, include_raw = _event_filter(request)
+    follow = _flag(request.query.get("follow"), "follow", False)
+    if follow:
+
+        def formatter(event: Event) -> bytes:
+            if wanted is not None and event.event not in wanted:
+                return b""
+            return frame(event.event, _event_view(event, include_raw), event.seq)
+
+        def start(channel: SSEChannel) -> Deferred[None]:
+            return Follower(session.log, channel, after, formatter).done
+
+        return SSEResponse(start=start)
+    limit = _int(request.query.get("limit"), "limit", 1000) or 1000
+    gap, events = session.log.since(after)
+    selected = [e for e in events if wanted is None or e.event in wanted][:limit]
+    last = (
+        selected[-1].seq
+        if selected
+        else (events[-1].seq if events and len(selected) < limit else after)
+    )
+    if selected and len(selected) == limit:
+        last = selected[-1].seq
+    return {
+        "events": [_event_view(e, include_raw) for e in selected],
+        "next": last,
+        "dropped": {"from": gap[0], "to": gap[1]} if gap else None,
+        "closed": session.log.closed,
+    }
+
+
+def agents_requests(request: ServerRequest) -> dict[str, Any]:
+    """Held permission requests and questions across sessions."""
+    session_id = request.query.get("session_id")
+    state = request.query.get("state", "pending")
+    kind = request.query.get("kind")
+    return {
+        "requests": [
+            r.describe()
+            for r in manager(request).requests.values()
+            if (session_id is None or r.session_id == session_id)
+            and (state in ("", "all") or r.state == state)
+            and (kind is None or r.kind == kind)
+        ]
+    }
+
+
+def agents_request_reply(request: ServerRequest) -> dict[str, Any]:
+    """A human's answer, sent to the agent as the JSON-RPC response."""
+    held = manager(request).requests.get(request.path_params["request_id"])
+    if held is None:
+        raise not_found(f"unknown request {request.path_params['request_id']!r}")
+    session = manager(request).get(held.session_id)
+    return session.reply(held, request.body, request.identity.id, request.rule)
+
+
+def agents_plan(request: ServerRequest) -> dict[str, Any]:
+    """The agent's latest plan (each update replaces the last)."""
+    session = session_of(request)
+    return {"entries": session.plan, "updated_seq": session.plan_seq}
+
+
+def agents_tool_calls(request: ServerRequest) -> dict[str, Any]:
+    """Tool calls, filtered by turn, status or kind."""
+    session = session_of(request)
+    q = request.query
+    return {
+        "tool_calls": [
+            session.tool_call_view(tc)
+            for tc in session.tool_calls.values()
+            if (q.get("turn_id") is None or tc.get("turn_id") == q["turn_id"])
+            and (q.get("status") is None or tc.get("status") == q["status"])
+            and (q.get("kind") is None or tc.get("kind") == q["kind"])
+        ]
+    }
+
+
+def agents_tool_call_get(request: ServerRequest) -> dict[str, Any]:
+    """One tool call whole, diffs unified with ``format=unified``."""
+    session = session_of(request)
+    tc = session.tool_calls.get(request.path_params["tool_call_id"])
+    if tc is None:
+        raise not_found(f"unknown tool call {request.path_params['tool_call_id']!r}")
+    unified = request.query.get("format") == "unified"
+    return session.tool_call_view(tc, full=True, unified=unified)
+
+
+def agents_files(request: ServerRequest) -> dict[str, Any]:
+    """Files the agent wrote (through fs/*), showed diffs for, or named."""
+    session = session_of(request)
+    turn_id = request.query.get("turn_id")
+    with_diff = _flag(request.query.get("diff"), "diff")
+    return {
+        "files": [
+            session.file_view(record, with_diff)
+            for record in session.files.values()
+            if turn_id is None or turn_id in record["turn_ids"]
+        ]
+    }
+
+
+def agents_terminals(request: ServerRequest) -> dict[str, Any]:
+    """The agent's terminals."""
+    return {"terminals": [t.describe() for t in session_of(request).terminals.values()]}
+
+
+def _terminal(request: ServerRequest) -> Any:
+    session = session_of(request)
+    terminal = session.terminals.get(request.path_params["terminal_id"])
+    if terminal is None:
+        raise not_found(f"unknown terminal {request.path_params['terminal_id']!r}")
+    return terminal
+
+
+def agents_terminal_output(request: ServerRequest) -> Any:
+    """A terminal's output with the process_output contract (SPEC §7.4)."""
+    terminal = _terminal(request)
+    after = resume_point(request.query, request.headers)
+    if _flag(request.query.get("follow"), "follow"):
+
+        def start(channel: SSEChannel) -> Deferred[None]:
+            return Follower(terminal.log, channel, after).done
+
+        return SSEResponse(start=start)
+    gap, events = terminal.log.since(after)
+    return {
+        "terminal_id": terminal.terminal_id,
+        "pid": terminal.pid,
+        "state": terminal.state,
+        "exit_code": terminal.exit_code,
+        "events": [
+            {"seq": e.seq, "stream": e.event, "data": e.data.get("data")}
+            for e in events
+            if e.event != "exit"
+        ],
+        "next": events[-1].seq if events else after,
+        "dropped_bytes": terminal.log.dropped_bytes,
+        "gap": {"from": gap[0], "to": gap[1]} if gap else None,
+    }
+
+
+def agents_terminal_kill(request: ServerRequest) -> dict[str, Any]:
+    """Signal an agent's terminal; the agent sees the exit."""
+    terminal = _terminal(request)
+    sig = request.body.get("signal", 15)
+    if isinstance(sig, bool) or not isinstance(sig, int):
+        raise ApiError(
+            400, "'signal' must be an integer", "ValueError", "invalid_param"
+        )
+    if sig not in request.rule.params.allowed_signals:
+        raise ApiError(
+            400,
+            f"signal {sig} is not allowed",
+            "ValueError",
+            "signal_not_allowed",
+            rule=request.rule.source("params.allowed_signals")
+            or "default:params.allowed_signals",
+        )
+    terminal.kill(sig)
+    return {"terminal_id": terminal.terminal_id, "signal": sig}
+
+
+def agents_commands(request: ServerRequest) -> dict[str, Any]:
+    """The agent's slash commands."""
+    return {"commands": session_of(request).command_list()}
+
+
+def agents_logs(request: ServerRequest) -> dict[str, Any]:
+    """The agent's stderr, head and tail, secrets redacted."""
+    session = session_of(request)
+    after = _int(request.query.get("after"), "after", 0)
+    return {
+        "chunks": session.stderr.chunks(after),
+        "dropped_bytes": session.stderr.dropped_bytes,
+    }
+
+
+HANDLERS: dict[str, Any] = {
+    "agents_catalog": agents_catalog,
+    "agents_catalog_get": agents_catalog_get,
+    "agents_install": agents_install,
+    "agents_catalog_sessions": agents_catalog_sessions,
+    "agents_session_create": agents_session_create,
+    "agents_session_load": agents_session_load,
+    "agents_session_list": agents_session_list,
+    "agents_session_get": agents_session_get,
+    "agents_session_config": agents_session_config,
+    "agents_session_cancel": agents_session_cancel,
+    "agents_session_delete": agents_session_delete,
+    "agents_prompt": agents_prompt,
+    "agents_turns": agents_turns,
+    "agents_turn_get": agents_turn_get,
+    "agents_messages": agents_messages,
+    "agents_events": agents_events,
+    "agents_requests": agents_requests,
+    "agents_request_reply": agents_request_reply,
+    "agents_plan": agents_plan,
+    "agents_tool_calls": agents_tool_calls,
+    "agents_tool_call_get": agents_tool_call_get,
+    "agents_files": agents_files,
+    "agents_terminals": agents_terminals,
+    "agents_terminal_output": agents_terminal_output,
+    "agents_terminal_kill": agents_terminal_kill,
+    "agents_commands": agents_commands,
+    "agents_logs": agents_logs,
+}
+
+
+def setup(context: Any) -> IService:
+    """Create the session manager and publish it as ``services["agents"]``."""
+    service = AgentManager(context)
+    context.services["agents"] = service
+    return service

@@ -1,0 +1,427 @@
+"""
+The service that owns every agent session (``context.services["agents"]``).
+
+It creates sessions under the caller's rule (catalogue entry allowed, a
+free slot of ``max_sessions``, guarded cwd, scrubbed environment, the
+right user, no forbidden mode or MCP server), keeps the index of held
+permission requests and questions across sessions, runs the short-lived
+agent processes behind ``probe`` and ``session/list``, and on stop ends
+every agent's whole tree within a bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections import OrderedDict
+from typing import Any
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, DeferredList
+
+from sandboxd.agents import catalog
+from sandboxd.agents.catalog import CatalogEntry
+from sandboxd.agents.jsonrpc import ConnectionLost, RpcError
+from sandboxd.agents.permissions import HeldRequest
+from sandboxd.agents.session import AgentSession, within
+from sandboxd.children import child_environment, keep_only, resolve_user, validate_env
+from sandboxd.errors import ApiError, forbidden, not_found
+from sandboxd.guard import PathGuard
+from sandboxd.policy import defaults
+from sandboxd.policy.rules import EffectiveRule
+
+#: What an agent inherits from the daemon besides its ``env_pass`` keys.
+BASE_ENV = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TERM",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "TMPDIR",
+    "TZ",
+)
+
+_PROMPT_TYPES = ("text", "image", "audio", "resource_link", "resource")
+
+
+def agent_environment(
+    context: Any, rule: EffectiveRule, entry: CatalogEntry, extra: dict[str, str]
+) -> dict[str, str]:
+    """
+    A scrubbed environment: a few basics, the entry's ``env_pass`` names,
+    its fixed ``env``, the request's ``env``; never the daemon's secrets or
+    ``env_deny``, and no npm variables (npx would resolve against them).
+    """
+    base = keep_only(os.environ, (*BASE_ENV, *entry.env_pass))
+    base.update(entry.env)
+    base.update(extra)
+    env = child_environment(context, rule, base=base)
+    return {
+        k: v
+        for k, v in env.items()
+        if not k.lower().startswith("npm_") and k != "INIT_CWD"
+    }
+
+
+def check_mcp_servers(value: Any, rule: EffectiveRule) -> list[dict[str, Any]]:
+    """``mcp_servers`` as ACP takes them, within ``params.mcp_servers``."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(s, dict) for s in value):
+        raise ApiError(
+            400,
+            "'mcp_servers' must be a list of objects",
+            "ValueError",
+            "invalid_param",
+        )
+    allowed = rule.params.mcp_servers
+    source = rule.source("params.mcp_servers") or "default:params.mcp_servers"
+    for server in value:
+        kind = server.get("type") or ("stdio" if "command" in server else None)
+        if allowed == "none" or (allowed == "http" and kind not in ("http", "sse")):
+            raise forbidden(
+                f"MCP servers of type {kind!r} are not allowed (params.mcp_servers={allowed})",
+                "param_not_allowed",
+                rule=source,
+            )
+    return value
+
+
+class AgentManager(Service):
+    """Every agent session of the daemon."""
+
+    name = "agents"
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+        self.reactor = context.reactor
+        self.sessions: OrderedDict[str, AgentSession] = OrderedDict()
+        self.requests: OrderedDict[str, HeldRequest] = OrderedDict()
+        self._transient: set[AgentSession] = set()
+
+    # -- bookkeeping -----------------------------------------------------------
+
+    def live(self) -> list[AgentSession]:
+        """Sessions whose agent is still running."""
+        return [s for s in self.sessions.values() if not s.log.closed]
+
+    def get(self, session_id: str) -> AgentSession:
+        """A session by id, or 404."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise not_found(f"unknown agent session {session_id!r}")
+        return session
+
+    def register_request(self, held: HeldRequest) -> None:
+        """Index a held request so ``/agents/requests`` can find it."""
+        self.requests[held.request_id] = held
+        while len(self.requests) > defaults.AGENT_KEPT_ITEMS:
+            oldest = next(iter(self.requests))
+            if self.requests[oldest].state == "pending":
+                break
+            self.requests.popitem(last=False)
+
+    def session_ended(self, session: AgentSession) -> None:
+        """Called once a session's agent is gone."""
+        self._transient.discard(session)
+        closed = [sid for sid, s in self.sessions.items() if s.log.closed]
+        while len(self.sessions) > defaults.AGENT_KEPT_ITEMS and closed:
+            self.sessions.pop(closed.pop(0), None)
+
+    # -- creating --------------------------------------------------------------
+
+    def _new_session(
+        self,
+        request: Any,
+        entry: CatalogEntry,
+        body: dict[str, Any],
+        transient: bool = False,
+    ) -> tuple[AgentSession, str]:
+        rule: EffectiveRule = request.rule
+        guard = PathGuard(rule)
+        cwd = guard.cwd(body.get("cwd"))
+        extra_dirs = body.get("additional_directories")
+        if extra_dirs is not None:
+            if not isinstance(extra_dirs, list):
+                raise ApiError(
+                    400,
+                    "'additional_directories' must be a list",
+                    "ValueError",
+                    "invalid_param",
+                )
+            body["additional_directories"] = [guard.cwd(p) for p in extra_dirs]
+        body["mcp_servers"] = check_mcp_servers(body.get("mcp_servers"), rule)
+        env = agent_environment(
+            self.context, rule, entry, validate_env(body.get("env"))
+        )
+        run_as = resolve_user(body.get("user"), rule)
+        if run_as is not None:
+            run_as.apply(env)
+        executable = entry.executable(env)
+        if executable is None:
+            raise ApiError(
+                503,
+                f"the agent {entry.id!r} is not installed ({entry.command[0]} not found on PATH)",
+                "RuntimeError",
+                "agent_unavailable",
+                install=(
+                    {"package": entry.package, "version": entry.version}
+                    if entry.package
+                    else None
+                ),
+            )
+        secret_values = [env[n] for n in entry.env_pass if env.get(n)]
+        session = AgentSession(
+            self,
+            "as_" + secrets.token_hex(6),
+            entry,
+            rule,
+            cwd,
+            env,
+            run_as,
+            secret_values,
+            title=body.get("title") if isinstance(body.get("title"), str) else None,
+            identity=request.identity.id,
+        )
+        return session, executable
+
+    async def create(
+        self, request: Any, load: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """``agents_session_create`` / ``agents_session_load``."""
+        body = dict(request.body)
+        rule: EffectiveRule = request.rule
+        entry = catalog.find(self.context, rule, body.get("agent"))
+        limit = rule.limits.max_sessions or 4
+        if len(self.live()) >= limit:
+            raise ApiError(
+                429,
+                f"too many agent sessions (limit {limit})",
+                "ResourceError",
+                "too_many_sessions",
+                limit=limit,
+                rule=rule.source("limits.max_sessions")
+                or "default:limits.max_sessions",
+            )
+        if load is None:
+            AgentSession.check_mode(body.get("mode"), rule)
+            if isinstance(body.get("config"), dict):
+                for value in body["config"].values():
+                    if isinstance(value, str):
+                        AgentSession.check_mode(value, rule)
+        session, executable = self._new_session(request, entry, body)
+        self.sessions[session.session_id] = session
+        try:
+            session.spawn(list(entry.command), executable)
+        except OSError as e:
+            self.sessions.pop(session.session_id, None)
+            raise ApiError(
+                503,
+                f"cannot start the agent: {e.strerror}",
+                "RuntimeError",
+                "agent_unavailable",
+            ) from None
+        await session.handshake(body, load)
+        if load is None and any(
+            body.get(k) is not None for k in ("mode", "model", "config")
+        ):
+            try:
+                await session.configure(
+                    {k: body.get(k) for k in ("mode", "model", "config")}, rule
+                )
+            except ApiError:
+                await session.close(reason="configure_failed")
+                raise
+        out = {
+            "session_id": session.session_id,
+            "agent": entry.id,
+            "acp_session_id": session.acp_session_id,
+            "state": session.state,
+            "modes": session.modes,
+            "config_options": session.config_options,
+            "models": session.models,
+            "agent_info": session.agent_info,
+            "capabilities": session.capabilities,
+            "commands": session.command_list(),
+            "title": session.title,
+            "events_url": session.events_url(),
+        }
+        if load is None and body.get("prompt") is not None:
+            blocks = build_prompt(session, body, rule)
+            out["turn_id"] = session.start_turn(blocks).turn_id
+        return out
+
+    # -- transient agents (probe, session/list) --------------------------------
+
+    async def transient(
+        self, request: Any, entry: CatalogEntry, call: tuple[str, dict[str, Any]] | None
+    ) -> dict[str, Any]:
+        """
+        Start the agent, ``initialize`` it (and make one more call), then
+        end it: the catalogue's probe and ``session/list``.
+        """
+        body = {"cwd": request.query.get("cwd")} if request.query.get("cwd") else {}
+        session, executable = self._new_session(request, entry, body, transient=True)
+        self._transient.add(session)
+        session.spawn(list(entry.command), executable)
+        out: dict[str, Any] = {}
+        try:
+            await session.handshake(body, probe=True)
+            out = {
+                "protocol_version": session.protocol_version,
+                "agent_info": session.agent_info,
+                "agent_capabilities": session.capabilities,
+                "auth_methods": session.auth_methods,
+            }
+            if call is not None:
+                method, params = call
+                try:
+                    out["result"] = await session.conn.request(method, params)
+                except RpcError as e:
+                    raise ApiError(
+                        502,
+                        f"the agent refused {method}: {e.message}",
+                        "RuntimeError",
+                        "agent_error",
+                        rpc_error=e.as_json(),
+                    ) from None
+                except ConnectionLost:
+                    raise ApiError(
+                        502,
+                        f"the agent exited during {method}",
+                        "RuntimeError",
+                        "agent_error",
+                    ) from None
+        finally:
+            session.process.close_stdin()
+            await within(
+                self.reactor,
+                session.process.wait_exit(),
+                defaults.AGENT_STOP_GRACE_SECONDS,
+            )
+            if not session.process.exited:
+                await within(
+                    self.reactor,
+                    session.process.terminate(),
+                    defaults.KILL_GRACE_SECONDS + 1,
+                )
+        return out
+
+    # -- stopping --------------------------------------------------------------
+
+    def stopService(self) -> Deferred[Any]:
+        """End every agent's whole tree: TERM now, KILL after the grace period."""
+        super().stopService()
+        waits = []
+        for session in [*self.sessions.values(), *self._transient]:
+            if session.process.pid is not None and not session.process.exited:
+                if session.state not in ("closing", "closed", "failed"):
+                    session.set_state("closing")
+                waits.append(
+                    within(
+                        self.reactor,
+                        session.process.terminate(),
+                        defaults.KILL_GRACE_SECONDS + 1,
+                    )
+                )
+                for terminal in session.terminals.values():
+                    terminal.kill()
+        return DeferredList(waits)
+
+
+def build_prompt(
+    session: AgentSession, body: dict[str, Any], rule: EffectiveRule
+) -> list[dict[str, Any]]:
+    """
+    ``prompt`` (a string or content blocks) plus guarded ``files``, as ACP
+    blocks within ``max_prompt_bytes`` and the agent's ``promptCapabilities``.
+    """
+    prompt = body.get("prompt")
+    blocks: list[dict[str, Any]]
+    if isinstance(prompt, str):
+        blocks = [{"type": "text", "text": prompt}]
+    elif isinstance(prompt, list) and all(isinstance(b, dict) for b in prompt):
+        blocks = [dict(b) for b in prompt]
+    else:
+        raise ApiError(
+            400,
+            "'prompt' must be a string or a list of content blocks",
+            "ValueError",
+            "invalid_param",
+        )
+    caps = session.capabilities.get("promptCapabilities") or {}
+    caps = caps if isinstance(caps, dict) else {}
+    needs = {"image": "image", "audio": "audio", "resource": "embeddedContext"}
+    for block in blocks:
+        kind = block.get("type")
+        if kind not in _PROMPT_TYPES:
+            raise ApiError(
+                400,
+                f"unknown content block type {kind!r}",
+                "ValueError",
+                "invalid_param",
+            )
+        if kind in needs and not caps.get(needs[kind]):
+            raise ApiError(
+                400,
+                f"this agent does not accept {kind} blocks (promptCapabilities.{needs[kind]} is off)",
+                "ValueError",
+                "invalid_param",
+            )
+    cap = rule.limits.max_prompt_bytes or defaults.MIB
+    files = body.get("files") or []
+    if not isinstance(files, list):
+        raise ApiError(
+            400, "'files' must be a list of paths", "ValueError", "invalid_param"
+        )
+    guard = PathGuard(rule)
+    for path in files:
+        real = guard.check(path, "read")
+        uri = "file://" + real
+        if caps.get("embeddedContext"):
+            try:
+                with open(real, "rb") as f:
+                    data = f.read(cap + 1)
+            except FileNotFoundError:
+                raise ApiError(
+                    404, f"no such file: {path}", "FileNotFoundError", "not_found"
+                ) from None
+            except IsADirectoryError:
+                raise ApiError(
+                    400, f"not a file: {path}", "ValueError", "invalid_param"
+                ) from None
+            blocks.append(
+                {
+                    "type": "resource",
+                    "resource": {
+                        "uri": uri,
+                        "text": data.decode("utf-8", "replace"),
+                        "mimeType": "text/plain",
+                    },
+                }
+            )
+        else:
+            if not os.path.exists(real):
+                raise ApiError(
+                    404, f"no such file: {path}", "FileNotFoundError", "not_found"
+                )
+            blocks.append(
+                {"type": "resource_link", "uri": uri, "name": os.path.basename(real)}
+            )
+    size = len(json.dumps(blocks))
+    if size > cap:
+        raise ApiError(
+            413,
+            f"the prompt is {size} bytes; the limit is {cap}",
+            "ValueError",
+            "payload_too_large",
+            limit=cap,
+            rule=rule.source("limits.max_prompt_bytes")
+            or "default:limits.max_prompt_bytes",
+        )
+    return blocks

@@ -1,0 +1,1 @@
+"""Fake ACP agents for the agents group's tests (run as child processes)."""
