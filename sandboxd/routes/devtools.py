@@ -1,7 +1,324 @@
-"""Handlers of the `devtools` group (not built yet: reported as not implemented)."""
+"""
+Handlers of the ``dev_tools`` group (SPEC §7.7): code runs and git.
+
+A code run is a child like any other (SPEC §7.4): its own session, the
+guarded cwd, the caller's ``env`` over the daemon's minus secrets, the
+policy's user, a wall-clock limit that ends the whole tree, capped output.
+git is the daemon's own helper: it starts from the boot environment with
+everything that could make a repository run code switched off
+(:mod:`sandboxd.git`).
+"""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-HANDLERS: dict[str, Any] = {}
+from twisted.internet.defer import Deferred, FirstError, gatherResults
+
+from sandboxd import git, processes
+from sandboxd.children import (
+    BOOT_ENVIRON,
+    check_command_allowed,
+    child_environment,
+    find_executable,
+    resolve_user,
+    validate_env,
+)
+from sandboxd.errors import ApiError, bad_request, forbidden
+from sandboxd.guard import PathGuard
+from sandboxd.policy import defaults
+from sandboxd.policy.rules import EffectiveRule
+from sandboxd.web.messages import ServerRequest
+
+#: Each language's interpreters, first found on the child's PATH wins, and
+#: the flag that runs a program given as an argument.  Passing the code as
+#: an argument (not a file) keeps the seed's behaviour: Python's
+#: ``sys.path[0]`` and Node's ``require`` resolve against the cwd.
+RUNTIMES: dict[str, tuple[tuple[str, ...], str]] = {
+    "python": (("python3", "python"), "-c"),
+    "node": (("node", "nodejs"), "-e"),
+    "bash": (("bash",), "-c"),
+}
+
+
+def _timeout(value: Any, limit: float | None) -> float | None:
+    """The request's timeout in seconds, at most the endpoint's limit."""
+    if value is None:
+        return limit
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise bad_request("'timeout' must be a number of seconds")
+    if value <= 0:
+        raise bad_request("'timeout' must be positive")
+    return min(float(value), limit) if limit is not None else float(value)
+
+
+def _timeout_error(what: str, seconds: float | None, idle: bool = False) -> ApiError:
+    if idle:
+        return ApiError(
+            408,
+            f"{what} printed nothing for {seconds:g} s and was stopped",
+            "IdleTimeout",
+            "timeout",
+        )
+    return ApiError(
+        408, f"{what} timed out after {seconds:g} s", "TimeoutError", "timeout"
+    )
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+async def code_run(request: ServerRequest) -> dict[str, Any]:
+    """``POST /code/run {"language", "code", "timeout"?, "cwd"?, "env"?, "user"?}``."""
+    body = request.body
+    rule = request.rule
+    language = body.get("language")
+    if language not in RUNTIMES:
+        raise bad_request(f"'language' must be one of {', '.join(RUNTIMES)}")
+    if language not in rule.params.languages:
+        raise forbidden(
+            f"the language {language!r} is not allowed"
+            f" (allowed: {', '.join(rule.params.languages) or 'none'})",
+            "param_not_allowed",
+            rule=rule.source("params.languages") or "default:params.languages",
+        )
+    code = body.get("code")
+    if not isinstance(code, str):
+        raise bad_request("'code' must be a string")
+    if "\x00" in code:
+        raise bad_request("'code' must not contain NUL")
+    if len(code.encode("utf-8", "surrogatepass")) > defaults.CODE_MAX_BYTES:
+        raise ApiError(
+            413,
+            f"'code' is over {defaults.CODE_MAX_BYTES} bytes; upload it as a file"
+            " and run it with /shell",
+            "ValueError",
+            "payload_too_large",
+            limit=defaults.CODE_MAX_BYTES,
+        )
+    timeout = _timeout(body.get("timeout"), rule.limits.timeout_seconds)
+    idle = body.get("idle_timeout")
+    if idle is not None:
+        idle = _timeout(idle, None)
+    cwd = PathGuard(rule).cwd(body.get("cwd"))
+    run_as = resolve_user(body.get("user"), rule)
+    env = child_environment(request.context, rule, validate_env(body.get("env")))
+    if run_as is not None:
+        run_as.apply(env)
+    names, flag = RUNTIMES[language]
+    executable = next((p for n in names if (p := find_executable(n, env))), None)
+    if executable is None:
+        raise ApiError(
+            500,
+            f"{language} runtime not found ({' or '.join(names)} is not on PATH)",
+            "FileNotFoundError",
+            "internal",
+        )
+    check_command_allowed(rule, [executable])
+    limit = (
+        rule.limits.max_output_bytes
+        or defaults.ENDPOINT_LIMITS["code_run"]["max_output_bytes"]
+    )
+    try:
+        result = await processes.run_collect(
+            request.context.reactor,
+            [executable, flag, code],
+            env=env,
+            cwd=cwd,
+            timeout=timeout,
+            max_output_bytes=limit,
+            idle_timeout=idle,
+            run_as=run_as,
+        )
+    except FileNotFoundError:
+        raise ApiError(
+            500, f"{language} runtime not found", "FileNotFoundError", "internal"
+        ) from None
+    if result.timed_out:
+        raise _timeout_error("the code run", timeout)
+    if result.idle_timed_out:
+        raise _timeout_error("the code run", idle, idle=True)
+    out: dict[str, Any] = {
+        "stdout": _text(result.stdout),
+        "stderr": _text(result.stderr),
+        "exit_code": result.exit_code,
+        "language": language,
+        "execution_time_ms": round(result.duration_ms, 2),
+    }
+    if result.truncated:
+        out["truncated"] = True
+        out["dropped_bytes"] = result.dropped_bytes
+    return out
+
+
+# -- git ---------------------------------------------------------------------
+
+
+class _Git:
+    """One git request: where it runs, with what, within which limits."""
+
+    def __init__(self, request: ServerRequest) -> None:
+        self.request = request
+        self.rule: EffectiveRule = request.rule
+        path = request.arg("path") or "."
+        if "\x00" in path:
+            raise ApiError(
+                400, "NUL is not allowed in a path", "ValueError", "invalid_path"
+            )
+        if git.has_parent_segment(path):
+            raise ApiError(
+                400, "'..' is not allowed in path", "ValueError", "invalid_path"
+            )
+        self.cwd = PathGuard(self.rule).cwd(path)
+        self.env = git.git_environment(
+            child_environment(request.context, self.rule, base=BOOT_ENVIRON),
+            ceiling=git.ceiling_for(self.cwd, self.rule.base_dir),
+        )
+        self.run_as = resolve_user(None, self.rule)
+        self.timeout = self.rule.limits.timeout_seconds
+        self.extra_config: list[str] = []
+
+    async def run(self, args: list[str], max_output_bytes: int = defaults.MIB) -> Any:
+        """Run git; the result, or the error the client sees."""
+        argv = git.git_argv("git", args, self.extra_config)
+        try:
+            result = await processes.run_collect(
+                self.request.context.reactor,
+                argv,
+                env=self.env,
+                cwd=self.cwd,
+                timeout=self.timeout,
+                max_output_bytes=max_output_bytes,
+                run_as=self.run_as,
+            )
+        except FileNotFoundError:
+            raise ApiError(
+                500, "git is not installed", "FileNotFoundError", "internal"
+            ) from None
+        if result.timed_out:
+            raise _timeout_error("git", self.timeout)
+        if result.exit_code != 0:
+            message = (
+                _text(result.stderr).strip() or f"git exited with {result.exit_code}"
+            )
+            raise ApiError(400, message.splitlines()[0][:1000], "GitError", "git_error")
+        return result
+
+    async def prepare(self) -> None:
+        """
+        Learn the repository's filter drivers (to empty them) and check
+        that its work tree and git dir lie where the caller may look.
+        """
+        where, config = await _both(
+            self.run(["rev-parse", "--show-toplevel", "--absolute-git-dir"]),
+            self.run(["config", "--null", "--list", "--name-only"]),
+        )
+        guard = PathGuard(self.rule)
+        for line in _text(where.stdout).splitlines():
+            if line:
+                guard.check(line, "read")
+        self.extra_config = git.filter_overrides(git.config_names(config.stdout))
+
+    def file_arg(self) -> list[str]:
+        """``-- FILE`` for ``?file=``, checked like ``path``."""
+        name = self.request.arg("file")
+        if not name:
+            return []
+        if "\x00" in name:
+            raise ApiError(
+                400, "NUL is not allowed in a path", "ValueError", "invalid_path"
+            )
+        if git.has_parent_segment(name):
+            raise ApiError(
+                400, "'..' is not allowed in file", "ValueError", "invalid_path"
+            )
+        PathGuard(self.rule).check(os.path.join(self.cwd, name), "read")
+        return ["--", name]
+
+
+async def _both(first: Any, second: Any) -> tuple[Any, Any]:
+    """Await two coroutines side by side; the first error is raised."""
+    d = gatherResults(
+        [Deferred.fromCoroutine(first), Deferred.fromCoroutine(second)],
+        consumeErrors=True,
+    )
+    try:
+        a, b = await d
+    except FirstError as e:
+        e.subFailure.raiseException()
+    return a, b
+
+
+def _flag(request: ServerRequest, name: str) -> bool:
+    value = (request.arg(name) or "false").lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise bad_request(f"'{name}' must be true or false")
+
+
+async def git_status(request: ServerRequest) -> dict[str, Any]:
+    """``GET /git/status?path=.``."""
+    run = _Git(request)
+    await run.prepare()
+    result = await run.run(
+        [
+            "status",
+            "--porcelain=v1",
+            "-b",
+            "-z",
+            "--untracked-files=normal",
+            "--ignore-submodules=dirty",
+        ],
+        max_output_bytes=16 * defaults.MIB,
+    )
+    if result.truncated:
+        raise ApiError(
+            400, "git status printed more than can be returned", "GitError", "git_error"
+        )
+    return git.status_result(result.stdout)
+
+
+async def git_diff(request: ServerRequest) -> dict[str, Any]:
+    """``GET /git/diff?path=.&staged=false&file=``."""
+    run = _Git(request)
+    staged = _flag(request, "staged")
+    files = run.file_arg()
+    await run.prepare()
+    limit = (
+        request.rule.limits.max_output_bytes
+        or defaults.ENDPOINT_LIMITS["git_diff"]["max_output_bytes"]
+    )
+    common = [
+        "diff",
+        "--no-ext-diff",
+        "--no-textconv",
+        "--no-color",
+        "--ignore-submodules=dirty",
+    ]
+    if staged:
+        common.append("--cached")
+    # Twice the limit keeps a head of exactly ``limit`` bytes when git
+    # prints more (the capture keeps head and tail halves).
+    patch, numstat = await _both(
+        run.run([*common, *files], max_output_bytes=2 * limit),
+        run.run(
+            [*common, "--numstat", "-z", *files], max_output_bytes=16 * defaults.MIB
+        ),
+    )
+    stdout = patch.stdout[:limit] if patch.truncated else patch.stdout
+    diff, truncated = git.truncate_diff(stdout, limit, cut=patch.truncated)
+    out: dict[str, Any] = {"diff": diff, "stats": git.parse_numstat(numstat.stdout)}
+    if truncated:
+        out["truncated"] = True
+    return out
+
+
+HANDLERS: dict[str, Any] = {
+    "code_run": code_run,
+    "git_status": git_status,
+    "git_diff": git_diff,
+}

@@ -1,0 +1,358 @@
+"""
+Running git on a repository the daemon does not trust, and reading its
+output (SPEC §7.7).
+
+A repository's own configuration can name commands that git runs on
+``status`` and ``diff`` (``core.fsmonitor``, filter drivers, external diff
+drivers, textconv, hooks, a pager).  The repository belongs to the sandbox,
+so every git call here switches those off on the command line, where they
+override anything the repository says, and runs with a pinned environment
+(no system or global config, no prompts, no pager, literal pathspecs).
+
+The parsers are pure functions of git's bytes so they can be tested
+without a repository.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+#: Settings given with ``-c`` on every call.  Command-line configuration is
+#: read last, so it wins over the repository's ``.git/config``.
+SAFE_CONFIG: tuple[str, ...] = (
+    "core.fsmonitor=false",
+    "core.hooksPath=/dev/null",
+    "core.pager=cat",
+    "core.attributesFile=/dev/null",
+    "core.untrackedCache=false",
+    "diff.external=",
+    "color.ui=false",
+    "diff.noprefix=false",
+    "diff.mnemonicPrefix=false",
+    "diff.relative=false",
+    "status.relativePaths=false",
+    # The ownership check exists so that a foreign repository's config
+    # cannot run code as us; the settings above already stop that, and the
+    # path guard decides which directories a caller may inspect.
+    "safe.directory=*",
+)
+
+#: Variables set in git's environment, whatever the daemon's says.
+SAFE_ENV: dict[str, str] = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_ATTR_NOSYSTEM": "1",
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_PAGER": "cat",
+    "PAGER": "cat",
+    "GIT_OPTIONAL_LOCKS": "0",
+    "GIT_LITERAL_PATHSPECS": "1",
+    "GIT_ASKPASS": "/bin/false",
+    "SSH_ASKPASS": "/bin/false",
+    "LC_ALL": "C",
+}
+
+#: Variables of the daemon's environment never handed to git: any of
+#: them could point git at another repository, config or program.
+_DROP_PREFIXES = ("GIT_",)
+_DROP_NAMES = frozenset(
+    {"EDITOR", "VISUAL", "LESS", "LESSOPEN", "LESSCLOSE", "XDG_CONFIG_HOME"}
+)
+
+
+def git_environment(
+    base: Mapping[str, str], ceiling: str | None = None
+) -> dict[str, str]:
+    """
+    git's environment: ``base`` without anything that steers git, plus
+    :data:`SAFE_ENV`.
+
+    :param ceiling: the directory above which git must not look for a
+        repository (so a path inside the boundary never resolves to a
+        repository that encloses the boundary).
+    """
+    env = {
+        k: v
+        for k, v in base.items()
+        if not k.startswith(_DROP_PREFIXES) and k not in _DROP_NAMES
+    }
+    env.update(SAFE_ENV)
+    if ceiling:
+        env["GIT_CEILING_DIRECTORIES"] = ceiling
+    return env
+
+
+def filter_overrides(config_names: Iterable[str]) -> list[str]:
+    """
+    ``-c`` settings that empty every filter driver the repository defines.
+
+    Filter drivers are named by ``.gitattributes`` (which the repository
+    controls) and configured as ``filter.NAME.clean``/``smudge``/``process``;
+    git runs the clean filter on ``status`` and ``diff`` when it compares a
+    file's content with the index.  An empty command is no filter at all,
+    and ``required=false`` keeps git from failing for want of one.
+    """
+    drivers = set()
+    for name in config_names:
+        lowered = name.lower()
+        if lowered.startswith("filter.") and lowered.count(".") >= 2:
+            drivers.add(name[len("filter.") : name.rindex(".")])
+    out: list[str] = []
+    for driver in sorted(drivers):
+        for key in ("clean", "smudge", "process"):
+            out.append(f"filter.{driver}.{key}=")
+        out.append(f"filter.{driver}.required=false")
+    return out
+
+
+def git_argv(
+    git: str, args: Iterable[str], extra_config: Iterable[str] = ()
+) -> list[str]:
+    """``git`` with the safe settings, ``--no-pager``, then ``args``."""
+    argv = [git, "--no-pager"]
+    for setting in (*SAFE_CONFIG, *extra_config):
+        argv += ["-c", setting]
+    argv += list(args)
+    return argv
+
+
+def config_names(output: bytes) -> list[str]:
+    """The names printed by ``git config --null --list --name-only``."""
+    return [n.decode("utf-8", "replace") for n in output.split(b"\0") if n.strip()]
+
+
+# -- git status --------------------------------------------------------------
+
+#: The porcelain codes of an unmerged path (git-status(1), "Short Format").
+_UNMERGED = frozenset({"DD", "AU", "UD", "UA", "DU", "AA", "UU"})
+
+_AHEAD_BEHIND = re.compile(r"\[(?P<body>[^\]]*)\]\s*$")
+
+
+@attrs.frozen
+class FileStatus:
+    """One line of ``git status --porcelain``."""
+
+    path: str
+    status: str
+    index: str
+    worktree: str
+    orig_path: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """The file entry of SPEC §7.7 (plus ``staged`` and ``orig_path``)."""
+        out: dict[str, Any] = {
+            "path": self.path,
+            "status": self.status,
+            "staged": self.index not in (" ", "?", "!") and self.status != "unmerged",
+        }
+        if self.orig_path is not None:
+            out["orig_path"] = self.orig_path
+        return out
+
+
+@attrs.frozen
+class BranchInfo:
+    """The ``## ...`` header of ``git status --porcelain -b``."""
+
+    branch: str | None
+    upstream: str | None = None
+    ahead: int = 0
+    behind: int = 0
+    detached: bool = False
+    gone: bool = False
+
+
+def classify(xy: str) -> str:
+    """
+    The status word of a porcelain ``XY`` code.
+
+    Unmerged pairs first (both sides carry meaning there); then what the
+    index says, since a staged rename or addition describes the file better
+    than a later edit; then the work tree.
+    """
+    if xy in _UNMERGED:
+        return "unmerged"
+    if xy == "??":
+        return "untracked"
+    if xy == "!!":
+        return "ignored"
+    x, y = xy[0], xy[1]
+    for code in (x, y):
+        if code == "R":
+            return "renamed"
+        if code == "C":
+            return "copied"
+    if x == "A":
+        return "added"
+    if "D" in (x, y):
+        return "deleted"
+    return "modified"
+
+
+def parse_branch(line: str) -> BranchInfo:
+    """Parse the text after ``## `` of the branch header."""
+    text = line.strip()
+    for prefix in ("No commits yet on ", "Initial commit on "):
+        if text.startswith(prefix):
+            return BranchInfo(branch=text[len(prefix) :])
+    if text.startswith("HEAD (no branch)"):
+        return BranchInfo(branch="HEAD", detached=True)
+    ahead = behind = 0
+    gone = False
+    match = _AHEAD_BEHIND.search(text)
+    if match:
+        text = text[: match.start()].rstrip()
+        for part in match.group("body").split(","):
+            word, _, number = part.strip().partition(" ")
+            if word == "ahead" and number.isdigit():
+                ahead = int(number)
+            elif word == "behind" and number.isdigit():
+                behind = int(number)
+            elif word == "gone":
+                gone = True
+    branch, sep, upstream = text.partition("...")
+    return BranchInfo(
+        branch=branch or None,
+        upstream=upstream if sep else None,
+        ahead=ahead,
+        behind=behind,
+        gone=gone,
+    )
+
+
+def parse_status(output: bytes) -> tuple[BranchInfo, list[FileStatus]]:
+    """
+    Parse ``git status --porcelain=v1 -b -z``.
+
+    With ``-z`` paths are printed verbatim (no C quoting) and a rename's
+    entry is ``XY NEW\\0OLD\\0``.
+    """
+    branch = BranchInfo(branch=None)
+    files: list[FileStatus] = []
+    records = output.split(b"\0")
+    i = 0
+    while i < len(records):
+        record = records[i].decode("utf-8", "replace")
+        i += 1
+        if not record:
+            continue
+        if record.startswith("## "):
+            branch = parse_branch(record[3:])
+            continue
+        if len(record) < 4:
+            continue
+        xy, path = record[:2], record[3:]
+        orig = None
+        if "R" in xy or "C" in xy:
+            if i < len(records):
+                orig = records[i].decode("utf-8", "replace")
+                i += 1
+        files.append(FileStatus(path, classify(xy), xy[0], xy[1], orig))
+    return branch, files
+
+
+def status_result(output: bytes) -> dict[str, Any]:
+    """The body of ``GET /git/status`` from git's output."""
+    branch, files = parse_status(output)
+    out: dict[str, Any] = {
+        "branch": branch.branch,
+        "clean": not files,
+        "ahead": branch.ahead,
+        "behind": branch.behind,
+        "files": [f.as_json() for f in files],
+    }
+    if branch.upstream is not None:
+        out["upstream"] = branch.upstream
+    if branch.detached:
+        out["detached"] = True
+    return out
+
+
+# -- git diff ----------------------------------------------------------------
+
+
+def parse_numstat(output: bytes) -> dict[str, int]:
+    """
+    ``{files_changed, insertions, deletions}`` from ``git diff --numstat -z``.
+
+    Binary files print ``-`` for both counts: they count as changed files
+    with no lines.  With ``-z`` a rename is ``A\\tD\\t\\0OLD\\0NEW\\0``.
+    """
+    files = insertions = deletions = 0
+    records = output.split(b"\0")
+    i = 0
+    while i < len(records):
+        record = records[i]
+        i += 1
+        if not record.strip():
+            continue
+        parts = record.split(b"\t", 2)
+        if len(parts) < 3:
+            continue
+        added, removed, path = parts
+        if path == b"":
+            i += 2
+        files += 1
+        if added.isdigit():
+            insertions += int(added)
+        if removed.isdigit():
+            deletions += int(removed)
+    return {"files_changed": files, "insertions": insertions, "deletions": deletions}
+
+
+def size_label(limit: int) -> str:
+    """``1MB`` for 10**6, ``512KiB`` for 2**19: how the cap is named in the marker."""
+    for unit, size in (
+        ("GB", 10**9),
+        ("MB", 10**6),
+        ("KB", 10**3),
+        ("MiB", 2**20),
+        ("KiB", 2**10),
+    ):
+        if limit >= size and limit % size == 0:
+            return f"{limit // size}{unit}"
+    return f"{limit} bytes"
+
+
+def truncate_diff(diff: bytes, limit: int, cut: bool = False) -> tuple[str, bool]:
+    """
+    The diff as text, cut at ``limit`` bytes with the seed's marker.
+
+    The cut keeps whole lines where one ends in the last 4 KiB before the
+    limit, so the marker never splits a line of the patch.
+
+    :param cut: the diff is known to go on past ``diff`` (its capture
+        dropped the rest), so it is cut even when it fits.
+    """
+    if len(diff) <= limit and not cut:
+        return diff.decode("utf-8", "replace"), False
+    head = diff[:limit]
+    newline = head.rfind(b"\n", max(0, limit - 4096))
+    if newline >= 0:
+        head = head[: newline + 1]
+    text = head.decode("utf-8", "replace")
+    if not text.endswith("\n"):
+        text += "\n"
+    return text + f"... (truncated at {size_label(limit)})", True
+
+
+def has_parent_segment(path: str) -> bool:
+    """Whether ``path`` has a ``..`` segment (refused outright by SPEC §7.7)."""
+    return ".." in re.split(r"[/\\]", path)
+
+
+def ceiling_for(directory: str, base_dir: str) -> str:
+    """
+    Where repository discovery stops: just above the base dir for paths
+    inside it, else just above the directory itself.
+    """
+    base = os.path.normpath(base_dir)
+    if directory == base or directory.startswith(base.rstrip("/") + "/"):
+        return os.path.dirname(base) or "/"
+    return os.path.dirname(directory) or "/"
