@@ -10,6 +10,13 @@ import os
 import sys
 from typing import Any
 
+from acp.schema import (
+    InitializeRequest,
+    NewSessionRequest,
+    PromptRequest,
+    ReadTextFileResponse,
+    RequestPermissionResponse,
+)
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.protocol import Protocol
@@ -130,6 +137,15 @@ class AgentsTestCase(DaemonTestCase):
 
     timeout = 60
     policy = agents_policy()
+
+    @inlineCallbacks
+    def start(self, **kwargs: Any) -> Any:
+        daemon = yield super().start(**kwargs)
+        # The daemon trims its heap 1 s after start; short tests end sooner.
+        for call in reactor.getDelayedCalls():
+            if getattr(call.func, "__name__", "") == "release_memory":
+                call.cancel()
+        return daemon
 
     def create(self, agent: str = "fake", **body: Any) -> Deferred[Any]:
         body["agent"] = agent
@@ -575,3 +591,509 @@ class FramerTests(AgentsTestCase):
         self.assertEqual(overflow, [11])
         framer.feed(b"\nmore\n")
         self.assertEqual(lines, [b"abc", b"def"])
+
+
+def sent_recorder(test: AgentsTestCase, sid: str) -> list[dict[str, Any]]:
+    """Record every message sandboxd writes to the session's agent."""
+    session = test.daemon.context.services["agents"].sessions[sid]
+    sent: list[dict[str, Any]] = []
+    write = session.conn._write
+
+    def recording(data: bytes) -> None:
+        sent.append(json.loads(data))
+        write(data)
+
+    session.conn._write = recording
+    return sent
+
+
+class EndToEndTests(AgentsTestCase):
+    """What a user does: edit a file through the agent, approve over HTTP, follow the stream."""
+
+    @inlineCallbacks
+    def test_edit_with_approval_and_resumed_stream(self) -> Any:
+        """
+        The agent asks to edit a file; the approver allows it over HTTP; the
+        diff and the file on disk show the change; a second client that
+        reconnects midway with Last-Event-ID sees every event exactly once.
+        """
+        target = os.path.join(self.base_dir, "hello.txt")
+        with open(target, "w") as f:
+            f.write("old line\n")
+        sid = yield self.session(cwd=self.base_dir)
+        sent = sent_recorder(self, sid)
+        first = yield self.follow(f"/agents/sessions/{sid}/events?follow=true")
+        reply = yield self.prompt(sid, f"edit {target} new line", wait=0)
+        self.assertEqual(reply.status, 202, reply.body)
+        turn_id = reply.json()["turn_id"]
+
+        requests = yield self.pending(sid)
+        request = requests[0]
+        self.assertEqual(request["kind"], "permission")
+        self.assertEqual(request["tool_call"]["id"], "edit1")
+        self.assertEqual(request["tool_call"]["kind"], "edit")
+        self.assertEqual(request["tool_call"]["diffs"][0]["path"], target)
+        self.assertEqual(request["tool_call"]["diffs"][0]["new_text"], "new line")
+        self.assertEqual(request["policy"]["decision"], "ask")
+        self.assertEqual(
+            [o["option_id"] for o in request["options"]], ["allow", "always", "reject"]
+        )
+        reply = yield self.request("GET", f"/agents/sessions/{sid}")
+        self.assertEqual(reply.json()["state"], "awaiting_input")
+        self.assertEqual(reply.json()["pending_requests"], 1)
+
+        yield first.wait_for(lambda e: e["event"] == "permission.requested")
+        first.disconnect()
+        yield first.done
+        seen = [e["id"] for e in first.events]
+        last = seen[-1]
+
+        reply = yield self.request(
+            "POST", f"/agents/requests/{request['request_id']}", {"option_id": "allow"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(
+            reply.json(),
+            {
+                "request_id": request["request_id"],
+                "state": "resolved",
+                "outcome": {"outcome": "selected", "optionId": "allow"},
+            },
+        )
+        reply = yield self.request(
+            "POST", f"/agents/requests/{request['request_id']}", {"option_id": "reject"}
+        )
+        self.assertEqual(reply.status, 409)
+        self.assertEqual(reply.json()["code"], "already_resolved")
+
+        second = yield self.follow(
+            f"/agents/sessions/{sid}/events?follow=true", {"Last-Event-ID": str(last)}
+        )
+        yield second.wait_for(lambda e: e["event"] == "turn.ended")
+        reply = yield self.request(
+            "GET", f"/agents/sessions/{sid}/turns/{turn_id}?wait=10"
+        )
+        self.assertEqual(reply.json()["stop_reason"], "end_turn")
+        self.assertEqual(reply.json()["text"], "edited hello.txt (allow)")
+        with open(target) as f:
+            self.assertEqual(f.read(), "new line")
+
+        page = yield self.events(sid)
+        resumed = [e["id"] for e in second.events]
+        self.assertEqual(resumed[0], last + 1)
+        self.assertEqual(
+            seen + resumed,
+            [e["seq"] for e in page["events"]][: len(seen) + len(resumed)],
+        )
+        types = [e["type"] for e in page["events"]]
+        for expected in (
+            "plan",
+            "tool_call",
+            "permission.requested",
+            "permission.resolved",
+            "file.written",
+            "tool_call.update",
+            "turn.ended",
+        ):
+            self.assertIn(expected, types)
+        resolved = next(e for e in page["events"] if e["type"] == "permission.resolved")
+        self.assertEqual(
+            (resolved["by"], resolved["identity"], resolved["option_id"]),
+            ("identity", "anonymous", "allow"),
+        )
+        written = next(e for e in page["events"] if e["type"] == "file.written")
+        self.assertEqual(
+            (written["path"], written["bytes"], written["tool_call_id"]),
+            (target, 8, "edit1"),
+        )
+
+        reply = yield self.request(
+            "GET", f"/agents/sessions/{sid}/tool-calls/edit1?format=unified"
+        )
+        tool_call = reply.json()
+        self.assertEqual(tool_call["status"], "completed")
+        self.assertIn("-old line", tool_call["diffs"][0]["unified"])
+        self.assertIn("+new line", tool_call["diffs"][0]["unified"])
+        self.assertEqual(tool_call["permission_history"][0]["option_id"], "allow")
+        reply = yield self.request(
+            "GET", f"/agents/sessions/{sid}/tool-calls?kind=edit"
+        )
+        self.assertEqual(
+            [t["tool_call_id"] for t in reply.json()["tool_calls"]], ["edit1"]
+        )
+        self.assertTrue(reply.json()["tool_calls"][0]["has_diff"])
+        reply = yield self.request("GET", f"/agents/sessions/{sid}/files?diff=true")
+        files = reply.json()["files"]
+        self.assertEqual(files[0]["path"], target)
+        self.assertEqual(files[0]["change"], "modified")
+        self.assertIn("fs_write", files[0]["sources"])
+        self.assertIn("+new line", files[0]["diff"])
+        reply = yield self.request("GET", f"/agents/sessions/{sid}/plan")
+        self.assertEqual(
+            [e["content"] for e in reply.json()["entries"]],
+            ["Read the file", "Edit it"],
+        )
+
+        # What sandboxd sent is valid ACP, checked with the SDK's own models.
+        by_method = {m.get("method"): m for m in sent if "method" in m}
+        PromptRequest.model_validate(by_method["session/prompt"]["params"])
+        answers = [m for m in sent if "result" in m]
+        self.assertTrue(any("outcome" in (m["result"] or {}) for m in answers))
+        for m in answers:
+            if "outcome" in (m["result"] or {}):
+                RequestPermissionResponse.model_validate(m["result"])
+            elif "content" in (m["result"] or {}):
+                ReadTextFileResponse.model_validate(m["result"])
+
+    @inlineCallbacks
+    def test_initialize_and_new_session_are_valid_acp(self) -> Any:
+        """The initialize and session/new params sandboxd sends validate against the SDK's models."""
+        sid = yield self.session()
+        session = self.daemon.context.services["agents"].sessions[sid]
+        InitializeRequest.model_validate(
+            {
+                "protocolVersion": 1,
+                "clientCapabilities": session.client_capabilities(),
+                "clientInfo": {"name": "sandboxd", "version": "1"},
+            }
+        )
+        NewSessionRequest.model_validate({"cwd": session.cwd, "mcpServers": []})
+        reply = yield self.request("GET", f"/agents/sessions/{sid}/logs")
+        text = "".join(c["data"] for c in reply.json()["chunks"])
+        self.assertIn("'readTextFile': True", text)
+        self.assertIn("'terminal': True", text)
+
+
+class PermissionPolicyTests(AgentsTestCase):
+    """permission_mode, paths outside the rule, timeouts, allow_always."""
+
+    policy = agents_policy(params={"permission_mode": {"edit": "auto", "*": "ask"}})
+
+    @inlineCallbacks
+    def test_auto_allows_once(self) -> Any:
+        """permission_mode auto picks the first allow_once (never allow_always), answered by policy."""
+        target = os.path.join(self.base_dir, "a.txt")
+        sid = yield self.session()
+        reply = yield self.prompt(sid, f"edit {target} auto text")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["text"], "edited a.txt (allow)")
+        page = yield self.events(sid, "&types=permission.resolved")
+        self.assertEqual(page["events"][0]["by"], "policy")
+        with open(target) as f:
+            self.assertEqual(f.read(), "auto text")
+        reply = yield self.request("GET", f"/agents/sessions/{sid}/files")
+        self.assertEqual(reply.json()["files"][0]["change"], "created")
+
+    @inlineCallbacks
+    def test_path_outside_rule_rejected_whatever_the_mode(self) -> Any:
+        """A tool call naming a path outside the paths rule is rejected by policy with the rule, even in auto mode."""
+        sid = yield self.session()
+        reply = yield self.prompt(sid, "edit /etc/sandboxd-test-file nope")
+        self.assertEqual(reply.json()["text"], "permission refused")
+        page = yield self.events(sid, "&types=permission.requested,permission.resolved")
+        requested, resolved = page["events"]
+        self.assertEqual(requested["policy"]["decision"], "deny")
+        self.assertEqual(requested["policy"]["code"], "path_not_allowed")
+        self.assertEqual((resolved["by"], resolved["option_id"]), ("policy", "reject"))
+        self.assertFalse(os.path.exists("/etc/sandboxd-test-file"))
+
+
+class PermissionTimeoutTests(AgentsTestCase):
+    """A question nobody answers does not hold the turn forever."""
+
+    policy = agents_policy(
+        limits={"permission_timeout_seconds": 0.5}, params={"allow_always": False}
+    )
+
+    @inlineCallbacks
+    def test_timeout_denies(self) -> Any:
+        """Past permission_timeout_seconds the request is rejected (by: timeout)."""
+        sid = yield self.session()
+        reply = yield self.prompt(sid, f"edit {self.base_dir}/t.txt x")
+        self.assertEqual(reply.json()["text"], "permission refused")
+        page = yield self.events(sid, "&types=permission.resolved")
+        self.assertEqual(page["events"][0]["by"], "timeout")
+
+    @inlineCallbacks
+    def test_allow_always_forbidden(self) -> Any:
+        """With allow_always false a human cannot pick an 'always' option: 403 param_not_allowed."""
+        yield self.daemon.stop()
+        yield self.start(policy=agents_policy(params={"allow_always": False}))
+        sid = yield self.session()
+        yield self.prompt(sid, f"edit {self.base_dir}/t.txt x", wait=0)
+        requests = yield self.pending(sid)
+        rid = requests[0]["request_id"]
+        reply = yield self.request(
+            "POST", f"/agents/requests/{rid}", {"decision": "allow_always"}
+        )
+        self.assertEqual(reply.status, 403)
+        self.assertEqual(reply.json()["code"], "param_not_allowed")
+        reply = yield self.request(
+            "POST", f"/agents/requests/{rid}", {"decision": "reject_once"}
+        )
+        self.assertEqual(reply.status, 200)
+        self.assertEqual(reply.json()["outcome"]["optionId"], "reject")
+
+
+class ClientSideTests(AgentsTestCase):
+    """The agent's fs/* and terminal/* requests, served through the guard."""
+
+    @inlineCallbacks
+    def test_fs_read_write_and_refusals(self) -> Any:
+        """Reads and writes inside the rule work; outside it the agent gets -32603 naming the code; missing is -32002."""
+        path = os.path.join(self.base_dir, "r.txt")
+        with open(path, "w") as f:
+            f.write("readable")
+        sid = yield self.session()
+        reply = yield self.prompt(sid, f"read {path}")
+        self.assertEqual(reply.json()["text"], "content: readable")
+        reply = yield self.prompt(sid, "read /etc/passwd")
+        self.assertIn("error -32603", reply.json()["text"])
+        self.assertIn("path_not_allowed", reply.json()["text"])
+        reply = yield self.prompt(sid, f"read {self.base_dir}/missing.txt")
+        self.assertIn("error -32002", reply.json()["text"])
+        self.assertIn("Resource not found", reply.json()["text"])
+        reply = yield self.prompt(sid, f"write {self.base_dir}/sub/new.txt fresh")
+        self.assertEqual(reply.json()["text"], "written")
+        with open(os.path.join(self.base_dir, "sub", "new.txt")) as f:
+            self.assertEqual(f.read(), "fresh")
+        reply = yield self.prompt(sid, "write /tmp/sandboxd-agent-escape nope")
+        self.assertIn("path_not_allowed", reply.json()["text"])
+        self.assertFalse(os.path.exists("/tmp/sandboxd-agent-escape"))
+
+    @inlineCallbacks
+    def test_terminal(self) -> Any:
+        """terminal/create runs the command; its output and exit reach the agent and the HTTP routes."""
+        sid = yield self.session()
+        reply = yield self.prompt(sid, "terminal sh -c echo")
+        self.assertEqual(reply.status, 200)
+        reply = yield self.prompt(sid, "terminal printf hello-term")
+        self.assertEqual(reply.json()["text"], "exit=0 signal=None output='hello-term'")
+        reply = yield self.request("GET", f"/agents/sessions/{sid}/terminals")
+        terminals = reply.json()["terminals"]
+        self.assertEqual(terminals[-1]["command"], "printf")
+        self.assertEqual(terminals[-1]["state"], "exited")
+        self.assertTrue(terminals[-1]["released"])
+        self.assertEqual(terminals[-1]["tool_call_id"], "run1")
+        tid = terminals[-1]["terminal_id"]
+        reply = yield self.request(
+            "GET", f"/agents/sessions/{sid}/terminals/{tid}/output"
+        )
+        self.assertEqual(
+            "".join(e["data"] for e in reply.json()["events"]), "hello-term"
+        )
+        stream = yield self.follow(
+            f"/agents/sessions/{sid}/terminals/{tid}/output?follow=true"
+        )
+        yield stream.done
+        self.assertEqual([e["event"] for e in stream.events], ["stdout", "exit"])
+        self.assertEqual(stream.events[-1]["data"], {"exit_code": 0})
+
+    @inlineCallbacks
+    def test_terminal_denied_command(self) -> Any:
+        """deny_commands applies to the agent's terminals; the refusal names the rule."""
+        yield self.daemon.stop()
+        yield self.start(policy=agents_policy(params={"deny_commands": ["printf"]}))
+        sid = yield self.session()
+        reply = yield self.prompt(sid, "terminal printf nope")
+        self.assertIn("error -32603", reply.json()["text"])
+        self.assertIn("param_not_allowed", reply.json()["text"])
+
+
+class MisbehaviourTests(AgentsTestCase):
+    """Failures end in a clear state, never a hang; the tree is gone."""
+
+    @inlineCallbacks
+    def test_garbage_is_recorded_not_fatal(self) -> Any:
+        """Non-JSON, non-UTF-8, unknown update kinds and stray responses become unknown events; the turn still ends."""
+        sid = yield self.session("script-garbage")
+        reply = yield self.prompt(sid, "go")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["text"], "still here")
+        page = yield self.events(sid, "&types=unknown")
+        reasons = [e["reason"] for e in page["events"]]
+        for expected in (
+            "not JSON",
+            "not UTF-8",
+            "not a JSON-RPC object",
+            "session update 'brand_new_kind'",
+            "response to no pending request",
+            "notification",
+        ):
+            self.assertIn(expected, reasons)
+
+    @inlineCallbacks
+    def test_silent_initialize_is_504(self) -> Any:
+        """An agent that never answers initialize: 504 agent_timeout after init_timeout_seconds, process gone."""
+        yield self.daemon.stop()
+        yield self.start(policy=agents_policy(limits={"init_timeout_seconds": 1}))
+        reply = yield self.create("script-silent")
+        self.assertEqual(reply.status, 504, reply.body)
+        self.assertEqual(reply.json()["code"], "agent_timeout")
+        reply = yield self.request("GET", "/agents/sessions")
+        session = reply.json()["sessions"][0]
+        state = yield self.wait_state(session["session_id"], ("failed",))
+        self.assertFalse(is_alive(state["process"]["pid"]))
+
+    @inlineCallbacks
+    def test_exit_at_init_is_502_with_stderr(self) -> Any:
+        """An agent that dies during session/new: 502 agent_error carrying its stderr tail."""
+        reply = yield self.create("script-exit_at_init")
+        self.assertEqual(reply.status, 502, reply.body)
+        self.assertEqual(reply.json()["code"], "agent_error")
+        self.assertIn("no API key configured", reply.json()["stderr_tail"])
+
+    @inlineCallbacks
+    def test_over_long_line_fails_the_session(self) -> Any:
+        """A line over max_message_bytes fails the session with the reason; the prompt does not hang."""
+        yield self.daemon.stop()
+        yield self.start(policy=agents_policy(limits={"max_message_bytes": 100000}))
+        sid = yield self.session("script-huge")
+        reply = yield self.prompt(sid, "go")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["state"], "failed")
+        self.assertEqual(reply.json()["error"]["code"], "message_too_large")
+        state = yield self.wait_state(sid, ("failed",))
+        self.assertEqual(state["error"]["code"], "message_too_large")
+        self.assertFalse(is_alive(state["process"]["pid"]))
+
+    @inlineCallbacks
+    def test_exit_mid_turn(self) -> Any:
+        """The agent dies mid-turn: the turn fails, the session is failed, agent.exited has the stderr tail."""
+        sid = yield self.session()
+        reply = yield self.prompt(sid, "exit")
+        self.assertEqual(reply.status, 200)
+        self.assertEqual(reply.json()["state"], "failed")
+        yield self.wait_state(sid, ("failed",))
+        page = yield self.events(sid)
+        exited = next(e for e in page["events"] if e["type"] == "agent.exited")
+        self.assertEqual(exited["exit_code"], 3)
+        self.assertIn("crashed on purpose", exited["stderr_tail"])
+        self.assertEqual(page["events"][-1]["type"], "session.closed")
+
+    @inlineCallbacks
+    def test_cancel_request_withdraws(self) -> Any:
+        """$/cancel_request withdraws a held permission: -32800 to the agent, 409 withdrawn to a late reply."""
+        sid = yield self.session("script-cancel_request")
+        yield self.prompt(sid, "go", wait=0)
+        requests = yield self.pending(sid)
+        rid = requests[0]["request_id"]
+        reply = yield self.request(
+            "GET", f"/agents/sessions/{sid}/turns/turn_1?wait=10"
+        )
+        self.assertIn("-32800", reply.json()["text"])
+        reply = yield self.request(
+            "POST", f"/agents/requests/{rid}", {"decision": "allow_once"}
+        )
+        self.assertEqual(reply.status, 409)
+        self.assertEqual(reply.json()["code"], "withdrawn")
+        page = yield self.events(sid, "&types=permission.resolved")
+        self.assertEqual(page["events"][0]["by"], "withdrawn")
+
+    @inlineCallbacks
+    def test_reused_ids(self) -> Any:
+        """A request reusing a held id is refused with -32600 and recorded; nothing hangs."""
+        sid = yield self.session("script-reused_ids")
+        reply = yield self.prompt(sid, "go")
+        self.assertIn("-32600", reply.json()["text"])
+        page = yield self.events(sid, "&types=unknown")
+        self.assertIn(
+            "request id already in use", [e["reason"] for e in page["events"]]
+        )
+
+    @inlineCallbacks
+    def test_question(self) -> Any:
+        """elicitation/create is held as a question; the approver's answer goes back as the JSON-RPC result."""
+        sid = yield self.session("script-question")
+        yield self.prompt(sid, "go", wait=0)
+        requests = yield self.pending(sid)
+        question = requests[0]
+        self.assertEqual(
+            (question["kind"], question["message"]), ("question", "Which branch?")
+        )
+        reply = yield self.request(
+            "POST",
+            f"/agents/requests/{question['request_id']}",
+            {"action": "accept", "content": {"branch": "main"}},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request(
+            "GET", f"/agents/sessions/{sid}/turns/turn_1?wait=10"
+        )
+        self.assertEqual(
+            reply.json()["text"],
+            'answer: {"action": "accept", "content": {"branch": "main"}}',
+        )
+
+    @inlineCallbacks
+    def test_error_after_cancel_is_cancelled(self) -> Any:
+        """An agent that answers a cancelled prompt with an error still ends the turn cancelled."""
+        sid = yield self.session("script-cancel_error")
+        yield self.prompt(sid, "go", wait=0)
+        reply = yield self.request(
+            "POST", f"/agents/sessions/{sid}/cancel", {"wait": 10}
+        )
+        self.assertEqual(reply.json()["stop_reason"], "cancelled")
+        self.assertFalse(reply.json()["forced"])
+        reply = yield self.request("GET", f"/agents/sessions/{sid}")
+        self.assertEqual(reply.json()["state"], "idle")
+
+    @inlineCallbacks
+    def test_ignored_cancel_is_forced(self) -> Any:
+        """An agent that ignores cancel is killed after the grace period: cancelled, forced; its tree is gone."""
+        from sandboxd.policy import defaults
+
+        self.patch(defaults, "AGENT_CANCEL_GRACE_SECONDS", 1.0)
+        sid = yield self.session()
+        yield self.prompt(sid, "stubborn", wait=0)
+        reply = yield self.request("POST", f"/agents/sessions/{sid}/cancel", {})
+        self.assertEqual(reply.status, 200)
+        self.assertEqual(
+            (
+                reply.json()["state"],
+                reply.json()["stop_reason"],
+                reply.json()["forced"],
+            ),
+            ("ended", "cancelled", True),
+        )
+        state = yield self.wait_state(sid, ("failed",))
+        self.assertFalse(is_alive(state["process"]["pid"]))
+        self.assertEqual(state["error"]["code"], "agent_killed")
+
+    @inlineCallbacks
+    def test_turn_limit(self) -> Any:
+        """max_turn_seconds cancels the turn; the agent that honours cancel ends it cleanly."""
+        yield self.daemon.stop()
+        yield self.start(policy=agents_policy(limits={"max_turn_seconds": 0.5}))
+        sid = yield self.session()
+        reply = yield self.prompt(sid, "slow", wait=10)
+        self.assertEqual(reply.status, 200)
+        self.assertEqual(reply.json()["stop_reason"], "cancelled")
+
+    @inlineCallbacks
+    def test_grandchild_ignoring_term_is_killed(self) -> Any:
+        """Deleting a session whose agent and grandchild ignore SIGTERM still kills the whole tree."""
+        pidfile = os.path.join(self.base_dir, "grandchild.pid")
+        yield self.daemon.stop()
+        catalog = dict(CATALOG)
+        catalog["script-grandchild"] = dict(
+            script("grandchild"), env={"PIDFILE": pidfile}
+        )
+        policy = agents_policy()
+        policy["agents"] = {"catalog": catalog}
+        yield self.start(policy=policy)
+        sid = yield self.session("script-grandchild")
+        for _ in range(50):
+            if os.path.exists(pidfile) and open(pidfile).read().strip():
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        grandchild = int(open(pidfile).read())
+        self.assertTrue(is_alive(grandchild))
+        reply = yield self.request("GET", f"/agents/sessions/{sid}")
+        pid = reply.json()["process"]["pid"]
+        reply = yield self.request("DELETE", f"/agents/sessions/{sid}")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["state"], "closed")
+        yield deferLater(reactor, 0.3, lambda: None)
+        self.assertFalse(is_alive(pid))
+        self.assertFalse(is_alive(grandchild))

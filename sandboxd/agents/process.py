@@ -10,7 +10,6 @@ tree is killed.
 
 from __future__ import annotations
 
-import os
 import signal
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -213,11 +212,10 @@ class AgentProcess(ProcessProtocol):
 
 
 def is_alive(pid: int) -> bool:
-    """Whether ``pid`` still exists (for tests and the manager's checks)."""
+    """Whether ``pid`` still runs (a zombie waiting to be reaped does not)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return stat[stat.rfind(b")") + 2 :][:1] not in (b"Z", b"X")

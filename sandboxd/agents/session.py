@@ -1058,6 +1058,10 @@ class AgentSession:
             self.emit("unknown", raw=raw, reason="tool call without toolCallId")
             return
         snapshot = self.tool_calls.get(tool_call_id)
+        turn_id = self.current.turn_id if self.current else None
+        if new and snapshot is not None and snapshot.get("turn_id") != turn_id:
+            # Agents number tool calls per turn; a new start is a new call.
+            snapshot = None
         created = snapshot is None
         if snapshot is None:
             snapshot = {
