@@ -335,7 +335,6 @@ class PtySession:
             self.transport.resumeProducing()
 
     def _too_slow(self, client: Client) -> None:
-        self._paused.pop(client, None)
         self.detach(client)
         client.drop_slow()
 

@@ -5,14 +5,16 @@ the WebSocket a user attaches with (SPEC §7.5, §8).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-import signal
 from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.task import deferLater
 
+from sandboxd.children import descendants
 from tests.helpers import DaemonTestCase
 from tests.test_terminal_wsclient import TestClient, connect, quiet_server
 
@@ -34,10 +36,26 @@ def sleep(seconds: float) -> Deferred[None]:
     return deferLater(reactor, seconds, lambda: None)
 
 
+@inlineCallbacks
+def wait_until(predicate: Any, tries: int = 200) -> Any:
+    """Poll a condition outside the reactor (a process state) until it holds."""
+    for _ in range(tries):
+        if predicate():
+            return True
+        yield sleep(0.05)
+    return False
+
+
+def is_output(message: dict[str, Any]) -> bool:
+    return message.get("type") == "output"
+
+
+def is_exited(message: dict[str, Any]) -> bool:
+    return message.get("event") == "exited"
+
+
 class TerminalCase(DaemonTestCase):
     """A daemon with its WebSocket timers off, and session helpers."""
-
-    environ = {"SHELL": "/bin/sh", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
     @inlineCallbacks
     def start(self, **kwargs: Any) -> Any:
@@ -52,8 +70,14 @@ class TerminalCase(DaemonTestCase):
 
     @inlineCallbacks
     def create(self, body: dict[str, Any] | None = None, **kwargs: Any) -> Any:
-        """POST /pty/sessions; returns the JSON (fails the test unless 200)."""
-        reply = yield self.request("POST", "/pty/sessions", body or {}, **kwargs)
+        """
+        POST /pty/sessions; returns the JSON (fails the test unless 200).
+
+        ``sh`` by default: an interactive bash would source the developer's
+        ~/.bashrc, which is not what these tests are about.
+        """
+        body = {"shell": "sh", **(body or {})}
+        reply = yield self.request("POST", "/pty/sessions", body, **kwargs)
         self.assertEqual(reply.status, 200, reply.body)
         return reply.json()
 
@@ -103,3 +127,325 @@ class SessionTests(TerminalCase):
         )
         client.type("echo hel''lo-there\n")
         yield client.wait_output("hello-there")
+
+    @inlineCallbacks
+    def test_sized_before_start(self) -> Any:
+        """cols/rows are the terminal's size from the shell's first instruction."""
+        created = yield self.create({"cols": 111, "rows": 33})
+        client = yield self.attach(created["session_id"])
+        client.type("stty size\n")
+        yield client.wait_output("33 111")
+
+    @inlineCallbacks
+    def test_term_and_cwd(self) -> Any:
+        """TERM is xterm-256color and cwd goes through the guard."""
+        os.mkdir(os.path.join(self.base_dir, "sub"))
+        created = yield self.create({"cwd": "sub", "env": {"GREETING": "hi"}})
+        client = yield self.attach(created["session_id"])
+        client.type('echo "<$TERM>" "<$PWD>" "<$GREETING>"\n')
+        yield client.wait_output(f"<xterm-256color> <{self.base_dir}/sub> <hi>")
+
+    @inlineCallbacks
+    def test_resize_rest_and_ws(self) -> Any:
+        """Resizing over REST and over the socket is what `stty size` sees."""
+        created = yield self.create()
+        sid = created["session_id"]
+        reply = yield self.request(
+            "POST", f"/pty/sessions/{sid}/resize", {"cols": 120, "rows": 40}
+        )
+        self.assertEqual(reply.status, 200)
+        self.assertEqual((reply.json()["cols"], reply.json()["rows"]), (120, 40))
+        client = yield self.attach(sid)
+        client.type("stty size\n")
+        yield client.wait_output("40 120")
+        client.send_json({"type": "resize", "cols": 100, "rows": 50})
+        client.type("stty size\n")
+        yield client.wait_output("50 100")
+
+    @inlineCallbacks
+    def test_sigint_interrupts_foreground_job(self) -> Any:
+        """A SIGINT message stops the foreground `sleep`, not the shell."""
+        created = yield self.create()
+        client = yield self.attach(created["session_id"])
+        client.type("sleep 30\n")
+        found = yield wait_until(lambda: descendants(created["pid"]))
+        self.assertTrue(found)
+        client.send_json({"type": "signal", "signal": "SIGINT"})
+        client.type("echo after''-int\n")
+        yield client.wait_output("after-int")
+        self.assertTrue(alive(created["pid"]))
+
+    @inlineCallbacks
+    def test_exit_code_delivered(self) -> Any:
+        """`exit 3` ends the session: `exited` with 3, then a normal close."""
+        created = yield self.create()
+        client = yield self.attach(created["session_id"])
+        client.type("exit 3\n")
+        exited = yield client.wait_for(is_exited)
+        self.assertEqual(
+            exited,
+            {
+                "type": "event",
+                "event": "exited",
+                "session_id": created["session_id"],
+                "exit_code": 3,
+            },
+        )
+        code, _ = yield client.closed
+        self.assertEqual(code, 1000)
+        reply = yield self.request("GET", "/pty/sessions")
+        self.assertEqual(reply.json(), {"sessions": []})
+
+    @inlineCallbacks
+    def test_reconnect_scrollback_and_offset(self) -> Any:
+        """A new client gets the scrollback; with offset=N only what followed N."""
+        created = yield self.create()
+        sid = created["session_id"]
+        first = yield self.attach(sid)
+        first.type("echo mark''-one\n")
+        yield first.wait_output("mark-one")
+        yield self.hang_up(first)
+        second = yield self.attach(sid)
+        yield second.wait_output("mark-one")
+        second.type("echo mark''-two\n")
+        yield second.wait_output("mark-two")
+        outputs = [m for m in second.messages if is_output(m)]
+        last = outputs[-1]
+        resume_at = last["offset"]
+        third = yield self.attach(sid, offset=str(resume_at))
+        replay = yield third.wait_for(is_output)
+        self.assertEqual(replay["offset"], resume_at)
+        self.assertEqual(replay["data"], last["data"])
+        self.assertNotIn("mark-one", third.output())
+
+    @inlineCallbacks
+    def test_two_clients(self) -> Any:
+        """Two clients at once: both see what either types."""
+        created = yield self.create()
+        one = yield self.attach(created["session_id"])
+        two = yield self.attach(created["session_id"])
+        one.type("echo from''-one\n")
+        yield two.wait_output("from-one")
+        two.type("echo from''-two\n")
+        yield one.wait_output("from-two")
+        reply = yield self.request("GET", f"/pty/sessions/{created['session_id']}")
+        self.assertEqual(reply.json()["clients"], 2)
+
+    @inlineCallbacks
+    def test_list_and_get(self) -> Any:
+        """List and get describe sessions with the fields of SPEC 7.5."""
+        created = yield self.create({"cols": 90, "rows": 30})
+        reply = yield self.request("GET", "/pty/sessions")
+        (session,) = reply.json()["sessions"]
+        self.assertEqual(
+            set(session),
+            {"id", "pid", "created_at", "cols", "rows", "alive", "clients"},
+        )
+        self.assertEqual(
+            (
+                session["id"],
+                session["pid"],
+                session["cols"],
+                session["rows"],
+                session["alive"],
+            ),
+            (created["session_id"], created["pid"], 90, 30, True),
+        )
+        reply = yield self.request("GET", f"/pty/sessions/{created['session_id']}")
+        self.assertEqual(reply.json(), session)
+        reply = yield self.request("GET", "/pty/sessions/nope")
+        self.assertEqual(reply.status, 404)
+
+    @inlineCallbacks
+    def test_delete_ends_whole_session(self) -> Any:
+        """DELETE ends the shell and the jobs it started in their own groups."""
+        created = yield self.create()
+        pid = created["pid"]
+        client = yield self.attach(created["session_id"])
+        client.type("sleep 1000 &\n")
+        found = yield wait_until(lambda: descendants(pid))
+        self.assertTrue(found)
+        job = descendants(pid)[0]
+        reply = yield self.request("DELETE", f"/pty/sessions/{created['session_id']}")
+        self.assertEqual(reply.status, 200)
+        self.assertEqual(
+            reply.json(), {"status": "closed", "session_id": created["session_id"]}
+        )
+        gone = yield wait_until(lambda: not alive(pid) and not alive(job))
+        self.assertTrue(gone)
+        yield client.wait_for(is_exited)
+        reply = yield self.request("DELETE", f"/pty/sessions/{created['session_id']}")
+        self.assertEqual(reply.status, 404)
+
+    @inlineCallbacks
+    def test_shutdown_ends_sessions(self) -> Any:
+        """Stopping the daemon ends every session and closes sockets with 1001."""
+        created = yield self.create()
+        client = yield self.attach(created["session_id"])
+        yield self.daemon.stop()
+        code, _ = yield client.closed
+        self.assertEqual(code, 1001)
+        gone = yield wait_until(lambda: not alive(created["pid"]))
+        self.assertTrue(gone)
+
+
+class RefusalTests(TerminalCase):
+    """What the REST routes and the handshake refuse."""
+
+    @inlineCallbacks
+    def test_bad_dimensions(self) -> Any:
+        """Non-integer cols or rows are 400."""
+        for body in ({"cols": "80"}, {"rows": 2.5}, {"cols": True}, {"rows": 0}):
+            reply = yield self.request("POST", "/pty/sessions", body)
+            self.assertEqual(reply.status, 400, body)
+
+    @inlineCallbacks
+    def test_shell_not_allowed(self) -> Any:
+        """A shell outside params.shells is 403 param_not_allowed."""
+        reply = yield self.request("POST", "/pty/sessions", {"shell": "python3"})
+        self.assertEqual(reply.status, 403)
+        self.assertEqual(reply.json()["code"], "param_not_allowed")
+
+    @inlineCallbacks
+    def test_session_cap(self) -> Any:
+        """The 11th session is 429 RuntimeError too_many_sessions."""
+        for _ in range(10):
+            yield self.create()
+        reply = yield self.request("POST", "/pty/sessions", {})
+        self.assertEqual(reply.status, 429)
+        self.assertEqual(reply.json()["type"], "RuntimeError")
+        self.assertEqual(reply.json()["code"], "too_many_sessions")
+
+    @inlineCallbacks
+    def test_missing_and_unknown_session(self) -> Any:
+        """No session_id, or an unknown one, is closed 1008 with the seed's reason."""
+        client = yield self.attach(None)
+        code, reason = yield client.closed
+        self.assertEqual((code, reason), (1008, "Missing session_id parameter"))
+        client = yield self.attach("nope")
+        code, reason = yield client.closed
+        self.assertEqual((code, reason), (1008, "Unknown session: nope"))
+
+    @inlineCallbacks
+    def test_origin_refused(self) -> Any:
+        """A browser Origin the policy does not allow fails the handshake."""
+        created = yield self.create()
+        d = connect(
+            self.pty_port, created["session_id"], headers={"Origin": "http://evil.test"}
+        )
+        yield self.assertFailure(d, ConnectionError)
+
+    @inlineCallbacks
+    def test_hostile_frames(self) -> Any:
+        """Binary frames, invalid JSON and unknown messages are dropped; the
+        session carries on."""
+        created = yield self.create()
+        client = yield self.attach(created["session_id"])
+        client.sendMessage(b"\x00\x01binary", isBinary=True)
+        client.sendMessage(b"{not json", isBinary=False)
+        client.sendMessage(b"[1, 2]", isBinary=False)
+        client.send_json({"type": "signal", "signal": "SIGSTOP"})
+        client.send_json({"type": "resize", "cols": "wide", "rows": -1})
+        client.send_json({"type": "input", "data": 7})
+        client.sendMessage(
+            json.dumps({"type": "input", "data": "echo frag''mented\n"}).encode(),
+            isBinary=False,
+            fragmentSize=5,
+        )
+        yield client.wait_output("fragmented")
+
+    @inlineCallbacks
+    def test_oversize_message(self) -> Any:
+        """A message over the cap closes that socket (1009); the session lives."""
+        created = yield self.create()
+        client = yield self.attach(created["session_id"])
+        client.send_json({"type": "input", "data": "x" * (1024 * 1024 + 1)})
+        code, _ = yield client.closed
+        self.assertEqual(code, 1009)
+        again = yield self.attach(created["session_id"])
+        again.type("echo still''-here\n")
+        yield again.wait_output("still-here")
+
+    @inlineCallbacks
+    def test_invalid_utf8_text(self) -> Any:
+        """A text frame that is not UTF-8 fails that socket (1007), not the session."""
+        created = yield self.create()
+        client = yield self.attach(created["session_id"])
+        client.sendMessage(b'{"type": "input", "data": "\xff"}', isBinary=False)
+        code, _ = yield client.closed
+        self.assertEqual(code, 1007)
+        reply = yield self.request("GET", f"/pty/sessions/{created['session_id']}")
+        self.assertTrue(reply.json()["alive"])
+
+
+class TokenTests(TerminalCase):
+    """With tokens, the handshake needs credentials and the scope, and only
+    the creator may attach."""
+
+    token = TOKEN
+    policy = {
+        "auth": {
+            "tokens": [
+                {
+                    "id": "other",
+                    "token_sha256": hashlib.sha256(b"other-token").hexdigest(),
+                    "scopes": ["terminal:use"],
+                },
+                {
+                    "id": "reader",
+                    "token_sha256": hashlib.sha256(b"reader-token").hexdigest(),
+                    "scopes": ["files:read"],
+                },
+            ]
+        }
+    }
+
+    @inlineCallbacks
+    def test_credentials_required(self) -> Any:
+        """No token or a wrong one: 401 at the HTTP level."""
+        created = yield self.create()
+        for headers in ({}, {"X-Access-Token": "wrong"}):
+            d = connect(self.pty_port, created["session_id"], headers=headers)
+            yield self.assertFailure(d, ConnectionError)
+
+    @inlineCallbacks
+    def test_header_and_query_token(self) -> Any:
+        """Bearer header or access_token query parameter both attach."""
+        created = yield self.create()
+        client = yield self.attach(
+            created["session_id"], headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        yield client.wait_for(lambda m: m.get("event") == "started")
+        client = yield self.attach(created["session_id"], access_token=TOKEN)
+        yield client.wait_for(lambda m: m.get("event") == "started")
+
+    @inlineCallbacks
+    def test_scope_required(self) -> Any:
+        """A token without terminal:use is refused (403)."""
+        created = yield self.create()
+        d = connect(
+            self.pty_port,
+            created["session_id"],
+            headers={"X-Access-Token": "reader-token"},
+        )
+        yield self.assertFailure(d, ConnectionError)
+
+    @inlineCallbacks
+    def test_only_creator_attaches(self) -> Any:
+        """Another identity sees someone else's session as unknown."""
+        created = yield self.create(token="other-token")
+        sid = created["session_id"]
+        reply = yield self.request("GET", f"/pty/sessions/{sid}")
+        self.assertEqual(reply.status, 200)  # the legacy token holds *
+        theirs = yield self.create()
+        client = yield self.attach(
+            theirs["session_id"], headers={"X-Access-Token": "other-token"}
+        )
+        code, reason = yield client.closed
+        self.assertEqual(
+            (code, reason), (1008, f"Unknown session: {theirs['session_id']}")
+        )
+        reply = yield self.request(
+            "GET", f"/pty/sessions/{theirs['session_id']}", token="other-token"
+        )
+        self.assertEqual(reply.status, 404)
