@@ -1,0 +1,1535 @@
+"""
+What each endpoint takes and gives: query parameters, body fields,
+response fields and the errors particular to it, keyed by endpoint id.
+
+The endpoint table (:mod:`sandboxd.endpoints`) says who may call what; this
+module says what a call looks like, so that ``/openapi.json``
+(:mod:`sandboxd.openapi`) and the API reference (:mod:`sandboxd.apidoc`,
+``docs/api.md``) describe the same request and response.  It is written
+from SPEC §7, §8, §9 and §15 and checked against the handlers by
+``tests/test_docs.py`` (every name a handler reads must be declared here).
+
+Errors every endpoint can give (authentication, policy gate, header and
+body checks of the request pipeline) are :data:`COMMON_ERRORS`; an
+endpoint's own list holds only what its handler adds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+# test-case-name: tests.test_docs
+
+
+@attrs.frozen
+class Field:
+    """
+    One named value: a query parameter, a body field or a response field.
+
+    :ivar type: a JSON type (``string``, ``integer``, ``number``,
+        ``boolean``, ``object``, ``array``) or ``any``.
+    :ivar items: the element type of an ``array``.
+    :ivar default: the value used when the field is absent (None: no
+        default worth stating).
+    :ivar example: a value for generated examples (curl); fields without
+        one are left out of them.
+    :ivar enum: the only accepted values, when there is a closed set.
+    """
+
+    name: str
+    type: str = "string"
+    doc: str = ""
+    required: bool = False
+    default: Any = None
+    example: Any = None
+    items: str | None = None
+    enum: tuple[Any, ...] = ()
+
+
+@attrs.frozen
+class ErrorCase:
+    """An error an endpoint answers with: status, ``code``, and when."""
+
+    status: int
+    code: str
+    when: str
+    type: str = ""
+
+
+@attrs.frozen
+class Event:
+    """One SSE event name and the JSON its ``data:`` line carries."""
+
+    name: str
+    data: str
+
+
+@attrs.frozen
+class Schema:
+    """
+    The request and response of one endpoint.
+
+    :ivar produces: ``json``, ``sse`` (an event stream; ``events`` lists
+        its event names), ``binary`` (raw bytes) or ``websocket``.
+    :ivar status: the success status (201/202 for creating routes).
+    :ivar raw_body: the request body is raw bytes, not JSON.
+    :ivar open_body: the JSON body is free-form (a command's arguments):
+        any name is accepted, so no field list can be complete.
+    """
+
+    summary: str = ""
+    query: tuple[Field, ...] = ()
+    body: tuple[Field, ...] = ()
+    headers: tuple[Field, ...] = ()
+    response: tuple[Field, ...] = ()
+    errors: tuple[ErrorCase, ...] = ()
+    events: tuple[Event, ...] = ()
+    produces: str = "json"
+    status: int = 200
+    raw_body: bool = False
+    open_body: bool = False
+    notes: str = ""
+
+
+F = Field
+E = ErrorCase
+
+#: Path parameters by name (they are always required and one segment).
+PATH_PARAMS: dict[str, Field] = {
+    "name": F("name", doc="the command's name", example="hello"),
+    "pid": F("pid", "integer", "a managed process's pid", example="$PID"),
+    "id": F("id", doc="a terminal session id", example="$SESSION"),
+    "agent": F("agent", doc="a catalogue id (claude, codex, ...)", example="claude"),
+    "sid": F("sid", doc="an agent session id", example="$SID"),
+    "turn_id": F("turn_id", doc="a turn id", example="$TURN"),
+    "request_id": F("request_id", doc="a held request id", example="$REQUEST"),
+    "tool_call_id": F("tool_call_id", doc="a tool call id", example="$TOOL_CALL"),
+    "terminal_id": F("terminal_id", doc="an agent terminal id", example="$TERMINAL"),
+}
+
+#: Errors any endpoint can give, decided before its handler runs (SPEC §3-§6).
+COMMON_ERRORS: tuple[ErrorCase, ...] = (
+    E(400, "invalid_path", "the request path holds %2F, %00, empty or dot segments"),
+    E(400, "duplicate_parameter", "a query parameter is given twice"),
+    E(400, "transfer_encoding_not_allowed", "any Transfer-Encoding request header"),
+    E(400, "ambiguous_credentials", "two different tokens are presented"),
+    E(401, "unauthorized", "a token is required and is missing or wrong", "AuthError"),
+    E(403, "missing_scope", "the token lacks a scope the endpoint needs"),
+    E(403, "origin_not_allowed", "an Origin header not in allowed_origins"),
+    E(403, "host_not_allowed", "local mode and a Host that is not loopback"),
+    E(404, "endpoint_disabled", "the policy switched the endpoint off (see rule)"),
+    E(429, "rate_limited", "over rate_per_minute (retry_after, Retry-After)"),
+    E(429, "concurrency_limited", "over max_concurrency requests in flight"),
+    E(500, "internal", "the handler failed (a message, never a traceback)"),
+)
+
+#: Further errors of every endpoint with a JSON body (POST, DELETE).
+BODY_ERRORS: tuple[ErrorCase, ...] = (
+    E(400, "invalid_json", "the body is not JSON, or not an object"),
+    E(413, "payload_too_large", "the body is over max_request_bytes"),
+)
+
+_GUARD = (
+    E(400, "invalid_param", "a missing path, or one holding NUL"),
+    E(
+        403,
+        "path_not_allowed",
+        "outside base_dir or paths.allow, or a link leading out",
+    ),
+    E(403, "path_denied", "matches paths.deny"),
+    E(403, "symlink_denied", "a symlink under symlinks: deny"),
+)
+_WRITE_GUARD = (*_GUARD, E(403, "read_only", "below a paths.read_only entry"))
+_WRITE = (
+    E(403, "param_not_allowed", "extension or overwrite refused by params"),
+    E(
+        409,
+        "file_exists",
+        "the target exists and overwrite is false",
+        "FileExistsError",
+    ),
+    E(412, "precondition_failed", "If-Match names a version the file no longer has"),
+    E(413, "payload_too_large", "the file is over max_bytes"),
+    E(
+        507,
+        "insufficient_storage",
+        "the disk filled up; nothing was written",
+        "OSError",
+    ),
+)
+_ETAG = F("etag", doc="the file's version, for If-Match")
+_IF_MATCH = F("if_match", doc="write only if the file still has this ETag")
+
+# Fields of every request that starts a child (SPEC §7.4).
+_CHILD = (
+    F("cwd", doc="working directory (guarded; default base_dir)"),
+    F("env", "object", "extra environment variables (strings)"),
+    F("user", "any", "run as this user (name or uid) when the daemon is root"),
+    F("idle_timeout", "number", "seconds without output before the group is killed"),
+)
+_COMMAND = (
+    F(
+        "command",
+        doc="the command line (shlex-split, no shell)",
+        required=True,
+        example="ls -la",
+    ),
+    F("shell", doc="run as [shell, -c, command] (params.shells)", enum=("bash", "sh")),
+)
+_CHILD_ERRORS = (
+    E(400, "invalid_param", "bad command, cwd, env, user or timeout"),
+    E(403, "param_not_allowed", "command, shell or user refused by params"),
+    *_GUARD[1:],
+    E(503, "unavailable", "the daemon is shutting down"),
+)
+_RESUME = (
+    F("after", "integer", "resume after this seq (else Last-Event-ID)", default=0),
+)
+_LAST_EVENT_ID = F("Last-Event-ID", "integer", "the standard SSE resume header")
+_GAP = Event("gap", '{"from", "to"}: events already dropped, sent first')
+_PROC_FIELDS = (
+    F("pid", "integer"),
+    F("command"),
+    F("tag", doc="the label given at start, or null"),
+    F("state", enum=("running", "exited")),
+    F("started_at", "number", "Unix time"),
+    F("exit_code", "integer", "null while running; -N when killed by signal N"),
+    F("stdin", "boolean", "whether a stdin pipe is open"),
+)
+_PTY_SESSION = (
+    F("id"),
+    F("pid", "integer"),
+    F("created_at", "number", "Unix time"),
+    F("cols", "integer"),
+    F("rows", "integer"),
+    F("alive", "boolean"),
+    F("clients", "integer", "WebSockets attached now"),
+)
+_SID_404 = E(404, "not_found", "no such agent session")
+_BROWSER = (
+    E(
+        403,
+        "param_not_allowed",
+        "a URL refused by url_allow/url_deny/schemes/private networks",
+    ),
+    E(429, "rate_limited", "too many calls queued for the shared page"),
+    E(503, "unavailable", "Playwright or Chromium is not installed", "RuntimeError"),
+)
+_TIMEOUT_MS = F("timeout", "integer", "milliseconds")
+
+
+def _timeout(default: int) -> Field:
+    return F("timeout", "integer", "milliseconds", default=default)
+
+
+SCHEMAS: dict[str, Schema] = {
+    # -- core ------------------------------------------------------------------
+    "health": Schema(
+        response=(F("status", doc='always "ok"'),),
+        notes="Never needs a token; the probe behind `sandboxd healthcheck`.",
+    ),
+    "capabilities": Schema(
+        response=(
+            F("groups", "object", "{group: bool}: at least one endpoint enabled (v1)"),
+            F("api_version", "integer", "2"),
+            F("server_version"),
+            F("identity", "object", "{id, scopes} of the caller"),
+            F("policy", "object", "{preset, revision}"),
+            F("group_summary", "object", "{group: {enabled, total}}"),
+            F(
+                "endpoints",
+                "object",
+                "{id: {method, path, group, summary, streaming, "
+                "enabled, allowed, reason, rule, scopes, limits, paths, params}}",
+            ),
+            F("warnings", "array", items="string"),
+        ),
+    ),
+    "capabilities_check": Schema(
+        body=(
+            F(
+                "endpoint",
+                doc="the endpoint id to decide",
+                required=True,
+                example="shell",
+            ),
+            F("path", doc="one path to decide", example="notes.txt"),
+            F("paths", "array", "more paths to decide", items="string"),
+            F(
+                "op",
+                doc="the operation on the paths (default: the endpoint's)",
+                enum=("read", "write", "delete"),
+            ),
+            F(
+                "scopes",
+                "array",
+                "decide as if the caller held these scopes",
+                items="string",
+            ),
+            F(
+                "params",
+                "object",
+                "request params to decide: command, shell, language, signal",
+            ),
+            F("command", doc="for commands_run: the command name (commands:run:NAME)"),
+        ),
+        response=(
+            F("endpoint"),
+            F("allowed", "boolean"),
+            F("code", doc="why not, when not allowed"),
+            F("rule", doc="the rule behind the refusal"),
+            F("reason"),
+            F("scope", doc="the missing scope"),
+            F("param", doc="the refused param"),
+            F("paths", "array", "[{path, allowed, code?, rule?}]", items="object"),
+        ),
+        errors=(
+            E(400, "invalid_param", "unknown endpoint id, bad op, scopes or params"),
+        ),
+        notes="Policy only: never touches the file system, so the answer for a "
+        "path is the same whether or not it exists.",
+    ),
+    "openapi": Schema(
+        response=(
+            F("openapi", doc='"3.1.0"'),
+            F("info", "object"),
+            F("paths", "object", "every endpoint, enabled or not (x-sandboxd-enabled)"),
+            F("components", "object"),
+        ),
+    ),
+    # -- commands --------------------------------------------------------------
+    "commands_list": Schema(
+        response=(
+            F(
+                "commands",
+                "array",
+                "[{name, description, args: [{name, type, required, "
+                "default, description}]}]; hidden ones and those the caller may not "
+                "run are left out",
+                items="object",
+            ),
+        ),
+    ),
+    "commands_run": Schema(
+        body=(F("*", "any", "the command's arguments by name", example=None),),
+        open_body=True,
+        response=(F("result", "any", "what the command returned"),),
+        errors=(
+            E(
+                400,
+                "invalid_param",
+                "a required argument is missing, undeclared or uncoercible",
+            ),
+            E(
+                403,
+                "missing_scope",
+                "the command's own scopes (or commands:run:NAME) are lacking",
+            ),
+            E(
+                404,
+                "not_found",
+                "unknown command; the message lists the available ones",
+            ),
+            E(500, "internal", "the command raised; type is its exception's name"),
+        ),
+        notes="Arguments are coerced to the declared types: string, integer, float, "
+        "boolean (true/false/yes/no/1/0).",
+    ),
+    # -- file_ops --------------------------------------------------------------
+    "upload": Schema(
+        body=(
+            F("path", required=True, example="hello.txt"),
+            F("content_base64", required=True, example="aGVsbG8K"),
+            F("overwrite", "boolean", default=True),
+            F("mode", doc='octal permissions, e.g. "644"'),
+            _IF_MATCH,
+        ),
+        response=(F("path", doc="absolute"), F("bytes", "integer"), _ETAG),
+        errors=(*_WRITE_GUARD, *_WRITE),
+        notes="Parent directories are created. The file is written to a temporary "
+        "name and renamed, so it lands whole or not at all.",
+    ),
+    "download": Schema(
+        query=(F("path", required=True, example="hello.txt"),),
+        response=(F("path"), F("content_base64"), _ETAG),
+        errors=(
+            *_GUARD,
+            E(400, "invalid_param", "the path is a directory"),
+            E(404, "not_found", "no such file", "FileNotFoundError"),
+            E(413, "payload_too_large", "the file is over max_bytes"),
+        ),
+    ),
+    "files_list": Schema(
+        query=(
+            F("path", doc="default: base_dir", example="."),
+            F("depth", "integer", "1..10", default=1),
+            F("hidden", "boolean", "include dot files", default=True),
+        ),
+        response=(
+            F("path", doc="the directory listed"),
+            F(
+                "entries",
+                "array",
+                "[{name, path, type: file|directory|symlink, size, "
+                "modified (ISO 8601 UTC)}]",
+                items="object",
+            ),
+            F("truncated", "boolean", "max_entries (10000) was reached"),
+        ),
+        errors=(*_GUARD, E(404, "not_found", "no such directory", "FileNotFoundError")),
+        notes="Entries the guard refuses, and links leading out of the boundary, are skipped.",
+    ),
+    "files_stat": Schema(
+        query=(F("path", required=True, example="hello.txt"),),
+        response=(
+            F("name"),
+            F("path"),
+            F("type", enum=("file", "directory", "symlink", "unknown")),
+            F("size", "integer"),
+            F("permissions", doc='octal, e.g. "644"'),
+            F("modified", doc="ISO 8601 UTC"),
+            F("exists", "boolean"),
+            F("etag", doc="regular files only"),
+        ),
+        errors=_GUARD,
+        notes="A missing path inside the boundary is 200 with exists: false.",
+    ),
+    "files_mkdir": Schema(
+        body=(F("path", required=True, example="project/src"),),
+        response=(F("path"), F("created", "boolean")),
+        errors=_WRITE_GUARD,
+        notes="Parents are created; an existing directory is fine.",
+    ),
+    "files_delete": Schema(
+        query=(F("path", required=True, example="project/build"),),
+        body=(F("path", doc="accepted here too, for clients that send a body"),),
+        response=(F("path"), F("deleted", "boolean")),
+        errors=(
+            *_WRITE_GUARD,
+            E(403, "path_not_allowed", "the base dir itself"),
+            E(404, "not_found", "no such path", "FileNotFoundError"),
+        ),
+        notes="Directories are removed recursively; a link is removed, not its target.",
+    ),
+    "files_move": Schema(
+        body=(
+            F("source", required=True, example="a.txt"),
+            F("destination", required=True, example="b.txt"),
+            F("overwrite", "boolean", default=False),
+        ),
+        response=(F("source"), F("destination")),
+        errors=(
+            *_WRITE_GUARD,
+            E(403, "param_not_allowed", "overwrite refused by params.overwrite"),
+            E(404, "not_found", "no such source", "FileNotFoundError"),
+            E(409, "file_exists", "the destination exists and overwrite is false"),
+        ),
+        notes='Messages are prefixed "source:" or "destination:". Into a directory '
+        "when the destination is one.",
+    ),
+    "files_search": Schema(
+        body=(
+            F("path", doc="default: base_dir"),
+            F(
+                "pattern",
+                doc="fnmatch on names, recursive",
+                required=True,
+                example="*.py",
+            ),
+            F("max_results", "integer", "at most max_entries", default=1000),
+        ),
+        response=(
+            F("results", "array", "[{name, path}]", items="object"),
+            F("timed_out", "boolean", "the 10 s walk limit (timeout_seconds) ran out"),
+            F("truncated", "boolean"),
+        ),
+        errors=(*_GUARD, E(400, "invalid_param", "a pattern over 1024 characters")),
+    ),
+    "files_upload_stream": Schema(
+        body=(
+            F("path", required=True, example="data.bin"),
+            F("content_base64", required=True, example="aGVsbG8K"),
+            F("overwrite", "boolean", default=True),
+            F("mode", doc='octal permissions, e.g. "644"'),
+            _IF_MATCH,
+        ),
+        response=(F("path"), F("bytes", "integer"), _ETAG),
+        errors=(*_WRITE_GUARD, *_WRITE),
+        notes="Decoded in chunks into a temporary file in the target directory and "
+        "renamed into place: a failed or oversize upload leaves the old file intact. "
+        "Cap: ABX_MAX_UPLOAD_SIZE or max_bytes (100 MB).",
+    ),
+    "files_download_stream": Schema(
+        query=(F("path", required=True, example="data.bin"),),
+        response=(F("path"), _ETAG, F("content_base64"), F("bytes", "integer")),
+        errors=(
+            *_GUARD,
+            E(404, "not_found", "no such file", "FileNotFoundError"),
+            E(413, "payload_too_large", "the file is over max_bytes"),
+        ),
+        notes="The JSON is written as the file is read; `bytes` comes last.",
+    ),
+    "files_archive": Schema(
+        body=(
+            F(
+                "paths",
+                "array",
+                "files and directories to pack",
+                required=True,
+                items="string",
+                example=["project"],
+            ),
+            F("format", enum=("tar.gz", "zip"), default="tar.gz", example="tar.gz"),
+        ),
+        response=(F("content_base64"), F("format"), F("bytes", "integer")),
+        errors=(
+            *_GUARD,
+            E(400, "invalid_param", "empty paths or an unknown format"),
+            E(
+                413,
+                "payload_too_large",
+                "over max_entries (10000 files) or max_bytes (100 MB)",
+            ),
+        ),
+        notes="Members are stored relative to base_dir; symlinks are stored as links, "
+        "never followed out of the boundary.",
+    ),
+    "files_extract": Schema(
+        body=(
+            F("content_base64", required=True, example="$(base64 -w0 project.tar.gz)"),
+            F("destination", required=True, example="project"),
+            F("format", enum=("tar.gz", "zip"), default="tar.gz", example="tar.gz"),
+            F("overwrite", "boolean", default=False),
+        ),
+        response=(F("destination"), F("files", "integer"), F("bytes", "integer")),
+        errors=(
+            *_WRITE_GUARD,
+            E(400, "invalid_param", "bad base64, unknown format or a broken archive"),
+            E(
+                403,
+                "path_not_allowed",
+                "a member would land outside the destination "
+                "(absolute, .., links out, devices); nothing is written",
+            ),
+            E(409, "file_exists", "a member exists and overwrite is false"),
+            E(413, "payload_too_large", "over max_entries or max_bytes"),
+            E(
+                507,
+                "insufficient_storage",
+                "the disk filled up; what was written is removed",
+            ),
+        ),
+    ),
+    "files_read_raw": Schema(
+        query=(F("path", required=True, example="data.bin"),),
+        headers=(
+            F("Range", doc="one byte range: bytes=START-END"),
+            F("If-None-Match", doc="an ETag: 304 when unchanged"),
+            F("If-Range", doc="an ETag: the Range applies only while it matches"),
+        ),
+        produces="binary",
+        response=(
+            F("ETag", doc="header"),
+            F("Last-Modified", doc="header"),
+            F("Content-Length", doc="header"),
+            F("Content-Range", doc="header, on 206"),
+        ),
+        errors=(
+            *_GUARD,
+            E(404, "not_found", "no such file", "FileNotFoundError"),
+            E(
+                413,
+                "payload_too_large",
+                "the file is over max_bytes (when the policy sets one)",
+            ),
+            E(416, "invalid_param", "the range is not satisfiable"),
+        ),
+        notes="application/octet-stream, streamed by a producer, never held in memory; "
+        "206 for a Range, 304 for a matching If-None-Match.",
+    ),
+    "files_write_raw": Schema(
+        query=(
+            F("path", required=True, example="data.bin"),
+            F("overwrite", "boolean", default=True),
+            F("mode", doc='octal permissions, e.g. "644"'),
+        ),
+        headers=(
+            F(
+                "Content-Length",
+                "integer",
+                "required: the upload is refused from it when over max_bytes",
+            ),
+            F("If-Match", doc="write only if the file still has this ETag"),
+        ),
+        raw_body=True,
+        response=(F("path"), F("bytes", "integer"), F("sha256"), _ETAG),
+        errors=(*_WRITE_GUARD, *_WRITE),
+        notes="The raw body is written as it arrives and renamed into place: the fast "
+        "path for large files (no base64, no JSON).",
+    ),
+    "files_watch": Schema(
+        query=(
+            F("path", doc="default: base_dir", example="."),
+            F("recursive", "boolean", default=False),
+            *_RESUME,
+        ),
+        headers=(_LAST_EVENT_ID,),
+        produces="sse",
+        events=(
+            Event("created", '{"event", "path", "type"}'),
+            Event("modified", '{"event", "path", "type"}'),
+            Event("deleted", '{"event", "path", "type"}'),
+            Event("moved", '{"event", "path", "type", "dest"}'),
+            _GAP,
+        ),
+        errors=(*_GUARD, E(404, "not_found", "no such directory")),
+        notes="inotify, debounced; events for paths the caller may not see are dropped. "
+        "Resumable: see docs/protocols.md.",
+    ),
+    # -- process ---------------------------------------------------------------
+    "shell": Schema(
+        body=(*_COMMAND, *_CHILD, F("timeout", "number", "seconds", default=300)),
+        response=(
+            F("stdout"),
+            F("stderr"),
+            F("exit_code", "integer", "-N when killed by signal N"),
+            F(
+                "truncated",
+                "boolean",
+                "output went over max_output_bytes (head and tail kept)",
+            ),
+            F("dropped_bytes", "integer"),
+        ),
+        errors=(
+            *_CHILD_ERRORS,
+            E(
+                500,
+                "timeout",
+                "past timeout: the group was killed (output so far included)",
+                "TimeoutError",
+            ),
+            E(
+                500,
+                "idle_timeout",
+                "no output for idle_timeout seconds",
+                "TimeoutError",
+            ),
+        ),
+        notes="stdin is /dev/null. Output per stream is capped at max_output_bytes "
+        "(10 MiB), keeping head and tail.",
+    ),
+    "shell_stream": Schema(
+        body=(*_COMMAND, *_CHILD, F("timeout", "number", "seconds", default=300)),
+        produces="sse",
+        events=(
+            Event("stdout", '{"data": one line without its newline}'),
+            Event("stderr", '{"data": one line without its newline}'),
+            Event("error", '{"error", "type"}: TimeoutError, sent before exit'),
+            Event("exit", '{"exit_code"}: always last'),
+        ),
+        errors=_CHILD_ERRORS,
+        notes="stdout and stderr are interleaved in the order produced. Not resumable: "
+        "a client that disconnects kills the child's group. Invalid requests get a "
+        "JSON error, not a stream.",
+    ),
+    "process_start": Schema(
+        body=(
+            *_COMMAND,
+            *_CHILD,
+            F("stdin", "boolean", "keep a stdin pipe for process_stdin", default=False),
+            F("tag", doc="a free label; process_list filters on it"),
+            F("timeout", "number", "seconds (default: none)"),
+        ),
+        response=(F("pid", "integer"), F("command"), F("tag")),
+        errors=(
+            *_CHILD_ERRORS,
+            E(
+                429,
+                "too_many_processes",
+                "max_processes (100) are running",
+                "ResourceError",
+            ),
+        ),
+    ),
+    "process_list": Schema(
+        query=(F("tag", doc="only processes with this tag"),),
+        response=(
+            F(
+                "processes",
+                "array",
+                "[{" + ", ".join(f.name for f in _PROC_FIELDS) + "}]",
+                items="object",
+            ),
+        ),
+        notes="Exited processes stay listed (the 100 most recent).",
+    ),
+    "process_get": Schema(
+        response=_PROC_FIELDS,
+        errors=(
+            E(400, "invalid_param", "pid is not a positive integer"),
+            E(404, "not_found", "not a process this daemon manages", "NotFoundError"),
+        ),
+    ),
+    "process_signal": Schema(
+        body=(
+            F(
+                "signal",
+                "any",
+                "a number or a name (TERM, SIGINT)",
+                required=True,
+                example=15,
+            ),
+        ),
+        response=(F("pid", "integer"), F("signal", "integer")),
+        errors=(
+            E(400, "invalid_param", "pid or signal malformed"),
+            E(
+                400,
+                "signal_not_allowed",
+                "outside params.allowed_signals (2, 9, 15, 18, 20)",
+            ),
+            E(
+                403,
+                "param_not_allowed",
+                "pid 1 or the daemon itself",
+                "PermissionError",
+            ),
+            E(404, "not_found", "not managed, or already exited", "NotFoundError"),
+        ),
+        notes="Sent to the process group (and descendants that left it).",
+    ),
+    "process_output": Schema(
+        query=(
+            *_RESUME,
+            F(
+                "follow",
+                "boolean",
+                "stream as SSE instead of one page",
+                default=False,
+                example="true",
+            ),
+        ),
+        headers=(_LAST_EVENT_ID,),
+        response=(
+            F("pid", "integer"),
+            F("state"),
+            F("exit_code", "integer"),
+            F(
+                "events",
+                "array",
+                "[{seq, stream: stdout|stderr, data}]",
+                items="object",
+            ),
+            F("next", "integer", "the last seq returned (or after)"),
+            F("dropped_bytes", "integer"),
+        ),
+        produces="json",
+        events=(
+            Event("stdout", '{"data": a chunk as read}'),
+            Event("stderr", '{"data": a chunk as read}'),
+            Event("exit", '{"exit_code"}'),
+            _GAP,
+        ),
+        errors=(
+            E(400, "invalid_param", "pid, after or follow malformed"),
+            E(404, "not_found", "not a process this daemon manages", "NotFoundError"),
+        ),
+        notes="follow=true answers SSE with the stream contract (id: SEQ, "
+        "Last-Event-ID, gap, exit last); see docs/protocols.md.",
+    ),
+    "process_stdin": Schema(
+        body=(
+            F("data", doc="text to write", default="", example="hello\n"),
+            F("eof", "boolean", "close stdin after writing", default=False),
+        ),
+        response=(F("pid", "integer"), F("bytes", "integer")),
+        errors=(
+            E(400, "invalid_param", "pid, data or eof malformed"),
+            E(
+                400,
+                "stdin_closed",
+                'no stdin pipe (start with "stdin": true) or closed',
+            ),
+            E(404, "not_found", "not managed, or exited", "NotFoundError"),
+            E(429, "rate_limited", "the process is not reading (4 MiB queued)"),
+        ),
+    ),
+    # -- terminal --------------------------------------------------------------
+    "pty_create": Schema(
+        body=(
+            F("cols", "integer", default=80, example=120),
+            F("rows", "integer", default=24, example=40),
+            F("shell", doc="one of params.shells; default $SHELL, bash or sh"),
+            F("cwd", doc="working directory (guarded; default base_dir)"),
+            F("env", "object", "extra environment variables"),
+            F("user", "any", "run as this user when the daemon is root"),
+        ),
+        response=(
+            F("session_id"),
+            F("ws_url", doc="ws://HOST:PTY_PORT/pty?session_id=ID"),
+            F("pid", "integer"),
+        ),
+        errors=(
+            E(400, "invalid_param", "cols/rows not integers in range, bad env or user"),
+            E(403, "param_not_allowed", "shell or user refused by params"),
+            *_GUARD[1:],
+            E(429, "too_many_sessions", "max_sessions (10) are open", "RuntimeError"),
+            E(500, "internal", "the PTY could not be created", "OSError"),
+        ),
+        notes="TERM=xterm-256color; the shell runs in its own session. Closed after "
+        "idle_timeout_seconds (1800) with no client and no I/O.",
+    ),
+    "pty_list": Schema(
+        response=(
+            F(
+                "sessions",
+                "array",
+                "[{id, pid, created_at, cols, rows, alive, clients}]",
+                items="object",
+            ),
+        ),
+        notes="Only the caller's sessions (all of them for a * identity); dead ones "
+        "are reaped first.",
+    ),
+    "pty_get": Schema(
+        response=_PTY_SESSION,
+        errors=(E(404, "not_found", "no such session (or another identity's)"),),
+    ),
+    "pty_resize": Schema(
+        body=(
+            F("cols", "integer", required=True, example=132),
+            F("rows", "integer", required=True, example=43),
+        ),
+        response=_PTY_SESSION,
+        errors=(
+            E(400, "invalid_param", "cols/rows missing or out of range"),
+            E(404, "not_found", "no such session"),
+        ),
+    ),
+    "pty_delete": Schema(
+        response=(F("status", doc='"closed"'), F("session_id")),
+        errors=(E(404, "not_found", "no such session"),),
+        notes="Answers once the shell's whole process tree has ended.",
+    ),
+    "pty_connect": Schema(
+        query=(
+            F("session_id", required=True, example="$SESSION"),
+            F("offset", "integer", "replay only output after this byte offset"),
+            F("access_token", doc="the token, for browsers (they cannot set headers)"),
+        ),
+        produces="websocket",
+        errors=(
+            E(401, "unauthorized", "handshake refused: token missing or wrong"),
+            E(403, "missing_scope", "handshake refused: scope, Origin or Host"),
+            E(404, "endpoint_disabled", "handshake refused: pty_connect is off"),
+        ),
+        notes="On the PTY port (9001), not the HTTP port. Close 1008 for a missing or "
+        "unknown session_id, 4008 for a client too slow to read. Messages: "
+        "docs/protocols.md.",
+    ),
+    # -- system ----------------------------------------------------------------
+    "system_info": Schema(
+        response=(
+            F("os"),
+            F("arch"),
+            F("cpu_count", "integer"),
+            F("memory_total_mb", "integer"),
+            F("memory_available_mb", "integer"),
+            F("disk_total_gb", "number"),
+            F("disk_free_gb", "number"),
+            F("python_version"),
+            F("hostname"),
+            F("memory_source", doc="cgroup or host: where memory figures came from"),
+            F("cpu_source", doc="cgroup or host"),
+            F("cpu_limit", "number", "a fractional CPU quota, or null"),
+        ),
+        notes="Disk is the base dir's file system; memory and CPU are the container's "
+        "limits when it has them.",
+    ),
+    "env_get": Schema(
+        query=(F("filter", doc="comma-separated names", example="PATH,LANG"),),
+        response=(F("variables", "object", "{name: value}"),),
+        notes="Names holding TOKEN, SECRET, KEY, PASSWORD or CREDENTIAL (any case), "
+        "ABX_SERVER_*, token_env names and params.env_deny are never returned.",
+    ),
+    "env_set": Schema(
+        body=(
+            F(
+                "vars",
+                "object",
+                "{name: value}",
+                required=True,
+                example={"LANG": "C.UTF-8"},
+            ),
+        ),
+        response=(F("updated", "array", "sorted names", items="string"),),
+        errors=(
+            E(
+                400,
+                "invalid_param",
+                "not an object, an empty name, = or NUL in a name, NUL in a value",
+            ),
+            E(
+                403,
+                "protected_variable",
+                "PATH, HOME, USER, SHELL, ABX_SERVER_*, token_env "
+                "names, deny_vars or outside allow_vars (variable names it)",
+            ),
+        ),
+        notes="All or nothing. Later children inherit the variables.",
+    ),
+    "ports": Schema(
+        response=(
+            F(
+                "listening",
+                "array",
+                "[{port, protocol: tcp|tcp6, address, pid}]",
+                items="object",
+            ),
+        ),
+        notes="From /proc/net/tcp{,6}; pid is null where the owner's fds are unreadable.",
+    ),
+    "packages": Schema(
+        query=(F("manager", enum=("pip", "npm"), default="pip", example="pip"),),
+        response=(
+            F("manager"),
+            F("packages", "array", "[{name, version}] sorted by name", items="object"),
+            F("interpreter", doc="the program that answered, or null"),
+        ),
+        errors=(
+            E(400, "invalid_param", "another manager"),
+            E(500, "internal", "the tool timed out (TimeoutError) or failed"),
+        ),
+        notes="A missing tool is an empty list.",
+    ),
+    "system_metrics": Schema(
+        response=(
+            F("cpu_load_1m", "number"),
+            F("cpu_load_5m", "number"),
+            F("cpu_load_15m", "number"),
+            F("memory_used_mb", "integer"),
+            F("memory_total_mb", "integer"),
+            F("memory_percent", "number"),
+            F("disk_used_gb", "number"),
+            F("disk_total_gb", "number"),
+            F("disk_percent", "number"),
+            F("uptime_seconds", "number", "since the daemon started"),
+            F("memory_source"),
+        ),
+    ),
+    # -- dev_tools -------------------------------------------------------------
+    "code_run": Schema(
+        body=(
+            F(
+                "language",
+                enum=("python", "node", "bash"),
+                required=True,
+                example="python",
+            ),
+            F("code", required=True, example="print(6 * 7)"),
+            F("timeout", "number", "seconds", default=30),
+            *_CHILD,
+        ),
+        response=(
+            F("stdout"),
+            F("stderr"),
+            F("exit_code", "integer"),
+            F("language"),
+            F("execution_time_ms", "number"),
+        ),
+        errors=(
+            E(400, "invalid_param", "bad language, code, cwd, env or timeout"),
+            E(403, "param_not_allowed", "language outside params.languages"),
+            *_GUARD[1:],
+            E(408, "timeout", "past timeout: the group was killed", "TimeoutError"),
+            E(500, "internal", "the runtime is missing", "FileNotFoundError"),
+        ),
+    ),
+    "git_status": Schema(
+        query=(F("path", doc="the repository", default=".", example="."),),
+        response=(
+            F("branch"),
+            F("clean", "boolean"),
+            F("ahead", "integer"),
+            F("behind", "integer"),
+            F(
+                "files",
+                "array",
+                "[{path, status: modified|added|deleted|renamed|untracked|"
+                "copied|unmerged}]",
+                items="object",
+            ),
+        ),
+        errors=(
+            *_GUARD,
+            E(400, "invalid_param", ".. in path, or git failed (GitError)"),
+            E(408, "timeout", "git ran past its limit", "TimeoutError"),
+            E(500, "internal", "git is not installed"),
+        ),
+        notes="git runs with repository-configured commands disabled (fsmonitor, "
+        "external diff, textconv, hooks).",
+    ),
+    "git_diff": Schema(
+        query=(
+            F("path", doc="the repository", default=".", example="."),
+            F("staged", "boolean", default=False),
+            F("file", doc="limit the diff to one file"),
+        ),
+        response=(
+            F("diff", doc='truncated at 1 MB with "... (truncated at 1MB)"'),
+            F("stats", "object", "{files_changed, insertions, deletions}"),
+        ),
+        errors=(
+            *_GUARD,
+            E(400, "invalid_param", ".. in path, or git failed (GitError)"),
+            E(408, "timeout", "git ran past its limit", "TimeoutError"),
+            E(500, "internal", "git is not installed"),
+        ),
+    ),
+    # -- browser ---------------------------------------------------------------
+    "browser_navigate": Schema(
+        body=(
+            F("url", required=True, example="https://example.com"),
+            F(
+                "wait_until",
+                enum=("load", "domcontentloaded", "networkidle", "commit"),
+                default="load",
+            ),
+            _timeout(30000),
+        ),
+        response=(F("url"), F("title"), F("status", "integer")),
+        errors=(E(400, "invalid_param", "bad url, wait_until or timeout"), *_BROWSER),
+        notes="Only http and https unless the policy allows another scheme; with "
+        "block_private_networks the resolved address is checked (also on redirects).",
+    ),
+    "browser_screenshot": Schema(
+        body=(
+            F("full_page", "boolean", default=False),
+            F("selector", doc="an element to capture"),
+            F("type", enum=("png", "jpeg"), default="png"),
+            F("quality", "integer", "jpeg only, 0..100"),
+            _timeout(30000),
+        ),
+        response=(F("image_base64"), F("width", "integer"), F("height", "integer")),
+        errors=(E(400, "invalid_param", "bad type, quality or timeout"), *_BROWSER),
+    ),
+    "browser_content": Schema(
+        query=(
+            F("type", enum=("html", "text"), default="html", example="text"),
+            F("timeout", "integer", "milliseconds", default=30000),
+        ),
+        response=(F("content"), F("url"), F("title")),
+        errors=(E(400, "invalid_param", "bad type"), *_BROWSER),
+    ),
+    "browser_click": Schema(
+        body=(F("selector", required=True, example="button#submit"), _timeout(5000)),
+        response=(F("clicked", "boolean"), F("selector")),
+        errors=(E(400, "invalid_param", "missing selector"), *_BROWSER),
+    ),
+    "browser_type": Schema(
+        body=(
+            F("selector", required=True, example="input[name=q]"),
+            F("text", required=True, example="sandboxd"),
+            F("delay", "number", "milliseconds between keys", default=0),
+            _timeout(5000),
+        ),
+        response=(F("typed", "boolean"), F("selector"), F("text")),
+        errors=(
+            E(400, "invalid_param", "missing selector or text, or too slow to type"),
+            *_BROWSER,
+        ),
+    ),
+    "browser_evaluate": Schema(
+        body=(F("script", required=True, example="document.title"), _timeout(10000)),
+        response=(F("result", "any"),),
+        errors=(E(400, "invalid_param", "missing script"), *_BROWSER),
+    ),
+    "browser_pdf": Schema(
+        body=(
+            F("format", doc="paper: Letter, Legal, A0..A6 ...", default="A4"),
+            F("landscape", "boolean", default=False),
+            _timeout(30000),
+        ),
+        response=(F("pdf_base64"), F("pages", "integer")),
+        errors=(E(400, "invalid_param", "unknown format"), *_BROWSER),
+    ),
+    "browser_console": Schema(
+        query=(F("timeout", "integer", "milliseconds", default=5000),),
+        response=(F("logs", "array", "[{type, text, timestamp}]", items="object"),),
+        errors=_BROWSER,
+        notes="The buffer (1000 entries) is cleared by each read.",
+    ),
+    # -- agents ----------------------------------------------------------------
+    "agents_catalog": Schema(
+        response=(
+            F(
+                "agents",
+                "array",
+                "[{id, name, source: builtin|policy, enabled, "
+                "allowed, installed, version, command, env_required, env_present, "
+                "auth_method, install: {package, version}}]",
+                items="object",
+            ),
+        ),
+    ),
+    "agents_catalog_get": Schema(
+        query=(
+            F(
+                "probe",
+                "boolean",
+                "run initialize on a short-lived agent",
+                default=False,
+            ),
+        ),
+        response=(
+            F("id"),
+            F("name"),
+            F("installed", "boolean"),
+            F("protocol_version", "integer", "with probe"),
+            F("agent_info", "object", "with probe"),
+            F("agent_capabilities", "object", "with probe"),
+            F("auth_methods", "array", "with probe", items="object"),
+        ),
+        errors=(
+            E(404, "not_found", "unknown agent id"),
+            E(503, "agent_unavailable", "probe: the agent cannot start"),
+        ),
+    ),
+    "agents_install": Schema(
+        body=(F("version", doc="default: the catalogue's pinned version"),),
+        status=202,
+        response=(
+            F("agent"),
+            F("state", doc='"installing"'),
+            F("pid", "integer"),
+            F("command", "array", items="string"),
+            F("already_installed", "boolean", "200 instead when installed"),
+        ),
+        errors=(
+            E(400, "invalid_param", "no package to install, or a bad version"),
+            E(404, "not_found", "unknown agent id"),
+            E(503, "unavailable", "managed processes are unavailable"),
+        ),
+        notes="A managed process: follow it with process_output.",
+    ),
+    "agents_catalog_sessions": Schema(
+        query=(F("cwd", doc="only sessions of this directory"), F("cursor")),
+        response=(
+            F(
+                "sessions",
+                "array",
+                "[{acp_session_id, cwd, title, updated_at}]",
+                items="object",
+            ),
+            F("next_cursor"),
+        ),
+        errors=(
+            E(404, "not_found", "unknown agent id"),
+            E(501, "unsupported", "the agent cannot list its sessions"),
+        ),
+    ),
+    "agents_session_create": Schema(
+        body=(
+            F("agent", required=True, example="claude"),
+            F("cwd", doc="guarded; default base_dir"),
+            F("additional_directories", "array", items="string"),
+            F(
+                "mcp_servers",
+                "array",
+                "refused unless params.mcp_servers allows",
+                items="object",
+            ),
+            F("mode"),
+            F("model"),
+            F("config", "object"),
+            F("title"),
+            F("env", "object"),
+            F("user", "any"),
+            F("permissions", "object", "per-session permission_mode (see notes)"),
+            F("prompt", "any", "a first prompt: text or ContentBlock[]"),
+        ),
+        status=201,
+        response=(
+            F("session_id"),
+            F("agent"),
+            F("acp_session_id"),
+            F("state"),
+            F("modes", "object"),
+            F("config_options", "array", items="object"),
+            F("models", "object"),
+            F("agent_info", "object"),
+            F("capabilities", "object"),
+            F("commands", "array", items="object"),
+            F("title"),
+            F("events_url"),
+            F("turn_id", doc="when a prompt was given"),
+        ),
+        errors=(
+            E(400, "invalid_param", "a malformed field"),
+            E(403, "param_not_allowed", "a refused mode, user or MCP server"),
+            E(404, "not_found", "unknown agent id"),
+            E(429, "too_many_sessions", "max_sessions (4) are live", "ResourceError"),
+            E(
+                502,
+                "agent_error",
+                "the agent answered initialize or session/new with an error",
+            ),
+            E(503, "agent_unavailable", "the agent is not installed or cannot start"),
+            E(504, "agent_timeout", "no answer within init_timeout_seconds (30)"),
+        ),
+    ),
+    "agents_session_load": Schema(
+        body=(
+            F("agent", required=True, example="claude"),
+            F("acp_session_id", required=True, example="$ACP_SESSION"),
+            F("cwd"),
+            F("additional_directories", "array", items="string"),
+            F("mcp_servers", "array", items="object"),
+            F(
+                "replay",
+                "boolean",
+                "replay history as events (session/load), else session/resume",
+                default=True,
+            ),
+            F("title"),
+        ),
+        status=201,
+        response=(
+            F("session_id"),
+            F("agent"),
+            F("acp_session_id"),
+            F("state"),
+            F("events_url"),
+        ),
+        errors=(
+            E(400, "invalid_param", "acp_session_id missing"),
+            E(404, "not_found", "unknown agent id"),
+            E(429, "too_many_sessions", "max_sessions are live"),
+            E(502, "agent_error", "the agent refused the load"),
+            E(503, "agent_unavailable", "the agent cannot start"),
+        ),
+    ),
+    "agents_session_list": Schema(
+        query=(F("agent"), F("state")),
+        response=(
+            F(
+                "sessions",
+                "array",
+                "[{session_id, agent, state, title, cwd, "
+                "created_at, last_seq, turn_id, pending_requests}]",
+                items="object",
+            ),
+        ),
+    ),
+    "agents_session_get": Schema(
+        response=(
+            F("session_id"),
+            F("agent"),
+            F("state"),
+            F("modes", "object"),
+            F("config_options", "array", items="object"),
+            F("usage", "object"),
+            F("current_turn", "object"),
+            F("stop_reason"),
+            F("process", "object", "{pid, exit_code}"),
+            F("capabilities", "object"),
+        ),
+        errors=(_SID_404,),
+    ),
+    "agents_session_config": Schema(
+        body=(
+            F("mode"),
+            F("model"),
+            F("config", "object"),
+            F("title", example="refactor"),
+        ),
+        response=(
+            F("modes", "object"),
+            F("config_options", "array", items="object"),
+            F("title"),
+        ),
+        errors=(_SID_404, E(403, "param_not_allowed", "a forbidden mode (deny_modes)")),
+    ),
+    "agents_session_cancel": Schema(
+        body=(F("wait", "number", "seconds to wait for the turn to end", default=15),),
+        response=(F("turn_id"), F("state"), F("stop_reason"), F("forced", "boolean")),
+        errors=(_SID_404,),
+        notes="Held requests are answered cancelled; after a 10 s grace the agent is killed.",
+    ),
+    "agents_session_delete": Schema(
+        query=(
+            F("forget", "boolean", "also session/delete in the agent", default=False),
+        ),
+        response=(
+            F("session_id"),
+            F("state", doc='"closed"'),
+            F("exit_code", "integer"),
+        ),
+        errors=(_SID_404,),
+    ),
+    "agents_prompt": Schema(
+        body=(
+            F(
+                "prompt",
+                "any",
+                "text or ContentBlock[]; /cmd args runs a slash command",
+                required=True,
+                example="Run the tests and fix what fails",
+            ),
+            F("files", "array", "paths (guarded) sent as resources", items="string"),
+            F("wait", "number", "seconds to wait for the turn (max 600)", default=30),
+        ),
+        response=(
+            F("turn_id"),
+            F("stop_reason"),
+            F("text"),
+            F("tool_call_ids", "array", items="string"),
+            F("usage", "object"),
+            F("seq", "object", "{from, to}"),
+            F("state", doc='202: "running"'),
+            F("events_url", doc="202: follow here"),
+        ),
+        errors=(
+            _SID_404,
+            E(
+                400,
+                "invalid_param",
+                "an empty prompt, or blocks beyond promptCapabilities",
+            ),
+            E(409, "turn_in_progress", "a turn is already running"),
+            E(413, "payload_too_large", "over max_prompt_bytes"),
+        ),
+        notes="200 when the turn ended within wait, else 202 with events_url.",
+    ),
+    "agents_turns": Schema(
+        response=(
+            F(
+                "turns",
+                "array",
+                "[{turn_id, state, stop_reason, started_at, "
+                "ended_at, seq_from, seq_to, error?}]",
+                items="object",
+            ),
+        ),
+        errors=(_SID_404,),
+    ),
+    "agents_turn_get": Schema(
+        query=(F("wait", "number", "long-poll seconds while it runs", default=0),),
+        response=(
+            F("turn_id"),
+            F("state", enum=("running", "ended", "failed")),
+            F("stop_reason"),
+            F("text"),
+            F("tool_call_ids", "array", items="string"),
+            F("usage", "object"),
+        ),
+        errors=(_SID_404, E(404, "not_found", "unknown turn")),
+    ),
+    "agents_messages": Schema(
+        query=(
+            F("turn_id"),
+            F("after", "integer", default=0),
+            F("limit", "integer", default=100),
+        ),
+        response=(
+            F(
+                "messages",
+                "array",
+                "[{message_id, turn_id, role, content, "
+                "tool_call_ids, seq_from, seq_to}]",
+                items="object",
+            ),
+            F("next", "integer"),
+        ),
+        errors=(_SID_404,),
+    ),
+    "agents_events": Schema(
+        query=(
+            *_RESUME,
+            F(
+                "follow",
+                "boolean",
+                "SSE instead of one page",
+                default=False,
+                example="true",
+            ),
+            F("types", doc="comma-separated event types"),
+            F("include_raw", "boolean", "include the ACP params as raw", default=False),
+            F("limit", "integer", "page size", default=1000),
+        ),
+        headers=(_LAST_EVENT_ID,),
+        response=(
+            F("events", "array", items="object"),
+            F("next", "integer"),
+            F("dropped", "object", "{from, to} or null"),
+            F("closed", "boolean"),
+        ),
+        events=(
+            Event(
+                "<type>",
+                "{seq, time, session_id, turn_id?, type, ...}: session.state, "
+                "turn.started, turn.ended, message.delta, tool_call, plan, "
+                "permission.requested, ... session.closed (always last)",
+            ),
+            _GAP,
+        ),
+        errors=(_SID_404,),
+    ),
+    "agents_requests": Schema(
+        query=(
+            F("session_id"),
+            F("state", default="pending", doc="or all"),
+            F("kind", enum=("permission", "question")),
+        ),
+        response=(
+            F(
+                "requests",
+                "array",
+                "[{request_id, kind, session_id, turn_id, "
+                "tool_call, options | {message, requested_schema}, policy, "
+                "created_at, deadline}]",
+                items="object",
+            ),
+        ),
+    ),
+    "agents_request_reply": Schema(
+        body=(
+            F("option_id", doc="permission: the option picked", example="allow"),
+            F(
+                "decision",
+                enum=("allow_once", "allow_always", "reject_once", "reject_always"),
+            ),
+            F("cancel", "boolean", "permission: cancel it"),
+            F("action", enum=("accept", "decline", "cancel"), doc="question"),
+            F("content", "object", "question: the answer"),
+        ),
+        response=(F("request_id"), F("state", doc='"resolved"'), F("outcome")),
+        errors=(
+            E(400, "invalid_param", "no usable answer"),
+            E(403, "param_not_allowed", "allow_always with allow_always: false"),
+            E(404, "not_found", "unknown request"),
+            E(409, "already_resolved", "answered already"),
+            E(409, "withdrawn", "the agent withdrew it"),
+        ),
+    ),
+    "agents_plan": Schema(
+        response=(
+            F("entries", "array", "[{content, priority, status}]", items="object"),
+            F("updated_seq", "integer"),
+        ),
+        errors=(_SID_404,),
+    ),
+    "agents_tool_calls": Schema(
+        query=(F("turn_id"), F("status"), F("kind")),
+        response=(
+            F(
+                "tool_calls",
+                "array",
+                "[{tool_call_id, turn_id, title, kind, status, "
+                "locations, has_diff, terminal_ids, permission, first_seq, last_seq}]",
+                items="object",
+            ),
+        ),
+        errors=(_SID_404,),
+    ),
+    "agents_tool_call_get": Schema(
+        query=(F("format", enum=("unified",), doc="add unified diffs"),),
+        response=(
+            F("tool_call_id"),
+            F("content", "array", items="object"),
+            F(
+                "diffs",
+                "array",
+                "[{path, old_text, new_text, unified?}]",
+                items="object",
+            ),
+            F("raw_input", "any"),
+            F("raw_output", "any"),
+            F("permission", "any"),
+        ),
+        errors=(_SID_404, E(404, "not_found", "unknown tool call")),
+    ),
+    "agents_files": Schema(
+        query=(F("turn_id"), F("diff", "boolean", default=False)),
+        response=(
+            F(
+                "files",
+                "array",
+                "[{path, change, sources, tool_call_ids, sha256, bytes, diff?}]",
+                items="object",
+            ),
+        ),
+        errors=(_SID_404,),
+    ),
+    "agents_terminals": Schema(
+        response=(
+            F(
+                "terminals",
+                "array",
+                "[{terminal_id, command, args, cwd, pid, state, "
+                "exit_code, signal, truncated, released, tool_call_id}]",
+                items="object",
+            ),
+        ),
+        errors=(_SID_404,),
+    ),
+    "agents_terminal_output": Schema(
+        query=(*_RESUME, F("follow", "boolean", default=False)),
+        headers=(_LAST_EVENT_ID,),
+        response=(
+            F("terminal_id"),
+            F("pid", "integer"),
+            F("state"),
+            F("exit_code", "integer"),
+            F("events", "array", "[{seq, stream, data}]", items="object"),
+            F("next", "integer"),
+            F("dropped_bytes", "integer"),
+            F("gap", "object", "{from, to} or null"),
+        ),
+        events=(
+            Event("stdout", '{"data"}'),
+            Event("stderr", '{"data"}'),
+            Event("exit", '{"exit_code"}'),
+            _GAP,
+        ),
+        errors=(_SID_404, E(404, "not_found", "unknown terminal")),
+        notes="The process_output contract.",
+    ),
+    "agents_terminal_kill": Schema(
+        body=(F("signal", "integer", default=15, example=15),),
+        response=(F("terminal_id"), F("signal", "integer")),
+        errors=(
+            _SID_404,
+            E(400, "signal_not_allowed", "outside params.allowed_signals"),
+        ),
+    ),
+    "agents_commands": Schema(
+        response=(
+            F("commands", "array", "[{name, description, input_hint}]", items="object"),
+        ),
+        errors=(_SID_404,),
+    ),
+    "agents_logs": Schema(
+        query=(F("after", "integer", default=0),),
+        response=(
+            F("chunks", "array", "[{seq, data}]", items="object"),
+            F("dropped_bytes", "integer"),
+        ),
+        errors=(_SID_404,),
+        notes="The agent's stderr, head and tail, secrets redacted.",
+    ),
+}
+
+
+def schema_for(endpoint_id: str) -> Schema:
+    """The schema of an endpoint; an empty one for ids this module does not
+    know (custom routes), so callers never need a special case."""
+    return SCHEMAS.get(endpoint_id, Schema())
+
+
+def declared_names(endpoint_id: str) -> set[str]:
+    """Every query and body field name declared for an endpoint."""
+    schema = schema_for(endpoint_id)
+    return {f.name for f in schema.query} | {f.name for f in schema.body}
