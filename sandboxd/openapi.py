@@ -6,6 +6,7 @@ from typing import Any
 
 from sandboxd._version import __version__
 from sandboxd.endpoints import param_name
+from sandboxd.schema import PATH_PARAMS, Field, Schema, schema_for
 
 _ERROR = {
     "type": "object",
@@ -23,30 +24,124 @@ _ERROR = {
 }
 
 
+def _field_schema(field: Field) -> dict[str, Any]:
+    """The JSON Schema of one declared field."""
+    out: dict[str, Any] = {}
+    if field.type != "any":
+        out["type"] = field.type
+    if field.type == "array" and field.items and field.items != "any":
+        out["items"] = {"type": field.items}
+    if field.doc:
+        out["description"] = field.doc
+    if field.enum:
+        out["enum"] = list(field.enum)
+    if field.default is not None:
+        out["default"] = field.default
+    return out
+
+
+def _object_schema(
+    fields: tuple[Field, ...], open_body: bool = False
+) -> dict[str, Any]:
+    """An object schema from declared fields (free-form when none are)."""
+    named = [f for f in fields if f.name != "*"]
+    if not named:
+        return {"type": "object"}
+    out: dict[str, Any] = {
+        "type": "object",
+        "properties": {f.name: _field_schema(f) for f in named},
+    }
+    required = [f.name for f in named if f.required]
+    if required:
+        out["required"] = required
+    if open_body:
+        out["additionalProperties"] = True
+    return out
+
+
+def _parameters(endpoint: Any, schema: Schema) -> list[dict[str, Any]]:
+    params: list[dict[str, Any]] = []
+    for name in (param_name(s) for s in endpoint.segments):
+        if name:
+            field = PATH_PARAMS.get(name, Field(name))
+            params.append(
+                {
+                    "name": name,
+                    "in": "path",
+                    "required": True,
+                    "description": field.doc,
+                    "schema": {"type": "string"},
+                }
+            )
+    for field in schema.query:
+        params.append(
+            {
+                "name": field.name,
+                "in": "query",
+                "required": field.required,
+                "description": field.doc,
+                "schema": _field_schema(field),
+            }
+        )
+    for field in schema.headers:
+        params.append(
+            {
+                "name": field.name,
+                "in": "header",
+                "required": False,
+                "description": field.doc,
+                "schema": {"type": "string"},
+            }
+        )
+    return params
+
+
+def _error_responses(schema: Schema) -> dict[str, Any]:
+    """One response per status the endpoint's own errors use, codes listed."""
+    by_status: dict[int, list[str]] = {}
+    for error in schema.errors:
+        by_status.setdefault(error.status, []).append(f"{error.code}: {error.when}")
+    return {
+        str(status): {
+            "description": "; ".join(lines),
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+            },
+        }
+        for status, lines in sorted(by_status.items())
+    }
+
+
 def _operation(endpoint: Any, rule: Any) -> dict[str, Any]:
-    params = [
-        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-        for name in (param_name(s) for s in endpoint.segments)
-        if name
-    ]
+    schema = schema_for(endpoint.id)
+    params = _parameters(endpoint, schema)
     ok: dict[str, Any] = {"description": "Success"}
-    if endpoint.streaming:
-        ok["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
-    elif endpoint.id == "files_read_raw":
+    json_body = {"application/json": {"schema": _object_schema(schema.response)}}
+    if schema.produces == "binary" or endpoint.id == "files_read_raw":
         ok["content"] = {
             "application/octet-stream": {
                 "schema": {"type": "string", "format": "binary"}
             }
         }
+    elif schema.produces == "sse" or (endpoint.streaming and not schema.response):
+        ok["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
+    elif endpoint.streaming:
+        ok["content"] = {
+            **json_body,
+            "text/event-stream": {"schema": {"type": "string"}},
+        }
     else:
-        ok["content"] = {"application/json": {"schema": {"type": "object"}}}
+        ok["content"] = json_body
+    if schema.events:
+        ok["x-sandboxd-events"] = {e.name: e.data for e in schema.events}
     op: dict[str, Any] = {
         "operationId": endpoint.id,
         "summary": endpoint.summary,
         "tags": [endpoint.group.value],
         "parameters": params,
         "responses": {
-            "200": ok,
+            str(schema.status): ok,
+            **_error_responses(schema),
             "default": {
                 "description": "Error",
                 "content": {
@@ -60,6 +155,8 @@ def _operation(endpoint: Any, rule: Any) -> dict[str, Any]:
         "x-sandboxd-scopes": list(rule.scopes),
         "x-sandboxd-streaming": endpoint.streaming,
     }
+    if schema.notes:
+        op["description"] = schema.notes
     if not rule.enabled:
         op["x-sandboxd-reason"] = rule.reason
     if endpoint.auth_required:
@@ -74,7 +171,7 @@ def _operation(endpoint: Any, rule: Any) -> dict[str, Any]:
             "required": False,
             "content": {
                 media: {
-                    "schema": {"type": "object"}
+                    "schema": _object_schema(schema.body, schema.open_body)
                     if endpoint.body == "json"
                     else {"type": "string", "format": "binary"}
                 }
