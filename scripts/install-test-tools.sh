@@ -2,13 +2,18 @@
 # Install the programs some tests drive, when they are missing and apt-get
 # can run (root, Debian).  Never fails the build: a test whose tool is
 # still missing skips and names the tool.
+#
+# chromium: the browser tests drive Debian's Chromium through Playwright
+# (Playwright's own browser download cannot run here); the Python side
+# comes from the `browser` extra (pip install -e '.[dev,browser]').
 missing=""
 command -v git >/dev/null 2>&1 || missing="$missing git"
 command -v node >/dev/null 2>&1 || missing="$missing nodejs"
+[ -x "${SANDBOXD_CHROMIUM:-/usr/bin/chromium}" ] || missing="$missing chromium"
 [ -n "$missing" ] || exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing test tools:$missing"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing) >/dev/null 2>&1 \
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing) >/dev/null 2>&1 \
         || echo "could not install$missing; the tests that need them will skip"
 else
     echo "missing test tools:$missing (not root or no apt-get); the tests that need them will skip"

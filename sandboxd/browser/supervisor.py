@@ -389,7 +389,7 @@ class BrowserSupervisor(Service):
 
     def stopService(self) -> Deferred[None]:
         """End the worker's whole tree; fires when it is gone (bounded)."""
-        super().stopService()
+        super().stopService()  # type: ignore[no-untyped-call]
         worker, self.worker = self.worker, None
         self._settle_start(unavailable("the browser is stopping"))
         self.is_ready = False
