@@ -148,6 +148,7 @@ class DaemonService(MultiService):
         for service in groups + listeners:
             service.setServiceParent(self)
         self._previous_hup: Any = None
+        self._trim: Any = None
 
     def startService(self) -> None:
         """Start the group services, then listen; warn when wide open."""
@@ -167,7 +168,7 @@ class DaemonService(MultiService):
         for warning in policy.warnings:
             log.warn("sandboxd: policy warning: {warning}", warning=warning)
         self._install_hup()
-        self.context.reactor.callLater(1.0, release_memory)
+        self._trim = self.context.reactor.callLater(1.0, release_memory)
 
     def _install_hup(self) -> None:
         reactor = self.context.reactor
@@ -208,6 +209,8 @@ class DaemonService(MultiService):
         """Stop listening, end every child, flush the audit log; bounded."""
         self.running = False
         self.context.draining = True
+        if self._trim is not None and self._trim.active():
+            self._trim.cancel()
         if self._previous_hup is not None:
             try:
                 signal.signal(signal.SIGHUP, self._previous_hup)
