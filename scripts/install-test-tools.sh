@@ -13,7 +13,7 @@ command -v node >/dev/null 2>&1 || missing="$missing nodejs"
 [ -n "$missing" ] || exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing test tools:$missing"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing) >/dev/null 2>&1 \
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing) >/dev/null 2>&1 \
         || echo "could not install$missing; the tests that need them will skip"
 else
     echo "missing test tools:$missing (not root or no apt-get); the tests that need them will skip"
