@@ -31,6 +31,7 @@ import os
 import re
 import secrets
 import signal
+import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -653,6 +654,63 @@ def signal_child(child: Child, sig: int) -> None:
             _send(pid, start, sig)
 
 
+def _env_has_chdir() -> bool:
+    # coreutils >= 8.28 knows ``env -C DIR``; busybox's env does not.
+    try:
+        with open(ENV_PROGRAM, "rb") as f:
+            return b"--chdir" in f.read()
+    except OSError:
+        return False
+
+
+ENV_PROGRAM = "/usr/bin/env"
+_ENV_CHDIR = _env_has_chdir()
+
+
+def _spawn_in(
+    reactor: Any,
+    child: Child,
+    args: list[str],
+    env: dict[str, str],
+    cwd: str,
+    uid: int | None,
+    gid: int | None,
+    child_fds: dict[int, Any],
+) -> None:
+    """
+    ``spawnProcess`` in ``cwd``, on Twisted's posix_spawn path when possible.
+
+    Twisted forks (and runs Python in the child before exec) whenever
+    ``path`` differs from the daemon's own working directory or a user is
+    switched; that costs several times a posix_spawn.  So, unless a user
+    is switched: when the daemon has no other thread that could observe it,
+    its working directory is moved to ``cwd`` just for the spawn; otherwise
+    ``env -C`` changes directory in the child.  The daemon itself never
+    resolves a relative path (its working directory is twistd's rundir).
+    """
+    if uid is None and gid is None and cwd != os.getcwd():
+        if threading.active_count() == 1:
+            previous = os.getcwd()
+            os.chdir(cwd)
+            try:
+                reactor.spawnProcess(
+                    child, args[0], args, env=env, path=cwd, childFDs=child_fds
+                )
+            finally:
+                os.chdir(previous)
+            return
+        if _ENV_CHDIR:
+            head = 1 if args[0] == SETSID else 0
+            args = [*args[:head], ENV_PROGRAM, "-C", cwd, "--", *args[head:]]
+            reactor.spawnProcess(
+                child, args[0], args, env=env, path=None, childFDs=child_fds
+            )
+            return
+    reactor.spawnProcess(
+        child, args[0], args, env=env, path=cwd, uid=uid, gid=gid, childFDs=child_fds
+    )
+
+
 def spawn(
     reactor: Any,
     child: Child,
@@ -696,16 +754,7 @@ def spawn(
     if run_as is not None and os.geteuid() == 0:
         uid, gid = run_as.uid, run_as.gid
     try:
-        reactor.spawnProcess(
-            child,
-            args[0],
-            args,
-            env=env,
-            path=cwd,
-            uid=uid,
-            gid=gid,
-            childFDs=child_fds,
-        )
+        _spawn_in(reactor, child, args, env, cwd, uid, gid, child_fds)
     finally:
         if devnull is not None:
             os.close(devnull)

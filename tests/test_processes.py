@@ -256,6 +256,19 @@ class RunCollectTests(TestCase):
         self.assertFalse(result.truncated)
 
     @inlineCallbacks
+    def test_cwd_on_every_spawn_path(self) -> Any:
+        """The child runs in the cwd whether spawned alone, with other threads about, or forked."""
+        result = yield self.run_(["pwd"])
+        self.assertEqual(result.stdout, self.cwd.encode() + b"\n")
+        self.patch(processes.threading, "active_count", lambda: 2)
+        result = yield self.run_(["pwd"])
+        self.assertEqual(result.stdout, self.cwd.encode() + b"\n")
+        self.patch(processes, "_ENV_CHDIR", False)
+        result = yield self.run_(["pwd"])
+        self.assertEqual(result.stdout, self.cwd.encode() + b"\n")
+        self.assertNotEqual(os.getcwd(), self.cwd)
+
+    @inlineCallbacks
     def test_missing_executable(self) -> Any:
         """An executable missing from the child's PATH is FileNotFoundError."""
         with self.assertRaises(FileNotFoundError):
