@@ -21,6 +21,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
+from twisted.trial.unittest import SkipTest
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
@@ -1097,3 +1098,121 @@ class MisbehaviourTests(AgentsTestCase):
         yield deferLater(reactor, 0.3, lambda: None)
         self.assertFalse(is_alive(pid))
         self.assertFalse(is_alive(grandchild))
+
+
+class InstallTests(AgentsTestCase):
+    """agents:install runs npm as a managed process."""
+
+    policy = agents_policy()
+
+    def setUp(self) -> Any:
+        bin_dir = os.path.realpath(self.mktemp())
+        os.makedirs(bin_dir)
+        npm = os.path.join(bin_dir, "npm")
+        with open(npm, "w") as f:
+            f.write('#!/bin/sh\necho "fake npm $*"\n')
+        os.chmod(npm, 0o755)
+        old = os.environ.get("PATH", "")
+        os.environ["PATH"] = bin_dir + os.pathsep + old
+        self.addCleanup(os.environ.__setitem__, "PATH", old)
+        self.policy = agents_policy()
+        self.policy["agents"]["catalog"]["missing"] = {
+            "name": "Missing",
+            "command": ["sandboxd-no-such-agent"],
+            "install": {"package": "fake-agent-pkg", "version": "1.2.3"},
+        }
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_install_runs_npm(self) -> Any:
+        """A missing agent is installed with its pinned package; the output is a managed process's output."""
+        reply = yield self.request("POST", "/agents/catalog/missing/install", {})
+        self.assertEqual(reply.status, 202, reply.body)
+        pid = reply.json()["pid"]
+        self.assertEqual(reply.json()["state"], "installing")
+        for _ in range(50):
+            out = yield self.request("GET", f"/process/{pid}/output")
+            if out.json()["state"] == "exited":
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        text = "".join(e["data"] for e in out.json()["events"])
+        self.assertIn("fake npm install -g fake-agent-pkg@1.2.3", text)
+
+    @inlineCallbacks
+    def test_installed_agent(self) -> Any:
+        """An installed agent answers 200 already_installed."""
+        reply = yield self.request("POST", "/agents/catalog/fake/install", {})
+        self.assertEqual(reply.status, 200)
+        self.assertTrue(reply.json()["already_installed"])
+
+
+class ShutdownTests(AgentsTestCase):
+    """The daemon's stop ends every agent."""
+
+    @inlineCallbacks
+    def test_stop_kills_agents(self) -> Any:
+        """Stopping the daemon ends each agent's whole tree, within the grace period."""
+        reply = yield self.create()
+        sid = reply.json()["session_id"]
+        reply = yield self.request("GET", f"/agents/sessions/{sid}")
+        pid = reply.json()["process"]["pid"]
+        yield self.daemon.stop()
+        self.assertFalse(is_alive(pid))
+        yield self.start()
+
+
+class IdleTests(AgentsTestCase):
+    """idle_timeout_seconds closes a session nobody uses."""
+
+    policy = agents_policy(limits={"idle_timeout_seconds": 0.5})
+
+    @inlineCallbacks
+    def test_idle_session_closes(self) -> Any:
+        """An idle session is closed after the limit; its agent is gone."""
+        sid = yield self.session()
+        state = yield self.wait_state(sid, ("closed",))
+        self.assertFalse(is_alive(state["process"]["pid"]))
+
+
+class RealAgentTests(AgentsTestCase):
+    """
+    Opt-in: the real agents of the built-in catalogue, where their binary
+    and key exist (``SANDBOXD_REAL_AGENTS=1``); skipped everywhere else.
+    """
+
+    timeout = 300
+
+    @inlineCallbacks
+    def check(self, agent_id: str) -> Any:
+        from sandboxd.agents.catalog import BUILTIN
+
+        entry = next(e for e in BUILTIN if e.id == agent_id)
+        if not os.environ.get("SANDBOXD_REAL_AGENTS"):
+            raise SkipTest("set SANDBOXD_REAL_AGENTS=1 to run real agents")
+        if entry.executable(os.environ) is None or not all(
+            os.environ.get(k) for k in entry.env_required
+        ):
+            raise SkipTest(f"{agent_id} or its key is not available here")
+        yield self.daemon.stop()
+        yield self.start(policy=agents_policy(limits={"init_timeout_seconds": 120}))
+        sid = yield self.session(agent_id, cwd=self.base_dir)
+        reply = yield self.prompt(sid, "Reply with the single word: pong", wait=240)
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["stop_reason"], "end_turn")
+        self.assertIn("pong", reply.json()["text"].lower())
+
+    def test_claude(self) -> Any:
+        """claude-agent-acp answers a prompt."""
+        return self.check("claude")
+
+    def test_codex(self) -> Any:
+        """codex-acp answers a prompt (after authenticate)."""
+        return self.check("codex")
+
+    def test_gemini(self) -> Any:
+        """gemini --acp answers a prompt (after authenticate)."""
+        return self.check("gemini")
+
+    def test_opencode(self) -> Any:
+        """opencode acp answers a prompt."""
+        return self.check("opencode")

@@ -247,7 +247,7 @@ class Connection:
             self.respond(request_id, result)
 
         def failed(failure: Failure) -> None:
-            if failure.check(RpcError):
+            if isinstance(failure.value, RpcError):
                 self.respond_error(request_id, failure.value)
             else:
                 self.respond_error(

@@ -316,7 +316,7 @@ class AgentManager(Service):
 
     def stopService(self) -> Deferred[Any]:
         """End every agent's whole tree: TERM now, KILL after the grace period."""
-        super().stopService()
+        super().stopService()  # type: ignore[no-untyped-call]
         waits = []
         for session in [*self.sessions.values(), *self._transient]:
             if session.process.pid is not None and not session.process.exited:

@@ -129,6 +129,7 @@ class AgentProcess(ProcessProtocol):
         return protocol
 
     def connectionMade(self) -> None:
+        assert self.transport is not None
         self.pid = self.transport.pid
 
     def outReceived(self, data: bytes) -> None:

@@ -104,7 +104,7 @@ class Turn:
 
     def describe(self) -> dict[str, Any]:
         """The turn record."""
-        out = {
+        out: dict[str, Any] = {
             "turn_id": self.turn_id,
             "state": self.state,
             "stop_reason": self.stop_reason,
@@ -963,9 +963,9 @@ class AgentSession:
         elif kind == "tool_call_update":
             self._tool_call(update, raw, new=False)
         elif kind == "plan":
-            entries = (
-                update.get("entries") if isinstance(update.get("entries"), list) else []
-            )
+            entries: list[dict[str, Any]] = [
+                e for e in update.get("entries") or [] if isinstance(e, dict)
+            ]
             self.plan = entries
             self.plan_seq = self.emit("plan", raw=raw, entries=entries)
         elif kind == "available_commands_update":
@@ -1352,9 +1352,8 @@ class AgentSession:
         return {"request_id": held.request_id, "state": held.state, "outcome": outcome}
 
     def _permission(self, rpc_id: Any, params: dict[str, Any]) -> Any:
-        update = (
-            params.get("toolCall") if isinstance(params.get("toolCall"), dict) else {}
-        )
+        raw_update = params.get("toolCall")
+        update: dict[str, Any] = raw_update if isinstance(raw_update, dict) else {}
         options = [o for o in params.get("options") or [] if isinstance(o, dict)]
         tool_call_id = update.get("toolCallId")
         if isinstance(tool_call_id, str):
@@ -1622,7 +1621,7 @@ class AgentSession:
             raise RpcError(
                 INTERNAL_ERROR, f"cannot start {command}: {e.strerror}"
             ) from None
-        _bounded_put(self.terminals, terminal.terminal_id, terminal)  # type: ignore[arg-type]
+        _bounded_put(self.terminals, terminal.terminal_id, terminal)
         self.emit(
             "terminal.started",
             terminal_id=terminal.terminal_id,
@@ -1735,7 +1734,8 @@ class AgentSession:
         out = []
         for c in self.commands:
             if isinstance(c, dict):
-                hint = c.get("input") if isinstance(c.get("input"), dict) else {}
+                given = c.get("input")
+                hint: dict[str, Any] = given if isinstance(given, dict) else {}
                 out.append(
                     {
                         "name": c.get("name"),
@@ -1769,7 +1769,7 @@ class AgentSession:
                 for t in self.terminals.values()
                 if t.tool_call_id == tc["toolCallId"]
             ],
-            "permission": tc.get("permission")[-1] if tc.get("permission") else None,
+            "permission": (tc.get("permission") or [None])[-1],
             "first_seq": tc.get("first_seq"),
             "last_seq": tc.get("last_seq"),
         }

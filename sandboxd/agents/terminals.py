@@ -81,6 +81,7 @@ class AgentTerminal(ProcessProtocol):
         )
 
     def connectionMade(self) -> None:
+        assert self.transport is not None
         self.pid = self.transport.pid
         self.transport.closeStdin()
 

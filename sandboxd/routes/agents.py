@@ -16,6 +16,7 @@ from twisted.internet.defer import Deferred
 from sandboxd.agents import catalog
 from sandboxd.agents.manager import AgentManager, build_prompt
 from sandboxd.agents.session import AgentSession, Turn, within
+from sandboxd.children import child_environment, find_executable
 from sandboxd.errors import ApiError, not_found
 from sandboxd.eventlog import Event, Follower, resume_point
 from sandboxd.policy import defaults
@@ -161,10 +162,15 @@ async def agents_catalog_sessions(request: ServerRequest) -> dict[str, Any]:
 
 
 def agents_install(request: ServerRequest) -> Any:
-    """Install an agent's pinned package as a managed process."""
+    """
+    Install an agent's pinned package (``npm install -g PKG@VERSION``) as a
+    managed process whose output ``process_output`` shows; one install per
+    agent at a time.
+    """
     entry = catalog.find(request.context, request.rule, request.path_params["agent"])
     described = catalog.describe(entry, request.rule)
-    if described["installed"] and not request.body.get("version"):
+    wanted = request.body.get("version")
+    if described["installed"] and not wanted:
         return {"agent": entry.id, "already_installed": True, "path": described["path"]}
     if not entry.package:
         raise ApiError(
@@ -173,37 +179,57 @@ def agents_install(request: ServerRequest) -> Any:
             "ValueError",
             "invalid_param",
         )
-    version = request.body.get("version") or entry.version
-    if not isinstance(version, str) or not version or any(c.isspace() for c in version):
+    version = wanted or entry.version
+    if (
+        not isinstance(version, str)
+        or not version
+        or version.startswith("-")
+        or any(c.isspace() for c in version)
+    ):
         raise ApiError(
             400, "'version' must be a version string", "ValueError", "invalid_param"
         )
     processes = request.context.services.get("processes")
-    start = getattr(processes, "start_managed", None)
-    if start is None:
+    if processes is None:
         raise ApiError(
-            503,
-            "managed processes are not available in this daemon",
-            "RuntimeError",
-            "unavailable",
+            503, "managed processes are not available", "RuntimeError", "unavailable"
         )
-    argv = ["npm", "install", "-g", f"{entry.package}@{version}"]
-    d: Deferred[Any] = Deferred.fromCoroutine(_install(request, start, argv, entry.id))
-    return d
-
-
-async def _install(
-    request: ServerRequest, start: Any, argv: list[str], agent_id: str
-) -> ServerResponse:
-    result = start(request, argv, tag=f"agents-install:{agent_id}")
-    if isinstance(result, Deferred):
-        result = await result
-    pid = (
-        result.get("pid") if isinstance(result, dict) else getattr(result, "pid", None)
+    tag = f"agents-install:{entry.id}"
+    running = [m for m in processes.list(tag) if m.running]
+    if running:
+        return ServerResponse(
+            status=202,
+            body={
+                "agent": entry.id,
+                "state": "installing",
+                "pid": running[0].pid,
+                "already_running": True,
+            },
+        )
+    env = child_environment(request.context, request.rule)
+    npm = find_executable("npm", env)
+    if npm is None:
+        raise ApiError(503, "npm is not installed", "RuntimeError", "unavailable")
+    argv = [npm, "install", "-g", f"{entry.package}@{version}"]
+    managed = processes.start(
+        argv,
+        command=" ".join(["npm", *argv[1:]]),
+        env=env,
+        cwd=request.context.base_dir,
+        run_as=None,
+        stdin_pipe=False,
+        tag=tag,
+        retention=request.rule.limits.max_output_bytes or defaults.MIB,
     )
     return ServerResponse(
         status=202,
-        body={"agent": agent_id, "state": "installing", "pid": pid, "command": argv},
+        body={
+            "agent": entry.id,
+            "state": "installing",
+            "pid": managed.pid,
+            "command": managed.command,
+            "output_url": f"/process/{managed.pid}/output",
+        },
     )
 
 
@@ -388,14 +414,14 @@ def agents_events(request: ServerRequest) -> Any:
         return SSEResponse(start=start)
     limit = _int(request.query.get("limit"), "limit", 1000) or 1000
     gap, events = session.log.since(after)
-    selected = [e for e in events if wanted is None or e.event in wanted][:limit]
-    last = (
-        selected[-1].seq
-        if selected
-        else (events[-1].seq if events and len(selected) < limit else after)
-    )
-    if selected and len(selected) == limit:
-        last = selected[-1].seq
+    selected: list[Event] = []
+    last = after
+    for event in events:
+        if len(selected) >= limit:
+            break
+        last = event.seq
+        if wanted is None or event.event in wanted:
+            selected.append(event)
     return {
         "events": [_event_view(e, include_raw) for e in selected],
         "next": last,
