@@ -139,15 +139,6 @@ class AgentsTestCase(DaemonTestCase):
     timeout = 60
     policy = agents_policy()
 
-    @inlineCallbacks
-    def start(self, **kwargs: Any) -> Any:
-        daemon = yield super().start(**kwargs)
-        # The daemon trims its heap 1 s after start; short tests end sooner.
-        for call in reactor.getDelayedCalls():
-            if getattr(call.func, "__name__", "") == "release_memory":
-                call.cancel()
-        return daemon
-
     def create(self, agent: str = "fake", **body: Any) -> Deferred[Any]:
         body["agent"] = agent
         return self.request("POST", "/agents/sessions", body)
@@ -797,6 +788,51 @@ class PermissionPolicyTests(AgentsTestCase):
         self.assertEqual(requested["policy"]["code"], "path_not_allowed")
         self.assertEqual((resolved["by"], resolved["option_id"]), ("policy", "reject"))
         self.assertFalse(os.path.exists("/etc/sandboxd-test-file"))
+
+
+class CancelWithHeldRequestTests(AgentsTestCase):
+    """Cancel answers held requests and ends the turn."""
+
+    @inlineCallbacks
+    def test_cancel_answers_the_held_permission(self) -> Any:
+        """Cancelling a turn waiting on a human answers the permission 'cancelled' (by: cancel); a late reply is 409."""
+        sid = yield self.session()
+        yield self.prompt(sid, f"edit {self.base_dir}/c.txt x", wait=0)
+        requests = yield self.pending(sid)
+        reply = yield self.request("POST", f"/agents/sessions/{sid}/cancel", {})
+        self.assertEqual(reply.status, 200)
+        self.assertEqual(
+            (reply.json()["stop_reason"], reply.json()["forced"]), ("cancelled", False)
+        )
+        page = yield self.events(sid, "&types=permission.resolved")
+        self.assertEqual(
+            (page["events"][0]["by"], page["events"][0]["outcome"]),
+            ("cancel", "cancelled"),
+        )
+        reply = yield self.request(
+            "POST",
+            f"/agents/requests/{requests[0]['request_id']}",
+            {"option_id": "allow"},
+        )
+        self.assertEqual(reply.status, 409)
+        self.assertEqual(reply.json()["code"], "already_resolved")
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "c.txt")))
+
+    @inlineCallbacks
+    def test_timeout_can_cancel_the_turn(self) -> Any:
+        """permission_timeout_action cancel_turn cancels the turn when nobody answers."""
+        yield self.daemon.stop()
+        yield self.start(
+            policy=agents_policy(
+                limits={"permission_timeout_seconds": 0.3},
+                params={"permission_timeout_action": "cancel_turn"},
+            )
+        )
+        sid = yield self.session()
+        reply = yield self.prompt(sid, f"edit {self.base_dir}/c.txt x")
+        self.assertEqual(reply.json()["stop_reason"], "cancelled")
+        page = yield self.events(sid, "&types=permission.resolved")
+        self.assertEqual(page["events"][0]["by"], "timeout")
 
 
 class PermissionTimeoutTests(AgentsTestCase):
