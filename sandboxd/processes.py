@@ -30,6 +30,7 @@ import ctypes
 import os
 import re
 import secrets
+import select
 import signal
 import threading
 import time
@@ -558,7 +559,26 @@ class Child(ProcessProtocol):
     def _close_pipes(self) -> None:
         if self.has_ended or self.transport is None:
             return
+        within = self._drain_limit is None or self.clock.seconds() < self._drain_limit
+        if within and self.reason is None and self._unread():
+            # A busy reactor ran this timer before reading what is already
+            # in the pipes: read it first, never drop it.
+            self._drain = self.clock.callLater(
+                EXIT_DRAIN_SECONDS / 10, self._close_pipes
+            )
+            return
         self.transport.loseConnection()
+
+    def _unread(self) -> bool:
+        """Whether a stdout/stderr pipe has bytes (or EOF) waiting to be read."""
+        pipes = getattr(self.transport, "pipes", {})
+        fds = [pipes[fd].fileno() for fd in (1, 2) if fd in pipes]
+        if not fds:
+            return False
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
 
     def processEnded(self, reason: Failure) -> None:
         """Pipes closed and the leader reaped."""
