@@ -944,6 +944,11 @@ SCHEMAS: dict[str, Schema] = {
             E(403, "param_not_allowed", "language outside params.languages"),
             *_GUARD[1:],
             E(408, "timeout", "past timeout: the group was killed", "TimeoutError"),
+            E(
+                413,
+                "payload_too_large",
+                "code over 128 KiB (upload a file, use /shell)",
+            ),
             E(500, "internal", "the runtime is missing", "FileNotFoundError"),
         ),
     ),
@@ -964,9 +969,10 @@ SCHEMAS: dict[str, Schema] = {
         ),
         errors=(
             *_GUARD,
-            E(400, "invalid_param", ".. in path, or git failed (GitError)"),
+            E(400, "invalid_path", ".. or NUL in path or file"),
+            E(400, "git_error", "git failed (not a repository ...)", "GitError"),
             E(408, "timeout", "git ran past its limit", "TimeoutError"),
-            E(500, "internal", "git is not installed"),
+            E(500, "internal", "git is not installed", "FileNotFoundError"),
         ),
         notes="git runs with repository-configured commands disabled (fsmonitor, "
         "external diff, textconv, hooks).",
@@ -983,9 +989,10 @@ SCHEMAS: dict[str, Schema] = {
         ),
         errors=(
             *_GUARD,
-            E(400, "invalid_param", ".. in path, or git failed (GitError)"),
+            E(400, "invalid_path", ".. or NUL in path or file"),
+            E(400, "git_error", "git failed (not a repository ...)", "GitError"),
             E(408, "timeout", "git ran past its limit", "TimeoutError"),
-            E(500, "internal", "git is not installed"),
+            E(500, "internal", "git is not installed", "FileNotFoundError"),
         ),
     ),
     # -- browser ---------------------------------------------------------------
