@@ -123,7 +123,7 @@ SHUTDOWN_TIMEOUT_SECONDS = 10.0
 
 
 #: file_ops: bytes read or written per step of a streamed file body.
-STREAM_CHUNK_BYTES = 256 * KIB
+STREAM_CHUNK_BYTES = MIB
 
 #: file_ops: files up to this size are read in one call on the reactor
 #: thread (a page-cache read is cheaper than a thread hop); bigger ones are
