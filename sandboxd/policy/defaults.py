@@ -92,6 +92,10 @@ PTY_SCROLLBACK_BYTES = 64 * KIB
 #: Terminal output gathered from the PTY into one WebSocket frame at most.
 PTY_FRAME_BYTES = 64 * KIB
 
+#: How long bulk terminal output is gathered before it is sent (echoes of
+#: keystrokes are sent at once).
+PTY_COALESCE_SECONDS = 0.002
+
 #: WebSocket clients attached to one terminal session at once.
 PTY_MAX_CLIENTS = 8
 
