@@ -35,6 +35,7 @@ from zope.interface import implementer
 from sandboxd.children import RunAs, descendants, exit_code, signal_tree
 from sandboxd.policy.defaults import (
     KILL_GRACE_SECONDS,
+    PTY_COALESCE_SECONDS,
     PTY_FRAME_BYTES,
     PTY_MAX_CLIENTS,
     PTY_SCROLLBACK_BYTES,
@@ -55,8 +56,8 @@ CLIENT_SIGNALS = {
 #: The largest window a terminal accepts (``struct winsize`` holds shorts).
 MAX_DIMENSION = 65535
 
-#: A read this large suggests the PTY holds more; worth draining at once.
-_FULL_READ = 4096
+#: Output at least this large is bulk (not an echo): worth gathering.
+_BULK_BYTES = 512
 
 
 class Client(Protocol):
@@ -224,6 +225,11 @@ class PtySession:
     _idle_timer: Any = None
     _kill_timer: Any = None
     _closing: bool = False
+    _pending: list[bytes] = attrs.Factory(list)
+    _pending_size: int = 0
+    _flush_timer: Any = None
+    _last_flush: float = 0.0
+    _last_frame_size: int = 0
 
     # -- starting -------------------------------------------------------------
 
@@ -243,26 +249,39 @@ class PtySession:
 
     def output(self, data: bytes) -> None:
         """
-        Output from the shell: kept, decoded once, framed once, sent to all.
+        Output from the shell: kept at once, sent to every client in frames.
 
-        A full read means the PTY likely holds more, so the rest is drained
-        now (up to one frame) instead of one small frame per reactor turn.
+        A small chunk after a quiet spell (a keystroke's echo) goes out at
+        once.  Bulk output (a big read, or any read soon after a big frame)
+        is gathered for :data:`PTY_COALESCE_SECONDS` (or up to one frame),
+        so ``seq 1 300000`` costs a few hundred frames, not thousands.
         """
-        if len(data) >= _FULL_READ and self.transport is not None:
+        now = self.clock.seconds()
+        self.last_activity = now
+        if len(data) >= _BULK_BYTES:
             data = self._drain(data)
-        self.last_activity = self.clock.seconds()
         self.scrollback.append(data)
-        text = self._decoder.decode(data)
-        if not text:
+        self._pending.append(data)
+        self._pending_size += len(data)
+        if self._flush_timer is not None:
+            if self._pending_size >= self.frame_bytes:
+                self._flush()
             return
-        start = self.emitted
-        self.emitted = self.scrollback.end - len(self._decoder.getstate()[0])
-        if self.clients:
-            frame = output_frame(text, start)
-            for client in list(self.clients):
-                client.send_frame(frame)
+        bulk = self._pending_size >= _BULK_BYTES or (
+            self._last_frame_size >= _BULK_BYTES
+            and now - self._last_flush < PTY_COALESCE_SECONDS
+        )
+        if bulk and self._pending_size < self.frame_bytes:
+            self._flush_timer = self.clock.callLater(PTY_COALESCE_SECONDS, self._flush)
+        else:
+            self._flush()
 
     def _drain(self, data: bytes) -> bytes:
+        """
+        Read whatever else the PTY holds now, up to a frame: Twisted reads
+        once per reactor turn, and a terminal hands over at most 4 KiB at a
+        time, so bulk output would otherwise cost a turn per 4 KiB.
+        """
         try:
             fd = self.transport.fileno()
         except Exception:
@@ -282,6 +301,29 @@ class PtySession:
             size += len(more)
         return b"".join(parts) if len(parts) > 1 else data
 
+    def _flush(self) -> None:
+        """Decode what is pending (holding back a split character) and send it."""
+        if self._flush_timer is not None:
+            if self._flush_timer.active():
+                self._flush_timer.cancel()
+            self._flush_timer = None
+        if not self._pending:
+            return
+        data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
+        self._pending.clear()
+        self._pending_size = 0
+        self._last_flush = self.clock.seconds()
+        self._last_frame_size = len(data)
+        text = self._decoder.decode(data)
+        if not text:
+            return
+        start = self.emitted
+        self.emitted = self.scrollback.end - len(self._decoder.getstate()[0])
+        if self.clients:
+            frame = output_frame(text, start)
+            for client in list(self.clients):
+                client.send_frame(frame)
+
     # -- clients --------------------------------------------------------------
 
     def attach(self, client: Client, offset: int | None = None) -> bool:
@@ -293,6 +335,7 @@ class PtySession:
         """
         if len(self.clients) >= self.max_clients:
             return False
+        self._flush()
         client.send_frame(event_frame("started", session_id=self.id, pid=self.pid))
         begin, kept = self.scrollback.since(offset, self.emitted)
         if kept:
@@ -447,6 +490,7 @@ class PtySession:
     def shell_ended(self, reason: Failure) -> None:
         """Shell reaped and terminal drained: tell every client, clean up."""
         self.alive = False
+        self._flush()
         self.ended = True
         if self.exit_code is None:
             self.exit_code = exit_code(reason)

@@ -301,7 +301,7 @@ class LifecycleTests(SynchronousTestCase):
 
     def test_idle_reaped(self) -> None:
         """With no client and no I/O for the idle timeout, the session ends."""
-        session, pty, clock = make_session(idle_timeout=1800, kill_grace=5)
+        session, _, clock = make_session(idle_timeout=1800, kill_grace=5)
         clock.advance(1000)
         session.output(b"activity")
         clock.advance(1000)
