@@ -401,7 +401,8 @@ class PtySession:
         (the shell itself when nothing runs).  Unknown names are ignored.
         """
         number = CLIENT_SIGNALS.get(name)
-        if number is None or not self.alive or self.transport is None:
+        if number is None or not self.alive or self.transport is None or self.pid <= 0:
+            # pid 0 would make killpg signal the daemon's own group.
             return False
         try:
             group = os.tcgetpgrp(self.transport.fileno())

@@ -205,7 +205,10 @@ class PtyServerProtocol(WebSocketServerProtocol):
         elif kind == "resize":
             cols, rows = dimension(message.get("cols")), dimension(message.get("rows"))
             if cols is not None and rows is not None:
-                session.resize(cols, rows)
+                try:
+                    session.resize(cols, rows)
+                except OSError:
+                    pass  # the terminal is going away
         elif kind == "signal":
             name = message.get("signal")
             if isinstance(name, str):
