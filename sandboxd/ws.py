@@ -83,6 +83,11 @@ class PtyServerProtocol(WebSocketServerProtocol):
     _input_paused = False
     _abort_timer: Any = None
 
+    @property
+    def _tcp(self) -> Any:
+        """The TCP transport (a producer and consumer, not just ITransport)."""
+        return self.transport
+
     # -- handshake ------------------------------------------------------------
 
     def onConnect(self, request: Any) -> None:
@@ -181,7 +186,7 @@ class PtyServerProtocol(WebSocketServerProtocol):
             return
         self.session = session
         self.factory.clients.add(self)
-        self.transport.registerProducer(_OutputLink(self), True)
+        self._tcp.registerProducer(_OutputLink(self), True)
         if not session.attach(self, self.offset):
             self.session = None
             self.close_with(POLICY_VIOLATION, "Too many clients on this session")
@@ -233,7 +238,7 @@ class PtyServerProtocol(WebSocketServerProtocol):
     def send_frame(self, frame: bytes) -> None:
         """One JSON text frame."""
         if self.state == self.STATE_OPEN:
-            self.sendMessage(frame, isBinary=False)
+            self.sendMessage(frame, isBinary=False)  # type: ignore[no-untyped-call]
 
     def session_ended(self, frame: bytes) -> None:
         """The shell ended: ``exited``, then a normal close."""
@@ -245,13 +250,13 @@ class PtyServerProtocol(WebSocketServerProtocol):
         """The shell is not reading: stop reading this socket."""
         if not self._input_paused and self.transport is not None:
             self._input_paused = True
-            self.transport.pauseProducing()
+            self._tcp.pauseProducing()
 
     def resume_input(self) -> None:
         """The shell reads again."""
         if self._input_paused and self.transport is not None:
             self._input_paused = False
-            self.transport.resumeProducing()
+            self._tcp.resumeProducing()
 
     def drop_slow(self) -> None:
         """Output went unread too long: close with :data:`SLOW_CLIENT`."""
@@ -282,7 +287,7 @@ class PtyServerProtocol(WebSocketServerProtocol):
     def _abort(self) -> None:
         self._abort_timer = None
         if self.transport is not None:
-            self.transport.abortConnection()
+            self._tcp.abortConnection()
 
 
 def _may_attach(identity: Identity, session: PtySession) -> bool:
@@ -297,7 +302,7 @@ class PtyServerFactory(WebSocketServerFactory):
     than it saves), a cap on connections.
     """
 
-    protocol = PtyServerProtocol
+    protocol = PtyServerProtocol  # type: ignore[assignment]
 
     def __init__(
         self,
@@ -307,12 +312,12 @@ class PtyServerFactory(WebSocketServerFactory):
         timers: bool = True,
         max_message_bytes: int | None = None,
     ) -> None:
-        super().__init__(reactor=reactor)
+        super().__init__(reactor=reactor)  # type: ignore[no-untyped-call]
         self.context = context
         self.terminals = terminals
         self.clients: set[PtyServerProtocol] = set()
         limit = max_message_bytes or 0
-        self.setProtocolOptions(
+        self.setProtocolOptions(  # type: ignore[no-untyped-call]
             maxFramePayloadSize=limit,
             maxMessagePayloadSize=limit,
             maxConnections=PTY_MAX_CONNECTIONS,
@@ -324,7 +329,7 @@ class PtyServerFactory(WebSocketServerFactory):
             failByDrop=False,
         )
         # Off: with Nagle on, a keystroke's echo can wait for an ACK.
-        self.setProtocolOptions(tcpNoDelay=True)
+        self.setProtocolOptions(tcpNoDelay=True)  # type: ignore[no-untyped-call]
 
     def close_all(self, reason: str = "Server shutting down") -> None:
         """Detach and close every client with 1001 (daemon shutdown)."""

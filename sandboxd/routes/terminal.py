@@ -65,7 +65,7 @@ class TerminalService(Service):
 
     def startService(self) -> None:
         """Listen on the PTY port when ``pty_connect`` is enabled."""
-        super().startService()
+        super().startService()  # type: ignore[no-untyped-call]
         context = self.context
         if not context.policy.rules["pty_connect"].enabled or not context.pty_listen:
             return
@@ -100,7 +100,7 @@ class TerminalService(Service):
 
     def stopService(self) -> Deferred[Any]:
         """Stop listening, close every client, end every session."""
-        super().stopService()
+        super().stopService()  # type: ignore[no-untyped-call]
         stopping = []
         if self.port is not None:
             stopping.append(maybeDeferred(self.port.stopListening))
