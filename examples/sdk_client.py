@@ -125,7 +125,8 @@ class Sandbox:
         """POST and read Server-Sent Events: yields ``(event, data)``."""
         response = self._request("POST", path, json.dumps(body).encode())
         with response:
-            event, data = "message", []
+            event = "message"
+            data: list[str] = []
             for raw in response:
                 line = raw.decode("utf-8").rstrip("\r\n")
                 if line == "":
