@@ -60,6 +60,7 @@ class DaemonProcess:
             env=full_env,
             cwd=ROOT,
             start_new_session=True,
+            stdin=subprocess.DEVNULL,
         )
         test.addCleanup(self.kill)
 
@@ -162,7 +163,8 @@ class TwistdTests(SynchronousTestCase):
                 str(port),
                 "--timeout",
                 "1",
-            ]
+            ],
+            stdin=subprocess.DEVNULL,
         )
         self.assertEqual(result.returncode, 1)
 
@@ -193,7 +195,8 @@ class TwistdTests(SynchronousTestCase):
         d.wait_healthy()
         self.assertEqual(
             subprocess.run(
-                [os.path.join(BIN, "sandboxd"), "healthcheck", "--port", str(d.port)]
+                [os.path.join(BIN, "sandboxd"), "healthcheck", "--port", str(d.port)],
+                stdin=subprocess.DEVNULL,
             ).returncode,
             0,
         )

@@ -37,7 +37,12 @@ _TEST_ENV = {
 def run_git(repo: str, *args: str) -> str:
     """Run git in ``repo`` for test setup (blocking is fine before requests)."""
     done = subprocess.run(
-        ["git", *args], cwd=repo, env=_TEST_ENV, capture_output=True, check=True
+        ["git", *args],
+        cwd=repo,
+        env=_TEST_ENV,
+        capture_output=True,
+        check=True,
+        stdin=subprocess.DEVNULL,
     )
     return done.stdout.decode()
 
@@ -232,6 +237,7 @@ class GitStatusTests(DaemonTestCase):
             cwd=repo,
             env=_TEST_ENV,
             capture_output=True,
+            stdin=subprocess.DEVNULL,
         )
         reply = yield self.request("GET", "/git/status?path=repo")
         self.assertEqual(
@@ -324,7 +330,13 @@ class HostileRepositoryTests(DaemonTestCase):
     def test_marker_works(self) -> None:
         """Control: a plain ``git diff`` in this repository does run the repository's command."""
         repo, marker = self.hostile_repo()
-        subprocess.run(["git", "diff"], cwd=repo, env=_TEST_ENV, capture_output=True)
+        subprocess.run(
+            ["git", "diff"],
+            cwd=repo,
+            env=_TEST_ENV,
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+        )
         self.assertTrue(os.path.exists(marker))
 
     @inlineCallbacks
