@@ -10,6 +10,7 @@ descendant) hold for each of them.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pwd
 import shlex
@@ -18,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
+from twisted.internet import process as _twisted_process
 
 from sandboxd.errors import ApiError, forbidden
 from sandboxd.policy.rules import EffectiveRule
@@ -70,13 +72,23 @@ def validate_env(value: Any) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ApiError(400, "'env' must be an object of strings", "ValueError", "invalid_param")
+        raise ApiError(
+            400, "'env' must be an object of strings", "ValueError", "invalid_param"
+        )
     out: dict[str, str] = {}
     for k, v in value.items():
         if not isinstance(k, str) or not k or "=" in k or "\x00" in k:
-            raise ApiError(400, f"invalid environment name {k!r}", "ValueError", "invalid_param")
-        if isinstance(v, bool) or not isinstance(v, str | int | float) or "\x00" in str(v):
-            raise ApiError(400, f"invalid value for {k!r}", "ValueError", "invalid_param")
+            raise ApiError(
+                400, f"invalid environment name {k!r}", "ValueError", "invalid_param"
+            )
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, str | int | float)
+            or "\x00" in str(v)
+        ):
+            raise ApiError(
+                400, f"invalid value for {k!r}", "ValueError", "invalid_param"
+            )
         out[k] = str(v)
     return out
 
@@ -102,13 +114,19 @@ def command_argv(body: Mapping[str, Any], rule: EffectiveRule) -> list[str]:
     """
     command = body.get("command")
     if not isinstance(command, str) or not command.strip():
-        raise ApiError(400, "'command' must be a non-empty string", "ValueError", "invalid_param")
+        raise ApiError(
+            400, "'command' must be a non-empty string", "ValueError", "invalid_param"
+        )
     if "\x00" in command:
-        raise ApiError(400, "'command' must not contain NUL", "ValueError", "invalid_param")
+        raise ApiError(
+            400, "'command' must not contain NUL", "ValueError", "invalid_param"
+        )
     shell = body.get("shell")
     if shell is not None and shell is not False:
         if not isinstance(shell, str) or not shell:
-            raise ApiError(400, "'shell' must be a shell name", "ValueError", "invalid_param")
+            raise ApiError(
+                400, "'shell' must be a shell name", "ValueError", "invalid_param"
+            )
         if os.path.basename(shell) not in rule.params.shells:
             raise forbidden(
                 f"the shell {shell!r} is not allowed (allowed: {', '.join(rule.params.shells)})",
@@ -122,7 +140,9 @@ def command_argv(body: Mapping[str, Any], rule: EffectiveRule) -> list[str]:
     try:
         argv = shlex.split(command)
     except ValueError as e:
-        raise ApiError(400, f"cannot parse the command: {e}", "ValueError", "invalid_param") from None
+        raise ApiError(
+            400, f"cannot parse the command: {e}", "ValueError", "invalid_param"
+        ) from None
     if not argv:
         raise ApiError(400, "'command' is empty", "ValueError", "invalid_param")
     check_command_allowed(rule, argv)
@@ -185,9 +205,15 @@ def resolve_user(requested: Any, rule: EffectiveRule) -> RunAs | None:
     if wanted is None:
         return None
     try:
-        entry = pwd.getpwuid(wanted) if isinstance(wanted, int) and not isinstance(wanted, bool) else pwd.getpwnam(str(wanted))
+        entry = (
+            pwd.getpwuid(wanted)
+            if isinstance(wanted, int) and not isinstance(wanted, bool)
+            else pwd.getpwnam(str(wanted))
+        )
     except (KeyError, TypeError):
-        raise ApiError(400, f"unknown user {wanted!r}", "ValueError", "invalid_param") from None
+        raise ApiError(
+            400, f"unknown user {wanted!r}", "ValueError", "invalid_param"
+        ) from None
     if os.geteuid() != 0:
         if entry.pw_uid == os.geteuid():
             return None
@@ -205,6 +231,96 @@ def resolve_user(requested: Any, rule: EffectiveRule) -> RunAs | None:
             rule=rule.source("params.users") or "default:params.users",
         )
     return RunAs(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
+
+
+_IGNORED_SIGNALS: list[int] | None = None
+
+
+def _ignored_signals() -> list[int]:
+    """Signals the daemon ignores, reset to default in every child (cached)."""
+    global _IGNORED_SIGNALS
+    if _IGNORED_SIGNALS is None:
+        _IGNORED_SIGNALS = [
+            n for n in range(1, signal.NSIG) if signal.getsignal(n) == signal.SIG_IGN
+        ]
+    return _IGNORED_SIGNALS
+
+
+class SessionProcess(_twisted_process.Process):
+    """
+    Twisted's pipe process transport, started in a session of its own.
+
+    Twisted's ``posix_spawnp`` fast path cannot ask for a new session, so
+    children used to be started through ``/usr/bin/setsid``: one more exec
+    per command.  Here the fast path passes ``setsid=True`` to
+    ``os.posix_spawn`` instead (pid = pgid = sid), and the fork path (user
+    switching, another working directory) calls ``setsid()`` in the child.
+    Everything else (pipes, reaping, ``ProcessProtocol`` callbacks) is
+    Twisted's.
+    """
+
+    def _trySpawnInsteadOfFork(
+        self,
+        path: Any,
+        uid: Any,
+        gid: Any,
+        executable: Any,
+        args: Any,
+        environment: Any,
+        kwargs: Any,
+    ) -> bool:
+        if uid is not None or gid is not None:
+            return False
+        if path is not None and os.path.abspath(path) != os.path.abspath("."):
+            return False
+        state: list[tuple[int, bool]] = []
+        for fd in _twisted_process._listOpenFDs():
+            try:
+                flags = fcntl.fcntl(fd, fcntl.F_GETFD, fcntl.FD_CLOEXEC)
+                state.append((fd, bool(flags)))
+            except OSError:
+                pass
+        actions = _twisted_process._getFileActions(
+            state,
+            kwargs.get("fdmap"),
+            doClose=_twisted_process._PS_CLOSE,
+            doDup2=_twisted_process._PS_DUP2,
+        )
+        self.pid = os.posix_spawn(
+            executable,
+            args,
+            os.environ if environment is None else environment,
+            file_actions=actions,
+            setsigdef=_ignored_signals(),
+            setsid=True,
+        )
+        self.status = -1
+        return True
+
+    def _setupChild(self, *args: Any, **kwargs: Any) -> None:
+        os.setsid()
+        super()._setupChild(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+
+def spawn_session(
+    reactor: Any,
+    protocol: Any,
+    executable: str,
+    args: list[str],
+    env: dict[str, str],
+    path: str | None = None,
+    uid: int | None = None,
+    gid: int | None = None,
+    child_fds: dict[int, Any] | None = None,
+) -> SessionProcess:
+    """
+    ``reactor.spawnProcess`` for a child that leads its own session.
+
+    ``executable`` must be absolute (see :func:`find_executable`).
+    """
+    return SessionProcess(  # type: ignore[no-untyped-call]
+        reactor, executable, args, env, path, protocol, uid, gid, child_fds
+    )
 
 
 def session_argv(argv: list[str]) -> list[str]:
@@ -253,7 +369,9 @@ def descendants(root: int) -> list[int]:
 def signal_tree(pid: int, sig: int) -> None:
     """Send ``sig`` to ``pid``'s process group and every descendant."""
     targets = descendants(pid)
-    for call, target in [(os.killpg, pid), (os.kill, pid)] + [(os.kill, p) for p in targets]:
+    for call, target in [(os.killpg, pid), (os.kill, pid)] + [
+        (os.kill, p) for p in targets
+    ]:
         try:
             call(target, sig)
         except (ProcessLookupError, PermissionError):

@@ -48,7 +48,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from sandboxd.children import SETSID, RunAs, exit_code, find_executable
+from sandboxd.children import RunAs, exit_code, find_executable, spawn_session
 from sandboxd.eventlog import EventLog
 from sandboxd.policy.defaults import (
     ENDPOINT_LIMITS,
@@ -713,22 +713,19 @@ def _spawn_in(
             previous = os.getcwd()
             os.chdir(cwd)
             try:
-                reactor.spawnProcess(
-                    child, args[0], args, env=env, path=cwd, childFDs=child_fds
+                spawn_session(
+                    reactor, child, args[0], args, env, cwd, None, None, child_fds
                 )
             finally:
                 os.chdir(previous)
             return
         if _ENV_CHDIR:
-            head = 1 if args[0] == SETSID else 0
-            args = [*args[:head], ENV_PROGRAM, "-C", cwd, "--", *args[head:]]
-            reactor.spawnProcess(
-                child, args[0], args, env=env, path=None, childFDs=child_fds
+            args = [ENV_PROGRAM, "-C", cwd, "--", *args]
+            spawn_session(
+                reactor, child, args[0], args, env, None, None, None, child_fds
             )
             return
-    reactor.spawnProcess(
-        child, args[0], args, env=env, path=cwd, uid=uid, gid=gid, childFDs=child_fds
-    )
+    spawn_session(reactor, child, args[0], args, env, cwd, uid, gid, child_fds)
 
 
 def spawn(
@@ -761,8 +758,6 @@ def spawn(
         raise FileNotFoundError(f"command not found: {argv[0]}")
     env[TREE_MARKER] = child.marker
     args = [executable, *argv[1:]]
-    if os.path.exists(SETSID):
-        args = [SETSID, *args]
     devnull = None
     child_fds: dict[int, Any] = {1: "r", 2: "r"}
     if stdin_pipe:

@@ -96,6 +96,7 @@ class Options(usage.Options):
             base_dir=self["base-dir"],
             commands=tuple(self["commands"]),
             audit_log=self["audit-log"],
+            chdir=True,
         )
 
 
