@@ -174,8 +174,13 @@ def write_bytes(
     return {"path": writer.path, "bytes": len(data), "etag": etag}
 
 
-def decode_payload(request: ServerRequest) -> bytes:
+def decode_payload(request: ServerRequest) -> bytes | bytearray:
     """``content_base64`` decoded, within ``max_bytes`` (413)."""
+    if request.payload is not None:
+        # Decoded by the pipeline as the body arrived (sandboxd.web.upload).
+        if len(request.payload) > max_bytes(request):
+            raise payload_too_large(max_bytes(request))
+        return request.payload
     raw = request.body.get("content_base64")
     if raw is None:
         raise ApiError(400, "missing 'content_base64'", "ValueError", "invalid_param")
@@ -214,7 +219,8 @@ def _upload(request: ServerRequest, default_overwrite: bool) -> Any:
     mode = parse_mode(request.body.get("mode"))
     if_match = if_match_of(request)
     raw = request.body.get("content_base64")
-    if isinstance(raw, str) and len(raw) <= INLINE_READ_BYTES:
+    size = len(request.payload) if request.payload is not None else len(raw or "")
+    if size <= INLINE_READ_BYTES:
         data = decode_payload(request)
         return write_bytes(request, guard, path, data, overwrite, if_match, mode)
 

@@ -52,6 +52,9 @@ class ServerRequest:
     raw: Request | None = None
     client: str = ""
     sink_result: Any = None
+    #: Upload routes: ``content_base64`` already decoded as the body arrived
+    #: (None when the body was parsed whole; read ``body`` then).
+    payload: bytearray | None = None
 
     def arg(self, name: str, default: str | None = None) -> str | None:
         """A query parameter, or ``default``."""

@@ -27,6 +27,7 @@ from sandboxd.context import Context
 from sandboxd.errors import ApiError
 from sandboxd.web.messages import BodySink, ServerRequest
 from sandboxd.web.pipeline import Admission, PipelineRefusal, Refusal, admit
+from sandboxd.web.upload import UploadBody
 
 #: A refused request whose body is at most this big is read and dropped,
 #: so the connection can be kept alive; a bigger one is answered at once
@@ -67,6 +68,8 @@ class SandboxRequest(Request):
     audit_code: str | None = None
     audit_rule: str | None = None
     method_text = ""
+    upload_body: UploadBody | None = None
+    payload: bytearray | None = None
     _headers_lc: Mapping[bytes, Sequence[bytes]] = {}
     body_buffer: io.BytesIO
 
@@ -105,6 +108,10 @@ class SandboxRequest(Request):
         if length is not None and self.cap and length > self.cap:
             self._fail_at_header(payload_too_large(self.cap))
             return
+        endpoint = admission.endpoint
+        if endpoint.upload and endpoint.body == "json":
+            limit = admission.rule.limits.max_bytes or self.cap
+            self.upload_body = UploadBody(limit)
         if admission.endpoint.body == "raw" and admission.endpoint.sink is not None:
             try:
                 self.sink = admission.endpoint.sink(self.server_request({}))
@@ -165,6 +172,9 @@ class SandboxRequest(Request):
                 self.body_error = e
                 self._abort_sink()
             return
+        if self.upload_body is not None:
+            self.upload_body.write(data)
+            return
         self.body_buffer.write(data)
 
     def _abort_sink(self) -> None:
@@ -198,6 +208,7 @@ class SandboxRequest(Request):
             return
         request = self.server_request(body)
         request.sink_result = sink_result
+        request.payload = self.payload
         from sandboxd.web.dispatch import dispatch
 
         dispatch(self, request)
@@ -210,6 +221,10 @@ class SandboxRequest(Request):
             or self.admission.endpoint.body != "json"
         ):
             return {}
+        if self.upload_body is not None:
+            body, self.payload = self.upload_body.result()
+            self.upload_body = None
+            return body
         raw = self.body_buffer.getvalue()
         self.body_buffer = self.content = io.BytesIO()
         if not raw.strip():
