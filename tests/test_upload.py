@@ -80,7 +80,11 @@ class UploadBodyTests(SynchronousTestCase):
             parsed, payload = feed(body, size).result()
             if size == 1024:
                 self.assertIsNone(payload)
-            got = payload if payload is not None else base64.b64decode(parsed["content_base64"])
+            got = (
+                payload
+                if payload is not None
+                else base64.b64decode(parsed["content_base64"])
+            )
             self.assertEqual(got, data)
 
     def test_non_string_value_falls_back(self) -> None:
