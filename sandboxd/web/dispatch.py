@@ -56,7 +56,19 @@ def dispatch(raw: SandboxRequest, request: ServerRequest) -> None:
     """Run ``request``'s handler and respond on ``raw``."""
     handler = request.endpoint.handler
     assert handler is not None
-    d = call_handler(handler, request)
+    try:
+        result = handler(request)
+    except Exception:
+        render_failure(raw, request, Failure())
+        return
+    if not isinstance(result, Deferred) and not inspect.iscoroutine(result):
+        # The common case: a plain value answered without any Deferred.
+        try:
+            render(raw, request, result)
+        except Exception:
+            render_failure(raw, request, Failure())
+        return
+    d = ensureDeferred(result) if inspect.iscoroutine(result) else result
     if not d.called:
         raw.notifyFinish().addErrback(lambda _: d.cancel())
     d.addCallback(lambda result: render(raw, request, result))

@@ -69,6 +69,7 @@ class SandboxRequest(Request):
     audit_rule: str | None = None
     method_text = ""
     upload_body: UploadBody | None = None
+    watching_finish = False
     payload: bytearray | None = None
     _headers_lc: Mapping[bytes, Sequence[bytes]] = {}
     body_buffer: io.BytesIO
@@ -91,8 +92,8 @@ class SandboxRequest(Request):
         self.body_buffer = self.content = io.BytesIO()
         channel = self.channel
         self._context = _site(self).context
-        peer = channel.transport.getPeer() if channel.transport is not None else None
-        self.client_host = getattr(peer, "host", "") or ""
+        # Request.__init__ already asked the transport for the peer.
+        self.client_host = getattr(self.client, "host", "") or ""
         method = self.method_text = channel._command.decode("latin-1")
         headers = {k.lower(): v for k, v in self.requestHeaders.getAllRawHeaders()}
         self._headers_lc = headers
@@ -198,7 +199,7 @@ class SandboxRequest(Request):
         if self.body_error is not None:
             self.respond_error(self.body_error)
             return
-        self.notifyFinish().addBoth(self._finished)
+        self.watching_finish = True
         try:
             body = self._parse_body()
             sink_result = self.sink.finish() if self.sink is not None else None
@@ -294,6 +295,20 @@ class SandboxRequest(Request):
         if a is not None and a.slot:
             a.slot = False
             self.context.gate.release(a.endpoint.id)
+
+    def finish(self) -> None:
+        """Finish the response, then free the slot and audit (step 8)."""
+        super().finish()
+        if self.watching_finish:
+            self.watching_finish = False
+            self._finished(None)
+
+    def connectionLost(self, reason: Any) -> None:
+        """The client left: free the slot and audit it as such."""
+        super().connectionLost(reason)
+        if self.watching_finish:
+            self.watching_finish = False
+            self._finished(reason)
 
     def _finished(self, result: object) -> None:
         """The response is over (or the client left): free the slot, audit."""
