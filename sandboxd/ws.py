@@ -12,12 +12,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
-from autobahn.websocket.types import ConnectionDeny
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from sandboxd._autobahn import (
+    ConnectionDeny,
+    WebSocketServerFactory,
+    WebSocketServerProtocol,
+)
 from sandboxd.auth import Identity, authenticate, presented_token
 from sandboxd.errors import ApiError
 from sandboxd.policy.defaults import (

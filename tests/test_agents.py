@@ -587,7 +587,7 @@ class FramerTests(AgentsTestCase):
 
 def sent_recorder(test: AgentsTestCase, sid: str) -> list[dict[str, Any]]:
     """Record every message sandboxd writes to the session's agent."""
-    session = test.daemon.context.services["agents"].sessions[sid]
+    session = test.daemon.context.services["agents"].get().sessions[sid]
     sent: list[dict[str, Any]] = []
     write = session.conn._write
 
@@ -741,7 +741,7 @@ class EndToEndTests(AgentsTestCase):
     def test_initialize_and_new_session_are_valid_acp(self) -> Any:
         """The initialize and session/new params sandboxd sends validate against the SDK's models."""
         sid = yield self.session()
-        session = self.daemon.context.services["agents"].sessions[sid]
+        session = self.daemon.context.services["agents"].get().sessions[sid]
         InitializeRequest.model_validate(
             {
                 "protocolVersion": 1,

@@ -8,14 +8,12 @@ over to :mod:`sandboxd.agents`; the session manager service lives in
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from twisted.application.service import IService
-from twisted.internet.defer import Deferred
+from twisted.application.service import IService, Service
+from twisted.internet.defer import Deferred, succeed
 
 from sandboxd.agents import catalog
-from sandboxd.agents.manager import AgentManager, build_prompt
-from sandboxd.agents.session import AgentSession, Turn, within
 from sandboxd.children import child_environment, find_executable
 from sandboxd.errors import ApiError, not_found
 from sandboxd.eventlog import Event, Follower, resume_point
@@ -23,14 +21,50 @@ from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
 from sandboxd.web.sse import SSEChannel, frame
 
+if TYPE_CHECKING:
+    from sandboxd.agents.manager import AgentManager
+    from sandboxd.agents.session import AgentSession, Turn
+
 #: The longest a request may wait for a turn (``wait``), whatever it asks.
 MAX_WAIT_SECONDS = 600.0
 
 
+class AgentsService(Service):
+    """
+    The agents group's service; the session manager is built on first use.
+
+    The group is opt-in: a daemon that never serves an agent never loads
+    the ACP machinery (about 1.4 MB of idle RSS).
+    """
+
+    name = "agents"
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+        self._manager: AgentManager | None = None
+
+    def get(self) -> AgentManager:
+        """The session manager, created (and started) when first needed."""
+        if self._manager is None:
+            from sandboxd.agents.manager import AgentManager
+
+            self._manager = AgentManager(self.context)
+            if self.running:
+                self._manager.startService()  # type: ignore[no-untyped-call]
+        return self._manager
+
+    def stopService(self) -> Deferred[Any]:
+        """Stop every agent session, if any was ever started."""
+        super().stopService()  # type: ignore[no-untyped-call]
+        if self._manager is None:
+            return succeed(None)
+        return self._manager.stopService()
+
+
 def manager(request: ServerRequest) -> AgentManager:
-    """The group's service."""
-    service: AgentManager = request.context.services["agents"]
-    return service
+    """The group's session manager."""
+    service: AgentsService = request.context.services["agents"]
+    return service.get()
 
 
 def session_of(request: ServerRequest) -> AgentSession:
@@ -94,6 +128,8 @@ def _int(value: Any, name: str, default: int) -> int:
 
 
 async def _wait_turn(request: ServerRequest, turn: Turn, seconds: float) -> None:
+    from sandboxd.agents.session import within
+
     if turn.state == "running" and seconds > 0:
         await within(request.context.reactor, turn.wait(), seconds)
 
@@ -325,6 +361,8 @@ async def agents_prompt(request: ServerRequest) -> Any:
             "turn_in_progress",
             turn_id=session.current.turn_id,
         )
+    from sandboxd.agents.manager import build_prompt
+
     blocks = build_prompt(session, request.body, request.rule)
     turn = session.start_turn(blocks)
     await _wait_turn(request, turn, wait)
@@ -609,6 +647,6 @@ HANDLERS: dict[str, Any] = {
 
 def setup(context: Any) -> IService:
     """Create the session manager and publish it as ``services["agents"]``."""
-    service = AgentManager(context)
+    service = AgentsService(context)
     context.services["agents"] = service
     return service
