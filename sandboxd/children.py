@@ -34,6 +34,9 @@ SETSID = "/usr/bin/setsid"
 #: snapshot instead, so a caller cannot steer them through the environment.
 BOOT_ENVIRON: dict[str, str] = dict(os.environ)
 
+#: util-linux's setpriv: switches user and groups, then execs.
+SETPRIV = "/usr/bin/setpriv"
+
 #: Names never passed to a child, whatever the policy says.
 _SECRET_PREFIXES = ("ABX_SERVER_",)
 
@@ -270,7 +273,20 @@ class SessionProcess(_twisted_process.Process):
         kwargs: Any,
     ) -> bool:
         if uid is not None or gid is not None:
-            return False
+            # posix_spawn cannot switch users; util-linux's setpriv can,
+            # for one exec instead of a fork of the whole daemon.
+            if not os.access(SETPRIV, os.X_OK) or uid is None or gid is None:
+                return False
+            args = [
+                SETPRIV,
+                f"--reuid={uid}",
+                f"--regid={gid}",
+                "--init-groups",
+                "--",
+                executable,
+                *args[1:],
+            ]
+            executable = SETPRIV
         if path is not None and os.path.abspath(path) != os.path.abspath("."):
             return False
         state: list[tuple[int, bool]] = []

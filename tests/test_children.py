@@ -1,0 +1,106 @@
+"""
+Starting children (sandboxd.children): every child leads its own session,
+on the posix_spawn path and on the fork path, as the daemon or as another
+user.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.protocol import ProcessProtocol
+from twisted.trial.unittest import TestCase
+
+from sandboxd.children import SETPRIV, find_executable, spawn_session
+
+
+class Collect(ProcessProtocol):
+    """Gathers stdout and the exit status."""
+
+    def __init__(self) -> None:
+        self.out = b""
+        self.done: Deferred[Any] = Deferred()
+
+    def outReceived(self, data: bytes) -> None:
+        self.out += data
+
+    def processExited(self, reason: Any) -> None:
+        pass
+
+    def processEnded(self, reason: Any) -> None:
+        self.done.callback(reason.value.exitCode)
+
+
+SHOW = "echo $$ $(ps -o pgid= -p $$) $(ps -o sid= -p $$); id -un; pwd"
+
+
+class SessionTests(TestCase):
+    """pid = pgid = sid for every child."""
+
+    timeout = 20
+
+    @inlineCallbacks
+    def run_child(
+        self, path: str | None, uid: int | None = None, gid: int | None = None
+    ) -> Any:
+        env = {"PATH": os.environ.get("PATH", os.defpath)}
+        sh = find_executable("sh", env)
+        assert sh is not None
+        proto = Collect()
+        spawn_session(
+            reactor,
+            proto,
+            sh,
+            [sh, "-c", SHOW],
+            env,
+            path,
+            uid,
+            gid,
+            {0: "w", 1: "r", 2: 2},
+        )
+        proto.transport.closeStdin()
+        code = yield proto.done
+        self.assertEqual(code, 0, proto.out)
+        ids, user, cwd = proto.out.decode().strip().split("\n")
+        return [int(x) for x in ids.split()], user, cwd
+
+    @inlineCallbacks
+    def test_spawn_path(self) -> Any:
+        """In the daemon's own directory (posix_spawn with setsid)."""
+        if not find_executable("ps", os.environ):
+            self.skipTest("ps is not installed")
+        (pid, pgid, sid), _, cwd = yield self.run_child(None)
+        self.assertEqual(pid, pgid)
+        self.assertEqual(pid, sid)
+        self.assertEqual(cwd, os.getcwd())
+
+    @inlineCallbacks
+    def test_fork_path(self) -> Any:
+        """In another directory (Twisted's fork path, setsid in the child)."""
+        if not find_executable("ps", os.environ):
+            self.skipTest("ps is not installed")
+        where = os.path.realpath(self.mktemp())
+        os.makedirs(where)
+        (pid, pgid, sid), _, cwd = yield self.run_child(where)
+        self.assertEqual((pgid, sid), (pid, pid))
+        self.assertEqual(cwd, where)
+
+    @inlineCallbacks
+    def test_other_user_through_setpriv(self) -> Any:
+        """As root, another user without forking the daemon (setpriv), still its own session."""
+        if os.geteuid() != 0:
+            self.skipTest("needs root")
+        if not os.access(SETPRIV, os.X_OK):
+            self.skipTest("setpriv (util-linux) is not installed")
+        if not find_executable("ps", os.environ):
+            self.skipTest("ps is not installed")
+        nobody = pwd.getpwnam("nobody")
+        (pid, pgid, sid), user, _ = yield self.run_child(
+            None, nobody.pw_uid, nobody.pw_gid
+        )
+        self.assertEqual(user, "nobody")
+        self.assertEqual((pgid, sid), (pid, pid))
