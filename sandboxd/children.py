@@ -24,10 +24,6 @@ from twisted.internet import process as _twisted_process
 from sandboxd.errors import ApiError, forbidden
 from sandboxd.policy.rules import EffectiveRule
 
-#: Where setsid lives on Debian; spawning through it keeps Twisted's fast
-#: posix_spawn path and still gives the child its own session and group.
-SETSID = "/usr/bin/setsid"
-
 #: The environment the daemon started with.  ``POST /env`` changes
 #: ``os.environ`` (what later user children inherit); the daemon's own
 #: helpers (git, the browser worker, package listings) start from this
@@ -337,13 +333,6 @@ def spawn_session(
     return SessionProcess(  # type: ignore[no-untyped-call]
         reactor, executable, args, env, path, protocol, uid, gid, child_fds
     )
-
-
-def session_argv(argv: list[str]) -> list[str]:
-    """Wrap argv so the child leads its own session and process group."""
-    if os.path.exists(SETSID):
-        return [SETSID, *argv]
-    return argv
 
 
 def descendants(root: int) -> list[int]:

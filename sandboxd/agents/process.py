@@ -21,7 +21,7 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
 
 from sandboxd.agents.jsonrpc import LineFramer
-from sandboxd.children import exit_code, session_argv, signal_name, signal_tree
+from sandboxd.children import exit_code, signal_name, signal_tree, spawn_session
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS
 
 
@@ -122,10 +122,8 @@ class AgentProcess(ProcessProtocol):
         gid: int | None = None,
     ) -> AgentProcess:
         """Start ``argv`` (``argv[0]`` already resolved) in its own session."""
-        full = session_argv([executable, *argv[1:]])
-        reactor.spawnProcess(
-            protocol, full[0], full, env=env, path=cwd, uid=uid, gid=gid
-        )
+        full = [executable, *argv[1:]]
+        spawn_session(reactor, protocol, executable, full, env, cwd, uid, gid)
         return protocol
 
     def connectionMade(self) -> None:

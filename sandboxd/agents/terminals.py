@@ -18,7 +18,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
 
-from sandboxd.children import exit_code, session_argv, signal_name, signal_tree
+from sandboxd.children import exit_code, signal_name, signal_tree, spawn_session
 from sandboxd.eventlog import EventLog
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS
 
@@ -74,11 +74,9 @@ class AgentTerminal(ProcessProtocol):
     def start(
         self, executable: str, env: dict[str, str], uid: int | None, gid: int | None
     ) -> None:
-        """Spawn it in its own session (``session_argv``)."""
-        argv = session_argv([executable, *self.args])
-        self.reactor.spawnProcess(
-            self, argv[0], argv, env=env, path=self.cwd, uid=uid, gid=gid
-        )
+        """Spawn it in its own session."""
+        argv = [executable, *self.args]
+        spawn_session(self.reactor, self, executable, argv, env, self.cwd, uid, gid)
 
     def connectionMade(self) -> None:
         assert self.transport is not None

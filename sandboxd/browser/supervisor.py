@@ -30,8 +30,8 @@ from sandboxd.children import (
     RunAs,
     child_environment,
     exit_code,
-    session_argv,
     signal_tree,
+    spawn_session,
 )
 from sandboxd.errors import ApiError, internal, unavailable
 from sandboxd.policy import defaults
@@ -247,16 +247,14 @@ class BrowserSupervisor(Service):
             run_as.apply(env)
             os.chown(self.workdir, run_as.uid, run_as.gid)
             uid, gid = run_as.uid, run_as.gid
-        argv = session_argv(
-            [sys.executable, "-I", "-u", WORKER_SCRIPT, json.dumps(config)]
-        )
+        argv = [sys.executable, "-I", "-u", WORKER_SCRIPT, json.dumps(config)]
         worker = WorkerProtocol(self)
         self.worker = worker
         self.is_ready = False
         self.starts += 1
         try:
-            self.reactor.spawnProcess(
-                worker, argv[0], argv, env=env, path=self.workdir, uid=uid, gid=gid
+            spawn_session(
+                self.reactor, worker, argv[0], argv, env, self.workdir, uid, gid
             )
         except OSError as e:
             self.worker = None
