@@ -35,8 +35,13 @@ class DaemonTestCase(TestCase):
         return None
 
     @inlineCallbacks
-    def start(self, **kwargs: Any) -> Any:
-        """Start the daemon with this case's settings (overridable)."""
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        """
+        Start the daemon with this case's settings (overridable).
+
+        :param stop_at_end: stop it in cleanup (a test that starts several
+            daemons in turn stops each itself).
+        """
         options = {
             "policy": self.policy,
             "environ": self.environ,
