@@ -48,12 +48,14 @@ class AuditLog:
 
     log = Logger(namespace="sandboxd.audit")
 
-    def __init__(self, path: str | None = None) -> None:
+    def __init__(
+        self, path: str | None = None, rotate_bytes: int = ROTATE_BYTES
+    ) -> None:
         self._file: LogFile | None = None
         if path:
             directory, name = os.path.split(os.path.abspath(path))
             self._file = LogFile(
-                name, directory, rotateLength=ROTATE_BYTES, maxRotatedFiles=KEEP_FILES
+                name, directory, rotateLength=rotate_bytes, maxRotatedFiles=KEEP_FILES
             )
         self.records = 0
 
