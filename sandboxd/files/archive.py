@@ -252,7 +252,7 @@ def _clean_name(raw: str) -> str:
 
 
 def _members(
-    data: bytes, fmt: str, max_files: int, max_bytes: int
+    data: bytes | bytearray, fmt: str, max_files: int, max_bytes: int
 ) -> tuple[Any, list[Member]]:
     members: list[Member] = []
     total = 0
@@ -377,7 +377,7 @@ def _check(members: list[Member], guard: PathGuard, dest: str, overwrite: bool) 
 
 def extract(
     guard: PathGuard,
-    data: bytes,
+    data: bytes | bytearray,
     fmt: str,
     destination: str,
     overwrite: bool,

@@ -140,7 +140,7 @@ class AtomicWrite:
             return None
         return st
 
-    def write(self, data: bytes | memoryview) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         """Append ``data``; ENOSPC aborts the whole write with 507."""
         view = memoryview(data)
         try:

@@ -226,3 +226,8 @@ def endpoint_limits(endpoint_id: str, group: str) -> dict[str, Any]:
 def upload_request_cap(max_bytes: int) -> int:
     """The HTTP body cap of an upload route: base64 growth plus JSON slack."""
     return max_bytes * 4 // 3 + 64 * KIB
+
+
+#: A streamed upload may queue this much for the writer thread before the
+#: client's socket is paused.
+UPLOAD_QUEUE_BYTES = 8 * MIB

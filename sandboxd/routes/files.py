@@ -24,6 +24,7 @@ from twisted.internet.threads import deferToThreadPool
 from sandboxd.errors import ApiError
 from sandboxd.files import archive, walk
 from sandboxd.files.atomic import AtomicWrite, etag_matches, parse_mode
+from sandboxd.files.background import BackgroundWriter
 from sandboxd.files.stream import FileProducer, b64_chunk, parse_range
 from sandboxd.files.watch import WatchService, watch_handler
 from sandboxd.guard import PathGuard
@@ -149,7 +150,7 @@ def write_bytes(
     request: ServerRequest,
     guard: PathGuard,
     path: str,
-    data: bytes,
+    data: bytes | bytearray,
     overwrite: bool,
     if_match: str | None,
     mode: int | None = None,
@@ -392,29 +393,50 @@ class RawSink:
             raise
         self.cap = max_bytes(request)
         self.hash = hashlib.sha256()
+        self.received = 0
+        transport: Any = request.raw.channel.transport if request.raw else None
+        self.background = BackgroundWriter(
+            request.context.reactor,
+            self._write_chunk,
+            transport.pauseProducing if transport else lambda: None,
+            transport.resumeProducing if transport else lambda: None,
+        )
 
-    def write(self, data: bytes) -> None:
-        """One chunk of the body."""
-        if self.writer.bytes + len(data) > self.cap:
-            self.writer.abort()
-            raise payload_too_large(self.cap)
+    def _write_chunk(self, data: bytes) -> None:
+        """In a pool thread: hash and write one chunk (both release the GIL)."""
         self.hash.update(data)
         self.writer.write(data)
 
-    def finish(self) -> dict[str, Any]:
-        """The whole body is in: rename into place."""
-        etag = self.writer.commit()
-        return {
-            "path": self.writer.path,
-            "bytes": self.writer.bytes,
-            "sha256": self.hash.hexdigest(),
-            "etag": etag,
-        }
+    def write(self, data: bytes) -> None:
+        """One chunk of the body, queued for the writer thread."""
+        self.received += len(data)
+        if self.received > self.cap:
+            self.abort()
+            raise payload_too_large(self.cap)
+        self.background.write(data)
+
+    def finish(self) -> Deferred[dict[str, Any]]:
+        """The whole body is in: once written, rename into place."""
+
+        def commit(_: object) -> dict[str, Any]:
+            etag = self.writer.commit()
+            return {
+                "path": self.writer.path,
+                "bytes": self.writer.bytes,
+                "sha256": self.hash.hexdigest(),
+                "etag": etag,
+            }
+
+        def failed(failure: Any) -> Any:
+            self.abort()
+            return failure
+
+        return self.background.flush().addCallbacks(commit, failed)
 
     def abort(self) -> None:
-        """Failed or the client left: the old file stays."""
+        """Failed or the client left: the old file stays (once no write is in flight)."""
         if not self.writer.done:
-            self.writer.abort()
+            self.background.when_idle(self.writer.abort)
 
 
 def files_write_raw(request: ServerRequest) -> Any:

@@ -1,0 +1,129 @@
+"""
+Writing a streamed upload off the reactor thread, in order, with
+backpressure.
+
+A raw upload arrives in 64 KiB pieces; hashing (SHA-256) and writing each
+on the reactor thread caps the route at well under a gigabyte a second and
+stalls every other request meanwhile.  :class:`BackgroundWriter` hands the
+pieces to the thread pool in batches, one batch in flight at a time (so the
+file is written in order), and pauses the client's socket while more than
+:data:`~sandboxd.policy.defaults.UPLOAD_QUEUE_BYTES` wait.  Both hashlib and
+``os.write`` release the GIL on large buffers, so the work overlaps with
+reading the socket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.threads import deferToThreadPool
+from twisted.python.failure import Failure
+
+from sandboxd.policy.defaults import UPLOAD_QUEUE_BYTES
+
+
+class BackgroundWriter:
+    """
+    Feeds chunks to ``work(chunk)`` in a worker thread, in order.
+
+    :param work: called in a pool thread for each chunk, in arrival order.
+    :param pause: stop reading from the client (called on the reactor).
+    :param resume: start again.
+    """
+
+    def __init__(
+        self,
+        reactor: Any,
+        work: Callable[[bytes], None],
+        pause: Callable[[], None],
+        resume: Callable[[], None],
+        high_water: int = UPLOAD_QUEUE_BYTES,
+    ) -> None:
+        self._reactor = reactor
+        self._work = work
+        self._pause = pause
+        self._resume = resume
+        self._high = high_water
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._busy = False
+        self._paused = False
+        self._error: Failure | None = None
+        self._waiters: list[Deferred[None]] = []
+        self._on_idle: Callable[[], None] | None = None
+
+    def write(self, data: bytes) -> None:
+        """Queue one chunk; raises the error of an earlier failed write."""
+        if self._error is not None:
+            self._error.raiseException()
+        self._pending.append(data)
+        self._pending_bytes += len(data)
+        if not self._busy:
+            self._next()
+        elif self._pending_bytes > self._high and not self._paused:
+            self._paused = True
+            self._pause()
+
+    def _next(self) -> None:
+        batch, self._pending, self._pending_bytes = self._pending, [], 0
+        self._busy = True
+        if self._paused:
+            self._paused = False
+            self._resume()
+        d = deferToThreadPool(
+            self._reactor, self._reactor.getThreadPool(), self._run, batch
+        )
+        d.addCallbacks(self._done, self._failed)
+
+    def _run(self, batch: list[bytes]) -> None:
+        for chunk in batch:
+            self._work(chunk)
+
+    def _done(self, _: object) -> None:
+        self._busy = False
+        if self._pending and self._error is None:
+            self._next()
+        else:
+            self._settle()
+
+    def _failed(self, failure: Failure) -> None:
+        self._busy = False
+        self._error = failure
+        self._pending, self._pending_bytes = [], 0
+        if self._paused:
+            self._paused = False
+            self._resume()
+        self._settle()
+
+    def _settle(self) -> None:
+        if self._busy:
+            return
+        if self._on_idle is not None:
+            on_idle, self._on_idle = self._on_idle, None
+            on_idle()
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if self._error is not None:
+                waiter.errback(self._error)
+            else:
+                waiter.callback(None)
+
+    def flush(self) -> Deferred[None]:
+        """Fires once every queued chunk is written (or with the first error)."""
+        if self._error is not None:
+            return fail(self._error)
+        if not self._busy and not self._pending:
+            return succeed(None)
+        d: Deferred[None] = Deferred()
+        self._waiters.append(d)
+        return d
+
+    def when_idle(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the reactor once no chunk is being written."""
+        self._pending, self._pending_bytes = [], 0
+        if self._busy:
+            self._on_idle = callback
+        else:
+            callback()
