@@ -274,3 +274,75 @@ class NotImplementedTests(DaemonTestCase):
         self.assertEqual(body["rule"], "code:not-implemented")
         rule = self.daemon.context.policy.rules["files_list"]
         self.assertEqual((rule.enabled, rule.reason), (False, "not_implemented"))
+
+
+class CorsTests(DaemonTestCase):
+    """A page on an allowed origin can call the REST routes (CORS)."""
+
+    token = TOKEN
+    policy = {"allowed_origins": ["https://console.example"]}
+
+    @inlineCallbacks
+    def test_preflight(self) -> Any:
+        """An allowed origin's preflight is 204 with the methods and headers it may use."""
+        reply = yield self.request(
+            "OPTIONS",
+            "/capabilities",
+            token=None,
+            headers={
+                "Origin": "https://console.example",
+                "Access-Control-Request-Method": "GET",
+                "Access-Control-Request-Headers": "x-access-token",
+            },
+        )
+        self.assertEqual(reply.status, 204)
+        self.assertEqual(
+            reply.header("access-control-allow-origin"), "https://console.example"
+        )
+        self.assertIn(
+            "X-Access-Token", reply.header("access-control-allow-headers") or ""
+        )
+        self.assertIn("DELETE", reply.header("access-control-allow-methods") or "")
+
+    @inlineCallbacks
+    def test_allowed_origin_reads_responses(self) -> Any:
+        """Responses to an allowed origin carry Access-Control-Allow-Origin; errors too."""
+        reply = yield self.request(
+            "GET", "/capabilities", headers={"Origin": "https://console.example"}
+        )
+        self.assertEqual(reply.status, 200)
+        self.assertEqual(
+            reply.header("access-control-allow-origin"), "https://console.example"
+        )
+        self.assertEqual(reply.header("vary"), "Origin")
+        reply = yield self.request(
+            "GET",
+            "/capabilities",
+            token="wrong",
+            headers={"Origin": "https://console.example"},
+        )
+        self.assertEqual(reply.status, 401)
+        self.assertEqual(
+            reply.header("access-control-allow-origin"), "https://console.example"
+        )
+
+    @inlineCallbacks
+    def test_other_origin(self) -> Any:
+        """Another origin gets no preflight and a 403 origin_not_allowed."""
+        reply = yield self.request(
+            "OPTIONS",
+            "/capabilities",
+            token=None,
+            headers={
+                "Origin": "https://evil.example",
+                "Access-Control-Request-Method": "GET",
+            },
+        )
+        self.assertEqual(reply.status, 501)
+        self.assertIsNone(reply.header("access-control-allow-origin"))
+        reply = yield self.request(
+            "GET", "/capabilities", headers={"Origin": "https://evil.example"}
+        )
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (403, "origin_not_allowed")
+        )

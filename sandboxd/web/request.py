@@ -25,6 +25,12 @@ from twisted.web.server import Request
 from sandboxd.audit import make_record, should_record
 from sandboxd.context import Context
 from sandboxd.errors import ApiError
+from sandboxd.web.cors import (
+    allowed_origin,
+    is_preflight,
+    preflight_headers,
+    response_headers,
+)
 from sandboxd.web.messages import BodySink, ServerRequest
 from sandboxd.web.pipeline import Admission, PipelineRefusal, Refusal, admit
 from sandboxd.web.upload import UploadBody
@@ -70,6 +76,8 @@ class SandboxRequest(Request):
     method_text = ""
     upload_body: UploadBody | None = None
     watching_finish = False
+    cors_origin: str | None = None
+    preflight = False
     payload: bytearray | None = None
     _headers_lc: Mapping[bytes, Sequence[bytes]] = {}
     body_buffer: io.BytesIO
@@ -97,6 +105,11 @@ class SandboxRequest(Request):
         method = self.method_text = channel._command.decode("latin-1")
         headers = {k.lower(): v for k, v in self.requestHeaders.getAllRawHeaders()}
         self._headers_lc = headers
+        allowed = self.context.policy.document.allowed_origins
+        self.cors_origin = allowed_origin(headers, allowed) if allowed else None
+        if self.cors_origin is not None and is_preflight(method, headers):
+            self.preflight = True
+            return
         try:
             admission = admit(self.context, method, channel._path, headers)
         except PipelineRefusal as e:
@@ -191,6 +204,14 @@ class SandboxRequest(Request):
             return
         self.site = _site(self)
         self.setHeader(b"date", datetimeToString())
+        if self.cors_origin is not None:
+            cors = preflight_headers if self.preflight else response_headers
+            for name, value in cors(self.cors_origin).items():
+                self.setHeader(name, value)
+            if self.preflight:
+                self.setResponseCode(204)
+                self.finish()
+                return
         if self.admission is None:
             refusal = self.refusal
             assert refusal is not None
