@@ -10,7 +10,9 @@ one :class:`~sandboxd.pty.PtySession` with flow control both ways.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
+from urllib.parse import urlencode
 
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
@@ -21,6 +23,7 @@ from sandboxd._autobahn import (
     WebSocketServerFactory,
     WebSocketServerProtocol,
 )
+from sandboxd.audit import make_record, should_record
 from sandboxd.auth import Identity, authenticate, presented_token
 from sandboxd.errors import ApiError
 from sandboxd.policy.defaults import (
@@ -95,11 +98,48 @@ class PtyServerProtocol(WebSocketServerProtocol):
 
     def onConnect(self, request: Any) -> None:
         """
-        Admit or refuse the upgrade with an HTTP status (SPEC §4, §8).
+        Admit or refuse the upgrade with an HTTP status (SPEC §4, §8), and
+        record the decision in the audit trail like any request.
 
         :raises ConnectionDeny: 404 wrong path or endpoint disabled, 403
             origin, host or scope, 401 credentials, 400 ambiguous query.
         """
+        started = time.monotonic()
+        try:
+            self._admit(request)
+        except ConnectionDeny as e:
+            self._audit(request, started, e.code, e.reason)
+            raise
+        self._audit(request, started, 101, None)
+
+    def _audit(
+        self, request: Any, started: float, status: int, reason: str | None
+    ) -> None:
+        context = self.factory.context
+        rule = context.policy.rules.get("pty_connect")
+        if rule is None or not should_record(rule.audit, 400 if status >= 400 else 200):
+            return
+        query = urlencode([(k, v) for k, vs in request.params.items() for v in vs])
+        context.audit.write(
+            make_record(
+                identity=self.identity.id if self.identity is not None else "-",
+                endpoint="pty_connect",
+                method="WS",
+                path=request.path,
+                query=query,
+                status=status,
+                code=_WS_CODES.get(status) if status >= 400 else None,
+                rule=rule.enabled_by if status == 404 else None,
+                started=started,
+                bytes_in=0,
+                bytes_out=0,
+                client=getattr(self.transport.getPeer(), "host", "")
+                if self.transport
+                else "",
+            )
+        )
+
+    def _admit(self, request: Any) -> None:
         context = self.factory.context
         if request.path.rstrip("/") != WS_PATH:
             raise ConnectionDeny(404, f"Not found: {request.path}")
@@ -291,6 +331,15 @@ class PtyServerProtocol(WebSocketServerProtocol):
         self._abort_timer = None
         if self.transport is not None:
             self._tcp.abortConnection()
+
+
+#: Audit codes for handshake refusals (autobahn carries a status and a text).
+_WS_CODES = {
+    400: "invalid_param",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+}
 
 
 def _may_attach(identity: Identity, session: PtySession) -> bool:

@@ -449,3 +449,49 @@ class TokenTests(TerminalCase):
             "GET", f"/pty/sessions/{theirs['session_id']}", token="other-token"
         )
         self.assertEqual(reply.status, 404)
+
+
+class HandshakeAuditTests(DaemonTestCase):
+    """WebSocket handshakes are audited like requests."""
+
+    token = "tok"
+    policy = {"defaults": {"audit": "all"}}
+    autostart = False
+
+    def setUp(self) -> Any:
+        super().setUp()
+        self.audit_path = os.path.join(self.base_dir, "audit.log")
+        return self.start(audit_log=self.audit_path)
+
+    @inlineCallbacks
+    def test_refused_handshake_recorded(self) -> Any:
+        """A handshake without credentials leaves a 401 pty_connect line, token masked."""
+        import json as _json
+
+        from autobahn.twisted.websocket import (
+            WebSocketClientFactory,
+            WebSocketClientProtocol,
+        )
+        from twisted.internet.endpoints import TCP4ClientEndpoint
+
+        port = self.daemon.context.pty_port
+        factory = WebSocketClientFactory(
+            f"ws://127.0.0.1:{port}/pty?session_id=x&access_token=bad"
+        )
+        factory.protocol = WebSocketClientProtocol
+        factory.setProtocolOptions(openHandshakeTimeout=0, closeHandshakeTimeout=0)
+        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", port)
+        protocol = yield endpoint.connect(factory)
+        closed: Deferred[None] = Deferred()
+        protocol.onClose = lambda *a: (
+            closed.callback(None) if not closed.called else None
+        )
+        yield closed
+        self.daemon.context.audit.flush()
+        with open(self.audit_path) as f:
+            lines = [_json.loads(line) for line in f]
+        ws = [r for r in lines if r["endpoint"] == "pty_connect"]
+        self.assertEqual(
+            [(r["status"], r["code"]) for r in ws], [(401, "unauthorized")]
+        )
+        self.assertNotIn("bad", ws[0]["query"])
