@@ -335,54 +335,6 @@ def spawn_session(
     )
 
 
-def descendants(root: int) -> list[int]:
-    """
-    Every live process descended from ``root`` or sharing its session.
-
-    Read from /proc, so a grandchild that left the group with ``setsid``
-    is still found while its parent chain leads back to ``root``.
-    """
-    parents: dict[int, int] = {}
-    sessions: dict[int, int] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return []
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        pid = int(name)
-        parents[pid] = int(fields[1])
-        sessions[pid] = int(fields[3])
-    found = {pid for pid, sid in sessions.items() if sid == root and pid != root}
-    changed = True
-    while changed:
-        changed = False
-        for pid, ppid in parents.items():
-            if pid not in found and pid != root and (ppid == root or ppid in found):
-                found.add(pid)
-                changed = True
-    return sorted(found)
-
-
-def signal_tree(pid: int, sig: int) -> None:
-    """Send ``sig`` to ``pid``'s process group and every descendant."""
-    targets = descendants(pid)
-    for call, target in [(os.killpg, pid), (os.kill, pid)] + [
-        (os.kill, p) for p in targets
-    ]:
-        try:
-            call(target, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
 def signal_name(number: int) -> str:
     """``SIGTERM`` for 15."""
     try:

@@ -9,13 +9,8 @@ package listings) is driven from here.
   closed shortly after (a grandchild holding them cannot hang a call), hard
   and idle timeouts end the whole tree, and reading can be paused by a slow
   client.
-- :func:`kill_tree` ends a tree: TERM to the group and every descendant
-  found in /proc (also one that left with ``setsid``, and one adopted by
-  the daemon as child subreaper that still carries the tree's marker),
-  then KILL to whatever is left after the grace period.
-- :class:`OrphanReaper` reaps, by pid only, the orphans the daemon adopts
-  as subreaper (or as PID 1); it never calls ``waitpid(-1)``, which would
-  steal statuses from Twisted.
+- Trees are found and ended by :mod:`sandboxd.proctree`; the lines of
+  ``/shell/stream`` are framed by :mod:`sandboxd.linestream`.
 - :func:`run_collect` runs a command to completion and collects its
   output with the head-and-tail cap of :class:`HeadTail`.
 - :class:`ProcessService` is the table of background processes, each with
@@ -26,12 +21,9 @@ package listings) is driven from here.
 from __future__ import annotations
 
 import codecs
-import ctypes
 import os
-import re
 import secrets
 import select
-import signal
 import threading
 import time
 from collections import OrderedDict, deque
@@ -40,41 +32,39 @@ from typing import Any
 
 import attrs
 from twisted.application.service import Service
-from twisted.internet import process as _twisted_process
-from twisted.internet.defer import CancelledError, Deferred, DeferredList, succeed
+from twisted.internet.defer import CancelledError, Deferred, DeferredList
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import ProcessProtocol
-from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sandboxd.children import RunAs, exit_code, find_executable, spawn_session
 from sandboxd.eventlog import EventLog
+from sandboxd.linestream import STREAM_NAMES
 from sandboxd.policy.defaults import (
     ENDPOINT_LIMITS,
     EVENT_OVERHEAD_BYTES,
     EXIT_DRAIN_MAX_SECONDS,
     EXIT_DRAIN_SECONDS,
     KILL_GRACE_SECONDS,
-    MAX_LINE_BYTES,
-    ORPHAN_REAP_SECONDS,
     PROCESS_HISTORY,
-    STREAM_FLUSH_BYTES,
-    STREAM_FLUSH_SECONDS,
 )
-from sandboxd.web.sse import frame
+from sandboxd.proctree import (
+    KILLING,
+    TREE_MARKER,
+    OrphanReaper,
+    adopted_orphans,
+    become_subreaper,
+    kill_tree,
+    proc_info,
+    proc_table,
+    reap_orphans,
+    signal_group,
+    signal_member,
+    tree_members,
+)
 
 log = Logger(namespace="sandboxd.processes")
-
-#: The environment name carrying a tree's marker.  Every process of the
-#: tree inherits it, so a double-forked daemon adopted by the daemon (as
-#: subreaper) is still recognised as part of the tree when it is killed.
-TREE_MARKER = "SANDBOXD_PROCESS_TREE"
-
-#: How often a kill in progress looks for survivors (seconds, growing).
-_KILL_POLLS = (0.01, 0.02, 0.05, 0.1, 0.2)
-
-_PR_SET_CHILD_SUBREAPER = 36
 
 #: A capture with no ``max_output_bytes`` keeps what /shell keeps.
 DEFAULT_CAPTURE_BYTES: int = ENDPOINT_LIMITS["shell"]["max_output_bytes"]
@@ -151,295 +141,6 @@ class HeadTail:
             else b""
         )
         return bytes(self._head) + middle + tail
-
-
-# --------------------------------------------------------------------------
-# /proc
-
-
-@attrs.frozen
-class ProcInfo:
-    """What /proc/<pid>/stat says about one process."""
-
-    pid: int
-    ppid: int
-    pgid: int
-    sid: int
-    state: str
-    start: int
-
-
-def proc_info(pid: int) -> ProcInfo | None:
-    """One process's stat line, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    try:
-        return ProcInfo(
-            pid,
-            int(fields[1]),
-            int(fields[2]),
-            int(fields[3]),
-            fields[0].decode(),
-            int(fields[19]),
-        )
-    except (IndexError, ValueError):
-        return None
-
-
-def proc_table() -> dict[int, ProcInfo]:
-    """Every process visible in /proc."""
-    table: dict[int, ProcInfo] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return table
-    for name in names:
-        if name.isdigit():
-            info = proc_info(int(name))
-            if info is not None:
-                table[info.pid] = info
-    return table
-
-
-def _has_marker(pid: int, marker: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return marker in f.read().split(b"\0")
-    except OSError:
-        return False
-
-
-def own_children() -> list[int]:
-    """The daemon's direct children (``/proc/self/task/*/children``)."""
-    pids: set[int] = set()
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        tasks = []
-    found = False
-    for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/children", "rb") as f:
-                pids.update(int(p) for p in f.read().split())
-            found = True
-        except OSError:
-            continue
-    if not found:
-        me = os.getpid()
-        pids = {p.pid for p in proc_table().values() if p.ppid == me}
-    return sorted(pids)
-
-
-def adopted_orphans() -> list[int]:
-    """Children of the daemon that Twisted did not spawn (orphans it adopted)."""
-    registered = _twisted_process.reapProcessHandlers
-    return [pid for pid in own_children() if pid not in registered]
-
-
-def tree_members(
-    leader: int, marker: str | None, table: dict[int, ProcInfo] | None = None
-) -> dict[int, int]:
-    """
-    The live members of ``leader``'s tree as ``{pid: start time}``: its
-    session and group, every descendant by parent link, and adopted
-    orphans (with their descendants) that carry ``marker``.
-    """
-    table = proc_table() if table is None else table
-    found = {
-        p.pid
-        for p in table.values()
-        if p.pid != leader and (p.sid == leader or p.pgid == leader) and p.state != "Z"
-    }
-    roots = {leader}
-    if marker is not None:
-        needle = f"{TREE_MARKER}={marker}".encode()
-        me = os.getpid()
-        for p in table.values():
-            if (
-                p.ppid == me
-                and p.pid != leader
-                and p.state != "Z"
-                and p.pid not in _twisted_process.reapProcessHandlers
-                and _has_marker(p.pid, needle)
-            ):
-                found.add(p.pid)
-    children: dict[int, list[int]] = {}
-    for p in table.values():
-        children.setdefault(p.ppid, []).append(p.pid)
-    stack = list(roots | found)
-    while stack:
-        for child in children.get(stack.pop(), ()):
-            if child not in found and child != leader and table[child].state != "Z":
-                found.add(child)
-                stack.append(child)
-    return {pid: table[pid].start for pid in found}
-
-
-def _alive(pid: int, start: int) -> bool:
-    info = proc_info(pid)
-    return info is not None and info.start == start and info.state != "Z"
-
-
-def _send(pid: int, start: int | None, sig: int) -> None:
-    if start is not None and not _alive(pid, start):
-        return
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _send_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-# --------------------------------------------------------------------------
-# Killing trees and reaping orphans
-
-
-def kill_tree(
-    clock: Any,
-    leader: int,
-    marker: str | None = None,
-    grace: float = KILL_GRACE_SECONDS,
-    leader_start: int | None = None,
-) -> Deferred[None]:
-    """
-    End ``leader``'s whole tree: TERM now, KILL to survivors after ``grace``.
-
-    Members are remembered by (pid, start time) from the first look, so a
-    grandchild that ignores TERM and is reparented when its parent dies is
-    still killed, and a pid reused meanwhile is left alone.  Fires once no
-    member is left (or shortly after the KILL).
-    """
-    if leader in (0, 1, os.getpid()) or leader < 0:
-        return succeed(None)
-    done: Deferred[None] = Deferred()
-    members = tree_members(leader, marker)
-    if leader_start is None:
-        info = proc_info(leader)
-        leader_start = info.start if info is not None else None
-    if leader_start is not None:
-        members[leader] = leader_start
-    deadline = clock.seconds() + grace
-    state = {"polls": 0, "killed": False}
-
-    def signal_all(sig: int) -> None:
-        _send_group(leader, sig)
-        for pid, start in list(members.items()):
-            _send(pid, start, sig)
-
-    def survivors() -> bool:
-        table = proc_table()
-        for pid, start in list(members.items()):
-            info = table.get(pid)
-            if info is None or info.start != start or info.state == "Z":
-                del members[pid]
-        group = any(p.pgid == leader and p.state != "Z" for p in table.values())
-        if members or group:
-            members.update(tree_members(leader, marker, table))
-            return True
-        return False
-
-    def check() -> None:
-        reap_orphans()
-        if not survivors():
-            done.callback(None)
-            return
-        now = clock.seconds()
-        if state["killed"]:
-            if now > deadline + 1.0:
-                done.callback(None)
-                return
-        elif now >= deadline:
-            state["killed"] = True
-            signal_all(signal.SIGKILL)
-        delay = _KILL_POLLS[min(state["polls"], len(_KILL_POLLS) - 1)]
-        state["polls"] += 1
-        if not state["killed"]:
-            delay = min(delay, max(0.001, deadline - now))
-        clock.callLater(delay, check)
-
-    signal_all(signal.SIGTERM)
-    signal_all(signal.SIGCONT)  # a stopped process cannot act on TERM
-    if grace <= 0:
-        state["killed"] = True
-        signal_all(signal.SIGKILL)
-    KILLING.add(done)
-    done.addBoth(_forget_killer, done)
-    clock.callLater(0, check)
-    return done
-
-
-#: Tree kills in progress (shutdown waits for them).
-KILLING: set[Deferred[None]] = set()
-
-
-def _forget_killer(result: Any, done: Deferred[None]) -> Any:
-    KILLING.discard(done)
-    return result
-
-
-def reap_orphans() -> int:
-    """
-    Reap adopted orphans that have exited, by pid only; returns how many.
-
-    Only children Twisted did not spawn are touched, so Twisted's own
-    reaping (and ``processEnded``) is never disturbed.
-    """
-    reaped = 0
-    for pid in adopted_orphans():
-        info = proc_info(pid)
-        if info is None or info.state != "Z":
-            continue
-        try:
-            got, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            continue
-        if got:
-            reaped += 1
-    return reaped
-
-
-def become_subreaper() -> bool:
-    """
-    Make the daemon the child subreaper of its descendants (Linux), so an
-    orphan that escaped its group is reparented here, where it can be
-    found, killed and reaped, instead of to init.
-    """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
-
-
-class OrphanReaper:
-    """Reaps adopted orphans now and then while the daemon runs."""
-
-    def __init__(self, clock: Any, interval: float = ORPHAN_REAP_SECONDS) -> None:
-        self._loop = LoopingCall(reap_orphans)
-        self._loop.clock = clock
-        self._interval = interval
-
-    def start(self) -> None:
-        """Start reaping (when the daemon is a subreaper or PID 1)."""
-        if not self._loop.running:
-            self._loop.start(self._interval, now=False).addErrback(
-                lambda f: log.failure("orphan reaping failed", f)
-            )
-
-    def stop(self) -> None:
-        """Stop reaping."""
-        if self._loop.running:
-            self._loop.stop()
 
 
 # --------------------------------------------------------------------------
@@ -667,11 +368,11 @@ def signal_child(child: Child, sig: int) -> None:
     """
     if child.has_exited or child.pid <= 1 or child.pid == os.getpid():
         return
-    _send_group(child.pid, sig)
+    signal_group(child.pid, sig)
     table = proc_table()
     for pid, start in tree_members(child.pid, child.marker, table).items():
         if table[pid].pgid != child.pid:
-            _send(pid, start, sig)
+            signal_member(pid, start, sig)
 
 
 def _env_has_chdir() -> bool:
@@ -796,6 +497,18 @@ class RunResult:
     duration_ms: float
 
 
+def _after(d: Deferred[Any]) -> Deferred[None]:
+    """A Deferred that fires once ``d`` has, leaving ``d``'s own result alone."""
+    after: Deferred[None] = Deferred()
+
+    def fire(result: Any) -> Any:
+        after.callback(None)
+        return result
+
+    d.addBoth(fire)
+    return after
+
+
 async def run_collect(
     reactor: Any,
     argv: list[str],
@@ -858,6 +571,10 @@ async def run_collect(
     except CancelledError:
         child.kill("cancelled")
         raise
+    if child.killing is not None:
+        # The answer promises the tree is gone: wait for the kill to finish
+        # (it also leaves no timer running behind the call).
+        await _after(child.killing)
     return RunResult(
         stdout=out.value(),
         stderr=err.value(),
@@ -888,165 +605,6 @@ def end_all(clock: Any, grace: float = KILL_GRACE_SECONDS) -> Deferred[Any]:
     waits.extend(KILLING)
     reap_orphans()
     return DeferredList(waits, consumeErrors=True)
-
-
-# --------------------------------------------------------------------------
-# /shell/stream: lines as they complete, coalesced into few writes
-
-_NEEDS_JSON = re.compile(rb'[\x00-\x09\x0b-\x1f"\\\x80-\xff]')
-_STREAM_NAMES = {1: "stdout", 2: "stderr"}
-_PREFIX = {
-    fd: f'event: {name}\ndata: {{"data":"'.encode()
-    for fd, name in _STREAM_NAMES.items()
-}
-_SUFFIX = b'"}\n\n'
-
-
-class LineStream:
-    """
-    Turns a child's output into SSE ``stdout``/``stderr`` line events.
-
-    Lines are sent in the order their reads arrived, each as soon as it is
-    complete; writes closer together than ``flush_seconds`` are coalesced
-    (the first one goes out at once, so the first event is never delayed).
-    Each stream sends its first ``cap // 2`` bytes live and keeps the last
-    ``cap // 2`` for the end, announcing what was dropped between them.
-
-    :param write: takes the frame bytes (``SSEChannel.write_raw``).
-    """
-
-    def __init__(
-        self,
-        clock: Any,
-        write: Callable[[bytes], None],
-        cap: int,
-        flush_seconds: float = STREAM_FLUSH_SECONDS,
-        flush_bytes: int = STREAM_FLUSH_BYTES,
-        max_line: int = MAX_LINE_BYTES,
-    ) -> None:
-        self.clock = clock
-        self.write = write
-        self.flush_seconds = flush_seconds
-        self.flush_bytes = flush_bytes
-        self.max_line = max_line
-        self._partial = {1: b"", 2: b""}
-        self._live = {1: cap // 2, 2: cap // 2}
-        self._tail_cap = cap - cap // 2
-        self._tail: dict[int, deque[bytes]] = {1: deque(), 2: deque()}
-        self._tail_len = {1: 0, 2: 0}
-        self.dropped = {1: 0, 2: 0}
-        self._pending: list[bytes] = []
-        self._pending_len = 0
-        self._last_flush = -1e9
-        self._timer: IDelayedCall | None = None
-        self.closed = False
-
-    # -- input -------------------------------------------------------------
-
-    def feed(self, fd: int, data: bytes) -> None:
-        """A read from the child's stdout (1) or stderr (2)."""
-        if fd not in _PREFIX or self.closed:
-            return
-        buf = self._partial[fd] + data if self._partial[fd] else data
-        cut = buf.rfind(b"\n")
-        if cut >= 0:
-            self._lines(fd, buf[:cut])
-            buf = buf[cut + 1 :]
-        while len(buf) >= self.max_line:
-            self._line(fd, buf[: self.max_line])
-            buf = buf[self.max_line :]
-        self._partial[fd] = buf
-        self._queued()
-
-    def _lines(self, fd: int, block: bytes) -> None:
-        size = len(block) + 1
-        if size <= self._live[fd] and _NEEDS_JSON.search(block) is None:
-            self._live[fd] -= size
-            self._add(
-                _PREFIX[fd] + block.replace(b"\n", _SUFFIX + _PREFIX[fd]) + _SUFFIX
-            )
-            return
-        for line in block.split(b"\n"):
-            self._line(fd, line)
-
-    def _line(self, fd: int, line: bytes) -> None:
-        if line.endswith(b"\r"):
-            line = line[:-1]
-        size = len(line) + 1
-        if size <= self._live[fd]:
-            self._live[fd] -= size
-            self._add(
-                frame(_STREAM_NAMES[fd], {"data": line.decode("utf-8", "replace")})
-            )
-            return
-        self._live[fd] = 0
-        tail = self._tail[fd]
-        tail.append(line)
-        self._tail_len[fd] += size
-        while self._tail_len[fd] > self._tail_cap and tail:
-            old = tail.popleft()
-            self._tail_len[fd] -= len(old) + 1
-            self.dropped[fd] += len(old) + 1
-
-    # -- output ------------------------------------------------------------
-
-    def _add(self, data: bytes) -> None:
-        self._pending.append(data)
-        self._pending_len += len(data)
-
-    def _queued(self) -> None:
-        if not self._pending:
-            return
-        waited = self.clock.seconds() - self._last_flush
-        if self._pending_len >= self.flush_bytes or waited >= self.flush_seconds:
-            self.flush()
-        elif self._timer is None:
-            self._timer = self.clock.callLater(self.flush_seconds - waited, self.flush)
-
-    def flush(self) -> None:
-        """Write whatever is pending as one write."""
-        if self._timer is not None:
-            if self._timer.active():
-                self._timer.cancel()
-            self._timer = None
-        if not self._pending:
-            return
-        data = b"".join(self._pending) if len(self._pending) > 1 else self._pending[0]
-        self._pending.clear()
-        self._pending_len = 0
-        self._last_flush = self.clock.seconds()
-        self.write(data)
-
-    def event(self, name: str, data: Any) -> None:
-        """Queue a non-line event (``truncated``, ``error``, ``exit``)."""
-        self._add(frame(name, data))
-
-    def finish(self) -> None:
-        """The child's pipes are closed: last partial lines, then the kept tails."""
-        for fd in (1, 2):
-            if self._partial[fd]:
-                self._line(fd, self._partial[fd])
-                self._partial[fd] = b""
-        for fd in (1, 2):
-            if self.dropped[fd] or self._tail[fd]:
-                if self.dropped[fd]:
-                    self.event(
-                        "truncated",
-                        {
-                            "stream": _STREAM_NAMES[fd],
-                            "dropped_bytes": self.dropped[fd],
-                        },
-                    )
-                for line in self._tail[fd]:
-                    self.event(
-                        _STREAM_NAMES[fd], {"data": line.decode("utf-8", "replace")}
-                    )
-                self._tail[fd].clear()
-
-    def close(self) -> None:
-        """No more writes (flushes first)."""
-        self.flush()
-        self.closed = True
 
 
 def timeout_error(child: Child) -> dict[str, Any] | None:
@@ -1091,7 +649,7 @@ class Managed:
         self.output_bytes = 0
         self.ended_at: float | None = None
         self._decoders = {
-            fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in _STREAM_NAMES
+            fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in STREAM_NAMES
         }
 
     @property
@@ -1113,7 +671,7 @@ class Managed:
         text = decoder.decode(data)
         if text:
             self.log.append(
-                _STREAM_NAMES[fd], {"data": text}, len(data) + EVENT_OVERHEAD_BYTES
+                STREAM_NAMES[fd], {"data": text}, len(data) + EVENT_OVERHEAD_BYTES
             )
 
     def on_ended(self, code: int | None) -> None:
@@ -1123,7 +681,7 @@ class Managed:
             text = decoder.decode(b"", final=True)
             if text:
                 self.log.append(
-                    _STREAM_NAMES[fd], {"data": text}, len(text) + EVENT_OVERHEAD_BYTES
+                    STREAM_NAMES[fd], {"data": text}, len(text) + EVENT_OVERHEAD_BYTES
                 )
         error = timeout_error(self.child)
         if error is not None:

@@ -32,7 +32,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from sandboxd.children import RunAs, descendants, exit_code, signal_tree
+from sandboxd.children import RunAs, exit_code
 from sandboxd.policy.defaults import (
     KILL_GRACE_SECONDS,
     PTY_COALESCE_SECONDS,
@@ -41,6 +41,7 @@ from sandboxd.policy.defaults import (
     PTY_SCROLLBACK_BYTES,
     PTY_SLOW_CLIENT_SECONDS,
 )
+from sandboxd.proctree import descendants, signal_tree
 
 log = Logger(namespace="sandboxd.pty")
 

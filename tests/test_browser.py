@@ -18,7 +18,7 @@ from twisted.web.server import Site
 from twisted.web.util import Redirect
 
 from sandboxd.browser import supervisor
-from sandboxd.children import descendants
+from sandboxd.proctree import descendants
 from tests.helpers import DaemonTestCase
 
 PAGE = b"""<!doctype html>

@@ -19,7 +19,7 @@ from twisted.internet.defer import (
 from twisted.internet.task import Clock, deferLater
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from sandboxd import processes
+from sandboxd import processes, proctree
 from sandboxd.processes import HeadTail, run_collect
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
@@ -36,7 +36,7 @@ def marked_pids(marker: str) -> list[int]:
                 cmdline = f.read()
         except OSError:
             continue
-        info = processes.proc_info(int(name))
+        info = proctree.proc_info(int(name))
         if marker.encode() in cmdline and info is not None and info.state != "Z":
             found.append(int(name))
     return found
@@ -361,7 +361,7 @@ class TreeTests(TestCase):
     def setUp(self) -> None:
         self.marker = f"60.{secrets.randbelow(10**12):012d}"
         self.addCleanup(kill_marked, self.marker)
-        if not processes.become_subreaper():
+        if not proctree.become_subreaper():
             raise self.skipTest("no PR_SET_CHILD_SUBREAPER here")
 
     def run_(self, script: str, **kwargs: Any) -> Deferred[processes.RunResult]:
@@ -398,19 +398,19 @@ class TreeTests(TestCase):
         result = yield self.run_("sleep 0.2 & echo $!", timeout=5)
         orphan = int(result.stdout)
         for _ in range(100):
-            info = processes.proc_info(orphan)
+            info = proctree.proc_info(orphan)
             if info is None or info.state == "Z":
                 break
             yield deferLater(reactor, 0.05, lambda: None)
-        info = processes.proc_info(orphan)
+        info = proctree.proc_info(orphan)
         if info is not None:
             self.assertEqual(info.ppid, os.getpid())
-            processes.reap_orphans()
-        self.assertIsNone(processes.proc_info(orphan))
+            proctree.reap_orphans()
+        self.assertIsNone(proctree.proc_info(orphan))
 
 
 def gather_killers() -> Deferred[Any]:
     """Wait for tree kills still polling, so the reactor is clean."""
     from twisted.internet.defer import DeferredList
 
-    return DeferredList(list(processes.KILLING), consumeErrors=True)
+    return DeferredList(list(proctree.KILLING), consumeErrors=True)

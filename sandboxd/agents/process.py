@@ -21,8 +21,9 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
 
 from sandboxd.agents.jsonrpc import LineFramer
-from sandboxd.children import exit_code, signal_name, signal_tree, spawn_session
+from sandboxd.children import exit_code, signal_name, spawn_session
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS
+from sandboxd.proctree import signal_tree
 
 
 class HeadTailLog:

@@ -18,9 +18,10 @@ from twisted.internet.defer import Deferred
 from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
 
-from sandboxd.children import exit_code, signal_name, signal_tree, spawn_session
+from sandboxd.children import exit_code, signal_name, spawn_session
 from sandboxd.eventlog import EventLog
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS
+from sandboxd.proctree import signal_tree
 
 
 def utf8_tail(data: bytes, limit: int) -> bytes:

@@ -30,11 +30,11 @@ from sandboxd.children import (
     RunAs,
     child_environment,
     exit_code,
-    signal_tree,
     spawn_session,
 )
 from sandboxd.errors import ApiError, internal, unavailable
 from sandboxd.policy import defaults
+from sandboxd.proctree import signal_tree
 
 log = Logger(namespace="sandboxd.browser")
 

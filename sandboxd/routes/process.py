@@ -27,8 +27,9 @@ from sandboxd.children import (
 from sandboxd.errors import ApiError, bad_request, forbidden, not_found, unavailable
 from sandboxd.eventlog import Follower, resume_point
 from sandboxd.guard import PathGuard
+from sandboxd.linestream import LineStream
 from sandboxd.policy.defaults import STDIN_PENDING_BYTES
-from sandboxd.processes import Child, LineStream, ProcessService, run_collect, spawn
+from sandboxd.processes import Child, ProcessService, run_collect, spawn
 from sandboxd.web.messages import ServerRequest, SSEResponse
 from sandboxd.web.sse import SSEChannel
 

@@ -1,0 +1,174 @@
+"""
+``/shell/stream``'s output: stdout and stderr lines as they complete,
+framed as SSE events and coalesced into few writes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.interfaces import IDelayedCall
+
+from sandboxd.policy.defaults import (
+    MAX_LINE_BYTES,
+    STREAM_FLUSH_BYTES,
+    STREAM_FLUSH_SECONDS,
+)
+from sandboxd.web.sse import frame
+
+_NEEDS_JSON = re.compile(rb'[\x00-\x09\x0b-\x1f"\\\x80-\xff]')
+STREAM_NAMES = {1: "stdout", 2: "stderr"}
+_PREFIX = {
+    fd: f'event: {name}\ndata: {{"data":"'.encode() for fd, name in STREAM_NAMES.items()
+}
+_SUFFIX = b'"}\n\n'
+
+
+class LineStream:
+    """
+    Turns a child's output into SSE ``stdout``/``stderr`` line events.
+
+    Lines are sent in the order their reads arrived, each as soon as it is
+    complete; writes closer together than ``flush_seconds`` are coalesced
+    (the first one goes out at once, so the first event is never delayed).
+    Each stream sends its first ``cap // 2`` bytes live and keeps the last
+    ``cap // 2`` for the end, announcing what was dropped between them.
+
+    :param write: takes the frame bytes (``SSEChannel.write_raw``).
+    """
+
+    def __init__(
+        self,
+        clock: Any,
+        write: Callable[[bytes], None],
+        cap: int,
+        flush_seconds: float = STREAM_FLUSH_SECONDS,
+        flush_bytes: int = STREAM_FLUSH_BYTES,
+        max_line: int = MAX_LINE_BYTES,
+    ) -> None:
+        self.clock = clock
+        self.write = write
+        self.flush_seconds = flush_seconds
+        self.flush_bytes = flush_bytes
+        self.max_line = max_line
+        self._partial = {1: b"", 2: b""}
+        self._live = {1: cap // 2, 2: cap // 2}
+        self._tail_cap = cap - cap // 2
+        self._tail: dict[int, deque[bytes]] = {1: deque(), 2: deque()}
+        self._tail_len = {1: 0, 2: 0}
+        self.dropped = {1: 0, 2: 0}
+        self._pending: list[bytes] = []
+        self._pending_len = 0
+        self._last_flush = -1e9
+        self._timer: IDelayedCall | None = None
+        self.closed = False
+
+    # -- input -------------------------------------------------------------
+
+    def feed(self, fd: int, data: bytes) -> None:
+        """A read from the child's stdout (1) or stderr (2)."""
+        if fd not in _PREFIX or self.closed:
+            return
+        buf = self._partial[fd] + data if self._partial[fd] else data
+        cut = buf.rfind(b"\n")
+        if cut >= 0:
+            self._lines(fd, buf[:cut])
+            buf = buf[cut + 1 :]
+        while len(buf) >= self.max_line:
+            self._line(fd, buf[: self.max_line])
+            buf = buf[self.max_line :]
+        self._partial[fd] = buf
+        self._queued()
+
+    def _lines(self, fd: int, block: bytes) -> None:
+        size = len(block) + 1
+        if size <= self._live[fd] and _NEEDS_JSON.search(block) is None:
+            self._live[fd] -= size
+            self._add(
+                _PREFIX[fd] + block.replace(b"\n", _SUFFIX + _PREFIX[fd]) + _SUFFIX
+            )
+            return
+        for line in block.split(b"\n"):
+            self._line(fd, line)
+
+    def _line(self, fd: int, line: bytes) -> None:
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        size = len(line) + 1
+        if size <= self._live[fd]:
+            self._live[fd] -= size
+            self._add(
+                frame(STREAM_NAMES[fd], {"data": line.decode("utf-8", "replace")})
+            )
+            return
+        self._live[fd] = 0
+        tail = self._tail[fd]
+        tail.append(line)
+        self._tail_len[fd] += size
+        while self._tail_len[fd] > self._tail_cap and tail:
+            old = tail.popleft()
+            self._tail_len[fd] -= len(old) + 1
+            self.dropped[fd] += len(old) + 1
+
+    # -- output ------------------------------------------------------------
+
+    def _add(self, data: bytes) -> None:
+        self._pending.append(data)
+        self._pending_len += len(data)
+
+    def _queued(self) -> None:
+        if not self._pending:
+            return
+        waited = self.clock.seconds() - self._last_flush
+        if self._pending_len >= self.flush_bytes or waited >= self.flush_seconds:
+            self.flush()
+        elif self._timer is None:
+            self._timer = self.clock.callLater(self.flush_seconds - waited, self.flush)
+
+    def flush(self) -> None:
+        """Write whatever is pending as one write."""
+        if self._timer is not None:
+            if self._timer.active():
+                self._timer.cancel()
+            self._timer = None
+        if not self._pending:
+            return
+        data = b"".join(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self._pending.clear()
+        self._pending_len = 0
+        self._last_flush = self.clock.seconds()
+        self.write(data)
+
+    def event(self, name: str, data: Any) -> None:
+        """Queue a non-line event (``truncated``, ``error``, ``exit``)."""
+        self._add(frame(name, data))
+
+    def finish(self) -> None:
+        """The child's pipes are closed: last partial lines, then the kept tails."""
+        for fd in (1, 2):
+            if self._partial[fd]:
+                self._line(fd, self._partial[fd])
+                self._partial[fd] = b""
+        for fd in (1, 2):
+            if self.dropped[fd] or self._tail[fd]:
+                if self.dropped[fd]:
+                    self.event(
+                        "truncated",
+                        {
+                            "stream": STREAM_NAMES[fd],
+                            "dropped_bytes": self.dropped[fd],
+                        },
+                    )
+                for line in self._tail[fd]:
+                    self.event(
+                        STREAM_NAMES[fd], {"data": line.decode("utf-8", "replace")}
+                    )
+                self._tail[fd].clear()
+
+    def close(self) -> None:
+        """No more writes (flushes first)."""
+        self.flush()
+        self.closed = True

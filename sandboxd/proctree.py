@@ -1,0 +1,372 @@
+"""
+Process trees, read from /proc: who belongs to a child's tree, how the
+whole tree is ended, and how orphans the daemon adopts are reaped.
+
+- :func:`kill_tree` ends a tree: TERM to the group and every descendant
+  found in /proc (also one that left with ``setsid``, and one adopted by
+  the daemon as child subreaper that still carries the tree's marker),
+  then KILL to whatever is left after the grace period.
+- :class:`OrphanReaper` reaps, by pid only, the orphans the daemon adopts
+  as subreaper (or as PID 1); it never calls ``waitpid(-1)``, which would
+  steal statuses from Twisted.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from typing import Any
+
+import attrs
+from twisted.internet import process as _twisted_process
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+
+from sandboxd.policy.defaults import KILL_GRACE_SECONDS, ORPHAN_REAP_SECONDS
+
+log = Logger(namespace="sandboxd.proctree")
+
+#: The environment name carrying a tree's marker.  Every process of the
+#: tree inherits it, so a double-forked daemon adopted by the daemon (as
+#: subreaper) is still recognised as part of the tree when it is killed.
+TREE_MARKER = "SANDBOXD_PROCESS_TREE"
+
+#: How often a kill in progress looks for survivors (seconds, growing).
+_KILL_POLLS = (0.01, 0.02, 0.05, 0.1, 0.2)
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+@attrs.frozen
+class ProcInfo:
+    """What /proc/<pid>/stat says about one process."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    state: str
+    start: int
+
+
+def proc_info(pid: int) -> ProcInfo | None:
+    """One process's stat line, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return ProcInfo(
+            pid,
+            int(fields[1]),
+            int(fields[2]),
+            int(fields[3]),
+            fields[0].decode(),
+            int(fields[19]),
+        )
+    except (IndexError, ValueError):
+        return None
+
+
+def proc_table() -> dict[int, ProcInfo]:
+    """Every process visible in /proc."""
+    table: dict[int, ProcInfo] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return table
+    for name in names:
+        if name.isdigit():
+            info = proc_info(int(name))
+            if info is not None:
+                table[info.pid] = info
+    return table
+
+
+def _has_marker(pid: int, marker: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return marker in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def own_children() -> list[int]:
+    """The daemon's direct children (``/proc/self/task/*/children``)."""
+    pids: set[int] = set()
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        tasks = []
+    found = False
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/children", "rb") as f:
+                pids.update(int(p) for p in f.read().split())
+            found = True
+        except OSError:
+            continue
+    if not found:
+        me = os.getpid()
+        pids = {p.pid for p in proc_table().values() if p.ppid == me}
+    return sorted(pids)
+
+
+def adopted_orphans() -> list[int]:
+    """Children of the daemon that Twisted did not spawn (orphans it adopted)."""
+    registered = _twisted_process.reapProcessHandlers
+    return [pid for pid in own_children() if pid not in registered]
+
+
+def tree_members(
+    leader: int, marker: str | None, table: dict[int, ProcInfo] | None = None
+) -> dict[int, int]:
+    """
+    The live members of ``leader``'s tree as ``{pid: start time}``: its
+    session and group, every descendant by parent link, and adopted
+    orphans (with their descendants) that carry ``marker``.
+    """
+    table = proc_table() if table is None else table
+    found = {
+        p.pid
+        for p in table.values()
+        if p.pid != leader and (p.sid == leader or p.pgid == leader) and p.state != "Z"
+    }
+    roots = {leader}
+    if marker is not None:
+        needle = f"{TREE_MARKER}={marker}".encode()
+        me = os.getpid()
+        for p in table.values():
+            if (
+                p.ppid == me
+                and p.pid != leader
+                and p.state != "Z"
+                and p.pid not in _twisted_process.reapProcessHandlers
+                and _has_marker(p.pid, needle)
+            ):
+                found.add(p.pid)
+    children: dict[int, list[int]] = {}
+    for p in table.values():
+        children.setdefault(p.ppid, []).append(p.pid)
+    stack = list(roots | found)
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in found and child != leader and table[child].state != "Z":
+                found.add(child)
+                stack.append(child)
+    return {pid: table[pid].start for pid in found}
+
+
+def _alive(pid: int, start: int) -> bool:
+    info = proc_info(pid)
+    return info is not None and info.start == start and info.state != "Z"
+
+
+def signal_member(pid: int, start: int | None, sig: int) -> None:
+    if start is not None and not _alive(pid, start):
+        return
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# --------------------------------------------------------------------------
+# Killing trees and reaping orphans
+
+
+def kill_tree(
+    clock: Any,
+    leader: int,
+    marker: str | None = None,
+    grace: float = KILL_GRACE_SECONDS,
+    leader_start: int | None = None,
+) -> Deferred[None]:
+    """
+    End ``leader``'s whole tree: TERM now, KILL to survivors after ``grace``.
+
+    Members are remembered by (pid, start time) from the first look, so a
+    grandchild that ignores TERM and is reparented when its parent dies is
+    still killed, and a pid reused meanwhile is left alone.  Fires once no
+    member is left (or shortly after the KILL).
+    """
+    if leader in (0, 1, os.getpid()) or leader < 0:
+        return succeed(None)
+    done: Deferred[None] = Deferred()
+    members = tree_members(leader, marker)
+    if leader_start is None:
+        info = proc_info(leader)
+        leader_start = info.start if info is not None else None
+    if leader_start is not None:
+        members[leader] = leader_start
+    deadline = clock.seconds() + grace
+    state = {"polls": 0, "killed": False}
+
+    def signal_all(sig: int) -> None:
+        signal_group(leader, sig)
+        for pid, start in list(members.items()):
+            signal_member(pid, start, sig)
+
+    def survivors() -> bool:
+        table = proc_table()
+        for pid, start in list(members.items()):
+            info = table.get(pid)
+            if info is None or info.start != start or info.state == "Z":
+                del members[pid]
+        group = any(p.pgid == leader and p.state != "Z" for p in table.values())
+        if members or group:
+            members.update(tree_members(leader, marker, table))
+            return True
+        return False
+
+    def check() -> None:
+        reap_orphans()
+        if not survivors():
+            done.callback(None)
+            return
+        now = clock.seconds()
+        if state["killed"]:
+            if now > deadline + 1.0:
+                done.callback(None)
+                return
+        elif now >= deadline:
+            state["killed"] = True
+            signal_all(signal.SIGKILL)
+        delay = _KILL_POLLS[min(state["polls"], len(_KILL_POLLS) - 1)]
+        state["polls"] += 1
+        if not state["killed"]:
+            delay = min(delay, max(0.001, deadline - now))
+        clock.callLater(delay, check)
+
+    signal_all(signal.SIGTERM)
+    signal_all(signal.SIGCONT)  # a stopped process cannot act on TERM
+    if grace <= 0:
+        state["killed"] = True
+        signal_all(signal.SIGKILL)
+    KILLING.add(done)
+    done.addBoth(_forget_killer, done)
+    clock.callLater(0, check)
+    return done
+
+
+#: Tree kills in progress (shutdown waits for them).
+KILLING: set[Deferred[None]] = set()
+
+
+def _forget_killer(result: Any, done: Deferred[None]) -> Any:
+    KILLING.discard(done)
+    return result
+
+
+def reap_orphans() -> int:
+    """
+    Reap adopted orphans that have exited, by pid only; returns how many.
+
+    Only children Twisted did not spawn are touched, so Twisted's own
+    reaping (and ``processEnded``) is never disturbed.
+    """
+    reaped = 0
+    for pid in adopted_orphans():
+        info = proc_info(pid)
+        if info is None or info.state != "Z":
+            continue
+        try:
+            got, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            continue
+        if got:
+            reaped += 1
+    return reaped
+
+
+def become_subreaper() -> bool:
+    """
+    Make the daemon the child subreaper of its descendants (Linux), so an
+    orphan that escaped its group is reparented here, where it can be
+    found, killed and reaped, instead of to init.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+class OrphanReaper:
+    """Reaps adopted orphans now and then while the daemon runs."""
+
+    def __init__(self, clock: Any, interval: float = ORPHAN_REAP_SECONDS) -> None:
+        self._loop = LoopingCall(reap_orphans)
+        self._loop.clock = clock
+        self._interval = interval
+
+    def start(self) -> None:
+        """Start reaping (when the daemon is a subreaper or PID 1)."""
+        if not self._loop.running:
+            self._loop.start(self._interval, now=False).addErrback(
+                lambda f: log.failure("orphan reaping failed", f)
+            )
+
+    def stop(self) -> None:
+        """Stop reaping."""
+        if self._loop.running:
+            self._loop.stop()
+
+
+def descendants(root: int) -> list[int]:
+    """
+    Every live process descended from ``root`` or sharing its session.
+
+    Read from /proc, so a grandchild that left the group with ``setsid``
+    is still found while its parent chain leads back to ``root``.
+    """
+    parents: dict[int, int] = {}
+    sessions: dict[int, int] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        pid = int(name)
+        parents[pid] = int(fields[1])
+        sessions[pid] = int(fields[3])
+    found = {pid for pid, sid in sessions.items() if sid == root and pid != root}
+    changed = True
+    while changed:
+        changed = False
+        for pid, ppid in parents.items():
+            if pid not in found and pid != root and (ppid == root or ppid in found):
+                found.add(pid)
+                changed = True
+    return sorted(found)
+
+
+def signal_tree(pid: int, sig: int) -> None:
+    """Send ``sig`` to ``pid``'s process group and every descendant."""
+    targets = descendants(pid)
+    for call, target in [(os.killpg, pid), (os.kill, pid)] + [
+        (os.kill, p) for p in targets
+    ]:
+        try:
+            call(target, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
