@@ -169,7 +169,14 @@ class LocalModeTests(DaemonTestCase, RawMixin):
     @inlineCallbacks
     def test_invalid_json(self) -> Any:
         """A body that is not JSON, or not an object, is 400 invalid_json."""
-        for raw in (b"{nope", b"[1, 2]", b"\xff\xfe"):
+        for raw in (
+            b"{nope",
+            b"[1, 2]",
+            b"\xff\xfe",
+            b'{"endpoint": "health", "endpoint": "shell"}',
+            b'{"endpoint": NaN}',
+            b"[" * 100000 + b"]" * 100000,
+        ):
             reply = yield self.request("POST", "/capabilities/check", raw_body=raw)
             self.assertEqual(reply.status, 400)
             self.assertEqual(reply.json()["code"], "invalid_json")

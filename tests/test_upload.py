@@ -117,3 +117,10 @@ class UploadBodyTests(SynchronousTestCase):
                 feed(body, 3).result()
             self.assertEqual(cm.exception.code, "invalid_json", body)
         self.assertEqual(feed(b"", 1).result(), ({}, None))
+
+    def test_duplicate_content_key(self) -> None:
+        """A second content_base64 (or any repeated key) is 400 invalid_json, never 'last wins'."""
+        body = b'{"path": "x", "content_base64": "YWJj", "content_base64": "ZGVm"}'
+        with self.assertRaises(ApiError) as cm:
+            feed(body, 5).result()
+        self.assertEqual(cm.exception.code, "invalid_json")

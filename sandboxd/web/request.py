@@ -31,6 +31,7 @@ from sandboxd.web.cors import (
     preflight_headers,
     response_headers,
 )
+from sandboxd.web.jsonbody import parse_object
 from sandboxd.web.messages import BodySink, ServerRequest
 from sandboxd.web.pipeline import Admission, PipelineRefusal, Refusal, admit
 from sandboxd.web.upload import UploadBody
@@ -228,6 +229,13 @@ class SandboxRequest(Request):
             self._abort_sink()
             self.respond_error(e)
             return
+        except Exception as e:
+            self.log.failure("reading the request body failed")
+            self._abort_sink()
+            self.respond_error(
+                ApiError(500, str(e) or type(e).__name__, type(e).__name__, "internal")
+            )
+            return
         request = self.server_request(body)
         request.sink_result = sink_result
         request.payload = self.payload
@@ -249,19 +257,7 @@ class SandboxRequest(Request):
             return body
         raw = self.body_buffer.getvalue()
         self.body_buffer = self.content = io.BytesIO()
-        if not raw.strip():
-            return {}
-        try:
-            body = json.loads(raw)
-        except (UnicodeDecodeError, ValueError):
-            raise ApiError(
-                400, "the body is not valid JSON", "ValueError", "invalid_json"
-            ) from None
-        if not isinstance(body, dict):
-            raise ApiError(
-                400, "the body must be a JSON object", "ValueError", "invalid_json"
-            )
-        return body
+        return parse_object(raw)
 
     def server_request(self, body: dict[str, Any]) -> ServerRequest:
         """The handler's view of this request."""

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import binascii
 import io
-import json
 from typing import Any
 
 from sandboxd.errors import ApiError
+from sandboxd.web.jsonbody import invalid_json, parse_object
 
 #: The key must start within this many bytes for the streaming path.
 HEAD_LIMIT = 64 * 1024
@@ -32,10 +32,6 @@ def _invalid_base64() -> ApiError:
     return ApiError(
         400, "'content_base64' is not valid base64", "ValueError", "invalid_param"
     )
-
-
-def _invalid_json() -> ApiError:
-    return ApiError(400, "the body is not valid JSON", "ValueError", "invalid_json")
 
 
 class _HeadScanner:
@@ -199,7 +195,7 @@ class UploadBody:
         if self.error is not None:
             raise self.error
         if self._mode == "value":
-            raise _invalid_json()  # the string never ended
+            raise invalid_json()  # the string never ended
         if self._mode == "tail":
             text = bytes(self._head) + b'""' + bytes(self._tail)
             payload: bytearray | None = self._payload
@@ -210,14 +206,4 @@ class UploadBody:
                 else bytes(self._head)
             )
             payload = None
-        if not text.strip():
-            return {}, None
-        try:
-            body = json.loads(text)
-        except (UnicodeDecodeError, ValueError):
-            raise _invalid_json() from None
-        if not isinstance(body, dict):
-            raise ApiError(
-                400, "the body must be a JSON object", "ValueError", "invalid_json"
-            )
-        return body, payload
+        return parse_object(text), payload
