@@ -144,3 +144,53 @@ class SSETests(SynchronousTestCase):
         self.assertEqual(site.context.gate.in_flight("events"), 0)
         clock.advance(30)
         self.assertFalse(channels[0].open)
+
+
+class ConnectionBoundTests(SynchronousTestCase):
+    """Caps on connections and on slow headers, on a memory reactor."""
+
+    def test_header_deadline(self) -> None:
+        """A request line whose headers never finish is cut off after the deadline."""
+        from sandboxd.policy.defaults import HEADER_DEADLINE_SECONDS
+
+        site, clock, _ = make_site()
+        site.startFactory()
+        self.addCleanup(site.stopFactory)
+        protocol, transport = connect(site)
+        protocol.dataReceived(b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: a")
+        for _ in range(int(HEADER_DEADLINE_SECONDS) + 12):
+            protocol.dataReceived(
+                b"a"
+            )  # a byte now and then keeps the idle timer quiet
+            clock.advance(1)
+        self.assertTrue(transport.disconnecting or transport.disconnected)
+
+    def test_complete_requests_are_not_cut(self) -> None:
+        """A kept-alive connection between requests is left to the idle timeout."""
+        site, clock, _ = make_site()
+        site.startFactory()
+        self.addCleanup(site.stopFactory)
+        protocol, transport = connect(site)
+        protocol.dataReceived(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        clock.advance(40)
+        self.assertFalse(transport.disconnecting)
+
+    def test_per_peer_cap(self) -> None:
+        """Past the per-address cap new connections are closed at once."""
+        from twisted.internet.address import IPv4Address
+
+        from sandboxd.policy.defaults import MAX_CONNECTIONS_PER_PEER
+
+        site, _, _ = make_site()
+        transports = []
+        for _ in range(MAX_CONNECTIONS_PER_PEER + 1):
+            protocol = site.buildProtocol(None)
+            transport = StringTransport(
+                peerAddress=IPv4Address("TCP", "10.0.0.9", 1234)
+            )
+            transport.abortConnection = transport.loseConnection  # type: ignore[method-assign]
+            protocol.makeConnection(transport)
+            transports.append(transport)
+        self.assertFalse(transports[0].disconnecting)
+        self.assertTrue(transports[-1].disconnecting)
+        self.assertEqual(site.per_peer["10.0.0.9"], MAX_CONNECTIONS_PER_PEER)

@@ -231,3 +231,13 @@ def upload_request_cap(max_bytes: int) -> int:
 #: A streamed upload may queue this much for the writer thread before the
 #: client's socket is paused.
 UPLOAD_QUEUE_BYTES = 8 * MIB
+
+#: HTTP connections open at once, and from one client address.
+MAX_HTTP_CONNECTIONS = 1024
+MAX_CONNECTIONS_PER_PEER = 256
+
+#: A request's headers must be complete this long after its first line.
+HEADER_DEADLINE_SECONDS = 30.0
+
+#: Headers per request (Twisted allows 500).
+MAX_HEADERS = 100

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from twisted.internet.task import LoopingCall
 from twisted.web.server import Site
 
 from sandboxd.context import Context
+from sandboxd.policy.defaults import (
+    HEADER_DEADLINE_SECONDS,
+    MAX_CONNECTIONS_PER_PEER,
+    MAX_HTTP_CONNECTIONS,
+)
+from sandboxd.web.channel import SandboxChannel
 from sandboxd.web.request import SandboxRequest
 
 #: Close keep-alive connections idle for this long.
@@ -23,6 +30,7 @@ class SandboxSite(Site):
     """
 
     requestFactory = SandboxRequest
+    protocol = SandboxChannel  # type: ignore[assignment]
     displayTracebacks = False
 
     def __init__(self, context: Context, reactor: Any = None) -> None:
@@ -30,6 +38,53 @@ class SandboxSite(Site):
             context.router.root, timeout=IDLE_TIMEOUT_SECONDS, reactor=reactor
         )
         self.context = context
+        self.connections: set[SandboxChannel] = set()
+        self.per_peer: dict[str, int] = {}
+        self._sweeper = LoopingCall(self.enforce_header_deadline)
+        self._sweeper.clock = self.reactor
+
+    def startFactory(self) -> None:
+        """Start watching for requests whose headers never complete."""
+        super().startFactory()
+        if not self._sweeper.running:
+            self._sweeper.start(HEADER_DEADLINE_SECONDS / 3, now=False)
+
+    def stopFactory(self) -> None:
+        """Stop the watch."""
+        if self._sweeper.running:
+            self._sweeper.stop()
+        super().stopFactory()
+
+    def connection_opened(self, channel: SandboxChannel) -> bool:
+        """Admit a new connection (False: over a cap, close it)."""
+        peer = channel.peer_host
+        if (
+            len(self.connections) >= MAX_HTTP_CONNECTIONS
+            or self.per_peer.get(peer, 0) >= MAX_CONNECTIONS_PER_PEER
+        ):
+            return False
+        self.connections.add(channel)
+        self.per_peer[peer] = self.per_peer.get(peer, 0) + 1
+        return True
+
+    def connection_closed(self, channel: SandboxChannel) -> None:
+        """Forget a connection."""
+        if channel in self.connections:
+            self.connections.discard(channel)
+            left = self.per_peer.get(channel.peer_host, 1) - 1
+            if left > 0:
+                self.per_peer[channel.peer_host] = left
+            else:
+                self.per_peer.pop(channel.peer_host, None)
+
+    def enforce_header_deadline(self) -> None:
+        """Close connections whose request headers are overdue (slowloris)."""
+        limit = self.reactor.seconds() - HEADER_DEADLINE_SECONDS
+        for channel in list(self.connections):
+            started = channel.headers_started
+            transport: Any = channel.transport
+            if started is not None and started < limit and transport is not None:
+                transport.abortConnection()
 
     def log(self, request: Any) -> None:
         """Skip the access log (see the class docstring)."""

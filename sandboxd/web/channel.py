@@ -1,0 +1,50 @@
+"""
+The HTTP connection: Twisted's ``HTTPChannel`` with the bounds a daemon
+facing untrusted clients needs and Twisted does not set.
+
+- At most :data:`~sandboxd.policy.defaults.MAX_HTTP_CONNECTIONS` open
+  connections, and :data:`~sandboxd.policy.defaults.MAX_CONNECTIONS_PER_PEER`
+  from one address: the rest are closed at once, so a flood cannot take the
+  file descriptors that files, children and terminals need.
+- A request's headers must be complete within
+  :data:`~sandboxd.policy.defaults.HEADER_DEADLINE_SECONDS` of its first
+  line (slowloris): Twisted's idle timeout is reset by every byte.
+- Fewer headers than Twisted allows (500).
+
+HTTP/2 is not offered (HTTP/1.1 only; see docs/operations.md), so the
+channel is used directly rather than through Twisted's protocol switcher.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.protocol import connectionDone
+from twisted.python.failure import Failure
+from twisted.web.http import HTTPChannel
+
+from sandboxd.policy.defaults import MAX_HEADERS
+
+
+class SandboxChannel(HTTPChannel):
+    """One client connection."""
+
+    maxHeaders = MAX_HEADERS
+    #: When the current request's first line arrived (None between requests).
+    headers_started: float | None = None
+    peer_host = ""
+
+    def connectionMade(self) -> None:
+        """Count the connection; close it at once when over a cap."""
+        super().connectionMade()
+        peer = self.transport.getPeer() if self.transport is not None else None
+        self.peer_host = getattr(peer, "host", "") or ""
+        site: Any = self.site  # type: ignore[attr-defined]
+        if not site.connection_opened(self):
+            self.transport.abortConnection()  # type: ignore[union-attr]
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        """Uncount the connection."""
+        site: Any = self.site  # type: ignore[attr-defined]
+        site.connection_closed(self)
+        super().connectionLost(reason)
