@@ -21,6 +21,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from sandboxd.errors import ApiError
 from sandboxd.files import atomic
 from sandboxd.guard import PathGuard
+from tests.helpers import DaemonTestCase
 from tests.test_files import FilesCase, b64
 from tests.test_guard import make_rule
 
@@ -358,3 +359,28 @@ class DiskFullTests(SynchronousTestCase):
         self.assertEqual(os.listdir(base), ["f"])
         with open(os.path.join(base, "f"), "rb") as f:
             self.assertEqual(f.read(), b"old")
+
+
+class ProtectedInsideTreeTests(DaemonTestCase):
+    """A recursive delete cannot remove what the policy protects inside the tree."""
+
+    policy = {"endpoints": {"files_*": {"paths": {"deny": ["**/.git/**"]}}}}
+
+    @inlineCallbacks
+    def test_delete_tree_holding_denied_files(self) -> Any:
+        """Deleting a repository directory is path_denied and removes nothing."""
+        repo = os.path.join(self.base_dir, "repo")
+        os.makedirs(os.path.join(repo, ".git"))
+        with open(os.path.join(repo, ".git", "config"), "w") as f:
+            f.write("x")
+        with open(os.path.join(repo, "a.txt"), "w") as f:
+            f.write("a")
+        reply = yield self.request("DELETE", "/files?path=repo")
+        self.assertEqual((reply.status, reply.json()["code"]), (403, "path_denied"))
+        self.assertNotIn(".git", reply.json()["error"])
+        self.assertTrue(os.path.exists(os.path.join(repo, "a.txt")))
+        self.assertTrue(os.path.exists(os.path.join(repo, ".git", "config")))
+        os.makedirs(os.path.join(self.base_dir, "plain", "sub"))
+        reply = yield self.request("DELETE", "/files?path=plain")
+        self.assertEqual(reply.status, 200)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "plain")))

@@ -22,8 +22,10 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
+import attrs
+
 from sandboxd.errors import ApiError
-from sandboxd.guard import Location, PathGuard, etag_of, os_error
+from sandboxd.guard import Location, PathGuard, etag_of, os_error, refusal
 
 _SUBDIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -214,6 +216,7 @@ def delete(guard: PathGuard, path: str) -> str:
             )
         try:
             if stat.S_ISDIR(st.st_mode):
+                _check_tree(guard, loc)
                 # fd-based rmtree: a directory swapped for a link is not followed.
                 shutil.rmtree(loc.name, dir_fd=loc.dir_fd)
             else:
@@ -221,6 +224,26 @@ def delete(guard: PathGuard, path: str) -> str:
         except OSError as e:
             raise os_error(e, path) from None
         return loc.path
+
+
+def _check_tree(guard: PathGuard, loc: Any) -> None:
+    """
+    Refuse a recursive delete that would remove something the policy
+    protects inside the tree (``deny`` or ``read_only`` globs such as
+    ``**/.git/**``), before anything is removed.
+    """
+    paths = guard.rule.paths
+    if not paths.deny and not paths.read_only:
+        return
+    for top, dirs, files, _ in os.fwalk(
+        loc.name, dir_fd=loc.dir_fd, follow_symlinks=False
+    ):
+        base = loc.path if top == loc.name else loc.path + top[len(loc.name) :]
+        for name in (*dirs, *files):
+            decision = guard.decide(f"{base}/{name}", "delete")
+            if not decision.allowed:
+                # Name the tree asked for, not the protected member inside.
+                raise refusal(attrs.evolve(decision, path=loc.path))
 
 
 _libc: Any = None
