@@ -384,3 +384,23 @@ class ProtectedInsideTreeTests(DaemonTestCase):
         reply = yield self.request("DELETE", "/files?path=plain")
         self.assertEqual(reply.status, 200)
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "plain")))
+
+    @inlineCallbacks
+    def test_move_tree_holding_denied_files(self) -> Any:
+        """Moving a tree out from under a path-specific deny is refused, nothing moved."""
+        yield self.daemon.stop()
+        yield self.start(
+            policy={"endpoints": {"files_*": {"paths": {"deny": ["a/secrets/**"]}}}}
+        )
+        os.makedirs(os.path.join(self.base_dir, "a", "secrets"))
+        with open(os.path.join(self.base_dir, "a", "secrets", "key"), "w") as f:
+            f.write("k")
+        reply = yield self.request(
+            "POST", "/files/move", {"source": "a", "destination": "b"}
+        )
+        self.assertEqual((reply.status, reply.json()["code"]), (403, "path_denied"))
+        self.assertTrue(reply.json()["error"].startswith("source:"))
+        self.assertTrue(
+            os.path.exists(os.path.join(self.base_dir, "a", "secrets", "key"))
+        )
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "b")))

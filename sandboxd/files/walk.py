@@ -308,6 +308,13 @@ def move(
                 "path_not_allowed",
                 rule="guard:base_dir",
             )
+        src_st = src.lstat()
+        if src_st is not None and stat.S_ISDIR(src_st.st_mode):
+            try:
+                # What the policy protects inside must not leave with the tree.
+                _check_tree(guard, src)
+            except ApiError as e:
+                raise _prefixed(e, "source") from None
         try:
             dst = guard.locate(destination, "write", follow=False, make_parents=True)
         except ApiError as e:
