@@ -267,3 +267,40 @@ class CommandPolicyTests(DaemonTestCase):
         reply = yield self.request("GET", "/public/status")
         self.assertEqual(reply.status, 404)
         self.assertEqual(reply.json()["rule"], "policy:groups.commands")
+
+
+class FormBodyTests(DaemonTestCase):
+    """A form-encoded body never becomes arguments (SPEC §3 step 5)."""
+
+    autostart = False
+
+    def setUp(self) -> Any:
+        super().setUp()
+        table = builtin_table()
+
+        @table.route("POST", "/args", group=CapabilityGroup.COMMANDS, name="args")
+        def args(request: Any) -> dict[str, Any]:
+            return {
+                "args": sorted(k.decode() for k in request.raw.args),
+                "body": request.body,
+            }
+
+        return self.start(table=table)
+
+    @inlineCallbacks
+    def test_form_body_not_parsed(self) -> Any:
+        """A body labelled urlencoded is read as JSON only; it adds no arguments."""
+        reply = yield self.request(
+            "POST",
+            "/args?q=1",
+            raw_body=b'{"x": "y=z"}',
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
+        self.assertEqual(reply.json(), {"args": ["q"], "body": {"x": "y=z"}})
+        reply = yield self.request(
+            "POST",
+            "/args",
+            raw_body=b"path=/etc/passwd",
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )
+        self.assertEqual((reply.status, reply.json()["code"]), (400, "invalid_json"))
