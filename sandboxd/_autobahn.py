@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_ws -*-
 """
 Importing autobahn the way the daemon wants it.
 

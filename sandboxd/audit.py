@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_audit -*-
 """
 The audit trail (SPEC §11.5): one JSON line per request the policy says to
 record, without tokens or file contents.

@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_pipeline -*-
 """
 Who is calling: tokens, identities and scopes (SPEC §4).
 

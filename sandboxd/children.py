@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_children -*-
 """
 What every child of the daemon shares (SPEC §7.4): its argv, environment,
 user, working directory, process group, and how its whole tree is ended.

@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_cli -*-
 """
 The ``sandboxd`` console script: serve, healthcheck, check-config, reload,
 version (SPEC §1).

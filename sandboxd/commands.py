@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_commands -*-
 """
 Template commands (SPEC §7.2): named functions a template author registers
 and callers run with ``POST /commands/{name}``.

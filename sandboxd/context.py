@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_pipeline -*-
 """
 The daemon's shared state, handed to every handler as ``request.context``.
 

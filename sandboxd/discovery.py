@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_policy_http -*-
 """
 Discovery (SPEC §5.6): what the calling identity may do, and why.
 

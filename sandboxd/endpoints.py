@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_endpoints -*-
 """
 The endpoint table: every route the daemon serves, declared once.
 
@@ -16,8 +17,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
-
-# test-case-name: tests.test_endpoints
 
 
 class CapabilityGroup(enum.StrEnum):

@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_eventlog -*-
 """
 The one stream contract of SPEC §9: an ordered, bounded log of events
 numbered by ``seq``, and a follower that serves it over SSE.

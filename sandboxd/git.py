@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_git -*-
 """
 Running git on a repository the daemon does not trust, and reading its
 output (SPEC §7.7).

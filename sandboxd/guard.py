@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_guard -*-
 """
 The path guard (SPEC §11.1): one place that decides every path the daemon
 touches (files, cwd of shell/process/PTY/code, git path).

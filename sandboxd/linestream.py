@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_process_routes -*-
 """
 ``/shell/stream``'s output: stdout and stderr lines as they complete,
 framed as SSE events and coalesced into few writes.

@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_processes -*-
 """
 The process machinery of SPEC §7.4: every child the daemon runs through
 pipes (``/shell``, ``/shell/stream``, background processes, code runs, git,

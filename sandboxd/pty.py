@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_pty -*-
 """
 Terminal sessions (SPEC §7.5, §8): a shell on a pseudo-terminal, its
 scrollback, and the clients watching it.

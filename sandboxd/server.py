@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_cli -*-
 """
 Assembling the daemon: the policy, the context, the listeners and the group
 services, under one ``MultiService`` that starts and stops them in order.

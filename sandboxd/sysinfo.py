@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_sysinfo -*-
 """
 Facts about the machine as the sandbox sees it (SPEC §7.6).
 

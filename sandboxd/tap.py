@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_cli -*-
 """
 ``twistd sandboxd``: command-line options and ``makeService``.
 

@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_pipeline -*-
 """
 Helpers for testing sandboxd and code built on it: a real daemon on a
 loopback port, and a small HTTP client for it.

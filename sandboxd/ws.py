@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_ws -*-
 """
 The PTY WebSocket (SPEC §8): ``ws://HOST:PTY_PORT/pty?session_id=ID``.
 

@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_agents -*-
 """
 Coding agents driven over the Agent Client Protocol (SPEC §15).
 

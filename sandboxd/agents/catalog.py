@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_agents -*-
 """
 Which agents this sandbox knows (SPEC §15.2 ``agents_catalog``, §15.3).
 

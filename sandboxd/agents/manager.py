@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_agents -*-
 """
 The service that owns every agent session (``context.services["agents"]``).
 

@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_agents -*-
 """
 Permission requests and questions the agent holds open (SPEC §15.3).
 

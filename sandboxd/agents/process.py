@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_agents -*-
 """
 An agent child: spawned in its own session, stdout framed into JSON-RPC,
 stderr kept head and tail, and its whole tree ended on the way out.

@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_agents -*-
 """
 The agent's own commands (ACP ``terminal/*``), run like any other child
 (SPEC §7.4: own session, guarded cwd, scrubbed environment, allow/deny

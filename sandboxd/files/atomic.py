@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_files -*-
 """
 Atomic writes: a temporary file beside the target, renamed into place.
 

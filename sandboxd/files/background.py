@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_background -*-
 """
 Writing a streamed upload off the reactor thread, in order, with
 backpressure.

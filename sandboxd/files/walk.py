@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_files -*-
 """
 Directory walks for listing, search, delete and move.
 

@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_files -*-
 """
 ``files_watch``: inotify events for a directory, served as a resumable SSE
 stream (SPEC §7.3, §9).

@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_policy_engine -*-
 """
 Reading and validating a policy document (SPEC §5.2).
 

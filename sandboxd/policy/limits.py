@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_limits -*-
 """
 Rate and concurrency limits (SPEC §5.5).
 

@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_policy_engine -*-
 """
 The typed result of policy merging: what a handler reads.
 

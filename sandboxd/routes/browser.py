@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_browser -*-
 """
 Handlers of the ``browser`` group (SPEC §7.8).
 

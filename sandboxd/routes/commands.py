@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_commands -*-
 """The ``commands`` group (SPEC §7.2): list and run template commands."""
 
 from __future__ import annotations

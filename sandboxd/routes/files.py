@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_files -*-
 """
 Handlers of the ``file_ops`` group (SPEC §7.3).
 

@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_system -*-
 """
 The ``system`` group (SPEC §7.6, §11.3): machine facts, the environment
 later children inherit, listening ports, installed packages, live metrics.

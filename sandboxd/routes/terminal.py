@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_terminal -*-
 """
 Handlers of the ``terminal`` group (SPEC §7.5) and its service: the
 session table plus the WebSocket listener on the PTY port (SPEC §8).

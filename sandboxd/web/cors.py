@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_pipeline -*-
 """
 CORS for the browser origins a policy allows (``allowed_origins``).
 

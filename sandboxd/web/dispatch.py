@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_commands -*-
 """
 Step 7 of the pipeline: run the handler and turn what it returns into a
 response.

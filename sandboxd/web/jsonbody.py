@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_pipeline -*-
 """
 Parsing a request's JSON body strictly (SPEC §3 step 6).
 

@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_commands -*-
 """
 What handlers receive and return.
 

@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_request -*-
 """
 The request class of the site: the pipeline's header-time steps, the body
 cap, and the hand-off to the handler.

@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_endpoints -*-
 """
 Step 2 of the pipeline: the route tree built from the endpoint table.
 

@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_request -*-
 """
 Server-Sent Events over a twisted.web request (SPEC §9).
 

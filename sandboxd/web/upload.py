@@ -1,3 +1,4 @@
+# -*- test-case-name: tests.test_upload -*-
 """
 Decoding the ``content_base64`` of an upload body as it arrives.
 

@@ -1,0 +1,179 @@
+"""
+The endpoint table (SPEC §2): every id once, routing from templates, and
+the registration rules template authors meet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd.endpoints import (
+    CapabilityGroup,
+    RouteTable,
+    builtin_table,
+    catalogue_table,
+)
+from sandboxd.web.routing import Router
+
+SEED_AND_BEYOND = {
+    "core": ["health", "capabilities", "capabilities_check", "openapi"],
+    "commands": ["commands_list", "commands_run"],
+    "file_ops": [
+        "upload",
+        "download",
+        "files_list",
+        "files_stat",
+        "files_mkdir",
+        "files_delete",
+        "files_move",
+        "files_search",
+        "files_upload_stream",
+        "files_download_stream",
+        "files_archive",
+        "files_extract",
+        "files_read_raw",
+        "files_write_raw",
+        "files_watch",
+    ],
+    "process": [
+        "shell",
+        "shell_stream",
+        "process_start",
+        "process_list",
+        "process_get",
+        "process_signal",
+        "process_output",
+        "process_stdin",
+    ],
+    "terminal": [
+        "pty_create",
+        "pty_list",
+        "pty_get",
+        "pty_resize",
+        "pty_delete",
+        "pty_connect",
+    ],
+    "system": [
+        "system_info",
+        "env_get",
+        "env_set",
+        "ports",
+        "packages",
+        "system_metrics",
+    ],
+    "dev_tools": ["code_run", "git_status", "git_diff"],
+    "browser": [
+        "browser_navigate",
+        "browser_screenshot",
+        "browser_content",
+        "browser_click",
+        "browser_type",
+        "browser_evaluate",
+        "browser_pdf",
+        "browser_console",
+    ],
+}
+
+
+class CatalogueTests(SynchronousTestCase):
+    """The table declares exactly the endpoints of SPEC §2 and §15."""
+
+    def test_every_id(self) -> None:
+        """Every id of SPEC §2 sits in its group; the agents group has 27 routes."""
+        table = catalogue_table()
+        for group, ids in SEED_AND_BEYOND.items():
+            self.assertEqual(
+                [e.id for e in table if e.group.value == group], ids, group
+            )
+        self.assertEqual(
+            len([e for e in table if e.group is CapabilityGroup.AGENTS]), 27
+        )
+
+    def test_every_builtin_is_implemented(self) -> None:
+        """With every group built, no endpoint is left not_implemented."""
+        self.assertEqual([e.id for e in builtin_table() if not e.implemented], [])
+
+    def test_files_move_needs_two_scopes(self) -> None:
+        """files_move needs files:write and files:delete."""
+        self.assertEqual(
+            catalogue_table().get("files_move").scopes, ("files:write", "files:delete")
+        )
+
+
+class RoutingTests(SynchronousTestCase):
+    """Templates, static-before-parameter, and path parameters."""
+
+    def test_static_beats_parameter(self) -> None:
+        """/process/list is process_list, /process/42 is process_get."""
+        router = Router(catalogue_table())
+        match = router.match("GET", ("process", "list"))
+        assert match is not None
+        self.assertEqual(match[0].id, "process_list")
+        match = router.match("GET", ("process", "42"))
+        assert match is not None
+        self.assertEqual((match[0].id, match[1]), ("process_get", {"pid": "42"}))
+
+    def test_nested_parameters(self) -> None:
+        """Two parameters in one template both come back by name."""
+        router = Router(catalogue_table())
+        match = router.match("GET", ("agents", "sessions", "s1", "turns", "t2"))
+        assert match is not None
+        self.assertEqual(
+            (match[0].id, match[1]), ("agents_turn_get", {"sid": "s1", "turn_id": "t2"})
+        )
+
+    def test_method_matters(self) -> None:
+        """The same path answers by method; an unserved method is no match."""
+        router = Router(catalogue_table())
+        get = router.match("GET", ("env",))
+        post = router.match("POST", ("env",))
+        assert get is not None and post is not None
+        self.assertEqual((get[0].id, post[0].id), ("env_get", "env_set"))
+        self.assertIsNone(router.match("DELETE", ("env",)))
+
+
+class RegistrationTests(SynchronousTestCase):
+    """What a template author may and may not register."""
+
+    def handler(self, request: Any) -> dict[str, Any]:
+        return {}
+
+    def test_custom_route_defaults(self) -> None:
+        """A custom route's id is 'METHOD path' and its scope follows its group."""
+        table = RouteTable()
+        endpoint = table.register(
+            "GET", "/hello/{name}", self.handler, CapabilityGroup.SYSTEM
+        )
+        self.assertEqual(
+            (endpoint.id, endpoint.scopes), ("GET /hello/{name}", ("system:read",))
+        )
+
+    def test_clashes_refused(self) -> None:
+        """A second id, or a second route for the same method and path, is refused."""
+        table = catalogue_table()
+        with self.assertRaises(ValueError):
+            table.register("GET", "/elsewhere", self.handler, name="health")
+        with self.assertRaises(ValueError):
+            table.register("GET", "/health", self.handler)
+        with self.assertRaises(ValueError):
+            table.register("PUT", "/x", self.handler)
+
+    def test_frozen(self) -> None:
+        """Once serving, the table takes no more routes."""
+        table = RouteTable()
+        table.freeze()
+        with self.assertRaises(RuntimeError):
+            table.register("GET", "/late", self.handler)
+
+    def test_core_cannot_be_disabled(self) -> None:
+        """disable_group(core) raises; other groups write the code layer."""
+        table = RouteTable()
+        with self.assertRaises(ValueError):
+            table.disable_group(CapabilityGroup.CORE)
+        table.enable_group("dev_tools")
+        self.assertEqual(
+            table.code_layer[CapabilityGroup.DEV_TOOLS],
+            (True, "code:enable_group:dev_tools"),
+        )
