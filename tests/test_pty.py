@@ -6,6 +6,7 @@ offsets, UTF-8 split across reads, fan-out, flow control, idle reaping.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from twisted.internet.error import ProcessDone, ProcessTerminated
@@ -342,3 +343,25 @@ class TableTests(SynchronousTestCase):
         first.shell_ended(Failure(ProcessDone(0)))
         table.create("me", spec, 2, None, spawn=self.spawn)
         self.assertNotIn(first.id, table.sessions)
+
+
+class KeystrokeTests(SynchronousTestCase):
+    """Input reaches the terminal at once when it can, and always in order."""
+
+    def test_immediate_when_nothing_queued(self) -> None:
+        """A keystroke is written straight to the terminal's descriptor."""
+        session, pty, _ = make_session()
+        read_end, write_end = os.pipe()
+        self.addCleanup(os.close, read_end)
+        self.addCleanup(os.close, write_end)
+        pty.dataBuffer, pty._tempDataBuffer = b"", []  # type: ignore[attr-defined]
+        pty.fileno = lambda: write_end  # type: ignore[method-assign]
+        session.write(b"l")
+        self.assertEqual((os.read(read_end, 10), pty.written), (b"l", []))
+
+    def test_queued_input_keeps_order(self) -> None:
+        """With input already queued, new input queues behind it."""
+        session, pty, _ = make_session()
+        pty.dataBuffer, pty._tempDataBuffer = b"", [b"earlier"]  # type: ignore[attr-defined]
+        session.write(b"l")
+        self.assertEqual(pty.written, [b"l"])
