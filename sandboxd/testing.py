@@ -189,6 +189,69 @@ def start_daemon(
     return running
 
 
+class SSEReader(Protocol):
+    """
+    Receives a ``text/event-stream`` body as it arrives and parses it.
+
+    Give it to ``response.deliverBody``.  ``events`` holds each frame as
+    ``{"id"?, "event", "data"}`` (``data`` JSON-decoded); ``writes`` counts
+    the reads, which shows how well a server coalesces.
+    """
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.raw = b""
+        self.events: list[dict[str, Any]] = []
+        self.writes = 0
+        self.done: Deferred[list[dict[str, Any]]] = Deferred()
+        self.waiters: list[tuple[Any, Deferred[None]]] = []
+
+    def dataReceived(self, data: bytes) -> None:
+        self.writes += 1
+        self.raw += data
+        self.buffer += data
+        while b"\n\n" in self.buffer:
+            block, self.buffer = self.buffer.split(b"\n\n", 1)
+            event: dict[str, Any] = {}
+            for line in block.decode().split("\n"):
+                if line.startswith(":"):
+                    event.setdefault("comment", line)
+                elif line.startswith("id: "):
+                    event["id"] = int(line[4:])
+                elif line.startswith("event: "):
+                    event["event"] = line[7:]
+                elif line.startswith("data: "):
+                    event["data"] = json.loads(line[6:])
+            if "event" in event:
+                self.events.append(event)
+        for test, d in list(self.waiters):
+            if test(self):
+                self.waiters.remove((test, d))
+                d.callback(None)
+
+    def wait_for(self, test: Any) -> Deferred[None]:
+        """Fires once ``test(reader)`` holds."""
+        d: Deferred[None] = Deferred()
+        if test(self):
+            d.callback(None)
+        else:
+            self.waiters.append((test, d))
+        return d
+
+    def wait_for_event(self, predicate: Any) -> Deferred[None]:
+        """Fires once some event satisfies ``predicate(event)``."""
+        return self.wait_for(lambda reader: any(predicate(e) for e in reader.events))
+
+    def connectionLost(self, reason: Any = None) -> None:
+        if not self.done.called:
+            self.done.callback(self.events)
+
+    def disconnect(self) -> None:
+        """Drop the connection from the client side."""
+        assert self.transport is not None
+        self.transport.stopProducing()  # type: ignore[attr-defined]
+
+
 class RawClient(Protocol):
     """Send raw bytes over TCP and collect whatever comes back."""
 

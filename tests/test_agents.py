@@ -19,7 +19,6 @@ from acp.schema import (
 )
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
-from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import SkipTest
 from twisted.web.client import Agent
@@ -27,6 +26,7 @@ from twisted.web.http_headers import Headers
 
 from sandboxd.agents.jsonrpc import LineFramer
 from sandboxd.agents.process import is_alive
+from sandboxd.testing import SSEReader
 from tests.helpers import DaemonTestCase
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -89,50 +89,6 @@ def agents_policy(
     return policy
 
 
-class SSEClient(Protocol):
-    """Collects SSE frames from a streaming response."""
-
-    def __init__(self) -> None:
-        self.buffer = b""
-        self.events: list[dict[str, Any]] = []
-        self.done: Deferred[None] = Deferred()
-        self.waiters: list[tuple[Any, Deferred[None]]] = []
-
-    def dataReceived(self, data: bytes) -> None:
-        self.buffer += data
-        while b"\n\n" in self.buffer:
-            block, self.buffer = self.buffer.split(b"\n\n", 1)
-            event: dict[str, Any] = {}
-            for line in block.decode().split("\n"):
-                if line.startswith("id: "):
-                    event["id"] = int(line[4:])
-                elif line.startswith("event: "):
-                    event["event"] = line[7:]
-                elif line.startswith("data: "):
-                    event["data"] = json.loads(line[6:])
-            if "event" in event:
-                self.events.append(event)
-        for predicate, d in list(self.waiters):
-            if any(predicate(e) for e in self.events):
-                self.waiters.remove((predicate, d))
-                d.callback(None)
-
-    def connectionLost(self, reason: Any = None) -> None:
-        if not self.done.called:
-            self.done.callback(None)
-
-    def wait_for(self, predicate: Any) -> Deferred[None]:
-        d: Deferred[None] = Deferred()
-        if any(predicate(e) for e in self.events):
-            d.callback(None)
-        else:
-            self.waiters.append((predicate, d))
-        return d
-
-    def disconnect(self) -> None:
-        self.transport.stopProducing()
-
-
 class AgentsTestCase(DaemonTestCase):
     """A daemon with the agents group on and the fake catalogue."""
 
@@ -175,7 +131,7 @@ class AgentsTestCase(DaemonTestCase):
             b"GET", (self.daemon.url + path).encode(), hdrs
         )
         self.assertEqual(response.code, 200)
-        client = SSEClient()
+        client = SSEReader()
         response.deliverBody(client)
         self.addCleanup(
             lambda: client.transport.stopProducing() if not client.done.called else None
@@ -634,7 +590,7 @@ class EndToEndTests(AgentsTestCase):
         self.assertEqual(reply.json()["state"], "awaiting_input")
         self.assertEqual(reply.json()["pending_requests"], 1)
 
-        yield first.wait_for(lambda e: e["event"] == "permission.requested")
+        yield first.wait_for_event(lambda e: e["event"] == "permission.requested")
         first.disconnect()
         yield first.done
         seen = [e["id"] for e in first.events]
@@ -661,7 +617,7 @@ class EndToEndTests(AgentsTestCase):
         second = yield self.follow(
             f"/agents/sessions/{sid}/events?follow=true", {"Last-Event-ID": str(last)}
         )
-        yield second.wait_for(lambda e: e["event"] == "turn.ended")
+        yield second.wait_for_event(lambda e: e["event"] == "turn.ended")
         reply = yield self.request(
             "GET", f"/agents/sessions/{sid}/turns/{turn_id}?wait=10"
         )

@@ -14,13 +14,12 @@ from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
-from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
 from sandboxd import processes
-from sandboxd.testing import BytesProducer
+from sandboxd.testing import BytesProducer, SSEReader
 from tests.helpers import DaemonTestCase
 from tests.test_processes import kill_marked, marked_pids
 
@@ -34,58 +33,6 @@ def rss_bytes() -> int:
 def sleep_(seconds: float = 0.05) -> Deferred[None]:
     """Let the reactor run a little."""
     return deferLater(reactor, seconds, lambda: None)
-
-
-class SSEReader(Protocol):
-    """Receives an SSE body incrementally and parses it into events."""
-
-    def __init__(self) -> None:
-        self.buffer = b""
-        self.raw = b""
-        self.events: list[dict[str, Any]] = []
-        self.writes = 0
-        self.done: Deferred[list[dict[str, Any]]] = Deferred()
-        self.waiters: list[tuple[Any, Deferred[None]]] = []
-
-    def dataReceived(self, data: bytes) -> None:
-        self.writes += 1
-        self.raw += data
-        self.buffer += data
-        while b"\n\n" in self.buffer:
-            block, self.buffer = self.buffer.split(b"\n\n", 1)
-            event: dict[str, Any] = {}
-            for line in block.decode().split("\n"):
-                if line.startswith(":"):
-                    event.setdefault("comment", line)
-                elif line.startswith("id: "):
-                    event["id"] = int(line[4:])
-                elif line.startswith("event: "):
-                    event["event"] = line[7:]
-                elif line.startswith("data: "):
-                    event["data"] = json.loads(line[6:])
-            if "event" in event:
-                self.events.append(event)
-        for test, d in list(self.waiters):
-            if test(self):
-                self.waiters.remove((test, d))
-                d.callback(None)
-
-    def wait_for(self, test: Any) -> Deferred[None]:
-        """Fires once ``test(self)`` holds."""
-        d: Deferred[None] = Deferred()
-        if test(self):
-            d.callback(None)
-        else:
-            self.waiters.append((test, d))
-        return d
-
-    def connectionLost(self, reason: Any = None) -> None:
-        if not self.done.called:
-            self.done.callback(self.events)
-
-    def disconnect(self) -> None:
-        """Drop the connection from the client side."""
-        self.transport.stopProducing()
 
 
 class ProcessCase(DaemonTestCase):
