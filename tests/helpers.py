@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -25,11 +26,14 @@ class DaemonTestCase(TestCase):
     environ: dict[str, str] | None = None
     token: str | None = None
     preset: str | None = None
+    #: Write the audit trail to ``self.audit_path`` (read it with ``audit_lines``).
+    audit = False
     autostart = True
 
     def setUp(self) -> Any:
         self.base_dir = os.path.realpath(self.mktemp())
         os.makedirs(self.base_dir)
+        self.audit_path = os.path.join(self.base_dir, "audit.log")
         if self.autostart:
             return self.start()
         return None
@@ -48,12 +52,20 @@ class DaemonTestCase(TestCase):
             "token": self.token,
             "preset": self.preset,
         }
+        if self.audit:
+            options["audit_log"] = self.audit_path
         options.update(kwargs)
         self.daemon: RunningDaemon = yield start_daemon(
             reactor, self.base_dir, **options
         )
         self.addCleanup(self.daemon.stop)
         return self.daemon
+
+    def audit_lines(self) -> list[dict[str, Any]]:
+        """The audit records written so far."""
+        self.daemon.context.audit.flush()
+        with open(self.audit_path) as f:
+            return [json.loads(line) for line in f]
 
     def request(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
         """Shortcut for ``self.daemon.request``."""

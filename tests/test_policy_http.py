@@ -6,8 +6,6 @@ limits, discovery and audit, against a real daemon.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 from typing import Any
 
 from twisted.internet import reactor
@@ -197,17 +195,7 @@ class AuditTests(DaemonTestCase):
 
     token = "audit-secret"
     policy = {"defaults": {"audit": "all"}}
-    autostart = False
-
-    def setUp(self) -> Any:
-        super().setUp()
-        self.audit_path = os.path.join(self.base_dir, "audit.log")
-        return self.start(audit_log=self.audit_path)
-
-    def lines(self) -> list[dict[str, Any]]:
-        self.daemon.context.audit.flush()
-        with open(self.audit_path) as f:
-            return [json.loads(line) for line in f]
+    audit = True
 
     @inlineCallbacks
     def test_records(self) -> Any:
@@ -215,7 +203,7 @@ class AuditTests(DaemonTestCase):
         yield self.request("GET", "/capabilities?token=abc&x=1")
         yield self.request("GET", "/capabilities", token="wrong")
         yield self.request("GET", "/browser/console")
-        lines = self.lines()
+        lines = self.audit_lines()
         self.assertEqual([r["status"] for r in lines], [200, 401, 404])
         self.assertEqual(lines[0]["identity"], "legacy")
         self.assertEqual(lines[0]["endpoint"], "capabilities")

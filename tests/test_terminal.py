@@ -458,18 +458,11 @@ class HandshakeAuditTests(DaemonTestCase):
 
     token = "tok"
     policy = {"defaults": {"audit": "all"}}
-    autostart = False
-
-    def setUp(self) -> Any:
-        super().setUp()
-        self.audit_path = os.path.join(self.base_dir, "audit.log")
-        return self.start(audit_log=self.audit_path)
+    audit = True
 
     @inlineCallbacks
     def test_refused_handshake_recorded(self) -> Any:
         """A handshake without credentials leaves a 401 pty_connect line, token masked."""
-        import json as _json
-
         from autobahn.twisted.websocket import (
             WebSocketClientFactory,
             WebSocketClientProtocol,
@@ -489,10 +482,7 @@ class HandshakeAuditTests(DaemonTestCase):
             closed.callback(None) if not closed.called else None
         )
         yield closed
-        self.daemon.context.audit.flush()
-        with open(self.audit_path) as f:
-            lines = [_json.loads(line) for line in f]
-        ws = [r for r in lines if r["endpoint"] == "pty_connect"]
+        ws = [r for r in self.audit_lines() if r["endpoint"] == "pty_connect"]
         self.assertEqual(
             [(r["status"], r["code"]) for r in ws], [(401, "unauthorized")]
         )
