@@ -1407,15 +1407,7 @@ class AgentSession:
                 return d
             decision = "ask"
         if decision == "deny":
-            option = first_option(options, "reject_once", "reject_always")
-            if option is not None:
-                self._resolve(
-                    held,
-                    {"outcome": "selected", "optionId": option.get("optionId")},
-                    "policy",
-                )
-            else:
-                self._resolve(held, {"outcome": "cancelled"}, "policy")
+            self._reject(held, "policy")
             return d
         if timeout:
             held.timer = self.reactor.callLater(timeout, self._permission_timeout, held)
@@ -1435,15 +1427,17 @@ class AgentSession:
             self._resolve(held, {"outcome": "cancelled"}, "timeout")
             self.cancel("permission_timeout")
             return
+        self._reject(held, "timeout")
+
+    def _reject(self, held: HeldRequest, by: str) -> None:
+        """Answer with the agent's first reject option, or cancel when it offers none."""
         option = first_option(held.options, "reject_once", "reject_always")
         if option is not None:
             self._resolve(
-                held,
-                {"outcome": "selected", "optionId": option.get("optionId")},
-                "timeout",
+                held, {"outcome": "selected", "optionId": option.get("optionId")}, by
             )
         else:
-            self._resolve(held, {"outcome": "cancelled"}, "timeout")
+            self._resolve(held, {"outcome": "cancelled"}, by)
 
     def _question(self, rpc_id: Any, params: dict[str, Any]) -> Any:
         now = time.time()
