@@ -400,32 +400,34 @@ def _spawn_in(
     child_fds: dict[int, Any],
 ) -> None:
     """
-    ``spawnProcess`` in ``cwd``, on Twisted's posix_spawn path when possible.
+    ``spawnProcess`` in ``cwd``, on the posix_spawn path when possible.
 
     Twisted forks (and runs Python in the child before exec) whenever
-    ``path`` differs from the daemon's own working directory or a user is
-    switched; that costs several times a posix_spawn.  So, unless a user
-    is switched: when the daemon has no other thread that could observe it,
-    its working directory is moved to ``cwd`` just for the spawn; otherwise
-    ``env -C`` changes directory in the child.  The daemon itself never
-    resolves a relative path (its working directory is twistd's rundir).
+    ``path`` differs from the daemon's own working directory; that costs
+    several times a posix_spawn.  So when the daemon has no other thread
+    that could observe it, its working directory is moved to ``cwd`` just
+    for the spawn; otherwise ``env -C`` changes directory in the child.
+    (A user switch goes through ``setpriv``, see
+    :class:`~sandboxd.children.SessionProcess`.)  The daemon itself never
+    resolves a relative path.
     """
-    if uid is None and gid is None and cwd != os.getcwd():
+    if cwd != os.getcwd():
         if threading.active_count() == 1:
             previous = os.getcwd()
             os.chdir(cwd)
             try:
                 spawn_session(
-                    reactor, child, args[0], args, env, cwd, None, None, child_fds
+                    reactor, child, args[0], args, env, cwd, uid, gid, child_fds
                 )
             finally:
                 os.chdir(previous)
             return
-        if _ENV_CHDIR:
+        if _ENV_CHDIR and uid is None:
+            # (As another user, env would change directory after the switch,
+            # where the user may not be allowed to: the fork path does it
+            # before.)
             args = [ENV_PROGRAM, "-C", cwd, "--", *args]
-            spawn_session(
-                reactor, child, args[0], args, env, None, None, None, child_fds
-            )
+            spawn_session(reactor, child, args[0], args, env, None, uid, gid, child_fds)
             return
     spawn_session(reactor, child, args[0], args, env, cwd, uid, gid, child_fds)
 

@@ -290,7 +290,7 @@ class ShellTests(ProcessCase):
             },
         )
         self.assertEqual(reply.status, 200, reply.body)
-        self.assertEqual(reply.json()["stdout"], "nobody\nnobody\n")
+        self.assertEqual(reply.json()["stdout"], "nobody\nnobody\n", reply.body)
         reply = yield self.request(
             "POST", "/shell", {"command": "id -un", "user": "root"}
         )
