@@ -62,6 +62,13 @@ def not_found(message: str, type: str = "NotFoundError", **extra: Any) -> ApiErr
     return ApiError(404, message, type, "not_found", **extra)
 
 
+def file_not_found(path: str) -> ApiError:
+    """The seed's 404 for a path that does not exist."""
+    return ApiError(
+        404, f"No such file or directory: {path}", "FileNotFoundError", "not_found"
+    )
+
+
 def forbidden(
     message: str, code: str, type: str = "PermissionError", **extra: Any
 ) -> ApiError:

@@ -29,7 +29,7 @@ from typing import Any
 
 import attrs
 
-from sandboxd.errors import ApiError
+from sandboxd.errors import ApiError, file_not_found
 from sandboxd.policy.paths import FORBIDDEN_ROOTS, PathDecision, absolute, decide, under
 from sandboxd.policy.rules import EffectiveRule
 
@@ -315,12 +315,7 @@ class PathGuard:
                                 "guard:dangling-link",
                             )
                         )
-                    raise ApiError(
-                        404,
-                        f"No such file or directory: {original}",
-                        "FileNotFoundError",
-                        "not_found",
-                    )
+                    raise file_not_found(original)
             return loc
         raise ApiError(
             400,
@@ -361,12 +356,7 @@ class PathGuard:
         try:
             anchor_fd = os.open(anchor, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
-            raise ApiError(
-                404,
-                f"No such file or directory: {original}",
-                "FileNotFoundError",
-                "not_found",
-            ) from None
+            raise file_not_found(original) from None
         rel = target[len(anchor) :].strip("/")
         if rel == "":
             return Location(anchor_fd, "", anchor)
@@ -426,12 +416,7 @@ class PathGuard:
             except FileNotFoundError:
                 if not make_parents:
                     os.close(fd)
-                    raise ApiError(
-                        404,
-                        f"No such file or directory: {original}",
-                        "FileNotFoundError",
-                        "not_found",
-                    ) from None
+                    raise file_not_found(original) from None
                 if any(t == here or under(t, here) for t in link_targets):
                     os.close(fd)
                     raise refusal(
@@ -495,12 +480,7 @@ class PathGuard:
                 )
             st = loc.lstat()
             if st is None:
-                raise ApiError(
-                    404,
-                    f"No such file or directory: {path}",
-                    "FileNotFoundError",
-                    "not_found",
-                )
+                raise file_not_found(path)
             check_regular(st, path)
             try:
                 fd = os.open(
@@ -599,9 +579,7 @@ def _raced(e: OSError, path: Any) -> ApiError:
 def os_error(e: OSError, path: Any) -> ApiError:
     """An OSError met while resolving or operating, as a client sees it."""
     if e.errno == errno.ENOENT:
-        return ApiError(
-            404, f"No such file or directory: {path}", "FileNotFoundError", "not_found"
-        )
+        return file_not_found(path)
     if e.errno in (errno.ELOOP, errno.EXDEV):
         # A link swapped in under us: refuse as an outside path would be.
         return refusal(

@@ -25,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from sandboxd.errors import ApiError
+from sandboxd.errors import ApiError, file_not_found
 from sandboxd.guard import Location, PathGuard, etag_of, os_error, refusal
 
 _SUBDIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -209,12 +209,7 @@ def delete(guard: PathGuard, path: str) -> str:
             )
         st = loc.lstat()
         if st is None:
-            raise ApiError(
-                404,
-                f"No such file or directory: {path}",
-                "FileNotFoundError",
-                "not_found",
-            )
+            raise file_not_found(path)
         try:
             if stat.S_ISDIR(st.st_mode):
                 _check_tree(guard, loc)
