@@ -1363,20 +1363,8 @@ class AgentSession:
             tool_call = dict(self.tool_calls.get(tool_call_id) or update)
         else:
             tool_call = dict(update)
-        turn_id = self.current.turn_id if self.current else None
-        now = time.time()
-        timeout = self.rule.limits.permission_timeout_seconds
-        held = HeldRequest(
-            request_id=new_request_id(),
-            kind="permission",
-            session_id=self.session_id,
-            rpc_id=rpc_id,
-            turn_id=turn_id,
-            created_at=now,
-            deadline=now + timeout if timeout else None,
-            answer=lambda result: None,
-            tool_call=tool_call,
-            options=options,
+        held = self._new_held(
+            "permission", rpc_id, tool_call=tool_call, options=options
         )
         refusal = path_refusal(self.rule, tool_call)
         if refusal is not None:
@@ -1409,9 +1397,30 @@ class AgentSession:
         if decision == "deny":
             self._reject(held, "policy")
             return d
+        self._arm_timeout(held)
+        return d
+
+    def _new_held(self, kind: str, rpc_id: Any, **fields: Any) -> HeldRequest:
+        """A held permission request or question, with its deadline."""
+        now = time.time()
+        timeout = self.rule.limits.permission_timeout_seconds
+        return HeldRequest(
+            request_id=new_request_id(),
+            kind=kind,
+            session_id=self.session_id,
+            rpc_id=rpc_id,
+            turn_id=self.current.turn_id if self.current else None,
+            created_at=now,
+            deadline=now + timeout if timeout else None,
+            answer=lambda result: None,
+            **fields,
+        )
+
+    def _arm_timeout(self, held: HeldRequest) -> None:
+        """Answer for the human once ``permission_timeout_seconds`` passes."""
+        timeout = self.rule.limits.permission_timeout_seconds
         if timeout:
             held.timer = self.reactor.callLater(timeout, self._permission_timeout, held)
-        return d
 
     def _permission_timeout(self, held: HeldRequest) -> None:
         held.timer = None
@@ -1440,17 +1449,9 @@ class AgentSession:
             self._resolve(held, {"outcome": "cancelled"}, by)
 
     def _question(self, rpc_id: Any, params: dict[str, Any]) -> Any:
-        now = time.time()
-        timeout = self.rule.limits.permission_timeout_seconds
-        held = HeldRequest(
-            request_id=new_request_id(),
-            kind="question",
-            session_id=self.session_id,
-            rpc_id=rpc_id,
-            turn_id=self.current.turn_id if self.current else None,
-            created_at=now,
-            deadline=now + timeout if timeout else None,
-            answer=lambda result: None,
+        held = self._new_held(
+            "question",
+            rpc_id,
             message=str(params.get("message") or ""),
             requested_schema=params.get("requestedSchema")
             if params.get("mode", "form") == "form"
@@ -1466,8 +1467,7 @@ class AgentSession:
             requested_schema=held.requested_schema,
             mode=params.get("mode", "form"),
         )
-        if timeout:
-            held.timer = self.reactor.callLater(timeout, self._permission_timeout, held)
+        self._arm_timeout(held)
         return d
 
     def _cancel_request(self, rpc_id: Any) -> None:
