@@ -21,7 +21,10 @@ from typing import Any
 
 import attrs
 from twisted.internet import process as _twisted_process
+from twisted.internet._baseprocess import BaseProcess
+from twisted.python import log
 
+from sandboxd import spawn as _spawn
 from sandboxd.errors import ApiError, forbidden
 from sandboxd.policy.rules import EffectiveRule
 
@@ -272,18 +275,10 @@ class SessionProcess(_twisted_process.Process):
         if uid is not None or gid is not None:
             # posix_spawn cannot switch users; util-linux's setpriv can,
             # for one exec instead of a fork of the whole daemon.
-            if not os.access(SETPRIV, os.X_OK) or uid is None or gid is None:
+            wrapped = _as_user(executable, args, uid, gid)
+            if wrapped is None:
                 return False
-            args = [
-                SETPRIV,
-                f"--reuid={uid}",
-                f"--regid={gid}",
-                "--init-groups",
-                "--",
-                executable,
-                *args[1:],
-            ]
-            executable = SETPRIV
+            executable, args = wrapped
         if path is not None and os.path.abspath(path) != os.path.abspath("."):
             return False
         state: list[tuple[int, bool]] = []
@@ -315,6 +310,127 @@ class SessionProcess(_twisted_process.Process):
         super()._setupChild(*args, **kwargs)  # type: ignore[no-untyped-call]
 
 
+def _as_user(
+    executable: str, args: list[str], uid: int | None, gid: int | None
+) -> tuple[str, list[str]] | None:
+    """``args`` run through setpriv as ``uid``/``gid``; None without setpriv."""
+    if uid is None or gid is None or not os.access(SETPRIV, os.X_OK):
+        return None
+    wrapped = [
+        SETPRIV,
+        f"--reuid={uid}",
+        f"--regid={gid}",
+        "--init-groups",
+        "--",
+        executable,
+        *args[1:],
+    ]
+    return SETPRIV, wrapped
+
+
+class AdoptedProcess(_twisted_process.Process):
+    """
+    Twisted's pipe process transport around a child that is already
+    running (started by :func:`sandboxd.spawn.posix_spawn`).
+
+    What follows the fork in Twisted's ``Process.__init__`` happens here:
+    readers and writers on the parent's pipe ends, ``makeConnection``, and
+    registration for reaping (which reaps at once a child that already
+    exited).
+    """
+
+    def __init__(
+        self,
+        reactor: Any,
+        pid: int,
+        protocol: Any,
+        pipes: dict[int, tuple[str, int]],
+    ) -> None:
+        self._reactor = reactor
+        BaseProcess.__init__(self, protocol)
+        self.pid = pid
+        self.status = -1
+        self.pipes: dict[int, Any] = {}
+        for child_fd, (kind, parent_fd) in pipes.items():
+            if kind == "r":
+                self.pipes[child_fd] = self.processReaderFactory(  # type: ignore[no-untyped-call]
+                    reactor, self, child_fd, parent_fd
+                )
+            else:
+                self.pipes[child_fd] = self.processWriterFactory(  # type: ignore[no-untyped-call]
+                    reactor, self, child_fd, parent_fd, forceReadHack=True
+                )
+        try:
+            protocol.makeConnection(self)
+        except BaseException:
+            log.err()
+        _twisted_process.registerReapProcessHandler(pid, self)
+
+
+def _pipes(
+    child_fds: Mapping[int, Any],
+) -> tuple[dict[int, int], dict[int, tuple[str, int]]]:
+    """
+    Pipes for the ``"r"``/``"w"`` entries of ``child_fds``: the child's
+    ends by child descriptor, and the parent's (with their direction).
+    Integer entries are the caller's descriptors, passed as they are.
+    """
+    fdmap: dict[int, int] = {}
+    pipes: dict[int, tuple[str, int]] = {}
+    try:
+        for child_fd, target in child_fds.items():
+            if target == "r":
+                read_end, write_end = os.pipe()
+                fdmap[child_fd], pipes[child_fd] = write_end, ("r", read_end)
+            elif target == "w":
+                read_end, write_end = os.pipe()
+                fdmap[child_fd], pipes[child_fd] = read_end, ("w", write_end)
+            else:
+                fdmap[child_fd] = int(target)
+    except OSError:
+        _close_pipes(fdmap, pipes, parent=True)
+        raise
+    return fdmap, pipes
+
+
+def _close_pipes(
+    fdmap: dict[int, int], pipes: dict[int, tuple[str, int]], parent: bool
+) -> None:
+    for child_fd, (_, parent_fd) in pipes.items():
+        for fd in (fdmap.get(child_fd), parent_fd if parent else None):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
+def _spawn_adopted(
+    reactor: Any,
+    protocol: Any,
+    executable: str,
+    args: list[str],
+    env: dict[str, str],
+    path: str | None,
+    child_fds: Mapping[int, Any],
+) -> AdoptedProcess:
+    """The child through :func:`sandboxd.spawn.posix_spawn`, then adopted."""
+    fdmap, pipes = _pipes(child_fds)
+    try:
+        plan = _spawn.plan(executable, args, env, path, fdmap, _ignored_signals())
+        pid = _spawn.posix_spawn(plan)
+    except BaseException:
+        _close_pipes(fdmap, pipes, parent=True)
+        raise
+    _close_pipes(fdmap, pipes, parent=False)
+    return AdoptedProcess(reactor, pid, protocol, pipes)
+
+
+def spawn_anywhere() -> bool:
+    """Whether :func:`spawn_session` starts a child in any directory without a fork."""
+    return _spawn.AVAILABLE
+
+
 def spawn_session(
     reactor: Any,
     protocol: Any,
@@ -325,14 +441,24 @@ def spawn_session(
     uid: int | None = None,
     gid: int | None = None,
     child_fds: dict[int, Any] | None = None,
-) -> SessionProcess:
+) -> _twisted_process.Process:
     """
     ``reactor.spawnProcess`` for a child that leads its own session.
 
-    ``executable`` must be absolute (see :func:`find_executable`).
+    ``executable`` must be absolute (see :func:`find_executable`).  Where
+    :data:`sandboxd.spawn.AVAILABLE`, one ``posix_spawn`` starts it in any
+    directory (as another user through setpriv); otherwise Twisted spawns
+    it (:class:`SessionProcess`).
     """
+    fds = {0: "w", 1: "r", 2: "r"} if child_fds is None else child_fds
+    if _spawn.AVAILABLE:
+        if uid is None and gid is None:
+            return _spawn_adopted(reactor, protocol, executable, args, env, path, fds)
+        wrapped = _as_user(executable, args, uid, gid)
+        if wrapped is not None:
+            return _spawn_adopted(reactor, protocol, *wrapped, env, path, fds)
     return SessionProcess(  # type: ignore[no-untyped-call]
-        reactor, executable, args, env, path, protocol, uid, gid, child_fds
+        reactor, executable, args, env, path, protocol, uid, gid, fds
     )
 
 

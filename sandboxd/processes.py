@@ -5,7 +5,7 @@ pipes (``/shell``, ``/shell/stream``, background processes, code runs, git,
 package listings) is driven from here.
 
 - :class:`Child` is the one ``ProcessProtocol``: the command runs in its
-  own session (spawned through ``setsid``), stdin is ``/dev/null`` unless a
+  own session, stdin is ``/dev/null`` unless a
   pipe is asked for, ``processExited`` means "finished" and the pipes are
   closed shortly after (a grandchild holding them cannot hang a call), hard
   and idle timeouts end the whole tree, and reading can be paused by a slow
@@ -39,7 +39,13 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from sandboxd.children import RunAs, exit_code, find_executable, spawn_session
+from sandboxd.children import (
+    RunAs,
+    exit_code,
+    find_executable,
+    spawn_anywhere,
+    spawn_session,
+)
 from sandboxd.eventlog import EventLog
 from sandboxd.linestream import STREAM_NAMES
 from sandboxd.policy.defaults import (
@@ -180,7 +186,6 @@ class Child(ProcessProtocol):
         self.grace = grace
         self.marker = secrets.token_hex(8)
         self.pid = 0
-        self.start = 0
         self.started_at = time.time()
         self.exit_code: int | None = None
         self.has_exited = False
@@ -199,10 +204,15 @@ class Child(ProcessProtocol):
     # -- lifecycle ---------------------------------------------------------
 
     def connectionMade(self) -> None:
-        """Spawned: remember the leader (its pid is gone from the transport once reaped)."""
+        """
+        Spawned: remember the leader's pid (the transport forgets it once
+        reaped).
+
+        Its start time is not read here: /proc/<pid>/stat of a child still
+        loading its executable waits on that child, and until Twisted reaps
+        the leader its pid cannot be reused anyway (see :meth:`kill`).
+        """
         self.pid = int(getattr(self.transport, "pid", 0) or 0)
-        info = proc_info(self.pid) if self.pid else None
-        self.start = info.start if info is not None else 0
 
     def started(self) -> None:
         """Called once spawned: arm the timers."""
@@ -299,8 +309,15 @@ class Child(ProcessProtocol):
         if self.reason is None:
             self.reason = reason
         if self.killing is None:
+            # An unreaped leader (even a zombie) still owns its pid, so
+            # kill_tree may read its start time now; a reaped one's pid may
+            # already belong to someone else.
             self.killing = kill_tree(
-                self.clock, self.pid, self.marker, self.grace, self.start or None
+                self.clock,
+                self.pid,
+                self.marker,
+                self.grace,
+                leader_reaped=self.has_exited,
             )
             self.killing.addBoth(lambda _: reap_orphans() and None)
         if self.paused:
@@ -400,9 +417,11 @@ def _spawn_in(
     child_fds: dict[int, Any],
 ) -> None:
     """
-    ``spawnProcess`` in ``cwd``, on the posix_spawn path when possible.
+    ``spawnProcess`` in ``cwd``, on a posix_spawn path when possible.
 
-    Twisted forks (and runs Python in the child before exec) whenever
+    :func:`~sandboxd.children.spawn_session` starts a child in any
+    directory with one ``posix_spawn`` where the C library allows
+    (:mod:`sandboxd.spawn`).  Elsewhere Twisted forks (and runs Python in the child before exec) whenever
     ``path`` differs from the daemon's own working directory; that costs
     several times a posix_spawn.  So when the daemon has no other thread
     that could observe it, its working directory is moved to ``cwd`` just
@@ -411,7 +430,7 @@ def _spawn_in(
     :class:`~sandboxd.children.SessionProcess`.)  The daemon itself never
     resolves a relative path.
     """
-    if cwd != os.getcwd():
+    if not spawn_anywhere() and cwd != os.getcwd():
         if threading.active_count() == 1:
             previous = os.getcwd()
             os.chdir(cwd)

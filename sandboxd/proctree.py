@@ -193,6 +193,7 @@ def kill_tree(
     marker: str | None = None,
     grace: float = KILL_GRACE_SECONDS,
     leader_start: int | None = None,
+    leader_reaped: bool = False,
 ) -> Deferred[None]:
     """
     End ``leader``'s whole tree: TERM now, KILL to survivors after ``grace``.
@@ -201,12 +202,16 @@ def kill_tree(
     grandchild that ignores TERM and is reparented when its parent dies is
     still killed, and a pid reused meanwhile is left alone.  Fires once no
     member is left (or shortly after the KILL).
+
+    ``leader_reaped`` says the leader itself is gone: its pid is then not
+    a member (it may name another process by now), only its group and
+    marker are.
     """
     if leader in (0, 1, os.getpid()) or leader < 0:
         return succeed(None)
     done: Deferred[None] = Deferred()
     members = tree_members(leader, marker)
-    if leader_start is None:
+    if leader_start is None and not leader_reaped:
         info = proc_info(leader)
         leader_start = info.start if info is not None else None
     if leader_start is not None:

@@ -19,7 +19,7 @@ from twisted.internet.defer import (
 from twisted.internet.task import Clock, deferLater
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from sandboxd import processes, proctree
+from sandboxd import processes, proctree, spawn
 from sandboxd.processes import HeadTail, run_collect
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
@@ -257,7 +257,13 @@ class RunCollectTests(TestCase):
 
     @inlineCallbacks
     def test_cwd_on_every_spawn_path(self) -> Any:
-        """The child runs in the cwd whether spawned alone, with other threads about, or forked."""
+        """
+        The child runs in the cwd through sandboxd.spawn, and through
+        Twisted's spawn alone, with other threads about, or forked.
+        """
+        result = yield self.run_(["pwd"])
+        self.assertEqual(result.stdout, self.cwd.encode() + b"\n")
+        self.patch(spawn, "AVAILABLE", False)
         result = yield self.run_(["pwd"])
         self.assertEqual(result.stdout, self.cwd.encode() + b"\n")
         self.patch(processes.threading, "active_count", lambda: 2)

@@ -1,0 +1,99 @@
+"""
+:mod:`sandboxd.spawn`: one ``posix_spawn`` that sets up the whole child,
+checked on real children.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd import spawn
+
+if not spawn.AVAILABLE:
+    skip = "this C library lacks posix_spawn's closefrom/addchdir (Twisted's spawn is used)"
+
+
+def run(
+    argv: list[str], cwd: str | None = None, extra: dict[int, int] | None = None
+) -> tuple[int, bytes]:
+    """Spawn ``argv`` with stdout and stderr on a pipe; its status and output."""
+    read_end, write_end = os.pipe()
+    fds = {0: write_end, 1: write_end, 2: write_end, **(extra or {})}
+    try:
+        pid = spawn.posix_spawn(
+            spawn.plan(
+                argv[0],
+                argv,
+                {"PATH": "/usr/bin:/bin"},
+                cwd,
+                fds,
+                [signal.SIGPIPE],
+            )
+        )
+    except OSError:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        output = f.read()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), output
+
+
+class SpawnTests(SynchronousTestCase):
+    """What the child gets, and what it does not."""
+
+    def test_own_session_and_cwd(self) -> None:
+        """The child leads its own session and group, in the directory given."""
+        cwd = os.path.realpath(self.mktemp())
+        os.makedirs(cwd)
+        code, out = run(["/bin/sh", "-c", "pwd; cut -d' ' -f1,5,6 /proc/$$/stat"], cwd)
+        self.assertEqual(code, 0)
+        where, ids = out.decode().splitlines()
+        self.assertEqual(where, cwd)
+        pid, pgid, sid = ids.split()
+        self.assertEqual((pgid, sid), (pid, pid))
+
+    def test_daemon_descriptors_not_inherited(self) -> None:
+        """An inheritable descriptor of the daemon is closed in the child."""
+        fd = os.open(os.devnull, os.O_RDONLY)
+        self.addCleanup(os.close, fd)
+        os.set_inheritable(fd, True)
+        code, out = run(["/bin/sh", "-c", f"test -e /proc/$$/fd/{fd} && echo open"])
+        self.assertEqual((code, out), (1, b""))
+
+    def test_descriptor_moved_onto_another_slot(self) -> None:
+        """A parent descriptor mapped onto a child slot arrives there."""
+        read_end, write_end = os.pipe()
+        self.addCleanup(os.close, read_end)
+        try:
+            code, _ = run(["/bin/sh", "-c", "echo via-fd-5 >&5"], extra={5: write_end})
+        finally:
+            os.close(write_end)
+        self.assertEqual(code, 0)
+        self.assertEqual(os.read(read_end, 100), b"via-fd-5\n")
+
+    def test_ignored_signals_reset_and_mask_empty(self) -> None:
+        """SIGPIPE, which Python ignores, is back to its default in the child."""
+        code, out = run(["/bin/sh", "-c", "grep -E '^Sig(Ign|Blk)' /proc/$$/status"])
+        self.assertEqual(code, 0)
+        fields = dict(line.split(":") for line in out.decode().splitlines())
+        ignored = int(fields["SigIgn"].strip(), 16)
+        self.assertFalse(ignored & (1 << (signal.SIGPIPE - 1)))
+        self.assertEqual(int(fields["SigBlk"].strip(), 16), 0)
+
+    def test_failures_are_oserrors(self) -> None:
+        """A missing executable or directory, or a file that cannot run, raises."""
+        with self.assertRaises(FileNotFoundError):
+            run(["/nonexistent/program"])
+        with self.assertRaises(FileNotFoundError):
+            run(["/bin/true"], cwd="/nonexistent/directory")
+        plain = self.mktemp()
+        with open(plain, "w") as f:
+            f.write("not a program\n")
+        with self.assertRaises(PermissionError):
+            run([os.path.abspath(plain)])
