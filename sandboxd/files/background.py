@@ -128,3 +128,26 @@ class BackgroundWriter:
             self._on_idle = callback
         else:
             callback()
+
+
+class PauseGate:
+    """
+    One socket paused by several :class:`BackgroundWriter` s: it reads
+    again only once none of them is over its high water.
+    """
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self._holds = 0
+
+    def pause(self) -> None:
+        """One writer is full."""
+        self._holds += 1
+        if self._holds == 1 and self._transport is not None:
+            self._transport.pauseProducing()
+
+    def resume(self) -> None:
+        """That writer has room again."""
+        self._holds -= 1
+        if self._holds == 0 and self._transport is not None:
+            self._transport.resumeProducing()
