@@ -10,7 +10,7 @@ from typing import Any
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.errors import ApiError
-from sandboxd.files.background import BackgroundWriter
+from sandboxd.files.background import BackgroundWriter, PauseGate
 
 
 class ManualPool:
@@ -106,3 +106,31 @@ class BackgroundWriterTests(SynchronousTestCase):
         self.assertEqual(aborted, [True])
         self.assertEqual(self.written, [b"a"])
         self.assertEqual(self.reactor.pool.jobs, [])
+
+
+class Transport:
+    """Counts what the gate does to the socket."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def pauseProducing(self) -> None:
+        self.calls.append("pause")
+
+    def resumeProducing(self) -> None:
+        self.calls.append("resume")
+
+
+class PauseGateTests(SynchronousTestCase):
+    """Two writers share one socket: it reads again only when both have room."""
+
+    def test_resumes_after_the_last_release(self) -> None:
+        """Paused once by the first writer, resumed once by the last."""
+        transport = Transport()
+        gate = PauseGate(transport)
+        gate.pause()
+        gate.pause()
+        gate.resume()
+        self.assertEqual(transport.calls, ["pause"])
+        gate.resume()
+        self.assertEqual(transport.calls, ["pause", "resume"])
