@@ -14,6 +14,11 @@ and the whole resolution starts again, so every location actually used has
 passed the policy on its real name, and a link swapped in between check and
 use meets ``O_NOFOLLOW`` instead of being followed.  Trailing slashes are
 stripped before anything is opened (``open("link/", O_NOFOLLOW)`` follows).
+
+/proc, /sys and /dev are refused by name, and also by what a location is
+on: a kernel file system (procfs, sysfs, cgroup ...) mounted inside the
+base is refused the same way, judged by ``fstatfs`` on the descriptors the
+resolution holds, since a prefix check cannot see a bind mount.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import platform
 import posixpath
 import stat
 from collections.abc import Iterator
@@ -117,6 +123,98 @@ def _openat2_dir(dir_fd: int, rel: str) -> int:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), rel)
     return int(fd)
+
+
+# -- kernel file systems ---------------------------------------------------
+
+#: statfs(2) ``f_type`` of the file systems that expose the kernel rather than
+#: files.  devtmpfs is missing because it reports tmpfs's number: the /dev
+#: prefix check and the regular-file check on content cover it.
+SPECIAL_FILESYSTEMS = {
+    0x9FA0: "proc",
+    0x62656572: "sysfs",
+    0x1CD1: "devpts",
+    0x64626720: "debugfs",
+    0x73636673: "securityfs",
+    0x74726163: "tracefs",
+    0x27E0EB: "cgroup",
+    0x63677270: "cgroup2",
+    0xCAFE4A11: "bpf",
+    0xF97CFF8C: "selinuxfs",
+    0xDE5E81E4: "efivarfs",
+    0x62656570: "configfs",
+    0x6165676C: "pstore",
+    0x42494E4D: "binfmt_misc",
+}
+
+# f_type is the first field of struct statfs: a word everywhere except s390x.
+_F_TYPE = ctypes.c_uint if platform.machine() == "s390x" else ctypes.c_long
+_STATFS_SIZE = 256  # larger than struct statfs on every Linux ABI
+
+
+def _load_fstatfs() -> Any:
+    """libc's ``fstatfs``, if it works on an ``O_PATH`` fd (Linux 3.12+)."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).fstatfs
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    fn.restype = ctypes.c_int
+    probe = os.open("/", os.O_PATH | os.O_CLOEXEC)
+    try:
+        works = fn(probe, ctypes.create_string_buffer(_STATFS_SIZE)) == 0
+    finally:
+        os.close(probe)
+    return fn if works else None
+
+
+_fstatfs = _load_fstatfs()
+
+
+def special_filesystem(fd: int) -> str | None:
+    """
+    The kernel file system ``fd`` is on (``"proc"``, ``"sysfs"`` ...), or None.
+
+    One ``fstatfs`` on a descriptor already held, so it costs no lookup.  A
+    failure answers ``"unknown"``: refusing is safer than guessing.
+    """
+    if _fstatfs is None:
+        return None
+    buf = ctypes.create_string_buffer(_STATFS_SIZE)
+    if _fstatfs(fd, buf) != 0:
+        return "unknown"
+    return SPECIAL_FILESYSTEMS.get(_F_TYPE.from_buffer(buf).value & 0xFFFFFFFF)
+
+
+def mounted_special(
+    dir_fd: int, name: str, st: os.stat_result, dir_dev: int
+) -> str | None:
+    """
+    Whether the entry ``name`` (status ``st``) is the root of a kernel file
+    system mounted on its directory (device ``dir_dev``).
+
+    Only an entry on another device than its directory can be a mount
+    point, so the common case costs nothing beyond the ``lstat`` in hand.
+    """
+    if st.st_dev == dir_dev:
+        return None
+    try:
+        fd = os.open(name, _ENTRY_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return "unknown"
+    try:
+        return special_filesystem(fd)
+    finally:
+        os.close(fd)
+
+
+def system_refusal(path: Any) -> ApiError:
+    """The refusal for /proc, /sys, /dev, and kernel file systems mounted elsewhere."""
+    return refusal(
+        PathDecision(str(path), False, "path_not_allowed", "guard:system-paths")
+    )
 
 
 # -- resolution results ----------------------------------------------------
@@ -301,6 +399,8 @@ class PathGuard:
                     ) from None
                 continue
             loc.via_link = bool(link_targets)
+            # Before existence is looked at: a kernel file system refuses alike.
+            _refuse_special(loc, original)
             dangling_risk = loc.path in link_targets and op != "read"
             if not missing_ok or dangling_risk:
                 if loc.lstat() is None:
@@ -408,12 +508,14 @@ class PathGuard:
             except OSError:
                 pass  # a link, a missing or odd component: the walk says which
         fd = os.dup(anchor_fd)
+        dev = -1  # no device yet: the first component is always asked about
         here = anchor
         for i, part in enumerate(parts):
             here = posixpath.join(here, part)
             try:
                 nxt = os.open(part, _ENTRY_FLAGS, dir_fd=fd)
             except FileNotFoundError:
+                _refuse_special_dir(fd, original)
                 if not make_parents:
                     os.close(fd)
                     raise file_not_found(original) from None
@@ -437,10 +539,16 @@ class PathGuard:
                     os.close(fd)
                     raise os_error(e, original) from None
             except OSError as e:
+                _refuse_special_dir(fd, original)
                 os.close(fd)
                 raise os_error(e, original) from None
             try:
                 st = os.fstat(nxt)
+                # A mount point: refused here, so what lies below (missing or
+                # not) answers the same as the mount itself.
+                if st.st_dev != dev and special_filesystem(nxt) is not None:
+                    raise system_refusal(original)
+                dev = st.st_dev
                 if stat.S_ISLNK(st.st_mode):
                     try:
                         link = os.readlink(part, dir_fd=fd)
@@ -450,6 +558,8 @@ class PathGuard:
                     point = absolute(posixpath.join(posixpath.dirname(here), link), "/")
                     raise _Restart(absolute(posixpath.join(point, *rest), "/"), point)
                 if not stat.S_ISDIR(st.st_mode):
+                    if special_filesystem(fd) is not None:
+                        raise system_refusal(original)
                     raise ApiError(
                         400,
                         f"Not a directory: {original}",
@@ -492,6 +602,8 @@ class PathGuard:
                 raise os_error(e, path) from None
             resolved = loc.path
         try:
+            if special_filesystem(fd) is not None:
+                raise system_refusal(path)  # mounted since the check
             st = os.fstat(fd)
             check_regular(st, path)
             os.set_blocking(fd, True)
@@ -526,6 +638,8 @@ class PathGuard:
                     raise os_error(e, path) from None
             resolved = loc.path
         try:
+            if special_filesystem(fd) is not None:
+                raise system_refusal(path)  # mounted since the check
             yield fd, resolved
         finally:
             os.close(fd)
@@ -567,6 +681,40 @@ def check_regular(st: os.stat_result, path: Any) -> None:
         raise ApiError(
             400, f"Not a regular file: {path}", "ValueError", "invalid_param"
         )
+
+
+def _refuse_special(loc: Location, original: str) -> None:
+    """
+    Close ``loc`` and refuse it when its directory, or the entry itself (a
+    mount point), is on a kernel file system: a bind mount of /proc inside
+    the base is /proc.
+    """
+    try:
+        found = special_filesystem(loc.dir_fd)
+        if found is None and loc.name:
+            try:
+                st = os.stat(loc.name, dir_fd=loc.dir_fd, follow_symlinks=False)
+            except OSError:
+                pass  # missing (or unreachable): its directory decided
+            else:
+                dev = os.fstat(loc.dir_fd).st_dev
+                found = mounted_special(loc.dir_fd, loc.name, st, dev)
+    except BaseException:
+        loc.close()
+        raise
+    if found is not None:
+        loc.close()
+        raise system_refusal(original)
+
+
+def _refuse_special_dir(fd: int, original: str) -> None:
+    """
+    On a failed step of the walk: close ``fd`` and refuse when it is on a
+    kernel file system, so a missing name there answers like an existing one.
+    """
+    if special_filesystem(fd) is not None:
+        os.close(fd)
+        raise system_refusal(original)
 
 
 def _raced(e: OSError, path: Any) -> ApiError:

@@ -23,7 +23,7 @@ from sandboxd.files import atomic
 from sandboxd.guard import PathGuard
 from tests.helpers import DaemonTestCase
 from tests.test_files import FilesCase, b64
-from tests.test_guard import make_rule
+from tests.test_guard import bind_mount, make_rule, sans_error
 
 
 def tar_of(*members: tuple[str, str, Any]) -> str:
@@ -404,3 +404,53 @@ class ProtectedInsideTreeTests(DaemonTestCase):
             os.path.exists(os.path.join(self.base_dir, "a", "secrets", "key"))
         )
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "b")))
+
+
+class SpecialMountTests(FilesCase):
+    """/proc mounted inside the base dir, against a real daemon (C12)."""
+
+    @inlineCallbacks
+    def test_proc_bind_mount_refused_like_proc(self) -> Any:
+        """
+        Every route refuses a bind mount of /proc inside the base exactly as
+        it refuses /proc (403 path_not_allowed, guard:system-paths), for
+        existing and missing names; listings and searches do not show it.
+        """
+        self.put("keep.txt")
+        p = os.path.join(self.base_dir, "p")
+        os.mkdir(p)
+        bind_mount(self, "/proc", p)
+        expected = yield self.get("/download", "/proc/self/environ")
+        self.assertEqual(expected.status, 403)
+        self.assertEqual(expected.json()["rule"], "guard:system-paths")
+        for route, path in (
+            ("/download", "p/self/environ"),
+            ("/download", "p/self/nosuch"),
+            ("/download", "p/nosuch/deeper"),
+            ("/files/raw", "p/self/status"),
+            ("/files/stat", "p"),
+            ("/files/stat", "p/nosuch"),
+            ("/files/list", "p"),
+        ):
+            reply = yield self.get(route, path)
+            self.assertEqual(
+                (reply.status, sans_error(reply.json())),
+                (403, sans_error(expected.json())),
+                (route, path),
+            )
+        for method, route, body in (
+            ("DELETE", "/files?path=p", None),
+            ("POST", "/upload", {"path": "p/x", "content_base64": b64(b"x")}),
+            ("POST", "/files/move", {"source": "p", "destination": "q"}),
+            ("POST", "/files/mkdir", {"path": "p/new"}),
+        ):
+            reply = yield self.request(method, route, body)
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (403, "path_not_allowed"), route
+            )
+        reply = yield self.request("GET", "/files/list?depth=3")
+        names = sorted(e["name"] for e in reply.json()["entries"])
+        self.assertEqual(names, ["keep.txt"])
+        reply = yield self.request("POST", "/files/search", {"pattern": "environ"})
+        self.assertEqual(reply.json()["results"], [])
+        self.assertTrue(os.path.isdir(os.path.join(p, "self")), "mount untouched")

@@ -2,23 +2,30 @@
 The path guard (SPEC §11.1) on real files, with openat2 and with the
 per-component fallback walk: traversal, NUL, system paths, links in and out,
 trailing slashes, dangling links, read-only, deny globs, symlinks: deny, and
-a rename race that must never let a read or write escape.
+a rename race that must never let a read or write escape; kernel file
+systems mounted inside the base, and device nodes.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import stat
 import tempfile
 import threading
 from typing import Any
 
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from sandboxd import guard as guard_module
 from sandboxd.errors import ApiError
 from sandboxd.files.atomic import AtomicWrite
-from sandboxd.guard import PathGuard
+from sandboxd.files.walk import list_dir, search
+from sandboxd.guard import PathGuard, special_filesystem
 from sandboxd.policy.rules import EffectiveRule, Limits, Params, PathRule
+
+_MS_BIND = 4096
+_MNT_DETACH = 2
 
 
 def make_rule(base: str, **paths: Any) -> EffectiveRule:
@@ -40,6 +47,26 @@ def make_rule(base: str, **paths: Any) -> EffectiveRule:
             "paths.deny": "policy:test",
         },
     )
+
+
+def bind_mount(case: Any, source: str, target: str) -> None:
+    """
+    Bind-mount ``source`` on ``target`` for the rest of the test (detached in
+    cleanup, before the temporary tree is removed), or skip saying why.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(source.encode(), target.encode(), None, _MS_BIND, None) != 0:
+        err = ctypes.get_errno()
+        raise SkipTest(
+            f"cannot bind-mount {source} here ({os.strerror(err)}): "
+            "needs root with CAP_SYS_ADMIN in this mount namespace"
+        )
+    case.addCleanup(libc.umount2, target.encode(), _MNT_DETACH)
+
+
+def sans_error(body: dict[str, Any]) -> dict[str, Any]:
+    """A refusal body without its message (which names the requested path)."""
+    return {k: v for k, v in body.items() if k != "error"}
 
 
 class GuardMixin:
@@ -258,6 +285,104 @@ class GuardMixin:
         os.mkfifo(os.path.join(self.base, "fifo"))
         self.assertEqual(self.refused("fifo", "open").status, 400)
 
+    def fake_proc(self) -> str:
+        """
+        ``fakeproc/self/environ`` in the base, reported as procfs through
+        the :func:`special_filesystem` seam (as a mount of /proc would be).
+        """
+        fake = os.path.join(self.base, "fakeproc")
+        os.makedirs(os.path.join(fake, "self"))
+        self.write(os.path.join(fake, "self", "environ"), b"SECRET=1")
+        inodes = {
+            os.stat(os.path.join(fake, rel)).st_ino
+            for rel in ("", "self", "self/environ")
+        }
+        real = guard_module.special_filesystem
+
+        def seam(fd: int) -> str | None:
+            return "proc" if os.fstat(fd).st_ino in inodes else real(fd)
+
+        self.patch(guard_module, "special_filesystem", seam)  # type: ignore[attr-defined]
+        return fake
+
+    def test_special_filesystem_refused_like_proc(self) -> None:
+        """
+        A location whose directory is on a kernel file system is refused
+        exactly as /proc is (403 path_not_allowed, guard:system-paths), the
+        same for existing and missing names, for reads, writes and checks,
+        and nothing is created there.
+        """
+        self.fake_proc()
+        expected = sans_error(self.refused("/proc/self/environ", "open").body())
+        self.assertEqual(expected["rule"], "guard:system-paths")
+        for path in (
+            "fakeproc/self/environ",
+            "fakeproc/self/nosuch",
+            "fakeproc/nosuch",
+            "fakeproc/nosuch/deeper/x",
+            "fakeproc/self/environ/x",
+        ):
+            e = self.refused(path, "open")
+            self.assertEqual((e.status, sans_error(e.body())), (403, expected), path)
+            with self.assertRaises(ApiError) as cm:  # type: ignore[attr-defined]
+                self.guard.check(path)
+            self.assertEqual(sans_error(cm.exception.body()), expected, path)
+        e = self.refused("fakeproc/self/new", "write", follow=True, make_parents=True)
+        self.assertEqual(sans_error(e.body()), expected)
+        e = self.refused("fakeproc/a/b", "write", follow=True, make_parents=True)
+        self.assertEqual(sans_error(e.body()), expected)
+        self.assertEqual(
+            sorted(os.listdir(os.path.join(self.base, "fakeproc"))), ["self"]
+        )
+        self.assertEqual(self.read("sub/f.txt"), b"inside")
+
+    def test_proc_mounted_inside_base(self) -> None:
+        """
+        A real bind mount of /proc (and of one /proc file) inside the base is
+        refused like /proc itself, mount point included, and listings and
+        searches do not show or enter it.
+        """
+        p = os.path.join(self.base, "p")
+        os.mkdir(p)
+        status = os.path.join(self.base, "status")
+        self.write(status, b"")
+        bind_mount(self, "/proc", p)
+        bind_mount(self, "/proc/self/status", status)
+        expected = sans_error(self.refused("/proc/self/environ", "open").body())
+        for path in ("p", "p/self/environ", "p/self/nosuch", "p/nosuch/x", "status"):
+            e = self.refused(path, "open")
+            self.assertEqual((e.status, sans_error(e.body())), (403, expected), path)
+        for op in ("read", "write", "delete"):
+            e = self.refused("p", op)
+            self.assertEqual(sans_error(e.body()), expected, op)
+        with self.assertRaises(ApiError):  # type: ignore[attr-defined]
+            self.guard.cwd("p/self")
+        listed = list_dir(self.guard, self.base, 3, True, 1000)["entries"]
+        self.assertEqual(
+            sorted(e["name"] for e in listed), ["f.txt", "sub"], "p and status hidden"
+        )
+        found = search(self.guard, self.base, "environ", 100, 10.0)["results"]
+        self.assertEqual(found, [])
+        self.assertTrue(os.path.exists(os.path.join(p, "self")), "mount untouched")
+
+    def test_device_nodes_refused_as_content(self) -> None:
+        """
+        devtmpfs reports tmpfs's f_type, so device nodes are kept out by the
+        regular-file check: a character or block device inside the base is
+        400 "Not a regular file", never opened for reading.
+        """
+        for name, (kind, dev) in {
+            "zero": (stat.S_IFCHR, os.makedev(1, 5)),
+            "loop": (stat.S_IFBLK, os.makedev(7, 0)),
+        }.items():
+            try:
+                os.mknod(os.path.join(self.base, name), kind | 0o600, dev)
+            except PermissionError:
+                raise SkipTest("mknod needs CAP_MKNOD (root)") from None
+            e = self.refused(name, "open")
+            self.assertEqual((e.status, e.code), (400, "invalid_param"), name)
+            self.assertIn("Not a regular file", e.message)
+
     def test_swap_race(self) -> None:
         """
         A rename loop swapping ``dir`` between a real directory and a link to
@@ -302,6 +427,24 @@ class GuardMixin:
             t.join()
         self.assertEqual(escapes, 0)
         self.assertEqual(sorted(os.listdir(self.outside)), ["secret"])
+
+
+class SpecialFilesystemTests(SynchronousTestCase):
+    """The f_type seam itself."""
+
+    def test_reads_f_type(self) -> None:
+        """procfs and sysfs are named by their f_type, a temporary dir is not special, a bad fd refuses."""
+        if guard_module._fstatfs is None:
+            raise SkipTest("no usable fstatfs in this C library")
+        for path, name in (("/proc", "proc"), ("/sys", "sysfs"), (self.mktemp(), None)):
+            if name is None:
+                os.makedirs(path)
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                self.assertEqual(special_filesystem(fd), name, path)
+            finally:
+                os.close(fd)
+        self.assertEqual(special_filesystem(-1), "unknown")
 
 
 class OpenAt2Tests(GuardMixin, SynchronousTestCase):

@@ -26,7 +26,14 @@ from typing import Any
 import attrs
 
 from sandboxd.errors import ApiError, file_not_found
-from sandboxd.guard import Location, PathGuard, etag_of, os_error, refusal
+from sandboxd.guard import (
+    Location,
+    PathGuard,
+    etag_of,
+    mounted_special,
+    os_error,
+    refusal,
+)
 
 _SUBDIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -91,9 +98,12 @@ def walk(
                 ),
                 key=lambda x: x[0],
             )
+        dev = os.fstat(fd).st_dev
     except OSError:
         return
     for name, st in items:
+        if mounted_special(fd, name, st, dev):
+            continue  # /proc mounted here is as out of reach as /proc
         yield root, name, st
         if max_depth > 1 and stat.S_ISDIR(st.st_mode):
             try:
