@@ -217,6 +217,22 @@ def system_refusal(path: Any) -> ApiError:
     )
 
 
+def shared_refusal(path: Any, rule: str) -> ApiError:
+    """A change to a multiply-linked regular file under ``hard_links: deny_writes``."""
+    return ApiError(
+        403,
+        f"the file has other hard links and may not be changed: {path}",
+        "PermissionError",
+        "path_denied",
+        rule=rule,
+    )
+
+
+def is_shared(st: os.stat_result | None) -> bool:
+    """A regular file with more than one name (``st_nlink > 1``)."""
+    return st is not None and stat.S_ISREG(st.st_mode) and st.st_nlink > 1
+
+
 # -- resolution results ----------------------------------------------------
 
 
@@ -243,12 +259,15 @@ class Location:
     :ivar path: the absolute location, every link already resolved.
     :ivar via_link: a link was followed on the way (so a missing last
         component means a dangling link, which is never created through).
+    :ivar deny_shared: the rule behind ``paths.hard_links: deny_writes`` when
+        the location was resolved for a write or delete; None otherwise.
     """
 
     dir_fd: int
     name: str
     path: str
     via_link: bool = False
+    deny_shared: str | None = None
     _closed: bool = False
 
     def lstat(self) -> os.stat_result | None:
@@ -259,6 +278,15 @@ class Location:
             return os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             return None
+
+    def refuse_shared(self, st: os.stat_result | None, path: Any) -> None:
+        """
+        Refuse replacing, removing or moving the entry (status ``st``, taken
+        through this location's directory fd) when it is a regular file with
+        other names and the policy says ``hard_links: deny_writes``.
+        """
+        if self.deny_shared is not None and is_shared(st):
+            raise shared_refusal(path, self.deny_shared)
 
     def close(self) -> None:
         """Release the directory fd."""
@@ -342,6 +370,18 @@ class PathGuard:
         """The policy's lexical decision alone (used to filter listings)."""
         return decide(self.rule, path, op)
 
+    def refuse_shared(self, st: os.stat_result | None, path: Any) -> None:
+        """
+        ``hard_links: deny_writes`` for callers that stat entries themselves
+        (tree deletes and moves, archive checks); see :meth:`Location.refuse_shared`.
+        """
+        if self.rule.paths.hard_links == "deny_writes" and is_shared(st):
+            raise shared_refusal(path, self._hard_links_rule)
+
+    @property
+    def _hard_links_rule(self) -> str:
+        return self.rule.source("paths.hard_links") or "paths.hard_links"
+
     # -- resolution -----------------------------------------------------------
 
     def locate(
@@ -401,6 +441,8 @@ class PathGuard:
             loc.via_link = bool(link_targets)
             # Before existence is looked at: a kernel file system refuses alike.
             _refuse_special(loc, original)
+            if op != "read" and self.rule.paths.hard_links == "deny_writes":
+                loc.deny_shared = self._hard_links_rule
             dangling_risk = loc.path in link_targets and op != "read"
             if not missing_ok or dangling_risk:
                 if loc.lstat() is None:

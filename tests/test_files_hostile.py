@@ -454,3 +454,150 @@ class SpecialMountTests(FilesCase):
         reply = yield self.request("POST", "/files/search", {"pattern": "environ"})
         self.assertEqual(reply.json()["results"], [])
         self.assertTrue(os.path.isdir(os.path.join(p, "self")), "mount untouched")
+
+
+class HardLinkCase(FilesCase):
+    """``link`` in the base and ``shared`` outside it name one inode (C7)."""
+
+    def setUp(self) -> Any:
+        d = super().setUp()
+        self.outside = os.path.realpath(self.mktemp())
+        os.makedirs(self.outside)
+        self.shared = os.path.join(self.outside, "shared")
+        with open(self.shared, "wb") as f:
+            f.write(b"OUTSIDE")
+        os.link(self.shared, os.path.join(self.base_dir, "link"))
+        return d
+
+    def assert_shared_intact(self, links: int = 2) -> None:
+        """Both names (and ``links`` in all) still hold the one inode, with its bytes."""
+        inside = os.stat(os.path.join(self.base_dir, "link"))
+        outside = os.stat(self.shared)
+        self.assertEqual((inside.st_ino, outside.st_nlink), (outside.st_ino, links))
+        with open(self.shared, "rb") as f:
+            self.assertEqual(f.read(), b"OUTSIDE")
+
+    @inlineCallbacks
+    def assert_reads_follow(self) -> Any:
+        """Reads of the link answer the shared inode's bytes."""
+        reply = yield self.get("/download", "link")
+        self.assertEqual(reply.status, 200)
+        self.assertEqual(base64.b64decode(reply.json()["content_base64"]), b"OUTSIDE")
+        reply = yield self.get("/files/raw", "link")
+        self.assertEqual((reply.status, reply.body), (200, b"OUTSIDE"))
+
+
+class HardLinkFollowTests(HardLinkCase):
+    """The default, ``hard_links: follow``."""
+
+    @inlineCallbacks
+    def test_reads_follow_writes_replace_the_name(self) -> Any:
+        """
+        Reads follow the inode.  A write is atomic (a new file renamed over
+        the name), so it detaches the link: the outside name keeps its bytes
+        and drops to one link.  A delete removes only the inside name.
+        """
+        yield self.assert_reads_follow()
+        reply = yield self.request(
+            "POST", "/upload", {"path": "link", "content_base64": b64(b"new")}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(self.read("link"), b"new")
+        with open(self.shared, "rb") as f:
+            self.assertEqual(f.read(), b"OUTSIDE")
+        self.assertEqual(os.stat(self.shared).st_nlink, 1)
+        os.link(self.shared, os.path.join(self.base_dir, "again"))
+        reply = yield self.request("DELETE", "/files?path=again")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(os.stat(self.shared).st_nlink, 1)
+
+
+class HardLinkDenyWritesTests(HardLinkCase):
+    """``hard_links: deny_writes``: reads as before, changes refused."""
+
+    policy = {"defaults": {"paths": {"hard_links": "deny_writes"}}}
+
+    @inlineCallbacks
+    def test_changes_refused_reads_work(self) -> Any:
+        """
+        Upload (overwrite), upload-stream, raw write, delete, move from and
+        onto the link, extracting over it, and deleting or moving a tree
+        holding it are 403 path_denied naming paths.hard_links; nothing on
+        disk changes and reads still answer the shared bytes.
+        """
+        os.makedirs(os.path.join(self.base_dir, "tree"))
+        os.link(self.shared, os.path.join(self.base_dir, "tree", "inner"))
+        self.put("tree/plain.txt", b"plain")
+        self.put("other.txt", b"other")
+        before = sorted(os.listdir(self.base_dir))
+        payload = {"path": "link", "content_base64": b64(b"pwn"), "overwrite": True}
+        extract = {
+            "content_base64": tar_of(("inner", "file", b"pwn")),
+            "destination": "tree",
+            "overwrite": True,
+        }
+        for method, route, body, raw in (
+            ("POST", "/upload", payload, None),
+            ("POST", "/files/upload-stream", payload, None),
+            ("POST", "/files/raw?path=link", None, b"pwn"),
+            ("DELETE", "/files?path=link", None, None),
+            ("POST", "/files/move", {"source": "link", "destination": "m"}, None),
+            (
+                "POST",
+                "/files/move",
+                {"source": "other.txt", "destination": "link", "overwrite": True},
+                None,
+            ),
+            ("POST", "/files/extract", extract, None),
+            ("DELETE", "/files?path=tree", None, None),
+            ("POST", "/files/move", {"source": "tree", "destination": "t2"}, None),
+        ):
+            reply = yield self.request(method, route, body, raw_body=raw)
+            got = reply.json()
+            self.assertEqual(
+                (reply.status, got.get("code"), got.get("rule")),
+                (403, "path_denied", "policy:defaults"),
+                (route, body),
+            )
+            self.assertIn("hard links", got["error"])
+        self.assertEqual(sorted(os.listdir(self.base_dir)), before)
+        self.assertEqual(self.read("other.txt"), b"other")
+        self.assertEqual(self.read("tree/plain.txt"), b"plain")
+        self.assert_shared_intact(links=3)
+        yield self.assert_reads_follow()
+
+    @inlineCallbacks
+    def test_single_link_files_unaffected(self) -> Any:
+        """A file with one name is written, moved and deleted as usual."""
+        self.put("one.txt", b"1")
+        reply = yield self.request(
+            "POST", "/upload", {"path": "one.txt", "content_base64": b64(b"2")}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request(
+            "POST", "/files/move", {"source": "one.txt", "destination": "two.txt"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request("DELETE", "/files?path=two.txt")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(sorted(os.listdir(self.base_dir)), ["link"])
+        self.assert_shared_intact()
+
+
+class HardenedHardLinkTests(HardLinkCase):
+    """The hardened preset denies writes to multiply-linked files."""
+
+    preset = "hardened"
+
+    @inlineCallbacks
+    def test_hardened_denies_writes(self) -> Any:
+        """Under hardened an upload over a hard link is 403 naming preset:hardened."""
+        reply = yield self.request(
+            "POST", "/upload", {"path": "link", "content_base64": b64(b"pwn")}
+        )
+        self.assertEqual(
+            (reply.status, reply.json()["code"], reply.json()["rule"]),
+            (403, "path_denied", "preset:hardened"),
+        )
+        self.assert_shared_intact()
+        yield self.assert_reads_follow()

@@ -3,7 +3,7 @@ The path guard (SPEC §11.1) on real files, with openat2 and with the
 per-component fallback walk: traversal, NUL, system paths, links in and out,
 trailing slashes, dangling links, read-only, deny globs, symlinks: deny, and
 a rename race that must never let a read or write escape; kernel file
-systems mounted inside the base, and device nodes.
+systems mounted inside the base, device nodes, and hard links.
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ from typing import Any
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from sandboxd import guard as guard_module
+from sandboxd.endpoints import builtin_table
 from sandboxd.errors import ApiError
 from sandboxd.files.atomic import AtomicWrite
 from sandboxd.files.walk import list_dir, search
 from sandboxd.guard import PathGuard, special_filesystem
+from sandboxd.policy import PolicyError, load_policy
 from sandboxd.policy.rules import EffectiveRule, Limits, Params, PathRule
 
 _MS_BIND = 4096
@@ -45,6 +47,7 @@ def make_rule(base: str, **paths: Any) -> EffectiveRule:
             "paths.symlinks": "policy:test",
             "paths.read_only": "policy:test",
             "paths.deny": "policy:test",
+            "paths.hard_links": "policy:test",
         },
     )
 
@@ -383,6 +386,33 @@ class GuardMixin:
             self.assertEqual((e.status, e.code), (400, "invalid_param"), name)
             self.assertIn("Not a regular file", e.message)
 
+    def test_hard_link_reads_follow_and_deny_writes(self) -> None:
+        """
+        A hard link to an outside file reads the shared inode under both
+        settings; under deny_writes a write or delete location refuses it
+        (403 path_denied, rule paths.hard_links) and the inode keeps its bytes.
+        """
+        outside = os.path.join(self.outside, "secret")
+        os.link(outside, os.path.join(self.base, "hl"))
+        for setting in ("follow", "deny_writes"):
+            g = PathGuard(make_rule(self.base, hard_links=setting))
+            with g.open_file("hl") as f:
+                self.assertEqual(os.read(f.fd, 100), b"OUTSIDE", setting)
+        g = PathGuard(make_rule(self.base, hard_links="deny_writes"))
+        with g.locate("hl", "read") as loc:
+            self.assertIsNone(loc.deny_shared)
+        with self.assertRaises(ApiError) as cm:  # type: ignore[attr-defined]
+            AtomicWrite(g.locate("hl", "write", follow=True), display="hl")
+        e = cm.exception
+        self.assertEqual(
+            (e.status, e.code, e.extra["rule"]), (403, "path_denied", "policy:test")
+        )
+        self.assertIn("hard links", e.message)
+        self.assertEqual(os.stat(outside).st_nlink, 2)
+        with open(outside, "rb") as f:
+            self.assertEqual(f.read(), b"OUTSIDE")
+        self.assertEqual(sorted(os.listdir(self.base)), ["hl", "sub"])
+
     def test_swap_race(self) -> None:
         """
         A rename loop swapping ``dir`` between a real directory and a link to
@@ -430,7 +460,7 @@ class GuardMixin:
 
 
 class SpecialFilesystemTests(SynchronousTestCase):
-    """The f_type seam itself."""
+    """The f_type seam itself, and the policy choice for hard links."""
 
     def test_reads_f_type(self) -> None:
         """procfs and sysfs are named by their f_type, a temporary dir is not special, a bad fd refuses."""
@@ -445,6 +475,28 @@ class SpecialFilesystemTests(SynchronousTestCase):
             finally:
                 os.close(fd)
         self.assertEqual(special_filesystem(-1), "unknown")
+
+    def test_hard_links_choice(self) -> None:
+        """paths.hard_links takes follow or deny_writes; anything else is an invalid policy."""
+        table = builtin_table()
+
+        def load(value: str) -> Any:
+            doc = {"defaults": {"paths": {"hard_links": value}}}
+            return load_policy(
+                table, explicit=doc, preset=None, base_dir="/tmp", environ={}
+            )
+
+        rule = load("deny_writes").rule("upload")
+        self.assertEqual(rule.paths.hard_links, "deny_writes")
+        self.assertEqual(rule.source("paths.hard_links"), "policy:defaults")
+        self.assertEqual(load("follow").rule("upload").paths.hard_links, "follow")
+        with self.assertRaises(PolicyError) as cm:
+            load("deny")
+        self.assertIn("follow, deny_writes", str(cm.exception))
+        hardened = load_policy(
+            table, explicit={}, preset="hardened", base_dir="/tmp", environ={}
+        )
+        self.assertEqual(hardened.rule("files_move").paths.hard_links, "deny_writes")
 
 
 class OpenAt2Tests(GuardMixin, SynchronousTestCase):

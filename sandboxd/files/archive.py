@@ -374,6 +374,8 @@ def _check(members: list[Member], guard: PathGuard, dest: str, overwrite: bool) 
                     raise ApiError(
                         409, f"File exists: {target}", "FileExistsError", "file_exists"
                     )
+                # Before anything is written, so a refusal leaves no half.
+                guard.refuse_shared(st, target)
 
 
 def extract(

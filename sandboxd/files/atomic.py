@@ -130,6 +130,7 @@ class AtomicWrite:
                 "IsADirectoryError",
                 "invalid_param",
             )
+        self.location.refuse_shared(st, self.display)
         if st is not None and not self.overwrite:
             raise file_exists(self.display)
         if self.if_match is not None and self.if_match.strip() != "*":

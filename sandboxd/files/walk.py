@@ -226,6 +226,7 @@ def delete(guard: PathGuard, path: str) -> str:
                 # fd-based rmtree: a directory swapped for a link is not followed.
                 shutil.rmtree(loc.name, dir_fd=loc.dir_fd)
             else:
+                loc.refuse_shared(st, path)
                 os.unlink(loc.name, dir_fd=loc.dir_fd)
         except OSError as e:
             raise os_error(e, path) from None
@@ -236,12 +237,14 @@ def _check_tree(guard: PathGuard, loc: Any) -> None:
     """
     Refuse a recursive delete that would remove something the policy
     protects inside the tree (``deny`` or ``read_only`` globs such as
-    ``**/.git/**``), before anything is removed.
+    ``**/.git/**``, or under ``hard_links: deny_writes`` a file with other
+    names), before anything is removed.
     """
     paths = guard.rule.paths
-    if not paths.deny and not paths.read_only:
+    shared = paths.hard_links == "deny_writes"
+    if not paths.deny and not paths.read_only and not shared:
         return
-    for top, dirs, files, _ in os.fwalk(
+    for top, dirs, files, top_fd in os.fwalk(
         loc.name, dir_fd=loc.dir_fd, follow_symlinks=False
     ):
         base = loc.path if top == loc.name else loc.path + top[len(loc.name) :]
@@ -250,6 +253,12 @@ def _check_tree(guard: PathGuard, loc: Any) -> None:
             if not decision.allowed:
                 # Name the tree asked for, not the protected member inside.
                 raise refusal(attrs.evolve(decision, path=loc.path))
+        for name in files if shared else ():
+            try:
+                st = os.stat(name, dir_fd=top_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            guard.refuse_shared(st, loc.path)
 
 
 _libc: Any = None
@@ -292,6 +301,14 @@ def rename_noreplace(src: Location, dst_fd: int, dst_name: str) -> None:
     raise OSError(errno.EEXIST, "File exists")
 
 
+def _lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
+    """An entry's own status in an open directory, or None when missing."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
 def _prefixed(e: ApiError, prefix: str) -> ApiError:
     e.message = f"{prefix}: {e.message}"
     return e
@@ -315,12 +332,14 @@ def move(
                 rule="guard:base_dir",
             )
         src_st = src.lstat()
-        if src_st is not None and stat.S_ISDIR(src_st.st_mode):
-            try:
+        try:
+            if src_st is not None and stat.S_ISDIR(src_st.st_mode):
                 # What the policy protects inside must not leave with the tree.
                 _check_tree(guard, src)
-            except ApiError as e:
-                raise _prefixed(e, "source") from None
+            else:
+                src.refuse_shared(src_st, source)
+        except ApiError as e:
+            raise _prefixed(e, "source") from None
         try:
             dst = guard.locate(destination, "write", follow=False, make_parents=True)
         except ApiError as e:
@@ -347,6 +366,13 @@ def move(
                         "ValueError",
                         "invalid_param",
                     )
+                if overwrite and dst.deny_shared is not None:
+                    # Replacing a file that has other names is a write to it.
+                    replaced = dst_st if inner_fd < 0 else _lstat_at(dst_fd, dst_name)
+                    try:
+                        dst.refuse_shared(replaced, destination)
+                    except ApiError as e:
+                        raise _prefixed(e, "destination") from None
                 if overwrite:
                     os.rename(
                         src.name, dst_name, src_dir_fd=src.dir_fd, dst_dir_fd=dst_fd

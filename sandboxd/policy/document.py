@@ -139,6 +139,7 @@ def _coerce(where: str, type_text: str, value: Any) -> Any:
 
 _CHOICES = {
     "paths.symlinks": ("follow", "deny"),
+    "paths.hard_links": ("follow", "deny_writes"),
     "params.permission_timeout_action": ("deny", "cancel_turn"),
     "params.mcp_servers": ("none", "http", "all"),
     "params.client_fs": ("none", "read", "read_write"),

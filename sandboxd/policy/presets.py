@@ -73,6 +73,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "defaults": {
             "paths": {
                 "symlinks": "deny",
+                "hard_links": "deny_writes",
                 "deny": ("**/.git/**", "**/.ssh/**", "**/.env"),
             },
             "limits": {"rate_per_minute": 600},

@@ -47,6 +47,7 @@ class PathRule:
     deny: tuple[str, ...] = ()
     read_only: tuple[str, ...] = ()
     symlinks: str = "follow"
+    hard_links: str = "follow"
 
 
 @attrs.frozen
