@@ -455,6 +455,30 @@ class SpecialMountTests(FilesCase):
         self.assertEqual(reply.json()["results"], [])
         self.assertTrue(os.path.isdir(os.path.join(p, "self")), "mount untouched")
 
+    @inlineCallbacks
+    def test_delete_stops_at_a_mount_point(self) -> Any:
+        """
+        Deleting a directory that holds a bind mount (of a directory of the
+        same file system, so st_dev alone cannot tell) is refused before
+        anything is removed: the mounted files and the tree stay.
+        """
+        outside = os.path.realpath(self.mktemp())
+        os.makedirs(outside)
+        with open(os.path.join(outside, "precious.txt"), "wb") as f:
+            f.write(b"keep me")
+        sub = os.path.join(self.base_dir, "tree", "sub")
+        os.makedirs(sub)
+        self.put("tree/own.txt")
+        bind_mount(self, outside, sub)
+        reply = yield self.request("DELETE", "/files?path=tree")
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (403, "path_not_allowed")
+        )
+        self.assertIn("mount point", reply.json()["error"])
+        with open(os.path.join(outside, "precious.txt"), "rb") as f:
+            self.assertEqual(f.read(), b"keep me")
+        self.assertTrue(os.path.exists(os.path.join(self.base_dir, "tree", "own.txt")))
+
 
 class HardLinkCase(FilesCase):
     """``link`` in the base and ``shared`` outside it name one inode (C7)."""

@@ -18,6 +18,7 @@ import os
 import posixpath
 import shutil
 import stat
+import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -222,7 +223,7 @@ def delete(guard: PathGuard, path: str) -> str:
             raise file_not_found(path)
         try:
             if stat.S_ISDIR(st.st_mode):
-                _check_tree(guard, loc)
+                _check_tree(guard, loc, mounts=True)
                 # fd-based rmtree: a directory swapped for a link is not followed.
                 shutil.rmtree(loc.name, dir_fd=loc.dir_fd)
             else:
@@ -233,22 +234,31 @@ def delete(guard: PathGuard, path: str) -> str:
         return loc.path
 
 
-def _check_tree(guard: PathGuard, loc: Any) -> None:
+def _check_tree(guard: PathGuard, loc: Any, mounts: bool = False) -> None:
     """
     Refuse a recursive delete that would remove something the policy
     protects inside the tree (``deny`` or ``read_only`` globs such as
     ``**/.git/**``, or under ``hard_links: deny_writes`` a file with other
-    names), before anything is removed.
+    names), or that would reach into another file system mounted inside
+    it (``shutil.rmtree`` does not stop at mount points, so a bind mount
+    would be emptied; checked when ``mounts``), before anything is
+    removed.
     """
     paths = guard.rule.paths
     shared = paths.hard_links == "deny_writes"
-    if not paths.deny and not paths.read_only and not shared:
+    protected = bool(paths.deny or paths.read_only)
+    if not protected and not shared and not mounts:
         return
+    mount = _tree_mount(loc) if mounts else None
     for top, dirs, files, top_fd in os.fwalk(
         loc.name, dir_fd=loc.dir_fd, follow_symlinks=False
     ):
         base = loc.path if top == loc.name else loc.path + top[len(loc.name) :]
-        for name in (*dirs, *files):
+        if mount is not None:
+            for name in dirs:
+                member = f"{base}/{name}"
+                _refuse_mount_point(top_fd, name, mount, member, loc.path)
+        for name in (*dirs, *files) if protected else ():
             decision = guard.decide(f"{base}/{name}", "delete")
             if not decision.allowed:
                 # Name the tree asked for, not the protected member inside.
@@ -261,17 +271,75 @@ def _check_tree(guard: PathGuard, loc: Any) -> None:
             guard.refuse_shared(st, loc.path)
 
 
+_AT_SYMLINK_NOFOLLOW = 0x100
+_STATX_MNT_ID = 0x1000
+_STATX_MNT_ID_OFFSET = 144  # struct statx: __u64 stx_mnt_id
+
+
+def mount_id(dir_fd: int, name: str) -> int | None:
+    """
+    The id of the mount ``name`` is on (``statx`` ``STX_MNT_ID``), or None
+    where the kernel or C library cannot say.  Unlike ``st_dev`` it tells a
+    bind mount of a directory of the same file system from the directory
+    it sits in.
+    """
+    libc = _libc_handle()
+    statx = getattr(libc, "statx", None) if libc else None
+    if statx is None:
+        return None
+    buffer = ctypes.create_string_buffer(256)
+    if statx(dir_fd, os.fsencode(name), _AT_SYMLINK_NOFOLLOW, _STATX_MNT_ID, buffer):
+        return None
+    mask = int.from_bytes(buffer.raw[:4], sys.byteorder)
+    if not mask & _STATX_MNT_ID:
+        return None
+    start = _STATX_MNT_ID_OFFSET
+    return int.from_bytes(buffer.raw[start : start + 8], sys.byteorder)
+
+
+def _tree_mount(loc: Any) -> tuple[int, int | None]:
+    """The device and mount id of the tree's top directory."""
+    st = os.stat(loc.name, dir_fd=loc.dir_fd, follow_symlinks=False)
+    return st.st_dev, mount_id(loc.dir_fd, loc.name)
+
+
+def _refuse_mount_point(
+    dir_fd: int, name: str, mount: tuple[int, int | None], member: str, tree: str
+) -> None:
+    """403 when ``name`` (a directory in the tree) is on another mount."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    device, top_id = mount
+    here = mount_id(dir_fd, name) if top_id is not None else None
+    if st.st_dev != device or (here is not None and here != top_id):
+        raise ApiError(
+            403,
+            f"refusing to delete {tree}: {member} is a mount point "
+            "(another file system is mounted inside the tree)",
+            "PermissionError",
+            "path_not_allowed",
+            rule="guard:mount-point",
+        )
+
+
 _libc: Any = None
 
 
-def _renameat2() -> Any:
+def _libc_handle() -> Any:
     global _libc
     if _libc is None:
         try:
             _libc = ctypes.CDLL(None, use_errno=True)
         except OSError:
             _libc = False
-    return getattr(_libc, "renameat2", None) if _libc else None
+    return _libc
+
+
+def _renameat2() -> Any:
+    libc = _libc_handle()
+    return getattr(libc, "renameat2", None) if libc else None
 
 
 _RENAME_NOREPLACE = 1
