@@ -1,30 +1,30 @@
-# -*- test-case-name: tests.test_agents -*-
+# -*- test-case-name: tests.test_agents, tests.test_agents_process -*-
 """
 An agent child: spawned in its own session, stdout framed into JSON-RPC,
 stderr kept head and tail, and its whole tree ended on the way out.
 
-A dead agent must never leave a caller waiting, so the exit is reported
-from ``processExited`` (the agent is gone even if a grandchild still holds
+The agent runs as an :class:`AgentChild`, the daemon's one
+:class:`~sandboxd.processes.Child` (so a tree kill finds a descendant
+that left with ``setsid``, and shutdown ends it) with one rule of its
+own: what the leader started dies with it.  A dead agent
+must never leave a caller waiting, so the exit is reported from
+``processExited`` (the agent is gone even if a grandchild still holds
 the pipes), every pending request fails at once, and what is left of the
 tree is killed.
 """
 
 from __future__ import annotations
 
-import signal
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from twisted.internet.defer import Deferred
-from twisted.internet.error import ProcessExitedAlready
-from twisted.internet.protocol import ProcessProtocol
-from twisted.python.failure import Failure
 
 from sandboxd.agents.jsonrpc import LineFramer
-from sandboxd.children import exit_code, signal_name, spawn_session
-from sandboxd.policy.defaults import KILL_GRACE_SECONDS
-from sandboxd.proctree import signal_tree
+from sandboxd.children import RunAs, signal_name
+from sandboxd.processes import Child, OutputCallback, spawn
+from sandboxd.proctree import kill_tree, proc_info, reap_orphans
 
 
 class HeadTailLog:
@@ -80,9 +80,49 @@ class HeadTailLog:
         return text[-limit:]
 
 
-class AgentProcess(ProcessProtocol):
+class AgentChild(Child):
     """
-    The ProcessProtocol of one agent child.
+    A :class:`~sandboxd.processes.Child` whose tree goes with its leader.
+
+    An agent's tools and a terminal's background jobs have no one left to
+    answer to once the leader has exited, and a grandchild holding the
+    pipes would keep them open: they are killed at once, before anyone
+    hears of the exit.
+    """
+
+    def __init__(self, clock: Any, on_output: OutputCallback) -> None:
+        super().__init__(clock, on_output)
+        # First in line on ``exited``, ahead of every listener.
+        self.exited.addCallback(self._leader_exited)
+
+    def _leader_exited(self, code: int | None) -> int | None:
+        self.kill_now()
+        return code
+
+    def kill_now(self) -> Deferred[None]:
+        """
+        KILL the whole tree without a grace period (a misbehaving agent, or
+        the leftovers of an exited leader); fires once all are gone.
+
+        Unlike :meth:`kill` this is not once-only: it escalates a polite
+        kill already under way.  It sets no ``reason``, so output the
+        leader wrote before exiting is still read.
+        """
+        killing = kill_tree(
+            self.clock, self.pid, self.marker, 0.0, leader_reaped=self.has_exited
+        )
+        return killing.addBoth(lambda _: reap_orphans() and None)
+
+    @property
+    def exit_signal(self) -> str | None:
+        """The name of the signal that ended the leader, if one did."""
+        code = self.exit_code
+        return signal_name(-code) if code is not None and code < 0 else None
+
+
+class AgentProcess:
+    """
+    One agent child, as the session drives it.
 
     :param on_line: each complete stdout line.
     :param on_overflow: a stdout line went over ``max_message_bytes``.
@@ -101,85 +141,71 @@ class AgentProcess(ProcessProtocol):
         self.reactor = reactor
         self.stderr = stderr
         self.framer = LineFramer(max_message_bytes, on_line, on_overflow)
+        self.child = AgentChild(reactor, self._output)
+        self.child.exited.addCallback(self._exited)
         self._on_exit = on_exit
-        self.pid: int | None = None
-        self.exit_code: int | None = None
-        self.signal: str | None = None
-        self.exited = False
-        self.ended: Deferred[None] = Deferred()
         self._exit_waiters: list[Deferred[int | None]] = []
-        self._kill_call: Any = None
-        self._drop_call: Any = None
 
-    @classmethod
     def spawn(
-        cls,
-        reactor: Any,
-        protocol: AgentProcess,
+        self,
         executable: str,
         argv: list[str],
         env: dict[str, str],
         cwd: str,
-        uid: int | None = None,
-        gid: int | None = None,
-    ) -> AgentProcess:
-        """Start ``argv`` (``argv[0]`` already resolved) in its own session."""
-        full = [executable, *argv[1:]]
-        spawn_session(reactor, protocol, executable, full, env, cwd, uid, gid)
-        return protocol
+        run_as: RunAs | None,
+    ) -> None:
+        """Start ``argv`` (``argv[0]`` resolved as ``executable``) with a stdin pipe."""
+        spawn(
+            self.reactor,
+            self.child,
+            [executable, *argv[1:]],
+            env=env,
+            cwd=cwd,
+            run_as=run_as,
+            stdin_pipe=True,
+        )
 
-    def connectionMade(self) -> None:
-        assert self.transport is not None
-        self.pid = self.transport.pid
+    @property
+    def pid(self) -> int | None:
+        """The agent's pid once spawned (kept after it exits)."""
+        return self.child.pid or None
 
-    def outReceived(self, data: bytes) -> None:
-        self.framer.feed(data)
+    @property
+    def exited(self) -> bool:
+        """Whether the agent has exited."""
+        return self.child.has_exited
 
-    def errReceived(self, data: bytes) -> None:
-        self.stderr.append(data)
+    @property
+    def exit_code(self) -> int | None:
+        """The exit status, or minus the signal number; None while running."""
+        return self.child.exit_code
 
-    def write(self, data: bytes) -> None:
-        """Send bytes to the agent's stdin (dropped once it has exited)."""
-        if not self.exited and self.transport is not None:
-            self.transport.write(data)
+    @property
+    def signal(self) -> str | None:
+        """The name of the signal that ended the agent, if one did."""
+        return self.child.exit_signal
 
-    def close_stdin(self) -> None:
-        """ACP's polite shutdown: the agent sees EOF."""
-        if not self.exited and self.transport is not None:
-            self.transport.closeStdin()
+    def _output(self, fd: int, data: bytes) -> None:
+        if fd == 1:
+            self.framer.feed(data)
+        elif fd == 2:
+            self.stderr.append(data)
 
-    def processExited(self, reason: Failure) -> None:
-        self.exited = True
-        code = exit_code(reason)
-        if code is not None and code < 0:
-            self.signal = signal_name(-code)
-        self.exit_code = code
-        # What the agent started dies with it; a grandchild holding the
-        # pipes would otherwise keep processEnded (and the caller) waiting.
-        if self.pid is not None:
-            signal_tree(self.pid, signal.SIGKILL)
-        self._drop_call = self.reactor.callLater(0.5, self._drop_pipes)
-        if self._kill_call is not None and self._kill_call.active():
-            self._kill_call.cancel()
+    def _exited(self, code: int | None) -> int | None:
         waiters, self._exit_waiters = self._exit_waiters, []
         for d in waiters:
             d.callback(code)
         self._on_exit(code, self.signal)
+        return code
 
-    def _drop_pipes(self) -> None:
-        if self.transport is not None:
-            try:
-                self.transport.loseConnection()
-            except Exception:
-                pass
-
-    def processEnded(self, reason: Failure) -> None:
+    def write(self, data: bytes) -> None:
+        """Send bytes to the agent's stdin (dropped once it has exited)."""
         if not self.exited:
-            self.processExited(reason)
-        if self._drop_call is not None and self._drop_call.active():
-            self._drop_call.cancel()
-        if not self.ended.called:
-            self.ended.callback(None)
+            self.child.write_stdin(data)
+
+    def close_stdin(self) -> None:
+        """ACP's polite shutdown: the agent sees EOF."""
+        self.child.close_stdin()
 
     def wait_exit(self) -> Deferred[int | None]:
         """Fires with the exit code once the agent has exited."""
@@ -190,33 +216,19 @@ class AgentProcess(ProcessProtocol):
             self._exit_waiters.append(d)
         return d
 
-    def terminate(self, grace: float = KILL_GRACE_SECONDS) -> Deferred[int | None]:
-        """TERM the whole tree now, KILL it after ``grace``; fires at exit."""
+    def terminate(self) -> Deferred[int | None]:
+        """TERM the whole tree now, KILL it after the grace; fires at exit."""
         d = self.wait_exit()
-        if self.exited or self.pid is None:
-            return d
-        signal_tree(self.pid, signal.SIGTERM)
-        if self._kill_call is None or not self._kill_call.active():
-            self._kill_call = self.reactor.callLater(grace, self.kill)
+        if not self.exited:
+            self.child.kill()
         return d
 
     def kill(self) -> None:
         """KILL the whole tree at once."""
-        if self.pid is None:
-            return
-        signal_tree(self.pid, signal.SIGKILL)
-        if not self.exited and self.transport is not None:
-            try:
-                self.transport.signalProcess("KILL")
-            except (ProcessExitedAlready, OSError):
-                pass
+        self.child.kill_now()
 
 
 def is_alive(pid: int) -> bool:
     """Whether ``pid`` still runs (a zombie waiting to be reaped does not)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 :][:1] not in (b"Z", b"X")
+    info = proc_info(pid)
+    return info is not None and info.state not in ("Z", "X")

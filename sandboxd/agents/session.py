@@ -272,11 +272,7 @@ class AgentSession:
 
     def spawn(self, argv: list[str], executable: str) -> None:
         """Start the agent child."""
-        uid = self.run_as.uid if self.run_as else None
-        gid = self.run_as.gid if self.run_as else None
-        AgentProcess.spawn(
-            self.reactor, self.process, executable, argv, self.env, self.cwd, uid, gid
-        )
+        self.process.spawn(executable, argv, self.env, self.cwd, self.run_as)
         self.emit(
             "session.state", state="starting", agent=self.entry.id, pid=self.process.pid
         )

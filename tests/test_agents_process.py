@@ -1,0 +1,121 @@
+# -*- test-case-name: tests.test_agents_process -*-
+"""
+Agent trees (:mod:`sandboxd.agents.process`) end like every other child's:
+a descendant that left the session with ``setsid`` and ignores SIGTERM is
+killed and reaped with the agent, and at daemon shutdown.
+
+Each test marks its processes with a sleep of ``60.<random>`` seconds,
+which no other process uses, as :mod:`tests.test_processes` does.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
+
+from sandboxd import proctree
+from tests.test_agents import CATALOG, FAKE, AgentsTestCase, agents_policy
+from tests.test_processes import kill_marked, marked_pids
+
+
+class AgentTreeTests(AgentsTestCase):
+    """What an agent leaves behind goes with it."""
+
+    autostart = False
+
+    def setUp(self) -> Any:
+        self.marker = f"60.{secrets.randbelow(10**12):012d}"
+        self.addCleanup(kill_marked, self.marker)
+        if not proctree.become_subreaper():
+            raise self.skipTest("no PR_SET_CHILD_SUBREAPER here")
+        super().setUp()
+        return self.start(policy=self.policy_with_escapee())
+
+    def escapee(self, name: str) -> str:
+        """
+        Shell that leaves a grandchild in a session of its own, deaf to TERM,
+        and waits until it has left (it touches ``name`` once out).
+
+        It calls ``setsid`` after its only exec: late in an exec, /proc's
+        environ reads empty, and :func:`sandboxd.proctree.kill_tree` cannot
+        tell that a process outside the session carries the tree's marker.
+        """
+        ready = os.path.join(self.base_dir, name)
+        code = (
+            "import os, signal, time; "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            f'os.setsid(); open("{ready}", "w").close(); time.sleep({self.marker})'
+        )
+        wait = f"until [ -e {ready} ]; do sleep 0.01; done"
+        return f"({sys.executable} -c '{code}' &); {wait}"
+
+    def policy_with_escapee(self) -> dict[str, Any]:
+        """The test catalogue plus ``escaping``: the fake agent after the escapee."""
+        catalog = dict(CATALOG)
+        script = f"{self.escapee('agent.ready')}; exec {sys.executable} {FAKE}"
+        catalog["escaping"] = {"name": "Escaping", "command": ["sh", "-c", script]}
+        policy = agents_policy()
+        policy["agents"] = {"catalog": catalog}
+        return policy
+
+    @inlineCallbacks
+    def wait_marked(self, present: bool) -> Any:
+        """Poll until marked processes exist (or are all gone); returns them."""
+        for _ in range(200):
+            if bool(marked_pids(self.marker)) == present:
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        return marked_pids(self.marker)
+
+    @inlineCallbacks
+    def assert_reaped(self, pids: list[int]) -> Any:
+        """Every one of ``pids`` is gone from /proc: killed and reaped, no zombie."""
+        for _ in range(200):
+            if all(proctree.proc_info(pid) is None for pid in pids):
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        self.assertEqual([p for p in pids if proctree.proc_info(p) is not None], [])
+
+    @inlineCallbacks
+    def test_delete_ends_an_escaped_grandchild(self) -> Any:
+        """DELETE ends the agent and the setsid'd, TERM-ignoring grandchild its command started."""
+        sid = yield self.session("escaping")
+        seen = yield self.wait_marked(True)
+        self.assertNotEqual(seen, [])
+        reply = yield self.request("DELETE", f"/agents/sessions/{sid}")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["state"], "closed")
+        left = yield self.wait_marked(False)
+        self.assertEqual(left, [])
+        yield self.assert_reaped(seen)
+
+    @inlineCallbacks
+    def test_failed_agent_takes_its_escapee(self) -> Any:
+        """An agent that dies mid-turn leaves no escaped grandchild behind."""
+        sid = yield self.session("escaping")
+        seen = yield self.wait_marked(True)
+        reply = yield self.prompt(sid, "exit")
+        self.assertEqual(reply.json()["state"], "failed")
+        left = yield self.wait_marked(False)
+        self.assertEqual(left, [])
+        yield self.assert_reaped(seen)
+
+    @inlineCallbacks
+    def test_shutdown_ends_an_escaped_grandchild(self) -> Any:
+        """Stopping the daemon ends the agent's escaped grandchild too, well within the kill grace."""
+        reply = yield self.create("escaping")
+        self.assertEqual(reply.status, 201, reply.body)
+        seen = yield self.wait_marked(True)
+        began = reactor.seconds()
+        yield self.daemon.stop()
+        self.assertLess(reactor.seconds() - began, 4.0)
+        left = yield self.wait_marked(False)
+        self.assertEqual(left, [])
+        yield self.assert_reaped(seen)
+        yield self.start()
