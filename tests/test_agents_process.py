@@ -1,8 +1,9 @@
 # -*- test-case-name: tests.test_agents_process -*-
 """
-Agent trees (:mod:`sandboxd.agents.process`) end like every other child's:
-a descendant that left the session with ``setsid`` and ignores SIGTERM is
-killed and reaped with the agent, and at daemon shutdown.
+Agent trees (:mod:`sandboxd.agents.process`, :mod:`sandboxd.agents.terminals`)
+end like every other child's: a descendant that left the session with
+``setsid`` and ignores SIGTERM is killed and reaped with the agent, with
+the agent's terminal, and at daemon shutdown.
 
 Each test marks its processes with a sleep of ``60.<random>`` seconds,
 which no other process uses, as :mod:`tests.test_processes` does.
@@ -25,7 +26,7 @@ from tests.test_processes import kill_marked, marked_pids
 
 
 class AgentTreeTests(AgentsTestCase):
-    """What an agent leaves behind goes with it."""
+    """What an agent or its terminal leaves behind goes with it."""
 
     autostart = False
 
@@ -82,6 +83,13 @@ class AgentTreeTests(AgentsTestCase):
             yield deferLater(reactor, 0.05, lambda: None)
         self.assertEqual([p for p in pids if proctree.proc_info(p) is not None], [])
 
+    def script(self, name: str, body: str) -> str:
+        """A shell script in the base directory, for the agent's terminal."""
+        path = os.path.join(self.base_dir, name)
+        with open(path, "w") as f:
+            f.write(body)
+        return path
+
     @inlineCallbacks
     def test_delete_ends_an_escaped_grandchild(self) -> Any:
         """DELETE ends the agent and the setsid'd, TERM-ignoring grandchild its command started."""
@@ -119,3 +127,42 @@ class AgentTreeTests(AgentsTestCase):
         self.assertEqual(left, [])
         yield self.assert_reaped(seen)
         yield self.start()
+
+    @inlineCallbacks
+    def test_terminal_exit_ends_its_escapee(self) -> Any:
+        """A terminal command that exits at once leaves no escaped grandchild behind."""
+        path = self.script("leave.sh", self.escapee("leave.ready") + "\necho left\n")
+        sid = yield self.session()
+        reply = yield self.prompt(sid, f"terminal sh {path}")
+        self.assertEqual(reply.json()["text"], "exit=0 signal=None output='left\\n'")
+        left = yield self.wait_marked(False)
+        self.assertEqual(left, [])
+
+    @inlineCallbacks
+    def test_terminal_kill_ends_its_escapee(self) -> Any:
+        """Killing a terminal (TERM) ends its command and the TERM-ignoring grandchild that escaped its session."""
+        path = self.script(
+            "hold.sh", f"{self.escapee('hold.ready')}\nsleep {self.marker}\n"
+        )
+        sid = yield self.session()
+        reply = yield self.prompt(sid, f"terminal sh {path}", wait=0)
+        self.assertEqual(reply.status, 202, reply.body)
+        for _ in range(100):
+            if len(marked_pids(self.marker)) >= 2:
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        seen = marked_pids(self.marker)
+        reply = yield self.request("GET", f"/agents/sessions/{sid}/terminals")
+        tid = reply.json()["terminals"][-1]["terminal_id"]
+        reply = yield self.request(
+            "POST", f"/agents/sessions/{sid}/terminals/{tid}/kill", {"signal": 15}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request(
+            "GET", f"/agents/sessions/{sid}/turns/turn_1?wait=10"
+        )
+        text = reply.json()["text"]
+        self.assertTrue(text.startswith("exit=None signal=SIGTERM "), text)
+        left = yield self.wait_marked(False)
+        self.assertEqual(left, [])
+        yield self.assert_reaped(seen)

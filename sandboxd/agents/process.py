@@ -3,10 +3,10 @@
 An agent child: spawned in its own session, stdout framed into JSON-RPC,
 stderr kept head and tail, and its whole tree ended on the way out.
 
-The agent runs as an :class:`AgentChild`, the daemon's one
-:class:`~sandboxd.processes.Child` (so a tree kill finds a descendant
-that left with ``setsid``, and shutdown ends it) with one rule of its
-own: what the leader started dies with it.  A dead agent
+Both the agent and its terminals run as an :class:`AgentChild`, the
+daemon's one :class:`~sandboxd.processes.Child` (so a tree kill finds a
+descendant that left with ``setsid``, and shutdown ends them) with one
+rule of their own: what the leader started dies with it.  A dead agent
 must never leave a caller waiting, so the exit is reported from
 ``processExited`` (the agent is gone even if a grandchild still holds
 the pipes), every pending request fails at once, and what is left of the

@@ -1602,12 +1602,7 @@ class AgentSession:
             self._terminal_exited,
         )
         try:
-            terminal.start(
-                executable,
-                env,
-                self.run_as.uid if self.run_as else None,
-                self.run_as.gid if self.run_as else None,
-            )
+            terminal.start(executable, env, self.run_as)
         except OSError as e:
             raise RpcError(
                 INTERNAL_ERROR, f"cannot start {command}: {e.strerror}"

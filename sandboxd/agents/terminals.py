@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_agents -*-
+# -*- test-case-name: tests.test_agents, tests.test_agents_process -*-
 """
 The agent's own commands (ACP ``terminal/*``), run like any other child
 (SPEC §7.4: own session, guarded cwd, scrubbed environment, allow/deny
@@ -10,19 +10,18 @@ read and follow with the ``process_output`` contract.
 
 from __future__ import annotations
 
-import signal
 import time
 from collections.abc import Callable
+from signal import SIGTERM
 from typing import Any
 
 from twisted.internet.defer import Deferred
-from twisted.internet.protocol import ProcessProtocol
-from twisted.python.failure import Failure
 
-from sandboxd.children import exit_code, signal_name, spawn_session
+from sandboxd.agents.process import AgentChild
+from sandboxd.children import RunAs
 from sandboxd.eventlog import EventLog
-from sandboxd.policy.defaults import KILL_GRACE_SECONDS
-from sandboxd.proctree import signal_tree
+from sandboxd.linestream import STREAM_NAMES
+from sandboxd.processes import signal_child, spawn
 
 
 def utf8_tail(data: bytes, limit: int) -> bytes:
@@ -36,8 +35,8 @@ def utf8_tail(data: bytes, limit: int) -> bytes:
     return cut[skip:]
 
 
-class AgentTerminal(ProcessProtocol):
-    """One ``terminal/create`` command."""
+class AgentTerminal:
+    """One ``terminal/create`` command, run as an :class:`AgentChild`."""
 
     def __init__(
         self,
@@ -59,86 +58,52 @@ class AgentTerminal(ProcessProtocol):
         self.output_limit = output_limit
         self.tool_call_id = tool_call_id
         self.log = EventLog(log_bytes)
-        self.pid: int | None = None
-        self.state = "running"
-        self.exit_code: int | None = None
-        self.signal: str | None = None
         self.released = False
         self.truncated = False
         self.started_at = time.time()
         self._tail = bytearray()
         self._on_exit = on_exit
         self._waiters: list[Deferred[None]] = []
-        self._kill_call: Any = None
-        self._drop_call: Any = None
-        self._end_call: Any = None
+        self.child = AgentChild(reactor, self._output)
+        self.child.ended.addCallback(self._finish)
 
-    def start(
-        self, executable: str, env: dict[str, str], uid: int | None, gid: int | None
-    ) -> None:
-        """Spawn it in its own session."""
+    def start(self, executable: str, env: dict[str, str], run_as: RunAs | None) -> None:
+        """Spawn it in its own session, stdin at ``/dev/null``."""
         argv = [executable, *self.args]
-        spawn_session(self.reactor, self, executable, argv, env, self.cwd, uid, gid)
+        spawn(self.reactor, self.child, argv, env=env, cwd=self.cwd, run_as=run_as)
 
-    def connectionMade(self) -> None:
-        assert self.transport is not None
-        self.pid = self.transport.pid
-        self.transport.closeStdin()
+    @property
+    def pid(self) -> int | None:
+        """The command's pid once spawned (kept after it exits)."""
+        return self.child.pid or None
 
-    def _output(self, stream: str, data: bytes) -> None:
+    @property
+    def state(self) -> str:
+        """``running`` or ``exited``."""
+        return "exited" if self.child.has_exited else "running"
+
+    @property
+    def exit_code(self) -> int | None:
+        """ACP's ``exitCode``: the status, None while running or if signalled."""
+        code = self.child.exit_code
+        return None if code is None or code < 0 else code
+
+    @property
+    def signal(self) -> str | None:
+        """ACP's ``signal``: the name of the signal that ended it, if one did."""
+        return self.child.exit_signal
+
+    def _output(self, fd: int, data: bytes) -> None:
         self._tail += data
         if len(self._tail) > self.output_limit:
             self._tail = bytearray(utf8_tail(bytes(self._tail), self.output_limit))
             self.truncated = True
-        if not self.log.closed:
+        stream = STREAM_NAMES.get(fd)
+        if stream is not None and not self.log.closed:
             self.log.append(stream, {"data": data.decode("utf-8", "replace")})
 
-    def outReceived(self, data: bytes) -> None:
-        self._output("stdout", data)
-
-    def errReceived(self, data: bytes) -> None:
-        self._output("stderr", data)
-
-    def processExited(self, reason: Failure) -> None:
-        if self.state == "exited":
-            return
-        code = exit_code(reason)
-        self.state = "exited"
-        if code is not None and code < 0:
-            self.signal = signal_name(-code)
-            self.exit_code = None
-        else:
-            self.exit_code = code
-        if self.pid is not None:
-            signal_tree(self.pid, signal.SIGKILL)
-        self._drop_call = self.reactor.callLater(0.2, self._drop_pipes)
-        if self._kill_call is not None and self._kill_call.active():
-            self._kill_call.cancel()
-
-    def processEnded(self, reason: Failure) -> None:
-        self.processExited(reason)
-        for call in (self._drop_call, self._end_call):
-            if call is not None and call.active():
-                call.cancel()
-        self._finish(reason)
-
-    def _drop_pipes(self) -> None:
-        if self.transport is not None:
-            try:
-                self.transport.loseConnection()
-            except Exception:
-                pass
-        # processEnded follows; if a grandchild still holds a pipe, end anyway.
-        self._end_call = self.reactor.callLater(1.0, self._finish, None)
-
-    def _finish(self, reason: Failure | None) -> None:
-        if self.log.closed:
-            return
-        code = (
-            self.exit_code
-            if self.signal is None
-            else -int(getattr(signal, self.signal, 0) or 0)
-        )
+    def _finish(self, code: int | None) -> None:
+        """Exited and the pipes closed: the ``exit`` event, then the listeners."""
         self.log.append("exit", {"exit_code": code})
         self.log.close()
         waiters, self._waiters = self._waiters, []
@@ -177,21 +142,14 @@ class AgentTerminal(ProcessProtocol):
             self._waiters.append(d)
         return d
 
-    def kill(
-        self, sig: int = signal.SIGTERM, grace: float = KILL_GRACE_SECONDS
-    ) -> None:
-        """Signal the tree; after TERM, KILL follows if it lingers."""
-        if self.pid is None or self.state == "exited":
+    def kill(self, sig: int = SIGTERM) -> None:
+        """Signal the tree; TERM ends it, with KILL after the grace period."""
+        if self.child.has_exited:
             return
-        signal_tree(self.pid, sig)
-        if sig == signal.SIGTERM and (
-            self._kill_call is None or not self._kill_call.active()
-        ):
-            self._kill_call = self.reactor.callLater(grace, self._force)
-
-    def _force(self) -> None:
-        if self.pid is not None and self.state != "exited":
-            signal_tree(self.pid, signal.SIGKILL)
+        if sig == SIGTERM:
+            self.child.kill()
+        else:
+            signal_child(self.child, sig)
 
     def describe(self) -> dict[str, Any]:
         """The ``agents_terminals`` entry."""
