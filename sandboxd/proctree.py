@@ -37,6 +37,9 @@ TREE_MARKER = "SANDBOXD_PROCESS_TREE"
 #: How often a kill in progress looks for survivors (seconds, growing).
 _KILL_POLLS = (0.01, 0.02, 0.05, 0.1, 0.2)
 
+#: How long a tree kill keeps looking for an orphan caught mid-exec.
+_SETTLE_SECONDS = 0.2
+
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -162,6 +165,32 @@ def tree_members(
     return {pid: table[pid].start for pid in found}
 
 
+def _unreadable_orphans(
+    table: dict[int, ProcInfo], leader: int, members: dict[int, int]
+) -> bool:
+    """
+    Whether an adopted orphan outside ``members`` has an environment that
+    reads empty, as one does while it execs: it may carry the marker a
+    moment later.
+    """
+    me = os.getpid()
+    for p in table.values():
+        if (
+            p.ppid == me
+            and p.pid != leader
+            and p.pid not in members
+            and p.state != "Z"
+            and p.pid not in _twisted_process.reapProcessHandlers
+        ):
+            try:
+                with open(f"/proc/{p.pid}/environ", "rb") as f:
+                    if not f.read(1):
+                        return True
+            except OSError:
+                continue
+    return False
+
+
 def _alive(pid: int, start: int) -> bool:
     info = proc_info(pid)
     return info is not None and info.start == start and info.state != "Z"
@@ -217,6 +246,7 @@ def kill_tree(
     if leader_start is not None:
         members[leader] = leader_start
     deadline = clock.seconds() + grace
+    settle_until = clock.seconds() + _SETTLE_SECONDS
     state = {"polls": 0, "killed": False}
 
     def signal_all(sig: int) -> None:
@@ -230,11 +260,28 @@ def kill_tree(
             info = table.get(pid)
             if info is None or info.start != start or info.state == "Z":
                 del members[pid]
+        # Members found late (an escapee whose environment could not be
+        # read at the first look) get the signal of the current phase.
+        late = {
+            pid: start
+            for pid, start in tree_members(leader, marker, table).items()
+            if pid not in members
+        }
+        members.update(late)
+        for pid, start in late.items():
+            signal_member(
+                pid, start, signal.SIGKILL if state["killed"] else signal.SIGTERM
+            )
+            signal_member(pid, start, signal.SIGCONT)
         group = any(p.pgid == leader and p.state != "Z" for p in table.values())
-        if members or group:
-            members.update(tree_members(leader, marker, table))
-            return True
-        return False
+        # An orphan in the middle of exec shows an empty environment: look
+        # again shortly before saying the tree is gone.
+        unsettled = (
+            marker is not None
+            and clock.seconds() < settle_until
+            and _unreadable_orphans(table, leader, members)
+        )
+        return bool(members) or group or unsettled
 
     def check() -> None:
         reap_orphans()

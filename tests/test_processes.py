@@ -389,6 +389,22 @@ class TreeTests(TestCase):
         return marked_pids(self.marker)
 
     @inlineCallbacks
+    def test_escapee_caught_mid_exec_is_killed(self) -> Any:
+        """
+        A grandchild that leaves the session and execs just as the tree is
+        killed (its environment reads empty for a moment) is still found by
+        its marker and killed, every time.
+        """
+        script = f"setsid sh -c 'exec sleep {self.marker}' & exit 0"
+        for attempt in range(30):
+            child = processes.Child(reactor, lambda fd, data: None, grace=0.5)
+            processes.spawn(reactor, child, ["sh", "-c", script], env=ENV, cwd="/")
+            yield child.exited
+            yield child.kill("killed")
+            yield deferLater(reactor, 0.02, lambda: None)
+            self.assertEqual(marked_pids(self.marker), [], f"attempt {attempt}")
+
+    @inlineCallbacks
     def test_double_forked_daemon_is_killed(self) -> Any:
         """A double-forked, setsid'd process adopted by the daemon still dies with its tree."""
         script = f"(setsid sh -c 'trap \"\" TERM; sleep {self.marker}' &); sleep {self.marker}"
