@@ -855,6 +855,35 @@ class ClientSideTests(AgentsTestCase):
         self.assertFalse(os.path.exists("/tmp/sandboxd-agent-escape"))
 
     @inlineCallbacks
+    def test_fs_write_follows_the_paths_rule(self) -> Any:
+        """
+        The agent's writes obey the same paths rule as the file routes:
+        under hard_links deny_writes a file with another name is refused and
+        both names keep their bytes; a file's mode survives a rewrite.
+        """
+        yield self.daemon.stop()
+        yield self.start(policy=agents_policy(paths={"hard_links": "deny_writes"}))
+        shared = os.path.join(self.base_dir, "shared.txt")
+        with open(shared, "w") as f:
+            f.write("original")
+        os.link(shared, os.path.join(self.base_dir, "other-name.txt"))
+        plain = os.path.join(self.base_dir, "plain.sh")
+        with open(plain, "w") as f:
+            f.write("old")
+        os.chmod(plain, 0o750)
+        sid = yield self.session()
+        reply = yield self.prompt(sid, f"write {shared} changed")
+        self.assertIn("error -32603", reply.json()["text"])
+        self.assertIn("path_denied", reply.json()["text"])
+        with open(os.path.join(self.base_dir, "other-name.txt")) as f:
+            self.assertEqual(f.read(), "original")
+        reply = yield self.prompt(sid, f"write {plain} new")
+        self.assertEqual(reply.json()["text"], "written")
+        with open(plain) as f:
+            self.assertEqual(f.read(), "new")
+        self.assertEqual(os.stat(plain).st_mode & 0o777, 0o750)
+
+    @inlineCallbacks
     def test_terminal(self) -> Any:
         """terminal/create runs the command; its output and exit reach the agent and the HTTP routes."""
         sid = yield self.session()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from typing import Any
 
 import attrs
@@ -24,6 +23,7 @@ from sandboxd.agents.jsonrpc import (
     RpcError,
 )
 from sandboxd.errors import ApiError
+from sandboxd.files.atomic import AtomicWrite
 from sandboxd.guard import PathGuard
 from sandboxd.policy.rules import EffectiveRule
 
@@ -51,32 +51,18 @@ def read_text_file(rule: EffectiveRule, params: Any, cap: int) -> dict[str, Any]
     ``fs/read_text_file``: the guarded file's text, sliced by ``line``
     (1-based) and ``limit`` (lines).
 
+    The file is opened through the guard's descriptors, like every file
+    route: an agent swapping a directory for a link meanwhile cannot make
+    the daemon read outside the boundary.
+
     :param cap: the largest file read (the answer must fit a message).
     """
     path = _param_path(params)
-    try:
-        real = PathGuard(rule).check(path, "read")
-    except ApiError as e:
-        raise refusal_error(e) from None
-    try:
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
+    data = _read_guarded(PathGuard(rule), path, cap)
+    if data is None:
         raise RpcError(
             RESOURCE_NOT_FOUND, f"Resource not found: {path}", {"path": path}
-        ) from None
-    except OSError as e:
-        raise RpcError(INTERNAL_ERROR, f"cannot read {path}: {e.strerror}") from None
-    with os.fdopen(fd, "rb") as f:
-        if os.fstat(f.fileno()).st_size > cap:
-            raise RpcError(
-                INTERNAL_ERROR,
-                f"file too large to read through ACP: {path}",
-                {"limit": cap},
-            )
-        try:
-            data = f.read(cap + 1)
-        except IsADirectoryError:
-            raise RpcError(INVALID_PARAMS, f"not a file: {path}") from None
+        )
     text = data.decode("utf-8", "replace")
     line = params.get("line")
     limit = params.get("limit")
@@ -86,6 +72,37 @@ def read_text_file(rule: EffectiveRule, params: Any, cap: int) -> dict[str, Any]
         end = start + limit if isinstance(limit, int) and limit >= 0 else None
         text = "".join(lines[start:end])
     return {"content": text}
+
+
+def _read_guarded(guard: PathGuard, path: str, cap: int) -> bytes | None:
+    """
+    A regular file's bytes (at most ``cap``, else an error), or None when
+    it does not exist; refusals and errors as the agent sees them.
+    """
+    try:
+        opened = guard.open_file(path, "read")
+    except ApiError as e:
+        if e.status == 404:
+            return None
+        if e.status == 400:
+            raise RpcError(INVALID_PARAMS, f"not a file: {path}") from None
+        raise refusal_error(e) from None
+    with opened:
+        if opened.stat.st_size > cap:
+            raise RpcError(
+                INTERNAL_ERROR,
+                f"file too large to read through ACP: {path}",
+                {"limit": cap},
+            )
+        chunks = []
+        left = cap + 1
+        while left > 0:
+            chunk = os.read(opened.fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
 
 
 @attrs.frozen
@@ -106,56 +123,50 @@ def write_text_file(
     ``fs/write_text_file``: write atomically (temporary file, rename),
     creating the file and its parent directories; keep the old text (within
     :data:`PRE_IMAGE_BYTES`) for diffs.
+
+    Written like ``POST /files/raw``, relative to the guard's directory
+    descriptor (:class:`~sandboxd.files.atomic.AtomicWrite`), so the
+    policy's ``read_only``, ``deny`` and ``hard_links`` hold here too and a
+    link swapped in by the agent cannot redirect the write.
     """
     path = _param_path(params)
     content = params.get("content")
     if not isinstance(content, str):
         raise RpcError(INVALID_PARAMS, "'content' must be a string")
-    try:
-        real = PathGuard(rule).check(path, "write")
-    except ApiError as e:
-        raise refusal_error(e) from None
     data = content.encode("utf-8")
     if len(data) > cap:
         raise RpcError(
             INTERNAL_ERROR, f"content too large (limit {cap} bytes)", {"limit": cap}
         )
-    old_text: str | None = None
-    created = True
+    guard = PathGuard(rule)
     try:
-        with open(real, "rb") as f:
-            created = False
-            if os.fstat(f.fileno()).st_size <= PRE_IMAGE_BYTES:
-                old_text = f.read().decode("utf-8", "replace")
-    except FileNotFoundError:
-        pass
-    except IsADirectoryError:
-        raise RpcError(INVALID_PARAMS, f"not a file: {path}") from None
-    except OSError:
-        created = False
-    directory = os.path.dirname(real)
-    try:
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".sandboxd-", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            if not created:
-                try:
-                    os.chmod(tmp, os.stat(real).st_mode & 0o7777)
-                except OSError:
-                    pass
-            else:
-                os.chmod(tmp, 0o644)
-            if owner is not None:
-                os.chown(tmp, owner[0], owner[1])
-            os.replace(tmp, real)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+        old = _read_guarded(guard, path, PRE_IMAGE_BYTES)
+        existed = old is not None
+    except RpcError as e:
+        if e.code == INVALID_PARAMS:
             raise
+        old, existed = None, True  # too large for a pre-image, or unreadable
+    try:
+        loc = guard.locate(path, "write", follow=True, make_parents=True)
+        writer = AtomicWrite(loc, overwrite=True, display=path)
+    except ApiError as e:
+        if e.status == 400:
+            raise RpcError(INVALID_PARAMS, f"not a file: {path}") from None
+        raise refusal_error(e) from None
+    try:
+        if owner is not None:
+            os.fchown(writer.fd, owner[0], owner[1])
+        writer.write(data)
+        writer.commit()
+    except ApiError as e:
+        writer.abort()
+        if e.status == 403:
+            raise refusal_error(e) from None
+        raise RpcError(INTERNAL_ERROR, f"cannot write {path}: {e.message}") from None
     except OSError as e:
+        writer.abort()
         raise RpcError(INTERNAL_ERROR, f"cannot write {path}: {e.strerror}") from None
-    return Written(real, len(data), hashlib.sha256(data).hexdigest(), created, old_text)
+    old_text = None if old is None else old.decode("utf-8", "replace")
+    return Written(
+        writer.path, len(data), hashlib.sha256(data).hexdigest(), not existed, old_text
+    )

@@ -382,20 +382,12 @@ def build_prompt(
         )
     guard = PathGuard(rule)
     for path in files:
-        real = guard.check(path, "read")
-        uri = "file://" + real
         if caps.get("embeddedContext"):
-            try:
-                with open(real, "rb") as f:
-                    data = f.read(cap + 1)
-            except FileNotFoundError:
-                raise ApiError(
-                    404, f"no such file: {path}", "FileNotFoundError", "not_found"
-                ) from None
-            except IsADirectoryError:
-                raise ApiError(
-                    400, f"not a file: {path}", "ValueError", "invalid_param"
-                ) from None
+            # Read through the guard's descriptors (a link swapped in by the
+            # agent meanwhile cannot point the read outside the boundary).
+            with guard.open_file(path, "read") as opened:
+                data = os.read(opened.fd, cap + 1)
+                uri = "file://" + opened.path
             blocks.append(
                 {
                     "type": "resource",
@@ -407,6 +399,8 @@ def build_prompt(
                 }
             )
         else:
+            real = guard.check(path, "read")
+            uri = "file://" + real
             if not os.path.exists(real):
                 raise ApiError(
                     404, f"no such file: {path}", "FileNotFoundError", "not_found"
