@@ -377,13 +377,18 @@ class OrphanReaper:
             self._loop.stop()
 
 
-def descendants(root: int) -> list[int]:
+def descendants(root: int, marker: str | None = None) -> list[int]:
     """
-    Every live process descended from ``root`` or sharing its session.
+    Every live process descended from ``root`` or sharing its session,
+    and (with ``marker``) adopted orphans carrying it and their own
+    descendants.
 
     Read from /proc, so a grandchild that left the group with ``setsid``
-    is still found while its parent chain leads back to ``root``.
+    is still found while its parent chain leads back to ``root``, and,
+    through the marker, once it has been reparented to the daemon.
     """
+    if marker is not None:
+        return sorted(tree_members(root, marker))
     parents: dict[int, int] = {}
     sessions: dict[int, int] = {}
     try:
@@ -413,9 +418,12 @@ def descendants(root: int) -> list[int]:
     return sorted(found)
 
 
-def signal_tree(pid: int, sig: int) -> None:
-    """Send ``sig`` to ``pid``'s process group and every descendant."""
-    targets = descendants(pid)
+def signal_tree(pid: int, sig: int, marker: str | None = None) -> None:
+    """
+    Send ``sig`` to ``pid``'s process group and every descendant (see
+    :func:`descendants` for what ``marker`` adds).
+    """
+    targets = descendants(pid, marker)
     for call, target in [(os.killpg, pid), (os.kill, pid)] + [
         (os.kill, p) for p in targets
     ]:

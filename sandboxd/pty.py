@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import pty
+import secrets
 import signal
 import struct
 import termios
@@ -42,7 +43,7 @@ from sandboxd.policy.defaults import (
     PTY_SCROLLBACK_BYTES,
     PTY_SLOW_CLIENT_SECONDS,
 )
-from sandboxd.proctree import descendants, signal_tree
+from sandboxd.proctree import TREE_MARKER, descendants, signal_tree
 
 log = Logger(namespace="sandboxd.pty")
 
@@ -223,6 +224,10 @@ class PtySession:
     kill_grace: float = KILL_GRACE_SECONDS
     created_at: float = attrs.Factory(time.time)
     pid: int = 0
+    #: Carried in the shell's environment (``TREE_MARKER``), so a job that
+    #: left the terminal's session (``setsid``, double fork) is still found
+    #: and ended with it.
+    marker: str = attrs.Factory(lambda: secrets.token_hex(8))
     transport: Any = None
     clients: list[Client] = attrs.Factory(list)
     exit_code: int | None = None
@@ -495,14 +500,14 @@ class PtySession:
         self._closing = True
         if self.pid:
             for sig in (signal.SIGHUP, signal.SIGCONT, signal.SIGTERM):
-                signal_tree(self.pid, sig)
+                signal_tree(self.pid, sig, self.marker)
         if self._kill_timer is None:
             self._kill_timer = self.clock.callLater(self.kill_grace, self._kill)
 
     def _kill(self) -> None:
         self._kill_timer = None
         if self.pid:
-            signal_tree(self.pid, signal.SIGKILL)
+            signal_tree(self.pid, signal.SIGKILL, self.marker)
         if self.transport is not None and not self.ended:
             # A process outside the session may hold the terminal open.
             self.transport.loseConnection()
@@ -526,8 +531,8 @@ class PtySession:
             for client in list(self.clients):
                 client.send_frame(frame)
         self.emitted = self.scrollback.end
-        if self.pid and descendants(self.pid):
-            signal_tree(self.pid, signal.SIGKILL)
+        if self.pid and descendants(self.pid, self.marker):
+            signal_tree(self.pid, signal.SIGKILL, self.marker)
         for timer in (self._kill_timer, self._idle_timer, *self._paused.values()):
             if timer is not None and timer.active():
                 timer.cancel()
@@ -581,7 +586,7 @@ def spawn_shell(reactor: Any, session: PtySession, spec: SpawnRequest) -> None:
             session.protocol(),
             spec.executable,
             spec.argv,
-            env=spec.env,
+            env={**spec.env, TREE_MARKER: session.marker},
             path=spec.cwd,
             uid=uid,
             gid=gid,

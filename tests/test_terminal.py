@@ -8,14 +8,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.task import deferLater
 
-from sandboxd.proctree import descendants
+from sandboxd.proctree import descendants, proc_info
 from tests.helpers import DaemonTestCase
+from tests.test_processes import kill_marked, marked_pids
 from tests.test_terminal_wsclient import TestClient, connect, quiet_server
 
 TOKEN = "pty-token"
@@ -278,6 +280,31 @@ class SessionTests(TerminalCase):
         yield client.wait_for(is_exited)
         reply = yield self.request("DELETE", f"/pty/sessions/{created['session_id']}")
         self.assertEqual(reply.status, 404)
+
+    @inlineCallbacks
+    def test_delete_ends_job_that_left_the_session(self) -> Any:
+        """
+        A job that called setsid (so it is no longer in the terminal's
+        session, and its parent is gone) and ignores TERM and HUP still
+        ends with the session.
+        """
+        marker = f"60.{secrets.randbelow(10**12):012d}"
+        self.addCleanup(kill_marked, marker)
+        created = yield self.create()
+        client = yield self.attach(created["session_id"])
+        client.type(
+            f"setsid sh -c 'trap \"\" TERM HUP; exec sleep {marker}'"
+            " </dev/null >/dev/null 2>&1 &\n"
+        )
+        escaped = yield wait_until(lambda: marked_pids(marker))
+        self.assertTrue(escaped)
+        (job,) = marked_pids(marker)
+        info = proc_info(job)
+        self.assertNotEqual(info.sid if info else None, created["pid"])
+        reply = yield self.request("DELETE", f"/pty/sessions/{created['session_id']}")
+        self.assertEqual(reply.status, 200)
+        gone = yield wait_until(lambda: not marked_pids(marker))
+        self.assertTrue(gone, "the setsid job outlived its terminal session")
 
     @inlineCallbacks
     def test_shutdown_ends_sessions(self) -> Any:
