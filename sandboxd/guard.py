@@ -440,7 +440,7 @@ class PathGuard:
                 continue
             loc.via_link = bool(link_targets)
             # Before existence is looked at: a kernel file system refuses alike.
-            _refuse_special(loc, original)
+            _refuse_special(loc, original, base_device(self.base_dir))
             if op != "read" and self.rule.paths.hard_links == "deny_writes":
                 loc.deny_shared = self._hard_links_rule
             dangling_risk = loc.path in link_targets and op != "read"
@@ -644,9 +644,9 @@ class PathGuard:
                 raise os_error(e, path) from None
             resolved = loc.path
         try:
-            if special_filesystem(fd) is not None:
-                raise system_refusal(path)  # mounted since the check
             st = os.fstat(fd)
+            if special_unless_base(fd, st.st_dev, base_device(self.base_dir)):
+                raise system_refusal(path)  # mounted since the check
             check_regular(st, path)
             os.set_blocking(fd, True)
         except BaseException:
@@ -680,7 +680,8 @@ class PathGuard:
                     raise os_error(e, path) from None
             resolved = loc.path
         try:
-            if special_filesystem(fd) is not None:
+            device = os.fstat(fd).st_dev
+            if special_unless_base(fd, device, base_device(self.base_dir)):
                 raise system_refusal(path)  # mounted since the check
             yield fd, resolved
         finally:
@@ -725,21 +726,50 @@ def check_regular(st: os.stat_result, path: Any) -> None:
         )
 
 
-def _refuse_special(loc: Location, original: str) -> None:
+_BASE_DEVICES: dict[str, int] = {}
+
+
+def base_device(base_dir: str) -> int | None:
+    """
+    The device of the base directory (remembered), or None when it cannot
+    be read.
+
+    Everything on that device is on the base's own file system, which is
+    not a kernel one, so only descriptors on another device need the
+    ``fstatfs``.  A base replaced later only makes more descriptors differ,
+    never fewer: the check can only run more often than needed.
+    """
+    device = _BASE_DEVICES.get(base_dir)
+    if device is None:
+        try:
+            device = _BASE_DEVICES[base_dir] = os.stat(base_dir).st_dev
+        except OSError:
+            return None
+    return device
+
+
+def special_unless_base(fd: int, device: int, base_dev: int | None) -> str | None:
+    """:func:`special_filesystem` for ``fd`` (on ``device``), skipped on the base's device."""
+    if base_dev is not None and device == base_dev:
+        return None
+    return special_filesystem(fd)
+
+
+def _refuse_special(loc: Location, original: str, base_dev: int | None) -> None:
     """
     Close ``loc`` and refuse it when its directory, or the entry itself (a
     mount point), is on a kernel file system: a bind mount of /proc inside
     the base is /proc.
     """
     try:
-        found = special_filesystem(loc.dir_fd)
+        dev = os.fstat(loc.dir_fd).st_dev
+        found = special_unless_base(loc.dir_fd, dev, base_dev)
         if found is None and loc.name:
             try:
                 st = os.stat(loc.name, dir_fd=loc.dir_fd, follow_symlinks=False)
             except OSError:
                 pass  # missing (or unreachable): its directory decided
             else:
-                dev = os.fstat(loc.dir_fd).st_dev
                 found = mounted_special(loc.dir_fd, loc.name, st, dev)
     except BaseException:
         loc.close()

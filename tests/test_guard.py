@@ -306,6 +306,9 @@ class GuardMixin:
             return "proc" if os.fstat(fd).st_ino in inodes else real(fd)
 
         self.patch(guard_module, "special_filesystem", seam)  # type: ignore[attr-defined]
+        # The fake sits on the base's own device, which the guard otherwise
+        # (rightly) never asks fstatfs about.
+        self.patch(guard_module, "base_device", lambda base_dir: None)  # type: ignore[attr-defined]
         return fake
 
     def test_special_filesystem_refused_like_proc(self) -> None:
@@ -457,6 +460,25 @@ class GuardMixin:
             t.join()
         self.assertEqual(escapes, 0)
         self.assertEqual(sorted(os.listdir(self.outside)), ["secret"])
+
+
+class BaseDeviceShortcutTests(SynchronousTestCase):
+    """Only descriptors on another device than the base are asked about."""
+
+    def test_base_device_skips_fstatfs(self) -> None:
+        """Same device as the base: no fstatfs; another device: fstatfs answers."""
+        asked: list[int] = []
+
+        def seam(fd: int) -> str | None:
+            asked.append(fd)
+            return "proc"
+
+        self.patch(guard_module, "special_filesystem", seam)
+        self.assertIsNone(guard_module.special_unless_base(7, 42, 42))
+        self.assertEqual(asked, [])
+        self.assertEqual(guard_module.special_unless_base(7, 43, 42), "proc")
+        self.assertEqual(guard_module.special_unless_base(8, 42, None), "proc")
+        self.assertEqual(asked, [7, 8])
 
 
 class SpecialFilesystemTests(SynchronousTestCase):
