@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -35,7 +36,7 @@ from sandboxd.children import (
 )
 from sandboxd.errors import ApiError, internal, unavailable
 from sandboxd.policy import defaults
-from sandboxd.proctree import signal_tree
+from sandboxd.proctree import TREE_MARKER, signal_tree
 
 log = Logger(namespace="sandboxd.browser")
 
@@ -71,6 +72,9 @@ class WorkerProtocol(ProcessProtocol):
         self.buffer = bytearray()
         self.stderr_tail = bytearray()
         self.pid: int | None = None
+        #: In the worker's environment (``TREE_MARKER``): Chromium helpers
+        #: that left its session are still found and ended with it.
+        self.marker = secrets.token_hex(8)
         self.exited = False
         self.ended: Deferred[None] = Deferred()
 
@@ -106,7 +110,7 @@ class WorkerProtocol(ProcessProtocol):
         self.exited = True
         if self.pid is not None:
             # Chromium's helpers may outlive the worker: sweep its session.
-            signal_tree(self.pid, signal.SIGKILL)
+            signal_tree(self.pid, signal.SIGKILL, self.marker)
         if not self.ended.called:
             self.ended.callback(None)
 
@@ -253,6 +257,7 @@ class BrowserSupervisor(Service):
         self.worker = worker
         self.is_ready = False
         self.starts += 1
+        env[TREE_MARKER] = worker.marker
         try:
             spawn_session(
                 self.reactor, worker, argv[0], argv, env, self.workdir, uid, gid
@@ -375,11 +380,11 @@ class BrowserSupervisor(Service):
             self.is_ready = False
         if worker.pid is None or worker.ended.called:
             return
-        signal_tree(worker.pid, signal.SIGTERM)
+        signal_tree(worker.pid, signal.SIGTERM, worker.marker)
 
         def kill() -> None:
             if not worker.ended.called and worker.pid is not None:
-                signal_tree(worker.pid, signal.SIGKILL)
+                signal_tree(worker.pid, signal.SIGKILL, worker.marker)
 
         timer = self.reactor.callLater(grace, kill)
         worker.ended.addBoth(lambda r: timer.cancel() if timer.active() else None)
