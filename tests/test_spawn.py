@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -97,3 +98,59 @@ class SpawnTests(SynchronousTestCase):
             f.write("not a program\n")
         with self.assertRaises(PermissionError):
             run([os.path.abspath(plain)])
+
+
+class RecordingLibc:
+    """The file-action calls of :func:`sandboxd.spawn._file_actions`, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def posix_spawn_file_actions_adddup2(self, _: Any, source: int, target: int) -> int:
+        self.calls.append(("dup2", source, target))
+        return 0
+
+    def posix_spawn_file_actions_addclosefrom_np(self, _: Any, lowest: int) -> int:
+        self.calls.append(("closefrom", lowest))
+        return 0
+
+    def posix_spawn_file_actions_addchdir_np(self, _: Any, path: bytes) -> int:
+        self.calls.append(("chdir", path))
+        return 0
+
+
+class FileActionTests(SynchronousTestCase):
+    """Descriptor shuffles that would overwrite a source are ordered safely."""
+
+    def actions(self, fds: dict[int, int]) -> list[tuple[Any, ...]]:
+        libc = RecordingLibc()
+        plan = spawn.plan("/bin/true", ["true"], {}, "/tmp", fds, [])
+        spawn._file_actions(libc, plan, None)
+        return libc.calls
+
+    def test_swapped_descriptors(self) -> None:
+        """Child 0 from parent 1 and child 1 from parent 0: both moved out first."""
+        self.assertEqual(
+            self.actions({0: 1, 1: 0}),
+            [
+                ("chdir", b"/tmp"),
+                ("dup2", 0, 3),
+                ("dup2", 1, 4),
+                ("dup2", 4, 0),
+                ("dup2", 3, 1),
+                ("closefrom", 2),
+            ],
+        )
+
+    def test_plain_pipes(self) -> None:
+        """Sources above the child's slots are duplicated directly."""
+        self.assertEqual(
+            self.actions({0: 7, 1: 8, 2: 8}),
+            [
+                ("chdir", b"/tmp"),
+                ("dup2", 7, 0),
+                ("dup2", 8, 1),
+                ("dup2", 8, 2),
+                ("closefrom", 3),
+            ],
+        )
