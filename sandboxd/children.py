@@ -11,6 +11,7 @@ descendant) hold for each of them.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import pwd
@@ -451,15 +452,30 @@ def spawn_session(
     it (:class:`SessionProcess`).
     """
     fds = {0: "w", 1: "r", 2: "r"} if child_fds is None else child_fds
-    if _spawn.AVAILABLE:
-        if uid is None and gid is None:
-            return _spawn_adopted(reactor, protocol, executable, args, env, path, fds)
+    wrapped = None
+    if uid is not None or gid is not None:
         wrapped = _as_user(executable, args, uid, gid)
-        if wrapped is not None:
-            return _spawn_adopted(reactor, protocol, *wrapped, env, path, fds)
+    if _spawn.AVAILABLE and (wrapped is not None or (uid is None and gid is None)):
+        program, argv = wrapped or (executable, args)
+        try:
+            return _spawn_adopted(reactor, protocol, program, argv, env, path, fds)
+        except OSError as e:
+            if e.errno not in _UNSUPPORTED:
+                raise
+            # A kernel or sandbox (seccomp, gVisor) that refuses one of the
+            # file actions: Twisted's spawn does the same job, slower.
+            _spawn.AVAILABLE = False
+            log.msg(
+                f"sandboxd: posix_spawn with closefrom/chdir failed ({e}); using Twisted's spawn"
+            )
     return SessionProcess(  # type: ignore[no-untyped-call]
         reactor, executable, args, env, path, protocol, uid, gid, fds
     )
+
+
+#: What ``posix_spawn`` answers when the system, not the command, is at
+#: fault (an action or flag it cannot perform).
+_UNSUPPORTED = frozenset({errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP})
 
 
 def signal_name(number: int) -> str:

@@ -5,6 +5,7 @@ one ProcessProtocol, tree kills, and :func:`run_collect` with real children.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 from typing import Any
@@ -273,6 +274,23 @@ class RunCollectTests(TestCase):
         result = yield self.run_(["pwd"])
         self.assertEqual(result.stdout, self.cwd.encode() + b"\n")
         self.assertNotEqual(os.getcwd(), self.cwd)
+
+    @inlineCallbacks
+    def test_unsupported_spawn_falls_back(self) -> Any:
+        """
+        A system that refuses posix_spawn's file actions (ENOSYS, as under
+        some seccomp filters) gets Twisted's spawn from then on: the command
+        still runs, in its directory.
+        """
+
+        def refuse(plan: Any) -> int:
+            raise OSError(errno.ENOSYS, "close_range: not implemented")
+
+        self.patch(spawn, "posix_spawn", refuse)
+        self.patch(spawn, "AVAILABLE", True)
+        result = yield self.run_(["pwd"])
+        self.assertEqual(result.stdout, self.cwd.encode() + b"\n")
+        self.assertFalse(spawn.AVAILABLE)
 
     @inlineCallbacks
     def test_missing_executable(self) -> Any:
