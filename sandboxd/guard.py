@@ -726,6 +726,22 @@ def check_regular(st: os.stat_result, path: Any) -> None:
         )
 
 
+def refuse_device(st: os.stat_result | None, path: Any) -> None:
+    """
+    403 for a character or block device: removing or replacing one would
+    change the device directory it may belong to (a /dev mounted inside the
+    base), whatever the file system reports itself as.
+    """
+    if st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)):
+        raise ApiError(
+            403,
+            f"refusing to change a device file: {path}",
+            "PermissionError",
+            "path_not_allowed",
+            rule="guard:device-files",
+        )
+
+
 _BASE_DEVICES: dict[str, int] = {}
 
 

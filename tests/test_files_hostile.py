@@ -10,13 +10,14 @@ import base64
 import errno
 import io
 import os
+import stat
 import tarfile
 import zipfile
 from typing import Any
 from urllib.parse import quote
 
 from twisted.internet.defer import inlineCallbacks
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from sandboxd.errors import ApiError
 from sandboxd.files import atomic
@@ -404,6 +405,48 @@ class ProtectedInsideTreeTests(DaemonTestCase):
             os.path.exists(os.path.join(self.base_dir, "a", "secrets", "key"))
         )
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "b")))
+
+
+class DeviceFileTests(FilesCase):
+    """Device files inside the base are never replaced, removed or moved (C11)."""
+
+    @inlineCallbacks
+    def test_device_file_left_alone(self) -> Any:
+        """
+        Upload over, raw write over, delete, move away and move onto a
+        character device are 403 guard:device-files; the node stays.
+        """
+        node = os.path.join(self.base_dir, "null")
+        try:
+            os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        except PermissionError:
+            raise SkipTest("mknod needs CAP_MKNOD (root)") from None
+        self.put("plain.txt")
+        attempts = (
+            ("POST", "/upload", {"path": "null", "content_base64": b64(b"x")}),
+            ("DELETE", "/files?path=null", None),
+            ("POST", "/files/move", {"source": "null", "destination": "moved"}),
+            (
+                "POST",
+                "/files/move",
+                {"source": "plain.txt", "destination": "null", "overwrite": True},
+            ),
+        )
+        for method, route, body in attempts:
+            reply = yield self.request(method, route, body)
+            self.assertEqual(
+                (reply.status, reply.json().get("rule")),
+                (403, "guard:device-files"),
+                route,
+            )
+        reply = yield self.request(
+            "POST", "/files/raw?path=null&overwrite=true", raw_body=b"x"
+        )
+        self.assertEqual(
+            (reply.status, reply.json().get("rule")), (403, "guard:device-files")
+        )
+        self.assertTrue(stat.S_ISCHR(os.lstat(node).st_mode))
+        self.assertTrue(os.path.exists(os.path.join(self.base_dir, "plain.txt")))
 
 
 class SpecialMountTests(FilesCase):

@@ -20,7 +20,7 @@ import stat
 from typing import Any
 
 from sandboxd.errors import ApiError
-from sandboxd.guard import Location, etag_of, os_error
+from sandboxd.guard import Location, etag_of, os_error, refuse_device
 
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -131,6 +131,7 @@ class AtomicWrite:
                 "invalid_param",
             )
         self.location.refuse_shared(st, self.display)
+        refuse_device(st, self.display)
         if st is not None and not self.overwrite:
             raise file_exists(self.display)
         if self.if_match is not None and self.if_match.strip() != "*":

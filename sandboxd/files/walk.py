@@ -34,6 +34,7 @@ from sandboxd.guard import (
     mounted_special,
     os_error,
     refusal,
+    refuse_device,
 )
 
 _SUBDIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -228,6 +229,7 @@ def delete(guard: PathGuard, path: str) -> str:
                 shutil.rmtree(loc.name, dir_fd=loc.dir_fd)
             else:
                 loc.refuse_shared(st, path)
+                refuse_device(st, path)
                 os.unlink(loc.name, dir_fd=loc.dir_fd)
         except OSError as e:
             raise os_error(e, path) from None
@@ -406,6 +408,7 @@ def move(
                 _check_tree(guard, src)
             else:
                 src.refuse_shared(src_st, source)
+                refuse_device(src_st, source)
         except ApiError as e:
             raise _prefixed(e, "source") from None
         try:
@@ -434,11 +437,13 @@ def move(
                         "ValueError",
                         "invalid_param",
                     )
-                if overwrite and dst.deny_shared is not None:
-                    # Replacing a file that has other names is a write to it.
+                if overwrite:
+                    # Replacing a file that has other names is a write to it;
+                    # a device file is never replaced.
                     replaced = dst_st if inner_fd < 0 else _lstat_at(dst_fd, dst_name)
                     try:
                         dst.refuse_shared(replaced, destination)
+                        refuse_device(replaced, destination)
                     except ApiError as e:
                         raise _prefixed(e, "destination") from None
                 if overwrite:
