@@ -379,43 +379,11 @@ class OrphanReaper:
 
 def descendants(root: int, marker: str | None = None) -> list[int]:
     """
-    Every live process descended from ``root`` or sharing its session,
-    and (with ``marker``) adopted orphans carrying it and their own
-    descendants.
-
-    Read from /proc, so a grandchild that left the group with ``setsid``
-    is still found while its parent chain leads back to ``root``, and,
-    through the marker, once it has been reparented to the daemon.
+    The live members of ``root``'s tree, sorted: :func:`tree_members`
+    (session, group, parent links and, with ``marker``, the adopted
+    orphans carrying it), without their start times.
     """
-    if marker is not None:
-        return sorted(tree_members(root, marker))
-    parents: dict[int, int] = {}
-    sessions: dict[int, int] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return []
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        pid = int(name)
-        parents[pid] = int(fields[1])
-        sessions[pid] = int(fields[3])
-    found = {pid for pid, sid in sessions.items() if sid == root and pid != root}
-    changed = True
-    while changed:
-        changed = False
-        for pid, ppid in parents.items():
-            if pid not in found and pid != root and (ppid == root or ppid in found):
-                found.add(pid)
-                changed = True
-    return sorted(found)
+    return sorted(tree_members(root, marker))
 
 
 def signal_tree(pid: int, sig: int, marker: str | None = None) -> None:
