@@ -36,6 +36,7 @@ from typing import Any
 import attrs
 
 from sandboxd.errors import ApiError, file_not_found
+from sandboxd.libc import libc
 from sandboxd.policy.paths import FORBIDDEN_ROOTS, PathDecision, absolute, decide, under
 from sandboxd.policy.rules import EffectiveRule
 
@@ -87,10 +88,8 @@ _RESOLVE_BENEATH = 0x08
 
 
 def _load_openat2() -> Any:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        syscall = libc.syscall
-    except (OSError, AttributeError):
+    syscall = getattr(libc(), "syscall", None)
+    if syscall is None:
         return None
     syscall.restype = ctypes.c_long
     how = _OpenHow(_DIR_FLAGS, 0, _RESOLVE_BENEATH)
@@ -154,9 +153,8 @@ _STATFS_SIZE = 256  # larger than struct statfs on every Linux ABI
 
 def _load_fstatfs() -> Any:
     """libc's ``fstatfs``, if it works on an ``O_PATH`` fd (Linux 3.12+)."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).fstatfs
-    except (OSError, AttributeError):
+    fn = getattr(libc(), "fstatfs", None)
+    if fn is None:
         return None
     fn.argtypes = (ctypes.c_int, ctypes.c_void_p)
     fn.restype = ctypes.c_int

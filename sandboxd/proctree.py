@@ -14,7 +14,6 @@ whole tree is ended, and how orphans the daemon adopts are reaped.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 from typing import Any
@@ -25,6 +24,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
+from sandboxd.libc import libc
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS, ORPHAN_REAP_SECONDS
 
 log = Logger(namespace="sandboxd.proctree")
@@ -349,11 +349,8 @@ def become_subreaper() -> bool:
     orphan that escaped its group is reparented here, where it can be
     found, killed and reaped, instead of to init.
     """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
+    prctl = getattr(libc(), "prctl", None)
+    return prctl is not None and prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
 class OrphanReaper:

@@ -10,7 +10,6 @@ services, under one ``MultiService`` that starts and stops them in order.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import importlib
 import importlib.util
@@ -31,6 +30,7 @@ from sandboxd.audit import AuditLog
 from sandboxd.commands import CommandRegistry, default_registry
 from sandboxd.context import Context
 from sandboxd.endpoints import RouteTable, default_table
+from sandboxd.libc import libc
 from sandboxd.policy import Policy, PolicyError, load_policy
 from sandboxd.policy.defaults import SHUTDOWN_TIMEOUT_SECONDS
 from sandboxd.routes import setup_services
@@ -127,10 +127,9 @@ def release_memory() -> None:
     """
     gc.collect()
     gc.freeze()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    trim = getattr(libc(), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 class DaemonService(MultiService):

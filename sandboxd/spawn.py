@@ -19,13 +19,14 @@ and the caller keeps Twisted's spawn.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
+
+from sandboxd.libc import libc as c_library
 
 # glibc and musl share these values (spawn.h).
 _POSIX_SPAWN_SETSIGDEF = 0x04
@@ -56,11 +57,8 @@ _REQUIRED = (
 def _load_libc() -> Any:
     if not sys.platform.startswith("linux"):
         return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-    except OSError:
-        return None
-    if not all(hasattr(libc, name) for name in _REQUIRED):
+    libc = c_library()
+    if libc is None or not all(hasattr(libc, name) for name in _REQUIRED):
         return None
     libc.posix_spawn.argtypes = [
         ctypes.POINTER(ctypes.c_int),

@@ -36,6 +36,7 @@ from sandboxd.guard import (
     refusal,
     refuse_device,
 )
+from sandboxd.libc import libc
 
 _SUBDIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -285,8 +286,7 @@ def mount_id(dir_fd: int, name: str) -> int | None:
     bind mount of a directory of the same file system from the directory
     it sits in.
     """
-    libc = _libc_handle()
-    statx = getattr(libc, "statx", None) if libc else None
+    statx = getattr(libc(), "statx", None)
     if statx is None:
         return None
     buffer = ctypes.create_string_buffer(256)
@@ -326,22 +326,8 @@ def _refuse_mount_point(
         )
 
 
-_libc: Any = None
-
-
-def _libc_handle() -> Any:
-    global _libc
-    if _libc is None:
-        try:
-            _libc = ctypes.CDLL(None, use_errno=True)
-        except OSError:
-            _libc = False
-    return _libc
-
-
 def _renameat2() -> Any:
-    libc = _libc_handle()
-    return getattr(libc, "renameat2", None) if libc else None
+    return getattr(libc(), "renameat2", None)
 
 
 _RENAME_NOREPLACE = 1
