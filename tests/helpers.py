@@ -10,7 +10,40 @@ from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import TestCase
 
+from sandboxd.proctree import proc_info
 from sandboxd.testing import RunningDaemon, start_daemon
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie counts as gone)."""
+    info = proc_info(pid)
+    return info is not None and info.state != "Z"
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Live (non-zombie) processes whose command line carries ``marker``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        info = proc_info(int(name))
+        if marker.encode() in cmdline and info is not None and info.state != "Z":
+            found.append(int(name))
+    return found
+
+
+def kill_marked(marker: str) -> None:
+    """Cleanup: SIGKILL whatever a failed test left behind."""
+    for pid in marked_pids(marker):
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
 
 
 class DaemonTestCase(TestCase):

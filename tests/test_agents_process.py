@@ -21,8 +21,8 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
 
 from sandboxd import proctree
+from tests.helpers import kill_marked, marked_pids
 from tests.test_agents import CATALOG, FAKE, AgentsTestCase, agents_policy
-from tests.test_processes import kill_marked, marked_pids
 
 
 class AgentTreeTests(AgentsTestCase):

@@ -19,7 +19,7 @@ from twisted.web.util import Redirect
 
 from sandboxd.browser import supervisor
 from sandboxd.proctree import descendants
-from tests.helpers import DaemonTestCase
+from tests.helpers import DaemonTestCase, alive
 
 PAGE = b"""<!doctype html>
 <html><head><title>Test page</title><link rel="icon" href="data:,"></head>
@@ -63,16 +63,7 @@ def serve_pages(case: Any) -> str:
 
 def _live(pids: list[int]) -> list[int]:
     """The pids that are still running (not zombies waiting to be reaped)."""
-    out = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z":
-            out.append(pid)
-    return out
+    return [pid for pid in pids if alive(pid)]
 
 
 @inlineCallbacks

@@ -13,19 +13,9 @@ from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
 
-from tests.helpers import DaemonTestCase
+from tests.helpers import DaemonTestCase, alive
 
 DEV_TOOLS = {"groups": {"dev_tools": True}}
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z"
 
 
 class CodeRunTests(DaemonTestCase):

@@ -20,8 +20,7 @@ from twisted.web.http_headers import Headers
 
 from sandboxd import processes
 from sandboxd.testing import BytesProducer, SSEReader
-from tests.helpers import DaemonTestCase
-from tests.test_processes import kill_marked, marked_pids
+from tests.helpers import DaemonTestCase, kill_marked, marked_pids
 
 
 def rss_bytes() -> int:

@@ -22,34 +22,9 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from sandboxd import processes, proctree, spawn
 from sandboxd.processes import HeadTail, run_collect
+from tests.helpers import kill_marked, marked_pids
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
-
-
-def marked_pids(marker: str) -> list[int]:
-    """Live (non-zombie) processes whose command line carries ``marker``."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        info = proctree.proc_info(int(name))
-        if marker.encode() in cmdline and info is not None and info.state != "Z":
-            found.append(int(name))
-    return found
-
-
-def kill_marked(marker: str) -> None:
-    """Cleanup: SIGKILL whatever a failed test left behind."""
-    for pid in marked_pids(marker):
-        try:
-            os.kill(pid, 9)
-        except OSError:
-            pass
 
 
 class HeadTailTests(SynchronousTestCase):

@@ -16,21 +16,10 @@ from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.task import deferLater
 
 from sandboxd.proctree import descendants, proc_info
-from tests.helpers import DaemonTestCase
-from tests.test_processes import kill_marked, marked_pids
+from tests.helpers import DaemonTestCase, alive, kill_marked, marked_pids
 from tests.test_terminal_wsclient import TestClient, connect, quiet_server
 
 TOKEN = "pty-token"
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 :][:1] != b"Z"
 
 
 def sleep(seconds: float) -> Deferred[None]:
