@@ -31,8 +31,7 @@ def marked_pids(marker: str) -> list[int]:
                 cmdline = f.read()
         except OSError:
             continue
-        info = proc_info(int(name))
-        if marker.encode() in cmdline and info is not None and info.state != "Z":
+        if marker.encode() in cmdline and alive(int(name)):
             found.append(int(name))
     return found
 

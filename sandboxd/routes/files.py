@@ -552,14 +552,7 @@ def files_archive(request: ServerRequest) -> Any:
             "ValueError",
             "invalid_param",
         )
-    fmt = body.get("format") or "tar.gz"
-    if fmt not in archive.FORMATS:
-        raise ApiError(
-            400,
-            f"unsupported format {fmt!r}; use tar.gz or zip",
-            "ValueError",
-            "invalid_param",
-        )
+    fmt = _archive_format(body)
     guard = PathGuard.for_request(request)
     for p in paths:
         guard.locate(p, "read", follow=True).close()
@@ -575,10 +568,8 @@ def files_archive(request: ServerRequest) -> Any:
     )
 
 
-def files_extract(request: ServerRequest) -> Any:
-    """``POST /files/extract``: every member checked before anything is written."""
-    body = request.body
-    destination = _required(body.get("destination"), "destination")
+def _archive_format(body: dict[str, Any]) -> str:
+    """The body's ``format`` (default tar.gz), or 400."""
     fmt = body.get("format") or "tar.gz"
     if fmt not in archive.FORMATS:
         raise ApiError(
@@ -587,6 +578,14 @@ def files_extract(request: ServerRequest) -> Any:
             "ValueError",
             "invalid_param",
         )
+    return str(fmt)
+
+
+def files_extract(request: ServerRequest) -> Any:
+    """``POST /files/extract``: every member checked before anything is written."""
+    body = request.body
+    destination = _required(body.get("destination"), "destination")
+    fmt = _archive_format(body)
     overwrite = _flag(body.get("overwrite"), "overwrite", False)
     allowed = overwrite_allowed(request, overwrite)
     guard = PathGuard.for_request(request)
