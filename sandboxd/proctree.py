@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -91,12 +92,30 @@ def proc_table() -> dict[int, ProcInfo]:
     return table
 
 
-def _has_marker(pid: int, marker: bytes) -> bool:
+def _environ(pid: int) -> bytes | None:
+    """A process's environment block (empty while it execs), or None."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            return marker in f.read().split(b"\0")
+            return f.read()
     except OSError:
-        return False
+        return None
+
+
+def _has_marker(pid: int, marker: bytes) -> bool:
+    return marker in (_environ(pid) or b"").split(b"\0")
+
+
+def _live_orphans(table: dict[int, ProcInfo], leader: int) -> Iterator[int]:
+    """Live children of the daemon that Twisted did not spawn, but ``leader``."""
+    me = os.getpid()
+    for p in table.values():
+        if (
+            p.ppid == me
+            and p.pid != leader
+            and p.state != "Z"
+            and p.pid not in _twisted_process.reapProcessHandlers
+        ):
+            yield p.pid
 
 
 def own_children() -> list[int]:
@@ -143,16 +162,7 @@ def tree_members(
     roots = {leader}
     if marker is not None:
         needle = f"{TREE_MARKER}={marker}".encode()
-        me = os.getpid()
-        for p in table.values():
-            if (
-                p.ppid == me
-                and p.pid != leader
-                and p.state != "Z"
-                and p.pid not in _twisted_process.reapProcessHandlers
-                and _has_marker(p.pid, needle)
-            ):
-                found.add(p.pid)
+        found.update(p for p in _live_orphans(table, leader) if _has_marker(p, needle))
     children: dict[int, list[int]] = {}
     for p in table.values():
         children.setdefault(p.ppid, []).append(p.pid)
@@ -173,22 +183,10 @@ def _unreadable_orphans(
     reads empty, as one does while it execs: it may carry the marker a
     moment later.
     """
-    me = os.getpid()
-    for p in table.values():
-        if (
-            p.ppid == me
-            and p.pid != leader
-            and p.pid not in members
-            and p.state != "Z"
-            and p.pid not in _twisted_process.reapProcessHandlers
-        ):
-            try:
-                with open(f"/proc/{p.pid}/environ", "rb") as f:
-                    if not f.read(1):
-                        return True
-            except OSError:
-                continue
-    return False
+    return any(
+        pid not in members and _environ(pid) == b""
+        for pid in _live_orphans(table, leader)
+    )
 
 
 def _alive(pid: int, start: int) -> bool:
