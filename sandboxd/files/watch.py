@@ -36,6 +36,7 @@ from sandboxd.policy.defaults import (
     WATCH_IDLE_SECONDS,
 )
 from sandboxd.web.messages import ServerRequest, SSEResponse
+from sandboxd.web.params import flag
 from sandboxd.web.sse import SSEChannel
 
 log = Logger(namespace="sandboxd.files.watch")
@@ -249,11 +250,9 @@ def _subdirs(guard: PathGuard, path: str) -> tuple[str, list[str]]:
 
 def watch_handler(request: ServerRequest) -> Any:
     """``GET /files/watch?path=&recursive=``: SSE of changes."""
-    from sandboxd.routes.files import _flag
-
     guard = PathGuard.for_request(request)
     path = request.query.get("path") or guard.base_dir
-    recursive = _flag(request.query.get("recursive"), "recursive", False)
+    recursive = flag(request.query.get("recursive"), "recursive", False)
     after = resume_point(request.query, request.headers)
     retention = request.rule.limits.max_output_bytes or MIB
     service: WatchService = request.context.services["files_watch"]

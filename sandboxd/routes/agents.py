@@ -20,6 +20,7 @@ from sandboxd.errors import ApiError, not_found
 from sandboxd.eventlog import Event, Follower, resume_point
 from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
+from sandboxd.web.params import flag
 from sandboxd.web.sse import SSEChannel, frame
 
 if TYPE_CHECKING:
@@ -71,21 +72,6 @@ def manager(request: ServerRequest) -> AgentManager:
 def session_of(request: ServerRequest) -> AgentSession:
     """The ``{sid}`` session, or 404."""
     return manager(request).get(request.path_params["sid"])
-
-
-def _flag(value: Any, name: str, default: bool = False) -> bool:
-    if value is None or value == "":
-        return default
-    if isinstance(value, bool):
-        return value
-    text = str(value).lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ApiError(
-        400, f"'{name}' must be true or false", "ValueError", "invalid_param"
-    )
 
 
 def _number(
@@ -156,7 +142,7 @@ async def agents_catalog_get(request: ServerRequest) -> dict[str, Any]:
         require_allowed=False,
     )
     out = catalog.describe(entry, request.rule)
-    if _flag(request.query.get("probe"), "probe"):
+    if flag(request.query.get("probe"), "probe"):
         entry = catalog.find(request.context, request.rule, entry.id)
         out.update(await manager(request).transient(request, entry, None))
     return out
@@ -286,7 +272,7 @@ async def agents_session_load(request: ServerRequest) -> ServerResponse:
         raise ApiError(
             400, "'acp_session_id' is required", "ValueError", "invalid_param"
         )
-    replay = _flag(request.body.get("replay"), "replay", True)
+    replay = flag(request.body.get("replay"), "replay", True)
     catalog.find(request.context, request.rule, request.body.get("agent"))
     body = await manager(request).create(
         request, load={"acp_session_id": acp_session_id, "replay": replay}
@@ -345,7 +331,7 @@ async def agents_session_cancel(request: ServerRequest) -> dict[str, Any]:
 async def agents_session_delete(request: ServerRequest) -> dict[str, Any]:
     """Close the session and end the agent's tree."""
     session = session_of(request)
-    forget = _flag(request.query.get("forget"), "forget")
+    forget = flag(request.query.get("forget"), "forget")
     return await session.close(forget=forget)
 
 
@@ -424,7 +410,7 @@ def agents_messages(request: ServerRequest) -> dict[str, Any]:
 def _event_filter(request: ServerRequest) -> tuple[set[str] | None, bool]:
     types = request.query.get("types")
     wanted = {t.strip() for t in types.split(",") if t.strip()} if types else None
-    return wanted, _flag(request.query.get("include_raw"), "include_raw")
+    return wanted, flag(request.query.get("include_raw"), "include_raw")
 
 
 def _event_view(event: Event, include_raw: bool) -> dict[str, Any]:
@@ -439,7 +425,7 @@ def agents_events(request: ServerRequest) -> Any:
     session = session_of(request)
     after = resume_point(request.query, request.headers)
     wanted, include_raw = _event_filter(request)
-    follow = _flag(request.query.get("follow"), "follow", False)
+    follow = flag(request.query.get("follow"), "follow", False)
     if follow:
 
         def formatter(event: Event) -> bytes:
@@ -529,7 +515,7 @@ def agents_files(request: ServerRequest) -> dict[str, Any]:
     """Files the agent wrote (through fs/*), showed diffs for, or named."""
     session = session_of(request)
     turn_id = request.query.get("turn_id")
-    with_diff = _flag(request.query.get("diff"), "diff")
+    with_diff = flag(request.query.get("diff"), "diff")
     return {
         "files": [
             session.file_view(record, with_diff)
@@ -556,7 +542,7 @@ def agents_terminal_output(request: ServerRequest) -> Any:
     """A terminal's output with the process_output contract (SPEC §7.4)."""
     terminal = _terminal(request)
     after = resume_point(request.query, request.headers)
-    if _flag(request.query.get("follow"), "follow"):
+    if flag(request.query.get("follow"), "follow"):
 
         def start(channel: SSEChannel) -> Deferred[None]:
             return Follower(terminal.log, channel, after).done

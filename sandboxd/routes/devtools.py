@@ -31,6 +31,7 @@ from sandboxd.guard import PathGuard
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.web.messages import ServerRequest
+from sandboxd.web.params import flag
 
 #: Each language's interpreters, first found on the child's PATH wins, and
 #: the flag that runs a program given as an argument.  Passing the code as
@@ -252,15 +253,6 @@ async def _both(first: Any, second: Any) -> tuple[Any, Any]:
     return a, b
 
 
-def _flag(request: ServerRequest, name: str) -> bool:
-    value = (request.arg(name) or "false").lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off", ""):
-        return False
-    raise bad_request(f"'{name}' must be true or false")
-
-
 async def git_status(request: ServerRequest) -> dict[str, Any]:
     """``GET /git/status?path=.``."""
     run = _Git(request)
@@ -286,7 +278,7 @@ async def git_status(request: ServerRequest) -> dict[str, Any]:
 async def git_diff(request: ServerRequest) -> dict[str, Any]:
     """``GET /git/diff?path=.&staged=false&file=``."""
     run = _Git(request)
-    staged = _flag(request, "staged")
+    staged = flag(request.arg("staged"), "staged")
     files = run.file_arg()
     await run.prepare()
     limit = (

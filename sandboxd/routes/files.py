@@ -36,6 +36,7 @@ from sandboxd.policy.defaults import (
     MAX_PATTERN_CHARS,
 )
 from sandboxd.web.messages import ServerRequest, ServerResponse, StreamResponse
+from sandboxd.web.params import flag
 from sandboxd.web.request import json_bytes, payload_too_large
 
 # -- small helpers ------------------------------------------------------------
@@ -53,20 +54,6 @@ def _required(value: Any, name: str) -> str:
     if not isinstance(value, str):
         raise ApiError(400, f"'{name}' must be a string", "ValueError", "invalid_param")
     return value
-
-
-def _flag(value: Any, name: str, default: bool) -> bool:
-    if value is None or value == "":
-        return default
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "1", "yes"):
-        return True
-    if isinstance(value, str) and value.lower() in ("false", "0", "no"):
-        return False
-    raise ApiError(
-        400, f"'{name}' must be true or false", "ValueError", "invalid_param"
-    )
 
 
 def _int(value: Any, name: str, default: int, low: int, high: int) -> int:
@@ -217,7 +204,7 @@ def _upload(request: ServerRequest, default_overwrite: bool) -> Any:
 
         raise refusal(first)
     check_extension(request, path)
-    overwrite = _flag(request.body.get("overwrite"), "overwrite", default_overwrite)
+    overwrite = flag(request.body.get("overwrite"), "overwrite", default_overwrite)
     mode = parse_mode(request.body.get("mode"))
     if_match = if_match_of(request)
     raw = request.body.get("content_base64")
@@ -375,7 +362,7 @@ class RawSink:
     def __init__(self, request: ServerRequest) -> None:
         path = _required(request.query.get("path"), "path")
         check_extension(request, path)
-        overwrite = _flag(request.query.get("overwrite"), "overwrite", True)
+        overwrite = flag(request.query.get("overwrite"), "overwrite", True)
         allowed = overwrite_allowed(request, overwrite)
         mode = parse_mode(request.query.get("mode"))
         guard = PathGuard.for_request(request)
@@ -457,7 +444,7 @@ def files_list(request: ServerRequest) -> Any:
     guard = PathGuard.for_request(request)
     path = request.query.get("path") or guard.base_dir
     depth = _int(request.query.get("depth"), "depth", 1, 1, MAX_LIST_DEPTH)
-    hidden = _flag(request.query.get("hidden"), "hidden", True)
+    hidden = flag(request.query.get("hidden"), "hidden", True)
     cap = request.rule.limits.max_entries or 10000
     guard.locate(path, "read", follow=True).close()  # refusals before the thread
     return in_thread(request, walk.list_dir, guard, path, depth, hidden, cap)
@@ -503,7 +490,7 @@ def files_move(request: ServerRequest) -> Any:
     except ApiError as e:
         e.message = "destination: " + e.message
         raise
-    overwrite = _flag(body.get("overwrite"), "overwrite", False)
+    overwrite = flag(body.get("overwrite"), "overwrite", False)
     allowed = overwrite_allowed(request, overwrite)
     guard = PathGuard.for_request(request)
     try:
@@ -586,7 +573,7 @@ def files_extract(request: ServerRequest) -> Any:
     body = request.body
     destination = _required(body.get("destination"), "destination")
     fmt = _archive_format(body)
-    overwrite = _flag(body.get("overwrite"), "overwrite", False)
+    overwrite = flag(body.get("overwrite"), "overwrite", False)
     allowed = overwrite_allowed(request, overwrite)
     guard = PathGuard.for_request(request)
     first = guard.decide(destination, "write")

@@ -32,6 +32,7 @@ from sandboxd.linestream import LineStream
 from sandboxd.policy.defaults import STDIN_PENDING_BYTES
 from sandboxd.processes import Child, ProcessService, run_collect, spawn
 from sandboxd.web.messages import ServerRequest, SSEResponse
+from sandboxd.web.params import flag
 from sandboxd.web.sse import SSEChannel
 
 
@@ -370,10 +371,7 @@ def process_output(request: ServerRequest) -> Any:
     contract of SPEC §9 (``id:``, ``Last-Event-ID``, ``gap``, ``exit``).
     """
     managed = _managed(request)
-    follow = (request.arg("follow", "false") or "false").lower()
-    if follow not in ("true", "false", "1", "0", "yes", "no"):
-        raise bad_request("'follow' must be true or false")
-    if follow in ("true", "1", "yes"):
+    if flag(request.arg("follow"), "follow"):
         after = resume_point(request.query, request.headers)
 
         def start(channel: SSEChannel) -> None:
