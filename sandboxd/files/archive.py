@@ -11,11 +11,13 @@ written through the path guard, file by file, atomically.
 
 from __future__ import annotations
 
+import base64
 import io
 import os
 import posixpath
 import stat
 import tarfile
+import time
 import zipfile
 from typing import Any
 
@@ -24,7 +26,7 @@ import attrs
 from sandboxd.errors import ApiError
 from sandboxd.files.atomic import AtomicWrite
 from sandboxd.files.walk import WALK_DEPTH, visible, walk
-from sandboxd.guard import PathGuard, os_error
+from sandboxd.guard import PathGuard, os_error, refusal
 from sandboxd.web.request import payload_too_large
 
 FORMATS = ("tar.gz", "zip")
@@ -85,8 +87,6 @@ def create(
     guard: PathGuard, paths: list[str], fmt: str, max_files: int, max_bytes: int
 ) -> dict[str, Any]:
     """Pack ``paths``; links are stored as links, never followed."""
-    import base64
-
     buffer = io.BytesIO()
     budget = _Budget(max_files, max_bytes)
     if fmt == "zip":
@@ -203,8 +203,6 @@ def _add(
             info.file_size = st.st_size
             info.external_attr = (stat.S_IFREG | mode) << 16
             info.compress_type = zipfile.ZIP_DEFLATED
-            import time
-
             info.date_time = time.gmtime(max(st.st_mtime, 315532800))[:6]
             with writer.open(info, "w") as out:
                 while chunk := fobj.read(1 << 20):
@@ -348,8 +346,6 @@ def _check(members: list[Member], guard: PathGuard, dest: str, overwrite: bool) 
         target = posixpath.join(dest, m.name)
         decision = guard.decide(target, "write")
         if not decision.allowed:
-            from sandboxd.guard import refusal
-
             raise refusal(decision)
         # What already exists on the way: links are refused, not written through.
         here = dest

@@ -16,6 +16,7 @@ import errno
 import fnmatch
 import os
 import posixpath
+import re
 import shutil
 import stat
 import sys
@@ -152,10 +153,7 @@ def search(
 ) -> dict[str, Any]:
     """``files_search``: names matching ``pattern`` below ``path``, within ``timeout`` s."""
     deadline = time.monotonic() + timeout
-    matcher = fnmatch.translate(pattern)
-    import re
-
-    regex = re.compile(matcher)
+    regex = re.compile(fnmatch.translate(pattern))
     results: list[dict[str, str]] = []
     timed_out = truncated = False
     with guard.open_dir(path) as (fd, root):
@@ -413,8 +411,6 @@ def move(
                     dst_path = posixpath.join(dst_path, src.name)
                     decision = guard.decide(dst_path, "write")
                     if not decision.allowed:
-                        from sandboxd.guard import refusal
-
                         raise _prefixed(refusal(decision), "destination")
                 elif dst_name == "":
                     raise ApiError(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import stat
 from typing import Any
 
 from twisted.application.service import Service
@@ -28,6 +29,7 @@ from twisted.python.filepath import FilePath
 
 from sandboxd.errors import ApiError
 from sandboxd.eventlog import Event, EventLog, Follower, default_format, resume_point
+from sandboxd.files.walk import WALK_DEPTH, walk
 from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import (
     MAX_WATCHES,
@@ -232,10 +234,6 @@ class WatchService(Service):
 
 def _subdirs(guard: PathGuard, path: str) -> tuple[str, list[str]]:
     """The resolved root and the real directories below it (no link followed)."""
-    import stat
-
-    from sandboxd.files.walk import WALK_DEPTH, walk
-
     dirs: list[str] = []
     with guard.open_dir(path) as (fd, root):
         for parent, name, st in walk(fd, root, WALK_DEPTH):
