@@ -25,7 +25,7 @@ from sandboxd.agents import catalog
 from sandboxd.agents.catalog import CatalogEntry
 from sandboxd.agents.jsonrpc import ConnectionLost, RpcError
 from sandboxd.agents.permissions import HeldRequest
-from sandboxd.agents.session import AgentSession, within
+from sandboxd.agents.session import AgentSession, agent_refused, within
 from sandboxd.children import child_environment, keep_only, resolve_user, validate_env
 from sandboxd.errors import ApiError, forbidden, not_found
 from sandboxd.guard import PathGuard
@@ -284,13 +284,7 @@ class AgentManager(Service):
                 try:
                     out["result"] = await session.conn.request(method, params)
                 except RpcError as e:
-                    raise ApiError(
-                        502,
-                        f"the agent refused {method}: {e.message}",
-                        "RuntimeError",
-                        "agent_error",
-                        rpc_error=e.as_json(),
-                    ) from None
+                    raise agent_refused(method, e) from None
                 except ConnectionLost:
                     raise ApiError(
                         502,

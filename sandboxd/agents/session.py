@@ -151,6 +151,18 @@ def _bounded_put(table: OrderedDict[str, Any], key: str, value: Any) -> None:
         table.popitem(last=False)
 
 
+def agent_refused(what: str, error: RpcError, **extra: Any) -> ApiError:
+    """502 ``agent_error``: the agent answered ``what`` with a JSON-RPC error."""
+    return ApiError(
+        502,
+        f"the agent refused {what}: {error.message}",
+        "RuntimeError",
+        "agent_error",
+        rpc_error=error.as_json(),
+        **extra,
+    )
+
+
 class AgentSession:
     """
     One session: created by :class:`~sandboxd.agents.manager.AgentManager`,
@@ -300,14 +312,7 @@ class AgentSession:
                 stderr_tail=tail,
             )
         if isinstance(failure_value, RpcError):
-            return ApiError(
-                502,
-                f"the agent refused {step}: {failure_value.message}",
-                "RuntimeError",
-                "agent_error",
-                rpc_error=failure_value.as_json(),
-                stderr_tail=tail,
-            )
+            return agent_refused(step, failure_value, stderr_tail=tail)
         return ApiError(
             502,
             f"the agent exited during {step}"
@@ -521,13 +526,7 @@ class AgentSession:
             for config_id, value in (config or {}).items():
                 await self._set_option(config_id, value)
         except RpcError as e:
-            raise ApiError(
-                502,
-                f"the agent refused the change: {e.message}",
-                "RuntimeError",
-                "agent_error",
-                rpc_error=e.as_json(),
-            ) from None
+            raise agent_refused("the change", e) from None
         except ConnectionLost:
             raise ApiError(
                 503, "the agent has exited", "RuntimeError", "agent_unavailable"
