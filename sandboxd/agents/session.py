@@ -797,13 +797,7 @@ class AgentSession:
         for terminal in self.terminals.values():
             terminal.kill()
         for held in list(self.pending.values()):
-            self._resolve(
-                held,
-                {"outcome": "cancelled"},
-                "withdrawn",
-                send=False,
-                state="withdrawn",
-            )
+            self._withdraw(held)
         for d in list(self._rpc_waiters.values()):
             if not d.called:
                 d.errback(RpcError(REQUEST_CANCELLED, "the agent exited"))
@@ -1233,6 +1227,12 @@ class AgentSession:
         if not self.pending and self.state == "awaiting_input":
             self.set_state("running")
 
+    def _withdraw(self, held: HeldRequest) -> None:
+        """The agent took the request back (or exited): no answer is sent."""
+        self._resolve(
+            held, {"outcome": "cancelled"}, "withdrawn", send=False, state="withdrawn"
+        )
+
     def _resolve_cancelled(self, held: HeldRequest, by: str) -> None:
         if held.kind == "permission":
             self._resolve(held, {"outcome": "cancelled"}, by)
@@ -1468,13 +1468,7 @@ class AgentSession:
     def _cancel_request(self, rpc_id: Any) -> None:
         held = self._held_by_rpc.get(rpc_id)
         if held is not None:
-            self._resolve(
-                held,
-                {"outcome": "cancelled"},
-                "withdrawn",
-                send=False,
-                state="withdrawn",
-            )
+            self._withdraw(held)
             self.conn.respond_error(
                 rpc_id, RpcError(REQUEST_CANCELLED, "request cancelled")
             )
