@@ -194,8 +194,12 @@ class AgentSession:
         self.title = title
         self.identity = identity
         limits = rule.limits
-        self.max_message_bytes = limits.max_message_bytes or 64 * defaults.MIB
-        self.log = EventLog(limits.max_event_bytes or 16 * defaults.MIB)
+        self.max_message_bytes = (
+            limits.max_message_bytes or defaults.AGENT_LIMITS["max_message_bytes"]
+        )
+        self.log = EventLog(
+            limits.max_event_bytes or defaults.AGENT_LIMITS["max_event_bytes"]
+        )
         self.stderr = HeadTailLog(defaults.AGENT_STDERR_BYTES, secrets)
         self.state = "starting"
         self.error: dict[str, Any] | None = None

@@ -31,6 +31,7 @@ from sandboxd.files.watch import WatchService, watch_handler
 from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import (
     DEFAULT_UPLOAD_BYTES,
+    ENDPOINT_LIMITS,
     INLINE_READ_BYTES,
     MAX_LIST_DEPTH,
     MAX_PATTERN_CHARS,
@@ -40,6 +41,11 @@ from sandboxd.web.params import flag
 from sandboxd.web.request import json_bytes, payload_too_large
 
 # -- small helpers ------------------------------------------------------------
+
+
+def _default(endpoint: str, name: str) -> Any:
+    """The built-in limit, for a rule whose merged value is unset."""
+    return ENDPOINT_LIMITS[endpoint][name]
 
 
 def in_thread(request: ServerRequest, fn: Any, *args: Any) -> Deferred[Any]:
@@ -445,7 +451,7 @@ def files_list(request: ServerRequest) -> Any:
     path = request.query.get("path") or guard.base_dir
     depth = _int(request.query.get("depth"), "depth", 1, 1, MAX_LIST_DEPTH)
     hidden = flag(request.query.get("hidden"), "hidden", True)
-    cap = request.rule.limits.max_entries or 10000
+    cap = request.rule.limits.max_entries or _default("files_list", "max_entries")
     guard.locate(path, "read", follow=True).close()  # refusals before the thread
     return in_thread(request, walk.list_dir, guard, path, depth, hidden, cap)
 
@@ -515,9 +521,11 @@ def files_search(request: ServerRequest) -> Any:
             "ValueError",
             "invalid_param",
         )
-    cap = request.rule.limits.max_entries or 1000
+    cap = request.rule.limits.max_entries or _default("files_search", "max_entries")
     max_results = _int(body.get("max_results"), "max_results", cap, 1, cap)
-    timeout = request.rule.limits.timeout_seconds or 10.0
+    timeout = request.rule.limits.timeout_seconds or _default(
+        "files_search", "timeout_seconds"
+    )
     guard.locate(path, "read", follow=True).close()
     return in_thread(request, walk.search, guard, path, pattern, max_results, timeout)
 
@@ -550,7 +558,7 @@ def files_archive(request: ServerRequest) -> Any:
         guard,
         paths,
         fmt,
-        limits.max_entries or 10000,
+        limits.max_entries or _default("files_archive", "max_entries"),
         max_bytes(request),
     )
 
@@ -587,7 +595,13 @@ def files_extract(request: ServerRequest) -> Any:
     def job() -> dict[str, Any]:
         data = decode_payload(request)
         return archive.extract(
-            guard, data, fmt, destination, allowed, limits.max_entries or 10000, cap
+            guard,
+            data,
+            fmt,
+            destination,
+            allowed,
+            limits.max_entries or _default("files_extract", "max_entries"),
+            cap,
         )
 
     return in_thread(request, job)
