@@ -7,6 +7,8 @@ raising ``max_bytes`` to 2 GiB), then writes a file of ``--size`` bytes with
 ``POST /files/raw`` and reads it back with ``GET /files/raw``, each over one
 loopback connection, and prints one JSON line per case: MB/s and the
 daemon's peak RSS growth over idle (VmHWM reset through clear_refs).
+"MB/s" is MiB per second, as in ../shared/bench/run.py, so the figures
+compare with the peers' W2 as they stand.
 
     .venv/bin/python bench/raw_files.py [--size-mib 1024] [--rounds 1]
 """
@@ -58,14 +60,36 @@ def start_daemon(base: str, token: str) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     policy = os.path.join(base, ".policy.json")
     with open(policy, "w") as f:
-        json.dump({"endpoints": {"files_write_raw": {"limits": {"max_bytes": "2GiB"}},
-                                 "files_read_raw": {"limits": {"max_bytes": "2GiB"}}}}, f)
+        json.dump(
+            {
+                "endpoints": {
+                    "files_write_raw": {"limits": {"max_bytes": "2GiB"}},
+                    "files_read_raw": {"limits": {"max_bytes": "2GiB"}},
+                }
+            },
+            f,
+        )
     env = {**os.environ, "ABX_SERVER_TOKEN": token}
     twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
     proc = subprocess.Popen(
-        [twistd, "-n", "--pidfile=", "sandboxd", "--port", f"tcp:{port}:interface=127.0.0.1",
-         "--pty-port", f"tcp:{free_port()}:interface=127.0.0.1", "--base-dir", base, "--policy", policy],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            twistd,
+            "-n",
+            "--pidfile=",
+            "sandboxd",
+            "--port",
+            f"tcp:{port}:interface=127.0.0.1",
+            "--pty-port",
+            f"tcp:{free_port()}:interface=127.0.0.1",
+            "--base-dir",
+            base,
+            "--policy",
+            policy,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     for _ in range(200):
         try:
@@ -92,7 +116,9 @@ def expected_digests(size: int, block: bytes) -> tuple[str, int]:
     return sha.hexdigest(), adler
 
 
-def write_raw(port: int, token: str, path: str, size: int, block: bytes) -> tuple[float, str]:
+def write_raw(
+    port: int, token: str, path: str, size: int, block: bytes
+) -> tuple[float, str]:
     """POST the file in one request; returns (seconds, the server's sha256)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     conn.putrequest("POST", f"/files/raw?path={path}&overwrite=true")
@@ -100,9 +126,10 @@ def write_raw(port: int, token: str, path: str, size: int, block: bytes) -> tupl
     conn.putheader("Content-Length", str(size))
     conn.endheaders()
     start = time.perf_counter()
+    view = memoryview(block)
     left = size
     while left:
-        chunk = block[: min(left, len(block))]
+        chunk = view[: min(left, len(view))]
         conn.send(chunk)
         left -= len(chunk)
     response = conn.getresponse()
@@ -150,15 +177,33 @@ def main() -> None:
             reset_peak(proc.pid)
             elapsed, got_sha = write_raw(port, token, "big.bin", size, block)
             peak = status_kb(proc.pid, "VmHWM")
-            print(json.dumps({"server": "sandboxd", "workload": "RAW", "case": f"write {args.size_mib} MiB",
-                              "mb_s": round(size / elapsed / 1e6, 1), "verified": got_sha == sha,
-                              "peak_rss_growth_mb": round((peak - idle) / 1024, 1)}))
+            print(
+                json.dumps(
+                    {
+                        "server": "sandboxd",
+                        "workload": "RAW",
+                        "case": f"write {args.size_mib} MiB",
+                        "mb_per_s": round(size / MiB / elapsed, 1),
+                        "verified": got_sha == sha,
+                        "peak_rss_growth_mb": round((peak - idle) / 1024, 1),
+                    }
+                )
+            )
             reset_peak(proc.pid)
             elapsed, total, got = read_raw(port, token, "big.bin")
             peak = status_kb(proc.pid, "VmHWM")
-            print(json.dumps({"server": "sandboxd", "workload": "RAW", "case": f"read {args.size_mib} MiB",
-                              "mb_s": round(total / elapsed / 1e6, 1), "verified": got == adler and total == size,
-                              "peak_rss_growth_mb": round((peak - idle) / 1024, 1)}))
+            print(
+                json.dumps(
+                    {
+                        "server": "sandboxd",
+                        "workload": "RAW",
+                        "case": f"read {args.size_mib} MiB",
+                        "mb_per_s": round(total / MiB / elapsed, 1),
+                        "verified": got == adler and total == size,
+                        "peak_rss_growth_mb": round((peak - idle) / 1024, 1),
+                    }
+                )
+            )
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=20)

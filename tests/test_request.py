@@ -109,6 +109,55 @@ class BodyCapTests(SynchronousTestCase):
         self.assertTrue(transport.disconnecting)
 
 
+class TCPLikeTransport(StringTransport):
+    """A StringTransport with ``tcp.Connection``'s read size."""
+
+    bufferSize = 65536
+
+
+class ReadSizeTests(SynchronousTestCase):
+    """A large body is read in large pieces; the connection then reads as before."""
+
+    def test_large_body_widens_reads_until_answered(self) -> None:
+        from sandboxd.web.request import LARGE_BODY, LARGE_READ
+
+        site, _, _ = make_site(
+            {
+                "endpoints": {
+                    "capabilities_check": {"limits": {"max_request_bytes": "8MiB"}}
+                }
+            }
+        )
+        protocol = site.buildProtocol(None)
+        transport = TCPLikeTransport()
+        protocol.makeConnection(transport)
+        doc = json.dumps({"endpoint": "health"}).encode()
+        body = doc + b" " * (LARGE_BODY + 1 - len(doc))
+        protocol.dataReceived(
+            b"POST /capabilities/check HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+        )
+        self.assertEqual(transport.bufferSize, LARGE_READ)
+        protocol.dataReceived(body)
+        self.assertIn(b"HTTP/1.1 200 OK", transport.value())
+        self.assertEqual(transport.bufferSize, 65536)
+        self.assertNotIn("bufferSize", vars(transport))
+
+    def test_small_body_keeps_reads(self) -> None:
+        site, _, _ = make_site()
+        protocol = site.buildProtocol(None)
+        transport = TCPLikeTransport()
+        protocol.makeConnection(transport)
+        body = json.dumps({"endpoint": "health"}).encode()
+        protocol.dataReceived(
+            b"POST /capabilities/check HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+        )
+        self.assertNotIn("bufferSize", vars(transport))
+        protocol.dataReceived(body)
+        self.assertIn(b"HTTP/1.1 200 OK", transport.value())
+
+
 class SSETests(SynchronousTestCase):
     """SSE framing, heartbeats and disconnects on a memory reactor."""
 
