@@ -6,17 +6,71 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
+import socket
 from typing import Any
 from urllib.parse import quote
 
 from twisted.internet.defer import inlineCallbacks
+from twisted.internet.threads import deferToThread
 
+from sandboxd.files.stream import FileShrank
 from tests.helpers import DaemonTestCase
 
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
+
+
+def _raw_get(port: int, url: str) -> tuple[dict[str, str], bytes]:
+    """GET ``url`` over a plain socket: (headers by lower-case name, body)."""
+    with socket.socket() as s:
+        s.settimeout(20)
+        s.connect(("127.0.0.1", port))
+        s.sendall(
+            f"GET {url} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode()
+        )
+        data = b""
+        while chunk := s.recv(1 << 16):
+            data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    headers = {}
+    for line in head.decode("latin-1").split("\r\n")[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return headers, body
+
+
+def _read_while_truncating(port: int, url: str, path: str) -> tuple[int, int]:
+    """
+    GET ``url`` slowly, truncate ``path`` once the body has begun, and read
+    until the server closes: (Content-Length, body bytes received).
+    """
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.settimeout(20)
+        s.connect(("127.0.0.1", port))
+        s.sendall(f"GET {url} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += s.recv(4096)
+        head, body = data.split(b"\r\n\r\n", 1)
+        length = int(
+            next(
+                line.split(b":", 1)[1]
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+        )
+        os.truncate(path, 0)
+        received = len(body)
+        try:
+            while chunk := s.recv(1 << 20):
+                received += len(chunk)
+        except ConnectionResetError:
+            pass
+        return length, received
 
 
 class FilesCase(DaemonTestCase):
@@ -91,6 +145,35 @@ class TransferTests(FilesCase):
         self.assertEqual(body["bytes"], len(data))
         self.assertEqual(base64.b64decode(body["content_base64"]), data)
         self.assertEqual(body["path"], os.path.join(self.base_dir, "big.bin"))
+
+    @inlineCallbacks
+    def test_download_stream_length_every_padding(self) -> Any:
+        """The streamed JSON announces its exact length, whatever the base64 padding."""
+        for size in (0, 1, 2, 3, 4, 5):
+            data = os.urandom(size)
+            self.put(f"s{size}.bin", data)
+            url = f"/files/download-stream?path=s{size}.bin"
+            headers, raw = yield deferToThread(_raw_get, self.daemon.port, url)
+            self.assertEqual(headers["content-length"], str(len(raw)))
+            self.assertNotIn("transfer-encoding", headers)
+            body = json.loads(raw)
+            self.assertEqual(
+                (body["bytes"], base64.b64decode(body["content_base64"])), (size, data)
+            )
+
+    @inlineCallbacks
+    def test_file_shrinking_mid_stream_cuts_the_connection(self) -> Any:
+        """A file truncated while it streams is never passed off as complete: the connection is cut short of its Content-Length."""
+        for route in ("/files/raw", "/files/download-stream"):
+            self.put("shrink.bin", os.urandom(48 * 1024 * 1024))
+            url = f"{route}?path=shrink.bin"
+            port = self.daemon.port
+            path = os.path.join(self.base_dir, "shrink.bin")
+            announced, received = yield deferToThread(
+                _read_while_truncating, port, url, path
+            )
+            self.assertLess(received, announced, route)
+        self.assertEqual(len(self.flushLoggedErrors(FileShrank)), 0)
 
     @inlineCallbacks
     def test_upload_stream_big_and_overwrite_false(self) -> Any:

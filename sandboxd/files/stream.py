@@ -33,16 +33,31 @@ def b64_chunk(data: bytes) -> bytes:
     return binascii.b2a_base64(data, newline=False)
 
 
+class FileShrank(OSError):
+    """The file ended before the length the response announced."""
+
+    def __init__(self, sent: int, expected: int) -> None:
+        super().__init__(
+            f"the file shrank while it was sent ({sent} of {expected} bytes)"
+        )
+
+
+def b64_length(size: int) -> int:
+    """Length of the base64 (padded, no newlines) of ``size`` bytes."""
+    return 4 * ((size + 2) // 3)
+
+
 @implementer(IPushProducer)
 class FileProducer:
     """
     Write ``length`` bytes of ``fd`` from ``offset`` to a consumer.
 
-    Owns ``fd`` and closes it when done, stopped, or failed.
+    Owns ``fd`` and closes it when done, stopped, or failed.  Exactly
+    ``length`` bytes are sent (the response announced them); a file that
+    ends sooner fails the Deferred with :class:`FileShrank`.
 
     :param transform: applied to each chunk read (base64 for the JSON route).
-    :param trailer: a callable giving bytes to write after the last chunk,
-        called with the number of file bytes sent.
+    :param trailer: bytes to write after the last chunk.
     """
 
     def __init__(
@@ -52,7 +67,7 @@ class FileProducer:
         length: int,
         *,
         transform: Callable[[bytes], bytes] | None = None,
-        trailer: Callable[[int], bytes] | None = None,
+        trailer: bytes = b"",
         chunk: int = STREAM_CHUNK_BYTES,
     ) -> None:
         self.fd = fd
@@ -87,15 +102,16 @@ class FileProducer:
                     return
                 data = os.pread(self.fd, min(self.chunk, self.left), self.pos)
                 if not data:
-                    # The file shrank under us: end here rather than pad.
-                    self._finish()
-                    return
+                    # The file shrank under us. The response announced its
+                    # length, and padding would corrupt it: fail, and the
+                    # connection is cut so the client sees an error.
+                    raise FileShrank(self.sent, self.sent + self.left)
                 self.pos += len(data)
                 self.left -= len(data)
                 self.sent += len(data)
                 self.consumer.write(self.transform(data) if self.transform else data)
         except OSError as e:
-            log.warn("reading a streamed file failed: {error}", error=e)
+            log.warn("streaming a file failed: {error}", error=e)
             self._close()
             self.consumer.unregisterProducer()
             if not self.done.called:
@@ -115,8 +131,8 @@ class FileProducer:
 
     def _finish(self) -> None:
         self._close()
-        if self.trailer is not None:
-            self.consumer.write(self.trailer(self.sent))
+        if self.trailer:
+            self.consumer.write(self.trailer)
         self.consumer.unregisterProducer()
         if not self.done.called:
             self.done.callback(self.sent)

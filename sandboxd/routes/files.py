@@ -26,7 +26,7 @@ from sandboxd.errors import ApiError
 from sandboxd.files import archive, walk
 from sandboxd.files.atomic import AtomicWrite, etag_matches, parse_mode
 from sandboxd.files.background import BackgroundWriter, PauseGate
-from sandboxd.files.stream import FileProducer, b64_chunk, parse_range
+from sandboxd.files.stream import FileProducer, b64_chunk, b64_length, parse_range
 from sandboxd.files.watch import WatchService, watch_handler
 from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import (
@@ -283,11 +283,17 @@ def files_download_stream(request: ServerRequest) -> Any:
     """
     ``GET /files/download-stream``: the base64 JSON written as the file is
     read, so a big file never sits in memory whole (``bytes`` comes last).
+
+    The file's size when opened fixes the body, so the response carries a
+    ``Content-Length`` (clients read it without chunk framing, and can show
+    progress); a file that grows meanwhile is sent up to that size, one that
+    shrinks cuts the connection.
     """
     path = _required(request.query.get("path"), "path")
     f = PathGuard.for_request(request).open_file(path)
+    size = f.stat.st_size
     cap = max_bytes(request)
-    if f.stat.st_size > cap:
+    if size > cap:
         f.close()
         raise payload_too_large(cap)
     head = (
@@ -297,21 +303,18 @@ def files_download_stream(request: ServerRequest) -> Any:
         + json_bytes(f.etag)
         + b',"content_base64":"'
     )
-    producer = FileProducer(
-        f.fd,
-        0,
-        f.stat.st_size,
-        transform=b64_chunk,
-        trailer=lambda sent: b'","bytes":' + str(sent).encode() + b"}",
-    )
+    tail = b'","bytes":' + str(size).encode() + b"}"
+    producer = FileProducer(f.fd, 0, size, transform=b64_chunk, trailer=tail)
     f.fd = -1  # the producer owns it now
 
     def write_to(raw: Any) -> Deferred[Any]:
         raw.write(head)
         return producer.start(raw)
 
+    length = len(head) + b64_length(size) + len(tail)
     return StreamResponse(
-        write_to=write_to, headers={"content-type": "application/json"}
+        write_to=write_to,
+        headers={"content-type": "application/json", "content-length": str(length)},
     )
 
 

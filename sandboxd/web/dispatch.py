@@ -140,7 +140,10 @@ def _stream_body(raw: SandboxRequest, result: StreamResponse) -> Deferred[Any]:
 
     def failed(failure: Failure) -> None:
         if not raw._disconnected and not raw.finished:
-            log.failure("streamed body failed", failure)
+            if not failure.check(OSError):
+                # (An OSError, such as a file that shrank, is the file's
+                # doing and its producer has said so.)
+                log.failure("streamed body failed", failure)
             transport: Any = raw.channel.transport
             transport.abortConnection()
 
