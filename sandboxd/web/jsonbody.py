@@ -2,7 +2,8 @@
 """
 Parsing a request's JSON body strictly (SPEC §3 step 6).
 
-Python's ``json`` accepts what JSON does not (``NaN``, ``Infinity``) and
+Python's ``json`` accepts what JSON does not (``NaN``, ``Infinity``), turns
+``1e999`` into infinity (which ``int()`` in a handler then refuses), and
 lets a repeated key silently win, so ``{"path": "a", "path": "/etc/x"}``
 would mean different things to different readers; a deeply nested body
 raises RecursionError instead of a ValueError.  All of these are 400
@@ -12,6 +13,7 @@ raises RecursionError instead of a ValueError.  All of these are 400
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from sandboxd.errors import ApiError
@@ -39,6 +41,15 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite_float(text: str) -> float:
+    # 1e999 is valid JSON but overflows to inf, which int() then refuses
+    # deep inside a handler.
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
 def parse_object(raw: bytes) -> dict[str, Any]:
     """
     The body as a JSON object (``{}`` when empty).
@@ -49,7 +60,10 @@ def parse_object(raw: bytes) -> dict[str, Any]:
         return {}
     try:
         body = json.loads(
-            raw, object_pairs_hook=_no_duplicates, parse_constant=_no_constants
+            raw,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_no_constants,
+            parse_float=_finite_float,
         )
     except _Duplicate as e:
         raise invalid_json(f"the key {e.args[0]!r} appears twice in the body") from None
