@@ -111,6 +111,7 @@ PATH_PARAMS: dict[str, Field] = {
 
 #: Errors any endpoint can give, decided before its handler runs (SPEC §3-§6).
 COMMON_ERRORS: tuple[ErrorCase, ...] = (
+    E(400, "malformed_request", "HTTP framing refused (Content-Length, obs-fold, ...)"),
     E(400, "invalid_path", "the request path holds %2F, %00, empty or dot segments"),
     E(400, "duplicate_parameter", "a query parameter is given twice"),
     E(400, "transfer_encoding_not_allowed", "any Transfer-Encoding request header"),

@@ -11,6 +11,11 @@ facing untrusted clients needs and Twisted does not set.
   :data:`~sandboxd.policy.defaults.HEADER_DEADLINE_SECONDS` of its first
   line (slowloris): Twisted's idle timeout is reset by every byte.
 - Fewer headers than Twisted allows (500).
+- Obs-folded header lines (a line starting with a space or tab, RFC 9112
+  §5.2) are refused: Twisted joins them, so a token, Host or length could
+  read differently to a proxy in front of us.
+- Whatever Twisted's parser refuses gets a JSON body with a ``code``
+  (``malformed_request``) like every other error, not a bare status line.
 
 HTTP/2 is not offered (HTTP/1.1 only; see docs/operations.md), so the
 channel is used directly rather than through Twisted's protocol switcher.
@@ -18,6 +23,7 @@ channel is used directly rather than through Twisted's protocol switcher.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from twisted.internet.protocol import connectionDone
@@ -25,6 +31,13 @@ from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel
 
 from sandboxd.policy.defaults import MAX_HEADERS
+
+#: The body of a request Twisted's parser refuses (framing, obs-fold, ...).
+MALFORMED = {
+    "error": "malformed HTTP request",
+    "type": "ValueError",
+    "code": "malformed_request",
+}
 
 
 class SandboxChannel(HTTPChannel):
@@ -43,6 +56,24 @@ class SandboxChannel(HTTPChannel):
         site: Any = self.site  # type: ignore[attr-defined]
         if not site.connection_opened(self):
             self.transport.abortConnection()  # type: ignore[union-attr]
+
+    def lineReceived(self, line: bytes) -> None:
+        """Refuse obs-fold continuation lines among the headers."""
+        in_headers = not self._HTTPChannel__first_line  # type: ignore[attr-defined]
+        if in_headers and line[:1] in (b" ", b"\t"):
+            self._respondToBadRequestAndDisconnect()
+            return
+        super().lineReceived(line)
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        """Twisted's parser refused the request: a JSON 400, then close."""
+        body = json.dumps(MALFORMED, separators=(",", ":")).encode()
+        if self.transport is not None:
+            self.transport.write(
+                b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
+            )
+        self.loseConnection()
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """Uncount the connection."""
