@@ -1,0 +1,889 @@
+"""
+The cases of the hostile-input and fault catalogue (security note §3) that
+no other module covers, each against a real daemon on a loopback port.
+
+Every test's docstring names the catalogue item it pins down (``A1``,
+``C10``...).  Cases already tested elsewhere are not repeated here.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import re
+import socket
+import zipfile
+from typing import Any
+from urllib.parse import quote
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.task import deferLater
+
+from tests.helpers import DaemonTestCase
+
+TOKEN = "catalogue-token"
+
+
+def sleep(seconds: float) -> Deferred[None]:
+    """Let the reactor run (to wait for something outside it)."""
+    return deferLater(reactor, seconds, lambda: None)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+class RawCase(DaemonTestCase):
+    """A daemon plus a client that writes raw bytes on a blocking socket in a thread."""
+
+    def raw_blocking(self, data: bytes, wait: float = 3.0) -> bytes:
+        sock = socket.create_connection(("127.0.0.1", self.daemon.port))
+        sock.settimeout(wait)
+        received = b""
+        try:
+            sock.sendall(data)
+            while True:
+                try:
+                    chunk = sock.recv(65536)
+                except (TimeoutError, ConnectionResetError):
+                    break
+                if not chunk:
+                    break
+                received += chunk
+        finally:
+            sock.close()
+        return received
+
+    def raw(self, data: bytes, **kwargs: Any) -> Deferred[bytes]:
+        """Send ``data`` on a fresh connection; everything received until close (or a quiet 3 s)."""
+        from twisted.internet.threads import deferToThread
+
+        return deferToThread(self.raw_blocking, data, **kwargs)
+
+    @staticmethod
+    def statuses(received: bytes) -> list[int]:
+        """The status codes of every response in ``received``, in order."""
+        return [int(m) for m in re.findall(rb"HTTP/1\.[01] (\d{3}) ", received)]
+
+    @inlineCallbacks
+    def assert_healthy(self) -> Any:
+        """The daemon still answers /health."""
+        reply = yield self.request("GET", "/health")
+        self.assertEqual(reply.status, 200)
+
+
+class HttpFramingTests(RawCase):
+    """Catalogue A: HTTP framing and the parser."""
+
+    @inlineCallbacks
+    def test_content_length_with_transfer_encoding(self) -> Any:
+        """A1: CL and TE together (either order) are 400 and a smuggled request in the body never runs."""
+        smuggled = (
+            b"POST /files/mkdir HTTP/1.1\r\nHost: localhost\r\nContent-Length: 20\r\n\r\n"
+            b'{"path": "smuggled"}'
+        )
+        chunk = b"0\r\n\r\n" + smuggled
+        for first, second in (
+            (b"Content-Length: %d" % len(chunk), b"Transfer-Encoding: chunked"),
+            (b"Transfer-Encoding: chunked", b"Content-Length: %d" % len(chunk)),
+        ):
+            received = yield self.raw(
+                b"POST /capabilities/check HTTP/1.1\r\nHost: localhost\r\n"
+                + first
+                + b"\r\n"
+                + second
+                + b"\r\n\r\n"
+                + chunk
+            )
+            self.assertEqual(self.statuses(received), [400], received[:200])
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "smuggled")))
+        yield self.assert_healthy()
+
+    @inlineCallbacks
+    def test_transfer_encoding_spellings(self) -> Any:
+        """A2: every spelling of Transfer-Encoding is 400 and no body byte reaches the disk."""
+        for index, te in enumerate(
+            (
+                b"Transfer-Encoding: chunked ",
+                b"Transfer-Encoding: \tchunked",
+                b"Transfer-Encoding: CHUNKED",
+                b"Transfer-Encoding: identity",
+                b"Transfer-Encoding: gzip, chunked",
+                b"transfer-encoding: chunked",
+                b"Transfer-Encoding: x\r\n chunked",
+            )
+        ):
+            for version in (b"HTTP/1.1", b"HTTP/1.0"):
+                name = f"te-{index}-{version[-1:].decode()}"
+                received = yield self.raw(
+                    b"POST /files/raw?path="
+                    + name.encode()
+                    + b" "
+                    + version
+                    + b"\r\nHost: localhost\r\nConnection: close\r\n"
+                    + te
+                    + b"\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+                )
+                self.assertEqual(self.statuses(received), [400], (te, version))
+                self.assertIn(b'"code"', received, (te, version))
+        self.assertEqual(sorted(os.listdir(self.base_dir)), [])
+        yield self.assert_healthy()
+
+    @inlineCallbacks
+    def test_ambiguous_content_length(self) -> Any:
+        """A3: duplicated, listed, signed, hex, underscored, non-ASCII or junk Content-Length is 400."""
+        for cl in (
+            b"Content-Length: 3\r\nContent-Length: 3",
+            b"Content-Length: 3\r\nContent-Length: 4",
+            b"Content-Length: 3, 3",
+            b"Content-Length: +3",
+            b"Content-Length: -3",
+            b"Content-Length: 0x3",
+            b"Content-Length: 1_0",
+            "Content-Length: \u0663".encode(),
+            b"Content-Length: 3x",
+            b"Content-Length: 3 3",
+        ):
+            received = yield self.raw(
+                b"POST /files/raw?path=cl HTTP/1.1\r\nHost: localhost\r\n"
+                b"Connection: close\r\n" + cl + b"\r\n\r\nabc"
+            )
+            self.assertEqual(self.statuses(received), [400], cl)
+            self.assertIn(b'"code":', received, cl)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "cl")))
+        yield self.assert_healthy()
+
+    @inlineCallbacks
+    def test_absurd_content_length_without_expect(self) -> Any:
+        """A4: Content-Length 10^23 without Expect is 413 at once and creates no file, temporary or not."""
+        received = yield self.raw(
+            b"POST /files/raw?path=huge HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Length: 100000000000000000000000\r\n\r\nabc"
+        )
+        self.assertEqual(self.statuses(received), [413], received[:200])
+        self.assertIn(b"payload_too_large", received)
+        self.assertEqual(os.listdir(self.base_dir), [])
+
+    @inlineCallbacks
+    def test_bare_lf_and_nul_in_header_values(self) -> Any:
+        """A6: a bare CR or a NUL inside a header value is 400; a bare LF cannot inject a Content-Length."""
+        for header in (
+            b"Foo: x\rContent-Length: 44",
+            b"Foo: x\x00y",
+            b"X-Access-Token: a\x00b",
+        ):
+            received = yield self.raw(
+                b"GET /capabilities HTTP/1.1\r\nHost: localhost\r\n"
+                + header
+                + b"\r\nConnection: close\r\n\r\n"
+            )
+            self.assertEqual(self.statuses(received), [400], header)
+            self.assertIn(b'"code":', received, header)
+        yield self.assert_healthy()
+
+    @inlineCallbacks
+    def test_obs_fold(self) -> Any:
+        """A7: an obs-folded header (auth, Host, Content-Length or another) is 400."""
+        for folded in (
+            b"X-Access-Token: a\r\n b",
+            b"Host: localhost\r\n evil.example",
+            b"Content-Length: 1\r\n 0",
+            b"X-Other: a\r\n\tb",
+        ):
+            host = b"" if folded.startswith(b"Host") else b"Host: localhost\r\n"
+            received = yield self.raw(
+                b"GET /capabilities HTTP/1.1\r\n"
+                + host
+                + folded
+                + b"\r\nConnection: close\r\n\r\n"
+            )
+            self.assertEqual(self.statuses(received), [400], folded)
+            self.assertIn(b'"code":"malformed_request"', received, folded)
+
+    @inlineCallbacks
+    def test_pipelined_slow_then_fast(self) -> Any:
+        """A8: a slow request and a fast one in one packet are answered in order, bodies not mixed."""
+        body = b'{"command": "sleep 0.3; echo slow", "shell": "sh"}'
+        received = yield self.raw(
+            b"POST /shell HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n"
+            % len(body)
+            + body
+            + b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )
+        self.assertEqual(self.statuses(received), [200, 200])
+        self.assertLess(received.index(b"slow"), received.index(b'{"status":"ok"}'))
+
+    @inlineCallbacks
+    def test_other_request_target_forms(self) -> Any:
+        """A10: ``OPTIONS *`` and ``CONNECT host:port`` are refused with a JSON code and never routed."""
+        for line in (
+            b"OPTIONS * HTTP/1.1",
+            b"CONNECT localhost:22 HTTP/1.1",
+            b"CONNECT 127.0.0.1:80 HTTP/1.1",
+        ):
+            received = yield self.raw(
+                line + b"\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+            )
+            status = self.statuses(received)
+            self.assertEqual(len(status), 1, line)
+            self.assertIn(status[0], (400, 405, 501), line)
+            self.assertIn(b'"code"', received, line)
+        yield self.assert_healthy()
+
+    @inlineCallbacks
+    def test_method_case_and_unknown_methods(self) -> Any:
+        """A11: ``get``, ``Get``, ``GETS`` and ``PROPFIND`` are never served as GET."""
+        for method in (b"get", b"Get", b"GETS", b"PROPFIND", b"post"):
+            received = yield self.raw(
+                method
+                + b" /capabilities HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+            )
+            status = self.statuses(received)
+            self.assertEqual(len(status), 1, method)
+            self.assertIn(status[0], (400, 404, 405, 501), method)
+            self.assertIn(b'"code"', received, method)
+
+    @inlineCallbacks
+    def test_oversized_header_block_and_target(self) -> Any:
+        """A12: 600 headers, one 20 KiB header or a 20 KiB target are refused (or cut), and the daemon keeps serving."""
+        many = b"".join(b"X-H%d: v\r\n" % i for i in range(600))
+        for request in (
+            b"GET /capabilities HTTP/1.1\r\nHost: localhost\r\n" + many + b"\r\n",
+            b"GET /capabilities HTTP/1.1\r\nHost: localhost\r\nX-Big: "
+            + b"a" * 20480
+            + b"\r\n\r\n",
+            b"GET /capabilities?q="
+            + b"a" * 20480
+            + b" HTTP/1.1\r\nHost: localhost\r\n\r\n",
+        ):
+            received = yield self.raw(request)
+            status = self.statuses(received)
+            self.assertNotIn(200, status, request[:40])
+            if status:
+                self.assertIn(status[0], (400, 413, 414, 431), request[:40])
+        yield self.assert_healthy()
+
+
+class PipelinedAuthTests(RawCase):
+    """Catalogue A5, with a token."""
+
+    token = TOKEN
+
+    @inlineCallbacks
+    def test_pipelined_request_authenticated_on_its_own(self) -> Any:
+        """A5: bytes past a request's Content-Length are a new request that must bring its own token."""
+        body = b'{"path": "first"}'
+        received = yield self.raw(
+            b"POST /files/mkdir HTTP/1.1\r\nHost: localhost\r\nX-Access-Token: "
+            + TOKEN.encode()
+            + b"\r\nContent-Length: %d\r\n\r\n" % len(body)
+            + body
+            + b"POST /files/mkdir HTTP/1.1\r\nHost: localhost\r\nContent-Length: 18\r\n"
+            b'Connection: close\r\n\r\n{"path": "second"}'
+        )
+        self.assertEqual(self.statuses(received), [200, 401])
+        self.assertTrue(os.path.isdir(os.path.join(self.base_dir, "first")))
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "second")))
+
+
+class AuthenticationTests(RawCase):
+    """Catalogue B: authentication, identity, policy and rate limits."""
+
+    token = TOKEN
+    policy = {"endpoints": {"system_info": {"limits": {"rate_per_minute": 3}}}}
+
+    def request_line(self, headers: bytes, target: bytes = b"/capabilities") -> bytes:
+        return (
+            b"GET "
+            + target
+            + b" HTTP/1.1\r\nHost: localhost\r\n"
+            + headers
+            + b"Connection: close\r\n\r\n"
+        )
+
+    @inlineCallbacks
+    def test_two_token_headers(self) -> Any:
+        """B1: two different X-Access-Token headers (any name case) are 400; two identical ones are accepted."""
+        for headers in (
+            b"X-Access-Token: " + TOKEN.encode() + b"\r\nX-Access-Token: other\r\n",
+            b"x-access-token: other\r\nX-ACCESS-TOKEN: " + TOKEN.encode() + b"\r\n",
+        ):
+            received = yield self.raw(self.request_line(headers))
+            self.assertEqual(self.statuses(received), [400], headers)
+            self.assertIn(b"ambiguous_credentials", received)
+        same = b"X-Access-Token: " + TOKEN.encode() + b"\r\n"
+        received = yield self.raw(self.request_line(same + same))
+        self.assertEqual(self.statuses(received), [200])
+
+    @inlineCallbacks
+    def test_undocumented_credential_forms(self) -> Any:
+        """B2: lists, empty tokens, a bare Bearer, Basic and a token in the query are a plain 401."""
+        for headers, target in (
+            (b"X-Access-Token: " + TOKEN.encode() + b", other\r\n", b"/capabilities"),
+            (b"X-Access-Token: \r\n", b"/capabilities"),
+            (b"Authorization: Bearer\r\n", b"/capabilities"),
+            (b"Authorization: Bearer \r\n", b"/capabilities"),
+            (
+                b"Authorization: Basic "
+                + base64.b64encode(b"user:" + TOKEN.encode())
+                + b"\r\n",
+                b"/capabilities",
+            ),
+            (b"", b"/capabilities?token=" + TOKEN.encode()),
+            (b"", b"/capabilities?access_token=" + TOKEN.encode()),
+        ):
+            received = yield self.raw(self.request_line(headers, target))
+            self.assertEqual(self.statuses(received), [401], (headers, target))
+            self.assertIn(b'"code":"unauthorized"', received)
+
+    @inlineCallbacks
+    def test_obs_text_token(self) -> Any:
+        """B3: a token header with raw obs-text bytes (\\xff, Latin-1 é) is 401, never 500."""
+        for value in (b"\xff\xfe", b"caf\xe9", TOKEN.encode() + b"\xff"):
+            received = yield self.raw(
+                self.request_line(b"X-Access-Token: " + value + b"\r\n")
+            )
+            self.assertEqual(self.statuses(received), [401], value)
+
+    @inlineCallbacks
+    def test_one_rate_bucket_whatever_the_spelling(self) -> Any:
+        """B8: header, Bearer, lower-case bearer and X-Forwarded-For all draw on one rate bucket."""
+        spellings = [
+            b"X-Access-Token: " + TOKEN.encode() + b"\r\n",
+            b"Authorization: Bearer " + TOKEN.encode() + b"\r\n",
+            b"authorization: bearer " + TOKEN.encode() + b"\r\n",
+            b"X-Access-Token: "
+            + TOKEN.encode()
+            + b"\r\nX-Forwarded-For: 203.0.113.9\r\n",
+        ]
+        seen = []
+        for headers in spellings:
+            received = yield self.raw(self.request_line(headers, b"/system/info"))
+            seen.extend(self.statuses(received))
+        self.assertEqual(seen, [200, 200, 200, 429])
+        received = yield self.raw(self.request_line(spellings[0], b"//system/info/"))
+        self.assertEqual(self.statuses(received), [429])
+
+    @inlineCallbacks
+    def test_route_aliases_never_bypass_a_disabled_endpoint(self) -> Any:
+        """B6: case, encoded letters, parameters, encoded blanks and NUL never reach a switched-off route."""
+        yield self.daemon.stop()
+        yield self.start(
+            stop_at_end=False,
+            policy={"endpoints": {"files_list": {"enabled": False}}},
+        )
+        for target in (
+            "/files/list",
+            "/%66iles/list",
+            "/files/%6cist",
+            "/FILES/list",
+            "/files/LIST",
+            "/files/list;x=1",
+            "/files;x=1/list",
+            "/files/list%20",
+            "/files/list%09",
+            "/files/list%00",
+            "/files/list/.",
+        ):
+            reply = yield self.request("GET", target)
+            self.assertIn(reply.status, (400, 404), target)
+            self.assertIn(
+                reply.json().get("code"),
+                ("endpoint_disabled", "not_found", "invalid_path"),
+                target,
+            )
+
+    @inlineCallbacks
+    def test_huge_json_numbers(self) -> Any:
+        """B11: a 5000-digit number, or one that overflows to infinity (1e999), is 400 invalid_json, never a 500."""
+        for route, raw in (
+            (
+                "/capabilities/check",
+                b'{"endpoint": "health", "n": ' + b"9" * 5000 + b"}",
+            ),
+            ("/capabilities/check", b'{"endpoint": "health", "n": 1e999}'),
+            ("/files/search", b'{"pattern": "*", "max_results": 1e999}'),
+            ("/files/search", b'{"pattern": "*", "max_results": -1e999}'),
+        ):
+            reply = yield self.request("POST", route, raw_body=raw)
+            self.assertEqual(reply.status, 400, raw[:60])
+            self.assertEqual(reply.json()["code"], "invalid_json")
+
+
+class PathGuardTests(DaemonTestCase):
+    """Catalogue C: the path guard, seen through the file routes."""
+
+    def setUp(self) -> Any:
+        d = super().setUp()
+        self.outside = os.path.realpath(self.mktemp())
+        os.makedirs(self.outside)
+        with open(os.path.join(self.outside, "secret"), "wb") as f:
+            f.write(b"OUTSIDE")
+        return d
+
+    def put(self, rel: str, data: bytes = b"hello") -> str:
+        path = os.path.join(self.base_dir, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+
+    @inlineCallbacks
+    def test_traversal_corpus_on_every_read_route(self) -> Any:
+        """C1: double-encoded, overlong-UTF-8, backslash and NUL-split traversal never reads outside, on any read route."""
+        corpus = (
+            "%252e%252e%252f" * 8 + "etc/passwd",
+            "%c0%ae%c0%ae/" * 8 + "etc/passwd",
+            "..%5c" * 8 + "etc%5cpasswd",
+            "/./././etc/passwd",
+            "....//....//....//etc/passwd",
+            "~root/.profile",
+            "///etc/passwd",
+            ".." + "/.." * 20 + quote(self.outside) + "/secret",
+        )
+        for route in (
+            "/download",
+            "/files/raw",
+            "/files/stat",
+            "/files/download-stream",
+        ):
+            for raw in corpus:
+                reply = yield self.request("GET", f"{route}?path={raw}")
+                self.assertNotIn(b"OUTSIDE", reply.body, (route, raw))
+                self.assertNotIn(b"root:", reply.body, (route, raw))
+                if reply.status != 200:
+                    self.assertIn("code", reply.json(), (route, raw))
+                else:
+                    self.assertEqual(route, "/files/stat", raw)
+                    self.assertFalse(reply.json()["exists"], raw)
+
+    @inlineCallbacks
+    def test_stat_and_list_are_deny_uniform(self) -> Any:
+        """C1: stat, list, delete and move refuse an existing outside target exactly as a missing one."""
+        for method, route, body in (
+            ("GET", "/files/stat?path={}", None),
+            ("GET", "/files/list?path={}", None),
+            ("DELETE", "/files?path={}", None),
+            ("POST", "/files/move", {"source": "{}", "destination": "x"}),
+            ("POST", "/files/mkdir", {"path": "{}/d"}),
+        ):
+            replies = []
+            for target in ("/etc/passwd", "/etc/nope-" + os.urandom(4).hex()):
+                if body is None:
+                    path = route.format(quote(target, safe=""))
+                    reply = yield self.request(method, path)
+                else:
+                    filled = {k: v.format(target) for k, v in body.items()}
+                    reply = yield self.request(method, route, filled)
+                replies.append(reply)
+            a, b = (r.json() for r in replies)
+            self.assertEqual(replies[0].status, 403, route)
+            self.assertEqual(
+                (replies[0].status, a["code"], a.get("rule")),
+                (replies[1].status, b["code"], b.get("rule")),
+                route,
+            )
+            self.assertNotIn("passwd", a["error"].replace("/etc/passwd", ""), route)
+        self.assertTrue(os.path.exists("/etc/passwd"))
+
+    @inlineCallbacks
+    def test_long_link_chains_and_links_into_proc(self) -> Any:
+        """C3: a chain of 45 links is refused with a code (never a 500); links to /proc/self/root and /proc/1/cwd are refused."""
+        for i in range(45):
+            os.symlink(f"l{i + 1}", os.path.join(self.base_dir, f"l{i}"))
+        self.put("l45")
+        os.symlink("/proc/self/root", os.path.join(self.base_dir, "pr"))
+        os.symlink("/proc/1/cwd", os.path.join(self.base_dir, "pc"))
+        os.symlink("/proc/self/fd/0", os.path.join(self.base_dir, "pf"))
+        for path in ("l0", "pr/etc/passwd", "pc", "pf"):
+            for route in ("/download", "/files/raw"):
+                reply = yield self.request(
+                    "GET", f"{route}?path={quote(path, safe='')}"
+                )
+                self.assertIn(reply.status, (400, 403, 404), (route, path))
+                self.assertIn("code", reply.json(), (route, path))
+            reply = yield self.request(
+                "POST", "/upload", {"path": path + "/x", "content_base64": b64(b"x")}
+            )
+            self.assertIn(reply.status, (400, 403), path)
+
+    @inlineCallbacks
+    def test_non_utf8_and_control_character_names(self) -> Any:
+        """C10: names that are not UTF-8 or hold newlines and escapes are listed, stat-ed, searched and archived without a 500."""
+        base = os.fsencode(self.base_dir)
+        for name in (
+            b"\xff\xfe.txt",
+            b"line\nbreak",
+            b"esc\x1b[31mred",
+            b"-rf",
+            b"cr\r.txt",
+        ):
+            with open(os.path.join(base, name), "wb") as f:
+                f.write(b"x")
+        reply = yield self.request("GET", "/files/list")
+        self.assertEqual(reply.status, 200, reply.body[:200])
+        names = {e["name"] for e in reply.json()["entries"]}
+        self.assertEqual(len(names), 5)
+        self.assertIn("line\nbreak", names)
+        reply = yield self.request("POST", "/files/search", {"pattern": "*"})
+        self.assertEqual(reply.status, 200, reply.body[:200])
+        self.assertEqual(len(reply.json()["results"]), 5)
+        reply = yield self.request(
+            "POST", "/files/archive", {"paths": ["."], "format": "tar.gz"}
+        )
+        self.assertIn(reply.status, (200, 400), reply.body[:200])
+        for entry in names:
+            reply = yield self.request(
+                "GET",
+                "/files/stat?path=" + quote(entry, safe="", errors="surrogateescape"),
+            )
+            self.assertIn(reply.status, (200, 400), (entry, reply.body[:200]))
+
+    @inlineCallbacks
+    def test_delete_and_move_edge_cases(self) -> Any:
+        """C14: deleting "", "." or "./" never touches the base; a directory cannot move into itself."""
+        self.put("keep.txt")
+        self.put("d/sub/f.txt")
+        for path in ("", ".", "./", "d/..", "/"):
+            reply = yield self.request("DELETE", "/files?path=" + quote(path, safe=""))
+            self.assertIn(reply.status, (400, 403), path)
+            self.assertIn("code", reply.json(), path)
+        self.assertTrue(os.path.exists(os.path.join(self.base_dir, "keep.txt")))
+        reply = yield self.request(
+            "POST", "/files/move", {"source": "d", "destination": "d/sub/d2"}
+        )
+        self.assertIn(reply.status, (400, 403, 409), reply.body)
+        self.assertIn("code", reply.json())
+        self.assertTrue(os.path.exists(os.path.join(self.base_dir, "d/sub/f.txt")))
+        reply = yield self.request(
+            "POST", "/files/move", {"source": ".", "destination": "elsewhere"}
+        )
+        self.assertIn(reply.status, (400, 403), reply.body)
+        self.assertTrue(os.path.exists(os.path.join(self.base_dir, "keep.txt")))
+
+    @inlineCallbacks
+    def test_search_stays_inside(self) -> Any:
+        """C15: a search rooted at '..', at /etc, or through a link out finds nothing outside."""
+        os.symlink(self.outside, os.path.join(self.base_dir, "out"))
+        for body in (
+            {"path": "..", "pattern": "*"},
+            {"path": "/etc", "pattern": "passwd"},
+            {"path": "out", "pattern": "*"},
+            {"pattern": "../*"},
+            {"pattern": "/etc/*"},
+            {"pattern": "**/secret"},
+        ):
+            reply = yield self.request("POST", "/files/search", body)
+            if reply.status == 200:
+                for result in reply.json()["results"]:
+                    self.assertTrue(
+                        result["path"].startswith(self.base_dir + "/"), (body, result)
+                    )
+                    self.assertNotEqual(result["name"], "secret", body)
+            else:
+                self.assertIn(reply.status, (400, 403, 404), body)
+                self.assertIn("code", reply.json(), body)
+
+
+class ReadOnlyCatalogueTests(DaemonTestCase):
+    """Catalogue C8 under the read-only preset, beyond upload, mkdir and delete."""
+
+    preset = "read-only"
+
+    @inlineCallbacks
+    def test_every_write_path_refused(self) -> Any:
+        """C8: move, raw write, stream upload, extract, exec and terminals are refused and the disk is unchanged."""
+        path = os.path.join(self.base_dir, "r.txt")
+        with open(path, "wb") as f:
+            f.write(b"keep")
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            z.writestr("new.txt", b"x")
+        for method, route, body, raw in (
+            ("POST", "/files/move", {"source": "r.txt", "destination": "m.txt"}, None),
+            ("POST", "/files/raw?path=r.txt&overwrite=true", None, b"changed"),
+            ("POST", "/files/raw?path=n.txt", None, b"new"),
+            (
+                "POST",
+                "/files/upload-stream",
+                {"path": "r.txt", "content_base64": b64(b"changed")},
+                None,
+            ),
+            (
+                "POST",
+                "/files/extract",
+                {
+                    "content_base64": b64(buf.getvalue()),
+                    "format": "zip",
+                    "destination": ".",
+                },
+                None,
+            ),
+            ("POST", "/shell", {"command": "touch made-by-shell"}, None),
+            ("POST", "/process/start", {"command": "touch made-by-process"}, None),
+            ("POST", "/pty/sessions", {}, None),
+            ("POST", "/env", {"FOO": "bar"}, None),
+        ):
+            reply = yield self.request(method, route, body, raw_body=raw)
+            self.assertIn(reply.status, (403, 404), (route, reply.body))
+            self.assertIn("code", reply.json(), route)
+        yield sleep(0.2)
+        self.assertEqual(os.listdir(self.base_dir), ["r.txt"])
+        with open(path, "rb") as f:
+            self.assertEqual(f.read(), b"keep")
+
+
+class ArchiveCatalogueTests(DaemonTestCase):
+    """Catalogue D: archive names and contents not covered elsewhere."""
+
+    @inlineCallbacks
+    def extract(self, members: list[tuple[str, bytes]]) -> Any:
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            for name, data in members:
+                z.writestr(zipfile.ZipInfo(name), data)
+        reply = yield self.request(
+            "POST",
+            "/files/extract",
+            {
+                "content_base64": b64(buf.getvalue()),
+                "format": "zip",
+                "destination": "dst",
+            },
+        )
+        return reply
+
+    @inlineCallbacks
+    def test_hostile_member_names(self) -> Any:
+        """D1: NUL, over-long, duplicated and file-then-directory member names are refused with a code, nothing written."""
+        for members in (
+            [("good", b"g"), ("a\x00b", b"x")],
+            [("good", b"g"), ("n" * 5000, b"x")],
+            [("good", b"g"), ("dup", b"1"), ("dup", b"2")],
+            [("good", b"g"), ("x", b"file"), ("x/y", b"under a file")],
+        ):
+            reply = yield self.extract(members)
+            self.assertIn(reply.status, (400, 403, 409, 413), reply.body)
+            self.assertIn("code", reply.json())
+            dst = os.path.join(self.base_dir, "dst")
+            self.assertEqual(os.listdir(dst) if os.path.isdir(dst) else [], [])
+
+    @inlineCallbacks
+    def test_archive_of_links_out_and_fifo(self) -> Any:
+        """D5: archiving a tree with a link out and a FIFO stores the link as a link, skips the FIFO and never reads outside."""
+        outside = os.path.realpath(self.mktemp())
+        os.makedirs(outside)
+        with open(os.path.join(outside, "secret"), "wb") as f:
+            f.write(b"OUTSIDE-CONTENT")
+        tree = os.path.join(self.base_dir, "t")
+        os.makedirs(tree)
+        with open(os.path.join(tree, "f.txt"), "wb") as f:
+            f.write(b"in")
+        os.symlink(os.path.join(outside, "secret"), os.path.join(tree, "out"))
+        os.symlink(outside, os.path.join(tree, "outdir"))
+        os.mkfifo(os.path.join(tree, "fifo"))
+        for fmt in ("tar.gz", "zip"):
+            reply = yield self.request(
+                "POST", "/files/archive", {"paths": ["t"], "format": fmt}
+            )
+            self.assertEqual(reply.status, 200, reply.body[:300])
+            data = base64.b64decode(reply.json()["content_base64"])
+            if fmt == "zip":
+                with zipfile.ZipFile(io.BytesIO(data)) as z:
+                    names = z.namelist()
+                    content = b"".join(z.read(n) for n in names if not n.endswith("/"))
+            else:
+                import tarfile
+
+                with tarfile.open(fileobj=io.BytesIO(data)) as t:
+                    names = t.getnames()
+                    content = b"".join(
+                        t.extractfile(m).read()  # type: ignore[union-attr]
+                        for m in t.getmembers()
+                        if m.isfile()
+                    )
+            self.assertNotIn(b"OUTSIDE-CONTENT", content, fmt)
+            self.assertNotIn("t/fifo", names, fmt)
+            self.assertNotIn("t/outdir/secret", names, fmt)
+            self.assertIn("t/f.txt", names, fmt)
+
+
+class ProcessCatalogueTests(DaemonTestCase):
+    """Catalogue E: signals, cwd, env and an aborted synchronous exec."""
+
+    audit = True
+    policy = {"defaults": {"audit": "all"}}
+
+    def setUp(self) -> Any:
+        # A sleep length no other process uses: it marks this test's children.
+        self.marker = f"61.{int.from_bytes(os.urandom(5), 'big'):013d}"
+        from tests.helpers import kill_marked
+
+        self.addCleanup(kill_marked, self.marker)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_signal_targets_and_values(self) -> Any:
+        """E8: odd pids and signal spellings are 400/403/404 with a code, and the managed child survives them."""
+        from tests.helpers import alive
+
+        reply = yield self.request(
+            "POST", "/process/start", {"command": f"sleep {self.marker}"}
+        )
+        pid = reply.json()["pid"]
+        for target in ("0", "-1", f"-{pid}", str(os.getppid()), "4294967297"):
+            reply = yield self.request(
+                "POST", f"/process/{target}/signal", {"signal": 15}
+            )
+            self.assertIn(reply.status, (400, 403, 404), target)
+            self.assertIn("code", reply.json(), target)
+        for sig in (0, "SIGRTMIN+3", "nope", 65, -9, 1.5, True, None, [9]):
+            reply = yield self.request(
+                "POST", f"/process/{pid}/signal", {"signal": sig}
+            )
+            self.assertEqual(reply.status, 400, sig)
+            self.assertIn("code", reply.json(), sig)
+        self.assertTrue(alive(pid))
+
+    @inlineCallbacks
+    def test_signal_after_exit_is_not_sent(self) -> Any:
+        """E8: a managed process that has exited cannot be signalled (its pid may be reused)."""
+        reply = yield self.request("POST", "/process/start", {"command": "true"})
+        pid = reply.json()["pid"]
+        for _ in range(100):
+            got = yield self.request("GET", f"/process/{pid}")
+            if got.json()["state"] == "exited":
+                break
+            yield sleep(0.05)
+        reply = yield self.request("POST", f"/process/{pid}/signal", {"signal": 9})
+        self.assertIn(reply.status, (404, 409), reply.body)
+        self.assertIn("code", reply.json())
+
+    @inlineCallbacks
+    def test_hostile_cwd(self) -> Any:
+        """E9: a cwd through /proc, a link out, a file or a missing dir is refused with a code before anything runs."""
+        outside = os.path.realpath(self.mktemp())
+        os.makedirs(outside)
+        os.symlink(outside, os.path.join(self.base_dir, "out"))
+        with open(os.path.join(self.base_dir, "file"), "wb") as f:
+            f.write(b"x")
+        for cwd in (
+            "/proc/self/fd/3",
+            "/proc/1/cwd",
+            "/proc/self/cwd",
+            "out",
+            "file",
+            "missing",
+        ):
+            reply = yield self.request(
+                "POST", "/shell", {"command": "touch made", "cwd": cwd}
+            )
+            self.assertIn(reply.status, (400, 403, 404), cwd)
+            self.assertIn("code", reply.json(), cwd)
+        self.assertEqual(os.listdir(outside), [])
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "made")))
+
+    @inlineCallbacks
+    def test_child_sees_only_standard_descriptors(self) -> Any:
+        """E9: a child's open descriptors are 0, 1 and 2 only: no listening socket or log of the daemon leaks in."""
+        reply = yield self.request(
+            "POST",
+            "/shell",
+            {"command": "ls /proc/$$/fd", "shell": "sh"},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        fds = sorted(int(n) for n in reply.json()["stdout"].split())
+        self.assertEqual([fd for fd in fds if fd > 2], [])
+
+    @inlineCallbacks
+    def test_hostile_env_in_exec(self) -> Any:
+        """E10: env names with '=', NUL, blanks or nothing, values with NUL or not strings: 400 with a code, nothing runs."""
+        for env in (
+            {"A=B": "x"},
+            {"": "x"},
+            {"A\x00B": "x"},
+            {"A": "x\x00y"},
+            {"A": ["list"]},
+            ["A=B"],
+        ):
+            reply = yield self.request(
+                "POST", "/shell", {"command": "touch made", "env": env}
+            )
+            self.assertEqual(reply.status, 400, str(env)[:40])
+            self.assertIn("code", reply.json())
+            reply = yield self.request(
+                "POST", "/process/start", {"command": "touch made", "env": env}
+            )
+            self.assertEqual(reply.status, 400, str(env)[:40])
+        yield sleep(0.2)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "made")))
+        self.assertNotIn("A", os.environ)
+
+    @inlineCallbacks
+    def test_client_gone_mid_exec(self) -> Any:
+        """E15: a client that disconnects during a synchronous /shell leaves no child behind."""
+        from tests.helpers import marked_pids
+
+        body = f'{{"command": "sleep {self.marker}", "timeout": 60}}'.encode()
+        sock = socket.create_connection(("127.0.0.1", self.daemon.port))
+        sock.sendall(
+            b"POST /shell HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n"
+            % len(body)
+            + body
+        )
+        for _ in range(100):
+            if marked_pids(self.marker):
+                break
+            yield sleep(0.05)
+        self.assertNotEqual(marked_pids(self.marker), [])
+        sock.close()
+        for _ in range(100):
+            if not marked_pids(self.marker):
+                break
+            yield sleep(0.05)
+        self.assertEqual(marked_pids(self.marker), [])
+
+
+class AuditCatalogueTests(DaemonTestCase):
+    """Catalogue F: what reaches the audit file."""
+
+    token = TOKEN
+    audit = True
+    policy = {"defaults": {"audit": "all"}}
+
+    def raw_audit(self) -> bytes:
+        self.daemon.context.audit.flush()
+        with open(self.audit_path, "rb") as f:
+            return f.read()
+
+    @inlineCallbacks
+    def test_control_characters_stay_in_one_line(self) -> Any:
+        """F1: CRLF, ANSI escapes and quotes in a path make one escaped JSON line per request."""
+        before = len(self.audit_lines())
+        hostile = quote('a\r\nb\x1b[31m"},{"forged": 1}\n', safe="")
+        yield self.request("GET", "/files/stat?path=" + hostile)
+        yield self.request("GET", "/nope" + hostile)
+        lines = self.audit_lines()
+        self.assertEqual(len(lines), before + 2)
+        self.assertNotIn("forged", lines[-1])
+        self.assertNotIn(b"\x1b", self.raw_audit())
+
+    @inlineCallbacks
+    def test_tokens_never_written(self) -> Any:
+        """F2: the token, whether sent as a header, a Bearer or a query parameter, never reaches the audit file."""
+        yield self.request("GET", "/capabilities")
+        yield self.request(
+            "GET",
+            "/capabilities",
+            token=None,
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
+        yield self.request("GET", f"/capabilities?token={TOKEN}", token=None)
+        yield self.request("GET", f"/files/stat?path=x&access_token={TOKEN}")
+        yield self.request("GET", "/capabilities", token=TOKEN + "-wrong")
+        raw = self.raw_audit()
+        self.assertGreaterEqual(raw.count(b"\n"), 5)
+        self.assertNotIn(TOKEN.encode(), raw)
