@@ -5,7 +5,8 @@ and ``fs/write_text_file``, served through the path guard of the session's
 rule (SPEC §15.3).  A refusal goes back as a JSON-RPC error that names the
 guard's code and rule, short enough to reach the model without leaking
 anything; a missing file is -32002 "Resource not found", which agents map
-to ENOENT.
+to ENOENT.  :class:`FileRequests` is the session's part: the
+``client_fs`` gate, and the written file recorded as a change.
 """
 
 from __future__ import annotations
@@ -16,19 +17,19 @@ from typing import Any
 
 import attrs
 
+from sandboxd.agents.filechanges import PRE_IMAGE_BYTES
 from sandboxd.agents.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
+    METHOD_NOT_FOUND,
     RESOURCE_NOT_FOUND,
     RpcError,
 )
+from sandboxd.agents.updates import UpdateFolding
 from sandboxd.errors import ApiError
 from sandboxd.files.atomic import AtomicWrite
 from sandboxd.guard import PathGuard
 from sandboxd.policy.rules import EffectiveRule
-
-#: Pre-images kept for diffs are capped like ``git_diff`` output (SPEC §13).
-PRE_IMAGE_BYTES = 10**6
 
 
 def refusal_error(error: ApiError) -> RpcError:
@@ -122,7 +123,7 @@ def write_text_file(
     """
     ``fs/write_text_file``: write atomically (temporary file, rename),
     creating the file and its parent directories; keep the old text (within
-    :data:`PRE_IMAGE_BYTES`) for diffs.
+    :data:`~sandboxd.agents.filechanges.PRE_IMAGE_BYTES`) for diffs.
 
     Written like ``POST /files/raw``, relative to the guard's directory
     descriptor (:class:`~sandboxd.files.atomic.AtomicWrite`), so the
@@ -170,3 +171,37 @@ def write_text_file(
     return Written(
         writer.path, len(data), hashlib.sha256(data).hexdigest(), not existed, old_text
     )
+
+
+class FileRequests(UpdateFolding):
+    """The session's ``fs/*`` handlers: the ``client_fs`` gate and the record."""
+
+    def _fs_read(self, rpc_id: Any, params: dict[str, Any]) -> Any:
+        if self.rule.params.client_fs not in ("read", "read_write"):
+            raise RpcError(METHOD_NOT_FOUND, "Method not found: fs/read_text_file")
+        cap = self.rule.limits.max_bytes or self.max_message_bytes // 2
+        return read_text_file(self.rule, params, cap)
+
+    def _fs_write(self, rpc_id: Any, params: dict[str, Any]) -> Any:
+        if self.rule.params.client_fs != "read_write":
+            raise RpcError(METHOD_NOT_FOUND, "Method not found: fs/write_text_file")
+        cap = self.rule.limits.max_bytes or self.max_message_bytes
+        owner = (self.run_as.uid, self.run_as.gid) if self.run_as else None
+        written = write_text_file(self.rule, params, cap, owner)
+        tool_call_id = self._active_tool_call(written.path, params.get("path"))
+        self._file(
+            written.path,
+            "created" if written.created else "modified",
+            "fs_write",
+            tool_call_id,
+            written=written,
+        )
+        self.emit(
+            "file.written",
+            path=written.path,
+            bytes=written.bytes,
+            sha256=written.sha256,
+            created=written.created,
+            tool_call_id=tool_call_id,
+        )
+        return {}

@@ -23,9 +23,10 @@ from twisted.internet.defer import Deferred, DeferredList
 
 from sandboxd.agents import catalog
 from sandboxd.agents.catalog import CatalogEntry
+from sandboxd.agents.handshake import agent_refused
 from sandboxd.agents.jsonrpc import ConnectionLost, RpcError
 from sandboxd.agents.permissions import HeldRequest
-from sandboxd.agents.session import AgentSession, agent_refused, within
+from sandboxd.agents.session import AgentSession, within
 from sandboxd.children import child_environment, keep_only, resolve_user, validate_env
 from sandboxd.errors import ApiError, forbidden, not_found
 from sandboxd.guard import PathGuard

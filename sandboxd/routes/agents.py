@@ -25,7 +25,8 @@ from sandboxd.web.sse import SSEChannel, frame
 
 if TYPE_CHECKING:
     from sandboxd.agents.manager import AgentManager
-    from sandboxd.agents.session import AgentSession, Turn
+    from sandboxd.agents.session import AgentSession
+    from sandboxd.agents.turns import Turn
 
 #: The longest a request may wait for a turn (``wait``), whatever it asks.
 MAX_WAIT_SECONDS = 600.0

@@ -1,0 +1,166 @@
+# -*- test-case-name: tests.test_agents -*-
+"""
+A session's mode, model, config options and title (``agents_session_config``,
+and the ``mode`` given at creation), checked against the policy's
+``allow_modes``/``deny_modes`` before the agent is asked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sandboxd.agents.handshake import agent_refused
+from sandboxd.agents.jsonrpc import METHOD_NOT_FOUND, ConnectionLost, RpcError
+from sandboxd.agents.state import SessionState
+from sandboxd.errors import ApiError, forbidden
+from sandboxd.policy.rules import EffectiveRule
+
+
+class Configuration(SessionState):
+    """Changing what the agent runs with."""
+
+    @staticmethod
+    def check_mode(mode: Any, rule: EffectiveRule) -> None:
+        """403 ``param_not_allowed`` for a mode the policy forbids."""
+        if mode is None:
+            return
+        if not isinstance(mode, str):
+            raise ApiError(
+                400, "'mode' must be a string", "ValueError", "invalid_param"
+            )
+        params = rule.params
+        if mode in params.deny_modes:
+            raise forbidden(
+                f"the mode {mode!r} skips permission requests and is not allowed",
+                "param_not_allowed",
+                rule=rule.source("params.deny_modes") or "default:params.deny_modes",
+            )
+        if params.allow_modes is not None and mode not in params.allow_modes:
+            raise forbidden(
+                f"the mode {mode!r} is not in the allowed list",
+                "param_not_allowed",
+                rule=rule.source("params.allow_modes"),
+            )
+
+    async def configure(
+        self, body: dict[str, Any], rule: EffectiveRule
+    ) -> dict[str, Any]:
+        """``mode``, ``model``, ``config`` and ``title``, in that order."""
+        mode = body.get("mode")
+        model = body.get("model")
+        config = body.get("config")
+        title = body.get("title")
+        self.check_mode(mode, rule)
+        if config is not None and not isinstance(config, dict):
+            raise ApiError(
+                400,
+                "'config' must be an object of option id: value",
+                "ValueError",
+                "invalid_param",
+            )
+        for value in (config or {}).values():
+            if isinstance(value, str):
+                self.check_mode(value, rule)
+        if title is not None and not isinstance(title, str):
+            raise ApiError(
+                400, "'title' must be a string", "ValueError", "invalid_param"
+            )
+        self.require_live()
+        try:
+            if mode is not None:
+                available = [
+                    m.get("id")
+                    for m in (self.modes or {}).get("availableModes", [])
+                    if isinstance(m, dict)
+                ]
+                if self.modes is not None and mode not in available:
+                    raise ApiError(
+                        400,
+                        f"unknown mode {mode!r}; available: {', '.join(map(str, available))}",
+                        "ValueError",
+                        "invalid_param",
+                    )
+                await self.conn.request(
+                    "session/set_mode",
+                    {"sessionId": self.acp_session_id, "modeId": mode},
+                )
+                if self.modes is not None:
+                    self.modes = {**self.modes, "currentModeId": mode}
+                self.emit("mode", current_mode_id=mode, by="client")
+            if model is not None:
+                if not isinstance(model, str):
+                    raise ApiError(
+                        400, "'model' must be a string", "ValueError", "invalid_param"
+                    )
+                option = next(
+                    (
+                        o
+                        for o in self.config_options or []
+                        if isinstance(o, dict) and o.get("category") == "model"
+                    ),
+                    None,
+                )
+                if option is not None:
+                    await self._set_option(option["id"], model)
+                else:
+                    try:
+                        await self.conn.request(
+                            "session/set_model",
+                            {"sessionId": self.acp_session_id, "modelId": model},
+                        )
+                    except RpcError as e:
+                        if e.code == METHOD_NOT_FOUND:
+                            raise ApiError(
+                                400,
+                                "this agent's model is not switchable",
+                                "ValueError",
+                                "invalid_param",
+                            ) from None
+                        raise
+                    if self.models is not None:
+                        self.models = {**self.models, "currentModelId": model}
+            for config_id, value in (config or {}).items():
+                await self._set_option(config_id, value)
+        except RpcError as e:
+            raise agent_refused("the change", e) from None
+        except ConnectionLost:
+            raise ApiError(
+                503, "the agent has exited", "RuntimeError", "agent_unavailable"
+            ) from None
+        if title is not None:
+            self.title = title
+            self.emit("session.info", title=title, by="client")
+        return {
+            "modes": self.modes,
+            "config_options": self.config_options,
+            "models": self.models,
+            "title": self.title,
+        }
+
+    async def _set_option(self, config_id: Any, value: Any) -> None:
+        option = next(
+            (
+                o
+                for o in self.config_options or []
+                if isinstance(o, dict) and o.get("id") == config_id
+            ),
+            None,
+        )
+        if self.config_options is not None and option is None:
+            raise ApiError(
+                400,
+                f"unknown config option {config_id!r}",
+                "ValueError",
+                "invalid_param",
+            )
+        params: dict[str, Any] = {
+            "sessionId": self.acp_session_id,
+            "configId": config_id,
+            "value": value,
+        }
+        if isinstance(value, bool):
+            params["type"] = "boolean"
+        result = await self.conn.request("session/set_config_option", params)
+        if isinstance(result, dict) and isinstance(result.get("configOptions"), list):
+            self.config_options = result["configOptions"]
+        self.emit("config", config_options=self.config_options, by="client")

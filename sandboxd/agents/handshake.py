@@ -1,0 +1,173 @@
+# -*- test-case-name: tests.test_agents -*-
+"""
+Starting an agent session: spawn the child, then ``initialize`` →
+[``authenticate``] → ``session/new`` (or ``session/load``/``session/resume``)
+within ``init_timeout_seconds``; what the agent answers becomes the
+session's capabilities, modes, config options and models.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sandboxd.agents.jsonrpc import INTERNAL_ERROR, ConnectionLost, RpcError
+from sandboxd.agents.state import SessionState
+from sandboxd.errors import ApiError
+
+CLIENT_INFO = {"name": "sandboxd", "title": "sandboxd", "version": "1"}
+PROTOCOL_VERSION = 1
+
+
+def agent_refused(what: str, error: RpcError, **extra: Any) -> ApiError:
+    """502 ``agent_error``: the agent answered ``what`` with a JSON-RPC error."""
+    return ApiError(
+        502,
+        f"the agent refused {what}: {error.message}",
+        "RuntimeError",
+        "agent_error",
+        rpc_error=error.as_json(),
+        **extra,
+    )
+
+
+class Handshake(SessionState):
+    """The agent child's start and the ACP handshake."""
+
+    def spawn(self, argv: list[str], executable: str) -> None:
+        """Start the agent child."""
+        self.process.spawn(executable, argv, self.env, self.cwd, self.run_as)
+        self.emit(
+            "session.state", state="starting", agent=self.entry.id, pid=self.process.pid
+        )
+
+    def client_capabilities(self) -> dict[str, Any]:
+        """What sandboxd offers the agent, from ``client_fs``/``client_terminal``."""
+        fs_mode = self.rule.params.client_fs
+        return {
+            "fs": {
+                "readTextFile": fs_mode in ("read", "read_write"),
+                "writeTextFile": fs_mode == "read_write",
+            },
+            "terminal": bool(self.rule.params.client_terminal),
+            "elicitation": {"form": {}},
+        }
+
+    def _agent_failure(self, failure_value: Exception, step: str) -> ApiError:
+        tail = self.stderr.tail_text(2000)
+        if self._init_timed_out:
+            return ApiError(
+                504,
+                f"the agent did not answer {step} within {self.rule.limits.init_timeout_seconds} s",
+                "TimeoutError",
+                "agent_timeout",
+                stderr_tail=tail,
+            )
+        if isinstance(failure_value, RpcError):
+            return agent_refused(step, failure_value, stderr_tail=tail)
+        return ApiError(
+            502,
+            f"the agent exited during {step}"
+            + (
+                f": {self.error['message']}"
+                if self.error
+                else f" (exit code {self.process.exit_code})"
+            ),
+            "RuntimeError",
+            "agent_error",
+            stderr_tail=tail,
+        )
+
+    async def handshake(
+        self,
+        body: dict[str, Any],
+        load: dict[str, Any] | None = None,
+        probe: bool = False,
+    ) -> None:
+        """
+        ``initialize`` → [``authenticate``] → ``session/new`` (or
+        ``session/load``/``session/resume``), all within
+        ``init_timeout_seconds``; past it the tree is killed (504).
+        """
+        timeout = self.rule.limits.init_timeout_seconds or 30
+        timer = self.reactor.callLater(timeout, self._init_timeout)
+        step = "initialize"
+        try:
+            init = await self.conn.request(
+                "initialize",
+                {
+                    "protocolVersion": PROTOCOL_VERSION,
+                    "clientCapabilities": self.client_capabilities(),
+                    "clientInfo": CLIENT_INFO,
+                },
+            )
+            init = init if isinstance(init, dict) else {}
+            self.protocol_version = init.get("protocolVersion")
+            self.agent_info = init.get("agentInfo")
+            caps = init.get("agentCapabilities")
+            self.capabilities = caps if isinstance(caps, dict) else {}
+            methods = init.get("authMethods")
+            self.auth_methods = methods if isinstance(methods, list) else []
+            if probe:
+                return
+            if self.entry.auth_method and any(
+                isinstance(m, dict) and m.get("id") == self.entry.auth_method
+                for m in self.auth_methods
+            ):
+                step = "authenticate"
+                await self.conn.request(
+                    "authenticate", {"methodId": self.entry.auth_method}
+                )
+            params: dict[str, Any] = {
+                "cwd": self.cwd,
+                "mcpServers": body.get("mcp_servers") or [],
+            }
+            if body.get("additional_directories"):
+                params["additionalDirectories"] = body["additional_directories"]
+            if load is None:
+                step = "session/new"
+                result = await self.conn.request("session/new", params)
+                result = result if isinstance(result, dict) else {}
+                self.acp_session_id = str(result.get("sessionId") or "")
+                if not self.acp_session_id:
+                    raise RpcError(INTERNAL_ERROR, "session/new returned no sessionId")
+            else:
+                self.acp_session_id = load["acp_session_id"]
+                params["sessionId"] = self.acp_session_id
+                if load["replay"]:
+                    step = "session/load"
+                    self.replaying = True
+                    try:
+                        result = await self.conn.request("session/load", params)
+                    finally:
+                        self.replaying = False
+                        self._chunk_key = None
+                else:
+                    step = "session/resume"
+                    result = await self.conn.request("session/resume", params)
+                result = result if isinstance(result, dict) else {}
+            self._take_session_result(result)
+        except (RpcError, ConnectionLost) as e:
+            error = self._agent_failure(e, step)
+            self.fail({"code": error.code, "message": error.message})
+            raise error from None
+        finally:
+            if timer.active():
+                timer.cancel()
+        self.set_state("idle")
+        self._touch()
+
+    def _take_session_result(self, result: dict[str, Any]) -> None:
+        if isinstance(result.get("modes"), dict):
+            self.modes = result["modes"]
+        if isinstance(result.get("configOptions"), list):
+            self.config_options = result["configOptions"]
+        if isinstance(result.get("models"), dict):
+            self.models = result["models"]
+
+    def _init_timeout(self) -> None:
+        self._init_timed_out = True
+        self.error = {
+            "code": "agent_timeout",
+            "message": "the agent did not start in time",
+        }
+        self.process.kill()

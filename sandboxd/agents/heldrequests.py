@@ -1,0 +1,343 @@
+# -*- test-case-name: tests.test_agents -*-
+"""
+The session's side of held requests (SPEC §15.3): the agent's
+``session/request_permission`` and ``elicitation/create`` are held until
+the policy, a human (``agents_request_reply``) or the clock answers, or the
+agent withdraws them.  The record and the policy that decides are in
+:mod:`sandboxd.agents.permissions`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet.defer import Deferred
+
+from sandboxd.agents.jsonrpc import REQUEST_CANCELLED, RpcError
+from sandboxd.agents.permissions import (
+    DECISIONS,
+    HeldRequest,
+    first_option,
+    mode_for,
+    new_request_id,
+    path_refusal,
+)
+from sandboxd.agents.updates import UpdateFolding
+from sandboxd.errors import ApiError, forbidden
+from sandboxd.policy.rules import EffectiveRule
+
+if TYPE_CHECKING:
+    from sandboxd.agents.turns import Turn
+
+
+class HeldRequests(UpdateFolding):
+    """Permission requests and questions, from held to answered."""
+
+    def _hold(self, held: HeldRequest) -> Deferred[Any]:
+        d: Deferred[Any] = Deferred()
+
+        def answer(result: dict[str, Any]) -> None:
+            if not d.called:
+                d.callback(result)
+
+        held.answer = answer
+        self.pending[held.request_id] = held
+        self._held_by_rpc[held.rpc_id] = held
+        self.manager.register_request(held)
+        if self.state == "running":
+            self.set_state("awaiting_input")
+        return d
+
+    def _resolve(
+        self,
+        held: HeldRequest,
+        outcome: dict[str, Any],
+        by: str,
+        identity: str | None = None,
+        send: bool = True,
+        state: str = "resolved",
+        result: dict[str, Any] | None = None,
+    ) -> None:
+        if held.state != "pending":
+            return
+        held.state = state
+        held.outcome = outcome
+        held.by = by
+        if held.timer is not None and held.timer.active():
+            held.timer.cancel()
+        self.pending.pop(held.request_id, None)
+        self._held_by_rpc.pop(held.rpc_id, None)
+        if send:
+            held.answer(result if result is not None else {"outcome": outcome})
+        fields: dict[str, Any] = {"request_id": held.request_id, "by": by}
+        if identity is not None:
+            fields["identity"] = identity
+        if held.kind == "permission":
+            fields["outcome"] = outcome.get("outcome")
+            fields["option_id"] = outcome.get("optionId")
+            if held.policy:
+                fields["rule"] = held.policy.get("rule")
+            tc = self.tool_calls.get((held.tool_call or {}).get("toolCallId", ""))
+            if tc is not None:
+                tc["permission"].append({"request_id": held.request_id, **fields})
+            self.emit("permission.resolved", turn_id=held.turn_id, **fields)
+        else:
+            fields["action"] = outcome.get("action")
+            self.emit("question.resolved", turn_id=held.turn_id, **fields)
+        if not self.pending and self.state == "awaiting_input":
+            self.set_state("running")
+
+    def _withdraw(self, held: HeldRequest) -> None:
+        """The agent took the request back (or exited): no answer is sent."""
+        self._resolve(
+            held, {"outcome": "cancelled"}, "withdrawn", send=False, state="withdrawn"
+        )
+
+    def _resolve_cancelled(self, held: HeldRequest, by: str) -> None:
+        if held.kind == "permission":
+            self._resolve(held, {"outcome": "cancelled"}, by)
+        else:
+            self._resolve(held, {"action": "cancel"}, by, result={"action": "cancel"})
+
+    def reply(
+        self,
+        held: HeldRequest,
+        body: dict[str, Any],
+        identity: str,
+        rule: EffectiveRule,
+    ) -> dict[str, Any]:
+        """A human's answer to a held request (``agents_request_reply``)."""
+        if held.state == "withdrawn":
+            raise ApiError(
+                409,
+                "the agent withdrew this request",
+                "RuntimeError",
+                "withdrawn",
+                request_id=held.request_id,
+            )
+        if held.state != "pending":
+            raise ApiError(
+                409,
+                "the request is already resolved",
+                "RuntimeError",
+                "already_resolved",
+                request_id=held.request_id,
+                outcome=held.outcome,
+                by=held.by,
+            )
+        if held.kind == "question":
+            action = body.get("action")
+            if action not in ("accept", "decline", "cancel"):
+                raise ApiError(
+                    400,
+                    "'action' must be accept, decline or cancel",
+                    "ValueError",
+                    "invalid_param",
+                )
+            result: dict[str, Any] = {"action": action}
+            if action == "accept" and body.get("content") is not None:
+                if not isinstance(body["content"], dict):
+                    raise ApiError(
+                        400,
+                        "'content' must be an object",
+                        "ValueError",
+                        "invalid_param",
+                    )
+                result["content"] = body["content"]
+            self._resolve(held, dict(result), "identity", identity, result=result)
+            return {
+                "request_id": held.request_id,
+                "state": held.state,
+                "outcome": result,
+            }
+        if body.get("cancel") is True:
+            self._resolve(held, {"outcome": "cancelled"}, "identity", identity)
+            return {
+                "request_id": held.request_id,
+                "state": held.state,
+                "outcome": held.outcome,
+            }
+        option = None
+        if "option_id" in body:
+            option = next(
+                (o for o in held.options if o.get("optionId") == body["option_id"]),
+                None,
+            )
+            if option is None:
+                raise ApiError(
+                    400,
+                    f"unknown option {body['option_id']!r}; options: {', '.join(str(o.get('optionId')) for o in held.options)}",
+                    "ValueError",
+                    "invalid_param",
+                )
+        elif "decision" in body:
+            decision = body["decision"]
+            if decision not in DECISIONS:
+                raise ApiError(
+                    400,
+                    f"'decision' must be one of {', '.join(DECISIONS)}",
+                    "ValueError",
+                    "invalid_param",
+                )
+            option = first_option(held.options, decision)
+            if option is None:
+                raise ApiError(
+                    400,
+                    f"the agent offered no {decision} option",
+                    "ValueError",
+                    "invalid_param",
+                )
+        else:
+            raise ApiError(
+                400,
+                "give 'option_id', 'decision' or 'cancel'",
+                "ValueError",
+                "invalid_param",
+            )
+        if (
+            option.get("kind") in ("allow_always", "reject_always")
+            and not rule.params.allow_always
+        ):
+            raise forbidden(
+                "'always' answers are not allowed",
+                "param_not_allowed",
+                rule=rule.source("params.allow_always") or "policy:params.allow_always",
+            )
+        outcome = {"outcome": "selected", "optionId": option.get("optionId")}
+        self._resolve(held, outcome, "identity", identity)
+        return {"request_id": held.request_id, "state": held.state, "outcome": outcome}
+
+    def _permission(self, rpc_id: Any, params: dict[str, Any]) -> Any:
+        raw_update = params.get("toolCall")
+        update: dict[str, Any] = raw_update if isinstance(raw_update, dict) else {}
+        options = [o for o in params.get("options") or [] if isinstance(o, dict)]
+        tool_call_id = update.get("toolCallId")
+        if isinstance(tool_call_id, str):
+            merged = {**update, "sessionUpdate": "tool_call_update"}
+            self._tool_call(merged, None, new=False)
+            tool_call = dict(self.tool_calls.get(tool_call_id) or update)
+        else:
+            tool_call = dict(update)
+        held = self._new_held(
+            "permission", rpc_id, tool_call=tool_call, options=options
+        )
+        refusal = path_refusal(self.rule, tool_call)
+        if refusal is not None:
+            decision, source = "deny", refusal.extra.get("rule") or "guard"
+            held.policy = {"decision": "deny", "rule": source, "code": refusal.code}
+        else:
+            decision, source = mode_for(self.rule, tool_call.get("kind"))
+            held.policy = {"decision": decision, "rule": source}
+        d = self._hold(held)
+        self.emit(
+            "permission.requested",
+            raw=params,
+            request_id=held.request_id,
+            tool_call_id=tool_call_id,
+            title=tool_call.get("title"),
+            kind=tool_call.get("kind"),
+            options=held.describe()["options"],
+            policy=held.policy,
+        )
+        if decision == "auto":
+            option = first_option(options, "allow_once")
+            if option is not None:
+                self._resolve(
+                    held,
+                    {"outcome": "selected", "optionId": option.get("optionId")},
+                    "policy",
+                )
+                return d
+            decision = "ask"
+        if decision == "deny":
+            self._reject(held, "policy")
+            return d
+        self._arm_timeout(held)
+        return d
+
+    def _new_held(self, kind: str, rpc_id: Any, **fields: Any) -> HeldRequest:
+        """A held permission request or question, with its deadline."""
+        now = time.time()
+        timeout = self.rule.limits.permission_timeout_seconds
+        return HeldRequest(
+            request_id=new_request_id(),
+            kind=kind,
+            session_id=self.session_id,
+            rpc_id=rpc_id,
+            turn_id=self.current.turn_id if self.current else None,
+            created_at=now,
+            deadline=now + timeout if timeout else None,
+            answer=lambda result: None,
+            **fields,
+        )
+
+    def _arm_timeout(self, held: HeldRequest) -> None:
+        """Answer for the human once ``permission_timeout_seconds`` passes."""
+        timeout = self.rule.limits.permission_timeout_seconds
+        if timeout:
+            held.timer = self.reactor.callLater(timeout, self._permission_timeout, held)
+
+    def _permission_timeout(self, held: HeldRequest) -> None:
+        held.timer = None
+        if held.state != "pending":
+            return
+        action = self.rule.params.permission_timeout_action
+        if held.kind == "question":
+            self._resolve(
+                held, {"action": "cancel"}, "timeout", result={"action": "cancel"}
+            )
+            return
+        if action == "cancel_turn":
+            self._resolve(held, {"outcome": "cancelled"}, "timeout")
+            self.cancel("permission_timeout")
+            return
+        self._reject(held, "timeout")
+
+    def _reject(self, held: HeldRequest, by: str) -> None:
+        """Answer with the agent's first reject option, or cancel when it offers none."""
+        option = first_option(held.options, "reject_once", "reject_always")
+        if option is not None:
+            self._resolve(
+                held, {"outcome": "selected", "optionId": option.get("optionId")}, by
+            )
+        else:
+            self._resolve(held, {"outcome": "cancelled"}, by)
+
+    def _question(self, rpc_id: Any, params: dict[str, Any]) -> Any:
+        held = self._new_held(
+            "question",
+            rpc_id,
+            message=str(params.get("message") or ""),
+            requested_schema=params.get("requestedSchema")
+            if params.get("mode", "form") == "form"
+            else {"url": params.get("url")},
+            policy={"decision": "ask", "rule": None},
+        )
+        d = self._hold(held)
+        self.emit(
+            "question.requested",
+            raw=params,
+            request_id=held.request_id,
+            message=held.message,
+            requested_schema=held.requested_schema,
+            mode=params.get("mode", "form"),
+        )
+        self._arm_timeout(held)
+        return d
+
+    def _cancel_request(self, rpc_id: Any) -> None:
+        held = self._held_by_rpc.get(rpc_id)
+        if held is not None:
+            self._withdraw(held)
+            self.conn.respond_error(
+                rpc_id, RpcError(REQUEST_CANCELLED, "request cancelled")
+            )
+            return
+        waiter = self._rpc_waiters.pop(rpc_id, None)
+        if waiter is not None and not waiter.called:
+            waiter.errback(RpcError(REQUEST_CANCELLED, "request cancelled"))
+
+    if TYPE_CHECKING:
+        # TurnControl's: a permission timeout may cancel the turn.
+        def cancel(self, forced_by: str | None = None) -> Turn | None: ...
