@@ -27,6 +27,7 @@ from twisted.python import log
 
 from sandboxd import spawn as _spawn
 from sandboxd.errors import ApiError, forbidden
+from sandboxd.policy.defaults import ARG_STRING_MAX_BYTES
 from sandboxd.policy.rules import EffectiveRule
 
 #: The environment the daemon started with.  ``POST /env`` changes
@@ -92,6 +93,15 @@ def validate_env(value: Any) -> dict[str, str]:
         ):
             raise ApiError(
                 400, f"invalid value for {k!r}", "ValueError", "invalid_param"
+            )
+        entry = len(os.fsencode(k)) + len(os.fsencode(str(v))) + 2  # '=' and NUL
+        if entry > ARG_STRING_MAX_BYTES:
+            raise ApiError(
+                400,
+                f"the environment entry {k[:40]!r} is {entry} bytes; "
+                f"the kernel takes at most {ARG_STRING_MAX_BYTES}",
+                "ValueError",
+                "invalid_param",
             )
         out[k] = str(v)
     return out

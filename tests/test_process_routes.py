@@ -144,6 +144,26 @@ class ShellTests(ProcessCase):
         self.assertEqual(reply.json()["type"], "FileNotFoundError")
 
     @inlineCallbacks
+    def test_commands_the_kernel_refuses_are_400(self) -> Any:
+        """An oversized env entry or argument, or a file that is not a program, is 400 on every route that starts one."""
+        script = os.path.join(self.base_dir, "noshebang")
+        with open(script, "w") as f:
+            f.write("echo hi\n")
+        os.chmod(script, 0o755)
+        bodies = [
+            {"command": "true", "env": {"BIG": "x" * 200_000}},
+            {"command": "true", "env": {"N" * 200_000: "1"}},
+            {"command": "echo " + "y" * 200_000},
+            {"command": script},
+        ]
+        for route in ("/shell", "/shell/stream", "/process/start"):
+            for body in bodies:
+                reply = yield self.request("POST", route, body)
+                self.assertEqual(reply.status, 400, (route, reply.body[:200]))
+                self.assertEqual(reply.json()["code"], "invalid_param")
+        self.assertEqual(self.flushLoggedErrors(), [])
+
+    @inlineCallbacks
     def test_timeout_kills_group(self) -> Any:
         """Past ``timeout`` the whole group is killed and the answer is 500 TimeoutError."""
         reply = yield self.request(

@@ -178,9 +178,12 @@ ORPHAN_REAP_SECONDS = 2.0
 STDIN_PENDING_BYTES = 4 * MIB
 
 
-#: dev_tools: the longest ``code`` /code/run passes as one argv string
-#: (the kernel's MAX_ARG_STRLEN is 128 KiB including the NUL).
-CODE_MAX_BYTES = 128 * KIB - 1
+#: The kernel's MAX_ARG_STRLEN: the longest single argv or environment
+#: string ``execve`` takes, its NUL included.
+ARG_STRING_MAX_BYTES = 128 * KIB
+
+#: dev_tools: the longest ``code`` /code/run passes as one argv string.
+CODE_MAX_BYTES = ARG_STRING_MAX_BYTES - 1
 
 #: browser: how long the worker may take to start Playwright and Chromium.
 BROWSER_START_TIMEOUT_SECONDS = 30.0

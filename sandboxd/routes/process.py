@@ -10,6 +10,7 @@ so a refusal is always a plain JSON error and never half a stream.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from typing import Any
@@ -88,8 +89,46 @@ def launch(request: ServerRequest) -> Launch:
     return Launch(argv, str(body["command"]), env, cwd, run_as, timeout, idle)
 
 
-def _not_found_command(error: FileNotFoundError) -> ApiError:
-    return ApiError(400, str(error), "FileNotFoundError", "invalid_param")
+#: What ``execve`` answers about the command itself (its size, its file),
+#: as opposed to the daemon's resources.
+_COMMAND_ERRNOS = frozenset(
+    {
+        errno.E2BIG,
+        errno.ENOEXEC,
+        errno.EACCES,
+        errno.EPERM,
+        errno.ENOENT,
+        errno.ENOTDIR,
+        errno.ELOOP,
+        errno.ENAMETOOLONG,
+        errno.EISDIR,
+        errno.ETXTBSY,
+    }
+)
+
+#: The daemon is out of processes, descriptors or memory for now.
+_RESOURCE_ERRNOS = frozenset({errno.EAGAIN, errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
+
+def _spawn_failed(error: OSError, command: str) -> Exception:
+    """
+    The answer to a command that could not be started: 400 when it cannot
+    run as given (not on PATH, too long for the kernel, not a program), 503
+    while the daemon is out of processes or descriptors; anything else is
+    left to be a 500.
+    """
+    if isinstance(error, FileNotFoundError) and error.errno is None:
+        return ApiError(400, str(error), "FileNotFoundError", "invalid_param")
+    reason = os.strerror(error.errno) if error.errno else str(error)
+    if error.errno in _COMMAND_ERRNOS:
+        return ApiError(
+            400, f"cannot run {command[:200]!r}: {reason}", "OSError", "invalid_param"
+        )
+    if error.errno in _RESOURCE_ERRNOS:
+        return ApiError(
+            503, f"cannot start a process now: {reason}", "ResourceError", "unavailable"
+        )
+    return error
 
 
 def _cap(request: ServerRequest) -> int:
@@ -125,8 +164,8 @@ async def shell(request: ServerRequest) -> dict[str, Any]:
             max_output_bytes=_cap(request),
             run_as=spec.run_as,
         )
-    except FileNotFoundError as e:
-        raise _not_found_command(e) from None
+    except OSError as e:
+        raise _spawn_failed(e, spec.command) from None
     body = {
         "stdout": _text(result.stdout),
         "stderr": _text(result.stderr),
@@ -194,8 +233,8 @@ def shell_stream(request: ServerRequest) -> SSEResponse:
     )
     try:
         spawn(clock, child, spec.argv, env=spec.env, cwd=spec.cwd, run_as=spec.run_as)
-    except FileNotFoundError as e:
-        raise _not_found_command(e) from None
+    except OSError as e:
+        raise _spawn_failed(e, spec.command) from None
 
     def ended(code: int | None) -> None:
         stream.finish()
@@ -277,8 +316,8 @@ def process_start(request: ServerRequest) -> dict[str, Any]:
             timeout=timeout,
             idle_timeout=spec.idle_timeout,
         )
-    except FileNotFoundError as e:
-        raise _not_found_command(e) from None
+    except OSError as e:
+        raise _spawn_failed(e, spec.command) from None
     return {"pid": managed.pid, "command": managed.command, "tag": managed.tag}
 
 
