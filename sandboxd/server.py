@@ -14,6 +14,7 @@ import gc
 import importlib
 import importlib.util
 import os
+import re
 import signal
 import sys
 from collections.abc import Mapping
@@ -205,6 +206,9 @@ class DaemonService(MultiService):
                 preset=s.preset,
                 base_dir=s.base_dir,
                 environ=s.environ,
+                daemon_files=daemon_files(
+                    s, os.environ if s.environ is None else s.environ
+                ),
             )
         except PolicyError as e:
             log.error(
@@ -273,6 +277,24 @@ def validate_settings(settings: Settings, table: RouteTable | None = None) -> Po
     )
 
 
+#: Endpoint-string options that name a TLS file.
+_TLS_FILE_OPTIONS = ("privateKey", "certKey", "extraCertChain")
+
+
+def daemon_files(settings: Settings, environ: Mapping[str, str]) -> list[str]:
+    """
+    Files of the daemon's that the policy does not name: the audit log and
+    the TLS key and certificates of its listeners.
+    """
+    files = [settings.audit_log or environ.get("ABX_SERVER_AUDIT_LOG") or ""]
+    for listener in (settings.port, settings.pty_port or environ.get("ABX_PTY_PORT")):
+        for part in re.split(r"(?<!\\):", listener or ""):
+            name, _, value = part.partition("=")
+            if name in _TLS_FILE_OPTIONS and value:
+                files.append(value.replace("\\:", ":"))
+    return [f for f in files if f]
+
+
 def build(
     settings: Settings,
     reactor: Any = None,
@@ -296,6 +318,7 @@ def build(
         preset=settings.preset,
         base_dir=settings.base_dir,
         environ=environ,
+        daemon_files=daemon_files(settings, environ),
     )
     registry.freeze()
     table.freeze()

@@ -668,3 +668,109 @@ class HardenedHardLinkTests(HardLinkCase):
         )
         self.assert_shared_intact()
         yield self.assert_reads_follow()
+
+
+class DaemonFilesTests(FilesCase):
+    """
+    The daemon's own files (audit log and its rotations, token files) are
+    out of the file API's reach even inside the base: a
+    token that may only read files must not read another token's secret or
+    erase the trail of what it did.
+    """
+
+    audit = True
+    autostart = False
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        yield super().setUp()
+        secrets_dir = os.path.join(self.base_dir, "secrets")
+        os.makedirs(secrets_dir)
+        self.token_file = os.path.join(secrets_dir, "admin.tok")
+        with open(self.token_file, "w") as f:
+            f.write("admin-secret-token\n")
+        policy = {
+            "auth": {
+                "tokens": [
+                    {"id": "admin", "token_file": self.token_file, "scopes": ["*"]},
+                    {"id": "reader", "token_env": "READER", "scopes": ["files:read"]},
+                ]
+            }
+        }
+        self.put("audit.log.1", b"rotated audit lines")
+        yield self.start(policy=policy, environ={"READER": "r"})
+
+    def as_reader(self, method: str, path: str, body: Any = None) -> Any:
+        return self.request(method, path, body, token="r")
+
+    @inlineCallbacks
+    def test_reads_refused(self) -> Any:
+        """Downloading, stat-ing or archiving them is 403 guard:daemon-files; other files still read."""
+        self.put("notes.txt", b"fine")
+        for rel in ("secrets/admin.tok", "audit.log", "audit.log.1"):
+            for route in ("/download", "/files/raw", "/files/download-stream"):
+                reply = yield self.as_reader("GET", f"{route}?path={quote(rel)}")
+                self.assertEqual(reply.status, 403, (route, rel, reply.body))
+                self.assertEqual(
+                    (reply.json()["code"], reply.json()["rule"]),
+                    ("path_denied", "guard:daemon-files"),
+                )
+        reply = yield self.as_reader("GET", "/download?path=notes.txt")
+        self.assertEqual(reply.status, 200)
+
+    @inlineCallbacks
+    def test_hidden_from_listings_and_archives(self) -> Any:
+        """They are not listed, found, or packed into an archive of the base."""
+        reply = yield self.as_reader("GET", "/files/list?path=.&depth=3")
+        names = {e["name"] for e in reply.json()["entries"]}
+        self.assertNotIn("admin.tok", names)
+        self.assertFalse(names & {"audit.log", "audit.log.1"})
+        reply = yield self.request(
+            "POST",
+            "/files/search",
+            {"path": ".", "pattern": "*"},
+            token="admin-secret-token",
+        )
+        found = " ".join(str(m) for m in reply.json()["results"])
+        self.assertNotIn("admin.tok", found)
+        reply = yield self.request(
+            "POST",
+            "/files/archive",
+            {"paths": ["."], "format": "tar.gz"},
+            token="admin-secret-token",
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        packed = tarfile.open(
+            fileobj=io.BytesIO(base64.b64decode(reply.json()["content_base64"]))
+        )
+        members = " ".join(packed.getnames())
+        for name in ("admin.tok", "audit.log"):
+            self.assertNotIn(name, members)
+
+    @inlineCallbacks
+    def test_writes_and_deletes_refused(self) -> Any:
+        """Even a token with every scope cannot overwrite, move or delete them through the API."""
+        admin = "admin-secret-token"
+        for rel in ("secrets/admin.tok", "audit.log", "audit.log.1"):
+            reply = yield self.request(
+                "POST",
+                "/upload",
+                {"path": rel, "content_base64": b64(b"x")},
+                token=admin,
+            )
+            self.assertEqual(reply.status, 403, (rel, reply.body))
+            reply = yield self.request(
+                "DELETE", f"/files?path={quote(rel)}", token=admin
+            )
+            self.assertEqual(reply.status, 403, (rel, reply.body))
+            reply = yield self.request(
+                "POST",
+                "/files/move",
+                {"source": rel, "destination": "stolen"},
+                token=admin,
+            )
+            self.assertEqual(reply.status, 403, (rel, reply.body))
+        with open(self.token_file) as f:
+            self.assertEqual(f.read(), "admin-secret-token\n")
+        self.assertTrue(os.path.exists(os.path.join(self.base_dir, "audit.log.1")))
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "stolen")))

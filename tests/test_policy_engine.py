@@ -6,12 +6,15 @@ each decision.
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.endpoints import CapabilityGroup, builtin_table
 from sandboxd.policy import PolicyError, load_policy
+from sandboxd.policy.paths import decide as decide_path
 
 
 def decide(
@@ -492,3 +495,50 @@ class SourceOrderTests(SynchronousTestCase):
         for bad in ("/", "/proc"):
             with self.assertRaises(PolicyError):
                 load_policy(builtin_table(), explicit={}, base_dir=bad, environ={})
+
+
+class DaemonFilesTests(SynchronousTestCase):
+    """The daemon's own files are named in every rule, by their real paths."""
+
+    def test_policy_token_and_extra_files(self) -> None:
+        """The policy file, each token file, ABX_SERVER_TOKEN_FILE and the caller's extras, links resolved."""
+        base = os.path.realpath(self.mktemp())
+        os.makedirs(base)
+        real = os.path.join(base, "real.tok")
+        with open(real, "w") as f:
+            f.write("t1\n")
+        link = os.path.join(base, "link.tok")
+        os.symlink(real, link)
+        legacy = os.path.join(base, "legacy.tok")
+        with open(legacy, "w") as f:
+            f.write("t2\n")
+        policy_file = os.path.join(base, "policy.json")
+        with open(policy_file, "w") as f:
+            json.dump(
+                {
+                    "auth": {
+                        "tokens": [{"id": "a", "token_file": link, "scopes": ["*"]}]
+                    }
+                },
+                f,
+            )
+        p = load_policy(
+            builtin_table(),
+            path=policy_file,
+            base_dir=base,
+            environ={"ABX_SERVER_TOKEN_FILE": legacy},
+            daemon_files=[os.path.join(base, "audit.log")],
+        )
+        rule = p.rule("download")
+        self.assertEqual(
+            set(rule.daemon_files),
+            {real, legacy, policy_file, os.path.join(base, "audit.log")},
+        )
+        for path in (real, "legacy.tok", "policy.json", "audit.log.3"):
+            decision = decide_path(rule, path)
+            self.assertEqual(
+                (decision.allowed, decision.code, decision.rule),
+                (False, "path_denied", "guard:daemon-files"),
+                path,
+            )
+        self.assertTrue(decide_path(rule, "audit.logger").allowed)

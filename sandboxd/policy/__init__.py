@@ -7,7 +7,7 @@ and the compiled form the pipeline consults on every request.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -54,6 +54,21 @@ class Policy:
         return self.tokens.secret_env
 
 
+def own_files(
+    policy_file: str | None,
+    doc: PolicyDocument,
+    environ: Mapping[str, str],
+    extra: Iterable[str],
+) -> tuple[str, ...]:
+    """
+    The real paths of the daemon's own files: the policy file, every token
+    file (the policy's and ``ABX_SERVER_TOKEN_FILE``) and ``extra``.
+    """
+    names = [policy_file, environ.get("ABX_SERVER_TOKEN_FILE"), *extra]
+    names += [spec.token_file for spec in doc.tokens]
+    return tuple(sorted({os.path.realpath(n) for n in names if n}))
+
+
 def load_policy(
     table: RouteTable,
     explicit: Any = None,
@@ -61,11 +76,14 @@ def load_policy(
     preset: str | None = None,
     base_dir: str | None = None,
     environ: Mapping[str, str] | None = None,
+    daemon_files: Iterable[str] = (),
 ) -> Policy:
     """
     Find, validate and compile the policy (SPEC §5.1, first found wins).
 
     :param preset: ``--preset``; overrides the document's ``preset`` key.
+    :param daemon_files: the daemon's own files besides those the policy
+        names (the audit log, TLS keys): no path operation reaches them.
     :raises PolicyError: for anything that must stop the daemon at start.
     """
     env = os.environ if environ is None else environ
@@ -77,7 +95,8 @@ def load_policy(
             f"--preset: unknown preset {chosen!r}{suggest(chosen, PRESETS)}"
         )
     boundary = resolve_base_dir(base_dir, doc, env)
-    rules = compile_rules(table, doc, chosen, boundary, env)
+    own = own_files(file, doc, env, daemon_files)
+    rules = compile_rules(table, doc, chosen, boundary, env, own)
     tokens = TokenStore.build(doc.tokens, env)
     return Policy(
         document=doc,

@@ -189,7 +189,11 @@ def _section(
 
 
 def effective_rule(
-    endpoint: Endpoint, entries: list[Entry], base_dir: str, upload_cap: int
+    endpoint: Endpoint,
+    entries: list[Entry],
+    base_dir: str,
+    upload_cap: int,
+    daemon_files: tuple[str, ...] = (),
 ) -> EffectiveRule:
     """Merge every layer into ``endpoint``'s rule, with built-in defaults below."""
     merged = merge_leaves(endpoint, entries)
@@ -229,6 +233,7 @@ def effective_rule(
         base_dir=base_dir,
         sources=sources,
         reason=reason,
+        daemon_files=daemon_files,
     )
 
 
@@ -269,13 +274,14 @@ def compile_rules(
     preset: str | None,
     base_dir: str,
     environ: Mapping[str, str],
+    daemon_files: tuple[str, ...] = (),
 ) -> dict[str, EffectiveRule]:
     """Every endpoint's effective rule; refuses a policy that disables core."""
     entries = collect_entries(table, doc, preset, environ)
     cap = upload_cap_from_env(environ)
     rules: dict[str, EffectiveRule] = {}
     for endpoint in table:
-        rule = effective_rule(endpoint, entries, base_dir, cap)
+        rule = effective_rule(endpoint, entries, base_dir, cap, daemon_files)
         if (
             endpoint.group is CapabilityGroup.CORE
             and not rule.enabled

@@ -103,6 +103,11 @@ def under(path: str, root: str) -> bool:
     return root == "/" or path == root or path.startswith(root + "/")
 
 
+def is_daemon_file(target: str, daemon_files: tuple[str, ...]) -> bool:
+    """Whether ``target`` is one of the daemon's files or a rotation of one."""
+    return any(target == own or target.startswith(own + ".") for own in daemon_files)
+
+
 def decide(rule: EffectiveRule, path: str, op: str = "read") -> PathDecision:
     """
     Decide a path by policy alone.
@@ -114,6 +119,8 @@ def decide(rule: EffectiveRule, path: str, op: str = "read") -> PathDecision:
     target = absolute(path, rule.base_dir)
     if any(under(target, root) for root in FORBIDDEN_ROOTS):
         return PathDecision(path, False, "path_not_allowed", "guard:system-paths")
+    if is_daemon_file(target, rule.daemon_files):
+        return PathDecision(path, False, "path_denied", "guard:daemon-files")
     allow = rule.paths.allow
     if allow:
         if not any(matches(entry, target, rule.base_dir) for entry in allow):

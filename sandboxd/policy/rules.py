@@ -107,6 +107,9 @@ class EffectiveRule:
         set it, so every decision can explain itself.
     :ivar reason: ``None`` when enabled, else ``disabled`` or
         ``not_implemented``.
+    :ivar daemon_files: the daemon's own files (real paths): the audit log,
+        token files, the policy file, TLS keys.  They and their rotations
+        (``NAME.1``...) are refused to every path operation.
     """
 
     endpoint_id: str
@@ -120,6 +123,7 @@ class EffectiveRule:
     base_dir: str
     sources: dict[str, str] = attrs.field(factory=dict, eq=False)
     reason: str | None = None
+    daemon_files: tuple[str, ...] = ()
 
     def source(self, leaf: str) -> str | None:
         """The rule string behind a leaf key, if a layer set it."""
