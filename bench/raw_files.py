@@ -55,6 +55,20 @@ def reset_peak(pid: int) -> None:
         pass
 
 
+def file_system(path: str) -> str:
+    """The type of the file system holding ``path`` (from /proc/self/mounts)."""
+    best, kind = "", "?"
+    real = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            fields = line.split()
+            point = fields[1]
+            inside = real == point or real.startswith(point.rstrip("/") + "/")
+            if inside and len(point) >= len(best):
+                best, kind = point, fields[2]
+    return kind
+
+
 def start_daemon(base: str, token: str) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     policy = os.path.join(base, ".policy.json")
@@ -179,10 +193,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--dir",
+        default=None,
+        help="where the daemon's base dir is made (default: the temp dir); "
+        "a tmpfs takes the disk out of the write figure",
+    )
     args = parser.parse_args()
     size = args.size_mib * MiB
     token = secrets.token_hex(16)
-    base = tempfile.mkdtemp(prefix="sandboxd-bench-")
+    base = tempfile.mkdtemp(prefix="sandboxd-bench-", dir=args.dir)
+    fs = file_system(base)
     proc, port = start_daemon(base, token)
     block = os.urandom(MiB)
     sha = expected_sha256(size, block)
@@ -198,6 +219,7 @@ def main() -> None:
                         "server": "sandboxd",
                         "workload": "RAW",
                         "case": f"write {args.size_mib} MiB",
+                        "file_system": fs,
                         "mb_per_s": round(size / MiB / elapsed, 1),
                         "verified": got_sha == sha,
                         "peak_rss_growth_mb": round((peak - idle) / 1024, 1),
@@ -213,6 +235,7 @@ def main() -> None:
                         "server": "sandboxd",
                         "workload": "RAW",
                         "case": f"read {args.size_mib} MiB",
+                        "file_system": fs,
                         "mb_per_s": round(total / MiB / elapsed, 1),
                         "verified": intact and total == size,
                         "peak_rss_growth_mb": round((peak - idle) / 1024, 1),
