@@ -27,6 +27,7 @@ from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
+from sandboxd import hardening
 from sandboxd.audit import AuditLog
 from sandboxd.commands import CommandRegistry, default_registry
 from sandboxd.context import Context
@@ -176,9 +177,30 @@ class DaemonService(MultiService):
                     )
         for warning in policy.warnings:
             log.warn("sandboxd: policy warning: {warning}", warning=warning)
+        if self.settings.environ is None:
+            self._hide_secrets()
         self._install_hup()
         self._enter_base_dir()
         self._trim = self.context.reactor.callLater(1.0, release_memory)
+
+    def _hide_secrets(self) -> None:
+        """
+        Keep the daemon's secrets out of its children's reach through
+        ``/proc/<daemon pid>`` (see :mod:`sandboxd.hardening`).
+        """
+        names = set(self.context.policy.secret_env_names())
+        names.update(n for n in os.environ if n.startswith("ABX_SERVER_"))
+        scrubbed = hardening.scrub_startup_environ(names)
+        if scrubbed:
+            log.info(
+                "sandboxd: {names} removed from /proc/{pid}/environ",
+                names=", ".join(sorted(scrubbed)),
+                pid=os.getpid(),
+            )
+        if not hardening.forbid_tracing():
+            log.warn(
+                "sandboxd: prctl(PR_SET_DUMPABLE, 0) failed; same-user children can read the daemon's memory"
+            )
 
     def _enter_base_dir(self) -> None:
         if self.settings.chdir and os.path.isdir(self.context.base_dir):
