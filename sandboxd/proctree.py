@@ -17,9 +17,8 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
-import attrs
 from twisted.internet import process as _twisted_process
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import LoopingCall
@@ -44,9 +43,13 @@ _SETTLE_SECONDS = 0.2
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-@attrs.frozen
-class ProcInfo:
-    """What /proc/<pid>/stat says about one process."""
+class ProcInfo(NamedTuple):
+    """
+    What /proc/<pid>/stat says about one process.
+
+    (A named tuple: a tree kill reads every process's line, several times,
+    and building these is most of the Python cost of a scan.)
+    """
 
     pid: int
     ppid: int
@@ -59,10 +62,15 @@ class ProcInfo:
 def proc_info(pid: int) -> ProcInfo | None:
     """One process's stat line, or None when it is gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        stat = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     fields = stat[stat.rfind(b")") + 2 :].split()
     try:
         return ProcInfo(
@@ -214,6 +222,40 @@ def signal_group(pgid: int, sig: int) -> None:
 # Killing trees and reaping orphans
 
 
+class _TurnScan:
+    """
+    One ``/proc`` scan shared by every tree kill in the same reactor turn.
+
+    A client that drops eight connections with commands in flight starts
+    eight kills in one turn, and each used to scan every process at least
+    twice (about a millisecond a scan) before the reactor could read the
+    next request.  A scan taken in this turn is as good for each of them:
+    their trees were all started in earlier turns, no handler (and so no
+    spawn) runs between timed calls, and a tree found dead in it cannot
+    come back, since only a live member can start a new one.  The scan is
+    dropped at the next turn (``callLater(0)``).
+    """
+
+    def __init__(self) -> None:
+        self._clock: Any = None
+        self._table: dict[int, ProcInfo] | None = None
+
+    def table(self, clock: Any) -> dict[int, ProcInfo]:
+        """This turn's scan of ``clock``'s reactor, taken on first use."""
+        if self._table is None or self._clock is not clock:
+            self._table = proc_table()
+            self._clock = clock
+            clock.callLater(0, self._expire)
+        return self._table
+
+    def _expire(self) -> None:
+        self._table = None
+        self._clock = None
+
+
+_TURN_SCAN = _TurnScan()
+
+
 def kill_tree(
     clock: Any,
     leader: int,
@@ -237,7 +279,7 @@ def kill_tree(
     if leader in (0, 1, os.getpid()) or leader < 0:
         return succeed(None)
     done: Deferred[None] = Deferred()
-    members = tree_members(leader, marker)
+    members = tree_members(leader, marker, _TURN_SCAN.table(clock))
     if leader_start is None and not leader_reaped:
         info = proc_info(leader)
         leader_start = info.start if info is not None else None
@@ -253,7 +295,7 @@ def kill_tree(
             signal_member(pid, start, sig)
 
     def survivors() -> bool:
-        table = proc_table()
+        table = _TURN_SCAN.table(clock)
         for pid, start in list(members.items()):
             info = table.get(pid)
             if info is None or info.start != start or info.state == "Z":

@@ -14,6 +14,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import (
     CancelledError,
     Deferred,
+    DeferredList,
     ensureDeferred,
     inlineCallbacks,
 )
@@ -422,6 +423,37 @@ class TreeTests(TestCase):
             self.assertEqual(info.ppid, os.getpid())
             proctree.reap_orphans()
         self.assertIsNone(proctree.proc_info(orphan))
+
+
+class TurnScanTests(TestCase):
+    """Tree kills started together share their /proc scans."""
+
+    timeout = 30
+
+    @inlineCallbacks
+    def test_kills_in_one_turn_share_scans(self) -> Any:
+        """Eight trees killed in one reactor turn all die, for a handful of scans rather than two or more each."""
+        marker = f"60.{secrets.randbelow(10**12):012d}"
+        self.addCleanup(kill_marked, marker)
+        children = []
+        for _ in range(8):
+            child = processes.Child(reactor, lambda fd, data: None, grace=1.0)
+            processes.spawn(reactor, child, ["sleep", marker], env=ENV, cwd="/")
+            children.append(child)
+        yield deferLater(reactor, 0.1, lambda: None)
+        scans = []
+        real = proctree.proc_table
+
+        def counting() -> Any:
+            scans.append(1)
+            return real()
+
+        self.patch(proctree, "proc_table", counting)
+        yield DeferredList([child.kill("disconnected") for child in children])
+        for child in children:
+            yield child.ended
+        self.assertEqual(marked_pids(marker), [])
+        self.assertLessEqual(len(scans), 6, len(scans))
 
 
 def gather_killers() -> Deferred[Any]:
