@@ -13,11 +13,11 @@ their encodings concatenate.
 
 from __future__ import annotations
 
-import binascii
 import os
 from collections.abc import Callable
 from typing import Any
 
+import pybase64
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
@@ -30,7 +30,7 @@ log = Logger(namespace="sandboxd.files")
 
 def b64_chunk(data: bytes) -> bytes:
     """Base64 of one chunk, no newline."""
-    return binascii.b2a_base64(data, newline=False)
+    return pybase64.b64encode(data)
 
 
 class FileShrank(OSError):

@@ -11,7 +11,6 @@ and never sit in memory whole.
 
 from __future__ import annotations
 
-import base64
 import binascii
 import hashlib
 import json
@@ -19,6 +18,7 @@ import os
 from email.utils import formatdate
 from typing import Any
 
+import pybase64
 from twisted.internet.defer import Deferred, FirstError, gatherResults
 from twisted.internet.threads import deferToThreadPool
 
@@ -187,7 +187,7 @@ def decode_payload(request: ServerRequest) -> bytes | bytearray:
     if len(raw) // 4 * 3 - 2 > cap:
         raise payload_too_large(cap)
     try:
-        data = base64.b64decode(raw, validate=True)
+        data = pybase64.b64decode(raw, validate=True)
     except (binascii.Error, ValueError):
         raise ApiError(
             400, "'content_base64' is not valid base64", "ValueError", "invalid_param"
@@ -272,7 +272,7 @@ def download(request: ServerRequest) -> Any:
             data = _read_all(f.fd, size)
         return {
             "path": f.path,
-            "content_base64": base64.b64encode(data).decode("ascii"),
+            "content_base64": pybase64.b64encode_as_string(data),
             "etag": f.etag,
         }
 

@@ -19,6 +19,8 @@ import binascii
 import io
 from typing import Any
 
+import pybase64
+
 from sandboxd.errors import ApiError
 from sandboxd.web.jsonbody import invalid_json, parse_object
 
@@ -171,7 +173,9 @@ class UploadBody:
             self._carry = text[usable:] + self._carry
         if usable:
             try:
-                self._payload += binascii.a2b_base64(text[:usable], strict_mode=True)
+                self._payload += pybase64.b64decode(
+                    memoryview(text)[:usable], validate=True
+                )
             except binascii.Error:
                 self.error = _invalid_base64()
                 return
