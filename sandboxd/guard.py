@@ -493,10 +493,13 @@ class PathGuard:
         original: str,
     ) -> Location:
         anchor = self._anchor(target, original)
-        try:
-            anchor_fd = os.open(anchor, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
-            raise file_not_found(original) from None
+        if anchor == posixpath.normpath(self.base_dir):
+            anchor_fd = open_base(anchor, original)
+        else:
+            try:
+                anchor_fd = os.open(anchor, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                raise file_not_found(original) from None
         rel = target[len(anchor) :].strip("/")
         if rel == "":
             return Location(anchor_fd, "", anchor)
@@ -741,6 +744,77 @@ def refuse_device(st: os.stat_result | None, path: Any) -> None:
 
 
 _BASE_DEVICES: dict[str, int] = {}
+
+#: ``(st_dev, st_ino)`` of each base dir when the daemon started serving it.
+_PINNED_BASES: dict[str, tuple[int, int]] = {}
+
+
+def pin_base(base_dir: str) -> None:
+    """
+    Remember which directory ``base_dir`` is now (the daemon calls this at
+    start and on reload), so that a base renamed away and replaced by
+    another directory later is refused rather than served (catalogue C13).
+    A base that cannot be opened now is not pinned.
+    """
+    try:
+        fd = _open_real_dir(posixpath.normpath(base_dir))
+    except OSError:
+        _PINNED_BASES.pop(base_dir, None)
+        return
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    _PINNED_BASES[posixpath.normpath(base_dir)] = (st.st_dev, st.st_ino)
+
+
+def _open_real_dir(path: str) -> int:
+    """
+    An ``O_PATH`` fd of the directory at absolute ``path``, no link followed
+    on any component (the base dir is a real path when the policy loads).
+    """
+    fd = os.open("/", _DIR_FLAGS)
+    rel = path.strip("/")
+    if not rel:
+        return fd
+    if USE_OPENAT2:
+        try:
+            return _openat2_dir(fd, rel)
+        finally:
+            os.close(fd)
+    for part in rel.split("/"):
+        try:
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = nxt
+    return fd
+
+
+def open_base(base: str, original: str) -> int:
+    """
+    Open the base dir as the anchor of a resolution, refusing a base that
+    became a link (or gained one on its way) or, when pinned, is no longer
+    the directory the daemon started with: a base swapped for a link to /
+    must not turn ``etc/passwd`` into ``/etc/passwd`` (catalogue C13).
+    """
+    try:
+        fd = _open_real_dir(base)
+    except FileNotFoundError:
+        raise file_not_found(original) from None
+    except OSError:
+        raise refusal(
+            PathDecision(original, False, "path_not_allowed", "guard:base_dir")
+        ) from None
+    pinned = _PINNED_BASES.get(base)
+    if pinned is not None:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != pinned:
+            os.close(fd)
+            raise refusal(
+                PathDecision(original, False, "path_not_allowed", "guard:base_dir")
+            )
+    return fd
 
 
 def base_device(base_dir: str) -> int | None:

@@ -27,7 +27,7 @@ from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
-from sandboxd import hardening
+from sandboxd import guard, hardening
 from sandboxd.audit import AuditLog
 from sandboxd.commands import CommandRegistry, default_registry
 from sandboxd.context import Context
@@ -203,6 +203,7 @@ class DaemonService(MultiService):
             )
 
     def _enter_base_dir(self) -> None:
+        guard.pin_base(self.context.base_dir)
         if self.settings.chdir and os.path.isdir(self.context.base_dir):
             os.chdir(self.context.base_dir)
 

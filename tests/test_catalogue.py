@@ -12,6 +12,7 @@ import base64
 import io
 import os
 import re
+import shutil
 import socket
 import zipfile
 from typing import Any
@@ -658,9 +659,17 @@ class ArchiveCatalogueTests(DaemonTestCase):
 
     @inlineCallbacks
     def test_hostile_member_names(self) -> Any:
-        """D1: NUL, over-long, duplicated and file-then-directory member names are refused with a code, nothing written."""
+        """D1: over-long, duplicated and file-then-directory member names are refused with a code, nothing written; a NUL never reaches a name on disk."""
+        # zipfile cuts a member name at its first NUL, on writing and on
+        # reading alike: the daemon sees "a", which lands inside dst.
+        reply = yield self.extract([("good", b"g"), ("a\x00b", b"x")])
+        dst = os.path.join(self.base_dir, "dst")
+        if reply.status == 200:
+            self.assertEqual(sorted(os.listdir(dst)), ["a", "good"])
+            shutil.rmtree(dst)
+        else:
+            self.assertIn("code", reply.json())
         for members in (
-            [("good", b"g"), ("a\x00b", b"x")],
             [("good", b"g"), ("n" * 5000, b"x")],
             [("good", b"g"), ("dup", b"1"), ("dup", b"2")],
             [("good", b"g"), ("x", b"file"), ("x/y", b"under a file")],
@@ -709,6 +718,25 @@ class ArchiveCatalogueTests(DaemonTestCase):
             self.assertNotIn("t/fifo", names, fmt)
             self.assertNotIn("t/outdir/secret", names, fmt)
             self.assertIn("t/f.txt", names, fmt)
+
+    @inlineCallbacks
+    def test_zip_member_with_permission_bits_only(self) -> Any:
+        """D1 (found with C9): a zip member whose mode holds permission bits but no file type (what Python's ``ZipFile.writestr(name, data)`` writes) is a regular file, not a refused "special file"."""
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            z.writestr("plain.txt", b"plain")
+        reply = yield self.request(
+            "POST",
+            "/files/extract",
+            {
+                "content_base64": b64(buf.getvalue()),
+                "format": "zip",
+                "destination": "dst",
+            },
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        with open(os.path.join(self.base_dir, "dst", "plain.txt"), "rb") as f:
+            self.assertEqual(f.read(), b"plain")
 
 
 class ProcessCatalogueTests(DaemonTestCase):
@@ -887,3 +915,280 @@ class AuditCatalogueTests(DaemonTestCase):
         raw = self.raw_audit()
         self.assertGreaterEqual(raw.count(b"\n"), 5)
         self.assertNotIn(TOKEN.encode(), raw)
+
+
+class BaseDirSwapTests(DaemonTestCase):
+    """Catalogue C13: the base dir renamed or replaced while the daemon runs."""
+
+    def setUp(self) -> Any:
+        d = super().setUp()
+        self.outside = os.path.realpath(self.mktemp())
+        os.makedirs(self.outside)
+        with open(os.path.join(self.outside, "secret"), "wb") as f:
+            f.write(b"OUTSIDE")
+        with open(os.path.join(self.base_dir, "inside.txt"), "wb") as f:
+            f.write(b"INSIDE")
+        self.original = self.base_dir + ".original"
+        return d
+
+    def swap(self, replacement: str | None) -> None:
+        """
+        Move the base aside and put ``replacement`` (a link target) or, for
+        None, a fresh directory holding a planted file in its place.
+        """
+        os.rename(self.base_dir, self.original)
+        self.addCleanup(self.restore)
+        if replacement is None:
+            os.mkdir(self.base_dir)
+            with open(os.path.join(self.base_dir, "secret"), "wb") as f:
+                f.write(b"OUTSIDE")
+        else:
+            os.symlink(replacement, self.base_dir)
+
+    def restore(self) -> None:
+        if not os.path.isdir(self.original):
+            return
+        if os.path.islink(self.base_dir):
+            os.unlink(self.base_dir)
+        elif os.path.isdir(self.base_dir):
+            shutil.rmtree(self.base_dir)
+        os.rename(self.original, self.base_dir)
+
+    @inlineCallbacks
+    def assert_confined(self, reads: tuple[str, ...]) -> Any:
+        """Every read and write answers a JSON code (or nothing from outside); nothing is written outside."""
+        for route in (
+            "/download?path=",
+            "/files/raw?path=",
+            "/files/stat?path=",
+            "/files/download-stream?path=",
+        ):
+            for path in reads:
+                reply = yield self.request("GET", route + quote(path, safe=""))
+                self.assertNotIn(b"OUTSIDE", reply.body, (route, path))
+                self.assertNotIn(b"root:", reply.body, (route, path))
+                self.assertNotIn(b"T1VUU0lERQ", reply.body, (route, path))
+                self.assertIn(reply.status, (400, 403, 404), (route, path))
+                self.assertIn("code", reply.json(), (route, path))
+        for route in ("/files/list", "/files/list?path=.", "/files/list?path=etc"):
+            reply = yield self.request("GET", route)
+            self.assertIn(reply.status, (400, 403, 404), (route, reply.body[:200]))
+            self.assertIn("code", reply.json(), route)
+        reply = yield self.request("POST", "/files/search", {"pattern": "*"})
+        self.assertIn(reply.status, (400, 403, 404), reply.body[:200])
+        self.assertIn("code", reply.json())
+        for method, route, body in (
+            ("POST", "/upload", {"path": "new", "content_base64": b64(b"x")}),
+            ("POST", "/files/mkdir", {"path": "newdir"}),
+            ("DELETE", "/files?path=secret", None),
+            ("POST", "/shell", {"command": "touch made-by-shell"}),
+        ):
+            reply = yield self.request(method, route, body)
+            self.assertIn(reply.status, (400, 403, 404), (route, reply.body))
+            self.assertIn("code", reply.json(), route)
+        self.assertEqual(sorted(os.listdir(self.outside)), ["secret"])
+        reply = yield self.request("GET", "/health")
+        self.assertEqual(reply.status, 200)
+
+    @inlineCallbacks
+    def test_base_replaced_by_link_out(self) -> Any:
+        """C13: a base dir replaced by a link to another directory never serves, lists or writes that directory."""
+        self.swap(self.outside)
+        yield self.assert_confined(("secret", self.base_dir + "/secret"))
+
+    @inlineCallbacks
+    def test_base_replaced_by_link_to_root(self) -> Any:
+        """C13: a base dir replaced by a link to / never serves /etc/passwd as base/etc/passwd."""
+        self.swap("/")
+        yield self.assert_confined(("etc/passwd", "etc/hostname"))
+        self.assertTrue(os.path.exists("/etc/passwd"))
+
+    @inlineCallbacks
+    def test_base_renamed_and_replaced(self) -> Any:
+        """C13: a base dir renamed away and replaced by another directory is refused (the boundary is the directory the daemon started with)."""
+        self.swap(None)
+        yield self.assert_confined(("secret",))
+        self.assertEqual(os.listdir(self.base_dir), ["secret"])
+        self.assertEqual(sorted(os.listdir(self.original)), ["inside.txt"])
+
+    @inlineCallbacks
+    def test_base_back_in_place_serves_again(self) -> Any:
+        """C13: once the original base dir is back, the file routes serve it as before (the refusals were not sticky)."""
+        self.swap(self.outside)
+        reply = yield self.request("GET", "/download?path=secret")
+        self.assertNotEqual(reply.status, 200)
+        self.restore()
+        reply = yield self.request("GET", "/files/raw?path=inside.txt")
+        self.assertEqual((reply.status, reply.body), (200, b"INSIDE"))
+
+    @inlineCallbacks
+    def test_base_replaced_by_link_without_openat2(self) -> Any:
+        """C13: the component-by-component walk (kernels without openat2) refuses a base swapped for a link to / too."""
+        from sandboxd import guard as guard_module
+
+        self.patch(guard_module, "USE_OPENAT2", False)
+        self.swap("/")
+        yield self.assert_confined(("etc/passwd",))
+
+
+NFC_NAME = "caf\u00e9.txt"
+NFD_NAME = "cafe\u0301.txt"
+FULLWIDTH_DOT = "\uff0e"
+FULLWIDTH_SLASH = "\uff0f"
+
+
+class UnicodeNameTests(DaemonTestCase):
+    """
+    Catalogue C9 with Unicode spellings.  The daemon never normalises a
+    name (no NFC, NFD or NFKC folding): the file system is byte-exact, so
+    two spellings are two files, each decided by the policy on its own
+    bytes.  A deny glob denies the spelling it names, and never lets another
+    spelling reach the denied file's bytes.
+    """
+
+    policy = {
+        "defaults": {"paths": {"deny": [NFC_NAME, "**/.env", "keys/**"]}},
+    }
+
+    def write(self, name: str, data: bytes) -> str:
+        path = os.path.join(self.base_dir, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+
+    @inlineCallbacks
+    def test_fullwidth_dots_and_solidus_do_not_traverse(self) -> Any:
+        """C9: U+FF0E and U+FF0F (and U+2024, U+2215) spelling '../' are plain name characters: they never leave the base, and a write lands as one oddly named file inside it."""
+        dots = FULLWIDTH_DOT * 2
+        for path in (
+            (dots + FULLWIDTH_SLASH) * 8 + "etc" + FULLWIDTH_SLASH + "passwd",
+            (dots + "/") * 8 + "etc/passwd",
+            ("../" + dots + "/") * 4 + "etc/passwd",
+            ("\u2024\u2024\u2215") * 8 + "etc\u2215passwd",
+            "/etc" + FULLWIDTH_SLASH + "passwd",
+        ):
+            for route in ("/download", "/files/raw", "/files/download-stream"):
+                reply = yield self.request("GET", f"{route}?path={quote(path)}")
+                self.assertNotIn(b"root:", reply.body, (route, path))
+                self.assertIn(reply.status, (403, 404), (route, path))
+                self.assertIn("code", reply.json(), (route, path))
+        name = (dots + FULLWIDTH_SLASH) * 3 + "escape"
+        reply = yield self.request(
+            "POST", "/upload", {"path": name, "content_base64": b64(b"x")}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(os.listdir(self.base_dir), [name])
+        self.assertEqual(reply.json()["path"], os.path.join(self.base_dir, name))
+
+    @inlineCallbacks
+    def test_nfc_and_nfd_are_two_files(self) -> Any:
+        """C9: NFC and NFD spellings of 'café.txt' name two files; each request reads the bytes of its own spelling, never the other's."""
+        self.write(NFD_NAME, b"decomposed")
+        self.write("d/" + NFC_NAME.upper(), b"upper")
+        reply = yield self.request("GET", "/files/raw?path=" + quote(NFD_NAME))
+        self.assertEqual((reply.status, reply.body), (200, b"decomposed"))
+        reply = yield self.request("GET", "/files/raw?path=" + quote(NFC_NAME))
+        self.assertEqual(reply.status, 403)
+        self.assertEqual(reply.json()["code"], "path_denied")
+        self.assertEqual(sorted(os.listdir(self.base_dir)), sorted([NFD_NAME, "d"]))
+
+    @inlineCallbacks
+    def test_deny_glob_holds_against_other_spellings(self) -> Any:
+        """C9: a file denied by its NFC name stays unreadable, unlisted, unsearchable and unmovable through NFD, fullwidth, case or dot-segment spellings; those spellings reach other files or nothing."""
+        self.write(NFC_NAME, b"DENIED-NFC")
+        self.write(".env", b"DENIED-ENV")
+        self.write("keys/id", b"DENIED-KEY")
+        self.write(NFD_NAME, b"other-file")
+        spellings = (
+            NFC_NAME,
+            "./" + NFC_NAME,
+            "x/../" + NFC_NAME,
+            NFD_NAME + "/../" + NFC_NAME,
+            ".env",
+            "sub/../.env",
+            FULLWIDTH_DOT + "env",
+            "keys/id",
+            "keys//id",
+            "./keys/./id",
+            "KEYS/id",
+            "keys" + FULLWIDTH_SLASH + "id",
+            NFD_NAME,
+        )
+        for path in spellings:
+            for route in ("/files/raw", "/download", "/files/stat"):
+                reply = yield self.request("GET", f"{route}?path={quote(path)}")
+                self.assertNotIn(b"DENIED", reply.body, (route, path))
+                self.assertNotIn(b64(b"DENIED").encode()[:6], reply.body, (route, path))
+                if reply.status != 200:
+                    self.assertIn(reply.status, (400, 403, 404), (route, path))
+                    self.assertIn("code", reply.json(), (route, path))
+                elif route == "/files/stat":
+                    stat_json = reply.json()
+                    if stat_json["exists"]:
+                        self.assertEqual(stat_json["size"], len(b"other-file"))
+        reply = yield self.request("GET", "/files/list?depth=3")
+        self.assertEqual(reply.status, 200, reply.body[:200])
+        listed = {e["name"] for e in reply.json()["entries"]}
+        self.assertNotIn(NFC_NAME, listed)
+        self.assertNotIn(".env", listed)
+        self.assertNotIn("id", listed)
+        self.assertIn(NFD_NAME, listed)
+        reply = yield self.request("POST", "/files/search", {"pattern": "*"})
+        self.assertEqual(reply.status, 200, reply.body[:200])
+        found = {r["name"] for r in reply.json()["results"]}
+        self.assertEqual(found & {NFC_NAME, ".env", "id"}, set())
+        self.assertIn(NFD_NAME, found)
+        # Moving onto a denied spelling, or the denied file away, is refused.
+        for source, destination in (
+            (NFD_NAME, NFC_NAME),
+            (NFC_NAME, "moved.txt"),
+            (NFD_NAME, "sub/../.env"),
+        ):
+            reply = yield self.request(
+                "POST",
+                "/files/move",
+                {"source": source, "destination": destination, "overwrite": True},
+            )
+            self.assertEqual(reply.status, 403, (source, destination))
+            self.assertEqual(reply.json()["code"], "path_denied")
+        with open(os.path.join(self.base_dir, NFC_NAME), "rb") as f:
+            self.assertEqual(f.read(), b"DENIED-NFC")
+        with open(os.path.join(self.base_dir, ".env"), "rb") as f:
+            self.assertEqual(f.read(), b"DENIED-ENV")
+        with open(os.path.join(self.base_dir, NFD_NAME), "rb") as f:
+            self.assertEqual(f.read(), b"other-file")
+
+    @inlineCallbacks
+    def test_archive_members_with_denied_spelling(self) -> Any:
+        """C9: an archive member named with the denied NFC spelling is refused before anything is written; the NFD spelling of it extracts as its own file."""
+        for members, refused in (
+            ([("ok.txt", b"ok"), (NFC_NAME, b"planted")], True),
+            ([("ok.txt", b"ok"), (NFD_NAME, b"decomposed")], False),
+        ):
+            buf = io.BytesIO()
+            with zipfile.ZipFile(buf, "w") as z:
+                for name, data in members:
+                    z.writestr(zipfile.ZipInfo(name), data)
+            reply = yield self.request(
+                "POST",
+                "/files/extract",
+                {
+                    "content_base64": b64(buf.getvalue()),
+                    "format": "zip",
+                    "destination": ".",
+                    "overwrite": True,
+                },
+            )
+            if refused:
+                self.assertEqual(
+                    (reply.status, reply.json()["code"]),
+                    (403, "path_denied"),
+                    reply.body,
+                )
+                self.assertEqual(os.listdir(self.base_dir), [])
+            else:
+                self.assertEqual(reply.status, 200, reply.body)
+                self.assertEqual(
+                    sorted(os.listdir(self.base_dir)), sorted(["ok.txt", NFD_NAME])
+                )

@@ -271,7 +271,9 @@ def _members(
                     members.append(Member(name, "link", 0, 0o777, link))
                 elif info.is_dir():
                     members.append(Member(name, "dir", 0, stat.S_IMODE(mode) or 0o755))
-                elif mode and not stat.S_ISREG(mode):
+                elif stat.S_IFMT(mode) and not stat.S_ISREG(mode):
+                    # Permission bits with no file type (Python's writestr
+                    # writes those) are a plain file, like no mode at all.
                     raise refused_member(info.filename, "special file")
                 else:
                     total += info.file_size
