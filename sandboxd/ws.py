@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import urlencode
 
@@ -89,6 +90,7 @@ class PtyServerProtocol(WebSocketServerProtocol):
     offset: int | None = None
     _input_paused = False
     _abort_timer: Any = None
+    _deny_code: str | None = None
 
     @property
     def _tcp(self) -> Any:
@@ -109,9 +111,43 @@ class PtyServerProtocol(WebSocketServerProtocol):
         try:
             self._admit(request)
         except ConnectionDeny as e:
+            self._deny_code = _WS_CODES.get(e.code)
             self._audit(request, started, e.code, e.reason)
             raise
         self._audit(request, started, 101, None)
+
+    def sendHttpErrorResponse(
+        self,
+        code: int,
+        reason: str,
+        responseHeaders: list[tuple[str, str]] | None = None,
+    ) -> None:
+        """
+        A refused handshake as every other error of the daemon: a JSON body
+        with a ``code`` (autobahn sends a bare status line whose reason
+        phrase carries its message).
+        """
+        try:
+            phrase = HTTPStatus(code).phrase
+        except ValueError:
+            phrase = "Error"
+        body = json.dumps(
+            {
+                "error": reason,
+                "type": "WebSocketError",
+                "code": self._deny_code
+                or _HANDSHAKE_CODES.get(code, "malformed_request"),
+            },
+            separators=(",", ":"),
+        ).encode()
+        head = f"HTTP/1.1 {code} {phrase}\r\n"
+        for name, value in responseHeaders or ():
+            head += f"{name}: {value}\r\n"
+        head += (
+            "Content-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        self.sendData(head.encode("latin-1", "replace") + body)
 
     def _audit(
         self, request: Any, started: float, status: int, reason: str | None
@@ -343,6 +379,14 @@ _WS_CODES = {
 }
 
 
+#: Codes for the handshakes autobahn itself refuses (bad version, no upgrade ...).
+_HANDSHAKE_CODES = {
+    400: "malformed_request",
+    405: "method_not_allowed",
+    426: "upgrade_required",
+}
+
+
 def _may_attach(identity: Identity, session: PtySession) -> bool:
     return identity.id == session.owner or "*" in identity.scopes
 
@@ -380,6 +424,11 @@ class PtyServerFactory(WebSocketServerFactory):
             openHandshakeTimeout=WS_HANDSHAKE_SECONDS if timers else 0,
             closeHandshakeTimeout=WS_CLOSE_SECONDS if timers else 0,
             failByDrop=False,
+            # RFC 6455 only: a hybi draft (8) would carry its Origin in
+            # Sec-WebSocket-Origin, which the Origin check does not read.
+            versions=[13],
+            # No HTML status page (nor its ?redirect=) for a plain GET: 426.
+            webStatus=False,
         )
         # Off: with Nagle on, a keystroke's echo can wait for an ACK.
         self.setProtocolOptions(tcpNoDelay=True)  # type: ignore[no-untyped-call]

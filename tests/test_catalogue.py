@@ -1192,3 +1192,130 @@ class UnicodeNameTests(DaemonTestCase):
                 self.assertEqual(
                     sorted(os.listdir(self.base_dir)), sorted(["ok.txt", NFD_NAME])
                 )
+
+
+def _exchange(port: int, data: bytes, wait: float = 3.0) -> tuple[bytes, bool]:
+    """Send ``data``; what came back, and whether the server closed the connection."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.settimeout(wait)
+    received = b""
+    closed = False
+    try:
+        sock.sendall(data)
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                break
+            except ConnectionResetError:
+                closed = True
+                break
+            if not chunk:
+                closed = True
+                break
+            received += chunk
+    finally:
+        sock.close()
+    return received, closed
+
+
+class TerminalHandshakeTests(DaemonTestCase):
+    """Catalogue E7: handshakes on the PTY port that are not RFC 6455 upgrades."""
+
+    @inlineCallbacks
+    def start(self, **kwargs: Any) -> Any:
+        from tests.test_terminal_wsclient import quiet_server
+
+        daemon = yield super().start(**kwargs)
+        quiet_server(daemon.context.services["terminals"])
+        return daemon
+
+    @inlineCallbacks
+    def session(self) -> Any:
+        reply = yield self.request("POST", "/pty/sessions", {"shell": "sh"})
+        self.assertEqual(reply.status, 200, reply.body)
+        return reply.json()["session_id"]
+
+    def send(self, data: bytes) -> Deferred[tuple[bytes, bool]]:
+        from twisted.internet.threads import deferToThread
+
+        return deferToThread(_exchange, self.daemon.context.pty_port, data)
+
+    def assert_refused(self, received: bytes, closed: bool, what: Any) -> Any:
+        """A 4xx status line, a JSON body with a code, and the connection closed."""
+        head, _, body = received.partition(b"\r\n\r\n")
+        match = re.match(rb"HTTP/1\.1 (\d{3}) ", head)
+        self.assertIsNotNone(match, (what, received[:200]))
+        assert match is not None
+        status = int(match.group(1))
+        self.assertTrue(400 <= status < 500, (what, received[:200]))
+        self.assertTrue(closed, what)
+        self.assertNotIn(b"Autobahn", received, what)
+        self.assertNotIn(b"\r\nlocation:", head.lower(), what)
+        import json
+
+        self.assertIn("code", json.loads(body), what)
+        return status
+
+    @inlineCallbacks
+    def assert_no_client_and_still_serving(self, session_id: str) -> Any:
+        """The session has no client attached, and a proper client still attaches."""
+        from tests.test_terminal_wsclient import connect
+
+        reply = yield self.request("GET", f"/pty/sessions/{session_id}")
+        self.assertEqual(reply.json()["clients"], 0)
+        client = yield connect(self.daemon.context.pty_port, session_id)
+        try:
+            started = yield client.wait_for(lambda m: m.get("event") == "started")
+            self.assertEqual(started["session_id"], session_id)
+        finally:
+            client.transport.loseConnection()
+            yield client.closed
+
+    @inlineCallbacks
+    def test_bad_websocket_versions(self) -> Any:
+        """E7: Sec-WebSocket-Version 8 (hybi draft), 12, 99, a list, junk, empty or missing is refused with a 4xx and a JSON code, the connection closed, no session attached."""
+        session_id = yield self.session()
+        for version in (b"8", b"12", b"99", b"0", b"13, 8", b"abc", b"", None):
+            request = (
+                b"GET /pty?session_id=" + session_id.encode() + b" HTTP/1.1\r\n"
+                b"Host: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            )
+            if version is not None:
+                request += b"Sec-WebSocket-Version: " + version + b"\r\n"
+            received, closed = yield self.send(request + b"\r\n")
+            self.assertNotIn(b" 101 ", received[:20], version)
+            self.assert_refused(received, closed, version)
+        yield self.assert_no_client_and_still_serving(session_id)
+
+    @inlineCallbacks
+    def test_draft_origin_header_not_a_way_around(self) -> Any:
+        """E7: a hybi-8 handshake carrying its Origin as Sec-WebSocket-Origin (which the Origin check does not read) is refused."""
+        session_id = yield self.session()
+        received, closed = yield self.send(
+            b"GET /pty?session_id=" + session_id.encode() + b" HTTP/1.1\r\n"
+            b"Host: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Sec-WebSocket-Version: 8\r\nSec-WebSocket-Origin: http://evil.test\r\n\r\n"
+        )
+        self.assert_refused(received, closed, "hybi-8")
+        yield self.assert_no_client_and_still_serving(session_id)
+
+    @inlineCallbacks
+    def test_plain_get_refused(self) -> Any:
+        """E7: a GET with no upgrade (on /pty, on /, or asking autobahn's status page to redirect) is a 4xx with a JSON code, never a status page or a redirect."""
+        session_id = yield self.session()
+        for target in (
+            b"/pty?session_id=" + session_id.encode(),
+            b"/",
+            b"/?redirect=http%3A%2F%2Fevil.example%2F",
+            b"/?redirect=http%3A%2F%2Fevil.example%2F&after=0",
+        ):
+            received, closed = yield self.send(
+                b"GET " + target + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+            )
+            status = self.assert_refused(received, closed, target)
+            self.assertNotEqual(status, 303, target)
+            self.assertNotIn(b"evil.example", received, target)
+        yield self.assert_no_client_and_still_serving(session_id)
