@@ -21,6 +21,7 @@ from urllib.parse import quote
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.task import deferLater
+from twisted.trial.unittest import SkipTest
 
 from tests.helpers import DaemonTestCase
 
@@ -738,6 +739,70 @@ class ArchiveCatalogueTests(DaemonTestCase):
         with open(os.path.join(self.base_dir, "dst", "plain.txt"), "rb") as f:
             self.assertEqual(f.read(), b"plain")
 
+    @inlineCallbacks
+    def test_tar_hard_links_refused_before_writing(self) -> Any:
+        """D3: a tar with a hard link to a symlink member, or a hard link out of the destination (absolute, '..' or to /etc/passwd), is 403 with a code before anything is written."""
+        import tarfile
+
+        outside = os.path.realpath(self.mktemp())
+        os.makedirs(outside)
+
+        def member(name: str, kind: bytes, link: str = "", data: bytes = b"") -> Any:
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            info.linkname = link
+            info.size = len(data)
+            return info, io.BytesIO(data) if data else None
+
+        cases = (
+            [
+                member("first.txt", tarfile.REGTYPE, data=b"first"),
+                member("sym", tarfile.SYMTYPE, "first.txt"),
+                member("hard-to-sym", tarfile.LNKTYPE, "sym"),
+            ],
+            [
+                member("first.txt", tarfile.REGTYPE, data=b"first"),
+                member("sym-out", tarfile.SYMTYPE, "first.txt"),
+                member("hard", tarfile.LNKTYPE, "sym-out"),
+                member("hard", tarfile.REGTYPE, data=b"through the link"),
+            ],
+            [
+                member("first.txt", tarfile.REGTYPE, data=b"first"),
+                member("passwd", tarfile.LNKTYPE, "/etc/passwd"),
+            ],
+            [
+                member("first.txt", tarfile.REGTYPE, data=b"first"),
+                member("up", tarfile.LNKTYPE, "../../" + os.path.basename(outside)),
+            ],
+            [
+                member("first.txt", tarfile.REGTYPE, data=b"first"),
+                member("secret", tarfile.LNKTYPE, os.path.join(outside, "secret")),
+            ],
+        )
+        with open(os.path.join(outside, "secret"), "wb") as f:
+            f.write(b"OUTSIDE")
+        for index, members in enumerate(cases):
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w:gz") as t:
+                for info, data in members:
+                    t.addfile(info, data)
+            reply = yield self.request(
+                "POST",
+                "/files/extract",
+                {
+                    "content_base64": b64(buf.getvalue()),
+                    "format": "tar.gz",
+                    "destination": "dst",
+                },
+            )
+            self.assertEqual(reply.status, 403, (index, reply.body))
+            self.assertIn("code", reply.json(), index)
+            self.assertEqual(os.listdir(self.base_dir), [], index)
+        self.assertEqual(os.listdir(outside), ["secret"])
+        with open(os.path.join(outside, "secret"), "rb") as f:
+            self.assertEqual(f.read(), b"OUTSIDE")
+        self.assertEqual(os.stat("/etc/passwd").st_nlink, 1)
+
 
 class ProcessCatalogueTests(DaemonTestCase):
     """Catalogue E: signals, cwd, env and an aborted synchronous exec."""
@@ -1319,3 +1384,114 @@ class TerminalHandshakeTests(DaemonTestCase):
             self.assertNotEqual(status, 303, target)
             self.assertNotIn(b"evil.example", received, target)
         yield self.assert_no_client_and_still_serving(session_id)
+
+
+def _listening_inodes() -> set[str]:
+    """Socket inodes of every listening TCP socket on the host."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "0A":
+                inodes.add(fields[9])
+    return inodes
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    found = set()
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            found.add(target[8:-1])
+    return found
+
+
+class BrowserCatalogueTests(DaemonTestCase):
+    """Catalogue E13: what another sandbox process can reach of the browser."""
+
+    timeout = 120
+    policy = {"groups": {"browser": True}}
+
+    def setUp(self) -> Any:
+        from tests.test_browser import SKIP_REASON
+
+        if SKIP_REASON is not None:
+            raise SkipTest(SKIP_REASON)
+        from twisted.web.resource import Resource
+        from twisted.web.server import Site
+        from twisted.web.static import Data
+
+        root = Resource()
+        page = Data(
+            b'<!doctype html><a id="dl" href="/file" download="got.bin">x</a>',
+            "text/html",
+        )
+        root.putChild(b"", page)
+        attachment = Data(b"DOWNLOADED-BYTES", "application/octet-stream")
+        root.putChild(b"file", attachment)
+        port = reactor.listenTCP(0, Site(root), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        self.site = f"http://127.0.0.1:{port.getHost().port}"
+        return super().setUp()
+
+    def browser_tree(self) -> list[int]:
+        from sandboxd.proctree import descendants
+
+        service = self.daemon.context.services["browser"]
+        self.assertIsNotNone(service.worker)
+        pids: list[int] = descendants(service.worker.pid)
+        return [service.worker.pid, *pids]
+
+    @inlineCallbacks
+    def test_devtools_over_a_pipe_not_a_port(self) -> Any:
+        """E13: Chromium speaks DevTools over a pipe (--remote-debugging-pipe), never a TCP port another process could connect to; no process of the browser's tree listens on TCP."""
+        reply = yield self.request("POST", "/browser/navigate", {"url": self.site})
+        self.assertEqual(reply.status, 200, reply.body)
+        tree = self.browser_tree()
+        cmdlines = []
+        for pid in tree:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdlines.append(f.read().split(b"\0"))
+            except OSError:
+                continue
+        browsers = [c for c in cmdlines if any(b"chrom" in a for a in c[:1])]
+        self.assertNotEqual(browsers, [], cmdlines)
+        flags = {a.split(b"=", 1)[0] for c in cmdlines for a in c}
+        self.assertIn(b"--remote-debugging-pipe", flags)
+        self.assertNotIn(b"--remote-debugging-port", flags)
+        listening = _listening_inodes()
+        for pid in tree:
+            self.assertEqual(_socket_inodes(pid) & listening, set(), pid)
+
+    @inlineCallbacks
+    def test_download_writes_nothing(self) -> Any:
+        """E13: a page that downloads a file (a download link clicked, an attachment navigated to) leaves no file in the base dir or the worker's directory."""
+        reply = yield self.request("POST", "/browser/navigate", {"url": self.site})
+        self.assertEqual(reply.status, 200, reply.body)
+        yield self.request("POST", "/browser/click", {"selector": "#dl"})
+        yield self.request("POST", "/browser/navigate", {"url": self.site + "/file"})
+        yield sleep(1.0)
+        service = self.daemon.context.services["browser"]
+        for root in (self.base_dir, service.workdir):
+            for folder, _, files in os.walk(root):
+                for name in files:
+                    try:
+                        with open(os.path.join(folder, name), "rb") as f:
+                            data = f.read()
+                    except OSError:
+                        continue
+                    self.assertNotIn(b"DOWNLOADED-BYTES", data, (folder, name))
+        self.assertEqual(os.listdir(self.base_dir), [])
