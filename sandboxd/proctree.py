@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -39,6 +40,9 @@ _KILL_POLLS = (0.01, 0.02, 0.05, 0.1, 0.2)
 
 #: How long a tree kill keeps looking for an orphan caught mid-exec.
 _SETTLE_SECONDS = 0.2
+
+#: How old a /proc scan tree kills may share (see _RecentScan).
+_SHARED_SCAN_SECONDS = 0.002
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -222,38 +226,36 @@ def signal_group(pgid: int, sig: int) -> None:
 # Killing trees and reaping orphans
 
 
-class _TurnScan:
+class _RecentScan:
     """
-    One ``/proc`` scan shared by every tree kill in the same reactor turn.
+    One ``/proc`` scan shared by tree kills that look within a few
+    milliseconds of each other.
 
     A client that drops eight connections with commands in flight starts
-    eight kills in one turn, and each used to scan every process at least
-    twice (about a millisecond a scan) before the reactor could read the
-    next request.  A scan taken in this turn is as good for each of them:
-    their trees were all started in earlier turns, no handler (and so no
-    spawn) runs between timed calls, and a tree found dead in it cannot
-    come back, since only a live member can start a new one.  The scan is
-    dropped at the next turn (``callLater(0)``).
+    eight kills at once, and each used to scan every process at least twice
+    (about a millisecond a scan) before the reactor could read the next
+    request.  A recent scan is as good for each of them, because a tree
+    found dead in it cannot come back: only a live member can start a new
+    process.  A member the scan does not show may simply be younger than
+    it, so :func:`kill_tree` asks ``/proc`` about it directly before
+    counting it gone.
     """
 
-    def __init__(self) -> None:
-        self._clock: Any = None
-        self._table: dict[int, ProcInfo] | None = None
+    def __init__(self, max_age: float) -> None:
+        self.max_age = max_age
+        self._taken = -1.0
+        self._table: dict[int, ProcInfo] = {}
 
-    def table(self, clock: Any) -> dict[int, ProcInfo]:
-        """This turn's scan of ``clock``'s reactor, taken on first use."""
-        if self._table is None or self._clock is not clock:
+    def table(self) -> dict[int, ProcInfo]:
+        """A scan at most ``max_age`` seconds old."""
+        now = time.monotonic()
+        if now - self._taken > self.max_age:
             self._table = proc_table()
-            self._clock = clock
-            clock.callLater(0, self._expire)
+            self._taken = time.monotonic()
         return self._table
 
-    def _expire(self) -> None:
-        self._table = None
-        self._clock = None
 
-
-_TURN_SCAN = _TurnScan()
+_RECENT_SCAN = _RecentScan(_SHARED_SCAN_SECONDS)
 
 
 def kill_tree(
@@ -279,7 +281,7 @@ def kill_tree(
     if leader in (0, 1, os.getpid()) or leader < 0:
         return succeed(None)
     done: Deferred[None] = Deferred()
-    members = tree_members(leader, marker, _TURN_SCAN.table(clock))
+    members = tree_members(leader, marker, _RECENT_SCAN.table())
     if leader_start is None and not leader_reaped:
         info = proc_info(leader)
         leader_start = info.start if info is not None else None
@@ -295,9 +297,10 @@ def kill_tree(
             signal_member(pid, start, sig)
 
     def survivors() -> bool:
-        table = _TURN_SCAN.table(clock)
+        table = _RECENT_SCAN.table()
         for pid, start in list(members.items()):
-            info = table.get(pid)
+            # Missing from the scan: gone, or younger than the scan.
+            info = table.get(pid) or proc_info(pid)
             if info is None or info.start != start or info.state == "Z":
                 del members[pid]
         # Members found late (an escapee whose environment could not be

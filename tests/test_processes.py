@@ -425,14 +425,14 @@ class TreeTests(TestCase):
         self.assertIsNone(proctree.proc_info(orphan))
 
 
-class TurnScanTests(TestCase):
+class SharedScanTests(TestCase):
     """Tree kills started together share their /proc scans."""
 
     timeout = 30
 
     @inlineCallbacks
     def test_kills_in_one_turn_share_scans(self) -> Any:
-        """Eight trees killed in one reactor turn all die, for a handful of scans rather than two or more each."""
+        """Eight trees killed at once all die, for a handful of scans rather than two or more each."""
         marker = f"60.{secrets.randbelow(10**12):012d}"
         self.addCleanup(kill_marked, marker)
         children = []
