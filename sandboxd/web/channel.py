@@ -59,8 +59,7 @@ class SandboxChannel(HTTPChannel):
 
     def lineReceived(self, line: bytes) -> None:
         """Refuse obs-fold continuation lines among the headers."""
-        in_headers = not self._HTTPChannel__first_line  # type: ignore[attr-defined]
-        if in_headers and line[:1] in (b" ", b"\t"):
+        if line[:1] in (b" ", b"\t") and not self._HTTPChannel__first_line:  # type: ignore[attr-defined]
             self._respondToBadRequestAndDisconnect()
             return
         super().lineReceived(line)

@@ -11,6 +11,7 @@ client will see.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Mapping, Sequence
 
@@ -116,8 +117,14 @@ def host_name(value: str) -> str:
     return value
 
 
+@functools.lru_cache(maxsize=256)
 def is_loopback(name: str) -> bool:
-    """Whether a host name or address is this machine's loopback."""
+    """
+    Whether a host name or address is this machine's loopback.
+
+    (Asked on every request without a token; parsing an address costs more
+    than the rest of the Host check, and clients send the same few names.)
+    """
     if name in _LOOPBACK_NAMES or name.endswith(".localhost"):
         return True
     try:

@@ -100,6 +100,7 @@ class SandboxRequest(Request):
     watching_finish = False
     cors_origin: str | None = None
     preflight = False
+    widened = False
     payload: bytearray | None = None
     _headers_lc: Mapping[bytes, Sequence[bytes]] = {}
     body_buffer: io.BytesIO
@@ -151,6 +152,7 @@ class SandboxRequest(Request):
             self._fail_at_header(payload_too_large(self.cap))
             return
         if length is not None and length > LARGE_BODY:
+            self.widened = True
             _read_size(channel.transport, LARGE_READ)
         endpoint = admission.endpoint
         if endpoint.upload and endpoint.body == "json":
@@ -232,7 +234,8 @@ class SandboxRequest(Request):
         """Answer a refusal, or parse the body and run the handler (steps 6–8)."""
         if self.answered_early:
             return
-        _read_size(self.channel.transport, None)
+        if self.widened:
+            _read_size(self.channel.transport, None)
         self.site = _site(self)
         self.setHeader(b"date", datetimeToString())
         if self.cors_origin is not None:
