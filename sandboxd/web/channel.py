@@ -57,6 +57,18 @@ class SandboxChannel(HTTPChannel):
         if not site.connection_opened(self):
             self.transport.abortConnection()  # type: ignore[union-attr]
 
+    _host: Any = None
+
+    def getHost(self) -> Any:
+        """
+        The server's address of this connection, asked of the socket once:
+        Twisted's request asks for it on every request, and each ask is a
+        ``getsockname`` call (7 % of the reactor's samples at W1 c32).
+        """
+        if self._host is None and self.transport is not None:
+            self._host = self.transport.getHost()
+        return self._host
+
     def lineReceived(self, line: bytes) -> None:
         """Refuse obs-fold continuation lines among the headers."""
         if line[:1] in (b" ", b"\t") and not self._HTTPChannel__first_line:  # type: ignore[attr-defined]
