@@ -798,15 +798,22 @@ def open_base(base: str, original: str) -> int:
     the directory the daemon started with: a base swapped for a link to /
     must not turn ``etc/passwd`` into ``/etc/passwd`` (catalogue C13).
     """
+    pinned = _PINNED_BASES.get(base)
     try:
-        fd = _open_real_dir(base)
+        if pinned is None:
+            fd = _open_real_dir(base)
+        else:
+            # The pinned identity is the whole check: a swapped component
+            # anywhere on the way lands on another directory, and a link
+            # that still leads to the same one is harmless.  One open and
+            # one fstat, where a link-free walk from / costs four calls.
+            fd = os.open(base, _DIR_FLAGS)
     except FileNotFoundError:
         raise file_not_found(original) from None
     except OSError:
         raise refusal(
             PathDecision(original, False, "path_not_allowed", "guard:base_dir")
         ) from None
-    pinned = _PINNED_BASES.get(base)
     if pinned is not None:
         st = os.fstat(fd)
         if (st.st_dev, st.st_ino) != pinned:

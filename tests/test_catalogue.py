@@ -1087,6 +1087,31 @@ class BaseDirSwapTests(DaemonTestCase):
         self.assertEqual((reply.status, reply.body), (200, b"INSIDE"))
 
     @inlineCallbacks
+    def test_parent_swapped_for_a_link(self) -> Any:
+        """C13: a component above the base swapped for a link that leads to another directory of the same name is refused; one that leads back to the base itself still serves it."""
+        parent = os.path.dirname(self.base_dir)
+        name = os.path.basename(self.base_dir)
+        aside = parent + ".aside"
+        elsewhere = os.path.realpath(self.mktemp())
+        os.makedirs(os.path.join(elsewhere, name))
+        with open(os.path.join(elsewhere, name, "secret"), "wb") as f:
+            f.write(b"OUTSIDE")
+        os.rename(parent, aside)
+        try:
+            os.symlink(elsewhere, parent)
+            reply = yield self.request("GET", "/download?path=secret")
+            self.assertEqual(reply.status, 403, reply.body)
+            self.assertNotIn(b"T1VUU0lERQ", reply.body)
+            os.unlink(parent)
+            os.symlink(aside, parent)
+            reply = yield self.request("GET", "/files/raw?path=inside.txt")
+            self.assertEqual((reply.status, reply.body), (200, b"INSIDE"))
+        finally:
+            if os.path.islink(parent):
+                os.unlink(parent)
+            os.rename(aside, parent)
+
+    @inlineCallbacks
     def test_base_replaced_by_link_without_openat2(self) -> Any:
         """C13: the component-by-component walk (kernels without openat2) refuses a base swapped for a link to / too."""
         from sandboxd import guard as guard_module
