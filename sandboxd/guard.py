@@ -26,11 +26,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import os
 import platform
 import posixpath
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import attrs
@@ -469,13 +470,8 @@ class PathGuard:
         base = posixpath.normpath(self.base_dir)
         best = base if under(target, base) else ""
         for entry in self.rule.paths.allow:
-            literal = entry.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0]
-            if literal != entry:
-                literal = literal.rsplit("/", 1)[0] if "/" in literal else ""
-            if not literal:
-                continue
-            root = absolute(literal, base)
-            if root != "/" and under(target, root) and len(root) > len(best):
+            root = allow_root(entry, base)
+            if root is not None and under(target, root) and len(root) > len(best):
                 best = root
         if not best or best == "/" or any(under(best, r) for r in FORBIDDEN_ROOTS):
             raise refusal(
@@ -493,13 +489,7 @@ class PathGuard:
         original: str,
     ) -> Location:
         anchor = self._anchor(target, original)
-        if anchor == posixpath.normpath(self.base_dir):
-            anchor_fd = open_base(anchor, original)
-        else:
-            try:
-                anchor_fd = os.open(anchor, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-            except OSError:
-                raise file_not_found(original) from None
+        anchor_fd = open_anchor(anchor, original)
         rel = target[len(anchor) :].strip("/")
         if rel == "":
             return Location(anchor_fd, "", anchor)
@@ -745,27 +735,66 @@ def refuse_device(st: os.stat_result | None, path: Any) -> None:
 
 _BASE_DEVICES: dict[str, int] = {}
 
-#: ``(st_dev, st_ino)`` of each base dir when the daemon started serving it.
-_PINNED_BASES: dict[str, tuple[int, int]] = {}
+#: ``(st_dev, st_ino)`` of each anchor (the base dir, every allowed root)
+#: when the daemon started serving it, or last reloaded.
+_PINNED_ANCHORS: dict[str, tuple[int, int]] = {}
+
+#: Opening a pinned anchor: links followed, the identity checked after.
+_ANCHOR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-def pin_base(base_dir: str) -> None:
+def allow_root(entry: str, base: str) -> str | None:
     """
-    Remember which directory ``base_dir`` is now (the daemon calls this at
-    start and on reload), so that a base renamed away and replaced by
-    another directory later is refused rather than served (catalogue C13).
-    A base that cannot be opened now is not pinned.
+    The directory a ``paths.allow`` entry starts from (its literal part
+    before any glob character), or None when it has none or is ``/``.
     """
+    literal = entry.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0]
+    if literal != entry:
+        literal = literal.rsplit("/", 1)[0] if "/" in literal else ""
+    if not literal:
+        return None
+    root = absolute(literal, base)
+    return None if root == "/" else root
+
+
+def allowed_roots(rules: Iterable[EffectiveRule]) -> set[str]:
+    """Every allowed root outside the base named by ``rules``."""
+    roots: set[str] = set()
+    for rule in rules:
+        base = posixpath.normpath(rule.base_dir)
+        for entry in rule.paths.allow:
+            root = allow_root(entry, base)
+            if root is not None and not under(root, base):
+                roots.add(root)
+    return roots
+
+
+def pin_anchors(base_dir: str, roots: Iterable[str] = ()) -> None:
+    """
+    Remember which directories the base dir and the allowed ``roots`` are
+    now (the daemon calls this at start and on reload), so that one renamed
+    away, or replaced by a link or another directory, is refused rather than
+    served (catalogue C13).  The base is opened with no link on its path;
+    a root as it resolves now.  One that cannot be opened now is not pinned
+    (and is then only reached through a path with no link on it).
+    """
+    base = posixpath.normpath(base_dir)
+    _pin(base, lambda: _open_real_dir(base))
+    for root in roots:
+        _pin(root, functools.partial(os.open, root, _ANCHOR_FLAGS))
+
+
+def _pin(path: str, opener: Callable[[], int]) -> None:
     try:
-        fd = _open_real_dir(posixpath.normpath(base_dir))
+        fd = opener()
     except OSError:
-        _PINNED_BASES.pop(base_dir, None)
+        _PINNED_ANCHORS.pop(path, None)
         return
     try:
         st = os.fstat(fd)
     finally:
         os.close(fd)
-    _PINNED_BASES[posixpath.normpath(base_dir)] = (st.st_dev, st.st_ino)
+    _PINNED_ANCHORS[path] = (st.st_dev, st.st_ino)
 
 
 def _open_real_dir(path: str) -> int:
@@ -791,23 +820,24 @@ def _open_real_dir(path: str) -> int:
     return fd
 
 
-def open_base(base: str, original: str) -> int:
+def open_anchor(anchor: str, original: str) -> int:
     """
-    Open the base dir as the anchor of a resolution, refusing a base that
-    became a link (or gained one on its way) or, when pinned, is no longer
-    the directory the daemon started with: a base swapped for a link to /
-    must not turn ``etc/passwd`` into ``/etc/passwd`` (catalogue C13).
+    Open the directory a resolution starts from (the base, or an allowed
+    root), refusing one that is no longer the directory the daemon pinned:
+    a base swapped for a link to / must not turn ``etc/passwd`` into
+    ``/etc/passwd`` (catalogue C13).
+
+    The pinned identity is the whole check: a component swapped anywhere on
+    the way lands on another directory, and a link that still leads to the
+    same one is harmless.  That is one open and one ``fstat``, where the
+    link-free walk from / that an unpinned anchor gets costs four calls.
     """
-    pinned = _PINNED_BASES.get(base)
+    pinned = _PINNED_ANCHORS.get(anchor)
     try:
         if pinned is None:
-            fd = _open_real_dir(base)
+            fd = _open_real_dir(anchor)
         else:
-            # The pinned identity is the whole check: a swapped component
-            # anywhere on the way lands on another directory, and a link
-            # that still leads to the same one is harmless.  One open and
-            # one fstat, where a link-free walk from / costs four calls.
-            fd = os.open(base, _DIR_FLAGS)
+            fd = os.open(anchor, _ANCHOR_FLAGS)
     except FileNotFoundError:
         raise file_not_found(original) from None
     except OSError:

@@ -203,7 +203,8 @@ class DaemonService(MultiService):
             )
 
     def _enter_base_dir(self) -> None:
-        guard.pin_base(self.context.base_dir)
+        policy = self.context.policy
+        guard.pin_anchors(policy.base_dir, guard.allowed_roots(policy.rules.values()))
         if self.settings.chdir and os.path.isdir(self.context.base_dir):
             os.chdir(self.context.base_dir)
 

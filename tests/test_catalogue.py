@@ -1121,6 +1121,50 @@ class BaseDirSwapTests(DaemonTestCase):
         yield self.assert_confined(("etc/passwd",))
 
 
+class AllowedRootSwapTests(DaemonTestCase):
+    """Catalogue C13 for a ``paths.allow`` root outside the base: pinned like the base."""
+
+    autostart = False
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        yield super().setUp()
+        self.root = os.path.realpath(self.mktemp())
+        os.makedirs(self.root)
+        with open(os.path.join(self.root, "data.txt"), "wb") as f:
+            f.write(b"ROOTDATA")
+        self.outside = os.path.realpath(self.mktemp())
+        os.makedirs(self.outside)
+        with open(os.path.join(self.outside, "data.txt"), "wb") as f:
+            f.write(b"OUTSIDE")
+        yield self.start(
+            policy={
+                "defaults": {
+                    "paths": {"allow": [self.base_dir + "/**", self.root + "/**"]}
+                }
+            }
+        )
+
+    @inlineCallbacks
+    def test_root_swapped_for_a_link_is_refused(self) -> Any:
+        """C13: an allowed root replaced by a link to another directory is refused; put back, it serves again."""
+        url = "/files/raw?path=" + quote(self.root + "/data.txt", safe="")
+        reply = yield self.request("GET", url)
+        self.assertEqual((reply.status, reply.body), (200, b"ROOTDATA"))
+        aside = self.root + ".aside"
+        os.rename(self.root, aside)
+        os.symlink(self.outside, self.root)
+        try:
+            reply = yield self.request("GET", url)
+            self.assertEqual(reply.status, 403, reply.body)
+            self.assertEqual(reply.json()["code"], "path_not_allowed")
+        finally:
+            os.unlink(self.root)
+            os.rename(aside, self.root)
+        reply = yield self.request("GET", url)
+        self.assertEqual((reply.status, reply.body), (200, b"ROOTDATA"))
+
+
 NFC_NAME = "caf\u00e9.txt"
 NFD_NAME = "cafe\u0301.txt"
 FULLWIDTH_DOT = "\uff0e"
