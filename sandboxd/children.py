@@ -15,6 +15,7 @@ import errno
 import fcntl
 import os
 import pwd
+import re
 import shlex
 import signal
 from collections.abc import Iterable, Mapping
@@ -152,7 +153,7 @@ def command_argv(body: Mapping[str, Any], rule: EffectiveRule) -> list[str]:
         check_command_allowed(rule, _first_word(command))
         return argv
     try:
-        argv = shlex.split(command)
+        argv = split_command(command)
     except ValueError as e:
         raise ApiError(
             400, f"cannot parse the command: {e}", "ValueError", "invalid_param"
@@ -163,9 +164,25 @@ def command_argv(body: Mapping[str, Any], rule: EffectiveRule) -> list[str]:
     return argv
 
 
+#: Characters that make ``shlex.split`` differ from ``str.split``: quotes,
+#: backslashes, and whitespace other than shlex's own four.
+_NEEDS_SHLEX = re.compile(r"['\"\\]|[^\S \t\r\n]")
+
+
+def split_command(command: str) -> list[str]:
+    """
+    ``shlex.split(command)``, through ``str.split`` when that gives the same
+    words (no quotes, no backslashes, only shlex's whitespace): the common
+    ``ls -la`` then costs a regex search instead of shlex's character loop.
+    """
+    if _NEEDS_SHLEX.search(command) is None:
+        return command.split()
+    return shlex.split(command)
+
+
 def _first_word(command: str) -> list[str]:
     try:
-        words = shlex.split(command)
+        words = split_command(command)
     except ValueError:
         words = command.split()
     return words[:1]

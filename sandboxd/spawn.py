@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -152,13 +153,37 @@ def posix_spawn(spawn_plan: SpawnPlan) -> int:
     if libc is None:
         raise OSError(0, "posix_spawn through ctypes is not available here")
     attributes = _attributes(libc, tuple(spawn_plan.default_signals))
+    return _call(libc, spawn_plan, _actions(libc, spawn_plan), attributes)
+
+
+#: Prepared file actions by (working directory, descriptor map): pipes
+#: reuse the lowest free descriptors, so a busy daemon asks for the same
+#: few sets over and over.  Bounded; the oldest set is destroyed first.
+_ACTIONS: OrderedDict[tuple[bytes | None, tuple[tuple[int, int], ...]], Any] = (
+    OrderedDict()
+)
+_ACTIONS_KEPT = 64
+
+
+def _actions(libc: Any, spawn_plan: SpawnPlan) -> Any:
+    """The file actions of ``spawn_plan``, built once per distinct set."""
+    key = (spawn_plan.cwd, tuple(sorted(spawn_plan.fds.items())))
+    cached = _ACTIONS.get(key)
+    if cached is not None:
+        _ACTIONS.move_to_end(key)
+        return cached
     actions = ctypes.create_string_buffer(_OPAQUE_BYTES)
     _check(libc.posix_spawn_file_actions_init(actions), "file actions")
     try:
         _file_actions(libc, spawn_plan, actions)
-        return _call(libc, spawn_plan, actions, attributes)
-    finally:
+    except BaseException:
         libc.posix_spawn_file_actions_destroy(actions)
+        raise
+    _ACTIONS[key] = actions
+    if len(_ACTIONS) > _ACTIONS_KEPT:
+        _, oldest = _ACTIONS.popitem(last=False)
+        libc.posix_spawn_file_actions_destroy(oldest)
+    return actions
 
 
 _ATTRIBUTES: dict[tuple[int, ...], Any] = {}

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
+import shlex
+import string
 from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.protocol import ProcessProtocol
-from twisted.trial.unittest import TestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from sandboxd.children import SETPRIV, find_executable, spawn_session
+from sandboxd.children import SETPRIV, find_executable, spawn_session, split_command
 
 
 class Collect(ProcessProtocol):
@@ -104,3 +107,38 @@ class SessionTests(TestCase):
         )
         self.assertEqual(user, "nobody")
         self.assertEqual((pgid, sid), (pid, pid))
+
+
+class SplitCommandTests(SynchronousTestCase):
+    """split_command is shlex.split, whichever way it takes."""
+
+    def test_same_words_as_shlex(self) -> None:
+        """Quotes, escapes, comments and every kind of whitespace split (or fail) exactly as shlex does."""
+        fixed = [
+            "ls -la",
+            "  a\tb\r\nc  ",
+            "echo 'a b' \"c d\"",
+            "a\\ b",
+            "x\x0by",
+            "x\u00a0y",
+            "x\u2028y",
+            "a # not a comment",
+            "echo 'unclosed",
+            "",
+        ]
+        rng = random.Random(7)
+        alphabet = string.ascii_letters + " \t\r\n\x0b\x0c\x1c\x85\xa0'\"\\#;|&$"
+        generated = [
+            "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 16)))
+            for _ in range(5000)
+        ]
+        for command in fixed + generated:
+            try:
+                want: object = shlex.split(command)
+            except ValueError:
+                want = ValueError
+            try:
+                got: object = split_command(command)
+            except ValueError:
+                got = ValueError
+            self.assertEqual(got, want, repr(command))
