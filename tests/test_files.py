@@ -42,6 +42,37 @@ def _raw_get(port: int, url: str) -> tuple[dict[str, str], bytes]:
     return headers, body
 
 
+def _two_gets(port: int, url: str, range_: str) -> tuple[bytes, bytes]:
+    """
+    Two GETs on one keep-alive connection, the second with a Range: the
+    raw responses, each read to its Content-Length.
+    """
+
+    def one(s: socket.socket, extra: str, rest: bytes) -> tuple[bytes, bytes]:
+        s.sendall(f"GET {url} HTTP/1.1\r\nHost: localhost\r\n{extra}\r\n".encode())
+        data = rest
+        while b"\r\n\r\n" not in data:
+            data += s.recv(65536)
+        head, body = data.split(b"\r\n\r\n", 1)
+        length = int(
+            next(
+                line.split(b":", 1)[1]
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+        )
+        while len(body) < length:
+            body += s.recv(1 << 20)
+        return head + b"\r\n\r\n" + body[:length], body[length:]
+
+    with socket.socket() as s:
+        s.settimeout(20)
+        s.connect(("127.0.0.1", port))
+        first, rest = one(s, "", b"")
+        second, _ = one(s, f"Range: {range_}\r\n", rest)
+    return first, second
+
+
 def _read_while_truncating(port: int, url: str, path: str) -> tuple[int, int]:
     """
     GET ``url`` slowly, truncate ``path`` once the body has begun, and read
@@ -330,6 +361,32 @@ class RawTests(FilesCase):
         self.assertEqual(self.read("w.txt"), b"old")
         reply = yield self.request("POST", "/files/raw?path=w.txt", raw_body=b"")
         self.assertEqual((reply.status, self.read("w.txt")), (200, b""))
+
+
+class RawKeepAliveTests(FilesCase):
+    """A raw read (sent by sendfile on a plain connection) leaves the connection usable."""
+
+    policy = {"defaults": {"audit": "all"}}
+    audit = True
+
+    @inlineCallbacks
+    def test_two_reads_on_one_connection(self) -> Any:
+        """A whole file, then a range of it, on one keep-alive connection: both byte-exact, and the audit counts the bytes sent."""
+        data = os.urandom(3 * 1024 * 1024 + 11)
+        self.put("k.bin", data)
+        first, second = yield deferToThread(
+            _two_gets, self.daemon.port, "/files/raw?path=k.bin", "bytes=1000-2099999"
+        )
+        self.assertTrue(first.startswith(b"HTTP/1.1 200 "))
+        self.assertEqual(first.split(b"\r\n\r\n", 1)[1], data)
+        self.assertTrue(second.startswith(b"HTTP/1.1 206 "))
+        self.assertEqual(second.split(b"\r\n\r\n", 1)[1], data[1000:2100000])
+        reads = [
+            line for line in self.audit_lines() if line["endpoint"] == "files_read_raw"
+        ]
+        self.assertEqual([line["status"] for line in reads], [200, 206])
+        self.assertGreaterEqual(reads[0]["bytes_out"], len(data))
+        self.assertLess(reads[0]["bytes_out"], len(data) + 1024)
 
 
 class TreeTests(FilesCase):

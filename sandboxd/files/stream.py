@@ -9,6 +9,13 @@ resumes it once drained.  The same producer serves raw bytes
 (``files_read_raw``, with a byte range) and base64 inside a JSON envelope
 (``files_download_stream``); base64 chunks are whole multiples of 3 bytes so
 their encodings concatenate.
+
+Raw bytes to a plain TCP (or Unix) connection go by ``sendfile(2)``, from
+the page cache to the socket with no copy through Python.  Twisted has no
+call for it, so the producer uses the transport's own flow control: once
+the socket is full it marks the transport's producer paused and asks it to
+watch for writability, and the transport's drain wakes it up as it would
+after a buffered write.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pybase64
+from twisted.internet import tcp
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
@@ -31,6 +39,25 @@ log = Logger(namespace="sandboxd.files")
 def b64_chunk(data: bytes) -> bytes:
     """Base64 of one chunk, no newline."""
     return pybase64.b64encode(data)
+
+
+#: The most one ``sendfile`` call is asked to send.
+SENDFILE_BYTES = 4 * 1024 * 1024
+
+
+def _sendfile_transport(request: Any) -> Any:
+    """
+    The plain TCP or Unix transport under a twisted.web ``request``, or
+    None (TLS, HTTP/2, tests' string transports): only there do the bytes
+    on the socket equal the body.
+    """
+    channel = getattr(request, "channel", None)
+    transport = getattr(channel, "transport", None)
+    if not isinstance(transport, tcp.Connection):
+        return None
+    if not hasattr(transport, "producerPaused"):
+        return None
+    return transport
 
 
 class FileShrank(OSError):
@@ -81,10 +108,17 @@ class FileProducer:
         self.consumer: Any = None
         self.done: Deferred[int] = Deferred()
         self._busy = False
+        self._socket: Any = None
 
     def start(self, consumer: Any) -> Deferred[int]:
         """Register with ``consumer`` and start writing; fires with bytes sent."""
         self.consumer = consumer
+        if self.transform is None and self.left > 0:
+            transport = _sendfile_transport(consumer)
+            if transport is not None:
+                consumer.write(b"")  # the status line and headers go first
+                if not getattr(consumer, "chunked", False):
+                    self._socket = transport
         consumer.registerProducer(self, True)
         self.resumeProducing()
         return self.done
@@ -96,6 +130,9 @@ class FileProducer:
             return
         self._busy = True
         try:
+            if self._socket is not None:
+                self._send_file(self._socket)
+                return
             while not self.paused and self.fd >= 0:
                 if self.left <= 0:
                     self._finish()
@@ -118,6 +155,34 @@ class FileProducer:
                 self.done.errback(e)
         finally:
             self._busy = False
+
+    def _send_file(self, transport: Any) -> None:
+        """``sendfile`` until the range is done or the socket is full."""
+        if transport.dataBuffer or transport._tempDataBuffer:
+            self._when_writable(transport)  # the headers are still queued
+            return
+        out = transport.socket.fileno()
+        while not self.paused and self.left > 0:
+            try:
+                n = os.sendfile(out, self.fd, self.pos, min(self.left, SENDFILE_BYTES))
+            except BlockingIOError:
+                self._when_writable(transport)
+                return
+            if n == 0:
+                raise FileShrank(self.sent, self.sent + self.left)
+            self.pos += n
+            self.left -= n
+            self.sent += n
+            self.consumer.sentLength += n
+        if self.left <= 0:
+            self._finish()
+
+    @staticmethod
+    def _when_writable(transport: Any) -> None:
+        # What the transport does itself when its buffer fills: its drain
+        # then resumes its producer (the HTTP channel), which resumes us.
+        transport.producerPaused = True
+        transport.startWriting()
 
     def pauseProducing(self) -> None:
         """The client is behind: stop until resumed."""
