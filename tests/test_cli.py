@@ -36,6 +36,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def twistd_argv(base: str, *extra: str) -> list[str]:
+    """``twistd -n sandboxd`` on loopback ports (``{port}``, ``{pty}``) serving ``base``."""
+    return [
+        os.path.join(BIN, "twistd"),
+        "-n",
+        "--pidfile=",
+        "sandboxd",
+        "--port",
+        "tcp:{port}:interface=127.0.0.1",
+        "--pty-port",
+        "tcp:{pty}:interface=127.0.0.1",
+        "--base-dir",
+        base,
+        *extra,
+    ]
+
+
 class DaemonProcess:
     """A daemon started as its own process group."""
 
@@ -130,20 +147,7 @@ class TwistdTests(SynchronousTestCase):
         os.makedirs(base)
         d = DaemonProcess(
             self,
-            [
-                os.path.join(BIN, "twistd"),
-                "-n",
-                "--pidfile=",
-                "sandboxd",
-                "--port",
-                "tcp:{port}:interface=127.0.0.1",
-                "--pty-port",
-                "tcp:{pty}:interface=127.0.0.1",
-                "--base-dir",
-                base,
-                "--policy",
-                os.path.join(ROOT, "etc", "policy.json"),
-            ],
+            twistd_argv(base, "--policy", os.path.join(ROOT, "etc", "policy.json")),
         )
         d.wait_healthy()
         status, body = d.get("/capabilities", {"Host": "localhost"})

@@ -42,6 +42,21 @@ def _raw_get(port: int, url: str) -> tuple[dict[str, str], bytes]:
     return headers, body
 
 
+def _read_head(s: socket.socket, data: bytes) -> tuple[bytes, bytes, int]:
+    """Read a response's head from ``s`` (after ``data``): head, body so far, Content-Length."""
+    while b"\r\n\r\n" not in data:
+        data += s.recv(4096)
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = int(
+        next(
+            line.split(b":", 1)[1]
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        )
+    )
+    return head, body, length
+
+
 def _two_gets(port: int, url: str, range_: str) -> tuple[bytes, bytes]:
     """
     Two GETs on one keep-alive connection, the second with a Range: the
@@ -50,17 +65,7 @@ def _two_gets(port: int, url: str, range_: str) -> tuple[bytes, bytes]:
 
     def one(s: socket.socket, extra: str, rest: bytes) -> tuple[bytes, bytes]:
         s.sendall(f"GET {url} HTTP/1.1\r\nHost: localhost\r\n{extra}\r\n".encode())
-        data = rest
-        while b"\r\n\r\n" not in data:
-            data += s.recv(65536)
-        head, body = data.split(b"\r\n\r\n", 1)
-        length = int(
-            next(
-                line.split(b":", 1)[1]
-                for line in head.split(b"\r\n")
-                if line.lower().startswith(b"content-length:")
-            )
-        )
+        head, body, length = _read_head(s, rest)
         while len(body) < length:
             body += s.recv(1 << 20)
         return head + b"\r\n\r\n" + body[:length], body[length:]
@@ -83,17 +88,7 @@ def _read_while_truncating(port: int, url: str, path: str) -> tuple[int, int]:
         s.settimeout(20)
         s.connect(("127.0.0.1", port))
         s.sendall(f"GET {url} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += s.recv(4096)
-        head, body = data.split(b"\r\n\r\n", 1)
-        length = int(
-            next(
-                line.split(b":", 1)[1]
-                for line in head.split(b"\r\n")
-                if line.lower().startswith(b"content-length:")
-            )
-        )
+        _, body, length = _read_head(s, b"")
         os.truncate(path, 0)
         received = len(body)
         try:

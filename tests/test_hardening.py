@@ -15,7 +15,7 @@ import urllib.request
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.test_cli import BIN, DaemonProcess
+from tests.test_cli import DaemonProcess, twistd_argv
 
 _PROBE = textwrap.dedent(
     """
@@ -70,22 +70,7 @@ class DaemonTests(SynchronousTestCase):
         token = "tok-" + secrets.token_hex(12)
         base = os.path.abspath(self.mktemp())
         os.makedirs(base)
-        d = DaemonProcess(
-            self,
-            [
-                os.path.join(BIN, "twistd"),
-                "-n",
-                "--pidfile=",
-                "sandboxd",
-                "--port",
-                "tcp:{port}:interface=127.0.0.1",
-                "--pty-port",
-                "tcp:{pty}:interface=127.0.0.1",
-                "--base-dir",
-                base,
-            ],
-            env={"ABX_SERVER_TOKEN": token},
-        )
+        d = DaemonProcess(self, twistd_argv(base), env={"ABX_SERVER_TOKEN": token})
         d.wait_healthy()
         body = json.dumps({"command": f"cat /proc/{d.proc.pid}/environ"}).encode()
         request = urllib.request.Request(
