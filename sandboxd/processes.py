@@ -22,6 +22,7 @@ package listings) is driven from here.
 from __future__ import annotations
 
 import codecs
+import functools
 import os
 import secrets
 import select
@@ -451,6 +452,16 @@ def _spawn_in(
     spawn_session(reactor, child, args[0], args, env, cwd, uid, gid, child_fds)
 
 
+@functools.cache
+def _devnull() -> int:
+    """
+    One read-only ``/dev/null`` descriptor for the daemon's life: every
+    child without a stdin pipe reads it (an open and a close fewer per
+    command, and the same descriptor set for the spawn's cached actions).
+    """
+    return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+
+
 def spawn(
     reactor: Any,
     child: Child,
@@ -481,21 +492,11 @@ def spawn(
         raise FileNotFoundError(f"command not found: {argv[0]}")
     env[TREE_MARKER] = child.marker
     args = [executable, *argv[1:]]
-    devnull = None
-    child_fds: dict[int, Any] = {1: "r", 2: "r"}
-    if stdin_pipe:
-        child_fds[0] = "w"
-    else:
-        devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        child_fds[0] = devnull
+    child_fds: dict[int, Any] = {1: "r", 2: "r", 0: "w" if stdin_pipe else _devnull()}
     uid = gid = None
     if run_as is not None and os.geteuid() == 0:
         uid, gid = run_as.uid, run_as.gid
-    try:
-        _spawn_in(reactor, child, args, env, cwd, uid, gid, child_fds)
-    finally:
-        if devnull is not None:
-            os.close(devnull)
+    _spawn_in(reactor, child, args, env, cwd, uid, gid, child_fds)
     child.stdin_open = stdin_pipe
     child.started()
     return child
