@@ -445,7 +445,7 @@ def _spawn_adopted(
     """The child through :func:`sandboxd.spawn.posix_spawn`, then adopted."""
     fdmap, pipes = _pipes(child_fds)
     try:
-        plan = _spawn.plan(executable, args, env, path, fdmap, _ignored_signals())
+        plan = _spawn.plan(executable, args, env, path, fdmap, _spawn.ALL_SIGNALS)
         pid = _spawn.posix_spawn(plan)
     except BaseException:
         _close_pipes(fdmap, pipes, parent=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import sys
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
@@ -91,6 +92,30 @@ _LIBC = _load_libc()
 
 #: Whether :func:`posix_spawn` can be used on this system.
 AVAILABLE = _LIBC is not None
+
+
+def _settable_signals(libc: Any) -> tuple[int, ...]:
+    """
+    Every signal a child's disposition can be reset for: all but SIGKILL,
+    SIGSTOP and the C library's own (which ``sigaddset`` refuses).
+    """
+    if libc is None:
+        return ()
+    scratch = ctypes.create_string_buffer(_OPAQUE_BYTES)
+    libc.sigemptyset(scratch)
+    return tuple(
+        n
+        for n in range(1, signal.NSIG)
+        if n not in (signal.SIGKILL, signal.SIGSTOP) and libc.sigaddset(scratch, n) == 0
+    )
+
+
+#: Pass as ``default_signals`` to reset every disposition in the child.
+#: The result is what the C library arranges anyway (handlers and ignored
+#: signals back to default), but glibc then sets each signal once instead
+#: of asking about each first: 62 system calls in the suspended child
+#: instead of 120, while the caller waits.
+ALL_SIGNALS = _settable_signals(_LIBC)
 
 
 @attrs.frozen

@@ -18,7 +18,10 @@ if not spawn.AVAILABLE:
 
 
 def run(
-    argv: list[str], cwd: str | None = None, extra: dict[int, int] | None = None
+    argv: list[str],
+    cwd: str | None = None,
+    extra: dict[int, int] | None = None,
+    default_signals: Any = (signal.SIGPIPE,),
 ) -> tuple[int, bytes]:
     """Spawn ``argv`` with stdout and stderr on a pipe; its status and output."""
     read_end, write_end = os.pipe()
@@ -31,7 +34,7 @@ def run(
                 {"PATH": "/usr/bin:/bin"},
                 cwd,
                 fds,
-                [signal.SIGPIPE],
+                default_signals,
             )
         )
     except OSError:
@@ -89,6 +92,33 @@ class SpawnTests(SynchronousTestCase):
         ignored = int(fields["SigIgn"].strip(), 16)
         self.assertFalse(ignored & (1 << (signal.SIGPIPE - 1)))
         self.assertEqual(int(fields["SigBlk"].strip(), 16), 0)
+
+    def test_all_signals_reset(self) -> None:
+        """With ALL_SIGNALS, a signal the daemon ignores and one it handles are both at their default in the child, and none is blocked."""
+        previous = (
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN),
+            signal.signal(signal.SIGUSR2, lambda *_: None),
+        )
+        self.addCleanup(signal.signal, signal.SIGUSR1, previous[0])
+        self.addCleanup(signal.signal, signal.SIGUSR2, previous[1])
+        # cat installs no handler of its own (grep catches SIGSEGV).
+        code, out = run(
+            ["/bin/cat", "/proc/self/status"], default_signals=spawn.ALL_SIGNALS
+        )
+        self.assertEqual(code, 0)
+        fields = {
+            name: int(value.strip(), 16)
+            for name, value in (
+                line.split(":", 1) for line in out.decode().splitlines()
+            )
+            if name in ("SigIgn", "SigCgt", "SigBlk")
+        }
+        # The C library ignores its own two signals (32, 33) in the child.
+        internal = (1 << 31) | (1 << 32)
+        fields["SigIgn"] &= ~internal
+        self.assertEqual(fields, {"SigIgn": 0, "SigCgt": 0, "SigBlk": 0})
+        self.assertNotIn(signal.SIGKILL, spawn.ALL_SIGNALS)
+        self.assertIn(signal.SIGPIPE, spawn.ALL_SIGNALS)
 
     def test_failures_are_oserrors(self) -> None:
         """A missing executable or directory, or a file that cannot run, raises."""
