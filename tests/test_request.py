@@ -6,10 +6,13 @@ a :class:`SandboxSite` over a StringTransport, on a memory reactor.
 from __future__ import annotations
 
 import json
+import socket
+from types import SimpleNamespace
 from typing import Any
 
+from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.testing import MemoryReactorClock, StringTransport
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from sandboxd.audit import AuditLog
 from sandboxd.commands import CommandRegistry
@@ -243,3 +246,36 @@ class ConnectionBoundTests(SynchronousTestCase):
         self.assertFalse(transports[0].disconnecting)
         self.assertTrue(transports[-1].disconnecting)
         self.assertEqual(site.per_peer["10.0.0.9"], MAX_CONNECTIONS_PER_PEER)
+
+
+class FirstEventTests(TestCase):
+    """The first bytes of a stream leave at once, not on the reactor's next turn."""
+
+    @inlineCallbacks
+    def test_send_now_puts_bytes_on_the_socket(self) -> Any:
+        """After _send_now, a client reading without letting the reactor run already has the bytes."""
+        from twisted.internet import reactor
+        from twisted.internet.protocol import Factory, Protocol
+
+        from sandboxd.web.sse import _send_now
+
+        connected: Deferred[Any] = Deferred()
+
+        class Server(Protocol):
+            def connectionMade(self) -> None:
+                connected.callback(self.transport)
+
+        port = reactor.listenTCP(0, Factory.forProtocol(Server), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        client = socket.create_connection(("127.0.0.1", port.getHost().port))
+        self.addCleanup(client.close)
+        transport = yield connected
+        self.addCleanup(transport.loseConnection)
+        request = SimpleNamespace(channel=SimpleNamespace(transport=transport))
+        transport.write(b"event: stdout\ndata: {}\n\n")
+        client.setblocking(False)
+        with self.assertRaises(BlockingIOError):
+            client.recv(100)  # Twisted alone sends on its next turn
+        _send_now(request)  # type: ignore[arg-type]
+        client.settimeout(1)
+        self.assertEqual(client.recv(100), b"event: stdout\ndata: {}\n\n")

@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from twisted.internet import tcp
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.internet.task import LoopingCall
@@ -46,6 +47,23 @@ class _ProducerAdapter:
 
     def stopProducing(self) -> None:
         self._on_stop()
+
+
+def _send_now(request: Request) -> None:
+    """
+    Send what the transport holds now rather than on the reactor's next
+    turn: for the headers and the first event of a stream, whose latency
+    is the one a client notices (a command's first line).  Later events
+    keep Twisted's batching.  A failed send is left to the transport,
+    which is still watching for writability and fails the same way then.
+    """
+    transport = getattr(request.channel, "transport", None)
+    if (
+        isinstance(transport, tcp.Connection)
+        and transport.connected
+        and not transport.disconnecting
+    ):
+        transport.doWrite()
 
 
 class SSEChannel:
@@ -82,6 +100,7 @@ class SSEChannel:
         self._heartbeat.clock = clock
         self._heartbeat.start(heartbeat, now=False)
         self._producer: _ProducerAdapter | None = None
+        self._first_sent = False
 
     def send(self, event: str, data: Any, id: int | None = None) -> None:
         """Write one event now."""
@@ -94,6 +113,9 @@ class SSEChannel:
             return
         self._last_write = self._clock.seconds()
         self._request.write(data)
+        if not self._first_sent:
+            self._first_sent = True
+            _send_now(self._request)
 
     def comment(self, text: str = "keep-alive") -> None:
         """A comment line, ignored by clients, that keeps proxies awake."""
