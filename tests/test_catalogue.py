@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 import re
 import shutil
 import socket
+import tarfile
 import zipfile
 from typing import Any
 from urllib.parse import quote
@@ -21,11 +23,29 @@ from urllib.parse import quote
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SkipTest
+from twisted.web.resource import Resource
+from twisted.web.server import Site
+from twisted.web.static import Data
 
-from tests.helpers import DaemonTestCase
+from sandboxd import guard as guard_module
+from sandboxd.proctree import descendants
+from tests.helpers import DaemonTestCase, alive, kill_marked, marked_pids
+from tests.test_browser import SKIP_REASON
+from tests.test_files_hostile import tar_of, zip_of
+from tests.test_terminal_wsclient import connect, quiet_server
 
 TOKEN = "catalogue-token"
+
+
+def bare_zip(*members: tuple[str, bytes]) -> str:
+    """A zip (base64) whose members carry no mode at all (``ZipInfo(name)``)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, data in members:
+            z.writestr(zipfile.ZipInfo(name), data)
+    return base64.b64encode(buf.getvalue()).decode()
 
 
 def sleep(seconds: float) -> Deferred[None]:
@@ -60,7 +80,6 @@ class RawCase(DaemonTestCase):
 
     def raw(self, data: bytes, **kwargs: Any) -> Deferred[bytes]:
         """Send ``data`` on a fresh connection; everything received until close (or a quiet 3 s)."""
-        from twisted.internet.threads import deferToThread
 
         return deferToThread(self.raw_blocking, data, **kwargs)
 
@@ -601,9 +620,6 @@ class ReadOnlyCatalogueTests(DaemonTestCase):
         path = os.path.join(self.base_dir, "r.txt")
         with open(path, "wb") as f:
             f.write(b"keep")
-        buf = io.BytesIO()
-        with zipfile.ZipFile(buf, "w") as z:
-            z.writestr("new.txt", b"x")
         for method, route, body, raw in (
             ("POST", "/files/move", {"source": "r.txt", "destination": "m.txt"}, None),
             ("POST", "/files/raw?path=r.txt&overwrite=true", None, b"changed"),
@@ -618,7 +634,7 @@ class ReadOnlyCatalogueTests(DaemonTestCase):
                 "POST",
                 "/files/extract",
                 {
-                    "content_base64": b64(buf.getvalue()),
+                    "content_base64": zip_of(("new.txt", b"x")),
                     "format": "zip",
                     "destination": ".",
                 },
@@ -643,15 +659,11 @@ class ArchiveCatalogueTests(DaemonTestCase):
 
     @inlineCallbacks
     def extract(self, members: list[tuple[str, bytes]]) -> Any:
-        buf = io.BytesIO()
-        with zipfile.ZipFile(buf, "w") as z:
-            for name, data in members:
-                z.writestr(zipfile.ZipInfo(name), data)
         reply = yield self.request(
             "POST",
             "/files/extract",
             {
-                "content_base64": b64(buf.getvalue()),
+                "content_base64": bare_zip(*members),
                 "format": "zip",
                 "destination": "dst",
             },
@@ -706,8 +718,6 @@ class ArchiveCatalogueTests(DaemonTestCase):
                     names = z.namelist()
                     content = b"".join(z.read(n) for n in names if not n.endswith("/"))
             else:
-                import tarfile
-
                 with tarfile.open(fileobj=io.BytesIO(data)) as t:
                     names = t.getnames()
                     content = b"".join(
@@ -723,14 +733,11 @@ class ArchiveCatalogueTests(DaemonTestCase):
     @inlineCallbacks
     def test_zip_member_with_permission_bits_only(self) -> Any:
         """D1 (found with C9): a zip member whose mode holds permission bits but no file type (what Python's ``ZipFile.writestr(name, data)`` writes) is a regular file, not a refused "special file"."""
-        buf = io.BytesIO()
-        with zipfile.ZipFile(buf, "w") as z:
-            z.writestr("plain.txt", b"plain")
         reply = yield self.request(
             "POST",
             "/files/extract",
             {
-                "content_base64": b64(buf.getvalue()),
+                "content_base64": zip_of(("plain.txt", b"plain")),
                 "format": "zip",
                 "destination": "dst",
             },
@@ -742,55 +749,31 @@ class ArchiveCatalogueTests(DaemonTestCase):
     @inlineCallbacks
     def test_tar_hard_links_refused_before_writing(self) -> Any:
         """D3: a tar with a hard link to a symlink member, or a hard link out of the destination (absolute, '..' or to /etc/passwd), is 403 with a code before anything is written."""
-        import tarfile
 
         outside = os.path.realpath(self.mktemp())
         os.makedirs(outside)
 
-        def member(name: str, kind: bytes, link: str = "", data: bytes = b"") -> Any:
-            info = tarfile.TarInfo(name)
-            info.type = kind
-            info.linkname = link
-            info.size = len(data)
-            return info, io.BytesIO(data) if data else None
-
+        first = ("first.txt", "file", b"first")
         cases = (
+            [first, ("sym", "sym", "first.txt"), ("hard-to-sym", "hard", "sym")],
             [
-                member("first.txt", tarfile.REGTYPE, data=b"first"),
-                member("sym", tarfile.SYMTYPE, "first.txt"),
-                member("hard-to-sym", tarfile.LNKTYPE, "sym"),
+                first,
+                ("sym-out", "sym", "first.txt"),
+                ("hard", "hard", "sym-out"),
+                ("hard", "file", b"through the link"),
             ],
-            [
-                member("first.txt", tarfile.REGTYPE, data=b"first"),
-                member("sym-out", tarfile.SYMTYPE, "first.txt"),
-                member("hard", tarfile.LNKTYPE, "sym-out"),
-                member("hard", tarfile.REGTYPE, data=b"through the link"),
-            ],
-            [
-                member("first.txt", tarfile.REGTYPE, data=b"first"),
-                member("passwd", tarfile.LNKTYPE, "/etc/passwd"),
-            ],
-            [
-                member("first.txt", tarfile.REGTYPE, data=b"first"),
-                member("up", tarfile.LNKTYPE, "../../" + os.path.basename(outside)),
-            ],
-            [
-                member("first.txt", tarfile.REGTYPE, data=b"first"),
-                member("secret", tarfile.LNKTYPE, os.path.join(outside, "secret")),
-            ],
+            [first, ("passwd", "hard", "/etc/passwd")],
+            [first, ("up", "hard", "../../" + os.path.basename(outside))],
+            [first, ("secret", "hard", os.path.join(outside, "secret"))],
         )
         with open(os.path.join(outside, "secret"), "wb") as f:
             f.write(b"OUTSIDE")
         for index, members in enumerate(cases):
-            buf = io.BytesIO()
-            with tarfile.open(fileobj=buf, mode="w:gz") as t:
-                for info, data in members:
-                    t.addfile(info, data)
             reply = yield self.request(
                 "POST",
                 "/files/extract",
                 {
-                    "content_base64": b64(buf.getvalue()),
+                    "content_base64": tar_of(*members),
                     "format": "tar.gz",
                     "destination": "dst",
                 },
@@ -813,7 +796,6 @@ class ProcessCatalogueTests(DaemonTestCase):
     def setUp(self) -> Any:
         # A sleep length no other process uses: it marks this test's children.
         self.marker = f"61.{int.from_bytes(os.urandom(5), 'big'):013d}"
-        from tests.helpers import kill_marked
 
         self.addCleanup(kill_marked, self.marker)
         return super().setUp()
@@ -821,7 +803,6 @@ class ProcessCatalogueTests(DaemonTestCase):
     @inlineCallbacks
     def test_signal_targets_and_values(self) -> Any:
         """E8: odd pids and signal spellings are 400/403/404 with a code, and the managed child survives them."""
-        from tests.helpers import alive
 
         reply = yield self.request(
             "POST", "/process/start", {"command": f"sleep {self.marker}"}
@@ -918,7 +899,6 @@ class ProcessCatalogueTests(DaemonTestCase):
     @inlineCallbacks
     def test_client_gone_mid_exec(self) -> Any:
         """E15: a client that disconnects during a synchronous /shell leaves no child behind."""
-        from tests.helpers import marked_pids
 
         body = f'{{"command": "sleep {self.marker}", "timeout": 60}}'.encode()
         sock = socket.create_connection(("127.0.0.1", self.daemon.port))
@@ -1114,7 +1094,6 @@ class BaseDirSwapTests(DaemonTestCase):
     @inlineCallbacks
     def test_base_replaced_by_link_without_openat2(self) -> Any:
         """C13: the component-by-component walk (kernels without openat2) refuses a base swapped for a link to / too."""
-        from sandboxd import guard as guard_module
 
         self.patch(guard_module, "USE_OPENAT2", False)
         self.swap("/")
@@ -1300,15 +1279,11 @@ class UnicodeNameTests(DaemonTestCase):
             ([("ok.txt", b"ok"), (NFC_NAME, b"planted")], True),
             ([("ok.txt", b"ok"), (NFD_NAME, b"decomposed")], False),
         ):
-            buf = io.BytesIO()
-            with zipfile.ZipFile(buf, "w") as z:
-                for name, data in members:
-                    z.writestr(zipfile.ZipInfo(name), data)
             reply = yield self.request(
                 "POST",
                 "/files/extract",
                 {
-                    "content_base64": b64(buf.getvalue()),
+                    "content_base64": bare_zip(*members),
                     "format": "zip",
                     "destination": ".",
                     "overwrite": True,
@@ -1358,7 +1333,6 @@ class TerminalHandshakeTests(DaemonTestCase):
 
     @inlineCallbacks
     def start(self, **kwargs: Any) -> Any:
-        from tests.test_terminal_wsclient import quiet_server
 
         daemon = yield super().start(**kwargs)
         quiet_server(daemon.context.services["terminals"])
@@ -1371,7 +1345,6 @@ class TerminalHandshakeTests(DaemonTestCase):
         return reply.json()["session_id"]
 
     def send(self, data: bytes) -> Deferred[tuple[bytes, bool]]:
-        from twisted.internet.threads import deferToThread
 
         return deferToThread(_exchange, self.daemon.context.pty_port, data)
 
@@ -1386,7 +1359,6 @@ class TerminalHandshakeTests(DaemonTestCase):
         self.assertTrue(closed, what)
         self.assertNotIn(b"Autobahn", received, what)
         self.assertNotIn(b"\r\nlocation:", head.lower(), what)
-        import json
 
         self.assertIn("code", json.loads(body), what)
         return status
@@ -1394,7 +1366,6 @@ class TerminalHandshakeTests(DaemonTestCase):
     @inlineCallbacks
     def assert_no_client_and_still_serving(self, session_id: str) -> Any:
         """The session has no client attached, and a proper client still attaches."""
-        from tests.test_terminal_wsclient import connect
 
         reply = yield self.request("GET", f"/pty/sessions/{session_id}")
         self.assertEqual(reply.json()["clients"], 0)
@@ -1494,13 +1465,9 @@ class BrowserCatalogueTests(DaemonTestCase):
     policy = {"groups": {"browser": True}}
 
     def setUp(self) -> Any:
-        from tests.test_browser import SKIP_REASON
 
         if SKIP_REASON is not None:
             raise SkipTest(SKIP_REASON)
-        from twisted.web.resource import Resource
-        from twisted.web.server import Site
-        from twisted.web.static import Data
 
         root = Resource()
         page = Data(
@@ -1516,7 +1483,6 @@ class BrowserCatalogueTests(DaemonTestCase):
         return super().setUp()
 
     def browser_tree(self) -> list[int]:
-        from sandboxd.proctree import descendants
 
         service = self.daemon.context.services["browser"]
         self.assertIsNotNone(service.worker)
