@@ -22,11 +22,10 @@ ends, the tree is killed, ``session.closed`` is the last event.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from twisted.internet.defer import Deferred
 
-from sandboxd.agents.catalog import CatalogEntry
 from sandboxd.agents.clientside import FileRequests
 from sandboxd.agents.configuration import Configuration
 from sandboxd.agents.handshake import Handshake
@@ -43,12 +42,7 @@ from sandboxd.agents.permissions import iso
 from sandboxd.agents.process import AgentProcess
 from sandboxd.agents.terminals import TerminalRequests
 from sandboxd.agents.turns import TurnControl
-from sandboxd.children import RunAs
 from sandboxd.policy import defaults
-from sandboxd.policy.rules import EffectiveRule
-
-if TYPE_CHECKING:
-    from sandboxd.agents.manager import AgentManager
 
 
 def within(clock: Any, d: Deferred[Any], seconds: float) -> Deferred[Any]:
@@ -78,32 +72,9 @@ class AgentSession(
     driven by the route handlers.
     """
 
-    def __init__(
-        self,
-        manager: AgentManager,
-        session_id: str,
-        entry: CatalogEntry,
-        rule: EffectiveRule,
-        cwd: str,
-        env: dict[str, str],
-        run_as: RunAs | None,
-        secrets: list[str],
-        title: str | None = None,
-        identity: str = "anonymous",
-    ) -> None:
-        super().__init__(
-            manager,
-            session_id,
-            entry,
-            rule,
-            cwd,
-            env,
-            run_as,
-            secrets,
-            title,
-            identity,
-        )
-        self.process = AgentProcess(
+    def _wire(self) -> tuple[AgentProcess, Connection]:
+        """The agent's process (its lines, overflow and exit come here) and connection."""
+        process = AgentProcess(
             self.reactor,
             self.max_message_bytes,
             self.stderr,
@@ -111,7 +82,7 @@ class AgentSession(
             self._overflow,
             self._exited,
         )
-        self.conn = Connection(self.process.write, self)
+        return process, Connection(process.write, self)
 
     # -- closing -----------------------------------------------------------
 

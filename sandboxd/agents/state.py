@@ -50,9 +50,9 @@ class SessionState:
     One session's fields and its event log.
 
     :ivar process: the agent child.
-    :ivar conn: its JSON-RPC connection.  Both are set by
-        :class:`~sandboxd.agents.session.AgentSession`, whose methods they
-        call back.
+    :ivar conn: its JSON-RPC connection.  Both come from :meth:`_wire`,
+        which :class:`~sandboxd.agents.session.AgentSession` provides: they
+        call back its methods.
     """
 
     process: AgentProcess
@@ -126,6 +126,11 @@ class SessionState:
         self._idle_timer: Any = None
         self._init_timed_out = False
         self._closed_waiters: list[Deferred[None]] = []
+        self.process, self.conn = self._wire()
+
+    def _wire(self) -> tuple[AgentProcess, Connection]:
+        """The agent's process and JSON-RPC connection, wired to the session."""
+        raise NotImplementedError
 
     # -- events ------------------------------------------------------------
 
