@@ -29,6 +29,7 @@ from typing import Any
 import attrs
 
 from sandboxd.libc import libc as c_library
+from sandboxd.policy.defaults import SPAWN_ACTIONS_KEPT
 
 # glibc and musl share these values (spawn.h).
 _POSIX_SPAWN_SETSIGDEF = 0x04
@@ -187,7 +188,6 @@ def posix_spawn(spawn_plan: SpawnPlan) -> int:
 _ACTIONS: OrderedDict[tuple[bytes | None, tuple[tuple[int, int], ...]], Any] = (
     OrderedDict()
 )
-_ACTIONS_KEPT = 64
 
 
 def _actions(libc: Any, spawn_plan: SpawnPlan) -> Any:
@@ -205,7 +205,7 @@ def _actions(libc: Any, spawn_plan: SpawnPlan) -> Any:
         libc.posix_spawn_file_actions_destroy(actions)
         raise
     _ACTIONS[key] = actions
-    if len(_ACTIONS) > _ACTIONS_KEPT:
+    if len(_ACTIONS) > SPAWN_ACTIONS_KEPT:
         _, oldest = _ACTIONS.popitem(last=False)
         libc.posix_spawn_file_actions_destroy(oldest)
     return actions

@@ -10,7 +10,9 @@ import socket
 from types import SimpleNamespace
 from typing import Any
 
+from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
@@ -19,8 +21,10 @@ from sandboxd.commands import CommandRegistry
 from sandboxd.context import Context
 from sandboxd.endpoints import CapabilityGroup, builtin_table
 from sandboxd.policy import load_policy
+from sandboxd.policy.defaults import LARGE_BODY_BYTES, LARGE_READ_BYTES
 from sandboxd.web.messages import SSEResponse
 from sandboxd.web.site import SandboxSite
+from sandboxd.web.sse import _send_now
 
 
 def make_site(
@@ -122,8 +126,6 @@ class ReadSizeTests(SynchronousTestCase):
     """A large body is read in large pieces; the connection then reads as before."""
 
     def test_large_body_widens_reads_until_answered(self) -> None:
-        from sandboxd.web.request import LARGE_BODY, LARGE_READ
-
         site, _, _ = make_site(
             {
                 "endpoints": {
@@ -135,12 +137,12 @@ class ReadSizeTests(SynchronousTestCase):
         transport = TCPLikeTransport()
         protocol.makeConnection(transport)
         doc = json.dumps({"endpoint": "health"}).encode()
-        body = doc + b" " * (LARGE_BODY + 1 - len(doc))
+        body = doc + b" " * (LARGE_BODY_BYTES + 1 - len(doc))
         protocol.dataReceived(
             b"POST /capabilities/check HTTP/1.1\r\nHost: localhost\r\n"
             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
         )
-        self.assertEqual(transport.bufferSize, LARGE_READ)
+        self.assertEqual(transport.bufferSize, LARGE_READ_BYTES)
         protocol.dataReceived(body)
         self.assertIn(b"HTTP/1.1 200 OK", transport.value())
         self.assertEqual(transport.bufferSize, 65536)
@@ -254,11 +256,6 @@ class FirstEventTests(TestCase):
     @inlineCallbacks
     def test_send_now_puts_bytes_on_the_socket(self) -> Any:
         """After _send_now, a client reading without letting the reactor run already has the bytes."""
-        from twisted.internet import reactor
-        from twisted.internet.protocol import Factory, Protocol
-
-        from sandboxd.web.sse import _send_now
-
         connected: Deferred[Any] = Deferred()
 
         class Server(Protocol):

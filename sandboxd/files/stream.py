@@ -31,7 +31,7 @@ from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from sandboxd.policy.defaults import STREAM_CHUNK_BYTES
+from sandboxd.policy.defaults import SENDFILE_BYTES, STREAM_CHUNK_BYTES
 
 log = Logger(namespace="sandboxd.files")
 
@@ -39,10 +39,6 @@ log = Logger(namespace="sandboxd.files")
 def b64_chunk(data: bytes) -> bytes:
     """Base64 of one chunk, no newline."""
     return pybase64.b64encode(data)
-
-
-#: The most one ``sendfile`` call is asked to send.
-SENDFILE_BYTES = 4 * 1024 * 1024
 
 
 def _sendfile_transport(request: Any) -> Any:

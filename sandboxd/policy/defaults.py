@@ -130,6 +130,21 @@ SHUTDOWN_TIMEOUT_SECONDS = 10.0
 #: file_ops: bytes read or written per step of a streamed file body.
 STREAM_CHUNK_BYTES = MIB
 
+#: file_ops: the most one ``sendfile`` call of a raw read is asked to send.
+SENDFILE_BYTES = 4 * MIB
+
+#: HTTP: a request body over this many bytes is read from the socket in
+#: pieces of up to :data:`LARGE_READ_BYTES` instead of Twisted's 64 KiB.
+LARGE_BODY_BYTES = MIB
+LARGE_READ_BYTES = MIB
+
+#: HTTP: Host names remembered as loopback or not.
+LOOPBACK_NAMES_KEPT = 256
+
+#: process: prepared ``posix_spawn`` file-action sets kept (one per
+#: working directory and descriptor map).
+SPAWN_ACTIONS_KEPT = 64
+
 #: file_ops: files up to this size are read in one call on the reactor
 #: thread (a page-cache read is cheaper than a thread hop); bigger ones are
 #: read and encoded in a worker thread.

@@ -21,6 +21,7 @@ from sandboxd.auth import Identity, authenticate
 from sandboxd.context import Context
 from sandboxd.endpoints import HTTP_METHODS, Endpoint
 from sandboxd.errors import ApiError
+from sandboxd.policy.defaults import LOOPBACK_NAMES_KEPT
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.web.target import invalid_path, parse_path, parse_query
 
@@ -117,7 +118,7 @@ def host_name(value: str) -> str:
     return value
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=LOOPBACK_NAMES_KEPT)
 def is_loopback(name: str) -> bool:
     """
     Whether a host name or address is this machine's loopback.

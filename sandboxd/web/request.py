@@ -26,6 +26,7 @@ from twisted.web.server import Request
 from sandboxd.audit import make_record, should_record
 from sandboxd.context import Context
 from sandboxd.errors import ApiError
+from sandboxd.policy.defaults import LARGE_BODY_BYTES, LARGE_READ_BYTES
 from sandboxd.web.cors import (
     allowed_origin,
     is_preflight,
@@ -41,12 +42,6 @@ from sandboxd.web.upload import UploadBody
 #: so the connection can be kept alive; a bigger one is answered at once
 #: and the connection closed.
 DRAIN_LIMIT = 64 * 1024
-
-#: A body over this many bytes is read from the socket in pieces of up to
-#: :data:`LARGE_READ` instead of Twisted's 64 KiB: a gigabyte upload is
-#: then a thousand reactor turns, not sixteen thousand.
-LARGE_BODY = 1024 * 1024
-LARGE_READ = 1048576
 
 _JSON = b"application/json"
 
@@ -151,9 +146,11 @@ class SandboxRequest(Request):
         if length is not None and self.cap and length > self.cap:
             self._fail_at_header(payload_too_large(self.cap))
             return
-        if length is not None and length > LARGE_BODY:
+        if length is not None and length > LARGE_BODY_BYTES:
+            # A gigabyte upload is then a thousand reactor turns, not
+            # sixteen thousand.
             self.widened = True
-            _read_size(channel.transport, LARGE_READ)
+            _read_size(channel.transport, LARGE_READ_BYTES)
         endpoint = admission.endpoint
         if endpoint.upload and endpoint.body == "json":
             limit = admission.rule.limits.max_bytes or self.cap
