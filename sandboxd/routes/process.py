@@ -125,9 +125,7 @@ def _spawn_failed(error: OSError, command: str) -> Exception:
             400, f"cannot run {command[:200]!r}: {reason}", "OSError", "invalid_param"
         )
     if error.errno in _RESOURCE_ERRNOS:
-        return ApiError(
-            503, f"cannot start a process now: {reason}", "ResourceError", "unavailable"
-        )
+        return unavailable(f"cannot start a process now: {reason}", "ResourceError")
     return error
 
 
