@@ -31,7 +31,7 @@ from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from sandboxd.policy.defaults import SENDFILE_BYTES, STREAM_CHUNK_BYTES
+from sandboxd.policy.defaults import STREAM_CHUNK_BYTES
 
 log = Logger(namespace="sandboxd.files")
 
@@ -160,7 +160,7 @@ class FileProducer:
         out = transport.socket.fileno()
         while not self.paused and self.left > 0:
             try:
-                n = os.sendfile(out, self.fd, self.pos, min(self.left, SENDFILE_BYTES))
+                n = os.sendfile(out, self.fd, self.pos, min(self.left, self.chunk))
             except BlockingIOError:
                 self._when_writable(transport)
                 return

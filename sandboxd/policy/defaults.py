@@ -127,11 +127,10 @@ DEFAULT_BASE_DIR = "/home/user"
 SHUTDOWN_TIMEOUT_SECONDS = 10.0
 
 
-#: file_ops: bytes read or written per step of a streamed file body.
+#: file_ops: bytes read or written per step of a streamed file body (one
+#: ``pread``, or one ``sendfile``: on a cold page cache it reads the disk
+#: on the reactor thread, so a step stays small).
 STREAM_CHUNK_BYTES = MIB
-
-#: file_ops: the most one ``sendfile`` call of a raw read is asked to send.
-SENDFILE_BYTES = 4 * MIB
 
 #: HTTP: a request body over this many bytes is read from the socket in
 #: pieces of up to :data:`LARGE_READ_BYTES` instead of Twisted's 64 KiB.
