@@ -65,11 +65,11 @@ from sandboxd.proctree import (
     become_subreaper,
     kill_tree,
     proc_info,
-    proc_table,
     reap_orphans,
     signal_group,
     signal_member,
     tree_members,
+    tree_table,
 )
 
 log = Logger(namespace="sandboxd.processes")
@@ -388,7 +388,7 @@ def signal_child(child: Child, sig: int) -> None:
     if child.has_exited or child.pid <= 1 or child.pid == os.getpid():
         return
     signal_group(child.pid, sig)
-    table = proc_table()
+    table = tree_table(child.pid)
     for pid, start in tree_members(child.pid, child.marker, table).items():
         if table[pid].pgid != child.pid:
             signal_member(pid, start, sig)

@@ -14,6 +14,7 @@ whole tree is ended, and how orphans the daemon adopts are reaped.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -104,6 +105,79 @@ def proc_table() -> dict[int, ProcInfo]:
     return table
 
 
+def _children(pid: int) -> list[int]:
+    """A process's children, from every thread's ``children`` file."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    kids: list[int] = []
+    for task in tasks:
+        try:
+            fd = os.open(
+                f"/proc/{pid}/task/{task}/children", os.O_RDONLY | os.O_CLOEXEC
+            )
+        except OSError:
+            continue
+        try:
+            kids.extend(int(p) for p in os.read(fd, 1 << 16).split())
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return kids
+
+
+@functools.cache
+def _children_files() -> bool:
+    """Whether the kernel lists a thread's children (CONFIG_PROC_CHILDREN)."""
+    return os.path.exists(f"/proc/self/task/{os.getpid()}/children")
+
+
+#: Whether the daemon adopts every orphan of its trees (see :func:`walkable`).
+_REAPER = {"subreaper": False}
+
+
+def walkable() -> bool:
+    """
+    Whether a tree can be read by walking down from its leader and from the
+    daemon's adopted orphans, instead of scanning every process.
+
+    That holds when every process that leaves a tree by losing its parent
+    is reparented to a tree member (one that is itself a subreaper) or to
+    the daemon: when the daemon is the child subreaper of its descendants,
+    or PID 1.  A process that joins a tree's session or group is always one
+    of the leader's descendants (the leader started its own session), so
+    nothing else can belong to it.
+    """
+    return (_REAPER["subreaper"] or os.getpid() == 1) and _children_files()
+
+
+def tree_table(leader: int) -> dict[int, ProcInfo]:
+    """
+    The processes that can belong to ``leader``'s tree: the leader, the
+    daemon's adopted orphans, and every descendant of either; every
+    process when the tree cannot be walked (see :func:`walkable`).
+
+    A walk costs a few reads per process of the tree; a scan costs them for
+    every process on the machine, which the reactor pays before it reads
+    the next request (about 0.6 ms for 70 processes).
+    """
+    if not walkable():
+        return proc_table()
+    table: dict[int, ProcInfo] = {}
+    stack = [leader, *adopted_orphans()]
+    while stack:
+        pid = stack.pop()
+        if pid in table:
+            continue
+        info = proc_info(pid)
+        if info is not None:
+            table[pid] = info
+            stack.extend(_children(pid))
+    return table
+
+
 def _environ(pid: int) -> bytes | None:
     """A process's environment block (empty while it execs), or None."""
     try:
@@ -165,7 +239,7 @@ def tree_members(
     session and group, every descendant by parent link, and adopted
     orphans (with their descendants) that carry ``marker``.
     """
-    table = proc_table() if table is None else table
+    table = tree_table(leader) if table is None else table
     found = {
         p.pid
         for p in table.values()
@@ -258,6 +332,11 @@ class _RecentScan:
 _RECENT_SCAN = _RecentScan(_SHARED_SCAN_SECONDS)
 
 
+def _look(leader: int) -> dict[int, ProcInfo]:
+    """What a tree kill looks at: a walk of the tree, else a shared scan."""
+    return tree_table(leader) if walkable() else _RECENT_SCAN.table()
+
+
 def kill_tree(
     clock: Any,
     leader: int,
@@ -281,7 +360,7 @@ def kill_tree(
     if leader in (0, 1, os.getpid()) or leader < 0:
         return succeed(None)
     done: Deferred[None] = Deferred()
-    members = tree_members(leader, marker, _RECENT_SCAN.table())
+    members = tree_members(leader, marker, _look(leader))
     if leader_start is None and not leader_reaped:
         info = proc_info(leader)
         leader_start = info.start if info is not None else None
@@ -297,7 +376,7 @@ def kill_tree(
             signal_member(pid, start, sig)
 
     def survivors() -> bool:
-        table = _RECENT_SCAN.table()
+        table = _look(leader)
         for pid, start in list(members.items()):
             # Missing from the scan: gone, or younger than the scan.
             info = table.get(pid) or proc_info(pid)
@@ -393,7 +472,10 @@ def become_subreaper() -> bool:
     found, killed and reaped, instead of to init.
     """
     prctl = getattr(libc(), "prctl", None)
-    return prctl is not None and prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    if prctl is None or prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        return False
+    _REAPER["subreaper"] = True
+    return True
 
 
 class OrphanReaper:

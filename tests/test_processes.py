@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import sys
 from typing import Any
 
 from twisted.internet import reactor
@@ -353,16 +354,40 @@ class RunCollectTests(TestCase):
         self.assertEqual(marked_pids(self.marker), [])
 
 
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _no_scan() -> Any:
+    raise AssertionError("a walkable tree was found by scanning every process")
+
+
 class TreeTests(TestCase):
-    """Escaped descendants and orphans, with the daemon as subreaper."""
+    """
+    Escaped descendants and orphans, with the daemon as subreaper: trees
+    are walked down from their leaders, never found by scanning /proc.
+    """
 
     timeout = 30
+    walk = True
 
     def setUp(self) -> None:
         self.marker = f"60.{secrets.randbelow(10**12):012d}"
         self.addCleanup(kill_marked, self.marker)
         if not proctree.become_subreaper():
             raise self.skipTest("no PR_SET_CHILD_SUBREAPER here")
+        if not self.walk:
+            self.patch(proctree, "walkable", lambda: False)
+        elif proctree.walkable():
+            self.patch(proctree, "proc_table", _no_scan)
+        else:
+            raise self.skipTest(
+                "this kernel lists no children in /proc (CONFIG_PROC_CHILDREN)"
+            )
 
     def run_(self, script: str, **kwargs: Any) -> Deferred[processes.RunResult]:
         options: dict[str, Any] = {
@@ -425,14 +450,85 @@ class TreeTests(TestCase):
         self.assertIsNone(proctree.proc_info(orphan))
 
 
+class ScannedTreeTests(TreeTests):
+    """
+    The same trees found by scanning every process, as a daemon does when
+    it is not a subreaper or the kernel lists no children.
+    """
+
+    walk = False
+
+
+class TreeTableTests(TestCase):
+    """What a walk of one tree reads."""
+
+    timeout = 30
+
+    def setUp(self) -> None:
+        self.marker = f"60.{secrets.randbelow(10**12):012d}"
+        self.addCleanup(kill_marked, self.marker)
+        if not proctree.become_subreaper() or not proctree.walkable():
+            raise self.skipTest("no subreaper or no children files here")
+
+    @inlineCallbacks
+    def test_walk_holds_the_tree_and_nothing_else(self) -> Any:
+        """A walk finds a grandchild, and none of the processes outside the tree."""
+        child = processes.Child(reactor, lambda fd, data: None, grace=0.5)
+        script = f"sleep {self.marker} & sleep {self.marker}"
+        processes.spawn(reactor, child, ["sh", "-c", script], env=ENV, cwd="/")
+        for _ in range(100):
+            if len(marked_pids(self.marker)) == 2:
+                break
+            yield deferLater(reactor, 0.02, lambda: None)
+        table = proctree.tree_table(child.pid)
+        members = proctree.tree_members(child.pid, None, table)
+        self.assertEqual(
+            sorted(members), sorted(set(marked_pids(self.marker)) - {child.pid})
+        )
+        self.assertNotIn(os.getppid(), table)
+        self.assertNotIn(1, table)
+        yield child.kill("killed")
+        self.assertEqual(marked_pids(self.marker), [])
+
+    @inlineCallbacks
+    def test_orphans_of_a_subreaper_member_are_killed(self) -> Any:
+        """
+        A member that is itself a subreaper adopts the tree's orphans, so
+        a walk finds them under it (a service manager run as a command).
+        """
+        script = (
+            "import ctypes, subprocess, time\n"
+            "ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)\n"
+            f"subprocess.run(['sh', '-c', '(setsid sleep {self.marker} &)'])\n"
+            f"time.sleep(float('{self.marker}'))\n"
+        )
+        child = processes.Child(reactor, lambda fd, data: None, grace=0.5)
+        processes.spawn(
+            reactor, child, [sys.executable, "-c", script], env=ENV, cwd="/"
+        )
+        sleeping: list[int] = []
+        for _ in range(200):
+            sleeping = [p for p in marked_pids(self.marker) if _comm(p) == "sleep"]
+            if sleeping:
+                break
+            yield deferLater(reactor, 0.02, lambda: None)
+        info = proctree.proc_info(sleeping[0])
+        assert info is not None
+        self.assertEqual(info.ppid, child.pid)
+        self.patch(proctree, "proc_table", _no_scan)
+        yield child.kill("killed")
+        self.assertEqual(marked_pids(self.marker), [])
+
+
 class SharedScanTests(TestCase):
-    """Tree kills started together share their /proc scans."""
+    """Tree kills that scan /proc share their scans."""
 
     timeout = 30
 
     @inlineCallbacks
     def test_kills_in_one_turn_share_scans(self) -> Any:
         """Eight trees killed at once all die, for a handful of scans rather than two or more each."""
+        self.patch(proctree, "walkable", lambda: False)
         marker = f"60.{secrets.randbelow(10**12):012d}"
         self.addCleanup(kill_marked, marker)
         children = []
