@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 from typing import Any
 
 from twisted.internet import reactor
@@ -658,3 +659,78 @@ class BackgroundTests(ProcessCase):
         yield self.daemon.stop()
         left = yield self.gone()
         self.assertEqual(left, [])
+
+
+class ClientLeftTests(ProcessCase):
+    """A request whose client closed before it ran is not carried out."""
+
+    audit = True
+
+    def send_and_close(self, path: str, body: dict[str, Any]) -> socket.socket:
+        """
+        Send a request and shut the socket's sending side, both before the
+        daemon (which runs in this thread) reads any of it.
+        """
+        data = json.dumps(body).encode()
+        sock = socket.create_connection(("127.0.0.1", self.daemon.port))
+        sock.sendall(
+            b"POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(data), data)
+        )
+        sock.shutdown(socket.SHUT_WR)
+        self.addCleanup(sock.close)
+        return sock
+
+    @inlineCallbacks
+    def test_command_not_run(self) -> Any:
+        """/shell and /process/start read with their client's close start nothing; both are audited 499."""
+        made = os.path.join(self.base_dir, "made")
+        for path, command in (
+            ("/shell", "touch made"),
+            ("/process/start", f"sh -c 'touch made; sleep {self.marker}'"),
+        ):
+            sock = self.send_and_close(path, {"command": command})
+            yield sleep_(0.3)
+            sock.settimeout(2)
+            self.assertEqual(sock.recv(1024), b"", path)
+            self.assertFalse(os.path.exists(made), path)
+            self.assertEqual(marked_pids(self.marker), [])
+        closed = [r for r in self.audit_lines() if r["code"] == "client_closed"]
+        self.assertEqual(
+            [(r["path"], r["status"]) for r in closed],
+            [("/shell", 499), ("/process/start", 499)],
+        )
+
+    @inlineCallbacks
+    def test_upload_not_written(self) -> Any:
+        """An upload read with its client's close leaves no file."""
+        sock = self.send_and_close(
+            "/upload", {"path": "up.txt", "content_base64": "aGk="}
+        )
+        yield sleep_(0.3)
+        sock.settimeout(2)
+        self.assertEqual(sock.recv(1024), b"")
+        self.assertEqual(sorted(os.listdir(self.base_dir)), ["audit.log"])
+
+    @inlineCallbacks
+    def test_pipelined_requests_still_run(self) -> Any:
+        """A second request waiting behind the first is not mistaken for a close."""
+        data = json.dumps({"command": "echo hi"}).encode()
+        one = (
+            b"POST /shell HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
+        )
+        sock = socket.create_connection(("127.0.0.1", self.daemon.port))
+        self.addCleanup(sock.close)
+        sock.sendall(one + one)
+        received = b""
+        for _ in range(100):
+            yield sleep_(0.02)
+            sock.setblocking(False)
+            try:
+                received += sock.recv(65536)
+            except BlockingIOError:
+                pass
+            if received.count(b'"exit_code":0') == 2:
+                break
+        self.assertEqual(received.count(b"HTTP/1.1 200 OK"), 2, received)

@@ -24,6 +24,7 @@ channel is used directly rather than through Twisted's protocol switcher.
 from __future__ import annotations
 
 import json
+import socket
 from typing import Any
 
 from twisted.internet.protocol import connectionDone
@@ -91,3 +92,26 @@ class SandboxChannel(HTTPChannel):
         site: Any = self.site  # type: ignore[attr-defined]
         site.connection_closed(self)
         super().connectionLost(reason)
+
+
+def client_left(transport: Any) -> bool:
+    """
+    Whether the client has already closed its end of ``transport``: an end
+    of stream (or a reset) waits in the socket behind the request just read.
+
+    Twisted reads a request and its client's close in two turns, and would
+    carry the request out in between for nobody: a client that gave up
+    (an SDK's timeout, a load generator stopping) would still get its
+    command run or its file written.  Only the socket is asked (one
+    ``recv`` with ``MSG_PEEK``), so a pipelined next request stays unread.
+    A transport without a socket of its own (TLS, tests) says no.
+    """
+    sock = getattr(transport, "socket", None)
+    if not isinstance(sock, socket.socket):
+        return False
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True

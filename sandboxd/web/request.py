@@ -27,6 +27,7 @@ from sandboxd.audit import make_record, should_record
 from sandboxd.context import Context
 from sandboxd.errors import ApiError
 from sandboxd.policy.defaults import LARGE_BODY_BYTES, LARGE_READ_BYTES
+from sandboxd.web.channel import client_left
 from sandboxd.web.cors import (
     allowed_origin,
     is_preflight,
@@ -44,6 +45,12 @@ from sandboxd.web.upload import UploadBody
 DRAIN_LIMIT = 64 * 1024
 
 _JSON = b"application/json"
+
+#: Methods that change nothing.  A request with any other method is not
+#: carried out once its client has closed the connection (see
+#: :func:`~sandboxd.web.channel.client_left`); these are not worth the
+#: system call the check costs.
+_SAFE_METHODS = frozenset({b"GET", b"HEAD"})
 
 
 def json_bytes(value: Any) -> bytes:
@@ -252,6 +259,15 @@ class SandboxRequest(Request):
             self.respond_error(self.body_error)
             return
         self.watching_finish = True
+        transport = self.channel.transport
+        if (
+            self.method not in _SAFE_METHODS
+            and transport is not None
+            and client_left(transport)
+        ):
+            # Audited as client_closed once Twisted sees the close.
+            transport.loseConnection()
+            return
         try:
             body = self._parse_body()
             sink_result = self.sink.finish() if self.sink is not None else None
