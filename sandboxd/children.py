@@ -37,6 +37,37 @@ from sandboxd.policy.rules import EffectiveRule
 #: snapshot instead, so a caller cannot steer them through the environment.
 BOOT_ENVIRON: dict[str, str] = dict(os.environ)
 
+
+class _EnvironSnapshot:
+    """
+    ``os.environ`` as a plain dict, decoded once per change of the
+    environment rather than once per child.
+
+    ``dict(os.environ)`` decodes every name and value through Python-level
+    calls (14 µs for forty names, on every command the daemon starts).  A
+    change is noticed by comparing the bytes mapping behind ``os.environ``
+    (POSIX CPython keeps it in ``_data``) with a copy, a C-level compare
+    well under a microsecond; whoever changes the environment, and however,
+    the next child sees it.
+    """
+
+    def __init__(self) -> None:
+        self._raw: dict[bytes, bytes] | None = None
+        self._decoded: dict[str, str] = {}
+
+    def copy(self) -> dict[str, str]:
+        """A fresh dict of the daemon's current environment."""
+        raw = getattr(os.environ, "_data", None)
+        if not isinstance(raw, dict):
+            return dict(os.environ)
+        if raw != self._raw:
+            self._raw = dict(raw)
+            self._decoded = dict(os.environ)
+        return dict(self._decoded)
+
+
+_ENVIRON = _EnvironSnapshot()
+
 #: util-linux's setpriv: switches user and groups, then execs.
 SETPRIV = "/usr/bin/setpriv"
 
@@ -62,7 +93,7 @@ def child_environment(
     The environment of a new child: the daemon's (which ``POST /env``
     changes), plus ``extra``, minus secrets and ``env_deny``.
     """
-    env = dict(os.environ if base is None else base)
+    env = _ENVIRON.copy() if base is None else dict(base)
     if extra:
         env.update(extra)
     drop = secret_names(context, rule)

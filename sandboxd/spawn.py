@@ -143,11 +143,16 @@ def plan(
     fds: Mapping[int, int],
     default_signals: Iterable[int],
 ) -> SpawnPlan:
-    """A :class:`SpawnPlan` from Python values (file-system encoded)."""
+    """
+    A :class:`SpawnPlan` from Python values, encoded as ``os.fsencode``
+    does (its per-call checks cost more than the encoding itself, and a
+    child's environment is forty strings or more).
+    """
+    encoding, errors = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
     return SpawnPlan(
         os.fsencode(executable),
-        [os.fsencode(a) for a in argv],
-        [os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()],
+        [a.encode(encoding, errors) for a in argv],
+        [f"{k}={v}".encode(encoding, errors) for k, v in env.items()],
         None if cwd is None else os.fsencode(cwd),
         dict(fds),
         list(default_signals),

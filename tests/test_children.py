@@ -18,7 +18,13 @@ from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.protocol import ProcessProtocol
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from sandboxd.children import SETPRIV, find_executable, spawn_session, split_command
+from sandboxd.children import (
+    SETPRIV,
+    child_environment,
+    find_executable,
+    spawn_session,
+    split_command,
+)
 
 
 class Collect(ProcessProtocol):
@@ -142,3 +148,32 @@ class SplitCommandTests(SynchronousTestCase):
             except ValueError:
                 got = ValueError
             self.assertEqual(got, want, repr(command))
+
+
+class EnvironmentSnapshotTests(SynchronousTestCase):
+    """A child's environment follows every change of the daemon's, however made."""
+
+    def test_changes_are_seen(self) -> None:
+        """A name set, changed or removed in os.environ shows in the next child's environment."""
+        name = "SANDBOXD_TEST_SNAPSHOT"
+        self.addCleanup(os.environ.pop, name, None)
+        self.assertNotIn(name, child_environment(None, None))
+        os.environ[name] = "one"
+        self.assertEqual(child_environment(None, None)[name], "one")
+        os.environ[name] = "two"
+        self.assertEqual(child_environment(None, None)[name], "two")
+        del os.environ[name]
+        self.assertNotIn(name, child_environment(None, None))
+
+    def test_copies_are_independent(self) -> None:
+        """Changing one child's environment leaves the next one's alone."""
+        first = child_environment(None, None)
+        first["SANDBOXD_TEST_LEAK"] = "x"
+        self.assertNotIn("SANDBOXD_TEST_LEAK", child_environment(None, None))
+
+    def test_same_as_os_environ(self) -> None:
+        """Apart from the daemon's secrets, it is os.environ."""
+        expected = {
+            k: v for k, v in os.environ.items() if not k.startswith("ABX_SERVER_")
+        }
+        self.assertEqual(child_environment(None, None), expected)

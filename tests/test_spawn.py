@@ -51,6 +51,20 @@ def run(
 class SpawnTests(SynchronousTestCase):
     """What the child gets, and what it does not."""
 
+    def test_plan_encodes_as_fsencode(self) -> None:
+        """Arguments and environment are encoded as os.fsencode would, undecodable bytes included."""
+        odd = os.fsdecode(b"caf\xe9-\xff")
+        made = spawn.plan(
+            "/bin/echo", ["echo", odd, "é"], {"K": odd, "É": "v"}, None, {}, ()
+        )
+        self.assertEqual(made.argv, [b"echo", b"caf\xe9-\xff", "é".encode()])
+        self.assertEqual(made.env, [b"K=caf\xe9-\xff", "É=v".encode()])
+
+    def test_undecodable_bytes_reach_the_child(self) -> None:
+        """A byte string that is not UTF-8 arrives in the child's argv unchanged."""
+        code, out = run(["/bin/echo", os.fsdecode(b"a\xffb")])
+        self.assertEqual((code, out), (0, b"a\xffb\n"))
+
     def test_own_session_and_cwd(self) -> None:
         """The child leads its own session and group, in the directory given."""
         cwd = os.path.realpath(self.mktemp())
