@@ -734,3 +734,32 @@ class ClientLeftTests(ProcessCase):
             if received.count(b'"exit_code":0') == 2:
                 break
         self.assertEqual(received.count(b"HTTP/1.1 200 OK"), 2, received)
+
+
+class StreamHeadersTests(ProcessCase):
+    """A stream's status and headers do not wait for its first event."""
+
+    @inlineCallbacks
+    def test_silent_command_gets_headers_at_once(self) -> Any:
+        """While a command prints nothing, the client already has 200 and the event-stream type."""
+        data = json.dumps({"command": f"sleep {self.marker}"}).encode()
+        sock = socket.create_connection(("127.0.0.1", self.daemon.port))
+        self.addCleanup(sock.close)
+        sock.sendall(
+            b"POST /shell/stream HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
+        )
+        sock.setblocking(False)
+        received = b""
+        for _ in range(50):
+            yield sleep_(0.02)
+            try:
+                received += sock.recv(65536)
+            except BlockingIOError:
+                pass
+            if b"\r\n\r\n" in received:
+                break
+        head = received.split(b"\r\n\r\n")[0].lower()
+        self.assertTrue(head.startswith(b"http/1.1 200 "), received)
+        self.assertIn(b"content-type: text/event-stream", head)
+        self.assertEqual(len(marked_pids(self.marker)), 1)

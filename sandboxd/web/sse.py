@@ -101,6 +101,11 @@ class SSEChannel:
         self._heartbeat.start(heartbeat, now=False)
         self._producer: _ProducerAdapter | None = None
         self._first_sent = False
+        # The status and headers leave now: a client whose command prints
+        # nothing for a while would otherwise wait for them until the first
+        # event or heartbeat, and one with a read timeout (httpx's default
+        # is 5 s) would give up on a stream that is running fine.
+        request.write(b"")
 
     def send(self, event: str, data: Any, id: int | None = None) -> None:
         """Write one event now."""
