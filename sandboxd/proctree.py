@@ -134,8 +134,8 @@ def _children_files() -> bool:
     return os.path.exists(f"/proc/self/task/{os.getpid()}/children")
 
 
-#: Whether the daemon adopts every orphan of its trees (see :func:`walkable`).
-_REAPER = {"subreaper": False}
+#: Set once the daemon is the child subreaper of its descendants.
+_subreaper = False
 
 
 def walkable() -> bool:
@@ -150,7 +150,7 @@ def walkable() -> bool:
     of the leader's descendants (the leader started its own session), so
     nothing else can belong to it.
     """
-    return (_REAPER["subreaper"] or os.getpid() == 1) and _children_files()
+    return (_subreaper or os.getpid() == 1) and _children_files()
 
 
 def tree_table(leader: int) -> dict[int, ProcInfo]:
@@ -471,10 +471,11 @@ def become_subreaper() -> bool:
     orphan that escaped its group is reparented here, where it can be
     found, killed and reaped, instead of to init.
     """
+    global _subreaper
     prctl = getattr(libc(), "prctl", None)
     if prctl is None or prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         return False
-    _REAPER["subreaper"] = True
+    _subreaper = True
     return True
 
 

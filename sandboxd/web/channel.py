@@ -104,7 +104,10 @@ def client_left(transport: Any) -> bool:
     (an SDK's timeout, a load generator stopping) would still get its
     command run or its file written.  Only the socket is asked (one
     ``recv`` with ``MSG_PEEK``), so a pipelined next request stays unread.
-    A transport without a socket of its own (TLS, tests) says no.
+    On TLS the socket under the protocol is asked: a client that sent its
+    ``close_notify`` alert before closing still looks present there, and
+    its request runs as it always did.  A transport with no socket at all
+    (tests) says no.
     """
     sock = getattr(transport, "socket", None)
     if not isinstance(sock, socket.socket):
