@@ -34,7 +34,7 @@ from typing import Any
 
 import attrs
 from twisted.application.service import Service
-from twisted.internet.defer import CancelledError, Deferred, DeferredList
+from twisted.internet.defer import CancelledError, Deferred, DeferredList, succeed
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
@@ -46,6 +46,7 @@ from sandboxd.children import (
     find_executable,
     spawn_anywhere,
     spawn_session,
+    spawn_session_later,
 )
 from sandboxd.eventlog import EventLog
 from sandboxd.linestream import STREAM_NAMES
@@ -158,6 +159,9 @@ class HeadTail:
 #: Children alive now (spawned and not yet ended); shutdown ends them all.
 LIVE: set[Child] = set()
 
+#: Children whose spawn is on a worker thread (no process yet).
+PENDING: set[Child] = set()
+
 OutputCallback = Callable[[int, bytes], None]
 
 
@@ -201,6 +205,7 @@ class Child(ProcessProtocol):
         self._drain: IDelayedCall | None = None
         self._drain_limit: float | None = None
         self.stdin_open = False
+        self._waiting_spawn: list[Deferred[None]] = []
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -214,6 +219,60 @@ class Child(ProcessProtocol):
         the leader its pid cannot be reused anyway (see :meth:`kill`).
         """
         self.pid = int(getattr(self.transport, "pid", 0) or 0)
+
+    @property
+    def pending(self) -> bool:
+        """Whether its spawn is still on a worker thread (no process yet)."""
+        return self in PENDING
+
+    def spawning(self, later: Deferred[Any], stdin_pipe: bool) -> None:
+        """
+        Its spawn is on a worker thread: start (and carry out a kill asked
+        for meanwhile) once ``later`` has the process.
+        """
+        PENDING.add(self)
+
+        def done(_: Any) -> None:
+            PENDING.discard(self)
+            self.stdin_open = stdin_pipe
+            self.started()
+            if self.killing is not None:
+                asked, self.killing = self.killing, None
+                self.kill(self.reason or "killed").chainDeferred(asked)
+            self._spawn_waiters(None)
+
+        def failed(failure: Failure) -> None:
+            PENDING.discard(self)
+            # Never started: over, for whoever waits on it (shutdown).
+            self.has_exited = self.has_ended = True
+            if self.killing is not None and not self.killing.called:
+                self.killing.callback(None)
+            self.ended.callback(None)
+            self._spawn_waiters(failure)
+
+        later.addCallbacks(done, failed)
+
+    def when_spawned(self) -> Deferred[None]:
+        """
+        Fires once the child runs (at once unless its spawn is still on a
+        worker thread); fails with that spawn's ``OSError``.  Cancelling
+        it leaves the child alone: whoever cancels decides its fate.
+        """
+        if not self.pending:
+            return succeed(None)
+        d: Deferred[None] = Deferred()
+        self._waiting_spawn.append(d)
+        return d
+
+    def _spawn_waiters(self, result: Failure | None) -> None:
+        waiters, self._waiting_spawn = self._waiting_spawn, []
+        for d in waiters:
+            if d.called:
+                continue
+            if result is None:
+                d.callback(None)
+            else:
+                d.errback(result)
 
     def started(self) -> None:
         """Called once spawned: arm the timers."""
@@ -309,6 +368,11 @@ class Child(ProcessProtocol):
         """End the whole tree (TERM, grace, KILL); idempotent."""
         if self.reason is None:
             self.reason = reason
+        if self.pending:
+            # No process yet: ended as soon as its spawn is done.
+            if self.killing is None:
+                self.killing = Deferred()
+            return self.killing
         if self.killing is None:
             # An unreaped leader (even a zombie) still owns its pid, so
             # kill_tree may read its start time now; a reaped one's pid may
@@ -471,9 +535,16 @@ def spawn(
     cwd: str,
     run_as: RunAs | None = None,
     stdin_pipe: bool = False,
+    may_wait: bool = False,
 ) -> Child:
     """
     Start ``argv`` under ``child``, in its own session.
+
+    With ``may_wait``, a caller that can wait for its child (see
+    :meth:`Child.when_spawned`) lets the spawn happen on a worker thread
+    while spawns are slow (:class:`~sandboxd.children.SpawnTimes`), so the
+    reactor keeps serving meanwhile; a failure of that spawn comes through
+    ``when_spawned``.
 
     The executable is resolved against the child's PATH (never the
     daemon's) and passed absolute, so both of Twisted's spawn paths behave
@@ -496,6 +567,13 @@ def spawn(
     uid = gid = None
     if run_as is not None and os.geteuid() == 0:
         uid, gid = run_as.uid, run_as.gid
+    if may_wait:
+        later = spawn_session_later(
+            reactor, child, args[0], args, env, cwd, uid, gid, child_fds
+        )
+        if later is not None:
+            child.spawning(later, stdin_pipe)
+            return child
     _spawn_in(reactor, child, args, env, cwd, uid, gid, child_fds)
     child.stdin_open = stdin_pipe
     child.started()
@@ -573,7 +651,14 @@ async def run_collect(
         cwd=cwd,
         run_as=run_as,
         stdin_pipe=stdin is not None,
+        may_wait=True,
     )
+    if child.pending:
+        try:
+            await child.when_spawned()
+        except CancelledError:
+            child.kill("cancelled")
+            raise
     if stdin is not None:
         if stdin:
             child.write_stdin(stdin)
@@ -616,7 +701,7 @@ def end_all(clock: Any, grace: float = KILL_GRACE_SECONDS) -> Deferred[Any]:
     are gone (the caller bounds the wait).
     """
     waits: list[Deferred[Any]] = []
-    for child in list(LIVE):
+    for child in list(LIVE | PENDING):
         child.grace = min(child.grace, grace)
         waits.append(child.kill("shutdown"))
         if not child.has_ended:

@@ -26,6 +26,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
+from sandboxd.children import spawns_in_flight
 from sandboxd.libc import libc
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS, ORPHAN_REAP_SECONDS
 
@@ -451,6 +452,10 @@ def reap_orphans() -> int:
     Only children Twisted did not spawn are touched, so Twisted's own
     reaping (and ``processEnded``) is never disturbed.
     """
+    if spawns_in_flight():
+        # A child a worker thread has just started is not registered with
+        # Twisted yet, and would look like an adopted orphan: wait.
+        return 0
     reaped = 0
     for pid in adopted_orphans():
         info = proc_info(pid)

@@ -187,6 +187,36 @@ def posix_spawn(spawn_plan: SpawnPlan) -> int:
     return _call(libc, spawn_plan, _actions(libc, spawn_plan), attributes)
 
 
+def attributes_for(spawn_plan: SpawnPlan) -> Any:
+    """
+    The attributes :func:`posix_spawn_alone` will use, built now: the
+    cache behind them is filled on the reactor thread only.
+    """
+    libc = _LIBC
+    if libc is None:
+        raise OSError(0, "posix_spawn through ctypes is not available here")
+    return _attributes(libc, tuple(spawn_plan.default_signals))
+
+
+def posix_spawn_alone(spawn_plan: SpawnPlan, attributes: Any) -> int:
+    """
+    :func:`posix_spawn` with file actions of its own, destroyed after the
+    call: for a worker thread, under which the reactor could evict (and
+    destroy) a cached set.  ``attributes`` come from :func:`attributes_for`
+    and are never destroyed.
+    """
+    libc = _LIBC
+    if libc is None:
+        raise OSError(0, "posix_spawn through ctypes is not available here")
+    actions = ctypes.create_string_buffer(_OPAQUE_BYTES)
+    _check(libc.posix_spawn_file_actions_init(actions), "file actions")
+    try:
+        _file_actions(libc, spawn_plan, actions)
+        return _call(libc, spawn_plan, actions, attributes)
+    finally:
+        libc.posix_spawn_file_actions_destroy(actions)
+
+
 #: Prepared file actions by (working directory, descriptor map): pipes
 #: reuse the lowest free descriptors, so a busy daemon asks for the same
 #: few sets over and over.  Bounded; the oldest set is destroyed first.

@@ -11,7 +11,9 @@ import os
 import secrets
 import signal
 import socket
+import time
 from typing import Any
+from unittest import SkipTest
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
@@ -19,7 +21,8 @@ from twisted.internet.task import deferLater
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
-from sandboxd import processes
+from sandboxd import children, processes
+from sandboxd import spawn as spawn_module
 from sandboxd.testing import BytesProducer, SSEReader
 from tests.helpers import DaemonTestCase, kill_marked, marked_pids
 
@@ -763,3 +766,84 @@ class StreamHeadersTests(ProcessCase):
         self.assertTrue(head.startswith(b"http/1.1 200 "), received)
         self.assertIn(b"content-type: text/event-stream", head)
         self.assertEqual(len(marked_pids(self.marker)), 1)
+
+
+class _SlowSpawns:
+    """Every spawn that may wait goes through a worker thread."""
+
+    def setUp(self) -> Any:
+        if not spawn_module.AVAILABLE:
+            raise SkipTest("no posix_spawn through ctypes here")
+        always = children.SpawnTimes(threshold=-1.0)
+        always.slow = True
+        self.patch(children, "SPAWN_TIMES", always)  # type: ignore[attr-defined]
+        return super().setUp()  # type: ignore[misc]
+
+
+class ThreadedShellTests(_SlowSpawns, ShellTests):
+    """/shell, its spawn waited for on a worker thread (a saturated machine)."""
+
+
+class ThreadedShellStreamTests(_SlowSpawns, ShellStreamTests):
+    """/shell/stream, its spawn waited for on a worker thread."""
+
+
+class SlowSpawnTests(_SlowSpawns, ProcessCase):
+    """While a spawn waits for its child's exec, the daemon goes on serving."""
+
+    def delay_spawns(self, seconds: float) -> None:
+        """Every spawn first waits ``seconds``, as one whose child is starved of CPU."""
+        alone, direct = spawn_module.posix_spawn_alone, spawn_module.posix_spawn
+
+        def slow_alone(plan: Any, attributes: Any) -> int:
+            time.sleep(seconds)
+            return alone(plan, attributes)
+
+        def slow_direct(plan: Any) -> int:
+            time.sleep(seconds)
+            return direct(plan)
+
+        self.patch(spawn_module, "posix_spawn_alone", slow_alone)
+        self.patch(spawn_module, "posix_spawn", slow_direct)
+
+    @inlineCallbacks
+    def test_reactor_serves_while_a_spawn_waits(self) -> Any:
+        """A /health asked while a stream's spawn waits is answered at once; the stream then runs."""
+        self.delay_spawns(0.6)
+        began = time.monotonic()
+        streaming = self.stream("POST", "/shell/stream", {"command": "echo late"})
+        yield sleep_(0.1)
+        reply = yield self.request("GET", "/health")
+        self.assertEqual(reply.status, 200)
+        self.assertLess(time.monotonic() - began, 0.5)
+        _, reader = yield streaming
+        events = yield reader.done
+        self.assertEqual(
+            [(e["event"], e["data"]) for e in events],
+            [("stdout", {"data": "late"}), ("exit", {"exit_code": 0})],
+        )
+
+    @inlineCallbacks
+    def test_client_leaving_during_the_spawn_kills_the_child(self) -> Any:
+        """A client gone while its command's spawn waits: the command is killed once it starts."""
+        self.delay_spawns(0.4)
+        data = json.dumps({"command": f"sleep {self.marker}"}).encode()
+        sock = socket.create_connection(("127.0.0.1", self.daemon.port))
+        sock.sendall(
+            b"POST /shell/stream HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
+        )
+        yield sleep_(0.1)
+        sock.close()
+        yield sleep_(0.6)
+        left = yield self.gone()
+        self.assertEqual(left, [])
+        self.assertEqual(processes.PENDING, set())
+
+    @inlineCallbacks
+    def test_shell_waits_for_a_slow_spawn(self) -> Any:
+        """/shell answers with the output of a command whose spawn waited."""
+        self.delay_spawns(0.3)
+        reply = yield self.request("POST", "/shell", {"command": "echo waited"})
+        self.assertEqual(reply.status, 200)
+        self.assertEqual(reply.json()["stdout"], "waited\n")

@@ -9,6 +9,7 @@ import errno
 import os
 import secrets
 import sys
+import time
 from typing import Any
 
 from twisted.internet import reactor
@@ -22,7 +23,7 @@ from twisted.internet.defer import (
 from twisted.internet.task import Clock, deferLater
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from sandboxd import processes, proctree, spawn
+from sandboxd import children, processes, proctree, spawn
 from sandboxd.processes import HeadTail, run_collect
 from tests.helpers import kill_marked, marked_pids
 
@@ -557,3 +558,88 @@ def gather_killers() -> Deferred[Any]:
     from twisted.internet.defer import DeferredList
 
     return DeferredList(list(proctree.KILLING), consumeErrors=True)
+
+
+class SpawnTimesTests(SynchronousTestCase):
+    """When spawns count as slow."""
+
+    def test_switches_both_ways(self) -> None:
+        """One spawn over the threshold makes spawns slow; one under it makes them quick again."""
+        times = children.SpawnTimes(threshold=0.002)
+        self.assertFalse(times.slow)
+        times.record(0.0002)
+        self.assertFalse(times.slow)
+        times.record(0.015)
+        self.assertTrue(times.slow)
+        times.record(0.0009)
+        self.assertFalse(times.slow)
+
+
+class PendingSpawnTests(TestCase):
+    """A child whose spawn waits on a worker thread."""
+
+    timeout = 30
+
+    def setUp(self) -> None:
+        if not spawn.AVAILABLE:
+            raise self.skipTest("no posix_spawn through ctypes here")
+        self.marker = f"60.{secrets.randbelow(10**12):012d}"
+        self.addCleanup(kill_marked, self.marker)
+        always = children.SpawnTimes(threshold=-1.0)
+        always.slow = True
+        self.patch(children, "SPAWN_TIMES", always)
+        real = spawn.posix_spawn_alone
+
+        def slow(plan: Any, attributes: Any) -> int:
+            time.sleep(0.3)
+            return real(plan, attributes)
+
+        self.patch(spawn, "posix_spawn_alone", slow)
+
+    def start(self, argv: list[str]) -> processes.Child:
+        child = processes.Child(reactor, lambda fd, data: None, grace=0.5)
+        processes.spawn(reactor, child, argv, env=ENV, cwd="/", may_wait=True)
+        return child
+
+    @inlineCallbacks
+    def test_kill_asked_before_the_process_exists(self) -> Any:
+        """A kill asked while the spawn waits ends the child once it runs."""
+        child = self.start(["sleep", self.marker])
+        self.assertTrue(child.pending)
+        self.assertEqual(child.pid, 0)
+        yield child.kill("killed")
+        yield child.ended
+        self.assertNotEqual(child.pid, 0)
+        self.assertEqual(child.reason, "killed")
+        self.assertEqual(marked_pids(self.marker), [])
+        self.assertEqual(processes.PENDING, set())
+
+    @inlineCallbacks
+    def test_failed_spawn_reaches_whoever_waits(self) -> Any:
+        """A spawn that fails on its thread fails when_spawned with the OSError, and the child is over."""
+        path = self.mktemp()
+        with open(path, "wb") as f:
+            f.write(b"\x00\x01 not a program\n")
+        os.chmod(path, 0o755)
+        child = self.start([os.path.abspath(path)])
+        with self.assertRaises(OSError) as caught:
+            yield child.when_spawned()
+        self.assertEqual(caught.exception.errno, errno.ENOEXEC)
+        code = yield child.ended
+        self.assertIsNone(code)
+        self.assertEqual(processes.PENDING, set())
+
+    @inlineCallbacks
+    def test_shutdown_ends_a_child_still_spawning(self) -> Any:
+        """end_all takes children whose spawn has not finished."""
+        child = self.start(["sleep", self.marker])
+        self.assertTrue(child.pending)
+        yield processes.end_all(reactor, grace=0.5)
+        self.assertTrue(child.has_ended)
+        self.assertEqual(marked_pids(self.marker), [])
+
+    def test_reaping_waits_for_spawns_in_flight(self) -> None:
+        """Orphans are not reaped while a spawned child may still be unregistered."""
+        self.patch(children.SPAWN_THREADS_POOL, "in_flight", 1)
+        self.patch(proctree, "adopted_orphans", lambda: self.fail("looked for orphans"))
+        self.assertEqual(proctree.reap_orphans(), 0)

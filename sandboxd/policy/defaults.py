@@ -144,6 +144,14 @@ LOOPBACK_NAMES_KEPT = 256
 #: working directory and descriptor map).
 SPAWN_ACTIONS_KEPT = 64
 
+#: process: a spawn that held its caller longer than this (the new child
+#: waited for a CPU before it could exec) sends the next ones that can wait
+#: through worker threads, until one is quick again.
+SLOW_SPAWN_SECONDS = 0.002
+
+#: process: worker threads that wait in ``posix_spawn`` for a busy machine.
+SPAWN_THREADS = 4
+
 #: file_ops: files up to this size are read in one call on the reactor
 #: thread (a page-cache read is cheaper than a thread hop); bigger ones are
 #: read and encoded in a worker thread.

@@ -17,6 +17,8 @@ from typing import Any
 
 import attrs
 from twisted.application.service import IService
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.python.failure import Failure
 
 from sandboxd import processes
 from sandboxd.children import (
@@ -207,12 +209,13 @@ class _Pauser:
         self.child.resume_reading()
 
 
-def shell_stream(request: ServerRequest) -> SSEResponse:
+def shell_stream(request: ServerRequest) -> SSEResponse | Deferred[SSEResponse]:
     """
     ``POST /shell/stream``: SSE of ``stdout``/``stderr`` lines as they
     complete, interleaved in the order produced, then ``error`` (timeouts)
     and ``exit``, always last.  A client that leaves kills the tree; a
-    slow one pauses the child.
+    slow one pauses the child.  A spawn that fails is a JSON error, not a
+    stream, even when it happened on a worker thread.
     """
     spec = launch(request)
     clock = request.context.reactor
@@ -230,7 +233,15 @@ def shell_stream(request: ServerRequest) -> SSEResponse:
         clock, stream.feed, timeout=spec.timeout, idle_timeout=spec.idle_timeout
     )
     try:
-        spawn(clock, child, spec.argv, env=spec.env, cwd=spec.cwd, run_as=spec.run_as)
+        spawn(
+            clock,
+            child,
+            spec.argv,
+            env=spec.env,
+            cwd=spec.cwd,
+            run_as=spec.run_as,
+            may_wait=True,
+        )
     except OSError as e:
         raise _spawn_failed(e, spec.command) from None
 
@@ -257,7 +268,18 @@ def shell_stream(request: ServerRequest) -> SSEResponse:
         channel.register_producer(_Pauser(child), gone)
         child.ended.addCallback(ended)
 
-    return SSEResponse(start=start)
+    response = SSEResponse(start=start)
+    if not child.pending:
+        return response
+
+    def not_spawned(failure: Failure) -> Failure:
+        if failure.check(CancelledError):
+            child.kill("disconnected")
+        elif isinstance(failure.value, OSError):
+            raise _spawn_failed(failure.value, spec.command)
+        return failure
+
+    return child.when_spawned().addCallbacks(lambda _: response, not_spawned)
 
 
 # --------------------------------------------------------------------------
