@@ -637,7 +637,18 @@ def spawn_session_later(
         if wrapped is None:
             return None
         program, argv = wrapped
-    return _spawn_adopted_later(reactor, protocol, program, argv, env, path, fds)
+    d = _spawn_adopted_later(reactor, protocol, program, argv, env, path, fds)
+
+    def unsupported(failure: Failure) -> Any:
+        error = failure.value
+        if not isinstance(error, OSError) or error.errno not in _UNSUPPORTED:
+            return failure
+        _give_up_posix_spawn(error)
+        return spawn_session(
+            reactor, protocol, executable, args, env, path, uid, gid, fds
+        )
+
+    return d.addErrback(unsupported)
 
 
 def spawn_session(
@@ -670,12 +681,7 @@ def spawn_session(
         except OSError as e:
             if e.errno not in _UNSUPPORTED:
                 raise
-            # A kernel or sandbox (seccomp, gVisor) that refuses one of the
-            # file actions: Twisted's spawn does the same job, slower.
-            _spawn.AVAILABLE = False
-            log.msg(
-                f"sandboxd: posix_spawn with closefrom/chdir failed ({e}); using Twisted's spawn"
-            )
+            _give_up_posix_spawn(e)
     return SessionProcess(  # type: ignore[no-untyped-call]
         reactor, executable, args, env, path, protocol, uid, gid, fds
     )
@@ -684,6 +690,17 @@ def spawn_session(
 #: What ``posix_spawn`` answers when the system, not the command, is at
 #: fault (an action or flag it cannot perform).
 _UNSUPPORTED = frozenset({errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP})
+
+
+def _give_up_posix_spawn(error: OSError) -> None:
+    """
+    A kernel or sandbox (seccomp, gVisor) refused one of the file actions:
+    Twisted's spawn does the same job, slower, from now on.
+    """
+    _spawn.AVAILABLE = False
+    log.msg(
+        f"sandboxd: posix_spawn with closefrom/chdir failed ({error}); using Twisted's spawn"
+    )
 
 
 def signal_name(number: int) -> str:

@@ -261,14 +261,19 @@ class RunCollectTests(TestCase):
         still runs, in its directory.
         """
 
-        def refuse(plan: Any) -> int:
+        def refuse(*args: Any) -> int:
             raise OSError(errno.ENOSYS, "close_range: not implemented")
 
-        self.patch(spawn, "posix_spawn", refuse)
-        self.patch(spawn, "AVAILABLE", True)
-        result = yield self.run_(["pwd"])
-        self.assertEqual(result.stdout, self.cwd.encode() + b"\n")
-        self.assertFalse(spawn.AVAILABLE)
+        for slow in (False, True):
+            times = children.SpawnTimes()
+            times.slow = slow  # slow: the spawn is on a worker thread
+            self.patch(children, "SPAWN_TIMES", times)
+            self.patch(spawn, "posix_spawn", refuse)
+            self.patch(spawn, "posix_spawn_alone", refuse)
+            self.patch(spawn, "AVAILABLE", True)
+            result = yield self.run_(["pwd"])
+            self.assertEqual(result.stdout, self.cwd.encode() + b"\n", slow)
+            self.assertFalse(spawn.AVAILABLE)
 
     @inlineCallbacks
     def test_missing_executable(self) -> Any:
