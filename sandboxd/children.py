@@ -612,6 +612,24 @@ def spawn_anywhere() -> bool:
     return _spawn.AVAILABLE
 
 
+def _posix_spawn_program(
+    executable: str, args: list[str], uid: int | None, gid: int | None
+) -> tuple[str, list[str]] | None:
+    """
+    What one ``posix_spawn`` runs for a child (``setpriv`` in front of it
+    for another user); None where Twisted's spawn has to start it.
+    """
+    if not _spawn.AVAILABLE:
+        return None
+    if uid is None and gid is None:
+        return executable, args
+    return _as_user(executable, args, uid, gid)
+
+
+def _standard_fds(child_fds: dict[int, Any] | None) -> dict[int, Any]:
+    return {0: "w", 1: "r", 2: "r"} if child_fds is None else child_fds
+
+
 def spawn_session_later(
     reactor: Any,
     protocol: Any,
@@ -628,16 +646,11 @@ def spawn_session_later(
     thread, when spawns are slow right now (:class:`SpawnTimes`) and the
     ``posix_spawn`` path applies; None when the caller should spawn at once.
     """
-    if not SPAWN_TIMES.slow or not _spawn.AVAILABLE:
+    program = _posix_spawn_program(executable, args, uid, gid)
+    if not SPAWN_TIMES.slow or program is None:
         return None
-    fds = {0: "w", 1: "r", 2: "r"} if child_fds is None else child_fds
-    program, argv = executable, args
-    if uid is not None or gid is not None:
-        wrapped = _as_user(executable, args, uid, gid)
-        if wrapped is None:
-            return None
-        program, argv = wrapped
-    d = _spawn_adopted_later(reactor, protocol, program, argv, env, path, fds)
+    fds = _standard_fds(child_fds)
+    d = _spawn_adopted_later(reactor, protocol, *program, env, path, fds)
 
     def unsupported(failure: Failure) -> Any:
         error = failure.value
@@ -670,14 +683,11 @@ def spawn_session(
     directory (as another user through setpriv); otherwise Twisted spawns
     it (:class:`SessionProcess`).
     """
-    fds = {0: "w", 1: "r", 2: "r"} if child_fds is None else child_fds
-    wrapped = None
-    if uid is not None or gid is not None:
-        wrapped = _as_user(executable, args, uid, gid)
-    if _spawn.AVAILABLE and (wrapped is not None or (uid is None and gid is None)):
-        program, argv = wrapped or (executable, args)
+    fds = _standard_fds(child_fds)
+    program = _posix_spawn_program(executable, args, uid, gid)
+    if program is not None:
         try:
-            return _spawn_adopted(reactor, protocol, program, argv, env, path, fds)
+            return _spawn_adopted(reactor, protocol, *program, env, path, fds)
         except OSError as e:
             if e.errno not in _UNSUPPORTED:
                 raise
