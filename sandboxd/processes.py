@@ -837,6 +837,8 @@ class ProcessService(Service):
         self.reactor = reactor
         self.grace = grace
         self.table: OrderedDict[int, Managed] = OrderedDict()
+        #: Started, with the spawn still on a worker thread (not in the table yet).
+        self.starting = 0
         self.reaper = OrphanReaper(reactor)
         self.subreaper = False
 
@@ -860,8 +862,8 @@ class ProcessService(Service):
         return d
 
     def running_count(self) -> int:
-        """Background processes not yet exited."""
-        return sum(1 for m in self.table.values() if m.running)
+        """Background processes not yet exited (or still being spawned)."""
+        return self.starting + sum(1 for m in self.table.values() if m.running)
 
     def start(
         self,
@@ -876,9 +878,14 @@ class ProcessService(Service):
         retention: int,
         timeout: float | None = None,
         idle_timeout: float | None = None,
+        may_wait: bool = False,
     ) -> Managed:
         """
         Start a background process and record it.
+
+        With ``may_wait`` (see :func:`spawn`) the spawn may still be on a
+        worker thread on return: the process is recorded once it runs, and
+        ``managed.child.when_spawned()`` says when (or why not).
 
         :raises FileNotFoundError: no such executable.
         """
@@ -900,12 +907,30 @@ class ProcessService(Service):
             cwd=cwd,
             run_as=run_as,
             stdin_pipe=stdin_pipe,
+            may_wait=may_wait,
         )
+        if not child.pending:
+            self._record(managed)
+            return managed
+        self.starting += 1
+
+        def spawned(_: object) -> None:
+            self.starting -= 1
+            self._record(managed)
+
+        def not_spawned(_: Failure) -> None:
+            # Whoever started it hears why through its own when_spawned().
+            self.starting -= 1
+
+        child.when_spawned().addCallbacks(spawned, not_spawned)
+        return managed
+
+    def _record(self, managed: Managed) -> None:
+        child = managed.child
         self.table.pop(child.pid, None)  # a pid reused after an old entry exited
         self.table[child.pid] = managed
         child.ended.addCallback(managed.on_ended)
         child.exited.addCallback(lambda _: self._prune())
-        return managed
 
     def _prune(self) -> None:
         exited = [pid for pid, m in self.table.items() if not m.running]

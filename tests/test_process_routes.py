@@ -16,7 +16,7 @@ from typing import Any
 from unittest import SkipTest
 
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.defer import Deferred, DeferredList, inlineCallbacks
 from twisted.internet.task import deferLater
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
@@ -788,6 +788,10 @@ class ThreadedShellStreamTests(_SlowSpawns, ShellStreamTests):
     """/shell/stream, its spawn waited for on a worker thread."""
 
 
+class ThreadedBackgroundTests(_SlowSpawns, BackgroundTests):
+    """Background processes, their spawn waited for on a worker thread."""
+
+
 class SlowSpawnTests(_SlowSpawns, ProcessCase):
     """While a spawn waits for its child's exec, the daemon goes on serving."""
 
@@ -847,3 +851,22 @@ class SlowSpawnTests(_SlowSpawns, ProcessCase):
         reply = yield self.request("POST", "/shell", {"command": "echo waited"})
         self.assertEqual(reply.status, 200)
         self.assertEqual(reply.json()["stdout"], "waited\n")
+
+    @inlineCallbacks
+    def test_cap_counts_processes_still_spawning(self) -> Any:
+        """Starts whose spawns are still waiting count toward max_processes."""
+        yield self.daemon.stop()
+        yield self.start(
+            policy={"endpoints": {"process_start": {"limits": {"max_processes": 2}}}}
+        )
+        self.delay_spawns(0.5)
+        body = {"command": f"sleep {self.marker}"}
+        replies = yield DeferredList(
+            [self.request("POST", "/process/start", body) for _ in range(3)]
+        )
+        statuses = sorted(reply.status for _, reply in replies)
+        self.assertEqual(statuses, [200, 200, 429])
+        listed = yield self.request("GET", "/process/list")
+        self.assertEqual(
+            len([p for p in listed.json()["processes"] if p["state"] == "running"]), 2
+        )

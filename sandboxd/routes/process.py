@@ -291,12 +291,14 @@ def _service(request: ServerRequest) -> ProcessService:
     return service
 
 
-def process_start(request: ServerRequest) -> dict[str, Any]:
+async def process_start(request: ServerRequest) -> dict[str, Any]:
     """
     ``POST /process/start``: start a background process.
 
-    → ``{"pid", "command", "tag"}``; 429 ResourceError past
-    ``max_processes`` running.
+    → ``{"pid", "command", "tag"}``, once it runs; 429 ResourceError past
+    ``max_processes`` running.  A client that leaves before the answer
+    leaves the process running, as a background process outlives its
+    request anyway.
     """
     spec = launch(request)
     body = request.body
@@ -335,7 +337,10 @@ def process_start(request: ServerRequest) -> dict[str, Any]:
             retention=int(retention),
             timeout=timeout,
             idle_timeout=spec.idle_timeout,
+            may_wait=True,
         )
+        if managed.child.pending:
+            await managed.child.when_spawned()
     except OSError as e:
         raise _spawn_failed(e, spec.command) from None
     return {"pid": managed.pid, "command": managed.command, "tag": managed.tag}
