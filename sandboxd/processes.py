@@ -72,6 +72,7 @@ from sandboxd.proctree import (
     tree_members,
     tree_table,
 )
+from sandboxd.waiters import Waiters
 
 log = Logger(namespace="sandboxd.processes")
 
@@ -205,7 +206,7 @@ class Child(ProcessProtocol):
         self._drain: IDelayedCall | None = None
         self._drain_limit: float | None = None
         self.stdin_open = False
-        self._waiting_spawn: list[Deferred[None]] = []
+        self._spawned: Waiters[None] = Waiters()
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -239,7 +240,7 @@ class Child(ProcessProtocol):
             if self.killing is not None:
                 asked, self.killing = self.killing, None
                 self.kill(self.reason or "killed").chainDeferred(asked)
-            self._spawn_waiters(None)
+            self._spawned.fire(None)
 
         def failed(failure: Failure) -> None:
             PENDING.discard(self)
@@ -248,7 +249,7 @@ class Child(ProcessProtocol):
             if self.killing is not None and not self.killing.called:
                 self.killing.callback(None)
             self.ended.callback(None)
-            self._spawn_waiters(failure)
+            self._spawned.fail(failure)
 
         later.addCallbacks(done, failed)
 
@@ -260,19 +261,7 @@ class Child(ProcessProtocol):
         """
         if not self.pending:
             return succeed(None)
-        d: Deferred[None] = Deferred()
-        self._waiting_spawn.append(d)
-        return d
-
-    def _spawn_waiters(self, result: Failure | None) -> None:
-        waiters, self._waiting_spawn = self._waiting_spawn, []
-        for d in waiters:
-            if d.called:
-                continue
-            if result is None:
-                d.callback(None)
-            else:
-                d.errback(result)
+        return self._spawned.wait()
 
     def started(self) -> None:
         """Called once spawned: arm the timers."""

@@ -19,12 +19,13 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 
 from sandboxd.agents.jsonrpc import LineFramer
 from sandboxd.children import RunAs, signal_name
 from sandboxd.processes import Child, OutputCallback, spawn
 from sandboxd.proctree import kill_tree, proc_info, reap_orphans
+from sandboxd.waiters import Waiters
 
 
 class HeadTailLog:
@@ -144,7 +145,7 @@ class AgentProcess:
         self.child = AgentChild(reactor, self._output)
         self.child.exited.addCallback(self._exited)
         self._on_exit = on_exit
-        self._exit_waiters: list[Deferred[int | None]] = []
+        self._exit_waiters: Waiters[int | None] = Waiters()
 
     def spawn(
         self,
@@ -192,9 +193,7 @@ class AgentProcess:
             self.stderr.append(data)
 
     def _exited(self, code: int | None) -> int | None:
-        waiters, self._exit_waiters = self._exit_waiters, []
-        for d in waiters:
-            d.callback(code)
+        self._exit_waiters.fire(code)
         self._on_exit(code, self.signal)
         return code
 
@@ -209,12 +208,9 @@ class AgentProcess:
 
     def wait_exit(self) -> Deferred[int | None]:
         """Fires with the exit code once the agent has exited."""
-        d: Deferred[int | None] = Deferred()
         if self.exited:
-            d.callback(self.exit_code)
-        else:
-            self._exit_waiters.append(d)
-        return d
+            return succeed(self.exit_code)
+        return self._exit_waiters.wait()
 
     def terminate(self) -> Deferred[int | None]:
         """TERM the whole tree now, KILL it after the grace; fires at exit."""

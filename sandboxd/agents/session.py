@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 
 from sandboxd.agents.clientside import FileRequests
 from sandboxd.agents.configuration import Configuration
@@ -134,11 +134,7 @@ class AgentSession(
 
     def wait_closed(self) -> Deferred[None]:
         """Fires once the log is closed (the agent is gone)."""
-        d: Deferred[None] = Deferred()
-        if self.log.closed:
-            d.callback(None)
-        else:
-            self._closed_waiters.append(d)
+        d = succeed(None) if self.log.closed else self._closed_waiters.wait()
         return within(self.reactor, d, defaults.KILL_GRACE_SECONDS + 2)
 
     def _exited(self, code: int | None, sig: str | None) -> None:
@@ -184,9 +180,7 @@ class AgentSession(
         self.emit("session.closed", exit_code=code, signal=sig, state=self.state)
         self.log.close()
         self.manager.session_ended(self)
-        waiters, self._closed_waiters = self._closed_waiters, []
-        for d in waiters:
-            d.callback(None)
+        self._closed_waiters.fire(None)
 
     # -- reading the agent ---------------------------------------------------
 

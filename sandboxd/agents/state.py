@@ -28,6 +28,7 @@ from sandboxd.errors import ApiError
 from sandboxd.eventlog import EventLog, json_size
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
+from sandboxd.waiters import Waiters
 
 if TYPE_CHECKING:
     from sandboxd.agents.manager import AgentManager
@@ -125,7 +126,7 @@ class SessionState:
         self._grace_timer: Any = None
         self._idle_timer: Any = None
         self._init_timed_out = False
-        self._closed_waiters: list[Deferred[None]] = []
+        self._closed_waiters: Waiters[None] = Waiters()
         self.process, self.conn = self._wire()
 
     def _wire(self) -> tuple[AgentProcess, Connection]:

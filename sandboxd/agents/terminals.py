@@ -17,7 +17,7 @@ from collections.abc import Callable
 from signal import SIGTERM
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 
 from sandboxd.agents.clientside import refusal_error
 from sandboxd.agents.jsonrpc import (
@@ -41,6 +41,7 @@ from sandboxd.guard import PathGuard
 from sandboxd.linestream import STREAM_NAMES
 from sandboxd.policy import defaults
 from sandboxd.processes import signal_child, spawn
+from sandboxd.waiters import Waiters
 
 
 def utf8_tail(data: bytes, limit: int) -> bytes:
@@ -82,7 +83,7 @@ class AgentTerminal:
         self.started_at = time.time()
         self._tail = bytearray()
         self._on_exit = on_exit
-        self._waiters: list[Deferred[None]] = []
+        self._waiters: Waiters[None] = Waiters()
         self.child = AgentChild(reactor, self._output)
         self.child.ended.addCallback(self._finish)
 
@@ -125,9 +126,7 @@ class AgentTerminal:
         """Exited and the pipes closed: the ``exit`` event, then the listeners."""
         self.log.append("exit", {"exit_code": code})
         self.log.close()
-        waiters, self._waiters = self._waiters, []
-        for d in waiters:
-            d.callback(None)
+        self._waiters.fire(None)
         self._on_exit(self)
 
     @property
@@ -154,12 +153,9 @@ class AgentTerminal:
 
     def wait(self) -> Deferred[None]:
         """Fires once it has exited and its output is read."""
-        d: Deferred[None] = Deferred()
         if self.finished:
-            d.callback(None)
-        else:
-            self._waiters.append(d)
-        return d
+            return succeed(None)
+        return self._waiters.wait()
 
     def kill(self, sig: int = SIGTERM) -> None:
         """Signal the tree; TERM ends it, with KILL after the grace period."""

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import attrs
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 
 from sandboxd.agents.heldrequests import HeldRequests
 from sandboxd.agents.jsonrpc import RpcError
@@ -21,6 +21,7 @@ from sandboxd.agents.permissions import iso
 from sandboxd.agents.state import UNFINISHED, bounded_put
 from sandboxd.errors import ApiError
 from sandboxd.policy import defaults
+from sandboxd.waiters import Waiters
 
 
 @attrs.define(eq=False)
@@ -40,7 +41,7 @@ class Turn:
     text: list[str] = attrs.Factory(list)
     tool_call_ids: list[str] = attrs.Factory(list)
     usage: dict[str, Any] | None = None
-    waiters: list[Deferred[None]] = attrs.Factory(list)
+    waiters: Waiters[None] = attrs.Factory(Waiters)
 
     def describe(self) -> dict[str, Any]:
         """The turn record."""
@@ -76,12 +77,9 @@ class Turn:
 
     def wait(self) -> Deferred[None]:
         """Fires when the turn has ended."""
-        d: Deferred[None] = Deferred()
         if self.state != "running":
-            d.callback(None)
-        else:
-            self.waiters.append(d)
-        return d
+            return succeed(None)
+        return self.waiters.wait()
 
 
 class TurnControl(HeldRequests):
@@ -182,9 +180,7 @@ class TurnControl(HeldRequests):
         if self.state in ("running", "awaiting_input"):
             self.set_state("idle")
         self._touch()
-        waiters, turn.waiters = turn.waiters, []
-        for d in waiters:
-            d.callback(None)
+        turn.waiters.fire(None)
 
     def cancel(self, forced_by: str | None = None) -> Turn | None:
         """

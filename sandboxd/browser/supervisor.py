@@ -37,6 +37,7 @@ from sandboxd.children import (
 from sandboxd.errors import ApiError, internal, unavailable
 from sandboxd.policy import defaults
 from sandboxd.proctree import TREE_MARKER, signal_tree
+from sandboxd.waiters import Waiters
 
 log = Logger(namespace="sandboxd.browser")
 
@@ -138,7 +139,7 @@ class BrowserSupervisor(Service):
         self.worker: WorkerProtocol | None = None
         #: Whether the current worker said ready; its waiters until it does.
         self.is_ready = False
-        self.ready_waiters: list[Deferred[None]] = []
+        self.ready_waiters: Waiters[None] = Waiters()
         self.pending: dict[int, Deferred[dict[str, Any]]] = {}
         self.next_id = 0
         self.workdir: str | None = None
@@ -192,8 +193,7 @@ class BrowserSupervisor(Service):
         assert worker is not None
         if self.is_ready:
             return worker
-        waiter: Deferred[None] = Deferred(lambda d: self._forget_waiter(d))
-        self.ready_waiters.append(waiter)
+        waiter = self.ready_waiters.wait()
         timer = self.reactor.callLater(
             defaults.BROWSER_START_TIMEOUT_SECONDS, self._start_timed_out, worker
         )
@@ -204,21 +204,13 @@ class BrowserSupervisor(Service):
                 timer.cancel()
         return worker
 
-    def _forget_waiter(self, waiter: Deferred[None]) -> None:
-        if waiter in self.ready_waiters:
-            self.ready_waiters.remove(waiter)
-
     def _settle_start(self, error: ApiError | None) -> None:
         """The worker is ready (``error`` None) or will never be."""
-        waiters, self.ready_waiters = self.ready_waiters, []
         self.is_ready = error is None
-        for waiter in waiters:
-            if waiter.called:
-                continue
-            if error is None:
-                waiter.callback(None)
-            else:
-                waiter.errback(error)
+        if error is None:
+            self.ready_waiters.fire(None)
+        else:
+            self.ready_waiters.fail(error)
 
     def _start_timed_out(self, worker: WorkerProtocol) -> None:
         if worker is self.worker and not self.is_ready:
