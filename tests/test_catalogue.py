@@ -33,7 +33,7 @@ from sandboxd import guard as guard_module
 from sandboxd.proctree import descendants
 from tests.helpers import DaemonTestCase, alive, kill_marked, marked_pids
 from tests.test_browser import SKIP_REASON
-from tests.test_files_hostile import tar_of, zip_of
+from tests.test_files_hostile import OutsideCase, tar_of, zip_of
 from tests.test_terminal_wsclient import connect, quiet_server
 
 TOKEN = "catalogue-token"
@@ -434,23 +434,8 @@ class AuthenticationTests(RawCase):
             self.assertEqual(reply.json()["code"], "invalid_json")
 
 
-class PathGuardTests(DaemonTestCase):
+class PathGuardTests(OutsideCase):
     """Catalogue C: the path guard, seen through the file routes."""
-
-    def setUp(self) -> Any:
-        d = super().setUp()
-        self.outside = os.path.realpath(self.mktemp())
-        os.makedirs(self.outside)
-        with open(os.path.join(self.outside, "secret"), "wb") as f:
-            f.write(b"OUTSIDE")
-        return d
-
-    def put(self, rel: str, data: bytes = b"hello") -> str:
-        path = os.path.join(self.base_dir, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
-        return path
 
     @inlineCallbacks
     def test_traversal_corpus_on_every_read_route(self) -> Any:

@@ -62,7 +62,9 @@ def zip_of(*members: tuple[str, bytes], links: dict[str, str] | None = None) -> 
     return base64.b64encode(buf.getvalue()).decode()
 
 
-class HostilePathTests(FilesCase):
+class OutsideCase(FilesCase):
+    """A daemon, plus a directory outside its base holding ``secret``."""
+
     def setUp(self) -> Any:
         d = super().setUp()
         self.outside = os.path.realpath(self.mktemp())
@@ -71,6 +73,8 @@ class HostilePathTests(FilesCase):
             f.write(b"OUTSIDE")
         return d
 
+
+class HostilePathTests(OutsideCase):
     @inlineCallbacks
     def test_encoded_traversal_and_nul(self) -> Any:
         """Traversal spelled raw or percent-encoded is 403; a NUL is 400; never 500."""
