@@ -65,6 +65,7 @@ from sandboxd.proctree import (
     adopted_orphans,
     become_subreaper,
     kill_tree,
+    never_signalled,
     proc_info,
     reap_orphans,
     signal_group,
@@ -438,7 +439,7 @@ def signal_child(child: Child, sig: int) -> None:
     Send ``sig`` to a running child's process group and to the members of
     its tree that left the group (never to a pid reused since).
     """
-    if child.has_exited or child.pid <= 1 or child.pid == os.getpid():
+    if child.has_exited or never_signalled(child.pid):
         return
     signal_group(child.pid, sig)
     table = tree_table(child.pid)

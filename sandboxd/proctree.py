@@ -281,7 +281,23 @@ def _alive(pid: int, start: int) -> bool:
     return info is not None and info.start == start and info.state != "Z"
 
 
+def never_signalled(target: int) -> bool:
+    """
+    Whether ``target``, as a pid or as a process group, must never be
+    signalled: init, the daemon itself, or the daemon's own group.
+
+    ``kill(0)`` and ``killpg(0)`` mean the caller's own group and
+    ``killpg(1)`` means every process the caller may signal.  A daemon
+    started by a runner that never called ``setsid`` (a CI job, a plain
+    container entrypoint) sits in group 0 with everything else the runner
+    started, so one stray 0 would kill the runner too.
+    """
+    return target <= 1 or target == os.getpid() or target == os.getpgrp()
+
+
 def signal_member(pid: int, start: int | None, sig: int) -> None:
+    if never_signalled(pid):
+        return
     if start is not None and not _alive(pid, start):
         return
     try:
@@ -291,6 +307,8 @@ def signal_member(pid: int, start: int | None, sig: int) -> None:
 
 
 def signal_group(pgid: int, sig: int) -> None:
+    if never_signalled(pgid):
+        return
     try:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
@@ -358,7 +376,7 @@ def kill_tree(
     a member (it may name another process by now), only its group and
     marker are.
     """
-    if leader in (0, 1, os.getpid()) or leader < 0:
+    if never_signalled(leader):
         return succeed(None)
     done: Deferred[None] = Deferred()
     members = tree_members(leader, marker, _look(leader))
@@ -519,11 +537,9 @@ def signal_tree(pid: int, sig: int, marker: str | None = None) -> None:
     Send ``sig`` to ``pid``'s process group and every descendant (see
     :func:`descendants` for what ``marker`` adds).
     """
+    if never_signalled(pid):
+        return
     targets = descendants(pid, marker)
-    for call, target in [(os.killpg, pid), (os.kill, pid)] + [
-        (os.kill, p) for p in targets
-    ]:
-        try:
-            call(target, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+    signal_group(pid, sig)
+    for target in [pid, *targets]:
+        signal_member(target, None, sig)

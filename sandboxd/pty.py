@@ -43,7 +43,7 @@ from sandboxd.policy.defaults import (
     PTY_SCROLLBACK_BYTES,
     PTY_SLOW_CLIENT_SECONDS,
 )
-from sandboxd.proctree import TREE_MARKER, descendants, signal_tree
+from sandboxd.proctree import TREE_MARKER, descendants, never_signalled, signal_tree
 
 log = Logger(namespace="sandboxd.pty")
 
@@ -438,6 +438,13 @@ class PtySession:
             group = os.tcgetpgrp(self.transport.fileno())
         except OSError:
             group = self.pid
+        if never_signalled(group):
+            # 0 when the terminal has no foreground group (the shell has
+            # not taken it yet, or has just exited): killpg(0) would hit
+            # the daemon's own group.  The shell's group is the one meant.
+            group = self.pid
+        if never_signalled(group):
+            return False
         try:
             os.killpg(group, number)
         except (ProcessLookupError, PermissionError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import signal
 import sys
 import time
 from typing import Any
@@ -463,6 +464,50 @@ class ScannedTreeTests(TreeTests):
     """
 
     walk = False
+
+
+class NeverSignalledTests(TestCase):
+    """
+    No signal ever goes to init, to the daemon, or to the daemon's own
+    group, whatever pid a caller hands over: a CI runner or container
+    entrypoint that never called ``setsid`` leaves the daemon in group 0,
+    where ``killpg(0)`` would end the runner and everything it started.
+    """
+
+    timeout = 30
+
+    def setUp(self) -> None:
+        self.sent: list[tuple[str, int, int]] = []
+
+        def record(name: str) -> Any:
+            return lambda target, sig: self.sent.append((name, target, sig))
+
+        self.patch(os, "kill", record("kill"))
+        self.patch(os, "killpg", record("killpg"))
+
+    def forbidden(self) -> list[int]:
+        return [0, 1, -1, os.getpid(), os.getpgrp()]
+
+    def test_primitives_refuse(self) -> None:
+        """signal_member, signal_group and signal_tree send nothing to those targets."""
+        for target in self.forbidden():
+            proctree.signal_member(target, None, signal.SIGKILL)
+            proctree.signal_group(target, signal.SIGKILL)
+            proctree.signal_tree(target, signal.SIGKILL)
+        self.assertEqual(self.sent, [])
+
+    @inlineCallbacks
+    def test_kill_tree_refuses(self) -> Any:
+        """kill_tree is over at once for those leaders, having sent nothing."""
+        for target in self.forbidden():
+            yield proctree.kill_tree(reactor, target, None, grace=0.1)
+        self.assertEqual(self.sent, [])
+
+    def test_an_ordinary_target_is_still_signalled(self) -> None:
+        """The guard is not everything: another pid and its group are signalled."""
+        proctree.signal_tree(999_999_999, signal.SIGTERM)
+        self.assertIn(("killpg", 999_999_999, signal.SIGTERM), self.sent)
+        self.assertIn(("kill", 999_999_999, signal.SIGTERM), self.sent)
 
 
 class TreeTableTests(TestCase):

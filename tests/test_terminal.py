@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import secrets
+import signal
 from typing import Any
 
 from twisted.internet import reactor
@@ -165,6 +166,23 @@ class SessionTests(TerminalCase):
         client.type("echo after''-int\n")
         yield client.wait_output("after-int")
         self.assertTrue(alive(created["pid"]))
+
+    @inlineCallbacks
+    def test_signal_with_no_foreground_group_goes_to_the_shell(self) -> Any:
+        """
+        A terminal with no foreground group (its shell not yet settled, or
+        just gone) reports group 0: the signal goes to the shell's group,
+        never to killpg(0), which is the daemon's own group.
+        """
+        created = yield self.create()
+        session = self.daemon.context.services["terminals"].table.get(
+            created["session_id"]
+        )
+        sent: list[tuple[int, int]] = []
+        self.patch(os, "tcgetpgrp", lambda fd: 0)
+        self.patch(os, "killpg", lambda group, sig: sent.append((group, sig)))
+        self.assertTrue(session.send_signal("SIGINT"))
+        self.assertEqual(sent, [(created["pid"], signal.SIGINT)])
 
     @inlineCallbacks
     def test_exit_code_delivered(self) -> Any:
