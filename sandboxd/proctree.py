@@ -233,20 +233,30 @@ def adopted_orphans() -> list[int]:
 
 
 def tree_members(
-    leader: int, marker: str | None, table: dict[int, ProcInfo] | None = None
+    leader: int,
+    marker: str | None,
+    table: dict[int, ProcInfo] | None = None,
+    by_id: bool = True,
 ) -> dict[int, int]:
     """
     The live members of ``leader``'s tree as ``{pid: start time}``: its
     session and group, every descendant by parent link, and adopted
     orphans (with their descendants) that carry ``marker``.
+
+    ``by_id=False`` says the number ``leader`` no longer names the tree
+    (see :func:`kill_tree`): only the marked orphans and their descendants
+    are members then, not whoever now has that pid, session or group.
     """
     table = tree_table(leader) if table is None else table
     found = {
         p.pid
         for p in table.values()
-        if p.pid != leader and (p.sid == leader or p.pgid == leader) and p.state != "Z"
+        if by_id
+        and p.pid != leader
+        and (p.sid == leader or p.pgid == leader)
+        and p.state != "Z"
     }
-    roots = {leader}
+    roots = {leader} if by_id else set()
     if marker is not None:
         needle = f"{TREE_MARKER}={marker}".encode()
         found.update(p for p in _live_orphans(table, leader) if _has_marker(p, needle))
@@ -356,6 +366,21 @@ def _look(leader: int) -> dict[int, ProcInfo]:
     return tree_table(leader) if walkable() else _RECENT_SCAN.table()
 
 
+def _names_tree(
+    table: dict[int, ProcInfo], leader: int, leader_start: int | None
+) -> bool:
+    """
+    Whether the number ``leader`` still names the tree's session and group
+    in ``table``: no other process has taken the pid (the leader's own
+    entry, zombie included, has its start time), and the leader or some
+    process of that session or group is there to hold the number.
+    """
+    holder = table.get(leader)
+    if holder is not None:
+        return leader_start is not None and holder.start == leader_start
+    return any(p.pgid == leader or p.sid == leader for p in table.values())
+
+
 def kill_tree(
     clock: Any,
     leader: int,
@@ -375,27 +400,39 @@ def kill_tree(
     ``leader_reaped`` says the leader itself is gone: its pid is then not
     a member (it may name another process by now), only its group and
     marker are.
+
+    The number ``leader`` names the tree's session and group only while
+    something holds it: the leader (even a zombie), or a process still in
+    that session or group.  Once nothing does, the kernel may hand it to a
+    new process, whose children, session and group are strangers; from
+    the first look that shows this, only the members already known and
+    the marked orphans are signalled.
     """
     if never_signalled(leader):
         return succeed(None)
     done: Deferred[None] = Deferred()
-    members = tree_members(leader, marker, _look(leader))
     if leader_start is None and not leader_reaped:
         info = proc_info(leader)
         leader_start = info.start if info is not None else None
+    first = _look(leader)
+    by_id = _names_tree(first, leader, leader_start)
+    state = {"polls": 0, "killed": False}
+    members = tree_members(leader, marker, first, by_id)
     if leader_start is not None:
         members[leader] = leader_start
     deadline = clock.seconds() + grace
     settle_until = clock.seconds() + _SETTLE_SECONDS
-    state = {"polls": 0, "killed": False}
 
     def signal_all(sig: int) -> None:
-        signal_group(leader, sig)
+        if by_id:
+            signal_group(leader, sig)
         for pid, start in list(members.items()):
             signal_member(pid, start, sig)
 
     def survivors() -> bool:
+        nonlocal by_id
         table = _look(leader)
+        by_id = by_id and _names_tree(table, leader, leader_start)
         for pid, start in list(members.items()):
             # Missing from the scan: gone, or younger than the scan.
             info = table.get(pid) or proc_info(pid)
@@ -405,7 +442,7 @@ def kill_tree(
         # read at the first look) get the signal of the current phase.
         late = {
             pid: start
-            for pid, start in tree_members(leader, marker, table).items()
+            for pid, start in tree_members(leader, marker, table, by_id).items()
             if pid not in members
         }
         members.update(late)
@@ -414,7 +451,9 @@ def kill_tree(
                 pid, start, signal.SIGKILL if state["killed"] else signal.SIGTERM
             )
             signal_member(pid, start, signal.SIGCONT)
-        group = any(p.pgid == leader and p.state != "Z" for p in table.values())
+        group = by_id and any(
+            p.pgid == leader and p.state != "Z" for p in table.values()
+        )
         # An orphan in the middle of exec shows an empty environment: look
         # again shortly before saying the tree is gone.
         unsettled = (

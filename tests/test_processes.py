@@ -9,6 +9,7 @@ import errno
 import os
 import secrets
 import signal
+import subprocess
 import sys
 import time
 from typing import Any
@@ -464,6 +465,63 @@ class ScannedTreeTests(TreeTests):
     """
 
     walk = False
+
+
+class ReusedPidTests(TestCase):
+    """
+    A tree kill whose leader was reaped, and whose pid the kernel has
+    given to a new process, leaves that stranger and its own tree alone.
+    """
+
+    timeout = 30
+
+    def setUp(self) -> None:
+        self.marker = f"60.{secrets.randbelow(10**12):012d}"
+        self.addCleanup(kill_marked, self.marker)
+
+    @inlineCallbacks
+    def test_stranger_at_the_leaders_pid_is_left_alone(self) -> Any:
+        """
+        The stranger leads a session and group with children, as a reused
+        pid of a daemon child would: a kill that was told its leader is
+        reaped signals none of them.
+        """
+        stranger = subprocess.Popen(
+            ["sh", "-c", f"sleep {self.marker} & sleep {self.marker}"],
+            start_new_session=True,
+        )
+        self.addCleanup(stranger.wait)
+        self.addCleanup(lambda: stranger.poll() is None and stranger.kill())
+        for _ in range(100):
+            if len(marked_pids(self.marker)) == 3:  # the shell and its sleeps
+                break
+            yield deferLater(reactor, 0.02, lambda: None)
+        before = sorted(marked_pids(self.marker))
+        self.assertEqual(len(before), 3)
+        yield proctree.kill_tree(reactor, stranger.pid, None, 0.2, leader_reaped=True)
+        yield deferLater(reactor, 0.3, lambda: None)
+        self.assertIsNone(stranger.poll())
+        self.assertEqual(sorted(marked_pids(self.marker)), before)
+
+    @inlineCallbacks
+    def test_group_still_held_is_killed(self) -> Any:
+        """
+        With the leader reaped but its group still populated, the number
+        cannot have been reused: the group is the tree's and is killed.
+        """
+        child = processes.Child(reactor, lambda fd, data: None, grace=0.5)
+        script = f"sleep {self.marker} & sleep {self.marker} & exit 0"
+        processes.spawn(reactor, child, ["sh", "-c", script], env=ENV, cwd="/")
+        yield child.exited
+        for _ in range(100):
+            if len(marked_pids(self.marker)) == 2:
+                break
+            yield deferLater(reactor, 0.02, lambda: None)
+        self.assertEqual(len(marked_pids(self.marker)), 2)
+        yield proctree.kill_tree(reactor, child.pid, None, 0.5, leader_reaped=True)
+        self.assertEqual(marked_pids(self.marker), [])
+        yield child.kill("killed")
+        yield child.ended
 
 
 class NeverSignalledTests(TestCase):
