@@ -206,24 +206,14 @@ def _live_orphans(table: dict[int, ProcInfo], leader: int) -> Iterator[int]:
 
 
 def own_children() -> list[int]:
-    """The daemon's direct children (``/proc/self/task/*/children``)."""
-    pids: set[int] = set()
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        tasks = []
-    found = False
-    for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/children", "rb") as f:
-                pids.update(int(p) for p in f.read().split())
-            found = True
-        except OSError:
-            continue
-    if not found:
-        me = os.getpid()
-        pids = {p.pid for p in proc_table().values() if p.ppid == me}
-    return sorted(pids)
+    """
+    The daemon's direct children: from its threads' ``children`` files,
+    or from a scan where the kernel keeps none.
+    """
+    me = os.getpid()
+    if _children_files():
+        return sorted(set(_children(me)))
+    return sorted(p.pid for p in proc_table().values() if p.ppid == me)
 
 
 def adopted_orphans() -> list[int]:
