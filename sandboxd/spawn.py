@@ -171,6 +171,13 @@ def _c_strings(items: Sequence[bytes]) -> Any:
     return array
 
 
+def _available_libc() -> Any:
+    """The C library with ``posix_spawn`` and its helpers, or OSError."""
+    if _LIBC is None:
+        raise OSError(0, "posix_spawn through ctypes is not available here")
+    return _LIBC
+
+
 def posix_spawn(spawn_plan: SpawnPlan) -> int:
     """
     Start the child described by ``spawn_plan``; returns its pid.
@@ -180,9 +187,7 @@ def posix_spawn(spawn_plan: SpawnPlan) -> int:
 
     :raises OSError: the spawn failed (``ENOENT``, ``EACCES``, ...).
     """
-    libc = _LIBC
-    if libc is None:
-        raise OSError(0, "posix_spawn through ctypes is not available here")
+    libc = _available_libc()
     attributes = _attributes(libc, tuple(spawn_plan.default_signals))
     return _call(libc, spawn_plan, _actions(libc, spawn_plan), attributes)
 
@@ -192,9 +197,7 @@ def attributes_for(spawn_plan: SpawnPlan) -> Any:
     The attributes :func:`posix_spawn_alone` will use, built now: the
     cache behind them is filled on the reactor thread only.
     """
-    libc = _LIBC
-    if libc is None:
-        raise OSError(0, "posix_spawn through ctypes is not available here")
+    libc = _available_libc()
     return _attributes(libc, tuple(spawn_plan.default_signals))
 
 
@@ -205,9 +208,7 @@ def posix_spawn_alone(spawn_plan: SpawnPlan, attributes: Any) -> int:
     destroy) a cached set.  ``attributes`` come from :func:`attributes_for`
     and are never destroyed.
     """
-    libc = _LIBC
-    if libc is None:
-        raise OSError(0, "posix_spawn through ctypes is not available here")
+    libc = _available_libc()
     actions = ctypes.create_string_buffer(_OPAQUE_BYTES)
     _check(libc.posix_spawn_file_actions_init(actions), "file actions")
     try:
