@@ -34,7 +34,8 @@ from sandboxd.proctree import descendants
 from tests.helpers import DaemonTestCase, alive, kill_marked, marked_pids
 from tests.test_browser import SKIP_REASON
 from tests.test_files_hostile import OutsideCase, tar_of, zip_of
-from tests.test_terminal_wsclient import connect, quiet_server
+from tests.test_terminal import TerminalCase
+from tests.test_terminal_wsclient import connect
 
 TOKEN = "catalogue-token"
 
@@ -947,17 +948,12 @@ class AuditCatalogueTests(DaemonTestCase):
         self.assertNotIn(TOKEN.encode(), raw)
 
 
-class BaseDirSwapTests(DaemonTestCase):
+class BaseDirSwapTests(OutsideCase):
     """Catalogue C13: the base dir renamed or replaced while the daemon runs."""
 
     def setUp(self) -> Any:
         d = super().setUp()
-        self.outside = os.path.realpath(self.mktemp())
-        os.makedirs(self.outside)
-        with open(os.path.join(self.outside, "secret"), "wb") as f:
-            f.write(b"OUTSIDE")
-        with open(os.path.join(self.base_dir, "inside.txt"), "wb") as f:
-            f.write(b"INSIDE")
+        self.put("inside.txt", b"INSIDE")
         self.original = self.base_dir + ".original"
         return d
 
@@ -1313,25 +1309,16 @@ def _exchange(port: int, data: bytes, wait: float = 3.0) -> tuple[bytes, bool]:
     return received, closed
 
 
-class TerminalHandshakeTests(DaemonTestCase):
+class TerminalHandshakeTests(TerminalCase):
     """Catalogue E7: handshakes on the PTY port that are not RFC 6455 upgrades."""
 
     @inlineCallbacks
-    def start(self, **kwargs: Any) -> Any:
-
-        daemon = yield super().start(**kwargs)
-        quiet_server(daemon.context.services["terminals"])
-        return daemon
-
-    @inlineCallbacks
     def session(self) -> Any:
-        reply = yield self.request("POST", "/pty/sessions", {"shell": "sh"})
-        self.assertEqual(reply.status, 200, reply.body)
-        return reply.json()["session_id"]
+        created = yield self.create()
+        return created["session_id"]
 
     def send(self, data: bytes) -> Deferred[tuple[bytes, bool]]:
-
-        return deferToThread(_exchange, self.daemon.context.pty_port, data)
+        return deferToThread(_exchange, self.pty_port, data)
 
     def assert_refused(self, received: bytes, closed: bool, what: Any) -> Any:
         """A 4xx status line, a JSON body with a code, and the connection closed."""
@@ -1354,7 +1341,7 @@ class TerminalHandshakeTests(DaemonTestCase):
 
         reply = yield self.request("GET", f"/pty/sessions/{session_id}")
         self.assertEqual(reply.json()["clients"], 0)
-        client = yield connect(self.daemon.context.pty_port, session_id)
+        client = yield connect(self.pty_port, session_id)
         try:
             started = yield client.wait_for(lambda m: m.get("event") == "started")
             self.assertEqual(started["session_id"], session_id)
