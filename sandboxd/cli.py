@@ -121,7 +121,7 @@ def serve(options: ServeOptions) -> int:
 
 def _rule_row(endpoint: Any, policy: Policy) -> dict[str, Any]:
     rule = policy.rules[endpoint.id]
-    from sandboxd.discovery import _non_default
+    from sandboxd.policy.discovery import _non_default
 
     return {
         "endpoint": endpoint.id,
@@ -162,8 +162,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:
     """Validate, then print the table or one explained decision."""
-    from sandboxd.discovery import check
     from sandboxd.endpoints import default_table
+    from sandboxd.policy.discovery import check
 
     try:
         for spec in options["commands"]:

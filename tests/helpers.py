@@ -10,7 +10,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import TestCase
 
-from sandboxd.proctree import proc_info
+from sandboxd.processes.tree import proc_info
 from sandboxd.testing import RunningDaemon, start_daemon
 
 

@@ -20,7 +20,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
 
-from sandboxd import proctree
+from sandboxd.processes import tree as proctree
 from tests.helpers import kill_marked, marked_pids
 from tests.test_agents import CATALOG, FAKE, AgentsTestCase, agents_policy
 
@@ -44,7 +44,7 @@ class AgentTreeTests(AgentsTestCase):
         and waits until it has left (it touches ``name`` once out).
 
         It calls ``setsid`` after its only exec: late in an exec, /proc's
-        environ reads empty, and :func:`sandboxd.proctree.kill_tree` cannot
+        environ reads empty, and :func:`sandboxd.processes.tree.kill_tree` cannot
         tell that a process outside the session carries the tree's marker.
         """
         ready = os.path.join(self.base_dir, name)

@@ -18,7 +18,7 @@ from twisted.web.server import Site
 from twisted.web.util import Redirect
 
 from sandboxd.browser import supervisor
-from sandboxd.proctree import descendants
+from sandboxd.processes.tree import descendants
 from tests.helpers import DaemonTestCase, alive
 
 PAGE = b"""<!doctype html>

@@ -30,7 +30,7 @@ from twisted.web.server import Site
 from twisted.web.static import Data
 
 from sandboxd import guard as guard_module
-from sandboxd.proctree import descendants
+from sandboxd.processes.tree import descendants
 from tests.helpers import DaemonTestCase, alive, kill_marked, marked_pids
 from tests.test_browser import SKIP_REASON
 from tests.test_files_hostile import OutsideCase, tar_of, zip_of

@@ -1,5 +1,5 @@
 """
-Starting children (sandboxd.children): every child leads its own session,
+Starting children (sandboxd.processes): every child leads its own session,
 on the posix_spawn path and on the fork path, as the daemon or as another
 user.
 """
@@ -18,13 +18,9 @@ from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.protocol import ProcessProtocol
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from sandboxd.children import (
-    SETPRIV,
-    child_environment,
-    find_executable,
-    spawn_session,
-    split_command,
-)
+from sandboxd.processes.command import SETPRIV, find_executable, split_command
+from sandboxd.processes.environment import child_environment
+from sandboxd.processes.spawning import spawn_session
 
 
 class Collect(ProcessProtocol):

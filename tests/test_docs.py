@@ -20,7 +20,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
-from sandboxd import apidoc, openapi, schema
+from sandboxd.api import apidoc, openapi, schema
 from sandboxd.endpoints import builtin_table, catalogue_table
 from sandboxd.policy import load_policy
 from tests.helpers import DaemonTestCase
@@ -72,7 +72,7 @@ class ReferenceTests(SynchronousTestCase):
         self.assertEqual(
             read_doc("api.md"),
             apidoc.render(),
-            "docs/api.md is stale: run `python -m sandboxd.apidoc > docs/api.md`",
+            "docs/api.md is stale: run `python -m sandboxd.api.apidoc > docs/api.md`",
         )
 
     def test_every_endpoint_documented(self) -> None:

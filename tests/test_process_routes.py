@@ -21,8 +21,9 @@ from twisted.internet.task import deferLater
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
-from sandboxd import children, processes
-from sandboxd import spawn as spawn_module
+from sandboxd import processes
+from sandboxd.processes import posix_spawn as spawn_module
+from sandboxd.processes import spawning
 from sandboxd.testing import BytesProducer, SSEReader
 from tests.helpers import DaemonTestCase, kill_marked, marked_pids
 
@@ -774,9 +775,9 @@ class _SlowSpawns:
     def setUp(self) -> Any:
         if not spawn_module.AVAILABLE:
             raise SkipTest("no posix_spawn through ctypes here")
-        always = children.SpawnTimes(threshold=-1.0)
+        always = spawning.SpawnTimes(threshold=-1.0)
         always.slow = True
-        self.patch(children, "SPAWN_TIMES", always)  # type: ignore[attr-defined]
+        self.patch(spawning, "SPAWN_TIMES", always)  # type: ignore[attr-defined]
         return super().setUp()  # type: ignore[misc]
 
 

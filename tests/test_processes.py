@@ -25,8 +25,12 @@ from twisted.internet.defer import (
 from twisted.internet.task import Clock, deferLater
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from sandboxd import children, processes, proctree, spawn
-from sandboxd.processes import HeadTail, run_collect
+from sandboxd import processes
+from sandboxd.processes import posix_spawn as spawn
+from sandboxd.processes import spawning
+from sandboxd.processes import tree as proctree
+from sandboxd.processes.child import HeadTail
+from sandboxd.processes.run import run_collect
 from tests.helpers import kill_marked, marked_pids
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
@@ -132,11 +136,11 @@ class ChildProtocolTests(SynchronousTestCase):
         child.processExited(Exited(0))  # type: ignore[arg-type]
         self.assertEqual(self.successResultOf(child.exited), 0)
         self.assertEqual(child.transport.lost, 0)
-        clock.advance(processes.EXIT_DRAIN_SECONDS / 2)
+        clock.advance(processes.child.EXIT_DRAIN_SECONDS / 2)
         child.childDataReceived(1, b"late\n")  # resets the quiet grace
-        clock.advance(processes.EXIT_DRAIN_SECONDS * 0.75)
+        clock.advance(processes.child.EXIT_DRAIN_SECONDS * 0.75)
         self.assertEqual(child.transport.lost, 0)
-        clock.advance(processes.EXIT_DRAIN_SECONDS)
+        clock.advance(processes.child.EXIT_DRAIN_SECONDS)
         self.assertEqual(child.transport.lost, 1)
         self.assertEqual(got, [(1, b"hello\n"), (1, b"late\n")])
 
@@ -144,7 +148,7 @@ class ChildProtocolTests(SynchronousTestCase):
         """Output that never stops after exit still ends at the drain limit."""
         child, clock, _, _ = self.make()
         child.processExited(Exited(0))  # type: ignore[arg-type]
-        for _ in range(int(processes.EXIT_DRAIN_MAX_SECONDS / 0.05) + 5):
+        for _ in range(int(processes.child.EXIT_DRAIN_MAX_SECONDS / 0.05) + 5):
             child.childDataReceived(1, b"x")
             clock.advance(0.05)
         self.assertGreaterEqual(child.transport.lost, 1)
@@ -193,7 +197,7 @@ class ChildProtocolTests(SynchronousTestCase):
         clock.advance(60)
         self.assertEqual(child.transport.lost, 0)
         child.resume_reading()
-        clock.advance(processes.EXIT_DRAIN_SECONDS + 0.01)
+        clock.advance(processes.child.EXIT_DRAIN_SECONDS + 0.01)
         self.assertEqual(child.transport.lost, 1)
 
     def test_exit_cancels_timers(self) -> None:
@@ -239,7 +243,7 @@ class RunCollectTests(TestCase):
     @inlineCallbacks
     def test_cwd_on_every_spawn_path(self) -> Any:
         """
-        The child runs in the cwd through sandboxd.spawn, and through
+        The child runs in the cwd through sandboxd.processes.posix_spawn, and through
         Twisted's spawn alone, with other threads about, or forked.
         """
         result = yield self.run_(["pwd"])
@@ -247,10 +251,10 @@ class RunCollectTests(TestCase):
         self.patch(spawn, "AVAILABLE", False)
         result = yield self.run_(["pwd"])
         self.assertEqual(result.stdout, self.cwd.encode() + b"\n")
-        self.patch(processes.threading, "active_count", lambda: 2)
+        self.patch(processes.run.threading, "active_count", lambda: 2)
         result = yield self.run_(["pwd"])
         self.assertEqual(result.stdout, self.cwd.encode() + b"\n")
-        self.patch(processes, "_ENV_CHDIR", False)
+        self.patch(processes.run, "_ENV_CHDIR", False)
         result = yield self.run_(["pwd"])
         self.assertEqual(result.stdout, self.cwd.encode() + b"\n")
         self.assertNotEqual(os.getcwd(), self.cwd)
@@ -267,9 +271,9 @@ class RunCollectTests(TestCase):
             raise OSError(errno.ENOSYS, "close_range: not implemented")
 
         for slow in (False, True):
-            times = children.SpawnTimes()
+            times = spawning.SpawnTimes()
             times.slow = slow  # slow: the spawn is on a worker thread
-            self.patch(children, "SPAWN_TIMES", times)
+            self.patch(spawning, "SPAWN_TIMES", times)
             self.patch(spawn, "posix_spawn", refuse)
             self.patch(spawn, "posix_spawn_alone", refuse)
             self.patch(spawn, "AVAILABLE", True)
@@ -677,7 +681,7 @@ class SpawnTimesTests(SynchronousTestCase):
 
     def test_switches_both_ways(self) -> None:
         """One spawn over the threshold makes spawns slow; one under it makes them quick again."""
-        times = children.SpawnTimes(threshold=0.002)
+        times = spawning.SpawnTimes(threshold=0.002)
         self.assertFalse(times.slow)
         times.record(0.0002)
         self.assertFalse(times.slow)
@@ -697,9 +701,9 @@ class PendingSpawnTests(TestCase):
             raise self.skipTest("no posix_spawn through ctypes here")
         self.marker = f"60.{secrets.randbelow(10**12):012d}"
         self.addCleanup(kill_marked, self.marker)
-        always = children.SpawnTimes(threshold=-1.0)
+        always = spawning.SpawnTimes(threshold=-1.0)
         always.slow = True
-        self.patch(children, "SPAWN_TIMES", always)
+        self.patch(spawning, "SPAWN_TIMES", always)
         real = spawn.posix_spawn_alone
 
         def slow(plan: Any, attributes: Any) -> int:
@@ -752,6 +756,6 @@ class PendingSpawnTests(TestCase):
 
     def test_reaping_waits_for_spawns_in_flight(self) -> None:
         """Orphans are not reaped while a spawned child may still be unregistered."""
-        self.patch(children.SPAWN_THREADS_POOL, "in_flight", 1)
+        self.patch(spawning.SPAWN_THREADS_POOL, "in_flight", 1)
         self.patch(proctree, "adopted_orphans", lambda: self.fail("looked for orphans"))
         self.assertEqual(proctree.reap_orphans(), 0)

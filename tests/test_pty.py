@@ -14,7 +14,7 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.pty import (
+from sandboxd.terminals.session import (
     PtySession,
     Scrollback,
     SpawnRequest,

@@ -11,7 +11,7 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd import spawn
+from sandboxd.processes import posix_spawn as spawn
 
 if not spawn.AVAILABLE:
     skip = "this C library lacks posix_spawn's closefrom/addchdir (Twisted's spawn is used)"
@@ -148,7 +148,7 @@ class SpawnTests(SynchronousTestCase):
 
 
 class RecordingLibc:
-    """The file-action calls of :func:`sandboxd.spawn._file_actions`, recorded."""
+    """The file-action calls of :func:`sandboxd.processes.posix_spawn._file_actions`, recorded."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []

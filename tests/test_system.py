@@ -18,7 +18,8 @@ from twisted.internet.task import deferLater
 from twisted.internet.utils import getProcessOutput
 from twisted.trial.unittest import SkipTest
 
-from sandboxd import children, sysinfo
+from sandboxd import sysinfo
+from sandboxd.processes import environment
 from tests.helpers import DaemonTestCase
 
 INFO_FIELDS = {
@@ -277,7 +278,7 @@ class EnvSetTests(EnvMixin, DaemonTestCase):
         self.forget_env("SANDBOXD_TEST_CHILD")
         yield self.post({"SANDBOXD_TEST_CHILD": "inherited"})
         context = self.daemon.context
-        env = children.child_environment(context, context.policy.rule("shell"))
+        env = environment.child_environment(context, context.policy.rule("shell"))
         self.assertEqual(env["SANDBOXD_TEST_CHILD"], "inherited")
         out = yield getProcessOutput(
             "/bin/sh",
@@ -307,7 +308,7 @@ class EnvSetTests(EnvMixin, DaemonTestCase):
         """The daemon's own helpers start from the boot snapshot, not from POST /env."""
         self.forget_env("SANDBOXD_TEST_BOOT")
         yield self.post({"SANDBOXD_TEST_BOOT": "x"})
-        self.assertNotIn("SANDBOXD_TEST_BOOT", children.BOOT_ENVIRON)
+        self.assertNotIn("SANDBOXD_TEST_BOOT", environment.BOOT_ENVIRON)
 
     @inlineCallbacks
     def test_invalid_bodies(self) -> Any:
@@ -541,7 +542,7 @@ class PackagesTests(DaemonTestCase):
         self.bin = os.path.realpath(self.mktemp())
         os.makedirs(self.bin)
         # Package listings start from the boot environment, not os.environ.
-        self.patch(children, "BOOT_ENVIRON", {"PATH": self.bin, "LANG": "C.UTF-8"})
+        self.patch(environment, "BOOT_ENVIRON", {"PATH": self.bin, "LANG": "C.UTF-8"})
         return super().setUp()
 
     @inlineCallbacks
@@ -644,7 +645,7 @@ exit 1
     def test_secrets_not_passed(self) -> Any:
         """The listing child gets no ABX_SERVER_* variables."""
         self.patch(
-            children,
+            environment,
             "BOOT_ENVIRON",
             {"PATH": self.bin, "ABX_SERVER_TOKEN": "boot-secret"},
         )
@@ -665,7 +666,7 @@ class PackagesOutputCapTests(DaemonTestCase):
     def setUp(self) -> Any:
         self.bin = os.path.realpath(self.mktemp())
         os.makedirs(self.bin)
-        self.patch(children, "BOOT_ENVIRON", {"PATH": self.bin})
+        self.patch(environment, "BOOT_ENVIRON", {"PATH": self.bin})
         return super().setUp()
 
     @inlineCallbacks

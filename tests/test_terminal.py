@@ -16,7 +16,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.task import deferLater
 
-from sandboxd.proctree import descendants, proc_info
+from sandboxd.processes.tree import descendants, proc_info
 from tests.helpers import DaemonTestCase, alive, kill_marked, marked_pids
 from tests.test_terminal_wsclient import TestClient, connect, quiet_server
 

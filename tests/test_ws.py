@@ -17,8 +17,8 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.endpoints import default_table
 from sandboxd.policy import load_policy
-from sandboxd.pty import PtySession, TerminalTable
-from sandboxd.ws import SLOW_CLIENT, PtyServerFactory
+from sandboxd.terminals.session import PtySession, TerminalTable
+from sandboxd.terminals.websocket import SLOW_CLIENT, PtyServerFactory
 from tests.test_pty import FakePTY
 
 

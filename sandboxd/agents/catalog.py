@@ -15,9 +15,9 @@ from typing import Any
 
 import attrs
 
-from sandboxd.children import find_executable
 from sandboxd.errors import ApiError, forbidden, not_found
 from sandboxd.policy.rules import EffectiveRule
+from sandboxd.processes.command import find_executable
 
 
 @attrs.frozen

@@ -27,11 +27,12 @@ from sandboxd.agents.handshake import agent_refused
 from sandboxd.agents.jsonrpc import ConnectionLost, RpcError
 from sandboxd.agents.permissions import HeldRequest
 from sandboxd.agents.session import AgentSession, within
-from sandboxd.children import child_environment, keep_only, resolve_user, validate_env
 from sandboxd.errors import ApiError, forbidden, not_found
 from sandboxd.guard import PathGuard
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
+from sandboxd.processes.command import resolve_user
+from sandboxd.processes.environment import child_environment, keep_only, validate_env
 
 #: What an agent inherits from the daemon besides its ``env_pass`` keys.
 BASE_ENV = (

@@ -22,9 +22,10 @@ from typing import Any
 from twisted.internet.defer import Deferred, succeed
 
 from sandboxd.agents.jsonrpc import LineFramer
-from sandboxd.children import RunAs, signal_name
-from sandboxd.processes import Child, OutputCallback, spawn
-from sandboxd.proctree import kill_tree, proc_info, reap_orphans
+from sandboxd.processes.child import Child, OutputCallback
+from sandboxd.processes.command import RunAs, signal_name
+from sandboxd.processes.run import spawn
+from sandboxd.processes.tree import kill_tree, proc_info, reap_orphans
 from sandboxd.waiters import Waiters
 
 

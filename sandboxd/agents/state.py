@@ -23,11 +23,11 @@ from sandboxd.agents.catalog import CatalogEntry
 from sandboxd.agents.jsonrpc import Connection
 from sandboxd.agents.permissions import HeldRequest, iso
 from sandboxd.agents.process import AgentProcess, HeadTailLog
-from sandboxd.children import RunAs
 from sandboxd.errors import ApiError
 from sandboxd.eventlog import EventLog, json_size
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
+from sandboxd.processes.command import RunAs
 from sandboxd.waiters import Waiters
 
 if TYPE_CHECKING:

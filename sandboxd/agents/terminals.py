@@ -29,18 +29,14 @@ from sandboxd.agents.jsonrpc import (
 from sandboxd.agents.process import AgentChild
 from sandboxd.agents.state import bounded_put
 from sandboxd.agents.updates import UpdateFolding
-from sandboxd.children import (
-    RunAs,
-    check_command_allowed,
-    child_environment,
-    find_executable,
-)
 from sandboxd.errors import ApiError
 from sandboxd.eventlog import EventLog
 from sandboxd.guard import PathGuard
-from sandboxd.linestream import STREAM_NAMES
 from sandboxd.policy import defaults
-from sandboxd.processes import signal_child, spawn
+from sandboxd.processes.child import STREAM_NAMES, signal_child
+from sandboxd.processes.command import RunAs, check_command_allowed, find_executable
+from sandboxd.processes.environment import child_environment
+from sandboxd.processes.run import spawn
 from sandboxd.waiters import Waiters
 
 

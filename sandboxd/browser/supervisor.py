@@ -27,16 +27,12 @@ from twisted.internet.error import ProcessExitedAlready
 from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
 
-from sandboxd.children import (
-    BOOT_ENVIRON,
-    RunAs,
-    child_environment,
-    exit_code,
-    spawn_session,
-)
 from sandboxd.errors import ApiError, internal, unavailable
 from sandboxd.policy import defaults
-from sandboxd.proctree import TREE_MARKER, signal_tree
+from sandboxd.processes.command import RunAs, exit_code
+from sandboxd.processes.environment import BOOT_ENVIRON, child_environment
+from sandboxd.processes.spawning import spawn_session
+from sandboxd.processes.tree import TREE_MARKER, signal_tree
 from sandboxd.waiters import Waiters
 
 log = Logger(namespace="sandboxd.browser")

@@ -15,10 +15,11 @@ from twisted.application.service import IService, Service
 from twisted.internet.defer import Deferred, succeed
 
 from sandboxd.agents import catalog
-from sandboxd.children import child_environment, find_executable
 from sandboxd.errors import ApiError, not_found
 from sandboxd.eventlog import Event, Follower, resume_point
 from sandboxd.policy import defaults
+from sandboxd.processes.command import find_executable
+from sandboxd.processes.environment import child_environment
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
 from sandboxd.web.params import flag
 from sandboxd.web.sse import SSEChannel, frame

@@ -17,10 +17,10 @@ from twisted.application.service import IService
 
 from sandboxd.browser.supervisor import BrowserSupervisor
 from sandboxd.browser.urlpolicy import Refusal, UrlPolicy, check_url
-from sandboxd.children import resolve_user
 from sandboxd.errors import bad_request, forbidden, unavailable
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
+from sandboxd.processes.command import resolve_user
 from sandboxd.web.messages import ServerRequest
 
 WAIT_UNTIL = ("load", "domcontentloaded", "networkidle", "commit")

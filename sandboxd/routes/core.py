@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandboxd import discovery
+from sandboxd.policy import discovery
 from sandboxd.web.messages import ServerRequest, ServerResponse
 
 _HEALTH = ServerResponse(
@@ -32,7 +32,7 @@ def openapi_json(request: ServerRequest) -> dict[str, Any]:
     """``GET /openapi.json``."""
     # Imported on first use: the field schemas behind it are a large table
     # that an idle daemon need not hold.
-    from sandboxd import openapi
+    from sandboxd.api import openapi
 
     return openapi.document(request.context.table, request.context.policy)
 

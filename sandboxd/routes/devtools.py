@@ -18,18 +18,16 @@ from typing import Any
 from twisted.internet.defer import Deferred, FirstError, gatherResults
 
 from sandboxd import git, processes
-from sandboxd.children import (
-    BOOT_ENVIRON,
-    check_command_allowed,
-    child_environment,
-    find_executable,
-    resolve_user,
-    validate_env,
-)
 from sandboxd.errors import ApiError, bad_request, forbidden
 from sandboxd.guard import PathGuard
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
+from sandboxd.processes.command import (
+    check_command_allowed,
+    find_executable,
+    resolve_user,
+)
+from sandboxd.processes.environment import BOOT_ENVIRON, child_environment, validate_env
 from sandboxd.web.messages import ServerRequest
 from sandboxd.web.params import flag
 

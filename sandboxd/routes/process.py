@@ -21,19 +21,16 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
 
 from sandboxd import processes
-from sandboxd.children import (
-    RunAs,
-    child_environment,
-    command_argv,
-    resolve_user,
-    validate_env,
-)
 from sandboxd.errors import ApiError, bad_request, forbidden, not_found, unavailable
 from sandboxd.eventlog import Follower, resume_point
 from sandboxd.guard import PathGuard
-from sandboxd.linestream import LineStream
 from sandboxd.policy.defaults import STDIN_PENDING_BYTES
-from sandboxd.processes import Child, ProcessService, run_collect, spawn
+from sandboxd.processes.child import Child
+from sandboxd.processes.command import RunAs, command_argv, resolve_user
+from sandboxd.processes.environment import child_environment, validate_env
+from sandboxd.processes.run import run_collect, spawn
+from sandboxd.processes.service import ProcessService
+from sandboxd.web.linestream import LineStream
 from sandboxd.web.messages import ServerRequest, SSEResponse
 from sandboxd.web.params import flag
 from sandboxd.web.sse import SSEChannel

@@ -19,9 +19,10 @@ from typing import Any
 
 from twisted.internet.threads import deferToThreadPool
 
-from sandboxd import children, processes, sysinfo
+from sandboxd import processes, sysinfo
 from sandboxd.errors import ApiError, bad_request, forbidden, internal
 from sandboxd.policy import defaults
+from sandboxd.processes import command, environment
 from sandboxd.web.messages import ServerRequest
 
 #: Substrings that mark a variable as a secret (any case): never returned.
@@ -238,8 +239,8 @@ def _helper_environment(request: ServerRequest) -> dict[str, str]:
     (so ``POST /env`` cannot steer it), without secrets, with the tools'
     self-update checks and prompts off.
     """
-    env = children.child_environment(
-        request.context, request.rule, base=children.BOOT_ENVIRON
+    env = environment.child_environment(
+        request.context, request.rule, base=environment.BOOT_ENVIRON
     )
     env.update(
         PIP_DISABLE_PIP_VERSION_CHECK="1",
@@ -259,9 +260,9 @@ def package_argv(manager: str, env: Mapping[str, str]) -> list[str] | None:
     interpreter a user's ``pip install`` changes, not the daemon's own.
     """
     if manager == "pip":
-        python = children.find_executable("python3", env)
+        python = command.find_executable("python3", env)
         return [python, "-m", "pip", "list", "--format=json"] if python else None
-    npm = children.find_executable("npm", env)
+    npm = command.find_executable("npm", env)
     return [npm, "ls", "-g", "--json", "--depth=0"] if npm else None
 
 
@@ -369,7 +370,7 @@ def _helper_user(request: ServerRequest) -> Any:
     """
     if os.geteuid() != 0 or request.rule.params.default_user is None:
         return None
-    return children.resolve_user(None, request.rule)
+    return command.resolve_user(None, request.rule)
 
 
 HANDLERS = {

@@ -14,26 +14,22 @@ from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
-from sandboxd.children import (
-    child_environment,
-    find_executable,
-    resolve_user,
-    validate_env,
-)
 from sandboxd.errors import ApiError, bad_request, forbidden, not_found
 from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS
 from sandboxd.policy.rules import EffectiveRule
-from sandboxd.pty import (
+from sandboxd.processes.command import find_executable, resolve_user
+from sandboxd.processes.environment import child_environment, validate_env
+from sandboxd.terminals.session import (
     MAX_DIMENSION,
     PtySession,
     SpawnRequest,
     TerminalTable,
     TooManySessions,
 )
+from sandboxd.terminals.websocket import PtyServerFactory
 from sandboxd.web.messages import ServerRequest
 from sandboxd.web.pipeline import host_name, is_loopback
-from sandboxd.ws import PtyServerFactory
 
 log = Logger(namespace="sandboxd.terminal")
 

@@ -26,11 +26,11 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
-from sandboxd.children import spawns_in_flight
 from sandboxd.libc import libc
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS, ORPHAN_REAP_SECONDS
+from sandboxd.processes.spawning import spawns_in_flight
 
-log = Logger(namespace="sandboxd.proctree")
+log = Logger(namespace="sandboxd.processes.tree")
 
 #: The environment name carrying a tree's marker.  Every process of the
 #: tree inherits it, so a double-forked daemon adopted by the daemon (as

@@ -177,7 +177,7 @@ def check_params(rule: EffectiveRule, params: dict[str, Any]) -> dict[str, Any] 
     Understands ``command`` (and ``shell``), ``language`` and ``signal``;
     returns ``{code, rule, param}`` for the first refusal, or None.
     """
-    from sandboxd.children import command_argv
+    from sandboxd.processes.command import command_argv
 
     if "command" in params:
         try:

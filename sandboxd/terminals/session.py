@@ -34,7 +34,6 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from sandboxd.children import RunAs, exit_code
 from sandboxd.policy.defaults import (
     KILL_GRACE_SECONDS,
     PTY_COALESCE_SECONDS,
@@ -43,9 +42,15 @@ from sandboxd.policy.defaults import (
     PTY_SCROLLBACK_BYTES,
     PTY_SLOW_CLIENT_SECONDS,
 )
-from sandboxd.proctree import TREE_MARKER, descendants, never_signalled, signal_tree
+from sandboxd.processes.command import RunAs, exit_code
+from sandboxd.processes.tree import (
+    TREE_MARKER,
+    descendants,
+    never_signalled,
+    signal_tree,
+)
 
-log = Logger(namespace="sandboxd.pty")
+log = Logger(namespace="sandboxd.terminals.session")
 
 #: Signals a client may send to the terminal's foreground job (SPEC §8).
 CLIENT_SIGNALS = {

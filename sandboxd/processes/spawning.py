@@ -1,12 +1,9 @@
 # -*- test-case-name: tests.test_children -*-
 """
-What every child of the daemon shares (SPEC §7.4): its argv, environment,
-user, working directory, process group, and how its whole tree is ended.
-
-Shell commands, background processes, terminals, code runs, git, package
-listings and coding agents are all started through here, so the rules
-(secrets stripped, allow/deny lists, own session, TERM then KILL to every
-descendant) hold for each of them.
+How a child is started in its own session: Twisted's ``Process`` for a
+session leader, ``posix_spawn`` where it is faster
+(:mod:`sandboxd.processes.posix_spawn`), and slow spawns on worker threads
+so the reactor never waits for one.
 """
 
 from __future__ import annotations
@@ -14,15 +11,11 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import pwd
-import re
-import shlex
 import signal
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import attrs
 from twisted.internet import process as _twisted_process
 from twisted.internet._baseprocess import BaseProcess
 from twisted.internet.defer import Deferred
@@ -31,278 +24,12 @@ from twisted.python import log
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
-from sandboxd import spawn as _spawn
-from sandboxd.errors import ApiError, forbidden
 from sandboxd.policy.defaults import (
-    ARG_STRING_MAX_BYTES,
     SLOW_SPAWN_SECONDS,
     SPAWN_THREADS,
 )
-from sandboxd.policy.rules import EffectiveRule
-
-#: The environment the daemon started with.  ``POST /env`` changes
-#: ``os.environ`` (what later user children inherit); the daemon's own
-#: helpers (git, the browser worker, package listings) start from this
-#: snapshot instead, so a caller cannot steer them through the environment.
-BOOT_ENVIRON: dict[str, str] = dict(os.environ)
-
-
-class _EnvironSnapshot:
-    """
-    ``os.environ`` as a plain dict, decoded once per change of the
-    environment rather than once per child.
-
-    ``dict(os.environ)`` decodes every name and value through Python-level
-    calls (14 µs for forty names, on every command the daemon starts).  A
-    change is noticed by comparing the bytes mapping behind ``os.environ``
-    (POSIX CPython keeps it in ``_data``) with a copy, a C-level compare
-    well under a microsecond; whoever changes the environment, and however,
-    the next child sees it.
-    """
-
-    def __init__(self) -> None:
-        self._raw: dict[bytes, bytes] | None = None
-        self._decoded: dict[str, str] = {}
-
-    def copy(self) -> dict[str, str]:
-        """A fresh dict of the daemon's current environment."""
-        raw = getattr(os.environ, "_data", None)
-        if not isinstance(raw, dict):
-            return dict(os.environ)
-        if raw != self._raw:
-            self._raw = dict(raw)
-            self._decoded = dict(os.environ)
-        return dict(self._decoded)
-
-
-_ENVIRON = _EnvironSnapshot()
-
-#: util-linux's setpriv: switches user and groups, then execs.
-SETPRIV = "/usr/bin/setpriv"
-
-#: Names never passed to a child, whatever the policy says.
-_SECRET_PREFIXES = ("ABX_SERVER_",)
-
-
-def secret_names(context: Any, rule: EffectiveRule | None) -> set[str]:
-    """Environment names removed from every child's environment."""
-    names = set(context.policy.secret_env_names()) if context is not None else set()
-    if rule is not None:
-        names.update(rule.params.env_deny)
-    return names
-
-
-def child_environment(
-    context: Any,
-    rule: EffectiveRule | None,
-    extra: Mapping[str, str] | None = None,
-    base: Mapping[str, str] | None = None,
-) -> dict[str, str]:
-    """
-    The environment of a new child: the daemon's (which ``POST /env``
-    changes), plus ``extra``, minus secrets and ``env_deny``.
-    """
-    env = _ENVIRON.copy() if base is None else dict(base)
-    if extra:
-        env.update(extra)
-    drop = secret_names(context, rule)
-    return {
-        k: v
-        for k, v in env.items()
-        if k not in drop and not k.startswith(_SECRET_PREFIXES)
-    }
-
-
-def validate_env(value: Any) -> dict[str, str]:
-    """A request's ``env`` object: string names (no ``=``/NUL) to string values."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ApiError(
-            400, "'env' must be an object of strings", "ValueError", "invalid_param"
-        )
-    out: dict[str, str] = {}
-    for k, v in value.items():
-        if not isinstance(k, str) or not k or "=" in k or "\x00" in k:
-            raise ApiError(
-                400, f"invalid environment name {k!r}", "ValueError", "invalid_param"
-            )
-        if (
-            isinstance(v, bool)
-            or not isinstance(v, str | int | float)
-            or "\x00" in str(v)
-        ):
-            raise ApiError(
-                400, f"invalid value for {k!r}", "ValueError", "invalid_param"
-            )
-        entry = len(os.fsencode(k)) + len(os.fsencode(str(v))) + 2  # '=' and NUL
-        if entry > ARG_STRING_MAX_BYTES:
-            raise ApiError(
-                400,
-                f"the environment entry {k[:40]!r} is {entry} bytes; "
-                f"the kernel takes at most {ARG_STRING_MAX_BYTES}",
-                "ValueError",
-                "invalid_param",
-            )
-        out[k] = str(v)
-    return out
-
-
-def find_executable(name: str, env: Mapping[str, str]) -> str | None:
-    """``name`` resolved against the child's PATH (not the daemon's)."""
-    if "/" in name:
-        return name if os.access(name, os.X_OK) and not os.path.isdir(name) else None
-    for directory in env.get("PATH", os.defpath).split(os.pathsep):
-        candidate = os.path.join(directory or ".", name)
-        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
-            return candidate
-    return None
-
-
-def command_argv(body: Mapping[str, Any], rule: EffectiveRule) -> list[str]:
-    """
-    The argv of a ``command`` (SPEC §7.4): ``shlex.split`` without a shell,
-    or ``[shell, "-c", command]`` when ``shell`` names an allowed shell.
-
-    :raises ApiError: 400 for a missing or unparsable command or unknown
-        shell; 403 ``param_not_allowed`` for a refused command or shell.
-    """
-    command = body.get("command")
-    if not isinstance(command, str) or not command.strip():
-        raise ApiError(
-            400, "'command' must be a non-empty string", "ValueError", "invalid_param"
-        )
-    if "\x00" in command:
-        raise ApiError(
-            400, "'command' must not contain NUL", "ValueError", "invalid_param"
-        )
-    shell = body.get("shell")
-    if shell is not None and shell is not False:
-        if not isinstance(shell, str) or not shell:
-            raise ApiError(
-                400, "'shell' must be a shell name", "ValueError", "invalid_param"
-            )
-        if os.path.basename(shell) not in rule.params.shells:
-            raise forbidden(
-                f"the shell {shell!r} is not allowed (allowed: {', '.join(rule.params.shells)})",
-                "param_not_allowed",
-                rule=rule.source("params.shells") or "default:params.shells",
-            )
-        argv = [shell, "-c", command]
-        check_command_allowed(rule, [shell])
-        check_command_allowed(rule, _first_word(command))
-        return argv
-    try:
-        argv = split_command(command)
-    except ValueError as e:
-        raise ApiError(
-            400, f"cannot parse the command: {e}", "ValueError", "invalid_param"
-        ) from None
-    if not argv:
-        raise ApiError(400, "'command' is empty", "ValueError", "invalid_param")
-    check_command_allowed(rule, argv)
-    return argv
-
-
-#: Characters that make ``shlex.split`` differ from ``str.split``: quotes,
-#: backslashes, and whitespace other than shlex's own four.
-_NEEDS_SHLEX = re.compile(r"['\"\\]|[^\S \t\r\n]")
-
-
-def split_command(command: str) -> list[str]:
-    """
-    ``shlex.split(command)``, through ``str.split`` when that gives the same
-    words (no quotes, no backslashes, only shlex's whitespace): the common
-    ``ls -la`` then costs a regex search instead of shlex's character loop.
-    """
-    if _NEEDS_SHLEX.search(command) is None:
-        return command.split()
-    return shlex.split(command)
-
-
-def _first_word(command: str) -> list[str]:
-    try:
-        words = split_command(command)
-    except ValueError:
-        words = command.split()
-    return words[:1]
-
-
-def check_command_allowed(rule: EffectiveRule, argv: list[str]) -> None:
-    """``allow_commands``/``deny_commands`` on argv[0]'s basename."""
-    if not argv:
-        return
-    name = os.path.basename(argv[0])
-    params = rule.params
-    if name in params.deny_commands:
-        raise forbidden(
-            f"the command {name!r} is not allowed",
-            "param_not_allowed",
-            rule=rule.source("params.deny_commands"),
-        )
-    if params.allow_commands is not None and name not in params.allow_commands:
-        raise forbidden(
-            f"the command {name!r} is not in the allowed list",
-            "param_not_allowed",
-            rule=rule.source("params.allow_commands"),
-        )
-
-
-@attrs.frozen
-class RunAs:
-    """The user a child runs as (only when the daemon is root)."""
-
-    name: str
-    uid: int
-    gid: int
-    home: str
-
-    def apply(self, env: dict[str, str]) -> dict[str, str]:
-        """``HOME``, ``USER``, ``LOGNAME`` set to match."""
-        env.update(HOME=self.home, USER=self.name, LOGNAME=self.name)
-        return env
-
-
-def resolve_user(requested: Any, rule: EffectiveRule) -> RunAs | None:
-    """
-    Who a child runs as: the request's ``user``, else ``params.default_user``.
-
-    Only a root daemon can switch; the user must be allowed by
-    ``params.users`` (default: any non-root user; root only when listed).
-
-    :raises ApiError: 400 unknown user, 403 ``param_not_allowed``.
-    """
-    wanted = requested if requested is not None else rule.params.default_user
-    if wanted is None:
-        return None
-    try:
-        entry = (
-            pwd.getpwuid(wanted)
-            if isinstance(wanted, int) and not isinstance(wanted, bool)
-            else pwd.getpwnam(str(wanted))
-        )
-    except (KeyError, TypeError):
-        raise ApiError(
-            400, f"unknown user {wanted!r}", "ValueError", "invalid_param"
-        ) from None
-    if os.geteuid() != 0:
-        if entry.pw_uid == os.geteuid():
-            return None
-        raise forbidden(
-            "the daemon does not run as root, so it cannot switch users",
-            "param_not_allowed",
-            rule="guard:users",
-        )
-    allowed = rule.params.users
-    ok = entry.pw_name in allowed if allowed is not None else entry.pw_uid != 0
-    if not ok:
-        raise forbidden(
-            f"running as {entry.pw_name!r} is not allowed",
-            "param_not_allowed",
-            rule=rule.source("params.users") or "default:params.users",
-        )
-    return RunAs(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
-
+from sandboxd.processes import posix_spawn as _spawn
+from sandboxd.processes.command import SETPRIV
 
 _IGNORED_SIGNALS: list[int] | None = None
 
@@ -399,7 +126,7 @@ def _as_user(
 class AdoptedProcess(_twisted_process.Process):
     """
     Twisted's pipe process transport around a child that is already
-    running (started by :func:`sandboxd.spawn.posix_spawn`).
+    running (started by :func:`sandboxd.processes.posix_spawn.posix_spawn`).
 
     What follows the fork in Twisted's ``Process.__init__`` happens here:
     readers and writers on the parent's pipe ends, ``makeConnection``, and
@@ -482,7 +209,7 @@ def _spawn_adopted(
     path: str | None,
     child_fds: Mapping[int, Any],
 ) -> AdoptedProcess:
-    """The child through :func:`sandboxd.spawn.posix_spawn`, then adopted."""
+    """The child through :func:`sandboxd.processes.posix_spawn.posix_spawn`, then adopted."""
     fdmap, pipes = _pipes(child_fds)
     try:
         plan = _spawn.plan(executable, args, env, path, fdmap, _spawn.ALL_SIGNALS)
@@ -679,7 +406,7 @@ def spawn_session(
     ``reactor.spawnProcess`` for a child that leads its own session.
 
     ``executable`` must be absolute (see :func:`find_executable`).  Where
-    :data:`sandboxd.spawn.AVAILABLE`, one ``posix_spawn`` starts it in any
+    :data:`sandboxd.processes.posix_spawn.AVAILABLE`, one ``posix_spawn`` starts it in any
     directory (as another user through setpriv); otherwise Twisted spawns
     it (:class:`SessionProcess`).
     """
@@ -711,30 +438,3 @@ def _give_up_posix_spawn(error: OSError) -> None:
     log.msg(
         f"sandboxd: posix_spawn with closefrom/chdir failed ({error}); using Twisted's spawn"
     )
-
-
-def signal_name(number: int) -> str:
-    """``SIGTERM`` for 15."""
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return str(number)
-
-
-def exit_code(reason: Any) -> int | None:
-    """
-    SPEC §9's exit code from a ``processEnded``/``processExited`` reason:
-    the status, or minus the signal number.
-    """
-    value = getattr(reason, "value", reason)
-    sig = getattr(value, "signal", None)
-    if sig:
-        return -int(sig)
-    code = getattr(value, "exitCode", None)
-    return int(code) if code is not None else None
-
-
-def keep_only(mapping: Mapping[str, str], names: Iterable[str]) -> dict[str, str]:
-    """The entries of ``mapping`` whose names are in ``names``."""
-    wanted = set(names)
-    return {k: v for k, v in mapping.items() if k in wanted}

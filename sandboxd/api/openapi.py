@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from sandboxd._version import __version__
+from sandboxd.api.schema import PATH_PARAMS, Field, Schema, schema_for
 from sandboxd.endpoints import param_name
-from sandboxd.schema import PATH_PARAMS, Field, Schema, schema_for
 
 _ERROR = {
     "type": "object",

@@ -5,7 +5,7 @@ The PTY WebSocket (SPEC §8): ``ws://HOST:PTY_PORT/pty?session_id=ID``.
 Autobahn does the framing; this module decides who may connect (the same
 tokens, scope, Origin and Host rules as the HTTP port, checked during the
 handshake so a refusal is a plain HTTP status), and bridges one socket to
-one :class:`~sandboxd.pty.PtySession` with flow control both ways.
+one :class:`~sandboxd.terminals.session.PtySession` with flow control both ways.
 """
 
 from __future__ import annotations
@@ -20,11 +20,6 @@ from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from sandboxd._autobahn import (
-    ConnectionDeny,
-    WebSocketServerFactory,
-    WebSocketServerProtocol,
-)
 from sandboxd.audit import make_record, should_record
 from sandboxd.auth import Identity, authenticate, presented_token
 from sandboxd.errors import ApiError
@@ -35,10 +30,15 @@ from sandboxd.policy.defaults import (
     WS_PING_SECONDS,
     WS_PING_TIMEOUT_SECONDS,
 )
-from sandboxd.pty import MAX_DIMENSION, PtySession, TerminalTable
+from sandboxd.terminals._autobahn import (
+    ConnectionDeny,
+    WebSocketServerFactory,
+    WebSocketServerProtocol,
+)
+from sandboxd.terminals.session import MAX_DIMENSION, PtySession, TerminalTable
 from sandboxd.web.pipeline import host_name, is_loopback
 
-log = Logger(namespace="sandboxd.ws")
+log = Logger(namespace="sandboxd.terminals.websocket")
 
 #: Close codes (RFC 6455 §7.4.1) and the seed's reasons.
 POLICY_VIOLATION = 1008

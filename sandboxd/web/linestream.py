@@ -18,10 +18,10 @@ from sandboxd.policy.defaults import (
     STREAM_FLUSH_BYTES,
     STREAM_FLUSH_SECONDS,
 )
+from sandboxd.processes.child import STREAM_NAMES
 from sandboxd.web.sse import frame
 
 _NEEDS_JSON = re.compile(rb'[\x00-\x09\x0b-\x1f"\\\x80-\xff]')
-STREAM_NAMES = {1: "stdout", 2: "stderr"}
 _PREFIX = {
     fd: f'event: {name}\ndata: {{"data":"'.encode() for fd, name in STREAM_NAMES.items()
 }

@@ -1,0 +1,438 @@
+# -*- test-case-name: tests.test_processes -*-
+"""
+The one ``ProcessProtocol`` every piped child of the daemon runs under
+(SPEC §7.4): :class:`Child` runs the command in its own session, with stdin
+from ``/dev/null`` unless a pipe is asked for; ``processExited`` means
+"finished" and the pipes are closed shortly after (a grandchild holding
+them cannot hang a call); hard and idle timeouts end the whole tree; reading
+can be paused by a slow client.  :class:`HeadTail` is the output cap that
+keeps the start and the end.
+"""
+
+from __future__ import annotations
+
+import secrets
+import select
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.protocol import ProcessProtocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from sandboxd.policy.defaults import (
+    ENDPOINT_LIMITS,
+    EXIT_DRAIN_MAX_SECONDS,
+    EXIT_DRAIN_SECONDS,
+    KILL_GRACE_SECONDS,
+)
+from sandboxd.processes.command import exit_code
+from sandboxd.processes.tree import (
+    kill_tree,
+    never_signalled,
+    reap_orphans,
+    signal_group,
+    signal_member,
+    tree_members,
+    tree_table,
+)
+from sandboxd.waiters import Waiters
+
+log = Logger(namespace="sandboxd.processes")
+
+#: The names of a child's output streams, by file descriptor.
+STREAM_NAMES = {1: "stdout", 2: "stderr"}
+
+#: A capture with no ``max_output_bytes`` keeps what /shell keeps.
+DEFAULT_CAPTURE_BYTES: int = ENDPOINT_LIMITS["shell"]["max_output_bytes"]
+
+#: A background process's log with no ``max_output_bytes`` keeps this much.
+DEFAULT_RETENTION_BYTES: int = ENDPOINT_LIMITS["process_start"]["max_output_bytes"]
+
+
+# --------------------------------------------------------------------------
+# Output caps
+
+
+class HeadTail:
+    """
+    A byte sink that keeps the first and the last ``cap // 2`` bytes.
+
+    Memory stays bounded by ``cap`` however much is written; what falls in
+    between is counted in :attr:`dropped_bytes`, so an error at the end of
+    a huge log is never lost.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = max(0, cap)
+        self._head_cap = self.cap // 2
+        self._tail_cap = self.cap - self._head_cap
+        self._head = bytearray()
+        self._tail: deque[bytes] = deque()
+        self._tail_len = 0
+        self.dropped_bytes = 0
+        self.total_bytes = 0
+
+    @property
+    def truncated(self) -> bool:
+        """Whether anything was dropped."""
+        return self.dropped_bytes > 0
+
+    def write(self, data: bytes) -> None:
+        """Take the next bytes."""
+        self.total_bytes += len(data)
+        room = self._head_cap - len(self._head)
+        if room > 0:
+            self._head += data[:room]
+            data = data[room:]
+        if not data:
+            return
+        if len(data) >= self._tail_cap:
+            self.dropped_bytes += self._tail_len + len(data) - self._tail_cap
+            self._tail.clear()
+            data = data[len(data) - self._tail_cap :] if self._tail_cap else b""
+            self._tail_len = 0
+        if data:
+            self._tail.append(data)
+            self._tail_len += len(data)
+        while self._tail_len > self._tail_cap:
+            excess = self._tail_len - self._tail_cap
+            first = self._tail[0]
+            if len(first) <= excess:
+                self._tail.popleft()
+                self._tail_len -= len(first)
+                self.dropped_bytes += len(first)
+            else:
+                self._tail[0] = first[excess:]
+                self._tail_len -= excess
+                self.dropped_bytes += excess
+
+    def value(self, marker: bool = True) -> bytes:
+        """Head and tail, with a line naming the dropped bytes between them."""
+        tail = b"".join(self._tail)
+        if not self.truncated:
+            return bytes(self._head) + tail
+        middle = (
+            f"\n[... {self.dropped_bytes} bytes dropped ...]\n".encode()
+            if marker
+            else b""
+        )
+        return bytes(self._head) + middle + tail
+
+
+# --------------------------------------------------------------------------
+# The one ProcessProtocol
+
+
+#: Children alive now (spawned and not yet ended); shutdown ends them all.
+LIVE: set[Child] = set()
+
+#: Children whose spawn is on a worker thread (no process yet).
+PENDING: set[Child] = set()
+
+OutputCallback = Callable[[int, bytes], None]
+
+
+class Child(ProcessProtocol):
+    """
+    One child and its tree.
+
+    :ivar pid: the session leader's pid (kept after it is reaped).
+    :ivar exited: fires with the exit code at ``processExited``.
+    :ivar ended: fires with the exit code once the pipes are closed too.
+    :ivar reason: why the daemon ended it: ``timeout``, ``idle_timeout``,
+        ``cancelled``, ``disconnected``, ``shutdown``, ``killed`` or None.
+    """
+
+    def __init__(
+        self,
+        clock: Any,
+        on_output: OutputCallback,
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+        grace: float = KILL_GRACE_SECONDS,
+    ) -> None:
+        self.clock = clock
+        self.on_output = on_output
+        self.timeout = timeout
+        self.idle_timeout = idle_timeout
+        self.grace = grace
+        self.marker = secrets.token_hex(8)
+        self.pid = 0
+        self.started_at = time.time()
+        self.exit_code: int | None = None
+        self.has_exited = False
+        self.has_ended = False
+        self.reason: str | None = None
+        self.paused = False
+        self.exited: Deferred[int | None] = Deferred()
+        self.ended: Deferred[int | None] = Deferred()
+        self.killing: Deferred[None] | None = None
+        self._hard: IDelayedCall | None = None
+        self._idle: IDelayedCall | None = None
+        self._drain: IDelayedCall | None = None
+        self._drain_limit: float | None = None
+        self.stdin_open = False
+        self._spawned: Waiters[None] = Waiters()
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        """
+        Spawned: remember the leader's pid (the transport forgets it once
+        reaped).
+
+        Its start time is not read here: /proc/<pid>/stat of a child still
+        loading its executable waits on that child, and until Twisted reaps
+        the leader its pid cannot be reused anyway (see :meth:`kill`).
+        """
+        self.pid = int(getattr(self.transport, "pid", 0) or 0)
+
+    @property
+    def pending(self) -> bool:
+        """Whether its spawn is still on a worker thread (no process yet)."""
+        return self in PENDING
+
+    def spawning(self, later: Deferred[Any], stdin_pipe: bool) -> None:
+        """
+        Its spawn is on a worker thread: start (and carry out a kill asked
+        for meanwhile) once ``later`` has the process.
+        """
+        PENDING.add(self)
+
+        def done(_: Any) -> None:
+            PENDING.discard(self)
+            self.stdin_open = stdin_pipe
+            self.started()
+            if self.killing is not None:
+                asked, self.killing = self.killing, None
+                self.kill(self.reason or "killed").chainDeferred(asked)
+            self._spawned.fire(None)
+
+        def failed(failure: Failure) -> None:
+            PENDING.discard(self)
+            # Never started: over, for whoever waits on it (shutdown).
+            self.has_exited = self.has_ended = True
+            if self.killing is not None and not self.killing.called:
+                self.killing.callback(None)
+            self.ended.callback(None)
+            self._spawned.fail(failure)
+
+        later.addCallbacks(done, failed)
+
+    def when_spawned(self) -> Deferred[None]:
+        """
+        Fires once the child runs (at once unless its spawn is still on a
+        worker thread); fails with that spawn's ``OSError``.  Cancelling
+        it leaves the child alone: whoever cancels decides its fate.
+        """
+        if not self.pending:
+            return succeed(None)
+        return self._spawned.wait()
+
+    def started(self) -> None:
+        """Called once spawned: arm the timers."""
+        if self.has_exited:
+            return
+        LIVE.add(self)
+        if self.timeout is not None:
+            self._hard = self.clock.callLater(self.timeout, self.kill, "timeout")
+        self._arm_idle()
+
+    def _arm_idle(self) -> None:
+        if self.idle_timeout is None or self.has_exited or self.paused:
+            return
+        if self._idle is not None and self._idle.active():
+            self._idle.reset(self.idle_timeout)
+        else:
+            self._idle = self.clock.callLater(
+                self.idle_timeout, self.kill, "idle_timeout"
+            )
+
+    def childDataReceived(self, childFD: int, data: bytes) -> None:
+        """Output: hand it on; it resets the idle and exit-drain timers."""
+        if (
+            self._idle is not None
+            and self._idle.active()
+            and self.idle_timeout is not None
+        ):
+            self._idle.reset(self.idle_timeout)
+        if self.has_exited:
+            self._arm_drain()
+        self.on_output(childFD, data)
+
+    def processExited(self, reason: Failure) -> None:
+        """The command finished: this is its result; close the pipes soon."""
+        self.has_exited = True
+        self.exit_code = exit_code(reason)
+        for timer in (self._hard, self._idle):
+            if timer is not None and timer.active():
+                timer.cancel()
+        self._drain_limit = self.clock.seconds() + EXIT_DRAIN_MAX_SECONDS
+        self._arm_drain()
+        self.exited.callback(self.exit_code)
+
+    def _arm_drain(self) -> None:
+        if self.has_ended:
+            return
+        if self.paused and self.reason is None:
+            return  # a slow reader: keep what is still in the pipes
+        if self._drain is not None and self._drain.active():
+            self._drain.cancel()
+        delay = EXIT_DRAIN_SECONDS
+        if self._drain_limit is not None:
+            delay = max(0.0, min(delay, self._drain_limit - self.clock.seconds()))
+        self._drain = self.clock.callLater(delay, self._close_pipes)
+
+    def _close_pipes(self) -> None:
+        if self.has_ended or self.transport is None:
+            return
+        within = self._drain_limit is None or self.clock.seconds() < self._drain_limit
+        if within and self.reason is None and self._unread():
+            # A busy reactor ran this timer before reading what is already
+            # in the pipes: read it first, never drop it.
+            self._drain = self.clock.callLater(
+                EXIT_DRAIN_SECONDS / 10, self._close_pipes
+            )
+            return
+        self.transport.loseConnection()
+
+    def _unread(self) -> bool:
+        """Whether a stdout/stderr pipe has bytes (or EOF) waiting to be read."""
+        pipes = getattr(self.transport, "pipes", {})
+        fds = [pipes[fd].fileno() for fd in (1, 2) if fd in pipes]
+        if not fds:
+            return False
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+
+    def processEnded(self, reason: Failure) -> None:
+        """Pipes closed and the leader reaped."""
+        if not self.has_exited:
+            self.processExited(reason)
+        self.has_ended = True
+        if self._drain is not None and self._drain.active():
+            self._drain.cancel()
+        LIVE.discard(self)
+        self.ended.callback(self.exit_code)
+
+    # -- control -----------------------------------------------------------
+
+    def kill(self, reason: str = "killed") -> Deferred[None]:
+        """End the whole tree (TERM, grace, KILL); idempotent."""
+        if self.reason is None:
+            self.reason = reason
+        if self.pending:
+            # No process yet: ended as soon as its spawn is done.
+            if self.killing is None:
+                self.killing = Deferred()
+            return self.killing
+        if self.killing is None:
+            # An unreaped leader (even a zombie) still owns its pid, so
+            # kill_tree may read its start time now; a reaped one's pid may
+            # already belong to someone else.
+            self.killing = kill_tree(
+                self.clock,
+                self.pid,
+                self.marker,
+                self.grace,
+                leader_reaped=self.has_exited,
+            )
+            self.killing.addBoth(lambda _: reap_orphans() and None)
+        if self.paused:
+            # A killed child's leftovers are not worth waiting for.
+            self.resume_reading()
+        if self.has_exited:
+            self._arm_drain()
+        return self.killing
+
+    def pause_reading(self) -> None:
+        """A slow client: stop reading (the child blocks in write)."""
+        if self.paused or self.has_ended or self.transport is None:
+            return
+        self.paused = True
+        if self._idle is not None and self._idle.active():
+            self._idle.cancel()
+        if self._drain is not None and self._drain.active():
+            self._drain.cancel()
+        self.transport.pauseProducing()  # type: ignore[attr-defined]
+
+    def resume_reading(self) -> None:
+        """The client drained: read again."""
+        if not self.paused:
+            return
+        self.paused = False
+        if self.transport is not None and not self.has_ended:
+            self.transport.resumeProducing()  # type: ignore[attr-defined]
+        self._arm_idle()
+        if self.has_exited:
+            self._arm_drain()
+
+    def write_stdin(self, data: bytes) -> None:
+        """Queue bytes for the stdin pipe."""
+        if self.transport is not None and self.stdin_open:
+            self.transport.write(data)
+
+    def close_stdin(self) -> None:
+        """Send EOF."""
+        if self.transport is not None and self.stdin_open:
+            self.stdin_open = False
+            self.transport.closeStdin()
+
+    def stdin_pending(self) -> int:
+        """Bytes written to stdin but not yet taken by the child."""
+        writer = (
+            getattr(self.transport, "pipes", {}).get(0)
+            if self.transport is not None
+            else None
+        )
+        if writer is None:
+            return 0
+        return len(getattr(writer, "dataBuffer", b"")) + int(
+            getattr(writer, "_tempDataLen", 0)
+        )
+
+    def childConnectionLost(self, childFD: int) -> None:
+        """A pipe closed (stdin: the child closed it or exited)."""
+        if childFD == 0:
+            self.stdin_open = False
+
+
+def signal_child(child: Child, sig: int) -> None:
+    """
+    Send ``sig`` to a running child's process group and to the members of
+    its tree that left the group (never to a pid reused since).
+    """
+    if child.has_exited or never_signalled(child.pid):
+        return
+    signal_group(child.pid, sig)
+    table = tree_table(child.pid)
+    for pid, start in tree_members(child.pid, child.marker, table).items():
+        if table[pid].pgid != child.pid:
+            signal_member(pid, start, sig)
+
+
+def timeout_error(child: Child) -> dict[str, Any] | None:
+    """The ``error`` of a child the daemon ended on a timeout, else None."""
+    if child.reason == "timeout":
+        return {
+            "error": f"Command timed out after {child.timeout:g} seconds; its process group was killed",
+            "type": "TimeoutError",
+            "code": "timeout",
+        }
+    if child.reason == "idle_timeout":
+        return {
+            "error": (
+                f"IdleTimeout: no output for {child.idle_timeout:g} seconds; "
+                "its process group was killed"
+            ),
+            "type": "TimeoutError",
+            "code": "idle_timeout",
+        }
+    return None
