@@ -7,7 +7,8 @@ implementation module.
 
 from sandboxd._version import __version__
 from sandboxd.commands import CommandArg, CommandRegistry, command
-from sandboxd.endpoints import CapabilityGroup, RouteTable, default_table
+from sandboxd.endpoints import CapabilityGroup, RouteTable
+from sandboxd.routes import default_table
 from sandboxd.server import SandboxServer, start
 from sandboxd.web.messages import (
     ServerRequest,

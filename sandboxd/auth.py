@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
-from sandboxd.errors import ApiError
+from sandboxd.errors import ambiguous_credentials, unauthorized
 from sandboxd.policy.document import PolicyError, TokenSpec
 
 
@@ -48,11 +48,6 @@ ANONYMOUS = Identity("anonymous", frozenset({"*"}))
 
 def _digest(token: bytes) -> bytes:
     return hashlib.sha256(token).digest()
-
-
-def unauthorized() -> ApiError:
-    """The one 401 every failed authentication gets."""
-    return ApiError(401, "unauthorized", "AuthError", "unauthorized")
 
 
 def _read_token_file(path: str, where: str) -> str:
@@ -148,12 +143,7 @@ def presented_token(headers: Mapping[bytes, Sequence[bytes]]) -> bytes | None:
         if scheme.lower() == b"bearer":
             tokens.add(rest.strip())
     if len(tokens) > 1:
-        raise ApiError(
-            400,
-            "two different credentials were presented",
-            "AuthError",
-            "ambiguous_credentials",
-        )
+        raise ambiguous_credentials("two different credentials were presented")
     return tokens.pop() if tokens else None
 
 

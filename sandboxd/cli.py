@@ -162,8 +162,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:
     """Validate, then print the table or one explained decision."""
-    from sandboxd.endpoints import default_table
     from sandboxd.policy.discovery import check
+    from sandboxd.routes import default_table
 
     try:
         for spec in options["commands"]:

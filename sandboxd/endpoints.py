@@ -4,9 +4,10 @@ The endpoint table: every route the daemon serves, declared once.
 
 Routing (:mod:`sandboxd.web.routing`), the policy engine, discovery
 (``/capabilities``), ``/openapi.json`` and the generated API reference all
-read this table; nothing else lists endpoints.  Group modules in
-:mod:`sandboxd.routes` attach handlers to the ids declared here; an id with
-no handler yet is reported as not implemented rather than hidden.
+read this table; nothing else lists endpoints.  The table imports no
+handler: :mod:`sandboxd.routes` attaches the group modules' handlers to the
+ids declared here (``builtin_table``); an id with no handler yet is
+reported as not implemented rather than hidden.
 """
 
 from __future__ import annotations
@@ -358,28 +359,3 @@ def catalogue_table() -> RouteTable:
     for endpoint_id, method, path, group, scopes, summary, flags in _CATALOGUE:
         table.add(Endpoint(endpoint_id, method, path, group, scopes, summary, **flags))
     return table
-
-
-def builtin_table() -> RouteTable:
-    """A new table with every built-in handler that exists bound to it."""
-    from sandboxd.routes import bind_all
-
-    table = catalogue_table()
-    bind_all(table)
-    return table
-
-
-_default: RouteTable | None = None
-
-
-def default_table() -> RouteTable:
-    """
-    The process-wide table servers use unless given another.
-
-    A template's ``commands.py`` calls ``default_table()`` and decorates
-    routes onto it, so every call returns the same table.
-    """
-    global _default
-    if _default is None:
-        _default = builtin_table()
-    return _default

@@ -31,12 +31,12 @@ from sandboxd import guard, hardening
 from sandboxd.audit import AuditLog
 from sandboxd.commands import CommandRegistry, default_registry
 from sandboxd.context import Context
-from sandboxd.endpoints import RouteTable, default_table
+from sandboxd.endpoints import RouteTable
+from sandboxd.gate import is_loopback
 from sandboxd.libc import libc
 from sandboxd.policy import Policy, PolicyError, load_policy
 from sandboxd.policy.defaults import SHUTDOWN_TIMEOUT_SECONDS
-from sandboxd.routes import setup_services
-from sandboxd.web.pipeline import is_loopback
+from sandboxd.routes import default_table, setup_services
 from sandboxd.web.site import SandboxSite
 
 log = Logger(namespace="sandboxd")

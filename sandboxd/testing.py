@@ -22,7 +22,8 @@ from twisted.web.iweb import IBodyProducer
 from zope.interface import implementer
 
 from sandboxd.commands import CommandRegistry
-from sandboxd.endpoints import RouteTable, builtin_table
+from sandboxd.endpoints import RouteTable
+from sandboxd.routes import builtin_table
 from sandboxd.server import DaemonService, Settings, build
 
 

@@ -17,7 +17,7 @@ from sandboxd import (
     ServerResponse,
     SSEResponse,
 )
-from sandboxd.endpoints import builtin_table
+from sandboxd.routes import builtin_table
 from tests.helpers import DaemonTestCase
 
 

@@ -21,8 +21,9 @@ from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from sandboxd.api import apidoc, openapi, schema
-from sandboxd.endpoints import builtin_table, catalogue_table
+from sandboxd.endpoints import catalogue_table
 from sandboxd.policy import load_policy
+from sandboxd.routes import builtin_table
 from tests.helpers import DaemonTestCase
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

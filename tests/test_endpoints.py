@@ -9,12 +9,8 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.endpoints import (
-    CapabilityGroup,
-    RouteTable,
-    builtin_table,
-    catalogue_table,
-)
+from sandboxd.endpoints import CapabilityGroup, RouteTable, catalogue_table
+from sandboxd.routes import builtin_table
 from sandboxd.web.routing import Router
 
 SEED_AND_BEYOND = {

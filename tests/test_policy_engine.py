@@ -12,9 +12,10 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.endpoints import CapabilityGroup, builtin_table
+from sandboxd.endpoints import CapabilityGroup
 from sandboxd.policy import PolicyError, load_policy
 from sandboxd.policy.paths import decide as decide_path
+from sandboxd.routes import builtin_table
 
 
 def decide(

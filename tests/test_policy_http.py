@@ -13,7 +13,8 @@ from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.task import deferLater
 
 from sandboxd.commands import CommandRegistry
-from sandboxd.endpoints import CapabilityGroup, builtin_table
+from sandboxd.endpoints import CapabilityGroup
+from sandboxd.routes import builtin_table
 from tests.helpers import DaemonTestCase
 
 READER = "reader-token"

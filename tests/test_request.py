@@ -19,9 +19,10 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 from sandboxd.audit import AuditLog
 from sandboxd.commands import CommandRegistry
 from sandboxd.context import Context
-from sandboxd.endpoints import CapabilityGroup, builtin_table
+from sandboxd.endpoints import CapabilityGroup
 from sandboxd.policy import load_policy
 from sandboxd.policy.defaults import LARGE_BODY_BYTES, LARGE_READ_BYTES
+from sandboxd.routes import builtin_table
 from sandboxd.web.messages import SSEResponse
 from sandboxd.web.site import SandboxSite
 from sandboxd.web.sse import _send_now

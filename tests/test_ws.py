@@ -15,8 +15,8 @@ from twisted.internet.task import Clock
 from twisted.test.iosim import FakeTransport, IOPump, connect
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.endpoints import default_table
 from sandboxd.policy import load_policy
+from sandboxd.routes import default_table
 from sandboxd.terminals.session import PtySession, TerminalTable
 from sandboxd.terminals.websocket import SLOW_CLIENT, PtyServerFactory
 from tests.test_pty import FakePTY
@@ -61,7 +61,9 @@ class ProtocolCase(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
         policy = load_policy(default_table(), explicit={}, base_dir="/tmp", environ={})
-        context = SimpleNamespace(policy=policy, hostname="sandbox", reactor=self.clock)
+        context = SimpleNamespace(
+            policy=policy, hostname="sandbox", reactor=self.clock, table=default_table()
+        )
         self.table = TerminalTable(self.clock)
         self.session = RecordingSession(
             id="s1",

@@ -747,11 +747,11 @@ SCHEMAS: dict[str, Schema] = {
         ),
         response=(F("pid", "integer"), F("bytes", "integer")),
         errors=(
-            E(400, "invalid_param", "pid, data or eof malformed"),
             E(
                 400,
-                "stdin_closed",
-                'no stdin pipe (start with "stdin": true) or closed',
+                "invalid_param",
+                'pid, data or eof malformed; or no stdin pipe (start with "stdin":'
+                " true) or it was closed",
             ),
             E(404, "not_found", "not managed, or exited", "NotFoundError"),
             E(429, "rate_limited", "the process is not reading (4 MiB queued)"),

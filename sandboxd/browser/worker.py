@@ -442,7 +442,7 @@ class Worker:
                     "status": 400,
                     "error": _first_line(e),
                     "type": "RuntimeError",
-                    "code": "browser_error",
+                    "code": "invalid_param",
                 },
             }
         except Exception as e:  # a bug here must not end the worker

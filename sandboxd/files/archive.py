@@ -23,11 +23,10 @@ from typing import Any
 
 import attrs
 
-from sandboxd.errors import ApiError
+from sandboxd.errors import ApiError, payload_too_large
 from sandboxd.files.atomic import AtomicWrite
 from sandboxd.files.walk import WALK_DEPTH, visible, walk
 from sandboxd.guard import PathGuard, os_error, refusal
-from sandboxd.web.request import payload_too_large
 
 FORMATS = ("tar.gz", "zip")
 

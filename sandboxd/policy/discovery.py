@@ -16,10 +16,10 @@ from sandboxd._version import __version__
 from sandboxd.auth import Identity
 from sandboxd.endpoints import CapabilityGroup, Endpoint
 from sandboxd.errors import ApiError
+from sandboxd.gate import lacking_scope
 from sandboxd.policy import Policy
 from sandboxd.policy.paths import decide
 from sandboxd.policy.rules import EffectiveRule
-from sandboxd.web.pipeline import missing_scope
 
 
 def _non_default(obj: Any) -> dict[str, Any]:
@@ -35,7 +35,7 @@ def describe(
     endpoint: Endpoint, rule: EffectiveRule, identity: Identity
 ) -> dict[str, Any]:
     """One endpoint as ``/capabilities`` shows it to ``identity``."""
-    lacking = missing_scope(identity, rule, {})
+    lacking = lacking_scope(identity, rule, {})
     allowed = rule.enabled and (not endpoint.auth_required or lacking is None)
     if (
         endpoint.id == "commands_run"
@@ -146,7 +146,7 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
             reason=rule.reason,
         )
     else:
-        lacking = missing_scope(identity, rule, {"name": str(body.get("command", ""))})
+        lacking = lacking_scope(identity, rule, {"name": str(body.get("command", ""))})
         if endpoint.auth_required and lacking:
             out.update(
                 allowed=False,

@@ -16,7 +16,7 @@ from typing import Any
 
 from twisted.application.service import IService
 
-from sandboxd.endpoints import RouteTable
+from sandboxd.endpoints import RouteTable, catalogue_table
 
 #: Group modules, in the order their services start.
 MODULES = (
@@ -55,3 +55,26 @@ def setup_services(context: Any) -> list[IService]:
             if service is not None:
                 services.append(service)
     return services
+
+
+def builtin_table() -> RouteTable:
+    """A new table with every built-in handler that exists bound to it."""
+    table = catalogue_table()
+    bind_all(table)
+    return table
+
+
+_default: RouteTable | None = None
+
+
+def default_table() -> RouteTable:
+    """
+    The process-wide table servers use unless given another.
+
+    A template's ``commands.py`` calls ``default_table()`` and decorates
+    routes onto it, so every call returns the same table.
+    """
+    global _default
+    if _default is None:
+        _default = builtin_table()
+    return _default

@@ -22,7 +22,7 @@ import pybase64
 from twisted.internet.defer import Deferred, FirstError, gatherResults
 from twisted.internet.threads import deferToThreadPool
 
-from sandboxd.errors import ApiError
+from sandboxd.errors import ApiError, payload_too_large
 from sandboxd.files import archive, walk
 from sandboxd.files.atomic import AtomicWrite, etag_matches, parse_mode
 from sandboxd.files.background import BackgroundWriter, PauseGate
@@ -36,9 +36,9 @@ from sandboxd.policy.defaults import (
     MAX_LIST_DEPTH,
     MAX_PATTERN_CHARS,
 )
+from sandboxd.web.dispatch import json_bytes
 from sandboxd.web.messages import ServerRequest, ServerResponse, StreamResponse
 from sandboxd.web.params import flag
-from sandboxd.web.request import json_bytes, payload_too_large
 
 # -- small helpers ------------------------------------------------------------
 

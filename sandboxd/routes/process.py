@@ -471,8 +471,7 @@ def process_stdin(request: ServerRequest) -> dict[str, Any]:
     child = managed.child
     if not child.stdin_open:
         raise bad_request(
-            f'process {managed.pid} has no open stdin (start it with "stdin": true)',
-            "stdin_closed",
+            f'process {managed.pid} has no open stdin (start it with "stdin": true)'
         )
     raw = data.encode()
     if raw and child.stdin_pending() + len(raw) > STDIN_PENDING_BYTES:

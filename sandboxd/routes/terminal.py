@@ -15,6 +15,7 @@ from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
 from sandboxd.errors import ApiError, bad_request, forbidden, not_found
+from sandboxd.gate import host_name, is_loopback
 from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS
 from sandboxd.policy.rules import EffectiveRule
@@ -29,7 +30,6 @@ from sandboxd.terminals.session import (
 )
 from sandboxd.terminals.websocket import PtyServerFactory
 from sandboxd.web.messages import ServerRequest
-from sandboxd.web.pipeline import host_name, is_loopback
 
 log = Logger(namespace="sandboxd.terminal")
 

@@ -20,9 +20,9 @@ from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from sandboxd.audit import make_record, should_record
-from sandboxd.auth import Identity, authenticate, presented_token
-from sandboxd.errors import ApiError
+from sandboxd import gate
+from sandboxd.auth import Identity
+from sandboxd.errors import ApiError, Code, bad_request, no_route
 from sandboxd.policy.defaults import (
     PTY_MAX_CONNECTIONS,
     WS_CLOSE_SECONDS,
@@ -30,13 +30,13 @@ from sandboxd.policy.defaults import (
     WS_PING_SECONDS,
     WS_PING_TIMEOUT_SECONDS,
 )
+from sandboxd.policy.rules import EffectiveRule
 from sandboxd.terminals._autobahn import (
     ConnectionDeny,
     WebSocketServerFactory,
     WebSocketServerProtocol,
 )
 from sandboxd.terminals.session import MAX_DIMENSION, PtySession, TerminalTable
-from sandboxd.web.pipeline import host_name, is_loopback
 
 log = Logger(namespace="sandboxd.terminals.websocket")
 
@@ -90,7 +90,7 @@ class PtyServerProtocol(WebSocketServerProtocol):
     offset: int | None = None
     _input_paused = False
     _abort_timer: Any = None
-    _deny_code: str | None = None
+    _refusal: ApiError | None = None
 
     @property
     def _tcp(self) -> Any:
@@ -101,20 +101,58 @@ class PtyServerProtocol(WebSocketServerProtocol):
 
     def onConnect(self, request: Any) -> None:
         """
-        Admit or refuse the upgrade with an HTTP status (SPEC §4, §8), and
-        record the decision in the audit trail like any request.
+        Admit or refuse the upgrade through the gate (SPEC §16), so a refusal
+        carries the same §6 code as on the HTTP port, as a plain HTTP status
+        with a JSON body; every handshake is one audit line (``via: ws``).
 
-        :raises ConnectionDeny: 404 wrong path or endpoint disabled, 403
-            origin, host or scope, 401 credentials, 400 ambiguous query.
+        :raises ConnectionDeny: with the refusal's status.
         """
         started = time.monotonic()
+        endpoint = self.factory.context.table.get("pty_connect")
         try:
-            self._admit(request)
-        except ConnectionDeny as e:
-            self._deny_code = _WS_CODES.get(e.code)
-            self._audit(request, started, e.code, e.reason)
-            raise
-        self._audit(request, started, 101, None)
+            passed = self._admit(request, endpoint)
+        except gate.Refused as e:
+            self._refusal = e.error
+            self.identity = e.identity
+            self._audit(request, started, e.error, e.rule)
+            raise ConnectionDeny(e.error.status, e.error.message) from None
+        self._audit(request, started, None, passed.rule)
+
+    def _admit(self, request: Any, endpoint: Any) -> gate.Passed:
+        context = self.factory.context
+        if request.path.rstrip("/") != WS_PATH:
+            raise gate.Refused(no_route(request.path))
+        headers = {
+            k.encode("latin-1"): [v.encode("latin-1", "replace")]
+            for k, v in request.headers.items()
+        }
+        params = request.params
+        passed = gate.admit(
+            context,
+            endpoint,
+            headers,
+            secure=self.factory.isSecure,
+            query_tokens=[v.encode("utf-8") for v in params.get("access_token", [])],
+            take_slot=False,
+        )
+        self.identity = passed.identity
+        ids = [v for v in params.get("session_id", []) if v]
+        if len(set(ids)) > 1:
+            raise gate.Refused(
+                bad_request("duplicate parameter session_id", Code.DUPLICATE_PARAMETER),
+                endpoint,
+                passed.identity,
+                passed.rule,
+            )
+        self.session_id = ids[0] if ids else None
+        offsets = params.get("offset", [])
+        if len(offsets) == 1 and offsets[0].isdigit():
+            self.offset = int(offsets[0])
+        limit = passed.rule.limits.max_message_bytes
+        if limit:
+            self.maxMessagePayloadSize = limit
+            self.maxFramePayloadSize = limit
+        return passed
 
     def sendHttpErrorResponse(
         self,
@@ -124,24 +162,20 @@ class PtyServerProtocol(WebSocketServerProtocol):
     ) -> None:
         """
         A refused handshake as every other error of the daemon: a JSON body
-        with a ``code`` (autobahn sends a bare status line whose reason
-        phrase carries its message).
+        with the refusal's SPEC §6 code (autobahn's own refusals of a
+        malformed handshake are ``malformed_request``; a bare status line
+        would carry only a reason phrase).
         """
+        error = self._refusal or ApiError(
+            code, reason, "WebSocketError", Code.MALFORMED_REQUEST
+        )
         try:
             phrase = HTTPStatus(code).phrase
         except ValueError:
             phrase = "Error"
-        body = json.dumps(
-            {
-                "error": reason,
-                "type": "WebSocketError",
-                "code": self._deny_code
-                or _HANDSHAKE_CODES.get(code, "malformed_request"),
-            },
-            separators=(",", ":"),
-        ).encode()
+        body = json.dumps(error.body(), separators=(",", ":")).encode()
         head = f"HTTP/1.1 {code} {phrase}\r\n"
-        for name, value in responseHeaders or ():
+        for name, value in [*(responseHeaders or ()), *error.headers.items()]:
             head += f"{name}: {value}\r\n"
         head += (
             "Content-Type: application/json\r\n"
@@ -150,106 +184,29 @@ class PtyServerProtocol(WebSocketServerProtocol):
         self.sendData(head.encode("latin-1", "replace") + body)
 
     def _audit(
-        self, request: Any, started: float, status: int, reason: str | None
+        self,
+        request: Any,
+        started: float,
+        error: ApiError | None,
+        rule: EffectiveRule | None,
     ) -> None:
         context = self.factory.context
-        rule = context.policy.rules.get("pty_connect")
-        if rule is None or not should_record(rule.audit, 400 if status >= 400 else 200):
-            return
-        query = urlencode([(k, v) for k, vs in request.params.items() for v in vs])
-        context.audit.write(
-            make_record(
-                identity=self.identity.id if self.identity is not None else "-",
-                endpoint="pty_connect",
-                method="WS",
-                path=request.path,
-                query=query,
-                status=status,
-                code=_WS_CODES.get(status) if status >= 400 else None,
-                rule=rule.enabled_by if status == 404 else None,
-                started=started,
-                bytes_in=0,
-                bytes_out=0,
-                client=getattr(self.transport.getPeer(), "host", "")
-                if self.transport
-                else "",
-            )
+        peer = self.transport.getPeer() if self.transport else None
+        gate.audit(
+            context,
+            door=gate.Door.WS,
+            endpoint=context.table.get("pty_connect"),
+            identity=self.identity,
+            rule=rule,
+            method="WS",
+            path=request.path,
+            query=urlencode([(k, v) for k, vs in request.params.items() for v in vs]),
+            status=error.status if error is not None else 101,
+            code=error.code if error is not None else None,
+            decided_by=error.rule if error is not None else None,
+            started=started,
+            client=getattr(peer, "host", ""),
         )
-
-    def _admit(self, request: Any) -> None:
-        context = self.factory.context
-        if request.path.rstrip("/") != WS_PATH:
-            raise ConnectionDeny(404, f"Not found: {request.path}")
-        rule = context.policy.rules["pty_connect"]
-        if not rule.enabled:
-            raise ConnectionDeny(404, "endpoint pty_connect is disabled")
-        headers = request.headers
-        self._check_origin_and_host(headers)
-        params = request.params
-        self.identity = self._authenticate(headers, params)
-        missing = self.identity.missing(rule.scopes)
-        if missing is not None:
-            raise ConnectionDeny(403, f"missing scope {missing}")
-        ids = [v for v in params.get("session_id", []) if v]
-        if len(set(ids)) > 1:
-            raise ConnectionDeny(400, "duplicate parameter session_id")
-        self.session_id = ids[0] if ids else None
-        offsets = params.get("offset", [])
-        if len(offsets) == 1 and offsets[0].isdigit():
-            self.offset = int(offsets[0])
-        limit = rule.limits.max_message_bytes
-        if limit:
-            self.maxMessagePayloadSize = limit
-            self.maxFramePayloadSize = limit
-
-    def _check_origin_and_host(self, headers: dict[str, str]) -> None:
-        # Checked here rather than with autobahn's allowedOrigins so that a
-        # reloaded policy applies to the next handshake.
-        policy = self.factory.context.policy
-        origin = headers.get("origin")
-        if origin is not None and origin.strip() not in policy.document.allowed_origins:
-            raise ConnectionDeny(
-                403, f"the browser origin {origin.strip()!r} is not allowed"
-            )
-        if policy.tokens.local_mode:
-            name = host_name(headers.get("host", ""))
-            allowed = {h.lower() for h in policy.document.allowed_hosts}
-            if not (
-                is_loopback(name)
-                or name == self.factory.context.hostname.lower()
-                or name in allowed
-            ):
-                raise ConnectionDeny(
-                    403, f"the Host {name!r} is not allowed without a token"
-                )
-
-    def _authenticate(
-        self, headers: dict[str, str], params: dict[str, list[str]]
-    ) -> Identity:
-        raw: dict[bytes, list[bytes]] = {
-            k.encode("latin-1"): [v.encode("latin-1", "replace")]
-            for k, v in headers.items()
-        }
-        try:
-            queried = {v.encode("utf-8") for v in params.get("access_token", []) if v}
-            if len(queried) > 1:
-                raise ApiError(
-                    400, "ambiguous credentials", "AuthError", "ambiguous_credentials"
-                )
-            if queried:
-                token = queried.pop()
-                shown = presented_token(raw)
-                if shown is not None and shown != token:
-                    raise ApiError(
-                        400,
-                        "ambiguous credentials",
-                        "AuthError",
-                        "ambiguous_credentials",
-                    )
-                raw[b"x-access-token"] = [token]
-            return authenticate(self.factory.context.policy.tokens, raw)
-        except ApiError as e:
-            raise ConnectionDeny(e.status, e.message) from None
 
     # -- session --------------------------------------------------------------
 
@@ -370,23 +327,6 @@ class PtyServerProtocol(WebSocketServerProtocol):
             self._tcp.abortConnection()
 
 
-#: Audit codes for handshake refusals (autobahn carries a status and a text).
-_WS_CODES = {
-    400: "invalid_param",
-    401: "unauthorized",
-    403: "forbidden",
-    404: "not_found",
-}
-
-
-#: Codes for the handshakes autobahn itself refuses (bad version, no upgrade ...).
-_HANDSHAKE_CODES = {
-    400: "malformed_request",
-    405: "method_not_allowed",
-    426: "upgrade_required",
-}
-
-
 def _may_attach(identity: Identity, session: PtySession) -> bool:
     return identity.id == session.owner or "*" in identity.scopes
 
@@ -418,7 +358,9 @@ class PtyServerFactory(WebSocketServerFactory):
             maxFramePayloadSize=limit,
             maxMessagePayloadSize=limit,
             maxConnections=PTY_MAX_CONNECTIONS,
-            allowNullOrigin=False,
+            # A ``null`` Origin reaches the gate, which refuses it as any
+            # other foreign origin (403 origin_not_allowed, not a bare 400).
+            allowNullOrigin=True,
             autoPingInterval=WS_PING_SECONDS if timers else 0,
             autoPingTimeout=WS_PING_TIMEOUT_SECONDS if timers else 0,
             openHandshakeTimeout=WS_HANDSHAKE_SECONDS if timers else 0,

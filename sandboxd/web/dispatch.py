@@ -12,8 +12,9 @@ Klein does, and nothing is ever written after that.
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import AsyncIterable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, cast
 
 from twisted.internet.defer import (
     CancelledError,
@@ -24,6 +25,7 @@ from twisted.internet.defer import (
 from twisted.internet.task import cooperate
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from twisted.web.server import Request
 
 from sandboxd.errors import ApiError
 from sandboxd.web.messages import (
@@ -35,22 +37,72 @@ from sandboxd.web.messages import (
 )
 from sandboxd.web.sse import SSEChannel
 
-if TYPE_CHECKING:
-    from sandboxd.web.request import SandboxRequest
-
 log = Logger(namespace="sandboxd.dispatch")
 
+_JSON = b"application/json"
 
-def call_handler(handler: Any, request: ServerRequest) -> Deferred[Any]:
-    """Call a handler of any flavour and get a Deferred of its result."""
-    d: Deferred[Any] = maybeDeferred(handler, request)
 
-    def unwrap(result: Any) -> Any:
-        if inspect.iscoroutine(result):
-            return ensureDeferred(result)
-        return result
+class SandboxRequest(Protocol):
+    """
+    What rendering needs of the HTTP request (:class:`~sandboxd.web.request.
+    SandboxRequest` provides it; this module does not import it, so the
+    request calls into rendering and never the other way round).
+    """
 
-    return d.addCallback(unwrap)
+    _disconnected: bool
+    finished: int
+    audit_code: str | None
+    audit_rule: str | None
+    channel: Any
+    responseHeaders: Any
+
+    def setResponseCode(self, code: int) -> None: ...
+    def setHeader(self, name: bytes | str, value: bytes | str) -> None: ...
+    def write(self, data: bytes) -> None: ...
+    def finish(self) -> None: ...
+    def notifyFinish(self) -> Deferred[None]: ...
+    def respond_error(self, error: ApiError) -> None: ...
+
+
+def _twisted(raw: SandboxRequest) -> Request:
+    """The request as the Twisted ``Request`` it is (for writers that take one)."""
+    return cast(Request, raw)
+
+
+def json_bytes(value: Any) -> bytes:
+    """Compact UTF-8 JSON."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def reason_phrase(status: int) -> str:
+    """The reason phrase of an HTTP status (``Error`` for unknown ones)."""
+    from twisted.web.http import RESPONSES
+
+    return RESPONSES.get(status, b"Error").decode("latin-1")
+
+
+def respond_json(
+    raw: SandboxRequest, status: int, body: Any, headers: dict[str, str] | None = None
+) -> None:
+    """Send a complete JSON response (no-op once the client has gone)."""
+    if raw._disconnected or raw.finished:
+        return
+    data = json_bytes(body)
+    raw.setResponseCode(status)
+    raw.responseHeaders.setRawHeaders(b"content-type", [_JSON])
+    raw.responseHeaders.setRawHeaders(b"content-length", [str(len(data)).encode()])
+    if headers:
+        for k, v in headers.items():
+            raw.setHeader(k, v)
+    raw.write(data)
+    raw.finish()
+
+
+def respond_error(raw: SandboxRequest, error: ApiError) -> None:
+    """Send an :class:`ApiError` as SPEC §3's error body, noting it for audit."""
+    raw.audit_code = error.code
+    raw.audit_rule = error.rule
+    respond_json(raw, error.status, error.body(), error.headers)
 
 
 def dispatch(raw: SandboxRequest, request: ServerRequest) -> None:
@@ -89,13 +141,13 @@ def render(raw: SandboxRequest, request: ServerRequest, result: Any) -> Any:
             if result.status >= 400 and isinstance(result.body, dict):
                 raw.audit_code = result.body.get("code")
                 raw.audit_rule = result.body.get("rule")
-            raw.respond_json(result.status, result.body, result.headers)
+            respond_json(raw, result.status, result.body, result.headers)
     elif isinstance(result, SSEResponse):
         return _stream_events(raw, request, result)
     elif isinstance(result, StreamResponse):
         return _stream_body(raw, result)
     else:
-        raw.respond_json(200, result if result is not None else {})
+        respond_json(raw, 200, result if result is not None else {})
     return None
 
 
@@ -132,7 +184,7 @@ def _stream_body(raw: SandboxRequest, result: StreamResponse) -> Deferred[Any]:
     raw.setResponseCode(result.status)
     for k, v in result.headers.items():
         raw.setHeader(k, v)
-    d = result.write_to(raw)
+    d = result.write_to(_twisted(raw))
 
     def done(_: Any) -> None:
         if not raw._disconnected and not raw.finished:
@@ -169,7 +221,7 @@ def _stream_events(
     raw: SandboxRequest, request: ServerRequest, result: SSEResponse
 ) -> Any:
     """Serve an SSE response; the concurrency slot is held until it ends."""
-    channel = SSEChannel(raw, request.context.reactor, headers=result.headers)
+    channel = SSEChannel(_twisted(raw), request.context.reactor, headers=result.headers)
     if result.start is not None:
         started = maybeDeferred(result.start, channel)
         started.addErrback(lambda f: _stream_failed(channel, f))

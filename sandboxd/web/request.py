@@ -14,7 +14,6 @@ whole body has arrived; Synapse relies on the same hooks.
 from __future__ import annotations
 
 import io
-import json
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,9 +22,9 @@ from twisted.logger import Logger
 from twisted.web.http import datetimeToString
 from twisted.web.server import Request
 
-from sandboxd.audit import make_record, should_record
+from sandboxd import gate
 from sandboxd.context import Context
-from sandboxd.errors import ApiError
+from sandboxd.errors import ApiError, payload_too_large
 from sandboxd.policy.defaults import LARGE_BODY_BYTES, LARGE_READ_BYTES
 from sandboxd.web.channel import client_left
 from sandboxd.web.cors import (
@@ -34,6 +33,7 @@ from sandboxd.web.cors import (
     preflight_headers,
     response_headers,
 )
+from sandboxd.web.dispatch import dispatch, json_bytes, reason_phrase, respond_error
 from sandboxd.web.jsonbody import parse_object
 from sandboxd.web.messages import BodySink, ServerRequest
 from sandboxd.web.pipeline import Admission, PipelineRefusal, Refusal, admit
@@ -44,18 +44,11 @@ from sandboxd.web.upload import UploadBody
 #: and the connection closed.
 DRAIN_LIMIT = 64 * 1024
 
-_JSON = b"application/json"
-
 #: Methods that change nothing.  A request with any other method is not
 #: carried out once its client has closed the connection (see
 #: :func:`~sandboxd.web.channel.client_left`); these are not worth the
 #: system call the check costs.
 _SAFE_METHODS = frozenset({b"GET", b"HEAD"})
-
-
-def json_bytes(value: Any) -> bytes:
-    """Compact UTF-8 JSON."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 def _read_size(transport: Any, size: int | None) -> None:
@@ -70,17 +63,6 @@ def _read_size(transport: Any, size: int | None) -> None:
         transport.bufferSize = size
     elif "bufferSize" in vars(transport):
         del transport.bufferSize
-
-
-def payload_too_large(limit: int) -> ApiError:
-    """413 ``payload_too_large``."""
-    return ApiError(
-        413,
-        f"the request body is over the limit of {limit} bytes",
-        "ValueError",
-        "payload_too_large",
-        limit=limit,
-    )
 
 
 class SandboxRequest(Request):
@@ -142,7 +124,9 @@ class SandboxRequest(Request):
             self.preflight = True
             return
         try:
-            admission = admit(self.context, method, channel._path, headers)
+            admission = admit(
+                self.context, method, channel._path, headers, self.isSecure()
+            )
         except PipelineRefusal as e:
             self.refusal = e.refusal
             if length is None or length > DRAIN_LIMIT:
@@ -192,7 +176,7 @@ class SandboxRequest(Request):
         self.requestHeaders.removeHeader(b"expect")
         body = json_bytes(error.body())
         head = [
-            f"HTTP/1.1 {error.status} {_reason(error.status)}",
+            f"HTTP/1.1 {error.status} {reason_phrase(error.status)}",
             "Content-Type: application/json",
             f"Content-Length: {len(body)}",
             "Connection: close",
@@ -242,6 +226,11 @@ class SandboxRequest(Request):
             _read_size(self.channel.transport, None)
         self.site = _site(self)
         self.setHeader(b"date", datetimeToString())
+        # The daemon's own origin is trusted (SPEC §5.2's same-origin rule),
+        # so nothing it serves may run script in it: a downloaded HTML file
+        # or SVG is never sniffed into a page and is sandboxed if opened.
+        self.setHeader(b"x-content-type-options", b"nosniff")
+        self.setHeader(b"content-security-policy", b"sandbox")
         if self.cors_origin is not None:
             cors = preflight_headers if self.preflight else response_headers
             for name, value in cors(self.cors_origin).items():
@@ -285,8 +274,6 @@ class SandboxRequest(Request):
         request = self.server_request(body)
         request.sink_result = sink_result
         request.payload = self.payload
-        from sandboxd.web.dispatch import dispatch
-
         dispatch(self, request)
 
     def _parse_body(self) -> dict[str, Any]:
@@ -329,27 +316,12 @@ class SandboxRequest(Request):
 
     # -- responses --------------------------------------------------------
 
-    def respond_json(
-        self, status: int, body: Any, headers: dict[str, str] | None = None
-    ) -> None:
-        """Send a complete JSON response (no-op once the client has gone)."""
-        if self._disconnected or self.finished:
-            return
-        data = json_bytes(body)
-        self.setResponseCode(status)
-        self.responseHeaders.setRawHeaders(b"content-type", [_JSON])
-        self.responseHeaders.setRawHeaders(b"content-length", [str(len(data)).encode()])
-        if headers:
-            for k, v in headers.items():
-                self.setHeader(k, v)
-        self.write(data)
-        self.finish()
-
     def respond_error(self, error: ApiError) -> None:
-        """Send an :class:`ApiError` as SPEC §3's error body."""
-        self.audit_code = error.code
-        self.audit_rule = error.extra.get("rule")
-        self.respond_json(error.status, error.body(), error.headers)
+        """
+        Answer with an :class:`ApiError`; a request the pipeline refused is
+        audited here, an admitted one when it finishes.
+        """
+        respond_error(self, error)
         if self.admission is None:
             self._audit(error.status, error.code, self.audit_rule, self.sentLength)
 
@@ -385,47 +357,26 @@ class SandboxRequest(Request):
         self, status: int, code: str | None, rule: str | None, bytes_out: int
     ) -> None:
         """Step 8: one audit line, if the endpoint's ``audit`` mode wants it."""
-        a = self.admission
-        known = a or self.refusal
-        mode = (
-            known.rule.audit if known is not None and known.rule is not None else "deny"
-        )
-        if not should_record(mode, status):
-            return
-        endpoint = (
-            known.endpoint.id
-            if known is not None and known.endpoint is not None
-            else None
-        )
-        identity = (
-            known.identity.id
-            if known is not None and known.identity is not None
-            else "-"
-        )
-        self.context.audit.write(
-            make_record(
-                identity=identity,
-                endpoint=endpoint,
-                method=self.method_text,
-                path=known.path if known is not None else "",
-                query=known.raw_query if known is not None else "",
-                status=status,
-                code=code,
-                rule=rule,
-                started=self.started or time.monotonic(),
-                bytes_in=self.bytes_in,
-                bytes_out=bytes_out,
-                client=self.client_host,
-            )
+        known = self.admission or self.refusal
+        gate.audit(
+            self.context,
+            door=gate.Door.HTTP,
+            endpoint=known.endpoint if known is not None else None,
+            identity=known.identity if known is not None else None,
+            rule=known.rule if known is not None else None,
+            method=self.method_text,
+            path=known.path if known is not None else "",
+            query=known.raw_query if known is not None else "",
+            status=status,
+            code=code,
+            decided_by=rule,
+            started=self.started,
+            bytes_in=self.bytes_in,
+            bytes_out=bytes_out,
+            client=self.client_host,
         )
 
 
 def _site(request: Request) -> Any:
     """The channel's site (set by ``Site.buildProtocol``, untyped in Twisted)."""
     return request.channel.site  # type: ignore[attr-defined]
-
-
-def _reason(status: int) -> str:
-    from twisted.web.http import RESPONSES
-
-    return RESPONSES.get(status, b"Error").decode("latin-1")

@@ -13,24 +13,7 @@ from __future__ import annotations
 
 from urllib.parse import unquote_to_bytes
 
-import attrs
-
-from sandboxd.errors import ApiError
-
-
-@attrs.frozen
-class Target:
-    """A parsed request target."""
-
-    path: str
-    segments: tuple[str, ...]
-    query: dict[str, str]
-    raw_query: str
-
-
-def invalid_path(message: str) -> ApiError:
-    """400 ``invalid_path``."""
-    return ApiError(400, message, "ValueError", "invalid_path")
+from sandboxd.errors import ApiError, invalid_path
 
 
 def _decode(raw: bytes, what: str) -> str:
@@ -89,10 +72,3 @@ def parse_query(raw_query: bytes) -> dict[str, str]:
             )
         out[name] = value
     return out
-
-
-def parse_target(raw: bytes) -> Target:
-    """Parse a request target (origin-form only: absolute-form is refused)."""
-    raw_path, _, raw_query = raw.partition(b"?")
-    path, segments = parse_path(raw_path)
-    return Target(path, segments, parse_query(raw_query), raw_query.decode("latin-1"))

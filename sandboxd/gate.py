@@ -1,0 +1,408 @@
+# -*- test-case-name: tests.test_gate -*-
+"""
+The one gate every front door passes (SPEC §16).
+
+A door (the HTTP API, the PTY WebSocket, MCP, the E2B port) knows which
+endpoint a call is governed as and what headers came with it; :func:`admit`
+decides the rest the same way for all of them: who is calling (SPEC §4),
+whether the endpoint is enabled and the caller holds its scopes, the rate
+limit, the Origin and local-mode Host rules (SPEC §3 step 5 with the
+same-origin rule of §5.2), and the concurrency slot.  A refusal is a
+:class:`Refused` carrying the :class:`~sandboxd.errors.ApiError` with its
+SPEC §6 code and rule, plus whatever was known when it was decided, so the
+door can answer in its own framing and :func:`audit` can record it.
+
+:func:`audit` is the one builder of audit lines (SPEC §11.5): every call,
+through every door, is one line naming the endpoint id it was governed as
+and the door it came through (``via``).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import ipaddress
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+
+from sandboxd.audit import make_record, should_record
+from sandboxd.auth import Identity, authenticate, presented_token
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    ambiguous_credentials,
+    endpoint_disabled,
+    forbidden,
+    missing_scope,
+)
+from sandboxd.policy.defaults import LOOPBACK_NAMES_KEPT
+
+if TYPE_CHECKING:
+    from sandboxd.context import Context
+    from sandboxd.endpoints import Endpoint
+    from sandboxd.policy.rules import EffectiveRule
+
+Headers = Mapping[bytes, Sequence[bytes]]
+
+
+class Door(enum.StrEnum):
+    """The front doors, as the audit's ``via`` names them."""
+
+    HTTP = "http"
+    WS = "ws"
+    MCP = "mcp"
+    E2B = "e2b"
+
+
+@attrs.define(eq=False)
+class Passed:
+    """
+    What the gate let through: the caller, the rule in force, and whether a
+    concurrency slot is held (give it back with :func:`release`).
+    """
+
+    endpoint: Endpoint
+    identity: Identity
+    rule: EffectiveRule
+    slot: bool = False
+
+
+class Refused(Exception):
+    """
+    The gate's refusal, with what was known when it was decided.
+
+    :ivar error: the error the caller sees, with its SPEC §6 code and rule.
+    """
+
+    def __init__(
+        self,
+        error: ApiError,
+        endpoint: Endpoint | None = None,
+        identity: Identity | None = None,
+        rule: EffectiveRule | None = None,
+    ) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.endpoint = endpoint
+        self.identity = identity
+        self.rule = rule
+
+
+# -- Host and Origin ----------------------------------------------------------
+
+_LOOPBACK_NAMES = (
+    "localhost",
+    "localhost.localdomain",
+    "ip6-localhost",
+    "ip6-loopback",
+)
+
+
+def host_name(value: str) -> str:
+    """The name part of a Host header (no port, no IPv6 brackets), lower-cased."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    if value.count(":") == 1:
+        return value.split(":", 1)[0]
+    return value
+
+
+@functools.lru_cache(maxsize=LOOPBACK_NAMES_KEPT)
+def is_loopback(name: str) -> bool:
+    """
+    Whether a host name or address is this machine's loopback.
+
+    (Asked on every request without a token; parsing an address costs more
+    than the rest of the Host check, and clients send the same few names.)
+    """
+    if name in _LOOPBACK_NAMES or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+_DEFAULT_PORTS = {"http": "80", "https": "443"}
+
+
+def _authority(host: str, scheme: str) -> tuple[str, str]:
+    """``(name, port)`` of a ``host[:port]`` with the scheme's default port."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        end = host.find("]")
+        name, rest = host[: end + 1], host[end + 1 :]
+        port = rest[1:] if rest.startswith(":") else ""
+    elif host.count(":") == 1:
+        name, port = host.split(":", 1)
+    else:
+        name, port = host, ""
+    return name, port or _DEFAULT_PORTS.get(scheme, "")
+
+
+def same_origin(origin: str, host: str, secure: bool) -> bool:
+    """
+    Whether ``origin`` is the daemon's own origin for a request to ``host``:
+    same scheme, host and port (SPEC §5.2).  Common WebSocket clients send
+    exactly that by default, and no foreign page can forge it.
+    """
+    scheme, sep, rest = origin.strip().lower().partition("://")
+    if not sep or not host or "/" in rest:
+        return False
+    if scheme != ("https" if secure else "http"):
+        return False
+    return _authority(rest, scheme) == _authority(host, scheme)
+
+
+def _header(headers: Headers, name: bytes) -> str | None:
+    values = headers.get(name)
+    return values[-1].decode("latin-1").strip() if values else None
+
+
+def check_origin_and_host(context: Context, headers: Headers, secure: bool) -> None:
+    """
+    SPEC §3 step 5's Origin and Host rules.
+
+    :raises ApiError: 403 ``origin_not_allowed`` for a browser Origin that is
+        neither the daemon's own nor in ``allowed_origins``; 403
+        ``host_not_allowed`` for a Host that is not local in local mode.
+    """
+    policy = context.policy
+    host = _header(headers, b"host") or ""
+    origin = _header(headers, b"origin")
+    if (
+        origin is not None
+        and origin not in policy.document.allowed_origins
+        and not same_origin(origin, host, secure)
+    ):
+        raise forbidden(
+            f"requests from the browser origin {origin!r} are not allowed",
+            Code.ORIGIN_NOT_ALLOWED,
+            rule="policy:allowed_origins",
+        )
+    if policy.tokens.local_mode:
+        name = host_name(host)
+        if not (
+            is_loopback(name)
+            or name == context.hostname.lower()
+            or name in (h.lower() for h in policy.document.allowed_hosts)
+        ):
+            raise forbidden(
+                f"the Host {name!r} is not allowed without a token",
+                Code.HOST_NOT_ALLOWED,
+                rule="policy:allowed_hosts",
+            )
+
+
+# -- who is calling -----------------------------------------------------------
+
+
+def identify(
+    context: Context, headers: Headers, query_tokens: Iterable[bytes] = ()
+) -> Identity:
+    """
+    The caller's identity from its headers, or from a query token on the
+    doors and routes that allow one (browsers cannot set headers there).
+
+    :raises ApiError: 401 ``unauthorized``; 400 ``ambiguous_credentials``
+        when two different tokens are presented.
+    """
+    queried = {t for t in query_tokens if t}
+    if len(queried) > 1:
+        raise ambiguous_credentials()
+    if queried:
+        token = queried.pop()
+        shown = presented_token(headers)
+        if shown is not None and shown != token:
+            raise ambiguous_credentials()
+        headers = {**headers, b"x-access-token": [token]}
+    return authenticate(context.policy.tokens, headers)
+
+
+def lacking_scope(
+    identity: Identity, rule: EffectiveRule, path_params: Mapping[str, str]
+) -> str | None:
+    """
+    The first scope of the rule the caller lacks, or None.
+
+    ``commands:run:NAME`` stands in for ``commands:run`` on that one command.
+    """
+    for scope in rule.scopes:
+        if identity.has_scope(scope):
+            continue
+        if (
+            scope == "commands:run"
+            and rule.endpoint_id == "commands_run"
+            and identity.has_scope(f"commands:run:{path_params.get('name', '')}")
+        ):
+            continue
+        return scope
+    return None
+
+
+def _disabled(endpoint: Endpoint, rule: EffectiveRule) -> ApiError:
+    why = (
+        "is not implemented yet" if rule.reason == "not_implemented" else "is disabled"
+    )
+    return endpoint_disabled(endpoint.id, rule.enabled_by, why)
+
+
+# -- the gate -----------------------------------------------------------------
+
+
+def admit(
+    context: Context,
+    endpoint: Endpoint,
+    headers: Headers,
+    *,
+    secure: bool = False,
+    path_params: Mapping[str, str] | None = None,
+    query_tokens: Iterable[bytes] = (),
+    framing: Callable[[], None] | None = None,
+    take_slot: bool = True,
+) -> Passed:
+    """
+    Decide one call through any door.
+
+    :param headers: lower-cased header names to their raw values.
+    :param secure: the door was reached over TLS (for the same-origin rule).
+    :param query_tokens: tokens the door read from its query string, where
+        it allows one.
+    :param framing: the door's own checks of its framing (the HTTP door's
+        query and ``Transfer-Encoding`` rules), run after the rate limit and
+        before Origin and Host, as SPEC §3 orders them.
+    :param take_slot: hold a concurrency slot until :func:`release`.
+    :raises Refused: carrying the error and what was known.
+    """
+    params = path_params or {}
+    rule = context.policy.rules[endpoint.id]
+    try:
+        identity = (
+            identify(context, headers, query_tokens)
+            if endpoint.auth_required
+            else Identity("anonymous", frozenset())
+        )
+    except ApiError as e:
+        raise Refused(e, endpoint, None, rule) from None
+    try:
+        if not rule.enabled:
+            raise _disabled(endpoint, rule)
+        if endpoint.auth_required:
+            lacking = lacking_scope(identity, rule, params)
+            if lacking is not None:
+                raise missing_scope(
+                    endpoint.id,
+                    lacking,
+                    rule.source("scopes") or "endpoint:" + endpoint.id,
+                )
+        limits = rule.limits
+        if limits.rate_per_minute is not None:
+            try:
+                context.rates.take(identity.id, endpoint.id, limits.rate_per_minute)
+            except ApiError as e:
+                e.extra.setdefault("rule", rule.source("limits.rate_per_minute"))
+                raise
+        if framing is not None:
+            framing()
+        check_origin_and_host(context, headers, secure)
+        slot = False
+        if take_slot:
+            try:
+                slot = context.gate.acquire(endpoint.id, limits.max_concurrency)
+            except ApiError as e:
+                e.extra.setdefault("rule", rule.source("limits.max_concurrency"))
+                raise
+    except ApiError as e:
+        raise Refused(e, endpoint, identity, rule) from None
+    return Passed(endpoint, identity, rule, slot)
+
+
+def release(context: Context, passed: Passed) -> None:
+    """Give back the concurrency slot a call held (idempotent)."""
+    if passed.slot:
+        passed.slot = False
+        context.gate.release(passed.endpoint.id)
+
+
+def may_use(context: Context, identity: Identity, endpoint: Endpoint) -> bool:
+    """
+    Whether ``identity`` may call ``endpoint`` now: enabled, and every scope
+    held (what MCP's ``tools/list`` and discovery's ``allowed`` show).
+    """
+    rule = context.policy.rules[endpoint.id]
+    if not rule.enabled:
+        return False
+    return not endpoint.auth_required or lacking_scope(identity, rule, {}) is None
+
+
+# -- the audit line -----------------------------------------------------------
+
+
+def audit(
+    context: Context,
+    *,
+    door: Door,
+    endpoint: Endpoint | None,
+    identity: Identity | None,
+    rule: EffectiveRule | None,
+    method: str,
+    path: str,
+    query: str,
+    status: int,
+    code: str | None,
+    decided_by: str | None,
+    started: float,
+    bytes_in: int = 0,
+    bytes_out: int = 0,
+    client: str = "",
+    extra: Mapping[str, object] | None = None,
+) -> None:
+    """
+    Write the audit line of one call (SPEC §11.5, §16), if the endpoint's
+    ``audit`` mode wants it (``deny`` when nothing matched).
+
+    :param decided_by: the rule that refused the call, if one did.
+    :param extra: door-specific fields (a tool name, a procedure).
+    """
+    mode = rule.audit if rule is not None else "deny"
+    if not should_record(mode, status):
+        return
+    record = make_record(
+        identity=identity.id if identity is not None else "-",
+        endpoint=endpoint.id if endpoint is not None else None,
+        method=method,
+        path=path,
+        query=query,
+        status=status,
+        code=str(code) if code is not None else None,
+        rule=decided_by,
+        started=started or time.monotonic(),
+        bytes_in=bytes_in,
+        bytes_out=bytes_out,
+        client=client,
+    )
+    record["via"] = str(door)
+    if extra:
+        record.update(extra)
+    context.audit.write(record)
+
+
+__all__ = [
+    "Door",
+    "Passed",
+    "Refused",
+    "admit",
+    "audit",
+    "check_origin_and_host",
+    "host_name",
+    "identify",
+    "is_loopback",
+    "lacking_scope",
+    "may_use",
+    "release",
+    "same_origin",
+]
