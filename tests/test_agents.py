@@ -701,7 +701,7 @@ class EndToEndTests(AgentsTestCase):
         InitializeRequest.model_validate(
             {
                 "protocolVersion": 1,
-                "clientCapabilities": session.client_capabilities(),
+                "clientCapabilities": session.handshake.client_capabilities(),
                 "clientInfo": {"name": "sandboxd", "version": "1"},
             }
         )

@@ -23,6 +23,7 @@ from twisted.internet.defer import Deferred, DeferredList
 
 from sandboxd.agents import catalog
 from sandboxd.agents.catalog import CatalogEntry
+from sandboxd.agents.configuration import check_mode
 from sandboxd.agents.handshake import agent_refused
 from sandboxd.agents.jsonrpc import ConnectionLost, RpcError
 from sandboxd.agents.permissions import HeldRequest
@@ -96,7 +97,10 @@ def check_mcp_servers(value: Any, rule: EffectiveRule) -> list[dict[str, Any]]:
 
 
 class AgentManager(Service):
-    """Every agent session of the daemon."""
+    """
+    Every agent session of the daemon (the
+    :class:`~sandboxd.agents.session.SessionOwner` of each).
+    """
 
     name = "agents"
 
@@ -212,15 +216,15 @@ class AgentManager(Service):
                 or "default:limits.max_sessions",
             )
         if load is None:
-            AgentSession.check_mode(body.get("mode"), rule)
+            check_mode(body.get("mode"), rule)
             if isinstance(body.get("config"), dict):
                 for value in body["config"].values():
                     if isinstance(value, str):
-                        AgentSession.check_mode(value, rule)
+                        check_mode(value, rule)
         session, executable = self._new_session(request, entry, body)
         self.sessions[session.session_id] = session
         try:
-            session.spawn(list(entry.command), executable)
+            session.handshake.spawn(list(entry.command), executable)
         except OSError as e:
             self.sessions.pop(session.session_id, None)
             raise ApiError(
@@ -229,12 +233,12 @@ class AgentManager(Service):
                 "RuntimeError",
                 "agent_unavailable",
             ) from None
-        await session.handshake(body, load)
+        await session.handshake.run(body, load)
         if load is None and any(
             body.get(k) is not None for k in ("mode", "model", "config")
         ):
             try:
-                await session.configure(
+                await session.configuration.configure(
                     {k: body.get(k) for k in ("mode", "model", "config")}, rule
                 )
             except ApiError:
@@ -256,7 +260,7 @@ class AgentManager(Service):
         }
         if load is None and body.get("prompt") is not None:
             blocks = build_prompt(session, body, rule)
-            out["turn_id"] = session.start_turn(blocks).turn_id
+            out["turn_id"] = session.turn_control.start(blocks).turn_id
         return out
 
     # -- transient agents (probe, session/list) --------------------------------
@@ -271,10 +275,10 @@ class AgentManager(Service):
         body = {"cwd": request.query.get("cwd")} if request.query.get("cwd") else {}
         session, executable = self._new_session(request, entry, body, transient=True)
         self._transient.add(session)
-        session.spawn(list(entry.command), executable)
+        session.handshake.spawn(list(entry.command), executable)
         out: dict[str, Any] = {}
         try:
-            await session.handshake(body, probe=True)
+            await session.handshake.run(body, probe=True)
             out = {
                 "protocol_version": session.protocol_version,
                 "agent_info": session.agent_info,

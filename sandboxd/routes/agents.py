@@ -27,7 +27,7 @@ from sandboxd.web.sse import SSEChannel, frame
 if TYPE_CHECKING:
     from sandboxd.agents.manager import AgentManager
     from sandboxd.agents.session import AgentSession
-    from sandboxd.agents.turns import Turn
+    from sandboxd.agents.state import Turn
 
 #: The longest a request may wait for a turn (``wait``), whatever it asks.
 MAX_WAIT_SECONDS = 600.0
@@ -304,7 +304,7 @@ def agents_session_get(request: ServerRequest) -> dict[str, Any]:
 async def agents_session_config(request: ServerRequest) -> dict[str, Any]:
     """Mode, model, config options, title."""
     session = session_of(request)
-    return await session.configure(request.body, request.rule)
+    return await session.configuration.configure(request.body, request.rule)
 
 
 async def agents_session_cancel(request: ServerRequest) -> dict[str, Any]:
@@ -312,7 +312,7 @@ async def agents_session_cancel(request: ServerRequest) -> dict[str, Any]:
     session = session_of(request)
     default_wait = defaults.AGENT_CANCEL_GRACE_SECONDS + defaults.KILL_GRACE_SECONDS
     wait = _number(request.body.get("wait"), "wait", default_wait) or 0.0
-    turn = session.cancel()
+    turn = session.turn_control.cancel()
     if turn is None:
         last = next(reversed(session.turns.values()), None) if session.turns else None
         return {
@@ -353,7 +353,7 @@ async def agents_prompt(request: ServerRequest) -> Any:
     from sandboxd.agents.manager import build_prompt
 
     blocks = build_prompt(session, request.body, request.rule)
-    turn = session.start_turn(blocks)
+    turn = session.turn_control.start(blocks)
     await _wait_turn(request, turn, wait)
     if turn.state == "running":
         return ServerResponse(
@@ -479,7 +479,7 @@ def agents_request_reply(request: ServerRequest) -> dict[str, Any]:
     if held is None:
         raise not_found(f"unknown request {request.path_params['request_id']!r}")
     session = manager(request).get(held.session_id)
-    return session.reply(held, request.body, request.identity.id, request.rule)
+    return session.held.reply(held, request.body, request.identity.id, request.rule)
 
 
 def agents_plan(request: ServerRequest) -> dict[str, Any]:
@@ -494,7 +494,7 @@ def agents_tool_calls(request: ServerRequest) -> dict[str, Any]:
     q = request.query
     return {
         "tool_calls": [
-            session.tool_call_view(tc)
+            session.updates.tool_call_view(tc)
             for tc in session.tool_calls.values()
             if (q.get("turn_id") is None or tc.get("turn_id") == q["turn_id"])
             and (q.get("status") is None or tc.get("status") == q["status"])
@@ -510,7 +510,7 @@ def agents_tool_call_get(request: ServerRequest) -> dict[str, Any]:
     if tc is None:
         raise not_found(f"unknown tool call {request.path_params['tool_call_id']!r}")
     unified = request.query.get("format") == "unified"
-    return session.tool_call_view(tc, full=True, unified=unified)
+    return session.updates.tool_call_view(tc, full=True, unified=unified)
 
 
 def agents_files(request: ServerRequest) -> dict[str, Any]:
@@ -520,7 +520,7 @@ def agents_files(request: ServerRequest) -> dict[str, Any]:
     with_diff = flag(request.query.get("diff"), "diff")
     return {
         "files": [
-            session.file_view(record, with_diff)
+            session.changes.file_view(record, with_diff)
             for record in session.files.values()
             if turn_id is None or turn_id in record["turn_ids"]
         ]
