@@ -14,7 +14,8 @@ record, idle timer) and the collaborators it owns, each given that state:
 :mod:`.terminalrequests` (the agent's ``terminal/*`` requests)),
 :mod:`.permissions` (the held-request record and the policy that answers
 it), :mod:`.terminals` (the agent's own commands, each a child) and
-:mod:`.manager` (the service owning every session).
+:mod:`.manager` (the service owning every session, which imports the rest
+only when the first agent starts).
 
 Imports point one way, from :mod:`.manager` down to :mod:`.state` and the
 leaves under it; no module names a type of a module above it.

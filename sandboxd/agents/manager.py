@@ -8,6 +8,11 @@ right user, no forbidden mode or MCP server), keeps the index of held
 permission requests and questions across sessions, runs the short-lived
 agent processes behind ``probe`` and ``session/list``, and on stop ends
 every agent's whole tree within a bound.
+
+The group is opt-in, so the service starts lazily: it is created with the
+daemon, but the ACP machinery (:mod:`.session` and the collaborators and
+framing under it) is imported when the first agent is started, never in a
+daemon that serves none.
 """
 
 from __future__ import annotations
@@ -16,24 +21,23 @@ import json
 import os
 import secrets
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.defer import Deferred, DeferredList, succeed
 
 from sandboxd.agents import catalog
 from sandboxd.agents.catalog import CatalogEntry
-from sandboxd.agents.configuration import check_mode
-from sandboxd.agents.handshake import agent_refused
-from sandboxd.agents.jsonrpc import ConnectionLost, RpcError
-from sandboxd.agents.permissions import HeldRequest
-from sandboxd.agents.session import AgentSession, within
 from sandboxd.errors import ApiError, forbidden, not_found
 from sandboxd.guard import PathGuard
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import resolve_user
 from sandboxd.processes.environment import child_environment, keep_only, validate_env
+
+if TYPE_CHECKING:
+    from sandboxd.agents.permissions import HeldRequest
+    from sandboxd.agents.session import AgentSession
 
 #: What an agent inherits from the daemon besides its ``env_pass`` keys.
 BASE_ENV = (
@@ -98,8 +102,8 @@ def check_mcp_servers(value: Any, rule: EffectiveRule) -> list[dict[str, Any]]:
 
 class AgentManager(Service):
     """
-    Every agent session of the daemon (the
-    :class:`~sandboxd.agents.session.SessionOwner` of each).
+    Every agent session of the daemon: the agents group's service
+    (:class:`~sandboxd.agents.session.SessionOwner` of each session).
     """
 
     name = "agents"
@@ -149,6 +153,8 @@ class AgentManager(Service):
         body: dict[str, Any],
         transient: bool = False,
     ) -> tuple[AgentSession, str]:
+        from sandboxd.agents.session import AgentSession
+
         rule: EffectiveRule = request.rule
         guard = PathGuard(rule)
         cwd = guard.cwd(body.get("cwd"))
@@ -201,6 +207,8 @@ class AgentManager(Service):
         self, request: Any, load: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """``agents_session_create`` / ``agents_session_load``."""
+        from sandboxd.agents.configuration import check_mode
+
         body = dict(request.body)
         rule: EffectiveRule = request.rule
         entry = catalog.find(self.context, rule, body.get("agent"))
@@ -272,6 +280,10 @@ class AgentManager(Service):
         Start the agent, ``initialize`` it (and make one more call), then
         end it: the catalogue's probe and ``session/list``.
         """
+        from sandboxd.agents.handshake import agent_refused
+        from sandboxd.agents.jsonrpc import ConnectionLost, RpcError
+        from sandboxd.agents.session import within
+
         body = {"cwd": request.query.get("cwd")} if request.query.get("cwd") else {}
         session, executable = self._new_session(request, entry, body, transient=True)
         self._transient.add(session)
@@ -318,8 +330,13 @@ class AgentManager(Service):
     def stopService(self) -> Deferred[Any]:
         """End every agent's whole tree: TERM now, KILL after the grace period."""
         super().stopService()  # type: ignore[no-untyped-call]
+        sessions = [*self.sessions.values(), *self._transient]
+        if not sessions:
+            return succeed(None)
+        from sandboxd.agents.session import within
+
         waits = []
-        for session in [*self.sessions.values(), *self._transient]:
+        for session in sessions:
             if session.process.pid is not None and not session.process.exited:
                 if session.state not in ("closing", "closed", "failed"):
                     session.set_state("closing")

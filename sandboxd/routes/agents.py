@@ -3,7 +3,8 @@
 Handlers of the ``agents`` group (SPEC §15.2): coding agents over ACP.
 
 The handlers are thin: they parse the request, find the session and hand
-over to :mod:`sandboxd.agents`; the session manager service lives in
+over to :mod:`sandboxd.agents`; the session manager service
+(:class:`~sandboxd.agents.manager.AgentManager`) lives in
 ``context.services["agents"]``.
 """
 
@@ -11,10 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from twisted.application.service import IService, Service
-from twisted.internet.defer import Deferred, succeed
+from twisted.application.service import IService
+from twisted.internet.defer import Deferred
 
 from sandboxd.agents import catalog
+from sandboxd.agents.manager import AgentManager, build_prompt
 from sandboxd.errors import ApiError, not_found
 from sandboxd.eventlog import Event, Follower, resume_point
 from sandboxd.policy import defaults
@@ -25,7 +27,6 @@ from sandboxd.web.params import flag
 from sandboxd.web.sse import SSEChannel, frame
 
 if TYPE_CHECKING:
-    from sandboxd.agents.manager import AgentManager
     from sandboxd.agents.session import AgentSession
     from sandboxd.agents.state import Turn
 
@@ -33,42 +34,10 @@ if TYPE_CHECKING:
 MAX_WAIT_SECONDS = 600.0
 
 
-class AgentsService(Service):
-    """
-    The agents group's service; the session manager is built on first use.
-
-    The group is opt-in: a daemon that never serves an agent never loads
-    the ACP machinery (about 1.4 MB of idle RSS).
-    """
-
-    name = "agents"
-
-    def __init__(self, context: Any) -> None:
-        self.context = context
-        self._manager: AgentManager | None = None
-
-    def get(self) -> AgentManager:
-        """The session manager, created (and started) when first needed."""
-        if self._manager is None:
-            from sandboxd.agents.manager import AgentManager
-
-            self._manager = AgentManager(self.context)
-            if self.running:
-                self._manager.startService()  # type: ignore[no-untyped-call]
-        return self._manager
-
-    def stopService(self) -> Deferred[Any]:
-        """Stop every agent session, if any was ever started."""
-        super().stopService()  # type: ignore[no-untyped-call]
-        if self._manager is None:
-            return succeed(None)
-        return self._manager.stopService()
-
-
 def manager(request: ServerRequest) -> AgentManager:
     """The group's session manager."""
-    service: AgentsService = request.context.services["agents"]
-    return service.get()
+    service: AgentManager = request.context.services["agents"]
+    return service
 
 
 def session_of(request: ServerRequest) -> AgentSession:
@@ -350,8 +319,6 @@ async def agents_prompt(request: ServerRequest) -> Any:
             "turn_in_progress",
             turn_id=session.current.turn_id,
         )
-    from sandboxd.agents.manager import build_prompt
-
     blocks = build_prompt(session, request.body, request.rule)
     turn = session.turn_control.start(blocks)
     await _wait_turn(request, turn, wait)
@@ -636,6 +603,6 @@ HANDLERS: dict[str, Any] = {
 
 def setup(context: Any) -> IService:
     """Create the session manager and publish it as ``services["agents"]``."""
-    service = AgentsService(context)
+    service = AgentManager(context)
     context.services["agents"] = service
     return service
