@@ -20,7 +20,8 @@ from acp.schema import (
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.task import deferLater
-from twisted.trial.unittest import SkipTest
+from twisted.internet.utils import getProcessOutputAndValue
+from twisted.trial.unittest import SkipTest, TestCase
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
@@ -543,7 +544,7 @@ class FramerTests(AgentsTestCase):
 
 def sent_recorder(test: AgentsTestCase, sid: str) -> list[dict[str, Any]]:
     """Record every message sandboxd writes to the session's agent."""
-    session = test.daemon.context.services["agents"].get().sessions[sid]
+    session = test.daemon.context.services["agents"].sessions[sid]
     sent: list[dict[str, Any]] = []
     write = session.conn._write
 
@@ -697,11 +698,11 @@ class EndToEndTests(AgentsTestCase):
     def test_initialize_and_new_session_are_valid_acp(self) -> Any:
         """The initialize and session/new params sandboxd sends validate against the SDK's models."""
         sid = yield self.session()
-        session = self.daemon.context.services["agents"].get().sessions[sid]
+        session = self.daemon.context.services["agents"].sessions[sid]
         InitializeRequest.model_validate(
             {
                 "protocolVersion": 1,
-                "clientCapabilities": session.client_capabilities(),
+                "clientCapabilities": session.handshake.client_capabilities(),
                 "clientInfo": {"name": "sandboxd", "version": "1"},
             }
         )
@@ -1180,6 +1181,51 @@ class ShutdownTests(AgentsTestCase):
         yield self.daemon.stop()
         self.assertFalse(is_alive(pid))
         yield self.start()
+
+
+#: Builds a daemon in a fresh interpreter and says what its agents service is.
+_LAZY_PROBE = """
+import json, sys
+from twisted.internet.testing import MemoryReactor
+from sandboxd.server import Settings, build
+daemon = build(Settings(port="tcp:0:interface=127.0.0.1", base_dir=sys.argv[1]),
+               MemoryReactor())
+agents = daemon.context.services["agents"]
+agents.startService()
+stopped = agents.stopService()
+print(json.dumps({
+    "service": type(agents).__module__ + "." + type(agents).__name__,
+    "loaded": sorted(m for m in sys.modules if m.startswith("sandboxd.agents.")),
+    "stopped": stopped.called,
+}))
+"""
+
+
+class LazyStartTests(TestCase):
+    """The agents group costs a daemon that serves no agent almost nothing."""
+
+    timeout = 60
+
+    @inlineCallbacks
+    def test_no_acp_machinery_until_an_agent_starts(self) -> Any:
+        """
+        ``services["agents"]`` is the session manager itself; a daemon built
+        and stopped without an agent loads only the catalogue and the
+        manager, never the session, its collaborators or the JSON-RPC
+        framing, and its stop is immediate.
+        """
+        base = self.mktemp()
+        os.makedirs(base)
+        stdout, stderr, code = yield getProcessOutputAndValue(
+            sys.executable, ["-c", _LAZY_PROBE, base], env=dict(os.environ)
+        )
+        self.assertEqual(code, 0, stderr.decode())
+        found = json.loads(stdout)
+        self.assertEqual(found["service"], "sandboxd.agents.manager.AgentManager")
+        self.assertEqual(
+            found["loaded"], ["sandboxd.agents.catalog", "sandboxd.agents.manager"]
+        )
+        self.assertTrue(found["stopped"])
 
 
 class IdleTests(AgentsTestCase):

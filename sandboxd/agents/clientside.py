@@ -15,9 +15,7 @@ import hashlib
 import os
 from typing import Any
 
-import attrs
-
-from sandboxd.agents.filechanges import PRE_IMAGE_BYTES
+from sandboxd.agents.filechanges import PRE_IMAGE_BYTES, FileChanges, Written
 from sandboxd.agents.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -25,6 +23,7 @@ from sandboxd.agents.jsonrpc import (
     RESOURCE_NOT_FOUND,
     RpcError,
 )
+from sandboxd.agents.state import SessionState
 from sandboxd.agents.updates import UpdateFolding
 from sandboxd.errors import ApiError
 from sandboxd.files.atomic import AtomicWrite
@@ -106,17 +105,6 @@ def _read_guarded(guard: PathGuard, path: str, cap: int) -> bytes | None:
         return b"".join(chunks)
 
 
-@attrs.frozen
-class Written:
-    """What a served ``fs/write_text_file`` did."""
-
-    path: str
-    bytes: int
-    sha256: str
-    created: bool
-    old_text: str | None
-
-
 def write_text_file(
     rule: EffectiveRule, params: Any, cap: int, owner: tuple[int, int] | None
 ) -> Written:
@@ -173,30 +161,45 @@ def write_text_file(
     )
 
 
-class FileRequests(UpdateFolding):
-    """The session's ``fs/*`` handlers: the ``client_fs`` gate and the record."""
+class FileRequests:
+    """
+    The session's ``fs/*`` handlers: the ``client_fs`` gate, and each
+    written file recorded in ``changes`` under the tool call ``updates``
+    names for it.
+    """
 
-    def _fs_read(self, rpc_id: Any, params: dict[str, Any]) -> Any:
-        if self.rule.params.client_fs not in ("read", "read_write"):
+    def __init__(
+        self, session: SessionState, updates: UpdateFolding, changes: FileChanges
+    ) -> None:
+        self.session = session
+        self.updates = updates
+        self.changes = changes
+
+    def read(self, rpc_id: Any, params: dict[str, Any]) -> Any:
+        """``fs/read_text_file``."""
+        s = self.session
+        if s.rule.params.client_fs not in ("read", "read_write"):
             raise RpcError(METHOD_NOT_FOUND, "Method not found: fs/read_text_file")
-        cap = self.rule.limits.max_bytes or self.max_message_bytes // 2
-        return read_text_file(self.rule, params, cap)
+        cap = s.rule.limits.max_bytes or s.max_message_bytes // 2
+        return read_text_file(s.rule, params, cap)
 
-    def _fs_write(self, rpc_id: Any, params: dict[str, Any]) -> Any:
-        if self.rule.params.client_fs != "read_write":
+    def write(self, rpc_id: Any, params: dict[str, Any]) -> Any:
+        """``fs/write_text_file``."""
+        s = self.session
+        if s.rule.params.client_fs != "read_write":
             raise RpcError(METHOD_NOT_FOUND, "Method not found: fs/write_text_file")
-        cap = self.rule.limits.max_bytes or self.max_message_bytes
-        owner = (self.run_as.uid, self.run_as.gid) if self.run_as else None
-        written = write_text_file(self.rule, params, cap, owner)
-        tool_call_id = self._active_tool_call(written.path, params.get("path"))
-        self._file(
+        cap = s.rule.limits.max_bytes or s.max_message_bytes
+        owner = (s.run_as.uid, s.run_as.gid) if s.run_as else None
+        written = write_text_file(s.rule, params, cap, owner)
+        tool_call_id = self.updates.active_tool_call(written.path, params.get("path"))
+        self.changes.record(
             written.path,
             "created" if written.created else "modified",
             "fs_write",
             tool_call_id,
             written=written,
         )
-        self.emit(
+        s.emit(
             "file.written",
             path=written.path,
             bytes=written.bytes,

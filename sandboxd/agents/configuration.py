@@ -16,41 +16,43 @@ from sandboxd.errors import ApiError, forbidden
 from sandboxd.policy.rules import EffectiveRule
 
 
-class Configuration(SessionState):
-    """Changing what the agent runs with."""
+def check_mode(mode: Any, rule: EffectiveRule) -> None:
+    """403 ``param_not_allowed`` for a mode the policy forbids."""
+    if mode is None:
+        return
+    if not isinstance(mode, str):
+        raise ApiError(400, "'mode' must be a string", "ValueError", "invalid_param")
+    params = rule.params
+    if mode in params.deny_modes:
+        raise forbidden(
+            f"the mode {mode!r} skips permission requests and is not allowed",
+            "param_not_allowed",
+            rule=rule.source("params.deny_modes") or "default:params.deny_modes",
+        )
+    if params.allow_modes is not None and mode not in params.allow_modes:
+        raise forbidden(
+            f"the mode {mode!r} is not in the allowed list",
+            "param_not_allowed",
+            rule=rule.source("params.allow_modes"),
+        )
 
-    @staticmethod
-    def check_mode(mode: Any, rule: EffectiveRule) -> None:
-        """403 ``param_not_allowed`` for a mode the policy forbids."""
-        if mode is None:
-            return
-        if not isinstance(mode, str):
-            raise ApiError(
-                400, "'mode' must be a string", "ValueError", "invalid_param"
-            )
-        params = rule.params
-        if mode in params.deny_modes:
-            raise forbidden(
-                f"the mode {mode!r} skips permission requests and is not allowed",
-                "param_not_allowed",
-                rule=rule.source("params.deny_modes") or "default:params.deny_modes",
-            )
-        if params.allow_modes is not None and mode not in params.allow_modes:
-            raise forbidden(
-                f"the mode {mode!r} is not in the allowed list",
-                "param_not_allowed",
-                rule=rule.source("params.allow_modes"),
-            )
+
+class Configuration:
+    """Changing what the agent runs with: the session's modes, models, options, title."""
+
+    def __init__(self, session: SessionState) -> None:
+        self.session = session
 
     async def configure(
         self, body: dict[str, Any], rule: EffectiveRule
     ) -> dict[str, Any]:
         """``mode``, ``model``, ``config`` and ``title``, in that order."""
+        s = self.session
         mode = body.get("mode")
         model = body.get("model")
         config = body.get("config")
         title = body.get("title")
-        self.check_mode(mode, rule)
+        check_mode(mode, rule)
         if config is not None and not isinstance(config, dict):
             raise ApiError(
                 400,
@@ -60,33 +62,33 @@ class Configuration(SessionState):
             )
         for value in (config or {}).values():
             if isinstance(value, str):
-                self.check_mode(value, rule)
+                check_mode(value, rule)
         if title is not None and not isinstance(title, str):
             raise ApiError(
                 400, "'title' must be a string", "ValueError", "invalid_param"
             )
-        self.require_live()
+        s.require_live()
         try:
             if mode is not None:
                 available = [
                     m.get("id")
-                    for m in (self.modes or {}).get("availableModes", [])
+                    for m in (s.modes or {}).get("availableModes", [])
                     if isinstance(m, dict)
                 ]
-                if self.modes is not None and mode not in available:
+                if s.modes is not None and mode not in available:
                     raise ApiError(
                         400,
                         f"unknown mode {mode!r}; available: {', '.join(map(str, available))}",
                         "ValueError",
                         "invalid_param",
                     )
-                await self.conn.request(
+                await s.conn.request(
                     "session/set_mode",
-                    {"sessionId": self.acp_session_id, "modeId": mode},
+                    {"sessionId": s.acp_session_id, "modeId": mode},
                 )
-                if self.modes is not None:
-                    self.modes = {**self.modes, "currentModeId": mode}
-                self.emit("mode", current_mode_id=mode, by="client")
+                if s.modes is not None:
+                    s.modes = {**s.modes, "currentModeId": mode}
+                s.emit("mode", current_mode_id=mode, by="client")
             if model is not None:
                 if not isinstance(model, str):
                     raise ApiError(
@@ -95,7 +97,7 @@ class Configuration(SessionState):
                 option = next(
                     (
                         o
-                        for o in self.config_options or []
+                        for o in s.config_options or []
                         if isinstance(o, dict) and o.get("category") == "model"
                     ),
                     None,
@@ -104,9 +106,12 @@ class Configuration(SessionState):
                     await self._set_option(option["id"], model)
                 else:
                     try:
-                        await self.conn.request(
+                        await s.conn.request(
                             "session/set_model",
-                            {"sessionId": self.acp_session_id, "modelId": model},
+                            {
+                                "sessionId": s.acp_session_id,
+                                "modelId": model,
+                            },
                         )
                     except RpcError as e:
                         if e.code == METHOD_NOT_FOUND:
@@ -117,8 +122,11 @@ class Configuration(SessionState):
                                 "invalid_param",
                             ) from None
                         raise
-                    if self.models is not None:
-                        self.models = {**self.models, "currentModelId": model}
+                    if s.models is not None:
+                        s.models = {
+                            **s.models,
+                            "currentModelId": model,
+                        }
             for config_id, value in (config or {}).items():
                 await self._set_option(config_id, value)
         except RpcError as e:
@@ -128,25 +136,26 @@ class Configuration(SessionState):
                 503, "the agent has exited", "RuntimeError", "agent_unavailable"
             ) from None
         if title is not None:
-            self.title = title
-            self.emit("session.info", title=title, by="client")
+            s.title = title
+            s.emit("session.info", title=title, by="client")
         return {
-            "modes": self.modes,
-            "config_options": self.config_options,
-            "models": self.models,
-            "title": self.title,
+            "modes": s.modes,
+            "config_options": s.config_options,
+            "models": s.models,
+            "title": s.title,
         }
 
     async def _set_option(self, config_id: Any, value: Any) -> None:
+        s = self.session
         option = next(
             (
                 o
-                for o in self.config_options or []
+                for o in s.config_options or []
                 if isinstance(o, dict) and o.get("id") == config_id
             ),
             None,
         )
-        if self.config_options is not None and option is None:
+        if s.config_options is not None and option is None:
             raise ApiError(
                 400,
                 f"unknown config option {config_id!r}",
@@ -154,13 +163,13 @@ class Configuration(SessionState):
                 "invalid_param",
             )
         params: dict[str, Any] = {
-            "sessionId": self.acp_session_id,
+            "sessionId": s.acp_session_id,
             "configId": config_id,
             "value": value,
         }
         if isinstance(value, bool):
             params["type"] = "boolean"
-        result = await self.conn.request("session/set_config_option", params)
+        result = await s.conn.request("session/set_config_option", params)
         if isinstance(result, dict) and isinstance(result.get("configOptions"), list):
-            self.config_options = result["configOptions"]
-        self.emit("config", config_options=self.config_options, by="client")
+            s.config_options = result["configOptions"]
+        s.emit("config", config_options=s.config_options, by="client")

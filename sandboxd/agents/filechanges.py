@@ -8,21 +8,35 @@ per path with the pre-image kept for a diff.
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import attrs
 
 from sandboxd.agents.state import SessionState, bounded_put
-
-if TYPE_CHECKING:
-    from sandboxd.agents.clientside import Written
 
 #: Pre-images kept for diffs are capped like ``git_diff`` output (SPEC §13).
 PRE_IMAGE_BYTES = 10**6
 
 
-class FileChanges(SessionState):
-    """Which files the agent changed, and their diffs."""
+@attrs.frozen
+class Written:
+    """What a served ``fs/write_text_file`` did."""
 
-    def _note_changes(self, snapshot: dict[str, Any]) -> None:
+    path: str
+    bytes: int
+    sha256: str
+    created: bool
+    old_text: str | None
+
+
+class FileChanges:
+    """Which files the agent changed, and their diffs: the session's ``files``."""
+
+    def __init__(self, session: SessionState) -> None:
+        self.session = session
+
+    def note_changes(self, snapshot: dict[str, Any]) -> None:
+        """The paths a tool call's snapshot edits, deletes or moves."""
         for item in snapshot.get("content") or []:
             if (
                 isinstance(item, dict)
@@ -30,7 +44,7 @@ class FileChanges(SessionState):
                 and isinstance(item.get("path"), str)
             ):
                 change = "created" if item.get("oldText") is None else "modified"
-                self._file(
+                self.record(
                     item["path"],
                     change,
                     "diff",
@@ -42,11 +56,11 @@ class FileChanges(SessionState):
             change = {"edit": "modified", "delete": "deleted", "move": "moved"}[kind]
             for location in snapshot.get("locations") or []:
                 if isinstance(location, dict) and isinstance(location.get("path"), str):
-                    self._file(
+                    self.record(
                         location["path"], change, "location", snapshot["toolCallId"]
                     )
 
-    def _file(
+    def record(
         self,
         path: str,
         change: str,
@@ -55,7 +69,9 @@ class FileChanges(SessionState):
         diff: tuple[Any, Any] | None = None,
         written: Written | None = None,
     ) -> None:
-        record = self.files.get(path)
+        """Add what ``source`` says of ``path`` to its record."""
+        files = self.session.files
+        record = files.get(path)
         if record is None:
             record = {
                 "path": path,
@@ -69,7 +85,7 @@ class FileChanges(SessionState):
                 "new_text": None,
                 "had_pre_image": False,
             }
-            bounded_put(self.files, path, record)
+            bounded_put(files, path, record)
         elif source != "location" or record["change"] not in ("created",):
             if not (record["change"] == "created" and change == "modified"):
                 record["change"] = change
@@ -77,7 +93,7 @@ class FileChanges(SessionState):
             record["sources"].append(source)
         if tool_call_id and tool_call_id not in record["tool_call_ids"]:
             record["tool_call_ids"].append(tool_call_id)
-        turn_id = self.current.turn_id if self.current else None
+        turn_id = self.session.current_turn_id
         if turn_id and turn_id not in record["turn_ids"]:
             record["turn_ids"].append(turn_id)
         if diff is not None and not record["had_pre_image"]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from sandboxd.agents.jsonrpc import INTERNAL_ERROR, ConnectionLost, RpcError
-from sandboxd.agents.state import SessionState
+from sandboxd.agents.state import IdleTimer, SessionState
 from sandboxd.errors import ApiError
 
 CLIENT_INFO = {"name": "sandboxd", "title": "sandboxd", "version": "1"}
@@ -30,34 +30,43 @@ def agent_refused(what: str, error: RpcError, **extra: Any) -> ApiError:
     )
 
 
-class Handshake(SessionState):
-    """The agent child's start and the ACP handshake."""
+class Handshake:
+    """
+    The agent child's start and the ACP handshake: what it answers becomes
+    the session's capabilities, modes and models; the ``idle`` timer starts
+    once it is done.
+    """
+
+    def __init__(self, session: SessionState, idle: IdleTimer) -> None:
+        self.session = session
+        self.idle = idle
+        self._timed_out = False
 
     def spawn(self, argv: list[str], executable: str) -> None:
         """Start the agent child."""
-        self.process.spawn(executable, argv, self.env, self.cwd, self.run_as)
-        self.emit(
-            "session.state", state="starting", agent=self.entry.id, pid=self.process.pid
-        )
+        s = self.session
+        s.process.spawn(executable, argv, s.env, s.cwd, s.run_as)
+        s.emit("session.state", state="starting", agent=s.entry.id, pid=s.process.pid)
 
     def client_capabilities(self) -> dict[str, Any]:
         """What sandboxd offers the agent, from ``client_fs``/``client_terminal``."""
-        fs_mode = self.rule.params.client_fs
+        fs_mode = self.session.rule.params.client_fs
         return {
             "fs": {
                 "readTextFile": fs_mode in ("read", "read_write"),
                 "writeTextFile": fs_mode == "read_write",
             },
-            "terminal": bool(self.rule.params.client_terminal),
+            "terminal": bool(self.session.rule.params.client_terminal),
             "elicitation": {"form": {}},
         }
 
     def _agent_failure(self, failure_value: Exception, step: str) -> ApiError:
-        tail = self.stderr.tail_text(2000)
-        if self._init_timed_out:
+        s = self.session
+        tail = s.stderr.tail_text(2000)
+        if self._timed_out:
             return ApiError(
                 504,
-                f"the agent did not answer {step} within {self.rule.limits.init_timeout_seconds} s",
+                f"the agent did not answer {step} within {s.rule.limits.init_timeout_seconds} s",
                 "TimeoutError",
                 "agent_timeout",
                 stderr_tail=tail,
@@ -68,16 +77,16 @@ class Handshake(SessionState):
             502,
             f"the agent exited during {step}"
             + (
-                f": {self.error['message']}"
-                if self.error
-                else f" (exit code {self.process.exit_code})"
+                f": {s.error['message']}"
+                if s.error
+                else f" (exit code {s.process.exit_code})"
             ),
             "RuntimeError",
             "agent_error",
             stderr_tail=tail,
         )
 
-    async def handshake(
+    async def run(
         self,
         body: dict[str, Any],
         load: dict[str, Any] | None = None,
@@ -88,11 +97,12 @@ class Handshake(SessionState):
         ``session/load``/``session/resume``), all within
         ``init_timeout_seconds``; past it the tree is killed (504).
         """
-        timeout = self.rule.limits.init_timeout_seconds or 30
-        timer = self.reactor.callLater(timeout, self._init_timeout)
+        s = self.session
+        timeout = s.rule.limits.init_timeout_seconds or 30
+        timer = s.reactor.callLater(timeout, self._init_timeout)
         step = "initialize"
         try:
-            init = await self.conn.request(
+            init = await s.conn.request(
                 "initialize",
                 {
                     "protocolVersion": PROTOCOL_VERSION,
@@ -101,73 +111,72 @@ class Handshake(SessionState):
                 },
             )
             init = init if isinstance(init, dict) else {}
-            self.protocol_version = init.get("protocolVersion")
-            self.agent_info = init.get("agentInfo")
+            s.protocol_version = init.get("protocolVersion")
+            s.agent_info = init.get("agentInfo")
             caps = init.get("agentCapabilities")
-            self.capabilities = caps if isinstance(caps, dict) else {}
+            s.capabilities = caps if isinstance(caps, dict) else {}
             methods = init.get("authMethods")
-            self.auth_methods = methods if isinstance(methods, list) else []
+            s.auth_methods = methods if isinstance(methods, list) else []
             if probe:
                 return
-            if self.entry.auth_method and any(
-                isinstance(m, dict) and m.get("id") == self.entry.auth_method
-                for m in self.auth_methods
+            if s.entry.auth_method and any(
+                isinstance(m, dict) and m.get("id") == s.entry.auth_method
+                for m in s.auth_methods
             ):
                 step = "authenticate"
-                await self.conn.request(
-                    "authenticate", {"methodId": self.entry.auth_method}
-                )
+                await s.conn.request("authenticate", {"methodId": s.entry.auth_method})
             params: dict[str, Any] = {
-                "cwd": self.cwd,
+                "cwd": s.cwd,
                 "mcpServers": body.get("mcp_servers") or [],
             }
             if body.get("additional_directories"):
                 params["additionalDirectories"] = body["additional_directories"]
             if load is None:
                 step = "session/new"
-                result = await self.conn.request("session/new", params)
+                result = await s.conn.request("session/new", params)
                 result = result if isinstance(result, dict) else {}
-                self.acp_session_id = str(result.get("sessionId") or "")
-                if not self.acp_session_id:
+                s.acp_session_id = str(result.get("sessionId") or "")
+                if not s.acp_session_id:
                     raise RpcError(INTERNAL_ERROR, "session/new returned no sessionId")
             else:
-                self.acp_session_id = load["acp_session_id"]
-                params["sessionId"] = self.acp_session_id
+                s.acp_session_id = load["acp_session_id"]
+                params["sessionId"] = s.acp_session_id
                 if load["replay"]:
                     step = "session/load"
-                    self.replaying = True
+                    s.replaying = True
                     try:
-                        result = await self.conn.request("session/load", params)
+                        result = await s.conn.request("session/load", params)
                     finally:
-                        self.replaying = False
-                        self._chunk_key = None
+                        s.replaying = False
+                        s.chunk_key = None
                 else:
                     step = "session/resume"
-                    result = await self.conn.request("session/resume", params)
+                    result = await s.conn.request("session/resume", params)
                 result = result if isinstance(result, dict) else {}
             self._take_session_result(result)
         except (RpcError, ConnectionLost) as e:
             error = self._agent_failure(e, step)
-            self.fail({"code": error.code, "message": error.message})
+            s.fail({"code": error.code, "message": error.message})
             raise error from None
         finally:
             if timer.active():
                 timer.cancel()
-        self.set_state("idle")
-        self._touch()
+        s.set_state("idle")
+        self.idle.touch()
 
     def _take_session_result(self, result: dict[str, Any]) -> None:
+        s = self.session
         if isinstance(result.get("modes"), dict):
-            self.modes = result["modes"]
+            s.modes = result["modes"]
         if isinstance(result.get("configOptions"), list):
-            self.config_options = result["configOptions"]
+            s.config_options = result["configOptions"]
         if isinstance(result.get("models"), dict):
-            self.models = result["models"]
+            s.models = result["models"]
 
     def _init_timeout(self) -> None:
-        self._init_timed_out = True
-        self.error = {
+        self._timed_out = True
+        self.session.error = {
             "code": "agent_timeout",
             "message": "the agent did not start in time",
         }
-        self.process.kill()
+        self.session.process.kill()

@@ -10,7 +10,7 @@ agent withdraws them.  The record and the policy that decides are in
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred
 
@@ -23,18 +23,39 @@ from sandboxd.agents.permissions import (
     new_request_id,
     path_refusal,
 )
+from sandboxd.agents.state import SessionState
 from sandboxd.agents.updates import UpdateFolding
 from sandboxd.errors import ApiError, forbidden
 from sandboxd.policy.rules import EffectiveRule
 
-if TYPE_CHECKING:
-    from sandboxd.agents.turns import Turn
+
+class HeldHost(Protocol):
+    """What held requests call back in the session that holds them."""
+
+    def register_request(self, held: HeldRequest) -> None:
+        """Index a new held request (``/agents/requests`` lists it)."""
+
+    def cancel_turn(self, forced_by: str) -> None:
+        """Cancel the running turn (a permission timeout may)."""
 
 
-class HeldRequests(UpdateFolding):
-    """Permission requests and questions, from held to answered."""
+class HeldRequests:
+    """
+    Permission requests and questions, from held to answered: the
+    session's ``pending`` requests.  The agent's tool call named in a
+    permission request is merged through ``updates``.
+    """
+
+    def __init__(
+        self, session: SessionState, updates: UpdateFolding, host: HeldHost
+    ) -> None:
+        self.session = session
+        self.updates = updates
+        self.host = host
+        self._by_rpc: dict[Any, HeldRequest] = {}
 
     def _hold(self, held: HeldRequest) -> Deferred[Any]:
+        s = self.session
         d: Deferred[Any] = Deferred()
 
         def answer(result: dict[str, Any]) -> None:
@@ -42,11 +63,11 @@ class HeldRequests(UpdateFolding):
                 d.callback(result)
 
         held.answer = answer
-        self.pending[held.request_id] = held
-        self._held_by_rpc[held.rpc_id] = held
-        self.manager.register_request(held)
-        if self.state == "running":
-            self.set_state("awaiting_input")
+        s.pending[held.request_id] = held
+        self._by_rpc[held.rpc_id] = held
+        self.host.register_request(held)
+        if s.state == "running":
+            s.set_state("awaiting_input")
         return d
 
     def _resolve(
@@ -66,8 +87,9 @@ class HeldRequests(UpdateFolding):
         held.by = by
         if held.timer is not None and held.timer.active():
             held.timer.cancel()
-        self.pending.pop(held.request_id, None)
-        self._held_by_rpc.pop(held.rpc_id, None)
+        s = self.session
+        s.pending.pop(held.request_id, None)
+        self._by_rpc.pop(held.rpc_id, None)
         if send:
             held.answer(result if result is not None else {"outcome": outcome})
         fields: dict[str, Any] = {"request_id": held.request_id, "by": by}
@@ -78,23 +100,24 @@ class HeldRequests(UpdateFolding):
             fields["option_id"] = outcome.get("optionId")
             if held.policy:
                 fields["rule"] = held.policy.get("rule")
-            tc = self.tool_calls.get((held.tool_call or {}).get("toolCallId", ""))
+            tc = s.tool_calls.get((held.tool_call or {}).get("toolCallId", ""))
             if tc is not None:
                 tc["permission"].append({"request_id": held.request_id, **fields})
-            self.emit("permission.resolved", turn_id=held.turn_id, **fields)
+            s.emit("permission.resolved", turn_id=held.turn_id, **fields)
         else:
             fields["action"] = outcome.get("action")
-            self.emit("question.resolved", turn_id=held.turn_id, **fields)
-        if not self.pending and self.state == "awaiting_input":
-            self.set_state("running")
+            s.emit("question.resolved", turn_id=held.turn_id, **fields)
+        if not s.pending and s.state == "awaiting_input":
+            s.set_state("running")
 
-    def _withdraw(self, held: HeldRequest) -> None:
+    def withdraw(self, held: HeldRequest) -> None:
         """The agent took the request back (or exited): no answer is sent."""
         self._resolve(
             held, {"outcome": "cancelled"}, "withdrawn", send=False, state="withdrawn"
         )
 
-    def _resolve_cancelled(self, held: HeldRequest, by: str) -> None:
+    def resolve_cancelled(self, held: HeldRequest, by: str) -> None:
+        """Answer a held request cancelled (the turn it belongs to ended)."""
         if held.kind == "permission":
             self._resolve(held, {"outcome": "cancelled"}, by)
         else:
@@ -208,29 +231,31 @@ class HeldRequests(UpdateFolding):
         self._resolve(held, outcome, "identity", identity)
         return {"request_id": held.request_id, "state": held.state, "outcome": outcome}
 
-    def _permission(self, rpc_id: Any, params: dict[str, Any]) -> Any:
+    def permission(self, rpc_id: Any, params: dict[str, Any]) -> Any:
+        """``session/request_permission``: decided by the policy, or held."""
+        s = self.session
         raw_update = params.get("toolCall")
         update: dict[str, Any] = raw_update if isinstance(raw_update, dict) else {}
         options = [o for o in params.get("options") or [] if isinstance(o, dict)]
         tool_call_id = update.get("toolCallId")
         if isinstance(tool_call_id, str):
             merged = {**update, "sessionUpdate": "tool_call_update"}
-            self._tool_call(merged, None, new=False)
-            tool_call = dict(self.tool_calls.get(tool_call_id) or update)
+            self.updates.tool_call(merged, None, new=False)
+            tool_call = dict(s.tool_calls.get(tool_call_id) or update)
         else:
             tool_call = dict(update)
         held = self._new_held(
             "permission", rpc_id, tool_call=tool_call, options=options
         )
-        refusal = path_refusal(self.rule, tool_call)
+        refusal = path_refusal(s.rule, tool_call)
         if refusal is not None:
             decision, source = "deny", refusal.extra.get("rule") or "guard"
             held.policy = {"decision": "deny", "rule": source, "code": refusal.code}
         else:
-            decision, source = mode_for(self.rule, tool_call.get("kind"))
+            decision, source = mode_for(s.rule, tool_call.get("kind"))
             held.policy = {"decision": decision, "rule": source}
         d = self._hold(held)
-        self.emit(
+        s.emit(
             "permission.requested",
             raw=params,
             request_id=held.request_id,
@@ -258,14 +283,15 @@ class HeldRequests(UpdateFolding):
 
     def _new_held(self, kind: str, rpc_id: Any, **fields: Any) -> HeldRequest:
         """A held permission request or question, with its deadline."""
+        s = self.session
         now = time.time()
-        timeout = self.rule.limits.permission_timeout_seconds
+        timeout = s.rule.limits.permission_timeout_seconds
         return HeldRequest(
             request_id=new_request_id(),
             kind=kind,
-            session_id=self.session_id,
+            session_id=s.session_id,
             rpc_id=rpc_id,
-            turn_id=self.current.turn_id if self.current else None,
+            turn_id=s.current_turn_id,
             created_at=now,
             deadline=now + timeout if timeout else None,
             answer=lambda result: None,
@@ -274,15 +300,17 @@ class HeldRequests(UpdateFolding):
 
     def _arm_timeout(self, held: HeldRequest) -> None:
         """Answer for the human once ``permission_timeout_seconds`` passes."""
-        timeout = self.rule.limits.permission_timeout_seconds
+        timeout = self.session.rule.limits.permission_timeout_seconds
         if timeout:
-            held.timer = self.reactor.callLater(timeout, self._permission_timeout, held)
+            held.timer = self.session.reactor.callLater(
+                timeout, self._permission_timeout, held
+            )
 
     def _permission_timeout(self, held: HeldRequest) -> None:
         held.timer = None
         if held.state != "pending":
             return
-        action = self.rule.params.permission_timeout_action
+        action = self.session.rule.params.permission_timeout_action
         if held.kind == "question":
             self._resolve(
                 held, {"action": "cancel"}, "timeout", result={"action": "cancel"}
@@ -290,7 +318,7 @@ class HeldRequests(UpdateFolding):
             return
         if action == "cancel_turn":
             self._resolve(held, {"outcome": "cancelled"}, "timeout")
-            self.cancel("permission_timeout")
+            self.host.cancel_turn("permission_timeout")
             return
         self._reject(held, "timeout")
 
@@ -304,7 +332,8 @@ class HeldRequests(UpdateFolding):
         else:
             self._resolve(held, {"outcome": "cancelled"}, by)
 
-    def _question(self, rpc_id: Any, params: dict[str, Any]) -> Any:
+    def question(self, rpc_id: Any, params: dict[str, Any]) -> Any:
+        """``elicitation/create``: a question held for a human."""
         held = self._new_held(
             "question",
             rpc_id,
@@ -315,7 +344,7 @@ class HeldRequests(UpdateFolding):
             policy={"decision": "ask", "rule": None},
         )
         d = self._hold(held)
-        self.emit(
+        self.session.emit(
             "question.requested",
             raw=params,
             request_id=held.request_id,
@@ -326,18 +355,15 @@ class HeldRequests(UpdateFolding):
         self._arm_timeout(held)
         return d
 
-    def _cancel_request(self, rpc_id: Any) -> None:
-        held = self._held_by_rpc.get(rpc_id)
+    def cancel_request(self, rpc_id: Any) -> None:
+        """``$/cancel_request``: the agent takes back one of its requests."""
+        held = self._by_rpc.get(rpc_id)
         if held is not None:
-            self._withdraw(held)
-            self.conn.respond_error(
+            self.withdraw(held)
+            self.session.conn.respond_error(
                 rpc_id, RpcError(REQUEST_CANCELLED, "request cancelled")
             )
             return
-        waiter = self._rpc_waiters.pop(rpc_id, None)
+        waiter = self.session.rpc_waiters.pop(rpc_id, None)
         if waiter is not None and not waiter.called:
             waiter.errback(RpcError(REQUEST_CANCELLED, "request cancelled"))
-
-    if TYPE_CHECKING:
-        # TurnControl's: a permission timeout may cancel the turn.
-        def cancel(self, forced_by: str | None = None) -> Turn | None: ...

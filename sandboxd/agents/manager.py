@@ -8,6 +8,11 @@ right user, no forbidden mode or MCP server), keeps the index of held
 permission requests and questions across sessions, runs the short-lived
 agent processes behind ``probe`` and ``session/list``, and on stop ends
 every agent's whole tree within a bound.
+
+The group is opt-in, so the service starts lazily: it is created with the
+daemon, but the ACP machinery (:mod:`.session` and the collaborators and
+framing under it) is imported when the first agent is started, never in a
+daemon that serves none.
 """
 
 from __future__ import annotations
@@ -16,23 +21,23 @@ import json
 import os
 import secrets
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.defer import Deferred, DeferredList, succeed
 
 from sandboxd.agents import catalog
 from sandboxd.agents.catalog import CatalogEntry
-from sandboxd.agents.handshake import agent_refused
-from sandboxd.agents.jsonrpc import ConnectionLost, RpcError
-from sandboxd.agents.permissions import HeldRequest
-from sandboxd.agents.session import AgentSession, within
 from sandboxd.errors import ApiError, forbidden, not_found
 from sandboxd.guard import PathGuard
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import resolve_user
 from sandboxd.processes.environment import child_environment, keep_only, validate_env
+
+if TYPE_CHECKING:
+    from sandboxd.agents.permissions import HeldRequest
+    from sandboxd.agents.session import AgentSession
 
 #: What an agent inherits from the daemon besides its ``env_pass`` keys.
 BASE_ENV = (
@@ -96,7 +101,10 @@ def check_mcp_servers(value: Any, rule: EffectiveRule) -> list[dict[str, Any]]:
 
 
 class AgentManager(Service):
-    """Every agent session of the daemon."""
+    """
+    Every agent session of the daemon: the agents group's service
+    (:class:`~sandboxd.agents.session.SessionOwner` of each session).
+    """
 
     name = "agents"
 
@@ -145,6 +153,8 @@ class AgentManager(Service):
         body: dict[str, Any],
         transient: bool = False,
     ) -> tuple[AgentSession, str]:
+        from sandboxd.agents.session import AgentSession
+
         rule: EffectiveRule = request.rule
         guard = PathGuard(rule)
         cwd = guard.cwd(body.get("cwd"))
@@ -197,6 +207,8 @@ class AgentManager(Service):
         self, request: Any, load: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         """``agents_session_create`` / ``agents_session_load``."""
+        from sandboxd.agents.configuration import check_mode
+
         body = dict(request.body)
         rule: EffectiveRule = request.rule
         entry = catalog.find(self.context, rule, body.get("agent"))
@@ -212,15 +224,15 @@ class AgentManager(Service):
                 or "default:limits.max_sessions",
             )
         if load is None:
-            AgentSession.check_mode(body.get("mode"), rule)
+            check_mode(body.get("mode"), rule)
             if isinstance(body.get("config"), dict):
                 for value in body["config"].values():
                     if isinstance(value, str):
-                        AgentSession.check_mode(value, rule)
+                        check_mode(value, rule)
         session, executable = self._new_session(request, entry, body)
         self.sessions[session.session_id] = session
         try:
-            session.spawn(list(entry.command), executable)
+            session.handshake.spawn(list(entry.command), executable)
         except OSError as e:
             self.sessions.pop(session.session_id, None)
             raise ApiError(
@@ -229,12 +241,12 @@ class AgentManager(Service):
                 "RuntimeError",
                 "agent_unavailable",
             ) from None
-        await session.handshake(body, load)
+        await session.handshake.run(body, load)
         if load is None and any(
             body.get(k) is not None for k in ("mode", "model", "config")
         ):
             try:
-                await session.configure(
+                await session.configuration.configure(
                     {k: body.get(k) for k in ("mode", "model", "config")}, rule
                 )
             except ApiError:
@@ -256,7 +268,7 @@ class AgentManager(Service):
         }
         if load is None and body.get("prompt") is not None:
             blocks = build_prompt(session, body, rule)
-            out["turn_id"] = session.start_turn(blocks).turn_id
+            out["turn_id"] = session.turn_control.start(blocks).turn_id
         return out
 
     # -- transient agents (probe, session/list) --------------------------------
@@ -268,13 +280,17 @@ class AgentManager(Service):
         Start the agent, ``initialize`` it (and make one more call), then
         end it: the catalogue's probe and ``session/list``.
         """
+        from sandboxd.agents.handshake import agent_refused
+        from sandboxd.agents.jsonrpc import ConnectionLost, RpcError
+        from sandboxd.agents.session import within
+
         body = {"cwd": request.query.get("cwd")} if request.query.get("cwd") else {}
         session, executable = self._new_session(request, entry, body, transient=True)
         self._transient.add(session)
-        session.spawn(list(entry.command), executable)
+        session.handshake.spawn(list(entry.command), executable)
         out: dict[str, Any] = {}
         try:
-            await session.handshake(body, probe=True)
+            await session.handshake.run(body, probe=True)
             out = {
                 "protocol_version": session.protocol_version,
                 "agent_info": session.agent_info,
@@ -314,8 +330,13 @@ class AgentManager(Service):
     def stopService(self) -> Deferred[Any]:
         """End every agent's whole tree: TERM now, KILL after the grace period."""
         super().stopService()  # type: ignore[no-untyped-call]
+        sessions = [*self.sessions.values(), *self._transient]
+        if not sessions:
+            return succeed(None)
+        from sandboxd.agents.session import within
+
         waits = []
-        for session in [*self.sessions.values(), *self._transient]:
+        for session in sessions:
             if session.process.pid is not None and not session.process.exited:
                 if session.state not in ("closing", "closed", "failed"):
                     session.set_state("closing")

@@ -3,13 +3,27 @@
 One agent session (SPEC §15.1): the child, its JSON-RPC connection, the
 state folded from its updates, and the event log every reader follows.
 
-:class:`AgentSession` is put together from one mixin per concern, each in
-the module named for it: :mod:`.state` (the fields, the event log, the idle
-timer), :mod:`.filechanges`, :mod:`.updates` (``session/update``),
-:mod:`.heldrequests` (permission requests and questions), :mod:`.turns`,
-:mod:`.clientside` (``fs/*``), :mod:`.terminals` (``terminal/*``),
-:mod:`.handshake` and :mod:`.configuration`.  This module wires the child
-to the connection, routes what the agent sends, and closes the session.
+:class:`AgentSession` is its :class:`~sandboxd.agents.state.SessionState`
+(the fields and the event log) and owns one collaborator per concern, each
+given that state and only the other collaborators it calls:
+
+- :attr:`~AgentSession.handshake` (:mod:`.handshake`): spawn, ``initialize``
+  → ``session/new``/``load``/``resume``;
+- :attr:`~AgentSession.configuration` (:mod:`.configuration`): mode, model,
+  config options, title;
+- :attr:`~AgentSession.turn_control` (:mod:`.turns`): ``session/prompt`` and
+  cancel, with their timers;
+- :attr:`~AgentSession.held` (:mod:`.heldrequests`): permission requests and
+  questions, calling back :class:`~sandboxd.agents.heldrequests.HeldHost`;
+- :attr:`~AgentSession.updates` (:mod:`.updates`): ``session/update`` folded,
+  with :attr:`~AgentSession.changes` (:mod:`.filechanges`) for the files;
+- :attr:`~AgentSession.file_requests` (:mod:`.clientside`) and
+  :attr:`~AgentSession.terminal_requests` (:mod:`.terminalrequests`): the
+  agent's ``fs/*`` and ``terminal/*`` requests;
+- :attr:`~AgentSession.idle` (:class:`~sandboxd.agents.state.IdleTimer`).
+
+This module wires the child to the connection, routes what the agent sends
+to the collaborator it is for, and closes the session.
 
 Everything the agent says is stamped with its ``seq`` and folded into the
 session's state synchronously as the line is read, so the log is in wire
@@ -22,12 +36,14 @@ ends, the tree is killed, ``session.closed`` is the last event.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred, succeed
 
+from sandboxd.agents.catalog import CatalogEntry
 from sandboxd.agents.clientside import FileRequests
 from sandboxd.agents.configuration import Configuration
+from sandboxd.agents.filechanges import FileChanges
 from sandboxd.agents.handshake import Handshake
 from sandboxd.agents.heldrequests import HeldRequests
 from sandboxd.agents.jsonrpc import (
@@ -38,11 +54,32 @@ from sandboxd.agents.jsonrpc import (
     ConnectionLost,
     RpcError,
 )
-from sandboxd.agents.permissions import iso
+from sandboxd.agents.permissions import HeldRequest, iso
 from sandboxd.agents.process import AgentProcess
-from sandboxd.agents.terminals import TerminalRequests
+from sandboxd.agents.state import IdleTimer, SessionState
+from sandboxd.agents.terminalrequests import TerminalRequests
 from sandboxd.agents.turns import TurnControl
+from sandboxd.agents.updates import UpdateFolding
 from sandboxd.policy import defaults
+from sandboxd.policy.rules import EffectiveRule
+from sandboxd.processes.command import RunAs
+from sandboxd.waiters import Waiters
+
+
+class SessionOwner(Protocol):
+    """
+    What a session calls back in the service that owns it
+    (:class:`~sandboxd.agents.manager.AgentManager`).
+    """
+
+    reactor: Any
+    context: Any
+
+    def register_request(self, held: HeldRequest) -> None:
+        """Index a held request across sessions."""
+
+    def session_ended(self, session: AgentSession) -> None:
+        """The session's agent is gone."""
 
 
 def within(clock: Any, d: Deferred[Any], seconds: float) -> Deferred[Any]:
@@ -64,17 +101,43 @@ def within(clock: Any, d: Deferred[Any], seconds: float) -> Deferred[Any]:
     return out
 
 
-class AgentSession(
-    Handshake, Configuration, TurnControl, FileRequests, TerminalRequests
-):
+class AgentSession(SessionState):
     """
     One session: created by :class:`~sandboxd.agents.manager.AgentManager`,
-    driven by the route handlers.
+    driven by the route handlers through its collaborators.
     """
 
-    def _wire(self) -> tuple[AgentProcess, Connection]:
-        """The agent's process (its lines, overflow and exit come here) and connection."""
-        process = AgentProcess(
+    def __init__(
+        self,
+        owner: SessionOwner,
+        session_id: str,
+        entry: CatalogEntry,
+        rule: EffectiveRule,
+        cwd: str,
+        env: dict[str, str],
+        run_as: RunAs | None,
+        secrets: list[str],
+        title: str | None = None,
+        identity: str = "anonymous",
+    ) -> None:
+        super().__init__(
+            owner.reactor,
+            owner.context,
+            session_id,
+            entry,
+            rule,
+            cwd,
+            env,
+            run_as,
+            secrets,
+            title,
+            identity,
+        )
+        self.owner = owner
+        self._closed_waiters: Waiters[None] = Waiters()
+        # The agent's lines, overflow and exit come here; what it says on
+        # the connection comes to handle_request/handle_notification.
+        self.process = AgentProcess(
             self.reactor,
             self.max_message_bytes,
             self.stderr,
@@ -82,7 +145,40 @@ class AgentSession(
             self._overflow,
             self._exited,
         )
-        return process, Connection(process.write, self)
+        self.conn = Connection(self.process.write, self)
+        self.idle = IdleTimer(self, self._idle)
+        self.handshake = Handshake(self, self.idle)
+        self.configuration = Configuration(self)
+        self.changes = FileChanges(self)
+        self.updates = UpdateFolding(self, self.changes)
+        self.held = HeldRequests(self, self.updates, self)
+        self.turn_control = TurnControl(self, self.updates, self.held, self.idle)
+        self.file_requests = FileRequests(self, self.updates, self.changes)
+        self.terminal_requests = TerminalRequests(self, self.updates)
+        self._requests: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
+            "session/request_permission": self.held.permission,
+            "elicitation/create": self.held.question,
+            "fs/read_text_file": self.file_requests.read,
+            "fs/write_text_file": self.file_requests.write,
+            "terminal/create": self.terminal_requests.create,
+            "terminal/output": self.terminal_requests.output,
+            "terminal/wait_for_exit": self.terminal_requests.wait_for_exit,
+            "terminal/kill": self.terminal_requests.kill,
+            "terminal/release": self.terminal_requests.release,
+        }
+
+    # -- what the collaborators call back (HeldHost) -------------------------
+
+    def register_request(self, held: HeldRequest) -> None:
+        """Index a held request in the owner's table."""
+        self.owner.register_request(held)
+
+    def cancel_turn(self, forced_by: str) -> None:
+        """Cancel the running turn."""
+        self.turn_control.cancel(forced_by)
+
+    def _idle(self) -> None:
+        Deferred.fromCoroutine(self.close(reason="idle_timeout"))
 
     # -- closing -----------------------------------------------------------
 
@@ -98,7 +194,7 @@ class AgentSession(
             clock = self.reactor
             stop = defaults.AGENT_STOP_GRACE_SECONDS
             if self.current is not None:
-                turn = self.cancel(reason)
+                turn = self.turn_control.cancel(reason)
                 if turn is not None:
                     await within(clock, turn.wait(), stop)
             session_caps = self.capabilities.get("sessionCapabilities") or {}
@@ -140,34 +236,23 @@ class AgentSession(
     def _exited(self, code: int | None, sig: str | None) -> None:
         self.exit_code = code
         self.conn.close(ConnectionLost("the agent exited"))
-        for timer in (self._turn_timer, self._grace_timer, self._idle_timer):
-            if timer is not None and timer.active():
-                timer.cancel()
+        self.turn_control.stop_timers()
+        self.idle.cancel()
         for terminal in self.terminals.values():
             terminal.kill()
         for held in list(self.pending.values()):
-            self._withdraw(held)
-        for d in list(self._rpc_waiters.values()):
+            self.held.withdraw(held)
+        for d in list(self.rpc_waiters.values()):
             if not d.called:
                 d.errback(RpcError(REQUEST_CANCELLED, "the agent exited"))
-        self._rpc_waiters.clear()
+        self.rpc_waiters.clear()
         self.emit(
             "agent.exited",
             exit_code=code,
             signal=sig,
             stderr_tail=self.stderr.tail_text(2000),
         )
-        if self.current is not None:
-            turn = self.current
-            if turn.cancel_requested:
-                turn.forced = True
-                self._end_turn(turn, "ended", "cancelled")
-            else:
-                turn.error = self.error or {
-                    "code": "agent_exited",
-                    "message": f"the agent exited during the turn (exit code {code})",
-                }
-                self._end_turn(turn, "failed", None)
+        self.turn_control.agent_exited(code)
         if self.state == "closing":
             self.set_state("closed")
         else:
@@ -179,7 +264,7 @@ class AgentSession(
             self.set_state("failed")
         self.emit("session.closed", exit_code=code, signal=sig, state=self.state)
         self.log.close()
-        self.manager.session_ended(self)
+        self.owner.session_ended(self)
         self._closed_waiters.fire(None)
 
     # -- reading the agent ---------------------------------------------------
@@ -214,9 +299,9 @@ class AgentSession(
             and isinstance(params, dict)
             and isinstance(params.get("update"), dict)
         ):
-            self._update(params["update"], params)
+            self.updates.update(params["update"], params)
         elif method == "$/cancel_request" and isinstance(params, dict):
-            self._cancel_request(params.get("requestId"))
+            self.held.cancel_request(params.get("requestId"))
         else:
             self.emit(
                 "unknown",
@@ -228,25 +313,13 @@ class AgentSession(
         """The agent asks sandboxd for something."""
         if not isinstance(params, dict):
             raise RpcError(INVALID_PARAMS, "params must be an object")
-        handler = self._REQUESTS.get(method)
+        handler = self._requests.get(method)
         if handler is None:
             self.emit(
                 "unknown", raw={"method": method, "params": params}, reason="request"
             )
             raise RpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
-        return handler(self, request_id, params)
-
-    _REQUESTS: dict[str, Callable[[AgentSession, Any, dict[str, Any]], Any]] = {
-        "session/request_permission": HeldRequests._permission,
-        "elicitation/create": HeldRequests._question,
-        "fs/read_text_file": FileRequests._fs_read,
-        "fs/write_text_file": FileRequests._fs_write,
-        "terminal/create": TerminalRequests._terminal_create,
-        "terminal/output": TerminalRequests._terminal_output,
-        "terminal/wait_for_exit": TerminalRequests._terminal_wait,
-        "terminal/kill": TerminalRequests._terminal_kill,
-        "terminal/release": TerminalRequests._terminal_release,
-    }
+        return handler(request_id, params)
 
     # -- views ---------------------------------------------------------------
 
@@ -261,7 +334,7 @@ class AgentSession(
             "cwd": self.cwd,
             "created_at": iso(self.created_at),
             "last_seq": self.log.last_seq,
-            "turn_id": self.current.turn_id if self.current else None,
+            "turn_id": self.current_turn_id,
             "pending_requests": len(self.pending),
             "error": self.error,
         }

@@ -2,12 +2,16 @@
 """
 What one agent session knows (SPEC §15.1), and the event log that says so.
 
-:class:`~sandboxd.agents.session.AgentSession` is assembled from one mixin
-per concern, each a subclass of :class:`SessionState`: the fields every
-part reads and folds into live here, with :meth:`SessionState.emit`, which
-stamps each event with its ``seq`` as the line is read, so the log is in
-wire order and what ``GET`` routes show always matches the events before
-it.  The idle timer is here too: handshakes and turns restart it.
+:class:`SessionState` is the record every part of a session shares: the
+fields the collaborators of :class:`~sandboxd.agents.session.AgentSession`
+read and fold into, with :meth:`SessionState.emit`, which stamps each
+event with its ``seq`` as the line is read, so the log is in wire order and
+what ``GET`` routes show always matches the events before it.  Each
+collaborator (handshake, configuration, turns, held requests, updates,
+file changes, ``fs/*`` and ``terminal/*`` requests) is given this record
+and knows nothing of the others but what it is handed.  The turn record
+(:class:`Turn`) and the idle timer (:class:`IdleTimer`) are here too:
+several collaborators read the one and restart the other.
 """
 
 from __future__ import annotations
@@ -15,25 +19,23 @@ from __future__ import annotations
 import itertools
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from twisted.internet.defer import Deferred
+import attrs
+from twisted.internet.defer import Deferred, succeed
 
 from sandboxd.agents.catalog import CatalogEntry
 from sandboxd.agents.jsonrpc import Connection
 from sandboxd.agents.permissions import HeldRequest, iso
 from sandboxd.agents.process import AgentProcess, HeadTailLog
+from sandboxd.agents.terminals import AgentTerminal
 from sandboxd.errors import ApiError
 from sandboxd.eventlog import EventLog, json_size
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import RunAs
 from sandboxd.waiters import Waiters
-
-if TYPE_CHECKING:
-    from sandboxd.agents.manager import AgentManager
-    from sandboxd.agents.terminals import AgentTerminal
-    from sandboxd.agents.turns import Turn
 
 #: The statuses of a tool call still running.
 UNFINISHED = ("pending", "in_progress")
@@ -46,14 +48,78 @@ def bounded_put(table: OrderedDict[str, Any], key: str, value: Any) -> None:
         table.popitem(last=False)
 
 
+@attrs.define(eq=False)
+class Turn:
+    """One ``session/prompt`` (SPEC §15.1)."""
+
+    turn_id: str
+    started_at: float
+    seq_from: int
+    state: str = "running"
+    stop_reason: str | None = None
+    ended_at: float | None = None
+    seq_to: int | None = None
+    error: dict[str, Any] | None = None
+    forced: bool = False
+    cancel_requested: bool = False
+    text: list[str] = attrs.Factory(list)
+    tool_call_ids: list[str] = attrs.Factory(list)
+    usage: dict[str, Any] | None = None
+    waiters: Waiters[None] = attrs.Factory(Waiters)
+
+    def describe(self) -> dict[str, Any]:
+        """The turn record."""
+        out: dict[str, Any] = {
+            "turn_id": self.turn_id,
+            "state": self.state,
+            "stop_reason": self.stop_reason,
+            "forced": self.forced,
+            "started_at": iso(self.started_at),
+            "ended_at": iso(self.ended_at) if self.ended_at else None,
+            "seq_from": self.seq_from,
+            "seq_to": self.seq_to,
+        }
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+    def result(self) -> dict[str, Any]:
+        """``agents_prompt``'s 200 body."""
+        out = {
+            "turn_id": self.turn_id,
+            "state": self.state,
+            "stop_reason": self.stop_reason,
+            "forced": self.forced,
+            "text": "".join(self.text),
+            "tool_call_ids": list(self.tool_call_ids),
+            "usage": self.usage,
+            "seq": {"from": self.seq_from, "to": self.seq_to},
+        }
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+    def wait(self) -> Deferred[None]:
+        """Fires when the turn has ended."""
+        if self.state != "running":
+            return succeed(None)
+        return self.waiters.wait()
+
+
 class SessionState:
     """
     One session's fields and its event log.
 
     :ivar process: the agent child.
-    :ivar conn: its JSON-RPC connection.  Both come from :meth:`_wire`,
-        which :class:`~sandboxd.agents.session.AgentSession` provides: they
-        call back its methods.
+    :ivar conn: its JSON-RPC connection.  Both are set by the session that
+        owns this state, right after it is made: they call back its
+        methods.
+    :ivar pending: the held requests still open, by request id.
+    :ivar rpc_waiters: the agent's requests answered later (its
+        ``terminal/wait_for_exit``), by JSON-RPC id, failed if it exits.
+    :ivar chunk_key: ``(role, message_id, turn_id)`` of the last message
+        chunk, so a chunk without ``messageId`` joins the message before it;
+        any other event ends the message.
     """
 
     process: AgentProcess
@@ -61,7 +127,8 @@ class SessionState:
 
     def __init__(
         self,
-        manager: AgentManager,
+        reactor: Any,
+        context: Any,
         session_id: str,
         entry: CatalogEntry,
         rule: EffectiveRule,
@@ -72,9 +139,8 @@ class SessionState:
         title: str | None = None,
         identity: str = "anonymous",
     ) -> None:
-        self.manager = manager
-        self.reactor = manager.reactor
-        self.context = manager.context
+        self.reactor = reactor
+        self.context = context
         self.session_id = session_id
         self.entry = entry
         self.rule = rule
@@ -110,28 +176,15 @@ class SessionState:
         self.turns: OrderedDict[str, Turn] = OrderedDict()
         self.current: Turn | None = None
         self.messages: list[dict[str, Any]] = []
-        self._chunk_key: tuple[Any, ...] | None = None
+        self.message_ids = itertools.count(1)
+        self.chunk_key: tuple[Any, ...] | None = None
         self.tool_calls: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.files: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.terminals: OrderedDict[str, AgentTerminal] = OrderedDict()
         self.pending: dict[str, HeldRequest] = {}
-        self._held_by_rpc: dict[Any, HeldRequest] = {}
-        self._rpc_waiters: dict[Any, Deferred[Any]] = {}
-        self._turn_ids = itertools.count(1)
-        self._terminal_ids = itertools.count(1)
-        self._message_ids = itertools.count(1)
+        self.rpc_waiters: dict[Any, Deferred[Any]] = {}
         self.replaying = False
         self.exit_code: int | None = None
-        self._turn_timer: Any = None
-        self._grace_timer: Any = None
-        self._idle_timer: Any = None
-        self._init_timed_out = False
-        self._closed_waiters: Waiters[None] = Waiters()
-        self.process, self.conn = self._wire()
-
-    def _wire(self) -> tuple[AgentProcess, Connection]:
-        """The agent's process and JSON-RPC connection, wired to the session."""
-        raise NotImplementedError
 
     # -- events ------------------------------------------------------------
 
@@ -157,7 +210,7 @@ class SessionState:
         if raw is not None:
             data["raw"] = raw
         if type not in ("message.delta",):
-            self._chunk_key = None
+            self.chunk_key = None
         return self.log.append(type, data, json_size(data)).seq
 
     def set_state(self, state: str) -> None:
@@ -169,6 +222,11 @@ class SessionState:
         if self.error is not None and state == "failed":
             fields["error"] = self.error
         self.emit("session.state", **fields)
+
+    @property
+    def current_turn_id(self) -> str | None:
+        """The running turn's id, if a turn is running."""
+        return self.current.turn_id if self.current is not None else None
 
     # -- liveness ----------------------------------------------------------
 
@@ -191,29 +249,37 @@ class SessionState:
         if not self.process.exited:
             self.process.kill()
 
-    # -- idle timeout ------------------------------------------------------
 
-    def _touch(self) -> None:
-        self._cancel_idle()
-        limit = self.rule.limits.idle_timeout_seconds
-        if limit and self.state == "idle":
-            self._idle_timer = self.reactor.callLater(limit, self._idle)
+class IdleTimer:
+    """
+    ``idle_timeout_seconds``: restarted by every handshake and turn end,
+    stopped by a turn start; once an idle session with nothing held has
+    waited that long, ``session.idle_timeout`` and ``on_idle`` (the close).
+    """
 
-    def _cancel_idle(self) -> None:
-        if self._idle_timer is not None and self._idle_timer.active():
-            self._idle_timer.cancel()
-        self._idle_timer = None
+    def __init__(self, session: SessionState, on_idle: Callable[[], None]) -> None:
+        self._session = session
+        self._on_idle = on_idle
+        self._timer: Any = None
+
+    def touch(self) -> None:
+        """(Re)start the countdown if the session is idle."""
+        self.cancel()
+        limit = self._session.rule.limits.idle_timeout_seconds
+        if limit and self._session.state == "idle":
+            self._timer = self._session.reactor.callLater(limit, self._idle)
+
+    def cancel(self) -> None:
+        """Stop the countdown."""
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
 
     def _idle(self) -> None:
-        self._idle_timer = None
-        if self.state == "idle" and not self.pending:
-            self.emit(
-                "session.idle_timeout", seconds=self.rule.limits.idle_timeout_seconds
+        self._timer = None
+        session = self._session
+        if session.state == "idle" and not session.pending:
+            session.emit(
+                "session.idle_timeout", seconds=session.rule.limits.idle_timeout_seconds
             )
-            Deferred.fromCoroutine(self.close(reason="idle_timeout"))
-
-    if TYPE_CHECKING:
-        # AgentSession's: the idle timer closes the session.
-        async def close(
-            self, forget: bool = False, reason: str = "client"
-        ) -> dict[str, Any]: ...
+            self._on_idle()

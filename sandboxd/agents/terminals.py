@@ -5,9 +5,9 @@ The agent's own commands (ACP ``terminal/*``), run like any other child
 lists) with two views of the output: the bounded tail ACP's
 ``terminal/output`` returns (truncated from the start, on a UTF-8
 boundary), and an :class:`~sandboxd.eventlog.EventLog` that HTTP callers
-read and follow with the ``process_output`` contract.
-:class:`TerminalRequests` is the session's part: the ``client_terminal``
-gate and ``max_terminals``, and the table of its terminals.
+read and follow with the ``process_output`` contract.  The session's
+part, the ``terminal/*`` handlers, is
+:class:`~sandboxd.agents.terminalrequests.TerminalRequests`.
 """
 
 from __future__ import annotations
@@ -19,23 +19,10 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
 
-from sandboxd.agents.clientside import refusal_error
-from sandboxd.agents.jsonrpc import (
-    INTERNAL_ERROR,
-    INVALID_PARAMS,
-    METHOD_NOT_FOUND,
-    RpcError,
-)
 from sandboxd.agents.process import AgentChild
-from sandboxd.agents.state import bounded_put
-from sandboxd.agents.updates import UpdateFolding
-from sandboxd.errors import ApiError
 from sandboxd.eventlog import EventLog
-from sandboxd.guard import PathGuard
-from sandboxd.policy import defaults
 from sandboxd.processes.child import STREAM_NAMES, signal_child
-from sandboxd.processes.command import RunAs, check_command_allowed, find_executable
-from sandboxd.processes.environment import child_environment
+from sandboxd.processes.command import RunAs
 from sandboxd.processes.run import spawn
 from sandboxd.waiters import Waiters
 
@@ -177,124 +164,3 @@ class AgentTerminal:
             "released": self.released,
             "tool_call_id": self.tool_call_id,
         }
-
-
-class TerminalRequests(UpdateFolding):
-    """The session's ``terminal/*`` handlers."""
-
-    def _terminal(self, params: dict[str, Any]) -> AgentTerminal:
-        terminal_id = params.get("terminalId")
-        terminal = (
-            self.terminals.get(terminal_id) if isinstance(terminal_id, str) else None
-        )
-        if terminal is None or terminal.released:
-            raise RpcError(INVALID_PARAMS, f"unknown terminal {terminal_id!r}")
-        return terminal
-
-    def _terminal_create(self, rpc_id: Any, params: dict[str, Any]) -> Any:
-        if not self.rule.params.client_terminal:
-            raise RpcError(METHOD_NOT_FOUND, "Method not found: terminal/create")
-        limit = self.rule.limits.max_terminals or 8
-        live = [t for t in self.terminals.values() if not t.released]
-        if len(live) >= limit:
-            raise RpcError(
-                INTERNAL_ERROR,
-                f"too many terminals (limit max_terminals={limit}); release one first",
-                {"code": "too_many_terminals", "limit": limit},
-            )
-        command = params.get("command")
-        args = params.get("args") or []
-        if not isinstance(command, str) or not command or not isinstance(args, list):
-            raise RpcError(
-                INVALID_PARAMS,
-                "'command' must be a string and 'args' a list of strings",
-            )
-        args = [str(a) for a in args]
-        try:
-            check_command_allowed(self.rule, [command])
-            cwd = PathGuard(self.rule).cwd(params.get("cwd") or self.cwd)
-        except ApiError as e:
-            raise refusal_error(e) from None
-        extra: dict[str, str] = {}
-        for item in params.get("env") or []:
-            if (
-                isinstance(item, dict)
-                and isinstance(item.get("name"), str)
-                and "=" not in item["name"]
-            ):
-                extra[item["name"]] = str(item.get("value", ""))
-        env = child_environment(self.context, self.rule, extra, base=self.env)
-        executable = find_executable(command, env)
-        if executable is None:
-            raise RpcError(INTERNAL_ERROR, f"command not found: {command}")
-        policy_cap = self.rule.limits.max_output_bytes or defaults.MIB
-        wanted = params.get("outputByteLimit")
-        output_limit = (
-            min(wanted, policy_cap)
-            if isinstance(wanted, int) and wanted > 0
-            else policy_cap
-        )
-        terminal = AgentTerminal(
-            self.reactor,
-            f"term_{next(self._terminal_ids)}",
-            command,
-            args,
-            cwd,
-            output_limit,
-            policy_cap,
-            self._active_tool_call(),
-            self._terminal_exited,
-        )
-        try:
-            terminal.start(executable, env, self.run_as)
-        except OSError as e:
-            raise RpcError(
-                INTERNAL_ERROR, f"cannot start {command}: {e.strerror}"
-            ) from None
-        bounded_put(self.terminals, terminal.terminal_id, terminal)
-        self.emit(
-            "terminal.started",
-            terminal_id=terminal.terminal_id,
-            command=command,
-            args=args,
-            cwd=cwd,
-            pid=terminal.pid,
-            tool_call_id=terminal.tool_call_id,
-        )
-        return {"terminalId": terminal.terminal_id}
-
-    def _terminal_exited(self, terminal: AgentTerminal) -> None:
-        self.emit(
-            "terminal.exited",
-            terminal_id=terminal.terminal_id,
-            exit_code=terminal.exit_code,
-            signal=terminal.signal,
-            truncated=terminal.truncated,
-        )
-
-    def _terminal_output(self, rpc_id: Any, params: dict[str, Any]) -> Any:
-        return self._terminal(params).output()
-
-    def _terminal_wait(self, rpc_id: Any, params: dict[str, Any]) -> Any:
-        terminal = self._terminal(params)
-        d: Deferred[Any] = Deferred()
-        self._rpc_waiters[rpc_id] = d
-
-        def exited(_: Any) -> None:
-            self._rpc_waiters.pop(rpc_id, None)
-            if not d.called:
-                d.callback(terminal.exit_status() or {})
-
-        terminal.wait().addCallback(exited)
-        return d
-
-    def _terminal_kill(self, rpc_id: Any, params: dict[str, Any]) -> Any:
-        self._terminal(params).kill()
-        return {}
-
-    def _terminal_release(self, rpc_id: Any, params: dict[str, Any]) -> Any:
-        terminal = self._terminal(params)
-        terminal.kill()
-        terminal.released = True
-        self.emit("terminal.released", terminal_id=terminal.terminal_id)
-        return {}

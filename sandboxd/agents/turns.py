@@ -9,110 +9,78 @@ period has its tree killed (``forced``), as does one past
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
-import attrs
-from twisted.internet.defer import Deferred, succeed
-
 from sandboxd.agents.heldrequests import HeldRequests
 from sandboxd.agents.jsonrpc import RpcError
-from sandboxd.agents.permissions import iso
-from sandboxd.agents.state import UNFINISHED, bounded_put
+from sandboxd.agents.state import (
+    UNFINISHED,
+    IdleTimer,
+    SessionState,
+    Turn,
+    bounded_put,
+)
+from sandboxd.agents.updates import UpdateFolding
 from sandboxd.errors import ApiError
 from sandboxd.policy import defaults
-from sandboxd.waiters import Waiters
+
+__all__ = ["Turn", "TurnControl"]
 
 
-@attrs.define(eq=False)
-class Turn:
-    """One ``session/prompt`` (SPEC §15.1)."""
+class TurnControl:
+    """
+    Starting, ending and cancelling turns: the session's ``turns`` and
+    ``current``, with the ``max_turn_seconds`` and cancel-grace timers.
+    The prompt is folded as a user message through ``updates``; the held
+    requests of an ended turn are answered through ``held``.
+    """
 
-    turn_id: str
-    started_at: float
-    seq_from: int
-    state: str = "running"
-    stop_reason: str | None = None
-    ended_at: float | None = None
-    seq_to: int | None = None
-    error: dict[str, Any] | None = None
-    forced: bool = False
-    cancel_requested: bool = False
-    text: list[str] = attrs.Factory(list)
-    tool_call_ids: list[str] = attrs.Factory(list)
-    usage: dict[str, Any] | None = None
-    waiters: Waiters[None] = attrs.Factory(Waiters)
+    def __init__(
+        self,
+        session: SessionState,
+        updates: UpdateFolding,
+        held: HeldRequests,
+        idle: IdleTimer,
+    ) -> None:
+        self.session = session
+        self.updates = updates
+        self.held = held
+        self.idle = idle
+        self._turn_ids = itertools.count(1)
+        self._turn_timer: Any = None
+        self._grace_timer: Any = None
 
-    def describe(self) -> dict[str, Any]:
-        """The turn record."""
-        out: dict[str, Any] = {
-            "turn_id": self.turn_id,
-            "state": self.state,
-            "stop_reason": self.stop_reason,
-            "forced": self.forced,
-            "started_at": iso(self.started_at),
-            "ended_at": iso(self.ended_at) if self.ended_at else None,
-            "seq_from": self.seq_from,
-            "seq_to": self.seq_to,
-        }
-        if self.error is not None:
-            out["error"] = self.error
-        return out
-
-    def result(self) -> dict[str, Any]:
-        """``agents_prompt``'s 200 body."""
-        out = {
-            "turn_id": self.turn_id,
-            "state": self.state,
-            "stop_reason": self.stop_reason,
-            "forced": self.forced,
-            "text": "".join(self.text),
-            "tool_call_ids": list(self.tool_call_ids),
-            "usage": self.usage,
-            "seq": {"from": self.seq_from, "to": self.seq_to},
-        }
-        if self.error is not None:
-            out["error"] = self.error
-        return out
-
-    def wait(self) -> Deferred[None]:
-        """Fires when the turn has ended."""
-        if self.state != "running":
-            return succeed(None)
-        return self.waiters.wait()
-
-
-class TurnControl(HeldRequests):
-    """Starting, ending and cancelling turns."""
-
-    def start_turn(self, blocks: list[dict[str, Any]]) -> Turn:
+    def start(self, blocks: list[dict[str, Any]]) -> Turn:
         """Send ``session/prompt``; 409 ``turn_in_progress`` during a turn."""
-        self.require_live()
-        if self.current is not None or self.state == "starting":
+        s = self.session
+        s.require_live()
+        if s.current is not None or s.state == "starting":
             raise ApiError(
                 409,
                 "a turn is already running",
                 "RuntimeError",
                 "turn_in_progress",
-                turn_id=self.current.turn_id if self.current else None,
+                turn_id=s.current_turn_id,
             )
-        turn = Turn(f"turn_{next(self._turn_ids)}", time.time(), self.log.last_seq + 1)
-        bounded_put(self.turns, turn.turn_id, turn)
-        self.current = turn
-        self._cancel_idle()
-        self.emit("turn.started", prompt=blocks)
-        message_id = f"user_{next(self._message_ids)}"
+        turn = Turn(f"turn_{next(self._turn_ids)}", time.time(), s.log.last_seq + 1)
+        bounded_put(s.turns, turn.turn_id, turn)
+        s.current = turn
+        self.idle.cancel()
+        s.emit("turn.started", prompt=blocks)
+        message_id = f"user_{next(s.message_ids)}"
         for block in blocks:
-            seq = self.emit(
+            seq = s.emit(
                 "message.delta", role="user", message_id=message_id, content=block
             )
-            self._fold_message("user", message_id, block, seq)
-        self.set_state("running")
-        limit = self.rule.limits.max_turn_seconds
+            self.updates.fold_message("user", message_id, block, seq)
+        s.set_state("running")
+        limit = s.rule.limits.max_turn_seconds
         if limit:
-            self._turn_timer = self.reactor.callLater(limit, self._turn_too_long)
-        d = self.conn.request(
-            "session/prompt", {"sessionId": self.acp_session_id, "prompt": blocks}
+            self._turn_timer = s.reactor.callLater(limit, self._turn_too_long)
+        d = s.conn.request(
+            "session/prompt", {"sessionId": s.acp_session_id, "prompt": blocks}
         )
         d.addCallbacks(
             lambda result: self._turn_answered(turn, result),
@@ -148,25 +116,45 @@ class TurnControl(HeldRequests):
         if turn.cancel_requested:
             self._end_turn(turn, "ended", "cancelled")
             return
-        turn.error = self.error or {
+        turn.error = self.session.error or {
             "code": "agent_exited",
             "message": "the agent exited during the turn",
         }
         self._end_turn(turn, "failed", None)
 
-    def _end_turn(self, turn: Turn, state: str, stop_reason: str | None) -> None:
-        if turn.state != "running":
-            return
-        turn.state = state
-        turn.stop_reason = stop_reason
-        turn.ended_at = time.time()
+    def stop_timers(self) -> None:
+        """Stop the ``max_turn_seconds`` and cancel-grace timers."""
         for timer in (self._turn_timer, self._grace_timer):
             if timer is not None and timer.active():
                 timer.cancel()
         self._turn_timer = self._grace_timer = None
-        for held in list(self.pending.values()):
+
+    def agent_exited(self, code: int | None) -> None:
+        """The agent is gone: the running turn ends, cancelled or failed."""
+        turn = self.session.current
+        if turn is None:
+            return
+        if turn.cancel_requested:
+            turn.forced = True
+            self._end_turn(turn, "ended", "cancelled")
+        else:
+            turn.error = self.session.error or {
+                "code": "agent_exited",
+                "message": f"the agent exited during the turn (exit code {code})",
+            }
+            self._end_turn(turn, "failed", None)
+
+    def _end_turn(self, turn: Turn, state: str, stop_reason: str | None) -> None:
+        if turn.state != "running":
+            return
+        s = self.session
+        turn.state = state
+        turn.stop_reason = stop_reason
+        turn.ended_at = time.time()
+        self.stop_timers()
+        for held in list(s.pending.values()):
             if held.turn_id == turn.turn_id:
-                self._resolve_cancelled(held, "cancel")
+                self.held.resolve_cancelled(held, "cancel")
         fields: dict[str, Any] = {
             "stop_reason": stop_reason,
             "forced": turn.forced,
@@ -174,12 +162,12 @@ class TurnControl(HeldRequests):
         }
         if turn.error is not None:
             fields["error"] = turn.error
-        turn.seq_to = self.emit("turn.ended", turn_id=turn.turn_id, **fields)
-        if self.current is turn:
-            self.current = None
-        if self.state in ("running", "awaiting_input"):
-            self.set_state("idle")
-        self._touch()
+        turn.seq_to = s.emit("turn.ended", turn_id=turn.turn_id, **fields)
+        if s.current is turn:
+            s.current = None
+        if s.state in ("running", "awaiting_input"):
+            s.set_state("idle")
+        self.idle.touch()
         turn.waiters.fire(None)
 
     def cancel(self, forced_by: str | None = None) -> Turn | None:
@@ -188,19 +176,20 @@ class TurnControl(HeldRequests):
         tool calls marked cancelled, and if the agent has not ended the turn
         after the grace period its tree is killed (``forced``).
         """
-        turn = self.current
+        s = self.session
+        turn = s.current
         if turn is None or turn.state != "running":
             return turn
         if not turn.cancel_requested:
             turn.cancel_requested = True
-            self.conn.notify("session/cancel", {"sessionId": self.acp_session_id})
-            for held in list(self.pending.values()):
-                self._resolve_cancelled(held, "cancel")
-            for tc in self.tool_calls.values():
+            s.conn.notify("session/cancel", {"sessionId": s.acp_session_id})
+            for held in list(s.pending.values()):
+                self.held.resolve_cancelled(held, "cancel")
+            for tc in s.tool_calls.values():
                 if tc.get("turn_id") == turn.turn_id and tc.get("status") in UNFINISHED:
                     tc["status"] = "cancelled"
-            self.emit("turn.cancelling", by=forced_by or "client")
-            self._grace_timer = self.reactor.callLater(
+            s.emit("turn.cancelling", by=forced_by or "client")
+            self._grace_timer = s.reactor.callLater(
                 defaults.AGENT_CANCEL_GRACE_SECONDS, self._force_cancel, turn
             )
         return turn
@@ -214,9 +203,9 @@ class TurnControl(HeldRequests):
         if turn.state != "running":
             return
         turn.forced = True
-        self.error = {
+        self.session.error = {
             "code": "agent_killed",
             "message": "the agent did not end the cancelled turn within the grace period",
         }
         self._end_turn(turn, "ended", "cancelled")
-        self.process.kill()
+        self.session.process.kill()

@@ -10,14 +10,24 @@ from __future__ import annotations
 from typing import Any
 
 from sandboxd.agents.filechanges import FileChanges, unified_diff
-from sandboxd.agents.state import UNFINISHED, bounded_put
+from sandboxd.agents.state import UNFINISHED, SessionState, bounded_put
 from sandboxd.policy import defaults
 
 
-class UpdateFolding(FileChanges):
-    """What the agent reports, folded as it is read."""
+class UpdateFolding:
+    """
+    What the agent reports, folded as it is read into the session's
+    messages, tool calls, plan, commands, modes and usage; the paths its
+    tool calls touch go to ``changes``.
+    """
 
-    def _update(self, update: dict[str, Any], raw: Any) -> None:
+    def __init__(self, session: SessionState, changes: FileChanges) -> None:
+        self.session = session
+        self.changes = changes
+
+    def update(self, update: dict[str, Any], raw: Any) -> None:
+        """One ``session/update`` notification's ``update``."""
+        s = self.session
         kind = update.get("sessionUpdate")
         if kind in ("user_message_chunk", "agent_message_chunk", "agent_thought_chunk"):
             role = {
@@ -27,80 +37,82 @@ class UpdateFolding(FileChanges):
             }[kind]
             content = update.get("content")
             message_id = update.get("messageId")
-            key = (role, message_id, self.current.turn_id if self.current else None)
+            key = (role, message_id, s.current.turn_id if s.current else None)
             if (
                 message_id is None
-                and self._chunk_key is not None
-                and self._chunk_key[:1] == (role,)
-                and self._chunk_key[2] == key[2]
+                and s.chunk_key is not None
+                and s.chunk_key[:1] == (role,)
+                and s.chunk_key[2] == key[2]
             ):
-                message_id = self._chunk_key[1]
+                message_id = s.chunk_key[1]
             if message_id is None:
-                message_id = f"{role}_{next(self._message_ids)}"
-            seq = self.emit(
+                message_id = f"{role}_{next(s.message_ids)}"
+            seq = s.emit(
                 "message.delta",
                 raw=raw,
                 role=role,
                 message_id=message_id,
                 content=content,
             )
-            self._chunk_key = (role, message_id, key[2])
-            self._fold_message(role, message_id, content, seq)
+            s.chunk_key = (role, message_id, key[2])
+            self.fold_message(role, message_id, content, seq)
             if (
                 role == "agent"
-                and self.current is not None
+                and s.current is not None
                 and isinstance(content, dict)
                 and content.get("type") == "text"
             ):
-                self.current.text.append(str(content.get("text", "")))
+                s.current.text.append(str(content.get("text", "")))
         elif kind == "tool_call":
-            self._tool_call(update, raw, new=True)
+            self.tool_call(update, raw, new=True)
         elif kind == "tool_call_update":
-            self._tool_call(update, raw, new=False)
+            self.tool_call(update, raw, new=False)
         elif kind == "plan":
             entries: list[dict[str, Any]] = [
                 e for e in update.get("entries") or [] if isinstance(e, dict)
             ]
-            self.plan = entries
-            self.plan_seq = self.emit("plan", raw=raw, entries=entries)
+            s.plan = entries
+            s.plan_seq = s.emit("plan", raw=raw, entries=entries)
         elif kind == "available_commands_update":
             commands = update.get("availableCommands")
-            self.commands = commands if isinstance(commands, list) else []
-            self.emit("commands", raw=raw, commands=self.commands)
+            s.commands = commands if isinstance(commands, list) else []
+            s.emit("commands", raw=raw, commands=s.commands)
         elif kind == "current_mode_update":
             mode = update.get("currentModeId")
-            if self.modes is not None:
-                self.modes = {**self.modes, "currentModeId": mode}
+            if s.modes is not None:
+                s.modes = {**s.modes, "currentModeId": mode}
             else:
-                self.modes = {"currentModeId": mode, "availableModes": []}
-            self.emit("mode", raw=raw, current_mode_id=mode, by="agent")
+                s.modes = {"currentModeId": mode, "availableModes": []}
+            s.emit("mode", raw=raw, current_mode_id=mode, by="agent")
         elif kind == "config_option_update":
             options = update.get("configOptions")
             if isinstance(options, list):
-                self.config_options = options
-            self.emit("config", raw=raw, config_options=self.config_options, by="agent")
+                s.config_options = options
+            s.emit("config", raw=raw, config_options=s.config_options, by="agent")
         elif kind == "session_info_update":
             if "title" in update:
-                self.agent_title = update.get("title")
-            self.emit(
+                s.agent_title = update.get("title")
+            s.emit(
                 "session.info",
                 raw=raw,
                 title=update.get("title"),
                 updated_at=update.get("updatedAt"),
             )
         elif kind == "usage_update":
-            self.usage = {
+            s.usage = {
                 k: update.get(k) for k in ("used", "size", "cost") if k in update
             }
-            if self.current is not None:
-                self.current.usage = self.usage
-            self.emit("usage", raw=raw, **self.usage)
+            if s.current is not None:
+                s.current.usage = s.usage
+            s.emit("usage", raw=raw, **s.usage)
         else:
-            self.emit("unknown", raw=raw, reason=f"session update {kind!r}")
+            s.emit("unknown", raw=raw, reason=f"session update {kind!r}")
 
-    def _fold_message(self, role: str, message_id: str, content: Any, seq: int) -> None:
-        turn_id = self.current.turn_id if self.current else None
-        last = self.messages[-1] if self.messages else None
+    def fold_message(self, role: str, message_id: str, content: Any, seq: int) -> None:
+        """A message chunk (event ``seq``) joined to its message."""
+        s = self.session
+        turn_id = s.current_turn_id
+        last = s.messages[-1] if s.messages else None
         target = None
         if (
             last is not None
@@ -109,7 +121,7 @@ class UpdateFolding(FileChanges):
         ):
             target = last
         else:
-            for m in reversed(self.messages[-16:]):
+            for m in reversed(s.messages[-16:]):
                 if (
                     m["message_id"] == message_id
                     and m["role"] == role
@@ -127,11 +139,11 @@ class UpdateFolding(FileChanges):
                 "seq_from": seq,
                 "seq_to": seq,
             }
-            self.messages.append(target)
-            if self.replaying:
+            s.messages.append(target)
+            if s.replaying:
                 target["replay"] = True
-            if len(self.messages) > defaults.AGENT_KEPT_ITEMS:
-                del self.messages[0]
+            if len(s.messages) > defaults.AGENT_KEPT_ITEMS:
+                del s.messages[0]
         target["seq_to"] = seq
         blocks = target["content"]
         if (
@@ -147,13 +159,15 @@ class UpdateFolding(FileChanges):
         elif isinstance(content, dict):
             blocks.append(dict(content))
 
-    def _tool_call(self, update: dict[str, Any], raw: Any, new: bool) -> None:
+    def tool_call(self, update: dict[str, Any], raw: Any, new: bool) -> None:
+        """A ``tool_call`` (``new``) or ``tool_call_update``, merged into its snapshot."""
+        s = self.session
         tool_call_id = update.get("toolCallId")
         if not isinstance(tool_call_id, str):
-            self.emit("unknown", raw=raw, reason="tool call without toolCallId")
+            s.emit("unknown", raw=raw, reason="tool call without toolCallId")
             return
-        snapshot = self.tool_calls.get(tool_call_id)
-        turn_id = self.current.turn_id if self.current else None
+        snapshot = s.tool_calls.get(tool_call_id)
+        turn_id = s.current_turn_id
         if new and snapshot is not None and snapshot.get("turn_id") != turn_id:
             # Agents number tool calls per turn; a new start is a new call.
             snapshot = None
@@ -168,16 +182,16 @@ class UpdateFolding(FileChanges):
                 "locations": [],
                 "rawInput": None,
                 "rawOutput": None,
-                "turn_id": self.current.turn_id if self.current else None,
+                "turn_id": s.current_turn_id,
                 "permission": [],
-                "first_seq": self.log.last_seq + 1,
+                "first_seq": s.log.last_seq + 1,
                 "last_seq": None,
             }
-            bounded_put(self.tool_calls, tool_call_id, snapshot)
-            if self.current is not None:
-                self.current.tool_call_ids.append(tool_call_id)
-                for m in reversed(self.messages):
-                    if m["turn_id"] == self.current.turn_id and m["role"] == "agent":
+            bounded_put(s.tool_calls, tool_call_id, snapshot)
+            if s.current is not None:
+                s.current.tool_call_ids.append(tool_call_id)
+                for m in reversed(s.messages):
+                    if m["turn_id"] == s.current.turn_id and m["role"] == "agent":
                         m["tool_call_ids"].append(tool_call_id)
                         break
         delta = {k: v for k, v in update.items() if k != "sessionUpdate"}
@@ -185,7 +199,7 @@ class UpdateFolding(FileChanges):
             if key != "toolCallId" and value is not None:
                 snapshot[key] = value
         if new or created:
-            seq = self.emit(
+            seq = s.emit(
                 "tool_call",
                 raw=raw,
                 tool_call_id=tool_call_id,
@@ -196,7 +210,7 @@ class UpdateFolding(FileChanges):
                 content=snapshot.get("content"),
             )
         else:
-            seq = self.emit(
+            seq = s.emit(
                 "tool_call.update",
                 raw=raw,
                 tool_call_id=tool_call_id,
@@ -204,16 +218,16 @@ class UpdateFolding(FileChanges):
                 status=snapshot.get("status"),
             )
         snapshot["last_seq"] = seq
-        self._note_changes(snapshot)
+        self.changes.note_changes(snapshot)
 
-    def _active_tool_call(self, *paths: Any) -> str | None:
+    def active_tool_call(self, *paths: Any) -> str | None:
         """
         The tool call a write or a terminal belongs to: the current turn's
         latest call naming one of ``paths``, else its latest unfinished one.
         """
-        turn_id = self.current.turn_id if self.current else None
+        turn_id = self.session.current_turn_id
         fallback = None
-        for tc in reversed(self.tool_calls.values()):
+        for tc in reversed(self.session.tool_calls.values()):
             if tc.get("turn_id") != turn_id:
                 continue
             named = {
@@ -251,7 +265,7 @@ class UpdateFolding(FileChanges):
             ]
             + [
                 t.terminal_id
-                for t in self.terminals.values()
+                for t in self.session.terminals.values()
                 if t.tool_call_id == tc["toolCallId"]
             ],
             "permission": (tc.get("permission") or [None])[-1],

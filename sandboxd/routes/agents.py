@@ -3,7 +3,8 @@
 Handlers of the ``agents`` group (SPEC §15.2): coding agents over ACP.
 
 The handlers are thin: they parse the request, find the session and hand
-over to :mod:`sandboxd.agents`; the session manager service lives in
+over to :mod:`sandboxd.agents`; the session manager service
+(:class:`~sandboxd.agents.manager.AgentManager`) lives in
 ``context.services["agents"]``.
 """
 
@@ -11,10 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from twisted.application.service import IService, Service
-from twisted.internet.defer import Deferred, succeed
+from twisted.application.service import IService
+from twisted.internet.defer import Deferred
 
 from sandboxd.agents import catalog
+from sandboxd.agents.manager import AgentManager, build_prompt
 from sandboxd.errors import ApiError, not_found
 from sandboxd.eventlog import Event, Follower, resume_point
 from sandboxd.policy import defaults
@@ -25,50 +27,17 @@ from sandboxd.web.params import flag
 from sandboxd.web.sse import SSEChannel, frame
 
 if TYPE_CHECKING:
-    from sandboxd.agents.manager import AgentManager
     from sandboxd.agents.session import AgentSession
-    from sandboxd.agents.turns import Turn
+    from sandboxd.agents.state import Turn
 
 #: The longest a request may wait for a turn (``wait``), whatever it asks.
 MAX_WAIT_SECONDS = 600.0
 
 
-class AgentsService(Service):
-    """
-    The agents group's service; the session manager is built on first use.
-
-    The group is opt-in: a daemon that never serves an agent never loads
-    the ACP machinery (about 1.4 MB of idle RSS).
-    """
-
-    name = "agents"
-
-    def __init__(self, context: Any) -> None:
-        self.context = context
-        self._manager: AgentManager | None = None
-
-    def get(self) -> AgentManager:
-        """The session manager, created (and started) when first needed."""
-        if self._manager is None:
-            from sandboxd.agents.manager import AgentManager
-
-            self._manager = AgentManager(self.context)
-            if self.running:
-                self._manager.startService()  # type: ignore[no-untyped-call]
-        return self._manager
-
-    def stopService(self) -> Deferred[Any]:
-        """Stop every agent session, if any was ever started."""
-        super().stopService()  # type: ignore[no-untyped-call]
-        if self._manager is None:
-            return succeed(None)
-        return self._manager.stopService()
-
-
 def manager(request: ServerRequest) -> AgentManager:
     """The group's session manager."""
-    service: AgentsService = request.context.services["agents"]
-    return service.get()
+    service: AgentManager = request.context.services["agents"]
+    return service
 
 
 def session_of(request: ServerRequest) -> AgentSession:
@@ -304,7 +273,7 @@ def agents_session_get(request: ServerRequest) -> dict[str, Any]:
 async def agents_session_config(request: ServerRequest) -> dict[str, Any]:
     """Mode, model, config options, title."""
     session = session_of(request)
-    return await session.configure(request.body, request.rule)
+    return await session.configuration.configure(request.body, request.rule)
 
 
 async def agents_session_cancel(request: ServerRequest) -> dict[str, Any]:
@@ -312,7 +281,7 @@ async def agents_session_cancel(request: ServerRequest) -> dict[str, Any]:
     session = session_of(request)
     default_wait = defaults.AGENT_CANCEL_GRACE_SECONDS + defaults.KILL_GRACE_SECONDS
     wait = _number(request.body.get("wait"), "wait", default_wait) or 0.0
-    turn = session.cancel()
+    turn = session.turn_control.cancel()
     if turn is None:
         last = next(reversed(session.turns.values()), None) if session.turns else None
         return {
@@ -350,10 +319,8 @@ async def agents_prompt(request: ServerRequest) -> Any:
             "turn_in_progress",
             turn_id=session.current.turn_id,
         )
-    from sandboxd.agents.manager import build_prompt
-
     blocks = build_prompt(session, request.body, request.rule)
-    turn = session.start_turn(blocks)
+    turn = session.turn_control.start(blocks)
     await _wait_turn(request, turn, wait)
     if turn.state == "running":
         return ServerResponse(
@@ -479,7 +446,7 @@ def agents_request_reply(request: ServerRequest) -> dict[str, Any]:
     if held is None:
         raise not_found(f"unknown request {request.path_params['request_id']!r}")
     session = manager(request).get(held.session_id)
-    return session.reply(held, request.body, request.identity.id, request.rule)
+    return session.held.reply(held, request.body, request.identity.id, request.rule)
 
 
 def agents_plan(request: ServerRequest) -> dict[str, Any]:
@@ -494,7 +461,7 @@ def agents_tool_calls(request: ServerRequest) -> dict[str, Any]:
     q = request.query
     return {
         "tool_calls": [
-            session.tool_call_view(tc)
+            session.updates.tool_call_view(tc)
             for tc in session.tool_calls.values()
             if (q.get("turn_id") is None or tc.get("turn_id") == q["turn_id"])
             and (q.get("status") is None or tc.get("status") == q["status"])
@@ -510,7 +477,7 @@ def agents_tool_call_get(request: ServerRequest) -> dict[str, Any]:
     if tc is None:
         raise not_found(f"unknown tool call {request.path_params['tool_call_id']!r}")
     unified = request.query.get("format") == "unified"
-    return session.tool_call_view(tc, full=True, unified=unified)
+    return session.updates.tool_call_view(tc, full=True, unified=unified)
 
 
 def agents_files(request: ServerRequest) -> dict[str, Any]:
@@ -520,7 +487,7 @@ def agents_files(request: ServerRequest) -> dict[str, Any]:
     with_diff = flag(request.query.get("diff"), "diff")
     return {
         "files": [
-            session.file_view(record, with_diff)
+            session.changes.file_view(record, with_diff)
             for record in session.files.values()
             if turn_id is None or turn_id in record["turn_ids"]
         ]
@@ -636,6 +603,6 @@ HANDLERS: dict[str, Any] = {
 
 def setup(context: Any) -> IService:
     """Create the session manager and publish it as ``services["agents"]``."""
-    service = AgentsService(context)
+    service = AgentManager(context)
     context.services["agents"] = service
     return service
