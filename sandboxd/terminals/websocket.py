@@ -371,9 +371,11 @@ class PtyServerFactory(WebSocketServerFactory):
             versions=[13],
             # No HTML status page (nor its ?redirect=) for a plain GET: 426.
             webStatus=False,
+            # Off: with Nagle on, a keystroke's echo can wait for an ACK.
+            # (One call: any call that leaves allowNullOrigin out resets it
+            # to False.)
+            tcpNoDelay=True,
         )
-        # Off: with Nagle on, a keystroke's echo can wait for an ACK.
-        self.setProtocolOptions(tcpNoDelay=True)  # type: ignore[no-untyped-call]
 
     def close_all(self, reason: str = "Server shutting down") -> None:
         """Detach and close every client with 1001 (daemon shutdown)."""
