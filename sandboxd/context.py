@@ -2,19 +2,24 @@
 """
 The daemon's shared state, handed to every handler as ``request.context``.
 
-One object holds what the pipeline and the group modules share: the route
-table and router, the compiled policy (swapped whole on reload), limiters,
-the audit log, the command registry, and each group's service by name.
+One object per daemon holds what the doors and the group modules share: the
+route table and router, the compiled policy (swapped whole on reload),
+limiters, the audit log, the command registry, and each group's service as
+a typed attribute.  Nothing of this lives at module level, so two daemons in
+one process (tests, an embedding application) share none of it.
 """
 
 from __future__ import annotations
 
 import socket
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import attrs
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IReactorFromThreads, IReactorTime
+from twisted.internet.threads import deferToThreadPool
 
 from sandboxd.audit import AuditLog
 from sandboxd.commands import CommandRegistry
@@ -23,20 +28,56 @@ from sandboxd.policy import Policy
 from sandboxd.policy.limits import ConcurrencyGate, RateLimiter
 from sandboxd.web.routing import Router
 
+if TYPE_CHECKING:
+    from sandboxd.agents.manager import AgentManager
+    from sandboxd.browser.supervisor import BrowserSupervisor
+    from sandboxd.files.watch import WatchService
+    from sandboxd.processes.service import ProcessService
+    from sandboxd.terminals.service import TerminalService
+
+
+class Reactor(Protocol):
+    """
+    What the daemon asks of its reactor: a clock, processes and a thread
+    pool (Twisted's reactor provides all of it; the in-memory harness of
+    :mod:`sandboxd.testing` passes a ``MemoryReactorClock``, which has the
+    clock only).
+    """
+
+    def seconds(self) -> float: ...
+
+    def callLater(
+        self, delay: float, callable: Callable[..., Any], *args: Any, **kw: Any
+    ) -> IDelayedCall: ...
+
+    def spawnProcess(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def getThreadPool(self) -> Any: ...
+
+
+def as_clock(reactor: Reactor) -> IReactorTime:
+    """The reactor where Twisted asks for an ``IReactorTime`` (a zope
+    interface, which a typing Protocol cannot stand for)."""
+    return cast(IReactorTime, reactor)
+
 
 @attrs.define(eq=False)
 class Context:
     """Everything a request may need beyond itself."""
 
-    reactor: Any
+    reactor: Reactor
     table: RouteTable
     policy: Policy
     registry: CommandRegistry
     audit: AuditLog
     router: Router = attrs.field(init=False)
     rates: RateLimiter = attrs.field(init=False)
-    gate: ConcurrencyGate = attrs.field(factory=ConcurrencyGate, init=False)
-    services: dict[str, Any] = attrs.field(factory=dict, init=False)
+    concurrency: ConcurrencyGate = attrs.field(factory=ConcurrencyGate, init=False)
+    processes: ProcessService | None = attrs.field(default=None, init=False)
+    terminals: TerminalService | None = attrs.field(default=None, init=False)
+    watches: WatchService | None = attrs.field(default=None, init=False)
+    browser: BrowserSupervisor | None = attrs.field(default=None, init=False)
+    agents: AgentManager | None = attrs.field(default=None, init=False)
     hostname: str = attrs.field(factory=socket.gethostname, init=False)
     started_at: float = attrs.field(factory=time.time, init=False)
     pty_port: int | None = None
@@ -46,17 +87,17 @@ class Context:
 
     def __attrs_post_init__(self) -> None:
         self.router = Router(self.table)
-        clock: IReactorTime = self.reactor
-        self.rates = RateLimiter(clock)
+        self.rates = RateLimiter(as_clock(self.reactor))
 
     @property
     def base_dir(self) -> str:
         """The path boundary of the policy in force."""
         return self.policy.base_dir
 
-    def service(self, name: str) -> Any:
-        """A group's service (``processes``, ``terminals`` ...)."""
-        return self.services[name]
+    def in_thread(self, f: Callable[..., Any], *args: Any, **kw: Any) -> Deferred[Any]:
+        """Run blocking work (a walk, a /proc scan) in the reactor's thread pool."""
+        threads = cast(IReactorFromThreads, self.reactor)
+        return deferToThreadPool(threads, self.reactor.getThreadPool(), f, *args, **kw)
 
     def replace_policy(self, policy: Policy) -> None:
         """Swap in a new compiled policy (reload); buckets start afresh."""

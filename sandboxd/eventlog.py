@@ -1,7 +1,8 @@
 # -*- test-case-name: tests.test_eventlog -*-
 """
 The one stream contract of SPEC §9: an ordered, bounded log of events
-numbered by ``seq``, and a follower that serves it over SSE.
+numbered by ``seq`` (data only: :class:`~sandboxd.web.sse.Follower` serves
+one over SSE).
 
 Background process output, file watches and agent sessions each keep an
 :class:`EventLog`.  A reader asks for the events after a ``seq`` (``after``
@@ -20,12 +21,6 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IPushProducer
-from zope.interface import implementer
-
-from sandboxd.errors import ApiError
-from sandboxd.web.sse import SSEChannel, frame
 
 
 @attrs.frozen
@@ -123,91 +118,3 @@ class EventLog:
                 self._listeners.remove(listener)
 
         return unsubscribe
-
-
-def resume_point(query: dict[str, str], headers: dict[str, str]) -> int:
-    """``after`` from the query, else ``Last-Event-ID``, else 0."""
-    raw = query.get("after")
-    if raw is None:
-        raw = headers.get("last-event-id")
-    if raw is None or raw == "":
-        return 0
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ApiError(
-            400, "'after' must be an integer seq", "ValueError", "invalid_param"
-        ) from None
-    if value < 0:
-        raise ApiError(
-            400, "'after' must not be negative", "ValueError", "invalid_param"
-        )
-    return value
-
-
-EventFormatter = Callable[[Event], bytes]
-
-
-def default_format(event: Event) -> bytes:
-    """``id: SEQ`` / ``event: NAME`` / ``data: JSON``."""
-    return frame(event.event, event.data, event.seq)
-
-
-@implementer(IPushProducer)
-class Follower:
-    """
-    Serves one :class:`EventLog` to one SSE client from a resume point.
-
-    The listener is registered before the replay is read, and every write
-    goes through :meth:`_pump`, which only ever sends ``seq > last sent``:
-    no gap between replay and live, and no repeat.
-    """
-
-    def __init__(
-        self,
-        log: EventLog,
-        channel: SSEChannel,
-        after: int,
-        formatter: EventFormatter = default_format,
-    ) -> None:
-        self.log = log
-        self.channel = channel
-        self.sent = after
-        self.paused = False
-        self.format = formatter
-        self.done: Deferred[None] = channel.done
-        self._unsubscribe = log.subscribe(self._on_event)
-        channel.on_disconnect(self._unsubscribe)
-        channel.register_producer(self)
-        self._pump()
-
-    def _on_event(self, event: Event | None) -> None:
-        if not self.paused:
-            self._pump()
-
-    def _pump(self) -> None:
-        gap, events = self.log.since(self.sent)
-        if gap is not None:
-            self.channel.send("gap", {"from": gap[0], "to": gap[1]})
-        for event in events:
-            if not self.channel.open:
-                return
-            self.channel.write_raw(self.format(event))
-            self.sent = event.seq
-        if self.log.closed and self.channel.open:
-            self._unsubscribe()
-            self.channel.close()
-
-    def pauseProducing(self) -> None:
-        """The client is slow: stop writing; the log keeps the events."""
-        self.paused = True
-
-    def resumeProducing(self) -> None:
-        """The client drained: catch up from the log."""
-        if self.paused:
-            self.paused = False
-            self._pump()
-
-    def stopProducing(self) -> None:
-        """The client is gone."""
-        self._unsubscribe()

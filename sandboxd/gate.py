@@ -24,7 +24,7 @@ import functools
 import ipaddress
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import attrs
 
@@ -41,11 +41,27 @@ from sandboxd.errors import (
 from sandboxd.policy.defaults import LOOPBACK_NAMES_KEPT
 
 if TYPE_CHECKING:
-    from sandboxd.context import Context
+    from sandboxd.audit import AuditLog
     from sandboxd.endpoints import Endpoint
+    from sandboxd.policy import Policy
+    from sandboxd.policy.limits import ConcurrencyGate, RateLimiter
     from sandboxd.policy.rules import EffectiveRule
 
 Headers = Mapping[bytes, Sequence[bytes]]
+
+
+class Context(Protocol):
+    """
+    What the gate reads of the daemon's :class:`~sandboxd.context.Context`
+    (named here rather than imported, so the context may name the group
+    services, and they the gate, without a circle).
+    """
+
+    policy: Policy
+    rates: RateLimiter
+    concurrency: ConcurrencyGate
+    audit: AuditLog
+    hostname: str
 
 
 class Door(enum.StrEnum):
@@ -312,7 +328,7 @@ def admit(
         slot = False
         if take_slot:
             try:
-                slot = context.gate.acquire(endpoint.id, limits.max_concurrency)
+                slot = context.concurrency.acquire(endpoint.id, limits.max_concurrency)
             except ApiError as e:
                 e.extra.setdefault("rule", rule.source("limits.max_concurrency"))
                 raise
@@ -325,7 +341,7 @@ def release(context: Context, passed: Passed) -> None:
     """Give back the concurrency slot a call held (idempotent)."""
     if passed.slot:
         passed.slot = False
-        context.gate.release(passed.endpoint.id)
+        context.concurrency.release(passed.endpoint.id)
 
 
 def may_use(context: Context, identity: Identity, endpoint: Endpoint) -> bool:

@@ -30,7 +30,7 @@ from twisted.logger import Logger
 from sandboxd import guard, hardening
 from sandboxd.audit import AuditLog
 from sandboxd.commands import CommandRegistry, default_registry
-from sandboxd.context import Context
+from sandboxd.context import Context, as_clock
 from sandboxd.endpoints import RouteTable
 from sandboxd.gate import is_loopback
 from sandboxd.libc import libc
@@ -269,7 +269,7 @@ class DaemonService(MultiService):
             )
 
         d: Deferred[Any] = listeners.addCallback(stop_groups)
-        d.addTimeout(SHUTDOWN_TIMEOUT_SECONDS, self.context.reactor)
+        d.addTimeout(SHUTDOWN_TIMEOUT_SECONDS, as_clock(self.context.reactor))
         d.addErrback(
             lambda f: log.warn(
                 "sandboxd: shutdown timed out: {f}", f=f.getErrorMessage()
@@ -281,8 +281,9 @@ class DaemonService(MultiService):
             # twistd re-raises the stopping signal at exit so the status
             # reads "killed by SIGTERM"; after a graceful stop SPEC §1 wants
             # exit 0, so forget the signal (twistd reads it after run()).
-            if getattr(self.context.reactor, "_exitSignal", None) is not None:
-                self.context.reactor._exitSignal = None
+            reactor: Any = self.context.reactor
+            if getattr(reactor, "_exitSignal", None) is not None:
+                reactor._exitSignal = None
 
         return d.addBoth(flush)
 

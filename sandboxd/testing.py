@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import attrs
 from twisted.internet.defer import Deferred, gatherResults, inlineCallbacks
@@ -30,7 +30,7 @@ from zope.interface import implementer
 
 from sandboxd.audit import AuditLog
 from sandboxd.commands import CommandRegistry
-from sandboxd.context import Context
+from sandboxd.context import Context, Reactor
 from sandboxd.endpoints import RouteTable
 from sandboxd.policy import load_policy
 from sandboxd.routes import builtin_table
@@ -108,8 +108,10 @@ def memory_context(
     from twisted.internet.testing import MemoryReactorClock
 
     table = table if table is not None else builtin_table()
+    # A memory reactor is a clock with no processes or threads: this
+    # harness is for logic that needs neither.
     return Context(
-        reactor=MemoryReactorClock(),
+        reactor=cast(Reactor, MemoryReactorClock()),
         table=table,
         policy=load_policy(
             table, explicit=dict(policy or {}), base_dir=base_dir, environ=environ or {}

@@ -544,7 +544,7 @@ class FramerTests(AgentsTestCase):
 
 def sent_recorder(test: AgentsTestCase, sid: str) -> list[dict[str, Any]]:
     """Record every message sandboxd writes to the session's agent."""
-    session = test.daemon.context.services["agents"].sessions[sid]
+    session = test.daemon.context.agents.sessions[sid]
     sent: list[dict[str, Any]] = []
     write = session.conn._write
 
@@ -698,7 +698,7 @@ class EndToEndTests(AgentsTestCase):
     def test_initialize_and_new_session_are_valid_acp(self) -> Any:
         """The initialize and session/new params sandboxd sends validate against the SDK's models."""
         sid = yield self.session()
-        session = self.daemon.context.services["agents"].sessions[sid]
+        session = self.daemon.context.agents.sessions[sid]
         InitializeRequest.model_validate(
             {
                 "protocolVersion": 1,
@@ -1190,7 +1190,7 @@ from twisted.internet.testing import MemoryReactor
 from sandboxd.server import Settings, build
 daemon = build(Settings(port="tcp:0:interface=127.0.0.1", base_dir=sys.argv[1]),
                MemoryReactor())
-agents = daemon.context.services["agents"]
+agents = daemon.context.agents
 agents.startService()
 stopped = agents.stopService()
 print(json.dumps({
@@ -1209,7 +1209,7 @@ class LazyStartTests(TestCase):
     @inlineCallbacks
     def test_no_acp_machinery_until_an_agent_starts(self) -> Any:
         """
-        ``services["agents"]`` is the session manager itself; a daemon built
+        ``context.agents`` is the session manager itself; a daemon built
         and stopped without an agent loads only the catalogue and the
         manager, never the session, its collaborators or the JSON-RPC
         framing, and its stop is immediate.

@@ -220,7 +220,7 @@ class BrowserTests(DaemonTestCase):
             reply = yield self.request("POST", "/browser/navigate", {"url": url})
             self.assertEqual(reply.status, 403, url)
             self.assertEqual(reply.json()["code"], "param_not_allowed")
-        self.assertEqual(self.daemon.context.services["browser"].starts, 0)
+        self.assertEqual(self.daemon.context.browser.starts, 0)
 
         reply = yield self.request(
             "POST", "/browser/navigate", {"url": self.site + "/secret"}
@@ -244,7 +244,7 @@ class BrowserTests(DaemonTestCase):
         next call starts a new one.  Stopping the daemon leaves no process
         of the worker's tree (Playwright's driver, Chromium) behind.
         """
-        service = self.daemon.context.services["browser"]
+        service = self.daemon.context.browser
         reply = yield self.request(
             "POST", "/browser/navigate", {"url": self.site + "/page"}
         )
@@ -325,4 +325,4 @@ class MissingPlaywrightTests(DaemonTestCase):
             self.assertEqual(data["type"], "RuntimeError")
             self.assertEqual(data["code"], "unavailable")
             self.assertTrue(data["error"].startswith("Playwright is not installed."))
-        self.assertEqual(self.daemon.context.services["browser"].starts, 0)
+        self.assertEqual(self.daemon.context.browser.starts, 0)

@@ -1456,7 +1456,7 @@ class BrowserCatalogueTests(DaemonTestCase):
 
     def browser_tree(self) -> list[int]:
 
-        service = self.daemon.context.services["browser"]
+        service = self.daemon.context.browser
         self.assertIsNotNone(service.worker)
         pids: list[int] = descendants(service.worker.pid)
         return [service.worker.pid, *pids]
@@ -1491,7 +1491,7 @@ class BrowserCatalogueTests(DaemonTestCase):
         yield self.request("POST", "/browser/click", {"selector": "#dl"})
         yield self.request("POST", "/browser/navigate", {"url": self.site + "/file"})
         yield sleep(1.0)
-        service = self.daemon.context.services["browser"]
+        service = self.daemon.context.browser
         for root in (self.base_dir, service.workdir):
             for folder, _, files in os.walk(root):
                 for name in files:

@@ -12,7 +12,8 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.errors import ApiError
-from sandboxd.eventlog import EventLog, Follower, resume_point
+from sandboxd.eventlog import EventLog
+from sandboxd.web.sse import Follower, resume_point
 
 
 class FakeChannel:

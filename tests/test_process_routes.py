@@ -211,7 +211,7 @@ class ShellTests(ProcessCase):
             f"setsid sh -c 'trap \"\" TERM; sleep {self.marker}; sleep {self.marker}' & "
             f"sleep {self.marker}"
         )
-        self.daemon.context.services["processes"].grace = 0.5
+        self.daemon.context.processes.grace = 0.5
         reply = yield self.request(
             "POST", "/shell", {"command": script, "shell": "sh", "timeout": 1}
         )

@@ -190,13 +190,13 @@ class SSETests(SynchronousTestCase):
         protocol.dataReceived(b"GET /events HTTP/1.1\r\nHost: localhost\r\n\r\n")
         gone: list[bool] = []
         channels[0].on_disconnect(lambda: gone.append(True))
-        self.assertEqual(site.context.gate.in_flight("events"), 1)
+        self.assertEqual(site.context.concurrency.in_flight("events"), 1)
         from twisted.internet.error import ConnectionLost
         from twisted.python.failure import Failure
 
         protocol.connectionLost(Failure(ConnectionLost()))
         self.assertEqual(gone, [True])
-        self.assertEqual(site.context.gate.in_flight("events"), 0)
+        self.assertEqual(site.context.concurrency.in_flight("events"), 0)
         clock.advance(30)
         self.assertFalse(channels[0].open)
 

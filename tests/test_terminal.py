@@ -52,7 +52,7 @@ class TerminalCase(DaemonTestCase):
     @inlineCallbacks
     def start(self, **kwargs: Any) -> Any:
         daemon = yield super().start(**kwargs)
-        quiet_server(daemon.context.services["terminals"])
+        quiet_server(daemon.context.terminals)
         return daemon
 
     @property
@@ -175,9 +175,7 @@ class SessionTests(TerminalCase):
         never to killpg(0), which is the daemon's own group.
         """
         created = yield self.create()
-        session = self.daemon.context.services["terminals"].table.get(
-            created["session_id"]
-        )
+        session = self.daemon.context.terminals.table.get(created["session_id"])
         sent: list[tuple[int, int]] = []
         self.patch(os, "tcgetpgrp", lambda fd: 0)
         self.patch(os, "killpg", lambda group, sig: sent.append((group, sig)))

@@ -1,6 +1,6 @@
 # -*- test-case-name: tests.test_agents -*-
 """
-The service that owns every agent session (``context.services["agents"]``).
+The service that owns every agent session (``context.agents``).
 
 It creates sessions under the caller's rule (catalogue entry allowed, a
 free slot of ``max_sessions``, guarded cwd, scrubbed environment, the

@@ -118,7 +118,7 @@ class WorkerProtocol(ProcessProtocol):
 
 class BrowserSupervisor(Service):
     """
-    The browser service (``context.services["browser"]``).
+    The browser service (``context.browser``).
 
     :param reactor: provides spawnProcess and callLater.
     :param policy_rule: returns an endpoint's merged rule by id (the

@@ -23,23 +23,18 @@ from typing import Any
 
 from twisted.application.service import Service
 from twisted.internet import inotify
-from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.filepath import FilePath
 
 from sandboxd.errors import ApiError
-from sandboxd.eventlog import Event, EventLog, Follower, default_format, resume_point
+from sandboxd.eventlog import EventLog
 from sandboxd.files.walk import WALK_DEPTH, walk
 from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import (
     MAX_WATCHES,
-    MIB,
     WATCH_DEBOUNCE_SECONDS,
     WATCH_IDLE_SECONDS,
 )
-from sandboxd.web.messages import ServerRequest, SSEResponse
-from sandboxd.web.params import flag
-from sandboxd.web.sse import SSEChannel
 
 log = Logger(namespace="sandboxd.files.watch")
 
@@ -232,7 +227,7 @@ class WatchService(Service):
         return super().stopService()
 
 
-def _subdirs(guard: PathGuard, path: str) -> tuple[str, list[str]]:
+def watch_dirs(guard: PathGuard, path: str) -> tuple[str, list[str]]:
     """The resolved root and the real directories below it (no link followed)."""
     dirs: list[str] = []
     with guard.open_dir(path) as (fd, root):
@@ -244,48 +239,3 @@ def _subdirs(guard: PathGuard, path: str) -> tuple[str, list[str]]:
                     if len(dirs) >= MAX_WATCH_DIRS:
                         break
     return root, dirs
-
-
-def watch_handler(request: ServerRequest) -> Any:
-    """``GET /files/watch?path=&recursive=``: SSE of changes."""
-    guard = PathGuard.for_request(request)
-    path = request.query.get("path") or guard.base_dir
-    recursive = flag(request.query.get("recursive"), "recursive", False)
-    after = resume_point(request.query, request.headers)
-    retention = request.rule.limits.max_output_bytes or MIB
-    service: WatchService = request.context.services["files_watch"]
-
-    def visible_format(event: Event) -> bytes:
-        data = event.data
-        try:
-            with guard.locate(data["path"], "read", follow=False) as loc:
-                shown = loc.path
-            if "dest" in data:
-                with guard.locate(data["dest"], "read", follow=False):
-                    pass
-        except ApiError:
-            return b""
-        if shown != data["path"]:
-            data = dict(data, path=shown)
-        return default_format(Event(event.seq, event.event, data, event.size))
-
-    def ready(found: tuple[str, list[str]]) -> SSEResponse:
-        root, dirs = found
-        watch = service.get(root, recursive, retention, dirs)
-
-        def start(channel: SSEChannel) -> Any:
-            watch.acquire()
-            channel.done.addBoth(lambda _: watch.release())
-            channel.comment("watching")
-            follower = Follower(watch.log, channel, after, visible_format)
-            return follower.done
-
-        return SSEResponse(start=start)
-
-    if recursive:
-        reactor = request.context.reactor
-        d = deferToThreadPool(reactor, reactor.getThreadPool(), _subdirs, guard, path)
-        return d.addCallback(ready)
-    with guard.open_dir(path) as (_fd, root):
-        pass
-    return ready((root, []))

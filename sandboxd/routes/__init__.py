@@ -4,7 +4,8 @@ Handlers, one module per capability group.
 Each module exposes ``HANDLERS`` (endpoint id -> handler), optionally
 ``SINKS`` (endpoint id -> raw-body sink factory) and ``setup(context)``,
 which creates the group's long-lived service (process table, terminal
-sessions ...), stores it in ``context.services`` and returns it (or None)
+sessions ...), sets it on its typed attribute of the
+:class:`~sandboxd.context.Context` and returns it (or None)
 so the daemon can start and stop it.
 """
 

@@ -5,7 +5,7 @@ Handlers of the ``agents`` group (SPEC §15.2): coding agents over ACP.
 The handlers are thin: they parse the request, find the session and hand
 over to :mod:`sandboxd.agents`; the session manager service
 (:class:`~sandboxd.agents.manager.AgentManager`) lives in
-``context.services["agents"]``.
+``context.agents``.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from twisted.internet.defer import Deferred
 from sandboxd.agents import catalog
 from sandboxd.agents.manager import AgentManager, build_prompt
 from sandboxd.errors import ApiError, not_found
-from sandboxd.eventlog import Event, Follower, resume_point
+from sandboxd.eventlog import Event
 from sandboxd.policy import defaults
 from sandboxd.processes.command import find_executable
 from sandboxd.processes.environment import child_environment
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
 from sandboxd.web.params import flag
-from sandboxd.web.sse import SSEChannel, frame
+from sandboxd.web.sse import Follower, SSEChannel, frame, resume_point
 
 if TYPE_CHECKING:
     from sandboxd.agents.session import AgentSession
@@ -36,7 +36,8 @@ MAX_WAIT_SECONDS = 600.0
 
 def manager(request: ServerRequest) -> AgentManager:
     """The group's session manager."""
-    service: AgentManager = request.context.services["agents"]
+    service = request.context.agents
+    assert service is not None
     return service
 
 
@@ -183,7 +184,7 @@ def agents_install(request: ServerRequest) -> Any:
         raise ApiError(
             400, "'version' must be a version string", "ValueError", "invalid_param"
         )
-    processes = request.context.services.get("processes")
+    processes = request.context.processes
     if processes is None:
         raise ApiError(
             503, "managed processes are not available", "RuntimeError", "unavailable"
@@ -602,7 +603,7 @@ HANDLERS: dict[str, Any] = {
 
 
 def setup(context: Any) -> IService:
-    """Create the session manager and publish it as ``services["agents"]``."""
+    """Create the session manager and publish it as ``context.agents``."""
     service = AgentManager(context)
-    context.services["agents"] = service
+    context.agents = service
     return service

@@ -43,7 +43,7 @@ PDF_FORMATS = (
 def setup(context: Any) -> IService:
     """Create the browser supervisor (the worker starts on first use)."""
     service = BrowserSupervisor(context.reactor, context)
-    context.services["browser"] = service
+    context.browser = service
     return service
 
 
@@ -119,7 +119,7 @@ def _bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
 async def _call(
     request: ServerRequest, op: str, args: dict[str, Any], timeout: int
 ) -> dict[str, Any]:
-    service: BrowserSupervisor | None = request.context.services.get("browser")
+    service = request.context.browser
     if service is None:
         raise unavailable("the browser service is not running")
     args = {"policy": url_policy(request.rule).to_json(), **args}

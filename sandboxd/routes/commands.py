@@ -7,7 +7,6 @@ import inspect
 from typing import Any
 
 from twisted.internet.defer import Deferred, ensureDeferred
-from twisted.internet.threads import deferToThreadPool
 
 from sandboxd.errors import ApiError
 from sandboxd.web.messages import ServerRequest
@@ -89,11 +88,8 @@ async def run_command(request: ServerRequest) -> dict[str, Any]:
         if runs_on_reactor(func):
             result = func(**kwargs)
         else:
-            reactor = request.context.reactor
             # A plain function may block: run it in the thread pool.
-            result = await deferToThreadPool(
-                reactor, reactor.getThreadPool(), func, **kwargs
-            )
+            result = await request.context.in_thread(func, **kwargs)
         if inspect.iscoroutine(result):
             result = await ensureDeferred(result)
         elif isinstance(result, Deferred):

@@ -20,14 +20,14 @@ from typing import Any
 
 import pybase64
 from twisted.internet.defer import Deferred, FirstError, gatherResults
-from twisted.internet.threads import deferToThreadPool
 
 from sandboxd.errors import ApiError, payload_too_large
+from sandboxd.eventlog import Event
 from sandboxd.files import archive, walk
 from sandboxd.files.atomic import AtomicWrite, etag_matches, parse_mode
 from sandboxd.files.background import BackgroundWriter, PauseGate
 from sandboxd.files.stream import FileProducer, b64_chunk, b64_length, parse_range
-from sandboxd.files.watch import WatchService, watch_handler
+from sandboxd.files.watch import WatchService, watch_dirs
 from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import (
     DEFAULT_UPLOAD_BYTES,
@@ -35,10 +35,17 @@ from sandboxd.policy.defaults import (
     INLINE_READ_BYTES,
     MAX_LIST_DEPTH,
     MAX_PATTERN_CHARS,
+    MIB,
 )
 from sandboxd.web.dispatch import json_bytes
-from sandboxd.web.messages import ServerRequest, ServerResponse, StreamResponse
+from sandboxd.web.messages import (
+    ServerRequest,
+    ServerResponse,
+    SSEResponse,
+    StreamResponse,
+)
 from sandboxd.web.params import flag
+from sandboxd.web.sse import Follower, SSEChannel, default_format, resume_point
 
 # -- small helpers ------------------------------------------------------------
 
@@ -50,8 +57,7 @@ def _default(endpoint: str, name: str) -> Any:
 
 def in_thread(request: ServerRequest, fn: Any, *args: Any) -> Deferred[Any]:
     """Run blocking file work in the reactor's thread pool."""
-    reactor = request.context.reactor
-    return deferToThreadPool(reactor, reactor.getThreadPool(), fn, *args)
+    return request.context.in_thread(fn, *args)
 
 
 def _required(value: Any, name: str) -> str:
@@ -610,6 +616,51 @@ def files_extract(request: ServerRequest) -> Any:
     return in_thread(request, job)
 
 
+def files_watch(request: ServerRequest) -> Any:
+    """``GET /files/watch?path=&recursive=``: SSE of changes."""
+    guard = PathGuard.for_request(request)
+    path = request.query.get("path") or guard.base_dir
+    recursive = flag(request.query.get("recursive"), "recursive", False)
+    after = resume_point(request.query, request.headers)
+    retention = request.rule.limits.max_output_bytes or MIB
+    service = request.context.watches
+    assert service is not None
+
+    def visible_format(event: Event) -> bytes:
+        data = event.data
+        try:
+            with guard.locate(data["path"], "read", follow=False) as loc:
+                shown = loc.path
+            if "dest" in data:
+                with guard.locate(data["dest"], "read", follow=False):
+                    pass
+        except ApiError:
+            return b""
+        if shown != data["path"]:
+            data = dict(data, path=shown)
+        return default_format(Event(event.seq, event.event, data, event.size))
+
+    def ready(found: tuple[str, list[str]]) -> SSEResponse:
+        root, dirs = found
+        watch = service.get(root, recursive, retention, dirs)
+
+        def start(channel: SSEChannel) -> Any:
+            watch.acquire()
+            channel.done.addBoth(lambda _: watch.release())
+            channel.comment("watching")
+            follower = Follower(watch.log, channel, after, visible_format)
+            return follower.done
+
+        return SSEResponse(start=start)
+
+    if recursive:
+        d = request.context.in_thread(watch_dirs, guard, path)
+        return d.addCallback(ready)
+    with guard.open_dir(path) as (_fd, root):
+        pass
+    return ready((root, []))
+
+
 HANDLERS: dict[str, Any] = {
     "upload": upload,
     "download": download,
@@ -625,7 +676,7 @@ HANDLERS: dict[str, Any] = {
     "files_extract": files_extract,
     "files_read_raw": files_read_raw,
     "files_write_raw": files_write_raw,
-    "files_watch": watch_handler,
+    "files_watch": files_watch,
 }
 
 SINKS: dict[str, Any] = {"files_write_raw": RawSink}
@@ -634,7 +685,7 @@ SINKS: dict[str, Any] = {"files_write_raw": RawSink}
 def setup(context: Any) -> WatchService:
     """The shared inotify watches behind ``files_watch``."""
     service = WatchService(context.reactor)
-    context.services["files_watch"] = service
+    context.watches = service
     return service
 
 

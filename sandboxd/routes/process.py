@@ -22,7 +22,6 @@ from twisted.python.failure import Failure
 
 from sandboxd import processes
 from sandboxd.errors import ApiError, bad_request, forbidden, not_found, unavailable
-from sandboxd.eventlog import Follower, resume_point
 from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import STDIN_PENDING_BYTES
 from sandboxd.processes.child import Child
@@ -33,7 +32,7 @@ from sandboxd.processes.service import ProcessService
 from sandboxd.web.linestream import LineStream
 from sandboxd.web.messages import ServerRequest, SSEResponse
 from sandboxd.web.params import flag
-from sandboxd.web.sse import SSEChannel
+from sandboxd.web.sse import Follower, SSEChannel, resume_point
 
 
 @attrs.frozen
@@ -284,7 +283,8 @@ def shell_stream(request: ServerRequest) -> SSEResponse | Deferred[SSEResponse]:
 
 
 def _service(request: ServerRequest) -> ProcessService:
-    service: ProcessService = request.context.services["processes"]
+    service = request.context.processes
+    assert service is not None
     return service
 
 
@@ -504,7 +504,7 @@ HANDLERS: dict[str, Any] = {
 
 
 def setup(context: Any) -> IService:
-    """The process table, as ``context.services["processes"]``."""
+    """The process table, as ``context.processes``."""
     service = ProcessService(context.reactor)
-    context.services["processes"] = service
+    context.processes = service
     return service

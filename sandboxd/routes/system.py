@@ -17,8 +17,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from twisted.internet.threads import deferToThreadPool
-
 from sandboxd import processes, sysinfo
 from sandboxd.errors import ApiError, bad_request, forbidden, internal
 from sandboxd.policy import defaults
@@ -225,8 +223,7 @@ async def ports(request: ServerRequest) -> dict[str, Any]:
     pid where its fds are readable (else null).  The /proc walk runs in
     the thread pool.
     """
-    reactor = request.context.reactor
-    found = await deferToThreadPool(reactor, reactor.getThreadPool(), sysinfo.listening)
+    found = await request.context.in_thread(sysinfo.listening)
     return {"listening": [entry.as_json() for entry in found]}
 
 

@@ -27,6 +27,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
+from sandboxd.context import as_clock
 from sandboxd.errors import ApiError
 from sandboxd.web.messages import (
     ServerRequest,
@@ -221,7 +222,9 @@ def _stream_events(
     raw: SandboxRequest, request: ServerRequest, result: SSEResponse
 ) -> Any:
     """Serve an SSE response; the concurrency slot is held until it ends."""
-    channel = SSEChannel(_twisted(raw), request.context.reactor, headers=result.headers)
+    channel = SSEChannel(
+        _twisted(raw), as_clock(request.context.reactor), headers=result.headers
+    )
     if result.start is not None:
         started = maybeDeferred(result.start, channel)
         started.addErrback(lambda f: _stream_failed(channel, f))

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from twisted.web.server import Request
 
     from sandboxd.auth import Identity
+    from sandboxd.context import Context
     from sandboxd.endpoints import Endpoint
     from sandboxd.policy.rules import EffectiveRule
     from sandboxd.web.sse import SSEChannel
@@ -49,7 +50,7 @@ class ServerRequest:
     identity: Identity
     endpoint: Endpoint
     rule: EffectiveRule
-    context: Any = None
+    context: Context = attrs.field(default=None)
     raw: Request | None = None
     client: str = ""
     sink_result: Any = None

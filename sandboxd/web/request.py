@@ -329,7 +329,7 @@ class SandboxRequest(Request):
         a = self.admission
         if a is not None and a.slot:
             a.slot = False
-            self.context.gate.release(a.endpoint.id)
+            self.context.concurrency.release(a.endpoint.id)
 
     def finish(self) -> None:
         """Finish the response, then free the slot and audit (step 8)."""

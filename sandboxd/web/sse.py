@@ -21,6 +21,8 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 from zope.interface import implementer
 
+from sandboxd.errors import ApiError
+from sandboxd.eventlog import Event, EventLog
 from sandboxd.policy.defaults import HEARTBEAT_SECONDS
 
 
@@ -173,3 +175,91 @@ class SSEChannel:
         for callback in self._disconnect_callbacks:
             callback()
         self.done.callback(None)
+
+
+def resume_point(query: dict[str, str], headers: dict[str, str]) -> int:
+    """``after`` from the query, else ``Last-Event-ID``, else 0."""
+    raw = query.get("after")
+    if raw is None:
+        raw = headers.get("last-event-id")
+    if raw is None or raw == "":
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(
+            400, "'after' must be an integer seq", "ValueError", "invalid_param"
+        ) from None
+    if value < 0:
+        raise ApiError(
+            400, "'after' must not be negative", "ValueError", "invalid_param"
+        )
+    return value
+
+
+EventFormatter = Callable[[Event], bytes]
+
+
+def default_format(event: Event) -> bytes:
+    """``id: SEQ`` / ``event: NAME`` / ``data: JSON``."""
+    return frame(event.event, event.data, event.seq)
+
+
+@implementer(IPushProducer)
+class Follower:
+    """
+    Serves one :class:`EventLog` to one SSE client from a resume point.
+
+    The listener is registered before the replay is read, and every write
+    goes through :meth:`_pump`, which only ever sends ``seq > last sent``:
+    no gap between replay and live, and no repeat.
+    """
+
+    def __init__(
+        self,
+        log: EventLog,
+        channel: SSEChannel,
+        after: int,
+        formatter: EventFormatter = default_format,
+    ) -> None:
+        self.log = log
+        self.channel = channel
+        self.sent = after
+        self.paused = False
+        self.format = formatter
+        self.done: Deferred[None] = channel.done
+        self._unsubscribe = log.subscribe(self._on_event)
+        channel.on_disconnect(self._unsubscribe)
+        channel.register_producer(self)
+        self._pump()
+
+    def _on_event(self, event: Event | None) -> None:
+        if not self.paused:
+            self._pump()
+
+    def _pump(self) -> None:
+        gap, events = self.log.since(self.sent)
+        if gap is not None:
+            self.channel.send("gap", {"from": gap[0], "to": gap[1]})
+        for event in events:
+            if not self.channel.open:
+                return
+            self.channel.write_raw(self.format(event))
+            self.sent = event.seq
+        if self.log.closed and self.channel.open:
+            self._unsubscribe()
+            self.channel.close()
+
+    def pauseProducing(self) -> None:
+        """The client is slow: stop writing; the log keeps the events."""
+        self.paused = True
+
+    def resumeProducing(self) -> None:
+        """The client drained: catch up from the log."""
+        if self.paused:
+            self.paused = False
+            self._pump()
+
+    def stopProducing(self) -> None:
+        """The client is gone."""
+        self._unsubscribe()

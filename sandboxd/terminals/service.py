@@ -1,0 +1,137 @@
+# -*- test-case-name: tests.test_terminal -*-
+"""
+The terminal group's service: the session table and the WebSocket listener
+on the PTY port (SPEC §7.5, §8), and which shell a new session runs.
+
+Stopping it stops listening, closes every WebSocket (1001) and ends every
+session's whole process tree, within a bound.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
+from twisted.internet.endpoints import serverFromString
+from twisted.logger import Logger
+
+from sandboxd.errors import ApiError, bad_request, forbidden
+from sandboxd.gate import is_loopback
+from sandboxd.policy.defaults import KILL_GRACE_SECONDS
+from sandboxd.policy.rules import EffectiveRule
+from sandboxd.processes.command import find_executable
+from sandboxd.terminals.session import TerminalTable
+from sandboxd.terminals.websocket import PtyServerFactory
+
+log = Logger(namespace="sandboxd.terminal")
+
+TERM = "xterm-256color"
+
+
+class TerminalService(Service):
+    """
+    The terminal sessions and the PTY WebSocket port.
+
+    Stopping it stops listening, closes every WebSocket (1001) and ends
+    every session's whole process tree, within a bound.
+    """
+
+    name = "terminals"
+
+    def __init__(self, context: Any, timers: bool = True) -> None:
+        self.context = context
+        self.table = TerminalTable(context.reactor)
+        rule = context.policy.rules["pty_connect"]
+        self.factory = PtyServerFactory(
+            context,
+            self.table,
+            reactor=context.reactor,
+            timers=timers,
+            max_message_bytes=rule.limits.max_message_bytes,
+        )
+        self.port: Any = None
+        self._listening: Deferred[Any] | None = None
+
+    def startService(self) -> None:
+        """Listen on the PTY port when ``pty_connect`` is enabled."""
+        super().startService()  # type: ignore[no-untyped-call]
+        context = self.context
+        if not context.policy.rules["pty_connect"].enabled or not context.pty_listen:
+            return
+        endpoint = serverFromString(context.reactor, context.pty_listen)
+        self._listening = endpoint.listen(self.factory)
+        self._listening.addCallbacks(self._listened, self._failed)
+
+    def _listened(self, port: Any) -> None:
+        self.port = port
+        address = port.getHost()
+        if hasattr(address, "port"):
+            self.context.pty_port = address.port
+        host = getattr(address, "host", "unix")
+        if (
+            self.context.policy.tokens.local_mode
+            and host != "unix"
+            and not is_loopback(host)
+        ):
+            log.warn(
+                "sandboxd: NO TOKEN is configured and the terminal port listens on "
+                "{host}: anyone who can reach it gets a shell. Set "
+                "ABX_SERVER_TOKEN(_FILE) or policy auth.tokens.",
+                host=host,
+            )
+
+    def _failed(self, failure: Any) -> None:
+        log.failure(
+            "sandboxd: cannot listen on the PTY port {port}",
+            failure,
+            port=self.context.pty_listen,
+        )
+
+    def stopService(self) -> Deferred[Any]:
+        """Stop listening, close every client, end every session."""
+        super().stopService()  # type: ignore[no-untyped-call]
+        stopping = []
+        if self.port is not None:
+            stopping.append(maybeDeferred(self.port.stopListening))
+            self.port = None
+        self.factory.close_all()
+        stopping.extend(self.table.close_all())
+        d: Deferred[Any] = DeferredList(stopping, consumeErrors=True)
+        d.addTimeout(KILL_GRACE_SECONDS + 2, self.context.reactor)
+        d.addErrback(
+            lambda f: log.warn(
+                "sandboxd: terminals did not all end: {f}", f=f.getErrorMessage()
+            )
+        )
+        return d
+
+
+def choose_shell(
+    requested: Any, env: dict[str, str], rule: EffectiveRule
+) -> tuple[str, str]:
+    """The shell's name and absolute path: the requested one, else ``$SHELL``,
+    bash or sh, whichever the policy allows and the child's PATH has."""
+    allowed = rule.params.shells
+    if requested is not None:
+        if not isinstance(requested, str) or not requested or "\x00" in requested:
+            raise bad_request("'shell' must be a shell name or path")
+        name = os.path.basename(requested)
+        if name not in allowed:
+            raise forbidden(
+                f"the shell {requested!r} is not allowed (allowed: {', '.join(allowed)})",
+                "param_not_allowed",
+                rule=rule.source("params.shells") or "default:params.shells",
+            )
+        path = find_executable(requested, env)
+        if path is None:
+            raise bad_request(f"shell not found: {requested}")
+        return name, path
+    candidates = [env.get("SHELL", ""), "bash", "sh", *allowed]
+    for candidate in candidates:
+        if candidate and os.path.basename(candidate) in allowed:
+            path = find_executable(candidate, env)
+            if path is not None:
+                return os.path.basename(candidate), path
+    raise ApiError(500, "no allowed shell was found on PATH", "OSError", "internal")
