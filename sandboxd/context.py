@@ -26,6 +26,7 @@ from sandboxd.commands import CommandRegistry
 from sandboxd.endpoints import RouteTable
 from sandboxd.policy import Policy
 from sandboxd.policy.limits import ConcurrencyGate, RateLimiter
+from sandboxd.processes.child import ChildTable
 from sandboxd.web.routing import Router
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ class Context:
     router: Router = attrs.field(init=False)
     rates: RateLimiter = attrs.field(init=False)
     concurrency: ConcurrencyGate = attrs.field(factory=ConcurrencyGate, init=False)
+    children: ChildTable = attrs.field(factory=ChildTable, init=False)
     processes: ProcessService | None = attrs.field(default=None, init=False)
     terminals: TerminalService | None = attrs.field(default=None, init=False)
     watches: WatchService | None = attrs.field(default=None, init=False)

@@ -21,7 +21,6 @@ from twisted.internet.task import deferLater
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
-from sandboxd import processes
 from sandboxd.processes import posix_spawn as spawn_module
 from sandboxd.processes import spawning
 from sandboxd.testing import BytesProducer, SSEReader
@@ -417,7 +416,7 @@ class ShellStreamTests(ProcessCase):
         reader.transport.pauseProducing()
         paused = []
         for _ in range(400):
-            paused = [c for c in processes.LIVE if c.paused]
+            paused = [c for c in self.daemon.context.children.live if c.paused]
             if paused:
                 break
             yield sleep_(0.05)
@@ -426,7 +425,9 @@ class ShellStreamTests(ProcessCase):
         yield sleep_(0.5)
         self.assertLess(rss_bytes() - rss, 8 << 20)
         reader.transport.resumeProducing()
-        yield reader.wait_for(lambda r: not [c for c in processes.LIVE if c.paused])
+        yield reader.wait_for(
+            lambda r: not [c for c in self.daemon.context.children.live if c.paused]
+        )
         reader.disconnect()
         left = yield self.gone()
         self.assertEqual(left, [])
@@ -843,7 +844,7 @@ class SlowSpawnTests(_SlowSpawns, ProcessCase):
         yield sleep_(0.6)
         left = yield self.gone()
         self.assertEqual(left, [])
-        self.assertEqual(processes.PENDING, set())
+        self.assertEqual(self.daemon.context.children.pending, set())
 
     @inlineCallbacks
     def test_shell_waits_for_a_slow_spawn(self) -> Any:

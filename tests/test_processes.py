@@ -35,6 +35,9 @@ from tests.helpers import kill_marked, marked_pids
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 
+#: The table these tests' children belong to (a daemon has its own).
+CHILDREN = processes.ChildTable()
+
 
 class HeadTailTests(SynchronousTestCase):
     """The cap keeps the head and the tail and counts what it drops."""
@@ -126,7 +129,7 @@ class ChildProtocolTests(SynchronousTestCase):
         child.kill = lambda reason="killed": kills.append(reason) or Deferred()  # type: ignore[method-assign]
         child.makeConnection(FakeTransport())  # type: ignore[arg-type]
         child.started()
-        self.addCleanup(processes.LIVE.discard, child)
+        self.addCleanup(child.table.live.discard, child)
         return child, clock, got, kills
 
     def test_exit_then_pipes_closed_shortly_after(self) -> None:
@@ -228,7 +231,7 @@ class RunCollectTests(TestCase):
             "max_output_bytes": 1 << 20,
         }
         options.update(kwargs)
-        return ensureDeferred(run_collect(reactor, argv, **options))
+        return ensureDeferred(run_collect(reactor, argv, children=CHILDREN, **options))
 
     @inlineCallbacks
     def test_collects_output_and_exit_code(self) -> Any:
@@ -409,7 +412,9 @@ class TreeTests(TestCase):
             "max_output_bytes": 1 << 20,
         }
         options.update(kwargs)
-        return ensureDeferred(run_collect(reactor, ["sh", "-c", script], **options))
+        return ensureDeferred(
+            run_collect(reactor, ["sh", "-c", script], children=CHILDREN, **options)
+        )
 
     @inlineCallbacks
     def wait_gone(self) -> Any:
@@ -429,7 +434,14 @@ class TreeTests(TestCase):
         script = f"setsid sh -c 'exec sleep {self.marker}' & exit 0"
         for attempt in range(30):
             child = processes.Child(reactor, lambda fd, data: None, grace=0.5)
-            processes.spawn(reactor, child, ["sh", "-c", script], env=ENV, cwd="/")
+            processes.spawn(
+                reactor,
+                child,
+                ["sh", "-c", script],
+                children=CHILDREN,
+                env=ENV,
+                cwd="/",
+            )
             yield child.exited
             yield child.kill("killed")
             yield deferLater(reactor, 0.02, lambda: None)
@@ -515,7 +527,9 @@ class ReusedPidTests(TestCase):
         """
         child = processes.Child(reactor, lambda fd, data: None, grace=0.5)
         script = f"sleep {self.marker} & sleep {self.marker} & exit 0"
-        processes.spawn(reactor, child, ["sh", "-c", script], env=ENV, cwd="/")
+        processes.spawn(
+            reactor, child, ["sh", "-c", script], children=CHILDREN, env=ENV, cwd="/"
+        )
         yield child.exited
         for _ in range(100):
             if len(marked_pids(self.marker)) == 2:
@@ -588,7 +602,9 @@ class TreeTableTests(TestCase):
         """A walk finds a grandchild, and none of the processes outside the tree."""
         child = processes.Child(reactor, lambda fd, data: None, grace=0.5)
         script = f"sleep {self.marker} & sleep {self.marker}"
-        processes.spawn(reactor, child, ["sh", "-c", script], env=ENV, cwd="/")
+        processes.spawn(
+            reactor, child, ["sh", "-c", script], children=CHILDREN, env=ENV, cwd="/"
+        )
         for _ in range(100):
             if len(marked_pids(self.marker)) == 2:
                 break
@@ -617,7 +633,12 @@ class TreeTableTests(TestCase):
         )
         child = processes.Child(reactor, lambda fd, data: None, grace=0.5)
         processes.spawn(
-            reactor, child, [sys.executable, "-c", script], env=ENV, cwd="/"
+            reactor,
+            child,
+            [sys.executable, "-c", script],
+            children=CHILDREN,
+            env=ENV,
+            cwd="/",
         )
         sleeping: list[int] = []
         for _ in range(200):
@@ -651,7 +672,9 @@ class SharedScanTests(TestCase):
         children = []
         for _ in range(8):
             child = processes.Child(reactor, lambda fd, data: None, grace=1.0)
-            processes.spawn(reactor, child, ["sleep", marker], env=ENV, cwd="/")
+            processes.spawn(
+                reactor, child, ["sleep", marker], children=CHILDREN, env=ENV, cwd="/"
+            )
             children.append(child)
         yield deferLater(reactor, 0.1, lambda: None)
         scans = []
@@ -714,7 +737,9 @@ class PendingSpawnTests(TestCase):
 
     def start(self, argv: list[str]) -> processes.Child:
         child = processes.Child(reactor, lambda fd, data: None, grace=0.5)
-        processes.spawn(reactor, child, argv, env=ENV, cwd="/", may_wait=True)
+        processes.spawn(
+            reactor, child, argv, children=CHILDREN, env=ENV, cwd="/", may_wait=True
+        )
         return child
 
     @inlineCallbacks
@@ -728,7 +753,7 @@ class PendingSpawnTests(TestCase):
         self.assertNotEqual(child.pid, 0)
         self.assertEqual(child.reason, "killed")
         self.assertEqual(marked_pids(self.marker), [])
-        self.assertEqual(processes.PENDING, set())
+        self.assertEqual(CHILDREN.pending, set())
 
     @inlineCallbacks
     def test_failed_spawn_reaches_whoever_waits(self) -> Any:
@@ -743,14 +768,14 @@ class PendingSpawnTests(TestCase):
         self.assertEqual(caught.exception.errno, errno.ENOEXEC)
         code = yield child.ended
         self.assertIsNone(code)
-        self.assertEqual(processes.PENDING, set())
+        self.assertEqual(CHILDREN.pending, set())
 
     @inlineCallbacks
     def test_shutdown_ends_a_child_still_spawning(self) -> Any:
         """end_all takes children whose spawn has not finished."""
         child = self.start(["sleep", self.marker])
         self.assertTrue(child.pending)
-        yield processes.end_all(reactor, grace=0.5)
+        yield processes.end_all(reactor, CHILDREN, grace=0.5)
         self.assertTrue(child.has_ended)
         self.assertEqual(marked_pids(self.marker), [])
 

@@ -22,7 +22,7 @@ from typing import Any
 from twisted.internet.defer import Deferred, succeed
 
 from sandboxd.agents.jsonrpc import LineFramer
-from sandboxd.processes.child import Child, OutputCallback
+from sandboxd.processes.child import Child, ChildTable, OutputCallback
 from sandboxd.processes.command import RunAs, signal_name
 from sandboxd.processes.run import spawn
 from sandboxd.processes.tree import kill_tree, proc_info, reap_orphans
@@ -134,6 +134,7 @@ class AgentProcess:
     def __init__(
         self,
         reactor: Any,
+        children: ChildTable,
         max_message_bytes: int,
         stderr: HeadTailLog,
         on_line: Callable[[bytes], None],
@@ -141,6 +142,7 @@ class AgentProcess:
         on_exit: Callable[[int | None, str | None], None],
     ) -> None:
         self.reactor = reactor
+        self.children = children
         self.stderr = stderr
         self.framer = LineFramer(max_message_bytes, on_line, on_overflow)
         self.child = AgentChild(reactor, self._output)
@@ -161,6 +163,7 @@ class AgentProcess:
             self.reactor,
             self.child,
             [executable, *argv[1:]],
+            children=self.children,
             env=env,
             cwd=cwd,
             run_as=run_as,

@@ -139,6 +139,7 @@ class AgentSession(SessionState):
         # the connection comes to handle_request/handle_notification.
         self.process = AgentProcess(
             self.reactor,
+            self.context.children,
             self.max_message_bytes,
             self.stderr,
             self._line,

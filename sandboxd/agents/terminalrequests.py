@@ -100,6 +100,7 @@ class TerminalRequests:
         )
         terminal = AgentTerminal(
             s.reactor,
+            s.context.children,
             f"term_{next(self._ids)}",
             command,
             args,

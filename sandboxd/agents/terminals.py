@@ -21,7 +21,7 @@ from twisted.internet.defer import Deferred, succeed
 
 from sandboxd.agents.process import AgentChild
 from sandboxd.eventlog import EventLog
-from sandboxd.processes.child import STREAM_NAMES, signal_child
+from sandboxd.processes.child import STREAM_NAMES, ChildTable, signal_child
 from sandboxd.processes.command import RunAs
 from sandboxd.processes.run import spawn
 from sandboxd.waiters import Waiters
@@ -44,6 +44,7 @@ class AgentTerminal:
     def __init__(
         self,
         reactor: Any,
+        children: ChildTable,
         terminal_id: str,
         command: str,
         args: list[str],
@@ -54,6 +55,7 @@ class AgentTerminal:
         on_exit: Callable[[AgentTerminal], None],
     ) -> None:
         self.reactor = reactor
+        self.children = children
         self.terminal_id = terminal_id
         self.command = command
         self.args = args
@@ -73,7 +75,15 @@ class AgentTerminal:
     def start(self, executable: str, env: dict[str, str], run_as: RunAs | None) -> None:
         """Spawn it in its own session, stdin at ``/dev/null``."""
         argv = [executable, *self.args]
-        spawn(self.reactor, self.child, argv, env=env, cwd=self.cwd, run_as=run_as)
+        spawn(
+            self.reactor,
+            self.child,
+            argv,
+            children=self.children,
+            env=env,
+            cwd=self.cwd,
+            run_as=run_as,
+        )
 
     @property
     def pid(self) -> int | None:

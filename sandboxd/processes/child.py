@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import ProcessProtocol
@@ -128,11 +129,20 @@ class HeadTail:
 # The one ProcessProtocol
 
 
-#: Children alive now (spawned and not yet ended); shutdown ends them all.
-LIVE: set[Child] = set()
+@attrs.define(eq=False)
+class ChildTable:
+    """
+    The children of one daemon, for its shutdown to end (one per
+    :class:`~sandboxd.context.Context`, so two daemons in one process never
+    end each other's).
 
-#: Children whose spawn is on a worker thread (no process yet).
-PENDING: set[Child] = set()
+    :ivar live: spawned and not yet ended.
+    :ivar pending: their spawn is on a worker thread (no process yet).
+    """
+
+    live: set[Child] = attrs.Factory(set)
+    pending: set[Child] = attrs.Factory(set)
+
 
 OutputCallback = Callable[[int, bytes], None]
 
@@ -158,6 +168,8 @@ class Child(ProcessProtocol):
     ) -> None:
         self.clock = clock
         self.on_output = on_output
+        #: The table of the daemon that spawned it (set by ``spawn``).
+        self.table = ChildTable()
         self.timeout = timeout
         self.idle_timeout = idle_timeout
         self.grace = grace
@@ -195,17 +207,17 @@ class Child(ProcessProtocol):
     @property
     def pending(self) -> bool:
         """Whether its spawn is still on a worker thread (no process yet)."""
-        return self in PENDING
+        return self in self.table.pending
 
     def spawning(self, later: Deferred[Any], stdin_pipe: bool) -> None:
         """
         Its spawn is on a worker thread: start (and carry out a kill asked
         for meanwhile) once ``later`` has the process.
         """
-        PENDING.add(self)
+        self.table.pending.add(self)
 
         def done(_: Any) -> None:
-            PENDING.discard(self)
+            self.table.pending.discard(self)
             self.stdin_open = stdin_pipe
             self.started()
             if self.killing is not None:
@@ -214,7 +226,7 @@ class Child(ProcessProtocol):
             self._spawned.fire(None)
 
         def failed(failure: Failure) -> None:
-            PENDING.discard(self)
+            self.table.pending.discard(self)
             # Never started: over, for whoever waits on it (shutdown).
             self.has_exited = self.has_ended = True
             if self.killing is not None and not self.killing.called:
@@ -238,7 +250,7 @@ class Child(ProcessProtocol):
         """Called once spawned: arm the timers."""
         if self.has_exited:
             return
-        LIVE.add(self)
+        self.table.live.add(self)
         if self.timeout is not None:
             self._hard = self.clock.callLater(self.timeout, self.kill, "timeout")
         self._arm_idle()
@@ -319,7 +331,7 @@ class Child(ProcessProtocol):
         self.has_ended = True
         if self._drain is not None and self._drain.active():
             self._drain.cancel()
-        LIVE.discard(self)
+        self.table.live.discard(self)
         self.ended.callback(self.exit_code)
 
     # -- control -----------------------------------------------------------

@@ -22,9 +22,8 @@ from sandboxd.policy.defaults import (
 )
 from sandboxd.processes.child import (
     DEFAULT_CAPTURE_BYTES,
-    LIVE,
-    PENDING,
     Child,
+    ChildTable,
     HeadTail,
 )
 from sandboxd.processes.command import RunAs, find_executable
@@ -116,6 +115,7 @@ def spawn(
     child: Child,
     argv: list[str],
     *,
+    children: ChildTable,
     env: dict[str, str],
     cwd: str,
     run_as: RunAs | None = None,
@@ -123,7 +123,8 @@ def spawn(
     may_wait: bool = False,
 ) -> Child:
     """
-    Start ``argv`` under ``child``, in its own session.
+    Start ``argv`` under ``child``, in its own session, as one of
+    ``children`` (the daemon's table, whose shutdown ends it).
 
     With ``may_wait``, a caller that can wait for its child (see
     :meth:`Child.when_spawned`) lets the spawn happen on a worker thread
@@ -138,6 +139,7 @@ def spawn(
     :raises FileNotFoundError: no such executable.
     :raises OSError: the spawn itself failed.
     """
+    child.table = children
     if not argv:
         raise FileNotFoundError("empty command")
     env = dict(env)
@@ -199,6 +201,7 @@ async def run_collect(
     reactor: Any,
     argv: list[str],
     *,
+    children: ChildTable,
     env: dict[str, str],
     cwd: str,
     timeout: float | None,
@@ -232,6 +235,7 @@ async def run_collect(
         reactor,
         child,
         argv,
+        children=children,
         env=env,
         cwd=cwd,
         run_as=run_as,
@@ -280,13 +284,15 @@ async def run_collect(
     )
 
 
-def end_all(clock: Any, grace: float = KILL_GRACE_SECONDS) -> Deferred[Any]:
+def end_all(
+    clock: Any, children: ChildTable, grace: float = KILL_GRACE_SECONDS
+) -> Deferred[Any]:
     """
-    End every live child's tree and every adopted orphan; fires when all
+    End every tree of ``children`` and every adopted orphan; fires when all
     are gone (the caller bounds the wait).
     """
     waits: list[Deferred[Any]] = []
-    for child in list(LIVE | PENDING):
+    for child in list(children.live | children.pending):
         child.grace = min(child.grace, grace)
         waits.append(child.kill("shutdown"))
         if not child.has_ended:

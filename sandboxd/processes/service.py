@@ -25,7 +25,7 @@ from sandboxd.policy.defaults import (
     KILL_GRACE_SECONDS,
     PROCESS_HISTORY,
 )
-from sandboxd.processes.child import STREAM_NAMES, Child, timeout_error
+from sandboxd.processes.child import STREAM_NAMES, Child, ChildTable, timeout_error
 from sandboxd.processes.command import RunAs
 from sandboxd.processes.run import end_all, spawn
 from sandboxd.processes.tree import (
@@ -134,8 +134,14 @@ class ProcessService(Service):
 
     name = "processes"
 
-    def __init__(self, reactor: Any, grace: float = KILL_GRACE_SECONDS) -> None:
+    def __init__(
+        self,
+        reactor: Any,
+        children: ChildTable,
+        grace: float = KILL_GRACE_SECONDS,
+    ) -> None:
         self.reactor = reactor
+        self.children = children
         self.grace = grace
         self.table: OrderedDict[int, Managed] = OrderedDict()
         #: Started, with the spawn still on a worker thread (not in the table yet).
@@ -154,7 +160,7 @@ class ProcessService(Service):
         """End every child's tree and adopted orphan; bounded by the grace."""
         super().stopService()  # type: ignore[no-untyped-call]
         self.reaper.stop()
-        d = end_all(self.reactor, self.grace)
+        d = end_all(self.reactor, self.children, self.grace)
         d.addTimeout(self.grace + 2.0, self.reactor)
         d.addErrback(
             lambda f: log.warn("sandboxd: children still ending at shutdown: {f}", f=f)
@@ -204,6 +210,7 @@ class ProcessService(Service):
             self.reactor,
             child,
             argv,
+            children=self.children,
             env=env,
             cwd=cwd,
             run_as=run_as,

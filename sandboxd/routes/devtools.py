@@ -125,6 +125,7 @@ async def code_run(request: ServerRequest) -> dict[str, Any]:
         result = await processes.run_collect(
             request.context.reactor,
             [executable, flag, code],
+            children=request.context.children,
             env=env,
             cwd=cwd,
             timeout=timeout,
@@ -187,6 +188,7 @@ class _Git:
             result = await processes.run_collect(
                 self.request.context.reactor,
                 argv,
+                children=self.request.context.children,
                 env=self.env,
                 cwd=self.cwd,
                 timeout=self.timeout,

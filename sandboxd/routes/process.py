@@ -153,6 +153,7 @@ async def shell(request: ServerRequest) -> dict[str, Any]:
         result = await run_collect(
             request.context.reactor,
             spec.argv,
+            children=request.context.children,
             env=spec.env,
             cwd=spec.cwd,
             timeout=spec.timeout,
@@ -233,6 +234,7 @@ def shell_stream(request: ServerRequest) -> SSEResponse | Deferred[SSEResponse]:
             clock,
             child,
             spec.argv,
+            children=request.context.children,
             env=spec.env,
             cwd=spec.cwd,
             run_as=spec.run_as,
@@ -505,6 +507,6 @@ HANDLERS: dict[str, Any] = {
 
 def setup(context: Any) -> IService:
     """The process table, as ``context.processes``."""
-    service = ProcessService(context.reactor)
+    service = ProcessService(context.reactor, context.children)
     context.processes = service
     return service

@@ -322,6 +322,7 @@ async def packages(request: ServerRequest) -> dict[str, Any]:
         result = await processes.run_collect(
             request.context.reactor,
             argv,
+            children=request.context.children,
             env=env,
             # Never a user-writable cwd: ``python -m`` puts it on sys.path.
             cwd="/",
