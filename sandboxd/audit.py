@@ -16,11 +16,9 @@ from urllib.parse import parse_qsl, urlencode
 from twisted.logger import Logger
 from twisted.python.logfile import LogFile
 
-_SECRET_PARAM = re.compile(r"token|secret|key|password|credential|auth", re.IGNORECASE)
+from sandboxd.policy.defaults import AUDIT_KEEP_FILES, AUDIT_ROTATE_BYTES
 
-#: Rotate the audit file at this size; keep this many old files.
-ROTATE_BYTES = 10 * 1024 * 1024
-KEEP_FILES = 5
+_SECRET_PARAM = re.compile(r"token|secret|key|password|credential|auth", re.IGNORECASE)
 
 
 def redact_query(query: str) -> str:
@@ -50,13 +48,16 @@ class AuditLog:
     log = Logger(namespace="sandboxd.audit")
 
     def __init__(
-        self, path: str | None = None, rotate_bytes: int = ROTATE_BYTES
+        self, path: str | None = None, rotate_bytes: int = AUDIT_ROTATE_BYTES
     ) -> None:
         self._file: LogFile | None = None
         if path:
             directory, name = os.path.split(os.path.abspath(path))
             self._file = LogFile(
-                name, directory, rotateLength=rotate_bytes, maxRotatedFiles=KEEP_FILES
+                name,
+                directory,
+                rotateLength=rotate_bytes,
+                maxRotatedFiles=AUDIT_KEEP_FILES,
             )
         self.records = 0
 

@@ -9,12 +9,12 @@ import time
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.audit import (
-    KEEP_FILES,
     AuditLog,
     make_record,
     redact_query,
     should_record,
 )
+from sandboxd.policy.defaults import AUDIT_KEEP_FILES
 
 
 class AuditTests(SynchronousTestCase):
@@ -61,7 +61,7 @@ class AuditTests(SynchronousTestCase):
         self.assertIn(base, names)
         self.assertIn(base + ".1", names)
         self.assertLessEqual(
-            len([n for n in names if n.startswith(base + ".")]), KEEP_FILES
+            len([n for n in names if n.startswith(base + ".")]), AUDIT_KEEP_FILES
         )
         with open(path) as f:
             for line in f:

@@ -13,7 +13,8 @@ import os
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.errors import ApiError
-from sandboxd.web.upload import HEAD_LIMIT, UploadBody
+from sandboxd.policy.defaults import UPLOAD_HEAD_LIMIT
+from sandboxd.web.upload import UploadBody
 
 
 def feed(body: bytes, size: int, cap: int = 10**9) -> UploadBody:
@@ -72,7 +73,7 @@ class UploadBodyTests(SynchronousTestCase):
         data = b"late"
         body = json.dumps(
             {
-                "padding": "x" * (2 * HEAD_LIMIT),
+                "padding": "x" * (2 * UPLOAD_HEAD_LIMIT),
                 "content_base64": base64.b64encode(data).decode(),
             }
         ).encode()

@@ -15,7 +15,7 @@ import hashlib
 import os
 from typing import Any
 
-from sandboxd.agents.filechanges import PRE_IMAGE_BYTES, FileChanges, Written
+from sandboxd.agents.filechanges import FileChanges, Written
 from sandboxd.agents.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -28,6 +28,7 @@ from sandboxd.agents.updates import UpdateFolding
 from sandboxd.errors import ApiError
 from sandboxd.files.atomic import AtomicWrite
 from sandboxd.guard import PathGuard
+from sandboxd.policy.defaults import PRE_IMAGE_BYTES
 from sandboxd.policy.rules import EffectiveRule
 
 
@@ -111,7 +112,7 @@ def write_text_file(
     """
     ``fs/write_text_file``: write atomically (temporary file, rename),
     creating the file and its parent directories; keep the old text (within
-    :data:`~sandboxd.agents.filechanges.PRE_IMAGE_BYTES`) for diffs.
+    :data:`~sandboxd.policy.defaults.PRE_IMAGE_BYTES`) for diffs.
 
     Written like ``POST /files/raw``, relative to the guard's directory
     descriptor (:class:`~sandboxd.files.atomic.AtomicWrite`), so the

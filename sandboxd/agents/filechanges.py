@@ -13,9 +13,7 @@ from typing import Any
 import attrs
 
 from sandboxd.agents.state import SessionState, bounded_put
-
-#: Pre-images kept for diffs are capped like ``git_diff`` output (SPEC §13).
-PRE_IMAGE_BYTES = 10**6
+from sandboxd.policy.defaults import PRE_IMAGE_BYTES
 
 
 @attrs.frozen

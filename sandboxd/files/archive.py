@@ -25,8 +25,9 @@ import attrs
 
 from sandboxd.errors import ApiError, payload_too_large
 from sandboxd.files.atomic import AtomicWrite
-from sandboxd.files.walk import WALK_DEPTH, visible, walk
+from sandboxd.files.walk import visible, walk
 from sandboxd.guard import PathGuard, os_error, refusal
+from sandboxd.policy.defaults import WALK_DEPTH
 
 FORMATS = ("tar.gz", "zip")
 

@@ -38,11 +38,9 @@ from sandboxd.guard import (
     refuse_device,
 )
 from sandboxd.libc import libc
+from sandboxd.policy.defaults import WALK_DEPTH
 
 _SUBDIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-#: Depth bound for unbounded walks (search, archive): open fds stay below it.
-WALK_DEPTH = 64
 
 
 def iso_time(ts: float) -> str:

@@ -28,10 +28,12 @@ from twisted.python.filepath import FilePath
 
 from sandboxd.errors import ApiError
 from sandboxd.eventlog import EventLog
-from sandboxd.files.walk import WALK_DEPTH, walk
+from sandboxd.files.walk import walk
 from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import (
+    MAX_WATCH_DIRS,
     MAX_WATCHES,
+    WALK_DEPTH,
     WATCH_DEBOUNCE_SECONDS,
     WATCH_IDLE_SECONDS,
 )
@@ -48,9 +50,6 @@ _MASK = (
     | inotify.IN_DELETE_SELF
     | inotify.IN_MOVE_SELF
 )
-
-#: Directories one recursive watch may cover (each is an inotify watch).
-MAX_WATCH_DIRS = 8192
 
 
 class _Notifier(inotify.INotify):

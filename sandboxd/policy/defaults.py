@@ -267,3 +267,30 @@ HEADER_DEADLINE_SECONDS = 30.0
 
 #: Headers per request (Twisted allows 500).
 MAX_HEADERS = 100
+
+#: Directories one recursive watch may cover (each is an inotify watch).
+MAX_WATCH_DIRS = 8192
+
+#: Depth bound for unbounded walks (search, archive): open fds stay below it.
+WALK_DEPTH = 64
+
+#: Rotate the audit file at this size; keep this many old files.
+AUDIT_ROTATE_BYTES = 10 * MIB
+AUDIT_KEEP_FILES = 5
+
+#: Pre-images kept for diffs are capped like ``git_diff`` output (SPEC §13).
+PRE_IMAGE_BYTES = 10**6
+
+#: The key must start within this many bytes for the streaming path.
+UPLOAD_HEAD_LIMIT = 64 * KIB
+
+#: A refused request whose body is at most this big is read and dropped,
+#: so the connection can be kept alive; a bigger one is answered at once
+#: and the connection closed.
+DRAIN_LIMIT_BYTES = 64 * KIB
+
+#: Close keep-alive connections idle for this long.
+HTTP_IDLE_TIMEOUT_SECONDS = 60
+
+#: The longest a request may wait for a turn (``wait``), whatever it asks.
+MAX_TURN_WAIT_SECONDS = 600.0

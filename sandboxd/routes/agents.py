@@ -20,6 +20,7 @@ from sandboxd.agents.manager import AgentManager, build_prompt
 from sandboxd.errors import ApiError, not_found
 from sandboxd.eventlog import Event
 from sandboxd.policy import defaults
+from sandboxd.policy.defaults import MAX_TURN_WAIT_SECONDS
 from sandboxd.processes.command import find_executable
 from sandboxd.processes.environment import child_environment
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
@@ -29,9 +30,6 @@ from sandboxd.web.sse import Follower, SSEChannel, frame, resume_point
 if TYPE_CHECKING:
     from sandboxd.agents.session import AgentSession
     from sandboxd.agents.state import Turn
-
-#: The longest a request may wait for a turn (``wait``), whatever it asks.
-MAX_WAIT_SECONDS = 600.0
 
 
 def manager(request: ServerRequest) -> AgentManager:
@@ -50,7 +48,7 @@ def _number(
     value: Any,
     name: str,
     default: float | None = None,
-    maximum: float = MAX_WAIT_SECONDS,
+    maximum: float = MAX_TURN_WAIT_SECONDS,
 ) -> float | None:
     if value is None or value == "":
         return default

@@ -25,7 +25,11 @@ from twisted.web.server import Request
 from sandboxd import gate
 from sandboxd.context import Context
 from sandboxd.errors import ApiError, payload_too_large
-from sandboxd.policy.defaults import LARGE_BODY_BYTES, LARGE_READ_BYTES
+from sandboxd.policy.defaults import (
+    DRAIN_LIMIT_BYTES,
+    LARGE_BODY_BYTES,
+    LARGE_READ_BYTES,
+)
 from sandboxd.web.channel import client_left
 from sandboxd.web.cors import (
     allowed_origin,
@@ -38,11 +42,6 @@ from sandboxd.web.jsonbody import parse_object
 from sandboxd.web.messages import BodySink, ServerRequest
 from sandboxd.web.pipeline import Admission, PipelineRefusal, Refusal, admit
 from sandboxd.web.upload import UploadBody
-
-#: A refused request whose body is at most this big is read and dropped,
-#: so the connection can be kept alive; a bigger one is answered at once
-#: and the connection closed.
-DRAIN_LIMIT = 64 * 1024
 
 #: Methods that change nothing.  A request with any other method is not
 #: carried out once its client has closed the connection (see
@@ -129,7 +128,7 @@ class SandboxRequest(Request):
             )
         except PipelineRefusal as e:
             self.refusal = e.refusal
-            if length is None or length > DRAIN_LIMIT:
+            if length is None or length > DRAIN_LIMIT_BYTES:
                 self._answer_early(e.refusal.error)
             return
         self.admission = admission

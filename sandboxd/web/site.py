@@ -11,14 +11,12 @@ from twisted.web.server import Site
 from sandboxd.context import Context
 from sandboxd.policy.defaults import (
     HEADER_DEADLINE_SECONDS,
+    HTTP_IDLE_TIMEOUT_SECONDS,
     MAX_CONNECTIONS_PER_PEER,
     MAX_HTTP_CONNECTIONS,
 )
 from sandboxd.web.channel import SandboxChannel
 from sandboxd.web.request import SandboxRequest
-
-#: Close keep-alive connections idle for this long.
-IDLE_TIMEOUT_SECONDS = 60
 
 
 class SandboxSite(Site):
@@ -39,7 +37,7 @@ class SandboxSite(Site):
         # parsing their Content-Type costs ~0.1 ms per POST.
         super().__init__(
             context.router.root,
-            timeout=IDLE_TIMEOUT_SECONDS,
+            timeout=HTTP_IDLE_TIMEOUT_SECONDS,
             reactor=reactor,
             parsePOSTFormSubmission=False,
         )

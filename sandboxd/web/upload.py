@@ -22,10 +22,8 @@ from typing import Any
 import pybase64
 
 from sandboxd.errors import ApiError
+from sandboxd.policy.defaults import UPLOAD_HEAD_LIMIT
 from sandboxd.web.jsonbody import invalid_json, parse_object
-
-#: The key must start within this many bytes for the streaming path.
-HEAD_LIMIT = 64 * 1024
 
 _KEY = b"content_base64"
 _WHITESPACE = b" \t\r\n"
@@ -131,7 +129,7 @@ class UploadBody:
             self._head += data
             start = self._scanner.scan(self._head)
             if start is None:
-                if len(self._head) > HEAD_LIMIT:
+                if len(self._head) > UPLOAD_HEAD_LIMIT:
                     self._buffer_everything()
                 return
             if start < 0:
