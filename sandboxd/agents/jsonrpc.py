@@ -108,11 +108,6 @@ class LineFramer:
         self.stopped = True
         self._buffer = bytearray()
 
-    @property
-    def pending_bytes(self) -> int:
-        """Bytes of an unfinished line."""
-        return len(self._buffer)
-
 
 class Peer(Protocol):
     """What a :class:`Connection` hands incoming traffic to."""
@@ -143,7 +138,6 @@ class Connection:
         #: ids of the agent's requests we have not answered yet.
         self.held: set[Any] = set()
         self.closed: Failure | None = None
-        self.bytes_sent = 0
 
     # -- sending ---------------------------------------------------------
 
@@ -154,7 +148,6 @@ class Connection:
             json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
             + b"\n"
         )
-        self.bytes_sent += len(data)
         self._write(data)
 
     def request(self, method: str, params: Any) -> Deferred[Any]:
@@ -188,11 +181,6 @@ class Connection:
             return
         self.held.discard(request_id)
         self._send({"jsonrpc": "2.0", "id": request_id, "error": error.as_json()})
-
-    @property
-    def pending_methods(self) -> list[str]:
-        """Methods of our requests still unanswered."""
-        return [method for method, _ in self._pending.values()]
 
     # -- receiving -------------------------------------------------------
 

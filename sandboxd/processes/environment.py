@@ -30,7 +30,7 @@ class _EnvironSnapshot:
     environment rather than once per child.
 
     ``dict(os.environ)`` decodes every name and value through Python-level
-    calls (14 µs for forty names, on every command the daemon starts).  A
+    calls, on every command the daemon starts (docs/performance.md).  A
     change is noticed by comparing the bytes mapping behind ``os.environ``
     (POSIX CPython keeps it in ``_data``) with a copy, a C-level compare
     well under a microsecond; whoever changes the environment, and however,

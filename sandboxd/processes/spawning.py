@@ -229,13 +229,13 @@ class SpawnTimes:
     its caller.
 
     ``posix_spawn`` returns once the child has exec'd.  On an idle machine
-    that is ~0.15 ms, and the reactor calls it directly: a worker thread's
+    that is quick, and the reactor calls it directly: a worker thread's
     hand-offs would cost more.  On a saturated one the new child first
     waits for a CPU (with the kernel's autogroup scheduling, a child that
     has just started its own session is a new group competing with every
-    other session), and under 200 concurrent streams each spawn held the
-    reactor 12 ms at the median and 33 ms at p90, with every other client
-    waiting too.  Once a spawn takes longer than ``threshold`` seconds, the
+    other session), and under hundreds of concurrent streams each spawn
+    held the reactor for milliseconds, with every other client waiting too
+    (docs/performance.md).  Once a spawn takes longer than ``threshold`` seconds, the
     spawns that can wait go through worker threads until one of them is
     quick again.
     """

@@ -162,7 +162,7 @@ def tree_table(leader: int) -> dict[int, ProcInfo]:
 
     A walk costs a few reads per process of the tree; a scan costs them for
     every process on the machine, which the reactor pays before it reads
-    the next request (about 0.6 ms for 70 processes).
+    the next request (docs/performance.md).
     """
     if not walkable():
         return proc_table()

@@ -399,8 +399,8 @@ class RawSink:
         self.received = 0
         transport: Any = request.raw.channel.transport if request.raw else None
         gate = PauseGate(transport)
-        # Hashing and writing each run at about 2 GB/s and both release the
-        # GIL: on two threads they overlap instead of adding up.
+        # Hashing and writing both release the GIL: on two threads they
+        # overlap instead of adding up.
         reactor = request.context.reactor
         self.hashing = BackgroundWriter(
             reactor, self.hash.update, gate.pause, gate.resume

@@ -2,24 +2,22 @@
 """
 Step 2 of the pipeline: the route tree built from the endpoint table.
 
-Each node is a twisted.web ``Resource``: static segments are its children,
-a ``{param}`` segment is its one wildcard child.  Matching walks the tree
+Each node is a plain object (twisted.web's resource traversal is never used:
+the pipeline matches before any body is read): static segments are its
+children, a ``{param}`` segment is its one wildcard child.  Matching walks the tree
 with the normalised segments, preferring static children and falling back
 to the wildcard, so ``/process/list`` beats ``/process/{pid}``.
 """
 
 from __future__ import annotations
 
-from twisted.web.resource import Resource
-
 from sandboxd.endpoints import Endpoint, RouteTable, param_name
 
 
-class RouteNode(Resource):
+class RouteNode:
     """One path position: static children, a wildcard child, and endpoints."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.static: dict[str, RouteNode] = {}
         self.wildcard: RouteNode | None = None
         self.methods: dict[str, Endpoint] = {}
@@ -35,7 +33,6 @@ class RouteNode(Resource):
             child = self.static.get(head)
             if child is None:
                 child = self.static[head] = RouteNode()
-                self.putChild(head.encode("utf-8"), child)
         else:
             if self.wildcard is None:
                 self.wildcard = RouteNode()
@@ -81,7 +78,3 @@ class Router:
             return None
         names = [n for n in map(param_name, endpoint.segments) if n is not None]
         return endpoint, dict(zip(names, values, strict=True))
-
-    def path_exists(self, segments: tuple[str, ...]) -> bool:
-        """Whether any method is served at ``segments``."""
-        return any(self.root.find(segments, m, []) for m in ("GET", "POST", "DELETE"))

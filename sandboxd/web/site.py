@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.internet.task import LoopingCall
+from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from sandboxd.context import Context
@@ -23,9 +24,9 @@ class SandboxSite(Site):
     """
     The site serving the route tree of one :class:`Context`.
 
-    ``log`` is a no-op: the combined access log costs a third of small
-    request throughput, and the audit trail (SPEC §11.5) records what
-    matters.
+    ``log`` is a no-op: the combined access log costs a large share of
+    small-request throughput (docs/performance.md), and the audit trail
+    (SPEC §11.5) records what matters.
     """
 
     requestFactory = SandboxRequest
@@ -34,9 +35,12 @@ class SandboxSite(Site):
 
     def __init__(self, context: Context, reactor: Any = None) -> None:
         # Form bodies never become request arguments (SPEC §3 step 5), and
-        # parsing their Content-Type costs ~0.1 ms per POST.
+        # parsing their Content-Type costs time on every POST
+        # (docs/performance.md).
         super().__init__(
-            context.router.root,
+            # The pipeline routes (sandboxd.web.routing) before any body is
+            # read; twisted.web's resource traversal is never reached.
+            Resource(),
             timeout=HTTP_IDLE_TIMEOUT_SECONDS,
             reactor=reactor,
             parsePOSTFormSubmission=False,

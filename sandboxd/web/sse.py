@@ -90,7 +90,6 @@ class SSEChannel:
         self.open = True
         self.client_gone = False
         self.done: Deferred[None] = Deferred()
-        self.events_sent = 0
         request.setResponseCode(200)
         request.setHeader(b"content-type", b"text/event-stream")
         request.setHeader(b"cache-control", b"no-cache")
@@ -112,7 +111,6 @@ class SSEChannel:
     def send(self, event: str, data: Any, id: int | None = None) -> None:
         """Write one event now."""
         self.write_raw(frame(event, data, id))
-        self.events_sent += 1
 
     def write_raw(self, data: bytes) -> None:
         """Write pre-formatted frame bytes (template streams yield these)."""
