@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_pipeline -*-
+# -*- test-case-name: tests.web.test_pipeline -*-
 """
 Who is calling: tokens, identities and scopes (SPEC §4).
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_pipeline -*-
+# -*- test-case-name: tests.web.test_pipeline -*-
 """
 Helpers for testing sandboxd and code built on it.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_agents -*-
+# -*- test-case-name: tests.agents.test_agents -*-
 """
 Which agents this sandbox knows (SPEC §15.2 ``agents_catalog``, §15.3).
 

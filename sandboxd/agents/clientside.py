@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_agents -*-
+# -*- test-case-name: tests.agents.test_agents -*-
 """
 The client half of ACP that touches the file system: ``fs/read_text_file``
 and ``fs/write_text_file``, served through the path guard of the session's

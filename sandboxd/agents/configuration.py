@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_agents -*-
+# -*- test-case-name: tests.agents.test_agents -*-
 """
 A session's mode, model, config options and title (``agents_session_config``,
 and the ``mode`` given at creation), checked against the policy's

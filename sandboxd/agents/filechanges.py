@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_agents -*-
+# -*- test-case-name: tests.agents.test_agents -*-
 """
 The files an agent session changed (``agents_files``): named by tool-call
 diffs and locations, or written through ``fs/write_text_file``, one record

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_agents -*-
+# -*- test-case-name: tests.agents.test_agents -*-
 """
 Starting an agent session: spawn the child, then ``initialize`` →
 [``authenticate``] → ``session/new`` (or ``session/load``/``session/resume``)

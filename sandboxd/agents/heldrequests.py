@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_agents -*-
+# -*- test-case-name: tests.agents.test_agents -*-
 """
 The session's side of held requests (SPEC §15.3): the agent's
 ``session/request_permission`` and ``elicitation/create`` are held until

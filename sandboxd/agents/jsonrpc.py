@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_agents -*-
+# -*- test-case-name: tests.agents.test_agents -*-
 """
 Newline-delimited JSON-RPC 2.0 over a child's stdio (ACP's stdio transport).
 

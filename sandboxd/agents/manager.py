@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_agents -*-
+# -*- test-case-name: tests.agents.test_agents -*-
 """
 The service that owns every agent session (``context.agents``).
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_agents -*-
+# -*- test-case-name: tests.agents.test_agents -*-
 """
 Permission requests and questions the agent holds open (SPEC §15.3).
 

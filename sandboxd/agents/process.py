@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_agents, tests.test_agents_process -*-
+# -*- test-case-name: tests.agents.test_agents, tests.agents.test_process -*-
 """
 An agent child: spawned in its own session, stdout framed into JSON-RPC,
 stderr kept head and tail, and its whole tree ended on the way out.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_agents -*-
+# -*- test-case-name: tests.agents.test_agents -*-
 """
 One agent session (SPEC §15.1): the child, its JSON-RPC connection, the
 state folded from its updates, and the event log every reader follows.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_agents -*-
+# -*- test-case-name: tests.agents.test_agents -*-
 """
 What one agent session knows (SPEC §15.1), and the event log that says so.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_agents, tests.test_agents_process -*-
+# -*- test-case-name: tests.agents.test_agents, tests.agents.test_process -*-
 """
 The session's side of the agent's own commands (ACP ``terminal/*``, SPEC
 §15.3): the ``client_terminal`` gate and ``max_terminals``, the command

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_agents, tests.test_agents_process -*-
+# -*- test-case-name: tests.agents.test_agents, tests.agents.test_process -*-
 """
 The agent's own commands (ACP ``terminal/*``), run like any other child
 (SPEC §7.4: own session, guarded cwd, scrubbed environment, allow/deny

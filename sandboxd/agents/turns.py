@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_agents -*-
+# -*- test-case-name: tests.agents.test_agents -*-
 """
 Turns (SPEC §15.1): one ``session/prompt`` each, from ``turn.started`` to
 ``turn.ended``.  A cancel answers held requests cancelled and marks

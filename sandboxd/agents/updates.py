@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_agents -*-
+# -*- test-case-name: tests.agents.test_agents -*-
 """
 ``session/update`` folded into the session's state: messages (chunks
 joined per message), tool calls (snapshots merged from their updates),

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_docs -*-
+# -*- test-case-name: tests.api.test_docs -*-
 """``/openapi.json``: an OpenAPI 3.1 document generated from the endpoint table."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ module says what a call looks like, so that ``/openapi.json``
 (:mod:`sandboxd.openapi`) and the API reference (:mod:`sandboxd.apidoc`,
 ``docs/api.md``) describe the same request and response.  It is written
 from SPEC §7, §8, §9 and §15 and checked against the handlers by
-``tests/test_docs.py`` (every name a handler reads must be declared here).
+``tests/api/test_docs.py`` (every name a handler reads must be declared here).
 
 Errors every endpoint can give (authentication, policy gate, header and
 body checks of the request pipeline) are :data:`COMMON_ERRORS`; an
@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-# test-case-name: tests.test_docs
+# test-case-name: tests.api.test_docs
 
 
 @attrs.frozen

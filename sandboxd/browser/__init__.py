@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_browser -*-
+# -*- test-case-name: tests.browser.test_browser -*-
 """
 The headless browser (SPEC §7.8): a Playwright worker child process
 (:mod:`sandboxd.browser.worker`), its supervisor in the daemon

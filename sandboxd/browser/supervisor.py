@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_browser -*-
+# -*- test-case-name: tests.browser.test_browser -*-
 """
 The daemon's side of the browser: it spawns the worker (``worker.py``) as a
 child in its own session, speaks JSON lines with it, serialises calls on the

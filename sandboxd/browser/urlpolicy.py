@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_browser -*-
+# -*- test-case-name: tests.browser.test_browser -*-
 """
 Which URLs the sandbox's browser may load (SPEC §7.8).
 

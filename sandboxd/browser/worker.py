@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_browser -*-
+# -*- test-case-name: tests.browser.test_browser -*-
 """
 The browser worker: asyncio Playwright in a child process of the daemon.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_files -*-
+# -*- test-case-name: tests.routes.test_files -*-
 """
 Archives: creating tar.gz/zip from guarded paths, and extracting them with
 every member checked before anything is written.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_background -*-
+# -*- test-case-name: tests.files.test_background -*-
 """
 Writing a streamed upload off the reactor thread, in order, with
 backpressure.

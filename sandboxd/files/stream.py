@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_files -*-
+# -*- test-case-name: tests.routes.test_files -*-
 """
 Streamed file bodies: a push producer that reads an fd a chunk at a time
 and writes only while the client keeps up.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_files -*-
+# -*- test-case-name: tests.routes.test_files -*-
 """
 Directory walks for listing, search, delete and move.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_files -*-
+# -*- test-case-name: tests.routes.test_files -*-
 """
 ``files_watch``: inotify events for a directory, served as a resumable SSE
 stream (SPEC §7.3, §9).

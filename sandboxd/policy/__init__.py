@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_policy_engine -*-
+# -*- test-case-name: tests.policy.test_engine -*-
 """
 The policy engine (SPEC §5): where a policy comes from, how it is checked,
 and the compiled form the pipeline consults on every request.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_policy_engine -*-
+# -*- test-case-name: tests.policy.test_engine -*-
 """
 Every built-in bound of SPEC §13, in one place.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_policy_http -*-
+# -*- test-case-name: tests.policy.test_http -*-
 """
 Discovery (SPEC §5.6): what the calling identity may do, and why.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_policy_engine -*-
+# -*- test-case-name: tests.policy.test_engine -*-
 """
 Reading and validating a policy document (SPEC §5.2).
 

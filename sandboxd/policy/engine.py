@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_policy_engine -*-
+# -*- test-case-name: tests.policy.test_engine -*-
 """
 Merging the five layers of SPEC §5.3 into one rule per endpoint.
 

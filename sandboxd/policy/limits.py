@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_limits -*-
+# -*- test-case-name: tests.policy.test_limits -*-
 """
 Rate and concurrency limits (SPEC §5.5).
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_policy_matrix -*-
+# -*- test-case-name: tests.policy.test_matrix -*-
 """
 The policy half of path decisions: lexical, never touching the file system.
 

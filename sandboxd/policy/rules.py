@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_policy_engine -*-
+# -*- test-case-name: tests.policy.test_engine -*-
 """
 The typed result of policy merging: what a handler reads.
 

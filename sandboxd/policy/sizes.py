@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_policy_engine -*-
+# -*- test-case-name: tests.policy.test_engine -*-
 """Size strings of the policy (``5MB``, ``1GiB``, ``512KB``, plain bytes)."""
 
 from __future__ import annotations

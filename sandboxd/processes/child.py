@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_processes -*-
+# -*- test-case-name: tests.processes.test_children -*-
 """
 The one ``ProcessProtocol`` every piped child of the daemon runs under
 (SPEC §7.4): :class:`Child` runs the command in its own session, with stdin

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_children -*-
+# -*- test-case-name: tests.processes.test_command -*-
 """
 What a child runs and as whom (SPEC §7.4): argv from a request's
 ``command``/``args``, the allow and deny lists, the user a child may run as,

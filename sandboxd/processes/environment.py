@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_children -*-
+# -*- test-case-name: tests.processes.test_command -*-
 """
 What a child's environment holds (SPEC §11.3): the daemon's boot snapshot,
 the secrets stripped from every child, and validation of a request's

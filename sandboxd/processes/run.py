@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_processes -*-
+# -*- test-case-name: tests.processes.test_children -*-
 """
 Starting piped children and running them to completion: :func:`spawn`
 starts a :class:`~sandboxd.processes.child.Child` in its own session,

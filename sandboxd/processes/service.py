@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_processes -*-
+# -*- test-case-name: tests.processes.test_children -*-
 """
 Background processes (SPEC §7.4): :class:`ProcessService` is the table of
 managed processes, each a :class:`Managed` with an

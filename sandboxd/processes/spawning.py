@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_children -*-
+# -*- test-case-name: tests.processes.test_command -*-
 """
 How a child is started in its own session: Twisted's ``Process`` for a
 session leader, ``posix_spawn`` where it is faster

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_processes -*-
+# -*- test-case-name: tests.processes.test_children -*-
 """
 Process trees, read from /proc: who belongs to a child's tree, how the
 whole tree is ended, and how orphans the daemon adopts are reaped.

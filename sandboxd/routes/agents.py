@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_agents -*-
+# -*- test-case-name: tests.agents.test_agents -*-
 """
 Handlers of the ``agents`` group (SPEC §15.2): coding agents over ACP.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_browser -*-
+# -*- test-case-name: tests.browser.test_browser -*-
 """
 Handlers of the ``browser`` group (SPEC §7.8).
 

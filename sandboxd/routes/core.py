@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_policy_http -*-
+# -*- test-case-name: tests.policy.test_http -*-
 """The ``core`` group (SPEC §7.1): health, discovery, OpenAPI."""
 
 from __future__ import annotations

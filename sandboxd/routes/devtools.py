@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_devtools -*-
+# -*- test-case-name: tests.routes.test_devtools -*-
 """
 Handlers of the ``dev_tools`` group (SPEC §7.7): code runs and git.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_files -*-
+# -*- test-case-name: tests.routes.test_files -*-
 """
 Handlers of the ``file_ops`` group (SPEC §7.3).
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_process_routes -*-
+# -*- test-case-name: tests.routes.test_process -*-
 """
 Handlers of the ``process`` group (SPEC §7.4, §9): ``/shell``,
 ``/shell/stream`` and background processes with a resumable output log.

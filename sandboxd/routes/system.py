@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_system -*-
+# -*- test-case-name: tests.routes.test_system -*-
 """
 The ``system`` group (SPEC §7.6, §11.3): machine facts, the environment
 later children inherit, listening ports, installed packages, live metrics.

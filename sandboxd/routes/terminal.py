@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_terminal -*-
+# -*- test-case-name: tests.routes.test_terminal -*-
 """
 Handlers of the ``terminal`` group (SPEC §7.5); the sessions and the PTY
 port they are attached through belong to

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_ws -*-
+# -*- test-case-name: tests.terminals.test_websocket -*-
 """
 Importing autobahn the way the daemon wants it.
 

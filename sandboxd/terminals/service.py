@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_terminal -*-
+# -*- test-case-name: tests.routes.test_terminal -*-
 """
 The terminal group's service: the session table and the WebSocket listener
 on the PTY port (SPEC §7.5, §8), and which shell a new session runs.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_pty -*-
+# -*- test-case-name: tests.terminals.test_session -*-
 """
 Terminal sessions (SPEC §7.5, §8): a shell on a pseudo-terminal, its
 scrollback, and the clients watching it.

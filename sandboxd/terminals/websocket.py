@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_ws -*-
+# -*- test-case-name: tests.terminals.test_websocket -*-
 """
 The PTY WebSocket (SPEC §8): ``ws://HOST:PTY_PORT/pty?session_id=ID``.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_request -*-
+# -*- test-case-name: tests.web.test_request -*-
 """
 The HTTP connection: Twisted's ``HTTPChannel`` with the bounds a daemon
 facing untrusted clients needs and Twisted does not set.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_pipeline -*-
+# -*- test-case-name: tests.web.test_pipeline -*-
 """
 CORS for the browser origins a policy allows (``allowed_origins``).
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_process_routes -*-
+# -*- test-case-name: tests.routes.test_process -*-
 """
 ``/shell/stream``'s output: stdout and stderr lines as they complete,
 framed as SSE events and coalesced into few writes.

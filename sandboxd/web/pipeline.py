@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_pipeline -*-
+# -*- test-case-name: tests.web.test_pipeline -*-
 """
 Steps 1–5 of the request pipeline (SPEC §3), decided from the request line
 and headers alone, before any body byte is read.

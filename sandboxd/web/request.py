@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_request -*-
+# -*- test-case-name: tests.web.test_request -*-
 """
 The request class of the site: the pipeline's header-time steps, the body
 cap, and the hand-off to the handler.

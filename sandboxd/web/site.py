@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_request -*-
+# -*- test-case-name: tests.web.test_request -*-
 """The HTTP factory: a ``Site`` whose requests run the sandboxd pipeline."""
 
 from __future__ import annotations

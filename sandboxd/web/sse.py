@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_request -*-
+# -*- test-case-name: tests.web.test_request -*-
 """
 Server-Sent Events over a twisted.web request (SPEC §9).
 

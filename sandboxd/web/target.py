@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_pipeline -*-
+# -*- test-case-name: tests.web.test_pipeline -*-
 """
 Step 1 and the query half of step 5 of the pipeline (SPEC §3): one normal
 form of the request target.

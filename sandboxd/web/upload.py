@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_upload -*-
+# -*- test-case-name: tests.web.test_upload -*-
 """
 Decoding the ``content_base64`` of an upload body as it arrives.
 

@@ -31,11 +31,11 @@ from twisted.web.static import Data
 
 from sandboxd import guard as guard_module
 from sandboxd.processes.tree import descendants
+from tests.browser.test_browser import SKIP_REASON
 from tests.helpers import DaemonTestCase, alive, kill_marked, marked_pids
-from tests.test_browser import SKIP_REASON
-from tests.test_files_hostile import OutsideCase, tar_of, zip_of
-from tests.test_terminal import TerminalCase
-from tests.test_terminal_wsclient import connect
+from tests.routes.test_terminal import TerminalCase
+from tests.security.test_files import OutsideCase, tar_of, zip_of
+from tests.terminals.wsclient import connect
 
 TOKEN = "catalogue-token"
 

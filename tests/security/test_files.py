@@ -23,7 +23,7 @@ from sandboxd.errors import ApiError
 from sandboxd.files import atomic
 from sandboxd.guard import PathGuard
 from tests.helpers import DaemonTestCase
-from tests.test_files import FilesCase, b64
+from tests.routes.test_files import FilesCase, b64
 from tests.test_guard import bind_mount, make_rule, sans_error
 
 

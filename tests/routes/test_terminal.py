@@ -18,7 +18,7 @@ from twisted.internet.task import deferLater
 
 from sandboxd.processes.tree import descendants, proc_info
 from tests.helpers import DaemonTestCase, alive, kill_marked, marked_pids
-from tests.test_terminal_wsclient import TestClient, connect, quiet_server
+from tests.terminals.wsclient import TestClient, connect, quiet_server
 
 TOKEN = "pty-token"
 

@@ -26,7 +26,7 @@ from sandboxd.policy import load_policy
 from sandboxd.routes import builtin_table
 from tests.helpers import DaemonTestCase
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCS = os.path.join(ROOT, "docs")
 EXAMPLE = os.path.join(ROOT, "examples", "sdk_client.py")
 

@@ -31,8 +31,8 @@ from sandboxd.testing import SSEReader
 from tests.helpers import DaemonTestCase
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FAKE = os.path.join(HERE, "agents", "fake_agent.py")
-SCRIPT = os.path.join(HERE, "agents", "script_agent.py")
+FAKE = os.path.join(HERE, "fake_agent.py")
+SCRIPT = os.path.join(HERE, "script_agent.py")
 
 
 def fake(*flags: str, **extra: Any) -> dict[str, Any]:

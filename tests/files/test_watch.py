@@ -15,7 +15,7 @@ from twisted.internet.task import deferLater
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
-from tests.test_files import FilesCase
+from tests.routes.test_files import FilesCase
 
 
 class _Collect(Protocol):

@@ -19,7 +19,7 @@ from sandboxd.policy import load_policy
 from sandboxd.routes import default_table
 from sandboxd.terminals.session import PtySession, TerminalTable
 from sandboxd.terminals.websocket import SLOW_CLIENT, PtyServerFactory
-from tests.test_pty import FakePTY
+from tests.terminals.test_session import FakePTY
 
 
 class Recorder(WebSocketClientProtocol):

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_agents_process -*-
+# -*- test-case-name: tests.agents.test_process -*-
 """
 Agent trees (:mod:`sandboxd.agents.process`, :mod:`sandboxd.agents.terminals`)
 end like every other child's: a descendant that left the session with
@@ -6,7 +6,7 @@ end like every other child's: a descendant that left the session with
 the agent's terminal, and at daemon shutdown.
 
 Each test marks its processes with a sleep of ``60.<random>`` seconds,
-which no other process uses, as :mod:`tests.test_processes` does.
+which no other process uses, as :mod:`tests.processes.test_children` does.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
 
 from sandboxd.processes import tree as proctree
+from tests.agents.test_agents import CATALOG, FAKE, AgentsTestCase, agents_policy
 from tests.helpers import kill_marked, marked_pids
-from tests.test_agents import CATALOG, FAKE, AgentsTestCase, agents_policy
 
 
 class AgentTreeTests(AgentsTestCase):
