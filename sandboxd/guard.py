@@ -39,7 +39,7 @@ import attrs
 from sandboxd.errors import ApiError, file_not_found
 from sandboxd.libc import libc
 from sandboxd.policy.paths import FORBIDDEN_ROOTS, PathDecision, absolute, decide, under
-from sandboxd.policy.rules import EffectiveRule
+from sandboxd.policy.rules import Anchors, EffectiveRule
 
 _MESSAGES = {
     "path_not_allowed": "path is outside the allowed area",
@@ -439,7 +439,9 @@ class PathGuard:
                 continue
             loc.via_link = bool(link_targets)
             # Before existence is looked at: a kernel file system refuses alike.
-            _refuse_special(loc, original, base_device(self.base_dir))
+            _refuse_special(
+                loc, original, base_device(self.rule.anchors, self.base_dir)
+            )
             if op != "read" and self.rule.paths.hard_links == "deny_writes":
                 loc.deny_shared = self._hard_links_rule
             dangling_risk = loc.path in link_targets and op != "read"
@@ -489,7 +491,7 @@ class PathGuard:
         original: str,
     ) -> Location:
         anchor = self._anchor(target, original)
-        anchor_fd = open_anchor(anchor, original)
+        anchor_fd = open_anchor(self.rule.anchors, anchor, original)
         rel = target[len(anchor) :].strip("/")
         if rel == "":
             return Location(anchor_fd, "", anchor)
@@ -636,7 +638,9 @@ class PathGuard:
             resolved = loc.path
         try:
             st = os.fstat(fd)
-            if special_unless_base(fd, st.st_dev, base_device(self.base_dir)):
+            if special_unless_base(
+                fd, st.st_dev, base_device(self.rule.anchors, self.base_dir)
+            ):
                 raise system_refusal(path)  # mounted since the check
             check_regular(st, path)
             os.set_blocking(fd, True)
@@ -672,7 +676,9 @@ class PathGuard:
             resolved = loc.path
         try:
             device = os.fstat(fd).st_dev
-            if special_unless_base(fd, device, base_device(self.base_dir)):
+            if special_unless_base(
+                fd, device, base_device(self.rule.anchors, self.base_dir)
+            ):
                 raise system_refusal(path)  # mounted since the check
             yield fd, resolved
         finally:
@@ -733,12 +739,6 @@ def refuse_device(st: os.stat_result | None, path: Any) -> None:
         )
 
 
-_BASE_DEVICES: dict[str, int] = {}
-
-#: ``(st_dev, st_ino)`` of each anchor (the base dir, every allowed root)
-#: when the daemon started serving it, or last reloaded.
-_PINNED_ANCHORS: dict[str, tuple[int, int]] = {}
-
 #: Opening a pinned anchor: links followed, the identity checked after.
 _ANCHOR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 
@@ -769,7 +769,7 @@ def allowed_roots(rules: Iterable[EffectiveRule]) -> set[str]:
     return roots
 
 
-def pin_anchors(base_dir: str, roots: Iterable[str] = ()) -> None:
+def pin_anchors(anchors: Anchors, base_dir: str, roots: Iterable[str] = ()) -> None:
     """
     Remember which directories the base dir and the allowed ``roots`` are
     now (the daemon calls this at start and on reload), so that one renamed
@@ -779,22 +779,22 @@ def pin_anchors(base_dir: str, roots: Iterable[str] = ()) -> None:
     (and is then only reached through a path with no link on it).
     """
     base = posixpath.normpath(base_dir)
-    _pin(base, lambda: _open_real_dir(base))
+    _pin(anchors, base, lambda: _open_real_dir(base))
     for root in roots:
-        _pin(root, functools.partial(os.open, root, _ANCHOR_FLAGS))
+        _pin(anchors, root, functools.partial(os.open, root, _ANCHOR_FLAGS))
 
 
-def _pin(path: str, opener: Callable[[], int]) -> None:
+def _pin(anchors: Anchors, path: str, opener: Callable[[], int]) -> None:
     try:
         fd = opener()
     except OSError:
-        _PINNED_ANCHORS.pop(path, None)
+        anchors.pinned.pop(path, None)
         return
     try:
         st = os.fstat(fd)
     finally:
         os.close(fd)
-    _PINNED_ANCHORS[path] = (st.st_dev, st.st_ino)
+    anchors.pinned[path] = (st.st_dev, st.st_ino)
 
 
 def _open_real_dir(path: str) -> int:
@@ -820,7 +820,7 @@ def _open_real_dir(path: str) -> int:
     return fd
 
 
-def open_anchor(anchor: str, original: str) -> int:
+def open_anchor(anchors: Anchors, anchor: str, original: str) -> int:
     """
     Open the directory a resolution starts from (the base, or an allowed
     root), refusing one that is no longer the directory the daemon pinned:
@@ -832,7 +832,7 @@ def open_anchor(anchor: str, original: str) -> int:
     same one is harmless.  That is one open and one ``fstat``, where the
     link-free walk from / that an unpinned anchor gets costs four calls.
     """
-    pinned = _PINNED_ANCHORS.get(anchor)
+    pinned = anchors.pinned.get(anchor)
     try:
         if pinned is None:
             fd = _open_real_dir(anchor)
@@ -854,7 +854,7 @@ def open_anchor(anchor: str, original: str) -> int:
     return fd
 
 
-def base_device(base_dir: str) -> int | None:
+def base_device(anchors: Anchors, base_dir: str) -> int | None:
     """
     The device of the base directory (remembered), or None when it cannot
     be read.
@@ -864,10 +864,10 @@ def base_device(base_dir: str) -> int | None:
     ``fstatfs``.  A base replaced later only makes more descriptors differ,
     never fewer: the check can only run more often than needed.
     """
-    device = _BASE_DEVICES.get(base_dir)
+    device = anchors.devices.get(base_dir)
     if device is None:
         try:
-            device = _BASE_DEVICES[base_dir] = os.stat(base_dir).st_dev
+            device = anchors.devices[base_dir] = os.stat(base_dir).st_dev
         except OSError:
             return None
     return device

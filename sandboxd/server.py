@@ -204,7 +204,9 @@ class DaemonService(MultiService):
 
     def _enter_base_dir(self) -> None:
         policy = self.context.policy
-        guard.pin_anchors(policy.base_dir, guard.allowed_roots(policy.rules.values()))
+        guard.pin_anchors(
+            policy.anchors, policy.base_dir, guard.allowed_roots(policy.rules.values())
+        )
         if self.settings.chdir and os.path.isdir(self.context.base_dir):
             os.chdir(self.context.base_dir)
 

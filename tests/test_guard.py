@@ -308,7 +308,7 @@ class GuardMixin:
         self.patch(guard_module, "special_filesystem", seam)  # type: ignore[attr-defined]
         # The fake sits on the base's own device, which the guard otherwise
         # (rightly) never asks fstatfs about.
-        self.patch(guard_module, "base_device", lambda base_dir: None)  # type: ignore[attr-defined]
+        self.patch(guard_module, "base_device", lambda anchors, base_dir: None)  # type: ignore[attr-defined]
         return fake
 
     def test_special_filesystem_refused_like_proc(self) -> None:

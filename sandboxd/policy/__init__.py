@@ -23,7 +23,7 @@ from sandboxd.policy.document import (
 )
 from sandboxd.policy.engine import compile_rules, resolve_base_dir
 from sandboxd.policy.presets import PRESETS
-from sandboxd.policy.rules import EffectiveRule
+from sandboxd.policy.rules import Anchors, EffectiveRule
 
 __all__ = ["Policy", "PolicyError", "load_policy"]
 
@@ -39,6 +39,8 @@ class Policy:
     preset: str | None
     file: str | None
     warnings: tuple[str, ...]
+    #: What the path guard pinned of the directories this policy serves.
+    anchors: Anchors = attrs.field(factory=Anchors, eq=False)
 
     @property
     def revision(self) -> str | None:
@@ -96,7 +98,8 @@ def load_policy(
         )
     boundary = resolve_base_dir(base_dir, doc, env)
     own = own_files(file, doc, env, daemon_files)
-    rules = compile_rules(table, doc, chosen, boundary, env, own)
+    anchors = Anchors()
+    rules = compile_rules(table, doc, chosen, boundary, env, own, anchors)
     tokens = TokenStore.build(doc.tokens, env)
     return Policy(
         document=doc,
@@ -106,4 +109,5 @@ def load_policy(
         preset=chosen,
         file=file,
         warnings=tuple(doc.warnings) + tuple(tokens.warnings),
+        anchors=anchors,
     )

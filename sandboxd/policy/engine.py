@@ -22,7 +22,14 @@ from sandboxd.endpoints import DEFAULT_ON, CapabilityGroup, Endpoint, RouteTable
 from sandboxd.policy import defaults as builtin
 from sandboxd.policy.document import PolicyDocument, PolicyError, suggest
 from sandboxd.policy.presets import PRESETS
-from sandboxd.policy.rules import SECTIONS, EffectiveRule, Limits, Params, PathRule
+from sandboxd.policy.rules import (
+    SECTIONS,
+    Anchors,
+    EffectiveRule,
+    Limits,
+    Params,
+    PathRule,
+)
 
 LAYERS = ("default", "code", "preset", "policy", "environment")
 EXACT, GLOB, GROUP, DEFAULTS = 3, 2, 1, 0
@@ -194,6 +201,7 @@ def effective_rule(
     base_dir: str,
     upload_cap: int,
     daemon_files: tuple[str, ...] = (),
+    anchors: Anchors | None = None,
 ) -> EffectiveRule:
     """Merge every layer into ``endpoint``'s rule, with built-in defaults below."""
     merged = merge_leaves(endpoint, entries)
@@ -234,6 +242,7 @@ def effective_rule(
         sources=sources,
         reason=reason,
         daemon_files=daemon_files,
+        anchors=anchors if anchors is not None else Anchors(),
     )
 
 
@@ -275,13 +284,15 @@ def compile_rules(
     base_dir: str,
     environ: Mapping[str, str],
     daemon_files: tuple[str, ...] = (),
+    anchors: Anchors | None = None,
 ) -> dict[str, EffectiveRule]:
     """Every endpoint's effective rule; refuses a policy that disables core."""
     entries = collect_entries(table, doc, preset, environ)
     cap = upload_cap_from_env(environ)
     rules: dict[str, EffectiveRule] = {}
+    shared = anchors if anchors is not None else Anchors()
     for endpoint in table:
-        rule = effective_rule(endpoint, entries, base_dir, cap, daemon_files)
+        rule = effective_rule(endpoint, entries, base_dir, cap, daemon_files, shared)
         if (
             endpoint.group is CapabilityGroup.CORE
             and not rule.enabled

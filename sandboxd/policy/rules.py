@@ -97,6 +97,20 @@ def section_fields(section: str) -> dict[str, attrs.Attribute[Any]]:
     return {a.name: a for a in attrs.fields(SECTIONS[section])}
 
 
+@attrs.define(eq=False)
+class Anchors:
+    """
+    What the path guard remembers of the directories one policy serves: the
+    ``(st_dev, st_ino)`` of each anchor (the base dir, every allowed root) as
+    pinned when the policy took effect, and the base dir's device.  One per
+    compiled policy, shared by its rules, so a reload pins afresh and two
+    daemons in one process never share the memory.
+    """
+
+    pinned: dict[str, tuple[int, int]] = attrs.Factory(dict)
+    devices: dict[str, int] = attrs.Factory(dict)
+
+
 @attrs.frozen
 class EffectiveRule:
     """
@@ -124,6 +138,7 @@ class EffectiveRule:
     sources: dict[str, str] = attrs.field(factory=dict, eq=False)
     reason: str | None = None
     daemon_files: tuple[str, ...] = ()
+    anchors: Anchors = attrs.field(factory=Anchors, eq=False, repr=False)
 
     def source(self, leaf: str) -> str | None:
         """The rule string behind a leaf key, if a layer set it."""
