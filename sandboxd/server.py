@@ -37,7 +37,7 @@ from sandboxd.libc import libc
 from sandboxd.policy import Policy, PolicyError, load_policy
 from sandboxd.policy.defaults import SHUTDOWN_TIMEOUT_SECONDS
 from sandboxd.routes import default_table, setup_services
-from sandboxd.web.site import SandboxSite
+from sandboxd.web.factory import SandboxSite
 
 log = Logger(namespace="sandboxd")
 

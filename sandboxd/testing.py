@@ -123,7 +123,7 @@ def memory_context(
 
 def memory_site(context: Context) -> Any:
     """The HTTP site over ``context``, on its memory reactor."""
-    from sandboxd.web.site import SandboxSite
+    from sandboxd.web.factory import SandboxSite
 
     return SandboxSite(context, reactor=context.reactor)
 

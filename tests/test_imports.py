@@ -7,6 +7,7 @@ a back-import hidden in either is still a circle a reader has to untangle.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 from twisted.trial.unittest import SynchronousTestCase
@@ -17,7 +18,7 @@ PACKAGE = Path(sandboxd.__file__).parent
 
 
 def module_name(path: Path) -> str:
-    """``sandboxd.web.site`` for ``sandboxd/web/site.py``."""
+    """``sandboxd.web.factory`` for ``sandboxd/web/site.py``."""
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     if parts[-1] == "__init__":
         parts = parts[:-1]
@@ -95,6 +96,16 @@ class ImportGraphTests(SynchronousTestCase):
         """No module of ``sandboxd`` reaches itself through its imports."""
         cycle = find_cycle(import_graph())
         self.assertIsNone(cycle, "import cycle: " + " -> ".join(cycle or []))
+
+    def test_no_stdlib_names(self) -> None:
+        """No module of ours is named like a standard library module (``pty``)."""
+        clashes = sorted(
+            str(path.relative_to(PACKAGE.parent))
+            for path in PACKAGE.rglob("*.py")
+            if (path.parent.name if path.stem == "__init__" else path.stem)
+            in sys.stdlib_module_names
+        )
+        self.assertEqual(clashes, [])
 
     def test_finds_a_cycle(self) -> None:
         """The check itself sees a cycle when there is one."""

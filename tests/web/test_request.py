@@ -23,8 +23,8 @@ from sandboxd.endpoints import CapabilityGroup
 from sandboxd.policy import load_policy
 from sandboxd.policy.defaults import LARGE_BODY_BYTES, LARGE_READ_BYTES
 from sandboxd.routes import builtin_table
+from sandboxd.web.factory import SandboxSite
 from sandboxd.web.messages import SSEResponse
-from sandboxd.web.site import SandboxSite
 from sandboxd.web.sse import _send_now
 
 
