@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from sandboxd.errors import ApiError
+from sandboxd.errors import bad_request
 
 ARG_TYPES = ("string", "integer", "float", "boolean")
 _TRUE = ("true", "yes", "1")
@@ -140,11 +140,8 @@ class Command:
         declared = {a.name: a for a in self.args}
         for key in body:
             if key not in declared:
-                raise ApiError(
-                    400,
-                    f"unexpected argument {key!r} for command {self.name!r}",
-                    "ValueError",
-                    "invalid_param",
+                raise bad_request(
+                    f"unexpected argument {key!r} for command {self.name!r}"
                 )
         kwargs: dict[str, Any] = {}
         for arg in self.args:
@@ -152,19 +149,9 @@ class Command:
                 try:
                     kwargs[arg.name] = arg.coerce(body[arg.name])
                 except ValueError as e:
-                    raise ApiError(
-                        400,
-                        f"argument {arg.name!r}: {e}",
-                        "ValueError",
-                        "invalid_param",
-                    ) from None
+                    raise bad_request(f"argument {arg.name!r}: {e}") from None
             elif arg.required:
-                raise ApiError(
-                    400,
-                    f"missing required argument {arg.name!r}",
-                    "ValueError",
-                    "invalid_param",
-                )
+                raise bad_request(f"missing required argument {arg.name!r}")
             elif arg.default is not None:
                 kwargs[arg.name] = arg.default
         return kwargs

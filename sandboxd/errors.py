@@ -13,7 +13,7 @@ spec documents; the constructors below are the shapes used more than once.
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, Protocol
 
 
 class Code(enum.StrEnum):
@@ -118,20 +118,110 @@ class ApiError(Exception):
         out.update(self.extra)
         return out
 
+    def event(self) -> dict[str, Any]:
+        """
+        The data of an SSE ``error`` event (SPEC §9): the body's ``error`` and
+        ``type`` only, as the seed's streams send them.
+        """
+        body = self.body()
+        return {key: body[key] for key in ("error", "type")}
+
+    @classmethod
+    def from_body(
+        cls, status: Any, body: dict[str, Any], default: str = "error"
+    ) -> ApiError:
+        """
+        The inverse of :meth:`body`, for an error that crossed a process
+        boundary as JSON (the browser worker's replies): a missing status is
+        500, a missing message ``default``, a missing or unknown code
+        ``internal``.
+        """
+        code = body.get("code")
+        extra = {
+            k: v
+            for k, v in body.items()
+            if k not in ("status", "error", "type", "code")
+        }
+        return cls(
+            status if isinstance(status, int) else 500,
+            str(body.get("error") or default),
+            str(body.get("type") or "RuntimeError"),
+            code if code in {c.value for c in Code} else Code.INTERNAL,
+            **extra,
+        )
+
     def __repr__(self) -> str:
         return f"ApiError({self.status}, {self.message!r}, code={self.code!r})"
 
 
+class RuleSource(Protocol):
+    """What a refusal asks of an effective rule: where a leaf key was set."""
+
+    def source(self, leaf: str) -> str | None:
+        """The rule string behind ``leaf``, if a policy layer set it."""
+
+
+def policy_rule(rule: RuleSource, leaf: str) -> str:
+    """
+    The ``rule`` of a refusal decided by the policy leaf ``leaf``
+    (``params.shells``): where the policy set it, else ``default:LEAF``.
+    """
+    return rule.source(leaf) or f"default:{leaf}"
+
+
+def limit_rule(rule: RuleSource, key: str) -> str:
+    """The ``rule`` of a refusal at ``limits.KEY`` (see :func:`policy_rule`)."""
+    return policy_rule(rule, f"limits.{key}")
+
+
+# -- 400 ---------------------------------------------------------------------
+
+
 def bad_request(
-    message: str, code: Code | str = Code.INVALID_PARAM, **extra: Any
+    message: str,
+    code: Code = Code.INVALID_PARAM,
+    type: str = "ValueError",
+    **extra: Any,
 ) -> ApiError:
     """A 400 for a malformed request (``invalid_param`` unless told)."""
-    return ApiError(400, message, "ValueError", code, **extra)
+    return ApiError(400, message, type, code, **extra)
 
 
-def invalid_path(message: str) -> ApiError:
+def invalid_json(message: str = "the body is not valid JSON") -> ApiError:
+    """400 ``invalid_json``: a body that is not a JSON object."""
+    return bad_request(message, Code.INVALID_JSON)
+
+
+def invalid_path(message: str, type: str = "ValueError") -> ApiError:
     """400 ``invalid_path``: a path the pipeline or guard cannot accept."""
-    return ApiError(400, message, "ValueError", Code.INVALID_PATH)
+    return bad_request(message, Code.INVALID_PATH, type)
+
+
+def malformed_request(
+    message: str, status: int = 400, type: str = "ValueError"
+) -> ApiError:
+    """``malformed_request``: framing the HTTP or WebSocket parser refused."""
+    return ApiError(status, message, type, Code.MALFORMED_REQUEST)
+
+
+def is_a_directory(path: Any) -> ApiError:
+    """400: a file operation named a directory."""
+    return bad_request(f"Is a directory: {path}", type="IsADirectoryError")
+
+
+def not_a_directory(path: Any, code: Code = Code.INVALID_PARAM) -> ApiError:
+    """400: a directory operation (or a path's parent) is not a directory."""
+    return bad_request(f"Not a directory: {path}", code, "NotADirectoryError")
+
+
+def signal_not_allowed(message: str, rule: str) -> ApiError:
+    """400 ``signal_not_allowed``: a signal outside ``params.allowed_signals``."""
+    return bad_request(message, Code.SIGNAL_NOT_ALLOWED, rule=rule)
+
+
+def git_error(message: str) -> ApiError:
+    """400 ``git_error``: git itself refused."""
+    return bad_request(message, Code.GIT_ERROR, "GitError")
 
 
 def unauthorized() -> ApiError:
@@ -144,6 +234,41 @@ def ambiguous_credentials(message: str = "ambiguous credentials") -> ApiError:
     return ApiError(400, message, "AuthError", Code.AMBIGUOUS_CREDENTIALS)
 
 
+# -- 403 ---------------------------------------------------------------------
+
+
+def forbidden(
+    message: str, code: Code, type: str = "PermissionError", **extra: Any
+) -> ApiError:
+    """A 403 for a policy or guard refusal."""
+    return ApiError(403, message, type, code, **extra)
+
+
+def permission_denied(path: Any) -> ApiError:
+    """
+    403 without a ``code``: the operating system (not the policy or the
+    guard) said EACCES, EPERM or EROFS.
+    """
+    return ApiError(403, f"Permission denied: {path}", "PermissionError")
+
+
+def missing_scope(
+    endpoint_id: str, scope: str, rule: str, type: str = "PermissionError"
+) -> ApiError:
+    """403 ``missing_scope``: the caller's identity lacks ``scope``."""
+    return forbidden(
+        f"this identity lacks the scope {scope!r}",
+        Code.MISSING_SCOPE,
+        type,
+        endpoint=endpoint_id,
+        scope=scope,
+        rule=rule,
+    )
+
+
+# -- 404 ---------------------------------------------------------------------
+
+
 def not_found(message: str, type: str = "NotFoundError", **extra: Any) -> ApiError:
     """A 404 for a thing that does not exist."""
     return ApiError(404, message, type, Code.NOT_FOUND, **extra)
@@ -151,14 +276,12 @@ def not_found(message: str, type: str = "NotFoundError", **extra: Any) -> ApiErr
 
 def no_route(path: str) -> ApiError:
     """The seed's 404 for a path nothing serves."""
-    return ApiError(404, f"Not found: {path}", "ValueError", Code.NOT_FOUND)
+    return not_found(f"Not found: {path}", "ValueError")
 
 
 def file_not_found(path: str) -> ApiError:
     """The seed's 404 for a path that does not exist."""
-    return ApiError(
-        404, f"No such file or directory: {path}", "FileNotFoundError", Code.NOT_FOUND
-    )
+    return not_found(f"No such file or directory: {path}", "FileNotFoundError")
 
 
 def endpoint_disabled(endpoint_id: str, rule: str | None, why: str) -> ApiError:
@@ -173,69 +296,103 @@ def endpoint_disabled(endpoint_id: str, rule: str | None, why: str) -> ApiError:
     )
 
 
-def forbidden(
-    message: str, code: Code | str, type: str = "PermissionError", **extra: Any
+# -- 408, 409, 412, 413, 416 ------------------------------------------------
+
+
+def timed_out(
+    message: str, idle: bool = False, status: int = 408, **extra: Any
 ) -> ApiError:
-    """A 403 for a policy or guard refusal."""
-    return ApiError(403, message, type, code, **extra)
-
-
-def missing_scope(endpoint_id: str, scope: str, rule: str) -> ApiError:
-    """403 ``missing_scope``: the caller's identity lacks ``scope``."""
-    return forbidden(
-        f"this identity lacks the scope {scope!r}",
-        Code.MISSING_SCOPE,
-        endpoint=endpoint_id,
-        scope=scope,
-        rule=rule,
-    )
-
-
-def payload_too_large(limit: int, what: str = "the request body") -> ApiError:
-    """413 ``payload_too_large``."""
-    return ApiError(
-        413,
-        f"{what} is over the limit of {limit} bytes",
-        "ValueError",
-        Code.PAYLOAD_TOO_LARGE,
-        limit=limit,
-    )
-
-
-def limit_rule(source: str | None, key: str) -> str:
-    """
-    The rule string of a limit refusal: where the policy set ``limits.KEY``,
-    else the built-in default's name.
-    """
-    return source or f"default:limits.{key}"
-
-
-def limit_exceeded(
-    status: int,
-    message: str,
-    code: Code | str,
-    rule: str,
-    type: str = "ResourceError",
-    **extra: Any,
-) -> ApiError:
-    """A refusal at a limit (429s, 413s), naming the rule that set it."""
-    return ApiError(status, message, type, code, rule=rule, **extra)
-
-
-def timed_out(message: str, idle: bool = False, status: int = 408) -> ApiError:
     """
     A command ended on its hard (``timeout``) or idle (``idle_timeout``)
     limit; ``/shell`` answers these as 500 as the seed does, ``/code/run`` as
     408.
     """
+    code = Code.IDLE_TIMEOUT if idle else Code.TIMEOUT
+    return ApiError(status, message, "TimeoutError", code, **extra)
+
+
+def conflict(
+    message: str, code: Code, type: str = "RuntimeError", **extra: Any
+) -> ApiError:
+    """409: the state changed under the request."""
+    return ApiError(409, message, type, code, **extra)
+
+
+def file_exists(message: str) -> ApiError:
+    """409 ``file_exists``: a create without overwrite met an existing file."""
+    return conflict(message, Code.FILE_EXISTS, "FileExistsError")
+
+
+def precondition_failed(path: Any) -> ApiError:
+    """412 ``precondition_failed``: ``If-Match`` names an older version."""
     return ApiError(
-        status, message, "TimeoutError", Code.IDLE_TIMEOUT if idle else Code.TIMEOUT
+        412,
+        f"the file changed since the given ETag: {path}",
+        "ValueError",
+        Code.PRECONDITION_FAILED,
     )
 
 
-def unsupported(message: str) -> ApiError:
-    """501 ``unsupported``: a method or capability that is not implemented."""
-    return ApiError(501, message, "ValueError", Code.UNSUPPORTED)
+def payload_too_large(
+    limit: int,
+    what: str = "the request body",
+    message: str | None = None,
+    **extra: Any,
+) -> ApiError:
+    """413 ``payload_too_large`` (``message`` replaces the default wording)."""
+    return ApiError(
+        413,
+        message or f"{what} is over the limit of {limit} bytes",
+        "ValueError",
+        Code.PAYLOAD_TOO_LARGE,
+        limit=limit,
+        **extra,
+    )
+
+
+def range_not_satisfiable(size: int) -> ApiError:
+    """416 for a ``Range`` past the end of a file of ``size`` bytes."""
+    return ApiError(
+        416,
+        "the range is not satisfiable",
+        "ValueError",
+        Code.INVALID_PARAM,
+        headers={"Content-Range": f"bytes */{size}"},
+    )
+
+
+# -- 429 and other limits ----------------------------------------------------
+
+
+def limit_exceeded(
+    status: int,
+    message: str,
+    code: Code,
+    rule: str | None = None,
+    type: str = "ResourceError",
+    **extra: Any,
+) -> ApiError:
+    """
+    A refusal at a limit (429s, and the 500s of a listing cut short),
+    naming the rule that set it (:func:`limit_rule`) where a policy key did.
+    """
+    return ApiError(status, message, type, code, **extra, rule=rule)
+
+
+def rate_limited(message: str, retry_after: int, **extra: Any) -> ApiError:
+    """429 ``rate_limited`` with ``Retry-After`` (header and field)."""
+    return ApiError(
+        429,
+        message,
+        "ResourceError",
+        Code.RATE_LIMITED,
+        headers={"Retry-After": str(retry_after)},
+        **extra,
+        retry_after=retry_after,
+    )
+
+
+# -- 5xx ---------------------------------------------------------------------
 
 
 def internal(message: str, type: str = "RuntimeError") -> ApiError:
@@ -243,6 +400,37 @@ def internal(message: str, type: str = "RuntimeError") -> ApiError:
     return ApiError(500, message, type, Code.INTERNAL)
 
 
+def unexpected(error: object) -> ApiError:
+    """The 500 for an exception no handler expected: its name and message."""
+    name = type(error).__name__
+    return internal(str(error) or name, name)
+
+
+def unsupported(message: str, type: str = "ValueError") -> ApiError:
+    """501 ``unsupported``: a method or capability that is not implemented."""
+    return ApiError(501, message, type, Code.UNSUPPORTED)
+
+
+def agent_error(message: str, **extra: Any) -> ApiError:
+    """502 ``agent_error``: a coding agent answered with an error."""
+    return ApiError(502, message, "RuntimeError", Code.AGENT_ERROR, **extra)
+
+
 def unavailable(message: str, type: str = "RuntimeError") -> ApiError:
     """A 503 for an optional dependency that is missing."""
     return ApiError(503, message, type, Code.UNAVAILABLE)
+
+
+def agent_unavailable(message: str, **extra: Any) -> ApiError:
+    """503 ``agent_unavailable``: the agent is missing or no longer running."""
+    return ApiError(503, message, "RuntimeError", Code.AGENT_UNAVAILABLE, **extra)
+
+
+def agent_timeout(message: str, **extra: Any) -> ApiError:
+    """504 ``agent_timeout``: a coding agent did not answer within its limit."""
+    return ApiError(504, message, "TimeoutError", Code.AGENT_TIMEOUT, **extra)
+
+
+def insufficient_storage(message: str = "no space left on the device") -> ApiError:
+    """507 ``insufficient_storage``: the disk filled; nothing was half-written."""
+    return ApiError(507, message, "OSError", Code.INSUFFICIENT_STORAGE)

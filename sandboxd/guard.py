@@ -36,16 +36,28 @@ from typing import Any
 
 import attrs
 
-from sandboxd.errors import ApiError, file_not_found
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    bad_request,
+    file_not_found,
+    forbidden,
+    insufficient_storage,
+    internal,
+    invalid_path,
+    is_a_directory,
+    not_a_directory,
+    permission_denied,
+)
 from sandboxd.libc import libc
 from sandboxd.policy.paths import FORBIDDEN_ROOTS, PathDecision, absolute, decide, under
 from sandboxd.policy.rules import Anchors, EffectiveRule
 
 _MESSAGES = {
-    "path_not_allowed": "path is outside the allowed area",
-    "path_denied": "path is denied by policy",
-    "read_only": "path is read-only",
-    "symlink_denied": "symbolic links are not allowed here",
+    Code.PATH_NOT_ALLOWED: "path is outside the allowed area",
+    Code.PATH_DENIED: "path is denied by policy",
+    Code.READ_ONLY: "path is read-only",
+    Code.SYMLINK_DENIED: "symbolic links are not allowed here",
 }
 
 #: Links followed in one resolution before it is called a loop (Linux's MAXSYMLINKS).
@@ -57,15 +69,11 @@ _ENTRY_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
 def refusal(decision: PathDecision) -> ApiError:
     """The error for a refused decision (same whether the path exists or not)."""
-    if decision.code == "invalid_path":
-        return ApiError(
-            400, "NUL is not allowed in a path", "ValueError", "invalid_path"
-        )
-    code = decision.code or "path_not_allowed"
-    return ApiError(
-        403,
+    if decision.code == Code.INVALID_PATH:
+        return invalid_path("NUL is not allowed in a path")
+    code = decision.code or Code.PATH_NOT_ALLOWED
+    return forbidden(
         f"{_MESSAGES.get(code, 'path refused')}: {decision.path}",
-        "PermissionError",
         code,
         rule=decision.rule,
     )
@@ -212,17 +220,15 @@ def mounted_special(
 def system_refusal(path: Any) -> ApiError:
     """The refusal for /proc, /sys, /dev, and kernel file systems mounted elsewhere."""
     return refusal(
-        PathDecision(str(path), False, "path_not_allowed", "guard:system-paths")
+        PathDecision(str(path), False, Code.PATH_NOT_ALLOWED, "guard:system-paths")
     )
 
 
 def shared_refusal(path: Any, rule: str) -> ApiError:
     """A change to a multiply-linked regular file under ``hard_links: deny_writes``."""
-    return ApiError(
-        403,
+    return forbidden(
         f"the file has other hard links and may not be changed: {path}",
-        "PermissionError",
-        "path_denied",
+        Code.PATH_DENIED,
         rule=rule,
     )
 
@@ -351,18 +357,12 @@ class PathGuard:
                 resolved = loc.path
         except ApiError as e:
             if e.status == 404:
-                raise ApiError(
-                    400, f"cwd does not exist: {path}", "ValueError", "invalid_param"
-                ) from None
+                raise bad_request(f"cwd does not exist: {path}") from None
             raise
         if st is None:
-            raise ApiError(
-                400, f"cwd does not exist: {path}", "ValueError", "invalid_param"
-            )
+            raise bad_request(f"cwd does not exist: {path}")
         if not stat.S_ISDIR(st.st_mode):
-            raise ApiError(
-                400, f"cwd is not a directory: {path}", "ValueError", "invalid_param"
-            )
+            raise bad_request(f"cwd is not a directory: {path}")
         return resolved
 
     def decide(self, path: str, op: str = "read") -> PathDecision:
@@ -405,9 +405,7 @@ class PathGuard:
         :raises ApiError: 400/403 refusals, 404 ``FileNotFoundError``.
         """
         if not isinstance(path, str) or path == "":
-            raise ApiError(
-                400, "'path' must be a non-empty string", "ValueError", "invalid_param"
-            )
+            raise bad_request("'path' must be a non-empty string")
         original = path
         first = decide(self.rule, path, op)
         if not first.allowed:
@@ -425,7 +423,7 @@ class PathGuard:
                         PathDecision(
                             original,
                             False,
-                            "symlink_denied",
+                            Code.SYMLINK_DENIED,
                             self.rule.source("paths.symlinks"),
                         )
                     ) from None
@@ -454,18 +452,13 @@ class PathGuard:
                             PathDecision(
                                 original,
                                 False,
-                                "path_not_allowed",
+                                Code.PATH_NOT_ALLOWED,
                                 "guard:dangling-link",
                             )
                         )
                     raise file_not_found(original)
             return loc
-        raise ApiError(
-            400,
-            f"too many levels of symbolic links: {original}",
-            "ValueError",
-            "invalid_path",
-        )
+        raise invalid_path(f"too many levels of symbolic links: {original}")
 
     def _anchor(self, target: str, original: str) -> str:
         """The directory a resolution starts from: the base, or an allowed root."""
@@ -477,7 +470,7 @@ class PathGuard:
                 best = root
         if not best or best == "/" or any(under(best, r) for r in FORBIDDEN_ROOTS):
             raise refusal(
-                PathDecision(original, False, "path_not_allowed", "guard:base_dir")
+                PathDecision(original, False, Code.PATH_NOT_ALLOWED, "guard:base_dir")
             )
         return best
 
@@ -558,7 +551,10 @@ class PathGuard:
                     os.close(fd)
                     raise refusal(
                         PathDecision(
-                            original, False, "path_not_allowed", "guard:dangling-link"
+                            original,
+                            False,
+                            Code.PATH_NOT_ALLOWED,
+                            "guard:dangling-link",
                         )
                     ) from None
                 try:
@@ -595,11 +591,8 @@ class PathGuard:
                 if not stat.S_ISDIR(st.st_mode):
                     if special_filesystem(fd) is not None:
                         raise system_refusal(original)
-                    raise ApiError(
-                        400,
-                        f"Not a directory: {original}",
-                        "NotADirectoryError",
-                        "invalid_path",
+                    raise invalid_path(
+                        f"Not a directory: {original}", "NotADirectoryError"
                     )
             except BaseException:
                 os.close(nxt)
@@ -620,9 +613,7 @@ class PathGuard:
         """
         with self.locate(path, op, follow=True, missing_ok=False) as loc:
             if loc.name == "":
-                raise ApiError(
-                    400, f"Is a directory: {path}", "IsADirectoryError", "invalid_param"
-                )
+                raise is_a_directory(path)
             st = loc.lstat()
             if st is None:
                 raise file_not_found(path)
@@ -665,12 +656,7 @@ class PathGuard:
                         dir_fd=loc.dir_fd,
                     )
                 except NotADirectoryError:
-                    raise ApiError(
-                        400,
-                        f"Not a directory: {path}",
-                        "NotADirectoryError",
-                        "invalid_param",
-                    ) from None
+                    raise not_a_directory(path) from None
                 except OSError as e:
                     raise os_error(e, path) from None
             resolved = loc.path
@@ -714,13 +700,9 @@ class OpenFile:
 def check_regular(st: os.stat_result, path: Any) -> None:
     """Refuse anything but a regular file for content operations."""
     if stat.S_ISDIR(st.st_mode):
-        raise ApiError(
-            400, f"Is a directory: {path}", "IsADirectoryError", "invalid_param"
-        )
+        raise is_a_directory(path)
     if not stat.S_ISREG(st.st_mode):
-        raise ApiError(
-            400, f"Not a regular file: {path}", "ValueError", "invalid_param"
-        )
+        raise bad_request(f"Not a regular file: {path}")
 
 
 def refuse_device(st: os.stat_result | None, path: Any) -> None:
@@ -730,11 +712,9 @@ def refuse_device(st: os.stat_result | None, path: Any) -> None:
     base), whatever the file system reports itself as.
     """
     if st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)):
-        raise ApiError(
-            403,
+        raise forbidden(
             f"refusing to change a device file: {path}",
-            "PermissionError",
-            "path_not_allowed",
+            Code.PATH_NOT_ALLOWED,
             rule="guard:device-files",
         )
 
@@ -842,14 +822,14 @@ def open_anchor(anchors: Anchors, anchor: str, original: str) -> int:
         raise file_not_found(original) from None
     except OSError:
         raise refusal(
-            PathDecision(original, False, "path_not_allowed", "guard:base_dir")
+            PathDecision(original, False, Code.PATH_NOT_ALLOWED, "guard:base_dir")
         ) from None
     if pinned is not None:
         st = os.fstat(fd)
         if (st.st_dev, st.st_ino) != pinned:
             os.close(fd)
             raise refusal(
-                PathDecision(original, False, "path_not_allowed", "guard:base_dir")
+                PathDecision(original, False, Code.PATH_NOT_ALLOWED, "guard:base_dir")
             )
     return fd
 
@@ -918,7 +898,9 @@ def _raced(e: OSError, path: Any) -> ApiError:
     """A link that changed between fstat and readlink: refused, never guessed."""
     if e.errno == errno.ENOENT:
         return os_error(e, path)
-    return refusal(PathDecision(str(path), False, "path_not_allowed", "guard:resolve"))
+    return refusal(
+        PathDecision(str(path), False, Code.PATH_NOT_ALLOWED, "guard:resolve")
+    )
 
 
 def os_error(e: OSError, path: Any) -> ApiError:
@@ -928,26 +910,16 @@ def os_error(e: OSError, path: Any) -> ApiError:
     if e.errno in (errno.ELOOP, errno.EXDEV):
         # A link swapped in under us: refuse as an outside path would be.
         return refusal(
-            PathDecision(str(path), False, "path_not_allowed", "guard:resolve")
+            PathDecision(str(path), False, Code.PATH_NOT_ALLOWED, "guard:resolve")
         )
     if e.errno == errno.ENOTDIR:
-        return ApiError(
-            400, f"Not a directory: {path}", "NotADirectoryError", "invalid_param"
-        )
+        return not_a_directory(path)
     if e.errno == errno.EISDIR:
-        return ApiError(
-            400, f"Is a directory: {path}", "IsADirectoryError", "invalid_param"
-        )
+        return is_a_directory(path)
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return ApiError(403, f"Permission denied: {path}", "PermissionError")
+        return permission_denied(path)
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return ApiError(
-            507, "no space left on the device", "OSError", "insufficient_storage"
-        )
+        return insufficient_storage()
     if e.errno == errno.ENAMETOOLONG:
-        return ApiError(
-            400, f"File name too long: {path}", "ValueError", "invalid_path"
-        )
-    return ApiError(
-        500, f"{e.strerror or type(e).__name__}: {path}", "OSError", "internal"
-    )
+        return invalid_path(f"File name too long: {path}")
+    return internal(f"{e.strerror or type(e).__name__}: {path}", "OSError")

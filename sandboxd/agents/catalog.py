@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from sandboxd.errors import ApiError, forbidden, not_found
+from sandboxd.errors import Code, bad_request, forbidden, internal, not_found
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import find_executable
 
@@ -98,40 +98,20 @@ def _strings(value: Any, where: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ApiError(
-            500,
-            f"policy agents.catalog: {where} must be a list of strings",
-            "RuntimeError",
-            "internal",
-        )
+        raise internal(f"policy agents.catalog: {where} must be a list of strings")
     return tuple(value)
 
 
 def policy_entry(agent_id: str, raw: Any) -> CatalogEntry:
     """An entry from the policy's ``agents.catalog``."""
     if not isinstance(raw, dict):
-        raise ApiError(
-            500,
-            f"policy agents.catalog.{agent_id} must be an object",
-            "RuntimeError",
-            "internal",
-        )
+        raise internal(f"policy agents.catalog.{agent_id} must be an object")
     command = _strings(raw.get("command"), f"{agent_id}.command")
     if not command:
-        raise ApiError(
-            500,
-            f"policy agents.catalog.{agent_id}.command is empty",
-            "RuntimeError",
-            "internal",
-        )
+        raise internal(f"policy agents.catalog.{agent_id}.command is empty")
     env = raw.get("env") or {}
     if not isinstance(env, dict):
-        raise ApiError(
-            500,
-            f"policy agents.catalog.{agent_id}.env must be an object",
-            "RuntimeError",
-            "internal",
-        )
+        raise internal(f"policy agents.catalog.{agent_id}.env must be an object")
     install = raw.get("install") or {}
     return CatalogEntry(
         id=agent_id,
@@ -172,15 +152,13 @@ def find(
         ``param_not_allowed`` when the policy's ``params.agents`` omits it.
     """
     if not isinstance(agent_id, str) or not agent_id:
-        raise ApiError(
-            400, "'agent' must be a catalogue id", "ValueError", "invalid_param"
-        )
+        raise bad_request("'agent' must be a catalogue id")
     for entry in entries(context):
         if entry.id == agent_id:
             if require_allowed and not allowed(entry, rule):
                 raise forbidden(
                     f"the agent {agent_id!r} is not allowed",
-                    "param_not_allowed",
+                    Code.PARAM_NOT_ALLOWED,
                     rule=rule.source("params.agents") or "policy:params.agents",
                 )
             return entry

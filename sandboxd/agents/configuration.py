@@ -12,7 +12,13 @@ from typing import Any
 from sandboxd.agents.handshake import agent_refused
 from sandboxd.agents.jsonrpc import METHOD_NOT_FOUND, ConnectionLost, RpcError
 from sandboxd.agents.state import SessionState
-from sandboxd.errors import ApiError, forbidden
+from sandboxd.errors import (
+    Code,
+    agent_unavailable,
+    bad_request,
+    forbidden,
+    policy_rule,
+)
 from sandboxd.policy.rules import EffectiveRule
 
 
@@ -21,18 +27,18 @@ def check_mode(mode: Any, rule: EffectiveRule) -> None:
     if mode is None:
         return
     if not isinstance(mode, str):
-        raise ApiError(400, "'mode' must be a string", "ValueError", "invalid_param")
+        raise bad_request("'mode' must be a string")
     params = rule.params
     if mode in params.deny_modes:
         raise forbidden(
             f"the mode {mode!r} skips permission requests and is not allowed",
-            "param_not_allowed",
-            rule=rule.source("params.deny_modes") or "default:params.deny_modes",
+            Code.PARAM_NOT_ALLOWED,
+            rule=policy_rule(rule, "params.deny_modes"),
         )
     if params.allow_modes is not None and mode not in params.allow_modes:
         raise forbidden(
             f"the mode {mode!r} is not in the allowed list",
-            "param_not_allowed",
+            Code.PARAM_NOT_ALLOWED,
             rule=rule.source("params.allow_modes"),
         )
 
@@ -54,19 +60,12 @@ class Configuration:
         title = body.get("title")
         check_mode(mode, rule)
         if config is not None and not isinstance(config, dict):
-            raise ApiError(
-                400,
-                "'config' must be an object of option id: value",
-                "ValueError",
-                "invalid_param",
-            )
+            raise bad_request("'config' must be an object of option id: value")
         for value in (config or {}).values():
             if isinstance(value, str):
                 check_mode(value, rule)
         if title is not None and not isinstance(title, str):
-            raise ApiError(
-                400, "'title' must be a string", "ValueError", "invalid_param"
-            )
+            raise bad_request("'title' must be a string")
         s.require_live()
         try:
             if mode is not None:
@@ -76,11 +75,8 @@ class Configuration:
                     if isinstance(m, dict)
                 ]
                 if s.modes is not None and mode not in available:
-                    raise ApiError(
-                        400,
-                        f"unknown mode {mode!r}; available: {', '.join(map(str, available))}",
-                        "ValueError",
-                        "invalid_param",
+                    raise bad_request(
+                        f"unknown mode {mode!r}; available: {', '.join(map(str, available))}"
                     )
                 await s.conn.request(
                     "session/set_mode",
@@ -91,9 +87,7 @@ class Configuration:
                 s.emit("mode", current_mode_id=mode, by="client")
             if model is not None:
                 if not isinstance(model, str):
-                    raise ApiError(
-                        400, "'model' must be a string", "ValueError", "invalid_param"
-                    )
+                    raise bad_request("'model' must be a string")
                 option = next(
                     (
                         o
@@ -115,11 +109,8 @@ class Configuration:
                         )
                     except RpcError as e:
                         if e.code == METHOD_NOT_FOUND:
-                            raise ApiError(
-                                400,
-                                "this agent's model is not switchable",
-                                "ValueError",
-                                "invalid_param",
+                            raise bad_request(
+                                "this agent's model is not switchable"
                             ) from None
                         raise
                     if s.models is not None:
@@ -132,9 +123,7 @@ class Configuration:
         except RpcError as e:
             raise agent_refused("the change", e) from None
         except ConnectionLost:
-            raise ApiError(
-                503, "the agent has exited", "RuntimeError", "agent_unavailable"
-            ) from None
+            raise agent_unavailable("the agent has exited") from None
         if title is not None:
             s.title = title
             s.emit("session.info", title=title, by="client")
@@ -156,12 +145,7 @@ class Configuration:
             None,
         )
         if s.config_options is not None and option is None:
-            raise ApiError(
-                400,
-                f"unknown config option {config_id!r}",
-                "ValueError",
-                "invalid_param",
-            )
+            raise bad_request(f"unknown config option {config_id!r}")
         params: dict[str, Any] = {
             "sessionId": s.acp_session_id,
             "configId": config_id,

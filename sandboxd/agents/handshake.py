@@ -12,7 +12,7 @@ from typing import Any
 
 from sandboxd.agents.jsonrpc import INTERNAL_ERROR, ConnectionLost, RpcError
 from sandboxd.agents.state import IdleTimer, SessionState
-from sandboxd.errors import ApiError
+from sandboxd.errors import ApiError, agent_error, agent_timeout
 
 CLIENT_INFO = {"name": "sandboxd", "title": "sandboxd", "version": "1"}
 PROTOCOL_VERSION = 1
@@ -20,13 +20,8 @@ PROTOCOL_VERSION = 1
 
 def agent_refused(what: str, error: RpcError, **extra: Any) -> ApiError:
     """502 ``agent_error``: the agent answered ``what`` with a JSON-RPC error."""
-    return ApiError(
-        502,
-        f"the agent refused {what}: {error.message}",
-        "RuntimeError",
-        "agent_error",
-        rpc_error=error.as_json(),
-        **extra,
+    return agent_error(
+        f"the agent refused {what}: {error.message}", rpc_error=error.as_json(), **extra
     )
 
 
@@ -64,25 +59,19 @@ class Handshake:
         s = self.session
         tail = s.stderr.tail_text(2000)
         if self._timed_out:
-            return ApiError(
-                504,
+            return agent_timeout(
                 f"the agent did not answer {step} within {s.rule.limits.init_timeout_seconds} s",
-                "TimeoutError",
-                "agent_timeout",
                 stderr_tail=tail,
             )
         if isinstance(failure_value, RpcError):
             return agent_refused(step, failure_value, stderr_tail=tail)
-        return ApiError(
-            502,
+        return agent_error(
             f"the agent exited during {step}"
             + (
                 f": {s.error['message']}"
                 if s.error
                 else f" (exit code {s.process.exit_code})"
             ),
-            "RuntimeError",
-            "agent_error",
             stderr_tail=tail,
         )
 

@@ -25,7 +25,7 @@ from sandboxd.agents.permissions import (
 )
 from sandboxd.agents.state import SessionState
 from sandboxd.agents.updates import UpdateFolding
-from sandboxd.errors import ApiError, forbidden
+from sandboxd.errors import Code, bad_request, conflict, forbidden
 from sandboxd.policy.rules import EffectiveRule
 
 
@@ -132,19 +132,15 @@ class HeldRequests:
     ) -> dict[str, Any]:
         """A human's answer to a held request (``agents_request_reply``)."""
         if held.state == "withdrawn":
-            raise ApiError(
-                409,
+            raise conflict(
                 "the agent withdrew this request",
-                "RuntimeError",
-                "withdrawn",
+                Code.WITHDRAWN,
                 request_id=held.request_id,
             )
         if held.state != "pending":
-            raise ApiError(
-                409,
+            raise conflict(
                 "the request is already resolved",
-                "RuntimeError",
-                "already_resolved",
+                Code.ALREADY_RESOLVED,
                 request_id=held.request_id,
                 outcome=held.outcome,
                 by=held.by,
@@ -152,21 +148,11 @@ class HeldRequests:
         if held.kind == "question":
             action = body.get("action")
             if action not in ("accept", "decline", "cancel"):
-                raise ApiError(
-                    400,
-                    "'action' must be accept, decline or cancel",
-                    "ValueError",
-                    "invalid_param",
-                )
+                raise bad_request("'action' must be accept, decline or cancel")
             result: dict[str, Any] = {"action": action}
             if action == "accept" and body.get("content") is not None:
                 if not isinstance(body["content"], dict):
-                    raise ApiError(
-                        400,
-                        "'content' must be an object",
-                        "ValueError",
-                        "invalid_param",
-                    )
+                    raise bad_request("'content' must be an object")
                 result["content"] = body["content"]
             self._resolve(held, dict(result), "identity", identity, result=result)
             return {
@@ -188,43 +174,25 @@ class HeldRequests:
                 None,
             )
             if option is None:
-                raise ApiError(
-                    400,
-                    f"unknown option {body['option_id']!r}; options: {', '.join(str(o.get('optionId')) for o in held.options)}",
-                    "ValueError",
-                    "invalid_param",
+                raise bad_request(
+                    f"unknown option {body['option_id']!r}; options: {', '.join(str(o.get('optionId')) for o in held.options)}"
                 )
         elif "decision" in body:
             decision = body["decision"]
             if decision not in DECISIONS:
-                raise ApiError(
-                    400,
-                    f"'decision' must be one of {', '.join(DECISIONS)}",
-                    "ValueError",
-                    "invalid_param",
-                )
+                raise bad_request(f"'decision' must be one of {', '.join(DECISIONS)}")
             option = first_option(held.options, decision)
             if option is None:
-                raise ApiError(
-                    400,
-                    f"the agent offered no {decision} option",
-                    "ValueError",
-                    "invalid_param",
-                )
+                raise bad_request(f"the agent offered no {decision} option")
         else:
-            raise ApiError(
-                400,
-                "give 'option_id', 'decision' or 'cancel'",
-                "ValueError",
-                "invalid_param",
-            )
+            raise bad_request("give 'option_id', 'decision' or 'cancel'")
         if (
             option.get("kind") in ("allow_always", "reject_always")
             and not rule.params.allow_always
         ):
             raise forbidden(
                 "'always' answers are not allowed",
-                "param_not_allowed",
+                Code.PARAM_NOT_ALLOWED,
                 rule=rule.source("params.allow_always") or "policy:params.allow_always",
             )
         outcome = {"outcome": "selected", "optionId": option.get("optionId")}

@@ -28,7 +28,19 @@ from twisted.internet.defer import Deferred, DeferredList, succeed
 
 from sandboxd.agents import catalog
 from sandboxd.agents.catalog import CatalogEntry
-from sandboxd.errors import ApiError, forbidden, not_found
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    agent_error,
+    agent_unavailable,
+    bad_request,
+    forbidden,
+    limit_exceeded,
+    limit_rule,
+    not_found,
+    payload_too_large,
+    policy_rule,
+)
 from sandboxd.guard import PathGuard
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
@@ -81,20 +93,15 @@ def check_mcp_servers(value: Any, rule: EffectiveRule) -> list[dict[str, Any]]:
     if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(s, dict) for s in value):
-        raise ApiError(
-            400,
-            "'mcp_servers' must be a list of objects",
-            "ValueError",
-            "invalid_param",
-        )
+        raise bad_request("'mcp_servers' must be a list of objects")
     allowed = rule.params.mcp_servers
-    source = rule.source("params.mcp_servers") or "default:params.mcp_servers"
+    source = policy_rule(rule, "params.mcp_servers")
     for server in value:
         kind = server.get("type") or ("stdio" if "command" in server else None)
         if allowed == "none" or (allowed == "http" and kind not in ("http", "sse")):
             raise forbidden(
                 f"MCP servers of type {kind!r} are not allowed (params.mcp_servers={allowed})",
-                "param_not_allowed",
+                Code.PARAM_NOT_ALLOWED,
                 rule=source,
             )
     return value
@@ -161,12 +168,7 @@ class AgentManager(Service):
         extra_dirs = body.get("additional_directories")
         if extra_dirs is not None:
             if not isinstance(extra_dirs, list):
-                raise ApiError(
-                    400,
-                    "'additional_directories' must be a list",
-                    "ValueError",
-                    "invalid_param",
-                )
+                raise bad_request("'additional_directories' must be a list")
             body["additional_directories"] = [guard.cwd(p) for p in extra_dirs]
         body["mcp_servers"] = check_mcp_servers(body.get("mcp_servers"), rule)
         env = agent_environment(
@@ -177,16 +179,11 @@ class AgentManager(Service):
             run_as.apply(env)
         executable = entry.executable(env)
         if executable is None:
-            raise ApiError(
-                503,
+            raise agent_unavailable(
                 f"the agent {entry.id!r} is not installed ({entry.command[0]} not found on PATH)",
-                "RuntimeError",
-                "agent_unavailable",
-                install=(
-                    {"package": entry.package, "version": entry.version}
-                    if entry.package
-                    else None
-                ),
+                install={"package": entry.package, "version": entry.version}
+                if entry.package
+                else None,
             )
         secret_values = [env[n] for n in entry.env_pass if env.get(n)]
         session = AgentSession(
@@ -214,14 +211,12 @@ class AgentManager(Service):
         entry = catalog.find(self.context, rule, body.get("agent"))
         limit = rule.limits.max_sessions or 4
         if len(self.live()) >= limit:
-            raise ApiError(
+            raise limit_exceeded(
                 429,
                 f"too many agent sessions (limit {limit})",
-                "ResourceError",
-                "too_many_sessions",
+                Code.TOO_MANY_SESSIONS,
+                rule=limit_rule(rule, "max_sessions"),
                 limit=limit,
-                rule=rule.source("limits.max_sessions")
-                or "default:limits.max_sessions",
             )
         if load is None:
             check_mode(body.get("mode"), rule)
@@ -235,12 +230,7 @@ class AgentManager(Service):
             session.handshake.spawn(list(entry.command), executable)
         except OSError as e:
             self.sessions.pop(session.session_id, None)
-            raise ApiError(
-                503,
-                f"cannot start the agent: {e.strerror}",
-                "RuntimeError",
-                "agent_unavailable",
-            ) from None
+            raise agent_unavailable(f"cannot start the agent: {e.strerror}") from None
         await session.handshake.run(body, load)
         if load is None and any(
             body.get(k) is not None for k in ("mode", "model", "config")
@@ -304,12 +294,7 @@ class AgentManager(Service):
                 except RpcError as e:
                     raise agent_refused(method, e) from None
                 except ConnectionLost:
-                    raise ApiError(
-                        502,
-                        f"the agent exited during {method}",
-                        "RuntimeError",
-                        "agent_error",
-                    ) from None
+                    raise agent_error(f"the agent exited during {method}") from None
         finally:
             session.process.close_stdin()
             await within(
@@ -366,37 +351,22 @@ def build_prompt(
     elif isinstance(prompt, list) and all(isinstance(b, dict) for b in prompt):
         blocks = [dict(b) for b in prompt]
     else:
-        raise ApiError(
-            400,
-            "'prompt' must be a string or a list of content blocks",
-            "ValueError",
-            "invalid_param",
-        )
+        raise bad_request("'prompt' must be a string or a list of content blocks")
     caps = session.capabilities.get("promptCapabilities") or {}
     caps = caps if isinstance(caps, dict) else {}
     needs = {"image": "image", "audio": "audio", "resource": "embeddedContext"}
     for block in blocks:
         kind = block.get("type")
         if kind not in _PROMPT_TYPES:
-            raise ApiError(
-                400,
-                f"unknown content block type {kind!r}",
-                "ValueError",
-                "invalid_param",
-            )
+            raise bad_request(f"unknown content block type {kind!r}")
         if kind in needs and not caps.get(needs[kind]):
-            raise ApiError(
-                400,
-                f"this agent does not accept {kind} blocks (promptCapabilities.{needs[kind]} is off)",
-                "ValueError",
-                "invalid_param",
+            raise bad_request(
+                f"this agent does not accept {kind} blocks (promptCapabilities.{needs[kind]} is off)"
             )
     cap = rule.limits.max_prompt_bytes or defaults.MIB
     files = body.get("files") or []
     if not isinstance(files, list):
-        raise ApiError(
-            400, "'files' must be a list of paths", "ValueError", "invalid_param"
-        )
+        raise bad_request("'files' must be a list of paths")
     guard = PathGuard(rule)
     for path in files:
         if caps.get("embeddedContext"):
@@ -419,21 +389,15 @@ def build_prompt(
             real = guard.check(path, "read")
             uri = "file://" + real
             if not os.path.exists(real):
-                raise ApiError(
-                    404, f"no such file: {path}", "FileNotFoundError", "not_found"
-                )
+                raise not_found(f"no such file: {path}", "FileNotFoundError")
             blocks.append(
                 {"type": "resource_link", "uri": uri, "name": os.path.basename(real)}
             )
     size = len(json.dumps(blocks))
     if size > cap:
-        raise ApiError(
-            413,
-            f"the prompt is {size} bytes; the limit is {cap}",
-            "ValueError",
-            "payload_too_large",
-            limit=cap,
-            rule=rule.source("limits.max_prompt_bytes")
-            or "default:limits.max_prompt_bytes",
+        raise payload_too_large(
+            cap,
+            message=f"the prompt is {size} bytes; the limit is {cap}",
+            rule=limit_rule(rule, "max_prompt_bytes"),
         )
     return blocks

@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from sandboxd.errors import ApiError
+from sandboxd.errors import ApiError, policy_rule
 from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import AGENT_PERMISSION_MODE
 from sandboxd.policy.rules import EffectiveRule
@@ -50,7 +50,7 @@ def new_request_id() -> str:
 def mode_for(rule: EffectiveRule, kind: str | None) -> tuple[str, str]:
     """``(auto|ask|deny, rule)`` for a tool kind."""
     table = rule.params.permission_mode
-    source = rule.source("params.permission_mode") or "default:params.permission_mode"
+    source = policy_rule(rule, "params.permission_mode")
     if table is None:
         table = AGENT_PERMISSION_MODE
     key = kind if kind in TOOL_KINDS else "other"

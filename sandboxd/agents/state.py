@@ -30,7 +30,7 @@ from sandboxd.agents.jsonrpc import Connection
 from sandboxd.agents.permissions import HeldRequest, iso
 from sandboxd.agents.process import AgentProcess, HeadTailLog
 from sandboxd.agents.terminals import AgentTerminal
-from sandboxd.errors import ApiError
+from sandboxd.errors import agent_unavailable
 from sandboxd.eventlog import EventLog, json_size
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
@@ -233,13 +233,8 @@ class SessionState:
     def require_live(self) -> None:
         """503 ``agent_unavailable`` once the agent is gone."""
         if self.state in ("failed", "closed", "closing") or self.process.exited:
-            raise ApiError(
-                503,
-                f"the session is {self.state}",
-                "RuntimeError",
-                "agent_unavailable",
-                state=self.state,
-                reason=self.error,
+            raise agent_unavailable(
+                f"the session is {self.state}", state=self.state, reason=self.error
             )
 
     def fail(self, error: dict[str, Any]) -> None:

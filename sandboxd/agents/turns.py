@@ -23,7 +23,7 @@ from sandboxd.agents.state import (
     bounded_put,
 )
 from sandboxd.agents.updates import UpdateFolding
-from sandboxd.errors import ApiError
+from sandboxd.errors import Code, conflict
 from sandboxd.policy import defaults
 
 __all__ = ["Turn", "TurnControl"]
@@ -57,11 +57,9 @@ class TurnControl:
         s = self.session
         s.require_live()
         if s.current is not None or s.state == "starting":
-            raise ApiError(
-                409,
+            raise conflict(
                 "a turn is already running",
-                "RuntimeError",
-                "turn_in_progress",
+                Code.TURN_IN_PROGRESS,
                 turn_id=s.current_turn_id,
             )
         turn = Turn(f"turn_{next(self._turn_ids)}", time.time(), s.log.last_seq + 1)

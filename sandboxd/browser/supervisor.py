@@ -27,7 +27,14 @@ from twisted.internet.error import ProcessExitedAlready
 from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
 
-from sandboxd.errors import ApiError, internal, unavailable
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    internal,
+    limit_exceeded,
+    timed_out,
+    unavailable,
+)
 from sandboxd.policy import defaults
 from sandboxd.processes.command import RunAs, exit_code
 from sandboxd.processes.environment import BOOT_ENVIRON, child_environment
@@ -162,11 +169,10 @@ class BrowserSupervisor(Service):
         if not self.running:
             raise unavailable("the browser is not running (the daemon is stopping)")
         if self.waiting >= defaults.BROWSER_QUEUE_MAX:
-            raise ApiError(
+            raise limit_exceeded(
                 429,
                 "too many browser calls are waiting for the page",
-                "ResourceError",
-                "concurrency_limited",
+                Code.CONCURRENCY_LIMITED,
                 limit=defaults.BROWSER_QUEUE_MAX,
             )
         self.waiting += 1
@@ -339,11 +345,8 @@ class BrowserSupervisor(Service):
                 return
             self.pending.pop(rid, None)
             waiter.errback(
-                ApiError(
-                    408,
-                    f"browser {op} did not finish within {limit:g} s; the browser was restarted",
-                    "TimeoutError",
-                    "timeout",
+                timed_out(
+                    f"browser {op} did not finish within {limit:g} s; the browser was restarted"
                 )
             )
             # A page stuck in a script blocks every later call: start afresh.
@@ -409,14 +412,4 @@ class BrowserSupervisor(Service):
 
 def _api_error(fields: dict[str, Any]) -> ApiError:
     """An ApiError from the worker's error fields."""
-    extra = {
-        k: v for k, v in fields.items() if k not in ("status", "error", "type", "code")
-    }
-    status = fields.get("status")
-    return ApiError(
-        status if isinstance(status, int) else 500,
-        str(fields.get("error") or "browser error"),
-        str(fields.get("type") or "RuntimeError"),
-        str(fields.get("code") or "internal"),
-        **extra,
-    )
+    return ApiError.from_body(fields.get("status"), fields, "browser error")

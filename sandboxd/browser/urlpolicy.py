@@ -37,6 +37,18 @@ NEVER_SCHEMES = frozenset(
 _EXTRA_BLOCKED = (ipaddress.ip_network("100.64.0.0/10"),)
 
 
+def error_fields(
+    status: int, message: str, type: str, code: str, **extra: Any
+) -> dict[str, Any]:
+    """
+    An error as the worker sends it over its pipe (the daemon's
+    ``ApiError.from_body`` reads it back): the body of SPEC §3 plus its
+    ``status``.  The worker cannot import ``sandboxd.errors``, so this is the
+    one place on its side of the pipe that spells the fields.
+    """
+    return {"status": status, "error": message, "type": type, "code": code, **extra}
+
+
 class Refusal(Exception):
     """A URL the policy refuses, with the rule that refused it."""
 
@@ -47,13 +59,9 @@ class Refusal(Exception):
 
     def as_json(self) -> dict[str, Any]:
         """The error fields of SPEC §3."""
-        return {
-            "status": 403,
-            "error": self.message,
-            "type": "PermissionError",
-            "code": "param_not_allowed",
-            "rule": self.rule,
-        }
+        return error_fields(
+            403, self.message, "PermissionError", "param_not_allowed", rule=self.rule
+        )
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ if __package__:
         UrlPolicy,
         check_addresses,
         check_url,
+        error_fields,
         host_of,
         ip_literal,
     )
@@ -47,6 +48,7 @@ else:
         UrlPolicy,
         check_addresses,
         check_url,
+        error_fields,
         host_of,
         ip_literal,
     )
@@ -81,13 +83,7 @@ class WorkerError(Exception):
         self, status: int, message: str, type: str, code: str, **extra: Any
     ) -> None:
         super().__init__(message)
-        self.fields = {
-            "status": status,
-            "error": message,
-            "type": type,
-            "code": code,
-            **extra,
-        }
+        self.fields = error_fields(status, message, type, code, **extra)
 
 
 def image_size(data: bytes) -> tuple[int, int]:
@@ -203,12 +199,7 @@ class Worker:
         self.emit(
             {
                 "event": "fatal",
-                "error": {
-                    "status": 503,
-                    "error": message,
-                    "type": "RuntimeError",
-                    "code": "unavailable",
-                },
+                "error": error_fields(503, message, "RuntimeError", "unavailable"),
             }
         )
 
@@ -426,35 +417,32 @@ class Worker:
             return {
                 "id": rid,
                 "ok": False,
-                "error": {
-                    "status": 408,
-                    "error": f"browser {req.get('op')} timed out after {req['timeout']} ms"
+                "error": error_fields(
+                    408,
+                    f"browser {req.get('op')} timed out after {req['timeout']} ms"
                     + (f": {message}" if message else ""),
-                    "type": "TimeoutError",
-                    "code": "timeout",
-                },
+                    "TimeoutError",
+                    "timeout",
+                ),
             }
         except self.errors.Error as e:
             return {
                 "id": rid,
                 "ok": False,
-                "error": {
-                    "status": 400,
-                    "error": _first_line(e),
-                    "type": "RuntimeError",
-                    "code": "invalid_param",
-                },
+                "error": error_fields(
+                    400, _first_line(e), "RuntimeError", "invalid_param"
+                ),
             }
         except Exception as e:  # a bug here must not end the worker
             return {
                 "id": rid,
                 "ok": False,
-                "error": {
-                    "status": 500,
-                    "error": f"browser worker failed: {e!r}"[:MAX_MESSAGE_CHARS],
-                    "type": "RuntimeError",
-                    "code": "internal",
-                },
+                "error": error_fields(
+                    500,
+                    f"browser worker failed: {e!r}"[:MAX_MESSAGE_CHARS],
+                    "RuntimeError",
+                    "internal",
+                ),
             }
 
     async def serve(self, reader: asyncio.StreamReader) -> None:

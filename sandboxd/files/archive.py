@@ -23,7 +23,14 @@ from typing import Any
 
 import attrs
 
-from sandboxd.errors import ApiError, payload_too_large
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    bad_request,
+    file_exists,
+    forbidden,
+    payload_too_large,
+)
 from sandboxd.files.atomic import AtomicWrite
 from sandboxd.files.walk import visible, walk
 from sandboxd.guard import PathGuard, os_error, refusal
@@ -37,23 +44,14 @@ MAX_NAME = 4096
 
 def too_many(limit: int) -> ApiError:
     """413 for an archive over the file-count cap."""
-    return ApiError(
-        413,
-        f"the archive holds more than {limit} files",
-        "ValueError",
-        "payload_too_large",
-        limit=limit,
+    return payload_too_large(
+        limit, message=f"the archive holds more than {limit} files"
     )
 
 
 def refused_member(name: str, why: str) -> ApiError:
     """403 for a member that would land outside the destination."""
-    return ApiError(
-        403,
-        f"archive member refused ({why}): {name!r}",
-        "PermissionError",
-        "path_not_allowed",
-    )
+    return forbidden(f"archive member refused ({why}): {name!r}", Code.PATH_NOT_ALLOWED)
 
 
 # -- create -------------------------------------------------------------------
@@ -314,9 +312,7 @@ def _members(
                 if total > max_bytes:
                     raise payload_too_large(max_bytes)
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as e:
-        raise ApiError(
-            400, f"not a valid {fmt} archive: {e}", "ValueError", "invalid_param"
-        ) from None
+        raise bad_request(f"not a valid {fmt} archive: {e}") from None
     return archive, members
 
 
@@ -369,9 +365,7 @@ def _check(members: list[Member], guard: PathGuard, dest: str, overwrite: bool) 
                         m.name, "a directory already in the destination"
                     )
                 if not overwrite:
-                    raise ApiError(
-                        409, f"File exists: {target}", "FileExistsError", "file_exists"
-                    )
+                    raise file_exists(f"File exists: {target}")
                 # Before anything is written, so a refusal leaves no half.
                 guard.refuse_shared(st, target)
 
@@ -447,9 +441,7 @@ def extract(
                 files += 1
         except (tarfile.TarError, zipfile.BadZipFile, EOFError) as e:
             _undo(guard, created)
-            raise ApiError(
-                400, f"not a valid {fmt} archive: {e}", "ValueError", "invalid_param"
-            ) from None
+            raise bad_request(f"not a valid {fmt} archive: {e}") from None
         except BaseException:
             _undo(guard, created)
             raise

@@ -19,32 +19,16 @@ import secrets
 import stat
 from typing import Any
 
-from sandboxd.errors import ApiError
+from sandboxd.errors import (
+    bad_request,
+    file_exists,
+    insufficient_storage,
+    is_a_directory,
+    precondition_failed,
+)
 from sandboxd.guard import Location, etag_of, os_error, refuse_device
 
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def insufficient_storage() -> ApiError:
-    """507: the disk filled up (nothing was left half-written)."""
-    return ApiError(
-        507, "no space left on the device", "OSError", "insufficient_storage"
-    )
-
-
-def precondition_failed(path: str) -> ApiError:
-    """412: ``If-Match`` names a version the file no longer has."""
-    return ApiError(
-        412,
-        f"the file changed since the given ETag: {path}",
-        "ValueError",
-        "precondition_failed",
-    )
-
-
-def file_exists(path: str) -> ApiError:
-    """409: the target exists and overwriting was not asked for."""
-    return ApiError(409, f"File exists: {path}", "FileExistsError", "file_exists")
 
 
 def parse_mode(raw: Any) -> int | None:
@@ -54,13 +38,9 @@ def parse_mode(raw: Any) -> int | None:
     try:
         mode = int(raw, 8) if isinstance(raw, str) else int(raw)
     except (TypeError, ValueError):
-        raise ApiError(
-            400, "'mode' must be octal, e.g. 644", "ValueError", "invalid_param"
-        ) from None
+        raise bad_request("'mode' must be octal, e.g. 644") from None
     if not 0 <= mode <= 0o777:
-        raise ApiError(
-            400, "'mode' must be within 000..777", "ValueError", "invalid_param"
-        )
+        raise bad_request("'mode' must be within 000..777")
     return mode
 
 
@@ -96,12 +76,7 @@ class AtomicWrite:
         self.done = False
         if location.name == "":
             location.close()
-            raise ApiError(
-                400,
-                f"Is a directory: {self.display}",
-                "IsADirectoryError",
-                "invalid_param",
-            )
+            raise is_a_directory(self.display)
         try:
             existing = self._check_target()
             if mode is None:
@@ -124,16 +99,11 @@ class AtomicWrite:
     def _check_target(self) -> os.stat_result | None:
         st = self.location.lstat()
         if st is not None and stat.S_ISDIR(st.st_mode):
-            raise ApiError(
-                400,
-                f"Is a directory: {self.display}",
-                "IsADirectoryError",
-                "invalid_param",
-            )
+            raise is_a_directory(self.display)
         self.location.refuse_shared(st, self.display)
         refuse_device(st, self.display)
         if st is not None and not self.overwrite:
-            raise file_exists(self.display)
+            raise file_exists(f"File exists: {self.display}")
         if self.if_match is not None and self.if_match.strip() != "*":
             if st is None or not _etag_matches(self.if_match, etag_of(st)):
                 raise precondition_failed(self.display)
@@ -182,7 +152,7 @@ class AtomicWrite:
             self.tmp_name = ""
         except FileExistsError:
             self.abort()
-            raise file_exists(self.display) from None
+            raise file_exists(f"File exists: {self.display}") from None
         except OSError as e:
             self.abort()
             if e.errno in (errno.ENOSPC, errno.EDQUOT):

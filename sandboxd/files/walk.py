@@ -27,7 +27,14 @@ from typing import Any
 
 import attrs
 
-from sandboxd.errors import ApiError, file_not_found
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    bad_request,
+    file_exists,
+    file_not_found,
+    forbidden,
+)
 from sandboxd.guard import (
     Location,
     PathGuard,
@@ -209,11 +216,9 @@ def delete(guard: PathGuard, path: str) -> str:
     """``files_delete``: a file, a link (not its target) or a whole tree."""
     with guard.locate(path, "delete", follow=False, missing_ok=False) as loc:
         if loc.name == "":
-            raise ApiError(
-                403,
+            raise forbidden(
                 f"refusing to delete a root directory: {path}",
-                "PermissionError",
-                "path_not_allowed",
+                Code.PATH_NOT_ALLOWED,
                 rule="guard:base_dir",
             )
         st = loc.lstat()
@@ -312,12 +317,10 @@ def _refuse_mount_point(
     device, top_id = mount
     here = mount_id(dir_fd, name) if top_id is not None else None
     if st.st_dev != device or (here is not None and here != top_id):
-        raise ApiError(
-            403,
+        raise forbidden(
             f"refusing to delete {tree}: {member} is a mount point "
             "(another file system is mounted inside the tree)",
-            "PermissionError",
-            "path_not_allowed",
+            Code.PATH_NOT_ALLOWED,
             rule="guard:mount-point",
         )
 
@@ -376,11 +379,9 @@ def move(
         raise _prefixed(e, "source") from None
     with src:
         if src.name == "":
-            raise ApiError(
-                403,
+            raise forbidden(
                 f"source: refusing to move a root directory: {source}",
-                "PermissionError",
-                "path_not_allowed",
+                Code.PATH_NOT_ALLOWED,
                 rule="guard:base_dir",
             )
         src_st = src.lstat()
@@ -411,12 +412,7 @@ def move(
                     if not decision.allowed:
                         raise _prefixed(refusal(decision), "destination")
                 elif dst_name == "":
-                    raise ApiError(
-                        400,
-                        "destination: is a root directory",
-                        "ValueError",
-                        "invalid_param",
-                    )
+                    raise bad_request("destination: is a root directory")
                 if overwrite:
                     # Replacing a file that has other names is a write to it;
                     # a device file is never replaced.
@@ -434,25 +430,16 @@ def move(
                     rename_noreplace(src, dst_fd, dst_name)
             except OSError as e:
                 if e.errno == errno.EEXIST or e.errno == errno.ENOTEMPTY:
-                    raise ApiError(
-                        409,
-                        f"destination: File exists: {destination}",
-                        "FileExistsError",
-                        "file_exists",
+                    raise file_exists(
+                        f"destination: File exists: {destination}"
                     ) from None
                 if e.errno == errno.EINVAL:
-                    raise ApiError(
-                        400,
-                        "destination: cannot move a directory into itself",
-                        "ValueError",
-                        "invalid_param",
+                    raise bad_request(
+                        "destination: cannot move a directory into itself"
                     ) from None
                 if e.errno == errno.EXDEV:
-                    raise ApiError(
-                        400,
-                        "destination: on another file system",
-                        "OSError",
-                        "invalid_param",
+                    raise bad_request(
+                        "destination: on another file system", type="OSError"
                     ) from None
                 raise _prefixed(os_error(e, destination), "destination") from None
             finally:
@@ -471,11 +458,8 @@ def make_dir(guard: PathGuard, path: Any) -> str:
         except FileExistsError:
             st = loc.lstat()
             if st is None or not stat.S_ISDIR(st.st_mode):
-                raise ApiError(
-                    409,
-                    f"File exists and is not a directory: {path}",
-                    "FileExistsError",
-                    "file_exists",
+                raise file_exists(
+                    f"File exists and is not a directory: {path}"
                 ) from None
         except OSError as e:
             raise os_error(e, path) from None

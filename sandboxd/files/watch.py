@@ -26,7 +26,7 @@ from twisted.internet import inotify
 from twisted.logger import Logger
 from twisted.python.filepath import FilePath
 
-from sandboxd.errors import ApiError
+from sandboxd.errors import Code, limit_exceeded, unavailable
 from sandboxd.eventlog import EventLog
 from sandboxd.files.walk import walk
 from sandboxd.guard import PathGuard
@@ -195,11 +195,10 @@ class WatchService(Service):
         if watch is not None and not watch.log.closed:
             return watch
         if len(self.watches) >= MAX_WATCHES:
-            raise ApiError(
+            raise limit_exceeded(
                 429,
                 f"too many directories are watched (limit {MAX_WATCHES})",
-                "ResourceError",
-                "concurrency_limited",
+                Code.CONCURRENCY_LIMITED,
                 limit=MAX_WATCHES,
             )
         watch = Watch(self, root, recursive, retention)
@@ -207,9 +206,7 @@ class WatchService(Service):
             watch.start(dirs)
         except inotify.INotifyError as e:
             watch.notifier.close()
-            raise ApiError(
-                503, f"cannot watch {root}: {e}", "OSError", "unavailable"
-            ) from None
+            raise unavailable(f"cannot watch {root}: {e}", "OSError") from None
         self.watches[key] = watch
         return watch
 

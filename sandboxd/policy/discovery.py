@@ -15,7 +15,7 @@ import attrs
 from sandboxd._version import __version__
 from sandboxd.auth import Identity
 from sandboxd.endpoints import CapabilityGroup, Endpoint
-from sandboxd.errors import ApiError
+from sandboxd.errors import ApiError, Code, bad_request, policy_rule
 from sandboxd.gate import lacking_scope
 from sandboxd.policy import Policy
 from sandboxd.policy.paths import decide
@@ -44,7 +44,9 @@ def describe(
     ):
         allowed, lacking = rule.enabled, None
     reason = (
-        rule.reason if not rule.enabled else ("missing_scope" if not allowed else None)
+        rule.reason
+        if not rule.enabled
+        else (Code.MISSING_SCOPE if not allowed else None)
     )
     return {
         "method": endpoint.method,
@@ -108,32 +110,25 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
     """``POST /capabilities/check``: the decision for a hypothetical call."""
     endpoint_id = body.get("endpoint")
     if not isinstance(endpoint_id, str) or not endpoint_id:
-        raise ApiError(400, "'endpoint' is required", "ValueError", "invalid_param")
+        raise bad_request("'endpoint' is required")
     if endpoint_id not in context.table:
         from sandboxd.policy.document import suggest
 
-        raise ApiError(
-            400,
-            f"unknown endpoint {endpoint_id!r}{suggest(endpoint_id, context.table.ids())}",
-            "ValueError",
-            "invalid_param",
+        raise bad_request(
+            f"unknown endpoint {endpoint_id!r}{suggest(endpoint_id, context.table.ids())}"
         )
     op = body.get("op")
     if op is not None and op not in ("read", "write", "delete"):
-        raise ApiError(
-            400, "'op' must be read, write or delete", "ValueError", "invalid_param"
-        )
+        raise bad_request("'op' must be read, write or delete")
     paths = list(body.get("paths") or [])
     if body.get("path") is not None:
         paths.insert(0, body["path"])
     if not all(isinstance(p, str) for p in paths):
-        raise ApiError(400, "paths must be strings", "ValueError", "invalid_param")
+        raise bad_request("paths must be strings")
     scopes = body.get("scopes")
     if scopes is not None:
         if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
-            raise ApiError(
-                400, "'scopes' must be a list of strings", "ValueError", "invalid_param"
-            )
+            raise bad_request("'scopes' must be a list of strings")
         identity = Identity(identity.id, frozenset(scopes))
     endpoint = context.table.get(endpoint_id)
     rule: EffectiveRule = context.policy.rules[endpoint_id]
@@ -141,7 +136,7 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
     if not rule.enabled:
         out.update(
             allowed=False,
-            code="endpoint_disabled",
+            code=Code.ENDPOINT_DISABLED,
             rule=rule.enabled_by,
             reason=rule.reason,
         )
@@ -150,18 +145,18 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
         if endpoint.auth_required and lacking:
             out.update(
                 allowed=False,
-                code="missing_scope",
+                code=Code.MISSING_SCOPE,
                 scope=lacking,
                 rule=rule.source("scopes") or f"endpoint:{endpoint_id}",
-                reason="missing_scope",
+                reason=Code.MISSING_SCOPE,
             )
     params = body.get("params")
     if params is not None and not isinstance(params, dict):
-        raise ApiError(400, "'params' must be an object", "ValueError", "invalid_param")
+        raise bad_request("'params' must be an object")
     if out["allowed"] and params:
         refusal = check_params(rule, params)
         if refusal is not None:
-            out.update(allowed=False, reason="param_not_allowed", **refusal)
+            out.update(allowed=False, reason=Code.PARAM_NOT_ALLOWED, **refusal)
     decisions = [decide(rule, p, op or default_op(endpoint)) for p in paths]
     out["paths"] = [d.as_json() for d in decisions]
     if out["allowed"] and any(not d.allowed for d in decisions):
@@ -189,16 +184,15 @@ def check_params(rule: EffectiveRule, params: dict[str, Any]) -> dict[str, Any] 
     language = params.get("language")
     if language is not None and language not in rule.params.languages:
         return {
-            "code": "param_not_allowed",
-            "rule": rule.source("params.languages") or "default:params.languages",
+            "code": Code.PARAM_NOT_ALLOWED,
+            "rule": policy_rule(rule, "params.languages"),
             "param": "language",
         }
     signal = params.get("signal")
     if signal is not None and signal not in rule.params.allowed_signals:
         return {
-            "code": "signal_not_allowed",
-            "rule": rule.source("params.allowed_signals")
-            or "default:params.allowed_signals",
+            "code": Code.SIGNAL_NOT_ALLOWED,
+            "rule": policy_rule(rule, "params.allowed_signals"),
             "param": "signal",
         }
     return None

@@ -14,7 +14,7 @@ import math
 
 from twisted.internet.interfaces import IReactorTime
 
-from sandboxd.errors import ApiError
+from sandboxd.errors import Code, limit_exceeded, rate_limited
 
 
 class RateLimiter:
@@ -39,15 +39,11 @@ class RateLimiter:
         if tokens < 1.0:
             retry = max(1, math.ceil((1.0 - tokens) / refill)) if refill else 60
             self._buckets[(identity, endpoint)] = (tokens, now)
-            raise ApiError(
-                429,
+            raise rate_limited(
                 f"rate limit of {per_minute} requests per minute reached",
-                "ResourceError",
-                "rate_limited",
-                headers={"Retry-After": str(retry)},
+                retry,
                 endpoint=endpoint,
                 limit=per_minute,
-                retry_after=retry,
             )
         self._buckets[(identity, endpoint)] = (tokens - 1.0, now)
 
@@ -72,11 +68,10 @@ class ConcurrencyGate:
             return False
         current = self._in_flight.get(endpoint, 0)
         if current >= limit:
-            raise ApiError(
+            raise limit_exceeded(
                 429,
                 f"{endpoint} already has {current} requests in flight",
-                "ResourceError",
-                "concurrency_limited",
+                Code.CONCURRENCY_LIMITED,
                 endpoint=endpoint,
                 limit=limit,
             )

@@ -16,6 +16,7 @@ import re
 
 import attrs
 
+from sandboxd.errors import Code
 from sandboxd.policy.rules import EffectiveRule
 
 #: Never reachable, whatever a policy allows.
@@ -28,14 +29,14 @@ class PathDecision:
 
     path: str
     allowed: bool
-    code: str | None = None
+    code: Code | None = None
     rule: str | None = None
 
     def as_json(self) -> dict[str, object]:
         """The form ``/capabilities/check`` returns."""
         out: dict[str, object] = {"path": self.path, "allowed": self.allowed}
         if self.code:
-            out["code"] = self.code
+            out["code"] = str(self.code)
         if self.rule:
             out["rule"] = self.rule
         return out
@@ -115,32 +116,34 @@ def decide(rule: EffectiveRule, path: str, op: str = "read") -> PathDecision:
     :param op: ``read``, ``write`` or ``delete``.
     """
     if "\x00" in path:
-        return PathDecision(path, False, "invalid_path")
+        return PathDecision(path, False, Code.INVALID_PATH)
     target = absolute(path, rule.base_dir)
     if any(under(target, root) for root in FORBIDDEN_ROOTS):
-        return PathDecision(path, False, "path_not_allowed", "guard:system-paths")
+        return PathDecision(path, False, Code.PATH_NOT_ALLOWED, "guard:system-paths")
     if is_daemon_file(target, rule.daemon_files):
-        return PathDecision(path, False, "path_denied", "guard:daemon-files")
+        return PathDecision(path, False, Code.PATH_DENIED, "guard:daemon-files")
     allow = rule.paths.allow
     if allow:
         if not any(matches(entry, target, rule.base_dir) for entry in allow):
             return PathDecision(
                 path,
                 False,
-                "path_not_allowed",
+                Code.PATH_NOT_ALLOWED,
                 rule.source("paths.allow") or "paths.allow",
             )
     elif not under(target, rule.base_dir):
-        return PathDecision(path, False, "path_not_allowed", "guard:base_dir")
+        return PathDecision(path, False, Code.PATH_NOT_ALLOWED, "guard:base_dir")
     for entry in rule.paths.deny:
         if matches(entry, target, rule.base_dir):
-            return PathDecision(path, False, "path_denied", rule.source("paths.deny"))
+            return PathDecision(
+                path, False, Code.PATH_DENIED, rule.source("paths.deny")
+            )
     if op in ("write", "delete"):
         for entry in rule.paths.read_only:
             if matches(entry, target, rule.base_dir):
                 return PathDecision(
-                    path, False, "read_only", rule.source("paths.read_only")
+                    path, False, Code.READ_ONLY, rule.source("paths.read_only")
                 )
         if op == "delete" and target == rule.base_dir:
-            return PathDecision(path, False, "path_not_allowed", "guard:base_dir")
+            return PathDecision(path, False, Code.PATH_NOT_ALLOWED, "guard:base_dir")
     return PathDecision(path, True)

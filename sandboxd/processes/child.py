@@ -25,6 +25,7 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from sandboxd.errors import ApiError, timed_out
 from sandboxd.policy.defaults import (
     ENDPOINT_LIMITS,
     EXIT_DRAIN_MAX_SECONDS,
@@ -430,21 +431,20 @@ def signal_child(child: Child, sig: int) -> None:
             signal_member(pid, start, sig)
 
 
-def timeout_error(child: Child) -> dict[str, Any] | None:
-    """The ``error`` of a child the daemon ended on a timeout, else None."""
+def timeout_message(seconds: float | None, idle: bool = False) -> str:
+    """What a client is told of a child ended on its hard or idle timeout."""
+    if idle:
+        return (
+            f"IdleTimeout: no output for {seconds:g} seconds; "
+            "its process group was killed"
+        )
+    return f"Command timed out after {seconds:g} seconds; its process group was killed"
+
+
+def timeout_error(child: Child) -> ApiError | None:
+    """The error of a child the daemon ended on a timeout, else None."""
     if child.reason == "timeout":
-        return {
-            "error": f"Command timed out after {child.timeout:g} seconds; its process group was killed",
-            "type": "TimeoutError",
-            "code": "timeout",
-        }
+        return timed_out(timeout_message(child.timeout))
     if child.reason == "idle_timeout":
-        return {
-            "error": (
-                f"IdleTimeout: no output for {child.idle_timeout:g} seconds; "
-                "its process group was killed"
-            ),
-            "type": "TimeoutError",
-            "code": "idle_timeout",
-        }
+        return timed_out(timeout_message(child.idle_timeout, True), idle=True)
     return None

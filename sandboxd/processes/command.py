@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from sandboxd.errors import ApiError, forbidden
+from sandboxd.errors import Code, bad_request, forbidden, policy_rule
 from sandboxd.policy.rules import EffectiveRule
 
 #: util-linux's setpriv: switches user and groups, then execs.
@@ -45,24 +45,18 @@ def command_argv(body: Mapping[str, Any], rule: EffectiveRule) -> list[str]:
     """
     command = body.get("command")
     if not isinstance(command, str) or not command.strip():
-        raise ApiError(
-            400, "'command' must be a non-empty string", "ValueError", "invalid_param"
-        )
+        raise bad_request("'command' must be a non-empty string")
     if "\x00" in command:
-        raise ApiError(
-            400, "'command' must not contain NUL", "ValueError", "invalid_param"
-        )
+        raise bad_request("'command' must not contain NUL")
     shell = body.get("shell")
     if shell is not None and shell is not False:
         if not isinstance(shell, str) or not shell:
-            raise ApiError(
-                400, "'shell' must be a shell name", "ValueError", "invalid_param"
-            )
+            raise bad_request("'shell' must be a shell name")
         if os.path.basename(shell) not in rule.params.shells:
             raise forbidden(
                 f"the shell {shell!r} is not allowed (allowed: {', '.join(rule.params.shells)})",
-                "param_not_allowed",
-                rule=rule.source("params.shells") or "default:params.shells",
+                Code.PARAM_NOT_ALLOWED,
+                rule=policy_rule(rule, "params.shells"),
             )
         argv = [shell, "-c", command]
         check_command_allowed(rule, [shell])
@@ -71,11 +65,9 @@ def command_argv(body: Mapping[str, Any], rule: EffectiveRule) -> list[str]:
     try:
         argv = split_command(command)
     except ValueError as e:
-        raise ApiError(
-            400, f"cannot parse the command: {e}", "ValueError", "invalid_param"
-        ) from None
+        raise bad_request(f"cannot parse the command: {e}") from None
     if not argv:
-        raise ApiError(400, "'command' is empty", "ValueError", "invalid_param")
+        raise bad_request("'command' is empty")
     check_command_allowed(rule, argv)
     return argv
 
@@ -113,13 +105,13 @@ def check_command_allowed(rule: EffectiveRule, argv: list[str]) -> None:
     if name in params.deny_commands:
         raise forbidden(
             f"the command {name!r} is not allowed",
-            "param_not_allowed",
+            Code.PARAM_NOT_ALLOWED,
             rule=rule.source("params.deny_commands"),
         )
     if params.allow_commands is not None and name not in params.allow_commands:
         raise forbidden(
             f"the command {name!r} is not in the allowed list",
-            "param_not_allowed",
+            Code.PARAM_NOT_ALLOWED,
             rule=rule.source("params.allow_commands"),
         )
 
@@ -158,15 +150,13 @@ def resolve_user(requested: Any, rule: EffectiveRule) -> RunAs | None:
             else pwd.getpwnam(str(wanted))
         )
     except (KeyError, TypeError):
-        raise ApiError(
-            400, f"unknown user {wanted!r}", "ValueError", "invalid_param"
-        ) from None
+        raise bad_request(f"unknown user {wanted!r}") from None
     if os.geteuid() != 0:
         if entry.pw_uid == os.geteuid():
             return None
         raise forbidden(
             "the daemon does not run as root, so it cannot switch users",
-            "param_not_allowed",
+            Code.PARAM_NOT_ALLOWED,
             rule="guard:users",
         )
     allowed = rule.params.users
@@ -174,8 +164,8 @@ def resolve_user(requested: Any, rule: EffectiveRule) -> RunAs | None:
     if not ok:
         raise forbidden(
             f"running as {entry.pw_name!r} is not allowed",
-            "param_not_allowed",
-            rule=rule.source("params.users") or "default:params.users",
+            Code.PARAM_NOT_ALLOWED,
+            rule=policy_rule(rule, "params.users"),
         )
     return RunAs(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
 

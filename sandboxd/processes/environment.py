@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sandboxd.errors import ApiError
+from sandboxd.errors import bad_request
 from sandboxd.policy.defaults import (
     ARG_STRING_MAX_BYTES,
 )
@@ -92,31 +92,22 @@ def validate_env(value: Any) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ApiError(
-            400, "'env' must be an object of strings", "ValueError", "invalid_param"
-        )
+        raise bad_request("'env' must be an object of strings")
     out: dict[str, str] = {}
     for k, v in value.items():
         if not isinstance(k, str) or not k or "=" in k or "\x00" in k:
-            raise ApiError(
-                400, f"invalid environment name {k!r}", "ValueError", "invalid_param"
-            )
+            raise bad_request(f"invalid environment name {k!r}")
         if (
             isinstance(v, bool)
             or not isinstance(v, str | int | float)
             or "\x00" in str(v)
         ):
-            raise ApiError(
-                400, f"invalid value for {k!r}", "ValueError", "invalid_param"
-            )
+            raise bad_request(f"invalid value for {k!r}")
         entry = len(os.fsencode(k)) + len(os.fsencode(str(v))) + 2  # '=' and NUL
         if entry > ARG_STRING_MAX_BYTES:
-            raise ApiError(
-                400,
+            raise bad_request(
                 f"the environment entry {k[:40]!r} is {entry} bytes; "
-                f"the kernel takes at most {ARG_STRING_MAX_BYTES}",
-                "ValueError",
-                "invalid_param",
+                f"the kernel takes at most {ARG_STRING_MAX_BYTES}"
             )
         out[k] = str(v)
     return out

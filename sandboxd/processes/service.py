@@ -94,7 +94,7 @@ class Managed:
                 )
         error = timeout_error(self.child)
         if error is not None:
-            self.log.append("error", error)
+            self.log.append("error", error.body())
         self.log.append("exit", {"exit_code": code})
         self.log.close()
 

@@ -17,7 +17,16 @@ from twisted.internet.defer import Deferred
 
 from sandboxd.agents import catalog
 from sandboxd.agents.manager import AgentManager, build_prompt
-from sandboxd.errors import ApiError, not_found
+from sandboxd.errors import (
+    Code,
+    bad_request,
+    conflict,
+    not_found,
+    policy_rule,
+    signal_not_allowed,
+    unavailable,
+    unsupported,
+)
 from sandboxd.eventlog import Event
 from sandboxd.policy import defaults
 from sandboxd.policy.defaults import MAX_TURN_WAIT_SECONDS
@@ -55,16 +64,9 @@ def _number(
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise ApiError(
-            400, f"'{name}' must be a number of seconds", "ValueError", "invalid_param"
-        ) from None
+        raise bad_request(f"'{name}' must be a number of seconds") from None
     if isinstance(value, bool) or number < 0 or number != number:
-        raise ApiError(
-            400,
-            f"'{name}' must be a non-negative number",
-            "ValueError",
-            "invalid_param",
-        )
+        raise bad_request(f"'{name}' must be a non-negative number")
     return min(number, maximum)
 
 
@@ -74,13 +76,9 @@ def _int(value: Any, name: str, default: int) -> int:
     try:
         number = int(value)
     except (TypeError, ValueError):
-        raise ApiError(
-            400, f"'{name}' must be an integer", "ValueError", "invalid_param"
-        ) from None
+        raise bad_request(f"'{name}' must be an integer") from None
     if number < 0:
-        raise ApiError(
-            400, f"'{name}' must not be negative", "ValueError", "invalid_param"
-        )
+        raise bad_request(f"'{name}' must not be negative")
     return number
 
 
@@ -132,11 +130,8 @@ async def agents_catalog_sessions(request: ServerRequest) -> dict[str, Any]:
     caps = probe.get("agent_capabilities") or {}
     session_caps = caps.get("sessionCapabilities") if isinstance(caps, dict) else None
     if not isinstance(session_caps, dict) or session_caps.get("list") is None:
-        raise ApiError(
-            501,
-            f"the agent {entry.id!r} cannot list its sessions",
-            "RuntimeError",
-            "unsupported",
+        raise unsupported(
+            f"the agent {entry.id!r} cannot list its sessions", "RuntimeError"
         )
     result = (
         await manager(request).transient(request, entry, ("session/list", params))
@@ -166,12 +161,7 @@ def agents_install(request: ServerRequest) -> Any:
     if described["installed"] and not wanted:
         return {"agent": entry.id, "already_installed": True, "path": described["path"]}
     if not entry.package:
-        raise ApiError(
-            400,
-            f"the agent {entry.id!r} has no package to install",
-            "ValueError",
-            "invalid_param",
-        )
+        raise bad_request(f"the agent {entry.id!r} has no package to install")
     version = wanted or entry.version
     if (
         not isinstance(version, str)
@@ -179,14 +169,10 @@ def agents_install(request: ServerRequest) -> Any:
         or version.startswith("-")
         or any(c.isspace() for c in version)
     ):
-        raise ApiError(
-            400, "'version' must be a version string", "ValueError", "invalid_param"
-        )
+        raise bad_request("'version' must be a version string")
     processes = request.context.processes
     if processes is None:
-        raise ApiError(
-            503, "managed processes are not available", "RuntimeError", "unavailable"
-        )
+        raise unavailable("managed processes are not available")
     tag = f"agents-install:{entry.id}"
     running = [m for m in processes.list(tag) if m.running]
     if running:
@@ -202,7 +188,7 @@ def agents_install(request: ServerRequest) -> Any:
     env = child_environment(request.context, request.rule)
     npm = find_executable("npm", env)
     if npm is None:
-        raise ApiError(503, "npm is not installed", "RuntimeError", "unavailable")
+        raise unavailable("npm is not installed")
     argv = [npm, "install", "-g", f"{entry.package}@{version}"]
     managed = processes.start(
         argv,
@@ -239,9 +225,7 @@ async def agents_session_load(request: ServerRequest) -> ServerResponse:
     """``session/load`` (history replayed as events) or ``session/resume``."""
     acp_session_id = request.body.get("acp_session_id")
     if not isinstance(acp_session_id, str) or not acp_session_id:
-        raise ApiError(
-            400, "'acp_session_id' is required", "ValueError", "invalid_param"
-        )
+        raise bad_request("'acp_session_id' is required")
     replay = flag(request.body.get("replay"), "replay", True)
     catalog.find(request.context, request.rule, request.body.get("agent"))
     body = await manager(request).create(
@@ -311,11 +295,9 @@ async def agents_prompt(request: ServerRequest) -> Any:
     wait = _number(request.body.get("wait"), "wait", 30.0) or 0.0
     session.require_live()
     if session.current is not None:
-        raise ApiError(
-            409,
+        raise conflict(
             "a turn is already running",
-            "RuntimeError",
-            "turn_in_progress",
+            Code.TURN_IN_PROGRESS,
             turn_id=session.current.turn_id,
         )
     blocks = build_prompt(session, request.body, request.rule)
@@ -538,17 +520,11 @@ def agents_terminal_kill(request: ServerRequest) -> dict[str, Any]:
     terminal = _terminal(request)
     sig = request.body.get("signal", 15)
     if isinstance(sig, bool) or not isinstance(sig, int):
-        raise ApiError(
-            400, "'signal' must be an integer", "ValueError", "invalid_param"
-        )
+        raise bad_request("'signal' must be an integer")
     if sig not in request.rule.params.allowed_signals:
-        raise ApiError(
-            400,
+        raise signal_not_allowed(
             f"signal {sig} is not allowed",
-            "ValueError",
-            "signal_not_allowed",
-            rule=request.rule.source("params.allowed_signals")
-            or "default:params.allowed_signals",
+            policy_rule(request.rule, "params.allowed_signals"),
         )
     terminal.kill(sig)
     return {"terminal_id": terminal.terminal_id, "signal": sig}

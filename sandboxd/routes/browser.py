@@ -17,7 +17,7 @@ from twisted.application.service import IService
 
 from sandboxd.browser.supervisor import BrowserSupervisor
 from sandboxd.browser.urlpolicy import Refusal, UrlPolicy, check_url
-from sandboxd.errors import bad_request, forbidden, unavailable
+from sandboxd.errors import Code, bad_request, forbidden, unavailable
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import resolve_user
@@ -135,7 +135,7 @@ async def navigate(request: ServerRequest) -> dict[str, Any]:
         check_url(url_policy(request.rule), url)
     except Refusal as refusal:
         raise forbidden(
-            refusal.message, "param_not_allowed", rule=refusal.rule
+            refusal.message, Code.PARAM_NOT_ALLOWED, rule=refusal.rule
         ) from None
     wait_until = request.body.get("wait_until", "load")
     if wait_until not in WAIT_UNTIL:

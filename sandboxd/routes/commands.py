@@ -8,7 +8,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, ensureDeferred
 
-from sandboxd.errors import ApiError
+from sandboxd.errors import ApiError, Code, forbidden, not_found, unexpected
 from sandboxd.web.messages import ServerRequest
 
 
@@ -57,12 +57,7 @@ def _unknown(request: ServerRequest, name: str) -> ApiError:
     available = ", ".join(
         c.name for c in sorted(registry, key=lambda c: c.name) if not c.hidden
     )
-    return ApiError(
-        404,
-        f"Unknown command '{name}'; available: {available}",
-        "ValueError",
-        "not_found",
-    )
+    return not_found(f"Unknown command '{name}'; available: {available}", "ValueError")
 
 
 async def run_command(request: ServerRequest) -> dict[str, Any]:
@@ -73,11 +68,9 @@ async def run_command(request: ServerRequest) -> dict[str, Any]:
         raise _unknown(request, name)
     lacking = request.identity.missing(cmd.scopes)
     if lacking is not None:
-        raise ApiError(
-            403,
+        raise forbidden(
             f"this identity lacks the scope {lacking!r}",
-            "PermissionError",
-            "missing_scope",
+            Code.MISSING_SCOPE,
             endpoint="commands_run",
             scope=lacking,
             rule=f"command:{name}",
@@ -97,9 +90,7 @@ async def run_command(request: ServerRequest) -> dict[str, Any]:
     except ApiError:
         raise
     except Exception as e:
-        raise ApiError(
-            500, str(e) or type(e).__name__, type(e).__name__, "internal"
-        ) from e
+        raise unexpected(e) from e
     return {"result": result}
 
 

@@ -18,7 +18,18 @@ from typing import Any
 from twisted.internet.defer import Deferred, FirstError, gatherResults
 
 from sandboxd import git, processes
-from sandboxd.errors import ApiError, bad_request, forbidden
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    bad_request,
+    forbidden,
+    git_error,
+    internal,
+    invalid_path,
+    payload_too_large,
+    policy_rule,
+    timed_out,
+)
 from sandboxd.guard import PathGuard
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
@@ -54,16 +65,12 @@ def _timeout(value: Any, limit: float | None) -> float | None:
 
 
 def _timeout_error(what: str, seconds: float | None, idle: bool = False) -> ApiError:
+    """408 ``timeout``, or ``idle_timeout`` for a run that printed nothing."""
     if idle:
-        return ApiError(
-            408,
-            f"{what} printed nothing for {seconds:g} s and was stopped",
-            "IdleTimeout",
-            "timeout",
+        return timed_out(
+            f"{what} printed nothing for {seconds:g} s and was stopped", idle=True
         )
-    return ApiError(
-        408, f"{what} timed out after {seconds:g} s", "TimeoutError", "timeout"
-    )
+    return timed_out(f"{what} timed out after {seconds:g} s")
 
 
 def _text(data: bytes) -> str:
@@ -81,8 +88,8 @@ async def code_run(request: ServerRequest) -> dict[str, Any]:
         raise forbidden(
             f"the language {language!r} is not allowed"
             f" (allowed: {', '.join(rule.params.languages) or 'none'})",
-            "param_not_allowed",
-            rule=rule.source("params.languages") or "default:params.languages",
+            Code.PARAM_NOT_ALLOWED,
+            rule=policy_rule(rule, "params.languages"),
         )
     code = body.get("code")
     if not isinstance(code, str):
@@ -90,13 +97,10 @@ async def code_run(request: ServerRequest) -> dict[str, Any]:
     if "\x00" in code:
         raise bad_request("'code' must not contain NUL")
     if len(code.encode("utf-8", "surrogatepass")) > defaults.CODE_MAX_BYTES:
-        raise ApiError(
-            413,
-            f"'code' is over {defaults.CODE_MAX_BYTES} bytes; upload it as a file"
+        raise payload_too_large(
+            defaults.CODE_MAX_BYTES,
+            message=f"'code' is over {defaults.CODE_MAX_BYTES} bytes; upload it as a file"
             " and run it with /shell",
-            "ValueError",
-            "payload_too_large",
-            limit=defaults.CODE_MAX_BYTES,
         )
     timeout = _timeout(body.get("timeout"), rule.limits.timeout_seconds)
     idle = body.get("idle_timeout")
@@ -110,11 +114,9 @@ async def code_run(request: ServerRequest) -> dict[str, Any]:
     names, flag = RUNTIMES[language]
     executable = next((p for n in names if (p := find_executable(n, env))), None)
     if executable is None:
-        raise ApiError(
-            500,
+        raise internal(
             f"{language} runtime not found ({' or '.join(names)} is not on PATH)",
             "FileNotFoundError",
-            "internal",
         )
     check_command_allowed(rule, [executable])
     limit = (
@@ -134,9 +136,7 @@ async def code_run(request: ServerRequest) -> dict[str, Any]:
             run_as=run_as,
         )
     except FileNotFoundError:
-        raise ApiError(
-            500, f"{language} runtime not found", "FileNotFoundError", "internal"
-        ) from None
+        raise internal(f"{language} runtime not found", "FileNotFoundError") from None
     if result.timed_out:
         raise _timeout_error("the code run", timeout)
     if result.idle_timed_out:
@@ -165,13 +165,9 @@ class _Git:
         self.rule: EffectiveRule = request.rule
         path = request.arg("path") or "."
         if "\x00" in path:
-            raise ApiError(
-                400, "NUL is not allowed in a path", "ValueError", "invalid_path"
-            )
+            raise invalid_path("NUL is not allowed in a path")
         if git.has_parent_segment(path):
-            raise ApiError(
-                400, "'..' is not allowed in path", "ValueError", "invalid_path"
-            )
+            raise invalid_path("'..' is not allowed in path")
         self.cwd = PathGuard(self.rule).cwd(path)
         self.env = git.git_environment(
             child_environment(request.context, self.rule, base=BOOT_ENVIRON),
@@ -196,16 +192,14 @@ class _Git:
                 run_as=self.run_as,
             )
         except FileNotFoundError:
-            raise ApiError(
-                500, "git is not installed", "FileNotFoundError", "internal"
-            ) from None
+            raise internal("git is not installed", "FileNotFoundError") from None
         if result.timed_out:
             raise _timeout_error("git", self.timeout)
         if result.exit_code != 0:
             message = (
                 _text(result.stderr).strip() or f"git exited with {result.exit_code}"
             )
-            raise ApiError(400, message.splitlines()[0][:1000], "GitError", "git_error")
+            raise git_error(message.splitlines()[0][:1000])
         return result
 
     async def prepare(self) -> None:
@@ -229,13 +223,9 @@ class _Git:
         if not name:
             return []
         if "\x00" in name:
-            raise ApiError(
-                400, "NUL is not allowed in a path", "ValueError", "invalid_path"
-            )
+            raise invalid_path("NUL is not allowed in a path")
         if git.has_parent_segment(name):
-            raise ApiError(
-                400, "'..' is not allowed in file", "ValueError", "invalid_path"
-            )
+            raise invalid_path("'..' is not allowed in file")
         PathGuard(self.rule).check(os.path.join(self.cwd, name), "read")
         return ["--", name]
 
@@ -269,9 +259,7 @@ async def git_status(request: ServerRequest) -> dict[str, Any]:
         max_output_bytes=16 * defaults.MIB,
     )
     if result.truncated:
-        raise ApiError(
-            400, "git status printed more than can be returned", "GitError", "git_error"
-        )
+        raise git_error("git status printed more than can be returned")
     return git.status_result(result.stdout)
 
 

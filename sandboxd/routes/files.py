@@ -21,7 +21,14 @@ from typing import Any
 import pybase64
 from twisted.internet.defer import Deferred, FirstError, gatherResults
 
-from sandboxd.errors import ApiError, payload_too_large
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    bad_request,
+    forbidden,
+    payload_too_large,
+    range_not_satisfiable,
+)
 from sandboxd.eventlog import Event
 from sandboxd.files import archive, walk
 from sandboxd.files.atomic import AtomicWrite, etag_matches, parse_mode
@@ -62,9 +69,9 @@ def in_thread(request: ServerRequest, fn: Any, *args: Any) -> Deferred[Any]:
 
 def _required(value: Any, name: str) -> str:
     if value is None or value == "":
-        raise ApiError(400, f"missing '{name}'", "ValueError", "invalid_param")
+        raise bad_request(f"missing '{name}'")
     if not isinstance(value, str):
-        raise ApiError(400, f"'{name}' must be a string", "ValueError", "invalid_param")
+        raise bad_request(f"'{name}' must be a string")
     return value
 
 
@@ -74,13 +81,9 @@ def _int(value: Any, name: str, default: int, low: int, high: int) -> int:
     try:
         n = int(value)
     except (TypeError, ValueError):
-        raise ApiError(
-            400, f"'{name}' must be an integer", "ValueError", "invalid_param"
-        ) from None
+        raise bad_request(f"'{name}' must be an integer") from None
     if isinstance(value, bool) or not low <= n <= high:
-        raise ApiError(
-            400, f"'{name}' must be within {low}..{high}", "ValueError", "invalid_param"
-        )
+        raise bad_request(f"'{name}' must be within {low}..{high}")
     return n
 
 
@@ -101,19 +104,15 @@ def check_extension(request: ServerRequest, path: str) -> None:
         )
 
     if params.deny_extensions and has(params.deny_extensions):
-        raise ApiError(
-            403,
+        raise forbidden(
             f"this file extension is not allowed: {path}",
-            "PermissionError",
-            "param_not_allowed",
+            Code.PARAM_NOT_ALLOWED,
             rule=request.rule.source("params.deny_extensions"),
         )
     if params.allow_extensions is not None and not has(params.allow_extensions):
-        raise ApiError(
-            403,
+        raise forbidden(
             f"this file extension is not allowed: {path}",
-            "PermissionError",
-            "param_not_allowed",
+            Code.PARAM_NOT_ALLOWED,
             rule=request.rule.source("params.allow_extensions"),
         )
 
@@ -124,11 +123,9 @@ def overwrite_allowed(request: ServerRequest, wanted: bool) -> bool:
 
 
 def _policy_overwrite_refusal(request: ServerRequest, path: str) -> ApiError:
-    return ApiError(
-        403,
+    return forbidden(
         f"overwriting is not allowed: {path}",
-        "PermissionError",
-        "param_not_allowed",
+        Code.PARAM_NOT_ALLOWED,
         rule=request.rule.source("params.overwrite"),
     )
 
@@ -139,9 +136,7 @@ def if_match_of(request: ServerRequest) -> str | None:
     if value is None:
         raw = request.body.get("if_match") if request.body else None
         if raw is not None and not isinstance(raw, str):
-            raise ApiError(
-                400, "'if_match' must be a string", "ValueError", "invalid_param"
-            )
+            raise bad_request("'if_match' must be a string")
         value = raw
     return value
 
@@ -184,20 +179,16 @@ def decode_payload(request: ServerRequest) -> bytes | bytearray:
         return request.payload
     raw = request.body.get("content_base64")
     if raw is None:
-        raise ApiError(400, "missing 'content_base64'", "ValueError", "invalid_param")
+        raise bad_request("missing 'content_base64'")
     if not isinstance(raw, str):
-        raise ApiError(
-            400, "'content_base64' must be a string", "ValueError", "invalid_param"
-        )
+        raise bad_request("'content_base64' must be a string")
     cap = max_bytes(request)
     if len(raw) // 4 * 3 - 2 > cap:
         raise payload_too_large(cap)
     try:
         data = pybase64.b64decode(raw, validate=True)
     except (binascii.Error, ValueError):
-        raise ApiError(
-            400, "'content_base64' is not valid base64", "ValueError", "invalid_param"
-        ) from None
+        raise bad_request("'content_base64' is not valid base64") from None
     if len(data) > cap:
         raise payload_too_large(cap)
     return data
@@ -354,13 +345,7 @@ def files_read_raw(request: ServerRequest) -> Any:
         wanted = None
     if wanted == "unsatisfiable":
         f.close()
-        raise ApiError(
-            416,
-            "the range is not satisfiable",
-            "ValueError",
-            "invalid_param",
-            headers={"Content-Range": f"bytes */{size}"},
-        )
+        raise range_not_satisfiable(size)
     if isinstance(wanted, tuple):
         offset, length = wanted
         status = 206
@@ -524,12 +509,7 @@ def files_search(request: ServerRequest) -> Any:
     path = body.get("path") or guard.base_dir
     pattern = _required(body.get("pattern"), "pattern")
     if len(pattern) > MAX_PATTERN_CHARS:
-        raise ApiError(
-            400,
-            f"'pattern' is longer than {MAX_PATTERN_CHARS} characters",
-            "ValueError",
-            "invalid_param",
-        )
+        raise bad_request(f"'pattern' is longer than {MAX_PATTERN_CHARS} characters")
     cap = request.rule.limits.max_entries or _default("files_search", "max_entries")
     max_results = _int(body.get("max_results"), "max_results", cap, 1, cap)
     timeout = request.rule.limits.timeout_seconds or _default(
@@ -550,12 +530,7 @@ def files_archive(request: ServerRequest) -> Any:
         or not paths
         or not all(isinstance(p, str) and p for p in paths)
     ):
-        raise ApiError(
-            400,
-            "'paths' must be a non-empty list of paths",
-            "ValueError",
-            "invalid_param",
-        )
+        raise bad_request("'paths' must be a non-empty list of paths")
     fmt = _archive_format(body)
     guard = PathGuard.for_request(request)
     for p in paths:
@@ -576,12 +551,7 @@ def _archive_format(body: dict[str, Any]) -> str:
     """The body's ``format`` (default tar.gz), or 400."""
     fmt = body.get("format") or "tar.gz"
     if fmt not in archive.FORMATS:
-        raise ApiError(
-            400,
-            f"unsupported format {fmt!r}; use tar.gz or zip",
-            "ValueError",
-            "invalid_param",
-        )
+        raise bad_request(f"unsupported format {fmt!r}; use tar.gz or zip")
     return str(fmt)
 
 

@@ -21,10 +21,22 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
 
 from sandboxd import processes
-from sandboxd.errors import ApiError, bad_request, forbidden, not_found, unavailable
+from sandboxd.errors import (
+    Code,
+    bad_request,
+    forbidden,
+    limit_exceeded,
+    limit_rule,
+    not_found,
+    policy_rule,
+    rate_limited,
+    signal_not_allowed,
+    timed_out,
+    unavailable,
+)
 from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import STDIN_PENDING_BYTES
-from sandboxd.processes.child import Child
+from sandboxd.processes.child import Child, timeout_message
 from sandboxd.processes.command import RunAs, command_argv, resolve_user
 from sandboxd.processes.environment import child_environment, validate_env
 from sandboxd.processes.run import run_collect, spawn
@@ -116,12 +128,10 @@ def _spawn_failed(error: OSError, command: str) -> Exception:
     left to be a 500.
     """
     if isinstance(error, FileNotFoundError) and error.errno is None:
-        return ApiError(400, str(error), "FileNotFoundError", "invalid_param")
+        return bad_request(str(error), type="FileNotFoundError")
     reason = os.strerror(error.errno) if error.errno else str(error)
     if error.errno in _COMMAND_ERRNOS:
-        return ApiError(
-            400, f"cannot run {command[:200]!r}: {reason}", "OSError", "invalid_param"
-        )
+        return bad_request(f"cannot run {command[:200]!r}: {reason}", type="OSError")
     if error.errno in _RESOURCE_ERRNOS:
         return unavailable(f"cannot start a process now: {reason}", "ResourceError")
     return error
@@ -172,20 +182,14 @@ async def shell(request: ServerRequest) -> dict[str, Any]:
     }
     if result.timed_out or result.idle_timed_out:
         idle = result.idle_timed_out
-        message = (
-            f"IdleTimeout: no output for {spec.idle_timeout:g} seconds"
-            if idle
-            else f"Command timed out after {spec.timeout:g} seconds"
-        )
-        error = ApiError(
-            500,
-            message + "; its process group was killed",
-            "TimeoutError",
-            "idle_timeout" if idle else "timeout",
+        seconds = spec.idle_timeout if idle else spec.timeout
+        raise timed_out(
+            timeout_message(seconds, idle),
+            idle,
+            status=500,
             limit="idle_timeout" if idle else "timeout_seconds",
+            **body,
         )
-        error.extra.update(body)
-        raise error
     return body
 
 
@@ -247,7 +251,7 @@ def shell_stream(request: ServerRequest) -> SSEResponse | Deferred[SSEResponse]:
         stream.finish()
         error = processes.timeout_error(child)
         if error is not None:
-            stream.event("error", {k: error[k] for k in ("error", "type")})
+            stream.event("error", error.event())
         stream.event("exit", {"exit_code": code})
         stream.close()
         if channel_box:
@@ -310,14 +314,12 @@ async def process_start(request: ServerRequest) -> dict[str, Any]:
     service = _service(request)
     limit = request.rule.limits.max_processes
     if limit is not None and service.running_count() >= limit:
-        raise ApiError(
+        raise limit_exceeded(
             429,
             f"too many processes running (at most {limit})",
-            "ResourceError",
-            "too_many_processes",
+            Code.TOO_MANY_PROCESSES,
+            rule=limit_rule(request.rule, "max_processes"),
             limit="max_processes",
-            rule=request.rule.source("limits.max_processes")
-            or "default:limits.max_processes",
         )
     retention = (
         request.rule.limits.max_output_bytes or processes.DEFAULT_RETENTION_BYTES
@@ -404,7 +406,7 @@ def process_signal(request: ServerRequest) -> dict[str, Any]:
     if pid in (1, os.getpid()):
         raise forbidden(
             f"signalling pid {pid} is not allowed",
-            "param_not_allowed",
+            Code.PARAM_NOT_ALLOWED,
             rule="guard:signal",
         )
     if "signal" not in request.body:
@@ -412,13 +414,9 @@ def process_signal(request: ServerRequest) -> dict[str, Any]:
     number = _signal_number(request.body["signal"])
     allowed = request.rule.params.allowed_signals
     if number not in allowed:
-        raise ApiError(
-            400,
+        raise signal_not_allowed(
             f"signal {number} is not allowed (allowed: {', '.join(map(str, sorted(allowed)))})",
-            "ValueError",
-            "signal_not_allowed",
-            rule=request.rule.source("params.allowed_signals")
-            or "default:params.allowed_signals",
+            policy_rule(request.rule, "params.allowed_signals"),
         )
     managed = _managed(request)
     if not managed.running:
@@ -477,14 +475,10 @@ def process_stdin(request: ServerRequest) -> dict[str, Any]:
         )
     raw = data.encode()
     if raw and child.stdin_pending() + len(raw) > STDIN_PENDING_BYTES:
-        raise ApiError(
-            429,
+        raise rate_limited(
             "the process is not reading its stdin fast enough; retry later",
-            "ResourceError",
-            "rate_limited",
-            headers={"Retry-After": "1"},
+            1,
             limit="stdin_pending_bytes",
-            retry_after=1,
         )
     if raw:
         child.write_stdin(raw)

@@ -18,7 +18,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandboxd import processes, sysinfo
-from sandboxd.errors import ApiError, bad_request, forbidden, internal
+from sandboxd.errors import (
+    Code,
+    bad_request,
+    forbidden,
+    internal,
+    limit_exceeded,
+    limit_rule,
+)
 from sandboxd.policy import defaults
 from sandboxd.processes import command, environment
 from sandboxd.web.messages import ServerRequest
@@ -206,7 +213,7 @@ def env_set(request: ServerRequest) -> dict[str, Any]:
         if rule is not None:
             raise forbidden(
                 f"the variable {name!r} is protected",
-                "protected_variable",
+                Code.PROTECTED_VARIABLE,
                 rule=rule,
                 variable=name,
             )
@@ -333,24 +340,21 @@ async def packages(request: ServerRequest) -> dict[str, Any]:
     except FileNotFoundError:
         return empty
     if result.timed_out:
-        raise ApiError(
+        raise limit_exceeded(
             500,
             f"{manager} did not answer within {timeout} seconds",
-            "TimeoutError",
-            "internal",
+            Code.INTERNAL,
+            rule=limit_rule(request.rule, "timeout_seconds"),
+            type="TimeoutError",
             limit="timeout_seconds",
-            rule=request.rule.source("limits.timeout_seconds")
-            or "default:limits.timeout_seconds",
         )
     if result.truncated:
-        raise ApiError(
+        raise limit_exceeded(
             500,
             f"the {manager} listing exceeded {cap} bytes",
-            "ResourceError",
-            "internal",
+            Code.INTERNAL,
+            rule=limit_rule(request.rule, "max_output_bytes"),
             limit="max_output_bytes",
-            rule=request.rule.source("limits.max_output_bytes")
-            or "default:limits.max_output_bytes",
         )
     found = parse_packages(manager, result.stdout)
     if found is None:

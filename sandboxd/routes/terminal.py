@@ -11,7 +11,14 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
-from sandboxd.errors import ApiError, bad_request, not_found
+from sandboxd.errors import (
+    Code,
+    bad_request,
+    internal,
+    limit_exceeded,
+    limit_rule,
+    not_found,
+)
 from sandboxd.gate import host_name
 from sandboxd.guard import PathGuard
 from sandboxd.processes.command import resolve_user
@@ -93,18 +100,16 @@ def pty_create(request: ServerRequest) -> dict[str, Any]:
             limits.idle_timeout_seconds,
         )
     except TooManySessions as e:
-        raise ApiError(
+        raise limit_exceeded(
             429,
             f"Maximum number of PTY sessions ({e.args[0]}) reached",
-            "RuntimeError",
-            "too_many_sessions",
+            Code.TOO_MANY_SESSIONS,
+            rule=limit_rule(rule, "max_sessions"),
+            type="RuntimeError",
             limit=e.args[0],
-            rule=rule.source("limits.max_sessions") or "default:limits.max_sessions",
         ) from None
     except OSError as e:
-        raise ApiError(
-            500, f"Failed to create PTY: {e.strerror or e}", "OSError", "internal"
-        ) from None
+        raise internal(f"Failed to create PTY: {e.strerror or e}", "OSError") from None
     return {
         "session_id": session.id,
         "ws_url": _ws_url(request, session.id),
@@ -138,9 +143,7 @@ def pty_resize(request: ServerRequest) -> dict[str, Any]:
     try:
         session.resize(cols, rows)
     except OSError as e:
-        raise ApiError(
-            500, f"Failed to resize: {e.strerror or e}", "OSError", "internal"
-        ) from None
+        raise internal(f"Failed to resize: {e.strerror or e}", "OSError") from None
     return session.describe()
 
 

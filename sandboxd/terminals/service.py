@@ -17,7 +17,13 @@ from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
-from sandboxd.errors import ApiError, bad_request, forbidden
+from sandboxd.errors import (
+    Code,
+    bad_request,
+    forbidden,
+    internal,
+    policy_rule,
+)
 from sandboxd.gate import is_loopback
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS
 from sandboxd.policy.rules import EffectiveRule
@@ -121,8 +127,8 @@ def choose_shell(
         if name not in allowed:
             raise forbidden(
                 f"the shell {requested!r} is not allowed (allowed: {', '.join(allowed)})",
-                "param_not_allowed",
-                rule=rule.source("params.shells") or "default:params.shells",
+                Code.PARAM_NOT_ALLOWED,
+                rule=policy_rule(rule, "params.shells"),
             )
         path = find_executable(requested, env)
         if path is None:
@@ -134,4 +140,4 @@ def choose_shell(
             path = find_executable(candidate, env)
             if path is not None:
                 return os.path.basename(candidate), path
-    raise ApiError(500, "no allowed shell was found on PATH", "OSError", "internal")
+    raise internal("no allowed shell was found on PATH", "OSError")

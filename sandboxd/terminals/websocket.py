@@ -22,7 +22,7 @@ from zope.interface import implementer
 
 from sandboxd import gate
 from sandboxd.auth import Identity
-from sandboxd.errors import ApiError, Code, bad_request, no_route
+from sandboxd.errors import ApiError, Code, bad_request, malformed_request, no_route
 from sandboxd.policy.defaults import (
     PTY_MAX_CONNECTIONS,
     WS_CLOSE_SECONDS,
@@ -166,9 +166,7 @@ class PtyServerProtocol(WebSocketServerProtocol):
         malformed handshake are ``malformed_request``; a bare status line
         would carry only a reason phrase).
         """
-        error = self._refusal or ApiError(
-            code, reason, "WebSocketError", Code.MALFORMED_REQUEST
-        )
+        error = self._refusal or malformed_request(reason, code, "WebSocketError")
         try:
             phrase = HTTPStatus(code).phrase
         except ValueError:

@@ -31,14 +31,11 @@ from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel
 
+from sandboxd.errors import malformed_request
 from sandboxd.policy.defaults import MAX_HEADERS
 
 #: The body of a request Twisted's parser refuses (framing, obs-fold, ...).
-MALFORMED = {
-    "error": "malformed HTTP request",
-    "type": "ValueError",
-    "code": "malformed_request",
-}
+MALFORMED = malformed_request("malformed HTTP request").body()
 
 
 class SandboxChannel(HTTPChannel):

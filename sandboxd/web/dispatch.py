@@ -28,7 +28,7 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 
 from sandboxd.context import as_clock
-from sandboxd.errors import ApiError
+from sandboxd.errors import ApiError, unexpected
 from sandboxd.web.messages import (
     ServerRequest,
     ServerResponse,
@@ -167,8 +167,7 @@ def render_failure(
         raw.respond_error(error)
         return
     log.failure("handler {endpoint} failed", failure, endpoint=request.endpoint.id)
-    name = type(error).__name__
-    raw.respond_error(ApiError(500, str(error) or name, name, "internal"))
+    raw.respond_error(unexpected(error))
 
 
 def _respond_raw(raw: SandboxRequest, result: ServerResponse) -> None:
@@ -261,9 +260,5 @@ def _stream_failed(channel: SSEChannel, failure: Failure) -> None:
     if failure.check(CancelledError) or not channel.open:
         return
     log.failure("event stream failed", failure)
-    error = failure.value
-    channel.send(
-        "error",
-        {"error": str(error) or type(error).__name__, "type": type(error).__name__},
-    )
+    channel.send("error", unexpected(failure.value).event())
     channel.close()

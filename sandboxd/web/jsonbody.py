@@ -16,12 +16,7 @@ import json
 import math
 from typing import Any
 
-from sandboxd.errors import ApiError
-
-
-def invalid_json(message: str = "the body is not valid JSON") -> ApiError:
-    """400 ``invalid_json``."""
-    return ApiError(400, message, "ValueError", "invalid_json")
+from sandboxd.errors import invalid_json
 
 
 class _Duplicate(ValueError):

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
+from sandboxd.errors import ApiError
+
 if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
     from twisted.web.server import Request
@@ -81,10 +83,12 @@ class ServerResponse:
     def error(
         cls, status: int, message: str, type: str = "ValueError", **extra: Any
     ) -> ServerResponse:
-        """An error body of SPEC §3 (``error``, ``type`` and any extra fields)."""
-        body = {"error": message, "type": type}
-        body.update({k: v for k, v in extra.items() if v is not None})
-        return cls(status=status, body=body)
+        """
+        An error body of SPEC §3 (``error``, ``type`` and any extra fields;
+        a ``code`` must be one of SPEC §6's).
+        """
+        error = ApiError(status, message, type, **extra)
+        return cls(status=status, body=error.body(), headers=error.headers)
 
 
 @attrs.define

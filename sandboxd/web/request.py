@@ -24,7 +24,7 @@ from twisted.web.server import Request
 
 from sandboxd import gate
 from sandboxd.context import Context
-from sandboxd.errors import ApiError, payload_too_large
+from sandboxd.errors import ApiError, payload_too_large, unexpected
 from sandboxd.policy.defaults import (
     DRAIN_LIMIT_BYTES,
     LARGE_BODY_BYTES,
@@ -266,9 +266,7 @@ class SandboxRequest(Request):
         except Exception as e:
             self.log.failure("reading the request body failed")
             self._abort_sink()
-            self.respond_error(
-                ApiError(500, str(e) or type(e).__name__, type(e).__name__, "internal")
-            )
+            self.respond_error(unexpected(e))
             return
         request = self.server_request(body)
         request.sink_result = sink_result

@@ -21,7 +21,7 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 from zope.interface import implementer
 
-from sandboxd.errors import ApiError
+from sandboxd.errors import bad_request
 from sandboxd.eventlog import Event, EventLog
 from sandboxd.policy.defaults import HEARTBEAT_SECONDS
 
@@ -185,13 +185,9 @@ def resume_point(query: dict[str, str], headers: dict[str, str]) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise ApiError(
-            400, "'after' must be an integer seq", "ValueError", "invalid_param"
-        ) from None
+        raise bad_request("'after' must be an integer seq") from None
     if value < 0:
-        raise ApiError(
-            400, "'after' must not be negative", "ValueError", "invalid_param"
-        )
+        raise bad_request("'after' must not be negative")
     return value
 
 

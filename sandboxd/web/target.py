@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from urllib.parse import unquote_to_bytes
 
-from sandboxd.errors import ApiError, invalid_path
+from sandboxd.errors import Code, bad_request, invalid_path
 
 
 def _decode(raw: bytes, what: str) -> str:
@@ -59,15 +59,11 @@ def parse_query(raw_query: bytes) -> dict[str, str]:
             name = unquote_to_bytes(raw_name.replace(b"+", b" ")).decode("utf-8")
             value = unquote_to_bytes(raw_value.replace(b"+", b" ")).decode("utf-8")
         except UnicodeDecodeError:
-            raise ApiError(
-                400, "query parameters must be UTF-8", "ValueError", "invalid_param"
-            ) from None
+            raise bad_request("query parameters must be UTF-8") from None
         if name in out:
-            raise ApiError(
-                400,
+            raise bad_request(
                 f"query parameter {name!r} is given more than once",
-                "ValueError",
-                "duplicate_parameter",
+                Code.DUPLICATE_PARAMETER,
                 param=name,
             )
         out[name] = value

@@ -21,18 +21,16 @@ from typing import Any
 
 import pybase64
 
-from sandboxd.errors import ApiError
+from sandboxd.errors import ApiError, bad_request, invalid_json, payload_too_large
 from sandboxd.policy.defaults import UPLOAD_HEAD_LIMIT
-from sandboxd.web.jsonbody import invalid_json, parse_object
+from sandboxd.web.jsonbody import parse_object
 
 _KEY = b"content_base64"
 _WHITESPACE = b" \t\r\n"
 
 
 def _invalid_base64() -> ApiError:
-    return ApiError(
-        400, "'content_base64' is not valid base64", "ValueError", "invalid_param"
-    )
+    return bad_request("'content_base64' is not valid base64")
 
 
 class _HeadScanner:
@@ -181,12 +179,9 @@ class UploadBody:
             self.error = _invalid_base64()
             return
         if len(self._payload) > self.max_bytes:
-            self.error = ApiError(
-                413,
-                f"the file is over the limit of {self.max_bytes} bytes",
-                "ValueError",
-                "payload_too_large",
-                limit=self.max_bytes,
+            self.error = payload_too_large(
+                self.max_bytes,
+                message=f"the file is over the limit of {self.max_bytes} bytes",
             )
 
     def result(self) -> tuple[dict[str, Any], bytearray | None]:

@@ -115,6 +115,20 @@ class CodeRunTests(DaemonTestCase):
         self.assertFalse(alive(pid))
 
     @inlineCallbacks
+    def test_idle_timeout_is_idle_timeout(self) -> Any:
+        """A run silent for ``idle_timeout`` is 408 TimeoutError with code idle_timeout (SPEC §6)."""
+        reply = yield self.request(
+            "POST",
+            "/code/run",
+            {"language": "bash", "code": "sleep 30", "idle_timeout": 0.3},
+        )
+        self.assertEqual(reply.status, 408, reply.body)
+        self.assertEqual(
+            (reply.json()["type"], reply.json()["code"]),
+            ("TimeoutError", "idle_timeout"),
+        )
+
+    @inlineCallbacks
     def test_missing_runtime(self) -> Any:
         """A runtime not on the child's PATH is 500 FileNotFoundError."""
         reply = yield self.request(
