@@ -33,7 +33,7 @@ from sandboxd.policy.defaults import MAX_TURN_WAIT_SECONDS
 from sandboxd.processes.command import find_executable
 from sandboxd.processes.environment import child_environment
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
-from sandboxd.web.params import flag
+from sandboxd.web.params import flag, integer, number, required
 from sandboxd.web.sse import Follower, SSEChannel, frame, resume_point
 
 if TYPE_CHECKING:
@@ -53,33 +53,9 @@ def session_of(request: ServerRequest) -> AgentSession:
     return manager(request).get(request.path_params["sid"])
 
 
-def _number(
-    value: Any,
-    name: str,
-    default: float | None = None,
-    maximum: float = MAX_TURN_WAIT_SECONDS,
-) -> float | None:
-    if value is None or value == "":
-        return default
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise bad_request(f"'{name}' must be a number of seconds") from None
-    if isinstance(value, bool) or number < 0 or number != number:
-        raise bad_request(f"'{name}' must be a non-negative number")
-    return min(number, maximum)
-
-
-def _int(value: Any, name: str, default: int) -> int:
-    if value is None or value == "":
-        return default
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise bad_request(f"'{name}' must be an integer") from None
-    if number < 0:
-        raise bad_request(f"'{name}' must not be negative")
-    return number
+def _wait(value: Any, default: float) -> float:
+    """A ``wait`` in seconds: not negative, at most :data:`MAX_TURN_WAIT_SECONDS`."""
+    return number(value, "wait", default, 0, MAX_TURN_WAIT_SECONDS, clamp=True) or 0.0
 
 
 async def _wait_turn(request: ServerRequest, turn: Turn, seconds: float) -> None:
@@ -223,9 +199,7 @@ async def agents_session_create(request: ServerRequest) -> ServerResponse:
 
 async def agents_session_load(request: ServerRequest) -> ServerResponse:
     """``session/load`` (history replayed as events) or ``session/resume``."""
-    acp_session_id = request.body.get("acp_session_id")
-    if not isinstance(acp_session_id, str) or not acp_session_id:
-        raise bad_request("'acp_session_id' is required")
+    acp_session_id = required(request.body.get("acp_session_id"), "acp_session_id")
     replay = flag(request.body.get("replay"), "replay", True)
     catalog.find(request.context, request.rule, request.body.get("agent"))
     body = await manager(request).create(
@@ -263,7 +237,7 @@ async def agents_session_cancel(request: ServerRequest) -> dict[str, Any]:
     """``session/cancel``, then wait (bounded) for the turn to end."""
     session = session_of(request)
     default_wait = defaults.AGENT_CANCEL_GRACE_SECONDS + defaults.KILL_GRACE_SECONDS
-    wait = _number(request.body.get("wait"), "wait", default_wait) or 0.0
+    wait = _wait(request.body.get("wait"), default_wait)
     turn = session.turn_control.cancel()
     if turn is None:
         last = next(reversed(session.turns.values()), None) if session.turns else None
@@ -292,7 +266,7 @@ async def agents_session_delete(request: ServerRequest) -> dict[str, Any]:
 async def agents_prompt(request: ServerRequest) -> Any:
     """One turn: 200 when it ends within ``wait``, else 202 and follow the events."""
     session = session_of(request)
-    wait = _number(request.body.get("wait"), "wait", 30.0) or 0.0
+    wait = _wait(request.body.get("wait"), 30.0)
     session.require_live()
     if session.current is not None:
         raise conflict(
@@ -326,9 +300,7 @@ async def agents_turn_get(request: ServerRequest) -> dict[str, Any]:
     turn = session.turns.get(request.path_params["turn_id"])
     if turn is None:
         raise not_found(f"unknown turn {request.path_params['turn_id']!r}")
-    await _wait_turn(
-        request, turn, _number(request.query.get("wait"), "wait", 0.0) or 0.0
-    )
+    await _wait_turn(request, turn, _wait(request.query.get("wait"), 0.0))
     out = turn.describe()
     out.update(
         {
@@ -344,8 +316,8 @@ def agents_messages(request: ServerRequest) -> dict[str, Any]:
     """Messages with their chunks coalesced."""
     session = session_of(request)
     turn_id = request.query.get("turn_id")
-    after = _int(request.query.get("after"), "after", 0)
-    limit = _int(request.query.get("limit"), "limit", 100) or 100
+    after = integer(request.query.get("after"), "after", 0, low=0)
+    limit = integer(request.query.get("limit"), "limit", 100, low=0) or 100
     selected = [
         m
         for m in session.messages
@@ -387,7 +359,7 @@ def agents_events(request: ServerRequest) -> Any:
             return Follower(session.log, channel, after, formatter).done
 
         return SSEResponse(start=start)
-    limit = _int(request.query.get("limit"), "limit", 1000) or 1000
+    limit = integer(request.query.get("limit"), "limit", 1000, low=0) or 1000
     gap, events = session.log.since(after)
     selected: list[Event] = []
     last = after
@@ -518,9 +490,7 @@ def agents_terminal_output(request: ServerRequest) -> Any:
 def agents_terminal_kill(request: ServerRequest) -> dict[str, Any]:
     """Signal an agent's terminal; the agent sees the exit."""
     terminal = _terminal(request)
-    sig = request.body.get("signal", 15)
-    if isinstance(sig, bool) or not isinstance(sig, int):
-        raise bad_request("'signal' must be an integer")
+    sig = integer(request.body.get("signal", 15), "signal")
     if sig not in request.rule.params.allowed_signals:
         raise signal_not_allowed(
             f"signal {sig} is not allowed",
@@ -538,7 +508,7 @@ def agents_commands(request: ServerRequest) -> dict[str, Any]:
 def agents_logs(request: ServerRequest) -> dict[str, Any]:
     """The agent's stderr, head and tail, secrets redacted."""
     session = session_of(request)
-    after = _int(request.query.get("after"), "after", 0)
+    after = integer(request.query.get("after"), "after", 0, low=0)
     return {
         "chunks": session.stderr.chunks(after),
         "dropped_bytes": session.stderr.dropped_bytes,

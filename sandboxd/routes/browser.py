@@ -22,6 +22,7 @@ from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import resolve_user
 from sandboxd.web.messages import ServerRequest
+from sandboxd.web.params import flag, number, one_of, required, string
 
 WAIT_UNTIL = ("load", "domcontentloaded", "networkidle", "commit")
 IMAGE_TYPES = ("png", "jpeg")
@@ -81,39 +82,10 @@ def timeout_ms(request: ServerRequest, op: str, value: Any = None) -> int:
         ceiling = int(request.rule.limits.timeout_seconds * 1000)
     if value is None:
         return min(defaults.BROWSER_TIMEOUTS_MS[op], ceiling)
-    number = _number(value, "timeout")
-    if number <= 0:
+    millis = number(value, "timeout")
+    if millis <= 0:
         raise bad_request("'timeout' must be a positive number of milliseconds")
-    return max(1, min(int(number), ceiling))
-
-
-def _number(value: Any, name: str) -> float:
-    if isinstance(value, bool):
-        raise bad_request(f"'{name}' must be a number")
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            raise bad_request(f"'{name}' must be a number") from None
-    if not isinstance(value, int | float):
-        raise bad_request(f"'{name}' must be a number")
-    return float(value)
-
-
-def _string(body: dict[str, Any], name: str, required: bool = True) -> str | None:
-    value = body.get(name)
-    if value is None and not required:
-        return None
-    if not isinstance(value, str) or (required and not value):
-        raise bad_request(f"'{name}' must be a non-empty string")
-    return value
-
-
-def _bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
-    value = body.get(name, default)
-    if not isinstance(value, bool):
-        raise bad_request(f"'{name}' must be true or false")
-    return value
+    return max(1, min(int(millis), ceiling))
 
 
 async def _call(
@@ -129,17 +101,16 @@ async def _call(
 
 async def navigate(request: ServerRequest) -> dict[str, Any]:
     """``POST /browser/navigate {"url", "wait_until"?, "timeout"?}``."""
-    url = _string(request.body, "url")
-    assert url is not None
+    url = required(request.body.get("url"), "url")
     try:
         check_url(url_policy(request.rule), url)
     except Refusal as refusal:
         raise forbidden(
             refusal.message, Code.PARAM_NOT_ALLOWED, rule=refusal.rule
         ) from None
-    wait_until = request.body.get("wait_until", "load")
-    if wait_until not in WAIT_UNTIL:
-        raise bad_request(f"'wait_until' must be one of {', '.join(WAIT_UNTIL)}")
+    wait_until = one_of(
+        request.body.get("wait_until", "load"), "wait_until", WAIT_UNTIL
+    )
     timeout = timeout_ms(request, "navigate")
     return await _call(
         request, "navigate", {"url": url, "wait_until": wait_until}, timeout
@@ -154,16 +125,17 @@ async def screenshot(request: ServerRequest) -> dict[str, Any]:
         kind = "jpeg"
     if kind not in IMAGE_TYPES:
         raise bad_request("'type' must be png or jpeg")
-    args: dict[str, Any] = {"type": kind, "full_page": _bool(body, "full_page")}
-    selector = _string(body, "selector", required=False)
+    full_page = flag(body.get("full_page", False), "full_page", words=False)
+    args: dict[str, Any] = {"type": kind, "full_page": full_page}
+    selector = string(body.get("selector"), "selector", None)
     if selector:
         args["selector"] = selector
     quality = body.get("quality")
     if quality is not None:
-        number = _number(quality, "quality")
-        if kind != "jpeg" or not 0 <= number <= 100:
+        value = number(quality, "quality")
+        if kind != "jpeg" or not 0 <= value <= 100:
             raise bad_request("'quality' is for jpeg, from 0 to 100")
-        args["quality"] = int(number)
+        args["quality"] = int(value)
     return await _call(request, "screenshot", args, timeout_ms(request, "screenshot"))
 
 
@@ -179,7 +151,7 @@ async def content(request: ServerRequest) -> dict[str, Any]:
 
 async def click(request: ServerRequest) -> dict[str, Any]:
     """``POST /browser/click {"selector", "timeout"?}``."""
-    selector = _string(request.body, "selector")
+    selector = required(request.body.get("selector"), "selector")
     return await _call(
         request, "click", {"selector": selector}, timeout_ms(request, "click")
     )
@@ -188,13 +160,9 @@ async def click(request: ServerRequest) -> dict[str, Any]:
 async def type_text(request: ServerRequest) -> dict[str, Any]:
     """``POST /browser/type {"selector", "text", "delay"?, "timeout"?}``."""
     body = request.body
-    selector = _string(body, "selector")
-    text = body.get("text")
-    if not isinstance(text, str):
-        raise bad_request("'text' must be a string")
-    delay = _number(body.get("delay", 0), "delay")
-    if delay < 0:
-        raise bad_request("'delay' must not be negative")
+    selector = required(body.get("selector"), "selector")
+    text = string(body.get("text"), "text")
+    delay = number(body.get("delay", 0), "delay", low=0)
     timeout = timeout_ms(request, "type")
     # Typing with a delay takes delay x characters on top of finding the element.
     budget = timeout + int(delay * len(text))
@@ -209,7 +177,7 @@ async def type_text(request: ServerRequest) -> dict[str, Any]:
 
 async def evaluate(request: ServerRequest) -> dict[str, Any]:
     """``POST /browser/evaluate {"script", "timeout"?}``."""
-    script = _string(request.body, "script")
+    script = required(request.body.get("script"), "script")
     return await _call(
         request, "evaluate", {"script": script}, timeout_ms(request, "evaluate")
     )
@@ -224,7 +192,8 @@ async def pdf(request: ServerRequest) -> dict[str, Any]:
     known = {f.lower(): f for f in PDF_FORMATS}
     if page_format.lower() not in known:
         raise bad_request(f"'format' must be one of {', '.join(PDF_FORMATS)}")
-    args = {"format": known[page_format.lower()], "landscape": _bool(body, "landscape")}
+    landscape = flag(body.get("landscape", False), "landscape", words=False)
+    args = {"format": known[page_format.lower()], "landscape": landscape}
     return await _call(request, "pdf", args, timeout_ms(request, "pdf"))
 
 

@@ -25,7 +25,6 @@ from sandboxd.errors import (
     forbidden,
     git_error,
     internal,
-    invalid_path,
     payload_too_large,
     policy_rule,
     timed_out,
@@ -39,8 +38,9 @@ from sandboxd.processes.command import (
     resolve_user,
 )
 from sandboxd.processes.environment import BOOT_ENVIRON, child_environment, validate_env
+from sandboxd.web import params
 from sandboxd.web.messages import ServerRequest
-from sandboxd.web.params import flag
+from sandboxd.web.params import flag, one_of, seconds, string
 
 #: Each language's interpreters, first found on the child's PATH wins, and
 #: the flag that runs a program given as an argument.  Passing the code as
@@ -51,17 +51,6 @@ RUNTIMES: dict[str, tuple[tuple[str, ...], str]] = {
     "node": (("node", "nodejs"), "-e"),
     "bash": (("bash",), "-c"),
 }
-
-
-def _timeout(value: Any, limit: float | None) -> float | None:
-    """The request's timeout in seconds, at most the endpoint's limit."""
-    if value is None:
-        return limit
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise bad_request("'timeout' must be a number of seconds")
-    if value <= 0:
-        raise bad_request("'timeout' must be positive")
-    return min(float(value), limit) if limit is not None else float(value)
 
 
 def _timeout_error(what: str, seconds: float | None, idle: bool = False) -> ApiError:
@@ -81,9 +70,7 @@ async def code_run(request: ServerRequest) -> dict[str, Any]:
     """``POST /code/run {"language", "code", "timeout"?, "cwd"?, "env"?, "user"?}``."""
     body = request.body
     rule = request.rule
-    language = body.get("language")
-    if language not in RUNTIMES:
-        raise bad_request(f"'language' must be one of {', '.join(RUNTIMES)}")
+    language = one_of(body.get("language"), "language", tuple(RUNTIMES))
     if language not in rule.params.languages:
         raise forbidden(
             f"the language {language!r} is not allowed"
@@ -91,9 +78,7 @@ async def code_run(request: ServerRequest) -> dict[str, Any]:
             Code.PARAM_NOT_ALLOWED,
             rule=policy_rule(rule, "params.languages"),
         )
-    code = body.get("code")
-    if not isinstance(code, str):
-        raise bad_request("'code' must be a string")
+    code = string(body.get("code"), "code")
     if "\x00" in code:
         raise bad_request("'code' must not contain NUL")
     if len(code.encode("utf-8", "surrogatepass")) > defaults.CODE_MAX_BYTES:
@@ -102,10 +87,9 @@ async def code_run(request: ServerRequest) -> dict[str, Any]:
             message=f"'code' is over {defaults.CODE_MAX_BYTES} bytes; upload it as a file"
             " and run it with /shell",
         )
-    timeout = _timeout(body.get("timeout"), rule.limits.timeout_seconds)
-    idle = body.get("idle_timeout")
-    if idle is not None:
-        idle = _timeout(idle, None)
+    ceiling = rule.limits.timeout_seconds
+    timeout = seconds(body.get("timeout"), "timeout", ceiling, ceiling=ceiling)
+    idle = seconds(body.get("idle_timeout"), "idle_timeout", None)
     cwd = PathGuard(rule).cwd(body.get("cwd"))
     run_as = resolve_user(body.get("user"), rule)
     env = child_environment(request.context, rule, validate_env(body.get("env")))
@@ -163,11 +147,7 @@ class _Git:
     def __init__(self, request: ServerRequest) -> None:
         self.request = request
         self.rule: EffectiveRule = request.rule
-        path = request.arg("path") or "."
-        if "\x00" in path:
-            raise invalid_path("NUL is not allowed in a path")
-        if git.has_parent_segment(path):
-            raise invalid_path("'..' is not allowed in path")
+        path = params.path(request.arg("path"), "path", ".", parents=False)
         self.cwd = PathGuard(self.rule).cwd(path)
         self.env = git.git_environment(
             child_environment(request.context, self.rule, base=BOOT_ENVIRON),
@@ -219,13 +199,9 @@ class _Git:
 
     def file_arg(self) -> list[str]:
         """``-- FILE`` for ``?file=``, checked like ``path``."""
-        name = self.request.arg("file")
+        name = params.path(self.request.arg("file"), "file", None, parents=False)
         if not name:
             return []
-        if "\x00" in name:
-            raise invalid_path("NUL is not allowed in a path")
-        if git.has_parent_segment(name):
-            raise invalid_path("'..' is not allowed in file")
         PathGuard(self.rule).check(os.path.join(self.cwd, name), "read")
         return ["--", name]
 

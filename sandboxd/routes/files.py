@@ -51,7 +51,7 @@ from sandboxd.web.messages import (
     SSEResponse,
     StreamResponse,
 )
-from sandboxd.web.params import flag
+from sandboxd.web.params import flag, integer, required, string
 from sandboxd.web.sse import Follower, SSEChannel, default_format, resume_point
 
 # -- small helpers ------------------------------------------------------------
@@ -65,26 +65,6 @@ def _default(endpoint: str, name: str) -> Any:
 def in_thread(request: ServerRequest, fn: Any, *args: Any) -> Deferred[Any]:
     """Run blocking file work in the reactor's thread pool."""
     return request.context.in_thread(fn, *args)
-
-
-def _required(value: Any, name: str) -> str:
-    if value is None or value == "":
-        raise bad_request(f"missing '{name}'")
-    if not isinstance(value, str):
-        raise bad_request(f"'{name}' must be a string")
-    return value
-
-
-def _int(value: Any, name: str, default: int, low: int, high: int) -> int:
-    if value is None or value == "":
-        return default
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        raise bad_request(f"'{name}' must be an integer") from None
-    if isinstance(value, bool) or not low <= n <= high:
-        raise bad_request(f"'{name}' must be within {low}..{high}")
-    return n
 
 
 def max_bytes(request: ServerRequest) -> int:
@@ -135,9 +115,7 @@ def if_match_of(request: ServerRequest) -> str | None:
     value = request.headers.get("if-match")
     if value is None:
         raw = request.body.get("if_match") if request.body else None
-        if raw is not None and not isinstance(raw, str):
-            raise bad_request("'if_match' must be a string")
-        value = raw
+        value = string(raw, "if_match", None)
     return value
 
 
@@ -198,7 +176,7 @@ def decode_payload(request: ServerRequest) -> bytes | bytearray:
 
 
 def _upload(request: ServerRequest, default_overwrite: bool) -> Any:
-    path = _required(request.body.get("path"), "path")
+    path = required(request.body.get("path"), "path")
     guard = PathGuard.for_request(request)
     guard.decide(path)  # NUL and lexical refusals before decoding anything
     first = guard.decide(path, "write")
@@ -247,7 +225,7 @@ def _read_all(fd: int, size: int) -> bytes:
 
 def download(request: ServerRequest) -> Any:
     """``GET /download``: a file as base64 (small files answered inline)."""
-    path = _required(request.query.get("path"), "path")
+    path = required(request.query.get("path"), "path")
     guard = PathGuard(request.rule)
     f = guard.open_file(path)
     size = f.stat.st_size
@@ -286,7 +264,7 @@ def files_download_stream(request: ServerRequest) -> Any:
     progress); a file that grows meanwhile is sent up to that size, one that
     shrinks cuts the connection.
     """
-    path = _required(request.query.get("path"), "path")
+    path = required(request.query.get("path"), "path")
     f = PathGuard.for_request(request).open_file(path)
     size = f.stat.st_size
     cap = max_bytes(request)
@@ -320,7 +298,7 @@ def files_download_stream(request: ServerRequest) -> Any:
 
 def files_read_raw(request: ServerRequest) -> Any:
     """``GET /files/raw``: the bytes, streamed, with ETag, Last-Modified and Range."""
-    path = _required(request.query.get("path"), "path")
+    path = required(request.query.get("path"), "path")
     f = PathGuard.for_request(request).open_file(path)
     st = f.stat
     cap = request.rule.limits.max_bytes
@@ -360,7 +338,7 @@ class RawSink:
     """The body of ``POST /files/raw``, written to a temp file as it arrives."""
 
     def __init__(self, request: ServerRequest) -> None:
-        path = _required(request.query.get("path"), "path")
+        path = required(request.query.get("path"), "path")
         check_extension(request, path)
         overwrite = flag(request.query.get("overwrite"), "overwrite", True)
         allowed = overwrite_allowed(request, overwrite)
@@ -443,7 +421,7 @@ def files_list(request: ServerRequest) -> Any:
     """``GET /files/list``: entries, off the reactor thread."""
     guard = PathGuard.for_request(request)
     path = request.query.get("path") or guard.base_dir
-    depth = _int(request.query.get("depth"), "depth", 1, 1, MAX_LIST_DEPTH)
+    depth = integer(request.query.get("depth"), "depth", 1, 1, MAX_LIST_DEPTH)
     hidden = flag(request.query.get("hidden"), "hidden", True)
     cap = request.rule.limits.max_entries or _default("files_list", "max_entries")
     guard.locate(path, "read", follow=True).close()  # refusals before the thread
@@ -452,13 +430,13 @@ def files_list(request: ServerRequest) -> Any:
 
 def files_stat(request: ServerRequest) -> Any:
     """``GET /files/stat``: one entry; missing inside the boundary is 200 ``exists: false``."""
-    path = _required(request.query.get("path"), "path")
+    path = required(request.query.get("path"), "path")
     return walk.stat_path(PathGuard.for_request(request), path)
 
 
 def files_mkdir(request: ServerRequest) -> Any:
     """``POST /files/mkdir``: with parents, exist_ok."""
-    path = _required(request.body.get("path"), "path")
+    path = required(request.body.get("path"), "path")
     return {
         "path": walk.make_dir(PathGuard.for_request(request), path),
         "created": True,
@@ -468,7 +446,7 @@ def files_mkdir(request: ServerRequest) -> Any:
 def files_delete(request: ServerRequest) -> Any:
     """``DELETE /files?path=``: files, links, or whole trees (in a thread)."""
     path = request.query.get("path") or request.body.get("path")
-    path = _required(path, "path")
+    path = required(path, "path")
     guard = PathGuard.for_request(request)
 
     def job() -> dict[str, Any]:
@@ -481,12 +459,12 @@ def files_move(request: ServerRequest) -> Any:
     """``POST /files/move``: rename, into a directory when the destination is one."""
     body = request.body
     try:
-        source = _required(body.get("source"), "source")
+        source = required(body.get("source"), "source")
     except ApiError as e:
         e.message = "source: " + e.message
         raise
     try:
-        destination = _required(body.get("destination"), "destination")
+        destination = required(body.get("destination"), "destination")
     except ApiError as e:
         e.message = "destination: " + e.message
         raise
@@ -507,11 +485,11 @@ def files_search(request: ServerRequest) -> Any:
     guard = PathGuard.for_request(request)
     body = request.body
     path = body.get("path") or guard.base_dir
-    pattern = _required(body.get("pattern"), "pattern")
+    pattern = required(body.get("pattern"), "pattern")
     if len(pattern) > MAX_PATTERN_CHARS:
         raise bad_request(f"'pattern' is longer than {MAX_PATTERN_CHARS} characters")
     cap = request.rule.limits.max_entries or _default("files_search", "max_entries")
-    max_results = _int(body.get("max_results"), "max_results", cap, 1, cap)
+    max_results = integer(body.get("max_results"), "max_results", cap, 1, cap)
     timeout = request.rule.limits.timeout_seconds or _default(
         "files_search", "timeout_seconds"
     )
@@ -558,7 +536,7 @@ def _archive_format(body: dict[str, Any]) -> str:
 def files_extract(request: ServerRequest) -> Any:
     """``POST /files/extract``: every member checked before anything is written."""
     body = request.body
-    destination = _required(body.get("destination"), "destination")
+    destination = required(body.get("destination"), "destination")
     fmt = _archive_format(body)
     overwrite = flag(body.get("overwrite"), "overwrite", False)
     allowed = overwrite_allowed(request, overwrite)

@@ -43,7 +43,7 @@ from sandboxd.processes.run import run_collect, spawn
 from sandboxd.processes.service import ProcessService
 from sandboxd.web.linestream import LineStream
 from sandboxd.web.messages import ServerRequest, SSEResponse
-from sandboxd.web.params import flag
+from sandboxd.web.params import flag, integer, seconds, string
 from sandboxd.web.sse import Follower, SSEChannel, resume_point
 
 
@@ -58,17 +58,6 @@ class Launch:
     run_as: RunAs | None
     timeout: float | None
     idle_timeout: float | None
-
-
-def _seconds(body: dict[str, Any], name: str) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        raise bad_request(f"'{name}' must be a number of seconds")
-    if value <= 0:
-        raise bad_request(f"'{name}' must be positive")
-    return float(value)
 
 
 def launch(request: ServerRequest) -> Launch:
@@ -87,13 +76,13 @@ def launch(request: ServerRequest) -> Launch:
     extra = validate_env(body.get("env"))
     run_as = resolve_user(body.get("user"), rule)
     env = child_environment(request.context, rule, extra)
-    timeout = _seconds(body, "timeout")
+    timeout = seconds(body.get("timeout"), "timeout", None)
     if timeout is None:
         timeout = rule.limits.timeout_seconds
     ceiling = rule.limits.max_duration_seconds
     if ceiling is not None and (timeout is None or timeout > ceiling):
         timeout = ceiling
-    idle = _seconds(body, "idle_timeout")
+    idle = seconds(body.get("idle_timeout"), "idle_timeout", None)
     if idle is None:
         idle = rule.limits.idle_timeout_seconds
     return Launch(argv, str(body["command"]), env, cwd, run_as, timeout, idle)
@@ -305,12 +294,8 @@ async def process_start(request: ServerRequest) -> dict[str, Any]:
     """
     spec = launch(request)
     body = request.body
-    tag = body.get("tag")
-    if tag is not None and not isinstance(tag, str):
-        raise bad_request("'tag' must be a string")
-    stdin = body.get("stdin", False)
-    if not isinstance(stdin, bool):
-        raise bad_request("'stdin' must be true or false")
+    tag = string(body.get("tag"), "tag", None)
+    stdin = flag(body.get("stdin", False), "stdin", words=False)
     service = _service(request)
     limit = request.rule.limits.max_processes
     if limit is not None and service.running_count() >= limit:
@@ -325,7 +310,7 @@ async def process_start(request: ServerRequest) -> dict[str, Any]:
         request.rule.limits.max_output_bytes or processes.DEFAULT_RETENTION_BYTES
     )
     # A background process has no time limit unless the request gives one.
-    timeout = _seconds(body, "timeout")
+    timeout = seconds(body.get("timeout"), "timeout", None)
     try:
         managed = service.start(
             spec.argv,
@@ -354,14 +339,7 @@ def process_list(request: ServerRequest) -> dict[str, Any]:
 
 
 def _pid(request: ServerRequest) -> int:
-    raw = request.path_params.get("pid", "")
-    try:
-        pid = int(raw)
-    except ValueError:
-        raise bad_request(f"pid must be an integer, not {raw!r}") from None
-    if pid <= 0:
-        raise bad_request("pid must be a positive integer")
-    return pid
+    return integer(request.path_params.get("pid"), "pid", low=1)
 
 
 def _managed(request: ServerRequest) -> processes.Managed:
@@ -460,12 +438,8 @@ def process_output(request: ServerRequest) -> Any:
 def process_stdin(request: ServerRequest) -> dict[str, Any]:
     """``POST /process/{pid}/stdin {"data", "eof"}``: feed the stdin pipe."""
     managed = _managed(request)
-    data = request.body.get("data", "")
-    eof = request.body.get("eof", False)
-    if not isinstance(data, str):
-        raise bad_request("'data' must be a string")
-    if not isinstance(eof, bool):
-        raise bad_request("'eof' must be true or false")
+    data = string(request.body.get("data", ""), "data")
+    eof = flag(request.body.get("eof", False), "eof", words=False)
     if not managed.running:
         raise not_found(f"process {managed.pid} has exited")
     child = managed.child

@@ -25,12 +25,12 @@ from sandboxd.processes.command import resolve_user
 from sandboxd.processes.environment import child_environment, validate_env
 from sandboxd.terminals.service import TERM, TerminalService, choose_shell
 from sandboxd.terminals.session import (
-    MAX_DIMENSION,
     PtySession,
     SpawnRequest,
     TooManySessions,
 )
 from sandboxd.web.messages import ServerRequest
+from sandboxd.web.params import dimension
 
 
 def setup(context: Any) -> TerminalService:
@@ -44,15 +44,6 @@ def _service(request: ServerRequest) -> TerminalService:
     service = request.context.terminals
     assert service is not None
     return service
-
-
-def _dimension(body: dict[str, Any], name: str, default: int) -> int:
-    value = body.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_request(f"'{name}' must be an integer")
-    if not 1 <= value <= MAX_DIMENSION:
-        raise bad_request(f"'{name}' must be between 1 and {MAX_DIMENSION}")
-    return value
 
 
 def _ws_url(request: ServerRequest, session_id: str) -> str:
@@ -81,8 +72,8 @@ def _session(request: ServerRequest) -> PtySession:
 def pty_create(request: ServerRequest) -> dict[str, Any]:
     """``POST /pty/sessions``: start a shell on a pre-sized PTY."""
     body, rule, context = request.body, request.rule, request.context
-    cols = _dimension(body, "cols", 80)
-    rows = _dimension(body, "rows", 24)
+    cols = dimension(body.get("cols", 80), "cols")
+    rows = dimension(body.get("rows", 24), "rows")
     extra = validate_env(body.get("env"))
     run_as = resolve_user(body.get("user"), rule)
     cwd = PathGuard(rule).cwd(body.get("cwd"))
@@ -138,8 +129,8 @@ def pty_resize(request: ServerRequest) -> dict[str, Any]:
     session = _session(request)
     if "cols" not in request.body or "rows" not in request.body:
         raise bad_request("'cols' and 'rows' are required")
-    cols = _dimension(request.body, "cols", session.cols)
-    rows = _dimension(request.body, "rows", session.rows)
+    cols = dimension(request.body.get("cols", session.cols), "cols")
+    rows = dimension(request.body.get("rows", session.rows), "rows")
     try:
         session.resize(cols, rows)
     except OSError as e:

@@ -36,7 +36,8 @@ from sandboxd.terminals._autobahn import (
     WebSocketServerFactory,
     WebSocketServerProtocol,
 )
-from sandboxd.terminals.session import MAX_DIMENSION, PtySession, TerminalTable
+from sandboxd.terminals.session import PtySession, TerminalTable
+from sandboxd.web.params import dimension
 
 log = Logger(namespace="sandboxd.terminals.websocket")
 
@@ -48,13 +49,6 @@ NORMAL = 1000
 SLOW_CLIENT = 4008
 
 WS_PATH = "/pty"
-
-
-def dimension(value: Any) -> int | None:
-    """A window dimension (a positive integer a ``winsize`` holds), or None."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None
-    return value if 1 <= value <= MAX_DIMENSION else None
 
 
 @implementer(IPushProducer)
@@ -243,12 +237,15 @@ class PtyServerProtocol(WebSocketServerProtocol):
             if isinstance(data, str):
                 session.write(data.encode("utf-8", "surrogatepass"))
         elif kind == "resize":
-            cols, rows = dimension(message.get("cols")), dimension(message.get("rows"))
-            if cols is not None and rows is not None:
-                try:
-                    session.resize(cols, rows)
-                except OSError:
-                    pass  # the terminal is going away
+            try:
+                cols = dimension(message.get("cols"), "cols")
+                rows = dimension(message.get("rows"), "rows")
+            except ApiError:
+                return  # dropped, as any malformed message
+            try:
+                session.resize(cols, rows)
+            except OSError:
+                pass  # the terminal is going away
         elif kind == "signal":
             name = message.get("signal")
             if isinstance(name, str):

@@ -21,9 +21,9 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 from zope.interface import implementer
 
-from sandboxd.errors import bad_request
 from sandboxd.eventlog import Event, EventLog
 from sandboxd.policy.defaults import HEARTBEAT_SECONDS
+from sandboxd.web.params import integer
 
 
 def frame(event: str, data: Any, id: int | None = None) -> bytes:
@@ -180,15 +180,7 @@ def resume_point(query: dict[str, str], headers: dict[str, str]) -> int:
     raw = query.get("after")
     if raw is None:
         raw = headers.get("last-event-id")
-    if raw is None or raw == "":
-        return 0
-    try:
-        value = int(raw)
-    except ValueError:
-        raise bad_request("'after' must be an integer seq") from None
-    if value < 0:
-        raise bad_request("'after' must not be negative")
-    return value
+    return integer(raw, "after", 0, low=0)
 
 
 EventFormatter = Callable[[Event], bytes]
