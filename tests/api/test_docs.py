@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import tarfile
+import textwrap
 from typing import Any
 
 from twisted.internet import reactor
@@ -44,11 +45,29 @@ def read_doc(name: str) -> str:
         return f.read()
 
 
-def names_read(handler: Any) -> set[str]:
+#: The JSON types of sandboxd/api/schema.py each parser of
+#: sandboxd/web/params.py may read (an integer field may be read as a
+#: number, a string field as one of a closed set, ...).
+_PARSER_TYPES = {
+    "flag": {"boolean"},
+    "integer": {"integer"},
+    "dimension": {"integer"},
+    "number": {"number", "integer"},
+    "seconds": {"number", "integer"},
+    "string": {"string", "any"},
+    "required": {"string"},
+    "path": {"string"},
+    "one_of": {"string"},
+    "strings": {"array"},
+    "string_map": {"object"},
+}
+
+
+def handler_sources(handler: Any) -> list[str]:
     """
-    Request names a handler reads: in its own source and in the module-level
-    functions of its module that it calls directly (one level), which is
-    where the groups keep their small parsing helpers.
+    A handler's source and that of the module-level functions of its module
+    that it calls directly (one level), which is where the groups keep their
+    small parsing helpers.
     """
     func = getattr(handler, "__func__", handler)
     module = sys.modules[func.__module__]
@@ -58,8 +77,48 @@ def names_read(handler: Any) -> set[str]:
             helper = getattr(module, node.func.id, None)
             if inspect.isfunction(helper) and helper.__module__ == module.__name__:
                 sources.append(inspect.getsource(helper))
+    return sources
+
+
+def parser_reads(handler: Any) -> dict[str, set[str]]:
+    """
+    Field name -> the sandboxd.web.params parsers a handler reads it with,
+    for calls spelled ``parser(x.get("name", ...), "name", ...)``.
+    """
+    found: dict[str, set[str]] = {}
+    for source in handler_sources(handler):
+        for node in ast.walk(ast.parse(textwrap.dedent(source))):
+            if not isinstance(node, ast.Call) or len(node.args) < 2:
+                continue
+            func = node.func
+            kind = (
+                func.attr
+                if isinstance(func, ast.Attribute)
+                else getattr(func, "id", "")
+            )
+            raw, name = node.args[0], node.args[1]
+            if (
+                kind in _PARSER_TYPES
+                and isinstance(name, ast.Constant)
+                and isinstance(raw, ast.Call)
+                and isinstance(raw.func, ast.Attribute)
+                and raw.func.attr in ("get", "arg")
+                and raw.args
+                and isinstance(raw.args[0], ast.Constant)
+                and raw.args[0].value == name.value
+            ):
+                found.setdefault(name.value, set()).add(kind)
+    return found
+
+
+def names_read(handler: Any) -> set[str]:
+    """
+    Request names a handler reads: in its own source and in the module-level
+    functions of its module that it calls directly (one level), which is
+    where the groups keep their small parsing helpers.
+    """
     found: set[str] = set()
-    for source in sources:
+    for source in handler_sources(handler):
         for match in _READS.finditer(source):
             found.add(match.group(1) or match.group(2))
     return found
@@ -105,6 +164,29 @@ class ReferenceTests(SynchronousTestCase):
             if undeclared:
                 missing[endpoint.id] = sorted(undeclared)
         self.assertEqual(missing, {}, "declare these in sandboxd/schema.py")
+
+    def test_parsers_match_declared_types(self) -> None:
+        """
+        A field a handler reads with a sandboxd.web.params parser has the
+        JSON type that parser reads in the endpoint's schema (``depth``
+        read by ``integer`` is declared ``integer``).
+        """
+        wrong = {}
+        checked = 0
+        for endpoint in builtin_table():
+            if endpoint.handler is None or endpoint.id not in schema.SCHEMAS:
+                continue
+            declared = schema.SCHEMAS[endpoint.id]
+            fields = {f.name: f for f in (*declared.query, *declared.body)}
+            for name, kinds in parser_reads(endpoint.handler).items():
+                if name not in fields:
+                    continue  # test_handler_reads_are_declared reports it
+                checked += 1
+                for kind in kinds:
+                    if fields[name].type not in _PARSER_TYPES[kind]:
+                        wrong[f"{endpoint.id}.{name}"] = (kind, fields[name].type)
+        self.assertEqual(wrong, {}, "the schema's type and the handler's parser differ")
+        self.assertGreater(checked, 30, "the scan found too few parser calls")
 
     def test_names_read_sees_helpers(self) -> None:
         """The scan follows one level of helpers (else the test above is weak)."""
