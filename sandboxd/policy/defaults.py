@@ -294,3 +294,6 @@ HTTP_IDLE_TIMEOUT_SECONDS = 60
 
 #: The longest a request may wait for a turn (``wait``), whatever it asks.
 MAX_TURN_WAIT_SECONDS = 600.0
+
+#: The largest window a terminal accepts (``struct winsize`` holds shorts).
+MAX_DIMENSION = 65535

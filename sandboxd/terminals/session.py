@@ -61,9 +61,6 @@ CLIENT_SIGNALS = {
     "SIGQUIT": signal.SIGQUIT,
 }
 
-#: The largest window a terminal accepts (``struct winsize`` holds shorts).
-MAX_DIMENSION = 65535
-
 #: Output at least this large is bulk (not an echo): worth gathering.
 _BULK_BYTES = 512
 

@@ -26,7 +26,7 @@ from typing import Any, Final, TypeVar, overload
 
 from sandboxd.errors import bad_request, invalid_path
 from sandboxd.git import has_parent_segment
-from sandboxd.terminals.session import MAX_DIMENSION
+from sandboxd.policy.defaults import MAX_DIMENSION
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
