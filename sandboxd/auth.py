@@ -80,40 +80,67 @@ class TokenStore:
 
     @classmethod
     def build(
-        cls, specs: Iterable[TokenSpec], environ: Mapping[str, str] | None = None
+        cls,
+        specs: Iterable[TokenSpec],
+        environ: Mapping[str, str] | None = None,
+        fail_closed: bool = True,
     ) -> TokenStore:
-        """Resolve the legacy token and every policy token at start."""
+        """
+        Resolve the legacy token and every policy token at start.
+
+        :param fail_closed: a configured source that yields no token (an
+            empty ``ABX_SERVER_TOKEN_FILE`` or ``token_file``, an unset
+            ``token_env``) stops the start (SPEC §20); ``check-config``
+            passes False to report it as a warning instead.
+        :raises PolicyError: naming the source that yielded nothing.
+        """
         env = os.environ if environ is None else environ
         store = cls()
+        empty: list[str] = []
         secret_env = {"ABX_SERVER_TOKEN", "ABX_SERVER_TOKEN_FILE"}
         legacy = env.get("ABX_SERVER_TOKEN", "")
         legacy_file = env.get("ABX_SERVER_TOKEN_FILE", "")
         if not legacy and legacy_file:
             legacy = _read_token_file(legacy_file, "ABX_SERVER_TOKEN_FILE")
+            if not legacy:
+                empty.append(
+                    f"ABX_SERVER_TOKEN_FILE: the token file {legacy_file!r} is empty"
+                )
         if legacy:
             store.entries.append(
                 (_digest(legacy.encode("utf-8")), Identity("legacy", frozenset({"*"})))
             )
         for spec in specs:
             identity = Identity(spec.id, frozenset(spec.scopes))
+            value = ""
             if spec.token_sha256:
                 store.entries.append((bytes.fromhex(spec.token_sha256), identity))
-            elif spec.token_env:
+                continue
+            if spec.token_env:
                 secret_env.add(spec.token_env)
                 value = env.get(spec.token_env, "")
-                if value:
-                    store.entries.append((_digest(value.encode("utf-8")), identity))
-                else:
-                    store.warnings.append(
+                if not value.strip():
+                    value = ""
+                    empty.append(
                         f"auth.tokens: token {spec.id!r}: environment variable "
-                        f"{spec.token_env} is unset, so this identity cannot log in"
+                        f"{spec.token_env} is unset or empty"
                     )
             elif spec.token_file:
-                value = _read_token_file(spec.token_file, f"auth.tokens {spec.id!r}")
-                if value:
-                    store.entries.append((_digest(value.encode("utf-8")), identity))
+                where = f"auth.tokens {spec.id!r}"
+                value = _read_token_file(spec.token_file, where)
+                if not value:
+                    empty.append(
+                        f"{where}: the token file {spec.token_file!r} is empty"
+                    )
+            if value:
+                store.entries.append((_digest(value.encode("utf-8")), identity))
         store.secret_env = frozenset(secret_env)
-        if not store.entries and any(True for _ in specs):
+        if empty and fail_closed:
+            raise PolicyError(
+                f"{empty[0]}; refusing to start rather than run without that token"
+            )
+        store.warnings.extend(f"{e}, so this identity cannot log in" for e in empty)
+        if not store.entries and (empty or any(True for _ in specs)):
             # Tokens were configured but none resolved: fail closed, never open.
             store.entries.append((b"\x00" * 32, Identity("nobody", frozenset())))
         return store

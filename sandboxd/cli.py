@@ -174,6 +174,7 @@ def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:
             path=options["policy"],
             preset=options["preset"],
             base_dir=options["base-dir"],
+            fail_closed=False,
         )
     except PolicyError as e:
         print(f"invalid: {e}", file=out)

@@ -79,6 +79,7 @@ def load_policy(
     base_dir: str | None = None,
     environ: Mapping[str, str] | None = None,
     daemon_files: Iterable[str] = (),
+    fail_closed: bool = True,
 ) -> Policy:
     """
     Find, validate and compile the policy (SPEC §5.1, first found wins).
@@ -86,6 +87,8 @@ def load_policy(
     :param preset: ``--preset``; overrides the document's ``preset`` key.
     :param daemon_files: the daemon's own files besides those the policy
         names (the audit log, TLS keys): no path operation reaches them.
+    :param fail_closed: a token source that yields nothing is an error (a
+        start, a reload); False makes it a warning (``check-config``).
     :raises PolicyError: for anything that must stop the daemon at start.
     """
     env = os.environ if environ is None else environ
@@ -100,7 +103,7 @@ def load_policy(
     own = own_files(file, doc, env, daemon_files)
     anchors = Anchors()
     rules = compile_rules(table, doc, chosen, boundary, env, own, anchors)
-    tokens = TokenStore.build(doc.tokens, env)
+    tokens = TokenStore.build(doc.tokens, env, fail_closed=fail_closed)
     return Policy(
         document=doc,
         rules=rules,

@@ -1,0 +1,107 @@
+"""
+Where tokens come from (SPEC §4) and the fail-closed rule of SPEC §20: a
+token source that is configured but yields nothing stops the start.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd.auth import TokenStore
+from sandboxd.endpoints import default_table
+from sandboxd.policy import PolicyError, load_policy
+from sandboxd.policy.document import TokenSpec
+from tests.test_cli import BIN, ROOT, free_port
+
+
+class FailClosedTests(SynchronousTestCase):
+    """A configured token source that yields no token never means local mode."""
+
+    def token_file(self, text: str) -> str:
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def test_empty_legacy_file_refused(self) -> None:
+        """An empty or whitespace-only ABX_SERVER_TOKEN_FILE is an error naming the file."""
+        for text in ("", "  \n\t\n"):
+            path = self.token_file(text)
+            with self.assertRaises(PolicyError) as cm:
+                TokenStore.build([], {"ABX_SERVER_TOKEN_FILE": path})
+            self.assertIn("ABX_SERVER_TOKEN_FILE", str(cm.exception))
+            self.assertIn(path, str(cm.exception))
+
+    def test_legacy_file_with_token(self) -> None:
+        """A token file with a token gives the legacy identity (surrounding blanks ignored)."""
+        store = TokenStore.build(
+            [], {"ABX_SERVER_TOKEN_FILE": self.token_file("s3cret\n")}
+        )
+        self.assertFalse(store.local_mode)
+        identity = store.identify(b"s3cret")
+        assert identity is not None
+        self.assertEqual(identity.id, "legacy")
+
+    def test_unset_token_env_refused(self) -> None:
+        """A policy token whose token_env is unset or blank stops the start, naming it."""
+        spec = TokenSpec(id="ci", scopes=("*",), token_env="CI_LOGIN_T")
+        for environ in ({}, {"CI_LOGIN_T": ""}, {"CI_LOGIN_T": "  "}):
+            with self.assertRaises(PolicyError) as cm:
+                TokenStore.build([spec], environ)
+            self.assertIn("CI_LOGIN_T", str(cm.exception))
+            self.assertIn("'ci'", str(cm.exception))
+
+    def test_empty_policy_token_file_refused(self) -> None:
+        """A policy token whose token_file is empty stops the start, naming the file."""
+        path = self.token_file("\n")
+        spec = TokenSpec(id="ops", scopes=("*",), token_file=path)
+        with self.assertRaises(PolicyError) as cm:
+            TokenStore.build([spec], {})
+        self.assertIn(path, str(cm.exception))
+
+    def test_check_config_warns_instead(self) -> None:
+        """check-config (fail_closed=False) reports an unset token_env as a warning, closed."""
+        policy = load_policy(
+            default_table(),
+            explicit={
+                "auth": {"tokens": [{"id": "ci", "token_env": "NOPE_T", "scopes": ["*"]}]}
+            },
+            base_dir="/tmp",
+            environ={},
+            fail_closed=False,
+        )
+        self.assertFalse(policy.tokens.local_mode)
+        self.assertTrue(any("NOPE_T" in w for w in policy.warnings))
+
+    def test_daemon_refuses_to_start(self) -> None:
+        """twistd sandboxd with an empty token file exits non-zero naming the file."""
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        path = self.token_file("")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
+        env["ABX_SERVER_TOKEN_FILE"] = path
+        result = subprocess.run(
+            [
+                os.path.join(BIN, "twistd"),
+                "-n",
+                "--pidfile=",
+                "sandboxd",
+                "--port",
+                f"tcp:{free_port()}:interface=127.0.0.1",
+                "--pty-port",
+                f"tcp:{free_port()}:interface=127.0.0.1",
+                "--base-dir",
+                base,
+            ],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn(path, result.stdout + result.stderr)
