@@ -14,7 +14,7 @@ import os
 import shlex
 
 import yaml
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from sandboxd import cli
 
@@ -150,14 +150,16 @@ class SystemdTests(SynchronousTestCase):
 class KubernetesTests(SynchronousTestCase):
     """The Kubernetes example."""
 
+    def setUp(self) -> None:
+        with open(os.path.join(ETC, "kubernetes", "sandboxd.yaml")) as f:
+            self.docs = [d for d in yaml.safe_load_all(f) if d]
+        self.pod = next(d for d in self.docs if d["kind"] == "Pod")
+
     def test_manifest(self) -> None:
         """Probes run the healthcheck; the token is a file from a Secret; ports are named."""
-        with open(os.path.join(ETC, "kubernetes", "sandboxd.yaml")) as f:
-            docs = [d for d in yaml.safe_load_all(f) if d]
-        kinds = {d["kind"] for d in docs}
-        self.assertEqual(kinds, {"Secret", "Pod", "Service"})
-        pod = next(d for d in docs if d["kind"] == "Pod")
-        container = pod["spec"]["containers"][0]
+        kinds = {d["kind"] for d in self.docs}
+        self.assertEqual(kinds, {"Pod", "Service"})
+        container = self.pod["spec"]["containers"][0]
         for probe in ("readinessProbe", "livenessProbe"):
             self.assertEqual(
                 container[probe]["exec"]["command"][:2], ["sandboxd", "healthcheck"]
@@ -167,3 +169,84 @@ class KubernetesTests(SynchronousTestCase):
         self.assertNotIn("ABX_SERVER_TOKEN", env)
         self.assertEqual({p["containerPort"] for p in container["ports"]}, {9000, 9001})
         self.assertFalse(container["securityContext"]["allowPrivilegeEscalation"])
+
+    def test_no_secret_value(self) -> None:
+        """The manifest carries no Secret, so `kubectl apply` cannot overwrite the real token."""
+        for doc in self.docs:
+            self.assertNotEqual(doc["kind"], "Secret")
+            self.assertNotIn("stringData", doc)
+            self.assertNotIn("data", doc)
+        with open(os.path.join(ETC, "kubernetes", "sandboxd.yaml")) as f:
+            self.assertNotIn("change-me", f.read())
+
+    def test_docs_steps_in_order(self) -> None:
+        """
+        docs/operations.md creates the Secret the pod mounts, with the key its
+        token file is named by, before applying the manifest; the image it
+        builds is the one the pod runs.
+        """
+        with open(os.path.join(ROOT, "docs", "operations.md")) as f:
+            text = f.read()
+        section = text[text.index("## Kubernetes") :]
+        section = section[: section.index("\n## ", 1)]
+        commands = [
+            shlex.split(line.split("#")[0])
+            for line in section.splitlines()
+            if line.startswith(("kubectl ", "docker "))
+        ]
+        verbs = [" ".join(c[:3]) for c in commands]
+        create = verbs.index("kubectl create secret")
+        apply = verbs.index("kubectl apply -f")
+        self.assertLess(create, apply)
+        self.assertEqual(commands[apply][3], "etc/kubernetes/sandboxd.yaml")
+        secret_name = commands[create][4]
+        volumes = {v["name"]: v for v in self.pod["spec"]["volumes"]}
+        container = self.pod["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        token_path = env["ABX_SERVER_TOKEN_FILE"]
+        mounts = [
+            m
+            for m in container["volumeMounts"]
+            if token_path.startswith(m["mountPath"] + "/")
+        ]
+        self.assertEqual(len(mounts), 1)
+        self.assertEqual(volumes[mounts[0]["name"]]["secret"]["secretName"], secret_name)
+        from_file = next(a for a in commands[create] if a.startswith("--from-file="))
+        key = from_file.split("=", 2)[1]
+        self.assertEqual(os.path.basename(token_path), key)
+        build = next(c for c in commands if c[:2] == ["docker", "build"])
+        tag = build[build.index("-t") + 1]
+        images = {c["image"] for c in self.pod["spec"]["containers"]}
+        images |= {c["image"] for c in self.pod["spec"].get("initContainers", [])}
+        self.assertEqual(images, {tag})
+
+    def test_image_tag(self) -> None:
+        """A locally built image is named by this version, never :latest."""
+        from sandboxd._version import __version__
+
+        for c in self.pod["spec"]["containers"] + self.pod["spec"]["initContainers"]:
+            self.assertEqual(c["image"], f"sandboxd:{__version__}")
+            self.assertEqual(c["imagePullPolicy"], "IfNotPresent")
+
+    def test_home_seeded(self) -> None:
+        """The emptyDir at /home/user gets the image's /home/user copied in first."""
+        init = self.pod["spec"]["initContainers"][0]
+        self.assertEqual(init["command"][:2], ["cp", "-a"])
+        self.assertEqual(init["command"][2], "/home/user/.")
+        seed = {m["mountPath"]: m["name"] for m in init["volumeMounts"]}
+        target = init["command"][3].rstrip("/")
+        container = self.pod["spec"]["containers"][0]
+        home = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        self.assertEqual(seed[target], home["/home/user"])
+
+    def test_schema(self) -> None:
+        """Every object validates against the Kubernetes API schema (kubernetes-validate)."""
+        try:
+            import kubernetes_validate
+        except ImportError:
+            raise SkipTest(
+                "kubernetes-validate is not installed (pip install kubernetes-validate)"
+            ) from None
+        version = kubernetes_validate.latest_version()
+        for doc in self.docs:
+            kubernetes_validate.validate(doc, version, strict=True)
