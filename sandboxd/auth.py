@@ -145,6 +145,15 @@ class TokenStore:
             store.entries.append((b"\x00" * 32, Identity("nobody", frozenset())))
         return store
 
+    def ids(self) -> list[str]:
+        """The identities that can log in, in the order configured."""
+        names: list[str] = []
+        for _, identity in self.entries:
+            if identity.scopes or identity.id != "nobody":
+                if identity.id not in names:
+                    names.append(identity.id)
+        return names
+
     def identify(self, token: bytes) -> Identity | None:
         """The identity whose token this is, checking every digest."""
         digest = _digest(token)

@@ -21,6 +21,7 @@ from sandboxd._version import __version__
 from sandboxd.auth import ANONYMOUS, Identity
 from sandboxd.policy import Policy, PolicyError, load_policy
 from sandboxd.server import DEFAULT_PORT, build, import_commands
+from sandboxd.startup import StartRefused
 from sandboxd.tap import Options as ServeOptions
 
 
@@ -112,8 +113,16 @@ def serve(options: ServeOptions) -> int:
     from twisted.logger import globalLogBeginner, textFileLogObserver
 
     globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stdout)])
-    daemon = build(options.settings(), reactor)
-    daemon.startService()
+    try:
+        daemon = build(options.settings(), reactor)
+        daemon.startService()
+    except PolicyError as e:
+        print(f"sandboxd: {e}", file=sys.__stderr__)
+        return 1
+    except StartRefused as e:
+        # The log has taken sys.stderr over; this line is for the operator.
+        print(e.message, file=sys.__stderr__)
+        return 1
     reactor.addSystemEventTrigger("before", "shutdown", daemon.stopService)
     reactor.run()
     return 0

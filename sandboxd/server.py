@@ -25,31 +25,45 @@ from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.endpoints import serverFromString
+from twisted.internet.error import CannotListenError
 from twisted.logger import Logger
 
 from sandboxd import guard, hardening
+from sandboxd._version import __version__
 from sandboxd.audit import AuditLog
 from sandboxd.commands import CommandRegistry, default_registry
 from sandboxd.context import Context, as_clock
 from sandboxd.endpoints import RouteTable
-from sandboxd.gate import is_loopback
 from sandboxd.libc import libc
 from sandboxd.policy import Policy, PolicyError, load_policy
 from sandboxd.policy.defaults import SHUTDOWN_TIMEOUT_SECONDS
 from sandboxd.routes import default_table, setup_services
+from sandboxd.startup import (
+    StartRefused,
+    address_text,
+    check_base_dir,
+    check_exposure,
+    default_host,
+    exposed,
+    groups_on,
+    interface_of,
+    startup_line,
+)
 from sandboxd.web.factory import SandboxSite
 
 log = Logger(namespace="sandboxd")
 
-DEFAULT_HOST = "0.0.0.0"
+#: No --host: numeric ports bind loopback without a token, every interface
+#: with one (SPEC §20, :func:`sandboxd.startup.default_host`).
+DEFAULT_HOST: str | None = None
 DEFAULT_PORT = 9000
 DEFAULT_PTY_PORT = 9001
 
 
-def listen_string(port: str | int, host: str) -> str:
+def listen_string(port: str | int, host: str | None) -> str:
     """A Twisted endpoint string from a port number or an endpoint string."""
     text = str(port)
-    if text.isdigit():
+    if text.isdigit() and host is not None:
         interface = host.replace(":", "\\:")
         return f"tcp:{text}:interface={interface}"
     return text
@@ -64,14 +78,6 @@ def port_number(description: str) -> int | None:
         if part.startswith("port="):
             return int(part[5:])
     return None
-
-
-def interface_of(description: str) -> str:
-    """The interface an endpoint string binds (``0.0.0.0`` when unspecified)."""
-    for part in description.replace("\\:", "\x00").split(":"):
-        if part.startswith("interface="):
-            return part[10:].replace("\x00", ":")
-    return "unix" if description.startswith("unix:") else "0.0.0.0"
 
 
 def import_commands(spec: str) -> None:
@@ -102,8 +108,13 @@ def import_commands(spec: str) -> None:
 class Settings:
     """Everything needed to build a daemon (command line or Python API)."""
 
-    port: str = f"tcp:{DEFAULT_PORT}:interface={DEFAULT_HOST}"
+    #: A port number (bound on ``host``) or a Twisted endpoint string.
+    port: str = str(DEFAULT_PORT)
     pty_port: str | None = None
+    #: The interface numeric ports bind; None: loopback without a token.
+    host: str | None = DEFAULT_HOST
+    #: Serve a non-loopback listener with no token (SPEC §20).
+    allow_unauthenticated: bool = False
     policy: Any = None
     policy_file: str | None = None
     preset: str | None = None
@@ -160,28 +171,79 @@ class DaemonService(MultiService):
         self._previous_hup: Any = None
         self._trim: Any = None
 
+    def privilegedStartService(self) -> None:
+        """
+        Listen (twistd calls this first, before dropping privileges).
+
+        :raises StartRefused: when a listener cannot bind (SPEC §20).
+        """
+        try:
+            super().privilegedStartService()
+        except CannotListenError as e:
+            raise StartRefused(_cannot_listen(e)) from None
+
     def startService(self) -> None:
-        """Start the group services, then listen; warn when wide open."""
-        super().startService()
+        """
+        Start the group services, then listen; warn when wide open.
+
+        :raises StartRefused: when a listener cannot bind (SPEC §20), after
+            stopping what had started.
+        """
+        try:
+            super().startService()
+        except CannotListenError as e:
+            self.stopService()
+            raise StartRefused(_cannot_listen(e)) from None
         policy = self.context.policy
         if policy.tokens.local_mode:
-            for listener in self.listeners:
-                iface = interface_of(listener.endpoint_description)
-                if iface != "unix" and not is_loopback(iface):
+            for description in self.listen_descriptions():
+                if exposed(description):
                     log.warn(
-                        "sandboxd: NO TOKEN is configured and {port} listens on {iface}: "
-                        "anyone who can reach it controls this sandbox. Set "
-                        "ABX_SERVER_TOKEN(_FILE) or policy auth.tokens.",
-                        port=listener.endpoint_description,
-                        iface=iface,
+                        "sandboxd: NO TOKEN is configured and {port} listens on {iface} "
+                        "(--allow-unauthenticated): anyone who can reach it controls "
+                        "this sandbox. Set ABX_SERVER_TOKEN_FILE or policy auth.tokens.",
+                        port=description,
+                        iface=interface_of(description),
                     )
         for warning in policy.warnings:
             log.warn("sandboxd: policy warning: {warning}", warning=warning)
+        log.info(
+            "{line}",
+            line=startup_line(
+                __version__,
+                self.bound_addresses(),
+                policy,
+                groups_on(policy, self.context.table),
+            ),
+        )
         if self.settings.environ is None:
             self._hide_secrets()
         self._install_hup()
         self._enter_base_dir()
         self._trim = self.context.reactor.callLater(1.0, release_memory)
+
+    def listen_descriptions(self) -> list[str]:
+        """The endpoint strings of the listeners this daemon opens."""
+        descriptions = [s.endpoint_description for s in self.listeners]
+        if self.context.policy.rules["pty_connect"].enabled and self.context.pty_listen:
+            descriptions.append(self.context.pty_listen)
+        return descriptions
+
+    def bound_addresses(self) -> list[tuple[str, str]]:
+        """``(name, address)`` of every listener that is listening now."""
+        found: list[tuple[str, str]] = []
+        for service in self.listeners:
+            waiting = getattr(service, "_waitingForPort", None)
+            result = getattr(waiting, "result", None)
+            if result is not None and hasattr(result, "getHost"):
+                found.append((service.name, address_text(result.getHost())))
+            else:
+                found.append((service.name, service.endpoint_description))
+        terminals = self.context.services.get("terminals")
+        port = getattr(terminals, "port", None)
+        if port is not None:
+            found.append(("pty", address_text(port.getHost())))
+        return found
 
     def _hide_secrets(self) -> None:
         """
@@ -236,6 +298,7 @@ class DaemonService(MultiService):
                     s, os.environ if s.environ is None else s.environ
                 ),
             )
+            check_base_dir(policy.base_dir)
         except PolicyError as e:
             log.error(
                 "sandboxd: policy reload refused, the old policy stays: {error}",
@@ -290,11 +353,26 @@ class DaemonService(MultiService):
         return d.addBoth(flush)
 
 
+def _cannot_listen(error: CannotListenError) -> str:
+    """``sandboxd: cannot listen on HOST:PORT: <the OS's reason>``."""
+    where = error.interface or "*"
+    port = f"[{where}]:{error.port}" if ":" in where else f"{where}:{error.port}"
+    cause = error.socketError
+    reason = getattr(cause, "strerror", None) or str(cause)
+    return f"sandboxd: cannot listen on {port}: {reason}"
+
+
 def validate_settings(settings: Settings, table: RouteTable | None = None) -> Policy:
-    """Import the commands and check the policy, as the daemon would at start."""
+    """
+    Import the commands and check the policy, the base dir and the
+    listeners' exposure, as the daemon would at start.
+
+    :raises PolicyError: for anything that must stop the start.
+    """
     for spec in settings.commands:
         import_commands(spec)
-    return load_policy(
+    environ = os.environ if settings.environ is None else settings.environ
+    policy = load_policy(
         table if table is not None else default_table(),
         explicit=settings.policy,
         path=settings.policy_file,
@@ -302,6 +380,38 @@ def validate_settings(settings: Settings, table: RouteTable | None = None) -> Po
         base_dir=settings.base_dir,
         environ=settings.environ,
     )
+    check_start(settings, policy, environ)
+    return policy
+
+
+def listeners_of(
+    settings: Settings, policy: Policy, environ: Mapping[str, str]
+) -> tuple[str, str]:
+    """
+    The HTTP and PTY endpoint strings: numeric ports bind ``--host``, or
+    loopback without a token and every interface with one; the PTY port
+    follows the HTTP port's interface.
+    """
+    host = settings.host if settings.host is not None else default_host(policy)
+    http = listen_string(settings.port, host)
+    pty = settings.pty_port or environ.get("ABX_PTY_PORT") or str(DEFAULT_PTY_PORT)
+    return http, listen_string(pty, interface_of(http))
+
+
+def check_start(
+    settings: Settings, policy: Policy, environ: Mapping[str, str]
+) -> tuple[str, str]:
+    """
+    Refuse a start that cannot serve or would serve everyone (SPEC §20).
+
+    :return: the HTTP and PTY endpoint strings.
+    :raises PolicyError: naming the base dir or the listener.
+    """
+    check_base_dir(policy.base_dir)
+    http, pty = listeners_of(settings, policy, environ)
+    opened = [http, pty] if policy.rules["pty_connect"].enabled else [http]
+    check_exposure(opened, policy, settings.allow_unauthenticated)
+    return http, pty
 
 
 #: Endpoint-string options that name a TLS file.
@@ -347,6 +457,7 @@ def build(
         environ=environ,
         daemon_files=daemon_files(settings, environ),
     )
+    http_listen, pty_listen = check_start(settings, policy, environ)
     registry.freeze()
     table.freeze()
     context = Context(
@@ -356,14 +467,15 @@ def build(
         registry=registry,
         audit=AuditLog(settings.audit_log or environ.get("ABX_SERVER_AUDIT_LOG")),
     )
-    context.http_port = port_number(settings.port)
-    pty = settings.pty_port or environ.get("ABX_PTY_PORT") or str(DEFAULT_PTY_PORT)
-    context.pty_listen = listen_string(pty, interface_of(settings.port))
+    context.http_port = port_number(http_listen)
+    context.pty_listen = pty_listen
     context.pty_port = port_number(context.pty_listen)
     groups = setup_services(context)
     site = SandboxSite(context, reactor=reactor)
-    http = StreamServerEndpointService(serverFromString(reactor, settings.port), site)
-    http.endpoint_description = settings.port  # type: ignore[attr-defined]
+    http = StreamServerEndpointService(serverFromString(reactor, http_listen), site)
+    # A port that cannot bind fails the start (SPEC §20), not just a log line.
+    http._raiseSynchronously = True
+    http.endpoint_description = http_listen  # type: ignore[attr-defined]
     http.setName("http")
     return DaemonService(context, [http], groups, settings)
 
@@ -378,7 +490,7 @@ class SandboxServer:
 
     def __init__(
         self,
-        host: str = DEFAULT_HOST,
+        host: str | None = DEFAULT_HOST,
         registry: CommandRegistry | None = None,
         route_table: RouteTable | None = None,
         policy: Any = None,
@@ -406,6 +518,7 @@ class SandboxServer:
             pty_port=listen_string(pty_port, self.host)
             if pty_port is not None
             else None,
+            host=self.host,
             policy=self.policy,
             preset=self.preset,
             base_dir=self.base_dir,
@@ -431,6 +544,8 @@ class SandboxServer:
             self._reactor.callFromThread(self._reactor.stop)
 
 
-def start(port: int = DEFAULT_PORT, host: str = DEFAULT_HOST, **kwargs: Any) -> None:
+def start(
+    port: int = DEFAULT_PORT, host: str | None = DEFAULT_HOST, **kwargs: Any
+) -> None:
     """Blocking convenience: ``start(9000)`` serves until interrupted."""
     SandboxServer(host=host, **kwargs).serve(port)

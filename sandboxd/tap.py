@@ -28,12 +28,22 @@ from sandboxd.server import (
 class Options(usage.Options):
     """Options shared by ``twistd sandboxd`` and ``sandboxd serve``."""
 
+    optFlags = [
+        [
+            "allow-unauthenticated",
+            None,
+            "Serve a non-loopback listener with no token (anyone who can reach "
+            "it controls the sandbox; warned at every start).",
+        ],
+    ]
+
     optParameters = [
         [
             "host",
             None,
             DEFAULT_HOST,
-            "Interface to bind when --port/--pty-port are numbers.",
+            "Interface to bind when --port/--pty-port are numbers (default "
+            "127.0.0.1 without a token, 0.0.0.0 with one).",
         ],
         ["port", None, str(DEFAULT_PORT), "HTTP port, or a Twisted endpoint string."],
         [
@@ -92,6 +102,8 @@ class Options(usage.Options):
             pty_port=listen_string(self["pty-port"], host)
             if self["pty-port"]
             else None,
+            host=host,
+            allow_unauthenticated=bool(self["allow-unauthenticated"]),
             policy_file=self["policy"],
             preset=self["preset"],
             base_dir=self["base-dir"],

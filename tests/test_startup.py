@@ -1,0 +1,269 @@
+"""
+SPEC §20: starts that cannot serve are refused with one clear line, local
+mode stays local, and a start says what it is in one line.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from typing import Any
+
+from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import formatEvent, globalLogPublisher
+from twisted.python import usage
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd._version import __version__
+from sandboxd.policy import PolicyError
+from sandboxd.server import Settings, build, validate_settings
+from sandboxd.startup import StartRefused
+from sandboxd.tap import Options
+from tests.test_cli import BIN, ROOT, free_port
+
+
+def run(
+    argv: list[str], env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run a daemon command to its end (it must end by itself)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        argv,
+        env=full_env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+class Occupied:
+    """A loopback port some other program already listens on."""
+
+    def __init__(self, test: SynchronousTestCase) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1)
+        self.port = self.sock.getsockname()[1]
+        test.addCleanup(self.sock.close)
+
+
+class ListenFailureTests(SynchronousTestCase):
+    """A listener that cannot bind ends the process non-zero with one line."""
+
+    def setUp(self) -> None:
+        self.base = os.path.abspath(self.mktemp())
+        os.makedirs(self.base)
+
+    def assert_one_clear_line(
+        self, result: subprocess.CompletedProcess[str], port: int, text: str
+    ) -> None:
+        output = result.stdout + result.stderr
+        self.assertNotEqual(result.returncode, 0, output)
+        self.assertNotIn("Traceback", output)
+        self.assertNotIn("ReactorNotRunning", output)
+        lines = [line for line in text.splitlines() if "cannot listen" in line]
+        self.assertEqual(len(lines), 1, output)
+        self.assertIn(f"cannot listen on 127.0.0.1:{port}: ", lines[0])
+        self.assertIn("in use", lines[0])
+
+    def test_http_port_in_use_twistd(self) -> None:
+        """twistd sandboxd on a port already in use exits non-zero, one line, no traceback."""
+        busy = Occupied(self)
+        result = run(
+            [
+                os.path.join(BIN, "twistd"),
+                "-n",
+                "--pidfile=",
+                "sandboxd",
+                "--port",
+                f"tcp:{busy.port}:interface=127.0.0.1",
+                "--pty-port",
+                f"tcp:{free_port()}:interface=127.0.0.1",
+                "--base-dir",
+                self.base,
+            ]
+        )
+        # twistd's log holds stderr: the line is in the log, once.
+        self.assert_one_clear_line(result, busy.port, result.stdout + result.stderr)
+
+    def test_pty_port_in_use_serve(self) -> None:
+        """sandboxd serve whose PTY port is in use exits 1 with one line."""
+        busy = Occupied(self)
+        result = run(
+            [
+                os.path.join(BIN, "sandboxd"),
+                "serve",
+                "--port",
+                str(free_port()),
+                "--pty-port",
+                str(busy.port),
+                "--base-dir",
+                self.base,
+            ]
+        )
+        self.assertEqual(result.returncode, 1)
+        self.assert_one_clear_line(result, busy.port, result.stderr)
+        self.assertEqual(len(result.stderr.strip().splitlines()), 1)
+
+    def test_embedded_start_raises(self) -> None:
+        """An embedded daemon whose port is taken raises StartRefused from startService."""
+        busy = Occupied(self)
+        from twisted.internet import reactor
+
+        daemon = build(
+            Settings(
+                port=f"tcp:{busy.port}:interface=127.0.0.1",
+                pty_port="tcp:0:interface=127.0.0.1",
+                policy={"endpoints": {"pty_connect": {"enabled": False}}},
+                base_dir=self.base,
+                environ={},
+            ),
+            reactor,
+        )
+        with self.assertRaises(StartRefused) as cm:
+            daemon.startService()
+        self.assertIn(f"127.0.0.1:{busy.port}", cm.exception.message)
+
+
+class BaseDirTests(SynchronousTestCase):
+    """A base dir that is not there is refused at start, named."""
+
+    def test_missing_base_dir(self) -> None:
+        """validate_settings and twistd refuse a missing base dir, naming it."""
+        missing = os.path.abspath(self.mktemp())
+        with self.assertRaises(PolicyError) as cm:
+            validate_settings(Settings(base_dir=missing, policy={}, environ={}))
+        self.assertIn(missing, str(cm.exception))
+        result = run(
+            [
+                os.path.join(BIN, "twistd"),
+                "-n",
+                "--pidfile=",
+                "sandboxd",
+                "--port",
+                f"tcp:{free_port()}:interface=127.0.0.1",
+                "--base-dir",
+                missing,
+            ]
+        )
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn(missing, result.stdout + result.stderr)
+        self.assertIn("does not exist", result.stdout + result.stderr)
+
+    def test_file_as_base_dir(self) -> None:
+        """A file is not a base dir."""
+        path = os.path.abspath(self.mktemp())
+        open(path, "w").close()
+        with self.assertRaises(PolicyError) as cm:
+            validate_settings(Settings(base_dir=path, policy={}, environ={}))
+        self.assertIn("is not a directory", str(cm.exception))
+
+
+class LocalModeTests(SynchronousTestCase):
+    """Without a token the daemon listens on loopback unless told otherwise."""
+
+    def setUp(self) -> None:
+        self.base = os.path.abspath(self.mktemp())
+        os.makedirs(self.base)
+        self.events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(self.events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+
+    def settings(self, *argv: str, environ: dict[str, str] | None = None) -> Settings:
+        options = Options()
+        options.parseOptions(["--base-dir", self.base, *argv])
+        s = options.settings()
+        s.environ = environ if environ is not None else {}
+        s.policy = {}
+        s.chdir = False
+        return s
+
+    def start(self, settings: Settings) -> tuple[MemoryReactorClock, list[str]]:
+        reactor = MemoryReactorClock()
+        daemon = build(settings, reactor)
+        daemon.startService()
+        self.addCleanup(daemon.stopService)
+        return reactor, [formatEvent(e) for e in self.events]
+
+    def test_default_is_loopback(self) -> None:
+        """No --host and no token: both ports bind 127.0.0.1."""
+        reactor, _ = self.start(self.settings())
+        self.assertEqual(
+            sorted((port, iface) for port, _, _, iface in reactor.tcpServers),
+            [(9000, "127.0.0.1"), (9001, "127.0.0.1")],
+        )
+
+    def test_default_with_token_is_every_interface(self) -> None:
+        """No --host with a token: every interface (the container's default)."""
+        reactor, _ = self.start(self.settings(environ={"ABX_SERVER_TOKEN": "t"}))
+        self.assertEqual({iface for _, _, _, iface in reactor.tcpServers}, {"0.0.0.0"})
+
+    def test_non_loopback_refused(self) -> None:
+        """--host 0.0.0.0 (or an endpoint string on it) without a token is refused."""
+        self.patch(os, "environ", {})
+        for argv in (
+            ["--host", "0.0.0.0"],
+            ["--port", "tcp:9000"],
+            ["--pty-port", "tcp:9001:interface=0.0.0.0"],
+        ):
+            with self.assertRaises(usage.UsageError) as cm:
+                Options().parseOptions(["--base-dir", self.base, *argv])
+            self.assertIn("--allow-unauthenticated", str(cm.exception))
+        with self.assertRaises(PolicyError):
+            validate_settings(
+                Settings(host="::", base_dir=self.base, policy={}, environ={})
+            )
+        # A token, or the PTY port switched off, makes the same start valid.
+        validate_settings(
+            Settings(
+                host="0.0.0.0",
+                base_dir=self.base,
+                policy={},
+                environ={"ABX_SERVER_TOKEN": "t"},
+            )
+        )
+        validate_settings(
+            Settings(
+                port="tcp:9000:interface=127.0.0.1",
+                pty_port="tcp:9001:interface=0.0.0.0",
+                base_dir=self.base,
+                policy={"endpoints": {"pty_connect": {"enabled": False}}},
+                environ={},
+            )
+        )
+
+    def test_allow_unauthenticated_warns(self) -> None:
+        """--allow-unauthenticated serves and warns at start, naming each open listener."""
+        reactor, lines = self.start(
+            self.settings("--host", "0.0.0.0", "--allow-unauthenticated")
+        )
+        self.assertEqual(len(reactor.tcpServers), 2)
+        warnings = [line for line in lines if "NO TOKEN" in line]
+        self.assertEqual(len(warnings), 2)
+        self.assertIn("--allow-unauthenticated", warnings[0])
+
+    def test_startup_line(self) -> None:
+        """One line names the version, listeners, base dir, auth, policy and groups."""
+        s = self.settings("--port", "9000", "--pty-port", "9001")
+        s.policy = {"revision": "r-7", "groups": {"dev_tools": True}}
+        s.environ = {"ABX_SERVER_TOKEN": "t"}
+        _, lines = self.start(s)
+        [line] = [line for line in lines if line.startswith("sandboxd " + __version__)]
+        for part in (
+            "http on 0.0.0.0:9000",
+            "pty on 0.0.0.0:9001",
+            f"base dir {self.base}",
+            "auth tokens legacy",
+            "policy argument (revision r-7)",
+            "dev_tools",
+            "groups on: core",
+        ):
+            self.assertIn(part, line)
+        self.assertNotIn("browser", line)
+        s = self.settings()
+        _, lines = self.start(s)
+        self.assertTrue(any("auth local (no token)" in line for line in lines))
