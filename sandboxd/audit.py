@@ -10,15 +10,76 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from twisted.logger import Logger
 from twisted.python.logfile import LogFile
 
-from sandboxd.policy.defaults import AUDIT_KEEP_FILES, AUDIT_ROTATE_BYTES
+from sandboxd.policy.defaults import (
+    AUDIT_ARG_MAX_CHARS,
+    AUDIT_ARGV_MAX_CHARS,
+    AUDIT_ARGV_MAX_ITEMS,
+    AUDIT_KEEP_FILES,
+    AUDIT_ROTATE_BYTES,
+    AUDIT_SECRET_MIN_CHARS,
+)
 
 _SECRET_PARAM = re.compile(r"token|secret|key|password|credential|auth", re.IGNORECASE)
+
+#: The audit file and its rotations: the daemon's alone (a record names
+#: commands, paths and identities that other users of the sandbox must not read).
+FILE_MODE = 0o600
+MASK = "***"
+
+
+def audit_argv(
+    argv: Sequence[str], names: Iterable[str], environ: Mapping[str, str]
+) -> list[str]:
+    """
+    What an audit record says ran: ``argv`` capped, with secrets masked.
+
+    :param names: environment names whose values must not be recorded
+        (``env_deny``, ``token_env`` and the daemon's own secrets).
+    :param environ: where those values are (the daemon's environment plus
+        the request's ``env``): each value that appears in an argument is
+        replaced by ``***``, and so is the value of ``NAME=value`` for each
+        of the names.
+    """
+    hidden = set(names)
+    values = sorted(
+        {v for n in hidden if len(v := environ.get(n, "")) >= AUDIT_SECRET_MIN_CHARS},
+        key=len,
+        reverse=True,
+    )
+    assignment = (
+        re.compile(
+            r"(?<![A-Za-z0-9_])("
+            + "|".join(re.escape(n) for n in sorted(hidden, key=len, reverse=True))
+            + r")=(\"[^\"]*\"|'[^']*'|\S*)"
+        )
+        if hidden
+        else None
+    )
+    out: list[str] = []
+    total = 0
+    for arg in argv[:AUDIT_ARGV_MAX_ITEMS]:
+        for value in values:
+            arg = arg.replace(value, MASK)
+        if assignment is not None:
+            arg = assignment.sub(lambda m: f"{m.group(1)}={MASK}", arg)
+        room = min(AUDIT_ARG_MAX_CHARS, AUDIT_ARGV_MAX_CHARS - total)
+        if room <= 0:
+            out.append(f"... ({len(argv) - len(out)} more arguments)")
+            return out
+        if len(arg) > room:
+            arg = arg[:room] + f"... ({len(arg) - room} more characters)"
+        total += min(len(arg), room)
+        out.append(arg)
+    if len(argv) > AUDIT_ARGV_MAX_ITEMS:
+        out.append(f"... ({len(argv) - AUDIT_ARGV_MAX_ITEMS} more arguments)")
+    return out
 
 
 def redact_query(query: str) -> str:
@@ -57,6 +118,7 @@ class AuditLog:
                 name,
                 directory,
                 rotateLength=rotate_bytes,
+                defaultMode=FILE_MODE,
                 maxRotatedFiles=AUDIT_KEEP_FILES,
             )
         self.records = 0

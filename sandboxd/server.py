@@ -239,7 +239,7 @@ class DaemonService(MultiService):
                 found.append((service.name, address_text(result.getHost())))
             else:
                 found.append((service.name, service.endpoint_description))
-        terminals = self.context.services.get("terminals")
+        terminals = self.context.terminals
         port = getattr(terminals, "port", None)
         if port is not None:
             found.append(("pty", address_text(port.getHost())))

@@ -5,16 +5,20 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Any
 
+from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.audit import (
     AuditLog,
+    audit_argv,
     make_record,
     redact_query,
     should_record,
 )
 from sandboxd.policy.defaults import AUDIT_KEEP_FILES
+from tests.routes.test_terminal import TerminalCase, sleep
 
 
 class AuditTests(SynchronousTestCase):
@@ -66,3 +70,152 @@ class AuditTests(SynchronousTestCase):
         with open(path) as f:
             for line in f:
                 self.assertEqual(json.loads(line)["identity"], "ci")
+
+
+class FileModeTests(SynchronousTestCase):
+    """SPEC §20: the audit file and its rotations are the daemon's alone."""
+
+    def test_created_0600_with_rotations(self) -> None:
+        """A new audit file, and every file rotation makes, is mode 0600 (whatever the umask)."""
+        directory = os.path.abspath(self.mktemp())
+        os.makedirs(directory)
+        path = os.path.join(directory, "audit.log")
+        old = os.umask(0o022)
+        self.addCleanup(os.umask, old)
+        log = AuditLog(path, rotate_bytes=500)
+        for i in range(40):
+            log.write({"n": i, "pad": "x" * 40})
+        log.close()
+        names = sorted(os.listdir(directory))
+        self.assertIn("audit.log.1", names)
+        for name in names:
+            mode = os.stat(os.path.join(directory, name)).st_mode & 0o777
+            self.assertEqual(mode, 0o600, name)
+
+    def test_existing_file_tightened(self) -> None:
+        """An audit file left 0644 by an older daemon is made 0600 when opened."""
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w"):
+            pass
+        os.chmod(path, 0o644)
+        AuditLog(path).close()
+        self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)
+
+
+class ArgvTests(SynchronousTestCase):
+    """What an audit record keeps of a child's argv."""
+
+    def test_values_and_assignments_masked(self) -> None:
+        """The value of a hidden name is masked wherever it appears, and in NAME=value."""
+        argv = audit_argv(
+            ["sh", "-c", "curl -H 'Authorization: s3cr3t-v' x; API_KEY=other run"],
+            ["API_KEY", "SVC_TOKEN"],
+            {"SVC_TOKEN": "s3cr3t-v", "API_KEY": "unused-value", "HOME": "/home/user"},
+        )
+        self.assertEqual(
+            argv, ["sh", "-c", "curl -H 'Authorization: ***' x; API_KEY=*** run"]
+        )
+
+    def test_short_values_not_searched(self) -> None:
+        """A hidden name whose value is a couple of characters does not blank every match."""
+        argv = audit_argv(["echo", "1 2 3"], ["FLAG"], {"FLAG": "1"})
+        self.assertEqual(argv, ["echo", "1 2 3"])
+
+    def test_capped(self) -> None:
+        """Too many arguments, too long an argument: capped, and the record says by how much."""
+        from sandboxd.policy.defaults import (
+            AUDIT_ARG_MAX_CHARS,
+            AUDIT_ARGV_MAX_CHARS,
+            AUDIT_ARGV_MAX_ITEMS,
+        )
+
+        many = audit_argv(["a"] * (AUDIT_ARGV_MAX_ITEMS + 5), [], {})
+        self.assertEqual(len(many), AUDIT_ARGV_MAX_ITEMS + 1)
+        self.assertIn("5 more arguments", many[-1])
+        [long] = audit_argv(["x" * (AUDIT_ARG_MAX_CHARS + 10)], [], {})
+        self.assertTrue(long.startswith("x" * AUDIT_ARG_MAX_CHARS))
+        self.assertIn("10 more characters", long)
+        wide = audit_argv(["y" * AUDIT_ARG_MAX_CHARS] * 20, [], {})
+        self.assertLessEqual(
+            sum(len(a) for a in wide if a.startswith("y")),
+            AUDIT_ARGV_MAX_CHARS + 100 * len(wide),
+        )
+        self.assertIn("more arguments", wide[-1])
+
+
+class AuditedChildrenTests(TerminalCase):
+    """Records of requests that start a child say what ran (SPEC §20)."""
+
+    audit = True
+    policy = {
+        "groups": {"dev_tools": True},
+        "defaults": {"audit": "all", "params": {"env_deny": ["SBX_AUDIT_SECRET"]}},
+    }
+
+    def setUp(self) -> Any:
+        os.environ["SBX_AUDIT_SECRET"] = "hush-hush-42"
+        self.addCleanup(os.environ.pop, "SBX_AUDIT_SECRET", None)
+        return super().setUp()
+
+    def records(self, endpoint: str) -> list[dict[str, Any]]:
+        return [r for r in self.audit_lines() if r["endpoint"] == endpoint]
+
+    @inlineCallbacks
+    def test_shell_process_code_argv(self) -> Any:
+        """shell, shell_stream, process_start and code_run records carry the masked argv."""
+        reply = yield self.request(
+            "POST", "/shell", {"command": "echo hush-hush-42 SBX_AUDIT_SECRET=abc"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        [record] = self.records("shell")
+        self.assertTrue(
+            " ".join(record["argv"]).endswith("echo *** SBX_AUDIT_SECRET=***"),
+            record["argv"],
+        )
+        self.assertNotIn("hush-hush-42", json.dumps(self.audit_lines()))
+        reply = yield self.request(
+            "POST", "/shell/stream", {"command": "echo streamed"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        [record] = self.records("shell_stream")
+        self.assertTrue(" ".join(record["argv"]).endswith("echo streamed"))
+        reply = yield self.request(
+            "POST",
+            "/process/start",
+            {"command": "sleep 0", "env": {"OTHER": "x"}},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        [record] = self.records("process_start")
+        self.assertEqual(record["argv"][-2:], ["sleep", "0"])
+        reply = yield self.request(
+            "POST", "/code/run", {"language": "python", "code": "print(40 + 2)"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        [record] = self.records("code_run")
+        self.assertEqual(record["argv"][-2:], ["-c", "print(40 + 2)"])
+
+    @inlineCallbacks
+    def test_pty_audited_on_close(self) -> Any:
+        """A terminal is audited when created (argv) and again when it ends (duration, bytes)."""
+        created = yield self.create()
+        client = yield self.attach(created["session_id"])
+        client.type("echo audited-out\n")
+        yield client.wait_output("audited-out")
+        client.type("exit 0\n")
+        yield client.closed
+        for _ in range(100):
+            closed = [r for r in self.records("pty_create") if r.get("event")]
+            if closed:
+                break
+            yield sleep(0.05)
+        opened = [r for r in self.records("pty_create") if not r.get("event")]
+        self.assertEqual(len(opened), 1)
+        self.assertEqual(os.path.basename(opened[0]["argv"][0]), "sh")
+        self.assertEqual(opened[0]["session_id"], created["session_id"])
+        [end] = closed
+        self.assertEqual(end["event"], "pty_closed")
+        self.assertEqual(end["session_id"], created["session_id"])
+        self.assertEqual(end["exit_code"], 0)
+        self.assertEqual(end["bytes_in"], len("echo audited-out\nexit 0\n"))
+        self.assertGreaterEqual(end["bytes_out"], len("audited-out"))
+        self.assertGreater(end["duration_ms"], 0)

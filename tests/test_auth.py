@@ -11,9 +11,9 @@ import subprocess
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.auth import TokenStore
-from sandboxd.endpoints import default_table
 from sandboxd.policy import PolicyError, load_policy
 from sandboxd.policy.document import TokenSpec
+from sandboxd.routes import default_table
 from tests.test_cli import BIN, ROOT, free_port
 
 

@@ -120,6 +120,15 @@ WS_CLOSE_SECONDS = 2.0
 #: Default audit mode when no layer sets one.
 DEFAULT_AUDIT = "deny"
 
+#: What an audit record keeps of a child's argv (SPEC §20): this many
+#: arguments, each cut at this many characters, this many in all.
+AUDIT_ARGV_MAX_ITEMS = 32
+AUDIT_ARG_MAX_CHARS = 512
+AUDIT_ARGV_MAX_CHARS = 2048
+#: Values of ``env_deny`` names shorter than this are not searched for in an
+#: argv (masking every "1" or "on" would say nothing and hide everything).
+AUDIT_SECRET_MIN_CHARS = 4
+
 #: Default path boundary.
 DEFAULT_BASE_DIR = "/home/user"
 

@@ -8,9 +8,10 @@ the secrets stripped from every child, and validation of a request's
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from sandboxd.audit import audit_argv
 from sandboxd.errors import bad_request
 from sandboxd.policy.defaults import (
     ARG_STRING_MAX_BYTES,
@@ -85,6 +86,24 @@ def child_environment(
         for k, v in env.items()
         if k not in drop and not k.startswith(_SECRET_PREFIXES)
     }
+
+
+def note_argv(
+    request: Any, argv: Sequence[str], extra: Mapping[str, str] | None = None
+) -> None:
+    """
+    Put what runs into the request's audit record (SPEC §20): the argv,
+    capped, without the values of secret and ``env_deny`` names.
+
+    :param extra: the request's ``env``, whose values count as well.
+    """
+    environ = dict(BOOT_ENVIRON)
+    environ.update(_ENVIRON.copy())
+    if extra:
+        environ.update(extra)
+    names = secret_names(request.context, request.rule)
+    names.update(n for n in environ if n.startswith(_SECRET_PREFIXES))
+    request.audit["argv"] = audit_argv(argv, names, environ)
 
 
 def validate_env(value: Any) -> dict[str, str]:

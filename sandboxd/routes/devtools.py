@@ -37,7 +37,12 @@ from sandboxd.processes.command import (
     find_executable,
     resolve_user,
 )
-from sandboxd.processes.environment import BOOT_ENVIRON, child_environment, validate_env
+from sandboxd.processes.environment import (
+    BOOT_ENVIRON,
+    child_environment,
+    note_argv,
+    validate_env,
+)
 from sandboxd.web import params
 from sandboxd.web.messages import ServerRequest
 from sandboxd.web.params import flag, one_of, seconds, string
@@ -103,6 +108,7 @@ async def code_run(request: ServerRequest) -> dict[str, Any]:
             "FileNotFoundError",
         )
     check_command_allowed(rule, [executable])
+    note_argv(request, [executable, flag, code], validate_env(body.get("env")))
     limit = (
         rule.limits.max_output_bytes
         or defaults.ENDPOINT_LIMITS["code_run"]["max_output_bytes"]

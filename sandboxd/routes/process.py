@@ -38,7 +38,7 @@ from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import STDIN_PENDING_BYTES
 from sandboxd.processes.child import Child, timeout_message
 from sandboxd.processes.command import RunAs, command_argv, resolve_user
-from sandboxd.processes.environment import child_environment, validate_env
+from sandboxd.processes.environment import child_environment, note_argv, validate_env
 from sandboxd.processes.run import run_collect, spawn
 from sandboxd.processes.service import ProcessService
 from sandboxd.web.linestream import LineStream
@@ -76,6 +76,7 @@ def launch(request: ServerRequest) -> Launch:
     extra = validate_env(body.get("env"))
     run_as = resolve_user(body.get("user"), rule)
     env = child_environment(request.context, rule, extra)
+    note_argv(request, argv, extra)
     timeout = seconds(body.get("timeout"), "timeout", None)
     if timeout is None:
         timeout = rule.limits.timeout_seconds

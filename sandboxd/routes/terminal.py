@@ -7,10 +7,12 @@ port they are attached through belong to
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from twisted.internet.defer import Deferred
 
+from sandboxd.audit import make_record, should_record
 from sandboxd.errors import (
     Code,
     bad_request,
@@ -22,7 +24,7 @@ from sandboxd.errors import (
 from sandboxd.gate import host_name
 from sandboxd.guard import PathGuard
 from sandboxd.processes.command import resolve_user
-from sandboxd.processes.environment import child_environment, validate_env
+from sandboxd.processes.environment import child_environment, note_argv, validate_env
 from sandboxd.terminals.service import TERM, TerminalService, choose_shell
 from sandboxd.terminals.session import (
     PtySession,
@@ -81,6 +83,7 @@ def pty_create(request: ServerRequest) -> dict[str, Any]:
     if run_as is not None:
         run_as.apply(env)
     name, path = choose_shell(body.get("shell"), env, rule)
+    note_argv(request, [path], extra)
     limits = rule.limits
     spec = SpawnRequest(path, [name], env, cwd, cols, rows, run_as)
     try:
@@ -101,11 +104,45 @@ def pty_create(request: ServerRequest) -> dict[str, Any]:
         ) from None
     except OSError as e:
         raise internal(f"Failed to create PTY: {e.strerror or e}", "OSError") from None
+    request.audit["session_id"] = session.id
+    opened = time.monotonic()
+    session.when_ended().addCallback(lambda _: _audit_closed(request, session, opened))
     return {
         "session_id": session.id,
         "ws_url": _ws_url(request, session.id),
         "pid": session.pid,
     }
+
+
+def _audit_closed(request: ServerRequest, session: PtySession, opened: float) -> None:
+    """
+    The second audit record of a terminal (SPEC §20): when it ended, how
+    long it ran and how many bytes went each way.
+    """
+    if not should_record(request.rule.audit, 200):
+        return
+    record = make_record(
+        identity=request.identity.id,
+        endpoint="pty_create",
+        method="CLOSE",
+        path=f"/pty/sessions/{session.id}",
+        query="",
+        status=200,
+        code=None,
+        rule=None,
+        started=opened,
+        bytes_in=session.bytes_in,
+        bytes_out=session.scrollback.end,
+        client=request.client,
+    )
+    record.update(
+        via="http",
+        event="pty_closed",
+        session_id=session.id,
+        exit_code=session.exit_code,
+        argv=request.audit.get("argv"),
+    )
+    request.context.audit.write(record)
 
 
 def pty_list(request: ServerRequest) -> dict[str, Any]:

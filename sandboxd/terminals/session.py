@@ -236,6 +236,8 @@ class PtySession:
     alive: bool = True
     ended: bool = False
     emitted: int = 0
+    #: Bytes clients sent to the shell (keystrokes, pastes), for the audit.
+    bytes_in: int = 0
     last_activity: float = 0.0
     _decoder: Any = attrs.Factory(
         lambda: codecs.getincrementaldecoder("utf-8")("replace")
@@ -408,6 +410,7 @@ class PtySession:
         """Keystrokes or pasted text for the shell."""
         if self.alive and self.transport is not None and data:
             self.last_activity = self.clock.seconds()
+            self.bytes_in += len(data)
             transport = self.transport
             if len(data) <= _KEYSTROKE_BYTES and _nothing_queued(transport):
                 # A keystroke goes to the terminal now rather than on the
@@ -501,6 +504,14 @@ class PtySession:
         d: Deferred[None] = Deferred()
         self._waiters.append(d)
         self._terminate()
+        return d
+
+    def when_ended(self) -> Deferred[None]:
+        """Fires once the shell has ended, however it ends (it is not ended here)."""
+        if self.ended:
+            return succeed(None)
+        d: Deferred[None] = Deferred()
+        self._waiters.append(d)
         return d
 
     def _terminate(self) -> None:

@@ -59,6 +59,8 @@ class ServerRequest:
     #: Upload routes: ``content_base64`` already decoded as the body arrived
     #: (None when the body was parsed whole; read ``body`` then).
     payload: bytearray | None = None
+    #: Fields the handler adds to this request's audit record (``argv``).
+    audit: dict[str, Any] = attrs.Factory(dict)
 
     def arg(self, name: str, default: str | None = None) -> str | None:
         """A query parameter, or ``default``."""

@@ -78,6 +78,7 @@ class SandboxRequest(Request):
     started = 0.0
     audit_code: str | None = None
     audit_rule: str | None = None
+    audit_fields: Mapping[str, Any] = {}
     method_text = ""
     upload_body: UploadBody | None = None
     watching_finish = False
@@ -293,7 +294,7 @@ class SandboxRequest(Request):
         """The handler's view of this request."""
         a = self.admission
         assert a is not None
-        return ServerRequest(
+        served = ServerRequest(
             method=self.method_text,
             path=a.path,
             query=a.query,
@@ -310,6 +311,9 @@ class SandboxRequest(Request):
             raw=self,
             client=self.client_host,
         )
+        # What the handler notes for the audit lands in this request's record.
+        self.audit_fields = served.audit
+        return served
 
     # -- responses --------------------------------------------------------
 
@@ -371,6 +375,7 @@ class SandboxRequest(Request):
             bytes_in=self.bytes_in,
             bytes_out=bytes_out,
             client=self.client_host,
+            extra=self.audit_fields,
         )
 
 
