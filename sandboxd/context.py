@@ -84,6 +84,8 @@ class Context:
     started_at: float = attrs.field(factory=time.time, init=False)
     pty_port: int | None = None
     pty_listen: str | None = None
+    #: ``--pty-public-url``: the base of every ``ws_url`` (wins over the policy's).
+    pty_public_url: str | None = None
     http_port: int | None = None
     draining: bool = False
 

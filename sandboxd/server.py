@@ -115,6 +115,8 @@ class Settings:
     host: str | None = DEFAULT_HOST
     #: Serve a non-loopback listener with no token (SPEC §20).
     allow_unauthenticated: bool = False
+    #: The base of the ``ws_url`` clients are given (SPEC §20).
+    pty_public_url: str | None = None
     policy: Any = None
     policy_file: str | None = None
     preset: str | None = None
@@ -469,6 +471,7 @@ def build(
     )
     context.http_port = port_number(http_listen)
     context.pty_listen = pty_listen
+    context.pty_public_url = settings.pty_public_url
     context.pty_port = port_number(context.pty_listen)
     groups = setup_services(context)
     site = SandboxSite(context, reactor=reactor)

@@ -15,6 +15,7 @@ from twisted.application.service import IService
 from twisted.python import usage
 
 from sandboxd.policy import PolicyError
+from sandboxd.policy.document import check_public_url
 from sandboxd.server import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -66,6 +67,13 @@ class Options(usage.Options):
             "Path boundary (default $ABX_SERVER_BASE_DIR or /home/user).",
         ],
         [
+            "pty-public-url",
+            None,
+            None,
+            "Base of the ws_url clients are given (ws:// or wss://), when they "
+            "reach the PTY port through a proxy or a port mapping.",
+        ],
+        [
             "audit-log",
             None,
             None,
@@ -90,6 +98,10 @@ class Options(usage.Options):
             os.path.abspath(c) if c.endswith(".py") else c for c in self["commands"]
         ]
         try:
+            if self["pty-public-url"] is not None:
+                self["pty-public-url"] = check_public_url(
+                    "--pty-public-url", self["pty-public-url"]
+                )
             validate_settings(self.settings())
         except PolicyError as e:
             raise usage.UsageError(str(e)) from None
@@ -104,6 +116,7 @@ class Options(usage.Options):
             else None,
             host=host,
             allow_unauthenticated=bool(self["allow-unauthenticated"]),
+            pty_public_url=self["pty-public-url"],
             policy_file=self["policy"],
             preset=self["preset"],
             base_dir=self["base-dir"],

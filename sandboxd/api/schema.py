@@ -189,6 +189,14 @@ _RESUME = (
     F("after", "integer", "resume after this seq (else Last-Event-ID)", default=0),
 )
 _LAST_EVENT_ID = F("Last-Event-ID", "integer", "the standard SSE resume header")
+#: SPEC §20: EventSource cannot set headers (see docs/security.md for the risk).
+_QUERY_TOKEN = F(
+    "access_token", doc="the token, for EventSource (it cannot set headers)"
+)
+_QUERY_TOKEN_FOLLOW = F(
+    "access_token",
+    doc="with follow=true only: the token, for EventSource (it cannot set headers)",
+)
 _GAP = Event("gap", '{"from", "to"}: events already dropped, sent first')
 _PROC_FIELDS = (
     F("pid", "integer"),
@@ -575,6 +583,7 @@ SCHEMAS: dict[str, Schema] = {
             F("path", doc="default: base_dir", example="."),
             F("recursive", "boolean", default=False),
             *_RESUME,
+            _QUERY_TOKEN,
         ),
         headers=(_LAST_EVENT_ID,),
         produces="sse",
@@ -711,6 +720,7 @@ SCHEMAS: dict[str, Schema] = {
                 default=False,
                 example="true",
             ),
+            _QUERY_TOKEN_FOLLOW,
         ),
         headers=(_LAST_EVENT_ID,),
         response=(
@@ -1366,6 +1376,7 @@ SCHEMAS: dict[str, Schema] = {
             F("types", doc="comma-separated event types"),
             F("include_raw", "boolean", "include the ACP params as raw", default=False),
             F("limit", "integer", "page size", default=1000),
+            _QUERY_TOKEN,
         ),
         headers=(_LAST_EVENT_ID,),
         response=(

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import ipaddress
 import json
 import os
 import re
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -35,6 +37,8 @@ TOP_KEYS = (
     "agents",
     "allowed_origins",
     "allowed_hosts",
+    "pty_public_url",
+    "trusted_proxies",
 )
 PRESETS = ("default", "transfer-only", "read-only", "hardened", "locked")
 TOKEN_KEYS = ("id", "token_env", "token_sha256", "token_file", "scopes")
@@ -80,6 +84,10 @@ class PolicyDocument:
     agents: Mapping[str, Any] = attrs.field(factory=dict)
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
+    #: The base of the ``ws_url`` that ``pty_create`` answers (SPEC §20).
+    pty_public_url: str | None = None
+    #: Addresses and networks whose X-Forwarded-Proto/-Host are believed.
+    trusted_proxies: tuple[str, ...] = ()
     source: str = "none"
     warnings: tuple[str, ...] = ()
 
@@ -260,6 +268,40 @@ def _string_list(where: str, value: Any) -> tuple[str, ...]:
     return result
 
 
+def check_public_url(where: str, value: Any) -> str:
+    """
+    A ``ws://`` or ``wss://`` URL with a host and no query or fragment.
+
+    :raises PolicyError: naming ``where``.
+    """
+    if not isinstance(value, str):
+        raise PolicyError(f"{where}: expected a ws:// or wss:// URL")
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        raise PolicyError(
+            f"{where}: expected a ws:// or wss:// URL with a host, got {value!r}"
+        )
+    if parts.query or parts.fragment:
+        raise PolicyError(f"{where}: the URL must not have a query or fragment")
+    try:
+        parts.port  # noqa: B018 (a bad port raises here)
+    except ValueError:
+        raise PolicyError(f"{where}: bad port in {value!r}") from None
+    return value.rstrip("/")
+
+
+def _networks(where: str, value: Any) -> tuple[str, ...]:
+    items = _string_list(where, value)
+    for item in items:
+        try:
+            ipaddress.ip_network(item, strict=False)
+        except ValueError:
+            raise PolicyError(
+                f"{where}: {item!r} is not an address or a network (CIDR)"
+            ) from None
+    return items
+
+
 def validate(doc: Any, table: RouteTable, source: str = "inline") -> PolicyDocument:
     """
     Check a whole document against the route table.
@@ -322,6 +364,10 @@ def validate(doc: Any, table: RouteTable, source: str = "inline") -> PolicyDocum
         agents=agents,
         allowed_origins=_string_list("allowed_origins", doc.get("allowed_origins", [])),
         allowed_hosts=_string_list("allowed_hosts", doc.get("allowed_hosts", [])),
+        pty_public_url=check_public_url("pty_public_url", doc["pty_public_url"])
+        if doc.get("pty_public_url") is not None
+        else None,
+        trusted_proxies=_networks("trusted_proxies", doc.get("trusted_proxies", [])),
         source=source,
         warnings=tuple(warnings),
     )

@@ -25,6 +25,7 @@ from sandboxd.gate import host_name
 from sandboxd.guard import PathGuard
 from sandboxd.processes.command import resolve_user
 from sandboxd.processes.environment import child_environment, note_argv, validate_env
+from sandboxd.proxies import forwarded, pty_url
 from sandboxd.terminals.service import TERM, TerminalService, choose_shell
 from sandboxd.terminals.session import (
     PtySession,
@@ -49,13 +50,18 @@ def _service(request: ServerRequest) -> TerminalService:
 
 
 def _ws_url(request: ServerRequest, session_id: str) -> str:
+    """The terminal's URL as the client reaches it (SPEC §20)."""
     context = request.context
+    document = context.policy.document
     scheme = "wss" if (context.pty_listen or "").startswith(("ssl:", "tls:")) else "ws"
-    name = host_name(request.headers.get("host", "")) or "127.0.0.1"
-    if ":" in name:
-        name = f"[{name}]"
-    port = f":{context.pty_port}" if context.pty_port else ""
-    return f"{scheme}://{name}{port}/pty?session_id={session_id}"
+    return pty_url(
+        context.pty_public_url or document.pty_public_url,
+        scheme,
+        host_name(request.headers.get("host", "")) or "127.0.0.1",
+        context.pty_port,
+        session_id,
+        forwarded(request.headers, request.client, document.trusted_proxies),
+    )
 
 
 def _visible(request: ServerRequest, session: PtySession) -> bool:

@@ -28,6 +28,7 @@ from sandboxd.errors import (
     unsupported,
 )
 from sandboxd.policy.rules import EffectiveRule
+from sandboxd.web.query_token import query_token
 from sandboxd.web.target import parse_path, parse_query
 
 
@@ -115,6 +116,7 @@ def admit(
             headers,
             secure=secure,
             path_params=path_params,
+            query_tokens=[t for t in [query_token(endpoint, method, raw_query_b)] if t],
             framing=framing,
         )
     except gate.Refused as e:
