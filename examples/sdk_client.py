@@ -265,8 +265,12 @@ def run_tests(sandbox: Sandbox, workdir: str) -> tuple[int, str]:
     return exit_code, "\n".join(lines) + "\n"
 
 
-def use_terminal(sandbox: Sandbox, workdir: str) -> str:
-    """Step 3: run ``calc.py`` in a terminal; returns what it printed."""
+def use_terminal(sandbox: Sandbox, workdir: str) -> tuple[int | None, str]:
+    """
+    Step 3: run ``calc.py`` in a terminal, saving its answer to
+    ``answer.txt``; returns the command's exit status (None when it never
+    finished) and what it printed.
+    """
     # sh rather than the user's login shell: no rc files, so a slow or
     # interactive ~/.bashrc cannot hold the example up.
     session = sandbox.call(
@@ -302,8 +306,9 @@ def use_terminal(sandbox: Sandbox, workdir: str) -> str:
     except SandboxError as e:
         if e.status != 404:  # gone already: the shell exited
             raise
+    done = re.search(r"DONE-(\d+)", output)
     found = re.search(r"6 x 7 = (\d+)", output)
-    return found.group(0) if found else output
+    return (int(done.group(1)) if done else None), (found.group(0) if found else output)
 
 
 def download_results(sandbox: Sandbox, workdir: str, out: str) -> list[str]:
@@ -356,12 +361,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"   exit code {exit_code}; output saved ({saved['bytes']} bytes)")
 
     print("3. running calc.py in a terminal over the WebSocket:")
-    print("  ", use_terminal(sandbox, args.dir))
+    status, printed = use_terminal(sandbox, args.dir)
+    print("  ", printed)
+    failed = exit_code != 0
+    if status != 0:
+        # e.g. tee could not create answer.txt: the directory is not the
+        # terminal user's to write in.
+        print(f"   FAILED: the terminal command ended with status {status}")
+        failed = True
 
     print(f"4. downloading the results to {args.out}:")
-    for name in download_results(sandbox, args.dir, args.out):
+    names = download_results(sandbox, args.dir, args.out)
+    for name in names:
         print("  ", name)
-    return 0 if exit_code == 0 else 1
+    if f"{args.dir}/answer.txt" not in names:
+        print("   FAILED: answer.txt is missing from the results")
+        failed = True
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ from sandboxd.errors import (
 from sandboxd.libc import libc
 from sandboxd.policy.paths import FORBIDDEN_ROOTS, PathDecision, absolute, decide, under
 from sandboxd.policy.rules import Anchors, EffectiveRule
+from sandboxd.processes.command import resolve_user
 
 _MESSAGES = {
     Code.PATH_NOT_ALLOWED: "path is outside the allowed area",
@@ -251,6 +252,12 @@ class _Restart(Exception):
         self.point = point
 
 
+def give(dir_fd: int, name: str, owner: tuple[int, int] | None) -> None:
+    """Hand an entry the daemon just created to ``owner`` (the link itself, for a link)."""
+    if owner is not None:
+        os.chown(name, owner[0], owner[1], dir_fd=dir_fd, follow_symlinks=False)
+
+
 @attrs.define
 class Location:
     """
@@ -273,6 +280,9 @@ class Location:
     path: str
     via_link: bool = False
     deny_shared: str | None = None
+    #: ``(uid, gid)`` that what is created here belongs to (SPEC §20), or
+    #: None to leave it the daemon's.
+    owner: tuple[int, int] | None = None
     _closed: bool = False
 
     def lstat(self) -> os.stat_result | None:
@@ -314,13 +324,37 @@ def etag_of(st: os.stat_result) -> str:
 class PathGuard:
     """Decides and resolves paths for one endpoint's merged rule."""
 
-    def __init__(self, rule: EffectiveRule) -> None:
+    def __init__(self, rule: EffectiveRule, request: Any = None) -> None:
         self.rule = rule
+        self._request = request
+        self._owner: tuple[int, int] | None = None
+        self._owner_known = False
 
     @classmethod
     def for_request(cls, request: Any) -> PathGuard:
-        """The guard of a request's endpoint."""
-        return cls(request.rule)
+        """The guard of a request's endpoint (what it creates is the request user's)."""
+        return cls(request.rule, request)
+
+    def new_owner(self) -> tuple[int, int] | None:
+        """
+        ``(uid, gid)`` that files and directories created through this guard
+        belong to: the user the request's commands would run as (its
+        ``user``, else ``params.default_user``) when the daemon is root;
+        None (the daemon's own) otherwise.
+
+        :raises ApiError: 400 unknown user, 403 a user the policy refuses.
+        """
+        if not self._owner_known:
+            self._owner_known = True
+            if self._request is not None and os.geteuid() == 0:
+                body = getattr(self._request, "body", None)
+                wanted = body.get("user") if isinstance(body, dict) else None
+                if wanted is None:
+                    wanted = self._request.query.get("user")
+                run_as = resolve_user(wanted, self.rule)
+                if run_as is not None:
+                    self._owner = (run_as.uid, run_as.gid)
+        return self._owner
 
     @property
     def base_dir(self) -> str:
@@ -410,12 +444,13 @@ class PathGuard:
         first = decide(self.rule, path, op)
         if not first.allowed:
             raise refusal(first)
+        owner = self.new_owner() if op == "write" else None
         target = absolute(path, self.base_dir)
         link_targets: list[str] = []
         for _ in range(MAX_LINKS + 1):
             try:
                 loc = self._locate_once(
-                    target, op, follow, make_parents, link_targets, original
+                    target, op, follow, make_parents, link_targets, original, owner
                 )
             except _Restart as r:
                 if self.rule.paths.symlinks == "deny":
@@ -436,6 +471,7 @@ class PathGuard:
                     ) from None
                 continue
             loc.via_link = bool(link_targets)
+            loc.owner = owner
             # Before existence is looked at: a kernel file system refuses alike.
             _refuse_special(
                 loc, original, base_device(self.rule.anchors, self.base_dir)
@@ -482,6 +518,7 @@ class PathGuard:
         make_parents: bool,
         link_targets: list[str],
         original: str,
+        owner: tuple[int, int] | None = None,
     ) -> Location:
         anchor = self._anchor(target, original)
         anchor_fd = open_anchor(self.rule.anchors, anchor, original)
@@ -491,7 +528,7 @@ class PathGuard:
         parts = rel.split("/")
         try:
             dir_fd = self._open_dirs(
-                anchor_fd, anchor, parts, make_parents, link_targets, original
+                anchor_fd, anchor, parts, make_parents, link_targets, original, owner
             )
         except BaseException:
             os.close(anchor_fd)
@@ -521,6 +558,7 @@ class PathGuard:
         make_parents: bool,
         link_targets: list[str],
         original: str,
+        owner: tuple[int, int] | None = None,
     ) -> int:
         """
         The fd of the directory holding ``parts[-1]``, every component on
@@ -559,6 +597,7 @@ class PathGuard:
                     ) from None
                 try:
                     os.mkdir(part, 0o755, dir_fd=fd)
+                    give(fd, part, owner)
                 except FileExistsError:
                     pass
                 except OSError as e:

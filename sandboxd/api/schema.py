@@ -189,6 +189,12 @@ _RESUME = (
     F("after", "integer", "resume after this seq (else Last-Event-ID)", default=0),
 )
 _LAST_EVENT_ID = F("Last-Event-ID", "integer", "the standard SSE resume header")
+#: SPEC §20: what the file API creates belongs to the request's user.
+_OWNER = F(
+    "user",
+    doc="when the daemon runs as root, who owns the files and directories this "
+    "creates (default params.default_user; must be allowed by params.users)",
+)
 #: SPEC §20: EventSource cannot set headers (see docs/security.md for the risk).
 _QUERY_TOKEN = F(
     "access_token", doc="the token, for EventSource (it cannot set headers)"
@@ -349,6 +355,7 @@ SCHEMAS: dict[str, Schema] = {
     # -- file_ops --------------------------------------------------------------
     "upload": Schema(
         body=(
+            _OWNER,
             F("path", required=True, example="hello.txt"),
             F("content_base64", required=True, example="aGVsbG8K"),
             F("overwrite", "boolean", default=True),
@@ -406,7 +413,7 @@ SCHEMAS: dict[str, Schema] = {
         notes="A missing path inside the boundary is 200 with exists: false.",
     ),
     "files_mkdir": Schema(
-        body=(F("path", required=True, example="project/src"),),
+        body=(F("path", required=True, example="project/src"), _OWNER),
         response=(F("path"), F("created", "boolean")),
         errors=_WRITE_GUARD,
         notes="Parents are created; an existing directory is fine.",
@@ -427,6 +434,7 @@ SCHEMAS: dict[str, Schema] = {
             F("source", required=True, example="a.txt"),
             F("destination", required=True, example="b.txt"),
             F("overwrite", "boolean", default=False),
+            _OWNER,
         ),
         response=(F("source"), F("destination")),
         errors=(
@@ -458,6 +466,7 @@ SCHEMAS: dict[str, Schema] = {
     ),
     "files_upload_stream": Schema(
         body=(
+            _OWNER,
             F("path", required=True, example="data.bin"),
             F("content_base64", required=True, example="aGVsbG8K"),
             F("overwrite", "boolean", default=True),
@@ -511,6 +520,7 @@ SCHEMAS: dict[str, Schema] = {
             F("destination", required=True, example="project"),
             F("format", enum=("tar.gz", "zip"), default="tar.gz", example="tar.gz"),
             F("overwrite", "boolean", default=False),
+            _OWNER,
         ),
         response=(F("destination"), F("files", "integer"), F("bytes", "integer")),
         errors=(
@@ -563,6 +573,7 @@ SCHEMAS: dict[str, Schema] = {
             F("path", required=True, example="data.bin"),
             F("overwrite", "boolean", default=True),
             F("mode", doc='octal permissions, e.g. "644"'),
+            _OWNER,
         ),
         headers=(
             F(

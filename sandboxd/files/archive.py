@@ -33,7 +33,7 @@ from sandboxd.errors import (
 )
 from sandboxd.files.atomic import AtomicWrite
 from sandboxd.files.walk import visible, walk
-from sandboxd.guard import PathGuard, os_error, refusal
+from sandboxd.guard import PathGuard, give, os_error, refusal
 from sandboxd.policy.defaults import WALK_DEPTH
 
 FORMATS = ("tar.gz", "zip")
@@ -387,6 +387,7 @@ def extract(
             if loc.name:
                 try:
                     os.mkdir(loc.name, 0o755, dir_fd=loc.dir_fd)
+                    give(loc.dir_fd, loc.name, loc.owner)
                 except FileExistsError:
                     pass
                 except OSError as e:
@@ -405,6 +406,7 @@ def extract(
                         try:
                             os.mkdir(d.name, m.mode | 0o700, dir_fd=d.dir_fd)
                             created.append(target)
+                            give(d.dir_fd, d.name, d.owner)
                         except FileExistsError:
                             pass
                     continue
@@ -414,6 +416,7 @@ def extract(
                     ) as d:
                         os.symlink(m.link, d.name, dir_fd=d.dir_fd)
                         created.append(target)
+                        give(d.dir_fd, d.name, d.owner)
                     continue
                 loc = guard.locate(target, "write", follow=False, make_parents=True)
                 writer = AtomicWrite(

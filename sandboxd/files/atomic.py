@@ -83,6 +83,7 @@ class AtomicWrite:
                 mode = stat.S_IMODE(existing.st_mode) if existing is not None else 0o644
             self.tmp_name = f".{location.name[:200]}.{secrets.token_hex(6)}.upload"
             self.fd = os.open(self.tmp_name, _TMP_FLAGS, 0o600, dir_fd=location.dir_fd)
+            self._give(existing)
             os.fchmod(self.fd, mode)
         except OSError as e:
             self.abort()
@@ -90,6 +91,17 @@ class AtomicWrite:
         except BaseException:
             self.abort()
             raise
+
+    def _give(self, existing: os.stat_result | None) -> None:
+        """
+        The new file's owner (SPEC §20): a replaced file keeps its owner, a
+        new one belongs to the request's user (when the daemon is root).
+        """
+        if existing is not None:
+            if os.geteuid() == 0 and (existing.st_uid, existing.st_gid) != (0, 0):
+                os.fchown(self.fd, existing.st_uid, existing.st_gid)
+        elif self.location.owner is not None:
+            os.fchown(self.fd, *self.location.owner)
 
     @property
     def path(self) -> str:

@@ -39,6 +39,7 @@ from sandboxd.guard import (
     Location,
     PathGuard,
     etag_of,
+    give,
     mounted_special,
     os_error,
     refusal,
@@ -455,6 +456,7 @@ def make_dir(guard: PathGuard, path: Any) -> str:
             return loc.path
         try:
             os.mkdir(loc.name, 0o755, dir_fd=loc.dir_fd)
+            give(loc.dir_fd, loc.name, loc.owner)
         except FileExistsError:
             st = loc.lstat()
             if st is None or not stat.S_ISDIR(st.st_mode):
