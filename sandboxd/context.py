@@ -24,6 +24,7 @@ from twisted.internet.threads import deferToThreadPool
 from sandboxd.audit import AuditLog
 from sandboxd.commands import CommandRegistry
 from sandboxd.endpoints import RouteTable
+from sandboxd.metrics import Metrics
 from sandboxd.policy import Policy
 from sandboxd.policy.limits import ConcurrencyGate, RateLimiter
 from sandboxd.processes.child import ChildTable
@@ -84,6 +85,8 @@ class Context:
     started_at: float = attrs.field(factory=time.time, init=False)
     pty_port: int | None = None
     pty_listen: str | None = None
+    #: What ``GET /metrics`` reports (counted as requests are answered).
+    metrics: Metrics = attrs.field(factory=Metrics, init=False)
     #: ``--pty-public-url``: the base of every ``ws_url`` (wins over the policy's).
     pty_public_url: str | None = None
     http_port: int | None = None

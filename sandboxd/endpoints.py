@@ -148,6 +148,7 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("ports", "GET", "/ports", G.SYSTEM, ("system:read",), "Listening TCP sockets.", {}),
     ("packages", "GET", "/packages", G.SYSTEM, ("system:read",), "Installed pip or npm packages.", {}),
     ("system_metrics", "GET", "/system/metrics", G.SYSTEM, ("system:read",), "Load, memory and disk usage.", {}),
+    ("metrics", "GET", "/metrics", G.SYSTEM, ("system:read",), "The daemon's own metrics, Prometheus text format.", {}),
     ("code_run", "POST", "/code/run", G.DEV_TOOLS, ("devtools:run",), "Run a snippet of python, node or bash.", {}),
     ("git_status", "GET", "/git/status", G.DEV_TOOLS, ("devtools:run",), "git status, parsed.", {}),
     ("git_diff", "GET", "/git/diff", G.DEV_TOOLS, ("devtools:run",), "git diff with stats.", {}),

@@ -38,6 +38,7 @@ from sandboxd.errors import (
     forbidden,
     missing_scope,
 )
+from sandboxd.metrics import Metrics
 from sandboxd.policy.defaults import LOOPBACK_NAMES_KEPT
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ class Context(Protocol):
     concurrency: ConcurrencyGate
     audit: AuditLog
     hostname: str
+    metrics: Metrics
 
 
 class Door(enum.StrEnum):
@@ -384,6 +386,13 @@ def audit(
     :param decided_by: the rule that refused the call, if one did.
     :param extra: door-specific fields (a tool name, a procedure).
     """
+    context.metrics.request(
+        endpoint.id if endpoint is not None else None,
+        str(door),
+        status,
+        str(code) if code is not None else None,
+        time.monotonic() - started if started else 0.0,
+    )
     mode = rule.audit if rule is not None else "deny"
     if not should_record(mode, status):
         return

@@ -306,8 +306,10 @@ class DaemonService(MultiService):
                 "sandboxd: policy reload refused, the old policy stays: {error}",
                 error=str(e),
             )
+            self.context.metrics.reloads["refused"] += 1
             return False
         self.context.replace_policy(policy)
+        self.context.metrics.reloads["ok"] += 1
         self._enter_base_dir()
         log.info(
             "sandboxd: policy reloaded (revision {revision})", revision=policy.revision
@@ -475,6 +477,7 @@ def build(
     context.pty_port = port_number(context.pty_listen)
     groups = setup_services(context)
     site = SandboxSite(context, reactor=reactor)
+    context.metrics.site = site
     http = StreamServerEndpointService(serverFromString(reactor, http_listen), site)
     # A port that cannot bind fails the start (SPEC §20), not just a log line.
     http._raiseSynchronously = True

@@ -58,6 +58,7 @@ SEED_AND_BEYOND = {
         "ports",
         "packages",
         "system_metrics",
+        "metrics",
     ],
     "dev_tools": ["code_run", "git_status", "git_diff"],
     "browser": [

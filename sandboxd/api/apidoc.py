@@ -256,6 +256,7 @@ def render_endpoint(endpoint: Endpoint) -> str:
         "json": "application/json",
         "sse": "text/event-stream (SSE)",
         "binary": "application/octet-stream",
+        "prometheus": "text/plain; version=0.0.4 (Prometheus text format)",
         "websocket": "WebSocket (JSON text frames)",
     }[schema.produces]
     if schema.produces == "json" and schema.events:

@@ -124,6 +124,8 @@ def _operation(endpoint: Any, rule: Any) -> dict[str, Any]:
                 "schema": {"type": "string", "format": "binary"}
             }
         }
+    elif schema.produces == "prometheus":
+        ok["content"] = {"text/plain": {"schema": {"type": "string"}}}
     elif schema.produces == "sse" or (endpoint.streaming and not schema.response):
         ok["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
     elif endpoint.streaming:

@@ -72,7 +72,8 @@ class Schema:
     The request and response of one endpoint.
 
     :ivar produces: ``json``, ``sse`` (an event stream; ``events`` lists
-        its event names), ``binary`` (raw bytes) or ``websocket``.
+        its event names), ``binary`` (raw bytes), ``prometheus`` (the
+        Prometheus text format) or ``websocket``.
     :ivar status: the success status (201/202 for creating routes).
     :ivar raw_body: the request body is raw bytes, not JSON.
     :ivar open_body: the JSON body is free-form (a command's arguments):
@@ -925,6 +926,17 @@ SCHEMAS: dict[str, Schema] = {
             E(500, "internal", "the tool timed out (TimeoutError) or failed"),
         ),
         notes="A missing tool is an empty list.",
+    ),
+    "metrics": Schema(
+        produces="prometheus",
+        notes="Prometheus text format: `sandboxd_requests_total{endpoint,door,status,code}`, "
+        "`sandboxd_request_duration_seconds` (histogram by endpoint and door), "
+        "`sandboxd_streams_active`, `sandboxd_pty_sessions_active`, "
+        "`sandboxd_background_processes_active`, `sandboxd_agent_sessions_active`, "
+        "`sandboxd_connections_active{door}`, `sandboxd_connections_refused_total{door}`, "
+        "`sandboxd_children_timed_out_total{reason}`, `sandboxd_policy_info{revision,preset}`, "
+        "`sandboxd_policy_reloads_total{result}`. No label carries a path, a command or a token. "
+        "Not the sandbox's load and memory: that is `GET /system/metrics`.",
     ),
     "system_metrics": Schema(
         response=(

@@ -129,6 +129,25 @@ AUDIT_ARGV_MAX_CHARS = 2048
 #: argv (masking every "1" or "on" would say nothing and hide everything).
 AUDIT_SECRET_MIN_CHARS = 4
 
+#: Upper bounds (seconds) of the request latency histogram of ``/metrics``.
+METRICS_LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
+
 #: Default path boundary.
 DEFAULT_BASE_DIR = "/home/user"
 

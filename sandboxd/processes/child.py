@@ -26,6 +26,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sandboxd.errors import ApiError, timed_out
+from sandboxd.metrics import child_timed_out
 from sandboxd.policy.defaults import (
     ENDPOINT_LIMITS,
     EXIT_DRAIN_MAX_SECONDS,
@@ -341,6 +342,7 @@ class Child(ProcessProtocol):
         """End the whole tree (TERM, grace, KILL); idempotent."""
         if self.reason is None:
             self.reason = reason
+            child_timed_out(reason)
         if self.pending:
             # No process yet: ended as soon as its spawn is done.
             if self.killing is None:

@@ -28,7 +28,7 @@ from sandboxd.errors import (
 )
 from sandboxd.policy import defaults
 from sandboxd.processes import command, environment
-from sandboxd.web.messages import ServerRequest
+from sandboxd.web.messages import ServerRequest, ServerResponse
 
 #: Substrings that mark a variable as a secret (any case): never returned.
 REDACTED_MARKERS = ("TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL")
@@ -375,7 +375,19 @@ def _helper_user(request: ServerRequest) -> Any:
     return command.resolve_user(None, request.rule)
 
 
+def metrics(request: ServerRequest) -> ServerResponse:
+    """
+    ``GET /metrics``: the daemon's counters in the Prometheus text format
+    (SPEC §20); prometheus_client is loaded on the first scrape.
+    """
+    from sandboxd.metrics import render
+
+    text, content_type = render(request.context)
+    return ServerResponse(200, raw=text, headers={"content-type": content_type})
+
+
 HANDLERS = {
+    "metrics": metrics,
     "system_info": system_info,
     "env_get": env_get,
     "env_set": env_set,

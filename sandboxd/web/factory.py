@@ -70,6 +70,7 @@ class SandboxSite(Site):
             len(self.connections) >= MAX_HTTP_CONNECTIONS
             or self.per_peer.get(peer, 0) >= MAX_CONNECTIONS_PER_PEER
         ):
+            self.context.metrics.connection_refused("http")
             return False
         self.connections.add(channel)
         self.per_peer[peer] = self.per_peer.get(peer, 0) + 1

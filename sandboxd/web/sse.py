@@ -76,6 +76,9 @@ class SSEChannel:
         server closed it or the client went away.
     """
 
+    #: Streams open now, daemon-wide (``GET /metrics``).
+    open_count = 0
+
     def __init__(
         self,
         request: Request,
@@ -88,6 +91,7 @@ class SSEChannel:
         self._last_write = clock.seconds()
         self._disconnect_callbacks: list[Callable[[], None]] = []
         self.open = True
+        SSEChannel.open_count += 1
         self.client_gone = False
         self.done: Deferred[None] = Deferred()
         request.setResponseCode(200)
@@ -156,6 +160,8 @@ class SSEChannel:
         self.done.callback(None)
 
     def _stop(self) -> None:
+        if self.open:
+            SSEChannel.open_count -= 1
         self.open = False
         if self._heartbeat.running:
             self._heartbeat.stop()

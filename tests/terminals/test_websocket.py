@@ -15,6 +15,7 @@ from twisted.internet.task import Clock
 from twisted.test.iosim import FakeTransport, IOPump, connect
 from twisted.trial.unittest import SynchronousTestCase
 
+from sandboxd.metrics import Metrics
 from sandboxd.policy import load_policy
 from sandboxd.routes import default_table
 from sandboxd.terminals.session import PtySession, TerminalTable
@@ -62,7 +63,11 @@ class ProtocolCase(SynchronousTestCase):
         self.clock = Clock()
         policy = load_policy(default_table(), explicit={}, base_dir="/tmp", environ={})
         context = SimpleNamespace(
-            policy=policy, hostname="sandbox", reactor=self.clock, table=default_table()
+            policy=policy,
+            hostname="sandbox",
+            reactor=self.clock,
+            table=default_table(),
+            metrics=Metrics(),
         )
         self.table = TerminalTable(self.clock)
         self.session = RecordingSession(
