@@ -1042,8 +1042,11 @@ SCHEMAS: dict[str, Schema] = {
         ),
         response=(F("url"), F("title"), F("status", "integer")),
         errors=(E(400, "invalid_param", "bad url, wait_until or timeout"), *_BROWSER),
-        notes="Only http and https unless the policy allows another scheme; with "
-        "block_private_networks the resolved address is checked (also on redirects).",
+        notes="Only http and https unless the policy allows another scheme. With "
+        "block_private_networks, localhost, localhost. and *.localhost are refused by "
+        "name, a name that does not resolve counts as private, and every connection the "
+        "page opens (redirects, subresources, fetches, WebSockets) goes to the address "
+        "the worker resolved and checked.",
     ),
     "browser_screenshot": Schema(
         body=(

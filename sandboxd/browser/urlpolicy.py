@@ -36,6 +36,13 @@ NEVER_SCHEMES = frozenset(
 #: Ranges that ``ipaddress`` counts as global but a sandbox must not reach.
 _EXTRA_BLOCKED = (ipaddress.ip_network("100.64.0.0/10"),)
 
+#: Names that are this machine whatever a resolver says: Chromium answers
+#: ``localhost``, ``localhost.`` and every ``*.localhost`` with loopback
+#: itself (RFC 6761 §6.3), without asking the OS resolver the worker asks.
+LOOPBACK_NAMES = frozenset(
+    {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
+)
+
 
 def error_fields(
     status: int, message: str, type: str, code: str, **extra: Any
@@ -155,6 +162,33 @@ def check_url(policy: UrlPolicy, url: str) -> None:
         raise Refusal(
             f"the URL {url} is not in the allowed list", policy.rule("params.url_allow")
         )
+    if policy.block_private and parts.hostname:
+        check_host(policy, url, parts.hostname)
+
+
+def is_loopback_name(host: str) -> bool:
+    """``localhost``, ``localhost.``, ``*.localhost`` and the like, in any case."""
+    name = host.lower().rstrip(".")
+    return name in LOOPBACK_NAMES or name.endswith(".localhost") or name == ""
+
+
+def check_host(policy: UrlPolicy, url: str, host: str) -> None:
+    """
+    What can be said of ``host`` without resolving it: a loopback name, or
+    an address literal that is private.
+
+    :raises Refusal: when ``block_private_networks`` is on and it is.
+    """
+    if not policy.block_private:
+        return
+    if is_loopback_name(host):
+        raise Refusal(
+            f"the URL {url} names this machine ({host}), a private network host",
+            policy.rule("params.block_private_networks"),
+        )
+    literal = ip_literal(host)
+    if literal is not None:
+        check_addresses(policy, url, [literal])
 
 
 def host_of(url: str) -> str | None:

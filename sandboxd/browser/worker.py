@@ -30,10 +30,12 @@ import sys
 from typing import Any
 
 if __package__:
+    from .socksgate import SocksGate
     from .urlpolicy import (
         Refusal,
         UrlPolicy,
         check_addresses,
+        check_host,
         check_url,
         error_fields,
         host_of,
@@ -43,10 +45,12 @@ else:
     # Run as a script (``python -I worker.py``): load the sibling module
     # without importing sandboxd, which would pull in Twisted for nothing.
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from socksgate import SocksGate  # type: ignore[import-not-found,no-redef]
     from urlpolicy import (  # type: ignore[import-not-found,no-redef]
         Refusal,
         UrlPolicy,
         check_addresses,
+        check_host,
         check_url,
         error_fields,
         host_of,
@@ -149,6 +153,8 @@ class Worker:
         )
         self.policy = UrlPolicy()
         self.blocked: list[Refusal] = []
+        #: Every connection Chromium makes goes through this gate.
+        self.gate = SocksGate(lambda: self.policy, self.blocked.append)
         self.playwright: Any = None
         self.browser: Any = None
         self.context: Any = None
@@ -178,10 +184,11 @@ class Worker:
             )
             return False
         try:
+            await self.gate.start()
             self.playwright = await api.async_playwright().start()
             self.browser = await self.playwright.chromium.launch(
                 executable_path=chromium,
-                args=CHROMIUM_ARGS,
+                args=CHROMIUM_ARGS + self.gate.chromium_args(),
                 headless=True,
                 chromium_sandbox=False,
                 handle_sigint=False,
@@ -293,12 +300,19 @@ class Worker:
         )
 
     async def check_network(self, url: str) -> None:
-        """With ``block_private_networks``, refuse hosts that resolve privately."""
+        """
+        With ``block_private_networks``, refuse loopback names and hosts
+        that resolve privately or not at all, naming the URL.
+
+        This is for the answer's sake (which URL, which rule): what is
+        connected to is decided again, and pinned, by :attr:`gate`.
+        """
         if not self.policy.block_private:
             return
         host = host_of(url)
         if not host:
             return
+        check_host(self.policy, url, host)
         literal = ip_literal(host)
         if literal is not None:
             addresses = [literal]
@@ -308,9 +322,14 @@ class Worker:
                     host, None, type=socket.SOCK_STREAM
                 )
             except OSError:
-                # Chromium will fail the same lookup; nothing private to reach.
-                return
+                infos = []
             addresses = [str(info[4][0]) for info in infos]
+            if not addresses:
+                raise Refusal(
+                    f"the URL {url} does not resolve; with block_private_networks "
+                    "such a host counts as a private network host",
+                    self.policy.rule("params.block_private_networks"),
+                )
         check_addresses(self.policy, url, addresses)
 
     # -- operations ----------------------------------------------------------
@@ -464,7 +483,8 @@ class Worker:
             self.emit(await self.handle(req))
 
     async def close(self) -> None:
-        """Close the browser and Playwright, each bounded."""
+        """Close the browser, Playwright and the gate, each bounded."""
+        await self.gate.close()
         for closer in (self.browser, self.playwright):
             if closer is None:
                 continue

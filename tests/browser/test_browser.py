@@ -6,12 +6,15 @@ driven through a real daemon, its Playwright worker and Debian's Chromium.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import signal
+import socket
 from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
+from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import deferLater
 from twisted.web.resource import Resource
 from twisted.web.server import Site
@@ -43,8 +46,11 @@ elif not os.access(supervisor.chromium_path(), os.X_OK):
 
 class _Page(Resource):
     isLeaf = True
+    #: Requests served, by every test site (a refused load must add none).
+    served = 0
 
     def render_GET(self, request: Any) -> bytes:
+        _Page.served += 1
         request.setHeader(b"content-type", b"text/html; charset=utf-8")
         return PAGE
 
@@ -238,6 +244,29 @@ class BrowserTests(DaemonTestCase):
         self.assertEqual(body["rule"], "policy:endpoints.browser_*")
 
     @inlineCallbacks
+    def test_connections_resolved_by_the_gate(self) -> Any:
+        """
+        Chromium connects where the worker's gate resolves a name, never
+        by a resolver of its own: ``foo.localhost``, which Chromium alone
+        maps to loopback, loads only if the OS resolver (the gate's) knows
+        it too.
+        """
+        try:
+            socket.getaddrinfo("foo.localhost", None)
+            os_resolves = True
+        except OSError:
+            os_resolves = False
+        port = self.site.rsplit(":", 1)[1]
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": self.site + "/page"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request(
+            "POST", "/browser/navigate", {"url": f"http://foo.localhost:{port}/page"}
+        )
+        self.assertEqual(reply.status == 200, os_resolves, reply.body)
+
+    @inlineCallbacks
     def test_worker_crash_and_stop(self) -> Any:
         """
         A worker killed from outside fails nothing for later calls: the
@@ -297,6 +326,87 @@ class PrivateNetworkTests(DaemonTestCase):
             self.assertEqual(body["code"], "param_not_allowed")
             self.assertIn("private network", body["error"])
             self.assertEqual(body["rule"], "policy:endpoints.group:browser")
+
+    @inlineCallbacks
+    def test_loopback_names_refused(self) -> Any:
+        """
+        localhost., *.localhost and a name that does not resolve are refused
+        by name (Chromium resolves the first two to loopback itself, the OS
+        resolver does not); the loopback page is never served.
+        """
+        port = self.site.rsplit(":", 1)[1]
+        before = _Page.served
+        for url in (
+            f"http://localhost.:{port}/page",
+            f"http://foo.localhost:{port}/page",
+            f"http://FOO.LOCALHOST.:{port}/page",
+            "http://no-such-host.invalid/",
+        ):
+            reply = yield self.request("POST", "/browser/navigate", {"url": url})
+            self.assertEqual(reply.status, 403, (url, reply.body))
+            body = reply.json()
+            self.assertEqual(body["code"], "param_not_allowed")
+            self.assertEqual(body["rule"], "policy:endpoints.group:browser")
+        self.assertEqual(_Page.served, before)
+
+    @inlineCallbacks
+    def test_subresources_and_fetches_pinned(self) -> Any:
+        """
+        What a page fetches meets the same rule: from a page that loaded,
+        fetch() to loopback by any name fails and reaches nothing.
+        """
+        port = self.site.rsplit(":", 1)[1]
+        before = _Page.served
+        script = (
+            "Promise.all(%s.map(u => fetch(u).then(r => 'loaded ' + r.status,"
+            " () => 'blocked')))"
+        )
+        urls = [
+            f"http://127.0.0.1:{port}/page",
+            f"http://localhost.:{port}/page",
+            f"http://foo.localhost:{port}/page",
+            f"http://[::ffff:127.0.0.1]:{port}/page",
+        ]
+        reply = yield self.request(
+            "POST",
+            "/browser/evaluate",
+            {"script": script % json.dumps(urls)},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["result"], ["blocked"] * len(urls))
+        self.assertEqual(_Page.served, before)
+
+    @inlineCallbacks
+    def test_worker_fetches_refused(self) -> Any:
+        """
+        A dedicated worker's fetches meet the same rule: no connection
+        reaches loopback, by address or by a name Chromium maps to it.
+        """
+        connections: list[Any] = []
+
+        class Count(Protocol):
+            def connectionMade(self) -> None:
+                connections.append(self)
+
+        listening = reactor.listenTCP(
+            0, Factory.forProtocol(Count), interface="127.0.0.1"
+        )
+        self.addCleanup(listening.stopListening)
+        port = listening.getHost().port
+        urls = [f"http://127.0.0.1:{port}/x", f"http://foo.localhost:{port}/x"]
+        script = (
+            "(async () => {"
+            " const code = 'Promise.all(' + JSON.stringify(URLS) +"
+            '  \'.map(u => fetch(u, {mode: "no-cors"}).then(() => 1, () => 0)))'
+            ".then(r => postMessage(r))';"
+            " const w = new Worker(URL.createObjectURL(new Blob([code])));"
+            " return await new Promise(r => { w.onmessage = e => r(e.data);"
+            "  setTimeout(() => r('timeout'), 5000); }); })()"
+        ).replace("URLS", json.dumps(urls))
+        reply = yield self.request("POST", "/browser/evaluate", {"script": script})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["result"], [0, 0])
+        self.assertEqual(connections, [])
 
 
 class MissingPlaywrightTests(DaemonTestCase):

@@ -1414,6 +1414,22 @@ def _listening_inodes() -> set[str]:
     return inodes
 
 
+def _local_addresses(inodes: set[str]) -> set[str]:
+    """The hex local addresses (no port) of TCP sockets with these inodes."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[9] in inodes:
+                found.add(fields[1].rsplit(":", 1)[0])
+    return found
+
+
 def _socket_inodes(pid: int) -> set[str]:
     found = set()
     try:
@@ -1463,7 +1479,7 @@ class BrowserCatalogueTests(DaemonTestCase):
 
     @inlineCallbacks
     def test_devtools_over_a_pipe_not_a_port(self) -> Any:
-        """E13: Chromium speaks DevTools over a pipe (--remote-debugging-pipe), never a TCP port another process could connect to; no process of the browser's tree listens on TCP."""
+        """E13: Chromium speaks DevTools over a pipe (--remote-debugging-pipe), never a TCP port another process could connect to; no process of the browser's tree listens on TCP but the worker's own network gate, on loopback, which admits only its own user's sockets (tests/test_socksgate.py)."""
         reply = yield self.request("POST", "/browser/navigate", {"url": self.site})
         self.assertEqual(reply.status, 200, reply.body)
         tree = self.browser_tree()
@@ -1480,8 +1496,12 @@ class BrowserCatalogueTests(DaemonTestCase):
         self.assertIn(b"--remote-debugging-pipe", flags)
         self.assertNotIn(b"--remote-debugging-port", flags)
         listening = _listening_inodes()
-        for pid in tree:
+        worker = tree[0]
+        for pid in tree[1:]:
             self.assertEqual(_socket_inodes(pid) & listening, set(), pid)
+        gates = _socket_inodes(worker) & listening
+        self.assertEqual(len(gates), 1, gates)
+        self.assertEqual(_local_addresses(gates), {"0100007F"})
 
     @inlineCallbacks
     def test_download_writes_nothing(self) -> Any:
