@@ -17,17 +17,23 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -c "from twisted.plugin import IPlugin, getPlugins; list(getPlugins(IPlugin))"
 	touch $(STAMP)
 
+# `make serve PORT=9100 PTY_PORT=9101` moves both listeners (loopback only).
+PORT ?= 9000
+PTY_PORT ?= 9001
+
 serve: $(STAMP)
 	mkdir -p $(WORKSPACE)
 	$(VENV)/bin/twistd -n --pidfile= sandboxd \
-		--port tcp:9000:interface=127.0.0.1 \
-		--pty-port tcp:9001:interface=127.0.0.1 \
+		--port tcp:$(PORT):interface=127.0.0.1 \
+		--pty-port tcp:$(PTY_PORT):interface=127.0.0.1 \
 		--policy etc/policy.json --base-dir $(WORKSPACE)
 
-# Tools some tests drive (git, node, chromium): installed when missing and
-# this machine can; the tests that need one skip, saying why, when absent.
+# Tools some tests drive (git, node, chromium): when missing, and this
+# machine is Debian and we are root, installed with apt-get (it says so
+# first); `make test SKIP_TEST_TOOLS=1` installs nothing, and the tests
+# that need a missing tool skip, saying why.
 test-tools:
-	@scripts/install-test-tools.sh
+	@SKIP_TEST_TOOLS="$(SKIP_TEST_TOOLS)" scripts/install-test-tools.sh
 
 test: $(STAMP) test-tools
 	$(PY) scripts/trial-summary.py --random=0 -j$(JOBS) tests

@@ -19,7 +19,13 @@ if [ -x "$SHARED_BENCH/compare.sh" ]; then
   "$SHARED_BENCH/compare.sh" $PEERS \
     sandboxd="$ROOT/.venv/bin/twistd -n --pidfile= sandboxd --port tcp:{port}:interface=127.0.0.1 --pty-port tcp:{pty_port}:interface=127.0.0.1 --base-dir {base_dir}"
 else
-  echo "shared harness not found at $SHARED_BENCH; skipping W0-W7 (set SHARED_BENCH)" >&2
+  cat >&2 <<EOF
+The W0-W7 harness and its reference peers are not in this repository: they
+are the project's shared benchmark folder (shared/bench), expected beside the
+checkout at $SHARED_BENCH. Copy or link it there, or set SHARED_BENCH=DIR,
+to run W0-W7; it also needs wrk (apt-get install wrk; its setup.sh does
+that). Skipping W0-W7; the raw-file and PTY-ceiling runs follow.
+EOF
 fi
 "$ROOT/.venv/bin/python" "$ROOT/bench/raw_files.py" --size-mib "${RAW_MIB:-1024}"
 # The kernel's ceiling for W6's terminal throughput, with no server at all.

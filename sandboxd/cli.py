@@ -65,7 +65,12 @@ class ReloadOptions(usage.Options):
     """``sandboxd reload``."""
 
     optParameters = [
-        ["pid", None, None, "The daemon's pid (default: read --pidfile)."],
+        [
+            "pid",
+            None,
+            None,
+            "The daemon's pid (default: --pidfile, else the one running sandboxd).",
+        ],
         ["pidfile", None, "twistd.pid", "A twistd pidfile."],
     ]
 
@@ -255,12 +260,31 @@ def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:
 
 
 def reload(options: ReloadOptions) -> int:
-    """Send SIGHUP to the daemon."""
+    """
+    Send SIGHUP to the daemon: ``--pid``, else ``--pidfile``'s, else the
+    one sandboxd running on this machine (the documented invocations write
+    no pidfile).
+    """
     pid = options["pid"]
     if pid is None:
         try:
             with open(options["pidfile"]) as f:
                 pid = f.read().strip()
+        except FileNotFoundError:
+            from sandboxd.running import running_daemons
+
+            found = running_daemons()
+            if len(found) != 1:
+                which = (
+                    "no running sandboxd was found"
+                    if not found
+                    else "several sandboxd daemons run: "
+                    + ", ".join(map(str, found))
+                    + "; choose one with --pid"
+                )
+                print(f"sandboxd reload: {which}", file=sys.stderr)
+                return 1
+            pid = str(found[0])
         except OSError as e:
             print(f"cannot read {options['pidfile']}: {e.strerror}", file=sys.stderr)
             return 1

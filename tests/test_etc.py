@@ -12,6 +12,7 @@ import io
 import json
 import os
 import shlex
+import subprocess
 
 import yaml
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
@@ -252,3 +253,93 @@ class KubernetesTests(SynchronousTestCase):
         version = kubernetes_validate.latest_version()
         for doc in self.docs:
             kubernetes_validate.validate(doc, version, strict=True)
+
+
+class ContainerContextTests(SynchronousTestCase):
+    """What a `docker build` of the checkout takes, and the image's variants."""
+
+    def test_dockerignore(self) -> None:
+        """The build context leaves out .venv, workspace/, test output and .git (both ignore files, equal)."""
+        with open(os.path.join(ROOT, ".dockerignore")) as f:
+            root = f.read()
+        with open(os.path.join(ETC, "container", "Dockerfile.dockerignore")) as f:
+            beside = f.read()
+        self.assertEqual(root, beside)
+        patterns = {line.strip() for line in root.splitlines() if line.strip()}
+        patterns = {p for p in patterns if not p.startswith("#")}
+        for needed in (".git", ".venv", "workspace", "_trial_temp*"):
+            self.assertIn(needed, patterns)
+
+    def test_browser_variant_and_loopback_run(self) -> None:
+        """The Dockerfile says whether it has a browser, offers the variant, and its run example binds loopback."""
+        with open(os.path.join(ETC, "container", "Dockerfile")) as f:
+            text = f.read()
+        instructions = dockerfile_instructions(
+            os.path.join(ETC, "container", "Dockerfile")
+        )
+        self.assertIn(("ARG", "WITH_BROWSER=0"), instructions)
+        runs = " ".join(rest for word, rest in instructions if word == "RUN")
+        self.assertIn("chromium", runs)
+        self.assertIn("[browser]", runs)
+        self.assertIn("--build-arg WITH_BROWSER=1", text)
+        examples = [
+            line for line in text.splitlines() if line.startswith("#") and "-p " in line
+        ]
+        self.assertTrue(examples)
+        for line in examples:
+            self.assertNotRegex(line, r"-p (?!127\.0\.0\.1:)")
+
+
+class SystemdHardeningTests(SynchronousTestCase):
+    """The unit's hardening and what it says about it."""
+
+    def test_no_new_privileges(self) -> None:
+        """NoNewPrivileges is on (switching users works under it), and the unit says what the rest does to children."""
+        parser = configparser.ConfigParser(strict=False, interpolation=None)
+        parser.optionxform = str  # type: ignore[assignment,method-assign]
+        path = os.path.join(ETC, "systemd", "sandboxd.service")
+        parser.read(path)
+        self.assertEqual(parser["Service"]["NoNewPrivileges"], "yes")
+        with open(path) as f:
+            text = f.read()
+        for setting in ("ProtectSystem", "PrivateTmp", "RestrictSUIDSGID"):
+            self.assertIn(f"# - {setting}", text)
+        self.assertIn("children", text)
+
+
+class ReadmeTests(SynchronousTestCase):
+    """The README's commands, read literally."""
+
+    def setUp(self) -> None:
+        with open(os.path.join(ROOT, "README.md")) as f:
+            self.text = f.read()
+
+    def test_where_the_commands_live(self) -> None:
+        """It says the console scripts are in .venv/bin after make."""
+        self.assertIn(".venv/bin/sandboxd", self.text)
+
+    def test_make_serve_ports(self) -> None:
+        """`make serve PORT=... PTY_PORT=...` moves both listeners."""
+        result = subprocess.run(
+            ["make", "-n", "serve", "PORT=9100", "PTY_PORT=9101"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+        self.assertIn("tcp:9100:interface=127.0.0.1", result.stdout)
+        self.assertIn("tcp:9101:interface=127.0.0.1", result.stdout)
+        self.assertIn("PORT=9100", self.text)
+
+    def test_token_recipe_needs_no_url_encoding(self) -> None:
+        """The token recipe makes a value of URL-safe characters only."""
+        [line] = [
+            line for line in self.text.splitlines() if line.startswith("head -c 32")
+        ]
+        recipe = line.split(">", 1)[0]
+        for _ in range(20):
+            token = subprocess.run(
+                ["sh", "-c", recipe], capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            self.assertRegex(token, r"^[A-Za-z0-9_-]{40,}$")

@@ -1,0 +1,41 @@
+# -*- test-case-name: tests.test_running -*-
+"""
+Finding the running daemon for ``sandboxd reload`` when no pid is given.
+
+The documented invocations (``twistd -n --pidfile= sandboxd``, ``sandboxd
+serve``, the systemd unit, the container) write no pidfile, so ``reload``
+looks for the daemon among this machine's processes: a ``twistd`` whose
+arguments name the ``sandboxd`` plugin, or a ``sandboxd serve``.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _is_daemon(argv: list[str]) -> bool:
+    names = [os.path.basename(a) for a in argv[:3]]
+    if "twistd" in names:
+        return "sandboxd" in argv[1:]
+    if "sandboxd" in names:
+        i = names.index("sandboxd")
+        return argv[i + 1 : i + 2] == ["serve"]
+    return False
+
+
+def running_daemons(proc: str = "/proc") -> list[int]:
+    """The pids of sandboxd daemons on this machine (not this process)."""
+    found = []
+    me = os.getpid()
+    for name in os.listdir(proc):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(os.path.join(proc, name, "cmdline"), "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        argv = [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+        if _is_daemon(argv):
+            found.append(int(name))
+    return sorted(found)

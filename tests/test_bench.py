@@ -1,0 +1,38 @@
+"""``make bench`` from a checkout without the shared harness still runs what it can."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+from twisted.trial.unittest import SynchronousTestCase
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class FreshCloneTests(SynchronousTestCase):
+    """bench/run.sh where ../shared/bench is absent."""
+
+    def test_without_harness(self) -> None:
+        """It says where the W0-W7 harness comes from, then runs RAW and PTY-CEILING, exit 0."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
+        env.update(SHARED_BENCH=os.path.abspath(self.mktemp()), RAW_MIB="4")
+        result = subprocess.run(
+            [os.path.join(ROOT, "bench", "run.sh")],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            stdin=subprocess.DEVNULL,
+        )
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("SHARED_BENCH", result.stderr)
+        self.assertIn("Skipping W0-W7", result.stderr)
+        workloads = {
+            json.loads(line)["workload"]
+            for line in result.stdout.splitlines()
+            if line.startswith("{")
+        }
+        self.assertEqual(workloads, {"RAW", "PTY-CEILING"})
