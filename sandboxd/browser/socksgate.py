@@ -166,17 +166,21 @@ class SocksGate:
                 _reply(writer, COMMAND_NOT_SUPPORTED)
                 return
             try:
-                address = await self.choose(host, port)
+                addresses = await self.choose(host, port)
             except Refusal as refusal:
                 self.refused(refusal)
                 _reply(writer, NOT_ALLOWED)
                 return
-            if address is None:
+            if not addresses:
                 _reply(writer, HOST_UNREACHABLE)
                 return
-            try:
-                up_reader, up_writer = await asyncio.open_connection(address, port)
-            except OSError:
+            for address in addresses:
+                try:
+                    up_reader, up_writer = await asyncio.open_connection(address, port)
+                    break
+                except OSError:
+                    continue
+            else:
                 _reply(writer, REFUSED)
                 return
         self.connected.append((host, address, port))
@@ -190,10 +194,11 @@ class SocksGate:
         finally:
             up_writer.close()
 
-    async def choose(self, host: str, port: int) -> str | None:
+    async def choose(self, host: str, port: int) -> list[str]:
         """
-        The address to connect to for ``host``: resolved here, once, and
-        checked; None when it does not resolve and nothing forbids that.
+        The addresses to connect to for ``host``, in order: resolved here,
+        once, and every one checked; none when it does not resolve and
+        nothing forbids that.
 
         :raises Refusal: ``block_private_networks`` forbids the host or one
             of its addresses, or the host does not resolve while it is on.
@@ -202,7 +207,7 @@ class SocksGate:
         url = f"//{_bracketed(host)}:{port}"
         check_host(policy, url, host)
         try:
-            return str(ipaddress.ip_address(host))
+            return [str(ipaddress.ip_address(host))]
         except ValueError:
             pass
         try:
@@ -211,17 +216,15 @@ class SocksGate:
             )
         except OSError:
             infos = []
-        addresses = [str(info[4][0]) for info in infos]
-        if not addresses:
-            if policy.block_private:
-                raise Refusal(
-                    f"the host {host} does not resolve; with block_private_networks "
-                    "such a host counts as a private network host",
-                    policy.rule("params.block_private_networks"),
-                )
-            return None
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        if not addresses and policy.block_private:
+            raise Refusal(
+                f"the host {host} does not resolve; with block_private_networks "
+                "such a host counts as a private network host",
+                policy.rule("params.block_private_networks"),
+            )
         check_addresses(policy, url, addresses)
-        return addresses[0]
+        return addresses
 
     async def _pipe(
         self,
