@@ -14,7 +14,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.helpers import DaemonTestCase
-from tests.test_terminal import TerminalCase
+from tests.routes.test_terminal import TerminalCase
 
 TOKEN = "metrics-token-77"
 

@@ -16,7 +16,7 @@ from sandboxd.policy import PolicyError, load_policy
 from sandboxd.proxies import Forwarded, forwarded, is_trusted, pty_url
 from sandboxd.routes import default_table
 from sandboxd.tap import Options
-from tests.test_terminal import TerminalCase
+from tests.routes.test_terminal import TerminalCase
 
 
 class PtyUrlTests(SynchronousTestCase):

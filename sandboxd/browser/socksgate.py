@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_socksgate -*-
+# -*- test-case-name: tests.browser.test_socksgate -*-
 """
 The only way out of the sandbox's browser: a SOCKS5 proxy in the worker.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_query_token -*-
+# -*- test-case-name: tests.web.test_query_token -*-
 """
 ``access_token`` in the query, for the few routes a browser's EventSource
 follows (SPEC §20): EventSource cannot set headers, so without it a console

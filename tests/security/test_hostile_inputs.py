@@ -1479,7 +1479,7 @@ class BrowserCatalogueTests(DaemonTestCase):
 
     @inlineCallbacks
     def test_devtools_over_a_pipe_not_a_port(self) -> Any:
-        """E13: Chromium speaks DevTools over a pipe (--remote-debugging-pipe), never a TCP port another process could connect to; no process of the browser's tree listens on TCP but the worker's own network gate, on loopback, which admits only its own user's sockets (tests/test_socksgate.py)."""
+        """E13: Chromium speaks DevTools over a pipe (--remote-debugging-pipe), never a TCP port another process could connect to; no process of the browser's tree listens on TCP but the worker's own network gate, on loopback, which admits only its own user's sockets (tests/browser/test_socksgate.py)."""
         reply = yield self.request("POST", "/browser/navigate", {"url": self.site})
         self.assertEqual(reply.status, 200, reply.body)
         tree = self.browser_tree()
