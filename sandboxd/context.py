@@ -81,6 +81,9 @@ class Context:
     watches: WatchService | None = attrs.field(default=None, init=False)
     browser: BrowserSupervisor | None = attrs.field(default=None, init=False)
     agents: AgentManager | None = attrs.field(default=None, init=False)
+    #: Paths the site hands to a door of their own before the JSON
+    #: pipeline (``/mcp``), to the door's ``exchange``.
+    doors: dict[bytes, Any] = attrs.field(factory=dict, init=False)
     hostname: str = attrs.field(factory=socket.gethostname, init=False)
     started_at: float = attrs.field(factory=time.time, init=False)
     pty_port: int | None = None

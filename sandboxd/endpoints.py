@@ -32,6 +32,7 @@ class CapabilityGroup(enum.StrEnum):
     DEV_TOOLS = "dev_tools"
     BROWSER = "browser"
     AGENTS = "agents"
+    MCP = "mcp"
 
 
 #: Groups that are on unless something turns them off.
@@ -43,6 +44,7 @@ DEFAULT_ON = frozenset(
         CapabilityGroup.PROCESS,
         CapabilityGroup.TERMINAL,
         CapabilityGroup.SYSTEM,
+        CapabilityGroup.MCP,
     }
 )
 
@@ -187,6 +189,7 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("agents_terminal_kill", "POST", _S + "/terminals/{terminal_id}/kill", G.AGENTS, ("agents:run",), "Signal an agent's terminal.", {}),
     ("agents_commands", "GET", _S + "/commands", G.AGENTS, ("agents:read",), "The agent's slash commands.", {}),
     ("agents_logs", "GET", _S + "/logs", G.AGENTS, ("agents:read",), "The agent's stderr, head and tail.", {}),
+    ("mcp", "POST", "/mcp", G.MCP, ("core:read",), "MCP Streamable HTTP: every endpoint as a tool (GET, POST, DELETE).", {"body": "raw"}),
 ]
 # fmt: on
 
@@ -207,6 +210,7 @@ def default_scopes(group: CapabilityGroup, method: str) -> tuple[str, ...]:
         G.DEV_TOOLS: "devtools:run",
         G.BROWSER: "browser:use",
         G.AGENTS: "agents:run" if writes else "agents:read",
+        G.MCP: "core:read",
     }
     return (table[group],)
 

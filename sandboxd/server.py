@@ -311,6 +311,8 @@ class DaemonService(MultiService):
         self.context.replace_policy(policy)
         self.context.metrics.reloads["ok"] += 1
         self._enter_base_dir()
+        for door in self.context.doors.values():
+            door.policy_reloaded()
         log.info(
             "sandboxd: policy reloaded (revision {revision})", revision=policy.revision
         )

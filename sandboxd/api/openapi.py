@@ -60,6 +60,10 @@ def _object_schema(
     return out
 
 
+#: The JSON Schema of one declared field (the MCP door's tools use it too).
+field_schema = _field_schema
+
+
 def _parameters(endpoint: Any, schema: Schema) -> list[dict[str, Any]]:
     params: list[dict[str, Any]] = []
     for name in (param_name(s) for s in endpoint.segments):

@@ -1565,6 +1565,27 @@ SCHEMAS: dict[str, Schema] = {
         errors=(_SID_404,),
         notes="The agent's stderr, head and tail, secrets redacted.",
     ),
+    # -- mcp -------------------------------------------------------------------
+    "mcp": Schema(
+        summary="MCP Streamable HTTP",
+        headers=(
+            F("Mcp-Session-Id", doc="the session, from the initialize answer"),
+            F("MCP-Protocol-Version", doc="2025-06-18 or 2025-11-25"),
+            F("Last-Event-ID", doc="GET: resume a lost stream after this event"),
+        ),
+        raw_body=True,
+        produces="sse",
+        errors=(
+            E(400, "invalid_param", "not one JSON-RPC message, or no session id"),
+            E(404, "not_found", "unknown or expired session (JSON-RPC -32001)"),
+            E(413, "payload_too_large", "a message over max_request_bytes"),
+            E(429, "too_many_sessions", "limits.max_sessions sessions are open"),
+        ),
+        notes="One JSON-RPC 2.0 message per POST, answered as JSON or as an SSE "
+        "stream; GET opens the session's server stream, DELETE ends the session. "
+        "Every tools/call is governed and audited as the endpoint it calls. "
+        "See docs/mcp.md.",
+    ),
 }
 
 

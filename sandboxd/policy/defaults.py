@@ -41,6 +41,7 @@ ENDPOINT_LIMITS: dict[str, dict[str, Any]] = {
     "process_output": {"max_output_bytes": MIB},
     "pty_create": {"max_sessions": 10, "idle_timeout_seconds": 1800},
     "pty_connect": {"max_message_bytes": MIB},
+    "mcp": {"max_sessions": 32, "idle_timeout_seconds": 3600},
     "code_run": {"timeout_seconds": 30, "max_output_bytes": 10 * MIB},
     "git_status": {"timeout_seconds": 30},
     "git_diff": {"timeout_seconds": 30, "max_output_bytes": MB},
@@ -83,6 +84,20 @@ AGENT_STDERR_BYTES = 256 * KIB
 
 #: How long a group's children get between TERM and KILL.
 KILL_GRACE_SECONDS = 5.0
+
+#: MCP (SPEC §17): output of a stream kept in one tool result; the rest is
+#: counted, reported as progress, and marked ``truncated``.
+MCP_RESULT_BYTES = MIB
+
+#: MCP: SSE events kept per session for resuming by ``Last-Event-ID``.
+MCP_REPLAY_BYTES = MIB
+
+#: MCP: how often idle sessions are looked for (at most; shorter when the
+#: idle timeout is).
+MCP_SWEEP_SECONDS = 60.0
+
+#: MCP: progress notifications of one call are gathered for this long.
+MCP_PROGRESS_SECONDS = 0.05
 
 #: SSE heartbeat interval.
 HEARTBEAT_SECONDS = 15.0

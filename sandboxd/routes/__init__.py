@@ -30,6 +30,7 @@ MODULES = (
     "sandboxd.routes.devtools",
     "sandboxd.routes.browser",
     "sandboxd.routes.agents",
+    "sandboxd.routes.mcp",
 )
 
 

@@ -86,6 +86,8 @@ class SandboxRequest(Request):
     preflight = False
     widened = False
     payload: bytearray | None = None
+    #: The door this request was handed to (``/mcp``), if any.
+    door_exchange: Any = None
     _headers_lc: Mapping[bytes, Sequence[bytes]] = {}
     body_buffer: io.BytesIO
 
@@ -123,6 +125,12 @@ class SandboxRequest(Request):
         if self.cors_origin is not None and is_preflight(method, headers):
             self.preflight = True
             return
+        doors = self.context.doors
+        if doors:
+            door = doors.get(channel._path.partition(b"?")[0].rstrip(b"/"))
+            if door is not None:
+                self.door_exchange = door.exchange(self, method, headers, length)
+                return
         try:
             admission = admit(
                 self.context, method, channel._path, headers, self.isSecure()
@@ -192,6 +200,9 @@ class SandboxRequest(Request):
         """Count, cap and store (or stream) one chunk of the body."""
         if self.answered_early:
             return
+        if self.door_exchange is not None:
+            self.door_exchange.write(data)
+            return
         self.bytes_in += len(data)
         if self.refusal is not None or self.body_error is not None:
             return
@@ -239,6 +250,9 @@ class SandboxRequest(Request):
                 self.setResponseCode(204)
                 self.finish()
                 return
+        if self.door_exchange is not None:
+            self.door_exchange.process()
+            return
         if self.admission is None:
             refusal = self.refusal
             assert refusal is not None

@@ -1,0 +1,437 @@
+# -*- test-case-name: tests.mcp.test_client -*-
+"""
+One ``tools/call``: through the gate as its endpoint, into the endpoint's
+own handler, and back as an MCP tool result (SPEC §17).
+
+The handler is the one the HTTP door runs, given the same
+:class:`~sandboxd.web.messages.ServerRequest`; what it answers is turned
+into a result here instead of an HTTP response.  An event stream
+(``shell_stream``, ``process_output`` with ``follow``) is read to its end
+through a :class:`CollectingChannel`, which stands where the HTTP door's
+SSE channel would: its disconnect is what a cancelled call triggers, so a
+cancelled stream kills the child's process group exactly as a client that
+leaves an HTTP stream does.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import inspect
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from twisted.internet.defer import CancelledError, Deferred, ensureDeferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from sandboxd import gate
+from sandboxd.errors import ApiError, Code
+from sandboxd.mcp.tools import FILE_READS, IMAGES, Tool
+from sandboxd.policy.defaults import MCP_RESULT_BYTES
+from sandboxd.web.messages import (
+    ServerRequest,
+    ServerResponse,
+    SSEEvent,
+    SSEResponse,
+    StreamResponse,
+)
+
+log = Logger(namespace="sandboxd.mcp")
+
+#: ``(new output, bytes so far)`` for a call that asked for progress.
+Progress = Callable[[str, int], None]
+
+Headers = Mapping[bytes, Any]
+
+
+def error_result(error: ApiError) -> dict[str, Any]:
+    """A refusal or failure as a tool result: ``isError`` and the §6 body."""
+    body = error.body()
+    body["status"] = error.status
+    return {
+        "content": [{"type": "text", "text": json.dumps(body, ensure_ascii=False)}],
+        "structuredContent": body,
+        "isError": True,
+    }
+
+
+def _text(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def value_result(tool: Tool, value: Any) -> dict[str, Any]:
+    """A handler's answer as a tool result: structured content plus text."""
+    structured = value if isinstance(value, dict) else {"result": value}
+    content: list[dict[str, Any]] = []
+    image = IMAGES.get(tool.name)
+    if image is not None and isinstance(structured.get(image[0]), str):
+        data = structured[image[0]]
+        kind = structured.get(image[1]) or "png"
+        content.append(
+            {"type": "image", "data": data, "mimeType": f"image/{kind}"},
+        )
+        structured = {k: v for k, v in structured.items() if k != image[0]}
+        structured["image"] = f"(image/{kind}, {len(data) * 3 // 4} bytes, as content)"
+    elif tool.name in FILE_READS and isinstance(structured.get("content_base64"), str):
+        text = decoded_text(structured["content_base64"])
+        if text is not None:
+            content.append({"type": "text", "text": text})
+    if not content:
+        content.append({"type": "text", "text": _text(structured)})
+    return {"content": content, "structuredContent": structured, "isError": False}
+
+
+def decoded_text(data: str) -> str | None:
+    """The UTF-8 text a base64 string holds, or None for binary data."""
+    try:
+        raw = base64.b64decode(data, validate=True)
+        text = raw.decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return None if "\x00" in text else text
+
+
+class CollectingChannel:
+    """
+    What an SSE handler writes into, in place of the HTTP door's
+    :class:`~sandboxd.web.sse.SSEChannel`: it reads the frames back into
+    events, keeps the output up to a bound, reports progress, and is
+    "disconnected" when the call is cancelled.
+    """
+
+    def __init__(self, progress: Progress | None, cap: int = MCP_RESULT_BYTES) -> None:
+        self.open = True
+        self.client_gone = False
+        self.done: Deferred[None] = Deferred()
+        self.events_sent = 0
+        self._progress = progress
+        self._partial = b""
+        self._callbacks: list[Callable[[], None]] = []
+        self._cap = cap
+        self.kept = 0
+        self.seen = 0
+        self.output: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self.truncated = False
+        self.exit_code: int | None = None
+        self.error: dict[str, Any] | None = None
+        self.gap: dict[str, Any] | None = None
+
+    # -- the SSEChannel surface the handlers use --------------------------
+
+    def send(self, event: str, data: Any, id: int | None = None) -> None:
+        """One event (as ``SSEChannel.send``)."""
+        if self.open:
+            self._event(event, data)
+
+    def write_raw(self, data: bytes) -> None:
+        """Pre-formatted frames (as ``SSEChannel.write_raw``)."""
+        if not self.open:
+            return
+        self._partial += data
+        *frames, self._partial = self._partial.split(b"\n\n")
+        for frame in frames:
+            self._frame(frame)
+
+    def comment(self, text: str = "keep-alive") -> None:
+        """Heartbeats mean nothing here."""
+
+    def on_disconnect(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` if the call is cancelled before the stream ends."""
+        self._callbacks.append(callback)
+
+    def register_producer(
+        self, producer: Any, on_stop: Callable[[], None] | None = None
+    ) -> None:
+        """Nothing is ever paused: output past the cap is counted, not kept."""
+
+    def close(self) -> None:
+        """The stream is over."""
+        if self.open:
+            self.open = False
+            self.done.callback(None)
+
+    # -- cancellation ------------------------------------------------------
+
+    def disconnect(self) -> None:
+        """The call was cancelled: run the handler's disconnect callbacks."""
+        if not self.open:
+            return
+        self.open = False
+        self.client_gone = True
+        for callback in self._callbacks:
+            callback()
+        self.done.callback(None)
+
+    # -- reading events ----------------------------------------------------
+
+    def _frame(self, frame: bytes) -> None:
+        event = "message"
+        data: list[str] = []
+        for line in frame.decode("utf-8", "replace").split("\n"):
+            if line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:"):
+                data.append(line[5:].lstrip(" "))
+        if data:
+            try:
+                value = json.loads("\n".join(data))
+            except ValueError:
+                value = "\n".join(data)
+            self._event(event, value)
+
+    def _event(self, event: str, data: Any) -> None:
+        self.events_sent += 1
+        if event in ("stdout", "stderr") and isinstance(data, dict):
+            line = str(data.get("data", ""))
+            size = len(line.encode("utf-8")) + 1
+            self.seen += size
+            if self.kept + size <= self._cap:
+                self.kept += size
+                self.output[event].append(line)
+            else:
+                self.truncated = True
+            if self._progress is not None:
+                self._progress(line, self.seen)
+        elif event == "exit" and isinstance(data, dict):
+            self.exit_code = data.get("exit_code")
+        elif event == "error" and isinstance(data, dict):
+            self.error = data
+        elif event == "gap" and isinstance(data, dict):
+            self.gap = data
+
+    def result(self) -> dict[str, Any]:
+        """The stream as one tool result."""
+        structured: dict[str, Any] = {
+            "stdout": "".join(line + "\n" for line in self.output["stdout"]),
+            "stderr": "".join(line + "\n" for line in self.output["stderr"]),
+            "exit_code": self.exit_code,
+            "truncated": self.truncated,
+            "events": self.events_sent,
+        }
+        if self.error is not None:
+            structured.update(
+                error=str(self.error.get("error", "")),
+                type=str(self.error.get("type", "")),
+            )
+        text = structured["stdout"] + (
+            f"\n[stderr]\n{structured['stderr']}" if structured["stderr"] else ""
+        )
+        text += f"\n[exit_code {self.exit_code}]"
+        return {
+            "content": [{"type": "text", "text": text}],
+            "structuredContent": structured,
+            "isError": self.error is not None,
+        }
+
+
+class ToolCall:
+    """
+    One call in flight: admitted by the gate, running its handler, and
+    cancellable (:meth:`cancel`) until its result is in.
+    """
+
+    def __init__(
+        self,
+        context: Any,
+        tool: Tool,
+        split: tuple[dict[str, str], dict[str, str], dict[str, Any]],
+        headers: Headers,
+        *,
+        secure: bool,
+        client: str,
+        session_id: str,
+        progress: Progress | None = None,
+    ) -> None:
+        self.context = context
+        self.tool = tool
+        self.split = split
+        self.headers = headers
+        self.secure = secure
+        self.client = client
+        self.session_id = session_id
+        self.progress = progress
+        self.channel: CollectingChannel | None = None
+        self.pending: Deferred[Any] | None = None
+        self.cancelled = False
+        self.started = time.monotonic()
+
+    def cancel(self) -> None:
+        """Stop the call as a client leaving its HTTP request would."""
+        if self.cancelled:
+            return
+        self.cancelled = True
+        if self.channel is not None:
+            self.channel.disconnect()
+        elif self.pending is not None:
+            self.pending.cancel()
+
+    def run(self) -> Deferred[dict[str, Any]]:
+        """Admit, run and answer: fires with the tool result (never fails)."""
+        return ensureDeferred(self._run())
+
+    async def _run(self) -> dict[str, Any]:
+        tool, endpoint = self.tool, self.tool.endpoint
+        path_params, query, body = self.split
+        path = _resolve(endpoint.path, path_params)
+        try:
+            passed = gate.admit(
+                self.context,
+                endpoint,
+                self.headers,
+                secure=self.secure,
+                path_params=path_params,
+            )
+        except gate.Refused as e:
+            self._audit(e.identity, e.rule, path, e.error.status, e.error)
+            return error_result(e.error)
+        status, error = 200, None
+        try:
+            request = ServerRequest(
+                method=endpoint.method,
+                path=path,
+                query=query,
+                headers={},
+                body=body,
+                path_params=path_params,
+                identity=passed.identity,
+                endpoint=endpoint,
+                rule=passed.rule,
+                context=self.context,
+                raw=None,
+                client=self.client,
+            )
+            result = await self._answer(request)
+            if result.get("isError"):
+                structured = result.get("structuredContent") or {}
+                status = int(structured.get("status", 500))
+                code = structured.get("code")
+                error = (
+                    ApiError(status, "", code=code)
+                    if code in Code.__members__.values()
+                    else None
+                )
+            return result
+        except CancelledError:
+            status = 499
+            error = None
+            raise
+        except ApiError as e:
+            status, error = e.status, e
+            return error_result(e)
+        except Exception as e:
+            log.failure("tool {tool} failed", Failure(), tool=tool.name)
+            name = type(e).__name__
+            status = 500
+            error = ApiError(500, str(e) or name, name, "internal")
+            return error_result(error)
+        finally:
+            gate.release(self.context, passed)
+            self._audit(passed.identity, passed.rule, path, status, error)
+
+    async def _answer(self, request: ServerRequest) -> dict[str, Any]:
+        handler = self.tool.endpoint.handler
+        assert handler is not None
+        value = handler(request)
+        if inspect.iscoroutine(value):
+            value = ensureDeferred(value)
+        if isinstance(value, Deferred):
+            self.pending = value
+            value = await value
+            self.pending = None
+        if self.cancelled:
+            raise CancelledError()
+        if isinstance(value, ApiError):
+            raise value
+        if isinstance(value, ServerResponse):
+            if value.raw is not None:
+                raise ApiError(
+                    501, "this endpoint answers with raw bytes", code="unsupported"
+                )
+            if value.status >= 400:
+                body = value.body if isinstance(value.body, dict) else {}
+                return error_result(
+                    ApiError(
+                        value.status,
+                        str(body.get("error", "")),
+                        str(body.get("type", "ValueError")),
+                        body.get("code"),
+                        **{
+                            k: v
+                            for k, v in body.items()
+                            if k not in ("error", "type", "code")
+                        },
+                    )
+                )
+            return value_result(self.tool, value.body if value.body is not None else {})
+        if isinstance(value, SSEResponse):
+            return await self._collect(value)
+        if isinstance(value, StreamResponse):
+            raise ApiError(
+                501, "this endpoint answers with a streamed body", code="unsupported"
+            )
+        return value_result(self.tool, value if value is not None else {})
+
+    async def _collect(self, response: SSEResponse) -> dict[str, Any]:
+        channel = self.channel = CollectingChannel(self.progress)
+        if response.start is not None:
+            started = response.start(channel)  # type: ignore[arg-type]
+            if isinstance(started, Deferred):
+                started.addErrback(lambda f: channel.close())
+        else:
+            source = response.event_iterator
+            if isinstance(source, list | tuple):
+                for item in source:
+                    if isinstance(item, SSEEvent):
+                        channel.send(item.event, item.data)
+                    elif isinstance(item, dict):
+                        channel.send(str(item.get("event")), item.get("data"))
+                    elif isinstance(item, tuple):
+                        channel.send(item[0], item[1])
+                channel.close()
+            else:
+                raise ApiError(
+                    501, "this endpoint's stream cannot be collected", code="unsupported"
+                )
+        await channel.done
+        flush = getattr(self.progress, "flush", None)
+        if flush is not None:
+            flush()
+        if channel.client_gone:
+            raise CancelledError()
+        return channel.result()
+
+    def _audit(
+        self,
+        identity: Any,
+        rule: Any,
+        path: str,
+        status: int,
+        error: ApiError | None,
+    ) -> None:
+        gate.audit(
+            self.context,
+            door=gate.Door.MCP,
+            endpoint=self.tool.endpoint,
+            identity=identity,
+            rule=rule,
+            method=self.tool.endpoint.method,
+            path=path,
+            query="",
+            status=status,
+            code=str(error.code) if error is not None and error.code else None,
+            decided_by=error.rule if error is not None else None,
+            started=self.started,
+            client=self.client,
+            extra={"tool": self.tool.name, "mcp_session": self.session_id[:8]},
+        )
+
+
+def _resolve(template: str, params: Mapping[str, str]) -> str:
+    """``/process/{pid}`` with its parameters filled in."""
+    out = template
+    for name, value in params.items():
+        out = out.replace("{" + name + "}", value)
+    return out

@@ -1,0 +1,588 @@
+# -*- test-case-name: tests.mcp.test_client -*-
+"""
+The MCP door: Streamable HTTP at ``/mcp`` on the HTTP port (SPEC §17).
+
+The site hands every request for ``/mcp`` to :meth:`McpDoor.exchange` when
+its headers are in, before the JSON pipeline: this door has its own framing
+(JSON-RPC messages, answered as JSON or SSE; a GET stream; DELETE).  It
+passes the same gate as every door (SPEC §16) as the endpoint ``mcp``, once
+per HTTP request, and each ``tools/call`` again as the endpoint it calls;
+both are audited with ``via: mcp``.
+
+- ``POST``: one JSON-RPC message (batches are refused: the revisions served,
+  2025-06-18 and 2025-11-25, send one message per POST).  ``initialize``
+  opens a session (``Mcp-Session-Id``, bounded by ``limits.max_sessions``);
+  every other message names it.  A notification or response is answered
+  202; a request with JSON, or with an SSE stream when it is a call of a
+  streaming tool (progress notifications go on that stream).
+- ``GET``: the session's standalone stream (``tools/list_changed`` after a
+  policy reload), or, with ``Last-Event-ID``, the rest of a lost stream.
+- ``DELETE``: ends the session, cancelling its calls.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+
+from sandboxd import gate
+from sandboxd.auth import Identity
+from sandboxd.errors import ApiError, Code, bad_request, payload_too_large
+from sandboxd.mcp import protocol
+from sandboxd.mcp.protocol import Caller, Methods, error, notification
+from sandboxd.mcp.sessions import Session, SessionTable, event_frame, parse_event_id
+from sandboxd.mcp.tools import Toolbox
+from sandboxd.policy.defaults import MCP_SWEEP_SECONDS
+from sandboxd.web.dispatch import json_bytes, reason_phrase
+from sandboxd.web.sse import SSEChannel
+
+log = Logger(namespace="sandboxd.mcp")
+
+Headers = Mapping[bytes, Sequence[bytes]]
+
+#: A refused request whose body is at most this big is read and dropped
+#: (keeping the connection); a bigger one is answered at once and closed.
+DRAIN_LIMIT = 64 * 1024
+
+_METHODS = ("GET", "POST", "DELETE")
+
+#: Revisions whose SSE streams start with a priming event (an id, no data)
+#: so that a client can resume even a stream that has sent nothing yet.
+_PRIMING = frozenset({"2025-11-25"})
+
+
+def _header(headers: Headers, name: bytes) -> str | None:
+    values = headers.get(name)
+    return values[-1].decode("latin-1").strip() if values else None
+
+
+def _accepts(headers: Headers, kind: str) -> bool:
+    accept = (_header(headers, b"accept") or "*/*").lower()
+    return kind in accept or "*/*" in accept
+
+
+def _check_framing(headers: Headers) -> None:
+    """The door's framing: a Content-Length body and exactly one Host."""
+    if headers.get(b"transfer-encoding"):
+        raise bad_request(
+            "Transfer-Encoding is not accepted; send a Content-Length",
+            Code.TRANSFER_ENCODING_NOT_ALLOWED,
+        )
+    hosts = headers.get(b"host", [])
+    if len(hosts) != 1 or not hosts[0].strip():
+        raise bad_request("exactly one Host header is required")
+
+
+class McpDoor(Service):
+    """The MCP door of one daemon: its sessions and the HTTP exchanges."""
+
+    name = "mcp"
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+        self.endpoint = context.table.get("mcp")
+        self.toolbox = Toolbox(context.table)
+        self.methods = Methods(context, self.toolbox)
+        self.sessions = SessionTable()
+        self._sweep: Any = None
+
+    # -- service -----------------------------------------------------------
+
+    def stopService(self) -> None:
+        """End every session (their calls are cancelled, streams closed)."""
+        super().stopService()
+        if self._sweep is not None and self._sweep.active():
+            self._sweep.cancel()
+        self._sweep = None
+        for session in self.sessions:
+            self.sessions.remove(session)
+
+    # -- limits ------------------------------------------------------------
+
+    def _limits(self) -> Any:
+        return self.context.policy.rules["mcp"].limits
+
+    def _idle(self) -> float:
+        idle = self._limits().idle_timeout_seconds
+        return float(idle) if idle else 3600.0
+
+    def _schedule_sweep(self) -> None:
+        if self._sweep is not None and self._sweep.active():
+            return
+        delay = min(MCP_SWEEP_SECONDS, max(0.05, self._idle() / 4))
+        self._sweep = self.context.reactor.callLater(delay, self.sweep)
+
+    def sweep(self) -> None:
+        """Close the sessions idle past ``limits.idle_timeout_seconds``."""
+        self._sweep = None
+        for session in self.sessions.expire(self.context.reactor.seconds(), self._idle()):
+            log.info("sandboxd: MCP session {id} expired", id=session.id[:8])
+        if len(self.sessions):
+            self._schedule_sweep()
+
+    def open_session(
+        self, identity: Identity, version: str
+    ) -> Session | ApiError:
+        """A new session, or the ``too_many_sessions`` refusal."""
+        now = self.context.reactor.seconds()
+        limit = self._limits().max_sessions or 32
+        if len(self.sessions) >= limit:
+            self.sessions.expire(now, self._idle())
+        if len(self.sessions) >= limit:
+            return ApiError(
+                429,
+                f"too many MCP sessions ({limit} open); end one with DELETE",
+                "ResourceError",
+                Code.TOO_MANY_SESSIONS,
+                limit=limit,
+                rule=self.context.policy.rules["mcp"].source("limits.max_sessions"),
+            )
+        session = self.sessions.create(identity, version, now)
+        self._schedule_sweep()
+        return session
+
+    # -- reload ------------------------------------------------------------
+
+    def policy_reloaded(self) -> None:
+        """
+        A new policy is in force: tell every session whose tool list it
+        changed (``notifications/tools/list_changed`` on its GET stream).
+        """
+        tokens = self.context.policy.tokens
+        for session in self.sessions:
+            identity = _same_identity(tokens, session.identity)
+            if identity is None:
+                self.sessions.remove(session)
+                continue
+            session.identity = identity
+            now = frozenset(self.methods.visible(identity))
+            if session.listed is None or now != session.listed:
+                session.listed = now
+                session.emit(
+                    session.standalone,
+                    notification("notifications/tools/list_changed"),
+                )
+
+    # -- HTTP --------------------------------------------------------------
+
+    def exchange(
+        self, request: Any, method: str, headers: Headers, length: int | None
+    ) -> Exchange:
+        """Take over one HTTP request for ``/mcp`` at header time."""
+        return Exchange(self, request, method, headers, length)
+
+
+def _same_identity(tokens: Any, identity: Identity) -> Identity | None:
+    """``identity`` as the policy now defines it, or None if it is gone."""
+    if tokens.local_mode:
+        return identity if identity.id == "anonymous" else None
+    for _, known in tokens.entries:
+        if known.id == identity.id:
+            found: Identity = known
+            return found
+    return None
+
+
+class Exchange:
+    """One HTTP request to ``/mcp``, from its headers to its answer."""
+
+    def __init__(
+        self,
+        door: McpDoor,
+        request: Any,
+        method: str,
+        headers: Headers,
+        length: int | None,
+    ) -> None:
+        self.door = door
+        self.request = request
+        self.method = method
+        self.headers = headers
+        self.started = time.monotonic()
+        self.body = bytearray()
+        self.refusal: ApiError | None = None
+        self.passed: gate.Passed | None = None
+        self.identity: Identity | None = None
+        self.rule: Any = door.context.policy.rules["mcp"]
+        self.answered = False
+        self.rpc: str | None = None
+        self.code: str | None = None
+        self.decided_by: str | None = None
+        self.status = 200
+        self.bytes_in = 0
+        self.cap = 0
+        if method not in _METHODS:
+            self._refuse(
+                ApiError(
+                    405,
+                    f"/mcp takes GET, POST or DELETE, not {method}",
+                    code=Code.UNSUPPORTED,
+                    headers={"Allow": "GET, POST, DELETE"},
+                ),
+                length,
+            )
+            return
+        try:
+            self.passed = gate.admit(
+                door.context,
+                door.endpoint,
+                headers,
+                secure=request.isSecure(),
+                framing=lambda: _check_framing(headers),
+                take_slot=False,
+            )
+        except gate.Refused as e:
+            self.identity = e.identity
+            self._refuse(e.error, length)
+            return
+        self.identity = self.passed.identity
+        self.rule = self.passed.rule
+        self.cap = self.rule.limits.max_request_bytes or 0
+        if length is not None and self.cap and length > self.cap:
+            self._refuse(payload_too_large(self.cap, "the MCP message"), None)
+
+    # -- header time and body ----------------------------------------------
+
+    def _refuse(self, err: ApiError, length: int | None) -> None:
+        self.refusal = err
+        if length is None or length > DRAIN_LIMIT:
+            self._answer_now(err)
+
+    def _answer_now(self, err: ApiError) -> None:
+        """Answer before the body (write straight to the transport) and close."""
+        self.answered = True
+        self.request.answered_early = True
+        self.request.requestHeaders.removeHeader(b"expect")
+        body = json_bytes(self._error_body(err))
+        head = [
+            f"HTTP/1.1 {err.status} {reason_phrase(err.status)}",
+            "Content-Type: application/json",
+            f"Content-Length: {len(body)}",
+            "Connection: close",
+            *(f"{k}: {v}" for k, v in err.headers.items()),
+        ]
+        transport = self.request.channel.transport
+        transport.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+        self.status, self.code = err.status, str(err.code) if err.code else None
+        self.decided_by = err.rule
+        self._audit()
+        transport.loseConnection()
+
+    def write(self, data: bytes) -> None:
+        """One chunk of the body."""
+        if self.answered:
+            return
+        self.bytes_in += len(data)
+        if self.refusal is not None:
+            return
+        if self.cap and self.bytes_in > self.cap:
+            self._answer_now(payload_too_large(self.cap, "the MCP message"))
+            return
+        self.body += data
+
+    # -- answers -----------------------------------------------------------
+
+    def _error_body(self, err: ApiError, request_id: Any = None) -> dict[str, Any]:
+        """A refusal in this door's framing: a JSON-RPC error, §6 body in data."""
+        code = {
+            400: protocol.INVALID_REQUEST,
+            404: protocol.SESSION_NOT_FOUND,
+        }.get(err.status, protocol.REFUSED)
+        if err.code in (Code.ENDPOINT_DISABLED, Code.MISSING_SCOPE):
+            code = protocol.REFUSED
+        return error(request_id, code, err.message, err.body())
+
+    def _send(
+        self,
+        status: int,
+        body: Any,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        request = self.request
+        if request._disconnected or request.finished:
+            return
+        self.status = status
+        request.setResponseCode(status)
+        for k, v in (headers or {}).items():
+            request.setHeader(k, v)
+        if body is None:
+            request.setHeader(b"content-length", b"0")
+        else:
+            data = json_bytes(body)
+            request.setHeader(b"content-type", b"application/json")
+            request.setHeader(b"content-length", str(len(data)).encode())
+            request.write(data)
+        request.finish()
+
+    def _fail(self, err: ApiError, request_id: Any = None) -> None:
+        self.code = str(err.code) if err.code else None
+        self.decided_by = err.rule
+        self._send(err.status, self._error_body(err, request_id), err.headers)
+
+    def _rpc_fail(self, status: int, rpc_code: int, message: str, rid: Any = None) -> None:
+        self._send(status, error(rid, rpc_code, message))
+
+    def _audit(self) -> None:
+        gate.audit(
+            self.door.context,
+            door=gate.Door.MCP,
+            endpoint=self.door.endpoint,
+            identity=self.identity,
+            rule=self.rule,
+            method=self.method,
+            path="/mcp",
+            query="",
+            status=self.status,
+            code=self.code,
+            decided_by=self.decided_by,
+            started=self.started,
+            bytes_in=self.bytes_in,
+            bytes_out=getattr(self.request, "sentLength", 0),
+            client=getattr(self.request, "client_host", ""),
+            extra={"rpc": self.rpc} if self.rpc else None,
+        )
+
+    # -- after the body ----------------------------------------------------
+
+    def process(self) -> None:
+        """Answer the request (its body is in)."""
+        if self.answered:
+            return
+        self.answered = True
+        self.request.notifyFinish().addBoth(self._finished)
+        if self.refusal is not None:
+            self._fail(self.refusal)
+            return
+        if self.method == "POST":
+            self._post()
+        elif self.method == "GET":
+            self._get()
+        else:
+            self._delete()
+
+    def _finished(self, reason: Any) -> None:
+        if not self.request.finished:
+            self.status, self.code = 499, "client_closed"
+        self._audit()
+
+    def _session(self) -> Session | None:
+        """The session the request names, or None once refused."""
+        assert self.identity is not None
+        sid = _header(self.headers, b"mcp-session-id")
+        if not sid:
+            self._rpc_fail(
+                400,
+                protocol.INVALID_REQUEST,
+                "an Mcp-Session-Id header is required (send initialize first)",
+            )
+            return None
+        session = self.door.sessions.get(sid, self.identity)
+        if session is None:
+            self._rpc_fail(
+                404,
+                protocol.SESSION_NOT_FOUND,
+                "unknown or expired MCP session; initialize a new one",
+            )
+            return None
+        version = _header(self.headers, b"mcp-protocol-version")
+        if version is not None and version not in protocol.VERSIONS:
+            self._rpc_fail(
+                400,
+                protocol.INVALID_REQUEST,
+                f"unsupported MCP-Protocol-Version {version!r}; this server "
+                f"speaks {', '.join(protocol.VERSIONS)}",
+            )
+            return None
+        session.identity = self.identity
+        session.last_seen = self.door.context.reactor.seconds()
+        return session
+
+    def _caller(self) -> Caller:
+        return Caller(
+            self.headers,
+            self.request.isSecure(),
+            getattr(self.request, "client_host", ""),
+        )
+
+    # -- POST --------------------------------------------------------------
+
+    def _post(self) -> None:
+        ctype = (_header(self.headers, b"content-type") or "").lower()
+        if not ctype.startswith("application/json"):
+            self._rpc_fail(
+                415, protocol.INVALID_REQUEST, "the body must be application/json"
+            )
+            return
+        try:
+            message = json.loads(bytes(self.body))
+        except ValueError as e:
+            self._rpc_fail(400, protocol.PARSE_ERROR, f"the body is not JSON: {e}")
+            return
+        if isinstance(message, list):
+            self._rpc_fail(
+                400,
+                protocol.INVALID_REQUEST,
+                "JSON-RPC batches are not accepted: MCP 2025-06-18 and later "
+                "send one message per POST",
+            )
+            return
+        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+            self._rpc_fail(
+                400, protocol.INVALID_REQUEST, "the body must be one JSON-RPC 2.0 message"
+            )
+            return
+        method = message.get("method")
+        is_request = "id" in message and method is not None
+        if method is not None and not isinstance(method, str):
+            self._rpc_fail(400, protocol.INVALID_REQUEST, "method must be a string")
+            return
+        self.rpc = method
+        if method == "initialize" and is_request:
+            self._initialize(message)
+            return
+        session = self._session()
+        if session is None:
+            return
+        if not is_request:
+            self._notified(session, message)
+            self._send(202, None)
+            return
+        if method == "tools/call" and self._streams(message) and _accepts(
+            self.headers, "text/event-stream"
+        ):
+            self._answer_stream(session, message)
+            return
+        self._answer_json(session, message)
+
+    def _initialize(self, message: dict[str, Any]) -> None:
+        params = message.get("params")
+        rid = message.get("id")
+        if not isinstance(params, dict) or not isinstance(
+            params.get("protocolVersion"), str
+        ):
+            self._send(
+                400,
+                error(rid, protocol.INVALID_PARAMS, "initialize needs a protocolVersion"),
+            )
+            return
+        assert self.identity is not None
+        answer = self.door.methods.initialize(params)
+        opened = self.door.open_session(self.identity, answer["protocolVersion"])
+        if isinstance(opened, ApiError):
+            self._fail(opened, rid)
+            return
+        info = params.get("clientInfo")
+        if isinstance(info, dict):
+            opened.client_info = {k: str(v)[:200] for k, v in info.items()}
+        self._send(
+            200,
+            protocol.result(rid, answer),
+            {"mcp-session-id": opened.id},
+        )
+
+    def _notified(self, session: Session, message: dict[str, Any]) -> None:
+        method = message.get("method")
+        params = message.get("params") or {}
+        if method == "notifications/initialized":
+            session.initialized = True
+        elif method == "notifications/cancelled" and isinstance(params, dict):
+            call = session.calls.get(protocol.request_key(params.get("requestId")))
+            if call is not None:
+                call.cancel()
+
+    def _streams(self, message: dict[str, Any]) -> bool:
+        params = message.get("params")
+        name = params.get("name") if isinstance(params, dict) else None
+        tool = self.door.toolbox.get(name) if isinstance(name, str) else None
+        return tool is not None and tool.streams
+
+    def _answer_json(self, session: Session, message: dict[str, Any]) -> None:
+        answer = self.door.methods.handle(session, message, self._caller(), None)
+        if not isinstance(answer, Deferred):
+            self._send(200, answer)
+            return
+        key = protocol.request_key(message.get("id"))
+
+        def gone(reason: Any) -> None:
+            # A JSON answer cannot be resumed: a client that left cancels.
+            call = session.calls.get(key)
+            if call is not None:
+                call.cancel()
+
+        self.request.notifyFinish().addErrback(gone)
+        answer.addCallback(lambda value: self._send(200, value))
+
+    def _answer_stream(self, session: Session, message: dict[str, Any]) -> None:
+        stream = session.open_stream()
+        channel = SSEChannel(
+            self.request,
+            self.door.context.reactor,
+            headers={"mcp-session-id": session.id},
+        )
+        session.attach(stream, channel, 0)
+        if session.version in _PRIMING:
+            channel.write_raw(event_frame(stream.number, 0, None))
+
+        def notify(note: dict[str, Any]) -> None:
+            session.emit(stream, note)
+
+        answer = self.door.methods.handle(session, message, self._caller(), notify)
+
+        def answered(value: dict[str, Any]) -> None:
+            session.emit(stream, value)
+            session.finish(stream)
+
+        if isinstance(answer, Deferred):
+            answer.addCallback(answered)
+        else:
+            answered(answer)
+
+    # -- GET ---------------------------------------------------------------
+
+    def _get(self) -> None:
+        if not _accepts(self.headers, "text/event-stream"):
+            self._rpc_fail(
+                406, protocol.INVALID_REQUEST, "GET /mcp serves text/event-stream only"
+            )
+            return
+        session = self._session()
+        if session is None:
+            return
+        last = _header(self.headers, b"last-event-id")
+        point = parse_event_id(last) if last else (0, session.standalone.seq)
+        if point is None or point[0] >= session.next_stream:
+            self._rpc_fail(
+                400, protocol.INVALID_REQUEST, f"Last-Event-ID {last!r} is not one of ours"
+            )
+            return
+        number, after = point
+        channel = SSEChannel(
+            self.request,
+            self.door.context.reactor,
+            headers={"mcp-session-id": session.id},
+        )
+        stream = session.streams.get(number)
+        if stream is None:
+            # That stream is over: what is kept of its end, then close.
+            for frame in session.since(number, after):
+                channel.write_raw(frame)
+            channel.close()
+            return
+        if session.version in _PRIMING:
+            channel.write_raw(event_frame(number, after, None))
+        session.attach(stream, channel, after)
+
+    # -- DELETE ------------------------------------------------------------
+
+    def _delete(self) -> None:
+        session = self._session()
+        if session is None:
+            return
+        self.door.sessions.remove(session)
+        self._send(204, None)

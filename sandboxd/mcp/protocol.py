@@ -1,0 +1,378 @@
+# -*- test-case-name: tests.mcp.test_client -*-
+"""
+The MCP methods: lifecycle, tools and resources (SPEC §17), over JSON-RPC
+2.0 messages already read from the transport.
+
+:class:`Methods` answers one request of one session; what it answers is a
+JSON-RPC result or error object, or a Deferred of one for calls that run.
+It knows nothing of HTTP: the door (:mod:`sandboxd.mcp.door`) hands it the
+caller's headers for the gate and a way to send notifications.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+from twisted.internet.defer import Deferred
+
+from sandboxd import gate
+from sandboxd._version import __version__
+from sandboxd.mcp.calls import Progress, ToolCall, decoded_text
+from sandboxd.mcp.tools import NOT_TOOLS, ArgumentError, Toolbox
+from sandboxd.policy.defaults import MCP_PROGRESS_SECONDS
+
+if TYPE_CHECKING:
+    from sandboxd.auth import Identity
+    from sandboxd.context import Context
+    from sandboxd.mcp.sessions import Session
+
+# JSON-RPC 2.0 and MCP error codes.
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+#: MCP: the resource does not exist.
+RESOURCE_NOT_FOUND = -32002
+#: The session id is unknown, expired or another identity's.
+SESSION_NOT_FOUND = -32001
+#: A refusal of the door itself (its §6 code is in ``data``).
+REFUSED = -32000
+
+#: Revisions served, oldest first: the last is offered to clients asking
+#: for one we do not serve.  Both batch-free (see the door).
+VERSIONS = ("2025-06-18", "2025-11-25")
+LATEST = VERSIONS[-1]
+
+FILE_TEMPLATE = "file:///{+path}"
+
+Message = dict[str, Any]
+
+
+def error(
+    request_id: Any, code: int, message: str, data: Any = None
+) -> dict[str, Any]:
+    """A JSON-RPC error response."""
+    body: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        body["data"] = data
+    return {"jsonrpc": "2.0", "id": request_id, "error": body}
+
+
+def result(request_id: Any, value: Any) -> dict[str, Any]:
+    """A JSON-RPC result response."""
+    return {"jsonrpc": "2.0", "id": request_id, "result": value}
+
+
+def notification(method: str, params: Mapping[str, Any] | None = None) -> Message:
+    """A JSON-RPC notification."""
+    out: Message = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        out["params"] = dict(params)
+    return out
+
+
+def request_key(request_id: Any) -> str:
+    """A dict key telling ``1`` and ``"1"`` apart, as JSON-RPC does."""
+    return f"{type(request_id).__name__}:{request_id}"
+
+
+def negotiate(requested: Any) -> str:
+    """The revision to answer ``initialize`` with (SPEC §17)."""
+    return requested if requested in VERSIONS else LATEST
+
+
+@attrs.frozen
+class Caller:
+    """Who sent a message, as the gate needs it for each call."""
+
+    headers: Mapping[bytes, Any]
+    secure: bool
+    client: str
+
+
+class Methods:
+    """The MCP methods of one daemon."""
+
+    def __init__(self, context: Context, toolbox: Toolbox) -> None:
+        self.context = context
+        self.toolbox = toolbox
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def initialize(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``initialize`` result (the session is made by the door)."""
+        return {
+            "protocolVersion": negotiate(params.get("protocolVersion")),
+            "capabilities": {
+                "tools": {"listChanged": True},
+                "resources": {"listChanged": False, "subscribe": False},
+            },
+            "serverInfo": {
+                "name": "sandboxd",
+                "title": "sandboxd",
+                "version": __version__,
+            },
+            "instructions": (
+                "sandboxd runs inside this sandbox: files, commands, background "
+                "processes, system facts (and, when enabled, dev tools and a "
+                "browser). The tools listed are exactly those this token may "
+                "call now; capabilities_check explains a refusal. Paths are "
+                "relative to the base directory unless absolute."
+            ),
+        }
+
+    def visible(self, identity: Identity) -> list[str]:
+        """The tools ``identity`` may call now (enabled and allowed)."""
+        return [
+            name
+            for name, tool in self.toolbox.tools.items()
+            if gate.may_use(self.context, identity, tool.endpoint)
+        ]
+
+    # -- one request -------------------------------------------------------
+
+    def handle(
+        self,
+        session: Session,
+        message: Message,
+        caller: Caller,
+        notify: Callable[[Message], None] | None,
+    ) -> Message | Deferred[Message]:
+        """
+        Answer one request of ``session``.
+
+        :param notify: sends a notification tied to this request (progress),
+            or None when the answer cannot carry any (a JSON response).
+        """
+        rid = message.get("id")
+        method = message.get("method")
+        params = message.get("params", {})
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            return error(rid, INVALID_PARAMS, "params must be an object")
+        if method == "initialize":
+            return error(rid, INVALID_REQUEST, "the session is already initialized")
+        if method == "ping":
+            return result(rid, {})
+        if method == "tools/list":
+            names = self.visible(session.identity)
+            session.listed = frozenset(names)
+            tools = [self.toolbox.tools[n].descriptor for n in names]
+            return result(rid, {"tools": tools})
+        if method == "tools/call":
+            return self._call(session, rid, params, caller, notify)
+        if method == "resources/templates/list":
+            return result(
+                rid,
+                {
+                    "resourceTemplates": [
+                        {
+                            "uriTemplate": FILE_TEMPLATE,
+                            "name": "file",
+                            "title": "A file in the sandbox",
+                            "description": "Read through the path guard as the "
+                            "download endpoint (files:read, max_bytes); text as "
+                            "text, anything else as a base64 blob.",
+                        }
+                    ]
+                },
+            )
+        if method == "resources/list":
+            return self._list_resources(session, rid, caller)
+        if method == "resources/read":
+            return self._read_resource(session, rid, params, caller)
+        return error(rid, METHOD_NOT_FOUND, f"method not found: {method}")
+
+    # -- tools/call --------------------------------------------------------
+
+    def _call(
+        self,
+        session: Session,
+        rid: Any,
+        params: Mapping[str, Any],
+        caller: Caller,
+        notify: Callable[[Message], None] | None,
+    ) -> Message | Deferred[Message]:
+        name = params.get("name")
+        if not isinstance(name, str):
+            return error(rid, INVALID_PARAMS, "tools/call needs a tool name")
+        tool = self.toolbox.get(name)
+        if tool is None:
+            if name in NOT_TOOLS and name in self.context.table:
+                why = f"{name} is not served as a tool: {NOT_TOOLS[name]}"
+            else:
+                why = f"unknown tool: {name}"
+            return error(rid, INVALID_PARAMS, why)
+        arguments = params.get("arguments") or {}
+        try:
+            split = tool.split(arguments)
+        except ArgumentError as e:
+            return error(rid, INVALID_PARAMS, f"{name}: {e}")
+        meta = params.get("_meta")
+        token = meta.get("progressToken") if isinstance(meta, dict) else None
+        progress = (
+            self._progress(token, notify)
+            if notify is not None and isinstance(token, str | int)
+            else None
+        )
+        call = ToolCall(
+            self.context,
+            tool,
+            split,
+            caller.headers,
+            secure=caller.secure,
+            client=caller.client,
+            session_id=session.id,
+            progress=progress,
+        )
+        key = request_key(rid)
+        session.calls[key] = call
+
+        def done(value: dict[str, Any]) -> Message:
+            session.calls.pop(key, None)
+            return result(rid, value)
+
+        def cancelled(failure: Any) -> Message:
+            session.calls.pop(key, None)
+            return error(rid, REFUSED, "the call was cancelled")
+
+        return call.run().addCallbacks(done, cancelled)
+
+    def _progress(
+        self, token: str | int, notify: Callable[[Message], None]
+    ) -> Progress:
+        """
+        Progress notifications for one call: new output in ``message`` and
+        the bytes so far in ``progress``, gathered briefly so a chatty
+        child costs a notification per interval, not per line.
+        """
+        pending: list[str] = []
+        state: dict[str, Any] = {"so_far": 0, "sent": 0, "timer": None}
+        clock = self.context.reactor
+
+        def flush() -> None:
+            state["timer"] = None
+            if not pending or state["so_far"] <= state["sent"]:
+                return
+            text = "\n".join(pending)
+            pending.clear()
+            state["sent"] = state["so_far"]
+            notify(
+                notification(
+                    "notifications/progress",
+                    {
+                        "progressToken": token,
+                        "progress": state["so_far"],
+                        "message": text,
+                    },
+                )
+            )
+
+        def report(line: str, so_far: int) -> None:
+            pending.append(line)
+            state["so_far"] = so_far
+            if state["timer"] is None:
+                state["timer"] = clock.callLater(MCP_PROGRESS_SECONDS, flush)
+
+        report.flush = flush  # type: ignore[attr-defined]
+        return report
+
+    # -- resources ---------------------------------------------------------
+
+    def _governed(
+        self,
+        session: Session,
+        endpoint_id: str,
+        arguments: dict[str, Any],
+        caller: Caller,
+    ) -> Deferred[dict[str, Any]] | None:
+        tool = self.toolbox.get(endpoint_id)
+        if tool is None:
+            return None
+        call = ToolCall(
+            self.context,
+            tool,
+            tool.split(arguments),
+            caller.headers,
+            secure=caller.secure,
+            client=caller.client,
+            session_id=session.id,
+        )
+        return call.run()
+
+    def _list_resources(
+        self, session: Session, rid: Any, caller: Caller
+    ) -> Message | Deferred[Message]:
+        d = self._governed(session, "files_list", {}, caller)
+        if d is None:
+            return result(rid, {"resources": []})
+
+        def listed(value: dict[str, Any]) -> Message:
+            if value.get("isError"):
+                return _resource_error(rid, value)
+            entries = value["structuredContent"].get("entries", [])
+            resources = [
+                {
+                    "uri": file_uri(str(e.get("path", ""))),
+                    "name": str(e.get("name", "")),
+                    **({"size": e["size"]} if isinstance(e.get("size"), int) else {}),
+                }
+                for e in entries
+                if e.get("type") == "file"
+            ]
+            return result(rid, {"resources": resources})
+
+        return d.addCallback(listed)
+
+    def _read_resource(
+        self, session: Session, rid: Any, params: Mapping[str, Any], caller: Caller
+    ) -> Message | Deferred[Message]:
+        uri = params.get("uri")
+        path = file_path(uri) if isinstance(uri, str) else None
+        if path is None:
+            return error(
+                rid,
+                INVALID_PARAMS,
+                f"resources/read takes a {FILE_TEMPLATE} uri",
+            )
+        d = self._governed(session, "download", {"path": path}, caller)
+        if d is None:
+            return error(rid, RESOURCE_NOT_FOUND, "file reads are not served")
+
+        def read(value: dict[str, Any]) -> Message:
+            if value.get("isError"):
+                return _resource_error(rid, value)
+            data = str(value["structuredContent"].get("content_base64", ""))
+            text = decoded_text(data)
+            content: dict[str, Any] = {"uri": uri}
+            if text is not None:
+                content.update(mimeType="text/plain", text=text)
+            else:
+                content.update(mimeType="application/octet-stream", blob=data)
+            return result(rid, {"contents": [content]})
+
+        return d.addCallback(read)
+
+
+def _resource_error(rid: Any, value: dict[str, Any]) -> Message:
+    body = value.get("structuredContent") or {}
+    code = RESOURCE_NOT_FOUND if body.get("code") == "not_found" else INVALID_REQUEST
+    return error(rid, code, str(body.get("error", "refused")), body)
+
+
+def file_uri(path: str) -> str:
+    """The ``file:///`` URI of an absolute path."""
+    return "file://" + urllib.parse.quote(path)
+
+
+def file_path(uri: str) -> str | None:
+    """The absolute path a ``file:///`` URI names, or None."""
+    if not uri.startswith("file:///"):
+        return None
+    path = urllib.parse.unquote(uri[len("file://") :])
+    return path if path and "\x00" not in path else None

@@ -1,0 +1,203 @@
+# -*- test-case-name: tests.mcp.test_sessions -*-
+"""
+MCP sessions (``Mcp-Session-Id``) and their resumable SSE streams.
+
+A session belongs to the identity that opened it, holds the protocol
+version it negotiated, the calls it has in flight and its streams: stream 0
+is the standalone ``GET`` stream, every POST answered with SSE gets the
+next number.  Every event is kept (bounded in bytes per session) under an
+id ``STREAM-SEQ``, so a client that lost a stream resumes it with
+``Last-Event-ID`` and gets exactly the events after that one, then the
+live ones (the §9 stream contract, with the stream named in the id as the
+MCP transport asks).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import secrets
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from sandboxd.policy.defaults import MCP_REPLAY_BYTES
+
+if TYPE_CHECKING:
+    from sandboxd.auth import Identity
+    from sandboxd.mcp.calls import ToolCall
+    from sandboxd.web.sse import SSEChannel
+
+
+def event_frame(stream: int, seq: int, message: dict[str, Any] | None) -> bytes:
+    """One SSE event of an MCP stream (no ``data`` for a priming event)."""
+    head = f"id: {stream}-{seq}\n"
+    if message is None:
+        return (head + "data:\n\n").encode()
+    data = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+    return f"{head}event: message\ndata: {data}\n\n".encode()
+
+
+def parse_event_id(value: str) -> tuple[int, int] | None:
+    """``(stream, seq)`` of a ``Last-Event-ID``, or None when it is not ours."""
+    stream, sep, seq = value.strip().partition("-")
+    if not sep or not stream.isdigit() or not seq.isdigit():
+        return None
+    return int(stream), int(seq)
+
+
+@attrs.define(eq=False)
+class Stream:
+    """One SSE stream of a session and the connection showing it, if any."""
+
+    number: int
+    seq: int = 0
+    channel: SSEChannel | None = None
+    finished: bool = False
+
+
+@attrs.define(eq=False)
+class Session:
+    """One MCP session."""
+
+    id: str
+    identity: Identity
+    version: str
+    last_seen: float
+    client_info: dict[str, Any] = attrs.Factory(dict)
+    initialized: bool = False
+    listed: frozenset[str] | None = None
+    calls: dict[str, ToolCall] = attrs.Factory(dict)
+    streams: dict[int, Stream] = attrs.Factory(dict)
+    next_stream: int = 1
+    replay: collections.deque[tuple[int, int, bytes]] = attrs.Factory(
+        collections.deque
+    )
+    replay_bytes: int = 0
+    closed: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        self.streams[0] = Stream(0)
+
+    @property
+    def standalone(self) -> Stream:
+        """The ``GET`` stream's state."""
+        return self.streams[0]
+
+    def open_stream(self) -> Stream:
+        """A new stream for one POST's answer."""
+        stream = Stream(self.next_stream)
+        self.next_stream += 1
+        self.streams[stream.number] = stream
+        return stream
+
+    def emit(self, stream: Stream, message: dict[str, Any] | None) -> None:
+        """Send one message on ``stream`` (kept for replay)."""
+        if message is not None:
+            stream.seq += 1
+        frame = event_frame(stream.number, stream.seq, message)
+        if message is not None:
+            self._keep(stream.number, stream.seq, frame)
+        channel = stream.channel
+        if channel is not None and channel.open:
+            channel.write_raw(frame)
+
+    def _keep(self, number: int, seq: int, frame: bytes) -> None:
+        self.replay.append((number, seq, frame))
+        self.replay_bytes += len(frame)
+        while self.replay_bytes > MCP_REPLAY_BYTES and len(self.replay) > 1:
+            _, _, old = self.replay.popleft()
+            self.replay_bytes -= len(old)
+
+    def since(self, number: int, seq: int) -> Iterator[bytes]:
+        """The kept frames of stream ``number`` after ``seq``, in order."""
+        for n, s, frame in self.replay:
+            if n == number and s > seq:
+                yield frame
+
+    def finish(self, stream: Stream) -> None:
+        """The stream's answer is sent: end it and close its connection."""
+        stream.finished = True
+        channel, stream.channel = stream.channel, None
+        if channel is not None and channel.open:
+            channel.close()
+        if stream.number:
+            # Its kept events stay (within the replay bound) for a client
+            # that lost the connection just before the answer.
+            self.streams.pop(stream.number, None)
+
+    def attach(self, stream: Stream, channel: SSEChannel, after: int) -> None:
+        """
+        Show ``stream`` on ``channel`` from ``after`` on: the kept events,
+        then the live ones.  A connection already showing it is closed.
+        """
+        old, stream.channel = stream.channel, channel
+        if old is not None and old is not channel and old.open:
+            old.close()
+        for frame in self.since(stream.number, after):
+            channel.write_raw(frame)
+
+        def gone() -> None:
+            if stream.channel is channel:
+                stream.channel = None
+
+        channel.on_disconnect(gone)
+
+    def close(self) -> None:
+        """End the session: cancel its calls, close its connections."""
+        self.closed = True
+        for call in list(self.calls.values()):
+            call.cancel()
+        self.calls.clear()
+        for stream in list(self.streams.values()):
+            channel, stream.channel = stream.channel, None
+            if channel is not None and channel.open:
+                channel.close()
+        self.replay.clear()
+        self.replay_bytes = 0
+
+
+class SessionTable:
+    """The open sessions, bounded by the ``mcp`` endpoint's ``max_sessions``."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, Session] = {}
+
+    def __len__(self) -> int:
+        return len(self.sessions)
+
+    def __iter__(self) -> Iterator[Session]:
+        return iter(list(self.sessions.values()))
+
+    def create(self, identity: Identity, version: str, now: float) -> Session:
+        """A new session with an unguessable id."""
+        session = Session(secrets.token_urlsafe(24), identity, version, now)
+        self.sessions[session.id] = session
+        return session
+
+    def get(self, session_id: str, identity: Identity) -> Session | None:
+        """
+        The session, if it exists and belongs to ``identity`` (another
+        identity's session is as unknown as a made-up id).
+        """
+        session = self.sessions.get(session_id)
+        if session is None or session.identity.id != identity.id:
+            return None
+        return session
+
+    def remove(self, session: Session) -> None:
+        """Close and forget a session."""
+        self.sessions.pop(session.id, None)
+        session.close()
+
+    def expire(self, now: float, idle: float) -> list[Session]:
+        """Close the sessions idle for ``idle`` seconds with no call running."""
+        gone = [
+            s
+            for s in self.sessions.values()
+            if not s.calls and now - s.last_seen >= idle
+        ]
+        for session in gone:
+            self.remove(session)
+        return gone
