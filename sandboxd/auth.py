@@ -20,6 +20,11 @@ from sandboxd.errors import ambiguous_credentials, unauthorized
 from sandboxd.policy.document import PolicyError, TokenSpec
 
 
+#: Scopes every identity holds (SPEC §17: ``core:read``, which opening an
+#: MCP session needs, grants nothing but discovery).
+IMPLIED_SCOPES = frozenset({"core:read"})
+
+
 @attrs.frozen
 class Identity:
     """An authenticated caller and the scopes it holds."""
@@ -29,7 +34,7 @@ class Identity:
 
     def has_scope(self, scope: str) -> bool:
         """Whether this identity holds ``scope`` (``*`` holds every scope)."""
-        return "*" in self.scopes or scope in self.scopes
+        return "*" in self.scopes or scope in self.scopes or scope in IMPLIED_SCOPES
 
     def missing(self, required: Iterable[str]) -> str | None:
         """The first required scope this identity lacks, or None."""

@@ -54,6 +54,7 @@ _GROUP_NOTES = {
     CapabilityGroup.DEV_TOOLS: "code snippets and git",
     CapabilityGroup.BROWSER: "one shared headless Chromium page",
     CapabilityGroup.AGENTS: "coding agents over ACP",
+    CapabilityGroup.MCP: "every endpoint as an MCP tool, see [mcp](mcp.md)",
 }
 
 _HEADER = """\

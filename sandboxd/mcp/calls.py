@@ -29,7 +29,7 @@ from twisted.python.failure import Failure
 
 from sandboxd import gate
 from sandboxd.errors import ApiError, Code
-from sandboxd.mcp.tools import FILE_READS, IMAGES, Tool
+from sandboxd.mcp.tools import FILE_READS, IMAGES, LINE_STREAMS, Tool
 from sandboxd.policy.defaults import MCP_RESULT_BYTES
 from sandboxd.web.messages import (
     ServerRequest,
@@ -102,7 +102,18 @@ class CollectingChannel:
     "disconnected" when the call is cancelled.
     """
 
-    def __init__(self, progress: Progress | None, cap: int = MCP_RESULT_BYTES) -> None:
+    def __init__(
+        self,
+        progress: Progress | None,
+        lines: bool = True,
+        cap: int = MCP_RESULT_BYTES,
+    ) -> None:
+        """
+        :param lines: each ``stdout``/``stderr`` event is one line without
+            its newline (``shell_stream``); else a chunk as printed (a
+            process's output log).
+        """
+        self.lines = lines
         self.open = True
         self.client_gone = False
         self.done: Deferred[None] = Deferred()
@@ -186,7 +197,9 @@ class CollectingChannel:
         self.events_sent += 1
         if event in ("stdout", "stderr") and isinstance(data, dict):
             line = str(data.get("data", ""))
-            size = len(line.encode("utf-8")) + 1
+            if self.lines:
+                line += "\n"
+            size = len(line.encode("utf-8"))
             self.seen += size
             if self.kept + size <= self._cap:
                 self.kept += size
@@ -194,7 +207,7 @@ class CollectingChannel:
             else:
                 self.truncated = True
             if self._progress is not None:
-                self._progress(line, self.seen)
+                self._progress(line.removesuffix("\n"), self.seen)
         elif event == "exit" and isinstance(data, dict):
             self.exit_code = data.get("exit_code")
         elif event == "error" and isinstance(data, dict):
@@ -205,11 +218,11 @@ class CollectingChannel:
     def result(self) -> dict[str, Any]:
         """The stream as one tool result."""
         structured: dict[str, Any] = {
-            "stdout": "".join(line + "\n" for line in self.output["stdout"]),
-            "stderr": "".join(line + "\n" for line in self.output["stderr"]),
+            "stdout": "".join(self.output["stdout"]),
+            "stderr": "".join(self.output["stderr"]),
             "exit_code": self.exit_code,
             "truncated": self.truncated,
-            "events": self.events_sent,
+            "event_count": self.events_sent,
         }
         if self.error is not None:
             structured.update(
@@ -375,7 +388,9 @@ class ToolCall:
         return value_result(self.tool, value if value is not None else {})
 
     async def _collect(self, response: SSEResponse) -> dict[str, Any]:
-        channel = self.channel = CollectingChannel(self.progress)
+        channel = self.channel = CollectingChannel(
+            self.progress, lines=self.tool.name in LINE_STREAMS
+        )
         if response.start is not None:
             started = response.start(channel)  # type: ignore[arg-type]
             if isinstance(started, Deferred):

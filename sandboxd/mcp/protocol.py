@@ -256,7 +256,9 @@ class Methods:
         clock = self.context.reactor
 
         def flush() -> None:
-            state["timer"] = None
+            timer, state["timer"] = state["timer"], None
+            if timer is not None and timer.active():
+                timer.cancel()
             if not pending or state["so_far"] <= state["sent"]:
                 return
             text = "\n".join(pending)

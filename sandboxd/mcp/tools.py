@@ -74,6 +74,10 @@ IMAGES: dict[str, tuple[str, str]] = {"browser_screenshot": ("image_base64", "ty
 #: Endpoints reading a file whose text content is shown as text.
 FILE_READS = frozenset({"download"})
 
+#: Streams whose output events are lines without their newline (the others
+#: carry chunks as printed).
+LINE_STREAMS = frozenset({"shell_stream"})
+
 #: Output of a tool that runs a stream to completion.
 STREAM_OUTPUT: dict[str, Any] = {
     "type": "object",
@@ -90,7 +94,7 @@ STREAM_OUTPUT: dict[str, Any] = {
         },
         "error": {"type": "string"},
         "type": {"type": "string"},
-        "events": {"type": "integer", "description": "events the stream carried"},
+        "event_count": {"type": "integer", "description": "events the stream carried"},
     },
 }
 

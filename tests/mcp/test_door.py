@@ -1,0 +1,617 @@
+"""
+The MCP door end to end (SPEC §17): a real daemon on a loopback port
+driven by the official ``mcp`` SDK client (and fastmcp's), plus plain HTTP
+for the transport rules the SDK never breaks on purpose.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import time
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.shared.exceptions import MCPError
+from twisted.internet import reactor
+from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
+
+from sandboxd.mcp.protocol import VERSIONS
+from tests.helpers import alive, kill_marked
+from tests.mcp.helpers import McpTestCase, in_thread
+
+READER = "reader-token"
+ADMIN = "admin-token"
+
+TOKENS = {
+    "auth": {
+        "tokens": [
+            {"id": "reader", "token_env": "READER_TOKEN", "scopes": ["files:read"]},
+            {"id": "admin", "token_env": "ADMIN_TOKEN", "scopes": ["*"]},
+        ]
+    }
+}
+TOKEN_ENV = {"READER_TOKEN": READER, "ADMIN_TOKEN": ADMIN}
+
+
+def _names(listed: Any) -> set[str]:
+    return {t.name for t in listed.tools}
+
+
+def _sleep(seconds: float) -> Any:
+    return deferLater(reactor, seconds, lambda: None)
+
+
+class LifecycleTests(McpTestCase):
+    """initialize, negotiation, listing, and the tools' descriptions."""
+
+    @inlineCallbacks
+    def test_sdk_connects_and_lists(self) -> Any:
+        """
+        The SDK's default connect (a discover probe, then initialize) ends
+        in a session on a revision we serve; the list holds the endpoints as
+        tools, and leaves out the ones that cannot be one call.
+        """
+
+        async def body(client: Any) -> Any:
+            return client.protocol_version, await client.list_tools()
+
+        version, listed = yield self.with_client(body)
+        self.assertIn(version, VERSIONS)
+        names = _names(listed)
+        self.assertTrue({"files_list", "shell", "shell_stream", "process_start"} <= names)
+        for excluded in ("files_read_raw", "files_write_raw", "pty_connect", "mcp"):
+            self.assertNotIn(excluded, names)
+        tools = {t.name: t for t in listed.tools}
+        self.assertTrue(tools["files_list"].annotations.read_only_hint)
+        self.assertTrue(tools["files_delete"].annotations.destructive_hint)
+        self.assertFalse(tools["files_mkdir"].annotations.destructive_hint)
+        self.assertTrue(tools["files_mkdir"].annotations.idempotent_hint)
+        self.assertIn("path", tools["files_stat"].input_schema["properties"])
+        self.assertEqual(tools["files_stat"].input_schema["required"], ["path"])
+        self.assertIn("exists", tools["files_stat"].output_schema["properties"])
+
+    @inlineCallbacks
+    def test_legacy_mode_both_revisions(self) -> Any:
+        """An initialize asking for 2025-06-18 or 2025-11-25 gets it back."""
+        for version in ("2025-06-18", "2025-11-25"):
+            reply = yield self.initialize(version)
+            self.assertEqual(reply.status_code, 200)
+            self.assertEqual(reply.json()["result"]["protocolVersion"], version)
+            self.assertTrue(reply.headers["mcp-session-id"])
+
+    @inlineCallbacks
+    def test_unknown_revision_gets_latest(self) -> Any:
+        """A revision we do not serve is answered with the latest we do."""
+        reply = yield self.initialize("1999-01-01")
+        self.assertEqual(reply.json()["result"]["protocolVersion"], VERSIONS[-1])
+
+    @inlineCallbacks
+    def test_fastmcp_client(self) -> Any:
+        """fastmcp's client lists the tools and calls one."""
+        from fastmcp import Client as FastClient
+
+        with open(os.path.join(self.base_dir, "a.txt"), "w") as f:
+            f.write("hello")
+
+        async def work() -> Any:
+            async with FastClient(self.mcp_url) as client:
+                tools = await client.list_tools()
+                result = await client.call_tool("files_stat", {"path": "a.txt"})
+                return {t.name for t in tools}, result.structured_content
+
+        names, stat = yield in_thread(work)
+        self.assertIn("files_stat", names)
+        self.assertEqual(stat["size"], 5)
+
+
+class ToolCallTests(McpTestCase):
+    """tools/call through the handlers."""
+
+    @inlineCallbacks
+    def test_files_round_trip(self) -> Any:
+        """upload, stat, download (as text content) and delete a file."""
+        data = base64.b64encode(b"hello mcp\n").decode()
+
+        async def body(client: Any) -> Any:
+            up = await client.call_tool(
+                "upload", {"path": "notes/a.txt", "content_base64": data}
+            )
+            stat = await client.call_tool("files_stat", {"path": "notes/a.txt"})
+            down = await client.call_tool("download", {"path": "notes/a.txt"})
+            gone = await client.call_tool("files_delete", {"path": "notes/a.txt"})
+            return up, stat, down, gone
+
+        up, stat, down, gone = yield self.with_client(body)
+        self.assertFalse(up.is_error)
+        self.assertEqual(up.structured_content["bytes"], 10)
+        self.assertTrue(stat.structured_content["exists"])
+        self.assertEqual(down.content[0].text, "hello mcp\n")
+        self.assertTrue(gone.structured_content["deleted"])
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "notes/a.txt")))
+
+    @inlineCallbacks
+    def test_shell(self) -> Any:
+        """shell answers with its output as structured content and text."""
+
+        async def body(client: Any) -> Any:
+            return await client.call_tool("shell", {"command": "echo hi"})
+
+        result = yield self.with_client(body)
+        self.assertFalse(result.is_error)
+        self.assertEqual(result.structured_content["stdout"], "hi\n")
+        self.assertEqual(result.structured_content["exit_code"], 0)
+        self.assertIn("hi", result.content[0].text)
+
+    @inlineCallbacks
+    def test_stream_with_progress(self) -> Any:
+        """
+        shell_stream runs to completion; with a progressToken each new
+        output arrives in a progress notification's message, and progress
+        (bytes so far) only grows.
+        """
+        seen: list[tuple[float, str | None]] = []
+
+        async def progress(done: float, total: float | None, message: str | None) -> None:
+            seen.append((done, message))
+
+        async def body(client: Any) -> Any:
+            return await client.call_tool(
+                "shell_stream",
+                {"command": "sh -c 'echo one; sleep 0.3; echo two; sleep 0.3; echo three'"},
+                progress_callback=progress,
+            )
+
+        result = yield self.with_client(body)
+        self.assertEqual(result.structured_content["stdout"], "one\ntwo\nthree\n")
+        self.assertEqual(result.structured_content["exit_code"], 0)
+        self.assertGreaterEqual(len(seen), 2)
+        values = [p for p, _ in seen]
+        self.assertEqual(values, sorted(set(values)))
+        self.assertEqual(values[-1], len("one\ntwo\nthree\n"))
+        self.assertIn("one", "".join(m or "" for _, m in seen))
+
+    @inlineCallbacks
+    def test_background_process_and_output(self) -> Any:
+        """process_start, then process_output with follow runs until it exits."""
+
+        async def body(client: Any) -> Any:
+            started = await client.call_tool(
+                "process_start", {"command": "sh -c 'echo out; sleep 0.2; echo done'"}
+            )
+            pid = started.structured_content["pid"]
+            followed = await client.call_tool(
+                "process_output", {"pid": pid, "follow": True}
+            )
+            return followed
+
+        followed = yield self.with_client(body)
+        self.assertEqual(followed.structured_content["stdout"], "out\ndone\n")
+        self.assertEqual(followed.structured_content["exit_code"], 0)
+
+    @inlineCallbacks
+    def test_unknown_tool_and_bad_arguments(self) -> Any:
+        """
+        A name that is no tool, an endpoint that is not a tool, and
+        arguments that do not match the schema are JSON-RPC -32602.
+        """
+
+        async def body(client: Any) -> Any:
+            codes = []
+            for name, args in (
+                ("no_such_tool", {}),
+                ("files_read_raw", {"path": "x"}),
+                ("files_stat", {}),
+                ("files_stat", {"path": 3}),
+                ("files_stat", {"path": "x", "bogus": 1}),
+            ):
+                try:
+                    await client.call_tool(name, args)
+                except MCPError as e:
+                    codes.append((e.code, str(e)))
+                else:
+                    codes.append((None, name))
+            return codes
+
+        codes = yield self.with_client(body)
+        self.assertEqual([c for c, _ in codes], [-32602] * 5)
+        self.assertIn("unknown tool", codes[0][1])
+        self.assertIn("not served as a tool", codes[1][1])
+        self.assertIn("bogus", codes[4][1])
+
+    @inlineCallbacks
+    def test_cancel_kills_the_group(self) -> Any:
+        """
+        Cancelling a running shell_stream (notifications/cancelled) kills
+        the child's whole process group, as an HTTP client leaving does.
+        """
+        marker = "mcp-cancel-marker"
+        self.addCleanup(kill_marked, marker)
+
+        async def body(client: Any) -> Any:
+            box: dict[str, str] = {}
+            first = anyio.Event()
+
+            async def progress(done: float, total: Any, message: str | None) -> None:
+                if message and "pids" not in box:
+                    box["pids"] = message
+                    first.set()
+
+            async def call() -> None:
+                await client.call_tool(
+                    "shell_stream",
+                    {
+                        "command": f"sh -c 'sleep 30 {marker} & echo $$ $!; wait'",
+                    },
+                    progress_callback=progress,
+                )
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                await first.wait()
+                tg.cancel_scope.cancel()
+            # Give the courtesy cancel a moment on this session's connection.
+            await anyio.sleep(0.2)
+            return box["pids"]
+
+        pids = yield self.with_client(body)
+        shell, sleeper = (int(p) for p in pids.split()[:2])
+        deadline = time.monotonic() + 10
+        while (alive(shell) or alive(sleeper)) and time.monotonic() < deadline:
+            yield _sleep(0.1)
+        self.assertFalse(alive(sleeper), "the group's child outlived the cancel")
+        self.assertFalse(alive(shell))
+
+
+class PolicyTests(McpTestCase):
+    """Scopes, switches and refusals decide the list and each call."""
+
+    policy = {**TOKENS, "endpoints": {"files_search": {"enabled": False}}}
+    environ = TOKEN_ENV
+
+    @inlineCallbacks
+    def test_reader_sees_read_tools_only(self) -> Any:
+        """A files:read token lists only what files:read (and core:read) allow."""
+
+        async def body(client: Any) -> Any:
+            return await client.list_tools()
+
+        listed = yield self.with_client(body, token=READER)
+        names = _names(listed)
+        self.assertTrue({"files_list", "files_stat", "download"} <= names)
+        for denied in ("shell", "upload", "files_delete", "process_start", "env_set"):
+            self.assertNotIn(denied, names)
+        table = self.daemon.context.table
+        for name in names:
+            for scope in table.get(name).scopes:
+                self.assertIn(scope, ("files:read", "core:read"))
+
+    @inlineCallbacks
+    def test_disabled_endpoint_has_no_tool(self) -> Any:
+        """An endpoint the policy switched off is not listed, and a call is refused."""
+
+        async def body(client: Any) -> Any:
+            listed = await client.list_tools()
+            called = await client.call_tool("files_search", {"pattern": "*"})
+            return listed, called
+
+        listed, called = yield self.with_client(body, token=ADMIN)
+        self.assertNotIn("files_search", _names(listed))
+        self.assertTrue(called.is_error)
+        self.assertEqual(called.structured_content["code"], "endpoint_disabled")
+        self.assertEqual(called.structured_content["rule"], "policy:endpoints.files_search")
+
+    @inlineCallbacks
+    def test_refusal_is_a_tool_error(self) -> Any:
+        """A tool the caller may not call answers isError with the §6 code and rule."""
+
+        async def body(client: Any) -> Any:
+            return await client.call_tool("shell", {"command": "true"})
+
+        result = yield self.with_client(body, token=READER)
+        self.assertTrue(result.is_error)
+        self.assertEqual(result.structured_content["code"], "missing_scope")
+        self.assertEqual(result.structured_content["scope"], "process:run")
+        self.assertTrue(result.structured_content["rule"])
+
+    @inlineCallbacks
+    def test_wrong_token_is_401(self) -> Any:
+        """A wrong token never opens a session: 401 with the code in data."""
+        reply = yield self.initialize(headers={"authorization": "Bearer nope"})
+        self.assertEqual(reply.status_code, 401)
+        self.assertEqual(reply.json()["error"]["data"]["code"], "unauthorized")
+
+    @inlineCallbacks
+    def test_foreign_origin_refused(self) -> Any:
+        """A browser Origin the policy does not allow is refused by the gate."""
+        reply = yield self.initialize(
+            headers={
+                "authorization": f"Bearer {ADMIN}",
+                "origin": "http://evil.example",
+            }
+        )
+        self.assertEqual(reply.status_code, 403)
+        self.assertEqual(reply.json()["error"]["data"]["code"], "origin_not_allowed")
+
+    @inlineCallbacks
+    def test_reload_notifies_list_changed(self) -> Any:
+        """
+        A policy reload that changes what a session may call sends
+        notifications/tools/list_changed on its GET stream; the next list
+        shows the change.
+        """
+        service = self.daemon.daemon
+
+        async def body(client: Any) -> Any:
+            changed = anyio.Event()
+
+            async def handler(message: Any) -> None:
+                if isinstance(message, types.ToolListChangedNotification):
+                    changed.set()
+
+            client.session._message_handler = handler
+            before = _names(await client.list_tools())
+            # Let the GET stream open before the reload.
+            await anyio.sleep(0.5)
+
+            def reload() -> bool:
+                service.settings.policy["endpoints"]["files_stat"] = {"enabled": False}
+                return bool(service.reload())
+
+            from tests.mcp.helpers import on_reactor
+
+            reloaded = on_reactor(reload)
+            with anyio.fail_after(10):
+                await changed.wait()
+            after = _names(await client.list_tools())
+            return reloaded, before, after
+
+        reloaded, before, after = yield self.with_client(body, token=ADMIN)
+        self.assertTrue(reloaded)
+        self.assertIn("files_stat", before)
+        self.assertNotIn("files_stat", after)
+
+
+class SwitchedOffTests(McpTestCase):
+    """``mcp`` is an endpoint id a policy can switch off."""
+
+    policy = {"endpoints": {"mcp": {"enabled": False}}}
+
+    @inlineCallbacks
+    def test_mcp_disabled(self) -> Any:
+        """POST /mcp is refused endpoint_disabled, with the rule."""
+        reply = yield self.initialize()
+        self.assertEqual(reply.status_code, 404)
+        data = reply.json()["error"]["data"]
+        self.assertEqual(data["code"], "endpoint_disabled")
+        self.assertEqual(data["rule"], "policy:endpoints.mcp")
+
+
+class TransportTests(McpTestCase):
+    """Streamable HTTP framing, sessions and their bounds."""
+
+    policy = {
+        "endpoints": {
+            "mcp": {
+                "limits": {
+                    "max_sessions": 2,
+                    "max_request_bytes": 4096,
+                }
+            }
+        }
+    }
+
+    def _session_headers(self, reply: Any) -> dict[str, str]:
+        return {
+            "mcp-session-id": reply.headers["mcp-session-id"],
+            "mcp-protocol-version": reply.json()["result"]["protocolVersion"],
+        }
+
+    @inlineCallbacks
+    def test_delete_ends_the_session(self) -> Any:
+        """DELETE ends a session; its id is unknown (404) afterwards."""
+        opened = yield self.initialize()
+        headers = self._session_headers(opened)
+        listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+        ok = yield self.http("POST", listing, headers)
+        self.assertEqual(ok.status_code, 200)
+        self.assertTrue(ok.json()["result"]["tools"])
+        deleted = yield self.http("DELETE", None, headers)
+        self.assertEqual(deleted.status_code, 204)
+        after = yield self.http("POST", listing, headers)
+        self.assertEqual(after.status_code, 404)
+        self.assertEqual(after.json()["error"]["code"], -32001)
+
+    @inlineCallbacks
+    def test_sessions_are_bounded(self) -> Any:
+        """Past max_sessions an initialize is 429 too_many_sessions."""
+        for _ in range(2):
+            opened = yield self.initialize()
+            self.assertEqual(opened.status_code, 200)
+        refused = yield self.initialize()
+        self.assertEqual(refused.status_code, 429)
+        self.assertEqual(refused.json()["error"]["data"]["code"], "too_many_sessions")
+
+    @inlineCallbacks
+    def test_bad_messages(self) -> Any:
+        """
+        Batches, non-JSON, oversized messages, a request with no session
+        and an unsupported MCP-Protocol-Version are refused as JSON-RPC
+        errors with the HTTP status the transport names.
+        """
+        opened = yield self.initialize()
+        headers = self._session_headers(opened)
+        ping = {"jsonrpc": "2.0", "id": 5, "method": "ping"}
+        batch = yield self.http("POST", [ping, ping], headers)
+        self.assertEqual(batch.status_code, 400)
+        self.assertEqual(batch.json()["error"]["code"], -32600)
+        self.assertIn("batch", batch.json()["error"]["message"])
+        junk = yield self.http("POST", raw=b"{nope", headers=headers)
+        self.assertEqual(junk.status_code, 400)
+        self.assertEqual(junk.json()["error"]["code"], -32700)
+        big = {**ping, "params": {"x": "y" * 5000}}
+        huge = yield self.http("POST", big, headers)
+        self.assertEqual(huge.status_code, 413)
+        self.assertEqual(huge.json()["error"]["data"]["code"], "payload_too_large")
+        nosession = yield self.http("POST", ping)
+        self.assertEqual(nosession.status_code, 400)
+        wrong = yield self.http(
+            "POST", ping, {**headers, "mcp-protocol-version": "1999-01-01"}
+        )
+        self.assertEqual(wrong.status_code, 400)
+        unknown = yield self.http("POST", ping, {**headers, "mcp-session-id": "nope"})
+        self.assertEqual(unknown.status_code, 404)
+        fine = yield self.http("POST", ping, headers)
+        self.assertEqual(fine.json(), {"jsonrpc": "2.0", "id": 5, "result": {}})
+
+    @inlineCallbacks
+    def test_notification_is_202(self) -> Any:
+        """A notification is accepted with 202 and no body."""
+        opened = yield self.initialize()
+        headers = self._session_headers(opened)
+        reply = yield self.http(
+            "POST",
+            {"jsonrpc": "2.0", "method": "notifications/initialized"},
+            headers,
+        )
+        self.assertEqual(reply.status_code, 202)
+        self.assertEqual(reply.content, b"")
+
+    @inlineCallbacks
+    def test_resume_by_last_event_id(self) -> Any:
+        """
+        A client that loses a call's SSE stream resumes it with GET and
+        Last-Event-ID: it gets the events after that id, then the answer.
+        """
+        import httpx2
+
+        opened = yield self.initialize()
+        headers = self._session_headers(opened)
+        url = self.mcp_url
+        call = {
+            "jsonrpc": "2.0",
+            "id": 9,
+            "method": "tools/call",
+            "params": {
+                "name": "shell_stream",
+                "arguments": {"command": "sh -c 'echo a; sleep 0.5; echo b'"},
+                "_meta": {"progressToken": "t"},
+            },
+        }
+
+        async def work() -> Any:
+            sent = {
+                "accept": "application/json, text/event-stream",
+                "content-type": "application/json",
+                **headers,
+            }
+            async with httpx2.AsyncClient(timeout=10) as client:
+                first_id = None
+                async with client.stream("POST", url, json=call, headers=sent) as r:
+                    assert r.headers["content-type"].startswith("text/event-stream")
+                    async for line in r.aiter_lines():
+                        if line.startswith("id: "):
+                            first_id = line[4:]
+                        if line.startswith("data: {"):
+                            break  # the first progress event: drop the stream
+                resumed = []
+                async with client.stream(
+                    "GET", url, headers={**sent, "last-event-id": first_id or ""}
+                ) as r:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: {"):
+                            resumed.append(line[6:])
+                return first_id, resumed
+
+        first_id, resumed = yield in_thread(work)
+        import json
+
+        messages = [json.loads(m) for m in resumed]
+        self.assertTrue(first_id)
+        self.assertEqual(messages[-1]["id"], 9)
+        self.assertEqual(messages[-1]["result"]["structuredContent"]["stdout"], "a\nb\n")
+        progress = [m for m in messages if m.get("method") == "notifications/progress"]
+        self.assertTrue(any("b" in m["params"]["message"] for m in progress))
+        self.assertFalse(any(m["params"]["message"] == "a" for m in progress))
+
+
+class IdleTests(McpTestCase):
+    """Sessions expire."""
+
+    policy = {"endpoints": {"mcp": {"limits": {"idle_timeout_seconds": 1}}}}
+
+    _session_headers = TransportTests._session_headers
+
+    @inlineCallbacks
+    def test_idle_session_expires(self) -> Any:
+        """A session idle past limits.idle_timeout_seconds is gone."""
+        opened = yield self.initialize()
+        headers = self._session_headers(opened)
+        yield _sleep(2.0)
+        after = yield self.http(
+            "POST", {"jsonrpc": "2.0", "id": 2, "method": "ping"}, headers
+        )
+        self.assertEqual(after.status_code, 404)
+        self.assertEqual(len(self.daemon.context.doors[b"/mcp"].sessions), 0)
+
+
+class ResourceTests(McpTestCase):
+    """Files as resources, through the path guard."""
+
+    @inlineCallbacks
+    def test_list_and_read(self) -> Any:
+        """
+        resources/list is the base dir's top level; resources/read gives
+        text as text, binary as a blob, and refuses a path outside.
+        """
+        with open(os.path.join(self.base_dir, "t.txt"), "w") as f:
+            f.write("text here")
+        with open(os.path.join(self.base_dir, "b.bin"), "wb") as f:
+            f.write(b"\x00\xff\x10")
+
+        async def body(client: Any) -> Any:
+            listed = await client.list_resources()
+            templates = await client.list_resource_templates()
+            uris = {str(r.uri) for r in listed.resources}
+            text = await client.read_resource(f"file://{self.base_dir}/t.txt")
+            blob = await client.read_resource(f"file://{self.base_dir}/b.bin")
+            try:
+                await client.read_resource("file:///etc/passwd")
+            except MCPError as e:
+                refused = e
+            return uris, templates, text, blob, refused
+
+        uris, templates, text, blob, refused = yield self.with_client(body)
+        self.assertIn(f"file://{self.base_dir}/t.txt", uris)
+        self.assertEqual(templates.resource_templates[0].uri_template, "file:///{+path}")
+        self.assertEqual(text.contents[0].text, "text here")
+        self.assertEqual(base64.b64decode(blob.contents[0].blob), b"\x00\xff\x10")
+        self.assertEqual(refused.error.data["code"], "path_not_allowed")
+
+
+class AuditTests(McpTestCase):
+    """Every call is one audit line, governed as its endpoint, via mcp."""
+
+    audit = True
+    policy = {"defaults": {"audit": "all"}}
+
+    @inlineCallbacks
+    def test_audit_lines(self) -> Any:
+        """A tools/call is audited as its endpoint with via=mcp, and /mcp itself too."""
+
+        async def body(client: Any) -> Any:
+            return await client.call_tool("files_stat", {"path": "x"})
+
+        yield self.with_client(body)
+        lines = self.audit_lines()
+        calls = [r for r in lines if r.get("endpoint") == "files_stat"]
+        self.assertEqual(len(calls), 1)
+        self.assertEqual(calls[0]["via"], "mcp")
+        self.assertEqual(calls[0]["tool"], "files_stat")
+        self.assertEqual(calls[0]["status"], 200)
+        doors = [r for r in lines if r.get("endpoint") == "mcp"]
+        self.assertTrue(doors)
+        self.assertTrue(all(r["via"] == "mcp" for r in doors))
+        self.assertIn("initialize", {r.get("rpc") for r in doors})
