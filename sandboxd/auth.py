@@ -19,7 +19,6 @@ import attrs
 from sandboxd.errors import ambiguous_credentials, unauthorized
 from sandboxd.policy.document import PolicyError, TokenSpec
 
-
 #: Scopes every identity holds (SPEC §17: ``core:read``, which opening an
 #: MCP session needs, grants nothing but discovery).
 IMPLIED_SCOPES = frozenset({"core:read"})

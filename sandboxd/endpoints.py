@@ -189,7 +189,7 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("agents_terminal_kill", "POST", _S + "/terminals/{terminal_id}/kill", G.AGENTS, ("agents:run",), "Signal an agent's terminal.", {}),
     ("agents_commands", "GET", _S + "/commands", G.AGENTS, ("agents:read",), "The agent's slash commands.", {}),
     ("agents_logs", "GET", _S + "/logs", G.AGENTS, ("agents:read",), "The agent's stderr, head and tail.", {}),
-    ("mcp", "POST", "/mcp", G.MCP, ("core:read",), "MCP Streamable HTTP: every endpoint as a tool (GET, POST, DELETE).", {"body": "raw"}),
+    ("mcp", "POST", "/mcp", G.MCP, ("core:read",), "MCP Streamable HTTP: every endpoint as a tool (GET, POST, DELETE).", {}),
 ]
 # fmt: on
 

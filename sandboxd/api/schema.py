@@ -1573,8 +1573,27 @@ SCHEMAS: dict[str, Schema] = {
             F("MCP-Protocol-Version", doc="2025-06-18 or 2025-11-25"),
             F("Last-Event-ID", doc="GET: resume a lost stream after this event"),
         ),
-        raw_body=True,
-        produces="sse",
+        body=(
+            F("jsonrpc", required=True, example="2.0"),
+            F("id", "any", "a request's id (none for a notification)", example=1),
+            F("method", required=True, example="initialize"),
+            F(
+                "params",
+                "object",
+                "the method's parameters",
+                example={
+                    "protocolVersion": "2025-11-25",
+                    "capabilities": {},
+                    "clientInfo": {"name": "curl", "version": "1"},
+                },
+            ),
+        ),
+        response=(
+            F("jsonrpc"),
+            F("id", "any"),
+            F("result", "object", "or error: {code, message, data}"),
+        ),
+        produces="json",
         errors=(
             E(400, "invalid_param", "not one JSON-RPC message, or no session id"),
             E(404, "not_found", "unknown or expired session (JSON-RPC -32001)"),

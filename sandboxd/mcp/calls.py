@@ -408,7 +408,9 @@ class ToolCall:
                 channel.close()
             else:
                 raise ApiError(
-                    501, "this endpoint's stream cannot be collected", code="unsupported"
+                    501,
+                    "this endpoint's stream cannot be collected",
+                    code="unsupported",
                 )
         await channel.done
         flush = getattr(self.progress, "flush", None)

@@ -96,7 +96,7 @@ class McpDoor(Service):
 
     def stopService(self) -> None:
         """End every session (their calls are cancelled, streams closed)."""
-        super().stopService()
+        super().stopService()  # type: ignore[no-untyped-call]
         if self._sweep is not None and self._sweep.active():
             self._sweep.cancel()
         self._sweep = None
@@ -121,14 +121,14 @@ class McpDoor(Service):
     def sweep(self) -> None:
         """Close the sessions idle past ``limits.idle_timeout_seconds``."""
         self._sweep = None
-        for session in self.sessions.expire(self.context.reactor.seconds(), self._idle()):
+        for session in self.sessions.expire(
+            self.context.reactor.seconds(), self._idle()
+        ):
             log.info("sandboxd: MCP session {id} expired", id=session.id[:8])
         if len(self.sessions):
             self._schedule_sweep()
 
-    def open_session(
-        self, identity: Identity, version: str
-    ) -> Session | ApiError:
+    def open_session(self, identity: Identity, version: str) -> Session | ApiError:
         """A new session, or the ``too_many_sessions`` refusal."""
         now = self.context.reactor.seconds()
         limit = self._limits().max_sessions or 32
@@ -325,7 +325,9 @@ class Exchange:
         self.decided_by = err.rule
         self._send(err.status, self._error_body(err, request_id), err.headers)
 
-    def _rpc_fail(self, status: int, rpc_code: int, message: str, rid: Any = None) -> None:
+    def _rpc_fail(
+        self, status: int, rpc_code: int, message: str, rid: Any = None
+    ) -> None:
         self._send(status, error(rid, rpc_code, message))
 
     def _audit(self) -> None:
@@ -434,7 +436,9 @@ class Exchange:
             return
         if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
             self._rpc_fail(
-                400, protocol.INVALID_REQUEST, "the body must be one JSON-RPC 2.0 message"
+                400,
+                protocol.INVALID_REQUEST,
+                "the body must be one JSON-RPC 2.0 message",
             )
             return
         method = message.get("method")
@@ -446,6 +450,19 @@ class Exchange:
         if method == "initialize" and is_request:
             self._initialize(message)
             return
+        if method == "server/discover" and is_request:
+            # The stateless 2026-07-28 probe: "not served" sends a client
+            # that also speaks the handshake to initialize.
+            self._send(
+                200,
+                error(
+                    message.get("id"),
+                    protocol.METHOD_NOT_FOUND,
+                    "server/discover is not served; initialize with "
+                    + " or ".join(protocol.VERSIONS),
+                ),
+            )
+            return
         session = self._session()
         if session is None:
             return
@@ -453,8 +470,10 @@ class Exchange:
             self._notified(session, message)
             self._send(202, None)
             return
-        if method == "tools/call" and self._streams(message) and _accepts(
-            self.headers, "text/event-stream"
+        if (
+            method == "tools/call"
+            and self._streams(message)
+            and _accepts(self.headers, "text/event-stream")
         ):
             self._answer_stream(session, message)
             return
@@ -468,7 +487,9 @@ class Exchange:
         ):
             self._send(
                 400,
-                error(rid, protocol.INVALID_PARAMS, "initialize needs a protocolVersion"),
+                error(
+                    rid, protocol.INVALID_PARAMS, "initialize needs a protocolVersion"
+                ),
             )
             return
         assert self.identity is not None
@@ -558,7 +579,9 @@ class Exchange:
         point = parse_event_id(last) if last else (0, session.standalone.seq)
         if point is None or point[0] >= session.next_stream:
             self._rpc_fail(
-                400, protocol.INVALID_REQUEST, f"Last-Event-ID {last!r} is not one of ours"
+                400,
+                protocol.INVALID_REQUEST,
+                f"Last-Event-ID {last!r} is not one of ours",
             )
             return
         number, after = point

@@ -52,9 +52,7 @@ FILE_TEMPLATE = "file:///{+path}"
 Message = dict[str, Any]
 
 
-def error(
-    request_id: Any, code: int, message: str, data: Any = None
-) -> dict[str, Any]:
+def error(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
     """A JSON-RPC error response."""
     body: dict[str, Any] = {"code": code, "message": message}
     if data is not None:

@@ -71,9 +71,7 @@ class Session:
     calls: dict[str, ToolCall] = attrs.Factory(dict)
     streams: dict[int, Stream] = attrs.Factory(dict)
     next_stream: int = 1
-    replay: collections.deque[tuple[int, int, bytes]] = attrs.Factory(
-        collections.deque
-    )
+    replay: collections.deque[tuple[int, int, bytes]] = attrs.Factory(collections.deque)
     replay_bytes: int = 0
     closed: bool = False
 

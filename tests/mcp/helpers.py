@@ -139,8 +139,10 @@ class McpTestCase(DaemonTestCase):
             "content-type": "application/json",
             **(headers or {}),
         }
-        content = raw if raw is not None else (
-            json.dumps(message).encode() if message is not None else None
+        content = (
+            raw
+            if raw is not None
+            else (json.dumps(message).encode() if message is not None else None)
         )
 
         async def work() -> httpx2.Response:

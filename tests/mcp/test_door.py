@@ -61,7 +61,9 @@ class LifecycleTests(McpTestCase):
         version, listed = yield self.with_client(body)
         self.assertIn(version, VERSIONS)
         names = _names(listed)
-        self.assertTrue({"files_list", "shell", "shell_stream", "process_start"} <= names)
+        self.assertTrue(
+            {"files_list", "shell", "shell_stream", "process_start"} <= names
+        )
         for excluded in ("files_read_raw", "files_write_raw", "pty_connect", "mcp"):
             self.assertNotIn(excluded, names)
         tools = {t.name: t for t in listed.tools}
@@ -154,13 +156,17 @@ class ToolCallTests(McpTestCase):
         """
         seen: list[tuple[float, str | None]] = []
 
-        async def progress(done: float, total: float | None, message: str | None) -> None:
+        async def progress(
+            done: float, total: float | None, message: str | None
+        ) -> None:
             seen.append((done, message))
 
         async def body(client: Any) -> Any:
             return await client.call_tool(
                 "shell_stream",
-                {"command": "sh -c 'echo one; sleep 0.3; echo two; sleep 0.3; echo three'"},
+                {
+                    "command": "sh -c 'echo one; sleep 0.3; echo two; sleep 0.3; echo three'"
+                },
                 progress_callback=progress,
             )
 
@@ -301,7 +307,9 @@ class PolicyTests(McpTestCase):
         self.assertNotIn("files_search", _names(listed))
         self.assertTrue(called.is_error)
         self.assertEqual(called.structured_content["code"], "endpoint_disabled")
-        self.assertEqual(called.structured_content["rule"], "policy:endpoints.files_search")
+        self.assertEqual(
+            called.structured_content["rule"], "policy:endpoints.files_search"
+        )
 
     @inlineCallbacks
     def test_refusal_is_a_tool_error(self) -> Any:
@@ -531,7 +539,9 @@ class TransportTests(McpTestCase):
         messages = [json.loads(m) for m in resumed]
         self.assertTrue(first_id)
         self.assertEqual(messages[-1]["id"], 9)
-        self.assertEqual(messages[-1]["result"]["structuredContent"]["stdout"], "a\nb\n")
+        self.assertEqual(
+            messages[-1]["result"]["structuredContent"]["stdout"], "a\nb\n"
+        )
         progress = [m for m in messages if m.get("method") == "notifications/progress"]
         self.assertTrue(any("b" in m["params"]["message"] for m in progress))
         self.assertFalse(any(m["params"]["message"] == "a" for m in progress))
@@ -585,7 +595,9 @@ class ResourceTests(McpTestCase):
 
         uris, templates, text, blob, refused = yield self.with_client(body)
         self.assertIn(f"file://{self.base_dir}/t.txt", uris)
-        self.assertEqual(templates.resource_templates[0].uri_template, "file:///{+path}")
+        self.assertEqual(
+            templates.resource_templates[0].uri_template, "file:///{+path}"
+        )
         self.assertEqual(text.contents[0].text, "text here")
         self.assertEqual(base64.b64decode(blob.contents[0].blob), b"\x00\xff\x10")
         self.assertEqual(refused.error.data["code"], "path_not_allowed")

@@ -1,0 +1,229 @@
+"""
+Tools generated from the endpoint table (SPEC §17): names, schemas,
+annotations, what is left out, the argument check, and how answers become
+tool results.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd.api.schema import schema_for
+from sandboxd.errors import missing_scope
+from sandboxd.mcp.calls import CollectingChannel, error_result, value_result
+from sandboxd.mcp.tools import NOT_TOOLS, ArgumentError, Toolbox, check
+from sandboxd.routes import builtin_table
+
+
+class ToolboxTests(SynchronousTestCase):
+    """The table's endpoints as tools."""
+
+    def setUp(self) -> None:
+        self.table = builtin_table()
+        self.box = Toolbox(self.table)
+
+    def tool(self, name: str) -> Any:
+        tool = self.box.get(name)
+        assert tool is not None
+        return tool
+
+    def test_every_endpoint_is_a_tool_or_has_a_reason(self) -> None:
+        """Each implemented endpoint is a tool, unless NOT_TOOLS says why not."""
+        for endpoint in self.table:
+            if not endpoint.implemented or endpoint.method == "WS":
+                self.assertNotIn(endpoint.id, self.box.tools)
+                continue
+            if endpoint.id in NOT_TOOLS:
+                self.assertNotIn(endpoint.id, self.box.tools)
+            else:
+                self.assertIn(endpoint.id, self.box.tools, endpoint.id)
+        for name in NOT_TOOLS:
+            self.assertIn(name, self.table)
+
+    def test_descriptor_from_the_schema(self) -> None:
+        """Name, title, description and schemas come from the table and schema."""
+        stat = self.tool("files_stat").descriptor
+        self.assertEqual(stat["name"], "files_stat")
+        self.assertEqual(stat["title"], "Describe one path")
+        self.assertIn("files:read", stat["description"])
+        declared = {f.name for f in schema_for("files_stat").query}
+        self.assertEqual(set(stat["inputSchema"]["properties"]), declared)
+        self.assertFalse(stat["inputSchema"]["additionalProperties"])
+        self.assertEqual(
+            set(stat["outputSchema"]["properties"]),
+            {f.name for f in schema_for("files_stat").response},
+        )
+
+    def test_path_parameters_are_required_inputs(self) -> None:
+        """``{pid}`` becomes a required argument, with query and body fields."""
+        signal = self.tool("process_signal").descriptor["inputSchema"]
+        self.assertIn("pid", signal["required"])
+        self.assertEqual(signal["properties"]["pid"]["type"], "integer")
+        self.assertIn("signal", signal["properties"])
+
+    def test_output_accepts_null(self) -> None:
+        """Output fields accept null, as several are until known (exit_code)."""
+        get = self.tool("process_get").descriptor["outputSchema"]
+        self.assertEqual(get["properties"]["exit_code"]["type"], ["integer", "null"])
+        self.assertNotIn("required", get)
+
+    def test_annotations(self) -> None:
+        """readOnly for GET; destructive, idempotent and open-world as declared."""
+
+        def hints(name: str) -> dict[str, Any]:
+            return dict(self.tool(name).descriptor["annotations"])
+
+        self.assertTrue(hints("files_list")["readOnlyHint"])
+        self.assertTrue(hints("files_list")["idempotentHint"])
+        for name in ("files_delete", "files_move", "process_signal", "env_set"):
+            self.assertTrue(hints(name)["destructiveHint"], name)
+            self.assertFalse(hints(name)["readOnlyHint"])
+        self.assertFalse(hints("shell")["destructiveHint"])
+        self.assertFalse(hints("shell")["idempotentHint"])
+        self.assertTrue(hints("files_delete")["idempotentHint"])
+        self.assertTrue(hints("browser_navigate")["openWorldHint"])
+        self.assertFalse(hints("files_list")["openWorldHint"])
+
+    def test_follow_dropped_where_it_never_ends(self) -> None:
+        """Agent event logs are paged: their follow argument is not offered."""
+        events = self.tool("agents_events").descriptor["inputSchema"]
+        self.assertNotIn("follow", events["properties"])
+        output = self.tool("process_output").descriptor["inputSchema"]
+        self.assertIn("follow", output["properties"])
+
+    def test_split(self) -> None:
+        """Arguments go back to path, query (as HTTP strings) and body."""
+        path, query, body = self.tool("process_output").split(
+            {"pid": 12, "follow": True, "after": 3}
+        )
+        self.assertEqual(path, {"pid": "12"})
+        self.assertEqual(query, {"follow": "true", "after": "3"})
+        self.assertEqual(body, {})
+        path, query, body = self.tool("shell").split({"command": "ls", "timeout": 5})
+        self.assertEqual((path, query), ({}, {}))
+        self.assertEqual(body, {"command": "ls", "timeout": 5})
+
+    def test_open_body_takes_any_argument(self) -> None:
+        """commands_run's arguments are free-form."""
+        _, _, body = self.tool("commands_run").split({"name": "x", "anything": [1]})
+        self.assertEqual(body, {"anything": [1]})
+
+
+class CheckTests(SynchronousTestCase):
+    """The argument check names what is wrong."""
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string"},
+            "depth": {"type": "integer"},
+            "ratio": {"type": "number"},
+            "kind": {"type": "string", "enum": ["a", "b"]},
+            "paths": {"type": "array", "items": {"type": "string"}},
+            "flag": {"type": "boolean"},
+        },
+        "required": ["path"],
+        "additionalProperties": False,
+    }
+
+    def refused(self, arguments: dict[str, Any]) -> str:
+        with self.assertRaises(ArgumentError) as caught:
+            check(self.schema, arguments)
+        return str(caught.exception)
+
+    def test_good(self) -> None:
+        """Matching arguments pass (an integer is a number; null is absent)."""
+        check(self.schema, {"path": "x", "depth": 2, "ratio": 1, "kind": None})
+
+    def test_bad(self) -> None:
+        """Each mismatch is refused with the argument's name."""
+        self.assertIn("'path'", self.refused({}))
+        self.assertIn("'depth'", self.refused({"path": "x", "depth": "2"}))
+        self.assertIn("'depth'", self.refused({"path": "x", "depth": True}))
+        self.assertIn("'flag'", self.refused({"path": "x", "flag": 1}))
+        self.assertIn("'kind'", self.refused({"path": "x", "kind": "c"}))
+        self.assertIn("'paths'", self.refused({"path": "x", "paths": [1]}))
+        self.assertIn("'nope'", self.refused({"path": "x", "nope": 1}))
+
+
+class ResultTests(SynchronousTestCase):
+    """Handler answers as tool results."""
+
+    def setUp(self) -> None:
+        self.box = Toolbox(builtin_table())
+
+    def test_screenshot_is_image_content(self) -> None:
+        """browser_screenshot answers with MCP image content."""
+        tool = self.box.get("browser_screenshot")
+        assert tool is not None
+        png = base64.b64encode(b"\x89PNG....").decode()
+        result = value_result(tool, {"image_base64": png, "width": 2, "height": 3})
+        self.assertEqual(
+            result["content"], [{"type": "image", "data": png, "mimeType": "image/png"}]
+        )
+        self.assertEqual(result["structuredContent"]["width"], 2)
+        self.assertNotIn("image_base64", result["structuredContent"])
+
+    def test_text_file_read_is_text(self) -> None:
+        """A text file read shows the text; a binary one the JSON."""
+        tool = self.box.get("download")
+        assert tool is not None
+        text = value_result(
+            tool, {"path": "/a", "content_base64": base64.b64encode(b"hi\n").decode()}
+        )
+        self.assertEqual(text["content"], [{"type": "text", "text": "hi\n"}])
+        blob = value_result(
+            tool, {"path": "/b", "content_base64": base64.b64encode(b"\xff").decode()}
+        )
+        self.assertIn("content_base64", blob["content"][0]["text"])
+
+    def test_refusal(self) -> None:
+        """A refusal is isError with the §6 code, rule and status."""
+        result = error_result(missing_scope("shell", "process:run", "endpoint:shell"))
+        self.assertTrue(result["isError"])
+        self.assertEqual(result["structuredContent"]["code"], "missing_scope")
+        self.assertEqual(result["structuredContent"]["rule"], "endpoint:shell")
+        self.assertEqual(result["structuredContent"]["status"], 403)
+
+
+class CollectingChannelTests(SynchronousTestCase):
+    """An SSE handler's frames read back into one result."""
+
+    def test_lines_progress_and_exit(self) -> None:
+        """Line events join with newlines; progress counts bytes and grows."""
+        seen: list[tuple[str, int]] = []
+        channel = CollectingChannel(lambda m, n: seen.append((m, n)))
+        channel.write_raw(b'event: stdout\ndata: {"data": "one"}\n\nevent: std')
+        channel.write_raw(b'err\ndata: {"data": "two"}\n\n: keep-alive\n\n')
+        channel.send("exit", {"exit_code": 3})
+        channel.close()
+        result = channel.result()
+        self.assertEqual(seen, [("one", 4), ("two", 8)])
+        self.assertEqual(result["structuredContent"]["stdout"], "one\n")
+        self.assertEqual(result["structuredContent"]["stderr"], "two\n")
+        self.assertEqual(result["structuredContent"]["exit_code"], 3)
+        self.assertFalse(result["isError"])
+
+    def test_cap(self) -> None:
+        """Output past the cap is counted, not kept, and marked truncated."""
+        channel = CollectingChannel(None, cap=8)
+        for _ in range(4):
+            channel.send("stdout", {"data": "abc"})
+        result = channel.result()["structuredContent"]
+        self.assertEqual(result["stdout"], "abc\nabc\n")
+        self.assertTrue(result["truncated"])
+        self.assertEqual(channel.seen, 16)
+
+    def test_disconnect_runs_callbacks(self) -> None:
+        """A cancelled call disconnects: the handler's callbacks run once."""
+        channel = CollectingChannel(None)
+        calls: list[int] = []
+        channel.on_disconnect(lambda: calls.append(1))
+        channel.disconnect()
+        channel.disconnect()
+        self.assertEqual(calls, [1])
+        self.assertTrue(channel.client_gone)
+        self.assertTrue(channel.done.called)
