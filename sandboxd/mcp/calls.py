@@ -20,6 +20,7 @@ import binascii
 import inspect
 import json
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -436,7 +437,7 @@ class ToolCall:
             rule=rule,
             method=self.tool.endpoint.method,
             path=path,
-            query="",
+            query=urllib.parse.urlencode(self.split[1]),
             status=status,
             code=str(error.code) if error is not None and error.code else None,
             decided_by=error.rule if error is not None else None,

@@ -446,6 +446,12 @@ class Exchange:
         if method is not None and not isinstance(method, str):
             self._rpc_fail(400, protocol.INVALID_REQUEST, "method must be a string")
             return
+        rid = message.get("id")
+        if is_request and (isinstance(rid, bool) or not isinstance(rid, str | int)):
+            self._rpc_fail(
+                400, protocol.INVALID_REQUEST, "a request id is a string or an integer"
+            )
+            return
         self.rpc = method
         if method == "initialize" and is_request:
             self._initialize(message)

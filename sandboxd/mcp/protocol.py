@@ -20,9 +20,10 @@ from twisted.internet.defer import Deferred
 
 from sandboxd import gate
 from sandboxd._version import __version__
-from sandboxd.mcp.calls import Progress, ToolCall, decoded_text
+from sandboxd.errors import ApiError, Code
+from sandboxd.mcp.calls import Progress, ToolCall, decoded_text, error_result
 from sandboxd.mcp.tools import NOT_TOOLS, ArgumentError, Toolbox
-from sandboxd.policy.defaults import MCP_PROGRESS_SECONDS
+from sandboxd.policy.defaults import MCP_CALLS_PER_SESSION, MCP_PROGRESS_SECONDS
 
 if TYPE_CHECKING:
     from sandboxd.auth import Identity
@@ -211,6 +212,19 @@ class Methods:
             split = tool.split(arguments)
         except ArgumentError as e:
             return error(rid, INVALID_PARAMS, f"{name}: {e}")
+        if len(session.calls) >= MCP_CALLS_PER_SESSION:
+            return result(
+                rid,
+                error_result(
+                    ApiError(
+                        429,
+                        f"this session has {MCP_CALLS_PER_SESSION} calls in flight",
+                        "ResourceError",
+                        Code.CONCURRENCY_LIMITED,
+                        limit=MCP_CALLS_PER_SESSION,
+                    )
+                ),
+            )
         meta = params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, dict) else None
         progress = (

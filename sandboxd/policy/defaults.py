@@ -96,6 +96,10 @@ MCP_REPLAY_BYTES = MIB
 #: idle timeout is).
 MCP_SWEEP_SECONDS = 60.0
 
+#: MCP: tool calls one session may have in flight (each also holds its
+#: endpoint's concurrency slot); past it a call is concurrency_limited.
+MCP_CALLS_PER_SESSION = 64
+
 #: MCP: progress notifications of one call are gathered for this long.
 MCP_PROGRESS_SECONDS = 0.05
 
