@@ -12,7 +12,9 @@ alternate (HTTP, MCP, HTTP, MCP ...) so drift on a shared machine hits
 both alike.  Prints one JSON line per case and round, then one summary
 line per call: calls/s, mean latency, and the MCP overhead per call in
 microseconds, as daemon time (the daemon is single-threaded, so 1/rate is
-its time per call) and as latency.
+its time per call), as the daemon's own CPU time per call (from
+/proc/PID/stat; the figure that holds on a shared machine; a shell
+call's child is not counted) and as latency.
 
     .venv/bin/python bench/mcp_overhead.py [--calls 2000] [--shell-calls 400] [--rounds 2]
 """
@@ -77,6 +79,13 @@ def start_daemon(base: str, token: str) -> tuple[subprocess.Popen[bytes], int]:
             time.sleep(0.05)
     proc.kill()
     raise SystemExit("daemon did not start")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of ``pid`` so far (children not counted)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Worker:
@@ -176,8 +185,10 @@ class Worker:
         self.conn.close()
 
 
-def run_case(port: int, token: str, mode: str, call: str, calls: int) -> dict[str, Any]:
-    """``calls`` calls spread over CONCURRENCY workers; rate and latencies."""
+def run_case(
+    port: int, token: str, mode: str, call: str, calls: int, pid: int
+) -> dict[str, Any]:
+    """``calls`` calls spread over CONCURRENCY workers; rate, latencies, daemon CPU."""
     workers = [Worker(port, token, mode, call) for _ in range(CONCURRENCY)]
     for w in workers:  # warm each connection
         w.call()
@@ -204,9 +215,11 @@ def run_case(port: int, token: str, mode: str, call: str, calls: int) -> dict[st
         t.start()
     start_line.wait()
     began = time.perf_counter()
+    cpu = cpu_seconds(pid)
     for t in threads:
         t.join()
     seconds = time.perf_counter() - began
+    cpu = cpu_seconds(pid) - cpu
     for w in workers:
         w.close()
     if errors:
@@ -221,6 +234,7 @@ def run_case(port: int, token: str, mode: str, call: str, calls: int) -> dict[st
         "mean_ms": round(statistics.fmean(flat) * 1000, 3),
         "p50_ms": round(flat[len(flat) // 2] * 1000, 3),
         "p99_ms": round(flat[int(len(flat) * 0.99)] * 1000, 3),
+        "daemon_cpu_us_per_call": round(cpu / len(flat) * 1e6, 1),
     }
 
 
@@ -243,7 +257,7 @@ def main() -> None:
                 ("shell", args.shell_calls),
             ):
                 for mode in ("http", "mcp"):
-                    row = run_case(port, token, mode, call, calls)
+                    row = run_case(port, token, mode, call, calls, proc.pid)
                     results.setdefault((call, mode), []).append(row)
                     print(json.dumps(row), flush=True)
     finally:
@@ -254,6 +268,8 @@ def main() -> None:
         http_rows, mcp_rows = results[(call, "http")], results[(call, "mcp")]
         http_rate = statistics.median(r["calls_per_s"] for r in http_rows)
         mcp_rate = statistics.median(r["calls_per_s"] for r in mcp_rows)
+        http_cpu = statistics.median(r["daemon_cpu_us_per_call"] for r in http_rows)
+        mcp_cpu = statistics.median(r["daemon_cpu_us_per_call"] for r in mcp_rows)
         http_mean = statistics.median(r["mean_ms"] for r in http_rows)
         mcp_mean = statistics.median(r["mean_ms"] for r in mcp_rows)
         print(
@@ -265,6 +281,9 @@ def main() -> None:
                     "mcp_calls_per_s": mcp_rate,
                     "http_mean_ms": http_mean,
                     "mcp_mean_ms": mcp_mean,
+                    "http_daemon_cpu_us": http_cpu,
+                    "mcp_daemon_cpu_us": mcp_cpu,
+                    "mcp_overhead_cpu_us_per_call": round(mcp_cpu - http_cpu, 1),
                     "mcp_overhead_us_per_call": round(
                         (1 / mcp_rate - 1 / http_rate) * 1e6, 1
                     ),

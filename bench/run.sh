@@ -4,7 +4,8 @@
 # 1. The shared harness (W0-W7) with the reference peers in the same
 #    invocation, so the figures compare: stdlib-tuned and fastapi.
 # 2. The raw file routes, which the peers do not have (bench/raw_files.py).
-# 3. The kernel's PTY ceiling for W6 (bench/pty_ceiling.py).
+# 3. The MCP door's overhead per call over plain HTTP (bench/mcp_overhead.py).
+# 4. The kernel's PTY ceiling for W6 (bench/pty_ceiling.py).
 #
 # SHARED_BENCH points at the shared harness (default ../shared/bench);
 # RUN_ARGS is passed to it (e.g. RUN_ARGS="--only W1,W1b --duration 3").
@@ -28,5 +29,6 @@ that). Skipping W0-W7; the raw-file and PTY-ceiling runs follow.
 EOF
 fi
 "$ROOT/.venv/bin/python" "$ROOT/bench/raw_files.py" --size-mib "${RAW_MIB:-1024}"
+"$ROOT/.venv/bin/python" "$ROOT/bench/mcp_overhead.py"
 # The kernel's ceiling for W6's terminal throughput, with no server at all.
 "$ROOT/.venv/bin/python" "$ROOT/bench/pty_ceiling.py"
