@@ -143,6 +143,8 @@ class ToolCallTests(McpTestCase):
 
         result = yield self.with_client(body)
         self.assertFalse(result.is_error)
+        # The client ended its session with DELETE as it closed.
+        self.assertEqual(len(self.daemon.context.doors[b"/mcp"].sessions), 0)
         self.assertEqual(result.structured_content["stdout"], "hi\n")
         self.assertEqual(result.structured_content["exit_code"], 0)
         self.assertIn("hi", result.content[0].text)
@@ -380,6 +382,21 @@ class PolicyTests(McpTestCase):
         self.assertTrue(reloaded)
         self.assertIn("files_stat", before)
         self.assertNotIn("files_stat", after)
+
+
+class LockedPresetTests(McpTestCase):
+    """The locked preset (core only) has no MCP door either."""
+
+    preset = "locked"
+
+    @inlineCallbacks
+    def test_locked_has_no_door(self) -> Any:
+        """Under ``locked`` the mcp group is off: endpoint_disabled, preset rule."""
+        reply = yield self.initialize()
+        self.assertEqual(reply.status_code, 404)
+        data = reply.json()["error"]["data"]
+        self.assertEqual(data["code"], "endpoint_disabled")
+        self.assertEqual(data["rule"], "preset:locked")
 
 
 class SwitchedOffTests(McpTestCase):
