@@ -384,6 +384,58 @@ class PolicyTests(McpTestCase):
         self.assertNotIn("files_stat", after)
 
 
+class LimitTests(McpTestCase):
+    """A tool call counts against its endpoint's rate and concurrency limits."""
+
+    policy = {
+        "endpoints": {
+            "files_stat": {"limits": {"rate_per_minute": 2}},
+            "shell_stream": {"limits": {"max_concurrency": 1}},
+        }
+    }
+
+    @inlineCallbacks
+    def test_rate_and_concurrency(self) -> Any:
+        """
+        Past rate_per_minute a call is isError rate_limited; a second call
+        while the only slot is held is isError concurrency_limited.
+        """
+
+        async def body(client: Any) -> Any:
+            stats = [
+                await client.call_tool("files_stat", {"path": "x"}) for _ in range(3)
+            ]
+            started = anyio.Event()
+            out: dict[str, Any] = {}
+
+            async def progress(done: float, total: Any, message: str | None) -> None:
+                started.set()
+
+            async def long_call() -> None:
+                out["first"] = await client.call_tool(
+                    "shell_stream",
+                    {"command": "sh -c 'echo go; sleep 1'"},
+                    progress_callback=progress,
+                )
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(long_call)
+                await started.wait()
+                out["second"] = await client.call_tool(
+                    "shell_stream", {"command": "true"}
+                )
+            return stats, out
+
+        stats, out = yield self.with_client(body)
+        self.assertEqual([r.is_error for r in stats], [False, False, True])
+        self.assertEqual(stats[2].structured_content["code"], "rate_limited")
+        self.assertFalse(out["first"].is_error)
+        self.assertTrue(out["second"].is_error)
+        self.assertEqual(
+            out["second"].structured_content["code"], "concurrency_limited"
+        )
+
+
 class LockedPresetTests(McpTestCase):
     """The locked preset (core only) has no MCP door either."""
 
@@ -490,6 +542,8 @@ class TransportTests(McpTestCase):
         self.assertEqual(unknown.status_code, 404)
         fine = yield self.http("POST", ping, headers)
         self.assertEqual(fine.json(), {"jsonrpc": "2.0", "id": 5, "result": {}})
+        health = yield self.request("GET", "/health")
+        self.assertEqual(health.status, 200)
 
     @inlineCallbacks
     def test_notification_is_202(self) -> Any:
@@ -503,6 +557,47 @@ class TransportTests(McpTestCase):
         )
         self.assertEqual(reply.status_code, 202)
         self.assertEqual(reply.content, b"")
+
+    def _stream_lines(self, headers: dict[str, str], call: dict[str, Any]) -> Any:
+        """POST one call and read its SSE answer to the end, line by line."""
+        import httpx2
+
+        url = self.mcp_url
+
+        async def work() -> Any:
+            sent = {
+                "accept": "application/json, text/event-stream",
+                "content-type": "application/json",
+                **headers,
+            }
+            async with httpx2.AsyncClient(timeout=10) as client:
+                async with client.stream("POST", url, json=call, headers=sent) as r:
+                    return [line async for line in r.aiter_lines()]
+
+        return in_thread(work)
+
+    @inlineCallbacks
+    def test_priming_event_by_revision(self) -> Any:
+        """
+        A 2025-11-25 session's SSE answer starts with a priming event (an
+        id, no data) so it can be resumed before anything is sent; a
+        2025-06-18 one starts with its first message.
+        """
+        call = {
+            "jsonrpc": "2.0",
+            "id": 3,
+            "method": "tools/call",
+            "params": {"name": "shell_stream", "arguments": {"command": "true"}},
+        }
+        firsts = {}
+        for version in ("2025-06-18", "2025-11-25"):
+            opened = yield self.initialize(version)
+            lines = yield self._stream_lines(self._session_headers(opened), call)
+            events = [line for line in lines if line and not line.startswith(":")]
+            firsts[version] = events[:2]
+            self.assertTrue(events[-1].startswith("data: {"))
+        self.assertEqual(firsts["2025-11-25"][1], "data:")
+        self.assertEqual(firsts["2025-06-18"][1], "event: message")
 
     @inlineCallbacks
     def test_resume_by_last_event_id(self) -> Any:
