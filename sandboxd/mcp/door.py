@@ -38,7 +38,11 @@ from sandboxd.mcp import protocol
 from sandboxd.mcp.protocol import Caller, Methods, error, notification
 from sandboxd.mcp.sessions import Session, SessionTable, event_frame, parse_event_id
 from sandboxd.mcp.tools import Toolbox
-from sandboxd.policy.defaults import MCP_SWEEP_SECONDS
+from sandboxd.policy.defaults import (
+    DRAIN_LIMIT_BYTES,
+    ENDPOINT_LIMITS,
+    MCP_SWEEP_SECONDS,
+)
 from sandboxd.web.dispatch import json_bytes, reason_phrase
 from sandboxd.web.sse import SSEChannel
 
@@ -46,11 +50,10 @@ log = Logger(namespace="sandboxd.mcp")
 
 Headers = Mapping[bytes, Sequence[bytes]]
 
-#: A refused request whose body is at most this big is read and dropped
-#: (keeping the connection); a bigger one is answered at once and closed.
-DRAIN_LIMIT = 64 * 1024
-
 _METHODS = ("GET", "POST", "DELETE")
+
+#: The ``mcp`` endpoint's built-in limits (for a policy that unsets them).
+_DEFAULTS = ENDPOINT_LIMITS["mcp"]
 
 #: Revisions whose SSE streams start with a priming event (an id, no data)
 #: so that a client can resume even a stream that has sent nothing yet.
@@ -110,7 +113,7 @@ class McpDoor(Service):
 
     def _idle(self) -> float:
         idle = self._limits().idle_timeout_seconds
-        return float(idle) if idle else 3600.0
+        return float(idle or _DEFAULTS["idle_timeout_seconds"])
 
     def _schedule_sweep(self) -> None:
         if self._sweep is not None and self._sweep.active():
@@ -131,7 +134,7 @@ class McpDoor(Service):
     def open_session(self, identity: Identity, version: str) -> Session | ApiError:
         """A new session, or the ``too_many_sessions`` refusal."""
         now = self.context.reactor.seconds()
-        limit = self._limits().max_sessions or 32
+        limit = self._limits().max_sessions or _DEFAULTS["max_sessions"]
         if len(self.sessions) >= limit:
             self.sessions.expire(now, self._idle())
         if len(self.sessions) >= limit:
@@ -154,6 +157,11 @@ class McpDoor(Service):
         A new policy is in force: tell every session whose tool list it
         changed (``notifications/tools/list_changed`` on its GET stream).
         """
+        if not self.context.policy.rules["mcp"].enabled:
+            # The door is switched off: no session outlives it.
+            for session in self.sessions:
+                self.sessions.remove(session)
+            return
         tokens = self.context.policy.tokens
         for session in self.sessions:
             identity = _same_identity(tokens, session.identity)
@@ -251,7 +259,7 @@ class Exchange:
 
     def _refuse(self, err: ApiError, length: int | None) -> None:
         self.refusal = err
-        if length is None or length > DRAIN_LIMIT:
+        if length is None or length > DRAIN_LIMIT_BYTES:
             self._answer_now(err)
 
     def _answer_now(self, err: ApiError) -> None:

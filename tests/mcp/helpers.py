@@ -9,6 +9,7 @@ the reactor as a Deferred.
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import time
@@ -79,7 +80,11 @@ class McpTestCase(DaemonTestCase):
     timeout = 60
 
     def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
-        """Start the daemon; at the end, let the clients' connections close."""
+        """
+        Start the daemon (with its own copy of the class's policy, which a
+        reload test changes); at the end, let the clients' connections close.
+        """
+        kwargs.setdefault("policy", copy.deepcopy(self.policy))
         d = super().start(stop_at_end, **kwargs)
         self.addCleanup(self._drain)
         return d

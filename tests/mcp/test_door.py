@@ -546,6 +546,19 @@ class TransportTests(McpTestCase):
         self.assertEqual(health.status, 200)
 
     @inlineCallbacks
+    def test_reload_switching_the_door_off_ends_sessions(self) -> Any:
+        """A reload that disables mcp closes every session."""
+        yield self.initialize()
+        door = self.daemon.context.doors[b"/mcp"]
+        self.assertEqual(len(door.sessions), 1)
+        service = self.daemon.daemon
+        service.settings.policy["endpoints"]["mcp"]["enabled"] = False
+        self.assertTrue(service.reload())
+        self.assertEqual(len(door.sessions), 0)
+        refused = yield self.initialize()
+        self.assertEqual(refused.status_code, 404)
+
+    @inlineCallbacks
     def test_notification_is_202(self) -> Any:
         """A notification is accepted with 202 and no body."""
         opened = yield self.initialize()
