@@ -16,6 +16,7 @@ split back into the query, path and body the handler reads.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -267,10 +268,16 @@ def make_tool(endpoint: Endpoint) -> Tool:
     return Tool(endpoint, schema, query, body, path, descriptor)
 
 
+#: What MCP allows in a tool name (2025-11-25): a custom route registered
+#: without ``name=`` has the id ``"GET /path"``, which is not one.
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
 def is_tool(endpoint: Endpoint) -> bool:
     """Whether an endpoint is served as a tool."""
     return (
-        endpoint.id not in NOT_TOOLS
+        _TOOL_NAME.match(endpoint.id) is not None
+        and endpoint.id not in NOT_TOOLS
         and endpoint.method != "WS"
         and endpoint.body != "raw"
         and endpoint.handler is not None

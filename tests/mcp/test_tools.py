@@ -43,6 +43,18 @@ class ToolboxTests(SynchronousTestCase):
         for name in NOT_TOOLS:
             self.assertIn(name, self.table)
 
+    def test_custom_routes(self) -> None:
+        """A named custom route is a tool; one named ``"GET /path"`` cannot be."""
+        table = builtin_table()
+        table.register("GET", "/hello", lambda r: {"hi": 1}, name="hello")
+        table.register("GET", "/anon", lambda r: {})
+        box = Toolbox(table)
+        self.assertIn("hello", box.tools)
+        self.assertNotIn("GET /anon", box.tools)
+        self.assertEqual(
+            box.tools["hello"].descriptor["inputSchema"]["additionalProperties"], True
+        )
+
     def test_descriptor_from_the_schema(self) -> None:
         """Name, title, description and schemas come from the table and schema."""
         stat = self.tool("files_stat").descriptor
