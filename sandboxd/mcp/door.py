@@ -565,7 +565,7 @@ class Exchange:
             channel.write_raw(event_frame(stream.number, 0, None))
 
         def notify(note: dict[str, Any]) -> None:
-            session.emit(stream, note)
+            session.emit(stream, note, droppable=True)
 
         answer = self.door.methods.handle(session, message, self._caller(), notify)
 

@@ -23,7 +23,11 @@ from sandboxd._version import __version__
 from sandboxd.errors import ApiError, Code
 from sandboxd.mcp.calls import Progress, ToolCall, decoded_text, error_result
 from sandboxd.mcp.tools import NOT_TOOLS, ArgumentError, Toolbox
-from sandboxd.policy.defaults import MCP_CALLS_PER_SESSION, MCP_PROGRESS_SECONDS
+from sandboxd.policy.defaults import (
+    MCP_CALLS_PER_SESSION,
+    MCP_PROGRESS_MESSAGE_CHARS,
+    MCP_PROGRESS_SECONDS,
+)
 
 if TYPE_CHECKING:
     from sandboxd.auth import Identity
@@ -275,6 +279,10 @@ class Methods:
                 return
             text = "\n".join(pending)
             pending.clear()
+            if len(text) > MCP_PROGRESS_MESSAGE_CHARS:
+                # The result carries the output; progress is for watching.
+                cut = len(text) - MCP_PROGRESS_MESSAGE_CHARS
+                text = f"[{cut} characters left out]\n" + text[cut:]
             state["sent"] = state["so_far"]
             notify(
                 notification(

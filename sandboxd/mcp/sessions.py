@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import attrs
+from twisted.internet.interfaces import IPushProducer
+from zope.interface import implementer
 
 from sandboxd.policy.defaults import MCP_REPLAY_BYTES
 
@@ -47,6 +49,28 @@ def parse_event_id(value: str) -> tuple[int, int] | None:
     return int(stream), int(seq)
 
 
+@implementer(IPushProducer)
+class Backlog:
+    """
+    Told by the transport when a client stops reading: while it is paused,
+    progress notifications are skipped (the next one carries the bytes so
+    far, and the result the output), so a stalled client costs no memory.
+    """
+
+    paused = False
+
+    def pauseProducing(self) -> None:
+        """The transport's buffer is full."""
+        self.paused = True
+
+    def resumeProducing(self) -> None:
+        """The client has read."""
+        self.paused = False
+
+    def stopProducing(self) -> None:
+        """The connection is gone (the channel notices on its own)."""
+
+
 @attrs.define(eq=False)
 class Stream:
     """One SSE stream of a session and the connection showing it, if any."""
@@ -54,7 +78,13 @@ class Stream:
     number: int
     seq: int = 0
     channel: SSEChannel | None = None
+    backlog: Backlog | None = None
     finished: bool = False
+
+    @property
+    def stalled(self) -> bool:
+        """Whether the connection showing it has stopped reading."""
+        return self.backlog is not None and self.backlog.paused
 
 
 @attrs.define(eq=False)
@@ -90,8 +120,19 @@ class Session:
         self.streams[stream.number] = stream
         return stream
 
-    def emit(self, stream: Stream, message: dict[str, Any] | None) -> None:
-        """Send one message on ``stream`` (kept for replay)."""
+    def emit(
+        self,
+        stream: Stream,
+        message: dict[str, Any] | None,
+        droppable: bool = False,
+    ) -> None:
+        """
+        Send one message on ``stream`` (kept for replay).
+
+        :param droppable: skip it while the connection is stalled (progress).
+        """
+        if droppable and stream.stalled:
+            return
         if message is not None:
             stream.seq += 1
         frame = event_frame(stream.number, stream.seq, message)
@@ -118,6 +159,7 @@ class Session:
         """The stream's answer is sent: end it and close its connection."""
         stream.finished = True
         channel, stream.channel = stream.channel, None
+        stream.backlog = None
         if channel is not None and channel.open:
             channel.close()
         if stream.number:
@@ -133,12 +175,15 @@ class Session:
         old, stream.channel = stream.channel, channel
         if old is not None and old is not channel and old.open:
             old.close()
+        backlog = stream.backlog = Backlog()
+        channel.register_producer(backlog)
         for frame in self.since(stream.number, after):
             channel.write_raw(frame)
 
         def gone() -> None:
             if stream.channel is channel:
                 stream.channel = None
+                stream.backlog = None
 
         channel.on_disconnect(gone)
 

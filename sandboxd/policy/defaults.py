@@ -103,6 +103,9 @@ MCP_CALLS_PER_SESSION = 64
 #: MCP: progress notifications of one call are gathered for this long.
 MCP_PROGRESS_SECONDS = 0.05
 
+#: MCP: the most output one progress notification carries (its tail).
+MCP_PROGRESS_MESSAGE_CHARS = 64 * KIB
+
 #: SSE heartbeat interval.
 HEARTBEAT_SECONDS = 15.0
 

@@ -28,6 +28,9 @@ class FakeChannel:
     def on_disconnect(self, callback: Any) -> None:
         self.callbacks.append(callback)
 
+    def register_producer(self, producer: Any) -> None:
+        self.producer = producer
+
     def close(self) -> None:
         self.open = False
 
@@ -96,6 +99,22 @@ class StreamTests(SynchronousTestCase):
         session.finish(stream)
         self.assertFalse(second.open)
         self.assertEqual(len(list(session.since(1, 3))), 1)
+
+    def test_stalled_client_skips_progress(self) -> None:
+        """While the transport has paused the stream, droppable messages are skipped."""
+        session = SessionTable().create(ALICE, "2025-11-25", 0.0)
+        stream = session.open_stream()
+        channel = FakeChannel()
+        session.attach(stream, channel, 0)
+        channel.producer.pauseProducing()
+        session.emit(stream, {"progress": 1}, droppable=True)
+        session.emit(stream, {"result": 1})
+        channel.producer.resumeProducing()
+        session.emit(stream, {"progress": 2}, droppable=True)
+        self.assertEqual(
+            [f.split(b"\n")[0] for f in channel.frames], [b"id: 1-1", b"id: 1-2"]
+        )
+        self.assertIn(b'"result"', channel.frames[0])
 
     def test_replay_is_bounded(self) -> None:
         """The kept events stay under MCP_REPLAY_BYTES."""
