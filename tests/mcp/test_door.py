@@ -19,7 +19,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
 
 from sandboxd.mcp.protocol import VERSIONS
-from tests.helpers import alive, kill_marked
+from tests.helpers import alive, kill_marked, marked_pids
 from tests.mcp.helpers import McpTestCase, in_thread
 
 READER = "reader-token"
@@ -271,6 +271,38 @@ class ToolCallTests(McpTestCase):
             yield _sleep(0.1)
         self.assertFalse(alive(sleeper), "the group's child outlived the cancel")
         self.assertFalse(alive(shell))
+
+
+class JsonCancelTests(McpTestCase):
+    """Cancelling a call answered as JSON (shell) ends its child too."""
+
+    @inlineCallbacks
+    def test_cancel_shell(self) -> Any:
+        """notifications/cancelled for a running shell call kills its group."""
+        marker = "30.4242"
+        self.addCleanup(kill_marked, marker)
+
+        async def body(client: Any) -> Any:
+            async def call() -> None:
+                await client.call_tool("shell", {"command": f"sleep {marker}"})
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                for _ in range(100):
+                    await anyio.sleep(0.05)
+                    if marked_pids(marker):
+                        break
+                found = marked_pids(marker)
+                tg.cancel_scope.cancel()
+            await anyio.sleep(0.2)
+            return found
+
+        found = yield self.with_client(body)
+        self.assertTrue(found, "the command never started")
+        deadline = time.monotonic() + 10
+        while marked_pids(marker) and time.monotonic() < deadline:
+            yield _sleep(0.1)
+        self.assertEqual(marked_pids(marker), [])
 
 
 class PolicyTests(McpTestCase):
