@@ -30,6 +30,7 @@ from typing import Any
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
+from twisted.web.http import RESPONSES
 
 from sandboxd import gate
 from sandboxd.auth import Identity
@@ -43,7 +44,6 @@ from sandboxd.policy.defaults import (
     ENDPOINT_LIMITS,
     MCP_SWEEP_SECONDS,
 )
-from sandboxd.web.dispatch import json_bytes, reason_phrase
 from sandboxd.web.sse import SSEChannel
 
 log = Logger(namespace="sandboxd.mcp")
@@ -58,6 +58,16 @@ _DEFAULTS = ENDPOINT_LIMITS["mcp"]
 #: Revisions whose SSE streams start with a priming event (an id, no data)
 #: so that a client can resume even a stream that has sent nothing yet.
 _PRIMING = frozenset({"2025-11-25"})
+
+
+def json_bytes(value: Any) -> bytes:
+    """Compact UTF-8 JSON."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def reason_phrase(status: int) -> str:
+    """The reason phrase of an HTTP status."""
+    return RESPONSES.get(status, b"Error").decode("latin-1")
 
 
 def _header(headers: Headers, name: bytes) -> str | None:
