@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.mcp.test_client -*-
+# -*- test-case-name: tests.mcp.test_tools,tests.mcp.test_door -*-
 """
 One ``tools/call``: through the gate as its endpoint, into the endpoint's
 own handler, and back as an MCP tool result (SPEC §17).

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.mcp.test_client -*-
+# -*- test-case-name: tests.mcp.test_door -*-
 """
 The MCP door: Streamable HTTP at ``/mcp`` on the HTTP port (SPEC §17).
 

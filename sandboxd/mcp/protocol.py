@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.mcp.test_client -*-
+# -*- test-case-name: tests.mcp.test_door -*-
 """
 The MCP methods: lifecycle, tools and resources (SPEC §17), over JSON-RPC
 2.0 messages already read from the transport.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.mcp.test_client -*-
+# -*- test-case-name: tests.mcp.test_door -*-
 """
 The ``mcp`` group: the MCP door's service (SPEC §17).
 
