@@ -44,6 +44,7 @@ from sandboxd.policy.defaults import (
     ENDPOINT_LIMITS,
     MCP_SWEEP_SECONDS,
 )
+from sandboxd.web.jsonbody import parse_object
 from sandboxd.web.sse import SSEChannel
 
 log = Logger(namespace="sandboxd.mcp")
@@ -439,12 +440,8 @@ class Exchange:
                 415, protocol.INVALID_REQUEST, "the body must be application/json"
             )
             return
-        try:
-            message = json.loads(bytes(self.body))
-        except ValueError as e:
-            self._rpc_fail(400, protocol.PARSE_ERROR, f"the body is not JSON: {e}")
-            return
-        if isinstance(message, list):
+        raw = bytes(self.body)
+        if raw.lstrip().startswith(b"["):
             self._rpc_fail(
                 400,
                 protocol.INVALID_REQUEST,
@@ -452,7 +449,14 @@ class Exchange:
                 "send one message per POST",
             )
             return
-        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+        try:
+            # The HTTP door's strict parser: no repeated keys, NaN or
+            # overflowing numbers, and deep nesting is an error, not a crash.
+            message = parse_object(raw)
+        except ApiError as e:
+            self._rpc_fail(400, protocol.PARSE_ERROR, e.message)
+            return
+        if not message or message.get("jsonrpc") != "2.0":
             self._rpc_fail(
                 400,
                 protocol.INVALID_REQUEST,

@@ -91,6 +91,17 @@ class LifecycleTests(McpTestCase):
         self.assertEqual(reply.json()["result"]["protocolVersion"], VERSIONS[-1])
 
     @inlineCallbacks
+    def test_deep_nesting_is_a_parse_error(self) -> Any:
+        """A message nested past the parser's depth is -32700, and the daemon lives."""
+        deep = b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": '
+        deep += b"[" * 100000 + b"]" * 100000 + b"}"
+        reply = yield self.http("POST", raw=deep)
+        self.assertEqual(reply.status_code, 400)
+        self.assertEqual(reply.json()["error"]["code"], -32700)
+        health = yield self.request("GET", "/health")
+        self.assertEqual(health.status, 200)
+
+    @inlineCallbacks
     def test_fastmcp_client(self) -> Any:
         """fastmcp's client lists the tools and calls one."""
         from fastmcp import Client as FastClient
@@ -557,9 +568,15 @@ class TransportTests(McpTestCase):
         self.assertEqual(batch.status_code, 400)
         self.assertEqual(batch.json()["error"]["code"], -32600)
         self.assertIn("batch", batch.json()["error"]["message"])
-        junk = yield self.http("POST", raw=b"{nope", headers=headers)
-        self.assertEqual(junk.status_code, 400)
-        self.assertEqual(junk.json()["error"]["code"], -32700)
+        for junk_body in (
+            b"{nope",
+            b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "method": "x"}',
+            b'{"jsonrpc": "2.0", "id": NaN, "method": "ping"}',
+            b'"just a string"',
+        ):
+            junk = yield self.http("POST", raw=junk_body, headers=headers)
+            self.assertEqual(junk.status_code, 400, junk_body[:40])
+            self.assertIn(junk.json()["error"]["code"], (-32700, -32600))
         big = {**ping, "params": {"x": "y" * 5000}}
         huge = yield self.http("POST", big, headers)
         self.assertEqual(huge.status_code, 413)
