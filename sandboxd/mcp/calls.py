@@ -29,7 +29,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sandboxd import gate
-from sandboxd.errors import ApiError, Code
+from sandboxd.errors import ApiError, unexpected, unsupported
 from sandboxd.mcp.tools import FILE_READS, IMAGES, LINE_STREAMS, Tool
 from sandboxd.policy.defaults import MCP_RESULT_BYTES
 from sandboxd.web.messages import (
@@ -226,10 +226,8 @@ class CollectingChannel:
             "event_count": self.events_sent,
         }
         if self.error is not None:
-            structured.update(
-                error=str(self.error.get("error", "")),
-                type=str(self.error.get("type", "")),
-            )
+            # The stream's own error event, as it sent it.
+            structured["error"] = self.error
         text = structured["stdout"] + (
             f"\n[stderr]\n{structured['stderr']}" if structured["stderr"] else ""
         )
@@ -321,10 +319,9 @@ class ToolCall:
             if result.get("isError"):
                 structured = result.get("structuredContent") or {}
                 status = int(structured.get("status", 500))
-                code = structured.get("code")
                 error = (
-                    ApiError(status, "", code=code)
-                    if code in Code.__members__.values()
+                    ApiError.from_body(status, structured)
+                    if structured.get("code")
                     else None
                 )
             return result
@@ -337,9 +334,8 @@ class ToolCall:
             return error_result(e)
         except Exception as e:
             log.failure("tool {tool} failed", Failure(), tool=tool.name)
-            name = type(e).__name__
             status = 500
-            error = ApiError(500, str(e) or name, name, "internal")
+            error = unexpected(e)
             return error_result(error)
         finally:
             gate.release(self.context, passed)
@@ -361,31 +357,15 @@ class ToolCall:
             raise value
         if isinstance(value, ServerResponse):
             if value.raw is not None:
-                raise ApiError(
-                    501, "this endpoint answers with raw bytes", code="unsupported"
-                )
+                raise unsupported("this endpoint answers with raw bytes")
             if value.status >= 400:
                 body = value.body if isinstance(value.body, dict) else {}
-                return error_result(
-                    ApiError(
-                        value.status,
-                        str(body.get("error", "")),
-                        str(body.get("type", "ValueError")),
-                        body.get("code"),
-                        **{
-                            k: v
-                            for k, v in body.items()
-                            if k not in ("error", "type", "code")
-                        },
-                    )
-                )
+                return error_result(ApiError.from_body(value.status, body))
             return value_result(self.tool, value.body if value.body is not None else {})
         if isinstance(value, SSEResponse):
             return await self._collect(value)
         if isinstance(value, StreamResponse):
-            raise ApiError(
-                501, "this endpoint answers with a streamed body", code="unsupported"
-            )
+            raise unsupported("this endpoint answers with a streamed body")
         return value_result(self.tool, value if value is not None else {})
 
     async def _collect(self, response: SSEResponse) -> dict[str, Any]:
@@ -408,11 +388,7 @@ class ToolCall:
                         channel.send(item[0], item[1])
                 channel.close()
             else:
-                raise ApiError(
-                    501,
-                    "this endpoint's stream cannot be collected",
-                    code="unsupported",
-                )
+                raise unsupported("this endpoint's stream cannot be collected")
         await channel.done
         flush = getattr(self.progress, "flush", None)
         if flush is not None:

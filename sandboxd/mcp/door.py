@@ -34,7 +34,15 @@ from twisted.web.http import RESPONSES
 
 from sandboxd import gate
 from sandboxd.auth import Identity
-from sandboxd.errors import ApiError, Code, bad_request, payload_too_large
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    bad_request,
+    limit_exceeded,
+    limit_rule,
+    payload_too_large,
+    unsupported,
+)
 from sandboxd.mcp import protocol
 from sandboxd.mcp.protocol import Caller, Methods, error, notification
 from sandboxd.mcp.sessions import Session, SessionTable, event_frame, parse_event_id
@@ -149,13 +157,12 @@ class McpDoor(Service):
         if len(self.sessions) >= limit:
             self.sessions.expire(now, self._idle())
         if len(self.sessions) >= limit:
-            return ApiError(
+            return limit_exceeded(
                 429,
                 f"too many MCP sessions ({limit} open); end one with DELETE",
-                "ResourceError",
                 Code.TOO_MANY_SESSIONS,
+                rule=limit_rule(self.context.policy.rules["mcp"], "max_sessions"),
                 limit=limit,
-                rule=self.context.policy.rules["mcp"].source("limits.max_sessions"),
             )
         session = self.sessions.create(identity, version, now)
         self._schedule_sweep()
@@ -238,13 +245,7 @@ class Exchange:
         self.cap = 0
         if method not in _METHODS:
             self._refuse(
-                ApiError(
-                    405,
-                    f"/mcp takes GET, POST or DELETE, not {method}",
-                    code=Code.UNSUPPORTED,
-                    headers={"Allow": "GET, POST, DELETE"},
-                ),
-                length,
+                unsupported(f"/mcp takes GET, POST or DELETE, not {method}"), length
             )
             return
         try:

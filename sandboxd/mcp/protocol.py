@@ -20,7 +20,7 @@ from twisted.internet.defer import Deferred
 
 from sandboxd import gate
 from sandboxd._version import __version__
-from sandboxd.errors import ApiError, Code
+from sandboxd.errors import Code, limit_exceeded
 from sandboxd.mcp.calls import Progress, ToolCall, decoded_text, error_result
 from sandboxd.mcp.tools import NOT_TOOLS, ArgumentError, Toolbox
 from sandboxd.policy.defaults import (
@@ -220,10 +220,9 @@ class Methods:
             return result(
                 rid,
                 error_result(
-                    ApiError(
+                    limit_exceeded(
                         429,
                         f"this session has {MCP_CALLS_PER_SESSION} calls in flight",
-                        "ResourceError",
                         Code.CONCURRENCY_LIMITED,
                         limit=MCP_CALLS_PER_SESSION,
                     )

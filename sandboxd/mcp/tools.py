@@ -93,8 +93,10 @@ STREAM_OUTPUT: dict[str, Any] = {
             "type": "boolean",
             "description": "output past the result cap was left out",
         },
-        "error": {"type": "string"},
-        "type": {"type": "string"},
+        "error": {
+            "type": "object",
+            "description": "the stream's error event (a timeout): {error, type}",
+        },
         "event_count": {"type": "integer", "description": "events the stream carried"},
     },
 }
