@@ -265,12 +265,15 @@ class Exchange:
         self.rule = self.passed.rule
         self.cap = self.rule.limits.max_request_bytes or 0
         if length is not None and self.cap and length > self.cap:
-            self._refuse(payload_too_large(self.cap, "the MCP message"), None)
+            self.refusal = payload_too_large(self.cap, "the MCP message")
+            self._answer_now(self.refusal)
 
     # -- header time and body ----------------------------------------------
 
     def _refuse(self, err: ApiError, length: int | None) -> None:
         self.refusal = err
+        if length is None and not self.headers.get(b"transfer-encoding"):
+            length = 0  # no body at all (a GET): answer it and keep the connection
         if length is None or length > DRAIN_LIMIT_BYTES:
             self._answer_now(err)
 

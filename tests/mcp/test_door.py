@@ -375,6 +375,9 @@ class PolicyTests(McpTestCase):
         reply = yield self.initialize(headers={"authorization": "Bearer nope"})
         self.assertEqual(reply.status_code, 401)
         self.assertEqual(reply.json()["error"]["data"]["code"], "unauthorized")
+        stream = yield self.http("GET", None, {"authorization": "Bearer nope"})
+        self.assertEqual(stream.status_code, 401)
+        self.assertEqual(stream.json()["error"]["data"]["code"], "unauthorized")
 
     @inlineCallbacks
     def test_foreign_origin_refused(self) -> Any:
