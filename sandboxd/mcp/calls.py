@@ -85,6 +85,32 @@ def value_result(tool: Tool, value: Any) -> dict[str, Any]:
     return {"content": content, "structuredContent": structured, "isError": False}
 
 
+def raw_result(response: ServerResponse) -> dict[str, Any]:
+    """
+    A raw answer (``/metrics``' Prometheus text): text as text content, up
+    to the result bound; anything else is refused as not a tool answer.
+    """
+    raw = response.raw or b""
+    kind = next(
+        (v for k, v in response.headers.items() if k.lower() == "content-type"),
+        "application/octet-stream",
+    )
+    try:
+        text = raw[:MCP_RESULT_BYTES].decode("utf-8")
+    except UnicodeDecodeError:
+        raise unsupported("this endpoint answers with binary bytes") from None
+    structured = {
+        "content_type": kind,
+        "bytes": len(raw),
+        "truncated": len(raw) > MCP_RESULT_BYTES,
+    }
+    return {
+        "content": [{"type": "text", "text": text}],
+        "structuredContent": structured,
+        "isError": False,
+    }
+
+
 def decoded_text(data: str) -> str | None:
     """The UTF-8 text a base64 string holds, or None for binary data."""
     try:
@@ -356,6 +382,8 @@ class ToolCall:
         if isinstance(value, ApiError):
             raise value
         if isinstance(value, ServerResponse):
+            if value.raw is not None and value.status < 400:
+                return raw_result(value)
             if value.raw is not None:
                 raise unsupported("this endpoint answers with raw bytes")
             if value.status >= 400:

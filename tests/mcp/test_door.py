@@ -161,6 +161,18 @@ class ToolCallTests(McpTestCase):
         self.assertIn("hi", result.content[0].text)
 
     @inlineCallbacks
+    def test_metrics_as_text(self) -> Any:
+        """The Prometheus text of /metrics comes back as text content."""
+
+        async def body(client: Any) -> Any:
+            return await client.call_tool("metrics", {})
+
+        result = yield self.with_client(body)
+        self.assertFalse(result.is_error, result)
+        self.assertIn("sandboxd_", result.content[0].text)
+        self.assertTrue(result.structured_content["content_type"].startswith("text/"))
+
+    @inlineCallbacks
     def test_stream_with_progress(self) -> Any:
         """
         shell_stream runs to completion; with a progressToken each new

@@ -192,6 +192,17 @@ class ResultTests(SynchronousTestCase):
         )
         self.assertIn("content_base64", blob["content"][0]["text"])
 
+    def test_raw_text_answer(self) -> None:
+        """A raw text answer (Prometheus metrics) is text content."""
+        from sandboxd.mcp.calls import raw_result
+        from sandboxd.web.messages import ServerResponse
+
+        result = raw_result(
+            ServerResponse(200, raw=b"up 1\n", headers={"content-type": "text/plain"})
+        )
+        self.assertEqual(result["content"], [{"type": "text", "text": "up 1\n"}])
+        self.assertEqual(result["structuredContent"]["bytes"], 5)
+
     def test_refusal(self) -> None:
         """A refusal is isError with the §6 code, rule and status."""
         result = error_result(missing_scope("shell", "process:run", "endpoint:shell"))
