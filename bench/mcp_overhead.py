@@ -226,6 +226,7 @@ def run_case(
         raise errors[0]
     flat = sorted(x for lat in latencies for x in lat)
     return {
+        "workload": "MCP",
         "call": call,
         "via": mode,
         "calls": len(flat),
@@ -275,6 +276,7 @@ def main() -> None:
         print(
             json.dumps(
                 {
+                    "workload": "MCP",
                     "summary": call,
                     "concurrency": CONCURRENCY,
                     "http_calls_per_s": http_rate,

@@ -25,10 +25,11 @@ The W0-W7 harness and its reference peers are not in this repository: they
 are the project's shared benchmark folder (shared/bench), expected beside the
 checkout at $SHARED_BENCH. Copy or link it there, or set SHARED_BENCH=DIR,
 to run W0-W7; it also needs wrk (apt-get install wrk; its setup.sh does
-that). Skipping W0-W7; the raw-file and PTY-ceiling runs follow.
+that). Skipping W0-W7; the raw-file, MCP and PTY-ceiling runs follow.
 EOF
 fi
 "$ROOT/.venv/bin/python" "$ROOT/bench/raw_files.py" --size-mib "${RAW_MIB:-1024}"
-"$ROOT/.venv/bin/python" "$ROOT/bench/mcp_overhead.py"
+"$ROOT/.venv/bin/python" "$ROOT/bench/mcp_overhead.py" \
+  --calls "${MCP_CALLS:-2000}" --shell-calls "${MCP_SHELL_CALLS:-400}" --rounds "${MCP_ROUNDS:-2}"
 # The kernel's ceiling for W6's terminal throughput, with no server at all.
 "$ROOT/.venv/bin/python" "$ROOT/bench/pty_ceiling.py"
