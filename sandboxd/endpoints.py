@@ -32,6 +32,7 @@ class CapabilityGroup(enum.StrEnum):
     DEV_TOOLS = "dev_tools"
     BROWSER = "browser"
     AGENTS = "agents"
+    E2B = "e2b"
 
 
 #: Groups that are on unless something turns them off.
@@ -48,6 +49,10 @@ DEFAULT_ON = frozenset(
 
 #: Methods the HTTP pipeline knows; anything else is 501.
 HTTP_METHODS = ("GET", "POST", "DELETE")
+
+#: Endpoints served on a port of their own (a front door), not by the HTTP
+#: router: the PTY WebSocket and the E2B-compatible port.
+DOOR_METHODS = ("WS", "E2B")
 
 Handler = Callable[[Any], Any]
 
@@ -84,7 +89,7 @@ class Endpoint:
     @property
     def implemented(self) -> bool:
         """Whether a handler is attached (WebSocket ids count as served)."""
-        return self.handler is not None or self.method == "WS"
+        return self.handler is not None or self.method in DOOR_METHODS
 
     @property
     def segments(self) -> tuple[str, ...]:
@@ -187,6 +192,7 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("agents_terminal_kill", "POST", _S + "/terminals/{terminal_id}/kill", G.AGENTS, ("agents:run",), "Signal an agent's terminal.", {}),
     ("agents_commands", "GET", _S + "/commands", G.AGENTS, ("agents:read",), "The agent's slash commands.", {}),
     ("agents_logs", "GET", _S + "/logs", G.AGENTS, ("agents:read",), "The agent's stderr, head and tail.", {}),
+    ("e2b", "E2B", "/", G.E2B, ("core:read",), "The E2B-compatible envd API (E2B port); each call is governed as its sandboxd endpoint.", {"body": "none"}),
 ]
 # fmt: on
 
@@ -207,6 +213,7 @@ def default_scopes(group: CapabilityGroup, method: str) -> tuple[str, ...]:
         G.DEV_TOOLS: "devtools:run",
         G.BROWSER: "browser:use",
         G.AGENTS: "agents:run" if writes else "agents:read",
+        G.E2B: "core:read",
     }
     return (table[group],)
 
@@ -262,7 +269,7 @@ class RouteTable:
                     f"{endpoint.method} {endpoint.path} is already served by "
                     f"{other.id!r}"
                 )
-        if endpoint.method not in (*HTTP_METHODS, "WS"):
+        if endpoint.method not in (*HTTP_METHODS, *DOOR_METHODS):
             raise ValueError(f"unsupported method {endpoint.method!r}")
         if not endpoint.path.startswith("/"):
             raise ValueError(f"path must start with '/': {endpoint.path!r}")

@@ -19,6 +19,7 @@ _NON_CORE = (
     "dev_tools",
     "browser",
     "agents",
+    "e2b",
 )
 
 _FILE_WRITES = (
