@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
-from twisted.internet.defer import maybeDeferred
+from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
@@ -33,8 +33,17 @@ from sandboxd import gate
 from sandboxd.e2b import connect
 from sandboxd.e2b.connect import ConnectCode
 from sandboxd.errors import ApiError, Code, endpoint_disabled, internal
-from sandboxd.policy.defaults import E2B_MAX_MESSAGE_BYTES, MIB
+from sandboxd.policy.defaults import (
+    E2B_MAX_MESSAGE_BYTES,
+    MAX_CONNECTIONS_PER_PEER,
+    MAX_HTTP_CONNECTIONS,
+    MIB,
+)
+from sandboxd.web.channel import SandboxChannel
 from sandboxd.web.messages import ServerRequest
+
+#: Close keep-alive connections idle for this long (as the HTTP door does).
+IDLE_TIMEOUT_SECONDS = 60
 
 if TYPE_CHECKING:
     from sandboxd.auth import Identity
@@ -120,18 +129,71 @@ class E2BRequest(Request):
 
 
 class E2BSite(Site):
-    """The door's site: one resource that serves every path."""
+    """
+    The door's site: one resource that serves every path, over the HTTP
+    door's hardened connection (:class:`~sandboxd.web.channel.SandboxChannel`:
+    connection caps, header deadline, no obs-fold), HTTP/1.1 only.
+    """
 
     requestFactory = E2BRequest
+    protocol = SandboxChannel  # type: ignore[assignment]
+    displayTracebacks = False
 
     def __init__(self, door: Door) -> None:
-        super().__init__(_Root(door))
+        super().__init__(
+            _Root(door),
+            timeout=IDLE_TIMEOUT_SECONDS,
+            reactor=door.context.reactor,
+            parsePOSTFormSubmission=False,
+        )
         self.door = door
-        self.displayTracebacks = False
+        self.connections: set[SandboxChannel] = set()
+        self.per_peer: dict[str, int] = {}
 
     def body_cap(self, path: bytes) -> int:
         """How many body bytes a request to ``path`` may send."""
         return self.door.body_cap(path.split(b"?", 1)[0])
+
+    def connection_opened(self, channel: SandboxChannel) -> bool:
+        """Admit a new connection (False: over a cap, close it)."""
+        peer = channel.peer_host
+        if (
+            len(self.connections) >= MAX_HTTP_CONNECTIONS
+            or self.per_peer.get(peer, 0) >= MAX_CONNECTIONS_PER_PEER
+        ):
+            return False
+        self.connections.add(channel)
+        self.per_peer[peer] = self.per_peer.get(peer, 0) + 1
+        return True
+
+    def connection_closed(self, channel: SandboxChannel) -> None:
+        """Forget a connection."""
+        if channel in self.connections:
+            self.connections.discard(channel)
+            left = self.per_peer.get(channel.peer_host, 1) - 1
+            if left > 0:
+                self.per_peer[channel.peer_host] = left
+            else:
+                self.per_peer.pop(channel.peer_host, None)
+
+    def close_all(self, within: float = 2.0) -> Deferred[None]:
+        """Abort every open connection; fires once they are gone (bounded)."""
+        for channel in list(self.connections):
+            transport: Any = channel.transport
+            if transport is not None:
+                transport.abortConnection()
+        done: Deferred[None] = Deferred()
+        clock = self.door.context.reactor
+        deadline = clock.seconds() + within
+
+        def check() -> None:
+            if not self.connections or clock.seconds() >= deadline:
+                done.callback(None)
+            else:
+                clock.callLater(0.01, check)
+
+        check()
+        return done
 
     def log(self, request: Any) -> None:
         """No access log: every call is one audit line instead."""
@@ -471,6 +533,7 @@ class Door:
     def __init__(self, context: Context, procedures: dict[str, Procedure]) -> None:
         self.context = context
         self.procedures = procedures
+        self._site: E2BSite | None = None
 
     def body_cap(self, path: bytes) -> int:
         """The body cap of a request to ``path`` (uploads: ``max_bytes``)."""
@@ -481,8 +544,10 @@ class Door:
         return E2B_MAX_MESSAGE_BYTES * 4 + 64 * 1024
 
     def site(self) -> E2BSite:
-        """The twisted.web site serving this door."""
-        return E2BSite(self)
+        """The twisted.web site serving this door (one per door)."""
+        if self._site is None:
+            self._site = E2BSite(self)
+        return self._site
 
     def _find(self, request: Any) -> Procedure | None:
         path = request.path.decode("latin-1")

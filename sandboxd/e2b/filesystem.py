@@ -19,6 +19,7 @@ creator's absence for a while, or at shutdown.
 from __future__ import annotations
 
 import posixpath
+import re
 import secrets
 import stat
 from typing import Any
@@ -42,6 +43,10 @@ from sandboxd.policy.defaults import (
     MIB,
 )
 from sandboxd.routes import files as file_routes
+
+#: The temporary names of atomic writes (``sandboxd.files.atomic``): their
+#: create-and-rename is one write of the real name to whoever watches.
+_ATOMIC_TEMP = re.compile(r"^\..+\.[0-9a-f]{12}\.upload$")
 
 _EVENT_TYPES = {
     "created": "EVENT_TYPE_CREATE",
@@ -79,9 +84,14 @@ def make_dir(call: Call, message: dict[str, Any]) -> dict[str, Any]:
     """``MakeDir``: with parents; an existing directory is ``already_exists``."""
     path = _path(message)
     guard = _guard(call)
-    with guard.locate(path, "write", follow=True) as loc:
-        st = loc.lstat()
-        resolved = loc.path
+    try:
+        with guard.locate(path, "write", follow=True) as loc:
+            st = loc.lstat()
+            resolved = loc.path
+    except ApiError as e:
+        if e.status != 404:
+            raise
+        st = None  # a missing parent: made below, with the parents
     if st is not None:
         if stat.S_ISDIR(st.st_mode):
             raise ApiError(
@@ -173,6 +183,8 @@ def _event_json(
     if "dest" in data:
         pairs.append((data["dest"], "EVENT_TYPE_CREATE"))
     for path, what in pairs:
+        if _ATOMIC_TEMP.match(posixpath.basename(path)):
+            continue
         try:
             with guard.locate(path, "read", follow=False):
                 pass

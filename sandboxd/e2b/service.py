@@ -96,7 +96,9 @@ class E2BService(Service):
         if self.port is None:
             return succeed(None)
         port, self.port = self.port, None
-        return maybeDeferred(port.stopListening)
+        d = maybeDeferred(port.stopListening)
+        d.addCallback(lambda _: self.door.site().close_all())
+        return d
 
 
 def setup(context: Any, description: str) -> E2BService:
