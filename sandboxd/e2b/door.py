@@ -605,6 +605,15 @@ class Door:
         if procedure.kind in (UNARY, SERVER_STREAM, CLIENT_STREAM):
             body = request.content.read() if request.content is not None else b""
             if procedure.kind == UNARY:
+                if len(body) > E2B_MAX_MESSAGE_BYTES:
+                    raise ApiError(
+                        413,
+                        f"a Connect message of {len(body)} bytes is over the "
+                        f"limit of {E2B_MAX_MESSAGE_BYTES} bytes",
+                        "ValueError",
+                        Code.PAYLOAD_TOO_LARGE,
+                        limit=E2B_MAX_MESSAGE_BYTES,
+                    )
                 message = connect.decode_json(body)
             else:
                 messages = connect.split_envelopes(body, E2B_MAX_MESSAGE_BYTES)
