@@ -24,10 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
+from zope.interface import implementer
 
 from sandboxd import gate
 from sandboxd.e2b import connect
@@ -422,6 +424,24 @@ class Call:
 # -- server streams -------------------------------------------------------------
 
 
+@implementer(IPushProducer)
+class _Pauser:
+    """What a slow client pauses (a child's pipes, a terminal)."""
+
+    def __init__(self, pause: Callable[[], None], resume: Callable[[], None]) -> None:
+        self.pause = pause
+        self.resume = resume
+
+    def pauseProducing(self) -> None:
+        self.pause()
+
+    def resumeProducing(self) -> None:
+        self.resume()
+
+    def stopProducing(self) -> None:
+        """The client left: the stream's close handling lets go."""
+
+
 class Stream:
     """
     The response of a server stream: enveloped messages, keepalives at the
@@ -439,6 +459,7 @@ class Stream:
         self._timer: Any = None
         self._deadline: Any = None
         self._end_hooks: list[Callable[[], None]] = []
+        self._producer: _Pauser | None = None
         self.request.setResponseCode(200)
         self.request.setHeader(b"content-type", connect.STREAM_CONTENT_TYPE.encode())
         call.on_close(self._client_gone)
@@ -487,7 +508,19 @@ class Stream:
         self.call.bytes_out += len(data)
         self.request.write(data)
 
+    def register_producer(
+        self, pause: Callable[[], None], resume: Callable[[], None]
+    ) -> None:
+        """Let a client that reads slowly pause what feeds the stream."""
+        self._producer = _Pauser(pause, resume)
+        self.request.registerProducer(self._producer, True)
+
     def _stop(self) -> None:
+        if self._producer is not None:
+            producer, self._producer = self._producer, None
+            if self.request.channel is not None:
+                self.request.unregisterProducer()
+            producer.resume()
         for timer in (self._timer, self._deadline):
             if timer is not None and timer.active():
                 timer.cancel()

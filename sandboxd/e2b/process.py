@@ -242,6 +242,7 @@ def _follow(call: Call, stream: Stream, managed: Managed, replay: bool) -> None:
     if stream.ended:
         return
     stream.on_end(managed.log.subscribe(deliver))
+    stream.register_producer(child.pause_reading, child.resume_reading)
     if managed.log.closed and not stream.ended:
         stream.send(end_event(child.exit_code))
         stream.end()
@@ -297,6 +298,9 @@ def _attach(call: Call, stream: Stream, session: PtySession, replay: bool) -> No
         )
         return
     stream.on_end(lambda: session.detach(client))
+    stream.register_producer(
+        lambda: session.pause(client), lambda: session.resume(client)
+    )
 
 
 # -- procedures -------------------------------------------------------------------

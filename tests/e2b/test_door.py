@@ -289,3 +289,31 @@ class FramingTests(E2BCase):
         variables = json.loads((yield readBody(response)))
         self.assertIn("HOME", variables)
         self.assertNotIn("ABX_SERVER_SHOWN", variables)
+
+
+class BackpressureTests(E2BCase):
+    """A client that reads slowly pauses the child instead of filling memory."""
+
+    @inlineCallbacks
+    def test_unread_stream_pauses_the_child(self) -> Any:
+        """Output nobody reads pauses the child's pipes (as a slow SSE client does)."""
+        body = envelope(_start("head -c 200000000 /dev/zero"))
+        sock = socket.create_connection(("127.0.0.1", self.e2b_port), timeout=5)
+        self.addCleanup(sock.close)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(
+            b"POST /process.Process/Start HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/connect+json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        service = self.daemon.context.services["processes"]
+        deadline = time.monotonic() + 10
+        paused = False
+        while time.monotonic() < deadline and not paused:
+            yield self.sdk(time.sleep, 0.1)
+            paused = any(m.child.paused for m in service.list() if m.running)
+        self.assertTrue(paused)
+        for managed in service.list():
+            if managed.running:
+                managed.child.kill()
