@@ -25,7 +25,7 @@ import stat
 from typing import Any
 
 import attrs
-from twisted.internet.threads import deferToThreadPool
+from twisted.internet.defer import succeed
 
 from sandboxd.e2b.connect import bool_field, string_field, uint_field
 from sandboxd.e2b.door import SERVER_STREAM, UNARY, Call, Procedure, Stream
@@ -33,7 +33,7 @@ from sandboxd.e2b.entries import FILE_TYPE_DIRECTORY, describe, entry_json
 from sandboxd.errors import ApiError, Code, bad_request, not_found
 from sandboxd.eventlog import Event
 from sandboxd.files import walk
-from sandboxd.files.watch import Watch, WatchService, _subdirs
+from sandboxd.files.watch import Watch, WatchService, watch_dirs
 from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import (
     E2B_MAX_WATCHERS,
@@ -68,8 +68,7 @@ def _guard(call: Call) -> PathGuard:
 
 
 def _thread(call: Call, fn: Any, *args: Any) -> Any:
-    reactor = call.context.reactor
-    return deferToThreadPool(reactor, reactor.getThreadPool(), fn, *args)
+    return call.context.in_thread(fn, *args)
 
 
 # -- one-shot procedures ------------------------------------------------------------
@@ -166,7 +165,8 @@ def remove(call: Call, message: dict[str, Any]) -> Any:
 
 
 def _watch_service(call: Call) -> WatchService:
-    service: WatchService = call.context.services["files_watch"]
+    service = call.context.watches
+    assert service is not None
     return service
 
 
@@ -219,7 +219,11 @@ def _open_watch(call: Call, message: dict[str, Any]) -> Any:
             root, recursive, int(retention), dirs if recursive else []
         )
 
-    return _thread(call, _subdirs, guard, path).addCallback(ready)
+    if recursive:
+        return _thread(call, watch_dirs, guard, path).addCallback(ready)
+    with guard.open_dir(path) as (_fd, root):
+        pass
+    return succeed((root, [])).addCallback(ready)
 
 
 def watch_dir(call: Call, message: dict[str, Any]) -> None:
@@ -331,8 +335,9 @@ class Watchers:
 
 
 def _watchers(call: Call) -> Watchers:
-    watchers: Watchers = call.context.services["e2b"].watchers
-    return watchers
+    door = call.context.e2b
+    assert door is not None
+    return door.watchers
 
 
 def create_watcher(call: Call, message: dict[str, Any]) -> Any:

@@ -100,17 +100,21 @@ class ProcessDoor:
 
 
 def _service(call: Call) -> ProcessService:
-    service: ProcessService = call.context.services["processes"]
+    service = call.context.processes
+    assert service is not None
     return service
 
 
 def _terminals(call: Call) -> Any:
-    return call.context.services["terminals"].table
+    service = call.context.terminals
+    assert service is not None
+    return service.table
 
 
 def _state(call: Call) -> ProcessDoor:
-    state: ProcessDoor = call.door.context.services["e2b"].processes
-    return state
+    door = call.context.e2b
+    assert door is not None
+    return door.processes
 
 
 def _config(message: dict[str, Any]) -> Config:

@@ -20,7 +20,6 @@ import posixpath
 from typing import Any
 
 from twisted.internet.defer import Deferred
-from twisted.internet.threads import deferToThreadPool
 from twisted.web.server import NOT_DONE_YET
 
 from sandboxd.e2b.door import REST, Call, Procedure
@@ -194,9 +193,7 @@ def upload(call: Call, _: Any) -> Deferred[Any]:
             )
         return written
 
-    reactor = call.context.reactor
-    d: Deferred[Any] = deferToThreadPool(reactor, reactor.getThreadPool(), write_all)
-    return d
+    return call.context.in_thread(write_all)
 
 
 PROCEDURES = {

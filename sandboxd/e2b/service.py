@@ -102,7 +102,7 @@ class E2BService(Service):
 
 
 def setup(context: Any, description: str) -> E2BService:
-    """Create the E2B service (``context.services["e2b"]``)."""
+    """Create the E2B service (``context.e2b``)."""
     service = E2BService(context, description)
-    context.services["e2b"] = service
+    context.e2b = service
     return service

@@ -307,7 +307,7 @@ class BackpressureTests(E2BCase):
             + f"Content-Length: {len(body)}\r\n\r\n".encode()
             + body
         )
-        service = self.daemon.context.services["processes"]
+        service = self.daemon.context.processes
         deadline = time.monotonic() + 10
         paused = False
         while time.monotonic() < deadline and not paused:

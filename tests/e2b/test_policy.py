@@ -256,4 +256,4 @@ class SwitchTests(E2BCase):
     def test_no_option_no_service(self) -> Any:
         """Without --e2b-port there is no E2B service at all, even when enabled."""
         daemon = yield super(E2BCase, self).start(policy={"groups": {"e2b": True}})
-        self.assertNotIn("e2b", daemon.context.services)
+        self.assertIsNone(daemon.context.e2b)
