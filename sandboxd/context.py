@@ -33,7 +33,6 @@ from sandboxd.web.routing import Router
 if TYPE_CHECKING:
     from sandboxd.agents.manager import AgentManager
     from sandboxd.browser.supervisor import BrowserSupervisor
-    from sandboxd.e2b.service import E2BService
     from sandboxd.files.watch import WatchService
     from sandboxd.processes.service import ProcessService
     from sandboxd.terminals.service import TerminalService
@@ -82,7 +81,10 @@ class Context:
     watches: WatchService | None = attrs.field(default=None, init=False)
     browser: BrowserSupervisor | None = attrs.field(default=None, init=False)
     agents: AgentManager | None = attrs.field(default=None, init=False)
-    e2b: E2BService | None = attrs.field(default=None, init=False)
+    #: The E2B door's service (``sandboxd.e2b.service.E2BService``), when
+    #: ``--e2b-port`` is given; typed loosely because the door imports the
+    #: routes, which import this module.
+    e2b: Any = attrs.field(default=None, init=False)
     hostname: str = attrs.field(factory=socket.gethostname, init=False)
     started_at: float = attrs.field(factory=time.time, init=False)
     pty_port: int | None = None

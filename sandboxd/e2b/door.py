@@ -49,7 +49,6 @@ IDLE_TIMEOUT_SECONDS = 60
 
 if TYPE_CHECKING:
     from sandboxd.auth import Identity
-    from sandboxd.context import Context
     from sandboxd.policy.rules import EffectiveRule
 
 log = Logger(namespace="sandboxd.e2b")
@@ -271,8 +270,8 @@ class Call:
     _on_close: list[Callable[[], None]] = attrs.Factory(list)
 
     @property
-    def context(self) -> Context:
-        """The daemon's shared services."""
+    def context(self) -> Any:
+        """The daemon's shared services (:class:`sandboxd.context.Context`)."""
         return self.door.context
 
     @property
@@ -563,7 +562,7 @@ class Door:
         ``"METHOD /path"`` (REST) to its :class:`Procedure`.
     """
 
-    def __init__(self, context: Context, procedures: dict[str, Procedure]) -> None:
+    def __init__(self, context: Any, procedures: dict[str, Procedure]) -> None:
         self.context = context
         self.procedures = procedures
         self._site: E2BSite | None = None

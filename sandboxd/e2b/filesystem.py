@@ -165,7 +165,7 @@ def remove(call: Call, message: dict[str, Any]) -> Any:
 
 
 def _watch_service(call: Call) -> WatchService:
-    service = call.context.watches
+    service: WatchService | None = call.context.watches
     assert service is not None
     return service
 
@@ -335,9 +335,8 @@ class Watchers:
 
 
 def _watchers(call: Call) -> Watchers:
-    door = call.context.e2b
-    assert door is not None
-    return door.watchers
+    watchers: Watchers = call.context.e2b.watchers
+    return watchers
 
 
 def create_watcher(call: Call, message: dict[str, Any]) -> Any:

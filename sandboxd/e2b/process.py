@@ -100,7 +100,7 @@ class ProcessDoor:
 
 
 def _service(call: Call) -> ProcessService:
-    service = call.context.processes
+    service: ProcessService | None = call.context.processes
     assert service is not None
     return service
 
@@ -112,9 +112,8 @@ def _terminals(call: Call) -> Any:
 
 
 def _state(call: Call) -> ProcessDoor:
-    door = call.context.e2b
-    assert door is not None
-    return door.processes
+    state: ProcessDoor = call.context.e2b.processes
+    return state
 
 
 def _config(message: dict[str, Any]) -> Config:

@@ -193,7 +193,8 @@ def upload(call: Call, _: Any) -> Deferred[Any]:
             )
         return written
 
-    return call.context.in_thread(write_all)
+    written: Deferred[Any] = call.context.in_thread(write_all)
+    return written
 
 
 PROCEDURES = {
