@@ -121,3 +121,35 @@ class ModeStringTests(SynchronousTestCase):
         self.assertEqual(go_mode_string(stat.S_IFLNK | 0o777), "Lrwxrwxrwx")
         self.assertEqual(go_mode_string(stat.S_IFDIR | 0o1777), "dtrwxrwxrwx")
         self.assertEqual(go_mode_string(stat.S_IFCHR | 0o666), "Dcrw-rw-rw-")
+
+
+class MultipartTests(SynchronousTestCase):
+    """The upload parser finds parts by their delimiters."""
+
+    def test_parts_and_names(self) -> None:
+        """Two parts, their file names, and bytes that look like delimiters inside."""
+        from sandboxd.e2b.rest import split_multipart
+
+        body = (
+            b"--XyZ\r\n"
+            b'Content-Disposition: form-data; name="file"; filename="a/b.txt"\r\n'
+            b"Content-Type: application/octet-stream\r\n\r\n"
+            b"one\r\n--XyZnot-a-delimiter\r\n"
+            b"--XyZ\r\n"
+            b'Content-Disposition: form-data; name="file"; filename="c.bin"\r\n\r\n'
+            b"\x00\xff"
+            b"\r\n--XyZ--\r\n"
+        )
+        parts = split_multipart(b"XyZ", body)
+        self.assertEqual(
+            [(n, bytes(d)) for n, d in parts],
+            [("a/b.txt", b"one\r\n--XyZnot-a-delimiter"), ("c.bin", b"\x00\xff")],
+        )
+
+    def test_malformed(self) -> None:
+        """No delimiter, or a part never closed, is 400."""
+        from sandboxd.e2b.rest import split_multipart
+
+        for body in (b"nothing", b"--XyZ\r\nContent-Disposition: x\r\n\r\nopen"):
+            error = self.assertRaises(ApiError, split_multipart, b"XyZ", body)
+            self.assertEqual(error.status, 400)

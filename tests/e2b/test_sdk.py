@@ -191,6 +191,26 @@ class FileTests(E2BCase):
             self.assertEqual(f.read(), bytes(range(256)))
 
     @inlineCallbacks
+    def test_large_file_round_trip(self) -> Any:
+        """A few MiB of arbitrary bytes round-trip, multipart and octet-stream."""
+        blob = os.urandom(3 * 1024 * 1024 + 7)
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            sbx.files.write("big/multi.bin", blob)
+            sbx.files.write("big/octet.bin", blob, use_octet_stream=True)
+            return (
+                bytes(sbx.files.read("big/multi.bin", format="bytes")),
+                bytes(sbx.files.read("big/octet.bin", format="bytes")),
+            )
+
+        multi, octet = yield self.sdk(job)
+        self.assertEqual(multi, blob)
+        self.assertEqual(octet, blob)
+        with open(os.path.join(self.base_dir, "big/multi.bin"), "rb") as f:
+            self.assertEqual(f.read(), blob)
+
+    @inlineCallbacks
     def test_write_files_several(self) -> Any:
         """write_files sends several files in one multipart upload."""
         from e2b.sandbox.filesystem.filesystem import WriteEntry
