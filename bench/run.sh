@@ -30,3 +30,5 @@ fi
 "$ROOT/.venv/bin/python" "$ROOT/bench/raw_files.py" --size-mib "${RAW_MIB:-1024}"
 # The kernel's ceiling for W6's terminal throughput, with no server at all.
 "$ROOT/.venv/bin/python" "$ROOT/bench/pty_ceiling.py"
+# The E2B door against the HTTP API, through the real e2b SDK.
+"$ROOT/.venv/bin/python" "$ROOT/bench/e2b_door.py"
