@@ -6,10 +6,12 @@ scopes, paths, secrets, audit, and the ``e2b`` switch itself.
 from __future__ import annotations
 
 import os
+import pwd
 import socket
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import SkipTest
 
 from tests.e2b.sdk import E2BCase
 
@@ -257,3 +259,43 @@ class SwitchTests(E2BCase):
         """Without --e2b-port there is no E2B service at all, even when enabled."""
         daemon = yield super(E2BCase, self).start(policy={"groups": {"e2b": True}})
         self.assertIsNone(daemon.context.e2b)
+
+
+class UserTests(E2BCase):
+    """envd's user (``Authorization: Basic``) is §7.4's ``user``, allowed by ``params.users``."""
+
+    policy = {"endpoints": {"process_start": {"params": {"users": ["nobody"]}}}}
+
+    def setUp(self) -> Any:
+        if os.geteuid() != 0:
+            raise SkipTest("switching users needs a root daemon")
+        try:
+            pwd.getpwnam("nobody")
+        except KeyError:
+            raise SkipTest("no user 'nobody' here") from None
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_allowed_user_runs_as_itself(self) -> Any:
+        """user="nobody" runs the command as nobody."""
+
+        def job() -> Any:
+            return self.sandbox().commands.run("id -un", user="nobody")
+
+        result = yield self.sdk(job)
+        self.assertEqual(result.stdout, "nobody\n")
+
+    @inlineCallbacks
+    def test_user_not_allowed_is_refused(self) -> Any:
+        """user="root", not in params.users, is refused with param_not_allowed."""
+        marker = os.path.join(self.base_dir, "ran")
+
+        def job() -> Any:
+            return _catch(
+                lambda: self.sandbox().commands.run(f"touch {marker}", user="root")
+            )
+
+        error = yield self.sdk(job)
+        self.assertIn("param_not_allowed", str(error))
+        self.assertIn("rule: policy:endpoints.process_start", str(error))
+        self.assertFalse(os.path.exists(marker))
