@@ -33,7 +33,6 @@ from zope.interface import implementer
 
 from sandboxd import gate
 from sandboxd.e2b import connect
-from sandboxd.e2b.connect import ConnectCode
 from sandboxd.errors import ApiError, Code, endpoint_disabled, internal
 from sandboxd.policy.defaults import (
     E2B_MAX_MESSAGE_BYTES,
@@ -263,10 +262,15 @@ class Call:
     passed: gate.Passed | None = None
     endpoint_id: str | None = None
     status: int = 200
+    #: The audit code of an outcome that is not an error (``client_closed``).
+    code: str | None = None
     error: ApiError | None = None
     finished: bool = False
     closed: bool = False
+    bytes_in: int = 0
     bytes_out: int = 0
+    #: Who a refused caller turned out to be, for the audit line.
+    refused_identity: Identity | None = None
     _on_close: list[Callable[[], None]] = attrs.Factory(list)
 
     @property
@@ -371,6 +375,8 @@ class Call:
         if self.finished or self.closed:
             return
         self.closed = True
+        # As the HTTP door audits a client that left: 499 client_closed.
+        self.status, self.code = 499, "client_closed"
         callbacks, self._on_close = self._on_close, []
         for callback in callbacks:
             try:
@@ -409,15 +415,14 @@ class Call:
             path=path,
             query=query,
             status=error.status if error is not None else self.status,
-            code=str(error.code) if error is not None and error.code else None,
+            code=str(error.code) if error is not None and error.code else self.code,
             decided_by=error.rule if error is not None else None,
             started=self.started,
+            bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
             client=self.client,
             extra={"procedure": self.procedure.name},
         )
-
-    refused_identity: Identity | None = None
 
 
 # -- server streams -------------------------------------------------------------
@@ -631,6 +636,10 @@ class Door:
                 Code.PAYLOAD_TOO_LARGE,
                 limit=request.too_big,
             )
+        if request.content is not None:
+            request.content.seek(0, 2)
+            call.bytes_in = request.content.tell()
+            request.content.seek(0)
         procedure = call.procedure
         message: dict[str, Any] = {}
         messages: list[dict[str, Any]] = []
@@ -755,11 +764,6 @@ def _unknown(call: Call, message: dict[str, Any], *rest: Any) -> Any:
         "ValueError",
         Code.UNSUPPORTED,
     )
-
-
-def unimplemented_code() -> ConnectCode:
-    """The Connect code an unknown procedure gets."""
-    return ConnectCode.UNIMPLEMENTED
 
 
 __all__ = [
