@@ -317,3 +317,54 @@ class BackpressureTests(E2BCase):
         for managed in service.list():
             if managed.running:
                 managed.child.kill()
+
+
+class WatchStreamTests(E2BCase):
+    """WatchDir, the streaming watch (the async SDK's ``watch_dir``)."""
+
+    @inlineCallbacks
+    def test_watch_dir_stream(self) -> Any:
+        """start, then filesystem events as they happen, until the deadline."""
+        os.makedirs(os.path.join(self.base_dir, "w"))
+
+        def touch() -> None:
+            time.sleep(0.5)
+            with open(os.path.join(self.base_dir, "w", "seen.txt"), "w") as f:
+                f.write("x")
+
+        writer = self.sdk(touch)
+        status, _, messages = yield self.rpc(
+            "filesystem.Filesystem/WatchDir",
+            {"path": "w"},
+            stream=True,
+            headers={"Connect-Timeout-Ms": "1500", "Keepalive-Ping-Interval": "1"},
+        )
+        yield writer
+        self.assertEqual(status, 200)
+        self.assertEqual(messages[0], (0, {"start": {}}))
+        events = [m["filesystem"] for _, m in messages if "filesystem" in m]
+        self.assertIn({"name": "seen.txt", "type": "EVENT_TYPE_CREATE"}, events)
+        self.assertEqual(messages[-1], (2, {}))
+
+
+class DisabledEndpointTests(E2BCase):
+    """An endpoint the policy switched off is off through this door too."""
+
+    policy = {"endpoints": {"process_start": {"enabled": False}}}
+
+    @inlineCallbacks
+    def test_disabled_start(self) -> Any:
+        """With process_start off, commands.run is refused (endpoint_disabled)."""
+        from e2b import SandboxException
+
+        def job() -> Any:
+            try:
+                self.sandbox().commands.run("true")
+            except SandboxException as e:
+                return e
+            return None
+
+        error = yield self.sdk(job)
+        self.assertIsInstance(error, SandboxException)
+        self.assertIn("UNIMPLEMENTED", str(error))
+        self.assertIn("endpoint_disabled", str(error))
