@@ -96,6 +96,13 @@ def start_daemon(base: str, token: str) -> tuple[subprocess.Popen[bytes], int, i
     raise SystemExit("daemon did not start")
 
 
+def cpu_seconds(pid: int) -> float:
+    """The daemon's own CPU time (user + system), children not included."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def sandbox(e2b_port: int, token: str) -> Any:
     from e2b import Sandbox
     from e2b.connection_config import ConnectionConfig
@@ -171,7 +178,7 @@ def main() -> None:
     token = secrets.token_hex(16)
     proc, port, e2b_port = start_daemon(base, token)
     try:
-        run(args, port, e2b_port, token)
+        run(args, port, e2b_port, token, proc.pid)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -181,7 +188,7 @@ def main() -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def run(args: Any, port: int, e2b_port: int, token: str) -> None:
+def run(args: Any, port: int, e2b_port: int, token: str, pid: int) -> None:
     def sdk_run() -> Callable[[], None]:
         sbx = sandbox(e2b_port, token)
         return lambda: sbx.commands.run("true") and None
@@ -221,7 +228,10 @@ def run(args: Any, port: int, e2b_port: int, token: str) -> None:
     )
     for name, make in cases:
         concurrently(args.concurrency * 2, args.concurrency, make)  # warm-up
+        cpu = cpu_seconds(pid)
         result = concurrently(args.commands, args.concurrency, make)
+        per_call = (cpu_seconds(pid) - cpu) / max(1, result["calls"]) * 1000
+        result["daemon_cpu_ms_per_call"] = round(per_call, 2)
         print(json.dumps({"case": name, "concurrency": args.concurrency, **result}))
 
     size = args.size_mib * MiB
