@@ -87,6 +87,28 @@ class ProcessDoor:
     """The door's own memory of what it started (configs, for ``List``)."""
 
     configs: dict[int, Config] = attrs.Factory(dict)
+    #: Terminal id -> the timer of its deadline.
+    deadlines: dict[str, Any] = attrs.Factory(dict)
+
+    def deadline(self, clock: Any, seconds: float, session_id: str, end: Any) -> None:
+        """End terminal ``session_id`` after ``seconds`` (its Connect-Timeout-Ms)."""
+
+        def fire() -> None:
+            self.deadlines.pop(session_id, None)
+            end(session_id)
+
+        self.deadlines[session_id] = clock.callLater(seconds, fire)
+
+    def forget_deadline(self, session_id: str) -> None:
+        """The terminal ended before its deadline."""
+        timer = self.deadlines.pop(session_id, None)
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def stop(self) -> None:
+        """Shutdown: the terminal service ends the terminals itself."""
+        for session_id in list(self.deadlines):
+            self.forget_deadline(session_id)
 
     def remember(self, pid: int, config: Config) -> None:
         """Keep ``config`` while the process is known (bounded by the table)."""
@@ -257,6 +279,7 @@ class _PtyClient:
     def __init__(self, stream: Stream, session: PtySession) -> None:
         self.stream = stream
         self.session = session
+        self.on_ended: Any = None
 
     def send_frame(self, frame: bytes) -> None:
         message = json.loads(frame)
@@ -265,6 +288,8 @@ class _PtyClient:
             self.stream.send({"event": {"data": {"pty": b64(data)}}})
 
     def session_ended(self, frame: bytes) -> None:
+        if self.on_ended is not None:
+            self.on_ended()
         code = json.loads(frame).get("exit_code")
         if not self.stream.ended:
             self.stream.send(end_event(code))
@@ -289,6 +314,7 @@ class _PtyClient:
 
 def _attach(call: Call, stream: Stream, session: PtySession, replay: bool) -> None:
     client = _PtyClient(stream, session)
+    client.on_ended = lambda: _state(call).forget_deadline(session.id)
     attached = session.attach(client, None if replay else session.emitted)
     if not attached:
         stream.end(
@@ -405,10 +431,18 @@ def _start_pty(call: Call, message: dict[str, Any], config: Config) -> None:
         "user": call.user(),
         "shell": config.cmd or None,
     }
+    timeout = call.timeout_seconds()
     created = terminal_routes.pty_create(call.server_request(body))
-    session = _terminals(call).get(created["session_id"])
+    table = _terminals(call)
+    session = table.get(created["session_id"])
     _state(call).remember(session.pid, config)
     stream = Stream(call, _keepalive)
+
+    if timeout is not None:
+        # As envd: the terminal's deadline ends it (its whole tree), whether
+        # or not its stream is still there to say so.
+        stream.deadline(timeout, lambda: stream.end(_deadline_error(timeout)))
+        _state(call).deadline(call.context.reactor, timeout, session.id, table.close)
     stream.send({"event": {"start": {"pid": session.pid}}})
     _attach(call, stream, session, replay=True)
 

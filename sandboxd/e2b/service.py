@@ -93,6 +93,7 @@ class E2BService(Service):
         """Stop listening; remove the watchers."""
         super().stopService()  # type: ignore[no-untyped-call]
         self.watchers.remove_all()
+        self.processes.stop()
         if self.port is None:
             return succeed(None)
         port, self.port = self.port, None

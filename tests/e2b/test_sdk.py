@@ -360,3 +360,24 @@ class PtyTests(E2BCase):
         self.assertTrue(killed)
         self.assertEqual(len(ended), 1, "the stream ended once the terminal was killed")
         self.assertFalse(alive(pid))
+
+    @inlineCallbacks
+    def test_pty_deadline(self) -> Any:
+        """A terminal's timeout (Connect-Timeout-Ms) ends it, as envd does."""
+
+        def job() -> Any:
+            from e2b.sandbox.commands.command_handle import PtySize
+
+            handle = self.sandbox().pty.create(PtySize(rows=24, cols=80), timeout=1)
+            try:
+                handle.wait()
+            except Exception as e:
+                return handle.pid, e
+            return handle.pid, None
+
+        pid, error = yield self.sdk(job)
+        self.assertIsNotNone(error)
+        deadline = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < deadline:
+            yield self.sdk(time.sleep, 0.1)
+        self.assertFalse(alive(pid))
