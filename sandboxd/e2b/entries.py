@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.e2b.test_entries -*-
+# -*- test-case-name: tests.e2b.test_connect -*-
 """
 envd's ``EntryInfo`` from a guarded path (``filesystem.proto``).
 
