@@ -153,3 +153,18 @@ class MultipartTests(SynchronousTestCase):
         for body in (b"nothing", b"--XyZ\r\nContent-Disposition: x\r\n\r\nopen"):
             error = self.assertRaises(ApiError, split_multipart, b"XyZ", body)
             self.assertEqual(error.status, 400)
+
+
+class OptionTests(SynchronousTestCase):
+    """``--e2b-port`` on twistd's and ``sandboxd serve``'s command line."""
+
+    def test_e2b_port_option(self) -> None:
+        """A number becomes an endpoint on --host; absent, the door has no port."""
+        from sandboxd.tap import Options
+
+        options = Options()
+        options.parseOptions(["--host", "127.0.0.1", "--e2b-port", "49983"])
+        self.assertEqual(options.settings().e2b_port, "tcp:49983:interface=127.0.0.1")
+        options = Options()
+        options.parseOptions([])
+        self.assertIsNone(options.settings().e2b_port)
