@@ -94,18 +94,8 @@ class E2BRequest(Request):
     """
 
     too_big: int | None = None
-    #: The request's Content-Type, kept aside so twisted.web does not parse
-    #: a multipart upload itself (a second copy of every file in memory).
-    e2b_content_type: str | None = None
     _received = 0
     _cap = 0
-
-    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
-        values = self.requestHeaders.getRawHeaders(b"content-type")
-        if values:
-            self.e2b_content_type = values[-1].decode("latin-1")
-            self.requestHeaders.removeHeader(b"content-type")
-        super().requestReceived(command, path, version)
 
     def gotLength(self, length: int | None) -> None:
         site: E2BSite = self.channel.site  # type: ignore[attr-defined]
@@ -597,13 +587,9 @@ class Door:
         """Answer one request (the response is always finished)."""
         started = time.monotonic()
         procedure = self._find(request)
-        if request.e2b_content_type is not None:
-            request.requestHeaders.setRawHeaders(
-                b"content-type", [request.e2b_content_type.encode("latin-1")]
-            )
         headers = raw_headers(request)
-        content_type = request.e2b_content_type or ""
-        streaming = content_type.startswith("application/connect+")
+        content_type = request.getHeader(b"content-type") or b""
+        streaming = content_type.startswith(b"application/connect+")
         if procedure is None:
             procedure = Procedure(
                 request.path.decode("latin-1", "replace")[:200],

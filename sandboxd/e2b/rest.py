@@ -194,7 +194,7 @@ def upload(call: Call, _: Any) -> Deferred[Any]:
     The body is parsed and every path checked, on a worker thread, before
     the first file is written.
     """
-    content_type = getattr(call.request, "e2b_content_type", None) or ""
+    content_type = call.header("content-type") or ""
     kind = content_type.split(";", 1)[0].strip().lower()
     encoding = call.header("content-encoding")
     if encoding and encoding.lower() != "identity":

@@ -299,3 +299,38 @@ class UserTests(E2BCase):
         self.assertIn("param_not_allowed", str(error))
         self.assertIn("rule: policy:endpoints.process_start", str(error))
         self.assertFalse(os.path.exists(marker))
+
+
+class LimitTests(E2BCase):
+    """The write endpoint's max_bytes bounds uploads through the door."""
+
+    policy = {"endpoints": {"files_write_raw": {"limits": {"max_bytes": 1000}}}}
+
+    @inlineCallbacks
+    def test_upload_over_max_bytes(self) -> Any:
+        """
+        A file over max_bytes is 413 payload_too_large and is not written,
+        whether the body is just over (checked per file) or far over (refused
+        as it arrives).
+        """
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            return (
+                _catch(lambda: sbx.files.write("small-over.bin", b"x" * 5000)),
+                _catch(
+                    lambda: sbx.files.write(
+                        "far-over.bin", b"x" * (3 * 1024 * 1024), use_octet_stream=True
+                    )
+                ),
+                sbx.files.write("fits.bin", b"x" * 900).path,
+            )
+
+        small, far, fits = yield self.sdk(job)
+        for error in (small, far):
+            self.assertIsInstance(error, Exception)
+            self.assertIn("payload_too_large", str(error))
+        self.assertIn("request body", str(far))
+        for name in ("small-over.bin", "far-over.bin"):
+            self.assertFalse(os.path.exists(os.path.join(self.base_dir, name)))
+        self.assertEqual(fits, os.path.join(self.base_dir, "fits.bin"))
