@@ -98,6 +98,7 @@ class E2BRequest(Request):
     _cap = 0
 
     def gotLength(self, length: int | None) -> None:
+        """The body's announced length: refused at once when over the cap."""
         site: E2BSite = self.channel.site  # type: ignore[attr-defined]
         path = getattr(self.channel, "_path", b"") or b""
         self._cap = site.body_cap(path)
@@ -106,6 +107,7 @@ class E2BRequest(Request):
         super().gotLength(length)
 
     def handleContentChunk(self, data: bytes) -> None:
+        """One chunk of the body; past the cap the rest is dropped, not kept."""
         if self.too_big is not None:
             return
         self._received += len(data)
@@ -197,6 +199,7 @@ class _Root(Resource):
         self.door = door
 
     def render(self, request: Any) -> Any:
+        """Every request goes to the door, which always finishes it."""
         self.door.serve(request)
         return NOT_DONE_YET
 
@@ -427,9 +430,11 @@ class _Pauser:
         self.resume = resume
 
     def pauseProducing(self) -> None:
+        """The client's socket is full: pause the source."""
         self.pause()
 
     def resumeProducing(self) -> None:
+        """The client's socket drained: resume the source."""
         self.resume()
 
     def stopProducing(self) -> None:

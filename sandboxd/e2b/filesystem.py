@@ -295,6 +295,7 @@ class Watchers:
     table: dict[str, Watcher] = attrs.Factory(dict)
 
     def add(self, watcher: Watcher) -> None:
+        """Keep a new watcher (429 past :data:`E2B_MAX_WATCHERS`)."""
         if len(self.table) >= E2B_MAX_WATCHERS:
             raise ApiError(
                 429,
@@ -308,6 +309,7 @@ class Watchers:
         self.touch(watcher)
 
     def touch(self, watcher: Watcher) -> None:
+        """Its creator polled: push its idle removal back."""
         if watcher.timer is not None and watcher.timer.active():
             watcher.timer.reset(E2B_WATCHER_IDLE_SECONDS)
         else:
@@ -316,12 +318,14 @@ class Watchers:
             )
 
     def get(self, watcher_id: str, owner: str) -> Watcher:
+        """The caller's own watcher, or 404."""
         watcher = self.table.get(watcher_id)
         if watcher is None or watcher.owner != owner:
             raise not_found(f"watcher {watcher_id!r} not found")
         return watcher
 
     def remove(self, watcher_id: str) -> None:
+        """Forget a watcher and let go of its watch (idempotent)."""
         watcher = self.table.pop(watcher_id, None)
         if watcher is None:
             return
@@ -330,6 +334,7 @@ class Watchers:
         watcher.watch.release()
 
     def remove_all(self) -> None:
+        """Shutdown: every watcher."""
         for watcher_id in list(self.table):
             self.remove(watcher_id)
 

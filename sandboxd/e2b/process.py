@@ -76,6 +76,7 @@ class Config:
     cwd: str | None
 
     def as_json(self) -> dict[str, Any]:
+        """The ``ProcessConfig`` message."""
         out: dict[str, Any] = {"cmd": self.cmd, "args": self.args, "envs": self.envs}
         if self.cwd is not None:
             out["cwd"] = self.cwd
@@ -282,12 +283,14 @@ class _PtyClient:
         self.on_ended: Any = None
 
     def send_frame(self, frame: bytes) -> None:
+        """Terminal output becomes a ``pty`` data event."""
         message = json.loads(frame)
         if message.get("type") == "output" and message.get("data"):
             data = message["data"].encode("utf-8", "surrogateescape")
             self.stream.send({"event": {"data": {"pty": b64(data)}}})
 
     def session_ended(self, frame: bytes) -> None:
+        """The shell ended: the ``end`` event, then the end of the stream."""
         if self.on_ended is not None:
             self.on_ended()
         code = json.loads(frame).get("exit_code")
@@ -302,6 +305,7 @@ class _PtyClient:
         """Input is by RPC here: nothing to resume."""
 
     def drop_slow(self) -> None:
+        """The client left output unread too long: end its stream."""
         self.stream.end(
             ApiError(
                 429,
