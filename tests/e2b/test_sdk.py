@@ -381,3 +381,47 @@ class PtyTests(E2BCase):
         while alive(pid) and time.monotonic() < deadline:
             yield self.sdk(time.sleep, 0.1)
         self.assertFalse(alive(pid))
+
+
+class AsyncSdkTests(E2BCase):
+    """The SDK's async client: ``AsyncSandbox``, whose pty takes ``on_data``."""
+
+    @inlineCallbacks
+    def test_async_pty_on_data_and_watch(self) -> Any:
+        """pty.create(on_data=…) gets the terminal's output; watch_dir streams events."""
+        os.makedirs(os.path.join(self.base_dir, "aw"))
+
+        def job() -> Any:
+            import asyncio
+
+            from e2b import AsyncSandbox
+            from e2b.sandbox.commands.command_handle import PtySize
+
+            async def main() -> Any:
+                sbx = await AsyncSandbox.create()
+                data: list[bytes] = []
+                handle = await sbx.pty.create(
+                    PtySize(rows=24, cols=80), on_data=data.append
+                )
+                await sbx.pty.send_stdin(handle.pid, b"echo async-$((6*7))\n")
+                for _ in range(100):
+                    if b"async-42" in b"".join(data):
+                        break
+                    await asyncio.sleep(0.05)
+                killed = await sbx.pty.kill(handle.pid)
+                events: list[Any] = []
+                watch = await sbx.files.watch_dir("aw", on_event=events.append)
+                await sbx.files.write("aw/x.txt", "x")
+                for _ in range(100):
+                    if events:
+                        break
+                    await asyncio.sleep(0.05)
+                await watch.stop()
+                return b"".join(data), killed, [(e.name, e.type.value) for e in events]
+
+            return asyncio.run(main())
+
+        data, killed, events = yield self.sdk(job)
+        self.assertIn(b"async-42", data)
+        self.assertTrue(killed)
+        self.assertIn(("x.txt", "create"), events)
