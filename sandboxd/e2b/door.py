@@ -36,15 +36,13 @@ from sandboxd.e2b import connect
 from sandboxd.errors import ApiError, Code, endpoint_disabled, internal
 from sandboxd.policy.defaults import (
     E2B_MAX_MESSAGE_BYTES,
+    HTTP_IDLE_TIMEOUT_SECONDS,
     MAX_CONNECTIONS_PER_PEER,
     MAX_HTTP_CONNECTIONS,
     MIB,
 )
 from sandboxd.web.channel import SandboxChannel
 from sandboxd.web.messages import ServerRequest
-
-#: Close keep-alive connections idle for this long (as the HTTP door does).
-IDLE_TIMEOUT_SECONDS = 60
 
 if TYPE_CHECKING:
     from sandboxd.auth import Identity
@@ -134,7 +132,7 @@ class E2BSite(Site):
     def __init__(self, door: Door) -> None:
         super().__init__(
             _Root(door),
-            timeout=IDLE_TIMEOUT_SECONDS,
+            timeout=HTTP_IDLE_TIMEOUT_SECONDS,
             reactor=door.context.reactor,
             parsePOSTFormSubmission=False,
         )

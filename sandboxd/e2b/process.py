@@ -253,9 +253,7 @@ def _follow(call: Call, stream: Stream, managed: Managed, replay: bool) -> None:
         elif event.event == "exit":
             error = processes.timeout_error(child)
             stream.send(
-                end_event(
-                    event.data.get("exit_code"), error["error"] if error else None
-                )
+                end_event(event.data.get("exit_code"), error.message if error else None)
             )
             stream.end(
                 _deadline_error(child.timeout) if child.reason == "timeout" else None
