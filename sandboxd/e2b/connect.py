@@ -21,7 +21,14 @@ import json
 import struct
 from typing import Any
 
-from sandboxd.errors import ApiError, Code
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    bad_request,
+    invalid_json,
+    malformed_request,
+    payload_too_large,
+)
 
 STREAM_CONTENT_TYPE = "application/connect+json"
 UNARY_CONTENT_TYPE = "application/json"
@@ -136,7 +143,7 @@ def end_stream(error: ApiError | None = None) -> bytes:
 
 def malformed(message: str) -> ApiError:
     """400 ``malformed_request`` for framing the door cannot read."""
-    return ApiError(400, message, "ValueError", Code.MALFORMED_REQUEST)
+    return malformed_request(message)
 
 
 def split_envelopes(data: bytes, max_message: int) -> list[Any]:
@@ -158,14 +165,7 @@ def split_envelopes(data: bytes, max_message: int) -> list[Any]:
         if flags & FLAG_COMPRESSED:
             raise malformed("compressed Connect messages are not accepted")
         if length > max_message:
-            raise ApiError(
-                413,
-                f"a Connect message of {length} bytes is over the limit of "
-                f"{max_message} bytes",
-                "ValueError",
-                Code.PAYLOAD_TOO_LARGE,
-                limit=max_message,
-            )
+            raise payload_too_large(max_message, f"a Connect message of {length} bytes")
         if len(view) - offset < length:
             raise malformed("a truncated Connect envelope")
         chunk = bytes(view[offset : offset + length])
@@ -183,13 +183,9 @@ def decode_json(data: bytes) -> dict[str, Any]:
     try:
         value = json.loads(data)
     except (ValueError, UnicodeDecodeError):
-        raise ApiError(
-            400, "the message is not valid JSON", "ValueError", Code.INVALID_JSON
-        ) from None
+        raise invalid_json("the message is not valid JSON") from None
     if not isinstance(value, dict):
-        raise ApiError(
-            400, "the message must be a JSON object", "ValueError", Code.INVALID_JSON
-        )
+        raise invalid_json("the message must be a JSON object")
     return value
 
 
@@ -214,9 +210,7 @@ def field(message: Any, name: str, default: Any = None) -> Any:
 
 def bad_field(name: str, what: str) -> ApiError:
     """400 ``invalid_param`` naming the field."""
-    return ApiError(
-        400, f"'{camel(name)}' must be {what}", "ValueError", Code.INVALID_PARAM
-    )
+    return bad_request(f"'{camel(name)}' must be {what}")
 
 
 def string_field(message: Any, name: str, default: str | None = None) -> str | None:

@@ -33,7 +33,14 @@ from zope.interface import implementer
 
 from sandboxd import gate
 from sandboxd.e2b import connect
-from sandboxd.errors import ApiError, Code, endpoint_disabled, internal
+from sandboxd.errors import (
+    ApiError,
+    bad_request,
+    endpoint_disabled,
+    internal,
+    payload_too_large,
+    unsupported,
+)
 from sandboxd.policy.defaults import (
     E2B_MAX_MESSAGE_BYTES,
     HTTP_IDLE_TIMEOUT_SECONDS,
@@ -226,12 +233,7 @@ def basic_user(headers: dict[bytes, list[bytes]]) -> str | None:
         try:
             decoded = base64.b64decode(rest.strip(), validate=True).decode("utf-8")
         except (binascii.Error, ValueError):
-            raise ApiError(
-                400,
-                "the Basic credential does not decode",
-                "ValueError",
-                Code.INVALID_PARAM,
-            ) from None
+            raise bad_request("the Basic credential does not decode") from None
         name = decoded.partition(":")[0]
         return name or None
     return None
@@ -300,11 +302,8 @@ class Call:
         if raw is None or raw == "":
             return None
         if not raw.isdigit() or len(raw) > 10 or int(raw) <= 0:
-            raise ApiError(
-                400,
-                f"Connect-Timeout-Ms must be a positive integer, not {raw[:20]!r}",
-                "ValueError",
-                Code.INVALID_PARAM,
+            raise bad_request(
+                f"Connect-Timeout-Ms must be a positive integer, not {raw[:20]!r}"
             )
         return int(raw) / 1000.0
 
@@ -618,13 +617,7 @@ class Door:
             raise endpoint_disabled("e2b", rule.enabled_by, "is disabled")
         request = call.request
         if call.request.too_big is not None:
-            raise ApiError(
-                413,
-                f"the request body is over the limit of {request.too_big} bytes",
-                "ValueError",
-                Code.PAYLOAD_TOO_LARGE,
-                limit=request.too_big,
-            )
+            raise payload_too_large(request.too_big)
         if request.content is not None:
             request.content.seek(0, 2)
             call.bytes_in = request.content.tell()
@@ -636,13 +629,8 @@ class Door:
             body = request.content.read() if request.content is not None else b""
             if procedure.kind == UNARY:
                 if len(body) > E2B_MAX_MESSAGE_BYTES:
-                    raise ApiError(
-                        413,
-                        f"a Connect message of {len(body)} bytes is over the "
-                        f"limit of {E2B_MAX_MESSAGE_BYTES} bytes",
-                        "ValueError",
-                        Code.PAYLOAD_TOO_LARGE,
-                        limit=E2B_MAX_MESSAGE_BYTES,
+                    raise payload_too_large(
+                        E2B_MAX_MESSAGE_BYTES, f"a Connect message of {len(body)} bytes"
                     )
                 message = connect.decode_json(body)
             else:
@@ -747,12 +735,7 @@ class Door:
 
 
 def _unknown(call: Call, message: dict[str, Any], *rest: Any) -> Any:
-    raise ApiError(
-        501,
-        f"no such procedure: {call.procedure.name}",
-        "ValueError",
-        Code.UNSUPPORTED,
-    )
+    raise unsupported(f"no such procedure: {call.procedure.name}")
 
 
 __all__ = [

@@ -20,7 +20,7 @@ import stat
 from datetime import UTC, datetime
 from typing import Any
 
-from sandboxd.errors import ApiError
+from sandboxd.errors import file_not_found
 from sandboxd.files.walk import display_name
 from sandboxd.guard import PathGuard
 
@@ -120,7 +120,7 @@ def describe(guard: PathGuard, path: str, missing_ok: bool = False) -> dict[str,
         st = loc.lstat()
         resolved = loc.path
     if st is None:
-        raise ApiError(404, f"file not found: {path}", "FileNotFoundError", "not_found")
+        raise file_not_found(path)
     target = target_path = None
     if stat.S_ISLNK(st.st_mode):
         # Described only when the link stays inside the boundary.

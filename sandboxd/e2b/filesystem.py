@@ -30,7 +30,15 @@ from twisted.internet.defer import succeed
 from sandboxd.e2b.connect import bool_field, string_field, uint_field
 from sandboxd.e2b.door import SERVER_STREAM, UNARY, Call, Procedure, Stream
 from sandboxd.e2b.entries import FILE_TYPE_DIRECTORY, describe, entry_json
-from sandboxd.errors import ApiError, Code, bad_request, not_found
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    bad_request,
+    file_exists,
+    internal,
+    limit_exceeded,
+    not_found,
+)
 from sandboxd.eventlog import Event
 from sandboxd.files import walk
 from sandboxd.files.watch import Watch, WatchService, watch_dirs
@@ -93,12 +101,7 @@ def make_dir(call: Call, message: dict[str, Any]) -> dict[str, Any]:
         st = None  # a missing parent: made below, with the parents
     if st is not None:
         if stat.S_ISDIR(st.st_mode):
-            raise ApiError(
-                409,
-                f"directory already exists: {resolved}",
-                "FileExistsError",
-                Code.FILE_EXISTS,
-            )
+            raise file_exists(f"directory already exists: {resolved}")
         raise bad_request(f"path already exists but it is not a directory: {resolved}")
     made = walk.make_dir(guard, path)
     return {
@@ -261,7 +264,7 @@ def watch_dir(call: Call, message: dict[str, Any]) -> None:
     def failed(failure: Any) -> None:
         error = failure.value
         if not isinstance(error, ApiError):
-            error = ApiError(500, "cannot watch the directory", "OSError", "internal")
+            error = internal("cannot watch the directory", "OSError")
         call.door.fail(call, error)
 
     _open_watch(call, message).addCallbacks(ready, failed)
@@ -297,10 +300,9 @@ class Watchers:
     def add(self, watcher: Watcher) -> None:
         """Keep a new watcher (429 past :data:`E2B_MAX_WATCHERS`)."""
         if len(self.table) >= E2B_MAX_WATCHERS:
-            raise ApiError(
+            raise limit_exceeded(
                 429,
                 f"too many watchers (at most {E2B_MAX_WATCHERS})",
-                "ResourceError",
                 Code.CONCURRENCY_LIMITED,
                 limit=E2B_MAX_WATCHERS,
             )

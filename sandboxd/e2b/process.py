@@ -49,7 +49,17 @@ from sandboxd.e2b.door import (
     Procedure,
     Stream,
 )
-from sandboxd.errors import ApiError, Code, bad_request, not_found
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    bad_request,
+    internal,
+    limit_exceeded,
+    limit_rule,
+    not_found,
+    rate_limited,
+    timed_out,
+)
 from sandboxd.eventlog import Event
 from sandboxd.policy.defaults import STDIN_PENDING_BYTES
 from sandboxd.processes.service import Managed, ProcessService
@@ -223,11 +233,8 @@ def end_event(code: int | None, error: str | None = None) -> dict[str, Any]:
 
 def _deadline_error(seconds: float | None) -> ApiError:
     shown = f" after {seconds:g} seconds" if seconds else ""
-    return ApiError(
-        408,
+    return timed_out(
         f"the deadline passed{shown}; the command's process group was killed",
-        "TimeoutError",
-        Code.TIMEOUT,
         limit="Connect-Timeout-Ms",
     )
 
@@ -305,10 +312,9 @@ class _PtyClient:
     def drop_slow(self) -> None:
         """The client left output unread too long: end its stream."""
         self.stream.end(
-            ApiError(
+            limit_exceeded(
                 429,
                 "the client left terminal output unread for too long",
-                "ResourceError",
                 Code.RATE_LIMITED,
             )
         )
@@ -320,11 +326,8 @@ def _attach(call: Call, stream: Stream, session: PtySession, replay: bool) -> No
     attached = session.attach(client, None if replay else session.emitted)
     if not attached:
         stream.end(
-            ApiError(
-                429,
-                "the terminal has its maximum of clients",
-                "ResourceError",
-                Code.TOO_MANY_SESSIONS,
+            limit_exceeded(
+                429, "the terminal has its maximum of clients", Code.TOO_MANY_SESSIONS
             )
         )
         return
@@ -377,13 +380,12 @@ def start(call: Call, message: dict[str, Any]) -> Any:
     service = _service(call)
     limit = rule.limits.max_processes
     if limit is not None and service.running_count() >= limit:
-        raise ApiError(
+        raise limit_exceeded(
             429,
             f"too many processes running (at most {limit})",
-            "ResourceError",
             Code.TOO_MANY_PROCESSES,
+            limit_rule(rule, "max_processes"),
             limit="max_processes",
-            rule=rule.source("limits.max_processes") or "default:limits.max_processes",
         )
     retention = rule.limits.max_output_bytes or processes.DEFAULT_RETENTION_BYTES
     try:
@@ -414,7 +416,7 @@ def start(call: Call, message: dict[str, Any]) -> Any:
         if isinstance(error, OSError):
             error = process_routes._spawn_failed(error, spec.command)
         if not isinstance(error, ApiError):
-            error = ApiError(500, "the command could not start", "OSError", "internal")
+            error = internal("the command could not start", "OSError")
         call.door.fail(call, error)
 
     if managed.child.pending:
@@ -505,13 +507,10 @@ def _write_input(call: Call, target: Managed | PtySession, message: Any) -> int:
             f"process {target.pid} has no open stdin (start it with stdin: true)"
         )
     if data and child.stdin_pending() + len(data) > STDIN_PENDING_BYTES:
-        raise ApiError(
-            429,
+        raise rate_limited(
             "the process is not reading its stdin fast enough; retry later",
-            "ResourceError",
-            Code.RATE_LIMITED,
+            1,
             limit="stdin_pending_bytes",
-            retry_after=1,
         )
     if data:
         child.write_stdin(data)

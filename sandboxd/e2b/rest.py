@@ -27,7 +27,7 @@ from twisted.internet.defer import Deferred
 from twisted.web.server import NOT_DONE_YET
 
 from sandboxd.e2b.door import REST, Call, Procedure
-from sandboxd.errors import ApiError, Code, bad_request, unsupported
+from sandboxd.errors import Code, bad_request, payload_too_large, unsupported
 from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import E2B_MAX_UPLOAD_FILES
 from sandboxd.routes import files as file_routes
@@ -40,10 +40,8 @@ def _query(call: Call, name: str) -> str | None:
     if not values:
         return None
     if len(values) > 1:
-        raise ApiError(
-            400,
+        raise bad_request(
             f"the query parameter {name!r} is given more than once",
-            "ValueError",
             Code.DUPLICATE_PARAMETER,
         )
     try:
@@ -164,12 +162,9 @@ def split_multipart(boundary: bytes, body: Any) -> list[tuple[str | None, memory
             end += 2
         out.append((headers.get_filename(), view[start:end]))
         if len(out) > E2B_MAX_UPLOAD_FILES:
-            raise ApiError(
-                413,
-                f"at most {E2B_MAX_UPLOAD_FILES} files per upload",
-                "ValueError",
-                Code.PAYLOAD_TOO_LARGE,
-                limit=E2B_MAX_UPLOAD_FILES,
+            raise payload_too_large(
+                E2B_MAX_UPLOAD_FILES,
+                message=f"at most {E2B_MAX_UPLOAD_FILES} files per upload",
             )
         at = end + 2 + len(delimiter)
 
@@ -252,14 +247,7 @@ def upload(call: Call, _: Any) -> Deferred[Any]:
             file_routes.check_extension(request, target)
             guard.check(target, "write")
             if len(data) > cap:
-                raise ApiError(
-                    413,
-                    f"{target}: the file is over the limit of {cap} bytes",
-                    "ValueError",
-                    Code.PAYLOAD_TOO_LARGE,
-                    limit=cap,
-                    rule=rule,
-                )
+                raise payload_too_large(cap, f"{target}: the file", rule=rule)
         written = []
         for target, data in files:
             result = file_routes.write_bytes(
