@@ -18,7 +18,6 @@ from twisted.logger import Logger
 
 from sandboxd.e2b import filesystem, process, rest
 from sandboxd.e2b.door import Door, Procedure
-from sandboxd.gate import is_loopback
 
 log = Logger(namespace="sandboxd.e2b")
 
@@ -62,32 +61,29 @@ class E2BService(Service):
             return
         endpoint = serverFromString(self.context.reactor, self.description)
         d = endpoint.listen(self.door.site())
-        d.addCallbacks(self._listened, self._failed)
+        failed: list[Any] = []
+        d.addCallbacks(self._listened, failed.append)
+        if failed:
+            # The port cannot bind now: the start fails (SPEC §20), as the
+            # HTTP and PTY ports' do.
+            self.listening.callback(None)
+            failed[0].raiseException()
+        d.addErrback(self._failed)
 
     def _listened(self, port: Any) -> None:
+        # A wide-open port without a token was refused or warned about at
+        # start, with the others (sandboxd.startup.check_exposure).
         self.port = port
-        address = port.getHost()
-        host = getattr(address, "host", "unix")
-        if (
-            self.context.policy.tokens.local_mode
-            and host != "unix"
-            and not is_loopback(host)
-        ):
-            log.warn(
-                "sandboxd: NO TOKEN is configured and the E2B port listens on "
-                "{host}: anyone who can reach it can run commands. Set "
-                "ABX_SERVER_TOKEN(_FILE) or policy auth.tokens.",
-                host=host,
-            )
         self.listening.callback(port)
 
     def _failed(self, failure: Any) -> None:
-        log.failure(
-            "sandboxd: cannot listen on the E2B port {port}",
-            failure,
+        log.error(
+            "sandboxd: cannot listen on the E2B port {port}: {error}",
+            error=failure.getErrorMessage(),
             port=self.description,
         )
-        self.listening.callback(None)
+        if not self.listening.called:
+            self.listening.callback(None)
 
     def stopService(self) -> Deferred[Any]:
         """Stop listening; remove the watchers."""

@@ -160,11 +160,17 @@ class OptionTests(SynchronousTestCase):
 
     def test_e2b_port_option(self) -> None:
         """A number becomes an endpoint on --host; absent, the door has no port."""
+        import os
+
         from sandboxd.tap import Options
 
+        base = self.mktemp()
+        os.makedirs(base)
         options = Options()
-        options.parseOptions(["--host", "127.0.0.1", "--e2b-port", "49983"])
+        options.parseOptions(
+            ["--host", "127.0.0.1", "--base-dir", base, "--e2b-port", "49983"]
+        )
         self.assertEqual(options.settings().e2b_port, "tcp:49983:interface=127.0.0.1")
         options = Options()
-        options.parseOptions([])
+        options.parseOptions(["--base-dir", base])
         self.assertIsNone(options.settings().e2b_port)

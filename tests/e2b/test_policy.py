@@ -334,3 +334,40 @@ class LimitTests(E2BCase):
         for name in ("small-over.bin", "far-over.bin"):
             self.assertFalse(os.path.exists(os.path.join(self.base_dir, name)))
         self.assertEqual(fits, os.path.join(self.base_dir, "fits.bin"))
+
+
+class ExposureTests(E2BCase):
+    """The E2B port obeys the start-up rule of SPEC §20, like the others."""
+
+    autostart = False
+
+    def test_wide_open_without_token_is_refused(self) -> Any:
+        """No token and the E2B port on every interface: the start is refused."""
+        from sandboxd.policy import PolicyError
+
+        return self.assertFailure(
+            self.start(e2b_port="tcp:0:interface=0.0.0.0"), PolicyError
+        )
+
+    @inlineCallbacks
+    def test_disabled_e2b_is_not_checked(self) -> Any:
+        """With the e2b endpoint off, its port opens nothing, so it is not refused."""
+        self.enable_e2b = False
+        yield self.start(e2b_port="tcp:0:interface=0.0.0.0")
+        self.assertIsNone(self.e2b_port)
+
+    @inlineCallbacks
+    def test_port_in_use_fails_the_start(self) -> Any:
+        """A port that cannot bind fails the start, as the HTTP and PTY ports do."""
+        from sandboxd.startup import StartRefused
+
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen(1)
+            port = taken.getsockname()[1]
+            try:
+                yield self.start(e2b_port=f"tcp:{port}:interface=127.0.0.1")
+            except StartRefused as e:
+                self.assertIn(str(port), str(e))
+            else:
+                self.fail("the start did not fail")
