@@ -232,7 +232,16 @@ def run(args: Any, port: int, e2b_port: int, token: str, pid: int) -> None:
         result = concurrently(args.commands, args.concurrency, make)
         per_call = (cpu_seconds(pid) - cpu) / max(1, result["calls"]) * 1000
         result["daemon_cpu_ms_per_call"] = round(per_call, 2)
-        print(json.dumps({"case": name, "concurrency": args.concurrency, **result}))
+        print(
+            json.dumps(
+                {
+                    "workload": "E2B",
+                    "case": name,
+                    "concurrency": args.concurrency,
+                    **result,
+                }
+            )
+        )
 
     size = args.size_mib * MiB
     blob = os.urandom(size)
@@ -287,6 +296,7 @@ def run(args: Any, port: int, e2b_port: int, token: str, pid: int) -> None:
         print(
             json.dumps(
                 {
+                    "workload": "E2B",
                     "case": name,
                     "mib": args.size_mib,
                     "mb_s": round(args.size_mib / best, 1),

@@ -31,4 +31,5 @@ fi
 # The kernel's ceiling for W6's terminal throughput, with no server at all.
 "$ROOT/.venv/bin/python" "$ROOT/bench/pty_ceiling.py"
 # The E2B door against the HTTP API, through the real e2b SDK.
-"$ROOT/.venv/bin/python" "$ROOT/bench/e2b_door.py"
+"$ROOT/.venv/bin/python" "$ROOT/bench/e2b_door.py" \
+  --commands "${E2B_COMMANDS:-400}" --size-mib "${E2B_MIB:-64}"

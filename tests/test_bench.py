@@ -15,9 +15,14 @@ class FreshCloneTests(SynchronousTestCase):
     """bench/run.sh where ../shared/bench is absent."""
 
     def test_without_harness(self) -> None:
-        """It says where the W0-W7 harness comes from, then runs RAW and PTY-CEILING, exit 0."""
+        """It says where the W0-W7 harness comes from, then runs RAW, PTY-CEILING and E2B, exit 0."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
-        env.update(SHARED_BENCH=os.path.abspath(self.mktemp()), RAW_MIB="4")
+        env.update(
+            SHARED_BENCH=os.path.abspath(self.mktemp()),
+            RAW_MIB="4",
+            E2B_COMMANDS="16",
+            E2B_MIB="4",
+        )
         result = subprocess.run(
             [os.path.join(ROOT, "bench", "run.sh")],
             cwd=ROOT,
@@ -35,4 +40,4 @@ class FreshCloneTests(SynchronousTestCase):
             for line in result.stdout.splitlines()
             if line.startswith("{")
         }
-        self.assertEqual(workloads, {"RAW", "PTY-CEILING"})
+        self.assertEqual(workloads, {"RAW", "PTY-CEILING", "E2B"})
