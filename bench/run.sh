@@ -33,3 +33,6 @@ fi
   --calls "${MCP_CALLS:-2000}" --shell-calls "${MCP_SHELL_CALLS:-400}" --rounds "${MCP_ROUNDS:-2}"
 # The kernel's ceiling for W6's terminal throughput, with no server at all.
 "$ROOT/.venv/bin/python" "$ROOT/bench/pty_ceiling.py"
+# The E2B door against the HTTP API, through the real e2b SDK.
+"$ROOT/.venv/bin/python" "$ROOT/bench/e2b_door.py" \
+  --commands "${E2B_COMMANDS:-400}" --size-mib "${E2B_MIB:-64}"

@@ -84,6 +84,10 @@ class Context:
     #: Paths the site hands to a door of their own before the JSON
     #: pipeline (``/mcp``), to the door's ``exchange``.
     doors: dict[bytes, Any] = attrs.field(factory=dict, init=False)
+    #: The E2B door's service (``sandboxd.e2b.service.E2BService``), when
+    #: ``--e2b-port`` is given; typed loosely because the door imports the
+    #: routes, which import this module.
+    e2b: Any = attrs.field(default=None, init=False)
     hostname: str = attrs.field(factory=socket.gethostname, init=False)
     started_at: float = attrs.field(factory=time.time, init=False)
     pty_port: int | None = None

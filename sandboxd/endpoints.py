@@ -33,6 +33,7 @@ class CapabilityGroup(enum.StrEnum):
     BROWSER = "browser"
     AGENTS = "agents"
     MCP = "mcp"
+    E2B = "e2b"
 
 
 #: Groups that are on unless something turns them off.
@@ -50,6 +51,10 @@ DEFAULT_ON = frozenset(
 
 #: Methods the HTTP pipeline knows; anything else is 501.
 HTTP_METHODS = ("GET", "POST", "DELETE")
+
+#: Endpoints served on a port of their own (a front door), not by the HTTP
+#: router: the PTY WebSocket and the E2B-compatible port.
+DOOR_METHODS = ("WS", "E2B")
 
 Handler = Callable[[Any], Any]
 
@@ -86,7 +91,7 @@ class Endpoint:
     @property
     def implemented(self) -> bool:
         """Whether a handler is attached (WebSocket ids count as served)."""
-        return self.handler is not None or self.method == "WS"
+        return self.handler is not None or self.method in DOOR_METHODS
 
     @property
     def segments(self) -> tuple[str, ...]:
@@ -190,6 +195,7 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("agents_commands", "GET", _S + "/commands", G.AGENTS, ("agents:read",), "The agent's slash commands.", {}),
     ("agents_logs", "GET", _S + "/logs", G.AGENTS, ("agents:read",), "The agent's stderr, head and tail.", {}),
     ("mcp", "POST", "/mcp", G.MCP, ("core:read",), "MCP Streamable HTTP: every endpoint as a tool (GET, POST, DELETE).", {}),
+    ("e2b", "E2B", "/", G.E2B, ("core:read",), "The E2B-compatible envd API (E2B port); each call is governed as its sandboxd endpoint.", {"body": "none"}),
 ]
 # fmt: on
 
@@ -211,6 +217,7 @@ def default_scopes(group: CapabilityGroup, method: str) -> tuple[str, ...]:
         G.BROWSER: "browser:use",
         G.AGENTS: "agents:run" if writes else "agents:read",
         G.MCP: "core:read",
+        G.E2B: "core:read",
     }
     return (table[group],)
 
@@ -266,7 +273,7 @@ class RouteTable:
                     f"{endpoint.method} {endpoint.path} is already served by "
                     f"{other.id!r}"
                 )
-        if endpoint.method not in (*HTTP_METHODS, "WS"):
+        if endpoint.method not in (*HTTP_METHODS, *DOOR_METHODS):
             raise ValueError(f"unsupported method {endpoint.method!r}")
         if not endpoint.path.startswith("/"):
             raise ValueError(f"path must start with '/': {endpoint.path!r}")

@@ -117,6 +117,8 @@ class Settings:
     allow_unauthenticated: bool = False
     #: The base of the ``ws_url`` clients are given (SPEC §20).
     pty_public_url: str | None = None
+    #: The E2B-compatible port (SPEC §18); None: it does not listen.
+    e2b_port: str | None = None
     policy: Any = None
     policy_file: str | None = None
     preset: str | None = None
@@ -229,6 +231,9 @@ class DaemonService(MultiService):
         descriptions = [s.endpoint_description for s in self.listeners]
         if self.context.policy.rules["pty_connect"].enabled and self.context.pty_listen:
             descriptions.append(self.context.pty_listen)
+        e2b = self.context.e2b
+        if e2b is not None and self.context.policy.rules["e2b"].enabled:
+            descriptions.append(e2b.description)
         return descriptions
 
     def bound_addresses(self) -> list[tuple[str, str]]:
@@ -245,6 +250,9 @@ class DaemonService(MultiService):
         port = getattr(terminals, "port", None)
         if port is not None:
             found.append(("pty", address_text(port.getHost())))
+        e2b_port = getattr(self.context.e2b, "port", None)
+        if e2b_port is not None:
+            found.append(("e2b", address_text(e2b_port.getHost())))
         return found
 
     def _hide_secrets(self) -> None:
@@ -416,8 +424,18 @@ def check_start(
     check_base_dir(policy.base_dir)
     http, pty = listeners_of(settings, policy, environ)
     opened = [http, pty] if policy.rules["pty_connect"].enabled else [http]
+    e2b = e2b_listen(settings, http)
+    if e2b is not None and policy.rules["e2b"].enabled:
+        opened.append(e2b)
     check_exposure(opened, policy, settings.allow_unauthenticated)
     return http, pty
+
+
+def e2b_listen(settings: Settings, http: str) -> str | None:
+    """The E2B port's endpoint string (a number binds the HTTP port's interface)."""
+    if not settings.e2b_port:
+        return None
+    return listen_string(settings.e2b_port, interface_of(http))
 
 
 #: Endpoint-string options that name a TLS file.
@@ -430,7 +448,11 @@ def daemon_files(settings: Settings, environ: Mapping[str, str]) -> list[str]:
     the TLS key and certificates of its listeners.
     """
     files = [settings.audit_log or environ.get("ABX_SERVER_AUDIT_LOG") or ""]
-    for listener in (settings.port, settings.pty_port or environ.get("ABX_PTY_PORT")):
+    for listener in (
+        settings.port,
+        settings.pty_port or environ.get("ABX_PTY_PORT"),
+        settings.e2b_port,
+    ):
         for part in re.split(r"(?<!\\):", listener or ""):
             name, _, value = part.partition("=")
             if name in _TLS_FILE_OPTIONS and value:
@@ -478,6 +500,11 @@ def build(
     context.pty_public_url = settings.pty_public_url
     context.pty_port = port_number(context.pty_listen)
     groups = setup_services(context)
+    e2b = e2b_listen(settings, http_listen)
+    if e2b is not None:
+        from sandboxd.e2b import setup as setup_e2b
+
+        groups.append(setup_e2b(context, e2b))
     site = SandboxSite(context, reactor=reactor)
     context.metrics.site = site
     http = StreamServerEndpointService(serverFromString(reactor, http_listen), site)

@@ -53,6 +53,13 @@ class Options(usage.Options):
             None,
             "PTY WebSocket port or endpoint (default $ABX_PTY_PORT or 9001).",
         ],
+        [
+            "e2b-port",
+            None,
+            None,
+            "E2B-compatible envd port or endpoint (off unless given and the "
+            "e2b endpoint is enabled).",
+        ],
         ["policy", None, None, "Policy file (JSON, or YAML with a server: block)."],
         [
             "preset",
@@ -117,6 +124,9 @@ class Options(usage.Options):
             host=host,
             allow_unauthenticated=bool(self["allow-unauthenticated"]),
             pty_public_url=self["pty-public-url"],
+            e2b_port=listen_string(self["e2b-port"], host)
+            if self["e2b-port"]
+            else None,
             policy_file=self["policy"],
             preset=self["preset"],
             base_dir=self["base-dir"],

@@ -71,6 +71,7 @@ SEED_AND_BEYOND = {
         "browser_pdf",
         "browser_console",
     ],
+    "e2b": ["e2b"],
 }
 
 

@@ -39,6 +39,7 @@ from sandboxd.policy import defaults
 
 BASE_URL = "http://localhost:9000"
 PTY_URL = "ws://localhost:9001"
+E2B_URL = "http://localhost:49983"
 TOKEN_HEADER = '-H "X-Access-Token: $TOKEN"'
 
 #: Body used in the example of a free-form body (a command's arguments).
@@ -55,6 +56,7 @@ _GROUP_NOTES = {
     CapabilityGroup.BROWSER: "one shared headless Chromium page",
     CapabilityGroup.AGENTS: "coding agents over ACP",
     CapabilityGroup.MCP: "every endpoint as an MCP tool, see [mcp](mcp.md)",
+    CapabilityGroup.E2B: "the E2B-compatible envd port (docs/e2b.md)",
 }
 
 _HEADER = """\
@@ -169,7 +171,7 @@ def _limits(endpoint: Endpoint) -> str:
     limits = defaults.endpoint_limits(endpoint.id, endpoint.group.value)
     if endpoint.upload and "max_bytes" in limits:
         limits["max_request_bytes"] = defaults.upload_request_cap(limits["max_bytes"])
-    if endpoint.method in ("GET", "WS") and endpoint.body != "raw":
+    if endpoint.method in ("GET", "WS", "E2B") and endpoint.body != "raw":
         limits.pop("max_request_bytes", None)
     out = []
     for key, value in sorted(limits.items()):
@@ -213,6 +215,18 @@ def curl_example(endpoint: Endpoint, schema: Schema) -> str:
     auth = [TOKEN_HEADER] if endpoint.auth_required else []
     if endpoint.method == "WS":
         return " ".join(["websocat", *auth, _url(endpoint, schema, PTY_URL)])
+    if endpoint.method == "E2B":
+        return " ".join(
+            [
+                "curl",
+                "-s",
+                *auth,
+                '-H "Content-Type: application/json"',
+                "-d",
+                _quote(json.dumps({"path": "."})),
+                f'"{E2B_URL}/filesystem.Filesystem/ListDir"',
+            ]
+        )
     streams = schema.produces == "sse" or _example_fields(schema.query).get("follow")
     parts = ["curl", "-sN" if streams else "-s", *auth]
     if endpoint.method == "DELETE":
@@ -253,12 +267,15 @@ def render_endpoint(endpoint: Endpoint) -> str:
     path = endpoint.path
     if endpoint.method == "WS":
         path = "ws://HOST:PTY_PORT/pty"
+    elif endpoint.method == "E2B":
+        path = "http://HOST:E2B_PORT/ (Connect RPC and envd's REST routes)"
     produces = {
         "json": "application/json",
         "sse": "text/event-stream (SSE)",
         "binary": "application/octet-stream",
         "prometheus": "text/plain; version=0.0.4 (Prometheus text format)",
         "websocket": "WebSocket (JSON text frames)",
+        "connect": "Connect RPC (application/json, application/connect+json)",
     }[schema.produces]
     if schema.produces == "json" and schema.events:
         produces += "; text/event-stream with `follow=true`"

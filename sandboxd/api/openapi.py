@@ -7,7 +7,7 @@ from typing import Any
 
 from sandboxd._version import __version__
 from sandboxd.api.schema import PATH_PARAMS, Field, Schema, schema_for
-from sandboxd.endpoints import param_name
+from sandboxd.endpoints import DOOR_METHODS, param_name
 
 _ERROR = {
     "type": "object",
@@ -191,7 +191,7 @@ def document(table: Any, policy: Any) -> dict[str, Any]:
     """The OpenAPI document for every endpoint, enabled or not."""
     paths: dict[str, dict[str, Any]] = {}
     for endpoint in table:
-        if endpoint.method == "WS":
+        if endpoint.method in DOOR_METHODS:
             continue
         paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = _operation(
             endpoint, policy.rules[endpoint.id]

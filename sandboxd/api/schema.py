@@ -852,6 +852,23 @@ SCHEMAS: dict[str, Schema] = {
         "unknown session_id, 4008 for a client too slow to read. Messages: "
         "docs/protocols.md.",
     ),
+    # -- e2b -------------------------------------------------------------------
+    "e2b": Schema(
+        produces="connect",
+        errors=(
+            E(401, "unauthorized", "Connect unauthenticated: token missing or wrong"),
+            E(
+                403,
+                "missing_scope",
+                "Connect permission_denied: the mapped endpoint's scope",
+            ),
+            E(404, "endpoint_disabled", "the e2b endpoint is off: nothing listens"),
+        ),
+        notes="On the E2B port (--e2b-port, envd's 49983), not the HTTP port: envd's "
+        "Connect RPC services process.Process and filesystem.Filesystem and its REST "
+        "routes, each call governed as the sandboxd endpoint it maps to. Table: "
+        "docs/e2b.md.",
+    ),
     # -- system ----------------------------------------------------------------
     "system_info": Schema(
         response=(

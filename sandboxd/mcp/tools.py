@@ -24,11 +24,12 @@ import attrs
 
 from sandboxd.api.openapi import field_schema
 from sandboxd.api.schema import PATH_PARAMS, Field, Schema, schema_for
-from sandboxd.endpoints import Endpoint, param_name
+from sandboxd.endpoints import DOOR_METHODS, Endpoint, param_name
 
 #: Endpoints that are not tools, and why (``docs/mcp.md`` has the same table).
 NOT_TOOLS: dict[str, str] = {
     "mcp": "the MCP door itself",
+    "e2b": "the E2B door itself, on a port of its own",
     "pty_connect": "an interactive WebSocket byte stream, not one call; use "
     "shell, shell_stream or process_start with process_stdin",
     "files_read_raw": "raw binary response body; use download (base64) or "
@@ -280,7 +281,7 @@ def is_tool(endpoint: Endpoint) -> bool:
     return (
         _TOOL_NAME.match(endpoint.id) is not None
         and endpoint.id not in NOT_TOOLS
-        and endpoint.method != "WS"
+        and endpoint.method not in DOOR_METHODS
         and endpoint.body != "raw"
         and endpoint.handler is not None
     )

@@ -347,3 +347,17 @@ MAX_TURN_WAIT_SECONDS = 600.0
 
 #: The largest window a terminal accepts (``struct winsize`` holds shorts).
 MAX_DIMENSION = 65535
+
+#: E2B door: one Connect message (a request's JSON, base64 stdin included).
+E2B_MAX_MESSAGE_BYTES = 4 * MIB
+
+#: E2B door: watchers made with ``CreateWatcher`` alive at once, and the
+#: events one keeps until ``GetWatcherEvents`` takes them.
+E2B_MAX_WATCHERS = 64
+E2B_WATCHER_EVENTS = 10000
+
+#: E2B door: a watcher nobody polled for this long is removed.
+E2B_WATCHER_IDLE_SECONDS = 600.0
+
+#: E2B door: files one ``POST /files`` may carry.
+E2B_MAX_UPLOAD_FILES = 1000

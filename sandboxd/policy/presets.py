@@ -20,6 +20,7 @@ _NON_CORE = (
     "browser",
     "agents",
     "mcp",
+    "e2b",
 )
 
 _FILE_WRITES = (

@@ -11,7 +11,7 @@ to the wildcard, so ``/process/list`` beats ``/process/{pid}``.
 
 from __future__ import annotations
 
-from sandboxd.endpoints import Endpoint, RouteTable, param_name
+from sandboxd.endpoints import DOOR_METHODS, Endpoint, RouteTable, param_name
 
 
 class RouteNode:
@@ -65,7 +65,7 @@ class Router:
     def __init__(self, table: RouteTable) -> None:
         self.root = RouteNode()
         for endpoint in table:
-            if endpoint.method != "WS":
+            if endpoint.method not in DOOR_METHODS:
                 self.root.add(endpoint.segments, endpoint)
 
     def match(

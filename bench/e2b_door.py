@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""
+The E2B door against sandboxd's own HTTP API, in one run, on one daemon.
+
+Starts a fresh daemon (twistd, a temp base dir, a random token, the ``e2b``
+group on, ``max_bytes`` raised), then, each case through the real ``e2b``
+SDK (debug mode, its sync client) and through the HTTP API (``http.client``):
+
+- ``commands.run("true")`` vs ``POST /shell {"command": "true"}``, at
+  concurrency ``--concurrency`` (8) for ``--commands`` calls: commands/s and
+  p50/p99 latency;
+- a ``--size-mib`` (64) file: ``files.write`` (multipart, the SDK's default
+  for bytes) vs ``POST /files/raw``, and ``files.read`` vs ``GET /files/raw``:
+  MB/s (MiB per second, as ``raw_files.py``), best of ``--rounds``.
+
+Prints one JSON line per case.
+
+    .venv/bin/python bench/e2b_door.py [--commands 400] [--concurrency 8] [--size-mib 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import secrets
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+MiB = 1024 * 1024
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from raw_files import free_port  # noqa: E402
+
+
+def start_daemon(base: str, token: str) -> tuple[subprocess.Popen[bytes], int, int]:
+    port, e2b_port = free_port(), free_port()
+    policy = os.path.join(base, ".policy.json")
+    with open(policy, "w") as f:
+        json.dump(
+            {
+                "groups": {"e2b": True},
+                "endpoints": {
+                    "files_write_raw": {"limits": {"max_bytes": "2GiB"}},
+                    "files_read_raw": {"limits": {"max_bytes": "2GiB"}},
+                },
+            },
+            f,
+        )
+    home = os.path.join(base, ".home")
+    os.makedirs(home)
+    # bash -l (the SDK's way to run a command) reads ~/.profile: a HOME of
+    # its own keeps the machine's profile out of the figures.
+    env = {**os.environ, "ABX_SERVER_TOKEN": token, "HOME": home}
+    twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
+    proc = subprocess.Popen(
+        [
+            twistd,
+            "-n",
+            "--pidfile=",
+            "sandboxd",
+            "--port",
+            f"tcp:{port}:interface=127.0.0.1",
+            "--pty-port",
+            f"tcp:{free_port()}:interface=127.0.0.1",
+            "--e2b-port",
+            f"tcp:{e2b_port}:interface=127.0.0.1",
+            "--base-dir",
+            base,
+            "--policy",
+            policy,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    for _ in range(200):
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", e2b_port, timeout=1)
+            c.request("GET", "/health")
+            if c.getresponse().status == 204:
+                return proc, port, e2b_port
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("daemon did not start")
+
+
+def cpu_seconds(pid: int) -> float:
+    """The daemon's own CPU time (user + system), children not included."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def sandbox(e2b_port: int, token: str) -> Any:
+    from e2b import Sandbox
+    from e2b.connection_config import ConnectionConfig
+    from e2b.envd.versions import ENVD_DEBUG_FALLBACK
+
+    config = ConnectionConfig(
+        debug=True,
+        sandbox_url=f"http://127.0.0.1:{e2b_port}",
+        extra_sandbox_headers={"X-Access-Token": token},
+    )
+    return Sandbox(
+        sandbox_id="bench",
+        sandbox_domain=None,
+        envd_version=ENVD_DEBUG_FALLBACK,
+        envd_access_token=token,
+        traffic_access_token=None,
+        connection_config=config,
+    )
+
+
+def concurrently(
+    count: int, workers: int, make: Callable[[], Callable[[], None]]
+) -> dict[str, Any]:
+    """Run ``count`` calls on ``workers`` threads (each with its own client)."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+    left = [count]
+    errors: list[str] = []
+
+    def worker() -> None:
+        call = make()
+        while True:
+            with lock:
+                if left[0] <= 0:
+                    return
+                left[0] -= 1
+            start = time.perf_counter()
+            try:
+                call()
+            except Exception as e:
+                errors.append(repr(e)[:200])
+                return
+            with lock:
+                latencies.append(time.perf_counter() - start)
+
+    threads = [threading.Thread(target=worker) for _ in range(workers)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    elapsed = time.perf_counter() - start
+    latencies.sort()
+    return {
+        "calls": len(latencies),
+        "per_s": round(len(latencies) / elapsed, 1),
+        "p50_ms": round(statistics.median(latencies) * 1000, 2) if latencies else None,
+        "p99_ms": round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 2)
+        if latencies
+        else None,
+        "errors": errors[:3],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--commands", type=int, default=400)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--size-mib", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    base = os.path.realpath(tempfile.mkdtemp(prefix="sandboxd-e2b-bench-"))
+    token = secrets.token_hex(16)
+    proc, port, e2b_port = start_daemon(base, token)
+    try:
+        run(args, port, e2b_port, token, proc.pid)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def run(args: Any, port: int, e2b_port: int, token: str, pid: int) -> None:
+    def sdk_run() -> Callable[[], None]:
+        sbx = sandbox(e2b_port, token)
+        return lambda: sbx.commands.run("true") and None
+
+    def http_shell() -> Callable[[], None]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        body = json.dumps({"command": "true"})
+        headers = {"X-Access-Token": token, "Content-Type": "application/json"}
+
+        def call() -> None:
+            conn.request("POST", "/shell", body, headers)
+            response = conn.getresponse()
+            response.read()
+            if response.status != 200:
+                raise RuntimeError(response.status)
+
+        return call
+
+    def http_shell_login() -> Callable[[], None]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        body = json.dumps({"command": "true", "shell": "bash"})
+        headers = {"X-Access-Token": token, "Content-Type": "application/json"}
+
+        def call() -> None:
+            conn.request("POST", "/shell", body, headers)
+            response = conn.getresponse()
+            response.read()
+            if response.status != 200:
+                raise RuntimeError(response.status)
+
+        return call
+
+    cases = (
+        ("sdk commands.run(true)", sdk_run),
+        ("http POST /shell true", http_shell),
+        ("http POST /shell bash -c true", http_shell_login),
+    )
+    for name, make in cases:
+        concurrently(args.concurrency * 2, args.concurrency, make)  # warm-up
+        cpu = cpu_seconds(pid)
+        result = concurrently(args.commands, args.concurrency, make)
+        per_call = (cpu_seconds(pid) - cpu) / max(1, result["calls"]) * 1000
+        result["daemon_cpu_ms_per_call"] = round(per_call, 2)
+        print(
+            json.dumps(
+                {
+                    "workload": "E2B",
+                    "case": name,
+                    "concurrency": args.concurrency,
+                    **result,
+                }
+            )
+        )
+
+    size = args.size_mib * MiB
+    blob = os.urandom(size)
+    sbx = sandbox(e2b_port, token)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+
+    def sdk_write() -> None:
+        sbx.files.write("bench/sdk.bin", blob)
+
+    def sdk_read() -> None:
+        if len(sbx.files.read("bench/sdk.bin", format="bytes")) != size:
+            raise RuntimeError("short read")
+
+    def door_read() -> None:
+        # The door's GET /files with a plain client: the server's share.
+        door = http.client.HTTPConnection("127.0.0.1", e2b_port, timeout=600)
+        door.request(
+            "GET", "/files?path=bench/sdk.bin", headers={"X-Access-Token": token}
+        )
+        response = door.getresponse()
+        if len(response.read()) != size or response.status != 200:
+            raise RuntimeError("short read")
+
+    def http_write() -> None:
+        conn.request(
+            "POST",
+            "/files/raw?path=bench/http.bin&overwrite=true",
+            blob,
+            {"X-Access-Token": token, "Content-Length": str(size)},
+        )
+        response = conn.getresponse()
+        response.read()
+        if response.status != 200:
+            raise RuntimeError(response.status)
+
+    def http_read() -> None:
+        conn.request(
+            "GET", "/files/raw?path=bench/http.bin", headers={"X-Access-Token": token}
+        )
+        response = conn.getresponse()
+        if len(response.read()) != size or response.status != 200:
+            raise RuntimeError("short read")
+
+    for name, call in (
+        ("sdk files.write", sdk_write),
+        ("http POST /files/raw", http_write),
+        ("sdk files.read", sdk_read),
+        ("http.client GET /files (E2B port)", door_read),
+        ("http GET /files/raw", http_read),
+    ):
+        best = min(_timed(call) for _ in range(args.rounds))
+        print(
+            json.dumps(
+                {
+                    "workload": "E2B",
+                    "case": name,
+                    "mib": args.size_mib,
+                    "mb_s": round(args.size_mib / best, 1),
+                    "seconds": round(best, 3),
+                }
+            )
+        )
+
+
+def _timed(call: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+if __name__ == "__main__":
+    main()

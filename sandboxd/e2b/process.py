@@ -1,0 +1,640 @@
+# -*- test-case-name: tests.e2b.test_sdk -*-
+"""
+envd's ``process.Process`` service over sandboxd's processes and terminals.
+
+A command is a background process of the daemon's
+:class:`~sandboxd.processes.service.ProcessService` (so ``process_list``
+shows it and ``max_processes`` counts it), checked by the same
+:func:`~sandboxd.routes.process.launch` as ``/process/start`` (argv rules,
+shell rules, cwd through the guard, environment without secrets, user,
+duration ceiling); a command with a ``pty`` is a terminal session of the
+:class:`~sandboxd.terminals.session.TerminalTable`, created by the
+``pty_create`` handler itself.
+
+As in envd, a process outlives the stream that started it (the E2B SDK's
+``disconnect()`` then ``commands.connect(pid)`` rely on it): what bounds it
+is the ``Connect-Timeout-Ms`` deadline the SDK sends with every command
+(60 s unless told otherwise), which ends its whole process group like a
+``/shell`` timeout, and the policy's ``max_duration_seconds``.  ``Connect``
+streams live output only, as envd does; ``List`` shows running processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+from typing import Any
+
+import attrs
+from twisted.internet.defer import Deferred
+
+from sandboxd import processes
+from sandboxd.e2b.connect import (
+    b64,
+    bad_field,
+    bool_field,
+    bytes_field,
+    field,
+    oneof,
+    string_field,
+    uint_field,
+)
+from sandboxd.e2b.door import (
+    CLIENT_STREAM,
+    SERVER_STREAM,
+    UNARY,
+    Call,
+    Procedure,
+    Stream,
+)
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    bad_request,
+    internal,
+    limit_exceeded,
+    limit_rule,
+    not_found,
+    rate_limited,
+    timed_out,
+)
+from sandboxd.eventlog import Event
+from sandboxd.policy.defaults import STDIN_PENDING_BYTES
+from sandboxd.processes.service import Managed, ProcessService
+from sandboxd.routes import process as process_routes
+from sandboxd.routes import terminal as terminal_routes
+from sandboxd.terminals.session import PtySession
+
+_SIGNALS = {"SIGNAL_SIGTERM": 15, "SIGNAL_SIGKILL": 9, "SIGNAL_UNSPECIFIED": 0}
+
+KEEPALIVE: dict[str, Any] = {"event": {"keepalive": {}}}
+
+
+def _keepalive() -> dict[str, Any]:
+    return KEEPALIVE
+
+
+@attrs.define
+class Config:
+    """What a command was started with, for ``List``."""
+
+    cmd: str
+    args: list[str]
+    envs: dict[str, str]
+    cwd: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        """The ``ProcessConfig`` message."""
+        out: dict[str, Any] = {"cmd": self.cmd, "args": self.args, "envs": self.envs}
+        if self.cwd is not None:
+            out["cwd"] = self.cwd
+        return out
+
+
+@attrs.define
+class ProcessDoor:
+    """The door's own memory of what it started (configs, for ``List``)."""
+
+    configs: dict[int, Config] = attrs.Factory(dict)
+    #: Terminal id -> the timer of its deadline.
+    deadlines: dict[str, Any] = attrs.Factory(dict)
+
+    def deadline(self, clock: Any, seconds: float, session_id: str, end: Any) -> None:
+        """End terminal ``session_id`` after ``seconds`` (its Connect-Timeout-Ms)."""
+
+        def fire() -> None:
+            self.deadlines.pop(session_id, None)
+            end(session_id)
+
+        self.deadlines[session_id] = clock.callLater(seconds, fire)
+
+    def forget_deadline(self, session_id: str) -> None:
+        """The terminal ended before its deadline."""
+        timer = self.deadlines.pop(session_id, None)
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def stop(self) -> None:
+        """Shutdown: the terminal service ends the terminals itself."""
+        for session_id in list(self.deadlines):
+            self.forget_deadline(session_id)
+
+    def remember(self, pid: int, config: Config) -> None:
+        """Keep ``config`` while the process is known (bounded by the table)."""
+        self.configs[pid] = config
+        if len(self.configs) > 4 * 128:
+            for old in list(self.configs)[: len(self.configs) // 2]:
+                del self.configs[old]
+
+
+# -- helpers ---------------------------------------------------------------------
+
+
+def _service(call: Call) -> ProcessService:
+    service: ProcessService | None = call.context.processes
+    assert service is not None
+    return service
+
+
+def _terminals(call: Call) -> Any:
+    service = call.context.terminals
+    assert service is not None
+    return service.table
+
+
+def _state(call: Call) -> ProcessDoor:
+    state: ProcessDoor = call.context.e2b.processes
+    return state
+
+
+def _config(message: dict[str, Any]) -> Config:
+    process = field(message, "process") or {}
+    if not isinstance(process, dict):
+        raise bad_field("process", "an object")
+    cmd = string_field(process, "cmd", "") or ""
+    args = field(process, "args") or []
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise bad_field("args", "a list of strings")
+    envs = field(process, "envs") or {}
+    if not isinstance(envs, dict):
+        raise bad_field("envs", "an object of strings")
+    cwd = string_field(process, "cwd")
+    return Config(cmd, list(args), dict(envs), cwd)
+
+
+def _selector(message: dict[str, Any]) -> tuple[str, Any]:
+    selector = field(message, "process")
+    chosen = oneof(selector, ("pid", "tag"))
+    if chosen is None:
+        raise bad_request("'process' must select a 'pid' or a 'tag'")
+    name, _ = chosen
+    if name == "pid":
+        return "pid", uint_field(selector, "pid")
+    return "tag", string_field(selector, "tag")
+
+
+def _pty_session(call: Call, pid: int) -> PtySession | None:
+    for session in _terminals(call).sessions.values():
+        if session.pid == pid and not session.ended:
+            return session  # type: ignore[no-any-return]
+    return None
+
+
+def _find(call: Call, message: dict[str, Any]) -> Managed | PtySession | None:
+    """The running process or terminal a selector names, or None."""
+    kind, value = _selector(message)
+    if kind == "pid":
+        managed = _service(call).get(int(value))
+        if managed is not None and managed.running:
+            return managed
+        return _pty_session(call, int(value))
+    for managed in reversed(_service(call).list(value)):
+        if managed.running:
+            return managed
+    return None
+
+
+def _missing(message: dict[str, Any]) -> ApiError:
+    kind, value = _selector(message)
+    return not_found(f"process with {kind} {value} not found")
+
+
+def _by_target(process_endpoint: str, pty_endpoint: str) -> Any:
+    """An endpoint chooser: the pty one when the selector names a terminal."""
+
+    def choose(call: Call, message: dict[str, Any]) -> str:
+        try:
+            target = _find(call, message)
+        except ApiError:
+            return process_endpoint
+        return pty_endpoint if isinstance(target, PtySession) else process_endpoint
+
+    return choose
+
+
+def end_event(code: int | None, error: str | None = None) -> dict[str, Any]:
+    """envd's ``EndEvent`` (Go's ``ProcessState``: -1 and ``signal: …`` when signalled)."""
+    if code is None:
+        end: dict[str, Any] = {"exitCode": -1, "exited": False, "status": "unknown"}
+    elif code < 0:
+        try:
+            name = (signal.strsignal(-code) or str(-code)).lower()
+        except ValueError:
+            name = str(-code)
+        end = {"exitCode": -1, "exited": False, "status": f"signal: {name}"}
+    else:
+        end = {"exitCode": code, "exited": True, "status": f"exit status {code}"}
+    if error:
+        end["error"] = error
+    return {"event": {"end": end}}
+
+
+def _deadline_error(seconds: float | None) -> ApiError:
+    shown = f" after {seconds:g} seconds" if seconds else ""
+    return timed_out(
+        f"the deadline passed{shown}; the command's process group was killed",
+        limit="Connect-Timeout-Ms",
+    )
+
+
+# -- following a process's output -----------------------------------------------
+
+
+def _follow(call: Call, stream: Stream, managed: Managed, replay: bool) -> None:
+    """Stream a process's output events, then its end."""
+    child = managed.child
+
+    def deliver(event: Event | None) -> None:
+        if stream.ended:
+            return
+        if event is None:
+            if not stream.ended:
+                stream.send(end_event(child.exit_code))
+                stream.end()
+            return
+        if event.event in ("stdout", "stderr"):
+            data = event.data["data"].encode("utf-8", "surrogateescape")
+            stream.send({"event": {"data": {event.event: b64(data)}}})
+        elif event.event == "exit":
+            error = processes.timeout_error(child)
+            stream.send(
+                end_event(event.data.get("exit_code"), error.message if error else None)
+            )
+            stream.end(
+                _deadline_error(child.timeout) if child.reason == "timeout" else None
+            )
+
+    if replay:
+        _, kept = managed.log.since(0)
+        for event in kept:
+            deliver(event)
+    if stream.ended:
+        return
+    stream.on_end(managed.log.subscribe(deliver))
+    stream.register_producer(child.pause_reading, child.resume_reading)
+    if managed.log.closed and not stream.ended:
+        stream.send(end_event(child.exit_code))
+        stream.end()
+
+
+class _PtyClient:
+    """A terminal session's client that turns its frames into envd events."""
+
+    def __init__(self, stream: Stream, session: PtySession) -> None:
+        self.stream = stream
+        self.session = session
+        self.on_ended: Any = None
+
+    def send_frame(self, frame: bytes) -> None:
+        """Terminal output becomes a ``pty`` data event."""
+        message = json.loads(frame)
+        if message.get("type") == "output" and message.get("data"):
+            data = message["data"].encode("utf-8", "surrogateescape")
+            self.stream.send({"event": {"data": {"pty": b64(data)}}})
+
+    def session_ended(self, frame: bytes) -> None:
+        """The shell ended: the ``end`` event, then the end of the stream."""
+        if self.on_ended is not None:
+            self.on_ended()
+        code = json.loads(frame).get("exit_code")
+        if not self.stream.ended:
+            self.stream.send(end_event(code))
+            self.stream.end()
+
+    def pause_input(self) -> None:
+        """Input is by RPC here: nothing to pause."""
+
+    def resume_input(self) -> None:
+        """Input is by RPC here: nothing to resume."""
+
+    def drop_slow(self) -> None:
+        """The client left output unread too long: end its stream."""
+        self.stream.end(
+            limit_exceeded(
+                429,
+                "the client left terminal output unread for too long",
+                Code.RATE_LIMITED,
+            )
+        )
+
+
+def _attach(call: Call, stream: Stream, session: PtySession, replay: bool) -> None:
+    client = _PtyClient(stream, session)
+    client.on_ended = lambda: _state(call).forget_deadline(session.id)
+    attached = session.attach(client, None if replay else session.emitted)
+    if not attached:
+        stream.end(
+            limit_exceeded(
+                429, "the terminal has its maximum of clients", Code.TOO_MANY_SESSIONS
+            )
+        )
+        return
+    stream.on_end(lambda: session.detach(client))
+    stream.register_producer(
+        lambda: session.pause(client), lambda: session.resume(client)
+    )
+
+
+# -- procedures -------------------------------------------------------------------
+
+
+def _start_endpoint(call: Call, message: dict[str, Any]) -> str:
+    return "pty_create" if field(message, "pty") is not None else "process_start"
+
+
+def _launch_body(call: Call, config: Config) -> dict[str, Any]:
+    """The ``/process/start`` body that makes :func:`launch` check this command."""
+    if not config.cmd:
+        raise bad_field("cmd", "a non-empty string")
+    body: dict[str, Any] = {"env": config.envs, "cwd": config.cwd, "user": call.user()}
+    args = config.args
+    shells = call.rule.params.shells
+    if os.path.basename(config.cmd) in shells and "-c" in args:
+        # bash -l -c SCRIPT: checked as /shell checks {"shell", "command"}.
+        script_at = args.index("-c") + 1
+        if script_at >= len(args):
+            raise bad_field("args", "a script after '-c'")
+        body["command"] = args[script_at]
+        body["shell"] = config.cmd
+    else:
+        body["command"] = shlex.join([config.cmd, *args])
+    timeout = call.timeout_seconds()
+    if timeout is not None:
+        body["timeout"] = timeout
+    return body
+
+
+def start(call: Call, message: dict[str, Any]) -> Any:
+    """``Start``: a command (``process_start``) or a terminal (``pty_create``)."""
+    config = _config(message)
+    tag = string_field(message, "tag")
+    if field(message, "pty") is not None:
+        return _start_pty(call, message, config)
+    stdin = bool_field(message, "stdin", True)
+    request = call.server_request(_launch_body(call, config))
+    spec = process_routes.launch(request)
+    spec = attrs.evolve(spec, argv=[config.cmd, *config.args])
+    rule = call.rule
+    service = _service(call)
+    limit = rule.limits.max_processes
+    if limit is not None and service.running_count() >= limit:
+        raise limit_exceeded(
+            429,
+            f"too many processes running (at most {limit})",
+            Code.TOO_MANY_PROCESSES,
+            limit_rule(rule, "max_processes"),
+            limit="max_processes",
+        )
+    retention = rule.limits.max_output_bytes or processes.DEFAULT_RETENTION_BYTES
+    try:
+        managed = service.start(
+            spec.argv,
+            command=shlex.join(spec.argv),
+            env=spec.env,
+            cwd=spec.cwd,
+            run_as=spec.run_as,
+            stdin_pipe=stdin,
+            tag=tag,
+            retention=int(retention),
+            timeout=spec.timeout,
+            idle_timeout=spec.idle_timeout,
+            may_wait=True,
+        )
+    except OSError as e:
+        raise process_routes._spawn_failed(e, spec.command) from None
+
+    def running(_: object = None) -> None:
+        _state(call).remember(managed.pid, config)
+        stream = Stream(call, _keepalive)
+        stream.send({"event": {"start": {"pid": managed.pid}}})
+        _follow(call, stream, managed, replay=True)
+
+    def not_spawned(failure: Any) -> None:
+        error = failure.value
+        if isinstance(error, OSError):
+            error = process_routes._spawn_failed(error, spec.command)
+        if not isinstance(error, ApiError):
+            error = internal("the command could not start", "OSError")
+        call.door.fail(call, error)
+
+    if managed.child.pending:
+        managed.child.when_spawned().addCallbacks(running, not_spawned)
+    else:
+        running()
+
+
+def _start_pty(call: Call, message: dict[str, Any], config: Config) -> None:
+    size = field(field(message, "pty") or {}, "size") or {}
+    body: dict[str, Any] = {
+        "cols": uint_field(size, "cols") or 80,
+        "rows": uint_field(size, "rows") or 24,
+        "env": config.envs,
+        "cwd": config.cwd,
+        "user": call.user(),
+        "shell": config.cmd or None,
+    }
+    timeout = call.timeout_seconds()
+    created = terminal_routes.pty_create(call.server_request(body))
+    table = _terminals(call)
+    session = table.get(created["session_id"])
+    _state(call).remember(session.pid, config)
+    stream = Stream(call, _keepalive)
+
+    if timeout is not None:
+        # As envd: the terminal's deadline ends it (its whole tree), whether
+        # or not its stream is still there to say so.
+        stream.deadline(timeout, lambda: stream.end(_deadline_error(timeout)))
+        _state(call).deadline(call.context.reactor, timeout, session.id, table.close)
+    stream.send({"event": {"start": {"pid": session.pid}}})
+    _attach(call, stream, session, replay=True)
+
+
+def connect_(call: Call, message: dict[str, Any]) -> None:
+    """``Connect``: live output of a running process or terminal."""
+    target = _find(call, message)
+    if target is None:
+        raise _missing(message)
+    timeout = call.timeout_seconds()
+    stream = Stream(call, _keepalive)
+    stream.deadline(timeout, lambda: stream.end(_deadline_error(None)))
+    stream.send({"event": {"start": {"pid": target.pid}}})
+    if isinstance(target, PtySession):
+        _attach(call, stream, target, replay=False)
+    else:
+        _follow(call, stream, target, replay=False)
+
+
+def list_(call: Call, message: dict[str, Any]) -> dict[str, Any]:
+    """``List``: running processes and terminals."""
+    state = _state(call)
+    out = []
+    for managed in _service(call).list():
+        if not managed.running:
+            continue
+        config = state.configs.get(managed.pid)
+        if config is None:
+            config = Config(managed.command, [], {}, None)
+        info: dict[str, Any] = {"config": config.as_json(), "pid": managed.pid}
+        if managed.tag is not None:
+            info["tag"] = managed.tag
+        out.append(info)
+    for session in _terminals(call).sessions.values():
+        if session.ended or not terminal_routes._visible(
+            call.server_request(), session
+        ):
+            continue
+        config = state.configs.get(session.pid) or Config("", [], {}, None)
+        out.append({"config": config.as_json(), "pid": session.pid})
+    return {"processes": out}
+
+
+def _write_input(call: Call, target: Managed | PtySession, message: Any) -> int:
+    chosen = oneof(field(message, "input"), ("stdin", "pty"))
+    if chosen is None:
+        return 0
+    name, _ = chosen
+    data = bytes_field(field(message, "input"), name) or b""
+    if isinstance(target, PtySession):
+        if not terminal_routes._visible(call.server_request(), target):
+            raise _missing(message)
+        target.write(data)
+        return len(data)
+    child = target.child
+    if not child.stdin_open:
+        raise bad_request(
+            f"process {target.pid} has no open stdin (start it with stdin: true)"
+        )
+    if data and child.stdin_pending() + len(data) > STDIN_PENDING_BYTES:
+        raise rate_limited(
+            "the process is not reading its stdin fast enough; retry later",
+            1,
+            limit="stdin_pending_bytes",
+        )
+    if data:
+        child.write_stdin(data)
+    return len(data)
+
+
+def send_input(call: Call, message: dict[str, Any]) -> dict[str, Any]:
+    """``SendInput``: stdin bytes, or keystrokes for a terminal."""
+    target = _find(call, message)
+    if target is None:
+        raise _missing(message)
+    _write_input(call, target, message)
+    return {}
+
+
+def stream_input(call: Call, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """``StreamInput``: a start naming the process, then input in order."""
+    if not messages or field(messages[0], "start") is None:
+        raise bad_request("the input stream must begin with a 'start' message")
+    first = field(messages[0], "start")
+    target = _find(call, first)
+    if target is None:
+        raise _missing(first)
+    for message in messages[1:]:
+        data = field(message, "data")
+        if data is not None:
+            _write_input(call, target, data)
+    return {}
+
+
+def _stream_input_endpoint(call: Call, message: dict[str, Any]) -> str:
+    chosen: str = _by_target("process_stdin", "pty_connect")(
+        call, field(message, "start") or {}
+    )
+    return chosen
+
+
+def _signal(message: dict[str, Any]) -> int:
+    value = field(message, "signal")
+    if isinstance(value, str) and value in _SIGNALS:
+        return _SIGNALS[value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise bad_field("signal", "SIGNAL_SIGTERM or SIGNAL_SIGKILL")
+
+
+def send_signal(call: Call, message: dict[str, Any]) -> Any:
+    """``SendSignal``: to the process group (SIGKILL ends the whole tree)."""
+    number = _signal(message)
+    target = _find(call, message)
+    if target is None:
+        raise _missing(message)
+    if isinstance(target, PtySession):
+        closing: Deferred[Any] = terminal_routes.pty_delete(
+            call.server_request(path_params={"id": target.id})
+        )
+        return closing.addCallback(lambda _: {})
+    if number == 0:
+        raise bad_field("signal", "SIGNAL_SIGTERM or SIGNAL_SIGKILL")
+    process_routes.process_signal(
+        call.server_request(
+            body={"signal": number}, path_params={"pid": str(target.pid)}
+        )
+    )
+    return {}
+
+
+def close_stdin(call: Call, message: dict[str, Any]) -> dict[str, Any]:
+    """``CloseStdin``: EOF on the process's stdin pipe."""
+    target = _find(call, message)
+    if target is None:
+        raise _missing(message)
+    if isinstance(target, PtySession):
+        raise bad_request("a terminal has no stdin to close: send Ctrl+D (0x04)")
+    process_routes.process_stdin(
+        call.server_request(
+            body={"data": "", "eof": True}, path_params={"pid": str(target.pid)}
+        )
+    )
+    return {}
+
+
+def update(call: Call, message: dict[str, Any]) -> dict[str, Any]:
+    """``Update``: resize a terminal."""
+    target = _find(call, message)
+    if target is None:
+        raise _missing(message)
+    if not isinstance(target, PtySession):
+        raise bad_request(f"process {target.pid} has no terminal to resize")
+    size = field(field(message, "pty") or {}, "size")
+    if size is None:
+        return {}
+    body = {"cols": uint_field(size, "cols"), "rows": uint_field(size, "rows")}
+    terminal_routes.pty_resize(
+        call.server_request(body=body, path_params={"id": target.id})
+    )
+    return {}
+
+
+_P = "process.Process/"
+
+PROCEDURES = {
+    _P + "Start": Procedure(_P + "Start", SERVER_STREAM, _start_endpoint, start),
+    _P + "Connect": Procedure(
+        _P + "Connect",
+        SERVER_STREAM,
+        _by_target("process_output", "pty_connect"),
+        connect_,
+    ),
+    _P + "List": Procedure(_P + "List", UNARY, "process_list", list_),
+    _P + "SendInput": Procedure(
+        _P + "SendInput", UNARY, _by_target("process_stdin", "pty_connect"), send_input
+    ),
+    _P + "StreamInput": Procedure(
+        _P + "StreamInput", CLIENT_STREAM, _stream_input_endpoint, stream_input
+    ),
+    _P + "SendSignal": Procedure(
+        _P + "SendSignal",
+        UNARY,
+        _by_target("process_signal", "pty_delete"),
+        send_signal,
+    ),
+    _P + "CloseStdin": Procedure(
+        _P + "CloseStdin", UNARY, "process_stdin", close_stdin
+    ),
+    _P + "Update": Procedure(_P + "Update", UNARY, "pty_resize", update),
+}

@@ -1,0 +1,274 @@
+# -*- test-case-name: tests.e2b.test_sdk -*-
+"""
+envd's REST routes (``envd.yaml``): ``GET /health`` (204), ``GET /files``
+(the file's bytes), ``POST /files`` (one or several files, multipart or
+octet-stream) and ``GET /envs``.
+
+Downloads are ``files_read_raw``'s own response (the same producer and
+``sendfile`` path); uploads are checked whole (every path through the
+guard, every extension rule) before the first byte is written, then each
+file is written atomically by ``files_write_raw``'s rules, so a refused
+upload writes nothing.  Errors are envd's ``{"code", "message"}`` with the
+HTTP status, the message carrying sandboxd's §6 code and rule.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import email.policy
+import io
+import mmap
+import os
+import posixpath
+from collections.abc import Callable
+from typing import Any, cast
+
+from twisted.internet.defer import Deferred
+from twisted.web.server import NOT_DONE_YET
+
+from sandboxd.e2b.door import REST, Call, Procedure
+from sandboxd.errors import Code, bad_request, payload_too_large, unsupported
+from sandboxd.guard import PathGuard
+from sandboxd.policy.defaults import E2B_MAX_UPLOAD_FILES
+from sandboxd.routes import files as file_routes
+from sandboxd.routes import system as system_routes
+from sandboxd.web.messages import StreamResponse
+
+
+def _query(call: Call, name: str) -> str | None:
+    values = call.request.args.get(name.encode())
+    if not values:
+        return None
+    if len(values) > 1:
+        raise bad_request(
+            f"the query parameter {name!r} is given more than once",
+            Code.DUPLICATE_PARAMETER,
+        )
+    try:
+        return str(values[0].decode("utf-8"))
+    except UnicodeDecodeError:
+        raise bad_request(f"the query parameter {name!r} is not UTF-8") from None
+
+
+def health(call: Call, _: Any) -> int:
+    """``GET /health``: 204, as envd answers."""
+    return 204
+
+
+def envs(call: Call, _: Any) -> dict[str, str]:
+    """``GET /envs``: the environment children inherit, secrets redacted."""
+    answer = system_routes.env_get(call.server_request())
+    variables: dict[str, str] = answer["variables"]
+    return variables
+
+
+def download(call: Call, _: Any) -> Any:
+    """``GET /files?path=``: the bytes, by ``files_read_raw``'s response."""
+    path = _query(call, "path")
+    if not path:
+        raise bad_request("'path' is required")
+    headers = {
+        name.decode("latin-1").lower(): values[-1].decode("latin-1")
+        for name, values in call.headers.items()
+        if name in (b"range", b"if-none-match", b"if-range")
+    }
+    request = call.server_request(query={"path": path})
+    request.headers = headers
+    response = file_routes.files_read_raw(request)
+    raw = call.request
+    if not isinstance(response, StreamResponse):
+        # 304 (If-None-Match): status and headers only.
+        raw.setResponseCode(response.status)
+        for name, value in response.headers.items():
+            raw.setHeader(name.encode(), value.encode())
+        call.status = response.status
+        raw.finish()
+        call.done()
+        return NOT_DONE_YET
+    raw.setResponseCode(response.status)
+    call.status = response.status
+    for name, value in response.headers.items():
+        raw.setHeader(name.encode(), value.encode())
+    raw.setHeader(b"content-disposition", b"attachment")
+
+    def sent(count: int) -> None:
+        call.bytes_out = count
+        if not call.closed:
+            raw.finish()
+        call.done()
+
+    def failed(_: Any) -> None:
+        # The length was announced: cut the connection so the client sees it.
+        if not call.closed:
+            raw.channel.transport.abortConnection()
+        call.done()
+
+    response.write_to(raw).addCallbacks(sent, failed)
+    return NOT_DONE_YET
+
+
+# -- uploads ----------------------------------------------------------------------
+
+
+def _boundary(content_type: str) -> bytes:
+    header = email.parser.HeaderParser(policy=email.policy.HTTP).parsestr(
+        f"Content-Type: {content_type}\r\n\r\n"
+    )
+    boundary = header.get_param("boundary")
+    if not isinstance(boundary, str) or not boundary or len(boundary) > 200:
+        raise bad_request("the multipart Content-Type has no usable boundary")
+    return boundary.encode("latin-1")
+
+
+def split_multipart(boundary: bytes, body: Any) -> list[tuple[str | None, memoryview]]:
+    """
+    The ``(file name, bytes)`` of each part of a multipart body, as views
+    into ``body`` (a buffer: bytes, or the mapped temporary file Twisted
+    kept the body in), found with ``find`` rather than parsed line by line.
+
+    :raises ApiError: 400 for a body that is not multipart as announced;
+        413 past :data:`E2B_MAX_UPLOAD_FILES` parts.
+    """
+    view = memoryview(body)
+    delimiter = b"--" + boundary
+    find = body.find
+    at = find(delimiter)
+    if at < 0:
+        raise bad_request("the multipart body has no part")
+    at += len(delimiter)
+    out: list[tuple[str | None, memoryview]] = []
+    while True:
+        if body[at : at + 2] == b"--":
+            return out
+        if body[at : at + 2] != b"\r\n":
+            raise bad_request("a malformed multipart delimiter")
+        at += 2
+        head_end = find(b"\r\n\r\n", at, at + 16 * 1024)
+        if head_end < 0:
+            raise bad_request("a multipart part without the end of its headers")
+        headers = email.parser.BytesHeaderParser(policy=email.policy.HTTP).parsebytes(
+            bytes(view[at:head_end]) + b"\r\n\r\n"
+        )
+        start = head_end + 4
+        end = start
+        while True:
+            # A delimiter is one followed by CRLF or "--" (RFC 2046 §5.1.1).
+            end = find(b"\r\n" + delimiter, end)
+            if end < 0:
+                raise bad_request("a multipart part without its closing delimiter")
+            after = body[end + 2 + len(delimiter) : end + 4 + len(delimiter)]
+            if after in (b"\r\n", b"--"):
+                break
+            end += 2
+        out.append((headers.get_filename(), view[start:end]))
+        if len(out) > E2B_MAX_UPLOAD_FILES:
+            raise payload_too_large(
+                E2B_MAX_UPLOAD_FILES,
+                message=f"at most {E2B_MAX_UPLOAD_FILES} files per upload",
+            )
+        at = end + 2 + len(delimiter)
+
+
+def _body_buffer(content: Any) -> tuple[Any, Callable[[], None]]:
+    """The request body as a buffer, without copying it, and how to let go."""
+    if isinstance(content, io.BytesIO):
+        return content.getvalue(), lambda: None  # small: Twisted spools big ones
+    content.seek(0, os.SEEK_END)
+    size = content.tell()
+    if size == 0:
+        return b"", lambda: None
+    mapped = mmap.mmap(content.fileno(), size, access=mmap.ACCESS_READ)
+    return mapped, mapped.close
+
+
+def upload(call: Call, _: Any) -> Deferred[Any]:
+    """
+    ``POST /files?path=``: write one file (octet-stream, or multipart with
+    ``path``) or several (multipart, each part's file name its path).
+
+    The body is parsed and every path checked, on a worker thread, before
+    the first file is written.
+    """
+    content_type = call.header("content-type") or ""
+    kind = content_type.split(";", 1)[0].strip().lower()
+    encoding = call.header("content-encoding")
+    if encoding and encoding.lower() != "identity":
+        raise unsupported(f"Content-Encoding {encoding!r} is not accepted")
+    path = _query(call, "path")
+    if kind == "application/octet-stream":
+        if not path:
+            raise bad_request("'path' is required with application/octet-stream")
+        boundary = None
+    elif kind == "multipart/form-data":
+        boundary = _boundary(content_type)
+    else:
+        raise bad_request(
+            "the body must be multipart/form-data or application/octet-stream"
+        )
+    request = call.server_request()
+    guard = PathGuard(call.rule)
+    cap = file_routes.max_bytes(request)
+    rule = call.rule.source("limits.max_bytes") or "default:limits.max_bytes"
+    content = call.request.content
+
+    def job() -> list[dict[str, Any]]:
+        body, release = _body_buffer(content)
+        try:
+            files = _files(body)
+            try:
+                return _write(files)
+            finally:
+                for _, data in files:
+                    data.release()
+        finally:
+            release()
+
+    def _files(body: Any) -> list[tuple[str, memoryview]]:
+        files: list[tuple[str, memoryview]] = []
+        if boundary is None:
+            assert path is not None
+            files.append((path, memoryview(body)))
+            return files
+        parts = split_multipart(boundary, body)
+        if path is not None and len(parts) == 1:
+            files.append((path, parts[0][1]))
+        else:
+            for name, data in parts:
+                if not name:
+                    raise bad_request("every file part needs a file name (its path)")
+                files.append((name, data))
+        if not files:
+            raise bad_request("no file in the upload")
+        return files
+
+    def _write(files: list[tuple[str, memoryview]]) -> list[dict[str, Any]]:
+        for target, data in files:
+            # Every refusal before the first write: a refused upload writes nothing.
+            file_routes.check_extension(request, target)
+            guard.check(target, "write")
+            if len(data) > cap:
+                raise payload_too_large(cap, f"{target}: the file", rule=rule)
+        written = []
+        for target, data in files:
+            result = file_routes.write_bytes(
+                request, guard, target, cast(bytes, data), True, None
+            )
+            written.append(
+                {
+                    "name": posixpath.basename(result["path"]),
+                    "type": "file",
+                    "path": result["path"],
+                }
+            )
+        return written
+
+    written: Deferred[Any] = call.context.in_thread(job)
+    return written
+
+
+PROCEDURES = {
+    "GET /health": Procedure("GET /health", REST, "health", health),
+    "GET /envs": Procedure("GET /envs", REST, "env_get", envs),
+    "GET /files": Procedure("GET /files", REST, "files_read_raw", download),
+    "POST /files": Procedure("POST /files", REST, "files_write_raw", upload),
+}

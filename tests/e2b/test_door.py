@@ -1,0 +1,370 @@
+"""
+The E2B door's Connect framing, seen by a raw client: errors a Connect
+client expects (with sandboxd's §6 code and rule in the message), chunked
+bodies, keepalives, deadlines, and what an abandoned stream leaves.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import time
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, inlineCallbacks, succeed
+from twisted.web.client import Agent, readBody
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import UNKNOWN_LENGTH, IBodyProducer
+from zope.interface import implementer
+
+from tests.e2b.sdk import CALL_SECONDS, E2BCase, envelope, envelopes
+from tests.helpers import alive
+
+
+@implementer(IBodyProducer)
+class _Chunked:
+    """A body of unknown length, so the client sends it chunked."""
+
+    length = UNKNOWN_LENGTH
+
+    def __init__(self, parts: list[bytes]) -> None:
+        self.parts = parts
+
+    def startProducing(self, consumer: Any) -> Deferred[None]:
+        for part in self.parts:
+            consumer.write(part)
+        return succeed(None)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
+def _start(script: str) -> dict[str, Any]:
+    return {"process": {"cmd": "/bin/bash", "args": ["-c", script]}, "stdin": False}
+
+
+class ErrorTests(E2BCase):
+    """Bad input gets the Connect error a Connect client expects."""
+
+    @inlineCallbacks
+    def test_unknown_procedure(self) -> Any:
+        """An unknown method is unimplemented (501), naming sandboxd's code."""
+        status, _, body = yield self.rpc("process.Process/Fly", {})
+        self.assertEqual(status, 501)
+        self.assertEqual(body["code"], "unimplemented")
+        self.assertIn("code: unsupported", body["message"])
+
+    @inlineCallbacks
+    def test_malformed_envelope(self) -> Any:
+        """A truncated envelope ends the stream with invalid_argument, nothing run."""
+        status, _, messages = yield self.rpc(
+            "process.Process/Start", None, stream=True, raw=b"\x00\x00\x00\x01\x00{"
+        )
+        self.assertEqual(status, 200)
+        ((flags, end),) = messages
+        self.assertEqual(flags, 2)
+        self.assertEqual(end["error"]["code"], "invalid_argument")
+        self.assertIn("malformed_request", end["error"]["message"])
+
+    @inlineCallbacks
+    def test_not_json(self) -> Any:
+        """A unary body that is not JSON is invalid_argument (invalid_json)."""
+        status, _, body = yield self.rpc(
+            "filesystem.Filesystem/Stat", None, raw=b"{nope"
+        )
+        self.assertEqual((status, body["code"]), (400, "invalid_argument"))
+        self.assertIn("invalid_json", body["message"])
+
+    @inlineCallbacks
+    def test_message_over_the_cap(self) -> Any:
+        """A message over the size cap is resource_exhausted and is not run."""
+        from sandboxd.policy.defaults import E2B_MAX_MESSAGE_BYTES
+
+        big = {"process": {"selector": "x" * (E2B_MAX_MESSAGE_BYTES + 10)}}
+        status, _, body = yield self.rpc("process.Process/SendInput", big)
+        self.assertEqual((status, body["code"]), (429, "resource_exhausted"))
+        self.assertIn("payload_too_large", body["message"])
+
+    @inlineCallbacks
+    def test_missing_file_is_not_found(self) -> Any:
+        """Stat of a missing path is not_found (the SDK's exists() relies on it)."""
+        status, _, body = yield self.rpc("filesystem.Filesystem/Stat", {"path": "nope"})
+        self.assertEqual((status, body["code"]), (404, "not_found"))
+
+    @inlineCallbacks
+    def test_signal_outside_the_allowlist(self) -> Any:
+        """A selector naming no process is not_found; a bad signal is invalid_argument."""
+        status, _, body = yield self.rpc(
+            "process.Process/SendSignal",
+            {"process": {"pid": 999999}, "signal": "SIGNAL_SIGKILL"},
+        )
+        self.assertEqual((status, body["code"]), (404, "not_found"))
+        status, _, body = yield self.rpc(
+            "process.Process/SendSignal", {"process": {"pid": 1}, "signal": "SIGHUP"}
+        )
+        self.assertEqual((status, body["code"]), (400, "invalid_argument"))
+
+
+class TokenErrorTests(E2BCase):
+    """Tokens on the raw wire."""
+
+    environ = {"T": "the-token"}
+    policy = {"auth": {"tokens": [{"id": "t", "token_env": "T", "scopes": ["*"]}]}}
+
+    @inlineCallbacks
+    def test_missing_and_wrong_token(self) -> Any:
+        """No or a wrong X-Access-Token is unauthenticated; the right one passes."""
+        for headers in ({}, {"X-Access-Token": "wrong"}):
+            status, _, body = yield self.rpc(
+                "process.Process/List", {}, headers=headers
+            )
+            self.assertEqual((status, body["code"]), (401, "unauthenticated"))
+            self.assertIn("code: unauthorized", body["message"])
+        status, _, body = yield self.rpc(
+            "process.Process/List", {}, headers={"X-Access-Token": "the-token"}
+        )
+        self.assertEqual((status, body), (200, {"processes": []}))
+
+    @inlineCallbacks
+    def test_stream_refusal_is_an_end_of_stream_error(self) -> Any:
+        """A refused stream is 200 with one end-of-stream error, and runs nothing."""
+        marker = os.path.join(self.base_dir, "ran")
+        status, _, messages = yield self.rpc(
+            "process.Process/Start", _start(f"touch {marker}"), stream=True
+        )
+        self.assertEqual(status, 200)
+        self.assertEqual(
+            [(f, m["error"]["code"]) for f, m in messages], [(2, "unauthenticated")]
+        )
+        self.assertFalse(os.path.exists(marker))
+
+
+class FramingTests(E2BCase):
+    """Chunked bodies, keepalives, deadlines."""
+
+    @inlineCallbacks
+    def test_chunked_stream_request(self) -> Any:
+        """A Start whose body arrives chunked (as the SDK may send it) runs."""
+        body = envelope(_start("echo chunked"))
+        agent = Agent(reactor)
+        d = agent.request(
+            b"POST",
+            f"{self.e2b_url}/process.Process/Start".encode(),
+            Headers({"Content-Type": ["application/connect+json"]}),
+            _Chunked([body[:3], body[3:]]),
+        )
+        d.addTimeout(CALL_SECONDS, reactor)
+        response = yield d
+        messages = envelopes((yield readBody(response)))
+        kinds = [next(iter(m.get("event", {"eos": 1}))) for _, m in messages]
+        self.assertEqual(kinds[0], "start")
+        self.assertIn("data", kinds)
+        self.assertEqual(messages[-1], (2, {}))
+        data = [
+            m["event"]["data"]["stdout"]
+            for _, m in messages
+            if "data" in m.get("event", {})
+        ]
+        self.assertEqual(b"".join(base64.b64decode(x) for x in data), b"chunked\n")
+
+    @inlineCallbacks
+    def test_client_streaming_input(self) -> Any:
+        """StreamInput (a chunked client stream) feeds stdin in order."""
+
+        def begin() -> Any:
+            sbx = self.sandbox()
+            return sbx.commands.run("head -c 6", background=True, stdin=True)
+
+        handle = yield self.sdk(begin)
+        parts = [
+            envelope({"start": {"process": {"pid": handle.pid}}}),
+            envelope({"data": {"input": {"stdin": base64.b64encode(b"abc").decode()}}}),
+            envelope({"data": {"input": {"stdin": base64.b64encode(b"def").decode()}}}),
+        ]
+        agent = Agent(reactor)
+        d = agent.request(
+            b"POST",
+            f"{self.e2b_url}/process.Process/StreamInput".encode(),
+            Headers({"Content-Type": ["application/connect+json"]}),
+            _Chunked(parts),
+        )
+        d.addTimeout(CALL_SECONDS, reactor)
+        response = yield d
+        messages = envelopes((yield readBody(response)))
+        self.assertEqual(messages, [(0, {}), (2, {})])
+        result = yield self.sdk(handle.wait)
+        self.assertEqual(result.stdout, "abcdef")
+
+    @inlineCallbacks
+    def test_keepalive_at_the_asked_interval(self) -> Any:
+        """A quiet command's stream carries keepalives at Keepalive-Ping-Interval."""
+        status, _, messages = yield self.rpc(
+            "process.Process/Start",
+            _start("sleep 2.6"),
+            stream=True,
+            headers={"Keepalive-Ping-Interval": "1"},
+        )
+        kinds = [next(iter(m.get("event", {"eos": 1}))) for _, m in messages]
+        self.assertEqual(status, 200)
+        self.assertEqual(kinds[0], "start")
+        self.assertGreaterEqual(kinds.count("keepalive"), 2)
+        self.assertEqual(kinds[-2:], ["end", "eos"])
+
+    @inlineCallbacks
+    def test_deadline_kills_the_group(self) -> Any:
+        """Connect-Timeout-Ms ends the command's group: end event, then deadline_exceeded."""
+        marker = os.path.join(self.base_dir, "pid")
+        status, _, messages = yield self.rpc(
+            "process.Process/Start",
+            _start(f"sleep 300 & echo $! > {marker}; wait"),
+            stream=True,
+            headers={"Connect-Timeout-Ms": "800"},
+        )
+        self.assertEqual(status, 200)
+        flags, end = messages[-1]
+        self.assertEqual((flags, end["error"]["code"]), (2, "deadline_exceeded"))
+        self.assertIn("end", messages[-2][1]["event"])
+        with open(marker) as f:
+            grandchild = int(f.read())
+        deadline = time.monotonic() + 10
+        while alive(grandchild) and time.monotonic() < deadline:
+            yield self.sdk(time.sleep, 0.1)
+        self.assertFalse(alive(grandchild))
+
+    @inlineCallbacks
+    def test_abandoned_stream_leaves_the_process_to_its_deadline(self) -> Any:
+        """
+        As in envd (and as the SDK's disconnect() relies on), a client that
+        leaves a Start stream leaves the process running; its deadline still
+        ends it.
+        """
+        marker = os.path.join(self.base_dir, "pid")
+        body = envelope(_start(f"echo $$ > {marker}; sleep 300"))
+
+        def leave() -> None:
+            s = socket.create_connection(("127.0.0.1", self.e2b_port), timeout=5)
+            s.sendall(
+                b"POST /process.Process/Start HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/connect+json\r\nConnect-Timeout-Ms: 2500\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            s.recv(1000)  # the start event
+            s.close()
+
+        yield self.sdk(leave)
+        deadline = time.monotonic() + 5
+        while not os.path.exists(marker) and time.monotonic() < deadline:
+            yield self.sdk(time.sleep, 0.05)
+        with open(marker) as f:
+            pid = int(f.read())
+        yield self.sdk(time.sleep, 0.5)
+        self.assertTrue(alive(pid), "still running after the client left")
+        listed = yield self.rpc("process.Process/List", {})
+        self.assertIn(pid, [p["pid"] for p in listed[2]["processes"]])
+        deadline = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < deadline:
+            yield self.sdk(time.sleep, 0.1)
+        self.assertFalse(alive(pid), "ended by its deadline")
+
+    @inlineCallbacks
+    def test_health_and_envs(self) -> Any:
+        """GET /health is 204; GET /envs is the environment without secrets."""
+        os.environ["ABX_SERVER_SHOWN"] = "no"
+        self.addCleanup(os.environ.pop, "ABX_SERVER_SHOWN", None)
+        agent = Agent(reactor)
+        response = yield agent.request(b"GET", f"{self.e2b_url}/health".encode())
+        yield readBody(response)
+        self.assertEqual(response.code, 204)
+        response = yield agent.request(b"GET", f"{self.e2b_url}/envs".encode())
+        variables = json.loads((yield readBody(response)))
+        self.assertIn("HOME", variables)
+        self.assertNotIn("ABX_SERVER_SHOWN", variables)
+
+
+class BackpressureTests(E2BCase):
+    """A client that reads slowly pauses the child instead of filling memory."""
+
+    @inlineCallbacks
+    def test_unread_stream_pauses_the_child(self) -> Any:
+        """Output nobody reads pauses the child's pipes (as a slow SSE client does)."""
+        body = envelope(_start("head -c 200000000 /dev/zero"))
+        sock = socket.create_connection(("127.0.0.1", self.e2b_port), timeout=5)
+        self.addCleanup(sock.close)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(
+            b"POST /process.Process/Start HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/connect+json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        service = self.daemon.context.processes
+        deadline = time.monotonic() + 10
+        paused = False
+        while time.monotonic() < deadline and not paused:
+            yield self.sdk(time.sleep, 0.1)
+            paused = any(m.child.paused for m in service.list() if m.running)
+        self.assertTrue(paused)
+        for managed in service.list():
+            if managed.running:
+                managed.child.kill()
+
+
+class WatchStreamTests(E2BCase):
+    """WatchDir, the streaming watch (the async SDK's ``watch_dir``)."""
+
+    @inlineCallbacks
+    def test_watch_dir_stream(self) -> Any:
+        """start, then filesystem events as they happen, until the deadline."""
+        os.makedirs(os.path.join(self.base_dir, "w"))
+
+        def touch() -> None:
+            time.sleep(0.5)
+            with open(os.path.join(self.base_dir, "w", "seen.txt"), "w") as f:
+                f.write("x")
+
+        writer = self.sdk(touch)
+        status, _, messages = yield self.rpc(
+            "filesystem.Filesystem/WatchDir",
+            {"path": "w"},
+            stream=True,
+            headers={"Connect-Timeout-Ms": "1500", "Keepalive-Ping-Interval": "1"},
+        )
+        yield writer
+        self.assertEqual(status, 200)
+        self.assertEqual(messages[0], (0, {"start": {}}))
+        events = [m["filesystem"] for _, m in messages if "filesystem" in m]
+        self.assertIn({"name": "seen.txt", "type": "EVENT_TYPE_CREATE"}, events)
+        self.assertEqual(messages[-1], (2, {}))
+
+
+class DisabledEndpointTests(E2BCase):
+    """An endpoint the policy switched off is off through this door too."""
+
+    policy = {"endpoints": {"process_start": {"enabled": False}}}
+
+    @inlineCallbacks
+    def test_disabled_start(self) -> Any:
+        """With process_start off, commands.run is refused (endpoint_disabled)."""
+        from e2b import SandboxException
+
+        def job() -> Any:
+            try:
+                self.sandbox().commands.run("true")
+            except SandboxException as e:
+                return e
+            return None
+
+        error = yield self.sdk(job)
+        self.assertIsInstance(error, SandboxException)
+        self.assertIn("UNIMPLEMENTED", str(error))
+        self.assertIn("endpoint_disabled", str(error))

@@ -1,0 +1,373 @@
+"""
+The E2B door is governed by sandboxd's policy (SPEC §16, §18): tokens,
+scopes, paths, secrets, audit, and the ``e2b`` switch itself.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import socket
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import SkipTest
+
+from tests.e2b.sdk import E2BCase
+
+
+def _catch(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception as e:
+        return e
+
+
+class TokenTests(E2BCase):
+    """A token's scopes decide what it may do through the E2B port."""
+
+    environ = {"READER": "reader-token", "ADMIN": "admin-token"}
+    policy = {
+        "auth": {
+            "tokens": [
+                {"id": "reader", "token_env": "READER", "scopes": ["files:read"]},
+                {"id": "admin", "token_env": "ADMIN", "scopes": ["*"]},
+            ]
+        }
+    }
+
+    @inlineCallbacks
+    def test_files_read_token_cannot_run_commands(self) -> Any:
+        """
+        A files:read token reads files but cannot run a command (Start is
+        process_start: missing_scope process:run) nor write one.
+        """
+        from e2b import SandboxException
+
+        with open(os.path.join(self.base_dir, "r.txt"), "w") as f:
+            f.write("readable")
+
+        def job() -> Any:
+            sbx = self.sandbox(token="reader-token")
+            return (
+                sbx.files.read("r.txt"),
+                _catch(lambda: sbx.commands.run("touch ran")),
+                _catch(lambda: sbx.files.write("w.txt", "x")),
+            )
+
+        text, ran, wrote = yield self.sdk(job)
+        self.assertEqual(text, "readable")
+        self.assertIsInstance(ran, SandboxException)
+        self.assertIn("missing_scope", str(ran))
+        self.assertIn("PERMISSION_DENIED", str(ran))
+        self.assertIsInstance(wrote, SandboxException)
+        self.assertIn("missing_scope", str(wrote))
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "ran")))
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "w.txt")))
+
+    @inlineCallbacks
+    def test_no_token_or_a_wrong_one_is_unauthenticated(self) -> Any:
+        """Without a token (or with a wrong one) the SDK gets AuthenticationException."""
+        from e2b import AuthenticationException
+
+        def job() -> Any:
+            return (
+                _catch(lambda: self.sandbox().commands.run("true")),
+                _catch(lambda: self.sandbox(token="nope").files.list(".")),
+                _catch(lambda: self.sandbox(token="nope").files.read("x")),
+            )
+
+        results = yield self.sdk(job)
+        for result in results:
+            self.assertIsInstance(result, AuthenticationException)
+            self.assertIn("unauthorized", str(result))
+
+    @inlineCallbacks
+    def test_admin_token_runs(self) -> Any:
+        """A token with * runs commands through the door."""
+
+        def job() -> Any:
+            return self.sandbox(token="admin-token").commands.run("echo ok")
+
+        result = yield self.sdk(job)
+        self.assertEqual(result.stdout, "ok\n")
+
+
+class PathTests(E2BCase):
+    """Paths pass the guard: outside the base is refused and nothing is written."""
+
+    @inlineCallbacks
+    def test_write_outside_base_is_refused(self) -> Any:
+        """files.write outside the base dir is refused (path_not_allowed); no file appears."""
+        outside = os.path.realpath(self.mktemp())
+        os.makedirs(outside)
+        target = os.path.join(outside, "escape.txt")
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            return (
+                _catch(lambda: sbx.files.write(target, "x")),
+                _catch(lambda: sbx.files.write("../escape2.txt", "x")),
+                _catch(lambda: sbx.files.read("/etc/hostname")),
+                _catch(lambda: sbx.files.list("/")),
+                _catch(lambda: sbx.commands.run("true", cwd="/")),
+            )
+
+        results = yield self.sdk(job)
+        for result in results:
+            self.assertIsInstance(result, Exception)
+            self.assertIn("path_not_allowed", str(result))
+        self.assertFalse(os.path.exists(target))
+        self.assertFalse(
+            os.path.exists(os.path.join(os.path.dirname(self.base_dir), "escape2.txt"))
+        )
+
+    @inlineCallbacks
+    def test_multi_upload_with_one_bad_path_writes_nothing(self) -> Any:
+        """A write_files with one refused path writes none of its files."""
+        from e2b.sandbox.filesystem.filesystem import WriteEntry
+
+        def job() -> Any:
+            return _catch(
+                lambda: self.sandbox().files.write_files(
+                    [
+                        WriteEntry(path="ok.txt", data="fine"),
+                        WriteEntry(path="/etc/evil.txt", data="bad"),
+                    ]
+                )
+            )
+
+        error = yield self.sdk(job)
+        self.assertIn("path_not_allowed", str(error))
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "ok.txt")))
+        self.assertFalse(os.path.exists("/etc/evil.txt"))
+
+
+class SecretTests(E2BCase):
+    """Children started through the door never see the daemon's secrets."""
+
+    environ = {"READER": "reader-token"}
+    policy = {
+        "auth": {"tokens": [{"id": "reader", "token_env": "READER", "scopes": ["*"]}]}
+    }
+
+    @inlineCallbacks
+    def test_no_secret_in_the_environment(self) -> Any:
+        """ABX_SERVER_* and token_env names are stripped, even when the client sends them."""
+        saved = {k: os.environ.get(k) for k in ("ABX_SERVER_TEST_SECRET", "READER")}
+
+        def restore() -> None:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+        self.addCleanup(restore)
+        os.environ["ABX_SERVER_TEST_SECRET"] = "s3cret"
+        os.environ["READER"] = "reader-token"
+
+        def job() -> Any:
+            sbx = self.sandbox(token="reader-token")
+            plain = sbx.commands.run("env").stdout
+            asked = sbx.commands.run(
+                "env", envs={"ABX_SERVER_X": "y", "OK_VAR": "1"}
+            ).stdout
+            return plain, asked
+
+        plain, asked = yield self.sdk(job)
+        for out in (plain, asked):
+            self.assertNotIn("s3cret", out)
+            self.assertNotIn("reader-token", out)
+            self.assertNotIn("ABX_SERVER_", out)
+        self.assertIn("OK_VAR=1", asked)
+
+
+class AuditTests(E2BCase):
+    """Each call through the door is one audit line, via e2b, as its endpoint."""
+
+    audit = True
+    policy = {"defaults": {"audit": "all"}}
+
+    @inlineCallbacks
+    def test_one_line_per_call(self) -> Any:
+        """run, write, read, list: four calls, four lines naming their endpoints."""
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            sbx.commands.run("true")
+            sbx.files.write("a.txt", "a")
+            sbx.files.read("a.txt")
+            sbx.files.list(".")
+            _catch(lambda: sbx.files.read("/etc/passwd"))
+
+        yield self.sdk(job)
+        lines = [line for line in self.audit_lines() if line.get("via") == "e2b"]
+        self.assertEqual(
+            [(line["endpoint"], line["procedure"], line["status"]) for line in lines],
+            [
+                ("process_start", "process.Process/Start", 200),
+                ("files_write_raw", "POST /files", 200),
+                ("files_read_raw", "GET /files", 200),
+                ("files_list", "filesystem.Filesystem/ListDir", 200),
+                ("files_read_raw", "GET /files", 403),
+            ],
+        )
+        self.assertEqual(lines[-1]["code"], "path_not_allowed")
+        self.assertNotIn("a.txt\\n", str(lines))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+class SwitchTests(E2BCase):
+    """Nothing listens unless both --e2b-port and the policy say so."""
+
+    autostart = False
+
+    @inlineCallbacks
+    def test_group_off_nothing_listens(self) -> Any:
+        """With the e2b group off (the default), the E2B port is not opened."""
+        self.enable_e2b = False
+        port = _free_port()
+        yield self.start(e2b_port=f"tcp:{port}:interface=127.0.0.1")
+        self.assertIsNone(self.e2b_port)
+        self.assertTrue(_refused(port))
+
+    @inlineCallbacks
+    def test_endpoint_disabled_nothing_listens(self) -> Any:
+        """With the group on but the e2b endpoint disabled, the port is not opened."""
+        self.extra_policy = {"endpoints": {"e2b": {"enabled": False}}}
+        port = _free_port()
+        yield self.start(e2b_port=f"tcp:{port}:interface=127.0.0.1")
+        self.assertIsNone(self.e2b_port)
+        self.assertTrue(_refused(port))
+
+    @inlineCallbacks
+    def test_no_option_no_service(self) -> Any:
+        """Without --e2b-port there is no E2B service at all, even when enabled."""
+        daemon = yield super(E2BCase, self).start(policy={"groups": {"e2b": True}})
+        self.assertIsNone(daemon.context.e2b)
+
+
+class UserTests(E2BCase):
+    """envd's user (``Authorization: Basic``) is §7.4's ``user``, allowed by ``params.users``."""
+
+    policy = {"endpoints": {"process_start": {"params": {"users": ["nobody"]}}}}
+
+    def setUp(self) -> Any:
+        if os.geteuid() != 0:
+            raise SkipTest("switching users needs a root daemon")
+        try:
+            pwd.getpwnam("nobody")
+        except KeyError:
+            raise SkipTest("no user 'nobody' here") from None
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_allowed_user_runs_as_itself(self) -> Any:
+        """user="nobody" runs the command as nobody."""
+
+        def job() -> Any:
+            return self.sandbox().commands.run("id -un", user="nobody")
+
+        result = yield self.sdk(job)
+        self.assertEqual(result.stdout, "nobody\n")
+
+    @inlineCallbacks
+    def test_user_not_allowed_is_refused(self) -> Any:
+        """user="root", not in params.users, is refused with param_not_allowed."""
+        marker = os.path.join(self.base_dir, "ran")
+
+        def job() -> Any:
+            return _catch(
+                lambda: self.sandbox().commands.run(f"touch {marker}", user="root")
+            )
+
+        error = yield self.sdk(job)
+        self.assertIn("param_not_allowed", str(error))
+        self.assertIn("rule: policy:endpoints.process_start", str(error))
+        self.assertFalse(os.path.exists(marker))
+
+
+class LimitTests(E2BCase):
+    """The write endpoint's max_bytes bounds uploads through the door."""
+
+    policy = {"endpoints": {"files_write_raw": {"limits": {"max_bytes": 1000}}}}
+
+    @inlineCallbacks
+    def test_upload_over_max_bytes(self) -> Any:
+        """
+        A file over max_bytes is 413 payload_too_large and is not written,
+        whether the body is just over (checked per file) or far over (refused
+        as it arrives).
+        """
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            return (
+                _catch(lambda: sbx.files.write("small-over.bin", b"x" * 5000)),
+                _catch(
+                    lambda: sbx.files.write(
+                        "far-over.bin", b"x" * (3 * 1024 * 1024), use_octet_stream=True
+                    )
+                ),
+                sbx.files.write("fits.bin", b"x" * 900).path,
+            )
+
+        small, far, fits = yield self.sdk(job)
+        for error in (small, far):
+            self.assertIsInstance(error, Exception)
+            self.assertIn("payload_too_large", str(error))
+        self.assertIn("request body", str(far))
+        for name in ("small-over.bin", "far-over.bin"):
+            self.assertFalse(os.path.exists(os.path.join(self.base_dir, name)))
+        self.assertEqual(fits, os.path.join(self.base_dir, "fits.bin"))
+
+
+class ExposureTests(E2BCase):
+    """The E2B port obeys the start-up rule of SPEC §20, like the others."""
+
+    autostart = False
+
+    def test_wide_open_without_token_is_refused(self) -> Any:
+        """No token and the E2B port on every interface: the start is refused."""
+        from sandboxd.policy import PolicyError
+
+        return self.assertFailure(
+            self.start(e2b_port="tcp:0:interface=0.0.0.0"), PolicyError
+        )
+
+    @inlineCallbacks
+    def test_disabled_e2b_is_not_checked(self) -> Any:
+        """With the e2b endpoint off, its port opens nothing, so it is not refused."""
+        self.enable_e2b = False
+        yield self.start(e2b_port="tcp:0:interface=0.0.0.0")
+        self.assertIsNone(self.e2b_port)
+
+    @inlineCallbacks
+    def test_port_in_use_fails_the_start(self) -> Any:
+        """A port that cannot bind fails the start, as the HTTP and PTY ports do."""
+        from sandboxd.startup import StartRefused
+
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen(1)
+            port = taken.getsockname()[1]
+            try:
+                yield self.start(e2b_port=f"tcp:{port}:interface=127.0.0.1")
+            except StartRefused as e:
+                self.assertIn(str(port), str(e))
+            else:
+                self.fail("the start did not fail")

@@ -1,0 +1,427 @@
+"""
+The real E2B SDK against sandboxd's E2B port (SPEC §18): what a team's
+unchanged E2B code sees.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+
+from tests.e2b.sdk import E2BCase
+from tests.helpers import alive
+
+
+class CommandTests(E2BCase):
+    """``sbx.commands``: run, exit codes, live output, background, stdin, kill."""
+
+    @inlineCallbacks
+    def test_run_echo(self) -> Any:
+        """commands.run("echo hi") gives stdout "hi\\n" and exit code 0."""
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            return sbx.commands.run("echo hi")
+
+        result = yield self.sdk(job)
+        self.assertEqual(
+            (result.stdout, result.stderr, result.exit_code), ("hi\n", "", 0)
+        )
+
+    @inlineCallbacks
+    def test_failing_command_raises(self) -> Any:
+        """A non-zero exit raises CommandExitException with the code and output."""
+        from e2b import CommandExitException
+
+        def job() -> Any:
+            try:
+                self.sandbox().commands.run("echo oops >&2; exit 3")
+            except CommandExitException as e:
+                return e
+            return None
+
+        error = yield self.sdk(job)
+        self.assertIsInstance(error, CommandExitException)
+        self.assertEqual((error.exit_code, error.stderr), (3, "oops\n"))
+
+    @inlineCallbacks
+    def test_output_callbacks_are_live(self) -> Any:
+        """on_stdout/on_stderr get each chunk as it is printed, not at the end."""
+
+        def job() -> Any:
+            seen: list[tuple[float, str, str]] = []
+            start = time.monotonic()
+            self.sandbox().commands.run(
+                "echo one; sleep 0.6; echo two >&2; sleep 0.6; echo three",
+                on_stdout=lambda s: seen.append((time.monotonic() - start, "out", s)),
+                on_stderr=lambda s: seen.append((time.monotonic() - start, "err", s)),
+            )
+            return seen, time.monotonic() - start
+
+        seen, total = yield self.sdk(job)
+        self.assertEqual(
+            [(k, s) for _, k, s in seen],
+            [("out", "one\n"), ("err", "two\n"), ("out", "three\n")],
+        )
+        # The first line arrived well before the command ended.
+        self.assertLess(seen[0][0], total - 0.8)
+
+    @inlineCallbacks
+    def test_background_list_connect_stdin_kill(self) -> Any:
+        """
+        background=True gives a handle; commands.list shows it; connect(pid)
+        follows it; send_stdin feeds it; kill ends it and it leaves the list.
+        """
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run(
+                "read line; echo got:$line; sleep 60", background=True, stdin=True
+            )
+            listed = [p.pid for p in sbx.commands.list()]
+            handle.disconnect()
+            follower = sbx.commands.connect(handle.pid)
+            sbx.commands.send_stdin(handle.pid, "hello\n")
+            got = []
+            for stdout, _, _ in follower:
+                if stdout:
+                    got.append(stdout)
+                if "".join(got).endswith("\n"):
+                    break
+            killed = sbx.commands.kill(handle.pid)
+            time.sleep(0.3)
+            after = [p.pid for p in sbx.commands.list()]
+            again = sbx.commands.kill(handle.pid)
+            return handle.pid, listed, "".join(got), killed, after, again
+
+        pid, listed, got, killed, after, again = yield self.sdk(job)
+        self.assertIn(pid, listed)
+        self.assertEqual(got, "got:hello\n")
+        self.assertTrue(killed)
+        self.assertNotIn(pid, after)
+        self.assertFalse(again, "a second kill finds nothing (NOT_FOUND → False)")
+        self.assertFalse(alive(pid))
+
+    @inlineCallbacks
+    def test_close_stdin(self) -> Any:
+        """close_stdin sends EOF: cat ends with what it was given."""
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.commands.run("cat", background=True, stdin=True)
+            handle.send_stdin("abc\n")
+            handle.close_stdin()
+            return handle.wait()
+
+        result = yield self.sdk(job)
+        self.assertEqual((result.stdout, result.exit_code), ("abc\n", 0))
+
+    @inlineCallbacks
+    def test_timeout_ends_the_group(self) -> Any:
+        """
+        A command's timeout (Connect-Timeout-Ms) raises TimeoutException and
+        ends its whole process group: the grandchild is gone too.
+        """
+        from e2b import TimeoutException
+
+        marker = os.path.join(self.base_dir, "pid")
+
+        def job() -> Any:
+            start = time.monotonic()
+            try:
+                self.sandbox().commands.run(
+                    f"sleep 300 & echo $! > {marker}; wait", timeout=1.5
+                )
+            except TimeoutException as e:
+                return e, time.monotonic() - start
+            return None, time.monotonic() - start
+
+        error, took = yield self.sdk(job)
+        self.assertIsInstance(error, TimeoutException)
+        self.assertLess(took, 10)
+        with open(marker) as f:
+            grandchild = int(f.read())
+        deadline = time.monotonic() + 10
+        while alive(grandchild) and time.monotonic() < deadline:
+            yield self.sdk(time.sleep, 0.1)
+        self.assertFalse(alive(grandchild))
+
+    @inlineCallbacks
+    def test_cwd_and_envs(self) -> Any:
+        """cwd and envs reach the command."""
+        os.makedirs(os.path.join(self.base_dir, "work"))
+
+        def job() -> Any:
+            return self.sandbox().commands.run(
+                "pwd; echo $GREETING", cwd="work", envs={"GREETING": "hola"}
+            )
+
+        result = yield self.sdk(job)
+        self.assertEqual(
+            result.stdout, os.path.join(self.base_dir, "work") + "\nhola\n"
+        )
+
+
+class FileTests(E2BCase):
+    """``sbx.files``: read, write, list, exists, info, rename, mkdir, remove, watch."""
+
+    @inlineCallbacks
+    def test_write_read_text_and_bytes(self) -> Any:
+        """Text and bytes round-trip, and land on disk below the base dir."""
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            info = sbx.files.write("notes/a.txt", "héllo\n")
+            sbx.files.write("blob.bin", bytes(range(256)))
+            return (
+                info,
+                sbx.files.read("notes/a.txt"),
+                bytes(sbx.files.read("blob.bin", format="bytes")),
+            )
+
+        info, text, blob = yield self.sdk(job)
+        self.assertEqual(info.path, os.path.join(self.base_dir, "notes/a.txt"))
+        self.assertEqual(text, "héllo\n")
+        self.assertEqual(blob, bytes(range(256)))
+        with open(os.path.join(self.base_dir, "blob.bin"), "rb") as f:
+            self.assertEqual(f.read(), bytes(range(256)))
+
+    @inlineCallbacks
+    def test_large_file_round_trip(self) -> Any:
+        """A few MiB of arbitrary bytes round-trip, multipart and octet-stream."""
+        blob = os.urandom(3 * 1024 * 1024 + 7)
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            sbx.files.write("big/multi.bin", blob)
+            sbx.files.write("big/octet.bin", blob, use_octet_stream=True)
+            return (
+                bytes(sbx.files.read("big/multi.bin", format="bytes")),
+                bytes(sbx.files.read("big/octet.bin", format="bytes")),
+            )
+
+        multi, octet = yield self.sdk(job)
+        self.assertEqual(multi, blob)
+        self.assertEqual(octet, blob)
+        with open(os.path.join(self.base_dir, "big/multi.bin"), "rb") as f:
+            self.assertEqual(f.read(), blob)
+
+    @inlineCallbacks
+    def test_write_files_several(self) -> Any:
+        """write_files sends several files in one multipart upload."""
+        from e2b.sandbox.filesystem.filesystem import WriteEntry
+
+        def job() -> Any:
+            return self.sandbox().files.write_files(
+                [
+                    WriteEntry(path="m/a.txt", data="A"),
+                    WriteEntry(path="m/b.txt", data=b"B"),
+                ]
+            )
+
+        infos = yield self.sdk(job)
+        self.assertEqual(
+            [i.path for i in infos],
+            [
+                os.path.join(self.base_dir, "m/a.txt"),
+                os.path.join(self.base_dir, "m/b.txt"),
+            ],
+        )
+        for name, want in (("a.txt", "A"), ("b.txt", "B")):
+            with open(os.path.join(self.base_dir, "m", name)) as f:
+                self.assertEqual(f.read(), want)
+
+    @inlineCallbacks
+    def test_list_depth_exists_info(self) -> Any:
+        """list honours depth; exists and get_info answer as envd does."""
+        os.makedirs(os.path.join(self.base_dir, "d/e"))
+        with open(os.path.join(self.base_dir, "d/e/f.txt"), "w") as f:
+            f.write("12345")
+        os.chmod(os.path.join(self.base_dir, "d/e/f.txt"), 0o640)
+
+        def job() -> Any:
+            from e2b import FileType
+
+            sbx = self.sandbox()
+            one = sorted(e.name for e in sbx.files.list("d"))
+            deep = sorted(e.path for e in sbx.files.list("d", depth=3))
+            info = sbx.files.get_info("d/e/f.txt")
+            return (
+                one,
+                deep,
+                info,
+                sbx.files.exists("d/e/f.txt"),
+                sbx.files.exists("d/nope"),
+                FileType,
+            )
+
+        one, deep, info, yes, no, file_type = yield self.sdk(job)
+        self.assertEqual(one, ["e"])
+        self.assertEqual(
+            deep,
+            [os.path.join(self.base_dir, p) for p in ("d/e", "d/e/f.txt")],
+        )
+        self.assertEqual(
+            (info.name, info.type, info.size, info.mode, info.permissions),
+            ("f.txt", file_type.FILE, 5, 0o640, "-rw-r-----"),
+        )
+        self.assertTrue(yes)
+        self.assertFalse(no)
+
+    @inlineCallbacks
+    def test_rename_make_dir_remove(self) -> Any:
+        """rename moves; make_dir is True then False (exists); remove deletes trees."""
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            made = sbx.files.make_dir("x/y")
+            again = sbx.files.make_dir("x/y")
+            sbx.files.write("x/y/z.txt", "z")
+            moved = sbx.files.rename("x/y/z.txt", "x/w.txt")
+            sbx.files.remove("x/y")
+            return made, again, moved, sbx.files.exists("x/y")
+
+        made, again, moved, exists = yield self.sdk(job)
+        self.assertEqual((made, again, exists), (True, False, False))
+        self.assertEqual(moved.path, os.path.join(self.base_dir, "x/w.txt"))
+        self.assertTrue(os.path.exists(os.path.join(self.base_dir, "x/w.txt")))
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "x/y")))
+
+    @inlineCallbacks
+    def test_watch_dir(self) -> Any:
+        """watch_dir reports a created file by its name relative to the directory."""
+        os.makedirs(os.path.join(self.base_dir, "w"))
+
+        def job() -> Any:
+            from e2b.sandbox.filesystem.watch_handle import FilesystemEventType
+
+            sbx = self.sandbox()
+            handle = sbx.files.watch_dir("w")
+            sbx.files.write("w/new.txt", "x")
+            os.remove(os.path.join(self.base_dir, "w/new.txt"))
+            events: list[Any] = []
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                events += handle.get_new_events()
+                if any(e.type == FilesystemEventType.REMOVE for e in events):
+                    break
+                time.sleep(0.1)
+            handle.stop()
+            return [(e.name, e.type.value) for e in events]
+
+        events = yield self.sdk(job)
+        self.assertIn(("new.txt", "create"), events)
+        self.assertIn(("new.txt", "remove"), events)
+        self.assertFalse([n for n, _ in events if n.endswith(".upload")])
+
+
+class PtyTests(E2BCase):
+    """``sbx.pty``: create, send_stdin, resize, kill, output to on_data."""
+
+    @inlineCallbacks
+    def test_pty(self) -> Any:
+        """A terminal echoes what it is sent, takes a resize, and dies on kill."""
+
+        def job() -> Any:
+            from e2b.sandbox.commands.command_handle import PtySize
+
+            sbx = self.sandbox()
+            data: list[bytes] = []
+            handle = sbx.pty.create(PtySize(rows=24, cols=80))
+            ended: list[Any] = []
+
+            def follow() -> None:
+                try:
+                    ended.append(handle.wait(on_pty=data.append))
+                except Exception as e:
+                    ended.append(e)
+
+            reader = threading.Thread(target=follow, daemon=True)
+            reader.start()
+            sbx.pty.send_stdin(handle.pid, b"echo pty-$((40+2))\n")
+            sbx.pty.resize(handle.pid, PtySize(rows=33, cols=101))
+            sbx.pty.send_stdin(handle.pid, b"stty size\n")
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and b"33 101" not in b"".join(data):
+                time.sleep(0.05)
+            listed = [p.pid for p in sbx.commands.list()]
+            killed = sbx.pty.kill(handle.pid)
+            reader.join(10)
+            return handle.pid, b"".join(data), listed, killed, ended
+
+        pid, data, listed, killed, ended = yield self.sdk(job)
+        self.assertIn(b"pty-42", data)
+        self.assertIn(b"33 101", data)
+        self.assertIn(pid, listed)
+        self.assertTrue(killed)
+        self.assertEqual(len(ended), 1, "the stream ended once the terminal was killed")
+        self.assertFalse(alive(pid))
+
+    @inlineCallbacks
+    def test_pty_deadline(self) -> Any:
+        """A terminal's timeout (Connect-Timeout-Ms) ends it, as envd does."""
+
+        def job() -> Any:
+            from e2b.sandbox.commands.command_handle import PtySize
+
+            handle = self.sandbox().pty.create(PtySize(rows=24, cols=80), timeout=1)
+            try:
+                handle.wait()
+            except Exception as e:
+                return handle.pid, e
+            return handle.pid, None
+
+        pid, error = yield self.sdk(job)
+        self.assertIsNotNone(error)
+        deadline = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < deadline:
+            yield self.sdk(time.sleep, 0.1)
+        self.assertFalse(alive(pid))
+
+
+class AsyncSdkTests(E2BCase):
+    """The SDK's async client: ``AsyncSandbox``, whose pty takes ``on_data``."""
+
+    @inlineCallbacks
+    def test_async_pty_on_data_and_watch(self) -> Any:
+        """pty.create(on_data=…) gets the terminal's output; watch_dir streams events."""
+        os.makedirs(os.path.join(self.base_dir, "aw"))
+
+        def job() -> Any:
+            import asyncio
+
+            from e2b import AsyncSandbox
+            from e2b.sandbox.commands.command_handle import PtySize
+
+            async def main() -> Any:
+                sbx = await AsyncSandbox.create()
+                data: list[bytes] = []
+                handle = await sbx.pty.create(
+                    PtySize(rows=24, cols=80), on_data=data.append
+                )
+                await sbx.pty.send_stdin(handle.pid, b"echo async-$((6*7))\n")
+                for _ in range(100):
+                    if b"async-42" in b"".join(data):
+                        break
+                    await asyncio.sleep(0.05)
+                killed = await sbx.pty.kill(handle.pid)
+                events: list[Any] = []
+                watch = await sbx.files.watch_dir("aw", on_event=events.append)
+                await sbx.files.write("aw/x.txt", "x")
+                for _ in range(100):
+                    if events:
+                        break
+                    await asyncio.sleep(0.05)
+                await watch.stop()
+                return b"".join(data), killed, [(e.name, e.type.value) for e in events]
+
+            return asyncio.run(main())
+
+        data, killed, events = yield self.sdk(job)
+        self.assertIn(b"async-42", data)
+        self.assertTrue(killed)
+        self.assertIn(("x.txt", "create"), events)
