@@ -36,7 +36,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import attrs
-import psutil  # type: ignore[import-untyped]
+
+# psutil is imported by the two functions that use it, on the first
+# /system/info or /system/metrics: the daemon does not pay for it at start.
 
 #: ``st`` value of a listening socket in /proc/net/tcp.
 TCP_LISTEN = "0A"
@@ -338,6 +340,8 @@ def memory(
     :param host_available: the host's available memory (psutil's when None).
     """
     if host_total is None or host_available is None:
+        import psutil  # type: ignore[import-untyped]
+
         vm = psutil.virtual_memory()
         host_total, host_available = int(vm.total), int(vm.available)
     group = cgroup if cgroup is not None else Cgroup.find()
@@ -380,6 +384,8 @@ def cpu(
 
 def disk(path: str) -> Disk:
     """Usage of the file system holding ``path``, as ``df`` shows it."""
+    import psutil
+
     usage = psutil.disk_usage(path)
     return Disk(
         total=int(usage.total),

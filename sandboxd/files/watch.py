@@ -16,13 +16,14 @@ dropped too).
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import stat
+from types import ModuleType
 from typing import Any
 
 from twisted.application.service import Service
-from twisted.internet import inotify
 from twisted.logger import Logger
 from twisted.python.filepath import FilePath
 
@@ -40,33 +41,55 @@ from sandboxd.policy.defaults import (
 
 log = Logger(namespace="sandboxd.files.watch")
 
-_MASK = (
-    inotify.IN_CREATE
-    | inotify.IN_MODIFY
-    | inotify.IN_CLOSE_WRITE
-    | inotify.IN_DELETE
-    | inotify.IN_MOVED_FROM
-    | inotify.IN_MOVED_TO
-    | inotify.IN_DELETE_SELF
-    | inotify.IN_MOVE_SELF
-)
 
-
-class _Notifier(inotify.INotify):
+def _inotify() -> ModuleType:
     """
-    Twisted's INotify closes itself when *any* watched directory is deleted
-    (``IN_DELETE_SELF``); a recursive watch must survive its subdirectories.
+    Twisted's inotify, imported on the first watch and not at start: its
+    import looks up the C library with ``ctypes.util.find_library``, which
+    runs ``ldconfig`` in a child process.
     """
+    from twisted.internet import inotify
 
-    closing = False
+    return inotify
 
-    def loseConnection(self, *args: Any) -> None:
-        if self.closing:
-            super().loseConnection(*args)
 
-    def close(self) -> None:
-        self.closing = True
-        self.loseConnection()
+def _mask() -> int:
+    inotify = _inotify()
+    mask: int = (
+        inotify.IN_CREATE
+        | inotify.IN_MODIFY
+        | inotify.IN_CLOSE_WRITE
+        | inotify.IN_DELETE
+        | inotify.IN_MOVED_FROM
+        | inotify.IN_MOVED_TO
+        | inotify.IN_DELETE_SELF
+        | inotify.IN_MOVE_SELF
+    )
+    return mask
+
+
+@functools.cache
+def _notifier_class() -> type[Any]:
+    inotify = _inotify()
+
+    class _Notifier(inotify.INotify):  # type: ignore[misc,name-defined]
+        """
+        Twisted's INotify closes itself when *any* watched directory is
+        deleted (``IN_DELETE_SELF``); a recursive watch must survive its
+        subdirectories.
+        """
+
+        closing = False
+
+        def loseConnection(self, *args: Any) -> None:
+            if self.closing:
+                super().loseConnection(*args)
+
+        def close(self) -> None:
+            self.closing = True
+            self.loseConnection()
+
+    return _Notifier
 
 
 class Watch:
@@ -83,26 +106,28 @@ class Watch:
         self.pending: list[dict[str, Any]] = []
         self._flush_call: Any = None
         self._idle_call: Any = None
-        self.notifier = _Notifier(service.reactor)
+        self.notifier = _notifier_class()(service.reactor)
 
     def start(self, dirs: list[str]) -> None:
         """Watch ``root`` (and ``dirs`` below it, for a recursive watch)."""
+        inotify, mask = _inotify(), _mask()
         self.notifier.watch(
             FilePath(self.root),
-            mask=_MASK,
+            mask=mask,
             autoAdd=self.recursive,
             callbacks=[self._raw],
         )
         for d in dirs:
             try:
                 self.notifier.watch(
-                    FilePath(d), mask=_MASK, autoAdd=True, callbacks=[self._raw]
+                    FilePath(d), mask=mask, autoAdd=True, callbacks=[self._raw]
                 )
             except inotify.INotifyError:
                 continue
         self.notifier.startReading()
 
     def _raw(self, _: Any, filepath: FilePath[Any], mask: int) -> None:
+        inotify = _inotify()
         path = os.fsdecode(filepath.path)
         kind = "directory" if mask & inotify.IN_ISDIR else "file"
         if mask & (inotify.IN_DELETE_SELF | inotify.IN_MOVE_SELF):
@@ -204,7 +229,7 @@ class WatchService(Service):
         watch = Watch(self, root, recursive, retention)
         try:
             watch.start(dirs)
-        except inotify.INotifyError as e:
+        except _inotify().INotifyError as e:
             watch.notifier.close()
             raise unavailable(f"cannot watch {root}: {e}", "OSError") from None
         self.watches[key] = watch

@@ -17,7 +17,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, FirstError, gatherResults
 
-from sandboxd import git, processes
+from sandboxd import processes
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -151,6 +151,8 @@ class _Git:
     """One git request: where it runs, with what, within which limits."""
 
     def __init__(self, request: ServerRequest) -> None:
+        from sandboxd import git  # on the first git call, not at start
+
         self.request = request
         self.rule: EffectiveRule = request.rule
         path = params.path(request.arg("path"), "path", ".", parents=False)
@@ -165,6 +167,8 @@ class _Git:
 
     async def run(self, args: list[str], max_output_bytes: int = defaults.MIB) -> Any:
         """Run git; the result, or the error the client sees."""
+        from sandboxd import git  # on the first git call, not at start
+
         argv = git.git_argv("git", args, self.extra_config)
         try:
             result = await processes.run_collect(
@@ -193,6 +197,8 @@ class _Git:
         Learn the repository's filter drivers (to empty them) and check
         that its work tree and git dir lie where the caller may look.
         """
+        from sandboxd import git  # on the first git call, not at start
+
         where, config = await _both(
             self.run(["rev-parse", "--show-toplevel", "--absolute-git-dir"]),
             self.run(["config", "--null", "--list", "--name-only"]),
@@ -227,6 +233,8 @@ async def _both(first: Any, second: Any) -> tuple[Any, Any]:
 
 async def git_status(request: ServerRequest) -> dict[str, Any]:
     """``GET /git/status?path=.``."""
+    from sandboxd import git  # on the first git call, not at start
+
     run = _Git(request)
     await run.prepare()
     result = await run.run(
@@ -247,6 +255,8 @@ async def git_status(request: ServerRequest) -> dict[str, Any]:
 
 async def git_diff(request: ServerRequest) -> dict[str, Any]:
     """``GET /git/diff?path=.&staged=false&file=``."""
+    from sandboxd import git  # on the first git call, not at start
+
     run = _Git(request)
     staged = flag(request.arg("staged"), "staged")
     files = run.file_arg()

@@ -30,7 +30,7 @@ from sandboxd.errors import (
     range_not_satisfiable,
 )
 from sandboxd.eventlog import Event
-from sandboxd.files import archive, walk
+from sandboxd.files import walk
 from sandboxd.files.atomic import AtomicWrite, etag_matches, parse_mode
 from sandboxd.files.background import BackgroundWriter, PauseGate
 from sandboxd.files.stream import FileProducer, b64_chunk, b64_length, parse_range
@@ -499,6 +499,8 @@ def files_search(request: ServerRequest) -> Any:
 
 def files_archive(request: ServerRequest) -> Any:
     """``POST /files/archive``: tar.gz or zip of guarded paths, in a thread."""
+    from sandboxd.files import archive  # tarfile and zipfile: on first use
+
     body = request.body
     paths = body.get("paths")
     if isinstance(paths, str):
@@ -527,6 +529,8 @@ def files_archive(request: ServerRequest) -> Any:
 
 def _archive_format(body: dict[str, Any]) -> str:
     """The body's ``format`` (default tar.gz), or 400."""
+    from sandboxd.files import archive
+
     fmt = body.get("format") or "tar.gz"
     if fmt not in archive.FORMATS:
         raise bad_request(f"unsupported format {fmt!r}; use tar.gz or zip")
@@ -535,6 +539,8 @@ def _archive_format(body: dict[str, Any]) -> str:
 
 def files_extract(request: ServerRequest) -> Any:
     """``POST /files/extract``: every member checked before anything is written."""
+    from sandboxd.files import archive
+
     body = request.body
     destination = required(body.get("destination"), "destination")
     fmt = _archive_format(body)

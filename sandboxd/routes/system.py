@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from sandboxd import processes, sysinfo
+from sandboxd import processes
 from sandboxd.errors import (
     Code,
     bad_request,
@@ -47,10 +47,14 @@ PACKAGE_MANAGERS = ("pip", "npm")
 
 
 def _mib(n: int) -> int:
+    from sandboxd import sysinfo  # on first use, not at start
+
     return n // sysinfo.MIB
 
 
 def _gib(n: int) -> float:
+    from sandboxd import sysinfo  # on first use, not at start
+
     return round(n / sysinfo.GIB, 2)
 
 
@@ -62,6 +66,8 @@ def system_info(request: ServerRequest) -> dict[str, Any]:
     ``memory_source`` and ``cpu_source`` say which was reported, and
     ``cpu_limit`` carries a fractional CPU quota.  Sizes are MiB and GiB.
     """
+    from sandboxd import sysinfo  # on first use, not at start
+
     cgroup = sysinfo.Cgroup.find()
     memory = sysinfo.memory(cgroup)
     cpu = sysinfo.cpu(cgroup)
@@ -90,6 +96,8 @@ def system_metrics(request: ServerRequest) -> dict[str, Any]:
     memory is the container's when it has a limit (``memory_source``);
     ``uptime_seconds`` counts from the daemon's start, as in the seed.
     """
+    from sandboxd import sysinfo  # on first use, not at start
+
     load1, load5, load15 = os.getloadavg()
     memory = sysinfo.memory()
     disk = sysinfo.disk(request.context.base_dir)
@@ -230,6 +238,8 @@ async def ports(request: ServerRequest) -> dict[str, Any]:
     pid where its fds are readable (else null).  The /proc walk runs in
     the thread pool.
     """
+    from sandboxd import sysinfo  # on first use, not at start
+
     found = await request.context.in_thread(sysinfo.listening)
     return {"listening": [entry.as_json() for entry in found]}
 

@@ -10,12 +10,14 @@ session's whole process tree, within a bound.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
+from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
 from twisted.internet.endpoints import serverFromString
+from twisted.internet.protocol import Factory
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from sandboxd.errors import (
     Code,
@@ -28,7 +30,9 @@ from sandboxd.policy.defaults import KILL_GRACE_SECONDS
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import find_executable
 from sandboxd.terminals.session import TerminalTable
-from sandboxd.terminals.websocket import PtyServerFactory
+
+if TYPE_CHECKING:
+    from sandboxd.terminals.websocket import PtyServerFactory
 
 log = Logger(namespace="sandboxd.terminal")
 
@@ -48,31 +52,82 @@ class TerminalService(Service):
     def __init__(self, context: Any, timers: bool = True) -> None:
         self.context = context
         self.table = TerminalTable(context.reactor)
-        rule = context.policy.rules["pty_connect"]
-        self.factory = PtyServerFactory(
-            context,
-            self.table,
-            reactor=context.reactor,
-            timers=timers,
-            max_message_bytes=rule.limits.max_message_bytes,
-        )
+        self.timers = timers
+        self._factory: PtyServerFactory | None = None
         self.port: Any = None
         self._listening: Deferred[Any] | None = None
+        self._listen_failure: Failure | None = None
+
+    @property
+    def factory(self) -> PtyServerFactory:
+        """
+        The WebSocket factory, built on the first connection: autobahn (and
+        the WAMP and CBOR modules it drags in) is imported then, not at start.
+        """
+        if self._factory is None:
+            from sandboxd.terminals.websocket import PtyServerFactory
+
+            rule = self.context.policy.rules["pty_connect"]
+            self._factory = PtyServerFactory(
+                self.context,
+                self.table,
+                reactor=self.context.reactor,
+                timers=self.timers,
+                max_message_bytes=rule.limits.max_message_bytes,
+            )
+        return self._factory
+
+    def privilegedStartService(self) -> None:
+        """Listen on the PTY port (twistd calls this before ``startService``)."""
+        super().privilegedStartService()  # type: ignore[no-untyped-call]
+        self._listen()
 
     def startService(self) -> None:
         """Listen on the PTY port when ``pty_connect`` is enabled."""
         super().startService()  # type: ignore[no-untyped-call]
+        self._listen()
+
+    def _listen(self) -> None:
+        if self._listening is not None:
+            return
         context = self.context
         if not context.policy.rules["pty_connect"].enabled or not context.pty_listen:
+            self._listening = succeed(None)
             return
         endpoint = serverFromString(context.reactor, context.pty_listen)
-        self._listening = endpoint.listen(self.factory)
-        failed: list[Any] = []
-        self._listening.addCallbacks(self._listened, failed.append)
-        if failed:
+        self._listening = endpoint.listen(_OnFirstConnection(self))
+        now = True
+
+        def failed(failure: Any) -> None:
+            self._listen_failure = failure
+            if not now:
+                self._failed(failure)
+
+        self._listening.addCallbacks(self._listened, failed)
+        now = False
+        if self._listen_failure is not None:
             # The port cannot bind now: the start fails (SPEC §20).
-            failed[0].raiseException()
+            self._listen_failure.raiseException()
         self._listening.addErrback(self._failed)
+
+    def listening(self) -> Deferred[Any]:
+        """
+        Fires once the PTY port listens (or is off); fails when it cannot
+        listen. The HTTP listener waits for it (see :mod:`sandboxd.readiness`).
+        """
+        self._listen()
+        assert self._listening is not None
+        d: Deferred[Any] = Deferred()
+
+        def fire(result: Any) -> Any:
+            if self._listen_failure is not None:
+                d.errback(self._listen_failure)
+            else:
+                d.callback(self.port)
+            return result
+
+        self._listening.addBoth(fire)
+        return d
 
     def _listened(self, port: Any) -> None:
         self.port = port
@@ -81,6 +136,7 @@ class TerminalService(Service):
             self.context.pty_port = address.port
 
     def _failed(self, failure: Any) -> None:
+        self._listen_failure = failure
         log.error(
             "sandboxd: cannot listen on the PTY port {port}: {error}",
             error=failure.getErrorMessage(),
@@ -94,7 +150,10 @@ class TerminalService(Service):
         if self.port is not None:
             stopping.append(maybeDeferred(self.port.stopListening))
             self.port = None
-        self.factory.close_all()
+        self._listening = None
+        self._listen_failure = None
+        if self._factory is not None:
+            self._factory.close_all()
         stopping.extend(self.table.close_all())
         d: Deferred[Any] = DeferredList(stopping, consumeErrors=True)
         d.addTimeout(KILL_GRACE_SECONDS + 2, self.context.reactor)
@@ -104,6 +163,17 @@ class TerminalService(Service):
             )
         )
         return d
+
+
+class _OnFirstConnection(Factory):
+    """The PTY port's factory until the first connection builds the real one."""
+
+    def __init__(self, service: TerminalService) -> None:
+        self.service = service
+
+    def buildProtocol(self, addr: Any) -> Any:
+        """The WebSocket protocol of :attr:`TerminalService.factory`."""
+        return self.service.factory.buildProtocol(addr)
 
 
 def choose_shell(

@@ -25,7 +25,6 @@ from collections.abc import Mapping
 from typing import Any, Final, TypeVar, overload
 
 from sandboxd.errors import bad_request, invalid_path
-from sandboxd.git import has_parent_segment
 from sandboxd.policy.defaults import MAX_DIMENSION
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
@@ -326,8 +325,11 @@ def path(
         raise bad_request(f"'{name}' must be a string")
     if "\x00" in value:
         raise invalid_path("NUL is not allowed in a path")
-    if not parents and has_parent_segment(value):
-        raise invalid_path(f"'..' is not allowed in {name}")
+    if not parents and ".." in value:
+        from sandboxd.git import has_parent_segment  # git's rules: not at start
+
+        if has_parent_segment(value):
+            raise invalid_path(f"'..' is not allowed in {name}")
     return value
 
 
