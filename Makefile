@@ -8,14 +8,24 @@ STAMP := $(VENV)/.installed-stamp
 WORKSPACE := workspace
 JOBS ?= 2
 
-.PHONY: serve test lint typecheck check bench test-tools clean
+.PHONY: serve test lint typecheck check bench compile test-tools clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev,browser]' --config-settings editable_mode=compat
-	$(PY) -c "from twisted.plugin import IPlugin, getPlugins; list(getPlugins(IPlugin))"
+	$(MAKE) --no-print-directory compile
 	touch $(STAMP)
+
+# What an installed daemon reads at start instead of working it out: the
+# bytecode of sandboxd (an editable install gets none, and with
+# PYTHONDONTWRITEBYTECODE set Python never writes it: every start would
+# compile every module) and Twisted's plugin caches (dropin.cache, in
+# twisted/plugins here and in site-packages; without them twistd imports
+# every plugin module and tries to write the caches on each start).
+compile:
+	$(PY) -m compileall -q sandboxd twisted >/dev/null
+	$(PY) -c "from twisted.plugin import IPlugin, getPlugins; list(getPlugins(IPlugin))"
 
 # `make serve PORT=9100 PTY_PORT=9101` moves both listeners (loopback only).
 PORT ?= 9000
@@ -47,7 +57,7 @@ typecheck: $(STAMP)
 
 check: lint typecheck test
 
-bench: $(STAMP)
+bench: $(STAMP) compile
 	bench/run.sh
 
 clean:

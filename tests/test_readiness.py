@@ -1,0 +1,292 @@
+"""
+What the first ``200 /health`` promises, and what start-up leaves unimported.
+
+Both run the real daemon (``twistd -n sandboxd``) as its own process on
+loopback ports, as a platform starting a sandbox does, and wait on it from a
+synchronous test with the standard library.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import signal
+import socket
+import sys
+import textwrap
+import time
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from tests.test_cli import DaemonProcess, free_port, twistd_argv
+
+TOKEN = "readiness-token-0123456789"
+
+#: A server endpoint ``slowtcp:PORT:delay=S`` whose listen completes S
+#: seconds late, as a socket-activated or TLS-loading listener may: the
+#: daemon must not claim to be ready before it listens.
+SLOW_ENDPOINT_PLUGIN = textwrap.dedent(
+    """
+    from twisted.internet import endpoints, task
+    from twisted.internet.interfaces import (
+        IStreamServerEndpoint,
+        IStreamServerEndpointStringParser,
+    )
+    from twisted.plugin import IPlugin
+    from zope.interface import implementer
+
+
+    @implementer(IStreamServerEndpoint)
+    class SlowEndpoint:
+        def __init__(self, reactor, inner, delay):
+            self.reactor, self.inner, self.delay = reactor, inner, delay
+
+        def listen(self, factory):
+            return task.deferLater(
+                self.reactor, self.delay, self.inner.listen, factory
+            )
+
+
+    @implementer(IPlugin, IStreamServerEndpointStringParser)
+    class SlowParser:
+        prefix = "slowtcp"
+
+        def parseStreamServer(self, reactor, port, delay="1", interface="127.0.0.1"):
+            inner = endpoints.TCP4ServerEndpoint(reactor, int(port), interface=interface)
+            return SlowEndpoint(reactor, inner, float(delay))
+
+
+    slowtcp = SlowParser()
+    """
+)
+
+#: Run twistd in-process; on SIGUSR2 write the names in sys.modules to OUT.
+MODULES_WRAPPER = textwrap.dedent(
+    """
+    import os, signal, sys
+
+    out = sys.argv[1]
+
+    def dump(*_):
+        with open(out + ".part", "w") as f:
+            f.write("\\n".join(sorted(sys.modules)))
+        os.replace(out + ".part", out)
+
+    signal.signal(signal.SIGUSR2, dump)
+    sys.argv = ["twistd", *sys.argv[2:]]
+    from twisted.scripts.twistd import run
+
+    run()
+    """
+)
+
+#: Modules that the default policy's daemon must not have imported before
+#: its first request: each belongs to a group or door not yet used.
+NOT_AT_START = (
+    # the browser: Playwright runs in a worker child, never in the daemon
+    "playwright",
+    # agents: the ACP session machinery (the catalogue and manager are light)
+    "sandboxd.agents.session",
+    "sandboxd.agents.handshake",
+    "sandboxd.agents.turns",
+    "sandboxd.agents.heldrequests",
+    "sandboxd.agents.permissions",
+    # files: archives and watches (zipfile is not listed: Twisted's plugin
+    # discovery imports it through twisted.python.zippath)
+    "sandboxd.files.archive",
+    "tarfile",
+    "twisted.internet.inotify",
+    # system facts, git
+    "psutil",
+    "sandboxd.git",
+    # the PTY door's WebSocket machinery: built on the first connection
+    "autobahn",
+    "sandboxd.terminals.websocket",
+    # the OpenAPI document and its field schemas
+    "sandboxd.api.schema",
+    "sandboxd.api.openapi",
+    # doors imported when enabled or first used (docs/architecture.md)
+    "sandboxd.mcp",
+    "sandboxd.e2b",
+    # metrics exposition
+    "prometheus_client",
+)
+
+
+def http_get(port: int, path: str, token: str | None = None) -> tuple[int, bytes]:
+    """One GET over a fresh connection: (status, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    headers = {"Host": "127.0.0.1"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        conn.request("GET", path, headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def http_post(
+    port: int, path: str, body: dict[str, object], token: str
+) -> tuple[int, bytes]:
+    """One JSON POST over a fresh connection: (status, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request(
+            "POST",
+            path,
+            body=json.dumps(body),
+            headers={
+                "Host": "127.0.0.1",
+                "Authorization": f"Bearer {token}",
+                "Content-Type": "application/json",
+            },
+        )
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def first_health(daemon: DaemonProcess, timeout: float = 30) -> None:
+    """Poll /health as a platform does until the first 200."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            status, _ = http_get(daemon.port, "/health")
+            if status == 200:
+                return
+        except OSError:
+            pass
+        if daemon.proc.poll() is not None:
+            break
+        time.sleep(0.01)
+    raise AssertionError(f"no 200 /health; output:\n{daemon.output()}")
+
+
+def websocket_handshake(port: int, session_id: str, token: str) -> bytes:
+    """The status line of an RFC 6455 upgrade to the PTY port."""
+    key = base64.b64encode(os.urandom(16)).decode()
+    request = (
+        f"GET /pty?session_id={session_id} HTTP/1.1\r\n"
+        f"Host: 127.0.0.1:{port}\r\n"
+        "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+        f"Authorization: Bearer {token}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(request.encode())
+        return s.recv(4096).split(b"\r\n", 1)[0]
+
+
+def stop(daemon: DaemonProcess) -> None:
+    """SIGTERM, so the daemon ends its terminals; SIGKILL by cleanup after."""
+    if daemon.proc.poll() is None:
+        daemon.proc.send_signal(signal.SIGTERM)
+        try:
+            daemon.proc.wait(15)
+        except Exception:
+            pass
+
+
+class ReadyTests(SynchronousTestCase):
+    """The first ``200 /health`` means the daemon can serve."""
+
+    def slow_pty_daemon(self) -> DaemonProcess:
+        plugins = os.path.join(os.path.abspath(self.mktemp()), "twisted", "plugins")
+        os.makedirs(plugins)
+        with open(os.path.join(plugins, "slow_listen.py"), "w") as f:
+            f.write(SLOW_ENDPOINT_PLUGIN)
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        self.pty_port = free_port()
+        argv = twistd_argv(base)
+        argv[argv.index("tcp:{pty}:interface=127.0.0.1")] = (
+            f"slowtcp:{self.pty_port}:delay=1.5"
+        )
+        search = os.path.dirname(os.path.dirname(plugins))
+        env = {
+            "ABX_SERVER_TOKEN": TOKEN,
+            "PYTHONPATH": os.pathsep.join([search, os.environ.get("PYTHONPATH", "")]),
+        }
+        daemon = DaemonProcess(self, argv, env)
+        self.addCleanup(stop, daemon)
+        return daemon
+
+    def test_first_health_means_pty_and_policy(self) -> None:
+        """
+        Even when the PTY port's listen completes late, the first 200 on
+        /health comes after it: at that moment a WebSocket handshake on the
+        PTY port succeeds (101) and /capabilities answers under the policy.
+        """
+        daemon = self.slow_pty_daemon()
+        first_health(daemon)
+        # Nothing waits here: these are the very next requests.
+        status, body = http_post(daemon.port, "/pty/sessions", {}, TOKEN)
+        self.assertEqual(status, 200, body)
+        session_id = json.loads(body)["session_id"]
+        line = websocket_handshake(self.pty_port, session_id, TOKEN)
+        self.assertEqual(line, b"HTTP/1.1 101 Switching Protocols")
+        status, body = http_get(daemon.port, "/capabilities", TOKEN)
+        self.assertEqual(status, 200, body)
+        self.assertIn("pty_connect", body.decode())
+
+    def test_pty_port_in_use_fails_the_start(self) -> None:
+        """
+        A PTY port that cannot listen stops the start: /health never
+        answers and the process exits non-zero.
+        """
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        busy = socket.socket()
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        self.addCleanup(busy.close)
+        argv = twistd_argv(base)
+        argv[argv.index("tcp:{pty}:interface=127.0.0.1")] = (
+            f"tcp:{busy.getsockname()[1]}:interface=127.0.0.1"
+        )
+        daemon = DaemonProcess(self, argv, {"ABX_SERVER_TOKEN": TOKEN})
+        self.addCleanup(stop, daemon)
+        code = daemon.proc.wait(30)
+        self.assertNotEqual(code, 0, daemon.output())
+        with self.assertRaises(OSError):
+            http_get(daemon.port, "/health")
+
+
+class StartImportsTests(SynchronousTestCase):
+    """Groups and doors not yet used import nothing at start."""
+
+    def test_default_policy_imports_no_unused_group(self) -> None:
+        """
+        With the default policy (every group on), after the first
+        ``200 /health`` the daemon has imported none of ``NOT_AT_START``.
+        """
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        wrapper = os.path.abspath(self.mktemp())
+        with open(wrapper, "w") as f:
+            f.write(MODULES_WRAPPER)
+        out = os.path.abspath(self.mktemp())
+        argv = [sys.executable, wrapper, out, *twistd_argv(base)[1:]]
+        daemon = DaemonProcess(self, argv, {"ABX_SERVER_TOKEN": TOKEN})
+        self.addCleanup(stop, daemon)
+        first_health(daemon)
+        daemon.proc.send_signal(signal.SIGUSR2)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(out) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertTrue(os.path.exists(out), daemon.output())
+        with open(out) as f:
+            modules = set(f.read().split())
+        self.assertIn("sandboxd.routes.core", modules)
+        imported = sorted(
+            m
+            for m in modules
+            for unwanted in NOT_AT_START
+            if m == unwanted or m.startswith(unwanted + ".")
+        )
+        self.assertEqual(imported, [])
