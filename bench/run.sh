@@ -6,6 +6,8 @@
 # 2. The raw file routes, which the peers do not have (bench/raw_files.py).
 # 3. The MCP door's overhead per call over plain HTTP (bench/mcp_overhead.py).
 # 4. The kernel's PTY ceiling for W6 (bench/pty_ceiling.py).
+# 5. W8: start-up time and idle memory against the Twisted floor
+#    (the shared harness's startup.py; STARTUP_ROUNDS, default 7).
 #
 # SHARED_BENCH points at the shared harness (default ../shared/bench);
 # RUN_ARGS is passed to it (e.g. RUN_ARGS="--only W1,W1b --duration 3").
@@ -27,6 +29,17 @@ checkout at $SHARED_BENCH. Copy or link it there, or set SHARED_BENCH=DIR,
 to run W0-W7; it also needs wrk (apt-get install wrk; its setup.sh does
 that). Skipping W0-W7; the raw-file, MCP and PTY-ceiling runs follow.
 EOF
+fi
+# W8: time to the first 200 /health and idle RSS, interleaved with the Twisted
+# floor (the least a Twisted Web daemon can be) in the same invocation.
+if [ -f "$SHARED_BENCH/startup.py" ]; then
+  "$ROOT/.venv/bin/python" "$SHARED_BENCH/startup.py" --rounds "${STARTUP_ROUNDS:-7}" \
+    --results "${RESULTS:-$PWD/bench-results}" \
+    twisted-floor="$ROOT/.venv/bin/python $SHARED_BENCH/peers/twisted_floor.py --port {port}" \
+    sandboxd-twistd="$ROOT/.venv/bin/twistd -n --pidfile= sandboxd --port tcp:{port}:interface=127.0.0.1 --pty-port tcp:{pty_port}:interface=127.0.0.1 --base-dir {base_dir}" \
+    sandboxd-serve="$ROOT/.venv/bin/sandboxd serve --port tcp:{port}:interface=127.0.0.1 --pty-port tcp:{pty_port}:interface=127.0.0.1 --base-dir {base_dir}"
+else
+  echo "startup.py not found at $SHARED_BENCH; skipping W8" >&2
 fi
 "$ROOT/.venv/bin/python" "$ROOT/bench/raw_files.py" --size-mib "${RAW_MIB:-1024}"
 "$ROOT/.venv/bin/python" "$ROOT/bench/mcp_overhead.py" \

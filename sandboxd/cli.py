@@ -6,6 +6,7 @@ version (SPEC §1).
 
 from __future__ import annotations
 
+import gc
 import http.client
 import json
 import os
@@ -13,16 +14,30 @@ import signal
 import sys
 from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
 from sandboxd._version import __version__
-from sandboxd.auth import ANONYMOUS, Identity
-from sandboxd.policy import Policy, PolicyError, load_policy
-from sandboxd.server import DEFAULT_PORT, build, import_commands
-from sandboxd.startup import StartRefused
-from sandboxd.tap import Options as ServeOptions
+
+# The daemon's modules are imported by the commands that need them:
+# ``sandboxd healthcheck`` runs every few seconds in every sandbox (Docker
+# HEALTHCHECK, exec probes) and must not pay for Twisted's reactor,
+# pyOpenSSL and the policy engine each time.
+if TYPE_CHECKING:
+    from sandboxd.auth import Identity
+    from sandboxd.policy import Policy
+    from sandboxd.tap import Options as ServeOptions
+
+#: ``sandboxd.server.DEFAULT_PORT`` (a test checks they agree).
+DEFAULT_PORT = 9000
+
+
+def serve_options() -> ServeOptions:
+    """``sandboxd serve``'s options (the same as ``twistd sandboxd``'s)."""
+    from sandboxd.tap import Options
+
+    return Options()
 
 
 class HealthcheckOptions(usage.Options):
@@ -79,7 +94,7 @@ class Options(usage.Options):
     """``sandboxd COMMAND [options]``."""
 
     subCommands: list[list[Any]] = [
-        ["serve", None, ServeOptions, "Run the daemon in the foreground."],
+        ["serve", None, serve_options, "Run the daemon in the foreground."],
         ["healthcheck", None, HealthcheckOptions, "Exit 0 when /health answers ok."],
         [
             "check-config",
@@ -116,6 +131,10 @@ def serve(options: ServeOptions) -> int:
     """Run the daemon on the global reactor until SIGTERM/SIGINT."""
     from twisted.internet import reactor
     from twisted.logger import globalLogBeginner, textFileLogObserver
+
+    from sandboxd.policy import PolicyError
+    from sandboxd.server import build
+    from sandboxd.startup import StartRefused
 
     globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stdout)])
     try:
@@ -176,8 +195,11 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:
     """Validate, then print the table or one explained decision."""
+    from sandboxd.auth import ANONYMOUS, Identity
+    from sandboxd.policy import PolicyError, load_policy
     from sandboxd.policy.discovery import check
     from sandboxd.routes import default_table
+    from sandboxd.server import import_commands
 
     try:
         for spec in options["commands"]:
@@ -298,6 +320,9 @@ def reload(options: ReloadOptions) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
+    # What is alive now (the interpreter, Twisted) lives as long as the
+    # process: no collection during start-up walks it again.
+    gc.freeze()
     options = Options()
     try:
         options.parseOptions(list(sys.argv[1:] if argv is None else argv))

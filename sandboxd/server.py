@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.endpoints import serverFromString
@@ -37,7 +36,7 @@ from sandboxd.endpoints import RouteTable
 from sandboxd.libc import libc
 from sandboxd.policy import Policy, PolicyError, load_policy
 from sandboxd.policy.defaults import SHUTDOWN_TIMEOUT_SECONDS
-from sandboxd.readiness import ListenAfter, all_listening
+from sandboxd.readiness import ListenAfter, Listener, all_listening
 from sandboxd.routes import default_table, setup_services
 from sandboxd.startup import (
     StartRefused,
@@ -518,7 +517,7 @@ def build(
     endpoint = ListenAfter(
         serverFromString(reactor, http_listen), lambda: all_listening(groups)
     )
-    http = StreamServerEndpointService(endpoint, site)
+    http = Listener(endpoint, site)
     # A port that cannot bind fails the start (SPEC §20), not just a log line.
     http._raiseSynchronously = True
     http.endpoint_description = http_listen  # type: ignore[attr-defined]

@@ -302,8 +302,8 @@ class RunningDaemon:
 
 
 def listening_port(service: Any) -> Deferred[Any]:
-    """The IListeningPort of a started StreamServerEndpointService."""
-    # StreamServerEndpointService keeps the listen Deferred privately.
+    """The IListeningPort of a started :class:`sandboxd.readiness.Listener`."""
+    # The listener keeps the listen Deferred privately.
     waiting: Deferred[Any] = service._waitingForPort
     result: Deferred[Any] = Deferred()
 

@@ -290,3 +290,36 @@ class StartImportsTests(SynchronousTestCase):
             if m == unwanted or m.startswith(unwanted + ".")
         )
         self.assertEqual(imported, [])
+
+
+class HealthcheckImportsTests(SynchronousTestCase):
+    """``sandboxd healthcheck`` (run by every probe) does not import the daemon."""
+
+    def test_healthcheck_imports_no_reactor(self) -> None:
+        """
+        ``sandboxd healthcheck`` against a closed port exits 1 without having
+        imported Twisted's reactor, pyOpenSSL or the daemon's server module.
+        """
+        probe = (
+            "import sys\n"
+            "from sandboxd import cli\n"
+            "code = cli.main(['healthcheck', '--port', sys.argv[1], '--timeout', '1'])\n"
+            "heavy = [m for m in ('twisted.internet.reactor', 'OpenSSL',"
+            " 'sandboxd.server', 'sandboxd.policy') if m in sys.modules]\n"
+            "print(code, heavy)\n"
+        )
+        import subprocess
+
+        out = subprocess.run(
+            [sys.executable, "-c", probe, str(free_port())],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        self.assertEqual(out.stdout.strip(), "1 []", out.stderr)
+
+    def test_default_port_agrees(self) -> None:
+        """The healthcheck's default port is the daemon's."""
+        from sandboxd import cli, server
+
+        self.assertEqual(cli.DEFAULT_PORT, server.DEFAULT_PORT)
