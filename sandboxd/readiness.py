@@ -49,7 +49,9 @@ def all_listening(services: Iterable[Any]) -> Deferred[Any]:
     Fires once every service with a ``listening()`` method listens; fails
     with the first failure (a listener that cannot bind).
     """
-    waiting = [s.listening() for s in services if hasattr(s, "listening")]
+    # Looked up on the class: a stand-in that builds its object on first
+    # attribute read (a door on first use) must not be built by asking.
+    waiting = [s.listening() for s in services if hasattr(type(s), "listening")]
     d: Deferred[Any] = gatherResults(waiting, consumeErrors=True)
 
     def first_error(failure: Failure) -> Failure:
