@@ -323,3 +323,42 @@ class HealthcheckImportsTests(SynchronousTestCase):
         from sandboxd import cli, server
 
         self.assertEqual(cli.DEFAULT_PORT, server.DEFAULT_PORT)
+
+
+class FirstImportTests(SynchronousTestCase):
+    """Since ``sandboxd/__init__`` imports nothing, any module may come first."""
+
+    def test_each_module_imports_first(self) -> None:
+        """
+        Each top-level module and subpackage of sandboxd imports in a fresh
+        interpreter as the first thing imported (an import cycle that an
+        eager package ``__init__`` used to hide fails here).
+        """
+        import pkgutil
+        import subprocess
+
+        import sandboxd
+
+        names = [
+            f"sandboxd.{info.name}"
+            for info in pkgutil.iter_modules(sandboxd.__path__)
+            if not info.name.startswith("_")
+        ]
+        self.assertIn("sandboxd.auth", names)
+        script = (
+            "import importlib, subprocess, sys\n"
+            "bad = []\n"
+            "for name in sys.argv[1:]:\n"
+            "    r = subprocess.run([sys.executable, '-c', f'import {name}'],"
+            " capture_output=True, text=True)\n"
+            "    if r.returncode:\n"
+            "        bad.append((name, r.stderr.strip().splitlines()[-1]))\n"
+            "print(bad)\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", script, *names],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        self.assertEqual(out.stdout.strip(), "[]", out.stderr)

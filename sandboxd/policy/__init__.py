@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from sandboxd.auth import TokenStore
+# The module, not the name: sandboxd.auth imports sandboxd.policy.document,
+# which runs this package first, so whichever of the two is imported first
+# must not need the other's names at import time.
+from sandboxd import auth
+
+if TYPE_CHECKING:
+    from sandboxd.auth import TokenStore
 from sandboxd.endpoints import RouteTable
 from sandboxd.policy.document import (
     PolicyDocument,
@@ -103,7 +109,7 @@ def load_policy(
     own = own_files(file, doc, env, daemon_files)
     anchors = Anchors()
     rules = compile_rules(table, doc, chosen, boundary, env, own, anchors)
-    tokens = TokenStore.build(doc.tokens, env, fail_closed=fail_closed)
+    tokens = auth.TokenStore.build(doc.tokens, env, fail_closed=fail_closed)
     return Policy(
         document=doc,
         rules=rules,
