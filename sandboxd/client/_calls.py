@@ -1,0 +1,346 @@
+"""
+Every plain JSON call of the API (SPEC §7, §15), described once: the sync
+and the async namespaces send these same :class:`~sandboxd.client._core.Req`
+values.  Field names follow the daemon's handlers in ``sandboxd/routes``.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sandboxd.client._core import Req, body, clean, seg
+
+# -- core -------------------------------------------------------------------------
+
+
+def health() -> Req:
+    return Req("GET", "/health")
+
+
+def capabilities() -> Req:
+    return Req("GET", "/capabilities")
+
+
+def check(
+    endpoint: str,
+    path: str | None = None,
+    op: str | None = None,
+    paths: Sequence[str] | None = None,
+) -> Req:
+    return Req(
+        "POST",
+        "/capabilities/check",
+        json=body(
+            endpoint=endpoint,
+            path=path,
+            op=op,
+            paths=list(paths) if paths is not None else None,
+        ),
+        idempotent=True,
+    )
+
+
+def openapi() -> Req:
+    return Req("GET", "/openapi.json")
+
+
+# -- template commands -------------------------------------------------------------
+
+
+def commands_list() -> Req:
+    return Req("GET", "/commands")
+
+
+def commands_run(name: str, kwargs: Mapping[str, Any]) -> Req:
+    return Req("POST", f"/commands/{seg(name)}", json=dict(kwargs))
+
+
+# -- files ----------------------------------------------------------------------------
+
+
+def files_list(path: str | None, depth: int | None, hidden: bool | None) -> Req:
+    return Req(
+        "GET", "/files/list", clean({"path": path, "depth": depth, "hidden": hidden})
+    )
+
+
+def files_stat(path: str) -> Req:
+    return Req("GET", "/files/stat", {"path": path})
+
+
+def files_mkdir(path: str) -> Req:
+    return Req("POST", "/files/mkdir", json={"path": path}, idempotent=True)
+
+
+def files_delete(path: str) -> Req:
+    return Req("DELETE", "/files", {"path": path})
+
+
+def files_move(source: str, destination: str, overwrite: bool) -> Req:
+    return Req(
+        "POST",
+        "/files/move",
+        json={"source": source, "destination": destination, "overwrite": overwrite},
+    )
+
+
+def files_search(pattern: str, path: str | None, max_results: int | None) -> Req:
+    return Req(
+        "POST",
+        "/files/search",
+        json=body(pattern=pattern, path=path, max_results=max_results),
+        idempotent=True,
+    )
+
+
+def files_archive(paths: Sequence[str], format: str) -> Req:
+    return Req(
+        "POST",
+        "/files/archive",
+        json={"paths": list(paths), "format": format},
+        idempotent=True,
+    )
+
+
+def files_extract(data: bytes, destination: str, format: str, overwrite: bool) -> Req:
+    return Req(
+        "POST",
+        "/files/extract",
+        json={
+            "content_base64": base64.b64encode(data).decode("ascii"),
+            "destination": destination,
+            "format": format,
+            "overwrite": overwrite,
+        },
+    )
+
+
+def files_write_raw(
+    path: str, overwrite: bool, mode: str | int | None, if_match: str | None
+) -> Req:
+    headers = {"Content-Type": "application/octet-stream"}
+    if if_match is not None:
+        headers["If-Match"] = if_match
+    return Req(
+        "POST",
+        "/files/raw",
+        clean(
+            {
+                "path": path,
+                "overwrite": overwrite,
+                "mode": None if mode is None else _mode(mode),
+            }
+        ),
+        headers=headers,
+    )
+
+
+def _mode(mode: str | int) -> str:
+    return format(mode, "o") if isinstance(mode, int) else mode
+
+
+# -- processes --------------------------------------------------------------------------
+
+
+def _launch(
+    command: str | Sequence[str],
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    user: str | int | None,
+    shell: str | None,
+    timeout: float | None,
+    idle_timeout: float | None,
+) -> dict[str, Any]:
+    if not isinstance(command, str):
+        import shlex
+
+        command = shlex.join(command)
+    return body(
+        command=command,
+        cwd=cwd,
+        env=dict(env) if env is not None else None,
+        user=user,
+        shell=shell,
+        timeout=timeout,
+        idle_timeout=idle_timeout,
+    )
+
+
+def shell(
+    command: str | Sequence[str],
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    user: str | int | None = None,
+    shell: str | None = None,
+    timeout: float | None = None,
+    idle_timeout: float | None = None,
+) -> dict[str, Any]:
+    """The body of ``/shell``, ``/shell/stream`` (and ``/process/start``)."""
+    return _launch(command, cwd, env, user, shell, timeout, idle_timeout)
+
+
+def process_start(launch: dict[str, Any], stdin: bool, tag: str | None) -> Req:
+    return Req(
+        "POST", "/process/start", json={**launch, "stdin": stdin, **body(tag=tag)}
+    )
+
+
+def process_list(tag: str | None) -> Req:
+    return Req("GET", "/process/list", clean({"tag": tag}))
+
+
+def process_get(pid: int) -> Req:
+    return Req("GET", f"/process/{int(pid)}")
+
+
+def process_signal(pid: int, signal: int | str) -> Req:
+    return Req("POST", f"/process/{int(pid)}/signal", json={"signal": signal})
+
+
+def process_output(pid: int, after: int) -> Req:
+    return Req("GET", f"/process/{int(pid)}/output", {"after": after})
+
+
+def process_stdin(pid: int, data: str, eof: bool) -> Req:
+    return Req("POST", f"/process/{int(pid)}/stdin", json={"data": data, "eof": eof})
+
+
+# -- terminals ----------------------------------------------------------------------------
+
+
+def pty_create(
+    cols: int,
+    rows: int,
+    shell: str | None,
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    user: str | int | None,
+) -> Req:
+    return Req(
+        "POST",
+        "/pty/sessions",
+        json=body(
+            cols=cols,
+            rows=rows,
+            shell=shell,
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            user=user,
+        ),
+    )
+
+
+def pty_list() -> Req:
+    return Req("GET", "/pty/sessions")
+
+
+def pty_get(session_id: str) -> Req:
+    return Req("GET", f"/pty/sessions/{seg(session_id)}")
+
+
+def pty_resize(session_id: str, cols: int, rows: int) -> Req:
+    return Req(
+        "POST",
+        f"/pty/sessions/{seg(session_id)}/resize",
+        json={"cols": cols, "rows": rows},
+        idempotent=True,
+    )
+
+
+def pty_delete(session_id: str) -> Req:
+    return Req("DELETE", f"/pty/sessions/{seg(session_id)}")
+
+
+# -- system -----------------------------------------------------------------------------
+
+
+def system_info() -> Req:
+    return Req("GET", "/system/info")
+
+
+def system_metrics() -> Req:
+    return Req("GET", "/system/metrics")
+
+
+def ports() -> Req:
+    return Req("GET", "/ports")
+
+
+def packages(manager: str) -> Req:
+    return Req("GET", "/packages", {"manager": manager}, timeout=120.0)
+
+
+def env_get(names: Sequence[str]) -> Req:
+    return Req("GET", "/env", {"filter": ",".join(names)} if names else None)
+
+
+def env_set(variables: Mapping[str, str]) -> Req:
+    return Req("POST", "/env", json={"vars": dict(variables)}, idempotent=True)
+
+
+# -- dev tools ----------------------------------------------------------------------------
+
+
+def code_run(
+    code: str,
+    language: str,
+    timeout: float | None,
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    user: str | int | None,
+) -> Req:
+    return Req(
+        "POST",
+        "/code/run",
+        json=body(
+            code=code,
+            language=language,
+            timeout=timeout,
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            user=user,
+        ),
+        # The daemon's own limit ends it; the client waits a little longer.
+        timeout=None if timeout is None else timeout + 10,
+    )
+
+
+def git_status(path: str) -> Req:
+    return Req("GET", "/git/status", {"path": path})
+
+
+def git_diff(path: str, staged: bool, file: str | None) -> Req:
+    return Req(
+        "GET", "/git/diff", clean({"path": path, "staged": staged, "file": file})
+    )
+
+
+# -- browser ----------------------------------------------------------------------------
+
+
+def browser(method: str, name: str, **fields: Any) -> Req:
+    """One browser call: ``POST /browser/NAME`` with a body, or a GET with a query."""
+    if method == "GET":
+        return Req("GET", f"/browser/{name}", clean(fields), timeout=120.0)
+    return Req("POST", f"/browser/{name}", json=body(**fields), timeout=120.0)
+
+
+# -- agents -------------------------------------------------------------------------------
+
+
+def agents(
+    method: str, path: str, params: Mapping[str, Any] | None = None, **fields: Any
+) -> Req:
+    """One agents call (SPEC §15.2); ``path`` below ``/agents``."""
+    if method in ("GET", "DELETE"):
+        return Req(method, "/agents" + path, clean(params), timeout=120.0)
+    return Req(
+        method, "/agents" + path, clean(params), json=body(**fields), timeout=120.0
+    )
+
+
+def session_path(session_id: str, tail: str = "") -> str:
+    """``/sessions/{sid}`` plus a tail, below ``/agents``."""
+    return f"/sessions/{seg(session_id)}{tail}"

@@ -1,0 +1,327 @@
+"""
+What the sync and the async client share: settings, request descriptions,
+error mapping, the SSE parser and the PTY frame parser.  No I/O here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import httpx
+
+from sandboxd.client.errors import (
+    ConnectionFailed,
+    ProtocolError,
+    RequestTimeout,
+    SandboxError,
+    error_for,
+)
+from sandboxd.client.types import PtyEvent, SSEEvent
+
+#: Seconds for an ordinary call (connect, read and write each).
+DEFAULT_TIMEOUT = 30.0
+#: Seconds between two bytes of an SSE stream before it counts as cut
+#: (the daemon sends a heartbeat after 4 s of silence).
+STREAM_READ_TIMEOUT = 30.0
+#: Retries of an idempotent call, or a resumable stream, after a lost connection.
+DEFAULT_RETRIES = 3
+#: The longest ``Retry-After`` a 429 is waited out for (when asked to).
+MAX_RATE_WAIT = 60.0
+#: Bytes per chunk of a raw upload or download.
+CHUNK_BYTES = 256 * 1024
+#: Transport errors after which a call may be sent again.
+RETRYABLE = (
+    httpx.ConnectError,
+    httpx.RemoteProtocolError,
+    httpx.ReadError,
+    httpx.WriteError,
+)
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before retry ``attempt`` (1, 2, ...): 0.1, 0.2, 0.4 ... at most 2."""
+    return float(min(2.0, 0.1 * 2 ** (attempt - 1)))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """
+    How to reach one daemon.
+
+    :param url: the HTTP base URL (``http://127.0.0.1:9000``).
+    :param token: the access token, or None in local mode.
+    :param timeout: seconds for every call unless the call says otherwise.
+    :param retries: how often an idempotent call or a resumable stream is
+        retried after a lost connection.
+    :param wait_on_rate_limit: wait ``retry_after`` and retry on a 429
+        (at most ``max_rate_wait`` seconds per wait) instead of raising.
+    :param pty_url: the PTY WebSocket base (``ws://host:9001``); default:
+        the ``ws_url`` of the last created session, else the HTTP port + 1.
+    """
+
+    url: str
+    token: str | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    retries: int = DEFAULT_RETRIES
+    wait_on_rate_limit: bool = False
+    max_rate_wait: float = MAX_RATE_WAIT
+    pty_url: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        """The headers every request carries."""
+        out = {"User-Agent": "sandboxd-client", "Accept": "application/json"}
+        if self.token:
+            out["Authorization"] = f"Bearer {self.token}"
+        return out
+
+    def base_pty_url(self) -> str:
+        """``ws://host:port`` of the PTY port when nothing better is known."""
+        if self.pty_url:
+            return self.pty_url.rstrip("/")
+        parts = urlsplit(self.url)
+        scheme = "wss" if parts.scheme == "https" else "ws"
+        port = (parts.port or (443 if scheme == "wss" else 80)) + 1
+        host = parts.hostname or "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{scheme}://{host}:{port}"
+
+
+def settings_from(
+    url: str | None,
+    token: str | None,
+    timeout: float,
+    retries: int,
+    wait_on_rate_limit: bool,
+    pty_url: str | None,
+) -> Settings:
+    """Settings from arguments, then ``SANDBOXD_URL``/``SANDBOXD_TOKEN``/``SANDBOXD_PTY_URL``."""
+    url = url or os.environ.get("SANDBOXD_URL") or "http://127.0.0.1:9000"
+    if token is None:
+        token = os.environ.get("SANDBOXD_TOKEN") or None
+    pty_url = pty_url or os.environ.get("SANDBOXD_PTY_URL") or None
+    if "://" not in url:
+        url = "http://" + url
+    return Settings(
+        url.rstrip("/"),
+        token,
+        timeout,
+        retries,
+        wait_on_rate_limit,
+        MAX_RATE_WAIT,
+        pty_url,
+    )
+
+
+@dataclass
+class Req:
+    """
+    One JSON call: what to send, and whether sending it twice is harmless.
+
+    :ivar idempotent: retried after a lost connection (GET is by default).
+    """
+
+    method: str
+    path: str
+    params: dict[str, Any] | None = None
+    json: Any = None
+    idempotent: bool | None = None
+    timeout: float | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def retry_safe(self) -> bool:
+        """Whether a lost answer may be asked for again."""
+        if self.idempotent is not None:
+            return self.idempotent
+        return self.method in ("GET", "HEAD")
+
+
+def seg(value: object) -> str:
+    """One path segment, percent-encoded (a ``/`` never splits it)."""
+    return quote(str(value), safe="")
+
+
+def clean(params: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Drop None values; booleans as ``true``/``false``."""
+    if params is None:
+        return None
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if value is None:
+            continue
+        out[key] = ("true" if value else "false") if isinstance(value, bool) else value
+    return out
+
+
+def body(**fields: Any) -> dict[str, Any]:
+    """A JSON body without the fields left None."""
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def timeout_of(seconds: float | None, default: float) -> httpx.Timeout:
+    """An httpx timeout: ``seconds`` for connect, read, write and pool."""
+    return httpx.Timeout(default if seconds is None else seconds)
+
+
+def stream_timeout(connect: float, read: float | None) -> httpx.Timeout:
+    """A stream's timeouts: ``connect`` to get the headers, ``read`` between bytes."""
+    return httpx.Timeout(connect, read=read)
+
+
+def retry_after(response: httpx.Response, error: SandboxError) -> float | None:
+    """Seconds a 429 asks to wait (body ``retry_after``, else ``Retry-After``)."""
+    value = error.body.get("retry_after")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    header = response.headers.get("retry-after")
+    try:
+        return float(header) if header is not None else None
+    except ValueError:
+        return None
+
+
+def error_from(response: httpx.Response) -> SandboxError:
+    """The exception for an error answer whose body has been read."""
+    try:
+        data = response.json()
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        text = response.text.strip()[:500]
+        data = {
+            "error": text or f"HTTP {response.status_code} {response.reason_phrase}"
+        }
+    return error_for(response.status_code, data)
+
+
+def decode(response: httpx.Response) -> Any:
+    """The JSON of a success answer."""
+    try:
+        return response.json()
+    except ValueError:
+        raise ProtocolError(
+            f"the daemon answered {response.status_code} with a body that is not JSON",
+            status=response.status_code,
+        ) from None
+
+
+def transport_error(error: Exception, what: str) -> SandboxError:
+    """A client-side failure as a :class:`SandboxError`."""
+    if isinstance(error, httpx.TimeoutException):
+        return RequestTimeout(f"{what}: no answer in time ({type(error).__name__})")
+    return ConnectionFailed(f"{what}: {error or type(error).__name__}")
+
+
+class SSEParser:
+    """
+    Server-Sent Events from lines (``text/event-stream``, as the daemon
+    writes it: ``id:``, ``event:``, ``data:`` and ``:`` comments).
+    """
+
+    def __init__(self) -> None:
+        self._event = ""
+        self._data: list[str] = []
+        self._id: str | None = None
+
+    def feed(self, line: str) -> SSEEvent | None:
+        """One line without its end; an event when a blank line completes one."""
+        if line == "":
+            if not self._data and not self._event:
+                self._id = None
+                return None
+            raw = "\n".join(self._data)
+            event = self._event or "message"
+            ident = self._id
+            self._event, self._data, self._id = "", [], None
+            try:
+                data: Any = json.loads(raw) if raw else None
+            except ValueError:
+                data = raw
+            seq = int(ident) if ident is not None and ident.isdigit() else None
+            return SSEEvent(event, data, seq)
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if name == "event":
+            self._event = value
+        elif name == "data":
+            self._data.append(value)
+        elif name == "id":
+            self._id = value
+        return None
+
+    def feed_lines(self, lines: Iterable[str]) -> list[SSEEvent]:
+        """Every event the lines complete."""
+        out = []
+        for line in lines:
+            event = self.feed(line)
+            if event is not None:
+                out.append(event)
+        return out
+
+
+def pty_ws_url(base: str, session_id: str, offset: int | None) -> str:
+    """The WebSocket URL of one session (SPEC §8), from a base or a ``ws_url``."""
+    parts = urlsplit(base)
+    query = f"session_id={seg(session_id)}"
+    if offset is not None:
+        query += f"&offset={int(offset)}"
+    return urlunsplit((parts.scheme, parts.netloc, "/pty", query, ""))
+
+
+def pty_event(message: str | bytes) -> PtyEvent | None:
+    """One server frame of the PTY WebSocket, or None for anything else."""
+    try:
+        frame = json.loads(message)
+    except ValueError:
+        return None
+    if not isinstance(frame, dict):
+        return None
+    kind = frame.get("type")
+    if kind == "output":
+        offset = frame.get("offset")
+        return PtyEvent(
+            "output",
+            data=str(frame.get("data", "")),
+            offset=offset if isinstance(offset, int) else None,
+            raw=frame,
+        )
+    if kind == "event" and frame.get("event") in ("started", "exited"):
+        code = frame.get("exit_code")
+        return PtyEvent(
+            frame["event"],
+            exit_code=code if isinstance(code, int) else None,
+            raw=frame,
+        )
+    return None
+
+
+def output_end(event: PtyEvent, current: int | None) -> int | None:
+    """The output offset after ``event`` (bytes of output seen)."""
+    if event.kind != "output":
+        return current
+    size = len(event.data.encode("utf-8", "surrogatepass"))
+    start = event.offset if event.offset is not None else (current or 0)
+    return start + size
+
+
+def ws_headers(settings: Settings) -> dict[str, str]:
+    """The handshake's headers: the same token as HTTP (SPEC §4)."""
+    return {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
+
+
+def exit_status(code: int | None) -> int:
+    """A child's exit code as a shell reports it (a signal N is 128 + N)."""
+    if code is None:
+        return 1
+    if code < 0:
+        return 128 + (-code)
+    return code & 0xFF

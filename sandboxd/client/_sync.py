@@ -1,0 +1,1312 @@
+"""
+:class:`Sandbox`, the blocking client (httpx for HTTP and SSE, websockets'
+sync client for terminals).
+"""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, cast
+
+import httpx
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+from websockets.sync.client import ClientConnection
+from websockets.sync.client import connect as ws_connect
+
+from sandboxd.client import _calls as calls
+from sandboxd.client._core import (
+    CHUNK_BYTES,
+    DEFAULT_RETRIES,
+    DEFAULT_TIMEOUT,
+    RETRYABLE,
+    STREAM_READ_TIMEOUT,
+    Req,
+    Settings,
+    SSEParser,
+    backoff,
+    decode,
+    error_from,
+    output_end,
+    pty_event,
+    pty_ws_url,
+    retry_after,
+    seg,
+    settings_from,
+    stream_timeout,
+    timeout_of,
+    transport_error,
+    ws_headers,
+)
+from sandboxd.client._shared import (
+    PartialFile,
+    RangeState,
+    command_result,
+    handshake_error,
+    shell_timeout,
+    stream_error,
+)
+from sandboxd.client.errors import (
+    ConnectionFailed,
+    NotFound,
+    RequestTimeout,
+    SandboxError,
+)
+from sandboxd.client.types import (
+    CodeResult,
+    CommandResult,
+    Decision,
+    Entry,
+    Extracted,
+    GitDiff,
+    GitStatus,
+    Listing,
+    OutputPage,
+    ProcessInfo,
+    Progress,
+    PtyCreated,
+    PtyEvent,
+    PtySessionInfo,
+    SearchResult,
+    SSEEvent,
+    Stat,
+    Written,
+)
+
+Line = Callable[[str], None]
+
+
+class _Http:
+    """One httpx client plus the retry, rate-limit and resume rules."""
+
+    def __init__(self, settings: Settings, client: httpx.Client | None) -> None:
+        self.settings = settings
+        self.client = client or httpx.Client(
+            base_url=settings.url,
+            headers=settings.headers(),
+            timeout=settings.timeout,
+            trust_env=False,
+        )
+
+    def send(
+        self, req: Req, content: Callable[[], Any] | None = None
+    ) -> httpx.Response:
+        """
+        Send one request and read the whole answer.
+
+        :param content: makes the raw body (called again for a retry).
+        :raises SandboxError: an error answer, or no answer.
+        """
+        s = self.settings
+        what = f"{req.method} {req.path}"
+        attempt = waits = 0
+        while True:
+            try:
+                response = self.client.request(
+                    req.method,
+                    req.path,
+                    params=req.params,
+                    json=req.json,
+                    content=content() if content is not None else None,
+                    headers=req.headers,
+                    timeout=timeout_of(req.timeout, s.timeout),
+                )
+            except httpx.TimeoutException as e:
+                raise transport_error(e, what) from None
+            except RETRYABLE as e:
+                # Nothing reached the daemon, or the call may be repeated.
+                fresh = isinstance(e, httpx.ConnectError)
+                if (fresh or req.retry_safe) and attempt < s.retries:
+                    attempt += 1
+                    time.sleep(backoff(attempt))
+                    continue
+                raise transport_error(e, what) from None
+            except httpx.HTTPError as e:
+                raise transport_error(e, what) from None
+            if response.status_code == 429 and s.wait_on_rate_limit and waits < 10:
+                error = error_from(response)
+                wait = retry_after(response, error)
+                if wait is not None and wait <= s.max_rate_wait:
+                    waits += 1
+                    time.sleep(max(wait, 0.05))
+                    continue
+                raise error
+            if response.status_code >= 400:
+                raise error_from(response)
+            return response
+
+    def call(self, req: Req) -> Any:
+        """Send one JSON call; its decoded answer."""
+        return decode(self.send(req))
+
+    def events(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, Any] | None = None,
+        json: Any = None,
+        after: int | None = None,
+        resumable: bool = True,
+        read_timeout: float | None = STREAM_READ_TIMEOUT,
+    ) -> Iterator[SSEEvent]:
+        """
+        An SSE stream's events; a resumable stream cut mid-way reconnects
+        with ``Last-Event-ID`` (and ``after``) and carries on after the
+        last event seen, so nothing is lost or repeated.
+        """
+        s = self.settings
+        last = after
+        failures = 0
+        what = f"{method} {path}"
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            query = dict(params or {})
+            if resumable and last is not None:
+                headers["Last-Event-ID"] = str(last)
+                query["after"] = last
+            try:
+                with self.client.stream(
+                    method,
+                    path,
+                    params=query,
+                    json=json,
+                    headers=headers,
+                    timeout=stream_timeout(s.timeout, read_timeout),
+                ) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        raise error_from(response)
+                    parser = SSEParser()
+                    for line in response.iter_lines():
+                        event = parser.feed(line)
+                        if event is None:
+                            continue
+                        failures = 0
+                        if event.id is not None:
+                            last = event.id
+                        yield event
+                return
+            except (*RETRYABLE, httpx.ReadTimeout) as e:
+                if not resumable or failures >= s.retries:
+                    raise transport_error(e, what) from None
+                failures += 1
+                time.sleep(backoff(failures))
+            except httpx.TimeoutException as e:
+                raise transport_error(e, what) from None
+            except httpx.HTTPError as e:
+                raise transport_error(e, what) from None
+
+    def fetch_raw(
+        self,
+        path: str,
+        sink: Callable[[bytes], None],
+        state: RangeState,
+        progress: Progress | None,
+    ) -> None:
+        """``GET /files/raw`` into ``sink``, resuming by ``Range`` after a cut."""
+        s = self.settings
+        failures = 0
+        while True:
+            try:
+                with self.client.stream(
+                    "GET",
+                    "/files/raw",
+                    params={"path": path},
+                    headers=state.request_headers(),
+                    timeout=timeout_of(None, s.timeout),
+                ) as response:
+                    if response.status_code >= 400 and response.status_code != 416:
+                        response.read()
+                        raise error_from(response)
+                    if not state.accept(response.status_code, response.headers):
+                        return
+                    if progress is not None:
+                        progress(state.offset, state.total)
+                    for chunk in response.iter_raw(CHUNK_BYTES):
+                        sink(chunk)
+                        state.offset += len(chunk)
+                        failures = 0
+                        if progress is not None:
+                            progress(state.offset, state.total)
+                state.check_complete()
+                return
+            except (*RETRYABLE, httpx.ReadTimeout, ConnectionFailed) as e:
+                if failures >= s.retries:
+                    raise state.failed(e) from None
+                failures += 1
+                time.sleep(backoff(failures))
+            except httpx.HTTPError as e:
+                raise state.failed(e) from None
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class _Namespace:
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+        self._http = sandbox._http
+
+
+class Files(_Namespace):
+    """``sandbox.files``: the ``file_ops`` group (SPEC §7.3)."""
+
+    def read_bytes(self, path: str) -> bytes:
+        """A file's bytes (``GET /files/raw``; resumed by Range after a cut)."""
+        chunks: list[bytes] = []
+        state = RangeState(restart=chunks.clear)
+        self._http.fetch_raw(path, chunks.append, state, None)
+        return b"".join(chunks)
+
+    def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        """A file's text."""
+        return self.read_bytes(path).decode(encoding)
+
+    def write_bytes(
+        self,
+        path: str,
+        data: bytes,
+        *,
+        overwrite: bool = True,
+        mode: str | int | None = None,
+        if_match: str | None = None,
+    ) -> Written:
+        """
+        Write ``data`` atomically (``POST /files/raw``; parents created).
+
+        :param mode: permission bits (``0o644`` or ``"644"``).
+        :param if_match: an ``etag``: refuse (412) if the file changed since.
+        """
+        req = calls.files_write_raw(path, overwrite, mode, if_match)
+        req.idempotent = overwrite and if_match is None
+        return cast(Written, decode(self._http.send(req, content=lambda: data)))
+
+    def write_text(self, path: str, text: str, **options: Any) -> Written:
+        """Write ``text`` as UTF-8 (options as :meth:`write_bytes`)."""
+        return self.write_bytes(path, text.encode("utf-8"), **options)
+
+    def upload(
+        self,
+        local: str | os.PathLike[str],
+        remote: str,
+        *,
+        progress: Progress | None = None,
+        overwrite: bool = True,
+        mode: str | int | None = None,
+    ) -> Written:
+        """
+        Send a local file to ``remote`` over the raw route, streamed from
+        disk with ``progress(sent, total)``.  The daemon writes it
+        atomically, so a cut upload leaves nothing half-written; it is
+        sent again whole (up to ``retries`` times).
+        """
+        size = os.path.getsize(local)
+
+        def content() -> Iterator[bytes]:
+            sent = 0
+            with open(local, "rb") as f:
+                if progress is not None:
+                    progress(0, size)
+                while chunk := f.read(CHUNK_BYTES):
+                    sent += len(chunk)
+                    yield chunk
+                    if progress is not None:
+                        progress(sent, size)
+
+        req = calls.files_write_raw(remote, overwrite, mode, None)
+        req.headers["Content-Length"] = str(size)
+        req.idempotent = overwrite
+        req.timeout = max(self._http.settings.timeout, 60.0)
+        return cast(Written, decode(self._http.send(req, content=content)))
+
+    def download(
+        self,
+        remote: str,
+        local: str | os.PathLike[str],
+        *,
+        progress: Progress | None = None,
+        resume: bool = True,
+    ) -> int:
+        """
+        Fetch ``remote`` into the local file ``local`` over the raw route.
+
+        The bytes go to ``LOCAL.part`` first and are renamed into place
+        when complete.  A cut connection is resumed with ``Range`` (and
+        ``If-Range`` on the file's ETag, so a file that changed meanwhile is
+        fetched again from the start); when retries run out the partial
+        file is kept, and a later call with ``resume=True`` carries on.
+
+        :returns: the file's size.
+        """
+        part = PartialFile(os.fspath(local), resume)
+        try:
+            self._http.fetch_raw(remote, part.write, part.state, progress)
+        except BaseException:
+            part.keep()
+            raise
+        return part.commit()
+
+    def list(
+        self,
+        path: str | None = None,
+        *,
+        depth: int | None = None,
+        hidden: bool | None = None,
+    ) -> builtins.list[Entry]:
+        """A directory's entries (``depth`` 1..10)."""
+        return self.listing(path, depth=depth, hidden=hidden)["entries"]
+
+    def listing(
+        self,
+        path: str | None = None,
+        *,
+        depth: int | None = None,
+        hidden: bool | None = None,
+    ) -> Listing:
+        """The whole ``files_list`` answer (``entries`` and ``truncated``)."""
+        return cast(Listing, self._http.call(calls.files_list(path, depth, hidden)))
+
+    def stat(self, path: str) -> Stat:
+        """One path (``exists: false`` when missing inside the boundary)."""
+        return cast(Stat, self._http.call(calls.files_stat(path)))
+
+    def exists(self, path: str) -> bool:
+        """Whether ``path`` exists."""
+        return bool(self.stat(path)["exists"])
+
+    def mkdir(self, path: str) -> dict[str, Any]:
+        """Create a directory and its parents."""
+        return cast(dict[str, Any], self._http.call(calls.files_mkdir(path)))
+
+    def delete(self, path: str) -> dict[str, Any]:
+        """Delete a file or a directory tree."""
+        return cast(dict[str, Any], self._http.call(calls.files_delete(path)))
+
+    def move(
+        self, source: str, destination: str, *, overwrite: bool = False
+    ) -> dict[str, Any]:
+        """Move or rename."""
+        return cast(
+            dict[str, Any],
+            self._http.call(calls.files_move(source, destination, overwrite)),
+        )
+
+    def search(
+        self, pattern: str, path: str | None = None, *, max_results: int | None = None
+    ) -> SearchResult:
+        """Names matching an fnmatch ``pattern``, recursively."""
+        return cast(
+            SearchResult,
+            self._http.call(calls.files_search(pattern, path, max_results)),
+        )
+
+    def archive(self, paths: str | Sequence[str], *, format: str = "tar.gz") -> bytes:
+        """A ``tar.gz`` or ``zip`` of guarded paths, as bytes."""
+        if isinstance(paths, str):
+            paths = [paths]
+        answer = self._http.call(calls.files_archive(paths, format))
+        return base64.b64decode(answer["content_base64"])
+
+    def extract(
+        self,
+        data: bytes,
+        destination: str,
+        *,
+        format: str = "tar.gz",
+        overwrite: bool = False,
+    ) -> Extracted:
+        """Unpack an archive (every member checked before anything is written)."""
+        return cast(
+            Extracted,
+            self._http.call(calls.files_extract(data, destination, format, overwrite)),
+        )
+
+    def watch(
+        self,
+        path: str | None = None,
+        *,
+        recursive: bool = False,
+        after: int | None = None,
+    ) -> Iterator[SSEEvent]:
+        """
+        Changes under a directory as they happen (``event``: created,
+        modified, deleted, moved; ``data``: ``path``, ``type``, ``dest``),
+        resumed after a cut; stop by leaving the loop.
+        """
+        params: dict[str, Any] = {"recursive": "true" if recursive else "false"}
+        if path is not None:
+            params["path"] = path
+        return self._http.events("GET", "/files/watch", params, after=after)
+
+
+class Process:
+    """
+    A background process (``commands.start``): its output log is read
+    from ``cursor`` on, so a reader that reconnects carries on where it
+    stopped.
+
+    :ivar pid: the process id.
+    :ivar cursor: the ``seq`` of the last output event read.
+    """
+
+    def __init__(self, http: _Http, info: Mapping[str, Any]) -> None:
+        self._http = http
+        self.pid = int(info["pid"])
+        self.command = str(info.get("command", ""))
+        self.tag: str | None = info.get("tag")
+        self.cursor = 0
+        self.exit_code: int | None = None
+
+    def __repr__(self) -> str:
+        return f"<Process pid={self.pid} command={self.command!r}>"
+
+    def info(self) -> ProcessInfo:
+        """State, exit code, start time."""
+        return cast(ProcessInfo, self._http.call(calls.process_get(self.pid)))
+
+    def output(self, after: int | None = None) -> OutputPage:
+        """The kept output after ``after`` (default: the cursor), without waiting; moves the cursor."""
+        page = cast(
+            OutputPage,
+            self._http.call(
+                calls.process_output(self.pid, self.cursor if after is None else after)
+            ),
+        )
+        self.cursor = max(self.cursor, page["next"])
+        return page
+
+    def stream(self, after: int | None = None) -> Iterator[SSEEvent]:
+        """
+        Output events from ``after`` (default: the cursor) as they come
+        (``stdout``/``stderr`` with ``data["data"]``, ``gap``, ``error``,
+        then ``exit``), resumed across reconnects.
+        """
+        start = self.cursor if after is None else after
+        for event in self._http.events(
+            "GET",
+            f"/process/{self.pid}/output",
+            {"follow": "true"},
+            after=start,
+        ):
+            if event.id is not None:
+                self.cursor = max(self.cursor, event.id)
+            if event.event == "exit" and isinstance(event.data, dict):
+                self.exit_code = event.data.get("exit_code")
+            yield event
+
+    def wait(
+        self,
+        timeout: float | None = None,
+        *,
+        on_stdout: Line | None = None,
+        on_stderr: Line | None = None,
+    ) -> int | None:
+        """
+        Wait for the exit, passing output chunks on; its exit code.
+
+        :raises RequestTimeout: still running after ``timeout`` seconds.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        events = self.stream()
+        try:
+            for event in events:
+                data = event.data if isinstance(event.data, dict) else {}
+                if event.event == "stdout" and on_stdout is not None:
+                    on_stdout(str(data.get("data", "")))
+                elif event.event == "stderr" and on_stderr is not None:
+                    on_stderr(str(data.get("data", "")))
+                elif event.event == "exit":
+                    return self.exit_code
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+        finally:
+            close = getattr(events, "close", None)
+            if close is not None:
+                close()
+        if deadline is not None and time.monotonic() > deadline:
+            raise RequestTimeout(f"process {self.pid} still runs after {timeout} s")
+        return self.info()["exit_code"]
+
+    def send_stdin(self, data: str, *, eof: bool = False) -> int:
+        """Write to its stdin (started with ``stdin=True``); bytes written."""
+        return int(self._http.call(calls.process_stdin(self.pid, data, eof))["bytes"])
+
+    def close_stdin(self) -> None:
+        """Close its stdin (end of input)."""
+        self._http.call(calls.process_stdin(self.pid, "", True))
+
+    def signal(self, signal: int | str) -> None:
+        """Signal its process group (``15``, ``"SIGINT"`` ...; ``allowed_signals``)."""
+        self._http.call(calls.process_signal(self.pid, signal))
+
+    def kill(self) -> None:
+        """End its whole tree (signal 9)."""
+        self.signal(9)
+
+
+class Commands(_Namespace):
+    """``sandbox.commands``: processes (SPEC §7.4) and template commands (§7.2)."""
+
+    def run(
+        self,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        user: str | int | None = None,
+        shell: str | None = None,
+        idle_timeout: float | None = None,
+        on_stdout: Line | None = None,
+        on_stderr: Line | None = None,
+    ) -> CommandResult:
+        """
+        Run a command to completion.
+
+        With ``on_stdout``/``on_stderr`` it runs over ``/shell/stream``
+        and each line (without its newline) is passed on as it completes;
+        otherwise over ``/shell``.  A string is split like a shell would
+        (no shell runs unless ``shell="bash"``); a list is taken as argv.
+
+        :raises Timeout: past ``timeout`` (``IdleTimeout`` past
+            ``idle_timeout``); the group was killed, the output so far is
+            in the error's ``body``.
+        """
+        launch = calls.shell(command, cwd, env, user, shell, timeout, idle_timeout)
+        if on_stdout is None and on_stderr is None:
+            req = Req(
+                "POST",
+                "/shell",
+                json=launch,
+                timeout=shell_timeout(timeout, self._http.settings.timeout),
+            )
+            return command_result(self._http.call(req))
+        out: builtins.list[str] = []
+        err: builtins.list[str] = []
+        error: dict[str, Any] | None = None
+        code: int | None = None
+        for event in self._http.events(
+            "POST", "/shell/stream", json=launch, resumable=False
+        ):
+            data = event.data if isinstance(event.data, dict) else {}
+            if event.event == "stdout":
+                line = str(data.get("data", ""))
+                out.append(line)
+                if on_stdout is not None:
+                    on_stdout(line)
+            elif event.event == "stderr":
+                line = str(data.get("data", ""))
+                err.append(line)
+                if on_stderr is not None:
+                    on_stderr(line)
+            elif event.event == "error":
+                error = data
+            elif event.event == "exit":
+                code = data.get("exit_code")
+        result = CommandResult(
+            "".join(x + "\n" for x in out), "".join(x + "\n" for x in err), code
+        )
+        if error is not None:
+            raise stream_error(error, result)
+        return result
+
+    def start(
+        self,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | int | None = None,
+        shell: str | None = None,
+        stdin: bool = False,
+        tag: str | None = None,
+        timeout: float | None = None,
+        idle_timeout: float | None = None,
+    ) -> Process:
+        """Start a background process; a handle with ``wait``, ``stdin``, ``signal``, ``kill``, ``stream``."""
+        launch = calls.shell(command, cwd, env, user, shell, timeout, idle_timeout)
+        info = self._http.call(calls.process_start(launch, stdin, tag))
+        return Process(self._http, info)
+
+    def connect(self, pid: int) -> Process:
+        """A handle on a process already managed by the daemon."""
+        return Process(self._http, self.get(pid))
+
+    def get(self, pid: int) -> ProcessInfo:
+        """One managed process."""
+        return cast(ProcessInfo, self._http.call(calls.process_get(pid)))
+
+    def list(self, tag: str | None = None) -> builtins.list[ProcessInfo]:
+        """Running and recently exited processes."""
+        return cast(
+            builtins.list[ProcessInfo],
+            self._http.call(calls.process_list(tag))["processes"],
+        )
+
+    def custom(self) -> builtins.list[dict[str, Any]]:
+        """The template's registered commands (``GET /commands``)."""
+        return cast(
+            builtins.list[dict[str, Any]],
+            self._http.call(calls.commands_list())["commands"],
+        )
+
+    def call(self, name: str, /, **kwargs: Any) -> Any:
+        """Run a registered command with keyword arguments; its ``result``."""
+        return self._http.call(calls.commands_run(name, kwargs))["result"]
+
+
+class Terminal:
+    """
+    One attachment to a terminal session over the PTY WebSocket (SPEC §8).
+
+    :ivar offset: bytes of output received so far (the resume point of
+        :meth:`reconnect`).
+    :ivar exit_code: the shell's exit code once it ended.
+    """
+
+    def __init__(
+        self, pty: Pty, session_id: str, base: str, offset: int | None
+    ) -> None:
+        self._settings = pty._http.settings
+        self.session_id = session_id
+        self._base = base
+        self.offset: int | None = offset
+        self.exit_code: int | None = None
+        self.ended = False
+        self.pid: int | None = None
+        self._ws: ClientConnection = self._open(offset)
+
+    def _open(self, offset: int | None) -> ClientConnection:
+        url = pty_ws_url(self._base, self.session_id, offset)
+        try:
+            ws = ws_connect(
+                url,
+                additional_headers=ws_headers(self._settings),
+                open_timeout=self._settings.timeout,
+                compression=None,
+                proxy=None,
+                max_size=None,
+                user_agent_header="sandboxd-client",
+            )
+        except InvalidStatus as e:
+            raise handshake_error(
+                e.response.status_code, bytes(e.response.body or b"")
+            ) from None
+        except (OSError, WebSocketException, TimeoutError) as e:
+            raise transport_error(e, f"connect {url}") from None
+        try:
+            first = ws.recv(timeout=self._settings.timeout)
+        except ConnectionClosed as e:
+            ws.close()
+            raise NotFound(
+                e.rcvd.reason if e.rcvd else "the terminal closed", code="not_found"
+            ) from None
+        except TimeoutError:
+            ws.close()
+            raise RequestTimeout("the terminal did not start in time") from None
+        event = pty_event(first)
+        if event is not None and event.kind == "started":
+            self.pid = event.raw.get("pid")
+        return ws
+
+    def __enter__(self) -> Terminal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send(self, data: str) -> None:
+        """Type ``data`` (``"ls\\n"``, ``"\\x03"`` for Ctrl-C)."""
+        self._ws.send(_frame({"type": "input", "data": data}))
+
+    def resize(self, cols: int, rows: int) -> None:
+        """Change the window size (the shell gets SIGWINCH)."""
+        self._ws.send(_frame({"type": "resize", "cols": cols, "rows": rows}))
+
+    def signal(self, name: str) -> None:
+        """Send SIGINT, SIGTERM, SIGKILL, SIGHUP or SIGQUIT to the foreground group."""
+        self._ws.send(_frame({"type": "signal", "signal": name}))
+
+    def recv(self, timeout: float | None = None) -> PtyEvent | None:
+        """
+        The next output (or ``exited``) event; None when the connection
+        closed.
+
+        :raises RequestTimeout: nothing within ``timeout`` seconds.
+        """
+        while True:
+            try:
+                message = self._ws.recv(timeout=timeout)
+            except TimeoutError:
+                raise RequestTimeout(f"no terminal output within {timeout} s") from None
+            except ConnectionClosed:
+                return None
+            event = pty_event(message)
+            if event is None or event.kind == "started":
+                continue
+            if event.kind == "exited":
+                self.exit_code = event.exit_code
+                self.ended = True
+            self.offset = output_end(event, self.offset)
+            return event
+
+    def __iter__(self) -> Iterator[PtyEvent]:
+        while (event := self.recv()) is not None:
+            yield event
+
+    def expect(self, text: str, timeout: float = 10.0) -> str:
+        """
+        Read output until it contains ``text``; everything read.
+
+        :raises RequestTimeout: not seen within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        seen = ""
+        while text not in seen:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RequestTimeout(
+                    f"{text!r} not seen within {timeout} s; got {seen[-200:]!r}"
+                )
+            event = self.recv(timeout=left)
+            if event is None:
+                raise ConnectionFailed(
+                    f"the terminal closed before {text!r}; got {seen[-200:]!r}"
+                )
+            seen += event.data
+        return seen
+
+    def reconnect(self) -> None:
+        """Attach again, replaying only the output after :attr:`offset`."""
+        self.close()
+        self._ws = self._open(self.offset)
+
+    def close(self) -> None:
+        """Detach (the session lives on)."""
+        self._ws.close()
+
+
+def _frame(message: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(message)
+
+
+class Pty(_Namespace):
+    """``sandbox.pty``: terminal sessions (SPEC §7.5, §8)."""
+
+    def create(
+        self,
+        *,
+        cols: int = 80,
+        rows: int = 24,
+        shell: str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | int | None = None,
+    ) -> PtyCreated:
+        """Start a shell on a new terminal: ``session_id``, ``ws_url``, ``pid``."""
+        created = cast(
+            PtyCreated,
+            self._http.call(calls.pty_create(cols, rows, shell, cwd, env, user)),
+        )
+        self._sandbox._ws_base = created["ws_url"]
+        return created
+
+    def open(self, **options: Any) -> Terminal:
+        """:meth:`create`, then :meth:`attach` to it."""
+        created = self.create(**options)
+        return Terminal(self, created["session_id"], created["ws_url"], None)
+
+    def attach(self, session_id: str, *, offset: int | None = None) -> Terminal:
+        """
+        Attach to a session: ``started``, then its scrollback (or only what
+        followed ``offset``), then live output.
+        """
+        return Terminal(self, session_id, self._sandbox.pty_base(), offset)
+
+    def list(self) -> builtins.list[PtySessionInfo]:
+        """Sessions of this identity."""
+        return cast(
+            builtins.list[PtySessionInfo], self._http.call(calls.pty_list())["sessions"]
+        )
+
+    def get(self, session_id: str) -> PtySessionInfo:
+        """One session."""
+        return cast(PtySessionInfo, self._http.call(calls.pty_get(session_id)))
+
+    def resize(self, session_id: str, cols: int, rows: int) -> PtySessionInfo:
+        """Resize over REST (attached clients can also :meth:`Terminal.resize`)."""
+        return cast(
+            PtySessionInfo, self._http.call(calls.pty_resize(session_id, cols, rows))
+        )
+
+    def close(self, session_id: str) -> None:
+        """End the session and its shell."""
+        self._http.call(calls.pty_delete(session_id))
+
+
+class System(_Namespace):
+    """``sandbox.system``: facts about the sandbox (SPEC §7.6)."""
+
+    def info(self) -> dict[str, Any]:
+        """OS, CPU, memory, disk."""
+        return cast(dict[str, Any], self._http.call(calls.system_info()))
+
+    def metrics(self) -> dict[str, Any]:
+        """Load, memory and disk usage."""
+        return cast(dict[str, Any], self._http.call(calls.system_metrics()))
+
+    def ports(self) -> builtins.list[dict[str, Any]]:
+        """Listening TCP sockets."""
+        return cast(
+            builtins.list[dict[str, Any]], self._http.call(calls.ports())["listening"]
+        )
+
+    def packages(self, manager: str = "pip") -> builtins.list[dict[str, str]]:
+        """Installed ``pip`` or ``npm`` packages."""
+        return cast(
+            builtins.list[dict[str, str]],
+            self._http.call(calls.packages(manager))["packages"],
+        )
+
+
+class Env(_Namespace):
+    """``sandbox.env``: the environment later children inherit."""
+
+    def get(self, *names: str) -> dict[str, str]:
+        """Variables (all, or ``names``); secrets are never returned."""
+        return cast(dict[str, str], self._http.call(calls.env_get(names))["variables"])
+
+    def set(
+        self, variables: Mapping[str, str] | None = None, /, **more: str
+    ) -> builtins.list[str]:
+        """Set variables; the names updated."""
+        merged = {**(variables or {}), **more}
+        return cast(
+            builtins.list[str], self._http.call(calls.env_set(merged))["updated"]
+        )
+
+
+class Git(_Namespace):
+    """``sandbox.git``: opt-in ``dev_tools`` (SPEC §7.7)."""
+
+    def status(self, path: str = ".") -> GitStatus:
+        """Branch, ahead/behind, changed files."""
+        return cast(GitStatus, self._http.call(calls.git_status(path)))
+
+    def diff(
+        self, path: str = ".", *, staged: bool = False, file: str | None = None
+    ) -> GitDiff:
+        """The diff and its stats (truncated at 1 MB)."""
+        return cast(GitDiff, self._http.call(calls.git_diff(path, staged, file)))
+
+
+class Code(_Namespace):
+    """``sandbox.code``: snippets of python, node or bash (opt-in ``dev_tools``)."""
+
+    def run(
+        self,
+        code: str,
+        language: str = "python",
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        user: str | int | None = None,
+    ) -> CodeResult:
+        """Run a snippet: ``stdout``, ``stderr``, ``exit_code``, ``execution_time_ms``."""
+        return cast(
+            CodeResult,
+            self._http.call(calls.code_run(code, language, timeout, cwd, env, user)),
+        )
+
+
+class Browser(_Namespace):
+    """``sandbox.browser``: the shared headless page (opt-in, SPEC §7.8)."""
+
+    def navigate(
+        self, url: str, *, wait_until: str | None = None, timeout: int | None = None
+    ) -> dict[str, Any]:
+        """Open ``url``: ``url``, ``title``, ``status``."""
+        return cast(
+            dict[str, Any],
+            self._http.call(
+                calls.browser(
+                    "POST", "navigate", url=url, wait_until=wait_until, timeout=timeout
+                )
+            ),
+        )
+
+    def screenshot(
+        self,
+        *,
+        full_page: bool | None = None,
+        selector: str | None = None,
+        type: str | None = None,
+    ) -> bytes:
+        """A PNG (or JPEG) of the page or one element."""
+        answer = self._http.call(
+            calls.browser(
+                "POST", "screenshot", full_page=full_page, selector=selector, type=type
+            )
+        )
+        return base64.b64decode(answer["image_base64"])
+
+    def content(self, type: str = "html") -> dict[str, Any]:
+        """The page's ``content`` (html or text), ``url``, ``title``."""
+        return cast(
+            dict[str, Any], self._http.call(calls.browser("GET", "content", type=type))
+        )
+
+    def click(self, selector: str, *, timeout: int | None = None) -> dict[str, Any]:
+        """Click an element."""
+        return cast(
+            dict[str, Any],
+            self._http.call(
+                calls.browser("POST", "click", selector=selector, timeout=timeout)
+            ),
+        )
+
+    def type(
+        self,
+        selector: str,
+        text: str,
+        *,
+        delay: float | None = None,
+        timeout: int | None = None,
+    ) -> dict[str, Any]:
+        """Type into an element."""
+        return cast(
+            dict[str, Any],
+            self._http.call(
+                calls.browser(
+                    "POST",
+                    "type",
+                    selector=selector,
+                    text=text,
+                    delay=delay,
+                    timeout=timeout,
+                )
+            ),
+        )
+
+    def evaluate(self, script: str, *, timeout: int | None = None) -> Any:
+        """Evaluate JavaScript in the page; its ``result``."""
+        return self._http.call(
+            calls.browser("POST", "evaluate", script=script, timeout=timeout)
+        )["result"]
+
+    def pdf(self, *, format: str | None = None, landscape: bool | None = None) -> bytes:
+        """The page printed to PDF."""
+        answer = self._http.call(
+            calls.browser("POST", "pdf", format=format, landscape=landscape)
+        )
+        return base64.b64decode(answer["pdf_base64"])
+
+    def console(self) -> builtins.list[dict[str, Any]]:
+        """Console messages since the last read."""
+        return cast(
+            builtins.list[dict[str, Any]],
+            self._http.call(calls.browser("GET", "console"))["logs"],
+        )
+
+
+class Agents(_Namespace):
+    """
+    ``sandbox.agents``: coding-agent sessions (opt-in, SPEC §15).  Field
+    names are the routes' own; extra keyword arguments go into the body.
+    """
+
+    def catalog(self) -> builtins.list[dict[str, Any]]:
+        """Agents this sandbox knows."""
+        return cast(
+            builtins.list[dict[str, Any]],
+            self._http.call(calls.agents("GET", "/catalog"))["agents"],
+        )
+
+    def describe(self, agent: str, *, probe: bool = False) -> dict[str, Any]:
+        """One catalogue entry (``probe=True`` starts it once to ask)."""
+        return cast(
+            dict[str, Any],
+            self._http.call(
+                calls.agents("GET", f"/catalog/{seg(agent)}", {"probe": probe})
+            ),
+        )
+
+    def install(self, agent: str, *, version: str | None = None) -> dict[str, Any]:
+        """Install an agent (a managed process: follow it with ``commands.connect(pid)``)."""
+        return cast(
+            dict[str, Any],
+            self._http.call(
+                calls.agents("POST", f"/catalog/{seg(agent)}/install", version=version)
+            ),
+        )
+
+    def create(self, agent: str, **fields: Any) -> dict[str, Any]:
+        """Start a session (``cwd``, ``mode``, ``model``, ``prompt`` ...): ``session_id`` ..."""
+        return cast(
+            dict[str, Any],
+            self._http.call(calls.agents("POST", "/sessions", agent=agent, **fields)),
+        )
+
+    def sessions(
+        self, *, agent: str | None = None, state: str | None = None
+    ) -> builtins.list[dict[str, Any]]:
+        """Sessions, optionally filtered."""
+        return cast(
+            builtins.list[dict[str, Any]],
+            self._http.call(
+                calls.agents("GET", "/sessions", {"agent": agent, "state": state})
+            )["sessions"],
+        )
+
+    def get(self, session_id: str) -> dict[str, Any]:
+        """One session."""
+        return cast(
+            dict[str, Any],
+            self._http.call(calls.agents("GET", calls.session_path(session_id))),
+        )
+
+    def prompt(
+        self,
+        session_id: str,
+        prompt: str | builtins.list[dict[str, Any]],
+        *,
+        files: Sequence[str] | None = None,
+        wait: float | None = None,
+    ) -> dict[str, Any]:
+        """One turn: the finished turn (200) or ``{turn_id, state: running}`` (202)."""
+        req = calls.agents(
+            "POST",
+            calls.session_path(session_id, "/prompt"),
+            prompt=prompt,
+            files=list(files) if files else None,
+            wait=wait,
+        )
+        req.timeout = max(req.timeout or 0, (wait or 30.0) + 30)
+        return cast(dict[str, Any], self._http.call(req))
+
+    def cancel(self, session_id: str, *, wait: float | None = None) -> dict[str, Any]:
+        """Cancel the running turn."""
+        return cast(
+            dict[str, Any],
+            self._http.call(
+                calls.agents(
+                    "POST", calls.session_path(session_id, "/cancel"), wait=wait
+                )
+            ),
+        )
+
+    def configure(self, session_id: str, **fields: Any) -> dict[str, Any]:
+        """Change ``mode``, ``model``, ``config`` or ``title``."""
+        return cast(
+            dict[str, Any],
+            self._http.call(
+                calls.agents(
+                    "POST", calls.session_path(session_id, "/config"), **fields
+                )
+            ),
+        )
+
+    def close(self, session_id: str, *, forget: bool = False) -> dict[str, Any]:
+        """Close a session (its agent is ended)."""
+        return cast(
+            dict[str, Any],
+            self._http.call(
+                calls.agents(
+                    "DELETE", calls.session_path(session_id), {"forget": forget}
+                )
+            ),
+        )
+
+    def events(
+        self,
+        session_id: str,
+        *,
+        after: int | None = None,
+        types: Sequence[str] | None = None,
+        include_raw: bool = False,
+    ) -> Iterator[SSEEvent]:
+        """The session's event log, followed live and resumed across reconnects."""
+        params: dict[str, Any] = {
+            "follow": "true",
+            "include_raw": "true" if include_raw else "false",
+        }
+        if types:
+            params["types"] = ",".join(types)
+        return self._http.events(
+            "GET",
+            "/agents" + calls.session_path(session_id, "/events"),
+            params,
+            after=after,
+        )
+
+    def requests(
+        self,
+        *,
+        session_id: str | None = None,
+        state: str | None = None,
+        kind: str | None = None,
+    ) -> builtins.list[dict[str, Any]]:
+        """Permission requests and questions (pending by default)."""
+        return cast(
+            builtins.list[dict[str, Any]],
+            self._http.call(
+                calls.agents(
+                    "GET",
+                    "/requests",
+                    {"session_id": session_id, "state": state, "kind": kind},
+                )
+            )["requests"],
+        )
+
+    def reply(self, request_id: str, **answer: Any) -> dict[str, Any]:
+        """Answer one (``option_id=``, ``decision=``, ``cancel=True``, or ``action=``)."""
+        return cast(
+            dict[str, Any],
+            self._http.call(
+                calls.agents("POST", f"/requests/{seg(request_id)}", **answer)
+            ),
+        )
+
+    def read(self, session_id: str, what: str, **params: Any) -> dict[str, Any]:
+        """
+        Any other read of a session: ``turns``, ``messages``, ``plan``,
+        ``tool-calls``, ``files``, ``terminals``, ``commands``, ``logs``.
+        """
+        return cast(
+            dict[str, Any],
+            self._http.call(
+                calls.agents(
+                    "GET", calls.session_path(session_id, "/" + what.strip("/")), params
+                )
+            ),
+        )
+
+
+class Sandbox:
+    """
+    A blocking client of one sandboxd daemon.
+
+    ::
+
+        with Sandbox("http://127.0.0.1:9000", token="...") as sb:
+            sb.files.write_text("hello.txt", "hi")
+            print(sb.commands.run("cat hello.txt").stdout)
+
+    :param url: the HTTP base URL (default ``SANDBOXD_URL``, else
+        ``http://127.0.0.1:9000``).
+    :param token: the access token (default ``SANDBOXD_TOKEN``).
+    :param timeout: seconds for each call (connect, and each read).
+    :param retries: retries of idempotent calls and resumable streams
+        after a lost connection.
+    :param wait_on_rate_limit: on a 429, wait ``retry_after`` and retry.
+    :param pty_url: the PTY WebSocket base (``ws://host:9001``).
+    :param http_client: an ``httpx.Client`` to use instead of a new one.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        retries: int = DEFAULT_RETRIES,
+        wait_on_rate_limit: bool = False,
+        pty_url: str | None = None,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        self.settings = settings_from(
+            url, token, timeout, retries, wait_on_rate_limit, pty_url
+        )
+        self._http = _Http(self.settings, http_client)
+        self._ws_base: str | None = None
+        self.files = Files(self)
+        self.commands = Commands(self)
+        self.pty = Pty(self)
+        self.system = System(self)
+        self.env = Env(self)
+        self.git = Git(self)
+        self.code = Code(self)
+        self.browser = Browser(self)
+        self.agents = Agents(self)
+
+    @property
+    def url(self) -> str:
+        """The daemon's HTTP base URL."""
+        return self.settings.url
+
+    def pty_base(self) -> str:
+        """Where terminals are attached: ``pty_url``, a created session's ``ws_url``, or port + 1."""
+        if self.settings.pty_url:
+            return self.settings.pty_url
+        return self._ws_base or self.settings.base_pty_url()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def health(self) -> bool:
+        """Whether ``/health`` answers ok (no token needed)."""
+        try:
+            return bool(self._http.call(calls.health()).get("status") == "ok")
+        except SandboxError:
+            return False
+
+    def capabilities(self) -> dict[str, Any]:
+        """What this caller may do, endpoint by endpoint (SPEC §5.6)."""
+        return cast(dict[str, Any], self._http.call(calls.capabilities()))
+
+    def check(
+        self,
+        endpoint: str,
+        path: str | None = None,
+        *,
+        op: str | None = None,
+        paths: Sequence[str] | None = None,
+    ) -> Decision:
+        """The policy's decision for a call, without making it (``allowed``, ``code``, ``rule``)."""
+        return cast(Decision, self._http.call(calls.check(endpoint, path, op, paths)))
+
+    def openapi(self) -> dict[str, Any]:
+        """The daemon's OpenAPI 3.1 document."""
+        return cast(dict[str, Any], self._http.call(calls.openapi()))
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        json: Any = None,
+    ) -> Any:
+        """Any JSON route (a custom one, say), with the same errors and retries."""
+        return self._http.call(
+            Req(method.upper(), path, dict(params) if params else None, json)
+        )
+
+
+__all__ = [
+    "Agents",
+    "Browser",
+    "Code",
+    "Commands",
+    "Env",
+    "Files",
+    "Git",
+    "Process",
+    "Pty",
+    "Sandbox",
+    "System",
+    "Terminal",
+]

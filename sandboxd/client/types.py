@@ -1,0 +1,212 @@
+"""
+The shapes of the daemon's answers (SPEC §7), as typed dictionaries.
+
+The client returns the daemon's JSON as it came: these declarations give
+it types (``entry["size"]`` is an ``int`` to a type checker) without
+copying it into other objects.  Fields marked ``NotRequired`` are absent
+in some answers (older daemons, optional features).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, NotRequired, TypedDict
+
+#: ``progress(done_bytes, total_bytes_or_None)`` for uploads and downloads.
+Progress = Callable[[int, int | None], None]
+
+
+class Entry(TypedDict):
+    """One ``files_list`` entry."""
+
+    name: str
+    path: str
+    type: Literal["file", "directory", "symlink"]
+    size: int
+    modified: str
+
+
+class Listing(TypedDict):
+    """``GET /files/list``."""
+
+    entries: list[Entry]
+    truncated: bool
+
+
+class Stat(TypedDict):
+    """``GET /files/stat`` (``exists: false`` for a missing path)."""
+
+    name: str
+    path: str
+    type: str
+    size: int
+    permissions: str
+    modified: str
+    exists: bool
+    etag: NotRequired[str]
+
+
+class Written(TypedDict):
+    """What a file write answers."""
+
+    path: str
+    bytes: int
+    etag: NotRequired[str]
+    sha256: NotRequired[str]
+
+
+class SearchResult(TypedDict):
+    """``POST /files/search``."""
+
+    results: list[dict[str, str]]
+    timed_out: bool
+    truncated: bool
+
+
+class Extracted(TypedDict):
+    """``POST /files/extract``."""
+
+    destination: str
+    files: int
+    bytes: int
+
+
+class ProcessInfo(TypedDict):
+    """``GET /process/{pid}`` and each ``process_list`` entry."""
+
+    pid: int
+    command: str
+    tag: str | None
+    state: Literal["running", "exited"]
+    started_at: Any
+    exit_code: int | None
+    stdin: NotRequired[bool]
+
+
+class OutputEvent(TypedDict):
+    """One chunk of a background process's output log."""
+
+    seq: int
+    stream: Literal["stdout", "stderr"]
+    data: str
+
+
+class OutputPage(TypedDict):
+    """``GET /process/{pid}/output`` without ``follow``."""
+
+    pid: int
+    state: str
+    exit_code: int | None
+    events: list[OutputEvent]
+    next: int
+    dropped_bytes: int
+
+
+class PtyCreated(TypedDict):
+    """``POST /pty/sessions``."""
+
+    session_id: str
+    ws_url: str
+    pid: int
+
+
+class PtySessionInfo(TypedDict):
+    """``GET /pty/sessions/{id}`` and each listed session."""
+
+    id: str
+    pid: int
+    created_at: Any
+    cols: int
+    rows: int
+    alive: bool
+    clients: int
+
+
+class Decision(TypedDict):
+    """``POST /capabilities/check``."""
+
+    endpoint: str
+    allowed: bool
+    code: NotRequired[str]
+    rule: NotRequired[str]
+    reason: NotRequired[str]
+    paths: NotRequired[list[dict[str, Any]]]
+
+
+class CodeResult(TypedDict):
+    """``POST /code/run``."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    language: str
+    execution_time_ms: float
+
+
+class GitStatus(TypedDict):
+    """``GET /git/status``."""
+
+    branch: str | None
+    clean: bool
+    ahead: int
+    behind: int
+    files: list[dict[str, str]]
+
+
+class GitDiff(TypedDict):
+    """``GET /git/diff``."""
+
+    diff: str
+    stats: dict[str, int]
+
+
+@dataclass(frozen=True)
+class SSEEvent:
+    """
+    One Server-Sent Event.
+
+    :ivar id: its ``id:`` (the ``seq`` of resumable streams), or None.
+    :ivar event: its name (``stdout``, ``exit``, ``gap``, ``created`` ...).
+    :ivar data: its ``data:``, JSON-decoded.
+    """
+
+    event: str
+    data: Any
+    id: int | None = None
+
+
+@dataclass
+class CommandResult:
+    """
+    A finished command.
+
+    :ivar exit_code: the child's exit code (minus the signal number when a
+        signal ended it).
+    """
+
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    truncated: bool = False
+    dropped_bytes: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Whether it exited 0."""
+        return self.exit_code == 0
+
+
+@dataclass
+class PtyEvent:
+    """
+    One frame from a terminal: ``output`` (``data``, ``offset``),
+    ``started`` (``pid``) or ``exited`` (``exit_code``).
+    """
+
+    kind: Literal["output", "started", "exited"]
+    data: str = ""
+    offset: int | None = None
+    exit_code: int | None = None
+    raw: dict[str, Any] = field(default_factory=dict)

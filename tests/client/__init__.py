@@ -1,0 +1,1 @@
+"""Tests of sandboxd.client and the client-side CLI, against a real daemon."""
