@@ -13,6 +13,7 @@ import inspect
 import os
 import time
 from collections.abc import (
+    AsyncGenerator,
     AsyncIterator,
     Awaitable,
     Callable,
@@ -153,7 +154,7 @@ class _Http:
         """Send one JSON call; its decoded answer."""
         return decode(await self.send(req))
 
-    async def events(
+    async def _stream(
         self,
         method: str,
         path: str,
@@ -162,7 +163,8 @@ class _Http:
         after: int | None = None,
         resumable: bool = True,
         read_timeout: float | None = STREAM_READ_TIMEOUT,
-    ) -> AsyncIterator[SSEEvent]:
+        announce: bool = False,
+    ) -> AsyncGenerator[SSEEvent | None, None]:
         """As the sync client's: SSE events, resumed with ``Last-Event-ID``."""
         s = self.settings
         last = after
@@ -186,6 +188,9 @@ class _Http:
                     if response.status_code >= 400:
                         await response.aread()
                         raise error_from(response)
+                    if announce:
+                        announce = False
+                        yield None  # connected: the caller may go on
                     parser = SSEParser()
                     async for line in response.aiter_lines():
                         event = parser.feed(line)
@@ -205,6 +210,30 @@ class _Http:
                 raise transport_error(e, what) from None
             except httpx.HTTPError as e:
                 raise transport_error(e, what) from None
+
+    async def events(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, Any] | None = None,
+        json: Any = None,
+        after: int | None = None,
+        resumable: bool = True,
+    ) -> AsyncIterator[SSEEvent]:
+        """An SSE stream's events (see the sync client's ``events``)."""
+        async for event in self._stream(method, path, params, json, after, resumable):
+            if event is not None:
+                yield event
+
+    async def open(
+        self, path: str, params: Mapping[str, Any], after: int | None
+    ) -> EventStream:
+        """A GET stream, connected (its refusal raised here)."""
+        stream = EventStream(
+            self._stream("GET", path, params, after=after, announce=True)
+        )
+        await stream._connected()
+        return stream
 
     async def fetch_raw(
         self,
@@ -250,6 +279,38 @@ class _Http:
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+class EventStream:
+    """
+    An open SSE stream (``files.watch``, ``agents.events``): ``async for``
+    its events; it resumes after a cut; ``aclose()`` ends it.
+    """
+
+    def __init__(self, source: AsyncGenerator[SSEEvent | None, None]) -> None:
+        self._source = source
+
+    async def _connected(self) -> None:
+        await self._source.__anext__()
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> SSEEvent:
+        while True:
+            event = await self._source.__anext__()
+            if event is not None:
+                return event
+
+    async def aclose(self) -> None:
+        """Stop reading (the connection is closed)."""
+        await self._source.aclose()
+
+    async def __aenter__(self) -> EventStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 class _Namespace:
@@ -443,19 +504,17 @@ class Files(_Namespace):
         *,
         recursive: bool = False,
         after: int | None = None,
-    ) -> AsyncIterator[SSEEvent]:
+    ) -> EventStream:
         """
         Changes under a directory as they happen (``event``: created,
         modified, deleted, moved; ``data``: ``path``, ``type``, ``dest``),
-        resumed after a cut; stop by leaving the loop.
+        resumed after a cut.  The watch is live when this returns;
+        ``aclose()`` the stream (or ``async with`` it) to stop.
         """
         params: dict[str, Any] = {"recursive": "true" if recursive else "false"}
         if path is not None:
             params["path"] = path
-        async for event in self._http.events(
-            "GET", "/files/watch", params, after=after
-        ):
-            yield event
+        return await self._http.open("/files/watch", params, after)
 
 
 class Process:
@@ -1178,7 +1237,7 @@ class Agents(_Namespace):
         after: int | None = None,
         types: Sequence[str] | None = None,
         include_raw: bool = False,
-    ) -> AsyncIterator[SSEEvent]:
+    ) -> EventStream:
         """The session's event log, followed live and resumed across reconnects."""
         params: dict[str, Any] = {
             "follow": "true",
@@ -1186,13 +1245,9 @@ class Agents(_Namespace):
         }
         if types:
             params["types"] = ",".join(types)
-        async for event in self._http.events(
-            "GET",
-            "/agents" + calls.session_path(session_id, "/events"),
-            params,
-            after=after,
-        ):
-            yield event
+        return await self._http.open(
+            "/agents" + calls.session_path(session_id, "/events"), params, after
+        )
 
     async def requests(
         self,

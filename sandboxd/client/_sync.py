@@ -9,7 +9,7 @@ import base64
 import builtins
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import httpx
@@ -142,7 +142,7 @@ class _Http:
         """Send one JSON call; its decoded answer."""
         return decode(self.send(req))
 
-    def events(
+    def _stream(
         self,
         method: str,
         path: str,
@@ -151,7 +151,8 @@ class _Http:
         after: int | None = None,
         resumable: bool = True,
         read_timeout: float | None = STREAM_READ_TIMEOUT,
-    ) -> Iterator[SSEEvent]:
+        announce: bool = False,
+    ) -> Generator[SSEEvent | None, None, None]:
         """
         An SSE stream's events; a resumable stream cut mid-way reconnects
         with ``Last-Event-ID`` (and ``after``) and carries on after the
@@ -179,6 +180,9 @@ class _Http:
                     if response.status_code >= 400:
                         response.read()
                         raise error_from(response)
+                    if announce:
+                        announce = False
+                        yield None  # connected: the caller may go on
                     parser = SSEParser()
                     for line in response.iter_lines():
                         event = parser.feed(line)
@@ -198,6 +202,32 @@ class _Http:
                 raise transport_error(e, what) from None
             except httpx.HTTPError as e:
                 raise transport_error(e, what) from None
+
+    def events(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, Any] | None = None,
+        json: Any = None,
+        after: int | None = None,
+        resumable: bool = True,
+    ) -> Iterator[SSEEvent]:
+        """
+        An SSE stream's events; a resumable stream cut mid-way reconnects
+        with ``Last-Event-ID`` (and ``after``) and carries on after the
+        last event seen, so nothing is lost or repeated.
+        """
+        for event in self._stream(method, path, params, json, after, resumable):
+            if event is not None:
+                yield event
+
+    def open(
+        self, path: str, params: Mapping[str, Any], after: int | None
+    ) -> EventStream:
+        """A GET stream, connected (its refusal raised here)."""
+        return EventStream(
+            self._stream("GET", path, params, after=after, announce=True)
+        )
 
     def fetch_raw(
         self,
@@ -243,6 +273,36 @@ class _Http:
 
     def close(self) -> None:
         self.client.close()
+
+
+class EventStream:
+    """
+    An open SSE stream (``files.watch``, ``agents.events``): iterate for
+    its events; it resumes after a cut; ``close()`` ends it.
+    """
+
+    def __init__(self, source: Generator[SSEEvent | None, None, None]) -> None:
+        self._source = source
+        next(source)  # connected once the daemon answered
+
+    def __iter__(self) -> EventStream:
+        return self
+
+    def __next__(self) -> SSEEvent:
+        while True:
+            event = next(self._source)
+            if event is not None:
+                return event
+
+    def close(self) -> None:
+        """Stop reading (the connection is closed)."""
+        self._source.close()
+
+    def __enter__(self) -> EventStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class _Namespace:
@@ -430,16 +490,17 @@ class Files(_Namespace):
         *,
         recursive: bool = False,
         after: int | None = None,
-    ) -> Iterator[SSEEvent]:
+    ) -> EventStream:
         """
         Changes under a directory as they happen (``event``: created,
         modified, deleted, moved; ``data``: ``path``, ``type``, ``dest``),
-        resumed after a cut; stop by leaving the loop.
+        resumed after a cut.  The watch is live when this returns;
+        ``close()`` the stream (or use it in a ``with``) to stop.
         """
         params: dict[str, Any] = {"recursive": "true" if recursive else "false"}
         if path is not None:
             params["path"] = path
-        return self._http.events("GET", "/files/watch", params, after=after)
+        return self._http.open("/files/watch", params, after)
 
 
 class Process:
@@ -1130,7 +1191,7 @@ class Agents(_Namespace):
         after: int | None = None,
         types: Sequence[str] | None = None,
         include_raw: bool = False,
-    ) -> Iterator[SSEEvent]:
+    ) -> EventStream:
         """The session's event log, followed live and resumed across reconnects."""
         params: dict[str, Any] = {
             "follow": "true",
@@ -1138,11 +1199,8 @@ class Agents(_Namespace):
         }
         if types:
             params["types"] = ",".join(types)
-        return self._http.events(
-            "GET",
-            "/agents" + calls.session_path(session_id, "/events"),
-            params,
-            after=after,
+        return self._http.open(
+            "/agents" + calls.session_path(session_id, "/events"), params, after
         )
 
     def requests(

@@ -12,6 +12,7 @@ from typing import Any
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThreadPool
+from twisted.protocols import portforward
 from twisted.python.threadpool import ThreadPool
 
 from sandboxd.client import AsyncSandbox, Sandbox
@@ -92,3 +93,66 @@ class ClientCase(DaemonTestCase):
     def path(self, *parts: str) -> str:
         """A path inside the daemon's base dir."""
         return os.path.join(self.base_dir, *parts)
+
+
+class _CuttingClient(portforward.ProxyClient):
+    """The daemon side of one proxied connection; cuts it when told to."""
+
+    def dataReceived(self, data: bytes) -> None:
+        proxy: CutProxy = self.peer.factory
+        index = self.peer.index
+        proxy.received[index] += data
+        self.peer.transport.write(data)
+        cut = proxy.cut_when(index, bytes(proxy.received[index]))
+        if cut:
+            proxy.cuts += 1
+            self.peer.transport.abortConnection()
+            self.transport.abortConnection()
+
+
+class _CuttingClientFactory(portforward.ProxyClientFactory):
+    protocol = _CuttingClient
+
+
+class _CuttingServer(portforward.ProxyServer):
+    """The client side of one proxied connection."""
+
+    clientProtocolFactory = _CuttingClientFactory
+
+    def connectionMade(self) -> None:
+        proxy: CutProxy = self.factory
+        self.index = len(proxy.requests)
+        proxy.requests.append(bytearray())
+        proxy.received.append(bytearray())
+        super().connectionMade()
+
+    def dataReceived(self, data: bytes) -> None:
+        self.factory.requests[self.index] += data
+        super().dataReceived(data)
+
+
+class CutProxy(portforward.ProxyFactory):
+    """
+    A TCP proxy in front of the daemon that aborts a connection (both
+    sides, as a dropped network would) once ``cut_when(index, bytes_so_far)``
+    says so, to test what the client does when a stream is cut.
+
+    :ivar requests: the bytes each connection sent to the daemon.
+    """
+
+    protocol = _CuttingServer
+
+    def __init__(self, port: int, cut_when: Callable[[int, bytes], bool]) -> None:
+        super().__init__("127.0.0.1", port)
+        self.cut_when = cut_when
+        self.requests: list[bytearray] = []
+        self.received: list[bytearray] = []
+        self.cuts = 0
+
+
+def listen_proxy(case: DaemonTestCase, cut_when: Callable[[int, bytes], bool]) -> tuple[CutProxy, str]:
+    """A :class:`CutProxy` on loopback (closed at cleanup) and its URL."""
+    proxy = CutProxy(case.daemon.port, cut_when)
+    port = reactor.listenTCP(0, proxy, interface="127.0.0.1")
+    case.addCleanup(port.stopListening)
+    return proxy, f"http://127.0.0.1:{port.getHost().port}"

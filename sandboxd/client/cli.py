@@ -1,0 +1,679 @@
+"""
+The commands that drive a daemon (SPEC §19): ``sandboxd exec``, ``cp``,
+``ls``, ``ps``, ``logs``, ``kill``, ``term`` and ``caps``.
+
+They talk to ``--url`` (or ``SANDBOXD_URL``) with ``--token`` (or
+``SANDBOXD_TOKEN``) through :class:`sandboxd.client.Sandbox`, print for
+humans by default and JSON with ``--json``, and import nothing from
+Twisted.  ``sandboxd.cli`` hands these names to :func:`main`; ``python -m
+sandboxd.client.cli`` runs them directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import json
+import os
+import select
+import shlex
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
+
+from sandboxd.client._core import exit_status
+from sandboxd.client._sync import Sandbox, Terminal
+from sandboxd.client.errors import (
+    ConnectionFailed,
+    DeadlineExceeded,
+    NotFoundError,
+    RequestTimeout,
+    SandboxError,
+    Unauthorized,
+)
+
+#: The subcommand names this module serves.
+COMMANDS = ("exec", "cp", "ls", "ps", "logs", "kill", "term", "caps")
+
+#: Exit status of ``exec`` when the daemon killed the command at its timeout
+#: (as ``timeout(1)``).
+TIMED_OUT = 124
+
+#: The default detach sequence of ``term`` (as ``docker attach``).
+DETACH_KEYS = "ctrl-p,ctrl-q"
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--url", help="daemon URL (default $SANDBOXD_URL, else http://127.0.0.1:9000)"
+    )
+    common.add_argument("--token", help="access token (default $SANDBOXD_TOKEN)")
+    common.add_argument(
+        "--pty-url",
+        help="PTY WebSocket base, ws://HOST:PORT (default $SANDBOXD_PTY_URL, else the HTTP port + 1)",
+    )
+    common.add_argument(
+        "--request-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="seconds to wait for each answer (default 30)",
+    )
+    common.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+    parser = argparse.ArgumentParser(
+        prog="sandboxd", description="Drive a sandboxd daemon."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser(
+        "exec", parents=[common], help="run a command, output live; exit with its code"
+    )
+    p.add_argument("--cwd", help="working directory in the sandbox")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set a variable (repeatable)",
+    )
+    p.add_argument("--user", help="run as this user")
+    p.add_argument("--shell", help="run COMMAND through this shell (bash, sh)")
+    p.add_argument(
+        "--timeout",
+        dest="limit",
+        type=float,
+        metavar="SECONDS",
+        help="seconds before the daemon kills it",
+    )
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD...")
+
+    p = sub.add_parser(
+        "cp",
+        parents=[common],
+        help="copy a file to or from the sandbox (:PATH is remote)",
+    )
+    p.add_argument("source")
+    p.add_argument("destination")
+    p.add_argument(
+        "--no-resume",
+        action="store_true",
+        help="start a download over instead of resuming its .part",
+    )
+    p.add_argument(
+        "--no-overwrite", action="store_true", help="refuse to replace a remote file"
+    )
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        default=None,
+        help="show progress even when stderr is not a terminal",
+    )
+
+    p = sub.add_parser("ls", parents=[common], help="list a directory")
+    p.add_argument("path", nargs="?")
+    p.add_argument(
+        "-l", dest="long", action="store_true", help="type, size and time too"
+    )
+    p.add_argument("--depth", type=int)
+
+    p = sub.add_parser("ps", parents=[common], help="list managed processes")
+    p.add_argument("--tag")
+
+    p = sub.add_parser("logs", parents=[common], help="a process's output")
+    p.add_argument("pid", type=int)
+    p.add_argument("-f", "--follow", action="store_true", help="follow until it exits")
+    p.add_argument("--after", type=int, default=0, help="only output after this seq")
+
+    p = sub.add_parser("kill", parents=[common], help="signal a process (default TERM)")
+    p.add_argument("pid", type=int)
+    p.add_argument("-s", "--signal", default="TERM")
+
+    p = sub.add_parser(
+        "term", parents=[common], help="an interactive terminal (reattach by SESSION)"
+    )
+    p.add_argument("session", nargs="?")
+    p.add_argument(
+        "--detach-keys",
+        default=DETACH_KEYS,
+        help=f"key sequence that detaches (default {DETACH_KEYS})",
+    )
+    p.add_argument("--shell")
+    p.add_argument("--cwd")
+
+    p = sub.add_parser("caps", parents=[common], help="what this token may do")
+    p.add_argument(
+        "--explain",
+        metavar="ENDPOINT",
+        help="the decision for one endpoint, with its rule",
+    )
+    p.add_argument("--path", help="with --explain: a path to decide")
+    p.add_argument("--op", choices=("read", "write", "delete"))
+    return parser
+
+
+def _sandbox(args: argparse.Namespace) -> Sandbox:
+    return Sandbox(
+        args.url,
+        token=args.token,
+        timeout=args.request_timeout,
+        pty_url=args.pty_url,
+    )
+
+
+def _print_json(data: Any, out: TextIO) -> None:
+    out.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def _explain(error: SandboxError, url: str) -> str:
+    if isinstance(error, Unauthorized):
+        return f"{url} refused the token ({error.message}): pass --token or set SANDBOXD_TOKEN"
+    if isinstance(error, ConnectionFailed):
+        return f"cannot reach the daemon at {url}: {error.message}"
+    return str(error)
+
+
+# -- exec ----------------------------------------------------------------------
+
+
+def cmd_exec(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    argv = list(args.argv)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        err.write("sandboxd exec: give a command after --\n")
+        return 2
+    env = {}
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            err.write(f"sandboxd exec: --env wants NAME=VALUE, not {item!r}\n")
+            return 2
+        env[name] = value
+    command = argv[0] if args.shell and len(argv) == 1 else shlex.join(argv)
+    options: dict[str, Any] = {
+        "cwd": args.cwd,
+        "env": env or None,
+        "user": args.user,
+        "shell": args.shell,
+        "timeout": args.limit,
+    }
+    if args.json:
+        try:
+            result = sb.commands.run(command, **options)
+        except DeadlineExceeded as e:
+            _print_json({"error": e.message, "code": e.code, **e.body}, out)
+            return TIMED_OUT
+        _print_json(
+            {
+                "stdout": result.stdout,
+                "stderr": result.stderr,
+                "exit_code": result.exit_code,
+            },
+            out,
+        )
+        return exit_status(result.exit_code)
+
+    def to(stream: TextIO) -> Callable[[str], None]:
+        def write(line: str) -> None:
+            stream.write(line + "\n")
+            stream.flush()
+
+        return write
+
+    try:
+        result = sb.commands.run(
+            command, on_stdout=to(out), on_stderr=to(err), **options
+        )
+    except DeadlineExceeded as e:
+        err.write(f"sandboxd exec: {e.message}\n")
+        return TIMED_OUT
+    return exit_status(result.exit_code)
+
+
+# -- cp ------------------------------------------------------------------------
+
+
+class ProgressBar:
+    """A one-line progress bar on a terminal (redrawn at most 10 times a second)."""
+
+    def __init__(self, stream: TextIO, label: str) -> None:
+        self.stream = stream
+        self.label = label
+        self.started = time.monotonic()
+        self.drawn = 0.0
+        self.first: int | None = None
+
+    def __call__(self, done: int, total: int | None) -> None:
+        now = time.monotonic()
+        if self.first is None:
+            self.first = done
+        if now - self.drawn < 0.1 and done != total:
+            return
+        self.drawn = now
+        rate = (done - self.first) / max(now - self.started, 1e-3)
+        if total:
+            share = done / total
+            bar = "#" * int(share * 24)
+            text = f"\r{self.label} {share:4.0%} [{bar:<24}] {_size(done)}/{_size(total)} {_size(rate)}/s"
+        else:
+            text = f"\r{self.label} {_size(done)} {_size(rate)}/s"
+        self.stream.write(text + "\x1b[K")
+        self.stream.flush()
+
+    def end(self) -> None:
+        """Leave the last state on its own line."""
+        self.stream.write("\n")
+        self.stream.flush()
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"  # pragma: no cover
+
+
+def cmd_cp(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    src, dst = args.source, args.destination
+    remote_src, remote_dst = src.startswith(":"), dst.startswith(":")
+    if remote_src == remote_dst:
+        err.write("sandboxd cp: exactly one side must be in the sandbox (:PATH)\n")
+        return 2
+    show = (
+        args.progress if args.progress is not None else (err.isatty() and not args.json)
+    )
+    bar = ProgressBar(err, os.path.basename(src.lstrip(":")) or src) if show else None
+    try:
+        if remote_src:
+            remote = src[1:]
+            local = dst
+            if os.path.isdir(local):
+                local = os.path.join(local, os.path.basename(remote.rstrip("/")))
+            size = sb.files.download(
+                remote, local, progress=bar, resume=not args.no_resume
+            )
+            result = {"source": src, "destination": local, "bytes": size}
+        else:
+            remote = dst[1:] or "."
+            if remote.endswith("/") or remote == ".":
+                remote = remote.rstrip("/") + "/" + os.path.basename(src)
+            written = sb.files.upload(
+                src, remote, progress=bar, overwrite=not args.no_overwrite
+            )
+            result = {
+                "source": src,
+                "destination": ":" + written["path"],
+                "bytes": written["bytes"],
+            }
+    except SandboxError as e:
+        if bar is not None:
+            bar.end()
+        if remote_src and isinstance(e, ConnectionFailed):
+            part = (local if remote_src else "") + ".part"
+            err.write(
+                f"sandboxd cp: {e.message}; the partial file {part} is kept: run the same cp again to resume\n"
+            )
+            return 1
+        raise
+    except OSError as e:
+        err.write(f"sandboxd cp: {e}\n")
+        return 1
+    if bar is not None:
+        bar.end()
+    if args.json:
+        _print_json(result, out)
+    else:
+        out.write(
+            f"{result['source']} -> {result['destination']} ({_size(result['bytes'])})\n"
+        )
+    return 0
+
+
+# -- ls, ps, logs, kill ----------------------------------------------------------
+
+
+def cmd_ls(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    listing = sb.files.listing(args.path, depth=args.depth)
+    if args.json:
+        _print_json(listing, out)
+        return 0
+    for entry in sorted(listing["entries"], key=lambda e: e["path"]):
+        name = entry["name"] if not args.depth else entry["path"]
+        if entry["type"] == "directory":
+            name += "/"
+        elif entry["type"] == "symlink":
+            name += "@"
+        if args.long:
+            out.write(
+                f"{entry['type'][:4]:<5}{entry['size']:>12}  {entry['modified']}  {name}\n"
+            )
+        else:
+            out.write(name + "\n")
+    if listing.get("truncated"):
+        err.write(
+            "sandboxd ls: the listing was truncated at the daemon's max_entries\n"
+        )
+    return 0
+
+
+def cmd_ps(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    processes = sb.commands.list(args.tag)
+    if args.json:
+        _print_json(processes, out)
+        return 0
+    out.write(f"{'PID':>7}  {'STATE':<8}{'EXIT':>5}  {'TAG':<12}COMMAND\n")
+    for p in processes:
+        code = "" if p["exit_code"] is None else str(p["exit_code"])
+        out.write(
+            f"{p['pid']:>7}  {p['state']:<8}{code:>5}  {(p.get('tag') or '-'):<12}{p['command']}\n"
+        )
+    return 0
+
+
+def cmd_logs(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    process = sb.commands.connect(args.pid)
+    process.cursor = args.after
+    if not args.follow:
+        page = process.output()
+        if args.json:
+            _print_json(page, out)
+            return 0
+        for chunk in page["events"]:
+            (err if chunk["stream"] == "stderr" else out).write(chunk["data"])
+        out.flush()
+        return 0
+    for event in process.stream():
+        data = event.data if isinstance(event.data, dict) else {}
+        if args.json:
+            out.write(
+                json.dumps({"seq": event.id, "event": event.event, **data}) + "\n"
+            )
+            out.flush()
+        elif event.event in ("stdout", "stderr"):
+            stream = err if event.event == "stderr" else out
+            stream.write(str(data.get("data", "")))
+            stream.flush()
+        elif event.event == "gap":
+            err.write(f"[output {data.get('from')}..{data.get('to')} no longer kept]\n")
+        if event.event == "exit":
+            break
+    return 0
+
+
+def cmd_kill(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    value: int | str = int(args.signal) if str(args.signal).isdigit() else args.signal
+    sb.commands.connect(args.pid).signal(value)
+    if args.json:
+        _print_json({"pid": args.pid, "signal": value}, out)
+    return 0
+
+
+# -- caps ----------------------------------------------------------------------
+
+
+def cmd_caps(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.explain:
+        decision = sb.check(args.explain, args.path, op=args.op)
+        if args.json:
+            _print_json(decision, out)
+        else:
+            verdict = "allowed" if decision["allowed"] else "refused"
+            line = f"{decision['endpoint']}: {verdict}"
+            if not decision["allowed"]:
+                line += (
+                    f" ({decision.get('code', '?')}, rule {decision.get('rule', '?')})"
+                )
+            out.write(line + "\n")
+            for item in decision.get("paths", []):
+                mark = (
+                    "allowed"
+                    if item.get("allowed")
+                    else f"refused ({item.get('code')}, rule {item.get('rule', '?')})"
+                )
+                out.write(f"  {item.get('path')}: {mark}\n")
+        return 0 if decision["allowed"] else 1
+    caps = sb.capabilities()
+    if args.json:
+        _print_json(caps, out)
+        return 0
+    identity = caps.get("identity", {})
+    policy = caps.get("policy", {})
+    out.write(
+        f"identity {identity.get('id')} (scopes {', '.join(identity.get('scopes', []))}); "
+        f"server {caps.get('server_version')}; preset {policy.get('preset')}, revision {policy.get('revision')}\n"
+    )
+    endpoints = caps.get("endpoints", {})
+    by_group: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for name, info in endpoints.items():
+        by_group.setdefault(str(info.get("group")), []).append((name, info))
+    for group in sorted(by_group):
+        out.write(f"\n{group}:\n")
+        for name, info in sorted(by_group[group]):
+            if info.get("allowed"):
+                state = "yes"
+            elif not info.get("enabled"):
+                state = f"off ({info.get('rule') or info.get('reason')})"
+            else:
+                state = f"no ({info.get('reason') or 'missing scope'})"
+            out.write(f"  {name:<26}{info.get('method', ''):<7}{state}\n")
+    for warning in caps.get("warnings", []):
+        err.write(f"warning: {warning}\n")
+    return 0
+
+
+# -- term ----------------------------------------------------------------------
+
+
+def parse_keys(spec: str) -> bytes:
+    """``ctrl-p,ctrl-q`` (or ``ctrl-]``, ``a,b``) as the bytes those keys send."""
+    out = bytearray()
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if item.lower().startswith("ctrl-") and len(item) == 6:
+            key = item[5].upper()
+            if not "@" <= key <= "_":
+                raise ValueError(f"no control key {item!r}")
+            out.append(ord(key) - 64)
+        elif len(item) == 1:
+            out.append(ord(item))
+        else:
+            raise ValueError(
+                f"cannot read the key {item!r} (use ctrl-X or one character)"
+            )
+    if not out:
+        raise ValueError("the detach sequence is empty")
+    return bytes(out)
+
+
+class DetachFilter:
+    """
+    Watches typed bytes for the detach sequence: a prefix of it is held
+    back until the next key says whether it completes it.
+    """
+
+    def __init__(self, keys: bytes) -> None:
+        self.keys = keys
+        self.held = b""
+
+    def feed(self, data: bytes) -> tuple[bytes, bool]:
+        """The bytes to send now, and whether the sequence was typed."""
+        send = bytearray()
+        for byte in data:
+            candidate = self.held + bytes([byte])
+            if self.keys.startswith(candidate):
+                if candidate == self.keys:
+                    self.held = b""
+                    return bytes(send), True
+                self.held = candidate
+                continue
+            # Not the sequence after all: what was held goes through.
+            send += self.held
+            self.held = b""
+            if self.keys.startswith(bytes([byte])):
+                self.held = bytes([byte])
+            else:
+                send.append(byte)
+        return bytes(send), False
+
+
+def _window_size(fd: int) -> tuple[int, int] | None:
+    try:
+        size = os.get_terminal_size(fd)
+    except OSError:
+        return None
+    return size.columns, size.lines
+
+
+def cmd_term(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        keys = parse_keys(args.detach_keys)
+    except ValueError as e:
+        err.write(f"sandboxd term: --detach-keys: {e}\n")
+        return 2
+    stdin = sys.stdin.fileno()
+    stdout = sys.stdout.fileno()
+    size = _window_size(stdin) or _window_size(stdout) or (80, 24)
+    if args.session:
+        terminal = sb.pty.attach(args.session)
+        terminal.resize(*size)
+    else:
+        terminal = sb.pty.open(
+            cols=size[0], rows=size[1], shell=args.shell, cwd=args.cwd
+        )
+    err.write(f"[session {terminal.session_id}; detach with {args.detach_keys}]\r\n")
+    err.flush()
+    return run_terminal(terminal, keys, stdin, stdout, err)
+
+
+def run_terminal(
+    terminal: Terminal, keys: bytes, stdin: int, stdout: int, err: TextIO
+) -> int:
+    """
+    The interactive loop: the terminal in raw mode, output written as it
+    comes (a thread), keys sent as typed, SIGWINCH forwarded as a resize.
+    """
+    import termios
+    import tty
+
+    saved = None
+    if os.isatty(stdin):
+        saved = termios.tcgetattr(stdin)
+        tty.setraw(stdin)
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def pump() -> None:
+        try:
+            while True:
+                event = terminal.recv()
+                if event is None or event.kind == "exited":
+                    break
+                os.write(stdout, event.data.encode("utf-8", "replace"))
+        except BaseException as e:  # reported by the main thread
+            failure.append(e)
+        finally:
+            done.set()
+
+    def winch(signum: int, frame: Any) -> None:
+        size = _window_size(stdin)
+        if size is not None:
+            try:
+                terminal.resize(*size)
+            except Exception:
+                pass  # the terminal is going away
+
+    old_winch = signal.signal(signal.SIGWINCH, winch)
+    reader = threading.Thread(target=pump, name="sandboxd-term-output", daemon=True)
+    reader.start()
+    detached = False
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    detach = DetachFilter(keys)
+    try:
+        while not done.is_set():
+            try:
+                ready, _, _ = select.select([stdin], [], [], 0.1)
+            except InterruptedError:
+                continue
+            if not ready:
+                continue
+            data = os.read(stdin, 4096)
+            if not data:
+                break
+            send, detached = detach.feed(data)
+            if send:
+                terminal.send(decoder.decode(send))
+            if detached:
+                break
+    finally:
+        signal.signal(signal.SIGWINCH, old_winch)
+        if saved is not None:
+            termios.tcsetattr(stdin, termios.TCSADRAIN, saved)
+        terminal.close()
+        reader.join(timeout=2)
+    if detached:
+        err.write(
+            f"\r\n[detached from session {terminal.session_id}; reattach with: sandboxd term {terminal.session_id}]\r\n"
+        )
+        return 0
+    if failure and not isinstance(failure[0], ConnectionFailed):
+        raise failure[0]
+    if terminal.exit_code is not None:
+        err.write(
+            f"\r\n[session {terminal.session_id} ended, exit code {terminal.exit_code}]\r\n"
+        )
+        return exit_status(terminal.exit_code)
+    err.write(
+        f"\r\n[connection to session {terminal.session_id} lost; reattach with: sandboxd term {terminal.session_id}]\r\n"
+    )
+    return 1
+
+
+HANDLERS: dict[str, Callable[[Sandbox, argparse.Namespace, TextIO, TextIO], int]] = {
+    "exec": cmd_exec,
+    "cp": cmd_cp,
+    "ls": cmd_ls,
+    "ps": cmd_ps,
+    "logs": cmd_logs,
+    "kill": cmd_kill,
+    "term": cmd_term,
+    "caps": cmd_caps,
+}
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """
+    Run one client command; its exit status (``exec``: the child's;
+    1 for a refusal or an unreachable daemon, 2 for bad usage).
+    """
+    out = out or sys.stdout
+    err = err or sys.stderr
+    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    sb = _sandbox(args)
+    try:
+        return HANDLERS[args.command](sb, args, out, err)
+    except NotFoundError as e:
+        err.write(f"sandboxd {args.command}: {e}\n")
+        return 1
+    except (SandboxError, RequestTimeout) as e:
+        err.write(f"sandboxd {args.command}: {_explain(e, sb.url)}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        sb.close()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,402 @@
+# -*- test-case-name: tests.client.test_sync -*-
+"""
+The blocking client (:class:`sandboxd.client.Sandbox`) against a real
+daemon on loopback: every namespace that works without optional tools.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+
+from sandboxd.client import Sandbox
+from tests.client.base import ROOT, ClientCase
+
+
+class ImportTests(ClientCase):
+    """What importing the client costs."""
+
+    autostart = False
+
+    def test_no_twisted(self) -> None:
+        """
+        Importing ``sandboxd.client`` (and the client CLI) loads no module
+        of Twisted, Autobahn or zope: the client runs without the daemon's
+        stack.
+        """
+        code = (
+            "import sys, sandboxd.client, sandboxd.client.cli;"
+            "bad = sorted(m for m in sys.modules"
+            " if m.split('.')[0] in ('twisted', 'autobahn', 'zope', 'txaio'));"
+            "print(bad); sys.exit(1 if bad else 0)"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            env={"PYTHONPATH": ROOT, "PATH": os.environ.get("PATH", "")},
+            capture_output=True,
+            timeout=30,
+        )
+        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+        self.assertEqual(done.stdout.strip(), b"[]")
+
+
+class FilesTests(ClientCase):
+    """``sandbox.files``."""
+
+    def test_text_bytes_and_tree(self) -> Any:
+        """
+        Text and bytes round-trip; list, stat, exists, mkdir, move, search
+        and delete answer what the daemon's routes answer.
+        """
+
+        def body() -> None:
+            sb = self.sandbox()
+            written = sb.files.write_text("docs/a.txt", "héllo\n")
+            self.assertEqual(written["bytes"], len("héllo\n".encode()))
+            self.assertEqual(sb.files.read_text("docs/a.txt"), "héllo\n")
+            blob = bytes(range(256)) * 10
+            sb.files.write_bytes("docs/b.bin", blob, mode=0o600)
+            self.assertEqual(sb.files.read_bytes("docs/b.bin"), blob)
+            self.assertEqual(os.stat(self.path("docs/b.bin")).st_mode & 0o777, 0o600)
+            names = sorted(e["name"] for e in sb.files.list("docs"))
+            self.assertEqual(names, ["a.txt", "b.bin"])
+            stat = sb.files.stat("docs/b.bin")
+            self.assertEqual((stat["type"], stat["size"]), ("file", 2560))
+            self.assertFalse(sb.files.exists("docs/nope"))
+            sb.files.mkdir("docs/sub/deeper")
+            self.assertTrue(os.path.isdir(self.path("docs/sub/deeper")))
+            sb.files.move("docs/a.txt", "docs/sub/a.txt")
+            found = sb.files.search("*.txt", "docs")
+            self.assertEqual([r["name"] for r in found["results"]], ["a.txt"])
+            sb.files.delete("docs/sub")
+            self.assertFalse(os.path.exists(self.path("docs/sub")))
+
+        return self.in_thread(body)
+
+    def test_archive_and_extract(self) -> Any:
+        """``archive`` returns the archive's bytes; ``extract`` unpacks them."""
+
+        def body() -> None:
+            sb = self.sandbox()
+            sb.files.write_text("src/one.txt", "1")
+            sb.files.write_text("src/two.txt", "22")
+            data = sb.files.archive("src")
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                self.assertIn("src/two.txt", tar.getnames())
+            result = sb.files.extract(data, "copy")
+            self.assertEqual(result["files"], 2)
+            with open(self.path("copy", "src", "two.txt")) as f:
+                self.assertEqual(f.read(), "22")
+
+        return self.in_thread(body)
+
+    def test_upload_download_progress(self) -> Any:
+        """
+        ``upload`` and ``download`` stream a local file over the raw route,
+        reporting progress up to the total; the download lands whole, with
+        no ``.part`` left behind.
+        """
+        local = os.path.join(self.mktemp())
+        os.makedirs(local)
+        source = os.path.join(local, "big.bin")
+        data = os.urandom(3 * 1024 * 1024 + 17)
+        with open(source, "wb") as f:
+            f.write(data)
+
+        def body() -> None:
+            sb = self.sandbox()
+            seen: list[tuple[int, int | None]] = []
+            written = sb.files.upload(source, "in/big.bin", progress=lambda d, t: seen.append((d, t)))
+            self.assertEqual(written["sha256"], hashlib.sha256(data).hexdigest())
+            self.assertEqual(seen[-1], (len(data), len(data)))
+            got: list[tuple[int, int | None]] = []
+            target = os.path.join(local, "back.bin")
+            size = sb.files.download("in/big.bin", target, progress=lambda d, t: got.append((d, t)))
+            self.assertEqual(size, len(data))
+            self.assertEqual(got[-1], (len(data), len(data)))
+            with open(target, "rb") as f:
+                self.assertEqual(f.read(), data)
+            self.assertFalse(os.path.exists(target + ".part"))
+
+        return self.in_thread(body)
+
+    def test_download_resumes_a_partial_file(self) -> Any:
+        """
+        A ``.part`` left by an earlier download (with the file's ETag) is
+        continued with ``Range``: only the rest is fetched.  One whose ETag
+        no longer matches is fetched again from the start (``If-Range``).
+        """
+        data = os.urandom(600_000)
+        with open(self.path("file.bin"), "wb") as f:
+            f.write(data)
+        local = os.path.realpath(self.mktemp())
+        os.makedirs(local)
+        target = os.path.join(local, "file.bin")
+
+        def body() -> None:
+            sb = self.sandbox()
+            etag = sb.files.stat("file.bin")["etag"]
+            with open(target + ".part", "wb") as f:
+                f.write(data[:250_000])
+            with open(target + ".part.etag", "w") as f:
+                f.write(etag)
+            progress: list[int] = []
+            sb.files.download("file.bin", target, progress=lambda d, t: progress.append(d))
+            self.assertEqual(progress[0], 250_000)
+            with open(target, "rb") as f:
+                self.assertEqual(f.read(), data)
+            # A stale partial file (another version): fetched whole again.
+            with open(target + ".part", "wb") as f:
+                f.write(b"x" * 1000)
+            with open(target + ".part.etag", "w") as f:
+                f.write('"stale"')
+            sb.files.download("file.bin", target)
+            with open(target, "rb") as f:
+                self.assertEqual(f.read(), data)
+            self.assertFalse(os.path.exists(target + ".part.etag"))
+
+        return self.in_thread(body)
+
+    def test_watch(self) -> Any:
+        """``watch`` yields change events for the watched directory."""
+        os.makedirs(self.path("w"))
+
+        def body() -> None:
+            sb = self.sandbox()
+            events = sb.files.watch("w")
+            sb.files.write_text("w/new.txt", "x")
+            with events:
+                for event in events:
+                    # An atomic write: a temporary file moved into place.
+                    if event.data.get("dest", event.data["path"]).endswith("/new.txt"):
+                        break
+            self.assertIn(event.event, ("moved", "created"))
+            self.assertIsNotNone(event.id)
+
+        return self.in_thread(body)
+
+
+class CommandsTests(ClientCase):
+    """``sandbox.commands``."""
+
+    def test_run(self) -> Any:
+        """
+        ``run`` answers stdout, stderr and the exit code; with callbacks it
+        streams each line as it completes, in order.
+        """
+
+        def body() -> None:
+            sb = self.sandbox()
+            result = sb.commands.run(["sh", "-c", "echo out; echo err >&2; exit 3"])
+            self.assertEqual((result.stdout, result.stderr, result.exit_code), ("out\n", "err\n", 3))
+            lines: list[tuple[str, str]] = []
+            result = sb.commands.run(
+                "printf 'a\\nb\\n'; echo c >&2",
+                shell="sh",
+                on_stdout=lambda line: lines.append(("out", line)),
+                on_stderr=lambda line: lines.append(("err", line)),
+            )
+            self.assertEqual(lines, [("out", "a"), ("out", "b"), ("err", "c")])
+            self.assertEqual(result.exit_code, 0)
+            os.makedirs(self.path("sub"))
+            self.assertTrue(sb.commands.run("pwd", cwd="sub").stdout.endswith("/sub\n"))
+            env = sb.commands.run(["sh", "-c", "echo $GREETING"], env={"GREETING": "hi"})
+            self.assertEqual(env.stdout, "hi\n")
+
+        return self.in_thread(body)
+
+    def test_start_wait_stdin_signal(self) -> Any:
+        """
+        ``start`` returns a handle: its stdin feeds the child, ``wait``
+        passes output on and returns the exit code, ``signal`` ends a
+        process (exit code minus the signal), and ``list``/``get`` see it.
+        """
+
+        def body() -> None:
+            sb = self.sandbox()
+            cat = sb.commands.start("cat", stdin=True, tag="cat")
+            cat.send_stdin("one\n")
+            cat.send_stdin("two\n", eof=True)
+            chunks: list[str] = []
+            self.assertEqual(cat.wait(timeout=20, on_stdout=chunks.append), 0)
+            self.assertEqual("".join(chunks), "one\ntwo\n")
+            self.assertEqual([p["pid"] for p in sb.commands.list(tag="cat")], [cat.pid])
+            sleeper = sb.commands.start("sleep 30")
+            self.assertEqual(sb.commands.get(sleeper.pid)["state"], "running")
+            sleeper.signal("SIGTERM")
+            self.assertEqual(sleeper.wait(timeout=20), -15)
+            killed = sb.commands.start("sleep 30")
+            killed.kill()
+            self.assertEqual(killed.wait(timeout=20), -9)
+
+        return self.in_thread(body)
+
+    def test_output_cursor(self) -> Any:
+        """
+        ``output`` pages from the handle's cursor: a second read returns
+        only what came after the first.
+        """
+
+        def body() -> None:
+            sb = self.sandbox()
+            p = sb.commands.start(["sh", "-c", "echo first; read x; echo second"], stdin=True)
+            deadline = time.monotonic() + 10
+            first: list[str] = []
+            while not first and time.monotonic() < deadline:
+                first = [e["data"] for e in p.output()["events"]]
+                time.sleep(0.05)
+            self.assertEqual(first, ["first\n"])
+            p.send_stdin("go\n", eof=True)
+            while p.info()["state"] == "running" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.assertEqual([e["data"] for e in p.output()["events"]], ["second\n"])
+            self.assertEqual([e["data"] for e in p.output(after=0)["events"]], ["first\n", "second\n"])
+
+        return self.in_thread(body)
+
+
+class SystemTests(ClientCase):
+    """``sandbox.system``, ``sandbox.env``, capabilities and ``check``."""
+
+    def test_system_and_env(self) -> Any:
+        """System facts, ports, packages; env set then get (secrets hidden)."""
+
+        def body() -> None:
+            sb = self.sandbox()
+            self.assertTrue(sb.health())
+            self.assertGreater(sb.system.info()["cpu_count"], 0)
+            self.assertIn("memory_percent", sb.system.metrics())
+            self.assertIsInstance(sb.system.ports(), list)
+            self.assertIsInstance(sb.system.packages("pip"), list)
+            self.assertEqual(sb.env.set(CLIENT_TEST_VAR="1", OTHER_VAR="2"), ["CLIENT_TEST_VAR", "OTHER_VAR"])
+            self.assertEqual(sb.env.get("CLIENT_TEST_VAR"), {"CLIENT_TEST_VAR": "1"})
+            self.assertEqual(sb.commands.run(["sh", "-c", "echo $CLIENT_TEST_VAR"]).stdout, "1\n")
+            os.environ.pop("CLIENT_TEST_VAR", None)
+            os.environ.pop("OTHER_VAR", None)
+
+        return self.in_thread(body)
+
+    def test_capabilities_and_check(self) -> Any:
+        """``capabilities`` names the caller; ``check`` decides without acting."""
+
+        def body() -> None:
+            sb = self.sandbox()
+            caps = sb.capabilities()
+            self.assertEqual(caps["identity"]["id"], "legacy")
+            self.assertTrue(caps["endpoints"]["shell"]["allowed"])
+            self.assertFalse(caps["endpoints"]["code_run"]["enabled"])
+            decision = sb.check("files_read_raw", "/etc/passwd")
+            self.assertFalse(decision["allowed"])
+            self.assertEqual(decision["code"], "path_not_allowed")
+            self.assertTrue(sb.check("files_read_raw", "inside.txt")["allowed"])
+            self.assertEqual(sb.openapi()["openapi"][:3], "3.1")
+
+        return self.in_thread(body)
+
+
+class TemplateCommandsTests(ClientCase):
+    """Template commands through ``commands.custom``/``commands.call``."""
+
+    autostart = False
+
+    @inlineCallbacks
+    def test_custom(self) -> Any:
+        """A registered command is listed and runs with keyword arguments."""
+        from sandboxd.commands import CommandRegistry
+
+        registry = CommandRegistry()
+
+        @registry.command(name="add", description="Add two numbers.")
+        def add(a: int, b: int = 1) -> int:
+            return a + b
+
+        yield self.start(registry=registry)
+
+        def body() -> None:
+            sb = self.sandbox()
+            self.assertEqual([c["name"] for c in sb.commands.custom()], ["add"])
+            self.assertEqual(sb.commands.call("add", a=2, b="3"), 5)
+
+        yield self.in_thread(body)
+
+
+class PtyTests(ClientCase):
+    """``sandbox.pty`` and :class:`~sandboxd.client.Terminal`."""
+
+    def test_terminal(self) -> Any:
+        """
+        A created terminal runs a shell; ``send`` types, ``resize`` changes
+        the window, and ``reconnect`` replays only what followed the
+        offset already seen; ``close`` ends the session.
+        """
+
+        def body() -> None:
+            sb = self.sandbox()
+            with sb.pty.open(cols=100, rows=30) as term:
+                term.send("stty size\n")
+                term.expect("30 100")
+                term.resize(120, 40)
+                term.send("stty size\n")
+                term.expect("40 120")
+                seen = term.offset
+                self.assertIsNotNone(seen)
+                term.reconnect()
+                term.send("echo $((6*7))\n")
+                again = term.expect("42")
+                self.assertNotIn("40 120", again)
+                self.assertEqual(sb.pty.get(term.session_id)["cols"], 120)
+                self.assertEqual([s["id"] for s in sb.pty.list()], [term.session_id])
+                sb.pty.resize(term.session_id, 90, 20)
+                term.send("exit 3\n")
+                while term.recv(timeout=10) is not None:
+                    pass
+                self.assertEqual(term.exit_code, 3)
+
+        return self.in_thread(body)
+
+    def test_attach_scrollback(self) -> Any:
+        """``attach`` without an offset replays the session's scrollback."""
+
+        def body() -> None:
+            sb = self.sandbox()
+            created = sb.pty.create()
+            with sb.pty.attach(created["session_id"]) as term:
+                term.send("echo mark-$((40+2))\n")
+                term.expect("mark-42")
+            with sb.pty.attach(created["session_id"]) as term:
+                term.expect("mark-42")
+            sb.pty.close(created["session_id"])
+            self.assertEqual(sb.pty.list(), [])
+
+        return self.in_thread(body)
+
+
+class ConfigTests(ClientCase):
+    """Where the client takes its settings from."""
+
+    autostart = False
+
+    def test_environment(self) -> None:
+        """``SANDBOXD_URL`` and ``SANDBOXD_TOKEN`` are the defaults."""
+        saved = {k: os.environ.get(k) for k in ("SANDBOXD_URL", "SANDBOXD_TOKEN")}
+        os.environ["SANDBOXD_URL"] = "http://127.0.0.1:1234/"
+        os.environ["SANDBOXD_TOKEN"] = "t0k"
+        try:
+            sb = Sandbox()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        sb.close()
+        self.assertEqual((sb.url, sb.settings.token), ("http://127.0.0.1:1234", "t0k"))
+        self.assertEqual(sb.pty_base(), "ws://127.0.0.1:1235")
