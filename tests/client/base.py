@@ -11,8 +11,9 @@ from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.threads import deferToThreadPool
-from twisted.protocols import portforward
 from twisted.python.threadpool import ThreadPool
 
 from sandboxd.client import AsyncSandbox, Sandbox
@@ -38,7 +39,9 @@ class ClientCase(DaemonTestCase):
         self.addCleanup(self.pool.stop)
         return super().setUp()
 
-    def in_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Deferred[Any]:
+    def in_thread(
+        self, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Deferred[Any]:
         """Run blocking client code off the reactor thread."""
         return deferToThreadPool(reactor, self.pool, fn, *args, **kwargs)
 
@@ -51,7 +54,7 @@ class ClientCase(DaemonTestCase):
         """The daemon's PTY WebSocket base."""
         return f"ws://127.0.0.1:{self.daemon.context.pty_port}"
 
-    def sandbox(self, token: str | None | bool = True, **options: Any) -> Sandbox:
+    def sandbox(self, token: str | bool | None = True, **options: Any) -> Sandbox:
         """A blocking client of this case's daemon (closed at cleanup)."""
         sb = Sandbox(
             self.daemon.url,
@@ -59,7 +62,6 @@ class ClientCase(DaemonTestCase):
             pty_url=self.pty_url,
             **options,
         )
-        sb.settings  # noqa: B018 - constructed
         self.addCleanup(sb.close)
         return sb
 
@@ -95,62 +97,97 @@ class ClientCase(DaemonTestCase):
         return os.path.join(self.base_dir, *parts)
 
 
-class _CuttingClient(portforward.ProxyClient):
+class _Back(Protocol):
     """The daemon side of one proxied connection; cuts it when told to."""
 
+    def __init__(self, front: _Front) -> None:
+        self.front = front
+
     def dataReceived(self, data: bytes) -> None:
-        proxy: CutProxy = self.peer.factory
-        index = self.peer.index
+        proxy = self.front.proxy
+        index = self.front.index
         proxy.received[index] += data
-        self.peer.transport.write(data)
-        cut = proxy.cut_when(index, bytes(proxy.received[index]))
-        if cut:
+        self.front.transport.write(data)
+        if not self.front.cut and proxy.cut_when(index, bytes(proxy.received[index])):
+            # What was forwarded reaches the client, then its stream ends
+            # short; the daemon's side is aborted as a lost network would.
+            self.front.cut = True
             proxy.cuts += 1
-            self.peer.transport.abortConnection()
+            self.front.transport.loseConnection()
             self.transport.abortConnection()
 
+    def connectionLost(self, reason: Any = None) -> None:
+        self.front.transport.loseConnection()
 
-class _CuttingClientFactory(portforward.ProxyClientFactory):
-    protocol = _CuttingClient
 
-
-class _CuttingServer(portforward.ProxyServer):
+class _Front(Protocol):
     """The client side of one proxied connection."""
 
-    clientProtocolFactory = _CuttingClientFactory
+    proxy: CutProxy
+    back: _Back | None
 
     def connectionMade(self) -> None:
-        proxy: CutProxy = self.factory
-        self.index = len(proxy.requests)
-        proxy.requests.append(bytearray())
-        proxy.received.append(bytearray())
-        super().connectionMade()
+        self.cut = False
+        self.back = None
+        if self.proxy.refuse:
+            self.transport.abortConnection()
+            return
+        self.index = len(self.proxy.requests)
+        self.proxy.requests.append(bytearray())
+        self.proxy.received.append(bytearray())
+        self.pending: list[bytes] = []
+        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", self.proxy.port)
+        connectProtocol(endpoint, _Back(self)).addCallbacks(
+            self._connected, lambda _: self.transport.loseConnection()
+        )
+
+    def _connected(self, back: _Back) -> None:
+        self.back = back
+        for data in self.pending:
+            back.transport.write(data)
+        self.pending = []
 
     def dataReceived(self, data: bytes) -> None:
-        self.factory.requests[self.index] += data
-        super().dataReceived(data)
+        self.proxy.requests[self.index] += data
+        if self.back is not None:
+            self.back.transport.write(data)
+        else:
+            self.pending.append(data)
+
+    def connectionLost(self, reason: Any = None) -> None:
+        if self.back is not None:
+            self.back.transport.loseConnection()
 
 
-class CutProxy(portforward.ProxyFactory):
+class CutProxy(Factory):
     """
-    A TCP proxy in front of the daemon that aborts a connection (both
-    sides, as a dropped network would) once ``cut_when(index, bytes_so_far)``
-    says so, to test what the client does when a stream is cut.
+    A TCP proxy in front of the daemon that cuts a connection mid-answer
+    once ``cut_when(index, bytes_received_so_far)`` says so, to test what
+    the client does when a stream is cut.  (Tests move a few MB through
+    it: it buffers rather than flow-controls.)
 
     :ivar requests: the bytes each connection sent to the daemon.
+    :ivar cuts: how many connections were cut.
+    :ivar refuse: close new connections at once (the daemon is gone).
     """
 
-    protocol = _CuttingServer
-
     def __init__(self, port: int, cut_when: Callable[[int, bytes], bool]) -> None:
-        super().__init__("127.0.0.1", port)
+        self.port = port
         self.cut_when = cut_when
         self.requests: list[bytearray] = []
         self.received: list[bytearray] = []
         self.cuts = 0
+        self.refuse = False
+
+    def buildProtocol(self, addr: Any) -> _Front:
+        front = _Front()
+        front.proxy = self
+        return front
 
 
-def listen_proxy(case: DaemonTestCase, cut_when: Callable[[int, bytes], bool]) -> tuple[CutProxy, str]:
+def listen_proxy(
+    case: DaemonTestCase, cut_when: Callable[[int, bytes], bool]
+) -> tuple[CutProxy, str]:
     """A :class:`CutProxy` on loopback (closed at cleanup) and its URL."""
     proxy = CutProxy(case.daemon.port, cut_when)
     port = reactor.listenTCP(0, proxy, interface="127.0.0.1")

@@ -114,12 +114,16 @@ class FilesTests(ClientCase):
         def body() -> None:
             sb = self.sandbox()
             seen: list[tuple[int, int | None]] = []
-            written = sb.files.upload(source, "in/big.bin", progress=lambda d, t: seen.append((d, t)))
+            written = sb.files.upload(
+                source, "in/big.bin", progress=lambda d, t: seen.append((d, t))
+            )
             self.assertEqual(written["sha256"], hashlib.sha256(data).hexdigest())
             self.assertEqual(seen[-1], (len(data), len(data)))
             got: list[tuple[int, int | None]] = []
             target = os.path.join(local, "back.bin")
-            size = sb.files.download("in/big.bin", target, progress=lambda d, t: got.append((d, t)))
+            size = sb.files.download(
+                "in/big.bin", target, progress=lambda d, t: got.append((d, t))
+            )
             self.assertEqual(size, len(data))
             self.assertEqual(got[-1], (len(data), len(data)))
             with open(target, "rb") as f:
@@ -149,7 +153,9 @@ class FilesTests(ClientCase):
             with open(target + ".part.etag", "w") as f:
                 f.write(etag)
             progress: list[int] = []
-            sb.files.download("file.bin", target, progress=lambda d, t: progress.append(d))
+            sb.files.download(
+                "file.bin", target, progress=lambda d, t: progress.append(d)
+            )
             self.assertEqual(progress[0], 250_000)
             with open(target, "rb") as f:
                 self.assertEqual(f.read(), data)
@@ -196,7 +202,9 @@ class CommandsTests(ClientCase):
         def body() -> None:
             sb = self.sandbox()
             result = sb.commands.run(["sh", "-c", "echo out; echo err >&2; exit 3"])
-            self.assertEqual((result.stdout, result.stderr, result.exit_code), ("out\n", "err\n", 3))
+            self.assertEqual(
+                (result.stdout, result.stderr, result.exit_code), ("out\n", "err\n", 3)
+            )
             lines: list[tuple[str, str]] = []
             result = sb.commands.run(
                 "printf 'a\\nb\\n'; echo c >&2",
@@ -208,7 +216,9 @@ class CommandsTests(ClientCase):
             self.assertEqual(result.exit_code, 0)
             os.makedirs(self.path("sub"))
             self.assertTrue(sb.commands.run("pwd", cwd="sub").stdout.endswith("/sub\n"))
-            env = sb.commands.run(["sh", "-c", "echo $GREETING"], env={"GREETING": "hi"})
+            env = sb.commands.run(
+                ["sh", "-c", "echo $GREETING"], env={"GREETING": "hi"}
+            )
             self.assertEqual(env.stdout, "hi\n")
 
         return self.in_thread(body)
@@ -247,7 +257,9 @@ class CommandsTests(ClientCase):
 
         def body() -> None:
             sb = self.sandbox()
-            p = sb.commands.start(["sh", "-c", "echo first; read x; echo second"], stdin=True)
+            p = sb.commands.start(
+                ["sh", "-c", "echo first; read x; echo second"], stdin=True
+            )
             deadline = time.monotonic() + 10
             first: list[str] = []
             while not first and time.monotonic() < deadline:
@@ -258,7 +270,10 @@ class CommandsTests(ClientCase):
             while p.info()["state"] == "running" and time.monotonic() < deadline:
                 time.sleep(0.05)
             self.assertEqual([e["data"] for e in p.output()["events"]], ["second\n"])
-            self.assertEqual([e["data"] for e in p.output(after=0)["events"]], ["first\n", "second\n"])
+            self.assertEqual(
+                [e["data"] for e in p.output(after=0)["events"]],
+                ["first\n", "second\n"],
+            )
 
         return self.in_thread(body)
 
@@ -276,9 +291,14 @@ class SystemTests(ClientCase):
             self.assertIn("memory_percent", sb.system.metrics())
             self.assertIsInstance(sb.system.ports(), list)
             self.assertIsInstance(sb.system.packages("pip"), list)
-            self.assertEqual(sb.env.set(CLIENT_TEST_VAR="1", OTHER_VAR="2"), ["CLIENT_TEST_VAR", "OTHER_VAR"])
+            self.assertEqual(
+                sb.env.set(CLIENT_TEST_VAR="1", OTHER_VAR="2"),
+                ["CLIENT_TEST_VAR", "OTHER_VAR"],
+            )
             self.assertEqual(sb.env.get("CLIENT_TEST_VAR"), {"CLIENT_TEST_VAR": "1"})
-            self.assertEqual(sb.commands.run(["sh", "-c", "echo $CLIENT_TEST_VAR"]).stdout, "1\n")
+            self.assertEqual(
+                sb.commands.run(["sh", "-c", "echo $CLIENT_TEST_VAR"]).stdout, "1\n"
+            )
             os.environ.pop("CLIENT_TEST_VAR", None)
             os.environ.pop("OTHER_VAR", None)
 
