@@ -20,6 +20,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
+from contextlib import aclosing
 from typing import Any, cast
 
 import httpx
@@ -219,11 +220,13 @@ class _Http:
         json: Any = None,
         after: int | None = None,
         resumable: bool = True,
-    ) -> AsyncIterator[SSEEvent]:
+    ) -> AsyncGenerator[SSEEvent, None]:
         """An SSE stream's events (see the sync client's ``events``)."""
-        async for event in self._stream(method, path, params, json, after, resumable):
-            if event is not None:
-                yield event
+        source = self._stream(method, path, params, json, after, resumable)
+        async with aclosing(source):
+            async for event in source:
+                if event is not None:
+                    yield event
 
     async def open(
         self, path: str, params: Mapping[str, Any], after: int | None
@@ -553,24 +556,23 @@ class Process:
         self.cursor = max(self.cursor, page["next"])
         return page
 
-    async def stream(self, after: int | None = None) -> AsyncIterator[SSEEvent]:
+    async def stream(self, after: int | None = None) -> AsyncGenerator[SSEEvent, None]:
         """
         Output events from ``after`` (default: the cursor) as they come
         (``stdout``/``stderr`` with ``data["data"]``, ``gap``, ``error``,
         then ``exit``), resumed across reconnects.
         """
         start = self.cursor if after is None else after
-        async for event in self._http.events(
-            "GET",
-            f"/process/{self.pid}/output",
-            {"follow": "true"},
-            after=start,
-        ):
-            if event.id is not None:
-                self.cursor = max(self.cursor, event.id)
-            if event.event == "exit" and isinstance(event.data, dict):
-                self.exit_code = event.data.get("exit_code")
-            yield event
+        events = self._http.events(
+            "GET", f"/process/{self.pid}/output", {"follow": "true"}, after=start
+        )
+        async with aclosing(events):
+            async for event in events:
+                if event.id is not None:
+                    self.cursor = max(self.cursor, event.id)
+                if event.event == "exit" and isinstance(event.data, dict):
+                    self.exit_code = event.data.get("exit_code")
+                yield event
 
     async def wait(
         self,
@@ -598,7 +600,7 @@ class Process:
                 if deadline is not None and time.monotonic() > deadline:
                     break
         finally:
-            await events.aclose()  # type: ignore[attr-defined]
+            await events.aclose()
         if deadline is not None and time.monotonic() > deadline:
             raise RequestTimeout(f"process {self.pid} still runs after {timeout} s")
         return (await self.info())["exit_code"]
@@ -663,22 +665,24 @@ class Commands(_Namespace):
         err: builtins.list[str] = []
         error: dict[str, Any] | None = None
         code: int | None = None
-        async for event in self._http.events(
+        events = self._http.events(
             "POST", "/shell/stream", json=launch, resumable=False
-        ):
-            data = event.data if isinstance(event.data, dict) else {}
-            if event.event == "stdout":
-                line = str(data.get("data", ""))
-                out.append(line)
-                await _tell(on_stdout, line)
-            elif event.event == "stderr":
-                line = str(data.get("data", ""))
-                err.append(line)
-                await _tell(on_stderr, line)
-            elif event.event == "error":
-                error = data
-            elif event.event == "exit":
-                code = data.get("exit_code")
+        )
+        async with aclosing(events):
+            async for event in events:
+                data = event.data if isinstance(event.data, dict) else {}
+                if event.event == "stdout":
+                    line = str(data.get("data", ""))
+                    out.append(line)
+                    await _tell(on_stdout, line)
+                elif event.event == "stderr":
+                    line = str(data.get("data", ""))
+                    err.append(line)
+                    await _tell(on_stderr, line)
+                elif event.event == "error":
+                    error = data
+                elif event.event == "exit":
+                    code = data.get("exit_code")
         result = CommandResult(
             "".join(x + "\n" for x in out), "".join(x + "\n" for x in err), code
         )

@@ -349,7 +349,11 @@ class TemplateCommandsTests(ClientCase):
 
 
 class PtyTests(ClientCase):
-    """``sandbox.pty`` and :class:`~sandboxd.client.Terminal`."""
+    """
+    ``sandbox.pty`` and :class:`~sandboxd.client.Terminal`.  The sessions
+    run ``sh``: an interactive bash reads the user's rc files, which can
+    take seconds on a loaded machine.
+    """
 
     def test_terminal(self) -> Any:
         """
@@ -360,7 +364,7 @@ class PtyTests(ClientCase):
 
         def body() -> None:
             sb = self.sandbox()
-            with sb.pty.open(cols=100, rows=30) as term:
+            with sb.pty.open(cols=100, rows=30, shell="sh") as term:
                 term.send("stty size\n")
                 term.expect("30 100")
                 term.resize(120, 40)
@@ -387,7 +391,7 @@ class PtyTests(ClientCase):
 
         def body() -> None:
             sb = self.sandbox()
-            created = sb.pty.create()
+            created = sb.pty.create(shell="sh")
             with sb.pty.attach(created["session_id"]) as term:
                 term.send("echo mark-$((40+2))\n")
                 term.expect("mark-42")
