@@ -1,0 +1,339 @@
+# -*- test-case-name: tests.client.test_cli -*-
+"""
+The commands that drive a daemon (``sandboxd exec``, ``cp``, ``ls``,
+``ps``, ``logs``, ``kill``, ``caps``, ``term``), run as a user runs them:
+a separate process talking to a real daemon on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
+
+from sandboxd.client.cli import DetachFilter, parse_keys
+from tests.client.base import ROOT, ClientCase, listen_proxy
+
+
+class ExecTests(ClientCase):
+    """``sandboxd exec``."""
+
+    @inlineCallbacks
+    def test_exit_code_and_output(self) -> Any:
+        """The child's stdout, stderr and exit code are exec's own."""
+        done = yield self.cli(
+            "exec", "--", "sh", "-c", "echo out; echo err >&2; exit 7"
+        )
+        self.assertEqual(done.returncode, 7)
+        self.assertEqual(done.stdout, b"out\n")
+        self.assertEqual(done.stderr, b"err\n")
+        ok = yield self.cli("exec", "--", "true")
+        self.assertEqual(ok.returncode, 0)
+
+    @inlineCallbacks
+    def test_options(self) -> Any:
+        """``--cwd``, ``--env`` and ``--json`` are honoured."""
+        os.makedirs(self.path("work"))
+        done = yield self.cli(
+            "exec",
+            "--cwd",
+            "work",
+            "--env",
+            "A=1",
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            "pwd; echo $A",
+        )
+        self.assertEqual(done.returncode, 0, done.stderr)
+        answer = json.loads(done.stdout)
+        self.assertEqual(answer["exit_code"], 0)
+        self.assertEqual(answer["stdout"].split("\n")[1], "1")
+        self.assertTrue(answer["stdout"].startswith(self.path("work")))
+
+    @inlineCallbacks
+    def test_signal_and_timeout(self) -> Any:
+        """A child killed by a signal exits 128+N; one past --timeout exits 124."""
+        killed = yield self.cli("exec", "--", "sh", "-c", "kill -TERM $$")
+        self.assertEqual(killed.returncode, 128 + 15)
+        late = yield self.cli("exec", "--timeout", "0.5", "--", "sleep", "10")
+        self.assertEqual(late.returncode, 124)
+        self.assertIn(b"timed out", late.stderr)
+
+    @inlineCallbacks
+    def test_bad_token_and_url(self) -> Any:
+        """A wrong token or an unreachable daemon is a clear message and exit 1."""
+        bad = yield self.cli("exec", "--token", "wrong", "--", "true")
+        self.assertEqual(bad.returncode, 1)
+        self.assertIn(b"refused the token", bad.stderr)
+        gone = yield self.cli("ls", "--url", "http://127.0.0.1:9")
+        self.assertEqual(gone.returncode, 1)
+        self.assertIn(b"cannot reach the daemon", gone.stderr)
+
+    @inlineCallbacks
+    def test_refused_path(self) -> Any:
+        """A path the policy refuses names the code and the rule."""
+        done = yield self.cli("ls", "/etc")
+        self.assertEqual(done.returncode, 1)
+        self.assertIn(b"path_not_allowed", done.stderr)
+        self.assertIn(b"rule", done.stderr)
+
+
+class CopyTests(ClientCase):
+    """``sandboxd cp``."""
+
+    @inlineCallbacks
+    def test_round_trip(self) -> Any:
+        """A local file copied in (``:PATH``) and back out is the same bytes."""
+        local = os.path.realpath(self.mktemp())
+        os.makedirs(local)
+        data = os.urandom(1_500_000)
+        with open(os.path.join(local, "f.bin"), "wb") as f:
+            f.write(data)
+        up = yield self.cli("cp", os.path.join(local, "f.bin"), ":in/")
+        self.assertEqual(up.returncode, 0, up.stderr)
+        with open(self.path("in", "f.bin"), "rb") as f:
+            self.assertEqual(f.read(), data)
+        down = yield self.cli("cp", "--json", ":in/f.bin", os.path.join(local, "g.bin"))
+        self.assertEqual(down.returncode, 0, down.stderr)
+        self.assertEqual(json.loads(down.stdout)["bytes"], len(data))
+        with open(os.path.join(local, "g.bin"), "rb") as f:
+            self.assertEqual(f.read(), data)
+        self.assertEqual(up.stderr, b"")  # no progress bar off a terminal
+        both = yield self.cli("cp", ":a", ":b")
+        self.assertEqual(both.returncode, 2)
+
+    @inlineCallbacks
+    def test_resume(self) -> Any:
+        """
+        A download whose daemon goes away keeps its ``.part`` and exits 1
+        saying so; the same ``cp`` again resumes it (``Range``) to the
+        whole file, and shows progress when asked.
+        """
+        data = os.urandom(2_000_000)
+        with open(self.path("big.bin"), "wb") as f:
+            f.write(data)
+
+        def cut(index: int, seen: bytes) -> bool:
+            if proxy.cuts == 0 and len(seen) > 500_000:
+                proxy.refuse = True
+                return True
+            return False
+
+        proxy, url = listen_proxy(self, cut)
+        local = os.path.realpath(self.mktemp())
+        os.makedirs(local)
+        target = os.path.join(local, "big.bin")
+        first = yield self.cli("cp", "--url", url, ":big.bin", target)
+        self.assertEqual(first.returncode, 1)
+        self.assertIn(b"run the same cp again to resume", first.stderr)
+        self.assertFalse(os.path.exists(target))
+        kept = os.path.getsize(target + ".part")
+        self.assertGreater(kept, 0)
+        proxy.refuse = False
+        again = yield self.cli("cp", "--url", url, "--progress", ":big.bin", target)
+        self.assertEqual(again.returncode, 0, again.stderr)
+        with open(target, "rb") as f:
+            self.assertEqual(f.read(), data)
+        self.assertIn(b"100%", again.stderr)
+        self.assertIn(f"bytes={kept}-".encode(), bytes(proxy.requests[-1]))
+
+
+class ListingTests(ClientCase):
+    """``ls``, ``ps``, ``logs``, ``kill``, ``caps``."""
+
+    @inlineCallbacks
+    def test_ls(self) -> Any:
+        """Names for humans (directories marked), entries with --json."""
+        os.makedirs(self.path("d", "sub"))
+        with open(self.path("d", "f.txt"), "w") as f:
+            f.write("x")
+        done = yield self.cli("ls", "d")
+        self.assertEqual(done.stdout.decode().split(), ["f.txt", "sub/"])
+        long = yield self.cli("ls", "-l", "d")
+        self.assertIn("file", long.stdout.decode())
+        js = yield self.cli("ls", "--json", "d")
+        self.assertEqual(len(json.loads(js.stdout)["entries"]), 2)
+
+    @inlineCallbacks
+    def test_ps_logs_kill(self) -> Any:
+        """
+        ``ps`` lists a started process; ``logs`` prints its output, ``-f``
+        follows it to the end; ``kill`` ends it.
+        """
+        from sandboxd.client import Sandbox
+
+        sb = Sandbox(self.daemon.url, token=self.daemon.token)
+        self.addCleanup(sb.close)
+        p = yield self.in_thread(
+            sb.commands.start, ["sh", "-c", "echo hello; sleep 30"], tag="t1"
+        )
+        listed = yield self.cli("ps")
+        self.assertIn(str(p.pid), listed.stdout.decode())
+        self.assertIn("running", listed.stdout.decode())
+        as_json = yield self.cli("ps", "--json", "--tag", "t1")
+        self.assertEqual([x["pid"] for x in json.loads(as_json.stdout)], [p.pid])
+        deadline = time.monotonic() + 10
+        logs = yield self.cli("logs", str(p.pid))
+        while logs.stdout != b"hello\n" and time.monotonic() < deadline:
+            logs = yield self.cli("logs", str(p.pid))
+        self.assertEqual(logs.stdout, b"hello\n")
+        killed = yield self.cli("kill", str(p.pid))
+        self.assertEqual(killed.returncode, 0, killed.stderr)
+        followed = yield self.cli("logs", "-f", str(p.pid))
+        self.assertEqual(followed.stdout, b"hello\n")
+        info = yield self.in_thread(sb.commands.get, p.pid)
+        self.assertEqual(info["exit_code"], -15)
+        missing = yield self.cli("logs", "999999")
+        self.assertEqual(missing.returncode, 1)
+
+    @inlineCallbacks
+    def test_caps(self) -> Any:
+        """``caps`` tabulates the endpoints; ``--explain`` gives one decision and its rule."""
+        table = yield self.cli("caps")
+        text = table.stdout.decode()
+        self.assertIn("identity legacy", text)
+        self.assertRegex(text, r"shell\s+POST\s+yes")
+        self.assertRegex(text, r"code_run\s+POST\s+off \(default:opt-in:dev_tools\)")
+        refused = yield self.cli(
+            "caps", "--explain", "files_read_raw", "--path", "/etc/passwd"
+        )
+        self.assertEqual(refused.returncode, 1)
+        self.assertIn(
+            b"refused (path_not_allowed, rule guard:base_dir)", refused.stdout
+        )
+        allowed = yield self.cli("caps", "--explain", "shell", "--json")
+        self.assertEqual(allowed.returncode, 0)
+        self.assertTrue(json.loads(allowed.stdout)["allowed"])
+
+    @inlineCallbacks
+    def test_dispatch_from_sandboxd_cli(self) -> Any:
+        """``sandboxd.cli.main`` hands the client commands on (the console script)."""
+        done = yield self.in_thread(
+            __import__("subprocess").run,
+            [
+                sys.executable,
+                "-c",
+                "import sys, sandboxd.cli; sys.exit(sandboxd.cli.main(sys.argv[1:]))",
+                "exec",
+                "--",
+                "sh",
+                "-c",
+                "exit 5",
+            ],
+            env={
+                "PATH": os.environ.get("PATH", ""),
+                "PYTHONPATH": ROOT,
+                "SANDBOXD_URL": self.daemon.url,
+                "SANDBOXD_TOKEN": self.daemon.token or "",
+            },
+            capture_output=True,
+            timeout=40,
+        )
+        self.assertEqual(done.returncode, 5, done.stderr)
+
+
+class DetachKeyTests(SynchronousTestCase):
+    """The detach sequence of ``sandboxd term``."""
+
+    def test_parse(self) -> None:
+        """``ctrl-p,ctrl-q`` is ``\\x10\\x11``; nonsense is a ValueError."""
+        self.assertEqual(parse_keys("ctrl-p,ctrl-q"), b"\x10\x11")
+        self.assertEqual(parse_keys("ctrl-]"), b"\x1d")
+        self.assertRaises(ValueError, parse_keys, "ctrl-pp")
+        self.assertRaises(ValueError, parse_keys, "")
+
+    def test_filter(self) -> None:
+        """
+        A prefix of the sequence is held back until the next key; a key
+        that breaks the sequence sends what was held; the whole sequence
+        detaches and is never sent.
+        """
+        f = DetachFilter(b"\x10\x11")
+        self.assertEqual(f.feed(b"ab\x10"), (b"ab", False))
+        self.assertEqual(f.feed(b"x"), (b"\x10x", False))
+        self.assertEqual(f.feed(b"\x10\x10"), (b"\x10", False))
+        self.assertEqual(f.feed(b"\x11"), (b"", True))
+
+
+class TermTests(ClientCase):
+    """``sandboxd term`` through a real pseudo-terminal (pexpect)."""
+
+    timeout = 90
+
+    def setUp(self) -> Any:
+        try:
+            import pexpect  # noqa: F401
+        except ImportError:
+            raise SkipTest(
+                "pexpect is not installed (it is in the dev extra)"
+            ) from None
+        return super().setUp()
+
+    def _spawn(self, *args: str) -> Any:
+        import pexpect
+
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            "PYTHONPATH": ROOT,
+            "SANDBOXD_URL": self.daemon.url,
+            "SANDBOXD_PTY_URL": self.pty_url,
+            "SANDBOXD_TOKEN": self.daemon.token or "",
+            "TERM": "xterm",
+        }
+        child = pexpect.spawn(
+            sys.executable,
+            ["-m", "sandboxd.client.cli", "term", *args],
+            env=env,
+            dimensions=(24, 80),
+            timeout=20,
+        )
+        self.addCleanup(child.close, force=True)
+        return child
+
+    def test_interactive_detach_reattach(self) -> Any:
+        """
+        ``term`` opens a shell in raw mode: typed keys run commands, a
+        window-size change reaches the shell, the detach keys leave the
+        session running, and ``term SESSION`` reattaches with the
+        scrollback; the shell's exit status is term's.
+        """
+
+        def body() -> None:
+            child = self._spawn("--shell", "sh")
+            child.expect(r"\[session ([0-9a-f]+); detach with ctrl-p,ctrl-q\]")
+            session = child.match.group(1).decode()
+            child.send("echo $((6*7))x\r")
+            child.expect("42x")
+            child.setwinsize(33, 101)
+            time.sleep(0.3)
+            child.send("stty size\r")
+            child.expect("33 101")
+            child.send("\x10\x11")
+            child.expect(r"detached from session")
+            child.expect(pexpect_eof())
+            child.wait()
+            self.assertEqual(child.exitstatus, 0)
+
+            again = self._spawn(session)
+            again.expect("42x")  # the scrollback
+            again.send("exit 3\r")
+            again.expect(r"ended, exit code 3")
+            again.expect(pexpect_eof())
+            again.wait()
+            self.assertEqual(again.exitstatus, 3)
+
+        return self.in_thread(body)
+
+
+def pexpect_eof() -> Any:
+    """``pexpect.EOF`` (imported late: pexpect is a dev dependency)."""
+    import pexpect
+
+    return pexpect.EOF
