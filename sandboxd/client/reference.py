@@ -1,0 +1,285 @@
+"""
+``python -m sandboxd.client.reference > docs/client.md``: the client's
+documentation, with its reference part generated from the docstrings and
+signatures (and the CLI's from its argument parser), so it stays true.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from sandboxd.client import _sync, errors
+from sandboxd.client import cli as client_cli
+
+INTRO = """\
+# The Python client and the CLI
+
+`sandboxd.client` drives a sandboxd daemon from outside the sandbox:
+`Sandbox` (blocking) and `AsyncSandbox` (asyncio, every method a
+coroutine with the same name and arguments). It is built on
+[httpx](https://www.python-httpx.org/) (HTTP and Server-Sent Events) and
+[websockets](https://websockets.readthedocs.io/) (the PTY port), and imports
+nothing from Twisted, so it runs wherever those two are installed:
+
+```sh
+pip install 'sandboxd[client]'
+```
+
+```python
+from sandboxd.client import Sandbox, PermissionDenied
+
+with Sandbox("http://127.0.0.1:9000", token="...") as sb:
+    sb.files.write_text("notes/todo.txt", "ship it\\n")
+    sb.files.upload("dataset.bin", "in/dataset.bin", progress=lambda done, total: ...)
+    result = sb.commands.run("python3 train.py", cwd="in", on_stdout=print)
+    print(result.exit_code)
+
+    job = sb.commands.start("python3 -m http.server 8000", tag="web")
+    for event in job.stream():          # resumes by cursor if the connection drops
+        ...
+    job.kill()
+
+    with sb.pty.open(shell="bash") as term:
+        term.send("ls\\n")
+        print(term.expect("$ "))
+
+    try:
+        sb.files.read_text("/etc/shadow")
+    except PermissionDenied as e:       # PathNotAllowed, with e.code and e.rule
+        print(e.code, e.rule)
+```
+
+```python
+import asyncio
+from sandboxd.client import AsyncSandbox
+
+async def main() -> None:
+    async with AsyncSandbox("http://127.0.0.1:9000", token="...") as sb:
+        results = await asyncio.gather(*(sb.commands.run(f"echo {i}") for i in range(4)))
+        async with await sb.files.watch("src", recursive=True) as changes:
+            async for change in changes:
+                print(change.event, change.data["path"])
+
+asyncio.run(main())
+```
+
+## Settings
+
+`Sandbox(url, token=..., timeout=30, retries=3, wait_on_rate_limit=False,
+pty_url=None, http_client=None)`. The URL defaults to `SANDBOXD_URL` (else
+`http://127.0.0.1:9000`), the token to `SANDBOXD_TOKEN`, the PTY WebSocket
+base to `SANDBOXD_PTY_URL`, else the `ws_url` of the last session this client
+created, else the HTTP port + 1 (the daemon's defaults are 9000 and 9001).
+The token is sent as `Authorization: Bearer`, on the PTY handshake too.
+
+## What happens when things go wrong
+
+- **Every call has a timeout** (`timeout`, seconds to connect and between
+  bytes). `commands.run` waits for the command's own `timeout` plus a margin;
+  streams allow 30 s between bytes (the daemon sends a heartbeat after 4 s of
+  silence). A call that gets no answer in time raises `RequestTimeout`.
+- **Reads are retried** (`retries` times, with a short backoff) when the
+  connection is refused or drops before the answer: every GET, and the POSTs
+  that change nothing or change it the same way twice (`check`, `search`,
+  `archive`, `mkdir`, `env.set`, overwriting writes). Other calls are retried
+  only when the connection was refused, so a request that may have reached
+  the daemon is never sent twice. When the retries are spent:
+  `ConnectionFailed`.
+- **Streams resume.** `files.watch`, `Process.stream`/`wait` and
+  `agents.events` reconnect after a cut with `Last-Event-ID` (and `after`)
+  set to the last event seen: the daemon replays exactly the events after it
+  that it still keeps, so nothing is lost or repeated; events it no longer
+  keeps are announced by one `gap` event. `/shell/stream` (`commands.run`
+  with callbacks) is the process itself and is not resumed: the daemon kills
+  the command when its client goes away.
+- **Downloads resume.** `files.download` writes `LOCAL.part` (and the file's
+  ETag beside it), renames it into place when complete, and continues a cut
+  transfer with `Range` and `If-Range`; a file that changed in between is
+  fetched again from the start. When the retries run out the `.part` is
+  kept, and the next `download(..., resume=True)` carries on. Uploads are
+  written atomically by the daemon, so a cut upload leaves nothing behind and
+  is sent again whole.
+- **Rate limits.** A 429 raises `RateLimited` (or another `LimitExceeded`)
+  with `retry_after`; with `wait_on_rate_limit=True` the client sleeps that
+  long (up to 60 s per wait) and sends the call again.
+- **Refusals are exceptions named for their code**, grouped in families, all
+  `SandboxError` (table below). Each carries `status`, `code`, `rule`,
+  `message`, `type` and the whole JSON `body` (`e.scope`, `e.endpoint`).
+
+## The CLI
+
+The `sandboxd` command drives a daemon as well as running one. It reads
+`--url`/`--token` or `SANDBOXD_URL`/`SANDBOXD_TOKEN`, prints for humans by
+default and JSON with `--json`, and exits 1 with one line (naming the code
+and rule) when the daemon refuses, 2 on bad usage.
+
+```sh
+export SANDBOXD_URL=http://sandbox:9000 SANDBOXD_TOKEN=...
+sandboxd exec --cwd app --env DEBUG=1 --timeout 600 -- python3 -m pytest -q
+sandboxd cp ./dataset.tar.gz :in/             # upload; a progress bar on a terminal
+sandboxd cp :out/model.bin ./                 # download; run again to resume a cut one
+sandboxd ls -l out
+sandboxd ps
+sandboxd logs 4242 -f                         # follow to the end, resuming after a drop
+sandboxd kill 4242 -s INT
+sandboxd term                                 # new session; ctrl-p ctrl-q detaches
+sandboxd term 5f0c...                         # reattach: the scrollback, then live
+sandboxd caps --explain files_read_raw --path /etc/passwd
+```
+
+`exec` prints the command's output as it comes and exits with its exit code
+(128 + N when signal N ended it, 124 when the daemon killed it at
+`--timeout`). `term` puts the local terminal in raw mode, sends the window
+size on every `SIGWINCH`, and restores the terminal when it detaches or the
+shell exits (then with the shell's exit code).
+
+"""
+
+
+def _signature(func: Callable[..., Any], owner: str) -> str:
+    sig = inspect.signature(func)
+    parts: list[str] = []
+    star = False
+    for name, p in sig.parameters.items():
+        if name == "self":
+            continue
+        if p.kind is p.KEYWORD_ONLY and not star:
+            parts.append("*")
+            star = True
+        if p.kind is p.VAR_POSITIONAL:
+            star = True
+            text = "*" + name
+        elif p.kind is p.VAR_KEYWORD:
+            text = "**" + name
+        else:
+            text = name
+        if p.annotation is not p.empty:
+            text += f": {p.annotation}"
+        if p.default is not p.empty:
+            text += f" = {p.default!r}"
+        if p.kind is p.POSITIONAL_ONLY:
+            text += ", /" if list(sig.parameters)[-1] == name else ""
+        parts.append(text)
+    result = f" -> {sig.return_annotation}" if sig.return_annotation is not sig.empty else ""
+    text = f"{owner}.{func.__name__}({', '.join(parts)}){result}"
+    return text.replace("builtins.", "")
+
+
+_ROLE = re.compile(r":(?:meth|class|func|attr|data):`~?([^`]+)`")
+_FIELD = re.compile(r"^:(param|ivar|raises|returns)\s*([^:]*):", re.MULTILINE)
+
+
+def _markdown(text: str) -> str:
+    """reST docstring markup as Markdown."""
+    text = _ROLE.sub(lambda m: f"`{m.group(1).rsplit('.', 1)[-1]}`", text)
+    text = text.replace("``", "`")
+
+    def field(m: re.Match[str]) -> str:
+        kind, name = m.group(1), m.group(2).strip()
+        label = {"param": "", "ivar": "", "raises": "raises ", "returns": "returns"}[kind]
+        return f"- {label}`{name}`:" if name else f"- {label}:"
+
+    return _FIELD.sub(field, text)
+
+
+def _doc(obj: Any) -> str:
+    return _markdown(inspect.cleandoc(obj.__doc__ or "").strip())
+
+
+def _members(cls: type, owner: str) -> list[str]:
+    out: list[str] = []
+    for name, func in cls.__dict__.items():
+        if name.startswith("_") or not callable(func) or isinstance(func, type):
+            continue
+        out.append(f"#### `{_signature(func, owner)}`\n")
+        doc = _doc(func)
+        if doc:
+            out.append(doc + "\n")
+    return out
+
+
+SECTIONS: list[tuple[str, type, str]] = [
+    ("Sandbox", _sync.Sandbox, "sb"),
+    ("sb.files", _sync.Files, "sb.files"),
+    ("sb.commands", _sync.Commands, "sb.commands"),
+    ("Process (from commands.start / connect)", _sync.Process, "process"),
+    ("sb.pty", _sync.Pty, "sb.pty"),
+    ("Terminal (from pty.open / attach)", _sync.Terminal, "term"),
+    ("EventStream (from files.watch / agents.events)", _sync.EventStream, "stream"),
+    ("sb.system", _sync.System, "sb.system"),
+    ("sb.env", _sync.Env, "sb.env"),
+    ("sb.git", _sync.Git, "sb.git"),
+    ("sb.code", _sync.Code, "sb.code"),
+    ("sb.browser", _sync.Browser, "sb.browser"),
+    ("sb.agents", _sync.Agents, "sb.agents"),
+]
+
+
+def _errors() -> list[str]:
+    families = [
+        errors.InvalidRequest,
+        errors.AuthenticationError,
+        errors.PermissionDenied,
+        errors.NotFoundError,
+        errors.DeadlineExceeded,
+        errors.Conflict,
+        errors.LimitExceeded,
+        errors.ServerError,
+    ]
+    out = [
+        "## Errors\n",
+        "Every exception is a `SandboxError`. Catch a family to handle a kind of",
+        "refusal, a code's class to handle one. Codes this client does not know",
+        "map to the family of their HTTP status.\n",
+        "| code | exception | family |",
+        "|---|---|---|",
+    ]
+    for code, cls in sorted(errors.BY_CODE.items()):
+        family = next((f.__name__ for f in families if issubclass(cls, f)), "SandboxError")
+        out.append(f"| `{code}` | `{cls.__name__}` | `{family}` |")
+    out.append("")
+    for cls in (errors.SandboxError, *families, errors.LimitExceeded):
+        if cls is errors.LimitExceeded and out[-1].startswith("`LimitExceeded`"):
+            continue
+        out.append(f"`{cls.__name__}`: {_doc(cls).splitlines()[0]}\n")
+    return out
+
+
+def _cli() -> list[str]:
+    os.environ["COLUMNS"] = "88"
+    parser = client_cli._parser()
+    out = ["## CLI reference\n"]
+    sub = next(a for a in parser._actions if a.dest == "command")
+    choices: dict[str, Any] = getattr(sub, "choices", {})
+    for name in client_cli.COMMANDS:
+        out.append(f"### `sandboxd {name}`\n")
+        out.append("```\n" + choices[name].format_help().rstrip() + "\n```\n")
+    return out
+
+
+def render() -> str:
+    """The whole of ``docs/client.md``."""
+    out = [INTRO, "## Reference\n"]
+    out.append(
+        "The blocking client's API; `AsyncSandbox` has the same namespaces and "
+        "methods as coroutines (`await sb.files.read_text(...)`, `async for` over "
+        "streams, `async with` for the client, terminals and event streams).\n"
+    )
+    for title, cls, owner in SECTIONS:
+        out.append(f"### {title}\n")
+        doc = _doc(cls)
+        if doc:
+            out.append(doc + "\n")
+        out.extend(_members(cls, owner))
+    out.extend(_errors())
+    out.extend(_cli())
+    return "\n".join(out).rstrip() + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.stdout.write(render())
