@@ -8,6 +8,7 @@
 # 4. The kernel's PTY ceiling for W6 (bench/pty_ceiling.py).
 # 5. W8: start-up time and idle memory against the Twisted floor
 #    (the shared harness's startup.py; STARTUP_ROUNDS, default 7).
+# 6. The Python client's overhead over curl and bare httpx (bench/client_overhead.py).
 #
 # SHARED_BENCH points at the shared harness (default ../shared/bench);
 # RUN_ARGS is passed to it (e.g. RUN_ARGS="--only W1,W1b --duration 3").
@@ -49,3 +50,6 @@ fi
 # The E2B door against the HTTP API, through the real e2b SDK.
 "$ROOT/.venv/bin/python" "$ROOT/bench/e2b_door.py" \
   --commands "${E2B_COMMANDS:-400}" --size-mib "${E2B_MIB:-64}"
+# What sandboxd.client costs over curl (raw transfers) and bare httpx (/shell).
+"$ROOT/.venv/bin/python" "$ROOT/bench/client_overhead.py" --size-mib "${RAW_MIB:-1024}" \
+  --runs "${CLIENT_RUNS:-200}" --rounds "${CLIENT_ROUNDS:-3}"

@@ -264,7 +264,7 @@ class _Http:
                         return
                     if progress is not None:
                         progress(state.offset, state.total)
-                    async for chunk in response.aiter_raw(CHUNK_BYTES):
+                    async for chunk in response.aiter_raw():
                         sink(chunk)
                         state.offset += len(chunk)
                         failures = 0

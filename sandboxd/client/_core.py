@@ -32,8 +32,9 @@ STREAM_READ_TIMEOUT = 30.0
 DEFAULT_RETRIES = 3
 #: The longest ``Retry-After`` a 429 is waited out for (when asked to).
 MAX_RATE_WAIT = 60.0
-#: Bytes per chunk of a raw upload or download.
-CHUNK_BYTES = 256 * 1024
+#: Bytes read from disk per chunk of a raw upload (downloads take what the
+#: socket gives, without re-chunking).
+CHUNK_BYTES = 1024 * 1024
 #: Transport errors after which a call may be sent again.
 RETRYABLE = (
     httpx.ConnectError,

@@ -255,7 +255,7 @@ class _Http:
                         return
                     if progress is not None:
                         progress(state.offset, state.total)
-                    for chunk in response.iter_raw(CHUNK_BYTES):
+                    for chunk in response.iter_raw():
                         sink(chunk)
                         state.offset += len(chunk)
                         failures = 0
