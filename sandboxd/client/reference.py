@@ -165,7 +165,9 @@ def _signature(func: Callable[..., Any], owner: str) -> str:
         if p.kind is p.POSITIONAL_ONLY:
             text += ", /" if list(sig.parameters)[-1] == name else ""
         parts.append(text)
-    result = f" -> {sig.return_annotation}" if sig.return_annotation is not sig.empty else ""
+    result = (
+        f" -> {sig.return_annotation}" if sig.return_annotation is not sig.empty else ""
+    )
     text = f"{owner}.{func.__name__}({', '.join(parts)}){result}"
     return text.replace("builtins.", "")
 
@@ -181,7 +183,9 @@ def _markdown(text: str) -> str:
 
     def field(m: re.Match[str]) -> str:
         kind, name = m.group(1), m.group(2).strip()
-        label = {"param": "", "ivar": "", "raises": "raises ", "returns": "returns"}[kind]
+        label = {"param": "", "ivar": "", "raises": "raises ", "returns": "returns"}[
+            kind
+        ]
         return f"- {label}`{name}`:" if name else f"- {label}:"
 
     return _FIELD.sub(field, text)
@@ -240,7 +244,9 @@ def _errors() -> list[str]:
         "|---|---|---|",
     ]
     for code, cls in sorted(errors.BY_CODE.items()):
-        family = next((f.__name__ for f in families if issubclass(cls, f)), "SandboxError")
+        family = next(
+            (f.__name__ for f in families if issubclass(cls, f)), "SandboxError"
+        )
         out.append(f"| `{code}` | `{cls.__name__}` | `{family}` |")
     out.append("")
     for cls in (errors.SandboxError, *families, errors.LimitExceeded):

@@ -27,7 +27,19 @@ class ReferenceTests(SynchronousTestCase):
     def test_every_namespace_documented(self) -> None:
         """Each namespace of a Sandbox has a section, and every error code a row."""
         text = reference.render()
-        for name in ("files", "commands", "pty", "system", "env", "git", "code", "browser", "agents"):
+        for name in (
+            "files",
+            "commands",
+            "pty",
+            "system",
+            "env",
+            "git",
+            "code",
+            "browser",
+            "agents",
+        ):
             self.assertIn(f"### sb.{name}\n", text)
-        self.assertIn("| `path_not_allowed` | `PathNotAllowed` | `PermissionDenied` |", text)
+        self.assertIn(
+            "| `path_not_allowed` | `PathNotAllowed` | `PermissionDenied` |", text
+        )
         self.assertIn("### `sandboxd term`", text)
