@@ -539,7 +539,7 @@ class Process:
         self.cursor = max(self.cursor, page["next"])
         return page
 
-    def stream(self, after: int | None = None) -> Iterator[SSEEvent]:
+    def stream(self, after: int | None = None) -> Generator[SSEEvent, None, None]:
         """
         Output events from ``after`` (default: the cursor) as they come
         (``stdout``/``stderr`` with ``data["data"]``, ``gap``, ``error``,
@@ -584,9 +584,7 @@ class Process:
                 if deadline is not None and time.monotonic() > deadline:
                     break
         finally:
-            close = getattr(events, "close", None)
-            if close is not None:
-                close()
+            events.close()
         if deadline is not None and time.monotonic() > deadline:
             raise RequestTimeout(f"process {self.pid} still runs after {timeout} s")
         return self.info()["exit_code"]

@@ -6,6 +6,7 @@ the SPEC §6 code, in its family, carrying status, code, rule and message.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -23,6 +24,7 @@ from sandboxd.client.errors import (
     NotFound,
     NotFoundError,
     PathNotAllowed,
+    PayloadTooLarge,
     PermissionDenied,
     PreconditionFailed,
     RateLimited,
@@ -228,5 +230,32 @@ class DaemonErrorTests(ClientCase):
                 self.assertRaises(ConnectionFailed),
             ):
                 sb.files.list()
+
+        return self.in_thread(body)
+
+
+class PayloadTests(ClientCase):
+    """A body over the limit."""
+
+    policy = {"endpoints": {"files_write_raw": {"limits": {"max_bytes": "1MB"}}}}
+
+    def test_upload_over_the_limit(self) -> Any:
+        """
+        An upload over ``max_bytes`` is PayloadTooLarge (the daemon refuses it
+        from Content-Length), not a retried connection error; nothing is
+        written.
+        """
+        local = os.path.realpath(self.mktemp())
+        os.makedirs(local)
+        source = os.path.join(local, "big.bin")
+        with open(source, "wb") as f:
+            f.write(os.urandom(3_000_000))
+
+        def body() -> None:
+            sb = self.sandbox()
+            with self.assertRaises(PayloadTooLarge) as cm:
+                sb.files.upload(source, "big.bin")
+            self.assertEqual(cm.exception.status, 413)
+            self.assertFalse(os.path.exists(self.path("big.bin")))
 
         return self.in_thread(body)
