@@ -381,7 +381,8 @@ class Files(_Namespace):
             with open(local, "rb") as f:
                 if progress is not None:
                     progress(0, size)
-                while chunk := f.read(CHUNK_BYTES):
+                # Disk reads in a thread: a slow disk never stalls the loop.
+                while chunk := await asyncio.to_thread(f.read, CHUNK_BYTES):
                     sent += len(chunk)
                     yield chunk
                     if progress is not None:

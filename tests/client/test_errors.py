@@ -119,7 +119,7 @@ class DaemonErrorTests(ClientCase):
                 },
             ]
         },
-        "endpoints": {"system_metrics": {"limits": {"rate_per_minute": 60}}},
+        "endpoints": {"system_metrics": {"limits": {"rate_per_minute": 20}}},
     }
     environ = {"ADMIN_T": ADMIN, "READER_T": READER}
 
@@ -205,7 +205,7 @@ class DaemonErrorTests(ClientCase):
         def body() -> None:
             sb = self.sandbox(token=ADMIN)
             with self.assertRaises(RateLimited) as cm:
-                for _ in range(61):
+                for _ in range(200):  # a bucket of 20, refilled one per 3 s
                     sb.system.metrics()
             self.assertEqual(cm.exception.status, 429)
             wait = cm.exception.retry_after
