@@ -312,9 +312,14 @@ class TermTests(ClientCase):
             child.send("echo $((6*7))x\r")
             child.expect("42x")
             child.setwinsize(33, 101)
-            time.sleep(0.3)
-            child.send("stty size\r")
-            child.expect("33 101")
+            # SIGWINCH reaches term asynchronously: ask until the shell sees it.
+            for _ in range(20):
+                child.send("stty size\r")
+                if child.expect(["33 101", "24 80"]) == 0:
+                    break
+                time.sleep(0.2)
+            else:
+                self.fail("the new window size never reached the shell")
             child.send("\x10\x11")
             child.expect(r"detached from session")
             child.expect(pexpect_eof())
