@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.python import usage
 
 from sandboxd._version import __version__
+from sandboxd.console import CLIENT_COMMANDS, client_main
 
 # The daemon's modules are imported by the commands that need them:
 # ``sandboxd healthcheck`` runs every few seconds in every sandbox (Docker
@@ -318,19 +319,10 @@ def reload(options: ReloadOptions) -> int:
     return 0
 
 
-#: Subcommands that drive a daemon, served by ``sandboxd.client.cli`` (SPEC §19).
-CLIENT_COMMANDS = ("exec", "cp", "ls", "ps", "logs", "kill", "term", "caps")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] and args[0] in CLIENT_COMMANDS:
-        try:
-            from sandboxd.client.cli import main as client_main
-        except ImportError as e:
-            print(f"sandboxd {args[0]}: {e}; install sandboxd[client]", file=sys.stderr)
-            return 2
         return client_main(args)
     # What is alive now (the interpreter, Twisted) lives as long as the
     # process: no collection during start-up walks it again.

@@ -213,6 +213,25 @@ class ListingTests(ClientCase):
         self.assertTrue(json.loads(allowed.stdout)["allowed"])
 
     @inlineCallbacks
+    def test_console_script(self) -> Any:
+        """The installed ``sandboxd`` script runs exec with the child's exit code."""
+        script = os.path.join(os.path.dirname(sys.executable), "sandboxd")
+        if not os.path.exists(script):
+            raise SkipTest(f"no console script at {script} (not an installed checkout)")
+        done = yield self.in_thread(
+            __import__("subprocess").run,
+            [script, "exec", "--", "sh", "-c", "echo hi; exit 6"],
+            env={
+                "PATH": os.environ.get("PATH", ""),
+                "SANDBOXD_URL": self.daemon.url,
+                "SANDBOXD_TOKEN": self.daemon.token or "",
+            },
+            capture_output=True,
+            timeout=40,
+        )
+        self.assertEqual((done.returncode, done.stdout), (6, b"hi\n"), done.stderr)
+
+    @inlineCallbacks
     def test_dispatch_from_sandboxd_cli(self) -> Any:
         """``sandboxd.cli.main`` hands the client commands on (the console script)."""
         done = yield self.in_thread(

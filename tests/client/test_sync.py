@@ -47,6 +47,25 @@ class ImportTests(ClientCase):
         self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
         self.assertEqual(done.stdout.strip(), b"[]")
 
+    def test_console_script_client_command_without_twisted(self) -> None:
+        """
+        The ``sandboxd`` console script runs a client command (here one whose
+        daemon is unreachable) without importing Twisted either.
+        """
+        code = (
+            "import sys, sandboxd.__main__ as m;"
+            "rc = m.main(['ls', '--url', 'http://127.0.0.1:9', '--request-timeout', '2']);"
+            "bad = sorted(x for x in sys.modules if x.split('.')[0] in ('twisted', 'autobahn'));"
+            "print(rc, bad)"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            env={"PYTHONPATH": ROOT, "PATH": os.environ.get("PATH", "")},
+            capture_output=True,
+            timeout=60,
+        )
+        self.assertEqual(done.stdout.strip(), b"1 []", done.stderr)
+
 
 class FilesTests(ClientCase):
     """``sandbox.files``."""
