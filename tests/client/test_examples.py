@@ -10,8 +10,8 @@ from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
 
+from tests.agents.test_agents import CATALOG
 from tests.client.base import ROOT, ClientCase
-from tests.test_agents import CATALOG
 
 EXAMPLES = os.path.join(ROOT, "examples")
 

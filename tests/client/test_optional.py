@@ -12,10 +12,10 @@ import shutil
 from typing import Any
 
 from sandboxd.client.errors import InvalidRequest, NotFound
+from tests.agents.test_agents import CATALOG
+from tests.browser.test_browser import SKIP_REASON as BROWSER_SKIP
+from tests.browser.test_browser import serve_pages
 from tests.client.base import ClientCase
-from tests.test_agents import CATALOG
-from tests.test_browser import SKIP_REASON as BROWSER_SKIP
-from tests.test_browser import serve_pages
 
 
 class DevToolsTests(ClientCase):
