@@ -101,13 +101,25 @@ def settings_from(
     wait_on_rate_limit: bool,
     pty_url: str | None,
 ) -> Settings:
-    """Settings from arguments, then ``SANDBOXD_URL``/``SANDBOXD_TOKEN``/``SANDBOXD_PTY_URL``."""
+    """
+    Settings from arguments, then ``SANDBOXD_URL``/``SANDBOXD_TOKEN``/``SANDBOXD_PTY_URL``.
+
+    :raises ValueError: the URL is not an http(s) URL with a host.
+    """
     url = url or os.environ.get("SANDBOXD_URL") or "http://127.0.0.1:9000"
     if token is None:
         token = os.environ.get("SANDBOXD_TOKEN") or None
     pty_url = pty_url or os.environ.get("SANDBOXD_PTY_URL") or None
     if "://" not in url:
         url = "http://" + url
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as e:
+        raise ValueError(f"invalid daemon URL {url!r}: {e}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(
+            f"invalid daemon URL {url!r}: use http://HOST:PORT or https://..."
+        )
     return Settings(
         url.rstrip("/"),
         token,

@@ -660,7 +660,11 @@ def main(
     out = out or sys.stdout
     err = err or sys.stderr
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    sb = _sandbox(args)
+    try:
+        sb = _sandbox(args)
+    except ValueError as e:
+        err.write(f"sandboxd {args.command}: {e}\n")
+        return 2
     try:
         return HANDLERS[args.command](sb, args, out, err)
     except NotFoundError as e:

@@ -75,6 +75,9 @@ class ExecTests(ClientCase):
         gone = yield self.cli("ls", "--url", "http://127.0.0.1:9")
         self.assertEqual(gone.returncode, 1)
         self.assertIn(b"cannot reach the daemon", gone.stderr)
+        malformed = yield self.cli("ls", "--url", "http://[::")
+        self.assertEqual(malformed.returncode, 2)
+        self.assertIn(b"invalid daemon URL", malformed.stderr)
 
     @inlineCallbacks
     def test_refused_path(self) -> Any:
