@@ -17,7 +17,7 @@ from sandboxd.client._async import AsyncSandbox
 from sandboxd.client._sync import Process, Sandbox, Terminal
 from sandboxd.client.errors import *  # noqa: F403
 from sandboxd.client.errors import BY_CODE, SandboxError
-from sandboxd.client.types import (
+from sandboxd.client.models import (
     CommandResult,
     PtyEvent,
     SSEEvent,

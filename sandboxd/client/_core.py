@@ -21,7 +21,7 @@ from sandboxd.client.errors import (
     SandboxError,
     error_for,
 )
-from sandboxd.client.types import PtyEvent, SSEEvent
+from sandboxd.client.models import PtyEvent, SSEEvent
 
 #: Seconds for an ordinary call (connect, read and write each).
 DEFAULT_TIMEOUT = 30.0

@@ -14,7 +14,7 @@ from typing import Any
 
 from sandboxd.client._core import transport_error
 from sandboxd.client.errors import ConnectionFailed, SandboxError, error_for
-from sandboxd.client.types import CommandResult
+from sandboxd.client.models import CommandResult
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 _UNSATISFIED = re.compile(r"bytes\s+\*/(\d+)")

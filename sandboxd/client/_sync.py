@@ -55,7 +55,7 @@ from sandboxd.client.errors import (
     RequestTimeout,
     SandboxError,
 )
-from sandboxd.client.types import (
+from sandboxd.client.models import (
     CodeResult,
     CommandResult,
     Decision,
