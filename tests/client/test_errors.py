@@ -128,7 +128,9 @@ class DaemonErrorTests(ClientCase):
         Wrong token → Unauthorized (401); a missing scope → MissingScope with
         the scope; a path outside the boundary → PathNotAllowed with its
         rule; an opt-in group → EndpointDisabled with its rule; each is a
-        PermissionDenied or NotFoundError as its status says.
+        PermissionDenied or NotFoundError as its status says.  The PTY
+        port's handshake refusals map the same way, and an unknown session
+        is NotFound.
         """
 
         def body() -> None:
@@ -145,6 +147,11 @@ class DaemonErrorTests(ClientCase):
             self.assertEqual(scope.exception.status, 403)
             self.assertEqual(scope.exception.scope, "process:run")
             self.assertIsInstance(scope.exception, PermissionDenied)
+            # The PTY port refuses the handshake with the same code.
+            with self.assertRaises(MissingScope):
+                reader.pty.attach("no-such-session")
+            with self.assertRaises(Unauthorized):
+                bad.pty.attach("no-such-session")
 
             admin = self.sandbox(token=ADMIN)
             with self.assertRaises(PathNotAllowed) as path:
@@ -155,6 +162,8 @@ class DaemonErrorTests(ClientCase):
                 admin.code.run("print(1)")
             self.assertEqual(off.exception.rule, "default:opt-in:dev_tools")
             self.assertIsInstance(off.exception, NotFoundError)
+            with self.assertRaises(NotFound):
+                admin.pty.attach("no-such-session")  # closed 1008 "Unknown session"
 
         return self.in_thread(body)
 
