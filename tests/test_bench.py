@@ -15,7 +15,7 @@ class FreshCloneTests(SynchronousTestCase):
     """bench/run.sh where ../shared/bench is absent."""
 
     def test_without_harness(self) -> None:
-        """It says where the W0-W7 harness comes from, then runs RAW, MCP, PTY-CEILING and E2B, exit 0."""
+        """It says where the W0-W7 harness comes from, then runs RAW, MCP, PTY-CEILING, E2B and CLIENT, exit 0."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
         env.update(
             SHARED_BENCH=os.path.abspath(self.mktemp()),
@@ -25,6 +25,8 @@ class FreshCloneTests(SynchronousTestCase):
             MCP_ROUNDS="1",
             E2B_COMMANDS="16",
             E2B_MIB="4",
+            CLIENT_RUNS="20",
+            CLIENT_ROUNDS="1",
         )
         result = subprocess.run(
             [os.path.join(ROOT, "bench", "run.sh")],
@@ -43,4 +45,4 @@ class FreshCloneTests(SynchronousTestCase):
             for line in result.stdout.splitlines()
             if line.startswith("{")
         }
-        self.assertEqual(workloads, {"RAW", "MCP", "PTY-CEILING", "E2B"})
+        self.assertEqual(workloads, {"RAW", "MCP", "PTY-CEILING", "E2B", "CLIENT"})
