@@ -9,6 +9,7 @@
 # 5. W8: start-up time and idle memory against the Twisted floor
 #    (the shared harness's startup.py; STARTUP_ROUNDS, default 7).
 # 6. The Python client's overhead over curl and bare httpx (bench/client_overhead.py).
+# 7. The E2B door through the real e2b SDK against the HTTP API (bench/e2b_door.py).
 #
 # SHARED_BENCH points at the shared harness (default ../shared/bench);
 # RUN_ARGS is passed to it (e.g. RUN_ARGS="--only W1,W1b --duration 3").
