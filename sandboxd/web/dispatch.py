@@ -71,8 +71,20 @@ def _twisted(raw: SandboxRequest) -> Request:
 
 
 def json_bytes(value: Any) -> bytes:
-    """Compact UTF-8 JSON."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    """
+    Compact UTF-8 JSON that cannot fail on a string.
+
+    A lone surrogate (a file name that is not UTF-8 on disk, decoded with
+    ``surrogateescape``) cannot be encoded as UTF-8; such an answer is sent
+    with ``\\uXXXX`` escapes instead (as ``ensure_ascii`` does), which a
+    Python client decodes back to the same string.  An answer must not fail
+    after its side effect is done.
+    """
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":")).encode("ascii")
 
 
 def reason_phrase(status: int) -> str:

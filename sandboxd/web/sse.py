@@ -30,7 +30,13 @@ def frame(event: str, data: Any, id: int | None = None) -> bytes:
     """One SSE frame; ``data`` is JSON (so it never holds a bare newline)."""
     payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
     head = f"id: {id}\n" if id is not None else ""
-    return f"{head}event: {event}\ndata: {payload}\n\n".encode()
+    text = f"{head}event: {event}\ndata: {payload}\n\n"
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        # A lone surrogate (a non-UTF-8 file name): escaped, never a failure.
+        payload = json.dumps(data, separators=(",", ":"))
+        return f"{head}event: {event}\ndata: {payload}\n\n".encode()
 
 
 @implementer(IPushProducer)
