@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import secrets
 import select
+import signal
 import time
 from collections import deque
 from collections.abc import Callable
@@ -426,9 +427,21 @@ def signal_child(child: Child, sig: int) -> None:
     """
     if child.has_exited or never_signalled(child.pid):
         return
-    signal_group(child.pid, sig)
+    if sig == signal.SIGKILL and child.killing is None:
+        # 9 is "kill it" (SPEC §7.4): the whole tree, every time, as a
+        # timeout does, but with no TERM first and no grace; the kill keeps
+        # looking until no member (also one forked meanwhile) is left.
+        # ``reason`` stays unset: the output already read is the answer.
+        child.killing = kill_tree(child.clock, child.pid, child.marker, grace=0)
+        child.killing.addBoth(lambda _: reap_orphans() and None)
+        return
+    # Look first, signal after: once the leader dies its setsid'd
+    # children are reparented to the daemon, and a look taken while that
+    # happens could find them under neither.
     table = tree_table(child.pid)
-    for pid, start in tree_members(child.pid, child.marker, table).items():
+    members = tree_members(child.pid, child.marker, table)
+    signal_group(child.pid, sig)
+    for pid, start in members.items():
         if table[pid].pgid != child.pid:
             signal_member(pid, start, sig)
 
