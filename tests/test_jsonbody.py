@@ -25,7 +25,9 @@ class ParseObjectTests(SynchronousTestCase):
     def refused(self, raw: bytes) -> None:
         with self.assertRaises(ApiError) as cm:
             parse_object(raw)
-        self.assertEqual((cm.exception.status, cm.exception.code), (400, "invalid_json"))
+        self.assertEqual(
+            (cm.exception.status, cm.exception.code), (400, "invalid_json")
+        )
 
     def test_utf16_and_utf32_refused(self) -> None:
         """A body in UTF-16 or UTF-32 (with or without a BOM) is refused, never guessed."""
@@ -58,9 +60,7 @@ class ParseObjectTests(SynchronousTestCase):
         """A surrogate pair, and a literal backslash followed by ``ud800``, are fine."""
         self.assertEqual(parse_object(rb'{"a": "\ud83d\ude00"}'), {"a": "\U0001f600"})
         self.assertEqual(parse_object(rb'{"a": "\\ud800"}'), {"a": "\\ud800"})
-        self.assertEqual(
-            parse_object('{"a": "é ✓"}'.encode()), {"a": "é ✓"}
-        )
+        self.assertEqual(parse_object('{"a": "é ✓"}'.encode()), {"a": "é ✓"})
 
 
 class AnswerEncodingTests(SynchronousTestCase):

@@ -308,12 +308,23 @@ def upload_request_cap(max_bytes: int) -> int:
 #: client's socket is paused.
 UPLOAD_QUEUE_BYTES = 8 * MIB
 
-#: HTTP connections open at once, and from one client address.
+#: HTTP connections open at once, and from one client address
+#: (overridable: ``--max-connections``, ``--max-connections-per-address``).
 MAX_HTTP_CONNECTIONS = 1024
 MAX_CONNECTIONS_PER_PEER = 256
 
-#: A request's headers must be complete this long after its first line.
+#: A request's head (request line and headers) must be complete this long
+#: after the connection is made, or after the first byte of a later request
+#: on a kept-alive connection (overridable: ``--head-deadline``).
 HEADER_DEADLINE_SECONDS = 30.0
+
+#: At a connection cap, a connection whose request head has been on its way
+#: this long may be closed to make room for a new one.
+RECLAIM_HEAD_AFTER_SECONDS = 1.0
+
+#: The warning that a connection cap refused connections (and the note of
+#: connections reclaimed or cut) is logged at most this often.
+CAP_WARNING_INTERVAL_SECONDS = 30.0
 
 #: Headers per request (Twisted allows 500).
 MAX_HEADERS = 100

@@ -103,14 +103,8 @@ class SandboxRequest(Request):
 
     # -- header time ------------------------------------------------------
 
-    def __init__(self, channel: Any, *args: Any, **kwargs: Any) -> None:
-        super().__init__(channel, *args, **kwargs)
-        # The request line is in; its headers now have a deadline.
-        channel.headers_started = channel.site.reactor.seconds()
-
     def gotLength(self, length: int | None) -> None:
         """Run SPEC §3 steps 1–5 before reading the body."""
-        self.channel.headers_started = None  # type: ignore[attr-defined]
         self.started = time.monotonic()
         self.body_buffer = self.content = io.BytesIO()
         channel = self.channel
