@@ -129,7 +129,11 @@ COMMON_ERRORS: tuple[ErrorCase, ...] = (
 
 #: Further errors of every endpoint with a JSON body (POST, DELETE).
 BODY_ERRORS: tuple[ErrorCase, ...] = (
-    E(400, "invalid_json", "the body is not JSON, or not an object"),
+    E(
+        400,
+        "invalid_json",
+        "the body is not UTF-8 JSON, not an object, or holds a lone surrogate",
+    ),
     E(413, "payload_too_large", "the body is over max_request_bytes"),
 )
 
@@ -629,18 +633,21 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 500,
                 "timeout",
-                "past timeout: the group was killed (output so far included)",
+                "past timeout: the group was killed (output so far included); "
+                "the command ran, so do not retry it",
                 "TimeoutError",
             ),
             E(
                 500,
                 "idle_timeout",
-                "no output for idle_timeout seconds",
+                "no output for idle_timeout seconds (the command ran: do not retry)",
                 "TimeoutError",
             ),
         ),
         notes="stdin is /dev/null. Output per stream is capped at max_output_bytes "
-        "(10 MiB), keeping head and tail.",
+        "(10 MiB), keeping head and tail. A timeout is 500 as in the seed, but "
+        "the command did run: a client must not retry on it as on a server "
+        "failure (check `code`).",
     ),
     "shell_stream": Schema(
         body=(*_COMMAND, *_CHILD, F("timeout", "number", "seconds", default=300)),
@@ -648,7 +655,11 @@ SCHEMAS: dict[str, Schema] = {
         events=(
             Event("stdout", '{"data": one line without its newline}'),
             Event("stderr", '{"data": one line without its newline}'),
-            Event("error", '{"error", "type"}: TimeoutError, sent before exit'),
+            Event(
+                "error",
+                '{"error", "type", "code"}: TimeoutError with code timeout or '
+                "idle_timeout, sent before exit",
+            ),
             Event("exit", '{"exit_code"}: always last'),
         ),
         errors=_CHILD_ERRORS,
@@ -940,7 +951,8 @@ SCHEMAS: dict[str, Schema] = {
         ),
         errors=(
             E(400, "invalid_param", "another manager"),
-            E(500, "internal", "the tool timed out (TimeoutError) or failed"),
+            E(500, "timeout", "the tool did not answer in time", "TimeoutError"),
+            E(500, "internal", "the tool failed"),
         ),
         notes="A missing tool is an empty list.",
     ),
@@ -995,6 +1007,12 @@ SCHEMAS: dict[str, Schema] = {
             E(403, "param_not_allowed", "language outside params.languages"),
             *_GUARD[1:],
             E(408, "timeout", "past timeout: the group was killed", "TimeoutError"),
+            E(
+                408,
+                "idle_timeout",
+                "no output for idle_timeout seconds: the group was killed",
+                "TimeoutError",
+            ),
             E(
                 413,
                 "payload_too_large",

@@ -106,8 +106,11 @@ MCP_PROGRESS_SECONDS = 0.05
 #: MCP: the most output one progress notification carries (its tail).
 MCP_PROGRESS_MESSAGE_CHARS = 64 * KIB
 
-#: SSE heartbeat interval.
-HEARTBEAT_SECONDS = 15.0
+#: An SSE stream silent this long gets a ``: keep-alive`` comment (SPEC §9).
+#: Under the 5 s read timeout of httpx's defaults, the shortest among
+#: common clients (requests has none, Node's fetch 300 s between chunks,
+#: browsers' EventSource none; proxies commonly 60 s).
+HEARTBEAT_SECONDS = 4.0
 
 #: Scrollback kept per terminal session.
 PTY_SCROLLBACK_BYTES = 64 * KIB

@@ -189,7 +189,11 @@ def _upload(request: ServerRequest, default_overwrite: bool) -> Any:
     mode = parse_mode(request.body.get("mode"))
     if_match = if_match_of(request)
     raw = request.body.get("content_base64")
-    size = len(request.payload) if request.payload is not None else len(raw or "")
+    if request.payload is not None:
+        size = len(request.payload)
+    else:
+        # Not a string (a number, a list): decode_payload says 400.
+        size = len(raw) if isinstance(raw, str) else 0
     if size <= INLINE_READ_BYTES:
         data = decode_payload(request)
         return write_bytes(request, guard, path, data, overwrite, if_match, mode)

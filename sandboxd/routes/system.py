@@ -353,7 +353,7 @@ async def packages(request: ServerRequest) -> dict[str, Any]:
         raise limit_exceeded(
             500,
             f"{manager} did not answer within {timeout} seconds",
-            Code.INTERNAL,
+            Code.TIMEOUT,
             rule=limit_rule(request.rule, "timeout_seconds"),
             type="TimeoutError",
             limit="timeout_seconds",
