@@ -7,6 +7,7 @@ WebSocket close code.
 from __future__ import annotations
 
 import os
+from itertools import pairwise
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
@@ -55,7 +56,7 @@ class HeartbeatTests(SynchronousTestCase):
             if len(transport.value()) != seen:
                 seen = len(transport.value())
                 writes.append(clock.seconds())
-        gaps = [b - a for a, b in zip(writes, writes[1:], strict=False)]
+        gaps = [b - a for a, b in pairwise(writes)]
         self.assertLessEqual(max(gaps), 4.0 + 1e-6, gaps)
         self.assertLessEqual(clock.seconds() - writes[-1], 4.0 + 1e-6)
         self.assertIn(b": keep-alive\n\n", transport.value())
