@@ -13,7 +13,9 @@ from typing import Any
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SynchronousTestCase
 
+from tests import test_files_watch, test_pipeline
 from tests.helpers import DaemonTestCase
+from tests.test_files import FilesCase
 from tests.test_process_routes import ProcessCase
 from tests.test_request import connect, make_site
 
@@ -111,3 +113,122 @@ class TimeoutCodeTests(ProcessCase):
         self.assertEqual(
             (errors[0]["type"], errors[0]["code"]), ("TimeoutError", "idle_timeout")
         )
+
+
+class UploadWatchTests(FilesCase):
+    """A watch never shows the daemon's temporary upload names."""
+
+    open_stream = test_files_watch.WatchTests.open_stream
+
+    @inlineCallbacks
+    def test_upload_is_one_event_of_the_real_name(self) -> Any:
+        """An upload is one ``created`` (new file) or ``modified`` (replaced) of its name."""
+        os.mkdir(os.path.join(self.base_dir, "w"))
+        c, response = yield self.open_stream("path=w")
+        self.addCleanup(response._transport.loseConnection)
+        target = os.path.join(self.base_dir, "w", "new.txt")
+        for content in ("eA==", "eXk="):
+            reply = yield self.request(
+                "POST", "/upload", {"path": "w/new.txt", "content_base64": content}
+            )
+            self.assertEqual(reply.status, 200, reply.body)
+        with open(os.path.join(self.base_dir, "w", "end"), "w"):
+            pass
+        yield c.wait_for(b"/end")
+        shown = [(e[1], e[2]["path"]) for e in c.events()]
+        self.assertEqual(
+            shown,
+            [
+                ("created", target),
+                ("modified", target),
+                ("created", os.path.join(self.base_dir, "w", "end")),
+            ],
+        )
+        self.assertNotIn(b".upload", c.data)
+
+
+def _split(received: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = received.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return int(lines[0].split()[1]), headers, body
+
+
+class HeadTests(DaemonTestCase, test_pipeline.RawMixin):
+    """HEAD on every GET route is GET without the body; other methods stay 501."""
+
+    @inlineCallbacks
+    def head(self, target: str) -> Any:
+        received = yield self.raw(
+            f"HEAD {target} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode()
+        )
+        return _split(received)
+
+    @inlineCallbacks
+    def test_health(self) -> Any:
+        """HEAD /health: 200, the GET's Content-Type and Content-Length, no body."""
+        status, headers, body = yield self.head("/health")
+        self.assertEqual((status, body), (200, b""))
+        self.assertEqual(headers["content-length"], str(len(b'{"status":"ok"}')))
+        self.assertEqual(headers["content-type"], "application/json")
+
+    @inlineCallbacks
+    def test_files_raw(self) -> Any:
+        """HEAD /files/raw gives the size and ETag of a download without sending it."""
+        with open(os.path.join(self.base_dir, "big.bin"), "wb") as f:
+            f.write(b"z" * 300_000)
+        status, headers, body = yield self.head("/files/raw?path=big.bin")
+        self.assertEqual((status, body), (200, b""))
+        self.assertEqual(headers["content-length"], "300000")
+        get = yield self.request("GET", "/files/raw?path=big.bin")
+        self.assertEqual(headers["etag"], get.header("etag"))
+        self.assertEqual(len(get.body), 300_000)
+
+    @inlineCallbacks
+    def test_refusals_and_streams(self) -> Any:
+        """A refused HEAD has the GET's status and no body; HEAD on a stream ends at once."""
+        status, _, body = yield self.head("/files/raw?path=missing")
+        self.assertEqual((status, body), (404, b""))
+        os.mkdir(os.path.join(self.base_dir, "w"))
+        status, headers, body = yield self.head("/files/watch?path=w")
+        self.assertEqual((status, body), (200, b""))
+        self.assertEqual(headers["content-type"], "text/event-stream")
+
+    @inlineCallbacks
+    def test_other_methods_still_501(self) -> Any:
+        """PUT and PATCH stay 501; HEAD of a POST-only path is the GET's 404."""
+        for method in ("PUT", "PATCH"):
+            reply = yield self.request(method, "/health")
+            self.assertEqual(reply.status, 501, method)
+        status, _, _ = yield self.head("/shell")
+        self.assertEqual(status, 404)
+
+
+class PreflightTests(DaemonTestCase):
+    """A CORS preflight from an origin the policy does not allow is 403 origin_not_allowed."""
+
+    policy = {"allowed_origins": ["https://console.example"]}
+
+    @inlineCallbacks
+    def test_other_origin_preflight(self) -> Any:
+        """403 origin_not_allowed (not 501), with no CORS headers; with no origins allowed too."""
+        for _ in range(2):
+            reply = yield self.request(
+                "OPTIONS",
+                "/capabilities",
+                headers={
+                    "Origin": "https://evil.example",
+                    "Access-Control-Request-Method": "POST",
+                },
+            )
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (403, "origin_not_allowed")
+            )
+            self.assertIsNone(reply.header("access-control-allow-origin"))
+            yield self.daemon.stop()
+            yield self.start(policy={})
+        reply = yield self.request("OPTIONS", "/capabilities")
+        self.assertEqual(reply.status, 501)  # not a preflight: still unsupported

@@ -108,8 +108,12 @@ For POST and DELETE also:
 |---|---|---|
 {body}
 
-Unknown paths are 404 `{{"error": "Not found: PATH", "type": "ValueError"}}`;
-methods other than GET, POST and DELETE are 501.
+Unknown paths are 404 `{{"error": "Not found: PATH", "type": "ValueError"}}`.
+HEAD is answered wherever GET is, as the GET without its body (the same
+status, `Content-Length`, `ETag`; a stream's headers, then the end); other
+methods than GET, HEAD, POST and DELETE are 501. A CORS preflight
+(`OPTIONS` with `Access-Control-Request-Method`) from an origin the policy
+does not allow is 403 `origin_not_allowed`.
 """
 
 

@@ -21,6 +21,7 @@ from twisted.internet.defer import (
     Deferred,
     ensureDeferred,
     maybeDeferred,
+    succeed,
 )
 from twisted.internet.task import cooperate
 from twisted.logger import Logger
@@ -196,6 +197,13 @@ def _stream_body(raw: SandboxRequest, result: StreamResponse) -> Deferred[Any]:
     raw.setResponseCode(result.status)
     for k, v in result.headers.items():
         raw.setHeader(k, v)
+    if raw.method == b"HEAD":
+        # The headers (size, ETag) without the body: the producer is
+        # stopped at once, before it reads or sendfile()s a byte.
+        result.write_to(_NoBody())  # type: ignore[arg-type]
+        raw.write(b"")
+        raw.finish()
+        return succeed(None)
     d = result.write_to(_twisted(raw))
 
     def done(_: Any) -> None:
@@ -212,6 +220,23 @@ def _stream_body(raw: SandboxRequest, result: StreamResponse) -> Deferred[Any]:
             transport.abortConnection()
 
     return d.addCallbacks(done, failed)
+
+
+class _NoBody:
+    """A consumer for a HEAD request's streamed body: stops its producer at once."""
+
+    sentLength = 0
+    chunked = False
+
+    def write(self, data: bytes) -> None:
+        """Drop it."""
+
+    def registerProducer(self, producer: Any, streaming: bool) -> None:
+        """Stop the producer (it closes its file)."""
+        producer.stopProducing()
+
+    def unregisterProducer(self) -> None:
+        """Nothing is registered."""
 
 
 def _as_frame(channel: SSEChannel, item: Any) -> None:
@@ -233,6 +258,16 @@ def _stream_events(
     raw: SandboxRequest, request: ServerRequest, result: SSEResponse
 ) -> Any:
     """Serve an SSE response; the concurrency slot is held until it ends."""
+    if raw.method == b"HEAD":
+        # What a GET would get, without starting the stream.
+        raw.setResponseCode(200)
+        raw.setHeader(b"content-type", b"text/event-stream")
+        raw.setHeader(b"cache-control", b"no-cache")
+        for k, v in result.headers.items():
+            raw.setHeader(k, v)
+        raw.write(b"")
+        raw.finish()
+        return None
     channel = SSEChannel(
         _twisted(raw), as_clock(request.context.reactor), headers=result.headers
     )

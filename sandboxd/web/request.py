@@ -186,6 +186,8 @@ class SandboxRequest(Request):
         ]
         transport = self.channel.transport
         assert transport is not None
+        if self.channel._command == b"HEAD":
+            body = b""  # the Content-Length above is what a GET would get
         transport.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
         self._audit(error.status, error.code, error.extra.get("rule"), len(body))
         transport.loseConnection()
