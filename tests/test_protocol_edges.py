@@ -13,7 +13,7 @@ from typing import Any
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests import test_files_watch, test_pipeline
+from tests import test_files_watch, test_pipeline, test_ws
 from tests.helpers import DaemonTestCase
 from tests.test_files import FilesCase
 from tests.test_process_routes import ProcessCase
@@ -232,3 +232,18 @@ class PreflightTests(DaemonTestCase):
             yield self.start(policy={})
         reply = yield self.request("OPTIONS", "/capabilities")
         self.assertEqual(reply.status, 501)  # not a preflight: still unsupported
+
+
+class WebSocketCloseTests(test_ws.ProtocolCase):
+    """The PTY WebSocket echoes the close code a client sends (RFC 6455 §5.5.1)."""
+
+    def test_client_close_code_echoed(self) -> None:
+        """A client closing with 4000 gets 4000 back, not 1000; the session lives on."""
+        client, _, pump = self.open()
+        self.assertTrue(client.open)
+        client.sendClose(code=4000, reason="switching tabs")
+        pump.flush()
+        self.assertEqual(
+            (client.close_code, client.close_reason), (4000, "switching tabs")
+        )
+        self.assertIn("s1", self.table.sessions)
