@@ -116,16 +116,36 @@ class HeadTail:
                 self.dropped_bytes += excess
 
     def value(self, marker: bool = True) -> bytes:
-        """Head and tail, with a line naming the dropped bytes between them."""
+        """
+        Head and tail, with a line naming the dropped bytes between them.
+
+        The line counts against the cap (the cap bounds everything
+        returned): head and tail give up room for it, and what they give
+        up is counted in :attr:`dropped_bytes`, which the line then names.
+        """
         tail = b"".join(self._tail)
         if not self.truncated:
             return bytes(self._head) + tail
-        middle = (
-            f"\n[... {self.dropped_bytes} bytes dropped ...]\n".encode()
-            if marker
-            else b""
-        )
+        if not marker:
+            return bytes(self._head) + tail
+        middle = self._marker()
+        while len(self._head) + len(middle) + len(tail) > self.cap:
+            over = len(self._head) + len(middle) + len(tail) - self.cap
+            if over > len(self._head) + len(tail):
+                return self._marker()[: self.cap]  # a cap smaller than the line
+            from_head = min(len(self._head), over // 2)
+            from_tail = min(len(tail), over - from_head)
+            from_head = over - from_tail
+            del self._head[len(self._head) - from_head :]
+            tail = tail[from_tail:]
+            self._tail = deque([tail]) if tail else deque()
+            self._tail_len = len(tail)
+            self.dropped_bytes += over
+            middle = self._marker()  # one digit longer, perhaps: look again
         return bytes(self._head) + middle + tail
+
+    def _marker(self) -> bytes:
+        return f"\n[... {self.dropped_bytes} bytes dropped ...]\n".encode()
 
 
 # --------------------------------------------------------------------------

@@ -111,7 +111,7 @@ def system_metrics(request: ServerRequest) -> dict[str, Any]:
         "disk_used_gb": _gib(disk.used),
         "disk_total_gb": _gib(disk.total),
         "disk_percent": disk.percent,
-        "uptime_seconds": round(time.time() - request.context.started_at, 1),
+        "uptime_seconds": round(time.time() - request.context.started_at, 3),
         "memory_source": memory.source,
     }
 

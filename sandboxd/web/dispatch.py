@@ -207,8 +207,17 @@ def _stream_body(raw: SandboxRequest, result: StreamResponse) -> Deferred[Any]:
     d = result.write_to(_twisted(raw))
 
     def done(_: Any) -> None:
-        if not raw._disconnected and not raw.finished:
-            raw.finish()
+        if raw._disconnected or raw.finished:
+            return
+        transport = raw.channel.transport
+        if transport is not None and getattr(transport, "disconnected", False):
+            # The client left mid-body: the transport stopped the producer
+            # on its way to connectionLost, which has not reached the
+            # request yet.  Finishing now would find the producer still
+            # registered (Twisted logs that as an error); the request is
+            # audited as client_closed instead.
+            return
+        raw.finish()
 
     def failed(failure: Failure) -> None:
         if not raw._disconnected and not raw.finished:
