@@ -320,7 +320,7 @@ async def packages(request: ServerRequest) -> dict[str, Any]:
     :raises ApiError: 400 for another manager; 500 TimeoutError past the
         time limit; 500 for output that is cut off or unreadable.
     """
-    manager = request.arg("manager", "pip") or "pip"
+    manager = request.arg("manager", "pip")
     if manager not in PACKAGE_MANAGERS:
         known = ", ".join(PACKAGE_MANAGERS)
         raise bad_request(f"unknown package manager {manager!r}; use one of: {known}")

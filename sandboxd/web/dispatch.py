@@ -197,7 +197,7 @@ def _stream_body(raw: SandboxRequest, result: StreamResponse) -> Deferred[Any]:
     raw.setResponseCode(result.status)
     for k, v in result.headers.items():
         raw.setHeader(k, v)
-    if raw.method == b"HEAD":
+    if _twisted(raw).method == b"HEAD":
         # The headers (size, ETag) without the body: the producer is
         # stopped at once, before it reads or sendfile()s a byte.
         result.write_to(_NoBody())  # type: ignore[arg-type]
@@ -267,7 +267,7 @@ def _stream_events(
     raw: SandboxRequest, request: ServerRequest, result: SSEResponse
 ) -> Any:
     """Serve an SSE response; the concurrency slot is held until it ends."""
-    if raw.method == b"HEAD":
+    if _twisted(raw).method == b"HEAD":
         # What a GET would get, without starting the stream.
         raw.setResponseCode(200)
         raw.setHeader(b"content-type", b"text/event-stream")
