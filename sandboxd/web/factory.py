@@ -47,7 +47,11 @@ class SandboxSite(Site):
             parsePOSTFormSubmission=False,
         )
         self.context = context
-        self.table = ConnectionTable(limits or ConnectionLimits(), self.reactor.seconds)
+        # The clock is asked when a connection comes, not now: a reactor
+        # that is never run (a MemoryReactor building a daemon) has none.
+        self.table = ConnectionTable(
+            limits or ConnectionLimits(), lambda: float(self.reactor.seconds())
+        )
         self._sweeper = LoopingCall(self.enforce_header_deadline)
         self._sweeper.clock = self.reactor
 
