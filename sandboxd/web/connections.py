@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_connections -*-
+# -*- test-case-name: tests.web.test_connections -*-
 """
 Which HTTP connections the daemon keeps: the caps, the request-head
 deadline, and who makes room when a cap is reached.

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.web.test_pipeline -*-
+# -*- test-case-name: tests.web.test_jsonbody,tests.web.test_pipeline -*-
 """
 Parsing a request's JSON body strictly (SPEC §3 step 6).
 

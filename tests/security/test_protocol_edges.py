@@ -10,14 +10,18 @@ import os
 from itertools import pairwise
 from typing import Any
 
+from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests import test_files_watch, test_pipeline, test_ws
+from sandboxd.testing import RawClient
+from tests.files import test_watch
 from tests.helpers import DaemonTestCase
-from tests.test_files import FilesCase
-from tests.test_process_routes import ProcessCase
-from tests.test_request import connect, make_site
+from tests.routes.test_files import FilesCase
+from tests.routes.test_process import ProcessCase
+from tests.terminals import test_websocket
+from tests.web.test_request import connect, make_site
 
 
 class UploadFieldTypeTests(DaemonTestCase):
@@ -118,7 +122,7 @@ class TimeoutCodeTests(ProcessCase):
 class UploadWatchTests(FilesCase):
     """A watch never shows the daemon's temporary upload names."""
 
-    open_stream = test_files_watch.WatchTests.open_stream
+    open_stream = test_watch.WatchTests.open_stream
 
     @inlineCallbacks
     def test_upload_is_one_event_of_the_real_name(self) -> Any:
@@ -157,8 +161,21 @@ def _split(received: bytes) -> tuple[int, dict[str, str], bytes]:
     return int(lines[0].split()[1]), headers, body
 
 
-class HeadTests(DaemonTestCase, test_pipeline.RawMixin):
+class HeadTests(DaemonTestCase):
     """HEAD on every GET route is GET without the body; other methods stay 501."""
+
+    @inlineCallbacks
+    def raw(self, data: bytes) -> Any:
+        """Send raw bytes on a real socket; everything until the server closes."""
+        client = RawClient()
+        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", self.daemon.port)
+        protocol = yield connectProtocol(endpoint, client)
+        protocol.transport.write(data)
+        timer = reactor.callLater(2, protocol.transport.loseConnection)
+        received = yield client.closed
+        if timer.active():
+            timer.cancel()
+        return received
 
     @inlineCallbacks
     def head(self, target: str) -> Any:
@@ -234,7 +251,7 @@ class PreflightTests(DaemonTestCase):
         self.assertEqual(reply.status, 501)  # not a preflight: still unsupported
 
 
-class WebSocketCloseTests(test_ws.ProtocolCase):
+class WebSocketCloseTests(test_websocket.ProtocolCase):
     """The PTY WebSocket echoes the close code a client sends (RFC 6455 §5.5.1)."""
 
     def test_client_close_code_echoed(self) -> None:

@@ -22,7 +22,7 @@ from sandboxd.server import PolicyError, Settings, connection_limits
 from sandboxd.web.connections import ConnectionLimits, ConnectionTable
 from sandboxd.web.site import SandboxSite
 from tests.helpers import DaemonTestCase
-from tests.test_request import make_site
+from tests.web.test_request import make_site
 
 HEALTH = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
 
