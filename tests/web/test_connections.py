@@ -20,7 +20,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.server import PolicyError, Settings, connection_limits
 from sandboxd.web.connections import ConnectionLimits, ConnectionTable
-from sandboxd.web.site import SandboxSite
+from sandboxd.web.factory import SandboxSite
 from tests.helpers import DaemonTestCase
 from tests.web.test_request import make_site
 
