@@ -118,12 +118,11 @@ def integer(
 ) -> int | None:
     """
     ``value`` as an integer within ``low..high``: a JSON integer (or a float
-    with no fraction) or its decimal text; missing is ``default`` (an
-    empty value, ``?depth=``, is no number: 400).
+    with no fraction) or its decimal text; missing or empty is ``default``.
 
     :raises ApiError: 400 ``invalid_param`` naming ``name``.
     """
-    if value is None:
+    if value is None or value == "":
         return _absent(value, name, default)
     number: int
     if isinstance(value, bool):

@@ -116,7 +116,6 @@ class OutsideTheSchemaTests(DaemonTestCase):
         os.mkdir(os.path.join(self.base_dir, "d"))
         cases: list[tuple[str, str, Any]] = [
             ("GET", "/files/list?hidden=", None),
-            ("GET", "/files/list?depth=", None),
             ("GET", "/packages?manager=", None),
             ("POST", "/upload", {"path": "x", "content_base64": "", "overwrite": ""}),
             ("POST", "/files/archive", {"paths": "d"}),
