@@ -62,13 +62,17 @@ class SandboxChannel(HTTPChannel):
         """The first byte of a request on a kept-alive connection starts its head."""
         if not self._in_head and not self.requests and not self._handlingRequest:
             self._in_head = True
-            self.site.table.head_started(self)  # type: ignore[attr-defined]
+            table = self._table()
+            if table is not None:
+                table.head_started(self)
         super().dataReceived(data)
 
     def allHeadersReceived(self) -> None:
         """The head is complete: no deadline while the request is handled."""
         self._in_head = False
-        self.site.table.head_done(self)  # type: ignore[attr-defined]
+        table = self._table()
+        if table is not None:
+            table.head_done(self)
         super().allHeadersReceived()
 
     def requestDone(self, request: Any) -> None:
@@ -76,15 +80,22 @@ class SandboxChannel(HTTPChannel):
         A response is done: the connection is idle, or a pipelined request
         already waiting in the buffer has its head read now.
         """
-        table = self.site.table  # type: ignore[attr-defined]
-        if not self.persistent:
-            pass  # closing: Twisted loses the connection next
+        table = self._table()
+        if table is None or not self.persistent:
+            pass  # closing (Twisted loses the connection next), or no table
         elif self._dataBuffer:
             self._in_head = True
             table.head_started(self)
         else:
             table.went_idle(self)
         super().requestDone(request)
+
+    def _table(self) -> Any:
+        """
+        The site's :class:`~sandboxd.web.connections.ConnectionTable`, or
+        None for a site that keeps its own count (the E2B door's).
+        """
+        return getattr(self.site, "table", None)  # type: ignore[attr-defined]
 
     def close_idle(self) -> None:
         """Reclaimed between requests, to make room at a cap."""
