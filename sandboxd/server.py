@@ -49,6 +49,7 @@ from sandboxd.startup import (
     interface_of,
     startup_line,
 )
+from sandboxd.web.connections import ConnectionLimits
 from sandboxd.web.factory import SandboxSite
 
 log = Logger(namespace="sandboxd")
@@ -135,6 +136,11 @@ class Settings:
     #: (the fast posix_spawn path).  Off for embedded and test daemons,
     #: whose host process owns its working directory.
     chdir: bool = False
+    #: HTTP connection bounds (None: ``$ABX_MAX_CONNECTIONS`` and friends,
+    #: else the defaults; see :class:`~sandboxd.web.connections.ConnectionLimits`).
+    max_connections: int | None = None
+    max_connections_per_address: int | None = None
+    head_deadline: float | None = None
 
 
 def release_memory() -> None:
@@ -381,6 +387,23 @@ def _cannot_listen(error: CannotListenError) -> str:
     return f"sandboxd: cannot listen on {port}: {reason}"
 
 
+def connection_limits(settings: Settings) -> ConnectionLimits:
+    """
+    The HTTP connection bounds of ``settings`` (or their environment).
+
+    :raises PolicyError: for a bound that is not a positive number.
+    """
+    try:
+        return ConnectionLimits.from_settings(
+            os.environ if settings.environ is None else settings.environ,
+            settings.max_connections,
+            settings.max_connections_per_address,
+            settings.head_deadline,
+        )
+    except ValueError as e:
+        raise PolicyError(f"connection limits: {e}") from None
+
+
 def validate_settings(settings: Settings, table: RouteTable | None = None) -> Policy:
     """
     Import the commands and check the policy, the base dir and the
@@ -388,6 +411,7 @@ def validate_settings(settings: Settings, table: RouteTable | None = None) -> Po
 
     :raises PolicyError: for anything that must stop the start.
     """
+    connection_limits(settings)
     for spec in settings.commands:
         import_commands(spec)
     environ = os.environ if settings.environ is None else settings.environ
@@ -510,7 +534,7 @@ def build(
         from sandboxd.e2b import setup as setup_e2b
 
         groups.append(setup_e2b(context, e2b))
-    site = SandboxSite(context, reactor=reactor)
+    site = SandboxSite(context, reactor=reactor, limits=connection_limits(settings))
     context.metrics.site = site
     # /health answers only once the policy is in force and every other
     # listener listens (sandboxd.readiness): the HTTP port opens last.

@@ -86,6 +86,26 @@ class Options(usage.Options):
             None,
             "Audit file (default $ABX_SERVER_AUDIT_LOG or the log).",
         ],
+        [
+            "max-connections",
+            None,
+            None,
+            "HTTP connections open at once (default $ABX_MAX_CONNECTIONS or 1024).",
+        ],
+        [
+            "max-connections-per-address",
+            None,
+            None,
+            "HTTP connections from one address "
+            "(default $ABX_MAX_CONNECTIONS_PER_ADDRESS or 256).",
+        ],
+        [
+            "head-deadline",
+            None,
+            None,
+            "Seconds a request head may take "
+            "(default $ABX_HEAD_DEADLINE_SECONDS or 30).",
+        ],
     ]
 
     def __init__(self) -> None:
@@ -133,6 +153,9 @@ class Options(usage.Options):
             commands=tuple(self["commands"]),
             audit_log=self["audit-log"],
             chdir=True,
+            max_connections=self["max-connections"],
+            max_connections_per_address=self["max-connections-per-address"],
+            head_deadline=self["head-deadline"],
         )
 
 

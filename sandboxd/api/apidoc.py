@@ -83,6 +83,11 @@ table drives routing, the policy engine, `GET /capabilities` and
 - **Errors**: `{{"error": MESSAGE, "type": NAME}}`, plus `code` and, for policy
   and guard decisions, `rule`, `endpoint`, `scope`, `limit`, `retry_after`.
   Programs should branch on `code`; `type` keeps the seed's exception names.
+- **Timeouts** have `code` `timeout` (past the time limit) or `idle_timeout`
+  (no output for that long) and `type` `TimeoutError` everywhere. The status
+  is 500 for `/shell` (as the seed defines it) and 408 elsewhere; either way
+  the command ran and was killed, so a client must not retry it as it would
+  a failed request.
 - **Limits** listed per endpoint are the built-in defaults; a policy changes
   them (`limits` in [policy](policy.md)); `GET /capabilities` shows the
   effective ones.
@@ -103,8 +108,12 @@ For POST and DELETE also:
 |---|---|---|
 {body}
 
-Unknown paths are 404 `{{"error": "Not found: PATH", "type": "ValueError"}}`;
-methods other than GET, POST and DELETE are 501.
+Unknown paths are 404 `{{"error": "Not found: PATH", "type": "ValueError"}}`.
+HEAD is answered wherever GET is, as the GET without its body (the same
+status, `Content-Length`, `ETag`; a stream's headers, then the end); other
+methods than GET, HEAD, POST and DELETE are 501. A CORS preflight
+(`OPTIONS` with `Access-Control-Request-Method`) from an origin the policy
+does not allow is 403 `origin_not_allowed`.
 """
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
 from sandboxd._version import __version__
 from sandboxd.api.schema import PATH_PARAMS, Field, Schema, schema_for
 from sandboxd.endpoints import DOOR_METHODS, param_name
@@ -29,28 +31,49 @@ def _field_schema(field: Field) -> dict[str, Any]:
     """The JSON Schema of one declared field."""
     out: dict[str, Any] = {}
     if field.type != "any":
-        out["type"] = field.type
+        out["type"] = [field.type, "null"] if field.nullable else field.type
     if field.type == "array" and field.items and field.items != "any":
         out["items"] = {"type": field.items}
+        if field.min_length is not None and field.items == "string":
+            out["items"]["minLength"] = field.min_length
     if field.doc:
         out["description"] = field.doc
     if field.enum:
-        out["enum"] = list(field.enum)
+        out["enum"] = [*field.enum, None] if field.nullable else list(field.enum)
     if field.default is not None:
         out["default"] = field.default
+    if field.min_length is not None and field.type == "string":
+        out["minLength"] = field.min_length
+    if field.min_items is not None:
+        out["minItems"] = field.min_items
+    if field.minimum is not None:
+        out["minimum"] = field.minimum
+    if field.maximum is not None:
+        out["maximum"] = field.maximum
     return out
 
 
 def _object_schema(
-    fields: tuple[Field, ...], open_body: bool = False
+    fields: tuple[Field, ...], open_body: bool = False, request: bool = False
 ) -> dict[str, Any]:
-    """An object schema from declared fields (free-form when none are)."""
+    """
+    An object schema from declared fields (free-form when none are).
+
+    In a request body an optional field may also be ``null``: handlers
+    read it as not given (``body.get(name)``), and saying so keeps strict
+    clients that send ``null`` for "unset" within the schema.
+    """
     named = [f for f in fields if f.name != "*"]
     if not named:
         return {"type": "object"}
     out: dict[str, Any] = {
         "type": "object",
-        "properties": {f.name: _field_schema(f) for f in named},
+        "properties": {
+            f.name: _field_schema(
+                attrs.evolve(f, nullable=True) if request and not f.required else f
+            )
+            for f in named
+        },
     }
     required = [f.name for f in named if f.required]
     if required:
@@ -75,7 +98,10 @@ def _parameters(endpoint: Any, schema: Schema) -> list[dict[str, Any]]:
                     "in": "path",
                     "required": True,
                     "description": field.doc,
-                    "schema": {"type": "string"},
+                    # One segment: a string, or an integer (a pid) as declared.
+                    "schema": _field_schema(attrs.evolve(field, doc="", example=None))
+                    if field.type == "integer"
+                    else {"type": "string", "minLength": 1},
                 }
             )
     for field in schema.query:
@@ -95,7 +121,7 @@ def _parameters(endpoint: Any, schema: Schema) -> list[dict[str, Any]]:
                 "in": "header",
                 "required": False,
                 "description": field.doc,
-                "schema": {"type": "string"},
+                "schema": _field_schema(attrs.evolve(field, doc="")),
             }
         )
     return params
@@ -175,10 +201,11 @@ def _operation(endpoint: Any, rule: Any) -> dict[str, Any]:
             "application/octet-stream" if endpoint.body == "raw" else "application/json"
         )
         op["requestBody"] = {
-            "required": False,
+            # An empty body is {}: it is required only when a field is.
+            "required": any(f.required for f in schema.body),
             "content": {
                 media: {
-                    "schema": _object_schema(schema.body, schema.open_body)
+                    "schema": _object_schema(schema.body, schema.open_body, True)
                     if endpoint.body == "json"
                     else {"type": "string", "format": "binary"}
                 }
@@ -196,6 +223,11 @@ def document(table: Any, policy: Any) -> dict[str, Any]:
         paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = _operation(
             endpoint, policy.rules[endpoint.id]
         )
+    check = paths.get("/capabilities/check", {}).get("post")
+    if check is not None:
+        # The endpoint ids are the table's, known only here.
+        body = check["requestBody"]["content"]["application/json"]["schema"]
+        body["properties"]["endpoint"]["enum"] = [e.id for e in table]
     return {
         "openapi": "3.1.0",
         "info": {

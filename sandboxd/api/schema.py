@@ -36,6 +36,12 @@ class Field:
     :ivar example: a value for generated examples (curl); fields without
         one are left out of them.
     :ivar enum: the only accepted values, when there is a closed set.
+    :ivar nullable: a response field that may be ``null``.
+    :ivar min_length: the shortest string the handler accepts (1 for a
+        name it refuses when empty); of each item, for an array.
+    :ivar min_items: the fewest items an array may have.
+    :ivar minimum: the smallest number accepted.
+    :ivar maximum: the largest number accepted.
     """
 
     name: str
@@ -46,6 +52,11 @@ class Field:
     example: Any = None
     items: str | None = None
     enum: tuple[Any, ...] = ()
+    nullable: bool = False
+    min_length: int | None = None
+    min_items: int | None = None
+    minimum: int | None = None
+    maximum: int | None = None
 
 
 @attrs.frozen
@@ -100,7 +111,7 @@ E = ErrorCase
 #: Path parameters by name (they are always required and one segment).
 PATH_PARAMS: dict[str, Field] = {
     "name": F("name", doc="the command's name", example="hello"),
-    "pid": F("pid", "integer", "a managed process's pid", example="$PID"),
+    "pid": F("pid", "integer", "a managed process's pid", example="$PID", minimum=1),
     "id": F("id", doc="a terminal session id", example="$SESSION"),
     "agent": F("agent", doc="a catalogue id (claude, codex, ...)", example="claude"),
     "sid": F("sid", doc="an agent session id", example="$SID"),
@@ -129,7 +140,11 @@ COMMON_ERRORS: tuple[ErrorCase, ...] = (
 
 #: Further errors of every endpoint with a JSON body (POST, DELETE).
 BODY_ERRORS: tuple[ErrorCase, ...] = (
-    E(400, "invalid_json", "the body is not JSON, or not an object"),
+    E(
+        400,
+        "invalid_json",
+        "the body is not UTF-8 JSON, not an object, or holds a lone surrogate",
+    ),
     E(413, "payload_too_large", "the body is over max_request_bytes"),
 )
 
@@ -187,7 +202,13 @@ _CHILD_ERRORS = (
     E(503, "unavailable", "the daemon is shutting down"),
 )
 _RESUME = (
-    F("after", "integer", "resume after this seq (else Last-Event-ID)", default=0),
+    F(
+        "after",
+        "integer",
+        "resume after this seq (else Last-Event-ID)",
+        default=0,
+        minimum=0,
+    ),
 )
 _LAST_EVENT_ID = F("Last-Event-ID", "integer", "the standard SSE resume header")
 #: SPEC §20: what the file API creates belongs to the request's user.
@@ -208,10 +229,15 @@ _GAP = Event("gap", '{"from", "to"}: events already dropped, sent first')
 _PROC_FIELDS = (
     F("pid", "integer"),
     F("command"),
-    F("tag", doc="the label given at start, or null"),
+    F("tag", doc="the label given at start, or null", nullable=True),
     F("state", enum=("running", "exited")),
     F("started_at", "number", "Unix time"),
-    F("exit_code", "integer", "null while running; -N when killed by signal N"),
+    F(
+        "exit_code",
+        "integer",
+        "null while running; -N when killed by signal N",
+        nullable=True,
+    ),
     F("stdin", "boolean", "whether a stdin pipe is open"),
 )
 _PTY_SESSION = (
@@ -269,6 +295,7 @@ SCHEMAS: dict[str, Schema] = {
                 "endpoint",
                 doc="the endpoint id to decide",
                 required=True,
+                min_length=1,
                 example="shell",
             ),
             F("path", doc="one path to decide", example="notes.txt"),
@@ -357,7 +384,7 @@ SCHEMAS: dict[str, Schema] = {
     "upload": Schema(
         body=(
             _OWNER,
-            F("path", required=True, example="hello.txt"),
+            F("path", required=True, min_length=1, example="hello.txt"),
             F("content_base64", required=True, example="aGVsbG8K"),
             F("overwrite", "boolean", default=True),
             F("mode", doc='octal permissions, e.g. "644"'),
@@ -369,7 +396,7 @@ SCHEMAS: dict[str, Schema] = {
         "name and renamed, so it lands whole or not at all.",
     ),
     "download": Schema(
-        query=(F("path", required=True, example="hello.txt"),),
+        query=(F("path", required=True, min_length=1, example="hello.txt"),),
         response=(F("path"), F("content_base64"), _ETAG),
         errors=(
             *_GUARD,
@@ -381,7 +408,7 @@ SCHEMAS: dict[str, Schema] = {
     "files_list": Schema(
         query=(
             F("path", doc="default: base_dir", example="."),
-            F("depth", "integer", "1..10", default=1),
+            F("depth", "integer", "1..10", default=1, minimum=1, maximum=10),
             F("hidden", "boolean", "include dot files", default=True),
         ),
         response=(
@@ -399,7 +426,7 @@ SCHEMAS: dict[str, Schema] = {
         notes="Entries the guard refuses, and links leading out of the boundary, are skipped.",
     ),
     "files_stat": Schema(
-        query=(F("path", required=True, example="hello.txt"),),
+        query=(F("path", required=True, min_length=1, example="hello.txt"),),
         response=(
             F("name"),
             F("path"),
@@ -414,13 +441,13 @@ SCHEMAS: dict[str, Schema] = {
         notes="A missing path inside the boundary is 200 with exists: false.",
     ),
     "files_mkdir": Schema(
-        body=(F("path", required=True, example="project/src"), _OWNER),
+        body=(F("path", required=True, min_length=1, example="project/src"), _OWNER),
         response=(F("path"), F("created", "boolean")),
         errors=_WRITE_GUARD,
         notes="Parents are created; an existing directory is fine.",
     ),
     "files_delete": Schema(
-        query=(F("path", required=True, example="project/build"),),
+        query=(F("path", required=True, min_length=1, example="project/build"),),
         body=(F("path", doc="accepted here too, for clients that send a body"),),
         response=(F("path"), F("deleted", "boolean")),
         errors=(
@@ -432,7 +459,7 @@ SCHEMAS: dict[str, Schema] = {
     ),
     "files_move": Schema(
         body=(
-            F("source", required=True, example="a.txt"),
+            F("source", required=True, min_length=1, example="a.txt"),
             F("destination", required=True, example="b.txt"),
             F("overwrite", "boolean", default=False),
             _OWNER,
@@ -454,9 +481,10 @@ SCHEMAS: dict[str, Schema] = {
                 "pattern",
                 doc="fnmatch on names, recursive",
                 required=True,
+                min_length=1,
                 example="*.py",
             ),
-            F("max_results", "integer", "at most max_entries", default=1000),
+            F("max_results", "integer", "at most max_entries", default=1000, minimum=1),
         ),
         response=(
             F("results", "array", "[{name, path}]", items="object"),
@@ -468,7 +496,7 @@ SCHEMAS: dict[str, Schema] = {
     "files_upload_stream": Schema(
         body=(
             _OWNER,
-            F("path", required=True, example="data.bin"),
+            F("path", required=True, min_length=1, example="data.bin"),
             F("content_base64", required=True, example="aGVsbG8K"),
             F("overwrite", "boolean", default=True),
             F("mode", doc='octal permissions, e.g. "644"'),
@@ -481,7 +509,7 @@ SCHEMAS: dict[str, Schema] = {
         "Cap: ABX_MAX_UPLOAD_SIZE or max_bytes (100 MB).",
     ),
     "files_download_stream": Schema(
-        query=(F("path", required=True, example="data.bin"),),
+        query=(F("path", required=True, min_length=1, example="data.bin"),),
         response=(F("path"), _ETAG, F("content_base64"), F("bytes", "integer")),
         errors=(
             *_GUARD,
@@ -498,6 +526,8 @@ SCHEMAS: dict[str, Schema] = {
                 "files and directories to pack",
                 required=True,
                 items="string",
+                min_items=1,
+                min_length=1,
                 example=["project"],
             ),
             F("format", enum=("tar.gz", "zip"), default="tar.gz", example="tar.gz"),
@@ -543,7 +573,7 @@ SCHEMAS: dict[str, Schema] = {
         ),
     ),
     "files_read_raw": Schema(
-        query=(F("path", required=True, example="data.bin"),),
+        query=(F("path", required=True, min_length=1, example="data.bin"),),
         headers=(
             F("Range", doc="one byte range: bytes=START-END"),
             F("If-None-Match", doc="an ETag: 304 when unchanged"),
@@ -571,7 +601,7 @@ SCHEMAS: dict[str, Schema] = {
     ),
     "files_write_raw": Schema(
         query=(
-            F("path", required=True, example="data.bin"),
+            F("path", required=True, min_length=1, example="data.bin"),
             F("overwrite", "boolean", default=True),
             F("mode", doc='octal permissions, e.g. "644"'),
             _OWNER,
@@ -629,18 +659,21 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 500,
                 "timeout",
-                "past timeout: the group was killed (output so far included)",
+                "past timeout: the group was killed (output so far included); "
+                "the command ran, so do not retry it",
                 "TimeoutError",
             ),
             E(
                 500,
                 "idle_timeout",
-                "no output for idle_timeout seconds",
+                "no output for idle_timeout seconds (the command ran: do not retry)",
                 "TimeoutError",
             ),
         ),
         notes="stdin is /dev/null. Output per stream is capped at max_output_bytes "
-        "(10 MiB), keeping head and tail.",
+        "(10 MiB), keeping head and tail. A timeout is 500 as in the seed, but "
+        "the command did run: a client must not retry on it as on a server "
+        "failure (check `code`).",
     ),
     "shell_stream": Schema(
         body=(*_COMMAND, *_CHILD, F("timeout", "number", "seconds", default=300)),
@@ -648,7 +681,11 @@ SCHEMAS: dict[str, Schema] = {
         events=(
             Event("stdout", '{"data": one line without its newline}'),
             Event("stderr", '{"data": one line without its newline}'),
-            Event("error", '{"error", "type"}: TimeoutError, sent before exit'),
+            Event(
+                "error",
+                '{"error", "type", "code"}: TimeoutError with code timeout or '
+                "idle_timeout, sent before exit",
+            ),
             Event("exit", '{"exit_code"}: always last'),
         ),
         errors=_CHILD_ERRORS,
@@ -664,7 +701,7 @@ SCHEMAS: dict[str, Schema] = {
             F("tag", doc="a free label; process_list filters on it"),
             F("timeout", "number", "seconds (default: none)"),
         ),
-        response=(F("pid", "integer"), F("command"), F("tag")),
+        response=(F("pid", "integer"), F("command"), F("tag", nullable=True)),
         errors=(
             *_CHILD_ERRORS,
             E(
@@ -738,7 +775,7 @@ SCHEMAS: dict[str, Schema] = {
         response=(
             F("pid", "integer"),
             F("state"),
-            F("exit_code", "integer"),
+            F("exit_code", "integer", "null while running", nullable=True),
             F(
                 "events",
                 "array",
@@ -883,7 +920,7 @@ SCHEMAS: dict[str, Schema] = {
             F("hostname"),
             F("memory_source", doc="cgroup or host: where memory figures came from"),
             F("cpu_source", doc="cgroup or host"),
-            F("cpu_limit", "number", "a fractional CPU quota, or null"),
+            F("cpu_limit", "number", "a fractional CPU quota, or null", nullable=True),
         ),
         notes="Disk is the base dir's file system; memory and CPU are the container's "
         "limits when it has them.",
@@ -936,11 +973,12 @@ SCHEMAS: dict[str, Schema] = {
         response=(
             F("manager"),
             F("packages", "array", "[{name, version}] sorted by name", items="object"),
-            F("interpreter", doc="the program that answered, or null"),
+            F("interpreter", doc="the program that answered, or null", nullable=True),
         ),
         errors=(
             E(400, "invalid_param", "another manager"),
-            E(500, "internal", "the tool timed out (TimeoutError) or failed"),
+            E(500, "timeout", "the tool did not answer in time", "TimeoutError"),
+            E(500, "internal", "the tool failed"),
         ),
         notes="A missing tool is an empty list.",
     ),
@@ -995,6 +1033,12 @@ SCHEMAS: dict[str, Schema] = {
             E(403, "param_not_allowed", "language outside params.languages"),
             *_GUARD[1:],
             E(408, "timeout", "past timeout: the group was killed", "TimeoutError"),
+            E(
+                408,
+                "idle_timeout",
+                "no output for idle_timeout seconds: the group was killed",
+                "TimeoutError",
+            ),
             E(
                 413,
                 "payload_too_large",
@@ -1425,7 +1469,7 @@ SCHEMAS: dict[str, Schema] = {
         response=(
             F("events", "array", items="object"),
             F("next", "integer"),
-            F("dropped", "object", "{from, to} or null"),
+            F("dropped", "object", "{from, to} or null", nullable=True),
             F("closed", "boolean"),
         ),
         events=(
@@ -1544,11 +1588,11 @@ SCHEMAS: dict[str, Schema] = {
             F("terminal_id"),
             F("pid", "integer"),
             F("state"),
-            F("exit_code", "integer"),
+            F("exit_code", "integer", "null while running", nullable=True),
             F("events", "array", "[{seq, stream, data}]", items="object"),
             F("next", "integer"),
             F("dropped_bytes", "integer"),
-            F("gap", "object", "{from, to} or null"),
+            F("gap", "object", "{from, to} or null", nullable=True),
         ),
         events=(
             Event("stdout", '{"data"}'),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import stat
 from typing import Any
@@ -42,6 +43,20 @@ def parse_mode(raw: Any) -> int | None:
     if not 0 <= mode <= 0o777:
         raise bad_request("'mode' must be within 000..777")
     return mode
+
+
+#: The daemon's own temporary names (see :func:`temporary_name`); a watch
+#: never shows them (SPEC §9: an upload is one ``created`` or ``modified``).
+TEMPORARY_NAME = re.compile(r"^\..*\.[0-9a-f]{12}(\.new)?\.upload\Z", re.DOTALL)
+
+
+def temporary_name(name: str, new: bool) -> str:
+    """
+    A temporary name beside ``name``: ``.NAME.<hex>.upload``, with ``.new``
+    before ``.upload`` when no file of that name exists yet (so a watch
+    can tell a creation from a replacement once it is renamed into place).
+    """
+    return f".{name[:200]}.{secrets.token_hex(6)}{'.new' if new else ''}.upload"
 
 
 class AtomicWrite:
@@ -81,7 +96,7 @@ class AtomicWrite:
             existing = self._check_target()
             if mode is None:
                 mode = stat.S_IMODE(existing.st_mode) if existing is not None else 0o644
-            self.tmp_name = f".{location.name[:200]}.{secrets.token_hex(6)}.upload"
+            self.tmp_name = temporary_name(location.name, new=existing is None)
             self.fd = os.open(self.tmp_name, _TMP_FLAGS, 0o600, dir_fd=location.dir_fd)
             self._give(existing)
             os.fchmod(self.fd, mode)

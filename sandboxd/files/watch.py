@@ -29,6 +29,7 @@ from twisted.python.filepath import FilePath
 
 from sandboxd.errors import Code, limit_exceeded, unavailable
 from sandboxd.eventlog import EventLog
+from sandboxd.files.atomic import TEMPORARY_NAME
 from sandboxd.files.walk import walk
 from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import (
@@ -125,11 +126,30 @@ class Watch:
             except inotify.INotifyError:
                 continue
         self.notifier.startReading()
+        # Closed after the idle period unless a client joins (one whose
+        # request was a HEAD, or that left before its stream began, never does).
+        self._idle_call = self.service.reactor.callLater(WATCH_IDLE_SECONDS, self.close)
 
     def _raw(self, _: Any, filepath: FilePath[Any], mask: int) -> None:
         inotify = _inotify()
         path = os.fsdecode(filepath.path)
         kind = "directory" if mask & inotify.IN_ISDIR else "file"
+        temporary = TEMPORARY_NAME.match(posixpath.basename(path))
+        if temporary is not None and not mask & inotify.IN_ISDIR:
+            # The daemon's own upload in progress: never shown.  Renamed
+            # into place, it becomes one created (or modified) of the real
+            # name; anything else done to it is nobody's business.
+            if mask & inotify.IN_MOVED_FROM:
+                self._add(
+                    {
+                        "event": "_upload",
+                        "path": path,
+                        "type": kind,
+                        "_open": True,
+                        "_new": temporary.group(1) is not None,
+                    }
+                )
+            return
         if mask & (inotify.IN_DELETE_SELF | inotify.IN_MOVE_SELF):
             if path == self.root:
                 self._add({"event": "deleted", "path": path, "type": "directory"})
@@ -148,7 +168,11 @@ class Watch:
             last = self.pending[-1] if self.pending else None
             if last is not None and last.get("_open"):
                 last.pop("_open")
-                last["dest"] = path
+                if last["event"] == "_upload":
+                    last["event"] = "created" if last.pop("_new") else "modified"
+                    last["path"] = path
+                else:
+                    last["dest"] = path
             else:
                 self._add({"event": "created", "path": path, "type": kind})
 
@@ -173,6 +197,8 @@ class Watch:
         pending, self.pending = self.pending, []
         for item in pending:
             item.pop("_open", None)
+            if item["event"] == "_upload":
+                continue  # a temporary file moved out of sight: not shown
             if not self.log.closed:
                 self.log.append(item["event"], item)
 

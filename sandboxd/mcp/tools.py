@@ -166,7 +166,7 @@ def _loose(field: Field) -> dict[str, Any]:
     while running), which a client's output validation must not reject.
     """
     out = field_schema(field)
-    if "type" in out:
+    if isinstance(out.get("type"), str):  # a nullable field already says so
         out["type"] = [out["type"], "null"]
     out.pop("enum", None)
     return out

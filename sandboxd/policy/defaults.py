@@ -106,8 +106,11 @@ MCP_PROGRESS_SECONDS = 0.05
 #: MCP: the most output one progress notification carries (its tail).
 MCP_PROGRESS_MESSAGE_CHARS = 64 * KIB
 
-#: SSE heartbeat interval.
-HEARTBEAT_SECONDS = 15.0
+#: An SSE stream silent this long gets a ``: keep-alive`` comment (SPEC §9).
+#: Under the 5 s read timeout of httpx's defaults, the shortest among
+#: common clients (requests has none, Node's fetch 300 s between chunks,
+#: browsers' EventSource none; proxies commonly 60 s).
+HEARTBEAT_SECONDS = 4.0
 
 #: Scrollback kept per terminal session.
 PTY_SCROLLBACK_BYTES = 64 * KIB
@@ -308,12 +311,23 @@ def upload_request_cap(max_bytes: int) -> int:
 #: client's socket is paused.
 UPLOAD_QUEUE_BYTES = 8 * MIB
 
-#: HTTP connections open at once, and from one client address.
+#: HTTP connections open at once, and from one client address
+#: (overridable: ``--max-connections``, ``--max-connections-per-address``).
 MAX_HTTP_CONNECTIONS = 1024
 MAX_CONNECTIONS_PER_PEER = 256
 
-#: A request's headers must be complete this long after its first line.
+#: A request's head (request line and headers) must be complete this long
+#: after the connection is made, or after the first byte of a later request
+#: on a kept-alive connection (overridable: ``--head-deadline``).
 HEADER_DEADLINE_SECONDS = 30.0
+
+#: At a connection cap, a connection whose request head has been on its way
+#: this long may be closed to make room for a new one.
+RECLAIM_HEAD_AFTER_SECONDS = 1.0
+
+#: The warning that a connection cap refused connections (and the note of
+#: connections reclaimed or cut) is logged at most this often.
+CAP_WARNING_INTERVAL_SECONDS = 30.0
 
 #: Headers per request (Twisted allows 500).
 MAX_HEADERS = 100

@@ -120,11 +120,20 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
     op = body.get("op")
     if op is not None and op not in ("read", "write", "delete"):
         raise bad_request("'op' must be read, write or delete")
-    paths = list(body.get("paths") or [])
+    listed = body.get("paths")
+    if listed is None:
+        listed = []
+    if not isinstance(listed, list):
+        # Not a string either: list("abc") would decide "a", "b" and "c".
+        raise bad_request("'paths' must be a list of paths")
+    paths = list(listed)
     if body.get("path") is not None:
         paths.insert(0, body["path"])
     if not all(isinstance(p, str) for p in paths):
         raise bad_request("paths must be strings")
+    command = body.get("command")
+    if command is not None and not isinstance(command, str):
+        raise bad_request("'command' must be a string")
     scopes = body.get("scopes")
     if scopes is not None:
         if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
@@ -141,7 +150,7 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
             reason=rule.reason,
         )
     else:
-        lacking = lacking_scope(identity, rule, {"name": str(body.get("command", ""))})
+        lacking = lacking_scope(identity, rule, {"name": command or ""})
         if endpoint.auth_required and lacking:
             out.update(
                 allowed=False,

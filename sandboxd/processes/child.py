@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import secrets
 import select
+import signal
 import time
 from collections import deque
 from collections.abc import Callable
@@ -115,16 +116,36 @@ class HeadTail:
                 self.dropped_bytes += excess
 
     def value(self, marker: bool = True) -> bytes:
-        """Head and tail, with a line naming the dropped bytes between them."""
+        """
+        Head and tail, with a line naming the dropped bytes between them.
+
+        The line counts against the cap (the cap bounds everything
+        returned): head and tail give up room for it, and what they give
+        up is counted in :attr:`dropped_bytes`, which the line then names.
+        """
         tail = b"".join(self._tail)
         if not self.truncated:
             return bytes(self._head) + tail
-        middle = (
-            f"\n[... {self.dropped_bytes} bytes dropped ...]\n".encode()
-            if marker
-            else b""
-        )
+        if not marker:
+            return bytes(self._head) + tail
+        middle = self._marker()
+        while len(self._head) + len(middle) + len(tail) > self.cap:
+            over = len(self._head) + len(middle) + len(tail) - self.cap
+            if over > len(self._head) + len(tail):
+                return self._marker()[: self.cap]  # a cap smaller than the line
+            from_head = min(len(self._head), over // 2)
+            from_tail = min(len(tail), over - from_head)
+            from_head = over - from_tail
+            del self._head[len(self._head) - from_head :]
+            tail = tail[from_tail:]
+            self._tail = deque([tail]) if tail else deque()
+            self._tail_len = len(tail)
+            self.dropped_bytes += over
+            middle = self._marker()  # one digit longer, perhaps: look again
         return bytes(self._head) + middle + tail
+
+    def _marker(self) -> bytes:
+        return f"\n[... {self.dropped_bytes} bytes dropped ...]\n".encode()
 
 
 # --------------------------------------------------------------------------
@@ -426,9 +447,21 @@ def signal_child(child: Child, sig: int) -> None:
     """
     if child.has_exited or never_signalled(child.pid):
         return
-    signal_group(child.pid, sig)
+    if sig == signal.SIGKILL and child.killing is None:
+        # 9 is "kill it" (SPEC §7.4): the whole tree, every time, as a
+        # timeout does, but with no TERM first and no grace; the kill keeps
+        # looking until no member (also one forked meanwhile) is left.
+        # ``reason`` stays unset: the output already read is the answer.
+        child.killing = kill_tree(child.clock, child.pid, child.marker, grace=0)
+        child.killing.addBoth(lambda _: reap_orphans() and None)
+        return
+    # Look first, signal after: once the leader dies its setsid'd
+    # children are reparented to the daemon, and a look taken while that
+    # happens could find them under neither.
     table = tree_table(child.pid)
-    for pid, start in tree_members(child.pid, child.marker, table).items():
+    members = tree_members(child.pid, child.marker, table)
+    signal_group(child.pid, sig)
+    for pid, start in members.items():
         if table[pid].pgid != child.pid:
             signal_member(pid, start, sig)
 

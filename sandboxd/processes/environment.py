@@ -116,19 +116,17 @@ def validate_env(value: Any) -> dict[str, str]:
     for k, v in value.items():
         if not isinstance(k, str) or not k or "=" in k or "\x00" in k:
             raise bad_request(f"invalid environment name {k!r}")
-        if (
-            isinstance(v, bool)
-            or not isinstance(v, str | int | float)
-            or "\x00" in str(v)
-        ):
-            raise bad_request(f"invalid value for {k!r}")
-        entry = len(os.fsencode(k)) + len(os.fsencode(str(v))) + 2  # '=' and NUL
+        if not isinstance(v, str) or "\x00" in v:
+            # Strings only, as the schema says: a number would be a guess
+            # at its spelling (1.0 or 1?).
+            raise bad_request(f"the value of {k!r} must be a string")
+        entry = len(os.fsencode(k)) + len(os.fsencode(v)) + 2  # '=' and NUL
         if entry > ARG_STRING_MAX_BYTES:
             raise bad_request(
                 f"the environment entry {k[:40]!r} is {entry} bytes; "
                 f"the kernel takes at most {ARG_STRING_MAX_BYTES}"
             )
-        out[k] = str(v)
+        out[k] = v
     return out
 
 

@@ -48,6 +48,9 @@ _SHARED_SCAN_SECONDS = 0.002
 
 _PR_SET_CHILD_SUBREAPER = 36
 
+#: How many times a walk looks again for orphans adopted while it walked.
+_ORPHAN_ROUNDS = 4
+
 
 class ProcInfo(NamedTuple):
     """
@@ -167,15 +170,30 @@ def tree_table(leader: int) -> dict[int, ProcInfo]:
     if not walkable():
         return proc_table()
     table: dict[int, ProcInfo] = {}
-    stack = [leader, *adopted_orphans()]
-    while stack:
-        pid = stack.pop()
-        if pid in table:
-            continue
-        info = proc_info(pid)
-        if info is not None:
-            table[pid] = info
-            stack.extend(_children(pid))
+
+    def walk(stack: list[int]) -> None:
+        while stack:
+            pid = stack.pop()
+            if pid in table:
+                continue
+            info = proc_info(pid)
+            if info is not None:
+                table[pid] = info
+                stack.extend(_children(pid))
+
+    # The tree first, the daemon's orphans after: a member whose parent
+    # dies meanwhile moves from its parent's children to the daemon's, so
+    # it is in one list or the other only when the parent's is read first
+    # (the other way round, a grandchild reparented between the two reads
+    # was in neither, and a signal 9 missed a setsid'd one on a fresh
+    # daemon one time in five).  Its own subtree is walked when it turns
+    # up among the orphans; a few rounds catch moves made during a round.
+    walk([leader])
+    for _ in range(_ORPHAN_ROUNDS):
+        new = [pid for pid in adopted_orphans() if pid not in table]
+        if not new:
+            break
+        walk(new)
     return table
 
 
@@ -472,11 +490,14 @@ def kill_tree(
             delay = min(delay, max(0.001, deadline - now))
         clock.callLater(delay, check)
 
-    signal_all(signal.SIGTERM)
-    signal_all(signal.SIGCONT)  # a stopped process cannot act on TERM
     if grace <= 0:
+        # KILL only: a TERM sent just before would be what a leader that
+        # does not trap it dies of, and its exit code would say -15.
         state["killed"] = True
         signal_all(signal.SIGKILL)
+    else:
+        signal_all(signal.SIGTERM)
+        signal_all(signal.SIGCONT)  # a stopped process cannot act on TERM
     KILLING.add(done)
     done.addBoth(_forget_killer, done)
     clock.callLater(0, check)

@@ -62,7 +62,8 @@ def _timeout_error(what: str, seconds: float | None, idle: bool = False) -> ApiE
     """408 ``timeout``, or ``idle_timeout`` for a run that printed nothing."""
     if idle:
         return timed_out(
-            f"{what} printed nothing for {seconds:g} s and was stopped", idle=True
+            f"IdleTimeout: {what} printed nothing for {seconds:g} s and was stopped",
+            idle=True,
         )
     return timed_out(f"{what} timed out after {seconds:g} s")
 

@@ -189,7 +189,11 @@ def _upload(request: ServerRequest, default_overwrite: bool) -> Any:
     mode = parse_mode(request.body.get("mode"))
     if_match = if_match_of(request)
     raw = request.body.get("content_base64")
-    size = len(request.payload) if request.payload is not None else len(raw or "")
+    if request.payload is not None:
+        size = len(request.payload)
+    else:
+        # Not a string (a number, a list): decode_payload says 400.
+        size = len(raw) if isinstance(raw, str) else 0
     if size <= INLINE_READ_BYTES:
         data = decode_payload(request)
         return write_bytes(request, guard, path, data, overwrite, if_match, mode)
@@ -484,12 +488,16 @@ def files_search(request: ServerRequest) -> Any:
     """``POST /files/search``: fnmatch on names, recursive, time-boxed, in a thread."""
     guard = PathGuard.for_request(request)
     body = request.body
-    path = body.get("path") or guard.base_dir
+    path = body.get("path")
+    if path is not None and not isinstance(path, str):
+        raise bad_request("'path' must be a string")
+    path = path or guard.base_dir
     pattern = required(body.get("pattern"), "pattern")
     if len(pattern) > MAX_PATTERN_CHARS:
         raise bad_request(f"'pattern' is longer than {MAX_PATTERN_CHARS} characters")
     cap = request.rule.limits.max_entries or _default("files_search", "max_entries")
-    max_results = integer(body.get("max_results"), "max_results", cap, 1, cap)
+    # "At most max_entries": more is asked for, that many are given.
+    max_results = min(cap, integer(body.get("max_results"), "max_results", cap, 1))
     timeout = request.rule.limits.timeout_seconds or _default(
         "files_search", "timeout_seconds"
     )
@@ -503,8 +511,6 @@ def files_archive(request: ServerRequest) -> Any:
 
     body = request.body
     paths = body.get("paths")
-    if isinstance(paths, str):
-        paths = [paths]
     if (
         not isinstance(paths, list)
         or not paths

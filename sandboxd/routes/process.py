@@ -241,7 +241,8 @@ def shell_stream(request: ServerRequest) -> SSEResponse | Deferred[SSEResponse]:
         stream.finish()
         error = processes.timeout_error(child)
         if error is not None:
-            stream.event("error", error.event())
+            # With its code (timeout, idle_timeout), as every other answer.
+            stream.event("error", {**error.event(), "code": error.code})
         stream.event("exit", {"exit_code": code})
         stream.close()
         if channel_box:

@@ -111,7 +111,7 @@ def system_metrics(request: ServerRequest) -> dict[str, Any]:
         "disk_used_gb": _gib(disk.used),
         "disk_total_gb": _gib(disk.total),
         "disk_percent": disk.percent,
-        "uptime_seconds": round(time.time() - request.context.started_at, 1),
+        "uptime_seconds": round(time.time() - request.context.started_at, 3),
         "memory_source": memory.source,
     }
 
@@ -320,7 +320,7 @@ async def packages(request: ServerRequest) -> dict[str, Any]:
     :raises ApiError: 400 for another manager; 500 TimeoutError past the
         time limit; 500 for output that is cut off or unreadable.
     """
-    manager = request.arg("manager", "pip") or "pip"
+    manager = request.arg("manager", "pip")
     if manager not in PACKAGE_MANAGERS:
         known = ", ".join(PACKAGE_MANAGERS)
         raise bad_request(f"unknown package manager {manager!r}; use one of: {known}")
@@ -353,7 +353,7 @@ async def packages(request: ServerRequest) -> dict[str, Any]:
         raise limit_exceeded(
             500,
             f"{manager} did not answer within {timeout} seconds",
-            Code.INTERNAL,
+            Code.TIMEOUT,
             rule=limit_rule(request.rule, "timeout_seconds"),
             type="TimeoutError",
             limit="timeout_seconds",

@@ -361,6 +361,10 @@ class PtyServerFactory(WebSocketServerFactory):
             openHandshakeTimeout=WS_HANDSHAKE_SECONDS if timers else 0,
             closeHandshakeTimeout=WS_CLOSE_SECONDS if timers else 0,
             failByDrop=False,
+            # A client's close code and reason are echoed (RFC 6455
+            # §5.5.1), not answered with 1000: a browser client reads 1000
+            # as "the shell ended".
+            echoCloseCodeReason=True,
             # RFC 6455 only: a hybi draft (8) would carry its Origin in
             # Sec-WebSocket-Origin, which the Origin check does not read.
             versions=[13],

@@ -5,11 +5,12 @@ facing untrusted clients needs and Twisted does not set.
 
 - At most :data:`~sandboxd.policy.defaults.MAX_HTTP_CONNECTIONS` open
   connections, and :data:`~sandboxd.policy.defaults.MAX_CONNECTIONS_PER_PEER`
-  from one address: the rest are closed at once, so a flood cannot take the
-  file descriptors that files, children and terminals need.
-- A request's headers must be complete within
-  :data:`~sandboxd.policy.defaults.HEADER_DEADLINE_SECONDS` of its first
-  line (slowloris): Twisted's idle timeout is reset by every byte.
+  from one address, so a flood cannot take the file descriptors that
+  files, children and terminals need; a request's head must be complete
+  within :data:`~sandboxd.policy.defaults.HEADER_DEADLINE_SECONDS`
+  (slowloris: Twisted's idle timeout is reset by every byte).  The channel
+  tells the site's :class:`~sandboxd.web.connections.ConnectionTable` when
+  a head starts and ends and when it goes idle; the table decides.
 - Fewer headers than Twisted allows (500).
 - Obs-folded header lines (a line starting with a space or tab, RFC 9112
   §5.2) are refused: Twisted joins them, so a token, Host or length could
@@ -42,9 +43,9 @@ class SandboxChannel(HTTPChannel):
     """One client connection."""
 
     maxHeaders = MAX_HEADERS
-    #: When the current request's first line arrived (None between requests).
-    headers_started: float | None = None
     peer_host = ""
+    #: Whether a request head is on its way (see :meth:`dataReceived`).
+    _in_head = False
 
     def connectionMade(self) -> None:
         """Count the connection; close it at once when over a cap."""
@@ -52,8 +53,58 @@ class SandboxChannel(HTTPChannel):
         peer = self.transport.getPeer() if self.transport is not None else None
         self.peer_host = getattr(peer, "host", "") or ""
         site: Any = self.site  # type: ignore[attr-defined]
+        # The first request's head is due from now, before any byte.
+        self._in_head = True
         if not site.connection_opened(self):
             self.transport.abortConnection()  # type: ignore[union-attr]
+
+    def dataReceived(self, data: bytes) -> None:
+        """The first byte of a request on a kept-alive connection starts its head."""
+        if not self._in_head and not self.requests and not self._handlingRequest:
+            self._in_head = True
+            table = self._table()
+            if table is not None:
+                table.head_started(self)
+        super().dataReceived(data)
+
+    def allHeadersReceived(self) -> None:
+        """The head is complete: no deadline while the request is handled."""
+        self._in_head = False
+        table = self._table()
+        if table is not None:
+            table.head_done(self)
+        super().allHeadersReceived()
+
+    def requestDone(self, request: Any) -> None:
+        """
+        A response is done: the connection is idle, or a pipelined request
+        already waiting in the buffer has its head read now.
+        """
+        table = self._table()
+        if table is None or not self.persistent:
+            pass  # closing (Twisted loses the connection next), or no table
+        elif self._dataBuffer:
+            self._in_head = True
+            table.head_started(self)
+        else:
+            table.went_idle(self)
+        super().requestDone(request)
+
+    def _table(self) -> Any:
+        """
+        The site's :class:`~sandboxd.web.connections.ConnectionTable`, or
+        None for a site that keeps its own count (the E2B door's).
+        """
+        return getattr(self.site, "table", None)  # type: ignore[attr-defined]
+
+    def close_idle(self) -> None:
+        """Reclaimed between requests, to make room at a cap."""
+        self.loseConnection()
+
+    def close_slow(self) -> None:
+        """The request head is overdue, or reclaimed at a cap."""
+        if self.transport is not None:
+            self.transport.abortConnection()  # type: ignore[attr-defined]
 
     _host: Any = None
 

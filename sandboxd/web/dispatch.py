@@ -21,6 +21,7 @@ from twisted.internet.defer import (
     Deferred,
     ensureDeferred,
     maybeDeferred,
+    succeed,
 )
 from twisted.internet.task import cooperate
 from twisted.logger import Logger
@@ -71,8 +72,20 @@ def _twisted(raw: SandboxRequest) -> Request:
 
 
 def json_bytes(value: Any) -> bytes:
-    """Compact UTF-8 JSON."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    """
+    Compact UTF-8 JSON that cannot fail on a string.
+
+    A lone surrogate (a file name that is not UTF-8 on disk, decoded with
+    ``surrogateescape``) cannot be encoded as UTF-8; such an answer is sent
+    with ``\\uXXXX`` escapes instead (as ``ensure_ascii`` does), which a
+    Python client decodes back to the same string.  An answer must not fail
+    after its side effect is done.
+    """
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":")).encode("ascii")
 
 
 def reason_phrase(status: int) -> str:
@@ -184,11 +197,27 @@ def _stream_body(raw: SandboxRequest, result: StreamResponse) -> Deferred[Any]:
     raw.setResponseCode(result.status)
     for k, v in result.headers.items():
         raw.setHeader(k, v)
+    if _twisted(raw).method == b"HEAD":
+        # The headers (size, ETag) without the body: the producer is
+        # stopped at once, before it reads or sendfile()s a byte.
+        result.write_to(_NoBody())  # type: ignore[arg-type]
+        raw.write(b"")
+        raw.finish()
+        return succeed(None)
     d = result.write_to(_twisted(raw))
 
     def done(_: Any) -> None:
-        if not raw._disconnected and not raw.finished:
-            raw.finish()
+        if raw._disconnected or raw.finished:
+            return
+        transport = raw.channel.transport
+        if transport is not None and getattr(transport, "disconnected", False):
+            # The client left mid-body: the transport stopped the producer
+            # on its way to connectionLost, which has not reached the
+            # request yet.  Finishing now would find the producer still
+            # registered (Twisted logs that as an error); the request is
+            # audited as client_closed instead.
+            return
+        raw.finish()
 
     def failed(failure: Failure) -> None:
         if not raw._disconnected and not raw.finished:
@@ -200,6 +229,23 @@ def _stream_body(raw: SandboxRequest, result: StreamResponse) -> Deferred[Any]:
             transport.abortConnection()
 
     return d.addCallbacks(done, failed)
+
+
+class _NoBody:
+    """A consumer for a HEAD request's streamed body: stops its producer at once."""
+
+    sentLength = 0
+    chunked = False
+
+    def write(self, data: bytes) -> None:
+        """Drop it."""
+
+    def registerProducer(self, producer: Any, streaming: bool) -> None:
+        """Stop the producer (it closes its file)."""
+        producer.stopProducing()
+
+    def unregisterProducer(self) -> None:
+        """Nothing is registered."""
 
 
 def _as_frame(channel: SSEChannel, item: Any) -> None:
@@ -221,6 +267,16 @@ def _stream_events(
     raw: SandboxRequest, request: ServerRequest, result: SSEResponse
 ) -> Any:
     """Serve an SSE response; the concurrency slot is held until it ends."""
+    if _twisted(raw).method == b"HEAD":
+        # What a GET would get, without starting the stream.
+        raw.setResponseCode(200)
+        raw.setHeader(b"content-type", b"text/event-stream")
+        raw.setHeader(b"cache-control", b"no-cache")
+        for k, v in result.headers.items():
+            raw.setHeader(k, v)
+        raw.write(b"")
+        raw.finish()
+        return None
     channel = SSEChannel(
         _twisted(raw), as_clock(request.context.reactor), headers=result.headers
     )

@@ -10,13 +10,9 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from sandboxd.context import Context
-from sandboxd.policy.defaults import (
-    HEADER_DEADLINE_SECONDS,
-    HTTP_IDLE_TIMEOUT_SECONDS,
-    MAX_CONNECTIONS_PER_PEER,
-    MAX_HTTP_CONNECTIONS,
-)
+from sandboxd.policy.defaults import HTTP_IDLE_TIMEOUT_SECONDS
 from sandboxd.web.channel import SandboxChannel
+from sandboxd.web.connections import ConnectionLimits, ConnectionTable
 from sandboxd.web.request import SandboxRequest
 
 
@@ -33,7 +29,12 @@ class SandboxSite(Site):
     protocol = SandboxChannel  # type: ignore[assignment]
     displayTracebacks = False
 
-    def __init__(self, context: Context, reactor: Any = None) -> None:
+    def __init__(
+        self,
+        context: Context,
+        reactor: Any = None,
+        limits: ConnectionLimits | None = None,
+    ) -> None:
         # Form bodies never become request arguments (SPEC §3 step 5), and
         # parsing their Content-Type costs time on every POST
         # (docs/performance.md).
@@ -46,16 +47,32 @@ class SandboxSite(Site):
             parsePOSTFormSubmission=False,
         )
         self.context = context
-        self.connections: set[SandboxChannel] = set()
-        self.per_peer: dict[str, int] = {}
+        # The clock is asked when a connection comes, not now: a reactor
+        # that is never run (a MemoryReactor building a daemon) has none.
+        self.table = ConnectionTable(
+            limits or ConnectionLimits(), lambda: float(self.reactor.seconds())
+        )
         self._sweeper = LoopingCall(self.enforce_header_deadline)
         self._sweeper.clock = self.reactor
 
+    @property
+    def connections(self) -> set[Any]:
+        """The open connections."""
+        return self.table.open
+
+    @property
+    def per_peer(self) -> dict[str, int]:
+        """Open connections per client address."""
+        return self.table.per_peer
+
     def startFactory(self) -> None:
-        """Start watching for requests whose headers never complete."""
+        """Start watching for request heads that never complete."""
         super().startFactory()
         if not self._sweeper.running:
-            self._sweeper.start(HEADER_DEADLINE_SECONDS / 3, now=False)
+            # The sweep costs only the overdue heads, so it can run often
+            # enough that a head is cut within a second of its deadline.
+            period = min(1.0, self.table.limits.head_deadline / 4)
+            self._sweeper.start(period, now=False)
 
     def stopFactory(self) -> None:
         """Stop the watch."""
@@ -65,35 +82,18 @@ class SandboxSite(Site):
 
     def connection_opened(self, channel: SandboxChannel) -> bool:
         """Admit a new connection (False: over a cap, close it)."""
-        peer = channel.peer_host
-        if (
-            len(self.connections) >= MAX_HTTP_CONNECTIONS
-            or self.per_peer.get(peer, 0) >= MAX_CONNECTIONS_PER_PEER
-        ):
+        admitted = self.table.admit(channel)
+        if not admitted:
             self.context.metrics.connection_refused("http")
-            return False
-        self.connections.add(channel)
-        self.per_peer[peer] = self.per_peer.get(peer, 0) + 1
-        return True
+        return admitted
 
     def connection_closed(self, channel: SandboxChannel) -> None:
         """Forget a connection."""
-        if channel in self.connections:
-            self.connections.discard(channel)
-            left = self.per_peer.get(channel.peer_host, 1) - 1
-            if left > 0:
-                self.per_peer[channel.peer_host] = left
-            else:
-                self.per_peer.pop(channel.peer_host, None)
+        self.table.forget(channel)
 
     def enforce_header_deadline(self) -> None:
-        """Close connections whose request headers are overdue (slowloris)."""
-        limit = self.reactor.seconds() - HEADER_DEADLINE_SECONDS
-        for channel in list(self.connections):
-            started = channel.headers_started
-            transport: Any = channel.transport
-            if started is not None and started < limit and transport is not None:
-                transport.abortConnection()
+        """Close connections whose request heads are overdue (slowloris)."""
+        self.table.cut_overdue()
 
     def log(self, request: Any) -> None:
         """Skip the access log (see the class docstring)."""

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.web.test_pipeline -*-
+# -*- test-case-name: tests.web.test_jsonbody,tests.web.test_pipeline -*-
 """
 Parsing a request's JSON body strictly (SPEC §3 step 6).
 
@@ -8,12 +8,22 @@ lets a repeated key silently win, so ``{"path": "a", "path": "/etc/x"}``
 would mean different things to different readers; a deeply nested body
 raises RecursionError instead of a ValueError.  All of these are 400
 ``invalid_json`` here.
+
+It also guesses the encoding of bytes (UTF-16 and UTF-32 are taken) and
+keeps lone surrogates (a raw ``\\xed\\xa0\\x80`` is refused by the codec,
+but the escape ``"\\ud800"`` is not): a body that a proxy or a log reads as
+something else must not be executed, and a surrogate in a path or a command
+fails later, when a file name or the answer is encoded, after the side
+effect.  RFC 8259 §8.1 requires UTF-8 between systems; the body is decoded
+as strict UTF-8 here and no string in it, key or value at any depth, may
+hold a lone surrogate.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from sandboxd.errors import invalid_json
@@ -45,6 +55,29 @@ def _finite_float(text: str) -> float:
     return value
 
 
+#: A ``\\uD800``-``\\uDFFF`` escape (paired or not): only bodies holding one
+#: need their strings walked.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether any string in ``value`` (keys included, at any depth) has one."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
 def parse_object(raw: bytes) -> dict[str, Any]:
     """
     The body as a JSON object (``{}`` when empty).
@@ -54,8 +87,14 @@ def parse_object(raw: bytes) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
+        # Strict UTF-8: no UTF-16/32 guess, no encoded surrogates, no BOM
+        # (json refuses a str starting with one).
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise invalid_json("the body is not valid UTF-8") from None
+    try:
         body = json.loads(
-            raw,
+            text,
             object_pairs_hook=_no_duplicates,
             parse_constant=_no_constants,
             parse_float=_finite_float,
@@ -66,4 +105,6 @@ def parse_object(raw: bytes) -> dict[str, Any]:
         raise invalid_json() from None
     if not isinstance(body, dict):
         raise invalid_json("the body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(body):
+        raise invalid_json("the body holds a lone UTF-16 surrogate (\\uD800-\\uDFFF)")
     return body

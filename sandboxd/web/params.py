@@ -53,7 +53,7 @@ def _absent(value: Any, name: str, default: _T | _Required) -> _T:
 def flag(value: Any, name: str, default: bool = False, words: bool = True) -> bool:
     """
     ``value`` as a boolean: JSON true/false, or true/false, yes/no, on/off,
-    1/0 in any case; missing or empty is ``default``.
+    1/0 in any case; missing is ``default`` (an empty ``?hidden=`` is 400).
 
     :param words: False for a JSON body field that takes only true or
         false (its absence settled by the caller's ``.get`` default).
@@ -62,7 +62,8 @@ def flag(value: Any, name: str, default: bool = False, words: bool = True) -> bo
     if isinstance(value, bool):
         return value
     if words:
-        if value is None or value == "":
+        # An empty value (``?hidden=``) says neither: 400, not the default.
+        if value is None:
             return default
         text = str(value).strip().lower()
         if text in TRUE_WORDS:

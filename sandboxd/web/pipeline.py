@@ -28,6 +28,7 @@ from sandboxd.errors import (
     unsupported,
 )
 from sandboxd.policy.rules import EffectiveRule
+from sandboxd.web.cors import is_preflight
 from sandboxd.web.query_token import query_token
 from sandboxd.web.target import parse_path, parse_query
 
@@ -94,10 +95,19 @@ def admit(
         path, segments = parse_path(raw_path)
     except ApiError as e:
         raise _refuse(e, display, raw_query) from None
-    # 2. Route.
-    if method not in HTTP_METHODS:
+    # 2. Route.  HEAD is served wherever GET is (RFC 9110 §9.3.2; beyond
+    # the seed), as GET without the body: Twisted drops what is written.
+    route_method = "GET" if method == "HEAD" else method
+    if route_method not in HTTP_METHODS:
+        if is_preflight(method, headers):
+            # An allowed origin's preflight never gets here (see cors); any
+            # other is refused as its request would be, not as a method.
+            try:
+                gate.check_origin_and_host(context, headers, secure)
+            except ApiError as e:
+                raise _refuse(e, path, raw_query) from None
         raise _refuse(unsupported(f"method {method} is not supported"), path, raw_query)
-    match = context.router.match(method, segments)
+    match = context.router.match(route_method, segments)
     if match is None:
         raise _refuse(no_route(path), path, raw_query)
     endpoint, path_params = match

@@ -103,14 +103,8 @@ class SandboxRequest(Request):
 
     # -- header time ------------------------------------------------------
 
-    def __init__(self, channel: Any, *args: Any, **kwargs: Any) -> None:
-        super().__init__(channel, *args, **kwargs)
-        # The request line is in; its headers now have a deadline.
-        channel.headers_started = channel.site.reactor.seconds()
-
     def gotLength(self, length: int | None) -> None:
         """Run SPEC §3 steps 1–5 before reading the body."""
-        self.channel.headers_started = None  # type: ignore[attr-defined]
         self.started = time.monotonic()
         self.body_buffer = self.content = io.BytesIO()
         channel = self.channel
@@ -192,6 +186,8 @@ class SandboxRequest(Request):
         ]
         transport = self.channel.transport
         assert transport is not None
+        if self.channel._command == b"HEAD":
+            body = b""  # the Content-Length above is what a GET would get
         transport.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
         self._audit(error.status, error.code, error.extra.get("rule"), len(body))
         transport.loseConnection()

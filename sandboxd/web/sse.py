@@ -3,7 +3,7 @@
 Server-Sent Events over a twisted.web request (SPEC §9).
 
 An :class:`SSEChannel` writes one frame per event as it happens, sends a
-``: keep-alive`` comment after 15 s of silence, notices the client leaving,
+``: keep-alive`` comment after 4 s of silence, notices the client leaving,
 and lets a producer pause whatever feeds it when the client reads slowly.
 """
 
@@ -16,7 +16,6 @@ from typing import Any
 from twisted.internet import tcp
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer, IReactorTime
-from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 from zope.interface import implementer
@@ -30,7 +29,13 @@ def frame(event: str, data: Any, id: int | None = None) -> bytes:
     """One SSE frame; ``data`` is JSON (so it never holds a bare newline)."""
     payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
     head = f"id: {id}\n" if id is not None else ""
-    return f"{head}event: {event}\ndata: {payload}\n\n".encode()
+    text = f"{head}event: {event}\ndata: {payload}\n\n"
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        # A lone surrogate (a non-UTF-8 file name): escaped, never a failure.
+        payload = json.dumps(data, separators=(",", ":"))
+        return f"{head}event: {event}\ndata: {payload}\n\n".encode()
 
 
 @implementer(IPushProducer)
@@ -101,9 +106,12 @@ class SSEChannel:
         for k, v in (headers or {}).items():
             request.setHeader(k, v)
         request.notifyFinish().addErrback(self._lost)
-        self._heartbeat = LoopingCall(self._beat)
-        self._heartbeat.clock = clock
-        self._heartbeat.start(heartbeat, now=False)
+        # One timer, due ``heartbeat`` after the last write: writes only
+        # note their time, and the timer moves itself on when it finds the
+        # stream was not silent (a fixed period let a stream go quiet for
+        # almost two periods).
+        self._every = heartbeat
+        self._beat_call: Any = clock.callLater(heartbeat, self._beat)
         self._producer: _ProducerAdapter | None = None
         self._first_sent = False
         # The status and headers leave now: a client whose command prints
@@ -131,8 +139,13 @@ class SSEChannel:
         self.write_raw(f": {text}\n\n".encode())
 
     def _beat(self) -> None:
-        if self._clock.seconds() - self._last_write >= HEARTBEAT_SECONDS - 0.001:
+        if not self.open:
+            return
+        quiet = self._clock.seconds() - self._last_write
+        if quiet >= self._every - 0.001:
             self.comment()
+            quiet = 0.0
+        self._beat_call = self._clock.callLater(self._every - quiet, self._beat)
 
     def on_disconnect(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` if the client leaves before the stream ends."""
@@ -163,8 +176,8 @@ class SSEChannel:
         if self.open:
             SSEChannel.open_count -= 1
         self.open = False
-        if self._heartbeat.running:
-            self._heartbeat.stop()
+        if self._beat_call.active():
+            self._beat_call.cancel()
         if self._producer is not None:
             self._producer = None
             # After a disconnect the request has no channel left to unregister from.

@@ -368,7 +368,9 @@ class PtyTests(E2BCase):
         def job() -> Any:
             from e2b.sandbox.commands.command_handle import PtySize
 
-            handle = self.sandbox().pty.create(PtySize(rows=24, cols=80), timeout=1)
+            # Long enough that a loaded machine still creates the terminal
+            # within it; the test is that the deadline then ends it.
+            handle = self.sandbox().pty.create(PtySize(rows=24, cols=80), timeout=4)
             try:
                 handle.wait()
             except Exception as e:

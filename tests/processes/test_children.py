@@ -59,7 +59,15 @@ class HeadTailTests(SynchronousTestCase):
         self.assertTrue(sink.truncated)
         self.assertEqual(sink.dropped_bytes, 23 - 10)
         self.assertEqual(sink.value(marker=False), b"01234" + b"ijXYZ")
-        self.assertIn(b"[... 13 bytes dropped ...]", sink.value())
+        # A cap smaller than the marker line: the cap still wins (issue 22).
+        self.assertEqual(len(sink.value()), 10)
+        sink = HeadTail(100)
+        for chunk in (b"0" * 50, b"x" * 500, b"9" * 50):
+            sink.write(chunk)
+        value = sink.value()
+        self.assertEqual(len(value), 100)
+        self.assertIn(f"[... {sink.dropped_bytes} bytes dropped ...]".encode(), value)
+        self.assertTrue(value.startswith(b"0") and value.endswith(b"9"))
 
     def test_many_small_writes_stay_bounded(self) -> None:
         """A million one-byte writes leave at most ``cap`` bytes held."""
@@ -351,7 +359,12 @@ class RunCollectTests(TestCase):
         self.assertTrue(result.truncated)
         self.assertTrue(result.stdout.startswith(b"BEGIN\n"))
         self.assertTrue(result.stdout.endswith(b"END\n"))
-        self.assertEqual(result.dropped_bytes, 3000000 + 6 + 1 + 4 - 1000)
+        # The cap includes the marker line, and the count what it displaced.
+        self.assertLessEqual(len(result.stdout), 1000)
+        line = f"\n[... {result.dropped_bytes} bytes dropped ...]\n".encode()
+        self.assertIn(line, result.stdout)
+        kept = len(result.stdout) - len(line)
+        self.assertEqual(result.dropped_bytes, 3000000 + 6 + 1 + 4 - kept)
 
     @inlineCallbacks
     def test_cancel_kills_tree(self) -> Any:

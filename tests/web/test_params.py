@@ -26,9 +26,10 @@ class FlagTests(SynchronousTestCase):
             self.assertIs(flag(value, "x", True), False, value)
 
     def test_missing_is_default(self) -> None:
-        """Absent or empty takes the route's default."""
+        """Absent takes the route's default; empty says neither and is 400 (issue 22)."""
         self.assertIs(flag(None, "x", True), True)
-        self.assertIs(flag("", "x"), False)
+        with self.assertRaises(ApiError):
+            flag("", "x")
 
     def test_anything_else_is_400(self) -> None:
         """Other words are 400 invalid_param naming the parameter."""

@@ -168,7 +168,7 @@ class SSETests(SynchronousTestCase):
     """SSE framing, heartbeats and disconnects on a memory reactor."""
 
     def test_frames_and_heartbeat(self) -> None:
-        """Events are written as they happen; 15 s of silence sends a keep-alive comment."""
+        """Events are written as they happen; 4 s of silence sends a keep-alive comment."""
         site, clock, channels = make_site()
         protocol, transport = connect(site)
         protocol.dataReceived(b"GET /events HTTP/1.1\r\nHost: localhost\r\n\r\n")

@@ -1,0 +1,309 @@
+# -*- test-case-name: tests.web.test_connections -*-
+"""
+Which HTTP connections the daemon keeps: the caps, the request-head
+deadline, and who makes room when a cap is reached.
+
+A connection is in one of three states, as far as admission goes:
+
+- *head*: a request's head (request line and headers) is on its way.
+  That starts when the connection is made and, on a kept-alive
+  connection, with the first byte of each next request; it ends once every
+  header is in.  A head must be complete within
+  :attr:`ConnectionLimits.head_deadline` seconds: a client dripping its
+  request line one byte a second resets Twisted's idle timeout with every
+  byte, and the old deadline only started once the request line was
+  complete, so 1,024 such clients filled the cap for good.
+- *idle*: a kept-alive connection between requests.
+- *busy*: a request is being read, handled or answered.
+
+When a cap is reached (all connections, or those from one address), a
+new connection takes the place of the connection idle the longest, else
+of the one whose head has been on its way the longest, if that is more
+than :data:`~sandboxd.policy.defaults.RECLAIM_HEAD_AFTER_SECONDS`; a
+client that sends its head in one packet is never that slow.  Only when
+neither exists is the new connection refused, and that is logged as a
+warning (at most once per
+:data:`~sandboxd.policy.defaults.CAP_WARNING_INTERVAL_SECONDS`, with the
+counts since the last one).  A busy connection is never reclaimed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import attrs
+from twisted.logger import Logger
+
+from sandboxd.policy.defaults import (
+    CAP_WARNING_INTERVAL_SECONDS,
+    HEADER_DEADLINE_SECONDS,
+    MAX_CONNECTIONS_PER_PEER,
+    MAX_HTTP_CONNECTIONS,
+    RECLAIM_HEAD_AFTER_SECONDS,
+)
+
+log = Logger(namespace="sandboxd.connections")
+
+#: Environment variables that override :class:`ConnectionLimits`.
+ENV_MAX_CONNECTIONS = "ABX_MAX_CONNECTIONS"
+ENV_MAX_CONNECTIONS_PER_ADDRESS = "ABX_MAX_CONNECTIONS_PER_ADDRESS"
+ENV_HEAD_DEADLINE = "ABX_HEAD_DEADLINE_SECONDS"
+
+
+class Connection(Protocol):
+    """What the table needs of a channel."""
+
+    peer_host: str
+
+    def close_idle(self) -> None:
+        """Close a connection that is between requests."""
+
+    def close_slow(self) -> None:
+        """Close a connection whose request head is overdue."""
+
+
+@attrs.frozen
+class ConnectionLimits:
+    """
+    The HTTP connection bounds (documented in docs/operations.md).
+
+    :ivar max_connections: open at once.
+    :ivar max_per_address: open at once from one client address.
+    :ivar head_deadline: seconds a request head may take, from the
+        connection (first request) or its first byte (later ones).
+    """
+
+    max_connections: int = MAX_HTTP_CONNECTIONS
+    max_per_address: int = MAX_CONNECTIONS_PER_PEER
+    head_deadline: float = HEADER_DEADLINE_SECONDS
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_connections < 1 or self.max_per_address < 1:
+            raise ValueError("connection caps must be at least 1")
+        if not self.head_deadline > 0:
+            raise ValueError("the request head deadline must be positive")
+
+    @classmethod
+    def from_settings(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        max_connections: int | None = None,
+        max_per_address: int | None = None,
+        head_deadline: float | None = None,
+    ) -> ConnectionLimits:
+        """
+        The limits from explicit values, else the environment, else the
+        defaults.
+
+        :raises ValueError: for a value that is not a positive number.
+        """
+        env = os.environ if environ is None else environ
+
+        def pick(
+            value: Any, name: str, kind: Callable[[str], Any], default: Any
+        ) -> Any:
+            text = str(value) if value is not None else env.get(name, "").strip()
+            if not text:
+                return default
+            try:
+                return kind(text)
+            except ValueError:
+                where = "the option" if value is not None else name
+                raise ValueError(f"{where}: {text!r} is not a number") from None
+
+        return cls(
+            pick(max_connections, ENV_MAX_CONNECTIONS, int, MAX_HTTP_CONNECTIONS),
+            pick(
+                max_per_address,
+                ENV_MAX_CONNECTIONS_PER_ADDRESS,
+                int,
+                MAX_CONNECTIONS_PER_PEER,
+            ),
+            pick(head_deadline, ENV_HEAD_DEADLINE, float, HEADER_DEADLINE_SECONDS),
+        )
+
+
+class ConnectionTable:
+    """
+    The open connections of one site, by state (see the module docstring).
+
+    ``heads`` and ``idle`` are ordered by when the state began, so the
+    oldest is the first entry and the deadline sweep stops at the first
+    head that is not overdue.
+    """
+
+    def __init__(
+        self,
+        limits: ConnectionLimits,
+        seconds: Callable[[], float],
+        reclaim_after: float = RECLAIM_HEAD_AFTER_SECONDS,
+        warn_every: float = CAP_WARNING_INTERVAL_SECONDS,
+    ) -> None:
+        self.limits = limits
+        self._seconds = seconds
+        self._reclaim_after = reclaim_after
+        self._warn_every = warn_every
+        self.open: set[Connection] = set()
+        self.per_peer: dict[str, int] = {}
+        self.heads: OrderedDict[Connection, float] = OrderedDict()
+        self.idle: OrderedDict[Connection, float] = OrderedDict()
+        self._last_warning: float | None = None
+        self._last_info: float | None = None
+        self._why = ""
+        self._refused = 0
+        self._reclaimed_idle = 0
+        self._reclaimed_slow = 0
+        self._cut = 0
+
+    # -- admission --------------------------------------------------------
+
+    def admit(self, conn: Connection) -> bool:
+        """Count a new connection (False: over a cap with no room to make)."""
+        peer = conn.peer_host
+        if self.per_peer.get(peer, 0) >= self.limits.max_per_address:
+            if not self._make_room(peer):
+                self._note(refused=True, why="per-address")
+                return False
+        if len(self.open) >= self.limits.max_connections:
+            if not self._make_room(None):
+                self._note(refused=True, why="total")
+                return False
+        self.open.add(conn)
+        self.per_peer[peer] = self.per_peer.get(peer, 0) + 1
+        self.heads[conn] = self._seconds()
+        return True
+
+    def _make_room(self, peer: str | None) -> bool:
+        """Reclaim one connection (of ``peer`` when given); whether one was."""
+        victim = _first(self.idle, peer)
+        if victim is not None:
+            self.forget(victim)
+            self._reclaimed_idle += 1
+            self._note()
+            victim.close_idle()
+            return True
+        limit = self._seconds() - self._reclaim_after
+        victim = _first(self.heads, peer, before=limit)
+        if victim is not None:
+            self.forget(victim)
+            self._reclaimed_slow += 1
+            self._note()
+            victim.close_slow()
+            return True
+        return False
+
+    def forget(self, conn: Connection) -> None:
+        """The connection is closed (or being closed): uncount it."""
+        if conn not in self.open:
+            return
+        self.open.discard(conn)
+        self.heads.pop(conn, None)
+        self.idle.pop(conn, None)
+        left = self.per_peer.get(conn.peer_host, 1) - 1
+        if left > 0:
+            self.per_peer[conn.peer_host] = left
+        else:
+            self.per_peer.pop(conn.peer_host, None)
+
+    # -- state changes ------------------------------------------------------
+
+    def head_started(self, conn: Connection) -> None:
+        """A request head has begun (its first byte, or buffered data)."""
+        if conn in self.open and conn not in self.heads:
+            self.idle.pop(conn, None)
+            self.heads[conn] = self._seconds()
+
+    def head_done(self, conn: Connection) -> None:
+        """Every header is in: the request is busy now."""
+        self.heads.pop(conn, None)
+        self.idle.pop(conn, None)
+
+    def went_idle(self, conn: Connection) -> None:
+        """A response is done and the connection waits for another request."""
+        if conn in self.open and conn not in self.heads:
+            self.idle.pop(conn, None)
+            self.idle[conn] = self._seconds()
+
+    # -- the deadline -------------------------------------------------------
+
+    def overdue(self) -> list[Connection]:
+        """Connections whose request head is past the deadline (oldest first)."""
+        limit = self._seconds() - self.limits.head_deadline
+        late = []
+        for conn, started in self.heads.items():
+            if started > limit:
+                break
+            late.append(conn)
+        return late
+
+    def cut_overdue(self) -> int:
+        """Close every connection whose head is overdue; how many."""
+        late = self.overdue()
+        for conn in late:
+            self.forget(conn)
+            conn.close_slow()
+        self._cut += len(late)
+        self.flush_log()
+        return len(late)
+
+    # -- the log ------------------------------------------------------------
+
+    def _note(self, refused: bool = False, why: str = "") -> None:
+        if refused:
+            self._refused += 1
+            self._why = why
+        self.flush_log()
+
+    def flush_log(self) -> None:
+        """
+        Log what happened since the last lines, at most once per interval
+        each: refusals as a warning, reclaims and cuts as information.
+        Called on each event and by the site's sweep, so counts held back
+        by the interval are reported once it is over.
+        """
+        now = self._seconds()
+        if self._refused and (
+            self._last_warning is None or now - self._last_warning >= self._warn_every
+        ):
+            log.warn(
+                "HTTP connection cap reached ({why}): refused {refused} "
+                "connection(s) since the last warning (caps: {total} open, "
+                "{per} per address; {open} open now)",
+                why=self._why,
+                refused=self._refused,
+                total=self.limits.max_connections,
+                per=self.limits.max_per_address,
+                open=len(self.open),
+            )
+            self._last_warning = now
+            self._refused = 0
+        if (self._reclaimed_idle or self._reclaimed_slow or self._cut) and (
+            self._last_info is None or now - self._last_info >= self._warn_every
+        ):
+            log.info(
+                "HTTP connections: {idle} idle and {slow} slow reclaimed at a cap, "
+                "{cut} cut at the {deadline:g} s request-head deadline",
+                idle=self._reclaimed_idle,
+                slow=self._reclaimed_slow,
+                cut=self._cut,
+                deadline=self.limits.head_deadline,
+            )
+            self._last_info = now
+            self._reclaimed_idle = self._reclaimed_slow = self._cut = 0
+
+
+def _first(
+    table: OrderedDict[Connection, float],
+    peer: str | None,
+    before: float | None = None,
+) -> Connection | None:
+    """The oldest entry (of ``peer``), optionally only one older than ``before``."""
+    for conn, since in table.items():
+        if before is not None and since > before:
+            return None
+        if peer is None or conn.peer_host == peer:
+            return conn
+    return None

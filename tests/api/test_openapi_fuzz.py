@@ -1,0 +1,259 @@
+"""
+``/openapi.json`` says what the handlers accept and answer (issue 22,
+item 5): nullable fields, non-empty names, and values a handler used to
+take outside the schema; then schemathesis, a client generated from the
+document, over the routes that change nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
+
+from sandboxd.api import openapi
+from sandboxd.endpoints import catalogue_table
+from sandboxd.policy import load_policy
+from tests.helpers import DaemonTestCase
+from tests.test_cli import DaemonProcess, twistd_argv
+
+BIN = os.path.dirname(sys.executable)
+
+
+def _document() -> dict[str, Any]:
+    table = catalogue_table()
+    return openapi.document(table, load_policy(table, explicit={}, environ={}))
+
+
+def _response(doc: dict[str, Any], path: str, method: str = "get") -> dict[str, Any]:
+    ok = doc["paths"][path][method]["responses"]
+    status = next(s for s in ok if s.startswith("2"))
+    schema: dict[str, Any] = ok[status]["content"]["application/json"]["schema"]
+    return schema["properties"]
+
+
+def _body(doc: dict[str, Any], path: str) -> dict[str, Any]:
+    body = doc["paths"][path]["post"]["requestBody"]
+    schema: dict[str, Any] = body["content"]["application/json"]["schema"]
+    return schema
+
+
+def _query(doc: dict[str, Any], path: str, name: str) -> dict[str, Any]:
+    for param in doc["paths"][path]["get"]["parameters"]:
+        if param["name"] == name:
+            schema: dict[str, Any] = param["schema"]
+            return schema
+    raise AssertionError(f"{path} has no parameter {name}")
+
+
+class DocumentTests(SynchronousTestCase):
+    """The OpenAPI document describes real answers and real refusals."""
+
+    def test_nullable_response_fields(self) -> None:
+        """Fields that are null in real answers are typed [T, "null"]."""
+        doc = _document()
+        cases = [
+            ("/system/info", "get", "cpu_limit", "number"),
+            ("/process/{pid}", "get", "tag", "string"),
+            ("/process/{pid}", "get", "exit_code", "integer"),
+            ("/process/{pid}/output", "get", "exit_code", "integer"),
+            ("/process/start", "post", "tag", "string"),
+            ("/packages", "get", "interpreter", "string"),
+            ("/agents/sessions/{sid}/events", "get", "dropped", "object"),
+            (
+                "/agents/sessions/{sid}/terminals/{terminal_id}/output",
+                "get",
+                "gap",
+                "object",
+            ),
+        ]
+        for path, method, name, kind in cases:
+            field = _response(doc, path, method)[name]
+            self.assertEqual(field["type"], [kind, "null"], (path, name))
+
+    def test_non_empty_names(self) -> None:
+        """Required names a handler refuses when empty have minLength 1; archive paths minItems 1."""
+        doc = _document()
+        self.assertEqual(_query(doc, "/files/raw", "path")["minLength"], 1)
+        self.assertEqual(_query(doc, "/files/stat", "path")["minLength"], 1)
+        move = _body(doc, "/files/move")["properties"]
+        self.assertEqual(move["source"]["minLength"], 1)
+        search = _body(doc, "/files/search")["properties"]
+        self.assertEqual(search["pattern"]["minLength"], 1)
+        check = _body(doc, "/capabilities/check")["properties"]
+        self.assertEqual(check["endpoint"]["minLength"], 1)
+        self.assertIn("shell", check["endpoint"]["enum"])
+        paths = _body(doc, "/files/archive")["properties"]["paths"]
+        self.assertEqual((paths["minItems"], paths["items"]["minLength"]), (1, 1))
+        depth = _query(doc, "/files/list", "depth")
+        self.assertEqual((depth["minimum"], depth["maximum"]), (1, 10))
+
+    def test_request_bodies(self) -> None:
+        """A body with a required field is required; optional fields may be null."""
+        doc = _document()
+        self.assertTrue(
+            doc["paths"]["/files/search"]["post"]["requestBody"]["required"]
+        )
+        self.assertFalse(
+            doc["paths"]["/pty/sessions"]["post"]["requestBody"]["required"]
+        )
+        op = _body(doc, "/capabilities/check")["properties"]["op"]
+        self.assertEqual(op["type"], ["string", "null"])
+        self.assertIn(None, op["enum"])
+
+
+class OutsideTheSchemaTests(DaemonTestCase):
+    """Values the handlers used to accept outside the schema are 400 invalid_param."""
+
+    @inlineCallbacks
+    def test_refused(self) -> Any:
+        """Empty booleans and enums, a string for a list, non-string env values."""
+        os.mkdir(os.path.join(self.base_dir, "d"))
+        cases: list[tuple[str, str, Any]] = [
+            ("GET", "/files/list?hidden=", None),
+            ("GET", "/packages?manager=", None),
+            ("POST", "/upload", {"path": "x", "content_base64": "", "overwrite": ""}),
+            ("POST", "/files/archive", {"paths": "d"}),
+            ("POST", "/capabilities/check", {"endpoint": "files_stat", "paths": "d"}),
+            ("POST", "/capabilities/check", {"endpoint": "shell", "command": {}}),
+            ("POST", "/files/search", {"path": {}, "pattern": "*"}),
+            ("POST", "/shell", {"command": "true", "env": {"A": 1}}),
+        ]
+        for method, path, body in cases:
+            reply = yield self.request(method, path, body)
+            self.assertEqual(
+                (reply.status, reply.json().get("code")),
+                (400, "invalid_param"),
+                (method, path, body),
+            )
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "x")))
+
+    @inlineCallbacks
+    def test_null_means_not_given(self) -> Any:
+        """An optional body field sent as null is taken as absent."""
+        reply = yield self.request(
+            "POST",
+            "/capabilities/check",
+            {"endpoint": "shell", "paths": None, "op": None},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request(
+            "POST", "/files/search", {"pattern": "*", "max_results": None, "path": None}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+
+
+#: How schemathesis runs here.  Each setting has its reason:
+#: - no NUL in generated strings: a path or name holding NUL is refused by
+#:   design (400 invalid_path), which JSON Schema cannot say;
+#: - no unexpected methods: SPEC §3 answers them 501, not 405;
+#: - a file route may answer 400 to a valid-looking path that names a
+#:   directory ("Is a directory", as the seed does);
+#: - the ``access_token`` query parameter (for EventSource) carries the same
+#:   token as the headers: two different ones are 400 ambiguous_credentials,
+#:   which the schema cannot say.
+CONFIG = """\
+[generation]
+allow-x00 = false
+database = "none"
+
+[phases.coverage]
+unexpected-methods = []
+
+[[operations]]
+include-path-regex = "^/(download|files/raw|files/download-stream|files/stat)$"
+checks.positive_data_acceptance.expected-statuses = [
+    "2xx", "400", "401", "403", "404", "409", "429",
+]
+
+[parameters]
+"query.access_token" = "{token}"
+"""
+
+#: The routes that change nothing: every GET (but the endless watch and the
+#: opt-in groups, which are off) and the two POSTs that only read.
+SELECTION = [
+    "--include-method",
+    "GET",
+    "--include-path",
+    "/capabilities/check",
+    "--include-path",
+    "/files/search",
+    "--exclude-path-regex",
+    "^/(agents|browser)|^/files/watch$",
+]
+
+
+class SchemathesisTests(SynchronousTestCase):
+    """A schemathesis run over the non-destructive routes finds nothing."""
+
+    def test_no_failures(self) -> None:
+        """
+        Examples, coverage and fuzzing (10 examples an operation, a fixed
+        seed, a 35 s budget) against a daemon on a throwaway base dir with
+        a token: every check passes.
+        """
+        st = os.path.join(BIN, "st")
+        if not os.path.exists(st):
+            raise SkipTest("schemathesis is not installed (setup.cfg dev extra)")
+        work = os.path.realpath(self.mktemp())
+        base = os.path.join(work, "base")
+        os.makedirs(os.path.join(base, "sub"))
+        for name in ("a.txt", "sub/b.py"):
+            with open(os.path.join(base, name), "w") as f:
+                f.write("hello\n")
+        token = "schemathesis-token"
+        daemon = DaemonProcess(self, twistd_argv(base), env={"ABX_SERVER_TOKEN": token})
+        daemon.wait_healthy()
+        config = os.path.join(work, "schemathesis.toml")
+        with open(config, "w") as f:
+            f.write(CONFIG.replace("{token}", token))
+        argv = [
+            st,
+            "--config-file",
+            config,
+            "run",
+            f"http://127.0.0.1:{daemon.port}/openapi.json",
+            "-H",
+            f"X-Access-Token: {token}",
+            "-H",
+            f"Authorization: Bearer {token}",
+            *SELECTION,
+            "--phases",
+            "examples,coverage,fuzzing",
+            "--max-examples",
+            "10",
+            "--seed",
+            "1",
+            "--workers",
+            "2",
+            "--request-timeout",
+            "10",
+            # The bound in time: the run stops, passing what it tested, at
+            # 35 s (fuzzing repeats until then on an idle machine; under a
+            # loaded full suite, coverage may not get through every route).
+            "--max-time",
+            "35",
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
+        env["NO_COLOR"] = "1"
+        run = subprocess.run(
+            argv,
+            cwd=work,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=120,
+            check=False,
+        )
+        output = run.stdout.decode("utf-8", "replace")
+        self.addCleanup(shutil.rmtree, work, True)
+        self.assertEqual(run.returncode, 0, output[-8000:])
+        self.assertIn("passed", output)
+        self.assertNotIn("failures", output.lower().split("summary")[-1])
