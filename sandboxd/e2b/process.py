@@ -57,11 +57,9 @@ from sandboxd.errors import (
     limit_exceeded,
     limit_rule,
     not_found,
-    rate_limited,
     timed_out,
 )
 from sandboxd.eventlog import Event
-from sandboxd.policy.defaults import STDIN_PENDING_BYTES
 from sandboxd.processes.service import Managed, ProcessService
 from sandboxd.routes import process as process_routes
 from sandboxd.routes import terminal as terminal_routes
@@ -481,9 +479,7 @@ def list_(call: Call, message: dict[str, Any]) -> dict[str, Any]:
             info["tag"] = managed.tag
         out.append(info)
     for session in _terminals(call).sessions.values():
-        if session.ended or not terminal_routes._visible(
-            call.server_request(), session
-        ):
+        if session.ended or not terminal_routes.visible(call.server_request(), session):
             continue
         config = state.configs.get(session.pid) or Config("", [], {}, None)
         out.append({"config": config.as_json(), "pid": session.pid})
@@ -497,23 +493,11 @@ def _write_input(call: Call, target: Managed | PtySession, message: Any) -> int:
     name, _ = chosen
     data = bytes_field(field(message, "input"), name) or b""
     if isinstance(target, PtySession):
-        if not terminal_routes._visible(call.server_request(), target):
+        if not terminal_routes.visible(call.server_request(), target):
             raise _missing(message)
         target.write(data)
         return len(data)
-    child = target.child
-    if not child.stdin_open:
-        raise bad_request(
-            f"process {target.pid} has no open stdin (start it with stdin: true)"
-        )
-    if data and child.stdin_pending() + len(data) > STDIN_PENDING_BYTES:
-        raise rate_limited(
-            "the process is not reading its stdin fast enough; retry later",
-            1,
-            limit="stdin_pending_bytes",
-        )
-    if data:
-        child.write_stdin(data)
+    process_routes.feed_stdin(target, data)
     return len(data)
 
 

@@ -37,7 +37,6 @@ from sandboxd.auth import Identity
 from sandboxd.errors import (
     ApiError,
     Code,
-    bad_request,
     limit_exceeded,
     limit_rule,
     payload_too_large,
@@ -53,6 +52,7 @@ from sandboxd.policy.defaults import (
     MCP_SWEEP_SECONDS,
 )
 from sandboxd.web.jsonbody import parse_object
+from sandboxd.web.pipeline import check_framing
 from sandboxd.web.sse import SSEChannel
 
 log = Logger(namespace="sandboxd.mcp")
@@ -87,18 +87,6 @@ def _header(headers: Headers, name: bytes) -> str | None:
 def _accepts(headers: Headers, kind: str) -> bool:
     accept = (_header(headers, b"accept") or "*/*").lower()
     return kind in accept or "*/*" in accept
-
-
-def _check_framing(headers: Headers) -> None:
-    """The door's framing: a Content-Length body and exactly one Host."""
-    if headers.get(b"transfer-encoding"):
-        raise bad_request(
-            "Transfer-Encoding is not accepted; send a Content-Length",
-            Code.TRANSFER_ENCODING_NOT_ALLOWED,
-        )
-    hosts = headers.get(b"host", [])
-    if len(hosts) != 1 or not hosts[0].strip():
-        raise bad_request("exactly one Host header is required")
 
 
 class McpDoor(Service):
@@ -254,7 +242,7 @@ class Exchange:
                 door.endpoint,
                 headers,
                 secure=request.isSecure(),
-                framing=lambda: _check_framing(headers),
+                framing=lambda: check_framing(headers),
                 take_slot=False,
             )
         except gate.Refused as e:

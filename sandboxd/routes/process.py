@@ -444,23 +444,34 @@ def process_stdin(request: ServerRequest) -> dict[str, Any]:
     eof = flag(request.body.get("eof", False), "eof", words=False)
     if not managed.running:
         raise not_found(f"process {managed.pid} has exited")
+    raw = data.encode()
+    feed_stdin(managed, raw)
+    if eof:
+        managed.child.close_stdin()
+    return {"pid": managed.pid, "bytes": len(raw)}
+
+
+def feed_stdin(managed: processes.Managed, data: bytes) -> None:
+    """
+    Queue ``data`` on a managed process's stdin pipe, for every door that
+    writes one.
+
+    :raises ApiError: 400 when it has no open stdin pipe; 429 when it is
+        not reading and :data:`STDIN_PENDING_BYTES` are queued already.
+    """
     child = managed.child
     if not child.stdin_open:
         raise bad_request(
             f'process {managed.pid} has no open stdin (start it with "stdin": true)'
         )
-    raw = data.encode()
-    if raw and child.stdin_pending() + len(raw) > STDIN_PENDING_BYTES:
+    if data and child.stdin_pending() + len(data) > STDIN_PENDING_BYTES:
         raise rate_limited(
             "the process is not reading its stdin fast enough; retry later",
             1,
             limit="stdin_pending_bytes",
         )
-    if raw:
-        child.write_stdin(raw)
-    if eof:
-        child.close_stdin()
-    return {"pid": managed.pid, "bytes": len(raw)}
+    if data:
+        child.write_stdin(data)
 
 
 HANDLERS: dict[str, Any] = {

@@ -64,7 +64,8 @@ def _ws_url(request: ServerRequest, session_id: str) -> str:
     )
 
 
-def _visible(request: ServerRequest, session: PtySession) -> bool:
+def visible(request: ServerRequest, session: PtySession) -> bool:
+    """Whether the caller may see ``session``: its owner, or ``*``."""
     identity = request.identity
     return identity.id == session.owner or identity.has_scope("*")
 
@@ -72,7 +73,7 @@ def _visible(request: ServerRequest, session: PtySession) -> bool:
 def _session(request: ServerRequest) -> PtySession:
     session_id = request.path_params["id"]
     session = _service(request).table.get(session_id)
-    if session is None or not _visible(request, session):
+    if session is None or not visible(request, session):
         raise not_found(f"Session not found: {session_id}")
     return session
 
@@ -157,7 +158,7 @@ def pty_list(request: ServerRequest) -> dict[str, Any]:
     table.reap()
     return {
         "sessions": [
-            s.describe() for s in table.sessions.values() if _visible(request, s)
+            s.describe() for s in table.sessions.values() if visible(request, s)
         ]
     }
 

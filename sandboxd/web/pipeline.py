@@ -116,7 +116,7 @@ def admit(
     def framing() -> None:
         # 5. The HTTP door's framing: the query, Transfer-Encoding, Host.
         query.update(parse_query(raw_query_b))
-        _check_framing(headers)
+        check_framing(headers)
 
     # 3–5. The gate: credentials, policy, Origin and Host, concurrency.
     try:
@@ -161,8 +161,11 @@ def admit(
     )
 
 
-def _check_framing(headers: Mapping[bytes, Sequence[bytes]]) -> None:
-    """Step 5's framing checks: no Transfer-Encoding, exactly one Host."""
+def check_framing(headers: Mapping[bytes, Sequence[bytes]]) -> None:
+    """
+    Step 5's framing checks: no Transfer-Encoding, exactly one Host (the
+    HTTP port's rule, for every door it carries: the API and MCP).
+    """
     if headers.get(b"transfer-encoding"):
         raise bad_request(
             "Transfer-Encoding is not accepted; send a Content-Length",
