@@ -76,6 +76,8 @@ class Context:
     rates: RateLimiter = attrs.field(init=False)
     concurrency: ConcurrencyGate = attrs.field(factory=ConcurrencyGate, init=False)
     children: ChildTable = attrs.field(factory=ChildTable, init=False)
+    #: The SSE streams open now, through any door (``GET /metrics``).
+    streams: set[Any] = attrs.field(factory=set, init=False)
     processes: ProcessService | None = attrs.field(default=None, init=False)
     terminals: TerminalService | None = attrs.field(default=None, init=False)
     watches: WatchService | None = attrs.field(default=None, init=False)

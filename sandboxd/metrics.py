@@ -91,9 +91,7 @@ class Metrics:
 
 def _gauges(context: Any) -> Iterator[tuple[str, str, float, dict[str, str]]]:
     """(name, help, value, labels) of what is open now."""
-    from sandboxd.web.sse import SSEChannel
-
-    yield "sandboxd_streams_active", "Open SSE streams.", SSEChannel.open_count, {}
+    yield "sandboxd_streams_active", "Open SSE streams.", len(context.streams), {}
     terminals = context.terminals
     if terminals is not None:
         live = sum(1 for s in terminals.table.sessions.values() if not s.ended)

@@ -171,3 +171,29 @@ class LazyImportTests(SynchronousTestCase):
             stdin=subprocess.DEVNULL,
         )
         self.assertEqual(result.stdout.strip().splitlines()[-1], "False", result.stderr)
+
+
+class StreamGaugeTests(SynchronousTestCase):
+    """The open-streams gauge counts one daemon's streams, and only while open."""
+
+    def test_per_daemon(self) -> None:
+        """A stream of one daemon is not counted by another in the same process."""
+        from twisted.internet.task import Clock
+        from twisted.web.test.requesthelper import DummyRequest
+
+        from sandboxd.metrics import _gauges
+        from sandboxd.testing import memory_context
+        from sandboxd.web.sse import SSEChannel
+
+        def active(context: Any) -> float:
+            return next(
+                value
+                for name, _, value, _ in _gauges(context)
+                if name == "sandboxd_streams_active"
+            )
+
+        first, second = memory_context(), memory_context()
+        channel = SSEChannel(DummyRequest([b""]), Clock(), streams=first.streams)
+        self.assertEqual((active(first), active(second)), (1, 0))
+        channel.close()
+        self.assertEqual(active(first), 0)

@@ -565,6 +565,7 @@ class Exchange:
             self.request,
             self.door.context.reactor,
             headers={"mcp-session-id": session.id},
+            streams=self.door.context.streams,
         )
         session.attach(stream, channel, 0)
         if session.version in _PRIMING:
@@ -609,6 +610,7 @@ class Exchange:
             self.request,
             self.door.context.reactor,
             headers={"mcp-session-id": session.id},
+            streams=self.door.context.streams,
         )
         stream = session.streams.get(number)
         if stream is None:

@@ -278,7 +278,10 @@ def _stream_events(
         raw.finish()
         return None
     channel = SSEChannel(
-        _twisted(raw), as_clock(request.context.reactor), headers=result.headers
+        _twisted(raw),
+        as_clock(request.context.reactor),
+        headers=result.headers,
+        streams=request.context.streams,
     )
     if result.start is not None:
         started = maybeDeferred(result.start, channel)

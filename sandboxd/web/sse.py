@@ -81,22 +81,25 @@ class SSEChannel:
         server closed it or the client went away.
     """
 
-    #: Streams open now, daemon-wide (``GET /metrics``).
-    open_count = 0
-
     def __init__(
         self,
         request: Request,
         clock: IReactorTime,
         heartbeat: float = HEARTBEAT_SECONDS,
         headers: dict[str, str] | None = None,
+        streams: set[SSEChannel] | None = None,
     ) -> None:
+        """
+        :param streams: the daemon's set of open streams (``GET /metrics``
+            counts it); this channel is in it while it is open.
+        """
         self._request = request
         self._clock = clock
         self._last_write = clock.seconds()
         self._disconnect_callbacks: list[Callable[[], None]] = []
         self.open = True
-        SSEChannel.open_count += 1
+        self._streams = streams if streams is not None else set()
+        self._streams.add(self)
         self.client_gone = False
         self.done: Deferred[None] = Deferred()
         request.setResponseCode(200)
@@ -173,8 +176,7 @@ class SSEChannel:
         self.done.callback(None)
 
     def _stop(self) -> None:
-        if self.open:
-            SSEChannel.open_count -= 1
+        self._streams.discard(self)
         self.open = False
         if self._beat_call.active():
             self._beat_call.cancel()
