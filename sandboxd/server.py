@@ -332,6 +332,8 @@ class DaemonService(MultiService):
         self._enter_base_dir()
         for door in self.context.doors.values():
             door.policy_reloaded()
+        if self.context.e2b is not None:
+            self.context.e2b.policy_reloaded()
         log.info(
             "sandboxd: policy reloaded (revision {revision})", revision=policy.revision
         )
@@ -533,7 +535,7 @@ def build(
     if e2b is not None:
         from sandboxd.e2b import setup as setup_e2b
 
-        groups.append(setup_e2b(context, e2b))
+        groups.append(setup_e2b(context, e2b, connection_limits(settings)))
     site = SandboxSite(context, reactor=reactor, limits=connection_limits(settings))
     context.metrics.site = site
     # /health answers only once the policy is in force and every other

@@ -234,6 +234,45 @@ class ReadyTests(SynchronousTestCase):
         self.assertEqual(status, 200, body)
         self.assertIn("pty_connect", body.decode())
 
+    def slow_e2b_daemon(self) -> DaemonProcess:
+        """A daemon whose E2B port's listen completes 1.5 s late."""
+        plugins = os.path.join(os.path.abspath(self.mktemp()), "twisted", "plugins")
+        os.makedirs(plugins)
+        with open(os.path.join(plugins, "slow_listen.py"), "w") as f:
+            f.write(SLOW_ENDPOINT_PLUGIN)
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        policy = os.path.abspath(self.mktemp())
+        with open(policy, "w") as f:
+            json.dump({"groups": {"e2b": True}}, f)
+        self.e2b_port = free_port()
+        argv = twistd_argv(
+            base,
+            "--policy",
+            policy,
+            "--e2b-port",
+            f"slowtcp:{self.e2b_port}:delay=1.5",
+        )
+        search = os.path.dirname(os.path.dirname(plugins))
+        env = {
+            "ABX_SERVER_TOKEN": TOKEN,
+            "PYTHONPATH": os.pathsep.join([search, os.environ.get("PYTHONPATH", "")]),
+        }
+        daemon = DaemonProcess(self, argv, env)
+        self.addCleanup(stop, daemon)
+        return daemon
+
+    def test_first_health_means_e2b_port(self) -> None:
+        """
+        With the E2B port on, the first 200 on /health comes after it
+        listens, however late its listen completes: envd's ``GET /health``
+        on the E2B port answers 204 at once.
+        """
+        daemon = self.slow_e2b_daemon()
+        first_health(daemon)
+        status, body = http_get(self.e2b_port, "/health")
+        self.assertEqual(status, 204, body)
+
     def test_pty_port_in_use_fails_the_start(self) -> None:
         """
         A PTY port that cannot listen stops the start: /health never

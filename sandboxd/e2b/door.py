@@ -23,12 +23,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
-from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.defer import maybeDeferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET, Request, Site
+from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import implementer
 
 from sandboxd import gate
@@ -43,12 +43,10 @@ from sandboxd.errors import (
 )
 from sandboxd.policy.defaults import (
     E2B_MAX_MESSAGE_BYTES,
-    HTTP_IDLE_TIMEOUT_SECONDS,
-    MAX_CONNECTIONS_PER_PEER,
-    MAX_HTTP_CONNECTIONS,
     MIB,
 )
-from sandboxd.web.channel import SandboxChannel
+from sandboxd.web.connections import ConnectionLimits
+from sandboxd.web.factory import HardenedSite
 from sandboxd.web.messages import ServerRequest
 
 if TYPE_CHECKING:
@@ -125,75 +123,23 @@ class E2BRequest(Request):
         super().handleContentChunk(data)
 
 
-class E2BSite(Site):
+class E2BSite(HardenedSite):
     """
     The door's site: one resource that serves every path, over the HTTP
-    door's hardened connection (:class:`~sandboxd.web.channel.SandboxChannel`:
-    connection caps, header deadline, no obs-fold), HTTP/1.1 only.
+    door's hardened connection (connection caps and the request-head
+    deadline in a table of its own, no obs-fold), HTTP/1.1 only.
     """
 
     requestFactory = E2BRequest
-    protocol = SandboxChannel  # type: ignore[assignment]
-    displayTracebacks = False
+    door = "e2b"
 
-    def __init__(self, door: Door) -> None:
-        super().__init__(
-            _Root(door),
-            timeout=HTTP_IDLE_TIMEOUT_SECONDS,
-            reactor=door.context.reactor,
-            parsePOSTFormSubmission=False,
-        )
-        self.door = door
-        self.connections: set[SandboxChannel] = set()
-        self.per_peer: dict[str, int] = {}
+    def __init__(self, door: Door, limits: ConnectionLimits | None = None) -> None:
+        super().__init__(_Root(door), door.context, door.context.reactor, limits)
+        self.e2b = door
 
     def body_cap(self, path: bytes) -> int:
         """How many body bytes a request to ``path`` may send."""
-        return self.door.body_cap(path.split(b"?", 1)[0])
-
-    def connection_opened(self, channel: SandboxChannel) -> bool:
-        """Admit a new connection (False: over a cap, close it)."""
-        peer = channel.peer_host
-        if (
-            len(self.connections) >= MAX_HTTP_CONNECTIONS
-            or self.per_peer.get(peer, 0) >= MAX_CONNECTIONS_PER_PEER
-        ):
-            return False
-        self.connections.add(channel)
-        self.per_peer[peer] = self.per_peer.get(peer, 0) + 1
-        return True
-
-    def connection_closed(self, channel: SandboxChannel) -> None:
-        """Forget a connection."""
-        if channel in self.connections:
-            self.connections.discard(channel)
-            left = self.per_peer.get(channel.peer_host, 1) - 1
-            if left > 0:
-                self.per_peer[channel.peer_host] = left
-            else:
-                self.per_peer.pop(channel.peer_host, None)
-
-    def close_all(self, within: float = 2.0) -> Deferred[None]:
-        """Abort every open connection; fires once they are gone (bounded)."""
-        for channel in list(self.connections):
-            transport: Any = channel.transport
-            if transport is not None:
-                transport.abortConnection()
-        done: Deferred[None] = Deferred()
-        clock = self.door.context.reactor
-        deadline = clock.seconds() + within
-
-        def check() -> None:
-            if not self.connections or clock.seconds() >= deadline:
-                done.callback(None)
-            else:
-                clock.callLater(0.01, check)
-
-        check()
-        return done
-
-    def log(self, request: Any) -> None:
-        """No access log: every call is one audit line instead."""
+        return self.e2b.body_cap(path.split(b"?", 1)[0])
 
 
 class _Root(Resource):
@@ -559,9 +505,15 @@ class Door:
         ``"METHOD /path"`` (REST) to its :class:`Procedure`.
     """
 
-    def __init__(self, context: Any, procedures: dict[str, Procedure]) -> None:
+    def __init__(
+        self,
+        context: Any,
+        procedures: dict[str, Procedure],
+        limits: ConnectionLimits | None = None,
+    ) -> None:
         self.context = context
         self.procedures = procedures
+        self.limits = limits
         self._site: E2BSite | None = None
 
     def body_cap(self, path: bytes) -> int:
@@ -575,7 +527,7 @@ class Door:
     def site(self) -> E2BSite:
         """The twisted.web site serving this door (one per door)."""
         if self._site is None:
-            self._site = E2BSite(self)
+            self._site = E2BSite(self, self.limits)
         return self._site
 
     def _find(self, request: Any) -> Procedure | None:

@@ -2,7 +2,8 @@
 """
 The E2B port's service: listens when ``--e2b-port`` is given *and* the
 ``e2b`` endpoint is enabled (SPEC §18: nothing listens unless both say so),
-and at shutdown stops listening and removes its watchers.  The processes
+and follows the policy across reloads; at shutdown it stops listening and
+removes its watchers.  The processes
 and terminals it started belong to the daemon's process and terminal
 services, which end them.
 """
@@ -15,9 +16,11 @@ from twisted.application.service import Service
 from twisted.internet.defer import Deferred, maybeDeferred, succeed
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from sandboxd.e2b import filesystem, process, rest
 from sandboxd.e2b.door import Door, Procedure
+from sandboxd.web.connections import ConnectionLimits
 
 log = Logger(namespace="sandboxd.e2b")
 
@@ -32,19 +35,25 @@ class E2BService(Service):
     The envd-compatible listener.
 
     :ivar port: the listening port once it listens (None otherwise).
-    :ivar listening: fires with the port (or None when it does not listen).
     """
 
     name = "e2b"
 
-    def __init__(self, context: Any, description: str) -> None:
+    def __init__(
+        self,
+        context: Any,
+        description: str,
+        limits: ConnectionLimits | None = None,
+    ) -> None:
         self.context = context
         self.description = description
-        self.door = Door(context, procedures())
+        self.door = Door(context, procedures(), limits)
         self.processes = process.ProcessDoor()
         self.watchers = filesystem.Watchers(context.reactor)
         self.port: Any = None
-        self.listening: Deferred[Any] = Deferred()
+        self._listened_once: Deferred[Any] = Deferred()
+        self._listen_failure: Failure | None = None
+        self._relistening: Deferred[Any] | None = None
 
     def startService(self) -> None:
         """Listen, if the ``e2b`` endpoint is enabled."""
@@ -57,39 +66,114 @@ class E2BService(Service):
                 rule=rule.enabled_by,
                 port=self.description,
             )
-            self.listening.callback(None)
+            self._listened_once.callback(None)
             return
         endpoint = serverFromString(self.context.reactor, self.description)
         d = endpoint.listen(self.door.site())
-        failed: list[Any] = []
-        d.addCallbacks(self._listened, failed.append)
+        now = True
+        failed: list[Failure] = []
+
+        def failing(failure: Failure) -> None:
+            if now:
+                failed.append(failure)
+            else:
+                self._failed(failure)
+
+        d.addCallbacks(self._listened, failing)
+        now = False
         if failed:
             # The port cannot bind now: the start fails (SPEC §20), as the
-            # HTTP and PTY ports' do.
-            self.listening.callback(None)
+            # HTTP and PTY ports' do, with one line from the start-up.
+            self._listen_failure = failed[0]
+            self._listened_once.callback(None)
             failed[0].raiseException()
-        d.addErrback(self._failed)
 
     def _listened(self, port: Any) -> None:
         # A wide-open port without a token was refused or warned about at
         # start, with the others (sandboxd.startup.check_exposure).
         self.port = port
-        self.listening.callback(port)
+        self._listened_once.callback(port)
 
-    def _failed(self, failure: Any) -> None:
+    def _failed(self, failure: Failure) -> None:
         log.error(
             "sandboxd: cannot listen on the E2B port {port}: {error}",
             error=failure.getErrorMessage(),
             port=self.description,
         )
-        if not self.listening.called:
-            self.listening.callback(None)
+        self._listen_failure = failure
+        if not self._listened_once.called:
+            self._listened_once.callback(None)
 
-    def stopService(self) -> Deferred[Any]:
-        """Stop listening; remove the watchers."""
-        super().stopService()  # type: ignore[no-untyped-call]
+    def listening(self) -> Deferred[Any]:
+        """
+        Fires with the port once it listens (None when the ``e2b`` endpoint
+        is off); fails when it cannot listen.  The HTTP listener waits for
+        it, so the first ``200 /health`` means the E2B port serves too (see
+        :mod:`sandboxd.readiness`).
+        """
+        d: Deferred[Any] = Deferred()
+
+        def fire(result: Any) -> Any:
+            if self._listen_failure is not None:
+                d.errback(self._listen_failure)
+            else:
+                d.callback(result)
+            return result
+
+        self._listened_once.addBoth(fire)
+        return d
+
+    def policy_reloaded(self) -> None:
+        """
+        A new policy is in force.  The port listens exactly while the
+        ``e2b`` endpoint is enabled (SPEC §18): a reload that turns it off
+        stops listening and closes the open connections and watchers, and
+        one that turns it back on listens again.  The processes and
+        terminals started through the door are the sandbox's: they stay.
+        """
+        if not self.running:
+            return
+        enabled = self.context.policy.rules["e2b"].enabled
+        if not enabled:
+            if self.port is not None:
+                log.info(
+                    "sandboxd: the e2b endpoint is disabled by the new policy: "
+                    "the E2B port {port} stops listening",
+                    port=self.description,
+                )
+            self._close()
+        elif self.port is None and self._relistening is None:
+            self._listen_again()
+
+    def _listen_again(self) -> None:
+        endpoint = serverFromString(self.context.reactor, self.description)
+        self._relistening = endpoint.listen(self.door.site())
+
+        def listened(port: Any) -> None:
+            self._relistening = None
+            self.port = port
+            if not self.running or not self.context.policy.rules["e2b"].enabled:
+                self._close()  # stopped or turned off while it was binding
+            else:
+                log.info(
+                    "sandboxd: the e2b endpoint is enabled by the new policy: "
+                    "the E2B port {port} listens",
+                    port=self.description,
+                )
+
+        def failed(failure: Failure) -> None:
+            self._relistening = None
+            log.error(
+                "sandboxd: cannot listen on the E2B port {port}: {error}",
+                error=failure.getErrorMessage(),
+                port=self.description,
+            )
+
+        self._relistening.addCallbacks(listened, failed)
+
+    def _close(self) -> Deferred[Any]:
+        """Stop listening, close every connection, remove the watchers."""
         self.watchers.remove_all()
-        self.processes.stop()
         if self.port is None:
             return succeed(None)
         port, self.port = self.port, None
@@ -97,9 +181,17 @@ class E2BService(Service):
         d.addCallback(lambda _: self.door.site().close_all())
         return d
 
+    def stopService(self) -> Deferred[Any]:
+        """Stop listening; remove the watchers."""
+        super().stopService()  # type: ignore[no-untyped-call]
+        self.processes.stop()
+        return self._close()
 
-def setup(context: Any, description: str) -> E2BService:
+
+def setup(
+    context: Any, description: str, limits: ConnectionLimits | None = None
+) -> E2BService:
     """Create the E2B service (``context.e2b``)."""
-    service = E2BService(context, description)
+    service = E2BService(context, description, limits)
     context.e2b = service
     return service

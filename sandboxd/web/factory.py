@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
 from twisted.web.resource import Resource
 from twisted.web.server import Site
@@ -16,21 +17,29 @@ from sandboxd.web.connections import ConnectionLimits, ConnectionTable
 from sandboxd.web.request import SandboxRequest
 
 
-class SandboxSite(Site):
+class HardenedSite(Site):
     """
-    The site serving the route tree of one :class:`Context`.
+    A site over the hardened connection
+    (:class:`~sandboxd.web.channel.SandboxChannel`): its connections are
+    counted and capped, and request heads that never complete are cut, by
+    one :class:`~sandboxd.web.connections.ConnectionTable` per site.  Every
+    HTTP door (the API port, the E2B port) is one, so a flood on one port
+    cannot fill another's table.
 
     ``log`` is a no-op: the combined access log costs a large share of
     small-request throughput (docs/performance.md), and the audit trail
     (SPEC §11.5) records what matters.
+
+    :ivar door: the name metrics count refused connections under.
     """
 
-    requestFactory = SandboxRequest
     protocol = SandboxChannel  # type: ignore[assignment]
     displayTracebacks = False
+    door = "http"
 
     def __init__(
         self,
+        resource: Resource,
         context: Context,
         reactor: Any = None,
         limits: ConnectionLimits | None = None,
@@ -39,9 +48,7 @@ class SandboxSite(Site):
         # parsing their Content-Type costs time on every POST
         # (docs/performance.md).
         super().__init__(
-            # The pipeline routes (sandboxd.web.routing) before any body is
-            # read; twisted.web's resource traversal is never reached.
-            Resource(),
+            resource,
             timeout=HTTP_IDLE_TIMEOUT_SECONDS,
             reactor=reactor,
             parsePOSTFormSubmission=False,
@@ -84,7 +91,7 @@ class SandboxSite(Site):
         """Admit a new connection (False: over a cap, close it)."""
         admitted = self.table.admit(channel)
         if not admitted:
-            self.context.metrics.connection_refused("http")
+            self.context.metrics.connection_refused(self.door)
         return admitted
 
     def connection_closed(self, channel: SandboxChannel) -> None:
@@ -95,5 +102,40 @@ class SandboxSite(Site):
         """Close connections whose request heads are overdue (slowloris)."""
         self.table.cut_overdue()
 
+    def close_all(self, within: float = 2.0) -> Deferred[None]:
+        """Abort every open connection; fires once they are gone (bounded)."""
+        for channel in list(self.connections):
+            transport: Any = channel.transport
+            if transport is not None:
+                transport.abortConnection()
+        done: Deferred[None] = Deferred()
+        clock = self.reactor
+        deadline = clock.seconds() + within
+
+        def check() -> None:
+            if not self.connections or clock.seconds() >= deadline:
+                done.callback(None)
+            else:
+                clock.callLater(0.01, check)
+
+        check()
+        return done
+
     def log(self, request: Any) -> None:
         """Skip the access log (see the class docstring)."""
+
+
+class SandboxSite(HardenedSite):
+    """The site serving the route tree of one :class:`Context`."""
+
+    requestFactory = SandboxRequest
+
+    def __init__(
+        self,
+        context: Context,
+        reactor: Any = None,
+        limits: ConnectionLimits | None = None,
+    ) -> None:
+        # The pipeline routes (sandboxd.web.routing) before any body is
+        # read; twisted.web's resource traversal is never reached.
+        super().__init__(Resource(), context, reactor, limits)

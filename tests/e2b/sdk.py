@@ -88,7 +88,7 @@ class E2BCase(DaemonTestCase):
         kwargs.setdefault("policy", policy)
         kwargs.setdefault("e2b_port", "tcp:0:interface=127.0.0.1")
         daemon = yield super().start(stop_at_end, **kwargs)
-        port = yield daemon.context.e2b.listening
+        port = yield daemon.context.e2b.listening()
         self.e2b_port = port.getHost().port if port is not None else None
         if self.e2b_port is not None:
             os.environ["E2B_DEBUG"] = "true"

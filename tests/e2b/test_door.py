@@ -368,3 +368,36 @@ class DisabledEndpointTests(E2BCase):
         self.assertIsInstance(error, SandboxException)
         self.assertIn("UNIMPLEMENTED", str(error))
         self.assertIn("endpoint_disabled", str(error))
+
+
+class SlowHeadTests(E2BCase):
+    """The E2B port cuts request heads that never complete, as the API port does."""
+
+    autostart = False
+
+    @inlineCallbacks
+    def test_dripped_head_is_cut(self) -> Any:
+        """
+        A client that sends part of a request line and stops is closed
+        once the head deadline passes; a whole request on a new
+        connection is answered meanwhile.
+        """
+        yield self.start(head_deadline=0.5)
+        slow = socket.create_connection(("127.0.0.1", self.e2b_port), timeout=5)
+        self.addCleanup(slow.close)
+        slow.sendall(b"GET /hea")
+        started = time.monotonic()
+
+        def closed() -> bool:
+            try:
+                return slow.recv(4096) == b""
+            except ConnectionResetError:
+                return True
+
+        was_closed = yield self.sdk(closed)
+        self.assertTrue(was_closed)
+        self.assertLess(time.monotonic() - started, 4.5)
+        agent = Agent(reactor)
+        response = yield agent.request(b"GET", f"{self.e2b_url}/health".encode())
+        yield readBody(response)
+        self.assertEqual(response.code, 204)

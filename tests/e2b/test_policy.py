@@ -5,9 +5,11 @@ scopes, paths, secrets, audit, and the ``e2b`` switch itself.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import socket
+import time
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
@@ -231,6 +233,14 @@ def _refused(port: int) -> bool:
     return False
 
 
+def _closed(sock: socket.socket) -> bool:
+    """Whether the peer closes (or resets) the connection within 5 s."""
+    try:
+        return sock.recv(4096) == b""
+    except ConnectionResetError:
+        return True
+
+
 class SwitchTests(E2BCase):
     """Nothing listens unless both --e2b-port and the policy say so."""
 
@@ -259,6 +269,50 @@ class SwitchTests(E2BCase):
         """Without --e2b-port there is no E2B service at all, even when enabled."""
         daemon = yield super(E2BCase, self).start(policy={"groups": {"e2b": True}})
         self.assertIsNone(daemon.context.e2b)
+
+
+class ReloadTests(E2BCase):
+    """A policy reload opens and closes the E2B port (SPEC §18)."""
+
+    autostart = False
+
+    def write_policy(self, path: str, e2b: bool) -> None:
+        with open(path, "w") as f:
+            json.dump({**(self.policy or {}), "groups": {"e2b": e2b}}, f)
+
+    @inlineCallbacks
+    def test_reload_turns_the_port_off_and_on(self) -> Any:
+        """
+        A reload that turns the group off stops the port listening and
+        closes a kept-alive connection; one that turns it back on listens
+        again on the same port, and the SDK's calls work.
+        """
+        path = os.path.join(self.base_dir, "policy.json")
+        self.write_policy(path, True)
+        port = _free_port()
+        yield self.start(
+            policy=None, policy_file=path, e2b_port=f"tcp:{port}:interface=127.0.0.1"
+        )
+        kept = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.addCleanup(kept.close)
+        kept.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        first = yield self.sdk(kept.recv, 4096)
+        self.assertTrue(first.startswith(b"HTTP/1.1 204"), first)
+
+        self.write_policy(path, False)
+        self.assertTrue(self.daemon.daemon.reload())
+        closed = yield self.sdk(_closed, kept)
+        self.assertTrue(closed)
+        refused = yield self.sdk(_refused, port)
+        self.assertTrue(refused)
+
+        self.write_policy(path, True)
+        self.assertTrue(self.daemon.daemon.reload())
+        deadline = time.monotonic() + 10
+        while self.daemon.context.e2b.port is None and time.monotonic() < deadline:
+            yield self.sdk(time.sleep, 0.05)
+        result = yield self.sdk(lambda: self.sandbox().commands.run("echo back"))
+        self.assertEqual(result.stdout, "back\n")
 
 
 class UserTests(E2BCase):
