@@ -248,6 +248,7 @@ _PTY_SESSION = (
     F("rows", "integer"),
     F("alive", "boolean"),
     F("clients", "integer", "WebSockets attached now"),
+    F("ws_url", doc="where to attach: ws://HOST:PTY_PORT/pty?session_id=ID"),
 )
 _SID_404 = E(404, "not_found", "no such agent session")
 _BROWSER = (
@@ -846,7 +847,7 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "sessions",
                 "array",
-                "[{id, pid, created_at, cols, rows, alive, clients}]",
+                "[{id, pid, created_at, cols, rows, alive, clients, ws_url}]",
                 items="object",
             ),
         ),

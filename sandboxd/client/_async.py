@@ -910,10 +910,17 @@ class Pty(_Namespace):
         """
         Attach to a session: ``started``, then its scrollback (or only what
         followed ``offset``), then live output.
+
+        The WebSocket is ``pty_url`` when it is set, else the session's own
+        ``ws_url`` (from :meth:`get`), so a session another client created
+        is reached where the daemon says, through a proxy or port mapping
+        too.  An unknown session raises :class:`NotFound`.
         """
-        terminal = Terminal(
-            self._http.settings, session_id, self._sandbox.pty_base(), offset
-        )
+        base = self._sandbox.settings.pty_url
+        if not base:
+            found: dict[str, Any] = dict(await self.get(session_id))
+            base = str(found.get("ws_url") or self._sandbox.pty_base())
+        terminal = Terminal(self._http.settings, session_id, base, offset)
         await terminal._open(offset)
         return terminal
 

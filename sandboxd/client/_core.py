@@ -62,7 +62,8 @@ class Settings:
     :param wait_on_rate_limit: wait ``retry_after`` and retry on a 429
         (at most ``max_rate_wait`` seconds per wait) instead of raising.
     :param pty_url: the PTY WebSocket base (``ws://host:9001``); default:
-        the ``ws_url`` of the last created session, else the HTTP port + 1.
+        the session's ``ws_url`` as the daemon gives it (at create, and
+        from ``GET /pty/sessions/{id}`` to attach), else the HTTP port + 1.
     """
 
     url: str

@@ -884,8 +884,19 @@ class Pty(_Namespace):
         """
         Attach to a session: ``started``, then its scrollback (or only what
         followed ``offset``), then live output.
+
+        The WebSocket is ``pty_url`` when it is set, else the session's own
+        ``ws_url`` (from :meth:`get`), so a session another client created
+        is reached where the daemon says, through a proxy or port mapping
+        too.  An unknown session raises :class:`NotFound`.
         """
-        return Terminal(self, session_id, self._sandbox.pty_base(), offset)
+        return Terminal(self, session_id, self._attach_base(session_id), offset)
+
+    def _attach_base(self, session_id: str) -> str:
+        if self._sandbox.settings.pty_url:
+            return self._sandbox.settings.pty_url
+        found: dict[str, Any] = dict(self.get(session_id))
+        return str(found.get("ws_url") or self._sandbox.pty_base())
 
     def list(self) -> builtins.list[PtySessionInfo]:
         """Sessions of this identity."""

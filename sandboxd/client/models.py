@@ -121,6 +121,7 @@ class PtySessionInfo(TypedDict):
     rows: int
     alive: bool
     clients: int
+    ws_url: str
 
 
 class Decision(TypedDict):

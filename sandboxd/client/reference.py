@@ -73,8 +73,9 @@ asyncio.run(main())
 `Sandbox(url, token=..., timeout=30, retries=3, wait_on_rate_limit=False,
 pty_url=None, http_client=None)`. The URL defaults to `SANDBOXD_URL` (else
 `http://127.0.0.1:9000`), the token to `SANDBOXD_TOKEN`, the PTY WebSocket
-base to `SANDBOXD_PTY_URL`, else the `ws_url` of the last session this client
-created, else the HTTP port + 1 (the daemon's defaults are 9000 and 9001).
+base to `SANDBOXD_PTY_URL`, else the session's `ws_url` as the daemon gives it
+(when it is created, and from `GET /pty/sessions/{id}` to attach to one), else
+the HTTP port + 1 (the daemon's defaults are 9000 and 9001).
 The token is sent as `Authorization: Bearer`, on the PTY handshake too.
 
 ## What happens when things go wrong

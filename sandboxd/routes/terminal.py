@@ -158,14 +158,25 @@ def pty_list(request: ServerRequest) -> dict[str, Any]:
     table.reap()
     return {
         "sessions": [
-            s.describe() for s in table.sessions.values() if visible(request, s)
+            _describe(request, s)
+            for s in table.sessions.values()
+            if visible(request, s)
         ]
     }
 
 
+def _describe(request: ServerRequest, session: PtySession) -> dict[str, Any]:
+    """
+    A session's JSON (SPEC §7.5) with the ``ws_url`` to attach to it, so a
+    client reattaching to a session it did not create learns where the PTY
+    port is as the creator did (a proxy or port mapping included).
+    """
+    return {**session.describe(), "ws_url": _ws_url(request, session.id)}
+
+
 def pty_get(request: ServerRequest) -> dict[str, Any]:
     """``GET /pty/sessions/{id}``."""
-    return _session(request).describe()
+    return _describe(request, _session(request))
 
 
 def pty_resize(request: ServerRequest) -> dict[str, Any]:
@@ -179,7 +190,7 @@ def pty_resize(request: ServerRequest) -> dict[str, Any]:
         session.resize(cols, rows)
     except OSError as e:
         raise internal(f"Failed to resize: {e.strerror or e}", "OSError") from None
-    return session.describe()
+    return _describe(request, session)
 
 
 def pty_delete(request: ServerRequest) -> Deferred[dict[str, Any]]:

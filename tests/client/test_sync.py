@@ -17,7 +17,7 @@ from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
 
-from sandboxd.client import Sandbox
+from sandboxd.client import AsyncSandbox, NotFound, Sandbox
 from tests.client.base import ROOT, ClientCase
 
 
@@ -420,6 +420,42 @@ class PtyTests(ClientCase):
             self.assertEqual(sb.pty.list(), [])
 
         return self.in_thread(body)
+
+    def test_attach_where_the_daemon_says(self) -> Any:
+        """
+        A client that did not create a session, and is given no PTY URL,
+        attaches at the session's ``ws_url`` (the test daemon's PTY port
+        is not the HTTP port + 1, so a guess would miss it); an unknown
+        session is NotFound before any WebSocket is opened.
+        """
+
+        def body() -> None:
+            creator = self.sandbox()
+            created = creator.pty.create(shell="sh")
+            stranger = Sandbox(self.daemon.url, token=self.daemon.token)
+            self.addCleanup(stranger.close)
+            with stranger.pty.attach(created["session_id"]) as term:
+                term.send("echo there-$((40+2))\n")
+                term.expect("there-42")
+            with self.assertRaises(NotFound):
+                stranger.pty.attach("no-such-session")
+            creator.pty.close(created["session_id"])
+
+        return self.in_thread(body)
+
+    def test_async_attach_where_the_daemon_says(self) -> Any:
+        """The asyncio client attaches at the session's ``ws_url`` too."""
+
+        async def body() -> None:
+            created = self.sandbox().pty.create(shell="sh")
+            async with AsyncSandbox(self.daemon.url, token=self.daemon.token) as sb:
+                term = await sb.pty.attach(created["session_id"])
+                await term.send("echo async-$((40+2))\n")
+                await term.expect("async-42")
+                await term.close()
+                await sb.pty.close(created["session_id"])
+
+        return self.in_loop(body)
 
 
 class ConfigTests(ClientCase):

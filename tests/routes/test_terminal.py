@@ -248,8 +248,10 @@ class SessionTests(TerminalCase):
         (session,) = reply.json()["sessions"]
         self.assertEqual(
             set(session),
-            {"id", "pid", "created_at", "cols", "rows", "alive", "clients"},
+            {"id", "pid", "created_at", "cols", "rows", "alive", "clients", "ws_url"},
         )
+        # Where to attach, as the create said, for a client that did not create it.
+        self.assertEqual(session["ws_url"], created["ws_url"])
         self.assertEqual(
             (
                 session["id"],
