@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.python import usage
 
 from sandboxd._version import __version__
-from sandboxd.console import CLIENT_COMMANDS, client_main
+from sandboxd.console import CLIENT_COMMANDS, client_main, client_usage
 
 # The daemon's modules are imported by the commands that need them:
 # ``sandboxd healthcheck`` runs every few seconds in every sandbox (Docker
@@ -107,12 +107,15 @@ class Options(usage.Options):
         ["version", None, usage.Options, "Print the version."],
     ]
 
+    def getUsage(self, width: int | None = None) -> str:
+        """Twisted's usage, then the commands that drive a daemon."""
+        return super().getUsage(width) + client_usage()
+
     def postOptions(self) -> None:
         """A command is required."""
         if self.subCommand is None:
-            raise usage.UsageError(
-                "a command is required: " + ", ".join(c[0] for c in self.subCommands)
-            )
+            names = [c[0] for c in self.subCommands] + list(CLIENT_COMMANDS)
+            raise usage.UsageError("a command is required: " + ", ".join(names))
 
 
 def healthcheck(host: str, port: int, timeout: float) -> int:

@@ -10,8 +10,29 @@ from __future__ import annotations
 
 import sys
 
-#: Subcommands that drive a daemon (SPEC §19), served by ``sandboxd.client.cli``.
-CLIENT_COMMANDS = ("exec", "cp", "ls", "ps", "logs", "kill", "term", "caps")
+#: Subcommands that drive a daemon (SPEC §19), served by ``sandboxd.client.cli``,
+#: with the line ``sandboxd --help`` and ``sandboxd COMMAND --help`` show.
+CLIENT_COMMANDS = {
+    "exec": "Run a command in the sandbox, output live; exit with its code.",
+    "cp": "Copy a file to or from the sandbox (:PATH is remote); resumable.",
+    "ls": "List a directory in the sandbox.",
+    "ps": "List the managed processes.",
+    "logs": "A process's output (-f follows it).",
+    "kill": "Signal a process (default TERM).",
+    "term": "An interactive terminal; reattach to SESSION.",
+    "caps": "What this token may do (--explain ENDPOINT: why).",
+}
+
+
+def client_usage() -> str:
+    """The client commands, for the daemon's ``--help``."""
+    lines = [
+        "Commands that drive a daemon (--url/--token or SANDBOXD_URL/SANDBOXD_TOKEN;",
+        "sandboxd COMMAND --help for their options):",
+    ]
+    # Aligned as Twisted's usage aligns the daemon's commands above them.
+    lines += [f"    {name:<18}{text}" for name, text in CLIENT_COMMANDS.items()]
+    return "\n".join(lines) + "\n"
 
 
 def client_main(args: list[str]) -> int:

@@ -231,6 +231,31 @@ class TwistdTests(SynchronousTestCase):
         return False
 
 
+class HelpTests(SynchronousTestCase):
+    """``sandboxd --help`` tells every command, the daemon's and the client's."""
+
+    def test_help_lists_every_command(self) -> None:
+        """
+        The console script's help names the commands that run a daemon and
+        those that drive one (SPEC §19), each with its line, and exits 0;
+        without a command it names them all and exits 2.
+        """
+        script = os.path.join(BIN, "sandboxd")
+        shown = subprocess.run(
+            [script, "--help"], capture_output=True, text=True, timeout=30
+        )
+        self.assertEqual(shown.returncode, 0, shown.stderr)
+        lines = shown.stdout.splitlines()
+        for name in ("serve", "healthcheck", "check-config", "reload", "version"):
+            self.assertTrue(any(line.split()[:1] == [name] for line in lines), name)
+        for name in ("exec", "cp", "ls", "ps", "logs", "kill", "term", "caps"):
+            (line,) = [line for line in lines if line.split()[:1] == [name]]
+            self.assertGreater(len(line.split()), 2, line)
+        bare = subprocess.run([script], capture_output=True, text=True, timeout=30)
+        self.assertEqual(bare.returncode, 2)
+        self.assertIn("exec, cp, ls, ps, logs, kill, term, caps", bare.stderr)
+
+
 class CheckConfigTests(SynchronousTestCase):
     """sandboxd check-config."""
 

@@ -34,6 +34,7 @@ from sandboxd.client.errors import (
     SandboxError,
     Unauthorized,
 )
+from sandboxd.console import CLIENT_COMMANDS
 
 #: The subcommand names this module serves.
 COMMANDS = ("exec", "cp", "ls", "ps", "logs", "kill", "term", "caps")
@@ -70,9 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser(
-        "exec", parents=[common], help="run a command, output live; exit with its code"
-    )
+    p = sub.add_parser("exec", parents=[common], help=CLIENT_COMMANDS["exec"])
     p.add_argument("--cwd", help="working directory in the sandbox")
     p.add_argument(
         "--env",
@@ -95,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "cp",
         parents=[common],
-        help="copy a file to or from the sandbox (:PATH is remote)",
+        help=CLIENT_COMMANDS["cp"],
     )
     p.add_argument("source")
     p.add_argument("destination")
@@ -114,28 +113,26 @@ def _parser() -> argparse.ArgumentParser:
         help="show progress even when stderr is not a terminal",
     )
 
-    p = sub.add_parser("ls", parents=[common], help="list a directory")
+    p = sub.add_parser("ls", parents=[common], help=CLIENT_COMMANDS["ls"])
     p.add_argument("path", nargs="?")
     p.add_argument(
         "-l", dest="long", action="store_true", help="type, size and time too"
     )
     p.add_argument("--depth", type=int)
 
-    p = sub.add_parser("ps", parents=[common], help="list managed processes")
+    p = sub.add_parser("ps", parents=[common], help=CLIENT_COMMANDS["ps"])
     p.add_argument("--tag")
 
-    p = sub.add_parser("logs", parents=[common], help="a process's output")
+    p = sub.add_parser("logs", parents=[common], help=CLIENT_COMMANDS["logs"])
     p.add_argument("pid", type=int)
     p.add_argument("-f", "--follow", action="store_true", help="follow until it exits")
     p.add_argument("--after", type=int, default=0, help="only output after this seq")
 
-    p = sub.add_parser("kill", parents=[common], help="signal a process (default TERM)")
+    p = sub.add_parser("kill", parents=[common], help=CLIENT_COMMANDS["kill"])
     p.add_argument("pid", type=int)
     p.add_argument("-s", "--signal", default="TERM")
 
-    p = sub.add_parser(
-        "term", parents=[common], help="an interactive terminal (reattach by SESSION)"
-    )
+    p = sub.add_parser("term", parents=[common], help=CLIENT_COMMANDS["term"])
     p.add_argument("session", nargs="?")
     p.add_argument(
         "--detach-keys",
@@ -145,7 +142,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--shell")
     p.add_argument("--cwd")
 
-    p = sub.add_parser("caps", parents=[common], help="what this token may do")
+    p = sub.add_parser("caps", parents=[common], help=CLIENT_COMMANDS["caps"])
     p.add_argument(
         "--explain",
         metavar="ENDPOINT",
