@@ -6,6 +6,7 @@ that drives a daemon starts without loading Twisted; anything else goes to
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Sequence
 
@@ -17,6 +18,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] and args[0] in CLIENT_COMMANDS:
         return client_main(args)
+    if args[:1] == ["serve"]:
+        # Start-up creates a great many objects (Twisted, pyOpenSSL, the
+        # daemon) that live as long as the process: a cyclic collection
+        # while they are being created only walks them again.  None runs
+        # until the daemon listens (sandboxd.server.release_memory).
+        gc.disable()
     from sandboxd.cli import main as daemon_main
 
     return daemon_main(args)

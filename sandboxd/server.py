@@ -151,10 +151,13 @@ def release_memory() -> None:
     daemon uses; glibc keeps that memory unless asked (a few MB of idle RSS).
     The objects start-up created live as long as the daemon: freezing them
     keeps every later full collection from walking them again (tens of
-    milliseconds of pause each time otherwise).
+    milliseconds of pause each time otherwise).  The console script and the
+    twistd plugin turn the collector off for the start-up; it is turned
+    back on here, once the daemon listens.
     """
     gc.collect()
     gc.freeze()
+    gc.enable()
     trim = getattr(libc(), "malloc_trim", None)
     if trim is not None:
         trim(0)

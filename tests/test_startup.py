@@ -5,11 +5,15 @@ mode stays local, and a start says what it is in one line.
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import subprocess
 from typing import Any
 
+from twisted.internet import reactor
+from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.python import usage
@@ -20,6 +24,7 @@ from sandboxd.policy import PolicyError
 from sandboxd.server import Settings, build, validate_settings
 from sandboxd.startup import StartRefused
 from sandboxd.tap import Options
+from tests.helpers import DaemonTestCase
 from tests.test_cli import BIN, ROOT, free_port
 
 
@@ -267,3 +272,23 @@ class LocalModeTests(SynchronousTestCase):
         s = self.settings()
         _, lines = self.start(s)
         self.assertTrue(any("auth local (no token)" in line for line in lines))
+
+
+class CollectorTests(DaemonTestCase):
+    """The cyclic collector the console script turns off for the start-up is back on after it."""
+
+    autostart = False
+
+    @inlineCallbacks
+    def test_collector_back_on_once_listening(self) -> Any:
+        """
+        ``sandboxd serve`` and the twistd plugin start with ``gc`` off; a
+        daemon that never turned it back on would keep every reference
+        cycle it makes for as long as it runs.  Shortly after it listens,
+        it is on.
+        """
+        gc.disable()
+        self.addCleanup(gc.enable)
+        yield self.start()
+        yield deferLater(reactor, 0.5, lambda: None)
+        self.assertTrue(gc.isenabled())

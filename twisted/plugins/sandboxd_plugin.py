@@ -17,9 +17,12 @@ class _ServiceMaker(ServiceMaker):
         ``sandboxd.tap.Options``, imported now that twistd runs sandboxd.
 
         What is alive first (the interpreter, Twisted, twistd) lives as long
-        as the daemon: frozen, no collection during start-up walks it again.
+        as the daemon: frozen, no collection during start-up walks it again,
+        and none runs until the daemon listens
+        (``sandboxd.server.release_memory``).
         """
         gc.freeze()
+        gc.disable()
         return super().options
 
 
