@@ -195,18 +195,15 @@ def stop(daemon: DaemonProcess) -> None:
 class ReadyTests(SynchronousTestCase):
     """The first ``200 /health`` means the daemon can serve."""
 
-    def slow_pty_daemon(self) -> DaemonProcess:
+    def slow_daemon(self, argv: list[str]) -> DaemonProcess:
+        """
+        Run ``argv`` with the ``slowtcp:PORT:delay=S`` endpoint plugin on
+        the path (a listener whose listen completes S seconds late).
+        """
         plugins = os.path.join(os.path.abspath(self.mktemp()), "twisted", "plugins")
         os.makedirs(plugins)
         with open(os.path.join(plugins, "slow_listen.py"), "w") as f:
             f.write(SLOW_ENDPOINT_PLUGIN)
-        base = os.path.abspath(self.mktemp())
-        os.makedirs(base)
-        self.pty_port = free_port()
-        argv = twistd_argv(base)
-        argv[argv.index("tcp:{pty}:interface=127.0.0.1")] = (
-            f"slowtcp:{self.pty_port}:delay=1.5"
-        )
         search = os.path.dirname(os.path.dirname(plugins))
         env = {
             "ABX_SERVER_TOKEN": TOKEN,
@@ -215,6 +212,20 @@ class ReadyTests(SynchronousTestCase):
         daemon = DaemonProcess(self, argv, env)
         self.addCleanup(stop, daemon)
         return daemon
+
+    def base_dir(self) -> str:
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        return base
+
+    def slow_pty_daemon(self) -> DaemonProcess:
+        """A daemon whose PTY port's listen completes 1.5 s late."""
+        self.pty_port = free_port()
+        argv = twistd_argv(self.base_dir())
+        argv[argv.index("tcp:{pty}:interface=127.0.0.1")] = (
+            f"slowtcp:{self.pty_port}:delay=1.5"
+        )
+        return self.slow_daemon(argv)
 
     def test_first_health_means_pty_and_policy(self) -> None:
         """
@@ -236,31 +247,18 @@ class ReadyTests(SynchronousTestCase):
 
     def slow_e2b_daemon(self) -> DaemonProcess:
         """A daemon whose E2B port's listen completes 1.5 s late."""
-        plugins = os.path.join(os.path.abspath(self.mktemp()), "twisted", "plugins")
-        os.makedirs(plugins)
-        with open(os.path.join(plugins, "slow_listen.py"), "w") as f:
-            f.write(SLOW_ENDPOINT_PLUGIN)
-        base = os.path.abspath(self.mktemp())
-        os.makedirs(base)
         policy = os.path.abspath(self.mktemp())
         with open(policy, "w") as f:
             json.dump({"groups": {"e2b": True}}, f)
         self.e2b_port = free_port()
         argv = twistd_argv(
-            base,
+            self.base_dir(),
             "--policy",
             policy,
             "--e2b-port",
             f"slowtcp:{self.e2b_port}:delay=1.5",
         )
-        search = os.path.dirname(os.path.dirname(plugins))
-        env = {
-            "ABX_SERVER_TOKEN": TOKEN,
-            "PYTHONPATH": os.pathsep.join([search, os.environ.get("PYTHONPATH", "")]),
-        }
-        daemon = DaemonProcess(self, argv, env)
-        self.addCleanup(stop, daemon)
-        return daemon
+        return self.slow_daemon(argv)
 
     def test_first_health_means_e2b_port(self) -> None:
         """
