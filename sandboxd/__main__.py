@@ -10,7 +10,8 @@ import gc
 import sys
 from collections.abc import Sequence
 
-from sandboxd.console import CLIENT_COMMANDS, client_main
+from sandboxd.console import client_main
+from sandboxd.subcommands import CLIENT_COMMANDS
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from twisted.python import usage
 
 from sandboxd._version import __version__
-from sandboxd.console import CLIENT_COMMANDS, client_main, client_usage
+from sandboxd.console import client_main
+from sandboxd.subcommands import CLIENT_COMMANDS, client_usage
 
 # The daemon's modules are imported by the commands that need them:
 # ``sandboxd healthcheck`` runs every few seconds in every sandbox (Docker

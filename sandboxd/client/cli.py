@@ -34,7 +34,7 @@ from sandboxd.client.errors import (
     SandboxError,
     Unauthorized,
 )
-from sandboxd.console import CLIENT_COMMANDS
+from sandboxd.subcommands import CLIENT_COMMANDS
 
 #: The subcommand names this module serves.
 COMMANDS = ("exec", "cp", "ls", "ps", "logs", "kill", "term", "caps")
