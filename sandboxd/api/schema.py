@@ -633,7 +633,10 @@ SCHEMAS: dict[str, Schema] = {
         response=(F("path"), F("bytes", "integer"), F("sha256"), _ETAG),
         errors=(*_WRITE_GUARD, *_WRITE),
         notes="The raw body is written as it arrives and renamed into place: the fast "
-        "path for large files (no base64, no JSON).",
+        "path for large files (no base64, no JSON). A cut connection loses the whole "
+        "body; to carry a large file on from where a cut left it, use a resumable "
+        "upload: files_uploads_create with the size, then files_uploads_append from "
+        "the offset files_uploads_get reports.",
     ),
     "files_uploads_create": Schema(
         body=(
