@@ -168,6 +168,8 @@ class AppendSink:
 
     def write(self, data: bytes) -> None:
         """One chunk, queued for the hashing and the writing thread."""
+        if self.dropped:
+            raise not_found(f"the upload was dropped: {self.upload.id}")
         self.received += len(data)
         self.body.write(data)
 

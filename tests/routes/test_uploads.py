@@ -47,6 +47,24 @@ def _send_part(port: int, path: str, length: int, part: bytes, token: str) -> No
             pass
 
 
+def _open_part(
+    port: int, path: str, length: int, part: bytes, token: str
+) -> socket.socket:
+    """As :func:`_send_part`, but the connection stays open (the append runs on)."""
+    s = socket.socket()
+    s.settimeout(20)
+    s.connect(("127.0.0.1", port))
+    s.sendall(
+        (
+            f"POST {path} HTTP/1.1\r\nHost: localhost\r\n"
+            f"X-Access-Token: {token}\r\n"
+            f"Content-Length: {length}\r\n\r\n"
+        ).encode()
+        + part
+    )
+    return s
+
+
 class UploadCase(DaemonTestCase):
     token = "uploads-test-token"
 
@@ -299,6 +317,59 @@ class CutTests(UploadCase):
             yield deferLater(reactor, 0.05, lambda: None)
         self.assertEqual(self.staging(), [])
         self.assertEqual(self.read("r.bin"), b"old")
+
+
+class BusyTests(UploadCase):
+    @inlineCallbacks
+    def busy(self, uid: str, offset: int) -> Any:
+        """Start an append that stays open; returns its socket once the daemon holds it."""
+        sock = yield deferToThread(
+            _open_part,
+            self.daemon.port,
+            f"/files/uploads/{uid}?offset={offset}",
+            10_000,
+            b"x" * 1000,
+            self.token,
+        )
+        self.addCleanup(sock.close)
+        for _ in range(100):
+            reply = yield self.append(uid, offset, b"")
+            if reply.status == 429:
+                return sock, reply
+            yield deferLater(reactor, 0.05, lambda: None)
+        self.fail("the first append was never held")
+
+    @inlineCallbacks
+    def test_second_concurrent_append_is_refused(self) -> Any:
+        """
+        While one append runs, another is 429 concurrency_limited (with
+        retry_after); once the first one's connection goes, its bytes count.
+        """
+        reply = yield self.create("c.bin", 20_000)
+        uid = reply.json()["upload_id"]
+        sock, refused = yield self.busy(uid, 0)
+        self.assertEqual(refused.json()["code"], "concurrency_limited")
+        self.assertEqual(refused.json()["retry_after"], 1)
+        yield deferToThread(sock.close)
+        reply = yield self.wait_offset(uid, 0)
+        self.assertEqual(reply.json()["offset"], 1000)
+
+    @inlineCallbacks
+    def test_delete_while_appending(self) -> Any:
+        """DELETE of an upload with an append running removes the staging file once the write stops."""
+        reply = yield self.create("d.bin", 20_000)
+        uid = reply.json()["upload_id"]
+        sock, _ = yield self.busy(uid, 0)
+        reply = yield self.request("DELETE", f"/files/uploads/{uid}")
+        self.assertEqual(reply.json()["deleted"], True)
+        for _ in range(100):
+            if not self.staging():
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        self.assertEqual(self.staging(), [])
+        yield deferToThread(sock.close)
+        reply = yield self.request("GET", f"/files/uploads/{uid}")
+        self.assertEqual(reply.status, 404)
 
 
 class IdentityTests(UploadCase):
