@@ -102,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-resume",
         action="store_true",
-        help="start over instead of resuming a cut download (its .part) or upload",
+        help="start over instead of resuming a cut download (.part) or upload",
     )
     p.add_argument(
         "--no-overwrite", action="store_true", help="refuse to replace a remote file"
