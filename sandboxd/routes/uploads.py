@@ -22,6 +22,7 @@ from sandboxd.errors import (
     ApiError,
     Code,
     bad_request,
+    conflict,
     limit_exceeded,
     limit_rule,
     not_found,
@@ -113,12 +114,11 @@ def _declared_length(request: ServerRequest) -> int:
 
 def _offset_conflict(upload: Upload, offset: int) -> ApiError:
     """409: the append does not start where the upload stands."""
-    return ApiError(
-        409,
+    return conflict(
         f"the upload is at offset {upload.offset}, not {offset}: "
         f"send from {upload.offset}",
-        "ValueError",
         Code.INVALID_PARAM,
+        "ValueError",
         offset=upload.offset,
         upload_id=upload.id,
     )
