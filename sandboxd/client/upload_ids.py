@@ -60,7 +60,16 @@ class UploadIds:
         return upload_id if isinstance(upload_id, str) else None
 
     def save(self, upload_id: str) -> None:
-        """Remember ``upload_id`` (written whole, readable by this user only)."""
+        """
+        Remember ``upload_id`` (written whole, readable by this user only);
+        a cache that cannot be written only loses the resume, not the upload.
+        """
+        try:
+            self._write(upload_id)
+        except OSError:
+            pass
+
+    def _write(self, upload_id: str) -> None:
         os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
         record = {
             "upload_id": upload_id,
