@@ -65,6 +65,7 @@ from sandboxd.client._shared import (
 from sandboxd.client.errors import (
     ConnectionFailed,
     NotFound,
+    NotFoundError,
     ProtocolError,
     RequestTimeout,
     SandboxError,
@@ -396,7 +397,9 @@ class Files(_Namespace):
                 self._http.settings.retries,
                 on_upload_id,
             )
-            return await self._resumable(steps, progress)
+            written = await self._resumable(steps, progress)
+            if written is not None:
+                return written
 
         async def content() -> AsyncIterator[bytes]:
             sent = 0
@@ -418,8 +421,8 @@ class Files(_Namespace):
 
     async def _resumable(
         self, steps: ResumableUpload, progress: Progress | None
-    ) -> Written:
-        """The steps of :class:`ResumableUpload`, on the loop."""
+    ) -> Written | None:
+        """The steps of :class:`ResumableUpload`, on the loop (None: not served)."""
         http = self._http
         record: Any = None
         if steps.upload_id is not None:
@@ -428,7 +431,13 @@ class Files(_Namespace):
             except NotFound:
                 record = None
         if record is None or not steps.on_record(record):
-            if not steps.on_record(decode(await http.send(steps.create()))):
+            try:
+                created = decode(await http.send(steps.create()))
+            except NotFoundError:
+                # A daemon without resumable uploads (older, or the policy
+                # switched them off): one raw write.
+                return None
+            if not steps.on_record(created):
                 raise ProtocolError("the daemon created an upload of another size")
 
         async def chunks(f: Any) -> AsyncIterator[bytes]:

@@ -54,6 +54,7 @@ from sandboxd.client._shared import (
 from sandboxd.client.errors import (
     ConnectionFailed,
     NotFound,
+    NotFoundError,
     ProtocolError,
     RequestTimeout,
     SandboxError,
@@ -372,8 +373,9 @@ class Files(_Namespace):
         ``resume=True``, goes as a resumable upload (``/files/uploads``):
         after a cut connection the client asks the daemon how many bytes it
         has and sends only the rest (up to ``retries`` times).  Smaller
-        files, or ``resume=False``, go in one ``POST /files/raw``, sent
-        again whole after a cut.
+        files, ``resume=False``, or a daemon that does not serve
+        ``/files/uploads`` (older, or switched off by its policy) get one
+        ``POST /files/raw``, sent again whole after a cut.
 
         To carry on in a later process, keep the id ``on_upload_id(id)`` is
         told (or the ``upload_id`` in the ``body`` of the
@@ -396,7 +398,9 @@ class Files(_Namespace):
                 self._http.settings.retries,
                 on_upload_id,
             )
-            return self._resumable(steps, progress)
+            written = self._resumable(steps, progress)
+            if written is not None:
+                return written
 
         def content() -> Iterator[bytes]:
             sent = 0
@@ -415,8 +419,10 @@ class Files(_Namespace):
         req.timeout = max(self._http.settings.timeout, 60.0)
         return cast(Written, decode(self._http.send(req, content=content)))
 
-    def _resumable(self, steps: ResumableUpload, progress: Progress | None) -> Written:
-        """The steps of :class:`ResumableUpload`, blocking."""
+    def _resumable(
+        self, steps: ResumableUpload, progress: Progress | None
+    ) -> Written | None:
+        """The steps of :class:`ResumableUpload`, blocking (None: not served)."""
         http = self._http
         record: Any = None
         if steps.upload_id is not None:
@@ -425,7 +431,13 @@ class Files(_Namespace):
             except NotFound:
                 record = None
         if record is None or not steps.on_record(record):
-            if not steps.on_record(decode(http.send(steps.create()))):
+            try:
+                created = decode(http.send(steps.create()))
+            except NotFoundError:
+                # A daemon without resumable uploads (older, or the policy
+                # switched them off): one raw write.
+                return None
+            if not steps.on_record(created):
                 raise ProtocolError("the daemon created an upload of another size")
         with open(steps.local, "rb") as f:
             while True:

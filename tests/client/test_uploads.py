@@ -146,3 +146,25 @@ class UploadResumeTests(ClientCase):
             self.assertTrue(bytes(proxy.requests[0]).startswith(b"POST /files/raw?"))
 
         return self.in_thread(body)
+
+
+class NoResumableUploadsTests(ClientCase):
+    """A daemon whose policy switches the resumable uploads off."""
+
+    policy = {"endpoints": {"files_uploads_create": {"enabled": False}}}
+
+    def test_large_file_falls_back_to_one_raw_write(self) -> Any:
+        """A large file still arrives, in one POST /files/raw, when /files/uploads is disabled."""
+        data = os.urandom(SIZE)
+        local = os.path.join(os.path.realpath(self.mktemp()))
+        with open(local, "wb") as f:
+            f.write(data)
+
+        def body() -> None:
+            written = self.sandbox().files.upload(local, "up.bin")
+            self.assertNotIn("complete", written)
+            self.assertEqual(written["sha256"], hashlib.sha256(data).hexdigest())
+            with open(self.path("up.bin"), "rb") as f:
+                self.assertEqual(f.read(), data)
+
+        return self.in_thread(body)
