@@ -203,6 +203,32 @@ class RefusalTests(UploadCase):
         self.assertEqual(self.read("o.bin"), b"abcdefghij")
 
     @inlineCallbacks
+    def test_bad_offset_and_unknown_id(self) -> Any:
+        """A missing, negative or non-numeric offset is 400; an unknown id is 404 on every route."""
+        reply = yield self.create("b.bin", 4)
+        uid = reply.json()["upload_id"]
+        for query in ("", "?offset=-1", "?offset=x", "?offset=1.5"):
+            reply = yield self.request(
+                "POST", f"/files/uploads/{uid}{query}", raw_body=b"ab"
+            )
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (400, "invalid_param"), query
+            )
+        for method, path in (
+            ("GET", "/files/uploads/nope"),
+            ("POST", "/files/uploads/nope?offset=0"),
+            ("DELETE", "/files/uploads/nope"),
+        ):
+            reply = yield self.request(
+                method, path, raw_body=b"" if method == "POST" else None
+            )
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (404, "not_found"), path
+            )
+        reply = yield self.request("GET", f"/files/uploads/{uid}")
+        self.assertEqual(reply.json()["offset"], 0)
+
+    @inlineCallbacks
     def test_append_past_size_is_413_and_writes_nothing(self) -> Any:
         """offset + Content-Length over size is 413 before a byte is written."""
         reply = yield self.create("s.bin", 4)
