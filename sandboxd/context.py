@@ -33,6 +33,7 @@ from sandboxd.web.routing import Router
 if TYPE_CHECKING:
     from sandboxd.agents.manager import AgentManager
     from sandboxd.browser.supervisor import BrowserSupervisor
+    from sandboxd.files.uploads import UploadTable
     from sandboxd.files.watch import WatchService
     from sandboxd.processes.service import ProcessService
     from sandboxd.terminals.service import TerminalService
@@ -81,6 +82,8 @@ class Context:
     processes: ProcessService | None = attrs.field(default=None, init=False)
     terminals: TerminalService | None = attrs.field(default=None, init=False)
     watches: WatchService | None = attrs.field(default=None, init=False)
+    #: The resumable uploads open now (``files_uploads_*``).
+    uploads: UploadTable | None = attrs.field(default=None, init=False)
     browser: BrowserSupervisor | None = attrs.field(default=None, init=False)
     agents: AgentManager | None = attrs.field(default=None, init=False)
     #: Paths the site hands to a door of their own before the JSON

@@ -31,6 +31,11 @@ SEED_AND_BEYOND = {
         "files_extract",
         "files_read_raw",
         "files_write_raw",
+        # Resumable uploads (issue 19): not in SPEC §2's table yet.
+        "files_uploads_create",
+        "files_uploads_get",
+        "files_uploads_append",
+        "files_uploads_delete",
         "files_watch",
     ],
     "process": [

@@ -78,8 +78,9 @@ table drives routing, the policy engine, `GET /capabilities` and
 - **Scopes**: every scope listed for an endpoint is required; `*` holds them
   all. A policy can replace an endpoint's scopes ([policy](policy.md)).
 - **Bodies**: POST and DELETE take a JSON object (an empty body is `{{}}`),
-  except `files_write_raw`, which takes raw bytes. Responses are JSON unless
-  stated (SSE streams, raw file bytes, the WebSocket).
+  except `files_write_raw` and `files_uploads_append`, which take raw bytes.
+  Responses are JSON unless stated (SSE streams, raw file bytes, the
+  WebSocket).
 - **Errors**: `{{"error": MESSAGE, "type": NAME}}`, plus `code` and, for policy
   and guard decisions, `rule`, `endpoint`, `scope`, `limit`, `retry_after`.
   Programs should branch on `code`; `type` keeps the seed's exception names.

@@ -113,6 +113,7 @@ PATH_PARAMS: dict[str, Field] = {
     "name": F("name", doc="the command's name", example="hello"),
     "pid": F("pid", "integer", "a managed process's pid", example="$PID", minimum=1),
     "id": F("id", doc="a terminal session id", example="$SESSION"),
+    "upload_id": F("upload_id", doc="a resumable upload's id", example="$UPLOAD"),
     "agent": F("agent", doc="a catalogue id (claude, codex, ...)", example="claude"),
     "sid": F("sid", doc="an agent session id", example="$SID"),
     "turn_id": F("turn_id", doc="a turn id", example="$TURN"),
@@ -178,6 +179,19 @@ _WRITE = (
 )
 _ETAG = F("etag", doc="the file's version, for If-Match")
 _IF_MATCH = F("if_match", doc="write only if the file still has this ETag")
+_UPLOAD_RECORD = (
+    F("upload_id", doc="names the upload in the routes below"),
+    F("path", doc="the target, resolved"),
+    F("size", "integer"),
+    F("offset", "integer", "bytes written so far: the next append starts here"),
+    F("expires_at", doc="ISO 8601 UTC: dropped then unless a byte arrives"),
+)
+_NO_UPLOAD = E(
+    404,
+    "not_found",
+    "no such upload: unknown, completed, expired, deleted, or another identity's",
+    "NotFoundError",
+)
 
 # Fields of every request that starts a child (SPEC §7.4).
 _CHILD = (
@@ -619,7 +633,123 @@ SCHEMAS: dict[str, Schema] = {
         response=(F("path"), F("bytes", "integer"), F("sha256"), _ETAG),
         errors=(*_WRITE_GUARD, *_WRITE),
         notes="The raw body is written as it arrives and renamed into place: the fast "
-        "path for large files (no base64, no JSON).",
+        "path for large files (no base64, no JSON). A cut connection loses the whole "
+        "body; to carry a large file on from where a cut left it, use a resumable "
+        "upload: files_uploads_create with the size, then files_uploads_append from "
+        "the offset files_uploads_get reports.",
+    ),
+    "files_uploads_create": Schema(
+        body=(
+            F("path", required=True, min_length=1, example="big.bin"),
+            F(
+                "size",
+                "integer",
+                "the file's whole size: refused (413) over max_bytes",
+                required=True,
+                example=1048576,
+                minimum=0,
+            ),
+            F("overwrite", "boolean", default=True),
+            F("mode", doc='octal permissions, e.g. "644"'),
+            _IF_MATCH,
+            _OWNER,
+        ),
+        headers=(F("If-Match", doc="write only if the file still has this ETag"),),
+        status=201,
+        response=_UPLOAD_RECORD,
+        errors=(
+            *_WRITE_GUARD,
+            *_WRITE,
+            E(
+                429,
+                "too_many_sessions",
+                "max_sessions (16) uploads are open",
+                "ResourceError",
+            ),
+        ),
+        notes="Every refusal happens here, before a byte is sent. The bytes go to "
+        "a hidden staging file beside the target (.NAME.<hex>.upload), renamed "
+        "into place by the append that completes it; an upload idle for "
+        "idle_timeout_seconds (3600) is dropped with its staging file, as on "
+        "DELETE and when the daemon stops.",
+    ),
+    "files_uploads_get": Schema(
+        response=_UPLOAD_RECORD,
+        errors=(_NO_UPLOAD,),
+        notes="offset counts the bytes written to the staging file: after a cut "
+        "connection, the append to send next starts there.",
+    ),
+    "files_uploads_append": Schema(
+        query=(
+            F(
+                "offset",
+                "integer",
+                "where this body starts: the upload's current offset",
+                required=True,
+                example=0,
+                minimum=0,
+            ),
+        ),
+        headers=(
+            F(
+                "Content-Length",
+                "integer",
+                "required: offset + Content-Length may not pass size",
+            ),
+        ),
+        raw_body=True,
+        response=(
+            F("upload_id", doc="while incomplete"),
+            F("offset", "integer", "while incomplete: bytes written so far"),
+            F("size", "integer", "while incomplete"),
+            F("path", doc="when complete: the file, renamed into place"),
+            F("bytes", "integer", "when complete"),
+            F("sha256", doc="when complete: of the whole file"),
+            F("etag", doc="when complete: the file's version, for If-Match"),
+            F("complete", "boolean", "whether the file is in place"),
+        ),
+        errors=(
+            _NO_UPLOAD,
+            E(
+                409,
+                "invalid_param",
+                "offset is not the upload's offset (the current one is in the "
+                "error's offset field); nothing is written",
+            ),
+            E(
+                412,
+                "precondition_failed",
+                "at completion, the file no longer has the If-Match ETag "
+                "(the upload is dropped)",
+            ),
+            E(
+                409,
+                "file_exists",
+                "at completion, a file appeared and overwrite is false "
+                "(the upload is dropped)",
+                "FileExistsError",
+            ),
+            E(413, "payload_too_large", "offset + Content-Length is over size"),
+            E(
+                429,
+                "concurrency_limited",
+                "another append to this upload is running (retry_after 1)",
+            ),
+            E(
+                507,
+                "insufficient_storage",
+                "the disk filled up; the upload is dropped",
+            ),
+        ),
+        notes="The raw body is written as it arrives. A cut connection keeps the "
+        "bytes that arrived: GET the upload and send the rest from its offset. "
+        "The append that reaches size renames the file into place and answers "
+        "as POST /files/raw does, with complete: true.",
+    ),
+    "files_uploads_delete": Schema(
+        response=(F("upload_id"), F("deleted", "boolean")),
+        errors=(_NO_UPLOAD,),
+        notes="The staging file is removed; the target is untouched.",
     ),
     "files_watch": Schema(
         query=(

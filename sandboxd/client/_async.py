@@ -33,6 +33,7 @@ from sandboxd.client._core import (
     CHUNK_BYTES,
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT,
+    RESUMABLE_UPLOAD_BYTES,
     RETRYABLE,
     STREAM_READ_TIMEOUT,
     Req,
@@ -55,6 +56,7 @@ from sandboxd.client._core import (
 from sandboxd.client._shared import (
     PartialFile,
     RangeState,
+    ResumableUpload,
     command_result,
     handshake_error,
     shell_timeout,
@@ -63,6 +65,8 @@ from sandboxd.client._shared import (
 from sandboxd.client.errors import (
     ConnectionFailed,
     NotFound,
+    NotFoundError,
+    ProtocolError,
     RequestTimeout,
     SandboxError,
 )
@@ -367,14 +371,35 @@ class Files(_Namespace):
         progress: Progress | None = None,
         overwrite: bool = True,
         mode: str | int | None = None,
+        resume: bool = True,
+        upload_id: str | None = None,
+        on_upload_id: Callable[[str], None] | None = None,
     ) -> Written:
         """
-        Send a local file to ``remote`` over the raw route, streamed from
-        disk with ``progress(sent, total)``.  The daemon writes it
-        atomically, so a cut upload leaves nothing half-written; it is
-        sent again whole (up to ``retries`` times).
+        Send a local file to ``remote``, streamed from disk with
+        ``progress(sent, total)``; as :meth:`Sandbox.files.upload
+        <sandboxd.client.Sandbox>`: a file of ``RESUMABLE_UPLOAD_BYTES``
+        (8 MiB) or more, with ``resume=True``, goes as a resumable upload
+        that carries on from the daemon's offset after a cut connection;
+        ``upload_id=`` carries on one begun earlier (``on_upload_id(id)``
+        is told each new id).  The target holds the old content (or
+        nothing) until the last byte is in.
         """
         size = os.path.getsize(local)
+        if resume and (upload_id is not None or size >= RESUMABLE_UPLOAD_BYTES):
+            steps = ResumableUpload(
+                os.fspath(local),
+                remote,
+                size,
+                overwrite,
+                mode,
+                upload_id,
+                self._http.settings.retries,
+                on_upload_id,
+            )
+            written = await self._resumable(steps, progress)
+            if written is not None:
+                return written
 
         async def content() -> AsyncIterator[bytes]:
             sent = 0
@@ -393,6 +418,67 @@ class Files(_Namespace):
         req.idempotent = overwrite
         req.timeout = max(self._http.settings.timeout, 60.0)
         return cast(Written, decode(await self._http.send(req, content=content)))
+
+    async def _resumable(
+        self, steps: ResumableUpload, progress: Progress | None
+    ) -> Written | None:
+        """The steps of :class:`ResumableUpload`, on the loop (None: not served)."""
+        http = self._http
+        record: Any = None
+        if steps.upload_id is not None:
+            try:
+                record = decode(await http.send(steps.start()))
+            except NotFound:
+                record = None
+        if record is None or not steps.on_record(record):
+            try:
+                created = decode(await http.send(steps.create()))
+            except NotFoundError:
+                # A daemon without resumable uploads (older, or the policy
+                # switched them off): one raw write.
+                return None
+            if not steps.on_record(created):
+                raise ProtocolError("the daemon created an upload of another size")
+
+        async def chunks(f: Any) -> AsyncIterator[bytes]:
+            read = steps.read_from(f)
+            done = steps.offset
+            if progress is not None:
+                progress(done, steps.size)
+            # Disk reads in a thread: a slow disk never stalls the loop.
+            while chunk := await asyncio.to_thread(read):
+                done += len(chunk)
+                yield chunk
+                if progress is not None:
+                    progress(done, steps.size)
+
+        with open(steps.local, "rb") as f:
+            while True:
+                req = steps.append()
+                req.timeout = max(http.settings.timeout, 60.0)
+                try:
+                    answer = decode(await http.send(req, content=lambda: chunks(f)))
+                except (ConnectionFailed, RequestTimeout) as e:
+                    await asyncio.sleep(steps.on_cut(e))
+                except SandboxError as e:
+                    wait = steps.on_refusal(e)
+                    if wait is None:
+                        raise
+                    await asyncio.sleep(wait)
+                else:
+                    written = steps.on_answer(answer)
+                    if written is not None:
+                        return written
+                    continue
+                try:
+                    record = decode(await http.send(steps.status()))
+                except (ConnectionFailed, RequestTimeout) as e:
+                    raise steps.failed(e) from None
+                steps.on_record(record)
+
+    async def delete_upload(self, upload_id: str) -> None:
+        """Drop a resumable upload and its staging file (``DELETE /files/uploads/{id}``)."""
+        await self._http.send(calls.files_uploads_delete(upload_id))
 
     async def download(
         self,

@@ -137,6 +137,47 @@ def files_write_raw(
     )
 
 
+def files_uploads_create(
+    path: str,
+    size: int,
+    overwrite: bool,
+    mode: str | int | None,
+    if_match: str | None,
+) -> Req:
+    return Req(
+        "POST",
+        "/files/uploads",
+        json=body(
+            path=path,
+            size=size,
+            overwrite=overwrite,
+            mode=None if mode is None else _mode(mode),
+            if_match=if_match,
+        ),
+    )
+
+
+def files_uploads_get(upload_id: str) -> Req:
+    return Req("GET", f"/files/uploads/{seg(upload_id)}")
+
+
+def files_uploads_append(upload_id: str, offset: int, length: int) -> Req:
+    return Req(
+        "POST",
+        f"/files/uploads/{seg(upload_id)}",
+        {"offset": offset},
+        headers={
+            "Content-Type": "application/octet-stream",
+            "Content-Length": str(length),
+        },
+        idempotent=False,
+    )
+
+
+def files_uploads_delete(upload_id: str) -> Req:
+    return Req("DELETE", f"/files/uploads/{seg(upload_id)}", idempotent=True)
+
+
 def _mode(mode: str | int) -> str:
     return format(mode, "o") if isinstance(mode, int) else mode
 

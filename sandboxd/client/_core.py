@@ -35,6 +35,9 @@ MAX_RATE_WAIT = 60.0
 #: Bytes read from disk per chunk of a raw upload (downloads take what the
 #: socket gives, without re-chunking).
 CHUNK_BYTES = 1024 * 1024
+#: Files from this size up are sent by ``files.upload`` as a resumable
+#: upload (``/files/uploads``), smaller ones in one ``POST /files/raw``.
+RESUMABLE_UPLOAD_BYTES = 8 * 1024 * 1024
 #: Transport errors after which a call may be sent again.
 RETRYABLE = (
     httpx.ConnectError,

@@ -1,7 +1,7 @@
 """
 Pieces both clients use around transfers and commands: the Range-resume
-state of a download, the ``.part`` file behind it, and the mapping of
-answers to results and errors.
+state of a download, the ``.part`` file behind it, the steps of a
+resumable upload, and the mapping of answers to results and errors.
 """
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, cast
 
-from sandboxd.client._core import transport_error
+from sandboxd.client import _calls as calls
+from sandboxd.client._core import CHUNK_BYTES, Req, backoff, transport_error
 from sandboxd.client.errors import ConnectionFailed, SandboxError, error_for
-from sandboxd.client.models import CommandResult
+from sandboxd.client.models import CommandResult, Progress, Written
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 _UNSATISFIED = re.compile(r"bytes\s+\*/(\d+)")
@@ -158,6 +159,172 @@ class PartialFile:
         except FileNotFoundError:
             pass
         return self.state.offset
+
+
+class ResumableUpload:
+    """
+    Where a resumable upload (``/files/uploads``) stands, and what to send
+    next: both clients drive the same steps and differ only in I/O.
+
+    1. :meth:`start`: ``GET`` the given ``upload_id`` (to carry on an upload
+       begun earlier, perhaps by another process) or create a new one;
+       :meth:`on_record` takes the answer.  An upload that is gone, or is
+       of another size, is started again.
+    2. :meth:`append`: the rest of the file from ``offset``;
+       :meth:`on_answer` returns the written file once complete.
+    3. After a cut connection (:meth:`on_cut`) or a refusal that names the
+       daemon's offset (:meth:`on_refusal`), ``GET`` again and go on from
+       the offset the daemon has on disk.
+
+    :param on_upload_id: told the id of a new upload as soon as it exists
+        (to keep it for a later resume).
+    """
+
+    def __init__(
+        self,
+        local: str,
+        remote: str,
+        size: int,
+        overwrite: bool,
+        mode: str | int | None,
+        upload_id: str | None,
+        retries: int,
+        on_upload_id: Callable[[str], None] | None = None,
+    ) -> None:
+        self.local = local
+        self.remote = remote
+        self.size = size
+        self.overwrite = overwrite
+        self.mode = mode
+        self.upload_id = upload_id
+        self.retries = retries
+        self.on_upload_id = on_upload_id
+        self.offset = 0
+        self.failures = 0
+        self.waits = 0
+        #: Bytes sent in appends (counted by :meth:`chunks`).
+        self.sent = 0
+
+    def start(self) -> Req:
+        """The first call: the known upload's state, or a new upload."""
+        if self.upload_id is not None:
+            return calls.files_uploads_get(self.upload_id)
+        return self.create()
+
+    def create(self) -> Req:
+        """A new upload of this file."""
+        self.upload_id = None
+        return calls.files_uploads_create(
+            self.remote, self.size, self.overwrite, self.mode, None
+        )
+
+    def on_record(self, record: Mapping[str, Any]) -> bool:
+        """
+        Take an upload's record; False when it is not this file's (another
+        size), so a new one must be created.
+        """
+        if int(record.get("size", -1)) != self.size:
+            return False
+        new = record["upload_id"] != self.upload_id
+        self.upload_id = str(record["upload_id"])
+        self.offset = int(record["offset"])
+        if new and self.on_upload_id is not None:
+            self.on_upload_id(self.upload_id)
+        return True
+
+    def status(self) -> Req:
+        """Where the daemon stands."""
+        assert self.upload_id is not None
+        return calls.files_uploads_get(self.upload_id)
+
+    def append(self) -> Req:
+        """The rest of the file, from ``offset``."""
+        assert self.upload_id is not None
+        return calls.files_uploads_append(
+            self.upload_id, self.offset, self.size - self.offset
+        )
+
+    def read_from(self, f: Any) -> Callable[[], bytes]:
+        """Seek ``f`` to ``offset``; a reader of the next chunk (b"" at the end)."""
+        f.seek(self.offset)
+        left = [self.size - self.offset]
+
+        def read() -> bytes:
+            if left[0] <= 0:
+                return b""
+            chunk: bytes = f.read(min(CHUNK_BYTES, left[0]))
+            left[0] -= len(chunk)
+            self.sent += len(chunk)
+            return chunk
+
+        return read
+
+    def chunks(self, f: Any, progress: Progress | None) -> Iterator[bytes]:
+        """The rest of the file ``f`` from ``offset``, with ``progress(sent, total)``."""
+        read = self.read_from(f)
+        done = self.offset
+        if progress is not None:
+            progress(done, self.size)
+        while chunk := read():
+            done += len(chunk)
+            yield chunk
+            if progress is not None:
+                progress(done, self.size)
+
+    def on_answer(self, answer: Mapping[str, Any]) -> Written | None:
+        """An append's answer: the file once complete, else None (go on)."""
+        if answer.get("complete"):
+            written = dict(answer)
+            return cast(Written, written)
+        self.offset = int(answer.get("offset", self.offset))
+        self.failures += 1  # a short append: bounded like a cut
+        self._check()
+        return None
+
+    def _check(self, error: SandboxError | None = None) -> None:
+        if self.failures > self.retries:
+            raise self.failed(error)
+
+    def on_cut(self, error: SandboxError) -> float:
+        """
+        The connection dropped mid-append: seconds to wait before asking
+        where the daemon stands.
+
+        :raises SandboxError: retries are used up (``body`` holds
+            ``upload_id`` and ``offset`` for a later resume).
+        """
+        self.failures += 1
+        self._check(error)
+        return backoff(self.failures)
+
+    def on_refusal(self, error: SandboxError) -> float | None:
+        """
+        An error answer to an append: seconds to wait before asking where
+        the daemon stands (another append still running, or another
+        offset), or None when it is final (raise it).
+        """
+        if error.status == 409 and isinstance(error.body.get("offset"), int):
+            self.failures += 1
+            self._check(error)
+            return 0.0
+        if error.code == "concurrency_limited" and self.waits < 20:
+            # The daemon has not yet seen the cut connection end.
+            self.waits += 1
+            wait = error.body.get("retry_after")
+            return min(float(wait), 1.0) if isinstance(wait, int | float) else 0.5
+        return None
+
+    def failed(self, error: SandboxError | None) -> SandboxError:
+        """The error to raise once retries ran out."""
+        message = (
+            f"upload cut at {self.offset} of {self.size} bytes "
+            f"(upload_id {self.upload_id}; pass it to upload() to carry on)"
+        )
+        if error is not None:
+            message = f"{error.message}: {message}"
+        return ConnectionFailed(
+            message, body={"upload_id": self.upload_id, "offset": self.offset}
+        )
 
 
 def command_result(answer: Mapping[str, Any]) -> CommandResult:

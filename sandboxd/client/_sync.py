@@ -22,6 +22,7 @@ from sandboxd.client._core import (
     CHUNK_BYTES,
     DEFAULT_RETRIES,
     DEFAULT_TIMEOUT,
+    RESUMABLE_UPLOAD_BYTES,
     RETRYABLE,
     STREAM_READ_TIMEOUT,
     Req,
@@ -44,6 +45,7 @@ from sandboxd.client._core import (
 from sandboxd.client._shared import (
     PartialFile,
     RangeState,
+    ResumableUpload,
     command_result,
     handshake_error,
     shell_timeout,
@@ -52,6 +54,8 @@ from sandboxd.client._shared import (
 from sandboxd.client.errors import (
     ConnectionFailed,
     NotFound,
+    NotFoundError,
+    ProtocolError,
     RequestTimeout,
     SandboxError,
 )
@@ -356,14 +360,47 @@ class Files(_Namespace):
         progress: Progress | None = None,
         overwrite: bool = True,
         mode: str | int | None = None,
+        resume: bool = True,
+        upload_id: str | None = None,
+        on_upload_id: Callable[[str], None] | None = None,
     ) -> Written:
         """
-        Send a local file to ``remote`` over the raw route, streamed from
-        disk with ``progress(sent, total)``.  The daemon writes it
-        atomically, so a cut upload leaves nothing half-written; it is
-        sent again whole (up to ``retries`` times).
+        Send a local file to ``remote``, streamed from disk with
+        ``progress(sent, total)``.  The daemon writes it atomically: the
+        target holds the old content (or nothing) until the last byte is in.
+
+        A file of ``RESUMABLE_UPLOAD_BYTES`` (8 MiB) or more, with
+        ``resume=True``, goes as a resumable upload (``/files/uploads``):
+        after a cut connection the client asks the daemon how many bytes it
+        has and sends only the rest (up to ``retries`` times).  Smaller
+        files, ``resume=False``, or a daemon that does not serve
+        ``/files/uploads`` (older, or switched off by its policy) get one
+        ``POST /files/raw``, sent again whole after a cut.
+
+        To carry on in a later process, keep the id ``on_upload_id(id)`` is
+        told (or the ``upload_id`` in the ``body`` of the
+        :class:`ConnectionFailed` raised when retries run out) and pass it
+        back as ``upload_id=``; an upload the daemon no longer has (done,
+        expired after an idle hour, deleted) or of another size starts over.
+
+        :returns: ``path``, ``bytes``, ``sha256``, ``etag`` (and
+            ``complete: true`` from a resumable upload).
         """
         size = os.path.getsize(local)
+        if resume and (upload_id is not None or size >= RESUMABLE_UPLOAD_BYTES):
+            steps = ResumableUpload(
+                os.fspath(local),
+                remote,
+                size,
+                overwrite,
+                mode,
+                upload_id,
+                self._http.settings.retries,
+                on_upload_id,
+            )
+            written = self._resumable(steps, progress)
+            if written is not None:
+                return written
 
         def content() -> Iterator[bytes]:
             sent = 0
@@ -381,6 +418,56 @@ class Files(_Namespace):
         req.idempotent = overwrite
         req.timeout = max(self._http.settings.timeout, 60.0)
         return cast(Written, decode(self._http.send(req, content=content)))
+
+    def _resumable(
+        self, steps: ResumableUpload, progress: Progress | None
+    ) -> Written | None:
+        """The steps of :class:`ResumableUpload`, blocking (None: not served)."""
+        http = self._http
+        record: Any = None
+        if steps.upload_id is not None:
+            try:
+                record = decode(http.send(steps.start()))
+            except NotFound:
+                record = None
+        if record is None or not steps.on_record(record):
+            try:
+                created = decode(http.send(steps.create()))
+            except NotFoundError:
+                # A daemon without resumable uploads (older, or the policy
+                # switched them off): one raw write.
+                return None
+            if not steps.on_record(created):
+                raise ProtocolError("the daemon created an upload of another size")
+        with open(steps.local, "rb") as f:
+            while True:
+                req = steps.append()
+                req.timeout = max(http.settings.timeout, 60.0)
+                try:
+                    answer = decode(
+                        http.send(req, content=lambda: steps.chunks(f, progress))
+                    )
+                except (ConnectionFailed, RequestTimeout) as e:
+                    time.sleep(steps.on_cut(e))
+                except SandboxError as e:
+                    wait = steps.on_refusal(e)
+                    if wait is None:
+                        raise
+                    time.sleep(wait)
+                else:
+                    written = steps.on_answer(answer)
+                    if written is not None:
+                        return written
+                    continue
+                try:
+                    record = decode(http.send(steps.status()))
+                except (ConnectionFailed, RequestTimeout) as e:
+                    raise steps.failed(e) from None
+                steps.on_record(record)
+
+    def delete_upload(self, upload_id: str) -> None:
+        """Drop a resumable upload and its staging file (``DELETE /files/uploads/{id}``)."""
+        self._http.send(calls.files_uploads_delete(upload_id))
 
     def download(
         self,

@@ -34,6 +34,7 @@ from sandboxd.client.errors import (
     SandboxError,
     Unauthorized,
 )
+from sandboxd.client.upload_ids import UploadIds
 from sandboxd.subcommands import CLIENT_COMMANDS
 
 #: The subcommand names this module serves.
@@ -101,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-resume",
         action="store_true",
-        help="start a download over instead of resuming its .part",
+        help="start over instead of resuming a cut download (.part) or upload",
     )
     p.add_argument(
         "--no-overwrite", action="store_true", help="refuse to replace a remote file"
@@ -300,9 +301,19 @@ def cmd_cp(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
             remote = dst[1:] or "."
             if remote.endswith("/") or remote == ".":
                 remote = remote.rstrip("/") + "/" + os.path.basename(src)
+            # A big file goes as a resumable upload: its id is kept until it
+            # completes, so the same cp run again carries a cut one on.
+            ids = UploadIds(sb.settings.url, remote, src)
             written = sb.files.upload(
-                src, remote, progress=bar, overwrite=not args.no_overwrite
+                src,
+                remote,
+                progress=bar,
+                overwrite=not args.no_overwrite,
+                resume=not args.no_resume,
+                upload_id=None if args.no_resume else ids.load(),
+                on_upload_id=ids.save,
             )
+            ids.clear()
             result = {
                 "source": src,
                 "destination": ":" + written["path"],
@@ -315,6 +326,11 @@ def cmd_cp(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
             part = (local if remote_src else "") + ".part"
             err.write(
                 f"sandboxd cp: {e.message}; the partial file {part} is kept: run the same cp again to resume\n"
+            )
+            return 1
+        if isinstance(e, ConnectionFailed) and e.body.get("upload_id"):
+            err.write(
+                f"sandboxd cp: {e.message}; the daemon keeps what arrived for an hour: run the same cp again to resume\n"
             )
             return 1
         raise

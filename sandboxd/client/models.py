@@ -54,6 +54,8 @@ class Written(TypedDict):
     bytes: int
     etag: NotRequired[str]
     sha256: NotRequired[str]
+    #: True from a resumable upload (``files.upload`` of a large file).
+    complete: NotRequired[bool]
 
 
 class SearchResult(TypedDict):

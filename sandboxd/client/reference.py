@@ -102,9 +102,14 @@ The token is sent as `Authorization: Bearer`, on the PTY handshake too.
   ETag beside it), renames it into place when complete, and continues a cut
   transfer with `Range` and `If-Range`; a file that changed in between is
   fetched again from the start. When the retries run out the `.part` is
-  kept, and the next `download(..., resume=True)` carries on. Uploads are
-  written atomically by the daemon, so a cut upload leaves nothing behind and
-  is sent again whole.
+  kept, and the next `download(..., resume=True)` carries on.
+- **Uploads resume.** The daemon writes an upload atomically, so a cut one
+  leaves nothing behind. `files.upload` of a file of 8 MiB or more is a
+  resumable upload (`/files/uploads`): after a cut connection the client asks
+  the daemon how many bytes it has and sends only the rest; the upload id
+  (`on_upload_id`, or `body["upload_id"]` of the `ConnectionFailed` raised when
+  the retries run out) carries it on in a later `upload(..., upload_id=...)`.
+  Smaller files go in one `POST /files/raw` and are sent again whole.
 - **Rate limits.** A 429 raises `RateLimited` (or another `LimitExceeded`)
   with `retry_after`; with `wait_on_rate_limit=True` the client sleeps that
   long (up to 60 s per wait) and sends the call again.

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.defer import Deferred, FirstError, fail, gatherResults, succeed
 from twisted.internet.threads import deferToThreadPool
 from twisted.python.failure import Failure
 
@@ -151,3 +151,47 @@ class PauseGate:
         self._holds -= 1
         if self._holds == 0 and self._transport is not None:
             self._transport.resumeProducing()
+
+
+class HashedWrite:
+    """
+    A streamed body hashed and written on two pool threads (hashlib and
+    ``os.write`` both release the GIL, so the two overlap instead of
+    adding up), sharing one :class:`PauseGate` on the client's socket.
+
+    :param write: writes one chunk (``AtomicWrite.write``).
+    :param hash: the running hash fed the same chunks, in the same order.
+    """
+
+    def __init__(
+        self, reactor: Any, transport: Any, write: Callable[[bytes], None], hash: Any
+    ) -> None:
+        gate = PauseGate(transport)
+        self.hash = hash
+        self.hashing = BackgroundWriter(reactor, hash.update, gate.pause, gate.resume)
+        self.writing = BackgroundWriter(reactor, write, gate.pause, gate.resume)
+
+    def write(self, data: bytes) -> None:
+        """Queue one chunk for both threads."""
+        self.hashing.write(data)
+        self.writing.write(data)
+
+    def flush(self) -> Deferred[None]:
+        """Fires once both have caught up (or with the first error)."""
+        done = gatherResults(
+            [self.hashing.flush(), self.writing.flush()], consumeErrors=True
+        )
+
+        def first(failure: Failure) -> Failure:
+            error = failure.value
+            if isinstance(error, FirstError):
+                sub: Failure = error.subFailure
+                return sub
+            return failure
+
+        return done.addCallbacks(lambda _: None, first)
+
+    def when_idle(self, callback: Callable[[], None]) -> None:
+        """Drop what is queued; ``callback`` once no chunk is being written."""
+        self.hashing.when_idle(lambda: None)
+        self.writing.when_idle(callback)

@@ -36,6 +36,12 @@ NOT_TOOLS: dict[str, str] = {
     "the file:/// resource",
     "files_write_raw": "raw binary request body; use upload or "
     "files_upload_stream (base64)",
+    "files_uploads_create": "a resumable upload is carried on by raw-body "
+    "appends; use upload or files_upload_stream (base64)",
+    "files_uploads_get": "part of a resumable raw upload (files_uploads_create)",
+    "files_uploads_append": "raw binary request body; use upload or "
+    "files_upload_stream (base64)",
+    "files_uploads_delete": "part of a resumable raw upload (files_uploads_create)",
     "files_download_stream": "the same answer as download, streamed for "
     "HTTP clients; an MCP result is one message anyway",
     "files_watch": "an endless change stream with no end to run to",

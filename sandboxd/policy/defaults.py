@@ -28,6 +28,15 @@ ENDPOINT_LIMITS: dict[str, dict[str, Any]] = {
     "upload": {"max_bytes": DEFAULT_UPLOAD_BYTES},
     "files_upload_stream": {"max_bytes": DEFAULT_UPLOAD_BYTES},
     "files_write_raw": {"max_bytes": DEFAULT_UPLOAD_BYTES},
+    # A resumable upload's size is checked at create; its appends are
+    # capped by the same figure.  max_sessions counts the open uploads of
+    # the daemon, idle_timeout_seconds how long one lives without a byte.
+    "files_uploads_create": {
+        "max_bytes": DEFAULT_UPLOAD_BYTES,
+        "max_sessions": 16,
+        "idle_timeout_seconds": 3600,
+    },
+    "files_uploads_append": {"max_bytes": DEFAULT_UPLOAD_BYTES},
     "files_extract": {"max_bytes": DEFAULT_UPLOAD_BYTES, "max_entries": 10000},
     "files_archive": {"max_bytes": DEFAULT_UPLOAD_BYTES, "max_entries": 10000},
     "download": {"max_bytes": DEFAULT_UPLOAD_BYTES},

@@ -31,6 +31,8 @@ _FILE_WRITES = (
     "files_upload_stream",
     "files_extract",
     "files_write_raw",
+    "files_uploads_create",
+    "files_uploads_append",
 )
 
 

@@ -24,6 +24,7 @@ MODULES = (
     "sandboxd.routes.core",
     "sandboxd.routes.commands",
     "sandboxd.routes.files",
+    "sandboxd.routes.uploads",
     "sandboxd.routes.process",
     "sandboxd.routes.terminal",
     "sandboxd.routes.system",

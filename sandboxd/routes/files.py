@@ -19,7 +19,7 @@ from email.utils import formatdate
 from typing import Any
 
 import pybase64
-from twisted.internet.defer import Deferred, FirstError, gatherResults
+from twisted.internet.defer import Deferred
 
 from sandboxd.errors import (
     ApiError,
@@ -32,7 +32,7 @@ from sandboxd.errors import (
 from sandboxd.eventlog import Event
 from sandboxd.files import walk
 from sandboxd.files.atomic import AtomicWrite, etag_matches, parse_mode
-from sandboxd.files.background import BackgroundWriter, PauseGate
+from sandboxd.files.background import HashedWrite
 from sandboxd.files.stream import FileProducer, b64_chunk, b64_length, parse_range
 from sandboxd.files.watch import WatchService, watch_dirs
 from sandboxd.guard import PathGuard
@@ -338,43 +338,51 @@ def files_read_raw(request: ServerRequest) -> Any:
     return StreamResponse(write_to=producer.start, status=status, headers=headers)
 
 
+def atomic_writer(
+    request: ServerRequest,
+    path: str,
+    overwrite: bool,
+    mode: int | None,
+    if_match: str | None,
+) -> AtomicWrite:
+    """
+    The guarded, policy-checked :class:`AtomicWrite` of a write route: every
+    refusal (guard, extension, overwrite, If-Match, mode) before a byte is
+    written; its temporary file is created beside the target.
+    """
+    check_extension(request, path)
+    allowed = overwrite_allowed(request, overwrite)
+    guard = PathGuard.for_request(request)
+    loc = guard.locate(path, "write", follow=True, make_parents=True)
+    try:
+        return AtomicWrite(
+            loc, overwrite=allowed, if_match=if_match, mode=mode, display=path
+        )
+    except ApiError as e:
+        if e.status == 409 and overwrite and not allowed:
+            raise _policy_overwrite_refusal(request, path) from None
+        raise
+
+
+def hashed_write(request: ServerRequest, writer: AtomicWrite, hash: Any) -> HashedWrite:
+    """The raw body of ``request`` hashed and written off the reactor thread."""
+    transport: Any = request.raw.channel.transport if request.raw else None
+    return HashedWrite(request.context.reactor, transport, writer.write, hash)
+
+
 class RawSink:
     """The body of ``POST /files/raw``, written to a temp file as it arrives."""
 
     def __init__(self, request: ServerRequest) -> None:
         path = required(request.query.get("path"), "path")
-        check_extension(request, path)
         overwrite = flag(request.query.get("overwrite"), "overwrite", True)
-        allowed = overwrite_allowed(request, overwrite)
         mode = parse_mode(request.query.get("mode"))
-        guard = PathGuard.for_request(request)
-        loc = guard.locate(path, "write", follow=True, make_parents=True)
-        try:
-            self.writer = AtomicWrite(
-                loc,
-                overwrite=allowed,
-                if_match=request.headers.get("if-match"),
-                mode=mode,
-                display=path,
-            )
-        except ApiError as e:
-            if e.status == 409 and overwrite and not allowed:
-                raise _policy_overwrite_refusal(request, path) from None
-            raise
+        self.writer = atomic_writer(
+            request, path, overwrite, mode, request.headers.get("if-match")
+        )
         self.cap = max_bytes(request)
-        self.hash = hashlib.sha256()
         self.received = 0
-        transport: Any = request.raw.channel.transport if request.raw else None
-        gate = PauseGate(transport)
-        # Hashing and writing both release the GIL: on two threads they
-        # overlap instead of adding up.
-        reactor = request.context.reactor
-        self.hashing = BackgroundWriter(
-            reactor, self.hash.update, gate.pause, gate.resume
-        )
-        self.background = BackgroundWriter(
-            reactor, self.writer.write, gate.pause, gate.resume
-        )
+        self.body = hashed_write(request, self.writer, hashlib.sha256())
 
     def write(self, data: bytes) -> None:
         """One chunk of the body, queued for the hashing and the writing thread."""
@@ -382,8 +390,7 @@ class RawSink:
         if self.received > self.cap:
             self.abort()
             raise payload_too_large(self.cap)
-        self.hashing.write(data)
-        self.background.write(data)
+        self.body.write(data)
 
     def finish(self) -> Deferred[dict[str, Any]]:
         """The whole body is in: once written, rename into place."""
@@ -393,24 +400,20 @@ class RawSink:
             return {
                 "path": self.writer.path,
                 "bytes": self.writer.bytes,
-                "sha256": self.hash.hexdigest(),
+                "sha256": self.body.hash.hexdigest(),
                 "etag": etag,
             }
 
         def failed(failure: Any) -> Any:
             self.abort()
-            if failure.check(FirstError):
-                return failure.value.subFailure
             return failure
 
-        flushed = [self.hashing.flush(), self.background.flush()]
-        done = gatherResults(flushed, consumeErrors=True)
-        return done.addCallbacks(commit, failed)
+        return self.body.flush().addCallbacks(commit, failed)
 
     def abort(self) -> None:
         """Failed or the client left: the old file stays (once no write is in flight)."""
         if not self.writer.done:
-            self.background.when_idle(self.writer.abort)
+            self.body.when_idle(self.writer.abort)
 
 
 def files_write_raw(request: ServerRequest) -> Any:

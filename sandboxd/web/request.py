@@ -355,6 +355,11 @@ class SandboxRequest(Request):
         if self.watching_finish:
             self.watching_finish = False
             self._finished(reason)
+        else:
+            # Cut mid-body: the handler never ran, so the raw sink is told
+            # here (a raw write removes its temporary file, a resumable
+            # upload keeps what arrived).
+            self._abort_sink()
 
     def _finished(self, result: object) -> None:
         """The response is over (or the client left): free the slot, audit."""

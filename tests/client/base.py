@@ -148,11 +148,23 @@ class _Front(Protocol):
         self.pending = []
 
     def dataReceived(self, data: bytes) -> None:
-        self.proxy.requests[self.index] += data
+        proxy = self.proxy
+        if self.cut:
+            return
+        proxy.requests[self.index] += data
         if self.back is not None:
             self.back.transport.write(data)
         else:
             self.pending.append(data)
+        when = proxy.cut_request_when
+        if when is not None and when(self.index, bytes(proxy.requests[self.index])):
+            # Mid-request: what was forwarded reaches the daemon, then its
+            # stream ends; the client's side is aborted.
+            self.cut = True
+            proxy.cuts += 1
+            if self.back is not None:
+                self.back.transport.loseConnection()
+            self.transport.abortConnection()
 
     def connectionLost(self, reason: Any = None) -> None:
         if self.back is not None:
@@ -166,14 +178,22 @@ class CutProxy(Factory):
     the client does when a stream is cut.  (Tests move a few MB through
     it: it buffers rather than flow-controls.)
 
+    :ivar cut_request_when: ``(index, bytes_sent_so_far)`` -> cut the
+        connection mid-request (an upload), or None.
     :ivar requests: the bytes each connection sent to the daemon.
     :ivar cuts: how many connections were cut.
     :ivar refuse: close new connections at once (the daemon is gone).
     """
 
-    def __init__(self, port: int, cut_when: Callable[[int, bytes], bool]) -> None:
+    def __init__(
+        self,
+        port: int,
+        cut_when: Callable[[int, bytes], bool],
+        cut_request_when: Callable[[int, bytes], bool] | None = None,
+    ) -> None:
         self.port = port
         self.cut_when = cut_when
+        self.cut_request_when = cut_request_when
         self.requests: list[bytearray] = []
         self.received: list[bytearray] = []
         self.cuts = 0
@@ -186,10 +206,12 @@ class CutProxy(Factory):
 
 
 def listen_proxy(
-    case: DaemonTestCase, cut_when: Callable[[int, bytes], bool]
+    case: DaemonTestCase,
+    cut_when: Callable[[int, bytes], bool],
+    cut_request_when: Callable[[int, bytes], bool] | None = None,
 ) -> tuple[CutProxy, str]:
     """A :class:`CutProxy` on loopback (closed at cleanup) and its URL."""
-    proxy = CutProxy(case.daemon.port, cut_when)
+    proxy = CutProxy(case.daemon.port, cut_when, cut_request_when)
     port = reactor.listenTCP(0, proxy, interface="127.0.0.1")
     case.addCleanup(port.stopListening)
     return proxy, f"http://127.0.0.1:{port.getHost().port}"

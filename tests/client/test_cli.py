@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
+from sandboxd.client._core import RESUMABLE_UPLOAD_BYTES
 from sandboxd.client.cli import DetachFilter, parse_keys
 from tests.client.base import ROOT, ClientCase, listen_proxy
 
@@ -146,6 +148,81 @@ class CopyTests(ClientCase):
             self.assertEqual(f.read(), data)
         self.assertIn(b"100%", again.stderr)
         self.assertIn(f"bytes={kept}-".encode(), bytes(proxy.requests[-1]))
+
+
+class UploadResumeTests(ClientCase):
+    """``sandboxd cp LOCAL :REMOTE`` resumed across runs."""
+
+    def cut_upload(self) -> tuple[Any, str, str, bytes, dict[str, str]]:
+        """A big local file, a proxy that goes away after ~3 MB, a cache dir."""
+        data = os.urandom(RESUMABLE_UPLOAD_BYTES + 2_000_000)
+        local = os.path.realpath(self.mktemp())
+        with open(local, "wb") as f:
+            f.write(data)
+
+        def cut(index: int, sent: bytes) -> bool:
+            if proxy.cuts == 0 and len(sent) > 3_000_000:
+                proxy.refuse = True  # and it does not come back
+                return True
+            return False
+
+        proxy, url = listen_proxy(self, lambda i, seen: False, cut)
+        env = {"XDG_CACHE_HOME": os.path.realpath(self.mktemp())}
+        return proxy, url, local, data, env
+
+    def appends(self, proxy: Any, since: int) -> list[int]:
+        """The offsets of the appends sent on connections ``since`` on."""
+        pattern = re.compile(rb"POST /files/uploads/\w+\?offset=(\d+) HTTP/1.1\r\n")
+        return [
+            int(m.group(1))
+            for sent in proxy.requests[since:]
+            for m in pattern.finditer(sent)
+        ]
+
+    @inlineCallbacks
+    def test_second_cp_continues(self) -> Any:
+        """
+        An upload whose daemon goes away exits 1 saying to run it again; the
+        same cp again sends only what the daemon lacks (one append, from
+        past 0, far fewer bytes than the file), the remote file is
+        byte-identical and the remembered id is gone.
+        """
+        proxy, url, local, data, env = self.cut_upload()
+        first = yield self.cli("cp", "--url", url, local, ":up.bin", env=env)
+        self.assertEqual(first.returncode, 1, first.stderr)
+        self.assertIn(b"run the same cp again to resume", first.stderr)
+        self.assertFalse(os.path.exists(self.path("up.bin")))
+        cache = os.path.join(env["XDG_CACHE_HOME"], "sandboxd", "uploads")
+        self.assertEqual(len(os.listdir(cache)), 1)
+        proxy.refuse = False
+        since = len(proxy.requests)
+        again = yield self.cli("cp", "--url", url, local, ":up.bin", env=env)
+        self.assertEqual(again.returncode, 0, again.stderr)
+        with open(self.path("up.bin"), "rb") as f:
+            self.assertEqual(f.read(), data)
+        [offset] = self.appends(proxy, since)
+        self.assertGreater(offset, 1_000_000)
+        sent = sum(len(r) for r in proxy.requests[since:])
+        self.assertLess(sent, len(data) - offset + 100_000)
+        self.assertEqual(os.listdir(cache), [])
+
+    @inlineCallbacks
+    def test_changed_local_file_starts_over(self) -> Any:
+        """A local file changed since the cut upload is sent again from offset 0."""
+        proxy, url, local, data, env = self.cut_upload()
+        first = yield self.cli("cp", "--url", url, local, ":up.bin", env=env)
+        self.assertEqual(first.returncode, 1, first.stderr)
+        changed = os.urandom(len(data))
+        with open(local, "wb") as f:
+            f.write(changed)
+        os.utime(local, ns=(1, 1))
+        proxy.refuse = False
+        since = len(proxy.requests)
+        again = yield self.cli("cp", "--url", url, local, ":up.bin", env=env)
+        self.assertEqual(again.returncode, 0, again.stderr)
+        self.assertEqual(self.appends(proxy, since), [0])
+        with open(self.path("up.bin"), "rb") as f:
+            self.assertEqual(f.read(), changed)
 
 
 class ListingTests(ClientCase):
