@@ -711,7 +711,7 @@ SCHEMAS: dict[str, Schema] = {
         errors=(
             _NO_UPLOAD,
             E(
-                409,
+                400,
                 "invalid_param",
                 "offset is not the upload's offset (the current one is in the "
                 "error's offset field); nothing is written",

@@ -303,7 +303,7 @@ class ResumableUpload:
         the daemon stands (another append still running, or another
         offset), or None when it is final (raise it).
         """
-        if error.status == 409 and isinstance(error.body.get("offset"), int):
+        if error.code == "invalid_param" and isinstance(error.body.get("offset"), int):
             self.failures += 1
             self._check(error)
             return 0.0

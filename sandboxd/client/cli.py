@@ -38,7 +38,7 @@ from sandboxd.client.upload_ids import UploadIds
 from sandboxd.subcommands import CLIENT_COMMANDS
 
 #: The subcommand names this module serves.
-COMMANDS = ("exec", "cp", "ls", "ps", "logs", "kill", "term", "caps")
+COMMANDS = tuple(CLIENT_COMMANDS)
 
 #: Exit status of ``exec`` when the daemon killed the command at its timeout
 #: (as ``timeout(1)``).

@@ -22,7 +22,6 @@ from sandboxd.errors import (
     ApiError,
     Code,
     bad_request,
-    conflict,
     limit_exceeded,
     limit_rule,
     not_found,
@@ -112,13 +111,15 @@ def _declared_length(request: ServerRequest) -> int:
     return int(raw) if raw and raw.strip().isdigit() else 0
 
 
-def _offset_conflict(upload: Upload, offset: int) -> ApiError:
-    """409: the append does not start where the upload stands."""
-    return conflict(
+def _offset_mismatch(upload: Upload, offset: int) -> ApiError:
+    """
+    400 ``invalid_param``: the append does not start where the upload
+    stands.  The current offset is in the body, so a client carries on
+    from there without asking (SPEC §6 pairs ``invalid_param`` with 400).
+    """
+    return bad_request(
         f"the upload is at offset {upload.offset}, not {offset}: "
         f"send from {upload.offset}",
-        Code.INVALID_PARAM,
-        "ValueError",
         offset=upload.offset,
         upload_id=upload.id,
     )
@@ -149,7 +150,7 @@ class AppendSink:
                 offset=upload.offset,
             )
         if offset != upload.offset:
-            raise _offset_conflict(upload, offset)
+            raise _offset_mismatch(upload, offset)
         if offset + length > upload.size:
             raise payload_too_large(
                 upload.size,

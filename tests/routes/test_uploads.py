@@ -186,16 +186,18 @@ class RefusalTests(UploadCase):
     }
 
     @inlineCallbacks
-    def test_wrong_offset_is_409_and_writes_nothing(self) -> Any:
-        """An append at another offset is 409 carrying the current offset; the upload does not move."""
+    def test_wrong_offset_is_400_and_writes_nothing(self) -> Any:
+        """An append at another offset is 400 invalid_param carrying the current offset; the upload does not move."""
         reply = yield self.create("o.bin", 10)
         uid = reply.json()["upload_id"]
         yield self.append(uid, 0, b"abc")
         reply = yield self.append(uid, 1, b"XYZ")
-        self.assertEqual(reply.status, 409, reply.body)
-        self.assertEqual(reply.json()["offset"], 3)
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertEqual(
+            (reply.json()["code"], reply.json()["offset"]), ("invalid_param", 3)
+        )
         reply = yield self.append(uid, 5, b"XYZ")
-        self.assertEqual((reply.status, reply.json()["offset"]), (409, 3))
+        self.assertEqual((reply.status, reply.json()["offset"]), (400, 3))
         reply = yield self.request("GET", f"/files/uploads/{uid}")
         self.assertEqual(reply.json()["offset"], 3)
         reply = yield self.append(uid, 3, b"defghij")
