@@ -78,6 +78,9 @@ def start_daemon(base: str, token: str) -> tuple[subprocess.Popen[bytes], int]:
                 "endpoints": {
                     "files_write_raw": {"limits": {"max_bytes": "2GiB"}},
                     "files_read_raw": {"limits": {"max_bytes": "2GiB"}},
+                    # The client sends large files as resumable uploads.
+                    "files_uploads_create": {"limits": {"max_bytes": "2GiB"}},
+                    "files_uploads_append": {"limits": {"max_bytes": "2GiB"}},
                 }
             },
             f,

@@ -66,6 +66,7 @@ from sandboxd.client.errors import (
     ConnectionFailed,
     NotFound,
     NotFoundError,
+    PayloadTooLarge,
     ProtocolError,
     RequestTimeout,
     SandboxError,
@@ -436,6 +437,11 @@ class Files(_Namespace):
             except NotFoundError:
                 # A daemon without resumable uploads (older, or the policy
                 # switched them off): one raw write.
+                return None
+            except PayloadTooLarge:
+                # The resumable path has a max_bytes of its own
+                # (files_uploads_create); a policy that raised only
+                # files_write_raw's still takes the file as one raw write.
                 return None
             if not steps.on_record(created):
                 raise ProtocolError("the daemon created an upload of another size")

@@ -168,3 +168,47 @@ class NoResumableUploadsTests(ClientCase):
                 self.assertEqual(f.read(), data)
 
         return self.in_thread(body)
+
+
+class RawOnlyLimitTests(ClientCase):
+    """A policy that raised files_write_raw's max_bytes but not the uploads'."""
+
+    policy = {
+        "endpoints": {
+            "files_uploads_create": {"limits": {"max_bytes": 1024 * 1024}},
+            "files_write_raw": {"limits": {"max_bytes": 64 * 1024 * 1024}},
+        }
+    }
+
+    def test_large_file_goes_as_one_raw_write(self) -> Any:
+        """
+        A file over the resumable path's limit but within the raw write's
+        arrives whole in one POST /files/raw, instead of failing with 413.
+        """
+        data = os.urandom(SIZE)
+        local = os.path.join(os.path.realpath(self.mktemp()))
+        with open(local, "wb") as f:
+            f.write(data)
+
+        def body() -> None:
+            written = self.sandbox().files.upload(local, "raw.bin")
+            self.assertNotIn("complete", written)
+            self.assertEqual(written["sha256"], hashlib.sha256(data).hexdigest())
+            with open(self.path("raw.bin"), "rb") as f:
+                self.assertEqual(f.read(), data)
+
+        return self.in_thread(body)
+
+    def test_async_large_file_goes_as_one_raw_write(self) -> Any:
+        """The asyncio client falls back the same way."""
+        data = os.urandom(SIZE)
+        local = os.path.join(os.path.realpath(self.mktemp()))
+        with open(local, "wb") as f:
+            f.write(data)
+
+        async def body() -> None:
+            async with self.async_sandbox() as sb:
+                written = await sb.files.upload(local, "araw.bin")
+            self.assertEqual(written["sha256"], hashlib.sha256(data).hexdigest())
+
+        return self.in_loop(body)
