@@ -81,6 +81,7 @@ def _name_too_long(path: str) -> bool:
             return True
     return False
 
+
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _ENTRY_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -534,7 +535,7 @@ class PathGuard:
         """
         if not isinstance(path, str) or path == "":
             raise bad_request("'path' must be a non-empty string")
-        if len(path) > NAME_MAX and _name_too_long(path):
+        if len(path) * 4 > NAME_MAX and _name_too_long(path):
             raise invalid_path(f"File name too long: {path[:200]}")
         original = path
         first = decide(self.rule, path, op)

@@ -97,11 +97,34 @@ class FileSideEffectTests(DaemonTestCase):
             ("/files/mkdir", {"path": f"new/sub/{long}"}),
             ("/upload", {"path": f"new/{long}/f", "content_base64": b64(b"a")}),
             ("/upload", {"path": f"new/sub/{long}", "content_base64": b64(b"a")}),
+            # Under 256 characters, over 255 bytes (found by schemathesis: a 500).
+            ("/files/mkdir", {"path": "new/" + "é" * 200}),
+            ("/files/archive", {"paths": ["é" * 200]}),
         ]
         for route, body in cases:
             reply = yield self.request("POST", route, body)
             self.assert_refused(reply, 400, "invalid_path")
-            self.assertEqual(tree(self.base_dir), before, (route, body["path"][:20]))
+            shown = str(body.get("path") or body.get("paths"))[:20]
+            self.assertEqual(tree(self.base_dir), before, (route, shown))
+
+    @inlineCallbacks
+    def test_delete_with_a_bad_path_deletes_nothing(self) -> Any:
+        """
+        ``DELETE /files`` with a body ``path`` that is not a string, or an
+        empty ``?path=`` beside a body path, is 400 and deletes nothing (it
+        used to pass over the bad one and delete the other).
+        """
+        with open(os.path.join(self.base_dir, "keep.txt"), "w") as f:
+            f.write("x")
+        before = tree(self.base_dir)
+        cases = [
+            ("/files?path=keep.txt", {"path": ["not", "a", "string"]}),
+            ("/files?path=", {"path": "keep.txt"}),
+        ]
+        for route, body in cases:
+            reply = yield self.request("DELETE", route, body)
+            self.assert_refused(reply, 400, "invalid_param")
+            self.assertEqual(tree(self.base_dir), before, route)
 
     @inlineCallbacks
     def test_move_into_itself_makes_no_parents(self) -> Any:
