@@ -288,3 +288,28 @@ class AgentSideEffectTests(AgentsTestCase):
             (reply.status, reply.json().get("code")), (400, "invalid_param"), reply.body
         )
         yield self.assert_nothing_left()
+
+    @inlineCallbacks
+    def test_load_the_agent_refuses_ends_the_agent(self) -> Any:
+        """
+        ``session/load`` on an agent that cannot load sessions is refused
+        with a SPEC §6 code and ends the agent; the session stays listed as
+        ``failed`` with that error, as SPEC §15 says of a failed handshake
+        (its logs tell why), and nothing of it runs.
+        """
+        reply = yield self.request(
+            "POST",
+            "/agents/sessions/load",
+            {"agent": "fake-bare", "acp_session_id": "fake-nope"},
+        )
+        self.assertGreaterEqual(reply.status, 400, reply.body)
+        code = reply.json()["code"]
+        listed = yield self.request("GET", "/agents/sessions")
+        [session] = listed.json()["sessions"]
+        described = yield self.wait_state(session["session_id"], ("failed",))
+        self.assertEqual(described["error"]["code"], code)
+        for _ in range(50):
+            if not agent_processes():
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertEqual(agent_processes(), [])
