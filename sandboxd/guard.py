@@ -64,6 +64,24 @@ _MESSAGES = {
 #: Links followed in one resolution before it is called a loop (Linux's MAXSYMLINKS).
 MAX_LINKS = 40
 
+#: The longest name one path component may have, in bytes (Linux's NAME_MAX).
+NAME_MAX = 255
+
+
+def _name_too_long(path: str) -> bool:
+    """Whether a component of ``path`` is longer than any file system takes."""
+    for part in path.split("/"):
+        if len(part) * 4 <= NAME_MAX:
+            continue
+        try:
+            size = len(os.fsencode(part))
+        except UnicodeError:  # a lone surrogate: the kernel never sees it
+            size = len(part.encode("utf-8", "surrogatepass"))
+        if size > NAME_MAX:
+            return True
+    return False
+
+
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _ENTRY_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -258,6 +276,66 @@ def give(dir_fd: int, name: str, owner: tuple[int, int] | None) -> None:
         os.chown(name, owner[0], owner[1], dir_fd=dir_fd, follow_symlinks=False)
 
 
+class MadeDirs:
+    """
+    The directories one resolution created on its way (``make_parents``),
+    so that a request refused afterwards can take them back: an error
+    answer means nothing happened (SPEC §6).
+
+    Holds one descriptor, the directory the first one was made in; the
+    rest are names below it, opened ``O_NOFOLLOW`` again to undo.  Only
+    empty directories are removed, so nothing another writer put there
+    meanwhile is lost.
+    """
+
+    def __init__(self) -> None:
+        self.parent_fd = -1
+        #: ``(name, absolute path, made by us)`` from the top down.
+        self.chain: list[tuple[str, str, bool]] = []
+
+    def note(self, fd: int, name: str, path: str, made: bool) -> None:
+        """Step ``name`` (at ``path``) below ``fd``; ``made`` when we created it."""
+        if self.parent_fd < 0:
+            if not made:
+                return
+            self.parent_fd = os.dup(fd)
+        self.chain.append((name, path, made))
+
+    def paths(self) -> list[str]:
+        """The directories created, from the top down."""
+        return [path for _, path, made in self.chain if made]
+
+    def undo(self) -> None:
+        """Remove the directories created (deepest first, while empty), then close."""
+        if self.parent_fd < 0:
+            return
+        fds = [self.parent_fd]
+        try:
+            for name, _, _ in self.chain[:-1]:
+                fds.append(os.open(name, _DIR_FLAGS, dir_fd=fds[-1]))
+        except OSError:
+            pass
+        try:
+            for (name, _, made), fd in reversed(
+                list(zip(self.chain, fds, strict=False))
+            ):
+                if made:
+                    os.rmdir(name, dir_fd=fd)
+        except OSError:
+            pass  # not empty, or gone: what is left is not ours alone
+        finally:
+            for fd in fds[1:]:
+                os.close(fd)
+            self.close()
+
+    def close(self) -> None:
+        """Keep what was made; release the descriptor."""
+        if self.parent_fd >= 0:
+            os.close(self.parent_fd)
+            self.parent_fd = -1
+        self.chain = []
+
+
 @attrs.define
 class Location:
     """
@@ -283,6 +361,8 @@ class Location:
     #: ``(uid, gid)`` that what is created here belongs to (SPEC §20), or
     #: None to leave it the daemon's.
     owner: tuple[int, int] | None = None
+    #: the parent directories this resolution created (``make_parents``)
+    made: MadeDirs | None = None
     _closed: bool = False
 
     def lstat(self) -> os.stat_result | None:
@@ -303,11 +383,26 @@ class Location:
         if self.deny_shared is not None and is_shared(st):
             raise shared_refusal(path, self.deny_shared)
 
+    def undo_made(self) -> None:
+        """
+        The request is refused after all: remove the parent directories
+        this resolution created (call before :meth:`close`).
+        """
+        if self.made is not None:
+            self.made.undo()
+            self.made = None
+
+    def made_paths(self) -> list[str]:
+        """The parent directories this resolution created, from the top down."""
+        return self.made.paths() if self.made is not None else []
+
     def close(self) -> None:
-        """Release the directory fd."""
+        """Release the directory fd (what was made stays)."""
         if not self._closed:
             self._closed = True
             os.close(self.dir_fd)
+            if self.made is not None:
+                self.made.close()
 
     def __enter__(self) -> Location:
         return self
@@ -440,6 +535,8 @@ class PathGuard:
         """
         if not isinstance(path, str) or path == "":
             raise bad_request("'path' must be a non-empty string")
+        if len(path) * 4 > NAME_MAX and _name_too_long(path):
+            raise invalid_path(f"File name too long: {path[:200]}")
         original = path
         first = decide(self.rule, path, op)
         if not first.allowed:
@@ -448,11 +545,14 @@ class PathGuard:
         target = absolute(path, self.base_dir)
         link_targets: list[str] = []
         for _ in range(MAX_LINKS + 1):
+            made = MadeDirs() if make_parents else None
             try:
                 loc = self._locate_once(
-                    target, op, follow, make_parents, link_targets, original, owner
+                    target, op, follow, made, link_targets, original, owner
                 )
             except _Restart as r:
+                if made is not None:
+                    made.undo()
                 if self.rule.paths.symlinks == "deny":
                     raise refusal(
                         PathDecision(
@@ -470,17 +570,31 @@ class PathGuard:
                         PathDecision(original, False, again.code, again.rule)
                     ) from None
                 continue
+            except BaseException:
+                if made is not None:
+                    made.undo()
+                raise
             loc.via_link = bool(link_targets)
             loc.owner = owner
+            if made is not None and made.chain:
+                loc.made = made
+            elif made is not None:
+                made.close()
             # Before existence is looked at: a kernel file system refuses alike.
-            _refuse_special(
-                loc, original, base_device(self.rule.anchors, self.base_dir)
-            )
+            try:
+                _refuse_special(
+                    loc, original, base_device(self.rule.anchors, self.base_dir)
+                )
+            except BaseException:
+                if loc.made is not None:
+                    loc.made.undo()
+                raise
             if op != "read" and self.rule.paths.hard_links == "deny_writes":
                 loc.deny_shared = self._hard_links_rule
             dangling_risk = loc.path in link_targets and op != "read"
             if not missing_ok or dangling_risk:
                 if loc.lstat() is None:
+                    loc.undo_made()
                     loc.close()
                     if missing_ok:
                         # The name came from a link whose target is missing.
@@ -515,7 +629,7 @@ class PathGuard:
         target: str,
         op: str,
         follow: bool,
-        make_parents: bool,
+        made: MadeDirs | None,
         link_targets: list[str],
         original: str,
         owner: tuple[int, int] | None = None,
@@ -528,7 +642,7 @@ class PathGuard:
         parts = rel.split("/")
         try:
             dir_fd = self._open_dirs(
-                anchor_fd, anchor, parts, make_parents, link_targets, original, owner
+                anchor_fd, anchor, parts, made, link_targets, original, owner
             )
         except BaseException:
             os.close(anchor_fd)
@@ -555,7 +669,7 @@ class PathGuard:
         anchor_fd: int,
         anchor: str,
         parts: list[str],
-        make_parents: bool,
+        made: MadeDirs | None,
         link_targets: list[str],
         original: str,
         owner: tuple[int, int] | None = None,
@@ -563,6 +677,9 @@ class PathGuard:
         """
         The fd of the directory holding ``parts[-1]``, every component on
         the way a real directory (a link restarts the resolution).
+
+        :param made: create missing components (``make_parents``), noting
+            each in it so that the caller can take them back.
         """
         last = parts[-1]
         parts = parts[:-1]
@@ -580,9 +697,11 @@ class PathGuard:
             here = posixpath.join(here, part)
             try:
                 nxt = os.open(part, _ENTRY_FLAGS, dir_fd=fd)
+                if made is not None:
+                    made.note(fd, part, here, False)
             except FileNotFoundError:
                 _refuse_special_dir(fd, original)
-                if not make_parents:
+                if made is None:
                     os.close(fd)
                     raise file_not_found(original) from None
                 if any(t == here or under(t, here) for t in link_targets):
@@ -597,9 +716,10 @@ class PathGuard:
                     ) from None
                 try:
                     os.mkdir(part, 0o755, dir_fd=fd)
+                    made.note(fd, part, here, True)
                     give(fd, part, owner)
                 except FileExistsError:
-                    pass
+                    made.note(fd, part, here, False)
                 except OSError as e:
                     os.close(fd)
                     raise os_error(e, original) from None

@@ -224,6 +224,8 @@ class AgentManager(Service):
                 for value in body["config"].values():
                     if isinstance(value, str):
                         check_mode(value, rule)
+            if body.get("prompt") is not None:
+                check_prompt(body, rule)  # before an agent runs for it
         session, executable = self._new_session(request, entry, body)
         self.sessions[session.session_id] = session
         try:
@@ -240,7 +242,7 @@ class AgentManager(Service):
                     {k: body.get(k) for k in ("mode", "model", "config")}, rule
                 )
             except ApiError:
-                await session.close(reason="configure_failed")
+                await self._withdraw(session, "configure_failed")
                 raise
         out = {
             "session_id": session.session_id,
@@ -257,9 +259,24 @@ class AgentManager(Service):
             "events_url": session.events_url(),
         }
         if load is None and body.get("prompt") is not None:
-            blocks = build_prompt(session, body, rule)
+            try:
+                # What this agent's promptCapabilities refuse is known only now.
+                blocks = build_prompt(session, body, rule)
+            except ApiError:
+                await self._withdraw(session, "prompt_refused")
+                raise
             out["turn_id"] = session.turn_control.start(blocks).turn_id
         return out
+
+    async def _withdraw(self, session: AgentSession, reason: str) -> None:
+        """
+        A create refused after its agent started: end the agent and forget
+        the session, so the error answer leaves nothing behind (SPEC §6).
+        """
+        try:
+            await session.close(reason=reason)
+        finally:
+            self.sessions.pop(session.session_id, None)
 
     # -- transient agents (probe, session/list) --------------------------------
 
@@ -337,6 +354,19 @@ class AgentManager(Service):
         return DeferredList(waits)
 
 
+#: What a prompt is checked against before any agent runs: every block
+#: kind allowed, files linked rather than read (their existence checked).
+_ANY_AGENT = {"image": True, "audio": True, "embeddedContext": False}
+
+
+def check_prompt(body: dict[str, Any], rule: EffectiveRule) -> None:
+    """
+    Refuse a malformed ``prompt`` before an agent is started for it: what
+    :func:`build_prompt` would refuse whatever the agent accepts.
+    """
+    prompt_blocks(body, rule, _ANY_AGENT)
+
+
 def build_prompt(
     session: AgentSession, body: dict[str, Any], rule: EffectiveRule
 ) -> list[dict[str, Any]]:
@@ -344,6 +374,14 @@ def build_prompt(
     ``prompt`` (a string or content blocks) plus guarded ``files``, as ACP
     blocks within ``max_prompt_bytes`` and the agent's ``promptCapabilities``.
     """
+    caps = session.capabilities.get("promptCapabilities") or {}
+    return prompt_blocks(body, rule, caps if isinstance(caps, dict) else {})
+
+
+def prompt_blocks(
+    body: dict[str, Any], rule: EffectiveRule, caps: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """:func:`build_prompt` for an agent with these ``promptCapabilities``."""
     prompt = body.get("prompt")
     blocks: list[dict[str, Any]]
     if isinstance(prompt, str):
@@ -352,8 +390,6 @@ def build_prompt(
         blocks = [dict(b) for b in prompt]
     else:
         raise bad_request("'prompt' must be a string or a list of content blocks")
-    caps = session.capabilities.get("promptCapabilities") or {}
-    caps = caps if isinstance(caps, dict) else {}
     needs = {"image": "image", "audio": "audio", "resource": "embeddedContext"}
     for block in blocks:
         kind = block.get("type")

@@ -10,14 +10,16 @@ import attrs
 from sandboxd._version import __version__
 from sandboxd.api.schema import PATH_PARAMS, Field, Schema, schema_for
 from sandboxd.endpoints import DOOR_METHODS, param_name
+from sandboxd.errors import Code
 
+#: Every error carries one of SPEC §6's codes.
 _ERROR = {
     "type": "object",
-    "required": ["error", "type"],
+    "required": ["error", "type", "code"],
     "properties": {
         "error": {"type": "string"},
         "type": {"type": "string"},
-        "code": {"type": "string"},
+        "code": {"type": "string", "enum": sorted(str(c) for c in Code)},
         "rule": {"type": "string"},
         "endpoint": {"type": "string"},
         "scope": {"type": "string"},

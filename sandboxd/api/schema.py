@@ -205,6 +205,7 @@ _COMMAND = (
         "command",
         doc="the command line (shlex-split, no shell)",
         required=True,
+        min_length=1,
         example="ls -la",
     ),
     F("shell", doc="run as [shell, -c, command] (params.shells)", enum=("bash", "sh")),
@@ -462,8 +463,21 @@ SCHEMAS: dict[str, Schema] = {
         notes="Parents are created; an existing directory is fine.",
     ),
     "files_delete": Schema(
-        query=(F("path", required=True, min_length=1, example="project/build"),),
-        body=(F("path", doc="accepted here too, for clients that send a body"),),
+        query=(
+            F(
+                "path",
+                min_length=1,
+                doc="what to delete (or 'path' in the body)",
+                example="project/build",
+            ),
+        ),
+        body=(
+            F(
+                "path",
+                min_length=1,
+                doc="accepted here too, for clients that send a body",
+            ),
+        ),
         response=(F("path"), F("deleted", "boolean")),
         errors=(
             *_WRITE_GUARD,
@@ -475,7 +489,7 @@ SCHEMAS: dict[str, Schema] = {
     "files_move": Schema(
         body=(
             F("source", required=True, min_length=1, example="a.txt"),
-            F("destination", required=True, example="b.txt"),
+            F("destination", required=True, min_length=1, example="b.txt"),
             F("overwrite", "boolean", default=False),
             _OWNER,
         ),
@@ -563,7 +577,7 @@ SCHEMAS: dict[str, Schema] = {
     "files_extract": Schema(
         body=(
             F("content_base64", required=True, example="$(base64 -w0 project.tar.gz)"),
-            F("destination", required=True, example="project"),
+            F("destination", required=True, min_length=1, example="project"),
             F("format", enum=("tar.gz", "zip"), default="tar.gz", example="tar.gz"),
             F("overwrite", "boolean", default=False),
             _OWNER,

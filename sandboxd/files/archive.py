@@ -12,6 +12,7 @@ written through the path guard, file by file, atomically.
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import os
 import posixpath
@@ -19,6 +20,7 @@ import stat
 import tarfile
 import time
 import zipfile
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -379,89 +381,159 @@ def extract(
     max_files: int,
     max_bytes: int,
 ) -> dict[str, Any]:
-    """Unpack into ``destination``; all or nothing on validation, files atomic."""
+    """
+    Unpack into ``destination``: all or nothing.  Every member is checked
+    before anything (the destination included) is created; a failure
+    while writing (a member that fails its CRC, a full disk) removes what
+    was created and puts every replaced file back.
+    """
     archive, members = _members(data, fmt, max_files, max_bytes)
     with archive:
-        with guard.locate(destination, "write", follow=True, make_parents=True) as loc:
-            dest = loc.path
-            if loc.name:
-                try:
-                    os.mkdir(loc.name, 0o755, dir_fd=loc.dir_fd)
-                    give(loc.dir_fd, loc.name, loc.owner)
-                except FileExistsError:
-                    pass
-                except OSError as e:
-                    raise os_error(e, destination) from None
+        # Resolved without creating anything: a refusal leaves no directory.
+        dest = guard.check(destination, "write")
         _check(members, guard, dest, overwrite)
-        written = 0
-        files = 0
-        created: list[str] = []
+        undo = _Undo(guard)
         try:
-            for m in members:
-                target = posixpath.join(dest, m.name)
-                if m.kind == "dir":
-                    with guard.locate(
-                        target, "write", follow=False, make_parents=True
-                    ) as d:
-                        try:
-                            os.mkdir(d.name, m.mode | 0o700, dir_fd=d.dir_fd)
-                            created.append(target)
-                            give(d.dir_fd, d.name, d.owner)
-                        except FileExistsError:
-                            pass
-                    continue
-                if m.kind == "link":
-                    with guard.locate(
-                        target, "write", follow=False, make_parents=True
-                    ) as d:
-                        os.symlink(m.link, d.name, dir_fd=d.dir_fd)
-                        created.append(target)
-                        give(d.dir_fd, d.name, d.owner)
-                    continue
-                loc = guard.locate(target, "write", follow=False, make_parents=True)
-                writer = AtomicWrite(
-                    loc, overwrite=overwrite, mode=m.mode, display=target
-                )
-                try:
-                    source = (
-                        archive.open(m.source)
-                        if fmt == "zip"
-                        else archive.extractfile(m.source)
-                    )
-                    got = 0
-                    with source:
-                        while chunk := source.read(1 << 20):
-                            got += len(chunk)
-                            written += len(chunk)
-                            if got > m.size or written > max_bytes:
-                                raise payload_too_large(max_bytes)
-                            writer.write(chunk)
-                except BaseException:
-                    writer.abort()
-                    raise
-                writer.commit()
-                created.append(target)
-                files += 1
+            result = _write(
+                archive,
+                fmt,
+                members,
+                guard,
+                destination,
+                dest,
+                overwrite,
+                max_bytes,
+                undo,
+            )
         except (tarfile.TarError, zipfile.BadZipFile, EOFError) as e:
-            _undo(guard, created)
+            undo.run()
             raise bad_request(f"not a valid {fmt} archive: {e}") from None
         except BaseException:
-            _undo(guard, created)
+            undo.run()
             raise
+        undo.forget()
+    return result
+
+
+def _write(
+    archive: Any,
+    fmt: str,
+    members: list[Member],
+    guard: PathGuard,
+    destination: str,
+    dest: str,
+    overwrite: bool,
+    max_bytes: int,
+    undo: _Undo,
+) -> dict[str, Any]:
+    """Create the destination and the members, noting each step in ``undo``."""
+    with guard.locate(destination, "write", follow=True, make_parents=True) as loc:
+        undo.created.extend(loc.made_paths())
+        if loc.path != dest:  # a link changed under us since the check
+            dest = loc.path
+            _check(members, guard, dest, overwrite)
+        if loc.name:
+            try:
+                os.mkdir(loc.name, 0o755, dir_fd=loc.dir_fd)
+                undo.created.append(dest)
+                give(loc.dir_fd, loc.name, loc.owner)
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise os_error(e, destination) from None
+    written = 0
+    files = 0
+    for m in members:
+        target = posixpath.join(dest, m.name)
+        if m.kind in ("dir", "link"):
+            with guard.locate(target, "write", follow=False, make_parents=True) as d:
+                undo.created.extend(d.made_paths())
+                try:
+                    if m.kind == "dir":
+                        os.mkdir(d.name, m.mode | 0o700, dir_fd=d.dir_fd)
+                    else:
+                        os.symlink(m.link, d.name, dir_fd=d.dir_fd)
+                except FileExistsError:
+                    if m.kind == "link":
+                        raise
+                    continue
+                undo.created.append(target)
+                give(d.dir_fd, d.name, d.owner)
+            continue
+        loc = guard.locate(target, "write", follow=False, make_parents=True)
+        undo.created.extend(loc.made_paths())
+        # The directories made for this member belong to the whole extraction.
+        made, loc.made = loc.made, None
+        if made is not None:
+            made.close()
+        writer = AtomicWrite(loc, overwrite=overwrite, mode=m.mode, display=target)
+        try:
+            source = (
+                archive.open(m.source)
+                if fmt == "zip"
+                else archive.extractfile(m.source)
+            )
+            got = 0
+            with source:
+                while chunk := source.read(1 << 20):
+                    got += len(chunk)
+                    written += len(chunk)
+                    if got > m.size or written > max_bytes:
+                        raise payload_too_large(max_bytes)
+                    writer.write(chunk)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.commit(keep_old=True)
+        if writer.old_name:
+            undo.replaced.append((target, writer.old_name))
+        else:
+            undo.created.append(target)
+        files += 1
     return {"destination": dest, "files": files, "bytes": written}
 
 
-def _undo(guard: PathGuard, created: list[str]) -> None:
-    """Remove what a failed extraction wrote (newest first)."""
-    for path in reversed(created):
+class _Undo:
+    """What a failed extraction takes back: entries it created, files it replaced."""
+
+    def __init__(self, guard: PathGuard) -> None:
+        self.guard = guard
+        #: created paths, parents before children
+        self.created: list[str] = []
+        #: ``(target, name the old file is kept under beside it)``
+        self.replaced: list[tuple[str, str]] = []
+
+    def run(self) -> None:
+        """Put the replaced files back, then remove what was created (newest first)."""
+        for target, old in reversed(self.replaced):
+            self._at(target, functools.partial(_put_back, old))
+        for path in reversed(self.created):
+            self._at(path, _remove)
+
+    def forget(self) -> None:
+        """It all worked: drop the old files that were kept."""
+        for target, old in self.replaced:
+            self._at(target, functools.partial(_drop, old))
+
+    def _at(self, path: str, action: Callable[[int, str], None]) -> None:
         try:
-            with guard.locate(path, "delete", follow=False) as loc:
-                st = loc.lstat()
-                if st is None:
-                    continue
-                if stat.S_ISDIR(st.st_mode):
-                    os.rmdir(loc.name, dir_fd=loc.dir_fd)
-                else:
-                    os.unlink(loc.name, dir_fd=loc.dir_fd)
+            with self.guard.locate(path, "delete", follow=False) as loc:
+                action(loc.dir_fd, loc.name)
         except (ApiError, OSError):
             pass
+
+
+def _put_back(old: str, dir_fd: int, name: str) -> None:
+    os.rename(old, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+def _drop(old: str, dir_fd: int, _name: str) -> None:
+    os.unlink(old, dir_fd=dir_fd)
+
+
+def _remove(dir_fd: int, name: str) -> None:
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if stat.S_ISDIR(st.st_mode):
+        os.rmdir(name, dir_fd=dir_fd)
+    else:
+        os.unlink(name, dir_fd=dir_fd)

@@ -13,6 +13,7 @@ through.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import re
@@ -28,6 +29,7 @@ from sandboxd.errors import (
     precondition_failed,
 )
 from sandboxd.guard import Location, etag_of, os_error, refuse_device
+from sandboxd.libc import libc
 
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -88,6 +90,8 @@ class AtomicWrite:
         self.bytes = 0
         self.fd = -1
         self.tmp_name = ""
+        #: where :meth:`commit` with ``keep_old`` left the replaced file
+        self.old_name = ""
         self.done = False
         if location.name == "":
             location.close()
@@ -154,15 +158,29 @@ class AtomicWrite:
                 raise insufficient_storage() from None
             raise os_error(e, self.display) from None
 
-    def commit(self) -> str:
-        """Rename into place; returns the new file's ETag."""
+    def commit(self, keep_old: bool = False) -> str:
+        """
+        Rename into place; returns the new file's ETag.
+
+        :param keep_old: a replaced file is not dropped but kept under a
+            temporary name beside it, :attr:`old_name` (the two names are
+            swapped in one ``renameat2(RENAME_EXCHANGE)``), so that a caller
+            whose larger change fails later can put it back.  Where the
+            file system cannot swap, the old file is replaced as usual.
+        """
         try:
             self._check_target()
             st = os.fstat(self.fd)
             os.close(self.fd)
             self.fd = -1
             dfd = self.location.dir_fd
-            if self.overwrite:
+            if (
+                self.overwrite
+                and keep_old
+                and _exchange(dfd, self.tmp_name, self.location.name)
+            ):
+                self.old_name = self.tmp_name
+            elif self.overwrite:
                 os.rename(
                     self.tmp_name, self.location.name, src_dir_fd=dfd, dst_dir_fd=dfd
                 )
@@ -193,7 +211,10 @@ class AtomicWrite:
         return etag_of(st)
 
     def abort(self) -> None:
-        """Remove the temporary file; the old file stays as it was."""
+        """
+        Remove the temporary file, and the parent directories made for it;
+        the old file stays as it was.
+        """
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -203,7 +224,27 @@ class AtomicWrite:
             except OSError:
                 pass
             self.tmp_name = ""
+        self.location.undo_made()
         self.location.close()
+
+
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(dir_fd: int, a: str, b: str) -> bool:
+    """
+    Swap the names ``a`` and ``b`` in ``dir_fd`` atomically; False when
+    ``b`` does not exist or the kernel or file system cannot swap.
+    """
+    fn = getattr(libc(), "renameat2", None)
+    if fn is None:
+        return False
+    if fn(dir_fd, os.fsencode(a), dir_fd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOENT, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err))
 
 
 def _etag_matches(header: str, etag: str) -> bool:

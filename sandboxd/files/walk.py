@@ -400,53 +400,65 @@ def move(
         except ApiError as e:
             raise _prefixed(e, "destination") from None
         with dst:
-            dst_st = dst.lstat()
-            dst_fd, dst_name, dst_path = dst.dir_fd, dst.name, dst.path
-            inner_fd = -1
             try:
-                if dst_st is not None and stat.S_ISDIR(dst_st.st_mode):
-                    # Moving onto a directory moves into it, as mv and shutil.move do.
-                    inner_fd = os.open(dst_name or ".", _SUBDIR_FLAGS, dir_fd=dst_fd)
-                    dst_fd, dst_name = inner_fd, src.name
-                    dst_path = posixpath.join(dst_path, src.name)
-                    decision = guard.decide(dst_path, "write")
-                    if not decision.allowed:
-                        raise _prefixed(refusal(decision), "destination")
-                elif dst_name == "":
-                    raise bad_request("destination: is a root directory")
-                if overwrite:
-                    # Replacing a file that has other names is a write to it;
-                    # a device file is never replaced.
-                    replaced = dst_st if inner_fd < 0 else _lstat_at(dst_fd, dst_name)
-                    try:
-                        dst.refuse_shared(replaced, destination)
-                        refuse_device(replaced, destination)
-                    except ApiError as e:
-                        raise _prefixed(e, "destination") from None
-                if overwrite:
-                    os.rename(
-                        src.name, dst_name, src_dir_fd=src.dir_fd, dst_dir_fd=dst_fd
-                    )
-                else:
-                    rename_noreplace(src, dst_fd, dst_name)
-            except OSError as e:
-                if e.errno == errno.EEXIST or e.errno == errno.ENOTEMPTY:
-                    raise file_exists(
-                        f"destination: File exists: {destination}"
-                    ) from None
-                if e.errno == errno.EINVAL:
-                    raise bad_request(
-                        "destination: cannot move a directory into itself"
-                    ) from None
-                if e.errno == errno.EXDEV:
-                    raise bad_request(
-                        "destination: on another file system", type="OSError"
-                    ) from None
-                raise _prefixed(os_error(e, destination), "destination") from None
-            finally:
-                if inner_fd >= 0:
-                    os.close(inner_fd)
-            return src.path, dst_path
+                return _move_to(guard, src, dst, source, destination, overwrite)
+            except BaseException:
+                dst.undo_made()  # refused: the directories made for it go too
+                raise
+
+
+def _move_to(
+    guard: PathGuard,
+    src: Location,
+    dst: Location,
+    source: Any,
+    destination: Any,
+    overwrite: bool,
+) -> tuple[str, str]:
+    """The rename of :func:`move`, once both sides are located."""
+    dst_st = dst.lstat()
+    dst_fd, dst_name, dst_path = dst.dir_fd, dst.name, dst.path
+    inner_fd = -1
+    try:
+        if dst_st is not None and stat.S_ISDIR(dst_st.st_mode):
+            # Moving onto a directory moves into it, as mv and shutil.move do.
+            inner_fd = os.open(dst_name or ".", _SUBDIR_FLAGS, dir_fd=dst_fd)
+            dst_fd, dst_name = inner_fd, src.name
+            dst_path = posixpath.join(dst_path, src.name)
+            decision = guard.decide(dst_path, "write")
+            if not decision.allowed:
+                raise _prefixed(refusal(decision), "destination")
+        elif dst_name == "":
+            raise bad_request("destination: is a root directory")
+        if overwrite:
+            # Replacing a file that has other names is a write to it;
+            # a device file is never replaced.
+            replaced = dst_st if inner_fd < 0 else _lstat_at(dst_fd, dst_name)
+            try:
+                dst.refuse_shared(replaced, destination)
+                refuse_device(replaced, destination)
+            except ApiError as e:
+                raise _prefixed(e, "destination") from None
+        if overwrite:
+            os.rename(src.name, dst_name, src_dir_fd=src.dir_fd, dst_dir_fd=dst_fd)
+        else:
+            rename_noreplace(src, dst_fd, dst_name)
+    except OSError as e:
+        if e.errno == errno.EEXIST or e.errno == errno.ENOTEMPTY:
+            raise file_exists(f"destination: File exists: {destination}") from None
+        if e.errno == errno.EINVAL:
+            raise bad_request(
+                "destination: cannot move a directory into itself"
+            ) from None
+        if e.errno == errno.EXDEV:
+            raise bad_request(
+                "destination: on another file system", type="OSError"
+            ) from None
+        raise _prefixed(os_error(e, destination), "destination") from None
+    finally:
+        if inner_fd >= 0:
+            os.close(inner_fd)
+    return src.path, dst_path
 
 
 def make_dir(guard: PathGuard, path: Any) -> str:
@@ -460,9 +472,11 @@ def make_dir(guard: PathGuard, path: Any) -> str:
         except FileExistsError:
             st = loc.lstat()
             if st is None or not stat.S_ISDIR(st.st_mode):
+                loc.undo_made()
                 raise file_exists(
                     f"File exists and is not a directory: {path}"
                 ) from None
         except OSError as e:
+            loc.undo_made()
             raise os_error(e, path) from None
         return loc.path

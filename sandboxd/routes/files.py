@@ -452,8 +452,12 @@ def files_mkdir(request: ServerRequest) -> Any:
 
 def files_delete(request: ServerRequest) -> Any:
     """``DELETE /files?path=``: files, links, or whole trees (in a thread)."""
-    path = request.query.get("path") or request.body.get("path")
-    path = required(path, "path")
+    in_body = request.body.get("path")
+    if in_body is not None and not isinstance(in_body, str):
+        raise bad_request("'path' must be a string")  # even beside ?path=
+    # ?path= wins; given empty, it is refused rather than passed over.
+    path = request.query.get("path")
+    path = required(in_body if path is None else path, "path")
     guard = PathGuard.for_request(request)
 
     def job() -> dict[str, Any]:
