@@ -10,11 +10,14 @@ import base64
 import io
 import os
 import tarfile
+import time
 from typing import Any
 
+from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
 
-from tests.helpers import DaemonTestCase
+from tests.helpers import DaemonTestCase, alive
 
 DENY_SECRET = {"endpoints": {"group:file_ops": {"paths": {"deny": ["**/*.secret"]}}}}
 
@@ -165,3 +168,101 @@ class ImplicitParentTests(DaemonTestCase):
         )
         self.assertEqual(reply.status, 200, reply.body)
         self.assertTrue(os.path.isfile(os.path.join(self.base_dir, "ok/deep/f")))
+
+
+#: ``max_duration_seconds`` of the launching routes in the duration tests.
+CEILING = 1
+
+DURATION_POLICY = {
+    "groups": {"dev_tools": True},
+    "endpoints": {
+        name: {"limits": {"max_duration_seconds": CEILING}}
+        for name in ("process_start", "shell", "shell_stream", "code_run", "pty_create")
+    },
+}
+
+
+class MaxDurationTests(DaemonTestCase):
+    """
+    ``limits.max_duration_seconds`` bounds every child a request starts: a
+    request's ``timeout`` above it is cut to it (as ``seconds(ceiling=)``
+    does for ``/shell``), and a request without one gets it.
+    """
+
+    policy = DURATION_POLICY
+
+    @inlineCallbacks
+    def wait_exited(self, pid: int, within: float = 10.0) -> Any:
+        """Poll ``GET /process/{pid}`` until it says exited; the seconds it took."""
+        started = time.monotonic()
+        while time.monotonic() - started < within:
+            reply = yield self.request("GET", f"/process/{pid}")
+            if reply.json().get("state") == "exited":
+                return time.monotonic() - started
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.fail(f"process {pid} still running after {within} s")
+
+    @inlineCallbacks
+    def start_sleep(self, **fields: Any) -> Any:
+        reply = yield self.request(
+            "POST", "/process/start", {"command": "sleep 30", **fields}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        pid = reply.json()["pid"]
+        self.addCleanup(self._kill, pid)
+        return pid
+
+    def _kill(self, pid: int) -> None:
+        if alive(pid):
+            os.kill(pid, 9)
+
+    @inlineCallbacks
+    def test_process_start_timeout_above_ceiling(self) -> Any:
+        """``timeout: 100`` under a ceiling of 1 s: the process ends within seconds."""
+        pid = yield self.start_sleep(timeout=100)
+        took = yield self.wait_exited(pid)
+        self.assertLess(took, CEILING + 5)
+
+    @inlineCallbacks
+    def test_process_start_without_timeout(self) -> Any:
+        """No ``timeout``: the rule's ceiling still ends the process."""
+        pid = yield self.start_sleep()
+        took = yield self.wait_exited(pid)
+        self.assertLess(took, CEILING + 5)
+
+    @inlineCallbacks
+    def test_shell_timeout_above_ceiling(self) -> Any:
+        """``/shell`` with ``timeout: 100`` answers the timeout error after about 1 s."""
+        started = time.monotonic()
+        reply = yield self.request(
+            "POST", "/shell", {"command": "sleep 30", "timeout": 100}
+        )
+        self.assertEqual(reply.status, 500, reply.body)
+        self.assertLess(time.monotonic() - started, CEILING + 5)
+
+    @inlineCallbacks
+    def test_code_run_timeout_above_ceiling(self) -> Any:
+        """``/code/run`` with ``timeout: 100`` is 408 after about 1 s."""
+        started = time.monotonic()
+        reply = yield self.request(
+            "POST",
+            "/code/run",
+            {"language": "bash", "code": "sleep 20", "timeout": 100},
+        )
+        self.assertEqual(reply.status, 408, reply.body)
+        self.assertLess(time.monotonic() - started, CEILING + 5)
+
+    @inlineCallbacks
+    def test_pty_session_ends_at_ceiling(self) -> Any:
+        """A terminal session is closed (its shell ended) once it ran ``max_duration_seconds``."""
+        reply = yield self.request("POST", "/pty/sessions", {})
+        self.assertEqual(reply.status, 200, reply.body)
+        created = reply.json()
+        self.addCleanup(self._kill, created["pid"])
+        started = time.monotonic()
+        while time.monotonic() - started < CEILING + 5:
+            reply = yield self.request("GET", f"/pty/sessions/{created['session_id']}")
+            if reply.status == 404 and not alive(created["pid"]):
+                return
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.fail("the terminal outlived max_duration_seconds")
