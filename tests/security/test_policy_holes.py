@@ -17,6 +17,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
 
+from tests.agents.test_agents import agents_policy
 from tests.helpers import DaemonTestCase, alive
 
 DENY_SECRET = {"endpoints": {"group:file_ops": {"paths": {"deny": ["**/*.secret"]}}}}
@@ -266,3 +267,67 @@ class MaxDurationTests(DaemonTestCase):
                 return
             yield deferLater(reactor, 0.1, lambda: None)
         self.fail("the terminal outlived max_duration_seconds")
+
+
+class InstallProcessLimitTests(DaemonTestCase):
+    """
+    ``POST /agents/catalog/{agent}/install`` starts npm as a managed
+    process, so it counts against ``max_processes`` (SPEC §5.5, §11.4) like
+    every other child and is refused by it, 429 ``too_many_processes``,
+    before npm starts.
+    """
+
+    def setUp(self) -> Any:
+        bin_dir = os.path.realpath(self.mktemp())
+        os.makedirs(bin_dir)
+        self.ran = os.path.join(bin_dir, "npm-ran")
+        npm = os.path.join(bin_dir, "npm")
+        with open(npm, "w") as f:
+            f.write(f'#!/bin/sh\ntouch "{self.ran}"\n')
+        os.chmod(npm, 0o755)
+        old = os.environ.get("PATH", "")
+        os.environ["PATH"] = bin_dir + os.pathsep + old
+        self.addCleanup(os.environ.__setitem__, "PATH", old)
+        self.policy = agents_policy()
+        self.policy["agents"]["catalog"]["missing"] = {
+            "name": "Missing",
+            "command": ["sandboxd-no-such-agent"],
+            "install": {"package": "fake-agent-pkg", "version": "1.2.3"},
+        }
+        self.policy.setdefault("endpoints", {})["process_start"] = {
+            "limits": {"max_processes": 1}
+        }
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_install_refused_at_the_process_limit(self) -> Any:
+        """One process running under ``max_processes: 1``: the install is 429 and npm never runs."""
+        reply = yield self.request("POST", "/process/start", {"command": "sleep 30"})
+        self.assertEqual(reply.status, 200, reply.body)
+        pid = reply.json()["pid"]
+        self.addCleanup(lambda: os.kill(pid, 9) if alive(pid) else None)
+        reply = yield self.request("POST", "/agents/catalog/missing/install", {})
+        self.assertEqual(reply.status, 429, reply.body)
+        body = reply.json()
+        self.assertEqual(body["code"], "too_many_processes", body)
+        self.assertEqual(body["rule"], "policy:endpoints.process_start")
+        yield deferLater(reactor, 0.5, lambda: None)
+        self.assertFalse(os.path.exists(self.ran))
+        listed = yield self.request("GET", "/process/list")
+        self.assertEqual([p["pid"] for p in listed.json()["processes"]], [pid])
+
+    @inlineCallbacks
+    def test_install_counts_against_the_limit(self) -> Any:
+        """A running install is one of the ``max_processes``: process_start is then 429."""
+        os.remove(os.path.join(os.path.dirname(self.ran), "npm"))
+        npm = os.path.join(os.path.dirname(self.ran), "npm")
+        with open(npm, "w") as f:
+            f.write("#!/bin/sh\nexec sleep 30\n")
+        os.chmod(npm, 0o755)
+        reply = yield self.request("POST", "/agents/catalog/missing/install", {})
+        self.assertEqual(reply.status, 202, reply.body)
+        pid = reply.json()["pid"]
+        self.addCleanup(lambda: os.kill(pid, 9) if alive(pid) else None)
+        reply = yield self.request("POST", "/process/start", {"command": "sleep 30"})
+        self.assertEqual(reply.status, 429, reply.body)
+        self.assertEqual(reply.json()["code"], "too_many_processes")
