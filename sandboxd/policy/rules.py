@@ -45,7 +45,9 @@ class Limits:
         and ``max_duration_seconds`` (None when neither is set).
         """
         bounds = [
-            b for b in (self.timeout_seconds, self.max_duration_seconds) if b is not None
+            b
+            for b in (self.timeout_seconds, self.max_duration_seconds)
+            if b is not None
         ]
         return min(bounds) if bounds else None
 

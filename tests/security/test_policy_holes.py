@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 import tarfile
 import time
@@ -16,9 +17,11 @@ from typing import Any
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThread
 
 from tests.agents.test_agents import agents_policy
 from tests.helpers import DaemonTestCase, alive
+from tests.routes.test_uploads import UploadCase, _open_part
 
 DENY_SECRET = {"endpoints": {"group:file_ops": {"paths": {"deny": ["**/*.secret"]}}}}
 
@@ -331,3 +334,106 @@ class InstallProcessLimitTests(DaemonTestCase):
         reply = yield self.request("POST", "/process/start", {"command": "sleep 30"})
         self.assertEqual(reply.status, 429, reply.body)
         self.assertEqual(reply.json()["code"], "too_many_processes")
+
+
+def _finish(sock: Any, rest: bytes) -> bytes:
+    """Send the rest of a body on an open connection; the answer's bytes."""
+    sock.sendall(rest)
+    answer = b""
+    while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        answer += chunk
+    return answer
+
+
+class UploadReloadTests(UploadCase):
+    """
+    A resumable upload is decided again under the policy in force at each
+    append and at completion: a reload that denies its target refuses the
+    append (403 with the guard's code and rule) and renames nothing; the
+    upload stays open, as it was, so a policy that allows the path again
+    lets it finish.
+    """
+
+    autostart = False
+
+    def write_policy(self, deny: list[str]) -> None:
+        with open(self.policy_path, "w") as f:
+            json.dump({"endpoints": {"group:file_ops": {"paths": {"deny": deny}}}}, f)
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        yield super().setUp()
+        self.policy_path = os.path.join(self.base_dir, "policy.json")
+        self.write_policy([])
+        os.mkdir(os.path.join(self.base_dir, "data"))
+        yield self.start(policy=None, policy_file=self.policy_path)
+
+    def reload(self, deny: list[str]) -> None:
+        self.write_policy(deny)
+        self.assertTrue(self.daemon.daemon.reload())
+
+    @inlineCallbacks
+    def test_append_after_a_reload_that_denies(self) -> Any:
+        """The append is 403 path_denied, writes nothing, and the upload is kept."""
+        reply = yield self.create("data/f.bin", 6)
+        self.assertEqual(reply.status, 201, reply.body)
+        uid = reply.json()["upload_id"]
+        reply = yield self.append(uid, 0, b"abc")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.reload(["**/data/**"])
+        reply = yield self.append(uid, 3, b"def")
+        self.assertEqual(reply.status, 403, reply.body)
+        self.assertEqual(reply.json()["code"], "path_denied")
+        self.assertEqual(reply.json()["rule"], RULE)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "data/f.bin")))
+        staged = self.staging("data")
+        self.assertEqual(len(staged), 1)
+        with open(os.path.join(self.base_dir, "data", staged[0]), "rb") as f:
+            self.assertEqual(f.read(), b"abc")
+        self.reload([])
+        reply = yield self.request("GET", f"/files/uploads/{uid}")
+        self.assertEqual(reply.json()["offset"], 3)
+        reply = yield self.append(uid, 3, b"def")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertTrue(reply.json()["complete"])
+        self.assertEqual(self.read("data/f.bin"), b"abcdef")
+
+    @inlineCallbacks
+    def test_completion_after_a_reload_mid_body(self) -> Any:
+        """
+        A reload that denies the target while the last append's body is
+        arriving: no rename, 403 path_denied; the bytes that arrived stay
+        in the staging file (counted), and an empty append completes it
+        once the path is allowed again.
+        """
+        reply = yield self.create("data/g.bin", 2000)
+        uid = reply.json()["upload_id"]
+        sock = yield deferToThread(
+            _open_part,
+            self.daemon.port,
+            f"/files/uploads/{uid}?offset=0",
+            2000,
+            b"x" * 1000,
+            self.token,
+        )
+        self.addCleanup(sock.close)
+        for _ in range(100):
+            reply = yield self.append(uid, 0, b"")
+            if reply.status == 429:
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        self.reload(["**/data/**"])
+        answer = yield deferToThread(_finish, sock, b"y" * 1000)
+        self.assertTrue(answer.startswith(b"HTTP/1.1 403"), answer)
+        self.assertIn(b"path_denied", answer)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "data/g.bin")))
+        self.reload([])
+        reply = yield self.request("GET", f"/files/uploads/{uid}")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["offset"], 2000)
+        reply = yield self.append(uid, 2000, b"")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(self.read("data/g.bin"), b"x" * 1000 + b"y" * 1000)
