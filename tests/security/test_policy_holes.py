@@ -20,6 +20,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
 from tests.agents.test_agents import agents_policy
+from tests.e2b.sdk import E2BCase
 from tests.helpers import DaemonTestCase, alive
 from tests.routes.test_uploads import UploadCase, _open_part
 
@@ -270,6 +271,44 @@ class MaxDurationTests(DaemonTestCase):
                 return
             yield deferLater(reactor, 0.1, lambda: None)
         self.fail("the terminal outlived max_duration_seconds")
+
+
+class E2BMaxDurationTests(E2BCase):
+    """The E2B door's commands and terminals are bounded by ``max_duration_seconds`` too."""
+
+    policy = DURATION_POLICY
+
+    @inlineCallbacks
+    def test_command_timeout_above_ceiling(self) -> Any:
+        """``commands.run(timeout=100)`` under a 1 s ceiling ends after about 1 s."""
+
+        def job() -> Any:
+            started = time.monotonic()
+            try:
+                self.sandbox().commands.run("sleep 20", timeout=100)
+            except Exception as e:
+                return e, time.monotonic() - started
+            return None, time.monotonic() - started
+
+        error, took = yield self.sdk(job)
+        self.assertIsNotNone(error)
+        self.assertLess(took, CEILING + 5)
+
+    @inlineCallbacks
+    def test_terminal_ends_at_ceiling(self) -> Any:
+        """A terminal made with ``pty.create(timeout=100)`` is ended after about 1 s."""
+
+        def job() -> Any:
+            from e2b.sandbox.commands.command_handle import PtySize
+
+            handle = self.sandbox().pty.create(PtySize(rows=24, cols=80), timeout=100)
+            return handle.pid
+
+        pid = yield self.sdk(job)
+        started = time.monotonic()
+        while alive(pid) and time.monotonic() - started < CEILING + 5:
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertFalse(alive(pid))
 
 
 class InstallProcessLimitTests(DaemonTestCase):
