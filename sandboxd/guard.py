@@ -714,6 +714,14 @@ class PathGuard:
                             "guard:dangling-link",
                         )
                     ) from None
+                if made.parent_fd < 0:
+                    # The first directory to create: every one still to make
+                    # is decided before any is (a denied one is never made).
+                    try:
+                        self._refuse_denied_dirs(here, parts[i + 1 :], original)
+                    except BaseException:
+                        os.close(fd)
+                        raise
                 try:
                     os.mkdir(part, 0o755, dir_fd=fd)
                     made.note(fd, part, here, True)
@@ -760,6 +768,23 @@ class PathGuard:
             os.close(fd)
             fd = nxt
         return fd
+
+    def _refuse_denied_dirs(self, first: str, rest: list[str], original: str) -> None:
+        """
+        Refuse the directories ``make_parents`` would create (``first``,
+        then each of ``rest`` below it) if the policy denies writing one:
+        ``paths.deny`` or ``paths.read_only`` (and the daemon's own files),
+        with the code and rule the final path would get.  ``paths.allow``
+        is left to the final path: an allow list of file globs
+        (``**/*.py``) names no directory.
+        """
+        here = first
+        for i in range(len(rest) + 1):
+            if i:
+                here = posixpath.join(here, rest[i - 1])
+            d = decide(self.rule, here, "write")
+            if not d.allowed and d.code in (Code.PATH_DENIED, Code.READ_ONLY):
+                raise refusal(PathDecision(original, False, d.code, d.rule))
 
     # -- opening content ---------------------------------------------------
 

@@ -38,6 +38,19 @@ class Limits:
     max_prompt_bytes: int | None = None
     permission_timeout_seconds: float | None = None
 
+    @property
+    def run_ceiling(self) -> float | None:
+        """
+        The longest a call's child may run: the smaller of ``timeout_seconds``
+        and ``max_duration_seconds`` (None when neither is set).
+        """
+        bounds = [
+            b
+            for b in (self.timeout_seconds, self.max_duration_seconds)
+            if b is not None
+        ]
+        return min(bounds) if bounds else None
+
 
 @attrs.frozen
 class PathRule:

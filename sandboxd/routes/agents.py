@@ -21,6 +21,8 @@ from sandboxd.errors import (
     Code,
     bad_request,
     conflict,
+    limit_exceeded,
+    limit_rule,
     not_found,
     policy_rule,
     signal_not_allowed,
@@ -161,6 +163,7 @@ def agents_install(request: ServerRequest) -> Any:
                 "already_running": True,
             },
         )
+    _check_process_limit(request, processes)
     env = child_environment(request.context, request.rule)
     npm = find_executable("npm", env)
     if npm is None:
@@ -186,6 +189,28 @@ def agents_install(request: ServerRequest) -> Any:
             "output_url": f"/process/{managed.pid}/output",
         },
     )
+
+
+def _check_process_limit(request: ServerRequest, processes: Any) -> None:
+    """
+    npm is a managed process, so ``max_processes`` bounds it as it bounds
+    ``process_start`` (SPEC §11.4): the install's own rule if it sets the
+    limit, else the one ``process_start`` runs under.
+
+    :raises ApiError: 429 ``too_many_processes`` at the limit.
+    """
+    rule = request.rule
+    if rule.limits.max_processes is None:
+        rule = request.context.policy.rule("process_start")
+    limit = rule.limits.max_processes
+    if limit is not None and processes.running_count() >= limit:
+        raise limit_exceeded(
+            429,
+            f"too many processes running (at most {limit})",
+            Code.TOO_MANY_PROCESSES,
+            rule=limit_rule(rule, "max_processes"),
+            limit="max_processes",
+        )
 
 
 # -- sessions ------------------------------------------------------------------

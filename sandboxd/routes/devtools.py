@@ -93,7 +93,7 @@ async def code_run(request: ServerRequest) -> dict[str, Any]:
             message=f"'code' is over {defaults.CODE_MAX_BYTES} bytes; upload it as a file"
             " and run it with /shell",
         )
-    ceiling = rule.limits.timeout_seconds
+    ceiling = rule.limits.run_ceiling  # a longer request timeout is cut to it
     timeout = seconds(body.get("timeout"), "timeout", ceiling, ceiling=ceiling)
     idle = seconds(body.get("idle_timeout"), "idle_timeout", None)
     cwd = PathGuard(rule).cwd(body.get("cwd"))

@@ -311,8 +311,8 @@ async def process_start(request: ServerRequest) -> dict[str, Any]:
     retention = (
         request.rule.limits.max_output_bytes or processes.DEFAULT_RETENTION_BYTES
     )
-    # A background process has no time limit unless the request gives one.
-    timeout = seconds(body.get("timeout"), "timeout", None)
+    # A background process has no time limit unless the request or the rule
+    # gives one (launch() cut the request's to ``max_duration_seconds``).
     try:
         managed = service.start(
             spec.argv,
@@ -323,7 +323,7 @@ async def process_start(request: ServerRequest) -> dict[str, Any]:
             stdin_pipe=stdin,
             tag=tag,
             retention=int(retention),
-            timeout=timeout,
+            timeout=spec.timeout,
             idle_timeout=spec.idle_timeout,
             may_wait=True,
         )

@@ -112,6 +112,7 @@ def pty_create(request: ServerRequest) -> dict[str, Any]:
     except OSError as e:
         raise internal(f"Failed to create PTY: {e.strerror or e}", "OSError") from None
     request.audit["session_id"] = session.id
+    _bound_duration(request, session)
     opened = time.monotonic()
     session.when_ended().addCallback(lambda _: _audit_closed(request, session, opened))
     return {
@@ -119,6 +120,24 @@ def pty_create(request: ServerRequest) -> dict[str, Any]:
         "ws_url": _ws_url(request, session.id),
         "pid": session.pid,
     }
+
+
+def _bound_duration(request: ServerRequest, session: PtySession) -> None:
+    """
+    ``limits.max_duration_seconds``: the session is closed (its shell's
+    tree ended) once it has run that long, attached or not.
+    """
+    ceiling = request.rule.limits.max_duration_seconds
+    if ceiling is None:
+        return
+    table = _service(request).table
+    timer = request.context.reactor.callLater(ceiling, table.close, session.id)
+
+    def ended(_: object) -> None:
+        if timer.active():
+            timer.cancel()
+
+    session.when_ended().addCallback(ended)
 
 
 def _audit_closed(request: ServerRequest, session: PtySession, opened: float) -> None:

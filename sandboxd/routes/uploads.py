@@ -29,7 +29,9 @@ from sandboxd.errors import (
 )
 from sandboxd.files.atomic import parse_mode
 from sandboxd.files.uploads import Upload, UploadTable
+from sandboxd.guard import refusal
 from sandboxd.policy.defaults import ENDPOINT_LIMITS
+from sandboxd.policy.paths import PathDecision, decide
 from sandboxd.routes.files import (
     atomic_writer,
     hashed_write,
@@ -125,14 +127,39 @@ def _offset_mismatch(upload: Upload, offset: int) -> ApiError:
     )
 
 
+#: The endpoints whose current rule must still allow an upload's target.
+_DECIDING = ("files_uploads_create", "files_uploads_append")
+
+
+def _still_allowed(context: Any, upload: Upload) -> None:
+    """
+    The upload's target decided again under the policy in force now (a
+    reload may have denied it since the create): the ``paths`` rules of
+    the create and append endpoints, as the guard decides a write.
+
+    A refusal leaves the upload as it is (nothing the caller did not ask
+    to drop is dropped): a policy that allows the path again lets it
+    finish, ``DELETE`` or the idle expiry removes it.
+
+    :raises ApiError: 403 with the guard's code and rule.
+    """
+    for endpoint in _DECIDING:
+        d = decide(context.policy.rule(endpoint), upload.path, "write")
+        if not d.allowed:
+            raise refusal(PathDecision(upload.display, False, d.code, d.rule))
+
+
 class AppendSink:
     """
     One append's body, written to the staging file as it arrives.
 
     Refused at header time (nothing read, nothing written) when ``offset``
-    is not the upload's, when it would run past ``size`` or while another
-    append runs.  Bytes that arrived are kept when the connection is cut:
-    once they are written, ``offset`` counts them.
+    is not the upload's, when it would run past ``size``, while another
+    append runs, or when the policy in force no longer allows the target
+    (:func:`_still_allowed`).  Bytes that arrived are kept when the
+    connection is cut: once they are written, ``offset`` counts them.  The
+    target is decided once more before the rename: a refusal there keeps
+    the bytes (counted) and the upload, and renames nothing.
     """
 
     def __init__(self, request: ServerRequest) -> None:
@@ -157,6 +184,8 @@ class AppendSink:
                 message=f"the body runs past the upload's size: {offset} + "
                 f"{length} > {upload.size}",
             )
+        _still_allowed(request.context, upload)
+        self.context = request.context
         self.table = table
         self.upload = upload
         self.received = 0
@@ -210,6 +239,7 @@ class AppendSink:
                     "size": upload.size,
                     "complete": False,
                 }
+            _still_allowed(self.context, upload)
             # The rename rechecks overwrite and If-Match; a refusal there
             # removes the staging file (the upload cannot complete any more).
             self.table.forget(upload)
