@@ -475,11 +475,17 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "path",
                 min_length=1,
-                doc="accepted here too, for clients that send a body",
+                doc="accepted here too, for clients that send a body "
+                "(given in both places, the two must be the same)",
             ),
         ),
         response=(F("path"), F("deleted", "boolean")),
         errors=(
+            E(
+                400,
+                "duplicate_parameter",
+                "path in the query and in the body with different values",
+            ),
             *_WRITE_GUARD,
             E(403, "path_not_allowed", "the base dir itself"),
             E(404, "not_found", "no such path", "FileNotFoundError"),

@@ -455,9 +455,19 @@ def files_delete(request: ServerRequest) -> Any:
     in_body = request.body.get("path")
     if in_body is not None and not isinstance(in_body, str):
         raise bad_request("'path' must be a string")  # even beside ?path=
-    # ?path= wins; given empty, it is refused rather than passed over.
-    path = request.query.get("path")
-    path = required(in_body if path is None else path, "path")
+    in_query = request.query.get("path")
+    if in_query is None:
+        path = required(in_body, "path")
+    else:
+        # Given empty, ?path= is refused rather than passed over; given in
+        # both places, the two must agree: a delete never guesses which.
+        path = required(in_query, "path")
+        if in_body is not None and in_body != in_query:
+            raise bad_request(
+                "'path' is given in the query and in the body with different "
+                "values: give it once",
+                Code.DUPLICATE_PARAMETER,
+            )
     guard = PathGuard.for_request(request)
 
     def job() -> dict[str, Any]:

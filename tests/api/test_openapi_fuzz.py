@@ -214,50 +214,21 @@ class SchemathesisTests(SynchronousTestCase):
         config = os.path.join(work, "schemathesis.toml")
         with open(config, "w") as f:
             f.write(CONFIG.replace("{token}", token))
-        argv = [
+        run_schemathesis(
+            self,
             st,
-            "--config-file",
+            work,
             config,
-            "run",
-            f"http://127.0.0.1:{daemon.port}/openapi.json",
-            "-H",
-            f"X-Access-Token: {token}",
-            "-H",
-            f"Authorization: Bearer {token}",
-            *SELECTION,
-            "--phases",
-            "examples,coverage,fuzzing",
-            "--max-examples",
-            "10",
-            "--seed",
-            "1",
-            "--workers",
-            "2",
-            "--request-timeout",
-            "10",
-            # The bound in time: the run stops, passing what it tested, at
-            # 35 s (fuzzing repeats until then on an idle machine; under a
-            # loaded full suite, coverage may not get through every route).
-            "--max-time",
-            "35",
-        ]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
-        env["NO_COLOR"] = "1"
-        run = subprocess.run(
-            argv,
-            cwd=work,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            timeout=120,
-            check=False,
+            daemon.port,
+            token,
+            SELECTION,
+            # Two workers; the bound in time: the run stops, passing what it
+            # tested, at 35 s (fuzzing repeats until then on an idle machine;
+            # under a loaded full suite, coverage may not get through every
+            # route).
+            workers=2,
+            max_time=35,
         )
-        output = run.stdout.decode("utf-8", "replace")
-        self.addCleanup(shutil.rmtree, work, True)
-        self.assertEqual(run.returncode, 0, output[-8000:])
-        self.assertIn("passed", output)
-        self.assertNotIn("failures", output.lower().split("summary")[-1])
 
 
 #: The daemon the write routes are fuzzed against: the base dir only (the
@@ -355,54 +326,83 @@ class WriteRoutesSchemathesisTests(SynchronousTestCase):
         config = os.path.join(work, "schemathesis.toml")
         with open(config, "w") as f:
             f.write(WRITE_CONFIG.replace("{token}", token))
-        argv = [
-            st,
-            "--config-file",
-            config,
-            "run",
-            f"http://127.0.0.1:{daemon.port}/openapi.json",
-            "-H",
-            f"X-Access-Token: {token}",
-            "-H",
-            f"Authorization: Bearer {token}",
-            *WRITE_SELECTION,
-            "--phases",
-            "examples,coverage,fuzzing",
-            "--max-examples",
-            "10",
-            "--seed",
-            "1",
-            # One worker: on Python 3.11, hypothesis's ast.parse on two
-            # threads at once fails now and then ("AST constructor
-            # recursion depth mismatch"), an error of the run, not the daemon.
-            "--workers",
-            "1",
-            "--request-timeout",
-            "10",
-            "--max-time",
-            "30",
-        ]
         outside = set(os.listdir(work))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
-        env["NO_COLOR"] = "1"
-        run = subprocess.run(
-            argv,
-            cwd=work,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            timeout=120,
-            check=False,
+        # One worker: on Python 3.11, hypothesis's ast.parse on two threads
+        # at once fails now and then ("AST constructor recursion depth
+        # mismatch"), an error of the run, not the daemon.
+        run_schemathesis(
+            self,
+            st,
+            work,
+            config,
+            daemon.port,
+            token,
+            WRITE_SELECTION,
+            workers=1,
+            max_time=30,
         )
-        output = run.stdout.decode("utf-8", "replace")
-        self.addCleanup(shutil.rmtree, work, True)
-        self.assertEqual(run.returncode, 0, output[-8000:])
-        self.assertIn("passed", output)
-        self.assertNotIn("failures", output.lower().split("summary")[-1])
         # Beside the base dir, only schemathesis's own caches appeared.
         appeared = set(os.listdir(work)) - outside - {".hypothesis", ".schemathesis"}
         self.assertEqual(appeared, set())
+
+
+def run_schemathesis(
+    test: SynchronousTestCase,
+    st: str,
+    work: str,
+    config: str,
+    port: int,
+    token: str,
+    selection: list[str],
+    workers: int,
+    max_time: int,
+) -> None:
+    """
+    Run schemathesis against the daemon on ``port`` over the routes
+    ``selection`` picks (a fixed seed, bounded in examples and time) and
+    fail ``test`` unless every check passed.
+    """
+    argv = [
+        st,
+        "--config-file",
+        config,
+        "run",
+        f"http://127.0.0.1:{port}/openapi.json",
+        "-H",
+        f"X-Access-Token: {token}",
+        "-H",
+        f"Authorization: Bearer {token}",
+        *selection,
+        "--phases",
+        "examples,coverage,fuzzing",
+        "--max-examples",
+        "10",
+        "--seed",
+        "1",
+        "--workers",
+        str(workers),
+        "--request-timeout",
+        "10",
+        "--max-time",
+        str(max_time),
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
+    env["NO_COLOR"] = "1"
+    run = subprocess.run(
+        argv,
+        cwd=work,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=120,
+        check=False,
+    )
+    output = run.stdout.decode("utf-8", "replace")
+    test.addCleanup(shutil.rmtree, work, True)
+    test.assertEqual(run.returncode, 0, output[-8000:])
+    test.assertIn("passed", output)
+    test.assertNotIn("failures", output.lower().split("summary")[-1])
 
 
 def _stop(daemon: DaemonProcess) -> None:

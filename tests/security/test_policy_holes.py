@@ -6,11 +6,8 @@ sends the request to a real daemon and checks the SPEC §6 code, the
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import os
-import tarfile
 import time
 from typing import Any
 
@@ -23,35 +20,13 @@ from tests.agents.test_agents import agents_policy
 from tests.e2b.sdk import E2BCase
 from tests.helpers import DaemonTestCase, alive
 from tests.routes.test_uploads import UploadCase, _open_part
+from tests.security.files import b64, tar_gz, tree
 
 DENY_SECRET = {"endpoints": {"group:file_ops": {"paths": {"deny": ["**/*.secret"]}}}}
 
 
 #: The rule a path refused by DENY_SECRET names (as for `x.secret` itself).
 RULE = "policy:endpoints.group:file_ops"
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def tree(root: str) -> list[str]:
-    """Every path below ``root``, relative, sorted."""
-    found = []
-    for top, dirs, files in os.walk(root):
-        for name in (*dirs, *files):
-            found.append(os.path.relpath(os.path.join(top, name), root))
-    return sorted(found)
-
-
-def tar_gz(members: list[tuple[str, bytes]]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, content in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(content)
-            tar.addfile(info, io.BytesIO(content))
-    return buffer.getvalue()
 
 
 class ImplicitParentTests(DaemonTestCase):

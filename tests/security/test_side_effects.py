@@ -10,10 +10,8 @@ code, then looks at the disk, the listings and the process table.
 
 from __future__ import annotations
 
-import base64
 import io
 import os
-import tarfile
 import zipfile
 from typing import Any
 
@@ -24,35 +22,7 @@ from twisted.internet.task import deferLater
 
 from tests.agents.test_agents import FAKE, AgentsTestCase
 from tests.helpers import DaemonTestCase
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def tree(root: str) -> list[str]:
-    """Every path below ``root``, relative, sorted (what a client could find)."""
-    found = []
-    for top, dirs, files in os.walk(root):
-        for name in (*dirs, *files):
-            found.append(os.path.relpath(os.path.join(top, name), root))
-    return sorted(found)
-
-
-def tar_gz(members: list[tuple[str, Any]]) -> bytes:
-    """A tar.gz of ``(name, bytes)`` files and ``(name, ("link", target))`` links."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, content in members:
-            info = tarfile.TarInfo(name)
-            if isinstance(content, tuple):
-                info.type = tarfile.SYMTYPE
-                info.linkname = content[1]
-                tar.addfile(info)
-            else:
-                info.size = len(content)
-                tar.addfile(info, io.BytesIO(content))
-    return buffer.getvalue()
+from tests.security.files import b64, tar_gz, tree
 
 
 class FileSideEffectTests(DaemonTestCase):
@@ -110,9 +80,10 @@ class FileSideEffectTests(DaemonTestCase):
     @inlineCallbacks
     def test_delete_with_a_bad_path_deletes_nothing(self) -> Any:
         """
-        ``DELETE /files`` with a body ``path`` that is not a string, or an
-        empty ``?path=`` beside a body path, is 400 and deletes nothing (it
-        used to pass over the bad one and delete the other).
+        ``DELETE /files`` with a body ``path`` that is not a string, an
+        empty ``?path=`` beside a body path, or a body path that is not the
+        query's, is 400 and deletes nothing (it used to pass over one and
+        delete the other); the same path in both places is one path.
         """
         with open(os.path.join(self.base_dir, "keep.txt"), "w") as f:
             f.write("x")
@@ -125,6 +96,18 @@ class FileSideEffectTests(DaemonTestCase):
             reply = yield self.request("DELETE", route, body)
             self.assert_refused(reply, 400, "invalid_param")
             self.assertEqual(tree(self.base_dir), before, route)
+        # Two paths that disagree (an empty one included): neither is deleted.
+        for other in ("", "other.txt"):
+            reply = yield self.request(
+                "DELETE", "/files?path=keep.txt", {"path": other}
+            )
+            self.assert_refused(reply, 400, "duplicate_parameter")
+            self.assertEqual(tree(self.base_dir), before, other)
+        reply = yield self.request(
+            "DELETE", "/files?path=keep.txt", {"path": "keep.txt"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertNotIn("keep.txt", tree(self.base_dir))
 
     @inlineCallbacks
     def test_move_into_itself_makes_no_parents(self) -> Any:
