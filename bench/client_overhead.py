@@ -35,9 +35,10 @@ import httpx
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from raw_files import MiB, start_daemon  # noqa: E402
+from daemon import start_daemon
+from raw_files import LARGE_FILES, MiB
 
-from sandboxd.client import Sandbox  # noqa: E402
+from sandboxd.client import Sandbox
 
 
 def best(rounds: int, fn: Callable[[], None]) -> float:
@@ -75,7 +76,7 @@ def main() -> None:
     with open(source, "wb") as f:
         for _ in range(args.size_mib):
             f.write(block)
-    proc, port = start_daemon(base, token)
+    proc, port = start_daemon(base, token, LARGE_FILES)
     url = f"http://127.0.0.1:{port}"
     auth = f"Authorization: Bearer {token}"
     out = os.path.join(local, "back.bin")

@@ -39,68 +39,26 @@ from typing import Any
 MiB = 1024 * 1024
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from raw_files import free_port  # noqa: E402
+from daemon import cpu_seconds, free_port, start_daemon  # noqa: E402
+from raw_files import LARGE_FILES  # noqa: E402
 
 
-def start_daemon(base: str, token: str) -> tuple[subprocess.Popen[bytes], int, int]:
-    port, e2b_port = free_port(), free_port()
-    policy = os.path.join(base, ".policy.json")
-    with open(policy, "w") as f:
-        json.dump(
-            {
-                "groups": {"e2b": True},
-                "endpoints": {
-                    "files_write_raw": {"limits": {"max_bytes": "2GiB"}},
-                    "files_read_raw": {"limits": {"max_bytes": "2GiB"}},
-                },
-            },
-            f,
-        )
+def start_daemon_e2b(base: str, token: str) -> tuple[subprocess.Popen[bytes], int, int]:
+    """The daemon with its E2B port on: its process, HTTP port and E2B port."""
+    e2b_port = free_port()
     home = os.path.join(base, ".home")
     os.makedirs(home)
-    # bash -l (the SDK's way to run a command) reads ~/.profile: a HOME of
-    # its own keeps the machine's profile out of the figures.
-    env = {**os.environ, "ABX_SERVER_TOKEN": token, "HOME": home}
-    twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
-    proc = subprocess.Popen(
-        [
-            twistd,
-            "-n",
-            "--pidfile=",
-            "sandboxd",
-            "--port",
-            f"tcp:{port}:interface=127.0.0.1",
-            "--pty-port",
-            f"tcp:{free_port()}:interface=127.0.0.1",
-            "--e2b-port",
-            f"tcp:{e2b_port}:interface=127.0.0.1",
-            "--base-dir",
-            base,
-            "--policy",
-            policy,
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+    policy = {"groups": {"e2b": True}, **LARGE_FILES}
+    proc, port = start_daemon(
+        base,
+        token,
+        policy,
+        ["--e2b-port", f"tcp:{e2b_port}:interface=127.0.0.1"],
+        # bash -l (the SDK's way to run a command) reads ~/.profile: a HOME
+        # of its own keeps the machine's profile out of the figures.
+        env={"HOME": home},
     )
-    for _ in range(200):
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", e2b_port, timeout=1)
-            c.request("GET", "/health")
-            if c.getresponse().status == 204:
-                return proc, port, e2b_port
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("daemon did not start")
-
-
-def cpu_seconds(pid: int) -> float:
-    """The daemon's own CPU time (user + system), children not included."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return proc, port, e2b_port
 
 
 def sandbox(e2b_port: int, token: str) -> Any:
@@ -176,7 +134,7 @@ def main() -> None:
     args = parser.parse_args()
     base = os.path.realpath(tempfile.mkdtemp(prefix="sandboxd-e2b-bench-"))
     token = secrets.token_hex(16)
-    proc, port, e2b_port = start_daemon(base, token)
+    proc, port, e2b_port = start_daemon_e2b(base, token)
     try:
         run(args, port, e2b_port, token, proc.pid)
     finally:

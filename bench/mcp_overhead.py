@@ -28,64 +28,16 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from daemon import cpu_seconds, start_daemon
+
 CONCURRENCY = 8
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_daemon(base: str, token: str) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    env = {**os.environ, "ABX_SERVER_TOKEN": token}
-    twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
-    proc = subprocess.Popen(
-        [
-            twistd,
-            "-n",
-            "--pidfile=",
-            "sandboxd",
-            "--port",
-            f"tcp:{port}:interface=127.0.0.1",
-            "--pty-port",
-            f"tcp:{free_port()}:interface=127.0.0.1",
-            "--base-dir",
-            base,
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    for _ in range(200):
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            c.request("GET", "/health")
-            if c.getresponse().status == 200:
-                return proc, port
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("daemon did not start")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of ``pid`` so far (children not counted)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Worker:

@@ -23,20 +23,14 @@ import os
 import secrets
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
+from typing import Any
+
+from daemon import start_daemon
 
 MiB = 1024 * 1024
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def status_kb(pid: int, field: str) -> int:
@@ -69,54 +63,16 @@ def file_system(path: str) -> str:
     return kind
 
 
-def start_daemon(base: str, token: str) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
-    policy = os.path.join(base, ".policy.json")
-    with open(policy, "w") as f:
-        json.dump(
-            {
-                "endpoints": {
-                    "files_write_raw": {"limits": {"max_bytes": "2GiB"}},
-                    "files_read_raw": {"limits": {"max_bytes": "2GiB"}},
-                    # The client sends large files as resumable uploads.
-                    "files_uploads_create": {"limits": {"max_bytes": "2GiB"}},
-                    "files_uploads_append": {"limits": {"max_bytes": "2GiB"}},
-                }
-            },
-            f,
-        )
-    env = {**os.environ, "ABX_SERVER_TOKEN": token}
-    twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
-    proc = subprocess.Popen(
-        [
-            twistd,
-            "-n",
-            "--pidfile=",
-            "sandboxd",
-            "--port",
-            f"tcp:{port}:interface=127.0.0.1",
-            "--pty-port",
-            f"tcp:{free_port()}:interface=127.0.0.1",
-            "--base-dir",
-            base,
-            "--policy",
-            policy,
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    for _ in range(200):
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            c.request("GET", "/health")
-            if c.getresponse().status == 200:
-                return proc, port
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("daemon did not start")
+#: Raised limits, so a 1 GiB file goes through every route that carries one.
+LARGE_FILES: dict[str, Any] = {
+    "endpoints": {
+        "files_write_raw": {"limits": {"max_bytes": "2GiB"}},
+        "files_read_raw": {"limits": {"max_bytes": "2GiB"}},
+        # The client sends large files as resumable uploads.
+        "files_uploads_create": {"limits": {"max_bytes": "2GiB"}},
+        "files_uploads_append": {"limits": {"max_bytes": "2GiB"}},
+    }
+}
 
 
 def expected_sha256(size: int, block: bytes) -> str:
@@ -207,7 +163,7 @@ def main() -> None:
     token = secrets.token_hex(16)
     base = tempfile.mkdtemp(prefix="sandboxd-bench-", dir=args.dir)
     fs = file_system(base)
-    proc, port = start_daemon(base, token)
+    proc, port = start_daemon(base, token, LARGE_FILES)
     block = os.urandom(MiB)
     sha = expected_sha256(size, block)
     try:

@@ -1,0 +1,80 @@
+"""
+What the benches in this folder share: a fresh ``twistd -n sandboxd`` on
+loopback ports, waited on until ``/health`` answers (which, by
+``sandboxd.readiness``, also means every other port it opens listens), and
+the daemon's own CPU time.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_daemon(
+    base: str,
+    token: str,
+    policy: Mapping[str, Any] | None = None,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+) -> tuple[subprocess.Popen[bytes], int]:
+    """
+    The daemon serving ``base`` under ``policy`` (written beside it), with
+    ``args`` added to its command line: its process and HTTP port.
+    """
+    port = free_port()
+    argv = [
+        os.path.join(os.path.dirname(sys.executable), "twistd"),
+        "-n",
+        "--pidfile=",
+        "sandboxd",
+        "--port",
+        f"tcp:{port}:interface=127.0.0.1",
+        "--pty-port",
+        f"tcp:{free_port()}:interface=127.0.0.1",
+        "--base-dir",
+        base,
+        *args,
+    ]
+    if policy is not None:
+        path = os.path.join(base, ".policy.json")
+        with open(path, "w") as f:
+            json.dump(policy, f)
+        argv += ["--policy", path]
+    proc = subprocess.Popen(
+        argv,
+        env={**os.environ, **(env or {}), "ABX_SERVER_TOKEN": token},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    for _ in range(200):
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            c.request("GET", "/health")
+            if c.getresponse().status == 200:
+                return proc, port
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("daemon did not start")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of ``pid`` so far (children not counted)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
