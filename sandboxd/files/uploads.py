@@ -93,23 +93,14 @@ class UploadTable(Service):
         self.wall = wall
         self.uploads: dict[str, Upload] = {}
 
-    def create(
-        self,
-        owner: str,
-        writer: AtomicWrite,
-        size: int,
-        display: str,
-        limit: int,
-        idle_seconds: float,
-        rule: str | None = None,
-    ) -> Upload:
+    def check_room(self, limit: int, rule: str | None = None) -> None:
         """
-        A new upload owning ``writer`` (aborted if the table is full).
+        Refuse a new upload at ``limit`` open ones, before anything (its
+        staging file) is created.
 
-        :raises ApiError: 429 ``too_many_sessions`` at ``limit`` open uploads.
+        :raises ApiError: 429 ``too_many_sessions``.
         """
         if len(self.uploads) >= limit:
-            writer.abort()
             raise limit_exceeded(
                 429,
                 f"too many open uploads (limit {limit}): finish or delete one",
@@ -117,6 +108,16 @@ class UploadTable(Service):
                 rule=rule,
                 limit=limit,
             )
+
+    def create(
+        self,
+        owner: str,
+        writer: AtomicWrite,
+        size: int,
+        display: str,
+        idle_seconds: float,
+    ) -> Upload:
+        """A new upload owning ``writer`` (the caller checked :meth:`check_room`)."""
         upload = Upload(
             id=secrets.token_hex(12),
             owner=owner,

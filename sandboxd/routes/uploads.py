@@ -74,17 +74,10 @@ def files_uploads_create(request: ServerRequest) -> Any:
     table = _table(request)
     rule = request.rule
     limit = rule.limits.max_sessions or _DEFAULTS["max_sessions"]
-    if len(table.uploads) >= limit:
-        raise limit_exceeded(
-            429,
-            f"too many open uploads (limit {limit}): finish or delete one",
-            Code.TOO_MANY_SESSIONS,
-            rule=limit_rule(rule, "max_sessions"),
-            limit=limit,
-        )
+    table.check_room(limit, limit_rule(rule, "max_sessions"))
     idle = rule.limits.idle_timeout_seconds or _DEFAULTS["idle_timeout_seconds"]
     writer = atomic_writer(request, path, overwrite, mode, if_match_of(request))
-    upload = table.create(_owner(request), writer, size, path, limit, float(idle))
+    upload = table.create(_owner(request), writer, size, path, float(idle))
     request.audit["upload_id"] = upload.id
     return ServerResponse(status=201, body=upload.record())
 
