@@ -48,6 +48,14 @@ def envelopes(body: bytes) -> list[tuple[int, Any]]:
     return out
 
 
+def caught(fn: Callable[[], Any]) -> Any:
+    """``fn()``'s result, or the exception it raised (for SDK calls run off the reactor)."""
+    try:
+        return fn()
+    except Exception as e:
+        return e
+
+
 class E2BCase(DaemonTestCase):
     """A daemon whose ``e2b`` endpoint is on and listening on a loopback port."""
 

@@ -20,7 +20,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH, IBodyProducer
 from zope.interface import implementer
 
-from tests.e2b.sdk import CALL_SECONDS, E2BCase, envelope, envelopes
+from tests.e2b.sdk import CALL_SECONDS, E2BCase, caught, envelope, envelopes
 from tests.helpers import alive
 
 
@@ -357,14 +357,7 @@ class DisabledEndpointTests(E2BCase):
         """With process_start off, commands.run is refused (endpoint_disabled)."""
         from e2b import SandboxException
 
-        def job() -> Any:
-            try:
-                self.sandbox().commands.run("true")
-            except SandboxException as e:
-                return e
-            return None
-
-        error = yield self.sdk(job)
+        error = yield self.sdk(caught, lambda: self.sandbox().commands.run("true"))
         self.assertIsInstance(error, SandboxException)
         self.assertIn("UNIMPLEMENTED", str(error))
         self.assertIn("endpoint_disabled", str(error))

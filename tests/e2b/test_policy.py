@@ -15,14 +15,7 @@ from typing import Any
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SkipTest
 
-from tests.e2b.sdk import E2BCase
-
-
-def _catch(fn: Any) -> Any:
-    try:
-        return fn()
-    except Exception as e:
-        return e
+from tests.e2b.sdk import E2BCase, caught
 
 
 class TokenTests(E2BCase):
@@ -53,8 +46,8 @@ class TokenTests(E2BCase):
             sbx = self.sandbox(token="reader-token")
             return (
                 sbx.files.read("r.txt"),
-                _catch(lambda: sbx.commands.run("touch ran")),
-                _catch(lambda: sbx.files.write("w.txt", "x")),
+                caught(lambda: sbx.commands.run("touch ran")),
+                caught(lambda: sbx.files.write("w.txt", "x")),
             )
 
         text, ran, wrote = yield self.sdk(job)
@@ -74,9 +67,9 @@ class TokenTests(E2BCase):
 
         def job() -> Any:
             return (
-                _catch(lambda: self.sandbox().commands.run("true")),
-                _catch(lambda: self.sandbox(token="nope").files.list(".")),
-                _catch(lambda: self.sandbox(token="nope").files.read("x")),
+                caught(lambda: self.sandbox().commands.run("true")),
+                caught(lambda: self.sandbox(token="nope").files.list(".")),
+                caught(lambda: self.sandbox(token="nope").files.read("x")),
             )
 
         results = yield self.sdk(job)
@@ -108,11 +101,11 @@ class PathTests(E2BCase):
         def job() -> Any:
             sbx = self.sandbox()
             return (
-                _catch(lambda: sbx.files.write(target, "x")),
-                _catch(lambda: sbx.files.write("../escape2.txt", "x")),
-                _catch(lambda: sbx.files.read("/etc/hostname")),
-                _catch(lambda: sbx.files.list("/")),
-                _catch(lambda: sbx.commands.run("true", cwd="/")),
+                caught(lambda: sbx.files.write(target, "x")),
+                caught(lambda: sbx.files.write("../escape2.txt", "x")),
+                caught(lambda: sbx.files.read("/etc/hostname")),
+                caught(lambda: sbx.files.list("/")),
+                caught(lambda: sbx.commands.run("true", cwd="/")),
             )
 
         results = yield self.sdk(job)
@@ -130,7 +123,7 @@ class PathTests(E2BCase):
         from e2b.sandbox.filesystem.filesystem import WriteEntry
 
         def job() -> Any:
-            return _catch(
+            return caught(
                 lambda: self.sandbox().files.write_files(
                     [
                         WriteEntry(path="ok.txt", data="fine"),
@@ -201,7 +194,7 @@ class AuditTests(E2BCase):
             sbx.files.write("a.txt", "a")
             sbx.files.read("a.txt")
             sbx.files.list(".")
-            _catch(lambda: sbx.files.read("/etc/passwd"))
+            caught(lambda: sbx.files.read("/etc/passwd"))
 
         yield self.sdk(job)
         lines = [line for line in self.audit_lines() if line.get("via") == "e2b"]
@@ -345,7 +338,7 @@ class UserTests(E2BCase):
         marker = os.path.join(self.base_dir, "ran")
 
         def job() -> Any:
-            return _catch(
+            return caught(
                 lambda: self.sandbox().commands.run(f"touch {marker}", user="root")
             )
 
@@ -371,8 +364,8 @@ class LimitTests(E2BCase):
         def job() -> Any:
             sbx = self.sandbox()
             return (
-                _catch(lambda: sbx.files.write("small-over.bin", b"x" * 5000)),
-                _catch(
+                caught(lambda: sbx.files.write("small-over.bin", b"x" * 5000)),
+                caught(
                     lambda: sbx.files.write(
                         "far-over.bin", b"x" * (3 * 1024 * 1024), use_octet_stream=True
                     )

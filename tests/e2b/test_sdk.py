@@ -12,7 +12,7 @@ from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
 
-from tests.e2b.sdk import E2BCase
+from tests.e2b.sdk import E2BCase, caught
 from tests.helpers import alive
 
 
@@ -37,14 +37,9 @@ class CommandTests(E2BCase):
         """A non-zero exit raises CommandExitException with the code and output."""
         from e2b import CommandExitException
 
-        def job() -> Any:
-            try:
-                self.sandbox().commands.run("echo oops >&2; exit 3")
-            except CommandExitException as e:
-                return e
-            return None
-
-        error = yield self.sdk(job)
+        error = yield self.sdk(
+            caught, lambda: self.sandbox().commands.run("echo oops >&2; exit 3")
+        )
         self.assertIsInstance(error, CommandExitException)
         self.assertEqual((error.exit_code, error.stderr), (3, "oops\n"))
 
