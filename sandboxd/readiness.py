@@ -44,6 +44,70 @@ class ListenAfter:
         return d
 
 
+class Opening:
+    """
+    The listen of a port a group service opens itself (the PTY port, the
+    E2B port), shared by the way each must behave:
+
+    - a listen that fails at once raises from :meth:`start`, so the start
+      fails (SPEC §20), with the one line the start-up prints;
+    - one that fails later is handed to ``late_failure`` (to log it);
+    - :meth:`listening` gives every waiter the port (None when the port is
+      off), or the failure, whenever it asks.
+    """
+
+    def __init__(self) -> None:
+        self._done: Deferred[Any] = Deferred()
+        self.failure: Failure | None = None
+
+    def skip(self) -> None:
+        """The port is off: nothing listens, and waiters go on."""
+        self._done.callback(None)
+
+    def start(
+        self,
+        listen: Deferred[Any],
+        listened: Callable[[Any], None],
+        late_failure: Callable[[Failure], None],
+    ) -> None:
+        """
+        Follow ``listen`` (an endpoint's); ``listened(port)`` once it
+        listens.
+
+        :raises Exception: the listen's failure, when it failed at once.
+        """
+        now = True
+
+        def got(port: Any) -> None:
+            listened(port)
+            self._done.callback(port)
+
+        def failed(failure: Failure) -> None:
+            self.failure = failure
+            if not now:
+                late_failure(failure)
+            self._done.callback(None)
+
+        listen.addCallbacks(got, failed)
+        now = False
+        if self.failure is not None:
+            self.failure.raiseException()
+
+    def listening(self) -> Deferred[Any]:
+        """Fires with the port (or None when off); fails when it cannot listen."""
+        d: Deferred[Any] = Deferred()
+
+        def fire(result: Any) -> Any:
+            if self.failure is not None:
+                d.errback(self.failure)
+            else:
+                d.callback(result)
+            return result
+
+        self._done.addBoth(fire)
+        return d
+
+
 def all_listening(services: Iterable[Any]) -> Deferred[Any]:
     """
     Fires once every service with a ``listening()`` method listens; fails

@@ -20,6 +20,7 @@ from twisted.python.failure import Failure
 
 from sandboxd.e2b import filesystem, process, rest
 from sandboxd.e2b.door import Door, Procedure
+from sandboxd.readiness import Opening
 from sandboxd.web.connections import ConnectionLimits
 
 log = Logger(namespace="sandboxd.e2b")
@@ -51,8 +52,7 @@ class E2BService(Service):
         self.processes = process.ProcessDoor()
         self.watchers = filesystem.Watchers(context.reactor)
         self.port: Any = None
-        self._listened_once: Deferred[Any] = Deferred()
-        self._listen_failure: Failure | None = None
+        self._opening = Opening()
         self._relistening: Deferred[Any] | None = None
 
     def startService(self) -> None:
@@ -66,33 +66,19 @@ class E2BService(Service):
                 rule=rule.enabled_by,
                 port=self.description,
             )
-            self._listened_once.callback(None)
+            self._opening.skip()
             return
         endpoint = serverFromString(self.context.reactor, self.description)
-        d = endpoint.listen(self.door.site())
-        now = True
-        failed: list[Failure] = []
-
-        def failing(failure: Failure) -> None:
-            if now:
-                failed.append(failure)
-            else:
-                self._failed(failure)
-
-        d.addCallbacks(self._listened, failing)
-        now = False
-        if failed:
-            # The port cannot bind now: the start fails (SPEC §20), as the
-            # HTTP and PTY ports' do, with one line from the start-up.
-            self._listen_failure = failed[0]
-            self._listened_once.callback(None)
-            failed[0].raiseException()
+        # A port that cannot bind now fails the start (SPEC §20), as the
+        # HTTP and PTY ports' do.
+        self._opening.start(
+            endpoint.listen(self.door.site()), self._listened, self._failed
+        )
 
     def _listened(self, port: Any) -> None:
         # A wide-open port without a token was refused or warned about at
         # start, with the others (sandboxd.startup.check_exposure).
         self.port = port
-        self._listened_once.callback(port)
 
     def _failed(self, failure: Failure) -> None:
         log.error(
@@ -100,9 +86,6 @@ class E2BService(Service):
             error=failure.getErrorMessage(),
             port=self.description,
         )
-        self._listen_failure = failure
-        if not self._listened_once.called:
-            self._listened_once.callback(None)
 
     def listening(self) -> Deferred[Any]:
         """
@@ -111,17 +94,7 @@ class E2BService(Service):
         it, so the first ``200 /health`` means the E2B port serves too (see
         :mod:`sandboxd.readiness`).
         """
-        d: Deferred[Any] = Deferred()
-
-        def fire(result: Any) -> Any:
-            if self._listen_failure is not None:
-                d.errback(self._listen_failure)
-            else:
-                d.callback(result)
-            return result
-
-        self._listened_once.addBoth(fire)
-        return d
+        return self._opening.listening()
 
     def policy_reloaded(self) -> None:
         """

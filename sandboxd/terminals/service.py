@@ -13,11 +13,10 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
+from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 
 from sandboxd.errors import (
     Code,
@@ -29,6 +28,7 @@ from sandboxd.errors import (
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import find_executable
+from sandboxd.readiness import Opening
 from sandboxd.terminals.session import TerminalTable
 
 if TYPE_CHECKING:
@@ -55,8 +55,7 @@ class TerminalService(Service):
         self.timers = timers
         self._factory: PtyServerFactory | None = None
         self.port: Any = None
-        self._listening: Deferred[Any] | None = None
-        self._listen_failure: Failure | None = None
+        self._opening: Opening | None = None
 
     @property
     def factory(self) -> PtyServerFactory:
@@ -88,27 +87,17 @@ class TerminalService(Service):
         self._listen()
 
     def _listen(self) -> None:
-        if self._listening is not None:
+        if self._opening is not None:
             return
+        self._opening = Opening()
         context = self.context
         if not context.policy.rules["pty_connect"].enabled or not context.pty_listen:
-            self._listening = succeed(None)
+            self._opening.skip()
             return
         endpoint = serverFromString(context.reactor, context.pty_listen)
-        self._listening = endpoint.listen(_OnFirstConnection(self))
-        now = True
-
-        def failed(failure: Any) -> None:
-            self._listen_failure = failure
-            if not now:
-                self._failed(failure)
-
-        self._listening.addCallbacks(self._listened, failed)
-        now = False
-        if self._listen_failure is not None:
-            # The port cannot bind now: the start fails (SPEC §20).
-            self._listen_failure.raiseException()
-        self._listening.addErrback(self._failed)
+        self._opening.start(
+            endpoint.listen(_OnFirstConnection(self)), self._listened, self._failed
+        )
 
     def listening(self) -> Deferred[Any]:
         """
@@ -116,18 +105,8 @@ class TerminalService(Service):
         listen. The HTTP listener waits for it (see :mod:`sandboxd.readiness`).
         """
         self._listen()
-        assert self._listening is not None
-        d: Deferred[Any] = Deferred()
-
-        def fire(result: Any) -> Any:
-            if self._listen_failure is not None:
-                d.errback(self._listen_failure)
-            else:
-                d.callback(self.port)
-            return result
-
-        self._listening.addBoth(fire)
-        return d
+        assert self._opening is not None
+        return self._opening.listening()
 
     def _listened(self, port: Any) -> None:
         self.port = port
@@ -136,7 +115,6 @@ class TerminalService(Service):
             self.context.pty_port = address.port
 
     def _failed(self, failure: Any) -> None:
-        self._listen_failure = failure
         log.error(
             "sandboxd: cannot listen on the PTY port {port}: {error}",
             error=failure.getErrorMessage(),
@@ -150,8 +128,7 @@ class TerminalService(Service):
         if self.port is not None:
             stopping.append(maybeDeferred(self.port.stopListening))
             self.port = None
-        self._listening = None
-        self._listen_failure = None
+        self._opening = None
         if self._factory is not None:
             self._factory.close_all()
         stopping.extend(self.table.close_all())
