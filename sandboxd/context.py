@@ -24,6 +24,7 @@ from twisted.internet.threads import deferToThreadPool
 from sandboxd.audit import AuditLog
 from sandboxd.commands import CommandRegistry
 from sandboxd.endpoints import RouteTable
+from sandboxd.firstuse import ServiceOnFirstUse
 from sandboxd.metrics import Metrics
 from sandboxd.policy import Policy
 from sandboxd.policy.limits import ConcurrencyGate, RateLimiter
@@ -84,8 +85,13 @@ class Context:
     watches: WatchService | None = attrs.field(default=None, init=False)
     #: The resumable uploads open now (``files_uploads_*``).
     uploads: UploadTable | None = attrs.field(default=None, init=False)
-    browser: BrowserSupervisor | None = attrs.field(default=None, init=False)
-    agents: AgentManager | None = attrs.field(default=None, init=False)
+    #: The two groups off by default: built on first use.
+    browser: ServiceOnFirstUse[BrowserSupervisor] | None = attrs.field(
+        default=None, init=False
+    )
+    agents: ServiceOnFirstUse[AgentManager] | None = attrs.field(
+        default=None, init=False
+    )
     #: Paths the site hands to a door of their own before the JSON
     #: pipeline (``/mcp``), to the door's ``exchange``.
     doors: dict[bytes, Any] = attrs.field(factory=dict, init=False)

@@ -109,7 +109,7 @@ def _gauges(context: Any) -> Iterator[tuple[str, str, float, dict[str, str]]]:
             context.processes.running_count(),
             {},
         )
-    agents = context.agents
+    agents = context.agents.existing() if context.agents is not None else None
     yield (
         "sandboxd_agent_sessions_active",
         "Coding-agent sessions running.",

@@ -37,7 +37,8 @@ from sandboxd.libc import libc
 from sandboxd.policy import Policy, PolicyError, load_policy
 from sandboxd.policy.defaults import SHUTDOWN_TIMEOUT_SECONDS
 from sandboxd.readiness import ListenAfter, Listener, all_listening
-from sandboxd.routes import default_table, setup_services
+from sandboxd.routes import default_table
+from sandboxd.services import setup_services
 from sandboxd.startup import (
     StartRefused,
     address_text,

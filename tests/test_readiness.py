@@ -85,14 +85,24 @@ MODULES_WRAPPER = textwrap.dedent(
 #: Modules that the default policy's daemon must not have imported before
 #: its first request: each belongs to a group or door not yet used.
 NOT_AT_START = (
+    # the handlers of every group but core (which answered /health): a
+    # group's modules are imported on its first request
+    "sandboxd.routes.commands",
+    "sandboxd.routes.files",
+    "sandboxd.routes.uploads",
+    "sandboxd.routes.process",
+    "sandboxd.routes.terminal",
+    "sandboxd.routes.system",
+    "sandboxd.routes.devtools",
+    "sandboxd.routes.browser",
+    "sandboxd.routes.agents",
+    "sandboxd.routes.mcp",
     # the browser: Playwright runs in a worker child, never in the daemon
     "playwright",
-    # agents: the ACP session machinery (the catalogue and manager are light)
-    "sandboxd.agents.session",
-    "sandboxd.agents.handshake",
-    "sandboxd.agents.turns",
-    "sandboxd.agents.heldrequests",
-    "sandboxd.agents.permissions",
+    # agents and the browser, off by default: their services are built on
+    # first use
+    "sandboxd.agents",
+    "sandboxd.browser",
     # files: archives and watches (zipfile is not listed: Twisted's plugin
     # discovery imports it through twisted.python.zippath)
     "sandboxd.files.archive",
@@ -101,6 +111,8 @@ NOT_AT_START = (
     # system facts, git
     "psutil",
     "sandboxd.git",
+    # a terminal session's machinery: imported when the first shell starts
+    "sandboxd.terminals.session",
     # the PTY door's WebSocket machinery: built on the first connection
     "autobahn",
     "sandboxd.terminals.websocket",

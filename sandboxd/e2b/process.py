@@ -8,7 +8,7 @@ shows it and ``max_processes`` counts it), checked by the same
 :func:`~sandboxd.routes.process.launch` as ``/process/start`` (argv rules,
 shell rules, cwd through the guard, environment without secrets, user,
 duration ceiling); a command with a ``pty`` is a terminal session of the
-:class:`~sandboxd.terminals.session.TerminalTable`, created by the
+:class:`~sandboxd.terminals.table.TerminalTable`, created by the
 ``pty_create`` handler itself.
 
 As in envd, a process outlives the stream that started it (the E2B SDK's

@@ -1,12 +1,12 @@
 """
 Handlers, one module per capability group.
 
-Each module exposes ``HANDLERS`` (endpoint id -> handler), optionally
-``SINKS`` (endpoint id -> raw-body sink factory) and ``setup(context)``,
-which creates the group's long-lived service (process table, terminal
-sessions ...), sets it on its typed attribute of the
-:class:`~sandboxd.context.Context` and returns it (or None)
-so the daemon can start and stop it.
+Each module exposes ``HANDLERS`` (endpoint id -> handler) and optionally
+``SINKS`` (endpoint id -> raw-body sink factory). A group's modules are
+imported on the group's first request, not at start: the table holds a
+:class:`FirstCall` stand-in for each built-in endpoint until then. What a
+group needs before any request (the PTY port, the tables the daemon empties
+when it stops) is its service, created at start by :mod:`sandboxd.services`.
 """
 
 from __future__ import annotations
@@ -15,53 +15,115 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-from twisted.application.service import IService
-
-from sandboxd.endpoints import RouteTable, catalogue_table
-
-#: Group modules, in the order their services start.
-MODULES = (
-    "sandboxd.routes.core",
-    "sandboxd.routes.commands",
-    "sandboxd.routes.files",
-    "sandboxd.routes.uploads",
-    "sandboxd.routes.process",
-    "sandboxd.routes.terminal",
-    "sandboxd.routes.system",
-    "sandboxd.routes.devtools",
-    "sandboxd.routes.browser",
-    "sandboxd.routes.agents",
-    "sandboxd.routes.mcp",
+from sandboxd.endpoints import (
+    DOOR_METHODS,
+    CapabilityGroup,
+    Endpoint,
+    RouteTable,
+    catalogue_table,
 )
+
+G = CapabilityGroup
+
+#: The modules holding each group's handlers.
+GROUP_MODULES: dict[CapabilityGroup, tuple[str, ...]] = {
+    G.CORE: ("sandboxd.routes.core",),
+    G.COMMANDS: ("sandboxd.routes.commands",),
+    G.FILE_OPS: ("sandboxd.routes.files", "sandboxd.routes.uploads"),
+    G.PROCESS: ("sandboxd.routes.process",),
+    G.TERMINAL: ("sandboxd.routes.terminal",),
+    G.SYSTEM: ("sandboxd.routes.system",),
+    G.DEV_TOOLS: ("sandboxd.routes.devtools",),
+    G.BROWSER: ("sandboxd.routes.browser",),
+    G.AGENTS: ("sandboxd.routes.agents",),
+    G.MCP: ("sandboxd.routes.mcp",),
+}
 
 
 def modules() -> list[ModuleType]:
-    """The imported group modules."""
-    return [importlib.import_module(name) for name in MODULES]
+    """Every group's modules, imported now."""
+    return [
+        importlib.import_module(name)
+        for names in GROUP_MODULES.values()
+        for name in names
+    ]
+
+
+class FirstCall:
+    """
+    A built-in endpoint's handler until its group's first request.
+
+    Calling it (or its :meth:`sink`) imports the group's modules, puts
+    their handlers and sinks in the table in place of every stand-in of the
+    group, and forwards to the real one.
+    """
+
+    def __init__(self, table: RouteTable, endpoint_id: str) -> None:
+        self.table = table
+        self.endpoint_id = endpoint_id
+
+    def __call__(self, request: Any) -> Any:
+        """The endpoint's handler, imported now if it is not yet."""
+        handler = self.load().handler
+        assert handler is not None
+        return handler(request)
+
+    def sink(self, request: Any) -> Any:
+        """The endpoint's raw-body sink, imported now if it is not yet."""
+        sink = self.load().sink
+        assert sink is not None
+        return sink(request)
+
+    def load(self) -> Endpoint:
+        """The endpoint, once its group's handlers are attached."""
+        endpoint = self.table.get(self.endpoint_id)
+        load_group(self.table, endpoint.group)
+        if isinstance(endpoint.handler, FirstCall):
+            raise RuntimeError(
+                f"no module of the {endpoint.group.value} group handles "
+                f"{self.endpoint_id!r}"
+            )
+        return endpoint
 
 
 def bind_all(table: RouteTable) -> None:
-    """Attach every built-in handler to the declared endpoints."""
-    for module in modules():
+    """Put a :class:`FirstCall` stand-in on every built-in endpoint."""
+    for endpoint in table:
+        if endpoint.custom or endpoint.method in DOOR_METHODS:
+            continue
+        if endpoint.group not in GROUP_MODULES or endpoint.handler is not None:
+            continue
+        stand_in = FirstCall(table, endpoint.id)
+        table.bind(
+            endpoint.id, stand_in, stand_in.sink if endpoint.body == "raw" else None
+        )
+
+
+def load_group(table: RouteTable, group: CapabilityGroup) -> None:
+    """
+    Import a group's modules and attach their handlers where stand-ins are.
+
+    The table may be frozen by then: freezing fixes which endpoints exist,
+    and this only replaces a stand-in with the handler it stood for.
+    """
+    for name in GROUP_MODULES.get(group, ()):
+        module = importlib.import_module(name)
         sinks = getattr(module, "SINKS", {})
         for endpoint_id, handler in getattr(module, "HANDLERS", {}).items():
-            table.bind(endpoint_id, handler, sinks.get(endpoint_id))
+            endpoint = table.get(endpoint_id)
+            if isinstance(endpoint.handler, FirstCall):
+                endpoint.handler = handler
+                endpoint.sink = sinks.get(endpoint_id)
 
 
-def setup_services(context: Any) -> list[IService]:
-    """Create each group's service; returns those to start and stop."""
-    services = []
-    for module in modules():
-        setup = getattr(module, "setup", None)
-        if setup is not None:
-            service = setup(context)
-            if service is not None:
-                services.append(service)
-    return services
+def load_all(table: RouteTable) -> None:
+    """Attach every group's handlers now (tests and tools that read them)."""
+    for group in GROUP_MODULES:
+        load_group(table, group)
 
 
 def builtin_table() -> RouteTable:
-    """A new table with every built-in handler that exists bound to it."""
+    """A new table with a handler (or its stand-in) on every built-in endpoint."""
     table = catalogue_table()
     bind_all(table)
     return table

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from twisted.application.service import IService
 from twisted.internet.defer import Deferred
 
 from sandboxd.agents import catalog
@@ -47,7 +46,7 @@ def manager(request: ServerRequest) -> AgentManager:
     """The group's session manager."""
     service = request.context.agents
     assert service is not None
-    return service
+    return service.get()
 
 
 def session_of(request: ServerRequest) -> AgentSession:
@@ -569,10 +568,3 @@ HANDLERS: dict[str, Any] = {
     "agents_commands": agents_commands,
     "agents_logs": agents_logs,
 }
-
-
-def setup(context: Any) -> IService:
-    """Create the session manager and publish it as ``context.agents``."""
-    service = AgentManager(context)
-    context.agents = service
-    return service

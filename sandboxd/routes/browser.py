@@ -13,9 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.application.service import IService
-
-from sandboxd.browser.supervisor import BrowserSupervisor
 from sandboxd.browser.urlpolicy import Refusal, UrlPolicy, check_url
 from sandboxd.errors import Code, bad_request, forbidden, unavailable
 from sandboxd.policy import defaults
@@ -39,13 +36,6 @@ PDF_FORMATS = (
     "A5",
     "A6",
 )
-
-
-def setup(context: Any) -> IService:
-    """Create the browser supervisor (the worker starts on first use)."""
-    service = BrowserSupervisor(context.reactor, context)
-    context.browser = service
-    return service
 
 
 def url_policy(rule: EffectiveRule) -> UrlPolicy:
@@ -96,7 +86,7 @@ async def _call(
         raise unavailable("the browser service is not running")
     args = {"policy": url_policy(request.rule).to_json(), **args}
     run_as = resolve_user(None, request.rule)
-    return await service.call(op, args, timeout, run_as=run_as)
+    return await service.get().call(op, args, timeout, run_as=run_as)
 
 
 async def navigate(request: ServerRequest) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from sandboxd.files import walk
 from sandboxd.files.atomic import AtomicWrite, etag_matches, parse_mode
 from sandboxd.files.background import HashedWrite
 from sandboxd.files.stream import FileProducer, b64_chunk, b64_length, parse_range
-from sandboxd.files.watch import WatchService, watch_dirs
+from sandboxd.files.watch import watch_dirs
 from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import (
     DEFAULT_UPLOAD_BYTES,
@@ -657,13 +657,6 @@ HANDLERS: dict[str, Any] = {
 }
 
 SINKS: dict[str, Any] = {"files_write_raw": RawSink}
-
-
-def setup(context: Any) -> WatchService:
-    """The shared inotify watches behind ``files_watch``."""
-    service = WatchService(context.reactor)
-    context.watches = service
-    return service
 
 
 __all__ = ["HANDLERS", "SINKS", "json"]

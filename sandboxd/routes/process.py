@@ -16,7 +16,6 @@ import signal
 from typing import Any
 
 import attrs
-from twisted.application.service import IService
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
 
@@ -484,10 +483,3 @@ HANDLERS: dict[str, Any] = {
     "process_output": process_output,
     "process_stdin": process_stdin,
 }
-
-
-def setup(context: Any) -> IService:
-    """The process table, as ``context.processes``."""
-    service = ProcessService(context.reactor, context.children)
-    context.processes = service
-    return service

@@ -27,20 +27,10 @@ from sandboxd.processes.command import resolve_user
 from sandboxd.processes.environment import child_environment, note_argv, validate_env
 from sandboxd.proxies import forwarded, pty_url
 from sandboxd.terminals.service import TERM, TerminalService, choose_shell
-from sandboxd.terminals.session import (
-    PtySession,
-    SpawnRequest,
-    TooManySessions,
-)
+from sandboxd.terminals.session import PtySession, SpawnRequest
+from sandboxd.terminals.table import TooManySessions
 from sandboxd.web.messages import ServerRequest
 from sandboxd.web.params import dimension
-
-
-def setup(context: Any) -> TerminalService:
-    """Create the terminal service (``context.terminals``)."""
-    service = TerminalService(context)
-    context.terminals = service
-    return service
 
 
 def _service(request: ServerRequest) -> TerminalService:

@@ -266,13 +266,6 @@ class AppendSink:
         self.body.flush().addCallbacks(written, self._lost).addErrback(lambda _: None)
 
 
-def setup(context: Any) -> UploadTable:
-    """The daemon's table of open uploads (staging files removed at stop)."""
-    table = UploadTable(context.reactor)
-    context.uploads = table
-    return table
-
-
 HANDLERS: dict[str, Any] = {
     "files_uploads_create": files_uploads_create,
     "files_uploads_get": files_uploads_get,

@@ -29,7 +29,7 @@ from sandboxd.policy.defaults import KILL_GRACE_SECONDS
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import find_executable
 from sandboxd.readiness import Opening
-from sandboxd.terminals.session import TerminalTable
+from sandboxd.terminals.table import TerminalTable
 
 if TYPE_CHECKING:
     from sandboxd.terminals.websocket import PtyServerFactory

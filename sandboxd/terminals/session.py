@@ -23,7 +23,6 @@ import struct
 import termios
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import attrs
@@ -621,68 +620,3 @@ def spawn_shell(reactor: Any, session: PtySession, spec: SpawnRequest) -> None:
                 pass
         raise
     session.started(transport)
-
-
-class TooManySessions(Exception):
-    """The session table is full."""
-
-
-@attrs.define(eq=False)
-class TerminalTable:
-    """
-    Every terminal session of the daemon, by id.
-
-    Dead sessions stay (so a late client still learns the exit code) until
-    the next listing or creation reaps them; the cap counts live ones.
-    """
-
-    reactor: Any
-    sessions: dict[str, PtySession] = attrs.Factory(dict)
-
-    def reap(self) -> None:
-        """Forget sessions whose shell has ended."""
-        for sid in [sid for sid, s in self.sessions.items() if s.ended]:
-            del self.sessions[sid]
-
-    def get(self, session_id: str) -> PtySession | None:
-        """The session, or None."""
-        return self.sessions.get(session_id)
-
-    def create(
-        self,
-        owner: str,
-        spec: SpawnRequest,
-        max_sessions: int,
-        idle_timeout: float | None,
-        spawn: Callable[[Any, PtySession, SpawnRequest], None] = spawn_shell,
-    ) -> PtySession:
-        """
-        Start a shell and keep its session.
-
-        :raises TooManySessions: ``max_sessions`` shells already run.
-        :raises OSError: the PTY or the fork failed.
-        """
-        self.reap()
-        if len(self.sessions) >= max_sessions:
-            raise TooManySessions(max_sessions)
-        session = PtySession(
-            id=new_session_id(),
-            owner=owner,
-            clock=self.reactor,
-            cols=spec.cols,
-            rows=spec.rows,
-            idle_timeout=idle_timeout,
-        )
-        spawn(self.reactor, session, spec)
-        self.sessions[session.id] = session
-        return session
-
-    def close(self, session_id: str) -> Deferred[None] | None:
-        """End a session and forget it; None when unknown."""
-        session = self.sessions.pop(session_id, None)
-        return session.close() if session is not None else None
-
-    def close_all(self) -> list[Deferred[None]]:
-        """End every session (daemon shutdown)."""
-        sessions, self.sessions = list(self.sessions.values()), {}
-        return [s.close() for s in sessions]

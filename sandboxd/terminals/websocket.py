@@ -36,7 +36,8 @@ from sandboxd.terminals._autobahn import (
     WebSocketServerFactory,
     WebSocketServerProtocol,
 )
-from sandboxd.terminals.session import PtySession, TerminalTable
+from sandboxd.terminals.session import PtySession
+from sandboxd.terminals.table import TerminalTable
 from sandboxd.web.params import dimension
 
 log = Logger(namespace="sandboxd.terminals.websocket")

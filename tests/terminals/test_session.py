@@ -14,13 +14,8 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.terminals.session import (
-    PtySession,
-    Scrollback,
-    SpawnRequest,
-    TerminalTable,
-    TooManySessions,
-)
+from sandboxd.terminals.session import PtySession, Scrollback, SpawnRequest
+from sandboxd.terminals.table import TerminalTable, TooManySessions
 
 
 class FakePTY:

@@ -18,7 +18,8 @@ from twisted.trial.unittest import SynchronousTestCase
 from sandboxd.metrics import Metrics
 from sandboxd.policy import load_policy
 from sandboxd.routes import default_table
-from sandboxd.terminals.session import PtySession, TerminalTable
+from sandboxd.terminals.session import PtySession
+from sandboxd.terminals.table import TerminalTable
 from sandboxd.terminals.websocket import SLOW_CLIENT, PtyServerFactory
 from tests.terminals.test_session import FakePTY
 

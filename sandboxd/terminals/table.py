@@ -1,0 +1,87 @@
+# -*- test-case-name: tests.terminals.test_session -*-
+"""
+The daemon's table of terminal sessions.
+
+The table exists from the start (the terminal service holds it); the
+sessions' machinery (:mod:`sandboxd.terminals.session`: the PTY, the
+scrollback, the clients) is imported when the first shell starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet.defer import Deferred
+
+if TYPE_CHECKING:
+    from sandboxd.terminals.session import PtySession, SpawnRequest
+
+Spawn = Callable[[Any, "PtySession", "SpawnRequest"], None]
+
+
+class TooManySessions(Exception):
+    """The session table is full."""
+
+
+class TerminalTable:
+    """
+    Every terminal session of the daemon, by id.
+
+    Dead sessions stay (so a late client still learns the exit code) until
+    the next listing or creation reaps them; the cap counts live ones.
+    """
+
+    def __init__(self, reactor: Any) -> None:
+        self.reactor = reactor
+        self.sessions: dict[str, PtySession] = {}
+
+    def reap(self) -> None:
+        """Forget sessions whose shell has ended."""
+        for sid in [sid for sid, s in self.sessions.items() if s.ended]:
+            del self.sessions[sid]
+
+    def get(self, session_id: str) -> PtySession | None:
+        """The session, or None."""
+        return self.sessions.get(session_id)
+
+    def create(
+        self,
+        owner: str,
+        spec: SpawnRequest,
+        max_sessions: int,
+        idle_timeout: float | None,
+        spawn: Spawn | None = None,
+    ) -> PtySession:
+        """
+        Start a shell (by ``spawn``, default a real PTY) and keep its session.
+
+        :raises TooManySessions: ``max_sessions`` shells already run.
+        :raises OSError: the PTY or the fork failed.
+        """
+        from sandboxd.terminals.session import PtySession, new_session_id, spawn_shell
+
+        self.reap()
+        if len(self.sessions) >= max_sessions:
+            raise TooManySessions(max_sessions)
+        session = PtySession(
+            id=new_session_id(),
+            owner=owner,
+            clock=self.reactor,
+            cols=spec.cols,
+            rows=spec.rows,
+            idle_timeout=idle_timeout,
+        )
+        (spawn or spawn_shell)(self.reactor, session, spec)
+        self.sessions[session.id] = session
+        return session
+
+    def close(self, session_id: str) -> Deferred[None] | None:
+        """End a session and forget it; None when unknown."""
+        session = self.sessions.pop(session_id, None)
+        return session.close() if session is not None else None
+
+    def close_all(self) -> list[Deferred[None]]:
+        """End every session (daemon shutdown)."""
+        sessions, self.sessions = list(self.sessions.values()), {}
+        return [s.close() for s in sessions]
