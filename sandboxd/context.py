@@ -28,7 +28,7 @@ from sandboxd.firstuse import ServiceOnFirstUse
 from sandboxd.metrics import Metrics
 from sandboxd.policy import Policy
 from sandboxd.policy.limits import ConcurrencyGate, RateLimiter
-from sandboxd.processes.child import ChildTable
+from sandboxd.processes.table import ChildTable
 from sandboxd.web.routing import Router
 
 if TYPE_CHECKING:
@@ -80,12 +80,17 @@ class Context:
     children: ChildTable = attrs.field(factory=ChildTable, init=False)
     #: The SSE streams open now, through any door (``GET /metrics``).
     streams: set[Any] = attrs.field(factory=set, init=False)
+    #: The groups' services (:mod:`sandboxd.services`); all but the
+    #: processes' and the terminals' are built on first use.
     processes: ProcessService | None = attrs.field(default=None, init=False)
     terminals: TerminalService | None = attrs.field(default=None, init=False)
-    watches: WatchService | None = attrs.field(default=None, init=False)
+    watches: ServiceOnFirstUse[WatchService] | None = attrs.field(
+        default=None, init=False
+    )
     #: The resumable uploads open now (``files_uploads_*``).
-    uploads: UploadTable | None = attrs.field(default=None, init=False)
-    #: The two groups off by default: built on first use.
+    uploads: ServiceOnFirstUse[UploadTable] | None = attrs.field(
+        default=None, init=False
+    )
     browser: ServiceOnFirstUse[BrowserSupervisor] | None = attrs.field(
         default=None, init=False
     )

@@ -3,14 +3,15 @@
 The groups' long-lived services, created when the daemon is built.
 
 A group's handlers (:mod:`sandboxd.routes`) are imported on its first
-request; its service exists from the start, because the daemon needs it
-before any request: the PTY port listens at start, and stopping the daemon
-ends the children, watches, uploads and sessions the services hold. Each
-is published on its attribute of the :class:`~sandboxd.context.Context`.
-The services of the groups that are off unless a policy turns them on (the
-browser, the agents) and the MCP door, whose machinery is heavy, are each a
-:class:`~sandboxd.firstuse.ServiceOnFirstUse` until first used: their
-modules are not imported at start.
+request. Its service is set on its attribute of the
+:class:`~sandboxd.context.Context` now, so that the daemon starts and
+stops it in order, but only two are built at start: the processes' (the
+daemon becomes the subreaper of every child it starts, of any group, and
+ends them all at stop) and the terminals' (its PTY port listens before the
+first ``/health``, :mod:`sandboxd.readiness`). Every other one (watches,
+uploads, the browser, the agents, the MCP door) is a
+:class:`~sandboxd.firstuse.ServiceOnFirstUse` until first used, and its
+module is not imported before.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ from typing import TYPE_CHECKING
 from twisted.application.service import IService
 
 from sandboxd.context import Context
-from sandboxd.files.uploads import UploadTable
-from sandboxd.files.watch import WatchService
 from sandboxd.firstuse import ServiceOnFirstUse
 from sandboxd.processes.service import ProcessService
 from sandboxd.terminals.service import TerminalService
@@ -29,6 +28,8 @@ from sandboxd.terminals.service import TerminalService
 if TYPE_CHECKING:
     from sandboxd.agents.manager import AgentManager
     from sandboxd.browser.supervisor import BrowserSupervisor
+    from sandboxd.files.uploads import UploadTable
+    from sandboxd.files.watch import WatchService
     from sandboxd.mcp import McpDoor
 
 #: Where the site finds the MCP door.
@@ -37,8 +38,8 @@ MCP_PATH = b"/mcp"
 
 def setup_services(context: Context) -> list[IService]:
     """Create every group's service, in the order they start."""
-    watches = context.watches = WatchService(context.reactor)
-    uploads = context.uploads = UploadTable(context.reactor)
+    watches = context.watches = ServiceOnFirstUse("watches", lambda: _watches(context))
+    uploads = context.uploads = ServiceOnFirstUse("uploads", lambda: _uploads(context))
     processes = context.processes = ProcessService(context.reactor, context.children)
     terminals = context.terminals = TerminalService(context)
     browser = context.browser = ServiceOnFirstUse("browser", lambda: _browser(context))
@@ -47,6 +48,20 @@ def setup_services(context: Context) -> list[IService]:
         "mcp", lambda: _mcp_door(context)
     )
     return [watches, uploads, processes, terminals, browser, agents, door]
+
+
+def _watches(context: Context) -> WatchService:
+    """The shared inotify watches behind ``files_watch``."""
+    from sandboxd.files.watch import WatchService
+
+    return WatchService(context.reactor)
+
+
+def _uploads(context: Context) -> UploadTable:
+    """The table of open uploads (staging files removed at stop)."""
+    from sandboxd.files.uploads import UploadTable
+
+    return UploadTable(context.reactor)
 
 
 def _browser(context: Context) -> BrowserSupervisor:

@@ -111,6 +111,9 @@ NOT_AT_START = (
     # system facts, git
     "psutil",
     "sandboxd.git",
+    # the services built on first use
+    "sandboxd.files.watch",
+    "sandboxd.files.uploads",
     # a terminal session's machinery: imported when the first shell starts
     "sandboxd.terminals.session",
     # the PTY door's WebSocket machinery: built on the first connection

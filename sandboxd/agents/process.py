@@ -22,9 +22,10 @@ from typing import Any
 from twisted.internet.defer import Deferred, succeed
 
 from sandboxd.agents.jsonrpc import LineFramer
-from sandboxd.processes.child import Child, ChildTable, OutputCallback
+from sandboxd.processes.child import Child, OutputCallback
 from sandboxd.processes.command import RunAs, signal_name
 from sandboxd.processes.run import spawn
+from sandboxd.processes.table import ChildTable
 from sandboxd.processes.tree import kill_tree, proc_info, reap_orphans
 from sandboxd.waiters import Waiters
 

@@ -21,9 +21,10 @@ from twisted.internet.defer import Deferred, succeed
 
 from sandboxd.agents.process import AgentChild
 from sandboxd.eventlog import EventLog
-from sandboxd.processes.child import STREAM_NAMES, ChildTable, signal_child
+from sandboxd.processes.child import STREAM_NAMES, signal_child
 from sandboxd.processes.command import RunAs
 from sandboxd.processes.run import spawn
+from sandboxd.processes.table import ChildTable
 from sandboxd.waiters import Waiters
 
 

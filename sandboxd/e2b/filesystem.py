@@ -42,6 +42,7 @@ from sandboxd.errors import (
 from sandboxd.eventlog import Event
 from sandboxd.files import walk
 from sandboxd.files.watch import Watch, WatchService, watch_dirs
+from sandboxd.firstuse import ServiceOnFirstUse
 from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import (
     E2B_MAX_WATCHERS,
@@ -168,9 +169,9 @@ def remove(call: Call, message: dict[str, Any]) -> Any:
 
 
 def _watch_service(call: Call) -> WatchService:
-    service: WatchService | None = call.context.watches
+    service: ServiceOnFirstUse[WatchService] | None = call.context.watches
     assert service is not None
-    return service
+    return service.get()
 
 
 def _event_json(

@@ -6,6 +6,7 @@ The children of the daemon (SPEC §7.4, §11.2–§11.4).
 - :mod:`~sandboxd.processes.run`: starting children and running them to
   completion;
 - :mod:`~sandboxd.processes.service`: the table of background processes;
+- :mod:`~sandboxd.processes.table`: the daemon's table of its children;
 - :mod:`~sandboxd.processes.command` and
   :mod:`~sandboxd.processes.environment`: what a child runs, as whom, with
   which environment;
@@ -15,22 +16,71 @@ The children of the daemon (SPEC §7.4, §11.2–§11.4).
 - :mod:`~sandboxd.processes.tree`: finding and ending a child's whole tree.
 
 The names below are the package's face: ``sandboxd.processes.Child`` and the
-rest keep working as they did when this was one module.
+rest keep working as they did when this was one module. They are imported
+on first use (PEP 562): the daemon starts before any child does, and
+importing one submodule (the guard reads ``command``) must not import them
+all.
 """
 
-from sandboxd.processes.child import (
-    DEFAULT_CAPTURE_BYTES,
-    DEFAULT_RETENTION_BYTES,
-    STREAM_NAMES,
-    Child,
-    ChildTable,
-    HeadTail,
-    OutputCallback,
-    signal_child,
-    timeout_error,
-)
-from sandboxd.processes.run import ENV_PROGRAM, RunResult, end_all, run_collect, spawn
-from sandboxd.processes.service import Managed, ProcessService
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sandboxd.processes.child import (
+        DEFAULT_CAPTURE_BYTES,
+        DEFAULT_RETENTION_BYTES,
+        STREAM_NAMES,
+        Child,
+        HeadTail,
+        OutputCallback,
+        signal_child,
+        timeout_error,
+    )
+    from sandboxd.processes.run import (
+        ENV_PROGRAM,
+        RunResult,
+        end_all,
+        run_collect,
+        spawn,
+    )
+    from sandboxd.processes.service import Managed, ProcessService
+    from sandboxd.processes.table import ChildTable
+
+#: Name -> the submodule that defines it.
+_EXPORTS = {
+    "DEFAULT_CAPTURE_BYTES": "sandboxd.processes.child",
+    "DEFAULT_RETENTION_BYTES": "sandboxd.processes.child",
+    "STREAM_NAMES": "sandboxd.processes.child",
+    "Child": "sandboxd.processes.child",
+    "HeadTail": "sandboxd.processes.child",
+    "OutputCallback": "sandboxd.processes.child",
+    "signal_child": "sandboxd.processes.child",
+    "timeout_error": "sandboxd.processes.child",
+    "ENV_PROGRAM": "sandboxd.processes.run",
+    "RunResult": "sandboxd.processes.run",
+    "end_all": "sandboxd.processes.run",
+    "run_collect": "sandboxd.processes.run",
+    "spawn": "sandboxd.processes.run",
+    "Managed": "sandboxd.processes.service",
+    "ProcessService": "sandboxd.processes.service",
+    "ChildTable": "sandboxd.processes.table",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sandboxd.processes' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
 
 __all__ = [
     "DEFAULT_CAPTURE_BYTES",

@@ -19,7 +19,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import attrs
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import ProcessProtocol
@@ -35,6 +34,7 @@ from sandboxd.policy.defaults import (
     KILL_GRACE_SECONDS,
 )
 from sandboxd.processes.command import exit_code
+from sandboxd.processes.table import ChildTable
 from sandboxd.processes.tree import (
     kill_tree,
     never_signalled,
@@ -150,21 +150,6 @@ class HeadTail:
 
 # --------------------------------------------------------------------------
 # The one ProcessProtocol
-
-
-@attrs.define(eq=False)
-class ChildTable:
-    """
-    The children of one daemon, for its shutdown to end (one per
-    :class:`~sandboxd.context.Context`, so two daemons in one process never
-    end each other's).
-
-    :ivar live: spawned and not yet ended.
-    :ivar pending: their spawn is on a worker thread (no process yet).
-    """
-
-    live: set[Child] = attrs.Factory(set)
-    pending: set[Child] = attrs.Factory(set)
 
 
 OutputCallback = Callable[[int, bytes], None]

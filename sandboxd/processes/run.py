@@ -23,7 +23,6 @@ from sandboxd.policy.defaults import (
 from sandboxd.processes.child import (
     DEFAULT_CAPTURE_BYTES,
     Child,
-    ChildTable,
     HeadTail,
 )
 from sandboxd.processes.command import RunAs, find_executable
@@ -32,6 +31,7 @@ from sandboxd.processes.spawning import (
     spawn_session,
     spawn_session_later,
 )
+from sandboxd.processes.table import ChildTable
 from sandboxd.processes.tree import (
     KILLING,
     TREE_MARKER,

@@ -25,9 +25,10 @@ from sandboxd.policy.defaults import (
     KILL_GRACE_SECONDS,
     PROCESS_HISTORY,
 )
-from sandboxd.processes.child import STREAM_NAMES, Child, ChildTable, timeout_error
+from sandboxd.processes.child import STREAM_NAMES, Child, timeout_error
 from sandboxd.processes.command import RunAs
 from sandboxd.processes.run import end_all, spawn
+from sandboxd.processes.table import ChildTable
 from sandboxd.processes.tree import (
     OrphanReaper,
     become_subreaper,

@@ -600,8 +600,9 @@ def files_watch(request: ServerRequest) -> Any:
     recursive = flag(request.query.get("recursive"), "recursive", False)
     after = resume_point(request.query, request.headers)
     retention = request.rule.limits.max_output_bytes or MIB
-    service = request.context.watches
-    assert service is not None
+    watches = request.context.watches
+    assert watches is not None
+    service = watches.get()
 
     def visible_format(event: Event) -> bytes:
         data = event.data

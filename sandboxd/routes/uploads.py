@@ -45,10 +45,10 @@ _DEFAULTS = ENDPOINT_LIMITS["files_uploads_create"]
 
 
 def _table(request: ServerRequest) -> UploadTable:
-    table: UploadTable | None = request.context.uploads
-    if table is None:  # a context built without the file group's setup
+    table = request.context.uploads
+    if table is None:  # a context built without the groups' services
         raise bad_request("uploads are not set up on this daemon")
-    return table
+    return table.get()
 
 
 def _owner(request: ServerRequest) -> str:

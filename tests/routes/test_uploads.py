@@ -451,7 +451,7 @@ class BoundTests(UploadCase):
     def test_idle_expiry_removes_staging(self) -> Any:
         """An upload with no byte for idle_timeout_seconds is dropped with its staging file; bytes put the expiry off."""
         clock = Clock()
-        self.daemon.context.uploads.clock = clock
+        self.daemon.context.uploads.get().clock = clock
         reply = yield self.create("x.bin", 10)
         uid = reply.json()["upload_id"]
         clock.advance(3000)

@@ -1,0 +1,30 @@
+# -*- test-case-name: tests.processes.test_children -*-
+"""
+The children of one daemon, for its shutdown to end.
+
+The table exists from the start (the :class:`~sandboxd.context.Context`
+holds it); the children's machinery (:mod:`sandboxd.processes.child`,
+spawning, tree kills) is imported when the first child starts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sandboxd.processes.child import Child
+
+
+class ChildTable:
+    """
+    The children of one daemon (one per
+    :class:`~sandboxd.context.Context`, so two daemons in one process never
+    end each other's).
+
+    :ivar live: spawned and not yet ended.
+    :ivar pending: their spawn is on a worker thread (no process yet).
+    """
+
+    def __init__(self) -> None:
+        self.live: set[Child] = set()
+        self.pending: set[Child] = set()
