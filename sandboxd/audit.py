@@ -11,11 +11,10 @@ import os
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
 
 from twisted.logger import Logger
-from twisted.python.logfile import LogFile
 
 from sandboxd.policy.defaults import (
     AUDIT_ARG_MAX_CHARS,
@@ -25,6 +24,9 @@ from sandboxd.policy.defaults import (
     AUDIT_ROTATE_BYTES,
     AUDIT_SECRET_MIN_CHARS,
 )
+
+if TYPE_CHECKING:
+    from twisted.python.logfile import LogFile
 
 _SECRET_PARAM = re.compile(r"token|secret|key|password|credential|auth", re.IGNORECASE)
 
@@ -113,6 +115,9 @@ class AuditLog:
     ) -> None:
         self._file: LogFile | None = None
         if path:
+            # Imported here: a daemon auditing to its log needs no file.
+            from twisted.python.logfile import LogFile
+
             directory, name = os.path.split(os.path.abspath(path))
             self._file = LogFile(
                 name,

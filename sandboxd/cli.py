@@ -143,7 +143,7 @@ def serve(options: ServeOptions) -> int:
 
     globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stdout)])
     try:
-        daemon = build(options.settings(), reactor)
+        daemon = build(options.settings(), reactor, policy=options.policy)
         daemon.startService()
     except PolicyError as e:
         print(f"sandboxd: {e}", file=sys.__stderr__)

@@ -415,22 +415,34 @@ def validate_settings(settings: Settings, table: RouteTable | None = None) -> Po
     Import the commands and check the policy, the base dir and the
     listeners' exposure, as the daemon would at start.
 
+    :return: the compiled policy, which :func:`build` can be given so that
+        a start compiles it once.
     :raises PolicyError: for anything that must stop the start.
     """
     connection_limits(settings)
     for spec in settings.commands:
         import_commands(spec)
     environ = os.environ if settings.environ is None else settings.environ
-    policy = load_policy(
-        table if table is not None else default_table(),
+    policy = compile_policy(
+        settings, table if table is not None else default_table(), environ
+    )
+    check_start(settings, policy, environ)
+    return policy
+
+
+def compile_policy(
+    settings: Settings, table: RouteTable, environ: Mapping[str, str]
+) -> Policy:
+    """The policy the settings name, compiled against ``table``."""
+    return load_policy(
+        table,
         explicit=settings.policy,
         path=settings.policy_file,
         preset=settings.preset,
         base_dir=settings.base_dir,
-        environ=settings.environ,
+        environ=environ,
+        daemon_files=daemon_files(settings, environ),
     )
-    check_start(settings, policy, environ)
-    return policy
 
 
 def listeners_of(
@@ -500,26 +512,26 @@ def build(
     reactor: Any = None,
     table: RouteTable | None = None,
     registry: CommandRegistry | None = None,
+    policy: Policy | None = None,
 ) -> DaemonService:
-    """Build (but do not start) the daemon service."""
+    """
+    Build (but do not start) the daemon service.
+
+    :param policy: what :func:`validate_settings` returned for the same
+        settings and table (the command line checks them first); else the
+        commands are imported and the policy compiled here.
+    """
     if reactor is None:
         from twisted.internet import reactor as global_reactor
 
         reactor = global_reactor
     environ = os.environ if settings.environ is None else settings.environ
-    for spec in settings.commands:
-        import_commands(spec)
     table = table if table is not None else default_table()
     registry = registry if registry is not None else default_registry
-    policy: Policy = load_policy(
-        table,
-        explicit=settings.policy,
-        path=settings.policy_file,
-        preset=settings.preset,
-        base_dir=settings.base_dir,
-        environ=environ,
-        daemon_files=daemon_files(settings, environ),
-    )
+    if policy is None:
+        for spec in settings.commands:
+            import_commands(spec)
+        policy = compile_policy(settings, table, environ)
     http_listen, pty_listen = check_start(settings, policy, environ)
     registry.freeze()
     table.freeze()

@@ -14,7 +14,7 @@ from typing import Any
 from twisted.application.service import IService
 from twisted.python import usage
 
-from sandboxd.policy import PolicyError
+from sandboxd.policy import Policy, PolicyError
 from sandboxd.policy.document import check_public_url
 from sandboxd.server import (
     DEFAULT_HOST,
@@ -111,6 +111,8 @@ class Options(usage.Options):
     def __init__(self) -> None:
         super().__init__()
         self["commands"] = []
+        #: The policy as ``postOptions`` compiled it (None before).
+        self.policy: Policy | None = None
 
     def opt_commands(self, spec: str) -> None:
         """Import a commands file or module (repeatable)."""
@@ -129,7 +131,7 @@ class Options(usage.Options):
                 self["pty-public-url"] = check_public_url(
                     "--pty-public-url", self["pty-public-url"]
                 )
-            validate_settings(self.settings())
+            self.policy = validate_settings(self.settings())
         except PolicyError as e:
             raise usage.UsageError(str(e)) from None
 
@@ -162,6 +164,6 @@ class Options(usage.Options):
 def makeService(options: Options, reactor: Any = None) -> IService:
     """Build the daemon; a bad policy is a usage error that stops twistd."""
     try:
-        return build(options.settings(), reactor)
+        return build(options.settings(), reactor, policy=options.policy)
     except PolicyError as e:
         raise usage.UsageError(str(e)) from None

@@ -137,6 +137,25 @@ class PluginTests(SynchronousTestCase):
             options.parseOptions(["--policy", path, "--base-dir", "/tmp"])
         self.assertIn("did you mean 'shell'", str(cm.exception))
 
+    def test_policy_compiled_once(self) -> None:
+        """
+        The policy the options validated is the one the daemon serves with:
+        a start compiles it once, not once to check and again to build.
+        """
+        from twisted.internet.testing import MemoryReactor
+
+        from sandboxd.tap import makeService
+
+        base = self.mktemp()
+        os.makedirs(base)
+        options = Options()
+        options.parseOptions(
+            ["--port", "tcp:0:interface=127.0.0.1", "--base-dir", base]
+        )
+        self.assertIsNotNone(options.policy)
+        daemon = makeService(options, MemoryReactor())
+        self.assertIs(daemon.context.policy, options.policy)
+
 
 class TwistdTests(SynchronousTestCase):
     """twistd -n sandboxd, as an operator starts it."""

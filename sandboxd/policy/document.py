@@ -10,7 +10,6 @@ normalised data (sizes in bytes, lists as tuples) for the merger.
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import ipaddress
 import json
@@ -51,6 +50,9 @@ class PolicyError(ValueError):
 
 def suggest(word: str, choices: Iterable[str]) -> str:
     """``"; did you mean 'x'?"`` for the nearest choice, or nothing."""
+    # Imported here: only a policy that is being refused needs it.
+    import difflib
+
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 

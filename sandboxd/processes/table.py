@@ -9,10 +9,7 @@ spawning, tree kills) is imported when the first child starts.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from sandboxd.processes.child import Child
+from typing import Any
 
 
 class ChildTable:
@@ -23,8 +20,11 @@ class ChildTable:
 
     :ivar live: spawned and not yet ended.
     :ivar pending: their spawn is on a worker thread (no process yet).
+
+    Both hold :class:`~sandboxd.processes.child.Child` objects, typed
+    loosely: that module imports this one.
     """
 
     def __init__(self) -> None:
-        self.live: set[Child] = set()
-        self.pending: set[Child] = set()
+        self.live: set[Any] = set()
+        self.pending: set[Any] = set()
