@@ -111,6 +111,12 @@ NOT_AT_START = (
     # system facts, git
     "psutil",
     "sandboxd.git",
+    # a child's machinery: imported when the first child starts
+    "sandboxd.processes.child",
+    "sandboxd.processes.run",
+    "sandboxd.processes.managed",
+    "sandboxd.processes.spawning",
+    "sandboxd.processes.posix_spawn",
     # the services built on first use
     "sandboxd.files.watch",
     "sandboxd.files.uploads",

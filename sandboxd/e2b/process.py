@@ -60,7 +60,8 @@ from sandboxd.errors import (
     timed_out,
 )
 from sandboxd.eventlog import Event
-from sandboxd.processes.service import Managed, ProcessService
+from sandboxd.processes.managed import Managed
+from sandboxd.processes.service import ProcessService
 from sandboxd.routes import process as process_routes
 from sandboxd.routes import terminal as terminal_routes
 from sandboxd.terminals.session import PtySession

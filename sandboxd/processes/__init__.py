@@ -5,7 +5,8 @@ The children of the daemon (SPEC §7.4, §11.2–§11.4).
   output cap;
 - :mod:`~sandboxd.processes.run`: starting children and running them to
   completion;
-- :mod:`~sandboxd.processes.service`: the table of background processes;
+- :mod:`~sandboxd.processes.service` and :mod:`~sandboxd.processes.managed`:
+  the table of background processes, and one of them;
 - :mod:`~sandboxd.processes.table`: the daemon's table of its children;
 - :mod:`~sandboxd.processes.command` and
   :mod:`~sandboxd.processes.environment`: what a child runs, as whom, with
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
         signal_child,
         timeout_error,
     )
+    from sandboxd.processes.managed import Managed
     from sandboxd.processes.run import (
         ENV_PROGRAM,
         RunResult,
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
         run_collect,
         spawn,
     )
-    from sandboxd.processes.service import Managed, ProcessService
+    from sandboxd.processes.service import ProcessService
     from sandboxd.processes.table import ChildTable
 
 #: Name -> the submodule that defines it.
@@ -63,7 +65,7 @@ _EXPORTS = {
     "end_all": "sandboxd.processes.run",
     "run_collect": "sandboxd.processes.run",
     "spawn": "sandboxd.processes.run",
-    "Managed": "sandboxd.processes.service",
+    "Managed": "sandboxd.processes.managed",
     "ProcessService": "sandboxd.processes.service",
     "ChildTable": "sandboxd.processes.table",
 }

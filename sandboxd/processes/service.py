@@ -1,33 +1,28 @@
 # -*- test-case-name: tests.processes.test_children -*-
 """
 Background processes (SPEC §7.4): :class:`ProcessService` is the table of
-managed processes, each a :class:`Managed` with an
-:class:`~sandboxd.eventlog.EventLog` of its output; stopping the service
-ends every child's tree.
+managed processes, each a :class:`~sandboxd.processes.managed.Managed`;
+stopping the service ends every child's tree.
+
+The service exists from the start (the daemon becomes the subreaper of its
+children then); the children's machinery (:mod:`~sandboxd.processes.child`,
+:mod:`~sandboxd.processes.run`) is imported when the first process starts,
+or at stop.
 """
 
 from __future__ import annotations
 
-import codecs
 import os
-import time
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from sandboxd.eventlog import EventLog
-from sandboxd.policy.defaults import (
-    EVENT_OVERHEAD_BYTES,
-    KILL_GRACE_SECONDS,
-    PROCESS_HISTORY,
-)
-from sandboxd.processes.child import STREAM_NAMES, Child, timeout_error
+from sandboxd.policy.defaults import KILL_GRACE_SECONDS, PROCESS_HISTORY
 from sandboxd.processes.command import RunAs
-from sandboxd.processes.run import end_all, spawn
 from sandboxd.processes.table import ChildTable
 from sandboxd.processes.tree import (
     OrphanReaper,
@@ -35,91 +30,13 @@ from sandboxd.processes.tree import (
     reap_orphans,
 )
 
+if TYPE_CHECKING:
+    from sandboxd.processes.managed import Managed
+
 # --------------------------------------------------------------------------
 # Background processes
 
 log = Logger(namespace="sandboxd.processes")
-
-
-class Managed:
-    """
-    One background process: its child, its label, and its output log.
-
-    Output is recorded as it is read, one event per read (``stdout`` or
-    ``stderr``, ``{"data": text}``), then ``error`` (timeouts) and ``exit``.
-    """
-
-    def __init__(
-        self, child: Child, command: str, tag: str | None, retention: int
-    ) -> None:
-        self.child = child
-        self.command = command
-        self.tag = tag
-        self.log = EventLog(retention)
-        self.output_bytes = 0
-        self.ended_at: float | None = None
-        self._decoders = {
-            fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in STREAM_NAMES
-        }
-
-    @property
-    def pid(self) -> int:
-        """The leader's pid."""
-        return self.child.pid
-
-    @property
-    def running(self) -> bool:
-        """Whether the command has not exited yet."""
-        return not self.child.has_exited
-
-    def on_output(self, fd: int, data: bytes) -> None:
-        """Record one read."""
-        decoder = self._decoders.get(fd)
-        if decoder is None:
-            return
-        self.output_bytes += len(data)
-        text = decoder.decode(data)
-        if text:
-            self.log.append(
-                STREAM_NAMES[fd], {"data": text}, len(data) + EVENT_OVERHEAD_BYTES
-            )
-
-    def on_ended(self, code: int | None) -> None:
-        """Pipes closed: flush decoders, then ``error`` and ``exit``; close the log."""
-        self.ended_at = time.time()
-        for fd, decoder in self._decoders.items():
-            text = decoder.decode(b"", final=True)
-            if text:
-                self.log.append(
-                    STREAM_NAMES[fd], {"data": text}, len(text) + EVENT_OVERHEAD_BYTES
-                )
-        error = timeout_error(self.child)
-        if error is not None:
-            self.log.append("error", error.body())
-        self.log.append("exit", {"exit_code": code})
-        self.log.close()
-
-    def dropped_bytes(self) -> int:
-        """Output bytes no longer kept."""
-        _, events = self.log.since(0)
-        kept = sum(
-            e.size - EVENT_OVERHEAD_BYTES
-            for e in events
-            if e.event in ("stdout", "stderr")
-        )
-        return max(0, self.output_bytes - kept)
-
-    def describe(self) -> dict[str, Any]:
-        """The fields of process_list / process_get."""
-        return {
-            "pid": self.pid,
-            "command": self.command,
-            "tag": self.tag,
-            "state": "running" if self.running else "exited",
-            "started_at": self.child.started_at,
-            "exit_code": None if self.running else self.child.exit_code,
-            "stdin": self.child.stdin_open,
-        }
 
 
 class ProcessService(Service):
@@ -159,6 +76,8 @@ class ProcessService(Service):
 
     def stopService(self) -> Deferred[Any]:
         """End every child's tree and adopted orphan; bounded by the grace."""
+        from sandboxd.processes.run import end_all
+
         super().stopService()  # type: ignore[no-untyped-call]
         self.reaper.stop()
         d = end_all(self.reactor, self.children, self.grace)
@@ -197,6 +116,10 @@ class ProcessService(Service):
 
         :raises FileNotFoundError: no such executable.
         """
+        from sandboxd.processes.child import Child
+        from sandboxd.processes.managed import Managed
+        from sandboxd.processes.run import spawn
+
         holder: list[Managed] = []
 
         def on_output(fd: int, data: bytes) -> None:

@@ -28,7 +28,6 @@ from twisted.logger import Logger
 
 from sandboxd.libc import libc
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS, ORPHAN_REAP_SECONDS
-from sandboxd.processes.spawning import spawns_in_flight
 
 log = Logger(namespace="sandboxd.processes.tree")
 
@@ -520,6 +519,10 @@ def reap_orphans() -> int:
     Only children Twisted did not spawn are touched, so Twisted's own
     reaping (and ``processEnded``) is never disturbed.
     """
+    # Imported here: the spawning machinery (posix_spawn's bindings) is
+    # not needed at start, and the first reap comes an interval later.
+    from sandboxd.processes.spawning import spawns_in_flight
+
     if spawns_in_flight():
         # A child a worker thread has just started is not registered with
         # Twisted yet, and would look like an adopted orphan: wait.

@@ -1,0 +1,96 @@
+# -*- test-case-name: tests.processes.test_children -*-
+"""
+One background process (SPEC §7.4): its child, its label and the
+:class:`~sandboxd.eventlog.EventLog` of its output.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from typing import Any
+
+from sandboxd.eventlog import EventLog
+from sandboxd.policy.defaults import EVENT_OVERHEAD_BYTES
+from sandboxd.processes.child import STREAM_NAMES, Child, timeout_error
+
+
+class Managed:
+    """
+    One background process: its child, its label, and its output log.
+
+    Output is recorded as it is read, one event per read (``stdout`` or
+    ``stderr``, ``{"data": text}``), then ``error`` (timeouts) and ``exit``.
+    """
+
+    def __init__(
+        self, child: Child, command: str, tag: str | None, retention: int
+    ) -> None:
+        self.child = child
+        self.command = command
+        self.tag = tag
+        self.log = EventLog(retention)
+        self.output_bytes = 0
+        self.ended_at: float | None = None
+        self._decoders = {
+            fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in STREAM_NAMES
+        }
+
+    @property
+    def pid(self) -> int:
+        """The leader's pid."""
+        return self.child.pid
+
+    @property
+    def running(self) -> bool:
+        """Whether the command has not exited yet."""
+        return not self.child.has_exited
+
+    def on_output(self, fd: int, data: bytes) -> None:
+        """Record one read."""
+        decoder = self._decoders.get(fd)
+        if decoder is None:
+            return
+        self.output_bytes += len(data)
+        text = decoder.decode(data)
+        if text:
+            self.log.append(
+                STREAM_NAMES[fd], {"data": text}, len(data) + EVENT_OVERHEAD_BYTES
+            )
+
+    def on_ended(self, code: int | None) -> None:
+        """Pipes closed: flush decoders, then ``error`` and ``exit``; close the log."""
+        self.ended_at = time.time()
+        for fd, decoder in self._decoders.items():
+            text = decoder.decode(b"", final=True)
+            if text:
+                self.log.append(
+                    STREAM_NAMES[fd], {"data": text}, len(text) + EVENT_OVERHEAD_BYTES
+                )
+        error = timeout_error(self.child)
+        if error is not None:
+            self.log.append("error", error.body())
+        self.log.append("exit", {"exit_code": code})
+        self.log.close()
+
+    def dropped_bytes(self) -> int:
+        """Output bytes no longer kept."""
+        _, events = self.log.since(0)
+        kept = sum(
+            e.size - EVENT_OVERHEAD_BYTES
+            for e in events
+            if e.event in ("stdout", "stderr")
+        )
+        return max(0, self.output_bytes - kept)
+
+    def describe(self) -> dict[str, Any]:
+        """The fields of process_list / process_get."""
+        return {
+            "pid": self.pid,
+            "command": self.command,
+            "tag": self.tag,
+            "state": "running" if self.running else "exited",
+            "started_at": self.child.started_at,
+            "exit_code": None if self.running else self.child.exit_code,
+            "stdin": self.child.stdin_open,
+        }
