@@ -36,6 +36,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def serve_argv(base: str, *extra: str) -> list[str]:
+    """``sandboxd serve`` on loopback ports (``{port}``, ``{pty}``) serving ``base``."""
+    return [
+        os.path.join(BIN, "sandboxd"),
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        "--pty-port",
+        "{pty}",
+        "--base-dir",
+        base,
+        *extra,
+    ]
+
+
 def twistd_argv(base: str, *extra: str) -> list[str]:
     """``twistd -n sandboxd`` on loopback ports (``{port}``, ``{pty}``) serving ``base``."""
     return [
@@ -175,6 +192,23 @@ class TwistdTests(SynchronousTestCase):
         d.proc.send_signal(signal.SIGTERM)
         self.assertEqual(d.proc.wait(timeout=15), 0)
 
+    def test_serve_health_sigterm(self) -> None:
+        """
+        ``sandboxd serve`` (the image's command) answers /health with the
+        policy in force, and SIGTERM (what tini forwards) ends it with 0.
+        """
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        d = DaemonProcess(
+            self, serve_argv(base, "--policy", os.path.join(ROOT, "etc", "policy.json"))
+        )
+        d.wait_healthy()
+        status, body = d.get("/capabilities", {"Host": "localhost"})
+        self.assertEqual(status, 200)
+        self.assertEqual(body["policy"]["revision"], "default-1")
+        d.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(d.proc.wait(timeout=15), 0)
+
     def test_healthcheck_exit_codes(self) -> None:
         """sandboxd healthcheck exits 0 when /health answers and 1 when nothing listens."""
         port = free_port()
@@ -198,23 +232,7 @@ class TwistdTests(SynchronousTestCase):
         policy = os.path.join(base, "policy.json")
         with open(policy, "w") as f:
             json.dump({"revision": "one"}, f)
-        d = DaemonProcess(
-            self,
-            [
-                os.path.join(BIN, "sandboxd"),
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "{port}",
-                "--pty-port",
-                "{pty}",
-                "--base-dir",
-                base,
-                "--policy",
-                policy,
-            ],
-        )
+        d = DaemonProcess(self, serve_argv(base, "--policy", policy))
         d.wait_healthy()
         self.assertEqual(
             subprocess.run(

@@ -113,7 +113,10 @@ class DockerfileTests(SynchronousTestCase):
             self.assertIn(word, DOCKER_INSTRUCTIONS)
 
     def test_tini_healthcheck_plugin_cache(self) -> None:
-        """tini is PID 1, HEALTHCHECK uses sandboxd healthcheck, the plugin cache is built."""
+        """
+        tini is PID 1, HEALTHCHECK uses sandboxd healthcheck, the daemon is
+        ``sandboxd serve``, the plugin cache is built (for twistd sandboxd).
+        """
         by_word: dict[str, list[str]] = {}
         for word, rest in self.instructions:
             by_word.setdefault(word, []).append(rest)
@@ -124,8 +127,8 @@ class DockerfileTests(SynchronousTestCase):
         )
         self.assertTrue(any("getPlugins" in r for r in by_word["RUN"]))
         cmd = json.loads(by_word["CMD"][0])
-        self.assertEqual(cmd[:2], ["twistd", "--nodaemon"])
-        self.assertIn("--pidfile=", cmd)
+        self.assertEqual(cmd[:2], ["sandboxd", "serve"])
+        self.assertIn("--policy", cmd)
         self.assertTrue(any("useradd" in r for r in by_word["RUN"]))
 
 
