@@ -196,6 +196,8 @@ class TwistdTests(SynchronousTestCase):
         """
         ``sandboxd serve`` (the image's command) answers /health with the
         policy in force, and SIGTERM (what tini forwards) ends it with 0.
+        Its log names each port by its door, not by a class, and has no
+        object reprs.
         """
         base = os.path.abspath(self.mktemp())
         os.makedirs(base)
@@ -208,6 +210,10 @@ class TwistdTests(SynchronousTestCase):
         self.assertEqual(body["policy"]["revision"], "default-1")
         d.proc.send_signal(signal.SIGTERM)
         self.assertEqual(d.proc.wait(timeout=15), 0)
+        log = d.output()
+        self.assertIn(f"http starting on {d.port}", log)
+        self.assertIn("pty starting on ", log)
+        self.assertNotIn(" object at 0x", log)
 
     def test_healthcheck_exit_codes(self) -> None:
         """sandboxd healthcheck exits 0 when /health answers and 1 when nothing listens."""

@@ -145,6 +145,12 @@ class TerminalService(Service):
 class _OnFirstConnection(Factory):
     """The PTY port's factory until the first connection builds the real one."""
 
+    noisy = False
+
+    def logPrefix(self) -> str:
+        """What the port's log lines call it (``pty starting on 9001``)."""
+        return "pty"
+
     def __init__(self, service: TerminalService) -> None:
         self.service = service
 

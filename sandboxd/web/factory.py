@@ -28,14 +28,21 @@ class HardenedSite(Site):
 
     ``log`` is a no-op: the combined access log costs a large share of
     small-request throughput (docs/performance.md), and the audit trail
-    (SPEC §11.5) records what matters.
+    (SPEC §11.5) records what matters. The port's log lines name the door
+    (``http starting on 9000``), and the factory's start and stop are not
+    logged (the startup line says what listens).
 
     :ivar door: the name metrics count refused connections under.
     """
 
     protocol = SandboxChannel  # type: ignore[assignment]
     displayTracebacks = False
+    noisy = False
     door = "http"
+
+    def logPrefix(self) -> str:
+        """What the port's log lines call this site: its door."""
+        return self.door
 
     def __init__(
         self,
