@@ -12,7 +12,6 @@ when it stops) is its service, created at start by :mod:`sandboxd.services`.
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
 from typing import Any
 
 from sandboxd.endpoints import (
@@ -38,15 +37,6 @@ GROUP_MODULES: dict[CapabilityGroup, tuple[str, ...]] = {
     G.AGENTS: ("sandboxd.routes.agents",),
     G.MCP: ("sandboxd.routes.mcp",),
 }
-
-
-def modules() -> list[ModuleType]:
-    """Every group's modules, imported now."""
-    return [
-        importlib.import_module(name)
-        for names in GROUP_MODULES.values()
-        for name in names
-    ]
 
 
 class FirstCall:
