@@ -182,6 +182,7 @@ _IF_MATCH = F("if_match", doc="write only if the file still has this ETag")
 _UPLOAD_RECORD = (
     F("upload_id", doc="names the upload in the routes below"),
     F("path", doc="the target, resolved"),
+    F("requested_path", doc="the path as files_uploads_create was given it"),
     F("size", "integer"),
     F("offset", "integer", "bytes written so far: the next append starts here"),
     F("expires_at", doc="ISO 8601 UTC: dropped then unless a byte arrives"),

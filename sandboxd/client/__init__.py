@@ -16,7 +16,7 @@ It imports nothing from Twisted, so it runs wherever ``httpx`` and
 from sandboxd.client._async import AsyncSandbox
 from sandboxd.client._sync import Process, Sandbox, Terminal
 from sandboxd.client.errors import *  # noqa: F403
-from sandboxd.client.errors import BY_CODE, SandboxError
+from sandboxd.client.errors import BY_CODE, SandboxError, UploadMismatch
 from sandboxd.client.models import (
     CommandResult,
     PtyEvent,
@@ -32,5 +32,5 @@ __all__ = [
     "Sandbox",
     "SandboxError",
     "Terminal",
-    *sorted(cls.__name__ for cls in {*BY_CODE.values()}),
+    *sorted(cls.__name__ for cls in {*BY_CODE.values(), UploadMismatch}),
 ]

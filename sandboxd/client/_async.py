@@ -383,7 +383,8 @@ class Files(_Namespace):
         (8 MiB) or more, with ``resume=True``, goes as a resumable upload
         that carries on from the daemon's offset after a cut connection;
         ``upload_id=`` carries on one begun earlier (``on_upload_id(id)``
-        is told each new id).  The target holds the old content (or
+        is told each new id; an id of another path or size raises
+        :class:`UploadMismatch`, nothing sent).  The target holds the old content (or
         nothing) until the last byte is in.
         """
         size = os.path.getsize(local)
@@ -431,6 +432,8 @@ class Files(_Namespace):
                 record = decode(await http.send(steps.start()))
             except NotFound:
                 record = None
+            else:
+                record = steps.resumed(record)
         if record is None or not steps.on_record(record):
             try:
                 created = decode(await http.send(steps.create()))

@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 from sandboxd.client import _calls as calls
 from sandboxd.client._core import CHUNK_BYTES, Req, backoff, transport_error
-from sandboxd.client.errors import ConnectionFailed, SandboxError, error_for
+from sandboxd.client.errors import (
+    ConnectionFailed,
+    SandboxError,
+    UploadMismatch,
+    error_for,
+)
 from sandboxd.client.models import CommandResult, Progress, Written
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
@@ -168,8 +174,9 @@ class ResumableUpload:
 
     1. :meth:`start`: ``GET`` the given ``upload_id`` (to carry on an upload
        begun earlier, perhaps by another process) or create a new one;
-       :meth:`on_record` takes the answer.  An upload that is gone, or is
-       of another size, is started again.
+       :meth:`resumed` checks the given upload is this call's (target path
+       and size) and :meth:`on_record` takes the answer.  An upload that is
+       gone is started again.
     2. :meth:`append`: the rest of the file from ``offset``;
        :meth:`on_answer` returns the written file once complete.
     3. After a cut connection (:meth:`on_cut`) or a refusal that names the
@@ -216,6 +223,45 @@ class ResumableUpload:
         self.upload_id = None
         return calls.files_uploads_create(
             self.remote, self.size, self.overwrite, self.mode, None
+        )
+
+    def resumed(self, record: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """
+        The record of the given ``upload_id``, checked against this call
+        before a byte is sent: its size must be the local file's and its
+        target ``remote``.  Paths compare as the daemon reads them
+        (normalised, relative ones against its base dir): ``remote`` is
+        the record's ``requested_path`` or its resolved ``path``.  A record
+        without ``requested_path`` (an older daemon) and a relative
+        ``remote`` cannot be compared: None, start over (the other upload
+        is left alone either way).
+
+        :raises UploadMismatch: the upload is another target's or size's.
+        """
+        path = record.get("path")
+        requested = record.get("requested_path")
+        want = posixpath.normpath(self.remote)
+        same = want == path or (
+            isinstance(requested, str) and want == posixpath.normpath(requested)
+        )
+        if not same and requested is None and not want.startswith("/"):
+            return None
+        size = record.get("size")
+        if same and size == self.size:
+            return record
+        upload_id = record.get("upload_id", self.upload_id)
+        raise UploadMismatch(
+            f"upload {upload_id} is for {path} ({size} bytes), not for "
+            f"{self.remote} ({self.size} bytes): nothing was sent",
+            body={
+                "upload_id": upload_id,
+                "path": path,
+                "requested_path": requested,
+                "size": size,
+                "offset": record.get("offset"),
+                "remote": self.remote,
+                "local_size": self.size,
+            },
         )
 
     def on_record(self, record: Mapping[str, Any]) -> bool:

@@ -382,7 +382,10 @@ class Files(_Namespace):
         told (or the ``upload_id`` in the ``body`` of the
         :class:`ConnectionFailed` raised when retries run out) and pass it
         back as ``upload_id=``; an upload the daemon no longer has (done,
-        expired after an idle hour, deleted) or of another size starts over.
+        expired after an idle hour, deleted) starts over.  An id whose
+        upload is for another remote path or size raises
+        :class:`UploadMismatch` before a byte is sent (that upload is left
+        as it is).
 
         :returns: ``path``, ``bytes``, ``sha256``, ``etag`` (and
             ``complete: true`` from a resumable upload).
@@ -431,6 +434,8 @@ class Files(_Namespace):
                 record = decode(http.send(steps.start()))
             except NotFound:
                 record = None
+            else:
+                record = steps.resumed(record)
         if record is None or not steps.on_record(record):
             try:
                 created = decode(http.send(steps.create()))

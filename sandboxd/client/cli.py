@@ -33,7 +33,9 @@ from sandboxd.client.errors import (
     RequestTimeout,
     SandboxError,
     Unauthorized,
+    UploadMismatch,
 )
+from sandboxd.client.models import Written
 from sandboxd.client.upload_ids import UploadIds
 from sandboxd.subcommands import CLIENT_COMMANDS
 
@@ -304,15 +306,27 @@ def cmd_cp(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
             # A big file goes as a resumable upload: its id is kept until it
             # completes, so the same cp run again carries a cut one on.
             ids = UploadIds(sb.settings.url, remote, src)
-            written = sb.files.upload(
-                src,
-                remote,
-                progress=bar,
-                overwrite=not args.no_overwrite,
-                resume=not args.no_resume,
-                upload_id=None if args.no_resume else ids.load(),
-                on_upload_id=ids.save,
-            )
+
+            def upload(upload_id: str | None) -> Written:
+                return sb.files.upload(
+                    src,
+                    remote,
+                    progress=bar,
+                    overwrite=not args.no_overwrite,
+                    resume=not args.no_resume,
+                    upload_id=upload_id,
+                    on_upload_id=ids.save,
+                )
+
+            try:
+                written = upload(None if args.no_resume else ids.load())
+            except UploadMismatch as e:
+                # The kept id is another upload's (another target or size
+                # than this cp's): forget it and start afresh; nothing was
+                # sent to that upload, which is left to its idle expiry.
+                ids.clear()
+                err.write(f"sandboxd cp: {e.message}; starting a new upload\n")
+                written = upload(None)
             ids.clear()
             result = {
                 "source": src,

@@ -167,6 +167,16 @@ class InvalidParam(InvalidRequest):
     default_code = "invalid_param"
 
 
+class UploadMismatch(InvalidParam):
+    """
+    ``upload_id`` names an upload of another target path or size than the
+    call's (found by the client before a byte was sent; that upload is
+    left as it is).  ``status`` is None; ``body`` has the ``upload_id``, the
+    upload's ``path``, ``requested_path`` and ``size``, and the call's
+    ``remote`` and ``local_size``.
+    """
+
+
 class InvalidPath(InvalidRequest):
     """A request path the pipeline refuses to normalise."""
 
@@ -407,8 +417,10 @@ def _codes() -> dict[str, type[SandboxError]]:
     while pending:
         cls = pending.pop()
         pending.extend(cls.__subclasses__())
-        if cls.default_code is not None and cls.__module__ == __name__:
-            found[cls.default_code] = cls
+        # A class names its own code (UploadMismatch inherits invalid_param).
+        code = cls.__dict__.get("default_code")
+        if code is not None and cls.__module__ == __name__:
+            found[code] = cls
     return found
 
 

@@ -108,8 +108,9 @@ The token is sent as `Authorization: Bearer`, on the PTY handshake too.
   resumable upload (`/files/uploads`): after a cut connection the client asks
   the daemon how many bytes it has and sends only the rest; the upload id
   (`on_upload_id`, or `body["upload_id"]` of the `ConnectionFailed` raised when
-  the retries run out) carries it on in a later `upload(..., upload_id=...)`.
-  Smaller files go in one `POST /files/raw` and are sent again whole, as do
+  the retries run out) carries it on in a later `upload(..., upload_id=...)`;
+  an id whose upload is for another remote path or size raises
+  `UploadMismatch` (an `InvalidParam`) before a byte is sent. Smaller files go in one `POST /files/raw` and are sent again whole, as do
   large ones when the daemon has no resumable uploads or refuses the size
   there (they have a `max_bytes` of their own: raise `files_uploads_create`'s
   and `files_uploads_append`'s with `files_write_raw`'s).

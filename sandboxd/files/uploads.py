@@ -67,6 +67,9 @@ class Upload:
         return {
             "upload_id": self.id,
             "path": self.path,
+            # As the create was given it: a client resuming by id compares
+            # its own path with this one (it cannot resolve links itself).
+            "requested_path": self.display,
             "size": self.size,
             "offset": self.offset,
             "expires_at": _iso(self.expires_at),

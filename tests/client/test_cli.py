@@ -17,6 +17,7 @@ from typing import Any
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
+from sandboxd.client import upload_ids
 from sandboxd.client._core import RESUMABLE_UPLOAD_BYTES
 from sandboxd.client.cli import DetachFilter, parse_keys
 from tests.client.base import ROOT, ClientCase, listen_proxy
@@ -223,6 +224,45 @@ class UploadResumeTests(ClientCase):
         self.assertEqual(self.appends(proxy, since), [0])
         with open(self.path("up.bin"), "rb") as f:
             self.assertEqual(f.read(), changed)
+
+    @inlineCallbacks
+    def test_kept_id_of_another_upload_starts_afresh(self) -> Any:
+        """
+        A kept id whose upload is for another target (here other.bin)
+        is dropped and cp starts a new upload: exit 0, the file whole at
+        up.bin, nothing at other.bin, that upload untouched at its offset,
+        the stale id forgotten.
+        """
+        data = os.urandom(300_000)
+        local = os.path.realpath(self.mktemp())
+        with open(local, "wb") as f:
+            f.write(data)
+        reply = yield self.request(
+            "POST", "/files/uploads", {"path": "other.bin", "size": len(data)}
+        )
+        other = reply.json()["upload_id"]
+        reply = yield self.request(
+            "POST",
+            f"/files/uploads/{other}?offset=0",
+            raw_body=data[:1000],
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        env = {"XDG_CACHE_HOME": os.path.realpath(self.mktemp())}
+        cache = os.path.join(env["XDG_CACHE_HOME"], "sandboxd", "uploads")
+        self.patch(upload_ids, "cache_dir", lambda: cache)
+        kept = upload_ids.UploadIds(self.daemon.url, "up.bin", local)
+        kept.save(other)
+        self.assertEqual(kept.load(), other)
+        done = yield self.cli("cp", local, ":up.bin", env=env)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn(other.encode(), done.stderr)
+        with open(self.path("up.bin"), "rb") as f:
+            self.assertEqual(f.read(), data)
+        self.assertFalse(os.path.exists(self.path("other.bin")))
+        reply = yield self.request("GET", f"/files/uploads/{other}")
+        self.assertEqual(reply.json()["offset"], 1000)
+        self.assertEqual(os.listdir(cache), [])
 
 
 class ListingTests(ClientCase):

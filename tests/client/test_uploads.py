@@ -13,9 +13,13 @@ import os
 import re
 from typing import Any
 
+from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import SynchronousTestCase
+
 from sandboxd.client import AsyncSandbox, Sandbox
 from sandboxd.client._core import RESUMABLE_UPLOAD_BYTES
-from sandboxd.client.errors import ConnectionFailed
+from sandboxd.client._shared import ResumableUpload
+from sandboxd.client.errors import ConnectionFailed, InvalidParam, UploadMismatch
 from sandboxd.files.atomic import TEMPORARY_NAME
 from tests.client.base import ClientCase, CutProxy, listen_proxy
 
@@ -146,6 +150,212 @@ class UploadResumeTests(ClientCase):
             self.assertTrue(bytes(proxy.requests[0]).startswith(b"POST /files/raw?"))
 
         return self.in_thread(body)
+
+
+class UploadIdMismatchTests(ClientCase):
+    """
+    An ``upload_id=`` whose upload is for another target or size is refused
+    by the client before a byte is sent; a matching one carries on.
+    """
+
+    #: What the other upload already holds when the call is made.
+    HELD = 1000
+
+    def local_file(self) -> tuple[str, bytes]:
+        data = os.urandom(200_000)
+        local = os.path.realpath(self.mktemp())
+        with open(local, "wb") as f:
+            f.write(data)
+        return local, data
+
+    @inlineCallbacks
+    def other_upload(self, path: str, data: bytes, size: int | None = None) -> Any:
+        """An open upload to ``path`` holding ``data``'s first HELD bytes: its id."""
+        reply = yield self.request(
+            "POST",
+            "/files/uploads",
+            {"path": path, "size": len(data) if size is None else size},
+        )
+        self.assertEqual(reply.status, 201, reply.body)
+        upload_id = reply.json()["upload_id"]
+        reply = yield self.request(
+            "POST",
+            f"/files/uploads/{upload_id}?offset=0",
+            raw_body=data[: self.HELD],
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        return upload_id
+
+    def staging(self) -> list[str]:
+        return [n for n in os.listdir(self.base_dir) if TEMPORARY_NAME.match(n)]
+
+    @inlineCallbacks
+    def check_untouched(self, upload_id: str, *paths: str) -> Any:
+        """No file at ``paths``; the other upload still open, at HELD bytes."""
+        for path in paths:
+            self.assertFalse(os.path.exists(self.path(path)), path)
+        reply = yield self.request("GET", f"/files/uploads/{upload_id}")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["offset"], self.HELD)
+        self.assertEqual(len(self.staging()), 1, self.staging())
+
+    def check_mismatch(self, error: UploadMismatch, upload_id: str) -> None:
+        """The error names the id, the upload's target and the call's."""
+        self.assertIsInstance(error, InvalidParam)
+        self.assertEqual(error.code, "invalid_param")
+        self.assertIsNone(error.status)
+        self.assertIn(upload_id, error.message)
+        self.assertEqual(error.body["upload_id"], upload_id)
+
+    @inlineCallbacks
+    def test_sync_wrong_path_is_refused(self) -> Any:
+        """
+        Sandbox.files.upload(local, "up.bin", upload_id=...) of an upload to
+        other.bin raises UploadMismatch naming both paths: nothing is
+        written at either path and the other upload stays at its offset.
+        """
+        local, data = self.local_file()
+        upload_id = yield self.other_upload("other.bin", data)
+
+        def body() -> None:
+            with self.assertRaises(UploadMismatch) as caught:
+                self.sandbox().files.upload(local, "up.bin", upload_id=upload_id)
+            error = caught.exception
+            self.check_mismatch(error, upload_id)
+            self.assertIn(self.path("other.bin"), error.message)
+            self.assertIn("up.bin", error.message)
+            self.assertEqual(error.body["path"], self.path("other.bin"))
+            self.assertEqual(error.body["remote"], "up.bin")
+
+        yield self.in_thread(body)
+        yield self.check_untouched(upload_id, "up.bin", "other.bin")
+
+    @inlineCallbacks
+    def test_sync_wrong_size_is_refused(self) -> Any:
+        """
+        An upload_id whose upload to the same path is of another size raises
+        UploadMismatch naming both sizes; nothing is written, no new upload
+        is created, the other upload stays at its offset.
+        """
+        local, data = self.local_file()
+        upload_id = yield self.other_upload("up.bin", data, size=len(data) + 1)
+
+        def body() -> None:
+            with self.assertRaises(UploadMismatch) as caught:
+                self.sandbox().files.upload(local, "up.bin", upload_id=upload_id)
+            error = caught.exception
+            self.check_mismatch(error, upload_id)
+            self.assertIn(str(len(data) + 1), error.message)
+            self.assertIn(str(len(data)), error.message)
+            self.assertEqual(
+                (error.body["size"], error.body["local_size"]),
+                (len(data) + 1, len(data)),
+            )
+
+        yield self.in_thread(body)
+        yield self.check_untouched(upload_id, "up.bin")
+
+    @inlineCallbacks
+    def test_async_wrong_path_is_refused(self) -> Any:
+        """AsyncSandbox.files.upload refuses an upload_id of another path the same way."""
+        local, data = self.local_file()
+        upload_id = yield self.other_upload("other.bin", data)
+
+        async def body() -> None:
+            async with self.async_sandbox() as sb:
+                with self.assertRaises(UploadMismatch) as caught:
+                    await sb.files.upload(local, "up.bin", upload_id=upload_id)
+            self.check_mismatch(caught.exception, upload_id)
+            self.assertEqual(caught.exception.body["path"], self.path("other.bin"))
+
+        yield self.in_loop(body)
+        yield self.check_untouched(upload_id, "up.bin", "other.bin")
+
+    @inlineCallbacks
+    def test_async_wrong_size_is_refused(self) -> Any:
+        """AsyncSandbox.files.upload refuses an upload_id of another size the same way."""
+        local, data = self.local_file()
+        upload_id = yield self.other_upload("up.bin", data, size=len(data) - 1)
+
+        async def body() -> None:
+            async with self.async_sandbox() as sb:
+                with self.assertRaises(UploadMismatch) as caught:
+                    await sb.files.upload(local, "up.bin", upload_id=upload_id)
+            self.check_mismatch(caught.exception, upload_id)
+
+        yield self.in_loop(body)
+        yield self.check_untouched(upload_id, "up.bin")
+
+    @inlineCallbacks
+    def check_resumed(self, upload_id: str, data: bytes, written: Any) -> Any:
+        """The file whole at up.bin, through the given upload (now gone)."""
+        self.assertEqual(written["sha256"], hashlib.sha256(data).hexdigest())
+        with open(self.path("up.bin"), "rb") as f:
+            self.assertEqual(f.read(), data)
+        reply = yield self.request("GET", f"/files/uploads/{upload_id}")
+        self.assertEqual(reply.status, 404, reply.body)
+        self.assertEqual(self.staging(), [])
+
+    @inlineCallbacks
+    def test_sync_matching_id_resumes(self) -> Any:
+        """
+        An upload_id of this path and size carries on as before, whether the
+        path is spelt as at the create ("./up.bin" then "up.bin" are the same
+        request path) or as the daemon resolved it.
+        """
+        for created, remote in (("./up.bin", "up.bin"), ("up.bin", None)):
+            local, data = self.local_file()
+            upload_id = yield self.other_upload(created, data)
+            target = remote or self.path("up.bin")
+            written = yield self.in_thread(
+                self.sandbox().files.upload, local, target, upload_id=upload_id
+            )
+            yield self.check_resumed(upload_id, data, written)
+
+    @inlineCallbacks
+    def test_async_matching_id_resumes(self) -> Any:
+        """AsyncSandbox.files.upload carries a matching upload_id on as before."""
+        local, data = self.local_file()
+        upload_id = yield self.other_upload("up.bin", data)
+
+        async def body() -> Any:
+            async with self.async_sandbox() as sb:
+                return await sb.files.upload(local, "up.bin", upload_id=upload_id)
+
+        written = yield self.in_loop(body)
+        yield self.check_resumed(upload_id, data, written)
+
+
+class ResumeCheckTests(SynchronousTestCase):
+    """How ResumableUpload compares an upload's record with its call, no daemon."""
+
+    def steps(self, remote: str) -> ResumableUpload:
+        return ResumableUpload("/local", remote, 10, True, None, "u1", 3)
+
+    def record(self, **fields: Any) -> dict[str, Any]:
+        return {"upload_id": "u1", "size": 10, "offset": 4, **fields}
+
+    def test_older_daemon_record(self) -> None:
+        """
+        A record without requested_path (an older daemon): an absolute
+        remote is compared with the resolved path; a relative one cannot be
+        compared, so the upload starts over (None) rather than guess.
+        """
+        old = self.record(path="/w/up.bin")
+        self.assertEqual(self.steps("/w/up.bin").resumed(old), old)
+        self.assertIsNone(self.steps("up.bin").resumed(old))
+        with self.assertRaises(UploadMismatch):
+            self.steps("/w/other.bin").resumed(old)
+
+    def test_spellings(self) -> None:
+        """The request path compares as the daemon reads it (normalised)."""
+        record = self.record(path="/w/d/up.bin", requested_path="d//./up.bin")
+        for remote in ("d/up.bin", "./d/up.bin", "d/x/../up.bin", "/w/d/up.bin"):
+            self.assertEqual(self.steps(remote).resumed(record), record, remote)
+        for remote in ("up.bin", "/w/up.bin", "e/up.bin"):
+            with self.assertRaises(UploadMismatch):
+                self.steps(remote).resumed(record)
 
 
 class NoResumableUploadsTests(ClientCase):

@@ -119,6 +119,7 @@ class HappyPathTests(UploadCase):
         record = reply.json()
         self.assertEqual((record["offset"], record["size"]), (0, len(data)))
         self.assertEqual(record["path"], os.path.join(self.base_dir, "sub/big.bin"))
+        self.assertEqual(record["requested_path"], "sub/big.bin")
         self.assertIn("expires_at", record)
         uid = record["upload_id"]
         self.assertEqual(len(self.staging("sub")), 1)
