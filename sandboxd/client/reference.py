@@ -110,10 +110,11 @@ The token is sent as `Authorization: Bearer`, on the PTY handshake too.
   (`on_upload_id`, or `body["upload_id"]` of the `ConnectionFailed` raised when
   the retries run out) carries it on in a later `upload(..., upload_id=...)`;
   an id whose upload is for another remote path or size raises
-  `UploadMismatch` (an `InvalidParam`) before a byte is sent. Smaller files go in one `POST /files/raw` and are sent again whole, as do
-  large ones when the daemon has no resumable uploads or refuses the size
-  there (they have a `max_bytes` of their own: raise `files_uploads_create`'s
-  and `files_uploads_append`'s with `files_write_raw`'s).
+  `UploadMismatch` (an `InvalidParam`) before a byte is sent. Smaller files
+  go in one `POST /files/raw` and are sent again whole, as do large ones when
+  the daemon has no resumable uploads or refuses the size there (they have a
+  `max_bytes` of their own: raise `files_uploads_create`'s and
+  `files_uploads_append`'s with `files_write_raw`'s).
 - **Rate limits.** A 429 raises `RateLimited` (or another `LimitExceeded`)
   with `retry_after`; with `wait_on_rate_limit=True` the client sleeps that
   long (up to 60 s per wait) and sends the call again.
