@@ -36,36 +36,31 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def serve_argv(base: str, *extra: str) -> list[str]:
-    """``sandboxd serve`` on loopback ports (``{port}``, ``{pty}``) serving ``base``."""
+def daemon_options(base: str) -> list[str]:
+    """The options both commands take: loopback ports ``{port}``, ``{pty}``, ``base``."""
     return [
-        os.path.join(BIN, "sandboxd"),
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "{port}",
-        "--pty-port",
-        "{pty}",
-        "--base-dir",
-        base,
-        *extra,
-    ]
-
-
-def twistd_argv(base: str, *extra: str) -> list[str]:
-    """``twistd -n sandboxd`` on loopback ports (``{port}``, ``{pty}``) serving ``base``."""
-    return [
-        os.path.join(BIN, "twistd"),
-        "-n",
-        "--pidfile=",
-        "sandboxd",
         "--port",
         "tcp:{port}:interface=127.0.0.1",
         "--pty-port",
         "tcp:{pty}:interface=127.0.0.1",
         "--base-dir",
         base,
+    ]
+
+
+def serve_argv(base: str, *extra: str) -> list[str]:
+    """``sandboxd serve`` serving ``base`` (see :func:`daemon_options`)."""
+    return [os.path.join(BIN, "sandboxd"), "serve", *daemon_options(base), *extra]
+
+
+def twistd_argv(base: str, *extra: str) -> list[str]:
+    """``twistd -n sandboxd`` serving ``base`` (see :func:`daemon_options`)."""
+    return [
+        os.path.join(BIN, "twistd"),
+        "-n",
+        "--pidfile=",
+        "sandboxd",
+        *daemon_options(base),
         *extra,
     ]
 
