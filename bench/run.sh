@@ -10,6 +10,7 @@
 #    (the shared harness's startup.py; STARTUP_ROUNDS, default 7).
 # 6. The Python client's overhead over curl and bare httpx (bench/client_overhead.py).
 # 7. The E2B door through the real e2b SDK against the HTTP API (bench/e2b_door.py).
+# 8. What a group's first request costs, its imports included (bench/first_request.py).
 #
 # SHARED_BENCH points at the shared harness (default ../shared/bench);
 # RUN_ARGS is passed to it (e.g. RUN_ARGS="--only W1,W1b --duration 3").
@@ -56,6 +57,8 @@ fi
 # The E2B door against the HTTP API, through the real e2b SDK.
 "$ROOT/.venv/bin/python" "$ROOT/bench/e2b_door.py" \
   --commands "${E2B_COMMANDS:-400}" --size-mib "${E2B_MIB:-64}"
+# What a group's first request costs, now that it imports the group's handlers.
+"$ROOT/.venv/bin/python" "$ROOT/bench/first_request.py" --daemons "${FIRST_DAEMONS:-7}"
 # What sandboxd.client costs over curl (raw transfers) and bare httpx (/shell).
 "$ROOT/.venv/bin/python" "$ROOT/bench/client_overhead.py" --size-mib "${RAW_MIB:-1024}" \
   --runs "${CLIENT_RUNS:-200}" --rounds "${CLIENT_ROUNDS:-3}"
