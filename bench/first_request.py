@@ -79,7 +79,7 @@ def main() -> None:
         print(
             json.dumps(
                 {
-                    "workload": "first_request",
+                    "workload": "FIRST-REQUEST",
                     "case": case,
                     "daemons": args.daemons,
                     "first_ms_median": round(statistics.median(first[case]), 2),

@@ -15,7 +15,10 @@ class FreshCloneTests(SynchronousTestCase):
     """bench/run.sh where ../shared/bench is absent."""
 
     def test_without_harness(self) -> None:
-        """It says where the W0-W7 harness comes from, then runs RAW, MCP, PTY-CEILING, E2B and CLIENT, exit 0."""
+        """
+        It says where the W0-W7 harness comes from, then runs RAW, MCP,
+        PTY-CEILING, E2B, FIRST-REQUEST and CLIENT, exit 0.
+        """
         env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
         env.update(
             SHARED_BENCH=os.path.abspath(self.mktemp()),
@@ -27,6 +30,7 @@ class FreshCloneTests(SynchronousTestCase):
             E2B_MIB="4",
             CLIENT_RUNS="20",
             CLIENT_ROUNDS="1",
+            FIRST_DAEMONS="2",
         )
         result = subprocess.run(
             [os.path.join(ROOT, "bench", "run.sh")],
@@ -45,4 +49,6 @@ class FreshCloneTests(SynchronousTestCase):
             for line in result.stdout.splitlines()
             if line.startswith("{")
         }
-        self.assertEqual(workloads, {"RAW", "MCP", "PTY-CEILING", "E2B", "CLIENT"})
+        self.assertEqual(
+            workloads, {"RAW", "MCP", "PTY-CEILING", "E2B", "FIRST-REQUEST", "CLIENT"}
+        )
