@@ -23,12 +23,25 @@ from sandboxd.policy.rules import EffectiveRule
 
 
 def _non_default(obj: Any) -> dict[str, Any]:
-    """The fields of a rule section, without unset (None) values."""
-    return {
-        k: (list(v) if isinstance(v, tuple) else v)
-        for k, v in attrs.asdict(obj).items()
-        if v is not None
-    }
+    """
+    The fields of a rule section, without unset (None) values, as JSON
+    would have them (tuples as lists, dicts copied).
+
+    Read field by field rather than through ``attrs.asdict``, whose
+    recursion is most of what ``GET /capabilities`` costs: it runs three
+    times for every endpoint of every answer.
+    """
+    out: dict[str, Any] = {}
+    for field in attrs.fields(type(obj)):
+        value = getattr(obj, field.name)
+        if value is None:
+            continue
+        if isinstance(value, tuple):
+            value = list(value)
+        elif isinstance(value, dict):
+            value = dict(value)
+        out[field.name] = value
+    return out
 
 
 def describe(
