@@ -55,7 +55,6 @@ from sandboxd.errors import (
     bad_request,
     internal,
     limit_exceeded,
-    limit_rule,
     not_found,
     timed_out,
 )
@@ -377,15 +376,7 @@ def start(call: Call, message: dict[str, Any]) -> Any:
     spec = attrs.evolve(spec, argv=[config.cmd, *config.args])
     rule = call.rule
     service = _service(call)
-    limit = rule.limits.max_processes
-    if limit is not None and service.running_count() >= limit:
-        raise limit_exceeded(
-            429,
-            f"too many processes running (at most {limit})",
-            Code.TOO_MANY_PROCESSES,
-            limit_rule(rule, "max_processes"),
-            limit="max_processes",
-        )
+    service.check_room(rule)
     retention = rule.limits.max_output_bytes or processes.DEFAULT_RETENTION_BYTES
     try:
         managed = service.start(

@@ -21,7 +21,9 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from sandboxd.errors import Code, limit_exceeded, limit_rule
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS, PROCESS_HISTORY
+from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import RunAs
 from sandboxd.processes.table import ChildTable
 from sandboxd.processes.tree import (
@@ -91,6 +93,23 @@ class ProcessService(Service):
     def running_count(self) -> int:
         """Background processes not yet exited (or still being spawned)."""
         return self.starting + sum(1 for m in self.table.values() if m.running)
+
+    def check_room(self, rule: EffectiveRule) -> None:
+        """
+        Refuse a new background process at ``rule``'s ``max_processes``
+        running ones (SPEC §11.4), before anything is started.
+
+        :raises ApiError: 429 ``too_many_processes``.
+        """
+        limit = rule.limits.max_processes
+        if limit is not None and self.running_count() >= limit:
+            raise limit_exceeded(
+                429,
+                f"too many processes running (at most {limit})",
+                Code.TOO_MANY_PROCESSES,
+                rule=limit_rule(rule, "max_processes"),
+                limit="max_processes",
+            )
 
     def start(
         self,

@@ -20,8 +20,6 @@ from sandboxd.errors import (
     Code,
     bad_request,
     conflict,
-    limit_exceeded,
-    limit_rule,
     not_found,
     policy_rule,
     signal_not_allowed,
@@ -201,15 +199,7 @@ def _check_process_limit(request: ServerRequest, processes: Any) -> None:
     rule = request.rule
     if rule.limits.max_processes is None:
         rule = request.context.policy.rule("process_start")
-    limit = rule.limits.max_processes
-    if limit is not None and processes.running_count() >= limit:
-        raise limit_exceeded(
-            429,
-            f"too many processes running (at most {limit})",
-            Code.TOO_MANY_PROCESSES,
-            rule=limit_rule(rule, "max_processes"),
-            limit="max_processes",
-        )
+    processes.check_room(rule)
 
 
 # -- sessions ------------------------------------------------------------------

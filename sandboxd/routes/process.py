@@ -24,8 +24,6 @@ from sandboxd.errors import (
     Code,
     bad_request,
     forbidden,
-    limit_exceeded,
-    limit_rule,
     not_found,
     policy_rule,
     rate_limited,
@@ -298,15 +296,7 @@ async def process_start(request: ServerRequest) -> dict[str, Any]:
     tag = string(body.get("tag"), "tag", None)
     stdin = flag(body.get("stdin", False), "stdin", words=False)
     service = _service(request)
-    limit = request.rule.limits.max_processes
-    if limit is not None and service.running_count() >= limit:
-        raise limit_exceeded(
-            429,
-            f"too many processes running (at most {limit})",
-            Code.TOO_MANY_PROCESSES,
-            rule=limit_rule(request.rule, "max_processes"),
-            limit="max_processes",
-        )
+    service.check_room(request.rule)
     retention = (
         request.rule.limits.max_output_bytes or processes.DEFAULT_RETENTION_BYTES
     )
