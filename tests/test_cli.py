@@ -172,6 +172,15 @@ class PluginTests(SynchronousTestCase):
 class TwistdTests(SynchronousTestCase):
     """twistd -n sandboxd, as an operator starts it."""
 
+    def serves_then_stops(self, d: DaemonProcess) -> None:
+        """The daemon serves with etc/policy.json in force; SIGTERM ends it with 0."""
+        d.wait_healthy()
+        status, body = d.get("/capabilities", {"Host": "localhost"})
+        self.assertEqual(status, 200)
+        self.assertEqual(body["policy"]["revision"], "default-1")
+        d.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(d.proc.wait(timeout=15), 0)
+
     def test_start_health_sigterm(self) -> None:
         """The daemon answers /health, and SIGTERM ends it with status 0."""
         base = os.path.abspath(self.mktemp())
@@ -180,12 +189,7 @@ class TwistdTests(SynchronousTestCase):
             self,
             twistd_argv(base, "--policy", os.path.join(ROOT, "etc", "policy.json")),
         )
-        d.wait_healthy()
-        status, body = d.get("/capabilities", {"Host": "localhost"})
-        self.assertEqual(status, 200)
-        self.assertEqual(body["policy"]["revision"], "default-1")
-        d.proc.send_signal(signal.SIGTERM)
-        self.assertEqual(d.proc.wait(timeout=15), 0)
+        self.serves_then_stops(d)
 
     def test_serve_health_sigterm(self) -> None:
         """
@@ -199,12 +203,7 @@ class TwistdTests(SynchronousTestCase):
         d = DaemonProcess(
             self, serve_argv(base, "--policy", os.path.join(ROOT, "etc", "policy.json"))
         )
-        d.wait_healthy()
-        status, body = d.get("/capabilities", {"Host": "localhost"})
-        self.assertEqual(status, 200)
-        self.assertEqual(body["policy"]["revision"], "default-1")
-        d.proc.send_signal(signal.SIGTERM)
-        self.assertEqual(d.proc.wait(timeout=15), 0)
+        self.serves_then_stops(d)
         log = d.output()
         self.assertIn(f"http starting on {d.port}", log)
         self.assertIn("pty starting on ", log)

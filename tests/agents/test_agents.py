@@ -90,6 +90,31 @@ def agents_policy(
     return policy
 
 
+#: A catalogue entry whose command is not installed, with an npm package.
+MISSING_AGENT = {
+    "name": "Missing",
+    "command": ["sandboxd-no-such-agent"],
+    "install": {"package": "fake-agent-pkg", "version": "1.2.3"},
+}
+
+
+def fake_npm(test: Any, script: str) -> str:
+    """
+    Put an ``npm`` running ``script`` (sh) first on ``PATH`` for ``test``;
+    the directory it is in.
+    """
+    bin_dir = os.path.realpath(test.mktemp())
+    os.makedirs(bin_dir)
+    npm = os.path.join(bin_dir, "npm")
+    with open(npm, "w") as f:
+        f.write(f"#!/bin/sh\n{script}\n")
+    os.chmod(npm, 0o755)
+    old = os.environ.get("PATH", "")
+    os.environ["PATH"] = bin_dir + os.pathsep + old
+    test.addCleanup(os.environ.__setitem__, "PATH", old)
+    return bin_dir
+
+
 class AgentsTestCase(DaemonTestCase):
     """A daemon with the agents group on and the fake catalogue."""
 
@@ -1128,21 +1153,9 @@ class InstallTests(AgentsTestCase):
     policy = agents_policy()
 
     def setUp(self) -> Any:
-        bin_dir = os.path.realpath(self.mktemp())
-        os.makedirs(bin_dir)
-        npm = os.path.join(bin_dir, "npm")
-        with open(npm, "w") as f:
-            f.write('#!/bin/sh\necho "fake npm $*"\n')
-        os.chmod(npm, 0o755)
-        old = os.environ.get("PATH", "")
-        os.environ["PATH"] = bin_dir + os.pathsep + old
-        self.addCleanup(os.environ.__setitem__, "PATH", old)
+        fake_npm(self, 'echo "fake npm $*"')
         self.policy = agents_policy()
-        self.policy["agents"]["catalog"]["missing"] = {
-            "name": "Missing",
-            "command": ["sandboxd-no-such-agent"],
-            "install": {"package": "fake-agent-pkg", "version": "1.2.3"},
-        }
+        self.policy["agents"]["catalog"]["missing"] = MISSING_AGENT
         return super().setUp()
 
     @inlineCallbacks

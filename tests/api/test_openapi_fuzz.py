@@ -158,7 +158,13 @@ class OutsideTheSchemaTests(DaemonTestCase):
 #: - the ``access_token`` query parameter (for EventSource) carries the same
 #:   token as the headers: two different ones are 400 ambiguous_credentials,
 #:   which the schema cannot say.
-CONFIG = """\
+def schemathesis_config(token: str, paths: str, statuses: tuple[str, ...]) -> str:
+    """
+    The settings above, for routes matching ``paths`` whose positive data
+    may be answered with ``statuses``.
+    """
+    listed = ", ".join(f'"{s}"' for s in statuses)
+    return f"""\
 [generation]
 allow-x00 = false
 database = "none"
@@ -167,14 +173,20 @@ database = "none"
 unexpected-methods = []
 
 [[operations]]
-include-path-regex = "^/(download|files/raw|files/download-stream|files/stat)$"
-checks.positive_data_acceptance.expected-statuses = [
-    "2xx", "400", "401", "403", "404", "409", "429",
-]
+include-path-regex = "{paths}"
+checks.positive_data_acceptance.expected-statuses = [{listed}]
 
 [parameters]
 "query.access_token" = "{token}"
 """
+
+
+#: The name :func:`run_schemathesis` gives its configuration file.
+CONFIG_NAME = "schemathesis.toml"
+
+#: The read-only run's file routes (a path naming a directory is a 400).
+READ_STATUSES = ("2xx", "400", "401", "403", "404", "409", "429")
+READ_PATHS = "^/(download|files/raw|files/download-stream|files/stat)$"
 
 #: The routes that change nothing: every GET (but the endless watch and the
 #: opt-in groups, which are off) and the two POSTs that only read.
@@ -211,14 +223,11 @@ class SchemathesisTests(SynchronousTestCase):
         token = "schemathesis-token"
         daemon = DaemonProcess(self, twistd_argv(base), env={"ABX_SERVER_TOKEN": token})
         daemon.wait_healthy()
-        config = os.path.join(work, "schemathesis.toml")
-        with open(config, "w") as f:
-            f.write(CONFIG.replace("{token}", token))
         run_schemathesis(
             self,
             st,
             work,
-            config,
+            schemathesis_config(token, READ_PATHS, READ_STATUSES),
             daemon.port,
             token,
             SELECTION,
@@ -249,30 +258,15 @@ WRITE_POLICY = {
 }
 
 #: How schemathesis runs over the write routes: the settings of
-#: :data:`CONFIG` and their reasons, and one more.  A write route's body has
+#: :func:`schemathesis_config` and their reasons, with 412 and 413 more
+#: statuses, over every path.  A write route's body has
 #: rules no JSON Schema states (a user that exists, a command the policy
 #: allows, a name the kernel takes, a value of an env variable, an ETag
 #: the file still has, a destination outside the source), so a body valid
 #: by the schema may be refused: with a 4xx and a SPEC §6 code, which the
 #: ``Error`` schema (``code`` required, one of §6's) and the other checks
 #: still hold every answer to.  A 5xx is never expected.
-WRITE_CONFIG = """\
-[generation]
-allow-x00 = false
-database = "none"
-
-[phases.coverage]
-unexpected-methods = []
-
-[[operations]]
-include-path-regex = "."
-checks.positive_data_acceptance.expected-statuses = [
-    "2xx", "400", "401", "403", "404", "409", "412", "413", "429",
-]
-
-[parameters]
-"query.access_token" = "{token}"
-"""
+WRITE_STATUSES = ("2xx", "400", "401", "403", "404", "409", "412", "413", "429")
 
 #: Every route that changes something, but the doors and the groups that
 #: need what a test machine lacks, each for a stated reason:
@@ -323,9 +317,6 @@ class WriteRoutesSchemathesisTests(SynchronousTestCase):
         )
         daemon.wait_healthy()
         self.addCleanup(_stop, daemon)
-        config = os.path.join(work, "schemathesis.toml")
-        with open(config, "w") as f:
-            f.write(WRITE_CONFIG.replace("{token}", token))
         outside = set(os.listdir(work))
         # One worker: on Python 3.11, hypothesis's ast.parse on two threads
         # at once fails now and then ("AST constructor recursion depth
@@ -334,15 +325,16 @@ class WriteRoutesSchemathesisTests(SynchronousTestCase):
             self,
             st,
             work,
-            config,
+            schemathesis_config(token, ".", WRITE_STATUSES),
             daemon.port,
             token,
             WRITE_SELECTION,
             workers=1,
             max_time=30,
         )
-        # Beside the base dir, only schemathesis's own caches appeared.
-        appeared = set(os.listdir(work)) - outside - {".hypothesis", ".schemathesis"}
+        # Beside the base dir, only schemathesis's own files appeared.
+        own = {".hypothesis", ".schemathesis", CONFIG_NAME}
+        appeared = set(os.listdir(work)) - outside - own
         self.assertEqual(appeared, set())
 
 
@@ -358,14 +350,18 @@ def run_schemathesis(
     max_time: int,
 ) -> None:
     """
-    Run schemathesis against the daemon on ``port`` over the routes
-    ``selection`` picks (a fixed seed, bounded in examples and time) and
-    fail ``test`` unless every check passed.
+    Run schemathesis with ``config`` (written in ``work``) against the
+    daemon on ``port`` over the routes ``selection`` picks (a fixed seed,
+    bounded in examples and time) and fail ``test`` unless every check
+    passed.
     """
+    config_file = os.path.join(work, CONFIG_NAME)
+    with open(config_file, "w") as f:
+        f.write(config)
     argv = [
         st,
         "--config-file",
-        config,
+        config_file,
         "run",
         f"http://127.0.0.1:{port}/openapi.json",
         "-H",

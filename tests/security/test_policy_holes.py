@@ -16,7 +16,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
-from tests.agents.test_agents import agents_policy
+from tests.agents.test_agents import MISSING_AGENT, agents_policy, fake_npm
 from tests.e2b.sdk import E2BCase
 from tests.helpers import DaemonTestCase, alive
 from tests.routes.test_uploads import UploadCase, _open_part
@@ -295,22 +295,10 @@ class InstallProcessLimitTests(DaemonTestCase):
     """
 
     def setUp(self) -> Any:
-        bin_dir = os.path.realpath(self.mktemp())
-        os.makedirs(bin_dir)
-        self.ran = os.path.join(bin_dir, "npm-ran")
-        npm = os.path.join(bin_dir, "npm")
-        with open(npm, "w") as f:
-            f.write(f'#!/bin/sh\ntouch "{self.ran}"\n')
-        os.chmod(npm, 0o755)
-        old = os.environ.get("PATH", "")
-        os.environ["PATH"] = bin_dir + os.pathsep + old
-        self.addCleanup(os.environ.__setitem__, "PATH", old)
+        self.bin_dir = fake_npm(self, 'touch "$(dirname "$0")/npm-ran"')
+        self.ran = os.path.join(self.bin_dir, "npm-ran")
         self.policy = agents_policy()
-        self.policy["agents"]["catalog"]["missing"] = {
-            "name": "Missing",
-            "command": ["sandboxd-no-such-agent"],
-            "install": {"package": "fake-agent-pkg", "version": "1.2.3"},
-        }
+        self.policy["agents"]["catalog"]["missing"] = MISSING_AGENT
         self.policy.setdefault("endpoints", {})["process_start"] = {
             "limits": {"max_processes": 1}
         }
@@ -336,11 +324,7 @@ class InstallProcessLimitTests(DaemonTestCase):
     @inlineCallbacks
     def test_install_counts_against_the_limit(self) -> Any:
         """A running install is one of the ``max_processes``: process_start is then 429."""
-        os.remove(os.path.join(os.path.dirname(self.ran), "npm"))
-        npm = os.path.join(os.path.dirname(self.ran), "npm")
-        with open(npm, "w") as f:
-            f.write("#!/bin/sh\nexec sleep 30\n")
-        os.chmod(npm, 0o755)
+        fake_npm(self, "exec sleep 30")
         reply = yield self.request("POST", "/agents/catalog/missing/install", {})
         self.assertEqual(reply.status, 202, reply.body)
         pid = reply.json()["pid"]
