@@ -13,7 +13,7 @@ JOBS ?= 2
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,browser,client]' --config-settings editable_mode=compat
+	$(PY) -m pip install -q -e '.[dev,browser,client,code]' --config-settings editable_mode=compat
 	$(MAKE) --no-print-directory compile
 	touch $(STAMP)
 
