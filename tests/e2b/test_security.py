@@ -1,0 +1,294 @@
+"""
+The E2B door seen by a hostile client: another identity's terminals,
+the door's own rule, what ``List`` discloses, who owns what it writes,
+malformed input, Content-Types, the audit of what ran, and bytes that
+are not UTF-8.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import socket
+import time
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+
+from tests.e2b.sdk import E2BCase, caught, envelope
+
+ALICE, BOB, CAROL, ADMIN = "alice-token", "bob-token", "carol-token", "admin-token"
+
+#: A pid no process has (above the kernel's pid_max).
+UNUSED_PID = 4194305
+
+
+def _start(script: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "process": {"cmd": "/bin/bash", "args": ["-l", "-c", script], **extra},
+        "stdin": False,
+    }
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _answer(result: Any) -> tuple[int, str, str]:
+    """``(status, Connect code, message)`` of a unary or stream answer."""
+    status, _, body = result
+    if isinstance(body, list):
+        _, end = body[-1]
+        error = end.get("error") or {}
+        return status, error.get("code", ""), error.get("message", "")
+    body = body or {}
+    return status, body.get("code", ""), body.get("message", "")
+
+
+class DoorRuleTests(E2BCase):
+    """The door is its own endpoint ``e2b``: its scopes, rate and concurrency hold."""
+
+    environ = {"READER": "reader-token", "MANAGER": "manager-token"}
+    policy = {
+        "auth": {
+            "tokens": [
+                {"id": "reader", "token_env": "READER", "scopes": ["files:read"]},
+                {
+                    "id": "manager",
+                    "token_env": "MANAGER",
+                    "scopes": ["files:read", "process:manage", "process:run"],
+                },
+            ]
+        },
+        "endpoints": {
+            "e2b": {"scopes": ["process:manage"], "limits": {"rate_per_minute": 6}}
+        },
+    }
+
+    @inlineCallbacks
+    def test_scope_of_the_door(self) -> Any:
+        """A files:read token may not use the door: its Stat is missing_scope e2b."""
+        with open(os.path.join(self.base_dir, "f.txt"), "w") as f:
+            f.write("x")
+        status, _, body = yield self.rpc(
+            "filesystem.Filesystem/Stat",
+            {"path": "f.txt"},
+            headers={"X-Access-Token": "reader-token"},
+        )
+        self.assertEqual((status, body["code"]), (403, "permission_denied"))
+        self.assertIn("missing_scope", body["message"])
+        self.assertIn("e2b", body["message"])
+        # The same token is refused on REST routes too.
+        error = yield self.sdk(
+            caught, lambda: self.sandbox(token="reader-token").files.read("f.txt")
+        )
+        self.assertIn("missing_scope", str(error))
+
+    @inlineCallbacks
+    def test_rate_of_the_door(self) -> Any:
+        """With rate_per_minute 6 on e2b, the 7th and 8th calls a minute are rate_limited."""
+        with open(os.path.join(self.base_dir, "f.txt"), "w") as f:
+            f.write("x")
+        statuses = []
+        for _ in range(8):
+            status, _, body = yield self.rpc(
+                "filesystem.Filesystem/Stat",
+                {"path": "f.txt"},
+                headers={"X-Access-Token": "manager-token"},
+            )
+            statuses.append((status, body.get("code") if status != 200 else None))
+        self.assertEqual(statuses[:6], [(200, None)] * 6)
+        self.assertEqual(statuses[6:], [(429, "resource_exhausted")] * 2)
+
+
+class DoorConcurrencyTests(E2BCase):
+    """``endpoints.e2b.limits.max_concurrency`` bounds calls in flight through the door."""
+
+    policy = {"endpoints": {"e2b": {"limits": {"max_concurrency": 1}}}}
+
+    @inlineCallbacks
+    def test_one_call_at_a_time(self) -> Any:
+        """While a Start stream is open, another call is concurrency_limited; after, it passes."""
+        running = self.rpc(
+            "process.Process/Start",
+            _start("sleep 1.5"),
+            stream=True,
+        )
+        yield self.sdk(time.sleep, 0.5)
+        status, _, body = yield self.rpc("filesystem.Filesystem/Stat", {"path": "."})
+        self.assertEqual((status, body["code"]), (429, "resource_exhausted"))
+        self.assertIn("concurrency_limited", body["message"])
+        yield running
+        status, _, body = yield self.rpc("filesystem.Filesystem/Stat", {"path": "."})
+        self.assertEqual(status, 200, body)
+        # A procedure the door does not serve is admitted as e2b once, not twice.
+        status, _, body = yield self.rpc("process.Process/Fly", {})
+        self.assertEqual((status, body["code"]), (501, "unimplemented"))
+
+
+class MalformedInputTests(E2BCase):
+    """Malformed input is 400 ``invalid_argument``, never 500, and does nothing."""
+
+    @inlineCallbacks
+    def assert_invalid(self, procedure: str, raw: bytes, stream: bool = False) -> Any:
+        result = yield self.rpc(procedure, None, stream=stream, raw=raw)
+        status, code, message = _answer(result)
+        if stream:
+            self.assertEqual(
+                (status, code), (200, "invalid_argument"), (procedure, raw[:80], result)
+            )
+        else:
+            self.assertEqual(
+                (status, code), (400, "invalid_argument"), (procedure, raw[:80], result)
+            )
+        self.assertTrue(
+            re.search(r"code: (invalid_json|invalid_param)", message), message
+        )
+        return message
+
+    @inlineCallbacks
+    def test_deep_nesting(self) -> Any:
+        """JSON nested 100,000 deep, unary and enveloped."""
+        deep = b'{"path": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        yield self.assert_invalid("filesystem.Filesystem/Stat", deep)
+        body = b'{"process": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        yield self.assert_invalid(
+            "process.Process/Start",
+            b"\x00" + len(body).to_bytes(4, "big") + body,
+            stream=True,
+        )
+
+    @inlineCallbacks
+    def test_huge_numbers(self) -> Any:
+        """A 5,000-digit number (or digit string) in pid or depth."""
+        digits = b"9" * 5000
+        yield self.assert_invalid(
+            "process.Process/SendInput", b'{"process": {"pid": ' + digits + b"}}"
+        )
+        yield self.assert_invalid(
+            "process.Process/SendInput", b'{"process": {"pid": "' + digits + b'"}}'
+        )
+        yield self.assert_invalid(
+            "filesystem.Filesystem/ListDir", b'{"path": ".", "depth": ' + digits + b"}"
+        )
+        yield self.assert_invalid(
+            "filesystem.Filesystem/ListDir",
+            b'{"path": ".", "depth": "' + digits + b'"}',
+        )
+        # Digits that are not ASCII digits are no number either.
+        yield self.assert_invalid(
+            "filesystem.Filesystem/ListDir", '{"path": ".", "depth": "²"}'.encode()
+        )
+
+    @inlineCallbacks
+    def test_lone_surrogates(self) -> Any:
+        """A lone surrogate in a path, or in Start's cmd, args or envs: nothing made, nothing run."""
+        yield self.assert_invalid(
+            "filesystem.Filesystem/MakeDir", b'{"path": "made\\udcff"}'
+        )
+        self.assertEqual(
+            [n for n in os.listdir(self.base_dir) if n.startswith("made")], []
+        )
+        yield self.assert_invalid("filesystem.Filesystem/Stat", b'{"path": "\\ud800"}')
+        marker = os.path.join(self.base_dir, "ran")
+        for process in (
+            {"cmd": "/bin/tou\ud800ch", "args": [marker]},
+            {"cmd": "/bin/touch", "args": [marker, "\udcff"]},
+            {"cmd": "/bin/touch", "args": [marker], "envs": {"X": "\ud800"}},
+            {"cmd": "/bin/touch", "args": [marker], "envs": {"\ud800": "x"}},
+        ):
+            # json.dumps writes a lone surrogate as its \\u escape.
+            body = json.dumps({"process": process}).encode()
+            yield self.assert_invalid(
+                "process.Process/Start",
+                b"\x00" + len(body).to_bytes(4, "big") + body,
+                stream=True,
+            )
+        self.assertFalse(os.path.exists(marker))
+
+    @inlineCallbacks
+    def test_other_encodings_and_duplicate_keys(self) -> Any:
+        """UTF-16 and UTF-32 bodies, and a key given twice, are refused."""
+        message = json.dumps({"path": "made-by-utf"})
+        for encoding in ("utf-16", "utf-16-le", "utf-32", "utf-32-be"):
+            yield self.assert_invalid(
+                "filesystem.Filesystem/MakeDir", message.encode(encoding)
+            )
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "made-by-utf")))
+        yield self.assert_invalid(
+            "filesystem.Filesystem/MakeDir",
+            b'{"path": "dup-a", "path": "dup-b"}',
+        )
+        self.assertEqual(
+            [n for n in os.listdir(self.base_dir) if n.startswith("dup-")], []
+        )
+
+    @inlineCallbacks
+    def test_bad_connect_timeout(self) -> Any:
+        """A Connect-Timeout-Ms of a digit that is not ASCII ("²", byte B2) is invalid_argument."""
+        body = envelope(_start("true"))
+        head = (
+            b"POST /process.Process/Start HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/connect+json\r\nConnect-Timeout-Ms: \xb2\r\n"
+            b"Connection: close\r\n" + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        )
+
+        def send() -> bytes:
+            with socket.create_connection(
+                ("127.0.0.1", self.e2b_port), timeout=10
+            ) as s:
+                s.sendall(head + body)
+                out = b""
+                while chunk := s.recv(65536):
+                    out += chunk
+                return out
+
+        answer = yield self.sdk(send)
+        self.assertTrue(answer.startswith(b"HTTP/1.1 200"), answer[:200])
+        self.assertIn(b'"invalid_argument"', answer)
+        self.assertIn(b"Connect-Timeout-Ms", answer)
+
+
+class ContentTypeTests(E2BCase):
+    """A Connect call with a Content-Type the protocol does not take is 415, and runs nothing."""
+
+    @inlineCallbacks
+    def test_unary_wrong_content_type(self) -> Any:
+        """text/plain, form and multipart unary bodies are 415; nothing is made."""
+        for content_type in (
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+            "application/connect+json",
+            "application/proto",
+        ):
+            status, _, body = yield self.rpc(
+                "filesystem.Filesystem/MakeDir",
+                None,
+                raw=b'{"path": "made-by-form"}',
+                headers={"Content-Type": content_type},
+            )
+            self.assertEqual(status, 415, (content_type, body))
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "made-by-form")))
+        status, _, body = yield self.rpc(
+            "filesystem.Filesystem/MakeDir",
+            None,
+            raw=b'{"path": "made-by-json"}',
+            headers={"Content-Type": "application/json; charset=utf-8"},
+        )
+        self.assertEqual(status, 200, body)
+
+    @inlineCallbacks
+    def test_stream_wrong_content_type(self) -> Any:
+        """A Start sent as application/json (not enveloped) is 415 and runs nothing."""
+        marker = os.path.join(self.base_dir, "ran")
+        status, _, _ = yield self.rpc(
+            "process.Process/Start",
+            None,
+            raw=json.dumps(_start(f"touch {marker}")).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        self.assertEqual(status, 415)
+        self.assertFalse(os.path.exists(marker))
