@@ -10,12 +10,14 @@ from __future__ import annotations
 import base64
 import json
 import os
+import pwd
 import re
 import socket
 import time
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import SkipTest
 
 from tests.e2b.sdk import E2BCase, caught, envelope
 
@@ -126,6 +128,58 @@ class DoorConcurrencyTests(E2BCase):
         # A procedure the door does not serve is admitted as e2b once, not twice.
         status, _, body = yield self.rpc("process.Process/Fly", {})
         self.assertEqual((status, body["code"]), (501, "unimplemented"))
+
+
+class FileOwnerTests(E2BCase):
+    """On a root daemon, what the door writes belongs to the sandbox user (``params.default_user``)."""
+
+    policy = {"defaults": {"params": {"default_user": "nobody", "users": ["nobody"]}}}
+
+    def setUp(self) -> Any:
+        if os.geteuid() != 0:
+            raise SkipTest("the daemon must run as root to give files away")
+        try:
+            self.user = pwd.getpwnam("nobody")
+        except KeyError:
+            raise SkipTest("no user 'nobody' on this machine") from None
+        return super().setUp()
+
+    def owner(self, rel: str) -> tuple[int, int]:
+        st = os.lstat(os.path.join(self.base_dir, rel))
+        return st.st_uid, st.st_gid
+
+    @inlineCallbacks
+    def test_upload_and_make_dir(self) -> Any:
+        """files.write (POST /files, new parents included) and files.make_dir give nobody the entries."""
+        from e2b.sandbox.filesystem.filesystem import WriteEntry
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            sbx.files.write("up/one.txt", "1")
+            sbx.files.write("raw.bin", b"\x00\x01", use_octet_stream=True)
+            sbx.files.write_files(
+                [
+                    WriteEntry(path="m/a.txt", data="a"),
+                    WriteEntry(path="m/b.txt", data="b"),
+                ]
+            )
+            sbx.files.make_dir("d/e/f")
+
+        yield self.sdk(job)
+        expected = (self.user.pw_uid, self.user.pw_gid)
+        for rel in (
+            "up",
+            "up/one.txt",
+            "raw.bin",
+            "m",
+            "m/a.txt",
+            "m/b.txt",
+            "d",
+            "d/e",
+            "d/e/f",
+        ):
+            self.assertEqual(self.owner(rel), expected, rel)
+        self.assertEqual(self.owner("."), (0, 0))
 
 
 class MalformedInputTests(E2BCase):
