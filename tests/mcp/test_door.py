@@ -816,3 +816,17 @@ class AuditTests(McpTestCase):
         self.assertTrue(doors)
         self.assertTrue(all(r["via"] == "mcp" for r in doors))
         self.assertIn("initialize", {r.get("rpc") for r in doors})
+
+    @inlineCallbacks
+    def test_shell_line_carries_the_argv(self) -> Any:
+        """A shell tool call's line carries the argv it ran, as the HTTP door's does."""
+
+        async def body(client: Any) -> Any:
+            return await client.call_tool("shell", {"command": "echo audited"})
+
+        yield self.with_client(body)
+        yield self.request("POST", "/shell", {"command": "echo audited"})
+        lines = [r for r in self.audit_lines() if r.get("endpoint") == "shell"]
+        by_door = {r["via"]: r.get("argv") for r in lines}
+        self.assertEqual(by_door["mcp"], by_door["http"])
+        self.assertIn("audited", by_door["mcp"])
