@@ -49,6 +49,161 @@ def _answer(result: Any) -> tuple[int, str, str]:
     return status, body.get("code", ""), body.get("message", "")
 
 
+class OtherIdentityTerminalTests(E2BCase):
+    """
+    A terminal is its creator's (or a ``*`` holder's): every attach path of
+    the door answers "not yours" exactly as "not there", and does nothing.
+    """
+
+    environ = {"ALICE": ALICE, "BOB": BOB, "CAROL": CAROL}
+    policy = {
+        "auth": {
+            "tokens": [
+                {
+                    "id": "alice",
+                    "token_env": "ALICE",
+                    "scopes": ["terminal:use", "process:manage"],
+                },
+                {"id": "bob", "token_env": "BOB", "scopes": ["terminal:use"]},
+                {
+                    "id": "carol",
+                    "token_env": "CAROL",
+                    "scopes": ["terminal:use", "process:manage", "process:run"],
+                },
+            ]
+        }
+    }
+
+    @inlineCallbacks
+    def _alice_terminal(self) -> Any:
+        reply = yield self.request(
+            "POST", "/pty/sessions", {"cols": 80, "rows": 24}, token=ALICE
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        created = json.loads(reply.body)
+        self.addCleanup(
+            self.request,
+            "DELETE",
+            f"/pty/sessions/{created['session_id']}",
+            token=ALICE,
+        )
+        return created
+
+    def _calls(self, pid: int) -> list[tuple[str, Any, bool]]:
+        selector = {"process": {"pid": pid}}
+        keys = {"pty": _b64(b"echo pwned > /dev/null\n")}
+        return [
+            ("process.Process/Connect", selector, True),
+            ("process.Process/SendInput", {**selector, "input": keys}, False),
+            (
+                "process.Process/Update",
+                {**selector, "pty": {"size": {"cols": 33, "rows": 7}}},
+                False,
+            ),
+            (
+                "process.Process/SendSignal",
+                {**selector, "signal": "SIGNAL_SIGKILL"},
+                False,
+            ),
+            ("process.Process/CloseStdin", selector, False),
+        ]
+
+    @inlineCallbacks
+    def _stream_input(self, pid: int, token: str) -> Any:
+        raw = envelope({"start": {"process": {"pid": pid}}}) + envelope(
+            {"data": {"input": {"pty": _b64(b"echo pwned\n")}}}
+        )
+        return (
+            yield self.rpc(
+                "process.Process/StreamInput",
+                None,
+                stream=True,
+                raw=raw,
+                headers={"X-Access-Token": token},
+            )
+        )
+
+    @inlineCallbacks
+    def test_not_yours_is_not_there(self) -> Any:
+        """
+        Bob (terminal:use) and Carol (terminal:use and process scopes) get,
+        for Alice's terminal pid, the same status, code and message as for
+        a pid nobody has (Connect, SendInput, StreamInput, Update,
+        SendSignal, CloseStdin); no message names a session id; Alice's
+        terminal is still there, at its size.
+        """
+        created = yield self._alice_terminal()
+        pid, session_id = created["pid"], created["session_id"]
+        for token in (BOB, CAROL):
+            headers = {"X-Access-Token": token, "Connect-Timeout-Ms": "3000"}
+            for procedure, message, stream in self._calls(pid):
+                theirs = yield self.rpc(procedure, message, stream, headers)
+                unused = json.loads(
+                    json.dumps(message).replace(str(pid), str(UNUSED_PID))
+                )
+                nobodys = yield self.rpc(procedure, unused, stream, headers)
+                got, expected = _answer(theirs), _answer(nobodys)
+                self.assertNotIn(session_id, str(theirs), procedure)
+                self.assertNotEqual(got[0:2], (200, ""), (token, procedure, theirs))
+                self.assertEqual(
+                    (got[0], got[1], got[2].replace(str(pid), "PID")),
+                    (
+                        expected[0],
+                        expected[1],
+                        expected[2].replace(str(UNUSED_PID), "PID"),
+                    ),
+                    (token, procedure),
+                )
+            theirs = yield self._stream_input(pid, token)
+            nobodys = yield self._stream_input(UNUSED_PID, token)
+            got, expected = _answer(theirs), _answer(nobodys)
+            self.assertNotIn(session_id, str(theirs))
+            self.assertEqual(
+                (got[0], got[1], got[2].replace(str(pid), "PID")),
+                (expected[0], expected[1], expected[2].replace(str(UNUSED_PID), "PID")),
+                (token, "StreamInput"),
+            )
+        reply = yield self.request("GET", f"/pty/sessions/{session_id}", token=ALICE)
+        self.assertEqual(reply.status, 200, reply.body)
+        described = json.loads(reply.body)
+        self.assertEqual((described["cols"], described["rows"]), (80, 24))
+        self.assertTrue(described.get("alive", True))
+
+    @inlineCallbacks
+    def test_connect_streams_nothing_of_anothers_terminal(self) -> Any:
+        """Bob's Connect to Alice's terminal carries none of what her shell prints."""
+        created = yield self._alice_terminal()
+        yield self.rpc(
+            "process.Process/SendInput",
+            {
+                "process": {"pid": created["pid"]},
+                "input": {"pty": _b64(b"echo ALICE-SECRET-$((6*7))\n")},
+            },
+            headers={"X-Access-Token": ALICE},
+        )
+        status, _, messages = yield self.rpc(
+            "process.Process/Connect",
+            {"process": {"pid": created["pid"]}},
+            stream=True,
+            headers={"X-Access-Token": BOB, "Connect-Timeout-Ms": "1500"},
+        )
+        self.assertEqual(status, 200)
+        self.assertEqual(len(messages), 1, messages)
+        flags, _ = messages[0]
+        self.assertEqual(flags, 2)
+        self.assertNotIn("ALICE-SECRET", str(messages))
+        self.assertNotIn(_b64(b"ALICE"), str(messages))
+
+    @inlineCallbacks
+    def test_list_shows_only_ones_own_terminals(self) -> Any:
+        """List shows Carol no terminal of Alice's (as pty_list does not)."""
+        created = yield self._alice_terminal()
+        _, _, body = yield self.rpc(
+            "process.Process/List", {}, headers={"X-Access-Token": CAROL}
+        )
+        self.assertNotIn(created["pid"], [p["pid"] for p in body["processes"]])
+
+
 class DoorRuleTests(E2BCase):
     """The door is its own endpoint ``e2b``: its scopes, rate and concurrency hold."""
 
@@ -128,6 +283,65 @@ class DoorConcurrencyTests(E2BCase):
         # A procedure the door does not serve is admitted as e2b once, not twice.
         status, _, body = yield self.rpc("process.Process/Fly", {})
         self.assertEqual((status, body["code"]), (501, "unimplemented"))
+
+
+class ListDisclosureTests(E2BCase):
+    """``List`` shows no more than ``process_list``: no other identity's environment, no secrets."""
+
+    environ = {"ALICE": ALICE, "BOB": BOB}
+    policy = {
+        "auth": {
+            "tokens": [
+                {
+                    "id": "alice",
+                    "token_env": "ALICE",
+                    "scopes": ["process:run", "process:manage"],
+                },
+                {
+                    "id": "bob",
+                    "token_env": "BOB",
+                    "scopes": ["process:run", "process:manage"],
+                },
+            ]
+        }
+    }
+
+    @inlineCallbacks
+    def test_no_environment_of_others_no_secret_names(self) -> Any:
+        """
+        Alice's command started with GITHUB_TOKEN and DB_PASSWORD: Bob's
+        List shows its command and no environment; Alice's own shows
+        PLAIN but never the secret-pattern names.
+        """
+        envs = {"GITHUB_TOKEN": "ghp_leaked", "DB_PASSWORD": "hunter2", "PLAIN": "1"}
+        started = self.rpc(
+            "process.Process/Start",
+            _start("sleep 2", envs=envs),
+            stream=True,
+            headers={"X-Access-Token": ALICE, "Connect-Timeout-Ms": "2500"},
+        )
+        yield self.sdk(time.sleep, 0.7)
+        _, _, bobs = yield self.rpc(
+            "process.Process/List", {}, headers={"X-Access-Token": BOB}
+        )
+        _, _, alices = yield self.rpc(
+            "process.Process/List", {}, headers={"X-Access-Token": ALICE}
+        )
+        yield started
+        for listed in (bobs, alices):
+            self.assertNotIn("ghp_leaked", json.dumps(listed))
+            self.assertNotIn("hunter2", json.dumps(listed))
+            self.assertNotIn("GITHUB_TOKEN", json.dumps(listed))
+            self.assertNotIn("DB_PASSWORD", json.dumps(listed))
+        (bob_view,) = [
+            p for p in bobs["processes"] if p["config"]["cmd"] == "/bin/bash"
+        ]
+        self.assertEqual(bob_view["config"].get("envs", {}), {})
+        self.assertEqual(bob_view["config"]["args"][-1], "sleep 2")
+        (alice_view,) = [
+            p for p in alices["processes"] if p["config"]["cmd"] == "/bin/bash"
+        ]
+        self.assertEqual(alice_view["config"]["envs"], {"PLAIN": "1"})
 
 
 class FileOwnerTests(E2BCase):
@@ -346,3 +560,41 @@ class ContentTypeTests(E2BCase):
         )
         self.assertEqual(status, 415)
         self.assertFalse(os.path.exists(marker))
+
+
+class ArgvAuditTests(E2BCase):
+    """What ran is on record whichever door it came through (argv in the audit line)."""
+
+    audit = True
+    policy = {"defaults": {"audit": "all"}}
+
+    @inlineCallbacks
+    def test_start_records_the_argv(self) -> Any:
+        """commands.run and pty.create through the door: their lines carry the argv, as HTTP's do."""
+
+        def job() -> Any:
+            self.sandbox().commands.run("echo audited")
+
+        yield self.sdk(job)
+        yield self.rpc(
+            "process.Process/Start",
+            {"process": {"cmd": "/bin/echo", "args": ["two", "words"]}},
+            stream=True,
+        )
+        yield self.request("POST", "/process/start", {"command": "echo audited"})
+        lines = self.audit_lines()
+        starts = [
+            r
+            for r in lines
+            if r.get("endpoint") == "process_start" and r.get("via") == "e2b"
+        ]
+        self.assertEqual(
+            [r.get("argv") for r in starts],
+            [["/bin/bash", "-l", "-c", "echo audited"], ["/bin/echo", "two", "words"]],
+        )
+        http = [
+            r
+            for r in lines
+            if r.get("endpoint") == "process_start" and r["via"] == "http"
+        ]
+        self.assertEqual(http[0]["argv"], ["echo", "audited"])
