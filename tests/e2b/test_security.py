@@ -598,3 +598,76 @@ class ArgvAuditTests(E2BCase):
             if r.get("endpoint") == "process_start" and r["via"] == "http"
         ]
         self.assertEqual(http[0]["argv"], ["echo", "audited"])
+
+
+class BinaryOutputTests(E2BCase):
+    """Output that is not UTF-8 arrives as the bytes the command wrote, as envd sends them."""
+
+    @inlineCallbacks
+    def test_bytes_are_exact(self) -> Any:
+        """printf '\\377\\376ok' arrives as FF FE 'ok', on stdout and stderr."""
+        status, _, messages = yield self.rpc(
+            "process.Process/Start",
+            _start(
+                "printf '\\377\\376ok'; printf '\\200\\351x' >&2; printf '\\342\\202'"
+            ),
+            stream=True,
+        )
+        self.assertEqual(status, 200)
+        got: dict[str, bytes] = {"stdout": b"", "stderr": b""}
+        for _, message in messages:
+            data = message.get("event", {}).get("data", {})
+            for name, value in data.items():
+                got[name] += base64.b64decode(value)
+        self.assertEqual(got["stdout"], b"\xff\xfeok\xe2\x82")
+        self.assertEqual(got["stderr"], b"\x80\xe9x")
+
+    @inlineCallbacks
+    def test_terminal_bytes_are_exact(self) -> Any:
+        """A terminal's output arrives as the bytes written too (pty data events)."""
+        started = self.rpc(
+            "process.Process/Start",
+            {
+                "process": {"cmd": "/bin/bash"},
+                "pty": {"size": {"cols": 80, "rows": 24}},
+            },
+            stream=True,
+            headers={"Connect-Timeout-Ms": "10000"},
+        )
+        table = self.daemon.context.terminals.table
+        for _ in range(100):
+            if table.sessions:
+                break
+            yield self.sdk(time.sleep, 0.05)
+        (session,) = table.sessions.values()
+        yield self.rpc(
+            "process.Process/SendInput",
+            {
+                "process": {"pid": session.pid},
+                "input": {"pty": _b64(b"printf '\\377\\376ok\\n'; exit\n")},
+            },
+        )
+        status, _, messages = yield started
+        self.assertEqual(status, 200)
+        got = b"".join(
+            base64.b64decode(m["event"]["data"]["pty"])
+            for _, m in messages
+            if "data" in m.get("event", {})
+        )
+        self.assertIn(b"\xff\xfeok", got)
+        self.assertNotIn("\ufffd".encode(), got)
+
+    @inlineCallbacks
+    def test_http_still_reads_text(self) -> Any:
+        """The same output read through HTTP's process_output is text with U+FFFD, as before."""
+        reply = yield self.request(
+            "POST", "/process/start", {"command": "printf '\\377ok'"}
+        )
+        pid = json.loads(reply.body)["pid"]
+        for _ in range(50):
+            reply = yield self.request("GET", f"/process/{pid}/output")
+            out = json.loads(reply.body)
+            if out["state"] == "exited":
+                break
+            yield self.sdk(time.sleep, 0.1)
+        self.assertEqual("".join(e["data"] for e in out["events"]), "\ufffdok")
