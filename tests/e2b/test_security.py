@@ -207,6 +207,8 @@ class OtherIdentityTerminalTests(E2BCase):
 class DoorRuleTests(E2BCase):
     """The door is its own endpoint ``e2b``: its scopes, rate and concurrency hold."""
 
+    audit = True
+
     environ = {"READER": "reader-token", "MANAGER": "manager-token"}
     policy = {
         "auth": {
@@ -242,6 +244,11 @@ class DoorRuleTests(E2BCase):
             caught, lambda: self.sandbox(token="reader-token").files.read("f.txt")
         )
         self.assertIn("missing_scope", str(error))
+        refused = [r for r in self.audit_lines() if r.get("via") == "e2b"]
+        self.assertEqual(
+            [(r["endpoint"], r["identity"], r["code"]) for r in refused],
+            [("e2b", "reader", "missing_scope")] * 2,
+        )
 
     @inlineCallbacks
     def test_rate_of_the_door(self) -> Any:
