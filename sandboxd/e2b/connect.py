@@ -25,10 +25,10 @@ from sandboxd.errors import (
     ApiError,
     Code,
     bad_request,
-    invalid_json,
     malformed_request,
     payload_too_large,
 )
+from sandboxd.web.jsonbody import parse_object
 
 STREAM_CONTENT_TYPE = "application/connect+json"
 UNARY_CONTENT_TYPE = "application/json"
@@ -95,6 +95,7 @@ _BY_STATUS = {
     409: ConnectCode.ABORTED,
     412: ConnectCode.FAILED_PRECONDITION,
     413: ConnectCode.RESOURCE_EXHAUSTED,
+    415: ConnectCode.INVALID_ARGUMENT,
     416: ConnectCode.INVALID_ARGUMENT,
     429: ConnectCode.RESOURCE_EXHAUSTED,
     501: ConnectCode.UNIMPLEMENTED,
@@ -177,16 +178,14 @@ def split_envelopes(data: bytes, max_message: int) -> list[Any]:
 
 
 def decode_json(data: bytes) -> dict[str, Any]:
-    """One JSON message body (empty means ``{}``)."""
-    if not data.strip():
-        return {}
-    try:
-        value = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        raise invalid_json("the message is not valid JSON") from None
-    if not isinstance(value, dict):
-        raise invalid_json("the message must be a JSON object")
-    return value
+    """
+    One JSON message (empty means ``{}``), read as strictly as the HTTP
+    door reads a body: UTF-8 only, no repeated key, no lone surrogate, no
+    ``NaN`` or overflowing number, no nesting past the parser's depth.
+
+    :raises ApiError: 400 ``invalid_json``.
+    """
+    return parse_object(data)
 
 
 # -- protobuf's JSON mapping --------------------------------------------------
@@ -223,12 +222,20 @@ def string_field(message: Any, name: str, default: str | None = None) -> str | N
     return value
 
 
+#: The most digits a ``uint32`` has in decimal.
+_UINT32_DIGITS = 10
+
+
 def uint_field(message: Any, name: str, default: int | None = None) -> int | None:
-    """A ``uint32`` field (JSON number, or a decimal string)."""
+    """A ``uint32`` field (JSON number, or a string of ASCII decimal digits)."""
     value = field(message, name)
     if value is None:
         return default
-    if isinstance(value, str) and value.isdigit():
+    if isinstance(value, str):
+        # str.isdigit() takes "²" and other digits int() refuses, and a
+        # long string costs int() quadratic time: only short ASCII digits.
+        if not (value.isascii() and value.isdigit()) or len(value) > _UINT32_DIGITS:
+            raise bad_field(name, "a 32-bit unsigned integer")
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise bad_field(name, "a non-negative integer")

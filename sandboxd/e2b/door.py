@@ -38,6 +38,7 @@ from sandboxd.errors import (
     bad_request,
     endpoint_disabled,
     internal,
+    malformed_request,
     payload_too_large,
     unsupported,
 )
@@ -199,6 +200,8 @@ class Call:
     started: float
     headers: dict[bytes, list[bytes]]
     passed: gate.Passed | None = None
+    #: What the gate let through as the door's own endpoint ``e2b``.
+    door_passed: gate.Passed | None = None
     endpoint_id: str | None = None
     status: int = 200
     #: The audit code of an outcome that is not an error (``client_closed``).
@@ -210,6 +213,9 @@ class Call:
     bytes_out: int = 0
     #: Who a refused caller turned out to be, for the audit line.
     refused_identity: Identity | None = None
+    #: What the handlers noted for the audit line (``argv``), shared by
+    #: every :meth:`server_request` of the call.
+    audit_fields: dict[str, Any] = attrs.Factory(dict)
     _on_close: list[Callable[[], None]] = attrs.Factory(list)
 
     @property
@@ -225,9 +231,10 @@ class Call:
 
     @property
     def identity(self) -> Identity:
-        """Who is calling (after admission)."""
-        assert self.passed is not None
-        return self.passed.identity
+        """Who is calling (once the door, or the mapped endpoint, admitted it)."""
+        passed = self.passed or self.door_passed
+        assert passed is not None
+        return passed.identity
 
     def header(self, name: str) -> str | None:
         """One request header's last value."""
@@ -247,7 +254,8 @@ class Call:
         raw = self.header("connect-timeout-ms")
         if raw is None or raw == "":
             return None
-        if not raw.isdigit() or len(raw) > 10 or int(raw) <= 0:
+        digits = raw.isascii() and raw.isdigit()
+        if not digits or len(raw) > 10 or int(raw) <= 0:
             raise bad_request(
                 f"Connect-Timeout-Ms must be a positive integer, not {raw[:20]!r}"
             )
@@ -292,6 +300,7 @@ class Call:
             context=self.context,
             raw=None,
             client=self.client,
+            audit=self.audit_fields,
         )
 
     @property
@@ -328,8 +337,9 @@ class Call:
         self.finished = True
         context = self.context
         passed = self.passed
-        if passed is not None:
-            gate.release(context, passed)
+        for held in (self.door_passed, passed):
+            if held is not None:
+                gate.release(context, held)
         error = self.error
         endpoint = passed.endpoint if passed is not None else None
         if endpoint is None and self.endpoint_id is not None:
@@ -357,7 +367,7 @@ class Call:
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
             client=self.client,
-            extra={"procedure": self.procedure.name},
+            extra={"procedure": self.procedure.name, **self.audit_fields},
         )
 
 
@@ -568,13 +578,16 @@ class Door:
             call.endpoint_id = "e2b"
             raise endpoint_disabled("e2b", rule.enabled_by, "is disabled")
         request = call.request
+        procedure = call.procedure
+        if procedure.run is not _unknown:
+            check_content_type(procedure.kind, request.getHeader(b"content-type"))
         if call.request.too_big is not None:
             raise payload_too_large(request.too_big)
         if request.content is not None:
             request.content.seek(0, 2)
             call.bytes_in = request.content.tell()
             request.content.seek(0)
-        procedure = call.procedure
+        self._admit_door(call)
         message: dict[str, Any] = {}
         messages: list[dict[str, Any]] = []
         if procedure.kind in (UNARY, SERVER_STREAM, CLIENT_STREAM):
@@ -596,7 +609,10 @@ class Door:
         call.endpoint_id = endpoint_id
         endpoint = context.table.get(endpoint_id)
         try:
-            call.passed = gate.admit(context, endpoint, call.headers)
+            if endpoint_id == "e2b" and call.door_passed is not None:
+                call.passed = call.door_passed  # admitted once is enough
+            else:
+                call.passed = gate.admit(context, endpoint, call.headers)
         except gate.Refused as refused:
             call.refused_identity = refused.identity
             raise refused.error from None
@@ -608,6 +624,29 @@ class Door:
         d.addCallbacks(
             lambda value: self._succeed(call, value), lambda f: self._failed(call, f)
         )
+
+    def _admit_door(self, call: Call) -> None:
+        """
+        Admit the call as the door's own endpoint ``e2b`` (its scopes, rate
+        and concurrency), as the MCP door admits ``mcp``, before anything
+        of the call is read; the mapped endpoint is admitted after it.  A
+        route that needs no token (``GET /health``) needs none here either.
+
+        :raises ApiError: the gate's refusal, audited as ``e2b``.
+        """
+        procedure = call.procedure
+        if isinstance(procedure.endpoint, str):
+            mapped = self.context.table.get(procedure.endpoint)
+            if mapped is not None and not mapped.auth_required:
+                return
+        try:
+            call.door_passed = gate.admit(
+                self.context, self.context.table.get("e2b"), call.headers
+            )
+        except gate.Refused as refused:
+            call.endpoint_id = "e2b"
+            call.refused_identity = refused.identity
+            raise refused.error from None
 
     def _failed(self, call: Call, failure: Failure) -> None:
         if isinstance(failure.value, ApiError):
@@ -671,6 +710,12 @@ class Door:
             status = connect.HTTP_STATUS[code]
             body = json.dumps(connect.error_json(error)).encode()
             content_type = b"application/json"
+        if error.status == UNSUPPORTED_MEDIA_TYPE:
+            # Before any message is read, whatever the call's kind: the
+            # Connect protocol answers a codec it does not take with 415.
+            status = UNSUPPORTED_MEDIA_TYPE
+            body = json.dumps(connect.error_json(error)).encode()
+            content_type = b"application/json"
         for name, value in error.headers.items():
             request.setHeader(name.encode(), value.encode())
         request.setResponseCode(status)
@@ -684,6 +729,48 @@ class Door:
     def fail(self, call: Call, error: ApiError) -> None:
         """Public form of :meth:`_fail`, for handlers that answer late."""
         self._fail(call, error)
+
+
+UNSUPPORTED_MEDIA_TYPE = 415
+
+#: The Content-Type of a Connect call's body, by kind (the JSON codec only).
+CONTENT_TYPES = {
+    UNARY: connect.UNARY_CONTENT_TYPE,
+    SERVER_STREAM: connect.STREAM_CONTENT_TYPE,
+    CLIENT_STREAM: connect.STREAM_CONTENT_TYPE,
+}
+
+
+def check_content_type(kind: str, value: bytes | None) -> None:
+    """
+    Refuse a Connect call whose body is not in the codec its kind takes
+    (a unary call's ``application/json``, a stream's
+    ``application/connect+json``; a ``charset`` parameter only as UTF-8).
+
+    A form, multipart or ``text/plain`` body is what a web page may send
+    to a local port without asking first; it is never executed.
+
+    :raises ApiError: 415 ``malformed_request`` naming the type wanted.
+    """
+    wanted = CONTENT_TYPES.get(kind)
+    if wanted is None:
+        return  # a REST route: its handler reads the Content-Type
+    text = (value or b"").decode("latin-1")
+    media, _, parameters = text.partition(";")
+    ok = media.strip().lower() == wanted
+    for parameter in parameters.split(";") if parameters.strip() else ():
+        name, _, given = parameter.partition("=")
+        if name.strip().lower() != "charset":
+            ok = False
+        elif given.strip().strip('"').lower() not in ("utf-8", "utf8"):
+            ok = False
+    if not ok:
+        error = malformed_request(
+            f"this call takes Content-Type {wanted}, not {text[:100]!r}",
+            UNSUPPORTED_MEDIA_TYPE,
+        )
+        error.headers["Accept-Post"] = wanted
+        raise error
 
 
 def _unknown(call: Call, message: dict[str, Any], *rest: Any) -> Any:

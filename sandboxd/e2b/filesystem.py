@@ -73,7 +73,11 @@ def _path(message: dict[str, Any], name: str = "path") -> str:
 
 
 def _guard(call: Call) -> PathGuard:
-    return PathGuard(call.rule)
+    """
+    The mapped endpoint's guard; on a root daemon what it creates belongs
+    to the call's user (envd's, else ``params.default_user``; SPEC §20).
+    """
+    return PathGuard.for_request(call.server_request(body={"user": call.user()}))
 
 
 def _thread(call: Call, fn: Any, *args: Any) -> Any:
@@ -120,6 +124,7 @@ def move(call: Call, message: dict[str, Any]) -> dict[str, Any]:
         "source": _path(message, "source"),
         "destination": _path(message, "destination"),
         "overwrite": True,
+        "user": call.user(),
     }
     moved = file_routes.files_move(call.server_request(body=body))
     return {"entry": describe(_guard(call), moved["destination"])}

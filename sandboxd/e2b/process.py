@@ -25,7 +25,7 @@ import json
 import os
 import shlex
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from twisted.internet.defer import Deferred
@@ -59,11 +59,16 @@ from sandboxd.errors import (
     timed_out,
 )
 from sandboxd.eventlog import Event
+from sandboxd.processes.environment import note_argv
 from sandboxd.processes.managed import Managed
 from sandboxd.processes.service import ProcessService
 from sandboxd.routes import process as process_routes
+from sandboxd.routes import system as system_routes
 from sandboxd.routes import terminal as terminal_routes
 from sandboxd.terminals.session import PtySession
+
+if TYPE_CHECKING:
+    from sandboxd.auth import Identity
 
 _SIGNALS = {"SIGNAL_SIGTERM": 15, "SIGNAL_SIGKILL": 9, "SIGNAL_UNSPECIFIED": 0}
 
@@ -76,16 +81,33 @@ def _keepalive() -> dict[str, Any]:
 
 @attrs.define
 class Config:
-    """What a command was started with, for ``List``."""
+    """
+    What a command was started with, for ``List``.
+
+    :ivar owner: the identity that started it (None: not through this door).
+    """
 
     cmd: str
     args: list[str]
     envs: dict[str, str]
     cwd: str | None
+    owner: str | None = None
 
-    def as_json(self) -> dict[str, Any]:
-        """The ``ProcessConfig`` message."""
-        out: dict[str, Any] = {"cmd": self.cmd, "args": self.args, "envs": self.envs}
+    def as_json(self, viewer: Identity, hidden: frozenset[str]) -> dict[str, Any]:
+        """
+        The ``ProcessConfig`` message as ``viewer`` may see it: no more than
+        ``process_list`` shows (the command) unless ``viewer`` started it;
+        then also its ``cwd`` and ``envs``, without the names ``GET /env``
+        hides (``hidden``, and names holding TOKEN, SECRET, KEY…).
+        """
+        out: dict[str, Any] = {"cmd": self.cmd, "args": self.args, "envs": {}}
+        if self.owner is None or viewer.id != self.owner:
+            return out
+        out["envs"] = {
+            name: value
+            for name, value in self.envs.items()
+            if not system_routes.is_redacted(name, hidden)
+        }
         if self.cwd is not None:
             out["cwd"] = self.cwd
         return out
@@ -174,14 +196,22 @@ def _selector(message: dict[str, Any]) -> tuple[str, Any]:
 
 
 def _pty_session(call: Call, pid: int) -> PtySession | None:
+    """
+    The caller's running terminal with ``pid``: another identity's is not
+    there for it (SPEC §4), so every procedure answers it as a pid nobody has.
+    """
+    identity = call.identity
     for session in _terminals(call).sessions.values():
-        if session.pid == pid and not session.ended:
+        if session.pid == pid and not session.ended and session.usable_by(identity):
             return session  # type: ignore[no-any-return]
     return None
 
 
 def _find(call: Call, message: dict[str, Any]) -> Managed | PtySession | None:
-    """The running process or terminal a selector names, or None."""
+    """
+    The running process or terminal a selector names, or None (a terminal
+    of another identity's included).
+    """
     kind, value = _selector(message)
     if kind == "pid":
         managed = _service(call).get(int(value))
@@ -286,11 +316,26 @@ class _PtyClient:
         self.on_ended: Any = None
 
     def send_frame(self, frame: bytes) -> None:
-        """Terminal output becomes a ``pty`` data event."""
+        """
+        Terminal output becomes a ``pty`` data event carrying the bytes the
+        terminal wrote, as envd sends them (the frame's text has U+FFFD for
+        what is not UTF-8: the bytes are read from the scrollback instead).
+        """
         message = json.loads(frame)
         if message.get("type") == "output" and message.get("data"):
-            data = message["data"].encode("utf-8", "surrogateescape")
-            self.stream.send({"event": {"data": {"pty": b64(data)}}})
+            data = self._written_since(int(message.get("offset", 0)))
+            if data:
+                self.stream.send({"event": {"data": {"pty": b64(data)}}})
+
+    def _written_since(self, offset: int) -> bytes:
+        """The output bytes from ``offset`` to what the session has sent so far."""
+        session = self.session
+        kept = session.scrollback
+        # A frame is sent as soon as ``emitted`` moves; the last one (a
+        # character the shell left unfinished) just before it does.
+        upto = kept.end if session.ended else session.emitted
+        begin = max(offset, kept.start)
+        return bytes(kept.data[begin - kept.start : upto - kept.start])
 
     def session_ended(self, frame: bytes) -> None:
         """The shell ended: the ``end`` event, then the end of the stream."""
@@ -376,6 +421,8 @@ def start(call: Call, message: dict[str, Any]) -> Any:
     request = call.server_request(_launch_body(call, config))
     spec = process_routes.launch(request)
     spec = attrs.evolve(spec, argv=[config.cmd, *config.args])
+    # What runs is on record as it runs (a shell's -l included), as HTTP's.
+    note_argv(request, spec.argv, config.envs)
     rule = call.rule
     service = _service(call)
     service.check_room(rule)
@@ -398,7 +445,7 @@ def start(call: Call, message: dict[str, Any]) -> Any:
         raise process_routes._spawn_failed(e, spec.command) from None
 
     def running(_: object = None) -> None:
-        _state(call).remember(managed.pid, config)
+        _state(call).remember(managed.pid, attrs.evolve(config, owner=call.identity.id))
         stream = Stream(call, _keepalive)
         stream.send({"event": {"start": {"pid": managed.pid}}})
         _follow(call, stream, managed, replay=True)
@@ -431,7 +478,7 @@ def _start_pty(call: Call, message: dict[str, Any], config: Config) -> None:
     created = terminal_routes.pty_create_session(call.server_request(body))
     table = _terminals(call)
     session = table.get(created["session_id"])
-    _state(call).remember(session.pid, config)
+    _state(call).remember(session.pid, attrs.evolve(config, owner=call.identity.id))
     stream = Stream(call, _keepalive)
 
     if timeout is not None:
@@ -459,8 +506,15 @@ def connect_(call: Call, message: dict[str, Any]) -> None:
 
 
 def list_(call: Call, message: dict[str, Any]) -> dict[str, Any]:
-    """``List``: running processes and terminals."""
+    """
+    ``List``: running processes (as ``process_list`` shows them) and the
+    caller's own terminals (as ``pty_list`` does).
+    """
     state = _state(call)
+    viewer = call.identity
+    hidden = frozenset(call.context.policy.secret_env_names()) | frozenset(
+        call.rule.params.env_deny
+    )
     out = []
     for managed in _service(call).list():
         if not managed.running:
@@ -468,15 +522,18 @@ def list_(call: Call, message: dict[str, Any]) -> dict[str, Any]:
         config = state.configs.get(managed.pid)
         if config is None:
             config = Config(managed.command, [], {}, None)
-        info: dict[str, Any] = {"config": config.as_json(), "pid": managed.pid}
+        info: dict[str, Any] = {
+            "config": config.as_json(viewer, hidden),
+            "pid": managed.pid,
+        }
         if managed.tag is not None:
             info["tag"] = managed.tag
         out.append(info)
     for session in _terminals(call).sessions.values():
-        if session.ended or not terminal_routes.visible(call.server_request(), session):
+        if session.ended or not session.usable_by(viewer):
             continue
         config = state.configs.get(session.pid) or Config("", [], {}, None)
-        out.append({"config": config.as_json(), "pid": session.pid})
+        out.append({"config": config.as_json(viewer, hidden), "pid": session.pid})
     return {"processes": out}
 
 
@@ -487,8 +544,6 @@ def _write_input(call: Call, target: Managed | PtySession, message: Any) -> int:
     name, _ = chosen
     data = bytes_field(field(message, "input"), name) or b""
     if isinstance(target, PtySession):
-        if not terminal_routes.visible(call.server_request(), target):
-            raise _missing(message)
         target.write(data)
         return len(data)
     process_routes.feed_stdin(target, data)

@@ -205,8 +205,11 @@ def upload(call: Call, _: Any) -> Deferred[Any]:
         raise bad_request(
             "the body must be multipart/form-data or application/octet-stream"
         )
-    request = call.server_request()
-    guard = PathGuard(call.rule)
+    # On a root daemon the files belong to the call's user (envd's
+    # ``username``, else its Basic user, else ``params.default_user``).
+    user = _query(call, "username") or call.user()
+    request = call.server_request(body={"user": user})
+    guard = PathGuard.for_request(request)
     cap = file_routes.max_bytes(request)
     rule = call.rule.source("limits.max_bytes") or "default:limits.max_bytes"
     content = call.request.content

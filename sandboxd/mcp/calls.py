@@ -295,6 +295,8 @@ class ToolCall:
         self.pending: Deferred[Any] | None = None
         self.cancelled = False
         self.started = time.monotonic()
+        #: What the handler noted for the audit line (``argv``), as on HTTP.
+        self.audit_fields: dict[str, Any] = {}
 
     def cancel(self) -> None:
         """Stop the call as a client leaving its HTTP request would."""
@@ -340,6 +342,7 @@ class ToolCall:
                 context=self.context,
                 raw=None,
                 client=self.client,
+                audit=self.audit_fields,
             )
             result = await self._answer(request)
             if result.get("isError"):
@@ -447,7 +450,11 @@ class ToolCall:
             decided_by=error.rule if error is not None else None,
             started=self.started,
             client=self.client,
-            extra={"tool": self.tool.name, "mcp_session": self.session_id[:8]},
+            extra={
+                "tool": self.tool.name,
+                "mcp_session": self.session_id[:8],
+                **self.audit_fields,
+            },
         )
 
 

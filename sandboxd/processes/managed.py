@@ -15,12 +15,29 @@ from sandboxd.policy.defaults import EVENT_OVERHEAD_BYTES
 from sandboxd.processes.child import STREAM_NAMES, Child, timeout_error
 
 
+def readable(text: str) -> str:
+    """
+    Output text as a text door shows it: bytes that were not UTF-8 become
+    U+FFFD, as a decoder with ``errors="replace"`` would have made them.
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return text
+
+
 class Managed:
     """
     One background process: its child, its label, and its output log.
 
     Output is recorded as it is read, one event per read (``stdout`` or
     ``stderr``, ``{"data": text}``), then ``error`` (timeouts) and ``exit``.
+    The text keeps every byte: what is not UTF-8 is held as surrogate
+    escapes, so a door that sends bytes (the E2B door) sends the very
+    bytes written, and a door that sends text shows :func:`readable`.
     """
 
     def __init__(
@@ -38,7 +55,8 @@ class Managed:
         self.capture_output: bool | None = None
         self.ended_at: float | None = None
         self._decoders = {
-            fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in STREAM_NAMES
+            fd: codecs.getincrementaldecoder("utf-8")("surrogateescape")
+            for fd in STREAM_NAMES
         }
 
     @property

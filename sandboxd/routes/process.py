@@ -34,17 +34,19 @@ from sandboxd.errors import (
     timed_out,
     unavailable,
 )
+from sandboxd.eventlog import Event
 from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import PROCESS_OUTPUT_WAIT_SECONDS, STDIN_PENDING_BYTES
 from sandboxd.processes.child import Child, timeout_message
 from sandboxd.processes.command import RunAs, command_argv, resolve_user
 from sandboxd.processes.environment import child_environment, note_argv, validate_env
+from sandboxd.processes.managed import readable
 from sandboxd.processes.run import run_collect, spawn
 from sandboxd.processes.service import ProcessService
 from sandboxd.web.linestream import LineStream
 from sandboxd.web.messages import ServerRequest, SSEResponse
 from sandboxd.web.params import flag, integer, number, seconds, string
-from sandboxd.web.sse import Follower, SSEChannel, resume_point
+from sandboxd.web.sse import Follower, SSEChannel, default_format, resume_point
 
 
 @attrs.frozen
@@ -442,7 +444,7 @@ def process_output(request: ServerRequest) -> Any:
         after = resume_point(request.query, request.headers)
 
         def start(channel: SSEChannel) -> None:
-            Follower(managed.log, channel, after)
+            Follower(managed.log, channel, after, _text_format)
 
         return SSEResponse(start=start)
     if seed_form:
@@ -506,7 +508,7 @@ def _output_page(
     """
     gap, scanned = managed.log.since(after)
     out = [
-        {"seq": e.seq, "stream": e.event, "data": e.data["data"]}
+        {"seq": e.seq, "stream": e.event, "data": readable(e.data["data"])}
         for e in scanned
         if e.event in ("stdout", "stderr")
     ]
@@ -525,6 +527,14 @@ def _output_page(
         "dropped": gap is not None or dropped > 0,
         "dropped_bytes": dropped,
     }
+
+
+def _text_format(event: Event) -> bytes:
+    """An output event as text (what was not UTF-8 as U+FFFD)."""
+    if event.event in ("stdout", "stderr"):
+        data = {**event.data, "data": readable(event.data["data"])}
+        event = Event(event.seq, event.event, data, event.size)
+    return default_format(event)
 
 
 def process_stdin(request: ServerRequest) -> dict[str, Any]:

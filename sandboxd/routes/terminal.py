@@ -56,8 +56,7 @@ def _ws_url(request: ServerRequest, session_id: str) -> str:
 
 def visible(request: ServerRequest, session: PtySession) -> bool:
     """Whether the caller may see ``session``: its owner, or ``*``."""
-    identity = request.identity
-    return identity.id == session.owner or identity.has_scope("*")
+    return session.usable_by(request.identity)
 
 
 def _session(request: ServerRequest) -> PtySession:

@@ -23,7 +23,7 @@ import struct
 import termios
 import time
 import uuid
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 from twisted.internet.defer import Deferred, succeed
@@ -48,6 +48,9 @@ from sandboxd.processes.tree import (
     never_signalled,
     signal_tree,
 )
+
+if TYPE_CHECKING:
+    from sandboxd.auth import Identity
 
 log = Logger(namespace="sandboxd.terminals.session")
 
@@ -454,6 +457,14 @@ class PtySession:
         except (ProcessLookupError, PermissionError):
             return False
         return True
+
+    def usable_by(self, identity: Identity) -> bool:
+        """
+        Whether ``identity`` may see, attach to or drive this terminal: its
+        creator, or an identity holding ``*`` (SPEC §4).  Every door asks
+        this, and answers "not yours" exactly as "not there".
+        """
+        return identity.id == self.owner or "*" in identity.scopes
 
     def describe(self) -> dict[str, Any]:
         """The JSON of SPEC §7.5."""

@@ -324,7 +324,7 @@ class PtyServerProtocol(WebSocketServerProtocol):
 
 
 def _may_attach(identity: Identity, session: PtySession) -> bool:
-    return identity.id == session.owner or "*" in identity.scopes
+    return session.usable_by(identity)
 
 
 class PtyServerFactory(WebSocketServerFactory):

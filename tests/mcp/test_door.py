@@ -7,6 +7,7 @@ for the transport rules the SDK never breaks on purpose.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import time
 from typing import Any
@@ -816,3 +817,70 @@ class AuditTests(McpTestCase):
         self.assertTrue(doors)
         self.assertTrue(all(r["via"] == "mcp" for r in doors))
         self.assertIn("initialize", {r.get("rpc") for r in doors})
+
+    @inlineCallbacks
+    def test_shell_line_carries_the_argv(self) -> Any:
+        """A shell tool call's line carries the argv it ran, as the HTTP door's does."""
+
+        async def body(client: Any) -> Any:
+            return await client.call_tool("shell", {"command": "echo audited"})
+
+        yield self.with_client(body)
+        yield self.request("POST", "/shell", {"command": "echo audited"})
+        lines = [r for r in self.audit_lines() if r.get("endpoint") == "shell"]
+        by_door = {r["via"]: r.get("argv") for r in lines}
+        self.assertEqual(by_door["mcp"], by_door["http"])
+        self.assertIn("audited", by_door["mcp"])
+
+
+class TerminalOwnerTests(McpTestCase):
+    """A terminal is its creator's through MCP too: "not yours" is "not there"."""
+
+    policy = {
+        "auth": {
+            "tokens": [
+                {"id": "alice", "token_env": "ALICE_TOKEN", "scopes": ["terminal:use"]},
+                {"id": "bob", "token_env": "BOB_TOKEN", "scopes": ["terminal:use"]},
+            ]
+        }
+    }
+    environ = {"ALICE_TOKEN": "alice-token", "BOB_TOKEN": "bob-token"}
+
+    @inlineCallbacks
+    def test_anothers_terminal_is_unknown(self) -> Any:
+        """
+        Bob's pty_get, pty_resize and pty_delete of Alice's session answer as
+        for an id nobody has (the id he gave aside); pty_list does not show it,
+        and the session is still there at its size.
+        """
+        reply = yield self.request(
+            "POST", "/pty/sessions", {"cols": 80, "rows": 24}, token="alice-token"
+        )
+        sid = json.loads(reply.body)["session_id"]
+        self.addCleanup(
+            self.request, "DELETE", f"/pty/sessions/{sid}", token="alice-token"
+        )
+
+        async def body(client: Any) -> Any:
+            out = []
+            for target in (sid, "no-such-session"):
+                answers = []
+                for tool, args in (
+                    ("pty_get", {"id": target}),
+                    ("pty_resize", {"id": target, "cols": 33, "rows": 7}),
+                    ("pty_delete", {"id": target}),
+                ):
+                    result = await client.call_tool(tool, args)
+                    shown = json.dumps(result.structured_content)
+                    answers.append((result.is_error, shown.replace(target, "ID")))
+                out.append(answers)
+            listed = await client.call_tool("pty_list", {})
+            return out, listed.structured_content
+
+        (theirs, nobodys), listed = yield self.with_client(body, token="bob-token")
+        self.assertEqual(theirs, nobodys)
+        self.assertTrue(all(is_error for is_error, _ in theirs))
+        self.assertEqual(listed["sessions"], [])
+        reply = yield self.request("GET", f"/pty/sessions/{sid}", token="alice-token")
+        described = json.loads(reply.body)
+        self.assertEqual((described["cols"], described["rows"]), (80, 24))
