@@ -849,8 +849,8 @@ class TerminalOwnerTests(McpTestCase):
     @inlineCallbacks
     def test_anothers_terminal_is_unknown(self) -> Any:
         """
-        Bob's pty_get, pty_resize and pty_delete of Alice's session answer as
-        for an id nobody has (the id he gave aside); pty_list does not show it,
+        Bob's pty_detail, pty_resize and pty_delete_session of Alice's session answer as
+        for an id nobody has (the id he gave aside); pty_list_sessions does not show it,
         and the session is still there at its size.
         """
         reply = yield self.request(
@@ -866,15 +866,15 @@ class TerminalOwnerTests(McpTestCase):
             for target in (sid, "no-such-session"):
                 answers = []
                 for tool, args in (
-                    ("pty_get", {"id": target}),
+                    ("pty_detail", {"id": target}),
                     ("pty_resize", {"id": target, "cols": 33, "rows": 7}),
-                    ("pty_delete", {"id": target}),
+                    ("pty_delete_session", {"id": target}),
                 ):
                     result = await client.call_tool(tool, args)
                     shown = json.dumps(result.structured_content)
                     answers.append((result.is_error, shown.replace(target, "ID")))
                 out.append(answers)
-            listed = await client.call_tool("pty_list", {})
+            listed = await client.call_tool("pty_list_sessions", {})
             return out, listed.structured_content
 
         (theirs, nobodys), listed = yield self.with_client(body, token="bob-token")
