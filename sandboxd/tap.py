@@ -60,6 +60,13 @@ class Options(usage.Options):
             "E2B-compatible envd port or endpoint (off unless given and the "
             "e2b endpoint is enabled).",
         ],
+        [
+            "preview-port",
+            None,
+            None,
+            "Preview door port or endpoint, where browsers open the sandbox's "
+            "web apps (off unless given and the preview group is on).",
+        ],
         ["policy", None, None, "Policy file (JSON, or YAML with a server: block)."],
         [
             "preset",
@@ -148,6 +155,9 @@ class Options(usage.Options):
             pty_public_url=self["pty-public-url"],
             e2b_port=listen_string(self["e2b-port"], host)
             if self["e2b-port"]
+            else None,
+            preview_port=listen_string(self["preview-port"], host)
+            if self["preview-port"]
             else None,
             policy_file=self["policy"],
             preset=self["preset"],
