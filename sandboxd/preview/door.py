@@ -219,6 +219,7 @@ class Exchange:
         self.upgrade = False
         self.addresses = list(LOOPBACKS)
         self._timer: Any = None
+        self.timed_out = False
         request.notifyFinish().addBoth(self._ended)
 
     # -- the head -------------------------------------------------------------
@@ -252,7 +253,9 @@ class Exchange:
         rule = self.context.policy.rules["preview_proxy"]
         self.service.check_port(target.port, rule)
         exposure = self.service.exposures.get(target.port)
-        if target.label is not None and target.label != exposure.label:
+        # A labelled exposure answers only to its label; an unlabelled one
+        # to any (``{port}-{sandbox_id}.DOMAIN``, E2B's ``get_host``).
+        if exposure.label is not None and target.label != exposure.label:
             raise self.service.not_exposed(target.port)
         self.exposure = exposure
         limit = rule.limits.max_request_bytes
@@ -526,7 +529,7 @@ class Exchange:
             return
         assert self.target is not None
         timeout = self.context.policy.rules["preview_proxy"].limits.timeout_seconds
-        if failure.check(CancelledError):
+        if self.timed_out or failure.check(CancelledError):
             error = upstream_timeout(self.target.port, timeout or 0)
         else:
             refused = failure.check(ConnectionRefusedError, ConnectError)
@@ -553,6 +556,7 @@ class Exchange:
 
     def _head_late(self) -> None:
         self._timer = None
+        self.timed_out = True
         if self.pending is not None:
             self.pending.cancel()
 

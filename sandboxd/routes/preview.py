@@ -89,7 +89,7 @@ async def preview_expose(request: ServerRequest) -> ServerResponse:
     label = params.string(body.get("label"), "label", None)
     if label is not None and not _LABEL.match(label):
         raise bad_request("'label' must be 1-31 lower-case letters, digits or '-'")
-    public = params.flag(body.get("public"), "public", False, words=False)
+    public = params.flag(body.get("public", False), "public", words=False)
     rule = request.rule
     if public and not rule.params.allow_public:
         raise forbidden(
