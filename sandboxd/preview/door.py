@@ -190,7 +190,8 @@ class Exchange:
     ) -> None:
         self.service = service
         self.context = service.context
-        self.request = request
+        # Twisted's Request is untyped: held as Any.
+        self.request: Any = request
         self.length = length
         self.started = time.monotonic()
         channel: Any = request.channel
@@ -226,7 +227,7 @@ class Exchange:
 
     def header(self, name: bytes) -> list[bytes]:
         """The raw values of a request header."""
-        return self.request.requestHeaders.getRawHeaders(name) or []
+        return list(self.request.requestHeaders.getRawHeaders(name) or [])
 
     def head(self) -> None:
         """Route, check the port and the caller, and start the app's request."""
@@ -494,7 +495,7 @@ class Exchange:
         if self.length != 0:
             self.body_producer = StreamBody(
                 self.length,
-                self.request.channel.transport,  # type: ignore[arg-type]
+                self.request.channel.transport,
             )
         self._send(self.addresses[0])
 

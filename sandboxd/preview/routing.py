@@ -90,12 +90,13 @@ class Routes:
             if m is not None:
                 return _target(int(m.group(1)), m.group(2), "", target)
         if self.path_hosts(name):
-            m = _PATH.match(target)
-            if m is not None:
-                rest = target[m.end() :]
+            found = _PATH.match(target)
+            if found is not None:
+                rest = target[found.end() :]
                 if not rest.startswith(b"/"):
                     rest = b"/" + rest
-                return _target(int(m.group(1)), None, m.group(0).decode(), rest)
+                prefix = found.group(0).decode()
+                return _target(int(found.group(1)), None, prefix, rest)
         return None
 
     def url(self, port: int, label: str | None, door_port: int | None) -> str:

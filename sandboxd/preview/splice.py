@@ -222,11 +222,11 @@ class Upgrade:
         channel: Any = exchange.request.channel
         self.browser = _BrowserSide(self)
         channel.take_over(self.browser)
-        browser = self.browser.transport
+        browser: Any = self.browser.transport
         assert browser is not None and self.app is not None and self.app.transport
         browser.write(b"\r\n".join(lines) + b"\r\n\r\n")
         self.app.spliced = True
-        app = self.app.transport
+        app: Any = self.app.transport
         # Each socket is the other's producer: a full one pauses the other.
         browser.registerProducer(app, True)
         app.registerProducer(browser, True)

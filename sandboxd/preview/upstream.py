@@ -57,7 +57,7 @@ class StreamBody:
     """
 
     def __init__(self, length: int | None, source: IPushProducer | None) -> None:
-        self.length = length if length is not None else UNKNOWN_LENGTH
+        self.length: Any = length if length is not None else UNKNOWN_LENGTH
         self._source = source
         self._consumer: IConsumer | None = None
         self._early: list[bytes] = []
@@ -160,5 +160,6 @@ class BodyRelay(Protocol):
 
     def stop(self) -> None:
         """The browser left: close the app's connection."""
-        if self.transport is not None:
-            self.transport.stopProducing()
+        transport: Any = self.transport
+        if transport is not None:
+            transport.stopProducing()
