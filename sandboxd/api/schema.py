@@ -2036,6 +2036,12 @@ SCHEMAS: dict[str, Schema] = {
             E(404, "port_not_exposed", "nobody exposed this port", "NotFoundError"),
             E(421, "misdirected_request", "a Host that names no preview"),
             E(
+                429,
+                "too_many_sessions",
+                "limits.max_sessions (64) WebSockets are open through the door",
+                "ResourceError",
+            ),
+            E(
                 502,
                 "upstream_unavailable",
                 "nothing answers on the port (browsers get a page that retries)",

@@ -40,6 +40,8 @@ from sandboxd.errors import (
     ApiError,
     Code,
     bad_request,
+    limit_exceeded,
+    limit_rule,
     link_refused,
     misdirected,
     payload_too_large,
@@ -266,6 +268,24 @@ class Exchange:
         self.track()
         connection = h.connection_listed([(b"connection", self.header(b"connection"))])
         self.upgrade = bool(self.header(b"upgrade")) and b"upgrade" in connection
+        if self.upgrade:
+            self._check_room(rule)
+
+    def _check_room(self, rule: EffectiveRule) -> None:
+        """
+        :raises ApiError: 429 when ``limits.max_sessions`` upgraded
+            connections (WebSockets) are open through the door.
+        """
+        limit = rule.limits.max_sessions
+        open_now = sum(e.websockets for e in self.service.exposures.by_port.values())
+        if limit is not None and open_now >= limit:
+            raise limit_exceeded(
+                429,
+                f"{open_now} WebSockets are open through the preview door",
+                Code.TOO_MANY_SESSIONS,
+                limit_rule(rule, "max_sessions"),
+                limit=limit,
+            )
 
     def _admit(self, exposure: Exposure, target: Target) -> None:
         """The gate, with the first credential that passes (see the module)."""

@@ -484,3 +484,32 @@ class WebSocketTests(DoorCase):
             return ws.recv() == ""
 
         self.assertTrue((yield deferToThread(closed)))
+
+
+class WebSocketLimitTests(DoorCase):
+    """``limits.max_sessions`` of ``preview_proxy`` bounds the open WebSockets."""
+
+    policy = {
+        **POLICY,
+        "endpoints": {"preview_proxy": {"limits": {"max_sessions": 1}}},
+    }
+
+    @inlineCallbacks
+    def test_one_too_many(self) -> None:
+        """The second WebSocket while one is open: 429 too_many_sessions."""
+        yield self.expose()
+        first = yield deferToThread(WebSocketTests.connect, self)
+        self.addCleanup(first.close)
+
+        def second() -> str:
+            import websocket
+
+            try:
+                WebSocketTests.connect(self).close()
+            except websocket.WebSocketBadStatusException as e:
+                return f"{e.status_code} {e.resp_body!r}"
+            return "connected"
+
+        refused = yield deferToThread(second)
+        self.assertIn("429", refused)
+        self.assertIn("too_many_sessions", refused)
