@@ -124,8 +124,10 @@ class Context:
     def __attrs_post_init__(self) -> None:
         self.router = Router(self.table)
         self.rates = RateLimiter(as_clock(self.reactor))
+        # The clock is asked when a link is minted or checked, not now: a
+        # reactor that is never run (a MemoryReactor building a daemon) has none.
         self.links = LinkTable.for_key_file(
-            self.policy.document.link_key_file, self.reactor.seconds
+            self.policy.document.link_key_file, lambda: self.reactor.seconds()
         )
 
     @property

@@ -331,7 +331,7 @@ PREVIEW_PORTS = ("1024-65535",)
 #: Preview: idle connections the upstream pool keeps per port, and for how
 #: long (shorter than Node's 5 s keep-alive, so a connection the app is
 #: about to close is not reused).
-PREVIEW_POOL_PER_PORT = 8
+PREVIEW_POOL_PER_PORT = 32
 PREVIEW_POOL_IDLE_SECONDS = 4
 
 #: Preview: a request head sent to an upgrading upstream (WebSocket) and

@@ -605,7 +605,8 @@ class Exchange:
                 ]
             request.responseHeaders.setRawHeaders(name, values)
         self.status = response.code
-        self.relay = BodyRelay(self._register, self._write, self._body_ended)
+        length = response.length if isinstance(response.length, int) else None
+        self.relay = BodyRelay(self._register, self._write, self._body_ended, length)
         response.deliverBody(self.relay)
 
     def _origin(self) -> str:

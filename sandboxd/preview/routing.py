@@ -61,15 +61,16 @@ class Routes:
 
     domain: str
     public_url: str | None = None
+    #: Host templates: ``{port}.DOMAIN`` and the public URL's.
+    host_patterns: tuple[re.Pattern[str], ...] = attrs.field(init=False)
 
-    @property
-    def host_patterns(self) -> list[re.Pattern[str]]:
-        """Host templates: ``{port}.DOMAIN`` and the public URL's."""
+    @host_patterns.default
+    def _patterns(self) -> tuple[re.Pattern[str], ...]:
         out = [_host_pattern("{port}." + self.domain)]
         template = self._public_host()
         if template is not None and "{port}" in template:
             out.append(_host_pattern(template))
-        return out
+        return tuple(out)
 
     def _public_host(self) -> str | None:
         if self.public_url is None:

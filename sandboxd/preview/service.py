@@ -57,14 +57,19 @@ class PreviewService(Service):
         self.secure = description.startswith(("ssl:", "tls:"))
         self.site: PreviewSite | None = None
         self._opening = Opening()
+        self._routes: Routes | None = None
+        self._routes_of: Any = None
 
     # -- what the door and the routes ask -------------------------------------
 
     @property
     def routes(self) -> Routes:
-        """The Host patterns of the policy in force."""
+        """The Host patterns of the policy in force (made again after a reload)."""
         doc = self.context.policy.document
-        return Routes(doc.preview_domain, doc.preview_public_url)
+        if self._routes is None or self._routes_of is not doc:
+            self._routes = Routes(doc.preview_domain, doc.preview_public_url)
+            self._routes_of = doc
+        return self._routes
 
     @property
     def public_url(self) -> str | None:

@@ -65,9 +65,12 @@ class _AppSide(Protocol):
         self.spliced = False
 
     def connectionMade(self) -> None:
-        """Send the request head."""
-        assert self.transport is not None
-        self.transport.write(self.upgrade.request_head())
+        """Send the request head (and every frame after it) at once, no Nagle."""
+        transport: Any = self.transport
+        assert transport is not None
+        if hasattr(transport, "setTcpNoDelay"):
+            transport.setTcpNoDelay(True)
+        transport.write(self.upgrade.request_head())
 
     def dataReceived(self, data: bytes) -> None:
         """The response head, then whatever follows it."""
