@@ -111,6 +111,8 @@ class Context:
     pty_listen: str | None = None
     #: The capability links minted by this daemon (SPEC §23).
     links: LinkTable = attrs.field(init=False)
+    #: ``--preview-public-url`` (wins over the policy's).
+    preview_public_url: str | None = attrs.field(default=None, init=False)
     #: The preview door's service (``sandboxd.preview.service.PreviewService``),
     #: when ``--preview-port`` is given.
     preview: Any = attrs.field(default=None, init=False)

@@ -128,6 +128,8 @@ class Settings:
     e2b_port: str | None = None
     #: The preview door (SPEC §23); None: it does not listen.
     preview_port: str | None = None
+    #: Where browsers reach the door (wins over the policy's).
+    preview_public_url: str | None = None
     policy: Any = None
     policy_file: str | None = None
     preset: str | None = None
@@ -564,6 +566,7 @@ def build(
     context.http_port = port_number(http_listen)
     context.pty_listen = pty_listen
     context.pty_public_url = settings.pty_public_url
+    context.preview_public_url = settings.preview_public_url
     context.pty_port = port_number(context.pty_listen)
     groups = setup_services(context)
     e2b = e2b_listen(settings, http_listen)

@@ -15,7 +15,7 @@ from twisted.application.service import IService
 from twisted.python import usage
 
 from sandboxd.policy import Policy, PolicyError
-from sandboxd.policy.document import check_public_url
+from sandboxd.policy.document import check_preview_url, check_public_url
 from sandboxd.server import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -88,6 +88,13 @@ class Options(usage.Options):
             "reach the PTY port through a proxy or a port mapping.",
         ],
         [
+            "preview-public-url",
+            None,
+            None,
+            "Where browsers reach the preview door behind an ingress "
+            "(https://{port}-sbx.example.com, or a base for /p/PORT/).",
+        ],
+        [
             "audit-log",
             None,
             None,
@@ -134,6 +141,10 @@ class Options(usage.Options):
             os.path.abspath(c) if c.endswith(".py") else c for c in self["commands"]
         ]
         try:
+            if self["preview-public-url"] is not None:
+                self["preview-public-url"] = check_preview_url(
+                    self["preview-public-url"], "--preview-public-url"
+                )
             if self["pty-public-url"] is not None:
                 self["pty-public-url"] = check_public_url(
                     "--pty-public-url", self["pty-public-url"]
@@ -153,6 +164,7 @@ class Options(usage.Options):
             host=host,
             allow_unauthenticated=bool(self["allow-unauthenticated"]),
             pty_public_url=self["pty-public-url"],
+            preview_public_url=self["preview-public-url"],
             e2b_port=listen_string(self["e2b-port"], host)
             if self["e2b-port"]
             else None,

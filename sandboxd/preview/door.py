@@ -264,10 +264,10 @@ class Exchange:
         limit = rule.limits.max_request_bytes
         if limit is not None and self.length is not None and self.length > limit:
             raise payload_too_large(limit)
-        self._admit(exposure, target)
-        self.track()
         connection = h.connection_listed([(b"connection", self.header(b"connection"))])
         self.upgrade = bool(self.header(b"upgrade")) and b"upgrade" in connection
+        self._admit(exposure, target)
+        self.track()
         if self.upgrade:
             self._check_room(rule)
 
@@ -335,7 +335,9 @@ class Exchange:
                     refusal = e
                 continue
             self.identity = self.passed.identity
-            if where == "query":
+            if where == "query" and not self.upgrade:
+                # A WebSocket handshake cannot follow a redirect: the link
+                # in its URL is enough (and never reaches the app).
                 self.redirect = self._cookie_redirect(credential, target, query)
             return
         if refusal is None or refusal.error.code == Code.UNAUTHORIZED:

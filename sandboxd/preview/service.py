@@ -67,15 +67,10 @@ class PreviewService(Service):
         """The Host patterns of the policy in force (made again after a reload)."""
         doc = self.context.policy.document
         if self._routes is None or self._routes_of is not doc:
-            self._routes = Routes(doc.preview_domain, doc.preview_public_url)
+            public = self.context.preview_public_url or doc.preview_public_url
+            self._routes = Routes(doc.preview_domain, public)
             self._routes_of = doc
         return self._routes
-
-    @property
-    def public_url(self) -> str | None:
-        """``preview_public_url``, if the policy names one."""
-        url: str | None = self.context.policy.document.preview_public_url
-        return url
 
     def url(self, port: int, label: str | None) -> str:
         """Where a browser opens ``port``'s preview."""

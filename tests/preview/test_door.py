@@ -460,6 +460,30 @@ class WebSocketTests(DoorCase):
         self.assertNotIn("x-access-token", seen)
 
     @inlineCallbacks
+    def test_link_in_the_handshake_url(self) -> None:
+        """A WebSocket opened with ``?sbx_link=`` (no token, no cookie) is let through."""
+        yield self.expose()
+        minted = yield self.request("POST", f"/preview/ports/{self.app_port}/link", {})
+        link = minted.json()["token"]
+
+        def talk() -> str:
+            import websocket
+
+            ws = websocket.create_connection(
+                f"ws://127.0.0.1:{self.door_port}/ws?sbx_link={link}",
+                host=self.host(),
+                subprotocols=["echo.v1"],
+                timeout=10,
+            )
+            try:
+                ws.send("via link")
+                return str(ws.recv())
+            finally:
+                ws.close()
+
+        self.assertEqual((yield deferToThread(talk)), "via link")
+
+    @inlineCallbacks
     def test_unexpose_closes_open_sockets(self) -> None:
         """Unexposing closes the port's open WebSocket and event stream."""
         yield self.expose()
