@@ -348,6 +348,8 @@ class DaemonService(MultiService):
             door.policy_reloaded()
         if self.context.e2b is not None:
             self.context.e2b.policy_reloaded()
+        if self.context.preview is not None:
+            self.context.preview.policy_reloaded()
         log.info(
             "sandboxd: policy reloaded (revision {revision})", revision=policy.revision
         )

@@ -57,6 +57,7 @@ class PreviewService(Service):
         self.secure = description.startswith(("ssl:", "tls:"))
         self.site: PreviewSite | None = None
         self._opening = Opening()
+        self._relistening = False
         self._routes: Routes | None = None
         self._routes_of: Any = None
 
@@ -141,21 +142,61 @@ class PreviewService(Service):
         """Fires once the door listens (None when it is off)."""
         return self._opening.listening()
 
+    def policy_reloaded(self) -> None:
+        """
+        A new policy is in force: the door listens exactly while
+        ``preview_proxy`` is enabled.  Turned off, it stops listening and
+        ends every exposure and what is in flight; turned back on, it
+        listens again (with no exposure: they are made anew).
+        """
+        if not self.running:
+            return
+        enabled = self.context.policy.rules["preview_proxy"].enabled
+        if not enabled and self.port is not None:
+            log.info(
+                "sandboxd: preview_proxy is disabled by the new policy: the "
+                "preview port {port} stops listening",
+                port=self.description,
+            )
+            self._close()
+        elif enabled and self.port is None and not self._relistening:
+            self._relistening = True
+            self.site = PreviewSite(self, self.limits)
+            endpoint = serverFromString(self.context.reactor, self.description)
+            d = endpoint.listen(self.site)
+
+            def listened(port: Any) -> None:
+                self._relistening = False
+                self._listened(port)
+                if (
+                    not self.running
+                    or not self.context.policy.rules["preview_proxy"].enabled
+                ):
+                    self._close()
+
+            def failed(failure: Failure) -> None:
+                self._relistening = False
+                self._failed(failure)
+
+            d.addCallbacks(listened, failed)
+
+    def _close(self) -> Deferred[Any]:
+        """Stop listening; end every exposure and its connections."""
+        self.exposures.close()
+        if self.port is None:
+            return succeed(None)
+        port, self.port = self.port, None
+        stopped = maybeDeferred(port.stopListening)
+        site = self.site
+        if site is not None:
+            stopped.addCallback(lambda _: site.close_all())
+        return stopped
+
     def stopService(self) -> Deferred[Any]:
         """Stop listening, close every exposure's connections and the pool."""
         super().stopService()  # type: ignore[no-untyped-call]
-        self.exposures.close()
-        steps: list[Deferred[Any]] = [self.pool.closeCachedConnections()]
-        if self.port is not None:
-            port, self.port = self.port, None
-            stopped = maybeDeferred(port.stopListening)
-            if self.site is not None:
-                site = self.site
-                stopped.addCallback(lambda _: site.close_all())
-            steps.append(stopped)
-        return (
-            DeferredList(steps).addCallback(lambda _: None) if steps else succeed(None)
-        )
+        steps = [self._close(), self.pool.closeCachedConnections()]
+        return DeferredList(steps).addCallback(lambda _: None)
 
 
 def setup(

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import resource
+import socket
 import time
 from typing import Any
 
@@ -113,8 +115,9 @@ class DoorCase(DaemonTestCase):
         self.app_port = self.app.listen()
         self.addCleanup(self.app.stop)
         yield super().setUp()
-        self.door = self.daemon.context.preview
-        self.door_port = self.door.door_port
+        if self.autostart:
+            self.door = self.daemon.context.preview
+            self.door_port = self.door.door_port
         self.pool = HTTPConnectionPool(reactor, persistent=False)
         self.agent = Agent(reactor, pool=self.pool)
 
@@ -537,3 +540,51 @@ class WebSocketLimitTests(DoorCase):
         refused = yield deferToThread(second)
         self.assertIn("429", refused)
         self.assertIn("too_many_sessions", refused)
+
+
+class ReloadTests(DoorCase):
+    """The door follows the policy across reloads."""
+
+    autostart = False
+
+    @inlineCallbacks
+    def test_reload_switches_the_door(self) -> None:
+        """
+        A reload that turns the preview group off stops the door listening
+        and ends the exposures; one that turns it back on listens again.
+        """
+        path = os.path.join(self.base_dir, "policy.json")
+
+        def write(on: bool) -> None:
+            with open(path, "w") as f:
+                json.dump({**POLICY, "groups": {"preview": on}}, f)
+
+        write(True)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        yield self.start(
+            policy=None,
+            policy_file=path,
+            preview_port=f"tcp:{port}:interface=127.0.0.1",
+        )
+        self.door = self.daemon.context.preview
+        self.door_port = port
+        yield self.expose()
+        response, _ = yield self.fetch("GET", "/")
+        self.assertEqual(response.code, 200)
+        write(False)
+        self.assertTrue(self.daemon.daemon.reload())
+        yield deferLater(reactor, 0.2, lambda: None)
+        self.assertEqual(self.door.exposures.by_port, {})
+        with self.assertRaises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        write(True)
+        self.assertTrue(self.daemon.daemon.reload())
+        for _ in range(100):
+            if self.door.port is not None:
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        yield self.expose()
+        response, _ = yield self.fetch("GET", "/")
+        self.assertEqual(response.code, 200)
