@@ -45,6 +45,7 @@ from sandboxd.errors import (
     link_refused,
     misdirected,
     payload_too_large,
+    unexpected,
     upstream_timeout,
     upstream_unavailable,
 )
@@ -237,6 +238,10 @@ class Exchange:
             self._decide()
         except ApiError as e:
             self._refuse(e)
+            return
+        except Exception as e:  # a bug must still be one answer and one audit line
+            log.failure("preview: deciding a request failed")
+            self._refuse(unexpected(e))
             return
         if self.redirect is not None or self.upgrade:
             return  # answered (or spliced) once the (empty) body is in
@@ -548,7 +553,7 @@ class Exchange:
         self.pending = None
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
-        if self.gone:
+        if self.gone or self.answered_early:
             return
         assert self.target is not None
         timeout = self.context.policy.rules["preview_proxy"].limits.timeout_seconds

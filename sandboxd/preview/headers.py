@@ -15,6 +15,7 @@ preview's URL.
 from __future__ import annotations
 
 import re
+import urllib.parse
 from collections.abc import Iterable
 from http.cookies import CookieError, SimpleCookie
 
@@ -110,11 +111,11 @@ def query_without(raw_query: bytes, name: bytes) -> bytes:
 
 
 def query_value(raw_query: bytes, name: bytes) -> bytes | None:
-    """The first value of ``name`` in a raw query string (not decoded)."""
+    """The first value of ``name`` in a raw query string, percent-decoded."""
     for part in raw_query.split(b"&"):
         key, eq, value = part.partition(b"=")
         if key == name and eq:
-            return value
+            return urllib.parse.unquote_to_bytes(value)
     return None
 
 
