@@ -305,6 +305,32 @@ class RoutingAndAuthTests(DoorCase):
         )
 
     @inlineCallbacks
+    def test_link_in_path_mode(self) -> None:
+        """In path mode the cookie is the prefix's only, and the redirect keeps the prefix."""
+        yield self.expose()
+        minted = yield self.request("POST", f"/preview/ports/{self.app_port}/link", {})
+        link = minted.json()["token"]
+        door = f"127.0.0.1:{self.door_port}"
+        response, _ = yield self.fetch(
+            "GET", f"/p/{self.app_port}/page?sbx_link={link}", token=None, host=door
+        )
+        self.assertEqual(response.code, 303)
+        self.assertEqual(
+            response.headers.getRawHeaders(b"location"),
+            [f"/p/{self.app_port}/page".encode()],
+        )
+        cookie = response.headers.getRawHeaders(b"set-cookie")[0].decode()
+        self.assertIn(f"Path=/p/{self.app_port}/", cookie)
+        response, _ = yield self.fetch(
+            "GET",
+            f"/p/{self.app_port}/",
+            token=None,
+            host=door,
+            headers={"cookie": cookie.split(";")[0]},
+        )
+        self.assertEqual(response.code, 200)
+
+    @inlineCallbacks
     def test_upstream_errors(self) -> None:
         """Nothing listening: 502 (a retrying page for browsers); no head in time: 504."""
         free = App()
@@ -588,3 +614,63 @@ class ReloadTests(DoorCase):
         yield self.expose()
         response, _ = yield self.fetch("GET", "/")
         self.assertEqual(response.code, 200)
+
+
+class ExposureApiTests(DoorCase):
+    """The preview group's own endpoints."""
+
+    policy = {
+        **POLICY,
+        "endpoints": {
+            **POLICY["endpoints"],
+            "group:preview": {
+                "params": {"allow_public": False, "ports": ["1024-65535"]}
+            },
+        },
+    }
+
+    @inlineCallbacks
+    def test_list_get_expire_preserve(self) -> None:
+        """
+        The list shows exposures and other listening ports; an exposure
+        ends at its ttl; ``host_header: preserve`` gives the app the
+        browser's Host for plain requests and upgrades alike; public is
+        refused when the policy says so.
+        """
+        refused = yield self.expose(public=True)
+        self.assertEqual(
+            (refused.status, refused.json()["code"]), (403, "param_not_allowed")
+        )
+        made = yield self.expose(label="web", host_header="preserve", ttl_seconds=60)
+        self.assertEqual(made.status, 201, made.body)
+        listed = yield self.request("GET", "/preview/ports")
+        ports = {p["port"]: p for p in listed.json()["ports"]}
+        self.assertTrue(ports[self.app_port]["exposed"])
+        self.assertTrue(ports[self.app_port]["listening"])
+        self.assertEqual(ports[self.app_port]["label"], "web")
+        self.assertFalse(ports[self.daemon.port]["exposed"])
+        host = self.host(label="web")
+        response, body = yield self.fetch("GET", "/headers", host=host)
+        self.assertEqual(json.loads(body)["headers"]["host"], [host])
+
+        def upgrade_host() -> None:
+            import websocket
+
+            websocket.create_connection(
+                f"ws://127.0.0.1:{self.door_port}/ws",
+                host=host,
+                header=[f"X-Access-Token: {TOKEN}"],
+                timeout=10,
+            ).close()
+
+        yield deferToThread(upgrade_host)
+        self.assertEqual(self.app.ws_headers[-1]["host"], host)
+        got = yield self.request("GET", f"/preview/ports/{self.app_port}")
+        self.assertGreaterEqual(got.json()["requests"], 2)
+        # The exposure ends at its ttl.
+        exposure = self.door.exposures.by_port[self.app_port]
+        exposure.expires_at = self.daemon.reactor.seconds() - 1
+        gone = yield self.request("GET", f"/preview/ports/{self.app_port}")
+        self.assertEqual((gone.status, gone.json()["code"]), (404, "port_not_exposed"))
+        response, _ = yield self.fetch("GET", "/", host=host)
+        self.assertEqual(response.code, 404)
