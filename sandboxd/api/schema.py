@@ -2033,6 +2033,11 @@ SCHEMAS: dict[str, Schema] = {
             ),
             E(401, "link_expired", "the link expired", "AuthError"),
             E(403, "port_not_allowed", "the port may not be previewed"),
+            E(
+                403,
+                "origin_not_allowed",
+                "the door's cookie, from another page's Origin",
+            ),
             E(404, "port_not_exposed", "nobody exposed this port", "NotFoundError"),
             E(421, "misdirected_request", "a Host that names no preview"),
             E(

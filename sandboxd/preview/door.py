@@ -40,6 +40,7 @@ from sandboxd.errors import (
     ApiError,
     Code,
     bad_request,
+    forbidden,
     limit_exceeded,
     limit_rule,
     link_refused,
@@ -340,6 +341,8 @@ class Exchange:
                     refusal = e
                 continue
             self.identity = self.passed.identity
+            if where == "cookie":
+                self._check_cookie_origin()
             if where == "query" and not self.upgrade:
                 # A WebSocket handshake cannot follow a redirect: the link
                 # in its URL is enough (and never reaches the app).
@@ -348,6 +351,31 @@ class Exchange:
         if refusal is None or refusal.error.code == Code.UNAUTHORIZED:
             raise link_refused("this preview needs a link or a token")
         raise refusal.error
+
+    def _check_cookie_origin(self) -> None:
+        """
+        A request the door's cookie lets in must come from the preview's
+        own page when it names its origin: every preview under one domain
+        is the same *site* to a browser, so another preview's page (or a
+        form it posts, or a WebSocket it opens) would otherwise be sent
+        this preview's cookie.
+
+        :raises ApiError: 403 ``origin_not_allowed``.
+        """
+        origins = self.header(b"origin")
+        if not origins:
+            return
+        origin = origins[-1].decode("latin-1")
+        if gate.same_origin(origin, self.host, self.service.secure):
+            return
+        if self.passed is not None:
+            gate.release(self.context, self.passed)
+            self.passed = None
+        raise forbidden(
+            f"the preview's cookie is not accepted from the page at {origin!r}",
+            Code.ORIGIN_NOT_ALLOWED,
+            rule="preview:cookie_origin",
+        )
 
     def _header_credential(self) -> bytes | None:
         """A token or link in ``X-Access-Token`` or ``Authorization: Bearer``."""

@@ -255,6 +255,23 @@ class RoutingAndAuthTests(DoorCase):
         )
         self.assertEqual(response.code, 200)
         self.assertNotIn("sbxl_", body.decode())
+        # Another page (another preview's, on the same site) cannot use it.
+        response, body = yield self.fetch(
+            "POST",
+            "/upload",
+            token=None,
+            headers={"cookie": value, "origin": f"http://{self.host(4000)}"},
+        )
+        self.assertEqual(
+            (response.code, json.loads(body)["code"]), (403, "origin_not_allowed")
+        )
+        response, _ = yield self.fetch(
+            "GET",
+            "/headers",
+            token=None,
+            headers={"cookie": value, "origin": f"http://{self.host()}"},
+        )
+        self.assertEqual(response.code, 200)
         # The link is this port's only.
         other = App()
         other_port = other.listen()
