@@ -27,7 +27,12 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, TCP6ClientEndpoint
 from twisted.internet.interfaces import IConsumer, IPushProducer
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
-from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone
+from twisted.web.client import (
+    Agent,
+    HTTPConnectionPool,
+    ResponseDone,
+    _HTTP11ClientFactory,
+)
 from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import UNKNOWN_LENGTH, IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
@@ -92,9 +97,16 @@ class _NoDelay:
         return d.addCallback(connected)
 
 
+class _QuietFactory(_HTTP11ClientFactory):
+    """The pool's connection factory, without a log line per connection."""
+
+    noisy = False
+
+
 def make_agent(reactor: Any) -> tuple[Agent, HTTPConnectionPool]:
     """The door's Agent and its persistent pool."""
     pool = HTTPConnectionPool(reactor, persistent=True)
+    pool._factory = _QuietFactory
     pool.maxPersistentPerHost = PREVIEW_POOL_PER_PORT
     pool.cachedConnectionTimeout = PREVIEW_POOL_IDLE_SECONDS
     pool.retryAutomatically = True
