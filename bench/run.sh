@@ -11,6 +11,7 @@
 # 6. The Python client's overhead over curl and bare httpx (bench/client_overhead.py).
 # 7. The E2B door through the real e2b SDK against the HTTP API (bench/e2b_door.py).
 # 8. What a group's first request costs, its imports included (bench/first_request.py).
+# 9. The preview door against nginx (bench/preview_door.py; needs nginx and wrk).
 #
 # SHARED_BENCH points at the shared harness (default ../shared/bench);
 # RUN_ARGS is passed to it (e.g. RUN_ARGS="--only W1,W1b --duration 3").
@@ -59,6 +60,9 @@ fi
   --commands "${E2B_COMMANDS:-400}" --size-mib "${E2B_MIB:-64}"
 # What a group's first request costs, now that it imports the group's handlers.
 "$ROOT/.venv/bin/python" "$ROOT/bench/first_request.py" --daemons "${FIRST_DAEMONS:-7}"
+# The preview door against nginx as a reverse proxy, to the same upstreams.
+"$ROOT/.venv/bin/python" "$ROOT/bench/preview_door.py" --duration "${PREVIEW_SECONDS:-5}" \
+  --messages "${PREVIEW_MESSAGES:-2000}"
 # What sandboxd.client costs over curl (raw transfers) and bare httpx (/shell).
 "$ROOT/.venv/bin/python" "$ROOT/bench/client_overhead.py" --size-mib "${RAW_MIB:-1024}" \
   --runs "${CLIENT_RUNS:-200}" --rounds "${CLIENT_ROUNDS:-3}"

@@ -26,10 +26,16 @@ IMPLIED_SCOPES = frozenset({"core:read"})
 
 @attrs.frozen
 class Identity:
-    """An authenticated caller and the scopes it holds."""
+    """
+    An authenticated caller and the scopes it holds.
+
+    :ivar on_behalf_of: for a capability link (``link:ID``), the identity
+        that minted it; the audit names both.
+    """
 
     id: str
     scopes: frozenset[str]
+    on_behalf_of: str | None = None
 
     def has_scope(self, scope: str) -> bool:
         """Whether this identity holds ``scope`` (``*`` holds every scope)."""
@@ -43,8 +49,11 @@ class Identity:
         return None
 
     def as_json(self) -> dict[str, object]:
-        """``{id, scopes}`` for discovery."""
-        return {"id": self.id, "scopes": sorted(self.scopes)}
+        """``{id, scopes}`` (and ``on_behalf_of`` for a link) for discovery."""
+        out: dict[str, object] = {"id": self.id, "scopes": sorted(self.scopes)}
+        if self.on_behalf_of is not None:
+            out["on_behalf_of"] = self.on_behalf_of
+        return out
 
 
 ANONYMOUS = Identity("anonymous", frozenset({"*"}))

@@ -25,6 +25,7 @@ from sandboxd.audit import AuditLog
 from sandboxd.commands import CommandRegistry
 from sandboxd.endpoints import RouteTable
 from sandboxd.firstuse import ServiceOnFirstUse
+from sandboxd.links import LinkTable
 from sandboxd.metrics import Metrics
 from sandboxd.policy import Policy
 from sandboxd.policy.limits import ConcurrencyGate, RateLimiter
@@ -108,6 +109,13 @@ class Context:
     started_at: float = attrs.field(factory=time.time, init=False)
     pty_port: int | None = None
     pty_listen: str | None = None
+    #: The capability links minted by this daemon (SPEC §23).
+    links: LinkTable = attrs.field(init=False)
+    #: ``--preview-public-url`` (wins over the policy's).
+    preview_public_url: str | None = attrs.field(default=None, init=False)
+    #: The preview door's service (``sandboxd.preview.service.PreviewService``),
+    #: when ``--preview-port`` is given.
+    preview: Any = attrs.field(default=None, init=False)
     #: What ``GET /metrics`` reports (counted as requests are answered).
     metrics: Metrics = attrs.field(factory=Metrics, init=False)
     #: ``--pty-public-url``: the base of every ``ws_url`` (wins over the policy's).
@@ -118,6 +126,11 @@ class Context:
     def __attrs_post_init__(self) -> None:
         self.router = Router(self.table)
         self.rates = RateLimiter(as_clock(self.reactor))
+        # The clock is asked when a link is minted or checked, not now: a
+        # reactor that is never run (a MemoryReactor building a daemon) has none.
+        self.links = LinkTable.for_key_file(
+            self.policy.document.link_key_file, lambda: self.reactor.seconds()
+        )
 
     @property
     def base_dir(self) -> str:

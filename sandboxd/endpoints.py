@@ -34,6 +34,8 @@ class CapabilityGroup(enum.StrEnum):
     AGENTS = "agents"
     MCP = "mcp"
     E2B = "e2b"
+    AUTH = "auth"
+    PREVIEW = "preview"
 
 
 #: Groups that are on unless something turns them off.
@@ -46,6 +48,7 @@ DEFAULT_ON = frozenset(
         CapabilityGroup.TERMINAL,
         CapabilityGroup.SYSTEM,
         CapabilityGroup.MCP,
+        CapabilityGroup.AUTH,
     }
 )
 
@@ -53,8 +56,8 @@ DEFAULT_ON = frozenset(
 HTTP_METHODS = ("GET", "POST", "DELETE")
 
 #: Endpoints served on a port of their own (a front door), not by the HTTP
-#: router: the PTY WebSocket and the E2B-compatible port.
-DOOR_METHODS = ("WS", "E2B")
+#: router: the PTY WebSocket, the E2B-compatible port and the preview door.
+DOOR_METHODS = ("WS", "E2B", "PREVIEW")
 
 Handler = Callable[[Any], Any]
 
@@ -200,6 +203,15 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("agents_logs", "GET", _S + "/logs", G.AGENTS, ("agents:read",), "The agent's stderr, head and tail.", {}),
     ("mcp", "POST", "/mcp", G.MCP, ("core:read",), "MCP Streamable HTTP: every endpoint as a tool (GET, POST, DELETE).", {}),
     ("e2b", "E2B", "/", G.E2B, ("core:read",), "The E2B-compatible envd API (E2B port); each call is governed as its sandboxd endpoint.", {"body": "none"}),
+    ("links_mint", "POST", "/auth/links", G.AUTH, ("links:mint",), "Mint a short-lived capability link, narrowed to an audience.", {}),
+    ("links_list", "GET", "/auth/links", G.AUTH, ("links:mint",), "The caller's live links.", {}),
+    ("links_revoke", "DELETE", "/auth/links/{link_id}", G.AUTH, ("links:mint",), "Revoke a link.", {}),
+    ("preview_ports_list", "GET", "/preview/ports", G.PREVIEW, ("preview:read",), "Exposed and listening ports.", {}),
+    ("preview_expose", "POST", "/preview/ports", G.PREVIEW, ("preview:manage",), "Expose a port on the preview door; answers its URL.", {}),
+    ("preview_get", "GET", "/preview/ports/{port}", G.PREVIEW, ("preview:read",), "One exposure.", {}),
+    ("preview_unexpose", "DELETE", "/preview/ports/{port}", G.PREVIEW, ("preview:manage",), "Stop exposing a port; its open connections close.", {}),
+    ("preview_link", "POST", "/preview/ports/{port}/link", G.PREVIEW, ("preview:manage",), "A link that opens a private preview in a browser.", {}),
+    ("preview_proxy", "PREVIEW", "/", G.PREVIEW, ("preview:use",), "Traffic through the preview door (its own port), to an exposed port.", {"body": "none"}),
 ]
 # fmt: on
 
@@ -254,6 +266,8 @@ def default_scopes(group: CapabilityGroup, method: str) -> tuple[str, ...]:
         G.AGENTS: "agents:run" if writes else "agents:read",
         G.MCP: "core:read",
         G.E2B: "core:read",
+        G.AUTH: "links:mint",
+        G.PREVIEW: "preview:manage" if writes else "preview:read",
     }
     return (table[group],)
 

@@ -74,6 +74,14 @@ class Code(enum.StrEnum):
     AGENT_UNAVAILABLE = "agent_unavailable"
     # 507
     INSUFFICIENT_STORAGE = "insufficient_storage"
+    # capability links and the preview door
+    LINK_INVALID = "link_invalid"
+    LINK_EXPIRED = "link_expired"
+    PORT_NOT_ALLOWED = "port_not_allowed"
+    PORT_NOT_EXPOSED = "port_not_exposed"
+    MISDIRECTED_REQUEST = "misdirected_request"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    UPSTREAM_TIMEOUT = "upstream_timeout"
 
 
 class ApiError(Exception):
@@ -436,3 +444,59 @@ def agent_timeout(message: str, **extra: Any) -> ApiError:
 def insufficient_storage(message: str = "no space left on the device") -> ApiError:
     """507 ``insufficient_storage``: the disk filled; nothing was half-written."""
     return ApiError(507, message, "OSError", Code.INSUFFICIENT_STORAGE)
+
+
+# -- capability links and the preview door ------------------------------------
+
+
+def link_refused(message: str, expired: bool = False) -> ApiError:
+    """401 ``link_invalid`` (bad, revoked, used up, another audience) or
+    ``link_expired``."""
+    code = Code.LINK_EXPIRED if expired else Code.LINK_INVALID
+    return ApiError(401, message, "AuthError", code)
+
+
+def port_not_allowed(port: int, rule: str) -> ApiError:
+    """403 ``port_not_allowed``: a preview port outside ``params.ports`` or denied."""
+    return forbidden(
+        f"port {port} may not be previewed", Code.PORT_NOT_ALLOWED, rule=rule
+    )
+
+
+def port_not_exposed(port: int) -> ApiError:
+    """404 ``port_not_exposed``: nobody exposed this port for preview."""
+    return ApiError(
+        404, f"port {port} is not exposed", "NotFoundError", Code.PORT_NOT_EXPOSED
+    )
+
+
+def misdirected(host: str) -> ApiError:
+    """421 ``misdirected_request``: a Host the preview door does not serve."""
+    return ApiError(
+        421,
+        f"the Host {host!r} matches no preview",
+        "ValueError",
+        Code.MISDIRECTED_REQUEST,
+    )
+
+
+def upstream_unavailable(port: int) -> ApiError:
+    """502 ``upstream_unavailable``: nothing answers on the previewed port."""
+    return ApiError(
+        502,
+        f"nothing is answering on port {port}",
+        "ConnectionError",
+        Code.UPSTREAM_UNAVAILABLE,
+        port=port,
+    )
+
+
+def upstream_timeout(port: int, seconds: float) -> ApiError:
+    """504 ``upstream_timeout``: the app sent no response head in time."""
+    return ApiError(
+        504,
+        f"the app on port {port} sent no response within {seconds:g} s",
+        "TimeoutError",
+        Code.UPSTREAM_TIMEOUT,
+        port=port,
+    )

@@ -38,12 +38,14 @@ from sandboxd.errors import (
     forbidden,
     missing_scope,
 )
+from sandboxd.links import CONSOLE, is_link
 from sandboxd.metrics import Metrics
 from sandboxd.policy.defaults import LOOPBACK_NAMES_KEPT
 
 if TYPE_CHECKING:
     from sandboxd.audit import AuditLog
     from sandboxd.endpoints import Endpoint
+    from sandboxd.links import LinkTable
     from sandboxd.policy import Policy
     from sandboxd.policy.limits import ConcurrencyGate, RateLimiter
     from sandboxd.policy.rules import EffectiveRule
@@ -64,6 +66,7 @@ class Context(Protocol):
     audit: AuditLog
     hostname: str
     metrics: Metrics
+    links: LinkTable
 
 
 class Door(enum.StrEnum):
@@ -73,6 +76,7 @@ class Door(enum.StrEnum):
     WS = "ws"
     MCP = "mcp"
     E2B = "e2b"
+    PREVIEW = "preview"
 
 
 @attrs.define(eq=False)
@@ -220,14 +224,24 @@ def check_origin_and_host(context: Context, headers: Headers, secure: bool) -> N
 
 
 def identify(
-    context: Context, headers: Headers, query_tokens: Iterable[bytes] = ()
+    context: Context,
+    headers: Headers,
+    query_tokens: Iterable[bytes] = (),
+    audience: str = CONSOLE,
+    consume: bool = True,
 ) -> Identity:
     """
     The caller's identity from its headers, or from a query token on the
     doors and routes that allow one (browsers cannot set headers there).
 
-    :raises ApiError: 401 ``unauthorized``; 400 ``ambiguous_credentials``
-        when two different tokens are presented.
+    A capability link stands for ``link:ID`` on behalf of its minter, even
+    in local mode, when it is presented where its audience is (the API and
+    its doors are ``console``; the preview door ``preview:PORT``).
+
+    :param consume: count a use of a link.
+    :raises ApiError: 401 ``unauthorized``, ``link_invalid``,
+        ``link_expired``; 400 ``ambiguous_credentials`` when two different
+        tokens are presented.
     """
     queried = {t for t in query_tokens if t}
     if len(queried) > 1:
@@ -238,6 +252,10 @@ def identify(
         if shown is not None and shown != token:
             raise ambiguous_credentials()
         headers = {**headers, b"x-access-token": [token]}
+    shown = presented_token(headers)
+    if is_link(shown):
+        assert shown is not None
+        return context.links.verify(shown, audience, consume)
     return authenticate(context.policy.tokens, headers)
 
 
@@ -282,6 +300,10 @@ def admit(
     query_tokens: Iterable[bytes] = (),
     framing: Callable[[], None] | None = None,
     take_slot: bool = True,
+    audience: str = CONSOLE,
+    consume: bool = True,
+    public: bool = False,
+    host_rules: bool = True,
 ) -> Passed:
     """
     Decide one call through any door.
@@ -294,14 +316,21 @@ def admit(
         query and ``Transfer-Encoding`` rules), run after the rate limit and
         before Origin and Host, as SPEC §3 orders them.
     :param take_slot: hold a concurrency slot until :func:`release`.
+    :param audience: where a capability link is being presented.
+    :param consume: a link presented counts as one of its uses.
+    :param public: the door lets anyone through (a public preview): no
+        credential is asked for and no scope checked; the rest applies.
+    :param host_rules: apply SPEC §3's Origin and local-mode Host rules (a
+        door with a Host rule of its own, the preview door's, says no).
     :raises Refused: carrying the error and what was known.
     """
     params = path_params or {}
     rule = context.policy.rules[endpoint.id]
+    needs_auth = endpoint.auth_required and not public
     try:
         identity = (
-            identify(context, headers, query_tokens)
-            if endpoint.auth_required
+            identify(context, headers, query_tokens, audience, consume)
+            if needs_auth
             else Identity("anonymous", frozenset())
         )
     except ApiError as e:
@@ -309,7 +338,7 @@ def admit(
     try:
         if not rule.enabled:
             raise _disabled(endpoint, rule)
-        if endpoint.auth_required:
+        if needs_auth:
             lacking = lacking_scope(identity, rule, params)
             if lacking is not None:
                 raise missing_scope(
@@ -326,7 +355,8 @@ def admit(
                 raise
         if framing is not None:
             framing()
-        check_origin_and_host(context, headers, secure)
+        if host_rules:
+            check_origin_and_host(context, headers, secure)
         slot = False
         if take_slot:
             try:
@@ -411,6 +441,8 @@ def audit(
         client=client,
     )
     record["via"] = str(door)
+    if identity is not None and identity.on_behalf_of is not None:
+        record["on_behalf_of"] = identity.on_behalf_of
     if extra:
         record.update(extra)
     context.audit.write(record)

@@ -126,6 +126,10 @@ class Settings:
     pty_public_url: str | None = None
     #: The E2B-compatible port (SPEC §18); None: it does not listen.
     e2b_port: str | None = None
+    #: The preview door (SPEC §23); None: it does not listen.
+    preview_port: str | None = None
+    #: Where browsers reach the door (wins over the policy's).
+    preview_public_url: str | None = None
     policy: Any = None
     policy_file: str | None = None
     preset: str | None = None
@@ -249,6 +253,9 @@ class DaemonService(MultiService):
         e2b = self.context.e2b
         if e2b is not None and self.context.policy.rules["e2b"].enabled:
             descriptions.append(e2b.description)
+        preview = self.context.preview
+        if preview is not None and self.context.policy.rules["preview_proxy"].enabled:
+            descriptions.append(preview.description)
         return descriptions
 
     def bound_addresses(self) -> list[tuple[str, str]]:
@@ -268,6 +275,9 @@ class DaemonService(MultiService):
         e2b_port = getattr(self.context.e2b, "port", None)
         if e2b_port is not None:
             found.append(("e2b", address_text(e2b_port.getHost())))
+        preview_port = getattr(self.context.preview, "port", None)
+        if preview_port is not None:
+            found.append(("preview", address_text(preview_port.getHost())))
         return found
 
     def _hide_secrets(self) -> None:
@@ -338,6 +348,8 @@ class DaemonService(MultiService):
             door.policy_reloaded()
         if self.context.e2b is not None:
             self.context.e2b.policy_reloaded()
+        if self.context.preview is not None:
+            self.context.preview.policy_reloaded()
         log.info(
             "sandboxd: policy reloaded (revision {revision})", revision=policy.revision
         )
@@ -474,6 +486,9 @@ def check_start(
     e2b = e2b_listen(settings, http)
     if e2b is not None and policy.rules["e2b"].enabled:
         opened.append(e2b)
+    preview = preview_listen(settings, http)
+    if preview is not None and policy.rules["preview_proxy"].enabled:
+        opened.append(preview)
     check_exposure(opened, policy, settings.allow_unauthenticated)
     return http, pty
 
@@ -483,6 +498,13 @@ def e2b_listen(settings: Settings, http: str) -> str | None:
     if not settings.e2b_port:
         return None
     return listen_string(settings.e2b_port, interface_of(http))
+
+
+def preview_listen(settings: Settings, http: str) -> str | None:
+    """The preview door's endpoint string (a number binds the HTTP port's interface)."""
+    if not settings.preview_port:
+        return None
+    return listen_string(settings.preview_port, interface_of(http))
 
 
 #: Endpoint-string options that name a TLS file.
@@ -499,6 +521,7 @@ def daemon_files(settings: Settings, environ: Mapping[str, str]) -> list[str]:
         settings.port,
         settings.pty_port or environ.get("ABX_PTY_PORT"),
         settings.e2b_port,
+        settings.preview_port,
     ):
         for part in re.split(r"(?<!\\):", listener or ""):
             name, _, value = part.partition("=")
@@ -545,6 +568,7 @@ def build(
     context.http_port = port_number(http_listen)
     context.pty_listen = pty_listen
     context.pty_public_url = settings.pty_public_url
+    context.preview_public_url = settings.preview_public_url
     context.pty_port = port_number(context.pty_listen)
     groups = setup_services(context)
     e2b = e2b_listen(settings, http_listen)
@@ -552,6 +576,11 @@ def build(
         from sandboxd.e2b import setup as setup_e2b
 
         groups.append(setup_e2b(context, e2b, connection_limits(settings)))
+    preview = preview_listen(settings, http_listen)
+    if preview is not None:
+        from sandboxd.preview import setup as setup_preview
+
+        groups.append(setup_preview(context, preview, connection_limits(settings)))
     site = SandboxSite(context, reactor=reactor, limits=connection_limits(settings))
     context.metrics.site = site
     # /health answers only once the policy is in force and every other

@@ -15,7 +15,7 @@ from twisted.application.service import IService
 from twisted.python import usage
 
 from sandboxd.policy import Policy, PolicyError
-from sandboxd.policy.document import check_public_url
+from sandboxd.policy.document import check_preview_url, check_public_url
 from sandboxd.server import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -60,6 +60,13 @@ class Options(usage.Options):
             "E2B-compatible envd port or endpoint (off unless given and the "
             "e2b endpoint is enabled).",
         ],
+        [
+            "preview-port",
+            None,
+            None,
+            "Preview door port or endpoint, where browsers open the sandbox's "
+            "web apps (off unless given and the preview group is on).",
+        ],
         ["policy", None, None, "Policy file (JSON, or YAML with a server: block)."],
         [
             "preset",
@@ -79,6 +86,13 @@ class Options(usage.Options):
             None,
             "Base of the ws_url clients are given (ws:// or wss://), when they "
             "reach the PTY port through a proxy or a port mapping.",
+        ],
+        [
+            "preview-public-url",
+            None,
+            None,
+            "Where browsers reach the preview door behind an ingress "
+            "(https://{port}-sbx.example.com, or a base for /p/PORT/).",
         ],
         [
             "audit-log",
@@ -127,6 +141,10 @@ class Options(usage.Options):
             os.path.abspath(c) if c.endswith(".py") else c for c in self["commands"]
         ]
         try:
+            if self["preview-public-url"] is not None:
+                self["preview-public-url"] = check_preview_url(
+                    self["preview-public-url"], "--preview-public-url"
+                )
             if self["pty-public-url"] is not None:
                 self["pty-public-url"] = check_public_url(
                     "--pty-public-url", self["pty-public-url"]
@@ -146,8 +164,12 @@ class Options(usage.Options):
             host=host,
             allow_unauthenticated=bool(self["allow-unauthenticated"]),
             pty_public_url=self["pty-public-url"],
+            preview_public_url=self["preview-public-url"],
             e2b_port=listen_string(self["e2b-port"], host)
             if self["e2b-port"]
+            else None,
+            preview_port=listen_string(self["preview-port"], host)
+            if self["preview-port"]
             else None,
             policy_file=self["policy"],
             preset=self["preset"],

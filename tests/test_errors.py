@@ -35,7 +35,7 @@ SPEC_6 = {
         "malformed_request",
         "git_error",
     ),
-    401: ("unauthorized",),
+    401: ("unauthorized", "link_invalid", "link_expired"),
     403: (
         "missing_scope",
         "path_not_allowed",
@@ -46,8 +46,10 @@ SPEC_6 = {
         "origin_not_allowed",
         "host_not_allowed",
         "protected_variable",
+        "port_not_allowed",
     ),
-    404: ("not_found", "endpoint_disabled"),
+    404: ("not_found", "endpoint_disabled", "port_not_exposed"),
+    421: ("misdirected_request",),
     409: (
         "turn_in_progress",
         "already_resolved",
@@ -67,8 +69,8 @@ SPEC_6 = {
         "too_many_sessions",
     ),
     500: ("internal",),
-    502: ("agent_error",),
-    504: ("agent_timeout",),
+    502: ("agent_error", "upstream_unavailable"),
+    504: ("agent_timeout", "upstream_timeout"),
     503: ("unavailable", "agent_unavailable"),
     507: ("insufficient_storage",),
 }

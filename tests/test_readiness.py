@@ -131,6 +131,7 @@ NOT_AT_START = (
     # doors imported when enabled or first used (docs/architecture.md)
     "sandboxd.mcp",
     "sandboxd.e2b",
+    "sandboxd.preview",
     # metrics exposition
     "prometheus_client",
 )

@@ -40,6 +40,7 @@ from sandboxd.policy import defaults
 BASE_URL = "http://localhost:9000"
 PTY_URL = "ws://localhost:9001"
 E2B_URL = "http://localhost:49983"
+PREVIEW_URL = "http://3000.localhost:9002/"
 TOKEN_HEADER = '-H "X-Access-Token: $TOKEN"'
 
 #: Body used in the example of a free-form body (a command's arguments).
@@ -57,6 +58,8 @@ _GROUP_NOTES = {
     CapabilityGroup.AGENTS: "coding agents over ACP",
     CapabilityGroup.MCP: "every endpoint as an MCP tool, see [mcp](mcp.md)",
     CapabilityGroup.E2B: "the E2B-compatible envd port (docs/e2b.md)",
+    CapabilityGroup.AUTH: "short-lived capability links",
+    CapabilityGroup.PREVIEW: "the preview door: a sandbox's web apps in a browser (docs/preview.md)",
 }
 
 _HEADER = """\
@@ -181,7 +184,7 @@ def _limits(endpoint: Endpoint) -> str:
     limits = defaults.endpoint_limits(endpoint.id, endpoint.group.value)
     if endpoint.upload and "max_bytes" in limits:
         limits["max_request_bytes"] = defaults.upload_request_cap(limits["max_bytes"])
-    if endpoint.method in ("GET", "WS", "E2B") and endpoint.body != "raw":
+    if endpoint.method in ("GET", "WS", "E2B", "PREVIEW") and endpoint.body != "raw":
         limits.pop("max_request_bytes", None)
     out = []
     for key, value in sorted(limits.items()):
@@ -225,6 +228,8 @@ def curl_example(endpoint: Endpoint, schema: Schema) -> str:
     auth = [TOKEN_HEADER] if endpoint.auth_required else []
     if endpoint.method == "WS":
         return " ".join(["websocat", *auth, _url(endpoint, schema, PTY_URL)])
+    if endpoint.method == "PREVIEW":
+        return " ".join(["curl", "-s", *auth, f'"{PREVIEW_URL}"'])
     if endpoint.method == "E2B":
         return " ".join(
             [
@@ -279,6 +284,8 @@ def render_endpoint(endpoint: Endpoint) -> str:
         path = "ws://HOST:PTY_PORT/pty"
     elif endpoint.method == "E2B":
         path = "http://HOST:E2B_PORT/ (Connect RPC and envd's REST routes)"
+    elif endpoint.method == "PREVIEW":
+        path = "http://PORT.localhost:PREVIEW_PORT/ (any method, any path)"
     produces = {
         "json": "application/json",
         "sse": "text/event-stream (SSE)",

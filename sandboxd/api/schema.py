@@ -120,6 +120,8 @@ PATH_PARAMS: dict[str, Field] = {
     "request_id": F("request_id", doc="a held request id", example="$REQUEST"),
     "tool_call_id": F("tool_call_id", doc="a tool call id", example="$TOOL_CALL"),
     "terminal_id": F("terminal_id", doc="an agent terminal id", example="$TERMINAL"),
+    "link_id": F("link_id", doc="a capability link's id", example="$LINK"),
+    "port": F("port", "integer", "an exposed port", example=3000, minimum=1),
 }
 
 #: Errors any endpoint can give, decided before its handler runs (SPEC §3-§6).
@@ -281,6 +283,43 @@ _TIMEOUT_MS = F("timeout", "integer", "milliseconds")
 
 def _timeout(default: int) -> Field:
     return F("timeout", "integer", "milliseconds", default=default)
+
+
+_LINK_TEXT = "{link_id, audience, scopes, created_at, expires_at, uses, used, revoked}"
+_LINK_RECORD = (
+    F("link_id"),
+    F("audience"),
+    F("scopes", "array", items="string"),
+    F("created_at", doc="ISO 8601 UTC"),
+    F("expires_at", doc="ISO 8601 UTC"),
+    F("uses", "integer", "null: any number", nullable=True),
+    F("used", "integer"),
+    F("revoked", "boolean"),
+)
+_LINK_MINTED = (
+    F("link_id"),
+    F("token", doc="sbxl_...: shown once"),
+    F("audience"),
+    F("scopes", "array", items="string"),
+    F("expires_at", doc="ISO 8601 UTC"),
+    F("uses", "integer", nullable=True),
+    F("url", doc="a preview link: the URL that opens it (when the door listens)"),
+)
+_EXPOSURE = (
+    F("port", "integer"),
+    F("label", nullable=True),
+    F("public", "boolean"),
+    F("host_header"),
+    F("url", doc="where a browser opens it"),
+    F("listening", "boolean", "something listens on the port now"),
+    F("exposed_by", doc="the identity that exposed it"),
+    F("created_at", doc="ISO 8601 UTC"),
+    F("expires_at", doc="ISO 8601 UTC, or null", nullable=True),
+    F("requests", "integer"),
+    F("bytes_in", "integer"),
+    F("bytes_out", "integer"),
+    F("open_websockets", "integer"),
+)
 
 
 SCHEMAS: dict[str, Schema] = {
@@ -1864,6 +1903,213 @@ SCHEMAS: dict[str, Schema] = {
         "stream; GET opens the session's server stream, DELETE ends the session. "
         "Every tools/call is governed and audited as the endpoint it calls. "
         "See docs/mcp.md.",
+    ),
+    # -- capability links and the preview door --------------------------------
+    "links_mint": Schema(
+        body=(
+            F(
+                "audience",
+                doc='"console", or "preview:PORT" for one preview',
+                required=True,
+                example="preview:3000",
+            ),
+            F(
+                "scopes",
+                "array",
+                "at most the caller's, narrowed to the audience (a preview link: "
+                "preview:use); default: all the audience allows",
+                items="string",
+            ),
+            F(
+                "ttl_seconds",
+                "number",
+                "cut to limits.max_link_ttl_seconds (3600)",
+                default=900,
+                example=900,
+            ),
+            F("uses", "integer", "how many times it may be presented", minimum=1),
+        ),
+        status=201,
+        response=_LINK_MINTED,
+        errors=(
+            E(400, "invalid_param", "an audience, scope, ttl or uses it cannot take"),
+            E(403, "missing_scope", "a scope the caller does not hold"),
+            E(
+                429,
+                "too_many_sessions",
+                "limits.max_sessions (1000) links are live",
+                "ResourceError",
+            ),
+        ),
+        notes="The token (sbxl_...) goes in X-Access-Token, Authorization: Bearer, or "
+        "on the preview door as ?sbx_link=. The gate sees it as identity link:ID on "
+        "behalf of the minter, in every audit line. Links die with the daemon unless "
+        "auth.link_key_file names the key.",
+    ),
+    "links_list": Schema(
+        response=(
+            F(
+                "links",
+                "array",
+                "the caller's live links: " + _LINK_TEXT,
+                items="object",
+            ),
+        ),
+    ),
+    "links_revoke": Schema(
+        response=_LINK_RECORD,
+        errors=(
+            E(
+                404,
+                "not_found",
+                "no live link of the caller's with this id",
+                "NotFoundError",
+            ),
+        ),
+    ),
+    "preview_ports_list": Schema(
+        response=(
+            F(
+                "ports",
+                "array",
+                "[{port, label, public, url, listening, exposed_by, ...}]: every "
+                "exposure, and every other listening port (exposed: false)",
+                items="object",
+            ),
+        ),
+    ),
+    "preview_expose": Schema(
+        body=(
+            F(
+                "port",
+                "integer",
+                "a port of an app in the sandbox",
+                required=True,
+                example=3000,
+                minimum=1,
+                maximum=65535,
+            ),
+            F("label", doc="a name in the URL: PORT-LABEL.DOMAIN"),
+            F(
+                "public",
+                "boolean",
+                "anyone who can reach the door may use it",
+                default=False,
+            ),
+            F("ttl_seconds", "number", "the exposure ends then"),
+            F(
+                "host_header",
+                doc="the Host the app sees",
+                enum=("upstream", "preserve"),
+                default="upstream",
+            ),
+        ),
+        status=201,
+        response=_EXPOSURE,
+        errors=(
+            E(400, "invalid_param", "a port, label or ttl it cannot take"),
+            E(
+                403,
+                "port_not_allowed",
+                "outside params.ports, or one of the daemon's own ports",
+            ),
+            E(403, "param_not_allowed", "public while params.allow_public is false"),
+            E(
+                429,
+                "too_many_sessions",
+                "limits.max_sessions (64) exposures",
+                "ResourceError",
+            ),
+            E(
+                503,
+                "unavailable",
+                "the preview door does not listen (--preview-port)",
+                "RuntimeError",
+            ),
+        ),
+        notes="Exposing an exposed port again replaces its exposure.",
+    ),
+    "preview_get": Schema(
+        response=_EXPOSURE,
+        errors=(
+            E(400, "invalid_param", "port is not 1-65535"),
+            E(404, "port_not_exposed", "nobody exposed this port", "NotFoundError"),
+        ),
+    ),
+    "preview_unexpose": Schema(
+        response=_EXPOSURE,
+        errors=(
+            E(400, "invalid_param", "port is not 1-65535"),
+            E(404, "port_not_exposed", "nobody exposed this port", "NotFoundError"),
+        ),
+        notes="Requests and WebSockets in flight to the port are closed.",
+    ),
+    "preview_link": Schema(
+        body=(
+            F(
+                "ttl_seconds",
+                "number",
+                "cut to limits.max_link_ttl_seconds (3600)",
+                default=900,
+                example=900,
+            ),
+            F("uses", "integer", "how many times it may be opened", minimum=1),
+        ),
+        status=201,
+        response=(*_LINK_MINTED,),
+        errors=(
+            E(400, "invalid_param", "port, ttl or uses malformed"),
+            E(
+                403,
+                "missing_scope",
+                "the caller lacks preview:use, which the link carries",
+            ),
+            E(404, "port_not_exposed", "nobody exposed this port", "NotFoundError"),
+        ),
+        notes="url opens the preview in a browser: the door sets a cookie for the "
+        "port's host and redirects to the same URL without the link.",
+    ),
+    "preview_proxy": Schema(
+        produces="binary",
+        errors=(
+            E(
+                401,
+                "link_invalid",
+                "no credential for a private preview, or a bad, revoked or used-up link",
+                "AuthError",
+            ),
+            E(401, "link_expired", "the link expired", "AuthError"),
+            E(403, "port_not_allowed", "the port may not be previewed"),
+            E(
+                403,
+                "origin_not_allowed",
+                "the door's cookie, from another page's Origin",
+            ),
+            E(404, "port_not_exposed", "nobody exposed this port", "NotFoundError"),
+            E(421, "misdirected_request", "a Host that names no preview"),
+            E(
+                429,
+                "too_many_sessions",
+                "limits.max_sessions (64) WebSockets are open through the door",
+                "ResourceError",
+            ),
+            E(
+                502,
+                "upstream_unavailable",
+                "nothing answers on the port (browsers get a page that retries)",
+                "ConnectionError",
+            ),
+            E(
+                504,
+                "upstream_timeout",
+                "no response head within limits.timeout_seconds (60)",
+                "TimeoutError",
+            ),
+        ),
+        notes="On the preview port (--preview-port), not the HTTP port: any method "
+        "and path at http://PORT.localhost:PREVIEW_PORT/ (or PORT-LABEL.DOMAIN, or "
+        "/p/PORT/ in path mode) is proxied to 127.0.0.1:PORT, WebSocket upgrades "
+        "included. See docs/preview.md.",
     ),
 }
 

@@ -74,6 +74,7 @@ def own_files(
     """
     names = [policy_file, environ.get("ABX_SERVER_TOKEN_FILE"), *extra]
     names += [spec.token_file for spec in doc.tokens]
+    names.append(doc.link_key_file)
     return tuple(sorted({os.path.realpath(n) for n in names if n}))
 
 

@@ -70,6 +70,26 @@ ENDPOINT_LIMITS: dict[str, dict[str, Any]] = {
     },
 }
 
+# Capability links and the preview door: a link lives at most an hour and
+# the daemon keeps at most 1000 (revocations included) until they expire;
+# a preview's upstream must send its response head within a minute, a
+# proxied stream may stay silent five minutes, a request body may be large
+# (an app's uploads), and a preview may hold 64 WebSockets open.
+_LINK_LIMITS: dict[str, Any] = {"max_link_ttl_seconds": 3600, "max_sessions": 1000}
+ENDPOINT_LIMITS.update(
+    {
+        "links_mint": _LINK_LIMITS,
+        "preview_link": _LINK_LIMITS,
+        "preview_expose": {"max_sessions": 64},
+        "preview_proxy": {
+            "timeout_seconds": 60,
+            "idle_timeout_seconds": 300,
+            "max_request_bytes": 100 * MB,
+            "max_sessions": 64,
+        },
+    }
+)
+
 #: Shared by every agents_* endpoint so that a session's limits do not
 #: depend on which route created it.
 AGENT_LIMITS = ENDPOINT_LIMITS["agents_session_create"]
@@ -304,6 +324,26 @@ BROWSER_QUEUE_MAX = 16
 
 #: browser: the worker's stderr kept for error messages after a crash.
 BROWSER_STDERR_TAIL_BYTES = 8 * KIB
+
+
+#: Links: how long a link lives unless its minter says.
+LINK_DEFAULT_TTL_SECONDS = 900
+
+#: Preview: the ports an exposure may name unless ``params.ports`` says.
+PREVIEW_PORTS = ("1024-65535",)
+
+#: Preview: idle connections the upstream pool keeps per port, and for how
+#: long (shorter than Node's 5 s keep-alive, so a connection the app is
+#: about to close is not reused).
+PREVIEW_POOL_PER_PORT = 32
+PREVIEW_POOL_IDLE_SECONDS = 4
+
+#: Preview: a request head sent to an upgrading upstream (WebSocket) and
+#: its answer's head are bounded like any head.
+PREVIEW_UPGRADE_HEAD_BYTES = 64 * KIB
+
+#: Preview: the browser's retry page reloads after this many seconds.
+PREVIEW_RETRY_SECONDS = 2
 
 
 def endpoint_limits(endpoint_id: str, group: str) -> dict[str, Any]:

@@ -43,6 +43,8 @@ TOP_KEYS = (
     "allowed_hosts",
     "pty_public_url",
     "trusted_proxies",
+    "preview_domain",
+    "preview_public_url",
 )
 PRESETS = ("default", "transfer-only", "read-only", "hardened", "locked")
 TOKEN_KEYS = ("id", "token_env", "token_sha256", "token_file", "scopes")
@@ -95,6 +97,13 @@ class PolicyDocument:
     pty_public_url: str | None = None
     #: Addresses and networks whose X-Forwarded-Proto/-Host are believed.
     trusted_proxies: tuple[str, ...] = ()
+    #: ``auth.link_key_file``: the key links are signed with (else random
+    #: per start, and links die with the daemon).
+    link_key_file: str | None = None
+    #: The preview door's host names: ``{port}.DOMAIN``, ``{port}-LABEL.DOMAIN``.
+    preview_domain: str = "localhost"
+    #: Where browsers reach the preview door behind an ingress.
+    preview_public_url: str | None = None
     source: str = "none"
     warnings: tuple[str, ...] = ()
 
@@ -158,6 +167,7 @@ _CHOICES = {
     "params.permission_timeout_action": ("deny", "cancel_turn"),
     "params.mcp_servers": ("none", "http", "all"),
     "params.client_fs": ("none", "read", "read_write"),
+    "params.host_header": ("upstream", "preserve"),
 }
 
 
@@ -233,8 +243,8 @@ def _tokens(value: Any, known_scopes: Iterable[str]) -> tuple[TokenSpec, ...]:
     if not isinstance(value, dict):
         raise PolicyError("auth: must be an object")
     for key in value:
-        if key != "tokens":
-            raise _unknown("auth", "key", key, ["tokens"])
+        if key not in ("tokens", "link_key_file"):
+            raise _unknown("auth", "key", key, ["tokens", "link_key_file"])
     raw = value.get("tokens", [])
     if not isinstance(raw, list):
         raise PolicyError("auth.tokens: must be a list")
@@ -304,6 +314,48 @@ def check_public_url(where: str, value: Any) -> str:
         parts.port  # noqa: B018 (a bad port raises here)
     except ValueError:
         raise PolicyError(f"{where}: bad port in {value!r}") from None
+    return value.rstrip("/")
+
+
+def _link_key_file(auth: Mapping[str, Any]) -> str | None:
+    value = auth.get("link_key_file")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise PolicyError("auth.link_key_file: expected a file path")
+    return value
+
+
+_DOMAIN = re.compile(
+    r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$"
+)
+
+
+def _preview_domain(value: Any) -> str:
+    if not isinstance(value, str) or not _DOMAIN.match(value.lower()):
+        raise PolicyError(f"preview_domain: expected a DNS name, got {value!r}")
+    return value.lower()
+
+
+def check_preview_url(value: Any, where: str = "preview_public_url") -> str:
+    """
+    An ``http(s)://`` URL where browsers reach the preview door: with
+    ``{port}`` in its host (``https://{port}-sbx42.example.com``) for host
+    routing, else the base of the path mode (``https://sbx42.example.com``).
+
+    :raises PolicyError: naming ``where``.
+    """
+    if not isinstance(value, str):
+        raise PolicyError(f"{where}: expected an http:// or https:// URL")
+    parts = urllib.parse.urlsplit(value.replace("{port}", "0"))
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise PolicyError(
+            f"{where}: expected an http:// or https:// URL with a host, got {value!r}"
+        )
+    if parts.query or parts.fragment or parts.path.strip("/"):
+        raise PolicyError(f"{where}: the URL must have no path, query or fragment")
+    if value.count("{port}") > 1 or "{port}" in parts.path:
+        raise PolicyError(f"{where}: {{port}} may appear once, in the host")
     return value.rstrip("/")
 
 
@@ -393,6 +445,11 @@ def validate(doc: Any, table: RouteTable, source: str = "inline") -> PolicyDocum
         if doc.get("pty_public_url") is not None
         else None,
         trusted_proxies=_networks("trusted_proxies", doc.get("trusted_proxies", [])),
+        link_key_file=_link_key_file(doc.get("auth", {})),
+        preview_domain=_preview_domain(doc.get("preview_domain", "localhost")),
+        preview_public_url=check_preview_url(doc["preview_public_url"])
+        if doc.get("preview_public_url") is not None
+        else None,
         source=source,
         warnings=tuple(warnings),
     )

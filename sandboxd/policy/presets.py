@@ -86,6 +86,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "endpoints": {
             "group:browser": {"params": {"block_private_networks": True}},
             "env_set": {"enabled": False},
+            # Previews are opened with a link or a token, never by anyone.
+            "group:preview": {"params": {"allow_public": False}},
         },
     },
     "locked": {"groups": {g: False for g in _NON_CORE}},

@@ -37,6 +37,8 @@ class Limits:
     max_event_bytes: int | None = None
     max_prompt_bytes: int | None = None
     permission_timeout_seconds: float | None = None
+    # capability links
+    max_link_ttl_seconds: float | None = None
 
     @property
     def run_ceiling(self) -> float | None:
@@ -94,6 +96,12 @@ class Params:
     mcp_servers: str = "none"
     client_fs: str = "read_write"
     client_terminal: bool = True
+    # the preview door: which ports may be exposed (``"3000"``,
+    # ``"8000-8999"``), which never, whether publicly, and the Host the app sees
+    ports: tuple[str, ...] | None = None
+    deny_ports: tuple[int, ...] = ()
+    allow_public: bool = True
+    host_header: str = "upstream"
 
 
 #: The sections of a rule and the class describing each.

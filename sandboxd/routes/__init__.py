@@ -36,6 +36,8 @@ GROUP_MODULES: dict[CapabilityGroup, tuple[str, ...]] = {
     G.BROWSER: ("sandboxd.routes.browser",),
     G.AGENTS: ("sandboxd.routes.agents",),
     G.MCP: ("sandboxd.routes.mcp",),
+    G.AUTH: ("sandboxd.routes.links",),
+    G.PREVIEW: ("sandboxd.routes.preview",),
 }
 
 

@@ -28,6 +28,7 @@ import json
 import socket
 from typing import Any
 
+from twisted.internet.interfaces import IProtocol
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web.http import HTTPChannel
@@ -134,6 +135,45 @@ class SandboxChannel(HTTPChannel):
                 b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
             )
         self.loseConnection()
+
+    def take_over(self, protocol: IProtocol) -> None:
+        """
+        Hand this connection to ``protocol`` for good (a request upgraded
+        to raw bytes: the preview door's WebSocket splice).
+
+        Twisted's own WebSocket resource does this through a private
+        method of ``HTTPChannel``; this is the same move, with what our
+        channel adds undone: no idle timeout and no request-head deadline
+        from now on (a WebSocket may be quiet for long), the channel no
+        longer the transport's producer (the new protocol registers its
+        own), bytes the client sent after the head handed on, and the
+        connection still counted until it closes.
+        """
+        transport: Any = self.transport
+        if transport is None:
+            raise RuntimeError("the connection is already closed")
+        self.setTimeout(None)
+        self._in_head = False
+        table = self._table()
+        if table is not None:
+            table.head_done(self)
+        buffered = b"".join(self._dataBuffer)
+        self._dataBuffer = []
+        lost = self.connectionLost
+
+        def connection_lost(reason: Failure = connectionDone) -> None:
+            try:
+                protocol.connectionLost(reason)
+            finally:
+                lost(reason)
+
+        self.dataReceived = protocol.dataReceived  # type: ignore[method-assign]
+        self.connectionLost = connection_lost  # type: ignore[method-assign]
+        transport.unregisterProducer()
+        protocol.makeConnection(transport)
+        transport.resumeProducing()
+        if buffered:
+            protocol.dataReceived(buffered)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """Uncount the connection."""

@@ -1,0 +1,341 @@
+#!/usr/bin/env python3
+"""
+The preview door against nginx as a reverse proxy, in one run, to the same
+upstreams.
+
+Starts, on loopback ports: an nginx serving static files (the origin of the
+1 KiB and 64 MiB cases), the SSE/WebSocket app of
+``bench/preview_upstream.py``, an nginx reverse proxy to both (HTTP/1.1 and
+keep-alive to the origin, ``proxy_buffering off`` and the upgrade headers
+for the app, as a dev preview is usually set up), and a fresh daemon with
+its preview door (the ``preview`` group on, both ports exposed ``public``
+so neither proxy checks a credential). Then, through each proxy and
+directly:
+
+- ``wrk`` GETs of a 1 KiB file at ``--connections`` (32): requests/s;
+- a 64 MiB download with ``http.client``: MB/s (MiB per second), best of
+  ``--rounds``;
+- the first event of an event stream: median time from request to event,
+  and what the proxy adds to going direct;
+- WebSocket echo of a small message (``websocket-client``), ``--messages``
+  round trips: p50/p99, and the p99 the proxy adds.
+
+Prints one JSON line per case and proxy.  Needs nginx and wrk
+(apt-get install nginx wrk); says so and stops when they are missing.
+
+    .venv/bin/python bench/preview_door.py [--duration 5] [--connections 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+MiB = 1024 * 1024
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from daemon import free_port, start_daemon  # noqa: E402
+
+NGINX_CONF = """
+worker_processes 1;
+daemon off;
+pid {base}/nginx-{name}.pid;
+error_log {base}/nginx-{name}.err;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    client_body_temp_path {base}/tmp-{name};
+    proxy_temp_path {base}/ptmp-{name};
+    fastcgi_temp_path {base}/f-{name};
+    uwsgi_temp_path {base}/u-{name};
+    scgi_temp_path {base}/s-{name};
+    sendfile on;
+    keepalive_requests 100000;
+    {body}
+}}
+"""
+
+ORIGIN = """
+    server {{
+        listen 127.0.0.1:{port};
+        root {root};
+    }}
+"""
+
+PROXY = """
+    upstream origin {{ server 127.0.0.1:{origin}; keepalive 32; }}
+    upstream app {{ server 127.0.0.1:{app}; keepalive 32; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+        location /sse {{
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+        location /ws {{
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Upgrade $http_upgrade;
+            proxy_set_header Connection "upgrade";
+        }}
+    }}
+"""
+
+
+def start_nginx(base: str, name: str, body: str) -> subprocess.Popen[bytes]:
+    """One nginx (one worker) with ``body`` as its http block's servers."""
+    path = os.path.join(base, f"nginx-{name}.conf")
+    with open(path, "w") as f:
+        f.write(NGINX_CONF.format(base=base, name=name, body=body))
+    return subprocess.Popen(
+        ["nginx", "-c", path, "-p", base],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def wait_port(port: int) -> None:
+    """Until something accepts on ``port`` (10 s at most)."""
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def wrk(port: int, host: str, path: str, connections: int, duration: float) -> float:
+    """Requests per second of ``wrk`` GETs."""
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t2",
+            f"-c{connections}",
+            f"-d{int(duration)}s",
+            "-H",
+            f"Host: {host}",
+            f"http://127.0.0.1:{port}{path}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    m = re.search(r"Requests/sec:\s+([0-9.]+)", out)
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if m is None or errors is not None:
+        raise RuntimeError(f"wrk failed:\n{out}")
+    return float(m.group(1))
+
+
+def download(port: int, host: str, path: str, rounds: int) -> float:
+    """Best MiB/s of reading ``path`` whole."""
+    best = 0.0
+    for _ in range(rounds):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        started = time.monotonic()
+        c.request("GET", path, headers={"Host": host})
+        r = c.getresponse()
+        n = 0
+        while chunk := r.read(1024 * 1024):
+            n += len(chunk)
+        elapsed = time.monotonic() - started
+        c.close()
+        if r.status != 200 or n != 64 * MiB:
+            raise RuntimeError(f"download: {r.status}, {n} bytes")
+        best = max(best, n / MiB / elapsed)
+    return best
+
+
+def first_event(port: int, host: str, rounds: int) -> list[float]:
+    """Seconds from sending a GET /sse to reading its first event, each round."""
+    times = []
+    for _ in range(rounds):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        started = time.monotonic()
+        s.sendall(
+            f"GET /sse HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n\r\n".encode()
+        )
+        data = b""
+        while b"data: first" not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                raise RuntimeError(f"sse: closed after {data!r}")
+            data += chunk
+        times.append(time.monotonic() - started)
+        s.close()
+    return times
+
+
+def ws_echo(port: int, host: str, messages: int) -> list[float]:
+    """Round-trip seconds of ``messages`` small WebSocket echoes."""
+    import websocket
+
+    ws = websocket.create_connection(
+        f"ws://127.0.0.1:{port}/ws", host=host, timeout=10, enable_multithread=False
+    )
+    ws.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    times = []
+    try:
+        for i in range(messages):
+            started = time.monotonic()
+            ws.send(f"m{i}")
+            ws.recv()
+            times.append(time.monotonic() - started)
+    finally:
+        ws.close()
+    return times
+
+
+def pct(values: list[float], p: float) -> float:
+    """The ``p``-th percentile (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--events", type=int, default=50)
+    parser.add_argument("--messages", type=int, default=2000)
+    args = parser.parse_args()
+    missing = [tool for tool in ("nginx", "wrk") if shutil.which(tool) is None]
+    if missing:
+        print(
+            f"preview_door.py: {', '.join(missing)} not installed (apt-get install nginx wrk); skipped",
+            file=sys.stderr,
+        )
+        return
+    base = tempfile.mkdtemp(prefix="sandboxd-preview-bench-")
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        # nginx's workers drop to an unprivileged user: they must read these.
+        os.chmod(base, 0o755)
+        root = os.path.join(base, "www")
+        os.makedirs(root)
+        with open(os.path.join(root, "1k.bin"), "wb") as f:
+            f.write(b"x" * 1024)
+        with open(os.path.join(root, "64m.bin"), "wb") as f:
+            f.write(os.urandom(64 * MiB))
+        for name in ("1k.bin", "64m.bin"):
+            os.chmod(os.path.join(root, name), 0o644)
+        origin, app, proxy = free_port(), free_port(), free_port()
+        procs.append(start_nginx(base, "origin", ORIGIN.format(port=origin, root=root)))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    os.path.join(os.path.dirname(__file__), "preview_upstream.py"),
+                    str(app),
+                ],
+                start_new_session=True,
+            )
+        )
+        procs.append(
+            start_nginx(base, "proxy", PROXY.format(origin=origin, app=app, port=proxy))
+        )
+        door = free_port()
+        token = "bench-" + os.urandom(8).hex()
+        home = os.path.join(base, "home")
+        os.makedirs(home)
+        daemon, api = start_daemon(
+            home,
+            token,
+            {"groups": {"preview": True}},
+            ["--preview-port", f"tcp:{door}:interface=127.0.0.1"],
+        )
+        procs.append(daemon)
+        for port in (origin, app, proxy, door):
+            wait_port(port)
+        for port in (origin, app):
+            c = http.client.HTTPConnection("127.0.0.1", api, timeout=10)
+            c.request(
+                "POST",
+                "/preview/ports",
+                body=json.dumps({"port": port, "public": True}),
+                headers={"X-Access-Token": token, "Content-Type": "application/json"},
+            )
+            r = c.getresponse()
+            if r.status != 201:
+                raise RuntimeError(f"expose {port}: {r.status} {r.read()!r}")
+        targets = {
+            "direct": ((origin, f"127.0.0.1:{origin}"), (app, f"127.0.0.1:{app}")),
+            "nginx": ((proxy, f"127.0.0.1:{proxy}"), (proxy, f"127.0.0.1:{proxy}")),
+            "sandboxd": (
+                (door, f"{origin}.localhost:{door}"),
+                (door, f"{app}.localhost:{door}"),
+            ),
+        }
+        results: dict[str, dict[str, Any]] = {}
+        for name, ((sport, shost), (aport, ahost)) in targets.items():
+            r: dict[str, Any] = {"proxy": name}
+            r["get_1k_rps"] = round(
+                wrk(sport, shost, "/1k.bin", args.connections, args.duration)
+            )
+            r["download_64m_mib_s"] = round(
+                download(sport, shost, "/64m.bin", args.rounds), 1
+            )
+            events = first_event(aport, ahost, args.events)
+            r["sse_first_event_ms_p50"] = round(statistics.median(events) * 1000, 3)
+            echoes = ws_echo(aport, ahost, args.messages)
+            r["ws_echo_ms_p50"] = round(pct(echoes, 50) * 1000, 3)
+            r["ws_echo_ms_p99"] = round(pct(echoes, 99) * 1000, 3)
+            results[name] = r
+        direct = results["direct"]
+        for name in ("nginx", "sandboxd"):
+            r = results[name]
+            r["sse_added_ms"] = round(
+                r["sse_first_event_ms_p50"] - direct["sse_first_event_ms_p50"], 3
+            )
+            r["ws_p99_added_ms"] = round(
+                r["ws_echo_ms_p99"] - direct["ws_echo_ms_p99"], 3
+            )
+        nginx, ours = results["nginx"], results["sandboxd"]
+        ours["rps_vs_nginx"] = round(ours["get_1k_rps"] / nginx["get_1k_rps"], 2)
+        ours["mib_s_vs_nginx"] = round(
+            ours["download_64m_mib_s"] / nginx["download_64m_mib_s"], 2
+        )
+        for r in results.values():
+            print(
+                json.dumps(
+                    {"workload": "PREVIEW", "connections": args.connections, **r}
+                )
+            )
+    finally:
+        for proc in reversed(procs):
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

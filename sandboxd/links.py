@@ -1,0 +1,362 @@
+# -*- test-case-name: tests.test_links -*-
+"""
+Capability links: short-lived, scope-narrowed tokens a caller mints for
+someone else (a person opening a preview in a browser, the web console).
+
+A link is ``sbxl_`` + base64url(JSON claims) + ``.`` + base64url(HMAC-SHA256
+of everything before the dot).  The stdlib's :mod:`hmac` signs it with one
+key, so there is no algorithm field to play games with and no JWT library.
+The key is random per start (every link dies with the daemon) unless the
+policy's ``auth.link_key_file`` names one.
+
+The gate turns a valid link into the identity ``link:ID`` acting on behalf
+of its minter, holding at most the minter's scopes narrowed to the link's
+audience.  The daemon remembers every link it minted until it expires (at
+most ``limits.max_sessions`` of ``links_mint``), so a link can be listed,
+revoked and counted (``uses``); what it forgets is expired anyway.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import time
+from collections.abc import Callable, Iterable
+
+import attrs
+
+from sandboxd.auth import Identity
+from sandboxd.errors import (
+    Code,
+    bad_request,
+    limit_exceeded,
+    link_refused,
+    missing_scope,
+    not_found,
+)
+from sandboxd.policy.document import PolicyError
+
+#: What every link token starts with (and how the gate tells it from a token).
+PREFIX = "sbxl_"
+
+#: The audiences a link may name: the console, or one preview port.
+CONSOLE = "console"
+_PREVIEW = re.compile(r"^preview:([1-9][0-9]{0,4})$")
+
+#: The scopes a preview link can carry: using the preview, nothing more.
+PREVIEW_SCOPES = frozenset({"preview:use"})
+
+KEY_BYTES = 32
+
+
+def preview_audience(port: int) -> str:
+    """The audience of a link that opens port ``port``'s preview."""
+    return f"preview:{port}"
+
+
+def audience_port(audience: str) -> int | None:
+    """The port of a ``preview:PORT`` audience, else None."""
+    m = _PREVIEW.match(audience)
+    if m is None or not 0 < int(m.group(1)) < 65536:
+        return None
+    return int(m.group(1))
+
+
+def check_audience(audience: object) -> str:
+    """
+    :raises ApiError: 400 ``invalid_param`` for an audience links cannot name.
+    """
+    if not isinstance(audience, str) or (
+        audience != CONSOLE and audience_port(audience) is None
+    ):
+        raise bad_request(
+            'audience: expected "console" or "preview:PORT" (a port 1-65535)'
+        )
+    return audience
+
+
+def iso(ts: float) -> str:
+    """Unix time as ISO 8601 UTC (seconds)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def read_key(path: str) -> bytes:
+    """
+    The signing key from ``auth.link_key_file``: its bytes, at least 32.
+
+    :raises PolicyError: when it cannot be read or is too short.
+    """
+    try:
+        with open(path, "rb") as f:
+            key = f.read().strip()
+    except OSError as e:
+        raise PolicyError(
+            f"auth.link_key_file: cannot read {path!r}: {e.strerror}"
+        ) from None
+    if len(key) < KEY_BYTES:
+        raise PolicyError(
+            f"auth.link_key_file: {path!r} holds {len(key)} bytes; at least "
+            f"{KEY_BYTES} are needed"
+        )
+    return key
+
+
+@attrs.frozen
+class Claims:
+    """What a link says about itself (signed)."""
+
+    jti: str
+    sub: str
+    aud: str
+    scopes: tuple[str, ...]
+    exp: float
+    uses: int | None = None
+
+    def encode(self) -> bytes:
+        """The claims as compact JSON (keys sorted, so a token is stable)."""
+        data = {
+            "jti": self.jti,
+            "sub": self.sub,
+            "aud": self.aud,
+            "scopes": list(self.scopes),
+            "exp": int(self.exp),
+        }
+        if self.uses is not None:
+            data["uses"] = self.uses
+        return json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+
+
+@attrs.define
+class Link:
+    """A minted link as the daemon remembers it."""
+
+    claims: Claims
+    created_at: float
+    used: int = 0
+    revoked: bool = False
+
+    @property
+    def id(self) -> str:
+        """The link's id (``link_id``)."""
+        return self.claims.jti
+
+    def as_json(self) -> dict[str, object]:
+        """What ``links_list`` shows (never the token)."""
+        return {
+            "link_id": self.id,
+            "audience": self.claims.aud,
+            "scopes": list(self.claims.scopes),
+            "created_at": iso(self.created_at),
+            "expires_at": iso(self.claims.exp),
+            "uses": self.claims.uses,
+            "used": self.used,
+            "revoked": self.revoked,
+        }
+
+
+def root_of(identity: Identity) -> str:
+    """Who a caller acts for: a link's minter, else the caller itself."""
+    return identity.on_behalf_of or identity.id
+
+
+class LinkTable:
+    """
+    The key and the links minted with it.
+
+    :param clock: Unix time (the reactor's ``seconds``).
+    """
+
+    def __init__(self, key: bytes, clock: Callable[[], float]) -> None:
+        self._key = key
+        self._clock = clock
+        self.links: dict[str, Link] = {}
+
+    @classmethod
+    def for_key_file(cls, path: str | None, clock: Callable[[], float]) -> LinkTable:
+        """The table for ``auth.link_key_file`` (random key when None)."""
+        key = read_key(path) if path else secrets.token_bytes(KEY_BYTES)
+        return cls(key, clock)
+
+    def _sign(self, body: str) -> str:
+        mac = hmac.new(self._key, (PREFIX + body).encode("ascii"), hashlib.sha256)
+        return _b64(mac.digest())
+
+    def prune(self) -> None:
+        """Forget links past their expiry (revoked ones included)."""
+        now = self._clock()
+        for jti in [j for j, link in self.links.items() if link.claims.exp <= now]:
+            del self.links[jti]
+
+    # -- minting --------------------------------------------------------------
+
+    def mint(
+        self,
+        minter: Identity,
+        audience: str,
+        scopes: Iterable[str] | None,
+        ttl: float,
+        uses: int | None,
+        max_links: int | None,
+        rule: str | None = None,
+    ) -> tuple[Link, str]:
+        """
+        A new link and its token.
+
+        :param scopes: asked for; None: everything the audience allows that
+            the minter holds.
+        :raises ApiError: 400 for scopes outside the audience, 403
+            ``missing_scope`` for one the minter lacks, 429 when the table
+            is full.
+        """
+        check_audience(audience)
+        wanted = tuple(sorted(set(scopes))) if scopes is not None else None
+        if audience_port(audience) is not None:
+            if wanted is None:
+                wanted = tuple(sorted(PREVIEW_SCOPES))
+            outside = [s for s in wanted if s not in PREVIEW_SCOPES]
+            if outside:
+                raise bad_request(
+                    f"a preview link carries only {sorted(PREVIEW_SCOPES)}; "
+                    f"not {outside[0]!r}"
+                )
+        elif wanted is None:
+            wanted = tuple(sorted(minter.scopes))
+        for scope in wanted:
+            if not minter.has_scope(scope):
+                raise missing_scope("links_mint", scope, "links:minter_scopes")
+        self.prune()
+        if max_links is not None and len(self.links) >= max_links:
+            raise limit_exceeded(
+                429,
+                f"{len(self.links)} links are live; revoke some or wait for "
+                "them to expire",
+                Code.TOO_MANY_SESSIONS,
+                rule,
+                limit=max_links,
+            )
+        now = self._clock()
+        claims = Claims(
+            jti=secrets.token_urlsafe(12),
+            sub=root_of(minter),
+            aud=audience,
+            scopes=wanted,
+            exp=now + ttl,
+            uses=uses,
+        )
+        link = Link(claims, now)
+        self.links[claims.jti] = link
+        body = _b64(claims.encode())
+        return link, f"{PREFIX}{body}.{self._sign(body)}"
+
+    # -- checking -------------------------------------------------------------
+
+    def verify(
+        self, token: bytes | str, audience: str, consume: bool = True
+    ) -> Identity:
+        """
+        The identity a link token stands for.
+
+        :param audience: where it is presented (``console`` for the API,
+            ``preview:PORT`` on the preview door).
+        :param consume: count one use (a link presented; not a cookie that
+            holds one already exchanged).
+        :raises ApiError: 401 ``link_expired``, or ``link_invalid`` for a
+            token that is malformed, forged, revoked, used up or for
+            another audience.
+        """
+        text = token.decode("latin-1") if isinstance(token, bytes) else token
+        body, dot, mac = text.removeprefix(PREFIX).partition(".")
+        if not text.startswith(PREFIX) or not dot:
+            raise link_refused("the link is malformed")
+        if not hmac.compare_digest(mac.encode("latin-1"), self._sign(body).encode()):
+            raise link_refused("the link is not valid")
+        try:
+            data = json.loads(_unb64(body))
+            claims = Claims(
+                jti=str(data["jti"]),
+                sub=str(data["sub"]),
+                aud=str(data["aud"]),
+                scopes=tuple(str(s) for s in data["scopes"]),
+                exp=float(data["exp"]),
+                uses=int(data["uses"]) if data.get("uses") is not None else None,
+            )
+        except (ValueError, KeyError, TypeError, binascii.Error):
+            raise link_refused("the link is malformed") from None
+        if claims.exp <= self._clock():
+            raise link_refused("the link has expired", expired=True)
+        link = self.links.get(claims.jti)
+        if link is not None and link.revoked:
+            raise link_refused("the link was revoked")
+        if claims.aud != audience:
+            raise link_refused("the link is for another audience")
+        if claims.uses is not None:
+            if link is None:
+                # A counted link from before a restart: its count is lost.
+                raise link_refused("the link was used up")
+            if consume:
+                if link.used >= claims.uses:
+                    raise link_refused("the link was used up")
+                link.used += 1
+        elif link is not None and consume:
+            link.used += 1
+        return Identity(
+            f"link:{claims.jti}", frozenset(claims.scopes), on_behalf_of=claims.sub
+        )
+
+    # -- listing and revoking -------------------------------------------------
+
+    def of(self, identity: Identity) -> list[Link]:
+        """The live links minted by (or for) the caller, oldest first."""
+        self.prune()
+        root = root_of(identity)
+        return [link for link in self.links.values() if link.claims.sub == root]
+
+    def revoke(self, link_id: str, identity: Identity) -> Link:
+        """
+        Revoke a link of the caller's (any link, for an identity holding ``*``).
+
+        :raises ApiError: 404 for a link the caller cannot see.
+        """
+        self.prune()
+        link = self.links.get(link_id)
+        if link is None or not (
+            link.claims.sub == root_of(identity) or "*" in identity.scopes
+        ):
+            raise not_found(f"no such link: {link_id}")
+        link.revoked = True
+        return link
+
+
+def is_link(token: bytes | str | None) -> bool:
+    """Whether a presented credential is a link (rather than a token)."""
+    if isinstance(token, bytes):
+        return token.startswith(PREFIX.encode())
+    return token is not None and token.startswith(PREFIX)
+
+
+__all__ = [
+    "CONSOLE",
+    "PREFIX",
+    "Claims",
+    "Link",
+    "LinkTable",
+    "audience_port",
+    "check_audience",
+    "is_link",
+    "preview_audience",
+    "read_key",
+    "root_of",
+]

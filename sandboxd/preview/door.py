@@ -1,0 +1,781 @@
+# -*- test-case-name: tests.preview.test_door -*-
+"""
+The preview door (SPEC §16, §23): a listener of its own that forwards
+browsers to the web apps running in the sandbox.
+
+It is a door, not a route: a proxied app must never run script in the
+daemon's own origin (which the API trusts), and the API's body rules would
+break ordinary web apps.  Each request is one :class:`Exchange`, decided
+when its head arrives (before any body byte): the Host names the port
+(:mod:`sandboxd.preview.routing`, else 421), the port must be exposed and
+allowed (:mod:`sandboxd.preview.exposures`), and the caller must pass the
+one gate as ``preview_proxy``: nobody for a public exposure, else a token
+holding ``preview:use`` or a link for this port, in a header, in the
+door's cookie, or as ``?sbx_link=`` on a GET (which sets the cookie and
+redirects to the same URL without it).  Then the request goes to
+``127.0.0.1:PORT`` (the port is the only input) with its body streaming
+(:mod:`sandboxd.preview.upstream`), or, for an ``Upgrade``, as raw bytes
+after the app's 101 (:mod:`sandboxd.preview.splice`).  Every exchange is
+one audit line with ``via: preview``.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from twisted.internet.defer import CancelledError
+from twisted.internet.error import ConnectError, ConnectionRefusedError
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.http import RESPONSES
+from twisted.web.http_headers import Headers
+from twisted.web.resource import Resource
+from twisted.web.server import Request
+
+from sandboxd import gate
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    bad_request,
+    forbidden,
+    limit_exceeded,
+    limit_rule,
+    link_refused,
+    misdirected,
+    payload_too_large,
+    unexpected,
+    upstream_timeout,
+    upstream_unavailable,
+)
+from sandboxd.links import is_link, preview_audience
+from sandboxd.policy.defaults import PREVIEW_RETRY_SECONDS
+from sandboxd.preview import headers as h
+from sandboxd.preview.exposures import Exposure
+from sandboxd.preview.routing import Target
+from sandboxd.preview.upstream import BodyRelay, StreamBody
+from sandboxd.web.connections import ConnectionLimits
+from sandboxd.web.factory import HardenedSite
+
+if TYPE_CHECKING:
+    from sandboxd.auth import Identity
+    from sandboxd.policy.rules import EffectiveRule
+    from sandboxd.preview.exposures import ExposureTable
+    from sandboxd.preview.routing import Routes
+
+log = Logger(namespace="sandboxd.preview")
+
+#: Where the app is: loopback only, IPv4 first (an app bound to ``::1``
+#: alone, as Node binds ``localhost`` on some systems, is found next).
+LOOPBACKS = ("127.0.0.1", "::1")
+
+
+class PreviewService(Protocol):
+    """What an exchange asks of the door's service (:mod:`sandboxd.preview.service`)."""
+
+    context: Any
+    exposures: ExposureTable
+    agent: Any
+    secure: bool
+    door_port: int | None
+
+    @property
+    def routes(self) -> Routes:
+        """The Host patterns in force."""
+
+    def check_port(self, port: int, rule: EffectiveRule) -> None:
+        """403 ``port_not_allowed`` for a port never previewed."""
+
+    def not_exposed(self, port: int) -> ApiError:
+        """404 ``port_not_exposed``."""
+
+
+def _ignore(_: object) -> None:
+    """Nothing to do (a response nobody waits for any more)."""
+
+
+def _reason(status: int) -> str:
+    return RESPONSES.get(status, b"Error").decode("latin-1")
+
+
+def wants_html(accept: bytes | None) -> bool:
+    """Whether the client is a browser navigating (it asked for HTML first)."""
+    return accept is not None and b"text/html" in accept
+
+
+def error_page(error: ApiError) -> bytes:
+    """A small HTML page for a browser; a 502 retries by itself."""
+    refresh = (
+        f'<meta http-equiv="refresh" content="{PREVIEW_RETRY_SECONDS}">'
+        if error.status == 502
+        else ""
+    )
+    retry = (
+        "<p>Nothing is listening there yet. This page retries every "
+        f"{PREVIEW_RETRY_SECONDS} seconds.</p>"
+        if error.status == 502
+        else ""
+    )
+    title = f"{error.status} {html.escape(_reason(error.status))}"
+    return (
+        f"<!doctype html><html><head><meta charset=utf-8>{refresh}"
+        f"<title>{title}</title></head><body><h1>{title}</h1>"
+        f"<p>{html.escape(error.message)}</p>{retry}"
+        f"<p><code>{html.escape(str(error.code or ''))}</code></p></body></html>"
+    ).encode()
+
+
+def error_response(
+    error: ApiError, accept: bytes | None
+) -> tuple[bytes, bytes, dict[str, str]]:
+    """``(content type, body, extra headers)`` of an error, for a browser or an API client."""
+    from sandboxd.web.dispatch import json_bytes
+
+    extra = dict(error.headers)
+    if error.status == 502:
+        extra.setdefault("Retry-After", str(PREVIEW_RETRY_SECONDS))
+    if wants_html(accept):
+        return b"text/html; charset=utf-8", error_page(error), extra
+    return b"application/json", json_bytes(error.body()), extra
+
+
+class PreviewRequest(Request):
+    """
+    A request on the preview door: decided and forwarded when its head
+    arrives, its body streamed to the app rather than kept.
+    """
+
+    exchange: Exchange | None = None
+
+    def gotLength(self, length: int | None) -> None:
+        """The head is in: decide, and start the app's request now."""
+        self.content = io.BytesIO()  # the body is streamed, never kept
+        site: PreviewSite = self.channel.site  # type: ignore[attr-defined]
+        self.exchange = Exchange(site.service, self, length)
+        self.exchange.head()
+
+    def handleContentChunk(self, data: bytes) -> None:
+        """One chunk of the body, straight on to the app."""
+        if self.exchange is not None:
+            self.exchange.body(data)
+
+    def process(self) -> None:
+        """The body is complete."""
+        if self.exchange is not None:
+            self.exchange.body_done()
+
+
+class PreviewSite(HardenedSite):
+    """The door's site: the hardened connection, one request class, no resources."""
+
+    requestFactory = PreviewRequest
+    door = "preview"
+
+    def __init__(
+        self, service: PreviewService, limits: ConnectionLimits | None = None
+    ) -> None:
+        super().__init__(Resource(), service.context, service.context.reactor, limits)
+        self.service = service
+        idle = service.context.policy.rules["preview_proxy"].limits.idle_timeout_seconds
+        self.timeOut = idle
+
+
+class Exchange:
+    """
+    One request through the door, from its head to its audit line.
+
+    :ivar refusal: the error to answer, once decided.
+    """
+
+    def __init__(
+        self, service: PreviewService, request: PreviewRequest, length: int | None
+    ) -> None:
+        self.service = service
+        self.context = service.context
+        # Twisted's Request is untyped: held as Any.
+        self.request: Any = request
+        self.length = length
+        self.started = time.monotonic()
+        channel: Any = request.channel
+        self.method: bytes = channel._command
+        self.raw_target: bytes = channel._path
+        self.client = getattr(channel, "peer_host", "") or ""
+        self.refusal: ApiError | None = None
+        self.redirect: tuple[bytes, bytes] | None = None
+        self.passed: gate.Passed | None = None
+        self.identity: Identity | None = None
+        self.target: Target | None = None
+        self.exposure: Exposure | None = None
+        self.body_producer: StreamBody | None = None
+        self.relay: BodyRelay | None = None
+        self.pending: Any = None
+        self.response: Any = None
+        self.processed = False
+        self.answered_early = False
+        self.finished = False
+        self.gone = False
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.status = 0
+        self.code: str | None = None
+        self.rule: str | None = None
+        self.upgrade = False
+        self.addresses = list(LOOPBACKS)
+        self._timer: Any = None
+        self.timed_out = False
+        request.notifyFinish().addBoth(self._ended)
+
+    # -- the head -------------------------------------------------------------
+
+    def header(self, name: bytes) -> list[bytes]:
+        """The raw values of a request header."""
+        return list(self.request.requestHeaders.getRawHeaders(name) or [])
+
+    def head(self) -> None:
+        """Route, check the port and the caller, and start the app's request."""
+        try:
+            self._decide()
+        except ApiError as e:
+            self._refuse(e)
+            return
+        except Exception as e:  # a bug must still be one answer and one audit line
+            log.failure("preview: deciding a request failed")
+            self._refuse(unexpected(e))
+            return
+        if self.redirect is not None or self.upgrade:
+            return  # answered (or spliced) once the (empty) body is in
+        self._start_upstream()
+
+    def _decide(self) -> None:
+        hosts = self.header(b"host")
+        if len(hosts) != 1 or not hosts[0].strip():
+            raise bad_request("exactly one Host header is required")
+        self.host = hosts[0].decode("latin-1").strip()
+        if not self.raw_target.startswith(b"/"):
+            raise bad_request("the request target must be a path")
+        target = self.service.routes.match(self.host, self.raw_target)
+        if target is None:
+            raise misdirected(gate.host_name(self.host))
+        self.target = target
+        rule = self.context.policy.rules["preview_proxy"]
+        self.service.check_port(target.port, rule)
+        exposure = self.service.exposures.get(target.port)
+        # A labelled exposure answers only to its label; an unlabelled one
+        # to any (``{port}-{sandbox_id}.DOMAIN``, E2B's ``get_host``).
+        if exposure.label is not None and target.label != exposure.label:
+            raise self.service.not_exposed(target.port)
+        self.exposure = exposure
+        limit = rule.limits.max_request_bytes
+        if limit is not None and self.length is not None and self.length > limit:
+            raise payload_too_large(limit)
+        connection = h.connection_listed([(b"connection", self.header(b"connection"))])
+        self.upgrade = bool(self.header(b"upgrade")) and b"upgrade" in connection
+        self._admit(exposure, target)
+        self.track()
+        if self.upgrade:
+            self._check_room(rule)
+
+    def _check_room(self, rule: EffectiveRule) -> None:
+        """
+        :raises ApiError: 429 when ``limits.max_sessions`` upgraded
+            connections (WebSockets) are open through the door.
+        """
+        limit = rule.limits.max_sessions
+        open_now = sum(e.websockets for e in self.service.exposures.by_port.values())
+        if limit is not None and open_now >= limit:
+            raise limit_exceeded(
+                429,
+                f"{open_now} WebSockets are open through the preview door",
+                Code.TOO_MANY_SESSIONS,
+                limit_rule(rule, "max_sessions"),
+                limit=limit,
+            )
+
+    def _admit(self, exposure: Exposure, target: Target) -> None:
+        """The gate, with the first credential that passes (see the module)."""
+        endpoint = self.context.table.get("preview_proxy")
+        audience = preview_audience(target.port)
+        if exposure.public:
+            self.passed = gate.admit(
+                self.context, endpoint, {}, public=True, host_rules=False
+            )
+            self.identity = self.passed.identity
+            return
+        candidates: list[tuple[bytes, bool, str]] = []
+        shown = self._header_credential()
+        if shown is not None:
+            candidates.append((shown, True, "header"))
+        _path, _, query = target.path.partition(b"?")
+        link = h.query_value(query, h.LINK_PARAM)
+        if link is not None and self.method in (b"GET", b"HEAD"):
+            candidates.append((link, True, "query"))
+        cookie = h.our_cookie(self.header(b"cookie"), target.port)
+        if cookie is not None:
+            candidates.append((cookie, False, "cookie"))
+        if not candidates:
+            if not self.context.policy.tokens.local_mode:
+                raise link_refused("this preview needs a link or a token")
+            candidates.append((b"", True, "local"))
+        refusal: gate.Refused | None = None
+        for credential, consume, where in candidates:
+            if where in ("query", "cookie") and not is_link(credential):
+                continue  # tokens are never carried in URLs or cookies
+            headers = {b"x-access-token": [credential]} if credential else {}
+            try:
+                self.passed = gate.admit(
+                    self.context,
+                    endpoint,
+                    headers,
+                    audience=audience,
+                    consume=consume,
+                    host_rules=False,
+                )
+            except gate.Refused as e:
+                if e.error.status != 401:
+                    # Known, but not let in (disabled, a scope, a rate).
+                    self.identity = e.identity
+                    raise e.error from None
+                if refusal is None or e.error.code == Code.LINK_EXPIRED:
+                    refusal = e
+                continue
+            self.identity = self.passed.identity
+            if where == "cookie":
+                self._check_cookie_origin()
+            if where == "query" and not self.upgrade:
+                # A WebSocket handshake cannot follow a redirect: the link
+                # in its URL is enough (and never reaches the app).
+                self.redirect = self._cookie_redirect(credential, target, query)
+            return
+        if refusal is None or refusal.error.code == Code.UNAUTHORIZED:
+            raise link_refused("this preview needs a link or a token")
+        raise refusal.error
+
+    def _check_cookie_origin(self) -> None:
+        """
+        A request the door's cookie lets in must come from the preview's
+        own page when it names its origin: every preview under one domain
+        is the same *site* to a browser, so another preview's page (or a
+        form it posts, or a WebSocket it opens) would otherwise be sent
+        this preview's cookie.
+
+        :raises ApiError: 403 ``origin_not_allowed``.
+        """
+        origins = self.header(b"origin")
+        if not origins:
+            return
+        origin = origins[-1].decode("latin-1")
+        if gate.same_origin(origin, self.host, self.service.secure):
+            return
+        if self.passed is not None:
+            gate.release(self.context, self.passed)
+            self.passed = None
+        raise forbidden(
+            f"the preview's cookie is not accepted from the page at {origin!r}",
+            Code.ORIGIN_NOT_ALLOWED,
+            rule="preview:cookie_origin",
+        )
+
+    def _header_credential(self) -> bytes | None:
+        """A token or link in ``X-Access-Token`` or ``Authorization: Bearer``."""
+        from sandboxd.auth import presented_token
+
+        headers = {
+            b"x-access-token": self.header(b"x-access-token"),
+            b"authorization": self.header(b"authorization"),
+        }
+        try:
+            return presented_token(headers)
+        except ApiError:
+            return None
+
+    def _cookie_redirect(
+        self, link: bytes, target: Target, query: bytes
+    ) -> tuple[bytes, bytes]:
+        """The 303 that trades ``?sbx_link=`` for the door's cookie."""
+        text = link.decode("latin-1")
+        claims_exp = self.context.links.links.get(self.identity_id_suffix())
+        now = self.context.reactor.seconds()
+        max_age = int(claims_exp.claims.exp - now) if claims_exp is not None else 900
+        path, _, _ = target.path.partition(b"?")
+        rest = h.query_without(query, h.LINK_PARAM)
+        location = target.prefix.encode() + path + (b"?" + rest if rest else b"")
+        cookie = h.set_cookie(
+            target.port,
+            text,
+            max(1, max_age),
+            (target.prefix + "/") if target.prefix else "/",
+            self.service.secure,
+        )
+        return location, cookie
+
+    def identity_id_suffix(self) -> str:
+        """The link id of the caller, when it is a link."""
+        ident = self.identity.id if self.identity is not None else ""
+        return ident.removeprefix("link:")
+
+    def _refuse(self, error: ApiError) -> None:
+        """Answer an error: now, when a body would follow; else once it is in."""
+        self.refusal = error
+        self._release()
+        if self.length != 0:
+            self._answer_early(error)
+
+    def _answer_early(self, error: ApiError) -> None:
+        """Write the error straight to the socket and close (a body would follow)."""
+        self.answered_early = True
+        self.request.requestHeaders.removeHeader(b"expect")
+        kind, body, extra = error_response(error, self._accept())
+        head = [
+            f"HTTP/1.1 {error.status} {_reason(error.status)}",
+            f"Content-Type: {kind.decode()}",
+            f"Content-Length: {len(body)}",
+            "Connection: close",
+            *(f"{k}: {v}" for k, v in extra.items()),
+        ]
+        transport: Any = self.request.channel.transport
+        transport.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+        self.bytes_out += len(body)
+        self._audit(error.status, error.code, error.rule)
+        transport.loseConnection()
+
+    def _accept(self) -> bytes | None:
+        values = self.header(b"accept")
+        return values[0] if values else None
+
+    # -- the body -------------------------------------------------------------
+
+    def body(self, data: bytes) -> None:
+        """A chunk of the browser's body, on to the app."""
+        if self.answered_early or self.refusal is not None:
+            return
+        self.bytes_in += len(data)
+        limit = self.context.policy.rules["preview_proxy"].limits.max_request_bytes
+        if limit is not None and self.bytes_in > limit:
+            if self.pending is not None:
+                self.pending.cancel()
+            self._refuse(payload_too_large(limit))
+            if not self.answered_early:
+                self._answer_early(payload_too_large(limit))
+            return
+        if self.body_producer is not None:
+            self.body_producer.feed(data)
+
+    def body_done(self) -> None:
+        """The request is whole: answer what was decided, or wait for the app."""
+        self.processed = True
+        if self.answered_early:
+            return
+        if self.refusal is not None:
+            self._respond_error(self.refusal)
+            return
+        if self.redirect is not None:
+            self._respond_redirect(*self.redirect)
+            return
+        if self.upgrade:
+            from sandboxd.preview.splice import Upgrade
+
+            assert self.target is not None and self.exposure is not None
+            Upgrade(self).start()
+            return
+        if self.body_producer is not None:
+            self.body_producer.finish()
+        timeout = self.context.policy.rules["preview_proxy"].limits.timeout_seconds
+        if timeout and self.pending is not None:
+            self._timer = self.context.reactor.callLater(timeout, self._head_late)
+        if self.response is not None:
+            self._relay(self.response)
+
+    # -- the app's answer -----------------------------------------------------
+
+    def upstream_headers(
+        self, keep_upgrade: bool = False
+    ) -> list[tuple[bytes, list[bytes]]]:
+        """The request's headers as the app gets them (see :mod:`headers`)."""
+        assert self.target is not None and self.exposure is not None
+        raw = [
+            (name, list(values))
+            for name, values in self.request.requestHeaders.getAllRawHeaders()
+        ]
+        out = []
+        for name, values in h.end_to_end(raw, keep_upgrade):
+            lower = name.lower()
+            if lower in (b"host", b"expect", b"content-length"):
+                continue
+            if lower in (b"x-access-token",) or (
+                lower == b"authorization" and self._ours(values)
+            ):
+                continue
+            if lower == b"cookie":
+                values = h.cookies_without_ours(values)
+                if not values:
+                    continue
+            out.append((name, values))
+        if self.exposure.host_header == "preserve":
+            host = self.host
+        else:
+            host = f"localhost:{self.target.port}"
+        out.insert(0, (b"Host", [host.encode("latin-1")]))
+        door_port = self.service.door_port
+        return h.forwarded(
+            out,
+            self.client,
+            self.host,
+            "https" if self.service.secure else "http",
+            door_port,
+            self.target.prefix,
+        )
+
+    def _ours(self, values: list[bytes]) -> bool:
+        """Whether an ``Authorization`` header carried our credential."""
+        for value in values:
+            scheme, _, rest = value.strip().partition(b" ")
+            if scheme.lower() == b"bearer" and (
+                is_link(rest.strip())
+                or self.context.policy.tokens.identify(rest.strip())
+            ):
+                return True
+        return False
+
+    def upstream_target(self) -> bytes:
+        """The path and query the app gets (never our link)."""
+        assert self.target is not None
+        path, _sep, query = self.target.path.partition(b"?")
+        query = h.query_without(query, h.LINK_PARAM)
+        return path + (b"?" + query if query else b"")
+
+    def _start_upstream(self) -> None:
+        assert self.target is not None
+        if self.length != 0:
+            self.body_producer = StreamBody(
+                self.length,
+                self.request.channel.transport,
+            )
+        self._send(self.addresses[0])
+
+    def _send(self, address: str) -> None:
+        assert self.target is not None
+        host = f"[{address}]" if ":" in address else address
+        url = f"http://{host}:{self.target.port}".encode() + self.upstream_target()
+        headers = Headers()
+        for name, values in self.upstream_headers():
+            headers.setRawHeaders(name, values)
+        self.pending = self.service.agent.request(
+            self.method, url, headers, self.body_producer
+        )
+        self.pending.addCallbacks(self._got_response, self._failed)
+
+    def _got_response(self, response: Any) -> None:
+        self.pending = None
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        if self.gone or self.refusal is not None:
+            response.deliverBody(BodyRelay(_ignore, _ignore, _ignore))
+            return
+        self.response = response
+        if self.processed:
+            self._relay(response)
+
+    def _failed(self, failure: Failure) -> None:
+        self.pending = None
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        if self.gone or self.answered_early:
+            return
+        assert self.target is not None
+        timeout = self.context.policy.rules["preview_proxy"].limits.timeout_seconds
+        if self.timed_out or failure.check(CancelledError):
+            error = upstream_timeout(self.target.port, timeout or 0)
+        else:
+            refused = failure.check(ConnectionRefusedError, ConnectError)
+            inner = getattr(failure.value, "reasons", None)
+            if not refused and inner:
+                refused = any(
+                    r.check(ConnectionRefusedError, ConnectError) for r in inner
+                )
+            if (
+                refused
+                and len(self.addresses) > 1
+                and (self.body_producer is None or not self.body_producer.started)
+            ):
+                self.addresses.pop(0)
+                self._send(self.addresses[0])
+                return
+            error = upstream_unavailable(self.target.port)
+        if self.body_producer is not None:
+            self.body_producer.stopProducing()
+        self.refusal = error
+        self._release()
+        if self.processed:
+            self._respond_error(error)
+
+    def _head_late(self) -> None:
+        self._timer = None
+        self.timed_out = True
+        if self.pending is not None:
+            self.pending.cancel()
+
+    def _relay(self, response: Any) -> None:
+        """Send the app's status and headers, then stream its body."""
+        assert self.target is not None and self.exposure is not None
+        request = self.request
+        request.setResponseCode(response.code, response.phrase)
+        request.responseHeaders = Headers()
+        request.defaultContentType = None
+        raw = [(n, list(vs)) for n, vs in response.headers.getAllRawHeaders()]
+        origin = self._origin()
+        for name, values in h.end_to_end(raw):
+            lower = name.lower()
+            if lower == b"set-cookie":
+                values = [
+                    v for v in values if h.cookie_allowed(v, gate.host_name(self.host))
+                ]
+                if not values:
+                    continue
+            elif lower == b"location":
+                values = [
+                    h.rewrite_location(v, self.target.port, origin, self.target.prefix)
+                    for v in values
+                ]
+            request.responseHeaders.setRawHeaders(name, values)
+        self.status = response.code
+        length = response.length if isinstance(response.length, int) else None
+        self.relay = BodyRelay(self._register, self._write, self._body_ended, length)
+        response.deliverBody(self.relay)
+
+    def _origin(self) -> str:
+        scheme = "https" if self.service.secure else "http"
+        return f"{scheme}://{self.host}"
+
+    def _register(self, producer: Any) -> None:
+        if not self.gone:
+            self.request.registerProducer(producer, True)
+
+    def _write(self, data: bytes) -> None:
+        if self.gone:
+            return
+        self.bytes_out += len(data)
+        self.request.write(data)
+
+    def _body_ended(self, reason: Failure | None) -> None:
+        if self.gone or self.finished:
+            return
+        self.request.unregisterProducer()
+        if reason is None:
+            self.finished = True
+            self.request.finish()
+        else:
+            # Cut short: the browser must see a broken response, not a
+            # complete one.
+            self.close()
+
+    # -- answers of our own ---------------------------------------------------
+
+    def _respond_error(self, error: ApiError) -> None:
+        if self.gone or self.finished:
+            return
+        self.status = error.status
+        self.code = str(error.code) if error.code else None
+        self.rule = error.rule
+        kind, body, extra = error_response(error, self._accept())
+        request = self.request
+        request.setResponseCode(error.status)
+        request.setHeader(b"content-type", kind)
+        request.setHeader(b"content-length", str(len(body)).encode())
+        request.setHeader(b"cache-control", b"no-store")
+        for key, value in extra.items():
+            request.setHeader(key.encode(), value.encode())
+        self.bytes_out += len(body)
+        request.write(body)
+        self.finished = True
+        request.finish()
+
+    def _respond_redirect(self, location: bytes, cookie: bytes) -> None:
+        request = self.request
+        self.status = 303
+        request.setResponseCode(303)
+        request.setHeader(b"location", location)
+        request.setHeader(b"set-cookie", cookie)
+        request.setHeader(b"cache-control", b"no-store")
+        request.setHeader(b"referrer-policy", b"no-referrer")
+        request.setHeader(b"content-length", b"0")
+        self.finished = True
+        self._release()
+        request.finish()
+
+    # -- the end --------------------------------------------------------------
+
+    def track(self) -> None:
+        """Count the exchange as in flight to its port (closed on unexpose)."""
+        if self.exposure is not None:
+            self.exposure.requests += 1
+            self.exposure.open.add(self)
+
+    def close(self) -> None:
+        """End it now: the port was unexposed, or the app's answer broke."""
+        if self.pending is not None:
+            self.pending.cancel()
+        if self.relay is not None:
+            self.relay.stop()
+        transport: Any = (
+            self.request.channel.transport if self.request.channel else None
+        )
+        if transport is not None:
+            transport.abortConnection()
+
+    def _ended(self, result: Any) -> None:
+        """The response is done, or the browser left."""
+        if isinstance(result, Failure):
+            self.gone = True
+            if self.pending is not None:
+                self.pending.cancel()
+            if self.relay is not None:
+                self.relay.stop()
+            if self.body_producer is not None:
+                self.body_producer.stopProducing()
+            if not self.status:
+                self.status = 499
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._release()
+        if not self.upgrade or self.status != 101:
+            self._audit(self.status or 200, self.code, self.rule)
+        return None
+
+    def _release(self) -> None:
+        if self.exposure is not None:
+            self.exposure.open.discard(self)
+        if self.passed is not None:
+            gate.release(self.context, self.passed)
+
+    def _audit(self, status: int, code: Any, rule: str | None) -> None:
+        if getattr(self, "_audited", False):
+            return
+        self._audited = True
+        if self.exposure is not None:
+            self.exposure.bytes_in += self.bytes_in
+            self.exposure.bytes_out += self.bytes_out
+        endpoint = self.context.table.get("preview_proxy")
+        path, _, query = self.raw_target.partition(b"?")
+        gate.audit(
+            self.context,
+            door=gate.Door.PREVIEW,
+            endpoint=endpoint,
+            identity=self.identity,
+            rule=self.context.policy.rules["preview_proxy"],
+            method=self.method.decode("latin-1"),
+            path=path.decode("latin-1"),
+            query=query.decode("latin-1"),
+            status=status,
+            code=str(code) if code else None,
+            decided_by=rule,
+            started=self.started,
+            bytes_in=self.bytes_in,
+            bytes_out=self.bytes_out,
+            client=self.client,
+            extra={
+                "host": getattr(self, "host", ""),
+                "port": self.target.port if self.target is not None else None,
+            },
+        )

@@ -1,0 +1,219 @@
+# -*- test-case-name: tests.preview.test_exposures -*-
+"""
+Which ports the preview door forwards to, and which it never may.
+
+Nothing is proxied unless exposed (``preview_expose``).  An exposure names
+one port inside the sandbox; the policy bounds which ports may be exposed
+(``params.ports``, ``params.deny_ports``), and the daemon adds its own
+listeners and the browser's debugging port to the denied ones, whatever the
+policy says: the door must never become a way around the daemon's own
+authentication.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+import attrs
+
+from sandboxd.errors import (
+    Code,
+    bad_request,
+    limit_exceeded,
+    port_not_allowed,
+    port_not_exposed,
+)
+from sandboxd.links import iso
+from sandboxd.policy.defaults import PREVIEW_PORTS
+
+
+class Closable(Protocol):
+    """Something in flight to an exposed port (a request, a WebSocket)."""
+
+    def close(self) -> None:
+        """End it now (the port was unexposed)."""
+
+
+def parse_ranges(specs: Iterable[str]) -> list[tuple[int, int]]:
+    """``["3000", "8000-8999"]`` as inclusive ranges (bad items are skipped)."""
+    out = []
+    for spec in specs:
+        low, _, high = spec.strip().partition("-")
+        try:
+            lo, hi = int(low), int(high or low)
+        except ValueError:
+            continue
+        out.append((lo, hi))
+    return out
+
+
+def check_port(value: Any) -> int:
+    """
+    :raises ApiError: 400 ``invalid_param`` unless ``value`` is a port 1-65535.
+    """
+    if isinstance(value, bool):
+        raise bad_request("'port' must be a port number 1-65535")
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        raise bad_request("'port' must be a port number 1-65535") from None
+    if not 0 < port < 65536 or (isinstance(value, float) and not value.is_integer()):
+        raise bad_request("'port' must be a port number 1-65535")
+    return port
+
+
+def allowed(
+    port: int,
+    ports: Iterable[str] | None,
+    deny: Iterable[int],
+    own: Iterable[int],
+    sources: Callable[[str], str | None],
+) -> None:
+    """
+    :raises ApiError: 403 ``port_not_allowed`` naming the rule: one of the
+        daemon's own ports, a denied one, or outside the allowed ranges.
+    """
+    if port in set(own):
+        raise port_not_allowed(port, "daemon:own_ports")
+    if port in set(deny):
+        raise port_not_allowed(
+            port, sources("params.deny_ports") or "params.deny_ports"
+        )
+    ranges = parse_ranges(ports if ports is not None else PREVIEW_PORTS)
+    if not any(lo <= port <= hi for lo, hi in ranges):
+        raise port_not_allowed(port, sources("params.ports") or "default:params.ports")
+
+
+@attrs.define(eq=False)
+class Exposure:
+    """One exposed port and what went through it."""
+
+    port: int
+    label: str | None
+    public: bool
+    host_header: str
+    exposed_by: str
+    created_at: float
+    expires_at: float | None = None
+    requests: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    #: What is in flight to the port now (closed when it is unexposed).
+    open: set[Closable] = attrs.Factory(set)
+    websockets: int = 0
+
+    def as_json(self, url: str, listening: bool) -> dict[str, Any]:
+        """What ``preview_get`` answers."""
+        return {
+            "port": self.port,
+            "label": self.label,
+            "public": self.public,
+            "host_header": self.host_header,
+            "url": url,
+            "listening": listening,
+            "exposed_by": self.exposed_by,
+            "created_at": iso(self.created_at),
+            "expires_at": iso(self.expires_at) if self.expires_at else None,
+            "requests": self.requests,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "open_websockets": self.websockets,
+        }
+
+    def close_all(self) -> None:
+        """End everything in flight to the port."""
+        for item in list(self.open):
+            item.close()
+        self.open.clear()
+
+
+class ExposureTable:
+    """The exposed ports, by port; expired exposures end when next looked at."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self.by_port: dict[int, Exposure] = {}
+
+    def expose(
+        self,
+        port: int,
+        label: str | None,
+        public: bool,
+        host_header: str,
+        exposed_by: str,
+        ttl: float | None,
+        max_exposures: int | None,
+        rule: str | None = None,
+    ) -> Exposure:
+        """
+        Expose ``port`` (again: the new exposure replaces the old one, whose
+        connections stay).
+
+        :raises ApiError: 429 when ``max_exposures`` other ports are exposed.
+        """
+        self.prune()
+        if (
+            port not in self.by_port
+            and max_exposures is not None
+            and len(self.by_port) >= max_exposures
+        ):
+            raise limit_exceeded(
+                429,
+                f"{len(self.by_port)} ports are exposed; unexpose one first",
+                Code.TOO_MANY_SESSIONS,
+                rule,
+                limit=max_exposures,
+            )
+        now = self._clock()
+        old = self.by_port.get(port)
+        exposure = Exposure(
+            port,
+            label,
+            public,
+            host_header,
+            exposed_by,
+            now,
+            now + ttl if ttl else None,
+        )
+        if old is not None:
+            exposure.open = old.open
+            exposure.requests, exposure.bytes_in = old.requests, old.bytes_in
+            exposure.bytes_out, exposure.websockets = old.bytes_out, old.websockets
+        self.by_port[port] = exposure
+        return exposure
+
+    def prune(self) -> None:
+        """End the exposures past their ``ttl_seconds``."""
+        now = self._clock()
+        for port, exposure in list(self.by_port.items()):
+            if exposure.expires_at is not None and exposure.expires_at <= now:
+                del self.by_port[port]
+                exposure.close_all()
+
+    def get(self, port: int) -> Exposure:
+        """
+        :raises ApiError: 404 ``port_not_exposed``.
+        """
+        self.prune()
+        exposure = self.by_port.get(port)
+        if exposure is None:
+            raise port_not_exposed(port)
+        return exposure
+
+    def unexpose(self, port: int) -> Exposure:
+        """
+        Stop exposing ``port`` and close what is in flight to it.
+
+        :raises ApiError: 404 ``port_not_exposed``.
+        """
+        exposure = self.get(port)
+        del self.by_port[port]
+        exposure.close_all()
+        return exposure
+
+    def close(self) -> None:
+        """End every exposure (the daemon stops)."""
+        for exposure in self.by_port.values():
+            exposure.close_all()
+        self.by_port.clear()

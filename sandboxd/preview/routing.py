@@ -1,0 +1,118 @@
+# -*- test-case-name: tests.preview.test_routing -*-
+"""
+Which port a request on the preview door is for, from its Host (or path).
+
+Host mode: ``{port}.{domain}`` or ``{port}-{label}.{domain}`` (the domain
+defaults to ``localhost``, which browsers resolve to loopback without DNS),
+or the host of ``preview_public_url`` when it holds ``{port}``.  Path mode:
+``/p/{port}/...`` on the door's own host names (the bare domain, a loopback
+name, the public URL's host), for set-ups with one host name.  Anything
+else matches nothing, and the door answers 421: a DNS-rebinding page on
+another name never reaches an app.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+
+import attrs
+
+from sandboxd.gate import host_name, is_loopback
+
+
+@attrs.frozen
+class Target:
+    """
+    Where a request goes.
+
+    :ivar prefix: the path mode's ``/p/PORT`` (empty in host mode), taken
+        off the path sent upstream and put back on redirects.
+    :ivar path: the request target to send upstream (path and query).
+    """
+
+    port: int
+    label: str | None
+    prefix: str
+    path: bytes
+
+
+#: Stands for ``{port}`` while a URL template is parsed.
+_MARK = "sbxportsbx"
+
+_PATH = re.compile(rb"^/p/([0-9]{1,5})(?=/|\?|$)")
+
+
+def _host_pattern(template: str) -> re.Pattern[str]:
+    """A regular expression for a host template holding ``{port}``."""
+    head, _, tail = template.partition("{port}")
+    return re.compile(
+        "^"
+        + re.escape(head)
+        + r"([0-9]{1,5})(?:-([a-z0-9][a-z0-9-]{0,62}))?"
+        + re.escape(tail)
+        + "$"
+    )
+
+
+@attrs.frozen
+class Routes:
+    """The door's host patterns, built once per policy."""
+
+    domain: str
+    public_url: str | None = None
+    #: Host templates: ``{port}.DOMAIN`` and the public URL's.
+    host_patterns: tuple[re.Pattern[str], ...] = attrs.field(init=False)
+
+    @host_patterns.default
+    def _patterns(self) -> tuple[re.Pattern[str], ...]:
+        out = [_host_pattern("{port}." + self.domain)]
+        template = self._public_host()
+        if template is not None and "{port}" in template:
+            out.append(_host_pattern(template))
+        return tuple(out)
+
+    def _public_host(self) -> str | None:
+        if self.public_url is None:
+            return None
+        netloc = urllib.parse.urlsplit(self.public_url.replace("{port}", _MARK)).netloc
+        return host_name(netloc).replace(_MARK, "{port}", 1)
+
+    def path_hosts(self, name: str) -> bool:
+        """Whether ``name`` is one of the door's own names (path mode)."""
+        public = self._public_host()
+        return name == self.domain or is_loopback(name) or name == public
+
+    def match(self, host: str, target: bytes) -> Target | None:
+        """The target of a request, or None (421)."""
+        name = host_name(host)
+        for pattern in self.host_patterns:
+            m = pattern.match(name)
+            if m is not None:
+                return _target(int(m.group(1)), m.group(2), "", target)
+        if self.path_hosts(name):
+            found = _PATH.match(target)
+            if found is not None:
+                rest = target[found.end() :]
+                if not rest.startswith(b"/"):
+                    rest = b"/" + rest
+                prefix = found.group(0).decode()
+                return _target(int(found.group(1)), None, prefix, rest)
+        return None
+
+    def url(self, port: int, label: str | None, door_port: int | None) -> str:
+        """The URL a browser opens for ``port``."""
+        if self.public_url is not None:
+            if "{port}" in self.public_url:
+                name = f"{port}-{label}" if label else str(port)
+                return self.public_url.replace("{port}", name) + "/"
+            return f"{self.public_url}/p/{port}/"
+        name = f"{port}-{label}" if label else str(port)
+        suffix = f":{door_port}" if door_port else ""
+        return f"http://{name}.{self.domain}{suffix}/"
+
+
+def _target(port: int, label: str | None, prefix: str, path: bytes) -> Target | None:
+    if not 0 < port < 65536:
+        return None
+    return Target(port, label, prefix, path)

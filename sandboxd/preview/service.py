@@ -1,0 +1,208 @@
+# -*- test-case-name: tests.preview.test_door -*-
+"""
+The preview door's service: its listener (``--preview-port``), the table
+of exposures, the Agent's connection pool, and the ports never exposed.
+
+The door listens when ``--preview-port`` is given and the ``preview_proxy``
+endpoint is enabled; the ``preview`` group is opt-in.  At stop it stops
+listening, closes every exposure's connections and the pool.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
+from twisted.internet.endpoints import serverFromString
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from sandboxd.errors import ApiError, port_not_exposed
+from sandboxd.policy.rules import EffectiveRule
+from sandboxd.preview.door import PreviewSite
+from sandboxd.preview.exposures import ExposureTable, allowed
+from sandboxd.preview.routing import Routes
+from sandboxd.preview.upstream import make_agent
+from sandboxd.readiness import Opening
+from sandboxd.web.connections import ConnectionLimits
+
+log = Logger(namespace="sandboxd.preview")
+
+#: Chromium's DevTools port by convention: never previewable, whoever
+#: started the browser listening there.
+CDP_PORT = 9222
+
+
+class PreviewService(Service):
+    """
+    The preview door.
+
+    :ivar door_port: the port it listens on, once it does.
+    :ivar secure: it is reached over TLS (the cookie gets ``Secure``).
+    """
+
+    name = "preview"
+
+    def __init__(
+        self, context: Any, description: str, limits: ConnectionLimits | None = None
+    ) -> None:
+        self.context = context
+        self.description = description
+        self.limits = limits
+        self.exposures = ExposureTable(context.reactor.seconds)
+        self.agent, self.pool = make_agent(context.reactor)
+        self.port: Any = None
+        self.door_port: int | None = None
+        self.secure = description.startswith(("ssl:", "tls:"))
+        self.site: PreviewSite | None = None
+        self._opening = Opening()
+        self._relistening = False
+        self._routes: Routes | None = None
+        self._routes_of: Any = None
+
+    # -- what the door and the routes ask -------------------------------------
+
+    @property
+    def routes(self) -> Routes:
+        """The Host patterns of the policy in force (made again after a reload)."""
+        doc = self.context.policy.document
+        if self._routes is None or self._routes_of is not doc:
+            public = self.context.preview_public_url or doc.preview_public_url
+            self._routes = Routes(doc.preview_domain, public)
+            self._routes_of = doc
+        return self._routes
+
+    def url(self, port: int, label: str | None) -> str:
+        """Where a browser opens ``port``'s preview."""
+        return self.routes.url(port, label, self.door_port)
+
+    def link_url(self, port: int, token: str) -> str:
+        """The URL that opens a private preview with a link."""
+        exposure = self.exposures.by_port.get(port)
+        return (
+            f"{self.url(port, exposure.label if exposure else None)}?sbx_link={token}"
+        )
+
+    def own_ports(self) -> set[int]:
+        """The daemon's listeners and the browser's debugging port."""
+        context = self.context
+        ports = {CDP_PORT}
+        for value in (context.http_port, context.pty_port, self.door_port):
+            if value:
+                ports.add(int(value))
+        e2b = getattr(getattr(context.e2b, "port", None), "getHost", None)
+        if e2b is not None:
+            ports.add(e2b().port)
+        return ports
+
+    def check_port(self, port: int, rule: EffectiveRule) -> None:
+        """
+        :raises ApiError: 403 ``port_not_allowed`` (see
+            :func:`~sandboxd.preview.exposures.allowed`).
+        """
+        params = rule.params
+        allowed(port, params.ports, params.deny_ports, self.own_ports(), rule.source)
+
+    def not_exposed(self, port: int) -> ApiError:
+        """404 ``port_not_exposed``."""
+        return port_not_exposed(port)
+
+    # -- the listener ---------------------------------------------------------
+
+    def startService(self) -> None:
+        """Listen, if the ``preview_proxy`` endpoint is enabled."""
+        super().startService()  # type: ignore[no-untyped-call]
+        rule = self.context.policy.rules["preview_proxy"]
+        if not rule.enabled:
+            log.info(
+                "sandboxd: the preview_proxy endpoint is disabled ({rule}): the "
+                "preview port {port} does not listen",
+                rule=rule.enabled_by,
+                port=self.description,
+            )
+            self._opening.skip()
+            return
+        self.site = PreviewSite(self, self.limits)
+        endpoint = serverFromString(self.context.reactor, self.description)
+        self._opening.start(endpoint.listen(self.site), self._listened, self._failed)
+
+    def _listened(self, port: Any) -> None:
+        self.port = port
+        self.door_port = getattr(port.getHost(), "port", None)
+
+    def _failed(self, failure: Failure) -> None:
+        log.error(
+            "sandboxd: cannot listen on the preview port {port}: {error}",
+            error=failure.getErrorMessage(),
+            port=self.description,
+        )
+
+    def listening(self) -> Deferred[Any]:
+        """Fires once the door listens (None when it is off)."""
+        return self._opening.listening()
+
+    def policy_reloaded(self) -> None:
+        """
+        A new policy is in force: the door listens exactly while
+        ``preview_proxy`` is enabled.  Turned off, it stops listening and
+        ends every exposure and what is in flight; turned back on, it
+        listens again (with no exposure: they are made anew).
+        """
+        if not self.running:
+            return
+        enabled = self.context.policy.rules["preview_proxy"].enabled
+        if not enabled and self.port is not None:
+            log.info(
+                "sandboxd: preview_proxy is disabled by the new policy: the "
+                "preview port {port} stops listening",
+                port=self.description,
+            )
+            self._close()
+        elif enabled and self.port is None and not self._relistening:
+            self._relistening = True
+            self.site = PreviewSite(self, self.limits)
+            endpoint = serverFromString(self.context.reactor, self.description)
+            d = endpoint.listen(self.site)
+
+            def listened(port: Any) -> None:
+                self._relistening = False
+                self._listened(port)
+                if (
+                    not self.running
+                    or not self.context.policy.rules["preview_proxy"].enabled
+                ):
+                    self._close()
+
+            def failed(failure: Failure) -> None:
+                self._relistening = False
+                self._failed(failure)
+
+            d.addCallbacks(listened, failed)
+
+    def _close(self) -> Deferred[Any]:
+        """Stop listening; end every exposure and its connections."""
+        self.exposures.close()
+        if self.port is None:
+            return succeed(None)
+        port, self.port = self.port, None
+        stopped = maybeDeferred(port.stopListening)
+        site = self.site
+        if site is not None:
+            stopped.addCallback(lambda _: site.close_all())
+        return stopped
+
+    def stopService(self) -> Deferred[Any]:
+        """Stop listening, close every exposure's connections and the pool."""
+        super().stopService()  # type: ignore[no-untyped-call]
+        steps = [self._close(), self.pool.closeCachedConnections()]
+        return DeferredList(steps).addCallback(lambda _: None)
+
+
+def setup(
+    context: Any, description: str, limits: ConnectionLimits | None = None
+) -> PreviewService:
+    """Create the preview door's service (``context.preview``)."""
+    service = PreviewService(context, description, limits)
+    context.preview = service
+    return service

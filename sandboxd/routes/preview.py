@@ -1,0 +1,157 @@
+# -*- test-case-name: tests.preview.test_door -*-
+"""
+The ``preview`` group (SPEC §23): expose a port on the preview door, list,
+describe and unexpose exposures, and mint the link that opens one.
+
+The door itself (``preview_proxy``) is :mod:`sandboxd.preview`; these
+handlers only change its table of exposures.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sandboxd.errors import (
+    Code,
+    bad_request,
+    forbidden,
+    limit_rule,
+    policy_rule,
+    unavailable,
+)
+from sandboxd.links import preview_audience
+from sandboxd.routes.links import mint
+from sandboxd.web import params
+from sandboxd.web.messages import ServerRequest, ServerResponse
+
+_LABEL = re.compile(r"^[a-z0-9][a-z0-9-]{0,30}$")
+
+
+def _door(request: ServerRequest) -> Any:
+    """
+    The preview door's service.
+
+    :raises ApiError: 503 when the daemon was started without ``--preview-port``.
+    """
+    door = request.context.preview
+    if door is None or door.port is None:
+        raise unavailable(
+            "the preview door does not listen: start the daemon with --preview-port"
+        )
+    return door
+
+
+def _port(request: ServerRequest) -> int:
+    from sandboxd.preview.exposures import check_port
+
+    return check_port(request.path_params["port"])
+
+
+async def _listening(request: ServerRequest) -> set[int]:
+    """The ports something listens on now (the /proc walk runs in a thread)."""
+    from sandboxd import sysinfo
+
+    found = await request.context.in_thread(sysinfo.listening)
+    return {entry.port for entry in found}
+
+
+def _shown(door: Any, exposure: Any, listening: set[int]) -> dict[str, Any]:
+    out: dict[str, Any] = exposure.as_json(
+        door.url(exposure.port, exposure.label), exposure.port in listening
+    )
+    return out
+
+
+async def preview_ports_list(request: ServerRequest) -> dict[str, Any]:
+    """``GET /preview/ports``: every exposure, then every other listening port."""
+    listening = await _listening(request)
+    door = request.context.preview
+    ports: list[dict[str, Any]] = []
+    exposed: set[int] = set()
+    if door is not None:
+        door.exposures.prune()
+        for exposure in sorted(door.exposures.by_port.values(), key=lambda e: e.port):
+            exposed.add(exposure.port)
+            ports.append({**_shown(door, exposure, listening), "exposed": True})
+    for port in sorted(listening - exposed):
+        ports.append({"port": port, "listening": True, "exposed": False})
+    return {"ports": ports}
+
+
+async def preview_expose(request: ServerRequest) -> ServerResponse:
+    """``POST /preview/ports``: expose a port; answers the exposure and its URL."""
+    from sandboxd.preview.exposures import check_port
+
+    door = _door(request)
+    body = request.body
+    port = check_port(body.get("port"))
+    label = params.string(body.get("label"), "label", None)
+    if label is not None and not _LABEL.match(label):
+        raise bad_request("'label' must be 1-31 lower-case letters, digits or '-'")
+    public = params.flag(body.get("public", False), "public", words=False)
+    rule = request.rule
+    if public and not rule.params.allow_public:
+        raise forbidden(
+            "public previews are not allowed",
+            Code.PARAM_NOT_ALLOWED,
+            rule=policy_rule(rule, "params.allow_public"),
+        )
+    ttl = params.seconds(body.get("ttl_seconds"), "ttl_seconds", None)
+    host_header = params.one_of(
+        body.get("host_header", rule.params.host_header),
+        "host_header",
+        ("upstream", "preserve"),
+    )
+    door.check_port(port, rule)
+    exposure = door.exposures.expose(
+        port,
+        label,
+        public,
+        host_header,
+        request.identity.on_behalf_of or request.identity.id,
+        ttl,
+        rule.limits.max_sessions,
+        limit_rule(rule, "max_sessions"),
+    )
+    listening = await _listening(request)
+    return ServerResponse.ok(_shown(door, exposure, listening), status=201)
+
+
+async def preview_get(request: ServerRequest) -> dict[str, Any]:
+    """``GET /preview/ports/{port}``: one exposure."""
+    door = _door(request)
+    exposure = door.exposures.get(_port(request))
+    return _shown(door, exposure, await _listening(request))
+
+
+def preview_unexpose(request: ServerRequest) -> dict[str, Any]:
+    """``DELETE /preview/ports/{port}``: unexpose; what is in flight is closed."""
+    door = _door(request)
+    exposure = door.exposures.unexpose(_port(request))
+    return _shown(door, exposure, set())
+
+
+def preview_link(request: ServerRequest) -> ServerResponse:
+    """``POST /preview/ports/{port}/link``: a link that opens the preview."""
+    door = _door(request)
+    port = _port(request)
+    door.exposures.get(port)
+    body = request.body
+    made = mint(
+        request,
+        preview_audience(port),
+        None,
+        body.get("ttl_seconds"),
+        body.get("uses"),
+    )
+    return ServerResponse.ok(made, status=201)
+
+
+HANDLERS = {
+    "preview_ports_list": preview_ports_list,
+    "preview_expose": preview_expose,
+    "preview_get": preview_get,
+    "preview_unexpose": preview_unexpose,
+    "preview_link": preview_link,
+}

@@ -1,0 +1,697 @@
+"""
+The preview door against a real daemon and a real app on loopback: what a
+browser or an API client sees through ``--preview-port``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import socket
+import time
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.protocol import Protocol
+from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThread
+from twisted.web.client import Agent, HTTPConnectionPool, readBody
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import UNKNOWN_LENGTH, IBodyProducer
+from zope.interface import implementer
+
+from tests.helpers import DaemonTestCase
+from tests.preview.upstream import App
+
+TOKEN = "preview-token-0123456789"
+USER = "user-token-0123456789"
+
+
+def _sha(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+POLICY: dict[str, Any] = {
+    "groups": {"preview": True},
+    "auth": {
+        "tokens": [
+            {"id": "admin", "token_sha256": _sha(TOKEN), "scopes": ["*"]},
+            {"id": "user", "token_sha256": _sha(USER), "scopes": ["preview:read"]},
+        ]
+    },
+    "endpoints": {"preview_proxy": {"audit": "all", "limits": {"timeout_seconds": 1}}},
+}
+
+
+@implementer(IBodyProducer)
+class Chunks:
+    """A request body of ``count`` chunks of ``size`` bytes, length unknown (chunked)."""
+
+    length = UNKNOWN_LENGTH
+
+    def __init__(self, count: int, size: int) -> None:
+        self.count = count
+        self.size = size
+
+    def startProducing(self, consumer: Any) -> Deferred[None]:
+        for _ in range(self.count):
+            consumer.write(b"u" * self.size)
+        d: Deferred[None] = Deferred()
+        reactor.callLater(0, d.callback, None)
+        return d
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
+class Collect(Protocol):
+    """Keeps a response body, noting when each chunk came."""
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.times: list[tuple[float, bytes]] = []
+        self.done: Deferred[Any] = Deferred()
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += len(data)
+        if len(self.times) < 100:
+            self.times.append((time.monotonic(), data))
+
+    def connectionLost(self, reason: Any) -> None:
+        self.reason = reason
+        self.done.callback(None)
+
+
+def rss_kib() -> int:
+    """This process's resident set (KiB) now."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+class DoorCase(DaemonTestCase):
+    """A daemon with its preview door, and an app on a loopback port."""
+
+    policy = POLICY
+    token = TOKEN
+    audit = True
+    timeout = 60
+    app_timeout: float | None = None
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        self.app = App(self.app_timeout)
+        self.app_port = self.app.listen()
+        self.addCleanup(self.app.stop)
+        yield super().setUp()
+        if self.autostart:
+            self.door = self.daemon.context.preview
+            self.door_port = self.door.door_port
+        self.pool = HTTPConnectionPool(reactor, persistent=False)
+        self.agent = Agent(reactor, pool=self.pool)
+
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        kwargs.setdefault("preview_port", "tcp:0:interface=127.0.0.1")
+        return super().start(stop_at_end, **kwargs)
+
+    def host(self, port: int | None = None, label: str | None = None) -> str:
+        name = str(port or self.app_port) + (f"-{label}" if label else "")
+        return f"{name}.localhost:{self.door_port}"
+
+    def expose(self, **body: Any) -> Any:
+        body.setdefault("port", self.app_port)
+        return self.request("POST", "/preview/ports", body)
+
+    def send(
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str] | None = None,
+        host: str | None = None,
+        body: Any = None,
+        token: str | None = TOKEN,
+    ) -> Deferred[Any]:
+        """One request to the door (the response, body unread)."""
+        sent = Headers({b"host": [(host or self.host()).encode()]})
+        if token:
+            sent.addRawHeader(b"x-access-token", token.encode())
+        for name, value in (headers or {}).items():
+            sent.addRawHeader(name.encode(), value.encode())
+        url = f"http://127.0.0.1:{self.door_port}{path}".encode()
+        return self.agent.request(method.encode(), url, sent, body)
+
+    @inlineCallbacks
+    def fetch(self, method: str, path: str, **kw: Any) -> Any:
+        """One request to the door: ``(response, body)``."""
+        response = yield self.send(method, path, **kw)
+        body = yield readBody(response)
+        return response, body
+
+
+class RoutingAndAuthTests(DoorCase):
+    """Host rules, exposure, credentials and errors."""
+
+    @inlineCallbacks
+    def test_exposed_page_with_token(self) -> None:
+        """An exposed port's page, with our token taken out and X-Forwarded-* added."""
+        exposed = yield self.expose()
+        self.assertEqual(exposed.status, 201, exposed.body)
+        self.assertEqual(exposed.json()["url"], f"http://{self.host()}/")
+        response, body = yield self.fetch("GET", "/")
+        self.assertEqual(response.code, 200)
+        self.assertIn(b"preview app", body)
+        response, body = yield self.fetch(
+            "GET", "/headers?q=1", headers={"cookie": "app=1; sbx_p_9=x"}
+        )
+        seen = json.loads(body)
+        self.assertEqual(seen["uri"], "/headers?q=1")
+        headers = seen["headers"]
+        self.assertNotIn("x-access-token", headers)
+        self.assertEqual(headers["host"], [f"localhost:{self.app_port}"])
+        self.assertEqual(headers["cookie"], ["app=1"])
+        self.assertEqual(headers["x-forwarded-host"], [self.host()])
+        self.assertEqual(headers["x-forwarded-for"], ["127.0.0.1"])
+        self.assertEqual(headers["x-forwarded-proto"], ["http"])
+        lines = [r for r in self.audit_lines() if r.get("via") == "preview"]
+        self.assertEqual(lines[-1]["endpoint"], "preview_proxy")
+        self.assertEqual(lines[-1]["identity"], "legacy")
+
+    @inlineCallbacks
+    def test_refusals(self) -> None:
+        """421 for a foreign Host, 404 unexposed, 403 own ports, 401 without a credential."""
+        response, body = yield self.fetch("GET", "/", host="evil.example")
+        self.assertEqual(
+            (response.code, json.loads(body)["code"]), (421, "misdirected_request")
+        )
+        response, body = yield self.fetch("GET", "/")
+        self.assertEqual(
+            (response.code, json.loads(body)["code"]), (404, "port_not_exposed")
+        )
+        for port in (self.daemon.port, self.door_port, 9222):
+            reply = yield self.expose(port=port)
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (403, "port_not_allowed")
+            )
+        yield self.expose()
+        response, body = yield self.fetch("GET", "/", token=None)
+        self.assertEqual(
+            (response.code, json.loads(body)["code"]), (401, "link_invalid")
+        )
+        response, body = yield self.fetch(
+            "GET", "/", token=None, headers={"accept": "text/html"}
+        )
+        self.assertEqual(response.code, 401)
+        self.assertIn(b"<html>", body)
+        # A token without preview:use.
+        response, body = yield self.fetch("GET", "/", token=USER)
+        self.assertEqual(
+            (response.code, json.loads(body)["code"]), (403, "missing_scope")
+        )
+        # A labelled exposure answers to its label only.
+        yield self.expose(label="web")
+        response, _ = yield self.fetch("GET", "/", host=self.host(label="web"))
+        self.assertEqual(response.code, 200)
+        response, _ = yield self.fetch("GET", "/", host=self.host(label="api"))
+        self.assertEqual(response.code, 404)
+
+    @inlineCallbacks
+    def test_link_becomes_a_cookie(self) -> None:
+        """
+        ``?sbx_link=`` on a GET: 303 to the same URL without it, with a
+        host-only HttpOnly cookie that then opens the page; the app never
+        sees the link; another port's host refuses the link.
+        """
+        yield self.expose()
+        minted = yield self.request("POST", f"/preview/ports/{self.app_port}/link", {})
+        self.assertEqual(minted.status, 201, minted.body)
+        link = minted.json()["token"]
+        self.assertEqual(minted.json()["url"], f"http://{self.host()}/?sbx_link={link}")
+        response, _ = yield self.fetch(
+            "GET", f"/headers?a=1&sbx_link={link}&b=2", token=None
+        )
+        self.assertEqual(response.code, 303)
+        self.assertEqual(
+            response.headers.getRawHeaders(b"location"), [b"/headers?a=1&b=2"]
+        )
+        cookie = response.headers.getRawHeaders(b"set-cookie")[0].decode()
+        self.assertTrue(cookie.startswith(f"sbx_p_{self.app_port}=sbxl_"), cookie)
+        self.assertIn("HttpOnly", cookie)
+        self.assertIn("SameSite=Lax", cookie)
+        self.assertNotIn("Domain", cookie)
+        value = cookie.split(";")[0]
+        response, body = yield self.fetch(
+            "GET", "/headers?a=1&b=2", token=None, headers={"cookie": value}
+        )
+        self.assertEqual(response.code, 200)
+        self.assertNotIn("sbxl_", body.decode())
+        # Another page (another preview's, on the same site) cannot use it.
+        response, body = yield self.fetch(
+            "POST",
+            "/upload",
+            token=None,
+            headers={"cookie": value, "origin": f"http://{self.host(4000)}"},
+        )
+        self.assertEqual(
+            (response.code, json.loads(body)["code"]), (403, "origin_not_allowed")
+        )
+        response, _ = yield self.fetch(
+            "GET",
+            "/headers",
+            token=None,
+            headers={"cookie": value, "origin": f"http://{self.host()}"},
+        )
+        self.assertEqual(response.code, 200)
+        # The link is this port's only.
+        other = App()
+        other_port = other.listen()
+        self.addCleanup(other.stop)
+        yield self.expose(port=other_port)
+        response, body = yield self.fetch(
+            "GET",
+            "/",
+            token=None,
+            host=self.host(other_port),
+            headers={"cookie": value.replace(str(self.app_port), str(other_port))},
+        )
+        self.assertEqual(
+            (response.code, json.loads(body)["code"]), (401, "link_invalid")
+        )
+        lines = [r for r in self.audit_lines() if r.get("via") == "preview"]
+        self.assertTrue(
+            any(r.get("on_behalf_of") == "legacy" and r["status"] == 200 for r in lines)
+        )
+
+    @inlineCallbacks
+    def test_public_and_path_mode(self) -> None:
+        """A public exposure needs nothing; /p/PORT/ reaches it on the door's own host."""
+        yield self.expose(public=True)
+        response, _ = yield self.fetch("GET", "/", token=None)
+        self.assertEqual(response.code, 200)
+        response, body = yield self.fetch(
+            "GET",
+            f"/p/{self.app_port}/headers",
+            token=None,
+            host=f"127.0.0.1:{self.door_port}",
+        )
+        self.assertEqual(response.code, 200)
+        seen = json.loads(body)
+        self.assertEqual(seen["uri"], "/headers")
+        self.assertEqual(seen["headers"]["x-forwarded-prefix"], [f"/p/{self.app_port}"])
+        response, _ = yield self.fetch(
+            "GET",
+            f"/p/{self.app_port}/redirect",
+            token=None,
+            host=f"127.0.0.1:{self.door_port}",
+        )
+        self.assertEqual(
+            response.headers.getRawHeaders(b"location"),
+            [
+                f"http://127.0.0.1:{self.door_port}/p/{self.app_port}/landed?x=1".encode()
+            ],
+        )
+
+    @inlineCallbacks
+    def test_link_in_path_mode(self) -> None:
+        """In path mode the cookie is the prefix's only, and the redirect keeps the prefix."""
+        yield self.expose()
+        minted = yield self.request("POST", f"/preview/ports/{self.app_port}/link", {})
+        link = minted.json()["token"]
+        door = f"127.0.0.1:{self.door_port}"
+        response, _ = yield self.fetch(
+            "GET", f"/p/{self.app_port}/page?sbx_link={link}", token=None, host=door
+        )
+        self.assertEqual(response.code, 303)
+        self.assertEqual(
+            response.headers.getRawHeaders(b"location"),
+            [f"/p/{self.app_port}/page".encode()],
+        )
+        cookie = response.headers.getRawHeaders(b"set-cookie")[0].decode()
+        self.assertIn(f"Path=/p/{self.app_port}/", cookie)
+        response, _ = yield self.fetch(
+            "GET",
+            f"/p/{self.app_port}/",
+            token=None,
+            host=door,
+            headers={"cookie": cookie.split(";")[0]},
+        )
+        self.assertEqual(response.code, 200)
+
+    @inlineCallbacks
+    def test_upstream_errors(self) -> None:
+        """Nothing listening: 502 (a retrying page for browsers); no head in time: 504."""
+        free = App()
+        port = free.listen()
+        yield free.stop()
+        yield self.expose(port=port)
+        response, body = yield self.fetch("GET", "/", host=self.host(port))
+        self.assertEqual(
+            (response.code, json.loads(body)["code"]), (502, "upstream_unavailable")
+        )
+        response, body = yield self.fetch(
+            "GET", "/", host=self.host(port), headers={"accept": "text/html"}
+        )
+        self.assertEqual(response.code, 502)
+        self.assertIn(b'http-equiv="refresh"', body)
+        self.assertEqual(response.headers.getRawHeaders(b"retry-after"), [b"2"])
+        yield self.expose()
+        response, body = yield self.fetch("GET", "/slow")
+        self.assertEqual(
+            (response.code, json.loads(body)["code"]), (504, "upstream_timeout")
+        )
+
+
+class StreamingTests(DoorCase):
+    """Bodies both ways, events, cookies, redirects."""
+
+    @inlineCallbacks
+    def test_download_and_upload(self) -> None:
+        """A 16 MiB download arrives whole; a chunked 4 MiB upload reaches the app chunked."""
+        yield self.expose()
+        response, body = yield self.fetch("GET", f"/big?n={16 * 1024 * 1024}")
+        self.assertEqual(response.code, 200)
+        self.assertEqual(len(body), 16 * 1024 * 1024)
+        response, body = yield self.fetch("POST", "/upload", body=Chunks(64, 65536))
+        self.assertEqual(response.code, 200, body)
+        seen = json.loads(body)
+        self.assertEqual(seen["bytes"], 64 * 65536)
+        self.assertTrue(seen["chunked"])
+
+    @inlineCallbacks
+    def test_sse_is_not_buffered(self) -> None:
+        """The first event reaches the client within 100 ms of the app writing it."""
+        yield self.expose()
+        response = yield self.send(
+            "GET", "/sse", headers={"accept": "text/event-stream"}
+        )
+        self.assertEqual(
+            response.headers.getRawHeaders(b"content-type"), [b"text/event-stream"]
+        )
+        collect = Collect()
+        response.deliverBody(collect)
+        while len(collect.times) < 2:
+            yield deferLater(reactor, 0.05, lambda: None)
+        first = collect.times[0][0] - self.app.sse_written[0]
+        second = collect.times[1][0] - self.app.sse_written[1]
+        self.assertLess(first, 0.1)
+        self.assertLess(second, 0.1)
+        collect.transport.stopProducing()
+        yield collect.done
+
+    @inlineCallbacks
+    def test_cookies_and_redirects(self) -> None:
+        """The app's two cookies pass; ours and a wider domain's are dropped; Location rewritten."""
+        yield self.expose()
+        response, _ = yield self.fetch("GET", "/cookies")
+        cookies = response.headers.getRawHeaders(b"set-cookie")
+        self.assertEqual(cookies, [b"a=1; Path=/", b"b=2; HttpOnly"])
+        response, _ = yield self.fetch("GET", "/redirect")
+        self.assertEqual(response.code, 302)
+        self.assertEqual(
+            response.headers.getRawHeaders(b"location"),
+            [f"http://{self.host()}/landed?x=1".encode()],
+        )
+
+    @inlineCallbacks
+    def test_backpressure(self) -> None:
+        """
+        A client that stops reading a large response pauses the app (the
+        app has written only what the sockets hold) and the daemon's
+        memory stays flat; reading again finishes it whole.
+        """
+        yield self.expose()
+        size = 128 * 1024 * 1024
+        response = yield self.send("GET", f"/big?n={size}")
+        collect = Collect()
+        response.deliverBody(collect)
+        collect.transport.pauseProducing()
+        yield deferLater(reactor, 1.0, lambda: None)
+        before = rss_kib()
+        yield deferLater(reactor, 1.0, lambda: None)
+        written = size - self.app.streams[-1].left
+        self.assertLess(written, 32 * 1024 * 1024, "the app was not paused")
+        self.assertLess(rss_kib() - before, 8 * 1024, "memory grew while paused")
+        collect.transport.resumeProducing()
+        yield collect.done
+        self.assertEqual(collect.received, size)
+        self.assertLess(rss_kib() - before, 64 * 1024)
+
+
+class PoolTests(DoorCase):
+    """The app closes idle connections after half a second."""
+
+    app_timeout = 0.5
+
+    @inlineCallbacks
+    def test_closed_pooled_connection_is_not_a_502(self) -> None:
+        """A request after the app dropped the pooled connection still gets a 200."""
+        yield self.expose()
+        for _ in range(3):
+            response, _ = yield self.fetch("GET", "/headers")
+            self.assertEqual(response.code, 200)
+            yield deferLater(reactor, 1.0, lambda: None)
+
+
+class WebSocketTests(DoorCase):
+    """Upgrades spliced as raw TCP after the 101."""
+
+    timeout = 120
+
+    def connect(self, **kw: Any) -> Any:
+        import websocket
+
+        headers = [f"X-Access-Token: {TOKEN}"]
+        return websocket.create_connection(
+            f"ws://127.0.0.1:{self.door_port}/ws",
+            host=self.host(),
+            header=headers,
+            subprotocols=["echo.v1"],
+            # The 5 MB frame is masked and unmasked in Python at both ends:
+            # seconds on a busy machine.
+            timeout=60,
+            **kw,
+        )
+
+    @inlineCallbacks
+    def test_echo_subprotocol_and_big_binary(self) -> None:
+        """Text and a 5 MB binary frame echo back; the subprotocol is the app's choice."""
+        yield self.expose()
+
+        def talk() -> tuple[str | None, str, bytes]:
+            import websocket
+
+            ws = self.connect()
+            try:
+                ws.send("hello")
+                text = ws.recv()
+                blob = bytes(range(256)) * (5 * 1024 * 1024 // 256)
+                ws.send(blob, opcode=websocket.ABNF.OPCODE_BINARY)
+                back = ws.recv()
+                return ws.subprotocol, text, back if back == blob else b"differs"
+            finally:
+                ws.close()
+
+        subprotocol, text, back = yield deferToThread(talk)
+        self.assertEqual(subprotocol, "echo.v1")
+        self.assertEqual(text, "hello")
+        self.assertEqual(len(back), 5 * 1024 * 1024)
+        seen = self.app.ws_headers[-1]
+        self.assertEqual(seen["host"], f"localhost:{self.app_port}")
+        self.assertNotIn("x-access-token", seen)
+
+    @inlineCallbacks
+    def test_link_in_the_handshake_url(self) -> None:
+        """A WebSocket opened with ``?sbx_link=`` (no token, no cookie) is let through."""
+        yield self.expose()
+        minted = yield self.request("POST", f"/preview/ports/{self.app_port}/link", {})
+        link = minted.json()["token"]
+
+        def talk() -> str:
+            import websocket
+
+            ws = websocket.create_connection(
+                f"ws://127.0.0.1:{self.door_port}/ws?sbx_link={link}",
+                host=self.host(),
+                subprotocols=["echo.v1"],
+                timeout=10,
+            )
+            try:
+                ws.send("via link")
+                return str(ws.recv())
+            finally:
+                ws.close()
+
+        self.assertEqual((yield deferToThread(talk)), "via link")
+
+    @inlineCallbacks
+    def test_unexpose_closes_open_sockets(self) -> None:
+        """Unexposing closes the port's open WebSocket and event stream."""
+        yield self.expose()
+        response = yield self.send("GET", "/sse")
+        collect = Collect()
+        response.deliverBody(collect)
+        ws = yield deferToThread(self.connect)
+        self.addCleanup(ws.close)
+        listed = yield self.request("GET", f"/preview/ports/{self.app_port}")
+        self.assertEqual(listed.json()["open_websockets"], 1)
+        gone = yield self.request("DELETE", f"/preview/ports/{self.app_port}")
+        self.assertEqual(gone.status, 200)
+        yield collect.done
+
+        def closed() -> bool:
+            import websocket
+
+            try:
+                ws.recv()
+            except (websocket.WebSocketConnectionClosedException, OSError):
+                return True
+            return ws.recv() == ""
+
+        self.assertTrue((yield deferToThread(closed)))
+
+
+class WebSocketLimitTests(DoorCase):
+    """``limits.max_sessions`` of ``preview_proxy`` bounds the open WebSockets."""
+
+    policy = {
+        **POLICY,
+        "endpoints": {"preview_proxy": {"limits": {"max_sessions": 1}}},
+    }
+
+    @inlineCallbacks
+    def test_one_too_many(self) -> None:
+        """The second WebSocket while one is open: 429 too_many_sessions."""
+        yield self.expose()
+        first = yield deferToThread(WebSocketTests.connect, self)
+        self.addCleanup(first.close)
+
+        def second() -> str:
+            import websocket
+
+            try:
+                WebSocketTests.connect(self).close()
+            except websocket.WebSocketBadStatusException as e:
+                return f"{e.status_code} {e.resp_body!r}"
+            return "connected"
+
+        refused = yield deferToThread(second)
+        self.assertIn("429", refused)
+        self.assertIn("too_many_sessions", refused)
+
+
+class ReloadTests(DoorCase):
+    """The door follows the policy across reloads."""
+
+    autostart = False
+
+    @inlineCallbacks
+    def test_reload_switches_the_door(self) -> None:
+        """
+        A reload that turns the preview group off stops the door listening
+        and ends the exposures; one that turns it back on listens again.
+        """
+        path = os.path.join(self.base_dir, "policy.json")
+
+        def write(on: bool) -> None:
+            with open(path, "w") as f:
+                json.dump({**POLICY, "groups": {"preview": on}}, f)
+
+        write(True)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        yield self.start(
+            policy=None,
+            policy_file=path,
+            preview_port=f"tcp:{port}:interface=127.0.0.1",
+        )
+        self.door = self.daemon.context.preview
+        self.door_port = port
+        yield self.expose()
+        response, _ = yield self.fetch("GET", "/")
+        self.assertEqual(response.code, 200)
+        write(False)
+        self.assertTrue(self.daemon.daemon.reload())
+        yield deferLater(reactor, 0.2, lambda: None)
+        self.assertEqual(self.door.exposures.by_port, {})
+        with self.assertRaises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        write(True)
+        self.assertTrue(self.daemon.daemon.reload())
+        for _ in range(100):
+            if self.door.port is not None:
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        yield self.expose()
+        response, _ = yield self.fetch("GET", "/")
+        self.assertEqual(response.code, 200)
+
+
+class ExposureApiTests(DoorCase):
+    """The preview group's own endpoints."""
+
+    policy = {
+        **POLICY,
+        "endpoints": {
+            **POLICY["endpoints"],
+            "group:preview": {
+                "params": {"allow_public": False, "ports": ["1024-65535"]}
+            },
+        },
+    }
+
+    @inlineCallbacks
+    def test_list_get_expire_preserve(self) -> None:
+        """
+        The list shows exposures and other listening ports; an exposure
+        ends at its ttl; ``host_header: preserve`` gives the app the
+        browser's Host for plain requests and upgrades alike; public is
+        refused when the policy says so.
+        """
+        refused = yield self.expose(public=True)
+        self.assertEqual(
+            (refused.status, refused.json()["code"]), (403, "param_not_allowed")
+        )
+        made = yield self.expose(label="web", host_header="preserve", ttl_seconds=60)
+        self.assertEqual(made.status, 201, made.body)
+        listed = yield self.request("GET", "/preview/ports")
+        ports = {p["port"]: p for p in listed.json()["ports"]}
+        self.assertTrue(ports[self.app_port]["exposed"])
+        self.assertTrue(ports[self.app_port]["listening"])
+        self.assertEqual(ports[self.app_port]["label"], "web")
+        self.assertFalse(ports[self.daemon.port]["exposed"])
+        host = self.host(label="web")
+        response, body = yield self.fetch("GET", "/headers", host=host)
+        self.assertEqual(json.loads(body)["headers"]["host"], [host])
+
+        def upgrade_host() -> None:
+            import websocket
+
+            websocket.create_connection(
+                f"ws://127.0.0.1:{self.door_port}/ws",
+                host=host,
+                header=[f"X-Access-Token: {TOKEN}"],
+                timeout=10,
+            ).close()
+
+        yield deferToThread(upgrade_host)
+        self.assertEqual(self.app.ws_headers[-1]["host"], host)
+        got = yield self.request("GET", f"/preview/ports/{self.app_port}")
+        self.assertGreaterEqual(got.json()["requests"], 2)
+        # The exposure ends at its ttl.
+        exposure = self.door.exposures.by_port[self.app_port]
+        exposure.expires_at = self.daemon.reactor.seconds() - 1
+        gone = yield self.request("GET", f"/preview/ports/{self.app_port}")
+        self.assertEqual((gone.status, gone.json()["code"]), (404, "port_not_exposed"))
+        response, _ = yield self.fetch("GET", "/", host=host)
+        self.assertEqual(response.code, 404)

@@ -1,0 +1,226 @@
+"""
+Capability links (``sandboxd.links``, the ``auth`` group): minted narrowed
+to the minter's scopes and an audience, checked by the gate as
+``link:ID`` on behalf of the minter, listed, revoked, counted and expired;
+against a real daemon on loopback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd.auth import Identity
+from sandboxd.errors import ApiError
+from sandboxd.links import LinkTable, read_key
+from sandboxd.policy.document import PolicyError
+from tests.helpers import DaemonTestCase
+
+ADMIN = "admin-token-0123456789"
+READER = "reader-token-0123456789"
+
+
+def _sha(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+POLICY: dict[str, Any] = {
+    "auth": {
+        "tokens": [
+            {"id": "admin", "token_sha256": _sha(ADMIN), "scopes": ["*"]},
+            {
+                "id": "reader",
+                "token_sha256": _sha(READER),
+                "scopes": ["links:mint", "system:read", "core:read"],
+            },
+        ]
+    },
+    "defaults": {"audit": "all"},
+}
+
+
+class LinkTableTests(SynchronousTestCase):
+    """The token itself: signed, narrowed, expiring, counted."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.clock.advance(1_000_000)
+        self.table = LinkTable(b"k" * 32, self.clock.seconds)
+        self.minter = Identity("alice", frozenset({"preview:use", "files:read"}))
+
+    def mint(self, audience: str = "preview:3000", **kw: Any) -> tuple[Any, str]:
+        options: dict[str, Any] = {
+            "scopes": None,
+            "ttl": 60.0,
+            "uses": None,
+            "max_links": 10,
+        }
+        options.update(kw)
+        return self.table.mint(
+            self.minter,
+            audience,
+            options["scopes"],
+            options["ttl"],
+            options["uses"],
+            options["max_links"],
+        )
+
+    def test_preview_link_carries_only_preview_use(self) -> None:
+        """A preview link holds preview:use and acts for its minter."""
+        link, token = self.mint()
+        identity = self.table.verify(token, "preview:3000")
+        self.assertEqual(identity.id, f"link:{link.id}")
+        self.assertEqual(identity.on_behalf_of, "alice")
+        self.assertEqual(identity.scopes, frozenset({"preview:use"}))
+
+    def test_never_more_than_the_minter(self) -> None:
+        """A scope the minter lacks is refused: 403 missing_scope."""
+        with self.assertRaises(ApiError) as caught:
+            self.mint("console", scopes=["process:run"])
+        self.assertEqual(
+            (caught.exception.status, caught.exception.code), (403, "missing_scope")
+        )
+        with self.assertRaises(ApiError) as caught:
+            self.mint("preview:3000", scopes=["files:read"])
+        self.assertEqual(caught.exception.status, 400)
+
+    def test_forged_other_audience_expired(self) -> None:
+        """A changed byte, another port or a passed expiry: 401 with its code."""
+        _, token = self.mint()
+        forged = token[:-2] + ("AA" if not token.endswith("AA") else "BB")
+        for bad, audience, code in [
+            (forged, "preview:3000", "link_invalid"),
+            (token, "preview:3001", "link_invalid"),
+            ("sbxl_nonsense", "preview:3000", "link_invalid"),
+        ]:
+            with self.assertRaises(ApiError) as caught:
+                self.table.verify(bad, audience)
+            self.assertEqual(
+                (caught.exception.status, caught.exception.code), (401, code)
+            )
+        self.clock.advance(61)
+        with self.assertRaises(ApiError) as caught:
+            self.table.verify(token, "preview:3000")
+        self.assertEqual(caught.exception.code, "link_expired")
+
+    def test_uses_are_counted(self) -> None:
+        """A link for one use works once when presented; a cookie does not count."""
+        _, token = self.mint(uses=1)
+        self.table.verify(token, "preview:3000")
+        self.table.verify(token, "preview:3000", consume=False)
+        with self.assertRaises(ApiError) as caught:
+            self.table.verify(token, "preview:3000")
+        self.assertEqual(caught.exception.code, "link_invalid")
+
+    def test_bounded(self) -> None:
+        """At most max_links live links; expired ones make room."""
+        for _ in range(3):
+            self.mint(max_links=3)
+        with self.assertRaises(ApiError) as caught:
+            self.mint(max_links=3)
+        self.assertEqual(caught.exception.status, 429)
+        self.clock.advance(61)
+        self.mint(max_links=3)
+        self.assertEqual(len(self.table.links), 1)
+
+    def test_key_file(self) -> None:
+        """A key file survives restarts: a second table with it verifies the link."""
+        path = self.mktemp()
+        with open(path, "wb") as f:
+            f.write(os.urandom(32).hex().encode())
+        first = LinkTable(read_key(path), self.clock.seconds)
+        _, token = first.mint(self.minter, "console", ["files:read"], 60, None, 10)
+        second = LinkTable.for_key_file(path, self.clock.seconds)
+        self.assertEqual(
+            second.verify(token, "console").scopes, frozenset({"files:read"})
+        )
+        short = self.mktemp()
+        with open(short, "wb") as f:
+            f.write(b"short")
+        self.assertRaises(PolicyError, read_key, short)
+
+
+class LinkRoutesTests(DaemonTestCase):
+    """``/auth/links`` and the gate, through the HTTP door."""
+
+    policy = POLICY
+    token = ADMIN
+    audit = True
+
+    @inlineCallbacks
+    def test_mint_use_list_revoke(self) -> None:
+        """
+        A console link minted by ``reader`` calls what reader may, as
+        ``link:ID`` on behalf of reader (both in the audit line), is listed
+        for reader only, and stops working once revoked.
+        """
+        reply = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["system:read"], "ttl_seconds": 600},
+            token=READER,
+        )
+        self.assertEqual(reply.status, 201, reply.body)
+        minted = reply.json()
+        self.assertTrue(minted["token"].startswith("sbxl_"))
+        link = minted["token"]
+        info = yield self.request("GET", "/system/info", token=link)
+        self.assertEqual(info.status, 200, info.body)
+        caps = yield self.request("GET", "/capabilities", token=link)
+        self.assertEqual(caps.json()["identity"]["on_behalf_of"], "reader")
+        denied = yield self.request("GET", "/auth/links", token=link)
+        self.assertEqual(denied.status, 403)
+        lines = [r for r in self.audit_lines() if r.get("endpoint") == "system_info"]
+        self.assertEqual(lines[-1]["identity"], f"link:{minted['link_id']}")
+        self.assertEqual(lines[-1]["on_behalf_of"], "reader")
+        mine = yield self.request("GET", "/auth/links", token=READER)
+        self.assertEqual(
+            [x["link_id"] for x in mine.json()["links"]], [minted["link_id"]]
+        )
+        admins = yield self.request("GET", "/auth/links")
+        self.assertEqual(admins.json()["links"], [])
+        gone = yield self.request(
+            "DELETE", f"/auth/links/{minted['link_id']}", token=READER
+        )
+        self.assertEqual(gone.status, 200)
+        self.assertTrue(gone.json()["revoked"])
+        after = yield self.request("GET", "/system/info", token=link)
+        self.assertEqual((after.status, after.json()["code"]), (401, "link_invalid"))
+
+    @inlineCallbacks
+    def test_refusals(self) -> None:
+        """More than the minter holds, a bad audience, a long TTL (cut to 3600)."""
+        wide = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["*"]},
+            token=READER,
+        )
+        self.assertEqual((wide.status, wide.json()["code"]), (403, "missing_scope"))
+        bad = yield self.request("POST", "/auth/links", {"audience": "everything"})
+        self.assertEqual((bad.status, bad.json()["code"]), (400, "invalid_param"))
+        long = yield self.request(
+            "POST", "/auth/links", {"audience": "preview:3000", "ttl_seconds": 999999}
+        )
+        self.assertEqual(long.status, 201)
+        self.assertEqual(long.json()["scopes"], ["preview:use"])
+        link = long.json()["token"]
+        # A preview link is no credential for the API.
+        api = yield self.request("GET", "/capabilities", token=link)
+        self.assertEqual((api.status, api.json()["code"]), (401, "link_invalid"))
+
+    @inlineCallbacks
+    def test_group_can_be_switched_off(self) -> None:
+        """The auth group is on by default and a policy can turn it off."""
+        yield self.daemon.stop()
+        policy = {**POLICY, "groups": {"auth": False}}
+        yield self.start(policy=policy)
+        reply = yield self.request("POST", "/auth/links", {"audience": "console"})
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (404, "endpoint_disabled")
+        )
