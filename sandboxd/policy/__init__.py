@@ -109,7 +109,13 @@ def load_policy(
     own = own_files(file, doc, env, daemon_files)
     anchors = Anchors()
     rules = compile_rules(table, doc, chosen, boundary, env, own, anchors)
-    tokens = auth.TokenStore.build(doc.tokens, env, fail_closed=fail_closed)
+    tokens = auth.TokenStore.build(
+        doc.tokens,
+        env,
+        fail_closed=fail_closed,
+        allow_anonymous=doc.allow_anonymous,
+        anonymous_scopes=doc.anonymous_scopes,
+    )
     return Policy(
         document=doc,
         rules=rules,

@@ -160,6 +160,40 @@ def collect_entries(
     return b.entries
 
 
+#: Deny lists: every layer's entries add up (a preset's denials survive a
+#: policy that denies more), as on the seed; other lists are replaced.
+UNION_LEAVES = frozenset(
+    {
+        "paths.deny",
+        "params.deny_extensions",
+        "params.deny_commands",
+        "params.deny_vars",
+        "params.env_deny",
+        "params.url_deny",
+    }
+)
+
+
+def _sort_key(entry: Entry) -> tuple[int, int, int, int]:
+    # Between two globs of one layer the one with the longer literal head
+    # (``files_up*`` over ``files_*``) is the more specific.
+    head = len(entry.selector.split("*")[0]) if entry.specificity == GLOB else 0
+    return (entry.specificity, entry.layer, head, entry.order)
+
+
+def _selects(entry: Entry, endpoint: Endpoint, leaf: str) -> bool:
+    """
+    Whether ``entry`` may set ``leaf`` on ``endpoint``: a pattern or the
+    defaults never switch a core endpoint off (``"*": {enabled: false}``
+    means every endpoint but the core ones, as on the seed).
+    """
+    return not (
+        leaf == "enabled"
+        and endpoint.group is CapabilityGroup.CORE
+        and entry.specificity in (GLOB, DEFAULTS)
+    )
+
+
 def merge_leaves(
     endpoint: Endpoint, entries: list[Entry]
 ) -> dict[str, tuple[Any, str]]:
@@ -167,11 +201,13 @@ def merge_leaves(
     chosen: dict[str, tuple[Any, str, tuple[int, int]]] = {}
     applicable = sorted(
         (e for e in entries if e.applies_to(endpoint)),
-        key=lambda e: (e.specificity, e.layer, e.order),
+        key=_sort_key,
     )
     for entry in applicable:
         rank = (entry.specificity, entry.layer)
         for leaf, value in entry.leaves.items():
+            if not _selects(entry, endpoint, leaf):
+                continue
             current = chosen.get(leaf)
             if (
                 leaf == "enabled"
@@ -180,6 +216,8 @@ def merge_leaves(
                 and current[0] is False
             ):
                 continue
+            if leaf in UNION_LEAVES and current is not None:
+                value = tuple(dict.fromkeys((*current[0], *value)))
             chosen[leaf] = (value, entry.rule, rank)
     return {leaf: (v, rule) for leaf, (v, rule, _) in chosen.items()}
 
