@@ -27,6 +27,7 @@ from sandboxd.policy.document import (
     suggest,
     validate,
 )
+from sandboxd.policy import lint
 from sandboxd.policy.engine import compile_rules, resolve_base_dir
 from sandboxd.policy.presets import PRESETS
 from sandboxd.policy.rules import Anchors, EffectiveRule
@@ -123,6 +124,8 @@ def load_policy(
         base_dir=boundary,
         preset=chosen,
         file=file,
-        warnings=tuple(doc.warnings) + tuple(tokens.warnings),
+        warnings=tuple(doc.warnings)
+        + tuple(tokens.warnings)
+        + lint.warnings(table, doc, rules),
         anchors=anchors,
     )
