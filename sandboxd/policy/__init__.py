@@ -20,6 +20,7 @@ from sandboxd import auth
 if TYPE_CHECKING:
     from sandboxd.auth import TokenStore
 from sandboxd.endpoints import RouteTable
+from sandboxd.policy import lint
 from sandboxd.policy.document import (
     PolicyDocument,
     PolicyError,
@@ -27,7 +28,6 @@ from sandboxd.policy.document import (
     suggest,
     validate,
 )
-from sandboxd.policy import lint
 from sandboxd.policy.engine import compile_rules, resolve_base_dir
 from sandboxd.policy.presets import PRESETS
 from sandboxd.policy.rules import Anchors, EffectiveRule

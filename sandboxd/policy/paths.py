@@ -106,9 +106,7 @@ def covers(entry: str, path: str, base_dir: str) -> bool:
     if matches(entry, path, base_dir):
         return True
     if "/" not in entry:
-        return any(
-            fnmatch.fnmatchcase(part, entry) for part in path.split("/") if part
-        )
+        return any(fnmatch.fnmatchcase(part, entry) for part in path.split("/") if part)
     if any(c in entry for c in "*?["):
         parent = posixpath.dirname(path)
         while parent not in ("/", ""):

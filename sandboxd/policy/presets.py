@@ -62,7 +62,12 @@ HARDENED_DENY = (
 )
 
 #: The groups that can run programs or drive a browser.
-_RUNNING_GROUPS = {"process": False, "terminal": False, "dev_tools": False, "browser": False}
+_RUNNING_GROUPS = {
+    "process": False,
+    "terminal": False,
+    "dev_tools": False,
+    "browser": False,
+}
 
 
 def _only(*ids: str) -> dict[str, dict[str, Any]]:

@@ -81,7 +81,7 @@ def _typed_default(kind: str, default: str | None) -> Any:
         return default
 
 
-def CommandArg(  # noqa: N802 (the seed's class name)
+def CommandArg(
     name: str,
     type: str = "string",
     required: bool = False,
@@ -147,7 +147,9 @@ class CommandRegistry:
         scopes: Iterable[str] = (),
     ) -> None:
         """Register ``fn`` as ``name`` (the seed's argument order)."""
-        self.registry.register(fn, name, description, hidden, tuple(scopes), _as_ours(args))
+        self.registry.register(
+            fn, name, description, hidden, tuple(scopes), _as_ours(args)
+        )
 
     def command(
         self, name: str | None = None, *, hidden: bool = False, **kwargs: Any
@@ -352,7 +354,7 @@ class SSEResponse(messages.SSEResponse):
     ) -> None:
         from twisted.internet import reactor, threads
 
-        source = event_iterator
+        source: Any = event_iterator
         if source is not None and not hasattr(source, "__aiter__"):
             iterator = iter(source)
             source = _off_the_reactor(
@@ -371,7 +373,7 @@ class SSEResponse(messages.SSEResponse):
         self.status = status
 
 
-class PolicyDenied(Exception):  # noqa: N818 (the seed's name)
+class PolicyDenied(Exception):
     """
     Raised by a handler to refuse a call, as on the seed; the daemon
     answers with ``status`` and a body carrying ``code``.

@@ -138,7 +138,13 @@ CASES: list[tuple[str, dict[str, Any], str, bool, str]] = [
         "policy:groups.commands",
     ),
     ("preset locked", {"preset": "locked"}, "shell", False, "preset:locked"),
-    ("preset locked keeps commands", {"preset": "locked"}, "commands_list", True, "preset:locked"),
+    (
+        "preset locked keeps commands",
+        {"preset": "locked"},
+        "commands_list",
+        True,
+        "preset:locked",
+    ),
     (
         "a preset's pattern beats a policy group",
         {"preset": "locked", "policy": {"groups": {"process": True}}},

@@ -55,7 +55,9 @@ class DocumentTests(SynchronousTestCase):
 
     def test_star_leaves_core_on(self) -> None:
         """``"*": {enabled: false}`` turns everything but core off."""
-        p = load({"endpoints": {"*": {"enabled": False}, "files_list": {"enabled": True}}})
+        p = load(
+            {"endpoints": {"*": {"enabled": False}, "files_list": {"enabled": True}}}
+        )
         for endpoint in ("health", "capabilities", "capabilities_check", "files_list"):
             self.assertTrue(p.rule(endpoint).enabled, endpoint)
         for endpoint in ("shell", "files_stat", "system_info"):
@@ -208,7 +210,13 @@ class WarningTests(SynchronousTestCase):
     def test_narrowed_token(self) -> None:
         """A token with process:manage but not process:read is told what changed."""
         p = load(
-            {"auth": {"tokens": [{"id": "ci", "token_env": "T_CI", "scopes": ["process:manage"]}]}}
+            {
+                "auth": {
+                    "tokens": [
+                        {"id": "ci", "token_env": "T_CI", "scopes": ["process:manage"]}
+                    ]
+                }
+            }
         )
         self.assertTrue(
             any("'ci'" in w and "process:read" in w for w in p.warnings), p.warnings

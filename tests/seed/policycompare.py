@@ -47,7 +47,9 @@ def token_for(identity: str) -> str:
     return f"seed-token-{identity}"
 
 
-def identities(doc: dict[str, Any]) -> tuple[dict[str, str], list[tuple[str, str | None]]]:
+def identities(
+    doc: dict[str, Any],
+) -> tuple[dict[str, str], list[tuple[str, str | None]]]:
     """
     The environment the file's ``token_env`` names need, and each identity
     to ask as: ``(name, token or None for no credentials)``.
@@ -212,7 +214,9 @@ def compare(path: str, program: str | None = None) -> dict[str, Any]:
             if result["seed_loads"] and result["sandboxd_loads"]:
                 for name, token in who:
                     theirs, mine = seed.capabilities(token), ours.capabilities(token)
-                    result["shared"] = len(set(theirs["endpoints"]) & set(mine["endpoints"]))
+                    result["shared"] = len(
+                        set(theirs["endpoints"]) & set(mine["endpoints"])
+                    )
                     result["differences"][name] = differences(theirs, mine)
         finally:
             seed.stop()
