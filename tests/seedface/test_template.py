@@ -92,13 +92,13 @@ class TemplateTests(SynchronousTestCase):
         self.assertEqual(status, 200)
         listed = {c["name"]: c for c in body["commands"]}
         # deploy needs myapp:deploy, which ci lacks; rotate_keys is hidden.
-        self.assertEqual(sorted(listed), ["count_words", "greet"])
+        self.assertEqual(sorted(listed), ["count_words", "greet", "tally"])
         words = listed["count_words"]["args"][0]
         self.assertEqual((words["name"], words["type"]), ("words", "string_array"))
         status, body = self.json_call("GET", "/commands")
         self.assertEqual(
             sorted(c["name"] for c in body["commands"]),
-            ["count_words", "deploy", "greet"],
+            ["count_words", "deploy", "greet", "tally"],
         )
 
     def test_commands_run(self) -> None:
@@ -132,6 +132,11 @@ class TemplateTests(SynchronousTestCase):
         self.assertEqual(
             self.json_call("POST", "/commands/rotate_keys", {}),
             (200, {"result": "rotated"}),
+        )
+        # Registered with the client SDK's @sandbox.register.
+        self.assertEqual(
+            self.json_call("POST", "/commands/tally", {"items": ["a", "b", "c"]}),
+            (200, {"result": 6}),
         )
 
     def test_string_array_refuses_a_string(self) -> None:

@@ -4,7 +4,9 @@ sandboxd must load it with ``--commands`` as the seed loads it.
 
 A small "release desk" template: commands with inferred and declared
 arguments (``string_array`` among them), a command behind a custom scope,
-a hidden command, and three custom routes (JSON, an error, an event stream).
+a hidden command, a command registered through the client SDK's
+``@sandbox.register`` bridge, and three custom routes (JSON, an error, an
+event stream).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 
+from agent_sandbox import sandbox
 from agent_sandbox.server import (
     CapabilityGroup,
     CommandArg,
@@ -54,6 +57,11 @@ def deploy(env: str, tags: list[str], replicas: int, dry_run: bool) -> dict:
 @command("rotate_keys", hidden=True)
 def rotate_keys() -> str:
     return "rotated"
+
+
+@sandbox.register
+def tally(items: list[str], weight: int = 2) -> int:
+    return len(items) * weight
 
 
 @table.route("GET", "/release/status", group=CapabilityGroup.SYSTEM)
