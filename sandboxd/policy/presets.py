@@ -46,7 +46,7 @@ FILE_WRITES = (
 )
 
 #: The template's own commands: what ``locked`` leaves.
-COMMANDS = ("commands_list", "commands_run")
+COMMANDS = ("list_commands", "run_command")
 
 #: What ``hardened`` refuses to every file endpoint.
 HARDENED_DENY = (

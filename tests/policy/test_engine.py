@@ -40,7 +40,7 @@ class DefaultLayerTests(SynchronousTestCase):
         """Core, commands, file_ops, process, terminal and system are on by default (when built)."""
         p = decide()
         self.assertTrue(p.rule("health").enabled)
-        self.assertEqual(p.rule("commands_list").enabled_by, "default:on:commands")
+        self.assertEqual(p.rule("list_commands").enabled_by, "default:on:commands")
 
     def test_opt_in_groups_off(self) -> None:
         """dev_tools, browser and agents are off with rule default:opt-in:GROUP."""
@@ -57,33 +57,33 @@ class DefaultLayerTests(SynchronousTestCase):
 
 
 # (description, layers, endpoint, expected enabled, expected rule)
-# Uses commands_list (implemented) so not-implemented never masks the result.
+# Uses list_commands (implemented) so not-implemented never masks the result.
 CASES: list[tuple[str, dict[str, Any], str, bool, str]] = [
     (
         "policy group off",
         {"policy": {"groups": {"commands": False}}},
-        "commands_list",
+        "list_commands",
         False,
         "policy:groups.commands",
     ),
     (
         "policy endpoints group: off",
         {"policy": {"endpoints": {"group:commands": {"enabled": False}}}},
-        "commands_list",
+        "list_commands",
         False,
         "policy:endpoints.group:commands",
     ),
     (
         "policy exact off",
-        {"policy": {"endpoints": {"commands_list": {"enabled": False}}}},
-        "commands_list",
+        {"policy": {"endpoints": {"list_commands": {"enabled": False}}}},
+        "list_commands",
         False,
-        "policy:endpoints.commands_list",
+        "policy:endpoints.list_commands",
     ),
     (
         "policy glob off",
         {"policy": {"endpoints": {"commands_*": {"enabled": False}}}},
-        "commands_list",
+        "list_commands",
         False,
         "policy:endpoints.commands_*",
     ),
@@ -93,13 +93,13 @@ CASES: list[tuple[str, dict[str, Any], str, bool, str]] = [
             "policy": {
                 "endpoints": {
                     "commands_*": {"enabled": False},
-                    "commands_list": {"enabled": True},
+                    "list_commands": {"enabled": True},
                 }
             }
         },
-        "commands_list",
+        "list_commands",
         True,
-        "policy:endpoints.commands_list",
+        "policy:endpoints.list_commands",
     ),
     (
         "glob on beats group off",
@@ -109,21 +109,21 @@ CASES: list[tuple[str, dict[str, Any], str, bool, str]] = [
                 "endpoints": {"commands_*": {"enabled": True}},
             }
         },
-        "commands_list",
+        "list_commands",
         True,
         "policy:endpoints.commands_*",
     ),
     (
         "group beats defaults",
         {"policy": {"defaults": {"enabled": False}}},
-        "commands_list",
+        "list_commands",
         True,
         "default:on:commands",
     ),
     (
         "code disable",
         {"code": [("disable_group", "commands")]},
-        "commands_list",
+        "list_commands",
         False,
         "code:disable_group:commands",
     ),
@@ -133,7 +133,7 @@ CASES: list[tuple[str, dict[str, Any], str, bool, str]] = [
             "code": [("disable_group", "commands")],
             "policy": {"groups": {"commands": True}},
         },
-        "commands_list",
+        "list_commands",
         True,
         "policy:groups.commands",
     ),
@@ -141,7 +141,7 @@ CASES: list[tuple[str, dict[str, Any], str, bool, str]] = [
     (
         "preset locked keeps commands",
         {"preset": "locked"},
-        "commands_list",
+        "list_commands",
         True,
         "preset:locked",
     ),
@@ -172,19 +172,19 @@ CASES: list[tuple[str, dict[str, Any], str, bool, str]] = [
             "policy": {"groups": {"commands": False}},
             "env": {"ABX_SERVER_ENABLED_GROUPS": "commands"},
         },
-        "commands_list",
+        "list_commands",
         True,
         "env:ABX_SERVER_ENABLED_GROUPS",
     ),
     (
         "exact policy off beats env group on",
         {
-            "policy": {"endpoints": {"commands_list": {"enabled": False}}},
+            "policy": {"endpoints": {"list_commands": {"enabled": False}}},
             "env": {"ABX_SERVER_ENABLED_GROUPS": "commands"},
         },
-        "commands_list",
+        "list_commands",
         False,
-        "policy:endpoints.commands_list",
+        "policy:endpoints.list_commands",
     ),
     (
         "false wins within a layer and specificity",
@@ -196,7 +196,7 @@ CASES: list[tuple[str, dict[str, Any], str, bool, str]] = [
                 }
             }
         },
-        "commands_list",
+        "list_commands",
         False,
         "policy:endpoints.*_list",
     ),
@@ -210,7 +210,7 @@ CASES: list[tuple[str, dict[str, Any], str, bool, str]] = [
                 }
             }
         },
-        "commands_list",
+        "list_commands",
         False,
         "policy:endpoints.*_list",
     ),
@@ -246,15 +246,15 @@ class LeafMergeTests(SynchronousTestCase):
                     "group:commands": {
                         "limits": {"max_concurrency": 4, "rate_per_minute": 10}
                     },
-                    "commands_run": {"limits": {"rate_per_minute": 60}},
+                    "run_command": {"limits": {"rate_per_minute": 60}},
                 }
             }
         )
-        rule = p.rule("commands_run")
+        rule = p.rule("run_command")
         self.assertEqual(rule.limits.max_concurrency, 4)
         self.assertEqual(rule.limits.rate_per_minute, 60)
         self.assertEqual(
-            rule.source("limits.rate_per_minute"), "policy:endpoints.commands_run"
+            rule.source("limits.rate_per_minute"), "policy:endpoints.run_command"
         )
         self.assertEqual(
             rule.source("limits.max_concurrency"), "policy:endpoints.group:commands"
@@ -313,8 +313,8 @@ class LeafMergeTests(SynchronousTestCase):
 
     def test_scopes_replace(self) -> None:
         """A rule's scopes replace the endpoint's documented scopes."""
-        p = decide({"endpoints": {"commands_list": {"scopes": ["files:read"]}}})
-        self.assertEqual(p.rule("commands_list").scopes, ("files:read",))
+        p = decide({"endpoints": {"list_commands": {"scopes": ["files:read"]}}})
+        self.assertEqual(p.rule("list_commands").scopes, ("files:read",))
         self.assertEqual(p.rule("files_move").scopes, ("files:write", "files:delete"))
 
 
@@ -325,12 +325,12 @@ class PresetTests(SynchronousTestCase):
         """locked: core and the template's commands only, as on the seed."""
         p = decide(preset="locked")
         self.assertTrue(p.rule("capabilities").enabled)
-        self.assertTrue(p.rule("commands_list").enabled)
-        self.assertTrue(p.rule("commands_run").enabled)
+        self.assertTrue(p.rule("list_commands").enabled)
+        self.assertTrue(p.rule("run_command").enabled)
         for endpoint in (
             "download",
             "shell",
-            "pty_create",
+            "pty_create_session",
             "system_info",
         ):
             self.assertFalse(p.rule(endpoint).enabled, endpoint)
@@ -355,7 +355,7 @@ class PresetTests(SynchronousTestCase):
             "files_delete",
             "files_move",
             "shell",
-            "commands_list",
+            "list_commands",
             "system_info",
         ):
             rule = p.rule(endpoint)
@@ -367,9 +367,9 @@ class PresetTests(SynchronousTestCase):
         the seed), every path read_only.
         """
         p = decide(preset="read-only")
-        for endpoint in ("upload", "files_delete", "shell", "env_set", "pty_create"):
+        for endpoint in ("upload", "files_delete", "shell", "env_set", "pty_create_session"):
             self.assertFalse(p.rule(endpoint).enabled, endpoint)
-        for endpoint in ("commands_run", "files_list", "download", "system_info"):
+        for endpoint in ("run_command", "files_list", "download", "system_info"):
             self.assertTrue(p.rule(endpoint).enabled, endpoint)
         self.assertEqual(p.rule("download").paths.read_only, ("/",))
 
@@ -379,9 +379,9 @@ class PresetTests(SynchronousTestCase):
         off (shell too), env_set off, secrets denied to the file endpoints.
         """
         p = decide(preset="hardened")
-        for endpoint in ("shell", "process_start", "pty_create", "code_run", "env_set"):
+        for endpoint in ("shell", "process_start", "pty_create_session", "code_run", "env_set"):
             self.assertFalse(p.rule(endpoint).enabled, endpoint)
-        for endpoint in ("commands_run", "files_list", "system_info"):
+        for endpoint in ("run_command", "files_list", "system_info"):
             self.assertTrue(p.rule(endpoint).enabled, endpoint)
         rule = p.rule("download")
         self.assertEqual(rule.paths.symlinks, "follow")

@@ -150,7 +150,7 @@ class ScopeTests(SynchronousTestCase):
     def test_seed_scopes_of_endpoints(self) -> None:
         """Listing and reading take the seed's own scopes."""
         p = load({})
-        self.assertEqual(p.rule("commands_list").scopes, ("commands:list",))
+        self.assertEqual(p.rule("list_commands").scopes, ("commands:list",))
         self.assertEqual(p.rule("process_list").scopes, ("process:read",))
         self.assertEqual(p.rule("git_diff").scopes, ("devtools:read",))
         self.assertEqual(p.rule("browser_evaluate").scopes, ("browser:evaluate",))
