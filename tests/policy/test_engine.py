@@ -367,7 +367,13 @@ class PresetTests(SynchronousTestCase):
         the seed), every path read_only.
         """
         p = decide(preset="read-only")
-        for endpoint in ("upload", "files_delete", "shell", "env_set", "pty_create_session"):
+        for endpoint in (
+            "upload",
+            "files_delete",
+            "shell",
+            "env_set",
+            "pty_create_session",
+        ):
             self.assertFalse(p.rule(endpoint).enabled, endpoint)
         for endpoint in ("run_command", "files_list", "download", "system_info"):
             self.assertTrue(p.rule(endpoint).enabled, endpoint)
@@ -379,7 +385,13 @@ class PresetTests(SynchronousTestCase):
         off (shell too), env_set off, secrets denied to the file endpoints.
         """
         p = decide(preset="hardened")
-        for endpoint in ("shell", "process_start", "pty_create_session", "code_run", "env_set"):
+        for endpoint in (
+            "shell",
+            "process_start",
+            "pty_create_session",
+            "code_run",
+            "env_set",
+        ):
             self.assertFalse(p.rule(endpoint).enabled, endpoint)
         for endpoint in ("run_command", "files_list", "system_info"):
             self.assertTrue(p.rule(endpoint).enabled, endpoint)
