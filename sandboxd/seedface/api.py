@@ -31,6 +31,7 @@ from typing import Any
 from sandboxd import commands as ours
 from sandboxd.endpoints import CapabilityGroup, Endpoint
 from sandboxd.endpoints import RouteTable as OurTable
+from sandboxd.errors import Code
 from sandboxd.web import messages
 
 __all__ = [
@@ -323,7 +324,9 @@ class ServerResponse(messages.ServerResponse):
         **extra: Any,
     ) -> ServerResponse:
         """``{"error": message, "type": error_type}`` with ``status``."""
-        return cls(status=status, body={"error": message, "type": error_type, **extra})
+        response = super().error(status, message, error_type, **extra)
+        assert isinstance(response, ServerResponse)
+        return response
 
 
 async def _off_the_reactor(
@@ -390,15 +393,21 @@ class PolicyDenied(Exception):
 
 
 def _refusal(failure: Any) -> ServerResponse:
-    """A handler's :class:`PolicyDenied` as the answer the seed gives."""
-    denied: PolicyDenied = failure.trap(PolicyDenied) and failure.value
-    body = {
-        "error": denied.message,
-        "type": "PolicyDenied",
-        "code": denied.code,
-        **denied.extra,
-    }
-    return ServerResponse(status=denied.status, body=body)
+    """
+    A handler's :class:`PolicyDenied` as the answer the seed gives; a code
+    that is not one of sandboxd's is carried as ``reason`` instead.
+    """
+    failure.trap(PolicyDenied)
+    denied: PolicyDenied = failure.value
+    extra = dict(denied.extra)
+    code: Code | None = None
+    try:
+        code = Code(denied.code)
+    except ValueError:
+        extra["reason"] = denied.code
+    return ServerResponse.error(
+        denied.status, denied.message, "PolicyDenied", code=code, **extra
+    )
 
 
 # -- the server itself --------------------------------------------------------

@@ -73,3 +73,32 @@ class ResponseTests(SynchronousTestCase):
             (reply.status, reply.body),
             (409, {"error": "busy", "type": "ConflictError"}),
         )
+
+    def test_policy_denied(self) -> None:
+        """
+        A handler's PolicyDenied answers with its status and code; a code
+        sandboxd does not have travels as ``reason``.
+        """
+        from twisted.python.failure import Failure
+
+        def refusal(exc: Exception) -> api.ServerResponse:
+            try:
+                raise exc
+            except Exception:
+                return api._refusal(Failure())
+
+        reply = refusal(api.PolicyDenied("missing_scope", "no", scope="myapp:deploy"))
+        self.assertEqual(
+            (reply.status, reply.body),
+            (
+                403,
+                {
+                    "error": "no",
+                    "type": "PolicyDenied",
+                    "code": "missing_scope",
+                    "scope": "myapp:deploy",
+                },
+            ),
+        )
+        reply = refusal(api.PolicyDenied("quota", "over", status=429))
+        self.assertEqual((reply.status, reply.body["reason"]), (429, "quota"))
