@@ -148,10 +148,13 @@ def collect_entries(
 ) -> list[Entry]:
     """Every layer's entries, in layer order."""
     b = _Builder()
+    # Only the opt-in groups are a rule: a default-on endpoint is on because
+    # nothing says otherwise, so ``defaults: {enabled: false}`` (the least
+    # specific rule) switches it off, as on the seed.
     for group in CapabilityGroup:
-        on = group in DEFAULT_ON
-        origin = f"default:{'on' if on else 'opt-in'}:{group.value}"
-        b.add("default", f"group:{group.value}", {"enabled": on}, origin)
+        if group not in DEFAULT_ON:
+            origin = f"default:opt-in:{group.value}"
+            b.add("default", f"group:{group.value}", {"enabled": False}, origin)
     for group, (on, origin) in table.code_layer.items():
         b.add("code", f"group:{group.value}", {"enabled": on}, origin)
     if preset:
@@ -274,7 +277,9 @@ def effective_rule(
             else builtin.upload_request_cap(limits.max_bytes)
         )
         limits = attrs.evolve(limits, max_request_bytes=cap)
-    enabled, enabled_by = merged.get("enabled", (False, "default"))
+    enabled, enabled_by = merged.get(
+        "enabled", (True, f"default:on:{endpoint.group.value}")
+    )
     reason = None if enabled else "disabled"
     if not endpoint.implemented:
         enabled, enabled_by, reason = False, NOT_IMPLEMENTED, "not_implemented"

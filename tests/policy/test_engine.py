@@ -114,11 +114,25 @@ CASES: list[tuple[str, dict[str, Any], str, bool, str]] = [
         "policy:endpoints.commands_*",
     ),
     (
-        "group beats defaults",
+        "defaults off switches a default-on group off (as on the seed)",
         {"policy": {"defaults": {"enabled": False}}},
         "list_commands",
+        False,
+        "policy:defaults",
+    ),
+    (
+        "a group beats defaults",
+        {"policy": {"defaults": {"enabled": False}, "groups": {"commands": True}}},
+        "list_commands",
         True,
-        "default:on:commands",
+        "policy:groups.commands",
+    ),
+    (
+        "defaults on leaves an opt-in group off by its own rule",
+        {"policy": {"defaults": {"enabled": True}}},
+        "git_status",
+        False,
+        "default:opt-in:dev_tools",
     ),
     (
         "code disable",
