@@ -89,9 +89,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     "transfer-only": {"endpoints": _only(*TRANSFER)},
     "read-only": {
         "groups": dict(_RUNNING_GROUPS),
-        # Beyond the seed: a write that a group turned on later would
-        # still meet a read-only boundary.
-        "defaults": {"paths": {"read_only": ("/",)}},
         "endpoints": _off(*FILE_WRITES, "env_set"),
     },
     "hardened": {

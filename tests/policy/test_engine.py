@@ -378,7 +378,7 @@ class PresetTests(SynchronousTestCase):
     def test_read_only(self) -> None:
         """
         read-only: writes, processes and terminals off, commands on (as on
-        the seed), every path read_only.
+        the seed).
         """
         p = decide(preset="read-only")
         for endpoint in (
@@ -391,7 +391,11 @@ class PresetTests(SynchronousTestCase):
             self.assertFalse(p.rule(endpoint).enabled, endpoint)
         for endpoint in ("run_command", "files_list", "download", "system_info"):
             self.assertTrue(p.rule(endpoint).enabled, endpoint)
-        self.assertEqual(p.rule("download").paths.read_only, ("/",))
+        # A write endpoint a policy turns back on writes, as on the seed.
+        p = decide(
+            {"preset": "read-only", "endpoints": {"files_mkdir": {"enabled": True}}}
+        )
+        self.assertTrue(decide_path(p.rule("files_mkdir"), "/tmp/new", "write").allowed)
 
     def test_hardened(self) -> None:
         """

@@ -94,7 +94,7 @@ class Server:
         )
 
     def wait(self, timeout: float = 60) -> bool:
-        """Whether ``/health`` answers 200 before the process exits or time runs out."""
+        """Whether ``/health`` answers before the process exits or time runs out."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -105,6 +105,9 @@ class Server:
                 ) as r:
                     if r.status == 200:
                         return True
+            except urllib.error.HTTPError:
+                # Up, but a policy closed /health (the seed lets one).
+                return True
             except (OSError, urllib.error.URLError):
                 pass
             time.sleep(0.1)
@@ -116,9 +119,13 @@ class Server:
         request = urllib.request.Request(
             f"http://127.0.0.1:{self.port}/capabilities", headers=headers
         )
-        with urllib.request.urlopen(request, timeout=10) as r:
-            body: dict[str, Any] = json.loads(r.read())
-            return body
+        try:
+            with urllib.request.urlopen(request, timeout=10) as r:
+                body: dict[str, Any] = json.loads(r.read())
+                body["status"] = r.status
+                return body
+        except urllib.error.HTTPError as e:
+            return {"status": e.code, "endpoints": {}}
 
     def output(self) -> str:
         """What the process printed (its refusal, when it did not start)."""
@@ -174,6 +181,8 @@ def sandboxd_server(path: str, env: dict[str, str], base: str, program: str) -> 
 def differences(seed: dict[str, Any], ours: dict[str, Any]) -> list[str]:
     """One line per endpoint field that differs, for the endpoint ids both list."""
     out = []
+    if seed["status"] != ours["status"]:
+        out.append(f"/capabilities: seed {seed['status']}, sandboxd {ours['status']}")
     theirs, mine = seed["endpoints"], ours["endpoints"]
     for endpoint in sorted(set(theirs) & set(mine)):
         for field in FIELDS:
