@@ -103,3 +103,61 @@ class TerminalTests(Compared):
 
         error = yield self.outcome(scenario, token="wrong-token")
         self.assertIsInstance(error, ServerAuthError)
+
+
+class ConnectionTests(Compared):
+    """What a PtyConnection sends and receives."""
+
+    @inlineCallbacks
+    def test_resize(self) -> Any:
+        """A resize message reaches the terminal."""
+
+        async def scenario(c: Any) -> Any:
+            created = await c.pty.create()
+            async with c.pty.connect(created.session_id) as term:
+                await term.resize(132, 43)
+                await term.send("stty size\n")
+                size = await term.expect("43 132", timeout=10)
+            await c.pty.delete(created.session_id)
+            return "43 132" in size
+
+        result = yield self.same(scenario)
+        self.assertTrue(result)
+
+    @inlineCallbacks
+    def test_exit_ends_the_stream(self) -> Any:
+        """
+        When the shell exits, the connection says ``exited`` and closes, so
+        ``async for`` over it ends.  (The seed's server keeps the socket
+        open after its shell exits: the loop waits on there.)
+        """
+
+        async def scenario(c: Any) -> Any:
+            created = await c.pty.create()
+            async with c.pty.connect(created.session_id) as term:
+                await term.send("exit\n")
+                return [m.event async for m in term if m.type == "event"]
+
+        events = yield self.drive(scenario)
+        self.assertEqual(events, ["started", "exited"])
+
+    @inlineCallbacks
+    def test_signal_interrupts_foreground(self) -> Any:
+        """
+        ``signal("SIGINT")`` stops the command in the foreground, as Ctrl-C
+        would.  (The seed's server signals the shell's own process group,
+        which an interactive shell ignores: the command runs on there.)
+        """
+
+        async def scenario(c: Any) -> Any:
+            created = await c.pty.create()
+            async with c.pty.connect(created.session_id) as term:
+                await term.send("sleep 30; echo after-$((1+1))\n")
+                await term.expect("sleep 30", timeout=10)
+                await term.signal("SIGINT")
+                await term.send("echo back-$((2+2))\n")
+                seen = await term.expect("back-4", timeout=10)
+            return "after-2" in seen
+
+        interrupted = yield self.drive(scenario)
+        self.assertFalse(interrupted)
