@@ -223,9 +223,9 @@ def compare(path: str, program: str | None = None) -> dict[str, Any]:
             if result["seed_loads"] and result["sandboxd_loads"]:
                 for name, token in who:
                     theirs, mine = seed.capabilities(token), ours.capabilities(token)
-                    result["shared"] = len(
-                        set(theirs["endpoints"]) & set(mine["endpoints"])
-                    )
+                    shared = set(theirs["endpoints"]) & set(mine["endpoints"])
+                    # One identity may be refused /capabilities on both.
+                    result["shared"] = max(result["shared"], len(shared))
                     result["differences"][name] = differences(theirs, mine)
         finally:
             seed.stop()
