@@ -40,9 +40,11 @@ __all__ = [
     "CommandRegistry",
     "PolicyDenied",
     "RegisteredCommand",
+    "RouteInfo",
     "RouteTable",
     "SSEResponse",
     "SandboxServer",
+    "ServerPolicy",
     "ServerRequest",
     "ServerResponse",
     "command",
@@ -55,6 +57,7 @@ log = logging.getLogger(__name__)
 
 ServerRequest = messages.ServerRequest
 RegisteredCommand = ours.Command
+RouteInfo = Endpoint
 
 
 # -- commands -----------------------------------------------------------------
@@ -408,6 +411,80 @@ def _refusal(failure: Any) -> ServerResponse:
     return ServerResponse.error(
         denied.status, denied.message, "PolicyDenied", code=code, **extra
     )
+
+
+class ServerPolicy:
+    """
+    A policy document as a template builds one for its own ``SandboxServer``.
+
+    Inside sandboxd the daemon's policy comes from ``--policy`` (or the
+    environment), so this only holds the document: the constructors a
+    template may call at import all work, and nothing is enforced from it.
+    """
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        self.config: dict[str, Any] = json.loads(json.dumps(config or {}))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ServerPolicy:
+        """The document ``data``."""
+        return cls(data)
+
+    @classmethod
+    def from_json(cls, text: str) -> ServerPolicy:
+        """The document in ``text``."""
+        return cls(json.loads(text))
+
+    @classmethod
+    def from_file(cls, path: str) -> ServerPolicy:
+        """The document in a JSON or YAML file."""
+        from sandboxd.policy.document import read_file
+
+        return cls(read_file(path))
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> ServerPolicy:
+        """A preset, with top-level keys on top."""
+        return cls({"preset": name, **overrides})
+
+    @classmethod
+    def only(cls, *endpoint_ids: str, **rule: Any) -> ServerPolicy:
+        """Every endpoint off but core and ``endpoint_ids`` (``transfer``: uploads and downloads)."""
+        from sandboxd.policy.presets import TRANSFER
+
+        ids: list[str] = []
+        for item in endpoint_ids:
+            ids.extend(TRANSFER if item == "transfer" else (item,))
+        endpoints: dict[str, Any] = {"*": {"enabled": False}}
+        endpoints.update({i: {"enabled": True, **rule} for i in ids})
+        return cls({"endpoints": endpoints})
+
+    @classmethod
+    def from_environment(cls) -> ServerPolicy | None:
+        """The ambient policy the daemon would read, or None."""
+        from sandboxd.policy.document import find_policy
+
+        data, source, _ = find_policy()
+        return None if source == "none" else cls(data)
+
+    def with_endpoint(self, selector: str, **rule: Any) -> ServerPolicy:
+        """This document with ``rule`` set on ``selector``."""
+        data = self.to_dict()
+        data.setdefault("endpoints", {}).setdefault(selector, {}).update(rule)
+        return ServerPolicy(data)
+
+    def with_options(self, **top: Any) -> ServerPolicy:
+        """This document with top-level keys replaced."""
+        return ServerPolicy({**self.to_dict(), **top})
+
+    def to_dict(self) -> dict[str, Any]:
+        """A copy of the document."""
+        return dict(json.loads(json.dumps(self.config)))
+
+    @property
+    def preset_name(self) -> str:
+        """The preset named, ``default`` when none."""
+        return str(self.config.get("preset", "default"))
 
 
 # -- the server itself --------------------------------------------------------

@@ -69,11 +69,13 @@ class FaceFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         """Fill a face module with the face's names."""
         if module.__name__ == PARENT:
             return
+        from sandboxd import __version__
         from sandboxd.seedface import api
 
         for name in api.__all__:
             setattr(module, name, getattr(api, name))
         module.__all__ = list(api.__all__)  # type: ignore[attr-defined]
+        module.__version__ = __version__  # type: ignore[attr-defined]
 
 
 def _face_entries() -> dict[str, types.ModuleType]:

@@ -102,3 +102,22 @@ class ResponseTests(SynchronousTestCase):
         )
         reply = refusal(api.PolicyDenied("quota", "over", status=429))
         self.assertEqual((reply.status, reply.body["reason"]), (429, "quota"))
+
+
+class PolicyTests(SynchronousTestCase):
+    """``ServerPolicy`` builds the documents a template hands its own server."""
+
+    def test_only_and_preset(self) -> None:
+        """only() switches everything off but the ids named; preset() names one."""
+        only = api.ServerPolicy.only("transfer", "files_list").to_dict()["endpoints"]
+        self.assertEqual(only["*"], {"enabled": False})
+        self.assertEqual(only["files_upload_stream"], {"enabled": True})
+        self.assertEqual(only["files_list"], {"enabled": True})
+        hardened = api.ServerPolicy.preset("hardened").with_endpoint(
+            "shell", enabled=True
+        )
+        self.assertEqual(
+            hardened.to_dict(),
+            {"preset": "hardened", "endpoints": {"shell": {"enabled": True}}},
+        )
+        self.assertEqual(hardened.preset_name, "hardened")

@@ -18,6 +18,8 @@ from agent_sandbox import sandbox
 from agent_sandbox.server import (
     CapabilityGroup,
     CommandArg,
+    SandboxServer,
+    ServerPolicy,
     ServerResponse,
     SSEResponse,
     command,
@@ -97,3 +99,8 @@ def ticks(request):
         yield "event: end\ndata: {}\n\n"
 
     return SSEResponse(event_iterator=frames())
+
+
+if __name__ == "__main__":
+    # Run on its own: the seed's server, uploads and downloads only.
+    SandboxServer(host="0.0.0.0", policy=ServerPolicy.only("transfer")).serve(port=9000)
