@@ -30,6 +30,8 @@ NARROWED = {
 def _holds(scopes: Iterable[str], scope: str) -> bool:
     held = set(scopes)
     namespace = scope.partition(":")[0]
+    if scope == "commands:run" and any(s.startswith("commands:run:") for s in held):
+        return True  # one command's scope: listing changed for it too
     return "*" in held or scope in held or f"{namespace}:*" in held
 
 

@@ -221,3 +221,22 @@ class WarningTests(SynchronousTestCase):
         self.assertTrue(
             any("'ci'" in w and "process:read" in w for w in p.warnings), p.warnings
         )
+
+    def test_narrowed_one_command_token(self) -> None:
+        """A token for one command (commands:run:NAME) is told listing needs commands:list."""
+        p = load(
+            {
+                "auth": {
+                    "tokens": [
+                        {
+                            "id": "ci",
+                            "token_env": "T_CI",
+                            "scopes": ["commands:run:build"],
+                        }
+                    ]
+                }
+            }
+        )
+        self.assertTrue(
+            any("'ci'" in w and "commands:list" in w for w in p.warnings), p.warnings
+        )
