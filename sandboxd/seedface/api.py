@@ -207,6 +207,24 @@ def command(
 # -- routes -------------------------------------------------------------------
 
 
+class Headers(dict[str, str]):
+    """
+    Request headers that answer to any capitalisation: the seed's handlers
+    read ``request.headers.get("X-Token")`` as sent, sandboxd's names are
+    lower-cased.
+    """
+
+    def __getitem__(self, name: str) -> str:
+        return super().__getitem__(name.lower())
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and super().__contains__(name.lower())
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The header's value, or ``default``."""
+        return super().get(name.lower(), default)
+
+
 class SeedRequest:
     """
     A request in the seed's shape, for a handler written for the seed.
@@ -222,7 +240,7 @@ class SeedRequest:
         self.method = request.method
         self.path = request.path
         self.query: dict[str, list[str]] = {k: [v] for k, v in request.query.items()}
-        self.headers = dict(request.headers)
+        self.headers = Headers({k.lower(): v for k, v in request.headers.items()})
         self.body: dict[str, Any] | None = (
             request.body if request.method in ("POST", "PUT", "DELETE") else None
         )

@@ -67,10 +67,14 @@ class TemplateTests(SynchronousTestCase):
         path: str,
         body: Any = None,
         token: str | None = "admin-token",
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, bytes]:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(
-            f"http://127.0.0.1:{self.daemon.port}{path}", data=data, method=method
+            f"http://127.0.0.1:{self.daemon.port}{path}",
+            data=data,
+            method=method,
+            headers=headers or {},
         )
         if token:
             request.add_header("Authorization", f"Bearer {token}")
@@ -153,15 +157,21 @@ class TemplateTests(SynchronousTestCase):
         self.assertEqual((status, body["code"]), (403, "missing_scope"))
 
     def test_route_query_is_lists(self) -> None:
-        """A custom route sees query values as lists and no body on a GET."""
+        """
+        A custom route sees query values as lists, no body on a GET, and
+        headers by the name it spells.
+        """
         self.assertEqual(
-            self.json_call("GET", "/release/status?verbose=1"),
+            self.json_call(
+                "GET", "/release/status?verbose=1", headers={"X-Release": "v2"}
+            ),
             (
                 200,
                 {
                     "ready": True,
                     "query": {"verbose": ["1"]},
                     "has_body": False,
+                    "release": "v2",
                     "detail": "all checks passed",
                 },
             ),

@@ -69,7 +69,12 @@ def tally(items: list[str], weight: int = 2) -> int:
 @table.route("GET", "/release/status", group=CapabilityGroup.SYSTEM)
 def status(request):
     verbose = request.query.get("verbose", ["0"])[0] == "1"
-    body = {"ready": True, "query": request.query, "has_body": request.body is not None}
+    body = {
+        "ready": True,
+        "query": request.query,
+        "has_body": request.body is not None,
+        "release": request.headers.get("X-Release", "none"),
+    }
     if verbose:
         body["detail"] = "all checks passed"
     return ServerResponse.ok(body)
