@@ -69,7 +69,7 @@ class FaceFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         """Fill a face module with the face's names."""
         if module.__name__ == PARENT:
             return
-        from sandboxd import __version__
+        from sandboxd._version import __version__
         from sandboxd.seedface import api
 
         for name in api.__all__:
