@@ -38,8 +38,14 @@ class Identity:
     on_behalf_of: str | None = None
 
     def has_scope(self, scope: str) -> bool:
-        """Whether this identity holds ``scope`` (``*`` holds every scope)."""
-        return "*" in self.scopes or scope in self.scopes or scope in IMPLIED_SCOPES
+        """
+        Whether this identity holds ``scope``: ``*`` holds every scope and
+        ``files:*`` every scope of its namespace.
+        """
+        if "*" in self.scopes or scope in self.scopes or scope in IMPLIED_SCOPES:
+            return True
+        namespace, colon, _ = scope.partition(":")
+        return bool(colon) and f"{namespace}:*" in self.scopes
 
     def missing(self, required: Iterable[str]) -> str | None:
         """The first required scope this identity lacks, or None."""
@@ -82,6 +88,10 @@ class TokenStore:
     """
 
     entries: list[tuple[bytes, Identity]] = attrs.Factory(list)
+    #: Who a request without credentials is: in local mode always someone
+    #: (every scope unless ``auth.anonymous_scopes`` narrows them); with
+    #: tokens, only when ``auth.allow_anonymous`` lets them in.
+    anonymous: Identity | None = ANONYMOUS
     #: environment variables that hold tokens (never passed to children).
     secret_env: frozenset[str] = frozenset()
     warnings: list[str] = attrs.Factory(list)
@@ -97,6 +107,8 @@ class TokenStore:
         specs: Iterable[TokenSpec],
         environ: Mapping[str, str] | None = None,
         fail_closed: bool = True,
+        allow_anonymous: bool = False,
+        anonymous_scopes: Iterable[str] | None = None,
     ) -> TokenStore:
         """
         Resolve the legacy token and every policy token at start.
@@ -105,6 +117,9 @@ class TokenStore:
             empty ``ABX_SERVER_TOKEN_FILE`` or ``token_file``, an unset
             ``token_env``) stops the start (SPEC §20); ``check-config``
             passes False to report it as a warning instead.
+        :param allow_anonymous: with tokens, let a request without
+            credentials in as ``anonymous``.
+        :param anonymous_scopes: what ``anonymous`` holds (default ``*``).
         :raises PolicyError: naming the source that yielded nothing.
         """
         env = os.environ if environ is None else environ
@@ -156,6 +171,11 @@ class TokenStore:
         if not store.entries and (empty or any(True for _ in specs)):
             # Tokens were configured but none resolved: fail closed, never open.
             store.entries.append((b"\x00" * 32, Identity("nobody", frozenset())))
+        anonymous = Identity(
+            "anonymous",
+            frozenset(anonymous_scopes if anonymous_scopes is not None else ("*",)),
+        )
+        store.anonymous = anonymous if store.local_mode or allow_anonymous else None
         return store
 
     def ids(self) -> list[str]:
@@ -202,9 +222,11 @@ def authenticate(
     """The caller's identity; raises the 401 or 400 of SPEC §4."""
     if store.local_mode:
         presented_token(headers)
-        return ANONYMOUS
+        return store.anonymous or ANONYMOUS
     token = presented_token(headers)
     if not token:
+        if store.anonymous is not None:
+            return store.anonymous
         raise unauthorized()
     identity = store.identify(token)
     if identity is None:

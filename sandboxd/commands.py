@@ -7,6 +7,7 @@ and callers run with ``POST /commands/{name}``.
 from __future__ import annotations
 
 import inspect
+import typing
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -14,7 +15,7 @@ import attrs
 
 from sandboxd.errors import bad_request
 
-ARG_TYPES = ("string", "integer", "float", "boolean")
+ARG_TYPES = ("string", "integer", "float", "boolean", "string_array")
 _TRUE = ("true", "yes", "1")
 _FALSE = ("false", "no", "0")
 _PY_TYPES = {int: "integer", float: "float", bool: "boolean", str: "string"}
@@ -50,6 +51,12 @@ class CommandArg:
 
     def coerce(self, value: Any) -> Any:
         """Convert a JSON value to this argument's type, or raise ValueError."""
+        if self.type == "string_array":
+            # A JSON array of strings, and nothing looser: a lone string is
+            # not a one-item list (the seed's rule too).
+            if isinstance(value, list) and all(isinstance(v, str) for v in value):
+                return list(value)
+            raise ValueError("expected a JSON array of strings")
         if self.type == "string":
             if isinstance(value, str):
                 return value
@@ -89,8 +96,13 @@ class CommandArg:
 def _annotation_type(annotation: Any) -> str:
     if annotation in _PY_TYPES:
         return _PY_TYPES[annotation]
+    if typing.get_origin(annotation) is list and typing.get_args(annotation) == (str,):
+        return "string_array"
     if isinstance(annotation, str):
-        return _NAME_TYPES.get(annotation.strip(), "string")
+        text = annotation.replace(" ", "")
+        if text in ("list[str]", "List[str]", "typing.List[str]"):
+            return "string_array"
+        return _NAME_TYPES.get(text, "string")
     return "string"
 
 

@@ -92,8 +92,18 @@ def import_commands(spec: str) -> None:
     Import a template's commands: a ``.py`` file path or a module name.
 
     Its import registers commands and routes; it runs before the policy is
-    validated so that the policy may name the routes it adds.
+    validated so that the policy may name the routes it adds.  A template
+    written for the seed's server imports ``agent_sandbox.server``: during
+    the import that name is sandboxd's face of it
+    (:mod:`sandboxd.seedface`), whatever else is installed.
     """
+    from sandboxd.seedface.finder import seed_face
+
+    with seed_face():
+        _import_template(spec)
+
+
+def _import_template(spec: str) -> None:
     if spec.endswith(".py") or os.sep in spec:
         path = os.path.abspath(spec)
         if not os.path.exists(path):

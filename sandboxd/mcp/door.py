@@ -194,8 +194,9 @@ class McpDoor(Service):
 
 def _same_identity(tokens: Any, identity: Identity) -> Identity | None:
     """``identity`` as the policy now defines it, or None if it is gone."""
-    if tokens.local_mode:
-        return identity if identity.id == "anonymous" else None
+    if identity.id == "anonymous":
+        anonymous: Identity | None = tokens.anonymous
+        return anonymous
     for _, known in tokens.entries:
         if known.id == identity.id:
             found: Identity = known

@@ -20,6 +20,7 @@ from sandboxd import auth
 if TYPE_CHECKING:
     from sandboxd.auth import TokenStore
 from sandboxd.endpoints import RouteTable
+from sandboxd.policy import lint
 from sandboxd.policy.document import (
     PolicyDocument,
     PolicyError,
@@ -110,7 +111,13 @@ def load_policy(
     own = own_files(file, doc, env, daemon_files)
     anchors = Anchors()
     rules = compile_rules(table, doc, chosen, boundary, env, own, anchors)
-    tokens = auth.TokenStore.build(doc.tokens, env, fail_closed=fail_closed)
+    tokens = auth.TokenStore.build(
+        doc.tokens,
+        env,
+        fail_closed=fail_closed,
+        allow_anonymous=doc.allow_anonymous,
+        anonymous_scopes=doc.anonymous_scopes,
+    )
     return Policy(
         document=doc,
         rules=rules,
@@ -118,6 +125,8 @@ def load_policy(
         base_dir=boundary,
         preset=chosen,
         file=file,
-        warnings=tuple(doc.warnings) + tuple(tokens.warnings),
+        warnings=tuple(doc.warnings)
+        + tuple(tokens.warnings)
+        + lint.warnings(table, doc, rules),
         anchors=anchors,
     )

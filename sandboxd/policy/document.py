@@ -31,6 +31,8 @@ from sandboxd.policy.rules import AUDIT_MODES, RULE_KEYS, section_fields
 from sandboxd.policy.sizes import parse_size
 
 TOP_KEYS = (
+    "version",
+    "description",
     "preset",
     "base_dir",
     "groups",
@@ -48,6 +50,30 @@ TOP_KEYS = (
 )
 PRESETS = ("default", "transfer-only", "read-only", "hardened", "locked")
 TOKEN_KEYS = ("id", "token_env", "token_sha256", "token_file", "scopes")
+AUTH_KEYS = ("tokens", "allow_anonymous", "anonymous_scopes", "link_key_file")
+#: The one version of the document format (the seed's ``version: 1``).
+POLICY_VERSION = 1
+#: Scope namespaces the built-in table uses: a scope in one of them must
+#: name a real scope (a typo is refused); a scope in any other namespace
+#: (``myapp:deploy``) is a template's own, needed by its custom routes.
+BUILTIN_NAMESPACES = (
+    "core",
+    "commands",
+    "files",
+    "process",
+    "terminal",
+    "system",
+    "devtools",
+    "browser",
+    "agents",
+)
+#: What a scope may look like: ``*``, a bare word, or ``namespace:name``
+#: (``name`` may be ``*`` or hold further colons).
+_SCOPE_GRAMMAR = re.compile(
+    r"\*|[a-z][a-z0-9_.\-]*|[a-z][a-z0-9_]*:(?:\*|[a-z][a-z0-9_.:\-]*)"
+)
+#: The seed's spellings of ``paths.symlinks`` and what each means here.
+SYMLINK_SPELLINGS = {"within": "follow", "never": "deny"}
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
@@ -89,7 +115,15 @@ class PolicyDocument:
     defaults: Mapping[str, Any] = attrs.field(factory=dict)
     endpoints: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict)
     tokens: tuple[TokenSpec, ...] = ()
+    #: With tokens configured, whether a request with no credentials is let
+    #: in as ``anonymous`` (the seed's ``auth.allow_anonymous``).
+    allow_anonymous: bool = False
+    #: The scopes ``anonymous`` holds (default ``*``); with no tokens they
+    #: bound local mode itself.
+    anonymous_scopes: tuple[str, ...] | None = None
     revision: str | None = None
+    #: Free text describing the policy (the seed's ``description``).
+    description: str | None = None
     agents: Mapping[str, Any] = attrs.field(factory=dict)
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
@@ -109,8 +143,22 @@ class PolicyDocument:
 
 
 def valid_scope(scope: str, known: Iterable[str]) -> bool:
-    """Whether a scope names something (``commands:run:NAME`` is open-ended)."""
-    return scope in known or (scope.startswith("commands:run:") and len(scope) > 13)
+    """
+    Whether a scope can be used in a policy.
+
+    Built-in namespaces are closed (``files:reed`` is a typo), except the
+    open-ended ``commands:run:NAME`` and a namespace wildcard ``files:*``;
+    any other well-formed scope (``myapp:deploy``, ``admin``) belongs to a
+    template's custom routes, as on the seed.
+    """
+    if scope in known or (scope.startswith("commands:run:") and len(scope) > 13):
+        return True
+    if not _SCOPE_GRAMMAR.fullmatch(scope):
+        return False
+    namespace, colon, name = scope.partition(":")
+    if colon and name == "*":
+        return True
+    return namespace not in BUILTIN_NAMESPACES
 
 
 def _coerce(where: str, type_text: str, value: Any) -> Any:
@@ -187,12 +235,7 @@ def validate_rule(where: str, rule: Any, known_scopes: Iterable[str]) -> dict[st
                 raise PolicyError(f"{place}: expected one of {', '.join(AUDIT_MODES)}")
             out[key] = value
         elif key == "scopes":
-            scopes = _coerce(place, "tuple[str, ...]", value)
-            known = list(known_scopes)
-            for scope in scopes:
-                if not valid_scope(scope, known):
-                    raise _unknown(place, "scope", scope, known)
-            out[key] = scopes
+            out[key] = _scope_list(place, value, known_scopes)
         else:
             if not isinstance(value, dict):
                 raise PolicyError(f"{place}: must be an object")
@@ -201,6 +244,8 @@ def validate_rule(where: str, rule: Any, known_scopes: Iterable[str]) -> dict[st
             for name, v in value.items():
                 if name not in fields:
                     raise _unknown(place, f"{key} key", name, fields)
+                if key == "paths":
+                    v = seed_path_value(name, v)
                 typed = _coerce(f"{place}.{name}", str(fields[name].type), v)
                 choices = _CHOICES.get(f"{key}.{name}")
                 if choices and typed not in choices:
@@ -210,6 +255,22 @@ def validate_rule(where: str, rule: Any, known_scopes: Iterable[str]) -> dict[st
                 section[name] = typed
             out[key] = section
     return out
+
+
+def seed_path_value(name: str, value: Any) -> Any:
+    """
+    A ``paths`` value in the seed's spelling, as this engine reads it.
+
+    ``read_only: true`` makes every path read-only (``["/"]``), ``false``
+    none; ``symlinks: within`` is ``follow`` (a link is followed only while
+    its target stays inside the boundary) and ``never`` is ``deny``.  Other
+    values pass unchanged.
+    """
+    if name == "read_only" and isinstance(value, bool):
+        return ["/"] if value else []
+    if name == "symlinks" and isinstance(value, str):
+        return SYMLINK_SPELLINGS.get(value, value)
+    return value
 
 
 def _check_selector(where: str, selector: str, table: RouteTable) -> str | None:
@@ -239,12 +300,36 @@ def _check_selector(where: str, selector: str, table: RouteTable) -> str | None:
     return None
 
 
+def _scope_list(where: str, value: Any, known_scopes: Iterable[str]) -> tuple[str, ...]:
+    scopes: tuple[str, ...] = _coerce(where, "tuple[str, ...]", value)
+    known = list(known_scopes)
+    for scope in scopes:
+        if not valid_scope(scope, known):
+            raise _unknown(where, "scope", scope, known)
+    return scopes
+
+
+def _anonymous(
+    value: Any, known_scopes: Iterable[str]
+) -> tuple[bool, tuple[str, ...] | None]:
+    """``auth.allow_anonymous`` and ``auth.anonymous_scopes``, checked."""
+    if not isinstance(value, dict):
+        raise PolicyError("auth: must be an object")
+    allow = _coerce("auth.allow_anonymous", "bool", value.get("allow_anonymous", False))
+    scopes = None
+    if "anonymous_scopes" in value:
+        scopes = _scope_list(
+            "auth.anonymous_scopes", value["anonymous_scopes"], known_scopes
+        )
+    return allow, scopes
+
+
 def _tokens(value: Any, known_scopes: Iterable[str]) -> tuple[TokenSpec, ...]:
     if not isinstance(value, dict):
         raise PolicyError("auth: must be an object")
     for key in value:
-        if key not in ("tokens", "link_key_file"):
-            raise _unknown("auth", "key", key, ["tokens", "link_key_file"])
+        if key not in AUTH_KEYS:
+            raise _unknown("auth", "key", key, AUTH_KEYS)
     raw = value.get("tokens", [])
     if not isinstance(raw, list):
         raise PolicyError("auth.tokens: must be a list")
@@ -273,11 +358,7 @@ def _tokens(value: Any, known_scopes: Iterable[str]) -> tuple[TokenSpec, ...]:
         sha = entry.get("token_sha256")
         if sha is not None and not _SHA256.match(sha):
             raise PolicyError(f"{where}.token_sha256: expected 64 hex digits")
-        scopes = _coerce(f"{where}.scopes", "tuple[str, ...]", entry.get("scopes", []))
-        known = list(known_scopes)
-        for scope in scopes:
-            if not valid_scope(scope, known):
-                raise _unknown(f"{where}.scopes", "scope", scope, known)
+        scopes = _scope_list(f"{where}.scopes", entry.get("scopes", []), known_scopes)
         out.append(
             TokenSpec(
                 id=ident,
@@ -386,6 +467,15 @@ def validate(doc: Any, table: RouteTable, source: str = "inline") -> PolicyDocum
     for key in doc:
         if key not in TOP_KEYS:
             raise _unknown("policy", "key", key, TOP_KEYS)
+    version = doc.get("version", POLICY_VERSION)
+    if isinstance(version, bool) or version != POLICY_VERSION:
+        raise PolicyError(
+            f"version: {version!r} is not a version this daemon reads "
+            f"(it reads {POLICY_VERSION})"
+        )
+    description = doc.get("description")
+    if description is not None and not isinstance(description, str):
+        raise PolicyError("description: expected a string")
     preset = doc.get("preset")
     if preset is not None and preset not in PRESETS:
         raise _unknown("preset", "preset", str(preset), PRESETS)
@@ -393,8 +483,15 @@ def validate(doc: Any, table: RouteTable, source: str = "inline") -> PolicyDocum
     if base_dir is not None and (not isinstance(base_dir, str) or not base_dir):
         raise PolicyError("base_dir: expected a non-empty path")
     groups_raw = doc.get("groups", {})
+    if isinstance(groups_raw, list):
+        # The seed's short form: the groups listed are turned on.
+        if not all(isinstance(name, str) for name in groups_raw):
+            raise PolicyError("groups: a list must hold group names")
+        groups_raw = dict.fromkeys(groups_raw, True)
     if not isinstance(groups_raw, dict):
-        raise PolicyError("groups: must be an object of group: true|false")
+        raise PolicyError(
+            "groups: must be an object of group: true|false, or a list of groups to turn on"
+        )
     group_names = [g.value for g in CapabilityGroup]
     groups: dict[str, bool] = {}
     for name, on in groups_raw.items():
@@ -421,6 +518,7 @@ def validate(doc: Any, table: RouteTable, source: str = "inline") -> PolicyDocum
             warnings.append(warning)
         endpoints[selector] = validate_rule(where, rule, known_scopes)
     tokens = _tokens(doc.get("auth", {}), known_scopes)
+    allow_anonymous, anonymous_scopes = _anonymous(doc.get("auth", {}), known_scopes)
     revision = doc.get("revision")
     if revision is not None and not isinstance(revision, str | int | float):
         raise PolicyError("revision: expected a string")
@@ -437,7 +535,10 @@ def validate(doc: Any, table: RouteTable, source: str = "inline") -> PolicyDocum
         defaults=defaults,
         endpoints=endpoints,
         tokens=tokens,
+        allow_anonymous=allow_anonymous,
+        anonymous_scopes=anonymous_scopes,
         revision=str(revision) if revision is not None else None,
+        description=description,
         agents=agents,
         allowed_origins=_string_list("allowed_origins", doc.get("allowed_origins", [])),
         allowed_hosts=_string_list("allowed_hosts", doc.get("allowed_hosts", [])),

@@ -148,10 +148,13 @@ def collect_entries(
 ) -> list[Entry]:
     """Every layer's entries, in layer order."""
     b = _Builder()
+    # Only the opt-in groups are a rule: a default-on endpoint is on because
+    # nothing says otherwise, so ``defaults: {enabled: false}`` (the least
+    # specific rule) switches it off, as on the seed.
     for group in CapabilityGroup:
-        on = group in DEFAULT_ON
-        origin = f"default:{'on' if on else 'opt-in'}:{group.value}"
-        b.add("default", f"group:{group.value}", {"enabled": on}, origin)
+        if group not in DEFAULT_ON:
+            origin = f"default:opt-in:{group.value}"
+            b.add("default", f"group:{group.value}", {"enabled": False}, origin)
     for group, (on, origin) in table.code_layer.items():
         b.add("code", f"group:{group.value}", {"enabled": on}, origin)
     if preset:
@@ -171,6 +174,40 @@ def collect_entries(
     return b.entries
 
 
+#: Deny lists: every layer's entries add up (a preset's denials survive a
+#: policy that denies more), as on the seed; other lists are replaced.
+UNION_LEAVES = frozenset(
+    {
+        "paths.deny",
+        "params.deny_extensions",
+        "params.deny_commands",
+        "params.deny_vars",
+        "params.env_deny",
+        "params.url_deny",
+    }
+)
+
+
+def _sort_key(entry: Entry) -> tuple[int, int, int, int]:
+    # Between two globs of one layer the one with the longer literal head
+    # (``files_up*`` over ``files_*``) is the more specific.
+    head = len(entry.selector.split("*")[0]) if entry.specificity == GLOB else 0
+    return (entry.specificity, entry.layer, head, entry.order)
+
+
+def _selects(entry: Entry, endpoint: Endpoint, leaf: str) -> bool:
+    """
+    Whether ``entry`` may set ``leaf`` on ``endpoint``: a pattern or the
+    defaults never switch a core endpoint off (``"*": {enabled: false}``
+    means every endpoint but the core ones, as on the seed).
+    """
+    return not (
+        leaf == "enabled"
+        and endpoint.group is CapabilityGroup.CORE
+        and entry.specificity in (GLOB, DEFAULTS)
+    )
+
+
 def merge_leaves(
     endpoint: Endpoint, entries: list[Entry]
 ) -> dict[str, tuple[Any, str]]:
@@ -178,11 +215,13 @@ def merge_leaves(
     chosen: dict[str, tuple[Any, str, tuple[int, int]]] = {}
     applicable = sorted(
         (e for e in entries if e.applies_to(endpoint)),
-        key=lambda e: (e.specificity, e.layer, e.order),
+        key=_sort_key,
     )
     for entry in applicable:
         rank = (entry.specificity, entry.layer)
         for leaf, value in entry.leaves.items():
+            if not _selects(entry, endpoint, leaf):
+                continue
             current = chosen.get(leaf)
             if (
                 leaf == "enabled"
@@ -191,6 +230,8 @@ def merge_leaves(
                 and current[0] is False
             ):
                 continue
+            if leaf in UNION_LEAVES and current is not None:
+                value = tuple(dict.fromkeys((*current[0], *value)))
             chosen[leaf] = (value, entry.rule, rank)
     return {leaf: (v, rule) for leaf, (v, rule, _) in chosen.items()}
 
@@ -236,7 +277,9 @@ def effective_rule(
             else builtin.upload_request_cap(limits.max_bytes)
         )
         limits = attrs.evolve(limits, max_request_bytes=cap)
-    enabled, enabled_by = merged.get("enabled", (False, "default"))
+    enabled, enabled_by = merged.get(
+        "enabled", (True, f"default:on:{endpoint.group.value}")
+    )
     reason = None if enabled else "disabled"
     if not endpoint.implemented:
         enabled, enabled_by, reason = False, NOT_IMPLEMENTED, "not_implemented"

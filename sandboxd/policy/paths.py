@@ -10,6 +10,7 @@ resolves the path by file descriptor.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import posixpath
 import re
@@ -92,6 +93,29 @@ def matches(entry: str, path: str, base_dir: str) -> bool:
     return glob_regex(entry).match(path) is not None
 
 
+def covers(entry: str, path: str, base_dir: str) -> bool:
+    """
+    Whether a ``deny`` or ``read_only`` entry protects ``path``.
+
+    Beyond :func:`matches`, as the seed reads the same lists: an entry
+    protects everything below what it names (``**/.ssh`` covers
+    ``~/.ssh/id_rsa``), and an entry with no ``/`` names a file or
+    directory anywhere (``*.pem``, ``.env``).  Each reading only adds
+    protection, so a list means at least what it means on the seed.
+    """
+    if matches(entry, path, base_dir):
+        return True
+    if "/" not in entry:
+        return any(fnmatch.fnmatchcase(part, entry) for part in path.split("/") if part)
+    if any(c in entry for c in "*?["):
+        parent = posixpath.dirname(path)
+        while parent not in ("/", ""):
+            if matches(entry, parent, base_dir):
+                return True
+            parent = posixpath.dirname(parent)
+    return False
+
+
 def absolute(path: str, base_dir: str) -> str:
     """A request path made absolute (relative to the base dir) and normalised."""
     joined = path if path.startswith("/") else posixpath.join(base_dir, path)
@@ -134,13 +158,13 @@ def decide(rule: EffectiveRule, path: str, op: str = "read") -> PathDecision:
     elif not under(target, rule.base_dir):
         return PathDecision(path, False, Code.PATH_NOT_ALLOWED, "guard:base_dir")
     for entry in rule.paths.deny:
-        if matches(entry, target, rule.base_dir):
+        if covers(entry, target, rule.base_dir):
             return PathDecision(
                 path, False, Code.PATH_DENIED, rule.source("paths.deny")
             )
     if op in ("write", "delete"):
         for entry in rule.paths.read_only:
-            if matches(entry, target, rule.base_dir):
+            if covers(entry, target, rule.base_dir):
                 return PathDecision(
                     path, False, Code.READ_ONLY, rule.source("paths.read_only")
                 )

@@ -22,6 +22,12 @@ class Limits:
     max_bytes: int | None = None
     max_request_bytes: int | None = None
     max_entries: int | None = None
+    #: How deep a listing or search may go (the seed's name).
+    max_depth: int | None = None
+    #: How many matches a search may return (the seed's name).
+    max_results: int | None = None
+    #: How many files an archive may hold (the seed's name).
+    max_files: int | None = None
     max_duration_seconds: float | None = None
     max_output_bytes: int | None = None
     timeout_seconds: float | None = None
@@ -52,6 +58,16 @@ class Limits:
             if b is not None
         ]
         return min(bounds) if bounds else None
+
+
+def smallest(*bounds: int | None) -> int | None:
+    """
+    The tightest of several bounds that may be unset: the seed's limit
+    names (``max_results``, ``max_files``) and ours (``max_entries``) both
+    bound the same count, and the lower one holds.
+    """
+    present = [b for b in bounds if b is not None]
+    return min(present) if present else None
 
 
 @attrs.frozen

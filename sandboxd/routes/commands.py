@@ -31,23 +31,18 @@ def runs_on_reactor(func: Any) -> bool:
     return "Deferred" in str(text) or "Deferred" in repr(annotation)
 
 
-def _may_run(request: ServerRequest, name: str, scopes: tuple[str, ...]) -> bool:
-    identity = request.identity
-    if not (
-        identity.has_scope("commands:run") or identity.has_scope(f"commands:run:{name}")
-    ):
-        return False
-    return identity.missing(scopes) is None
-
-
 def list_commands(request: ServerRequest) -> dict[str, Any]:
-    """``GET /commands``: visible commands the caller may run."""
+    """
+    ``GET /commands``: visible commands whose own scopes the caller holds
+    (listing is ``commands:list``'s business, running ``commands:run``'s,
+    as on the seed).
+    """
     registry = request.context.registry
     return {
         "commands": [
             cmd.as_json()
             for cmd in sorted(registry, key=lambda c: c.name)
-            if not cmd.hidden and _may_run(request, cmd.name, cmd.scopes)
+            if not cmd.hidden and request.identity.missing(cmd.scopes) is None
         ]
     }
 

@@ -44,6 +44,7 @@ from sandboxd.policy.defaults import (
     MAX_PATTERN_CHARS,
     MIB,
 )
+from sandboxd.policy.rules import smallest
 from sandboxd.web.dispatch import json_bytes
 from sandboxd.web.messages import (
     ServerRequest,
@@ -429,6 +430,8 @@ def files_list(request: ServerRequest) -> Any:
     guard = PathGuard.for_request(request)
     path = request.query.get("path") or guard.base_dir
     depth = integer(request.query.get("depth"), "depth", 1, 1, MAX_LIST_DEPTH)
+    # A policy's max_depth lowers what may be asked for, as on the seed.
+    depth = min(depth, request.rule.limits.max_depth or depth)
     hidden = flag(request.query.get("hidden"), "hidden", True)
     cap = request.rule.limits.max_entries or _default("files_list", "max_entries")
     guard.locate(path, "read", follow=True).close()  # refusals before the thread
@@ -512,7 +515,10 @@ def files_search(request: ServerRequest) -> Any:
     pattern = required(body.get("pattern"), "pattern")
     if len(pattern) > MAX_PATTERN_CHARS:
         raise bad_request(f"'pattern' is longer than {MAX_PATTERN_CHARS} characters")
-    cap = request.rule.limits.max_entries or _default("files_search", "max_entries")
+    limits = request.rule.limits
+    cap = smallest(limits.max_results, limits.max_entries) or _default(
+        "files_search", "max_entries"
+    )
     # "At most max_entries": more is asked for, that many are given.
     max_results = min(cap, integer(body.get("max_results"), "max_results", cap, 1))
     timeout = request.rule.limits.timeout_seconds or _default(
@@ -545,7 +551,8 @@ def files_archive(request: ServerRequest) -> Any:
         guard,
         paths,
         fmt,
-        limits.max_entries or _default("files_archive", "max_entries"),
+        smallest(limits.max_files, limits.max_entries)
+        or _default("files_archive", "max_entries"),
         max_bytes(request),
     )
 

@@ -114,11 +114,25 @@ CASES: list[tuple[str, dict[str, Any], str, bool, str]] = [
         "policy:endpoints.commands_*",
     ),
     (
-        "group beats defaults",
+        "defaults off switches a default-on group off (as on the seed)",
         {"policy": {"defaults": {"enabled": False}}},
         "list_commands",
+        False,
+        "policy:defaults",
+    ),
+    (
+        "a group beats defaults",
+        {"policy": {"defaults": {"enabled": False}, "groups": {"commands": True}}},
+        "list_commands",
         True,
-        "default:on:commands",
+        "policy:groups.commands",
+    ),
+    (
+        "defaults on leaves an opt-in group off by its own rule",
+        {"policy": {"defaults": {"enabled": True}}},
+        "git_status",
+        False,
+        "default:opt-in:dev_tools",
     ),
     (
         "code disable",
@@ -137,13 +151,34 @@ CASES: list[tuple[str, dict[str, Any], str, bool, str]] = [
         True,
         "policy:groups.commands",
     ),
-    ("preset locked", {"preset": "locked"}, "list_commands", False, "preset:locked"),
+    ("preset locked", {"preset": "locked"}, "shell", False, "preset:locked"),
     (
-        "policy group beats preset group",
-        {"preset": "locked", "policy": {"groups": {"commands": True}}},
+        "preset locked keeps commands",
+        {"preset": "locked"},
         "list_commands",
         True,
-        "policy:groups.commands",
+        "preset:locked",
+    ),
+    (
+        "a preset's pattern beats a policy group",
+        {"preset": "locked", "policy": {"groups": {"process": True}}},
+        "shell",
+        False,
+        "preset:locked",
+    ),
+    (
+        "policy group beats preset group",
+        {"preset": "hardened", "policy": {"groups": {"process": True}}},
+        "shell",
+        True,
+        "policy:groups.process",
+    ),
+    (
+        "a policy's exact id beats a preset's pattern",
+        {"preset": "locked", "policy": {"endpoints": {"shell": {"enabled": True}}}},
+        "shell",
+        True,
+        "policy:endpoints.shell",
     ),
     (
         "env turns group on over policy off",
@@ -240,15 +275,33 @@ class LeafMergeTests(SynchronousTestCase):
         )
 
     def test_lists_replace(self) -> None:
-        """An exact rule's deny list replaces the defaults' list."""
+        """An exact rule's allow list replaces the defaults' list."""
         p = decide(
             {
-                "defaults": {"params": {"deny_commands": ["rm", "dd"]}},
-                "endpoints": {"run_command": {"params": {"deny_commands": ["curl"]}}},
+                "defaults": {"params": {"allow_commands": ["ls", "cat"]}},
+                "endpoints": {"shell": {"params": {"allow_commands": ["git"]}}},
             }
         )
-        self.assertEqual(p.rule("run_command").params.deny_commands, ("curl",))
-        self.assertEqual(p.rule("list_commands").params.deny_commands, ("rm", "dd"))
+        self.assertEqual(p.rule("shell").params.allow_commands, ("git",))
+        self.assertEqual(p.rule("process_start").params.allow_commands, ("ls", "cat"))
+
+    def test_deny_lists_add_up(self) -> None:
+        """Deny lists add up across selectors and layers, as on the seed."""
+        p = decide(
+            {
+                "preset": "hardened",
+                "defaults": {"params": {"deny_commands": ["rm", "dd"]}},
+                "endpoints": {
+                    "shell": {"params": {"deny_commands": ["curl"]}},
+                    "files_list": {"paths": {"deny": ["**/secret"]}},
+                },
+            }
+        )
+        self.assertEqual(p.rule("shell").params.deny_commands, ("rm", "dd", "curl"))
+        self.assertEqual(p.rule("process_start").params.deny_commands, ("rm", "dd"))
+        deny = p.rule("files_list").paths.deny
+        self.assertIn("**/secret", deny)
+        self.assertIn("**/.ssh", deny)
 
     def test_sizes(self) -> None:
         """Size strings: MB is 10**6, MiB is 2**20; upload caps derive from max_bytes."""
@@ -283,11 +336,12 @@ class PresetTests(SynchronousTestCase):
     """The five presets of SPEC §5.4."""
 
     def test_locked(self) -> None:
-        """locked: core only."""
+        """locked: core and the template's commands only, as on the seed."""
         p = decide(preset="locked")
         self.assertTrue(p.rule("capabilities").enabled)
+        self.assertTrue(p.rule("list_commands").enabled)
+        self.assertTrue(p.rule("run_command").enabled)
         for endpoint in (
-            "list_commands",
             "download",
             "shell",
             "pty_create_session",
@@ -296,23 +350,22 @@ class PresetTests(SynchronousTestCase):
             self.assertFalse(p.rule(endpoint).enabled, endpoint)
 
     def test_transfer_only(self) -> None:
-        """transfer-only: the transfer endpoints' rules allow, everything else off."""
+        """transfer-only: uploads and downloads, everything else off but core."""
         p = decide(preset="transfer-only")
+        self.assertTrue(p.rule("capabilities").enabled)
         for endpoint in (
             "upload",
             "download",
-            "files_list",
-            "files_stat",
-            "files_mkdir",
             "files_upload_stream",
             "files_download_stream",
             "files_read_raw",
             "files_write_raw",
         ):
-            self.assertNotEqual(
-                p.rule(endpoint).enabled_by, "preset:transfer-only", endpoint
-            )
+            self.assertTrue(p.rule(endpoint).enabled, endpoint)
         for endpoint in (
+            "files_list",
+            "files_stat",
+            "files_mkdir",
             "files_delete",
             "files_move",
             "shell",
@@ -323,28 +376,55 @@ class PresetTests(SynchronousTestCase):
             self.assertFalse(rule.enabled, endpoint)
 
     def test_read_only(self) -> None:
-        """read-only: writes off, every path read_only."""
+        """
+        read-only: writes, processes and terminals off, commands on (as on
+        the seed).
+        """
         p = decide(preset="read-only")
-        for endpoint in ("upload", "files_delete", "shell", "env_set", "run_command"):
+        for endpoint in (
+            "upload",
+            "files_delete",
+            "shell",
+            "env_set",
+            "pty_create_session",
+        ):
             self.assertFalse(p.rule(endpoint).enabled, endpoint)
-        self.assertEqual(p.rule("download").paths.read_only, ("/",))
+        for endpoint in ("run_command", "files_list", "download", "system_info"):
+            self.assertTrue(p.rule(endpoint).enabled, endpoint)
+        # A write endpoint a policy turns back on writes, as on the seed.
+        p = decide(
+            {"preset": "read-only", "endpoints": {"files_mkdir": {"enabled": True}}}
+        )
+        self.assertTrue(decide_path(p.rule("files_mkdir"), "/tmp/new", "write").allowed)
 
     def test_hardened(self) -> None:
-        """hardened: symlinks deny, secret dirs denied, rate 600, audit all, env_set off."""
+        """
+        hardened, as on the seed: process, terminal, dev tools and browser
+        off (shell too), env_set off, secrets denied to the file endpoints.
+        """
         p = decide(preset="hardened")
+        for endpoint in (
+            "shell",
+            "process_start",
+            "pty_create_session",
+            "code_run",
+            "env_set",
+        ):
+            self.assertFalse(p.rule(endpoint).enabled, endpoint)
+        for endpoint in ("run_command", "files_list", "system_info"):
+            self.assertTrue(p.rule(endpoint).enabled, endpoint)
         rule = p.rule("download")
-        self.assertEqual(rule.paths.symlinks, "deny")
-        self.assertIn("**/.ssh/**", rule.paths.deny)
-        self.assertEqual(rule.limits.rate_per_minute, 600)
-        self.assertEqual(rule.audit, "all")
-        self.assertFalse(p.rule("env_set").enabled)
+        self.assertEqual(rule.paths.symlinks, "follow")
+        self.assertIn("**/.ssh", rule.paths.deny)
+        self.assertIsNone(rule.limits.rate_per_minute)
+        self.assertEqual(rule.audit, "deny")
         self.assertTrue(p.rule("browser_navigate").params.block_private_networks)
 
     def test_preset_in_document(self) -> None:
         """A document's preset key works like --preset, and --preset overrides it."""
-        self.assertFalse(decide({"preset": "locked"}).rule("list_commands").enabled)
+        self.assertFalse(decide({"preset": "locked"}).rule("files_list").enabled)
         self.assertTrue(
-            decide({"preset": "locked"}, preset="default").rule("list_commands").enabled
+            decide({"preset": "locked"}, preset="default").rule("files_list").enabled
         )
 
 
@@ -388,8 +468,8 @@ class ValidationTests(SynchronousTestCase):
         self.assertInvalid({"groups": {"procss": True}}, "procss", "process")
         self.assertInvalid({"preset": "hardend"}, "hardend", "hardened")
         self.assertInvalid(
-            {"endpoints": {"shell": {"scopes": ["proces:run"]}}},
-            "proces:run",
+            {"endpoints": {"shell": {"scopes": ["process:rnu"]}}},
+            "process:rnu",
             "process:run",
         )
         self.assertInvalid({"endpoints": {"group:procss": {}}}, "procss")
@@ -407,7 +487,10 @@ class ValidationTests(SynchronousTestCase):
         """A policy that disables a core endpoint is invalid; so is disable_group(core)."""
         self.assertInvalid({"endpoints": {"health": {"enabled": False}}}, "core")
         self.assertInvalid({"groups": {"core": False}}, "core")
-        self.assertInvalid({"endpoints": {"*": {"enabled": False}}}, "core")
+        # A pattern switching everything off leaves core on (the seed's "*").
+        self.assertTrue(
+            decide({"endpoints": {"*": {"enabled": False}}}).rule("health").enabled
+        )
         with self.assertRaises(ValueError):
             builtin_table().disable_group(CapabilityGroup.CORE)
 

@@ -90,7 +90,7 @@ class ScopeTests(DaemonTestCase):
         body = reply.json()
         self.assertEqual(
             (body["code"], body["scope"], body["endpoint"]),
-            ("missing_scope", "commands:run", "list_commands"),
+            ("missing_scope", "commands:list", "list_commands"),
         )
 
     @inlineCallbacks

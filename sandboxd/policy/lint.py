@@ -1,0 +1,90 @@
+# -*- test-case-name: tests.policy.test_seed_forms -*-
+"""
+Warnings a valid policy still earns (``check-config`` prints them; the
+daemon logs them at start).
+
+Each names something that works but may not do what its author meant:
+a custom route anyone who can authenticate may call, an anonymous caller
+holding every scope, a token whose scopes were enough for an endpoint
+before that endpoint took the seed's own scope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from sandboxd.endpoints import RouteTable
+from sandboxd.policy.document import PolicyDocument
+from sandboxd.policy.rules import EffectiveRule
+
+#: scope a token may hold -> (the scope some endpoints now need instead,
+#: those endpoints): reading took a scope of its own, as on the seed.
+NARROWED = {
+    "process:manage": ("process:read", "process_list, the process detail and output"),
+    "commands:run": ("commands:list", "the command list"),
+    "devtools:run": ("devtools:read", "git_status and git_diff"),
+    "browser:use": ("browser:evaluate", "browser_evaluate"),
+}
+
+
+def _holds(scopes: Iterable[str], scope: str) -> bool:
+    held = set(scopes)
+    namespace = scope.partition(":")[0]
+    if scope == "commands:run" and any(s.startswith("commands:run:") for s in held):
+        return True  # one command's scope: listing changed for it too
+    return "*" in held or scope in held or f"{namespace}:*" in held
+
+
+def open_custom_routes(
+    table: RouteTable, rules: Mapping[str, EffectiveRule]
+) -> list[str]:
+    """A custom route that needs no scope: authentication is all it asks."""
+    out = []
+    for endpoint in table:
+        rule = rules.get(endpoint.id)
+        if endpoint.custom and rule is not None and rule.enabled and not rule.scopes:
+            who = (
+                "any caller that can authenticate"
+                if endpoint.auth_required
+                else "anyone who can reach the port"
+            )
+            out.append(
+                f"custom route {endpoint.id!r} requires no scope: {who} may call it "
+                "(give the route scopes=, or the policy endpoints."
+                f"{endpoint.id!r}.scopes)"
+            )
+    return out
+
+
+def narrowed_tokens(doc: PolicyDocument) -> list[str]:
+    """A token that holds the old scope of an endpoint but not its new one."""
+    out = []
+    for token in doc.tokens:
+        for old, (new, what) in NARROWED.items():
+            if _holds(token.scopes, old) and not _holds(token.scopes, new):
+                out.append(
+                    f"auth.tokens {token.id!r} holds {old!r} but not {new!r}: "
+                    f"{what} now need {new!r}, as on the seed"
+                )
+    return out
+
+
+def anonymous_everything(doc: PolicyDocument) -> list[str]:
+    """``allow_anonymous`` with no ``anonymous_scopes``: every scope to everyone."""
+    if doc.tokens and doc.allow_anonymous and doc.anonymous_scopes is None:
+        return [
+            "auth.allow_anonymous without auth.anonymous_scopes: a caller with no "
+            "token holds every scope ('*'), as on the seed"
+        ]
+    return []
+
+
+def warnings(
+    table: RouteTable, doc: PolicyDocument, rules: Mapping[str, EffectiveRule]
+) -> tuple[str, ...]:
+    """Every warning above, in a stable order."""
+    return tuple(
+        open_custom_routes(table, rules)
+        + narrowed_tokens(doc)
+        + anonymous_everything(doc)
+    )

@@ -1,0 +1,273 @@
+"""
+One seed-style policy file, loaded by the seed's own server and by sandboxd,
+compared endpoint by endpoint through ``GET /capabilities``.
+
+Both servers run as their own processes on loopback, each started with the
+file, as an operator would start them.  For every identity the file defines
+(each token, and ``anonymous`` where a call without credentials gets in),
+both discovery documents are fetched and, for every endpoint id both
+servers know, ``enabled``, ``scopes`` and ``allowed`` are compared.
+
+Run as a script for the table of every file (the before/after figure)::
+
+    python -m tests.seed.policycompare [--sandboxd PATH] [FILE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+POLICIES = os.path.join(HERE, "policies")
+BIN = os.path.dirname(sys.executable)
+#: The fields compared for each endpoint both servers list.
+FIELDS = ("enabled", "scopes", "allowed")
+
+
+def policy_files() -> list[str]:
+    """Every seed-style policy file, in name order."""
+    return sorted(glob.glob(os.path.join(POLICIES, "*.json")))
+
+
+def token_for(identity: str) -> str:
+    """The token the files' ``token_sha256`` entries and ``token_env`` values use."""
+    return f"seed-token-{identity}"
+
+
+def identities(
+    doc: dict[str, Any],
+) -> tuple[dict[str, str], list[tuple[str, str | None]]]:
+    """
+    The environment the file's ``token_env`` names need, and each identity
+    to ask as: ``(name, token or None for no credentials)``.
+    """
+    auth = doc.get("auth", {})
+    env: dict[str, str] = {}
+    who: list[tuple[str, str | None]] = []
+    for entry in auth.get("tokens", []):
+        token = token_for(entry["id"])
+        if "token_env" in entry:
+            env[entry["token_env"]] = token
+        else:
+            assert entry["token_sha256"] == hashlib.sha256(token.encode()).hexdigest()
+        who.append((entry["id"], token))
+    if not auth.get("tokens") or auth.get("allow_anonymous"):
+        who.append(("anonymous", None))
+    return env, who
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on (for a moment)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """One server process started with the policy file."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], port: int) -> None:
+        self.port = port
+        self.log = tempfile.TemporaryFile("w+")
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
+        clean.update(env)
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=clean,
+            start_new_session=True,
+        )
+
+    def wait(self, timeout: float = 60) -> bool:
+        """Whether ``/health`` answers before the process exits or time runs out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.port}/health", timeout=2
+                ) as r:
+                    if r.status == 200:
+                        return True
+            except urllib.error.HTTPError:
+                # Up, but a policy closed /health (the seed lets one).
+                return True
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.1)
+        return False
+
+    def capabilities(self, token: str | None) -> dict[str, Any]:
+        """``GET /capabilities`` as ``token`` (or with no credentials)."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/capabilities", headers=headers
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as r:
+                body: dict[str, Any] = json.loads(r.read())
+                body["status"] = r.status
+                return body
+        except urllib.error.HTTPError as e:
+            return {"status": e.code, "endpoints": {}}
+
+    def output(self) -> str:
+        """What the process printed (its refusal, when it did not start)."""
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self) -> None:
+        """Kill the process group and close the log."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.log.close()
+
+
+def seed_server(path: str, env: dict[str, str], base: str) -> Server:
+    """The seed's server (``python -m agent_sandbox.server serve``) with the file."""
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "agent_sandbox.server",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--pty-port",
+        str(free_port()),
+        "--policy",
+        path,
+    ]
+    return Server(argv, {**env, "ABX_SERVER_BASE_DIR": base}, port)
+
+
+def sandboxd_server(path: str, env: dict[str, str], base: str, program: str) -> Server:
+    """sandboxd (``sandboxd serve``) with the file."""
+    port = free_port()
+    argv = [
+        program,
+        "serve",
+        "--port",
+        f"tcp:{port}:interface=127.0.0.1",
+        "--pty-port",
+        f"tcp:{free_port()}:interface=127.0.0.1",
+        "--base-dir",
+        base,
+        "--policy",
+        path,
+    ]
+    return Server(argv, env, port)
+
+
+def differences(seed: dict[str, Any], ours: dict[str, Any]) -> list[str]:
+    """One line per endpoint field that differs, for the endpoint ids both list."""
+    out = []
+    if seed["status"] != ours["status"]:
+        out.append(f"/capabilities: seed {seed['status']}, sandboxd {ours['status']}")
+    theirs, mine = seed["endpoints"], ours["endpoints"]
+    for endpoint in sorted(set(theirs) & set(mine)):
+        for field in FIELDS:
+            a, b = theirs[endpoint].get(field), mine[endpoint].get(field)
+            if field == "scopes":
+                a, b = sorted(a or []), sorted(b or [])
+            if a != b:
+                out.append(f"{endpoint}.{field}: seed {a!r}, sandboxd {b!r}")
+    return out
+
+
+def compare(path: str, program: str | None = None) -> dict[str, Any]:
+    """
+    Load ``path`` in both servers and compare.
+
+    :return: ``{"file", "seed_loads", "sandboxd_loads", "shared", "differences",
+        "refusal"}``; ``differences`` maps each identity to its lines.
+    """
+    program = program or os.path.join(BIN, "sandboxd")
+    with open(path) as f:
+        doc = json.load(f)
+    env, who = identities(doc)
+    result: dict[str, Any] = {
+        "file": os.path.basename(path),
+        "differences": {},
+        "refusal": None,
+        "shared": 0,
+    }
+    with tempfile.TemporaryDirectory() as base:
+        seed = seed_server(path, env, base)
+        ours = sandboxd_server(path, env, base, program)
+        try:
+            result["seed_loads"] = seed.wait()
+            result["sandboxd_loads"] = ours.wait()
+            if not result["sandboxd_loads"]:
+                lines = [ln for ln in ours.output().splitlines() if ln.strip()]
+                result["refusal"] = lines[-1] if lines else "no output"
+            if result["seed_loads"] and result["sandboxd_loads"]:
+                for name, token in who:
+                    theirs, mine = seed.capabilities(token), ours.capabilities(token)
+                    shared = set(theirs["endpoints"]) & set(mine["endpoints"])
+                    # One identity may be refused /capabilities on both.
+                    result["shared"] = max(result["shared"], len(shared))
+                    result["differences"][name] = differences(theirs, mine)
+        finally:
+            seed.stop()
+            ours.stop()
+    return result
+
+
+def matches(result: dict[str, Any]) -> bool:
+    """Both load and no identity sees a difference."""
+    return bool(
+        result.get("seed_loads")
+        and result.get("sandboxd_loads")
+        and not any(result["differences"].values())
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print one line per file and the totals; exit 1 unless every file matches."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sandboxd", help="the sandboxd program to compare")
+    parser.add_argument("files", nargs="*")
+    args = parser.parse_args(argv)
+    files = args.files or policy_files()
+    loads = same = 0
+    for path in files:
+        r = compare(path, args.sandboxd)
+        loads += bool(r["sandboxd_loads"])
+        same += matches(r)
+        state = (
+            "match"
+            if matches(r)
+            else "refused"
+            if not r["sandboxd_loads"]
+            else "differs"
+        )
+        print(f"{r['file']:40} {state:8} {r['refusal'] or ''}")
+        for name, lines in r["differences"].items():
+            for line in lines:
+                print(f"    {name}: {line}")
+    print(f"{len(files)} files: sandboxd loads {loads}, same effect {same}")
+    return 0 if same == len(files) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
