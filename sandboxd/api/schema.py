@@ -1290,11 +1290,15 @@ SCHEMAS: dict[str, Schema] = {
             F("full_page", "boolean", default=False),
             F("selector", doc="an element to capture"),
             F("type", enum=("png", "jpeg"), default="png"),
+            F("format", enum=("png", "jpeg"), doc="the seed's name for type"),
             F("quality", "integer", "jpeg only, 0..100"),
             _timeout(30000),
         ),
         response=(F("image_base64"), F("width", "integer"), F("height", "integer")),
-        errors=(E(400, "invalid_param", "bad type, quality or timeout"), *_BROWSER),
+        errors=(
+            E(400, "invalid_param", "bad type or format, quality or timeout"),
+            *_BROWSER,
+        ),
     ),
     "browser_content": Schema(
         query=(
@@ -1313,6 +1317,7 @@ SCHEMAS: dict[str, Schema] = {
         body=(
             F("selector", required=True, example="input[name=q]"),
             F("text", required=True, example="sandboxd"),
+            F("clear", "boolean", "empty the field first", default=False),
             F("delay", "number", "milliseconds between keys", default=0),
             _timeout(5000),
         ),
