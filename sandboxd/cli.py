@@ -201,6 +201,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:
     """Validate, then print the table or one explained decision."""
     from sandboxd.auth import ANONYMOUS, Identity
+    from sandboxd.endpoints import renamed_warning
     from sandboxd.policy import PolicyError, load_policy
     from sandboxd.policy.discovery import check
     from sandboxd.routes import default_table
@@ -241,17 +242,24 @@ def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:
         except Exception as e:
             print(f"invalid: {e}", file=out)
             return 1
-        rule = policy.rules[options["explain"]]
-        decision["effective"] = _rule_row(table.get(options["explain"]), policy)
+        rule = policy.rules[decision["endpoint"]]
+        decision["effective"] = _rule_row(table.get(decision["endpoint"]), policy)
+        renamed: list[str] = []
+        if options["explain"] != decision["endpoint"]:
+            renamed.append(renamed_warning("--explain", options["explain"]))
         if options["json"]:
+            if renamed:
+                decision["warnings"] = renamed
             print(json.dumps(decision, indent=2), file=out)
         else:
+            for warning in renamed:
+                print(f"warning: {warning}", file=out)
             verdict = (
                 "ALLOWED"
                 if decision["allowed"]
                 else f"REFUSED ({decision.get('code')})"
             )
-            print(f"{options['explain']}: {verdict}", file=out)
+            print(f"{decision['endpoint']}: {verdict}", file=out)
             print(f"  enabled: {rule.enabled} (by {rule.enabled_by})", file=out)
             print(f"  scopes required: {', '.join(rule.scopes) or 'none'}", file=out)
             if decision.get("rule"):

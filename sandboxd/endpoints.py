@@ -118,8 +118,8 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("capabilities", "GET", "/capabilities", G.CORE, ("core:read",), "What this caller may do, endpoint by endpoint.", {}),
     ("capabilities_check", "POST", "/capabilities/check", G.CORE, ("core:read",), "Decide a hypothetical call without making it.", {}),
     ("openapi", "GET", "/openapi.json", G.CORE, ("core:read",), "OpenAPI 3.1 document generated from this table.", {}),
-    ("commands_list", "GET", "/commands", G.COMMANDS, ("commands:run",), "List the template's commands.", {}),
-    ("commands_run", "POST", "/commands/{name}", G.COMMANDS, ("commands:run",), "Run a registered command.", {}),
+    ("list_commands", "GET", "/commands", G.COMMANDS, ("commands:run",), "List the template's commands.", {}),
+    ("run_command", "POST", "/commands/{name}", G.COMMANDS, ("commands:run",), "Run a registered command.", {}),
     ("upload", "POST", "/upload", G.FILE_OPS, ("files:write",), "Write a file from base64.", {"upload": True}),
     ("download", "GET", "/download", G.FILE_OPS, ("files:read",), "Read a file as base64.", {}),
     ("files_list", "GET", "/files/list", G.FILE_OPS, ("files:read",), "List a directory.", {}),
@@ -143,15 +143,15 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("shell_stream", "POST", "/shell/stream", G.PROCESS, ("process:run",), "Run a command, output as SSE.", {"streaming": True}),
     ("process_start", "POST", "/process/start", G.PROCESS, ("process:run",), "Start a background process.", {}),
     ("process_list", "GET", "/process/list", G.PROCESS, ("process:manage",), "List managed processes.", {}),
-    ("process_get", "GET", "/process/{pid}", G.PROCESS, ("process:manage",), "Describe one managed process.", {}),
+    ("process_detail", "GET", "/process/{pid}", G.PROCESS, ("process:manage",), "Describe one managed process.", {}),
     ("process_signal", "POST", "/process/{pid}/signal", G.PROCESS, ("process:manage",), "Signal a process group.", {}),
     ("process_output", "GET", "/process/{pid}/output", G.PROCESS, ("process:manage",), "Page or follow a process's output log.", {"streaming": True}),
     ("process_stdin", "POST", "/process/{pid}/stdin", G.PROCESS, ("process:manage",), "Write to a process's stdin.", {}),
-    ("pty_create", "POST", "/pty/sessions", G.TERMINAL, ("terminal:use",), "Open a terminal session.", {}),
-    ("pty_list", "GET", "/pty/sessions", G.TERMINAL, ("terminal:use",), "List terminal sessions.", {}),
-    ("pty_get", "GET", "/pty/sessions/{id}", G.TERMINAL, ("terminal:use",), "Describe one terminal session.", {}),
+    ("pty_create_session", "POST", "/pty/sessions", G.TERMINAL, ("terminal:use",), "Open a terminal session.", {}),
+    ("pty_list_sessions", "GET", "/pty/sessions", G.TERMINAL, ("terminal:use",), "List terminal sessions.", {}),
+    ("pty_detail", "GET", "/pty/sessions/{id}", G.TERMINAL, ("terminal:use",), "Describe one terminal session.", {}),
     ("pty_resize", "POST", "/pty/sessions/{id}/resize", G.TERMINAL, ("terminal:use",), "Resize a terminal.", {}),
-    ("pty_delete", "DELETE", "/pty/sessions/{id}", G.TERMINAL, ("terminal:use",), "Close a terminal session.", {}),
+    ("pty_delete_session", "DELETE", "/pty/sessions/{id}", G.TERMINAL, ("terminal:use",), "Close a terminal session.", {}),
     ("pty_connect", "WS", "/pty", G.TERMINAL, ("terminal:use",), "Attach to a terminal over WebSocket (PTY port).", {"body": "none"}),
     ("system_info", "GET", "/system/info", G.SYSTEM, ("system:read",), "OS, CPU, memory and disk facts.", {}),
     ("env_get", "GET", "/env", G.SYSTEM, ("system:read",), "Environment variables (secrets redacted).", {}),
@@ -202,6 +202,38 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("e2b", "E2B", "/", G.E2B, ("core:read",), "The E2B-compatible envd API (E2B port); each call is governed as its sandboxd endpoint.", {"body": "none"}),
 ]
 # fmt: on
+
+#: Endpoint ids sandboxd used before it took the seed's own server's: the
+#: old id -> the id that replaced it.  The one place the old names live:
+#: policy documents, ``check-config --explain`` and ``/capabilities/check``
+#: still accept them (and ``check-config`` warns, naming the new id).
+RENAMED_IDS: dict[str, str] = {
+    "commands_list": "list_commands",
+    "commands_run": "run_command",
+    "process_get": "process_detail",
+    "pty_create": "pty_create_session",
+    "pty_list": "pty_list_sessions",
+    "pty_get": "pty_detail",
+    "pty_delete": "pty_delete_session",
+}
+
+
+#: The other way round: an endpoint id -> the old id it replaced.
+FORMER_IDS: dict[str, str] = {new: old for old, new in RENAMED_IDS.items()}
+
+
+def current_id(endpoint_id: str) -> str:
+    """The id an endpoint goes by now (an old id maps to its new one)."""
+    return RENAMED_IDS.get(endpoint_id, endpoint_id)
+
+
+def renamed_warning(where: str, old_id: str) -> str:
+    """The ``check-config`` warning for an old endpoint id found at ``where``."""
+    return (
+        f"{where}: {old_id!r} is an old endpoint id; it now means "
+        f"{RENAMED_IDS[old_id]!r}: write that instead"
+    )
+
 
 #: Every scope the built-in table names, plus the wildcard.
 KNOWN_SCOPES = frozenset({"*"} | {s for row in _CATALOGUE for s in row[4]})

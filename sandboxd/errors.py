@@ -49,6 +49,8 @@ class Code(enum.StrEnum):
     ALREADY_RESOLVED = "already_resolved"
     WITHDRAWN = "withdrawn"
     FILE_EXISTS = "file_exists"
+    STDIN_CLOSED = "stdin_closed"
+    OUTPUT_NOT_CAPTURED = "output_not_captured"
     # 408
     TIMEOUT = "timeout"
     IDLE_TIMEOUT = "idle_timeout"

@@ -254,7 +254,7 @@ def lacking_scope(
             continue
         if (
             scope == "commands:run"
-            and rule.endpoint_id == "commands_run"
+            and rule.endpoint_id == "run_command"
             and identity.has_scope(f"commands:run:{path_params.get('name', '')}")
         ):
             continue

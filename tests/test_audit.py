@@ -204,11 +204,11 @@ class AuditedChildrenTests(TerminalCase):
         client.type("exit 0\n")
         yield client.closed
         for _ in range(100):
-            closed = [r for r in self.records("pty_create") if r.get("event")]
+            closed = [r for r in self.records("pty_create_session") if r.get("event")]
             if closed:
                 break
             yield sleep(0.05)
-        opened = [r for r in self.records("pty_create") if not r.get("event")]
+        opened = [r for r in self.records("pty_create_session") if not r.get("event")]
         self.assertEqual(len(opened), 1)
         self.assertEqual(os.path.basename(opened[0]["argv"][0]), "sh")
         self.assertEqual(opened[0]["session_id"], created["session_id"])

@@ -340,7 +340,7 @@ class CheckConfigTests(SynchronousTestCase):
     def test_explain_json_scopes(self) -> None:
         """--explain --json with --scopes decides for that caller."""
         code, out = self.run_check(
-            {}, "--explain", "commands_list", "--scopes", "files:read", "--json"
+            {}, "--explain", "list_commands", "--scopes", "files:read", "--json"
         )
         self.assertEqual(code, 0)
         decision = json.loads(out)

@@ -15,7 +15,7 @@ from sandboxd.web.routing import Router
 
 SEED_AND_BEYOND = {
     "core": ["health", "capabilities", "capabilities_check", "openapi"],
-    "commands": ["commands_list", "commands_run"],
+    "commands": ["list_commands", "run_command"],
     "file_ops": [
         "upload",
         "download",
@@ -43,17 +43,17 @@ SEED_AND_BEYOND = {
         "shell_stream",
         "process_start",
         "process_list",
-        "process_get",
+        "process_detail",
         "process_signal",
         "process_output",
         "process_stdin",
     ],
     "terminal": [
-        "pty_create",
-        "pty_list",
-        "pty_get",
+        "pty_create_session",
+        "pty_list_sessions",
+        "pty_detail",
         "pty_resize",
-        "pty_delete",
+        "pty_delete_session",
         "pty_connect",
     ],
     "system": [
@@ -109,14 +109,14 @@ class RoutingTests(SynchronousTestCase):
     """Templates, static-before-parameter, and path parameters."""
 
     def test_static_beats_parameter(self) -> None:
-        """/process/list is process_list, /process/42 is process_get."""
+        """/process/list is process_list, /process/42 is process_detail."""
         router = Router(catalogue_table())
         match = router.match("GET", ("process", "list"))
         assert match is not None
         self.assertEqual(match[0].id, "process_list")
         match = router.match("GET", ("process", "42"))
         assert match is not None
-        self.assertEqual((match[0].id, match[1]), ("process_get", {"pid": "42"}))
+        self.assertEqual((match[0].id, match[1]), ("process_detail", {"pid": "42"}))
 
     def test_nested_parameters(self) -> None:
         """Two parameters in one template both come back by name."""

@@ -266,7 +266,7 @@ def _scopes(endpoint: Endpoint) -> str:
     if not endpoint.auth_required:
         return "none (no token needed)"
     scopes = " + ".join(f"`{s}`" for s in endpoint.scopes) or "none"
-    if endpoint.id == "commands_run":
+    if endpoint.id == "run_command":
         scopes += " (or `commands:run:NAME` for one command)"
     return scopes
 

@@ -301,7 +301,9 @@ SCHEMAS: dict[str, Schema] = {
                 "endpoints",
                 "object",
                 "{id: {method, path, group, summary, streaming, "
-                "enabled, allowed, reason, rule, scopes, limits, paths, params}}",
+                "enabled, allowed, reason, rule, scopes, limits, paths, params}}; "
+                "paths: {allow, deny, deny_count, read_only (true when every "
+                "allowed place is read-only), read_only_paths, symlinks, hard_links}",
             ),
             F("warnings", "array", items="string"),
         ),
@@ -333,7 +335,7 @@ SCHEMAS: dict[str, Schema] = {
                 "object",
                 "request params to decide: command, shell, language, signal",
             ),
-            F("command", doc="for commands_run: the command name (commands:run:NAME)"),
+            F("command", doc="for run_command: the command name (commands:run:NAME)"),
         ),
         response=(
             F("endpoint"),
@@ -360,7 +362,7 @@ SCHEMAS: dict[str, Schema] = {
         ),
     ),
     # -- commands --------------------------------------------------------------
-    "commands_list": Schema(
+    "list_commands": Schema(
         response=(
             F(
                 "commands",
@@ -372,7 +374,7 @@ SCHEMAS: dict[str, Schema] = {
             ),
         ),
     ),
-    "commands_run": Schema(
+    "run_command": Schema(
         body=(F("*", "any", "the command's arguments by name", example=None),),
         open_body=True,
         response=(F("result", "any", "what the command returned"),),
@@ -859,8 +861,8 @@ SCHEMAS: dict[str, Schema] = {
             Event("stderr", '{"data": one line without its newline}'),
             Event(
                 "error",
-                '{"error", "type", "code"}: TimeoutError with code timeout or '
-                "idle_timeout, sent before exit",
+                '{"error": "timeout", "type", "code", "message"}: TimeoutError '
+                "with code timeout or idle_timeout, sent before exit",
             ),
             Event("exit", '{"exit_code"}: always last'),
         ),
@@ -874,6 +876,12 @@ SCHEMAS: dict[str, Schema] = {
             *_COMMAND,
             *_CHILD,
             F("stdin", "boolean", "keep a stdin pipe for process_stdin", default=False),
+            F(
+                "capture_output",
+                "boolean",
+                "true: output may be read with since/wait (the seed's form); "
+                "false: process_output refuses it (409); unset: the after form only",
+            ),
             F("tag", doc="a free label; process_list filters on it"),
             F("timeout", "number", "seconds (default: none)"),
         ),
@@ -900,7 +908,7 @@ SCHEMAS: dict[str, Schema] = {
         ),
         notes="Exited processes stay listed (the 100 most recent).",
     ),
-    "process_get": Schema(
+    "process_detail": Schema(
         response=_PROC_FIELDS,
         errors=(
             E(400, "invalid_param", "pid is not a positive integer"),
@@ -939,6 +947,21 @@ SCHEMAS: dict[str, Schema] = {
         query=(
             *_RESUME,
             F(
+                "since",
+                "integer",
+                "the seed's cursor: events from this seq on; next is the seq "
+                "to pass next time (needs capture_output: true)",
+                minimum=0,
+            ),
+            F(
+                "wait",
+                "number",
+                "hold the answer until there is output, it ends, or this many "
+                "seconds pass (at most 30)",
+                default=0,
+                minimum=0,
+            ),
+            F(
                 "follow",
                 "boolean",
                 "stream as SSE instead of one page",
@@ -958,7 +981,13 @@ SCHEMAS: dict[str, Schema] = {
                 "[{seq, stream: stdout|stderr, data}]",
                 items="object",
             ),
-            F("next", "integer", "the last seq returned (or after)"),
+            F(
+                "next",
+                "integer",
+                "with after: the last seq returned (or after); with since: the "
+                "since of the next read",
+            ),
+            F("dropped", "boolean", "some output is no longer kept"),
             F("dropped_bytes", "integer"),
         ),
         produces="json",
@@ -969,8 +998,15 @@ SCHEMAS: dict[str, Schema] = {
             _GAP,
         ),
         errors=(
-            E(400, "invalid_param", "pid, after or follow malformed"),
+            E(400, "invalid_param", "pid, after, since, wait or follow malformed"),
             E(404, "not_found", "not a process this daemon manages", "NotFoundError"),
+            E(
+                409,
+                "output_not_captured",
+                "started with capture_output false, or read with since when "
+                "it was not started with capture_output true",
+                "ConflictError",
+            ),
         ),
         notes="follow=true answers SSE with the stream contract (id: SEQ, "
         "Last-Event-ID, gap, exit last); see docs/protocols.md.",
@@ -978,22 +1014,33 @@ SCHEMAS: dict[str, Schema] = {
     "process_stdin": Schema(
         body=(
             F("data", doc="text to write", default="", example="hello\n"),
+            F("data_base64", doc="bytes to write, base64 (instead of data)"),
             F("eof", "boolean", "close stdin after writing", default=False),
         ),
-        response=(F("pid", "integer"), F("bytes", "integer")),
+        response=(
+            F("pid", "integer"),
+            F("written", "integer", "bytes queued"),
+            F("closed", "boolean", "stdin was closed after them (eof)"),
+            F("bytes", "integer", "written, by its older name"),
+        ),
         errors=(
             E(
                 400,
                 "invalid_param",
-                'pid, data or eof malformed; or no stdin pipe (start with "stdin":'
-                " true) or it was closed",
+                "pid, data, data_base64 or eof malformed, or both data forms",
+            ),
+            E(
+                409,
+                "stdin_closed",
+                'no stdin pipe (start with "stdin": true) or it was closed',
+                "ConflictError",
             ),
             E(404, "not_found", "not managed, or exited", "NotFoundError"),
             E(429, "rate_limited", "the process is not reading (4 MiB queued)"),
         ),
     ),
     # -- terminal --------------------------------------------------------------
-    "pty_create": Schema(
+    "pty_create_session": Schema(
         body=(
             F("cols", "integer", default=80, example=120),
             F("rows", "integer", default=24, example=40),
@@ -1017,7 +1064,7 @@ SCHEMAS: dict[str, Schema] = {
         notes="TERM=xterm-256color; the shell runs in its own session. Closed after "
         "idle_timeout_seconds (1800) with no client and no I/O.",
     ),
-    "pty_list": Schema(
+    "pty_list_sessions": Schema(
         response=(
             F(
                 "sessions",
@@ -1029,7 +1076,7 @@ SCHEMAS: dict[str, Schema] = {
         notes="Only the caller's sessions (all of them for a * identity); dead ones "
         "are reaped first.",
     ),
-    "pty_get": Schema(
+    "pty_detail": Schema(
         response=_PTY_SESSION,
         errors=(E(404, "not_found", "no such session (or another identity's)"),),
     ),
@@ -1044,7 +1091,7 @@ SCHEMAS: dict[str, Schema] = {
             E(404, "not_found", "no such session"),
         ),
     ),
-    "pty_delete": Schema(
+    "pty_delete_session": Schema(
         response=(F("status", doc='"closed"'), F("session_id")),
         errors=(E(404, "not_found", "no such session"),),
         notes="Answers once the shell's whole process tree has ended.",

@@ -639,7 +639,7 @@ class Process:
 
     async def info(self) -> ProcessInfo:
         """State, exit code, start time."""
-        return cast(ProcessInfo, await self._http.call(calls.process_get(self.pid)))
+        return cast(ProcessInfo, await self._http.call(calls.process_detail(self.pid)))
 
     async def output(self, after: int | None = None) -> OutputPage:
         """The kept output after ``after`` (default: the cursor), without waiting; moves the cursor."""
@@ -810,7 +810,7 @@ class Commands(_Namespace):
 
     async def get(self, pid: int) -> ProcessInfo:
         """One managed process."""
-        return cast(ProcessInfo, await self._http.call(calls.process_get(pid)))
+        return cast(ProcessInfo, await self._http.call(calls.process_detail(pid)))
 
     async def list(self, tag: str | None = None) -> builtins.list[ProcessInfo]:
         """Running and recently exited processes."""
@@ -823,12 +823,12 @@ class Commands(_Namespace):
         """The template's registered commands (``GET /commands``)."""
         return cast(
             builtins.list[dict[str, Any]],
-            (await self._http.call(calls.commands_list()))["commands"],
+            (await self._http.call(calls.list_commands()))["commands"],
         )
 
     async def call(self, name: str, /, **kwargs: Any) -> Any:
         """Run a registered command with keyword arguments; its ``result``."""
-        return (await self._http.call(calls.commands_run(name, kwargs)))["result"]
+        return (await self._http.call(calls.run_command(name, kwargs)))["result"]
 
 
 class Terminal:
@@ -987,7 +987,9 @@ class Pty(_Namespace):
         """Start a shell on a new terminal: ``session_id``, ``ws_url``, ``pid``."""
         created = cast(
             PtyCreated,
-            await self._http.call(calls.pty_create(cols, rows, shell, cwd, env, user)),
+            await self._http.call(
+                calls.pty_create_session(cols, rows, shell, cwd, env, user)
+            ),
         )
         self._sandbox._ws_base = created["ws_url"]
         return created
@@ -1023,12 +1025,12 @@ class Pty(_Namespace):
         """Sessions of this identity."""
         return cast(
             builtins.list[PtySessionInfo],
-            (await self._http.call(calls.pty_list()))["sessions"],
+            (await self._http.call(calls.pty_list_sessions()))["sessions"],
         )
 
     async def get(self, session_id: str) -> PtySessionInfo:
         """One session."""
-        return cast(PtySessionInfo, await self._http.call(calls.pty_get(session_id)))
+        return cast(PtySessionInfo, await self._http.call(calls.pty_detail(session_id)))
 
     async def resize(self, session_id: str, cols: int, rows: int) -> PtySessionInfo:
         """Resize over REST (attached clients can also :meth:`Terminal.resize`)."""
@@ -1039,7 +1041,7 @@ class Pty(_Namespace):
 
     async def close(self, session_id: str) -> None:
         """End the session and its shell."""
-        await self._http.call(calls.pty_delete(session_id))
+        await self._http.call(calls.pty_delete_session(session_id))
 
 
 class System(_Namespace):

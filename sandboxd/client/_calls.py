@@ -49,11 +49,11 @@ def openapi() -> Req:
 # -- template commands -------------------------------------------------------------
 
 
-def commands_list() -> Req:
+def list_commands() -> Req:
     return Req("GET", "/commands")
 
 
-def commands_run(name: str, kwargs: Mapping[str, Any]) -> Req:
+def run_command(name: str, kwargs: Mapping[str, Any]) -> Req:
     return Req("POST", f"/commands/{seg(name)}", json=dict(kwargs))
 
 
@@ -232,7 +232,7 @@ def process_list(tag: str | None) -> Req:
     return Req("GET", "/process/list", clean({"tag": tag}))
 
 
-def process_get(pid: int) -> Req:
+def process_detail(pid: int) -> Req:
     return Req("GET", f"/process/{int(pid)}")
 
 
@@ -251,7 +251,7 @@ def process_stdin(pid: int, data: str, eof: bool) -> Req:
 # -- terminals ----------------------------------------------------------------------------
 
 
-def pty_create(
+def pty_create_session(
     cols: int,
     rows: int,
     shell: str | None,
@@ -273,11 +273,11 @@ def pty_create(
     )
 
 
-def pty_list() -> Req:
+def pty_list_sessions() -> Req:
     return Req("GET", "/pty/sessions")
 
 
-def pty_get(session_id: str) -> Req:
+def pty_detail(session_id: str) -> Req:
     return Req("GET", f"/pty/sessions/{seg(session_id)}")
 
 
@@ -290,7 +290,7 @@ def pty_resize(session_id: str, cols: int, rows: int) -> Req:
     )
 
 
-def pty_delete(session_id: str) -> Req:
+def pty_delete_session(session_id: str) -> Req:
     return Req("DELETE", f"/pty/sessions/{seg(session_id)}")
 
 

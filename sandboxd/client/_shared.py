@@ -394,18 +394,26 @@ def shell_timeout(timeout: float | None, default: float) -> float:
 
 
 def stream_error(error: Mapping[str, Any], result: CommandResult) -> SandboxError:
-    """A ``/shell/stream`` ``error`` event as an exception carrying the output so far."""
-    message = str(error.get("error", "the command failed"))
-    if message.startswith("IdleTimeout"):
-        code = "idle_timeout"
-    elif error.get("type") == "TimeoutError":
-        code = "timeout"
-    else:
-        code = "internal"
+    """
+    A ``/shell/stream`` ``error`` event as an exception carrying the output
+    so far.  The daemon names the limit in ``code`` and says it in
+    ``message`` (its ``error`` is the seed's one word, ``timeout``); an
+    older daemon put the words in ``error`` and no ``code``.
+    """
+    message = str(error.get("message") or error.get("error") or "the command failed")
+    code = error.get("code")
+    if not isinstance(code, str) or not code:
+        if message.startswith("IdleTimeout"):
+            code = "idle_timeout"
+        elif error.get("type") == "TimeoutError":
+            code = "timeout"
+        else:
+            code = "internal"
     return error_for(
         None,
         {
             **error,
+            "error": message,
             "code": code,
             "stdout": result.stdout,
             "stderr": result.stderr,

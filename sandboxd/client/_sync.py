@@ -624,7 +624,7 @@ class Process:
 
     def info(self) -> ProcessInfo:
         """State, exit code, start time."""
-        return cast(ProcessInfo, self._http.call(calls.process_get(self.pid)))
+        return cast(ProcessInfo, self._http.call(calls.process_detail(self.pid)))
 
     def output(self, after: int | None = None) -> OutputPage:
         """The kept output after ``after`` (default: the cursor), without waiting; moves the cursor."""
@@ -794,7 +794,7 @@ class Commands(_Namespace):
 
     def get(self, pid: int) -> ProcessInfo:
         """One managed process."""
-        return cast(ProcessInfo, self._http.call(calls.process_get(pid)))
+        return cast(ProcessInfo, self._http.call(calls.process_detail(pid)))
 
     def list(self, tag: str | None = None) -> builtins.list[ProcessInfo]:
         """Running and recently exited processes."""
@@ -807,12 +807,12 @@ class Commands(_Namespace):
         """The template's registered commands (``GET /commands``)."""
         return cast(
             builtins.list[dict[str, Any]],
-            self._http.call(calls.commands_list())["commands"],
+            self._http.call(calls.list_commands())["commands"],
         )
 
     def call(self, name: str, /, **kwargs: Any) -> Any:
         """Run a registered command with keyword arguments; its ``result``."""
-        return self._http.call(calls.commands_run(name, kwargs))["result"]
+        return self._http.call(calls.run_command(name, kwargs))["result"]
 
 
 class Terminal:
@@ -968,7 +968,9 @@ class Pty(_Namespace):
         """Start a shell on a new terminal: ``session_id``, ``ws_url``, ``pid``."""
         created = cast(
             PtyCreated,
-            self._http.call(calls.pty_create(cols, rows, shell, cwd, env, user)),
+            self._http.call(
+                calls.pty_create_session(cols, rows, shell, cwd, env, user)
+            ),
         )
         self._sandbox._ws_base = created["ws_url"]
         return created
@@ -999,12 +1001,13 @@ class Pty(_Namespace):
     def list(self) -> builtins.list[PtySessionInfo]:
         """Sessions of this identity."""
         return cast(
-            builtins.list[PtySessionInfo], self._http.call(calls.pty_list())["sessions"]
+            builtins.list[PtySessionInfo],
+            self._http.call(calls.pty_list_sessions())["sessions"],
         )
 
     def get(self, session_id: str) -> PtySessionInfo:
         """One session."""
-        return cast(PtySessionInfo, self._http.call(calls.pty_get(session_id)))
+        return cast(PtySessionInfo, self._http.call(calls.pty_detail(session_id)))
 
     def resize(self, session_id: str, cols: int, rows: int) -> PtySessionInfo:
         """Resize over REST (attached clients can also :meth:`Terminal.resize`)."""
@@ -1014,7 +1017,7 @@ class Pty(_Namespace):
 
     def close(self, session_id: str) -> None:
         """End the session and its shell."""
-        self._http.call(calls.pty_delete(session_id))
+        self._http.call(calls.pty_delete_session(session_id))
 
 
 class System(_Namespace):

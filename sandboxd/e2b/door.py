@@ -6,7 +6,7 @@ passed through the one gate as the sandboxd endpoint doing the same job.
 A :class:`Call` is one request through this door: it is admitted by
 :func:`sandboxd.gate.admit` as its mapped endpoint (the procedure's
 ``endpoint`` decides which, sometimes from the message: ``Start`` with a
-``pty`` is ``pty_create``), runs, and writes exactly one audit line
+``pty`` is ``pty_create_session``), runs, and writes exactly one audit line
 (``via: e2b``) when it is over, whatever the outcome.  Handlers raise
 :class:`~sandboxd.errors.ApiError`; this module alone turns them into
 Connect errors (unary: a JSON error with the code's HTTP status; streams:

@@ -9,7 +9,7 @@ shows it and ``max_processes`` counts it), checked by the same
 shell rules, cwd through the guard, environment without secrets, user,
 duration ceiling); a command with a ``pty`` is a terminal session of the
 :class:`~sandboxd.terminals.table.TerminalTable`, created by the
-``pty_create`` handler itself.
+``pty_create_session`` handler itself.
 
 As in envd, a process outlives the stream that started it (the E2B SDK's
 ``disconnect()`` then ``commands.connect(pid)`` rely on it): what bounds it
@@ -339,7 +339,9 @@ def _attach(call: Call, stream: Stream, session: PtySession, replay: bool) -> No
 
 
 def _start_endpoint(call: Call, message: dict[str, Any]) -> str:
-    return "pty_create" if field(message, "pty") is not None else "process_start"
+    return (
+        "pty_create_session" if field(message, "pty") is not None else "process_start"
+    )
 
 
 def _launch_body(call: Call, config: Config) -> dict[str, Any]:
@@ -365,7 +367,7 @@ def _launch_body(call: Call, config: Config) -> dict[str, Any]:
 
 
 def start(call: Call, message: dict[str, Any]) -> Any:
-    """``Start``: a command (``process_start``) or a terminal (``pty_create``)."""
+    """``Start``: a command (``process_start``) or a terminal (``pty_create_session``)."""
     config = _config(message)
     tag = string_field(message, "tag")
     if field(message, "pty") is not None:
@@ -426,7 +428,7 @@ def _start_pty(call: Call, message: dict[str, Any], config: Config) -> None:
         "shell": config.cmd or None,
     }
     timeout = call.timeout_seconds()
-    created = terminal_routes.pty_create(call.server_request(body))
+    created = terminal_routes.pty_create_session(call.server_request(body))
     table = _terminals(call)
     session = table.get(created["session_id"])
     _state(call).remember(session.pid, config)
@@ -540,7 +542,7 @@ def send_signal(call: Call, message: dict[str, Any]) -> Any:
     if target is None:
         raise _missing(message)
     if isinstance(target, PtySession):
-        closing: Deferred[Any] = terminal_routes.pty_delete(
+        closing: Deferred[Any] = terminal_routes.pty_delete_session(
             call.server_request(path_params={"id": target.id})
         )
         return closing.addCallback(lambda _: {})
@@ -606,7 +608,7 @@ PROCEDURES = {
     _P + "SendSignal": Procedure(
         _P + "SendSignal",
         UNARY,
-        _by_target("process_signal", "pty_delete"),
+        _by_target("process_signal", "pty_delete_session"),
         send_signal,
     ),
     _P + "CloseStdin": Procedure(

@@ -61,7 +61,7 @@ DESTRUCTIVE = frozenset(
         "files_move",
         "process_signal",
         "env_set",
-        "pty_delete",
+        "pty_delete_session",
         "agents_session_delete",
         "agents_terminal_kill",
     }
@@ -69,7 +69,7 @@ DESTRUCTIVE = frozenset(
 
 #: Non-GET endpoints that can be repeated with no further effect.
 IDEMPOTENT = frozenset(
-    {"files_mkdir", "files_delete", "env_set", "pty_resize", "pty_delete"}
+    {"files_mkdir", "files_delete", "env_set", "pty_resize", "pty_delete_session"}
 )
 
 #: Endpoints that reach outside the sandbox (``openWorldHint``).

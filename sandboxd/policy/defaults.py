@@ -48,7 +48,7 @@ ENDPOINT_LIMITS: dict[str, dict[str, Any]] = {
     "shell_stream": {"timeout_seconds": 300, "max_output_bytes": 10 * MIB},
     "process_start": {"max_processes": 100, "max_output_bytes": MIB},
     "process_output": {"max_output_bytes": MIB},
-    "pty_create": {"max_sessions": 10, "idle_timeout_seconds": 1800},
+    "pty_create_session": {"max_sessions": 10, "idle_timeout_seconds": 1800},
     "pty_connect": {"max_message_bytes": MIB},
     "mcp": {"max_sessions": 32, "idle_timeout_seconds": 3600},
     "code_run": {"timeout_seconds": 30, "max_output_bytes": 10 * MIB},
@@ -270,6 +270,10 @@ ORPHAN_REAP_SECONDS = 2.0
 
 #: process: bytes queued to a child's stdin pipe before process_stdin says 429.
 STDIN_PENDING_BYTES = 4 * MIB
+
+#: process: the longest a process_output read waits for new output
+#: (``wait``); a longer wait asked for is cut to this, as the seed does.
+PROCESS_OUTPUT_WAIT_SECONDS = 30.0
 
 
 #: The kernel's MAX_ARG_STRLEN: the longest single argv or environment

@@ -14,11 +14,11 @@ import attrs
 
 from sandboxd._version import __version__
 from sandboxd.auth import Identity
-from sandboxd.endpoints import CapabilityGroup, Endpoint
+from sandboxd.endpoints import CapabilityGroup, Endpoint, current_id
 from sandboxd.errors import ApiError, Code, bad_request, policy_rule
 from sandboxd.gate import lacking_scope
 from sandboxd.policy import Policy
-from sandboxd.policy.paths import decide
+from sandboxd.policy.paths import absolute, decide, matches
 from sandboxd.policy.rules import EffectiveRule
 
 
@@ -44,6 +44,46 @@ def _non_default(obj: Any) -> dict[str, Any]:
     return out
 
 
+def disclosed_paths(rule: EffectiveRule) -> dict[str, Any]:
+    """
+    An endpoint's path rule as discovery shows it: the seed's fields
+    (``allow``, ``read_only`` as a yes/no, ``deny_count``, ``symlinks``),
+    which its SDK's models check, plus ours (``deny``, the read-only list
+    as ``read_only_paths``, ``hard_links``).
+    """
+    paths = rule.paths
+    return {
+        "allow": list(paths.allow),
+        "deny": list(paths.deny),
+        "deny_count": len(paths.deny),
+        "read_only": read_only_everywhere(rule),
+        "read_only_paths": list(paths.read_only),
+        "symlinks": paths.symlinks,
+        "hard_links": paths.hard_links,
+    }
+
+
+def read_only_everywhere(rule: EffectiveRule) -> bool:
+    """
+    Whether the read-only list covers every place the endpoint may touch
+    (each ``allow`` entry, or the base dir when there is none): what the
+    seed's ``read_only: true`` means.
+    """
+    entries = rule.paths.read_only
+    if not entries:
+        return False
+    roots = rule.paths.allow or (rule.base_dir,)
+    for root in roots:
+        if any(c in root for c in "*?["):
+            covered = root in entries or "**" in entries or "/**" in entries
+        else:
+            target = absolute(root, rule.base_dir)
+            covered = any(matches(entry, target, rule.base_dir) for entry in entries)
+        if not covered:
+            return False
+    return True
+
+
 def describe(
     endpoint: Endpoint, rule: EffectiveRule, identity: Identity
 ) -> dict[str, Any]:
@@ -51,7 +91,7 @@ def describe(
     lacking = lacking_scope(identity, rule, {})
     allowed = rule.enabled and (not endpoint.auth_required or lacking is None)
     if (
-        endpoint.id == "commands_run"
+        endpoint.id == "run_command"
         and lacking
         and any(s.startswith("commands:run:") for s in identity.scopes)
     ):
@@ -73,7 +113,7 @@ def describe(
         "rule": rule.enabled_by,
         "scopes": list(rule.scopes),
         "limits": _non_default(rule.limits),
-        "paths": _non_default(rule.paths),
+        "paths": disclosed_paths(rule),
         "params": _non_default(rule.params),
     }
 
@@ -124,6 +164,8 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
     endpoint_id = body.get("endpoint")
     if not isinstance(endpoint_id, str) or not endpoint_id:
         raise bad_request("'endpoint' is required")
+    if endpoint_id not in context.table:
+        endpoint_id = current_id(endpoint_id)
     if endpoint_id not in context.table:
         from sandboxd.policy.document import suggest
 

@@ -21,7 +21,12 @@ from typing import Any
 
 import attrs
 
-from sandboxd.endpoints import CapabilityGroup, RouteTable
+from sandboxd.endpoints import (
+    RENAMED_IDS,
+    CapabilityGroup,
+    RouteTable,
+    renamed_warning,
+)
 from sandboxd.policy.rules import AUDIT_MODES, RULE_KEYS, section_fields
 from sandboxd.policy.sizes import parse_size
 
@@ -86,7 +91,7 @@ class PolicyDocument:
     agents: Mapping[str, Any] = attrs.field(factory=dict)
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
-    #: The base of the ``ws_url`` that ``pty_create`` answers (SPEC §20).
+    #: The base of the ``ws_url`` that ``pty_create_session`` answers (SPEC §20).
     pty_public_url: str | None = None
     #: Addresses and networks whose X-Forwarded-Proto/-Host are believed.
     trusted_proxies: tuple[str, ...] = ()
@@ -206,9 +211,19 @@ def _check_selector(where: str, selector: str, table: RouteTable) -> str | None:
             raise _unknown(where, "group", name, groups)
         return None
     if any(c in selector for c in "*?["):
-        if not fnmatch.filter(table.ids(), selector):
-            return f"{where}: the pattern {selector!r} matches no endpoint"
-        return None
+        if fnmatch.filter(table.ids(), selector):
+            return None
+        former = [
+            RENAMED_IDS[old]
+            for old in fnmatch.filter(RENAMED_IDS, selector)
+            if RENAMED_IDS[old] in table
+        ]
+        if former:
+            return (
+                f"{where}: the pattern {selector!r} matches only old endpoint "
+                f"ids; it now selects {', '.join(map(repr, former))}: name those"
+            )
+        return f"{where}: the pattern {selector!r} matches no endpoint"
     if selector not in table:
         raise _unknown(where, "endpoint", selector, table.ids())
     return None
@@ -341,6 +356,14 @@ def validate(doc: Any, table: RouteTable, source: str = "inline") -> PolicyDocum
     endpoints: dict[str, dict[str, Any]] = {}
     for selector, rule in endpoints_raw.items():
         where = f"endpoints.{selector}"
+        if selector in RENAMED_IDS and selector not in table:
+            warnings.append(renamed_warning(where, selector))
+            selector = RENAMED_IDS[selector]
+            if selector in endpoints_raw:
+                raise PolicyError(
+                    f"{where}: names the same endpoint as endpoints.{selector}; "
+                    f"keep only {selector!r}"
+                )
         warning = _check_selector(where, selector, table)
         if warning:
             warnings.append(warning)

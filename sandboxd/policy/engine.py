@@ -18,7 +18,13 @@ from typing import Any
 
 import attrs
 
-from sandboxd.endpoints import DEFAULT_ON, CapabilityGroup, Endpoint, RouteTable
+from sandboxd.endpoints import (
+    DEFAULT_ON,
+    FORMER_IDS,
+    CapabilityGroup,
+    Endpoint,
+    RouteTable,
+)
 from sandboxd.policy import defaults as builtin
 from sandboxd.policy.document import PolicyDocument, PolicyError, suggest
 from sandboxd.policy.presets import PRESETS
@@ -54,7 +60,12 @@ class Entry:
         if self.specificity == GROUP:
             return endpoint.group.value == self.selector
         if self.specificity == GLOB:
-            return fnmatch.fnmatchcase(endpoint.id, self.selector)
+            # A pattern written for the old ids (``commands_*``) still
+            # selects the endpoints those ids now go by.
+            former = FORMER_IDS.get(endpoint.id)
+            return fnmatch.fnmatchcase(endpoint.id, self.selector) or (
+                former is not None and fnmatch.fnmatchcase(former, self.selector)
+            )
         return endpoint.id == self.selector
 
 

@@ -31,6 +31,11 @@ class Managed:
         self.tag = tag
         self.log = EventLog(retention)
         self.output_bytes = 0
+        #: ``capture_output`` as the start request gave it (None: not said).
+        #: Output is kept either way; a read in the seed's form (``since``)
+        #: needs True, and an explicit False refuses every read, as the
+        #: seed answers both.
+        self.capture_output: bool | None = None
         self.ended_at: float | None = None
         self._decoders = {
             fd: codecs.getincrementaldecoder("utf-8")("replace") for fd in STREAM_NAMES
@@ -84,7 +89,7 @@ class Managed:
         return max(0, self.output_bytes - kept)
 
     def describe(self) -> dict[str, Any]:
-        """The fields of process_list / process_get."""
+        """The fields of process_list / process_detail."""
         return {
             "pid": self.pid,
             "command": self.command,

@@ -71,7 +71,7 @@ async def run_command(request: ServerRequest) -> dict[str, Any]:
         raise forbidden(
             f"this identity lacks the scope {lacking!r}",
             Code.MISSING_SCOPE,
-            endpoint="commands_run",
+            endpoint="run_command",
             scope=lacking,
             rule=f"command:{name}",
         )
@@ -94,4 +94,4 @@ async def run_command(request: ServerRequest) -> dict[str, Any]:
     return {"result": result}
 
 
-HANDLERS = {"commands_list": list_commands, "commands_run": run_command}
+HANDLERS = {"list_commands": list_commands, "run_command": run_command}

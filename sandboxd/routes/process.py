@@ -10,6 +10,8 @@ so a refusal is always a plain JSON error and never half a stream.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import errno
 import os
 import signal
@@ -23,6 +25,7 @@ from sandboxd import processes
 from sandboxd.errors import (
     Code,
     bad_request,
+    conflict,
     forbidden,
     not_found,
     policy_rule,
@@ -32,7 +35,7 @@ from sandboxd.errors import (
     unavailable,
 )
 from sandboxd.guard import PathGuard
-from sandboxd.policy.defaults import STDIN_PENDING_BYTES
+from sandboxd.policy.defaults import PROCESS_OUTPUT_WAIT_SECONDS, STDIN_PENDING_BYTES
 from sandboxd.processes.child import Child, timeout_message
 from sandboxd.processes.command import RunAs, command_argv, resolve_user
 from sandboxd.processes.environment import child_environment, note_argv, validate_env
@@ -40,7 +43,7 @@ from sandboxd.processes.run import run_collect, spawn
 from sandboxd.processes.service import ProcessService
 from sandboxd.web.linestream import LineStream
 from sandboxd.web.messages import ServerRequest, SSEResponse
-from sandboxd.web.params import flag, integer, seconds, string
+from sandboxd.web.params import flag, integer, number, seconds, string
 from sandboxd.web.sse import Follower, SSEChannel, resume_point
 
 
@@ -238,8 +241,18 @@ def shell_stream(request: ServerRequest) -> SSEResponse | Deferred[SSEResponse]:
         stream.finish()
         error = processes.timeout_error(child)
         if error is not None:
-            # With its code (timeout, idle_timeout), as every other answer.
-            stream.event("error", {**error.event(), "code": error.code})
+            # ``error`` is "timeout" for either limit, which the seed's SDK
+            # turns into its CommandTimeoutError; ``code`` says which limit
+            # (timeout, idle_timeout) and ``message`` says it in words.
+            stream.event(
+                "error",
+                {
+                    **error.event(),
+                    "error": "timeout",
+                    "code": error.code,
+                    "message": error.message,
+                },
+            )
         stream.event("exit", {"exit_code": code})
         stream.close()
         if channel_box:
@@ -295,6 +308,9 @@ async def process_start(request: ServerRequest) -> dict[str, Any]:
     body = request.body
     tag = string(body.get("tag"), "tag", None)
     stdin = flag(body.get("stdin", False), "stdin", words=False)
+    capture = body.get("capture_output")
+    if capture is not None:
+        capture = flag(capture, "capture_output", words=False)
     service = _service(request)
     service.check_room(request.rule)
     retention = (
@@ -320,6 +336,7 @@ async def process_start(request: ServerRequest) -> dict[str, Any]:
             await managed.child.when_spawned()
     except OSError as e:
         raise _spawn_failed(e, spec.command) from None
+    managed.capture_output = capture
     return {"pid": managed.pid, "command": managed.command, "tag": managed.tag}
 
 
@@ -341,7 +358,7 @@ def _managed(request: ServerRequest) -> processes.Managed:
     return managed
 
 
-def process_get(request: ServerRequest) -> dict[str, Any]:
+def process_detail(request: ServerRequest) -> dict[str, Any]:
     """``GET /process/{pid}``: one managed process."""
     return _managed(request).describe()
 
@@ -396,48 +413,148 @@ def process_signal(request: ServerRequest) -> dict[str, Any]:
 
 def process_output(request: ServerRequest) -> Any:
     """
-    ``GET /process/{pid}/output?after=SEQ&follow=false``: the kept output
-    after ``after``; with ``follow=true`` an SSE stream with the stream
-    contract of SPEC §9 (``id:``, ``Last-Event-ID``, ``gap``, ``exit``).
+    ``GET /process/{pid}/output``: the kept output, in one of two forms.
+
+    - ``?after=SEQ`` (ours): the events after ``after``; ``next`` is the
+      last seq returned.  With ``follow=true`` an SSE stream with the
+      stream contract of SPEC §9 (``id:``, ``Last-Event-ID``, ``gap``,
+      ``exit``).
+    - ``?since=SEQ&wait=S`` (the seed's): the events from ``since`` on;
+      ``next`` is the seq to pass as ``since`` next time.  Needs a process
+      started with ``capture_output: true`` (409 otherwise).
+
+    In either form ``wait`` holds the answer until there is output to give,
+    the output ends, or ``wait`` seconds pass (at most
+    :data:`PROCESS_OUTPUT_WAIT_SECONDS`), so a reader that follows a quiet
+    process asks a few times a minute, not hundreds of times a second.
     """
     managed = _managed(request)
-    if flag(request.arg("follow"), "follow"):
+    seed_form = request.arg("since") is not None
+    if managed.capture_output is False or (
+        seed_form and managed.capture_output is not True
+    ):
+        raise conflict(
+            f"process {managed.pid} was started without capture_output",
+            Code.OUTPUT_NOT_CAPTURED,
+            "ConflictError",
+        )
+    if not seed_form and flag(request.arg("follow"), "follow"):
         after = resume_point(request.query, request.headers)
 
         def start(channel: SSEChannel) -> None:
             Follower(managed.log, channel, after)
 
         return SSEResponse(start=start)
-    after = resume_point(request.query, {})
-    _, events = managed.log.since(after)
+    if seed_form:
+        since = integer(request.arg("since"), "since", 0, low=0)
+        after = max(since - 1, 0)
+    else:
+        after = resume_point(request.query, {})
+    wait = number(
+        request.arg("wait"),
+        "wait",
+        0.0,
+        low=0.0,
+        high=PROCESS_OUTPUT_WAIT_SECONDS,
+        clamp=True,
+    )
+    waited = output_after(request.context.reactor, managed, after, wait)
+    return waited.addCallback(
+        lambda _: _output_page(managed, after, since if seed_form else None)
+    )
+
+
+def output_after(
+    clock: Any, managed: processes.Managed, after: int, wait: float
+) -> Deferred[None]:
+    """
+    Fires once ``managed``'s log holds an event past ``after``, the log is
+    closed (the output ended), or ``wait`` seconds pass, whichever comes
+    first: the bounded wait of a long-polled read.
+    """
+    log = managed.log
+    done: Deferred[None] = Deferred()
+    if wait <= 0 or log.closed or log.last_seq > after:
+        done.callback(None)
+        return done
+
+    def wake(_: Any = None) -> None:
+        if not done.called:
+            done.callback(None)
+
+    unsubscribe = log.subscribe(wake)
+    timer = clock.callLater(wait, wake)
+
+    def settle(result: Any) -> Any:
+        unsubscribe()
+        if timer.active():
+            timer.cancel()
+        return result
+
+    return done.addBoth(settle)
+
+
+def _output_page(
+    managed: processes.Managed, after: int, since: int | None
+) -> dict[str, Any]:
+    """
+    One page of a process's kept output after ``after``.
+
+    :param since: the seed's cursor when the read used its form: ``next`` is
+        then the seq after the last event looked at (or ``since`` itself
+        when there was none); otherwise ``next`` is the last seq returned.
+    """
+    gap, scanned = managed.log.since(after)
     out = [
         {"seq": e.seq, "stream": e.event, "data": e.data["data"]}
-        for e in events
+        for e in scanned
         if e.event in ("stdout", "stderr")
     ]
     described = managed.describe()
+    dropped = managed.dropped_bytes()
+    if since is not None:
+        following = scanned[-1].seq + 1 if scanned else since
+    else:
+        following = out[-1]["seq"] if out else after
     return {
         "pid": managed.pid,
         "state": described["state"],
         "exit_code": described["exit_code"],
         "events": out,
-        "next": out[-1]["seq"] if out else after,
-        "dropped_bytes": managed.dropped_bytes(),
+        "next": following,
+        "dropped": gap is not None or dropped > 0,
+        "dropped_bytes": dropped,
     }
 
 
 def process_stdin(request: ServerRequest) -> dict[str, Any]:
-    """``POST /process/{pid}/stdin {"data", "eof"}``: feed the stdin pipe."""
+    """
+    ``POST /process/{pid}/stdin {"data" | "data_base64", "eof"}``: feed the
+    stdin pipe (text, or bytes as base64); ``eof`` closes it after.
+
+    → ``{"pid", "written", "closed", "bytes"}`` (``bytes`` is ``written``
+    under its older name); 409 ``stdin_closed`` when the process was not
+    started with ``"stdin": true`` or its stdin is closed already.
+    """
     managed = _managed(request)
-    data = string(request.body.get("data", ""), "data")
-    eof = flag(request.body.get("eof", False), "eof", words=False)
+    body = request.body
+    if "data_base64" in body and "data" in body:
+        raise bad_request("give 'data' or 'data_base64', not both")
+    if "data_base64" in body:
+        encoded = string(body["data_base64"], "data_base64")
+        try:
+            raw = base64.b64decode(encoded, validate=True)
+        except binascii.Error:
+            raise bad_request("'data_base64' is not valid base64") from None
+    else:
+        raw = string(body.get("data", ""), "data").encode()
+    eof = flag(body.get("eof", False), "eof", words=False)
     if not managed.running:
         raise not_found(f"process {managed.pid} has exited")
-    raw = data.encode()
     feed_stdin(managed, raw)
     if eof:
         managed.child.close_stdin()
-    return {"pid": managed.pid, "bytes": len(raw)}
+    return {"pid": managed.pid, "written": len(raw), "closed": eof, "bytes": len(raw)}
 
 
 def feed_stdin(managed: processes.Managed, data: bytes) -> None:
@@ -445,13 +562,15 @@ def feed_stdin(managed: processes.Managed, data: bytes) -> None:
     Queue ``data`` on a managed process's stdin pipe, for every door that
     writes one.
 
-    :raises ApiError: 400 when it has no open stdin pipe; 429 when it is
+    :raises ApiError: 409 when it has no open stdin pipe; 429 when it is
         not reading and :data:`STDIN_PENDING_BYTES` are queued already.
     """
     child = managed.child
     if not child.stdin_open:
-        raise bad_request(
-            f'process {managed.pid} has no open stdin (start it with "stdin": true)'
+        raise conflict(
+            f'process {managed.pid} has no open stdin (start it with "stdin": true)',
+            Code.STDIN_CLOSED,
+            "ConflictError",
         )
     if data and child.stdin_pending() + len(data) > STDIN_PENDING_BYTES:
         raise rate_limited(
@@ -468,7 +587,7 @@ HANDLERS: dict[str, Any] = {
     "shell_stream": shell_stream,
     "process_start": process_start,
     "process_list": process_list,
-    "process_get": process_get,
+    "process_detail": process_detail,
     "process_signal": process_signal,
     "process_output": process_output,
     "process_stdin": process_stdin,

@@ -68,7 +68,7 @@ def _session(request: ServerRequest) -> PtySession:
     return session
 
 
-def pty_create(request: ServerRequest) -> dict[str, Any]:
+def pty_create_session(request: ServerRequest) -> dict[str, Any]:
     """``POST /pty/sessions``: start a shell on a pre-sized PTY."""
     body, rule, context = request.body, request.rule, request.context
     cols = dimension(body.get("cols", 80), "cols")
@@ -139,7 +139,7 @@ def _audit_closed(request: ServerRequest, session: PtySession, opened: float) ->
         return
     record = make_record(
         identity=request.identity.id,
-        endpoint="pty_create",
+        endpoint="pty_create_session",
         method="CLOSE",
         path=f"/pty/sessions/{session.id}",
         query="",
@@ -161,7 +161,7 @@ def _audit_closed(request: ServerRequest, session: PtySession, opened: float) ->
     request.context.audit.write(record)
 
 
-def pty_list(request: ServerRequest) -> dict[str, Any]:
+def pty_list_sessions(request: ServerRequest) -> dict[str, Any]:
     """``GET /pty/sessions``: dead sessions are reaped first."""
     table = _service(request).table
     table.reap()
@@ -183,7 +183,7 @@ def _describe(request: ServerRequest, session: PtySession) -> dict[str, Any]:
     return {**session.describe(), "ws_url": _ws_url(request, session.id)}
 
 
-def pty_get(request: ServerRequest) -> dict[str, Any]:
+def pty_detail(request: ServerRequest) -> dict[str, Any]:
     """``GET /pty/sessions/{id}``."""
     return _describe(request, _session(request))
 
@@ -202,7 +202,7 @@ def pty_resize(request: ServerRequest) -> dict[str, Any]:
     return _describe(request, session)
 
 
-def pty_delete(request: ServerRequest) -> Deferred[dict[str, Any]]:
+def pty_delete_session(request: ServerRequest) -> Deferred[dict[str, Any]]:
     """``DELETE /pty/sessions/{id}``: ends the whole session, then answers."""
     session = _session(request)
     closing = _service(request).table.close(session.id)
@@ -211,9 +211,9 @@ def pty_delete(request: ServerRequest) -> Deferred[dict[str, Any]]:
 
 
 HANDLERS: dict[str, Any] = {
-    "pty_create": pty_create,
-    "pty_list": pty_list,
-    "pty_get": pty_get,
+    "pty_create_session": pty_create_session,
+    "pty_list_sessions": pty_list_sessions,
+    "pty_detail": pty_detail,
     "pty_resize": pty_resize,
-    "pty_delete": pty_delete,
+    "pty_delete_session": pty_delete_session,
 }

@@ -79,7 +79,7 @@ class ToolboxTests(SynchronousTestCase):
 
     def test_output_accepts_null(self) -> None:
         """Output fields accept null, as several are until known (exit_code)."""
-        get = self.tool("process_get").descriptor["outputSchema"]
+        get = self.tool("process_detail").descriptor["outputSchema"]
         self.assertEqual(get["properties"]["exit_code"]["type"], ["integer", "null"])
         self.assertNotIn("required", get)
 
@@ -120,8 +120,8 @@ class ToolboxTests(SynchronousTestCase):
         self.assertEqual(body, {"command": "ls", "timeout": 5})
 
     def test_open_body_takes_any_argument(self) -> None:
-        """commands_run's arguments are free-form."""
-        _, _, body = self.tool("commands_run").split({"name": "x", "anything": [1]})
+        """run_command's arguments are free-form."""
+        _, _, body = self.tool("run_command").split({"name": "x", "anything": [1]})
         self.assertEqual(body, {"anything": [1]})
 
 

@@ -40,7 +40,7 @@ class DefaultLayerTests(SynchronousTestCase):
         """Core, commands, file_ops, process, terminal and system are on by default (when built)."""
         p = decide()
         self.assertTrue(p.rule("health").enabled)
-        self.assertEqual(p.rule("commands_list").enabled_by, "default:on:commands")
+        self.assertEqual(p.rule("list_commands").enabled_by, "default:on:commands")
 
     def test_opt_in_groups_off(self) -> None:
         """dev_tools, browser and agents are off with rule default:opt-in:GROUP."""
@@ -57,33 +57,33 @@ class DefaultLayerTests(SynchronousTestCase):
 
 
 # (description, layers, endpoint, expected enabled, expected rule)
-# Uses commands_list (implemented) so not-implemented never masks the result.
+# Uses list_commands (implemented) so not-implemented never masks the result.
 CASES: list[tuple[str, dict[str, Any], str, bool, str]] = [
     (
         "policy group off",
         {"policy": {"groups": {"commands": False}}},
-        "commands_list",
+        "list_commands",
         False,
         "policy:groups.commands",
     ),
     (
         "policy endpoints group: off",
         {"policy": {"endpoints": {"group:commands": {"enabled": False}}}},
-        "commands_list",
+        "list_commands",
         False,
         "policy:endpoints.group:commands",
     ),
     (
         "policy exact off",
-        {"policy": {"endpoints": {"commands_list": {"enabled": False}}}},
-        "commands_list",
+        {"policy": {"endpoints": {"list_commands": {"enabled": False}}}},
+        "list_commands",
         False,
-        "policy:endpoints.commands_list",
+        "policy:endpoints.list_commands",
     ),
     (
         "policy glob off",
         {"policy": {"endpoints": {"commands_*": {"enabled": False}}}},
-        "commands_list",
+        "list_commands",
         False,
         "policy:endpoints.commands_*",
     ),
@@ -93,13 +93,13 @@ CASES: list[tuple[str, dict[str, Any], str, bool, str]] = [
             "policy": {
                 "endpoints": {
                     "commands_*": {"enabled": False},
-                    "commands_list": {"enabled": True},
+                    "list_commands": {"enabled": True},
                 }
             }
         },
-        "commands_list",
+        "list_commands",
         True,
-        "policy:endpoints.commands_list",
+        "policy:endpoints.list_commands",
     ),
     (
         "glob on beats group off",
@@ -109,21 +109,21 @@ CASES: list[tuple[str, dict[str, Any], str, bool, str]] = [
                 "endpoints": {"commands_*": {"enabled": True}},
             }
         },
-        "commands_list",
+        "list_commands",
         True,
         "policy:endpoints.commands_*",
     ),
     (
         "group beats defaults",
         {"policy": {"defaults": {"enabled": False}}},
-        "commands_list",
+        "list_commands",
         True,
         "default:on:commands",
     ),
     (
         "code disable",
         {"code": [("disable_group", "commands")]},
-        "commands_list",
+        "list_commands",
         False,
         "code:disable_group:commands",
     ),
@@ -133,15 +133,15 @@ CASES: list[tuple[str, dict[str, Any], str, bool, str]] = [
             "code": [("disable_group", "commands")],
             "policy": {"groups": {"commands": True}},
         },
-        "commands_list",
+        "list_commands",
         True,
         "policy:groups.commands",
     ),
-    ("preset locked", {"preset": "locked"}, "commands_list", False, "preset:locked"),
+    ("preset locked", {"preset": "locked"}, "list_commands", False, "preset:locked"),
     (
         "policy group beats preset group",
         {"preset": "locked", "policy": {"groups": {"commands": True}}},
-        "commands_list",
+        "list_commands",
         True,
         "policy:groups.commands",
     ),
@@ -151,19 +151,19 @@ CASES: list[tuple[str, dict[str, Any], str, bool, str]] = [
             "policy": {"groups": {"commands": False}},
             "env": {"ABX_SERVER_ENABLED_GROUPS": "commands"},
         },
-        "commands_list",
+        "list_commands",
         True,
         "env:ABX_SERVER_ENABLED_GROUPS",
     ),
     (
         "exact policy off beats env group on",
         {
-            "policy": {"endpoints": {"commands_list": {"enabled": False}}},
+            "policy": {"endpoints": {"list_commands": {"enabled": False}}},
             "env": {"ABX_SERVER_ENABLED_GROUPS": "commands"},
         },
-        "commands_list",
+        "list_commands",
         False,
-        "policy:endpoints.commands_list",
+        "policy:endpoints.list_commands",
     ),
     (
         "false wins within a layer and specificity",
@@ -175,7 +175,7 @@ CASES: list[tuple[str, dict[str, Any], str, bool, str]] = [
                 }
             }
         },
-        "commands_list",
+        "list_commands",
         False,
         "policy:endpoints.*_list",
     ),
@@ -189,7 +189,7 @@ CASES: list[tuple[str, dict[str, Any], str, bool, str]] = [
                 }
             }
         },
-        "commands_list",
+        "list_commands",
         False,
         "policy:endpoints.*_list",
     ),
@@ -225,15 +225,15 @@ class LeafMergeTests(SynchronousTestCase):
                     "group:commands": {
                         "limits": {"max_concurrency": 4, "rate_per_minute": 10}
                     },
-                    "commands_run": {"limits": {"rate_per_minute": 60}},
+                    "run_command": {"limits": {"rate_per_minute": 60}},
                 }
             }
         )
-        rule = p.rule("commands_run")
+        rule = p.rule("run_command")
         self.assertEqual(rule.limits.max_concurrency, 4)
         self.assertEqual(rule.limits.rate_per_minute, 60)
         self.assertEqual(
-            rule.source("limits.rate_per_minute"), "policy:endpoints.commands_run"
+            rule.source("limits.rate_per_minute"), "policy:endpoints.run_command"
         )
         self.assertEqual(
             rule.source("limits.max_concurrency"), "policy:endpoints.group:commands"
@@ -244,11 +244,11 @@ class LeafMergeTests(SynchronousTestCase):
         p = decide(
             {
                 "defaults": {"params": {"deny_commands": ["rm", "dd"]}},
-                "endpoints": {"commands_run": {"params": {"deny_commands": ["curl"]}}},
+                "endpoints": {"run_command": {"params": {"deny_commands": ["curl"]}}},
             }
         )
-        self.assertEqual(p.rule("commands_run").params.deny_commands, ("curl",))
-        self.assertEqual(p.rule("commands_list").params.deny_commands, ("rm", "dd"))
+        self.assertEqual(p.rule("run_command").params.deny_commands, ("curl",))
+        self.assertEqual(p.rule("list_commands").params.deny_commands, ("rm", "dd"))
 
     def test_sizes(self) -> None:
         """Size strings: MB is 10**6, MiB is 2**20; upload caps derive from max_bytes."""
@@ -274,8 +274,8 @@ class LeafMergeTests(SynchronousTestCase):
 
     def test_scopes_replace(self) -> None:
         """A rule's scopes replace the endpoint's documented scopes."""
-        p = decide({"endpoints": {"commands_list": {"scopes": ["files:read"]}}})
-        self.assertEqual(p.rule("commands_list").scopes, ("files:read",))
+        p = decide({"endpoints": {"list_commands": {"scopes": ["files:read"]}}})
+        self.assertEqual(p.rule("list_commands").scopes, ("files:read",))
         self.assertEqual(p.rule("files_move").scopes, ("files:write", "files:delete"))
 
 
@@ -287,10 +287,10 @@ class PresetTests(SynchronousTestCase):
         p = decide(preset="locked")
         self.assertTrue(p.rule("capabilities").enabled)
         for endpoint in (
-            "commands_list",
+            "list_commands",
             "download",
             "shell",
-            "pty_create",
+            "pty_create_session",
             "system_info",
         ):
             self.assertFalse(p.rule(endpoint).enabled, endpoint)
@@ -316,7 +316,7 @@ class PresetTests(SynchronousTestCase):
             "files_delete",
             "files_move",
             "shell",
-            "commands_list",
+            "list_commands",
             "system_info",
         ):
             rule = p.rule(endpoint)
@@ -325,7 +325,7 @@ class PresetTests(SynchronousTestCase):
     def test_read_only(self) -> None:
         """read-only: writes off, every path read_only."""
         p = decide(preset="read-only")
-        for endpoint in ("upload", "files_delete", "shell", "env_set", "commands_run"):
+        for endpoint in ("upload", "files_delete", "shell", "env_set", "run_command"):
             self.assertFalse(p.rule(endpoint).enabled, endpoint)
         self.assertEqual(p.rule("download").paths.read_only, ("/",))
 
@@ -342,9 +342,9 @@ class PresetTests(SynchronousTestCase):
 
     def test_preset_in_document(self) -> None:
         """A document's preset key works like --preset, and --preset overrides it."""
-        self.assertFalse(decide({"preset": "locked"}).rule("commands_list").enabled)
+        self.assertFalse(decide({"preset": "locked"}).rule("list_commands").enabled)
         self.assertTrue(
-            decide({"preset": "locked"}, preset="default").rule("commands_list").enabled
+            decide({"preset": "locked"}, preset="default").rule("list_commands").enabled
         )
 
 

@@ -78,8 +78,8 @@ class ScopeTests(DaemonTestCase):
         self.assertEqual(
             body["identity"], {"id": "reader", "scopes": ["core:read", "files:read"]}
         )
-        self.assertFalse(body["endpoints"]["commands_list"]["allowed"])
-        self.assertEqual(body["endpoints"]["commands_list"]["reason"], "missing_scope")
+        self.assertFalse(body["endpoints"]["list_commands"]["allowed"])
+        self.assertEqual(body["endpoints"]["list_commands"]["reason"], "missing_scope")
         self.assertTrue(body["endpoints"]["capabilities"]["allowed"])
 
     @inlineCallbacks
@@ -90,7 +90,7 @@ class ScopeTests(DaemonTestCase):
         body = reply.json()
         self.assertEqual(
             (body["code"], body["scope"], body["endpoint"]),
-            ("missing_scope", "commands:run", "commands_list"),
+            ("missing_scope", "commands:run", "list_commands"),
         )
 
     @inlineCallbacks

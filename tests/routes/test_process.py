@@ -577,9 +577,13 @@ class BackgroundTests(ProcessCase):
         started = yield self.start_process("cat", stdin=True)
         pid = started["pid"]
         reply = yield self.request("POST", f"/process/{pid}/stdin", {"data": "hello\n"})
-        self.assertEqual(reply.json(), {"pid": pid, "bytes": 6})
+        self.assertEqual(
+            reply.json(), {"pid": pid, "written": 6, "closed": False, "bytes": 6}
+        )
         reply = yield self.request("POST", f"/process/{pid}/stdin", {"eof": True})
-        self.assertEqual(reply.status, 200)
+        self.assertEqual(
+            reply.json(), {"pid": pid, "written": 0, "closed": True, "bytes": 0}
+        )
         info = yield self.wait_exited(pid)
         self.assertEqual(info["exit_code"], 0)
         yield sleep_(0.3)
@@ -588,12 +592,15 @@ class BackgroundTests(ProcessCase):
 
     @inlineCallbacks
     def test_stdin_closed_by_default(self) -> Any:
-        """Without ``stdin: true`` the child's stdin is /dev/null and stdin writes are 400."""
+        """Without ``stdin: true`` the child's stdin is /dev/null and stdin writes are 409."""
         started = yield self.start_process(f"cat; sleep {self.marker}")
         reply = yield self.request(
             "POST", f"/process/{started['pid']}/stdin", {"data": "x"}
         )
-        self.assertEqual(reply.status, 400)
+        self.assertEqual(
+            (reply.status, reply.json()["code"], reply.json()["type"]),
+            (409, "stdin_closed", "ConflictError"),
+        )
 
     @inlineCallbacks
     def test_follow_resume_without_loss_or_repeat(self) -> Any:

@@ -157,7 +157,13 @@ DURATION_POLICY = {
     "groups": {"dev_tools": True},
     "endpoints": {
         name: {"limits": {"max_duration_seconds": CEILING}}
-        for name in ("process_start", "shell", "shell_stream", "code_run", "pty_create")
+        for name in (
+            "process_start",
+            "shell",
+            "shell_stream",
+            "code_run",
+            "pty_create_session",
+        )
     },
 }
 

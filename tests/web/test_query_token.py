@@ -35,7 +35,13 @@ class QueryTokenTests(SynchronousTestCase):
         self.assertIsNone(query_token(output, "GET", q))
         self.assertIsNone(query_token(output, "GET", q + b"&follow=false"))
         self.assertEqual(query_token(output, "GET", q + b"&follow=true"), b"abc")
-        for other in ("files_list", "download", "capabilities", "pty_list", "shell"):
+        for other in (
+            "files_list",
+            "download",
+            "capabilities",
+            "pty_list_sessions",
+            "shell",
+        ):
             self.assertIsNone(query_token(table.get(other), "GET", q))
         self.assertIsNone(query_token(table.get("files_watch"), "POST", q))
         self.assertIsNone(

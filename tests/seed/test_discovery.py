@@ -1,0 +1,134 @@
+"""
+The seed SDK's discovery against a sandboxd daemon: ``ServerClient.discover()``
+validates the document with the SDK's own models, lists every endpoint of
+the seed's table under the seed's ids, and ``check()`` answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+
+from tests.seed.harness import TOKEN, SeedCase
+
+
+async def _discover(client: Any) -> Any:
+    return await client.discover()
+
+
+class DiscoveryTests(SeedCase):
+    """``discover()`` and ``check()`` through the seed's SDK."""
+
+    @inlineCallbacks
+    def test_discover_validates(self) -> Any:
+        """discover() succeeds and knows every endpoint the SDK drives (not agents)."""
+        from agent_sandbox.api.server_client import ServerClient
+        from agent_sandbox.models.server import EndpointPaths
+
+        caps = yield self.drive(_discover)
+        self.assertEqual(caps.api_version, 2)
+        for endpoint in ServerClient.ENDPOINT_METHODS:
+            self.assertIsNotNone(caps.info(endpoint), endpoint)
+        paths = caps.paths("files_list")
+        self.assertIsInstance(paths, EndpointPaths)
+        self.assertIs(paths.read_only, False)
+        for endpoint in (
+            "list_commands",
+            "run_command",
+            "process_detail",
+            "pty_create_session",
+            "pty_list_sessions",
+            "pty_detail",
+            "pty_delete_session",
+        ):
+            self.assertTrue(caps.can(endpoint), endpoint)
+
+    @inlineCallbacks
+    def test_discover_sync(self) -> Any:
+        """discover_sync() gives the same snapshot from blocking code."""
+        client = self.client()
+        caps = yield self.call(client.discover_sync)
+        self.assertTrue(caps.can("process_detail"))
+        self.assertIs(client.capabilities, caps)
+
+    @inlineCallbacks
+    def test_read_only_is_a_boolean(self) -> Any:
+        """A read-only policy shows as the seed's ``read_only: true``; our list beside it."""
+        yield self.daemon.stop()
+        yield self.start(
+            stop_at_end=False,
+            policy={"endpoints": {"files_*": {"paths": {"read_only": ["/"]}}}},
+        )
+        self.addCleanup(self.daemon.stop)
+        caps = yield self.drive(_discover)
+        paths = caps.paths("files_mkdir")
+        self.assertIs(paths.read_only, True)
+        self.assertEqual(caps.info("files_mkdir").paths.read_only_paths, ["/"])
+        self.assertIs(caps.paths("shell").read_only, False)
+
+    @inlineCallbacks
+    def test_check(self) -> Any:
+        """check() (capabilities_check) answers a PathDecision, sync and async."""
+        from agent_sandbox.models.server import PathDecision
+
+        decision = yield self.drive(lambda c: c.check("files_list", path="/etc/passwd"))
+        self.assertIsInstance(decision, PathDecision)
+        self.assertEqual((decision.allowed, decision.code), (False, "path_not_allowed"))
+        client = self.client()
+        decision = yield self.call(client.check_sync, "files_list", path="notes.txt")
+        self.assertTrue(decision.allowed)
+
+    @inlineCallbacks
+    def test_denied_after_discovery(self) -> Any:
+        """An identity without a scope gets the SDK's PolicyDeniedError before any call."""
+        from agent_sandbox.models.errors import PolicyDeniedError
+
+        yield self.daemon.stop()
+        yield self.start(
+            stop_at_end=False,
+            policy={
+                "auth": {
+                    "tokens": [
+                        {
+                            "id": "reader",
+                            "token_env": "READER_TOKEN",
+                            "scopes": ["core:read", "files:read"],
+                        }
+                    ]
+                }
+            },
+            environ={"READER_TOKEN": "reader-token"},
+            token=None,
+        )
+        self.addCleanup(self.daemon.stop)
+
+        async def scenario(client: Any) -> Any:
+            await client.discover()
+            return await client.pty.list()
+
+        error = yield self.outcome(scenario, token="reader-token")
+        self.assertIsInstance(error, PolicyDeniedError)
+        self.assertEqual(error.endpoint, "pty_list_sessions")
+        self.assertNotEqual(TOKEN, "reader-token")
+
+
+class ReferenceTests(SeedCase):
+    """sandboxd's discovery beside the seed's own server's."""
+
+    @inlineCallbacks
+    def test_every_seed_endpoint_listed(self) -> Any:
+        """Every endpoint the seed's server lists (agents aside) is listed by sandboxd under its id."""
+        yield self.reference()
+        theirs = yield self.drive(_discover, reference=True)
+        ours = yield self.drive(_discover)
+        seed_ids = {
+            name for name, info in theirs.endpoints.items() if info.group != "agents"
+        }
+        self.assertEqual(seed_ids - set(ours.endpoints), set())
+        for name in sorted(seed_ids):
+            self.assertEqual(
+                (ours.info(name).method, ours.info(name).path),
+                (theirs.info(name).method, theirs.info(name).path),
+                name,
+            )
