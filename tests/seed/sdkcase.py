@@ -1,8 +1,8 @@
 """
-The seed's typed SDK (``ServerClient``) against a real daemon and against
-the seed's own server, for comparing them method by method.
+Comparing the seed's typed SDK on a daemon and on the seed's own server,
+method by method.
 
-``face(client, sync)`` lets one scenario drive either face of the SDK: its
+``Face(sync)`` lets one scenario drive either face of the SDK: its
 async methods awaited in one event loop, or their ``*_sync`` twins, each
 blocking on a worker thread.  ``outcome`` keeps what a call gave, result or
 exception, and ``shape`` reduces it to what the two servers must agree on.
@@ -12,33 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import gc
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import os
-import socket
-import subprocess
-import sys
-import time
-from typing import TypeVar
+from twisted.internet.defer import inlineCallbacks
 
-from twisted.internet import reactor
-from twisted.internet.defer import Deferred, inlineCallbacks
-from twisted.internet.task import deferLater
-from twisted.internet.threads import deferToThreadPool
-from twisted.python.threadpool import ThreadPool
-from twisted.trial.unittest import SkipTest
-
-from tests.helpers import DaemonTestCase
-
-T = TypeVar("T")
-
-#: One SDK scenario must be over within this.
-CALL_SECONDS = 60.0
-
-#: The token both servers are started with.
-TOKEN = "seed-wire-token"
+from tests.seed.harness import SeedCase
 
 #: Fields whose values depend on the clock or the machine, compared only
 #: for being there (or both empty).
@@ -101,144 +81,6 @@ def shape(value: Any, base: str) -> Any:
     return value
 
 
-def seed_sdk() -> Any:
-    """The seed SDK's ``ServerClient`` class, or SkipTest saying why not."""
-    try:
-        from agent_sandbox.api.server_client import ServerClient
-    except ImportError as e:  # pragma: no cover - a test dependency
-        raise SkipTest(f"agent-sandbox-client is not installed: {e}") from None
-    return ServerClient
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class Reference:
-    """The seed's own server on loopback, with a token and a base dir."""
-
-    def __init__(self, base_dir: str) -> None:
-        self.base_dir = base_dir
-        self.port = _free_port()
-        self.child: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        """Its HTTP base URL."""
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, *extra: str) -> None:
-        """Start it, and wait (bounded) for /health; blocks: off the reactor."""
-        import httpx
-
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
-        env.update(ABX_SERVER_TOKEN=TOKEN)
-        argv = [sys.executable, "-m", "agent_sandbox.server", "serve", "--host"]
-        argv += ["127.0.0.1", "--port", str(self.port), "--pty-port", str(_free_port())]
-        argv += ["--base-dir", self.base_dir, *extra]
-        self.child = subprocess.Popen(
-            argv,
-            cwd=self.base_dir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and self.child.poll() is None:
-            try:
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError("the seed's server did not start")
-
-    def stop(self) -> None:
-        """End it and reap it (bounded)."""
-        child, self.child = self.child, None
-        if child is None or child.poll() is not None:
-            return
-        os.killpg(child.pid, 15)
-        try:
-            child.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, 9)
-            child.wait(timeout=10)
-
-
-class SeedCase(DaemonTestCase):
-    """A daemon with a token, and the seed's SDK pointed at it (or at the seed)."""
-
-    timeout = 120
-    token = TOKEN
-
-    def setUp(self) -> Any:
-        seed_sdk()
-        self.pool = ThreadPool(minthreads=1, maxthreads=4, name="seed-wire")
-        self.pool.start()
-        self.addCleanup(self.pool.stop)
-        self._reference: Reference | None = None
-        return super().setUp()
-
-    def client(self, token: str | None = TOKEN, reference: bool = False) -> Any:
-        """A ``ServerClient`` for the daemon (or the seed's server)."""
-        url = self.daemon.url
-        if reference:
-            assert self._reference is not None, "call self.reference() first"
-            url = self._reference.url
-        return seed_sdk()(url, token=token, timeout=CALL_SECONDS / 2)
-
-    @inlineCallbacks
-    def reference(self, *extra: str) -> Any:
-        """Start the seed's own server (once per test) and return it."""
-        if self._reference is None:
-            base = os.path.realpath(self.mktemp())
-            os.makedirs(base)
-            ref = Reference(base)
-            self.addCleanup(lambda: self.call(ref.stop))
-            yield self.call(ref.start, *extra)
-            self._reference = ref
-        return self._reference
-
-    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Deferred[T]:
-        """Run a blocking call off the reactor, bounded by :data:`CALL_SECONDS`."""
-        d: Deferred[T] = deferToThreadPool(reactor, self.pool, fn, *args, **kwargs)
-        d.addTimeout(CALL_SECONDS, reactor)
-        return d
-
-    def drive(
-        self,
-        scenario: Callable[[Any], Awaitable[T]],
-        token: str | None = TOKEN,
-        reference: bool = False,
-    ) -> Deferred[T]:
-        """``await scenario(client)`` in its own event loop off the reactor."""
-        client = self.client(token, reference)
-
-        async def main() -> T:
-            async with client:
-                return await asyncio.wait_for(scenario(client), CALL_SECONDS - 5)
-
-        def in_thread() -> T:
-            try:
-                return asyncio.run(main())
-            finally:
-                # Each *_sync call runs in an event loop of its own, and the
-                # SDK leaves that loop's HTTP client to the collector: closed
-                # here, so their connections end with the scenario.
-                gc.collect()
-
-        d = self.call(in_thread)
-        # Long enough for the daemon to see those connections close.
-        return d.addBoth(lambda r: deferLater(reactor, 0.2, lambda: r))
-
-
 class CompareCase(SeedCase):
     """
     Runs one scenario against the daemon and the seed's server, through the
@@ -256,20 +98,22 @@ class CompareCase(SeedCase):
         prepare: Callable[[str], None] | None = None,
     ) -> Any:
         """
-        ``(ours, seed)``: the scenario's outcomes on the daemon and on the
-        seed's server, each run in its own base dir (prepared by
-        ``prepare`` first).
+        ``(ours, seed, dirs)``: the scenario's outcomes on the daemon and
+        on the seed's server, each run in a fresh directory of its server's
+        base dir (``dirs``), prepared by ``prepare`` first.
         """
         reference = yield self.reference(*self.reference_args)
         face = Face(sync)
-        if prepare is not None:
-            yield self.call(prepare, self.base_dir)
-            yield self.call(prepare, reference.base_dir)
-        ours = yield self.drive(lambda c: scenario(c, self.base_dir, face))
-        seed = yield self.drive(
-            lambda c: scenario(c, reference.base_dir, face), reference=True
-        )
-        return ours, seed
+        dirs = []
+        for base in (self.base_dir, reference.base_dir):
+            work = os.path.join(base, "work-sync" if sync else "work-async")
+            os.mkdir(work)
+            if prepare is not None:
+                yield self.call(prepare, work)
+            dirs.append(work)
+        ours = yield self.drive(lambda c: scenario(c, dirs[0], face))
+        seed = yield self.drive(lambda c: scenario(c, dirs[1], face), reference=True)
+        return ours, seed, tuple(dirs)
 
     def assertSameShapes(
         self,
