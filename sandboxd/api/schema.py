@@ -461,7 +461,10 @@ SCHEMAS: dict[str, Schema] = {
             F("permissions", doc='octal, e.g. "644"'),
             F("modified", doc="ISO 8601 UTC"),
             F("accessed", doc="ISO 8601 UTC"),
-            F("created", doc="ISO 8601 UTC: the inode's change time, as the seed reports it"),
+            F(
+                "created",
+                doc="ISO 8601 UTC: the inode's change time, as the seed reports it",
+            ),
             F("exists", "boolean"),
             F("etag", doc="regular files only"),
         ),
@@ -532,7 +535,12 @@ SCHEMAS: dict[str, Schema] = {
                 example="*.py",
             ),
             F("max_results", "integer", "at most max_entries", default=1000, minimum=1),
-            F("max_depth", "integer", "levels searched (1: path's own entries)", minimum=1),
+            F(
+                "max_depth",
+                "integer",
+                "levels searched (1: path's own entries)",
+                minimum=1,
+            ),
         ),
         response=(
             F("results", "array", "[{name, path}]", items="object"),

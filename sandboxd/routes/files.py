@@ -708,7 +708,13 @@ def files_watch(request: ServerRequest) -> Any:
                 channel.close()
 
             over = request.context.reactor.callLater(window, window_over)
-            channel.done.addBoth(lambda _: over.active() and over.cancel())
+
+            def stop_window(result: object) -> object:
+                if over.active():
+                    over.cancel()
+                return result
+
+            channel.done.addBoth(stop_window)
             return follower.done
 
         return SSEResponse(start=start)

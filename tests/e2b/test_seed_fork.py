@@ -43,7 +43,9 @@ def fork_modules() -> dict[str, ModuleType]:
         for name in NAMED:
             importlib.import_module(f"{FORK}.{name}")
     except ImportError as e:
-        raise SkipTest(f"agent-sandbox-client's E2B fork is not installed: {e}") from None
+        raise SkipTest(
+            f"agent-sandbox-client's E2B fork is not installed: {e}"
+        ) from None
     return {
         "e2b" + name[len(FORK) :]: module
         for name, module in list(sys.modules.items())

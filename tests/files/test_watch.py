@@ -84,7 +84,9 @@ class StreamCase(FilesCase):
                 else None
             )
         )
-        yield collector.wait_for(b"event: ready" if "timeout=" in query else b": watching")
+        yield collector.wait_for(
+            b"event: ready" if "timeout=" in query else b": watching"
+        )
         return collector, response
 
     def close(self, response: Any) -> None:
@@ -92,7 +94,6 @@ class StreamCase(FilesCase):
 
 
 class WatchTests(StreamCase):
-
     @inlineCallbacks
     def test_events_and_resume(self) -> Any:
         """create, modify (debounced), move and delete arrive with ids; Last-Event-ID resumes after one."""

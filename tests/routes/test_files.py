@@ -585,9 +585,7 @@ class SeedFormTests(FilesCase):
             )
             self.assertEqual(reply.status, 200, reply.body)
             found.append(sorted(r["name"] for r in reply.json()["results"]))
-        self.assertEqual(
-            found, [["a.py"], ["a.py", "b.py"], ["a.py", "b.py", "c.py"]]
-        )
+        self.assertEqual(found, [["a.py"], ["a.py", "b.py"], ["a.py", "b.py", "c.py"]])
         reply = yield self.request(
             "POST", "/files/search", {"path": "s", "pattern": "*", "max_depth": 0}
         )

@@ -34,12 +34,16 @@ class Face:
     def __init__(self, sync: bool) -> None:
         self.sync = sync
 
-    async def __call__(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def __call__(
+        self, method: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Any:
         if not self.sync:
             return await method(*args, **kwargs)
         twin = getattr(method.__self__, method.__name__ + "_sync")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, functools.partial(twin, *args, **kwargs))
+        return await loop.run_in_executor(
+            None, functools.partial(twin, *args, **kwargs)
+        )
 
 
 async def outcome(call: Awaitable[Any]) -> Any:
@@ -131,4 +135,6 @@ class CompareCase(SeedCase):
             a, b = shape(ours[name], bases[0]), shape(seed[name], bases[1])
             if name in only_class:
                 a, b = type(ours[name]).__name__, type(seed[name]).__name__
-            self.assertEqual(a, b, f"{name}: sandboxd {ours[name]!r}, seed {seed[name]!r}")
+            self.assertEqual(
+                a, b, f"{name}: sandboxd {ours[name]!r}, seed {seed[name]!r}"
+            )

@@ -64,7 +64,9 @@ class BrowserTests(SeedCase):
         )
         self.assertIsInstance(out["content"], BrowserContent)
         self.assertIn("Hello", out["content"].content)
-        self.assertEqual(out["type"], {"typed": True, "selector": "#name", "text": "Ada"})
+        self.assertEqual(
+            out["type"], {"typed": True, "selector": "#name", "text": "Ada"}
+        )
         self.assertEqual(out["value_added"], "AdaLovelace")
         self.assertEqual(out["value_cleared"], "Bob")
         self.assertEqual(out["click"], {"clicked": True, "selector": "#go"})

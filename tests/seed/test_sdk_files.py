@@ -198,7 +198,9 @@ class FilesTests(CompareCase):
         )
         self.assertEqual(len(ours["search_max_results"].results), 1)
         self.assertIsInstance(ours["upload"], TransferResult)
-        self.assertEqual((ours["upload"].path, ours["upload"].size), (b + "/up/u.bin", 3))
+        self.assertEqual(
+            (ours["upload"].path, ours["upload"].size), (b + "/up/u.bin", 3)
+        )
         self.assertIsInstance(ours["upload_outside"], FilePolicyDeniedError)
         self.assertEqual(ours["download"], b"\x00\x01\xff")
         self.assertEqual(ours["read_text"], "text é")

@@ -58,10 +58,14 @@ async def core_scenario(c: Any, base: str, call: Face) -> dict[str, Any]:
     out["check"] = await outcome(call(c.check, "files_list", path=base))
     outside = await outcome(call(c.check, "files_list", path="/etc"))
     # The reason is a sentence of each server's own.
-    out["check_outside"] = outside if isinstance(outside, BaseException) else (
-        outside.endpoint,
-        outside.allowed,
-        outside.code,
+    out["check_outside"] = (
+        outside
+        if isinstance(outside, BaseException)
+        else (
+            outside.endpoint,
+            outside.allowed,
+            outside.code,
+        )
     )
     caps = await outcome(call(c.discover))
     out["discover"] = type(caps)
@@ -134,7 +138,10 @@ class SystemTests(CompareCase):
     @inlineCallbacks
     def check_core(self, sync: bool) -> Any:
         from agent_sandbox.api.server_capabilities import ServerCapabilities
-        from agent_sandbox.models.errors import EndpointNotAvailableError, ServerAuthError
+        from agent_sandbox.models.errors import (
+            EndpointNotAvailableError,
+            ServerAuthError,
+        )
         from agent_sandbox.models.server import PathDecision
 
         ours, seed, dirs = yield self.both(core_scenario, sync)
@@ -143,7 +150,9 @@ class SystemTests(CompareCase):
         self.assertIsInstance(ours["stranger"], ServerAuthError)
         check = ours["check"]
         self.assertIsInstance(check, PathDecision)
-        self.assertEqual((check.endpoint, check.allowed, check.code), ("files_list", True, None))
+        self.assertEqual(
+            (check.endpoint, check.allowed, check.code), ("files_list", True, None)
+        )
         self.assertEqual(
             ours["check_outside"], ("files_list", False, "path_not_allowed")
         )
@@ -217,5 +226,3 @@ class SystemTests(CompareCase):
     def test_devtools_sync(self) -> Any:
         """The same through the ``*_sync`` face."""
         return self.check_devtools(sync=True)
-
-
