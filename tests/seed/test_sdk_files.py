@@ -260,3 +260,41 @@ class FilesTests(CompareCase):
         self.assertEqual(
             [(e.type, e.is_dir) for e in seed], [(e.type, e.is_dir) for e in events]
         )
+
+    @inlineCallbacks
+    def test_where_sandboxd_differs(self) -> Any:
+        """
+        Kept on purpose (the migration page lists them): a move onto an
+        existing file raises FilePolicyDeniedError (file_exists) and leaves
+        both files, where the seed replaces the target; a directory made
+        over a file raises the same (the seed: a 500 ServerAPIError); an
+        empty upload writes an empty file, where the seed refuses it.
+        """
+        from agent_sandbox.models.errors import FilePolicyDeniedError, ServerAPIError
+        from agent_sandbox.models.server import TransferResult
+
+        base = self.base_dir
+        for name in ("a.txt", "b.txt"):
+            with open(os.path.join(base, name), "w") as f:
+                f.write(name)
+
+        async def scenario(c: Any) -> Any:
+            return (
+                await outcome(c.files.move(base + "/a.txt", base + "/b.txt")),
+                await outcome(c.files.mkdir(base + "/a.txt")),
+                await outcome(c.files.upload(base + "/empty.txt", b"")),
+            )
+
+        moved, made, empty = yield self.drive(scenario)
+        for error in (moved, made):
+            self.assertIsInstance(error, FilePolicyDeniedError)
+            self.assertIsInstance(error, ServerAPIError)
+            self.assertEqual(
+                (error.status_code, error.error_code), (409, "file_exists")
+            )
+        for name in ("a.txt", "b.txt"):
+            with open(os.path.join(base, name)) as f:
+                self.assertEqual(f.read(), name)
+        self.assertIsInstance(empty, TransferResult)
+        self.assertEqual((empty.path, empty.size), (base + "/empty.txt", 0))
+        self.assertEqual(os.path.getsize(os.path.join(base, "empty.txt")), 0)
