@@ -152,7 +152,7 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("pty_detail", "GET", "/pty/sessions/{id}", G.TERMINAL, ("terminal:use",), "Describe one terminal session.", {}),
     ("pty_resize", "POST", "/pty/sessions/{id}/resize", G.TERMINAL, ("terminal:use",), "Resize a terminal.", {}),
     ("pty_delete_session", "DELETE", "/pty/sessions/{id}", G.TERMINAL, ("terminal:use",), "Close a terminal session.", {}),
-    ("pty_connect", "WS", "/pty", G.TERMINAL, ("terminal:use",), "Attach to a terminal over WebSocket (PTY port).", {"body": "none"}),
+    ("pty_connect", "WS", "/pty", G.TERMINAL, ("terminal:use",), "Attach to a terminal over WebSocket (PTY port).", {"body": "none", "streaming": True}),
     ("system_info", "GET", "/system/info", G.SYSTEM, ("system:read",), "OS, CPU, memory and disk facts.", {}),
     ("env_get", "GET", "/env", G.SYSTEM, ("system:read",), "Environment variables (secrets redacted).", {}),
     ("env_set", "POST", "/env", G.SYSTEM, ("system:write",), "Set variables later children inherit.", {}),

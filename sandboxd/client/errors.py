@@ -219,12 +219,6 @@ class GitError(InvalidRequest):
     default_code = "git_error"
 
 
-class StdinClosed(InvalidRequest):
-    """The process has no open stdin (start it with ``stdin=True``)."""
-
-    default_code = "stdin_closed"
-
-
 class Unauthorized(AuthenticationError):
     """Missing or wrong token."""
 
@@ -331,6 +325,18 @@ class FileExists(Conflict):
     """A create without ``overwrite`` met an existing file."""
 
     default_code = "file_exists"
+
+
+class StdinClosed(Conflict):
+    """The process has no open stdin (start it with ``stdin=True``)."""
+
+    default_code = "stdin_closed"
+
+
+class OutputNotCaptured(Conflict):
+    """Output read in the seed's form of a process started without ``capture_output``."""
+
+    default_code = "output_not_captured"
 
 
 class PreconditionFailed(SandboxError):

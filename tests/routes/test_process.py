@@ -397,7 +397,13 @@ class ShellStreamTests(ProcessCase):
         )
         events = yield reader.done
         self.assertEqual([e["event"] for e in events], ["error", "exit"])
-        self.assertEqual(events[0]["data"]["type"], "TimeoutError")
+        error = events[0]["data"]
+        # "error" is the seed's word its SDK turns into CommandTimeoutError.
+        self.assertEqual(
+            (error["error"], error["type"], error["code"]),
+            ("timeout", "TimeoutError", "timeout"),
+        )
+        self.assertIn("timed out after 0.3 seconds", error["message"])
         self.assertEqual(events[1]["data"], {"exit_code": -signal.SIGTERM})
 
     @inlineCallbacks
@@ -676,6 +682,128 @@ class BackgroundTests(ProcessCase):
         yield self.daemon.stop()
         left = yield self.gone()
         self.assertEqual(left, [])
+
+
+class SeedFormTests(ProcessCase):
+    """
+    The seed's forms of process_output and process_stdin, on the wire:
+    ``since``/``wait``/``next``, ``data_base64``, ``written``/``closed``
+    and the seed's 409s.
+    """
+
+    start_process = BackgroundTests.start_process
+    _kill = BackgroundTests._kill
+    wait_exited = BackgroundTests.wait_exited
+
+    @inlineCallbacks
+    def test_since_and_next(self) -> Any:
+        """since is inclusive; next is the since of the next read; nothing new keeps it."""
+        started = yield self.start_process(
+            "echo one; echo two >&2", capture_output=True
+        )
+        pid = started["pid"]
+        yield self.wait_exited(pid)
+        reply = yield self.request("GET", f"/process/{pid}/output?since=0&wait=2")
+        body = reply.json()
+        seqs = [e["seq"] for e in body["events"]]
+        self.assertEqual(sorted(e["data"] for e in body["events"]), ["one\n", "two\n"])
+        self.assertGreater(body["next"], seqs[-1])
+        self.assertIs(body["dropped"], False)
+        reply = yield self.request(
+            "GET", f"/process/{pid}/output?since={seqs[-1]}&wait=0"
+        )
+        self.assertEqual([e["seq"] for e in reply.json()["events"]], seqs[-1:])
+        reply = yield self.request(
+            "GET", f"/process/{pid}/output?since={body['next']}&wait=5"
+        )
+        self.assertEqual(
+            (reply.json()["events"], reply.json()["next"]), ([], body["next"])
+        )
+
+    @inlineCallbacks
+    def test_wait_answers_on_output(self) -> Any:
+        """A long-poll answers as soon as output comes, not when wait runs out."""
+        started = yield self.start_process("sleep 0.5; echo late", capture_output=True)
+        before = time.monotonic()
+        reply = yield self.request(
+            "GET", f"/process/{started['pid']}/output?since=0&wait=20"
+        )
+        took = time.monotonic() - before
+        self.assertEqual([e["data"] for e in reply.json()["events"]], ["late\n"])
+        self.assertLess(took, 10)
+
+    @inlineCallbacks
+    def test_wait_is_bounded(self) -> Any:
+        """A quiet process is answered, empty and running, once wait is over."""
+        started = yield self.start_process(f"sleep {self.marker}", capture_output=True)
+        before = time.monotonic()
+        reply = yield self.request(
+            "GET", f"/process/{started['pid']}/output?since=0&wait=0.5"
+        )
+        took = time.monotonic() - before
+        body = reply.json()
+        self.assertEqual((body["events"], body["state"]), ([], "running"))
+        self.assertGreaterEqual(took, 0.4)
+
+    @inlineCallbacks
+    def test_bad_wait(self) -> Any:
+        """A wait that is not a number is 400 invalid_param."""
+        started = yield self.start_process("true", capture_output=True)
+        reply = yield self.request(
+            "GET", f"/process/{started['pid']}/output?since=0&wait=soon"
+        )
+        self.assertEqual((reply.status, reply.json()["code"]), (400, "invalid_param"))
+
+    @inlineCallbacks
+    def test_not_captured(self) -> Any:
+        """The seed's form needs capture_output: true; capture_output: false refuses both forms."""
+        plain = yield self.start_process("true")
+        reply = yield self.request("GET", f"/process/{plain['pid']}/output?since=0")
+        self.assertEqual(
+            (reply.status, reply.json()["code"], reply.json()["type"]),
+            (409, "output_not_captured", "ConflictError"),
+        )
+        reply = yield self.request("GET", f"/process/{plain['pid']}/output")
+        self.assertEqual(reply.status, 200)
+        off = yield self.start_process("true", capture_output=False)
+        reply = yield self.request("GET", f"/process/{off['pid']}/output")
+        self.assertEqual(reply.status, 409)
+
+    @inlineCallbacks
+    def test_stdin_base64(self) -> Any:
+        """data_base64 writes bytes as given; written and closed say what happened."""
+        started = yield self.start_process(
+            "od -An -tx1", stdin=True, capture_output=True
+        )
+        pid = started["pid"]
+        reply = yield self.request(
+            "POST", f"/process/{pid}/stdin", {"data_base64": "AP8K", "eof": True}
+        )
+        self.assertEqual(
+            reply.json(), {"pid": pid, "written": 3, "closed": True, "bytes": 3}
+        )
+        yield self.wait_exited(pid)
+        reply = yield self.request("GET", f"/process/{pid}/output?since=0&wait=2")
+        text = "".join(e["data"] for e in reply.json()["events"])
+        self.assertEqual(text.split(), ["00", "ff", "0a"])
+
+    @inlineCallbacks
+    def test_stdin_refusals(self) -> Any:
+        """Bad base64 and both data forms are 400; a closed stdin is 409 stdin_closed."""
+        started = yield self.start_process(f"cat; sleep {self.marker}", stdin=True)
+        pid = started["pid"]
+        for body in (
+            {"data_base64": "not base64!"},
+            {"data": "x", "data_base64": "eA=="},
+        ):
+            reply = yield self.request("POST", f"/process/{pid}/stdin", body)
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (400, "invalid_param"), body
+            )
+        reply = yield self.request("POST", f"/process/{pid}/stdin", {"eof": True})
+        self.assertEqual(reply.status, 200)
+        reply = yield self.request("POST", f"/process/{pid}/stdin", {"data": "x"})
+        self.assertEqual((reply.status, reply.json()["code"]), (409, "stdin_closed"))
 
 
 class ClientLeftTests(ProcessCase):

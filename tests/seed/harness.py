@@ -175,6 +175,21 @@ class SeedCase(DaemonTestCase):
         self.pool.start()
         self.addCleanup(self.pool.stop)
         self._reference: Reference | None = None
+        # A shell reads ~/.bashrc: a HOME of the test's own keeps whatever
+        # the machine's root profile does (pyenv init, slow on a busy
+        # machine) out of the terminals' way, on both servers.
+        home = os.path.realpath(self.mktemp())
+        os.makedirs(home)
+        saved = os.environ.get("HOME")
+
+        def restore() -> None:
+            if saved is None:
+                os.environ.pop("HOME", None)
+            else:
+                os.environ["HOME"] = saved
+
+        self.addCleanup(restore)
+        os.environ["HOME"] = home
         return super().setUp()
 
     @inlineCallbacks

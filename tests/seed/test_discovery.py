@@ -132,3 +132,32 @@ class ReferenceTests(SeedCase):
                 (theirs.info(name).method, theirs.info(name).path),
                 name,
             )
+
+
+class AfterDiscoveryTests(SeedCase):
+    """A discovery snapshot lets every renamed endpoint through."""
+
+    @inlineCallbacks
+    def test_calls_after_discover(self) -> Any:
+        """After discover(), commands.*, process.get/wait and pty.* reach the daemon."""
+
+        async def scenario(client: Any) -> Any:
+            await client.discover()
+            listed = await client.commands.list()
+            started = await client.process.start("true")
+            got = await client.process.get(started.pid)
+            code = await client.process.wait(started.pid, timeout=10, poll=0.1)
+            created = await client.pty.create()
+            sessions = await client.pty.list()
+            detail = await client.pty.get(created.session_id)
+            await client.pty.delete(created.session_id)
+            return (
+                listed,
+                got.pid == started.pid,
+                code,
+                [s.id for s in sessions] == [created.session_id],
+                detail.id == created.session_id,
+            )
+
+        result = yield self.drive(scenario)
+        self.assertEqual(result, ([], True, 0, True, True))

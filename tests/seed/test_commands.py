@@ -1,0 +1,151 @@
+"""
+The seed SDK's ``commands.*`` methods against a sandboxd daemon, each
+scenario run against the seed's own server (loaded with the same commands
+from a seed-style file) too.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+
+from sandboxd import CommandRegistry
+from tests.seed.test_process import Compared
+
+#: The same commands, written for the seed's server.
+SEED_COMMANDS = """
+from agent_sandbox.server import command
+
+
+@command("hello", description="Say hello.")
+def hello(name: str = "World") -> str:
+    return f"Hello, {name}!"
+
+
+@command("add", description="Add two integers.")
+def add(a: int, b: int = 1) -> int:
+    return a + b
+
+
+@command("boom", description="Always fails.")
+def boom() -> None:
+    raise KeyError("missing thing")
+"""
+
+
+def registry() -> CommandRegistry:
+    """The same commands, registered with sandboxd."""
+    commands = CommandRegistry()
+
+    @commands.command("hello", description="Say hello.")
+    def hello(name: str = "World") -> str:
+        return f"Hello, {name}!"
+
+    @commands.command("add", description="Add two integers.")
+    def add(a: int, b: int = 1) -> int:
+        return a + b
+
+    @commands.command("boom", description="Always fails.")
+    def boom() -> None:
+        raise KeyError("missing thing")
+
+    return commands
+
+
+class CommandsTests(Compared):
+    """commands.list and commands.run."""
+
+    autostart = False
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        yield super().setUp()
+        yield self.start(registry=registry())
+
+    @inlineCallbacks
+    def reference(self, *extra: str) -> Any:
+        """The seed's server, with the same commands loaded from a file."""
+        path = os.path.realpath(self.mktemp()) + ".py"
+        with open(path, "w") as f:
+            f.write(SEED_COMMANDS)
+        ref = yield super().reference("--commands", path, *extra)
+        return ref
+
+    @inlineCallbacks
+    def test_list(self) -> Any:
+        """list() is ServerCommand entries with their arguments."""
+        from agent_sandbox.models.server import ServerCommand
+
+        async def scenario(c: Any) -> Any:
+            listed = await c.commands.list()
+            return sorted(
+                (
+                    type(cmd),
+                    cmd.name,
+                    cmd.description,
+                    tuple((a.name, a.type, a.required) for a in cmd.args),
+                )
+                for cmd in listed
+            )
+
+        result = yield self.same(scenario)
+        self.assertEqual(
+            result,
+            [
+                (
+                    ServerCommand,
+                    "add",
+                    "Add two integers.",
+                    (("a", "integer", True), ("b", "integer", False)),
+                ),
+                (ServerCommand, "boom", "Always fails.", ()),
+                (ServerCommand, "hello", "Say hello.", (("name", "string", False),)),
+            ],
+        )
+
+    @inlineCallbacks
+    def test_run(self) -> Any:
+        """run() returns the command's result."""
+
+        async def scenario(c: Any) -> Any:
+            return (
+                await c.commands.run("hello", name="Qoder"),
+                await c.commands.run("add", a=2, b=3),
+            )
+
+        result = yield self.same(scenario)
+        self.assertEqual(result, ("Hello, Qoder!", 5))
+
+    @inlineCallbacks
+    def test_errors(self) -> Any:
+        """Unknown, bad arguments and a failing command raise the SDK's three classes."""
+        from agent_sandbox.models.errors import (
+            CommandArgumentError,
+            CommandExecutionError,
+            CommandNotFoundError,
+        )
+
+        async def scenario(c: Any) -> Any:
+            out = []
+            for name, kwargs in (("nope", {}), ("add", {"a": "x"}), ("boom", {})):
+                try:
+                    await c.commands.run(name, **kwargs)
+                except Exception as e:
+                    out.append(type(e))
+            return out
+
+        result = yield self.same(scenario)
+        self.assertEqual(
+            result, [CommandNotFoundError, CommandArgumentError, CommandExecutionError]
+        )
+
+    @inlineCallbacks
+    def test_sync(self) -> Any:
+        """list_sync() and run_sync()."""
+        commands = self.client().commands
+        listed = yield self.call(commands.list_sync)
+        self.assertEqual(sorted(c.name for c in listed), ["add", "boom", "hello"])
+        result = yield self.call(commands.run_sync, "add", a=40, b=2)
+        self.assertEqual(result, 42)

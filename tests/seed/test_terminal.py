@@ -1,0 +1,163 @@
+"""
+The seed SDK's ``pty.*`` methods against a sandboxd daemon, each scenario
+run against the seed's own server too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+
+from tests.seed.test_process import Compared
+
+
+class TerminalTests(Compared):
+    """create, list, get, resize, connect, delete."""
+
+    @inlineCallbacks
+    def test_lifecycle(self) -> Any:
+        """A session is created, listed, described, resized, attached and deleted."""
+        from agent_sandbox.models.server import PtyCreated, PtySessionInfo
+
+        async def scenario(c: Any) -> Any:
+            created = await c.pty.create(cols=100, rows=30)
+            listed = await c.pty.list()
+            got = await c.pty.get(created.session_id)
+            resized = await c.pty.resize(created.session_id, 120, 40)
+            async with c.pty.connect(created.session_id) as term:
+                await term.send("echo pty-$((40+2))\n")
+                seen = await term.expect("pty-42", timeout=10)
+            await c.pty.delete(created.session_id)
+            gone = [s.id for s in await c.pty.list()]
+            return (
+                type(created),
+                bool(created.session_id),
+                created.pid is not None,
+                [type(s) for s in listed],
+                created.session_id in [s.id for s in listed],
+                (type(got), got.id == created.session_id, got.cols, got.rows),
+                (type(resized), resized.cols, resized.rows),
+                "pty-42" in seen,
+                created.session_id in gone,
+            )
+
+        result = yield self.same(scenario)
+        self.assertEqual(
+            result,
+            (
+                PtyCreated,
+                True,
+                True,
+                [PtySessionInfo],
+                True,
+                (PtySessionInfo, True, 100, 30),
+                (PtySessionInfo, 120, 40),
+                True,
+                False,
+            ),
+        )
+
+    @inlineCallbacks
+    def test_get_unknown(self) -> Any:
+        """get() and delete() of an unknown session are ServerAPIError 404."""
+        from agent_sandbox.models.errors import ServerAPIError
+
+        async def scenario(c: Any) -> Any:
+            out = []
+            for call in (c.pty.get, c.pty.delete):
+                try:
+                    await call("no-such-session")
+                except ServerAPIError as e:
+                    out.append((type(e), e.status_code))
+            return out
+
+        result = yield self.same(scenario)
+        self.assertEqual(result, [(ServerAPIError, 404)] * 2)
+
+    @inlineCallbacks
+    def test_sync_methods(self) -> Any:
+        """create_sync, list_sync, get_sync, resize_sync, delete_sync."""
+        pty = self.client().pty
+        created = yield self.call(pty.create_sync)
+        listed = yield self.call(pty.list_sync)
+        self.assertEqual([s.id for s in listed], [created.session_id])
+        got = yield self.call(pty.get_sync, created.session_id)
+        self.assertEqual((got.cols, got.rows), (80, 24))
+        resized = yield self.call(pty.resize_sync, created.session_id, 90, 20)
+        self.assertEqual((resized.cols, resized.rows), (90, 20))
+        yield self.call(pty.delete_sync, created.session_id)
+        listed = yield self.call(pty.list_sync)
+        self.assertEqual(listed, [])
+
+    @inlineCallbacks
+    def test_connect_bad_token(self) -> Any:
+        """connect() with a wrong token is the SDK's ServerAuthError at the handshake."""
+        from agent_sandbox.models.errors import ServerAuthError
+
+        created = yield self.drive(lambda c: c.pty.create())
+
+        async def scenario(c: Any) -> Any:
+            async with c.pty.connect(created.session_id):
+                return "attached"
+
+        error = yield self.outcome(scenario, token="wrong-token")
+        self.assertIsInstance(error, ServerAuthError)
+
+
+class ConnectionTests(Compared):
+    """What a PtyConnection sends and receives."""
+
+    @inlineCallbacks
+    def test_resize(self) -> Any:
+        """A resize message reaches the terminal."""
+
+        async def scenario(c: Any) -> Any:
+            created = await c.pty.create()
+            async with c.pty.connect(created.session_id) as term:
+                await term.resize(132, 43)
+                await term.send("stty size\n")
+                size = await term.expect("43 132", timeout=10)
+            await c.pty.delete(created.session_id)
+            return "43 132" in size
+
+        result = yield self.same(scenario)
+        self.assertTrue(result)
+
+    @inlineCallbacks
+    def test_exit_ends_the_stream(self) -> Any:
+        """
+        When the shell exits, the connection says ``exited`` and closes, so
+        ``async for`` over it ends.  (The seed's server keeps the socket
+        open after its shell exits: the loop waits on there.)
+        """
+
+        async def scenario(c: Any) -> Any:
+            created = await c.pty.create()
+            async with c.pty.connect(created.session_id) as term:
+                await term.send("exit\n")
+                return [m.event async for m in term if m.type == "event"]
+
+        events = yield self.drive(scenario)
+        self.assertEqual(events, ["started", "exited"])
+
+    @inlineCallbacks
+    def test_signal_interrupts_foreground(self) -> Any:
+        """
+        ``signal("SIGINT")`` stops the command in the foreground, as Ctrl-C
+        would.  (The seed's server signals the shell's own process group,
+        which an interactive shell ignores: the command runs on there.)
+        """
+
+        async def scenario(c: Any) -> Any:
+            created = await c.pty.create()
+            async with c.pty.connect(created.session_id) as term:
+                await term.send("sleep 30; echo after-$((1+1))\n")
+                await term.expect("sleep 30", timeout=10)
+                await term.signal("SIGINT")
+                await term.send("echo back-$((2+2))\n")
+                seen = await term.expect("back-4", timeout=10)
+            return "after-2" in seen
+
+        interrupted = yield self.drive(scenario)
+        self.assertFalse(interrupted)
