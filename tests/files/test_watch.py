@@ -175,6 +175,31 @@ class SeedFormTests(StreamCase):
         self.assertLess(elapsed, 10)
 
     @inlineCallbacks
+    def test_watched_directory_removed(self) -> Any:
+        """The watched directory removed: its deletion, then end (closed) before the window is over."""
+        os.mkdir(os.path.join(self.base_dir, "w"))
+        started = reactor.seconds()
+        c, _ = yield self.open_stream("path=w&timeout=60")
+        os.rmdir(os.path.join(self.base_dir, "w"))
+        yield c.done
+        self.assertLess(reactor.seconds() - started, 30)
+        events = [(name, data) for _, name, data in c.events()]
+        self.assertEqual(
+            events[-2:],
+            [
+                (
+                    "change",
+                    {
+                        "type": "deleted",
+                        "path": os.path.join(self.base_dir, "w"),
+                        "is_dir": True,
+                    },
+                ),
+                ("end", {"reason": "closed"}),
+            ],
+        )
+
+    @inlineCallbacks
     def test_bad_window_is_400(self) -> Any:
         """A timeout or interval that is not a number is a 400, not a stream."""
         os.mkdir(os.path.join(self.base_dir, "w"))
