@@ -467,6 +467,13 @@ SCHEMAS: dict[str, Schema] = {
         query=(
             F("path", doc="default: base_dir", example="."),
             F("depth", "integer", "1..10", default=1, minimum=1, maximum=10),
+            F(
+                "recursive",
+                "boolean",
+                "without depth: list 3 levels deep (the seed's form)",
+                default=False,
+            ),
+            F("max_entries", "integer", "at most the policy's max_entries", minimum=1),
             F("hidden", "boolean", "include dot files", default=True),
         ),
         response=(
@@ -492,6 +499,11 @@ SCHEMAS: dict[str, Schema] = {
             F("size", "integer"),
             F("permissions", doc='octal, e.g. "644"'),
             F("modified", doc="ISO 8601 UTC"),
+            F("accessed", doc="ISO 8601 UTC"),
+            F(
+                "created",
+                doc="ISO 8601 UTC: the inode's change time, as the seed reports it",
+            ),
             F("exists", "boolean"),
             F("etag", doc="regular files only"),
         ),
@@ -562,6 +574,12 @@ SCHEMAS: dict[str, Schema] = {
                 example="*.py",
             ),
             F("max_results", "integer", "at most max_entries", default=1000, minimum=1),
+            F(
+                "max_depth",
+                "integer",
+                "levels searched (1: path's own entries)",
+                minimum=1,
+            ),
         ),
         response=(
             F("results", "array", "[{name, path}]", items="object"),
@@ -817,6 +835,13 @@ SCHEMAS: dict[str, Schema] = {
         query=(
             F("path", doc="default: base_dir", example="."),
             F("recursive", "boolean", default=False),
+            F(
+                "timeout",
+                "number",
+                "seconds: the seed's form, a window ending with end "
+                "(at most max_duration_seconds, default 300)",
+            ),
+            F("interval", "number", "seconds: the seed's form (its polling period)"),
             *_RESUME,
             _QUERY_TOKEN,
         ),
@@ -828,10 +853,17 @@ SCHEMAS: dict[str, Schema] = {
             Event("deleted", '{"event", "path", "type"}'),
             Event("moved", '{"event", "path", "type", "dest"}'),
             _GAP,
+            Event("ready", '{"path"}: the seed\'s form, first'),
+            Event(
+                "change",
+                '{"type": created|modified|deleted, "path", "is_dir"}: the seed\'s form',
+            ),
+            Event("end", '{"reason": "timeout"|"closed"}: the seed\'s form, last'),
         ),
         errors=(*_GUARD, E(404, "not_found", "no such directory")),
         notes="inotify, debounced; events for paths the caller may not see are dropped. "
-        "Resumable: see docs/protocols.md.",
+        "Open-ended and resumable (see docs/protocols.md) unless timeout or interval "
+        "is given: then the seed's events, for a window (a move is deleted + created).",
     ),
     # -- process ---------------------------------------------------------------
     "shell": Schema(
@@ -1352,11 +1384,15 @@ SCHEMAS: dict[str, Schema] = {
             F("full_page", "boolean", default=False),
             F("selector", doc="an element to capture"),
             F("type", enum=("png", "jpeg"), default="png"),
+            F("format", enum=("png", "jpeg"), doc="the seed's name for type"),
             F("quality", "integer", "jpeg only, 0..100"),
             _timeout(30000),
         ),
         response=(F("image_base64"), F("width", "integer"), F("height", "integer")),
-        errors=(E(400, "invalid_param", "bad type, quality or timeout"), *_BROWSER),
+        errors=(
+            E(400, "invalid_param", "bad type or format, quality or timeout"),
+            *_BROWSER,
+        ),
     ),
     "browser_content": Schema(
         query=(
@@ -1375,6 +1411,7 @@ SCHEMAS: dict[str, Schema] = {
         body=(
             F("selector", required=True, example="input[name=q]"),
             F("text", required=True, example="sandboxd"),
+            F("clear", "boolean", "empty the field first", default=False),
             F("delay", "number", "milliseconds between keys", default=0),
             _timeout(5000),
         ),

@@ -386,6 +386,8 @@ class Worker:
         return {"clicked": True, "selector": req["selector"]}
 
     async def op_type(self, page: Any, req: dict[str, Any]) -> dict[str, Any]:
+        if req.get("clear"):
+            await page.fill(req["selector"], "", timeout=req["timeout"])
         await page.type(
             req["selector"],
             req["text"],

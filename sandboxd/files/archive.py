@@ -59,12 +59,16 @@ def refused_member(name: str, why: str) -> ApiError:
 # -- create -------------------------------------------------------------------
 
 
-def _arcname(guard: PathGuard, path: str) -> str:
-    """Members are named relative to the base dir (or absolute-less outside it)."""
-    base = guard.base_dir.rstrip("/")
-    if path.startswith(base + "/"):
-        return path[len(base) + 1 :]
-    return path.lstrip("/")
+def arcname(top: str, full: str) -> str:
+    """
+    A member's name, as the seed names it: the last component of the path
+    asked for (``top``), then the member's path below it.
+    """
+    base = posixpath.basename(top.rstrip("/"))
+    if full == top:
+        return base
+    below = full[len(top.rstrip("/")) + 1 :]
+    return posixpath.join(base, below) if base else below
 
 
 class _Budget:
@@ -86,7 +90,11 @@ class _Budget:
 def create(
     guard: PathGuard, paths: list[str], fmt: str, max_files: int, max_bytes: int
 ) -> dict[str, Any]:
-    """Pack ``paths``; links are stored as links, never followed."""
+    """
+    Pack ``paths``; links are stored as links, never followed.  Members are
+    named as on the seed: a file by its name, a directory's files below the
+    directory's name (directories themselves are not members).
+    """
     buffer = io.BytesIO()
     budget = _Budget(max_files, max_bytes)
     if fmt == "zip":
@@ -112,13 +120,16 @@ def create(
                     )
                 resolved = loc.path
             try:
-                _add(writer, fmt, fd, resolved, st, guard, budget, buffer)
-                if stat.S_ISDIR(st.st_mode):
-                    for parent, name, sub_st in walk(fd, resolved, WALK_DEPTH):
-                        full = posixpath.join(parent, name)
-                        if not visible(guard, full, sub_st):
-                            continue
-                        _add_entry(writer, fmt, full, sub_st, guard, budget, buffer)
+                if not stat.S_ISDIR(st.st_mode):
+                    name = arcname(resolved, resolved)
+                    _add(writer, fmt, fd, resolved, name, st, budget, buffer)
+                    continue
+                for parent, name, sub_st in walk(fd, resolved, WALK_DEPTH):
+                    full = posixpath.join(parent, name)
+                    if not visible(guard, full, sub_st):
+                        continue
+                    member = arcname(resolved, full)
+                    _add_entry(writer, fmt, full, member, sub_st, guard, budget, buffer)
             finally:
                 os.close(fd)
     data = buffer.getvalue()
@@ -135,21 +146,26 @@ def _add_entry(
     writer: Any,
     fmt: str,
     full: str,
+    name: str,
     st: os.stat_result,
     guard: PathGuard,
     budget: _Budget,
     buffer: io.BytesIO,
 ) -> None:
+    """
+    One walked entry: files and links are stored; directories are not
+    members of their own (as on the seed: their files name them).
+    """
     if stat.S_ISREG(st.st_mode):
         try:
             f = guard.open_file(full)
         except ApiError:
             return
         with f:
-            _add(writer, fmt, f.fd, full, f.stat, guard, budget, buffer)
-    elif stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode):
-        _add(writer, fmt, -1, full, st, guard, budget, buffer)
-    # FIFOs, sockets and devices are skipped.
+            _add(writer, fmt, f.fd, full, name, f.stat, budget, buffer)
+    elif stat.S_ISLNK(st.st_mode):
+        _add(writer, fmt, -1, full, name, st, budget, buffer)
+    # Directories, FIFOs, sockets and devices are skipped.
 
 
 def _add(
@@ -157,12 +173,11 @@ def _add(
     fmt: str,
     fd: int,
     path: str,
+    name: str,
     st: os.stat_result,
-    guard: PathGuard,
     budget: _Budget,
     buffer: io.BytesIO,
 ) -> None:
-    name = _arcname(guard, path)
     mode = stat.S_IMODE(st.st_mode)
     if stat.S_ISLNK(st.st_mode):
         try:
@@ -178,19 +193,6 @@ def _add(
             ti = tarfile.TarInfo(name)
             ti.type = tarfile.SYMTYPE
             ti.linkname = link
-            ti.mtime = int(st.st_mtime)
-            writer.addfile(ti)
-        return
-    if stat.S_ISDIR(st.st_mode):
-        budget.add(0, buffer)
-        if fmt == "zip":
-            info = zipfile.ZipInfo(name.rstrip("/") + "/")
-            info.external_attr = (stat.S_IFDIR | mode) << 16 | 0x10
-            writer.writestr(info, b"")
-        else:
-            ti = tarfile.TarInfo(name)
-            ti.type = tarfile.DIRTYPE
-            ti.mode = mode
             ti.mtime = int(st.st_mtime)
             writer.addfile(ti)
         return

@@ -155,15 +155,23 @@ def list_dir(
 
 
 def search(
-    guard: PathGuard, path: str, pattern: str, max_results: int, timeout: float
+    guard: PathGuard,
+    path: str,
+    pattern: str,
+    max_results: int,
+    timeout: float,
+    depth: int = WALK_DEPTH,
 ) -> dict[str, Any]:
-    """``files_search``: names matching ``pattern`` below ``path``, within ``timeout`` s."""
+    """
+    ``files_search``: names matching ``pattern`` below ``path``, within
+    ``timeout`` s, at most ``depth`` levels down (1: ``path``'s own entries).
+    """
     deadline = time.monotonic() + timeout
     regex = re.compile(fnmatch.translate(pattern))
     results: list[dict[str, str]] = []
     timed_out = truncated = False
     with guard.open_dir(path) as (fd, root):
-        for n, (parent, name, st) in enumerate(walk(fd, root, WALK_DEPTH)):
+        for n, (parent, name, st) in enumerate(walk(fd, root, depth)):
             if n % 256 == 0 and time.monotonic() > deadline:
                 timed_out = True
                 break
@@ -193,6 +201,8 @@ def stat_path(guard: PathGuard, path: str) -> dict[str, Any]:
             "size": 0,
             "permissions": "",
             "modified": "",
+            "accessed": "",
+            "created": "",
             "exists": False,
         }
     if stat.S_ISLNK(st.st_mode):
@@ -206,6 +216,10 @@ def stat_path(guard: PathGuard, path: str) -> dict[str, Any]:
         "size": st.st_size,
         "permissions": format(stat.S_IMODE(st.st_mode), "o")[-3:].zfill(3),
         "modified": iso_time(st.st_mtime),
+        "accessed": iso_time(st.st_atime),
+        # The seed's name for the inode's change time (Linux keeps no
+        # creation time that stat reports).
+        "created": iso_time(st.st_ctime),
         "exists": True,
     }
     if stat.S_ISREG(st.st_mode):

@@ -274,6 +274,22 @@ class WatchService(Service):
         return super().stopService()
 
 
+def seed_changes(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """
+    One event of the log as the seed's ``change`` events, ``{"type",
+    "path", "is_dir"}`` with ``type`` created, modified or deleted: a move
+    is the deletion of its source and the creation of its destination,
+    which is what the seed's polling sees of it.
+    """
+    is_dir = data.get("type") == "directory"
+    if data["event"] != "moved":
+        return [{"type": data["event"], "path": data["path"], "is_dir": is_dir}]
+    changes = [{"type": "deleted", "path": data["path"], "is_dir": is_dir}]
+    if "dest" in data:
+        changes.append({"type": "created", "path": data["dest"], "is_dir": is_dir})
+    return changes
+
+
 def watch_dirs(guard: PathGuard, path: str) -> tuple[str, list[str]]:
     """The resolved root and the real directories below it (no link followed)."""
     dirs: list[str] = []

@@ -245,11 +245,21 @@ MAX_PATTERN_CHARS = 1024
 #: file_ops: deepest listing (``depth`` is 1..this).
 MAX_LIST_DEPTH = 10
 
+#: file_ops: how deep ``files_list?recursive=true`` goes when no ``depth``
+#: is given (the seed's default ``max_depth``).
+RECURSIVE_LIST_DEPTH = 3
+
 #: files_watch: quiet time that merges bursts of events for one path.
 WATCH_DEBOUNCE_SECONDS = 0.05
 
 #: files_watch: how long a watch with no client keeps its log for resumes.
 WATCH_IDLE_SECONDS = 60.0
+
+#: files_watch in the seed's form (``timeout`` or ``interval`` given): the
+#: window when none is asked for, and its ceiling when the policy sets no
+#: ``max_duration_seconds``; a shorter window asked for is this long.
+WATCH_WINDOW_SECONDS = 300.0
+WATCH_MIN_WINDOW_SECONDS = 0.1
 
 #: files_watch: concurrent distinct watches (each holds inotify watches).
 MAX_WATCHES = 64

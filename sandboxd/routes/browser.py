@@ -107,14 +107,29 @@ async def navigate(request: ServerRequest) -> dict[str, Any]:
     )
 
 
-async def screenshot(request: ServerRequest) -> dict[str, Any]:
-    """``POST /browser/screenshot {"full_page"?, "selector"?, "type"?}``."""
-    body = request.body
-    kind = body.get("type", "png")
-    if kind == "jpg":
-        kind = "jpeg"
+def image_type(body: dict[str, Any]) -> str:
+    """
+    The image type asked for: ``type``, or ``format`` as the seed's SDK
+    sends it (both given, they must agree); png unless one is given.
+    """
+    given = {name: body[name] for name in ("type", "format") if name in body}
+    kinds = {"jpeg" if v == "jpg" else v for v in given.values()}
+    if len(kinds) > 1:
+        raise bad_request("'type' and 'format' disagree: give one of them")
+    kind = kinds.pop() if kinds else "png"
     if kind not in IMAGE_TYPES:
-        raise bad_request("'type' must be png or jpeg")
+        name = "format" if "format" in given else "type"
+        raise bad_request(f"'{name}' must be png or jpeg")
+    return str(kind)
+
+
+async def screenshot(request: ServerRequest) -> dict[str, Any]:
+    """
+    ``POST /browser/screenshot {"full_page"?, "selector"?, "type"?}``;
+    ``format`` is the seed's name for ``type``.
+    """
+    body = request.body
+    kind = image_type(body)
     full_page = flag(body.get("full_page", False), "full_page", words=False)
     args: dict[str, Any] = {"type": kind, "full_page": full_page}
     selector = string(body.get("selector"), "selector", None)
@@ -148,10 +163,14 @@ async def click(request: ServerRequest) -> dict[str, Any]:
 
 
 async def type_text(request: ServerRequest) -> dict[str, Any]:
-    """``POST /browser/type {"selector", "text", "delay"?, "timeout"?}``."""
+    """
+    ``POST /browser/type {"selector", "text", "clear"?, "delay"?, "timeout"?}``:
+    with ``clear``, the field is emptied before the text is typed.
+    """
     body = request.body
     selector = required(body.get("selector"), "selector")
     text = string(body.get("text"), "text")
+    clear = flag(body.get("clear", False), "clear", words=False)
     delay = number(body.get("delay", 0), "delay", low=0)
     timeout = timeout_ms(request, "type")
     # Typing with a delay takes delay x characters on top of finding the element.
@@ -161,7 +180,13 @@ async def type_text(request: ServerRequest) -> dict[str, Any]:
         raise bad_request(
             f"typing {len(text)} characters {delay:g} ms apart would take longer than {ceiling} ms"
         )
-    args = {"selector": selector, "text": text, "delay": delay, "timeout": timeout}
+    args = {
+        "selector": selector,
+        "text": text,
+        "delay": delay,
+        "timeout": timeout,
+        "clear": clear,
+    }
     return await _call(request, "type", args, budget)
 
 

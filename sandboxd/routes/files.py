@@ -25,6 +25,7 @@ from sandboxd.errors import (
     ApiError,
     Code,
     bad_request,
+    file_not_found,
     forbidden,
     payload_too_large,
     range_not_satisfiable,
@@ -34,7 +35,7 @@ from sandboxd.files import walk
 from sandboxd.files.atomic import AtomicWrite, etag_matches, parse_mode
 from sandboxd.files.background import HashedWrite
 from sandboxd.files.stream import FileProducer, b64_chunk, b64_length, parse_range
-from sandboxd.files.watch import watch_dirs
+from sandboxd.files.watch import seed_changes, watch_dirs
 from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import (
     DEFAULT_UPLOAD_BYTES,
@@ -43,6 +44,10 @@ from sandboxd.policy.defaults import (
     MAX_LIST_DEPTH,
     MAX_PATTERN_CHARS,
     MIB,
+    RECURSIVE_LIST_DEPTH,
+    WALK_DEPTH,
+    WATCH_MIN_WINDOW_SECONDS,
+    WATCH_WINDOW_SECONDS,
 )
 from sandboxd.policy.rules import smallest
 from sandboxd.web.dispatch import json_bytes
@@ -52,8 +57,14 @@ from sandboxd.web.messages import (
     SSEResponse,
     StreamResponse,
 )
-from sandboxd.web.params import flag, integer, required, string
-from sandboxd.web.sse import Follower, SSEChannel, default_format, resume_point
+from sandboxd.web.params import flag, integer, number, required, string
+from sandboxd.web.sse import (
+    Follower,
+    SSEChannel,
+    default_format,
+    frame,
+    resume_point,
+)
 
 # -- small helpers ------------------------------------------------------------
 
@@ -270,7 +281,14 @@ def files_download_stream(request: ServerRequest) -> Any:
     shrinks cuts the connection.
     """
     path = required(request.query.get("path"), "path")
-    f = PathGuard.for_request(request).open_file(path)
+    try:
+        f = PathGuard.for_request(request).open_file(path)
+    except ApiError as e:
+        if e.type != "IsADirectoryError":
+            raise
+        # The seed answers a directory as it answers a missing file, and
+        # its SDK raises FileNotFoundError_ for it.
+        raise file_not_found(path) from None
     size = f.stat.st_size
     cap = max_bytes(request)
     if size > cap:
@@ -428,12 +446,19 @@ def files_write_raw(request: ServerRequest) -> Any:
 def files_list(request: ServerRequest) -> Any:
     """``GET /files/list``: entries, off the reactor thread."""
     guard = PathGuard.for_request(request)
-    path = request.query.get("path") or guard.base_dir
-    depth = integer(request.query.get("depth"), "depth", 1, 1, MAX_LIST_DEPTH)
+    query = request.query
+    path = query.get("path") or guard.base_dir
+    # The seed's recursive=true lists as deep as its default depth; an
+    # explicit depth says exactly how deep.
+    recursive = flag(query.get("recursive"), "recursive", False)
+    shallow = RECURSIVE_LIST_DEPTH if recursive else 1
+    depth = integer(query.get("depth"), "depth", shallow, 1, MAX_LIST_DEPTH)
     # A policy's max_depth lowers what may be asked for, as on the seed.
     depth = min(depth, request.rule.limits.max_depth or depth)
-    hidden = flag(request.query.get("hidden"), "hidden", True)
+    hidden = flag(query.get("hidden"), "hidden", True)
     cap = request.rule.limits.max_entries or _default("files_list", "max_entries")
+    # "At most max_entries": more is asked for, the policy's cap is given.
+    cap = min(cap, integer(query.get("max_entries"), "max_entries", cap, 1))
     guard.locate(path, "read", follow=True).close()  # refusals before the thread
     return in_thread(request, walk.list_dir, guard, path, depth, hidden, cap)
 
@@ -524,8 +549,13 @@ def files_search(request: ServerRequest) -> Any:
     timeout = request.rule.limits.timeout_seconds or _default(
         "files_search", "timeout_seconds"
     )
+    # The seed's max_depth: how many levels down names are matched.
+    depth = min(WALK_DEPTH, integer(body.get("max_depth"), "max_depth", WALK_DEPTH, 1))
+    depth = min(depth, request.rule.limits.max_depth or depth)
     guard.locate(path, "read", follow=True).close()
-    return in_thread(request, walk.search, guard, path, pattern, max_results, timeout)
+    return in_thread(
+        request, walk.search, guard, path, pattern, max_results, timeout, depth
+    )
 
 
 def files_archive(request: ServerRequest) -> Any:
@@ -600,30 +630,66 @@ def files_extract(request: ServerRequest) -> Any:
     return in_thread(request, job)
 
 
+def watch_window(request: ServerRequest) -> float | None:
+    """
+    The seed's watch window in seconds when the request is in the seed's
+    form (``timeout`` or ``interval`` given), else None (our open-ended,
+    resumable form).  The window is cut to ``max_duration_seconds`` and is
+    at least :data:`WATCH_MIN_WINDOW_SECONDS`, as on the seed; ``interval``
+    (the seed's polling period) is checked and otherwise not needed here.
+    """
+    raw_timeout = request.query.get("timeout")
+    raw_interval = request.query.get("interval")
+    if raw_timeout is None and raw_interval is None:
+        return None
+    number(raw_interval, "interval", None)
+    ceiling = request.rule.limits.max_duration_seconds or WATCH_WINDOW_SECONDS
+    window = number(raw_timeout, "timeout", WATCH_WINDOW_SECONDS)
+    return max(WATCH_MIN_WINDOW_SECONDS, min(window, ceiling))
+
+
 def files_watch(request: ServerRequest) -> Any:
-    """``GET /files/watch?path=&recursive=``: SSE of changes."""
+    """
+    ``GET /files/watch?path=&recursive=``: SSE of changes, open-ended and
+    resumable; in the seed's form (``timeout``/``interval``), ``ready``,
+    ``change`` events and an ``end`` when the window closes.
+    """
     guard = PathGuard.for_request(request)
     path = request.query.get("path") or guard.base_dir
     recursive = flag(request.query.get("recursive"), "recursive", False)
     after = resume_point(request.query, request.headers)
+    window = watch_window(request)
     retention = request.rule.limits.max_output_bytes or MIB
     watches = request.context.watches
     assert watches is not None
     service = watches.get()
 
-    def visible_format(event: Event) -> bytes:
+    def shown(event: Event) -> dict[str, Any] | None:
+        """The event's data as this client may see it, or None."""
         data = event.data
         try:
             with guard.locate(data["path"], "read", follow=False) as loc:
-                shown = loc.path
+                path = loc.path
             if "dest" in data:
                 with guard.locate(data["dest"], "read", follow=False):
                     pass
         except ApiError:
+            return None
+        return data if path == data["path"] else dict(data, path=path)
+
+    def our_format(event: Event) -> bytes:
+        data = shown(event)
+        if data is None:
             return b""
-        if shown != data["path"]:
-            data = dict(data, path=shown)
         return default_format(Event(event.seq, event.event, data, event.size))
+
+    def seed_format(event: Event) -> bytes:
+        data = shown(event)
+        if data is None:
+            return b""
+        return b"".join(
+            frame("change", change, event.seq) for change in seed_changes(data)
+        )
 
     def ready(found: tuple[str, list[str]]) -> SSEResponse:
         root, dirs = found
@@ -632,8 +698,31 @@ def files_watch(request: ServerRequest) -> Any:
         def start(channel: SSEChannel) -> Any:
             watch.acquire()
             channel.done.addBoth(lambda _: watch.release())
-            channel.comment("watching")
-            follower = Follower(watch.log, channel, after, visible_format)
+            if window is None:
+                channel.comment("watching")
+                return Follower(watch.log, channel, after, our_format).done
+            channel.send("ready", {"path": root})
+            follower = Follower(
+                watch.log,
+                channel,
+                after,
+                seed_format,
+                ending=lambda: frame("end", {"reason": "closed"}),
+            )
+
+            def window_over() -> None:
+                follower.stopProducing()
+                channel.send("end", {"reason": "timeout"})
+                channel.close()
+
+            over = request.context.reactor.callLater(window, window_over)
+
+            def stop_window(result: object) -> object:
+                if over.active():
+                    over.cancel()
+                return result
+
+            channel.done.addBoth(stop_window)
             return follower.done
 
         return SSEResponse(start=start)

@@ -228,12 +228,18 @@ class Follower:
         channel: SSEChannel,
         after: int,
         formatter: EventFormatter = default_format,
+        ending: Callable[[], bytes] | None = None,
     ) -> None:
+        """
+        :param ending: the last frame to write when the log closes, before
+            the stream ends (a stream whose clients expect an ``end`` event).
+        """
         self.log = log
         self.channel = channel
         self.sent = after
         self.paused = False
         self.format = formatter
+        self.ending = ending
         self.done: Deferred[None] = channel.done
         self._unsubscribe = log.subscribe(self._on_event)
         channel.on_disconnect(self._unsubscribe)
@@ -255,6 +261,8 @@ class Follower:
             self.sent = event.seq
         if self.log.closed and self.channel.open:
             self._unsubscribe()
+            if self.ending is not None:
+                self.channel.write_raw(self.ending())
             self.channel.close()
 
     def pauseProducing(self) -> None:

@@ -185,6 +185,41 @@ class BrowserTests(DaemonTestCase):
         self.assertEqual(reply.json(), {"logs": []})
 
     @inlineCallbacks
+    def test_seed_options(self) -> Any:
+        """
+        type with clear empties the field before typing (without, the text
+        is added to it); screenshot with the seed's format: jpeg is a JPEG;
+        type and format that disagree, or an unknown format, are 400.
+        """
+        yield self.request("POST", "/browser/navigate", {"url": self.site + "/page"})
+        value = "document.getElementById('name').value"
+        for body, expected in (
+            ({"text": "Ada"}, "Ada"),
+            ({"text": "Bob"}, "AdaBob"),
+            ({"text": "Cy", "clear": True}, "Cy"),
+        ):
+            reply = yield self.request(
+                "POST", "/browser/type", {"selector": "#name", **body}
+            )
+            self.assertEqual(reply.status, 200, reply.body)
+            reply = yield self.request("POST", "/browser/evaluate", {"script": value})
+            self.assertEqual(reply.json(), {"result": expected})
+        reply = yield self.request(
+            "POST", "/browser/type", {"selector": "#name", "text": "x", "clear": "yes"}
+        )
+        self.assertEqual(reply.status, 400)
+
+        reply = yield self.request(
+            "POST", "/browser/screenshot", {"format": "jpeg", "full_page": False}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        data = base64.b64decode(reply.json()["image_base64"])
+        self.assertEqual(data[:3], b"\xff\xd8\xff")
+        for body in ({"format": "jpeg", "type": "png"}, {"format": "webp"}):
+            reply = yield self.request("POST", "/browser/screenshot", body)
+            self.assertEqual(reply.status, 400, body)
+
+    @inlineCallbacks
     def test_errors(self) -> Any:
         """
         A missing element times out (408), a script that throws is 400, a

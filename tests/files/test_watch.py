@@ -61,7 +61,9 @@ class _Collect(Protocol):
         return out
 
 
-class WatchTests(FilesCase):
+class StreamCase(FilesCase):
+    """A daemon and a way to open a watch stream on it."""
+
     @inlineCallbacks
     def open_stream(self, query: str, headers: dict[str, str] | None = None) -> Any:
         agent = Agent(reactor)
@@ -82,12 +84,16 @@ class WatchTests(FilesCase):
                 else None
             )
         )
-        yield collector.wait_for(b": watching")
+        yield collector.wait_for(
+            b"event: ready" if "timeout=" in query else b": watching"
+        )
         return collector, response
 
     def close(self, response: Any) -> None:
         response._transport.loseConnection()
 
+
+class WatchTests(StreamCase):
     @inlineCallbacks
     def test_events_and_resume(self) -> Any:
         """create, modify (debounced), move and delete arrive with ids; Last-Event-ID resumes after one."""
@@ -128,3 +134,91 @@ class WatchTests(FilesCase):
         self.assertEqual(reply.status, 403)
         reply = yield self.request("GET", "/files/watch?path=nope")
         self.assertEqual(reply.status, 404)
+
+
+class SeedFormTests(StreamCase):
+    """``timeout`` (or ``interval``) asks for the seed's events and window."""
+
+    @inlineCallbacks
+    def test_seed_events_and_end(self) -> Any:
+        """
+        ready first, then change events {type, path, is_dir} (a move is a
+        deletion and a creation), then end once the window is over, which
+        closes the stream.
+        """
+        os.mkdir(os.path.join(self.base_dir, "w"))
+        started = reactor.seconds()
+        c, _ = yield self.open_stream("path=w&timeout=1.5&interval=0.5")
+        path = os.path.join(self.base_dir, "w", "a.txt")
+        with open(path, "wb") as f:
+            f.write(b"x")
+        os.mkdir(path + ".d")
+        yield c.wait_for(b'"is_dir":true')
+        os.rename(path, path + ".new")
+        yield c.done
+        elapsed = reactor.seconds() - started
+        events = [(name, data) for _, name, data in c.events()]
+        self.assertEqual(events[0], ("ready", {"path": os.path.dirname(path)}))
+        self.assertEqual(events[-1], ("end", {"reason": "timeout"}))
+        changes = [data for name, data in events if name == "change"]
+        self.assertEqual(len(changes) + 2, len(events))
+        self.assertEqual(
+            [c for c in changes if c["type"] != "modified"],
+            [
+                {"type": "created", "path": path, "is_dir": False},
+                {"type": "created", "path": path + ".d", "is_dir": True},
+                {"type": "deleted", "path": path, "is_dir": False},
+                {"type": "created", "path": path + ".new", "is_dir": False},
+            ],
+        )
+        self.assertGreaterEqual(elapsed, 1.4)
+        self.assertLess(elapsed, 10)
+
+    @inlineCallbacks
+    def test_watched_directory_removed(self) -> Any:
+        """The watched directory removed: its deletion, then end (closed) before the window is over."""
+        os.mkdir(os.path.join(self.base_dir, "w"))
+        started = reactor.seconds()
+        c, _ = yield self.open_stream("path=w&timeout=60")
+        os.rmdir(os.path.join(self.base_dir, "w"))
+        yield c.done
+        self.assertLess(reactor.seconds() - started, 30)
+        events = [(name, data) for _, name, data in c.events()]
+        self.assertEqual(
+            events[-2:],
+            [
+                (
+                    "change",
+                    {
+                        "type": "deleted",
+                        "path": os.path.join(self.base_dir, "w"),
+                        "is_dir": True,
+                    },
+                ),
+                ("end", {"reason": "closed"}),
+            ],
+        )
+
+    @inlineCallbacks
+    def test_bad_window_is_400(self) -> Any:
+        """A timeout or interval that is not a number is a 400, not a stream."""
+        os.mkdir(os.path.join(self.base_dir, "w"))
+        for query in ("timeout=soon", "interval=often"):
+            reply = yield self.request("GET", f"/files/watch?path=w&{query}")
+            self.assertEqual(reply.status, 400, query)
+
+
+class SeedWindowPolicyTests(StreamCase):
+    """The policy's max_duration_seconds bounds the seed's window."""
+
+    policy = {"endpoints": {"files_watch": {"limits": {"max_duration_seconds": 0.5}}}}
+
+    @inlineCallbacks
+    def test_window_bounded_by_policy(self) -> Any:
+        """A window longer than max_duration_seconds is cut to it."""
+        os.mkdir(os.path.join(self.base_dir, "w"))
+        started = reactor.seconds()
+        c, _ = yield self.open_stream("path=w&timeout=60")
+        yield c.done
+        self.assertLess(reactor.seconds() - started, 5)
+        self.assertEqual(c.events()[-1][1:], ("end", {"reason": "timeout"}))

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import os
 import socket
+import tarfile
+import zipfile
 from typing import Any
 from urllib.parse import quote
 
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.threads import deferToThread
 
+from sandboxd.files import walk
 from sandboxd.files.stream import FileShrank
 from tests.helpers import DaemonTestCase
 
@@ -424,6 +428,12 @@ class TreeTests(FilesCase):
             (body["type"], body["size"], body["permissions"], body["exists"]),
             ("file", 2, "640", True),
         )
+        # The seed's other times: access and inode change, ISO 8601 UTC.
+        st = os.stat(path)
+        self.assertEqual(
+            (body["accessed"], body["created"]),
+            (walk.iso_time(st.st_atime), walk.iso_time(st.st_ctime)),
+        )
         reply = yield self.get("/files/stat", "missing")
         self.assertEqual(reply.status, 200)
         self.assertEqual(
@@ -435,6 +445,8 @@ class TreeTests(FilesCase):
                 "size": 0,
                 "permissions": "",
                 "modified": "",
+                "accessed": "",
+                "created": "",
                 "exists": False,
             },
         )
@@ -522,3 +534,94 @@ class TreeTests(FilesCase):
         self.assertEqual(reply.status, 400)
         reply = yield self.request("POST", "/files/search", {})
         self.assertEqual(reply.status, 400)
+
+
+class SeedFormTests(FilesCase):
+    """The seed's file options and answers, which its SDK depends on."""
+
+    @inlineCallbacks
+    def test_list_recursive(self) -> Any:
+        """
+        recursive=true lists three levels deep (each directory followed by
+        its entries) unless depth says otherwise; max_entries cuts the list.
+        """
+        for rel in ("d/a.txt", "d/s1/b.txt", "d/s1/s2/c.txt", "d/s1/s2/s3/e.txt"):
+            self.put(rel)
+        reply = yield self.request("GET", "/files/list?path=d&recursive=true")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(
+            [e["name"] for e in reply.json()["entries"]],
+            ["a.txt", "s1", "b.txt", "s2", "c.txt", "s3"],
+        )
+        reply = yield self.request("GET", "/files/list?path=d&recursive=true&depth=2")
+        self.assertEqual(
+            [e["name"] for e in reply.json()["entries"]], ["a.txt", "s1", "b.txt", "s2"]
+        )
+        reply = yield self.request("GET", "/files/list?path=d&recursive=false")
+        self.assertEqual([e["name"] for e in reply.json()["entries"]], ["a.txt", "s1"])
+        reply = yield self.request(
+            "GET", "/files/list?path=d&recursive=true&max_entries=3"
+        )
+        body = reply.json()
+        self.assertEqual(
+            ([e["name"] for e in body["entries"]], body["truncated"]),
+            (["a.txt", "s1", "b.txt"], True),
+        )
+        for bad in ("recursive=maybe", "max_entries=0", "max_entries=x"):
+            reply = yield self.request("GET", f"/files/list?path=d&{bad}")
+            self.assertEqual(reply.status, 400, bad)
+
+    @inlineCallbacks
+    def test_search_max_depth(self) -> Any:
+        """max_depth 1 matches the directory's own entries; 2 one level below."""
+        for rel in ("s/a.py", "s/x/b.py", "s/x/y/c.py"):
+            self.put(rel)
+        found = []
+        for depth in (1, 2, 1000):
+            reply = yield self.request(
+                "POST",
+                "/files/search",
+                {"path": "s", "pattern": "*.py", "max_depth": depth},
+            )
+            self.assertEqual(reply.status, 200, reply.body)
+            found.append(sorted(r["name"] for r in reply.json()["results"]))
+        self.assertEqual(found, [["a.py"], ["a.py", "b.py"], ["a.py", "b.py", "c.py"]])
+        reply = yield self.request(
+            "POST", "/files/search", {"path": "s", "pattern": "*", "max_depth": 0}
+        )
+        self.assertEqual(reply.status, 400)
+
+    @inlineCallbacks
+    def test_download_stream_of_a_directory(self) -> Any:
+        """A directory is 404 FileNotFoundError, as a missing file is."""
+        os.mkdir(os.path.join(self.base_dir, "d"))
+        reply = yield self.get("/files/download-stream", "d")
+        self.assertEqual(
+            (reply.status, reply.json()["type"], reply.json()["code"]),
+            (404, "FileNotFoundError", "not_found"),
+        )
+
+    @inlineCallbacks
+    def test_archive_member_names(self) -> Any:
+        """
+        A file is named by its name, a directory's files below the
+        directory's own name (however deep it was asked for); directories
+        are not members of their own.
+        """
+        self.put("top/a.txt", b"A")
+        self.put("top/deep/tree/b.txt", b"B")
+        self.put("top/deep/tree/sub/c.txt", b"C")
+        os.makedirs(os.path.join(self.base_dir, "top/deep/tree/empty"))
+        for fmt in ("tar.gz", "zip"):
+            reply = yield self.request(
+                "POST",
+                "/files/archive",
+                {"paths": ["top/deep/tree", "top/a.txt"], "format": fmt},
+            )
+            self.assertEqual(reply.status, 200, reply.body)
+            data = base64.b64decode(reply.json()["content_base64"])
+            if fmt == "zip":
+                names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+            else:
+                names = tarfile.open(fileobj=io.BytesIO(data)).getnames()
+            self.assertEqual(names, ["tree/b.txt", "tree/sub/c.txt", "a.txt"], fmt)
