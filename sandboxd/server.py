@@ -239,7 +239,10 @@ class DaemonService(MultiService):
                         iface=interface_of(description),
                     )
         for warning in policy.warnings:
-            log.warn("sandboxd: policy warning: {warning}", warning=warning)
+            # Not ``warning=``: an event with that key is, to Twisted's
+            # legacy observers, a Python warning, formatted with a
+            # ``filename`` this event does not have (KeyError in the log).
+            log.warn("sandboxd: policy warning: {text}", text=warning)
         log.info(
             "{line}",
             line=startup_line(

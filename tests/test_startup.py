@@ -273,6 +273,25 @@ class LocalModeTests(SynchronousTestCase):
         _, lines = self.start(s)
         self.assertTrue(any("auth local (no token)" in line for line in lines))
 
+    def test_policy_warning_logged(self) -> None:
+        """
+        A policy warning is logged at start, and a legacy (twistd) observer
+        formats it: its key is not the one Twisted keeps for Python warnings.
+        """
+        from twisted.python.log import textFromEventDict
+
+        s = self.settings()
+        s.policy = {"endpoints": {"pty_get": {"enabled": False}}}
+        _, _ = self.start(s)
+        [event] = [
+            e for e in self.events if "policy warning" in e.get("log_format", "")
+        ]
+        legacy = dict(event, message=(), isError=0)
+        text = textFromEventDict(legacy)
+        assert text is not None
+        self.assertIn("'pty_get' is an old endpoint id", text)
+        self.assertIn("'pty_detail'", text)
+
 
 class CollectorTests(DaemonTestCase):
     """The cyclic collector the console script turns off for the start-up is back on after it."""

@@ -25,6 +25,7 @@ from sandboxd.endpoints import (
     Endpoint,
     RouteTable,
 )
+from sandboxd.errors import Code
 from sandboxd.policy import defaults as builtin
 from sandboxd.policy.document import PolicyDocument, PolicyError, suggest
 from sandboxd.policy.presets import PRESETS
@@ -280,7 +281,8 @@ def effective_rule(
     enabled, enabled_by = merged.get(
         "enabled", (True, f"default:on:{endpoint.group.value}")
     )
-    reason = None if enabled else "disabled"
+    # The seed's word for it, which its SDK reports as the error code.
+    reason = None if enabled else str(Code.ENDPOINT_DISABLED)
     if not endpoint.implemented:
         enabled, enabled_by, reason = False, NOT_IMPLEMENTED, "not_implemented"
     return EffectiveRule(

@@ -161,3 +161,28 @@ class AfterDiscoveryTests(SeedCase):
 
         result = yield self.drive(scenario)
         self.assertEqual(result, ([], True, 0, True, True))
+
+
+class OldIdPolicyTests(SeedCase):
+    """A policy written with sandboxd's earlier ids, seen through the SDK."""
+
+    policy = {"endpoints": {"pty_create": {"enabled": False}}}
+
+    @inlineCallbacks
+    def test_old_id_rule_governs_new_id(self) -> Any:
+        """A rule keyed pty_create turns pty_create_session off; discovery warns with the new id."""
+        from agent_sandbox.models.errors import EndpointNotAvailableError
+
+        async def scenario(client: Any) -> Any:
+            caps = await client.discover()
+            try:
+                await client.pty.create()
+            except EndpointNotAvailableError as e:
+                return caps.warnings, caps.denial("pty_create_session"), e.endpoint
+            return caps.warnings, None, None
+
+        warnings, denial, endpoint = yield self.drive(scenario)
+        self.assertEqual(
+            (denial, endpoint), ("endpoint_disabled", "pty_create_session")
+        )
+        self.assertTrue(any("'pty_create_session'" in w for w in warnings), warnings)
