@@ -19,6 +19,7 @@ _NON_CORE = (
     "dev_tools",
     "browser",
     "agents",
+    "git",
     "mcp",
     "e2b",
 )
@@ -33,6 +34,27 @@ _FILE_WRITES = (
     "files_write_raw",
     "files_uploads_create",
     "files_uploads_append",
+)
+
+
+#: git calls that change a repository or talk to a remote (off in read-only).
+_GIT_WRITES = (
+    "git_clone",
+    "git_fetch",
+    "git_pull",
+    "git_push",
+    "git_job_cancel",
+    "git_init",
+    "git_add",
+    "git_commit",
+    "git_branch_create",
+    "git_branch_delete",
+    "git_checkout",
+    "git_reset",
+    "git_restore",
+    "git_stash",
+    "git_remote_add",
+    "git_config_set",
 )
 
 
@@ -71,6 +93,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "process_stdin",
             "env_set",
             "code_run",
+            *_GIT_WRITES,
         ),
     },
     "hardened": {
@@ -86,6 +109,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "endpoints": {
             "group:browser": {"params": {"block_private_networks": True}},
             "env_set": {"enabled": False},
+            "group:git": {"params": {"allow_hard_reset": False}},
         },
     },
     "locked": {"groups": {g: False for g in _NON_CORE}},

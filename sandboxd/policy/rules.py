@@ -37,6 +37,7 @@ class Limits:
     max_event_bytes: int | None = None
     max_prompt_bytes: int | None = None
     permission_timeout_seconds: float | None = None
+    max_jobs: int | None = None
 
     @property
     def run_ceiling(self) -> float | None:
@@ -94,6 +95,20 @@ class Params:
     mcp_servers: str = "none"
     client_fs: str = "read_write"
     client_terminal: bool = True
+    # git (SPEC §24)
+    git_protocols: tuple[str, ...] = ("https",)
+    protected_branches: tuple[str, ...] = ()
+    allow_force_push: bool = False
+    allow_hard_reset: bool = True
+    git_hooks: bool = False
+    git_config_keys: tuple[str, ...] = (
+        "user.name",
+        "user.email",
+        "pull.rebase",
+        "init.defaultBranch",
+        "core.autocrlf",
+    )
+    allow_url_credentials: bool = False
 
 
 #: The sections of a rule and the class describing each.
