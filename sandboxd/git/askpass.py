@@ -28,6 +28,7 @@ import tempfile
 from typing import Any
 
 import attrs
+from twisted.internet.defer import maybeDeferred
 from twisted.internet.protocol import Factory, Protocol
 
 from sandboxd.policy.defaults import KIB
@@ -253,11 +254,20 @@ class AskpassSession:
     def close(self) -> None:
         """Forget the secret, stop listening, remove the directory."""
         self._secret = None
+        directory, self.directory = self.directory, ""
+
+        def remove(result: object = None) -> object:
+            if directory:
+                shutil.rmtree(directory, ignore_errors=True)
+            return None
+
         if self._port is not None:
             port, self._port = self._port, None
-            port.stopListening()
-        if self.directory:
-            shutil.rmtree(self.directory, ignore_errors=True)
+            # The port unlinks its socket when it has stopped: remove the
+            # directory after that, not under it.
+            maybeDeferred(port.stopListening).addBoth(remove)
+        else:
+            remove()
 
 
 def _python() -> str:
