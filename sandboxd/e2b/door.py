@@ -210,6 +210,9 @@ class Call:
     bytes_out: int = 0
     #: Who a refused caller turned out to be, for the audit line.
     refused_identity: Identity | None = None
+    #: What the mapped handler put in its audit record (``argv``), shared by
+    #: every request :meth:`server_request` builds for this call.
+    audit_fields: dict[str, Any] = attrs.Factory(dict)
     _on_close: list[Callable[[], None]] = attrs.Factory(list)
 
     @property
@@ -292,6 +295,7 @@ class Call:
             context=self.context,
             raw=None,
             client=self.client,
+            audit=self.audit_fields,
         )
 
     @property
@@ -357,7 +361,7 @@ class Call:
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,
             client=self.client,
-            extra={"procedure": self.procedure.name},
+            extra={**self.audit_fields, "procedure": self.procedure.name},
         )
 
 
