@@ -167,13 +167,13 @@ class GitCall:
                 raise not_found(f"not a git repository: {self.cwd}")
             raise classify_failure(text, result.exit_code)
         lines = [x for x in result.stdout.decode("utf-8", "replace").splitlines() if x]
-        guard = PathGuard(self.rule)
-        for line in lines:
-            guard.check(line, op)
         if len(lines) == 2:
             self.top, self.git_dir = lines
         elif lines:  # a bare repository has no top level
             self.git_dir = lines[-1]
+        guard = PathGuard(self.rule)
+        for place in {self.top, holder_of(self.git_dir)} - {None}:
+            guard.check(place, op)
         names = await self.run(["config", "--null", "--list", "--name-only"])
         listed = config_names(names.stdout)
         self.config += filter_overrides(listed)
@@ -257,6 +257,23 @@ class GitCall:
                 text = redact(result.stdout.decode("utf-8", "replace"), hidden)
             raise classify_failure(text, result.exit_code, remote is not None)
         return result
+
+
+def holder_of(git_dir: str | None) -> str | None:
+    """
+    The repository a git dir belongs to: ``/r`` for ``/r/.git`` and for a
+    linked work tree's ``/r/.git/worktrees/w``; the bare repository itself.
+
+    The guard decides on that path, not on ``.git`` inside it: a policy that
+    denies ``**/.git/**`` to the file endpoints (``hardened``) means "not by
+    hand", and git's own writes there are what this group is for.
+    """
+    if git_dir is None:
+        return None
+    head, sep, _ = git_dir.partition("/.git/")
+    if sep:
+        return head
+    return git_dir.removesuffix("/.git") or "/"
 
 
 def repo_path(request: Any, value: Any, name: str = "path") -> str:

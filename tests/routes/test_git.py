@@ -293,3 +293,31 @@ class GitOffByDefaultTests(DaemonTestCase):
         reply = yield self.request("POST", "/git/init", {"path": "x"})
         self.assertEqual(reply.status, 404, reply.body)
         self.assertEqual(reply.json()["code"], "endpoint_disabled")
+
+
+class HardenedPresetTests(DaemonTestCase):
+    """Under ``hardened`` (``**/.git/**`` denied to the file endpoints) git still works."""
+
+    preset = "hardened"
+    policy = GIT
+    skip = "git is not installed" if NO_GIT else None
+
+    @inlineCallbacks
+    def test_commit_and_no_hard_reset(self) -> Any:
+        """init, add and commit succeed; a hard reset is refused; .git stays closed to file reads."""
+        reply = yield self.request("POST", "/git/init", {"path": "repo"})
+        self.assertEqual(reply.status, 200, reply.body)
+        with open(os.path.join(self.base_dir, "repo", "a.txt"), "w") as f:
+            f.write("a\n")
+        reply = yield self.request("POST", "/git/add", {"path": "repo", "all": True})
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request(
+            "POST", "/git/commit", {"path": "repo", "message": "m"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request(
+            "POST", "/git/reset", {"path": "repo", "mode": "hard"}
+        )
+        self.assertEqual(reply.status, 403, reply.body)
+        reply = yield self.request("GET", "/download?path=repo/.git/config")
+        self.assertEqual(reply.status, 403, reply.body)
