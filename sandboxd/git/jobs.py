@@ -97,6 +97,14 @@ class GitJob:
         self.log.close()
         self._finished.fire(None)
 
+    def ended(self) -> Deferred[None]:
+        """Fires once the job has finished (at once if it has)."""
+        if not self.running:
+            done: Deferred[None] = Deferred()
+            done.callback(None)
+            return done
+        return self._finished.wait()
+
     def wait(self, seconds: float, clock: Any) -> Deferred[None]:
         """Fires when the job ends or after ``seconds``, whichever is first."""
         d = self._finished.wait() if self.running else Deferred()
@@ -195,11 +203,14 @@ class GitJobTable:
         if not job.running or job.deferred is None:
             return
         child = getattr(job.call, "child", None)
+        ended = job.ended()
         job.deferred.cancel()
         if child is not None and child.killing is not None:
             await child.killing
         elif child is not None and not child.has_ended:
             await child.kill("cancelled")
+        # The job's own clean-up (a partial clone) runs before it ends.
+        await ended
 
     def _prune(self) -> None:
         finished = [j for j in self.jobs.values() if not j.running]

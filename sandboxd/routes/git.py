@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import shutil
 from typing import Any
 
 from sandboxd.errors import (
@@ -606,15 +607,27 @@ async def git_clone(request: ServerRequest) -> Any:
     call = GitCall(request.context, request.rule, parent, user=user, timeout=timeout)
     request.audit["remote"] = redact_userinfo(remote.url)
 
+    existed = os.path.lexists(target)
+
     async def work(job: GitJob) -> dict[str, Any]:
         job.call = call
-        await call.run(
-            [*args, "--", remote.url, target],
-            remote=remote,
-            pin=pin,
-            secret=secret,
-            observe=job.observe,
-        )
+        try:
+            await call.run(
+                [*args, "--", remote.url, target],
+                remote=remote,
+                pin=pin,
+                secret=secret,
+                observe=job.observe,
+            )
+        except BaseException:
+            # A cancelled or killed clone leaves a partial directory: remove
+            # what this call made, once git's tree is gone.
+            killing = getattr(call.child, "killing", None)
+            if killing is not None:
+                await killing
+            if not existed:
+                await request.context.in_thread(shutil.rmtree, target, True)
+            raise
         repo = GitCall(
             request.context, request.rule, target, user=user, timeout=timeout
         )

@@ -410,7 +410,7 @@ class CancelTests(RemoteCase):
 
     @inlineCallbacks
     def test_cancel_kills_git_remote_https(self) -> Any:
-        """After DELETE answers, no git-remote-https of the job is alive and the job is cancelled."""
+        """After DELETE answers, no git-remote-https of the job is alive, the job is cancelled and the partial clone is gone."""
         self.remote.delay = 20
         reply = yield self.request(
             "POST", "/git/clone", {"url": self.remote.url(), "path": "slow"}
@@ -431,6 +431,11 @@ class CancelTests(RemoteCase):
         self.assertEqual(reply.status, 200, reply.body)
         self.assertEqual(reply.json()["state"], "cancelled")
         self.assertEqual([p for p in helpers if alive(p)], [])
+        for _ in range(100):
+            if not os.path.exists(os.path.join(self.base_dir, "slow")):
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "slow")))
 
 
 class PrivateNetworkTests(DaemonTestCase):
