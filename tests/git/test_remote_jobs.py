@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import secrets
 import time
 from typing import Any
@@ -19,6 +20,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
+from twisted.trial.unittest import SkipTest
 
 from sandboxd.git.askpass import descends_from
 from tests.git.remote import LoopbackRemote, missing, run
@@ -28,7 +30,10 @@ SKIP = missing()
 
 
 def remote_policy(
-    remote: LoopbackRemote, token_file: str | None = None, **params: Any
+    remote: LoopbackRemote,
+    token_file: str | None = None,
+    limits: dict[str, Any] | None = None,
+    **params: Any,
 ) -> dict[str, Any]:
     """A policy with the git group on, the test CA, and loopback allowed explicitly."""
     git: dict[str, Any] = {
@@ -55,6 +60,7 @@ def remote_policy(
             "group:git": {
                 "audit": "all",
                 "params": {"block_private_networks": False, **params},
+                "limits": limits or {},
             }
         },
     }
@@ -126,6 +132,7 @@ class RemoteCase(DaemonTestCase):
     timeout = 60
     password: str | None = None
     params: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
     skip = SKIP
 
     @inlineCallbacks
@@ -140,7 +147,9 @@ class RemoteCase(DaemonTestCase):
         self.token_file = os.path.join(self.remote.directory, "token")
         with open(self.token_file, "w") as f:
             f.write((self.password or "unused") + "\n")
-        self.policy = remote_policy(self.remote, self.token_file, **self.params)
+        self.policy = remote_policy(
+            self.remote, self.token_file, self.limits, **self.params
+        )
         yield self.start()
 
     @inlineCallbacks
@@ -401,12 +410,7 @@ class PrivateRemoteTests(RemoteCase):
 class CancelTests(RemoteCase):
     """A cancel ends git's whole tree; max_jobs bounds what runs."""
 
-    params: dict[str, Any] = {}
-
-    @inlineCallbacks
-    def setUp(self) -> Any:
-        self.params = {}
-        yield super().setUp()
+    limits = {"max_jobs": 1}
 
     @inlineCallbacks
     def test_cancel_kills_git_remote_https(self) -> Any:
@@ -436,6 +440,60 @@ class CancelTests(RemoteCase):
                 break
             yield deferLater(reactor, 0.05, lambda: None)
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "slow")))
+
+    @inlineCallbacks
+    def test_max_jobs(self) -> Any:
+        """With max_jobs 1, a second remote call while one runs is 429 too_many_jobs."""
+        self.remote.delay = 20
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "one"}
+        )
+        self.assertEqual(reply.status, 202, reply.body)
+        second = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "two"}
+        )
+        self.assertEqual(second.status, 429, second.body)
+        self.assertEqual(second.json()["code"], "too_many_jobs")
+        yield self.request("DELETE", f"/git/jobs/{reply.json()['job_id']}")
+
+
+class RunAsUserTests(RemoteCase):
+    """A clone as another user: git, its askpass helper and the files are that user's."""
+
+    password = "pw-" + secrets.token_hex(12)
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        if os.geteuid() != 0:
+            raise SkipTest("switching users needs a root daemon")
+        try:
+            pwd.getpwnam("nobody")
+        except KeyError:
+            raise SkipTest("no user 'nobody'") from None
+        yield super().setUp()
+        # mktemp's directories are the test's own: let nobody reach the
+        # base dir (to write the clone) and the CA file (to trust the remote).
+        for path in (self.base_dir, self.remote.directory):
+            os.chmod(path, 0o777 if path == self.base_dir else 0o755)
+            os.chmod(os.path.dirname(path), 0o755)
+
+    @inlineCallbacks
+    def test_private_clone_as_nobody(self) -> Any:
+        """The named credential reaches git running as nobody; the clone belongs to nobody."""
+        reply = yield self.request(
+            "POST",
+            "/git/clone",
+            {
+                "url": self.remote.url(),
+                "path": "mine",
+                "auth": {"credential": "test"},
+                "user": "nobody",
+                "wait": 30,
+            },
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        st = os.stat(os.path.join(self.base_dir, "mine", "README"))
+        self.assertEqual(st.st_uid, pwd.getpwnam("nobody").pw_uid)
 
 
 class PrivateNetworkTests(DaemonTestCase):

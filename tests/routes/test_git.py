@@ -321,3 +321,34 @@ class HardenedPresetTests(DaemonTestCase):
         self.assertEqual(reply.status, 403, reply.body)
         reply = yield self.request("GET", "/download?path=repo/.git/config")
         self.assertEqual(reply.status, 403, reply.body)
+
+
+class HooksAllowedTests(DaemonTestCase):
+    """``params.git_hooks: true`` runs the repository's own hooks (pre-commit users expect them)."""
+
+    policy = {**GIT, "endpoints": {"group:git": {"params": {"git_hooks": True}}}}
+    skip = "git is not installed" if NO_GIT else None
+
+    @inlineCallbacks
+    def test_pre_commit_runs(self) -> Any:
+        """The repository's pre-commit hook runs, and one that fails stops the commit."""
+        repo = os.path.join(self.base_dir, "r")
+        os.mkdir(repo)
+        git(repo, "init", "-q")
+        marker = os.path.join(self.base_dir, "ran")
+        hook = os.path.join(repo, ".git", "hooks", "pre-commit")
+        with open(hook, "w") as f:
+            f.write(f"#!/bin/sh\ntouch {marker}\n")
+        os.chmod(hook, 0o755)
+        reply = yield self.request(
+            "POST", "/git/commit", {"path": "r", "message": "m", "allow_empty": True}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertTrue(os.path.exists(marker))
+        with open(hook, "w") as f:
+            f.write("#!/bin/sh\necho refused by hook >&2\nexit 1\n")
+        reply = yield self.request(
+            "POST", "/git/commit", {"path": "r", "message": "m2", "allow_empty": True}
+        )
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertIn("refused by hook", reply.json()["error"])
