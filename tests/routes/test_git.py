@@ -352,3 +352,42 @@ class HooksAllowedTests(DaemonTestCase):
         )
         self.assertEqual(reply.status, 400, reply.body)
         self.assertIn("refused by hook", reply.json()["error"])
+
+
+class HostileRemoteConfigTests(DaemonTestCase):
+    """A repository's own remote settings cannot take git past the remote policy."""
+
+    policy = GIT
+    skip = "git is not installed" if NO_GIT else None
+
+    @inlineCallbacks
+    def test_rewritten_and_local_remotes_refused(self) -> Any:
+        """
+        fetch and push check the URL git would use after insteadOf rewriting:
+        an ext:: rewrite and a file:// remote are 403 url_not_allowed, and
+        nothing runs.
+        """
+        repo = os.path.join(self.base_dir, "r")
+        os.mkdir(repo)
+        git(repo, "init", "-q")
+        git(repo, "commit", "-q", "--allow-empty", "-m", "x")
+        marker = os.path.join(self.base_dir, "pwned")
+        git(repo, "remote", "add", "origin", "https://example.com/r.git")
+        git(
+            repo,
+            "config",
+            f"url.ext::sh -c touch% {marker}% #.insteadOf",
+            "https://example.com/",
+        )
+        git(repo, "remote", "add", "local", "file:///srv/r.git")
+        for body in (
+            {"path": "r"},
+            {"path": "r", "remote": "local"},
+        ):
+            for route in ("/git/fetch", "/git/push"):
+                reply = yield self.request("POST", route, {**body, "wait": 10})
+                self.assertEqual(reply.status, 403, (route, body, reply.body))
+                self.assertEqual(reply.json()["code"], "url_not_allowed")
+                expected = "file://" if body.get("remote") else "ext::"
+                self.assertIn(expected, reply.json()["error"])
+        self.assertFalse(os.path.exists(marker))
