@@ -512,12 +512,22 @@ async def _pin(request: ServerRequest, remote: Remote) -> str:
 async def _remote_of(
     call: GitCall, request: ServerRequest, name: str, push: bool
 ) -> Remote:
-    """The URL git will use for ``name`` (after ``insteadOf``), checked."""
-    args = ["remote", "get-url", *(["--push"] if push else []), name]
+    """
+    The URL git will use for ``name`` (after ``insteadOf``), checked.
+
+    A remote with several URLs (a push goes to every ``pushurl``) is
+    refused: each would need its own check and address pin.
+    """
+    args = ["remote", "get-url", "--all", *(["--push"] if push else []), name]
     result = await call.run(args, check=False)
     if result.exit_code != 0:
         raise bad_request(f"no remote named {name!r}")
-    return parse_remote(_text(result.stdout).strip(), request.rule)
+    urls = [u for u in _text(result.stdout).splitlines() if u.strip()]
+    for url in urls:
+        checked = parse_remote(url.strip(), request.rule)
+    if len(urls) != 1:
+        raise bad_request(f"the remote {name!r} has {len(urls)} URLs; give it one")
+    return checked
 
 
 def _start_job(
