@@ -172,33 +172,6 @@ class GitLocalTests(DaemonTestCase):
         )
         self.assertEqual(reply.status, 200, reply.body)
         self.assertFalse(os.path.exists(marker))
-        # A second push URL would be pushed to as well: refused, checked first.
-        git(repo, "remote", "add", "two", "https://example.com/a.git")
-        git(
-            repo,
-            "remote",
-            "set-url",
-            "--add",
-            "--push",
-            "two",
-            "https://example.com/a.git",
-        )
-        git(repo, "remote", "set-url", "--add", "--push", "two", "file:///srv/b.git")
-        reply = yield self.request("POST", "/git/push", {"path": "r", "remote": "two"})
-        self.assertEqual(reply.status, 403, reply.body)
-        git(repo, "remote", "set-url", "--delete", "--push", "two", "file:///srv/b.git")
-        git(
-            repo,
-            "remote",
-            "set-url",
-            "--add",
-            "--push",
-            "two",
-            "https://example.com/c.git",
-        )
-        reply = yield self.request("POST", "/git/push", {"path": "r", "remote": "two"})
-        self.assertEqual(reply.status, 400, reply.body)
-        self.assertIn("2 URLs", reply.json()["error"])
 
     @inlineCallbacks
     def test_reset_restore_stash(self) -> Any:
@@ -418,3 +391,30 @@ class HostileRemoteConfigTests(DaemonTestCase):
                 expected = "file://" if body.get("remote") else "ext::"
                 self.assertIn(expected, reply.json()["error"])
         self.assertFalse(os.path.exists(marker))
+        # A second push URL would be pushed to as well: refused, checked first.
+        git(repo, "remote", "add", "two", "https://example.org/a.git")
+        git(
+            repo,
+            "remote",
+            "set-url",
+            "--add",
+            "--push",
+            "two",
+            "https://example.org/a.git",
+        )
+        git(repo, "remote", "set-url", "--add", "--push", "two", "file:///srv/b.git")
+        reply = yield self.request("POST", "/git/push", {"path": "r", "remote": "two"})
+        self.assertEqual(reply.status, 403, reply.body)
+        git(repo, "remote", "set-url", "--delete", "--push", "two", "file:///srv/b.git")
+        git(
+            repo,
+            "remote",
+            "set-url",
+            "--add",
+            "--push",
+            "two",
+            "https://example.org/c.git",
+        )
+        reply = yield self.request("POST", "/git/push", {"path": "r", "remote": "two"})
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertIn("2 URLs", reply.json()["error"])
