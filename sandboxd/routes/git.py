@@ -66,6 +66,7 @@ from sandboxd.web.sse import Follower, SSEChannel, resume_point
 async def _repo(request: ServerRequest, value: Any, op: str = "write") -> GitCall:
     """The call for the repository at ``value`` (404 when it is none)."""
     call = GitCall(request.context, request.rule, repo_path(request, value))
+    request.audit["repo"] = call.cwd
     await call.open_repository(op)
     return call
 
@@ -616,6 +617,7 @@ async def git_clone(request: ServerRequest) -> Any:
     user = body.get("user")
     call = GitCall(request.context, request.rule, parent, user=user, timeout=timeout)
     request.audit["remote"] = redact_userinfo(remote.url)
+    request.audit["repo"] = target
 
     existed = os.path.lexists(target)
 

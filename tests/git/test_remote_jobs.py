@@ -352,6 +352,8 @@ class PrivateRemoteTests(RemoteCase):
         lines = self.audit_lines()
         clone = [line for line in lines if line.get("endpoint") == "git_clone"]
         self.assertEqual(clone[0]["credential"], "test")
+        self.assertEqual(clone[0]["remote"], self.remote.url())
+        self.assertEqual(clone[0]["repo"], os.path.join(self.base_dir, "private"))
         self.assertNotIn(self.password, json.dumps(lines))
 
     @inlineCallbacks
