@@ -17,7 +17,7 @@ import subprocess
 from typing import Any
 
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import deferLater
 from twisted.web import resource, server
 from twisted.web.twcgi import CGIScript
@@ -149,7 +149,12 @@ class Gate(resource.Resource):
         request.postpath = [p.decode() for p in request.postpath]
         if remote.delay:
             d: Deferred[None] = deferLater(reactor, remote.delay, lambda: None)
+            remote.pending.add(d)
             d.addCallback(lambda _: backend.render(request))
+            d.addErrback(lambda f: f.trap(CancelledError))
+            d.addBoth(lambda _: remote.pending.discard(d))
+            # A client that leaves (a cancelled clone) ends the wait too.
+            request.notifyFinish().addBoth(lambda _: d.cancel())
             return server.NOT_DONE_YET
         return backend.render(request)
 
@@ -175,6 +180,8 @@ class LoopbackRemote:
         self.ca, self.cert, self.key = make_ca(directory)
         self.port = 0
         self._listening: Any = None
+        #: Requests held by ``delay``, cancelled at stop.
+        self.pending: set[Deferred[None]] = set()
 
     def start(self) -> None:
         """Listen on 127.0.0.1 with TLS."""
@@ -188,7 +195,9 @@ class LoopbackRemote:
         self.port = self._listening.getHost().port
 
     def stop(self) -> Any:
-        """Stop listening."""
+        """Stop listening; drop the requests still held by ``delay``."""
+        for d in list(self.pending):
+            d.cancel()
         return self._listening.stopListening()
 
     def url(self, name: str = "repo.git") -> str:
