@@ -220,6 +220,12 @@ _CHILD_ERRORS = (
 )
 #: git (SPEC §24): the repository field and the errors every call can give.
 _GIT_PATH = F("path", doc="the repository (guarded)", default=".", example="repo")
+_GIT_USER = F(
+    "user",
+    "any",
+    "run git as this user (name or uid) when the daemon is root"
+    " (default params.default_user; must be allowed by params.users)",
+)
 _GIT_LOCAL_ERRORS = (
     *_GUARD,
     E(400, "invalid_path", ".. or NUL in a path"),
@@ -1344,6 +1350,7 @@ SCHEMAS: dict[str, Schema] = {
     "git_fetch": Schema(
         body=(
             _GIT_PATH,
+            _GIT_USER,
             F("remote", doc="the remote's name", default="origin"),
             F("refspec", doc="what to fetch (no leading '-' or '+')"),
             F("prune", "boolean", default=False),
@@ -1357,6 +1364,7 @@ SCHEMAS: dict[str, Schema] = {
     "git_pull": Schema(
         body=(
             _GIT_PATH,
+            _GIT_USER,
             F("remote", default="origin"),
             F("branch", doc="the remote branch (default: the upstream)"),
             F(
@@ -1379,6 +1387,7 @@ SCHEMAS: dict[str, Schema] = {
     "git_push": Schema(
         body=(
             _GIT_PATH,
+            _GIT_USER,
             F("remote", default="origin"),
             F("branch", doc="the branch to push (default: the current one)"),
             F("set_upstream", "boolean", default=False),
@@ -1467,6 +1476,7 @@ SCHEMAS: dict[str, Schema] = {
                 doc="the repository directory (created)",
                 example="repo",
             ),
+            _GIT_USER,
             F("initial_branch", default="main"),
             F("bare", "boolean", default=False),
         ),
@@ -1476,6 +1486,7 @@ SCHEMAS: dict[str, Schema] = {
     "git_add": Schema(
         body=(
             _GIT_PATH,
+            _GIT_USER,
             F(
                 "files",
                 "array",
@@ -1490,6 +1501,7 @@ SCHEMAS: dict[str, Schema] = {
     "git_commit": Schema(
         body=(
             _GIT_PATH,
+            _GIT_USER,
             F("message", required=True, min_length=1, example="Fix the parser"),
             F(
                 "author",
@@ -1514,6 +1526,7 @@ SCHEMAS: dict[str, Schema] = {
     "git_log": Schema(
         query=(
             _GIT_PATH,
+            _GIT_USER,
             F("ref", default="HEAD"),
             F("max", "integer", default=50, minimum=1, maximum=1000),
             F("file", doc="only commits touching this path"),
@@ -1529,7 +1542,7 @@ SCHEMAS: dict[str, Schema] = {
         errors=_GIT_LOCAL_ERRORS,
     ),
     "git_show": Schema(
-        query=(_GIT_PATH, F("rev", default="HEAD")),
+        query=(_GIT_PATH, _GIT_USER, F("rev", default="HEAD")),
         response=(
             F("commit"),
             F("parents", "array", items="string"),
@@ -1543,7 +1556,7 @@ SCHEMAS: dict[str, Schema] = {
         errors=_GIT_LOCAL_ERRORS,
     ),
     "git_branches": Schema(
-        query=(_GIT_PATH,),
+        query=(_GIT_PATH, _GIT_USER),
         response=(
             F("current", nullable=True),
             F("detached", "boolean"),
@@ -1559,6 +1572,7 @@ SCHEMAS: dict[str, Schema] = {
     "git_branch_create": Schema(
         body=(
             _GIT_PATH,
+            _GIT_USER,
             F("name", required=True, min_length=1, example="feature"),
             F("start_point", doc="a commit or branch (default HEAD)"),
             F("checkout", "boolean", default=False),
@@ -1569,6 +1583,7 @@ SCHEMAS: dict[str, Schema] = {
     "git_branch_delete": Schema(
         query=(
             _GIT_PATH,
+            _GIT_USER,
             F("name", required=True, min_length=1, example="feature"),
             F("force", "boolean", "delete even if not merged", default=False),
         ),
@@ -1582,6 +1597,7 @@ SCHEMAS: dict[str, Schema] = {
     "git_checkout": Schema(
         body=(
             _GIT_PATH,
+            _GIT_USER,
             F("ref", required=True, min_length=1, example="main"),
             F(
                 "create",
@@ -1600,6 +1616,7 @@ SCHEMAS: dict[str, Schema] = {
     "git_reset": Schema(
         body=(
             _GIT_PATH,
+            _GIT_USER,
             F("mode", default="mixed", enum=("soft", "mixed", "hard", "merge", "keep")),
             F("target", default="HEAD"),
             F("files", "array", "unstage these paths only", items="string"),
@@ -1613,6 +1630,7 @@ SCHEMAS: dict[str, Schema] = {
     "git_restore": Schema(
         body=(
             _GIT_PATH,
+            _GIT_USER,
             F(
                 "files",
                 "array",
@@ -1635,6 +1653,7 @@ SCHEMAS: dict[str, Schema] = {
     "git_stash": Schema(
         body=(
             _GIT_PATH,
+            _GIT_USER,
             F("action", default="push", enum=("push", "pop", "list", "drop")),
             F("message", doc="for push"),
             F(
@@ -1655,7 +1674,7 @@ SCHEMAS: dict[str, Schema] = {
         ),
     ),
     "git_remotes": Schema(
-        query=(_GIT_PATH,),
+        query=(_GIT_PATH, _GIT_USER),
         response=(
             F(
                 "remotes",
@@ -1669,6 +1688,7 @@ SCHEMAS: dict[str, Schema] = {
     "git_remote_add": Schema(
         body=(
             _GIT_PATH,
+            _GIT_USER,
             F("name", required=True, min_length=1, example="origin"),
             F(
                 "url",
@@ -1682,6 +1702,7 @@ SCHEMAS: dict[str, Schema] = {
     "git_config_get": Schema(
         query=(
             _GIT_PATH,
+            _GIT_USER,
             F("key", doc="one of params.git_config_keys (default: all of them)"),
         ),
         response=(F("values", "object", "key: value or null"),),
@@ -1693,6 +1714,7 @@ SCHEMAS: dict[str, Schema] = {
     "git_config_set": Schema(
         body=(
             _GIT_PATH,
+            _GIT_USER,
             F("key", required=True, min_length=1, example="user.name"),
             F("value", required=True, min_length=1, example="Ada"),
         ),

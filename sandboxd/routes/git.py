@@ -65,10 +65,18 @@ from sandboxd.web.sse import Follower, SSEChannel, resume_point
 
 async def _repo(request: ServerRequest, value: Any, op: str = "write") -> GitCall:
     """The call for the repository at ``value`` (404 when it is none)."""
-    call = GitCall(request.context, request.rule, repo_path(request, value))
+    call = GitCall(
+        request.context, request.rule, repo_path(request, value), user=_user(request)
+    )
     request.audit["repo"] = call.cwd
     await call.open_repository(op)
     return call
+
+
+def _user(request: ServerRequest) -> Any:
+    """Who git runs as: the body's ``user`` (the query's for GET and DELETE)."""
+    value = request.body.get("user")
+    return value if value is not None else request.arg("user")
 
 
 def _text(data: bytes) -> str:
@@ -129,7 +137,12 @@ async def git_init(request: ServerRequest) -> dict[str, Any]:
     branch = ref_name(body.get("initial_branch") or "main", "initial_branch")
     bare = params.flag(body.get("bare"), "bare")
     parent = os.path.dirname(target) or "/"
-    call = GitCall(request.context, request.rule, PathGuard(request.rule).cwd(parent))
+    call = GitCall(
+        request.context,
+        request.rule,
+        PathGuard(request.rule).cwd(parent),
+        user=_user(request),
+    )
     args = ["init", "-q", f"--initial-branch={branch}"]
     if bare:
         args.append("--bare")
@@ -614,7 +627,7 @@ async def git_clone(request: ServerRequest) -> Any:
     secret = _secret(request, remote, body.get("auth"))
     pin = await _pin(request, remote)
     timeout = _timeout(request)
-    user = body.get("user")
+    user = _user(request)
     call = GitCall(request.context, request.rule, parent, user=user, timeout=timeout)
     request.audit["remote"] = redact_userinfo(remote.url)
     request.audit["repo"] = target

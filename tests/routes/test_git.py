@@ -14,6 +14,7 @@ import subprocess
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import SkipTest
 
 from tests.helpers import DaemonTestCase
 
@@ -418,3 +419,33 @@ class HostileRemoteConfigTests(DaemonTestCase):
         reply = yield self.request("POST", "/git/push", {"path": "r", "remote": "two"})
         self.assertEqual(reply.status, 400, reply.body)
         self.assertIn("2 URLs", reply.json()["error"])
+
+
+class RunAsUserTests(DaemonTestCase):
+    """Local calls run git as the request's ``user``: what it writes is that user's."""
+
+    policy = GIT
+    skip = "git is not installed" if NO_GIT else None
+
+    @inlineCallbacks
+    def test_init_and_commit_as_nobody(self) -> Any:
+        """init and commit with user nobody leave the repository and its objects owned by nobody."""
+        import pwd
+
+        if os.geteuid() != 0:
+            raise SkipTest("switching users needs a root daemon")
+        nobody = pwd.getpwnam("nobody").pw_uid
+        os.chmod(self.base_dir, 0o777)
+        os.chmod(os.path.dirname(self.base_dir), 0o755)
+        reply = yield self.request("POST", "/git/init", {"path": "n", "user": "nobody"})
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request(
+            "POST",
+            "/git/commit",
+            {"path": "n", "message": "m", "allow_empty": True, "user": "nobody"},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        head = os.path.join(self.base_dir, "n", ".git", "refs", "heads", "main")
+        self.assertEqual(os.stat(head).st_uid, nobody)
+        reply = yield self.request("GET", "/git/log?path=n&user=nobody")
+        self.assertEqual(len(reply.json()["commits"]), 1)
