@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.git.test_askpass -*-
+# -*- test-case-name: tests.git.test_outcomes -*-
 """
 Giving git a password without putting it anywhere (SPEC §24).
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.git.test_remotes -*-
+# -*- test-case-name: tests.git.test_outcomes -*-
 """
 Which remotes git may talk to (SPEC §24), decided by the daemon before git
 starts.

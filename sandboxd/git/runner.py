@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.git.test_endpoints -*-
+# -*- test-case-name: tests.routes.test_git -*-
 """
 One git call of the ``git`` group (SPEC §24): the git CLI as a managed
 child (the request's user, its own process group, a timeout and an idle
