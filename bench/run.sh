@@ -12,6 +12,7 @@
 # 7. The E2B door through the real e2b SDK against the HTTP API (bench/e2b_door.py).
 # 8. What a group's first request costs, its imports included (bench/first_request.py).
 # 9. The preview door against nginx (bench/preview_door.py; needs nginx and wrk).
+# 10. A clone through POST /git/clone against plain git clone (bench/git_clone.py).
 #
 # SHARED_BENCH points at the shared harness (default ../shared/bench);
 # RUN_ARGS is passed to it (e.g. RUN_ARGS="--only W1,W1b --duration 3").
@@ -66,3 +67,6 @@ fi
 # What sandboxd.client costs over curl (raw transfers) and bare httpx (/shell).
 "$ROOT/.venv/bin/python" "$ROOT/bench/client_overhead.py" --size-mib "${RAW_MIB:-1024}" \
   --runs "${CLIENT_RUNS:-200}" --rounds "${CLIENT_ROUNDS:-3}"
+# A clone through the git group's job against plain git clone of the same remote.
+"$ROOT/.venv/bin/python" "$ROOT/bench/git_clone.py" --size-mib "${GIT_MIB:-50}" \
+  --rounds "${GIT_ROUNDS:-3}"

@@ -84,6 +84,31 @@ def audit_argv(
     return out
 
 
+#: ``scheme://userinfo@``: a password or token in a URL's authority.
+_URL_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s'\"]+@")
+
+#: ``name=value`` in a URL's query (or a command's argument) whose name
+#: says it holds a secret: ``?access_token=…``, ``&api_key=…``.
+_SECRET_QUERY_VALUE = re.compile(
+    r"([?&;][A-Za-z0-9_.-]*(?:token|secret|key|password|passwd|pwd|signature|sig|"
+    r"credential|auth)[A-Za-z0-9_.-]*=)(?!%2A%2A%2A|\*\*\*)[^&\s#'\"]*",
+    re.IGNORECASE,
+)
+
+
+def redact_url_secrets(text: str) -> str:
+    """
+    ``text`` with every URL's userinfo (``https://user:pass@``) and every
+    token-like query value masked: what clients put in URLs that they then
+    pass as command arguments (the E2B SDK's git module does).
+    """
+    if "@" in text:
+        text = _URL_USERINFO.sub(lambda m: f"{m.group(1)}{MASK}@", text)
+    if "=" in text:
+        text = _SECRET_QUERY_VALUE.sub(lambda m: f"{m.group(1)}{MASK}", text)
+    return text
+
+
 def redact_query(query: str) -> str:
     """The query string with the values of token-like parameters removed."""
     if not query:

@@ -98,6 +98,9 @@ class Context:
     agents: ServiceOnFirstUse[AgentManager] | None = attrs.field(
         default=None, init=False
     )
+    #: The git group's remote jobs (``sandboxd.git.jobs.GitJobTable``),
+    #: made on the group's first remote call.
+    git_jobs: Any = attrs.field(default=None, init=False)
     #: Paths the site hands to a door of their own before the JSON
     #: pipeline (``/mcp``), to the door's ``exchange``.
     doors: dict[bytes, Any] = attrs.field(factory=dict, init=False)

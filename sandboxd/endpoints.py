@@ -32,6 +32,7 @@ class CapabilityGroup(enum.StrEnum):
     DEV_TOOLS = "dev_tools"
     BROWSER = "browser"
     AGENTS = "agents"
+    GIT = "git"
     MCP = "mcp"
     E2B = "e2b"
     AUTH = "auth"
@@ -166,6 +167,30 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("code_run", "POST", "/code/run", G.DEV_TOOLS, ("devtools:run",), "Run a snippet of python, node or bash.", {}),
     ("git_status", "GET", "/git/status", G.DEV_TOOLS, ("devtools:read",), "git status, parsed.", {}),
     ("git_diff", "GET", "/git/diff", G.DEV_TOOLS, ("devtools:read",), "git diff with stats.", {}),
+    ("git_clone", "POST", "/git/clone", G.GIT, ("git:remote",), "Clone a remote into a new directory (a job).", {}),
+    ("git_fetch", "POST", "/git/fetch", G.GIT, ("git:remote",), "Fetch from a remote (a job).", {}),
+    ("git_pull", "POST", "/git/pull", G.GIT, ("git:remote",), "Pull from a remote, fast-forward only by default (a job).", {}),
+    ("git_push", "POST", "/git/push", G.GIT, ("git:remote",), "Push a branch, per-ref results (a job).", {}),
+    ("git_jobs_list", "GET", "/git/jobs", G.GIT, ("git:read",), "List git remote jobs.", {}),
+    ("git_job_get", "GET", "/git/jobs/{job_id}", G.GIT, ("git:read",), "Describe one git job and its progress.", {}),
+    ("git_job_cancel", "DELETE", "/git/jobs/{job_id}", G.GIT, ("git:remote",), "Cancel a git job (its whole process tree).", {}),
+    ("git_job_events", "GET", "/git/jobs/{job_id}/events", G.GIT, ("git:read",), "A git job's progress as a resumable SSE stream.", {"streaming": True}),
+    ("git_init", "POST", "/git/init", G.GIT, ("git:write",), "Create a repository.", {}),
+    ("git_add", "POST", "/git/add", G.GIT, ("git:write",), "Stage files.", {}),
+    ("git_commit", "POST", "/git/commit", G.GIT, ("git:write",), "Commit the index.", {}),
+    ("git_log", "GET", "/git/log", G.GIT, ("git:read",), "Commit history, parsed.", {}),
+    ("git_show", "GET", "/git/show", G.GIT, ("git:read",), "One commit with its diff.", {}),
+    ("git_branches", "GET", "/git/branches", G.GIT, ("git:read",), "Branches with upstream, ahead and behind.", {}),
+    ("git_branch_create", "POST", "/git/branches", G.GIT, ("git:write",), "Create a branch.", {}),
+    ("git_branch_delete", "DELETE", "/git/branches", G.GIT, ("git:write",), "Delete a branch.", {}),
+    ("git_checkout", "POST", "/git/checkout", G.GIT, ("git:write",), "Switch to a branch or commit.", {}),
+    ("git_reset", "POST", "/git/reset", G.GIT, ("git:write",), "Reset HEAD, the index or files.", {}),
+    ("git_restore", "POST", "/git/restore", G.GIT, ("git:write",), "Restore files in the work tree or index.", {}),
+    ("git_stash", "POST", "/git/stash", G.GIT, ("git:write",), "Push, pop, list or drop stashes.", {}),
+    ("git_remotes", "GET", "/git/remotes", G.GIT, ("git:read",), "The repository's remotes (userinfo redacted).", {}),
+    ("git_remote_add", "POST", "/git/remotes", G.GIT, ("git:write",), "Add a remote within the URL policy.", {}),
+    ("git_config_get", "GET", "/git/config", G.GIT, ("git:read",), "Read allowed local config keys.", {}),
+    ("git_config_set", "POST", "/git/config", G.GIT, ("git:write",), "Set an allowed local config key.", {}),
     ("browser_navigate", "POST", "/browser/navigate", G.BROWSER, ("browser:use",), "Open a URL in the shared page.", {}),
     ("browser_screenshot", "POST", "/browser/screenshot", G.BROWSER, ("browser:use",), "Screenshot the page or an element.", {}),
     ("browser_content", "GET", "/browser/content", G.BROWSER, ("browser:use",), "The page's HTML or text.", {}),
@@ -264,6 +289,7 @@ def default_scopes(group: CapabilityGroup, method: str) -> tuple[str, ...]:
         G.DEV_TOOLS: "devtools:run",
         G.BROWSER: "browser:use",
         G.AGENTS: "agents:run" if writes else "agents:read",
+        G.GIT: "git:write" if writes else "git:read",
         G.MCP: "core:read",
         G.E2B: "core:read",
         G.AUTH: "links:mint",

@@ -41,6 +41,8 @@ class Code(enum.StrEnum):
     ORIGIN_NOT_ALLOWED = "origin_not_allowed"
     HOST_NOT_ALLOWED = "host_not_allowed"
     PROTECTED_VARIABLE = "protected_variable"
+    URL_NOT_ALLOWED = "url_not_allowed"
+    PROTECTED_BRANCH = "protected_branch"
     # 404
     NOT_FOUND = "not_found"
     ENDPOINT_DISABLED = "endpoint_disabled"
@@ -51,6 +53,7 @@ class Code(enum.StrEnum):
     FILE_EXISTS = "file_exists"
     STDIN_CLOSED = "stdin_closed"
     OUTPUT_NOT_CAPTURED = "output_not_captured"
+    GIT_CONFLICT = "git_conflict"
     # 408
     TIMEOUT = "timeout"
     IDLE_TIMEOUT = "idle_timeout"
@@ -65,10 +68,12 @@ class Code(enum.StrEnum):
     CONCURRENCY_LIMITED = "concurrency_limited"
     TOO_MANY_PROCESSES = "too_many_processes"
     TOO_MANY_SESSIONS = "too_many_sessions"
+    TOO_MANY_JOBS = "too_many_jobs"
     # 500
     INTERNAL = "internal"
     # 502, 504, 503
     AGENT_ERROR = "agent_error"
+    REMOTE_ERROR = "remote_error"
     AGENT_TIMEOUT = "agent_timeout"
     UNAVAILABLE = "unavailable"
     AGENT_UNAVAILABLE = "agent_unavailable"
@@ -232,6 +237,19 @@ def signal_not_allowed(message: str, rule: str) -> ApiError:
 def git_error(message: str) -> ApiError:
     """400 ``git_error``: git itself refused."""
     return bad_request(message, Code.GIT_ERROR, "GitError")
+
+
+def git_conflict(message: str, kind: str, **extra: Any) -> ApiError:
+    """409 ``git_conflict``: the repository's state refuses the call (``kind`` says how)."""
+    return ApiError(409, message, "GitError", Code.GIT_CONFLICT, kind=kind, **extra)
+
+
+def remote_error(message: str, kind: str) -> ApiError:
+    """
+    502 ``remote_error``: the git remote refused or could not be reached;
+    never 401, which means the caller's token for this daemon is wrong.
+    """
+    return ApiError(502, message, "GitError", Code.REMOTE_ERROR, kind=kind)
 
 
 def unauthorized() -> ApiError:

@@ -24,11 +24,11 @@ import functools
 import ipaddress
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
-from sandboxd.audit import make_record, should_record
+from sandboxd.audit import make_record, redact_url_secrets, should_record
 from sandboxd.auth import Identity, authenticate, presented_token
 from sandboxd.errors import (
     ApiError,
@@ -445,7 +445,26 @@ def audit(
         record["on_behalf_of"] = identity.on_behalf_of
     if extra:
         record.update(extra)
-    context.audit.write(record)
+    context.audit.write(redact_record(record))
+
+
+def redact_record(record: dict[str, Any]) -> dict[str, Any]:
+    """
+    The record with URL credentials and token-like query values masked in
+    every string it holds (a path, an argv, a remote), whichever door
+    wrote it and whatever a handler put in it.
+    """
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
+            return redact_url_secrets(value)
+        if isinstance(value, list | tuple):
+            return [clean(v) for v in value]
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        return value
+
+    return {k: clean(v) for k, v in record.items()}
 
 
 __all__ = [
@@ -460,6 +479,7 @@ __all__ = [
     "is_loopback",
     "lacking_scope",
     "may_use",
+    "redact_record",
     "release",
     "same_origin",
 ]

@@ -219,3 +219,21 @@ class AuditedChildrenTests(TerminalCase):
         self.assertEqual(end["bytes_in"], len("echo audited-out\nexit 0\n"))
         self.assertGreaterEqual(end["bytes_out"], len("audited-out"))
         self.assertGreater(end["duration_ms"], 0)
+
+
+class UrlSecretTests(SynchronousTestCase):
+    """:func:`redact_url_secrets` on the shapes clients send."""
+
+    def test_shapes(self) -> None:
+        """user:pass@, a bare token as user, token-like query values; e-mail addresses and scp forms stay."""
+        from sandboxd.audit import redact_url_secrets
+
+        self.assertEqual(redact_url_secrets("https://u:p@h/r"), "https://***@h/r")
+        self.assertEqual(redact_url_secrets("https://TOKEN@h/r"), "https://***@h/r")
+        self.assertEqual(
+            redact_url_secrets("https://h/x?token=a&x=1;secret_key=b"),
+            "https://h/x?token=***&x=1;secret_key=***",
+        )
+        self.assertEqual(
+            redact_url_secrets("ada@example.com git@h:r"), "ada@example.com git@h:r"
+        )

@@ -296,3 +296,27 @@ class WebSocketDoorTests(DaemonTestCase):
             (status, body["code"], body["rule"]),
             (404, "endpoint_disabled", "policy:endpoints.pty_connect"),
         )
+
+
+class RedactRecordTests(SynchronousTestCase):
+    """Every audit line, through any door, masks secrets clients put in URLs."""
+
+    def test_userinfo_and_token_queries(self) -> None:
+        """userinfo in URLs and token-like query values are *** in every string, list and dict of a record."""
+        record = {
+            "argv": [
+                "git",
+                "clone",
+                "https://x-access-token:ghp_abc@github.com/o/r.git",
+            ],
+            "path": "/download",
+            "remote": "https://u:p@h/r?access_token=zzz&page=2",
+            "nested": {"cmd": "curl 'https://h/x?api_key=k1'"},
+            "status": 200,
+        }
+        out = gate.redact_record(record)
+        self.assertEqual(out["argv"][2], "https://***@github.com/o/r.git")
+        self.assertEqual(out["remote"], "https://***@h/r?access_token=***&page=2")
+        self.assertEqual(out["nested"]["cmd"], "curl 'https://h/x?api_key=***'")
+        self.assertEqual((out["path"], out["status"]), ("/download", 200))
+        self.assertNotIn("ghp_abc", json.dumps(out))

@@ -56,6 +56,7 @@ _GROUP_NOTES = {
     CapabilityGroup.DEV_TOOLS: "code snippets and git",
     CapabilityGroup.BROWSER: "one shared headless Chromium page",
     CapabilityGroup.AGENTS: "coding agents over ACP",
+    CapabilityGroup.GIT: "git that writes: clone, commit, branch, push (see [git](git.md))",
     CapabilityGroup.MCP: "every endpoint as an MCP tool, see [mcp](mcp.md)",
     CapabilityGroup.E2B: "the E2B-compatible envd port (docs/e2b.md)",
     CapabilityGroup.AUTH: "short-lived capability links",

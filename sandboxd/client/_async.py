@@ -1091,7 +1091,7 @@ class Env(_Namespace):
 
 
 class Git(_Namespace):
-    """``sandbox.git``: opt-in ``dev_tools`` (SPEC §7.7)."""
+    """``sandbox.git``: ``status`` and ``diff`` (opt-in ``dev_tools``); the rest needs the opt-in ``git`` group."""
 
     async def status(self, path: str = ".") -> GitStatus:
         """Branch, ahead/behind, changed files."""
@@ -1102,6 +1102,238 @@ class Git(_Namespace):
     ) -> GitDiff:
         """The diff and its stats (truncated at 1 MB)."""
         return cast(GitDiff, await self._http.call(calls.git_diff(path, staged, file)))
+
+    # -- the git group (opt-in ``git``, SPEC §24) ---------------------------------
+
+    async def init(
+        self, path: str, *, initial_branch: str = "main", bare: bool = False
+    ) -> dict[str, Any]:
+        """Create a repository at ``path``."""
+        return cast(
+            dict[str, Any],
+            await self._http.call(
+                calls.git(
+                    "POST", "/init", path=path, initial_branch=initial_branch, bare=bare
+                )
+            ),
+        )
+
+    async def add(
+        self, path: str = ".", files: Sequence[str] | None = None, *, all: bool = False
+    ) -> list[str]:
+        """Stage ``files`` (or every change with ``all``); the staged paths."""
+        fields: dict[str, Any] = {"path": path}
+        if all:
+            fields["all"] = True
+        else:
+            fields["files"] = list(files or [])
+        reply = await self._http.call(calls.git("POST", "/add", **fields))
+        return cast(list[str], reply["staged"])
+
+    async def commit(
+        self,
+        path: str,
+        message: str,
+        *,
+        author: Mapping[str, str] | None = None,
+        allow_empty: bool = False,
+        files: Sequence[str] | None = None,
+    ) -> dict[str, Any]:
+        """Commit the index: ``{commit, branch, summary}``."""
+        return cast(
+            dict[str, Any],
+            await self._http.call(
+                calls.git(
+                    "POST",
+                    "/commit",
+                    path=path,
+                    message=message,
+                    author=dict(author) if author is not None else None,
+                    allow_empty=allow_empty or None,
+                    files=list(files) if files is not None else None,
+                )
+            ),
+        )
+
+    async def log(
+        self, path: str = ".", *, ref: str = "HEAD", max: int = 50
+    ) -> list[dict[str, Any]]:
+        """The commits reachable from ``ref``, newest first."""
+        reply = await self._http.call(
+            calls.git("GET", "/log", {"path": path, "ref": ref, "max": max})
+        )
+        return cast(list[dict[str, Any]], reply["commits"])
+
+    async def branches(self, path: str = ".") -> dict[str, Any]:
+        """``{current, detached, branches}``."""
+        return cast(
+            dict[str, Any],
+            await self._http.call(calls.git("GET", "/branches", {"path": path})),
+        )
+
+    async def create_branch(
+        self,
+        path: str,
+        name: str,
+        *,
+        start_point: str | None = None,
+        checkout: bool = False,
+    ) -> dict[str, Any]:
+        """A new branch (switched to with ``checkout``)."""
+        return cast(
+            dict[str, Any],
+            await self._http.call(
+                calls.git(
+                    "POST",
+                    "/branches",
+                    path=path,
+                    name=name,
+                    start_point=start_point,
+                    checkout=checkout or None,
+                )
+            ),
+        )
+
+    async def checkout(
+        self, path: str, ref: str, *, create: bool = False, force: bool = False
+    ) -> dict[str, Any]:
+        """Switch to ``ref``: ``{branch, commit, detached}``."""
+        return cast(
+            dict[str, Any],
+            await self._http.call(
+                calls.git(
+                    "POST",
+                    "/checkout",
+                    path=path,
+                    ref=ref,
+                    create=create or None,
+                    force=force or None,
+                )
+            ),
+        )
+
+    async def clone(
+        self,
+        url: str,
+        path: str,
+        *,
+        auth: Mapping[str, str] | None = None,
+        branch: str | None = None,
+        depth: int | None = None,
+        wait: float = 600.0,
+        user: str | int | None = None,
+    ) -> dict[str, Any]:
+        """
+        Clone ``url`` into ``path``. ``auth`` is ``{"credential": NAME}`` (a
+        secret the policy holds) or ``{"username", "password"}``. Waits up to
+        ``wait`` seconds: the result (``state: done``), or the running job
+        (``state: running``, follow it with :meth:`job`).
+        """
+        return cast(
+            dict[str, Any],
+            await self._http.call(
+                calls.git(
+                    "POST",
+                    "/clone",
+                    wait=wait,
+                    url=url,
+                    path=path,
+                    auth=dict(auth) if auth is not None else None,
+                    branch=branch,
+                    depth=depth,
+                    user=user,
+                )
+            ),
+        )
+
+    async def fetch(
+        self,
+        path: str = ".",
+        *,
+        remote: str = "origin",
+        auth: Mapping[str, str] | None = None,
+        wait: float = 600.0,
+    ) -> dict[str, Any]:
+        """Fetch from ``remote`` (a job; see :meth:`clone` for ``auth`` and ``wait``)."""
+        return cast(
+            dict[str, Any],
+            await self._http.call(
+                calls.git(
+                    "POST",
+                    "/fetch",
+                    wait=wait,
+                    path=path,
+                    remote=remote,
+                    auth=dict(auth) if auth is not None else None,
+                )
+            ),
+        )
+
+    async def pull(
+        self,
+        path: str = ".",
+        *,
+        remote: str = "origin",
+        branch: str | None = None,
+        auth: Mapping[str, str] | None = None,
+        wait: float = 600.0,
+    ) -> dict[str, Any]:
+        """Pull (fast-forward only) from ``remote``."""
+        return cast(
+            dict[str, Any],
+            await self._http.call(
+                calls.git(
+                    "POST",
+                    "/pull",
+                    wait=wait,
+                    path=path,
+                    remote=remote,
+                    branch=branch,
+                    auth=dict(auth) if auth is not None else None,
+                )
+            ),
+        )
+
+    async def push(
+        self,
+        path: str = ".",
+        *,
+        remote: str = "origin",
+        branch: str | None = None,
+        set_upstream: bool = False,
+        auth: Mapping[str, str] | None = None,
+        wait: float = 600.0,
+    ) -> dict[str, Any]:
+        """Push a branch: ``{updated: [...], remote_verified}``."""
+        return cast(
+            dict[str, Any],
+            await self._http.call(
+                calls.git(
+                    "POST",
+                    "/push",
+                    wait=wait,
+                    path=path,
+                    remote=remote,
+                    branch=branch,
+                    set_upstream=set_upstream or None,
+                    auth=dict(auth) if auth is not None else None,
+                )
+            ),
+        )
+
+    async def job(self, job_id: str) -> dict[str, Any]:
+        """One remote job: ``state``, ``progress``, ``result`` or ``error``."""
+        return cast(
+            dict[str, Any],
+            await self._http.call(calls.git("GET", f"/jobs/{seg(job_id)}")),
+        )
+
+    async def cancel(self, job_id: str) -> dict[str, Any]:
+        """Cancel a job; answers once git's whole tree is gone."""
+        return cast(
+            dict[str, Any],
+            await self._http.call(calls.git("DELETE", f"/jobs/{seg(job_id)}")),
+        )
 
 
 class Code(_Namespace):

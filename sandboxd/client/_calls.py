@@ -358,6 +358,30 @@ def git_diff(path: str, staged: bool, file: str | None) -> Req:
     )
 
 
+def git(
+    method: str,
+    route: str,
+    params: Mapping[str, Any] | None = None,
+    wait: float | None = None,
+    **fields: Any,
+) -> Req:
+    """
+    One call of the ``git`` group (SPEC §24); ``route`` below ``/git``.  A
+    remote call that waits ``wait`` seconds for its job gets that long
+    (and a margin) before the client gives up.
+    """
+    timeout = None if wait is None else wait + 30.0
+    if method in ("GET", "DELETE"):
+        return Req(method, "/git" + route, clean(params), timeout=timeout)
+    return Req(
+        method,
+        "/git" + route,
+        clean(params),
+        json=body(wait=wait, **fields),
+        timeout=timeout,
+    )
+
+
 # -- browser ----------------------------------------------------------------------------
 
 

@@ -417,6 +417,54 @@ class InsufficientStorage(ServerError):
     default_code = "insufficient_storage"
 
 
+# -- git (SPEC §24) --------------------------------------------------------------------
+
+
+class UrlNotAllowed(PermissionDenied):
+    """A git remote outside the policy (transport, url_allow/url_deny, private address)."""
+
+    default_code = "url_not_allowed"
+
+
+class ProtectedBranch(PermissionDenied):
+    """A commit, push or delete on a branch the policy protects."""
+
+    default_code = "protected_branch"
+
+
+class GitConflict(Conflict):
+    """The repository's state refuses the call; :attr:`kind` says how."""
+
+    default_code = "git_conflict"
+
+    @property
+    def kind(self) -> str | None:
+        """``non_fast_forward``, ``dirty_tree``, ``branch_exists``, ``merge_conflict`` ..."""
+        value = self.body.get("kind")
+        return value if isinstance(value, str) else None
+
+
+class TooManyJobs(LimitExceeded):
+    """``limits.max_jobs`` git jobs are running."""
+
+    default_code = "too_many_jobs"
+
+
+class RemoteError(ServerError):
+    """
+    The git remote refused or could not be reached (502); :attr:`kind` is
+    ``auth``, ``not_found``, ``network``, ``tls`` or ``rejected``.
+    """
+
+    default_code = "remote_error"
+
+    @property
+    def kind(self) -> str | None:
+        """What went wrong with the remote."""
+        value = self.body.get("kind")
+        return value if isinstance(value, str) else None
+
+
 def _codes() -> dict[str, type[SandboxError]]:
     found: dict[str, type[SandboxError]] = {}
     pending: list[type[SandboxError]] = [SandboxError]

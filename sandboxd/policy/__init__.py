@@ -60,7 +60,8 @@ class Policy:
 
     def secret_env_names(self) -> frozenset[str]:
         """Environment names that hold secrets and never reach a child."""
-        return self.tokens.secret_env
+        git = {c.token_env for c in self.document.git.credentials.values()}
+        return self.tokens.secret_env | {n for n in git if n}
 
 
 def own_files(
@@ -76,6 +77,7 @@ def own_files(
     names = [policy_file, environ.get("ABX_SERVER_TOKEN_FILE"), *extra]
     names += [spec.token_file for spec in doc.tokens]
     names.append(doc.link_key_file)
+    names += [c.token_file for c in doc.git.credentials.values()]
     return tuple(sorted({os.path.realpath(n) for n in names if n}))
 
 

@@ -354,6 +354,31 @@ PREVIEW_UPGRADE_HEAD_BYTES = 64 * KIB
 
 #: Preview: the browser's retry page reloads after this many seconds.
 PREVIEW_RETRY_SECONDS = 2
+#: git (SPEC §24): local calls, and the remote jobs (clone, fetch, pull,
+#: push) whose table holds at most ``max_jobs`` running at once.
+GIT_LOCAL_LIMITS: dict[str, Any] = {"timeout_seconds": 60, "max_output_bytes": MB}
+GIT_REMOTE_LIMITS: dict[str, Any] = {
+    "timeout_seconds": 600,
+    "idle_timeout_seconds": 120,
+    "max_jobs": 4,
+    "max_output_bytes": MIB,
+}
+GIT_REMOTE_IDS = frozenset({"git_clone", "git_fetch", "git_pull", "git_push"})
+
+#: git: finished jobs kept for ``git_job_get`` after they end, oldest first out.
+GIT_JOBS_KEPT = 32
+
+#: git: a job's progress log (SPEC §9 retention), in bytes.
+GIT_JOB_LOG_BYTES = 256 * KIB
+
+#: git: how long an askpass helper may take to connect and ask, per prompt.
+GIT_ASKPASS_TIMEOUT_SECONDS = 30.0
+
+#: git: a commit message, a config value, a stash message (bytes).
+GIT_MESSAGE_MAX_BYTES = 64 * KIB
+
+#: git: the most commits ``git_log`` returns.
+GIT_LOG_MAX = 1000
 
 
 def endpoint_limits(endpoint_id: str, group: str) -> dict[str, Any]:
@@ -361,6 +386,9 @@ def endpoint_limits(endpoint_id: str, group: str) -> dict[str, Any]:
     out = dict(GLOBAL_LIMITS)
     if group == "agents":
         out.update(AGENT_LIMITS)
+    if group == "git":
+        remote = endpoint_id in GIT_REMOTE_IDS
+        out.update(GIT_REMOTE_LIMITS if remote else GIT_LOCAL_LIMITS)
     out.update(ENDPOINT_LIMITS.get(endpoint_id, {}))
     return out
 

@@ -41,6 +41,7 @@ TOP_KEYS = (
     "auth",
     "revision",
     "agents",
+    "git",
     "allowed_origins",
     "allowed_hosts",
     "pty_public_url",
@@ -105,6 +106,33 @@ class TokenSpec:
     token_file: str | None = None
 
 
+GIT_KEYS = ("credentials", "author", "ca_file")
+CREDENTIAL_KEYS = ("token_file", "token_env", "username", "url_prefix")
+
+
+@attrs.frozen
+class GitCredential:
+    """
+    A secret the policy holds for git (SPEC §24): where to read it, the
+    user name to give with it, and the remote URLs it may be sent to.
+    """
+
+    name: str
+    url_prefix: str
+    username: str = "x-access-token"
+    token_file: str | None = None
+    token_env: str | None = None
+
+
+@attrs.frozen
+class GitSettings:
+    """The policy's top-level ``git`` key."""
+
+    credentials: Mapping[str, GitCredential] = attrs.field(factory=dict)
+    author: Mapping[str, str] | None = None
+    ca_file: str | None = None
+
+
 @attrs.frozen
 class PolicyDocument:
     """A validated policy; ``rules`` maps selectors to normalised rules."""
@@ -125,6 +153,7 @@ class PolicyDocument:
     #: Free text describing the policy (the seed's ``description``).
     description: str | None = None
     agents: Mapping[str, Any] = attrs.field(factory=dict)
+    git: GitSettings = attrs.field(factory=lambda: GitSettings())
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()
     #: The base of the ``ws_url`` that ``pty_create_session`` answers (SPEC §20).
@@ -322,6 +351,46 @@ def _anonymous(
             "auth.anonymous_scopes", value["anonymous_scopes"], known_scopes
         )
     return allow, scopes
+
+
+def _git_settings(value: Any) -> GitSettings:
+    """Check the ``git`` key: named credentials, the default author, a CA file."""
+    if not isinstance(value, dict):
+        raise PolicyError("git: must be an object")
+    for key in value:
+        if key not in GIT_KEYS:
+            raise _unknown("git", "key", key, GIT_KEYS)
+    raw = value.get("credentials", {})
+    if not isinstance(raw, dict):
+        raise PolicyError("git.credentials: must be an object of name: credential")
+    credentials: dict[str, GitCredential] = {}
+    for name, entry in raw.items():
+        where = f"git.credentials.{name}"
+        if not isinstance(entry, dict):
+            raise PolicyError(f"{where}: must be an object")
+        for key in entry:
+            if key not in CREDENTIAL_KEYS:
+                raise _unknown(where, "key", key, CREDENTIAL_KEYS)
+        fields = {k: _coerce(f"{where}.{k}", "str", v) for k, v in entry.items()}
+        if len([k for k in ("token_file", "token_env") if k in fields]) != 1:
+            raise PolicyError(f"{where}: give exactly one of token_file, token_env")
+        prefix = fields.get("url_prefix", "")
+        if not prefix.startswith(("https://", "ssh://")) or prefix.count("/") < 3:
+            raise PolicyError(
+                f"{where}.url_prefix: an https:// URL prefix with a host and a"
+                " path (https://github.com/myorg/) is required"
+            )
+        credentials[name] = GitCredential(name=name, **fields)
+    author = value.get("author")
+    if author is not None:
+        author = _coerce("git.author", "dict[str, str]", author)
+        for key in author:
+            if key not in ("name", "email"):
+                raise _unknown("git.author", "key", key, ["name", "email"])
+    ca_file = value.get("ca_file")
+    if ca_file is not None:
+        ca_file = _coerce("git.ca_file", "str", ca_file)
+    return GitSettings(credentials=credentials, author=author, ca_file=ca_file)
 
 
 def _tokens(value: Any, known_scopes: Iterable[str]) -> tuple[TokenSpec, ...]:
@@ -528,6 +597,7 @@ def validate(doc: Any, table: RouteTable, source: str = "inline") -> PolicyDocum
     for key in agents:
         if key != "catalog":
             raise _unknown("agents", "key", key, ["catalog"])
+    git = _git_settings(doc.get("git", {}))
     return PolicyDocument(
         preset=preset,
         base_dir=base_dir,
@@ -540,6 +610,7 @@ def validate(doc: Any, table: RouteTable, source: str = "inline") -> PolicyDocum
         revision=str(revision) if revision is not None else None,
         description=description,
         agents=agents,
+        git=git,
         allowed_origins=_string_list("allowed_origins", doc.get("allowed_origins", [])),
         allowed_hosts=_string_list("allowed_hosts", doc.get("allowed_hosts", [])),
         pty_public_url=check_public_url("pty_public_url", doc["pty_public_url"])

@@ -77,6 +77,27 @@ def _only(*ids: str) -> dict[str, dict[str, Any]]:
     return rules
 
 
+#: git calls that change a repository or talk to a remote (off in read-only).
+_GIT_WRITES = (
+    "git_clone",
+    "git_fetch",
+    "git_pull",
+    "git_push",
+    "git_job_cancel",
+    "git_init",
+    "git_add",
+    "git_commit",
+    "git_branch_create",
+    "git_branch_delete",
+    "git_checkout",
+    "git_reset",
+    "git_restore",
+    "git_stash",
+    "git_remote_add",
+    "git_config_set",
+)
+
+
 def _off(*ids: str) -> dict[str, dict[str, Any]]:
     return {i: {"enabled": False} for i in ids}
 
@@ -89,7 +110,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "transfer-only": {"endpoints": _only(*TRANSFER)},
     "read-only": {
         "groups": dict(_RUNNING_GROUPS),
-        "endpoints": _off(*FILE_WRITES, "env_set"),
+        "endpoints": _off(*FILE_WRITES, "env_set", *_GIT_WRITES),
     },
     "hardened": {
         "groups": dict(_RUNNING_GROUPS),
@@ -104,6 +125,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "group:browser": {"params": {"block_private_networks": True}},
             # Previews are opened with a link or a token, never by anyone.
             "group:preview": {"params": {"allow_public": False}},
+            "group:git": {"params": {"allow_hard_reset": False}},
         },
     },
     "locked": {"endpoints": _only(*COMMANDS)},

@@ -45,6 +45,7 @@ class Limits:
     permission_timeout_seconds: float | None = None
     # capability links
     max_link_ttl_seconds: float | None = None
+    max_jobs: int | None = None
 
     @property
     def run_ceiling(self) -> float | None:
@@ -118,6 +119,20 @@ class Params:
     deny_ports: tuple[int, ...] = ()
     allow_public: bool = True
     host_header: str = "upstream"
+    # git (SPEC §24)
+    git_protocols: tuple[str, ...] = ("https",)
+    protected_branches: tuple[str, ...] = ()
+    allow_force_push: bool = False
+    allow_hard_reset: bool = True
+    git_hooks: bool = False
+    git_config_keys: tuple[str, ...] = (
+        "user.name",
+        "user.email",
+        "pull.rebase",
+        "init.defaultBranch",
+        "core.autocrlf",
+    )
+    allow_url_credentials: bool = False
 
 
 #: The sections of a rule and the class describing each.

@@ -12,6 +12,7 @@ import functools
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -209,6 +210,8 @@ async def run_collect(
     idle_timeout: float | None = None,
     run_as: RunAs | None = None,
     stdin: bytes | None = None,
+    observe: Callable[[int, bytes], None] | None = None,
+    on_spawned: Callable[[Child], None] | None = None,
 ) -> RunResult:
     """
     Run ``argv`` to completion and collect its output.
@@ -218,6 +221,10 @@ async def run_collect(
     is ended and the result says so.  Cancelling the awaiting Deferred ends
     the tree too.
 
+    :param observe: also sees every chunk of output as it comes (git's
+        progress), before the cap applies.
+    :param on_spawned: called with the child once it runs (its pid known),
+        for callers that must recognise the tree or end it themselves.
     :raises FileNotFoundError: the executable is not on the child's PATH.
     """
     cap = DEFAULT_CAPTURE_BYTES if max_output_bytes is None else max_output_bytes
@@ -228,6 +235,8 @@ async def run_collect(
         sink = sinks.get(fd)
         if sink is not None:
             sink.write(data)
+        if observe is not None:
+            observe(fd, data)
 
     child = Child(reactor, on_output, timeout=timeout, idle_timeout=idle_timeout)
     began = time.monotonic()
@@ -248,6 +257,8 @@ async def run_collect(
         except CancelledError:
             child.kill("cancelled")
             raise
+    if on_spawned is not None:
+        on_spawned(child)
     if stdin is not None:
         if stdin:
             child.write_stdin(stdin)

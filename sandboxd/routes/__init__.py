@@ -35,6 +35,7 @@ GROUP_MODULES: dict[CapabilityGroup, tuple[str, ...]] = {
     G.DEV_TOOLS: ("sandboxd.routes.devtools",),
     G.BROWSER: ("sandboxd.routes.browser",),
     G.AGENTS: ("sandboxd.routes.agents",),
+    G.GIT: ("sandboxd.routes.git",),
     G.MCP: ("sandboxd.routes.mcp",),
     G.AUTH: ("sandboxd.routes.links",),
     G.PREVIEW: ("sandboxd.routes.preview",),

@@ -507,17 +507,17 @@ def _output_page(
         when there was none); otherwise ``next`` is the last seq returned.
     """
     gap, scanned = managed.log.since(after)
+    shown = [e for e in scanned if e.event in ("stdout", "stderr")]
     out = [
         {"seq": e.seq, "stream": e.event, "data": readable(e.data["data"])}
-        for e in scanned
-        if e.event in ("stdout", "stderr")
+        for e in shown
     ]
     described = managed.describe()
     dropped = managed.dropped_bytes()
     if since is not None:
         following = scanned[-1].seq + 1 if scanned else since
     else:
-        following = out[-1]["seq"] if out else after
+        following = shown[-1].seq if shown else after
     return {
         "pid": managed.pid,
         "state": described["state"],

@@ -12,6 +12,13 @@ override anything the repository says, and runs with a pinned environment
 
 The parsers are pure functions of git's bytes so they can be tested
 without a repository.
+
+The ``git`` group (git that writes) builds on this module:
+:mod:`~sandboxd.git.runner` (one call: user, limits, the settings that
+close the repository's other doors), :mod:`~sandboxd.git.remotes` (which
+remotes, resolved and pinned), :mod:`~sandboxd.git.askpass` (credentials
+through a one-shot socket), :mod:`~sandboxd.git.jobs` (remote calls as
+jobs) and :mod:`~sandboxd.git.outcomes` (what git's output means).
 """
 
 from __future__ import annotations

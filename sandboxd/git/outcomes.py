@@ -1,0 +1,352 @@
+# -*- test-case-name: tests.git.test_outcomes -*-
+"""
+What git's output means to a caller (SPEC §24), as pure functions of its
+bytes: the error a failure becomes (409 ``git_conflict`` with ``kind``,
+502 ``remote_error`` with ``kind``, 404, 400 ``git_error``), the parsed
+``--progress`` lines, ``log``, ``branch`` and ``push --porcelain``, and
+the redaction every message goes through.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from sandboxd.errors import ApiError, git_conflict, git_error, not_found, remote_error
+
+#: ``scheme://user[:pass]@``.
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s'\"]+@")
+
+
+def redact(text: str, hidden: Iterable[str]) -> str:
+    """``text`` with each hidden value and every URL's userinfo as ``***``."""
+    for value in sorted((v for v in hidden if v), key=len, reverse=True):
+        text = text.replace(value, "***")
+    return _USERINFO.sub(lambda m: f"{m.group('scheme')}***@", text)
+
+
+def _last_lines(text: str, count: int = 6) -> str:
+    lines = [line for line in text.replace("\r", "\n").splitlines() if line.strip()]
+    return "\n".join(lines[-count:])[-2000:]
+
+
+#: (kind, phrases) for failures that talk about the remote, first match wins.
+_REMOTE_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "tls",
+        (
+            "ssl certificate",
+            "server certificate verification failed",
+            "ssl_connect",
+            "certificate problem",
+            "gnutls",
+            "tls handshake",
+        ),
+    ),
+    (
+        "auth",
+        (
+            "authentication failed",
+            "could not read username",
+            "could not read password",
+            "terminal prompts disabled",
+            "requested url returned error: 401",
+            "requested url returned error: 403",
+            "permission denied (publickey",
+            "invalid username or password",
+        ),
+    ),
+    (
+        "not_found",
+        (
+            "repository not found",
+            "requested url returned error: 404",
+            "does not appear to be a git repository",
+            "couldn't find remote ref",
+            "not found",
+        ),
+    ),
+    (
+        "network",
+        (
+            "could not resolve host",
+            "failed to connect",
+            "couldn't connect",
+            "connection refused",
+            "connection timed out",
+            "operation timed out",
+            "network is unreachable",
+            "no route to host",
+            "connection reset",
+            "empty reply from server",
+            "the remote end hung up unexpectedly",
+            "rpc failed",
+        ),
+    ),
+    (
+        "rejected",
+        (
+            "remote rejected",
+            "pre-receive hook declined",
+            "requested url returned error: 30",
+            "[rejected]",
+            "protected branch",
+        ),
+    ),
+)
+
+#: (kind, phrases) for local conflicts a caller can act on.
+_CONFLICT_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "non_fast_forward",
+        (
+            "non-fast-forward",
+            "[rejected]",
+            "updates were rejected",
+            "not possible to fast-forward",
+            "fetch first",
+            "stale info",
+        ),
+    ),
+    ("merge_conflict", ("conflict (", "automatic merge failed", "could not apply")),
+    (
+        "dirty_tree",
+        (
+            "would be overwritten",
+            "please commit your changes or stash them",
+            "your local changes",
+            "untracked working tree files would be",
+        ),
+    ),
+    ("branch_exists", ("already exists",)),
+    ("not_merged", ("is not fully merged",)),
+    ("nothing_to_commit", ("nothing to commit", "no changes added to commit")),
+    ("current_branch", ("cannot delete branch", "checked out at")),
+    ("no_stash", ("no stash entries found", "no local changes to save")),
+)
+
+
+def classify_failure(
+    text: str, exit_code: int | None, remote: bool = False
+) -> ApiError:
+    """
+    The error a failed git call becomes: local conflicts first (a rejected
+    push is a conflict the caller resolves, not a remote failure), then
+    remote failures, then 404 for a path that is no repository, else 400
+    ``git_error`` with git's last lines.
+    """
+    lowered = text.lower()
+    tail = _last_lines(text) or f"git exited with {exit_code}"
+    for kind, phrases in _CONFLICT_KINDS:
+        if any(p in lowered for p in phrases):
+            if kind == "non_fast_forward" and "remote rejected" in lowered:
+                break
+            return git_conflict(tail, kind)
+    if remote or "fatal: unable to access" in lowered:
+        for kind, phrases in _REMOTE_KINDS:
+            if any(p in lowered for p in phrases):
+                if kind == "rejected" and "returned error: 30" in lowered:
+                    tail = (
+                        "the remote answered with a redirect, which is never followed"
+                    )
+                return remote_error(tail, kind)
+    if "not a git repository" in lowered:
+        return not_found(tail)
+    return git_error(tail)
+
+
+# -- progress ------------------------------------------------------------------
+
+_PROGRESS = re.compile(
+    r"^(?:remote:\s*)?(?P<phase>[A-Za-z][A-Za-z ]*?):\s+(?P<percent>\d{1,3})%"
+    r"\s+\((?P<done>\d+)/(?P<total>\d+)\)(?:,\s*(?P<bytes>[\d.]+\s*[KMG]?i?B))?"
+)
+_COUNT = re.compile(
+    r"^(?:remote:\s*)?(?P<phase>[A-Za-z][A-Za-z ]*?):\s+(?P<done>\d+)(?:,|$)"
+)
+_UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+
+
+def _size(text: str | None) -> int | None:
+    if not text:
+        return None
+    number, _, unit = text.replace(" ", "\0", 1).partition("\0")
+    unit = unit.strip() or "B"
+    try:
+        return int(float(number) * _UNITS.get(unit, 1))
+    except ValueError:
+        return None
+
+
+def parse_progress(line: str) -> dict[str, Any] | None:
+    """
+    ``{phase, percent, objects, total, bytes}`` from one ``--progress``
+    line (``Receiving objects:  45% (450/1000), 1.20 MiB | 2.40 MiB/s``),
+    or None for any other line.
+    """
+    line = line.strip()
+    match = _PROGRESS.match(line)
+    if match:
+        return {
+            "phase": match.group("phase").strip().lower().replace(" ", "_"),
+            "percent": min(100, int(match.group("percent"))),
+            "objects": int(match.group("done")),
+            "total": int(match.group("total")),
+            "bytes": _size(match.group("bytes")),
+        }
+    match = _COUNT.match(line)
+    if match and match.group("phase").lower().endswith("objects"):
+        return {
+            "phase": match.group("phase").strip().lower().replace(" ", "_"),
+            "percent": None,
+            "objects": int(match.group("done")),
+            "total": None,
+            "bytes": None,
+        }
+    return None
+
+
+class ProgressLines:
+    """
+    Splits git's stderr into lines at ``\\r`` and ``\\n`` (progress redraws
+    end in ``\\r``), keeping a partial line for the next chunk.
+    """
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.partial = b""
+        self.limit = limit
+
+    def feed(self, data: bytes) -> list[str]:
+        """The complete lines in ``partial + data``."""
+        data = self.partial + data
+        parts = re.split(rb"[\r\n]", data)
+        self.partial = parts.pop()[-self.limit :]
+        return [p.decode("utf-8", "replace") for p in parts if p.strip()]
+
+
+# -- log, branches, push ---------------------------------------------------------
+
+#: ``git log`` format: fields split by US (0x1f), records by RS (0x1e).
+LOG_FORMAT = "%H%x1f%P%x1f%an%x1f%ae%x1f%at%x1f%cn%x1f%ce%x1f%ct%x1f%s%x1f%b%x1e"
+
+
+def parse_log(output: bytes) -> list[dict[str, Any]]:
+    """The commits of ``git log --format=LOG_FORMAT``."""
+    commits: list[dict[str, Any]] = []
+    for record in output.decode("utf-8", "replace").split("\x1e"):
+        record = record.strip("\n")
+        if not record:
+            continue
+        fields = record.split("\x1f")
+        if len(fields) < 10:
+            continue
+        sha, parents, an, ae, at, cn, ce, ct, subject, body = fields[:10]
+        commits.append(
+            {
+                "commit": sha,
+                "parents": parents.split(),
+                "author": {"name": an, "email": ae, "time": int(at or 0)},
+                "committer": {"name": cn, "email": ce, "time": int(ct or 0)},
+                "subject": subject,
+                "body": body.strip("\n"),
+            }
+        )
+    return commits
+
+
+#: ``git for-each-ref`` format for branches.
+BRANCH_FORMAT = "%(refname)%1f%(objectname)%1f%(upstream:short)%1f%(upstream:track,nobracket)%1f%(HEAD)"
+
+
+def parse_branches(output: bytes) -> list[dict[str, Any]]:
+    """Branches from ``git for-each-ref --format=BRANCH_FORMAT refs/heads refs/remotes``."""
+    out: list[dict[str, Any]] = []
+    for line in output.decode("utf-8", "replace").splitlines():
+        fields = line.split("\x1f")
+        if len(fields) < 5:
+            continue
+        ref, sha, upstream, track, head = fields[:5]
+        remote = ref.startswith("refs/remotes/")
+        name = ref.removeprefix("refs/heads/").removeprefix("refs/remotes/")
+        if remote and name.endswith("/HEAD"):
+            continue
+        ahead = behind = 0
+        for part in track.split(","):
+            word, _, number = part.strip().partition(" ")
+            if word == "ahead" and number.isdigit():
+                ahead = int(number)
+            elif word == "behind" and number.isdigit():
+                behind = int(number)
+        out.append(
+            {
+                "name": name,
+                "commit": sha,
+                "upstream": upstream or None,
+                "ahead": ahead,
+                "behind": behind,
+                "remote": remote,
+                "current": head == "*",
+            }
+        )
+    return out
+
+
+_PUSH_STATUS = {
+    " ": "ok",
+    "+": "ok",
+    "-": "ok",
+    "*": "ok",
+    "=": "up_to_date",
+    "!": "rejected",
+}
+
+
+def parse_push(output: bytes) -> list[dict[str, Any]]:
+    """
+    Per-ref results of ``git push --porcelain``: ``FLAG\\tFROM:TO\\tSUMMARY
+    (REASON)`` lines between ``To URL`` and ``Done``.
+    """
+    out: list[dict[str, Any]] = []
+    for line in output.decode("utf-8", "replace").splitlines():
+        if len(line) < 3 or line[1] != "\t" or line[0] not in _PUSH_STATUS:
+            continue
+        flag, refs, summary = [*line.split("\t"), "", ""][:3]
+        _, _, dst = refs.partition(":")
+        reason = None
+        if "(" in summary and summary.endswith(")"):
+            summary, _, reason = summary[:-1].partition("(")
+            summary = summary.strip()
+        old = new = None
+        for sep in ("...", ".."):
+            if sep in summary:
+                old, _, new = summary.partition(sep)
+                break
+        entry: dict[str, Any] = {
+            "ref": dst or refs,
+            "old": old,
+            "new": new,
+            "status": _PUSH_STATUS[flag],
+            "forced": flag == "+",
+            "summary": summary,
+        }
+        if reason:
+            entry["reason"] = reason
+        out.append(entry)
+    return out
+
+
+def parse_remotes(output: bytes) -> list[dict[str, Any]]:
+    """``{name, fetch_url, push_url}`` from ``git remote -v`` (userinfo redacted)."""
+    remotes: dict[str, dict[str, Any]] = {}
+    for line in output.decode("utf-8", "replace").splitlines():
+        name, _, rest = line.partition("\t")
+        url, _, kind = rest.rpartition(" ")
+        if not name or not url:
+            continue
+        entry = remotes.setdefault(
+            name, {"name": name, "fetch_url": None, "push_url": None}
+        )
+        key = "push_url" if kind == "(push)" else "fetch_url"
+        entry[key] = redact(url, ())
+    return list(remotes.values())

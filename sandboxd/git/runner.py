@@ -1,0 +1,327 @@
+# -*- test-case-name: tests.routes.test_git -*-
+"""
+One git call of the ``git`` group (SPEC §24): the git CLI as a managed
+child (the request's user, its own process group, a timeout and an idle
+timeout that end the whole tree, capped output), with the repository's
+power to run code or reach the network switched off on the command line.
+
+:mod:`sandboxd.git` already stops what ``status`` and ``diff`` could run;
+writes and remotes add more doors: hooks, transports, credential helpers,
+redirects, proxies and URL-specific HTTP settings named by the
+repository's config.  Each is overridden here with ``-c``, which git reads
+last.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sandboxd import processes
+from sandboxd.errors import (
+    ApiError,
+    bad_request,
+    git_conflict,
+    internal,
+    not_found,
+    timed_out,
+)
+from sandboxd.git import (
+    ceiling_for,
+    config_names,
+    filter_overrides,
+    git_argv,
+    git_environment,
+)
+from sandboxd.git.askpass import AskpassSession, Secret
+from sandboxd.git.outcomes import classify_failure, redact
+from sandboxd.git.remotes import Remote, pin_setting
+from sandboxd.guard import PathGuard
+from sandboxd.policy.rules import EffectiveRule
+from sandboxd.processes.command import RunAs, resolve_user
+from sandboxd.processes.environment import BOOT_ENVIRON, child_environment
+
+#: Settings of every call of the group, after :data:`sandboxd.git.SAFE_CONFIG`.
+WRITE_CONFIG: tuple[str, ...] = (
+    "protocol.allow=never",
+    "protocol.https.allow=always",
+    "credential.helper=",
+    "credential.useHttpPath=true",
+    "http.followRedirects=false",
+    "http.sslVerify=true",
+    "http.extraHeader=",
+    "submodule.recurse=false",
+    "core.sshCommand=ssh -o BatchMode=yes -o StrictHostKeyChecking=yes",
+    "gc.auto=0",
+    "maintenance.auto=false",
+    "commit.gpgSign=false",
+    "tag.gpgSign=false",
+    "core.editor=true",
+    "sequence.editor=true",
+)
+
+#: Keys of a URL-specific or per-remote section (``http.<url>.proxy``,
+#: ``remote.origin.proxy``) that could send git elsewhere or lower TLS, and
+#: what each is forced to (``None``: the proxy the daemon's environment names).
+_NETWORK_KEYS: dict[str, str | None] = {
+    "proxy": None,
+    "sslverify": "true",
+    "followredirects": "false",
+    "curloptresolve": "",
+    "extraheader": "",
+    "sslcainfo": "",
+    "sslcapath": "",
+}
+
+Observer = Callable[[int, bytes], None]
+
+
+def proxy_of(env: dict[str, str]) -> str:
+    """The proxy the daemon's environment names for https, or ``""`` (none)."""
+    for name in ("https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        if env.get(name):
+            return env[name]
+    return ""
+
+
+def network_overrides(names: Iterable[str], proxy: str) -> list[str]:
+    """
+    ``-c`` settings that cancel the repository's URL-specific HTTP settings
+    and per-remote proxies (``http.https://x/.proxy``), which git prefers to
+    the general ones given on the command line.
+    """
+    out: list[str] = []
+    for name in names:
+        lowered = name.lower()
+        section, _, rest = lowered.partition(".")
+        key = lowered.rsplit(".", 1)[-1]
+        if section not in ("http", "remote") or rest.count(".") < 1:
+            continue
+        if key not in _NETWORK_KEYS or (section == "remote" and key != "proxy"):
+            continue
+        value = _NETWORK_KEYS[key]
+        out.append(f"{name}={proxy if value is None else value}")
+    return out
+
+
+class GitCall:
+    """
+    Where one request's git runs, as whom, with which settings and limits.
+
+    :ivar cwd: the directory git runs in (the repository, or the parent of
+        a clone's target).
+    """
+
+    def __init__(
+        self,
+        context: Any,
+        rule: EffectiveRule,
+        cwd: str,
+        user: Any = None,
+        timeout: float | None = None,
+    ) -> None:
+        self.context = context
+        self.rule = rule
+        self.cwd = cwd
+        self.run_as: RunAs | None = resolve_user(user, rule)
+        base = child_environment(context, rule, base=BOOT_ENVIRON)
+        self.proxy = proxy_of(base)
+        self.env = git_environment(base, ceiling=ceiling_for(cwd, rule.base_dir))
+        if self.run_as is not None:
+            self.run_as.apply(self.env)
+        ca_file = context.policy.document.git.ca_file
+        if ca_file:
+            self.env["GIT_SSL_CAINFO"] = ca_file
+        self.timeout = timeout if timeout is not None else rule.limits.timeout_seconds
+        self.idle_timeout = rule.limits.idle_timeout_seconds
+        self.max_output = rule.limits.max_output_bytes or 1024 * 1024
+        self.config: list[str] = [*WRITE_CONFIG, f"http.proxy={self.proxy}"]
+        if "ssh" in rule.params.git_protocols:
+            self.config.append("protocol.ssh.allow=always")
+        self.git_dir: str | None = None
+        self.top: str | None = None
+        #: The last child, for a job's ``process`` field and its cancel.
+        self.child: Any = None
+
+    @property
+    def uid_gid(self) -> tuple[int, int]:
+        """Who the askpass helper must be."""
+        if self.run_as is not None and os.geteuid() == 0:
+            return self.run_as.uid, self.run_as.gid
+        return os.geteuid(), os.getegid()
+
+    async def open_repository(self, op: str = "write") -> None:
+        """
+        Find the repository at ``cwd`` (404 when there is none), check that
+        its work tree and git dir lie where the caller may write, and learn
+        which of its settings to cancel.
+        """
+        result = await self.run(
+            ["rev-parse", "--show-toplevel", "--absolute-git-dir"],
+            check=False,
+        )
+        if result.exit_code != 0:
+            text = redact(result.stderr.decode("utf-8", "replace"), ())
+            if "not a git repository" in text:
+                raise not_found(f"not a git repository: {self.cwd}")
+            raise classify_failure(text, result.exit_code)
+        lines = [x for x in result.stdout.decode("utf-8", "replace").splitlines() if x]
+        if len(lines) == 2:
+            self.top, self.git_dir = lines
+        elif lines:  # a bare repository has no top level
+            self.git_dir = lines[-1]
+        guard = PathGuard(self.rule)
+        for place in {self.top, holder_of(self.git_dir)} - {None}:
+            guard.check(place, op)
+        names = await self.run(["config", "--null", "--list", "--name-only"])
+        listed = config_names(names.stdout)
+        self.config += filter_overrides(listed)
+        self.config += network_overrides(listed, self.proxy)
+        if self.rule.params.git_hooks and self.git_dir:
+            self.config.append(f"core.hooksPath={os.path.join(self.git_dir, 'hooks')}")
+
+    def argv(
+        self, args: list[str], remote: Remote | None = None, pin: str = ""
+    ) -> list[str]:
+        """git's argv: the safe settings, ours, the address pin, then ``args``."""
+        extra = list(self.config)
+        if remote is not None and pin and remote.scheme == "https":
+            extra.append(pin_setting(remote, pin))
+        return git_argv("git", args, extra)
+
+    async def run(
+        self,
+        args: list[str],
+        *,
+        check: bool = True,
+        remote: Remote | None = None,
+        pin: str = "",
+        secret: Secret | None = None,
+        observe: Observer | None = None,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+    ) -> processes.RunResult:
+        """
+        Run git to completion; with ``check``, a failure becomes the error
+        the client sees (:func:`~sandboxd.git.outcomes.classify_failure`).
+
+        With a ``secret``, git asks for it through a one-shot askpass
+        session that ends with the call.
+        """
+        env = dict(self.env)
+        session: AskpassSession | None = None
+        if secret is not None:
+            uid, gid = self.uid_gid
+            session = AskpassSession(self.context.reactor, secret, uid, gid)
+            env.update(session.start())
+
+        def spawned(child: Any) -> None:
+            self.child = child
+            if session is not None:
+                session.git_pid = child.pid
+
+        hidden = (secret.password,) if secret is not None else ()
+        try:
+            result = await processes.run_collect(
+                self.context.reactor,
+                self.argv(args, remote, pin),
+                children=self.context.children,
+                env=env,
+                cwd=self.cwd,
+                timeout=timeout if timeout is not None else self.timeout,
+                idle_timeout=self.idle_timeout if remote is not None else None,
+                max_output_bytes=self.max_output,
+                run_as=self.run_as,
+                stdin=stdin,
+                observe=observe,
+                on_spawned=spawned,
+            )
+        except FileNotFoundError:
+            raise internal("git is not installed", "FileNotFoundError") from None
+        finally:
+            if session is not None:
+                session.close()
+        if result.timed_out or result.idle_timed_out:
+            idle = result.idle_timed_out
+            limit = self.idle_timeout if idle else (timeout or self.timeout)
+            if idle:
+                raise timed_out(
+                    f"IdleTimeout: git printed nothing for {limit:g} s and was stopped",
+                    idle=True,
+                )
+            raise timed_out(f"git timed out after {limit:g} s")
+        if check and result.exit_code != 0:
+            text = redact(result.stderr.decode("utf-8", "replace"), hidden)
+            if not text.strip():
+                text = redact(result.stdout.decode("utf-8", "replace"), hidden)
+            raise classify_failure(text, result.exit_code, remote is not None)
+        return result
+
+
+def holder_of(git_dir: str | None) -> str | None:
+    """
+    The repository a git dir belongs to: ``/r`` for ``/r/.git`` and for a
+    linked work tree's ``/r/.git/worktrees/w``; the bare repository itself.
+
+    The guard decides on that path, not on ``.git`` inside it: a policy that
+    denies ``**/.git/**`` to the file endpoints (``hardened``) means "not by
+    hand", and git's own writes there are what this group is for.
+    """
+    if git_dir is None:
+        return None
+    head, sep, _ = git_dir.partition("/.git/")
+    if sep:
+        return head
+    return git_dir.removesuffix("/.git") or "/"
+
+
+def repo_path(request: Any, value: Any, name: str = "path") -> str:
+    """A repository path from the request, through the guard, as a directory."""
+    from sandboxd.web import params
+
+    text = params.path(value, name, ".", parents=False)
+    guard = PathGuard(request.rule)
+    if not os.path.isdir(guard.check(text, "read")):
+        raise not_found(f"not a git repository (no such directory): {text}")
+    return guard.cwd(text)
+
+
+def require_text(value: Any, name: str, limit: int) -> str:
+    """A non-empty string without NUL, at most ``limit`` bytes."""
+    if not isinstance(value, str) or not value:
+        raise bad_request(f"'{name}' must be a non-empty string")
+    if "\x00" in value or len(value.encode("utf-8", "surrogatepass")) > limit:
+        raise bad_request(f"'{name}' holds NUL or is over {limit} bytes")
+    return value
+
+
+def ref_name(value: Any, name: str) -> str:
+    """
+    A branch, tag or commit name: never an option, never a path trick.
+
+    :raises ApiError: 400 ``invalid_param``.
+    """
+    if not isinstance(value, str) or not value:
+        raise bad_request(f"'{name}' must be a non-empty string")
+    if value.startswith("-") or any(c in value for c in "\x00\n\r \t~^:?*[\\"):
+        if not (
+            name in ("target", "rev", "ref", "source", "start_point")
+            and _revision(value)
+        ):
+            raise bad_request(f"'{name}' is not a valid ref name: {value!r}")
+    if ".." in value and name not in ("rev",):
+        raise bad_request(f"'{name}' is not a valid ref name: {value!r}")
+    return value
+
+
+def _revision(value: str) -> bool:
+    """``HEAD~2``, ``main^``: revision suffixes allowed where a revision is."""
+    return not value.startswith("-") and not any(
+        c in value for c in "\x00\n\r \t:?*[\\"
+    )
+
+
+def conflict_error(kind: str, message: str) -> ApiError:
+    """409 ``git_conflict`` with ``kind``."""
+    return git_conflict(message, kind)

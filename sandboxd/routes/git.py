@@ -1,0 +1,875 @@
+# -*- test-case-name: tests.routes.test_git -*-
+"""
+Handlers of the ``git`` group (SPEC §24): git that writes.
+
+Local calls (init, add, commit, log, branches, checkout, reset, restore,
+stash, remotes, config) run git to completion within the local limits;
+remote calls (clone, fetch, pull, push) are jobs
+(:mod:`sandboxd.git.jobs`) whose remote was checked by the daemon first
+(:mod:`sandboxd.git.remotes`) and whose credentials reach git only through
+the askpass socket (:mod:`sandboxd.git.askpass`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shutil
+from typing import Any
+
+from sandboxd.errors import (
+    Code,
+    bad_request,
+    file_exists,
+    forbidden,
+    limit_exceeded,
+    limit_rule,
+    policy_rule,
+    unavailable,
+)
+from sandboxd.git import parse_numstat, truncate_diff
+from sandboxd.git.askpass import Secret, under_prefix
+from sandboxd.git.jobs import GitJob, GitJobTable
+from sandboxd.git.outcomes import (
+    BRANCH_FORMAT,
+    LOG_FORMAT,
+    parse_branches,
+    parse_log,
+    parse_push,
+    parse_remotes,
+    redact,
+)
+from sandboxd.git.remotes import (
+    Remote,
+    check_addresses,
+    literal_addresses,
+    parse_remote,
+    redact_userinfo,
+)
+from sandboxd.git.runner import (
+    GitCall,
+    conflict_error,
+    ref_name,
+    repo_path,
+    require_text,
+)
+from sandboxd.guard import PathGuard
+from sandboxd.policy import defaults
+from sandboxd.processes.environment import BOOT_ENVIRON
+from sandboxd.web import params
+from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
+from sandboxd.web.sse import Follower, SSEChannel, resume_point
+
+# -- shared ----------------------------------------------------------------------
+
+
+async def _repo(request: ServerRequest, value: Any, op: str = "write") -> GitCall:
+    """The call for the repository at ``value`` (404 when it is none)."""
+    call = GitCall(
+        request.context, request.rule, repo_path(request, value), user=_user(request)
+    )
+    request.audit["repo"] = call.cwd
+    await call.open_repository(op)
+    return call
+
+
+def _user(request: ServerRequest) -> Any:
+    """Who git runs as: the body's ``user`` (the query's for GET and DELETE)."""
+    value = request.body.get("user")
+    return value if value is not None else request.arg("user")
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+async def _current_branch(call: GitCall) -> str | None:
+    """The checked-out branch, or None when HEAD is detached."""
+    result = await call.run(["symbolic-ref", "--short", "-q", "HEAD"], check=False)
+    name = _text(result.stdout).strip()
+    return name if result.exit_code == 0 and name else None
+
+
+async def _head(call: GitCall) -> str | None:
+    """HEAD's commit, or None in a repository with no commit yet."""
+    result = await call.run(
+        ["rev-parse", "-q", "--verify", "HEAD^{commit}"], check=False
+    )
+    sha = _text(result.stdout).strip()
+    return sha if result.exit_code == 0 and sha else None
+
+
+def _check_protected(request: ServerRequest, branch: str | None, what: str) -> None:
+    """403 ``protected_branch`` when ``branch`` matches ``params.protected_branches``."""
+    if branch is None:
+        return
+    for pattern in request.rule.params.protected_branches:
+        if fnmatch.fnmatchcase(branch, pattern):
+            raise forbidden(
+                f"the branch {branch!r} is protected ({pattern}): {what} is not allowed",
+                Code.PROTECTED_BRANCH,
+                rule=policy_rule(request.rule, "params.protected_branches"),
+                branch=branch,
+            )
+
+
+def _files(
+    request: ServerRequest, call: GitCall, value: Any, name: str = "files"
+) -> list[str]:
+    """Paths inside the work tree, each through the guard (no ``..``, no option)."""
+    files = params.strings(value, name, min_items=1)
+    root = call.top or call.cwd
+    guard = PathGuard(request.rule)
+    for item in files:
+        params.path(item, name, parents=False)
+        guard.check(os.path.join(root, item), "write")
+    return files
+
+
+# -- local: init, add, commit ------------------------------------------------------
+
+
+async def git_init(request: ServerRequest) -> dict[str, Any]:
+    """``POST /git/init {path, initial_branch?: "main", bare?: false}``."""
+    body = request.body
+    text = params.path(body.get("path"), "path", parents=False)
+    target = PathGuard(request.rule).check(text, "write")
+    branch = ref_name(body.get("initial_branch") or "main", "initial_branch")
+    bare = params.flag(body.get("bare"), "bare")
+    parent = os.path.dirname(target) or "/"
+    call = GitCall(
+        request.context,
+        request.rule,
+        PathGuard(request.rule).cwd(parent),
+        user=_user(request),
+    )
+    args = ["init", "-q", f"--initial-branch={branch}"]
+    if bare:
+        args.append("--bare")
+    await call.run([*args, "--", target])
+    return {"path": target, "initial_branch": branch, "bare": bare}
+
+
+async def git_add(request: ServerRequest) -> dict[str, Any]:
+    """``POST /git/add {path, files: [..]} | {path, all: true}`` → ``{staged}``."""
+    body = request.body
+    call = await _repo(request, body.get("path"))
+    if params.flag(body.get("all"), "all"):
+        await call.run(["add", "-A"])
+    else:
+        await call.run(["add", "--", *_files(request, call, body.get("files"))])
+    staged = await call.run(["diff", "--cached", "--name-only", "-z"])
+    return {"staged": [n for n in _text(staged.stdout).split("\0") if n]}
+
+
+def _author_env(request: ServerRequest, author: Any) -> dict[str, str]:
+    """``GIT_AUTHOR_*``/``GIT_COMMITTER_*`` from the body's or the policy's author."""
+    chosen = (
+        author if author is not None else request.context.policy.document.git.author
+    )
+    if chosen is None:
+        return {}
+    if not isinstance(chosen, dict):
+        raise bad_request("'author' must be an object {name, email}")
+    name = require_text(chosen.get("name"), "author.name", 256)
+    email = require_text(chosen.get("email"), "author.email", 256)
+    if "\n" in name or "\n" in email:
+        raise bad_request("'author' must not hold newlines")
+    return {
+        "GIT_AUTHOR_NAME": name,
+        "GIT_AUTHOR_EMAIL": email,
+        "GIT_COMMITTER_NAME": name,
+        "GIT_COMMITTER_EMAIL": email,
+    }
+
+
+async def git_commit(request: ServerRequest) -> dict[str, Any]:
+    """
+    ``POST /git/commit {path, message, author?, allow_empty?, amend?, files?,
+    signoff?}`` → ``{commit, branch, summary}``; 403 on a protected branch.
+    """
+    body = request.body
+    message = require_text(
+        body.get("message"), "message", defaults.GIT_MESSAGE_MAX_BYTES
+    )
+    call = await _repo(request, body.get("path"))
+    branch = await _current_branch(call)
+    _check_protected(request, branch, "committing")
+    call.env.update(_author_env(request, body.get("author")))
+    args = ["commit", "-q", "-F", "-", "--no-edit", "--cleanup=strip"]
+    if params.flag(body.get("allow_empty"), "allow_empty"):
+        args.append("--allow-empty")
+    if params.flag(body.get("amend"), "amend"):
+        args.append("--amend")
+    if params.flag(body.get("signoff"), "signoff"):
+        args.append("--signoff")
+    if body.get("files") is not None:
+        args += ["--", *_files(request, call, body.get("files"))]
+    await call.run(args, stdin=message.encode("utf-8"))
+    sha = await _head(call)
+    stats = await call.run(
+        ["show", "--numstat", "-z", "--format=", "--no-renames", "HEAD"]
+    )
+    return {"commit": sha, "branch": branch, "summary": parse_numstat(stats.stdout)}
+
+
+# -- local: reading ----------------------------------------------------------------
+
+
+async def git_log(request: ServerRequest) -> dict[str, Any]:
+    """``GET /git/log?path=&ref=&max=50&file=`` → ``{commits}``."""
+    call = await _repo(request, request.arg("path"), "read")
+    count = params.integer(
+        request.arg("max"), "max", 50, low=1, high=defaults.GIT_LOG_MAX
+    )
+    ref = ref_name(request.arg("ref") or "HEAD", "ref")
+    if await _head(call) is None and ref == "HEAD":
+        return {"commits": []}
+    args = ["log", f"--format={LOG_FORMAT}", f"--max-count={count}", ref, "--"]
+    file = params.path(request.arg("file"), "file", None, parents=False)
+    if file:
+        PathGuard(request.rule).check(os.path.join(call.top or call.cwd, file), "read")
+        args.append(file)
+    result = await call.run(args)
+    return {"commits": parse_log(result.stdout)}
+
+
+async def git_show(request: ServerRequest) -> dict[str, Any]:
+    """``GET /git/show?path=&rev=HEAD`` → the commit and its diff (capped at 1 MB)."""
+    call = await _repo(request, request.arg("path"), "read")
+    rev = ref_name(request.arg("rev") or "HEAD", "rev")
+    meta = await call.run(["log", "-1", f"--format={LOG_FORMAT}", rev, "--"])
+    commits = parse_log(meta.stdout)
+    if not commits:
+        raise bad_request(f"no commit {rev!r}")
+    limit = defaults.MB
+    call.max_output = limit + 1
+    patch = await call.run(["show", "--format=", "--patch", "--no-color", rev, "--"])
+    diff, truncated = truncate_diff(patch.stdout, limit, cut=patch.truncated)
+    return {**commits[0], "diff": diff, "truncated": truncated}
+
+
+async def git_branches(request: ServerRequest) -> dict[str, Any]:
+    """``GET /git/branches?path=`` → ``{current, detached, branches}``."""
+    call = await _repo(request, request.arg("path"), "read")
+    result = await call.run(
+        ["for-each-ref", f"--format={BRANCH_FORMAT}", "refs/heads", "refs/remotes"]
+    )
+    current = await _current_branch(call)
+    return {
+        "current": current,
+        "detached": current is None and await _head(call) is not None,
+        "branches": parse_branches(result.stdout),
+    }
+
+
+async def git_remotes(request: ServerRequest) -> dict[str, Any]:
+    """``GET /git/remotes?path=`` → ``{remotes: [{name, fetch_url, push_url}]}``."""
+    call = await _repo(request, request.arg("path"), "read")
+    result = await call.run(["remote", "-v"])
+    return {"remotes": parse_remotes(result.stdout)}
+
+
+# -- local: branches, checkout, reset, restore, stash ---------------------------------
+
+
+async def git_branch_create(request: ServerRequest) -> dict[str, Any]:
+    """``POST /git/branches {path, name, start_point?, checkout?: false}``."""
+    body = request.body
+    call = await _repo(request, body.get("path"))
+    name = ref_name(body.get("name"), "name")
+    start = body.get("start_point")
+    args = (
+        ["switch", "-q", "-c", name]
+        if params.flag(body.get("checkout"), "checkout")
+        else ["branch", name]
+    )
+    if start is not None:
+        args.append(ref_name(start, "start_point"))
+    await call.run(args)
+    sha = await call.run(["rev-parse", f"refs/heads/{name}"])
+    return {"name": name, "commit": _text(sha.stdout).strip()}
+
+
+async def git_branch_delete(request: ServerRequest) -> dict[str, Any]:
+    """``DELETE /git/branches?path=&name=&force=false``; 403 for a protected one."""
+    call = await _repo(request, request.arg("path"))
+    name = ref_name(request.arg("name"), "name")
+    _check_protected(request, name, "deleting it")
+    force = params.flag(request.arg("force"), "force")
+    await call.run(["branch", "-D" if force else "-d", name])
+    return {"name": name, "deleted": True}
+
+
+async def git_checkout(request: ServerRequest) -> dict[str, Any]:
+    """``POST /git/checkout {path, ref, create?, force?}`` → ``{branch, commit, detached}``."""
+    body = request.body
+    call = await _repo(request, body.get("path"))
+    ref = ref_name(body.get("ref"), "ref")
+    args = ["checkout", "-q"]
+    if params.flag(body.get("force"), "force"):
+        args.append("--force")
+    if params.flag(body.get("create"), "create"):
+        args += ["-b", ref]
+    else:
+        args += [ref, "--"]
+    await call.run(args)
+    branch = await _current_branch(call)
+    return {"branch": branch, "commit": await _head(call), "detached": branch is None}
+
+
+async def git_reset(request: ServerRequest) -> dict[str, Any]:
+    """
+    ``POST /git/reset {path, mode?: mixed, target?: HEAD, files?}``; ``hard``
+    needs ``params.allow_hard_reset``.
+    """
+    body = request.body
+    mode = params.one_of(
+        body.get("mode") or "mixed", "mode", ("soft", "mixed", "hard", "merge", "keep")
+    )
+    if mode == "hard" and not request.rule.params.allow_hard_reset:
+        raise forbidden(
+            "a hard reset is not allowed by policy",
+            Code.PARAM_NOT_ALLOWED,
+            rule=policy_rule(request.rule, "params.allow_hard_reset"),
+        )
+    call = await _repo(request, body.get("path"))
+    target = ref_name(body.get("target") or "HEAD", "target")
+    if body.get("files") is not None:
+        await call.run(
+            ["reset", "-q", target, "--", *_files(request, call, body.get("files"))]
+        )
+    else:
+        await call.run(["reset", "-q", f"--{mode}", target])
+    branch = await _current_branch(call)
+    return {"mode": mode, "branch": branch, "commit": await _head(call)}
+
+
+async def git_restore(request: ServerRequest) -> dict[str, Any]:
+    """``POST /git/restore {path, files, staged?, worktree?, source?}``."""
+    body = request.body
+    call = await _repo(request, body.get("path"))
+    files = _files(request, call, body.get("files"))
+    args = ["restore"]
+    staged = params.flag(body.get("staged"), "staged")
+    worktree = params.flag(body.get("worktree"), "worktree", not staged)
+    if staged:
+        args.append("--staged")
+    if worktree:
+        args.append("--worktree")
+    if body.get("source") is not None:
+        args.append(f"--source={ref_name(body.get('source'), 'source')}")
+    await call.run([*args, "--", *files])
+    return {"restored": files, "staged": staged, "worktree": worktree}
+
+
+async def git_stash(request: ServerRequest) -> dict[str, Any]:
+    """``POST /git/stash {path, action: push|pop|list|drop, message?, index?}``."""
+    body = request.body
+    action = params.one_of(
+        body.get("action") or "push", "action", ("push", "pop", "list", "drop")
+    )
+    call = await _repo(request, body.get("path"))
+    index = params.integer(body.get("index"), "index", 0, low=0, high=10000)
+    if action == "push":
+        args = ["stash", "push", "-q", "--include-untracked"]
+        if body.get("message") is not None:
+            args += [
+                "-m",
+                require_text(
+                    body.get("message"), "message", defaults.GIT_MESSAGE_MAX_BYTES
+                ),
+            ]
+        before = await call.run(
+            ["rev-parse", "-q", "--verify", "refs/stash"], check=False
+        )
+        await call.run(args)
+        after = await call.run(
+            ["rev-parse", "-q", "--verify", "refs/stash"], check=False
+        )
+        if after.stdout == before.stdout:
+            raise conflict_error("no_local_changes", "no local changes to stash")
+    elif action in ("pop", "drop"):
+        await call.run(["stash", action, "-q", f"stash@{{{index}}}"])
+    listing = await call.run(["stash", "list", "--format=%gd%x1f%H%x1f%gs"])
+    stashes = []
+    for line in _text(listing.stdout).splitlines():
+        ref, _, rest = line.partition("\x1f")
+        sha, _, subject = rest.partition("\x1f")
+        stashes.append({"ref": ref, "commit": sha, "message": subject})
+    return {"action": action, "stashes": stashes}
+
+
+async def git_remote_add(request: ServerRequest) -> dict[str, Any]:
+    """``POST /git/remotes {path, name, url}``: the URL through the remote policy."""
+    body = request.body
+    name = ref_name(body.get("name"), "name")
+    remote = parse_remote(body.get("url"), request.rule)
+    call = await _repo(request, body.get("path"))
+    await call.run(["remote", "add", name, remote.url])
+    request.audit["remote"] = redact_userinfo(remote.url)
+    return {"name": name, "fetch_url": redact_userinfo(remote.url)}
+
+
+def _config_key(request: ServerRequest, value: Any) -> str:
+    key = params.string(value, "key", min_length=1)
+    allowed = request.rule.params.git_config_keys
+    if key.lower() not in {k.lower() for k in allowed}:
+        raise forbidden(
+            f"the config key {key!r} is not allowed (allowed: {', '.join(allowed)})",
+            Code.PARAM_NOT_ALLOWED,
+            rule=policy_rule(request.rule, "params.git_config_keys"),
+        )
+    return key
+
+
+async def git_config_get(request: ServerRequest) -> dict[str, Any]:
+    """``GET /git/config?path=&key=``: one allowed key, or all of them."""
+    call = await _repo(request, request.arg("path"), "read")
+    key = request.arg("key")
+    keys = (
+        [_config_key(request, key)]
+        if key
+        else list(request.rule.params.git_config_keys)
+    )
+    values: dict[str, str | None] = {}
+    for name in keys:
+        result = await call.run(["config", "--local", "--get", name], check=False)
+        values[name] = (
+            _text(result.stdout).rstrip("\n") if result.exit_code == 0 else None
+        )
+    return {"values": values}
+
+
+async def git_config_set(request: ServerRequest) -> dict[str, Any]:
+    """``POST /git/config {path, key, value}``: local scope, allowed keys only."""
+    body = request.body
+    key = _config_key(request, body.get("key"))
+    value = require_text(body.get("value"), "value", defaults.GIT_MESSAGE_MAX_BYTES)
+    if "\n" in value:
+        raise bad_request("'value' must be one line")
+    call = await _repo(request, body.get("path"))
+    await call.run(["config", "--local", key, value])
+    return {"key": key, "value": value}
+
+
+# -- remote jobs -------------------------------------------------------------------
+
+
+def _jobs(request: ServerRequest) -> GitJobTable:
+    context = request.context
+    if context.git_jobs is None:
+        context.git_jobs = GitJobTable(context.reactor)
+    table: GitJobTable = context.git_jobs
+    return table
+
+
+def _secret(request: ServerRequest, remote: Remote, auth: Any) -> Secret | None:
+    """The secret a call names (``auth``), checked against the remote."""
+    if auth is None:
+        return None
+    if not isinstance(auth, dict):
+        raise bad_request("'auth' must be {credential} or {username, password}")
+    if "credential" in auth:
+        name = params.string(auth.get("credential"), "auth.credential", min_length=1)
+        spec = request.context.policy.document.git.credentials.get(name)
+        if spec is None:
+            raise bad_request(f"no git credential named {name!r} in the policy")
+        if not under_prefix(redact_userinfo(remote.url), spec.url_prefix):
+            raise forbidden(
+                f"the credential {name!r} may only be sent to {spec.url_prefix}",
+                Code.URL_NOT_ALLOWED,
+                rule=f"policy:git.credentials.{name}.url_prefix",
+            )
+        token = _read_token(spec.token_file, spec.token_env, name)
+        request.audit["credential"] = name
+        return Secret(spec.username, token, spec.url_prefix, name)
+    username = params.string(auth.get("username"), "auth.username", min_length=1)
+    password = params.string(auth.get("password"), "auth.password", min_length=1)
+    if "\n" in username or "\n" in password:
+        raise bad_request("'auth' values must be one line")
+    request.audit["credential"] = "inline"
+    return Secret(username, password, remote.origin + "/", "inline")
+
+
+def _read_token(token_file: str | None, token_env: str | None, name: str) -> str:
+    """A policy credential's secret, read at the call (never cached)."""
+    value = ""
+    if token_file:
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                value = f.read(64 * 1024).strip()
+        except OSError:
+            value = ""
+    elif token_env:
+        value = BOOT_ENVIRON.get(token_env) or os.environ.get(token_env, "")
+    if not value:
+        raise unavailable(f"the git credential {name!r} has no secret")
+    return value
+
+
+async def _pin(request: ServerRequest, remote: Remote) -> str:
+    """Resolve and check the remote's host; the address git is pinned to."""
+    from sandboxd.git import remotes
+
+    addresses = literal_addresses(remote)
+    if addresses is None:
+        try:
+            addresses = await request.context.in_thread(
+                remotes.system_resolve, remote.host, remote.port
+            )
+        except OSError:
+            addresses = []
+    return check_addresses(remote, addresses, request.rule)
+
+
+async def _remote_of(
+    call: GitCall, request: ServerRequest, name: str, push: bool
+) -> Remote:
+    """
+    The URL git will use for ``name`` (after ``insteadOf``), checked.
+
+    A remote with several URLs (a push goes to every ``pushurl``) is
+    refused: each would need its own check and address pin.
+    """
+    args = ["remote", "get-url", "--all", *(["--push"] if push else []), name]
+    result = await call.run(args, check=False)
+    if result.exit_code != 0:
+        raise bad_request(f"no remote named {name!r}")
+    urls = [u for u in _text(result.stdout).splitlines() if u.strip()]
+    for url in urls:
+        checked = parse_remote(url.strip(), request.rule)
+    if len(urls) != 1:
+        raise bad_request(f"the remote {name!r} has {len(urls)} URLs; give it one")
+    return checked
+
+
+def _start_job(
+    request: ServerRequest, op: str, path: str, credential: Secret | None, work: Any
+) -> GitJob:
+    table = _jobs(request)
+    limit = request.rule.limits.max_jobs or defaults.GIT_REMOTE_LIMITS["max_jobs"]
+    if table.running() >= limit:
+        raise limit_exceeded(
+            429,
+            f"{limit} git jobs are running; wait for one or cancel it",
+            Code.TOO_MANY_JOBS,
+            rule=limit_rule(request.rule, "max_jobs"),
+        )
+    job = GitJob(
+        op, path, request.identity.id, credential.label if credential else None
+    )
+    job.hidden = (credential.password,) if credential is not None else ()
+    return table.start(job, work)
+
+
+async def _answer(request: ServerRequest, job: GitJob) -> Any:
+    """200 with the result when the job ends within ``wait``, else 202."""
+    wait = params.number(request.body.get("wait"), "wait", 0.0, low=0.0, high=3600.0)
+    if wait > 0:
+        await job.wait(wait, request.context.reactor)
+    if job.running:
+        return ServerResponse(
+            status=202,
+            body={
+                "job_id": job.job_id,
+                "state": "running",
+                "events_url": f"/git/jobs/{job.job_id}/events",
+            },
+        )
+    if job.error is not None:
+        raise job.error
+    return {"job_id": job.job_id, "state": job.state, **(job.result or {})}
+
+
+def _timeout(request: ServerRequest) -> float | None:
+    ceiling = request.rule.limits.run_ceiling
+    return params.seconds(
+        request.body.get("timeout"), "timeout", ceiling, ceiling=ceiling
+    )
+
+
+async def git_clone(request: ServerRequest) -> Any:
+    """
+    ``POST /git/clone {url, path, branch?, commit?, depth?, single_branch?,
+    filter?, auth?, user?, wait?, timeout?}``: a job.
+    """
+    body = request.body
+    remote = parse_remote(body.get("url"), request.rule)
+    text = params.path(body.get("path"), "path", parents=False)
+    guard = PathGuard(request.rule)
+    target = guard.check(text, "write")
+    if os.path.lexists(target) and (not os.path.isdir(target) or os.listdir(target)):
+        raise file_exists(f"the clone target exists and is not empty: {text}")
+    parent = guard.cwd(os.path.dirname(target) or "/")
+    args = ["clone", "--progress", "--no-recurse-submodules"]
+    if body.get("branch") is not None:
+        args += ["--branch", ref_name(body.get("branch"), "branch")]
+    if body.get("depth") is not None:
+        args.append(
+            f"--depth={params.integer(body.get('depth'), 'depth', 1, low=1, high=10**9)}"
+        )
+    if params.flag(body.get("single_branch"), "single_branch"):
+        args.append("--single-branch")
+    if body.get("filter") is not None:
+        args.append(
+            f"--filter={params.one_of(body.get('filter'), 'filter', ('blob:none', 'tree:0'))}"
+        )
+    if params.flag(body.get("recurse_submodules"), "recurse_submodules"):
+        raise bad_request(
+            "recurse_submodules is not supported: submodule URLs escape the remote policy"
+        )
+    commit = (
+        ref_name(body.get("commit"), "commit")
+        if body.get("commit") is not None
+        else None
+    )
+    secret = _secret(request, remote, body.get("auth"))
+    pin = await _pin(request, remote)
+    timeout = _timeout(request)
+    user = _user(request)
+    call = GitCall(request.context, request.rule, parent, user=user, timeout=timeout)
+    request.audit["remote"] = redact_userinfo(remote.url)
+    request.audit["repo"] = target
+
+    existed = os.path.lexists(target)
+
+    async def work(job: GitJob) -> dict[str, Any]:
+        job.call = call
+        try:
+            await call.run(
+                [*args, "--", remote.url, target],
+                remote=remote,
+                pin=pin,
+                secret=secret,
+                observe=job.observe,
+            )
+        except BaseException:
+            # A cancelled or killed clone leaves a partial directory: remove
+            # what this call made, once git's tree is gone.
+            killing = getattr(call.child, "killing", None)
+            if killing is not None:
+                await killing
+            if not existed:
+                await request.context.in_thread(shutil.rmtree, target, True)
+            raise
+        repo = GitCall(
+            request.context, request.rule, target, user=user, timeout=timeout
+        )
+        job.call = repo
+        await repo.open_repository()
+        if commit is not None:
+            await repo.run(["checkout", "-q", "--detach", commit, "--"])
+        branch = await _current_branch(repo)
+        return {"path": target, "head": {"branch": branch, "commit": await _head(repo)}}
+
+    return await _answer(request, _start_job(request, "clone", target, secret, work))
+
+
+async def _remote_call(
+    request: ServerRequest, push: bool = False
+) -> tuple[GitCall, Remote, str, str, Secret | None]:
+    body = request.body
+    call = await _repo(request, body.get("path"))
+    call.timeout = _timeout(request)
+    name = ref_name(body.get("remote") or "origin", "remote")
+    remote = await _remote_of(call, request, name, push)
+    secret = _secret(request, remote, body.get("auth"))
+    pin = await _pin(request, remote)
+    request.audit["remote"] = redact_userinfo(remote.url)
+    return call, remote, name, pin, secret
+
+
+async def git_fetch(request: ServerRequest) -> Any:
+    """``POST /git/fetch {path, remote?, refspec?, prune?, auth?, wait?}``: a job."""
+    body = request.body
+    call, remote, name, pin, secret = await _remote_call(request)
+    args = ["fetch", "--progress", "--no-recurse-submodules"]
+    if params.flag(body.get("prune"), "prune"):
+        args.append("--prune")
+    args.append(name)
+    if body.get("refspec") is not None:
+        refspec = params.string(body.get("refspec"), "refspec", min_length=1)
+        if refspec.startswith(("-", "+")) or "\x00" in refspec:
+            raise bad_request("'refspec' must not start with '-' or '+'")
+        args.append(refspec)
+
+    async def work(job: GitJob) -> dict[str, Any]:
+        job.call = call
+        await call.run(args, remote=remote, pin=pin, secret=secret, observe=job.observe)
+        return {"path": call.cwd, "remote": name}
+
+    return await _answer(request, _start_job(request, "fetch", call.cwd, secret, work))
+
+
+async def git_pull(request: ServerRequest) -> Any:
+    """``POST /git/pull {path, remote?, branch?, ff_only?: true, rebase?: false, auth?, wait?}``."""
+    body = request.body
+    call, remote, name, pin, secret = await _remote_call(request)
+    args = ["pull", "--progress", "--no-recurse-submodules", "--no-edit"]
+    if params.flag(body.get("rebase"), "rebase"):
+        args.append("--rebase")
+    elif params.flag(body.get("ff_only"), "ff_only", True):
+        args.append("--ff-only")
+    else:
+        args.append("--no-rebase")
+    args.append(name)
+    if body.get("branch") is not None:
+        args.append(ref_name(body.get("branch"), "branch"))
+
+    async def work(job: GitJob) -> dict[str, Any]:
+        job.call = call
+        before = await _head(call)
+        await call.run(args, remote=remote, pin=pin, secret=secret, observe=job.observe)
+        return {
+            "path": call.cwd,
+            "branch": await _current_branch(call),
+            "old": before,
+            "new": await _head(call),
+        }
+
+    return await _answer(request, _start_job(request, "pull", call.cwd, secret, work))
+
+
+async def git_push(request: ServerRequest) -> Any:
+    """
+    ``POST /git/push {path, remote?, branch?, set_upstream?, force?, tags?,
+    auth?, wait?}`` → ``{updated: [..], remote_verified}``.
+    """
+    body = request.body
+    force = params.flag(body.get("force"), "force")
+    if force and not request.rule.params.allow_force_push:
+        raise forbidden(
+            "force push is not allowed by policy",
+            Code.PARAM_NOT_ALLOWED,
+            rule=policy_rule(request.rule, "params.allow_force_push"),
+        )
+    call, remote, name, pin, secret = await _remote_call(request, push=True)
+    branch = body.get("branch")
+    branch = (
+        ref_name(branch, "branch")
+        if branch is not None
+        else await _current_branch(call)
+    )
+    if branch is None:
+        raise bad_request("HEAD is detached: name the 'branch' to push")
+    _check_protected(request, branch, "pushing to it")
+    local = await call.run(
+        ["rev-parse", "-q", "--verify", f"refs/heads/{branch}"], check=False
+    )
+    if local.exit_code != 0:
+        raise bad_request(f"no local branch {branch!r}")
+    sha = _text(local.stdout).strip()
+    args = ["push", "--porcelain", "--progress", "--no-recurse-submodules"]
+    if params.flag(body.get("set_upstream"), "set_upstream"):
+        args.append("--set-upstream")
+    if force:
+        args.append("--force-with-lease")
+    if params.flag(body.get("tags"), "tags"):
+        args.append("--follow-tags")
+    args += [name, f"refs/heads/{branch}:refs/heads/{branch}"]
+
+    async def work(job: GitJob) -> dict[str, Any]:
+        job.call = call
+        result = await call.run(
+            args,
+            remote=remote,
+            pin=pin,
+            secret=secret,
+            observe=job.observe,
+            check=False,
+        )
+        updated = parse_push(result.stdout)
+        if result.exit_code != 0:
+            text = redact(
+                _text(result.stderr) + "\n" + _text(result.stdout), job.hidden
+            )
+            if any(
+                u["status"] == "rejected" and "remote rejected" not in u["summary"]
+                for u in updated
+            ):
+                error = conflict_error(
+                    "non_fast_forward",
+                    text.strip().splitlines()[-1] if text.strip() else "rejected",
+                )
+                error.extra["updated"] = updated
+                raise error
+            from sandboxd.git.outcomes import classify_failure
+
+            raise classify_failure(text, result.exit_code, True)
+        verify = await call.run(
+            ["ls-remote", name, f"refs/heads/{branch}"],
+            remote=remote,
+            pin=pin,
+            secret=secret,
+            check=False,
+        )
+        seen = _text(verify.stdout).split()
+        return {
+            "path": call.cwd,
+            "branch": branch,
+            "updated": updated,
+            "remote_verified": verify.exit_code == 0 and bool(seen) and seen[0] == sha,
+        }
+
+    return await _answer(request, _start_job(request, "push", call.cwd, secret, work))
+
+
+# -- jobs --------------------------------------------------------------------------
+
+
+def git_jobs_list(request: ServerRequest) -> dict[str, Any]:
+    """``GET /git/jobs``: running and recently finished jobs."""
+    return {"jobs": [job.describe() for job in _jobs(request).jobs.values()]}
+
+
+def git_job_get(request: ServerRequest) -> dict[str, Any]:
+    """``GET /git/jobs/{job_id}``."""
+    return _jobs(request).get(request.path_params["job_id"]).describe()
+
+
+async def git_job_cancel(request: ServerRequest) -> dict[str, Any]:
+    """``DELETE /git/jobs/{job_id}``: ends git's whole tree, then answers."""
+    table = _jobs(request)
+    job = table.get(request.path_params["job_id"])
+    await table.cancel(job)
+    return job.describe()
+
+
+def git_job_events(request: ServerRequest) -> SSEResponse:
+    """``GET /git/jobs/{job_id}/events``: progress, lines, then ``exit`` (SPEC §9)."""
+    job = _jobs(request).get(request.path_params["job_id"])
+    after = resume_point(request.query, request.headers)
+
+    def start(channel: SSEChannel) -> None:
+        Follower(job.log, channel, after)
+
+    return SSEResponse(start=start)
+
+
+HANDLERS = {
+    "git_clone": git_clone,
+    "git_fetch": git_fetch,
+    "git_pull": git_pull,
+    "git_push": git_push,
+    "git_jobs_list": git_jobs_list,
+    "git_job_get": git_job_get,
+    "git_job_cancel": git_job_cancel,
+    "git_job_events": git_job_events,
+    "git_init": git_init,
+    "git_add": git_add,
+    "git_commit": git_commit,
+    "git_log": git_log,
+    "git_show": git_show,
+    "git_branches": git_branches,
+    "git_branch_create": git_branch_create,
+    "git_branch_delete": git_branch_delete,
+    "git_checkout": git_checkout,
+    "git_reset": git_reset,
+    "git_restore": git_restore,
+    "git_stash": git_stash,
+    "git_remotes": git_remotes,
+    "git_remote_add": git_remote_add,
+    "git_config_get": git_config_get,
+    "git_config_set": git_config_set,
+}

@@ -1,0 +1,271 @@
+"""
+What git's output means (sandboxd.git.outcomes), and which remotes and
+askpass questions are refused (sandboxd.git.remotes, sandboxd.git.askpass),
+as pure functions of their input.
+"""
+
+from __future__ import annotations
+
+import os
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd.errors import ApiError
+from sandboxd.git.askpass import AskpassSession, Secret, prompt_url, under_prefix
+from sandboxd.git.outcomes import (
+    ProgressLines,
+    classify_failure,
+    parse_progress,
+    parse_push,
+    redact,
+)
+from sandboxd.git.remotes import parse_remote
+from sandboxd.git.runner import network_overrides
+from sandboxd.testing import memory_context
+
+
+class ClassifyTests(SynchronousTestCase):
+    """git's last words become the error a caller can act on."""
+
+    def check(
+        self, text: str, status: int, code: str, kind: str | None, remote: bool = True
+    ) -> None:
+        error = classify_failure(text, 128, remote)
+        body = error.body()
+        self.assertEqual(
+            (error.status, body["code"], body.get("kind")), (status, code, kind)
+        )
+
+    def test_remote_kinds(self) -> None:
+        """auth, not_found, network, tls and a redirect are 502 remote_error with their kind."""
+        self.check(
+            "fatal: Authentication failed for 'https://h/r.git/'",
+            502,
+            "remote_error",
+            "auth",
+        )
+        self.check(
+            "fatal: could not read Username for 'https://h': terminal prompts disabled",
+            502,
+            "remote_error",
+            "auth",
+        )
+        self.check(
+            "remote: Repository not found.\nfatal: repository 'https://h/r/' not found",
+            502,
+            "remote_error",
+            "not_found",
+        )
+        self.check(
+            "fatal: unable to access 'https://h/': Could not resolve host: h",
+            502,
+            "remote_error",
+            "network",
+        )
+        self.check(
+            "fatal: unable to access 'https://h/': SSL certificate problem: unable to get local issuer certificate",
+            502,
+            "remote_error",
+            "tls",
+        )
+        self.check(
+            "fatal: unable to access 'https://h/r/': The requested URL returned error: 302",
+            502,
+            "remote_error",
+            "rejected",
+        )
+
+    def test_conflicts(self) -> None:
+        """Rejected non-fast-forwards, dirty trees and existing branches are 409 git_conflict."""
+        self.check(
+            " ! [rejected]        main -> main (fetch first)\nerror: failed to push",
+            409,
+            "git_conflict",
+            "non_fast_forward",
+        )
+        self.check(
+            "error: Your local changes to the following files would be overwritten by checkout",
+            409,
+            "git_conflict",
+            "dirty_tree",
+            False,
+        )
+        self.check(
+            "fatal: a branch named 'x' already exists",
+            409,
+            "git_conflict",
+            "branch_exists",
+            False,
+        )
+        self.check(
+            "CONFLICT (content): Merge conflict in a.txt",
+            409,
+            "git_conflict",
+            "merge_conflict",
+            False,
+        )
+
+    def test_other(self) -> None:
+        """Anything else is 400 git_error; no repository is 404."""
+        self.check("fatal: bad revision 'nope'", 400, "git_error", None, False)
+        self.check(
+            "fatal: not a git repository (or any parent up to mount point /)",
+            404,
+            "not_found",
+            None,
+            False,
+        )
+
+
+class ProgressTests(SynchronousTestCase):
+    """--progress lines, split at carriage returns, become progress events."""
+
+    def test_lines(self) -> None:
+        """Receiving objects with percent, counts and bytes; remote: counting lines too."""
+        lines = ProgressLines()
+        got = lines.feed(
+            b"remote: Counting objects: 100% (3/3), done.\nReceiving objects:  45% (45/100), 1.50 MiB | 2.00 MiB/s\rReceiv"
+        )
+        self.assertEqual(len(got), 2)
+        self.assertEqual(lines.partial, b"Receiv")
+        first = parse_progress(got[0])
+        assert first is not None
+        self.assertEqual(
+            (first["phase"], first["percent"], first["objects"]),
+            ("counting_objects", 100, 3),
+        )
+        second = parse_progress(got[1])
+        assert second is not None
+        self.assertEqual(second["bytes"], int(1.5 * 1024 * 1024))
+        self.assertIsNone(parse_progress("Cloning into 'x'..."))
+
+    def test_push_porcelain(self) -> None:
+        """push --porcelain gives each ref's status, old and new."""
+        out = b"To https://h/r.git\n \trefs/heads/main:refs/heads/main\t1a2b..3c4d\n!\trefs/heads/x:refs/heads/x\t[rejected] (fetch first)\nDone\n"
+        updated = parse_push(out)
+        self.assertEqual(updated[0]["status"], "ok")
+        self.assertEqual((updated[0]["old"], updated[0]["new"]), ("1a2b", "3c4d"))
+        self.assertEqual(updated[1]["status"], "rejected")
+        self.assertEqual(updated[1]["reason"], "fetch first")
+
+    def test_redact(self) -> None:
+        """Hidden values and URL userinfo become ***."""
+        self.assertEqual(
+            redact("fatal: https://u:p4ss@h/r and p4ss", ("p4ss",)),
+            "fatal: https://***@h/r and ***",
+        )
+
+
+class RemoteFormTests(SynchronousTestCase):
+    """Remote URLs the policy refuses before git starts."""
+
+    def setUp(self) -> None:
+        self.context = memory_context(policy={"groups": {"git": True}})
+
+    def test_forms(self) -> None:
+        """https passes; file, ext::, git://, ssh and local paths are url_not_allowed; userinfo is invalid_param."""
+        rule = self.context.policy.rule("git_clone")
+        self.assertEqual(
+            parse_remote("https://github.com/o/r.git", rule).host, "github.com"
+        )
+        for url in (
+            "file:///x",
+            "ext::sh -c x",
+            "git://h/r",
+            "ssh://h/r",
+            "h:r.git",
+            "/srv/r",
+            "fd::7",
+        ):
+            with self.assertRaises(ApiError) as caught:
+                parse_remote(url, rule)
+            self.assertEqual(caught.exception.body()["code"], "url_not_allowed", url)
+        with self.assertRaises(ApiError) as caught:
+            parse_remote("https://u:p@h/r", rule)
+        self.assertEqual(caught.exception.status, 400)
+        self.assertNotIn("u:p", caught.exception.message)
+
+    def test_network_overrides(self) -> None:
+        """A repository's URL-specific proxy and TLS settings are cancelled; other keys are left."""
+        names = [
+            "http.https://evil/.proxy",
+            "http.https://x/.sslVerify",
+            "remote.origin.proxy",
+            "remote.origin.url",
+            "user.name",
+        ]
+        self.assertEqual(
+            network_overrides(names, "http://proxy:3128"),
+            [
+                "http.https://evil/.proxy=http://proxy:3128",
+                "http.https://x/.sslVerify=true",
+                "remote.origin.proxy=http://proxy:3128",
+            ],
+        )
+
+
+class AskpassTests(SynchronousTestCase):
+    """The askpass socket answers only the right process, nonce, prompt and URL, once."""
+
+    def session(self) -> AskpassSession:
+        secret = Secret("agent", "pw", "https://h/org/", "test")
+        session = AskpassSession(None, secret, os.geteuid(), os.getegid())
+        session.git_pid = os.getpid()
+        return session
+
+    def test_prompts(self) -> None:
+        """git's prompts name the question and the URL."""
+        self.assertEqual(
+            prompt_url("Username for 'https://h/org/r.git': "),
+            ("username", "https://h/org/r.git"),
+        )
+        self.assertEqual(
+            prompt_url("Password for 'https://agent@h/org/r.git': "),
+            ("password", "https://agent@h/org/r.git"),
+        )
+        self.assertIsNone(prompt_url("Enter passphrase for key: "))
+
+    def test_prefix(self) -> None:
+        """A prefix covers the URLs below it, segment by segment."""
+        self.assertTrue(under_prefix("https://h/org/r.git", "https://h/org/"))
+        self.assertTrue(under_prefix("https://h/org.git", "https://h/org"))
+        self.assertFalse(under_prefix("https://h/organisation/r", "https://h/org"))
+        self.assertFalse(under_prefix("https://h.evil/r", "https://h"))
+
+    def test_answers(self) -> None:
+        """The right peer gets each answer once; a wrong nonce, user, process or URL gets none."""
+        me = (os.getpid(), os.geteuid(), os.getegid())
+        session = self.session()
+        self.assertIsNone(
+            session.answer(me, "wrong", "Username for 'https://h/org/r': ")
+        )
+        self.assertIsNone(
+            session.answer(
+                (os.getpid(), 12345, 0),
+                session.nonce,
+                "Username for 'https://h/org/r': ",
+            )
+        )
+        self.assertIsNone(
+            session.answer(
+                (1, os.geteuid(), 0), session.nonce, "Username for 'https://h/org/r': "
+            )
+        )
+        self.assertIsNone(
+            session.answer(me, session.nonce, "Username for 'https://other/org/r': ")
+        )
+        self.assertEqual(
+            session.answer(me, session.nonce, "Username for 'https://h/org/r': "),
+            "agent",
+        )
+        self.assertIsNone(
+            session.answer(me, session.nonce, "Username for 'https://h/org/r': ")
+        )
+        self.assertEqual(
+            session.answer(me, session.nonce, "Password for 'https://agent@h/org/r': "),
+            "pw",
+        )
+        self.assertIsNone(
+            session.answer(me, session.nonce, "Password for 'https://agent@h/org/r': ")
+        )
+        self.assertEqual(len(session.refusals), 6)

@@ -1,0 +1,525 @@
+"""
+The ``git`` group's remote calls (SPEC §24) against a real daemon and a
+loopback ``git http-backend`` over TLS with a test CA: clones, fetches,
+pulls and pushes as jobs with parsed, resumable progress; a named
+credential that no process, file or audit line ever shows; a wrong
+password; refused remote forms; non-fast-forward and protected pushes;
+a cancel that leaves no ``git-remote-https`` behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import secrets
+import time
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThread
+from twisted.trial.unittest import SkipTest
+
+from sandboxd.git.askpass import descends_from
+from tests.git.remote import LoopbackRemote, missing, run
+from tests.helpers import DaemonTestCase
+
+SKIP = missing()
+
+
+def remote_policy(
+    remote: LoopbackRemote,
+    token_file: str | None = None,
+    limits: dict[str, Any] | None = None,
+    **params: Any,
+) -> dict[str, Any]:
+    """A policy with the git group on, the test CA, and loopback allowed explicitly."""
+    git: dict[str, Any] = {
+        "ca_file": remote.ca,
+        "author": {"name": "Ada", "email": "ada@example.com"},
+    }
+    if token_file:
+        git["credentials"] = {
+            "test": {
+                "token_file": token_file,
+                "username": remote.username,
+                "url_prefix": remote.url(""),
+            },
+            "elsewhere": {
+                "token_file": token_file,
+                "username": "x",
+                "url_prefix": "https://example.com/org/",
+            },
+        }
+    return {
+        "groups": {"git": True},
+        "git": git,
+        "endpoints": {
+            "group:git": {
+                "audit": "all",
+                "params": {"block_private_networks": False, **params},
+                "limits": limits or {},
+            }
+        },
+    }
+
+
+def scan_for(secret: bytes, stop: list[bool]) -> list[str]:
+    """Read every process's cmdline and environ until told to stop; where the secret was seen."""
+    seen: list[str] = []
+    deadline = time.monotonic() + 60
+    while not stop[0] and time.monotonic() < deadline:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            for name in ("cmdline", "environ"):
+                try:
+                    with open(f"/proc/{pid}/{name}", "rb") as f:
+                        if secret in f.read():
+                            seen.append(f"/proc/{pid}/{name}")
+                except OSError:
+                    pass
+        time.sleep(0.01)
+    return seen
+
+
+def files_holding(root: str, secret: bytes) -> list[str]:
+    """Every file under ``root`` whose bytes hold the secret."""
+    found = []
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            try:
+                with open(path, "rb") as f:
+                    if secret in f.read():
+                        found.append(path)
+            except OSError:
+                pass
+    return found
+
+
+def remote_helpers(root_pid: int) -> list[int]:
+    """Live ``git-remote-http*`` processes below ``root_pid``."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        if comm.startswith("git-remote-http") and descends_from(int(pid), root_pid):
+            out.append(int(pid))
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class RemoteCase(DaemonTestCase):
+    """A daemon started after its loopback remote exists."""
+
+    autostart = False
+    timeout = 60
+    password: str | None = None
+    params: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
+    skip = SKIP
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        yield super().setUp()
+        self.remote = LoopbackRemote(
+            os.path.realpath(self.mktemp()), password=self.password
+        )
+        self.remote.start()
+        self.addCleanup(self.remote.stop)
+        self.remote.make_repo()
+        self.token_file = os.path.join(self.remote.directory, "token")
+        with open(self.token_file, "w") as f:
+            f.write((self.password or "unused") + "\n")
+        self.policy = remote_policy(
+            self.remote, self.token_file, self.limits, **self.params
+        )
+        yield self.start()
+
+    @inlineCallbacks
+    def job_done(self, job_id: str) -> Any:
+        """Poll the job until it ends; its description."""
+        for _ in range(600):
+            reply = yield self.request("GET", f"/git/jobs/{job_id}")
+            body = reply.json()
+            if body["state"] != "running":
+                return body
+            yield deferLater(reactor, 0.05, lambda: None)
+        self.fail("the job did not end")
+
+
+class OpenRemoteTests(RemoteCase):
+    """Clone, commit and push against a remote that needs no password."""
+
+    params = {"protected_branches": ["release/*"]}
+
+    @inlineCallbacks
+    def clone(self) -> Any:
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "work", "wait": 30}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        return reply.json()
+
+    @inlineCallbacks
+    def test_clone_waits_for_the_result(self) -> Any:
+        """A clone within wait answers 200 with the head; the files are there and .git/config has the plain URL."""
+        body = yield self.clone()
+        self.assertEqual(body["state"], "done")
+        self.assertEqual(body["head"]["branch"], "main")
+        with open(os.path.join(self.base_dir, "work", "README")) as f:
+            self.assertEqual(f.read(), "hello\n")
+        reply = yield self.request("GET", "/git/remotes?path=work")
+        self.assertEqual(reply.json()["remotes"][0]["fetch_url"], self.remote.url())
+
+    @inlineCallbacks
+    def test_clone_job_progress_resumes(self) -> Any:
+        """Without wait a clone is 202; its events hold parsed progress and end with exit, and resume after an id."""
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "w2"}
+        )
+        self.assertEqual(reply.status, 202, reply.body)
+        job_id = reply.json()["job_id"]
+        done = yield self.job_done(job_id)
+        self.assertEqual(done["state"], "done", done)
+        reply = yield self.request("GET", f"/git/jobs/{job_id}/events")
+        frames = [f for f in reply.body.decode().split("\n\n") if f.startswith("id:")]
+        events = [(int(f.split("\n")[0][3:]), f.split("\n")[1][7:]) for f in frames]
+        self.assertIn("progress", [name for _, name in events])
+        self.assertEqual(events[-1][1], "exit")
+        second = events[1][0]
+        reply = yield self.request(
+            "GET", f"/git/jobs/{job_id}/events", headers={"Last-Event-ID": str(second)}
+        )
+        again = [f for f in reply.body.decode().split("\n\n") if f.startswith("id:")]
+        self.assertEqual(len(again), len(events) - 2)
+        listed = yield self.request("GET", "/git/jobs")
+        self.assertIn(job_id, [j["job_id"] for j in listed.json()["jobs"]])
+
+    @inlineCallbacks
+    def test_push_then_non_fast_forward(self) -> Any:
+        """A push reports each ref and reads it back; after the remote moves on, a push is 409 non_fast_forward."""
+        yield self.clone()
+        with open(os.path.join(self.base_dir, "work", "new.txt"), "w") as f:
+            f.write("new\n")
+        yield self.request("POST", "/git/add", {"path": "work", "all": True})
+        reply = yield self.request(
+            "POST", "/git/commit", {"path": "work", "message": "mine"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request("POST", "/git/push", {"path": "work", "wait": 30})
+        self.assertEqual(reply.status, 200, reply.body)
+        body = reply.json()
+        self.assertEqual(body["updated"][0]["ref"], "refs/heads/main")
+        self.assertEqual(body["updated"][0]["status"], "ok")
+        self.assertTrue(body["remote_verified"])
+        # Someone else pushes first.
+        seed = os.path.join(self.remote.directory, "seed-repo.git")
+        run(seed, "commit", "-q", "--allow-empty", "-m", "theirs")
+        run(
+            seed, "push", "-q", "-f", os.path.join(self.remote.root, "repo.git"), "main"
+        )
+        reply = yield self.request(
+            "POST",
+            "/git/commit",
+            {"path": "work", "message": "again", "allow_empty": True},
+        )
+        reply = yield self.request("POST", "/git/push", {"path": "work", "wait": 30})
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["kind"], "non_fast_forward")
+        self.assertEqual(reply.json()["updated"][0]["status"], "rejected")
+        reply = yield self.request(
+            "POST", "/git/push", {"path": "work", "force": True, "wait": 30}
+        )
+        self.assertEqual(reply.status, 403, reply.body)
+        # fetch and a fast-forward-only pull that cannot fast-forward
+        reply = yield self.request("POST", "/git/fetch", {"path": "work", "wait": 30})
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request("POST", "/git/pull", {"path": "work", "wait": 30})
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["kind"], "non_fast_forward")
+
+    @inlineCallbacks
+    def test_protected_branch_push(self) -> Any:
+        """A push of a protected branch is 403 protected_branch before git runs."""
+        yield self.clone()
+        yield self.request(
+            "POST", "/git/branches", {"path": "work", "name": "release/1"}
+        )
+        reply = yield self.request(
+            "POST", "/git/push", {"path": "work", "branch": "release/1", "wait": 30}
+        )
+        self.assertEqual(reply.status, 403, reply.body)
+        self.assertEqual(reply.json()["code"], "protected_branch")
+
+    @inlineCallbacks
+    def test_refused_remote_forms(self) -> Any:
+        """file://, ext:: and ssh are 403 url_not_allowed; a redirect is never followed (502 rejected)."""
+        for url in (
+            "file:///srv/repo.git",
+            "ext::sh -c id",
+            "ssh://127.0.0.1/repo.git",
+            "git@127.0.0.1:repo.git",
+        ):
+            reply = yield self.request(
+                "POST", "/git/clone", {"url": url, "path": "x", "wait": 30}
+            )
+            self.assertEqual(reply.status, 403, (url, reply.body))
+            self.assertEqual(reply.json()["code"], "url_not_allowed")
+        before = self.remote.requests
+        reply = yield self.request(
+            "POST",
+            "/git/clone",
+            {
+                "url": f"https://127.0.0.1:{self.remote.port}/redirect/repo.git",
+                "path": "y",
+                "wait": 30,
+            },
+        )
+        self.assertEqual(reply.status, 502, reply.body)
+        self.assertEqual(reply.json()["code"], "remote_error")
+        self.assertEqual(reply.json()["kind"], "rejected")
+        self.assertEqual(self.remote.requests, before + 1)
+
+    @inlineCallbacks
+    def test_clone_into_non_empty_directory(self) -> Any:
+        """A clone target that holds files is 409 file_exists."""
+        os.makedirs(os.path.join(self.base_dir, "full"))
+        with open(os.path.join(self.base_dir, "full", "x"), "w") as f:
+            f.write("x")
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "full"}
+        )
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["code"], "file_exists")
+
+
+class PrivateRemoteTests(RemoteCase):
+    """A remote behind Basic auth; the secret never shows anywhere."""
+
+    password = "pw-" + secrets.token_hex(12)
+    audit = True
+
+    @inlineCallbacks
+    def test_named_credential_never_leaks(self) -> Any:
+        """
+        A clone with a policy-held credential succeeds while no process's
+        cmdline or environ, no file under the base dir or the state dir,
+        and no audit line holds the secret.
+        """
+        self.remote.delay = 0.3
+        secret = self.password.encode()
+        stop = [False]
+        scan = deferToThread(scan_for, secret, stop)
+        reply = yield self.request(
+            "POST",
+            "/git/clone",
+            {
+                "url": self.remote.url(),
+                "path": "private",
+                "auth": {"credential": "test"},
+            },
+        )
+        self.assertEqual(reply.status, 202, reply.body)
+        done = yield self.job_done(reply.json()["job_id"])
+        stop[0] = True
+        seen = yield scan
+        self.assertEqual(done["state"], "done", done)
+        self.assertEqual(done["credential"], "test")
+        self.assertEqual(seen, [])
+        self.assertTrue(
+            os.path.exists(os.path.join(self.base_dir, "private", "README"))
+        )
+        self.assertEqual(files_holding(self.base_dir, secret), [])
+        with open(os.path.join(self.base_dir, "private", ".git", "config")) as f:
+            self.assertNotIn("@", f.read())
+        lines = self.audit_lines()
+        clone = [line for line in lines if line.get("endpoint") == "git_clone"]
+        self.assertEqual(clone[0]["credential"], "test")
+        self.assertEqual(clone[0]["remote"], self.remote.url())
+        self.assertEqual(clone[0]["repo"], os.path.join(self.base_dir, "private"))
+        self.assertNotIn(self.password, json.dumps(lines))
+
+    @inlineCallbacks
+    def test_wrong_password(self) -> Any:
+        """A wrong inline password is 502 remote_error kind auth (never 401), and the body does not echo it."""
+        reply = yield self.request(
+            "POST",
+            "/git/clone",
+            {
+                "url": self.remote.url(),
+                "path": "nope",
+                "auth": {"username": "agent", "password": "wrong-pass-123"},
+                "wait": 30,
+            },
+        )
+        self.assertEqual(reply.status, 502, reply.body)
+        self.assertEqual(reply.json()["kind"], "auth")
+        self.assertNotIn(b"wrong-pass-123", reply.body)
+
+    @inlineCallbacks
+    def test_inline_password(self) -> Any:
+        """The right inline username and password clone the private repository."""
+        reply = yield self.request(
+            "POST",
+            "/git/clone",
+            {
+                "url": self.remote.url(),
+                "path": "ok",
+                "auth": {"username": "agent", "password": self.password},
+                "wait": 30,
+            },
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+
+    @inlineCallbacks
+    def test_no_credential_and_foreign_prefix(self) -> Any:
+        """Without auth git cannot log in (502 auth); a credential for another prefix is 403."""
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "a", "wait": 30}
+        )
+        self.assertEqual(reply.status, 502, reply.body)
+        self.assertEqual(reply.json()["kind"], "auth")
+        reply = yield self.request(
+            "POST",
+            "/git/clone",
+            {
+                "url": self.remote.url(),
+                "path": "b",
+                "auth": {"credential": "elsewhere"},
+            },
+        )
+        self.assertEqual(reply.status, 403, reply.body)
+        self.assertEqual(reply.json()["code"], "url_not_allowed")
+
+
+class CancelTests(RemoteCase):
+    """A cancel ends git's whole tree; max_jobs bounds what runs."""
+
+    limits = {"max_jobs": 1}
+
+    @inlineCallbacks
+    def test_cancel_kills_git_remote_https(self) -> Any:
+        """After DELETE answers, no git-remote-https of the job is alive, the job is cancelled and the partial clone is gone."""
+        self.remote.delay = 20
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "slow"}
+        )
+        self.assertEqual(reply.status, 202, reply.body)
+        job_id = reply.json()["job_id"]
+        helpers: list[int] = []
+        for _ in range(200):
+            job = (yield self.request("GET", f"/git/jobs/{job_id}")).json()
+            pid = job.get("process", {}).get("pid")
+            if pid:
+                helpers = remote_helpers(pid)
+                if helpers:
+                    break
+            yield deferLater(reactor, 0.05, lambda: None)
+        self.assertTrue(helpers, "git-remote-https never started")
+        reply = yield self.request("DELETE", f"/git/jobs/{job_id}")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["state"], "cancelled")
+        self.assertEqual([p for p in helpers if alive(p)], [])
+        for _ in range(100):
+            if not os.path.exists(os.path.join(self.base_dir, "slow")):
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "slow")))
+
+    @inlineCallbacks
+    def test_max_jobs(self) -> Any:
+        """With max_jobs 1, a second remote call while one runs is 429 too_many_jobs."""
+        self.remote.delay = 20
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "one"}
+        )
+        self.assertEqual(reply.status, 202, reply.body)
+        second = yield self.request(
+            "POST", "/git/clone", {"url": self.remote.url(), "path": "two"}
+        )
+        self.assertEqual(second.status, 429, second.body)
+        self.assertEqual(second.json()["code"], "too_many_jobs")
+        yield self.request("DELETE", f"/git/jobs/{reply.json()['job_id']}")
+
+
+class RunAsUserTests(RemoteCase):
+    """A clone as another user: git, its askpass helper and the files are that user's."""
+
+    password = "pw-" + secrets.token_hex(12)
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        if os.geteuid() != 0:
+            raise SkipTest("switching users needs a root daemon")
+        try:
+            pwd.getpwnam("nobody")
+        except KeyError:
+            raise SkipTest("no user 'nobody'") from None
+        yield super().setUp()
+        # mktemp's directories are the test's own: let nobody reach the
+        # base dir (to write the clone) and the CA file (to trust the remote).
+        for path in (self.base_dir, self.remote.directory):
+            os.chmod(path, 0o777 if path == self.base_dir else 0o755)
+            os.chmod(os.path.dirname(path), 0o755)
+
+    @inlineCallbacks
+    def test_private_clone_as_nobody(self) -> Any:
+        """The named credential reaches git running as nobody; the clone belongs to nobody."""
+        reply = yield self.request(
+            "POST",
+            "/git/clone",
+            {
+                "url": self.remote.url(),
+                "path": "mine",
+                "auth": {"credential": "test"},
+                "user": "nobody",
+                "wait": 30,
+            },
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        st = os.stat(os.path.join(self.base_dir, "mine", "README"))
+        self.assertEqual(st.st_uid, pwd.getpwnam("nobody").pw_uid)
+
+
+class PrivateNetworkTests(DaemonTestCase):
+    """Without an explicit policy, git refuses private addresses."""
+
+    policy = {"groups": {"git": True}}
+
+    @inlineCallbacks
+    def test_loopback_refused_by_default(self) -> Any:
+        """A loopback remote is 403 url_not_allowed unless the policy allows private networks."""
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": "https://127.0.0.1:1/r.git", "path": "x"}
+        )
+        self.assertEqual(reply.status, 403, reply.body)
+        self.assertEqual(reply.json()["code"], "url_not_allowed")
+
+    @inlineCallbacks
+    def test_name_resolving_private_refused(self) -> Any:
+        """A name that resolves to 10.x is refused (the resolver is stubbed)."""
+        from sandboxd.git import remotes
+
+        self.patch(remotes, "system_resolve", lambda host, port: ["10.1.2.3"])
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": "https://git.example.com/r.git", "path": "x"}
+        )
+        self.assertEqual(reply.status, 403, reply.body)
+        self.assertIn("10.1.2.3", reply.json()["error"])

@@ -1,0 +1,451 @@
+"""
+The ``git`` group's local calls (SPEC §24) against a real daemon and real
+repositories in a temporary base dir: init, add, commit, log, show,
+branches, checkout, reset, restore, stash, remotes and config, with the
+policy's protected branches, hard-reset switch and config keys, and no
+repository hook ever run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import SkipTest
+
+from tests.helpers import DaemonTestCase
+
+GIT = {
+    "groups": {"git": True},
+    "git": {"author": {"name": "Ada", "email": "ada@example.com"}},
+}
+NO_GIT = shutil.which("git") is None
+
+
+def git(cwd: str, *args: str) -> str:
+    """Run the test's own git (not through the daemon)."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": cwd,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_AUTHOR_NAME": "T",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "T",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
+    return subprocess.run(
+        ["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True
+    ).stdout
+
+
+class GitLocalTests(DaemonTestCase):
+    """A repository made, changed and read through the group's endpoints."""
+
+    policy = {
+        **GIT,
+        "endpoints": {"group:git": {"params": {"protected_branches": ["release/*"]}}},
+    }
+    skip = "git is not installed" if NO_GIT else None
+
+    def write(self, name: str, text: str) -> None:
+        path = os.path.join(self.base_dir, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+
+    @inlineCallbacks
+    def init_repo(self) -> Any:
+        reply = yield self.request("POST", "/git/init", {"path": "repo"})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.write("repo/a.txt", "one\n")
+        reply = yield self.request(
+            "POST", "/git/add", {"path": "repo", "files": ["a.txt"]}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["staged"], ["a.txt"])
+        reply = yield self.request(
+            "POST", "/git/commit", {"path": "repo", "message": "first"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        return reply.json()
+
+    @inlineCallbacks
+    def test_init_add_commit_log_show(self) -> Any:
+        """A commit made through the API is in git's log with the policy's author and its diff."""
+        first = yield self.init_repo()
+        self.assertEqual(first["branch"], "main")
+        self.assertEqual(first["summary"]["files_changed"], 1)
+        self.assertEqual(
+            git(os.path.join(self.base_dir, "repo"), "rev-parse", "HEAD").strip(),
+            first["commit"],
+        )
+        reply = yield self.request("GET", "/git/log?path=repo")
+        self.assertEqual(reply.status, 200, reply.body)
+        commits = reply.json()["commits"]
+        self.assertEqual([c["subject"] for c in commits], ["first"])
+        self.assertEqual(commits[0]["author"]["name"], "Ada")
+        reply = yield self.request("GET", "/git/show?path=repo&rev=HEAD")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertIn("+one", reply.json()["diff"])
+
+    @inlineCallbacks
+    def test_branches_checkout_conflicts(self) -> Any:
+        """Branches are created and listed; a dirty checkout and an existing name are 409 with kind."""
+        yield self.init_repo()
+        reply = yield self.request(
+            "POST", "/git/branches", {"path": "repo", "name": "feature"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request(
+            "POST", "/git/branches", {"path": "repo", "name": "feature"}
+        )
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["code"], "git_conflict")
+        self.assertEqual(reply.json()["kind"], "branch_exists")
+        reply = yield self.request(
+            "POST", "/git/checkout", {"path": "repo", "ref": "feature"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["branch"], "feature")
+        self.write("repo/a.txt", "two\n")
+        yield self.request("POST", "/git/add", {"path": "repo", "all": True})
+        yield self.request("POST", "/git/commit", {"path": "repo", "message": "second"})
+        self.write("repo/a.txt", "dirty\n")
+        reply = yield self.request(
+            "POST", "/git/checkout", {"path": "repo", "ref": "main"}
+        )
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["kind"], "dirty_tree")
+        reply = yield self.request("GET", "/git/branches?path=repo")
+        body = reply.json()
+        self.assertEqual(body["current"], "feature")
+        self.assertEqual(
+            sorted(b["name"] for b in body["branches"]), ["feature", "main"]
+        )
+
+    @inlineCallbacks
+    def test_protected_branch(self) -> Any:
+        """A commit on a protected branch is 403 protected_branch, and nothing is committed."""
+        yield self.init_repo()
+        reply = yield self.request(
+            "POST",
+            "/git/branches",
+            {"path": "repo", "name": "release/1", "checkout": True},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request(
+            "POST", "/git/commit", {"path": "repo", "message": "x", "allow_empty": True}
+        )
+        self.assertEqual(reply.status, 403, reply.body)
+        self.assertEqual(reply.json()["code"], "protected_branch")
+        self.assertEqual(
+            len(git(os.path.join(self.base_dir, "repo"), "log", "--format=%H").split()),
+            1,
+        )
+
+    @inlineCallbacks
+    def test_hostile_hooks_never_run(self) -> Any:
+        """A repository's hooks (in .git/hooks or a core.hooksPath it names) never run."""
+        yield self.init_repo()
+        repo = os.path.join(self.base_dir, "repo")
+        marker = os.path.join(self.base_dir, "pwned")
+        for hooks in (os.path.join(repo, ".git", "hooks"), os.path.join(repo, "evil")):
+            os.makedirs(hooks, exist_ok=True)
+            for name in ("pre-commit", "commit-msg", "post-commit", "post-checkout"):
+                path = os.path.join(hooks, name)
+                with open(path, "w") as f:
+                    f.write(f"#!/bin/sh\ntouch {marker}\n")
+                os.chmod(path, 0o755)
+        git(repo, "config", "core.hooksPath", os.path.join(repo, "evil"))
+        git(repo, "config", "core.fsmonitor", f"touch {marker}")
+        self.write("repo/b.txt", "b\n")
+        yield self.request("POST", "/git/add", {"path": "repo", "all": True})
+        reply = yield self.request(
+            "POST", "/git/commit", {"path": "repo", "message": "hooks?"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request(
+            "POST", "/git/checkout", {"path": "repo", "ref": "other", "create": True}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertFalse(os.path.exists(marker))
+
+    @inlineCallbacks
+    def test_reset_restore_stash(self) -> Any:
+        """restore, stash push/list/pop and a soft reset do what git does."""
+        yield self.init_repo()
+        self.write("repo/a.txt", "changed\n")
+        reply = yield self.request(
+            "POST", "/git/restore", {"path": "repo", "files": ["a.txt"]}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        with open(os.path.join(self.base_dir, "repo", "a.txt")) as f:
+            self.assertEqual(f.read(), "one\n")
+        self.write("repo/a.txt", "stashed\n")
+        reply = yield self.request(
+            "POST", "/git/stash", {"path": "repo", "action": "push", "message": "wip"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(len(reply.json()["stashes"]), 1)
+        reply = yield self.request(
+            "POST", "/git/stash", {"path": "repo", "action": "pop"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["stashes"], [])
+        with open(os.path.join(self.base_dir, "repo", "a.txt")) as f:
+            self.assertEqual(f.read(), "stashed\n")
+        reply = yield self.request(
+            "POST", "/git/reset", {"path": "repo", "mode": "mixed"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+
+    @inlineCallbacks
+    def test_config_keys(self) -> Any:
+        """Allowed keys are set and read; a key that can run code is 403 param_not_allowed."""
+        yield self.init_repo()
+        reply = yield self.request(
+            "POST", "/git/config", {"path": "repo", "key": "user.name", "value": "Bo"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request("GET", "/git/config?path=repo&key=user.name")
+        self.assertEqual(reply.json()["values"], {"user.name": "Bo"})
+        reply = yield self.request(
+            "POST",
+            "/git/config",
+            {"path": "repo", "key": "core.sshCommand", "value": "sh"},
+        )
+        self.assertEqual(reply.status, 403, reply.body)
+        self.assertEqual(reply.json()["code"], "param_not_allowed")
+
+    @inlineCallbacks
+    def test_not_a_repository(self) -> Any:
+        """A directory that is no repository, or no directory at all, is 404."""
+        os.mkdir(os.path.join(self.base_dir, "plain"))
+        reply = yield self.request("GET", "/git/log?path=plain")
+        self.assertEqual(reply.status, 404, reply.body)
+        reply = yield self.request("GET", "/git/branches?path=missing")
+        self.assertEqual(reply.status, 404, reply.body)
+
+    @inlineCallbacks
+    def test_remote_forms_refused(self) -> Any:
+        """file://, ext::, local paths and git:// remotes are 403 url_not_allowed; userinfo is 400."""
+        yield self.init_repo()
+        for url in (
+            "file:///etc",
+            "ext::sh -c touch% /tmp/x",
+            "/srv/repo",
+            "git://example.com/r",
+            "ssh://h/r",
+        ):
+            reply = yield self.request(
+                "POST", "/git/remotes", {"path": "repo", "name": "x", "url": url}
+            )
+            self.assertEqual(reply.status, 403, (url, reply.body))
+            self.assertEqual(reply.json()["code"], "url_not_allowed")
+        reply = yield self.request(
+            "POST",
+            "/git/remotes",
+            {"path": "repo", "name": "x", "url": "https://u:p@example.com/r"},
+        )
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertNotIn("u:p", reply.body.decode())
+        reply = yield self.request(
+            "POST",
+            "/git/remotes",
+            {"path": "repo", "name": "origin", "url": "https://example.com/r.git"},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request("GET", "/git/remotes?path=repo")
+        self.assertEqual(
+            reply.json()["remotes"][0]["fetch_url"], "https://example.com/r.git"
+        )
+
+
+class HardResetPolicyTests(DaemonTestCase):
+    """``params.allow_hard_reset: false`` refuses a hard reset."""
+
+    policy = {
+        **GIT,
+        "endpoints": {"git_reset": {"params": {"allow_hard_reset": False}}},
+    }
+    skip = "git is not installed" if NO_GIT else None
+
+    @inlineCallbacks
+    def test_hard_reset_refused(self) -> Any:
+        """mode hard is 403 param_not_allowed naming the rule."""
+        repo = os.path.join(self.base_dir, "r")
+        os.mkdir(repo)
+        git(repo, "init", "-q")
+        reply = yield self.request("POST", "/git/reset", {"path": "r", "mode": "hard"})
+        self.assertEqual(reply.status, 403, reply.body)
+        self.assertEqual(reply.json()["rule"], "policy:endpoints.git_reset")
+
+
+class GitOffByDefaultTests(DaemonTestCase):
+    """The group is opt-in."""
+
+    @inlineCallbacks
+    def test_off(self) -> Any:
+        """Without groups.git the endpoints are 404 endpoint_disabled."""
+        reply = yield self.request("POST", "/git/init", {"path": "x"})
+        self.assertEqual(reply.status, 404, reply.body)
+        self.assertEqual(reply.json()["code"], "endpoint_disabled")
+
+
+class HardenedPresetTests(DaemonTestCase):
+    """Under ``hardened`` (``**/.git/**`` denied to the file endpoints) git still works."""
+
+    preset = "hardened"
+    policy = GIT
+    skip = "git is not installed" if NO_GIT else None
+
+    @inlineCallbacks
+    def test_commit_and_no_hard_reset(self) -> Any:
+        """init, add and commit succeed; a hard reset is refused; .git stays closed to file reads."""
+        reply = yield self.request("POST", "/git/init", {"path": "repo"})
+        self.assertEqual(reply.status, 200, reply.body)
+        with open(os.path.join(self.base_dir, "repo", "a.txt"), "w") as f:
+            f.write("a\n")
+        reply = yield self.request("POST", "/git/add", {"path": "repo", "all": True})
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request(
+            "POST", "/git/commit", {"path": "repo", "message": "m"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request(
+            "POST", "/git/reset", {"path": "repo", "mode": "hard"}
+        )
+        self.assertEqual(reply.status, 403, reply.body)
+        reply = yield self.request("GET", "/download?path=repo/.git/config")
+        self.assertEqual(reply.status, 403, reply.body)
+
+
+class HooksAllowedTests(DaemonTestCase):
+    """``params.git_hooks: true`` runs the repository's own hooks (pre-commit users expect them)."""
+
+    policy = {**GIT, "endpoints": {"group:git": {"params": {"git_hooks": True}}}}
+    skip = "git is not installed" if NO_GIT else None
+
+    @inlineCallbacks
+    def test_pre_commit_runs(self) -> Any:
+        """The repository's pre-commit hook runs, and one that fails stops the commit."""
+        repo = os.path.join(self.base_dir, "r")
+        os.mkdir(repo)
+        git(repo, "init", "-q")
+        marker = os.path.join(self.base_dir, "ran")
+        hook = os.path.join(repo, ".git", "hooks", "pre-commit")
+        with open(hook, "w") as f:
+            f.write(f"#!/bin/sh\ntouch {marker}\n")
+        os.chmod(hook, 0o755)
+        reply = yield self.request(
+            "POST", "/git/commit", {"path": "r", "message": "m", "allow_empty": True}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertTrue(os.path.exists(marker))
+        with open(hook, "w") as f:
+            f.write("#!/bin/sh\necho refused by hook >&2\nexit 1\n")
+        reply = yield self.request(
+            "POST", "/git/commit", {"path": "r", "message": "m2", "allow_empty": True}
+        )
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertIn("refused by hook", reply.json()["error"])
+
+
+class HostileRemoteConfigTests(DaemonTestCase):
+    """A repository's own remote settings cannot take git past the remote policy."""
+
+    policy = GIT
+    skip = "git is not installed" if NO_GIT else None
+
+    @inlineCallbacks
+    def test_rewritten_and_local_remotes_refused(self) -> Any:
+        """
+        fetch and push check the URL git would use after insteadOf rewriting:
+        an ext:: rewrite and a file:// remote are 403 url_not_allowed, and
+        nothing runs.
+        """
+        repo = os.path.join(self.base_dir, "r")
+        os.mkdir(repo)
+        git(repo, "init", "-q")
+        git(repo, "commit", "-q", "--allow-empty", "-m", "x")
+        marker = os.path.join(self.base_dir, "pwned")
+        git(repo, "remote", "add", "origin", "https://example.com/r.git")
+        git(
+            repo,
+            "config",
+            f"url.ext::sh -c touch% {marker}% #.insteadOf",
+            "https://example.com/",
+        )
+        git(repo, "remote", "add", "local", "file:///srv/r.git")
+        for body in (
+            {"path": "r"},
+            {"path": "r", "remote": "local"},
+        ):
+            for route in ("/git/fetch", "/git/push"):
+                reply = yield self.request("POST", route, {**body, "wait": 10})
+                self.assertEqual(reply.status, 403, (route, body, reply.body))
+                self.assertEqual(reply.json()["code"], "url_not_allowed")
+                expected = "file://" if body.get("remote") else "ext::"
+                self.assertIn(expected, reply.json()["error"])
+        self.assertFalse(os.path.exists(marker))
+        # A second push URL would be pushed to as well: refused, checked first.
+        git(repo, "remote", "add", "two", "https://example.org/a.git")
+        git(
+            repo,
+            "remote",
+            "set-url",
+            "--add",
+            "--push",
+            "two",
+            "https://example.org/a.git",
+        )
+        git(repo, "remote", "set-url", "--add", "--push", "two", "file:///srv/b.git")
+        reply = yield self.request("POST", "/git/push", {"path": "r", "remote": "two"})
+        self.assertEqual(reply.status, 403, reply.body)
+        git(repo, "remote", "set-url", "--delete", "--push", "two", "file:///srv/b.git")
+        git(
+            repo,
+            "remote",
+            "set-url",
+            "--add",
+            "--push",
+            "two",
+            "https://example.org/c.git",
+        )
+        reply = yield self.request("POST", "/git/push", {"path": "r", "remote": "two"})
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertIn("2 URLs", reply.json()["error"])
+
+
+class RunAsUserTests(DaemonTestCase):
+    """Local calls run git as the request's ``user``: what it writes is that user's."""
+
+    policy = GIT
+    skip = "git is not installed" if NO_GIT else None
+
+    @inlineCallbacks
+    def test_init_and_commit_as_nobody(self) -> Any:
+        """init and commit with user nobody leave the repository and its objects owned by nobody."""
+        import pwd
+
+        if os.geteuid() != 0:
+            raise SkipTest("switching users needs a root daemon")
+        nobody = pwd.getpwnam("nobody").pw_uid
+        os.chmod(self.base_dir, 0o777)
+        os.chmod(os.path.dirname(self.base_dir), 0o755)
+        reply = yield self.request("POST", "/git/init", {"path": "n", "user": "nobody"})
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request(
+            "POST",
+            "/git/commit",
+            {"path": "n", "message": "m", "allow_empty": True, "user": "nobody"},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        head = os.path.join(self.base_dir, "n", ".git", "refs", "heads", "main")
+        self.assertEqual(os.stat(head).st_uid, nobody)
+        reply = yield self.request("GET", "/git/log?path=n&user=nobody")
+        self.assertEqual(len(reply.json()["commits"]), 1)
