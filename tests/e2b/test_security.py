@@ -62,13 +62,18 @@ class OtherIdentityTerminalTests(E2BCase):
                 {
                     "id": "alice",
                     "token_env": "ALICE",
-                    "scopes": ["terminal:use", "process:manage"],
+                    "scopes": ["terminal:use", "process:manage", "process:read"],
                 },
                 {"id": "bob", "token_env": "BOB", "scopes": ["terminal:use"]},
                 {
                     "id": "carol",
                     "token_env": "CAROL",
-                    "scopes": ["terminal:use", "process:manage", "process:run"],
+                    "scopes": [
+                        "terminal:use",
+                        "process:manage",
+                        "process:run",
+                        "process:read",
+                    ],
                 },
             ]
         }
@@ -302,12 +307,12 @@ class ListDisclosureTests(E2BCase):
                 {
                     "id": "alice",
                     "token_env": "ALICE",
-                    "scopes": ["process:run", "process:manage"],
+                    "scopes": ["process:run", "process:manage", "process:read"],
                 },
                 {
                     "id": "bob",
                     "token_env": "BOB",
-                    "scopes": ["process:run", "process:manage"],
+                    "scopes": ["process:run", "process:manage", "process:read"],
                 },
             ]
         }
