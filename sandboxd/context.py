@@ -34,6 +34,7 @@ from sandboxd.web.routing import Router
 if TYPE_CHECKING:
     from sandboxd.agents.manager import AgentManager
     from sandboxd.browser.supervisor import BrowserSupervisor
+    from sandboxd.code.service import CodeService
     from sandboxd.files.uploads import UploadTable
     from sandboxd.files.watch import WatchService
     from sandboxd.processes.service import ProcessService
@@ -95,6 +96,10 @@ class Context:
         default=None, init=False
     )
     agents: ServiceOnFirstUse[AgentManager] | None = attrs.field(
+        default=None, init=False
+    )
+    #: Code contexts (kernels), built on the code group's first request.
+    code: ServiceOnFirstUse[CodeService] | None = attrs.field(
         default=None, init=False
     )
     #: Paths the site hands to a door of their own before the JSON

@@ -49,6 +49,8 @@ class Code(enum.StrEnum):
     ALREADY_RESOLVED = "already_resolved"
     WITHDRAWN = "withdrawn"
     FILE_EXISTS = "file_exists"
+    CONTEXT_BUSY = "context_busy"
+    CONTEXT_DEAD = "context_dead"
     # 408
     TIMEOUT = "timeout"
     IDLE_TIMEOUT = "idle_timeout"
@@ -63,6 +65,8 @@ class Code(enum.StrEnum):
     CONCURRENCY_LIMITED = "concurrency_limited"
     TOO_MANY_PROCESSES = "too_many_processes"
     TOO_MANY_SESSIONS = "too_many_sessions"
+    TOO_MANY_CONTEXTS = "too_many_contexts"
+    TOO_MANY_EXECUTIONS = "too_many_executions"
     # 500
     INTERNAL = "internal"
     # 502, 504, 503

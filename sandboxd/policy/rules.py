@@ -37,6 +37,13 @@ class Limits:
     max_event_bytes: int | None = None
     max_prompt_bytes: int | None = None
     permission_timeout_seconds: float | None = None
+    # code contexts (SPEC §22)
+    max_contexts: int | None = None
+    max_contexts_per_identity: int | None = None
+    start_timeout_seconds: float | None = None
+    max_display_bytes: int | None = None
+    max_queued: int | None = None
+    interrupt_grace_seconds: float | None = None
 
     @property
     def run_ceiling(self) -> float | None:
@@ -94,6 +101,10 @@ class Params:
     mcp_servers: str = "none"
     client_fs: str = "read_write"
     client_terminal: bool = True
+    # code contexts (SPEC §22)
+    kernels: tuple[str, ...] = ("python3", "sandboxd-python")
+    allow_stdin: bool = True
+    auto_restart: bool = True
 
 
 #: The sections of a rule and the class describing each.
