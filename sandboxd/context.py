@@ -34,7 +34,7 @@ from sandboxd.web.routing import Router
 if TYPE_CHECKING:
     from sandboxd.agents.manager import AgentManager
     from sandboxd.browser.supervisor import BrowserSupervisor
-    from sandboxd.code.service import CodeService
+    from sandboxd.kernels.service import CodeService
     from sandboxd.files.uploads import UploadTable
     from sandboxd.files.watch import WatchService
     from sandboxd.processes.service import ProcessService

@@ -28,7 +28,7 @@ from sandboxd.terminals.service import TerminalService
 if TYPE_CHECKING:
     from sandboxd.agents.manager import AgentManager
     from sandboxd.browser.supervisor import BrowserSupervisor
-    from sandboxd.code.service import CodeService
+    from sandboxd.kernels.service import CodeService
     from sandboxd.files.uploads import UploadTable
     from sandboxd.files.watch import WatchService
     from sandboxd.mcp import McpDoor
@@ -82,7 +82,7 @@ def _agents(context: Context) -> AgentManager:
 
 def _code(context: Context) -> CodeService:
     """The code contexts and their kernel hub (started with the first context)."""
-    from sandboxd.code.service import CodeService
+    from sandboxd.kernels.service import CodeService
 
     return CodeService(context)
 

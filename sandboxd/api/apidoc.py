@@ -57,6 +57,7 @@ _GROUP_NOTES = {
     CapabilityGroup.AGENTS: "coding agents over ACP",
     CapabilityGroup.MCP: "every endpoint as an MCP tool, see [mcp](mcp.md)",
     CapabilityGroup.E2B: "the E2B-compatible envd port (docs/e2b.md)",
+    CapabilityGroup.CODE: "stateful kernels: code contexts, see [code](code.md)",
 }
 
 _HEADER = """\

@@ -21,6 +21,7 @@ _NON_CORE = (
     "agents",
     "mcp",
     "e2b",
+    "code",
 )
 
 _FILE_WRITES = (
@@ -60,6 +61,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "terminal": False,
             "browser": False,
             "agents": False,
+            "code": False,
         },
         "defaults": {"paths": {"read_only": ("/",)}},
         "endpoints": _off(
@@ -85,6 +87,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         },
         "endpoints": {
             "group:browser": {"params": {"block_private_networks": True}},
+            "group:code": {"params": {"allow_stdin": False}},
             "env_set": {"enabled": False},
         },
     },

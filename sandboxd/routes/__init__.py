@@ -36,7 +36,7 @@ GROUP_MODULES: dict[CapabilityGroup, tuple[str, ...]] = {
     G.BROWSER: ("sandboxd.routes.browser",),
     G.AGENTS: ("sandboxd.routes.agents",),
     G.MCP: ("sandboxd.routes.mcp",),
-    G.CODE: ("sandboxd.routes.code",),
+    G.CODE: ("sandboxd.routes.kernels",),
 }
 
 

@@ -7,7 +7,9 @@ results, errors, interrupts, restarts, deaths, ownership and bounds.
 from __future__ import annotations
 
 import base64
+import importlib.util
 import os
+import sys
 import signal
 from typing import Any
 
@@ -18,7 +20,7 @@ from twisted.trial.unittest import SkipTest
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
-from sandboxd.code.kernelspecs import find_kernelspecs
+from sandboxd.kernels.kernelspecs import find_kernelspecs
 from sandboxd.testing import SSEReader
 from tests.helpers import DaemonTestCase, alive
 
@@ -27,11 +29,8 @@ def need_ipykernel() -> None:
     """Skip (saying why) where no python3 kernelspec is installed."""
     if "python3" not in find_kernelspecs(os.environ):
         raise SkipTest("no python3 kernelspec (ipykernel is not installed)")
-    try:
-        import jupyter_client  # noqa: F401
-        import zmq  # noqa: F401
-    except ImportError:
-        raise SkipTest("the code extra (jupyter_client, pyzmq) is not installed") from None
+    if not all(importlib.util.find_spec(m) for m in ("jupyter_client", "zmq")):
+        raise SkipTest("the code extra (jupyter_client, pyzmq) is not installed")
 
 
 def code_policy(**group: Any) -> dict[str, Any]:
@@ -114,6 +113,9 @@ class ContextTests(CodeTestCase):
         self.assertEqual(second["results"][0]["data"]["text/plain"], "42")
         self.assertTrue(second["results"][0]["is_result"])
         self.assertEqual(second["execution_count"], first["execution_count"] + 1)
+        # The daemon (this process) spoke to the kernel without ZMQ.
+        for name in ("zmq", "jupyter_client", "tornado"):
+            self.assertNotIn(name, sys.modules)
 
     @inlineCallbacks
     def test_error_with_traceback(self) -> Any:

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.code.test_contexts -*-
+# -*- test-case-name: tests.kernels.test_contexts -*-
 """
 The ``code`` group's service: its contexts, the one kernel hub, the
 spilled display items, the idle sweep, and the orderly stop.
@@ -15,29 +15,27 @@ import os
 import secrets
 import shutil
 import tempfile
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 
-from sandboxd.code.contexts import CodeContext, Execution
-from sandboxd.code.hubclient import HubClient
+from sandboxd.kernels.contexts import CodeContext, Execution
+from sandboxd.kernels.hubclient import HubClient
 from sandboxd.errors import ApiError, Code, not_found
 from sandboxd.policy import defaults
 from sandboxd.processes.environment import child_environment
 
-if TYPE_CHECKING:
-    from sandboxd.context import Context
-
-log = Logger(namespace="sandboxd.code")
+log = Logger(namespace="sandboxd.kernels")
 
 
 class CodeService(Service):
     """Every code context of the daemon."""
 
-    def __init__(self, context: Context) -> None:
+    def __init__(self, context: Any) -> None:
+        """:param context: the daemon's :class:`~sandboxd.context.Context`."""
         self.context = context
         self.reactor = context.reactor
         self.children = context.children

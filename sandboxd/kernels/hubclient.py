@@ -1,6 +1,6 @@
-# -*- test-case-name: tests.code.test_contexts -*-
+# -*- test-case-name: tests.kernels.test_contexts -*-
 """
-The daemon's side of the kernel hub (:mod:`sandboxd.code.hub`): one child,
+The daemon's side of the kernel hub (:mod:`sandboxd.kernels.hub`): one child,
 started on the first code context, spoken to in JSON lines over its stdin
 and stdout.
 
@@ -24,7 +24,7 @@ from sandboxd.policy.defaults import CODE_HUB_MAX_LINE_BYTES, KIB
 from sandboxd.processes.child import Child, HeadTail
 from sandboxd.processes.run import spawn
 
-log = Logger(namespace="sandboxd.code")
+log = Logger(namespace="sandboxd.kernels")
 
 
 class LineSplitter:
@@ -110,7 +110,7 @@ class HubClient:
         spawn(
             reactor,
             self.child,
-            [sys.executable, "-m", "sandboxd.code.hub"],
+            [sys.executable, "-m", "sandboxd.kernels.hub"],
             children=children,
             env=env,
             cwd=cwd,

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.code.test_contexts -*-
+# -*- test-case-name: tests.kernels.test_contexts -*-
 """
 Jupyter kernelspecs, read by the daemon itself (no ``jupyter_client``).
 

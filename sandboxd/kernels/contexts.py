@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.code.test_contexts -*-
+# -*- test-case-name: tests.kernels.test_contexts -*-
 """
 A code context (one kernel and its executions) and an execution (one piece
 of code run in it, with its own bounded event log).
@@ -7,7 +7,7 @@ A context's kernel is a governed child: spawned by the daemon from its
 kernelspec, in its own session, as the request's user, with the secrets
 stripped from its environment; restarting or deleting the context ends
 the kernel's whole tree. Executions queue FIFO and run one at a time; the
-hub (:mod:`sandboxd.code.hubclient`) turns their Jupyter messages into the
+hub (:mod:`sandboxd.kernels.hubclient`) turns their Jupyter messages into the
 events logged here. Every execution ends with one ``execution.ended`` event
 whose ``state`` says what happened (``ok``, ``error``, ``interrupted``,
 ``timeout``, ``lost``); a kernel that had to be restarted says so with
@@ -26,14 +26,14 @@ import signal
 import tempfile
 import time
 from collections import OrderedDict, deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 
-from sandboxd.code.kernelspecs import KernelSpec, kernel_argv
+from sandboxd.kernels.kernelspecs import KernelSpec, kernel_argv
 from sandboxd.errors import ApiError, Code, conflict, internal, timed_out
 from sandboxd.eventlog import EventLog
 from sandboxd.policy import defaults
@@ -42,15 +42,33 @@ from sandboxd.processes.command import RunAs
 from sandboxd.processes.run import spawn
 from sandboxd.waiters import Waiters
 
-if TYPE_CHECKING:
-    from sandboxd.code.service import CodeService
-
-log = Logger(namespace="sandboxd.code")
+log = Logger(namespace="sandboxd.kernels")
 
 #: The states an execution ends in.
 FINAL_STATES = ("ok", "error", "interrupted", "timeout", "lost")
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class Host(Protocol):
+    """What a context needs of its service (:class:`~sandboxd.kernels.service.CodeService`)."""
+
+    reactor: Any
+    children: Any
+
+    def hub(self) -> Any:
+        """The hub, started if none runs."""
+
+    def hub_send(self, command: dict[str, Any]) -> None:
+        """Send to the hub if one runs."""
+
+    def spill(
+        self, ctx: CodeContext, x: Execution, data: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Display values within bounds, the rest spilled to files."""
+
+    def execution_ended(self, ctx: CodeContext, x: Execution) -> None:
+        """An execution ended."""
 
 
 @attrs.frozen
@@ -215,7 +233,7 @@ class CodeContext:
 
     def __init__(
         self,
-        service: CodeService,
+        service: Host,
         spec: KernelSpec,
         owner: str,
         cwd: str,

@@ -1,9 +1,9 @@
-# -*- test-case-name: tests.code.test_contexts -*-
+# -*- test-case-name: tests.kernels.test_contexts -*-
 """
 Handlers of the ``code`` group (SPEC §22): stateful kernels.
 
 Thin: parse, find the context (404 for another identity's), hand over to
-:mod:`sandboxd.code`. The service lives in ``context.code``.
+:mod:`sandboxd.kernels`. The service lives in ``context.code``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
-from sandboxd.code.contexts import CodeContext, Execution, ExecutionLimits
-from sandboxd.code.kernelspecs import DEFAULT_KERNEL, KernelSpec, find_kernelspecs
-from sandboxd.code.service import CodeService
+from sandboxd.kernels.contexts import CodeContext, Execution, ExecutionLimits
+from sandboxd.kernels.kernelspecs import DEFAULT_KERNEL, KernelSpec, find_kernelspecs
+from sandboxd.kernels.service import CodeService
 from sandboxd.errors import (
     Code,
     bad_request,

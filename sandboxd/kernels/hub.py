@@ -1,10 +1,10 @@
-# -*- test-case-name: tests.code.test_contexts -*-
+# -*- test-case-name: tests.kernels.test_contexts -*-
 """
 The kernel hub: the one child process that speaks ZMQ to Jupyter kernels.
 
 The daemon never imports ``jupyter_client``, ``pyzmq`` or ``tornado``
 (their asyncio loops and signal handling would share the daemon's process
-with Twisted's). It starts this program (``python -m sandboxd.code.hub``)
+with Twisted's). It starts this program (``python -m sandboxd.kernels.hub``)
 on the first code context and talks to it over its stdin and stdout: one
 JSON object per line each way. The hub only *connects* to kernels the
 daemon has spawned (it never launches one, so every kernel stays in the
