@@ -244,3 +244,215 @@ class ContextTests(CodeTestCase):
         self.assertEqual(result["stdout"], value + "\n")
         after = yield self.execute(ctx["id"], "import os\nprint(os.environ.get('Q'))")
         self.assertEqual(after["stdout"], "None\n")
+
+
+#: Two identities with the code scopes, for ownership.
+TWO_USERS = {
+    "groups": {"code": True},
+    "auth": {
+        "tokens": [
+            {"id": "alice", "token_env": "ALICE", "scopes": ["code:read", "code:run", "code:manage"]},
+            {"id": "bob", "token_env": "BOB", "scopes": ["code:read", "code:run", "code:manage"]},
+        ]
+    },
+}
+
+
+class DeathTests(CodeTestCase):
+    """Timeouts, kernels killed, trees killed, and the hub killed."""
+
+    policy = code_policy(limits={"interrupt_grace_seconds": 1, "max_contexts": 12})
+
+    @inlineCallbacks
+    def test_timeout_interrupts(self) -> Any:
+        """Past its timeout a busy loop is interrupted: ``timeout``, and the state is kept."""
+        ctx = yield self.context()
+        yield self.execute(ctx["id"], "kept = 3")
+        result = yield self.execute(ctx["id"], "while True: pass", timeout=1)
+        self.assertEqual(result["state"], "timeout")
+        self.assertTrue(result["started"])
+        after = yield self.execute(ctx["id"], "kept")
+        self.assertEqual(after["results"][0]["data"]["text/plain"], "3")
+
+    @inlineCallbacks
+    def test_timeout_restarts_a_deaf_kernel(self) -> Any:
+        """Code that ignores SIGINT is ended by a restart after the grace: said by ``context.restarted``."""
+        ctx = yield self.context()
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {
+                "code": "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass",
+                "timeout": 1,
+                "wait": 0,
+            },
+        )
+        xid = reply.json()["execution_id"]
+        events_url = reply.json()["events_url"]
+        reader = yield self.stream(events_url)
+        events = yield reader.done
+        names = [e["event"] for e in events]
+        self.assertIn("context.restarted", names)
+        self.assertEqual(events[names.index("context.restarted")]["data"]["reason"], "timeout")
+        self.assertEqual(events[-1]["event"], "execution.ended")
+        self.assertEqual(events[-1]["data"]["state"], "timeout")
+        self.assertFalse(alive(ctx["pid"]))
+        got = yield self.request("GET", f"/code/contexts/{ctx['id']}")
+        self.assertEqual(got.json()["restarts"], 1)
+        self.assertEqual(got.json()["current_execution"], None)
+        del xid
+        fresh = yield self.execute(ctx["id"], "1 + 1")
+        self.assertEqual(fresh["results"][0]["data"]["text/plain"], "2")
+
+    @inlineCallbacks
+    def test_kernel_killed_mid_run(self) -> Any:
+        """A kernel SIGKILLed while running: the execution ends ``lost``, a new kernel serves."""
+        ctx = yield self.context()
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {"code": "import time\nprint('going', flush=True)\ntime.sleep(30)", "wait": 0},
+        )
+        reader = yield self.stream(reply.json()["events_url"])
+        yield reader.wait_for_event(lambda e: e["event"] == "stdout")
+        os.kill(ctx["pid"], signal.SIGKILL)
+        events = yield reader.done
+        restarted = [e for e in events if e["event"] == "context.restarted"]
+        self.assertEqual(restarted[0]["data"]["reason"], "died")
+        self.assertEqual(restarted[0]["data"]["exit_code"], -9)
+        self.assertEqual(events[-1]["data"]["state"], "lost")
+        fresh = yield self.execute(ctx["id"], "print('back')")
+        self.assertEqual(fresh["stdout"], "back\n")
+
+    @inlineCallbacks
+    def test_restart_leaves_no_setsid_survivor(self) -> Any:
+        """A cell's child in its own session, deaf to SIGTERM, dies with the restart."""
+        ctx = yield self.context()
+        result = yield self.execute(
+            ctx["id"],
+            "import subprocess, sys\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)'], "
+            "start_new_session=True)\n"
+            "print(p.pid)",
+        )
+        pid = int(result["stdout"])
+        self.assertTrue(alive(pid))
+        reply = yield self.request("POST", f"/code/contexts/{ctx['id']}/restart", {})
+        self.assertEqual(reply.status, 200)
+        for _ in range(100):
+            if not alive(pid):
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertFalse(alive(pid))
+
+    @inlineCallbacks
+    def test_ten_contexts_share_nothing(self) -> Any:
+        """Ten contexts made and deleted in turn never see each other's names."""
+        for i in range(10):
+            ctx = yield self.context()
+            result = yield self.execute(
+                ctx["id"], f"print('leak' in globals())\nleak = {i}"
+            )
+            self.assertEqual(result["stdout"], "False\n")
+            yield self.request("DELETE", f"/code/contexts/{ctx['id']}")
+            self.assertFalse(alive(ctx["pid"]))
+
+    @inlineCallbacks
+    def test_hub_killed(self) -> Any:
+        """The hub killed mid-run: the execution ends ``lost``; a new hub serves the same kernel."""
+        ctx = yield self.context()
+        yield self.execute(ctx["id"], "kept = 'still here'")
+        service = self.daemon.context.code.get()
+        old_hub = service.hub().pid
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {"code": "import time\nprint('x', flush=True)\ntime.sleep(2)", "wait": 0},
+        )
+        reader = yield self.stream(reply.json()["events_url"])
+        yield reader.wait_for_event(lambda e: e["event"] == "stdout")
+        os.kill(old_hub, signal.SIGKILL)
+        events = yield reader.done
+        self.assertEqual(events[-1]["data"]["state"], "lost")
+        # the kernel may still be finishing the sleep: queue behind it
+        after = yield self.execute(ctx["id"], "kept")
+        self.assertEqual(after["results"][0]["data"]["text/plain"], "'still here'")
+        self.assertNotEqual(service.hub().pid, old_hub)
+        self.assertTrue(alive(ctx["pid"]))
+
+
+class RefusalTests(CodeTestCase):
+    """Bad input: clear errors, nothing half-done."""
+
+    policy = TWO_USERS
+    environ = {"ALICE": "a-token", "BOB": "b-token"}
+    token = "a-token"
+
+    @inlineCallbacks
+    def test_unknown_kernel(self) -> Any:
+        """An unknown kernel is 400 naming the allowed ones."""
+        reply = yield self.request("POST", "/code/contexts", {"kernel": "cobol"})
+        self.assertEqual(reply.status, 400)
+        self.assertEqual(reply.json()["code"], "invalid_param")
+        self.assertIn("python3", reply.json()["allowed"])
+
+    @inlineCallbacks
+    def test_code_too_large(self) -> Any:
+        """Code over max_request_bytes is 413; the context still works."""
+        ctx = yield self.context()
+        reply = yield self.request(
+            "POST", f"/code/contexts/{ctx['id']}/execute", {"code": "#" * (1024 * 1024 + 10)}
+        )
+        self.assertEqual(reply.status, 413)
+        self.assertEqual(reply.json()["code"], "payload_too_large")
+        ok = yield self.execute(ctx["id"], "1")
+        self.assertEqual(ok["state"], "ok")
+
+    @inlineCallbacks
+    def test_other_identity(self) -> Any:
+        """Bob cannot see, run in or delete Alice's context: 404, as if it did not exist."""
+        ctx = yield self.context()
+        for method, path, body in (
+            ("GET", f"/code/contexts/{ctx['id']}", None),
+            ("POST", f"/code/contexts/{ctx['id']}/execute", {"code": "1"}),
+            ("DELETE", f"/code/contexts/{ctx['id']}", None),
+        ):
+            reply = yield self.daemon.request(method, path, body, token="b-token")
+            self.assertEqual(reply.status, 404, (method, path))
+            self.assertEqual(reply.json()["code"], "not_found")
+        listed = yield self.daemon.request("GET", "/code/contexts", token="b-token")
+        self.assertEqual(listed.json()["contexts"], [])
+        mine = yield self.request("GET", "/code/contexts")
+        self.assertEqual([c["id"] for c in mine.json()["contexts"]], [ctx["id"]])
+
+    @inlineCallbacks
+    def test_busy_without_queue(self) -> Any:
+        """A busy context with ``queue: false`` is 409 context_busy; with the queue it waits its turn."""
+        ctx = yield self.context()
+        first = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {"code": "import time\ntime.sleep(1)\nprint('first')", "wait": 0},
+        )
+        reply = yield self.request(
+            "POST", f"/code/contexts/{ctx['id']}/execute", {"code": "1", "queue": False}
+        )
+        self.assertEqual(reply.status, 409)
+        self.assertEqual(reply.json()["code"], "context_busy")
+        self.assertEqual(reply.json()["execution_id"], first.json()["execution_id"])
+        queued = yield self.execute(ctx["id"], "print('second')")
+        self.assertEqual(queued["stdout"], "second\n")
+        got = yield self.request(
+            "GET", f"/code/contexts/{ctx['id']}/executions/{first.json()['execution_id']}"
+        )
+        self.assertEqual(got.json()["stdout"], "first\n")
+
+    @inlineCallbacks
+    def test_too_many_contexts(self) -> Any:
+        """Past max_contexts_per_identity: 429 too_many_contexts."""
+        for _ in range(4):
+            yield self.context()
+        reply = yield self.request("POST", "/code/contexts", {})
+        self.assertEqual(reply.status, 429)
+        self.assertEqual(reply.json()["code"], "too_many_contexts")
