@@ -60,6 +60,13 @@ class Options(usage.Options):
             "E2B-compatible envd port or endpoint (off unless given and the "
             "e2b endpoint is enabled).",
         ],
+        [
+            "e2b-code-port",
+            None,
+            None,
+            "A second E2B port or endpoint, for platforms that route E2B's "
+            "code interpreter by its port (49999); needs --e2b-port.",
+        ],
         ["policy", None, None, "Policy file (JSON, or YAML with a server: block)."],
         [
             "preset",
@@ -126,6 +133,8 @@ class Options(usage.Options):
         self["commands"] = [
             os.path.abspath(c) if c.endswith(".py") else c for c in self["commands"]
         ]
+        if self["e2b-code-port"] and not self["e2b-port"]:
+            raise usage.UsageError("--e2b-code-port needs --e2b-port")
         try:
             if self["pty-public-url"] is not None:
                 self["pty-public-url"] = check_public_url(
@@ -148,6 +157,9 @@ class Options(usage.Options):
             pty_public_url=self["pty-public-url"],
             e2b_port=listen_string(self["e2b-port"], host)
             if self["e2b-port"]
+            else None,
+            e2b_code_port=listen_string(self["e2b-code-port"], host)
+            if self["e2b-code-port"]
             else None,
             policy_file=self["policy"],
             preset=self["preset"],

@@ -47,6 +47,9 @@ class CodeService(Service):
         #: oid -> (context id, path, mime, bytes)
         self.outputs: dict[str, tuple[str, str, str, int]] = {}
         self.spilled_bytes = 0
+        #: (identity id, language) -> the context E2B's ``/execute`` uses
+        #: when it names none (made on first use).
+        self.e2b_defaults: dict[tuple[str, str], str] = {}
 
     # -- the hub ---------------------------------------------------------------
 

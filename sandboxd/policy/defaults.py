@@ -416,5 +416,9 @@ E2B_WATCHER_EVENTS = 10000
 #: E2B door: a watcher nobody polled for this long is removed.
 E2B_WATCHER_IDLE_SECONDS = 600.0
 
+#: E2B door, code interpreter: a ``keepalive`` line after this much silence
+#: on ``/execute`` (E2B's own interval), so a vanished client is noticed.
+E2B_CODE_KEEPALIVE_SECONDS = 5.0
+
 #: E2B door: files one ``POST /files`` may carry.
 E2B_MAX_UPLOAD_FILES = 1000
