@@ -314,6 +314,12 @@ class ToolCall:
         tool, endpoint = self.tool, self.tool.endpoint
         path_params, query, body = self.split
         path = _resolve(endpoint.path, path_params)
+        if tool.name == "code_execute":
+            from sandboxd.mcp.coderesult import CODE_EXECUTE_BODY
+
+            # Stream the execution (stdout as progress) and interrupt it
+            # when the call is cancelled.
+            body = {**body, **CODE_EXECUTE_BODY}
         try:
             passed = gate.admit(
                 self.context,
@@ -397,9 +403,16 @@ class ToolCall:
         return value_result(self.tool, value if value is not None else {})
 
     async def _collect(self, response: SSEResponse) -> dict[str, Any]:
-        channel = self.channel = CollectingChannel(
-            self.progress, lines=self.tool.name in LINE_STREAMS
-        )
+        channel: CollectingChannel
+        if self.tool.name == "code_execute":
+            from sandboxd.mcp.coderesult import CodeCollector
+
+            channel = CodeCollector(self.progress)
+        else:
+            channel = CollectingChannel(
+                self.progress, lines=self.tool.name in LINE_STREAMS
+            )
+        self.channel = channel
         if response.start is not None:
             started = response.start(channel)  # type: ignore[arg-type]
             if isinstance(started, Deferred):
