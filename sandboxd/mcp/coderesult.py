@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from sandboxd.mcp.calls import CollectingChannel, Progress
+from sandboxd.mcp.collecting import CollectingChannel, Progress
 from sandboxd.policy.defaults import MCP_RESULT_BYTES
 
 #: What the MCP door adds to a ``code_execute`` call's body.
@@ -51,7 +51,11 @@ class CodeCollector(CollectingChannel):
             if self._progress is not None:
                 self._progress(text.removesuffix("\n"), self.seen)
         elif event in ("display", "display.update"):
-            item = {k: data[k] for k in ("data", "metadata", "is_result", "refs") if k in data}
+            item = {
+                k: data[k]
+                for k in ("data", "metadata", "is_result", "refs")
+                if k in data
+            }
             size = sum(len(str(v)) for v in (item.get("data") or {}).values())
             if self.result_bytes + size <= 4 * self._cap:
                 self.result_bytes += size
@@ -89,7 +93,9 @@ class CodeCollector(CollectingChannel):
             for mime in IMAGE_TYPES:
                 value = data.get(mime)
                 if isinstance(value, str):
-                    content.append({"type": "image", "data": value.strip(), "mimeType": mime})
+                    content.append(
+                        {"type": "image", "data": value.strip(), "mimeType": mime}
+                    )
                     data[mime] = f"({mime}, {len(value) * 3 // 4} bytes, as content)"
             plain = data.get("text/plain")
             if item.get("is_result") and isinstance(plain, str):
@@ -97,7 +103,10 @@ class CodeCollector(CollectingChannel):
             structured["results"].append({**item, "data": data})
         if self.code_error is not None:
             tb = "\n".join(self.code_error.get("traceback") or [])
-            text += "\n" + (_ANSI.sub("", tb) or f"{self.code_error.get('ename')}: {self.code_error.get('evalue')}")
+            text += "\n" + (
+                _ANSI.sub("", tb)
+                or f"{self.code_error.get('ename')}: {self.code_error.get('evalue')}"
+            )
         text += f"\n[{state}]"
         content.insert(0, {"type": "text", "text": text.lstrip("\n")})
         return {
