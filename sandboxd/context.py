@@ -34,9 +34,9 @@ from sandboxd.web.routing import Router
 if TYPE_CHECKING:
     from sandboxd.agents.manager import AgentManager
     from sandboxd.browser.supervisor import BrowserSupervisor
-    from sandboxd.kernels.service import CodeService
     from sandboxd.files.uploads import UploadTable
     from sandboxd.files.watch import WatchService
+    from sandboxd.kernels.service import CodeService
     from sandboxd.processes.service import ProcessService
     from sandboxd.terminals.service import TerminalService
 
@@ -99,9 +99,7 @@ class Context:
         default=None, init=False
     )
     #: Code contexts (kernels), built on the code group's first request.
-    code: ServiceOnFirstUse[CodeService] | None = attrs.field(
-        default=None, init=False
-    )
+    code: ServiceOnFirstUse[CodeService] | None = attrs.field(default=None, init=False)
     #: Paths the site hands to a door of their own before the JSON
     #: pipeline (``/mcp``), to the door's ``exchange``.
     doors: dict[bytes, Any] = attrs.field(factory=dict, init=False)

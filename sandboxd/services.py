@@ -28,9 +28,9 @@ from sandboxd.terminals.service import TerminalService
 if TYPE_CHECKING:
     from sandboxd.agents.manager import AgentManager
     from sandboxd.browser.supervisor import BrowserSupervisor
-    from sandboxd.kernels.service import CodeService
     from sandboxd.files.uploads import UploadTable
     from sandboxd.files.watch import WatchService
+    from sandboxd.kernels.service import CodeService
     from sandboxd.mcp import McpDoor
 
 #: Where the site finds the MCP door.

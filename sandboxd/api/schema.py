@@ -264,12 +264,20 @@ _CONTEXT = (
 _RESULT = (
     F("execution_id"),
     F("context_id"),
-    F("state", enum=("queued", "running", "ok", "error", "interrupted", "timeout", "lost")),
+    F(
+        "state",
+        enum=("queued", "running", "ok", "error", "interrupted", "timeout", "lost"),
+    ),
     F("started", "boolean", "false: the kernel never took the code (safe to retry)"),
     F("execution_count", "integer", nullable=True),
     F("stdout"),
     F("stderr"),
-    F("results", "array", "[{data: {mime: value}, metadata, is_result, refs?}]", items="object"),
+    F(
+        "results",
+        "array",
+        "[{data: {mime: value}, metadata, is_result, refs?}]",
+        items="object",
+    ),
     F("error", "object", "{ename, evalue, traceback}", nullable=True),
     F("duration_ms", "number", nullable=True),
     F("truncated", "boolean"),
@@ -281,10 +289,15 @@ _CODE_EVENTS = (
     Event("execution.started", "{execution_id, execution_count}"),
     Event("stdout", "{execution_id, text}"),
     Event("stderr", "{execution_id, text}"),
-    Event("display", "{execution_id, data: {mime: value}, metadata, is_result, display_id?, refs?}"),
+    Event(
+        "display",
+        "{execution_id, data: {mime: value}, metadata, is_result, display_id?, refs?}",
+    ),
     Event("error", "{execution_id, ename, evalue, traceback, traceback_text}"),
     Event("input.requested", "{execution_id, prompt, password}"),
-    Event("context.restarted", "{execution_id, reason: user|timeout|died|hub, exit_code?}"),
+    Event(
+        "context.restarted", "{execution_id, reason: user|timeout|died|hub, exit_code?}"
+    ),
     Event(
         "execution.ended",
         "{execution_id, state: ok|error|interrupted|timeout|lost, started, "
@@ -1385,7 +1398,11 @@ SCHEMAS: dict[str, Schema] = {
     ),
     "code_context_create": Schema(
         body=(
-            F("kernel", doc="a kernelspec name allowed by params.kernels", default="python3"),
+            F(
+                "kernel",
+                doc="a kernelspec name allowed by params.kernels",
+                default="python3",
+            ),
             F("language", doc="pick the first allowed kernel of this language"),
             F("cwd", doc="guarded; default base_dir"),
             F("env", "object", "environment of the kernel (env_deny applies)"),
@@ -1397,8 +1414,18 @@ SCHEMAS: dict[str, Schema] = {
         errors=(
             E(400, "invalid_param", "unknown or disallowed kernel (body: allowed)"),
             E(403, "param_not_allowed", "a refused user"),
-            E(429, "too_many_contexts", "max_contexts or max_contexts_per_identity", "ResourceError"),
-            E(504, "timeout", "the kernel did not answer within start_timeout_seconds", "TimeoutError"),
+            E(
+                429,
+                "too_many_contexts",
+                "max_contexts or max_contexts_per_identity",
+                "ResourceError",
+            ),
+            E(
+                504,
+                "timeout",
+                "the kernel did not answer within start_timeout_seconds",
+                "TimeoutError",
+            ),
         ),
         notes="Waits for the kernel's kernel_info reply. The kernel runs in its own "
         "process group, as the request's user, without the daemon's secrets.",
@@ -1429,13 +1456,28 @@ SCHEMAS: dict[str, Schema] = {
     "code_execute": Schema(
         body=(
             F("code", required=True, example="print(1 + 1)"),
-            F("timeout", "number", "seconds; then interrupt, then restart", default=300),
+            F(
+                "timeout",
+                "number",
+                "seconds; then interrupt, then restart",
+                default=300,
+            ),
             F("wait", "number", "seconds to wait for the result before 202"),
             F("stream", "boolean", "answer the events as SSE", default=False),
-            F("queue", "boolean", "wait behind a running execution (false: 409)", default=True),
+            F(
+                "queue",
+                "boolean",
+                "wait behind a running execution (false: 409)",
+                default=True,
+            ),
             F("on_disconnect", enum=("continue", "interrupt"), default="continue"),
             F("env", "object", "set for this execution only (python kernels)"),
-            F("allow_stdin", "boolean", "let input() ask (params.allow_stdin)", default=False),
+            F(
+                "allow_stdin",
+                "boolean",
+                "let input() ask (params.allow_stdin)",
+                default=False,
+            ),
             F("silent", "boolean", default=False),
             F("store_history", "boolean", default=True),
         ),
@@ -1447,7 +1489,12 @@ SCHEMAS: dict[str, Schema] = {
             E(409, "context_busy", "busy and queue is false"),
             E(409, "context_dead", "the kernel died and was not restarted"),
             E(413, "payload_too_large", "code over max_request_bytes"),
-            E(429, "too_many_executions", "max_queued executions wait", "ResourceError"),
+            E(
+                429,
+                "too_many_executions",
+                "max_queued executions wait",
+                "ResourceError",
+            ),
         ),
         notes="200 with the result when it ends within wait (default: its timeout), "
         "else 202 {execution_id, state, events_url}; with stream: true, SSE.",

@@ -78,12 +78,15 @@ def _e2b_context(ctx: Any) -> dict[str, Any]:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat()
+    return datetime.datetime.now(datetime.UTC).isoformat()
 
 
 def result_line(data: dict[str, Any]) -> dict[str, Any]:
     """A ``display`` event as E2B's ``result`` line."""
-    out: dict[str, Any] = {"type": "result", "is_main_result": bool(data.get("is_result"))}
+    out: dict[str, Any] = {
+        "type": "result",
+        "is_main_result": bool(data.get("is_result")),
+    }
     extra: dict[str, Any] = {}
     for mime, value in (data.get("data") or {}).items():
         field = MIME_FIELDS.get(mime)
@@ -123,7 +126,12 @@ def lines_of(event: Event) -> list[dict[str, Any]]:
             }
         ]
     if kind == "execution.started":
-        return [{"type": "number_of_executions", "execution_count": data.get("execution_count")}]
+        return [
+            {
+                "type": "number_of_executions",
+                "execution_count": data.get("execution_count"),
+            }
+        ]
     if kind == "execution.ended":
         state = data.get("state")
         out: list[dict[str, Any]] = []
@@ -131,7 +139,9 @@ def lines_of(event: Event) -> list[dict[str, Any]]:
             out.append(
                 {
                     "type": "error",
-                    "name": "TimeoutError" if state == "timeout" else "ContextRestarting",
+                    "name": "TimeoutError"
+                    if state == "timeout"
+                    else "ContextRestarting",
                     "value": f"the execution ended {state}"
                     + (f" ({data['reason']})" if data.get("reason") else ""),
                     "traceback": "",
@@ -317,7 +327,9 @@ def delete(call: Call, _: Any) -> Any:
 
 PROCEDURES = {
     "POST /execute": Procedure("POST /execute", REST, "code_execute", execute),
-    "GET /contexts": Procedure("GET /contexts", REST, "code_contexts_list", list_contexts),
+    "GET /contexts": Procedure(
+        "GET /contexts", REST, "code_contexts_list", list_contexts
+    ),
     "POST /contexts": Procedure("POST /contexts", REST, "code_context_create", create),
     "POST /contexts/{id}/restart": Procedure(
         "POST /contexts/{id}/restart", REST, "code_context_restart", restart

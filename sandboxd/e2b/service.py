@@ -89,7 +89,8 @@ class E2BService(Service):
         site = self.door.site()
         endpoint = serverFromString(self.context.reactor, self.description)
         if self.code_description is None:
-            return endpoint.listen(site)
+            listening: Deferred[Any] = endpoint.listen(site)
+            return listening
         code = serverFromString(self.context.reactor, self.code_description)
 
         def both(ports: list[Any]) -> Any:

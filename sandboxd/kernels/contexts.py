@@ -33,9 +33,9 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 
-from sandboxd.kernels.kernelspecs import KernelSpec, kernel_argv
 from sandboxd.errors import ApiError, Code, conflict, internal, timed_out
 from sandboxd.eventlog import EventLog
+from sandboxd.kernels.kernelspecs import KernelSpec, kernel_argv
 from sandboxd.policy import defaults
 from sandboxd.processes.child import Child, HeadTail, signal_child
 from sandboxd.processes.command import RunAs
@@ -660,7 +660,10 @@ class CodeContext:
         if self.current is not x:
             return
         x.timing_out = True
-        x.emit("stderr", text=f"\n[sandboxd] timeout after {x.limits.timeout:g} s: interrupting\n")
+        x.emit(
+            "stderr",
+            text=f"\n[sandboxd] timeout after {x.limits.timeout:g} s: interrupting\n",
+        )
         self.interrupt()
         self._grace_timer = self.reactor.callLater(
             x.limits.interrupt_grace, self._grace_over, x
@@ -708,14 +711,15 @@ class CodeContext:
         self.kernel = None
         self.exit_code = code
         if self.state in ("starting",):
-            self._start_failed(
-                internal(f"the kernel exited while starting ({code})")
-            )
+            self._start_failed(internal(f"the kernel exited while starting ({code})"))
             return
         now = time.monotonic()
         while self._recent_deaths and now - self._recent_deaths[0] > 60:
             self._recent_deaths.popleft()
-        if self.auto_restart and len(self._recent_deaths) < defaults.CODE_RESTARTS_PER_MINUTE:
+        if (
+            self.auto_restart
+            and len(self._recent_deaths) < defaults.CODE_RESTARTS_PER_MINUTE
+        ):
             self._recent_deaths.append(now)
             self.restart("died", code).addErrback(lambda _: None)
             return
@@ -774,7 +778,9 @@ class CodeContext:
         for q in list(self.queue):
             self._end(q, "lost", reason="closed")
         self.queue.clear()
-        self._ready.fail(conflict(f"the context {self.id} was deleted", Code.CONTEXT_DEAD))
+        self._ready.fail(
+            conflict(f"the context {self.id} was deleted", Code.CONTEXT_DEAD)
+        )
         self.service.hub_send({"op": "close", "cid": self.id})
         kernel, self.kernel = self.kernel, None
         killed: Deferred[None]

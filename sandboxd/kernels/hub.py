@@ -69,12 +69,12 @@ class Kernel:
     """One connected kernel: its client, its executions, its reader tasks."""
 
     def __init__(self, hub: Hub, cid: str, conn: dict[str, Any]) -> None:
-        from jupyter_client.asynchronous import AsyncKernelClient
+        from jupyter_client.asynchronous.client import AsyncKernelClient
 
         self.hub = hub
         self.cid = cid
         self.client = AsyncKernelClient()
-        self.client.load_connection_info(conn)
+        self.client.load_connection_info(conn)  # type: ignore[arg-type]
         self.client.start_channels()
         self.pending: dict[str, Pending] = {}
         self.tasks: list[asyncio.Task[None]] = []
@@ -91,8 +91,10 @@ class Kernel:
         while loop.time() < deadline:
             msg_id = self.client.kernel_info()
             try:
-                info = await self._reply_and_idle(msg_id, min(1.0, deadline - loop.time()))
-            except asyncio.TimeoutError:
+                info = await self._reply_and_idle(
+                    msg_id, min(1.0, deadline - loop.time())
+                )
+            except TimeoutError:
                 continue
             self.tasks = [
                 asyncio.ensure_future(self._iopub()),
@@ -100,7 +102,7 @@ class Kernel:
                 asyncio.ensure_future(self._stdin()),
             ]
             return info
-        raise asyncio.TimeoutError
+        raise TimeoutError
 
     async def _reply_and_idle(self, msg_id: str, wait: float) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
@@ -110,18 +112,22 @@ class Kernel:
         while content is None or not idle:
             left = end - loop.time()
             if left <= 0:
-                raise asyncio.TimeoutError
+                raise TimeoutError
             if content is None:
                 try:
-                    msg = await asyncio.wait_for(self.client.get_shell_msg(), min(left, 0.05))
-                except asyncio.TimeoutError:
+                    msg = await asyncio.wait_for(
+                        self.client.get_shell_msg(), min(left, 0.05)
+                    )
+                except TimeoutError:
                     msg = None
                 if msg is not None and msg["parent_header"].get("msg_id") == msg_id:
                     content = msg["content"]
             if not idle:
                 try:
-                    msg = await asyncio.wait_for(self.client.get_iopub_msg(), min(left, 0.05))
-                except asyncio.TimeoutError:
+                    msg = await asyncio.wait_for(
+                        self.client.get_iopub_msg(), min(left, 0.05)
+                    )
+                except TimeoutError:
                     msg = None
                 if (
                     msg is not None
@@ -130,7 +136,10 @@ class Kernel:
                     and msg["content"].get("execution_state") == "idle"
                 ):
                     idle = True
-        return dict(content.get("language_info") or {}, implementation=content.get("implementation"))
+        return dict(
+            content.get("language_info") or {},
+            implementation=content.get("implementation"),
+        )
 
     def execute(self, command: dict[str, Any]) -> None:
         """Send one ``execute_request``."""
@@ -157,7 +166,12 @@ class Kernel:
             if kind == "stream":
                 text = content.get("text", "")
                 for i in range(0, max(len(text), 1), STREAM_CHUNK_CHARS):
-                    self._emit(pending, "stream", name=content.get("name", "stdout"), text=text[i : i + STREAM_CHUNK_CHARS])
+                    self._emit(
+                        pending,
+                        "stream",
+                        name=content.get("name", "stdout"),
+                        text=text[i : i + STREAM_CHUNK_CHARS],
+                    )
             elif kind in ("display_data", "execute_result", "update_display_data"):
                 self._emit(
                     pending,
@@ -201,7 +215,12 @@ class Kernel:
             if pending is None or msg["msg_type"] != "input_request":
                 continue
             content = msg["content"]
-            self._emit(pending, "input", prompt=content.get("prompt", ""), password=bool(content.get("password")))
+            self._emit(
+                pending,
+                "input",
+                prompt=content.get("prompt", ""),
+                password=bool(content.get("password")),
+            )
 
     def _finish(self, msg_id: str, pending: Pending) -> None:
         if pending.reply is None or not pending.idle:
@@ -238,12 +257,21 @@ class Hub:
     def __init__(self) -> None:
         self.out = Output()
         self.kernels: dict[str, Kernel] = {}
+        #: Opens and closes under way (a task nobody holds may be collected).
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def run(self) -> None:
         """Read commands until stdin closes, then disconnect everything."""
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=MAX_COMMAND_BYTES)
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+        await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), sys.stdin
+        )
         while True:
             try:
                 line = await reader.readline()
@@ -256,7 +284,13 @@ class Hub:
                 command = json.loads(line)
                 self.dispatch(command)
             except Exception as e:  # one bad command never ends the hub
-                self.out.send({"ev": "bad_command", "cid": _cid(line), "message": f"{type(e).__name__}: {e}"})
+                self.out.send(
+                    {
+                        "ev": "bad_command",
+                        "cid": _cid(line),
+                        "message": f"{type(e).__name__}: {e}",
+                    }
+                )
         for kernel in list(self.kernels.values()):
             await kernel.close(False)
 
@@ -265,14 +299,23 @@ class Hub:
         op = command["op"]
         cid = command["cid"]
         if op == "open":
-            asyncio.ensure_future(self.open(cid, command["conn"], float(command.get("timeout", 30))))
+            self._spawn(
+                self.open(cid, command["conn"], float(command.get("timeout", 30)))
+            )
             return
         if op == "close":
-            asyncio.ensure_future(self.close(cid, bool(command.get("shutdown"))))
+            self._spawn(self.close(cid, bool(command.get("shutdown"))))
             return
         kernel = self.kernels.get(cid)
         if kernel is None:
-            self.out.send({"ev": "bad_command", "cid": cid, "xid": command.get("xid"), "message": "no such context"})
+            self.out.send(
+                {
+                    "ev": "bad_command",
+                    "cid": cid,
+                    "xid": command.get("xid"),
+                    "message": "no such context",
+                }
+            )
             return
         if op == "execute":
             kernel.execute(command)
@@ -291,16 +334,24 @@ class Hub:
         try:
             kernel = Kernel(self, cid, conn)
         except Exception as e:
-            self.out.send({"ev": "failed", "cid": cid, "message": f"{type(e).__name__}: {e}"})
+            self.out.send(
+                {"ev": "failed", "cid": cid, "message": f"{type(e).__name__}: {e}"}
+            )
             return
         self.kernels[cid] = kernel
         try:
             info = await kernel.ready(timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if self.kernels.get(cid) is kernel:
                 del self.kernels[cid]
             await kernel.close(False)
-            self.out.send({"ev": "failed", "cid": cid, "message": f"the kernel did not answer within {timeout:g} s"})
+            self.out.send(
+                {
+                    "ev": "failed",
+                    "cid": cid,
+                    "message": f"the kernel did not answer within {timeout:g} s",
+                }
+            )
             return
         self.out.send({"ev": "ready", "cid": cid, "info": info})
 

@@ -102,7 +102,9 @@ class HubClient:
         self.reactor = reactor
         self._on_event = on_event
         self._on_exit = on_exit
-        self._splitter = LineSplitter(CODE_HUB_MAX_LINE_BYTES, self._line, self._overflow)
+        self._splitter = LineSplitter(
+            CODE_HUB_MAX_LINE_BYTES, self._line, self._overflow
+        )
         self._stderr = HeadTail(8 * KIB)
         self.gone = False
         self.reason: str | None = None
@@ -162,7 +164,9 @@ class HubClient:
         self.gone = True
         if self.reason is None:
             tail = self.stderr_tail()
-            self.reason = f"the kernel hub exited ({code})" + (f": {tail}" if tail else "")
+            self.reason = f"the kernel hub exited ({code})" + (
+                f": {tail}" if tail else ""
+            )
         self._on_exit(self.reason)
 
     def stderr_tail(self) -> str:

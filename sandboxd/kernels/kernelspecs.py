@@ -70,7 +70,11 @@ def _read(directory: str, name: str) -> KernelSpec | None:
     except (OSError, ValueError):
         return None
     argv = raw.get("argv") if isinstance(raw, dict) else None
-    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+    if (
+        not isinstance(argv, list)
+        or not argv
+        or not all(isinstance(a, str) for a in argv)
+    ):
         return None
     env = raw.get("env") or {}
     if not isinstance(env, dict):
@@ -81,7 +85,9 @@ def _read(directory: str, name: str) -> KernelSpec | None:
         language=str(raw.get("language") or "").lower(),
         argv=tuple(argv),
         env={str(k): str(v) for k, v in env.items()},
-        interrupt_mode=raw.get("interrupt_mode") if raw.get("interrupt_mode") in ("signal", "message") else "signal",
+        interrupt_mode=raw.get("interrupt_mode")
+        if raw.get("interrupt_mode") in ("signal", "message")
+        else "signal",
         resource_dir=os.path.dirname(path),
     )
 

@@ -22,9 +22,9 @@ from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 
+from sandboxd.errors import ApiError, Code, not_found
 from sandboxd.kernels.contexts import CodeContext, Execution
 from sandboxd.kernels.hubclient import HubClient
-from sandboxd.errors import ApiError, Code, not_found
 from sandboxd.policy import defaults
 from sandboxd.processes.environment import child_environment
 
@@ -118,7 +118,9 @@ class CodeService(Service):
         total = limits["max_contexts"]
         mine = limits["max_contexts_per_identity"]
         if len(live) >= total:
-            raise _too_many(f"{len(live)} code contexts are open (max_contexts {total})", total)
+            raise _too_many(
+                f"{len(live)} code contexts are open (max_contexts {total})", total
+            )
         own = sum(1 for c in live if c.owner == identity.id)
         if own >= mine:
             raise _too_many(
@@ -206,7 +208,9 @@ class CodeService(Service):
 
     def _arm_sweep(self) -> None:
         if self._sweep is None or not self._sweep.active():
-            self._sweep = self.reactor.callLater(defaults.CODE_SWEEP_SECONDS, self._sweep_idle)
+            self._sweep = self.reactor.callLater(
+                defaults.CODE_SWEEP_SECONDS, self._sweep_idle
+            )
 
     def _sweep_idle(self) -> None:
         import time
@@ -223,10 +227,12 @@ class CodeService(Service):
 
     def stopService(self) -> Deferred[None]:
         """Close every context, then the hub; bounded by the kill grace."""
-        super().stopService()
+        super().stopService()  # type: ignore[no-untyped-call]
         if self._sweep is not None and self._sweep.active():
             self._sweep.cancel()
-        waits: list[Deferred[Any]] = [self.remove(c) for c in list(self.contexts.values())]
+        waits: list[Deferred[Any]] = [
+            self.remove(c) for c in list(self.contexts.values())
+        ]
         if self._hub is not None and not self._hub.gone:
             waits.append(self._hub.stop())
         done: Deferred[Any] = DeferredList(waits, consumeErrors=True)

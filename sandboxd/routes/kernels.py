@@ -14,9 +14,6 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
-from sandboxd.kernels.contexts import CodeContext, Execution, ExecutionLimits
-from sandboxd.kernels.kernelspecs import DEFAULT_KERNEL, KernelSpec, find_kernelspecs
-from sandboxd.kernels.service import CodeService
 from sandboxd.errors import (
     Code,
     bad_request,
@@ -26,6 +23,9 @@ from sandboxd.errors import (
     policy_rule,
 )
 from sandboxd.guard import PathGuard
+from sandboxd.kernels.contexts import CodeContext, Execution, ExecutionLimits
+from sandboxd.kernels.kernelspecs import DEFAULT_KERNEL, KernelSpec, find_kernelspecs
+from sandboxd.kernels.service import CodeService
 from sandboxd.policy import defaults
 from sandboxd.policy.defaults import MAX_TURN_WAIT_SECONDS
 from sandboxd.policy.rules import EffectiveRule
@@ -108,7 +108,9 @@ def code_kernels(request: ServerRequest) -> dict[str, Any]:
 
 def code_contexts_list(request: ServerRequest) -> dict[str, Any]:
     """The caller's contexts (every context for ``*``)."""
-    return {"contexts": [c.describe() for c in service(request).visible(request.identity)]}
+    return {
+        "contexts": [c.describe() for c in service(request).visible(request.identity)]
+    }
 
 
 async def code_context_create(request: ServerRequest) -> ServerResponse:
@@ -130,7 +132,9 @@ async def create_context(request: ServerRequest, body: dict[str, Any]) -> CodeCo
     if name is None and language is not None:
         lang = string(language, "language").lower()
         specs = kernels(request.context)
-        matching = [k for k in rule.params.kernels if k in specs and specs[k].language == lang]
+        matching = [
+            k for k in rule.params.kernels if k in specs and specs[k].language == lang
+        ]
         if not matching:
             raise bad_request(
                 f"no allowed kernel runs {lang!r}",
@@ -138,7 +142,9 @@ async def create_context(request: ServerRequest, body: dict[str, Any]) -> CodeCo
                 rule=policy_rule(rule, "params.kernels"),
             )
         name = matching[0]
-    spec = allowed_kernel(request, string(name, "kernel") if name is not None else DEFAULT_KERNEL)
+    spec = allowed_kernel(
+        request, string(name, "kernel") if name is not None else DEFAULT_KERNEL
+    )
     label = body.get("name")
     if label is not None:
         label = string(label, "name")[:200]
@@ -206,7 +212,9 @@ def code_context_interrupt(request: ServerRequest) -> dict[str, Any]:
 # -- executions ----------------------------------------------------------------
 
 
-def new_execution(request: ServerRequest, ctx: CodeContext, body: dict[str, Any]) -> Execution:
+def new_execution(
+    request: ServerRequest, ctx: CodeContext, body: dict[str, Any]
+) -> Execution:
     """
     An execution from a ``code_execute`` body, submitted to ``ctx``.
 
@@ -243,7 +251,9 @@ def new_execution(request: ServerRequest, ctx: CodeContext, body: dict[str, Any]
                 rule=policy_rule(rule, "params.env_deny"),
             )
         if ctx.language != "python":
-            raise bad_request("a per-execution 'env' needs a python kernel; set it at create")
+            raise bad_request(
+                "a per-execution 'env' needs a python kernel; set it at create"
+            )
     x = Execution(
         id="x_" + secrets.token_hex(8),
         context_id=ctx.id,
@@ -260,7 +270,9 @@ def new_execution(request: ServerRequest, ctx: CodeContext, body: dict[str, Any]
         store_history=flag(body.get("store_history"), "store_history", True),
         env=env,
     )
-    request.audit["code_sha256"] = hashlib.sha256(code.encode("utf-8", "surrogatepass")).hexdigest()
+    request.audit["code_sha256"] = hashlib.sha256(
+        code.encode("utf-8", "surrogatepass")
+    ).hexdigest()
     request.audit["code_head"] = _scrubbed_head(code, env)
     request.audit["context_id"] = ctx.id
     ctx.submit(x, flag(body.get("queue"), "queue", True))
@@ -286,7 +298,9 @@ async def code_execute(request: ServerRequest) -> Any:
     ctx = context_of(request)
     stream = flag(body.get("stream"), "stream", False)
     on_disconnect = one_of(
-        body.get("on_disconnect", "continue"), "on_disconnect", ("continue", "interrupt")
+        body.get("on_disconnect", "continue"),
+        "on_disconnect",
+        ("continue", "interrupt"),
     )
     wait = number(body.get("wait"), "wait", None, 0, MAX_TURN_WAIT_SECONDS, clamp=True)
     x = new_execution(request, ctx, body)
@@ -294,7 +308,9 @@ async def code_execute(request: ServerRequest) -> Any:
         return execution_stream(ctx, x, 0, on_disconnect == "interrupt")
     limit = x.limits.timeout + x.limits.interrupt_grace + 5 if wait is None else wait
     if on_disconnect == "interrupt":
-        return await _wait_or_interrupt(request, ctx, x, min(limit, MAX_TURN_WAIT_SECONDS))
+        return await _wait_or_interrupt(
+            request, ctx, x, min(limit, MAX_TURN_WAIT_SECONDS)
+        )
     await _within(request, x, min(limit, MAX_TURN_WAIT_SECONDS))
     return answer(x)
 
@@ -373,7 +389,9 @@ def code_executions_list(request: ServerRequest) -> dict[str, Any]:
 async def code_execution_get(request: ServerRequest) -> Any:
     """The result document; ``?wait=S`` long-polls while it runs."""
     _, x = execution_of(request)
-    wait = number(request.query.get("wait"), "wait", 0, 0, MAX_TURN_WAIT_SECONDS, clamp=True)
+    wait = number(
+        request.query.get("wait"), "wait", 0, 0, MAX_TURN_WAIT_SECONDS, clamp=True
+    )
     await _within(request, x, wait or 0)
     return answer(x)
 
@@ -412,7 +430,7 @@ def code_output_get(request: ServerRequest) -> ServerResponse:
     daemon's origin (``nosniff``, ``CSP: sandbox``).
     """
     ctx = context_of(request)
-    path, mime, size = service(request).output(ctx, request.path_params["oid"])
+    path, mime, _ = service(request).output(ctx, request.path_params["oid"])
     data = _read_output(path, mime)
     return ServerResponse(
         status=200,

@@ -34,7 +34,9 @@ class CodeContextClientTests(ClientCase):
             sb.code.execute(ctx["id"], "a = 2")
             done = sb.code.execute(ctx["id"], "a * 21")
             started = sb.code.execute(
-                ctx["id"], "import time\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(0.1)", wait=0
+                ctx["id"],
+                "import time\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(0.1)",
+                wait=0,
             )
             with sb.code.events(ctx["id"], started["execution_id"]) as stream:
                 names = [e.event for e in stream]
@@ -49,9 +51,16 @@ class CodeContextClientTests(ClientCase):
                 missing = e.status
             return kernels, done, started, names, later, gone, listed, missing
 
-        kernels, done, started, names, later, gone, listed, missing = yield self.in_thread(
-            lambda: body(self.sandbox())
-        )
+        (
+            kernels,
+            done,
+            started,
+            names,
+            later,
+            gone,
+            listed,
+            missing,
+        ) = yield self.in_thread(lambda: body(self.sandbox()))
         self.assertIn("python3", [k["name"] for k in kernels])
         self.assertEqual(done["results"][0]["data"]["text/plain"], "42")
         self.assertIn(started["state"], ("queued", "running"))

@@ -61,7 +61,9 @@ class CodeInterpreterTests(E2BCase):
         self.assertEqual(execution.text, "2")
         seen: list[str] = []
         execution = yield self.sdk(
-            sbx.run_code, "print('a')\nprint('b')", on_stdout=lambda m: seen.append(m.line)
+            sbx.run_code,
+            "print('a')\nprint('b')",
+            on_stdout=lambda m: seen.append(m.line),
         )
         self.assertEqual(execution.logs.stdout, ["a\nb\n"])
         self.assertEqual("".join(seen), "a\nb\n")
@@ -84,7 +86,9 @@ class CodeInterpreterTests(E2BCase):
         ctx = yield self.sdk(sbx.create_code_context, cwd=cwd)
         self.assertEqual(ctx.cwd, cwd)
         self.assertEqual(ctx.language, "python")
-        out = yield self.sdk(sbx.run_code, "import os\nv = 5\nprint(os.getcwd())", context=ctx)
+        out = yield self.sdk(
+            sbx.run_code, "import os\nv = 5\nprint(os.getcwd())", context=ctx
+        )
         self.assertEqual(out.logs.stdout, [cwd + "\n"])
         listed = yield self.sdk(sbx.list_code_contexts)
         self.assertIn(ctx.id, [c.id for c in listed])
@@ -100,7 +104,9 @@ class CodeInterpreterTests(E2BCase):
         """A client timeout on a busy loop interrupts it: the next run_code works."""
         sbx = self.code_sandbox()
         yield self.sdk(sbx.run_code, "kept = 'yes'")
-        result = yield self.sdk(caught, lambda: sbx.run_code("while True: pass", timeout=1))
+        result = yield self.sdk(
+            caught, lambda: sbx.run_code("while True: pass", timeout=1)
+        )
         self.assertIsInstance(result, Exception)
         after = yield self.sdk(sbx.run_code, "kept")
         self.assertEqual(after.text, "yes")
@@ -177,7 +183,8 @@ class SeedSdkTests(E2BCase):
         out = yield self.sdk(sbx.run_code, "y * 2 + 2")
         self.assertEqual(out.text, "42")
         plot = yield self.sdk(
-            sbx.run_code, "import matplotlib.pyplot as plt\nplt.bar([1, 2], [3, 4])\nplt.show()"
+            sbx.run_code,
+            "import matplotlib.pyplot as plt\nplt.bar([1, 2], [3, 4])\nplt.show()",
         )
         self.assertTrue(base64.b64decode(plot.results[0].png).startswith(b"\x89PNG"))
         failed = yield self.sdk(sbx.run_code, "raise ValueError('no')")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import base64
 import importlib.util
 import os
-import sys
 import signal
+import sys
 from typing import Any
 
 from twisted.internet import reactor
@@ -68,12 +68,14 @@ class CodeTestCase(DaemonTestCase):
         return reply.json()
 
     @inlineCallbacks
-    def stream(self, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
+    def stream(
+        self, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> Any:
         """Open an SSE response; its reader."""
         import json
+        from io import BytesIO
 
         from twisted.web.client import FileBodyProducer
-        from io import BytesIO
 
         hdrs = Headers()
         for k, v in (headers or {}).items():
@@ -140,7 +142,11 @@ class ContextTests(CodeTestCase):
             "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()",
         )
         self.assertEqual(result["state"], "ok", result)
-        pngs = [r["data"]["image/png"] for r in result["results"] if "image/png" in r["data"]]
+        pngs = [
+            r["data"]["image/png"]
+            for r in result["results"]
+            if "image/png" in r["data"]
+        ]
         self.assertEqual(len(pngs), 1)
         self.assertTrue(base64.b64decode(pngs[0]).startswith(b"\x89PNG\r\n\x1a\n"))
 
@@ -150,7 +156,10 @@ class ContextTests(CodeTestCase):
         ctx = yield self.context()
         reader = yield self.stream(
             f"/code/contexts/{ctx['id']}/execute",
-            {"code": "import time\nprint('a', flush=True)\ntime.sleep(0.3)\nprint('b')", "stream": True},
+            {
+                "code": "import time\nprint('a', flush=True)\ntime.sleep(0.3)\nprint('b')",
+                "stream": True,
+            },
         )
         events = yield reader.done
         names = [e["event"] for e in events]
@@ -168,20 +177,27 @@ class ContextTests(CodeTestCase):
         reply = yield self.request(
             "POST",
             f"/code/contexts/{ctx['id']}/execute",
-            {"code": "import time\nfor i in range(6):\n    print(i, flush=True)\n    time.sleep(0.1)", "wait": 0},
+            {
+                "code": "import time\nfor i in range(6):\n    print(i, flush=True)\n    time.sleep(0.1)",
+                "wait": 0,
+            },
         )
         self.assertEqual(reply.status, 202, reply.body)
         xid = reply.json()["execution_id"]
         events_url = reply.json()["events_url"]
         first = yield self.stream(events_url)
-        yield first.wait_for_event(lambda e: e["event"] == "stdout" and e["data"]["text"].startswith("1"))
+        yield first.wait_for_event(
+            lambda e: e["event"] == "stdout" and e["data"]["text"].startswith("1")
+        )
         last_id = [e for e in first.events if e["event"] == "stdout"][-1]["id"]
         first.disconnect()
         second = yield self.stream(events_url, headers={"Last-Event-ID": str(last_id)})
         events = yield second.done
         self.assertEqual(events[0]["id"], last_id + 1)
         before = [e for e in first.events if e["id"] <= last_id]
-        text = "".join(e["data"]["text"] for e in before + events if e["event"] == "stdout")
+        text = "".join(
+            e["data"]["text"] for e in before + events if e["event"] == "stdout"
+        )
         self.assertEqual(text, "".join(f"{i}\n" for i in range(6)))
         got = yield self.request("GET", f"/code/contexts/{ctx['id']}/executions/{xid}")
         self.assertEqual(got.json()["state"], "ok")
@@ -192,13 +208,17 @@ class ContextTests(CodeTestCase):
         ctx = yield self.context()
         yield self.execute(ctx["id"], "kept = 7")
         reply = yield self.request(
-            "POST", f"/code/contexts/{ctx['id']}/execute", {"code": "while True: pass", "wait": 0}
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {"code": "while True: pass", "wait": 0},
         )
         xid = reply.json()["execution_id"]
         yield deferLater(reactor, 0.5, lambda: None)
         stop = yield self.request("POST", f"/code/contexts/{ctx['id']}/interrupt", {})
         self.assertEqual(stop.json()["execution_id"], xid)
-        got = yield self.request("GET", f"/code/contexts/{ctx['id']}/executions/{xid}?wait=10")
+        got = yield self.request(
+            "GET", f"/code/contexts/{ctx['id']}/executions/{xid}?wait=10"
+        )
         self.assertEqual(got.json()["state"], "interrupted")
         after = yield self.execute(ctx["id"], "kept")
         self.assertEqual(after["results"][0]["data"]["text/plain"], "7")
@@ -251,8 +271,16 @@ TWO_USERS = {
     "groups": {"code": True},
     "auth": {
         "tokens": [
-            {"id": "alice", "token_env": "ALICE", "scopes": ["code:read", "code:run", "code:manage"]},
-            {"id": "bob", "token_env": "BOB", "scopes": ["code:read", "code:run", "code:manage"]},
+            {
+                "id": "alice",
+                "token_env": "ALICE",
+                "scopes": ["code:read", "code:run", "code:manage"],
+            },
+            {
+                "id": "bob",
+                "token_env": "BOB",
+                "scopes": ["code:read", "code:run", "code:manage"],
+            },
         ]
     },
 }
@@ -293,7 +321,9 @@ class DeathTests(CodeTestCase):
         events = yield reader.done
         names = [e["event"] for e in events]
         self.assertIn("context.restarted", names)
-        self.assertEqual(events[names.index("context.restarted")]["data"]["reason"], "timeout")
+        self.assertEqual(
+            events[names.index("context.restarted")]["data"]["reason"], "timeout"
+        )
         self.assertEqual(events[-1]["event"], "execution.ended")
         self.assertEqual(events[-1]["data"]["state"], "timeout")
         self.assertFalse(alive(ctx["pid"]))
@@ -311,7 +341,10 @@ class DeathTests(CodeTestCase):
         reply = yield self.request(
             "POST",
             f"/code/contexts/{ctx['id']}/execute",
-            {"code": "import time\nprint('going', flush=True)\ntime.sleep(30)", "wait": 0},
+            {
+                "code": "import time\nprint('going', flush=True)\ntime.sleep(30)",
+                "wait": 0,
+            },
         )
         reader = yield self.stream(reply.json()["events_url"])
         yield reader.wait_for_event(lambda e: e["event"] == "stdout")
@@ -402,7 +435,9 @@ class RefusalTests(CodeTestCase):
         """Code over max_request_bytes is 413; the context still works."""
         ctx = yield self.context()
         reply = yield self.request(
-            "POST", f"/code/contexts/{ctx['id']}/execute", {"code": "#" * (1024 * 1024 + 10)}
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {"code": "#" * (1024 * 1024 + 10)},
         )
         self.assertEqual(reply.status, 413)
         self.assertEqual(reply.json()["code"], "payload_too_large")
@@ -444,7 +479,8 @@ class RefusalTests(CodeTestCase):
         queued = yield self.execute(ctx["id"], "print('second')")
         self.assertEqual(queued["stdout"], "second\n")
         got = yield self.request(
-            "GET", f"/code/contexts/{ctx['id']}/executions/{first.json()['execution_id']}"
+            "GET",
+            f"/code/contexts/{ctx['id']}/executions/{first.json()['execution_id']}",
         )
         self.assertEqual(got.json()["stdout"], "first\n")
 

@@ -31,7 +31,9 @@ class CodeToolTests(McpTestCase):
         """A matplotlib figure is image content; printed lines arrive as progress first."""
         seen: list[str] = []
 
-        async def progress(done: float, total: float | None, message: str | None) -> None:
+        async def progress(
+            done: float, total: float | None, message: str | None
+        ) -> None:
             if message:
                 seen.append(message)
 
@@ -72,7 +74,9 @@ class CodeToolTests(McpTestCase):
 
         result = yield self.with_client(body)
         self.assertTrue(result.is_error)
-        self.assertEqual(result.structured_content["error"]["ename"], "ZeroDivisionError")
+        self.assertEqual(
+            result.structured_content["error"]["ename"], "ZeroDivisionError"
+        )
         self.assertIn("ZeroDivisionError", result.content[0].text)
 
     @inlineCallbacks
