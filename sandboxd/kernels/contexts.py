@@ -672,7 +672,9 @@ class CodeContext:
     def _grace_over(self, x: Execution) -> None:
         self._grace_timer = None
         if self.current is x and not x.done:
-            self.restart("timeout")
+            # The waiter fails if the context is deleted meanwhile: nobody
+            # else waits on it.
+            self.restart("timeout").addErrback(lambda _: None)
 
     def restart(self, reason: str, exit_code: int | None = None) -> Deferred[None]:
         """
@@ -690,8 +692,6 @@ class CodeContext:
         x = self.current
         if x is not None:
             x.emit("context.restarted", reason=reason, exit_code=exit_code)
-            self._end(x, "timeout" if reason == "timeout" else "lost", reason=reason)
-        self._pending_epilogue = None
         self.service.hub_send({"op": "close", "cid": self.id})
         waiting = self._ready.wait()
         killed = old.kill("killed") if old is not None else Deferred()
@@ -699,6 +699,13 @@ class CodeContext:
             killed.callback(None)
 
         def respawn(_: Any) -> None:
+            # The execution ends once the old tree is gone: whoever sees
+            # execution.ended can rely on no survivor of that kernel.
+            if x is not None:
+                self._end(
+                    x, "timeout" if reason == "timeout" else "lost", reason=reason
+                )
+            self._pending_epilogue = None
             if self.state == "restarting":
                 self._spawn()
 
