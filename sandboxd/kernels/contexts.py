@@ -23,6 +23,7 @@ import re
 import secrets
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from collections import OrderedDict, deque
@@ -38,7 +39,7 @@ from sandboxd.eventlog import EventLog
 from sandboxd.kernels.kernelspecs import KernelSpec, kernel_argv
 from sandboxd.policy import defaults
 from sandboxd.processes.child import Child, HeadTail, signal_child
-from sandboxd.processes.command import RunAs
+from sandboxd.processes.command import RunAs, find_executable
 from sandboxd.processes.run import spawn
 from sandboxd.waiters import Waiters
 
@@ -247,6 +248,8 @@ class CodeContext:
         self.reactor = service.reactor
         self.id = "ctx_" + secrets.token_hex(8)
         self.spec = spec
+        #: ``sandboxd-python``: spoken to directly, not through the hub.
+        self.builtin = spec.source == "builtin"
         self.owner = owner
         self.cwd = cwd
         self.env = env
@@ -328,6 +331,9 @@ class CodeContext:
 
     def _spawn(self) -> None:
         self.state = "starting" if self.state != "restarting" else "restarting"
+        if self.builtin:
+            self._spawn_builtin()
+            return
         conn = {
             "transport": "ipc",
             "ip": os.path.join(self.dir, f"k{secrets.token_hex(3)}"),
@@ -370,6 +376,73 @@ class CodeContext:
             {"op": "open", "cid": self.id, "conn": conn, "timeout": self.start_timeout}
         )
 
+    def _spawn_builtin(self) -> None:
+        """
+        ``sandboxd-python``: no hub; the kernel's stdin takes the commands
+        and its stdout carries the events, one JSON line each.
+        """
+        from sandboxd.kernels.hubclient import LineSplitter
+
+        def overflow(size: int) -> None:
+            log.warn("code context {id}: a line of {size} bytes", id=self.id, size=size)
+            if self.kernel is not None:
+                self.kernel.kill("killed")
+
+        splitter = LineSplitter(
+            defaults.CODE_HUB_MAX_LINE_BYTES, self._builtin_line, overflow
+        )
+
+        def output(fd: int, data: bytes) -> None:
+            if fd == 1:
+                splitter.feed(data)
+            else:
+                self.kernel_stderr.write(data)
+
+        child = Child(self.reactor, output)
+        try:
+            spawn(
+                self.reactor,
+                child,
+                # The Python of the kernel's own PATH (the sandbox's).
+                [
+                    find_executable("python3", self.env) or sys.executable,
+                    *kernel_argv(self.spec, "")[1:],
+                ],
+                children=self.service.children,
+                env=dict(self.env),
+                cwd=self.cwd,
+                run_as=self.run_as,
+                stdin_pipe=True,
+            )
+        except OSError as e:
+            self._start_failed(internal(f"the kernel could not start: {e}", "OSError"))
+            return
+        self.kernel = child
+        child.ended.addCallback(self._kernel_ended, child)
+        self._start_timer = self.reactor.callLater(
+            self.start_timeout, self._start_timed_out, child
+        )
+
+    def _builtin_line(self, line: bytes) -> None:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return
+        if isinstance(event, dict):
+            self.hub_event(event)
+
+    def _send(self, command: dict[str, Any]) -> None:
+        """A command for the kernel: through the hub, or on the built-in kernel's stdin."""
+        if not self.builtin:
+            self.service.hub().send(command)
+        elif self.kernel is not None:
+            line = json.dumps(command, separators=(",", ":"), ensure_ascii=False)
+            self.kernel.write_stdin(line.encode("utf-8", "surrogatepass") + b"\n")
+
+    def _hub_close(self) -> None:
+        if not self.builtin:
+            self.service.hub_send({"op": "close", "cid": self.id})
+
     def _kernel_output(self, fd: int, data: bytes) -> None:
         self.kernel_stderr.write(data)
 
@@ -391,7 +464,7 @@ class CodeContext:
         kernel, self.kernel = self.kernel, None
         if kernel is not None:
             kernel.kill("killed")
-        self.service.hub_send({"op": "close", "cid": self.id})
+        self._hub_close()
         self.state = "dead"
         for x in list(self.queue):
             self._end(x, "lost")
@@ -508,7 +581,7 @@ class CodeContext:
         if x.env:
             _, after = env_prologue(x.env)
             self._pending_epilogue = x.id + ":env-restore"
-            self.service.hub_send(
+            self._send(
                 {
                     "op": "execute",
                     "cid": self.id,
@@ -609,10 +682,9 @@ class CodeContext:
         x.state = "running"
         x.started_at = time.time()
         x.timer = self.reactor.callLater(x.limits.timeout, self._timed_out, x)
-        hub = self.service.hub()
         if x.env:
             before, _ = env_prologue(x.env)
-            hub.send(
+            self._send(
                 {
                     "op": "execute",
                     "cid": self.id,
@@ -622,7 +694,7 @@ class CodeContext:
                     "store_history": False,
                 }
             )
-        hub.send(
+        self._send(
             {
                 "op": "execute",
                 "cid": self.id,
@@ -641,7 +713,7 @@ class CodeContext:
                 f"the execution {x.id} is not waiting for input", Code.ALREADY_RESOLVED
             )
         x.input_pending = False
-        self.service.hub_send({"op": "input", "cid": self.id, "value": value})
+        self._send({"op": "input", "cid": self.id, "value": value})
 
     def interrupt(self) -> Execution | None:
         """Interrupt the running execution (SIGINT to the kernel's group, or a message)."""
@@ -650,7 +722,7 @@ class CodeContext:
             return None
         x.interrupted = True
         if self.spec.interrupt_mode == "message":
-            self.service.hub_send({"op": "interrupt", "cid": self.id})
+            self._send({"op": "interrupt", "cid": self.id})
         else:
             signal_child(self.kernel, signal.SIGINT)
         return x
@@ -692,7 +764,7 @@ class CodeContext:
         x = self.current
         if x is not None:
             x.emit("context.restarted", reason=reason, exit_code=exit_code)
-        self.service.hub_send({"op": "close", "cid": self.id})
+        self._hub_close()
         waiting = self._ready.wait()
         killed = old.kill("killed") if old is not None else Deferred()
         if old is None:
@@ -738,14 +810,14 @@ class CodeContext:
         for q in list(self.queue):
             self._end(q, "lost", reason="died")
         self.queue.clear()
-        self.service.hub_send({"op": "close", "cid": self.id})
+        self._hub_close()
 
     def hub_lost(self) -> None:
         """
         The hub is gone: what was running is lost (its output with it), but
         the kernel and its state live on; reconnect through a new hub.
         """
-        if self.state in ("dead", "closed"):
+        if self.state in ("dead", "closed") or self.builtin:
             return
         x = self.current
         if x is not None:
@@ -788,7 +860,7 @@ class CodeContext:
         self._ready.fail(
             conflict(f"the context {self.id} was deleted", Code.CONTEXT_DEAD)
         )
-        self.service.hub_send({"op": "close", "cid": self.id})
+        self._hub_close()
         kernel, self.kernel = self.kernel, None
         killed: Deferred[None]
         if kernel is not None:

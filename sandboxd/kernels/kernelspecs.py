@@ -21,6 +21,12 @@ import attrs
 #: The kernel a context gets when the request names none.
 DEFAULT_KERNEL = "python3"
 
+#: The built-in kernel (stdlib only), used where no ipykernel is installed.
+BUILTIN_KERNEL = "sandboxd-python"
+
+#: The built-in kernel's program, run by the sandbox's own Python.
+REPL_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "repl.py")
+
 
 @attrs.frozen
 class KernelSpec:
@@ -92,9 +98,45 @@ def _read(directory: str, name: str) -> KernelSpec | None:
     )
 
 
+def builtin_spec(environ: Mapping[str, str]) -> KernelSpec:
+    """``sandboxd-python``: the sandbox's ``python3`` running :mod:`repl`."""
+    from sandboxd.processes.command import find_executable
+
+    python = find_executable("python3", environ) or sys.executable
+    return KernelSpec(
+        name=BUILTIN_KERNEL,
+        display_name="Python 3 (sandboxd, no ipykernel)",
+        language="python",
+        argv=(python, "-u", REPL_SCRIPT),
+        env={},
+        interrupt_mode="signal",
+        resource_dir=os.path.dirname(REPL_SCRIPT),
+        source="builtin",
+    )
+
+
+def jupyter_usable() -> bool:
+    """
+    Whether the hub can run (the ``code`` extra is installed for the
+    daemon's Python); found without importing it.
+    """
+    import importlib.util
+
+    return all(
+        importlib.util.find_spec(m) is not None for m in ("jupyter_client", "zmq")
+    )
+
+
 def find_kernelspecs(environ: Mapping[str, str]) -> dict[str, KernelSpec]:
-    """Every kernelspec on the search path, by name (the first one wins)."""
+    """
+    Every kernel the daemon can start, by name: the kernelspecs on the
+    search path (the first one of a name wins; none when the hub's
+    libraries are missing) and the built-in ``sandboxd-python``.
+    """
     found: dict[str, KernelSpec] = {}
+    if not jupyter_usable():
+        found[BUILTIN_KERNEL] = builtin_spec(environ)
+        return found
     for directory in kernel_dirs(environ):
         try:
             names = sorted(os.listdir(directory))
@@ -106,6 +148,7 @@ def find_kernelspecs(environ: Mapping[str, str]) -> dict[str, KernelSpec]:
             spec = _read(directory, name)
             if spec is not None:
                 found[name] = spec
+    found.setdefault(BUILTIN_KERNEL, builtin_spec(environ))
     return found
 
 

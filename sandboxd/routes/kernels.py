@@ -24,7 +24,12 @@ from sandboxd.errors import (
 )
 from sandboxd.guard import PathGuard
 from sandboxd.kernels.contexts import CodeContext, Execution, ExecutionLimits
-from sandboxd.kernels.kernelspecs import DEFAULT_KERNEL, KernelSpec, find_kernelspecs
+from sandboxd.kernels.kernelspecs import (
+    BUILTIN_KERNEL,
+    DEFAULT_KERNEL,
+    KernelSpec,
+    find_kernelspecs,
+)
 from sandboxd.kernels.service import CodeService
 from sandboxd.policy import defaults
 from sandboxd.policy.defaults import MAX_TURN_WAIT_SECONDS
@@ -91,6 +96,17 @@ def allowed_kernel(request: ServerRequest, name: str) -> KernelSpec:
     return specs[name]
 
 
+def default_kernel(request: ServerRequest) -> str:
+    """``python3`` (ipykernel) where it can run, else the built-in kernel."""
+    specs = kernels(request.context)
+    allowed = request.rule.params.kernels
+    if DEFAULT_KERNEL in specs and DEFAULT_KERNEL in allowed:
+        return DEFAULT_KERNEL
+    if BUILTIN_KERNEL in allowed:
+        return BUILTIN_KERNEL
+    return DEFAULT_KERNEL
+
+
 # -- kernels and contexts ----------------------------------------------------
 
 
@@ -102,7 +118,7 @@ def code_kernels(request: ServerRequest) -> dict[str, Any]:
             spec.describe(name in allowed)
             for name, spec in sorted(kernels(request.context).items())
         ],
-        "default": DEFAULT_KERNEL,
+        "default": default_kernel(request),
     }
 
 
@@ -143,7 +159,8 @@ async def create_context(request: ServerRequest, body: dict[str, Any]) -> CodeCo
             )
         name = matching[0]
     spec = allowed_kernel(
-        request, string(name, "kernel") if name is not None else DEFAULT_KERNEL
+        request,
+        string(name, "kernel") if name is not None else default_kernel(request),
     )
     label = body.get("name")
     if label is not None:
