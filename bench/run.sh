@@ -11,6 +11,7 @@
 # 6. The Python client's overhead over curl and bare httpx (bench/client_overhead.py).
 # 7. The E2B door through the real e2b SDK against the HTTP API (bench/e2b_door.py).
 # 8. What a group's first request costs, its imports included (bench/first_request.py).
+# 9. A code context against jupyter_client driving the same ipykernel (bench/code_contexts.py).
 #
 # SHARED_BENCH points at the shared harness (default ../shared/bench);
 # RUN_ARGS is passed to it (e.g. RUN_ARGS="--only W1,W1b --duration 3").
@@ -62,3 +63,7 @@ fi
 # What sandboxd.client costs over curl (raw transfers) and bare httpx (/shell).
 "$ROOT/.venv/bin/python" "$ROOT/bench/client_overhead.py" --size-mib "${RAW_MIB:-1024}" \
   --runs "${CLIENT_RUNS:-200}" --rounds "${CLIENT_ROUNDS:-3}"
+# A code context (kernel through the hub child) against jupyter_client driving
+# the same ipykernel directly: 1+1 latency and a big print's throughput.
+"$ROOT/.venv/bin/python" "$ROOT/bench/code_contexts.py" \
+  --calls "${CODE_CALLS:-300}" --mib "${CODE_MIB:-10}" --rounds "${CODE_ROUNDS:-2}"

@@ -17,7 +17,7 @@ class FreshCloneTests(SynchronousTestCase):
     def test_without_harness(self) -> None:
         """
         It says where the W0-W7 harness comes from, then runs RAW, MCP,
-        PTY-CEILING, E2B, FIRST-REQUEST and CLIENT, exit 0.
+        PTY-CEILING, E2B, FIRST-REQUEST, CLIENT and CODE, exit 0.
         """
         env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
         env.update(
@@ -31,6 +31,9 @@ class FreshCloneTests(SynchronousTestCase):
             CLIENT_RUNS="20",
             CLIENT_ROUNDS="1",
             FIRST_DAEMONS="2",
+            CODE_CALLS="10",
+            CODE_MIB="1",
+            CODE_ROUNDS="1",
         )
         result = subprocess.run(
             [os.path.join(ROOT, "bench", "run.sh")],
@@ -50,5 +53,6 @@ class FreshCloneTests(SynchronousTestCase):
             if line.startswith("{")
         }
         self.assertEqual(
-            workloads, {"RAW", "MCP", "PTY-CEILING", "E2B", "FIRST-REQUEST", "CLIENT"}
+            workloads,
+            {"RAW", "MCP", "PTY-CEILING", "E2B", "FIRST-REQUEST", "CLIENT", "CODE"},
         )

@@ -138,10 +138,15 @@ class Execution:
         """Where its events stream from."""
         return f"/code/contexts/{self.context_id}/executions/{self.id}/events"
 
-    def emit(self, event: str, **data: Any) -> None:
-        """Log one event (every event names its execution)."""
+    def emit(self, event: str, size: int | None = None, **data: Any) -> None:
+        """
+        Log one event (every event names its execution).
+
+        :param size: what it costs in the log, when the caller knows it
+            cheaper than by encoding it (output text: its length).
+        """
         if not self.log.closed:
-            self.log.append(event, {"execution_id": self.id, **data})
+            self.log.append(event, {"execution_id": self.id, **data}, size)
 
     def wait(self) -> Deferred[None]:
         """Fires once it has ended (at once if it has)."""
@@ -541,10 +546,10 @@ class CodeContext:
     def _on_stream(self, x: Execution, event: dict[str, Any]) -> None:
         name = "stderr" if event.get("name") == "stderr" else "stdout"
         text = str(event.get("text", ""))
-        (x.stderr if name == "stderr" else x.stdout).write(
-            text.encode("utf-8", "surrogatepass")
-        )
-        x.emit(name, text=text)
+        raw = text.encode("utf-8", "surrogatepass")
+        (x.stderr if name == "stderr" else x.stdout).write(raw)
+        # Its size in the log is its length plus the frame: no second encode.
+        x.emit(name, size=len(raw) + 64, text=text)
 
     def _on_display(self, x: Execution, event: dict[str, Any]) -> None:
         data = event.get("data")

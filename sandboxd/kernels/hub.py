@@ -371,12 +371,32 @@ def _cid(line: bytes) -> str | None:
     return value if isinstance(value, str) else None
 
 
+#: Linux's F_SETPIPE_SZ, and the size asked for the pipe to the daemon.
+F_SETPIPE_SZ = 1031
+PIPE_BYTES = 1024 * 1024
+
+
+def _widen_pipe(fd: int) -> None:
+    """
+    A 1 MiB pipe to the daemon instead of 64 KiB: a large output crosses
+    in 16 times fewer hand-overs between the two processes (each one a
+    context switch, dear on a busy machine). Best effort.
+    """
+    import fcntl
+
+    try:
+        fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BYTES)
+    except OSError:
+        pass
+
+
 def main() -> None:
     """Run the hub until the daemon closes its stdin."""
     # The daemon interrupts kernels, never the hub.
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _widen_pipe(1)
     os.environ.pop("PYTHONSTARTUP", None)
     asyncio.run(Hub().run())
 
