@@ -207,10 +207,16 @@ class CodeService(Service):
     # -- idle sweep and stop -------------------------------------------------------
 
     def _arm_sweep(self) -> None:
-        if self._sweep is None or not self._sweep.active():
-            self._sweep = self.reactor.callLater(
-                defaults.CODE_SWEEP_SECONDS, self._sweep_idle
-            )
+        # Often enough for the shortest idle timeout of the contexts open.
+        every = min(
+            [defaults.CODE_SWEEP_SECONDS]
+            + [max(0.5, c.idle_timeout / 2) for c in self.contexts.values()]
+        )
+        if self._sweep is not None and self._sweep.active():
+            if self._sweep.getTime() - self.reactor.seconds() <= every:
+                return
+            self._sweep.cancel()
+        self._sweep = self.reactor.callLater(every, self._sweep_idle)
 
     def _sweep_idle(self) -> None:
         import time
@@ -218,8 +224,10 @@ class CodeService(Service):
         self._sweep = None
         now = time.monotonic()
         for ctx in list(self.contexts.values()):
-            busy = ctx.current is not None or ctx.queue
-            if not busy and now - ctx.last_activity > ctx.idle_timeout:
+            # Only a context waiting for work is idle (not one starting,
+            # restarting or running).
+            waiting = ctx.state == "idle" and ctx.current is None and not ctx.queue
+            if waiting and now - ctx.last_activity > ctx.idle_timeout:
                 log.info("code context {id} idle: closed", id=ctx.id)
                 self.remove(ctx)
         if self.contexts:

@@ -492,3 +492,96 @@ class RefusalTests(CodeTestCase):
         reply = yield self.request("POST", "/code/contexts", {})
         self.assertEqual(reply.status, 429)
         self.assertEqual(reply.json()["code"], "too_many_contexts")
+
+
+class BoundsTests(CodeTestCase):
+    """Spilled displays, bounded output, idle contexts, the audit line."""
+
+    timeout = 180
+    audit = True
+    policy = code_policy(
+        limits={
+            "max_display_bytes": 2000,
+            "max_output_bytes": 1024 * 1024,
+            "max_event_bytes": 1024 * 1024,
+        },
+        audit="all",
+    )
+
+    @inlineCallbacks
+    def test_display_spilled(self) -> Any:
+        """A display value over max_display_bytes is a ref, served raw with its type."""
+        ctx = yield self.context()
+        result = yield self.execute(
+            ctx["id"],
+            "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()",
+        )
+        item = next(r for r in result["results"] if r.get("refs"))
+        self.assertNotIn("image/png", item["data"])
+        ref = next(r for r in item["refs"] if r["mime"] == "image/png")
+        raw = yield self.request("GET", ref["url"])
+        self.assertEqual(raw.status, 200)
+        self.assertEqual(raw.header("content-type"), "image/png")
+        self.assertEqual(raw.header("x-content-type-options"), "nosniff")
+        self.assertEqual(raw.header("content-security-policy"), "sandbox")
+        self.assertTrue(raw.body.startswith(b"\x89PNG"))
+
+    @inlineCallbacks
+    def test_100_mb_of_prints(self) -> Any:
+        """100 MB of prints: head and tail kept, the daemon's memory stays bounded."""
+        import resource
+
+        ctx = yield self.context()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        result = yield self.execute(
+            ctx["id"],
+            "import sys\nline = 'x' * 1023 + '\\n'\nblock = line * 1024\n"
+            "for i in range(100):\n    sys.stdout.write(block)\nprint('the end')",
+        )
+        grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+        self.assertEqual(result["state"], "ok")
+        self.assertTrue(result["truncated"])
+        self.assertGreater(result["dropped_bytes"], 90 * 1024 * 1024)
+        self.assertTrue(result["stdout"].endswith("the end\n"))
+        self.assertLess(len(result["stdout"]), 1024 * 1024 + 1)
+        self.assertLess(grown, 64, f"the daemon grew by {grown:.0f} MiB")
+
+    @inlineCallbacks
+    def test_audit_line(self) -> Any:
+        """code_execute's audit line has the code's sha256 and head, never its output."""
+        import hashlib
+        import json
+
+        ctx = yield self.context()
+        code = "print('secret-output-7')"
+        yield self.execute(ctx["id"], code)
+        [record] = [
+            r for r in self.audit_lines() if r.get("endpoint") == "code_execute"
+        ]
+        self.assertEqual(
+            record["code_sha256"], hashlib.sha256(code.encode()).hexdigest()
+        )
+        self.assertEqual(record["code_head"], code)
+        self.assertNotIn("secret-output-7\n", json.dumps(self.audit_lines()))
+
+
+class IdleTests(CodeTestCase):
+    """Contexts nobody uses are closed."""
+
+    policy = code_policy(limits={"idle_timeout_seconds": 1})
+
+    @inlineCallbacks
+    def test_idle_context_closed(self) -> Any:
+        """A context idle past idle_timeout_seconds is closed and its kernel ended."""
+        ctx = yield self.context()
+        for _ in range(100):
+            reply = yield self.request("GET", f"/code/contexts/{ctx['id']}")
+            if reply.status == 404:
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertEqual(reply.status, 404)
+        for _ in range(50):
+            if not alive(ctx["pid"]):
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertFalse(alive(ctx["pid"]))
