@@ -585,3 +585,62 @@ class IdleTests(CodeTestCase):
                 break
             yield deferLater(reactor, 0.1, lambda: None)
         self.assertFalse(alive(ctx["pid"]))
+
+
+class NoRestartTests(CodeTestCase):
+    """``params.auto_restart: false``: a dead kernel leaves a dead context."""
+
+    policy = code_policy(params={"auto_restart": False})
+
+    @inlineCallbacks
+    def test_dead_context(self) -> Any:
+        """The kernel killed: 409 context_dead until restarted; the restart serves again."""
+        ctx = yield self.context()
+        os.kill(ctx["pid"], signal.SIGKILL)
+        for _ in range(100):
+            got = yield self.request("GET", f"/code/contexts/{ctx['id']}")
+            if got.json()["state"] == "dead":
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertEqual(got.json()["state"], "dead")
+        self.assertEqual(got.json()["exit_code"], -9)
+        reply = yield self.request(
+            "POST", f"/code/contexts/{ctx['id']}/execute", {"code": "1"}
+        )
+        self.assertEqual(reply.status, 409)
+        self.assertEqual(reply.json()["code"], "context_dead")
+        restarted = yield self.request(
+            "POST", f"/code/contexts/{ctx['id']}/restart", {}
+        )
+        self.assertEqual(restarted.json()["state"], "idle")
+        ok = yield self.execute(ctx["id"], "1 + 2")
+        self.assertEqual(ok["results"][0]["data"]["text/plain"], "3")
+
+
+class UserTests(CodeTestCase):
+    """The kernel runs as the request's user (a root daemon only)."""
+
+    policy = code_policy(params={"users": ["nobody"]})
+
+    def setUp(self) -> Any:
+        if os.geteuid() != 0:
+            raise SkipTest("switching users needs a root daemon")
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_kernel_user(self) -> Any:
+        """A context created with user=nobody runs its code as nobody."""
+        import pwd
+
+        if not os.access("/usr/bin/python3", os.X_OK):
+            raise SkipTest("no /usr/bin/python3 for the user nobody to run")
+        # A PATH whose python3 another user may run (not a pyenv shim in /root).
+        ctx = yield self.context(
+            kernel="sandboxd-python", user="nobody", env={"PATH": "/usr/bin:/bin"}
+        )
+        self.assertEqual(ctx["user"], "nobody")
+        result = yield self.execute(ctx["id"], "import os\nos.getuid()")
+        self.assertEqual(
+            result["results"][0]["data"]["text/plain"],
+            str(pwd.getpwnam("nobody").pw_uid),
+        )
