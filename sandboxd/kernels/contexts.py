@@ -34,7 +34,14 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 
-from sandboxd.errors import ApiError, Code, conflict, internal, timed_out
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    conflict,
+    internal,
+    limit_exceeded,
+    timed_out,
+)
 from sandboxd.eventlog import EventLog
 from sandboxd.kernels.kernelspecs import KernelSpec, kernel_argv
 from sandboxd.policy import defaults
@@ -651,11 +658,10 @@ class CodeContext:
                 execution_id=self.current.id if self.current else None,
             )
         if len(self.queue) >= self.max_queued:
-            raise ApiError(
+            raise limit_exceeded(
                 429,
                 f"the context {self.id} has {len(self.queue)} executions queued"
                 f" (max_queued {self.max_queued})",
-                "ResourceError",
                 Code.TOO_MANY_EXECUTIONS,
                 limit=self.max_queued,
             )

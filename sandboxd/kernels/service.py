@@ -22,7 +22,7 @@ from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 
-from sandboxd.errors import ApiError, Code, not_found
+from sandboxd.errors import ApiError, Code, limit_exceeded, not_found
 from sandboxd.kernels.contexts import CodeContext, Execution
 from sandboxd.kernels.hubclient import HubClient
 from sandboxd.policy import defaults
@@ -257,7 +257,7 @@ def _may_see(identity: Any, ctx: CodeContext) -> bool:
 
 
 def _too_many(message: str, limit: int) -> ApiError:
-    return ApiError(429, message, "ResourceError", Code.TOO_MANY_CONTEXTS, limit=limit)
+    return limit_exceeded(429, message, Code.TOO_MANY_CONTEXTS, limit=limit)
 
 
 def _json_bytes(value: Any) -> bytes:
