@@ -41,6 +41,7 @@ from sandboxd.errors import (
     internal,
     limit_exceeded,
     timed_out,
+    unavailable,
 )
 from sandboxd.eventlog import EventLog
 from sandboxd.kernels.kernelspecs import KernelSpec, kernel_argv
@@ -841,11 +842,37 @@ class CodeContext:
         self.state = "restarting"
         self.restart_hub_only()
 
+    def hub_failed(self, reason: str) -> None:
+        """
+        The hub keeps dying: a starting context fails its start; any other
+        ends what runs (``lost``) and is ``dead`` (its kernel killed)
+        until restarted or deleted.
+        """
+        if self.state in ("dead", "closed") or self.builtin:
+            return
+        if self.state in ("starting",):
+            self._start_failed(unavailable(f"the kernel hub failed: {reason}"))
+            return
+        x = self.current
+        if x is not None:
+            x.emit("context.restarted", reason="hub", restarted=False)
+            self._end(x, "lost", reason="hub")
+        for q in list(self.queue):
+            self._end(q, "lost", reason="hub")
+        self.queue.clear()
+        self._ready.fail(unavailable(f"the kernel hub failed: {reason}"))
+        self.state = "dead"
+        kernel, self.kernel = self.kernel, None
+        if kernel is not None:
+            kernel.kill("killed")
+
     def restart_hub_only(self) -> None:
         """Reconnect to the running kernel (the hub changed)."""
         path = os.path.join(self.dir, "connection.json")
         with open(path) as f:
             conn = json.load(f)
+        if self._start_timer is not None and self._start_timer.active():
+            self._start_timer.cancel()
         self._start_timer = self.reactor.callLater(
             self.start_timeout, self._start_timed_out, self.kernel
         )

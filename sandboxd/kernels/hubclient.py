@@ -26,6 +26,9 @@ from sandboxd.processes.run import spawn
 
 log = Logger(namespace="sandboxd.kernels")
 
+#: The hub's command line (a test puts a misbehaving hub here).
+HUB_COMMAND = [sys.executable, "-m", "sandboxd.kernels.hub"]
+
 
 class LineSplitter:
     """
@@ -112,7 +115,7 @@ class HubClient:
         spawn(
             reactor,
             self.child,
-            [sys.executable, "-m", "sandboxd.kernels.hub"],
+            list(HUB_COMMAND),
             children=children,
             env=env,
             cwd=cwd,

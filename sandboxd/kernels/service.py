@@ -42,6 +42,7 @@ class CodeService(Service):
         self.contexts: dict[str, CodeContext] = {}
         self._hub: HubClient | None = None
         self.hub_starts = 0
+        self._hub_deaths: list[float] = []
         self._sweep: IDelayedCall | None = None
         self.spill_dir = tempfile.mkdtemp(prefix="sandboxd-code-out-")
         #: oid -> (context id, path, mime, bytes)
@@ -82,6 +83,15 @@ class CodeService(Service):
     def _hub_exited(self, reason: str) -> None:
         log.warn("the kernel hub is gone: {reason}", reason=reason)
         if not self.running:
+            return
+        now = self.reactor.seconds()
+        self._hub_deaths = [t for t in self._hub_deaths if now - t < 60] + [now]
+        if len(self._hub_deaths) > defaults.CODE_HUB_RESTARTS_PER_MINUTE:
+            # A hub that keeps dying is not restarted in a loop: its
+            # contexts fail (restart or delete them; a later one tries again).
+            self._hub_deaths.clear()
+            for ctx in list(self.contexts.values()):
+                ctx.hub_failed(reason)
             return
         for ctx in list(self.contexts.values()):
             ctx.hub_lost()

@@ -92,6 +92,10 @@ CODE_KEPT_EXECUTIONS = 64
 #: Code contexts: a kernel that dies is restarted at most this often a minute.
 CODE_RESTARTS_PER_MINUTE = 3
 
+#: Code contexts: a kernel hub that dies more often than this in a minute is
+#: not started again for its contexts (they fail; a later call tries anew).
+CODE_HUB_RESTARTS_PER_MINUTE = 3
+
 #: Code contexts: display items spilled to disk, all contexts together.
 CODE_MAX_SPILL_BYTES = 512 * MIB
 

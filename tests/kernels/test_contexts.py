@@ -644,3 +644,47 @@ class UserTests(CodeTestCase):
             result["results"][0]["data"]["text/plain"],
             str(pwd.getpwnam("nobody").pw_uid),
         )
+
+
+FAKE_HUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_hub.py")
+
+
+class BrokenHubTests(CodeTestCase):
+    """A hub that breaks its framing or dies: contexts fail cleanly, the daemon serves on."""
+
+    policy = code_policy(limits={"start_timeout_seconds": 20})
+
+    @inlineCallbacks
+    def check(self, mode: str) -> Any:
+        from sandboxd.kernels import hubclient
+
+        self.patch(hubclient, "HUB_COMMAND", [sys.executable, FAKE_HUB, mode])
+        self.patch(hubclient, "CODE_HUB_MAX_LINE_BYTES", 1000)
+        reply = yield self.request("POST", "/code/contexts", {})
+        self.assertEqual(reply.status, 503, reply.body)
+        self.assertEqual(reply.json()["code"], "unavailable")
+        self.assertIn("hub", reply.json()["error"])
+        listed = yield self.request("GET", "/code/contexts")
+        self.assertEqual(listed.json()["contexts"], [])
+        health = yield self.request("GET", "/health")
+        self.assertEqual(health.status, 200)
+        # The real hub again: a new context works.
+        self.patch(
+            hubclient, "HUB_COMMAND", [sys.executable, "-m", "sandboxd.kernels.hub"]
+        )
+        self.patch(hubclient, "CODE_HUB_MAX_LINE_BYTES", 64 * 1024 * 1024)
+        ctx = yield self.context()
+        ok = yield self.execute(ctx["id"], "1 + 1")
+        self.assertEqual(ok["results"][0]["data"]["text/plain"], "2")
+
+    def test_garbage_line(self) -> Any:
+        """A line that is not JSON ends the hub; after a few, the start fails 503."""
+        return self.check("garbage")
+
+    def test_overlong_line(self) -> Any:
+        """A line over the bound ends the hub likewise."""
+        return self.check("long")
+
+    def test_hub_exits(self) -> Any:
+        """A hub that exits at once: the start fails 503, not a hang."""
+        return self.check("exit")
