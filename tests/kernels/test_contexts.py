@@ -224,6 +224,35 @@ class ContextTests(CodeTestCase):
         self.assertEqual(after["results"][0]["data"]["text/plain"], "7")
 
     @inlineCallbacks
+    def test_input(self) -> Any:
+        """input() with allow_stdin: ``input.requested``, then the answer; without it, an error."""
+        ctx = yield self.context()
+        refused = yield self.execute(ctx["id"], "input('name? ')")
+        self.assertEqual(refused["state"], "error")
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {
+                "code": "who = input('name? ')\nprint('hi', who)",
+                "allow_stdin": True,
+                "wait": 0,
+            },
+        )
+        xid = reply.json()["execution_id"]
+        reader = yield self.stream(reply.json()["events_url"])
+        yield reader.wait_for_event(lambda e: e["event"] == "input.requested")
+        answered = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/executions/{xid}/input",
+            {"value": "ada"},
+        )
+        self.assertEqual(answered.status, 200, answered.body)
+        events = yield reader.done
+        self.assertEqual(events[-1]["data"]["state"], "ok")
+        got = yield self.request("GET", f"/code/contexts/{ctx['id']}/executions/{xid}")
+        self.assertEqual(got.json()["stdout"], "hi ada\n")
+
+    @inlineCallbacks
     def test_restart_loses_state(self) -> Any:
         """A restart gives a fresh kernel (new pid): the old names are gone."""
         ctx = yield self.context()
