@@ -216,6 +216,13 @@ class Execution:
         }
 
 
+def _held_bytes(x: Execution) -> int:
+    """What a finished execution keeps in memory (near enough)."""
+    kept = x.stdout.total_bytes - x.stdout.dropped_bytes
+    kept += x.stderr.total_bytes - x.stderr.dropped_bytes
+    return x.log.retained_bytes + kept + x.results_bytes
+
+
 def env_prologue(env: dict[str, str]) -> tuple[str, str]:
     """
     Python that sets ``env`` for one execution and the Python that puts
@@ -634,7 +641,23 @@ class CodeContext:
         )
         x.log.close()
         x.ended.fire(None)
+        self._forget_old(x.limits.max_event_bytes)
         self.service.execution_ended(self, x)
+
+    def _forget_old(self, budget: int) -> None:
+        """
+        Keep what finished executions hold (events, output, results) within
+        ``budget`` bytes: the oldest are forgotten first (then 404), the
+        newest is always kept, so a context's memory is bounded whatever
+        its executions printed.
+        """
+        finished = [e for e in self.executions.values() if e.done]
+        held = sum(_held_bytes(e) for e in finished)
+        for old in finished[:-1]:
+            if held <= budget:
+                break
+            held -= _held_bytes(old)
+            del self.executions[old.id]
 
     # -- executions -----------------------------------------------------------
 

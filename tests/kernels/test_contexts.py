@@ -717,3 +717,30 @@ class BrokenHubTests(CodeTestCase):
     def test_hub_exits(self) -> Any:
         """A hub that exits at once: the start fails 503, not a hang."""
         return self.check("exit")
+
+
+class RetentionTests(CodeTestCase):
+    """Finished executions are forgotten oldest first past max_event_bytes."""
+
+    policy = code_policy(limits={"max_event_bytes": 300 * 1024})
+
+    @inlineCallbacks
+    def test_old_executions_forgotten(self) -> Any:
+        """Each execution prints 100 KiB: the oldest go, the newest stay readable."""
+        ctx = yield self.context()
+        ids = []
+        for _ in range(5):
+            result = yield self.execute(ctx["id"], "print('y' * 100 * 1024)")
+            ids.append(result["execution_id"])
+        listed = yield self.request("GET", f"/code/contexts/{ctx['id']}/executions")
+        kept = [x["execution_id"] for x in listed.json()["executions"]]
+        self.assertEqual(kept, ids[-len(kept) :])
+        self.assertLess(len(kept), 5)
+        gone = yield self.request(
+            "GET", f"/code/contexts/{ctx['id']}/executions/{ids[0]}"
+        )
+        self.assertEqual(gone.status, 404)
+        last = yield self.request(
+            "GET", f"/code/contexts/{ctx['id']}/executions/{ids[-1]}"
+        )
+        self.assertEqual(len(last.json()["stdout"]), 100 * 1024 + 1)
