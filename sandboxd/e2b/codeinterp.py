@@ -199,7 +199,7 @@ async def _execute(call: Call, body: dict[str, Any]) -> None:
     native = {"code": body.get("code"), "env": env}
     x = routes.new_execution(call.server_request(), ctx, native)
     if call.closed:
-        ctx.interrupt() if ctx.current is x else None
+        ctx.abandon(x)
         call.done()
         return
     NdjsonStream(call, ctx, x)
@@ -277,8 +277,7 @@ class NdjsonStream:
         self._unsubscribe()
         if self._beat.active():
             self._beat.cancel()
-        if self.ctx.current is self.x:
-            self.ctx.interrupt()
+        self.ctx.abandon(self.x)
 
 
 async def _create(call: Call) -> dict[str, Any]:

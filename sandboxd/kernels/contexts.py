@@ -750,6 +750,19 @@ class CodeContext:
         x.input_pending = False
         self._send({"op": "input", "cid": self.id, "value": value})
 
+    def abandon(self, x: Execution) -> None:
+        """
+        The client of ``x`` left and asked for an interrupt: running, it is
+        interrupted; still queued, it never starts (``interrupted``,
+        ``started: false``).
+        """
+        if self.current is x:
+            self.interrupt()
+        elif x in self.queue:
+            self.queue.remove(x)
+            x.interrupted = True
+            self._end(x, "interrupted", reason="disconnected")
+
     def interrupt(self) -> Execution | None:
         """Interrupt the running execution (SIGINT to the kernel's group, or a message)."""
         x = self.current

@@ -340,8 +340,7 @@ async def _wait_or_interrupt(
     try:
         await _within(request, x, limit)
     except CancelledError:
-        if ctx.current is x:
-            ctx.interrupt()
+        ctx.abandon(x)
         raise
     return answer(x)
 
@@ -381,8 +380,7 @@ def execution_stream(
         if interrupt_on_disconnect:
 
             def gone() -> None:
-                if ctx.current is x:
-                    ctx.interrupt()
+                ctx.abandon(x)
 
             channel.on_disconnect(gone)
         return Follower(x.log, channel, after).done

@@ -253,6 +253,33 @@ class ContextTests(CodeTestCase):
         self.assertEqual(got.json()["stdout"], "hi ada\n")
 
     @inlineCallbacks
+    def test_disconnect_drops_a_queued_execution(self) -> Any:
+        """on_disconnect: interrupt on a queued execution: it never starts (``started: false``)."""
+        ctx = yield self.context()
+        first = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {"code": "import time\ntime.sleep(1.5)", "wait": 0},
+        )
+        reader = yield self.stream(
+            f"/code/contexts/{ctx['id']}/execute",
+            {"code": "print('never')", "stream": True, "on_disconnect": "interrupt"},
+        )
+        yield reader.wait_for_event(lambda e: e["event"] == "execution.queued")
+        xid = reader.events[0]["data"]["execution_id"]
+        reader.disconnect()
+        got = yield self.request(
+            "GET", f"/code/contexts/{ctx['id']}/executions/{xid}?wait=5"
+        )
+        self.assertEqual(got.json()["state"], "interrupted")
+        self.assertFalse(got.json()["started"])
+        done = yield self.request(
+            "GET",
+            f"/code/contexts/{ctx['id']}/executions/{first.json()['execution_id']}?wait=10",
+        )
+        self.assertEqual(done.json()["state"], "ok")
+
+    @inlineCallbacks
     def test_restart_loses_state(self) -> Any:
         """A restart gives a fresh kernel (new pid): the old names are gone."""
         ctx = yield self.context()
