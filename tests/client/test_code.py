@@ -86,3 +86,33 @@ class CodeContextClientTests(ClientCase):
         ctx, result = yield self.in_loop(body)
         self.assertEqual(ctx["name"], "async")
         self.assertEqual(result["stdout"], "xxx\n")
+
+
+class CodeCommandTests(ClientCase):
+    """``sandboxd code``: one-shot and a REPL fed on stdin."""
+
+    policy = {"groups": {"code": True}}
+
+    def setUp(self) -> Any:
+        need_ipykernel()
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_one_shot(self) -> Any:
+        """-c runs once: output and value on stdout, exit 0; an error exits 1 with the traceback."""
+        done = yield self.cli("code", "-c", "print('hi')\n6 * 7")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stdout, b"hi\n42\n")
+        failed = yield self.cli("code", "-c", "1/0")
+        self.assertEqual(failed.returncode, 1)
+        self.assertIn(b"ZeroDivisionError", failed.stderr)
+        listed = yield self.request("GET", "/code/contexts")
+        self.assertEqual(listed.json()["contexts"], [])
+
+    @inlineCallbacks
+    def test_repl_keeps_state(self) -> Any:
+        """Lines on stdin are cells of one context; a block ends at an empty line."""
+        script = b"x = 5\nfor i in range(2):\n    x += 1\n\nprint(x)\n"
+        done = yield self.cli("code", input=script)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stdout, b"7\n")
