@@ -13,6 +13,7 @@
 # 8. What a group's first request costs, its imports included (bench/first_request.py).
 # 9. The preview door against nginx (bench/preview_door.py; needs nginx and wrk).
 # 10. A clone through POST /git/clone against plain git clone (bench/git_clone.py).
+# 11. A code context against jupyter_client driving the same ipykernel (bench/code_contexts.py).
 #
 # SHARED_BENCH points at the shared harness (default ../shared/bench);
 # RUN_ARGS is passed to it (e.g. RUN_ARGS="--only W1,W1b --duration 3").
@@ -70,3 +71,7 @@ fi
 # A clone through the git group's job against plain git clone of the same remote.
 "$ROOT/.venv/bin/python" "$ROOT/bench/git_clone.py" --size-mib "${GIT_MIB:-50}" \
   --rounds "${GIT_ROUNDS:-3}"
+# A code context (kernel through the hub child) against jupyter_client driving
+# the same ipykernel directly: 1+1 latency and a big print's throughput.
+"$ROOT/.venv/bin/python" "$ROOT/bench/code_contexts.py" \
+  --calls "${CODE_CALLS:-300}" --mib "${CODE_MIB:-10}" --rounds "${CODE_ROUNDS:-2}"

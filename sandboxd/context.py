@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from sandboxd.browser.supervisor import BrowserSupervisor
     from sandboxd.files.uploads import UploadTable
     from sandboxd.files.watch import WatchService
+    from sandboxd.kernels.service import CodeService
     from sandboxd.processes.service import ProcessService
     from sandboxd.terminals.service import TerminalService
 
@@ -101,6 +102,8 @@ class Context:
     #: The git group's remote jobs (``sandboxd.git.jobs.GitJobTable``),
     #: made on the group's first remote call.
     git_jobs: Any = attrs.field(default=None, init=False)
+    #: Code contexts (kernels), built on the code group's first request.
+    code: ServiceOnFirstUse[CodeService] | None = attrs.field(default=None, init=False)
     #: Paths the site hands to a door of their own before the JSON
     #: pipeline (``/mcp``), to the door's ``exchange``.
     doors: dict[bytes, Any] = attrs.field(factory=dict, init=False)

@@ -37,6 +37,7 @@ class CapabilityGroup(enum.StrEnum):
     E2B = "e2b"
     AUTH = "auth"
     PREVIEW = "preview"
+    CODE = "code"
 
 
 #: Groups that are on unless something turns them off.
@@ -114,6 +115,7 @@ def param_name(segment: str) -> str | None:
 
 G = CapabilityGroup
 _S = "/agents/sessions/{sid}"
+_C = "/code/contexts/{cid}"
 
 # (id, method, path, group, scopes, summary, flags)
 # fmt: off
@@ -226,6 +228,19 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("agents_terminal_kill", "POST", _S + "/terminals/{terminal_id}/kill", G.AGENTS, ("agents:run",), "Signal an agent's terminal.", {}),
     ("agents_commands", "GET", _S + "/commands", G.AGENTS, ("agents:read",), "The agent's slash commands.", {}),
     ("agents_logs", "GET", _S + "/logs", G.AGENTS, ("agents:read",), "The agent's stderr, head and tail.", {}),
+    ("code_kernels", "GET", "/code/kernels", G.CODE, ("code:read",), "Kernels a code context may run.", {}),
+    ("code_contexts_list", "GET", "/code/contexts", G.CODE, ("code:read",), "List your code contexts.", {}),
+    ("code_context_create", "POST", "/code/contexts", G.CODE, ("code:manage",), "Start a code context (a kernel that keeps state).", {}),
+    ("code_context_get", "GET", _C, G.CODE, ("code:read",), "Describe one code context.", {}),
+    ("code_context_delete", "DELETE", _C, G.CODE, ("code:manage",), "Close a code context and kill its kernel.", {}),
+    ("code_context_restart", "POST", _C + "/restart", G.CODE, ("code:manage",), "Restart a context's kernel (its state is lost).", {}),
+    ("code_context_interrupt", "POST", _C + "/interrupt", G.CODE, ("code:run",), "Interrupt the running execution.", {}),
+    ("code_execute", "POST", _C + "/execute", G.CODE, ("code:run",), "Run code in a context: a result, 202 and an id, or SSE.", {"streaming": True}),
+    ("code_executions_list", "GET", _C + "/executions", G.CODE, ("code:read",), "List a context's executions.", {}),
+    ("code_execution_get", "GET", _C + "/executions/{xid}", G.CODE, ("code:read",), "One execution's result, long-polled.", {}),
+    ("code_execution_events", "GET", _C + "/executions/{xid}/events", G.CODE, ("code:read",), "An execution's events (resumable SSE).", {"streaming": True}),
+    ("code_execution_input", "POST", _C + "/executions/{xid}/input", G.CODE, ("code:run",), "Answer an execution's input().", {}),
+    ("code_output_get", "GET", _C + "/outputs/{oid}", G.CODE, ("code:read",), "A spilled display item, raw.", {}),
     ("mcp", "POST", "/mcp", G.MCP, ("core:read",), "MCP Streamable HTTP: every endpoint as a tool (GET, POST, DELETE).", {}),
     ("e2b", "E2B", "/", G.E2B, ("core:read",), "The E2B-compatible envd API (E2B port); each call is governed as its sandboxd endpoint.", {"body": "none"}),
     ("links_mint", "POST", "/auth/links", G.AUTH, ("links:mint",), "Mint a short-lived capability link, narrowed to an audience.", {}),
@@ -294,6 +309,7 @@ def default_scopes(group: CapabilityGroup, method: str) -> tuple[str, ...]:
         G.E2B: "core:read",
         G.AUTH: "links:mint",
         G.PREVIEW: "preview:manage" if writes else "preview:read",
+        G.CODE: "code:run" if writes else "code:read",
     }
     return (table[group],)
 

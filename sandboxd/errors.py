@@ -54,6 +54,8 @@ class Code(enum.StrEnum):
     STDIN_CLOSED = "stdin_closed"
     OUTPUT_NOT_CAPTURED = "output_not_captured"
     GIT_CONFLICT = "git_conflict"
+    CONTEXT_BUSY = "context_busy"
+    CONTEXT_DEAD = "context_dead"
     # 408
     TIMEOUT = "timeout"
     IDLE_TIMEOUT = "idle_timeout"
@@ -69,6 +71,8 @@ class Code(enum.StrEnum):
     TOO_MANY_PROCESSES = "too_many_processes"
     TOO_MANY_SESSIONS = "too_many_sessions"
     TOO_MANY_JOBS = "too_many_jobs"
+    TOO_MANY_CONTEXTS = "too_many_contexts"
+    TOO_MANY_EXECUTIONS = "too_many_executions"
     # 500
     INTERNAL = "internal"
     # 502, 504, 503

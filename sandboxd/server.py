@@ -140,6 +140,8 @@ class Settings:
     preview_port: str | None = None
     #: Where browsers reach the door (wins over the policy's).
     preview_public_url: str | None = None
+    #: A second listener of the E2B door (E2B's code-interpreter port).
+    e2b_code_port: str | None = None
     policy: Any = None
     policy_file: str | None = None
     preset: str | None = None
@@ -266,6 +268,8 @@ class DaemonService(MultiService):
         e2b = self.context.e2b
         if e2b is not None and self.context.policy.rules["e2b"].enabled:
             descriptions.append(e2b.description)
+            if e2b.code_description is not None:
+                descriptions.append(e2b.code_description)
         preview = self.context.preview
         if preview is not None and self.context.policy.rules["preview_proxy"].enabled:
             descriptions.append(preview.description)
@@ -288,6 +292,9 @@ class DaemonService(MultiService):
         e2b_port = getattr(self.context.e2b, "port", None)
         if e2b_port is not None:
             found.append(("e2b", address_text(e2b_port.getHost())))
+        code_port = getattr(self.context.e2b, "code_port", None)
+        if code_port is not None:
+            found.append(("e2b-code", address_text(code_port.getHost())))
         preview_port = getattr(self.context.preview, "port", None)
         if preview_port is not None:
             found.append(("preview", address_text(preview_port.getHost())))
@@ -499,11 +506,21 @@ def check_start(
     e2b = e2b_listen(settings, http)
     if e2b is not None and policy.rules["e2b"].enabled:
         opened.append(e2b)
+        code = e2b_code_listen(settings, http)
+        if code is not None:
+            opened.append(code)
     preview = preview_listen(settings, http)
     if preview is not None and policy.rules["preview_proxy"].enabled:
         opened.append(preview)
     check_exposure(opened, policy, settings.allow_unauthenticated)
     return http, pty
+
+
+def e2b_code_listen(settings: Settings, http: str) -> str | None:
+    """The E2B door's second (code-interpreter) listener, if asked for."""
+    if not settings.e2b_code_port or not settings.e2b_port:
+        return None
+    return listen_string(settings.e2b_code_port, interface_of(http))
 
 
 def e2b_listen(settings: Settings, http: str) -> str | None:
@@ -535,6 +552,7 @@ def daemon_files(settings: Settings, environ: Mapping[str, str]) -> list[str]:
         settings.pty_port or environ.get("ABX_PTY_PORT"),
         settings.e2b_port,
         settings.preview_port,
+        settings.e2b_code_port,
     ):
         for part in re.split(r"(?<!\\):", listener or ""):
             name, _, value = part.partition("=")
@@ -588,7 +606,14 @@ def build(
     if e2b is not None:
         from sandboxd.e2b import setup as setup_e2b
 
-        groups.append(setup_e2b(context, e2b, connection_limits(settings)))
+        groups.append(
+            setup_e2b(
+                context,
+                e2b,
+                connection_limits(settings),
+                e2b_code_listen(settings, http_listen),
+            )
+        )
     preview = preview_listen(settings, http_listen)
     if preview is not None:
         from sandboxd.preview import setup as setup_preview

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from sandboxd.browser.supervisor import BrowserSupervisor
     from sandboxd.files.uploads import UploadTable
     from sandboxd.files.watch import WatchService
+    from sandboxd.kernels.service import CodeService
     from sandboxd.mcp import McpDoor
 
 #: Where the site finds the MCP door.
@@ -44,10 +45,11 @@ def setup_services(context: Context) -> list[IService]:
     terminals = context.terminals = TerminalService(context)
     browser = context.browser = ServiceOnFirstUse("browser", lambda: _browser(context))
     agents = context.agents = ServiceOnFirstUse("agents", lambda: _agents(context))
+    code = context.code = ServiceOnFirstUse("code", lambda: _code(context))
     door = context.doors[MCP_PATH] = ServiceOnFirstUse(
         "mcp", lambda: _mcp_door(context)
     )
-    return [watches, uploads, processes, terminals, browser, agents, door]
+    return [watches, uploads, processes, terminals, browser, agents, code, door]
 
 
 def _watches(context: Context) -> WatchService:
@@ -76,6 +78,13 @@ def _agents(context: Context) -> AgentManager:
     from sandboxd.agents.manager import AgentManager
 
     return AgentManager(context)
+
+
+def _code(context: Context) -> CodeService:
+    """The code contexts and their kernel hub (started with the first context)."""
+    from sandboxd.kernels.service import CodeService
+
+    return CodeService(context)
 
 
 def _mcp_door(context: Context) -> McpDoor:

@@ -67,6 +67,13 @@ class Options(usage.Options):
             "Preview door port or endpoint, where browsers open the sandbox's "
             "web apps (off unless given and the preview group is on).",
         ],
+        [
+            "e2b-code-port",
+            None,
+            None,
+            "A second E2B port or endpoint, for platforms that route E2B's "
+            "code interpreter by its port (49999); needs --e2b-port.",
+        ],
         ["policy", None, None, "Policy file (JSON, or YAML with a server: block)."],
         [
             "preset",
@@ -140,6 +147,8 @@ class Options(usage.Options):
         self["commands"] = [
             os.path.abspath(c) if c.endswith(".py") else c for c in self["commands"]
         ]
+        if self["e2b-code-port"] and not self["e2b-port"]:
+            raise usage.UsageError("--e2b-code-port needs --e2b-port")
         try:
             if self["preview-public-url"] is not None:
                 self["preview-public-url"] = check_preview_url(
@@ -170,6 +179,9 @@ class Options(usage.Options):
             else None,
             preview_port=listen_string(self["preview-port"], host)
             if self["preview-port"]
+            else None,
+            e2b_code_port=listen_string(self["e2b-code-port"], host)
+            if self["e2b-code-port"]
             else None,
             policy_file=self["policy"],
             preset=self["preset"],

@@ -18,7 +18,7 @@ class FreshCloneTests(SynchronousTestCase):
     def test_without_harness(self) -> None:
         """
         It says where the W0-W7 harness comes from, then runs RAW, MCP,
-        PTY-CEILING, E2B, FIRST-REQUEST, CLIENT and GIT-CLONE, exit 0.
+        PTY-CEILING, E2B, FIRST-REQUEST, CLIENT, GIT-CLONE and CODE, exit 0.
         """
         env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
         env.update(
@@ -36,6 +36,9 @@ class FreshCloneTests(SynchronousTestCase):
             PREVIEW_MESSAGES="50",
             GIT_MIB="2",
             GIT_ROUNDS="1",
+            CODE_CALLS="10",
+            CODE_MIB="1",
+            CODE_ROUNDS="1",
         )
         result = subprocess.run(
             [os.path.join(ROOT, "bench", "run.sh")],
@@ -62,6 +65,7 @@ class FreshCloneTests(SynchronousTestCase):
             "FIRST-REQUEST",
             "CLIENT",
             "GIT-CLONE",
+            "CODE",
         }
         if shutil.which("nginx") and shutil.which("wrk"):
             expected.add("PREVIEW")

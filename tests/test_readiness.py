@@ -99,6 +99,14 @@ NOT_AT_START = (
     "sandboxd.routes.mcp",
     # the browser: Playwright runs in a worker child, never in the daemon
     "playwright",
+    # code contexts: ZMQ, Jupyter's client and its asyncio stack run in the
+    # kernel hub child, never in the daemon; the group is off by default
+    "zmq",
+    "jupyter_client",
+    "tornado",
+    "ipykernel",
+    "sandboxd.kernels",
+    "sandboxd.routes.kernels",
     # agents and the browser, off by default: their services are built on
     # first use
     "sandboxd.agents",

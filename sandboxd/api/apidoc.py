@@ -61,6 +61,7 @@ _GROUP_NOTES = {
     CapabilityGroup.E2B: "the E2B-compatible envd port (docs/e2b.md)",
     CapabilityGroup.AUTH: "short-lived capability links",
     CapabilityGroup.PREVIEW: "the preview door: a sandbox's web apps in a browser (docs/preview.md)",
+    CapabilityGroup.CODE: "stateful kernels: code contexts, see [code](code.md)",
 }
 
 _HEADER = """\

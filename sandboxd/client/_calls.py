@@ -395,6 +395,35 @@ def browser(method: str, name: str, **fields: Any) -> Req:
 # -- agents -------------------------------------------------------------------------------
 
 
+def code_contexts(
+    method: str,
+    path: str = "",
+    params: Mapping[str, Any] | None = None,
+    read_timeout: float = 120.0,
+    **fields: Any,
+) -> Req:
+    """
+    One code-context call (SPEC §22); ``path`` below ``/code/contexts``.
+
+    :param read_timeout: the client's wait for the answer (an execution's
+        ``timeout`` is a body field).
+    """
+    if method in ("GET", "DELETE"):
+        return Req(method, "/code/contexts" + path, clean(params), timeout=read_timeout)
+    return Req(
+        method,
+        "/code/contexts" + path,
+        clean(params),
+        json=body(**fields),
+        timeout=read_timeout,
+    )
+
+
+def code_context_path(context_id: str, tail: str = "") -> str:
+    """``/{cid}`` plus a tail, below ``/code/contexts``."""
+    return f"/{seg(context_id)}{tail}"
+
+
 def agents(
     method: str, path: str, params: Mapping[str, Any] | None = None, **fields: Any
 ) -> Req:

@@ -1307,7 +1307,10 @@ class Git(_Namespace):
 
 
 class Code(_Namespace):
-    """``sandbox.code``: snippets of python, node or bash (opt-in ``dev_tools``)."""
+    """
+    ``sandbox.code``: snippets of python, node or bash (``run``, opt-in
+    ``dev_tools``), and code contexts: stateful kernels (opt-in ``code``).
+    """
 
     def run(
         self,
@@ -1323,6 +1326,138 @@ class Code(_Namespace):
         return cast(
             CodeResult,
             self._http.call(calls.code_run(code, language, timeout, cwd, env, user)),
+        )
+
+    # -- code contexts (stateful kernels, the opt-in ``code`` group) ----------
+
+    def kernels(self) -> builtins.list[dict[str, Any]]:
+        """Kernels a context may run (``name``, ``language``, ``allowed`` ...)."""
+        return cast(
+            builtins.list[dict[str, Any]],
+            self._http.call(Req("GET", "/code/kernels"))["kernels"],
+        )
+
+    def create_context(self, **fields: Any) -> dict[str, Any]:
+        """A new context (``kernel``, ``language``, ``cwd``, ``env``, ``user``, ``name``)."""
+        return cast(
+            dict[str, Any], self._http.call(calls.code_contexts("POST", **fields))
+        )
+
+    def contexts(self) -> builtins.list[dict[str, Any]]:
+        """Your contexts."""
+        return cast(
+            builtins.list[dict[str, Any]],
+            (self._http.call(calls.code_contexts("GET")))["contexts"],
+        )
+
+    def context(self, context_id: str) -> dict[str, Any]:
+        """One context, with what runs and what waits."""
+        return cast(
+            dict[str, Any],
+            self._http.call(
+                calls.code_contexts("GET", calls.code_context_path(context_id))
+            ),
+        )
+
+    def delete_context(self, context_id: str) -> dict[str, Any]:
+        """Close a context (its kernel's process tree is killed)."""
+        return cast(
+            dict[str, Any],
+            self._http.call(
+                calls.code_contexts("DELETE", calls.code_context_path(context_id))
+            ),
+        )
+
+    def restart(self, context_id: str) -> dict[str, Any]:
+        """A fresh kernel: the context's state is lost."""
+        return cast(
+            dict[str, Any],
+            self._http.call(
+                calls.code_contexts(
+                    "POST", calls.code_context_path(context_id, "/restart")
+                )
+            ),
+        )
+
+    def interrupt(self, context_id: str) -> dict[str, Any]:
+        """Interrupt what the context runs."""
+        return cast(
+            dict[str, Any],
+            self._http.call(
+                calls.code_contexts(
+                    "POST", calls.code_context_path(context_id, "/interrupt")
+                )
+            ),
+        )
+
+    def execute(
+        self,
+        context_id: str,
+        code: str,
+        *,
+        timeout: float | None = None,
+        wait: float | None = None,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """
+        Run code in a context: the result document (``state``, ``stdout``,
+        ``results`` with MIME bundles, ``error``) when it ends within
+        ``wait`` (default: its timeout), else ``{execution_id, state}``.
+        """
+        limit = wait if wait is not None else (timeout or 300.0) + 10.0
+        req = calls.code_contexts(
+            "POST",
+            calls.code_context_path(context_id, "/execute"),
+            read_timeout=limit + 30.0,
+            code=code,
+            timeout=timeout,
+            wait=wait,
+            **fields,
+        )
+        return cast(dict[str, Any], self._http.call(req))
+
+    def execution(
+        self, context_id: str, execution_id: str, *, wait: float | None = None
+    ) -> dict[str, Any]:
+        """One execution's result (``wait`` long-polls while it runs)."""
+        return cast(
+            dict[str, Any],
+            self._http.call(
+                calls.code_contexts(
+                    "GET",
+                    calls.code_context_path(
+                        context_id, f"/executions/{seg(execution_id)}"
+                    ),
+                    {"wait": wait},
+                    read_timeout=(wait or 0) + 60.0,
+                )
+            ),
+        )
+
+    def events(
+        self, context_id: str, execution_id: str, *, after: int | None = None
+    ) -> EventStream:
+        """An execution's events, live and resumed across reconnects."""
+        path = calls.code_context_path(
+            context_id, f"/executions/{seg(execution_id)}/events"
+        )
+        return self._http.open("/code/contexts" + path, {"follow": "true"}, after)
+
+    def send_input(
+        self, context_id: str, execution_id: str, value: str
+    ) -> dict[str, Any]:
+        """Answer an execution's ``input()``."""
+        return cast(
+            dict[str, Any],
+            self._http.call(
+                calls.code_contexts(
+                    "POST",
+                    calls.code_context_path(
+                        context_id, f"/executions/{seg(execution_id)}/input"
+                    ),
+                    value=value,
+                )
+            ),
         )
 
 

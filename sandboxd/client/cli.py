@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from sandboxd.client._core import exit_status
+from sandboxd.client._core import exit_status, seg
 from sandboxd.client._sync import Sandbox, Terminal
 from sandboxd.client.errors import (
     ConnectionFailed,
@@ -153,6 +153,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--path", help="with --explain: a path to decide")
     p.add_argument("--op", choices=("read", "write", "delete"))
+
+    p = sub.add_parser("code", parents=[common], help=CLIENT_COMMANDS["code"])
+    p.add_argument("-c", "--code", dest="source", help="run this and exit")
+    p.add_argument("--kernel", help="a kernelspec (default: the daemon's default)")
+    p.add_argument("--context", help="use this context (kept at exit)")
+    p.add_argument("--keep", action="store_true", help="keep a new context at exit")
+    p.add_argument("--timeout", type=float, help="seconds per execution")
     return parser
 
 
@@ -663,6 +670,120 @@ def run_terminal(
     return 1
 
 
+# -- code ----------------------------------------------------------------------
+
+
+def _run_cell(
+    sb: Sandbox,
+    cid: str,
+    source: str,
+    args: argparse.Namespace,
+    out: TextIO,
+    err: TextIO,
+) -> bool:
+    """One execution, its output as it comes; whether it ended ``ok``."""
+    body: dict[str, Any] = {"code": source, "stream": True}
+    if args.timeout is not None:
+        body["timeout"] = args.timeout
+    path = f"/code/contexts/{seg(cid)}/execute"
+    state = "lost"
+    for event in sb._http.events("POST", path, json=body, resumable=False):
+        data = event.data if isinstance(event.data, dict) else {}
+        if event.event == "stdout":
+            out.write(data.get("text", ""))
+            out.flush()
+        elif event.event == "stderr":
+            err.write(data.get("text", ""))
+            err.flush()
+        elif event.event == "display":
+            bundle = data.get("data") or {}
+            text = bundle.get("text/plain")
+            others = sorted(m for m in bundle if m != "text/plain")
+            if text is not None:
+                out.write(f"{text}\n")
+            elif others:
+                out.write(f"[{', '.join(others)}]\n")
+        elif event.event == "error":
+            err.write(
+                data.get("traceback_text")
+                or f"{data.get('ename')}: {data.get('evalue')}"
+            )
+            err.write("\n")
+        elif event.event == "context.restarted":
+            err.write(
+                f"[the kernel restarted ({data.get('reason')}): its state is gone]\n"
+            )
+        elif event.event == "execution.ended":
+            state = str(data.get("state"))
+            if state not in ("ok", "error"):
+                err.write(f"[{state}]\n")
+    return state == "ok"
+
+
+def _cells(lines: Any, prompt: Callable[[str], None]) -> Any:
+    """
+    Cells from lines: one line is a cell, unless it opens a block (ends
+    with ``:`` or ``\\``): then lines until an empty one.
+    """
+    prompt(">>> ")
+    block: list[str] = []
+    for line in lines:
+        line = line.rstrip("\n")
+        if block:
+            if line.strip():
+                block.append(line)
+                prompt("... ")
+                continue
+            yield "\n".join(block)
+            block = []
+        elif line.rstrip().endswith((":", "\\")):
+            block = [line]
+            prompt("... ")
+            continue
+        elif line.strip():
+            yield line
+        prompt(">>> ")
+    if block:
+        yield "\n".join(block)
+
+
+def cmd_code(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """
+    ``sandboxd code``: a context (new unless ``--context``), then ``-c``'s
+    code or a read-eval-print loop on stdin; a new context is deleted at
+    exit unless ``--keep``.
+    """
+    created = args.context is None
+    if created:
+        fields = {"kernel": args.kernel} if args.kernel else {}
+        cid = sb.code.create_context(**fields)["id"]
+    else:
+        cid = args.context
+    ok = True
+    try:
+        if args.source is not None:
+            ok = _run_cell(sb, cid, args.source, args, out, err)
+        else:
+            interactive = sys.stdin.isatty()
+
+            def prompt(text: str) -> None:
+                if interactive:
+                    err.write(text)
+                    err.flush()
+
+            for cell in _cells(sys.stdin, prompt):
+                ok = _run_cell(sb, cid, cell, args, out, err) and ok
+    except KeyboardInterrupt:
+        sb.code.interrupt(cid)
+        ok = False
+    finally:
+        if created and not args.keep:
+            sb.code.delete_context(cid)
+        elif created:
+            err.write(f"context {cid} kept\n")
+    return 0 if ok else 1
+
+
 HANDLERS: dict[str, Callable[[Sandbox, argparse.Namespace, TextIO, TextIO], int]] = {
     "exec": cmd_exec,
     "cp": cmd_cp,
@@ -672,6 +793,7 @@ HANDLERS: dict[str, Callable[[Sandbox, argparse.Namespace, TextIO, TextIO], int]
     "kill": cmd_kill,
     "term": cmd_term,
     "caps": cmd_caps,
+    "code": cmd_code,
 }
 
 

@@ -545,7 +545,8 @@ class Door:
         method = request.method.decode("latin-1")
         if method == "POST" and path.count("/") == 2 and "." in path:
             return self.procedures.get(path.lstrip("/"))
-        return self.procedures.get(f"{method} {path.rstrip('/') or '/'}")
+        key = f"{method} {path.rstrip('/') or '/'}"
+        return self.procedures.get(key) or self.procedures.get(_templated(key))
 
     def serve(self, request: Any) -> None:
         """Answer one request (the response is always finished)."""
@@ -612,7 +613,14 @@ class Door:
             if endpoint_id == "e2b" and call.door_passed is not None:
                 call.passed = call.door_passed  # admitted once is enough
             else:
-                call.passed = gate.admit(context, endpoint, call.headers)
+                # E2B's SDKs send only E2B-Traffic-Access-Token on /contexts*:
+                # on this door it presents a token as X-Access-Token does.
+                call.passed = gate.admit(
+                    context,
+                    endpoint,
+                    call.headers,
+                    query_tokens=call.headers.get(b"e2b-traffic-access-token", []),
+                )
         except gate.Refused as refused:
             call.refused_identity = refused.identity
             raise refused.error from None
@@ -771,6 +779,15 @@ def check_content_type(kind: str, value: bytes | None) -> None:
         )
         error.headers["Accept-Post"] = wanted
         raise error
+
+
+def _templated(key: str) -> str:
+    """``POST /contexts/ID/restart`` as its route, ``POST /contexts/{id}/restart``."""
+    method, _, path = key.partition(" ")
+    parts = path.split("/")
+    if len(parts) >= 3 and parts[1] == "contexts" and parts[2]:
+        parts[2] = "{id}"
+    return f"{method} {'/'.join(parts)}"
 
 
 def _unknown(call: Call, message: dict[str, Any], *rest: Any) -> Any:

@@ -13,12 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, maybeDeferred, succeed
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred, succeed
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from sandboxd.e2b import filesystem, process, rest
+from sandboxd.e2b import codeinterp, filesystem, process, rest
 from sandboxd.e2b.door import Door, Procedure
 from sandboxd.readiness import Opening
 from sandboxd.web.connections import ConnectionLimits
@@ -28,7 +28,12 @@ log = Logger(namespace="sandboxd.e2b")
 
 def procedures() -> dict[str, Procedure]:
     """Everything the door serves, by ``package.Service/Method`` or ``METHOD /path``."""
-    return {**process.PROCEDURES, **filesystem.PROCEDURES, **rest.PROCEDURES}
+    return {
+        **process.PROCEDURES,
+        **filesystem.PROCEDURES,
+        **rest.PROCEDURES,
+        **codeinterp.PROCEDURES,
+    }
 
 
 class E2BService(Service):
@@ -45,9 +50,16 @@ class E2BService(Service):
         context: Any,
         description: str,
         limits: ConnectionLimits | None = None,
+        code_description: str | None = None,
     ) -> None:
+        """
+        :param code_description: a second listener of the same door, for
+            platforms that route E2B's code interpreter by its port.
+        """
         self.context = context
         self.description = description
+        self.code_description = code_description
+        self.code_port: Any = None
         self.door = Door(context, procedures(), limits)
         self.processes = process.ProcessDoor()
         self.watchers = filesystem.Watchers(context.reactor)
@@ -68,12 +80,26 @@ class E2BService(Service):
             )
             self._opening.skip()
             return
-        endpoint = serverFromString(self.context.reactor, self.description)
         # A port that cannot bind now fails the start (SPEC §20), as the
         # HTTP and PTY ports' do.
-        self._opening.start(
-            endpoint.listen(self.door.site()), self._listened, self._failed
-        )
+        self._opening.start(self._listen_all(), self._listened, self._failed)
+
+    def _listen_all(self) -> Deferred[Any]:
+        """Listen on the door's port, and its code port when one is given."""
+        site = self.door.site()
+        endpoint = serverFromString(self.context.reactor, self.description)
+        if self.code_description is None:
+            listening: Deferred[Any] = endpoint.listen(site)
+            return listening
+        code = serverFromString(self.context.reactor, self.code_description)
+
+        def both(ports: list[Any]) -> Any:
+            self.code_port = ports[1]
+            return ports[0]
+
+        return gatherResults(
+            [endpoint.listen(site), code.listen(site)], consumeErrors=True
+        ).addCallback(both)
 
     def _listened(self, port: Any) -> None:
         # A wide-open port without a token was refused or warned about at
@@ -119,8 +145,7 @@ class E2BService(Service):
             self._listen_again()
 
     def _listen_again(self) -> None:
-        endpoint = serverFromString(self.context.reactor, self.description)
-        self._relistening = endpoint.listen(self.door.site())
+        self._relistening = self._listen_all()
 
         def listened(port: Any) -> None:
             self._relistening = None
@@ -150,7 +175,10 @@ class E2BService(Service):
         if self.port is None:
             return succeed(None)
         port, self.port = self.port, None
+        code, self.code_port = self.code_port, None
         d = maybeDeferred(port.stopListening)
+        if code is not None:
+            d.addCallback(lambda _: code.stopListening())
         d.addCallback(lambda _: self.door.site().close_all())
         return d
 
@@ -162,9 +190,12 @@ class E2BService(Service):
 
 
 def setup(
-    context: Any, description: str, limits: ConnectionLimits | None = None
+    context: Any,
+    description: str,
+    limits: ConnectionLimits | None = None,
+    code_description: str | None = None,
 ) -> E2BService:
     """Create the E2B service (``context.e2b``)."""
-    service = E2BService(context, description, limits)
+    service = E2BService(context, description, limits, code_description)
     context.e2b = service
     return service

@@ -21,7 +21,8 @@ from twisted.internet.defer import Deferred
 from sandboxd import gate
 from sandboxd._version import __version__
 from sandboxd.errors import Code, limit_exceeded
-from sandboxd.mcp.calls import Progress, ToolCall, decoded_text, error_result
+from sandboxd.mcp.calls import ToolCall, decoded_text, error_result
+from sandboxd.mcp.collecting import Progress
 from sandboxd.mcp.tools import NOT_TOOLS, ArgumentError, Toolbox
 from sandboxd.policy.defaults import (
     MCP_CALLS_PER_SESSION,

@@ -52,6 +52,9 @@ NOT_TOOLS: dict[str, str] = {
 DROPPED_ARGUMENTS: dict[str, frozenset[str]] = {
     "agents_events": frozenset({"follow"}),
     "agents_terminal_output": frozenset({"follow"}),
+    # The door streams every execution (output as progress) and interrupts
+    # it when the call is cancelled: these are its own, not the caller's.
+    "code_execute": frozenset({"stream", "on_disconnect", "wait"}),
 }
 
 #: Endpoints that change or remove what exists (``destructiveHint``).
@@ -222,7 +225,9 @@ def _description(endpoint: Endpoint, schema: Schema) -> str:
             "With follow=true the call runs until the process exits, its new "
             "output sent as progress notifications."
         )
-    elif endpoint.streaming and endpoint.id not in DROPPED_ARGUMENTS:
+    elif endpoint.streaming and "follow" not in DROPPED_ARGUMENTS.get(
+        endpoint.id, frozenset()
+    ):
         parts.append(
             "Runs to completion; new output is sent as progress notifications "
             "when the call carries a progressToken."
@@ -263,7 +268,11 @@ def make_tool(endpoint: Endpoint) -> Tool:
     )
     dropped = DROPPED_ARGUMENTS.get(endpoint.id, frozenset())
     query = tuple(f for f in schema.query if f.name not in dropped)
-    body = schema.body if endpoint.method in ("POST", "DELETE") else ()
+    body = tuple(
+        f
+        for f in (schema.body if endpoint.method in ("POST", "DELETE") else ())
+        if f.name not in dropped
+    )
     descriptor: dict[str, Any] = {
         "name": endpoint.id,
         "title": _title(endpoint),

@@ -89,6 +89,41 @@ ENDPOINT_LIMITS.update(
         },
     }
 )
+#: Code contexts (SPEC §22): shared by every code_* endpoint, so a
+#: context's bounds do not depend on the route that reads them.
+CODE_LIMITS: dict[str, Any] = {
+    "max_contexts": 8,
+    "max_contexts_per_identity": 4,
+    "timeout_seconds": 300,
+    "max_duration_seconds": 3600,
+    "idle_timeout_seconds": 1800,
+    "start_timeout_seconds": 30,
+    "max_output_bytes": 10 * MIB,
+    "max_display_bytes": 8 * MIB,
+    "max_event_bytes": 16 * MIB,
+    "max_queued": 8,
+    "interrupt_grace_seconds": 5,
+}
+
+#: Code contexts: executions kept listed per context (finished ones go first).
+CODE_KEPT_EXECUTIONS = 64
+
+#: Code contexts: a kernel that dies is restarted at most this often a minute.
+CODE_RESTARTS_PER_MINUTE = 3
+
+#: Code contexts: a kernel hub that dies more often than this in a minute is
+#: not started again for its contexts (they fail; a later call tries anew).
+CODE_HUB_RESTARTS_PER_MINUTE = 3
+
+#: Code contexts: display items spilled to disk, all contexts together.
+CODE_MAX_SPILL_BYTES = 512 * MIB
+
+#: Code contexts: how often idle contexts are looked for.
+CODE_SWEEP_SECONDS = 30.0
+
+#: Code contexts: one JSON line from the kernel hub (a display item in
+#: base64 and its JSON framing, under ``max_display_bytes``'s ceiling).
+CODE_HUB_MAX_LINE_BYTES = 64 * MIB
 
 #: Shared by every agents_* endpoint so that a session's limits do not
 #: depend on which route created it.
@@ -389,6 +424,8 @@ def endpoint_limits(endpoint_id: str, group: str) -> dict[str, Any]:
     if group == "git":
         remote = endpoint_id in GIT_REMOTE_IDS
         out.update(GIT_REMOTE_LIMITS if remote else GIT_LOCAL_LIMITS)
+    if group == "code":
+        out.update(CODE_LIMITS)
     out.update(ENDPOINT_LIMITS.get(endpoint_id, {}))
     return out
 
@@ -463,6 +500,10 @@ E2B_WATCHER_EVENTS = 10000
 
 #: E2B door: a watcher nobody polled for this long is removed.
 E2B_WATCHER_IDLE_SECONDS = 600.0
+
+#: E2B door, code interpreter: a ``keepalive`` line after this much silence
+#: on ``/execute`` (E2B's own interval), so a vanished client is noticed.
+E2B_CODE_KEEPALIVE_SECONDS = 5.0
 
 #: E2B door: files one ``POST /files`` may carry.
 E2B_MAX_UPLOAD_FILES = 1000

@@ -109,13 +109,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
     "transfer-only": {"endpoints": _only(*TRANSFER)},
     "read-only": {
-        "groups": dict(_RUNNING_GROUPS),
+        "groups": {**_RUNNING_GROUPS, "code": False},
         "endpoints": _off(*FILE_WRITES, "env_set", *_GIT_WRITES),
     },
     "hardened": {
         "groups": dict(_RUNNING_GROUPS),
         "defaults": {"audit": "deny", "paths": {"hard_links": "deny_writes"}},
         "endpoints": {
+            "group:code": {"params": {"allow_stdin": False}},
             "env_set": {"enabled": False},
             "files_*": _HARDENED_FILES,
             "upload": _HARDENED_FILES,

@@ -46,6 +46,13 @@ class Limits:
     # capability links
     max_link_ttl_seconds: float | None = None
     max_jobs: int | None = None
+    # code contexts (SPEC §22)
+    max_contexts: int | None = None
+    max_contexts_per_identity: int | None = None
+    start_timeout_seconds: float | None = None
+    max_display_bytes: int | None = None
+    max_queued: int | None = None
+    interrupt_grace_seconds: float | None = None
 
     @property
     def run_ceiling(self) -> float | None:
@@ -133,6 +140,10 @@ class Params:
         "core.autocrlf",
     )
     allow_url_credentials: bool = False
+    # code contexts (SPEC §22)
+    kernels: tuple[str, ...] = ("python3", "sandboxd-python")
+    allow_stdin: bool = True
+    auto_restart: bool = True
 
 
 #: The sections of a rule and the class describing each.

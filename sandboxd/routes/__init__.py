@@ -39,6 +39,7 @@ GROUP_MODULES: dict[CapabilityGroup, tuple[str, ...]] = {
     G.MCP: ("sandboxd.routes.mcp",),
     G.AUTH: ("sandboxd.routes.links",),
     G.PREVIEW: ("sandboxd.routes.preview",),
+    G.CODE: ("sandboxd.routes.kernels",),
 }
 
 

@@ -19,7 +19,13 @@ from sandboxd.web.target import parse_query
 
 #: Endpoint ids whose GET accepts ``access_token`` in the query.
 QUERY_TOKEN_ENDPOINTS = frozenset(
-    {"files_watch", "process_output", "agents_events", "git_job_events"}
+    {
+        "files_watch",
+        "process_output",
+        "agents_events",
+        "git_job_events",
+        "code_execution_events",
+    }
 )
 #: Of those, the ones that accept it only with ``follow=true``.
 FOLLOW_ONLY = frozenset({"process_output"})

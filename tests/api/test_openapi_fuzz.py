@@ -198,7 +198,7 @@ SELECTION = [
     "--include-path",
     "/files/search",
     "--exclude-path-regex",
-    "^/(agents|browser)|^/files/watch$",
+    "^/(agents|browser|code/(kernels|contexts))|^/files/watch$",
 ]
 
 
@@ -275,14 +275,16 @@ WRITE_STATUSES = ("2xx", "400", "401", "403", "404", "409", "412", "413", "429")
 #: - ``/browser``: navigation needs Chromium and the network, which this
 #:   run must not reach;
 #: - ``/mcp``: a front door with its own JSON-RPC framing, tested by the
-#:   official SDK in tests/mcp.
+#:   official SDK in tests/mcp;
+#: - ``/code/contexts``: a context runs a Jupyter kernel (an opt-in group,
+#:   off here); tests/kernels drive real ones.
 WRITE_SELECTION = [
     "--include-method",
     "POST",
     "--include-method",
     "DELETE",
     "--exclude-path-regex",
-    "^/(agents|browser|mcp)",
+    "^/(agents|browser|mcp|code/contexts)",
 ]
 
 

@@ -1,0 +1,339 @@
+# -*- test-case-name: tests.e2b.test_codeinterp -*-
+"""
+E2B's code-interpreter API on the E2B door (SPEC §22): ``POST /execute``
+(NDJSON lines, one per output, ``end_of_execution`` last), ``GET|POST
+/contexts``, ``POST /contexts/{id}/restart`` and ``DELETE /contexts/{id}``,
+so ``e2b_code_interpreter.Sandbox.run_code`` and the seed SDK's
+``agent_sandbox.code_interpreter`` run unchanged.
+
+Each route is governed as the native endpoint doing the same job
+(``code_execute``, ``code_contexts_list``, ``code_context_create``,
+``code_context_restart``, ``code_context_delete``) and runs through its
+handler's own functions, so limits, kernels, users and ownership are the
+native ones. A client that disconnects interrupts the execution, as E2B's
+server does; a context per language is made on first use.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+from twisted.internet.defer import ensureDeferred
+from twisted.logger import Logger
+from twisted.web.server import NOT_DONE_YET
+
+from sandboxd.e2b.door import REST, Call, Procedure
+from sandboxd.errors import ApiError, bad_request, internal
+from sandboxd.eventlog import Event
+from sandboxd.policy.defaults import E2B_CODE_KEEPALIVE_SECONDS
+
+log = Logger(namespace="sandboxd.e2b")
+
+#: Jupyter MIME types to the fields of E2B's ``Result``; others go in ``extra``.
+MIME_FIELDS = {
+    "text/plain": "text",
+    "text/html": "html",
+    "text/markdown": "markdown",
+    "image/svg+xml": "svg",
+    "image/png": "png",
+    "image/jpeg": "jpeg",
+    "application/pdf": "pdf",
+    "text/latex": "latex",
+    "application/json": "json",
+    "application/javascript": "javascript",
+    "e2b/data": "data",
+    "e2b/chart": "chart",
+}
+
+
+def _routes() -> Any:
+    from sandboxd.routes import kernels
+
+    return kernels
+
+
+def _body(call: Call) -> dict[str, Any]:
+    content = call.request.content
+    raw = content.read() if content is not None else b""
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise bad_request("the body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise bad_request("the body must be a JSON object")
+    return body
+
+
+def _context_id(call: Call) -> str:
+    parts = call.request.path.decode("latin-1").strip("/").split("/")
+    return parts[1] if len(parts) >= 2 else ""
+
+
+def _e2b_context(ctx: Any) -> dict[str, Any]:
+    return {"id": ctx.id, "language": ctx.language or "python", "cwd": ctx.cwd}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat()
+
+
+def result_line(data: dict[str, Any]) -> dict[str, Any]:
+    """A ``display`` event as E2B's ``result`` line."""
+    out: dict[str, Any] = {
+        "type": "result",
+        "is_main_result": bool(data.get("is_result")),
+    }
+    extra: dict[str, Any] = {}
+    for mime, value in (data.get("data") or {}).items():
+        field = MIME_FIELDS.get(mime)
+        if field is None:
+            extra[mime] = value
+        elif field == "text" and _quoted(value):
+            # As E2B's server: a str repr's quotes are not part of the text.
+            out[field] = value[1:-1]
+        else:
+            out[field] = value
+    if data.get("refs"):
+        extra["sandboxd_refs"] = data["refs"]
+    if extra:
+        out["extra"] = extra
+    return out
+
+
+def _quoted(value: Any) -> bool:
+    return isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] == "'"
+
+
+def lines_of(event: Event) -> list[dict[str, Any]]:
+    """The E2B lines one execution event becomes (often none)."""
+    data = event.data
+    kind = event.event
+    if kind in ("stdout", "stderr"):
+        return [{"type": kind, "text": data.get("text", ""), "timestamp": _now()}]
+    if kind == "display":
+        return [result_line(data)]
+    if kind == "error":
+        return [
+            {
+                "type": "error",
+                "name": data.get("ename", ""),
+                "value": data.get("evalue", ""),
+                "traceback": "\n".join(data.get("traceback") or []),
+            }
+        ]
+    if kind == "execution.started":
+        return [
+            {
+                "type": "number_of_executions",
+                "execution_count": data.get("execution_count"),
+            }
+        ]
+    if kind == "execution.ended":
+        state = data.get("state")
+        out: list[dict[str, Any]] = []
+        if state in ("timeout", "lost"):
+            out.append(
+                {
+                    "type": "error",
+                    "name": "TimeoutError"
+                    if state == "timeout"
+                    else "ContextRestarting",
+                    "value": f"the execution ended {state}"
+                    + (f" ({data['reason']})" if data.get("reason") else ""),
+                    "traceback": "",
+                }
+            )
+        out.append({"type": "end_of_execution"})
+        return out
+    return []
+
+
+async def _target(call: Call, body: dict[str, Any]) -> Any:
+    """The context an ``/execute`` runs in: named, or the language's default."""
+    routes = _routes()
+    request = call.server_request()
+    context_id = body.get("context_id")
+    language = body.get("language")
+    if context_id and language:
+        raise bad_request("give context_id or language, not both")
+    service = routes.service(request)
+    if context_id:
+        if not isinstance(context_id, str):
+            raise bad_request("'context_id' must be a string")
+        return service.get(context_id, call.identity)
+    lang = str(language or "python").lower()
+    key = (call.identity.id, lang)
+    cid = service.e2b_defaults.get(key)
+    ctx = service.contexts.get(cid) if cid else None
+    if ctx is not None and ctx.state not in ("closed", "dead"):
+        return ctx
+    ctx = await routes.create_context(request, {"language": lang})
+    service.e2b_defaults[key] = ctx.id
+    return ctx
+
+
+def execute(call: Call, _: Any) -> Any:
+    """``POST /execute``: the execution's outputs as NDJSON, as they come."""
+    body = _body(call)
+    d = ensureDeferred(_execute(call, body))
+
+    def failed(failure: Any) -> None:
+        error = failure.value if isinstance(failure.value, ApiError) else None
+        if error is None:
+            log.failure("sandboxd: e2b /execute failed", failure)
+            error = internal("the execution failed")
+        call.door.fail(call, error)
+
+    d.addErrback(failed)
+    return NOT_DONE_YET
+
+
+async def _execute(call: Call, body: dict[str, Any]) -> None:
+    routes = _routes()
+    ctx = await _target(call, body)
+    env = body.get("env_vars") or None
+    native = {"code": body.get("code"), "env": env}
+    x = routes.new_execution(call.server_request(), ctx, native)
+    if call.closed:
+        ctx.abandon(x)
+        call.done()
+        return
+    NdjsonStream(call, ctx, x)
+
+
+class NdjsonStream:
+    """Writes one execution's events to an E2B client as NDJSON lines."""
+
+    def __init__(self, call: Call, ctx: Any, x: Any) -> None:
+        self.call = call
+        self.ctx = ctx
+        self.x = x
+        self.sent = 0
+        self.over = False
+        request = call.request
+        request.setResponseCode(200)
+        request.setHeader(b"content-type", b"application/x-ndjson")
+        request.setHeader(b"cache-control", b"no-cache")
+        self.clock = call.context.reactor
+        self._beat = self.clock.callLater(E2B_CODE_KEEPALIVE_SECONDS, self._keepalive)
+        self._unsubscribe = x.log.subscribe(self._on_event)
+        call.on_close(self._gone)
+        self._pump()
+
+    def _write(self, lines: list[dict[str, Any]]) -> None:
+        if not lines or self.call.closed:
+            return
+        data = b"".join(
+            json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode(
+                "utf-8", "surrogatepass"
+            )
+            + b"\n"
+            for line in lines
+        )
+        self.call.bytes_out += len(data)
+        self.call.request.write(data)
+        if self._beat.active():
+            self._beat.reset(E2B_CODE_KEEPALIVE_SECONDS)
+
+    def _keepalive(self) -> None:
+        if self.over or self.call.closed:
+            return
+        self._write([{"type": "keepalive"}])
+        self._beat = self.clock.callLater(E2B_CODE_KEEPALIVE_SECONDS, self._keepalive)
+
+    def _on_event(self, event: Event | None) -> None:
+        self._pump()
+
+    def _pump(self) -> None:
+        if self.over:
+            return
+        _, events = self.x.log.since(self.sent)
+        out: list[dict[str, Any]] = []
+        for event in events:
+            self.sent = event.seq
+            out.extend(lines_of(event))
+        self._write(out)
+        if self.x.log.closed and self.x.log.last_seq <= self.sent:
+            self._finish()
+
+    def _finish(self) -> None:
+        self.over = True
+        self._unsubscribe()
+        if self._beat.active():
+            self._beat.cancel()
+        if not self.call.closed:
+            self.call.request.finish()
+        self.call.done()
+
+    def _gone(self) -> None:
+        """The client left: E2B's semantics, the execution is interrupted."""
+        if self.over:
+            return
+        self.over = True
+        self._unsubscribe()
+        if self._beat.active():
+            self._beat.cancel()
+        self.ctx.abandon(self.x)
+
+
+async def _create(call: Call) -> dict[str, Any]:
+    body = _body(call)
+    native: dict[str, Any] = {"language": str(body.get("language") or "python").lower()}
+    if body.get("cwd"):
+        native["cwd"] = body["cwd"]
+    ctx = await _routes().create_context(call.server_request(), native)
+    return _e2b_context(ctx)
+
+
+def create(call: Call, _: Any) -> Any:
+    """``POST /contexts {language?, cwd?}`` → ``{id, language, cwd}``."""
+    return ensureDeferred(_create(call))
+
+
+def list_contexts(call: Call, _: Any) -> Any:
+    """``GET /contexts`` → ``[{id, language, cwd}]`` (the caller's)."""
+    service = _routes().service(call.server_request())
+    return [_e2b_context(c) for c in service.visible(call.identity)]
+
+
+async def _restart(call: Call) -> int:
+    service = _routes().service(call.server_request())
+    ctx = service.get(_context_id(call), call.identity)
+    await ctx.restart("user")
+    return 204
+
+
+def restart(call: Call, _: Any) -> Any:
+    """``POST /contexts/{id}/restart``: a fresh kernel."""
+    return ensureDeferred(_restart(call))
+
+
+async def _delete(call: Call) -> int:
+    service = _routes().service(call.server_request())
+    ctx = service.get(_context_id(call), call.identity)
+    await service.remove(ctx)
+    return 204
+
+
+def delete(call: Call, _: Any) -> Any:
+    """``DELETE /contexts/{id}``."""
+    return ensureDeferred(_delete(call))
+
+
+PROCEDURES = {
+    "POST /execute": Procedure("POST /execute", REST, "code_execute", execute),
+    "GET /contexts": Procedure(
+        "GET /contexts", REST, "code_contexts_list", list_contexts
+    ),
+    "POST /contexts": Procedure("POST /contexts", REST, "code_context_create", create),
+    "POST /contexts/{id}/restart": Procedure(
+        "POST /contexts/{id}/restart", REST, "code_context_restart", restart
+    ),
+    "DELETE /contexts/{id}": Procedure(
+        "DELETE /contexts/{id}", REST, "code_context_delete", delete
+    ),
+}

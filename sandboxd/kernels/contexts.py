@@ -1,0 +1,951 @@
+# -*- test-case-name: tests.kernels.test_contexts -*-
+"""
+A code context (one kernel and its executions) and an execution (one piece
+of code run in it, with its own bounded event log).
+
+A context's kernel is a governed child: spawned by the daemon from its
+kernelspec, in its own session, as the request's user, with the secrets
+stripped from its environment; restarting or deleting the context ends
+the kernel's whole tree. Executions queue FIFO and run one at a time; the
+hub (:mod:`sandboxd.kernels.hubclient`) turns their Jupyter messages into the
+events logged here. Every execution ends with one ``execution.ended`` event
+whose ``state`` says what happened (``ok``, ``error``, ``interrupted``,
+``timeout``, ``lost``); a kernel that had to be restarted says so with
+``context.restarted`` first, so a lost state is never silent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections import OrderedDict, deque
+from typing import Any, Protocol
+
+import attrs
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall
+from twisted.logger import Logger
+
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    conflict,
+    internal,
+    limit_exceeded,
+    timed_out,
+    unavailable,
+)
+from sandboxd.eventlog import EventLog
+from sandboxd.kernels.kernelspecs import KernelSpec, kernel_argv
+from sandboxd.policy import defaults
+from sandboxd.processes.child import Child, HeadTail, signal_child
+from sandboxd.processes.command import RunAs, find_executable
+from sandboxd.processes.run import spawn
+from sandboxd.waiters import Waiters
+
+log = Logger(namespace="sandboxd.kernels")
+
+#: The states an execution ends in.
+FINAL_STATES = ("ok", "error", "interrupted", "timeout", "lost")
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class Host(Protocol):
+    """What a context needs of its service (:class:`~sandboxd.kernels.service.CodeService`)."""
+
+    reactor: Any
+    children: Any
+
+    def hub(self) -> Any:
+        """The hub, started if none runs."""
+
+    def hub_send(self, command: dict[str, Any]) -> None:
+        """Send to the hub if one runs."""
+
+    def spill(
+        self, ctx: CodeContext, x: Execution, data: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Display values within bounds, the rest spilled to files."""
+
+    def execution_ended(self, ctx: CodeContext, x: Execution) -> None:
+        """An execution ended."""
+
+
+@attrs.frozen
+class ExecutionLimits:
+    """The bounds one execution runs under (from its ``code_execute`` rule)."""
+
+    timeout: float
+    max_output_bytes: int
+    max_display_bytes: int
+    max_event_bytes: int
+    interrupt_grace: float
+
+
+@attrs.define(eq=False)
+class Execution:
+    """
+    One piece of code run in a context.
+
+    :ivar log: its events (SPEC §9: resumable by ``seq``), closed after
+        ``execution.ended``.
+    """
+
+    id: str
+    context_id: str
+    code: str
+    limits: ExecutionLimits
+    allow_stdin: bool = False
+    silent: bool = False
+    store_history: bool = True
+    env: dict[str, str] | None = None
+    state: str = "queued"
+    started: bool = False
+    execution_count: int | None = None
+    created_at: float = attrs.Factory(time.time)
+    started_at: float | None = None
+    ended_at: float | None = None
+    error: dict[str, Any] | None = None
+    input_pending: bool = False
+    interrupted: bool = False
+    timing_out: bool = False
+    log: EventLog = attrs.field(init=False)
+    stdout: HeadTail = attrs.field(init=False)
+    stderr: HeadTail = attrs.field(init=False)
+    results: list[dict[str, Any]] = attrs.Factory(list)
+    results_bytes: int = 0
+    ended: Waiters[None] = attrs.Factory(Waiters)
+    timer: IDelayedCall | None = None
+
+    def __attrs_post_init__(self) -> None:
+        self.log = EventLog(self.limits.max_event_bytes)
+        self.stdout = HeadTail(self.limits.max_output_bytes)
+        self.stderr = HeadTail(self.limits.max_output_bytes)
+
+    @property
+    def done(self) -> bool:
+        """Whether it has ended."""
+        return self.state in FINAL_STATES
+
+    @property
+    def code_sha256(self) -> str:
+        """The sha256 of its code (what the audit line carries)."""
+        return hashlib.sha256(self.code.encode("utf-8", "surrogatepass")).hexdigest()
+
+    @property
+    def events_url(self) -> str:
+        """Where its events stream from."""
+        return f"/code/contexts/{self.context_id}/executions/{self.id}/events"
+
+    def emit(self, event: str, size: int | None = None, **data: Any) -> None:
+        """
+        Log one event (every event names its execution).
+
+        :param size: what it costs in the log, when the caller knows it
+            cheaper than by encoding it (output text: its length).
+        """
+        if not self.log.closed:
+            self.log.append(event, {"execution_id": self.id, **data}, size)
+
+    def wait(self) -> Deferred[None]:
+        """Fires once it has ended (at once if it has)."""
+        if self.done:
+            d: Deferred[None] = Deferred()
+            d.callback(None)
+            return d
+        return self.ended.wait()
+
+    def duration_ms(self) -> float | None:
+        """How long it ran (so far)."""
+        if self.started_at is None:
+            return None
+        end = self.ended_at if self.ended_at is not None else time.time()
+        return round((end - self.started_at) * 1000.0, 2)
+
+    @property
+    def truncated(self) -> bool:
+        """Whether output was dropped from its result (head and tail kept)."""
+        return self.stdout.truncated or self.stderr.truncated
+
+    @property
+    def dropped_bytes(self) -> int:
+        """Output bytes dropped between head and tail."""
+        return self.stdout.dropped_bytes + self.stderr.dropped_bytes
+
+    def summary(self) -> dict[str, Any]:
+        """The ``code_executions_list`` entry."""
+        return {
+            "execution_id": self.id,
+            "context_id": self.context_id,
+            "state": self.state,
+            "started": self.started,
+            "execution_count": self.execution_count,
+            "code_sha256": self.code_sha256,
+            "code_head": self.code[:256],
+            "created_at": self.created_at,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "events_url": self.events_url,
+        }
+
+    def result(self) -> dict[str, Any]:
+        """The result document (what a finished ``code_execute`` answers)."""
+        return {
+            "execution_id": self.id,
+            "context_id": self.context_id,
+            "state": self.state,
+            "started": self.started,
+            "execution_count": self.execution_count,
+            "stdout": self.stdout.value().decode("utf-8", "replace"),
+            "stderr": self.stderr.value().decode("utf-8", "replace"),
+            "results": list(self.results),
+            "error": self.error,
+            "duration_ms": self.duration_ms(),
+            "truncated": self.truncated,
+            "dropped_bytes": self.dropped_bytes,
+            "events_url": self.events_url,
+        }
+
+
+def _held_bytes(x: Execution) -> int:
+    """What a finished execution keeps in memory (near enough)."""
+    kept = x.stdout.total_bytes - x.stdout.dropped_bytes
+    kept += x.stderr.total_bytes - x.stderr.dropped_bytes
+    return x.log.retained_bytes + kept + x.results_bytes
+
+
+def env_prologue(env: dict[str, str]) -> tuple[str, str]:
+    """
+    Python that sets ``env`` for one execution and the Python that puts
+    the old values back. The values travel as one JSON document in a
+    Python string literal (``repr``), never pasted into code, so no quote
+    in a value can change the code.
+    """
+    literal = repr(json.dumps(env))
+    before = (
+        "(lambda os, env: (os.__dict__.__setitem__('_sandboxd_saved_env', "
+        "{k: os.environ.get(k) for k in env}), os.environ.update(env)))"
+        f"(__import__('os'), __import__('json').loads({literal}))"
+    )
+    after = (
+        "(lambda os: [os.environ.pop(k, None) if v is None else "
+        "os.environ.__setitem__(k, v) for k, v in "
+        "os.__dict__.pop('_sandboxd_saved_env', {}).items()])(__import__('os'))"
+    )
+    return before, after
+
+
+class CodeContext:
+    """
+    One kernel and its executions.
+
+    States: ``starting`` → ``idle`` ⇄ ``busy``, ``restarting``, ``dead``
+    (restarts exhausted), ``closed``.
+    """
+
+    def __init__(
+        self,
+        service: Host,
+        spec: KernelSpec,
+        owner: str,
+        cwd: str,
+        env: dict[str, str],
+        run_as: RunAs | None,
+        limits: Any,
+        auto_restart: bool,
+        name: str | None = None,
+    ) -> None:
+        self.service = service
+        self.reactor = service.reactor
+        self.id = "ctx_" + secrets.token_hex(8)
+        self.spec = spec
+        #: ``sandboxd-python``: spoken to directly, not through the hub.
+        self.builtin = spec.source == "builtin"
+        self.owner = owner
+        self.cwd = cwd
+        self.env = env
+        self.run_as = run_as
+        self.name = name
+        self.auto_restart = auto_restart
+        self.start_timeout: float = limits["start_timeout_seconds"]
+        self.idle_timeout: float = limits["idle_timeout_seconds"]
+        self.max_queued: int = limits["max_queued"]
+        self.created_at = time.time()
+        self.last_activity = time.monotonic()
+        self.last_activity_at = time.time()
+        self.state = "starting"
+        self.kernel: Child | None = None
+        self.kernel_stderr = HeadTail(8 * defaults.KIB)
+        self.exit_code: int | None = None
+        self.restarts = 0
+        self._recent_deaths: deque[float] = deque()
+        self.info: dict[str, Any] = {}
+        self.queue: deque[Execution] = deque()
+        self.current: Execution | None = None
+        self.executions: OrderedDict[str, Execution] = OrderedDict()
+        self._ready: Waiters[None] = Waiters()
+        self._start_timer: IDelayedCall | None = None
+        self._grace_timer: IDelayedCall | None = None
+        self._pending_epilogue: str | None = None
+        self.dir = tempfile.mkdtemp(prefix="sandboxd-code-")
+        if run_as is not None and os.geteuid() == 0:
+            os.chown(self.dir, run_as.uid, run_as.gid)
+
+    # -- views --------------------------------------------------------------
+
+    @property
+    def language(self) -> str:
+        """The kernel's language (what its spec or ``kernel_info`` says)."""
+        return str(self.info.get("name") or self.spec.language or "")
+
+    def describe(self, detail: bool = False) -> dict[str, Any]:
+        """The context document."""
+        out: dict[str, Any] = {
+            "id": self.id,
+            "kernel": self.spec.name,
+            "language": self.language,
+            "name": self.name,
+            "cwd": self.cwd,
+            "user": self.run_as.name if self.run_as is not None else None,
+            "state": self.state,
+            "created_at": self.created_at,
+            "last_activity": self.last_activity_at,
+            "execution_count": self._last_count(),
+            "pid": self.kernel.pid if self.kernel is not None else None,
+            "owner": self.owner,
+            "restarts": self.restarts,
+        }
+        if detail:
+            out["current_execution"] = self.current.id if self.current else None
+            out["queued"] = [x.id for x in self.queue]
+            out["exit_code"] = self.exit_code
+        return out
+
+    def _last_count(self) -> int:
+        for x in reversed(self.executions.values()):
+            if x.execution_count is not None:
+                return x.execution_count
+        return 0
+
+    def touch(self) -> None:
+        """Note activity (the idle timeout counts from here)."""
+        self.last_activity = time.monotonic()
+        self.last_activity_at = time.time()
+
+    # -- the kernel -----------------------------------------------------------
+
+    def start(self) -> Deferred[None]:
+        """Spawn the kernel and connect the hub; fires once it answers."""
+        waiting = self._ready.wait()
+        self._spawn()
+        return waiting
+
+    def _spawn(self) -> None:
+        self.state = "starting" if self.state != "restarting" else "restarting"
+        if self.builtin:
+            self._spawn_builtin()
+            return
+        conn = {
+            "transport": "ipc",
+            "ip": os.path.join(self.dir, f"k{secrets.token_hex(3)}"),
+            "shell_port": 1,
+            "iopub_port": 2,
+            "stdin_port": 3,
+            "control_port": 4,
+            "hb_port": 5,
+            "key": secrets.token_hex(32),
+            "signature_scheme": "hmac-sha256",
+            "kernel_name": self.spec.name,
+        }
+        path = os.path.join(self.dir, "connection.json")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(conn, f)
+        if self.run_as is not None and os.geteuid() == 0:
+            os.chown(path, self.run_as.uid, self.run_as.gid)
+        env = dict(self.env)
+        child = Child(self.reactor, self._kernel_output)
+        try:
+            spawn(
+                self.reactor,
+                child,
+                kernel_argv(self.spec, path),
+                children=self.service.children,
+                env=env,
+                cwd=self.cwd,
+                run_as=self.run_as,
+            )
+        except OSError as e:
+            self._start_failed(internal(f"the kernel could not start: {e}", "OSError"))
+            return
+        self.kernel = child
+        child.ended.addCallback(self._kernel_ended, child)
+        self._start_timer = self.reactor.callLater(
+            self.start_timeout, self._start_timed_out, child
+        )
+        self.service.hub().send(
+            {"op": "open", "cid": self.id, "conn": conn, "timeout": self.start_timeout}
+        )
+
+    def _spawn_builtin(self) -> None:
+        """
+        ``sandboxd-python``: no hub; the kernel's stdin takes the commands
+        and its stdout carries the events, one JSON line each.
+        """
+        from sandboxd.kernels.hubclient import LineSplitter
+
+        def overflow(size: int) -> None:
+            log.warn("code context {id}: a line of {size} bytes", id=self.id, size=size)
+            if self.kernel is not None:
+                self.kernel.kill("killed")
+
+        splitter = LineSplitter(
+            defaults.CODE_HUB_MAX_LINE_BYTES, self._builtin_line, overflow
+        )
+
+        def output(fd: int, data: bytes) -> None:
+            if fd == 1:
+                splitter.feed(data)
+            else:
+                self.kernel_stderr.write(data)
+
+        child = Child(self.reactor, output)
+        try:
+            spawn(
+                self.reactor,
+                child,
+                # The Python of the kernel's own PATH (the sandbox's).
+                [
+                    find_executable("python3", self.env) or sys.executable,
+                    *kernel_argv(self.spec, "")[1:],
+                ],
+                children=self.service.children,
+                env=dict(self.env),
+                cwd=self.cwd,
+                run_as=self.run_as,
+                stdin_pipe=True,
+            )
+        except OSError as e:
+            self._start_failed(internal(f"the kernel could not start: {e}", "OSError"))
+            return
+        self.kernel = child
+        child.ended.addCallback(self._kernel_ended, child)
+        self._start_timer = self.reactor.callLater(
+            self.start_timeout, self._start_timed_out, child
+        )
+
+    def _builtin_line(self, line: bytes) -> None:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return
+        if isinstance(event, dict):
+            self.hub_event(event)
+
+    def _send(self, command: dict[str, Any]) -> None:
+        """A command for the kernel: through the hub, or on the built-in kernel's stdin."""
+        if not self.builtin:
+            self.service.hub().send(command)
+        elif self.kernel is not None:
+            line = json.dumps(command, separators=(",", ":"), ensure_ascii=False)
+            self.kernel.write_stdin(line.encode("utf-8", "surrogatepass") + b"\n")
+
+    def _hub_close(self) -> None:
+        if not self.builtin:
+            self.service.hub_send({"op": "close", "cid": self.id})
+
+    def _kernel_output(self, fd: int, data: bytes) -> None:
+        self.kernel_stderr.write(data)
+
+    def _start_timed_out(self, child: Child) -> None:
+        self._start_timer = None
+        if child is self.kernel and self.state in ("starting", "restarting"):
+            self._start_failed(
+                timed_out(
+                    f"the kernel did not answer within {self.start_timeout:g} seconds;"
+                    " its process tree was killed",
+                    status=504,
+                )
+            )
+
+    def _start_failed(self, error: ApiError) -> None:
+        if self._start_timer is not None and self._start_timer.active():
+            self._start_timer.cancel()
+        self._start_timer = None
+        kernel, self.kernel = self.kernel, None
+        if kernel is not None:
+            kernel.kill("killed")
+        self._hub_close()
+        self.state = "dead"
+        for x in list(self.queue):
+            self._end(x, "lost")
+        self.queue.clear()
+        self._ready.fail(error)
+
+    def hub_event(self, event: dict[str, Any]) -> None:
+        """One event from the hub about this context."""
+        kind = event.get("ev")
+        if kind == "ready":
+            self._on_ready(event.get("info") or {})
+            return
+        if kind == "failed":
+            if self.state in ("starting", "restarting"):
+                tail = self.kernel_stderr.value().decode("utf-8", "replace").strip()
+                msg = f"the kernel did not start: {event.get('message')}"
+                self._start_failed(
+                    internal(msg + (f" ({tail[-500:]})" if tail else ""))
+                )
+            return
+        xid = event.get("xid")
+        if not isinstance(xid, str):
+            return
+        x = self.current
+        if x is None or x.id != xid:
+            if kind == "done" and self._pending_epilogue == xid:
+                self._pending_epilogue = None
+                self._next()
+            return
+        self.touch()
+        if kind == "stream":
+            self._on_stream(x, event)
+        elif kind == "display":
+            self._on_display(x, event)
+        elif kind == "started":
+            x.started = True
+            x.execution_count = event.get("count")
+            x.emit("execution.started", execution_count=x.execution_count)
+        elif kind == "error":
+            tb = [str(t) for t in event.get("traceback") or []]
+            x.error = {
+                "ename": event.get("ename", ""),
+                "evalue": event.get("evalue", ""),
+                "traceback": tb,
+            }
+            x.emit("error", traceback_text=_ANSI.sub("", "\n".join(tb)), **x.error)
+        elif kind == "input":
+            x.input_pending = True
+            x.emit(
+                "input.requested",
+                prompt=event.get("prompt", ""),
+                password=bool(event.get("password")),
+            )
+        elif kind == "clear":
+            x.emit("clear_output", wait=bool(event.get("wait")))
+        elif kind == "done":
+            self._on_done(x, str(event.get("status")), event.get("count"))
+        elif kind == "bad_command":
+            self._end(x, "lost")
+            self._next()
+
+    def _on_ready(self, info: dict[str, Any]) -> None:
+        if self._start_timer is not None and self._start_timer.active():
+            self._start_timer.cancel()
+        self._start_timer = None
+        if self.state not in ("starting", "restarting"):
+            return
+        self.info = info
+        self.state = "idle"
+        self.touch()
+        self._ready.fire(None)
+        self._next()
+
+    def _on_stream(self, x: Execution, event: dict[str, Any]) -> None:
+        name = "stderr" if event.get("name") == "stderr" else "stdout"
+        text = str(event.get("text", ""))
+        raw = text.encode("utf-8", "surrogatepass")
+        (x.stderr if name == "stderr" else x.stdout).write(raw)
+        # Its size in the log is its length plus the frame: no second encode.
+        x.emit(name, size=len(raw) + 64, text=text)
+
+    def _on_display(self, x: Execution, event: dict[str, Any]) -> None:
+        data = event.get("data")
+        if not isinstance(data, dict):
+            return
+        data, refs = self.service.spill(self, x, data)
+        item: dict[str, Any] = {
+            "data": data,
+            "metadata": event.get("metadata") or {},
+            "is_result": bool(event.get("is_result")),
+        }
+        if event.get("display_id"):
+            item["display_id"] = event["display_id"]
+        if refs:
+            item["refs"] = refs
+        if event.get("update"):
+            x.emit("display.update", **item)
+        else:
+            x.emit("display", **item)
+        x.results.append(item)
+
+    def _on_done(self, x: Execution, status: str, count: Any) -> None:
+        if isinstance(count, int):
+            x.execution_count = count
+        if x.timing_out:
+            state = "timeout"
+        elif x.interrupted and status != "ok":
+            state = "interrupted"
+        elif status == "ok":
+            state = "ok"
+        else:
+            state = "error"
+        self._end(x, state)
+        if x.env:
+            _, after = env_prologue(x.env)
+            self._pending_epilogue = x.id + ":env-restore"
+            self._send(
+                {
+                    "op": "execute",
+                    "cid": self.id,
+                    "xid": self._pending_epilogue,
+                    "code": after,
+                    "silent": True,
+                    "store_history": False,
+                }
+            )
+            return
+        self._next()
+
+    def _end(self, x: Execution, state: str, **extra: Any) -> None:
+        """End ``x`` with ``state``: its last event, then its waiters."""
+        if x.done:
+            return
+        if x.timer is not None and x.timer.active():
+            x.timer.cancel()
+        x.timer = None
+        if self.current is x:
+            self.current = None
+            if self._grace_timer is not None and self._grace_timer.active():
+                self._grace_timer.cancel()
+            self._grace_timer = None
+        x.state = state
+        x.ended_at = time.time()
+        x.input_pending = False
+        x.emit(
+            "execution.ended",
+            state=state,
+            started=x.started,
+            execution_count=x.execution_count,
+            duration_ms=x.duration_ms(),
+            truncated=x.truncated,
+            dropped_bytes=x.dropped_bytes,
+            **extra,
+        )
+        x.log.close()
+        x.ended.fire(None)
+        self._forget_old(x.limits.max_event_bytes)
+        self.service.execution_ended(self, x)
+
+    def _forget_old(self, budget: int) -> None:
+        """
+        Keep what finished executions hold (events, output, results) within
+        ``budget`` bytes: the oldest are forgotten first (then 404), the
+        newest is always kept, so a context's memory is bounded whatever
+        its executions printed.
+        """
+        finished = [e for e in self.executions.values() if e.done]
+        held = sum(_held_bytes(e) for e in finished)
+        for old in finished[:-1]:
+            if held <= budget:
+                break
+            held -= _held_bytes(old)
+            del self.executions[old.id]
+
+    # -- executions -----------------------------------------------------------
+
+    def submit(self, x: Execution, queue: bool) -> None:
+        """
+        Queue ``x`` (FIFO) and run it when the kernel is free.
+
+        :raises ApiError: 409 ``context_busy`` when busy and ``queue`` is
+            false; 409 ``context_dead``; 429 ``too_many_executions``.
+        """
+        if self.state in ("dead", "closed"):
+            raise conflict(
+                f"the context {self.id} is {self.state}: restart it or delete it",
+                Code.CONTEXT_DEAD,
+            )
+        busy = self.current is not None or bool(self.queue) or self.state != "idle"
+        if busy and not queue:
+            raise conflict(
+                f"the context {self.id} is busy"
+                + (f" with {self.current.id}" if self.current else ""),
+                Code.CONTEXT_BUSY,
+                execution_id=self.current.id if self.current else None,
+            )
+        if len(self.queue) >= self.max_queued:
+            raise limit_exceeded(
+                429,
+                f"the context {self.id} has {len(self.queue)} executions queued"
+                f" (max_queued {self.max_queued})",
+                Code.TOO_MANY_EXECUTIONS,
+                limit=self.max_queued,
+            )
+        self.executions[x.id] = x
+        while len(self.executions) > defaults.CODE_KEPT_EXECUTIONS:
+            oldest = next(iter(self.executions.values()))
+            if not oldest.done:
+                break
+            self.executions.popitem(last=False)
+        self.queue.append(x)
+        if busy:
+            x.emit("execution.queued", position=len(self.queue))
+        self.touch()
+        self._next()
+
+    def _next(self) -> None:
+        if (
+            self.current is not None
+            or self.state not in ("idle", "busy")
+            or self._pending_epilogue is not None
+        ):
+            return
+        if not self.queue:
+            self.state = "idle"
+            return
+        x = self.queue.popleft()
+        self.current = x
+        self.state = "busy"
+        x.state = "running"
+        x.started_at = time.time()
+        x.timer = self.reactor.callLater(x.limits.timeout, self._timed_out, x)
+        if x.env:
+            before, _ = env_prologue(x.env)
+            self._send(
+                {
+                    "op": "execute",
+                    "cid": self.id,
+                    "xid": x.id + ":env",
+                    "code": before,
+                    "silent": True,
+                    "store_history": False,
+                }
+            )
+        self._send(
+            {
+                "op": "execute",
+                "cid": self.id,
+                "xid": x.id,
+                "code": x.code,
+                "silent": x.silent,
+                "store_history": x.store_history,
+                "allow_stdin": x.allow_stdin,
+            }
+        )
+
+    def input(self, x: Execution, value: str) -> None:
+        """Answer ``x``'s pending ``input()``."""
+        if not x.input_pending or self.current is not x:
+            raise conflict(
+                f"the execution {x.id} is not waiting for input", Code.ALREADY_RESOLVED
+            )
+        x.input_pending = False
+        self._send({"op": "input", "cid": self.id, "value": value})
+
+    def abandon(self, x: Execution) -> None:
+        """
+        The client of ``x`` left and asked for an interrupt: running, it is
+        interrupted; still queued, it never starts (``interrupted``,
+        ``started: false``).
+        """
+        if self.current is x:
+            self.interrupt()
+        elif x in self.queue:
+            self.queue.remove(x)
+            x.interrupted = True
+            self._end(x, "interrupted", reason="disconnected")
+
+    def interrupt(self) -> Execution | None:
+        """Interrupt the running execution (SIGINT to the kernel's group, or a message)."""
+        x = self.current
+        if x is None or self.kernel is None:
+            return None
+        x.interrupted = True
+        if self.spec.interrupt_mode == "message":
+            self._send({"op": "interrupt", "cid": self.id})
+        else:
+            signal_child(self.kernel, signal.SIGINT)
+        return x
+
+    def _timed_out(self, x: Execution) -> None:
+        x.timer = None
+        if self.current is not x:
+            return
+        x.timing_out = True
+        x.emit(
+            "stderr",
+            text=f"\n[sandboxd] timeout after {x.limits.timeout:g} s: interrupting\n",
+        )
+        self.interrupt()
+        self._grace_timer = self.reactor.callLater(
+            x.limits.interrupt_grace, self._grace_over, x
+        )
+
+    def _grace_over(self, x: Execution) -> None:
+        self._grace_timer = None
+        if self.current is x and not x.done:
+            # The waiter fails if the context is deleted meanwhile: nobody
+            # else waits on it.
+            self.restart("timeout").addErrback(lambda _: None)
+
+    def restart(self, reason: str, exit_code: int | None = None) -> Deferred[None]:
+        """
+        Kill the kernel's whole tree and start a fresh one; the running
+        execution ends (``timeout`` or ``lost``) after ``context.restarted``.
+        """
+        if self.state == "closed":
+            raise conflict(f"the context {self.id} is closed", Code.CONTEXT_DEAD)
+        old, self.kernel = self.kernel, None
+        if self._start_timer is not None and self._start_timer.active():
+            self._start_timer.cancel()
+        self._start_timer = None
+        self.state = "restarting"
+        self.restarts += 1
+        x = self.current
+        if x is not None:
+            x.emit("context.restarted", reason=reason, exit_code=exit_code)
+        self._hub_close()
+        waiting = self._ready.wait()
+        killed = old.kill("killed") if old is not None else Deferred()
+        if old is None:
+            killed.callback(None)
+
+        def respawn(_: Any) -> None:
+            # The execution ends once the old tree is gone: whoever sees
+            # execution.ended can rely on no survivor of that kernel.
+            if x is not None:
+                self._end(
+                    x, "timeout" if reason == "timeout" else "lost", reason=reason
+                )
+            self._pending_epilogue = None
+            if self.state == "restarting":
+                self._spawn()
+
+        killed.addBoth(respawn)
+        return waiting
+
+    def _kernel_ended(self, code: int | None, child: Child) -> None:
+        if child is not self.kernel:
+            return  # a kernel the daemon ended itself (restart, close)
+        self.kernel = None
+        self.exit_code = code
+        if self.state in ("starting",):
+            self._start_failed(internal(f"the kernel exited while starting ({code})"))
+            return
+        now = time.monotonic()
+        while self._recent_deaths and now - self._recent_deaths[0] > 60:
+            self._recent_deaths.popleft()
+        if (
+            self.auto_restart
+            and len(self._recent_deaths) < defaults.CODE_RESTARTS_PER_MINUTE
+        ):
+            self._recent_deaths.append(now)
+            self.restart("died", code).addErrback(lambda _: None)
+            return
+        x = self.current
+        if x is not None:
+            x.emit("context.restarted", reason="died", exit_code=code, restarted=False)
+            self._end(x, "lost", reason="died")
+        self.state = "dead"
+        for q in list(self.queue):
+            self._end(q, "lost", reason="died")
+        self.queue.clear()
+        self._hub_close()
+
+    def hub_lost(self) -> None:
+        """
+        The hub is gone: what was running is lost (its output with it), but
+        the kernel and its state live on; reconnect through a new hub.
+        """
+        if self.state in ("dead", "closed") or self.builtin:
+            return
+        x = self.current
+        if x is not None:
+            x.emit("context.restarted", reason="hub", restarted=False)
+            self._end(x, "lost", reason="hub")
+        self._pending_epilogue = None
+        if self.kernel is None:
+            return
+        # The kernel keeps its state: the new hub connects to it again.
+        self.state = "restarting"
+        self.restart_hub_only()
+
+    def hub_failed(self, reason: str) -> None:
+        """
+        The hub keeps dying: a starting context fails its start; any other
+        ends what runs (``lost``) and is ``dead`` (its kernel killed)
+        until restarted or deleted.
+        """
+        if self.state in ("dead", "closed") or self.builtin:
+            return
+        if self.state in ("starting",):
+            self._start_failed(unavailable(f"the kernel hub failed: {reason}"))
+            return
+        x = self.current
+        if x is not None:
+            x.emit("context.restarted", reason="hub", restarted=False)
+            self._end(x, "lost", reason="hub")
+        for q in list(self.queue):
+            self._end(q, "lost", reason="hub")
+        self.queue.clear()
+        self._ready.fail(unavailable(f"the kernel hub failed: {reason}"))
+        self.state = "dead"
+        kernel, self.kernel = self.kernel, None
+        if kernel is not None:
+            kernel.kill("killed")
+
+    def restart_hub_only(self) -> None:
+        """Reconnect to the running kernel (the hub changed)."""
+        path = os.path.join(self.dir, "connection.json")
+        with open(path) as f:
+            conn = json.load(f)
+        if self._start_timer is not None and self._start_timer.active():
+            self._start_timer.cancel()
+        self._start_timer = self.reactor.callLater(
+            self.start_timeout, self._start_timed_out, self.kernel
+        )
+        self.service.hub().send(
+            {"op": "open", "cid": self.id, "conn": conn, "timeout": self.start_timeout}
+        )
+
+    def close(self) -> Deferred[None]:
+        """End every execution, kill the kernel's tree, remove its files."""
+        if self.state == "closed":
+            d: Deferred[None] = Deferred()
+            d.callback(None)
+            return d
+        self.state = "closed"
+        if self._start_timer is not None and self._start_timer.active():
+            self._start_timer.cancel()
+        x = self.current
+        if x is not None:
+            self._end(x, "lost", reason="closed")
+        for q in list(self.queue):
+            self._end(q, "lost", reason="closed")
+        self.queue.clear()
+        self._ready.fail(
+            conflict(f"the context {self.id} was deleted", Code.CONTEXT_DEAD)
+        )
+        self._hub_close()
+        kernel, self.kernel = self.kernel, None
+        killed: Deferred[None]
+        if kernel is not None:
+            killed = kernel.kill("killed")
+        else:
+            killed = Deferred()
+            killed.callback(None)
+
+        def cleanup(result: Any) -> Any:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            return None
+
+        killed.addBoth(cleanup)
+        return killed

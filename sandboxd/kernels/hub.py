@@ -1,0 +1,405 @@
+# -*- test-case-name: tests.kernels.test_contexts -*-
+"""
+The kernel hub: the one child process that speaks ZMQ to Jupyter kernels.
+
+The daemon never imports ``jupyter_client``, ``pyzmq`` or ``tornado``
+(their asyncio loops and signal handling would share the daemon's process
+with Twisted's). It starts this program (``python -m sandboxd.kernels.hub``)
+on the first code context and talks to it over its stdin and stdout: one
+JSON object per line each way. The hub only *connects* to kernels the
+daemon has spawned (it never launches one, so every kernel stays in the
+daemon's process tree, as its user, and dies with it); it turns the
+Jupyter messages of each execution into the small events the daemon logs.
+
+Commands (daemon to hub), each naming a context ``cid``:
+
+- ``{"op": "open", "cid", "conn": {connection info}, "timeout"}`` →
+  ``{"ev": "ready", "cid", "info": {language_info...}}`` or
+  ``{"ev": "failed", "cid", "message"}``
+- ``{"op": "execute", "cid", "xid", "code", "silent", "store_history",
+  "allow_stdin"}`` → ``started``, ``stream``, ``display``, ``clear``,
+  ``error``, ``input`` events, then ``{"ev": "done", "xid", "status",
+  "count"}`` once the reply and the kernel's ``idle`` are both in
+- ``{"op": "input", "cid", "value"}``, ``{"op": "interrupt", "cid"}``
+- ``{"op": "close", "cid", "shutdown": bool}`` → ``{"ev": "closed", "cid"}``
+
+Kept stdlib-plus-jupyter_client only: it runs in its own interpreter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+#: One stream event carries at most this many characters; a bigger chunk of
+#: output is split, so no line grows past the daemon's framing bound with
+#: text alone.
+STREAM_CHUNK_CHARS = 256 * 1024
+
+#: A command line from the daemon is at most this long (code is 1 MiB max).
+MAX_COMMAND_BYTES = 16 * 1024 * 1024
+
+
+class Output:
+    """The hub's stdout: one compact JSON line per event."""
+
+    def __init__(self) -> None:
+        self._out = sys.stdout.buffer
+
+    def send(self, event: dict[str, Any]) -> None:
+        """Write one event line now (a blocked pipe blocks the hub: backpressure)."""
+        line = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
+        self._out.write(line.encode("utf-8", "surrogatepass") + b"\n")
+        self._out.flush()
+
+
+class Pending:
+    """One execution in flight: done once both its reply and ``idle`` are in."""
+
+    def __init__(self, xid: str) -> None:
+        self.xid = xid
+        self.reply: dict[str, Any] | None = None
+        self.idle = False
+
+
+class Kernel:
+    """One connected kernel: its client, its executions, its reader tasks."""
+
+    def __init__(self, hub: Hub, cid: str, conn: dict[str, Any]) -> None:
+        from jupyter_client.asynchronous.client import AsyncKernelClient
+
+        self.hub = hub
+        self.cid = cid
+        self.client = AsyncKernelClient()
+        self.client.load_connection_info(conn)  # type: ignore[arg-type]
+        self.client.start_channels()
+        self.pending: dict[str, Pending] = {}
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def ready(self, timeout: float) -> dict[str, Any]:
+        """
+        Wait until the kernel answers ``kernel_info`` on shell *and* its
+        ``idle`` arrives on iopub: a subscription made before the kernel
+        bound its sockets may miss the first messages otherwise.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        info: dict[str, Any] = {}
+        while loop.time() < deadline:
+            msg_id = self.client.kernel_info()
+            try:
+                info = await self._reply_and_idle(
+                    msg_id, min(1.0, deadline - loop.time())
+                )
+            except TimeoutError:
+                continue
+            self.tasks = [
+                asyncio.ensure_future(self._iopub()),
+                asyncio.ensure_future(self._shell()),
+                asyncio.ensure_future(self._stdin()),
+            ]
+            return info
+        raise TimeoutError
+
+    async def _reply_and_idle(self, msg_id: str, wait: float) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        end = loop.time() + wait
+        content: dict[str, Any] | None = None
+        idle = False
+        while content is None or not idle:
+            left = end - loop.time()
+            if left <= 0:
+                raise TimeoutError
+            if content is None:
+                try:
+                    msg = await asyncio.wait_for(
+                        self.client.get_shell_msg(), min(left, 0.05)
+                    )
+                except TimeoutError:
+                    msg = None
+                if msg is not None and msg["parent_header"].get("msg_id") == msg_id:
+                    content = msg["content"]
+            if not idle:
+                try:
+                    msg = await asyncio.wait_for(
+                        self.client.get_iopub_msg(), min(left, 0.05)
+                    )
+                except TimeoutError:
+                    msg = None
+                if (
+                    msg is not None
+                    and msg["msg_type"] == "status"
+                    and msg["parent_header"].get("msg_id") == msg_id
+                    and msg["content"].get("execution_state") == "idle"
+                ):
+                    idle = True
+        return dict(
+            content.get("language_info") or {},
+            implementation=content.get("implementation"),
+        )
+
+    def execute(self, command: dict[str, Any]) -> None:
+        """Send one ``execute_request``."""
+        msg_id = self.client.execute(
+            command["code"],
+            silent=bool(command.get("silent")),
+            store_history=bool(command.get("store_history", True)),
+            allow_stdin=bool(command.get("allow_stdin")),
+            stop_on_error=False,
+        )
+        self.pending[msg_id] = Pending(command["xid"])
+
+    def _emit(self, pending: Pending, ev: str, **fields: Any) -> None:
+        self.hub.out.send({"ev": ev, "cid": self.cid, "xid": pending.xid, **fields})
+
+    async def _iopub(self) -> None:
+        while True:
+            msg = await self.client.get_iopub_msg()
+            pending = self.pending.get(msg["parent_header"].get("msg_id", ""))
+            if pending is None:
+                continue
+            kind = msg["msg_type"]
+            content = msg["content"]
+            if kind == "stream":
+                text = content.get("text", "")
+                for i in range(0, max(len(text), 1), STREAM_CHUNK_CHARS):
+                    self._emit(
+                        pending,
+                        "stream",
+                        name=content.get("name", "stdout"),
+                        text=text[i : i + STREAM_CHUNK_CHARS],
+                    )
+            elif kind in ("display_data", "execute_result", "update_display_data"):
+                self._emit(
+                    pending,
+                    "display",
+                    data=content.get("data", {}),
+                    metadata=content.get("metadata", {}),
+                    is_result=kind == "execute_result",
+                    update=kind == "update_display_data",
+                    display_id=(content.get("transient") or {}).get("display_id"),
+                )
+            elif kind == "execute_input":
+                self._emit(pending, "started", count=content.get("execution_count"))
+            elif kind == "error":
+                self._emit(
+                    pending,
+                    "error",
+                    ename=content.get("ename", ""),
+                    evalue=content.get("evalue", ""),
+                    traceback=list(content.get("traceback") or []),
+                )
+            elif kind == "clear_output":
+                self._emit(pending, "clear", wait=bool(content.get("wait")))
+            elif kind == "status" and content.get("execution_state") == "idle":
+                pending.idle = True
+                self._finish(msg["parent_header"]["msg_id"], pending)
+
+    async def _shell(self) -> None:
+        while True:
+            msg = await self.client.get_shell_msg()
+            msg_id = msg["parent_header"].get("msg_id", "")
+            pending = self.pending.get(msg_id)
+            if pending is None or msg["msg_type"] != "execute_reply":
+                continue
+            pending.reply = msg["content"]
+            self._finish(msg_id, pending)
+
+    async def _stdin(self) -> None:
+        while True:
+            msg = await self.client.get_stdin_msg()
+            pending = self.pending.get(msg["parent_header"].get("msg_id", ""))
+            if pending is None or msg["msg_type"] != "input_request":
+                continue
+            content = msg["content"]
+            self._emit(
+                pending,
+                "input",
+                prompt=content.get("prompt", ""),
+                password=bool(content.get("password")),
+            )
+
+    def _finish(self, msg_id: str, pending: Pending) -> None:
+        if pending.reply is None or not pending.idle:
+            return
+        del self.pending[msg_id]
+        self._emit(
+            pending,
+            "done",
+            status=pending.reply.get("status", "error"),
+            count=pending.reply.get("execution_count"),
+        )
+
+    def interrupt(self) -> None:
+        """``interrupt_request`` on control (kernels whose spec says ``message``)."""
+        msg = self.client.session.msg("interrupt_request", {})
+        self.client.control_channel.send(msg)
+
+    async def close(self, shutdown: bool) -> None:
+        """Stop reading, optionally ask the kernel to shut down, disconnect."""
+        for task in self.tasks:
+            task.cancel()
+        if shutdown:
+            try:
+                self.client.shutdown()
+                await asyncio.sleep(0.05)
+            except Exception:
+                pass
+        self.client.stop_channels()
+
+
+class Hub:
+    """The command loop: one :class:`Kernel` per open context."""
+
+    def __init__(self) -> None:
+        self.out = Output()
+        self.kernels: dict[str, Kernel] = {}
+        #: Opens and closes under way (a task nobody holds may be collected).
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def run(self) -> None:
+        """Read commands until stdin closes, then disconnect everything."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=MAX_COMMAND_BYTES)
+        await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), sys.stdin
+        )
+        while True:
+            try:
+                line = await reader.readline()
+            except ValueError:
+                self.out.send({"ev": "fatal", "message": "a command line is too long"})
+                return
+            if not line:
+                break
+            try:
+                command = json.loads(line)
+                self.dispatch(command)
+            except Exception as e:  # one bad command never ends the hub
+                self.out.send(
+                    {
+                        "ev": "bad_command",
+                        "cid": _cid(line),
+                        "message": f"{type(e).__name__}: {e}",
+                    }
+                )
+        for kernel in list(self.kernels.values()):
+            await kernel.close(False)
+
+    def dispatch(self, command: dict[str, Any]) -> None:
+        """Carry out one command (``open`` and ``close`` run as tasks)."""
+        op = command["op"]
+        cid = command["cid"]
+        if op == "open":
+            self._spawn(
+                self.open(cid, command["conn"], float(command.get("timeout", 30)))
+            )
+            return
+        if op == "close":
+            self._spawn(self.close(cid, bool(command.get("shutdown"))))
+            return
+        kernel = self.kernels.get(cid)
+        if kernel is None:
+            self.out.send(
+                {
+                    "ev": "bad_command",
+                    "cid": cid,
+                    "xid": command.get("xid"),
+                    "message": "no such context",
+                }
+            )
+            return
+        if op == "execute":
+            kernel.execute(command)
+        elif op == "input":
+            kernel.client.input(str(command.get("value", "")))
+        elif op == "interrupt":
+            kernel.interrupt()
+        else:
+            raise ValueError(f"unknown op {op!r}")
+
+    async def open(self, cid: str, conn: dict[str, Any], timeout: float) -> None:
+        """Connect to a kernel the daemon spawned and wait until it answers."""
+        old = self.kernels.pop(cid, None)
+        if old is not None:
+            await old.close(False)
+        try:
+            kernel = Kernel(self, cid, conn)
+        except Exception as e:
+            self.out.send(
+                {"ev": "failed", "cid": cid, "message": f"{type(e).__name__}: {e}"}
+            )
+            return
+        self.kernels[cid] = kernel
+        try:
+            info = await kernel.ready(timeout)
+        except TimeoutError:
+            if self.kernels.get(cid) is kernel:
+                del self.kernels[cid]
+            await kernel.close(False)
+            self.out.send(
+                {
+                    "ev": "failed",
+                    "cid": cid,
+                    "message": f"the kernel did not answer within {timeout:g} s",
+                }
+            )
+            return
+        self.out.send({"ev": "ready", "cid": cid, "info": info})
+
+    async def close(self, cid: str, shutdown: bool) -> None:
+        """Disconnect from a context's kernel (the daemon kills its tree)."""
+        kernel = self.kernels.pop(cid, None)
+        if kernel is not None:
+            await kernel.close(shutdown)
+        self.out.send({"ev": "closed", "cid": cid})
+
+
+def _cid(line: bytes) -> str | None:
+    try:
+        value = json.loads(line).get("cid")
+    except Exception:
+        return None
+    return value if isinstance(value, str) else None
+
+
+#: Linux's F_SETPIPE_SZ, and the size asked for the pipe to the daemon.
+F_SETPIPE_SZ = 1031
+PIPE_BYTES = 1024 * 1024
+
+
+def _widen_pipe(fd: int) -> None:
+    """
+    A 1 MiB pipe to the daemon instead of 64 KiB: a large output crosses
+    in 16 times fewer hand-overs between the two processes (each one a
+    context switch, dear on a busy machine). Best effort.
+    """
+    import fcntl
+
+    try:
+        fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BYTES)
+    except OSError:
+        pass
+
+
+def main() -> None:
+    """Run the hub until the daemon closes its stdin."""
+    # The daemon interrupts kernels, never the hub.
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _widen_pipe(1)
+    os.environ.pop("PYTHONSTARTUP", None)
+    asyncio.run(Hub().run())
+
+
+if __name__ == "__main__":
+    main()

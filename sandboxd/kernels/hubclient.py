@@ -1,0 +1,183 @@
+# -*- test-case-name: tests.kernels.test_contexts -*-
+"""
+The daemon's side of the kernel hub (:mod:`sandboxd.kernels.hub`): one child,
+started on the first code context, spoken to in JSON lines over its stdin
+and stdout.
+
+A line longer than :data:`~sandboxd.policy.defaults.CODE_HUB_MAX_LINE_BYTES`
+or one that is not a JSON object ends the hub (the framing is broken, so
+nothing after it can be trusted); its contexts hear of it and reconnect to
+their kernels through a new hub.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+
+from sandboxd.policy.defaults import CODE_HUB_MAX_LINE_BYTES, KIB
+from sandboxd.processes.child import Child, HeadTail
+from sandboxd.processes.run import spawn
+
+log = Logger(namespace="sandboxd.kernels")
+
+#: The hub's command line (a test puts a misbehaving hub here).
+HUB_COMMAND = [sys.executable, "-m", "sandboxd.kernels.hub"]
+
+
+class LineSplitter:
+    """
+    Splits a byte stream on ``\\n``, a line at most ``max_bytes`` long.
+
+    Parts of an unfinished line are kept in a list and joined once, so a
+    27 MB line (a big PNG in base64) arriving in 64 KiB reads costs one
+    copy, not one per read.
+    """
+
+    def __init__(
+        self,
+        max_bytes: int,
+        on_line: Callable[[bytes], None],
+        on_overflow: Callable[[int], None],
+    ) -> None:
+        self.max_bytes = max_bytes
+        self._on_line = on_line
+        self._on_overflow = on_overflow
+        self._parts: list[bytes] = []
+        self._size = 0
+        self.stopped = False
+
+    def feed(self, data: bytes) -> None:
+        """Take the next chunk."""
+        if self.stopped:
+            return
+        if b"\n" not in data:
+            self._parts.append(data)
+            self._size += len(data)
+            if self._size > self.max_bytes:
+                self._overflow(self._size)
+            return
+        if self._parts:
+            data = b"".join(self._parts) + data
+            self._parts, self._size = [], 0
+        lines = data.split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            if self.stopped:
+                return
+            if len(line) > self.max_bytes:
+                self._overflow(len(line))
+                return
+            if line:
+                self._on_line(line)
+        if rest and not self.stopped:
+            self._parts.append(rest)
+            self._size = len(rest)
+
+    def _overflow(self, size: int) -> None:
+        self.stopped = True
+        self._parts = []
+        self._on_overflow(size)
+
+
+class HubClient:
+    """
+    One hub child and its pipe.
+
+    :param on_event: called with each event object the hub sends.
+    :param on_exit: called once with a reason when the hub is gone.
+    """
+
+    def __init__(
+        self,
+        reactor: Any,
+        children: Any,
+        env: dict[str, str],
+        cwd: str,
+        on_event: Callable[[dict[str, Any]], None],
+        on_exit: Callable[[str], None],
+    ) -> None:
+        self.reactor = reactor
+        self._on_event = on_event
+        self._on_exit = on_exit
+        self._splitter = LineSplitter(
+            CODE_HUB_MAX_LINE_BYTES, self._line, self._overflow
+        )
+        self._stderr = HeadTail(8 * KIB)
+        self.gone = False
+        self.reason: str | None = None
+        self.child = Child(reactor, self._output)
+        spawn(
+            reactor,
+            self.child,
+            list(HUB_COMMAND),
+            children=children,
+            env=env,
+            cwd=cwd,
+            stdin_pipe=True,
+        )
+        self.child.ended.addCallback(self._ended)
+
+    @property
+    def pid(self) -> int:
+        """The hub's pid."""
+        return self.child.pid
+
+    def send(self, command: dict[str, Any]) -> None:
+        """Write one command line (dropped once the hub is gone)."""
+        if self.gone:
+            return
+        line = json.dumps(command, separators=(",", ":"), ensure_ascii=False)
+        self.child.write_stdin(line.encode("utf-8", "surrogatepass") + b"\n")
+
+    def _output(self, fd: int, data: bytes) -> None:
+        if fd == 1:
+            self._splitter.feed(data)
+        else:
+            self._stderr.write(data)
+
+    def _line(self, line: bytes) -> None:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            event = None
+        if not isinstance(event, dict):
+            self._fail("the kernel hub sent a line that is not a JSON object")
+            return
+        if event.get("ev") == "fatal":
+            self._fail(f"the kernel hub failed: {event.get('message')}")
+            return
+        self._on_event(event)
+
+    def _overflow(self, size: int) -> None:
+        self._fail(f"the kernel hub sent a line of {size} bytes, over the limit")
+
+    def _fail(self, reason: str) -> None:
+        log.warn("{reason}", reason=reason)
+        self.reason = self.reason or reason
+        self._splitter.stopped = True
+        self.child.kill("killed")
+
+    def _ended(self, code: int | None) -> None:
+        self.gone = True
+        if self.reason is None:
+            tail = self.stderr_tail()
+            self.reason = f"the kernel hub exited ({code})" + (
+                f": {tail}" if tail else ""
+            )
+        self._on_exit(self.reason)
+
+    def stderr_tail(self) -> str:
+        """The last words of the hub's stderr (for an error message)."""
+        return self._stderr.value().decode("utf-8", "replace").strip()[-2000:]
+
+    def stop(self) -> Deferred[None]:
+        """Close its stdin (it disconnects from every kernel) and end its tree."""
+        self.reason = self.reason or "stopped"
+        self.child.close_stdin()
+        return self.child.kill("shutdown")

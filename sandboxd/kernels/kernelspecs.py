@@ -1,0 +1,170 @@
+# -*- test-case-name: tests.kernels.test_contexts -*-
+"""
+Jupyter kernelspecs, read by the daemon itself (no ``jupyter_client``).
+
+sandboxd spawns each kernel from its ``kernel.json`` (argv with
+``{connection_file}``, ``env``, ``interrupt_mode``), so the kernel is a
+child the daemon governs; a launcher that starts a new session would take
+it out of the tree kill.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+#: The kernel a context gets when the request names none.
+DEFAULT_KERNEL = "python3"
+
+#: The built-in kernel (stdlib only), used where no ipykernel is installed.
+BUILTIN_KERNEL = "sandboxd-python"
+
+#: The built-in kernel's program, run by the sandbox's own Python.
+REPL_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "repl.py")
+
+
+@attrs.frozen
+class KernelSpec:
+    """One kernel the daemon may start."""
+
+    name: str
+    display_name: str
+    language: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    interrupt_mode: str
+    resource_dir: str
+    source: str = "kernelspec"
+
+    def describe(self, allowed: bool) -> dict[str, Any]:
+        """The ``code_kernels`` entry."""
+        return {
+            "name": self.name,
+            "display_name": self.display_name,
+            "language": self.language,
+            "argv0": self.argv[0] if self.argv else None,
+            "interrupt_mode": self.interrupt_mode,
+            "source": self.source,
+            "allowed": allowed,
+        }
+
+
+def kernel_dirs(environ: Mapping[str, str]) -> list[str]:
+    """Where kernelspecs live, most specific first (Jupyter's order)."""
+    dirs = [
+        os.path.join(p, "kernels")
+        for p in environ.get("JUPYTER_PATH", "").split(os.pathsep)
+        if p
+    ]
+    home = environ.get("HOME") or os.path.expanduser("~")
+    dirs.append(os.path.join(home, ".local", "share", "jupyter", "kernels"))
+    dirs.append(os.path.join(sys.prefix, "share", "jupyter", "kernels"))
+    dirs += ["/usr/local/share/jupyter/kernels", "/usr/share/jupyter/kernels"]
+    return dirs
+
+
+def _read(directory: str, name: str) -> KernelSpec | None:
+    path = os.path.join(directory, name, "kernel.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, ValueError):
+        return None
+    argv = raw.get("argv") if isinstance(raw, dict) else None
+    if (
+        not isinstance(argv, list)
+        or not argv
+        or not all(isinstance(a, str) for a in argv)
+    ):
+        return None
+    env = raw.get("env") or {}
+    if not isinstance(env, dict):
+        env = {}
+    return KernelSpec(
+        name=name,
+        display_name=str(raw.get("display_name") or name),
+        language=str(raw.get("language") or "").lower(),
+        argv=tuple(argv),
+        env={str(k): str(v) for k, v in env.items()},
+        interrupt_mode=raw.get("interrupt_mode")
+        if raw.get("interrupt_mode") in ("signal", "message")
+        else "signal",
+        resource_dir=os.path.dirname(path),
+    )
+
+
+def builtin_spec(environ: Mapping[str, str]) -> KernelSpec:
+    """``sandboxd-python``: the sandbox's ``python3`` running :mod:`repl`."""
+    from sandboxd.processes.command import find_executable
+
+    python = find_executable("python3", environ) or sys.executable
+    return KernelSpec(
+        name=BUILTIN_KERNEL,
+        display_name="Python 3 (sandboxd, no ipykernel)",
+        language="python",
+        argv=(python, "-u", REPL_SCRIPT),
+        env={},
+        interrupt_mode="signal",
+        resource_dir=os.path.dirname(REPL_SCRIPT),
+        source="builtin",
+    )
+
+
+def jupyter_usable() -> bool:
+    """
+    Whether the hub can run (the ``code`` extra is installed for the
+    daemon's Python); found without importing it.
+    """
+    import importlib.util
+
+    return all(
+        importlib.util.find_spec(m) is not None for m in ("jupyter_client", "zmq")
+    )
+
+
+def find_kernelspecs(environ: Mapping[str, str]) -> dict[str, KernelSpec]:
+    """
+    Every kernel the daemon can start, by name: the kernelspecs on the
+    search path (the first one of a name wins; none when the hub's
+    libraries are missing) and the built-in ``sandboxd-python``.
+    """
+    found: dict[str, KernelSpec] = {}
+    if not jupyter_usable():
+        found[BUILTIN_KERNEL] = builtin_spec(environ)
+        return found
+    for directory in kernel_dirs(environ):
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            continue
+        for name in names:
+            if name in found:
+                continue
+            spec = _read(directory, name)
+            if spec is not None:
+                found[name] = spec
+    found.setdefault(BUILTIN_KERNEL, builtin_spec(environ))
+    return found
+
+
+def kernel_argv(spec: KernelSpec, connection_file: str) -> list[str]:
+    """
+    The argv to spawn: ``{connection_file}`` and ``{resource_dir}``
+    substituted; a spec installed with the daemon's own Python (its
+    ``sys.prefix``) that says ``python`` runs that Python, as Jupyter does.
+    """
+    argv = [
+        a.replace("{connection_file}", connection_file).replace(
+            "{resource_dir}", spec.resource_dir
+        )
+        for a in spec.argv
+    ]
+    ours = spec.resource_dir.startswith(os.path.join(sys.prefix, "share") + os.sep)
+    if ours and argv[0] in ("python", "python3", f"python3.{sys.version_info[1]}"):
+        argv[0] = sys.executable
+    return argv

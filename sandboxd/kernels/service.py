@@ -1,0 +1,276 @@
+# -*- test-case-name: tests.kernels.test_contexts -*-
+"""
+The ``code`` group's service: its contexts, the one kernel hub, the
+spilled display items, the idle sweep, and the orderly stop.
+
+Built on the group's first request (a
+:class:`~sandboxd.firstuse.ServiceOnFirstUse` until then); the hub child
+starts with the first context and again after it dies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import shutil
+import tempfile
+from typing import Any
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.interfaces import IDelayedCall
+from twisted.logger import Logger
+
+from sandboxd.errors import ApiError, Code, limit_exceeded, not_found
+from sandboxd.kernels.contexts import CodeContext, Execution
+from sandboxd.kernels.hubclient import HubClient
+from sandboxd.policy import defaults
+from sandboxd.processes.environment import child_environment
+
+log = Logger(namespace="sandboxd.kernels")
+
+
+class CodeService(Service):
+    """Every code context of the daemon."""
+
+    def __init__(self, context: Any) -> None:
+        """:param context: the daemon's :class:`~sandboxd.context.Context`."""
+        self.context = context
+        self.reactor = context.reactor
+        self.children = context.children
+        self.contexts: dict[str, CodeContext] = {}
+        self._hub: HubClient | None = None
+        self.hub_starts = 0
+        self._hub_deaths: list[float] = []
+        self._sweep: IDelayedCall | None = None
+        self.spill_dir = tempfile.mkdtemp(prefix="sandboxd-code-out-")
+        #: oid -> (context id, path, mime, bytes)
+        self.outputs: dict[str, tuple[str, str, str, int]] = {}
+        self.spilled_bytes = 0
+        #: (identity id, language) -> the context E2B's ``/execute`` uses
+        #: when it names none (made on first use).
+        self.e2b_defaults: dict[tuple[str, str], str] = {}
+
+    # -- the hub ---------------------------------------------------------------
+
+    def hub(self) -> HubClient:
+        """The hub, started now if none runs."""
+        if self._hub is None or self._hub.gone:
+            env = child_environment(self.context, None)
+            self._hub = HubClient(
+                self.reactor,
+                self.children,
+                env,
+                self.context.base_dir,
+                self._hub_event,
+                self._hub_exited,
+            )
+            self.hub_starts += 1
+        return self._hub
+
+    def hub_send(self, command: dict[str, Any]) -> None:
+        """Send to the hub if one runs (a command for a gone hub is moot)."""
+        if self._hub is not None and not self._hub.gone:
+            self._hub.send(command)
+
+    def _hub_event(self, event: dict[str, Any]) -> None:
+        cid = event.get("cid")
+        ctx = self.contexts.get(cid) if isinstance(cid, str) else None
+        if ctx is not None:
+            ctx.hub_event(event)
+
+    def _hub_exited(self, reason: str) -> None:
+        log.warn("the kernel hub is gone: {reason}", reason=reason)
+        if not self.running:
+            return
+        now = self.reactor.seconds()
+        self._hub_deaths = [t for t in self._hub_deaths if now - t < 60] + [now]
+        if len(self._hub_deaths) > defaults.CODE_HUB_RESTARTS_PER_MINUTE:
+            # A hub that keeps dying is not restarted in a loop: its
+            # contexts fail (restart or delete them; a later one tries again).
+            self._hub_deaths.clear()
+            for ctx in list(self.contexts.values()):
+                ctx.hub_failed(reason)
+            return
+        for ctx in list(self.contexts.values()):
+            ctx.hub_lost()
+
+    # -- contexts --------------------------------------------------------------
+
+    def add(self, ctx: CodeContext) -> None:
+        """Register a new context (its kernel starts next)."""
+        self.contexts[ctx.id] = ctx
+        self._arm_sweep()
+
+    def get(self, cid: str, identity: Any) -> CodeContext:
+        """
+        The context ``cid`` if ``identity`` owns it (or holds ``*``).
+
+        :raises ApiError: 404 for an unknown id and for another identity's
+            context alike (its existence is not disclosed).
+        """
+        ctx = self.contexts.get(cid)
+        if ctx is None or not _may_see(identity, ctx):
+            raise not_found(f"no code context {cid!r}")
+        return ctx
+
+    def visible(self, identity: Any) -> list[CodeContext]:
+        """The contexts ``identity`` may see."""
+        return [c for c in self.contexts.values() if _may_see(identity, c)]
+
+    def check_room(self, identity: Any, limits: dict[str, Any]) -> None:
+        """
+        :raises ApiError: 429 ``too_many_contexts`` at ``max_contexts`` or
+            ``max_contexts_per_identity``.
+        """
+        live = [c for c in self.contexts.values() if c.state != "closed"]
+        total = limits["max_contexts"]
+        mine = limits["max_contexts_per_identity"]
+        if len(live) >= total:
+            raise _too_many(
+                f"{len(live)} code contexts are open (max_contexts {total})", total
+            )
+        own = sum(1 for c in live if c.owner == identity.id)
+        if own >= mine:
+            raise _too_many(
+                f"you have {own} code contexts open (max_contexts_per_identity {mine})",
+                mine,
+            )
+
+    def remove(self, ctx: CodeContext) -> Deferred[None]:
+        """Close ``ctx`` and forget it (and its spilled outputs)."""
+        self.contexts.pop(ctx.id, None)
+        for oid, (cid, path, _, size) in list(self.outputs.items()):
+            if cid == ctx.id:
+                self._drop_output(oid, path, size)
+        return ctx.close()
+
+    def execution_ended(self, ctx: CodeContext, x: Execution) -> None:
+        """An execution ended (the idle clock restarts)."""
+        ctx.touch()
+
+    # -- display spill -----------------------------------------------------------
+
+    def spill(
+        self, ctx: CodeContext, x: Execution, data: dict[str, Any]
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """
+        Keep display values within ``max_display_bytes`` each (and the
+        execution's results within ``max_output_bytes``): a bigger one is
+        written to a file served by ``code_output_get`` and replaced by a
+        ``ref``.
+        """
+        out: dict[str, Any] = {}
+        refs: list[dict[str, Any]] = []
+        for mime, value in data.items():
+            text = value if isinstance(value, str) else None
+            encoded = (
+                text.encode("utf-8", "surrogatepass")
+                if text is not None
+                else _json_bytes(value)
+            )
+            size = len(encoded)
+            over_item = size > x.limits.max_display_bytes
+            over_total = x.results_bytes + size > x.limits.max_output_bytes
+            if not over_item and not over_total:
+                out[mime] = value
+                x.results_bytes += size
+                continue
+            ref: dict[str, Any] = {
+                "mime": mime,
+                "bytes": size,
+                "sha256": hashlib.sha256(encoded).hexdigest(),
+            }
+            if self.spilled_bytes + size <= defaults.CODE_MAX_SPILL_BYTES:
+                oid = "o_" + secrets.token_hex(8)
+                path = os.path.join(self.spill_dir, oid)
+                # One bounded write (max_display_bytes or less) to a
+                # private directory; a thread would reorder the events.
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(encoded)
+                self.outputs[oid] = (ctx.id, path, mime, size)
+                self.spilled_bytes += size
+                ref["oid"] = oid
+                ref["url"] = f"/code/contexts/{ctx.id}/outputs/{oid}"
+            else:
+                ref["dropped"] = True
+            refs.append(ref)
+        return out, refs
+
+    def output(self, ctx: CodeContext, oid: str) -> tuple[str, str, int]:
+        """``(path, mime, bytes)`` of a spilled item of ``ctx``."""
+        entry = self.outputs.get(oid)
+        if entry is None or entry[0] != ctx.id:
+            raise not_found(f"no output {oid!r} in {ctx.id}")
+        return entry[1], entry[2], entry[3]
+
+    def _drop_output(self, oid: str, path: str, size: int) -> None:
+        self.outputs.pop(oid, None)
+        self.spilled_bytes -= size
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+    # -- idle sweep and stop -------------------------------------------------------
+
+    def _arm_sweep(self) -> None:
+        # Often enough for the shortest idle timeout of the contexts open.
+        every = min(
+            [defaults.CODE_SWEEP_SECONDS]
+            + [max(0.5, c.idle_timeout / 2) for c in self.contexts.values()]
+        )
+        if self._sweep is not None and self._sweep.active():
+            if self._sweep.getTime() - self.reactor.seconds() <= every:
+                return
+            self._sweep.cancel()
+        self._sweep = self.reactor.callLater(every, self._sweep_idle)
+
+    def _sweep_idle(self) -> None:
+        import time
+
+        self._sweep = None
+        now = time.monotonic()
+        for ctx in list(self.contexts.values()):
+            # Only a context waiting for work is idle (not one starting,
+            # restarting or running).
+            waiting = ctx.state == "idle" and ctx.current is None and not ctx.queue
+            if waiting and now - ctx.last_activity > ctx.idle_timeout:
+                log.info("code context {id} idle: closed", id=ctx.id)
+                self.remove(ctx)
+        if self.contexts:
+            self._arm_sweep()
+
+    def stopService(self) -> Deferred[None]:
+        """Close every context, then the hub; bounded by the kill grace."""
+        super().stopService()  # type: ignore[no-untyped-call]
+        if self._sweep is not None and self._sweep.active():
+            self._sweep.cancel()
+        waits: list[Deferred[Any]] = [
+            self.remove(c) for c in list(self.contexts.values())
+        ]
+        if self._hub is not None and not self._hub.gone:
+            waits.append(self._hub.stop())
+        done: Deferred[Any] = DeferredList(waits, consumeErrors=True)
+
+        def cleanup(_: Any) -> None:
+            shutil.rmtree(self.spill_dir, ignore_errors=True)
+
+        done.addCallback(cleanup)
+        return done
+
+
+def _may_see(identity: Any, ctx: CodeContext) -> bool:
+    return bool(identity.id == ctx.owner or identity.has_scope("*"))
+
+
+def _too_many(message: str, limit: int) -> ApiError:
+    return limit_exceeded(429, message, Code.TOO_MANY_CONTEXTS, limit=limit)
+
+
+def _json_bytes(value: Any) -> bytes:
+    import json
+
+    return json.dumps(value, separators=(",", ":")).encode()

@@ -1,0 +1,116 @@
+# -*- test-case-name: tests.mcp.test_code -*-
+"""
+``code_execute`` as an MCP tool (SPEC §22): the execution's events are
+read to their end, stdout and stderr reported as progress while they come,
+and the answer is text (output, the error's traceback) plus one ``image``
+content per PNG or JPEG the code displayed; ``structuredContent`` is the
+native result document's shape. A cancelled call interrupts the execution
+(the tool asks for ``on_disconnect: interrupt``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sandboxd.mcp.collecting import CollectingChannel, Progress
+from sandboxd.policy.defaults import MCP_RESULT_BYTES
+
+#: What the MCP door adds to a ``code_execute`` call's body.
+CODE_EXECUTE_BODY = {"stream": True, "on_disconnect": "interrupt"}
+
+#: Display MIME types sent as MCP ``image`` content.
+IMAGE_TYPES = ("image/png", "image/jpeg")
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class CodeCollector(CollectingChannel):
+    """Collects one execution's events into an MCP tool result."""
+
+    def __init__(self, progress: Progress | None, cap: int = MCP_RESULT_BYTES) -> None:
+        super().__init__(progress, lines=False, cap=cap)
+        self.results: list[dict[str, Any]] = []
+        self.code_error: dict[str, Any] | None = None
+        self.ended: dict[str, Any] = {}
+        self.result_bytes = 0
+
+    def _event(self, event: str, data: Any) -> None:
+        self.events_sent += 1
+        if not isinstance(data, dict):
+            return
+        if event in ("stdout", "stderr"):
+            text = str(data.get("text", ""))
+            size = len(text.encode("utf-8", "surrogatepass"))
+            self.seen += size
+            if self.kept + size <= self._cap:
+                self.kept += size
+                self.output[event].append(text)
+            else:
+                self.truncated = True
+            if self._progress is not None:
+                self._progress(text.removesuffix("\n"), self.seen)
+        elif event in ("display", "display.update"):
+            item = {
+                k: data[k]
+                for k in ("data", "metadata", "is_result", "refs")
+                if k in data
+            }
+            size = sum(len(str(v)) for v in (item.get("data") or {}).values())
+            if self.result_bytes + size <= 4 * self._cap:
+                self.result_bytes += size
+                self.results.append(item)
+            else:
+                self.truncated = True
+        elif event == "error":
+            self.code_error = {k: data.get(k) for k in ("ename", "evalue", "traceback")}
+        elif event == "execution.ended":
+            self.ended = data
+        elif event == "gap":
+            self.gap = data
+
+    def result(self) -> dict[str, Any]:
+        """Text, images, and the result document."""
+        stdout = "".join(self.output["stdout"])
+        stderr = "".join(self.output["stderr"])
+        state = self.ended.get("state", "lost")
+        structured: dict[str, Any] = {
+            "execution_id": self.ended.get("execution_id"),
+            "state": state,
+            "started": self.ended.get("started"),
+            "execution_count": self.ended.get("execution_count"),
+            "stdout": stdout,
+            "stderr": stderr,
+            "results": [],
+            "error": self.code_error,
+            "duration_ms": self.ended.get("duration_ms"),
+            "truncated": self.truncated or bool(self.ended.get("truncated")),
+        }
+        content: list[dict[str, Any]] = []
+        text = stdout + (f"\n[stderr]\n{stderr}" if stderr else "")
+        for item in self.results:
+            data = dict(item.get("data") or {})
+            for mime in IMAGE_TYPES:
+                value = data.get(mime)
+                if isinstance(value, str):
+                    content.append(
+                        {"type": "image", "data": value.strip(), "mimeType": mime}
+                    )
+                    data[mime] = f"({mime}, {len(value) * 3 // 4} bytes, as content)"
+            plain = data.get("text/plain")
+            if item.get("is_result") and isinstance(plain, str):
+                text += ("\n" if text and not text.endswith("\n") else "") + plain
+            structured["results"].append({**item, "data": data})
+        if self.code_error is not None:
+            tb = "\n".join(self.code_error.get("traceback") or [])
+            text += "\n" + (
+                _ANSI.sub("", tb)
+                or f"{self.code_error.get('ename')}: {self.code_error.get('evalue')}"
+            )
+        text += f"\n[{state}]"
+        content.insert(0, {"type": "text", "text": text.lstrip("\n")})
+        return {
+            "content": content,
+            "structuredContent": structured,
+            "isError": state != "ok",
+        }

@@ -1,0 +1,194 @@
+"""
+E2B's code interpreter through the E2B door, driven by the real
+``e2b_code_interpreter`` SDK in debug mode against a real ipykernel:
+state kept, charts as PNG, errors, contexts, timeouts and env values.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import SkipTest
+
+from tests.e2b.sdk import E2BCase, caught
+from tests.kernels.test_contexts import need_ipykernel
+
+
+class CodeInterpreterTests(E2BCase):
+    """``Sandbox.run_code`` and the context calls, unchanged, against sandboxd."""
+
+    policy = {"groups": {"code": True}}
+
+    def setUp(self) -> Any:
+        need_ipykernel()
+        try:
+            import e2b_code_interpreter  # noqa: F401
+        except ImportError:
+            raise SkipTest("e2b-code-interpreter is not installed") from None
+        return super().setUp()
+
+    def code_sandbox(self, token: str | None = None, traffic: str | None = None) -> Any:
+        """``e2b_code_interpreter.Sandbox`` in debug mode, pointed at the door."""
+        from e2b.connection_config import ConnectionConfig
+        from e2b.envd.versions import ENVD_DEBUG_FALLBACK
+        from e2b_code_interpreter import Sandbox
+
+        if token is None and traffic is None:
+            return Sandbox.create()
+        config = ConnectionConfig(
+            debug=True,
+            sandbox_url=self.e2b_url,
+            extra_sandbox_headers={"X-Access-Token": token} if token else None,
+        )
+        return Sandbox(
+            sandbox_id="debug_sandbox_id",
+            sandbox_domain=None,
+            envd_version=ENVD_DEBUG_FALLBACK,
+            envd_access_token=token,
+            traffic_access_token=traffic,
+            connection_config=config,
+        )
+
+    @inlineCallbacks
+    def test_state_png_and_error(self) -> Any:
+        """State is kept across run_code; a plot is a PNG result; 1/0 is ZeroDivisionError."""
+        sbx = self.code_sandbox()
+        yield self.sdk(sbx.run_code, "x = 1")
+        execution = yield self.sdk(sbx.run_code, "x + 1")
+        self.assertEqual(execution.text, "2")
+        seen: list[str] = []
+        execution = yield self.sdk(
+            sbx.run_code,
+            "print('a')\nprint('b')",
+            on_stdout=lambda m: seen.append(m.line),
+        )
+        self.assertEqual(execution.logs.stdout, ["a\nb\n"])
+        self.assertEqual("".join(seen), "a\nb\n")
+        plot = yield self.sdk(
+            sbx.run_code,
+            "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()",
+        )
+        self.assertIsNone(plot.error)
+        self.assertTrue(base64.b64decode(plot.results[0].png).startswith(b"\x89PNG"))
+        failed = yield self.sdk(sbx.run_code, "1/0")
+        self.assertEqual(failed.error.name, "ZeroDivisionError")
+        self.assertIn("ZeroDivisionError", failed.error.traceback)
+
+    @inlineCallbacks
+    def test_contexts(self) -> Any:
+        """Contexts are created (cwd kept), listed, restarted (state gone) and removed."""
+        sbx = self.code_sandbox()
+        cwd = os.path.join(self.base_dir, "work")
+        os.makedirs(cwd)
+        ctx = yield self.sdk(sbx.create_code_context, cwd=cwd)
+        self.assertEqual(ctx.cwd, cwd)
+        self.assertEqual(ctx.language, "python")
+        out = yield self.sdk(
+            sbx.run_code, "import os\nv = 5\nprint(os.getcwd())", context=ctx
+        )
+        self.assertEqual(out.logs.stdout, [cwd + "\n"])
+        listed = yield self.sdk(sbx.list_code_contexts)
+        self.assertIn(ctx.id, [c.id for c in listed])
+        yield self.sdk(sbx.restart_code_context, ctx)
+        gone = yield self.sdk(sbx.run_code, "v", context=ctx)
+        self.assertEqual(gone.error.name, "NameError")
+        yield self.sdk(sbx.remove_code_context, ctx)
+        listed = yield self.sdk(sbx.list_code_contexts)
+        self.assertNotIn(ctx.id, [c.id for c in listed])
+
+    @inlineCallbacks
+    def test_timeout_then_working(self) -> Any:
+        """A client timeout on a busy loop interrupts it: the next run_code works."""
+        sbx = self.code_sandbox()
+        yield self.sdk(sbx.run_code, "kept = 'yes'")
+        result = yield self.sdk(
+            caught, lambda: sbx.run_code("while True: pass", timeout=1)
+        )
+        self.assertIsInstance(result, Exception)
+        after = yield self.sdk(sbx.run_code, "kept")
+        self.assertEqual(after.text, "yes")
+
+    @inlineCallbacks
+    def test_env_quotes(self) -> Any:
+        """envs with quotes round-trip (no code injection) and end with the run."""
+        sbx = self.code_sandbox()
+        value = "a'b\"c"
+        out = yield self.sdk(
+            sbx.run_code, "import os\nprint(os.environ['Q'])", envs={"Q": value}
+        )
+        self.assertEqual(out.logs.stdout, [value + "\n"])
+        after = yield self.sdk(sbx.run_code, "import os\nprint(os.environ.get('Q'))")
+        self.assertEqual(after.logs.stdout, ["None\n"])
+
+
+class TokenModeTests(CodeInterpreterTests):
+    """Token mode: /execute carries X-Access-Token, /contexts* the traffic token."""
+
+    policy = {
+        "groups": {"code": True},
+        "auth": {"tokens": [{"id": "agent", "token_env": "AGENT", "scopes": ["*"]}]},
+    }
+    environ = {"AGENT": "tok-123"}
+    token = "tok-123"
+
+    def code_sandbox(self, token: str | None = None, traffic: str | None = None) -> Any:
+        return super().code_sandbox(token="tok-123", traffic="tok-123")
+
+    @inlineCallbacks
+    def test_no_token_refused(self) -> Any:
+        """Without the traffic token, /contexts is 401 (never served unauthenticated)."""
+        sbx = super().code_sandbox(token="tok-123", traffic=None)
+        result = yield self.sdk(caught, sbx.list_code_contexts)
+        self.assertIsInstance(result, Exception)
+        self.assertIn("401", str(result))
+
+
+class SeedSdkTests(E2BCase):
+    """
+    The seed SDK's ``agent_sandbox.code_interpreter`` in debug mode: it
+    reaches the code interpreter at ``localhost:49999``, so the door's
+    second listener (``--e2b-code-port``) serves it; the test points the
+    SDK's port constant at the kernel-chosen one.
+    """
+
+    policy = {"groups": {"code": True}}
+
+    def setUp(self) -> Any:
+        need_ipykernel()
+        try:
+            from agent_sandbox.code_interpreter import code_interpreter_sync
+        except ImportError:
+            raise SkipTest("agent-sandbox-client is not installed") from None
+        self.module = code_interpreter_sync
+        return super().setUp()
+
+    @inlineCallbacks
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        kwargs.setdefault("e2b_code_port", "tcp:0:interface=127.0.0.1")
+        daemon = yield super().start(stop_at_end, **kwargs)
+        code_port = daemon.context.e2b.code_port.getHost().port
+        self.patch(self.module, "JUPYTER_PORT", code_port)
+        return daemon
+
+    @inlineCallbacks
+    def test_run_code(self) -> Any:
+        """State, a PNG, an error and a context through the second listener."""
+        from agent_sandbox.code_interpreter import Sandbox
+
+        sbx = Sandbox.create()
+        yield self.sdk(sbx.run_code, "y = 20")
+        out = yield self.sdk(sbx.run_code, "y * 2 + 2")
+        self.assertEqual(out.text, "42")
+        plot = yield self.sdk(
+            sbx.run_code,
+            "import matplotlib.pyplot as plt\nplt.bar([1, 2], [3, 4])\nplt.show()",
+        )
+        self.assertTrue(base64.b64decode(plot.results[0].png).startswith(b"\x89PNG"))
+        failed = yield self.sdk(sbx.run_code, "raise ValueError('no')")
+        self.assertEqual((failed.error.name, failed.error.value), ("ValueError", "no"))
+        ctx = yield self.sdk(sbx.create_code_context)
+        fresh = yield self.sdk(sbx.run_code, "'y' in globals()", context=ctx)
+        self.assertEqual(fresh.text, "False")

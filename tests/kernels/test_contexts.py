@@ -1,0 +1,773 @@
+"""
+Code contexts (stateful kernels) against a real daemon and a real
+ipykernel: state kept between executions, output as it comes, rich
+results, errors, interrupts, restarts, deaths, ownership and bounds.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import os
+import signal
+import sys
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
+from twisted.trial.unittest import SkipTest
+from twisted.web.client import Agent
+from twisted.web.http_headers import Headers
+
+from sandboxd.kernels.kernelspecs import find_kernelspecs
+from sandboxd.testing import SSEReader
+from tests.helpers import DaemonTestCase, alive
+
+
+def need_ipykernel() -> None:
+    """Skip (saying why) where no python3 kernelspec is installed."""
+    if "python3" not in find_kernelspecs(os.environ):
+        raise SkipTest("no python3 kernelspec (ipykernel is not installed)")
+    if not all(importlib.util.find_spec(m) for m in ("jupyter_client", "zmq")):
+        raise SkipTest("the code extra (jupyter_client, pyzmq) is not installed")
+
+
+def code_policy(**group: Any) -> dict[str, Any]:
+    """The code group on, with an optional ``group:code`` rule."""
+    policy: dict[str, Any] = {"groups": {"code": True}}
+    if group:
+        policy["endpoints"] = {"group:code": group}
+    return policy
+
+
+class CodeTestCase(DaemonTestCase):
+    """A daemon with the code group on."""
+
+    timeout = 60
+    policy = code_policy()
+
+    def setUp(self) -> Any:
+        need_ipykernel()
+        return super().setUp()
+
+    @inlineCallbacks
+    def context(self, **body: Any) -> Any:
+        """Create a context; its document."""
+        reply = yield self.request("POST", "/code/contexts", body)
+        self.assertEqual(reply.status, 201, reply.body)
+        return reply.json()
+
+    @inlineCallbacks
+    def execute(self, cid: str, code: str, **body: Any) -> Any:
+        """Execute and wait; the result document."""
+        reply = yield self.request(
+            "POST", f"/code/contexts/{cid}/execute", {"code": code, **body}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        return reply.json()
+
+    @inlineCallbacks
+    def stream(
+        self, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> Any:
+        """Open an SSE response; its reader."""
+        import json
+        from io import BytesIO
+
+        from twisted.web.client import FileBodyProducer
+
+        hdrs = Headers()
+        for k, v in (headers or {}).items():
+            hdrs.addRawHeader(k, v)
+        producer = None
+        method = b"GET"
+        if body is not None:
+            method = b"POST"
+            hdrs.addRawHeader("Content-Type", "application/json")
+            producer = FileBodyProducer(BytesIO(json.dumps(body).encode()))
+        response = yield Agent(reactor).request(
+            method, (self.daemon.url + path).encode(), hdrs, producer
+        )
+        self.assertEqual(response.code, 200)
+        client = SSEReader()
+        response.deliverBody(client)
+        self.addCleanup(
+            lambda: client.transport.stopProducing() if not client.done.called else None
+        )
+        return client
+
+
+class ContextTests(CodeTestCase):
+    """The native API with a real ipykernel."""
+
+    @inlineCallbacks
+    def test_state_kept_between_executions(self) -> Any:
+        """A variable set by one execution is there for the next; the count grows."""
+        ctx = yield self.context()
+        self.assertEqual(ctx["kernel"], "python3")
+        self.assertEqual(ctx["state"], "idle")
+        first = yield self.execute(ctx["id"], "x = 41\nprint('set')")
+        self.assertEqual(first["state"], "ok")
+        self.assertEqual(first["stdout"], "set\n")
+        second = yield self.execute(ctx["id"], "x + 1")
+        self.assertEqual(second["state"], "ok")
+        self.assertEqual(second["results"][0]["data"]["text/plain"], "42")
+        self.assertTrue(second["results"][0]["is_result"])
+        self.assertEqual(second["execution_count"], first["execution_count"] + 1)
+        # The daemon (this process) spoke to the kernel without ZMQ.
+        for name in ("zmq", "jupyter_client", "tornado"):
+            self.assertNotIn(name, sys.modules)
+
+    @inlineCallbacks
+    def test_error_with_traceback(self) -> Any:
+        """An exception ends the execution ``error`` with name, value and traceback."""
+        ctx = yield self.context()
+        result = yield self.execute(ctx["id"], "1/0")
+        self.assertEqual(result["state"], "error")
+        self.assertEqual(result["error"]["ename"], "ZeroDivisionError")
+        self.assertIn("division by zero", result["error"]["evalue"])
+        self.assertTrue(result["error"]["traceback"])
+
+    @inlineCallbacks
+    def test_matplotlib_png(self) -> Any:
+        """A matplotlib figure comes back as a PNG display item."""
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise SkipTest("matplotlib is not installed") from None
+        ctx = yield self.context()
+        result = yield self.execute(
+            ctx["id"],
+            "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()",
+        )
+        self.assertEqual(result["state"], "ok", result)
+        pngs = [
+            r["data"]["image/png"]
+            for r in result["results"]
+            if "image/png" in r["data"]
+        ]
+        self.assertEqual(len(pngs), 1)
+        self.assertTrue(base64.b64decode(pngs[0]).startswith(b"\x89PNG\r\n\x1a\n"))
+
+    @inlineCallbacks
+    def test_stream_events(self) -> Any:
+        """``stream: true`` answers SSE: started, stdout as it comes, ended last."""
+        ctx = yield self.context()
+        reader = yield self.stream(
+            f"/code/contexts/{ctx['id']}/execute",
+            {
+                "code": "import time\nprint('a', flush=True)\ntime.sleep(0.3)\nprint('b')",
+                "stream": True,
+            },
+        )
+        events = yield reader.done
+        names = [e["event"] for e in events]
+        self.assertEqual(names[0], "execution.started")
+        self.assertEqual(names[-1], "execution.ended")
+        self.assertEqual(events[-1]["data"]["state"], "ok")
+        out = "".join(e["data"]["text"] for e in events if e["event"] == "stdout")
+        self.assertEqual(out, "a\nb\n")
+        self.assertEqual([e["id"] for e in events], list(range(1, len(events) + 1)))
+
+    @inlineCallbacks
+    def test_resume_mid_execution(self) -> Any:
+        """202 with the id, then the events resumed after an id: no loss, no repeat."""
+        ctx = yield self.context()
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {
+                "code": "import time\nfor i in range(6):\n    print(i, flush=True)\n    time.sleep(0.1)",
+                "wait": 0,
+            },
+        )
+        self.assertEqual(reply.status, 202, reply.body)
+        xid = reply.json()["execution_id"]
+        events_url = reply.json()["events_url"]
+        first = yield self.stream(events_url)
+        yield first.wait_for_event(
+            lambda e: e["event"] == "stdout" and e["data"]["text"].startswith("1")
+        )
+        last_id = [e for e in first.events if e["event"] == "stdout"][-1]["id"]
+        first.disconnect()
+        second = yield self.stream(events_url, headers={"Last-Event-ID": str(last_id)})
+        events = yield second.done
+        self.assertEqual(events[0]["id"], last_id + 1)
+        before = [e for e in first.events if e["id"] <= last_id]
+        text = "".join(
+            e["data"]["text"] for e in before + events if e["event"] == "stdout"
+        )
+        self.assertEqual(text, "".join(f"{i}\n" for i in range(6)))
+        got = yield self.request("GET", f"/code/contexts/{ctx['id']}/executions/{xid}")
+        self.assertEqual(got.json()["state"], "ok")
+
+    @inlineCallbacks
+    def test_interrupt(self) -> Any:
+        """Interrupting a busy loop ends it ``interrupted``; the state survives."""
+        ctx = yield self.context()
+        yield self.execute(ctx["id"], "kept = 7")
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {"code": "while True: pass", "wait": 0},
+        )
+        xid = reply.json()["execution_id"]
+        yield deferLater(reactor, 0.5, lambda: None)
+        stop = yield self.request("POST", f"/code/contexts/{ctx['id']}/interrupt", {})
+        self.assertEqual(stop.json()["execution_id"], xid)
+        got = yield self.request(
+            "GET", f"/code/contexts/{ctx['id']}/executions/{xid}?wait=10"
+        )
+        self.assertEqual(got.json()["state"], "interrupted")
+        after = yield self.execute(ctx["id"], "kept")
+        self.assertEqual(after["results"][0]["data"]["text/plain"], "7")
+
+    @inlineCallbacks
+    def test_input(self) -> Any:
+        """input() with allow_stdin: ``input.requested``, then the answer; without it, an error."""
+        ctx = yield self.context()
+        refused = yield self.execute(ctx["id"], "input('name? ')")
+        self.assertEqual(refused["state"], "error")
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {
+                "code": "who = input('name? ')\nprint('hi', who)",
+                "allow_stdin": True,
+                "wait": 0,
+            },
+        )
+        xid = reply.json()["execution_id"]
+        reader = yield self.stream(reply.json()["events_url"])
+        yield reader.wait_for_event(lambda e: e["event"] == "input.requested")
+        answered = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/executions/{xid}/input",
+            {"value": "ada"},
+        )
+        self.assertEqual(answered.status, 200, answered.body)
+        events = yield reader.done
+        self.assertEqual(events[-1]["data"]["state"], "ok")
+        got = yield self.request("GET", f"/code/contexts/{ctx['id']}/executions/{xid}")
+        self.assertEqual(got.json()["stdout"], "hi ada\n")
+
+    @inlineCallbacks
+    def test_disconnect_drops_a_queued_execution(self) -> Any:
+        """on_disconnect: interrupt on a queued execution: it never starts (``started: false``)."""
+        ctx = yield self.context()
+        first = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {"code": "import time\ntime.sleep(1.5)", "wait": 0},
+        )
+        reader = yield self.stream(
+            f"/code/contexts/{ctx['id']}/execute",
+            {"code": "print('never')", "stream": True, "on_disconnect": "interrupt"},
+        )
+        yield reader.wait_for_event(lambda e: e["event"] == "execution.queued")
+        xid = reader.events[0]["data"]["execution_id"]
+        reader.disconnect()
+        got = yield self.request(
+            "GET", f"/code/contexts/{ctx['id']}/executions/{xid}?wait=5"
+        )
+        self.assertEqual(got.json()["state"], "interrupted")
+        self.assertFalse(got.json()["started"])
+        done = yield self.request(
+            "GET",
+            f"/code/contexts/{ctx['id']}/executions/{first.json()['execution_id']}?wait=10",
+        )
+        self.assertEqual(done.json()["state"], "ok")
+
+    @inlineCallbacks
+    def test_restart_loses_state(self) -> Any:
+        """A restart gives a fresh kernel (new pid): the old names are gone."""
+        ctx = yield self.context()
+        yield self.execute(ctx["id"], "gone = 1")
+        reply = yield self.request("POST", f"/code/contexts/{ctx['id']}/restart", {})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertNotEqual(reply.json()["pid"], ctx["pid"])
+        self.assertFalse(alive(ctx["pid"]))
+        result = yield self.execute(ctx["id"], "gone")
+        self.assertEqual(result["error"]["ename"], "NameError")
+
+    @inlineCallbacks
+    def test_delete_kills_the_kernel(self) -> Any:
+        """Deleting a context ends its kernel; it is then 404."""
+        ctx = yield self.context()
+        reply = yield self.request("DELETE", f"/code/contexts/{ctx['id']}")
+        self.assertEqual(reply.json(), {"id": ctx["id"], "state": "closed"})
+        self.assertFalse(alive(ctx["pid"]))
+        again = yield self.request("GET", f"/code/contexts/{ctx['id']}")
+        self.assertEqual(again.status, 404)
+
+    @inlineCallbacks
+    def test_kernels_listed(self) -> Any:
+        """``/code/kernels`` lists python3 as allowed."""
+        reply = yield self.request("GET", "/code/kernels")
+        names = {k["name"]: k for k in reply.json()["kernels"]}
+        self.assertTrue(names["python3"]["allowed"])
+        self.assertEqual(names["python3"]["language"], "python")
+
+    @inlineCallbacks
+    def test_env_with_quotes(self) -> Any:
+        """A per-execution env value with quotes round-trips and is gone after."""
+        ctx = yield self.context()
+        value = "a'b\"c\\d"
+        result = yield self.execute(
+            ctx["id"], "import os\nprint(os.environ['Q'])", env={"Q": value}
+        )
+        self.assertEqual(result["stdout"], value + "\n")
+        after = yield self.execute(ctx["id"], "import os\nprint(os.environ.get('Q'))")
+        self.assertEqual(after["stdout"], "None\n")
+
+
+#: Two identities with the code scopes, for ownership.
+TWO_USERS = {
+    "groups": {"code": True},
+    "auth": {
+        "tokens": [
+            {
+                "id": "alice",
+                "token_env": "ALICE",
+                "scopes": ["code:read", "code:run", "code:manage"],
+            },
+            {
+                "id": "bob",
+                "token_env": "BOB",
+                "scopes": ["code:read", "code:run", "code:manage"],
+            },
+        ]
+    },
+}
+
+
+class DeathTests(CodeTestCase):
+    """Timeouts, kernels killed, trees killed, and the hub killed."""
+
+    policy = code_policy(limits={"interrupt_grace_seconds": 1, "max_contexts": 12})
+
+    @inlineCallbacks
+    def test_timeout_interrupts(self) -> Any:
+        """Past its timeout a busy loop is interrupted: ``timeout``, and the state is kept."""
+        ctx = yield self.context()
+        yield self.execute(ctx["id"], "kept = 3")
+        result = yield self.execute(ctx["id"], "while True: pass", timeout=1)
+        self.assertEqual(result["state"], "timeout")
+        self.assertTrue(result["started"])
+        after = yield self.execute(ctx["id"], "kept")
+        self.assertEqual(after["results"][0]["data"]["text/plain"], "3")
+
+    @inlineCallbacks
+    def test_timeout_restarts_a_deaf_kernel(self) -> Any:
+        """Code that ignores SIGINT is ended by a restart after the grace: said by ``context.restarted``."""
+        ctx = yield self.context()
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {
+                "code": "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass",
+                "timeout": 1,
+                "wait": 0,
+            },
+        )
+        xid = reply.json()["execution_id"]
+        events_url = reply.json()["events_url"]
+        reader = yield self.stream(events_url)
+        events = yield reader.done
+        names = [e["event"] for e in events]
+        self.assertIn("context.restarted", names)
+        self.assertEqual(
+            events[names.index("context.restarted")]["data"]["reason"], "timeout"
+        )
+        self.assertEqual(events[-1]["event"], "execution.ended")
+        self.assertEqual(events[-1]["data"]["state"], "timeout")
+        self.assertFalse(alive(ctx["pid"]))
+        got = yield self.request("GET", f"/code/contexts/{ctx['id']}")
+        self.assertEqual(got.json()["restarts"], 1)
+        self.assertEqual(got.json()["current_execution"], None)
+        del xid
+        fresh = yield self.execute(ctx["id"], "1 + 1")
+        self.assertEqual(fresh["results"][0]["data"]["text/plain"], "2")
+
+    @inlineCallbacks
+    def test_kernel_killed_mid_run(self) -> Any:
+        """A kernel SIGKILLed while running: the execution ends ``lost``, a new kernel serves."""
+        ctx = yield self.context()
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {
+                "code": "import time\nprint('going', flush=True)\ntime.sleep(30)",
+                "wait": 0,
+            },
+        )
+        reader = yield self.stream(reply.json()["events_url"])
+        yield reader.wait_for_event(lambda e: e["event"] == "stdout")
+        os.kill(ctx["pid"], signal.SIGKILL)
+        events = yield reader.done
+        restarted = [e for e in events if e["event"] == "context.restarted"]
+        self.assertEqual(restarted[0]["data"]["reason"], "died")
+        self.assertEqual(restarted[0]["data"]["exit_code"], -9)
+        self.assertEqual(events[-1]["data"]["state"], "lost")
+        fresh = yield self.execute(ctx["id"], "print('back')")
+        self.assertEqual(fresh["stdout"], "back\n")
+
+    @inlineCallbacks
+    def test_restart_leaves_no_setsid_survivor(self) -> Any:
+        """A cell's child in its own session, deaf to SIGTERM, dies with the restart."""
+        ctx = yield self.context()
+        result = yield self.execute(
+            ctx["id"],
+            "import subprocess, sys\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)'], "
+            "start_new_session=True)\n"
+            "print(p.pid)",
+        )
+        pid = int(result["stdout"])
+        self.assertTrue(alive(pid))
+        reply = yield self.request("POST", f"/code/contexts/{ctx['id']}/restart", {})
+        self.assertEqual(reply.status, 200)
+        for _ in range(100):
+            if not alive(pid):
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertFalse(alive(pid))
+
+    @inlineCallbacks
+    def test_ten_contexts_share_nothing(self) -> Any:
+        """Ten contexts made and deleted in turn never see each other's names."""
+        for i in range(10):
+            ctx = yield self.context()
+            result = yield self.execute(
+                ctx["id"], f"print('leak' in globals())\nleak = {i}"
+            )
+            self.assertEqual(result["stdout"], "False\n")
+            yield self.request("DELETE", f"/code/contexts/{ctx['id']}")
+            self.assertFalse(alive(ctx["pid"]))
+
+    @inlineCallbacks
+    def test_hub_killed(self) -> Any:
+        """The hub killed mid-run: the execution ends ``lost``; a new hub serves the same kernel."""
+        ctx = yield self.context()
+        yield self.execute(ctx["id"], "kept = 'still here'")
+        service = self.daemon.context.code.get()
+        old_hub = service.hub().pid
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {"code": "import time\nprint('x', flush=True)\ntime.sleep(2)", "wait": 0},
+        )
+        reader = yield self.stream(reply.json()["events_url"])
+        yield reader.wait_for_event(lambda e: e["event"] == "stdout")
+        os.kill(old_hub, signal.SIGKILL)
+        events = yield reader.done
+        self.assertEqual(events[-1]["data"]["state"], "lost")
+        # the kernel may still be finishing the sleep: queue behind it
+        after = yield self.execute(ctx["id"], "kept")
+        self.assertEqual(after["results"][0]["data"]["text/plain"], "'still here'")
+        self.assertNotEqual(service.hub().pid, old_hub)
+        self.assertTrue(alive(ctx["pid"]))
+
+
+class RefusalTests(CodeTestCase):
+    """Bad input: clear errors, nothing half-done."""
+
+    policy = TWO_USERS
+    environ = {"ALICE": "a-token", "BOB": "b-token"}
+    token = "a-token"
+
+    @inlineCallbacks
+    def test_unknown_kernel(self) -> Any:
+        """An unknown kernel is 400 naming the allowed ones."""
+        reply = yield self.request("POST", "/code/contexts", {"kernel": "cobol"})
+        self.assertEqual(reply.status, 400)
+        self.assertEqual(reply.json()["code"], "invalid_param")
+        self.assertIn("python3", reply.json()["allowed"])
+
+    @inlineCallbacks
+    def test_code_too_large(self) -> Any:
+        """Code over max_request_bytes is 413; the context still works."""
+        ctx = yield self.context()
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {"code": "#" * (1024 * 1024 + 10)},
+        )
+        self.assertEqual(reply.status, 413)
+        self.assertEqual(reply.json()["code"], "payload_too_large")
+        ok = yield self.execute(ctx["id"], "1")
+        self.assertEqual(ok["state"], "ok")
+
+    @inlineCallbacks
+    def test_other_identity(self) -> Any:
+        """Bob cannot see, run in or delete Alice's context: 404, as if it did not exist."""
+        ctx = yield self.context()
+        for method, path, body in (
+            ("GET", f"/code/contexts/{ctx['id']}", None),
+            ("POST", f"/code/contexts/{ctx['id']}/execute", {"code": "1"}),
+            ("DELETE", f"/code/contexts/{ctx['id']}", None),
+        ):
+            reply = yield self.daemon.request(method, path, body, token="b-token")
+            self.assertEqual(reply.status, 404, (method, path))
+            self.assertEqual(reply.json()["code"], "not_found")
+        listed = yield self.daemon.request("GET", "/code/contexts", token="b-token")
+        self.assertEqual(listed.json()["contexts"], [])
+        mine = yield self.request("GET", "/code/contexts")
+        self.assertEqual([c["id"] for c in mine.json()["contexts"]], [ctx["id"]])
+
+    @inlineCallbacks
+    def test_busy_without_queue(self) -> Any:
+        """A busy context with ``queue: false`` is 409 context_busy; with the queue it waits its turn."""
+        ctx = yield self.context()
+        first = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {"code": "import time\ntime.sleep(1)\nprint('first')", "wait": 0},
+        )
+        reply = yield self.request(
+            "POST", f"/code/contexts/{ctx['id']}/execute", {"code": "1", "queue": False}
+        )
+        self.assertEqual(reply.status, 409)
+        self.assertEqual(reply.json()["code"], "context_busy")
+        self.assertEqual(reply.json()["execution_id"], first.json()["execution_id"])
+        queued = yield self.execute(ctx["id"], "print('second')")
+        self.assertEqual(queued["stdout"], "second\n")
+        got = yield self.request(
+            "GET",
+            f"/code/contexts/{ctx['id']}/executions/{first.json()['execution_id']}",
+        )
+        self.assertEqual(got.json()["stdout"], "first\n")
+
+    @inlineCallbacks
+    def test_too_many_contexts(self) -> Any:
+        """Past max_contexts_per_identity: 429 too_many_contexts."""
+        for _ in range(4):
+            yield self.context()
+        reply = yield self.request("POST", "/code/contexts", {})
+        self.assertEqual(reply.status, 429)
+        self.assertEqual(reply.json()["code"], "too_many_contexts")
+
+
+class BoundsTests(CodeTestCase):
+    """Spilled displays, bounded output, idle contexts, the audit line."""
+
+    timeout = 180
+    audit = True
+    policy = code_policy(
+        limits={
+            "max_display_bytes": 2000,
+            "max_output_bytes": 1024 * 1024,
+            "max_event_bytes": 1024 * 1024,
+        },
+        audit="all",
+    )
+
+    @inlineCallbacks
+    def test_display_spilled(self) -> Any:
+        """A display value over max_display_bytes is a ref, served raw with its type."""
+        ctx = yield self.context()
+        result = yield self.execute(
+            ctx["id"],
+            "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()",
+        )
+        item = next(r for r in result["results"] if r.get("refs"))
+        self.assertNotIn("image/png", item["data"])
+        ref = next(r for r in item["refs"] if r["mime"] == "image/png")
+        raw = yield self.request("GET", ref["url"])
+        self.assertEqual(raw.status, 200)
+        self.assertEqual(raw.header("content-type"), "image/png")
+        self.assertEqual(raw.header("x-content-type-options"), "nosniff")
+        self.assertEqual(raw.header("content-security-policy"), "sandbox")
+        self.assertTrue(raw.body.startswith(b"\x89PNG"))
+
+    @inlineCallbacks
+    def test_100_mb_of_prints(self) -> Any:
+        """100 MB of prints: head and tail kept, the daemon's memory stays bounded."""
+        import resource
+
+        ctx = yield self.context()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        result = yield self.execute(
+            ctx["id"],
+            "import sys\nline = 'x' * 1023 + '\\n'\nblock = line * 1024\n"
+            "for i in range(100):\n    sys.stdout.write(block)\nprint('the end')",
+        )
+        grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+        self.assertEqual(result["state"], "ok")
+        self.assertTrue(result["truncated"])
+        self.assertGreater(result["dropped_bytes"], 90 * 1024 * 1024)
+        self.assertTrue(result["stdout"].endswith("the end\n"))
+        self.assertLess(len(result["stdout"]), 1024 * 1024 + 1)
+        self.assertLess(grown, 64, f"the daemon grew by {grown:.0f} MiB")
+
+    @inlineCallbacks
+    def test_audit_line(self) -> Any:
+        """code_execute's audit line has the code's sha256 and head, never its output."""
+        import hashlib
+        import json
+
+        ctx = yield self.context()
+        code = "print('secret-output-7')"
+        yield self.execute(ctx["id"], code)
+        [record] = [
+            r for r in self.audit_lines() if r.get("endpoint") == "code_execute"
+        ]
+        self.assertEqual(
+            record["code_sha256"], hashlib.sha256(code.encode()).hexdigest()
+        )
+        self.assertEqual(record["code_head"], code)
+        self.assertNotIn("secret-output-7\n", json.dumps(self.audit_lines()))
+
+
+class IdleTests(CodeTestCase):
+    """Contexts nobody uses are closed."""
+
+    policy = code_policy(limits={"idle_timeout_seconds": 1})
+
+    @inlineCallbacks
+    def test_idle_context_closed(self) -> Any:
+        """A context idle past idle_timeout_seconds is closed and its kernel ended."""
+        ctx = yield self.context()
+        for _ in range(100):
+            reply = yield self.request("GET", f"/code/contexts/{ctx['id']}")
+            if reply.status == 404:
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertEqual(reply.status, 404)
+        for _ in range(50):
+            if not alive(ctx["pid"]):
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertFalse(alive(ctx["pid"]))
+
+
+class NoRestartTests(CodeTestCase):
+    """``params.auto_restart: false``: a dead kernel leaves a dead context."""
+
+    policy = code_policy(params={"auto_restart": False})
+
+    @inlineCallbacks
+    def test_dead_context(self) -> Any:
+        """The kernel killed: 409 context_dead until restarted; the restart serves again."""
+        ctx = yield self.context()
+        os.kill(ctx["pid"], signal.SIGKILL)
+        for _ in range(100):
+            got = yield self.request("GET", f"/code/contexts/{ctx['id']}")
+            if got.json()["state"] == "dead":
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertEqual(got.json()["state"], "dead")
+        self.assertEqual(got.json()["exit_code"], -9)
+        reply = yield self.request(
+            "POST", f"/code/contexts/{ctx['id']}/execute", {"code": "1"}
+        )
+        self.assertEqual(reply.status, 409)
+        self.assertEqual(reply.json()["code"], "context_dead")
+        restarted = yield self.request(
+            "POST", f"/code/contexts/{ctx['id']}/restart", {}
+        )
+        self.assertEqual(restarted.json()["state"], "idle")
+        ok = yield self.execute(ctx["id"], "1 + 2")
+        self.assertEqual(ok["results"][0]["data"]["text/plain"], "3")
+
+
+class UserTests(CodeTestCase):
+    """The kernel runs as the request's user (a root daemon only)."""
+
+    policy = code_policy(params={"users": ["nobody"]})
+
+    def setUp(self) -> Any:
+        if os.geteuid() != 0:
+            raise SkipTest("switching users needs a root daemon")
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_kernel_user(self) -> Any:
+        """A context created with user=nobody runs its code as nobody."""
+        import pwd
+
+        if not os.access("/usr/bin/python3", os.X_OK):
+            raise SkipTest("no /usr/bin/python3 for the user nobody to run")
+        # A PATH whose python3 another user may run (not a pyenv shim in /root).
+        ctx = yield self.context(
+            kernel="sandboxd-python", user="nobody", env={"PATH": "/usr/bin:/bin"}
+        )
+        self.assertEqual(ctx["user"], "nobody")
+        result = yield self.execute(ctx["id"], "import os\nos.getuid()")
+        self.assertEqual(
+            result["results"][0]["data"]["text/plain"],
+            str(pwd.getpwnam("nobody").pw_uid),
+        )
+
+
+FAKE_HUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_hub.py")
+
+
+class BrokenHubTests(CodeTestCase):
+    """A hub that breaks its framing or dies: contexts fail cleanly, the daemon serves on."""
+
+    policy = code_policy(limits={"start_timeout_seconds": 20})
+
+    @inlineCallbacks
+    def check(self, mode: str) -> Any:
+        from sandboxd.kernels import hubclient
+
+        self.patch(hubclient, "HUB_COMMAND", [sys.executable, FAKE_HUB, mode])
+        self.patch(hubclient, "CODE_HUB_MAX_LINE_BYTES", 1000)
+        reply = yield self.request("POST", "/code/contexts", {})
+        self.assertEqual(reply.status, 503, reply.body)
+        self.assertEqual(reply.json()["code"], "unavailable")
+        self.assertIn("hub", reply.json()["error"])
+        listed = yield self.request("GET", "/code/contexts")
+        self.assertEqual(listed.json()["contexts"], [])
+        health = yield self.request("GET", "/health")
+        self.assertEqual(health.status, 200)
+        # The real hub again: a new context works.
+        self.patch(
+            hubclient, "HUB_COMMAND", [sys.executable, "-m", "sandboxd.kernels.hub"]
+        )
+        self.patch(hubclient, "CODE_HUB_MAX_LINE_BYTES", 64 * 1024 * 1024)
+        ctx = yield self.context()
+        ok = yield self.execute(ctx["id"], "1 + 1")
+        self.assertEqual(ok["results"][0]["data"]["text/plain"], "2")
+
+    def test_garbage_line(self) -> Any:
+        """A line that is not JSON ends the hub; after a few, the start fails 503."""
+        return self.check("garbage")
+
+    def test_overlong_line(self) -> Any:
+        """A line over the bound ends the hub likewise."""
+        return self.check("long")
+
+    def test_hub_exits(self) -> Any:
+        """A hub that exits at once: the start fails 503, not a hang."""
+        return self.check("exit")
+
+
+class RetentionTests(CodeTestCase):
+    """Finished executions are forgotten oldest first past max_event_bytes."""
+
+    policy = code_policy(limits={"max_event_bytes": 300 * 1024})
+
+    @inlineCallbacks
+    def test_old_executions_forgotten(self) -> Any:
+        """Each execution prints 100 KiB: the oldest go, the newest stay readable."""
+        ctx = yield self.context()
+        ids = []
+        for _ in range(5):
+            result = yield self.execute(ctx["id"], "print('y' * 100 * 1024)")
+            ids.append(result["execution_id"])
+        listed = yield self.request("GET", f"/code/contexts/{ctx['id']}/executions")
+        kept = [x["execution_id"] for x in listed.json()["executions"]]
+        self.assertEqual(kept, ids[-len(kept) :])
+        self.assertLess(len(kept), 5)
+        gone = yield self.request(
+            "GET", f"/code/contexts/{ctx['id']}/executions/{ids[0]}"
+        )
+        self.assertEqual(gone.status, 404)
+        last = yield self.request(
+            "GET", f"/code/contexts/{ctx['id']}/executions/{ids[-1]}"
+        )
+        self.assertEqual(len(last.json()["stdout"]), 100 * 1024 + 1)
