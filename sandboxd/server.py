@@ -43,6 +43,7 @@ from sandboxd.startup import (
     StartRefused,
     address_text,
     check_base_dir,
+    check_children_user,
     check_exposure,
     default_host,
     exposed,
@@ -423,10 +424,10 @@ def validate_settings(settings: Settings, table: RouteTable | None = None) -> Po
     for spec in settings.commands:
         import_commands(spec)
     environ = os.environ if settings.environ is None else settings.environ
-    policy = compile_policy(
-        settings, table if table is not None else default_table(), environ
-    )
+    table = table if table is not None else default_table()
+    policy = compile_policy(settings, table, environ)
     check_start(settings, policy, environ)
+    check_children_user(policy, table, os.geteuid())
     return policy
 
 
