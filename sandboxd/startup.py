@@ -131,7 +131,9 @@ def check_children_user(policy: Policy, table: RouteTable, euid: int) -> None:
     ]
     if not unset:
         return
-    shown = ", ".join(unset[:5]) + (f" and {len(unset) - 5} more" if len(unset) > 5 else "")
+    shown = ", ".join(unset[:5]) + (
+        f" and {len(unset) - 5} more" if len(unset) > 5 else ""
+    )
     raise PolicyError(
         "the daemon runs as root with tokens configured, and params.default_user "
         f"is not set for {shown}: every command would run as root and could read "

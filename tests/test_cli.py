@@ -65,6 +65,31 @@ def twistd_argv(base: str, *extra: str) -> list[str]:
     ]
 
 
+def children_as_root(test: SynchronousTestCase, argv: list[str]) -> list[str]:
+    """
+    ``argv`` with a policy that names root as the children's user: a root
+    daemon with a token refuses to start without one (the tests run as
+    root, and have no other user to run commands as).
+    """
+    doc: dict[str, Any] = {}
+    argv = list(argv)
+    if "--policy" in argv:
+        at = argv.index("--policy") + 1
+        with open(argv[at]) as f:
+            doc = json.load(f)
+    else:
+        argv += ["--policy", ""]
+        at = len(argv) - 1
+    params = doc.setdefault("defaults", {}).setdefault("params", {})
+    if "default_user" in params:
+        return argv
+    params["default_user"] = "root"
+    argv[at] = os.path.abspath(test.mktemp()) + ".json"
+    with open(argv[at], "w") as f:
+        json.dump(doc, f)
+    return argv
+
+
 class DaemonProcess:
     """A daemon started as its own process group."""
 
@@ -82,6 +107,8 @@ class DaemonProcess:
         self.log = open(test.mktemp(), "w+")
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
         full_env.update(env or {})
+        if "ABX_SERVER_TOKEN" in full_env and os.geteuid() == 0:
+            argv = children_as_root(test, argv)
         self.proc = subprocess.Popen(
             argv,
             stdout=self.log,
