@@ -18,4 +18,4 @@ def client_main(args: list[str]) -> int:
     except ImportError as e:
         print(f"sandboxd {args[0]}: {e}; install sandboxd[client]", file=sys.stderr)
         return 2
-    return main(args)
+    return main(args, inp=sys.stdin)

@@ -828,11 +828,35 @@ SCHEMAS: dict[str, Schema] = {
         "failure (check `code`).",
     ),
     "shell_stream": Schema(
-        body=(*_COMMAND, *_CHILD, F("timeout", "number", "seconds", default=300)),
+        body=(
+            *_COMMAND,
+            *_CHILD,
+            F("timeout", "number", "seconds", default=300),
+            F(
+                "output",
+                doc="lines: one event per line, as text; bytes: one event per "
+                "read, the raw bytes in data_base64 (byte-exact)",
+                enum=("lines", "bytes"),
+                default="lines",
+            ),
+            F(
+                "stdin_base64",
+                doc="bytes the command reads on its stdin, then end of file "
+                "(default: stdin is /dev/null)",
+            ),
+        ),
         produces="sse",
         events=(
-            Event("stdout", '{"data": one line without its newline}'),
-            Event("stderr", '{"data": one line without its newline}'),
+            Event(
+                "stdout",
+                '{"data": one line without its newline}, or with output=bytes '
+                '{"data_base64": the bytes of one read}',
+            ),
+            Event("stderr", "as stdout"),
+            Event(
+                "truncated",
+                '{"stream", "dropped_bytes"}: the output went over max_output_bytes',
+            ),
             Event(
                 "error",
                 '{"error", "type", "code"}: TimeoutError with code timeout or '

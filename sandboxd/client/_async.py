@@ -54,6 +54,7 @@ from sandboxd.client._core import (
     ws_headers,
 )
 from sandboxd.client._shared import (
+    ByteRun,
     PartialFile,
     RangeState,
     ResumableUpload,
@@ -94,6 +95,8 @@ from sandboxd.client.models import (
 
 #: A line callback: a plain function or a coroutine function.
 Line = Callable[[str], "Awaitable[None] | None"]
+#: Takes a chunk of a command's output, as bytes.
+Chunk = Callable[[bytes], "Awaitable[None] | None"]
 
 
 async def _tell(callback: Line | None, text: str) -> None:
@@ -101,6 +104,15 @@ async def _tell(callback: Line | None, text: str) -> None:
         result = callback(text)
         if inspect.isawaitable(result):
             await result
+
+
+async def _tell_bytes(callback: Chunk | None, data: bytes) -> None:
+    """Pass a chunk on, awaiting the callback when it is a coroutine."""
+    if callback is None:
+        return
+    outcome = callback(data)
+    if inspect.isawaitable(outcome):
+        await outcome
 
 
 class _Http:
@@ -785,6 +797,45 @@ class Commands(_Namespace):
         if error is not None:
             raise stream_error(error, result)
         return result
+
+    async def run_bytes(
+        self,
+        command: str | Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        user: str | int | None = None,
+        shell: str | None = None,
+        idle_timeout: float | None = None,
+        on_stdout: Chunk | None = None,
+        on_stderr: Chunk | None = None,
+    ) -> CommandResult:
+        """
+        Run a command to completion, its output byte for byte.
+
+        Each read of the child's stdout and stderr is passed on as bytes,
+        undecoded and unsplit, as it arrives (``sandboxd exec`` writes them
+        to its own stdout and stderr); ``stdin`` is what the command reads
+        on its stdin, then end of file.  The result's ``stdout`` and
+        ``stderr`` are empty (the bytes went to the callbacks);
+        ``truncated`` says the output went over ``max_output_bytes``.
+
+        :raises Timeout: past ``timeout`` (``IdleTimeout`` past ``idle_timeout``).
+        """
+        launch = calls.shell(command, cwd, env, user, shell, timeout, idle_timeout)
+        body = calls.shell_bytes(launch, stdin)
+        run = ByteRun()
+        events = self._http.events("POST", "/shell/stream", json=body, resumable=False)
+        async with aclosing(events):
+            async for event in events:
+                chunk = run.take(event.event, event.data)
+                if chunk is not None:
+                    await _tell_bytes(
+                        on_stdout if chunk[0] == "stdout" else on_stderr, chunk[1]
+                    )
+        return run.result()
 
     async def start(
         self,

@@ -43,6 +43,7 @@ from sandboxd.client._core import (
     ws_headers,
 )
 from sandboxd.client._shared import (
+    ByteRun,
     PartialFile,
     RangeState,
     ResumableUpload,
@@ -82,6 +83,8 @@ from sandboxd.client.models import (
 )
 
 Line = Callable[[str], None]
+#: Takes a chunk of a command's output, as bytes.
+Chunk = Callable[[bytes], None]
 
 
 class _Http:
@@ -769,6 +772,46 @@ class Commands(_Namespace):
         if error is not None:
             raise stream_error(error, result)
         return result
+
+    def run_bytes(
+        self,
+        command: str | Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        user: str | int | None = None,
+        shell: str | None = None,
+        idle_timeout: float | None = None,
+        on_stdout: Chunk | None = None,
+        on_stderr: Chunk | None = None,
+    ) -> CommandResult:
+        """
+        Run a command to completion, its output byte for byte.
+
+        Each read of the child's stdout and stderr is passed on as bytes,
+        undecoded and unsplit, as it arrives (``sandboxd exec`` writes them
+        to its own stdout and stderr); ``stdin`` is what the command reads
+        on its stdin, then end of file.  The result's ``stdout`` and
+        ``stderr`` are empty (the bytes went to the callbacks);
+        ``truncated`` says the output went over ``max_output_bytes``.
+
+        :raises Timeout: past ``timeout`` (``IdleTimeout`` past ``idle_timeout``).
+        """
+        launch = calls.shell(command, cwd, env, user, shell, timeout, idle_timeout)
+        body = calls.shell_bytes(launch, stdin)
+        run = ByteRun()
+        for event in self._http.events(
+            "POST", "/shell/stream", json=body, resumable=False
+        ):
+            chunk = run.take(event.event, event.data)
+            target = (
+                on_stdout if chunk is not None and chunk[0] == "stdout" else on_stderr
+            )
+            if chunk is not None and target is not None:
+                target(chunk[1])
+        return run.result()
 
     def start(
         self,

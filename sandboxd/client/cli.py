@@ -92,6 +92,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="seconds before the daemon kills it",
     )
+    p.add_argument(
+        "-n",
+        "--no-stdin",
+        action="store_true",
+        help="do not forward local stdin (default: forwarded when not a terminal)",
+    )
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD...")
 
     p = sub.add_parser(
@@ -180,7 +186,17 @@ def _explain(error: SandboxError, url: str) -> str:
 # -- exec ----------------------------------------------------------------------
 
 
-def cmd_exec(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+def cmd_exec(
+    sb: Sandbox,
+    args: argparse.Namespace,
+    out: TextIO,
+    err: TextIO,
+    inp: Any = None,
+) -> int:
+    """
+    Run a command to its end: its stdout and stderr byte for byte, local
+    stdin forwarded when it is not a terminal, the child's exit code.
+    """
     argv = list(args.argv)
     if argv[:1] == ["--"]:
         argv = argv[1:]
@@ -202,37 +218,103 @@ def cmd_exec(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
         "shell": args.shell,
         "timeout": args.limit,
     }
+    try:
+        stdin = _local_stdin(args, inp)
+    except ValueError as e:
+        err.write(f"sandboxd exec: {e}\n")
+        return 2
     if args.json:
+        got: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
         try:
-            result = sb.commands.run(command, **options)
+            result = sb.commands.run_bytes(
+                command,
+                stdin=stdin,
+                on_stdout=got["stdout"].append,
+                on_stderr=got["stderr"].append,
+                **options,
+            )
         except DeadlineExceeded as e:
             _print_json({"error": e.message, "code": e.code, **e.body}, out)
             return TIMED_OUT
         _print_json(
             {
-                "stdout": result.stdout,
-                "stderr": result.stderr,
+                "stdout": b"".join(got["stdout"]).decode("utf-8", "replace"),
+                "stderr": b"".join(got["stderr"]).decode("utf-8", "replace"),
                 "exit_code": result.exit_code,
+                "truncated": result.truncated,
             },
             out,
         )
         return exit_status(result.exit_code)
-
-    def to(stream: TextIO) -> Callable[[str], None]:
-        def write(line: str) -> None:
-            stream.write(line + "\n")
-            stream.flush()
-
-        return write
-
     try:
-        result = sb.commands.run(
-            command, on_stdout=to(out), on_stderr=to(err), **options
+        result = sb.commands.run_bytes(
+            command,
+            stdin=stdin,
+            on_stdout=_binary_writer(out),
+            on_stderr=_binary_writer(err),
+            **options,
         )
     except DeadlineExceeded as e:
         err.write(f"sandboxd exec: {e.message}\n")
         return TIMED_OUT
+    if result.truncated:
+        err.write(
+            f"sandboxd exec: the output went over the daemon's max_output_bytes; "
+            f"{result.dropped_bytes} bytes were dropped\n"
+        )
+        return exit_status(result.exit_code) or 1
     return exit_status(result.exit_code)
+
+
+#: The most local stdin ``exec`` sends (it goes in one request).
+MAX_STDIN_BYTES = 64 * 1024 * 1024
+
+
+def _local_stdin(args: argparse.Namespace, stream: Any) -> bytes | None:
+    """
+    What ``exec`` forwards as the command's stdin: all of local stdin when
+    it is not a terminal (a pipe, a file), nothing for a terminal or with
+    ``--no-stdin``.
+
+    :raises ValueError: past :data:`MAX_STDIN_BYTES`.
+    """
+    if args.no_stdin or stream is None:
+        return None
+    try:
+        if stream.isatty():
+            return None
+    except (AttributeError, ValueError):
+        return None
+    source = getattr(stream, "buffer", stream)
+    data = source.read(MAX_STDIN_BYTES + 1)
+    if isinstance(data, str):
+        data = data.encode()
+    if len(data) > MAX_STDIN_BYTES:
+        raise ValueError(
+            f"stdin is over {MAX_STDIN_BYTES} bytes; copy it in with "
+            "`sandboxd cp` and redirect from the file"
+        )
+    return bytes(data)
+
+
+def _binary_writer(stream: TextIO) -> Callable[[bytes], None]:
+    """
+    Write chunks to ``stream``'s bytes (its ``buffer``) as they come, so
+    output through a pipe is byte-exact; a text-only stream gets them
+    decoded.
+    """
+    raw = getattr(stream, "buffer", None)
+
+    def write(data: bytes) -> None:
+        if raw is not None:
+            stream.flush()
+            raw.write(data)
+            raw.flush()
+        else:
+            stream.write(data.decode("utf-8", "replace"))
+            stream.flush()
+
+    return write
 
 
 # -- cp ------------------------------------------------------------------------
@@ -679,10 +761,15 @@ def main(
     argv: Sequence[str] | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
+    inp: Any = None,
 ) -> int:
     """
     Run one client command; its exit status (``exec``: the child's;
-    1 for a refusal or an unreachable daemon, 2 for bad usage).
+    1 for a refusal or an unreachable daemon, 2 for bad usage; 141, as a
+    shell reports SIGPIPE, when the reader of our output went away).
+
+    :param inp: the local stdin ``exec`` forwards when it is not a
+        terminal (the console script passes ``sys.stdin``; None: nothing).
     """
     out = out or sys.stdout
     err = err or sys.stderr
@@ -693,7 +780,11 @@ def main(
         err.write(f"sandboxd {args.command}: {e}\n")
         return 2
     try:
+        if args.command == "exec":
+            return cmd_exec(sb, args, out, err, inp)
         return HANDLERS[args.command](sb, args, out, err)
+    except BrokenPipeError:
+        return _reader_gone(out)
     except NotFoundError as e:
         err.write(f"sandboxd {args.command}: {e}\n")
         return 1
@@ -706,5 +797,25 @@ def main(
         sb.close()
 
 
+#: The exit status of a command whose output pipe closed (128 + SIGPIPE).
+PIPE_CLOSED = 128 + 13
+
+
+def _reader_gone(out: TextIO) -> int:
+    """
+    Our reader (``head``) went away: end quietly.  Whatever is still
+    buffered for stdout goes to /dev/null, so the interpreter's last flush
+    prints no BrokenPipeError either.
+    """
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, ValueError):
+        return PIPE_CLOSED
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+    return PIPE_CLOSED
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    sys.exit(main(inp=sys.stdin))

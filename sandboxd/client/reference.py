@@ -143,9 +143,14 @@ sandboxd term 5f0c...                         # reattach: the scrollback, then l
 sandboxd caps --explain files_read_raw --path /etc/passwd
 ```
 
-`exec` prints the command's output as it comes and exits with its exit code
-(128 + N when signal N ended it, 124 when the daemon killed it at
-`--timeout`). `term` puts the local terminal in raw mode, sends the window
+`exec` prints the command's output as it comes, byte for byte (so
+`sandboxd exec -- tar czf - src > src.tgz` gives a whole archive), and
+exits with its exit code (128 + N when signal N ended it, 124 when the
+daemon killed it at `--timeout`, 1 with a message when the output went
+over the daemon's `max_output_bytes`). When local stdin is not a terminal
+it is sent to the command (`echo x | sandboxd exec -- cat` prints `x`; up
+to 64 MiB, read before the command starts); `-n` sends nothing. Piped into
+`head`, any command ends quietly with status 141 when the reader goes. `term` puts the local terminal in raw mode, sends the window
 size on every `SIGWINCH`, and restores the terminal when it detaches or the
 shell exits (then with the shell's exit code).
 

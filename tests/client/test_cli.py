@@ -91,6 +91,74 @@ class ExecTests(ClientCase):
         self.assertIn(b"rule", done.stderr)
 
 
+class ExecBytesTests(ClientCase):
+    """``sandboxd exec`` through pipes: bytes as they are, stdin forwarded."""
+
+    @inlineCallbacks
+    def test_binary_output_byte_exact(self) -> Any:
+        """A megabyte of every byte value, no final newline, arrives as sent."""
+        script = "import sys; sys.stdout.buffer.write(bytes(range(256)) * 3907 + b'\\xff\\xfe')"
+        done = yield self.cli("exec", "--", "python3", "-c", script)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stdout, bytes(range(256)) * 3907 + b"\xff\xfe")
+        err = yield self.cli("exec", "--", "sh", "-c", "printf '\\377ok' >&2")
+        self.assertEqual(err.stderr, b"\xffok")
+
+    @inlineCallbacks
+    def test_archive_through_a_pipe(self) -> Any:
+        """``tar czf - dir > x.tgz`` gives an archive that lists its member."""
+        os.makedirs(self.path("d"))
+        with open(self.path("d", "f.bin"), "wb") as f:
+            f.write(os.urandom(200_000))
+        done = yield self.cli("exec", "--", "tar", "czf", "-", "d")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        import io
+        import tarfile
+
+        with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
+            member = tar.extractfile("d/f.bin")
+            assert member is not None
+            with open(self.path("d", "f.bin"), "rb") as f:
+                self.assertEqual(member.read(), f.read())
+
+    @inlineCallbacks
+    def test_stdin_forwarded(self) -> Any:
+        """Piped stdin reaches the command (``echo x | sandboxd exec -- cat``); -n keeps it."""
+        done = yield self.cli("exec", "--", "cat", input=b"x\n\xff\x00")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stdout, b"x\n\xff\x00")
+        kept = yield self.cli("exec", "-n", "--", "cat", input=b"x\n")
+        self.assertEqual(kept.stdout, b"")
+
+    @inlineCallbacks
+    def test_closed_pipe_is_quiet(self) -> Any:
+        """Piping exec and caps into ``head`` ends with no traceback."""
+        import shlex
+        import subprocess
+
+        me = f"{shlex.quote(sys.executable)} -m sandboxd.client.cli"
+        environ = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "PYTHONPATH": ROOT,
+            "SANDBOXD_URL": self.daemon.url,
+            "SANDBOXD_TOKEN": self.daemon.token or "",
+        }
+        for line in (
+            f"{me} exec -- seq 1 2000000 | head -n 1",
+            f"{me} caps --json | head -c 10",
+        ):
+            done = yield self.in_thread(
+                subprocess.run,
+                ["bash", "-c", f"set -o pipefail; {line}"],
+                env=environ,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=40,
+            )
+            self.assertEqual(done.stderr, b"", line)
+            self.assertTrue(done.stdout, line)
+
+
 class CopyTests(ClientCase):
     """``sandboxd cp``."""
 
