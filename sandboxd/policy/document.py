@@ -153,6 +153,7 @@ _CHOICES = {
     "params.permission_timeout_action": ("deny", "cancel_turn"),
     "params.mcp_servers": ("none", "http", "all"),
     "params.client_fs": ("none", "read", "read_write"),
+    "params.mcp_tools": ("default", "all"),
 }
 
 

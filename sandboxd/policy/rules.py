@@ -94,6 +94,8 @@ class Params:
     mcp_servers: str = "none"
     client_fs: str = "read_write"
     client_terminal: bool = True
+    # the MCP door: "default" lists the tools a model uses; "all" every tool
+    mcp_tools: str = "default"
 
 
 #: The sections of a rule and the class describing each.
