@@ -18,7 +18,7 @@ from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from sandboxd.e2b import filesystem, process, rest
+from sandboxd.e2b import controlplane, filesystem, process, rest
 from sandboxd.e2b.door import Door, Procedure
 from sandboxd.readiness import Opening
 from sandboxd.web.connections import ConnectionLimits
@@ -28,7 +28,12 @@ log = Logger(namespace="sandboxd.e2b")
 
 def procedures() -> dict[str, Procedure]:
     """Everything the door serves, by ``package.Service/Method`` or ``METHOD /path``."""
-    return {**process.PROCEDURES, **filesystem.PROCEDURES, **rest.PROCEDURES}
+    return {
+        **process.PROCEDURES,
+        **filesystem.PROCEDURES,
+        **rest.PROCEDURES,
+        **controlplane.PROCEDURES,
+    }
 
 
 class E2BService(Service):
