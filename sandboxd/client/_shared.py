@@ -154,8 +154,17 @@ class PartialFile:
             f.write(etag)
 
     def keep(self) -> None:
-        """Failed: keep the partial file for a later resume."""
+        """
+        Failed: keep the partial file for a later resume, unless it holds
+        nothing (a refused download leaves no empty ``.part`` behind).
+        """
         self.file.close()
+        if os.path.getsize(self.part) == 0:
+            for path in (self.part, self.meta):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
 
     def commit(self) -> int:
         """Whole: rename into place; the size."""

@@ -184,6 +184,16 @@ class CopyTests(ClientCase):
         self.assertEqual(both.returncode, 2)
 
     @inlineCallbacks
+    def test_refused_download_leaves_nothing(self) -> Any:
+        """A download the daemon refuses (missing, outside the base dir) leaves no ``.part``."""
+        local = os.path.realpath(self.mktemp())
+        os.makedirs(local)
+        for remote in (":missing.bin", ":/etc/passwd"):
+            done = yield self.cli("cp", remote, os.path.join(local, "x.bin"))
+            self.assertEqual(done.returncode, 1, done.stderr)
+            self.assertEqual(os.listdir(local), [], remote)
+
+    @inlineCallbacks
     def test_resume(self) -> Any:
         """
         A download whose daemon goes away keeps its ``.part`` and exits 1
