@@ -39,6 +39,7 @@ from sandboxd.errors import (
     Code,
     limit_exceeded,
     limit_rule,
+    limit_setting,
     payload_too_large,
     unsupported,
 )
@@ -253,7 +254,11 @@ class Exchange:
         self.rule = self.passed.rule
         self.cap = self.rule.limits.max_request_bytes or 0
         if length is not None and self.cap and length > self.cap:
-            self.refusal = payload_too_large(self.cap, "the MCP message")
+            self.refusal = payload_too_large(
+                self.cap,
+                "the MCP message",
+                setting=limit_setting("mcp", "max_request_bytes"),
+            )
             self._answer_now(self.refusal)
 
     # -- header time and body ----------------------------------------------
@@ -293,7 +298,13 @@ class Exchange:
         if self.refusal is not None:
             return
         if self.cap and self.bytes_in > self.cap:
-            self._answer_now(payload_too_large(self.cap, "the MCP message"))
+            self._answer_now(
+                payload_too_large(
+                    self.cap,
+                    "the MCP message",
+                    setting=limit_setting("mcp", "max_request_bytes"),
+                )
+            )
             return
         self.body += data
 

@@ -26,6 +26,7 @@ from sandboxd.errors import (
     Code,
     bad_request,
     forbidden,
+    limit_setting,
     payload_too_large,
     range_not_satisfiable,
 )
@@ -70,6 +71,13 @@ def in_thread(request: ServerRequest, fn: Any, *args: Any) -> Deferred[Any]:
 def max_bytes(request: ServerRequest) -> int:
     """The endpoint's payload cap."""
     return request.rule.limits.max_bytes or DEFAULT_UPLOAD_BYTES
+
+
+def too_large(request: ServerRequest) -> ApiError:
+    """413: over the endpoint's ``max_bytes``, naming the policy key to raise."""
+    return payload_too_large(
+        max_bytes(request), setting=limit_setting(request.endpoint.id, "max_bytes")
+    )
 
 
 def check_extension(request: ServerRequest, path: str) -> None:
@@ -153,7 +161,7 @@ def decode_payload(request: ServerRequest) -> bytes | bytearray:
     if request.payload is not None:
         # Decoded by the pipeline as the body arrived (sandboxd.web.upload).
         if len(request.payload) > max_bytes(request):
-            raise payload_too_large(max_bytes(request))
+            raise too_large(request)
         return request.payload
     raw = request.body.get("content_base64")
     if raw is None:
@@ -162,13 +170,13 @@ def decode_payload(request: ServerRequest) -> bytes | bytearray:
         raise bad_request("'content_base64' must be a string")
     cap = max_bytes(request)
     if len(raw) // 4 * 3 - 2 > cap:
-        raise payload_too_large(cap)
+        raise too_large(request)
     try:
         data = pybase64.b64decode(raw, validate=True)
     except (binascii.Error, ValueError):
         raise bad_request("'content_base64' is not valid base64") from None
     if len(data) > cap:
-        raise payload_too_large(cap)
+        raise too_large(request)
     return data
 
 
@@ -236,7 +244,7 @@ def download(request: ServerRequest) -> Any:
     cap = max_bytes(request)
     if size > cap:
         f.close()
-        raise payload_too_large(cap)
+        raise too_large(request)
     if size <= INLINE_READ_BYTES:
         with f:
             data = _read_all(f.fd, size)
@@ -274,7 +282,7 @@ def files_download_stream(request: ServerRequest) -> Any:
     cap = max_bytes(request)
     if size > cap:
         f.close()
-        raise payload_too_large(cap)
+        raise too_large(request)
     head = (
         b'{"path":'
         + json_bytes(f.path)
@@ -308,7 +316,7 @@ def files_read_raw(request: ServerRequest) -> Any:
     cap = request.rule.limits.max_bytes
     if cap is not None and st.st_size > cap:
         f.close()
-        raise payload_too_large(cap)
+        raise too_large(request)
     headers = {
         "content-type": "application/octet-stream",
         "etag": f.etag,
@@ -381,6 +389,7 @@ class RawSink:
             request, path, overwrite, mode, request.headers.get("if-match")
         )
         self.cap = max_bytes(request)
+        self.endpoint_id = request.endpoint.id
         self.received = 0
         self.body = hashed_write(request, self.writer, hashlib.sha256())
 
@@ -389,7 +398,9 @@ class RawSink:
         self.received += len(data)
         if self.received > self.cap:
             self.abort()
-            raise payload_too_large(self.cap)
+            raise payload_too_large(
+                self.cap, setting=limit_setting(self.endpoint_id, "max_bytes")
+            )
         self.body.write(data)
 
     def finish(self) -> Deferred[dict[str, Any]]:

@@ -24,6 +24,7 @@ from sandboxd.errors import (
     bad_request,
     limit_exceeded,
     limit_rule,
+    limit_setting,
     not_found,
     payload_too_large,
 )
@@ -70,7 +71,11 @@ def files_uploads_create(request: ServerRequest) -> Any:
     mode = parse_mode(body.get("mode"))
     cap = max_bytes(request)
     if size > cap:
-        raise payload_too_large(cap, "the upload's size")
+        raise payload_too_large(
+            cap,
+            "the upload's size",
+            setting=limit_setting(request.endpoint.id, "max_bytes"),
+        )
     table = _table(request)
     rule = request.rule
     limit = rule.limits.max_sessions or _DEFAULTS["max_sessions"]
