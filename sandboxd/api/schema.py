@@ -689,7 +689,8 @@ SCHEMAS: dict[str, Schema] = {
             ),
         ),
         notes="Every refusal happens here, before a byte is sent. The bytes go to "
-        "a hidden staging file beside the target (.NAME.<hex>.upload), renamed "
+        "a hidden staging file beside the target (.NAME.<hex>.upload; left out "
+        "of listings, searches and archives), renamed "
         "into place by the append that completes it; an upload idle for "
         "idle_timeout_seconds (3600) is dropped with its staging file, as on "
         "DELETE and when the daemon stops.",
