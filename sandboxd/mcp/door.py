@@ -51,6 +51,7 @@ from sandboxd.policy.defaults import (
     DRAIN_LIMIT_BYTES,
     ENDPOINT_LIMITS,
     MCP_SWEEP_SECONDS,
+    identity_cap,
 )
 from sandboxd.web.jsonbody import parse_object
 from sandboxd.web.pipeline import check_framing
@@ -152,6 +153,19 @@ class McpDoor(Service):
                 Code.TOO_MANY_SESSIONS,
                 rule=limit_rule(self.context.policy.rules["mcp"], "max_sessions"),
                 limit=limit,
+            )
+        rule = self.context.policy.rules["mcp"]
+        mine = identity_cap(
+            limit, len(self.context.policy.tokens.ids()), rule.limits.max_per_identity
+        )
+        if self.sessions.held_by(identity) >= mine:
+            return limit_exceeded(
+                429,
+                f"this identity has {mine} MCP sessions open, its share of "
+                f"{limit}; end one with DELETE",
+                Code.TOO_MANY_SESSIONS,
+                rule=limit_rule(rule, "max_per_identity"),
+                limit=mine,
             )
         session = self.sessions.create(identity, version, now)
         self._schedule_sweep()

@@ -29,6 +29,9 @@ class Limits:
     max_concurrency: int | None = None
     max_processes: int | None = None
     max_sessions: int | None = None
+    # what one identity may hold of a daemon-wide cap (MCP sessions, open
+    # uploads, watches); None: half of it when several identities exist
+    max_per_identity: int | None = None
     max_turn_seconds: float | None = None
     idle_timeout_seconds: float | None = None
     init_timeout_seconds: float | None = None

@@ -43,7 +43,9 @@ from sandboxd.policy.defaults import (
     INLINE_READ_BYTES,
     MAX_LIST_DEPTH,
     MAX_PATTERN_CHARS,
+    MAX_WATCHES,
     MIB,
+    identity_cap,
 )
 from sandboxd.web.dispatch import json_bytes
 from sandboxd.web.messages import (
@@ -629,9 +631,16 @@ def files_watch(request: ServerRequest) -> Any:
             data = dict(data, path=shown)
         return default_format(Event(event.seq, event.event, data, event.size))
 
+    owner = request.identity.id if request.identity is not None else ""
+    mine = identity_cap(
+        MAX_WATCHES,
+        len(request.context.policy.tokens.ids()),
+        request.rule.limits.max_per_identity,
+    )
+
     def ready(found: tuple[str, list[str]]) -> SSEResponse:
         root, dirs = found
-        watch = service.get(root, recursive, retention, dirs)
+        watch = service.get(root, recursive, retention, dirs, owner, mine)
 
         def start(channel: SSEChannel) -> Any:
             watch.acquire()

@@ -31,7 +31,7 @@ from sandboxd.errors import (
 from sandboxd.files.atomic import parse_mode
 from sandboxd.files.uploads import Upload, UploadTable
 from sandboxd.guard import refusal
-from sandboxd.policy.defaults import ENDPOINT_LIMITS
+from sandboxd.policy.defaults import ENDPOINT_LIMITS, identity_cap
 from sandboxd.policy.paths import PathDecision, decide
 from sandboxd.routes.files import (
     atomic_writer,
@@ -79,7 +79,16 @@ def files_uploads_create(request: ServerRequest) -> Any:
     table = _table(request)
     rule = request.rule
     limit = rule.limits.max_sessions or _DEFAULTS["max_sessions"]
-    table.check_room(limit, limit_rule(rule, "max_sessions"))
+    mine = identity_cap(
+        limit, len(request.context.policy.tokens.ids()), rule.limits.max_per_identity
+    )
+    table.check_room(
+        limit,
+        limit_rule(rule, "max_sessions"),
+        _owner(request),
+        mine,
+        limit_rule(rule, "max_per_identity"),
+    )
     idle = rule.limits.idle_timeout_seconds or _DEFAULTS["idle_timeout_seconds"]
     writer = atomic_writer(request, path, overwrite, mode, if_match_of(request))
     upload = table.create(_owner(request), writer, size, path, float(idle))
