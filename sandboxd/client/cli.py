@@ -817,5 +817,29 @@ def _reader_gone(out: TextIO) -> int:
     return PIPE_CLOSED
 
 
+def console() -> int:
+    """
+    The ``sandboxd`` command of the client-only distribution
+    (``sandboxd-client``): the commands that drive a daemon, ``--version``
+    and ``--help``; running a daemon needs the ``sandboxd`` distribution.
+    """
+    from sandboxd._version import __version__
+
+    args = sys.argv[1:]
+    if args[:1] and args[0] in COMMANDS:
+        return main(args, inp=sys.stdin)
+    if args[:1] in (["--version"], ["version"]):
+        print(f"sandboxd {__version__} (client)")
+        return 0
+    if args[:1] in ([], ["-h"], ["--help"]):
+        _parser().print_help()
+        return 0
+    sys.stderr.write(
+        f"sandboxd: {args[0]!r} is not a client command ({', '.join(COMMANDS)}); "
+        "running a daemon needs the sandboxd distribution, not sandboxd-client\n"
+    )
+    return 2
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main(inp=sys.stdin))

@@ -24,11 +24,23 @@ INTRO = """\
 coroutine with the same name and arguments). It is built on
 [httpx](https://www.python-httpx.org/) (HTTP and Server-Sent Events) and
 [websockets](https://websockets.readthedocs.io/) (the PTY port), and imports
-nothing from Twisted, so it runs wherever those two are installed:
+nothing from Twisted, so it runs wherever those two are installed.
+
+**Installing the client alone.** The repository builds a second
+distribution, `sandboxd-client`, from `client/pyproject.toml`: the client,
+the `sandboxd` command's client side (`exec`, `cp`, `ls`, `ps`, `logs`,
+`kill`, `term`, `caps`) and nothing of the daemon; it depends on httpx and
+websockets only. From a checkout:
 
 ```sh
-pip install 'sandboxd[client]'
+pip install ./client
+sandboxd --version                 # sandboxd 0.1.0 (client)
 ```
+
+(`pip wheel --no-deps -w dist ./client` builds the wheel to install
+elsewhere.) Install it or the daemon's distribution (`pip install .`, which
+holds the client too, with `pip install '.[client]'` for httpx and
+websockets), not both in one environment: both give the `sandboxd` command.
 
 ```python
 from sandboxd.client import Sandbox, PermissionDenied
