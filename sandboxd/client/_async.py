@@ -60,6 +60,7 @@ from sandboxd.client._shared import (
     ResumableUpload,
     command_result,
     handshake_error,
+    session_info,
     shell_timeout,
     stream_error,
 )
@@ -892,9 +893,17 @@ class Terminal:
     """
 
     def __init__(
-        self, settings: Settings, session_id: str, base: str, offset: int | None
+        self,
+        settings: Settings,
+        session_id: str,
+        base: str,
+        offset: int | None,
+        pty: Pty | None = None,
     ) -> None:
         self._settings = settings
+        #: Set by :meth:`Pty.open`: leaving the ``async with`` block ends the session.
+        self._pty = pty
+        self.owned = pty is not None
         self.session_id = session_id
         self._base = base
         self.offset: int | None = offset
@@ -947,6 +956,17 @@ class Terminal:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+        if self.owned:
+            await self.end()
+
+    async def end(self) -> None:
+        """End the session and its shell (gone already is fine)."""
+        if self._pty is None:
+            raise RuntimeError("end() needs a terminal made by pty.open()")
+        try:
+            await self._pty.close(self.session_id)
+        except NotFound:
+            pass
 
     async def send(self, data: str) -> None:
         """Type ``data``."""
@@ -1043,11 +1063,18 @@ class Pty(_Namespace):
         self._sandbox._ws_base = created["ws_url"]
         return created
 
-    async def open(self, **options: Any) -> Terminal:
-        """:meth:`create`, then :meth:`attach` to it."""
+    async def open(self, *, keep: bool = False, **options: Any) -> Terminal:
+        """
+        :meth:`create`, then :meth:`attach` to it; leaving the ``async
+        with`` block ends the session unless ``keep=True``.
+        """
         created = await self.create(**options)
         terminal = Terminal(
-            self._http.settings, created["session_id"], created["ws_url"], None
+            self._http.settings,
+            created["session_id"],
+            created["ws_url"],
+            None,
+            None if keep else self,
         )
         await terminal._open(None)
         return terminal
@@ -1072,14 +1099,15 @@ class Pty(_Namespace):
 
     async def list(self) -> builtins.list[PtySessionInfo]:
         """Sessions of this identity."""
-        return cast(
-            builtins.list[PtySessionInfo],
-            (await self._http.call(calls.pty_list()))["sessions"],
-        )
+        sessions = (await self._http.call(calls.pty_list()))["sessions"]
+        return cast(builtins.list[PtySessionInfo], [session_info(s) for s in sessions])
 
     async def get(self, session_id: str) -> PtySessionInfo:
         """One session."""
-        return cast(PtySessionInfo, await self._http.call(calls.pty_get(session_id)))
+        return cast(
+            PtySessionInfo,
+            session_info(await self._http.call(calls.pty_get(session_id))),
+        )
 
     async def resize(self, session_id: str, cols: int, rows: int) -> PtySessionInfo:
         """Resize over REST (attached clients can also :meth:`Terminal.resize`)."""

@@ -474,3 +474,10 @@ class ByteRun:
         if self.error is not None:
             raise stream_error(self.error, result)
         return result
+
+
+def session_info(info: Any) -> Any:
+    """A terminal session's record with ``session_id`` beside the daemon's ``id``."""
+    if isinstance(info, dict) and "id" in info:
+        info.setdefault("session_id", info["id"])
+    return info

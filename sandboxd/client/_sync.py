@@ -49,6 +49,7 @@ from sandboxd.client._shared import (
     ResumableUpload,
     command_result,
     handshake_error,
+    session_info,
     shell_timeout,
     stream_error,
 )
@@ -868,9 +869,17 @@ class Terminal:
     """
 
     def __init__(
-        self, pty: Pty, session_id: str, base: str, offset: int | None
+        self,
+        pty: Pty,
+        session_id: str,
+        base: str,
+        offset: int | None,
+        owned: bool = False,
     ) -> None:
         self._settings = pty._http.settings
+        self._pty = pty
+        #: Made by :meth:`Pty.open`: leaving the ``with`` block ends the session.
+        self.owned = owned
         self.session_id = session_id
         self._base = base
         self.offset: int | None = offset
@@ -917,6 +926,15 @@ class Terminal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+        if self.owned:
+            self.end()
+
+    def end(self) -> None:
+        """End the session and its shell (gone already is fine)."""
+        try:
+            self._pty.close(self.session_id)
+        except NotFound:
+            pass
 
     def send(self, data: str) -> None:
         """Type ``data`` (``"ls\\n"``, ``"\\x03"`` for Ctrl-C)."""
@@ -1016,10 +1034,17 @@ class Pty(_Namespace):
         self._sandbox._ws_base = created["ws_url"]
         return created
 
-    def open(self, **options: Any) -> Terminal:
-        """:meth:`create`, then :meth:`attach` to it."""
+    def open(self, *, keep: bool = False, **options: Any) -> Terminal:
+        """
+        :meth:`create`, then :meth:`attach` to it.  Used as a context
+        manager, the session ends with the block (a loop of ``with
+        sb.pty.open()`` does not pile up sessions to the daemon's cap);
+        ``keep=True`` only detaches, for a later :meth:`attach`.
+        """
         created = self.create(**options)
-        return Terminal(self, created["session_id"], created["ws_url"], None)
+        return Terminal(
+            self, created["session_id"], created["ws_url"], None, owned=not keep
+        )
 
     def attach(self, session_id: str, *, offset: int | None = None) -> Terminal:
         """
@@ -1041,13 +1066,14 @@ class Pty(_Namespace):
 
     def list(self) -> builtins.list[PtySessionInfo]:
         """Sessions of this identity."""
-        return cast(
-            builtins.list[PtySessionInfo], self._http.call(calls.pty_list())["sessions"]
-        )
+        sessions = self._http.call(calls.pty_list())["sessions"]
+        return cast(builtins.list[PtySessionInfo], [session_info(s) for s in sessions])
 
     def get(self, session_id: str) -> PtySessionInfo:
         """One session."""
-        return cast(PtySessionInfo, self._http.call(calls.pty_get(session_id)))
+        return cast(
+            PtySessionInfo, session_info(self._http.call(calls.pty_get(session_id)))
+        )
 
     def resize(self, session_id: str, cols: int, rows: int) -> PtySessionInfo:
         """Resize over REST (attached clients can also :meth:`Terminal.resize`)."""

@@ -654,8 +654,9 @@ def cmd_term(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
         terminal = sb.pty.attach(args.session)
         terminal.resize(*size)
     else:
+        # Detaching leaves the session for `sandboxd term SESSION`.
         terminal = sb.pty.open(
-            cols=size[0], rows=size[1], shell=args.shell, cwd=args.cwd
+            keep=True, cols=size[0], rows=size[1], shell=args.shell, cwd=args.cwd
         )
     err.write(f"[session {terminal.session_id}; detach with {args.detach_keys}]\r\n")
     err.flush()
