@@ -175,6 +175,39 @@ class KubernetesTests(SynchronousTestCase):
         self.assertEqual({p["containerPort"] for p in container["ports"]}, {9000, 9001})
         self.assertFalse(container["securityContext"]["allowPrivilegeEscalation"])
 
+    def test_pod_hardening(self) -> None:
+        """
+        No service-account token or service links reach the sandbox; the
+        home volume and the container's ephemeral storage are bounded; the
+        pod meets Pod Security "baseline" (and says it is not "restricted").
+        """
+        spec = self.pod["spec"]
+        self.assertIs(spec["automountServiceAccountToken"], False)
+        self.assertIs(spec["enableServiceLinks"], False)
+        home = next(v for v in spec["volumes"] if v["name"] == "home")
+        self.assertIn("sizeLimit", home["emptyDir"])
+        container = spec["containers"][0]
+        self.assertIn("ephemeral-storage", container["resources"]["limits"])
+        # Baseline: no privileged container, no host namespaces or paths, only
+        # the capabilities baseline allows to be added.
+        baseline_caps = {
+            "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL",
+            "MKNOD", "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP",
+            "SETUID", "SYS_CHROOT",
+        }  # fmt: skip
+        for key in ("hostNetwork", "hostPID", "hostIPC"):
+            self.assertFalse(spec.get(key, False), key)
+        self.assertFalse(any("hostPath" in v for v in spec["volumes"]))
+        for c in [*spec["containers"], *spec.get("initContainers", [])]:
+            ctx = c["securityContext"]
+            self.assertFalse(ctx.get("privileged", False))
+            self.assertLessEqual(set(ctx["capabilities"]["add"]), baseline_caps)
+            self.assertEqual(ctx["seccompProfile"]["type"], "RuntimeDefault")
+        with open(os.path.join(ROOT, "docs", "operations.md")) as f:
+            self.assertIn(
+                "meets the `baseline` standard, not\n  `restricted`", f.read()
+            )
+
     def test_no_secret_value(self) -> None:
         """The manifest carries no Secret, so `kubectl apply` cannot overwrite the real token."""
         for doc in self.docs:
