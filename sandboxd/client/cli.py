@@ -257,6 +257,12 @@ def cmd_exec(
     except DeadlineExceeded as e:
         err.write(f"sandboxd exec: {e.message}\n")
         return TIMED_OUT
+    except SandboxError as e:
+        status = _cannot_run(e)
+        if status is None:
+            raise
+        err.write(f"sandboxd exec: {e.message}\n")
+        return status
     if result.truncated:
         err.write(
             f"sandboxd exec: the output went over the daemon's max_output_bytes; "
@@ -264,6 +270,21 @@ def cmd_exec(
         )
         return exit_status(result.exit_code) or 1
     return exit_status(result.exit_code)
+
+
+#: Exit statuses of a command that could not be run, as a shell gives them.
+NOT_FOUND, NOT_EXECUTABLE = 127, 126
+
+
+def _cannot_run(error: SandboxError) -> int | None:
+    """127 for a command that is not there, 126 for one that cannot run; else None."""
+    if error.status != 400:
+        return None
+    if error.type == "FileNotFoundError":
+        return NOT_FOUND
+    if error.type == "OSError" and error.message.startswith("cannot run"):
+        return NOT_EXECUTABLE
+    return None
 
 
 #: The most local stdin ``exec`` sends (it goes in one request).
@@ -478,7 +499,8 @@ def cmd_ps(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
         return 0
     out.write(f"{'PID':>7}  {'STATE':<8}{'EXIT':>5}  {'TAG':<12}COMMAND\n")
     for p in processes:
-        code = "" if p["exit_code"] is None else str(p["exit_code"])
+        # As a shell (and `exec`) reports it: 143 for SIGTERM, not -15.
+        code = "" if p["exit_code"] is None else str(exit_status(p["exit_code"]))
         out.write(
             f"{p['pid']:>7}  {p['state']:<8}{code:>5}  {(p.get('tag') or '-'):<12}{p['command']}\n"
         )
@@ -555,7 +577,8 @@ def cmd_caps(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
     policy = caps.get("policy", {})
     out.write(
         f"identity {identity.get('id')} (scopes {', '.join(identity.get('scopes', []))}); "
-        f"server {caps.get('server_version')}; preset {policy.get('preset')}, revision {policy.get('revision')}\n"
+        f"server {caps.get('server_version')}; preset {policy.get('preset') or 'none'}, "
+        f"revision {policy.get('revision') or 'none'}\n"
     )
     endpoints = caps.get("endpoints", {})
     by_group: dict[str, list[tuple[str, dict[str, Any]]]] = {}

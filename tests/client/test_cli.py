@@ -70,6 +70,31 @@ class ExecTests(ClientCase):
         self.assertIn(b"timed out", late.stderr)
 
     @inlineCallbacks
+    def test_shell_statuses(self) -> Any:
+        """
+        A command that is not there exits 127, as in a shell;
+        ps shows a process ended by SIGTERM as 143, as exec would exit; caps
+        says "preset none", not "None".
+        """
+        missing = yield self.cli("exec", "--", "no-such-command-zz")
+        self.assertEqual(missing.returncode, 127, missing.stderr)
+        self.assertIn(b"no-such-command-zz", missing.stderr)
+
+        def start_and_term() -> int:
+            sb = self.sandbox()
+            proc = sb.commands.start("sleep 30", tag="ps-status")
+            proc.signal(15)
+            return int(proc.wait(timeout=10) or 0)
+
+        code = yield self.in_thread(start_and_term)
+        self.assertEqual(code, -15)
+        ps = yield self.cli("ps", "--tag", "ps-status")
+        self.assertIn(b" 143 ", ps.stdout)
+        self.assertNotIn(b"-15", ps.stdout)
+        caps = yield self.cli("caps")
+        self.assertIn(b"preset none", caps.stdout)
+
+    @inlineCallbacks
     def test_bad_token_and_url(self) -> Any:
         """A wrong token or an unreachable daemon is a clear message and exit 1."""
         bad = yield self.cli("exec", "--token", "wrong", "--", "true")
