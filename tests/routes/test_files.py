@@ -329,9 +329,7 @@ class TooLargeSaysWhatToRaiseTests(FilesCase):
             ),
             (self.get("/download", "big.txt"), "endpoints.download.limits.max_bytes"),
             (
-                self.request(
-                    "POST", "/files/uploads", {"path": "k", "size": 5000}
-                ),
+                self.request("POST", "/files/uploads", {"path": "k", "size": 5000}),
                 "endpoints.files_uploads_create.limits.max_bytes",
             ),
             (
