@@ -88,6 +88,19 @@ def port_number(description: str) -> int | None:
     return None
 
 
+def default_pty_port(http: str) -> str:
+    """
+    The PTY port when none is given: the HTTP port's number plus one (the
+    client's default too), so a second daemon on another ``--port`` does
+    not collide on 9001; 0 (a port the kernel picks) when the HTTP port is
+    0; 9001 when the HTTP listener has no number (a unix socket).
+    """
+    number = port_number(http)
+    if number is None:
+        return str(DEFAULT_PTY_PORT)
+    return "0" if number == 0 else str(number + 1)
+
+
 def import_commands(spec: str) -> None:
     """
     Import a template's commands: a ``.py`` file path or a module name.
@@ -456,7 +469,7 @@ def listeners_of(
     """
     host = settings.host if settings.host is not None else default_host(policy)
     http = listen_string(settings.port, host)
-    pty = settings.pty_port or environ.get("ABX_PTY_PORT") or str(DEFAULT_PTY_PORT)
+    pty = settings.pty_port or environ.get("ABX_PTY_PORT") or default_pty_port(http)
     return http, listen_string(pty, interface_of(http))
 
 

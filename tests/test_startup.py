@@ -202,6 +202,17 @@ class LocalModeTests(SynchronousTestCase):
             [(9000, "127.0.0.1"), (9001, "127.0.0.1")],
         )
 
+    def test_pty_port_follows_port(self) -> None:
+        """--port 9100 alone puts the PTY port on 9101, so two daemons can run."""
+        reactor, _ = self.start(self.settings("--port", "9100"))
+        self.assertEqual(
+            sorted(port for port, _, _, _ in reactor.tcpServers), [9100, 9101]
+        )
+        reactor, _ = self.start(self.settings("--port", "9200", "--pty-port", "9300"))
+        self.assertEqual(
+            sorted(port for port, _, _, _ in reactor.tcpServers), [9200, 9300]
+        )
+
     def test_default_with_token_is_every_interface(self) -> None:
         """No --host with a token: every interface (the container's default)."""
         reactor, _ = self.start(self.settings(environ={"ABX_SERVER_TOKEN": "t"}))
