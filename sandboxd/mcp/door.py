@@ -240,6 +240,8 @@ class Exchange:
         self.identity: Identity | None = None
         self.rule: Any = door.context.policy.rules["mcp"]
         self.answered = False
+        #: A GET stream was opened (its end by the client is the normal one).
+        self.server_stream = False
         self.rpc: str | None = None
         self.code: str | None = None
         self.decided_by: str | None = None
@@ -405,7 +407,9 @@ class Exchange:
             self._delete()
 
     def _finished(self, reason: Any) -> None:
-        if not self.request.finished:
+        # A session's server stream (GET) ends when its client goes: that is
+        # how it always ends, not a failure to audit as one.
+        if not self.request.finished and not self.server_stream:
             self.status, self.code = 499, "client_closed"
         self._audit()
 
@@ -644,6 +648,7 @@ class Exchange:
                 channel.write_raw(frame)
             channel.close()
             return
+        self.server_stream = True
         if session.version in _PRIMING:
             channel.write_raw(event_frame(number, after, None))
         session.attach(stream, channel, after)

@@ -914,3 +914,41 @@ class AuditTests(McpTestCase):
         self.assertTrue(doors)
         self.assertTrue(all(r["via"] == "mcp" for r in doors))
         self.assertIn("initialize", {r.get("rpc") for r in doors})
+
+
+class QuietDisconnectTests(McpTestCase):
+    """With audit: deny, a client's normal session leaves no failure line."""
+
+    audit = True
+    policy = {"defaults": {"audit": "deny"}}
+
+    @inlineCallbacks
+    def test_normal_session_not_a_failure(self) -> Any:
+        """Open, list, call, close: no 499 (the server stream ending is normal)."""
+
+        async def body(client: Any) -> Any:
+            await client.list_tools()
+            return await client.call_tool("files_list", {})
+
+        yield self.with_client(body)
+        # The session's own server stream (GET), opened and then left by
+        # the client, as a client that ends its session does.
+        import httpx2
+
+        opened = yield self.initialize()
+        headers = {
+            "accept": "text/event-stream",
+            "mcp-session-id": opened.headers["mcp-session-id"],
+        }
+
+        async def work() -> Any:
+            async with httpx2.AsyncClient(timeout=10) as client:
+                async with client.stream("GET", self.mcp_url, headers=headers) as r:
+                    assert r.status_code == 200
+                    await anyio.sleep(0.2)
+                await client.delete(self.mcp_url, headers=headers)
+
+        yield in_thread(work)
+        yield self._drain()
+        lines = self.audit_lines()
+        self.assertEqual([r for r in lines if r.get("status") == 499], [], lines)
