@@ -342,7 +342,11 @@ def _binary_writer(stream: TextIO) -> Callable[[bytes], None]:
 
 
 class ProgressBar:
-    """A one-line progress bar on a terminal (redrawn at most 10 times a second)."""
+    """
+    A one-line progress bar on a terminal (redrawn at most 10 times a
+    second); elsewhere (``--progress`` into a log or a pipe) one plain line
+    per second, with no escape codes or carriage returns.
+    """
 
     def __init__(self, stream: TextIO, label: str) -> None:
         self.stream = stream
@@ -350,12 +354,17 @@ class ProgressBar:
         self.started = time.monotonic()
         self.drawn = 0.0
         self.first: int | None = None
+        try:
+            self.terminal = stream.isatty()
+        except (AttributeError, ValueError):
+            self.terminal = False
 
     def __call__(self, done: int, total: int | None) -> None:
         now = time.monotonic()
         if self.first is None:
             self.first = done
-        if now - self.drawn < 0.1 and done != total:
+        interval = 0.1 if self.terminal else 1.0
+        if now - self.drawn < interval and done != total:
             return
         self.drawn = now
         rate = (done - self.first) / max(now - self.started, 1e-3)
@@ -365,13 +374,17 @@ class ProgressBar:
             text = f"\r{self.label} {share:4.0%} [{bar:<24}] {_size(done)}/{_size(total)} {_size(rate)}/s"
         else:
             text = f"\r{self.label} {_size(done)} {_size(rate)}/s"
-        self.stream.write(text + "\x1b[K")
+        if self.terminal:
+            self.stream.write(text + "\x1b[K")
+        else:
+            self.stream.write(text[1:] + "\n")
         self.stream.flush()
 
     def end(self) -> None:
         """Leave the last state on its own line."""
-        self.stream.write("\n")
-        self.stream.flush()
+        if self.terminal:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 def _size(n: float) -> str:
@@ -672,6 +685,13 @@ def cmd_term(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
         return 2
     stdin = sys.stdin.fileno()
     stdout = sys.stdout.fileno()
+    if not args.session and not os.isatty(stdin):
+        # A new session nobody can type into would be left behind, detached.
+        err.write(
+            "sandboxd term: stdin is not a terminal; use `sandboxd exec` to run "
+            "a command, or `sandboxd term SESSION` to attach to one\n"
+        )
+        return 2
     size = _window_size(stdin) or _window_size(stdout) or (80, 24)
     if args.session:
         terminal = sb.pty.attach(args.session)

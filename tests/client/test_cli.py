@@ -251,6 +251,9 @@ class CopyTests(ClientCase):
         with open(target, "rb") as f:
             self.assertEqual(f.read(), data)
         self.assertIn(b"100%", again.stderr)
+        # stderr is a pipe here: plain lines, no escape codes or \r.
+        self.assertNotIn(b"\x1b", again.stderr)
+        self.assertNotIn(b"\r", again.stderr)
         self.assertIn(f"bytes={kept}-".encode(), bytes(proxy.requests[-1]))
 
 
@@ -502,6 +505,19 @@ class DetachKeyTests(SynchronousTestCase):
         self.assertEqual(f.feed(b"x"), (b"\x10x", False))
         self.assertEqual(f.feed(b"\x10\x10"), (b"\x10", False))
         self.assertEqual(f.feed(b"\x11"), (b"", True))
+
+
+class TermWithoutTtyTests(ClientCase):
+    """``sandboxd term`` with no terminal on stdin."""
+
+    @inlineCallbacks
+    def test_refused_and_nothing_left(self) -> Any:
+        """It exits 2 saying why, and leaves no terminal session behind."""
+        done = yield self.cli("term", input=b"echo hi\n")
+        self.assertEqual(done.returncode, 2, done.stderr)
+        self.assertIn(b"not a terminal", done.stderr)
+        sessions = yield self.in_thread(lambda: self.sandbox().pty.list())
+        self.assertEqual(sessions, [])
 
 
 class TermTests(ClientCase):
