@@ -824,7 +824,8 @@ SCHEMAS: dict[str, Schema] = {
             ),
         ),
         notes="stdin is /dev/null. Output per stream is capped at max_output_bytes "
-        "(10 MiB), keeping head and tail. A timeout is 500 as in the seed, but "
+        "(10 MiB), keeping head and tail. A timeout is 500 (as the agent-sandbox "
+        "server answers it), but "
         "the command did run: a client must not retry on it as on a server "
         "failure (check `code`).",
     ),

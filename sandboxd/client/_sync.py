@@ -321,7 +321,7 @@ class _Namespace:
 
 
 class Files(_Namespace):
-    """``sandbox.files``: the ``file_ops`` group (SPEC §7.3)."""
+    """``sandbox.files``: the ``file_ops`` group."""
 
     def read_bytes(self, path: str) -> bytes:
         """A file's bytes (``GET /files/raw``; resumed by Range after a cut)."""
@@ -709,7 +709,7 @@ class Process:
 
 
 class Commands(_Namespace):
-    """``sandbox.commands``: processes (SPEC §7.4) and template commands (§7.2)."""
+    """``sandbox.commands``: processes and template commands."""
 
     def run(
         self,
@@ -861,7 +861,7 @@ class Commands(_Namespace):
 
 class Terminal:
     """
-    One attachment to a terminal session over the PTY WebSocket (SPEC §8).
+    One attachment to a terminal session over the PTY WebSocket.
 
     :ivar offset: bytes of output received so far (the resume point of
         :meth:`reconnect`).
@@ -1014,7 +1014,7 @@ def _frame(message: dict[str, Any]) -> str:
 
 
 class Pty(_Namespace):
-    """``sandbox.pty``: terminal sessions (SPEC §7.5, §8)."""
+    """``sandbox.pty``: terminal sessions."""
 
     def create(
         self,
@@ -1087,7 +1087,7 @@ class Pty(_Namespace):
 
 
 class System(_Namespace):
-    """``sandbox.system``: facts about the sandbox (SPEC §7.6)."""
+    """``sandbox.system``: facts about the sandbox."""
 
     def info(self) -> dict[str, Any]:
         """OS, CPU, memory, disk."""
@@ -1129,7 +1129,7 @@ class Env(_Namespace):
 
 
 class Git(_Namespace):
-    """``sandbox.git``: opt-in ``dev_tools`` (SPEC §7.7)."""
+    """``sandbox.git``: opt-in ``dev_tools``."""
 
     def status(self, path: str = ".") -> GitStatus:
         """Branch, ahead/behind, changed files."""
@@ -1163,7 +1163,7 @@ class Code(_Namespace):
 
 
 class Browser(_Namespace):
-    """``sandbox.browser``: the shared headless page (opt-in, SPEC §7.8)."""
+    """``sandbox.browser``: the shared headless page (opt-in)."""
 
     def navigate(
         self, url: str, *, wait_until: str | None = None, timeout: int | None = None
@@ -1254,7 +1254,7 @@ class Browser(_Namespace):
 
 class Agents(_Namespace):
     """
-    ``sandbox.agents``: coding-agent sessions (opt-in, SPEC §15).  Field
+    ``sandbox.agents``: coding-agent sessions (opt-in).  Field
     names are the routes' own; extra keyword arguments go into the body.
     """
 
@@ -1498,7 +1498,7 @@ class Sandbox:
             return False
 
     def capabilities(self) -> dict[str, Any]:
-        """What this caller may do, endpoint by endpoint (SPEC §5.6)."""
+        """What this caller may do, endpoint by endpoint."""
         return cast(dict[str, Any], self._http.call(calls.capabilities()))
 
     def check(
