@@ -151,6 +151,11 @@ class Settings:
     #: (the fast posix_spawn path).  Off for embedded and test daemons,
     #: whose host process owns its working directory.
     chdir: bool = False
+    #: Refuse a policy reload that would run children as root (a root
+    #: daemon with tokens and no ``params.default_user``), as the start is
+    #: refused.  On for the daemon the command line starts; embedded and
+    #: test daemons decide for themselves.
+    root_children_check: bool = False
     #: HTTP connection bounds (None: ``$ABX_MAX_CONNECTIONS`` and friends,
     #: else the defaults; see :class:`~sandboxd.web.connections.ConnectionLimits`).
     max_connections: int | None = None
@@ -338,6 +343,8 @@ class DaemonService(MultiService):
                 ),
             )
             check_base_dir(policy.base_dir)
+            if s.root_children_check:
+                check_children_user(policy, self.context.table, os.geteuid())
         except PolicyError as e:
             log.error(
                 "sandboxd: policy reload refused, the old policy stays: {error}",

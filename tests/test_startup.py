@@ -399,3 +399,31 @@ class RootChildrenTests(SynchronousTestCase):
         )
         self.assertNotEqual(served.returncode, 0)
         self.assertIn("params.default_user", served.stderr)
+
+
+class RootChildrenReloadTests(DaemonTestCase):
+    """A reload may not take the children's user away, as a start may not."""
+
+    autostart = False
+    token = "reload-root-token"
+
+    @inlineCallbacks
+    def test_reload_without_default_user_refused(self) -> Any:
+        """
+        The command line's daemon (root, a token) keeps its old policy when
+        the new one names no params.default_user.
+        """
+        if os.geteuid() != 0:
+            raise self.skipTest("needs root: the refusal is for root daemons")
+        import json
+
+        path = os.path.join(self.base_dir, "policy.json")
+        with open(path, "w") as f:
+            json.dump(
+                {"revision": "r1", "defaults": {"params": {"default_user": "root"}}}, f
+            )
+        yield self.start(policy=None, policy_file=path, root_children_check=True)
+        with open(path, "w") as f:
+            json.dump({"revision": "r2"}, f)
+        self.assertFalse(self.daemon.daemon.reload())
+        self.assertEqual(self.daemon.context.policy.revision, "r1")
