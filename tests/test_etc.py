@@ -361,6 +361,34 @@ class ReadmeTests(SynchronousTestCase):
         with open(os.path.join(ROOT, "README.md")) as f:
             self.text = f.read()
 
+    def test_token_recipe_runs_on_a_fresh_machine(self) -> None:
+        """
+        The "Running it for real" recipe makes /etc/sandboxd, writes the
+        token under umask 077, installs a policy that names the children's
+        user, and creates that user, before the daemon starts.
+        """
+        section = self.text[self.text.index("## Running it for real") :]
+        opening = section.index("```sh")
+        block = section[opening : section.index("```", opening + 5)]
+        lines = [line for line in block.splitlines()[1:] if line.strip()]
+        start = next(i for i, line in enumerate(lines) if "twistd" in line)
+        before = "\n".join(lines[:start])
+        self.assertIn("mkdir -p /etc/sandboxd", before)
+        self.assertIn("umask 077", before)
+        self.assertIn("etc/systemd/policy.json /etc/sandboxd/policy.json", before)
+        self.assertIn("useradd", before)
+        with open(os.path.join(ETC, "systemd", "policy.json")) as f:
+            params = json.load(f)["defaults"]["params"]
+        self.assertEqual(params["default_user"], "user")
+
+    def test_unit_documentation_is_installed(self) -> None:
+        """The page the unit's Documentation= names is installed by the documented steps."""
+        parser = configparser.ConfigParser(strict=False, interpolation=None)
+        parser.read(os.path.join(ETC, "systemd", "sandboxd.service"))
+        page = parser["Unit"]["Documentation"].removeprefix("file://")
+        with open(os.path.join(ROOT, "docs", "operations.md")) as f:
+            self.assertIn(f"docs/operations.md {page}", f.read())
+
     def test_where_the_commands_live(self) -> None:
         """It says the console scripts are in .venv/bin after make."""
         self.assertIn(".venv/bin/sandboxd", self.text)
