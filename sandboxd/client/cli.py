@@ -18,6 +18,7 @@ import os
 import select
 import shlex
 import signal
+import stat
 import sys
 import threading
 import time
@@ -291,11 +292,18 @@ def _cannot_run(error: SandboxError) -> int | None:
 MAX_STDIN_BYTES = 64 * 1024 * 1024
 
 
+#: How long a pipe on stdin has to show data or its end before ``exec``
+#: starts the command without it (a supervisor's or CI runner's stdin is
+#: often a pipe that stays open and silent: waiting for its end would hang).
+STDIN_GRACE_SECONDS = 0.25
+
+
 def _local_stdin(args: argparse.Namespace, stream: Any) -> bytes | None:
     """
     What ``exec`` forwards as the command's stdin: all of local stdin when
-    it is not a terminal (a pipe, a file), nothing for a terminal or with
-    ``--no-stdin``.
+    it is not a terminal (a file; a pipe that has data or its end within
+    :data:`STDIN_GRACE_SECONDS`), nothing for a terminal, an idle pipe or
+    with ``--no-stdin``.
 
     :raises ValueError: past :data:`MAX_STDIN_BYTES`.
     """
@@ -305,6 +313,8 @@ def _local_stdin(args: argparse.Namespace, stream: Any) -> bytes | None:
         if stream.isatty():
             return None
     except (AttributeError, ValueError):
+        return None
+    if not _stdin_ready(stream):
         return None
     source = getattr(stream, "buffer", stream)
     data = source.read(MAX_STDIN_BYTES + 1)
@@ -316,6 +326,19 @@ def _local_stdin(args: argparse.Namespace, stream: Any) -> bytes | None:
             "`sandboxd cp` and redirect from the file"
         )
     return bytes(data)
+
+
+def _stdin_ready(stream: Any) -> bool:
+    """Whether a pipe or socket on stdin has data or its end (files always do)."""
+    try:
+        fd = stream.fileno()
+        mode = os.fstat(fd).st_mode
+    except (AttributeError, OSError, ValueError):
+        return True  # not a descriptor (a test's buffer): read it
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        return True
+    ready, _, _ = select.select([fd], [], [], STDIN_GRACE_SECONDS)
+    return bool(ready)
 
 
 def _binary_writer(stream: TextIO) -> Callable[[bytes], None]:

@@ -161,7 +161,9 @@ exits with its exit code (128 + N when signal N ended it, 124 when the
 daemon killed it at `--timeout`, 1 with a message when the output went
 over the daemon's `max_output_bytes`). When local stdin is not a terminal
 it is sent to the command (`echo x | sandboxd exec -- cat` prints `x`; up
-to 64 MiB, read before the command starts); `-n` sends nothing. Piped into
+to 64 MiB, read before the command starts); a pipe that shows neither data
+nor its end within a quarter of a second (a supervisor's idle stdin) is not
+waited for; `-n` sends nothing. Piped into
 `head`, any command ends quietly with status 141 when the reader goes. `term` puts the local terminal in raw mode, sends the window
 size on every `SIGWINCH`, and restores the terminal when it detaches or the
 shell exits (then with the shell's exit code).

@@ -156,6 +156,48 @@ class ExecBytesTests(ClientCase):
         self.assertEqual(kept.stdout, b"")
 
     @inlineCallbacks
+    def test_idle_stdin_pipe_not_waited_for(self) -> Any:
+        """A stdin pipe that stays open and silent (a CI runner's) does not hang exec."""
+        import subprocess
+
+        def run() -> tuple[int, bytes]:
+            child = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "sandboxd.client.cli",
+                    "exec",
+                    "--",
+                    "echo",
+                    "ok",
+                ],
+                env={
+                    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                    "PYTHONPATH": ROOT,
+                    "SANDBOXD_URL": self.daemon.url,
+                    "SANDBOXD_TOKEN": self.daemon.token or "",
+                },
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                code = child.wait(timeout=20)
+                assert child.stdout is not None
+                return code, child.stdout.read()
+            finally:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+                assert child.stdin is not None
+                child.stdin.close()
+                if child.stdout is not None:
+                    child.stdout.close()
+
+        code, out = yield self.in_thread(run)
+        self.assertEqual((code, out), (0, b"ok\n"))
+
+    @inlineCallbacks
     def test_closed_pipe_is_quiet(self) -> Any:
         """Piping exec and caps into ``head`` ends with no traceback."""
         import shlex
