@@ -172,6 +172,8 @@ def resolve_user(requested: Any, rule: EffectiveRule) -> RunAs | None:
             Code.PARAM_NOT_ALLOWED,
             rule=policy_rule(rule, "params.users"),
         )
+    if entry.pw_uid == os.geteuid():
+        return None  # the daemon's own user (root named as root): no switch
     return RunAs(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
 
 
