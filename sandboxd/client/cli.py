@@ -325,7 +325,8 @@ def _local_stdin(args: argparse.Namespace, stream: Any) -> bytes | None:
             f"stdin is over {MAX_STDIN_BYTES} bytes; copy it in with "
             "`sandboxd cp` and redirect from the file"
         )
-    return bytes(data)
+    # Nothing at all is what /dev/null gives the command already.
+    return bytes(data) or None
 
 
 def _stdin_ready(stream: Any) -> bool:

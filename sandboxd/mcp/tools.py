@@ -59,8 +59,17 @@ DROPPED_ARGUMENTS: dict[str, frozenset[str]] = {
 
 #: Body fields for HTTP clients only: an MCP result is read whole, as text
 #: (``output: bytes`` frames raw chunks for byte-exact clients;
-#: ``access_token`` is for EventSource, which cannot set a header).
-HTTP_ONLY_FIELDS = frozenset({"output", "access_token"})
+#: ``access_token`` is for EventSource, which cannot set a header;
+#: ``since``, ``capture_output`` and ``recursive`` are the agent-sandbox SDK's
+#: alternate forms of what ``after``, ``follow`` and ``depth`` already say).
+HTTP_ONLY_FIELDS = frozenset(
+    {"output", "access_token", "since", "capture_output", "recursive"}
+)
+
+#: What a model reads about fields whose table wording is for operators.
+MODEL_FIELD_DOCS: dict[str, str] = {
+    "user": "a user to run as, or to own what is created (root daemons only)",
+}
 
 #: Endpoints that change or remove what exists (``destructiveHint``), besides
 #: every endpoint that starts a child or writes content (see
@@ -94,10 +103,18 @@ RUNS_CODE = frozenset(
     {"code_run", "agents_install", "agents_session_create", "agents_prompt"}
 )
 
+#: Capability groups left out of the default ``tools/list`` (by their
+#: names, so a group this table lacks costs nothing), and why.
+NOT_LISTED_GROUPS: dict[str, str] = {
+    "terminal": "a terminal is typed into over its WebSocket, which MCP cannot "
+    "reach: use shell, or process_start with process_stdin",
+    "auth": "capability links are minted for people and browsers, not for the "
+    "model's own calls",
+}
+
 #: Tools left out of the default ``tools/list`` (still callable by name, and
 #: listed when the ``mcp`` endpoint's ``params.mcp_tools`` is ``all``), and
-#: why a model does not need them.  The terminal group is left out too: a
-#: terminal is typed into over its WebSocket, which MCP cannot reach.
+#: why a model does not need them.
 NOT_LISTED: dict[str, str] = {
     "health": "a liveness probe for supervisors",
     "openapi": "the HTTP API's description, for HTTP clients",
@@ -325,6 +342,8 @@ def _input_schema(
         # minLength is the handler's to enforce (with a message saying so).
         spec = field_schema(field)
         spec.pop("minLength", None)
+        if field.name in MODEL_FIELD_DOCS:
+            spec["description"] = MODEL_FIELD_DOCS[field.name]
         properties[field.name] = spec
         if field.required and field.name not in either:
             required.append(field.name)
@@ -418,19 +437,23 @@ def _writes_content(endpoint: Endpoint, schema: Schema) -> bool:
 
 
 def _annotations(endpoint: Endpoint, schema: Schema) -> dict[str, Any]:
+    """
+    The tool's hints.  A hint at MCP's default (``readOnlyHint`` and
+    ``idempotentHint`` false) is left out, as every byte of the list is a
+    model's context; ``openWorldHint`` and ``destructiveHint``, whose
+    defaults are true, are always said.  The title is the tool's own.
+    """
     reads = endpoint.method == "GET" or endpoint.id in READ_ONLY_POSTS
     runs = _starts_children(endpoint, schema)
-    # The title is the tool's own (top-level) title; not repeated here.
-    out: dict[str, Any] = {
-        "readOnlyHint": reads,
-        "openWorldHint": runs or endpoint.id in OPEN_WORLD,
-    }
-    if not reads:
-        out["destructiveHint"] = (
-            runs or _writes_content(endpoint, schema) or endpoint.id in DESTRUCTIVE
-        )
-        out["idempotentHint"] = endpoint.method == "DELETE" or endpoint.id in IDEMPOTENT
-    else:
+    out: dict[str, Any] = {"openWorldHint": runs or endpoint.id in OPEN_WORLD}
+    if reads:
+        out["readOnlyHint"] = True
+        out["idempotentHint"] = True
+        return out
+    out["destructiveHint"] = (
+        runs or _writes_content(endpoint, schema) or endpoint.id in DESTRUCTIVE
+    )
+    if endpoint.method == "DELETE" or endpoint.id in IDEMPOTENT:
         out["idempotentHint"] = True
     return out
 
@@ -441,7 +464,7 @@ def listed_by_default(endpoint: Endpoint) -> bool:
     small: tools it cannot use well are left to ``params.mcp_tools: all``).
     """
     return (
-        endpoint.group is not CapabilityGroup.TERMINAL and endpoint.id not in NOT_LISTED
+        endpoint.group.value not in NOT_LISTED_GROUPS and endpoint.id not in NOT_LISTED
     )
 
 

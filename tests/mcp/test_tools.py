@@ -87,7 +87,14 @@ class ToolboxTests(SynchronousTestCase):
         """readOnly for GET; destructive, idempotent and open-world as declared."""
 
         def hints(name: str) -> dict[str, Any]:
-            return dict(self.tool(name).descriptor["annotations"])
+            # MCP's defaults for the hints a tool leaves out.
+            defaults = {
+                "readOnlyHint": False,
+                "destructiveHint": True,
+                "idempotentHint": False,
+                "openWorldHint": True,
+            }
+            return {**defaults, **self.tool(name).descriptor["annotations"]}
 
         self.assertTrue(hints("files_list")["readOnlyHint"])
         self.assertTrue(hints("files_list")["idempotentHint"])
@@ -107,7 +114,14 @@ class ToolboxTests(SynchronousTestCase):
         """
 
         def hints(name: str) -> dict[str, Any]:
-            return dict(self.tool(name).descriptor["annotations"])
+            # MCP's defaults for the hints a tool leaves out.
+            defaults = {
+                "readOnlyHint": False,
+                "destructiveHint": True,
+                "idempotentHint": False,
+                "openWorldHint": True,
+            }
+            return {**defaults, **self.tool(name).descriptor["annotations"]}
 
         for name in ("shell", "shell_stream", "process_start", "commands_run"):
             self.assertTrue(hints(name)["destructiveHint"], name)
@@ -117,7 +131,9 @@ class ToolboxTests(SynchronousTestCase):
             self.assertFalse(hints(name)["readOnlyHint"], name)
         for name in ("files_search", "files_archive", "capabilities_check"):
             self.assertTrue(hints(name)["readOnlyHint"], name)
-            self.assertNotIn("destructiveHint", hints(name))
+            self.assertNotIn(
+                "destructiveHint", self.tool(name).descriptor["annotations"]
+            )
             self.assertFalse(hints(name)["openWorldHint"], name)
 
     def test_follow_dropped_where_it_never_ends(self) -> None:
