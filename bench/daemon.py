@@ -49,6 +49,13 @@ def start_daemon(
         base,
         *args,
     ]
+    if os.geteuid() == 0:
+        # A root daemon with a token must be told who its children run as;
+        # the figures are for children that run as the daemon's user.
+        policy = dict(policy or {})
+        defaults = dict(policy.get("defaults", {}))
+        defaults["params"] = {"default_user": "root", **defaults.get("params", {})}
+        policy["defaults"] = defaults
     if policy is not None:
         path = os.path.join(base, ".policy.json")
         with open(path, "w") as f:

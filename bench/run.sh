@@ -22,11 +22,17 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SHARED_BENCH="${SHARED_BENCH:-$ROOT/../shared/bench}"
 PEERS="${PEERS:-stdlib-tuned fastapi}"
 cd "$ROOT"
+# The harness starts the daemon with a token: as root, the daemon must be told
+# that its children run as root (the figures are for that), or it refuses.
+CHILDREN=""
+if [ "$(id -u)" = 0 ]; then
+  CHILDREN=" --policy $ROOT/bench/root-children.json"
+fi
 if [ -x "$SHARED_BENCH/compare.sh" ]; then
   [ -d "${BENCH_HOME:-$HOME/.cache/sandboxd-bench}/venv" ] || "$SHARED_BENCH/setup.sh"
   # shellcheck disable=SC2086
   "$SHARED_BENCH/compare.sh" $PEERS \
-    sandboxd="$ROOT/.venv/bin/twistd -n --pidfile= sandboxd --port tcp:{port}:interface=127.0.0.1 --pty-port tcp:{pty_port}:interface=127.0.0.1 --base-dir {base_dir}"
+    sandboxd="$ROOT/.venv/bin/twistd -n --pidfile= sandboxd --port tcp:{port}:interface=127.0.0.1 --pty-port tcp:{pty_port}:interface=127.0.0.1 --base-dir {base_dir}$CHILDREN"
 else
   cat >&2 <<EOF
 The W0-W7 harness and its reference peers are not in this repository: they
@@ -47,8 +53,8 @@ if [ -f "$SHARED_BENCH/startup.py" ]; then
     --results "${RESULTS:-$PWD/bench-results}" \
     twisted-floor="$ROOT/.venv/bin/python $SHARED_BENCH/peers/twisted_floor.py --port {port}" \
     twistd-floor="env PYTHONPATH=$ROOT/bench/twistd_floor $ROOT/.venv/bin/twistd -n --pidfile= floor --port {port}" \
-    sandboxd-twistd="$ROOT/.venv/bin/twistd -n --pidfile= sandboxd --port tcp:{port}:interface=127.0.0.1 --pty-port tcp:{pty_port}:interface=127.0.0.1 --base-dir {base_dir}" \
-    sandboxd-serve="$ROOT/.venv/bin/sandboxd serve --port tcp:{port}:interface=127.0.0.1 --pty-port tcp:{pty_port}:interface=127.0.0.1 --base-dir {base_dir}"
+    sandboxd-twistd="$ROOT/.venv/bin/twistd -n --pidfile= sandboxd --port tcp:{port}:interface=127.0.0.1 --pty-port tcp:{pty_port}:interface=127.0.0.1 --base-dir {base_dir}$CHILDREN" \
+    sandboxd-serve="$ROOT/.venv/bin/sandboxd serve --port tcp:{port}:interface=127.0.0.1 --pty-port tcp:{pty_port}:interface=127.0.0.1 --base-dir {base_dir}$CHILDREN"
 else
   echo "startup.py not found at $SHARED_BENCH; skipping W8" >&2
 fi

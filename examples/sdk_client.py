@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """
 What an SDK user does with sandboxd, on its Python client
-(``pip install 'sandboxd[client]'``).
+(``pip install ./client`` from a checkout: the client alone).
 
 Against a running daemon (``make serve`` in another terminal) it:
 

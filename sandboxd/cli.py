@@ -112,6 +112,15 @@ class Options(usage.Options):
         """Twisted's usage, then the commands that drive a daemon."""
         return super().getUsage(width) + client_usage()
 
+    def opt_version(self) -> None:
+        """Print sandboxd's version and exit."""
+        print(__version__)
+        raise SystemExit(0)
+
+    def opt_h(self) -> None:
+        """Display this help and exit."""
+        self.opt_help()
+
     def postOptions(self) -> None:
         """A command is required."""
         if self.subCommand is None:
@@ -198,6 +207,35 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def unknown_users(policy: Policy, table: Any) -> list[str]:
+    """
+    A warning for each ``params.default_user`` (and ``params.users`` entry)
+    that is no user on this machine: every command of that endpoint would
+    be refused at run time.
+    """
+    import pwd
+
+    missing: dict[str, list[str]] = {}
+    for endpoint in table:
+        rule = policy.rules[endpoint.id]
+        if not rule.enabled:
+            continue
+        names = [rule.params.default_user, *(rule.params.users or ())]
+        for name in names:
+            if name is None or str(name).isdigit():
+                continue
+            try:
+                pwd.getpwnam(str(name))
+            except KeyError:
+                missing.setdefault(str(name), []).append(endpoint.id)
+    return [
+        f"the user {name!r} (params.default_user or params.users of "
+        f"{', '.join(ids[:3])}{' and more' if len(ids) > 3 else ''}) does not "
+        "exist on this machine: those endpoints' commands would be refused"
+        for name, ids in missing.items()
+    ]
+
+
 def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:
     """Validate, then print the table or one explained decision."""
     from sandboxd.auth import ANONYMOUS, Identity
@@ -221,8 +259,9 @@ def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:
     except PolicyError as e:
         print(f"invalid: {e}", file=out)
         return 1
-    if options["strict"] and policy.warnings:
-        for warning in policy.warnings:
+    warnings = [*policy.warnings, *unknown_users(policy, table)]
+    if options["strict"] and warnings:
+        for warning in warnings:
             print(f"error (--strict): {warning}", file=out)
         return 1
     if options["explain"]:
@@ -273,19 +312,20 @@ def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:
                 print(f"  path {p['path']}: {state}", file=out)
             for leaf, origin in sorted(rule.sources.items()):
                 print(f"  {leaf} set by {origin}", file=out)
-        return 0
+        # As `sandboxd caps --explain`: a refusal is a non-zero exit.
+        return 0 if decision["allowed"] else 1
     rows = [_rule_row(e, policy) for e in table]
     if options["json"]:
         print(
             json.dumps(
-                {"valid": True, "warnings": list(policy.warnings), "endpoints": rows},
+                {"valid": True, "warnings": warnings, "endpoints": rows},
                 indent=2,
             ),
             file=out,
         )
     else:
         print(format_table(rows), file=out)
-        for warning in policy.warnings:
+        for warning in warnings:
             print(f"warning: {warning}", file=out)
         print(
             f"valid: {policy.document.source} (preset {policy.preset or 'none'}, base_dir {policy.base_dir})",

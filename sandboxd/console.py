@@ -16,6 +16,10 @@ def client_main(args: list[str]) -> int:
     try:
         from sandboxd.client.cli import main
     except ImportError as e:
-        print(f"sandboxd {args[0]}: {e}; install sandboxd[client]", file=sys.stderr)
+        print(
+            f"sandboxd {args[0]}: {e}; install the client's dependencies "
+            "(httpx, websockets): pip install '.[client]' in this checkout",
+            file=sys.stderr,
+        )
         return 2
-    return main(args)
+    return main(args, inp=sys.stdin)

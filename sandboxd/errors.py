@@ -369,17 +369,33 @@ def payload_too_large(
     limit: int,
     what: str = "the request body",
     message: str | None = None,
+    setting: str | None = None,
     **extra: Any,
 ) -> ApiError:
-    """413 ``payload_too_large`` (``message`` replaces the default wording)."""
+    """
+    413 ``payload_too_large`` (``message`` replaces the default wording).
+
+    :param setting: the policy key that sets ``limit``
+        (:func:`limit_setting`), named in the message and the body so an
+        operator knows what to raise.
+    """
+    text = message or f"{what} is over the limit of {limit} bytes"
+    if setting is not None:
+        text += f" (the policy's {setting})"
+        extra["setting"] = setting
     return ApiError(
         413,
-        message or f"{what} is over the limit of {limit} bytes",
+        text,
         "ValueError",
         Code.PAYLOAD_TOO_LARGE,
         limit=limit,
         **extra,
     )
+
+
+def limit_setting(endpoint_id: str, key: str) -> str:
+    """The policy key of one endpoint's limit: ``endpoints.ID.limits.KEY``."""
+    return f"endpoints.{endpoint_id}.limits.{key}"
 
 
 def range_not_satisfiable(size: int) -> ApiError:

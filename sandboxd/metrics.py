@@ -190,6 +190,7 @@ class _Collector:
         )
         info.add_metric([policy.revision or "", policy.preset or ""], 1)
         yield info
+        yield _build_info()
         families: dict[str, Any] = {}
         for name, help_text, value, where in _gauges(self.context):
             family = families.get(name)
@@ -201,14 +202,38 @@ class _Collector:
         yield from families.values()
 
 
+def _build_info() -> Any:
+    """``sandboxd_build_info``: this daemon's version and Python (value 1)."""
+    import platform
+
+    from prometheus_client.core import GaugeMetricFamily
+
+    from sandboxd._version import __version__
+
+    family = GaugeMetricFamily(
+        "sandboxd_build_info",
+        "The daemon's build (value 1): its version and the Python it runs on.",
+        labels=["version", "python"],
+    )
+    family.add_metric([__version__, platform.python_version()], 1)
+    return family
+
+
 def render(context: Any) -> tuple[bytes, str]:
-    """The exposition text and its content type (imports prometheus_client)."""
+    """
+    The exposition text and its content type (imports prometheus_client):
+    this daemon's numbers, and the process's own (``process_*``: resident
+    memory, CPU seconds, open and maximum descriptors, start time, from
+    /proc).
+    """
     from prometheus_client import (
         CONTENT_TYPE_LATEST,
         CollectorRegistry,
+        ProcessCollector,
         generate_latest,
     )
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector(context))
+    ProcessCollector(registry=registry)
     return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -43,6 +43,7 @@ from sandboxd.startup import (
     StartRefused,
     address_text,
     check_base_dir,
+    check_children_user,
     check_exposure,
     default_host,
     exposed,
@@ -85,6 +86,19 @@ def port_number(description: str) -> int | None:
         if part.startswith("port="):
             return int(part[5:])
     return None
+
+
+def default_pty_port(http: str) -> str:
+    """
+    The PTY port when none is given: the HTTP port's number plus one (the
+    client's default too), so a second daemon on another ``--port`` does
+    not collide on 9001; 0 (a port the kernel picks) when the HTTP port is
+    0; 9001 when the HTTP listener has no number (a unix socket).
+    """
+    number = port_number(http)
+    if number is None:
+        return str(DEFAULT_PTY_PORT)
+    return "0" if number == 0 else str(number + 1)
 
 
 def import_commands(spec: str) -> None:
@@ -153,6 +167,11 @@ class Settings:
     #: (the fast posix_spawn path).  Off for embedded and test daemons,
     #: whose host process owns its working directory.
     chdir: bool = False
+    #: Refuse a policy reload that would run children as root (a root
+    #: daemon with tokens and no ``params.default_user``), as the start is
+    #: refused.  On for the daemon the command line starts; embedded and
+    #: test daemons decide for themselves.
+    root_children_check: bool = False
     #: HTTP connection bounds (None: ``$ABX_MAX_CONNECTIONS`` and friends,
     #: else the defaults; see :class:`~sandboxd.web.connections.ConnectionLimits`).
     max_connections: int | None = None
@@ -354,6 +373,8 @@ class DaemonService(MultiService):
                 ),
             )
             check_base_dir(policy.base_dir)
+            if s.root_children_check:
+                check_children_user(policy, self.context.table, os.geteuid())
         except PolicyError as e:
             log.error(
                 "sandboxd: policy reload refused, the old policy stays: {error}",
@@ -455,10 +476,10 @@ def validate_settings(settings: Settings, table: RouteTable | None = None) -> Po
     for spec in settings.commands:
         import_commands(spec)
     environ = os.environ if settings.environ is None else settings.environ
-    policy = compile_policy(
-        settings, table if table is not None else default_table(), environ
-    )
+    table = table if table is not None else default_table()
+    policy = compile_policy(settings, table, environ)
     check_start(settings, policy, environ)
+    check_children_user(policy, table, os.geteuid())
     return policy
 
 
@@ -487,7 +508,7 @@ def listeners_of(
     """
     host = settings.host if settings.host is not None else default_host(policy)
     http = listen_string(settings.port, host)
-    pty = settings.pty_port or environ.get("ABX_PTY_PORT") or str(DEFAULT_PTY_PORT)
+    pty = settings.pty_port or environ.get("ABX_PTY_PORT") or default_pty_port(http)
     return http, listen_string(pty, interface_of(http))
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 
-from sandboxd.endpoints import RouteTable
+from sandboxd.endpoints import CapabilityGroup, RouteTable
 from sandboxd.gate import is_loopback
 from sandboxd.policy import Policy, PolicyError
 
@@ -91,6 +91,55 @@ def check_exposure(
                 "control this sandbox. Set ABX_SERVER_TOKEN_FILE or policy "
                 "auth.tokens, bind 127.0.0.1, or pass --allow-unauthenticated"
             )
+
+
+#: The groups whose endpoints start children (commands, terminals, code,
+#: agents, the browser's worker).
+CHILD_GROUPS = frozenset(
+    {
+        CapabilityGroup.PROCESS,
+        CapabilityGroup.TERMINAL,
+        CapabilityGroup.DEV_TOOLS,
+        CapabilityGroup.AGENTS,
+        CapabilityGroup.BROWSER,
+    }
+)
+
+
+def check_children_user(policy: Policy, table: RouteTable, euid: int) -> None:
+    """
+    A root daemon with tokens does not run children as root by default.
+
+    With tokens configured the daemon serves identities narrower than its
+    own user; a child of a root daemon that names no user runs as root and
+    can read whatever root can (the token file included).  So every enabled
+    endpoint must name the user its children run as: a sandbox user, or
+    ``root`` written out when that is really what is meant.
+
+    :param euid: the daemon's effective uid (``os.geteuid()``).
+    :raises PolicyError: naming ``params.default_user`` and the endpoints
+        that leave it unset.
+    """
+    if euid != 0 or policy.tokens.local_mode:
+        return
+    unset = [
+        endpoint.id
+        for endpoint in table
+        if endpoint.group in CHILD_GROUPS
+        and policy.rules[endpoint.id].enabled
+        and policy.rules[endpoint.id].params.default_user is None
+    ]
+    if not unset:
+        return
+    shown = ", ".join(unset[:5]) + (
+        f" and {len(unset) - 5} more" if len(unset) > 5 else ""
+    )
+    raise PolicyError(
+        "the daemon runs as root with tokens configured, and params.default_user "
+        f"is not set for {shown}: every command would run as root and could read "
+        "the token file. Set defaults.params.default_user in the policy to the "
+        'sandbox user (e.g. "user"), or to "root" if commands should run as root'
+    )
 
 
 def groups_on(policy: Policy, table: RouteTable) -> list[str]:

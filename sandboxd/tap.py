@@ -189,6 +189,7 @@ class Options(usage.Options):
             commands=tuple(self["commands"]),
             audit_log=self["audit-log"],
             chdir=True,
+            root_children_check=True,
             max_connections=self["max-connections"],
             max_connections_per_address=self["max-connections-per-address"],
             head_deadline=self["head-deadline"],

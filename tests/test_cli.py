@@ -24,6 +24,7 @@ from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd import cli
+from sandboxd._version import __version__
 from sandboxd.tap import Options
 
 BIN = os.path.dirname(sys.executable)
@@ -65,6 +66,31 @@ def twistd_argv(base: str, *extra: str) -> list[str]:
     ]
 
 
+def children_as_root(test: SynchronousTestCase, argv: list[str]) -> list[str]:
+    """
+    ``argv`` with a policy that names root as the children's user: a root
+    daemon with a token refuses to start without one (the tests run as
+    root, and have no other user to run commands as).
+    """
+    doc: dict[str, Any] = {}
+    argv = list(argv)
+    if "--policy" in argv:
+        at = argv.index("--policy") + 1
+        with open(argv[at]) as f:
+            doc = json.load(f)
+    else:
+        argv += ["--policy", ""]
+        at = len(argv) - 1
+    params = doc.setdefault("defaults", {}).setdefault("params", {})
+    if "default_user" in params:
+        return argv
+    params["default_user"] = "root"
+    argv[at] = os.path.abspath(test.mktemp()) + ".json"
+    with open(argv[at], "w") as f:
+        json.dump(doc, f)
+    return argv
+
+
 class DaemonProcess:
     """A daemon started as its own process group."""
 
@@ -82,6 +108,8 @@ class DaemonProcess:
         self.log = open(test.mktemp(), "w+")
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
         full_env.update(env or {})
+        if "ABX_SERVER_TOKEN" in full_env and os.geteuid() == 0:
+            argv = children_as_root(test, argv)
         self.proc = subprocess.Popen(
             argv,
             stdout=self.log,
@@ -324,6 +352,35 @@ class CheckConfigTests(SynchronousTestCase):
         self.assertEqual(self.run_check(policy)[0], 0)
         self.assertEqual(self.run_check(policy, "--strict")[0], 1)
 
+    def test_explain_allowed_exits_0(self) -> None:
+        """--explain exits 0 for an allowed call, 1 for a refused one."""
+        code, out = self.run_check({}, "--explain", "files_stat", "--path", "/tmp/x")
+        self.assertEqual(code, 0, out)
+        self.assertIn("ALLOWED", out)
+
+    def test_strict_unknown_user(self) -> None:
+        """A default_user that does not exist passes plain check-config (warned), not --strict."""
+        policy = {"defaults": {"params": {"default_user": "no-such-user-zz"}}}
+        code, out = self.run_check(policy)
+        self.assertEqual(code, 0)
+        self.assertIn("no-such-user-zz", out)
+        code, out = self.run_check(policy, "--strict")
+        self.assertEqual(code, 1)
+        self.assertIn("does not exist", out)
+
+    def test_version_and_h(self) -> None:
+        """--version prints sandboxd's version (not Twisted's); -h is help."""
+        for argv, expect in ((["--version"], __version__), (["-h"], "Usage:")):
+            done = subprocess.run(
+                [os.path.join(BIN, "sandboxd"), *argv],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            self.assertEqual(done.returncode, 0, done.stderr)
+            self.assertIn(expect, done.stdout)
+            self.assertNotIn("Twisted", done.stdout.splitlines()[0])
+
     def test_explain(self) -> None:
         """--explain names the rule behind a decision."""
         code, out = self.run_check(
@@ -333,7 +390,7 @@ class CheckConfigTests(SynchronousTestCase):
             "--path",
             "/tmp/repo/.git/config",
         )
-        self.assertEqual(code, 0)
+        self.assertEqual(code, 1)  # a refusal, as caps --explain exits
         self.assertIn("path_denied", out)
         self.assertIn("policy:endpoints.files_*", out)
 
@@ -342,7 +399,7 @@ class CheckConfigTests(SynchronousTestCase):
         code, out = self.run_check(
             {}, "--explain", "list_commands", "--scopes", "files:read", "--json"
         )
-        self.assertEqual(code, 0)
+        self.assertEqual(code, 1)
         decision = json.loads(out)
         self.assertEqual(
             (decision["allowed"], decision["code"]), (False, "missing_scope")

@@ -66,15 +66,26 @@ class PolicyFileTests(SynchronousTestCase):
     """Every shipped policy validates with check-config --strict."""
 
     def test_policies_strict(self) -> None:
-        """etc/policy.json, etc/container/policy.json and every example pass --strict."""
+        """etc/policy.json, the container and systemd policies and every example pass --strict."""
         paths = [
             os.path.join(ETC, "policy.json"),
             os.path.join(ETC, "container", "policy.json"),
+            os.path.join(ETC, "systemd", "policy.json"),
         ]
         paths += sorted(glob.glob(os.path.join(ETC, "examples", "*.json")))
         self.assertGreaterEqual(len(paths), 8)
         os.environ["SANDBOXD_CI_TOKEN"] = "x"
         self.addCleanup(os.environ.pop, "SANDBOXD_CI_TOKEN", None)
+        # The container and systemd policies name the user their image or
+        # set-up creates; check-config looks users up on the machine it runs on.
+        import pwd
+
+        real = pwd.getpwnam
+        self.patch(
+            pwd,
+            "getpwnam",
+            lambda name: real("root") if name == "user" else real(name),
+        )
         for path in paths:
             with open(path) as f:
                 doc = json.load(f)
@@ -173,6 +184,39 @@ class KubernetesTests(SynchronousTestCase):
         self.assertNotIn("ABX_SERVER_TOKEN", env)
         self.assertEqual({p["containerPort"] for p in container["ports"]}, {9000, 9001})
         self.assertFalse(container["securityContext"]["allowPrivilegeEscalation"])
+
+    def test_pod_hardening(self) -> None:
+        """
+        No service-account token or service links reach the sandbox; the
+        home volume and the container's ephemeral storage are bounded; the
+        pod meets Pod Security "baseline" (and says it is not "restricted").
+        """
+        spec = self.pod["spec"]
+        self.assertIs(spec["automountServiceAccountToken"], False)
+        self.assertIs(spec["enableServiceLinks"], False)
+        home = next(v for v in spec["volumes"] if v["name"] == "home")
+        self.assertIn("sizeLimit", home["emptyDir"])
+        container = spec["containers"][0]
+        self.assertIn("ephemeral-storage", container["resources"]["limits"])
+        # Baseline: no privileged container, no host namespaces or paths, only
+        # the capabilities baseline allows to be added.
+        baseline_caps = {
+            "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL",
+            "MKNOD", "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP",
+            "SETUID", "SYS_CHROOT",
+        }  # fmt: skip
+        for key in ("hostNetwork", "hostPID", "hostIPC"):
+            self.assertFalse(spec.get(key, False), key)
+        self.assertFalse(any("hostPath" in v for v in spec["volumes"]))
+        for c in [*spec["containers"], *spec.get("initContainers", [])]:
+            ctx = c["securityContext"]
+            self.assertFalse(ctx.get("privileged", False))
+            self.assertLessEqual(set(ctx["capabilities"]["add"]), baseline_caps)
+            self.assertEqual(ctx["seccompProfile"]["type"], "RuntimeDefault")
+        with open(os.path.join(ROOT, "docs", "operations.md")) as f:
+            self.assertIn(
+                "meets the `baseline` standard, not\n  `restricted`", f.read()
+            )
 
     def test_no_secret_value(self) -> None:
         """The manifest carries no Secret, so `kubectl apply` cannot overwrite the real token."""
@@ -317,6 +361,34 @@ class ReadmeTests(SynchronousTestCase):
         with open(os.path.join(ROOT, "README.md")) as f:
             self.text = f.read()
 
+    def test_token_recipe_runs_on_a_fresh_machine(self) -> None:
+        """
+        The "Running it for real" recipe makes /etc/sandboxd, writes the
+        token under umask 077, installs a policy that names the children's
+        user, and creates that user, before the daemon starts.
+        """
+        section = self.text[self.text.index("## Running it for real") :]
+        opening = section.index("```sh")
+        block = section[opening : section.index("```", opening + 5)]
+        lines = [line for line in block.splitlines()[1:] if line.strip()]
+        start = next(i for i, line in enumerate(lines) if "twistd" in line)
+        before = "\n".join(lines[:start])
+        self.assertIn("mkdir -p /etc/sandboxd", before)
+        self.assertIn("umask 077", before)
+        self.assertIn("etc/systemd/policy.json /etc/sandboxd/policy.json", before)
+        self.assertIn("useradd", before)
+        with open(os.path.join(ETC, "systemd", "policy.json")) as f:
+            params = json.load(f)["defaults"]["params"]
+        self.assertEqual(params["default_user"], "user")
+
+    def test_unit_documentation_is_installed(self) -> None:
+        """The page the unit's Documentation= names is installed by the documented steps."""
+        parser = configparser.ConfigParser(strict=False, interpolation=None)
+        parser.read(os.path.join(ETC, "systemd", "sandboxd.service"))
+        page = parser["Unit"]["Documentation"].removeprefix("file://")
+        with open(os.path.join(ROOT, "docs", "operations.md")) as f:
+            self.assertIn(f"docs/operations.md {page}", f.read())
+
     def test_where_the_commands_live(self) -> None:
         """It says the console scripts are in .venv/bin after make."""
         self.assertIn(".venv/bin/sandboxd", self.text)
@@ -337,10 +409,8 @@ class ReadmeTests(SynchronousTestCase):
 
     def test_token_recipe_needs_no_url_encoding(self) -> None:
         """The token recipe makes a value of URL-safe characters only."""
-        [line] = [
-            line for line in self.text.splitlines() if line.startswith("head -c 32")
-        ]
-        recipe = line.split(">", 1)[0]
+        [line] = [line for line in self.text.splitlines() if "head -c 32" in line]
+        recipe = "head -c 32" + line.split("head -c 32", 1)[1].split(">", 1)[0]
         for _ in range(20):
             token = subprocess.run(
                 ["sh", "-c", recipe], capture_output=True, text=True, timeout=10

@@ -114,6 +114,24 @@ class MetricsTests(TerminalCase):
         self.assertEqual(found[("sandboxd_pty_sessions_active", ())], 0)
 
     @inlineCallbacks
+    def test_process_and_build_info(self) -> Any:
+        """The daemon's own memory, CPU and descriptors, and its build, are reported."""
+        from sandboxd._version import __version__
+
+        _, found = yield self.scrape()
+        names = {name for name, _ in found}
+        for name in (
+            "process_resident_memory_bytes",
+            "process_cpu_seconds_total",
+            "process_open_fds",
+            "process_max_fds",
+        ):
+            self.assertIn(name, names)
+        self.assertGreater(found[("process_resident_memory_bytes", ())], 1_000_000)
+        build = [labels for name, labels in found if name == "sandboxd_build_info"]
+        self.assertEqual(dict(build[0])["version"], __version__)
+
+    @inlineCallbacks
     def test_no_path_command_or_token_in_labels(self) -> Any:
         """Paths, commands and tokens a client sent never appear in the exposition."""
         os.makedirs(os.path.join(self.base_dir, "zebra-dir"))

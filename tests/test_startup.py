@@ -202,6 +202,17 @@ class LocalModeTests(SynchronousTestCase):
             [(9000, "127.0.0.1"), (9001, "127.0.0.1")],
         )
 
+    def test_pty_port_follows_port(self) -> None:
+        """--port 9100 alone puts the PTY port on 9101, so two daemons can run."""
+        reactor, _ = self.start(self.settings("--port", "9100"))
+        self.assertEqual(
+            sorted(port for port, _, _, _ in reactor.tcpServers), [9100, 9101]
+        )
+        reactor, _ = self.start(self.settings("--port", "9200", "--pty-port", "9300"))
+        self.assertEqual(
+            sorted(port for port, _, _, _ in reactor.tcpServers), [9200, 9300]
+        )
+
     def test_default_with_token_is_every_interface(self) -> None:
         """No --host with a token: every interface (the container's default)."""
         reactor, _ = self.start(self.settings(environ={"ABX_SERVER_TOKEN": "t"}))
@@ -227,7 +238,7 @@ class LocalModeTests(SynchronousTestCase):
             Settings(
                 host="0.0.0.0",
                 base_dir=self.base,
-                policy={},
+                policy={"defaults": {"params": {"default_user": "root"}}},
                 environ={"ABX_SERVER_TOKEN": "t"},
             )
         )
@@ -311,3 +322,127 @@ class CollectorTests(DaemonTestCase):
         yield self.start()
         yield deferLater(reactor, 0.5, lambda: None)
         self.assertTrue(gc.isenabled())
+
+
+class RootChildrenTests(SynchronousTestCase):
+    """
+    A root daemon with a token does not run commands as root unless the
+    policy says so: the start is refused, naming params.default_user.
+    """
+
+    def setUp(self) -> None:
+        self.base = os.path.abspath(self.mktemp())
+        os.makedirs(self.base)
+
+    def policy(self, doc: dict[str, Any], token: bool = True) -> Any:
+        from sandboxd.policy import load_policy
+        from sandboxd.routes import default_table
+
+        env = {"ABX_SERVER_TOKEN": "t"} if token else {}
+        return load_policy(
+            default_table(), explicit=doc, base_dir=self.base, environ=env
+        )
+
+    def test_refused_without_default_user(self) -> None:
+        """Root, a token, no params.default_user: refused with the setting named."""
+        from sandboxd.routes import default_table
+        from sandboxd.startup import check_children_user
+
+        with self.assertRaises(PolicyError) as cm:
+            check_children_user(self.policy({}), default_table(), 0)
+        self.assertIn("params.default_user", str(cm.exception))
+        self.assertIn("shell", str(cm.exception))
+
+    def test_allowed_when_named_or_not_root(self) -> None:
+        """A user (root written out included), local mode or a non-root daemon start."""
+        from sandboxd.routes import default_table
+        from sandboxd.startup import check_children_user
+
+        table = default_table()
+        for user in ("root", "user"):
+            doc = {"defaults": {"params": {"default_user": user}}}
+            check_children_user(self.policy(doc), table, 0)
+        check_children_user(self.policy({}, token=False), table, 0)
+        check_children_user(self.policy({}), table, 1000)
+
+    def test_one_endpoint_left_unset(self) -> None:
+        """A user set for ``shell`` alone leaves ``process_start`` named."""
+        from sandboxd.routes import default_table
+        from sandboxd.startup import check_children_user
+
+        doc = {"endpoints": {"shell": {"params": {"default_user": "root"}}}}
+        with self.assertRaises(PolicyError) as cm:
+            check_children_user(self.policy(doc), default_table(), 0)
+        self.assertIn("process_start", str(cm.exception))
+        self.assertNotIn("shell,", str(cm.exception))
+
+    def test_documented_start_refused_as_root(self) -> None:
+        """
+        The README's start as root, with the shipped generic policy and a
+        token file, exits 1 with one line naming params.default_user.
+        """
+        if os.geteuid() != 0:
+            raise self.skipTest("needs root: the refusal is for root daemons")
+        token = os.path.join(self.base, "token")
+        with open(token, "w") as f:
+            f.write("t" * 32)
+        result = run(
+            [
+                os.path.join(BIN, "twistd"),
+                "-n",
+                "--pidfile=",
+                "sandboxd",
+                "--port",
+                f"tcp:{free_port()}:interface=127.0.0.1",
+                "--pty-port",
+                f"tcp:{free_port()}:interface=127.0.0.1",
+                "--base-dir",
+                self.base,
+                "--policy",
+                os.path.join(ROOT, "etc", "policy.json"),
+            ],
+            env={"ABX_SERVER_TOKEN_FILE": token},
+        )
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("params.default_user", result.stdout + result.stderr)
+        served = run(
+            [
+                os.path.join(BIN, "sandboxd"),
+                "serve",
+                "--port",
+                str(free_port()),
+                "--base-dir",
+                self.base,
+            ],
+            env={"ABX_SERVER_TOKEN_FILE": token},
+        )
+        self.assertNotEqual(served.returncode, 0)
+        self.assertIn("params.default_user", served.stderr)
+
+
+class RootChildrenReloadTests(DaemonTestCase):
+    """A reload may not take the children's user away, as a start may not."""
+
+    autostart = False
+    token = "reload-root-token"
+
+    @inlineCallbacks
+    def test_reload_without_default_user_refused(self) -> Any:
+        """
+        The command line's daemon (root, a token) keeps its old policy when
+        the new one names no params.default_user.
+        """
+        if os.geteuid() != 0:
+            raise self.skipTest("needs root: the refusal is for root daemons")
+        import json
+
+        path = os.path.join(self.base_dir, "policy.json")
+        with open(path, "w") as f:
+            json.dump(
+                {"revision": "r1", "defaults": {"params": {"default_user": "root"}}}, f
+            )
+        yield self.start(policy=None, policy_file=path, root_children_check=True)
+        with open(path, "w") as f:
+            json.dump({"revision": "r2"}, f)
+        self.assertFalse(self.daemon.daemon.reload())
+        self.assertEqual(self.daemon.context.policy.revision, "r1")

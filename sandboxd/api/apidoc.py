@@ -88,10 +88,10 @@ table drives routing, the policy engine, `GET /capabilities` and
   WebSocket).
 - **Errors**: `{{"error": MESSAGE, "type": NAME}}`, plus `code` and, for policy
   and guard decisions, `rule`, `endpoint`, `scope`, `limit`, `retry_after`.
-  Programs should branch on `code`; `type` keeps the seed's exception names.
+  Programs should branch on `code`; `type` keeps the exception names of the agent-sandbox server it is a drop-in for.
 - **Timeouts** have `code` `timeout` (past the time limit) or `idle_timeout`
   (no output for that long) and `type` `TimeoutError` everywhere. The status
-  is 500 for `/shell` (as the seed defines it) and 408 elsewhere; either way
+  is 500 for `/shell` (as the agent-sandbox server answers it) and 408 elsewhere; either way
   the command ran and was killed, so a client must not retry it as it would
   a failed request.
 - **Limits** listed per endpoint are the built-in defaults; a policy changes

@@ -875,7 +875,8 @@ SCHEMAS: dict[str, Schema] = {
             ),
         ),
         notes="Every refusal happens here, before a byte is sent. The bytes go to "
-        "a hidden staging file beside the target (.NAME.<hex>.upload), renamed "
+        "a hidden staging file beside the target (.NAME.<hex>.upload; left out "
+        "of listings, searches and archives), renamed "
         "into place by the append that completes it; an upload idle for "
         "idle_timeout_seconds (3600) is dropped with its staging file, as on "
         "DELETE and when the daemon stops.",
@@ -1023,16 +1024,41 @@ SCHEMAS: dict[str, Schema] = {
             ),
         ),
         notes="stdin is /dev/null. Output per stream is capped at max_output_bytes "
-        "(10 MiB), keeping head and tail. A timeout is 500 as in the seed, but "
+        "(10 MiB), keeping head and tail. A timeout is 500 (as the agent-sandbox "
+        "server answers it), but "
         "the command did run: a client must not retry on it as on a server "
         "failure (check `code`).",
     ),
     "shell_stream": Schema(
-        body=(*_COMMAND, *_CHILD, F("timeout", "number", "seconds", default=300)),
+        body=(
+            *_COMMAND,
+            *_CHILD,
+            F("timeout", "number", "seconds", default=300),
+            F(
+                "output",
+                doc="lines: one event per line, as text; bytes: one event per "
+                "read, the raw bytes in data_base64 (byte-exact)",
+                enum=("lines", "bytes"),
+                default="lines",
+            ),
+            F(
+                "stdin_base64",
+                doc="bytes the command reads on its stdin, then end of file "
+                "(default: stdin is /dev/null)",
+            ),
+        ),
         produces="sse",
         events=(
-            Event("stdout", '{"data": one line without its newline}'),
-            Event("stderr", '{"data": one line without its newline}'),
+            Event(
+                "stdout",
+                '{"data": one line without its newline}, or with output=bytes '
+                '{"data_base64": the bytes of one read}',
+            ),
+            Event("stderr", "as stdout"),
+            Event(
+                "truncated",
+                '{"stream", "dropped_bytes"}: the output went over max_output_bytes',
+            ),
             Event(
                 "error",
                 '{"error": "timeout", "type", "code", "message"}: TimeoutError '

@@ -3,7 +3,7 @@ The Python client of sandboxd (SPEC §19): :class:`Sandbox` (blocking) and
 :class:`AsyncSandbox` (asyncio), on httpx and websockets.
 
 It imports nothing from Twisted, so it runs wherever ``httpx`` and
-``websockets`` are installed (``pip install 'sandboxd[client]'``)::
+``websockets`` are installed (``pip install ./client`` in a checkout)::
 
     from sandboxd.client import Sandbox
 

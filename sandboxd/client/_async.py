@@ -54,11 +54,13 @@ from sandboxd.client._core import (
     ws_headers,
 )
 from sandboxd.client._shared import (
+    ByteRun,
     PartialFile,
     RangeState,
     ResumableUpload,
     command_result,
     handshake_error,
+    session_info,
     shell_timeout,
     stream_error,
 )
@@ -94,6 +96,8 @@ from sandboxd.client.models import (
 
 #: A line callback: a plain function or a coroutine function.
 Line = Callable[[str], "Awaitable[None] | None"]
+#: Takes a chunk of a command's output, as bytes.
+Chunk = Callable[[bytes], "Awaitable[None] | None"]
 
 
 async def _tell(callback: Line | None, text: str) -> None:
@@ -101,6 +105,15 @@ async def _tell(callback: Line | None, text: str) -> None:
         result = callback(text)
         if inspect.isawaitable(result):
             await result
+
+
+async def _tell_bytes(callback: Chunk | None, data: bytes) -> None:
+    """Pass a chunk on, awaiting the callback when it is a coroutine."""
+    if callback is None:
+        return
+    outcome = callback(data)
+    if inspect.isawaitable(outcome):
+        await outcome
 
 
 class _Http:
@@ -786,6 +799,45 @@ class Commands(_Namespace):
             raise stream_error(error, result)
         return result
 
+    async def run_bytes(
+        self,
+        command: str | Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        user: str | int | None = None,
+        shell: str | None = None,
+        idle_timeout: float | None = None,
+        on_stdout: Chunk | None = None,
+        on_stderr: Chunk | None = None,
+    ) -> CommandResult:
+        """
+        Run a command to completion, its output byte for byte.
+
+        Each read of the child's stdout and stderr is passed on as bytes,
+        undecoded and unsplit, as it arrives (``sandboxd exec`` writes them
+        to its own stdout and stderr); ``stdin`` is what the command reads
+        on its stdin, then end of file.  The result's ``stdout`` and
+        ``stderr`` are empty (the bytes went to the callbacks);
+        ``truncated`` says the output went over ``max_output_bytes``.
+
+        :raises Timeout: past ``timeout`` (``IdleTimeout`` past ``idle_timeout``).
+        """
+        launch = calls.shell(command, cwd, env, user, shell, timeout, idle_timeout)
+        body = calls.shell_bytes(launch, stdin)
+        run = ByteRun()
+        events = self._http.events("POST", "/shell/stream", json=body, resumable=False)
+        async with aclosing(events):
+            async for event in events:
+                chunk = run.take(event.event, event.data)
+                if chunk is not None:
+                    await _tell_bytes(
+                        on_stdout if chunk[0] == "stdout" else on_stderr, chunk[1]
+                    )
+        return run.result()
+
     async def start(
         self,
         command: str | Sequence[str],
@@ -841,9 +893,17 @@ class Terminal:
     """
 
     def __init__(
-        self, settings: Settings, session_id: str, base: str, offset: int | None
+        self,
+        settings: Settings,
+        session_id: str,
+        base: str,
+        offset: int | None,
+        pty: Pty | None = None,
     ) -> None:
         self._settings = settings
+        #: Set by :meth:`Pty.open`: leaving the ``async with`` block ends the session.
+        self._pty = pty
+        self.owned = pty is not None
         self.session_id = session_id
         self._base = base
         self.offset: int | None = offset
@@ -896,6 +956,17 @@ class Terminal:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+        if self.owned:
+            await self.end()
+
+    async def end(self) -> None:
+        """End the session and its shell (gone already is fine)."""
+        if self._pty is None:
+            raise RuntimeError("end() needs a terminal made by pty.open()")
+        try:
+            await self._pty.close(self.session_id)
+        except NotFound:
+            pass
 
     async def send(self, data: str) -> None:
         """Type ``data``."""
@@ -994,11 +1065,18 @@ class Pty(_Namespace):
         self._sandbox._ws_base = created["ws_url"]
         return created
 
-    async def open(self, **options: Any) -> Terminal:
-        """:meth:`create`, then :meth:`attach` to it."""
+    async def open(self, *, keep: bool = False, **options: Any) -> Terminal:
+        """
+        :meth:`create`, then :meth:`attach` to it; leaving the ``async
+        with`` block ends the session unless ``keep=True``.
+        """
         created = await self.create(**options)
         terminal = Terminal(
-            self._http.settings, created["session_id"], created["ws_url"], None
+            self._http.settings,
+            created["session_id"],
+            created["ws_url"],
+            None,
+            None if keep else self,
         )
         await terminal._open(None)
         return terminal
@@ -1023,14 +1101,15 @@ class Pty(_Namespace):
 
     async def list(self) -> builtins.list[PtySessionInfo]:
         """Sessions of this identity."""
-        return cast(
-            builtins.list[PtySessionInfo],
-            (await self._http.call(calls.pty_list_sessions()))["sessions"],
-        )
+        sessions = (await self._http.call(calls.pty_list_sessions()))["sessions"]
+        return cast(builtins.list[PtySessionInfo], [session_info(s) for s in sessions])
 
     async def get(self, session_id: str) -> PtySessionInfo:
         """One session."""
-        return cast(PtySessionInfo, await self._http.call(calls.pty_detail(session_id)))
+        return cast(
+            PtySessionInfo,
+            session_info(await self._http.call(calls.pty_detail(session_id))),
+        )
 
     async def resize(self, session_id: str, cols: int, rows: int) -> PtySessionInfo:
         """Resize over REST (attached clients can also :meth:`Terminal.resize`)."""

@@ -222,6 +222,12 @@ def shell(
     return _launch(command, cwd, env, user, shell, timeout, idle_timeout)
 
 
+def shell_bytes(launch: dict[str, Any], stdin: bytes | None) -> dict[str, Any]:
+    """The body of a byte-exact ``/shell/stream``, with its stdin if any."""
+    extra = {} if stdin is None else {"stdin_base64": base64.b64encode(stdin).decode()}
+    return {**launch, "output": "bytes", **extra}
+
+
 def process_start(launch: dict[str, Any], stdin: bool, tag: str | None) -> Req:
     return Req(
         "POST", "/process/start", json={**launch, "stdin": stdin, **body(tag=tag)}

@@ -6,6 +6,7 @@ resumable upload, and the mapping of answers to results and errors.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import posixpath
@@ -153,8 +154,17 @@ class PartialFile:
             f.write(etag)
 
     def keep(self) -> None:
-        """Failed: keep the partial file for a later resume."""
+        """
+        Failed: keep the partial file for a later resume, unless it holds
+        nothing (a refused download leaves no empty ``.part`` behind).
+        """
         self.file.close()
+        if os.path.getsize(self.part) == 0:
+            for path in (self.part, self.meta):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
 
     def commit(self) -> int:
         """Whole: rename into place; the size."""
@@ -435,3 +445,47 @@ def handshake_error(status: int, raw: bytes | None) -> SandboxError:
     if data.get("code") == "forbidden":
         data["code"] = "missing_scope" if "scope" in str(data.get("error")) else None
     return error_for(status, data)
+
+
+class ByteRun:
+    """
+    What a byte-exact ``/shell/stream`` said, event by event: the chunks
+    for the caller, then the exit code, the bytes the cap dropped and any
+    error (the sync and async clients both read events through this).
+    """
+
+    def __init__(self) -> None:
+        self.exit_code: int | None = None
+        self.dropped = 0
+        self.error: dict[str, Any] | None = None
+
+    def take(self, name: str, data: Any) -> tuple[str, bytes] | None:
+        """``(stream, bytes)`` for an output event; None for the others."""
+        data = data if isinstance(data, dict) else {}
+        if name in ("stdout", "stderr"):
+            return name, base64.b64decode(str(data.get("data_base64", "")))
+        if name == "truncated":
+            self.dropped += int(data.get("dropped_bytes", 0))
+        elif name == "error":
+            self.error = data
+        elif name == "exit":
+            self.exit_code = data.get("exit_code")
+        return None
+
+    def result(self) -> CommandResult:
+        """
+        The run's end (its output went to the callbacks).
+
+        :raises Timeout: when the stream ended with an ``error`` event.
+        """
+        result = CommandResult("", "", self.exit_code, bool(self.dropped), self.dropped)
+        if self.error is not None:
+            raise stream_error(self.error, result)
+        return result
+
+
+def session_info(info: Any) -> Any:
+    """A terminal session's record with ``session_id`` beside the daemon's ``id``."""
+    if isinstance(info, dict) and "id" in info:
+        info.setdefault("session_id", info["id"])
+    return info

@@ -43,11 +43,13 @@ from sandboxd.client._core import (
     ws_headers,
 )
 from sandboxd.client._shared import (
+    ByteRun,
     PartialFile,
     RangeState,
     ResumableUpload,
     command_result,
     handshake_error,
+    session_info,
     shell_timeout,
     stream_error,
 )
@@ -82,6 +84,8 @@ from sandboxd.client.models import (
 )
 
 Line = Callable[[str], None]
+#: Takes a chunk of a command's output, as bytes.
+Chunk = Callable[[bytes], None]
 
 
 class _Http:
@@ -317,7 +321,7 @@ class _Namespace:
 
 
 class Files(_Namespace):
-    """``sandbox.files``: the ``file_ops`` group (SPEC §7.3)."""
+    """``sandbox.files``: the ``file_ops`` group."""
 
     def read_bytes(self, path: str) -> bytes:
         """A file's bytes (``GET /files/raw``; resumed by Range after a cut)."""
@@ -705,7 +709,7 @@ class Process:
 
 
 class Commands(_Namespace):
-    """``sandbox.commands``: processes (SPEC §7.4) and template commands (§7.2)."""
+    """``sandbox.commands``: processes and template commands."""
 
     def run(
         self,
@@ -770,6 +774,46 @@ class Commands(_Namespace):
             raise stream_error(error, result)
         return result
 
+    def run_bytes(
+        self,
+        command: str | Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        user: str | int | None = None,
+        shell: str | None = None,
+        idle_timeout: float | None = None,
+        on_stdout: Chunk | None = None,
+        on_stderr: Chunk | None = None,
+    ) -> CommandResult:
+        """
+        Run a command to completion, its output byte for byte.
+
+        Each read of the child's stdout and stderr is passed on as bytes,
+        undecoded and unsplit, as it arrives (``sandboxd exec`` writes them
+        to its own stdout and stderr); ``stdin`` is what the command reads
+        on its stdin, then end of file.  The result's ``stdout`` and
+        ``stderr`` are empty (the bytes went to the callbacks);
+        ``truncated`` says the output went over ``max_output_bytes``.
+
+        :raises Timeout: past ``timeout`` (``IdleTimeout`` past ``idle_timeout``).
+        """
+        launch = calls.shell(command, cwd, env, user, shell, timeout, idle_timeout)
+        body = calls.shell_bytes(launch, stdin)
+        run = ByteRun()
+        for event in self._http.events(
+            "POST", "/shell/stream", json=body, resumable=False
+        ):
+            chunk = run.take(event.event, event.data)
+            target = (
+                on_stdout if chunk is not None and chunk[0] == "stdout" else on_stderr
+            )
+            if chunk is not None and target is not None:
+                target(chunk[1])
+        return run.result()
+
     def start(
         self,
         command: str | Sequence[str],
@@ -817,7 +861,7 @@ class Commands(_Namespace):
 
 class Terminal:
     """
-    One attachment to a terminal session over the PTY WebSocket (SPEC §8).
+    One attachment to a terminal session over the PTY WebSocket.
 
     :ivar offset: bytes of output received so far (the resume point of
         :meth:`reconnect`).
@@ -825,9 +869,17 @@ class Terminal:
     """
 
     def __init__(
-        self, pty: Pty, session_id: str, base: str, offset: int | None
+        self,
+        pty: Pty,
+        session_id: str,
+        base: str,
+        offset: int | None,
+        owned: bool = False,
     ) -> None:
         self._settings = pty._http.settings
+        self._pty = pty
+        #: Made by :meth:`Pty.open`: leaving the ``with`` block ends the session.
+        self.owned = owned
         self.session_id = session_id
         self._base = base
         self.offset: int | None = offset
@@ -874,6 +926,15 @@ class Terminal:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+        if self.owned:
+            self.end()
+
+    def end(self) -> None:
+        """End the session and its shell (gone already is fine)."""
+        try:
+            self._pty.close(self.session_id)
+        except NotFound:
+            pass
 
     def send(self, data: str) -> None:
         """Type ``data`` (``"ls\\n"``, ``"\\x03"`` for Ctrl-C)."""
@@ -953,7 +1014,7 @@ def _frame(message: dict[str, Any]) -> str:
 
 
 class Pty(_Namespace):
-    """``sandbox.pty``: terminal sessions (SPEC §7.5, §8)."""
+    """``sandbox.pty``: terminal sessions."""
 
     def create(
         self,
@@ -975,10 +1036,17 @@ class Pty(_Namespace):
         self._sandbox._ws_base = created["ws_url"]
         return created
 
-    def open(self, **options: Any) -> Terminal:
-        """:meth:`create`, then :meth:`attach` to it."""
+    def open(self, *, keep: bool = False, **options: Any) -> Terminal:
+        """
+        :meth:`create`, then :meth:`attach` to it.  Used as a context
+        manager, the session ends with the block (a loop of ``with
+        sb.pty.open()`` does not pile up sessions to the daemon's cap);
+        ``keep=True`` only detaches, for a later :meth:`attach`.
+        """
         created = self.create(**options)
-        return Terminal(self, created["session_id"], created["ws_url"], None)
+        return Terminal(
+            self, created["session_id"], created["ws_url"], None, owned=not keep
+        )
 
     def attach(self, session_id: str, *, offset: int | None = None) -> Terminal:
         """
@@ -1000,14 +1068,14 @@ class Pty(_Namespace):
 
     def list(self) -> builtins.list[PtySessionInfo]:
         """Sessions of this identity."""
-        return cast(
-            builtins.list[PtySessionInfo],
-            self._http.call(calls.pty_list_sessions())["sessions"],
-        )
+        sessions = self._http.call(calls.pty_list_sessions())["sessions"]
+        return cast(builtins.list[PtySessionInfo], [session_info(s) for s in sessions])
 
     def get(self, session_id: str) -> PtySessionInfo:
         """One session."""
-        return cast(PtySessionInfo, self._http.call(calls.pty_detail(session_id)))
+        return cast(
+            PtySessionInfo, session_info(self._http.call(calls.pty_detail(session_id)))
+        )
 
     def resize(self, session_id: str, cols: int, rows: int) -> PtySessionInfo:
         """Resize over REST (attached clients can also :meth:`Terminal.resize`)."""
@@ -1021,7 +1089,7 @@ class Pty(_Namespace):
 
 
 class System(_Namespace):
-    """``sandbox.system``: facts about the sandbox (SPEC §7.6)."""
+    """``sandbox.system``: facts about the sandbox."""
 
     def info(self) -> dict[str, Any]:
         """OS, CPU, memory, disk."""
@@ -1462,7 +1530,7 @@ class Code(_Namespace):
 
 
 class Browser(_Namespace):
-    """``sandbox.browser``: the shared headless page (opt-in, SPEC §7.8)."""
+    """``sandbox.browser``: the shared headless page (opt-in)."""
 
     def navigate(
         self, url: str, *, wait_until: str | None = None, timeout: int | None = None
@@ -1553,7 +1621,7 @@ class Browser(_Namespace):
 
 class Agents(_Namespace):
     """
-    ``sandbox.agents``: coding-agent sessions (opt-in, SPEC §15).  Field
+    ``sandbox.agents``: coding-agent sessions (opt-in).  Field
     names are the routes' own; extra keyword arguments go into the body.
     """
 
@@ -1797,7 +1865,7 @@ class Sandbox:
             return False
 
     def capabilities(self) -> dict[str, Any]:
-        """What this caller may do, endpoint by endpoint (SPEC §5.6)."""
+        """What this caller may do, endpoint by endpoint."""
         return cast(dict[str, Any], self._http.call(calls.capabilities()))
 
     def check(

@@ -18,6 +18,7 @@ import os
 import select
 import shlex
 import signal
+import stat
 import sys
 import threading
 import time
@@ -91,6 +92,12 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         metavar="SECONDS",
         help="seconds before the daemon kills it",
+    )
+    p.add_argument(
+        "-n",
+        "--no-stdin",
+        action="store_true",
+        help="do not forward local stdin (default: forwarded when not a terminal)",
     )
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD...")
 
@@ -187,7 +194,17 @@ def _explain(error: SandboxError, url: str) -> str:
 # -- exec ----------------------------------------------------------------------
 
 
-def cmd_exec(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+def cmd_exec(
+    sb: Sandbox,
+    args: argparse.Namespace,
+    out: TextIO,
+    err: TextIO,
+    inp: Any = None,
+) -> int:
+    """
+    Run a command to its end: its stdout and stderr byte for byte, local
+    stdin forwarded when it is not a terminal, the child's exit code.
+    """
     argv = list(args.argv)
     if argv[:1] == ["--"]:
         argv = argv[1:]
@@ -209,44 +226,158 @@ def cmd_exec(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
         "shell": args.shell,
         "timeout": args.limit,
     }
+    try:
+        stdin = _local_stdin(args, inp)
+    except ValueError as e:
+        err.write(f"sandboxd exec: {e}\n")
+        return 2
     if args.json:
+        got: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
         try:
-            result = sb.commands.run(command, **options)
+            result = sb.commands.run_bytes(
+                command,
+                stdin=stdin,
+                on_stdout=got["stdout"].append,
+                on_stderr=got["stderr"].append,
+                **options,
+            )
         except DeadlineExceeded as e:
             _print_json({"error": e.message, "code": e.code, **e.body}, out)
             return TIMED_OUT
         _print_json(
             {
-                "stdout": result.stdout,
-                "stderr": result.stderr,
+                "stdout": b"".join(got["stdout"]).decode("utf-8", "replace"),
+                "stderr": b"".join(got["stderr"]).decode("utf-8", "replace"),
                 "exit_code": result.exit_code,
+                "truncated": result.truncated,
             },
             out,
         )
         return exit_status(result.exit_code)
-
-    def to(stream: TextIO) -> Callable[[str], None]:
-        def write(line: str) -> None:
-            stream.write(line + "\n")
-            stream.flush()
-
-        return write
-
     try:
-        result = sb.commands.run(
-            command, on_stdout=to(out), on_stderr=to(err), **options
+        result = sb.commands.run_bytes(
+            command,
+            stdin=stdin,
+            on_stdout=_binary_writer(out),
+            on_stderr=_binary_writer(err),
+            **options,
         )
     except DeadlineExceeded as e:
         err.write(f"sandboxd exec: {e.message}\n")
         return TIMED_OUT
+    except SandboxError as e:
+        status = _cannot_run(e)
+        if status is None:
+            raise
+        err.write(f"sandboxd exec: {e.message}\n")
+        return status
+    if result.truncated:
+        err.write(
+            f"sandboxd exec: the output went over the daemon's max_output_bytes; "
+            f"{result.dropped_bytes} bytes were dropped\n"
+        )
+        return exit_status(result.exit_code) or 1
     return exit_status(result.exit_code)
+
+
+#: Exit statuses of a command that could not be run, as a shell gives them.
+NOT_FOUND, NOT_EXECUTABLE = 127, 126
+
+
+def _cannot_run(error: SandboxError) -> int | None:
+    """127 for a command that is not there, 126 for one that cannot run; else None."""
+    if error.status != 400:
+        return None
+    if error.type == "FileNotFoundError":
+        return NOT_FOUND
+    if error.type == "OSError" and error.message.startswith("cannot run"):
+        return NOT_EXECUTABLE
+    return None
+
+
+#: The most local stdin ``exec`` sends (it goes in one request).
+MAX_STDIN_BYTES = 64 * 1024 * 1024
+
+
+#: How long a pipe on stdin has to show data or its end before ``exec``
+#: starts the command without it (a supervisor's or CI runner's stdin is
+#: often a pipe that stays open and silent: waiting for its end would hang).
+STDIN_GRACE_SECONDS = 0.25
+
+
+def _local_stdin(args: argparse.Namespace, stream: Any) -> bytes | None:
+    """
+    What ``exec`` forwards as the command's stdin: all of local stdin when
+    it is not a terminal (a file; a pipe that has data or its end within
+    :data:`STDIN_GRACE_SECONDS`), nothing for a terminal, an idle pipe or
+    with ``--no-stdin``.
+
+    :raises ValueError: past :data:`MAX_STDIN_BYTES`.
+    """
+    if args.no_stdin or stream is None:
+        return None
+    try:
+        if stream.isatty():
+            return None
+    except (AttributeError, ValueError):
+        return None
+    if not _stdin_ready(stream):
+        return None
+    source = getattr(stream, "buffer", stream)
+    data = source.read(MAX_STDIN_BYTES + 1)
+    if isinstance(data, str):
+        data = data.encode()
+    if len(data) > MAX_STDIN_BYTES:
+        raise ValueError(
+            f"stdin is over {MAX_STDIN_BYTES} bytes; copy it in with "
+            "`sandboxd cp` and redirect from the file"
+        )
+    # Nothing at all is what /dev/null gives the command already.
+    return bytes(data) or None
+
+
+def _stdin_ready(stream: Any) -> bool:
+    """Whether a pipe or socket on stdin has data or its end (files always do)."""
+    try:
+        fd = stream.fileno()
+        mode = os.fstat(fd).st_mode
+    except (AttributeError, OSError, ValueError):
+        return True  # not a descriptor (a test's buffer): read it
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        return True
+    ready, _, _ = select.select([fd], [], [], STDIN_GRACE_SECONDS)
+    return bool(ready)
+
+
+def _binary_writer(stream: TextIO) -> Callable[[bytes], None]:
+    """
+    Write chunks to ``stream``'s bytes (its ``buffer``) as they come, so
+    output through a pipe is byte-exact; a text-only stream gets them
+    decoded.
+    """
+    raw = getattr(stream, "buffer", None)
+
+    def write(data: bytes) -> None:
+        if raw is not None:
+            stream.flush()
+            raw.write(data)
+            raw.flush()
+        else:
+            stream.write(data.decode("utf-8", "replace"))
+            stream.flush()
+
+    return write
 
 
 # -- cp ------------------------------------------------------------------------
 
 
 class ProgressBar:
-    """A one-line progress bar on a terminal (redrawn at most 10 times a second)."""
+    """
+    A one-line progress bar on a terminal (redrawn at most 10 times a
+    second); elsewhere (``--progress`` into a log or a pipe) one plain line
+    per second, with no escape codes or carriage returns.
+    """
 
     def __init__(self, stream: TextIO, label: str) -> None:
         self.stream = stream
@@ -254,12 +385,17 @@ class ProgressBar:
         self.started = time.monotonic()
         self.drawn = 0.0
         self.first: int | None = None
+        try:
+            self.terminal = stream.isatty()
+        except (AttributeError, ValueError):
+            self.terminal = False
 
     def __call__(self, done: int, total: int | None) -> None:
         now = time.monotonic()
         if self.first is None:
             self.first = done
-        if now - self.drawn < 0.1 and done != total:
+        interval = 0.1 if self.terminal else 1.0
+        if now - self.drawn < interval and done != total:
             return
         self.drawn = now
         rate = (done - self.first) / max(now - self.started, 1e-3)
@@ -269,13 +405,17 @@ class ProgressBar:
             text = f"\r{self.label} {share:4.0%} [{bar:<24}] {_size(done)}/{_size(total)} {_size(rate)}/s"
         else:
             text = f"\r{self.label} {_size(done)} {_size(rate)}/s"
-        self.stream.write(text + "\x1b[K")
+        if self.terminal:
+            self.stream.write(text + "\x1b[K")
+        else:
+            self.stream.write(text[1:] + "\n")
         self.stream.flush()
 
     def end(self) -> None:
         """Leave the last state on its own line."""
-        self.stream.write("\n")
-        self.stream.flush()
+        if self.terminal:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 def _size(n: float) -> str:
@@ -403,7 +543,8 @@ def cmd_ps(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
         return 0
     out.write(f"{'PID':>7}  {'STATE':<8}{'EXIT':>5}  {'TAG':<12}COMMAND\n")
     for p in processes:
-        code = "" if p["exit_code"] is None else str(p["exit_code"])
+        # As a shell (and `exec`) reports it: 143 for SIGTERM, not -15.
+        code = "" if p["exit_code"] is None else str(exit_status(p["exit_code"]))
         out.write(
             f"{p['pid']:>7}  {p['state']:<8}{code:>5}  {(p.get('tag') or '-'):<12}{p['command']}\n"
         )
@@ -480,7 +621,8 @@ def cmd_caps(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
     policy = caps.get("policy", {})
     out.write(
         f"identity {identity.get('id')} (scopes {', '.join(identity.get('scopes', []))}); "
-        f"server {caps.get('server_version')}; preset {policy.get('preset')}, revision {policy.get('revision')}\n"
+        f"server {caps.get('server_version')}; preset {policy.get('preset') or 'none'}, "
+        f"revision {policy.get('revision') or 'none'}\n"
     )
     endpoints = caps.get("endpoints", {})
     by_group: dict[str, list[tuple[str, dict[str, Any]]]] = {}
@@ -574,13 +716,21 @@ def cmd_term(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
         return 2
     stdin = sys.stdin.fileno()
     stdout = sys.stdout.fileno()
+    if not args.session and not os.isatty(stdin):
+        # A new session nobody can type into would be left behind, detached.
+        err.write(
+            "sandboxd term: stdin is not a terminal; use `sandboxd exec` to run "
+            "a command, or `sandboxd term SESSION` to attach to one\n"
+        )
+        return 2
     size = _window_size(stdin) or _window_size(stdout) or (80, 24)
     if args.session:
         terminal = sb.pty.attach(args.session)
         terminal.resize(*size)
     else:
+        # Detaching leaves the session for `sandboxd term SESSION`.
         terminal = sb.pty.open(
-            cols=size[0], rows=size[1], shell=args.shell, cwd=args.cwd
+            keep=True, cols=size[0], rows=size[1], shell=args.shell, cwd=args.cwd
         )
     err.write(f"[session {terminal.session_id}; detach with {args.detach_keys}]\r\n")
     err.flush()
@@ -801,10 +951,15 @@ def main(
     argv: Sequence[str] | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
+    inp: Any = None,
 ) -> int:
     """
     Run one client command; its exit status (``exec``: the child's;
-    1 for a refusal or an unreachable daemon, 2 for bad usage).
+    1 for a refusal or an unreachable daemon, 2 for bad usage; 141, as a
+    shell reports SIGPIPE, when the reader of our output went away).
+
+    :param inp: the local stdin ``exec`` forwards when it is not a
+        terminal (the console script passes ``sys.stdin``; None: nothing).
     """
     out = out or sys.stdout
     err = err or sys.stderr
@@ -815,7 +970,11 @@ def main(
         err.write(f"sandboxd {args.command}: {e}\n")
         return 2
     try:
+        if args.command == "exec":
+            return cmd_exec(sb, args, out, err, inp)
         return HANDLERS[args.command](sb, args, out, err)
+    except BrokenPipeError:
+        return _reader_gone(out)
     except NotFoundError as e:
         err.write(f"sandboxd {args.command}: {e}\n")
         return 1
@@ -828,5 +987,49 @@ def main(
         sb.close()
 
 
+#: The exit status of a command whose output pipe closed (128 + SIGPIPE).
+PIPE_CLOSED = 128 + 13
+
+
+def _reader_gone(out: TextIO) -> int:
+    """
+    Our reader (``head``) went away: end quietly.  Whatever is still
+    buffered for stdout goes to /dev/null, so the interpreter's last flush
+    prints no BrokenPipeError either.
+    """
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, ValueError):
+        return PIPE_CLOSED
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+    return PIPE_CLOSED
+
+
+def console() -> int:
+    """
+    The ``sandboxd`` command of the client-only distribution
+    (``sandboxd-client``): the commands that drive a daemon, ``--version``
+    and ``--help``; running a daemon needs the ``sandboxd`` distribution.
+    """
+    from sandboxd._version import __version__
+
+    args = sys.argv[1:]
+    if args[:1] and args[0] in COMMANDS:
+        return main(args, inp=sys.stdin)
+    if args[:1] in (["--version"], ["version"]):
+        print(f"sandboxd {__version__} (client)")
+        return 0
+    if args[:1] in ([], ["-h"], ["--help"]):
+        _parser().print_help()
+        return 0
+    sys.stderr.write(
+        f"sandboxd: {args[0]!r} is not a client command ({', '.join(COMMANDS)}); "
+        "running a daemon needs the sandboxd distribution, not sandboxd-client\n"
+    )
+    return 2
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    sys.exit(main(inp=sys.stdin))

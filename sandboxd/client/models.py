@@ -114,9 +114,13 @@ class PtyCreated(TypedDict):
 
 
 class PtySessionInfo(TypedDict):
-    """``GET /pty/sessions/{id}`` and each listed session."""
+    """
+    ``GET /pty/sessions/{id}`` and each listed session; ``session_id`` is
+    ``id`` again, the name :meth:`Pty.create` answers with.
+    """
 
     id: str
+    session_id: str
     pid: int
     created_at: Any
     cols: int

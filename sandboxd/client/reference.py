@@ -24,11 +24,23 @@ INTRO = """\
 coroutine with the same name and arguments). It is built on
 [httpx](https://www.python-httpx.org/) (HTTP and Server-Sent Events) and
 [websockets](https://websockets.readthedocs.io/) (the PTY port), and imports
-nothing from Twisted, so it runs wherever those two are installed:
+nothing from Twisted, so it runs wherever those two are installed.
+
+**Installing the client alone.** The repository builds a second
+distribution, `sandboxd-client`, from `client/pyproject.toml`: the client,
+the `sandboxd` command's client side (`exec`, `cp`, `ls`, `ps`, `logs`,
+`kill`, `term`, `caps`) and nothing of the daemon; it depends on httpx and
+websockets only. From a checkout:
 
 ```sh
-pip install 'sandboxd[client]'
+pip install ./client
+sandboxd --version                 # sandboxd 0.1.0 (client)
 ```
+
+(`pip wheel --no-deps -w dist ./client` builds the wheel to install
+elsewhere.) Install it or the daemon's distribution (`pip install .`, which
+holds the client too, with `pip install '.[client]'` for httpx and
+websockets), not both in one environment: both give the `sandboxd` command.
 
 ```python
 from sandboxd.client import Sandbox, PermissionDenied
@@ -143,9 +155,16 @@ sandboxd term 5f0c...                         # reattach: the scrollback, then l
 sandboxd caps --explain files_read_raw --path /etc/passwd
 ```
 
-`exec` prints the command's output as it comes and exits with its exit code
-(128 + N when signal N ended it, 124 when the daemon killed it at
-`--timeout`). `term` puts the local terminal in raw mode, sends the window
+`exec` prints the command's output as it comes, byte for byte (so
+`sandboxd exec -- tar czf - src > src.tgz` gives a whole archive), and
+exits with its exit code (128 + N when signal N ended it, 124 when the
+daemon killed it at `--timeout`, 1 with a message when the output went
+over the daemon's `max_output_bytes`). When local stdin is not a terminal
+it is sent to the command (`echo x | sandboxd exec -- cat` prints `x`; up
+to 64 MiB, read before the command starts); a pipe that shows neither data
+nor its end within a quarter of a second (a supervisor's idle stdin) is not
+waited for; `-n` sends nothing. Piped into
+`head`, any command ends quietly with status 141 when the reader goes. `term` puts the local terminal in raw mode, sends the window
 size on every `SIGWINCH`, and restores the terminal when it detaches or the
 shell exits (then with the shell's exit code).
 

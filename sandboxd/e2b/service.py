@@ -18,7 +18,7 @@ from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from sandboxd.e2b import codeinterp, filesystem, process, rest
+from sandboxd.e2b import codeinterp, controlplane, filesystem, process, rest
 from sandboxd.e2b.door import Door, Procedure
 from sandboxd.readiness import Opening
 from sandboxd.web.connections import ConnectionLimits
@@ -33,6 +33,7 @@ def procedures() -> dict[str, Procedure]:
         **filesystem.PROCEDURES,
         **rest.PROCEDURES,
         **codeinterp.PROCEDURES,
+        **controlplane.PROCEDURES,
     }
 
 

@@ -96,10 +96,18 @@ class UploadTable(Service):
         self.wall = wall
         self.uploads: dict[str, Upload] = {}
 
-    def check_room(self, limit: int, rule: str | None = None) -> None:
+    def check_room(
+        self,
+        limit: int,
+        rule: str | None = None,
+        owner: str | None = None,
+        mine: int | None = None,
+        mine_rule: str | None = None,
+    ) -> None:
         """
-        Refuse a new upload at ``limit`` open ones, before anything (its
-        staging file) is created.
+        Refuse a new upload at ``limit`` open ones, or at ``mine`` open ones
+        of ``owner`` (an identity's share), before anything (its staging
+        file) is created.
 
         :raises ApiError: 429 ``too_many_sessions``.
         """
@@ -111,6 +119,17 @@ class UploadTable(Service):
                 rule=rule,
                 limit=limit,
             )
+        if owner is not None and mine is not None:
+            held = sum(1 for u in self.uploads.values() if u.owner == owner)
+            if held >= mine:
+                raise limit_exceeded(
+                    429,
+                    f"this identity has {mine} uploads open, its share of "
+                    f"{limit}: finish or delete one",
+                    Code.TOO_MANY_SESSIONS,
+                    rule=mine_rule,
+                    limit=mine,
+                )
 
     def create(
         self,

@@ -35,6 +35,7 @@ from sandboxd.errors import (
     file_not_found,
     forbidden,
 )
+from sandboxd.files.atomic import TEMPORARY_NAME
 from sandboxd.guard import (
     Location,
     PathGuard,
@@ -97,6 +98,9 @@ def walk(
     """
     Yield ``(parent path, name, lstat)`` below the open directory ``fd``,
     sorted by name per directory, descending into real directories only.
+    The daemon's own temporary files (an atomic write in progress, a
+    resumable upload's staging file) are not listed: they are not the
+    user's files until renamed into place.
     """
     try:
         with os.scandir(fd) as it:
@@ -104,7 +108,8 @@ def walk(
                 (
                     (e.name, e.stat(follow_symlinks=False))
                     for e in it
-                    if hidden or not e.name.startswith(".")
+                    if (hidden or not e.name.startswith("."))
+                    and TEMPORARY_NAME.match(e.name) is None
                 ),
                 key=lambda x: x[0],
             )

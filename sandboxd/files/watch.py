@@ -102,6 +102,8 @@ class Watch:
         self.service = service
         self.root = root
         self.recursive = recursive
+        #: The identity that started it (its share is counted against it).
+        self.owner = ""
         self.log = EventLog(retention)
         self.clients = 0
         self.pending: list[dict[str, Any]] = []
@@ -239,8 +241,20 @@ class WatchService(Service):
         self.reactor = reactor
         self.watches: dict[tuple[str, bool], Watch] = {}
 
-    def get(self, root: str, recursive: bool, retention: int, dirs: list[str]) -> Watch:
-        """The watch for ``root``, started if new."""
+    def get(
+        self,
+        root: str,
+        recursive: bool,
+        retention: int,
+        dirs: list[str],
+        owner: str = "",
+        mine: int = MAX_WATCHES,
+    ) -> Watch:
+        """
+        The watch for ``root``, started if new: by ``owner``, who may have
+        started at most ``mine`` of the open ones (its share of
+        :data:`MAX_WATCHES`); following a watch someone started is free.
+        """
         key = (root, recursive)
         watch = self.watches.get(key)
         if watch is not None and not watch.log.closed:
@@ -252,7 +266,17 @@ class WatchService(Service):
                 Code.CONCURRENCY_LIMITED,
                 limit=MAX_WATCHES,
             )
+        started = sum(1 for w in self.watches.values() if w.owner == owner)
+        if started >= mine:
+            raise limit_exceeded(
+                429,
+                f"this identity has started {mine} watches, its share of "
+                f"{MAX_WATCHES}; end one first",
+                Code.CONCURRENCY_LIMITED,
+                limit=mine,
+            )
         watch = Watch(self, root, recursive, retention)
+        watch.owner = owner
         try:
             watch.start(dirs)
         except _inotify().INotifyError as e:

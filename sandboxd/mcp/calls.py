@@ -29,9 +29,16 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sandboxd import gate
-from sandboxd.errors import ApiError, unexpected, unsupported
+from sandboxd.errors import ApiError, bad_request, unexpected, unsupported
 from sandboxd.mcp.collecting import CollectingChannel, Progress
-from sandboxd.mcp.tools import FILE_READS, IMAGES, LINE_STREAMS, Tool
+from sandboxd.mcp.tools import (
+    FILE_READS,
+    IMAGES,
+    LINE_STREAMS,
+    ArgumentError,
+    Tool,
+    summarise,
+)
 from sandboxd.policy.defaults import MCP_RESULT_BYTES
 from sandboxd.web.messages import (
     ServerRequest,
@@ -61,8 +68,17 @@ def _text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def value_result(tool: Tool, value: Any) -> dict[str, Any]:
-    """A handler's answer as a tool result: structured content plus text."""
+def value_result(
+    tool: Tool, value: Any, arguments: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """
+    A handler's answer as a tool result: structured content plus text
+    (summarised for the tools whose answers would flood a model's context).
+    """
+    try:
+        value = summarise(tool.name, value, arguments or {})
+    except ArgumentError as e:
+        raise bad_request(str(e)) from None
     structured = value if isinstance(value, dict) else {"result": value}
     content: list[dict[str, Any]] = []
     image = IMAGES.get(tool.name)
@@ -252,12 +268,16 @@ class ToolCall:
             if value.status >= 400:
                 body = value.body if isinstance(value.body, dict) else {}
                 return error_result(ApiError.from_body(value.status, body))
-            return value_result(self.tool, value.body if value.body is not None else {})
+            return value_result(
+                self.tool,
+                value.body if value.body is not None else {},
+                request.body,
+            )
         if isinstance(value, SSEResponse):
             return await self._collect(value)
         if isinstance(value, StreamResponse):
             raise unsupported("this endpoint answers with a streamed body")
-        return value_result(self.tool, value if value is not None else {})
+        return value_result(self.tool, value if value is not None else {}, request.body)
 
     async def _collect(self, response: SSEResponse) -> dict[str, Any]:
         channel: CollectingChannel

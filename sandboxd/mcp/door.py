@@ -39,6 +39,7 @@ from sandboxd.errors import (
     Code,
     limit_exceeded,
     limit_rule,
+    limit_setting,
     payload_too_large,
     unsupported,
 )
@@ -50,6 +51,7 @@ from sandboxd.policy.defaults import (
     DRAIN_LIMIT_BYTES,
     ENDPOINT_LIMITS,
     MCP_SWEEP_SECONDS,
+    identity_cap,
 )
 from sandboxd.web.jsonbody import parse_object
 from sandboxd.web.pipeline import check_framing
@@ -152,6 +154,19 @@ class McpDoor(Service):
                 rule=limit_rule(self.context.policy.rules["mcp"], "max_sessions"),
                 limit=limit,
             )
+        rule = self.context.policy.rules["mcp"]
+        mine = identity_cap(
+            limit, len(self.context.policy.tokens.ids()), rule.limits.max_per_identity
+        )
+        if self.sessions.held_by(identity) >= mine:
+            return limit_exceeded(
+                429,
+                f"this identity has {mine} MCP sessions open, its share of "
+                f"{limit}; end one with DELETE",
+                Code.TOO_MANY_SESSIONS,
+                rule=limit_rule(rule, "max_per_identity"),
+                limit=mine,
+            )
         session = self.sessions.create(identity, version, now)
         self._schedule_sweep()
         return session
@@ -226,6 +241,8 @@ class Exchange:
         self.identity: Identity | None = None
         self.rule: Any = door.context.policy.rules["mcp"]
         self.answered = False
+        #: A GET stream was opened (its end by the client is the normal one).
+        self.server_stream = False
         self.rpc: str | None = None
         self.code: str | None = None
         self.decided_by: str | None = None
@@ -254,7 +271,11 @@ class Exchange:
         self.rule = self.passed.rule
         self.cap = self.rule.limits.max_request_bytes or 0
         if length is not None and self.cap and length > self.cap:
-            self.refusal = payload_too_large(self.cap, "the MCP message")
+            self.refusal = payload_too_large(
+                self.cap,
+                "the MCP message",
+                setting=limit_setting("mcp", "max_request_bytes"),
+            )
             self._answer_now(self.refusal)
 
     # -- header time and body ----------------------------------------------
@@ -294,7 +315,13 @@ class Exchange:
         if self.refusal is not None:
             return
         if self.cap and self.bytes_in > self.cap:
-            self._answer_now(payload_too_large(self.cap, "the MCP message"))
+            self._answer_now(
+                payload_too_large(
+                    self.cap,
+                    "the MCP message",
+                    setting=limit_setting("mcp", "max_request_bytes"),
+                )
+            )
             return
         self.body += data
 
@@ -381,7 +408,9 @@ class Exchange:
             self._delete()
 
     def _finished(self, reason: Any) -> None:
-        if not self.request.finished:
+        # A session's server stream (GET) ends when its client goes: that is
+        # how it always ends, not a failure to audit as one.
+        if not self.request.finished and not self.server_stream:
             self.status, self.code = 499, "client_closed"
         self._audit()
 
@@ -620,6 +649,7 @@ class Exchange:
                 channel.write_raw(frame)
             channel.close()
             return
+        self.server_stream = True
         if session.version in _PRIMING:
             channel.write_raw(event_frame(number, after, None))
         session.attach(stream, channel, after)

@@ -20,10 +20,10 @@ from twisted.internet.defer import Deferred
 
 from sandboxd import gate
 from sandboxd._version import __version__
-from sandboxd.errors import Code, limit_exceeded
+from sandboxd.errors import Code, bad_request, limit_exceeded
 from sandboxd.mcp.calls import ToolCall, decoded_text, error_result
 from sandboxd.mcp.collecting import Progress
-from sandboxd.mcp.tools import NOT_TOOLS, ArgumentError, Toolbox
+from sandboxd.mcp.tools import NOT_TOOLS, ArgumentError, Toolbox, listed_by_default
 from sandboxd.policy.defaults import (
     MCP_CALLS_PER_SESSION,
     MCP_PROGRESS_MESSAGE_CHARS,
@@ -130,11 +130,18 @@ class Methods:
         }
 
     def visible(self, identity: Identity) -> list[str]:
-        """The tools ``identity`` may call now (enabled and allowed)."""
+        """
+        The tools ``identity`` may call now (enabled and allowed) and that
+        are listed: by default those a model uses
+        (:func:`~sandboxd.mcp.tools.listed_by_default`), every one with the
+        ``mcp`` endpoint's ``params.mcp_tools: all``.
+        """
+        every = self.context.policy.rule("mcp").params.mcp_tools == "all"
         return [
             name
             for name, tool in self.toolbox.tools.items()
-            if gate.may_use(self.context, identity, tool.endpoint)
+            if (every or listed_by_default(tool.endpoint))
+            and gate.may_use(self.context, identity, tool.endpoint)
         ]
 
     # -- one request -------------------------------------------------------
@@ -216,7 +223,8 @@ class Methods:
         try:
             split = tool.split(arguments)
         except ArgumentError as e:
-            return error(rid, INVALID_PARAMS, f"{name}: {e}")
+            # A tool error the model can read and correct, not a protocol error.
+            return result(rid, error_result(bad_request(f"{name}: {e}")))
         if len(session.calls) >= MCP_CALLS_PER_SESSION:
             return result(
                 rid,

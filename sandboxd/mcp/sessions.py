@@ -219,6 +219,10 @@ class SessionTable:
         self.sessions[session.id] = session
         return session
 
+    def held_by(self, identity: Identity) -> int:
+        """How many open sessions ``identity`` holds."""
+        return sum(1 for s in self.sessions.values() if s.identity.id == identity.id)
+
     def get(self, session_id: str, identity: Identity) -> Session | None:
         """
         The session, if it exists and belongs to ``identity`` (another

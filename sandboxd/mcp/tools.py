@@ -16,7 +16,10 @@ split back into the query, path and body the handler reads.
 
 from __future__ import annotations
 
+import base64
 import re
+import shlex
+import shutil
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -24,7 +27,7 @@ import attrs
 
 from sandboxd.api.openapi import field_schema
 from sandboxd.api.schema import PATH_PARAMS, Field, Schema, schema_for
-from sandboxd.endpoints import DOOR_METHODS, Endpoint, param_name
+from sandboxd.endpoints import DOOR_METHODS, CapabilityGroup, Endpoint, param_name
 
 #: Endpoints that are not tools, and why (``docs/mcp.md`` has the same table).
 NOT_TOOLS: dict[str, str] = {
@@ -57,7 +60,23 @@ DROPPED_ARGUMENTS: dict[str, frozenset[str]] = {
     "code_execute": frozenset({"stream", "on_disconnect", "wait"}),
 }
 
-#: Endpoints that change or remove what exists (``destructiveHint``).
+#: Body fields for HTTP clients only: an MCP result is read whole, as text
+#: (``output: bytes`` frames raw chunks for byte-exact clients;
+#: ``access_token`` is for EventSource, which cannot set a header;
+#: ``since``, ``capture_output`` and ``recursive`` are the agent-sandbox SDK's
+#: alternate forms of what ``after``, ``follow`` and ``depth`` already say).
+HTTP_ONLY_FIELDS = frozenset(
+    {"output", "access_token", "since", "capture_output", "recursive"}
+)
+
+#: What a model reads about fields whose table wording is for operators.
+MODEL_FIELD_DOCS: dict[str, str] = {
+    "user": "a user to run as, or to own what is created (root daemons only)",
+}
+
+#: Endpoints that change or remove what exists (``destructiveHint``), besides
+#: every endpoint that starts a child or writes content (see
+#: :func:`_starts_children` and :func:`_writes_content`).
 DESTRUCTIVE = frozenset(
     {
         "files_delete",
@@ -75,8 +94,68 @@ IDEMPOTENT = frozenset(
     {"files_mkdir", "files_delete", "env_set", "pty_resize", "pty_delete_session"}
 )
 
-#: Endpoints that reach outside the sandbox (``openWorldHint``).
+#: POST endpoints that only read (their body is a question, not a change).
+READ_ONLY_POSTS = frozenset({"files_search", "files_archive", "capabilities_check"})
+
+#: Endpoints that reach outside the sandbox (``openWorldHint``), besides every
+#: endpoint that starts a child (a command can reach the network).
 OPEN_WORLD = frozenset({"browser_navigate"})
+
+#: Endpoints that run arbitrary code without a ``command`` field.
+RUNS_CODE = frozenset(
+    {"code_run", "agents_install", "agents_session_create", "agents_prompt"}
+)
+
+#: Capability groups left out of the default ``tools/list`` (by their
+#: names, so a group this table lacks costs nothing), and why.
+NOT_LISTED_GROUPS: dict[str, str] = {
+    "terminal": "a terminal is typed into over its WebSocket, which MCP cannot "
+    "reach: use shell, or process_start with process_stdin",
+    "auth": "capability links are minted for people and browsers, not for the "
+    "model's own calls",
+}
+
+#: Tools left out of the default ``tools/list`` (still callable by name, and
+#: listed when the ``mcp`` endpoint's ``params.mcp_tools`` is ``all``), and
+#: why a model does not need them.
+NOT_LISTED: dict[str, str] = {
+    "health": "a liveness probe for supervisors",
+    "openapi": "the HTTP API's description, for HTTP clients",
+    "metrics": "Prometheus text for monitoring",
+    "files_upload_stream": "upload does the same",
+}
+
+#: The shell a command tool runs through when the call names none.
+DEFAULT_SHELL = "bash" if shutil.which("bash") else "sh"
+
+#: What a model reads about the tools it uses most (the table's summary and
+#: notes are written for HTTP clients).  Other tools keep those.
+MODEL_DESCRIPTIONS: dict[str, str] = {
+    "shell": "Run a command in the sandbox and wait for it: stdout, stderr, "
+    "exit_code. command runs through bash (pipes, &&, cd work); argv runs a "
+    "program without a shell. Timeout 300 s unless given.",
+    "shell_stream": "As shell, for long commands: output arrives as progress "
+    "notifications while it runs.",
+    "process_start": "Start a command in the background; returns its pid. Then "
+    "process_output reads its output, process_stdin writes to it (start with "
+    "stdin: true), process_signal stops it.",
+    "process_output": "Output of a background process after seq `after`; "
+    "follow: true waits until it exits.",
+    "process_stdin": "Write text to a background process started with stdin: true; "
+    "eof: true closes its stdin.",
+    "upload": "Write a file: content (text) or content_base64 (bytes). Parent "
+    "directories are created; the file lands whole or not at all.",
+    "download": "Read a file; text files come back as text.",
+    "files_list": "List a directory (depth 1..10).",
+    "files_search": "Find files whose names match a glob pattern, recursively.",
+    "files_extract": "Unpack a tar.gz or zip archive (base64) into a directory.",
+    "files_archive": "Pack paths into a tar.gz or zip archive (base64).",
+    "capabilities": "A summary of what this token may do: the tools allowed and "
+    "why others are refused. Name one endpoint for its full entry.",
+    "capabilities_check": "Say whether a call would be allowed (and which rule "
+    "decides) without making it.",
+}
+
 
 #: Endpoints answering with images: the field holding the base64 data, and
 #: the field naming the format.
@@ -158,7 +237,71 @@ class Tool:
         }
         named = {f.name for f in (*self.path, *self.query)}
         body = {k: v for k, v in arguments.items() if k not in named}
+        if _takes_command(self.body):
+            body = _command_body(body)
+        if _takes_text(self.body):
+            body = _content_body(body)
         return path, query, body
+
+
+def _takes_command(body: Iterable[Field]) -> bool:
+    """A tool that runs a ``command`` (through a shell by default, or argv)."""
+    return any(f.name == "command" and f.required for f in body)
+
+
+def _takes_text(body: Iterable[Field]) -> bool:
+    """A tool that writes a file at ``path`` from ``content_base64``."""
+    names = {f.name for f in body}
+    return {"path", "content_base64"} <= names
+
+
+def _command_body(body: dict[str, Any]) -> dict[str, Any]:
+    """
+    A model's command as the endpoint takes it: ``command`` runs through
+    :data:`DEFAULT_SHELL` unless ``shell`` says otherwise; ``argv`` (a
+    list) runs that program with no shell.
+
+    :raises ArgumentError: neither or both of ``command`` and ``argv``.
+    """
+    argv = body.pop("argv", None)
+    if argv is not None:
+        if body.get("command") is not None:
+            raise ArgumentError(
+                "give command (a shell line) or argv (a list), not both"
+            )
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise ArgumentError("argv must be a non-empty list of strings")
+        body["command"] = shlex.join(argv)
+        body.pop("shell", None)
+        return body
+    if body.get("command") is None:
+        raise ArgumentError("missing required argument 'command' (or 'argv')")
+    if body.get("shell") is None:
+        body["shell"] = DEFAULT_SHELL
+    return body
+
+
+def _content_body(body: dict[str, Any]) -> dict[str, Any]:
+    """
+    A file write with ``content`` (text, written as UTF-8) or
+    ``content_base64`` (bytes).
+
+    :raises ArgumentError: neither or both given.
+    """
+    text = body.pop("content", None)
+    if text is not None:
+        if body.get("content_base64") is not None:
+            raise ArgumentError("give content (text) or content_base64, not both")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ArgumentError("content must be valid Unicode text") from None
+        body["content_base64"] = base64.b64encode(data).decode("ascii")
+    elif body.get("content_base64") is None:
+        raise ArgumentError(
+            "missing required argument 'content' (text) or 'content_base64'"
+        )
+    return body
 
 
 def _query_text(value: Any) -> str:
@@ -182,16 +325,46 @@ def _loose(field: Field) -> dict[str, Any]:
 
 
 def _input_schema(
-    path: Iterable[Field], query: Iterable[Field], body: Iterable[Field], schema: Schema
+    name: str,
+    path: Iterable[Field],
+    query: Iterable[Field],
+    body: Iterable[Field],
+    schema: Schema,
 ) -> dict[str, Any]:
     properties: dict[str, Any] = {}
     required: list[str] = []
+    body = tuple(body)
+    # One of two arguments, checked by the adaptation (a JSON Schema
+    # ``oneOf`` would cost every model's context more than it says).
+    either = {"command"} if _takes_command(body) else set()
+    if _takes_text(body):
+        either.add("content_base64")
     for field in (*path, *query, *body):
         if field.name == "*" or field.name in properties:
             continue
-        properties[field.name] = field_schema(field)
-        if field.required:
+        # minLength is the handler's to enforce (with a message saying so).
+        spec = field_schema(field)
+        spec.pop("minLength", None)
+        if field.name in MODEL_FIELD_DOCS:
+            spec["description"] = MODEL_FIELD_DOCS[field.name]
+        properties[field.name] = spec
+        if field.required and field.name not in either:
             required.append(field.name)
+    if _takes_command(body):
+        properties["command"]["description"] = (
+            f"a shell command line (run by {DEFAULT_SHELL} unless shell is given)"
+        )
+        properties["argv"] = {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "instead of command: a program and its arguments, no shell",
+        }
+    if _takes_text(body):
+        properties["content"] = {
+            "type": "string",
+            "description": "the file's text (UTF-8); or content_base64 for bytes",
+        }
+    properties.update(SUMMARISED.get(name, {}))
     out: dict[str, Any] = {"type": "object", "properties": properties}
     if required:
         out["required"] = required
@@ -199,17 +372,30 @@ def _input_schema(
     return out
 
 
+def _undescribed(schema: dict[str, Any]) -> dict[str, Any]:
+    """An object schema without its properties' descriptions."""
+    properties = {
+        name: {k: v for k, v in spec.items() if k != "description"}
+        for name, spec in schema["properties"].items()
+    }
+    return {**schema, "properties": properties}
+
+
 def _output_schema(endpoint: Endpoint, schema: Schema) -> dict[str, Any] | None:
     if endpoint.streaming and not schema.response:
-        return STREAM_OUTPUT
+        return _undescribed(STREAM_OUTPUT)
     if not schema.response:
         return None
     properties = {f.name: _loose(f) for f in schema.response if f.name != "*"}
+    for spec in properties.values():
+        # What the fields mean is in the description and the answer itself;
+        # the types are what a client validates.
+        spec.pop("description", None)
     if endpoint.streaming:
         properties.update(
             {
                 k: v
-                for k, v in STREAM_OUTPUT["properties"].items()
+                for k, v in _undescribed(STREAM_OUTPUT)["properties"].items()
                 if k not in properties
             }
         )
@@ -217,41 +403,76 @@ def _output_schema(endpoint: Endpoint, schema: Schema) -> dict[str, Any] | None:
 
 
 def _description(endpoint: Endpoint, schema: Schema) -> str:
-    parts = [endpoint.summary or schema.summary or endpoint.id]
-    if schema.notes:
+    """What a model reads before calling: what the tool does and how to use it."""
+    model = MODEL_DESCRIPTIONS.get(endpoint.id)
+    parts = [model or endpoint.summary or schema.summary or endpoint.id]
+    if model is None and schema.notes:
         parts.append(schema.notes)
-    if endpoint.id == "process_output":
+    if endpoint.id == "process_output" and model is None:
         parts.append(
             "With follow=true the call runs until the process exits, its new "
             "output sent as progress notifications."
         )
-    elif endpoint.streaming and "follow" not in DROPPED_ARGUMENTS.get(
-        endpoint.id, frozenset()
+    elif (
+        endpoint.streaming
+        and "follow" not in DROPPED_ARGUMENTS.get(endpoint.id, frozenset())
+        and model is None
     ):
         parts.append(
             "Runs to completion; new output is sent as progress notifications "
             "when the call carries a progressToken."
         )
-    scopes = ", ".join(endpoint.scopes) or "none"
-    parts.append(
-        f"(sandboxd endpoint {endpoint.method} {endpoint.path}; scopes: {scopes})"
-    )
     return " ".join(parts)
 
 
-def _annotations(endpoint: Endpoint) -> dict[str, Any]:
-    reads = endpoint.method == "GET"
-    out: dict[str, Any] = {
-        "title": _title(endpoint),
-        "readOnlyHint": reads,
-        "openWorldHint": endpoint.id in OPEN_WORLD,
-    }
-    if not reads:
-        out["destructiveHint"] = endpoint.id in DESTRUCTIVE
-        out["idempotentHint"] = endpoint.method == "DELETE" or endpoint.id in IDEMPOTENT
-    else:
+def _starts_children(endpoint: Endpoint, schema: Schema) -> bool:
+    """A tool that runs a command or code: it can change anything and reach out."""
+    if endpoint.method == "GET":
+        return False
+    return (
+        _takes_command(schema.body)
+        or endpoint.id in RUNS_CODE
+        or endpoint.group is CapabilityGroup.COMMANDS
+    )
+
+
+def _writes_content(endpoint: Endpoint, schema: Schema) -> bool:
+    """A tool that writes files from content it is given (and may replace some)."""
+    return endpoint.method != "GET" and any(
+        f.name == "content_base64" for f in schema.body
+    )
+
+
+def _annotations(endpoint: Endpoint, schema: Schema) -> dict[str, Any]:
+    """
+    The tool's hints.  A hint at MCP's default (``readOnlyHint`` and
+    ``idempotentHint`` false) is left out, as every byte of the list is a
+    model's context; ``openWorldHint`` and ``destructiveHint``, whose
+    defaults are true, are always said.  The title is the tool's own.
+    """
+    reads = endpoint.method == "GET" or endpoint.id in READ_ONLY_POSTS
+    runs = _starts_children(endpoint, schema)
+    out: dict[str, Any] = {"openWorldHint": runs or endpoint.id in OPEN_WORLD}
+    if reads:
+        out["readOnlyHint"] = True
+        out["idempotentHint"] = True
+        return out
+    out["destructiveHint"] = (
+        runs or _writes_content(endpoint, schema) or endpoint.id in DESTRUCTIVE
+    )
+    if endpoint.method == "DELETE" or endpoint.id in IDEMPOTENT:
         out["idempotentHint"] = True
     return out
+
+
+def listed_by_default(endpoint: Endpoint) -> bool:
+    """
+    Whether a tool is in the default ``tools/list`` (a model's context is
+    small: tools it cannot use well are left to ``params.mcp_tools: all``).
+    """
+    return (
+        endpoint.group.value not in NOT_LISTED_GROUPS and endpoint.id not in NOT_LISTED
+    )
 
 
 def _title(endpoint: Endpoint) -> str:
@@ -267,18 +488,22 @@ def make_tool(endpoint: Endpoint) -> Tool:
         if name is not None
     )
     dropped = DROPPED_ARGUMENTS.get(endpoint.id, frozenset())
-    query = tuple(f for f in schema.query if f.name not in dropped)
+    query = tuple(
+        f
+        for f in schema.query
+        if f.name not in dropped and f.name not in HTTP_ONLY_FIELDS
+    )
     body = tuple(
         f
         for f in (schema.body if endpoint.method in ("POST", "DELETE") else ())
-        if f.name not in dropped
+        if f.name not in dropped and f.name not in HTTP_ONLY_FIELDS
     )
     descriptor: dict[str, Any] = {
         "name": endpoint.id,
         "title": _title(endpoint),
         "description": _description(endpoint, schema),
-        "inputSchema": _input_schema(path, query, body, schema),
-        "annotations": _annotations(endpoint),
+        "inputSchema": _input_schema(endpoint.id, path, query, body, schema),
+        "annotations": _annotations(endpoint, schema),
     }
     output = _output_schema(endpoint, schema)
     if output is not None:
@@ -373,3 +598,97 @@ def check(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> None:
                     raise ArgumentError(
                         f"argument {name!r} must hold items of type {items}"
                     )
+
+
+# -- answers too big for a model's context --------------------------------------
+
+#: Tools whose answer is summarised for a model, and the argument that asks
+#: for one endpoint's full entry instead.
+SUMMARISED: dict[str, dict[str, Any]] = {
+    "capabilities": {
+        "endpoint": {
+            "type": "string",
+            "description": "an endpoint id: its full entry instead of the summary",
+        }
+    },
+    "openapi": {
+        "endpoint": {
+            "type": "string",
+            "description": "an endpoint id: its operation instead of the list",
+        }
+    },
+}
+
+
+def summarise(name: str, value: Any, arguments: Mapping[str, Any]) -> Any:
+    """
+    A tool's answer cut to what a model can use: ``capabilities`` (tens of
+    kB) as the allowed tools and the reasons for the others, ``openapi``
+    (over 100 kB) as its list of operations; either with ``endpoint`` as
+    that endpoint's entry alone.
+
+    :raises ArgumentError: ``endpoint`` names no endpoint.
+    """
+    if name not in SUMMARISED or not isinstance(value, dict):
+        return value
+    wanted = arguments.get("endpoint")
+    if name == "capabilities":
+        return _capabilities_summary(value, wanted)
+    return _openapi_summary(value, wanted)
+
+
+def _capabilities_summary(value: dict[str, Any], wanted: str | None) -> dict[str, Any]:
+    endpoints: dict[str, Any] = value.get("endpoints") or {}
+    if wanted is not None:
+        if wanted not in endpoints:
+            raise ArgumentError(f"no endpoint {wanted!r}")
+        return {"endpoint": wanted, **endpoints[wanted]}
+    allowed: list[str] = []
+    refused: dict[str, str] = {}
+    groups_off: dict[str, int] = {}
+    enabled_groups = {
+        str(info.get("group")) for info in endpoints.values() if info.get("enabled")
+    }
+    for endpoint_id, info in endpoints.items():
+        group = str(info.get("group"))
+        if info.get("allowed"):
+            allowed.append(endpoint_id)
+        elif group not in enabled_groups:
+            groups_off[group] = groups_off.get(group, 0) + 1
+        else:
+            refused[endpoint_id] = str(
+                info.get("reason") or info.get("rule") or "refused"
+            )
+    return {
+        "identity": value.get("identity"),
+        "policy": value.get("policy"),
+        "allowed": allowed,
+        "refused": refused,
+        "groups_off": groups_off,
+        "more": "name an endpoint for its full entry (limits, paths, params)",
+    }
+
+
+def _openapi_summary(value: dict[str, Any], wanted: str | None) -> dict[str, Any]:
+    operations: list[dict[str, Any]] = []
+    for path, item in (value.get("paths") or {}).items():
+        for method, op in item.items():
+            if not isinstance(op, dict) or "operationId" not in op:
+                continue
+            if wanted is not None and op["operationId"] == wanted:
+                return {"path": path, "method": method.upper(), "operation": op}
+            operations.append(
+                {
+                    "id": op["operationId"],
+                    "method": method.upper(),
+                    "path": path,
+                    "summary": op.get("summary", ""),
+                }
+            )
+    if wanted is not None:
+        raise ArgumentError(f"no endpoint {wanted!r}")
+    return {
+        "openapi": value.get("openapi"),
+        "operations": operations,
+        "more": "name an endpoint for its operation (parameters, body, responses)",
+    }

@@ -507,3 +507,17 @@ E2B_CODE_KEEPALIVE_SECONDS = 5.0
 
 #: E2B door: files one ``POST /files`` may carry.
 E2B_MAX_UPLOAD_FILES = 1000
+
+
+def identity_cap(total: int, identities: int, explicit: int | None = None) -> int:
+    """
+    The most of a daemon-wide cap of ``total`` (MCP sessions, open uploads,
+    watches) one identity may hold, so that one cannot lock the others out:
+    ``explicit`` (the endpoint's ``limits.max_per_identity``) when set, else
+    half of ``total`` when more than one identity can log in, else all of it.
+    """
+    if explicit is not None:
+        return min(explicit, total)
+    if identities <= 1:
+        return total
+    return max(1, total // 2)

@@ -245,6 +245,7 @@ _CHOICES = {
     "params.mcp_servers": ("none", "http", "all"),
     "params.client_fs": ("none", "read", "read_write"),
     "params.host_header": ("upstream", "preserve"),
+    "params.mcp_tools": ("default", "all"),
 }
 
 

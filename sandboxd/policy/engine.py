@@ -237,6 +237,47 @@ def merge_leaves(
     return {leaf: (v, rule) for leaf, (v, rule, _) in chosen.items()}
 
 
+#: The routes that write a file from a raw body as ``files_write_raw`` does
+#: (a resumable upload: the client switches to it for big files).
+RAW_WRITE_ALIKES = frozenset({"files_uploads_create", "files_uploads_append"})
+
+#: ``limits`` a resumable route takes from ``files_write_raw`` (its rate and
+#: concurrency are its own: one upload is many appends).
+_INHERITED_LIMITS = frozenset({"limits.max_bytes"})
+
+
+def inherit_raw_write(
+    endpoint: Endpoint,
+    entries: list[Entry],
+    merged: dict[str, tuple[Any, str]],
+) -> dict[str, tuple[Any, str]]:
+    """
+    A resumable upload route's rule with what the policy says about
+    ``files_write_raw`` by name (enabled, scopes, paths, params,
+    ``max_bytes``, audit) wherever the route's own name sets nothing: a
+    policy that restricts raw writes restricts the uploads a client
+    switches to for big files.
+    """
+    own = {
+        leaf
+        for e in entries
+        if e.specificity == EXACT and e.selector == endpoint.id
+        for leaf in e.leaves
+    }
+    raw = [
+        e for e in entries if e.specificity == EXACT and e.selector == "files_write_raw"
+    ]
+    out = dict(merged)
+    for entry in sorted(raw, key=lambda e: (e.layer, e.order)):
+        for leaf, value in entry.leaves.items():
+            if leaf in own:
+                continue
+            if leaf.startswith("limits.") and leaf not in _INHERITED_LIMITS:
+                continue
+            out[leaf] = (value, entry.rule)
+    return out
+
+
 def _section(
     cls: type[Any], base: Mapping[str, Any], leaves: Mapping[str, Any], name: str
 ) -> Any:
@@ -258,6 +299,8 @@ def effective_rule(
 ) -> EffectiveRule:
     """Merge every layer into ``endpoint``'s rule, with built-in defaults below."""
     merged = merge_leaves(endpoint, entries)
+    if endpoint.id in RAW_WRITE_ALIKES:
+        merged = inherit_raw_write(endpoint, entries, merged)
     leaves = {k: v for k, (v, _) in merged.items()}
     sources = {k: rule for k, (_, rule) in merged.items()}
     base_limits = builtin.endpoint_limits(endpoint.id, endpoint.group.value)

@@ -35,6 +35,9 @@ class Limits:
     max_concurrency: int | None = None
     max_processes: int | None = None
     max_sessions: int | None = None
+    # what one identity may hold of a daemon-wide cap (MCP sessions, open
+    # uploads, watches); None: half of it when several identities exist
+    max_per_identity: int | None = None
     max_turn_seconds: float | None = None
     idle_timeout_seconds: float | None = None
     init_timeout_seconds: float | None = None
@@ -144,6 +147,8 @@ class Params:
     kernels: tuple[str, ...] = ("python3", "sandboxd-python")
     allow_stdin: bool = True
     auto_restart: bool = True
+    # the MCP door: "default" lists the tools a model uses; "all" every tool
+    mcp_tools: str = "default"
 
 
 #: The sections of a rule and the class describing each.

@@ -136,7 +136,8 @@ def resolve_user(requested: Any, rule: EffectiveRule) -> RunAs | None:
     Who a child runs as: the request's ``user``, else ``params.default_user``.
 
     Only a root daemon can switch; the user must be allowed by
-    ``params.users`` (default: any non-root user; root only when listed).
+    ``params.users`` (default: any non-root user, and root when
+    ``params.default_user`` names it; a request's root only when listed).
 
     :raises ApiError: 400 unknown user, 403 ``param_not_allowed``.
     """
@@ -160,13 +161,19 @@ def resolve_user(requested: Any, rule: EffectiveRule) -> RunAs | None:
             rule="guard:users",
         )
     allowed = rule.params.users
-    ok = entry.pw_name in allowed if allowed is not None else entry.pw_uid != 0
+    if allowed is not None:
+        ok = entry.pw_name in allowed
+    else:
+        # Root only when the policy itself names it (default_user: root).
+        ok = entry.pw_uid != 0 or requested is None
     if not ok:
         raise forbidden(
             f"running as {entry.pw_name!r} is not allowed",
             Code.PARAM_NOT_ALLOWED,
             rule=policy_rule(rule, "params.users"),
         )
+    if entry.pw_uid == os.geteuid():
+        return None  # the daemon's own user (root named as root): no switch
     return RunAs(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
 
 

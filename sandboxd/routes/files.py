@@ -27,6 +27,7 @@ from sandboxd.errors import (
     bad_request,
     file_not_found,
     forbidden,
+    limit_setting,
     payload_too_large,
     range_not_satisfiable,
 )
@@ -43,11 +44,13 @@ from sandboxd.policy.defaults import (
     INLINE_READ_BYTES,
     MAX_LIST_DEPTH,
     MAX_PATTERN_CHARS,
+    MAX_WATCHES,
     MIB,
     RECURSIVE_LIST_DEPTH,
     WALK_DEPTH,
     WATCH_MIN_WINDOW_SECONDS,
     WATCH_WINDOW_SECONDS,
+    identity_cap,
 )
 from sandboxd.policy.rules import smallest
 from sandboxd.web.dispatch import json_bytes
@@ -82,6 +85,13 @@ def in_thread(request: ServerRequest, fn: Any, *args: Any) -> Deferred[Any]:
 def max_bytes(request: ServerRequest) -> int:
     """The endpoint's payload cap."""
     return request.rule.limits.max_bytes or DEFAULT_UPLOAD_BYTES
+
+
+def too_large(request: ServerRequest) -> ApiError:
+    """413: over the endpoint's ``max_bytes``, naming the policy key to raise."""
+    return payload_too_large(
+        max_bytes(request), setting=limit_setting(request.endpoint.id, "max_bytes")
+    )
 
 
 def check_extension(request: ServerRequest, path: str) -> None:
@@ -165,7 +175,7 @@ def decode_payload(request: ServerRequest) -> bytes | bytearray:
     if request.payload is not None:
         # Decoded by the pipeline as the body arrived (sandboxd.web.upload).
         if len(request.payload) > max_bytes(request):
-            raise payload_too_large(max_bytes(request))
+            raise too_large(request)
         return request.payload
     raw = request.body.get("content_base64")
     if raw is None:
@@ -174,13 +184,13 @@ def decode_payload(request: ServerRequest) -> bytes | bytearray:
         raise bad_request("'content_base64' must be a string")
     cap = max_bytes(request)
     if len(raw) // 4 * 3 - 2 > cap:
-        raise payload_too_large(cap)
+        raise too_large(request)
     try:
         data = pybase64.b64decode(raw, validate=True)
     except (binascii.Error, ValueError):
         raise bad_request("'content_base64' is not valid base64") from None
     if len(data) > cap:
-        raise payload_too_large(cap)
+        raise too_large(request)
     return data
 
 
@@ -248,7 +258,7 @@ def download(request: ServerRequest) -> Any:
     cap = max_bytes(request)
     if size > cap:
         f.close()
-        raise payload_too_large(cap)
+        raise too_large(request)
     if size <= INLINE_READ_BYTES:
         with f:
             data = _read_all(f.fd, size)
@@ -293,7 +303,7 @@ def files_download_stream(request: ServerRequest) -> Any:
     cap = max_bytes(request)
     if size > cap:
         f.close()
-        raise payload_too_large(cap)
+        raise too_large(request)
     head = (
         b'{"path":'
         + json_bytes(f.path)
@@ -327,7 +337,7 @@ def files_read_raw(request: ServerRequest) -> Any:
     cap = request.rule.limits.max_bytes
     if cap is not None and st.st_size > cap:
         f.close()
-        raise payload_too_large(cap)
+        raise too_large(request)
     headers = {
         "content-type": "application/octet-stream",
         "etag": f.etag,
@@ -400,6 +410,7 @@ class RawSink:
             request, path, overwrite, mode, request.headers.get("if-match")
         )
         self.cap = max_bytes(request)
+        self.endpoint_id = request.endpoint.id
         self.received = 0
         self.body = hashed_write(request, self.writer, hashlib.sha256())
 
@@ -408,7 +419,9 @@ class RawSink:
         self.received += len(data)
         if self.received > self.cap:
             self.abort()
-            raise payload_too_large(self.cap)
+            raise payload_too_large(
+                self.cap, setting=limit_setting(self.endpoint_id, "max_bytes")
+            )
         self.body.write(data)
 
     def finish(self) -> Deferred[dict[str, Any]]:
@@ -691,9 +704,16 @@ def files_watch(request: ServerRequest) -> Any:
             frame("change", change, event.seq) for change in seed_changes(data)
         )
 
+    owner = request.identity.id if request.identity is not None else ""
+    mine = identity_cap(
+        MAX_WATCHES,
+        len(request.context.policy.tokens.ids()),
+        request.rule.limits.max_per_identity,
+    )
+
     def ready(found: tuple[str, list[str]]) -> SSEResponse:
         root, dirs = found
-        watch = service.get(root, recursive, retention, dirs)
+        watch = service.get(root, recursive, retention, dirs, owner, mine)
 
         def start(channel: SSEChannel) -> Any:
             watch.acquire()

@@ -43,7 +43,7 @@ from sandboxd.processes.environment import child_environment, note_argv, validat
 from sandboxd.processes.managed import readable
 from sandboxd.processes.run import run_collect, spawn
 from sandboxd.processes.service import ProcessService
-from sandboxd.web.linestream import LineStream
+from sandboxd.web.linestream import ChunkStream, LineStream
 from sandboxd.web.messages import ServerRequest, SSEResponse
 from sandboxd.web.params import flag, integer, number, seconds, string
 from sandboxd.web.sse import Follower, SSEChannel, default_format, resume_point
@@ -211,6 +211,7 @@ def shell_stream(request: ServerRequest) -> SSEResponse | Deferred[SSEResponse]:
     stream, even when it happened on a worker thread.
     """
     spec = launch(request)
+    as_bytes, stdin = _stream_options(request.body)
     clock = request.context.reactor
     channel_box: list[SSEChannel] = []
     early: list[bytes] = []
@@ -221,7 +222,7 @@ def shell_stream(request: ServerRequest) -> SSEResponse | Deferred[SSEResponse]:
         else:
             early.append(data)
 
-    stream = LineStream(clock, write, _cap(request))
+    stream = (ChunkStream if as_bytes else LineStream)(clock, write, _cap(request))
     child = Child(
         clock, stream.feed, timeout=spec.timeout, idle_timeout=spec.idle_timeout
     )
@@ -234,10 +235,13 @@ def shell_stream(request: ServerRequest) -> SSEResponse | Deferred[SSEResponse]:
             env=spec.env,
             cwd=spec.cwd,
             run_as=spec.run_as,
+            stdin_pipe=stdin is not None,
             may_wait=True,
         )
     except OSError as e:
         raise _spawn_failed(e, spec.command) from None
+    if stdin is not None:
+        _feed_stdin(child, stdin)
 
     def ended(code: int | None) -> None:
         stream.finish()
@@ -285,6 +289,42 @@ def shell_stream(request: ServerRequest) -> SSEResponse | Deferred[SSEResponse]:
         return failure
 
     return child.when_spawned().addCallbacks(lambda _: response, not_spawned)
+
+
+def _stream_options(body: dict[str, Any]) -> tuple[bool, bytes | None]:
+    """
+    ``output`` (``lines``, the default, or ``bytes``: raw chunks as
+    ``data_base64``) and ``stdin_base64`` (bytes the child reads on its
+    stdin, then end of file) of a ``/shell/stream`` request.
+
+    :raises ApiError: 400 for an unknown ``output`` or bad base64.
+    """
+    output = string(body.get("output"), "output", "lines")
+    if output not in ("lines", "bytes"):
+        raise bad_request("output must be 'lines' or 'bytes'")
+    raw = body.get("stdin_base64")
+    if raw is None:
+        return output == "bytes", None
+    if not isinstance(raw, str):
+        raise bad_request("stdin_base64 must be a base64 string")
+    try:
+        data = base64.b64decode(raw, validate=True)
+    except (ValueError, binascii.Error):
+        raise bad_request("stdin_base64 is not valid base64") from None
+    return output == "bytes", data
+
+
+def _feed_stdin(child: Child, data: bytes) -> None:
+    """Write ``data`` to the child's stdin once it runs, then close it."""
+
+    def feed(_: object = None) -> None:
+        child.write_stdin(data)
+        child.close_stdin()
+
+    if child.pending:
+        child.when_spawned().addCallbacks(feed, lambda _: None)
+    else:
+        feed()
 
 
 # --------------------------------------------------------------------------

@@ -24,13 +24,14 @@ from sandboxd.errors import (
     bad_request,
     limit_exceeded,
     limit_rule,
+    limit_setting,
     not_found,
     payload_too_large,
 )
 from sandboxd.files.atomic import parse_mode
 from sandboxd.files.uploads import Upload, UploadTable
 from sandboxd.guard import refusal
-from sandboxd.policy.defaults import ENDPOINT_LIMITS
+from sandboxd.policy.defaults import ENDPOINT_LIMITS, identity_cap
 from sandboxd.policy.paths import PathDecision, decide
 from sandboxd.routes.files import (
     atomic_writer,
@@ -70,11 +71,24 @@ def files_uploads_create(request: ServerRequest) -> Any:
     mode = parse_mode(body.get("mode"))
     cap = max_bytes(request)
     if size > cap:
-        raise payload_too_large(cap, "the upload's size")
+        raise payload_too_large(
+            cap,
+            "the upload's size",
+            setting=limit_setting(request.endpoint.id, "max_bytes"),
+        )
     table = _table(request)
     rule = request.rule
     limit = rule.limits.max_sessions or _DEFAULTS["max_sessions"]
-    table.check_room(limit, limit_rule(rule, "max_sessions"))
+    mine = identity_cap(
+        limit, len(request.context.policy.tokens.ids()), rule.limits.max_per_identity
+    )
+    table.check_room(
+        limit,
+        limit_rule(rule, "max_sessions"),
+        _owner(request),
+        mine,
+        limit_rule(rule, "max_per_identity"),
+    )
     idle = rule.limits.idle_timeout_seconds or _DEFAULTS["idle_timeout_seconds"]
     writer = atomic_writer(request, path, overwrite, mode, if_match_of(request))
     upload = table.create(_owner(request), writer, size, path, float(idle))

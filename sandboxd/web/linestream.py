@@ -6,6 +6,7 @@ framed as SSE events and coalesced into few writes.
 
 from __future__ import annotations
 
+import base64
 import re
 from collections import deque
 from collections.abc import Callable
@@ -173,3 +174,40 @@ class LineStream:
         """No more writes (flushes first)."""
         self.flush()
         self.closed = True
+
+
+class ChunkStream(LineStream):
+    """
+    Turns a child's output into SSE ``stdout``/``stderr`` events of raw
+    bytes, ``{"data_base64"}``, each read as it came (no line splitting, no
+    decoding), so a client can rebuild the output byte for byte (a tar
+    archive, an image).  Each stream sends its first ``cap`` bytes; what
+    is past it is counted and announced by a ``truncated`` event at the end.
+    """
+
+    def __init__(self, clock: Any, write: Callable[[bytes], None], cap: int) -> None:
+        super().__init__(clock, write, cap)
+        self._room = {1: cap, 2: cap}
+
+    def feed(self, fd: int, data: bytes) -> None:
+        """A read from the child's stdout (1) or stderr (2), sent as it is."""
+        if fd not in _PREFIX or self.closed:
+            return
+        room = self._room[fd]
+        if len(data) > room:
+            self.dropped[fd] += len(data) - room
+            data = data[:room]
+        if data:
+            self._room[fd] -= len(data)
+            encoded = base64.b64encode(data).decode("ascii")
+            self._add(frame(STREAM_NAMES[fd], {"data_base64": encoded}))
+        self._queued()
+
+    def finish(self) -> None:
+        """The child's pipes are closed: say what the cap dropped."""
+        for fd in (1, 2):
+            if self.dropped[fd]:
+                self.event(
+                    "truncated",
+                    {"stream": STREAM_NAMES[fd], "dropped_bytes": self.dropped[fd]},
+                )

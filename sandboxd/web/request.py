@@ -24,7 +24,7 @@ from twisted.web.server import Request
 
 from sandboxd import gate
 from sandboxd.context import Context
-from sandboxd.errors import ApiError, payload_too_large, unexpected
+from sandboxd.errors import ApiError, limit_setting, payload_too_large, unexpected
 from sandboxd.policy.defaults import (
     DRAIN_LIMIT_BYTES,
     LARGE_BODY_BYTES,
@@ -137,7 +137,7 @@ class SandboxRequest(Request):
         self.admission = admission
         self.cap = admission.rule.limits.max_request_bytes or 0
         if length is not None and self.cap and length > self.cap:
-            self._fail_at_header(payload_too_large(self.cap))
+            self._fail_at_header(self._too_large())
             return
         if length is not None and length > LARGE_BODY_BYTES:
             # A gigabyte upload is then a thousand reactor turns, not
@@ -147,12 +147,26 @@ class SandboxRequest(Request):
         endpoint = admission.endpoint
         if endpoint.upload and endpoint.body == "json":
             limit = admission.rule.limits.max_bytes or self.cap
-            self.upload_body = UploadBody(limit)
+            self.upload_body = UploadBody(
+                limit, limit_setting(admission.endpoint.id, "max_bytes")
+            )
         if admission.endpoint.body == "raw" and admission.endpoint.sink is not None:
             try:
                 self.sink = admission.endpoint.sink(self.server_request({}))
             except ApiError as e:
                 self._fail_at_header(e)
+
+    def _too_large(self) -> ApiError:
+        """
+        The body is over ``max_request_bytes``: a 413 naming the key to
+        raise (an upload's cap follows its ``max_bytes`` unless the policy
+        set ``max_request_bytes`` itself).
+        """
+        assert self.admission is not None
+        endpoint, rule = self.admission.endpoint, self.admission.rule
+        derived = endpoint.upload and rule.source("limits.max_request_bytes") is None
+        key = "max_bytes" if derived else "max_request_bytes"
+        return payload_too_large(self.cap, setting=limit_setting(endpoint.id, key))
 
     def _fail_at_header(self, error: ApiError) -> None:
         """Refuse an admitted request before its body: answer now and close."""
@@ -204,7 +218,7 @@ class SandboxRequest(Request):
             return
         if self.cap and self.bytes_in > self.cap:
             self._abort_sink()
-            self._fail_at_header(payload_too_large(self.cap))
+            self._fail_at_header(self._too_large())
             return
         if self.sink is not None:
             try:

@@ -100,10 +100,12 @@ class UploadBody:
     A request body buffer for upload routes (see the module docstring).
 
     :param max_bytes: the decoded payload's cap (413 as soon as it is passed).
+    :param setting: the policy key of that cap, named in the 413.
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, setting: str | None = None) -> None:
         self.max_bytes = max_bytes
+        self.setting = setting
         self._head = bytearray()
         self._scanner = _HeadScanner()
         self._mode = "head"  # head -> value -> tail, or buffered
@@ -182,6 +184,7 @@ class UploadBody:
             self.error = payload_too_large(
                 self.max_bytes,
                 message=f"the file is over the limit of {self.max_bytes} bytes",
+                setting=self.setting,
             )
 
     def result(self) -> tuple[dict[str, Any], bytearray | None]:

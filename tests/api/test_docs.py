@@ -233,6 +233,27 @@ class DocsTests(SynchronousTestCase):
 
     PAGES = ("index.md", "api.md", "protocols.md", "operations.md", "security.md")
 
+    def test_no_internal_labels(self) -> None:
+        """
+        The user's pages cite nothing a reader cannot look up: no contract
+        sections ("SPEC §"), issue numbers or "as in the seed" (the
+        benchmark page's W0-W8 are defined on it).  The developer's map
+        cites the contract on purpose.
+        """
+        internal = re.compile(
+            r"SPEC §|\bissue #?\d+|as in the seed|the seed's|the seed daemon"
+        )
+        for name in sorted(os.listdir(DOCS)):
+            if not name.endswith(".md") or name == "architecture.md":
+                continue
+            with open(os.path.join(DOCS, name), encoding="utf-8") as f:
+                for number, line in enumerate(f, 1):
+                    self.assertIsNone(
+                        internal.search(line), f"docs/{name}:{number}: {line.strip()}"
+                    )
+        with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+            self.assertIsNone(internal.search(f.read()))
+
     def test_relative_links_resolve(self) -> None:
         """Every relative Markdown link in docs/ and examples/ points at a file."""
         link = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")

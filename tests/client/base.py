@@ -88,6 +88,8 @@ class ClientCase(DaemonTestCase):
             [sys.executable, "-m", "sandboxd.client.cli", *args],
             env=environ,
             input=input,
+            # No input: nothing (never the test runner's own stdin).
+            stdin=subprocess.DEVNULL if input is None else None,
             capture_output=True,
             timeout=40,
         )

@@ -199,3 +199,33 @@ class AsyncAuthTests(ClientCase):
                     await reader.commands.run("true")
 
         return self.in_loop(body)
+
+
+class AsyncBytesAndTerminalTests(ClientCase):
+    """The asyncio face of run_bytes and of a terminal that ends with its block."""
+
+    def test_run_bytes_and_pty_block(self) -> Any:
+        """
+        run_bytes passes stdin and gives the output byte for byte (a
+        coroutine callback too); ``async with pty.open()`` ends its session.
+        """
+
+        async def body() -> None:
+            async with self.async_sandbox() as sb:
+                out: list[bytes] = []
+
+                async def keep(chunk: bytes) -> None:
+                    out.append(chunk)
+
+                result = await sb.commands.run_bytes(
+                    "cat", stdin=b"\xff\x00tail", on_stdout=keep
+                )
+                self.assertEqual(
+                    (result.exit_code, b"".join(out)), (0, b"\xff\x00tail")
+                )
+                async with await sb.pty.open(shell="sh") as term:
+                    await term.send("echo in-term\n")
+                    await term.expect("in-term")
+                self.assertEqual(await sb.pty.list(), [])
+
+        return self.in_loop(body)

@@ -70,6 +70,31 @@ class ExecTests(ClientCase):
         self.assertIn(b"timed out", late.stderr)
 
     @inlineCallbacks
+    def test_shell_statuses(self) -> Any:
+        """
+        A command that is not there exits 127, as in a shell;
+        ps shows a process ended by SIGTERM as 143, as exec would exit; caps
+        says "preset none", not "None".
+        """
+        missing = yield self.cli("exec", "--", "no-such-command-zz")
+        self.assertEqual(missing.returncode, 127, missing.stderr)
+        self.assertIn(b"no-such-command-zz", missing.stderr)
+
+        def start_and_term() -> int:
+            sb = self.sandbox()
+            proc = sb.commands.start("sleep 30", tag="ps-status")
+            proc.signal(15)
+            return int(proc.wait(timeout=10) or 0)
+
+        code = yield self.in_thread(start_and_term)
+        self.assertEqual(code, -15)
+        ps = yield self.cli("ps", "--tag", "ps-status")
+        self.assertIn(b" 143 ", ps.stdout)
+        self.assertNotIn(b"-15", ps.stdout)
+        caps = yield self.cli("caps")
+        self.assertIn(b"preset none", caps.stdout)
+
+    @inlineCallbacks
     def test_bad_token_and_url(self) -> Any:
         """A wrong token or an unreachable daemon is a clear message and exit 1."""
         bad = yield self.cli("exec", "--token", "wrong", "--", "true")
@@ -89,6 +114,116 @@ class ExecTests(ClientCase):
         self.assertEqual(done.returncode, 1)
         self.assertIn(b"path_not_allowed", done.stderr)
         self.assertIn(b"rule", done.stderr)
+
+
+class ExecBytesTests(ClientCase):
+    """``sandboxd exec`` through pipes: bytes as they are, stdin forwarded."""
+
+    @inlineCallbacks
+    def test_binary_output_byte_exact(self) -> Any:
+        """A megabyte of every byte value, no final newline, arrives as sent."""
+        script = "import sys; sys.stdout.buffer.write(bytes(range(256)) * 3907 + b'\\xff\\xfe')"
+        done = yield self.cli("exec", "--", "python3", "-c", script)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stdout, bytes(range(256)) * 3907 + b"\xff\xfe")
+        err = yield self.cli("exec", "--", "sh", "-c", "printf '\\377ok' >&2")
+        self.assertEqual(err.stderr, b"\xffok")
+
+    @inlineCallbacks
+    def test_archive_through_a_pipe(self) -> Any:
+        """``tar czf - dir > x.tgz`` gives an archive that lists its member."""
+        os.makedirs(self.path("d"))
+        with open(self.path("d", "f.bin"), "wb") as f:
+            f.write(os.urandom(200_000))
+        done = yield self.cli("exec", "--", "tar", "czf", "-", "d")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        import io
+        import tarfile
+
+        with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
+            member = tar.extractfile("d/f.bin")
+            assert member is not None
+            with open(self.path("d", "f.bin"), "rb") as f:
+                self.assertEqual(member.read(), f.read())
+
+    @inlineCallbacks
+    def test_stdin_forwarded(self) -> Any:
+        """Piped stdin reaches the command (``echo x | sandboxd exec -- cat``); -n keeps it."""
+        done = yield self.cli("exec", "--", "cat", input=b"x\n\xff\x00")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stdout, b"x\n\xff\x00")
+        kept = yield self.cli("exec", "-n", "--", "cat", input=b"x\n")
+        self.assertEqual(kept.stdout, b"")
+
+    @inlineCallbacks
+    def test_idle_stdin_pipe_not_waited_for(self) -> Any:
+        """A stdin pipe that stays open and silent (a CI runner's) does not hang exec."""
+        import subprocess
+
+        def run() -> tuple[int, bytes]:
+            child = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "sandboxd.client.cli",
+                    "exec",
+                    "--",
+                    "echo",
+                    "ok",
+                ],
+                env={
+                    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                    "PYTHONPATH": ROOT,
+                    "SANDBOXD_URL": self.daemon.url,
+                    "SANDBOXD_TOKEN": self.daemon.token or "",
+                },
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                code = child.wait(timeout=20)
+                assert child.stdout is not None
+                return code, child.stdout.read()
+            finally:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+                assert child.stdin is not None
+                child.stdin.close()
+                if child.stdout is not None:
+                    child.stdout.close()
+
+        code, out = yield self.in_thread(run)
+        self.assertEqual((code, out), (0, b"ok\n"))
+
+    @inlineCallbacks
+    def test_closed_pipe_is_quiet(self) -> Any:
+        """Piping exec and caps into ``head`` ends with no traceback."""
+        import shlex
+        import subprocess
+
+        me = f"{shlex.quote(sys.executable)} -m sandboxd.client.cli"
+        environ = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "PYTHONPATH": ROOT,
+            "SANDBOXD_URL": self.daemon.url,
+            "SANDBOXD_TOKEN": self.daemon.token or "",
+        }
+        for line in (
+            f"{me} exec -- seq 1 2000000 | head -n 1",
+            f"{me} caps --json | head -c 10",
+        ):
+            done = yield self.in_thread(
+                subprocess.run,
+                ["bash", "-c", f"set -o pipefail; {line}"],
+                env=environ,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=40,
+            )
+            self.assertEqual(done.stderr, b"", line)
+            self.assertTrue(done.stdout, line)
 
 
 class CopyTests(ClientCase):
@@ -114,6 +249,16 @@ class CopyTests(ClientCase):
         self.assertEqual(up.stderr, b"")  # no progress bar off a terminal
         both = yield self.cli("cp", ":a", ":b")
         self.assertEqual(both.returncode, 2)
+
+    @inlineCallbacks
+    def test_refused_download_leaves_nothing(self) -> Any:
+        """A download the daemon refuses (missing, outside the base dir) leaves no ``.part``."""
+        local = os.path.realpath(self.mktemp())
+        os.makedirs(local)
+        for remote in (":missing.bin", ":/etc/passwd"):
+            done = yield self.cli("cp", remote, os.path.join(local, "x.bin"))
+            self.assertEqual(done.returncode, 1, done.stderr)
+            self.assertEqual(os.listdir(local), [], remote)
 
     @inlineCallbacks
     def test_resume(self) -> Any:
@@ -148,6 +293,9 @@ class CopyTests(ClientCase):
         with open(target, "rb") as f:
             self.assertEqual(f.read(), data)
         self.assertIn(b"100%", again.stderr)
+        # stderr is a pipe here: plain lines, no escape codes or \r.
+        self.assertNotIn(b"\x1b", again.stderr)
+        self.assertNotIn(b"\r", again.stderr)
         self.assertIn(f"bytes={kept}-".encode(), bytes(proxy.requests[-1]))
 
 
@@ -399,6 +547,19 @@ class DetachKeyTests(SynchronousTestCase):
         self.assertEqual(f.feed(b"x"), (b"\x10x", False))
         self.assertEqual(f.feed(b"\x10\x10"), (b"\x10", False))
         self.assertEqual(f.feed(b"\x11"), (b"", True))
+
+
+class TermWithoutTtyTests(ClientCase):
+    """``sandboxd term`` with no terminal on stdin."""
+
+    @inlineCallbacks
+    def test_refused_and_nothing_left(self) -> Any:
+        """It exits 2 saying why, and leaves no terminal session behind."""
+        done = yield self.cli("term", input=b"echo hi\n")
+        self.assertEqual(done.returncode, 2, done.stderr)
+        self.assertIn(b"not a terminal", done.stderr)
+        sessions = yield self.in_thread(lambda: self.sandbox().pty.list())
+        self.assertEqual(sessions, [])
 
 
 class TermTests(ClientCase):

@@ -405,6 +405,29 @@ class PtyTests(ClientCase):
 
         return self.in_thread(body)
 
+    def test_open_ends_its_session(self) -> Any:
+        """
+        Eleven rounds of ``with sb.pty.open()`` stay under the 10-session
+        cap (the block ends the session); ``keep=True`` only detaches; a
+        listed or fetched session carries ``session_id`` as create does.
+        """
+
+        def body() -> None:
+            sb = self.sandbox()
+            for n in range(11):
+                with sb.pty.open(shell="sh") as term:
+                    term.send(f"echo round{n}\n")
+                    term.expect(f"round{n}")
+            self.assertEqual(sb.pty.list(), [])
+            with sb.pty.open(shell="sh", keep=True) as kept:
+                pass
+            [info] = sb.pty.list()
+            self.assertEqual(info["session_id"], kept.session_id)
+            self.assertEqual(sb.pty.get(kept.session_id)["session_id"], kept.session_id)
+            sb.pty.close(kept.session_id)
+
+        return self.in_thread(body)
+
     def test_attach_scrollback(self) -> Any:
         """``attach`` without an offset replays the session's scrollback."""
 

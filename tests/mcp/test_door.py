@@ -226,8 +226,10 @@ class ToolCallTests(McpTestCase):
     @inlineCallbacks
     def test_unknown_tool_and_bad_arguments(self) -> Any:
         """
-        A name that is no tool, an endpoint that is not a tool, and
-        arguments that do not match the schema are JSON-RPC -32602.
+        A name that is no tool and an endpoint that is not a tool are
+        JSON-RPC -32602; arguments that do not match the schema are a tool
+        result with isError and a message naming the argument, which a
+        model can read and correct.
         """
 
         async def body(client: Any) -> Any:
@@ -240,18 +242,28 @@ class ToolCallTests(McpTestCase):
                 ("files_stat", {"path": "x", "bogus": 1}),
             ):
                 try:
-                    await client.call_tool(name, args)
+                    result = await client.call_tool(name, args)
                 except MCPError as e:
                     codes.append((e.code, str(e)))
                 else:
-                    codes.append((None, name))
+                    codes.append(
+                        (
+                            "isError" if result.is_error else None,
+                            result.structured_content,
+                        )
+                    )
             return codes
 
         codes = yield self.with_client(body)
-        self.assertEqual([c for c, _ in codes], [-32602] * 5)
+        self.assertEqual(
+            [c for c, _ in codes], [-32602, -32602, "isError", "isError", "isError"]
+        )
         self.assertIn("unknown tool", codes[0][1])
         self.assertIn("not served as a tool", codes[1][1])
-        self.assertIn("bogus", codes[4][1])
+        self.assertEqual(codes[2][1]["code"], "invalid_param")
+        self.assertIn("path", codes[2][1]["error"])
+        self.assertIn("type string", codes[3][1]["error"])
+        self.assertIn("bogus", codes[4][1]["error"])
 
     @inlineCallbacks
     def test_cancel_kills_the_group(self) -> Any:
@@ -295,6 +307,91 @@ class ToolCallTests(McpTestCase):
             yield _sleep(0.1)
         self.assertFalse(alive(sleeper), "the group's child outlived the cancel")
         self.assertFalse(alive(shell))
+
+
+class ModelToolsTests(McpTestCase):
+    """What a model sees and calls: a small list, a shell, text writes, summaries."""
+
+    @inlineCallbacks
+    def test_default_list_fits_a_model(self) -> Any:
+        """
+        The default tools/list (every default group on, an all-scope token)
+        has at most 30 tools and about 6k tokens (characters / 4); no
+        terminal tool, which a model could not type into.
+        """
+
+        async def body(client: Any) -> Any:
+            return await client.list_tools()
+
+        listed = yield self.with_client(body)
+        tools = [t.model_dump(by_alias=True, exclude_none=True) for t in listed.tools]
+        size = len(json.dumps({"tools": tools}))
+        self.assertLessEqual(len(tools), 30)
+        self.assertLessEqual(size / 4, 6000, size)
+        names = {t["name"] for t in tools}
+        self.assertIn("shell", names)
+        self.assertFalse(any(n.startswith("pty_") for n in names), names)
+        self.assertNotIn("openapi", names)
+
+    @inlineCallbacks
+    def test_shell_line_and_text_file(self) -> Any:
+        """``cd x && ls`` works as a model expects; upload writes text as given."""
+
+        async def body(client: Any) -> Any:
+            up = await client.call_tool(
+                "upload", {"path": "x/notes.txt", "content": "héllo\n"}
+            )
+            ls = await client.call_tool("shell", {"command": "cd x && ls"})
+            argv = await client.call_tool("shell", {"argv": ["echo", "a && b"]})
+            return up, ls, argv
+
+        up, ls, argv = yield self.with_client(body)
+        self.assertFalse(up.is_error, up)
+        with open(os.path.join(self.base_dir, "x", "notes.txt"), "rb") as f:
+            self.assertEqual(f.read(), "héllo\n".encode())
+        self.assertEqual(ls.structured_content["stdout"], "notes.txt\n")
+        self.assertEqual(argv.structured_content["stdout"], "a && b\n")
+
+    @inlineCallbacks
+    def test_large_answers_summarised(self) -> Any:
+        """capabilities and openapi answer in a few kB; one endpoint on request."""
+
+        async def body(client: Any) -> Any:
+            caps = await client.call_tool("capabilities", {})
+            one = await client.call_tool("capabilities", {"endpoint": "shell"})
+            spec = await client.call_tool("openapi", {})
+            op = await client.call_tool("openapi", {"endpoint": "files_list"})
+            bad = await client.call_tool("openapi", {"endpoint": "nope"})
+            return caps, one, spec, op, bad
+
+        caps, one, spec, op, bad = yield self.with_client(body)
+        self.assertLess(len(caps.content[0].text), 8000)
+        self.assertIn("shell", caps.structured_content["allowed"])
+        self.assertEqual(one.structured_content["endpoint"], "shell")
+        self.assertIn("limits", one.structured_content)
+        self.assertLess(len(spec.content[0].text), 16000)
+        ids = {o["id"] for o in spec.structured_content["operations"]}
+        self.assertIn("files_list", ids)
+        self.assertEqual(op.structured_content["path"], "/files/list")
+        self.assertTrue(bad.is_error)
+
+
+class AllToolsTests(McpTestCase):
+    """``params.mcp_tools: all`` lists every tool the caller may call."""
+
+    policy = {"endpoints": {"mcp": {"params": {"mcp_tools": "all"}}}}
+
+    @inlineCallbacks
+    def test_all_listed(self) -> Any:
+        """The terminal tools and openapi are listed when asked for."""
+
+        async def body(client: Any) -> Any:
+            return await client.list_tools()
+
+        listed = yield self.with_client(body)
+        names = {t.name for t in listed.tools}
+        self.assertIn("openapi", names)
+        self.assertTrue(any(n.startswith("pty_") for n in names), names)
 
 
 class JsonCancelTests(McpTestCase):
@@ -884,3 +981,41 @@ class TerminalOwnerTests(McpTestCase):
         reply = yield self.request("GET", f"/pty/sessions/{sid}", token="alice-token")
         described = json.loads(reply.body)
         self.assertEqual((described["cols"], described["rows"]), (80, 24))
+
+
+class QuietDisconnectTests(McpTestCase):
+    """With audit: deny, a client's normal session leaves no failure line."""
+
+    audit = True
+    policy = {"defaults": {"audit": "deny"}}
+
+    @inlineCallbacks
+    def test_normal_session_not_a_failure(self) -> Any:
+        """Open, list, call, close: no 499 (the server stream ending is normal)."""
+
+        async def body(client: Any) -> Any:
+            await client.list_tools()
+            return await client.call_tool("files_list", {})
+
+        yield self.with_client(body)
+        # The session's own server stream (GET), opened and then left by
+        # the client, as a client that ends its session does.
+        import httpx2
+
+        opened = yield self.initialize()
+        headers = {
+            "accept": "text/event-stream",
+            "mcp-session-id": opened.headers["mcp-session-id"],
+        }
+
+        async def work() -> Any:
+            async with httpx2.AsyncClient(timeout=10) as client:
+                async with client.stream("GET", self.mcp_url, headers=headers) as r:
+                    assert r.status_code == 200
+                    await anyio.sleep(0.2)
+                await client.delete(self.mcp_url, headers=headers)
+
+        yield in_thread(work)
+        yield self._drain()
+        lines = self.audit_lines()
+        self.assertEqual([r for r in lines if r.get("status") == 499], [], lines)

@@ -15,7 +15,7 @@ from sandboxd.api.schema import schema_for
 from sandboxd.endpoints import DOOR_METHODS
 from sandboxd.errors import missing_scope
 from sandboxd.mcp.calls import CollectingChannel, error_result, value_result
-from sandboxd.mcp.tools import NOT_TOOLS, ArgumentError, Toolbox, check
+from sandboxd.mcp.tools import DEFAULT_SHELL, NOT_TOOLS, ArgumentError, Toolbox, check
 from sandboxd.routes import builtin_table
 
 
@@ -61,7 +61,7 @@ class ToolboxTests(SynchronousTestCase):
         stat = self.tool("files_stat").descriptor
         self.assertEqual(stat["name"], "files_stat")
         self.assertEqual(stat["title"], "Describe one path")
-        self.assertIn("files:read", stat["description"])
+        self.assertTrue(stat["description"].startswith("Describe one path"))
         declared = {f.name for f in schema_for("files_stat").query}
         self.assertEqual(set(stat["inputSchema"]["properties"]), declared)
         self.assertFalse(stat["inputSchema"]["additionalProperties"])
@@ -87,18 +87,54 @@ class ToolboxTests(SynchronousTestCase):
         """readOnly for GET; destructive, idempotent and open-world as declared."""
 
         def hints(name: str) -> dict[str, Any]:
-            return dict(self.tool(name).descriptor["annotations"])
+            # MCP's defaults for the hints a tool leaves out.
+            defaults = {
+                "readOnlyHint": False,
+                "destructiveHint": True,
+                "idempotentHint": False,
+                "openWorldHint": True,
+            }
+            return {**defaults, **self.tool(name).descriptor["annotations"]}
 
         self.assertTrue(hints("files_list")["readOnlyHint"])
         self.assertTrue(hints("files_list")["idempotentHint"])
         for name in ("files_delete", "files_move", "process_signal", "env_set"):
             self.assertTrue(hints(name)["destructiveHint"], name)
             self.assertFalse(hints(name)["readOnlyHint"])
-        self.assertFalse(hints("shell")["destructiveHint"])
         self.assertFalse(hints("shell")["idempotentHint"])
         self.assertTrue(hints("files_delete")["idempotentHint"])
         self.assertTrue(hints("browser_navigate")["openWorldHint"])
         self.assertFalse(hints("files_list")["openWorldHint"])
+
+    def test_annotations_truthful(self) -> None:
+        """
+        Tools that run commands can change anything and reach the network;
+        tools that write given content can replace files; POSTs that only
+        answer a question are read-only.
+        """
+
+        def hints(name: str) -> dict[str, Any]:
+            # MCP's defaults for the hints a tool leaves out.
+            defaults = {
+                "readOnlyHint": False,
+                "destructiveHint": True,
+                "idempotentHint": False,
+                "openWorldHint": True,
+            }
+            return {**defaults, **self.tool(name).descriptor["annotations"]}
+
+        for name in ("shell", "shell_stream", "process_start", "run_command"):
+            self.assertTrue(hints(name)["destructiveHint"], name)
+            self.assertTrue(hints(name)["openWorldHint"], name)
+        for name in ("upload", "files_upload_stream", "files_extract"):
+            self.assertTrue(hints(name)["destructiveHint"], name)
+            self.assertFalse(hints(name)["readOnlyHint"], name)
+        for name in ("files_search", "files_archive", "capabilities_check"):
+            self.assertTrue(hints(name)["readOnlyHint"], name)
+            self.assertNotIn(
+                "destructiveHint", self.tool(name).descriptor["annotations"]
+            )
+            self.assertFalse(hints(name)["openWorldHint"], name)
 
     def test_follow_dropped_where_it_never_ends(self) -> None:
         """Agent event logs are paged: their follow argument is not offered."""
@@ -117,7 +153,41 @@ class ToolboxTests(SynchronousTestCase):
         self.assertEqual(body, {})
         path, query, body = self.tool("shell").split({"command": "ls", "timeout": 5})
         self.assertEqual((path, query), ({}, {}))
-        self.assertEqual(body, {"command": "ls", "timeout": 5})
+        self.assertEqual(body, {"command": "ls", "timeout": 5, "shell": DEFAULT_SHELL})
+
+    def test_shell_by_default_argv_on_request(self) -> None:
+        """
+        A model's command runs through a shell unless it says otherwise;
+        argv runs a program with no shell; neither or both is an argument
+        error.
+        """
+        for name in ("shell", "shell_stream", "process_start"):
+            tool = self.tool(name)
+            _, _, body = tool.split({"command": "cd x && ls"})
+            self.assertEqual(body["shell"], DEFAULT_SHELL)
+            _, _, body = tool.split({"command": "ls", "shell": "sh"})
+            self.assertEqual(body["shell"], "sh")
+            _, _, body = tool.split({"argv": ["printf", "%s", "a b"]})
+            self.assertEqual(body, {"command": "printf %s 'a b'"})
+            for bad in ({}, {"command": "ls", "argv": ["ls"]}, {"argv": []}):
+                with self.assertRaises(ArgumentError):
+                    tool.split(bad)
+            self.assertNotIn("required", tool.descriptor["inputSchema"])
+
+    def test_text_writes(self) -> None:
+        """upload takes text as content (UTF-8), or bytes as content_base64."""
+        tool = self.tool("upload")
+        _, _, body = tool.split({"path": "a.txt", "content": "héllo\n"})
+        self.assertEqual(body, {"path": "a.txt", "content_base64": "aMOpbGxvCg=="})
+        _, _, body = tool.split({"path": "a.bin", "content_base64": "AA=="})
+        self.assertEqual(body["content_base64"], "AA==")
+        for bad in (
+            {"path": "a"},
+            {"path": "a", "content": "x", "content_base64": "AA=="},
+        ):
+            with self.assertRaises(ArgumentError):
+                tool.split(bad)
+        self.assertEqual(tool.descriptor["inputSchema"]["required"], ["path"])
 
     def test_open_body_takes_any_argument(self) -> None:
         """run_command's arguments are free-form."""

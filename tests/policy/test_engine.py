@@ -626,3 +626,51 @@ class DaemonFilesTests(SynchronousTestCase):
                 path,
             )
         self.assertTrue(decide_path(rule, "audit.logger").allowed)
+
+
+class RawWriteInheritanceTests(SynchronousTestCase):
+    """
+    Resumable uploads (what a client switches to for big files) follow
+    what the policy says about files_write_raw by name, unless the policy
+    names them too.
+    """
+
+    def test_paths_limits_and_switch_inherited(self) -> None:
+        """A raw-write path rule, max_bytes and enabled reach the upload routes."""
+        p = decide(
+            {
+                "endpoints": {
+                    "files_write_raw": {
+                        "paths": {"deny": ["secret/**"]},
+                        "limits": {"max_bytes": 4096, "rate_per_minute": 5},
+                        "params": {"deny_extensions": [".sh"]},
+                    }
+                }
+            }
+        )
+        for name in ("files_uploads_create", "files_uploads_append"):
+            rule = p.rule(name)
+            self.assertEqual(rule.paths.deny, ("secret/**",), name)
+            self.assertEqual(rule.limits.max_bytes, 4096, name)
+            self.assertEqual(rule.params.deny_extensions, (".sh",), name)
+            self.assertEqual(
+                rule.source("paths.deny"), "policy:endpoints.files_write_raw"
+            )
+            # Its rate is its own: one upload is many appends.
+            self.assertNotEqual(rule.limits.rate_per_minute, 5)
+        off = decide({"endpoints": {"files_write_raw": {"enabled": False}}})
+        self.assertFalse(off.rule("files_uploads_create").enabled)
+        self.assertTrue(off.rule("files_uploads_get").enabled)
+
+    def test_own_rule_wins(self) -> None:
+        """What the policy sets on an upload route by name is kept."""
+        p = decide(
+            {
+                "endpoints": {
+                    "files_write_raw": {"limits": {"max_bytes": 4096}},
+                    "files_uploads_create": {"limits": {"max_bytes": 8192}},
+                }
+            }
+        )
+        self.assertEqual(p.rule("files_uploads_create").limits.max_bytes, 8192)
+        self.assertEqual(p.rule("files_uploads_append").limits.max_bytes, 4096)

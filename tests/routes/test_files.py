@@ -304,6 +304,51 @@ class SmallCapTests(FilesCase):
             self.assertEqual(reply.status, 413, route)
 
 
+class TooLargeSaysWhatToRaiseTests(FilesCase):
+    """A 413 names the policy key whose limit was passed."""
+
+    policy = {
+        "endpoints": {
+            "files_*": {"limits": {"max_bytes": 1000}},
+            "upload": {"limits": {"max_bytes": 1000}},
+            "download": {"limits": {"max_bytes": 1000}},
+            "files_mkdir": {"limits": {"max_request_bytes": 100}},
+        }
+    }
+
+    @inlineCallbacks
+    def test_setting_named(self) -> Any:
+        """Uploads, downloads, raw writes and a big request body each name their key."""
+        self.put("big.txt", b"z" * 1001)
+        cases = [
+            (
+                self.request(
+                    "POST", "/upload", {"path": "k", "content_base64": b64(b"x" * 1001)}
+                ),
+                "endpoints.upload.limits.max_bytes",
+            ),
+            (
+                self.request("POST", "/files/raw?path=k", raw_body=b"y" * 1001),
+                "endpoints.files_write_raw.limits.max_bytes",
+            ),
+            (self.get("/download", "big.txt"), "endpoints.download.limits.max_bytes"),
+            (
+                self.request("POST", "/files/uploads", {"path": "k", "size": 5000}),
+                "endpoints.files_uploads_create.limits.max_bytes",
+            ),
+            (
+                self.request("POST", "/files/mkdir", {"path": "a" * 200}),
+                "endpoints.files_mkdir.limits.max_request_bytes",
+            ),
+        ]
+        for pending, setting in cases:
+            reply = yield pending
+            self.assertEqual(reply.status, 413, setting)
+            body = reply.json()
+            self.assertEqual(body["setting"], setting)
+            self.assertIn(setting, body["error"])
+
+
 class RawTests(FilesCase):
     @inlineCallbacks
     def test_write_raw_and_read_raw(self) -> Any:

@@ -6,6 +6,7 @@ resumable output.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import secrets
@@ -460,6 +461,51 @@ class ShellStreamTests(ProcessCase):
         events = yield reader.done
         lines = [e["data"]["data"] for e in events if e["event"] == "stdout"]
         self.assertEqual(lines, ['a"b\\c', "t\tx", "\ufffdz", "end"])
+
+
+class ShellStreamBytesTests(ProcessCase):
+    """POST /shell/stream with output=bytes and stdin_base64."""
+
+    @inlineCallbacks
+    def test_bytes_and_stdin(self) -> Any:
+        """Raw reads as data_base64 rebuild the output exactly; stdin is read to EOF."""
+        sent = b"\xff\xfe\x00line\nno newline"
+        response, reader = yield self.stream(
+            "POST",
+            "/shell/stream",
+            {
+                "command": "cat; printf '\\377' >&2",
+                "shell": "sh",
+                "output": "bytes",
+                "stdin_base64": base64.b64encode(sent).decode(),
+            },
+        )
+        self.assertEqual(response.code, 200)
+        events = yield reader.done
+        out = b"".join(
+            base64.b64decode(e["data"]["data_base64"])
+            for e in events
+            if e["event"] == "stdout"
+        )
+        err = b"".join(
+            base64.b64decode(e["data"]["data_base64"])
+            for e in events
+            if e["event"] == "stderr"
+        )
+        self.assertEqual(out, sent)
+        self.assertEqual(err, b"\xff")
+        self.assertEqual(events[-1], {"event": "exit", "data": {"exit_code": 0}})
+
+    @inlineCallbacks
+    def test_bad_options_are_400(self) -> Any:
+        """An unknown output mode or stdin that is not base64 is 400, not a stream."""
+        for body in (
+            {"command": "true", "output": "text"},
+            {"command": "true", "stdin_base64": "not base64!"},
+            {"command": "true", "stdin_base64": 5},
+        ):
+            reply = yield self.request("POST", "/shell/stream", body)
+            self.assertEqual(reply.status, 400, body)
 
 
 class BackgroundTests(ProcessCase):

@@ -176,6 +176,27 @@ class HappyPathTests(UploadCase):
         self.assertEqual(self.read("t.txt"), b"newNEW")
 
 
+class StagingHiddenTests(UploadCase):
+    """A cut upload's staging file is not in the listings of its directory."""
+
+    @inlineCallbacks
+    def test_not_listed_or_found(self) -> Any:
+        """files_list (hidden files included), files_search and archives leave it out."""
+        os.makedirs(os.path.join(self.base_dir, "d"))
+        self.put("d/kept.txt", b"k")
+        reply = yield self.create("d/big.bin", 10)
+        uid = reply.json()["upload_id"]
+        yield self.append(uid, 0, b"12345")
+        self.assertEqual(len(self.staging("d")), 1)  # it is on disk
+        listing = yield self.request("GET", "/files/list?path=d&hidden=true")
+        names = [e["name"] for e in listing.json()["entries"]]
+        self.assertEqual(names, ["kept.txt"])
+        found = yield self.request(
+            "POST", "/files/search", {"path": "d", "pattern": "*"}
+        )
+        self.assertEqual([r["name"] for r in found.json()["results"]], ["kept.txt"])
+
+
 class RefusalTests(UploadCase):
     policy = {
         "endpoints": {

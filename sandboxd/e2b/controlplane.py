@@ -1,0 +1,82 @@
+# -*- test-case-name: tests.e2b.test_token_mode -*-
+"""
+The three calls of E2B's control plane an SDK makes around one sandbox,
+answered for the sandbox sandboxd is, so the SDK's own token flow works:
+``Sandbox.create()`` (``POST /v2/sandboxes``), ``Sandbox.connect(ID)``
+(``POST /sandboxes/ID/connect``) and ``kill()`` (``DELETE /sandboxes/ID``).
+
+The SDK sends its API key (``E2B_API_KEY``, as ``X-API-Key``) to the
+control plane and the ``envdAccessToken`` it is answered to envd, as
+``X-Access-Token``, on every later call.  Here the API key is a sandboxd
+token: it is checked as one (governed as ``capabilities``, which every
+identity may call), and the answer hands the same token back, so the SDK
+authenticates every envd call with it.  Nothing is created or ended: the
+sandbox is the machine sandboxd runs on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sandboxd.e2b.door import REST, Call, Procedure
+
+#: The id every answer gives the one sandbox.
+SANDBOX_ID = "sandboxd"
+
+#: The envd version answered: the newest this door's SDK behaviour was
+#: checked against (what the SDK enables above it is not served).
+ENVD_VERSION = "0.6.4"
+
+
+def _as_token(call: Call, _: dict[str, Any]) -> str:
+    """
+    The endpoint a control-plane call is governed as, with the SDK's
+    ``X-API-Key`` taken as the access token (when the call carries no
+    other credential), before the gate reads the headers.
+    """
+    headers = call.headers
+    if b"x-access-token" not in headers and b"authorization" not in headers:
+        key = headers.get(b"x-api-key")
+        if key:
+            headers[b"x-access-token"] = list(key)
+    return "capabilities"
+
+
+def _token(call: Call) -> str | None:
+    values = call.headers.get(b"x-access-token") or []
+    return values[0].decode("latin-1") if values else None
+
+
+def sandbox(call: Call, _: Any) -> dict[str, Any]:
+    """
+    ``POST /v2/sandboxes``, ``POST /sandboxes/ID/connect``: this sandbox,
+    with the caller's token as its envd access token (201, as E2B answers).
+    """
+    call.request.setResponseCode(201)
+    call.status = 201
+    answer: dict[str, Any] = {
+        "templateID": "sandboxd",
+        "sandboxID": SANDBOX_ID,
+        "clientID": SANDBOX_ID,
+        "envdVersion": ENVD_VERSION,
+    }
+    token = _token(call)
+    if token is not None:
+        answer["envdAccessToken"] = token
+    return answer
+
+
+def kill(call: Call, _: Any) -> int:
+    """``DELETE /sandboxes/ID``: 204; the machine goes on (nothing to end)."""
+    return 204
+
+
+PROCEDURES = {
+    "POST /v2/sandboxes": Procedure("POST /v2/sandboxes", REST, _as_token, sandbox),
+    f"POST /sandboxes/{SANDBOX_ID}/connect": Procedure(
+        f"POST /sandboxes/{SANDBOX_ID}/connect", REST, _as_token, sandbox
+    ),
+    f"DELETE /sandboxes/{SANDBOX_ID}": Procedure(
+        f"DELETE /sandboxes/{SANDBOX_ID}", REST, _as_token, kill
+    ),
+}
