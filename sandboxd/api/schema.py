@@ -597,7 +597,7 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "recursive",
                 "boolean",
-                "without depth: list 3 levels deep (the seed's form)",
+                "without depth: list 3 levels deep (agent-sandbox-server's form)",
                 default=False,
             ),
             F("max_entries", "integer", "at most the policy's max_entries", minimum=1),
@@ -629,7 +629,7 @@ SCHEMAS: dict[str, Schema] = {
             F("accessed", doc="ISO 8601 UTC"),
             F(
                 "created",
-                doc="ISO 8601 UTC: the inode's change time, as the seed reports it",
+                doc="ISO 8601 UTC: the inode's change time, as agent-sandbox-server reports it",
             ),
             F("exists", "boolean"),
             F("etag", doc="regular files only"),
@@ -966,10 +966,14 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "timeout",
                 "number",
-                "seconds: the seed's form, a window ending with end "
+                "seconds: agent-sandbox-server's form, a window ending with end "
                 "(at most max_duration_seconds, default 300)",
             ),
-            F("interval", "number", "seconds: the seed's form (its polling period)"),
+            F(
+                "interval",
+                "number",
+                "seconds: agent-sandbox-server's form (its polling period)",
+            ),
             *_RESUME,
             _QUERY_TOKEN,
         ),
@@ -981,17 +985,20 @@ SCHEMAS: dict[str, Schema] = {
             Event("deleted", '{"event", "path", "type"}'),
             Event("moved", '{"event", "path", "type", "dest"}'),
             _GAP,
-            Event("ready", '{"path"}: the seed\'s form, first'),
+            Event("ready", '{"path"}: agent-sandbox-server\'s form, first'),
             Event(
                 "change",
-                '{"type": created|modified|deleted, "path", "is_dir"}: the seed\'s form',
+                '{"type": created|modified|deleted, "path", "is_dir"}: agent-sandbox-server\'s form',
             ),
-            Event("end", '{"reason": "timeout"|"closed"}: the seed\'s form, last'),
+            Event(
+                "end",
+                '{"reason": "timeout"|"closed"}: agent-sandbox-server\'s form, last',
+            ),
         ),
         errors=(*_GUARD, E(404, "not_found", "no such directory")),
         notes="inotify, debounced; events for paths the caller may not see are dropped. "
         "Open-ended and resumable (see docs/protocols.md) unless timeout or interval "
-        "is given: then the seed's events, for a window (a move is deleted + created).",
+        "is given: then agent-sandbox-server's events, for a window (a move is deleted + created).",
     ),
     # -- process ---------------------------------------------------------------
     "shell": Schema(
@@ -1079,7 +1086,7 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "capture_output",
                 "boolean",
-                "true: output may be read with since/wait (the seed's form); "
+                "true: output may be read with since/wait (agent-sandbox-server's form); "
                 "false: process_output refuses it (409); unset: the after form only",
             ),
             F("tag", doc="a free label; process_list filters on it"),
@@ -1149,7 +1156,7 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "since",
                 "integer",
-                "the seed's cursor: events from this seq on; next is the seq "
+                "agent-sandbox-server's cursor: events from this seq on; next is the seq "
                 "to pass next time (needs capture_output: true)",
                 minimum=0,
             ),
@@ -1956,7 +1963,11 @@ SCHEMAS: dict[str, Schema] = {
             F("full_page", "boolean", default=False),
             F("selector", doc="an element to capture"),
             F("type", enum=("png", "jpeg"), default="png"),
-            F("format", enum=("png", "jpeg"), doc="the seed's name for type"),
+            F(
+                "format",
+                enum=("png", "jpeg"),
+                doc="agent-sandbox-server's name for type",
+            ),
             F("quality", "integer", "jpeg only, 0..100"),
             _timeout(30000),
         ),

@@ -28,18 +28,9 @@ SANDBOX_ID = "sandboxd"
 ENVD_VERSION = "0.6.4"
 
 
-def _as_token(call: Call, _: dict[str, Any]) -> str:
-    """
-    The endpoint a control-plane call is governed as, with the SDK's
-    ``X-API-Key`` taken as the access token (when the call carries no
-    other credential), before the gate reads the headers.
-    """
-    headers = call.headers
-    if b"x-access-token" not in headers and b"authorization" not in headers:
-        key = headers.get(b"x-api-key")
-        if key:
-            headers[b"x-access-token"] = list(key)
-    return "capabilities"
+#: The endpoint a control-plane call is governed as (the door takes the
+#: SDK's ``X-API-Key`` as the token first: ``Procedure.api_key``).
+GOVERNED_AS = "capabilities"
 
 
 def _token(call: Call) -> str | None:
@@ -72,11 +63,17 @@ def kill(call: Call, _: Any) -> int:
 
 
 PROCEDURES = {
-    "POST /v2/sandboxes": Procedure("POST /v2/sandboxes", REST, _as_token, sandbox),
+    "POST /v2/sandboxes": Procedure(
+        "POST /v2/sandboxes", REST, GOVERNED_AS, sandbox, api_key=True
+    ),
     f"POST /sandboxes/{SANDBOX_ID}/connect": Procedure(
-        f"POST /sandboxes/{SANDBOX_ID}/connect", REST, _as_token, sandbox
+        f"POST /sandboxes/{SANDBOX_ID}/connect",
+        REST,
+        GOVERNED_AS,
+        sandbox,
+        api_key=True,
     ),
     f"DELETE /sandboxes/{SANDBOX_ID}": Procedure(
-        f"DELETE /sandboxes/{SANDBOX_ID}", REST, _as_token, kill
+        f"DELETE /sandboxes/{SANDBOX_ID}", REST, GOVERNED_AS, kill, api_key=True
     ),
 }

@@ -80,12 +80,15 @@ class Procedure:
         response message; REST: the handler writes the response itself and
         returns a Deferred, or returns bytes/JSON), or for a server stream
         ``(call, message, stream) -> None``.
+    :ivar api_key: the SDK's ``X-API-Key`` presents the token on this route
+        (E2B's control plane), when the call carries no other credential.
     """
 
     name: str
     kind: str
     endpoint: str | Callable[[Call, dict[str, Any]], str]
     run: Callable[..., Any]
+    api_key: bool = False
 
 
 # -- the request ----------------------------------------------------------------
@@ -588,6 +591,8 @@ class Door:
             request.content.seek(0, 2)
             call.bytes_in = request.content.tell()
             request.content.seek(0)
+        if procedure.api_key:
+            present_api_key(call.headers)
         self._admit_door(call)
         message: dict[str, Any] = {}
         messages: list[dict[str, Any]] = []
@@ -613,13 +618,11 @@ class Door:
             if endpoint_id == "e2b" and call.door_passed is not None:
                 call.passed = call.door_passed  # admitted once is enough
             else:
-                # E2B's SDKs send only E2B-Traffic-Access-Token on /contexts*:
-                # on this door it presents a token as X-Access-Token does.
                 call.passed = gate.admit(
                     context,
                     endpoint,
                     call.headers,
-                    query_tokens=call.headers.get(b"e2b-traffic-access-token", []),
+                    query_tokens=traffic_tokens(call.headers),
                 )
         except gate.Refused as refused:
             call.refused_identity = refused.identity
@@ -649,7 +652,10 @@ class Door:
                 return
         try:
             call.door_passed = gate.admit(
-                self.context, self.context.table.get("e2b"), call.headers
+                self.context,
+                self.context.table.get("e2b"),
+                call.headers,
+                query_tokens=traffic_tokens(call.headers),
             )
         except gate.Refused as refused:
             call.endpoint_id = "e2b"
@@ -747,6 +753,26 @@ CONTENT_TYPES = {
     SERVER_STREAM: connect.STREAM_CONTENT_TYPE,
     CLIENT_STREAM: connect.STREAM_CONTENT_TYPE,
 }
+
+
+def traffic_tokens(headers: dict[bytes, list[bytes]]) -> list[bytes]:
+    """
+    The tokens E2B's SDKs send as ``E2B-Traffic-Access-Token`` (alone on
+    ``/contexts*``): on this door it presents a token as X-Access-Token does.
+    """
+    return headers.get(b"e2b-traffic-access-token", [])
+
+
+def present_api_key(headers: dict[bytes, list[bytes]]) -> None:
+    """
+    Take E2B's ``X-API-Key`` as the access token when no other credential
+    is given: what the SDK sends its control plane, where sandboxd is the
+    control plane too.
+    """
+    if b"x-access-token" not in headers and b"authorization" not in headers:
+        key = headers.get(b"x-api-key")
+        if key:
+            headers[b"x-access-token"] = list(key)
 
 
 def check_content_type(kind: str, value: bytes | None) -> None:

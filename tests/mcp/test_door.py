@@ -20,6 +20,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
 
 from sandboxd.mcp.protocol import VERSIONS
+from sandboxd.mcp.tools import DEFAULT_SHELL
 from tests.helpers import alive, kill_marked, marked_pids
 from tests.mcp.helpers import McpTestCase, in_thread
 
@@ -923,11 +924,13 @@ class AuditTests(McpTestCase):
             return await client.call_tool("shell", {"command": "echo audited"})
 
         yield self.with_client(body)
-        yield self.request("POST", "/shell", {"command": "echo audited"})
+        yield self.request(
+            "POST", "/shell", {"command": "echo audited", "shell": DEFAULT_SHELL}
+        )
         lines = [r for r in self.audit_lines() if r.get("endpoint") == "shell"]
         by_door = {r["via"]: r.get("argv") for r in lines}
         self.assertEqual(by_door["mcp"], by_door["http"])
-        self.assertIn("audited", by_door["mcp"])
+        self.assertIn("echo audited", by_door["mcp"])
 
 
 class TerminalOwnerTests(McpTestCase):
