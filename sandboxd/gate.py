@@ -73,6 +73,7 @@ class Door(enum.StrEnum):
     WS = "ws"
     MCP = "mcp"
     E2B = "e2b"
+    OPENAI = "openai"
 
 
 @attrs.define(eq=False)

@@ -47,7 +47,7 @@ SPEC_6 = {
         "host_not_allowed",
         "protected_variable",
     ),
-    404: ("not_found", "endpoint_disabled"),
+    404: ("not_found", "endpoint_disabled", "agents.not_implemented_locally"),
     409: (
         "turn_in_progress",
         "already_resolved",
@@ -55,6 +55,7 @@ SPEC_6 = {
         "file_exists",
         "stdin_closed",
         "output_not_captured",
+        "idempotency.mismatch",
     ),
     408: ("timeout", "idle_timeout"),
     501: ("unsupported",),

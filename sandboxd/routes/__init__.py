@@ -34,7 +34,11 @@ GROUP_MODULES: dict[CapabilityGroup, tuple[str, ...]] = {
     G.SYSTEM: ("sandboxd.routes.system",),
     G.DEV_TOOLS: ("sandboxd.routes.devtools",),
     G.BROWSER: ("sandboxd.routes.browser",),
-    G.AGENTS: ("sandboxd.routes.agents",),
+    G.AGENTS: (
+        "sandboxd.routes.agents",
+        "sandboxd.openai_api.routes",
+        "sandboxd.openai_api.responses",
+    ),
     G.MCP: ("sandboxd.routes.mcp",),
 }
 
