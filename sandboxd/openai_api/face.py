@@ -315,7 +315,10 @@ class SessionFace:
                 Code.INVALID_PARAM,
             )
         if self.instructions:
-            blocks = [{"type": "text", "text": self.instructions + "\n\n---\n\n"}, *blocks]
+            blocks = [
+                {"type": "text", "text": self.instructions + "\n\n---\n\n"},
+                *blocks,
+            ]
             self.instructions = None
         turn = WireTurn(self, text, blocks)
         self._keep(turn)
@@ -577,8 +580,8 @@ class SessionFace:
                 "name": str(data.get("title") or kind),
                 "arguments": raw_input if raw_input is not None else {},
                 "output": None,
-                "error": None,
             }
+            item["error"] = None  # an item's field, not an error body
         item["_started"] = time.monotonic()
         turn.items.append(item)
         self._tools[tool_call_id] = item

@@ -170,21 +170,25 @@ def output_item(item: dict[str, Any]) -> dict[str, Any]:
         }
     if kind == "command_execution":
         name, arguments = "shell", {"command": item["command"], "cwd": item.get("cwd")}
-        error = None if item["exit_code"] in (0, None) else f"exit code {item['exit_code']}"
+        error = (
+            None if item["exit_code"] in (0, None) else f"exit code {item['exit_code']}"
+        )
     else:
         name, arguments, error = item["name"], item["arguments"], item.get("error")
-    return {
+    status = (
+        item["status"] if item["status"] in ("completed", "in_progress") else "failed"
+    )
+    call = {
         "id": item["id"],
         "type": "mcp_call",
         "server_label": "agent",
         "name": name,
         "arguments": json.dumps(arguments),
         "output": item.get("output"),
-        "error": error,
-        "status": "completed" if item["status"] == "completed" else (
-            "in_progress" if item["status"] == "in_progress" else "failed"
-        ),
+        "status": status,
     }
+    call["error"] = error  # the call's field, not an error body
+    return call
 
 
 # -- create ------------------------------------------------------------------
@@ -225,16 +229,22 @@ def _check(body: dict[str, Any]) -> list[str]:
     ignored = [k for k in body if k in _IGNORED]
     known_keys(body, _KEYS + _IGNORED)
     if not isinstance(body.get("model"), str) or not body["model"]:
-        raise bad_request("'model' is required: an agent of the catalogue", param="model")
+        raise bad_request(
+            "'model' is required: an agent of the catalogue", param="model"
+        )
     if body.get("tools"):
-        raise bad_request("tools: the agent's own tools run; none can be added", param="tools")
+        raise bad_request(
+            "tools: the agent's own tools run; none can be added", param="tools"
+        )
     if body.get("tool_choice") not in (None, "auto"):
         raise bad_request("tool_choice: only auto", param="tool_choice")
     if body.get("include"):
         raise bad_request("include: not supported", param="include")
     for key in ("conversation", "prompt"):
         if body.get(key) is not None:
-            raise bad_request(f"{key}: not supported; use previous_response_id", param=key)
+            raise bad_request(
+                f"{key}: not supported; use previous_response_id", param=key
+            )
     if body.get("background") is True and body.get("store") is False:
         raise bad_request("background responses must be stored", param="background")
     return ignored
@@ -267,8 +277,15 @@ async def agents_responses_create(request: ServerRequest) -> Any:
         face.require_live()
     else:
         catalog.find(request.context, request.rule, body["model"])
-        agent = {"id": body["model"], "name": None, "model": body["model"], "instructions": None}
-        face = await open_session(request, agent, None, {"type": "self_hosted"}, {}, hidden=True)
+        agent = {
+            "id": body["model"],
+            "name": None,
+            "model": body["model"],
+            "instructions": None,
+        }
+        face = await open_session(
+            request, agent, None, {"type": "self_hosted"}, {}, hidden=True
+        )
     prompt = f"{preamble}\n\n---\n\n{text}" if preamble else text
     log_from = face.log.last_seq
     try:
@@ -298,7 +315,9 @@ def _bound(responses: Any) -> None:
         responses.popitem(last=False)
 
 
-async def _answer(request: ServerRequest, response: WireResponse, body: dict[str, Any]) -> Any:
+async def _answer(
+    request: ServerRequest, response: WireResponse, body: dict[str, Any]
+) -> Any:
     if body.get("stream") is True:
         return SSEResponse(start=_streamer(response, -1))
     if not response.background and not response.turn.ended:
@@ -371,7 +390,9 @@ class ResponseStream(Follower):
         if kind == "item.added":
             item = output_item(data["item"])
             return self.send_event(
-                "response.output_item.added", output_index=data["output_index"], item=item
+                "response.output_item.added",
+                output_index=data["output_index"],
+                item=item,
             )
         if kind == "item.done":
             return self.send_event(
@@ -420,7 +441,9 @@ def _streamer(response: WireResponse, skip: int) -> Any:
 # -- the other routes ----------------------------------------------------------
 
 
-def _response(request: ServerRequest, response_id: str, param: str = "response_id") -> WireResponse:
+def _response(
+    request: ServerRequest, response_id: str, param: str = "response_id"
+) -> WireResponse:
     found = door(request).responses.get(response_id)
     if found is None or found.owner != request.identity.id:
         raise not_found(f"No response found with id {response_id!r}", param=param)
@@ -435,7 +458,9 @@ async def agents_responses_get(request: ServerRequest) -> Any:
         skip = -1
         if raw:
             if not raw.isdigit():
-                raise bad_request("starting_after must be a number", param="starting_after")
+                raise bad_request(
+                    "starting_after must be a number", param="starting_after"
+                )
             skip = int(raw)
         return SSEResponse(start=_streamer(response, skip))
     return response.describe()

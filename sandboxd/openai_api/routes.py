@@ -84,7 +84,9 @@ def face_of(request: ServerRequest) -> SessionFace:
 
 def accepted() -> ServerResponse:
     """202 with an empty body (what OpenAI's events create answers)."""
-    return ServerResponse(status=202, raw=b"", headers={"content-type": "application/json"})
+    return ServerResponse(
+        status=202, raw=b"", headers={"content-type": "application/json"}
+    )
 
 
 # -- creating a session ------------------------------------------------------
@@ -101,20 +103,28 @@ def _agent_spec(body: dict[str, Any]) -> dict[str, Any]:
         raise bad_request("'agent' with a 'model' is required", param="agent")
     for key in agent:
         if key not in _AGENT_KEYS:
-            raise bad_request(f"agent.{key}: unknown or unsupported parameter", param=f"agent.{key}")
+            raise bad_request(
+                f"agent.{key}: unknown or unsupported parameter", param=f"agent.{key}"
+            )
     if agent.get("tools"):
         raise bad_request(
             "agent.tools: the agent's own tools run; no tools can be added here",
             param="agent.tools",
         )
     if (agent.get("multi_agent") or {}).get("enabled"):
-        raise bad_request("agent.multi_agent: subagents are not supported", param="agent.multi_agent")
+        raise bad_request(
+            "agent.multi_agent: subagents are not supported", param="agent.multi_agent"
+        )
     runtime = agent.get("adapter") or agent.get("runtime") or agent.get("model")
     if not isinstance(runtime, str) or not runtime:
-        raise bad_request("agent.model must name an agent of the catalogue", param="agent.model")
+        raise bad_request(
+            "agent.model must name an agent of the catalogue", param="agent.model"
+        )
     instructions = agent.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
-        raise bad_request("agent.instructions must be a string", param="agent.instructions")
+        raise bad_request(
+            "agent.instructions must be a string", param="agent.instructions"
+        )
     name = agent.get("name")
     return {
         "id": runtime,
@@ -138,19 +148,33 @@ def _environment(body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
             param="environment.type",
         )
     if env.get("id") is not None:
-        raise not_found(f"No environment found with id {env['id']!r}", param="environment.id")
+        raise not_found(
+            f"No environment found with id {env['id']!r}", param="environment.id"
+        )
     cwd = env.get("workspace_directory")
     if cwd is not None and not isinstance(cwd, str):
-        raise bad_request("environment.workspace_directory must be a path", param="environment.workspace_directory")
-    return {"type": "self_hosted", "id": "env_local", "capability_directories": [],
-            "remote_url": "", "workspace_directory": cwd or ""}, cwd
+        raise bad_request(
+            "environment.workspace_directory must be a path",
+            param="environment.workspace_directory",
+        )
+    return {
+        "type": "self_hosted",
+        "id": "env_local",
+        "capability_directories": [],
+        "remote_url": "",
+        "workspace_directory": cwd or "",
+    }, cwd
 
 
 def _check_unsupported(body: dict[str, Any]) -> None:
     if body.get("vault_ids"):
-        raise not_found(f"No vault found with id {body['vault_ids'][0]!r}", param="vault_ids")
+        raise not_found(
+            f"No vault found with id {body['vault_ids'][0]!r}", param="vault_ids"
+        )
     if body.get("review") not in (None, "none"):
-        raise bad_request("review: automatic action review is not supported", param="review")
+        raise bad_request(
+            "review: automatic action review is not supported", param="review"
+        )
     for key in ("spend_control", "prompt_cache_options"):
         if body.get(key) is not None:
             raise bad_request(f"{key}: not supported by a local agent", param=key)
@@ -247,7 +271,9 @@ def agents_sessions_update(request: ServerRequest) -> dict[str, Any]:
     face = face_of(request)
     for key in request.body:
         if key in ("agent", "vault_ids", "environment"):
-            raise bad_request(f"{key}: cannot change after the session is created", param=key)
+            raise bad_request(
+                f"{key}: cannot change after the session is created", param=key
+            )
         if key != "metadata":
             raise bad_request(f"{key}: unknown or unsupported parameter", param=key)
     if "metadata" in request.body:
@@ -336,7 +362,9 @@ def _approval(event: dict[str, Any], where: str) -> tuple[str, dict[str, Any]]:
     request_id = event.get("request_id")
     response = event.get("response")
     if not isinstance(request_id, str) or not request_id:
-        raise bad_request(f"{where}.request_id is required", param=where + ".request_id")
+        raise bad_request(
+            f"{where}.request_id is required", param=where + ".request_id"
+        )
     decision = response.get("decision") if isinstance(response, dict) else None
     if decision not in _DECISIONS:
         raise bad_request(

@@ -26,7 +26,9 @@ from sandboxd.web.sse import Follower, SSEChannel, frame
 _RESTING = ("agent.session.idle", "agent.session.failed")
 
 
-def resume_after(face: SessionFace, query: dict[str, str], headers: dict[str, str]) -> int:
+def resume_after(
+    face: SessionFace, query: dict[str, str], headers: dict[str, str]
+) -> int:
     """
     The seq to resume after: ``after`` (``N`` or ``evt_N``), else
     ``Last-Event-ID``, else the log's end (now).

@@ -90,7 +90,10 @@ class OpenAICase(DaemonTestCase):
     def session_body(self, **extra: Any) -> dict[str, Any]:
         """What ``sessions.create`` takes for the fake agent in the test's directory."""
         body: dict[str, Any] = {
-            "environment": {"type": "self_hosted", "workspace_directory": self.base_dir},
+            "environment": {
+                "type": "self_hosted",
+                "workspace_directory": self.base_dir,
+            },
             "agent": {"model": "fake"},
         }
         body.update(extra)

@@ -56,10 +56,16 @@ class SessionTests(OpenAICase):
         self.assertEqual(session.metadata, {"case": "one"})
         types = _types(events)
         self.assertEqual(types[0], "agent.session.in_progress")
-        self.assertEqual(types[1:3], ["agent.session.turn.created", "agent.session.turn.in_progress"])
+        self.assertEqual(
+            types[1:3], ["agent.session.turn.created", "agent.session.turn.in_progress"]
+        )
         self.assertIn("agent.session.turn.item.added", types)
-        self.assertEqual(types[-2:], ["agent.session.turn.completed", "agent.session.idle"])
-        deltas = [e.delta for e in events if e.type == "agent.session.turn.output_text.delta"]
+        self.assertEqual(
+            types[-2:], ["agent.session.turn.completed", "agent.session.idle"]
+        )
+        deltas = [
+            e.delta for e in events if e.type == "agent.session.turn.output_text.delta"
+        ]
         self.assertEqual("".join(deltas), "hello world")
         self.assertGreater(len(deltas), 1)  # streamed as the agent sent it
         ids = [e.event_id for e in events]
@@ -88,7 +94,9 @@ class SessionTests(OpenAICase):
             return (
                 sessions.turns.retrieve(turn.id, session_id=session.id),
                 list(sessions.turns.items.list(turn.id, session_id=session.id)),
-                caught(lambda: sessions.turns.retrieve("turn_x", session_id=session.id)),
+                caught(
+                    lambda: sessions.turns.retrieve("turn_x", session_id=session.id)
+                ),
             )
 
         turn, items, missing = yield self.sdk(run)
@@ -111,7 +119,10 @@ class SessionTests(OpenAICase):
             session = self.create(client, input="echo resume me")
             frames = []
             with httpx.stream(
-                "GET", base + session.id + "/events?after=0", headers=headers, timeout=30
+                "GET",
+                base + session.id + "/events?after=0",
+                headers=headers,
+                timeout=30,
             ) as r:
                 for line in r.iter_lines():
                     if line.startswith("id: "):
@@ -146,16 +157,33 @@ class SessionTests(OpenAICase):
             with sessions.events.stream(session.id) as stream:
                 sessions.events.create(
                     session.id,
-                    events=[{"type": "agent.session.input.message", "input": [
-                        {"role": "user", "content": [{"type": "input_text", "text": "slow"}]}]}],
+                    events=[
+                        {
+                            "type": "agent.session.input.message",
+                            "input": [
+                                {
+                                    "role": "user",
+                                    "content": [{"type": "input_text", "text": "slow"}],
+                                }
+                            ],
+                        }
+                    ],
                 )
                 seen = []
                 for event in stream:
                     seen.append(event)
-                    if event.type == "agent.session.turn.output_text.delta" and len(seen) < 12:
+                    if (
+                        event.type == "agent.session.turn.output_text.delta"
+                        and len(seen) < 12
+                    ):
                         sessions.events.create(
                             session.id,
-                            events=[{"type": "agent.session.input.message", "input": "echo next"}],
+                            events=[
+                                {
+                                    "type": "agent.session.input.message",
+                                    "input": "echo next",
+                                }
+                            ],
                         )
                         busy = sessions.retrieve(session.id)
                         sessions.events.create(
@@ -180,7 +208,11 @@ class SessionTests(OpenAICase):
         def run() -> Any:
             session = self.create(client)
             updated = sessions.update(session.id, metadata={"k": "v"})
-            refused = caught(lambda: sessions.update(session.id, extra_body={"agent": {"model": "x"}}))
+            refused = caught(
+                lambda: sessions.update(
+                    session.id, extra_body={"agent": {"model": "x"}}
+                )
+            )
             deleted = sessions.delete(session.id)
             gone = caught(lambda: sessions.retrieve(session.id))
             return updated, refused, deleted, gone
@@ -212,21 +244,42 @@ class DoorTests(OpenAICase):
         def run() -> Any:
             return (
                 caught(lambda: sessions.retrieve("agsess_nope")),
-                caught(lambda: sessions.create(**self.session_body(agent={"model": "no-such"}))),
-                caught(lambda: sessions.create(**self.session_body(environment={"type": "openai_hosted"}))),
+                caught(
+                    lambda: sessions.create(
+                        **self.session_body(agent={"model": "no-such"})
+                    )
+                ),
+                caught(
+                    lambda: sessions.create(
+                        **self.session_body(environment={"type": "openai_hosted"})
+                    )
+                ),
                 caught(lambda: reader.beta.agents.sessions.list()),
                 caught(lambda: self.client("wrong").models.list()),
-                httpx.get(self.daemon.url + "/v1/nowhere", headers={"Authorization": "Bearer u-token"}),
+                httpx.get(
+                    self.daemon.url + "/v1/nowhere",
+                    headers={"Authorization": "Bearer u-token"},
+                ),
             )
 
         missing, unknown, hosted, scope, token, nowhere = yield self.sdk(run)
         self.assertEqual(missing.status_code, 404)
-        self.assertEqual(missing.body, {
-            "message": "No session found with id 'agsess_nope'",
-            "type": "not_found_error", "param": "session_id", "code": "not_found"})
+        self.assertEqual(
+            missing.body,
+            {
+                "message": "No session found with id 'agsess_nope'",
+                "type": "not_found_error",
+                "param": "session_id",
+                "code": "not_found",
+            },
+        )
         self.assertEqual(missing.response.headers["x-should-retry"], "false")
-        self.assertEqual((unknown.status_code, unknown.body["code"]), (404, "not_found"))
-        self.assertEqual((hosted.status_code, hosted.body["param"]), (400, "environment.type"))
+        self.assertEqual(
+            (unknown.status_code, unknown.body["code"]), (404, "not_found")
+        )
+        self.assertEqual(
+            (hosted.status_code, hosted.body["param"]), (400, "environment.type")
+        )
         self.assertEqual(scope.status_code, 403)
         self.assertEqual(scope.body["code"], "missing_scope")
         self.assertEqual(scope.body["type"], "permission_error")
@@ -264,12 +317,21 @@ class DoorTests(OpenAICase):
         def run() -> Any:
             first = sessions.create(**self.session_body(), extra_headers=key)
             second = sessions.create(**self.session_body(), extra_headers=key)
-            other = caught(lambda: sessions.create(**self.session_body(metadata={"a": "b"}), extra_headers=key))
+            other = caught(
+                lambda: sessions.create(
+                    **self.session_body(metadata={"a": "b"}), extra_headers=key
+                )
+            )
             with sessions.events.stream(first.id) as stream:
                 for _ in range(2):
                     sessions.events.create(
                         first.id,
-                        events=[{"type": "agent.session.input.message", "input": "echo once"}],
+                        events=[
+                            {
+                                "type": "agent.session.input.message",
+                                "input": "echo once",
+                            }
+                        ],
                         idempotency_key="e-1",
                     )
                 list(stream)
@@ -293,11 +355,15 @@ class DoorTests(OpenAICase):
             caught(lambda: client.beta.agents.sessions.retrieve("agsess_x"))
 
         yield self.sdk(run)
-        lines = [x for x in self.audit_lines() if x.get("endpoint", "").startswith("agents_")]
+        lines = [
+            x for x in self.audit_lines() if x.get("endpoint", "").startswith("agents_")
+        ]
         self.assertEqual(
             [(x["endpoint"], x["via"], x["status"], x["identity"]) for x in lines],
-            [("agents_sessions_create", "openai", 200, "user"),
-             ("agents_sessions_get", "openai", 404, "user")],
+            [
+                ("agents_sessions_create", "openai", 200, "user"),
+                ("agents_sessions_get", "openai", 404, "user"),
+            ],
         )
 
 
@@ -315,7 +381,9 @@ class ModelTests(OpenAICase):
                 client.models.retrieve("fake"),
                 caught(lambda: client.models.retrieve("gpt-nope")),
                 caught(lambda: client.models.delete("fake")),
-                caught(lambda: client.responses.input_tokens.count(model="fake", input="x")),
+                caught(
+                    lambda: client.responses.input_tokens.count(model="fake", input="x")
+                ),
             )
 
         ids, fake, unknown, delete, count = yield self.sdk(run)
