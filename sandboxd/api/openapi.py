@@ -40,7 +40,10 @@ _OPENAI_ERROR = {
                 "message": {"type": "string"},
                 "type": {"type": "string"},
                 "param": {"type": ["string", "null"]},
-                "code": {"type": ["string", "null"], "enum": [*sorted(str(c) for c in Code), None]},
+                "code": {
+                    "type": ["string", "null"],
+                    "enum": [*sorted(str(c) for c in Code), None],
+                },
             },
         }
     },

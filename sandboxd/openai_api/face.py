@@ -601,8 +601,9 @@ class SessionFace:
             return
         status = data.get("status")
         if status in ("completed", "failed"):
-            delta = data.get("delta") if isinstance(data.get("delta"), dict) else {}
-            self._tool_done(item, status, delta.get("content"))
+            delta = data.get("delta")
+            content = delta.get("content") if isinstance(delta, dict) else None
+            self._tool_done(item, status, content)
 
     def _tool_done(self, item: dict[str, Any], status: Any, content: Any) -> None:
         turn = self.current

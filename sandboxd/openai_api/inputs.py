@@ -53,11 +53,6 @@ def message_text(value: Any, where: str) -> str:
     )
 
 
-def text_blocks(text: str) -> list[dict[str, Any]]:
-    """ACP prompt blocks for ``text``."""
-    return [{"type": "text", "text": text}]
-
-
 def metadata(value: Any) -> dict[str, str]:
     """OpenAI's metadata: at most 16 string pairs, keys ≤64, values ≤512."""
     if value is None:

@@ -444,7 +444,7 @@ def _streamer(response: WireResponse, skip: int) -> Any:
 def _response(
     request: ServerRequest, response_id: str, param: str = "response_id"
 ) -> WireResponse:
-    found = door(request).responses.get(response_id)
+    found: WireResponse | None = door(request).responses.get(response_id)
     if found is None or found.owner != request.identity.id:
         raise not_found(f"No response found with id {response_id!r}", param=param)
     return found

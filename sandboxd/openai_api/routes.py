@@ -19,7 +19,7 @@ from sandboxd.agents import catalog
 from sandboxd.agents.manager import AgentManager, build_prompt
 from sandboxd.errors import bad_request, not_found, not_implemented_locally
 from sandboxd.openai_api.face import SessionFace, WireTurn
-from sandboxd.openai_api.inputs import known_keys, message_text, metadata, text_blocks
+from sandboxd.openai_api.inputs import known_keys, message_text, metadata
 from sandboxd.openai_api.registry import Registry, page, registry
 from sandboxd.openai_api.stream import follow, resume_after
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse

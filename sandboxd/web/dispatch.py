@@ -55,6 +55,9 @@ class SandboxRequest(Protocol):
     finished: int
     audit_code: str | None
     audit_rule: str | None
+    #: What the pipeline decided (either may be None), for the door's framing.
+    admission: Any
+    refusal: Any
     channel: Any
     responseHeaders: Any
 
