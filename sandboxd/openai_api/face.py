@@ -583,6 +583,7 @@ class SessionFace:
             }
             item["error"] = None  # an item's field, not an error body
         item["_started"] = time.monotonic()
+        item["_tool_call_id"] = tool_call_id
         turn.items.append(item)
         self._tools[tool_call_id] = item
         self._emit(
@@ -614,6 +615,7 @@ class SessionFace:
         if item["type"] == "command_execution":
             item["output"] = text
             item["duration_ms"] = int((time.monotonic() - item["_started"]) * 1000)
+            self._terminal_result(item)
         elif status == "completed":
             item["output"] = text
         else:
@@ -626,6 +628,14 @@ class SessionFace:
             item=_public(item),
         )
 
+    def _terminal_result(self, item: dict[str, Any]) -> None:
+        """A command's own command line, output and exit code, from its terminal."""
+        for terminal in self.engine.terminals.values():
+            if terminal.tool_call_id == item["_tool_call_id"]:
+                item["command"] = " ".join([terminal.command, *terminal.args])
+                item["output"] = terminal.output()["output"]
+                item["exit_code"] = terminal.exit_code
+
     def _permission_requested(self, data: dict[str, Any]) -> None:
         turn = self.current
         request_id = data.get("request_id")
@@ -634,8 +644,20 @@ class SessionFace:
         held = self.engine.pending.get(request_id)
         if held is None:
             return  # decided by the policy as it was asked
+        tool = self.engine.tool_calls.get(str(data.get("tool_call_id"))) or {}
         raw_input = ((data.get("raw") or {}).get("toolCall") or {}).get("rawInput")
-        title = data.get("title") or data.get("kind") or "tool call"
+        if raw_input is None:
+            raw_input = tool.get("rawInput")
+        if raw_input is None:
+            paths = [
+                loc.get("path")
+                for loc in tool.get("locations") or []
+                if isinstance(loc, dict)
+            ]
+            raw_input = {"paths": paths} if paths else {}
+        title = (
+            data.get("title") or tool.get("title") or data.get("kind") or "tool call"
+        )
         self.required[request_id] = {
             "type": "mcp_approval_request",
             "request_id": request_id,

@@ -394,3 +394,76 @@ class ModelTests(OpenAICase):
             self.assertEqual(refused.status_code, 404)
             self.assertEqual(refused.body["code"], "agents.not_implemented_locally")
             self.assertEqual(refused.response.headers["x-should-retry"], "false")
+
+
+class ShapeTests(OpenAICase):
+    """What the door sends validates against the SDK's own models, strictly."""
+
+    @inlineCallbacks
+    def test_objects_and_events_validate(self) -> Any:
+        """
+        Sessions, turns, items, every streamed event and a response parse
+        with the SDK's pydantic models (``model_validate``, which refuses a
+        missing field or an unknown ``type``, unlike the SDK's lenient read).
+        """
+        from openai.types.beta.agent_session import AgentSession
+        from openai.types.beta.agent_session_event import AgentSessionEvent
+        from openai.types.beta.agent_session_item import AgentSessionItem
+        from openai.types.beta.agents.sessions.turn import Turn
+        from openai.types.responses import Response
+        from pydantic import TypeAdapter
+
+        client = self.client()
+        sessions = client.beta.agents.sessions
+        base = self.daemon.url + "/v1/agents/sessions/"
+        headers = {"Authorization": "Bearer u-token"}
+
+        def get(session_id: str, url: str) -> Any:
+            return httpx.get(base + session_id + url, headers=headers).json()
+
+        def run() -> Any:
+            session = sessions.create(**self.session_body(input="think"))
+            with sessions.events.stream(session.id, extra_query={"after": "0"}) as s:
+                list(s)
+            with sessions.stream(session.id, input="terminal printf hi") as s:
+                list(s)
+            events = []
+            with httpx.stream(
+                "GET",
+                base + session.id + "/events?after=0",
+                headers=headers,
+                timeout=30,
+            ) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(json.loads(line[6:]))
+            response = client.responses.with_raw_response.create(
+                model="fake", input="echo x"
+            )
+            return (
+                get(session.id, ""),
+                events,
+                get(session.id, "/turns")["data"],
+                get(session.id, "/items")["data"],
+                response.http_response.json(),
+            )
+
+        session, events, turns, items, response = yield self.sdk(run)
+        AgentSession.model_validate(session)
+        adapter = TypeAdapter(AgentSessionEvent)
+        for event in events:
+            adapter.validate_python(event)
+        self.assertEqual(len(turns), 2)
+        for turn in turns:
+            Turn.model_validate(turn)
+        kinds = set()
+        for item in items:
+            TypeAdapter(AgentSessionItem).validate_python(item)
+            kinds.add(item["type"])
+        self.assertEqual(kinds, {"reasoning", "message", "command_execution"})
+        [command] = [i for i in items if i["type"] == "command_execution"]
+        self.assertEqual(
+            (command["command"], command["output"], command["exit_code"]),
+            ("printf hi", "hi", 0),
+        )
+        Response.model_validate(response)
