@@ -127,6 +127,9 @@ PATH_PARAMS: dict[str, Field] = {
     "response_id": F("response_id", doc="a response id (resp_...)", example="$RESP"),
     "model": F("model", doc="a catalogue id as a model", example="claude"),
     "environment_id": F("environment_id", doc="an environment id", example="env_x"),
+    "agent_id": F(
+        "agent_id", doc="an agent definition id (agent_...)", example="$AGENT"
+    ),
 }
 
 #: Errors any endpoint can give, decided before its handler runs (SPEC §3-§6).
@@ -317,6 +320,26 @@ _OA_ERRORS = (
 )
 _OA_404 = E(404, "not_found", "no such session (or another identity's)")
 _OA_RESPONSE_404 = E(404, "not_found", "no such response (or another identity's)")
+_OA_DEFINITION = (
+    F("model", doc="a catalogue id (required at create)", example="claude"),
+    F("name"),
+    F("instructions", doc="sent ahead of the first prompt of each session"),
+    F("metadata", "object"),
+    F("tools", "array", "must be empty", items="object"),
+    F("reasoning", "object"),
+    F("text", "object"),
+    F("service_tier"),
+    F("multi_agent", "object"),
+)
+_OA_AGENT = (
+    F("id"),
+    F("object", doc="agent"),
+    F("model"),
+    F("name", nullable=True),
+    F("instructions", nullable=True),
+    F("metadata", "object"),
+)
+_OA_AGENT_404 = E(404, "not_found", "no such agent definition (or another identity's)")
 _OA_REFUSED = E(
     404,
     "agents.not_implemented_locally",
@@ -2001,6 +2024,23 @@ SCHEMAS: dict[str, Schema] = {
     ),
     "agents_sessions_turns_items_list": Schema(
         query=_OA_PAGE, response=_OA_LIST, errors=(_OA_404,)
+    ),
+    "agents_definitions_create": Schema(
+        body=_OA_DEFINITION,
+        response=_OA_AGENT,
+        errors=(
+            *_OA_ERRORS,
+            E(404, "not_found", "model is not an agent of the catalogue"),
+        ),
+    ),
+    "agents_definitions_list": Schema(query=_OA_PAGE, response=_OA_LIST),
+    "agents_definitions_get": Schema(response=_OA_AGENT, errors=(_OA_AGENT_404,)),
+    "agents_definitions_update": Schema(
+        body=_OA_DEFINITION, response=_OA_AGENT, errors=(*_OA_ERRORS, _OA_AGENT_404)
+    ),
+    "agents_definitions_delete": Schema(
+        response=(F("id"), F("object"), F("deleted", "boolean")),
+        errors=(_OA_AGENT_404,),
     ),
     "agents_cannot_executor_registration": Schema(errors=(_OA_REFUSED,)),
     "agents_cannot_executor_channel": Schema(errors=(_OA_REFUSED,)),

@@ -315,10 +315,14 @@ class SessionFace:
                 Code.INVALID_PARAM,
             )
         if self.instructions:
-            blocks = [
-                {"type": "text", "text": self.instructions + "\n\n---\n\n"},
-                *blocks,
-            ]
+            # Ahead of the first prompt, in its first text block (as the
+            # seed sends a definition's instructions to agents without a
+            # system prompt of their own).
+            head = f"{self.instructions}\n\n---\n\n"
+            if blocks and blocks[0].get("type") == "text":
+                blocks = [{**blocks[0], "text": head + blocks[0]["text"]}, *blocks[1:]]
+            else:
+                blocks = [{"type": "text", "text": head}, *blocks]
             self.instructions = None
         turn = WireTurn(self, text, blocks)
         self._keep(turn)

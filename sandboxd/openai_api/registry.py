@@ -32,6 +32,7 @@ class Registry:
     def __init__(self) -> None:
         self.faces: OrderedDict[str, SessionFace] = OrderedDict()
         self.responses: OrderedDict[str, Any] = OrderedDict()
+        self.definitions: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._books: dict[tuple[str, str], IdempotencyBook] = {}
 
     def book(self, owner: str, route: str) -> IdempotencyBook:
@@ -63,6 +64,19 @@ def registry(manager: AgentManager) -> Registry:
     if found is None:
         found = _REGISTRIES[manager] = Registry()
     return found
+
+
+def manager(request: ServerRequest) -> AgentManager:
+    """The agents group's session manager (the engine)."""
+    service = request.context.agents
+    assert service is not None
+    found: AgentManager = service.get()
+    return found
+
+
+def door(request: ServerRequest) -> Registry:
+    """The door's records."""
+    return registry(manager(request))
 
 
 def page(

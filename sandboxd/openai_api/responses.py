@@ -18,13 +18,13 @@ from typing import Any
 from twisted.internet.defer import Deferred
 
 from sandboxd.agents import catalog
-from sandboxd.agents.session import within
 from sandboxd.errors import bad_request, not_found
 from sandboxd.eventlog import Event
+from sandboxd.openai_api import definitions
 from sandboxd.openai_api.face import SessionFace, WireTurn, new_id
 from sandboxd.openai_api.inputs import known_keys, message_text, metadata
-from sandboxd.openai_api.registry import page
-from sandboxd.openai_api.routes import door, open_session, submit_text
+from sandboxd.openai_api.registry import door, page
+from sandboxd.openai_api.routes import open_session, submit_text
 from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
 from sandboxd.web.sse import Follower, SSEChannel, frame
@@ -276,16 +276,14 @@ async def agents_responses_create(request: ServerRequest) -> Any:
             )
         face.require_live()
     else:
-        catalog.find(request.context, request.rule, body["model"])
-        agent = {
-            "id": body["model"],
-            "name": None,
-            "model": body["model"],
-            "instructions": None,
-        }
+        agent = _agent(request, body["model"])
         face = await open_session(
             request, agent, None, {"type": "self_hosted"}, {}, hidden=True
         )
+        # A definition's instructions lead every response's prompt, below.
+        face.instructions = None
+    if face.agent.get("instructions"):
+        preamble = "\n\n".join(filter(None, [face.agent["instructions"], preamble]))
     prompt = f"{preamble}\n\n---\n\n{text}" if preamble else text
     log_from = face.log.last_seq
     try:
@@ -310,6 +308,34 @@ async def agents_responses_create(request: ServerRequest) -> Any:
     return answer
 
 
+def _agent(request: ServerRequest, model: str) -> dict[str, Any]:
+    """A stored definition (``agent_…``) or a catalogue agent, as a session's agent."""
+    if model.startswith("agent_"):
+        record = definitions.find(request, model, param="model")
+        return {
+            "id": record["id"],
+            "runtime": record["model"],
+            "model": record["model"],
+            "name": record.get("name"),
+            "instructions": record.get("instructions"),
+        }
+    catalog.find(request.context, request.rule, model)
+    return {
+        "id": model,
+        "runtime": model,
+        "model": model,
+        "name": None,
+        "instructions": None,
+    }
+
+
+def _within(clock: Any, d: Deferred[Any], seconds: float) -> Deferred[Any]:
+    """:func:`sandboxd.agents.session.within`, imported when an agent runs."""
+    from sandboxd.agents.session import within
+
+    return within(clock, d, seconds)
+
+
 def _bound(responses: Any) -> None:
     while len(responses) > defaults.AGENT_KEPT_ITEMS:
         responses.popitem(last=False)
@@ -322,7 +348,7 @@ async def _answer(
         return SSEResponse(start=_streamer(response, -1))
     if not response.background and not response.turn.ended:
         limit = request.rule.limits.max_turn_seconds or 1800
-        await within(
+        await _within(
             request.context.reactor,
             response.turn.waiters.wait(),
             limit + defaults.AGENT_CANCEL_GRACE_SECONDS + defaults.KILL_GRACE_SECONDS,
@@ -477,7 +503,7 @@ async def agents_responses_cancel(request: ServerRequest) -> dict[str, Any]:
             param="response_id",
         )
     response.face.cancel_turn(turn)
-    await within(
+    await _within(
         request.context.reactor,
         turn.waiters.wait(),
         defaults.AGENT_CANCEL_GRACE_SECONDS + defaults.KILL_GRACE_SECONDS + 1,

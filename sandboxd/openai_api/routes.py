@@ -16,11 +16,12 @@ from typing import Any
 import attrs
 
 from sandboxd.agents import catalog
-from sandboxd.agents.manager import AgentManager, build_prompt
+from sandboxd.agents.manager import build_prompt
 from sandboxd.errors import bad_request, not_found, not_implemented_locally
+from sandboxd.openai_api import definitions
 from sandboxd.openai_api.face import SessionFace, WireTurn
 from sandboxd.openai_api.inputs import known_keys, message_text, metadata
-from sandboxd.openai_api.registry import Registry, page, registry
+from sandboxd.openai_api.registry import door, manager, page
 from sandboxd.openai_api.stream import follow, resume_after
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
 
@@ -65,18 +66,6 @@ _DECISIONS: dict[str, dict[str, Any]] = {
 }
 
 
-def manager(request: ServerRequest) -> AgentManager:
-    """The agents group's session manager (the engine)."""
-    service = request.context.agents
-    assert service is not None
-    return service.get()
-
-
-def door(request: ServerRequest) -> Registry:
-    """The door's records."""
-    return registry(manager(request))
-
-
 def face_of(request: ServerRequest) -> SessionFace:
     """The ``{session_id}`` session of the caller, or 404."""
     return door(request).face(request, request.path_params["session_id"])
@@ -92,15 +81,30 @@ def accepted() -> ServerResponse:
 # -- creating a session ------------------------------------------------------
 
 
-def _agent_spec(body: dict[str, Any]) -> dict[str, Any]:
-    """The inline ``agent`` checked: which catalogue entry, and its display."""
-    if body.get("agent_id") is not None:
-        raise not_found(
-            f"No agent found with id {body['agent_id']!r}", param="agent_id"
-        )
+def _agent_spec(request: ServerRequest, body: dict[str, Any]) -> dict[str, Any]:
+    """
+    The agent checked: which catalogue agent runs (``runtime``), and how
+    the session shows it — a stored definition (``agent_id``), with the
+    inline ``agent``'s fields over it, or the inline ``agent`` alone.
+    """
     agent = body.get("agent")
-    if not isinstance(agent, dict):
-        raise bad_request("'agent' with a 'model' is required", param="agent")
+    if agent is not None and not isinstance(agent, dict):
+        raise bad_request("'agent' must be an object", param="agent")
+    agent = agent or {}
+    spec: dict[str, Any] = {}
+    if body.get("agent_id") is not None:
+        record = definitions.find(request, str(body["agent_id"]))
+        spec = {
+            "id": record["id"],
+            "runtime": record["model"],
+            "model": record["model"],
+            "name": record.get("name"),
+            "instructions": record.get("instructions"),
+        }
+    elif not agent:
+        raise bad_request(
+            "'agent' with a 'model', or 'agent_id', is required", param="agent"
+        )
     for key in agent:
         if key not in _AGENT_KEYS:
             raise bad_request(
@@ -116,22 +120,24 @@ def _agent_spec(body: dict[str, Any]) -> dict[str, Any]:
             "agent.multi_agent: subagents are not supported", param="agent.multi_agent"
         )
     runtime = agent.get("adapter") or agent.get("runtime") or agent.get("model")
-    if not isinstance(runtime, str) or not runtime:
-        raise bad_request(
-            "agent.model must name an agent of the catalogue", param="agent.model"
-        )
-    instructions = agent.get("instructions")
-    if instructions is not None and not isinstance(instructions, str):
-        raise bad_request(
-            "agent.instructions must be a string", param="agent.instructions"
-        )
-    name = agent.get("name")
-    return {
-        "id": runtime,
-        "name": name if isinstance(name, str) else None,
-        "model": str(agent.get("model") or runtime),
-        "instructions": instructions,
-    }
+    if runtime is not None:
+        if not isinstance(runtime, str) or not runtime:
+            raise bad_request(
+                "agent.model must name an agent of the catalogue", param="agent.model"
+            )
+        spec.update(runtime=runtime, model=str(agent.get("model") or runtime))
+        spec.setdefault("id", runtime)
+    if "runtime" not in spec:
+        raise bad_request("agent.model is required", param="agent.model")
+    for key in ("name", "instructions"):
+        if key in agent:
+            value = agent[key]
+            if value is not None and not isinstance(value, str):
+                raise bad_request(f"agent.{key} must be a string", param=f"agent.{key}")
+            spec[key] = value
+    spec.setdefault("name", None)
+    spec.setdefault("instructions", None)
+    return spec
 
 
 def _environment(body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
@@ -189,7 +195,7 @@ async def open_session(
     hidden: bool = False,
 ) -> SessionFace:
     """Start an engine session for ``agent`` and put a face on it."""
-    engine_body: dict[str, Any] = {"agent": agent["id"]}
+    engine_body: dict[str, Any] = {"agent": agent["runtime"]}
     if cwd:
         engine_body["cwd"] = cwd
     if agent.get("name"):
@@ -221,7 +227,7 @@ async def agents_sessions_create(request: ServerRequest) -> Any:
     if known is not None:
         return door(request).face(request, known).describe()
     known_keys(body, _SESSION_KEYS)
-    agent = _agent_spec(body)
+    agent = _agent_spec(request, body)
     environment, cwd = _environment(body)
     meta = metadata(body.get("metadata"))
     _check_unsupported(body)
@@ -230,7 +236,7 @@ async def agents_sessions_create(request: ServerRequest) -> Any:
         text = message_text(body["input"], "input")
     stream = body.get("stream") is True
     # The agent must be one the caller may run before anything starts.
-    catalog.find(request.context, request.rule, agent["id"])
+    catalog.find(request.context, request.rule, agent["runtime"])
     face = await open_session(request, agent, cwd, environment, meta)
     if text:
         try:
@@ -427,7 +433,17 @@ def _shown(item: dict[str, Any]) -> dict[str, Any]:
 
 def _models(request: ServerRequest) -> list[dict[str, Any]]:
     created = int(request.context.started_at)
-    return [
+    stored = [
+        {
+            "id": record["id"],
+            "object": "model",
+            "created": record["created_at"],
+            "owned_by": request.identity.id,
+        }
+        for record in door(request).definitions.values()
+        if record["owner"] == request.identity.id
+    ]
+    return stored + [
         {
             "id": entry.id,
             "object": "model",

@@ -38,6 +38,7 @@ GROUP_MODULES: dict[CapabilityGroup, tuple[str, ...]] = {
         "sandboxd.routes.agents",
         "sandboxd.openai_api.routes",
         "sandboxd.openai_api.responses",
+        "sandboxd.openai_api.definitions",
     ),
     G.MCP: ("sandboxd.routes.mcp",),
 }
