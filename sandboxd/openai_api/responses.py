@@ -23,7 +23,7 @@ from sandboxd.eventlog import Event
 from sandboxd.openai_api import definitions
 from sandboxd.openai_api.face import SessionFace, WireTurn, new_id
 from sandboxd.openai_api.inputs import known_keys, message_text, metadata
-from sandboxd.openai_api.registry import door, page
+from sandboxd.openai_api.registry import door, manager, page
 from sandboxd.openai_api.routes import open_session, submit_text
 from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
@@ -274,9 +274,16 @@ async def agents_responses_create(request: ServerRequest) -> Any:
                 "previous_response_id must be the latest response of its conversation",
                 param="previous_response_id",
             )
+        if face.log.closed:
+            raise bad_request(
+                "this conversation's agent has ended (closed to make room for "
+                "another, or gone); start a new response",
+                param="previous_response_id",
+            )
         face.require_live()
     else:
         agent = _agent(request, body["model"])
+        await _make_room(request)
         face = await open_session(
             request, agent, None, {"type": "self_hosted"}, {}, hidden=True
         )
@@ -334,6 +341,29 @@ def _within(clock: Any, d: Deferred[Any], seconds: float) -> Deferred[Any]:
     from sandboxd.agents.session import within
 
     return within(clock, d, seconds)
+
+
+async def _make_room(request: ServerRequest) -> None:
+    """
+    A new conversation at ``max_sessions``: the caller's least recently
+    used idle conversation gives its agent up (as the seed evicts idle
+    sessions), so stored responses do not hold agents forever.  Its
+    responses stay readable; continuing it is refused.
+    """
+    limit = request.rule.limits.max_sessions or 4
+    if len(manager(request).live()) < limit:
+        return
+    idle = [
+        f
+        for f in door(request).faces.values()
+        if f.hidden
+        and f.owner == request.identity.id
+        and not f.busy
+        and not f.log.closed
+    ]
+    if idle:
+        oldest = min(idle, key=lambda f: f.last_active_at)
+        await oldest.engine.close(reason="evicted")
 
 
 def _bound(responses: Any) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
 
-from tests.openai_api.sdk import OpenAICase, caught
+from tests.openai_api.sdk import OpenAICase, caught, openai_policy
 
 
 class ResponseTests(OpenAICase):
@@ -160,3 +160,43 @@ class ResponseTests(OpenAICase):
             (unknown.status_code, unknown.body["code"]), (404, "not_found")
         )
         self.assertEqual((tools.status_code, tools.body["param"]), (400, "tools"))
+
+
+class EvictionTests(OpenAICase):
+    """Stored responses do not hold agents past ``max_sessions``."""
+
+    policy = openai_policy(limits={"max_sessions": 2})
+
+    @inlineCallbacks
+    def test_oldest_idle_conversation_gives_way(self) -> Any:
+        """
+        A third conversation under ``max_sessions: 2`` ends the oldest idle
+        one's agent: its response still reads back, continuing it is 400.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            first, second, third = (
+                client.responses.create(model="fake", input=f"echo {n}") for n in "123"
+            )
+            return (
+                first,
+                third,
+                client.responses.retrieve(first.id),
+                caught(
+                    lambda: client.responses.create(
+                        model="fake", input="echo 4", previous_response_id=first.id
+                    )
+                ),
+                client.responses.create(
+                    model="fake", input="echo 5", previous_response_id=second.id
+                ),
+            )
+
+        _, third, again, refused, continued = yield self.sdk(run)
+        self.assertEqual((third.output_text, again.output_text), ("3", "1"))
+        self.assertEqual(
+            (refused.status_code, refused.body["param"]), (400, "previous_response_id")
+        )
+        self.assertEqual(continued.output_text, "5")
+        self.assertEqual(len(self.daemon.context.agents.get().live()), 2)
