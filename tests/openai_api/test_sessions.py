@@ -81,6 +81,30 @@ class SessionTests(OpenAICase):
         self.assertEqual([s.id for s in listed], [session.id])
 
     @inlineCallbacks
+    def test_create_with_stream(self) -> Any:
+        """
+        ``create(stream=True)`` with input answers the new session's events
+        from its start (the seed answers JSON and no events).
+        """
+        client = self.client()
+
+        def run() -> Any:
+            stream = client.beta.agents.sessions.create(
+                **self.session_body(input="echo streamed"), stream=True
+            )
+            with stream:
+                return list(stream)
+
+        events = yield self.sdk(run)
+        types = [e.type for e in events]
+        self.assertEqual(types[0], "agent.session.in_progress")
+        self.assertEqual(types[-1], "agent.session.idle")
+        deltas = [
+            e.delta for e in events if e.type == "agent.session.turn.output_text.delta"
+        ]
+        self.assertEqual("".join(deltas), "streamed")
+
+    @inlineCallbacks
     def test_turns_and_items_by_id(self) -> Any:
         """A turn and its items are found by id; an unknown turn is 404 not_found."""
         client = self.client()
