@@ -340,6 +340,14 @@ _OA_AGENT = (
     F("metadata", "object"),
 )
 _OA_AGENT_404 = E(404, "not_found", "no such agent definition (or another identity's)")
+_OA_ENVIRONMENT = (
+    F("id"),
+    F("object", doc="agent.environment"),
+    F("type", doc="self_hosted"),
+    F("status", doc="ready"),
+    F("workspace_directory"),
+    F("created_at", "integer"),
+)
 _OA_REFUSED = E(
     404,
     "agents.not_implemented_locally",
@@ -2041,6 +2049,31 @@ SCHEMAS: dict[str, Schema] = {
     "agents_definitions_delete": Schema(
         response=(F("id"), F("object"), F("deleted", "boolean")),
         errors=(_OA_AGENT_404,),
+    ),
+    "agents_environments_create": Schema(
+        body=(
+            F(
+                "environment",
+                "object",
+                "{type: self_hosted, workspace_directory? (guarded, must exist), env?}",
+                required=True,
+                example={"type": "self_hosted"},
+            ),
+            F("vault_ids", "array", items="string"),
+        ),
+        response=_OA_ENVIRONMENT,
+        errors=(
+            *_OA_ERRORS,
+            E(403, "path_not_allowed", "workspace_directory outside the path rule"),
+        ),
+    ),
+    "agents_environments_list": Schema(
+        query=(*_OA_PAGE, F("type", doc="self_hosted (any other: an empty list)")),
+        response=_OA_LIST,
+    ),
+    "agents_environments_get": Schema(
+        response=_OA_ENVIRONMENT,
+        errors=(E(404, "not_found", "no such environment (or another identity's)"),),
     ),
     "agents_cannot_executor_registration": Schema(errors=(_OA_REFUSED,)),
     "agents_cannot_executor_channel": Schema(errors=(_OA_REFUSED,)),

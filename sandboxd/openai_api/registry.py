@@ -33,6 +33,7 @@ class Registry:
         self.faces: OrderedDict[str, SessionFace] = OrderedDict()
         self.responses: OrderedDict[str, Any] = OrderedDict()
         self.definitions: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.environments: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._books: dict[tuple[str, str], IdempotencyBook] = {}
 
     def book(self, owner: str, route: str) -> IdempotencyBook:

@@ -18,7 +18,7 @@ import attrs
 from sandboxd.agents import catalog
 from sandboxd.agents.manager import build_prompt
 from sandboxd.errors import bad_request, not_found, not_implemented_locally
-from sandboxd.openai_api import definitions
+from sandboxd.openai_api import definitions, environments
 from sandboxd.openai_api.face import SessionFace, WireTurn
 from sandboxd.openai_api.inputs import known_keys, message_text, metadata
 from sandboxd.openai_api.registry import door, manager, page
@@ -140,8 +140,13 @@ def _agent_spec(request: ServerRequest, body: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
-def _environment(body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """The wire ``environment`` and the working directory it names."""
+def _environment(
+    request: ServerRequest, body: dict[str, Any]
+) -> tuple[dict[str, Any], str | None, dict[str, str]]:
+    """
+    The wire ``environment``, the working directory it names and its
+    variables: a stored environment's (``environment.id``), or inline.
+    """
     env = body.get("environment")
     if env is None:
         env = {"type": "self_hosted"}
@@ -153,23 +158,37 @@ def _environment(body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
             f"environment.type {kind!r} is a hosted environment; use self_hosted",
             param="environment.type",
         )
-    if env.get("id") is not None:
-        raise not_found(
-            f"No environment found with id {env['id']!r}", param="environment.id"
-        )
     cwd = env.get("workspace_directory")
     if cwd is not None and not isinstance(cwd, str):
         raise bad_request(
             "environment.workspace_directory must be a path",
             param="environment.workspace_directory",
         )
-    return {
-        "type": "self_hosted",
-        "id": "env_local",
-        "capability_directories": [],
-        "remote_url": "",
-        "workspace_directory": cwd or "",
-    }, cwd
+    variables: dict[str, str] = {}
+    env_id = "env_local"
+    if env.get("id") is not None:
+        record = environments.find(request, str(env["id"]), "environment.id")
+        if cwd and cwd != record["workspace_directory"]:
+            raise bad_request(
+                "environment.workspace_directory differs from the environment's",
+                param="environment.workspace_directory",
+            )
+        cwd, variables, env_id = (
+            record["workspace_directory"],
+            dict(record["env"]),
+            record["id"],
+        )
+    return (
+        {
+            "type": "self_hosted",
+            "id": env_id,
+            "capability_directories": [],
+            "remote_url": "",
+            "workspace_directory": cwd or "",
+        },
+        cwd,
+        variables,
+    )
 
 
 def _check_unsupported(body: dict[str, Any]) -> None:
@@ -193,11 +212,14 @@ async def open_session(
     environment: dict[str, Any],
     meta: dict[str, str],
     hidden: bool = False,
+    variables: dict[str, str] | None = None,
 ) -> SessionFace:
     """Start an engine session for ``agent`` and put a face on it."""
     engine_body: dict[str, Any] = {"agent": agent["runtime"]}
     if cwd:
         engine_body["cwd"] = cwd
+    if variables:
+        engine_body["env"] = variables
     if agent.get("name"):
         engine_body["title"] = agent["name"]
     mgr = manager(request)
@@ -228,7 +250,7 @@ async def agents_sessions_create(request: ServerRequest) -> Any:
         return door(request).face(request, known).describe()
     known_keys(body, _SESSION_KEYS)
     agent = _agent_spec(request, body)
-    environment, cwd = _environment(body)
+    environment, cwd, variables = _environment(request, body)
     meta = metadata(body.get("metadata"))
     _check_unsupported(body)
     text = None
@@ -237,7 +259,9 @@ async def agents_sessions_create(request: ServerRequest) -> Any:
     stream = body.get("stream") is True
     # The agent must be one the caller may run before anything starts.
     catalog.find(request.context, request.rule, agent["runtime"])
-    face = await open_session(request, agent, cwd, environment, meta)
+    face = await open_session(
+        request, agent, cwd, environment, meta, variables=variables
+    )
     if text:
         try:
             submit_text(request, face, text)

@@ -39,6 +39,7 @@ GROUP_MODULES: dict[CapabilityGroup, tuple[str, ...]] = {
         "sandboxd.openai_api.routes",
         "sandboxd.openai_api.responses",
         "sandboxd.openai_api.definitions",
+        "sandboxd.openai_api.environments",
     ),
     G.MCP: ("sandboxd.routes.mcp",),
 }

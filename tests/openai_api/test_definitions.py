@@ -1,10 +1,12 @@
 """
-Agent definitions (``client.beta.agents``) with the official ``openai`` SDK:
-a stored agent that sessions and responses start from.
+Agent definitions (``client.beta.agents``) and environments
+(``client.beta.agents.environments``) with the official ``openai`` SDK: what
+sessions and responses start from.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
@@ -83,3 +85,53 @@ class DefinitionTests(OpenAICase):
         # The fake agent echoes what follows "echo": the separator and the input.
         self.assertEqual(items[0].output_text, "\n\n---\n\nfrom the session")
         self.assertEqual(response.output_text, "\n\n---\n\nfrom a response")
+
+
+class EnvironmentTests(OpenAICase):
+    """``client.beta.agents.environments``: a guarded directory and variables."""
+
+    @inlineCallbacks
+    def test_environment_for_a_session(self) -> Any:
+        """
+        An environment names a directory inside the path rule and variables
+        the session's agent (and its commands) get; one outside is refused.
+        """
+        client = self.client()
+        envs = client.beta.agents.environments
+        sessions = client.beta.agents.sessions
+        work = self.base_dir + "/work"
+        os.makedirs(work)
+
+        def run() -> Any:
+            made = envs.create(
+                environment={
+                    "type": "self_hosted",
+                    "workspace_directory": work,
+                    "env": {"GREETING": "bonjour"},
+                }
+            )
+            listed = [e.id for e in envs.list()]
+            outside = caught(
+                lambda: envs.create(
+                    environment={"type": "self_hosted", "workspace_directory": "/etc"}
+                )
+            )
+            session = sessions.create(
+                agent={"model": "fake"},
+                environment={"type": "self_hosted", "id": made.id},
+            )
+            with sessions.stream(session.id, input="terminal printenv GREETING") as s:
+                list(s)
+            items = list(sessions.items.list(session.id, order="asc"))
+            return made, envs.retrieve(made.id), listed, outside, session, items
+
+        made, again, listed, outside, session, items = yield self.sdk(run)
+        self.assertEqual((made.workspace_directory, made.status), (work, "ready"))
+        self.assertEqual(again.id, made.id)
+        self.assertEqual(listed, [made.id])
+        self.assertEqual(outside.status_code, 403)
+        self.assertEqual(outside.body["code"], "path_not_allowed")
+        self.assertEqual(session.environment.id, made.id)
+        self.assertEqual(session.environment.workspace_directory, work)
+        command = next(i for i in items if i.type == "command_execution")
+        self.assertEqual(command.output, "bonjour\n")
