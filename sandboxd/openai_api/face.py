@@ -632,6 +632,43 @@ class SessionFace:
             item=_public(item),
         )
 
+    def _terminal_started(self, data: dict[str, Any]) -> None:
+        """A command's terminal: its output streams as it is read."""
+        turn = self.current
+        item = self._tools.get(str(data.get("tool_call_id")))
+        terminal = self.engine.terminals.get(str(data.get("terminal_id")))
+        if (
+            turn is None
+            or item is None
+            or terminal is None
+            or item["type"] != "command_execution"
+        ):
+            return
+        common = {
+            "session_id": self.id,
+            "turn_id": turn.id,
+            "item_id": item["id"],
+            "output_index": turn.items.index(item),
+        }
+
+        stop: list[Any] = []
+
+        def output(event: Event | None) -> None:
+            if event is None or event.event == "exit":
+                for unsubscribe in stop:
+                    unsubscribe()
+            elif item["status"] == "in_progress":
+                self._emit(
+                    "agent.output.command_execution_output.delta",
+                    delta=str(event.data.get("data", "")),
+                    **common,
+                )
+
+        for event in terminal.log.since(0)[1]:
+            output(event)
+        if not terminal.log.closed:
+            stop.append(terminal.log.subscribe(output))
+
     def _terminal_result(self, item: dict[str, Any]) -> None:
         """A command's own command line, output and exit code, from its terminal."""
         for terminal in self.engine.terminals.values():
@@ -802,4 +839,5 @@ _FOLD = {
     "permission.resolved": SessionFace._permission_resolved,
     "turn.ended": SessionFace._turn_ended,
     "session.state": SessionFace._session_failed,
+    "terminal.started": SessionFace._terminal_started,
 }

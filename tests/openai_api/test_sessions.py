@@ -491,3 +491,9 @@ class ShapeTests(OpenAICase):
             ("printf hi", "hi", 0),
         )
         Response.model_validate(response)
+        streamed = [
+            e["delta"]
+            for e in events
+            if e["type"] == "agent.output.command_execution_output.delta"
+        ]
+        self.assertEqual(streamed, ["hi"])
