@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import SynchronousTestCase
 
 from tests.openai_api.sdk import OpenAICase, caught, openai_policy
 
@@ -497,3 +498,18 @@ class ShapeTests(OpenAICase):
             if e["type"] == "agent.output.command_execution_output.delta"
         ]
         self.assertEqual(streamed, ["hi"])
+
+
+class NotToolsTests(SynchronousTestCase):
+    """The door's routes stay out of the MCP door's tools."""
+
+    def test_door_routes_are_not_mcp_tools(self) -> None:
+        """No ``/v1`` endpoint is an MCP tool; the native agents routes are."""
+        from sandboxd.mcp.tools import is_tool
+        from sandboxd.routes import builtin_table, load_all
+
+        table = builtin_table()
+        load_all(table)
+        tools = {e.id for e in table if is_tool(e)}
+        self.assertIn("agents_prompt", tools)
+        self.assertEqual({e.id for e in table if e.door == "openai"} & tools, set())
