@@ -225,6 +225,27 @@ class SessionTests(OpenAICase):
         self.assertEqual(types[-1], "agent.session.idle")
 
     @inlineCallbacks
+    def test_restart_forgets_sessions(self) -> Any:
+        """
+        Sessions live with their agents, in memory: after a daemon restart
+        an old session is 404 not_found, never half-restored (the seed's
+        come back without their owner or agent).
+        """
+        client = self.client()
+        session = yield self.sdk(
+            lambda: client.beta.agents.sessions.create(**self.session_body())
+        )
+        yield self.daemon.stop()
+        yield self.start()
+        again = self.client()
+        gone = yield self.sdk(
+            lambda: caught(lambda: again.beta.agents.sessions.retrieve(session.id))
+        )
+        listed = yield self.sdk(lambda: list(again.beta.agents.sessions.list()))
+        self.assertEqual((gone.status_code, gone.body["code"]), (404, "not_found"))
+        self.assertEqual(listed, [])
+
+    @inlineCallbacks
     def test_update_and_delete(self) -> Any:
         """Metadata changes; the agent cannot; a deleted session is gone."""
         client = self.client()
