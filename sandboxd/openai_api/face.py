@@ -34,6 +34,7 @@ from sandboxd.errors import (
     idempotency_mismatch,
 )
 from sandboxd.eventlog import Event, EventLog, json_size
+from sandboxd.openai_api.redact import Redactor
 from sandboxd.policy import defaults
 from sandboxd.waiters import Waiters
 
@@ -224,6 +225,9 @@ class SessionFace:
         self._open_key: tuple[Any, ...] | None = None
         self._tools: dict[str, dict[str, Any]] = {}
         self._shown_busy = False
+        self.redactor = Redactor(
+            engine.env[name] for name in engine.entry.env_pass if engine.env.get(name)
+        )
         #: The conversation's latest response, when responses drive it.
         self.last_response_id: str | None = None
         self._unsubscribe = engine.log.subscribe(self._on_engine)
@@ -431,6 +435,12 @@ class SessionFace:
             self._open_key = key
         item = self._open
         assert item is not None
+        self._delta(turn, item, item["_stream"].feed(text))
+
+    def _delta(self, turn: WireTurn, item: dict[str, Any], text: str) -> None:
+        """Append (already redacted) text to an open message or reasoning item."""
+        if not text:
+            return
         common = self._item_ref(turn, item)
         if item["type"] == "message":
             item["content"][0]["text"] += text
@@ -468,10 +478,11 @@ class SessionFace:
                 "turn_id": turn.id,
                 "summary": [{"type": "summary_text", "text": ""}],
             }
+        item["_stream"] = self.redactor.stream()
         turn.items.append(item)
         self._open = item
         common = self._item_ref(turn, item)
-        shown = dict(item)
+        shown = _public(item)
         if item["type"] == "message":
             shown["content"] = []
         else:
@@ -511,6 +522,7 @@ class SessionFace:
         turn = self.current
         if item is None or turn is None:
             return
+        self._delta(turn, item, item["_stream"].flush())
         item["status"] = "completed"
         common = self._item_ref(turn, item)
         if item["type"] == "message":
@@ -587,6 +599,10 @@ class SessionFace:
             }
             item["error"] = None  # an item's field, not an error body
         item["_started"] = time.monotonic()
+        if item["type"] == "command_execution":
+            item["command"] = self.redactor.redact(item["command"])
+        else:
+            item["arguments"] = self._redacted(item["arguments"])
         item["_tool_call_id"] = tool_call_id
         turn.items.append(item)
         self._tools[tool_call_id] = item
@@ -614,7 +630,7 @@ class SessionFace:
         turn = self.current
         if turn is None:
             return
-        text = _content_text(content)
+        text = self.redactor.redact(_content_text(content))
         item["status"] = "completed" if status == "completed" else "failed"
         if item["type"] == "command_execution":
             item["output"] = text
@@ -644,38 +660,53 @@ class SessionFace:
             or item["type"] != "command_execution"
         ):
             return
-        common = {
-            "session_id": self.id,
-            "turn_id": turn.id,
-            "item_id": item["id"],
-            "output_index": turn.items.index(item),
-        }
 
         stop: list[Any] = []
+        stream = item["_out"] = self.redactor.stream()
 
         def output(event: Event | None) -> None:
             if event is None or event.event == "exit":
                 for unsubscribe in stop:
                     unsubscribe()
             elif item["status"] == "in_progress":
-                self._emit(
-                    "agent.output.command_execution_output.delta",
-                    delta=str(event.data.get("data", "")),
-                    **common,
-                )
+                self._output_delta(item, stream.feed(str(event.data.get("data", ""))))
 
         for event in terminal.log.since(0)[1]:
             output(event)
         if not terminal.log.closed:
             stop.append(terminal.log.subscribe(output))
 
+    def _redacted(self, value: Any) -> Any:
+        """A JSON value with the secrets in its strings replaced."""
+        if not self.redactor.secrets:
+            return value
+        return json.loads(self.redactor.redact(json.dumps(value)))
+
+    def _output_delta(self, item: dict[str, Any], text: str) -> None:
+        """A command's output as it is read (already redacted)."""
+        turn = self.current
+        if not text or turn is None or item not in turn.items:
+            return
+        self._emit(
+            "agent.output.command_execution_output.delta",
+            session_id=self.id,
+            turn_id=turn.id,
+            item_id=item["id"],
+            output_index=turn.items.index(item),
+            delta=text,
+        )
+
     def _terminal_result(self, item: dict[str, Any]) -> None:
         """A command's own command line, output and exit code, from its terminal."""
         for terminal in self.engine.terminals.values():
             if terminal.tool_call_id == item["_tool_call_id"]:
-                item["command"] = " ".join([terminal.command, *terminal.args])
-                item["output"] = terminal.output()["output"]
+                redact = self.redactor.redact
+                item["command"] = redact(" ".join([terminal.command, *terminal.args]))
+                item["output"] = redact(terminal.output()["output"])
                 item["exit_code"] = terminal.exit_code
+        stream = item.get("_out")
+        if stream is not None:
+            self._output_delta(item, stream.flush())
 
     def _permission_requested(self, data: dict[str, Any]) -> None:
         turn = self.current
@@ -707,8 +738,8 @@ class SessionFace:
                 "type": "mcp_tool_call",
                 "server_label": "agent",
                 "name": str(title),
-                "arguments": raw_input if raw_input is not None else {},
-                "message": f"The agent asks to run: {title}",
+                "arguments": self._redacted(raw_input),
+                "message": self.redactor.redact(f"The agent asks to run: {title}"),
             },
         }
         turn.status = "waiting"

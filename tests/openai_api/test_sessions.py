@@ -6,6 +6,7 @@ official ``openai`` SDK against a real daemon running the fake ACP agent.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import httpx
@@ -270,6 +271,63 @@ class SessionTests(OpenAICase):
         self.assertTrue(deleted.deleted)
         self.assertEqual(gone.status_code, 404)
         self.assertEqual(self.daemon.context.agents.get().live(), [])
+
+
+class RedactionTests(OpenAICase):
+    """An agent's keys never reach a client through its output."""
+
+    SECRET = "sup3r-s3cret-value"
+
+    def setUp(self) -> Any:
+        os.environ["FAKE_SECRET"] = self.SECRET
+        self.addCleanup(os.environ.pop, "FAKE_SECRET", None)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_secret_split_across_chunks(self) -> Any:
+        """
+        The agent says its ``env_pass`` key in two chunks split inside it,
+        and runs a command printing it: no delta, item or output holds any
+        of it, the rest of the text is intact.
+        """
+        client = self.client()
+        sessions = client.beta.agents.sessions
+
+        def run() -> Any:
+            session = sessions.create(
+                **self.session_body(agent={"model": "fake-secret"})
+            )
+            events = []
+            for prompt in (
+                f"echo before-{self.SECRET}-after",
+                f"terminal printf {self.SECRET}",
+            ):
+                with sessions.stream(session.id, input=prompt) as stream:
+                    events += list(stream)
+            return events, list(sessions.items.list(session.id, order="asc"))
+
+        events, items = yield self.sdk(run)
+        deltas = [
+            e.delta for e in events if e.type == "agent.session.turn.output_text.delta"
+        ]
+        # The first turn's two chunks, then the second turn's report.
+        self.assertEqual(deltas[:2], ["before-", "[redacted]-after"])
+        self.assertEqual(deltas[2], "exit=0 signal=None output='[redacted]'")
+        output = [
+            e.delta
+            for e in events
+            if e.type == "agent.output.command_execution_output.delta"
+        ]
+        self.assertEqual("".join(output), "[redacted]")
+        shown = json.dumps([e.model_dump() for e in events]) + json.dumps(
+            [i.model_dump() for i in items]
+        )
+        for piece in ("sup3r", "s3cret", "t-value"):
+            self.assertNotIn(piece, shown)
+        command = next(i for i in items if i.type == "command_execution")
+        self.assertEqual(
+            (command.command, command.output), ("printf [redacted]", "[redacted]")
+        )
 
 
 class DoorTests(OpenAICase):
