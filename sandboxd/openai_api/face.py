@@ -332,7 +332,13 @@ class SessionFace:
         self._keep(turn)
         self.last_active_at = int(time.time())
         if self.current is None and not self.queue:
-            self._start(turn)
+            try:
+                self._start(turn)
+            except ApiError:
+                # Refused before it began: the caller gets the error, and
+                # no trace of a turn is left behind.
+                self.turns.pop(turn.id, None)
+                raise
         else:
             self.queue.append(turn)
             self._emit_turn("agent.session.turn.created", turn)
@@ -371,8 +377,9 @@ class SessionFace:
             self.engine.turn_control.start(turn.blocks)
         except ApiError as e:
             self._starting = None
-            turn.error = {"code": "internal_error", "message": e.message}
-            self._finish(turn, "failed", None)
+            if turn.announced:
+                turn.error = {"code": "internal_error", "message": e.message}
+                self._finish(turn, "failed", None)
             raise
         finally:
             self._starting = None
