@@ -92,6 +92,10 @@ class Endpoint:
     custom: bool = False
     handler: Handler | None = None
     sink: Callable[[Any], Any] | None = None
+    #: The front door whose framing the route answers in: ``http`` (SPEC
+    #: §3's error body) or ``openai`` (OpenAI's error envelope, audited as
+    #: ``via: openai``).
+    door: str = "http"
 
     @property
     def implemented(self) -> bool:
@@ -116,6 +120,9 @@ def param_name(segment: str) -> str | None:
 G = CapabilityGroup
 _S = "/agents/sessions/{sid}"
 _C = "/code/contexts/{cid}"
+_V = "/v1/agents/sessions/{session_id}"
+_OA: dict[str, Any] = {"door": "openai"}
+_OA_STREAM: dict[str, Any] = {"door": "openai", "streaming": True}
 
 # (id, method, path, group, scopes, summary, flags)
 # fmt: off
@@ -241,6 +248,37 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("code_execution_events", "GET", _C + "/executions/{xid}/events", G.CODE, ("code:read",), "An execution's events (resumable SSE).", {"streaming": True}),
     ("code_execution_input", "POST", _C + "/executions/{xid}/input", G.CODE, ("code:run",), "Answer an execution's input().", {}),
     ("code_output_get", "GET", _C + "/outputs/{oid}", G.CODE, ("code:read",), "A spilled display item, raw.", {}),
+    # The seed's agents API, OpenAI-shaped, over the ACP engine above (SPEC §26).
+    ("agents_sessions_create", "POST", "/v1/agents/sessions", G.AGENTS, ("agents:use",), "Create an agent session (OpenAI-shaped).", _OA),
+    ("agents_sessions_list", "GET", "/v1/agents/sessions", G.AGENTS, ("agents:use",), "List agent sessions (OpenAI-shaped).", _OA),
+    ("agents_sessions_get", "GET", _V, G.AGENTS, ("agents:use",), "Get an agent session.", _OA),
+    ("agents_sessions_update", "POST", _V, G.AGENTS, ("agents:use",), "Update a session's metadata.", _OA),
+    ("agents_sessions_delete", "DELETE", _V, G.AGENTS, ("agents:use",), "Delete an agent session.", _OA),
+    ("agents_sessions_events_create", "POST", _V + "/events", G.AGENTS, ("agents:use",), "Send input, a cancel or an approval to a session.", _OA),
+    ("agents_sessions_events_stream", "GET", _V + "/events", G.AGENTS, ("agents:use",), "Stream session events (SSE, resumable).", _OA_STREAM),
+    ("agents_sessions_items_list", "GET", _V + "/items", G.AGENTS, ("agents:use",), "List session items.", _OA),
+    ("agents_sessions_turns_list", "GET", _V + "/turns", G.AGENTS, ("agents:use",), "List session turns.", _OA),
+    ("agents_sessions_turns_get", "GET", _V + "/turns/{turn_id}", G.AGENTS, ("agents:use",), "Get one turn.", _OA),
+    ("agents_sessions_turns_items_list", "GET", _V + "/turns/{turn_id}/items", G.AGENTS, ("agents:use",), "List the items of a turn.", _OA),
+    ("agents_definitions_create", "POST", "/v1/agents", G.AGENTS, ("agents:use",), "Store an agent definition.", _OA),
+    ("agents_definitions_list", "GET", "/v1/agents", G.AGENTS, ("agents:use",), "List agent definitions.", _OA),
+    ("agents_definitions_get", "GET", "/v1/agents/{agent_id}", G.AGENTS, ("agents:use",), "Get an agent definition.", _OA),
+    ("agents_definitions_update", "POST", "/v1/agents/{agent_id}", G.AGENTS, ("agents:use",), "Update an agent definition.", _OA),
+    ("agents_definitions_delete", "DELETE", "/v1/agents/{agent_id}", G.AGENTS, ("agents:use",), "Delete an agent definition.", _OA),
+    ("agents_environments_create", "POST", "/v1/agents/environments", G.AGENTS, ("agents:use",), "Create a self-hosted environment (a guarded directory and variables).", _OA),
+    ("agents_environments_list", "GET", "/v1/agents/environments", G.AGENTS, ("agents:use",), "List environments.", _OA),
+    ("agents_environments_get", "GET", "/v1/agents/environments/{environment_id}", G.AGENTS, ("agents:use",), "Get an environment.", _OA),
+    ("agents_cannot_executor_registration", "POST", "/v1/agents/environments/{environment_id}/register", G.AGENTS, ("agents:use",), "Refused: executor registration is a hosted service.", _OA),
+    ("agents_cannot_executor_channel", "GET", "/v1/agents/environments/{environment_id}/connect", G.AGENTS, ("agents:use",), "Refused: the executor channel is a hosted service.", _OA),
+    ("agents_responses_create", "POST", "/v1/responses", G.AGENTS, ("agents:use",), "Run one agent turn as a response (streamed live on request).", _OA_STREAM),
+    ("agents_cannot_responses_input_tokens", "POST", "/v1/responses/input_tokens", G.AGENTS, ("agents:use",), "Refused: input token counting.", _OA),
+    ("agents_responses_get", "GET", "/v1/responses/{response_id}", G.AGENTS, ("agents:use",), "Get a stored response.", _OA),
+    ("agents_responses_delete", "DELETE", "/v1/responses/{response_id}", G.AGENTS, ("agents:use",), "Delete a stored response.", _OA),
+    ("agents_responses_cancel", "POST", "/v1/responses/{response_id}/cancel", G.AGENTS, ("agents:use",), "Cancel a running response.", _OA),
+    ("agents_responses_input_items", "GET", "/v1/responses/{response_id}/input_items", G.AGENTS, ("agents:use",), "List the input items of a response.", _OA),
+    ("agents_models_list", "GET", "/v1/models", G.AGENTS, ("agents:use",), "The agents this caller may run, as models.", _OA),
+    ("agents_models_get", "GET", "/v1/models/{model}", G.AGENTS, ("agents:use",), "One model object.", _OA),
+    ("agents_cannot_models_delete", "DELETE", "/v1/models/{model}", G.AGENTS, ("agents:use",), "Refused: model deletion.", _OA),
     ("mcp", "POST", "/mcp", G.MCP, ("core:read",), "MCP Streamable HTTP: every endpoint as a tool (GET, POST, DELETE).", {}),
     ("e2b", "E2B", "/", G.E2B, ("core:read",), "The E2B-compatible envd API (E2B port); each call is governed as its sandboxd endpoint.", {"body": "none"}),
     ("links_mint", "POST", "/auth/links", G.AUTH, ("links:mint",), "Mint a short-lived capability link, narrowed to an audience.", {}),

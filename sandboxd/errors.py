@@ -46,6 +46,8 @@ class Code(enum.StrEnum):
     # 404
     NOT_FOUND = "not_found"
     ENDPOINT_DISABLED = "endpoint_disabled"
+    #: The seed's own code for a route its local server cannot serve (§26).
+    NOT_IMPLEMENTED_LOCALLY = "agents.not_implemented_locally"
     # 409
     TURN_IN_PROGRESS = "turn_in_progress"
     ALREADY_RESOLVED = "already_resolved"
@@ -56,6 +58,8 @@ class Code(enum.StrEnum):
     GIT_CONFLICT = "git_conflict"
     CONTEXT_BUSY = "context_busy"
     CONTEXT_DEAD = "context_dead"
+    #: The seed's own code: an Idempotency-Key reused with another body (§26).
+    IDEMPOTENCY_MISMATCH = "idempotency.mismatch"
     # 408
     TIMEOUT = "timeout"
     IDLE_TIMEOUT = "idle_timeout"
@@ -348,6 +352,25 @@ def conflict(
 ) -> ApiError:
     """409: the state changed under the request."""
     return ApiError(409, message, type, code, **extra)
+
+
+def idempotency_mismatch() -> ApiError:
+    """409: an ``Idempotency-Key`` seen before, with another body (SPEC §26)."""
+    return ApiError(
+        409,
+        "this Idempotency-Key was used with another request body",
+        "ValueError",
+        Code.IDEMPOTENCY_MISMATCH,
+        param="Idempotency-Key",
+    )
+
+
+def not_implemented_locally(message: str) -> ApiError:
+    """
+    404 for a route of OpenAI's hosted service that a local daemon cannot
+    serve: final (the OpenAI SDK would retry a 501), as the seed answers.
+    """
+    return ApiError(404, message, "NotFoundError", Code.NOT_IMPLEMENTED_LOCALLY)
 
 
 def file_exists(message: str) -> ApiError:

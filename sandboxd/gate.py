@@ -77,6 +77,7 @@ class Door(enum.StrEnum):
     MCP = "mcp"
     E2B = "e2b"
     PREVIEW = "preview"
+    OPENAI = "openai"
 
 
 @attrs.define(eq=False)

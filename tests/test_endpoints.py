@@ -84,15 +84,24 @@ class CatalogueTests(SynchronousTestCase):
     """The table declares exactly the endpoints of SPEC §2 and §15."""
 
     def test_every_id(self) -> None:
-        """Every id of SPEC §2 sits in its group; the agents group has 27 routes."""
+        """
+        Every id of SPEC §2 sits in its group; the agents group has its 27
+        native routes plus the ``/v1`` door's (the seed's ``agents_*`` ids,
+        scope ``agents:use``).
+        """
         table = catalogue_table()
         for group, ids in SEED_AND_BEYOND.items():
             self.assertEqual(
                 [e.id for e in table if e.group.value == group], ids, group
             )
-        self.assertEqual(
-            len([e for e in table if e.group is CapabilityGroup.AGENTS]), 27
-        )
+        agents = [e for e in table if e.group is CapabilityGroup.AGENTS]
+        native = [e for e in agents if e.door == "http"]
+        door = [e for e in agents if e.door == "openai"]
+        self.assertEqual(len(native), 27)
+        self.assertEqual(len(agents), len(native) + len(door))
+        for endpoint in door:
+            self.assertTrue(endpoint.path.startswith("/v1/"), endpoint.id)
+            self.assertEqual(endpoint.scopes, ("agents:use",), endpoint.id)
 
     def test_every_builtin_is_implemented(self) -> None:
         """With every group built, no endpoint is left not_implemented."""

@@ -48,7 +48,12 @@ SPEC_6 = {
         "protected_variable",
         "port_not_allowed",
     ),
-    404: ("not_found", "endpoint_disabled", "port_not_exposed"),
+    404: (
+        "not_found",
+        "endpoint_disabled",
+        "port_not_exposed",
+        "agents.not_implemented_locally",
+    ),
     421: ("misdirected_request",),
     409: (
         "turn_in_progress",
@@ -59,6 +64,7 @@ SPEC_6 = {
         "output_not_captured",
         "context_busy",
         "context_dead",
+        "idempotency.mismatch",
     ),
     408: ("timeout", "idle_timeout"),
     501: ("unsupported",),

@@ -28,6 +28,33 @@ _ERROR = {
     },
 }
 
+#: The ``/v1`` door's errors: OpenAI's envelope, the same codes inside.
+_OPENAI_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {
+                    "type": ["string", "null"],
+                    "enum": [*sorted(str(c) for c in Code), None],
+                },
+            },
+        }
+    },
+}
+
+
+def _error_ref(endpoint: Any) -> dict[str, Any]:
+    """The error schema of an endpoint's door."""
+    name = "OpenAIError" if endpoint.door == "openai" else "Error"
+    return {"$ref": f"#/components/schemas/{name}"}
+
 
 def _field_schema(field: Field) -> dict[str, Any]:
     """The JSON Schema of one declared field."""
@@ -129,7 +156,7 @@ def _parameters(endpoint: Any, schema: Schema) -> list[dict[str, Any]]:
     return params
 
 
-def _error_responses(schema: Schema) -> dict[str, Any]:
+def _error_responses(schema: Schema, endpoint: Any) -> dict[str, Any]:
     """One response per status the endpoint's own errors use, codes listed."""
     by_status: dict[int, list[str]] = {}
     for error in schema.errors:
@@ -137,9 +164,7 @@ def _error_responses(schema: Schema) -> dict[str, Any]:
     return {
         str(status): {
             "description": "; ".join(lines),
-            "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
-            },
+            "content": {"application/json": {"schema": _error_ref(endpoint)}},
         }
         for status, lines in sorted(by_status.items())
     }
@@ -176,14 +201,10 @@ def _operation(endpoint: Any, rule: Any) -> dict[str, Any]:
         "parameters": params,
         "responses": {
             str(schema.status): ok,
-            **_error_responses(schema),
+            **_error_responses(schema, endpoint),
             "default": {
                 "description": "Error",
-                "content": {
-                    "application/json": {
-                        "schema": {"$ref": "#/components/schemas/Error"}
-                    }
-                },
+                "content": {"application/json": {"schema": _error_ref(endpoint)}},
             },
         },
         "x-sandboxd-enabled": rule.enabled,
@@ -239,7 +260,7 @@ def document(table: Any, policy: Any) -> dict[str, Any]:
         },
         "paths": paths,
         "components": {
-            "schemas": {"Error": _ERROR},
+            "schemas": {"Error": _ERROR, "OpenAIError": _OPENAI_ERROR},
             "securitySchemes": {
                 "accessToken": {
                     "type": "apiKey",

@@ -126,6 +126,16 @@ PATH_PARAMS: dict[str, Field] = {
     "cid": F("cid", doc="a code context id", example="$CONTEXT"),
     "xid": F("xid", doc="an execution id", example="$EXECUTION"),
     "oid": F("oid", doc="a spilled output id", example="$OUTPUT"),
+    # The /v1 door (SPEC §26).
+    "session_id": F(
+        "session_id", doc="an agent session id (agsess_...)", example="$AGSESS"
+    ),
+    "response_id": F("response_id", doc="a response id (resp_...)", example="$RESP"),
+    "model": F("model", doc="a catalogue id as a model", example="claude"),
+    "environment_id": F("environment_id", doc="an environment id", example="env_x"),
+    "agent_id": F(
+        "agent_id", doc="an agent definition id (agent_...)", example="$AGENT"
+    ),
 }
 
 #: Errors any endpoint can give, decided before its handler runs (SPEC §3-§6).
@@ -396,6 +406,82 @@ _PTY_SESSION = (
     F("ws_url", doc="where to attach: ws://HOST:PTY_PORT/pty?session_id=ID"),
 )
 _SID_404 = E(404, "not_found", "no such agent session")
+# The /v1 door's shared pieces (SPEC §26).
+_IDEMPOTENCY = F(
+    "Idempotency-Key", doc="the same key and body answer the first result again"
+)
+_OA_PAGE = (
+    F("limit", "integer", "1-100", default=20),
+    F("order", enum=("asc", "desc"), default="desc"),
+    F("after", doc="an object id to page after"),
+)
+_OA_LIST = (
+    F("object"),
+    F("data", "array", items="object"),
+    F("first_id", nullable=True),
+    F("last_id", nullable=True),
+    F("has_more", "boolean"),
+)
+_OA_SESSION = (
+    F("id"),
+    F("object", doc="agent.session"),
+    F("agent", "object"),
+    F("environment", "object"),
+    F("status", enum=("idle", "in_progress", "requires_action", "failed")),
+    F(
+        "required_actions",
+        "array",
+        "held permission requests (mcp_approval_request)",
+        items="object",
+    ),
+    F("metadata", "object"),
+    F("usage", "object", nullable=True),
+)
+_OA_RESPONSE = (
+    F("id"),
+    F("object", doc="response"),
+    F("status", enum=("queued", "in_progress", "completed", "failed", "cancelled")),
+    F("output", "array", items="object"),
+    F("usage", "object", nullable=True),
+)
+_OA_ERRORS = (
+    E(400, "invalid_param", "a malformed or unsupported field (param names it)"),
+)
+_OA_404 = E(404, "not_found", "no such session (or another identity's)")
+_OA_RESPONSE_404 = E(404, "not_found", "no such response (or another identity's)")
+_OA_DEFINITION = (
+    F("model", doc="a catalogue id (required at create)", example="claude"),
+    F("name"),
+    F("instructions", doc="sent ahead of the first prompt of each session"),
+    F("metadata", "object"),
+    F("tools", "array", "must be empty", items="object"),
+    F("reasoning", "object"),
+    F("text", "object"),
+    F("service_tier"),
+    F("multi_agent", "object"),
+)
+_OA_AGENT = (
+    F("id"),
+    F("object", doc="agent"),
+    F("model"),
+    F("name", nullable=True),
+    F("instructions", nullable=True),
+    F("metadata", "object"),
+)
+_OA_AGENT_404 = E(404, "not_found", "no such agent definition (or another identity's)")
+_OA_ENVIRONMENT = (
+    F("id"),
+    F("object", doc="agent.environment"),
+    F("type", doc="self_hosted"),
+    F("status", doc="ready"),
+    F("workspace_directory"),
+    F("created_at", "integer"),
+)
+_OA_REFUSED = E(
+    404,
+    "agents.not_implemented_locally",
+    "a hosted-service route; final (x-should-retry: false)",
+)
 _BROWSER = (
     E(
         403,
@@ -2638,6 +2724,253 @@ SCHEMAS: dict[str, Schema] = {
         errors=(_SID_404,),
         notes="The agent's stderr, head and tail, secrets redacted.",
     ),
+    # -- the /v1 door: the seed's agents API, OpenAI-shaped (SPEC §26) ---------
+    "agents_sessions_create": Schema(
+        headers=(_IDEMPOTENCY,),
+        body=(
+            F(
+                "agent",
+                "object",
+                "{model: a catalogue id, name?, instructions?}",
+                required=True,
+                example={"model": "claude"},
+            ),
+            F("agent_id", doc="a stored definition (none exist yet: 404)"),
+            F(
+                "environment",
+                "object",
+                "{type: self_hosted, workspace_directory?} (guarded)",
+                example={"type": "self_hosted"},
+            ),
+            F("input", "any", "a first message: text or messages"),
+            F("metadata", "object", "at most 16 string pairs"),
+            F("vault_ids", "array", items="string"),
+            F("stream", "boolean", "answer the session's events as SSE", default=False),
+            F("stream_options", "object"),
+            F("review", enum=("none",)),
+            F("spend_control", "object", nullable=True),
+            F("prompt_cache_options", "object", nullable=True),
+        ),
+        response=_OA_SESSION,
+        errors=(
+            *_OA_ERRORS,
+            E(404, "not_found", "unknown agent (model), definition or environment"),
+            E(
+                409,
+                "idempotency.mismatch",
+                "an Idempotency-Key reused with another body",
+            ),
+            E(429, "too_many_sessions", "max_sessions are live", "ResourceError"),
+            E(503, "agent_unavailable", "the agent is not installed or cannot start"),
+        ),
+        notes="OpenAI's agent.session; the agent is an ACP agent of the catalogue. See docs/openai.md.",
+    ),
+    "agents_sessions_list": Schema(query=(*_OA_PAGE, F("agent_id")), response=_OA_LIST),
+    "agents_sessions_get": Schema(response=_OA_SESSION, errors=(_OA_404,)),
+    "agents_sessions_update": Schema(
+        body=(
+            F("metadata", "object", "at most 16 string pairs"),
+            F("agent", "object", "refused: fixed at create"),
+            F("vault_ids", "array", "refused: fixed at create", items="string"),
+            F("environment", "object", "refused: fixed at create"),
+        ),
+        response=_OA_SESSION,
+        errors=(*_OA_ERRORS, _OA_404),
+    ),
+    "agents_sessions_delete": Schema(
+        response=(F("id"), F("object"), F("deleted", "boolean")),
+        errors=(_OA_404,),
+    ),
+    "agents_sessions_events_create": Schema(
+        headers=(_IDEMPOTENCY,),
+        body=(
+            F(
+                "events",
+                "array",
+                "agent.session.input.message | .cancel | .mcp_approval_request_result",
+                items="object",
+                example=[{"type": "agent.session.input.message", "input": "hello"}],
+            ),
+            F("input", "any", "shortcut for one message"),
+        ),
+        status=202,
+        errors=(
+            *_OA_ERRORS,
+            _OA_404,
+            E(404, "not_found", "an unknown approval request_id"),
+            E(409, "already_resolved", "the permission request was answered"),
+            E(
+                409,
+                "idempotency.mismatch",
+                "an Idempotency-Key reused with another body",
+            ),
+            E(503, "agent_unavailable", "the session's agent is gone"),
+        ),
+        notes="Messages become one turn (queued behind a running one); a cancel ends the running turn; "
+        "an approval result answers the agent's held permission request.",
+    ),
+    "agents_sessions_events_stream": Schema(
+        query=(
+            F(
+                "after",
+                doc="resume after this seq or event_id (else Last-Event-ID, else now)",
+            ),
+            F("include_obfuscation", "boolean", "accepted, ignored"),
+        ),
+        headers=(F("Last-Event-ID", doc="the standard SSE resume header"),),
+        produces="sse",
+        events=(
+            Event("agent.session.*", "OpenAI's session events: {type, event_id, ...}"),
+            _GAP,
+        ),
+        errors=(_OA_404,),
+        notes="Ends after agent.session.idle once caught up with a session that has nothing to run.",
+    ),
+    "agents_sessions_items_list": Schema(
+        query=_OA_PAGE, response=_OA_LIST, errors=(_OA_404,)
+    ),
+    "agents_sessions_turns_list": Schema(
+        query=_OA_PAGE, response=_OA_LIST, errors=(_OA_404,)
+    ),
+    "agents_sessions_turns_get": Schema(
+        response=(
+            F("id"),
+            F("object"),
+            F("status"),
+            F("session_id"),
+            F("error", "object", nullable=True),
+            F("usage", "object", nullable=True),
+        ),
+        errors=(_OA_404, E(404, "not_found", "unknown turn")),
+    ),
+    "agents_sessions_turns_items_list": Schema(
+        query=_OA_PAGE, response=_OA_LIST, errors=(_OA_404,)
+    ),
+    "agents_definitions_create": Schema(
+        body=_OA_DEFINITION,
+        response=_OA_AGENT,
+        errors=(
+            *_OA_ERRORS,
+            E(404, "not_found", "model is not an agent of the catalogue"),
+        ),
+    ),
+    "agents_definitions_list": Schema(query=_OA_PAGE, response=_OA_LIST),
+    "agents_definitions_get": Schema(response=_OA_AGENT, errors=(_OA_AGENT_404,)),
+    "agents_definitions_update": Schema(
+        body=_OA_DEFINITION, response=_OA_AGENT, errors=(*_OA_ERRORS, _OA_AGENT_404)
+    ),
+    "agents_definitions_delete": Schema(
+        response=(F("id"), F("object"), F("deleted", "boolean")),
+        errors=(_OA_AGENT_404,),
+    ),
+    "agents_environments_create": Schema(
+        body=(
+            F(
+                "environment",
+                "object",
+                "{type: self_hosted, workspace_directory? (guarded, must exist), env?}",
+                required=True,
+                example={"type": "self_hosted"},
+            ),
+            F("vault_ids", "array", items="string"),
+        ),
+        response=_OA_ENVIRONMENT,
+        errors=(
+            *_OA_ERRORS,
+            E(403, "path_not_allowed", "workspace_directory outside the path rule"),
+        ),
+    ),
+    "agents_environments_list": Schema(
+        query=(*_OA_PAGE, F("type", doc="self_hosted (any other: an empty list)")),
+        response=_OA_LIST,
+    ),
+    "agents_environments_get": Schema(
+        response=_OA_ENVIRONMENT,
+        errors=(E(404, "not_found", "no such environment (or another identity's)"),),
+    ),
+    "agents_cannot_executor_registration": Schema(errors=(_OA_REFUSED,)),
+    "agents_cannot_executor_channel": Schema(errors=(_OA_REFUSED,)),
+    "agents_responses_create": Schema(
+        headers=(_IDEMPOTENCY,),
+        body=(
+            F("model", required=True, doc="a catalogue id", example="claude"),
+            F(
+                "input",
+                "any",
+                "text or user/system/developer messages",
+                example="hello",
+            ),
+            F("instructions"),
+            F("metadata", "object"),
+            F(
+                "previous_response_id",
+                doc="continue that conversation (its latest response)",
+            ),
+            F("store", "boolean", default=True),
+            F("background", "boolean", default=False),
+            F("stream", "boolean", "SSE, live as the turn runs", default=False),
+            F("tool_choice", enum=("auto",)),
+            F("tools", "array", "must be empty", items="object"),
+            F("include", "array", "must be empty", items="string"),
+            F("conversation", "any", "must be null"),
+            F("prompt", "any", "must be null"),
+            F("reasoning", "object"),
+            F("text", "object"),
+            F("service_tier"),
+        ),
+        response=_OA_RESPONSE,
+        produces="json",
+        errors=(
+            *_OA_ERRORS,
+            E(404, "not_found", "unknown model or previous response"),
+            E(
+                409,
+                "idempotency.mismatch",
+                "an Idempotency-Key reused with another body",
+            ),
+        ),
+        notes="Sampling parameters are accepted and named in X-Agent-Sandbox-Ignored-Params. "
+        "stream=true answers SSE (response.* events) as the agent speaks.",
+    ),
+    "agents_cannot_responses_input_tokens": Schema(errors=(_OA_REFUSED,)),
+    "agents_responses_get": Schema(
+        query=(
+            F("stream", "boolean", "stream it (live while it runs)", default=False),
+            F("starting_after", "integer", "skip events up to this sequence_number"),
+        ),
+        response=_OA_RESPONSE,
+        errors=(_OA_RESPONSE_404,),
+    ),
+    "agents_responses_delete": Schema(
+        response=(F("id"), F("object"), F("deleted", "boolean")),
+        errors=(_OA_RESPONSE_404,),
+    ),
+    "agents_responses_cancel": Schema(
+        response=_OA_RESPONSE,
+        errors=(
+            _OA_RESPONSE_404,
+            E(400, "invalid_param", "the response has already ended"),
+        ),
+    ),
+    "agents_responses_input_items": Schema(
+        query=_OA_PAGE, response=_OA_LIST, errors=(_OA_RESPONSE_404,)
+    ),
+    "agents_models_list": Schema(
+        response=(
+            F("object"),
+            F(
+                "data",
+                "array",
+                "[{id, object: model, created, owned_by}]",
+                items="object",
+            ),
+        )
+    ),
+    "agents_models_get": Schema(
+        response=(F("id"), F("object"), F("created", "integer"), F("owned_by")),
+        errors=(E(404, "not_found", "no such model (catalogue agent)"),),
+    ),
+    "agents_cannot_models_delete": Schema(errors=(_OA_REFUSED,)),
     # -- mcp -------------------------------------------------------------------
     "mcp": Schema(
         summary="MCP Streamable HTTP",

@@ -517,10 +517,14 @@ _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 
 def is_tool(endpoint: Endpoint) -> bool:
-    """Whether an endpoint is served as a tool."""
+    """
+    Whether an endpoint is served as a tool (not the ``/v1`` door's: they
+    are the agents group's routes again, in OpenAI's shapes).
+    """
     return (
         _TOOL_NAME.match(endpoint.id) is not None
         and endpoint.id not in NOT_TOOLS
+        and endpoint.door == "http"
         and endpoint.method not in DOOR_METHODS
         and endpoint.body != "raw"
         and endpoint.handler is not None

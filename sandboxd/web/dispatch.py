@@ -55,6 +55,9 @@ class SandboxRequest(Protocol):
     finished: int
     audit_code: str | None
     audit_rule: str | None
+    #: What the pipeline decided (either may be None), for the door's framing.
+    admission: Any
+    refusal: Any
     channel: Any
     responseHeaders: Any
 
@@ -112,11 +115,33 @@ def respond_json(
     raw.finish()
 
 
+def error_framing(
+    endpoint: Any, path: str, error: ApiError
+) -> tuple[Any, dict[str, str]]:
+    """
+    The body and headers an error is answered with: SPEC §3's error body,
+    or OpenAI's envelope on the ``/v1`` door's routes (and on an unknown
+    path under ``/v1/``, whose client is an OpenAI SDK).
+    """
+    door = getattr(endpoint, "door", None) if endpoint is not None else None
+    if door == "openai" or (endpoint is None and path.startswith("/v1/")):
+        from sandboxd.openai_api.envelope import openai_error
+
+        return openai_error(error)
+    return error.body(), error.headers
+
+
 def respond_error(raw: SandboxRequest, error: ApiError) -> None:
-    """Send an :class:`ApiError` as SPEC §3's error body, noting it for audit."""
+    """Send an :class:`ApiError` in its door's framing, noting it for audit."""
     raw.audit_code = error.code
     raw.audit_rule = error.rule
-    respond_json(raw, error.status, error.body(), error.headers)
+    known = raw.admission or raw.refusal
+    body, headers = error_framing(
+        known.endpoint if known is not None else None,
+        known.path if known is not None else "",
+        error,
+    )
+    respond_json(raw, error.status, body, headers)
 
 
 def dispatch(raw: SandboxRequest, request: ServerRequest) -> None:

@@ -37,7 +37,13 @@ from sandboxd.web.cors import (
     preflight_headers,
     response_headers,
 )
-from sandboxd.web.dispatch import dispatch, json_bytes, reason_phrase, respond_error
+from sandboxd.web.dispatch import (
+    dispatch,
+    error_framing,
+    json_bytes,
+    reason_phrase,
+    respond_error,
+)
 from sandboxd.web.jsonbody import parse_object
 from sandboxd.web.messages import BodySink, ServerRequest
 from sandboxd.web.pipeline import Admission, PipelineRefusal, Refusal, admit
@@ -190,13 +196,19 @@ class SandboxRequest(Request):
         """
         self.answered_early = True
         self.requestHeaders.removeHeader(b"expect")
-        body = json_bytes(error.body())
+        known = self.admission or self.refusal
+        framed, headers = error_framing(
+            known.endpoint if known is not None else None,
+            known.path if known is not None else "",
+            error,
+        )
+        body = json_bytes(framed)
         head = [
             f"HTTP/1.1 {error.status} {reason_phrase(error.status)}",
             "Content-Type: application/json",
             f"Content-Length: {len(body)}",
             "Connection: close",
-            *(f"{k}: {v}" for k, v in error.headers.items()),
+            *(f"{k}: {v}" for k, v in headers.items()),
         ]
         transport = self.channel.transport
         assert transport is not None
@@ -388,9 +400,15 @@ class SandboxRequest(Request):
     ) -> None:
         """Step 8: one audit line, if the endpoint's ``audit`` mode wants it."""
         known = self.admission or self.refusal
+        endpoint = known.endpoint if known is not None else None
+        door = (
+            gate.Door.OPENAI
+            if endpoint is not None and endpoint.door == "openai"
+            else gate.Door.HTTP
+        )
         gate.audit(
             self.context,
-            door=gate.Door.HTTP,
+            door=door,
             endpoint=known.endpoint if known is not None else None,
             identity=known.identity if known is not None else None,
             rule=known.rule if known is not None else None,

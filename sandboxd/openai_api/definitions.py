@@ -1,0 +1,171 @@
+# -*- test-case-name: tests.openai_api.test_definitions -*-
+"""
+Agent definitions (``client.beta.agents``): a named, reusable agent — which
+catalogue agent runs (``model``), its name and instructions — that a
+session (``agent_id``) or a response (``model: agent_…``) starts from.
+
+Definitions belong to the identity that made them and live in memory, like
+the sessions they configure.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sandboxd.agents import catalog
+from sandboxd.errors import bad_request, not_found
+from sandboxd.openai_api.face import new_id
+from sandboxd.openai_api.inputs import metadata
+from sandboxd.openai_api.registry import door, page
+from sandboxd.policy import defaults
+from sandboxd.web.messages import ServerRequest
+
+#: What a definition takes; OpenAI's other fields are refused, not ignored.
+_KEYS = (
+    "model",
+    "name",
+    "instructions",
+    "metadata",
+    "tools",
+    "reasoning",
+    "text",
+    "service_tier",
+    "multi_agent",
+)
+#: Bounds of a definition's strings (as the seed's).
+MAX_NAME = 256
+MAX_INSTRUCTIONS = 256 * 1024
+
+
+def _string(body: dict[str, Any], key: str, limit: int) -> str | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > limit:
+        raise bad_request(
+            f"{key} must be a string of at most {limit} characters", param=key
+        )
+    return value
+
+
+def _checked(
+    request: ServerRequest, body: dict[str, Any], partial: bool
+) -> dict[str, Any]:
+    """The fields of a create (or of an update, ``partial``), checked."""
+    for key in body:
+        if key not in _KEYS:
+            raise bad_request(f"{key}: unknown or unsupported parameter", param=key)
+    if body.get("tools"):
+        raise bad_request(
+            "tools: the agent's own tools run; none can be added", param="tools"
+        )
+    if (body.get("multi_agent") or {}).get("enabled"):
+        raise bad_request(
+            "multi_agent: subagents are not supported", param="multi_agent"
+        )
+    out: dict[str, Any] = {}
+    if "model" in body or not partial:
+        model = _string(body, "model", MAX_NAME)
+        if not model:
+            raise bad_request(
+                "model is required: an agent of the catalogue", param="model"
+            )
+        catalog.find(request.context, request.rule, model)
+        out["model"] = model
+    for key, limit in (("name", MAX_NAME), ("instructions", MAX_INSTRUCTIONS)):
+        if key in body:
+            out[key] = _string(body, key, limit)
+    if "metadata" in body:
+        out["metadata"] = metadata(body["metadata"])
+    return out
+
+
+def describe(record: dict[str, Any]) -> dict[str, Any]:
+    """The ``agent`` object."""
+    return {
+        "id": record["id"],
+        "object": "agent",
+        "created_at": record["created_at"],
+        "updated_at": record["updated_at"],
+        "name": record.get("name"),
+        "model": record["model"],
+        "instructions": record.get("instructions"),
+        "metadata": record.get("metadata") or {},
+        "multi_agent": {"enabled": False},
+        "reasoning": {"effort": None, "summary": None},
+        "service_tier": "default",
+        "text": {"format": {"type": "text"}, "verbosity": "medium"},
+        "tools": [],
+    }
+
+
+def find(
+    request: ServerRequest, agent_id: str, param: str = "agent_id"
+) -> dict[str, Any]:
+    """The caller's definition ``agent_id``, or 404."""
+    record: dict[str, Any] | None = door(request).definitions.get(agent_id)
+    if record is None or record["owner"] != request.identity.id:
+        raise not_found(f"No agent found with id {agent_id!r}", param=param)
+    return record
+
+
+def agents_definitions_create(request: ServerRequest) -> dict[str, Any]:
+    """Store a definition."""
+    fields = _checked(request, request.body, partial=False)
+    reg = door(request)
+    mine = [r for r in reg.definitions.values() if r["owner"] == request.identity.id]
+    if len(mine) >= defaults.AGENT_KEPT_ITEMS:
+        raise bad_request(
+            f"at most {defaults.AGENT_KEPT_ITEMS} agents per identity; delete one first"
+        )
+    now = int(time.time())
+    record = {
+        "id": new_id("agent_"),
+        "owner": request.identity.id,
+        "created_at": now,
+        "updated_at": now,
+        "metadata": {},
+        **fields,
+    }
+    reg.definitions[record["id"]] = record
+    return describe(record)
+
+
+def agents_definitions_list(request: ServerRequest) -> dict[str, Any]:
+    """The caller's definitions."""
+    mine = [
+        describe(r)
+        for r in door(request).definitions.values()
+        if r["owner"] == request.identity.id
+    ]
+    return page(request, mine)
+
+
+def agents_definitions_get(request: ServerRequest) -> dict[str, Any]:
+    """One definition."""
+    return describe(find(request, request.path_params["agent_id"]))
+
+
+def agents_definitions_update(request: ServerRequest) -> dict[str, Any]:
+    """Change a definition (sessions already started keep what they had)."""
+    record = find(request, request.path_params["agent_id"])
+    record.update(_checked(request, request.body, partial=True))
+    record["updated_at"] = int(time.time())
+    return describe(record)
+
+
+def agents_definitions_delete(request: ServerRequest) -> dict[str, Any]:
+    """Forget a definition."""
+    record = find(request, request.path_params["agent_id"])
+    door(request).definitions.pop(record["id"], None)
+    return {"id": record["id"], "object": "agent.deleted", "deleted": True}
+
+
+HANDLERS: dict[str, Any] = {
+    "agents_definitions_create": agents_definitions_create,
+    "agents_definitions_list": agents_definitions_list,
+    "agents_definitions_get": agents_definitions_get,
+    "agents_definitions_update": agents_definitions_update,
+    "agents_definitions_delete": agents_definitions_delete,
+}

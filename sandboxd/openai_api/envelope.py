@@ -1,0 +1,55 @@
+# -*- test-case-name: tests.openai_api.test_sessions -*-
+"""
+OpenAI's error envelope for the ``/v1`` door.
+
+The OpenAI SDK reads ``{"error": {"message", "type", "param", "code"}}`` and
+retries 408, 409, 429 and every 5xx unless the answer says
+``x-should-retry: false``; a refusal that will not change on a retry says
+so, or the SDK would repeat (and for a create, redo) the call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sandboxd.errors import ApiError, Code
+
+#: OpenAI's ``type`` for each status (anything else is ``server_error``).
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+#: Codes worth retrying: the caller was only early.
+_RETRYABLE = frozenset({Code.RATE_LIMITED, Code.CONCURRENCY_LIMITED})
+
+
+def error_type(status: int) -> str:
+    """OpenAI's ``error.type`` for an HTTP status."""
+    return _TYPES.get(status, "server_error")
+
+
+def openai_error(error: ApiError) -> tuple[dict[str, Any], dict[str, str]]:
+    """
+    The envelope and headers of ``error``: the SPEC §6 code in ``code``,
+    the field at fault (if the handler named one) in ``param``, the rule
+    that decided a refusal kept beside them.
+    """
+    inner: dict[str, Any] = {
+        "message": error.message,
+        "type": error_type(error.status),
+        "param": error.extra.get("param"),
+        "code": str(error.code) if error.code is not None else None,
+    }
+    for key, value in error.extra.items():
+        if key != "param":
+            inner.setdefault(key, value)
+    headers = dict(error.headers)
+    if error.code not in _RETRYABLE:
+        headers["x-should-retry"] = "false"
+    return {"error": inner}, headers

@@ -1,0 +1,881 @@
+# -*- test-case-name: tests.openai_api.test_sessions -*-
+"""
+The OpenAI face of one engine session: its ``agent.session`` object, turns,
+items and event log, folded from the engine's events as they are appended.
+
+The face subscribes to the engine session's log, so every ACP update is
+projected synchronously in wire order: an agent message chunk becomes an
+``output_text.delta`` of a ``message`` item, a thought a reasoning summary
+delta, a tool call a ``command_execution`` (kind ``execute``) or
+``mcp_call`` item, a held permission request a ``requires_action``.  The
+projected events go to a log of their own (:class:`~sandboxd.eventlog.EventLog`,
+one ``seq`` per frame), which gives the SSE stream the §9 contract: an
+``id:`` on every frame, ``after``/``Last-Event-ID`` resume, a ``gap`` when
+retention dropped what was asked for.
+
+ACP cannot steer a running turn, so input sent during a turn queues a
+successor turn (as the seed does), bounded by :data:`MAX_QUEUED_TURNS`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+from collections import OrderedDict, deque
+from typing import TYPE_CHECKING, Any
+
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    agent_unavailable,
+    bad_request,
+    idempotency_mismatch,
+)
+from sandboxd.eventlog import Event, EventLog, json_size
+from sandboxd.openai_api.redact import Redactor
+from sandboxd.policy import defaults
+from sandboxd.waiters import Waiters
+
+if TYPE_CHECKING:
+    from sandboxd.agents.session import AgentSession
+
+#: Input messages waiting behind a running turn, per session.
+MAX_QUEUED_TURNS = 32
+#: Idempotency keys remembered per session (and per owner for creates).
+MAX_IDEMPOTENCY_KEYS = 256
+#: Turns (with their items) kept per session.
+MAX_TURNS_KEPT = defaults.AGENT_KEPT_ITEMS
+
+
+def new_id(prefix: str) -> str:
+    """An OpenAI-style id: the prefix and 24 hex characters."""
+    return prefix + secrets.token_hex(12)
+
+
+def body_digest(body: Any) -> str:
+    """The SHA-256 of a body's canonical JSON (for ``Idempotency-Key``)."""
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class IdempotencyBook:
+    """
+    ``Idempotency-Key`` → (body digest, result): the same key with the same
+    body answers the first result again, with another body 409.
+    """
+
+    def __init__(self, size: int = MAX_IDEMPOTENCY_KEYS) -> None:
+        self.size = size
+        self._book: OrderedDict[str, tuple[str, Any]] = OrderedDict()
+
+    def lookup(self, key: str | None, body: Any) -> Any:
+        """The result stored for ``key``, None when the key is new."""
+        if key is None:
+            return None
+        check_key(key)
+        found = self._book.get(key)
+        if found is None:
+            return None
+        digest, result = found
+        if digest != body_digest(body):
+            raise idempotency_mismatch()
+        return result
+
+    def store(self, key: str | None, body: Any, result: Any) -> None:
+        """Remember ``result`` for ``key`` (the oldest key goes beyond the bound)."""
+        if key is None:
+            return
+        self._book[key] = (body_digest(body), result)
+        while len(self._book) > self.size:
+            self._book.popitem(last=False)
+
+
+def check_key(key: str) -> None:
+    """An ``Idempotency-Key``: 1-128 printable ASCII characters."""
+    if not 0 < len(key) <= 128 or not all(" " < c <= "~" for c in key):
+        raise bad_request(
+            "Idempotency-Key must be 1-128 printable ASCII characters",
+            param="Idempotency-Key",
+        )
+
+
+def token_usage(usage: Any) -> dict[str, Any] | None:
+    """An ACP ``PromptResponse.usage`` as OpenAI's TokenUsage (None if absent)."""
+    if not isinstance(usage, dict):
+        return None
+
+    def count(*names: str) -> int:
+        for name in names:
+            value = usage.get(name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        return 0
+
+    inp = count("inputTokens", "input_tokens")
+    out = count("outputTokens", "output_tokens")
+    total = count("totalTokens", "total_tokens") or inp + out
+    return {
+        "input_tokens": inp,
+        "input_tokens_details": {
+            "cached_tokens": count("cachedReadTokens", "cached_tokens")
+        },
+        "output_tokens": out,
+        "output_tokens_details": {
+            "reasoning_tokens": count("thoughtTokens", "reasoning_tokens")
+        },
+        "total_tokens": total,
+    }
+
+
+#: Engine turn error codes → OpenAI's ``SessionTurnError.code``.
+_TURN_ERRORS = {
+    "agent_exited": "sandbox_error",
+    "agent_killed": "sandbox_error",
+    "message_too_large": "sandbox_error",
+    "max_turn_seconds": "request_timeout",
+}
+
+
+class WireTurn:
+    """One turn as OpenAI shows it (``agent.session.turn``)."""
+
+    def __init__(self, face: SessionFace, text: str, blocks: list[dict[str, Any]]):
+        self.id = new_id("turn_")
+        self.face = face
+        self.text = text
+        self.blocks = blocks
+        self.created_at = int(time.time())
+        self.started_at: int | None = None
+        self.completed_at: int | None = None
+        self.status = "queued"
+        self.error: dict[str, Any] | None = None
+        self.usage: dict[str, Any] | None = None
+        self.engine_id: str | None = None
+        self.items: list[dict[str, Any]] = []
+        self.waiters: Waiters[None] = Waiters()
+        self.announced = False
+
+    @property
+    def ended(self) -> bool:
+        """Whether the turn is over."""
+        return self.status in ("completed", "failed", "cancelled")
+
+    def describe(self) -> dict[str, Any]:
+        """The ``agent.session.turn`` object."""
+        return {
+            "id": self.id,
+            "object": "agent.session.turn",
+            "agent_id": self.face.agent["id"],
+            "session_id": self.face.id,
+            "status": self.status,
+            "created_at": self.created_at,
+            "started_at": self.started_at,
+            "completed_at": self.completed_at,
+            "error": self.error,
+            "subagent_id": None,
+            "usage": self.usage,
+        }
+
+    def output_text(self) -> str:
+        """The text of the turn's last assistant message."""
+        for item in reversed(self.items):
+            if item["type"] == "message":
+                return "".join(c.get("text", "") for c in item["content"])
+        return ""
+
+
+class SessionFace:
+    """
+    One engine session seen through the ``/v1`` door.
+
+    :ivar owner: the identity that created it; another one sees a 404.
+    :ivar hidden: a session behind a response (not listed with sessions).
+    """
+
+    def __init__(
+        self,
+        engine: AgentSession,
+        owner: str,
+        agent: dict[str, Any],
+        environment: dict[str, Any],
+        metadata: dict[str, str],
+        hidden: bool = False,
+    ) -> None:
+        self.id = new_id("agsess_")
+        self.engine = engine
+        self.owner = owner
+        self.agent = agent
+        self.environment = environment
+        self.metadata = metadata
+        self.hidden = hidden
+        self.created_at = self.last_active_at = int(time.time())
+        limit = engine.rule.limits.max_event_bytes
+        self.log = EventLog(limit or defaults.AGENT_LIMITS["max_event_bytes"])
+        self.turns: OrderedDict[str, WireTurn] = OrderedDict()
+        self.queue: deque[WireTurn] = deque()
+        self.current: WireTurn | None = None
+        self.idempotency = IdempotencyBook()
+        self.required: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.failed = False
+        self.instructions = agent.get("instructions")
+        self._starting: WireTurn | None = None
+        self._open: dict[str, Any] | None = None
+        self._open_key: tuple[Any, ...] | None = None
+        self._tools: dict[str, dict[str, Any]] = {}
+        self._shown_busy = False
+        self.redactor = Redactor(
+            engine.env[name] for name in engine.entry.env_pass if engine.env.get(name)
+        )
+        #: The conversation's latest response, when responses drive it.
+        self.last_response_id: str | None = None
+        self._unsubscribe = engine.log.subscribe(self._on_engine)
+
+    # -- what the routes show -----------------------------------------------
+
+    @property
+    def status(self) -> str:
+        """``idle``, ``in_progress``, ``requires_action`` or ``failed``."""
+        if self.failed:
+            return "failed"
+        if self.required:
+            return "requires_action"
+        if self.current is not None or self.queue:
+            return "in_progress"
+        return "idle"
+
+    @property
+    def busy(self) -> bool:
+        """Whether a turn runs or waits."""
+        return self.current is not None or bool(self.queue)
+
+    def usage(self) -> dict[str, Any] | None:
+        """The sum of the turns' usage, or None when no turn reported any."""
+        known = [t.usage for t in self.turns.values() if t.usage]
+        if not known:
+            return None
+        total = token_usage({})
+        assert total is not None
+        for u in known:
+            total["input_tokens"] += u["input_tokens"]
+            total["output_tokens"] += u["output_tokens"]
+            total["total_tokens"] += u["total_tokens"]
+            for part, key in (
+                ("input_tokens_details", "cached_tokens"),
+                ("output_tokens_details", "reasoning_tokens"),
+            ):
+                total[part][key] += u[part][key]
+        return total
+
+    def describe(self) -> dict[str, Any]:
+        """The ``agent.session`` object."""
+        error = None
+        if self.failed and self.engine.error:
+            error = str(self.engine.error.get("message") or self.engine.error)
+        return {
+            "id": self.id,
+            "object": "agent.session",
+            "agent": {
+                "id": self.agent["id"],
+                "name": self.agent.get("name"),
+                "model": self.agent["model"],
+                "instructions": self.agent.get("instructions"),
+                "multi_agent": {"enabled": False},
+                "reasoning": {"effort": None, "summary": None},
+                "service_tier": "default",
+                "text": {"format": {"type": "text"}, "verbosity": "medium"},
+                "tools": [],
+            },
+            "created_at": self.created_at,
+            "environment": self.environment,
+            "error": error,
+            "last_active_at": self.last_active_at,
+            "metadata": self.metadata,
+            "required_actions": list(self.required.values()),
+            "status": self.status,
+            "usage": self.usage(),
+            "vault_ids": [],
+        }
+
+    def items(self, turn_id: str | None = None) -> list[dict[str, Any]]:
+        """Every item of every kept turn (or of one), in turn order."""
+        turns = (
+            [self.turns[turn_id]] if turn_id is not None else list(self.turns.values())
+        )
+        return [item for t in turns for item in t.items]
+
+    # -- input --------------------------------------------------------------
+
+    def submit(self, text: str, blocks: list[dict[str, Any]]) -> WireTurn:
+        """
+        A turn for ``blocks``: started now on an idle session, else queued
+        behind the running one.
+        """
+        self.require_live()
+        if len(self.queue) >= MAX_QUEUED_TURNS:
+            raise bad_request(
+                f"{MAX_QUEUED_TURNS} turns are already queued on this session",
+                Code.INVALID_PARAM,
+            )
+        if self.instructions:
+            # Ahead of the first prompt, in its first text block (as the
+            # seed sends a definition's instructions to agents without a
+            # system prompt of their own).
+            head = f"{self.instructions}\n\n---\n\n"
+            if blocks and blocks[0].get("type") == "text":
+                blocks = [{**blocks[0], "text": head + blocks[0]["text"]}, *blocks[1:]]
+            else:
+                blocks = [{"type": "text", "text": head}, *blocks]
+            self.instructions = None
+        turn = WireTurn(self, text, blocks)
+        self._keep(turn)
+        self.last_active_at = int(time.time())
+        if self.current is None and not self.queue:
+            try:
+                self._start(turn)
+            except ApiError:
+                # Refused before it began: the caller gets the error, and
+                # no trace of a turn is left behind.
+                self.turns.pop(turn.id, None)
+                raise
+        else:
+            self.queue.append(turn)
+            self._emit_turn("agent.session.turn.created", turn)
+        return turn
+
+    def require_live(self) -> None:
+        """The session still has an agent to run turns (else 503, final)."""
+        _gone(self)
+
+    def cancel(self) -> WireTurn | None:
+        """Cancel the running turn (queued ones stay, as the seed does)."""
+        turn = self.current
+        if turn is not None:
+            self.engine.turn_control.cancel()
+        return turn
+
+    def cancel_turn(self, turn: WireTurn) -> None:
+        """Cancel one turn: a queued one at once, the running one through ACP."""
+        if turn in self.queue:
+            self.queue.remove(turn)
+            self._finish(turn, "cancelled", None)
+        elif turn is self.current:
+            self.engine.turn_control.cancel()
+
+    def _keep(self, turn: WireTurn) -> None:
+        self.turns[turn.id] = turn
+        while len(self.turns) > MAX_TURNS_KEPT:
+            oldest = next(iter(self.turns.values()))
+            if not oldest.ended:
+                break
+            self.turns.popitem(last=False)
+
+    def _start(self, turn: WireTurn) -> None:
+        self._starting = turn
+        try:
+            self.engine.turn_control.start(turn.blocks)
+        except ApiError as e:
+            self._starting = None
+            if turn.announced:
+                turn.error = {"code": "internal_error", "message": e.message}
+                self._finish(turn, "failed", None)
+            raise
+        finally:
+            self._starting = None
+
+    def _next(self) -> None:
+        while self.queue and self.current is None:
+            turn = self.queue.popleft()
+            try:
+                self._start(turn)
+            except ApiError:
+                continue
+        if self.current is None and not self.queue:
+            self._idle()
+
+    # -- the engine's events ------------------------------------------------
+
+    def _on_engine(self, event: Event | None) -> None:
+        if event is None:
+            self._closed()
+            return
+        handler = _FOLD.get(event.event)
+        if handler is not None:
+            handler(self, event.data)
+
+    def _turn_started(self, data: dict[str, Any]) -> None:
+        turn = self._starting
+        if turn is None:
+            # A turn started through the native routes: shown here too.
+            turn = WireTurn(self, "", [])
+            self._keep(turn)
+        turn.engine_id = data.get("turn_id")
+        self.current = turn
+        turn.status = "in_progress"
+        turn.started_at = int(time.time())
+        if not self._shown_busy:
+            self._shown_busy = True
+            self._emit_session("agent.session.in_progress")
+        if not turn.announced:
+            self._emit_turn("agent.session.turn.created", turn)
+        self._emit_turn("agent.session.turn.in_progress", turn)
+
+    def _message(self, data: dict[str, Any]) -> None:
+        turn = self.current
+        role = data.get("role")
+        if turn is None or role not in ("agent", "thought"):
+            return
+        content = data.get("content")
+        text = (
+            content.get("text")
+            if isinstance(content, dict) and content.get("type") == "text"
+            else None
+        )
+        if not isinstance(text, str):
+            return
+        key = (role, data.get("message_id"))
+        if self._open is not None and self._open_key != key:
+            self._close_open("commentary")
+        if self._open is None:
+            self._open_item(turn, role)
+            self._open_key = key
+        item = self._open
+        assert item is not None
+        self._delta(turn, item, item["_stream"].feed(text))
+
+    def _delta(self, turn: WireTurn, item: dict[str, Any], text: str) -> None:
+        """Append (already redacted) text to an open message or reasoning item."""
+        if not text:
+            return
+        common = self._item_ref(turn, item)
+        if item["type"] == "message":
+            item["content"][0]["text"] += text
+            self._emit(
+                "agent.session.turn.output_text.delta",
+                content_index=0,
+                delta=text,
+                **common,
+            )
+        else:
+            item["summary"][0]["text"] += text
+            self._emit(
+                "agent.session.turn.reasoning_summary_text.delta",
+                summary_index=0,
+                delta=text,
+                **common,
+            )
+
+    def _open_item(self, turn: WireTurn, role: str) -> None:
+        if role == "agent":
+            item: dict[str, Any] = {
+                "id": new_id("msg_"),
+                "type": "message",
+                "role": "assistant",
+                "status": "in_progress",
+                "turn_id": turn.id,
+                "phase": None,
+                "content": [{"type": "output_text", "text": ""}],
+            }
+        else:
+            item = {
+                "id": new_id("rs_"),
+                "type": "reasoning",
+                "status": "in_progress",
+                "turn_id": turn.id,
+                "summary": [{"type": "summary_text", "text": ""}],
+            }
+        item["_stream"] = self.redactor.stream()
+        turn.items.append(item)
+        self._open = item
+        common = self._item_ref(turn, item)
+        shown = _public(item)
+        if item["type"] == "message":
+            shown["content"] = []
+        else:
+            shown["summary"] = []
+        self._emit(
+            "agent.session.turn.item.added",
+            session_id=self.id,
+            turn_id=turn.id,
+            output_index=common["output_index"],
+            item=shown,
+        )
+        if item["type"] == "message":
+            self._emit(
+                "agent.session.turn.content_part.added",
+                content_index=0,
+                part={"type": "output_text", "text": ""},
+                **common,
+            )
+        else:
+            self._emit(
+                "agent.session.turn.reasoning_summary_part.added",
+                summary_index=0,
+                part={"type": "summary_text", "text": ""},
+                **common,
+            )
+
+    def _item_ref(self, turn: WireTurn, item: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "session_id": self.id,
+            "turn_id": turn.id,
+            "item_id": item["id"],
+            "output_index": turn.items.index(item),
+        }
+
+    def _close_open(self, phase: str) -> None:
+        item, self._open, self._open_key = self._open, None, None
+        turn = self.current
+        if item is None or turn is None:
+            return
+        self._delta(turn, item, item["_stream"].flush())
+        item["status"] = "completed"
+        common = self._item_ref(turn, item)
+        if item["type"] == "message":
+            item["phase"] = phase
+            part = item["content"][0]
+            self._emit(
+                "agent.session.turn.output_text.done",
+                content_index=0,
+                text=part["text"],
+                **common,
+            )
+            self._emit(
+                "agent.session.turn.content_part.done",
+                content_index=0,
+                part=dict(part),
+                **common,
+            )
+        else:
+            part = item["summary"][0]
+            self._emit(
+                "agent.session.turn.reasoning_summary_text.done",
+                summary_index=0,
+                text=part["text"],
+                **common,
+            )
+            self._emit(
+                "agent.session.turn.reasoning_summary_part.done",
+                summary_index=0,
+                part=dict(part),
+                **common,
+            )
+        self._emit_item_done(turn, item)
+
+    def _emit_item_done(self, turn: WireTurn, item: dict[str, Any]) -> None:
+        self._emit(
+            "agent.session.turn.item.done",
+            session_id=self.id,
+            turn_id=turn.id,
+            output_index=turn.items.index(item),
+            item=_public(item),
+        )
+
+    def _tool_call(self, data: dict[str, Any]) -> None:
+        turn = self.current
+        tool_call_id = data.get("tool_call_id")
+        if turn is None or not isinstance(tool_call_id, str):
+            return
+        self._close_open("commentary")
+        kind = data.get("kind") or "other"
+        raw_input = (data.get("raw") or {}).get("rawInput")
+        if kind == "execute":
+            command = raw_input.get("command") if isinstance(raw_input, dict) else None
+            item: dict[str, Any] = {
+                "id": new_id("cmd_"),
+                "type": "command_execution",
+                "status": "in_progress",
+                "turn_id": turn.id,
+                "command": str(command or data.get("title") or ""),
+                "cwd": self.engine.cwd,
+                "output": None,
+                "exit_code": None,
+                "duration_ms": None,
+            }
+        else:
+            item = {
+                "id": new_id("mcp_"),
+                "type": "mcp_call",
+                "status": "in_progress",
+                "turn_id": turn.id,
+                "server_label": "agent",
+                "name": str(data.get("title") or kind),
+                "arguments": raw_input if raw_input is not None else {},
+                "output": None,
+            }
+            item["error"] = None  # an item's field, not an error body
+        item["_started"] = time.monotonic()
+        if item["type"] == "command_execution":
+            item["command"] = self.redactor.redact(item["command"])
+        else:
+            item["arguments"] = self._redacted(item["arguments"])
+        item["_tool_call_id"] = tool_call_id
+        turn.items.append(item)
+        self._tools[tool_call_id] = item
+        self._emit(
+            "agent.session.turn.item.added",
+            session_id=self.id,
+            turn_id=turn.id,
+            output_index=turn.items.index(item),
+            item=_public(item),
+        )
+        if data.get("status") in ("completed", "failed"):
+            self._tool_done(item, data.get("status"), data.get("content"))
+
+    def _tool_update(self, data: dict[str, Any]) -> None:
+        item = self._tools.get(str(data.get("tool_call_id")))
+        if item is None or item["status"] != "in_progress":
+            return
+        status = data.get("status")
+        if status in ("completed", "failed"):
+            delta = data.get("delta")
+            content = delta.get("content") if isinstance(delta, dict) else None
+            self._tool_done(item, status, content)
+
+    def _tool_done(self, item: dict[str, Any], status: Any, content: Any) -> None:
+        turn = self.current
+        if turn is None:
+            return
+        text = self.redactor.redact(_content_text(content))
+        item["status"] = "completed" if status == "completed" else "failed"
+        if item["type"] == "command_execution":
+            item["output"] = text
+            item["duration_ms"] = int((time.monotonic() - item["_started"]) * 1000)
+            self._terminal_result(item)
+        elif status == "completed":
+            item["output"] = text
+        else:
+            item["error"] = text or "the tool call failed"
+        self._emit(
+            "agent.session.turn.item.done",
+            session_id=self.id,
+            turn_id=turn.id,
+            output_index=turn.items.index(item),
+            item=_public(item),
+        )
+
+    def _terminal_started(self, data: dict[str, Any]) -> None:
+        """A command's terminal: its output streams as it is read."""
+        turn = self.current
+        item = self._tools.get(str(data.get("tool_call_id")))
+        terminal = self.engine.terminals.get(str(data.get("terminal_id")))
+        if (
+            turn is None
+            or item is None
+            or terminal is None
+            or item["type"] != "command_execution"
+        ):
+            return
+
+        stop: list[Any] = []
+        stream = item["_out"] = self.redactor.stream()
+
+        def output(event: Event | None) -> None:
+            if event is None or event.event == "exit":
+                for unsubscribe in stop:
+                    unsubscribe()
+            elif item["status"] == "in_progress":
+                self._output_delta(item, stream.feed(str(event.data.get("data", ""))))
+
+        for event in terminal.log.since(0)[1]:
+            output(event)
+        if not terminal.log.closed:
+            stop.append(terminal.log.subscribe(output))
+
+    def _redacted(self, value: Any) -> Any:
+        """A JSON value with the secrets in its strings replaced."""
+        if not self.redactor.secrets:
+            return value
+        return json.loads(self.redactor.redact(json.dumps(value)))
+
+    def _output_delta(self, item: dict[str, Any], text: str) -> None:
+        """A command's output as it is read (already redacted)."""
+        turn = self.current
+        if not text or turn is None or item not in turn.items:
+            return
+        self._emit(
+            "agent.output.command_execution_output.delta",
+            session_id=self.id,
+            turn_id=turn.id,
+            item_id=item["id"],
+            output_index=turn.items.index(item),
+            delta=text,
+        )
+
+    def _terminal_result(self, item: dict[str, Any]) -> None:
+        """A command's own command line, output and exit code, from its terminal."""
+        for terminal in self.engine.terminals.values():
+            if terminal.tool_call_id == item["_tool_call_id"]:
+                redact = self.redactor.redact
+                item["command"] = redact(" ".join([terminal.command, *terminal.args]))
+                item["output"] = redact(terminal.output()["output"])
+                item["exit_code"] = terminal.exit_code
+        stream = item.get("_out")
+        if stream is not None:
+            self._output_delta(item, stream.flush())
+
+    def _permission_requested(self, data: dict[str, Any]) -> None:
+        turn = self.current
+        request_id = data.get("request_id")
+        if turn is None or not isinstance(request_id, str):
+            return
+        held = self.engine.pending.get(request_id)
+        if held is None:
+            return  # decided by the policy as it was asked
+        tool = self.engine.tool_calls.get(str(data.get("tool_call_id"))) or {}
+        raw_input = ((data.get("raw") or {}).get("toolCall") or {}).get("rawInput")
+        if raw_input is None:
+            raw_input = tool.get("rawInput")
+        if raw_input is None:
+            paths = [
+                loc.get("path")
+                for loc in tool.get("locations") or []
+                if isinstance(loc, dict)
+            ]
+            raw_input = {"paths": paths} if paths else {}
+        title = (
+            data.get("title") or tool.get("title") or data.get("kind") or "tool call"
+        )
+        self.required[request_id] = {
+            "type": "mcp_approval_request",
+            "request_id": request_id,
+            "turn_id": turn.id,
+            "request": {
+                "type": "mcp_tool_call",
+                "server_label": "agent",
+                "name": str(title),
+                "arguments": self._redacted(raw_input),
+                "message": self.redactor.redact(f"The agent asks to run: {title}"),
+            },
+        }
+        turn.status = "waiting"
+        self._emit_session("agent.session.requires_action")
+
+    def _permission_resolved(self, data: dict[str, Any]) -> None:
+        if self.required.pop(str(data.get("request_id")), None) is None:
+            return
+        turn = self.current
+        if not self.required and turn is not None and not turn.ended:
+            turn.status = "in_progress"
+            self._emit_session("agent.session.in_progress")
+
+    def _turn_ended(self, data: dict[str, Any]) -> None:
+        turn = self.current
+        if turn is None or turn.engine_id != data.get("turn_id"):
+            return
+        self._close_open("final_answer")
+        for item in turn.items:
+            if item["status"] == "in_progress":
+                item["status"] = "incomplete"
+                self._emit_item_done(turn, item)
+        engine_turn = self.engine.turns.get(turn.engine_id or "")
+        turn.usage = token_usage(engine_turn.usage if engine_turn else None)
+        if data.get("state") == "failed":
+            error = data.get("error") or {}
+            code = _TURN_ERRORS.get(str(error.get("code")), "internal_error")
+            turn.error = {"code": code, "message": str(error.get("message") or "")}
+            status = "failed"
+        elif data.get("stop_reason") == "cancelled":
+            status = "cancelled"
+        else:
+            status = "completed"
+        for request_id in [
+            r for r, a in self.required.items() if a["turn_id"] == turn.id
+        ]:
+            self.required.pop(request_id)
+        self.current = None
+        self._finish(turn, status, turn.usage)
+        if self.queue:
+            self.engine.reactor.callLater(0, self._next)
+        else:
+            self._idle()
+
+    def _idle(self) -> None:
+        self._shown_busy = False
+        self._emit_session("agent.session.idle")
+
+    def _finish(self, turn: WireTurn, status: str, usage: Any) -> None:
+        turn.status = status
+        turn.completed_at = int(time.time())
+        self.last_active_at = turn.completed_at
+        extra = {"usage": usage} if usage is not None else {}
+        self._emit_turn(f"agent.session.turn.{status}", turn, **extra)
+        turn.waiters.fire(None)
+
+    def _session_failed(self, data: dict[str, Any]) -> None:
+        if data.get("state") != "failed" or self.failed:
+            return
+        self.failed = True
+        self.required.clear()
+        for turn in list(self.queue):
+            turn.error = {"code": "sandbox_error", "message": "the agent is gone"}
+            self._finish(turn, "failed", None)
+        self.queue.clear()
+        self._emit_session("agent.session.failed")
+
+    def _closed(self) -> None:
+        self._unsubscribe()
+        for turn in list(self.queue):
+            self._finish(turn, "cancelled", None)
+        self.queue.clear()
+        if not self.log.closed:
+            self.log.close()
+
+    # -- the wire log ---------------------------------------------------------
+
+    def _emit(self, type: str, **fields: Any) -> None:
+        if self.log.closed:
+            return
+        data = {"type": type, "event_id": f"evt_{self.log.last_seq + 1:010d}"}
+        data.update(fields)
+        self.log.append(type, data, json_size(data))
+
+    def _emit_session(self, type: str) -> None:
+        self._emit(type, session=self.describe())
+
+    def _emit_turn(self, type: str, turn: WireTurn, **extra: Any) -> None:
+        turn.announced = True
+        self._emit(
+            type, session_id=self.id, turn_id=turn.id, turn=turn.describe(), **extra
+        )
+
+
+def _gone(face: SessionFace) -> None:
+    """The session's agent is gone: 503 ``agent_unavailable``, permanent."""
+    if face.failed or face.engine.state in ("closing", "closed", "failed"):
+        raise agent_unavailable(
+            f"the session's agent is gone ({face.engine.state})",
+            state=face.engine.state,
+        )
+
+
+def _public(item: dict[str, Any]) -> dict[str, Any]:
+    """An item without the face's own bookkeeping keys."""
+    return {k: v for k, v in item.items() if not k.startswith("_")}
+
+
+def _content_text(content: Any) -> str:
+    """The text of ACP tool-call content (``content`` and ``terminal`` parts)."""
+    if not isinstance(content, list):
+        return ""
+    out = []
+    for part in content:
+        if isinstance(part, dict):
+            inner = part.get("content")
+            if isinstance(inner, dict) and isinstance(inner.get("text"), str):
+                out.append(inner["text"])
+    return "\n".join(out)
+
+
+_FOLD = {
+    "turn.started": SessionFace._turn_started,
+    "message.delta": SessionFace._message,
+    "tool_call": SessionFace._tool_call,
+    "tool_call.update": SessionFace._tool_update,
+    "permission.requested": SessionFace._permission_requested,
+    "permission.resolved": SessionFace._permission_resolved,
+    "turn.ended": SessionFace._turn_ended,
+    "session.state": SessionFace._session_failed,
+    "terminal.started": SessionFace._terminal_started,
+}

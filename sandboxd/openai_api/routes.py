@@ -1,0 +1,545 @@
+# -*- test-case-name: tests.openai_api.test_sessions -*-
+"""
+Handlers of the ``/v1`` door's sessions, events, turns, items, models and
+the routes a local daemon refuses (SPEC §26).
+
+Each handler parses OpenAI's request, hands the work to the ACP engine
+(:class:`~sandboxd.agents.manager.AgentManager` and the session's
+collaborators) through the session's face, and answers OpenAI's object.
+The responses routes are in :mod:`.responses`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from sandboxd.agents import catalog
+from sandboxd.agents.manager import build_prompt
+from sandboxd.errors import bad_request, not_found, not_implemented_locally
+from sandboxd.openai_api import definitions, environments
+from sandboxd.openai_api.face import SessionFace, WireTurn
+from sandboxd.openai_api.inputs import known_keys, message_text, metadata
+from sandboxd.openai_api.registry import door, manager, page
+from sandboxd.openai_api.stream import follow, resume_after
+from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
+
+#: What ``POST /v1/agents/sessions`` takes.
+_SESSION_KEYS = (
+    "agent",
+    "agent_id",
+    "environment",
+    "input",
+    "metadata",
+    "vault_ids",
+    "stream",
+    "stream_options",
+    "review",
+    "spend_control",
+    "prompt_cache_options",
+)
+#: What an inline ``agent`` takes (the rest of OpenAI's is refused).
+_AGENT_KEYS = (
+    "model",
+    "name",
+    "instructions",
+    "adapter",
+    "runtime",
+    "reasoning",
+    "service_tier",
+    "text",
+    "tools",
+    "multi_agent",
+)
+
+#: Input event types and their short aliases.
+_MESSAGE = "agent.session.input.message"
+_CANCEL = "agent.session.input.cancel"
+_APPROVAL = "agent.session.input.mcp_approval_request_result"
+_ALIASES = {"input.message": _MESSAGE, "input.cancel": _CANCEL}
+#: An approval's decision as the engine's permission reply.
+_DECISIONS: dict[str, dict[str, Any]] = {
+    "approve": {"decision": "allow_once"},
+    "deny": {"decision": "reject_once"},
+    "cancel": {"cancel": True},
+}
+
+
+def face_of(request: ServerRequest) -> SessionFace:
+    """The ``{session_id}`` session of the caller, or 404."""
+    return door(request).face(request, request.path_params["session_id"])
+
+
+def accepted() -> ServerResponse:
+    """202 with an empty body (what OpenAI's events create answers)."""
+    return ServerResponse(
+        status=202, raw=b"", headers={"content-type": "application/json"}
+    )
+
+
+# -- creating a session ------------------------------------------------------
+
+
+def _agent_spec(request: ServerRequest, body: dict[str, Any]) -> dict[str, Any]:
+    """
+    The agent checked: which catalogue agent runs (``runtime``), and how
+    the session shows it — a stored definition (``agent_id``), with the
+    inline ``agent``'s fields over it, or the inline ``agent`` alone.
+    """
+    agent = body.get("agent")
+    if agent is not None and not isinstance(agent, dict):
+        raise bad_request("'agent' must be an object", param="agent")
+    agent = agent or {}
+    spec: dict[str, Any] = {}
+    if body.get("agent_id") is not None:
+        record = definitions.find(request, str(body["agent_id"]))
+        spec = {
+            "id": record["id"],
+            "runtime": record["model"],
+            "model": record["model"],
+            "name": record.get("name"),
+            "instructions": record.get("instructions"),
+        }
+    elif not agent:
+        raise bad_request(
+            "'agent' with a 'model', or 'agent_id', is required", param="agent"
+        )
+    for key in agent:
+        if key not in _AGENT_KEYS:
+            raise bad_request(
+                f"agent.{key}: unknown or unsupported parameter", param=f"agent.{key}"
+            )
+    if agent.get("tools"):
+        raise bad_request(
+            "agent.tools: the agent's own tools run; no tools can be added here",
+            param="agent.tools",
+        )
+    if (agent.get("multi_agent") or {}).get("enabled"):
+        raise bad_request(
+            "agent.multi_agent: subagents are not supported", param="agent.multi_agent"
+        )
+    runtime = agent.get("adapter") or agent.get("runtime") or agent.get("model")
+    if runtime is not None:
+        if not isinstance(runtime, str) or not runtime:
+            raise bad_request(
+                "agent.model must name an agent of the catalogue", param="agent.model"
+            )
+        spec.update(runtime=runtime, model=str(agent.get("model") or runtime))
+        spec.setdefault("id", runtime)
+    if "runtime" not in spec:
+        raise bad_request("agent.model is required", param="agent.model")
+    for key in ("name", "instructions"):
+        if key in agent:
+            value = agent[key]
+            if value is not None and not isinstance(value, str):
+                raise bad_request(f"agent.{key} must be a string", param=f"agent.{key}")
+            spec[key] = value
+    spec.setdefault("name", None)
+    spec.setdefault("instructions", None)
+    return spec
+
+
+def _environment(
+    request: ServerRequest, body: dict[str, Any]
+) -> tuple[dict[str, Any], str | None, dict[str, str]]:
+    """
+    The wire ``environment``, the working directory it names and its
+    variables: a stored environment's (``environment.id``), or inline.
+    """
+    env = body.get("environment")
+    if env is None:
+        env = {"type": "self_hosted"}
+    if not isinstance(env, dict):
+        raise bad_request("'environment' must be an object", param="environment")
+    kind = env.get("type", "self_hosted")
+    if kind not in ("self_hosted", "none"):
+        raise bad_request(
+            f"environment.type {kind!r} is a hosted environment; use self_hosted",
+            param="environment.type",
+        )
+    cwd = env.get("workspace_directory")
+    if cwd is not None and not isinstance(cwd, str):
+        raise bad_request(
+            "environment.workspace_directory must be a path",
+            param="environment.workspace_directory",
+        )
+    variables: dict[str, str] = {}
+    env_id = "env_local"
+    if env.get("id") is not None:
+        record = environments.find(request, str(env["id"]), "environment.id")
+        if cwd and cwd != record["workspace_directory"]:
+            raise bad_request(
+                "environment.workspace_directory differs from the environment's",
+                param="environment.workspace_directory",
+            )
+        cwd, variables, env_id = (
+            record["workspace_directory"],
+            dict(record["env"]),
+            record["id"],
+        )
+    return (
+        {
+            "type": "self_hosted",
+            "id": env_id,
+            "capability_directories": [],
+            "remote_url": "",
+            "workspace_directory": cwd or "",
+        },
+        cwd,
+        variables,
+    )
+
+
+def _check_unsupported(body: dict[str, Any]) -> None:
+    if body.get("vault_ids"):
+        raise not_found(
+            f"No vault found with id {body['vault_ids'][0]!r}", param="vault_ids"
+        )
+    if body.get("review") not in (None, "none"):
+        raise bad_request(
+            "review: automatic action review is not supported", param="review"
+        )
+    for key in ("spend_control", "prompt_cache_options"):
+        if body.get(key) is not None:
+            raise bad_request(f"{key}: not supported by a local agent", param=key)
+
+
+async def open_session(
+    request: ServerRequest,
+    agent: dict[str, Any],
+    cwd: str | None,
+    environment: dict[str, Any],
+    meta: dict[str, str],
+    hidden: bool = False,
+    variables: dict[str, str] | None = None,
+) -> SessionFace:
+    """Start an engine session for ``agent`` and put a face on it."""
+    engine_body: dict[str, Any] = {"agent": agent["runtime"]}
+    if cwd:
+        engine_body["cwd"] = cwd
+    if variables:
+        engine_body["env"] = variables
+    if agent.get("name"):
+        engine_body["title"] = agent["name"]
+    mgr = manager(request)
+    created = await mgr.create(attrs.evolve(request, body=engine_body))
+    engine = mgr.sessions[created["session_id"]]
+    if not environment.get("workspace_directory"):
+        environment = {**environment, "workspace_directory": engine.cwd}
+    face = SessionFace(engine, request.identity.id, agent, environment, meta, hidden)
+    door(request).add(face)
+    return face
+
+
+def submit_text(request: ServerRequest, face: SessionFace, text: str) -> WireTurn:
+    """One turn for ``text``, checked as the engine checks a prompt."""
+    if not text.strip():
+        raise bad_request("the input is empty", param="input")
+    blocks = build_prompt(face.engine, {"prompt": text}, request.rule)
+    return face.submit(text, blocks)
+
+
+async def agents_sessions_create(request: ServerRequest) -> Any:
+    """Create a session: an ACP agent started, with its first input if given."""
+    body = request.body
+    book = door(request).book(request.identity.id, "sessions")
+    key = request.headers.get("idempotency-key")
+    known = book.lookup(key, body)
+    if known is not None:
+        return door(request).face(request, known).describe()
+    known_keys(body, _SESSION_KEYS)
+    agent = _agent_spec(request, body)
+    environment, cwd, variables = _environment(request, body)
+    meta = metadata(body.get("metadata"))
+    _check_unsupported(body)
+    text = None
+    if body.get("input") is not None:
+        text = message_text(body["input"], "input")
+    stream = body.get("stream") is True
+    # The agent must be one the caller may run before anything starts.
+    catalog.find(request.context, request.rule, agent["runtime"])
+    face = await open_session(
+        request, agent, cwd, environment, meta, variables=variables
+    )
+    if text:
+        try:
+            submit_text(request, face, text)
+        except Exception:
+            await face.engine.close(reason="input_refused")
+            door(request).faces.pop(face.id, None)
+            raise
+    book.store(key, body, face.id)
+    if stream:
+        return SSEResponse(start=follow(face, 0))
+    return face.describe()
+
+
+# -- reading and changing sessions --------------------------------------------
+
+
+def agents_sessions_list(request: ServerRequest) -> dict[str, Any]:
+    """The caller's sessions (responses' own are not listed)."""
+    agent_id = request.query.get("agent_id")
+    faces = [
+        f.describe()
+        for f in door(request).faces.values()
+        if f.owner == request.identity.id
+        and not f.hidden
+        and (agent_id is None or f.agent["id"] == agent_id)
+    ]
+    return page(request, faces)
+
+
+def agents_sessions_get(request: ServerRequest) -> dict[str, Any]:
+    """One session."""
+    return face_of(request).describe()
+
+
+def agents_sessions_update(request: ServerRequest) -> dict[str, Any]:
+    """Only ``metadata`` changes after a session is created."""
+    face = face_of(request)
+    for key in request.body:
+        if key in ("agent", "vault_ids", "environment"):
+            raise bad_request(
+                f"{key}: cannot change after the session is created", param=key
+            )
+        if key != "metadata":
+            raise bad_request(f"{key}: unknown or unsupported parameter", param=key)
+    if "metadata" in request.body:
+        face.metadata = metadata(request.body["metadata"])
+    return face.describe()
+
+
+async def agents_sessions_delete(request: ServerRequest) -> dict[str, Any]:
+    """Close the agent (its turn cancelled, its tree ended) and forget the session."""
+    face = face_of(request)
+    await face.engine.close()
+    door(request).faces.pop(face.id, None)
+    return {"id": face.id, "object": "agent.session.deleted", "deleted": True}
+
+
+# -- events --------------------------------------------------------------------
+
+
+def _input_events(body: dict[str, Any]) -> list[dict[str, Any]]:
+    events = body.get("events")
+    if events is None and "input" in body:
+        events = [{"type": _MESSAGE, "input": body["input"]}]
+    for key in body:
+        if key not in ("events", "input"):
+            raise bad_request(f"{key}: unknown or unsupported parameter", param=key)
+    if not isinstance(events, list) or not events:
+        raise bad_request("'events' must be a non-empty list", param="events")
+    if not all(isinstance(e, dict) for e in events):
+        raise bad_request("each event must be an object", param="events")
+    return events
+
+
+def agents_sessions_events_create(request: ServerRequest) -> ServerResponse:
+    """
+    Input for a session: messages become one turn (queued behind a running
+    one), a cancel cancels the running turn, an approval result answers
+    the agent's held permission request.
+    """
+    face = face_of(request)
+    body = request.body
+    key = request.headers.get("idempotency-key")
+    if face.idempotency.lookup(key, body) is not None:
+        return accepted()
+    texts: list[str] = []
+    cancel = False
+    approvals: list[tuple[str, dict[str, Any]]] = []
+    for i, event in enumerate(_input_events(body)):
+        kind = _ALIASES.get(str(event.get("type")), event.get("type"))
+        where = f"events[{i}]"
+        if kind == _MESSAGE:
+            value = next(
+                (event[k] for k in ("input", "content", "text") if k in event), None
+            )
+            texts.append(message_text(value, where + ".input"))
+        elif kind == _CANCEL:
+            cancel = True
+        elif kind == _APPROVAL:
+            approvals.append(_approval(event, where))
+        else:
+            raise bad_request(
+                f"{where}.type {kind!r} is not supported here (tool results and "
+                "computer-use approvals have no local counterpart)",
+                param=where + ".type",
+            )
+    text = "\n".join(t for t in texts if t)
+    if not text and not cancel and not approvals:
+        raise bad_request("the input is empty", param="events")
+    for request_id, reply in approvals:
+        held = face.engine.pending.get(request_id) or manager(request).requests.get(
+            request_id
+        )
+        if held is None or held.session_id != face.engine.session_id:
+            raise not_found(
+                f"No pending request with id {request_id!r}", param="request_id"
+            )
+        face.engine.held.reply(held, reply, request.identity.id, request.rule)
+    if cancel:
+        face.cancel()
+    if text:
+        submit_text(request, face, text)
+    face.idempotency.store(key, body, True)
+    return accepted()
+
+
+def _approval(event: dict[str, Any], where: str) -> tuple[str, dict[str, Any]]:
+    request_id = event.get("request_id")
+    response = event.get("response")
+    if not isinstance(request_id, str) or not request_id:
+        raise bad_request(
+            f"{where}.request_id is required", param=where + ".request_id"
+        )
+    decision = response.get("decision") if isinstance(response, dict) else None
+    if decision not in _DECISIONS:
+        raise bad_request(
+            f"{where}.response.decision must be approve, deny or cancel",
+            param=where + ".response.decision",
+        )
+    return request_id, dict(_DECISIONS[decision])
+
+
+def agents_sessions_events_stream(request: ServerRequest) -> SSEResponse:
+    """The session's events, live, resumable."""
+    face = face_of(request)
+    after = resume_after(face, request.query, request.headers)
+    return SSEResponse(start=follow(face, after))
+
+
+# -- turns and items -----------------------------------------------------------
+
+
+def _turn(request: ServerRequest, face: SessionFace) -> WireTurn:
+    turn = face.turns.get(request.path_params["turn_id"])
+    if turn is None:
+        raise not_found(
+            f"No turn found with id {request.path_params['turn_id']!r}", param="turn_id"
+        )
+    return turn
+
+
+def agents_sessions_items_list(request: ServerRequest) -> dict[str, Any]:
+    """Every item of the session's kept turns."""
+    face = face_of(request)
+    return page(request, [_shown(i) for i in face.items()])
+
+
+def agents_sessions_turns_list(request: ServerRequest) -> dict[str, Any]:
+    """The session's turns."""
+    face = face_of(request)
+    return page(request, [t.describe() for t in face.turns.values()])
+
+
+def agents_sessions_turns_get(request: ServerRequest) -> dict[str, Any]:
+    """One turn."""
+    face = face_of(request)
+    return _turn(request, face).describe()
+
+
+def agents_sessions_turns_items_list(request: ServerRequest) -> dict[str, Any]:
+    """One turn's items."""
+    face = face_of(request)
+    turn = _turn(request, face)
+    return page(request, [_shown(i) for i in turn.items])
+
+
+def _shown(item: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in item.items() if not k.startswith("_")}
+
+
+# -- models --------------------------------------------------------------------
+
+
+def _models(request: ServerRequest) -> list[dict[str, Any]]:
+    created = int(request.context.started_at)
+    stored = [
+        {
+            "id": record["id"],
+            "object": "model",
+            "created": record["created_at"],
+            "owned_by": request.identity.id,
+        }
+        for record in door(request).definitions.values()
+        if record["owner"] == request.identity.id
+    ]
+    return stored + [
+        {
+            "id": entry.id,
+            "object": "model",
+            "created": created,
+            "owned_by": "sandboxd",
+        }
+        for entry in catalog.entries(request.context)
+        if catalog.allowed(entry, request.rule)
+    ]
+
+
+def agents_models_list(request: ServerRequest) -> dict[str, Any]:
+    """The agents of the catalogue this caller may run, as models."""
+    return {"object": "list", "data": _models(request)}
+
+
+def agents_models_get(request: ServerRequest) -> dict[str, Any]:
+    """One of them, or 404."""
+    wanted = request.path_params["model"]
+    for model in _models(request):
+        if model["id"] == wanted:
+            return model
+    raise not_found(f"The model {wanted!r} does not exist", param="model")
+
+
+# -- what a local daemon refuses -------------------------------------------------
+
+
+def agents_cannot_models_delete(request: ServerRequest) -> Any:
+    """No fine-tuned models here."""
+    raise not_implemented_locally(
+        "models cannot be deleted here: the models are the agents of the policy's catalogue"
+    )
+
+
+def agents_cannot_responses_input_tokens(request: ServerRequest) -> Any:
+    """No local tokenizer matches the agent's model."""
+    raise not_implemented_locally(
+        "input tokens cannot be counted locally: the agent's model and its tokenizer are its own"
+    )
+
+
+def agents_cannot_executor_registration(request: ServerRequest) -> Any:
+    """Executors register with OpenAI's hosted service."""
+    raise not_implemented_locally(
+        "executor registration is part of OpenAI's hosted service; agents run here already"
+    )
+
+
+def agents_cannot_executor_channel(request: ServerRequest) -> Any:
+    """The executor channel's peer is the hosted harness."""
+    raise not_implemented_locally(
+        "the executor channel connects to OpenAI's hosted harness; agents run here already"
+    )
+
+
+HANDLERS: dict[str, Any] = {
+    "agents_sessions_create": agents_sessions_create,
+    "agents_sessions_list": agents_sessions_list,
+    "agents_sessions_get": agents_sessions_get,
+    "agents_sessions_update": agents_sessions_update,
+    "agents_sessions_delete": agents_sessions_delete,
+    "agents_sessions_events_create": agents_sessions_events_create,
+    "agents_sessions_events_stream": agents_sessions_events_stream,
+    "agents_sessions_items_list": agents_sessions_items_list,
+    "agents_sessions_turns_list": agents_sessions_turns_list,
+    "agents_sessions_turns_get": agents_sessions_turns_get,
+    "agents_sessions_turns_items_list": agents_sessions_turns_items_list,
+    "agents_models_list": agents_models_list,
+    "agents_models_get": agents_models_get,
+    "agents_cannot_models_delete": agents_cannot_models_delete,
+    "agents_cannot_responses_input_tokens": agents_cannot_responses_input_tokens,
+    "agents_cannot_executor_registration": agents_cannot_executor_registration,
+    "agents_cannot_executor_channel": agents_cannot_executor_channel,
+}

@@ -1,0 +1,202 @@
+"""
+The ``/v1`` door's Responses routes with the official ``openai`` SDK: one
+response is one turn of the fake ACP agent, streamed live.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+
+from tests.openai_api.sdk import OpenAICase, caught, openai_policy
+
+
+class ResponseTests(OpenAICase):
+    """``client.responses`` over the ACP engine."""
+
+    @inlineCallbacks
+    def test_create_get_items_delete(self) -> Any:
+        """
+        A blocking create answers the finished response; it reads back by
+        id with its input; delete forgets it and ends its agent.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            response = client.responses.create(
+                model="fake",
+                input=[
+                    {
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": "echo hi there"}],
+                    }
+                ],
+                metadata={"k": "v"},
+            )
+            again = client.responses.retrieve(response.id)
+            items = list(client.responses.input_items.list(response.id))
+            client.responses.delete(response.id)
+            gone = caught(lambda: client.responses.retrieve(response.id))
+            return response, again, items, gone
+
+        response, again, items, gone = yield self.sdk(run)
+        self.assertEqual(response.status, "completed")
+        self.assertEqual(response.output_text, "hi there")
+        self.assertEqual(response.model, "fake")
+        self.assertEqual(response.metadata, {"k": "v"})
+        self.assertEqual(again.output_text, "hi there")
+        self.assertEqual([i.content[0].text for i in items], ["echo hi there"])
+        self.assertEqual(gone.status_code, 404)
+        self.assertEqual(gone.body["code"], "not_found")
+        live = self.daemon.context.agents.get().live()
+        for _ in range(50):
+            if not live:
+                break
+            yield self.sdk(time.sleep, 0.1)
+            live = self.daemon.context.agents.get().live()
+        self.assertEqual(live, [])
+
+    @inlineCallbacks
+    def test_stream_is_live(self) -> Any:
+        """
+        ``stream=True`` sends the agent's first chunk while the turn still
+        runs (the agent then waits to be cancelled); a cancel ends it with
+        ``response.incomplete``.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            seen = []
+            with client.responses.create(
+                model="fake", input="slow", stream=True
+            ) as stream:
+                for event in stream:
+                    seen.append(event)
+                    if event.type == "response.output_text.delta":
+                        running = client.responses.retrieve(seen[0].response.id)
+                        client.responses.cancel(seen[0].response.id)
+            return seen, running
+
+        seen, running = yield self.sdk(run)
+        types = [e.type for e in seen]
+        self.assertEqual(types[:2], ["response.created", "response.in_progress"])
+        self.assertIn("response.output_item.added", types)
+        self.assertEqual(types[-1], "response.incomplete")
+        self.assertEqual(running.status, "in_progress")
+        deltas = [e.delta for e in seen if e.type == "response.output_text.delta"]
+        self.assertEqual(deltas, ["working"])
+        self.assertEqual([e.sequence_number for e in seen], list(range(len(seen))))
+        self.assertEqual(seen[-1].response.status, "cancelled")
+
+    @inlineCallbacks
+    def test_stream_helper_and_continuation(self) -> Any:
+        """
+        The SDK's ``responses.stream`` helper gets the final text; a
+        ``previous_response_id`` continues the same agent session, and only
+        the latest response of a conversation can be continued.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            with client.responses.stream(model="fake", input="echo one") as stream:
+                first = stream.get_final_response()
+            second = client.responses.create(
+                model="fake", input="echo two", previous_response_id=first.id
+            )
+            stale = caught(
+                lambda: client.responses.create(
+                    model="fake", input="echo three", previous_response_id=first.id
+                )
+            )
+            return first, second, stale
+
+        first, second, stale = yield self.sdk(run)
+        self.assertEqual(first.output_text, "one")
+        self.assertEqual(second.output_text, "two")
+        self.assertEqual(stale.status_code, 400)
+        self.assertEqual(stale.body["param"], "previous_response_id")
+        self.assertEqual(len(self.daemon.context.agents.get().live()), 1)
+
+    @inlineCallbacks
+    def test_background_and_refusals(self) -> Any:
+        """
+        A background response answers at once and completes later; tools,
+        an unknown model and a second turn to cancel are refused clearly.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            response = client.responses.create(
+                model="fake", input="echo later", background=True
+            )
+            for _ in range(100):
+                done = client.responses.retrieve(response.id)
+                if done.status == "completed":
+                    break
+                time.sleep(0.05)
+            return (
+                response,
+                done,
+                caught(lambda: client.responses.cancel(response.id)),
+                caught(lambda: client.responses.create(model="no-such", input="x")),
+                caught(
+                    lambda: client.responses.create(
+                        model="fake",
+                        input="x",
+                        tools=[{"type": "function", "name": "f", "parameters": {}}],
+                    )
+                ),
+            )
+
+        response, done, cancel, unknown, tools = yield self.sdk(run)
+        self.assertIn(response.status, ("queued", "in_progress"))
+        self.assertEqual(done.output_text, "later")
+        self.assertEqual(
+            (cancel.status_code, cancel.body["code"]), (400, "invalid_param")
+        )
+        self.assertEqual(
+            (unknown.status_code, unknown.body["code"]), (404, "not_found")
+        )
+        self.assertEqual((tools.status_code, tools.body["param"]), (400, "tools"))
+
+
+class EvictionTests(OpenAICase):
+    """Stored responses do not hold agents past ``max_sessions``."""
+
+    policy = openai_policy(limits={"max_sessions": 2})
+
+    @inlineCallbacks
+    def test_oldest_idle_conversation_gives_way(self) -> Any:
+        """
+        A third conversation under ``max_sessions: 2`` ends the oldest idle
+        one's agent: its response still reads back, continuing it is 400.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            first, second, third = (
+                client.responses.create(model="fake", input=f"echo {n}") for n in "123"
+            )
+            return (
+                first,
+                third,
+                client.responses.retrieve(first.id),
+                caught(
+                    lambda: client.responses.create(
+                        model="fake", input="echo 4", previous_response_id=first.id
+                    )
+                ),
+                client.responses.create(
+                    model="fake", input="echo 5", previous_response_id=second.id
+                ),
+            )
+
+        _, third, again, refused, continued = yield self.sdk(run)
+        self.assertEqual((third.output_text, again.output_text), ("3", "1"))
+        self.assertEqual(
+            (refused.status_code, refused.body["param"]), (400, "previous_response_id")
+        )
+        self.assertEqual(continued.output_text, "5")
+        self.assertEqual(len(self.daemon.context.agents.get().live()), 2)

@@ -1,0 +1,594 @@
+"""
+The ``/v1`` door's sessions, events, turns, items and models, driven by the
+official ``openai`` SDK against a real daemon running the fake ACP agent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import httpx
+from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import SynchronousTestCase
+
+from tests.openai_api.sdk import OpenAICase, caught, openai_policy
+
+
+def _types(events: list[Any]) -> list[str]:
+    return [e.type for e in events]
+
+
+class SessionTests(OpenAICase):
+    """Sessions over the ACP engine, as ``client.beta.agents.sessions`` sees them."""
+
+    def create(self, client: Any, **extra: Any) -> Any:
+        return client.beta.agents.sessions.create(**self.session_body(**extra))
+
+    @inlineCallbacks
+    def test_stream_one_turn(self) -> Any:
+        """
+        ``sessions.stream`` subscribes, sends the input and ends with the
+        turn: the agent's chunks arrive as output_text deltas of one message
+        item; the turn, its items and the session read back the same.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            session = self.create(client, metadata={"case": "one"})
+            with client.beta.agents.sessions.stream(
+                session.id, input="echo hello world"
+            ) as stream:
+                events = list(stream)
+            sessions = client.beta.agents.sessions
+            return (
+                session,
+                events,
+                sessions.retrieve(session.id),
+                list(sessions.turns.list(session.id)),
+                list(sessions.items.list(session.id, order="asc")),
+                list(sessions.list()),
+            )
+
+        session, events, again, turns, items, listed = yield self.sdk(run)
+        self.assertEqual(session.status, "idle")
+        self.assertEqual(session.agent.model, "fake")
+        self.assertEqual(session.environment.workspace_directory, self.base_dir)
+        self.assertEqual(session.metadata, {"case": "one"})
+        types = _types(events)
+        self.assertEqual(types[0], "agent.session.in_progress")
+        self.assertEqual(
+            types[1:3], ["agent.session.turn.created", "agent.session.turn.in_progress"]
+        )
+        self.assertIn("agent.session.turn.item.added", types)
+        self.assertEqual(
+            types[-2:], ["agent.session.turn.completed", "agent.session.idle"]
+        )
+        deltas = [
+            e.delta for e in events if e.type == "agent.session.turn.output_text.delta"
+        ]
+        self.assertEqual("".join(deltas), "hello world")
+        self.assertGreater(len(deltas), 1)  # streamed as the agent sent it
+        ids = [e.event_id for e in events]
+        self.assertEqual(len(set(ids)), len(ids))
+        self.assertEqual(again.status, "idle")
+        self.assertEqual([t.status for t in turns], ["completed"])
+        self.assertEqual(turns[0].session_id, session.id)
+        [message] = items
+        self.assertEqual(message.type, "message")
+        self.assertEqual(message.phase, "final_answer")
+        self.assertEqual(message.output_text, "hello world")
+        self.assertEqual(message.turn_id, turns[0].id)
+        self.assertEqual([s.id for s in listed], [session.id])
+
+    @inlineCallbacks
+    def test_create_with_stream(self) -> Any:
+        """
+        ``create(stream=True)`` with input answers the new session's events
+        from its start (the seed answers JSON and no events).
+        """
+        client = self.client()
+
+        def run() -> Any:
+            stream = client.beta.agents.sessions.create(
+                **self.session_body(input="echo streamed"), stream=True
+            )
+            with stream:
+                return list(stream)
+
+        events = yield self.sdk(run)
+        types = [e.type for e in events]
+        self.assertEqual(types[0], "agent.session.in_progress")
+        self.assertEqual(types[-1], "agent.session.idle")
+        deltas = [
+            e.delta for e in events if e.type == "agent.session.turn.output_text.delta"
+        ]
+        self.assertEqual("".join(deltas), "streamed")
+
+    @inlineCallbacks
+    def test_turns_and_items_by_id(self) -> Any:
+        """A turn and its items are found by id; an unknown turn is 404 not_found."""
+        client = self.client()
+        sessions = client.beta.agents.sessions
+
+        def run() -> Any:
+            session = self.create(client, input="echo first")
+            with sessions.events.stream(session.id, extra_query={"after": "0"}) as s:
+                list(s)
+            turn = next(iter(sessions.turns.list(session.id)))
+            return (
+                sessions.turns.retrieve(turn.id, session_id=session.id),
+                list(sessions.turns.items.list(turn.id, session_id=session.id)),
+                caught(
+                    lambda: sessions.turns.retrieve("turn_x", session_id=session.id)
+                ),
+            )
+
+        turn, items, missing = yield self.sdk(run)
+        self.assertEqual(turn.status, "completed")
+        self.assertEqual(items[0].output_text, "first")
+        self.assertEqual(missing.status_code, 404)
+        self.assertEqual(missing.body["code"], "not_found")
+
+    @inlineCallbacks
+    def test_resume_after(self) -> Any:
+        """
+        Every frame has its own ``id:``; ``after`` (a seq or an event_id)
+        replays exactly what followed, and the stream ends at the idle.
+        """
+        client = self.client()
+        base = self.daemon.url + "/v1/agents/sessions/"
+        headers = {"Authorization": "Bearer u-token"}
+
+        def run() -> Any:
+            session = self.create(client, input="echo resume me")
+            frames = []
+            with httpx.stream(
+                "GET",
+                base + session.id + "/events?after=0",
+                headers=headers,
+                timeout=30,
+            ) as r:
+                for line in r.iter_lines():
+                    if line.startswith("id: "):
+                        frames.append(int(line[4:]))
+                    elif line.startswith("data: "):
+                        frames.append(json.loads(line[6:]))
+            ids = frames[0::2]
+            datas = frames[1::2]
+            middle = datas[3]["event_id"]
+            with client.beta.agents.sessions.events.stream(
+                session.id, extra_query={"after": middle}
+            ) as s:
+                rest = [e.event_id for e in s]
+            return ids, datas, rest
+
+        ids, datas, rest = yield self.sdk(run)
+        self.assertEqual(ids, list(range(1, len(ids) + 1)))
+        self.assertEqual(datas[-1]["type"], "agent.session.idle")
+        self.assertEqual(rest, [d["event_id"] for d in datas[4:]])
+
+    @inlineCallbacks
+    def test_queue_and_cancel(self) -> Any:
+        """
+        A message sent during a turn queues the next turn; a cancel ends
+        the running one (cancelled) and the queued one then runs.
+        """
+        client = self.client()
+        sessions = client.beta.agents.sessions
+
+        def run() -> Any:
+            session = self.create(client)
+            with sessions.events.stream(session.id) as stream:
+                sessions.events.create(
+                    session.id,
+                    events=[
+                        {
+                            "type": "agent.session.input.message",
+                            "input": [
+                                {
+                                    "role": "user",
+                                    "content": [{"type": "input_text", "text": "slow"}],
+                                }
+                            ],
+                        }
+                    ],
+                )
+                seen = []
+                for event in stream:
+                    seen.append(event)
+                    if (
+                        event.type == "agent.session.turn.output_text.delta"
+                        and len(seen) < 12
+                    ):
+                        sessions.events.create(
+                            session.id,
+                            events=[
+                                {
+                                    "type": "agent.session.input.message",
+                                    "input": "echo next",
+                                }
+                            ],
+                        )
+                        busy = sessions.retrieve(session.id)
+                        sessions.events.create(
+                            session.id, events=[{"type": "agent.session.input.cancel"}]
+                        )
+            return busy, seen, list(sessions.turns.list(session.id, order="asc"))
+
+        busy, seen, turns = yield self.sdk(run)
+        self.assertEqual(busy.status, "in_progress")
+        self.assertEqual([t.status for t in turns], ["cancelled", "completed"])
+        types = _types(seen)
+        self.assertIn("agent.session.turn.cancelled", types)
+        self.assertEqual(types.count("agent.session.turn.completed"), 1)
+        self.assertEqual(types[-1], "agent.session.idle")
+
+    @inlineCallbacks
+    def test_restart_forgets_sessions(self) -> Any:
+        """
+        Sessions live with their agents, in memory: after a daemon restart
+        an old session is 404 not_found, never half-restored (the seed's
+        come back without their owner or agent).
+        """
+        client = self.client()
+        session = yield self.sdk(
+            lambda: client.beta.agents.sessions.create(**self.session_body())
+        )
+        yield self.daemon.stop()
+        yield self.start()
+        again = self.client()
+        gone = yield self.sdk(
+            lambda: caught(lambda: again.beta.agents.sessions.retrieve(session.id))
+        )
+        listed = yield self.sdk(lambda: list(again.beta.agents.sessions.list()))
+        self.assertEqual((gone.status_code, gone.body["code"]), (404, "not_found"))
+        self.assertEqual(listed, [])
+
+    @inlineCallbacks
+    def test_update_and_delete(self) -> Any:
+        """Metadata changes; the agent cannot; a deleted session is gone."""
+        client = self.client()
+        sessions = client.beta.agents.sessions
+
+        def run() -> Any:
+            session = self.create(client)
+            updated = sessions.update(session.id, metadata={"k": "v"})
+            refused = caught(
+                lambda: sessions.update(
+                    session.id, extra_body={"agent": {"model": "x"}}
+                )
+            )
+            deleted = sessions.delete(session.id)
+            gone = caught(lambda: sessions.retrieve(session.id))
+            return updated, refused, deleted, gone
+
+        updated, refused, deleted, gone = yield self.sdk(run)
+        self.assertEqual(updated.metadata, {"k": "v"})
+        self.assertEqual(refused.status_code, 400)
+        self.assertEqual(refused.body["param"], "agent")
+        self.assertTrue(deleted.deleted)
+        self.assertEqual(gone.status_code, 404)
+        self.assertEqual(self.daemon.context.agents.get().live(), [])
+
+
+class RedactionTests(OpenAICase):
+    """An agent's keys never reach a client through its output."""
+
+    SECRET = "sup3r-s3cret-value"
+
+    def setUp(self) -> Any:
+        os.environ["FAKE_SECRET"] = self.SECRET
+        self.addCleanup(os.environ.pop, "FAKE_SECRET", None)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_secret_split_across_chunks(self) -> Any:
+        """
+        The agent says its ``env_pass`` key in two chunks split inside it,
+        and runs a command printing it: no delta, item or output holds any
+        of it, the rest of the text is intact.
+        """
+        client = self.client()
+        sessions = client.beta.agents.sessions
+
+        def run() -> Any:
+            session = sessions.create(
+                **self.session_body(agent={"model": "fake-secret"})
+            )
+            events = []
+            for prompt in (
+                f"echo before-{self.SECRET}-after",
+                f"terminal printf {self.SECRET}",
+            ):
+                with sessions.stream(session.id, input=prompt) as stream:
+                    events += list(stream)
+            return events, list(sessions.items.list(session.id, order="asc"))
+
+        events, items = yield self.sdk(run)
+        deltas = [
+            e.delta for e in events if e.type == "agent.session.turn.output_text.delta"
+        ]
+        # The first turn's two chunks, then the second turn's report.
+        self.assertEqual(deltas[:2], ["before-", "[redacted]-after"])
+        self.assertEqual(deltas[2], "exit=0 signal=None output='[redacted]'")
+        output = [
+            e.delta
+            for e in events
+            if e.type == "agent.output.command_execution_output.delta"
+        ]
+        self.assertEqual("".join(output), "[redacted]")
+        shown = json.dumps([e.model_dump() for e in events]) + json.dumps(
+            [i.model_dump() for i in items]
+        )
+        for piece in ("sup3r", "s3cret", "t-value"):
+            self.assertNotIn(piece, shown)
+        command = next(i for i in items if i.type == "command_execution")
+        self.assertEqual(
+            (command.command, command.output), ("printf [redacted]", "[redacted]")
+        )
+
+
+class DoorTests(OpenAICase):
+    """The door's framing: errors, owners, scopes, idempotency, audit."""
+
+    policy = openai_policy(audit="all")
+
+    @inlineCallbacks
+    def test_errors_in_openai_envelope(self) -> Any:
+        """
+        Handler errors and gate refusals alike answer OpenAI's envelope with
+        the SPEC code in ``code`` and ``x-should-retry: false``.
+        """
+        client = self.client()
+        reader = self.client("r-token")
+        sessions = client.beta.agents.sessions
+
+        def run() -> Any:
+            return (
+                caught(lambda: sessions.retrieve("agsess_nope")),
+                caught(
+                    lambda: sessions.create(
+                        **self.session_body(agent={"model": "no-such"})
+                    )
+                ),
+                caught(
+                    lambda: sessions.create(
+                        **self.session_body(environment={"type": "openai_hosted"})
+                    )
+                ),
+                caught(lambda: reader.beta.agents.sessions.list()),
+                caught(lambda: self.client("wrong").models.list()),
+                httpx.get(
+                    self.daemon.url + "/v1/nowhere",
+                    headers={"Authorization": "Bearer u-token"},
+                ),
+            )
+
+        missing, unknown, hosted, scope, token, nowhere = yield self.sdk(run)
+        self.assertEqual(missing.status_code, 404)
+        self.assertEqual(
+            missing.body,
+            {
+                "message": "No session found with id 'agsess_nope'",
+                "type": "not_found_error",
+                "param": "session_id",
+                "code": "not_found",
+            },
+        )
+        self.assertEqual(missing.response.headers["x-should-retry"], "false")
+        self.assertEqual(
+            (unknown.status_code, unknown.body["code"]), (404, "not_found")
+        )
+        self.assertEqual(
+            (hosted.status_code, hosted.body["param"]), (400, "environment.type")
+        )
+        self.assertEqual(scope.status_code, 403)
+        self.assertEqual(scope.body["code"], "missing_scope")
+        self.assertEqual(scope.body["type"], "permission_error")
+        self.assertEqual((token.status_code, token.body["code"]), (401, "unauthorized"))
+        self.assertEqual(nowhere.status_code, 404)
+        self.assertEqual(nowhere.json()["error"]["code"], "not_found")
+
+    @inlineCallbacks
+    def test_another_owner_sees_nothing(self) -> Any:
+        """A session is its creator's: another identity gets 404 and an empty list."""
+        mine = self.client()
+        theirs = self.client("o-token")
+
+        def run() -> Any:
+            session = mine.beta.agents.sessions.create(**self.session_body())
+            return (
+                caught(lambda: theirs.beta.agents.sessions.retrieve(session.id)),
+                list(theirs.beta.agents.sessions.list()),
+            )
+
+        refused, listed = yield self.sdk(run)
+        self.assertEqual(refused.status_code, 404)
+        self.assertEqual(listed, [])
+
+    @inlineCallbacks
+    def test_idempotency(self) -> Any:
+        """
+        The same Idempotency-Key and body answer the first result again
+        (one session, one turn); another body is 409 idempotency.mismatch.
+        """
+        client = self.client()
+        sessions = client.beta.agents.sessions
+        key = {"Idempotency-Key": "k-1"}
+
+        def run() -> Any:
+            first = sessions.create(**self.session_body(), extra_headers=key)
+            second = sessions.create(**self.session_body(), extra_headers=key)
+            other = caught(
+                lambda: sessions.create(
+                    **self.session_body(metadata={"a": "b"}), extra_headers=key
+                )
+            )
+            with sessions.events.stream(first.id) as stream:
+                for _ in range(2):
+                    sessions.events.create(
+                        first.id,
+                        events=[
+                            {
+                                "type": "agent.session.input.message",
+                                "input": "echo once",
+                            }
+                        ],
+                        idempotency_key="e-1",
+                    )
+                list(stream)
+            return first, second, other, list(sessions.turns.list(first.id))
+
+        first, second, other, turns = yield self.sdk(run)
+        self.assertEqual(first.id, second.id)
+        self.assertEqual(other.status_code, 409)
+        self.assertEqual(other.body["code"], "idempotency.mismatch")
+        self.assertEqual(other.response.headers["x-should-retry"], "false")
+        self.assertEqual(len(turns), 1)
+        self.assertEqual(len(self.daemon.context.agents.get().live()), 1)
+
+    @inlineCallbacks
+    def test_audited_via_openai(self) -> Any:
+        """Each call is one audit line naming its endpoint id, ``via: openai``."""
+        client = self.client()
+
+        def run() -> Any:
+            client.beta.agents.sessions.create(**self.session_body())
+            caught(lambda: client.beta.agents.sessions.retrieve("agsess_x"))
+
+        yield self.sdk(run)
+        lines = [
+            x for x in self.audit_lines() if x.get("endpoint", "").startswith("agents_")
+        ]
+        self.assertEqual(
+            [(x["endpoint"], x["via"], x["status"], x["identity"]) for x in lines],
+            [
+                ("agents_sessions_create", "openai", 200, "user"),
+                ("agents_sessions_get", "openai", 404, "user"),
+            ],
+        )
+
+
+class ModelTests(OpenAICase):
+    """``client.models`` lists the agents the caller may run; deletion is refused."""
+
+    @inlineCallbacks
+    def test_models(self) -> Any:
+        """The policy's agents are models; an unknown one is 404; delete is refused for good."""
+        client = self.client()
+
+        def run() -> Any:
+            return (
+                [m.id for m in client.models.list()],
+                client.models.retrieve("fake"),
+                caught(lambda: client.models.retrieve("gpt-nope")),
+                caught(lambda: client.models.delete("fake")),
+                caught(
+                    lambda: client.responses.input_tokens.count(model="fake", input="x")
+                ),
+            )
+
+        ids, fake, unknown, delete, count = yield self.sdk(run)
+        self.assertIn("fake", ids)
+        self.assertEqual((fake.id, fake.object), ("fake", "model"))
+        self.assertEqual(unknown.status_code, 404)
+        for refused in (delete, count):
+            self.assertEqual(refused.status_code, 404)
+            self.assertEqual(refused.body["code"], "agents.not_implemented_locally")
+            self.assertEqual(refused.response.headers["x-should-retry"], "false")
+
+
+class ShapeTests(OpenAICase):
+    """What the door sends validates against the SDK's own models, strictly."""
+
+    @inlineCallbacks
+    def test_objects_and_events_validate(self) -> Any:
+        """
+        Sessions, turns, items, every streamed event and a response parse
+        with the SDK's pydantic models (``model_validate``, which refuses a
+        missing field or an unknown ``type``, unlike the SDK's lenient read).
+        """
+        from openai.types.beta.agent_session import AgentSession
+        from openai.types.beta.agent_session_event import AgentSessionEvent
+        from openai.types.beta.agent_session_item import AgentSessionItem
+        from openai.types.beta.agents.sessions.turn import Turn
+        from openai.types.responses import Response
+        from pydantic import TypeAdapter
+
+        client = self.client()
+        sessions = client.beta.agents.sessions
+        base = self.daemon.url + "/v1/agents/sessions/"
+        headers = {"Authorization": "Bearer u-token"}
+
+        def get(session_id: str, url: str) -> Any:
+            return httpx.get(base + session_id + url, headers=headers).json()
+
+        def run() -> Any:
+            session = sessions.create(**self.session_body(input="think"))
+            with sessions.events.stream(session.id, extra_query={"after": "0"}) as s:
+                list(s)
+            with sessions.stream(session.id, input="terminal printf hi") as s:
+                list(s)
+            events = []
+            with httpx.stream(
+                "GET",
+                base + session.id + "/events?after=0",
+                headers=headers,
+                timeout=30,
+            ) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(json.loads(line[6:]))
+            response = client.responses.with_raw_response.create(
+                model="fake", input="echo x"
+            )
+            return (
+                get(session.id, ""),
+                events,
+                get(session.id, "/turns")["data"],
+                get(session.id, "/items")["data"],
+                response.http_response.json(),
+            )
+
+        session, events, turns, items, response = yield self.sdk(run)
+        AgentSession.model_validate(session)
+        adapter = TypeAdapter(AgentSessionEvent)
+        for event in events:
+            adapter.validate_python(event)
+        self.assertEqual(len(turns), 2)
+        for turn in turns:
+            Turn.model_validate(turn)
+        kinds = set()
+        for item in items:
+            TypeAdapter(AgentSessionItem).validate_python(item)
+            kinds.add(item["type"])
+        self.assertEqual(kinds, {"reasoning", "message", "command_execution"})
+        [command] = [i for i in items if i["type"] == "command_execution"]
+        self.assertEqual(
+            (command["command"], command["output"], command["exit_code"]),
+            ("printf hi", "hi", 0),
+        )
+        Response.model_validate(response)
+        streamed = [
+            e["delta"]
+            for e in events
+            if e["type"] == "agent.output.command_execution_output.delta"
+        ]
+        self.assertEqual(streamed, ["hi"])
+
+
+class NotToolsTests(SynchronousTestCase):
+    """The door's routes stay out of the MCP door's tools."""
+
+    def test_door_routes_are_not_mcp_tools(self) -> None:
+        """No ``/v1`` endpoint is an MCP tool; the native agents routes are."""
+        from sandboxd.mcp.tools import is_tool
+        from sandboxd.routes import builtin_table, load_all
+
+        table = builtin_table()
+        load_all(table)
+        tools = {e.id for e in table if is_tool(e)}
+        self.assertIn("agents_prompt", tools)
+        self.assertEqual({e.id for e in table if e.door == "openai"} & tools, set())
