@@ -19,6 +19,7 @@ CLIENT_COMMANDS = {
     "kill": "Signal a process (default TERM).",
     "term": "An interactive terminal; reattach to SESSION.",
     "caps": "What this token may do (--explain ENDPOINT: why).",
+    "ui": "Print a URL that opens the web console with a short-lived link.",
 }
 
 

@@ -60,6 +60,7 @@ _GROUP_NOTES = {
     CapabilityGroup.E2B: "the E2B-compatible envd port (docs/e2b.md)",
     CapabilityGroup.AUTH: "short-lived capability links",
     CapabilityGroup.PREVIEW: "the preview door: a sandbox's web apps in a browser (docs/preview.md)",
+    CapabilityGroup.CONSOLE: "the web console at /ui/ (docs/console.md)",
 }
 
 _HEADER = """\

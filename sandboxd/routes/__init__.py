@@ -38,6 +38,7 @@ GROUP_MODULES: dict[CapabilityGroup, tuple[str, ...]] = {
     G.MCP: ("sandboxd.routes.mcp",),
     G.AUTH: ("sandboxd.routes.links",),
     G.PREVIEW: ("sandboxd.routes.preview",),
+    G.CONSOLE: ("sandboxd.routes.console",),
 }
 
 

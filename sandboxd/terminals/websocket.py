@@ -86,6 +86,9 @@ class PtyServerProtocol(WebSocketServerProtocol):
     _input_paused = False
     _abort_timer: Any = None
     _refusal: ApiError | None = None
+    #: Whether the connection came over TLS, when the factory's own port
+    #: does not say (the API port hands connections to the PTY factory).
+    secure: bool | None = None
 
     @property
     def _tcp(self) -> Any:
@@ -126,7 +129,7 @@ class PtyServerProtocol(WebSocketServerProtocol):
             context,
             endpoint,
             headers,
-            secure=self.factory.isSecure,
+            secure=self.factory.isSecure if self.secure is None else self.secure,
             query_tokens=[v.encode("utf-8") for v in params.get("access_token", [])],
             take_slot=False,
         )

@@ -40,6 +40,7 @@ from sandboxd.web.cors import (
 from sandboxd.web.dispatch import dispatch, json_bytes, reason_phrase, respond_error
 from sandboxd.web.jsonbody import parse_object
 from sandboxd.web.messages import BodySink, ServerRequest
+from sandboxd.web.ptysocket import PtySocketExchange, session_of
 from sandboxd.web.pipeline import Admission, PipelineRefusal, Refusal, admit
 from sandboxd.web.upload import UploadBody
 
@@ -119,6 +120,12 @@ class SandboxRequest(Request):
         if self.cors_origin is not None and is_preflight(method, headers):
             self.preflight = True
             return
+        if method == "GET":
+            session_id = session_of(channel._path)
+            if session_id is not None:
+                # The PTY WebSocket: its own gate call, at the handshake.
+                self.door_exchange = PtySocketExchange(self, channel._path, session_id)
+                return
         doors = self.context.doors
         if doors:
             door = doors.get(channel._path.partition(b"?")[0].rstrip(b"/"))
