@@ -45,9 +45,10 @@ ARGS = [
 ]
 
 TOKEN = "console-admin-token-0123456789"
-#: Where screenshots go: ``console-screenshots`` in trial's working
-#: directory (``_trial_temp``), set when the first browser starts.
-SHOTS = "console-screenshots"
+#: Where screenshots go: ``$SANDBOXD_SCREENSHOTS``, else
+#: ``console-screenshots`` in trial's working directory (``_trial_temp``),
+#: made absolute when the first browser starts.
+SHOTS = os.environ.get("SANDBOXD_SCREENSHOTS", "console-screenshots")
 
 
 def _sha(token: str) -> str:
@@ -231,3 +232,209 @@ class TerminalTests(ConsoleCase):
         self.assertEqual(seen["after_cut"].count("again-6"), 1)
         self.assertNoCspViolation(seen)
         self.first_usable = seen["first_usable"]
+
+
+def png_bytes() -> bytes:
+    """A small valid PNG (a 16x16 blue square)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    raw = b"".join(b"\x00" + b"\x30\x80\xf0" * 16 for _ in range(16))
+    header = struct.pack(">IIBBBBB", 16, 16, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
+
+
+class FilesTests(ConsoleCase):
+    """The files page: upload, view, edit."""
+
+    def visible_banner(self, page: Any) -> dict[str, Any]:
+        result: dict[str, Any] = page.evaluate(
+            "(() => { const b = document.querySelector('[data-testid=banner]');"
+            " return {hidden: b.hidden, kind: b.dataset.kind, text: b.textContent}; })()"
+        )
+        return result
+
+    @inlineCallbacks
+    def test_upload_view_edit_conflict(self) -> Any:
+        """
+        A 5 MB upload lands whole with its progress shown; an image shows as
+        a blob image; an HTML file is download-only; saving an edit after
+        someone else changed the file shows the 412 and keeps their version.
+        """
+        url = yield self.link()
+        base = self.base_dir
+        with open(os.path.join(base, "note.txt"), "w") as f:
+            f.write("first version\n")
+        with open(os.path.join(base, "pixel.png"), "wb") as f:
+            f.write(png_bytes())
+        with open(os.path.join(base, "page.html"), "w") as f:
+            f.write("<script>alert(1)</script>")
+        big = os.path.join(self.mktemp() + "-big.bin")
+        payload = os.urandom(5_000_000)
+        with open(big, "wb") as f:
+            f.write(payload)
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=nav-files]")
+            page.wait_for_selector("[data-testid=file-entry][data-name='note.txt']")
+            page.set_input_files("[data-testid=file-upload]", big)
+            page.wait_for_selector("[data-testid=file-entry][data-name$='-big.bin']", timeout=30000)
+            seen["upload_status"] = page.text_content("[data-testid=upload-status]")
+            seen["progress"] = page.get_attribute("[data-testid=upload-progress]", "value")
+            page.click("[data-testid=file-entry][data-name='pixel.png']")
+            page.wait_for_selector("[data-testid=file-image]")
+            seen["image_src"] = page.get_attribute("[data-testid=file-image]", "src")
+            seen["image_width"] = page.evaluate(
+                "document.querySelector('[data-testid=file-image]').naturalWidth"
+            )
+            page.screenshot(path=os.path.join(SHOTS, "files-image.png"))
+            page.click("[data-testid=file-entry][data-name='page.html']")
+            page.wait_for_selector("[data-testid=file-download-only]")
+            seen["html_frames"] = len(page.frames)
+            page.click("[data-testid=file-entry][data-name='note.txt']")
+            page.wait_for_selector("[data-testid=file-text]")
+            seen["text"] = page.text_content("[data-testid=file-text]")
+            page.click("[data-testid=file-edit]")
+            page.fill("[data-testid=file-editor]", "my edit\n")
+            # Someone else saves the file meanwhile.
+            with open(os.path.join(base, "note.txt"), "w") as f:
+                f.write("changed by the agent meanwhile\n")
+            page.click("[data-testid=file-save]")
+            page.wait_for_selector("[data-testid=banner][data-kind=edit-conflict]")
+            seen["banner"] = self.visible_banner(page)
+            seen["editor"] = page.input_value("[data-testid=file-editor]")
+            page.screenshot(path=os.path.join(SHOTS, "files-conflict.png"))
+
+        seen = yield self.browse(steps)
+        uploaded = [n for n in os.listdir(self.base_dir) if n.endswith("-big.bin")]
+        self.assertEqual(len(uploaded), 1)
+        with open(os.path.join(self.base_dir, uploaded[0]), "rb") as f:
+            self.assertEqual(f.read(), payload)
+        self.assertIn("Uploaded", seen["upload_status"])
+        self.assertEqual(seen["progress"], "1")
+        self.assertTrue(seen["image_src"].startswith("blob:"))
+        self.assertEqual(seen["image_width"], 16)
+        self.assertEqual(seen["text"], "first version\n")
+        self.assertFalse(seen["banner"]["hidden"])
+        self.assertIn("changed since you opened it", seen["banner"]["text"])
+        self.assertEqual(seen["editor"], "my edit\n")
+        with open(os.path.join(self.base_dir, "note.txt")) as f:
+            self.assertEqual(f.read(), "changed by the agent meanwhile\n")
+        self.assertNoCspViolation(seen)
+
+
+class LinkTests(ConsoleCase):
+    """What a narrower or dead link gets."""
+
+    @inlineCallbacks
+    def test_read_only_link(self) -> Any:
+        """
+        A ``files:read`` link gets a console with files only and no upload,
+        edit, mkdir or delete control; a forced upload with it is 403.
+        """
+        url = yield self.link(scopes=["core:read", "files:read"])
+        with open(os.path.join(self.base_dir, "readme.txt"), "w") as f:
+            f.write("read me\n")
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.wait_for_selector("[data-testid=file-entry][data-name='readme.txt']")
+            page.click("[data-testid=file-entry][data-name='readme.txt']")
+            page.wait_for_selector("[data-testid=file-text]")
+            seen["navs"] = page.eval_on_selector_all(
+                "nav [data-testid]", "els => els.map(e => e.dataset.testid)"
+            )
+            seen["controls"] = {
+                t: page.locator(f"[data-testid={t}]").count()
+                for t in ("file-upload", "file-edit", "file-mkdir", "file-delete", "file-move", "terminal-new")
+            }
+            seen["forced"] = page.evaluate(
+                "(async () => { const r = await fetch('/files/raw?path=forced.txt', {method: 'POST',"
+                " headers: {Authorization: 'Bearer ' + sessionStorage.getItem('sandboxd.console.link')},"
+                " body: 'x'}); return {status: r.status, body: await r.json()}; })()"
+            )
+            page.screenshot(path=os.path.join(SHOTS, "read-only.png"))
+
+        seen = yield self.browse(steps)
+        self.assertEqual(seen["navs"], ["nav-files"])
+        self.assertEqual(set(seen["controls"].values()), {0})
+        self.assertEqual(seen["forced"]["status"], 403)
+        self.assertEqual(seen["forced"]["body"]["code"], "missing_scope")
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "forced.txt")))
+        self.assertNoCspViolation(seen)
+
+    @inlineCallbacks
+    def test_expired_link(self) -> Any:
+        """An expired link shows the login screen saying so, and is forgotten."""
+        url = yield self.link(ttl_seconds=1)
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            time.sleep(1.5)
+            page.goto(url)
+            page.wait_for_selector("[data-testid=login]:not([hidden])")
+            seen["reason"] = page.text_content("[data-testid=login-reason]")
+            seen["app_hidden"] = page.evaluate("document.getElementById('app').hidden")
+            seen["kept"] = page.evaluate("sessionStorage.getItem('sandboxd.console.link')")
+            page.screenshot(path=os.path.join(SHOTS, "login-expired.png"))
+
+        seen = yield self.browse(steps)
+        self.assertIn("expired", seen["reason"])
+        self.assertTrue(seen["app_hidden"])
+        self.assertIsNone(seen["kept"])
+        # The console's own failed call is the only message: a 401, not a CSP refusal.
+        self.assertNoCspViolation(
+            {**seen, "console": [m for m in seen["console"] if "401" not in m]}
+        )
+
+
+class ProcessTests(ConsoleCase):
+    """Processes with live output, and the ports page."""
+
+    @inlineCallbacks
+    def test_process_output_and_ports(self) -> Any:
+        """A managed process is listed and its output arrives live; the ports page lists ports."""
+        started = yield self.request(
+            "POST",
+            "/process/start",
+            {"command": "for i in 1 2 3 4 5; do echo tick-$i; sleep 0.3; done", "shell": "sh"},
+        )
+        self.assertEqual(started.status, 200, started.body)
+        pid = started.json()["pid"]
+        url = yield self.link()
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=nav-processes]")
+            page.click(f"[data-testid=process-entry][data-pid='{pid}']")
+            wait_true(
+                page,
+                "document.querySelector('[data-testid=process-output]').textContent.includes('[exited')",
+            )
+            seen["output"] = page.text_content("[data-testid=process-output]")
+            page.screenshot(path=os.path.join(SHOTS, "processes.png"))
+            page.click("[data-testid=nav-ports]")
+            page.wait_for_selector("[data-testid=port-entry]")
+            seen["ports"] = page.eval_on_selector_all(
+                "[data-testid=port-entry]", "els => els.map(e => Number(e.dataset.port))"
+            )
+            page.screenshot(path=os.path.join(SHOTS, "ports.png"))
+
+        seen = yield self.browse(steps)
+        for i in range(1, 6):
+            self.assertEqual(seen["output"].count(f"tick-{i}"), 1)
+        self.assertIn("[exited 0]", seen["output"])
+        self.assertIn(self.daemon.port, seen["ports"])
+        self.assertNoCspViolation(seen)

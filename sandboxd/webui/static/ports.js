@@ -28,7 +28,11 @@ export class PortsPage {
         ports = (await this.api.json("GET", "/preview/ports")).ports || [];
       } else {
         const listed = await this.api.json("GET", "/ports");
-        ports = (listed.ports || []).map((p) => ({ port: p.port, listening: true, exposed: false, address: p.address || p.host }));
+        const seen = new Set();
+        ports = (listed.listening || [])
+          .filter((p) => !seen.has(p.port) && seen.add(p.port))
+          .sort((a, b) => a.port - b.port)
+          .map((p) => ({ port: p.port, listening: true, exposed: false, address: p.address }));
       }
     } catch (e) {
       this.banner(`Cannot list ports: ${e.message}`);
