@@ -72,7 +72,14 @@ def strip_source_map(data: bytes) -> bytes:
 def fetch(package: str, version: str, work: Path) -> Path:
     """``npm pack`` one pinned version into ``work``; the tarball's path."""
     out = subprocess.run(
-        ["npm", "pack", f"{package}@{version}", "--json", "--pack-destination", str(work)],
+        [
+            "npm",
+            "pack",
+            f"{package}@{version}",
+            "--json",
+            "--pack-destination",
+            str(work),
+        ],
         check=True,
         capture_output=True,
         text=True,
@@ -90,7 +97,10 @@ def main() -> int:
             tarball = fetch(package, version, Path(tmp))
             got = integrity(tarball.read_bytes())
             if got != pinned:
-                print(f"{package}@{version}: integrity {got} != pinned {pinned}", file=sys.stderr)
+                print(
+                    f"{package}@{version}: integrity {got} != pinned {pinned}",
+                    file=sys.stderr,
+                )
                 return 1
             hashes: dict[str, str] = {}
             with tarfile.open(tarball) as tar:
@@ -105,7 +115,12 @@ def main() -> int:
                     (VENDOR / name).write_bytes(data)
                     hashes[name] = hashlib.sha256(data).hexdigest()
             packages.append(
-                {"package": package, "version": version, "integrity": pinned, "files": hashes}
+                {
+                    "package": package,
+                    "version": version,
+                    "integrity": pinned,
+                    "files": hashes,
+                }
             )
             print(f"{package}@{version}: {', '.join(hashes)}")
     manifest["packages"] = packages

@@ -2116,9 +2116,7 @@ SCHEMAS: dict[str, Schema] = {
     # -- console ---------------------------------------------------------------
     "ui_assets": Schema(
         produces="binary",
-        headers=(
-            F("If-None-Match", doc="an asset's ETag: 304 when it still matches"),
-        ),
+        headers=(F("If-None-Match", doc="an asset's ETag: 304 when it still matches"),),
         errors=(
             E(404, "not_found", "no such asset, or another version's", "NotFoundError"),
         ),

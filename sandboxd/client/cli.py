@@ -531,7 +531,9 @@ def cmd_ui(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
         _print_json({**minted, "url": url}, out)
     else:
         out.write(url + "\n")
-        err.write(f"(works until {minted['expires_at']}; revoke: link {minted['link_id']})\n")
+        err.write(
+            f"(works until {minted['expires_at']}; revoke: link {minted['link_id']})\n"
+        )
     return 0
 
 

@@ -74,7 +74,9 @@ class PtySocketExchange:
             return
         protocol = terminals.factory.buildProtocol(transport.getPeer())
         protocol.secure = request.isSecure()
-        channel.take_over(protocol, replay=rewritten_head(request, self.raw_path, self.session_id))
+        channel.take_over(
+            protocol, replay=rewritten_head(request, self.raw_path, self.session_id)
+        )
 
 
 __all__ = ["PTY_SOCKET", "PtySocketExchange", "rewritten_head", "session_of"]

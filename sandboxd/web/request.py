@@ -40,8 +40,8 @@ from sandboxd.web.cors import (
 from sandboxd.web.dispatch import dispatch, json_bytes, reason_phrase, respond_error
 from sandboxd.web.jsonbody import parse_object
 from sandboxd.web.messages import BodySink, ServerRequest
-from sandboxd.web.ptysocket import PtySocketExchange, session_of
 from sandboxd.web.pipeline import Admission, PipelineRefusal, Refusal, admit
+from sandboxd.web.ptysocket import PtySocketExchange, session_of
 from sandboxd.web.upload import UploadBody
 
 #: Methods that change nothing.  A request with any other method is not

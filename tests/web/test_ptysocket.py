@@ -34,7 +34,7 @@ class PathTests(TerminalCase):
         """The head autobahn reads names ``/pty`` with the session first and keeps the rest."""
 
         class Request:
-            class requestHeaders:  # noqa: N801
+            class requestHeaders:
                 @staticmethod
                 def getAllRawHeaders() -> list[tuple[bytes, list[bytes]]]:
                     return [(b"Host", [b"h:1"]), (b"Upgrade", [b"websocket"])]

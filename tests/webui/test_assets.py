@@ -55,7 +55,9 @@ class AssetTests(SynchronousTestCase):
         self.assertTrue(reply.header("content-type").startswith("text/javascript"))
         self.assertEqual(reply.header("content-security-policy"), CSP)
         again = daemon.request(
-            "GET", f"/ui/{version}/xterm.mjs", headers={"If-None-Match": reply.header("etag")}
+            "GET",
+            f"/ui/{version}/xterm.mjs",
+            headers={"If-None-Match": reply.header("etag")},
         )
         self.assertEqual(again.status, 304)
         self.assertEqual(again.body, b"")
@@ -63,7 +65,9 @@ class AssetTests(SynchronousTestCase):
     def test_other_version(self) -> None:
         """Another version's asset, or an unknown name, is 404 (never a mix of versions)."""
         daemon = MemoryDaemon(ON)
-        self.assertEqual(daemon.request("GET", "/ui/v0.0.0-00000000/app.js").status, 404)
+        self.assertEqual(
+            daemon.request("GET", "/ui/v0.0.0-00000000/app.js").status, 404
+        )
         version = read().version
         self.assertEqual(daemon.request("GET", f"/ui/{version}/nope.js").status, 404)
         self.assertEqual(daemon.request("GET", f"/ui/{version}/index.html").status, 404)
@@ -72,6 +76,8 @@ class AssetTests(SynchronousTestCase):
         """Everything the console loads stays under 500 KB before compression."""
         assets = read()
         total = len(assets.page.body) + sum(
-            len(a.body) for name, a in assets.files.items() if not name.endswith((".LICENSE", ".json"))
+            len(a.body)
+            for name, a in assets.files.items()
+            if not name.endswith((".LICENSE", ".json"))
         )
         self.assertLess(total, 500_000)

@@ -77,13 +77,17 @@ class ConsoleCase(DaemonTestCase):
     @inlineCallbacks
     def link(self, **body: Any) -> Any:
         """Mint a console link; its URL."""
-        reply = yield self.request("POST", "/auth/links", {"audience": "console", **body})
+        reply = yield self.request(
+            "POST", "/auth/links", {"audience": "console", **body}
+        )
         self.assertEqual(reply.status, 201, reply.body)
         return f"{self.daemon.url}/ui/#link={reply.json()['token']}"
 
     def call(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
         """A REST call from the browser's thread (through the reactor)."""
-        return blockingCallFromThread(reactor, self.request, method, path, body, **kwargs)
+        return blockingCallFromThread(
+            reactor, self.request, method, path, body, **kwargs
+        )
 
     def on_reactor(self, f: Callable[[], Any]) -> Any:
         """Run ``f`` in the reactor thread and wait for it."""
@@ -100,19 +104,33 @@ class ConsoleCase(DaemonTestCase):
 
             seen: dict[str, Any] = {"console": [], "errors": []}
             with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+                browser = p.chromium.launch(
+                    executable_path=CHROMIUM, args=ARGS, headless=True
+                )
                 try:
                     page = browser.new_page(viewport={"width": 1200, "height": 760})
-                    page.on("console", lambda m: seen["console"].append(f"{m.type}: {m.text}"))
+                    page.on(
+                        "console",
+                        lambda m: seen["console"].append(f"{m.type}: {m.text}"),
+                    )
                     page.on("pageerror", lambda e: seen["errors"].append(str(e)))
                     seen["frames"] = []
-                    page.on("websocket", lambda ws: ws.on("framereceived", lambda f: seen["frames"].append(f)))
+                    page.on(
+                        "websocket",
+                        lambda ws: ws.on(
+                            "framereceived", lambda f: seen["frames"].append(f)
+                        ),
+                    )
                     try:
                         steps(page, seen)
                     except Exception as e:
                         page.screenshot(path=os.path.join(SHOTS, "failure.png"))
-                        dom = page.evaluate("document.querySelector('[data-testid=terminal-area]').innerHTML.slice(0, 3000)")
-                        raise AssertionError(f"{e}\nbrowser console: {seen}\n{dom}") from None
+                        dom = page.evaluate(
+                            "document.querySelector('[data-testid=terminal-area]').innerHTML.slice(0, 3000)"
+                        )
+                        raise AssertionError(
+                            f"{e}\nbrowser console: {seen}\n{dom}"
+                        ) from None
                 finally:
                     browser.close()
             return seen
@@ -131,10 +149,12 @@ class ConsoleCase(DaemonTestCase):
 
 def screen_text(page: Any) -> str:
     """The visible terminal's text."""
-    return str(page.evaluate(
-        "[...document.querySelectorAll('[data-testid=terminal]')]"
-        ".filter(e => !e.hidden).map(e => e.querySelector('.xterm-rows').innerText).join('\\n')"
-    ))
+    return str(
+        page.evaluate(
+            "[...document.querySelectorAll('[data-testid=terminal]')]"
+            ".filter(e => !e.hidden).map(e => e.querySelector('.xterm-rows').innerText).join('\\n')"
+        )
+    )
 
 
 def wait_true(page: Any, expression: str, timeout: float = 10.0) -> None:
@@ -155,7 +175,9 @@ def wait_screen(page: Any, needle: str, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while needle not in screen_text(page):
         if time.monotonic() > deadline:
-            raise AssertionError(f"{needle!r} never shown; screen: {screen_text(page)!r}")
+            raise AssertionError(
+                f"{needle!r} never shown; screen: {screen_text(page)!r}"
+            )
         page.wait_for_timeout(25)
 
 
@@ -177,7 +199,9 @@ class TerminalTests(ConsoleCase):
             page.goto(url)
             page.wait_for_selector("body[data-ready=true]")
             seen["url"] = page.url
-            seen["session_link"] = page.evaluate("sessionStorage.getItem('sandboxd.console.link')")
+            seen["session_link"] = page.evaluate(
+                "sessionStorage.getItem('sandboxd.console.link')"
+            )
             seen["local"] = page.evaluate("localStorage.length")
             seen["cookies"] = page.context.cookies()
             started = time.monotonic()
@@ -208,10 +232,17 @@ class TerminalTests(ConsoleCase):
             seen["after_reload"] = screen_text(page)
             # Cut every socket from the daemon's side, as a network drop would.
             self.on_reactor(
-                lambda: [c.transport.abortConnection() for c in list(terminals.factory.clients)]
+                lambda: [
+                    c.transport.abortConnection()
+                    for c in list(terminals.factory.clients)
+                ]
             )
-            page.wait_for_selector("[data-testid=terminal][data-status=reconnecting]", timeout=5000)
-            page.wait_for_selector("[data-testid=terminal][data-status=connected]", timeout=10000)
+            page.wait_for_selector(
+                "[data-testid=terminal][data-status=reconnecting]", timeout=5000
+            )
+            page.wait_for_selector(
+                "[data-testid=terminal][data-status=connected]", timeout=10000
+            )
             page.click("[data-testid=terminal] .xterm")
             page.keyboard.type("echo again-$((2*3))\n")
             wait_screen(page, "again-6")
@@ -289,9 +320,13 @@ class FilesTests(ConsoleCase):
             page.click("[data-testid=nav-files]")
             page.wait_for_selector("[data-testid=file-entry][data-name='note.txt']")
             page.set_input_files("[data-testid=file-upload]", big)
-            page.wait_for_selector("[data-testid=file-entry][data-name$='-big.bin']", timeout=30000)
+            page.wait_for_selector(
+                "[data-testid=file-entry][data-name$='-big.bin']", timeout=30000
+            )
             seen["upload_status"] = page.text_content("[data-testid=upload-status]")
-            seen["progress"] = page.get_attribute("[data-testid=upload-progress]", "value")
+            seen["progress"] = page.get_attribute(
+                "[data-testid=upload-progress]", "value"
+            )
             page.click("[data-testid=file-entry][data-name='pixel.png']")
             page.wait_for_selector("[data-testid=file-image]")
             seen["image_src"] = page.get_attribute("[data-testid=file-image]", "src")
@@ -358,7 +393,14 @@ class LinkTests(ConsoleCase):
             )
             seen["controls"] = {
                 t: page.locator(f"[data-testid={t}]").count()
-                for t in ("file-upload", "file-edit", "file-mkdir", "file-delete", "file-move", "terminal-new")
+                for t in (
+                    "file-upload",
+                    "file-edit",
+                    "file-mkdir",
+                    "file-delete",
+                    "file-move",
+                    "terminal-new",
+                )
             }
             seen["forced"] = page.evaluate(
                 "(async () => { const r = await fetch('/files/raw?path=forced.txt', {method: 'POST',"
@@ -386,7 +428,9 @@ class LinkTests(ConsoleCase):
             page.wait_for_selector("[data-testid=login]:not([hidden])")
             seen["reason"] = page.text_content("[data-testid=login-reason]")
             seen["app_hidden"] = page.evaluate("document.getElementById('app').hidden")
-            seen["kept"] = page.evaluate("sessionStorage.getItem('sandboxd.console.link')")
+            seen["kept"] = page.evaluate(
+                "sessionStorage.getItem('sandboxd.console.link')"
+            )
             page.screenshot(path=os.path.join(SHOTS, "login-expired.png"))
 
         seen = yield self.browse(steps)
@@ -408,7 +452,10 @@ class ProcessTests(ConsoleCase):
         started = yield self.request(
             "POST",
             "/process/start",
-            {"command": "for i in 1 2 3 4 5; do echo tick-$i; sleep 0.3; done", "shell": "sh"},
+            {
+                "command": "for i in 1 2 3 4 5; do echo tick-$i; sleep 0.3; done",
+                "shell": "sh",
+            },
         )
         self.assertEqual(started.status, 200, started.body)
         pid = started.json()["pid"]
@@ -428,7 +475,8 @@ class ProcessTests(ConsoleCase):
             page.click("[data-testid=nav-ports]")
             page.wait_for_selector("[data-testid=port-entry]")
             seen["ports"] = page.eval_on_selector_all(
-                "[data-testid=port-entry]", "els => els.map(e => Number(e.dataset.port))"
+                "[data-testid=port-entry]",
+                "els => els.map(e => Number(e.dataset.port))",
             )
             page.screenshot(path=os.path.join(SHOTS, "ports.png"))
 

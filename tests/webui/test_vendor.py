@@ -48,6 +48,45 @@ class VendorTests(SynchronousTestCase):
         """The manifest names the script's pinned versions and npm integrity hashes."""
         manifest = json.loads((VENDOR / "VENDOR.json").read_text())
         pins = _script().PINS  # type: ignore[attr-defined]
-        got = {p["package"]: (p["version"], p["integrity"]) for p in manifest["packages"]}
+        got = {
+            p["package"]: (p["version"], p["integrity"]) for p in manifest["packages"]
+        }
         self.assertEqual(got, {name: (v, i) for name, (v, i, _) in pins.items()})
         self.assertTrue(all(i.startswith("sha512-") for _, i in got.values()))
+
+
+class PackagingTests(SynchronousTestCase):
+    """The console's files travel in the wheel and the sdist."""
+
+    def test_package_data_covers_static(self) -> None:
+        """Every file under static/ matches setup.cfg's package_data for sandboxd.webui."""
+        import configparser
+        import fnmatch
+
+        config = configparser.ConfigParser()
+        config.read(ROOT / "setup.cfg")
+        self.assertIn("sandboxd.webui", config["options"]["packages"].split())
+        patterns = config["options.package_data"]["sandboxd.webui"].split()
+        package = STATIC.parent
+        for path in STATIC.rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts:
+                relative = path.relative_to(package).as_posix()
+                self.assertTrue(
+                    any(fnmatch.fnmatch(relative, p) for p in patterns), relative
+                )
+
+    def test_manifest_covers_static(self) -> None:
+        """MANIFEST.in includes every static file's suffix, for the sdist."""
+        line = next(
+            ln
+            for ln in (ROOT / "MANIFEST.in").read_text().splitlines()
+            if ln.startswith("recursive-include sandboxd/webui/static")
+        )
+        patterns = line.split()[2:]
+        import fnmatch
+
+        for path in STATIC.rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts:
+                self.assertTrue(
+                    any(fnmatch.fnmatch(path.name, p) for p in patterns), path.name
+                )
