@@ -6,6 +6,7 @@ its terminals on its own origin.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
@@ -105,3 +106,59 @@ class ApiPortSocketTests(TerminalCase):
         client: TestClient = yield self.socket("nope", access_token=TOKEN)
         code, reason = yield client.closed
         self.assertEqual((code, reason), (1008, "Unknown session: nope"))
+
+
+AGENT = "agent-token-0123456789"
+OTHER = "other-token-0123456789"
+
+
+def _sha(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class LinkAttachTests(TerminalCase):
+    """A console link attaches to its minter's terminals, and only to those."""
+
+    policy = {
+        "auth": {
+            "tokens": [
+                {
+                    "id": "agent",
+                    "token_sha256": _sha(AGENT),
+                    "scopes": ["terminal:use", "links:mint", "core:read"],
+                },
+                {
+                    "id": "other",
+                    "token_sha256": _sha(OTHER),
+                    "scopes": ["terminal:use"],
+                },
+            ]
+        }
+    }
+
+    @inlineCallbacks
+    def test_minters_terminal(self) -> Any:
+        """The agent's link types into the agent's shell; another identity's shell is unknown to it."""
+        mine = yield self.create(token=AGENT)
+        theirs = yield self.create(token=OTHER)
+        minted = yield self.request(
+            "POST", "/auth/links", {"audience": "console"}, token=AGENT
+        )
+        link = minted.json()["token"]
+        client: TestClient = yield connect(
+            self.daemon.port,
+            None,
+            path=f"/pty/sessions/{mine['session_id']}/ws",
+            access_token=link,
+        )
+        self.addCleanup(self.hang_up, client)
+        client.type("echo taken-over-$((3*3))\n")
+        yield client.wait_output("taken-over-9")
+        other: TestClient = yield connect(
+            self.daemon.port,
+            None,
+            path=f"/pty/sessions/{theirs['session_id']}/ws",
+            access_token=link,
+        )
+        code, reason = yield other.closed
+        self.assertEqual(code, 1008)
