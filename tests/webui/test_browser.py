@@ -369,6 +369,53 @@ class FilesTests(ConsoleCase):
         self.assertNoCspViolation(seen)
 
 
+class FileOperationTests(ConsoleCase):
+    """New folder, move and delete from the files page."""
+
+    @inlineCallbacks
+    def test_mkdir_move_delete(self) -> Any:
+        """A folder made, a file moved into it, then the folder deleted after a confirmation."""
+        url = yield self.link()
+        with open(os.path.join(self.base_dir, "draft.txt"), "w") as f:
+            f.write("draft\n")
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=nav-files]")
+            page.fill("[data-testid=file-name-input]", "made")
+            page.click("[data-testid=file-mkdir]")
+            page.wait_for_selector("[data-testid=file-entry][data-name='made']")
+            page.click("[data-testid=file-entry][data-name='draft.txt']")
+            page.fill("[data-testid=file-name-input]", "made/moved.txt")
+            page.click("[data-testid=file-move]")
+            page.wait_for_selector(
+                "[data-testid=file-entry][data-name='draft.txt']", state="detached"
+            )
+            seen["moved"] = os.path.exists(
+                os.path.join(self.base_dir, "made", "moved.txt")
+            )
+            page.dblclick("[data-testid=file-entry][data-name='made']")
+            page.wait_for_selector("[data-testid=file-entry][data-name='moved.txt']")
+            page.click("[data-testid=files-up]")
+            row = "[data-testid=file-entry][data-name='made']"
+            page.click(row)
+            seen["confirm_hidden_before"] = page.is_hidden(
+                "[data-testid=file-delete-confirm]"
+            )
+            page.click("[data-testid=file-delete]")
+            page.click("[data-testid=file-delete-confirm]")
+            page.wait_for_selector(row, state="detached")
+            page.screenshot(path=os.path.join(SHOTS, "files-after-delete.png"))
+
+        seen = yield self.browse(steps)
+        self.assertTrue(seen["moved"])
+        self.assertTrue(seen["confirm_hidden_before"])
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "made")))
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "draft.txt")))
+        self.assertNoCspViolation(seen)
+
+
 class LinkTests(ConsoleCase):
     """What a narrower or dead link gets."""
 
@@ -485,4 +532,52 @@ class ProcessTests(ConsoleCase):
             self.assertEqual(seen["output"].count(f"tick-{i}"), 1)
         self.assertIn("[exited 0]", seen["output"])
         self.assertIn(self.daemon.port, seen["ports"])
+        self.assertNoCspViolation(seen)
+
+
+class PreviewTests(ConsoleCase):
+    """Ports with the preview door: "Open preview" exposes and mints a link."""
+
+    policy = {**POLICY, "groups": {"console": True, "preview": True}}
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        from tests.preview.upstream import App
+
+        self.app = App()
+        self.app_port = self.app.listen()
+        self.addCleanup(self.app.stop)
+        yield super().setUp()
+
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        kwargs.setdefault("preview_port", "tcp:0:interface=127.0.0.1")
+        return super().start(stop_at_end, **kwargs)
+
+    @inlineCallbacks
+    def test_open_preview(self) -> Any:
+        """The app's port is listed; opening it exposes it and opens its page through a preview link."""
+        url = yield self.link()
+        port = self.app_port
+        door = self.daemon.context.preview.door_port
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=nav-ports]")
+            page.wait_for_selector(f"[data-testid=port-entry][data-port='{port}']")
+            with page.expect_popup() as popup_info:
+                page.click(f"[data-testid=port-open][data-port='{port}']")
+            popup = popup_info.value
+            popup.wait_for_load_state()
+            seen["popup_url"] = popup.url
+            seen["href"] = page.get_attribute("[data-testid=port-link]", "href")
+            page.wait_for_timeout(300)
+            page.screenshot(path=os.path.join(SHOTS, "ports-preview.png"))
+
+        seen = yield self.browse(steps)
+        self.assertEqual(seen["popup_url"], f"http://{port}.localhost:{door}/")
+        self.assertIn(f"{port}.localhost:{door}", seen["href"])
+        self.assertIn("sbx_link=sbxl_", seen["href"])
+        exposed = yield self.request("GET", f"/preview/ports/{port}")
+        self.assertEqual(exposed.status, 200)
         self.assertNoCspViolation(seen)

@@ -38,7 +38,7 @@ export class FilesPage {
     this.progress = h("progress", { max: 1, value: 0, testid: "upload-progress", hidden: true });
     this.uploadStatus = h("span", { class: "status", testid: "upload-status" });
     const tools = [
-      h("button", { type: "button", testid: "files-up", onclick: () => this.open(parentOf(this.dir)) }, "Up"),
+      this.upButton = h("button", { type: "button", testid: "files-up", onclick: () => this.dir !== this.home && this.open(parentOf(this.dir)) }, "Up"),
       h("button", { type: "button", testid: "files-refresh", onclick: () => this.open(this.dir) }, "Refresh"),
       this.nameInput,
     ];
@@ -70,6 +70,8 @@ export class FilesPage {
       return;
     }
     this.dir = listed.path;
+    if (this.home === undefined) this.home = listed.path; // the base directory: Up stops there
+    this.upButton.disabled = this.dir === this.home;
     this.selected = null;
     this.crumbs.textContent = listed.path;
     const rows = listed.entries
@@ -95,8 +97,13 @@ export class FilesPage {
     row.classList.add("selected");
     this.selected = entry;
     if (this.confirmButton) this.confirmButton.hidden = true;
-    if (entry.type === "directory") this.open(entry.path);
-    else this.show(entry);
+    if (entry.type === "directory") {
+      // One click selects a folder (to move or delete it); two open it.
+      this.dropObjectUrl();
+      clear(this.view).append(h("p", { class: "dim", testid: "file-folder-selected" }, `${entry.path}/ (double-click to open)`));
+    } else {
+      this.show(entry);
+    }
   }
 
   dropObjectUrl() {
