@@ -161,4 +161,6 @@ class LinkAttachTests(TerminalCase):
             access_token=link,
         )
         code, reason = yield other.closed
-        self.assertEqual(code, 1008)
+        self.assertEqual(
+            (code, reason), (1008, f"Unknown session: {theirs['session_id']}")
+        )
