@@ -581,3 +581,61 @@ class PreviewTests(ConsoleCase):
         exposed = yield self.request("GET", f"/preview/ports/{port}")
         self.assertEqual(exposed.status, 200)
         self.assertNoCspViolation(seen)
+
+
+def agents_console_policy() -> dict[str, Any]:
+    """The console's policy with the agents group and the fake agent's catalogue."""
+    from tests.agents.test_agents import agents_policy
+
+    policy = agents_policy()
+    return {**POLICY, **policy, "groups": {**policy["groups"], "console": True}}
+
+
+class AgentTests(ConsoleCase):
+    """Agent sessions: a held permission request answered from the console."""
+
+    policy = agents_console_policy()
+
+    @inlineCallbacks
+    def test_approve_permission(self) -> Any:
+        """The agent's request to edit a file shows its diff; Allow lets the edit happen."""
+        target = os.path.join(self.base_dir, "hello.txt")
+        with open(target, "w") as f:
+            f.write("old line\n")
+        created = yield self.request(
+            "POST", "/agents/sessions", {"agent": "fake", "cwd": self.base_dir}
+        )
+        self.assertEqual(created.status, 201, created.body)
+        sid = created.json()["session_id"]
+        self.addCleanup(self.request, "DELETE", f"/agents/sessions/{sid}")
+        prompted = yield self.request(
+            "POST",
+            f"/agents/sessions/{sid}/prompt",
+            {"prompt": f"edit {target} new line", "wait": 0},
+        )
+        self.assertEqual(prompted.status, 202, prompted.body)
+        url = yield self.link()
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=nav-agents]")
+            option = "[data-testid=agent-request-option][data-option=allow]"
+            page.wait_for_selector(option)
+            seen["diff"] = page.text_content("[data-testid=agent-diff-new]")
+            page.screenshot(path=os.path.join(SHOTS, "agents-permission.png"))
+            page.click(option)
+            page.wait_for_selector("[data-testid=agent-no-requests]")
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                with open(target) as f:
+                    if "new line" in f.read():
+                        break
+                page.wait_for_timeout(50)
+            with open(target) as f:
+                seen["file"] = f.read()
+
+        seen = yield self.browse(steps)
+        self.assertEqual(seen["diff"], "new line")
+        self.assertIn("new line", seen["file"])
+        self.assertNoCspViolation(seen)

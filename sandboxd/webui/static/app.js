@@ -6,6 +6,7 @@ import { TerminalsPage } from "./terminals.js";
 import { FilesPage } from "./files.js";
 import { ProcessesPage } from "./processes.js";
 import { PortsPage } from "./ports.js";
+import { AgentsPage } from "./agents.js";
 
 const $ = (testid) => document.querySelector(`[data-testid="${testid}"]`);
 
@@ -15,6 +16,7 @@ const PAGES = {
   files: { needs: ["files_list"], make: FilesPage },
   processes: { needs: ["process_list"], make: ProcessesPage },
   ports: { needs: [["preview_ports_list", "ports"]], make: PortsPage },
+  agents: { needs: ["agents_session_list"], make: AgentsPage },
 };
 
 class Capabilities {
