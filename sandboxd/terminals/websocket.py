@@ -89,6 +89,9 @@ class PtyServerProtocol(WebSocketServerProtocol):
     #: Whether the connection came over TLS, when the factory's own port
     #: does not say (the API port hands connections to the PTY factory).
     secure: bool | None = None
+    #: The path the client asked for, when it differs from the handshake
+    #: autobahn reads (``/pty/sessions/ID/ws`` on the API port), for the audit.
+    asked_path: str | None = None
 
     @property
     def _tcp(self) -> Any:
@@ -195,7 +198,7 @@ class PtyServerProtocol(WebSocketServerProtocol):
             identity=self.identity,
             rule=rule,
             method="WS",
-            path=request.path,
+            path=self.asked_path or request.path,
             query=urlencode([(k, v) for k, vs in request.params.items() for v in vs]),
             status=error.status if error is not None else 101,
             code=error.code if error is not None else None,

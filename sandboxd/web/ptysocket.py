@@ -74,6 +74,7 @@ class PtySocketExchange:
             return
         protocol = terminals.factory.buildProtocol(transport.getPeer())
         protocol.secure = request.isSecure()
+        protocol.asked_path = self.raw_path.partition(b"?")[0].decode("latin-1")
         channel.take_over(
             protocol, replay=rewritten_head(request, self.raw_path, self.session_id)
         )

@@ -54,6 +54,8 @@ class ApiPortSocketTests(TerminalCase):
     """A terminal attached through the API port."""
 
     token = TOKEN
+    audit = True
+    policy = {"defaults": {"audit": "all"}}
 
     def socket(self, session_id: str, **params: Any) -> Any:
         client: Any = connect(
@@ -81,6 +83,21 @@ class ApiPortSocketTests(TerminalCase):
         self.addCleanup(self.hang_up, again)
         yield again.wait_output("after-6")
         self.assertNotIn("api-port-42", again.output())
+
+    @inlineCallbacks
+    def test_audited_as_asked(self) -> Any:
+        """The handshake's audit line is the PTY door's, with the path the client asked for."""
+        created = yield self.create()
+        sid = created["session_id"]
+        client: TestClient = yield self.socket(sid, access_token=TOKEN)
+        self.addCleanup(self.hang_up, client)
+        yield client.wait_for(lambda m: True)
+        lines = [r for r in self.audit_lines() if r.get("endpoint") == "pty_connect"]
+        self.assertEqual(len(lines), 1, lines)
+        self.assertEqual(lines[0]["via"], "ws")
+        self.assertEqual(lines[0]["path"], f"/pty/sessions/{sid}/ws")
+        self.assertEqual(lines[0]["status"], 101)
+        self.assertNotIn(TOKEN, str(lines[0]))
 
     @inlineCallbacks
     def test_refused_without_token(self) -> Any:
