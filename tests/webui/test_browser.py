@@ -81,6 +81,7 @@ class ConsoleCase(DaemonTestCase):
             "POST", "/auth/links", {"audience": "console", **body}
         )
         self.assertEqual(reply.status, 201, reply.body)
+        self.link_id = reply.json()["link_id"]
         return f"{self.daemon.url}/ui/#link={reply.json()['token']}"
 
     def call(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
@@ -263,6 +264,32 @@ class TerminalTests(ConsoleCase):
         self.assertEqual(seen["after_cut"].count("again-6"), 1)
         self.assertNoCspViolation(seen)
         self.first_usable = seen["first_usable"]
+
+    @inlineCallbacks
+    def test_revoked_mid_session(self) -> Any:
+        """A link revoked while a terminal is open: the cut socket does not come back; the login screen says why."""
+        url = yield self.link()
+        terminals = self.daemon.context.terminals
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=terminal-new]")
+            page.wait_for_selector("[data-testid=terminal][data-status=connected]")
+            revoked = self.call("DELETE", f"/auth/links/{self.link_id}")
+            seen["revoked"] = revoked.status
+            self.on_reactor(
+                lambda: [
+                    c.transport.abortConnection()
+                    for c in list(terminals.factory.clients)
+                ]
+            )
+            page.wait_for_selector("[data-testid=login]:not([hidden])", timeout=15000)
+            seen["reason"] = page.text_content("[data-testid=login-reason]")
+
+        seen = yield self.browse(steps)
+        self.assertEqual(seen["revoked"], 200)
+        self.assertIn("no longer works", seen["reason"])
 
 
 def png_bytes() -> bytes:

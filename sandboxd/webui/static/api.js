@@ -69,7 +69,10 @@ export class Api {
     let parsed = null;
     try { parsed = JSON.parse(text); } catch (_) { parsed = { error: text }; }
     const error = new ApiError(status, parsed);
-    if (status === 401 && AUTH_LOST.has(error.code)) this.onAuthLost(error);
+    if (status === 401 && AUTH_LOST.has(error.code)) {
+      this.lost = true;
+      this.onAuthLost(error);
+    }
     return error;
   }
 

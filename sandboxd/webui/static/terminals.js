@@ -32,7 +32,7 @@ class TerminalTab {
   }
 
   connect() {
-    if (this.closed) return;
+    if (this.closed || this.api.lost) return;
     this.setStatus(this.retries ? "reconnecting" : "connecting");
     const ws = new WebSocket(this.api.terminalSocket(this.id, this.offset));
     this.ws = ws;
@@ -48,6 +48,9 @@ class TerminalTab {
         return;
       }
       this.retries += 1;
+      // A handshake refused for an expired or revoked link looks like any
+      // drop to a browser: ask the API, which shows the login screen then.
+      if (this.retries >= 2) this.api.fetch("GET", "/capabilities").catch(() => {});
       const wait = Math.min(5000, 150 * 2 ** Math.min(this.retries, 6)) * (0.75 + Math.random() / 2);
       this.setStatus("reconnecting");
       this.timer = setTimeout(() => this.connect(), wait);
