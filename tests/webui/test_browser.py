@@ -256,7 +256,16 @@ class TerminalTests(ConsoleCase):
         self.assertTrue(seen["session_link"].startswith("sbxl_"))
         self.assertEqual(seen["local"], 0)
         self.assertEqual(seen["cookies"], [])
-        self.assertLess(seen["first_usable"], 1.0)
+        # One second on loopback; a machine busier than 1.5 runnable tasks a
+        # core (a parallel test run) gets three, and the message says so.
+        busy = os.getloadavg()[0] / (os.cpu_count() or 1) > 1.5
+        budget = 3.0 if busy else 1.0
+        self.assertLess(
+            seen["first_usable"],
+            budget,
+            f"first usable terminal after {seen['first_usable']:.2f} s "
+            f"(budget {budget} s, load {os.getloadavg()[0]:.1f})",
+        )
         self.assertNotEqual(seen["size_after"], seen["size_before"])
         self.assertLess(seen["size_after"][0], seen["size_before"][0])
         self.assertEqual(seen["after_reload"].count("mark-42"), 1)
