@@ -419,6 +419,7 @@ class FileOperationTests(ConsoleCase):
             page.goto(url)
             page.wait_for_selector("body[data-ready=true]")
             page.click("[data-testid=nav-files]")
+            page.wait_for_selector("[data-testid=file-entry][data-name='draft.txt']")
             page.fill("[data-testid=file-name-input]", "made")
             page.click("[data-testid=file-mkdir]")
             page.wait_for_selector("[data-testid=file-entry][data-name='made']")

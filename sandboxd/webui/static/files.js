@@ -195,6 +195,7 @@ export class FilesPage {
   }
 
   target() {
+    if (!this.dir) { this.banner("The folder is still being listed; try again."); return null; }
     const name = this.nameInput.value.trim();
     if (!name) { this.banner("Type a name first."); return null; }
     return name.startsWith("/") ? name : join(this.dir, name);
@@ -231,7 +232,7 @@ export class FilesPage {
 
   async upload() {
     const file = this.uploadInput.files[0];
-    if (!file) return;
+    if (!file || !this.dir) return;
     const path = join(this.dir, file.name);
     this.progress.hidden = false;
     this.progress.value = 0;
