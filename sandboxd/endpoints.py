@@ -38,6 +38,7 @@ class CapabilityGroup(enum.StrEnum):
     AUTH = "auth"
     PREVIEW = "preview"
     CODE = "code"
+    CONSOLE = "console"
 
 
 #: Groups that are on unless something turns them off.
@@ -96,6 +97,9 @@ class Endpoint:
     #: §3's error body) or ``openai`` (OpenAI's error envelope, audited as
     #: ``via: openai``).
     door: str = "http"
+    #: More path templates the router sends to this endpoint (the console's
+    #: page at ``/ui`` beside its assets at ``/ui/{release}/{asset}``).
+    also: tuple[str, ...] = ()
 
     @property
     def implemented(self) -> bool:
@@ -290,6 +294,7 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("preview_unexpose", "DELETE", "/preview/ports/{port}", G.PREVIEW, ("preview:manage",), "Stop exposing a port; its open connections close.", {}),
     ("preview_link", "POST", "/preview/ports/{port}/link", G.PREVIEW, ("preview:manage",), "A link that opens a private preview in a browser.", {}),
     ("preview_proxy", "PREVIEW", "/", G.PREVIEW, ("preview:use",), "Traffic through the preview door (its own port), to an exposed port.", {"body": "none"}),
+    ("ui_assets", "GET", "/ui/{release}/{asset}", G.CONSOLE, (), "The web console: its page at /ui/ and its versioned, immutable assets (no data, no token needed).", {"auth_required": False, "body": "none", "also": ("/ui",)}),
 ]
 # fmt: on
 
@@ -348,6 +353,7 @@ def default_scopes(group: CapabilityGroup, method: str) -> tuple[str, ...]:
         G.AUTH: "links:mint",
         G.PREVIEW: "preview:manage" if writes else "preview:read",
         G.CODE: "code:run" if writes else "code:read",
+        G.CONSOLE: "console:use",
     }
     return (table[group],)
 

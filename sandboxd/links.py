@@ -253,13 +253,24 @@ class LinkTable:
             sub=root_of(minter),
             aud=audience,
             scopes=wanted,
-            exp=now + ttl,
+            exp=min(now + ttl, self._expiry_of(minter)),
             uses=uses,
         )
         link = Link(claims, now)
         self.links[claims.jti] = link
         body = _b64(claims.encode())
         return link, f"{PREFIX}{body}.{self._sign(body)}"
+
+    def _expiry_of(self, minter: Identity) -> float:
+        """
+        When the minter stops working: a link that mints a link (the
+        console opening a preview) cannot hand out one that outlives it,
+        or a link could renew itself for ever; a token does not expire.
+        """
+        if minter.on_behalf_of is None or not minter.id.startswith("link:"):
+            return float("inf")
+        parent = self.links.get(minter.id.removeprefix("link:"))
+        return parent.claims.exp if parent is not None else self._clock()
 
     # -- checking -------------------------------------------------------------
 

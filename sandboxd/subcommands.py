@@ -20,6 +20,7 @@ CLIENT_COMMANDS = {
     "term": "An interactive terminal; reattach to SESSION.",
     "caps": "What this token may do (--explain ENDPOINT: why).",
     "code": "Run code in a kernel that keeps state (-c CODE, or a REPL).",
+    "ui": "Print a URL that opens the web console with a short-lived link.",
 }
 
 

@@ -89,6 +89,17 @@ class LinkTableTests(SynchronousTestCase):
             self.mint("preview:3000", scopes=["files:read"])
         self.assertEqual(caught.exception.status, 400)
 
+    def test_never_outlives_a_minting_link(self) -> None:
+        """A link minted with a link expires with it at the latest: no renewing for ever."""
+        self.minter = Identity("alice", frozenset({"links:mint", "files:read"}))
+        parent, token = self.mint("console", ttl=60.0)
+        self.minter = self.table.verify(token, "console")
+        child, _ = self.mint("console", ttl=3600.0)
+        self.assertEqual(child.claims.exp, parent.claims.exp)
+        self.assertEqual(child.claims.sub, "alice")
+        shorter, _ = self.mint("console", ttl=10.0)
+        self.assertEqual(shorter.claims.exp, self.clock.seconds() + 10.0)
+
     def test_forged_other_audience_expired(self) -> None:
         """A changed byte, another port or a passed expiry: 401 with its code."""
         _, token = self.mint()

@@ -62,6 +62,7 @@ _GROUP_NOTES = {
     CapabilityGroup.AUTH: "short-lived capability links",
     CapabilityGroup.PREVIEW: "the preview door: a sandbox's web apps in a browser (docs/preview.md)",
     CapabilityGroup.CODE: "stateful kernels: code contexts, see [code](code.md)",
+    CapabilityGroup.CONSOLE: "the web console at /ui/ (docs/console.md)",
 }
 
 _HEADER = """\

@@ -136,6 +136,8 @@ PATH_PARAMS: dict[str, Field] = {
     "agent_id": F(
         "agent_id", doc="an agent definition id (agent_...)", example="$AGENT"
     ),
+    "release": F("release", doc="the console's assets version (the page names it)"),
+    "asset": F("asset", doc="a console asset's file name", example="app.js"),
 }
 
 #: Errors any endpoint can give, decided before its handler runs (SPEC §3-§6).
@@ -3217,6 +3219,19 @@ SCHEMAS: dict[str, Schema] = {
         "and path at http://PORT.localhost:PREVIEW_PORT/ (or PORT-LABEL.DOMAIN, or "
         "/p/PORT/ in path mode) is proxied to 127.0.0.1:PORT, WebSocket upgrades "
         "included. See docs/preview.md.",
+    ),
+    # -- console ---------------------------------------------------------------
+    "ui_assets": Schema(
+        produces="binary",
+        headers=(F("If-None-Match", doc="an asset's ETag: 304 when it still matches"),),
+        errors=(
+            E(404, "not_found", "no such asset, or another version's", "NotFoundError"),
+        ),
+        notes="`/ui/` is the page (never cached); `/ui/{release}/{asset}` its ES "
+        "modules, styles and the vendored xterm.js (immutable: the version names "
+        "their digest). Static code only: no token needed; the page logs in with "
+        "a link (`sandboxd ui`). Every answer carries the console's strict "
+        "Content-Security-Policy. See docs/console.md.",
     ),
 }
 

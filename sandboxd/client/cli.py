@@ -167,6 +167,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--context", help="use this context (kept at exit)")
     p.add_argument("--keep", action="store_true", help="keep a new context at exit")
     p.add_argument("--timeout", type=float, help="seconds per execution")
+    p = sub.add_parser("ui", parents=[common], help=CLIENT_COMMANDS["ui"])
+    p.add_argument(
+        "--ttl",
+        type=int,
+        default=3600,
+        help="seconds the link (and so the console) works (default 3600)",
+    )
+    p.add_argument(
+        "--scope",
+        action="append",
+        dest="scopes",
+        metavar="SCOPE",
+        help="narrow the console to these scopes (repeatable; default: all of yours)",
+    )
     return parser
 
 
@@ -643,6 +657,34 @@ def cmd_caps(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
     return 0
 
 
+# -- ui ------------------------------------------------------------------------
+
+
+def console_url(base: str, token: str) -> str:
+    """
+    The console's URL with the link in its fragment: a fragment is never
+    sent to the server nor written to its logs, and the page moves it to
+    ``sessionStorage`` at once.
+    """
+    return f"{base.rstrip('/')}/ui/#link={token}"
+
+
+def cmd_ui(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    body: dict[str, Any] = {"audience": "console", "ttl_seconds": args.ttl}
+    if args.scopes:
+        body["scopes"] = args.scopes
+    minted = sb.request("POST", "/auth/links", json=body)
+    url = console_url(sb.url, minted["token"])
+    if args.json:
+        _print_json({**minted, "url": url}, out)
+    else:
+        out.write(url + "\n")
+        err.write(
+            f"(works until {minted['expires_at']}; revoke: link {minted['link_id']})\n"
+        )
+    return 0
+
+
 # -- term ----------------------------------------------------------------------
 
 
@@ -944,6 +986,7 @@ HANDLERS: dict[str, Callable[[Sandbox, argparse.Namespace, TextIO, TextIO], int]
     "term": cmd_term,
     "caps": cmd_caps,
     "code": cmd_code,
+    "ui": cmd_ui,
 }
 
 

@@ -46,6 +46,7 @@ GROUP_MODULES: dict[CapabilityGroup, tuple[str, ...]] = {
     G.AUTH: ("sandboxd.routes.links",),
     G.PREVIEW: ("sandboxd.routes.preview",),
     G.CODE: ("sandboxd.routes.kernels",),
+    G.CONSOLE: ("sandboxd.routes.console",),
 }
 
 

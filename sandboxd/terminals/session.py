@@ -461,10 +461,17 @@ class PtySession:
     def usable_by(self, identity: Identity) -> bool:
         """
         Whether ``identity`` may see, attach to or drive this terminal: its
-        creator, or an identity holding ``*`` (SPEC §4).  Every door asks
-        this, and answers "not yours" exactly as "not there".
+        creator, a link its creator minted, or an identity holding ``*``
+        (SPEC §4).  Every door asks this, and answers "not yours" exactly
+        as "not there".
         """
-        return identity.id == self.owner or "*" in identity.scopes
+        return (
+            identity.id == self.owner
+            # A capability link acts for its minter (the web console
+            # taking over an agent's terminal).
+            or identity.on_behalf_of == self.owner
+            or "*" in identity.scopes
+        )
 
     def describe(self) -> dict[str, Any]:
         """The JSON of SPEC §7.5."""

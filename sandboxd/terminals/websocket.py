@@ -86,6 +86,12 @@ class PtyServerProtocol(WebSocketServerProtocol):
     _input_paused = False
     _abort_timer: Any = None
     _refusal: ApiError | None = None
+    #: Whether the connection came over TLS, when the factory's own port
+    #: does not say (the API port hands connections to the PTY factory).
+    secure: bool | None = None
+    #: The path the client asked for, when it differs from the handshake
+    #: autobahn reads (``/pty/sessions/ID/ws`` on the API port), for the audit.
+    asked_path: str | None = None
 
     @property
     def _tcp(self) -> Any:
@@ -126,7 +132,7 @@ class PtyServerProtocol(WebSocketServerProtocol):
             context,
             endpoint,
             headers,
-            secure=self.factory.isSecure,
+            secure=self.factory.isSecure if self.secure is None else self.secure,
             query_tokens=[v.encode("utf-8") for v in params.get("access_token", [])],
             take_slot=False,
         )
@@ -192,7 +198,7 @@ class PtyServerProtocol(WebSocketServerProtocol):
             identity=self.identity,
             rule=rule,
             method="WS",
-            path=request.path,
+            path=self.asked_path or request.path,
             query=urlencode([(k, v) for k, vs in request.params.items() for v in vs]),
             status=error.status if error is not None else 101,
             code=error.code if error is not None else None,

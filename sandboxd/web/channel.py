@@ -136,10 +136,12 @@ class SandboxChannel(HTTPChannel):
             )
         self.loseConnection()
 
-    def take_over(self, protocol: IProtocol) -> None:
+    def take_over(self, protocol: IProtocol, replay: bytes = b"") -> None:
         """
         Hand this connection to ``protocol`` for good (a request upgraded
-        to raw bytes: the preview door's WebSocket splice).
+        to raw bytes: the preview door's WebSocket splice; the PTY
+        WebSocket on the API port, which gets the request's head again as
+        ``replay`` so that autobahn reads the handshake itself).
 
         Twisted's own WebSocket resource does this through a private
         method of ``HTTPChannel``; this is the same move, with what our
@@ -157,7 +159,7 @@ class SandboxChannel(HTTPChannel):
         table = self._table()
         if table is not None:
             table.head_done(self)
-        buffered = b"".join(self._dataBuffer)
+        buffered = replay + b"".join(self._dataBuffer)
         self._dataBuffer = []
         lost = self.connectionLost
 

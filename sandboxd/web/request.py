@@ -47,6 +47,7 @@ from sandboxd.web.dispatch import (
 from sandboxd.web.jsonbody import parse_object
 from sandboxd.web.messages import BodySink, ServerRequest
 from sandboxd.web.pipeline import Admission, PipelineRefusal, Refusal, admit
+from sandboxd.web.ptysocket import PtySocketExchange, session_of
 from sandboxd.web.upload import UploadBody
 
 #: Methods that change nothing.  A request with any other method is not
@@ -125,6 +126,12 @@ class SandboxRequest(Request):
         if self.cors_origin is not None and is_preflight(method, headers):
             self.preflight = True
             return
+        if method == "GET":
+            session_id = session_of(channel._path)
+            if session_id is not None:
+                # The PTY WebSocket: its own gate call, at the handshake.
+                self.door_exchange = PtySocketExchange(self, channel._path, session_id)
+                return
         doors = self.context.doors
         if doors:
             door = doors.get(channel._path.partition(b"?")[0].rstrip(b"/"))

@@ -67,6 +67,8 @@ class Router:
         for endpoint in table:
             if endpoint.method not in DOOR_METHODS:
                 self.root.add(endpoint.segments, endpoint)
+                for path in endpoint.also:
+                    self.root.add(tuple(s for s in path.split("/") if s), endpoint)
 
     def match(
         self, method: str, segments: tuple[str, ...]
@@ -77,4 +79,6 @@ class Router:
         if endpoint is None:
             return None
         names = [n for n in map(param_name, endpoint.segments) if n is not None]
+        if len(values) != len(names):  # one of the endpoint's other paths
+            return endpoint, {}
         return endpoint, dict(zip(names, values, strict=True))

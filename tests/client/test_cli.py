@@ -481,6 +481,31 @@ class ListingTests(ClientCase):
         self.assertTrue(json.loads(allowed.stdout)["allowed"])
 
     @inlineCallbacks
+    def test_ui(self) -> Any:
+        """
+        ``ui`` prints the console's URL with a console link in its fragment
+        (narrowed with ``--scope``), and that link works as a bearer token.
+        """
+        done = yield self.cli("ui", "--scope", "core:read", "--scope", "files:read")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        url = done.stdout.decode().strip()
+        prefix = f"{self.daemon.url}/ui/#link="
+        self.assertTrue(url.startswith(prefix), url)
+        link = url[len(prefix) :]
+        self.assertTrue(link.startswith("sbxl_"))
+        self.assertIn(b"works until", done.stderr)
+        caps = yield self.request(
+            "GET",
+            "/capabilities",
+            headers={"Authorization": f"Bearer {link}"},
+            token=None,
+        )
+        self.assertEqual(caps.status, 200)
+        self.assertEqual(caps.json()["identity"]["scopes"], ["core:read", "files:read"])
+        as_json = yield self.cli("ui", "--json", "--ttl", "60")
+        self.assertEqual(json.loads(as_json.stdout)["audience"], "console")
+
+    @inlineCallbacks
     def test_console_script(self) -> Any:
         """The installed ``sandboxd`` script runs exec with the child's exit code."""
         script = os.path.join(os.path.dirname(sys.executable), "sandboxd")

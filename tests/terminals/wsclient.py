@@ -103,16 +103,18 @@ def connect(
     port: int,
     session_id: str | None = None,
     headers: dict[str, str] | None = None,
+    path: str = "/pty",
     **params: Any,
 ) -> Deferred[TestClient]:
     """
-    Open ``ws://127.0.0.1:PORT/pty?session_id=...``; fires with the client
-    once open, or fails if the server refused the handshake.
+    Open ``ws://127.0.0.1:PORT/pty?session_id=...`` (or another ``path``:
+    the API port's ``/pty/sessions/ID/ws``); fires with the client once
+    open, or fails if the server refused the handshake.
     """
     query = dict(params)
     if session_id is not None:
         query["session_id"] = session_id
-    url = f"ws://127.0.0.1:{port}/pty" + (f"?{urlencode(query)}" if query else "")
+    url = f"ws://127.0.0.1:{port}{path}" + (f"?{urlencode(query)}" if query else "")
     factory = WebSocketClientFactory(url, headers=headers or {})
     factory.protocol = TestClient
     factory.setProtocolOptions(

@@ -1,0 +1,1 @@
+"""The web console's static files (served by :mod:`sandboxd.routes.console`)."""

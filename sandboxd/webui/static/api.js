@@ -1,0 +1,110 @@
+// The daemon's API as the console calls it: a capability link, kept in
+// sessionStorage (never localStorage, never a cookie), sent as a bearer token.
+
+const KEY = "sandboxd.console.link";
+
+/** Move a link from the URL's fragment to sessionStorage; the current link or null. */
+export function takeLink() {
+  const match = /(?:^#|&)link=([^&]+)/.exec(location.hash);
+  if (match) {
+    sessionStorage.setItem(KEY, decodeURIComponent(match[1]));
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  return sessionStorage.getItem(KEY);
+}
+
+export function saveLink(link) { sessionStorage.setItem(KEY, link); }
+export function forgetLink() { sessionStorage.removeItem(KEY); }
+
+export class ApiError extends Error {
+  constructor(status, body) {
+    super((body && body.error) || `HTTP ${status}`);
+    this.status = status;
+    this.code = body && body.code;
+    this.body = body || {};
+  }
+}
+
+const AUTH_LOST = new Set(["unauthorized", "link_invalid", "link_expired"]);
+
+export class Api {
+  /** @param onAuthLost called with the error when the link stops working */
+  constructor(link, onAuthLost) {
+    this.link = link;
+    this.onAuthLost = onAuthLost;
+  }
+
+  url(path, query) {
+    const url = new URL(path, location.origin);
+    for (const [k, v] of Object.entries(query || {})) {
+      if (v !== undefined && v !== null) url.searchParams.set(k, String(v));
+    }
+    return url;
+  }
+
+  headers(extra) {
+    return { Authorization: `Bearer ${this.link}`, ...(extra || {}) };
+  }
+
+  /** One call: the Response when ok, else throws ApiError (and reports a lost link). */
+  async fetch(method, path, { query, json, body, headers } = {}) {
+    const init = { method, headers: this.headers(headers), cache: "no-store" };
+    if (json !== undefined) {
+      init.body = JSON.stringify(json);
+      init.headers["Content-Type"] = "application/json";
+    } else if (body !== undefined) {
+      init.body = body;
+    }
+    const response = await fetch(this.url(path, query), init);
+    if (!response.ok && response.status !== 304) throw await this.failure(response.status, await response.text());
+    return response;
+  }
+
+  async json(method, path, options) {
+    const response = await this.fetch(method, path, options);
+    return response.json();
+  }
+
+  async failure(status, text) {
+    let parsed = null;
+    try { parsed = JSON.parse(text); } catch (_) { parsed = { error: text }; }
+    const error = new ApiError(status, parsed);
+    if (status === 401 && AUTH_LOST.has(error.code)) {
+      this.lost = true;
+      this.onAuthLost(error);
+    }
+    return error;
+  }
+
+  /** Upload ``file`` to ``path`` with progress (fetch cannot report upload progress). */
+  upload(path, file, onProgress) {
+    return new Promise((resolve, reject) => {
+      const xhr = new XMLHttpRequest();
+      xhr.open("POST", this.url("/files/raw", { path, overwrite: "true" }));
+      xhr.setRequestHeader("Authorization", `Bearer ${this.link}`);
+      xhr.setRequestHeader("Content-Type", "application/octet-stream");
+      xhr.upload.onprogress = (e) => { if (e.lengthComputable) onProgress(e.loaded, e.total); };
+      xhr.onerror = () => reject(new ApiError(0, { error: "the connection failed" }));
+      xhr.onload = async () => {
+        if (xhr.status >= 200 && xhr.status < 300) resolve(JSON.parse(xhr.responseText));
+        else reject(await this.failure(xhr.status, xhr.responseText));
+      };
+      xhr.send(file);
+    });
+  }
+
+  /** The WebSocket URL of a terminal on this same origin. */
+  terminalSocket(sessionId, offset) {
+    const url = this.url(`/pty/sessions/${encodeURIComponent(sessionId)}/ws`, {
+      access_token: this.link,
+      offset,
+    });
+    url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+    return url.toString();
+  }
+
+  /** An EventSource URL (it cannot send headers: the link goes in the query). */
+  eventSource(path, query) {
+    return this.url(path, { ...(query || {}), access_token: this.link }).toString();
+  }
+}

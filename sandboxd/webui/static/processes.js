@@ -1,0 +1,70 @@
+// Processes: the managed processes, and one's output live (SSE).
+
+import { h, clear } from "./dom.js";
+
+const KEEP = 256 * 1024; // characters of output kept on screen
+
+export class ProcessesPage {
+  constructor(root, api, caps, banner) {
+    this.root = root;
+    this.api = api;
+    this.caps = caps;
+    this.banner = banner;
+    this.source = null;
+    this.list = h("div", { class: "list", testid: "process-list" });
+    this.title = h("strong", { testid: "process-output-title" }, "Select a process to follow its output.");
+    this.output = h("pre", { class: "output", testid: "process-output" });
+    this.signal = h("button", { type: "button", class: "danger", testid: "process-kill", hidden: true, onclick: () => this.kill() }, "Send TERM");
+    clear(root).append(
+      h("div", { class: "toolbar" }, h("button", { type: "button", testid: "process-refresh", onclick: () => this.refresh() }, "Refresh")),
+      h("div", { class: "split" }, this.list, h("div", { class: "view" }, h("div", { class: "toolbar" }, this.title, this.signal), this.output)),
+    );
+  }
+
+  async start() { await this.refresh(); }
+  visible() { this.refresh(); }
+
+  async refresh() {
+    let listed;
+    try { listed = await this.api.json("GET", "/process/list"); }
+    catch (e) { this.banner(`Cannot list processes: ${e.message}`); return; }
+    const rows = (listed.processes || []).map((p) => h("tr", {
+      class: "entry", testid: "process-entry", "data-pid": p.pid, onclick: () => this.follow(p),
+    }, h("td", {}, String(p.pid)), h("td", {}, p.command_text || (Array.isArray(p.command) ? p.command.join(" ") : String(p.command))), h("td", { class: p.state === "running" ? "ok" : "dim" }, p.state), h("td", { class: "dim" }, p.exit_code ?? "")));
+    clear(this.list).append(h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "pid"), h("th", {}, "command"), h("th", {}, "state"), h("th", {}, "exit"))), h("tbody", {}, rows)));
+    if (!rows.length) this.list.append(h("p", { class: "empty" }, "No managed processes."));
+  }
+
+  follow(p) {
+    if (this.source) this.source.close();
+    this.title.textContent = `${p.pid}: ${Array.isArray(p.command) ? p.command.join(" ") : p.command}`;
+    this.signal.hidden = !(this.caps.allowed("process_signal") && p.state === "running");
+    this.signal.dataset.pid = p.pid;
+    clear(this.output);
+    const source = new EventSource(this.api.eventSource(`/process/${p.pid}/output`, { follow: "true" }));
+    this.source = source;
+    const append = (text) => {
+      this.output.append(document.createTextNode(text));
+      if (this.output.textContent.length > KEEP) this.output.textContent = this.output.textContent.slice(-KEEP);
+      this.output.scrollTop = this.output.scrollHeight;
+    };
+    for (const kind of ["stdout", "stderr"]) {
+      source.addEventListener(kind, (e) => { try { append(JSON.parse(e.data).data); } catch (_) { /* malformed */ } });
+    }
+    source.addEventListener("exit", (e) => {
+      let code = "?";
+      try { code = JSON.parse(e.data).exit_code; } catch (_) { /* malformed */ }
+      append(`\n[exited ${code}]\n`);
+      source.close();
+      this.signal.hidden = true;
+    });
+    source.addEventListener("error", () => { if (source.readyState === EventSource.CLOSED) append("\n[stream closed]\n"); });
+  }
+
+  async kill() {
+    const pid = this.signal.dataset.pid;
+    try { await this.api.json("POST", `/process/${pid}/signal`, { json: { signal: "SIGTERM" } }); }
+    catch (e) { this.banner(`Could not signal ${pid}: ${e.message}`); }
+    this.refresh();
+  }
+}

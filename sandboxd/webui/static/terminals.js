@@ -1,0 +1,195 @@
+// Terminals in tabs: xterm.js over the PTY WebSocket on this same origin.
+// A session outlives its socket: a cut socket reconnects with the byte
+// offset it had reached (the daemon replays only what followed), and a
+// reloaded page re-attaches to its sessions and gets their scrollback once.
+
+import { Terminal } from "./xterm.mjs";
+import { FitAddon } from "./addon-fit.mjs";
+import { h, clear } from "./dom.js";
+
+const OPEN = "sandboxd.console.terminals";
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+
+class TerminalTab {
+  constructor(page, id) {
+    this.page = page;
+    this.api = page.api;
+    this.id = id;
+    this.offset = null; // bytes of output written to the screen so far
+    this.retries = 0;
+    this.closed = false;
+    this.term = new Terminal({ cursorBlink: true, fontSize: 14, scrollback: 5000, convertEol: false });
+    this.fit = new FitAddon();
+    this.term.loadAddon(this.fit);
+    this.el = h("div", { class: "term", testid: "terminal", "data-session": id });
+    this.term.open(this.el);
+    this.term.onData((data) => this.send({ type: "input", data }));
+    this.term.onResize(({ cols, rows }) => this.send({ type: "resize", cols, rows }));
+    this.button = h("button", { type: "button", testid: "terminal-tab", "data-session": id, onclick: () => page.show(this) }, `shell ${id.slice(0, 6)}`);
+    this.closer = h("button", { type: "button", testid: "terminal-close", title: "Close this terminal", onclick: () => page.close(this) }, "×");
+    this.tab = h("span", { class: "termtab" }, this.button, this.closer);
+  }
+
+  connect() {
+    if (this.closed || this.api.lost) return;
+    this.setStatus(this.retries ? "reconnecting" : "connecting");
+    const ws = new WebSocket(this.api.terminalSocket(this.id, this.offset));
+    this.ws = ws;
+    ws.onopen = () => { this.retries = 0; this.setStatus("connected"); this.resize(); };
+    ws.onmessage = (e) => this.receive(e.data);
+    ws.onclose = (e) => {
+      if (this.ws !== ws) return;
+      this.ws = null;
+      if (this.closed) return;
+      if (e.code === 1000 || e.code === 1008) {
+        this.setStatus(e.code === 1000 ? "ended" : `closed: ${e.reason}`);
+        if (e.code === 1008) this.page.forget(this);
+        return;
+      }
+      this.retries += 1;
+      // A handshake refused for an expired or revoked link looks like any
+      // drop to a browser: ask the API, which shows the login screen then.
+      if (this.retries >= 2) this.api.fetch("GET", "/capabilities").catch(() => {});
+      const wait = Math.min(5000, 150 * 2 ** Math.min(this.retries, 6)) * (0.75 + Math.random() / 2);
+      this.setStatus("reconnecting");
+      this.timer = setTimeout(() => this.connect(), wait);
+    };
+  }
+
+  receive(text) {
+    let frame;
+    try { frame = JSON.parse(text); } catch (_) { return; }
+    if (frame.type === "output") {
+      let bytes = encoder.encode(frame.data);
+      const start = typeof frame.offset === "number" ? frame.offset : this.offset || 0;
+      if (this.offset !== null && start < this.offset) {
+        // Already on the screen (a replay that overlaps): write only the rest.
+        const skip = this.offset - start;
+        if (skip >= bytes.length) return;
+        bytes = bytes.subarray(skip);
+        this.term.write(bytes);
+        this.offset = start + skip + bytes.length;
+        return;
+      }
+      this.term.write(bytes);
+      this.offset = start + bytes.length;
+    } else if (frame.type === "event" && frame.event === "exited") {
+      this.term.write(`\r\n[exited ${frame.exit_code}]\r\n`);
+      this.page.forget(this);
+    }
+  }
+
+  send(message) {
+    if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(JSON.stringify(message));
+  }
+
+  resize() {
+    if (this.el.offsetParent === null) return; // hidden: xterm cannot measure
+    try { this.fit.fit(); } catch (_) { /* not laid out yet */ }
+    this.send({ type: "resize", cols: this.term.cols, rows: this.term.rows });
+  }
+
+  setStatus(text) {
+    this.status = text;
+    this.el.dataset.status = text;
+    this.page.statusChanged(this);
+  }
+
+  dispose() {
+    this.closed = true;
+    clearTimeout(this.timer);
+    if (this.ws) this.ws.close(1000);
+    this.term.dispose();
+    this.el.remove();
+    this.tab.remove();
+  }
+}
+
+export class TerminalsPage {
+  constructor(root, api, caps, banner) {
+    this.root = root;
+    this.api = api;
+    this.caps = caps;
+    this.banner = banner;
+    this.tabs = [];
+    this.current = null;
+    this.statusEl = h("span", { class: "status", testid: "terminal-status" });
+    this.tabBar = h("div", { class: "termtabs" });
+    this.newButton = h("button", { type: "button", testid: "terminal-new", onclick: () => this.create() }, "+ New terminal");
+    this.area = h("div", { class: "terms", testid: "terminal-area" });
+    clear(root).append(h("div", { class: "toolbar" }, this.newButton, this.tabBar, this.statusEl), this.area);
+    new ResizeObserver(() => this.current && this.current.resize()).observe(this.area);
+  }
+
+  async start() {
+    const kept = JSON.parse(sessionStorage.getItem(OPEN) || "[]");
+    let live = [];
+    try {
+      const listed = await this.api.json("GET", "/pty/sessions");
+      live = (listed.sessions || []).map((s) => s.session_id || s.id);
+    } catch (_) { /* fall back to what this tab remembers */ live = kept; }
+    for (const id of kept.filter((k) => live.includes(k))) this.add(id);
+    this.remember();
+    if (this.tabs.length) this.show(this.tabs[0]);
+  }
+
+  async create() {
+    try {
+      const made = await this.api.json("POST", "/pty/sessions", { json: { cols: 80, rows: 24 } });
+      this.show(this.add(made.session_id));
+      this.remember();
+    } catch (e) {
+      this.banner(`Could not open a terminal: ${e.message}`);
+    }
+  }
+
+  add(id) {
+    const tab = new TerminalTab(this, id);
+    tab.el.hidden = true;
+    this.tabs.push(tab);
+    this.tabBar.append(tab.tab);
+    this.area.append(tab.el);
+    tab.connect();
+    return tab;
+  }
+
+  show(tab) {
+    for (const t of this.tabs) {
+      t.el.hidden = t !== tab;
+      t.button.setAttribute("aria-selected", String(t === tab));
+    }
+    this.current = tab;
+    this.statusChanged(tab);
+    requestAnimationFrame(() => { tab.resize(); tab.term.focus(); });
+  }
+
+  visible() { if (this.current) requestAnimationFrame(() => this.current.resize()); }
+
+  async close(tab) {
+    this.forget(tab);
+    tab.dispose();
+    try { await this.api.fetch("DELETE", `/pty/sessions/${encodeURIComponent(tab.id)}`); } catch (_) { /* gone already */ }
+  }
+
+  forget(tab) {
+    this.tabs = this.tabs.filter((t) => t !== tab);
+    this.remember();
+    if (this.current === tab) {
+      this.current = null;
+      if (this.tabs.length) this.show(this.tabs[this.tabs.length - 1]);
+      else this.statusEl.textContent = "";
+    }
+  }
+
+  remember() { sessionStorage.setItem(OPEN, JSON.stringify(this.tabs.map((t) => t.id))); }
+
+  statusChanged(tab) {
+    if (tab === this.current) {
+      this.statusEl.textContent = tab.status || "";
+      this.statusEl.className = `status ${tab.status === "connected" ? "ok" : "dim"}`;
+    }
+  }
+}
+
+export { decoder };

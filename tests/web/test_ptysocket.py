@@ -1,0 +1,183 @@
+"""
+The PTY WebSocket on the API port (``/pty/sessions/{id}/ws``): the same
+endpoint and gate as the PTY port, so a page served by the API port reaches
+its terminals on its own origin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+
+from sandboxd.web.ptysocket import rewritten_head, session_of
+from tests.routes.test_terminal import TerminalCase, is_output
+from tests.terminals.wsclient import TestClient, connect
+
+TOKEN = "api-pty-token"
+
+
+class PathTests(TerminalCase):
+    """Which paths are the terminal socket."""
+
+    autostart = False
+
+    def test_session_of(self) -> None:
+        """Only ``/pty/sessions/ID/ws`` names a session; the query is not the path."""
+        self.assertEqual(session_of(b"/pty/sessions/abc/ws"), "abc")
+        self.assertEqual(session_of(b"/pty/sessions/abc/ws?offset=3"), "abc")
+        self.assertIsNone(session_of(b"/pty/sessions/abc"))
+        self.assertIsNone(session_of(b"/pty/sessions//ws"))
+        self.assertIsNone(session_of(b"/pty/sessions/a/b/ws"))
+
+    def test_head_rewritten(self) -> None:
+        """The head autobahn reads names ``/pty`` with the session first and keeps the rest."""
+
+        class Request:
+            class requestHeaders:
+                @staticmethod
+                def getAllRawHeaders() -> list[tuple[bytes, list[bytes]]]:
+                    return [(b"Host", [b"h:1"]), (b"Upgrade", [b"websocket"])]
+
+        head = rewritten_head(
+            Request(), b"/pty/sessions/s1/ws?offset=5&session_id=other", "s1"
+        )
+        self.assertEqual(
+            head,
+            b"GET /pty?session_id=s1&offset=5 HTTP/1.1\r\nHost: h:1\r\n"
+            b"Upgrade: websocket\r\n\r\n",
+        )
+
+
+class ApiPortSocketTests(TerminalCase):
+    """A terminal attached through the API port."""
+
+    token = TOKEN
+    audit = True
+    policy = {"defaults": {"audit": "all"}}
+
+    def socket(self, session_id: str, **params: Any) -> Any:
+        client: Any = connect(
+            self.daemon.port, None, path=f"/pty/sessions/{session_id}/ws", **params
+        )
+        return client
+
+    @inlineCallbacks
+    def test_echo_and_offset(self) -> Any:
+        """Started, then the echo; a second client with ``offset`` gets only what followed it."""
+        created = yield self.create(token=TOKEN)
+        sid = created["session_id"]
+        client: TestClient = yield self.socket(sid, access_token=TOKEN)
+        self.addCleanup(self.hang_up, client)
+        first = yield client.wait_for(lambda m: True)
+        self.assertEqual(first["event"], "started")
+        client.type("echo api-port-$((6*7))\n")
+        yield client.wait_output("api-port-42")
+        frames = [m for m in client.messages if is_output(m)]
+        last = frames[-1]
+        end = last["offset"] + len(last["data"].encode())
+        client.type("echo after-$((2*3))\n")
+        yield client.wait_output("after-6")
+        again: TestClient = yield self.socket(sid, access_token=TOKEN, offset=end)
+        self.addCleanup(self.hang_up, again)
+        yield again.wait_output("after-6")
+        self.assertNotIn("api-port-42", again.output())
+
+    @inlineCallbacks
+    def test_audited_as_asked(self) -> Any:
+        """The handshake's audit line is the PTY door's, with the path the client asked for."""
+        created = yield self.create()
+        sid = created["session_id"]
+        client: TestClient = yield self.socket(sid, access_token=TOKEN)
+        self.addCleanup(self.hang_up, client)
+        yield client.wait_for(lambda m: True)
+        lines = [r for r in self.audit_lines() if r.get("endpoint") == "pty_connect"]
+        self.assertEqual(len(lines), 1, lines)
+        self.assertEqual(lines[0]["via"], "ws")
+        self.assertEqual(lines[0]["path"], f"/pty/sessions/{sid}/ws")
+        self.assertEqual(lines[0]["status"], 101)
+        self.assertNotIn(TOKEN, str(lines[0]))
+
+    @inlineCallbacks
+    def test_refused_without_token(self) -> Any:
+        """No credential: the handshake is refused (401), as on the PTY port."""
+        created = yield self.create(token=TOKEN)
+        reply = yield self.request(
+            "GET",
+            f"/pty/sessions/{created['session_id']}/ws",
+            headers={
+                "Upgrade": "websocket",
+                "Connection": "Upgrade",
+                "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+                "Sec-WebSocket-Version": "13",
+            },
+            token=None,
+        )
+        self.assertEqual(reply.status, 401)
+        self.assertEqual(reply.json()["code"], "unauthorized")
+
+    @inlineCallbacks
+    def test_unknown_session(self) -> Any:
+        """An unknown id closes with 1008, the PTY port's reason."""
+        client: TestClient = yield self.socket("nope", access_token=TOKEN)
+        code, reason = yield client.closed
+        self.assertEqual((code, reason), (1008, "Unknown session: nope"))
+
+
+AGENT = "agent-token-0123456789"
+OTHER = "other-token-0123456789"
+
+
+def _sha(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class LinkAttachTests(TerminalCase):
+    """A console link attaches to its minter's terminals, and only to those."""
+
+    policy = {
+        "auth": {
+            "tokens": [
+                {
+                    "id": "agent",
+                    "token_sha256": _sha(AGENT),
+                    "scopes": ["terminal:use", "links:mint", "core:read"],
+                },
+                {
+                    "id": "other",
+                    "token_sha256": _sha(OTHER),
+                    "scopes": ["terminal:use"],
+                },
+            ]
+        }
+    }
+
+    @inlineCallbacks
+    def test_minters_terminal(self) -> Any:
+        """The agent's link types into the agent's shell; another identity's shell is unknown to it."""
+        mine = yield self.create(token=AGENT)
+        theirs = yield self.create(token=OTHER)
+        minted = yield self.request(
+            "POST", "/auth/links", {"audience": "console"}, token=AGENT
+        )
+        link = minted.json()["token"]
+        client: TestClient = yield connect(
+            self.daemon.port,
+            None,
+            path=f"/pty/sessions/{mine['session_id']}/ws",
+            access_token=link,
+        )
+        self.addCleanup(self.hang_up, client)
+        client.type("echo taken-over-$((3*3))\n")
+        yield client.wait_output("taken-over-9")
+        other: TestClient = yield connect(
+            self.daemon.port,
+            None,
+            path=f"/pty/sessions/{theirs['session_id']}/ws",
+            access_token=link,
+        )
+        code, reason = yield other.closed
+        self.assertEqual(
+            (code, reason), (1008, f"Unknown session: {theirs['session_id']}")
+        )
