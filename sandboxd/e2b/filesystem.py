@@ -50,6 +50,7 @@ from sandboxd.policy.defaults import (
     ENDPOINT_LIMITS,
     MAX_LIST_DEPTH,
     MIB,
+    identity_cap,
 )
 from sandboxd.routes import files as file_routes
 
@@ -303,14 +304,27 @@ class Watchers:
     clock: Any
     table: dict[str, Watcher] = attrs.Factory(dict)
 
-    def add(self, watcher: Watcher) -> None:
-        """Keep a new watcher (429 past :data:`E2B_MAX_WATCHERS`)."""
+    def add(self, watcher: Watcher, share: int = E2B_MAX_WATCHERS) -> None:
+        """
+        Keep a new watcher: 429 past :data:`E2B_MAX_WATCHERS`, or past
+        ``share`` of them held by its owner (so one identity cannot take
+        every watcher and lock the others out).
+        """
         if len(self.table) >= E2B_MAX_WATCHERS:
             raise limit_exceeded(
                 429,
                 f"too many watchers (at most {E2B_MAX_WATCHERS})",
                 Code.CONCURRENCY_LIMITED,
                 limit=E2B_MAX_WATCHERS,
+            )
+        held = sum(1 for w in self.table.values() if w.owner == watcher.owner)
+        if held >= share:
+            raise limit_exceeded(
+                429,
+                f"too many watchers for one identity (at most {share}; "
+                "raise endpoints.files_watch.limits.max_per_identity)",
+                Code.CONCURRENCY_LIMITED,
+                limit=share,
             )
         watcher.watch.acquire()
         self.table[watcher.id] = watcher
@@ -352,6 +366,13 @@ def _watchers(call: Call) -> Watchers:
     return watchers
 
 
+def _watcher_share(call: Call) -> int:
+    """How many of the door's watchers one identity may hold."""
+    rule = call.context.policy.rules["files_watch"]
+    identities = len(call.context.policy.tokens.ids())
+    return identity_cap(E2B_MAX_WATCHERS, identities, rule.limits.max_per_identity)
+
+
 def create_watcher(call: Call, message: dict[str, Any]) -> Any:
     """``CreateWatcher``: a watcher to poll with ``GetWatcherEvents``."""
     guard = _guard(call)
@@ -363,7 +384,7 @@ def create_watcher(call: Call, message: dict[str, Any]) -> Any:
         watcher = Watcher(
             secrets.token_hex(8), owner, root, watch, guard, include, _now_seq(watch)
         )
-        _watchers(call).add(watcher)
+        _watchers(call).add(watcher, _watcher_share(call))
         return {"watcherId": watcher.id}
 
     return _open_watch(call, message).addCallback(ready)

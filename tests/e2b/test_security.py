@@ -683,3 +683,39 @@ class BinaryOutputTests(E2BCase):
                 break
             yield self.sdk(time.sleep, 0.1)
         self.assertEqual("".join(e["data"] for e in out["events"]), "\ufffdok")
+
+
+class WatcherShareTests(E2BCase):
+    """One identity cannot take every E2B watcher and lock the others out."""
+
+    environ = {"ALICE": "alice-token", "BOB": "bob-token"}
+    policy = {
+        "auth": {
+            "tokens": [
+                {"id": "alice", "token_env": "ALICE", "scopes": ["*"]},
+                {"id": "bob", "token_env": "BOB", "scopes": ["*"]},
+            ]
+        },
+        "endpoints": {"files_watch": {"limits": {"max_per_identity": 1}}},
+    }
+
+    @inlineCallbacks
+    def test_second_watcher_of_one_identity(self) -> Any:
+        """Alice's second CreateWatcher is refused with the setting named; Bob's works."""
+        for name in ("a", "b"):
+            os.mkdir(os.path.join(self.base_dir, name))
+        answers = []
+        for token, path in (
+            ("alice-token", "a"),
+            ("alice-token", "b"),
+            ("bob-token", "b"),
+        ):
+            status, _, body = yield self.rpc(
+                "filesystem.Filesystem/CreateWatcher",
+                {"path": os.path.join(self.base_dir, path)},
+                headers={"X-Access-Token": token},
+            )
+            answers.append((status, body))
+        self.assertEqual([status for status, _ in answers], [200, 429, 200])
+        self.assertIn("watcherId", answers[0][1])
+        self.assertIn("max_per_identity", json.dumps(answers[1][1]))
