@@ -108,7 +108,10 @@ class DaemonProcess:
         self.log = open(test.mktemp(), "w+")
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
         full_env.update(env or {})
-        if "ABX_SERVER_TOKEN" in full_env and os.geteuid() == 0:
+        # A token in the environment or in a policy: a root daemon needs
+        # to be told its children run as root.
+        tokens = "ABX_SERVER_TOKEN" in full_env or "--policy" in argv
+        if tokens and os.geteuid() == 0:
             argv = children_as_root(test, argv)
         self.proc = subprocess.Popen(
             argv,

@@ -124,11 +124,11 @@ class CheckConfigTests(SynchronousTestCase):
         self.assertIn("pty_delete_session", out)
 
     def test_explain_old_id(self) -> None:
-        """--explain with an old id decides the new one and says so."""
+        """--explain with an old id decides the new one and says so (a refusal exits 1)."""
         code, out = self.run_check(
             {}, "--explain", "commands_list", "--scopes", "files:read", "--json"
         )
-        self.assertEqual(code, 0)
+        self.assertEqual(code, 1)
         decision = json.loads(out)
         self.assertEqual(decision["endpoint"], "list_commands")
         self.assertFalse(decision["allowed"])

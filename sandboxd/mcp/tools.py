@@ -674,13 +674,21 @@ def _capabilities_summary(value: dict[str, Any], wanted: str | None) -> dict[str
 
 
 def _openapi_summary(value: dict[str, Any], wanted: str | None) -> dict[str, Any]:
+    """
+    The operations this caller's policy has on (the others only counted:
+    a model cannot call them, and every opt-in group would cost it tokens).
+    """
     operations: list[dict[str, Any]] = []
+    off = 0
     for path, item in (value.get("paths") or {}).items():
         for method, op in item.items():
             if not isinstance(op, dict) or "operationId" not in op:
                 continue
             if wanted is not None and op["operationId"] == wanted:
                 return {"path": path, "method": method.upper(), "operation": op}
+            if op.get("x-sandboxd-enabled") is False:
+                off += 1
+                continue
             operations.append(
                 {
                     "id": op["operationId"],
@@ -694,5 +702,7 @@ def _openapi_summary(value: dict[str, Any], wanted: str | None) -> dict[str, Any
     return {
         "openapi": value.get("openapi"),
         "operations": operations,
-        "more": "name an endpoint for its operation (parameters, body, responses)",
+        "disabled": off,
+        "more": "name an endpoint for its operation (parameters, body, responses);"
+        " capabilities says why the disabled ones are off",
     }

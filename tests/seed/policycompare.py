@@ -194,6 +194,24 @@ def differences(seed: dict[str, Any], ours: dict[str, Any]) -> list[str]:
     return out
 
 
+def children_as_root(path: str, doc: dict[str, Any], folder: str) -> str:
+    """
+    ``path``, or as root a copy of it naming root as the children's user:
+    a root sandboxd with tokens refuses to start until a policy says whom
+    commands run as (agent-sandbox-server runs them as itself), and these
+    comparisons are about what each endpoint allows, not whom it runs as.
+    """
+    if os.geteuid() != 0:
+        return path
+    copy = json.loads(json.dumps(doc))
+    defaults = copy.setdefault("defaults", {})
+    defaults.setdefault("params", {}).setdefault("default_user", "root")
+    named = os.path.join(folder, "policy-as-root.json")
+    with open(named, "w") as f:
+        json.dump(copy, f)
+    return named
+
+
 def compare(path: str, program: str | None = None) -> dict[str, Any]:
     """
     Load ``path`` in both servers and compare.
@@ -213,7 +231,7 @@ def compare(path: str, program: str | None = None) -> dict[str, Any]:
     }
     with tempfile.TemporaryDirectory() as base:
         seed = seed_server(path, env, base)
-        ours = sandboxd_server(path, env, base, program)
+        ours = sandboxd_server(children_as_root(path, doc, base), env, base, program)
         try:
             result["seed_loads"] = seed.wait()
             result["sandboxd_loads"] = ours.wait()
