@@ -438,3 +438,13 @@ E2B_WATCHER_IDLE_SECONDS = 600.0
 
 #: E2B door: files one ``POST /files`` may carry.
 E2B_MAX_UPLOAD_FILES = 1000
+
+# The control plane above the sandbox's work (policy ``priority``): every
+# child started through the daemon runs at this nice value, best-effort I/O
+# level and oom_score_adj; the daemon, when it runs as root, at its own
+# (docs/operations.md).
+CHILD_NICE = 10
+CHILD_IO_LEVEL = 7
+CHILD_OOM_SCORE_ADJ = 500
+DAEMON_NICE = -5
+DAEMON_OOM_SCORE_ADJ = -500
