@@ -12,6 +12,12 @@
 # 7. The E2B door through the real e2b SDK against the HTTP API (bench/e2b_door.py).
 # 8. What a group's first request costs, its imports included (bench/first_request.py).
 # 9. The preview door against nginx (bench/preview_door.py; needs nginx and wrk).
+# 10. W1 at c1 against the bare Twisted floor in one invocation: how much of
+#     a call is Twisted's and how much is the daemon's own (gate, policy,
+#     audit, metrics, headers, JSON).
+# 11. W9 with the busy work started through the daemon (bench/busy.py), and
+#     the instructions of one call at c1 under callgrind (bench/percall.py,
+#     PERCALL=1; slow).
 #
 # SHARED_BENCH points at the shared harness (default ../shared/bench);
 # RUN_ARGS is passed to it (e.g. RUN_ARGS="--only W1,W1b --duration 3").
@@ -66,3 +72,19 @@ fi
 # What sandboxd.client costs over curl (raw transfers) and bare httpx (/shell).
 "$ROOT/.venv/bin/python" "$ROOT/bench/client_overhead.py" --size-mib "${RAW_MIB:-1024}" \
   --runs "${CLIENT_RUNS:-200}" --rounds "${CLIENT_ROUNDS:-3}"
+# W1 /health at c1 and c32: the Twisted floor (reactor, one resource) beside
+# the daemon, in one invocation.
+if [ -x "$SHARED_BENCH/compare.sh" ]; then
+  RUN_ARGS="--only W1 ${RUN_ARGS:-}" RESULTS="${RESULTS:-$PWD/bench-results}/w1-floor" \
+    "$SHARED_BENCH/compare.sh" \
+    twisted-floor="$ROOT/.venv/bin/python $SHARED_BENCH/peers/twisted_floor.py --port {port}" \
+    sandboxd="$ROOT/.venv/bin/twistd -n --pidfile= sandboxd --port tcp:{port}:interface=127.0.0.1 --pty-port tcp:{pty_port}:interface=127.0.0.1 --base-dir {base_dir}"
+fi
+# W9 with the burners started through the daemon itself: priority on and off.
+"$ROOT/.venv/bin/python" "$ROOT/bench/busy.py" --seconds "${BUSY_SECONDS:-5}" --shells "${BUSY_SHELLS:-30}"
+# Instructions per call at c1 (callgrind): repeatable on a loaded machine.
+if [ -n "${PERCALL:-}" ] && command -v valgrind >/dev/null; then
+  "$ROOT/.venv/bin/python" "$ROOT/bench/percall.py" --mode callgrind --calls "${PERCALL_CALLS:-1000}"
+  "$ROOT/.venv/bin/python" "$ROOT/bench/percall.py" --mode callgrind --server floor \
+    --floor "$SHARED_BENCH/peers/twisted_floor.py" --calls "${PERCALL_CALLS:-1000}"
+fi

@@ -18,7 +18,7 @@ class FreshCloneTests(SynchronousTestCase):
     def test_without_harness(self) -> None:
         """
         It says where the W0-W7 harness comes from, then runs RAW, MCP,
-        PTY-CEILING, E2B, FIRST-REQUEST and CLIENT, exit 0.
+        PTY-CEILING, E2B, FIRST-REQUEST, CLIENT and W9-DAEMON, exit 0.
         """
         env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
         env.update(
@@ -34,6 +34,8 @@ class FreshCloneTests(SynchronousTestCase):
             FIRST_DAEMONS="2",
             PREVIEW_SECONDS="1",
             PREVIEW_MESSAGES="50",
+            BUSY_SECONDS="1",
+            BUSY_SHELLS="5",
         )
         result = subprocess.run(
             [os.path.join(ROOT, "bench", "run.sh")],
@@ -52,7 +54,15 @@ class FreshCloneTests(SynchronousTestCase):
             for line in result.stdout.splitlines()
             if line.startswith("{")
         }
-        expected = {"RAW", "MCP", "PTY-CEILING", "E2B", "FIRST-REQUEST", "CLIENT"}
+        expected = {
+            "RAW",
+            "MCP",
+            "PTY-CEILING",
+            "E2B",
+            "FIRST-REQUEST",
+            "CLIENT",
+            "W9-DAEMON",
+        }
         if shutil.which("nginx") and shutil.which("wrk"):
             expected.add("PREVIEW")
         else:
