@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from twisted.internet.tcp import Server
 from twisted.logger import Logger
 from twisted.web.http import datetimeToString
 from twisted.web.server import Request
@@ -344,10 +345,13 @@ class SandboxRequest(Request):
 
     def finish(self) -> None:
         """Finish the response, then free the slot and audit (step 8)."""
+        transport = self.channel.transport if self.channel is not None else None
         super().finish()
         if self.watching_finish:
             self.watching_finish = False
             self._finished(None)
+        if transport is not None:
+            send_now(transport)
 
     def connectionLost(self, reason: Any) -> None:
         """The client left: free the slot and audit it as such."""
@@ -392,6 +396,34 @@ class SandboxRequest(Request):
             client=self.client_host,
             extra=self.audit_fields,
         )
+
+
+def send_now(transport: Any) -> None:
+    """
+    Send a finished response now rather than on the reactor's next turn.
+
+    Twisted's TCP transport only buffers a write and asks the reactor to
+    say when the socket is writable: one more ``epoll_wait`` and a whole
+    reactor turn before the first byte of every response leaves, which is
+    a visible share of a call at concurrency 1.  A plain TCP connection
+    that is not closing and whose producer (the HTTP channel itself, a
+    streaming one) is not paused is written at once: then the flush can
+    neither close the connection nor resume a producer under the caller,
+    which are left to Twisted's own turn.  Whatever the socket does not
+    take stays buffered and Twisted sends it as before; an error is left
+    for the reactor, which sees the socket again.
+    """
+    if (
+        type(transport) is not Server
+        or not transport.connected
+        or transport.disconnecting
+        or transport._writeDisconnecting
+        or (transport.producer is not None and not transport.streamingProducer)
+        or transport.producerPaused
+        or not (transport._tempDataLen or transport.dataBuffer)
+    ):
+        return
+    transport.doWrite()
 
 
 def _site(request: Request) -> Any:
