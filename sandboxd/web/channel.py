@@ -51,6 +51,15 @@ class SandboxChannel(HTTPChannel):
     def connectionMade(self) -> None:
         """Count the connection; close it at once when over a cap."""
         super().connectionMade()
+        # A response, an SSE event or a streamed chunk goes out as soon as
+        # it is written: with Nagle's algorithm a small write waits for the
+        # ACK of the one before, which a client may delay by 40 ms.
+        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if set_no_delay is not None:
+            try:
+                set_no_delay(True)
+            except OSError:
+                pass
         peer = self.transport.getPeer() if self.transport is not None else None
         self.peer_host = getattr(peer, "host", "") or ""
         site: Any = self.site  # type: ignore[attr-defined]
