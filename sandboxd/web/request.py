@@ -18,7 +18,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from twisted.internet.tcp import Server
 from twisted.logger import Logger
 from twisted.web.http import datetimeToString
 from twisted.web.server import Request
@@ -42,6 +41,7 @@ from sandboxd.web.dispatch import dispatch, json_bytes, reason_phrase, respond_e
 from sandboxd.web.jsonbody import parse_object
 from sandboxd.web.messages import BodySink, ServerRequest
 from sandboxd.web.pipeline import Admission, PipelineRefusal, Refusal, admit
+from sandboxd.web.sending import send_now
 from sandboxd.web.upload import UploadBody
 
 #: Methods that change nothing.  A request with any other method is not
@@ -396,34 +396,6 @@ class SandboxRequest(Request):
             client=self.client_host,
             extra=self.audit_fields,
         )
-
-
-def send_now(transport: Any) -> None:
-    """
-    Send a finished response now rather than on the reactor's next turn.
-
-    Twisted's TCP transport only buffers a write and asks the reactor to
-    say when the socket is writable: one more ``epoll_wait`` and a whole
-    reactor turn before the first byte of every response leaves, which is
-    a visible share of a call at concurrency 1.  A plain TCP connection
-    that is not closing and whose producer (the HTTP channel itself, a
-    streaming one) is not paused is written at once: then the flush can
-    neither close the connection nor resume a producer under the caller,
-    which are left to Twisted's own turn.  Whatever the socket does not
-    take stays buffered and Twisted sends it as before; an error is left
-    for the reactor, which sees the socket again.
-    """
-    if (
-        type(transport) is not Server
-        or not transport.connected
-        or transport.disconnecting
-        or transport._writeDisconnecting
-        or (transport.producer is not None and not transport.streamingProducer)
-        or transport.producerPaused
-        or not (transport._tempDataLen or transport.dataBuffer)
-    ):
-        return
-    transport.doWrite()
 
 
 def _site(request: Request) -> Any:

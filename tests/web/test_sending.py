@@ -13,7 +13,7 @@ from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.protocol import Factory, Protocol
 from twisted.trial.unittest import TestCase
 
-from sandboxd.web.request import send_now
+from sandboxd.web.sending import send_now
 from tests.helpers import DaemonTestCase
 
 
