@@ -234,18 +234,57 @@ class ChildPriority:
         # Process-wide: spawns on several threads at once share one raise.
         with self._lock:
             if self._spawning == 0:
-                own = _read_oom("/proc/self/oom_score_adj")
-                if own is not None and own != value:
-                    if _write_value("/proc/self/oom_score_adj", value):
-                        self._own_oom = own
+                own = _OWN_OOM.read()
+                if own is not None and own != value and _OWN_OOM.write(value):
+                    self._own_oom = own
             self._spawning += 1
 
     def _restore_oom(self) -> None:
         with self._lock:
             self._spawning -= 1
             if self._spawning == 0 and self._own_oom is not None:
-                _write_value("/proc/self/oom_score_adj", self._own_oom)
+                _OWN_OOM.write(self._own_oom)
                 self._own_oom = None
+
+
+class _OwnOom:
+    """
+    ``/proc/self/oom_score_adj`` kept open: read and written twice per
+    spawn, one system call each instead of an open, a call and a close.
+    """
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+
+    def _open(self) -> int | None:
+        if self._fd is None:
+            try:
+                self._fd = os.open("/proc/self/oom_score_adj", os.O_RDWR | os.O_CLOEXEC)
+            except OSError:
+                return None
+        return self._fd
+
+    def read(self) -> int | None:
+        fd = self._open()
+        if fd is None:
+            return None
+        try:
+            return int(os.pread(fd, 16, 0))
+        except (OSError, ValueError):
+            return None
+
+    def write(self, value: int) -> bool:
+        fd = self._open()
+        if fd is None:
+            return False
+        try:
+            os.pwrite(fd, b"%d" % value, 0)
+        except OSError:
+            return False
+        return True
+
+
+_OWN_OOM = _OwnOom()
 
 
 #: The daemon's one :class:`ChildPriority`.
