@@ -47,6 +47,16 @@ class SandboxChannel(HTTPChannel):
     peer_host = ""
     #: Whether a request head is on its way (see :meth:`dataReceived`).
     _in_head = False
+    _secure: bool | None = None
+
+    def isSecure(self) -> bool:
+        """
+        Whether the connection is TLS: asked once per connection, not per
+        request (a transport never changes between the two).
+        """
+        if self._secure is None:
+            self._secure = bool(super().isSecure())
+        return self._secure
 
     def connectionMade(self) -> None:
         """Count the connection; close it at once when over a cap."""

@@ -233,7 +233,7 @@ class SandboxRequest(Request):
         if self.widened:
             _read_size(self.channel.transport, None)
         self.site = _site(self)
-        self.setHeader(b"date", datetimeToString())
+        self.setHeader(b"date", http_date())
         # The daemon's own origin is trusted (SPEC §5.2's same-origin rule),
         # so nothing it serves may run script in it: a downloaded HTML file
         # or SVG is never sniffed into a page and is sandboxed if opened.
@@ -396,6 +396,21 @@ class SandboxRequest(Request):
             client=self.client_host,
             extra=self.audit_fields,
         )
+
+
+_DATE: tuple[int, bytes] = (0, b"")
+
+
+def http_date() -> bytes:
+    """
+    The ``Date`` header's value, formatted once per second rather than
+    once per response.
+    """
+    global _DATE
+    now = int(time.time())
+    if _DATE[0] != now:
+        _DATE = (now, datetimeToString(now))
+    return _DATE[1]
 
 
 def _site(request: Request) -> Any:
