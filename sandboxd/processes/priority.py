@@ -49,9 +49,12 @@ _IOPRIO_SET = {"x86_64": 251, "aarch64": 30, "i686": 289, "armv7l": 314}
 _IOPRIO_GET = {"x86_64": 252, "aarch64": 31, "i686": 290, "armv7l": 315}
 
 
+_MACHINE = os.uname().machine
+
+
 def _syscall(table: Mapping[str, int], *args: int) -> int:
     """One ioprio system call; -1 where this machine's number is unknown."""
-    number = table.get(os.uname().machine)
+    number = table.get(_MACHINE)
     c = libc()
     if number is None or c is None:
         return -1
