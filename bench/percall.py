@@ -92,7 +92,11 @@ def _start(args: argparse.Namespace, base: str, token: str, prefix: list[str]) -
                 time.sleep(0.1)
         proc.kill()
         raise SystemExit("floor did not start")
-    return start_daemon(base, token, prefix=prefix, wait_seconds=120)
+    env = {"PYTHONHASHSEED": "0"}
+    if args.tree:
+        # Another checkout's code (a commit exported with git archive).
+        env["PYTHONPATH"] = os.path.abspath(args.tree)
+    return start_daemon(base, token, prefix=prefix, wait_seconds=120, env=env)
 
 
 def _callgrind_total(path: str) -> int:
@@ -176,6 +180,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--tree", help="run the daemon from this checkout (PYTHONPATH)")
     args = ap.parse_args()
     cases = args.cases.split(",")
     if args.server == "floor":
