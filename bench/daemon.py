@@ -30,13 +30,17 @@ def start_daemon(
     policy: Mapping[str, Any] | None = None,
     args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
+    prefix: Sequence[str] = (),
+    wait_seconds: float = 10.0,
 ) -> tuple[subprocess.Popen[bytes], int]:
     """
     The daemon serving ``base`` under ``policy`` (written beside it), with
     ``args`` added to its command line: its process and HTTP port.
+    ``prefix`` runs it under another program (valgrind, a profiler).
     """
     port = free_port()
     argv = [
+        *prefix,
         os.path.join(os.path.dirname(sys.executable), "twistd"),
         "-n",
         "--pidfile=",
@@ -68,7 +72,8 @@ def start_daemon(
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    for _ in range(200):
+    deadline = time.monotonic() + wait_seconds
+    while time.monotonic() < deadline:
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
             c.request("GET", "/health")

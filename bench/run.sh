@@ -14,6 +14,12 @@
 # 9. The preview door against nginx (bench/preview_door.py; needs nginx and wrk).
 # 10. A clone through POST /git/clone against plain git clone (bench/git_clone.py).
 # 11. A code context against jupyter_client driving the same ipykernel (bench/code_contexts.py).
+# 12. W1 at c1 against the bare Twisted floor in one invocation: how much of
+#     a call is Twisted's and how much is the daemon's own (gate, policy,
+#     audit, metrics, headers, JSON).
+# 13. W9 with the busy work started through the daemon (bench/busy.py), and
+#     the instructions of one call at c1 under callgrind (bench/percall.py,
+#     PERCALL=1; slow).
 #
 # SHARED_BENCH points at the shared harness (default ../shared/bench);
 # RUN_ARGS is passed to it (e.g. RUN_ARGS="--only W1,W1b --duration 3").
@@ -81,3 +87,19 @@ fi
 # the same ipykernel directly: 1+1 latency and a big print's throughput.
 "$ROOT/.venv/bin/python" "$ROOT/bench/code_contexts.py" \
   --calls "${CODE_CALLS:-300}" --mib "${CODE_MIB:-10}" --rounds "${CODE_ROUNDS:-2}"
+# W1 /health at c1 and c32: the Twisted floor (reactor, one resource) beside
+# the daemon, in one invocation.
+if [ -x "$SHARED_BENCH/compare.sh" ]; then
+  RUN_ARGS="--only W1 ${RUN_ARGS:-}" RESULTS="${RESULTS:-$PWD/bench-results}/w1-floor" \
+    "$SHARED_BENCH/compare.sh" \
+    twisted-floor="$ROOT/.venv/bin/python $SHARED_BENCH/peers/twisted_floor.py --port {port}" \
+    sandboxd="$ROOT/.venv/bin/twistd -n --pidfile= sandboxd --port tcp:{port}:interface=127.0.0.1 --pty-port tcp:{pty_port}:interface=127.0.0.1 --base-dir {base_dir}$CHILDREN"
+fi
+# W9 with the burners started through the daemon itself: priority on and off.
+"$ROOT/.venv/bin/python" "$ROOT/bench/busy.py" --seconds "${BUSY_SECONDS:-5}" --shells "${BUSY_SHELLS:-30}"
+# Instructions per call at c1 (callgrind): repeatable on a loaded machine.
+if [ -n "${PERCALL:-}" ] && command -v valgrind >/dev/null; then
+  "$ROOT/.venv/bin/python" "$ROOT/bench/percall.py" --mode callgrind --calls "${PERCALL_CALLS:-1000}"
+  "$ROOT/.venv/bin/python" "$ROOT/bench/percall.py" --mode callgrind --server floor \
+    --floor "$SHARED_BENCH/peers/twisted_floor.py" --calls "${PERCALL_CALLS:-1000}"
+fi

@@ -36,6 +36,7 @@ from sandboxd.endpoints import RouteTable
 from sandboxd.libc import libc
 from sandboxd.policy import Policy, PolicyError, load_policy
 from sandboxd.policy.defaults import SHUTDOWN_TIMEOUT_SECONDS
+from sandboxd.processes.priority import CHILD_PRIORITY
 from sandboxd.readiness import ListenAfter, Listener, all_listening
 from sandboxd.routes import default_table
 from sandboxd.services import setup_services
@@ -273,6 +274,7 @@ class DaemonService(MultiService):
                 groups_on(policy, self.context.table),
             ),
         )
+        CHILD_PRIORITY.configure(policy.document.priority)
         if self.settings.environ is None:
             self._hide_secrets()
         self._install_hup()
@@ -383,6 +385,7 @@ class DaemonService(MultiService):
             self.context.metrics.reloads["refused"] += 1
             return False
         self.context.replace_policy(policy)
+        CHILD_PRIORITY.configure(policy.document.priority)
         self.context.metrics.reloads["ok"] += 1
         self._enter_base_dir()
         for door in self.context.doors.values():
@@ -400,6 +403,7 @@ class DaemonService(MultiService):
         """Stop listening, end every child, flush the audit log; bounded."""
         self.running = False
         self.context.draining = True
+        CHILD_PRIORITY.restore()
         if self._trim is not None and self._trim.active():
             self._trim.cancel()
         if self._previous_hup is not None:

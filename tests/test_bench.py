@@ -18,7 +18,7 @@ class FreshCloneTests(SynchronousTestCase):
     def test_without_harness(self) -> None:
         """
         It says where the W0-W7 harness comes from, then runs RAW, MCP,
-        PTY-CEILING, E2B, FIRST-REQUEST, CLIENT, GIT-CLONE and CODE, exit 0.
+        PTY-CEILING, E2B, FIRST-REQUEST, CLIENT, GIT-CLONE, CODE and W9-DAEMON, exit 0.
         """
         env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
         env.update(
@@ -39,6 +39,8 @@ class FreshCloneTests(SynchronousTestCase):
             CODE_CALLS="10",
             CODE_MIB="1",
             CODE_ROUNDS="1",
+            BUSY_SECONDS="1",
+            BUSY_SHELLS="5",
         )
         result = subprocess.run(
             [os.path.join(ROOT, "bench", "run.sh")],
@@ -66,6 +68,7 @@ class FreshCloneTests(SynchronousTestCase):
             "CLIENT",
             "GIT-CLONE",
             "CODE",
+            "W9-DAEMON",
         }
         if shutil.which("nginx") and shutil.which("wrk"):
             expected.add("PREVIEW")

@@ -521,3 +521,14 @@ def identity_cap(total: int, identities: int, explicit: int | None = None) -> in
     if identities <= 1:
         return total
     return max(1, total // 2)
+
+
+# The control plane above the sandbox's work (policy ``priority``): every
+# child started through the daemon runs at this nice value, best-effort I/O
+# level and oom_score_adj; the daemon, when it runs as root, at its own
+# (docs/operations.md).
+CHILD_NICE = 10
+CHILD_IO_LEVEL = 7
+CHILD_OOM_SCORE_ADJ = 500
+DAEMON_NICE = -5
+DAEMON_OOM_SCORE_ADJ = -500

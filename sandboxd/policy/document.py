@@ -27,6 +27,7 @@ from sandboxd.endpoints import (
     RouteTable,
     renamed_warning,
 )
+from sandboxd.policy.priorities import Priorities, priorities_from
 from sandboxd.policy.rules import AUDIT_MODES, RULE_KEYS, section_fields
 from sandboxd.policy.sizes import parse_size
 
@@ -48,6 +49,7 @@ TOP_KEYS = (
     "trusted_proxies",
     "preview_domain",
     "preview_public_url",
+    "priority",
 )
 PRESETS = ("default", "transfer-only", "read-only", "hardened", "locked")
 TOKEN_KEYS = ("id", "token_env", "token_sha256", "token_file", "scopes")
@@ -167,6 +169,8 @@ class PolicyDocument:
     preview_domain: str = "localhost"
     #: Where browsers reach the preview door behind an ingress.
     preview_public_url: str | None = None
+    #: The daemon's CPU, I/O and memory priority over its children's.
+    priority: Priorities = attrs.field(factory=Priorities)
     source: str = "none"
     warnings: tuple[str, ...] = ()
 
@@ -623,9 +627,17 @@ def validate(doc: Any, table: RouteTable, source: str = "inline") -> PolicyDocum
         preview_public_url=check_preview_url(doc["preview_public_url"])
         if doc.get("preview_public_url") is not None
         else None,
+        priority=_priority(doc.get("priority", True)),
         source=source,
         warnings=tuple(warnings),
     )
+
+
+def _priority(value: Any) -> Priorities:
+    try:
+        return priorities_from(value)
+    except ValueError as e:
+        raise PolicyError(str(e)) from None
 
 
 def parse_text(text: str, name: str) -> Any:

@@ -30,6 +30,7 @@ from sandboxd.policy.defaults import (
 )
 from sandboxd.processes import posix_spawn as _spawn
 from sandboxd.processes.command import SETPRIV
+from sandboxd.processes.priority import CHILD_PRIORITY
 
 _IGNORED_SIGNALS: list[int] | None = None
 
@@ -214,8 +215,10 @@ def _spawn_adopted(
     try:
         plan = _spawn.plan(executable, args, env, path, fdmap, _spawn.ALL_SIGNALS)
         began = time.perf_counter()
-        pid = _spawn.posix_spawn(plan)
+        with CHILD_PRIORITY.spawning():
+            pid = _spawn.posix_spawn(plan)
         SPAWN_TIMES.record(time.perf_counter() - began)
+        CHILD_PRIORITY.spawned(pid)
     except BaseException:
         _close_pipes(fdmap, pipes, parent=True)
         raise
@@ -314,8 +317,14 @@ def _spawn_adopted_later(
 
     def timed() -> tuple[int, float]:
         began = time.perf_counter()
-        pid = _spawn.posix_spawn_alone(plan, attributes)
-        return pid, time.perf_counter() - began
+        with CHILD_PRIORITY.spawning():
+            pid = _spawn.posix_spawn_alone(plan, attributes)
+        seconds = time.perf_counter() - began
+        # Setting the child's session group weight takes the scheduler's
+        # locks (~0.1 ms idle, milliseconds on a saturated machine): here,
+        # not on the reactor.
+        CHILD_PRIORITY.spawned(pid)
+        return pid, seconds
 
     def adopt(result: tuple[int, float]) -> AdoptedProcess:
         threads.in_flight -= 1
@@ -419,9 +428,13 @@ def spawn_session(
             if e.errno not in _UNSUPPORTED:
                 raise
             _give_up_posix_spawn(e)
-    return SessionProcess(  # type: ignore[no-untyped-call]
-        reactor, executable, args, env, path, protocol, uid, gid, fds
-    )
+    with CHILD_PRIORITY.spawning():
+        process = SessionProcess(  # type: ignore[no-untyped-call]
+            reactor, executable, args, env, path, protocol, uid, gid, fds
+        )
+    if process.pid is not None:
+        CHILD_PRIORITY.spawned(process.pid)
+    return process
 
 
 #: What ``posix_spawn`` answers when the system, not the command, is at

@@ -42,6 +42,7 @@ from sandboxd.policy.defaults import (
     PTY_SLOW_CLIENT_SECONDS,
 )
 from sandboxd.processes.command import RunAs, exit_code
+from sandboxd.processes.priority import CHILD_PRIORITY
 from sandboxd.processes.tree import (
     TREE_MARKER,
     descendants,
@@ -619,16 +620,19 @@ def spawn_shell(reactor: Any, session: PtySession, spec: SpawnRequest) -> None:
         if spec.run_as is not None:
             uid, gid = spec.run_as.uid, spec.run_as.gid
             os.fchown(slave, uid, -1)
-        transport = reactor.spawnProcess(
-            session.protocol(),
-            spec.executable,
-            spec.argv,
-            env={**spec.env, TREE_MARKER: session.marker},
-            path=spec.cwd,
-            uid=uid,
-            gid=gid,
-            usePTY=(master, slave, os.ttyname(slave)),
-        )
+        with CHILD_PRIORITY.spawning():
+            transport = reactor.spawnProcess(
+                session.protocol(),
+                spec.executable,
+                spec.argv,
+                env={**spec.env, TREE_MARKER: session.marker},
+                path=spec.cwd,
+                uid=uid,
+                gid=gid,
+                usePTY=(master, slave, os.ttyname(slave)),
+            )
+        if transport.pid is not None:
+            CHILD_PRIORITY.spawned(transport.pid)
     except BaseException:
         # Twisted closes neither end of a PTY it was handed when it fails.
         for fd in (master, slave):

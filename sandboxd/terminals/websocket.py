@@ -39,6 +39,7 @@ from sandboxd.terminals._autobahn import (
 from sandboxd.terminals.session import PtySession
 from sandboxd.terminals.table import TerminalTable
 from sandboxd.web.params import dimension
+from sandboxd.web.sending import send_now
 
 log = Logger(namespace="sandboxd.terminals.websocket")
 
@@ -278,6 +279,8 @@ class PtyServerProtocol(WebSocketServerProtocol):
         """One JSON text frame."""
         if self.state == self.STATE_OPEN:
             self.sendMessage(frame, isBinary=False)  # type: ignore[no-untyped-call]
+            # A keystroke's echo leaves now, not after another epoll turn.
+            send_now(self.transport)
 
     def session_ended(self, frame: bytes) -> None:
         """The shell ended: ``exited``, then a normal close."""

@@ -47,10 +47,29 @@ class SandboxChannel(HTTPChannel):
     peer_host = ""
     #: Whether a request head is on its way (see :meth:`dataReceived`).
     _in_head = False
+    _secure: bool | None = None
+
+    def isSecure(self) -> bool:
+        """
+        Whether the connection is TLS: asked once per connection, not per
+        request (a transport never changes between the two).
+        """
+        if self._secure is None:
+            self._secure = bool(super().isSecure())
+        return self._secure
 
     def connectionMade(self) -> None:
         """Count the connection; close it at once when over a cap."""
         super().connectionMade()
+        # A response, an SSE event or a streamed chunk goes out as soon as
+        # it is written: with Nagle's algorithm a small write waits for the
+        # ACK of the one before, which a client may delay by 40 ms.
+        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if set_no_delay is not None:
+            try:
+                set_no_delay(True)
+            except OSError:
+                pass
         peer = self.transport.getPeer() if self.transport is not None else None
         self.peer_host = getattr(peer, "host", "") or ""
         site: Any = self.site  # type: ignore[attr-defined]

@@ -48,6 +48,7 @@ from sandboxd.web.jsonbody import parse_object
 from sandboxd.web.messages import BodySink, ServerRequest
 from sandboxd.web.pipeline import Admission, PipelineRefusal, Refusal, admit
 from sandboxd.web.ptysocket import PtySocketExchange, session_of
+from sandboxd.web.sending import send_now
 from sandboxd.web.upload import UploadBody
 
 #: Methods that change nothing.  A request with any other method is not
@@ -265,7 +266,7 @@ class SandboxRequest(Request):
         if self.widened:
             _read_size(self.channel.transport, None)
         self.site = _site(self)
-        self.setHeader(b"date", datetimeToString())
+        self.setHeader(b"date", http_date())
         # The daemon's own origin is trusted (SPEC §5.2's same-origin rule),
         # so nothing it serves may run script in it: a downloaded HTML file
         # or SVG is never sniffed into a page and is sandboxed if opened.
@@ -377,10 +378,13 @@ class SandboxRequest(Request):
 
     def finish(self) -> None:
         """Finish the response, then free the slot and audit (step 8)."""
+        transport = self.channel.transport if self.channel is not None else None
         super().finish()
         if self.watching_finish:
             self.watching_finish = False
             self._finished(None)
+        if transport is not None:
+            send_now(transport)
 
     def connectionLost(self, reason: Any) -> None:
         """The client left: free the slot and audit it as such."""
@@ -431,6 +435,21 @@ class SandboxRequest(Request):
             client=self.client_host,
             extra=self.audit_fields,
         )
+
+
+_DATE: tuple[int, bytes] = (0, b"")
+
+
+def http_date() -> bytes:
+    """
+    The ``Date`` header's value, formatted once per second rather than
+    once per response.
+    """
+    global _DATE
+    now = int(time.time())
+    if _DATE[0] != now:
+        _DATE = (now, datetimeToString(now))
+    return _DATE[1]
 
 
 def _site(request: Request) -> Any:

@@ -1,0 +1,294 @@
+# -*- test-case-name: tests.processes.test_priority -*-
+"""
+The control plane stays responsive while the sandbox is busy: the
+daemon's CPU, I/O and memory priority above its children's.
+
+An agent's build or test run, started through the daemon, keeps every
+core and the disk busy; the agent's next call still has to be answered
+at once.  As envd does for its sandboxes, the daemon:
+
+- starts every child at a lower CPU priority (``nice``), a low best-effort
+  I/O priority (``ioprio``), and a higher ``oom_score_adj`` than its own;
+- when it may (root), raises its own CPU priority and lowers its own
+  ``oom_score_adj``, so the kernel kills a runaway build before it.
+
+With the kernel's autogroup scheduling (most distributions' default), a
+child that leads its own session is also a scheduling group of its own,
+whose weight is the group's nice value, not the task's: the daemon sets
+that too (``/proc/PID/autogroup``), for the child's whole session.
+
+A child gets its priorities before it execs: the spawning thread takes
+the child's nice value and I/O priority (both are per thread on Linux and
+inherited by a new task) and the process takes the child's
+``oom_score_adj`` for the duration of the spawn, then both go back.  A
+child that forks in its first instructions therefore cannot leave a
+grandchild at the daemon's priority.  Where the daemon cannot raise its
+thread's priority back (not root and no ``RLIMIT_NICE`` room), the
+child's nice value is set by its pid just after the spawn instead.
+
+All of it is policy (``priority`` in the policy document); see
+docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+from sandboxd.libc import libc
+from sandboxd.policy.priorities import Priorities
+
+# ioprio_set(2): who, classes, and the system call's number per machine.
+_IOPRIO_WHO_PROCESS = 1
+_IOPRIO_CLASS_BE = 2
+_IOPRIO_CLASS_SHIFT = 13
+_IOPRIO_SET = {"x86_64": 251, "aarch64": 30, "i686": 289, "armv7l": 314}
+_IOPRIO_GET = {"x86_64": 252, "aarch64": 31, "i686": 290, "armv7l": 315}
+
+
+_MACHINE = os.uname().machine
+
+
+def _syscall(table: Mapping[str, int], *args: int) -> int:
+    """One ioprio system call; -1 where this machine's number is unknown."""
+    number = table.get(_MACHINE)
+    c = libc()
+    if number is None or c is None:
+        return -1
+    return int(c.syscall(number, *args))
+
+
+def ioprio_of(pid: int) -> int:
+    """A task's raw I/O priority (class << 13 | level), -1 when unknown."""
+    return _syscall(_IOPRIO_GET, _IOPRIO_WHO_PROCESS, pid)
+
+
+def _set_ioprio(tid: int, value: int) -> bool:
+    return _syscall(_IOPRIO_SET, _IOPRIO_WHO_PROCESS, tid, value) == 0
+
+
+def best_effort(level: int) -> int:
+    """The raw I/O priority of best-effort ``level``."""
+    return (_IOPRIO_CLASS_BE << _IOPRIO_CLASS_SHIFT) | level
+
+
+def _may_raise_priority() -> bool:
+    """Whether a thread that lowers its CPU priority may raise it back."""
+    if os.geteuid() == 0:
+        return True
+    soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
+    floor = 20 - soft if soft != resource.RLIM_INFINITY else -20
+    return floor <= os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def _write_value(path: str, value: int) -> bool:
+    try:
+        with open(path, "w") as f:
+            f.write(str(value))
+    except OSError:
+        return False
+    return True
+
+
+def _autogroups() -> bool:
+    """Whether the scheduler groups tasks by session (``CONFIG_SCHED_AUTOGROUP``)."""
+    global _AUTOGROUPS
+    if _AUTOGROUPS is None:
+        _AUTOGROUPS = _read_oom("/proc/sys/kernel/sched_autogroup_enabled") == 1
+    return _AUTOGROUPS
+
+
+_AUTOGROUPS: bool | None = None
+
+
+def _read_autogroup_nice() -> int | None:
+    """This process's autogroup nice value (``/autogroup-N nice V``)."""
+    try:
+        with open("/proc/self/autogroup") as f:
+            return int(f.read().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _read_oom(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+class ChildPriority:
+    """
+    Applies :class:`Priorities` to the daemon and to every spawn.
+
+    One instance per daemon process (:data:`CHILD_PRIORITY`): priorities
+    are a property of the process, not of a request.
+    """
+
+    def __init__(self) -> None:
+        self.priorities = Priorities(enabled=False)
+        self._lock = threading.Lock()
+        self._spawning = 0
+        self._own_oom: int | None = None
+        self._restorable = False
+        self._original: tuple[int, int | None, int | None] | None = None
+
+    def configure(self, priorities: Priorities) -> None:
+        """Take a (re)loaded policy's priorities; raise the daemon's own when it may."""
+        self.priorities = priorities
+        self._restorable = _may_raise_priority()
+        if not priorities.enabled or os.geteuid() != 0:
+            return
+        if self._original is None:
+            self._original = (
+                os.getpriority(os.PRIO_PROCESS, 0),
+                _read_autogroup_nice(),
+                _read_oom("/proc/self/oom_score_adj"),
+            )
+        try:
+            if os.getpriority(os.PRIO_PROCESS, 0) > priorities.daemon_nice:
+                os.setpriority(os.PRIO_PROCESS, 0, priorities.daemon_nice)
+        except OSError:
+            pass
+        if _autogroups():
+            _write_value("/proc/self/autogroup", priorities.daemon_nice)
+        own = _read_oom("/proc/self/oom_score_adj")
+        if own is not None and own > priorities.daemon_oom_score_adj:
+            _write_value("/proc/self/oom_score_adj", priorities.daemon_oom_score_adj)
+
+    def restore(self) -> None:
+        """
+        At stop: the process's own priorities as they were before
+        :meth:`configure` (a daemon embedded in another program gives
+        them back).
+        """
+        original, self._original = self._original, None
+        self.priorities = Priorities(enabled=False)
+        if original is None:
+            return
+        nice, group, oom = original
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+        except OSError:
+            pass
+        if group is not None:
+            _write_value("/proc/self/autogroup", group)
+        if oom is not None:
+            _write_value("/proc/self/oom_score_adj", oom)
+
+    @contextmanager
+    def spawning(self) -> Iterator[None]:
+        """
+        Around one spawn on the calling thread: the child inherits lower
+        CPU and I/O priority and a higher ``oom_score_adj``; the thread and
+        the daemon get theirs back after.
+        """
+        p = self.priorities
+        if not p.enabled:
+            yield
+            return
+        tid = threading.get_native_id()
+        nice = before_nice = None
+        if p.children_nice and self._restorable:
+            before_nice = os.getpriority(os.PRIO_PROCESS, tid)
+            target = max(before_nice, p.children_nice)
+            if target != before_nice:
+                os.setpriority(os.PRIO_PROCESS, tid, target)
+                nice = target
+        before_io = None
+        if p.children_io_level is not None:
+            before_io = ioprio_of(tid)
+            if before_io < 0 or not _set_ioprio(tid, best_effort(p.children_io_level)):
+                before_io = None
+        self._raise_oom(p.children_oom_score_adj)
+        try:
+            yield
+        finally:
+            self._restore_oom()
+            if before_io is not None:
+                _set_ioprio(tid, before_io)
+            if nice is not None and before_nice is not None:
+                os.setpriority(os.PRIO_PROCESS, tid, before_nice)
+
+    def spawned(self, pid: int) -> None:
+        """
+        After a spawn: the child's nice value by pid where the thread could
+        not carry it (the daemon could not have raised its own back).
+        """
+        p = self.priorities
+        if not p.enabled or not p.children_nice:
+            return
+        if not self._restorable:
+            try:
+                os.setpriority(os.PRIO_PROCESS, pid, p.children_nice)
+            except OSError:
+                pass
+        if _autogroups():
+            # The child leads a session of its own, hence an autogroup of its
+            # own, whose weight (not the task's nice) sets its CPU share
+            # against the daemon's group.
+            _write_value(f"/proc/{pid}/autogroup", p.children_nice)
+
+    def _raise_oom(self, value: int) -> None:
+        # Process-wide: spawns on several threads at once share one raise.
+        with self._lock:
+            if self._spawning == 0:
+                own = _OWN_OOM.read()
+                if own is not None and own != value and _OWN_OOM.write(value):
+                    self._own_oom = own
+            self._spawning += 1
+
+    def _restore_oom(self) -> None:
+        with self._lock:
+            self._spawning -= 1
+            if self._spawning == 0 and self._own_oom is not None:
+                _OWN_OOM.write(self._own_oom)
+                self._own_oom = None
+
+
+class _OwnOom:
+    """
+    ``/proc/self/oom_score_adj`` kept open: read and written twice per
+    spawn, one system call each instead of an open, a call and a close.
+    """
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+
+    def _open(self) -> int | None:
+        if self._fd is None:
+            try:
+                self._fd = os.open("/proc/self/oom_score_adj", os.O_RDWR | os.O_CLOEXEC)
+            except OSError:
+                return None
+        return self._fd
+
+    def read(self) -> int | None:
+        fd = self._open()
+        if fd is None:
+            return None
+        try:
+            return int(os.pread(fd, 16, 0))
+        except (OSError, ValueError):
+            return None
+
+    def write(self, value: int) -> bool:
+        fd = self._open()
+        if fd is None:
+            return False
+        try:
+            os.pwrite(fd, b"%d" % value, 0)
+        except OSError:
+            return False
+        return True
+
+
+_OWN_OOM = _OwnOom()
+
+
+#: The daemon's one :class:`ChildPriority`.
+CHILD_PRIORITY = ChildPriority()

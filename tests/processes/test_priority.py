@@ -1,0 +1,169 @@
+"""
+The control plane above the sandbox's work: children started through the
+daemon run at a lower CPU and I/O priority and a higher ``oom_score_adj``
+than the daemon, as the policy's ``priority`` says.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd.policy.priorities import priorities_from
+from sandboxd.processes import priority
+from tests.helpers import DaemonTestCase
+
+#: What a child reports of itself: its nice value (field 19 of stat), its
+#: oom_score_adj, and its autogroup's nice value.
+REPORT = shlex.join(
+    [
+        "sh",
+        "-c",
+        "cut -d' ' -f19 /proc/$$/stat; cat /proc/$$/oom_score_adj; "
+        "cat /proc/$$/autogroup 2>/dev/null || echo none",
+    ]
+)
+
+
+def _fields(stdout: str) -> tuple[int, int, str]:
+    nice, oom, group = stdout.strip().splitlines()
+    return int(nice), int(oom), group
+
+
+def _may_lower_oom() -> bool:
+    """Whether this process may lower an oom_score_adj (root outside a restricting container)."""
+    probe = subprocess.run(
+        ["sh", "-c", "echo -1 > /proc/self/oom_score_adj"], capture_output=True
+    )
+    return probe.returncode == 0
+
+
+class ChildPriorityTests(DaemonTestCase):
+    """A real daemon's children, as ``/proc`` shows them."""
+
+    @inlineCallbacks
+    def test_children_run_below_the_daemon(self) -> Any:
+        """
+        By default a ``/shell`` child runs at nice 10, oom_score_adj 500 and
+        (with autogroups) in a session group of nice 10; the daemon keeps its
+        own nice value and oom_score_adj below the child's.
+        """
+        reply = yield self.request("POST", "/shell", {"command": REPORT})
+        self.assertEqual(reply.status, 200, reply.body)
+        nice, oom, group = _fields(reply.json()["stdout"])
+        self.assertEqual(nice, 10)
+        self.assertEqual(oom, 500)
+        if group != "none":
+            self.assertTrue(group.endswith(" nice 10"), group)
+        self.assertLess(os.getpriority(os.PRIO_PROCESS, 0), nice)
+        with open("/proc/self/oom_score_adj") as f:
+            self.assertLess(int(f.read()), oom)
+
+    @inlineCallbacks
+    def test_background_process_is_reniced(self) -> Any:
+        """A background process (``/process/start``) gets the same priorities, read from its pid."""
+        reply = yield self.request("POST", "/process/start", {"command": "sleep 30"})
+        self.assertEqual(reply.status, 200, reply.body)
+        pid = reply.json()["pid"]
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read().rsplit(")", 1)[1].split()
+        self.assertEqual(int(stat[19 - 3]), 10)
+        with open(f"/proc/{pid}/oom_score_adj") as f:
+            self.assertEqual(int(f.read()), 500)
+        io = priority.ioprio_of(pid)
+        if io >= 0:
+            self.assertEqual(io, priority.best_effort(7))
+
+    @inlineCallbacks
+    def test_daemon_thread_gets_its_priority_back(self) -> Any:
+        """After a spawn the daemon's thread runs at its own nice value and I/O priority again."""
+        nice = os.getpriority(os.PRIO_PROCESS, 0)
+        io = priority.ioprio_of(os.getpid())
+        reply = yield self.request("POST", "/shell", {"command": "true"})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(os.getpriority(os.PRIO_PROCESS, 0), nice)
+        self.assertEqual(priority.ioprio_of(os.getpid()), io)
+
+
+class PriorityOffTests(DaemonTestCase):
+    """``priority: false`` leaves children at the daemon's own priorities."""
+
+    policy = {"priority": False}
+
+    @inlineCallbacks
+    def test_policy_turns_it_off(self) -> Any:
+        """With the policy off, a child is not reniced and has the daemon's oom_score_adj."""
+        reply = yield self.request("POST", "/shell", {"command": REPORT})
+        self.assertEqual(reply.status, 200, reply.body)
+        nice, oom, group = _fields(reply.json()["stdout"])
+        self.assertLessEqual(nice, 0)
+        self.assertFalse(group.endswith(" nice 10"), group)
+        with open("/proc/self/oom_score_adj") as f:
+            self.assertEqual(oom, int(f.read()))
+
+
+class PriorityTunedTests(DaemonTestCase):
+    """The policy's numbers are the children's."""
+
+    policy = {"priority": {"children_nice": 3, "children_oom_score_adj": 800}}
+
+    @inlineCallbacks
+    def test_policy_values(self) -> Any:
+        """children_nice and children_oom_score_adj are what a child reports."""
+        reply = yield self.request("POST", "/shell", {"command": REPORT})
+        self.assertEqual(reply.status, 200, reply.body)
+        nice, oom, _ = _fields(reply.json()["stdout"])
+        self.assertEqual((nice, oom), (3, 800))
+
+
+class DaemonOwnPriorityTests(DaemonTestCase):
+    """As root, the daemon lowers its own oom_score_adj and nice value, and gives them back at stop."""
+
+    def setUp(self) -> Any:
+        if os.geteuid() != 0:
+            raise self.skipTest("the daemon changes its own priorities only as root")
+        with open("/proc/self/oom_score_adj") as f:
+            self.before_oom = int(f.read())
+        self.before_nice = os.getpriority(os.PRIO_PROCESS, 0)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_daemon_priorities_while_running(self) -> Any:
+        """While it runs the daemon is at oom_score_adj -500 and nice -5 at most; after stop, as before."""
+        if _may_lower_oom():
+            with open("/proc/self/oom_score_adj") as f:
+                self.assertLessEqual(int(f.read()), -500)
+        self.assertLessEqual(os.getpriority(os.PRIO_PROCESS, 0), -5)
+        yield self.daemon.stop()
+        with open("/proc/self/oom_score_adj") as f:
+            self.assertEqual(int(f.read()), self.before_oom)
+        self.assertEqual(os.getpriority(os.PRIO_PROCESS, 0), self.before_nice)
+
+
+class PolicyValueTests(SynchronousTestCase):
+    """The ``priority`` value is checked like the rest of the policy."""
+
+    def test_forms(self) -> None:
+        """true, false and an object are accepted; the object overrides defaults."""
+        self.assertTrue(priorities_from(True).enabled)
+        self.assertFalse(priorities_from(False).enabled)
+        tuned = priorities_from({"children_nice": 19, "children_io_level": None})
+        self.assertEqual((tuned.children_nice, tuned.children_io_level), (19, None))
+
+    def test_bad_values(self) -> None:
+        """Unknown keys, values out of range and wrong types are refused by name."""
+        for value, words in [
+            ({"childrens_nice": 1}, "unknown key"),
+            ({"children_nice": 20}, "outside 0..19"),
+            ({"daemon_oom_score_adj": 5}, "outside -1000..0"),
+            ({"children_nice": "10"}, "expected an integer"),
+            ("yes", "expected true, false or an object"),
+        ]:
+            with self.assertRaises(ValueError) as caught:
+                priorities_from(value)
+            self.assertIn(words, str(caught.exception))

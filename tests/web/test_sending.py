@@ -1,0 +1,82 @@
+"""
+How a response leaves: at once, on a connection that sends small writes
+without waiting (``TCP_NODELAY``), not on the reactor's next turn.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.protocol import Factory, Protocol
+from twisted.trial.unittest import TestCase
+
+from sandboxd.web.sending import send_now
+from tests.helpers import DaemonTestCase
+
+
+class _Accepted(Protocol):
+    def connectionMade(self) -> None:
+        self.factory.accepted.callback(self.transport)  # type: ignore[attr-defined]
+
+
+class SendNowTests(TestCase):
+    """:func:`send_now` against a real loopback connection."""
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        factory = Factory.forProtocol(_Accepted)
+        factory.accepted = Deferred()  # type: ignore[attr-defined]
+        port = reactor.listenTCP(0, factory, interface="127.0.0.1")  # type: ignore[attr-defined]
+        self.addCleanup(port.stopListening)
+        self.client = socket.create_connection(("127.0.0.1", port.getHost().port))
+        self.addCleanup(self.client.close)
+        self.client.settimeout(2)
+        self.transport = yield factory.accepted
+        self.addCleanup(self.transport.abortConnection)
+
+    def test_written_before_the_next_turn(self) -> None:
+        """Bytes written then sent now reach the client without the reactor running."""
+        self.transport.write(b"HTTP/1.1 200 OK\r\n\r\n")
+        send_now(self.transport)
+        self.assertEqual(self.client.recv(100), b"HTTP/1.1 200 OK\r\n\r\n")
+        self.assertEqual(self.transport.dataBuffer, b"")
+
+    def test_closing_connection_left_to_twisted(self) -> None:
+        """A connection being closed keeps its bytes for Twisted's own turn (which closes it)."""
+        self.transport.write(b"bye")
+        self.transport.loseConnection()
+        send_now(self.transport)
+        self.assertEqual(self.transport._tempDataLen, 3)
+
+
+class NoDelayTests(DaemonTestCase):
+    """The HTTP port's connections send small writes at once."""
+
+    @inlineCallbacks
+    def test_accepted_connection_has_nodelay(self) -> Any:
+        """A connection the daemon accepted has TCP_NODELAY set."""
+        reply = yield self.request("GET", "/health")
+        self.assertEqual(reply.status, 200)
+        client = socket.create_connection(("127.0.0.1", self.daemon.port))
+        self.addCleanup(client.close)
+        site = self.daemon.context.metrics.site
+        for _ in range(100):
+            if site.connections:
+                break
+            yield _turn()
+        flags = {
+            channel.transport.getHandle().getsockopt(
+                socket.IPPROTO_TCP, socket.TCP_NODELAY
+            )
+            for channel in site.connections
+        }
+        self.assertEqual(flags, {1})
+
+
+def _turn() -> Deferred[None]:
+    d: Deferred[None] = Deferred()
+    reactor.callLater(0.01, d.callback, None)  # type: ignore[attr-defined]
+    return d
