@@ -66,6 +66,15 @@ def twistd_argv(base: str, *extra: str) -> list[str]:
     ]
 
 
+def policy_has_tokens(argv: list[str]) -> bool:
+    """Whether the ``--policy`` file of ``argv`` (JSON) configures tokens."""
+    if "--policy" not in argv:
+        return False
+    with open(argv[argv.index("--policy") + 1]) as f:
+        doc = json.load(f)
+    return bool(doc.get("auth", {}).get("tokens"))
+
+
 def children_as_root(test: SynchronousTestCase, argv: list[str]) -> list[str]:
     """
     ``argv`` with a policy that names root as the children's user: a root
@@ -110,7 +119,7 @@ class DaemonProcess:
         full_env.update(env or {})
         # A token in the environment or in a policy: a root daemon needs
         # to be told its children run as root.
-        tokens = "ABX_SERVER_TOKEN" in full_env or "--policy" in argv
+        tokens = "ABX_SERVER_TOKEN" in full_env or policy_has_tokens(argv)
         if tokens and os.geteuid() == 0:
             argv = children_as_root(test, argv)
         self.proc = subprocess.Popen(
