@@ -198,7 +198,7 @@ SELECTION = [
     "--include-path",
     "/files/search",
     "--exclude-path-regex",
-    "^/(agents|browser|code/(kernels|contexts))|^/files/watch$",
+    "^/(agents|v1|browser|code/(kernels|contexts))|^/files/watch$",
 ]
 
 
@@ -270,8 +270,9 @@ WRITE_STATUSES = ("2xx", "400", "401", "403", "404", "409", "412", "413", "429")
 
 #: Every route that changes something, but the doors and the groups that
 #: need what a test machine lacks, each for a stated reason:
-#: - ``/agents``: a session runs an ACP coding agent (none is installed
-#:   here); tests/agents and test_side_effects drive the fake one;
+#: - ``/agents`` and ``/v1`` (the same group): a session runs an ACP coding
+#:   agent (none is installed here); tests/agents, tests/openai_api and
+#:   test_side_effects drive the fake one;
 #: - ``/browser``: navigation needs Chromium and the network, which this
 #:   run must not reach;
 #: - ``/mcp``: a front door with its own JSON-RPC framing, tested by the
@@ -284,7 +285,7 @@ WRITE_SELECTION = [
     "--include-method",
     "DELETE",
     "--exclude-path-regex",
-    "^/(agents|browser|mcp|code/contexts)",
+    "^/(agents|v1|browser|mcp|code/contexts)",
 ]
 
 
