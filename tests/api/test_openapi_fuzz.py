@@ -231,11 +231,15 @@ class SchemathesisTests(SynchronousTestCase):
             daemon.port,
             token,
             SELECTION,
-            # Two workers; the bound in time: the run stops, passing what it
-            # tested, at 35 s (fuzzing repeats until then on an idle machine;
-            # under a loaded full suite, coverage may not get through every
-            # route).
-            workers=2,
+            # One worker: with two, hypothesis's threads parse lambdas with
+            # ast at the same time, and this CPython (3.11.7) then raised
+            # "SystemError: AST constructor recursion depth mismatch" at
+            # random in three full runs (a thread-safety bug of the AST
+            # recursion check, as far as we can tell; never seen with one).
+            # The bound in time: the run stops, passing what it tested, at
+            # 35 s (under a loaded full suite, coverage may not get through
+            # every route).
+            workers=1,
             max_time=35,
         )
 
