@@ -7,38 +7,14 @@ port's page cannot use that cookie.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.threads import deferToThread
 
+from tests.chromium import ARGS, CHROMIUM, SKIP_REASON
 from tests.preview.test_door import DoorCase
 from tests.preview.upstream import App
-
-CHROMIUM = os.environ.get("SANDBOXD_CHROMIUM", "/usr/bin/chromium")
-
-SKIP_REASON: str | None = None
-try:
-    import playwright.sync_api  # noqa: F401
-except ImportError:
-    SKIP_REASON = "Playwright is not installed (pip install -e '.[browser]')"
-else:
-    if not os.access(CHROMIUM, os.X_OK):
-        SKIP_REASON = (
-            f"Chromium is not installed at {CHROMIUM} "
-            "(scripts/install-test-tools.sh installs it)"
-        )
-
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--no-first-run",
-    "--no-proxy-server",
-]
 
 
 class BrowserTests(DoorCase):

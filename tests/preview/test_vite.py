@@ -21,7 +21,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
-from tests.preview.test_browser import ARGS, CHROMIUM, SKIP_REASON
+from tests.chromium import ARGS, CHROMIUM, SKIP_REASON
 from tests.preview.test_door import DoorCase
 
 #: Where Vite is installed once for these tests.

@@ -17,32 +17,8 @@ from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.threads import blockingCallFromThread, deferToThread
 
+from tests.chromium import ARGS, CHROMIUM, SKIP_REASON
 from tests.helpers import DaemonTestCase
-
-CHROMIUM = os.environ.get("SANDBOXD_CHROMIUM", "/usr/bin/chromium")
-
-SKIP_REASON: str | None = None
-try:
-    import playwright.sync_api  # noqa: F401
-except ImportError:
-    SKIP_REASON = "Playwright is not installed (pip install -e '.[browser]')"
-else:
-    if not os.access(CHROMIUM, os.X_OK):
-        SKIP_REASON = (
-            f"Chromium is not installed at {CHROMIUM} "
-            "(scripts/install-test-tools.sh installs it)"
-        )
-
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--no-proxy-server",
-]
 
 TOKEN = "console-admin-token-0123456789"
 #: Where screenshots go: ``$SANDBOXD_SCREENSHOTS``, else
