@@ -22,6 +22,7 @@ from sandboxd.errors import ApiError, port_not_exposed
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.preview.door import PreviewSite
 from sandboxd.preview.exposures import ExposureTable, allowed
+from sandboxd.preview.rawpool import RawPool
 from sandboxd.preview.routing import Routes
 from sandboxd.preview.upstream import make_agent
 from sandboxd.readiness import Opening
@@ -52,6 +53,7 @@ class PreviewService(Service):
         self.limits = limits
         self.exposures = ExposureTable(context.reactor.seconds)
         self.agent, self.pool = make_agent(context.reactor)
+        self.raw = RawPool(context.reactor)
         self.port: Any = None
         self.door_port: int | None = None
         self.secure = description.startswith(("ssl:", "tls:"))
@@ -195,6 +197,7 @@ class PreviewService(Service):
     def stopService(self) -> Deferred[Any]:
         """Stop listening, close every exposure's connections and the pool."""
         super().stopService()  # type: ignore[no-untyped-call]
+        self.raw.close()
         steps = [self._close(), self.pool.closeCachedConnections()]
         return DeferredList(steps).addCallback(lambda _: None)
 

@@ -177,11 +177,11 @@ class Upgrade:
     def request_head(self) -> bytes:
         """The request head the app gets."""
         exchange = self.exchange
-        lines = [exchange.method + b" " + exchange.upstream_target() + b" HTTP/1.1"]
-        for name, values in exchange.upstream_headers(keep_upgrade=True):
-            for value in values:
-                lines.append(name + b": " + value)
-        return b"\r\n".join(lines) + b"\r\n\r\n"
+        return h.request_head(
+            exchange.method,
+            exchange.upstream_target(),
+            exchange.upstream_headers(keep_upgrade=True),
+        )
 
     def failed(self, why: str) -> None:
         """The app answered with something that is not HTTP."""
