@@ -589,6 +589,64 @@ class WebSocketLimitTests(DoorCase):
         self.assertIn("too_many_sessions", refused)
 
 
+class WebSocketIdleTests(DoorCase):
+    """``limits.ws_idle_timeout_seconds`` closes a spliced WebSocket nobody uses."""
+
+    policy = {
+        **POLICY,
+        "endpoints": {
+            "preview_proxy": {
+                "audit": "all",
+                "limits": {"ws_idle_timeout_seconds": 1},
+            }
+        },
+    }
+
+    @inlineCallbacks
+    def test_idle_closed_active_kept(self) -> None:
+        """
+        A socket silent for the bound is closed (and its audit line names
+        the rule); one that talks every 0.3 s through three times the bound
+        stays open and echoes every message.
+        """
+        yield self.expose()
+        quiet = yield deferToThread(WebSocketTests.connect, self)
+        self.addCleanup(quiet.close)
+        busy = yield deferToThread(WebSocketTests.connect, self)
+        self.addCleanup(busy.close)
+
+        def talk() -> list[str]:
+            echoes = []
+            for i in range(10):
+                busy.send(f"m{i}")
+                echoes.append(busy.recv())
+                time.sleep(0.3)
+            return echoes
+
+        echoes = yield deferToThread(talk)
+        self.assertEqual(echoes, [f"m{i}" for i in range(10)])
+
+        def closed() -> bool:
+            import websocket
+
+            try:
+                quiet.send("late")
+                return quiet.recv() == ""
+            except (websocket.WebSocketConnectionClosedException, OSError):
+                return True
+
+        self.assertTrue((yield deferToThread(closed)))
+        listed = yield self.request("GET", f"/preview/ports/{self.app_port}")
+        self.assertEqual(listed.json()["open_websockets"], 1)
+        lines = [
+            r
+            for r in self.audit_lines()
+            if r.get("via") == "preview" and r.get("status") == 101
+        ]
+        self.assertEqual(len(lines), 1)
+        self.assertEqual(lines[0]["rule"], "policy:endpoints.preview_proxy")
+
+
 class ReloadTests(DoorCase):
     """The door follows the policy across reloads."""
 
