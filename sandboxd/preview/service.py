@@ -87,7 +87,10 @@ class PreviewService(Service):
         )
 
     def own_ports(self) -> set[int]:
-        """The daemon's listeners and the browser's debugging port."""
+        """
+        The daemon's listeners, the browser's debugging port, and the
+        ports the code contexts' kernels listen on for themselves.
+        """
         context = self.context
         ports = {CDP_PORT}
         for value in (context.http_port, context.pty_port, self.door_port):
@@ -96,6 +99,9 @@ class PreviewService(Service):
         e2b = getattr(getattr(context.e2b, "port", None), "getHost", None)
         if e2b is not None:
             ports.add(e2b().port)
+        code = context.code.existing() if context.code is not None else None
+        if code is not None:
+            ports |= code.kernel_ports()
         return ports
 
     def check_port(self, port: int, rule: EffectiveRule) -> None:
