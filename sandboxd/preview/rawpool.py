@@ -268,6 +268,10 @@ class RawConnection(Protocol):
         if self.method == b"HEAD" or code in (204, 304):
             length, chunked = 0, False
         if chunked:
+            if length is not None:
+                # Both framings: chunked wins, and the length must not reach
+                # the browser (RFC 9112 §6.3, a response-splitting attempt).
+                headers = [(n, v) for n, v in headers if n.lower() != b"content-length"]
             length = None
             self.decoder = _ChunkedTransferDecoder(self._chunk, self._chunks_done)
         elif length is None:

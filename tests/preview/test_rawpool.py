@@ -22,6 +22,10 @@ ANSWERS = {
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
         b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
     ),
+    b"/both": (
+        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n0\r\n\r\n"
+    ),
     b"/hints": (
         b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"
         b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
@@ -103,7 +107,10 @@ class RawPoolTests(DoorCase):
 
     @inlineCallbacks
     def test_framings(self) -> None:
-        """Length, chunked, interim 103 then 200, read to the close, and HEAD."""
+        """
+        Length, chunked, interim 103 then 200, read to the close, both
+        framings at once (chunked wins, the length is dropped), and HEAD.
+        """
         expected = {
             "/length": b"hello",
             "/chunked": b"hello world",
@@ -113,6 +120,9 @@ class RawPoolTests(DoorCase):
         for path, want in expected.items():
             response, body = yield self.get(path)
             self.assertEqual((response.code, body), (200, want), path)
+        response, body = yield self.get("/both")
+        self.assertEqual((response.code, body), (200, b"hello"))
+        self.assertIsNone(response.headers.getRawHeaders(b"content-length"))
         response, body = yield self.get("/length", method="HEAD")
         self.assertEqual((response.code, body), (200, b""))
         self.assertEqual(response.headers.getRawHeaders(b"content-length"), [b"5"])
