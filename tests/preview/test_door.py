@@ -597,7 +597,7 @@ class WebSocketIdleTests(DoorCase):
         "endpoints": {
             "preview_proxy": {
                 "audit": "all",
-                "limits": {"ws_idle_timeout_seconds": 1},
+                "limits": {"ws_idle_timeout_seconds": 2},
             }
         },
     }
@@ -605,9 +605,9 @@ class WebSocketIdleTests(DoorCase):
     @inlineCallbacks
     def test_idle_closed_active_kept(self) -> None:
         """
-        A socket silent for the bound is closed (and its audit line names
-        the rule); one that talks every 0.3 s through three times the bound
-        stays open and echoes every message.
+        A socket silent for the bound (2 s) is closed (and its audit line
+        names the rule); one that talks every 0.3 s through more than twice
+        the bound stays open and echoes every message.
         """
         yield self.expose()
         quiet = yield deferToThread(WebSocketTests.connect, self)
@@ -617,14 +617,14 @@ class WebSocketIdleTests(DoorCase):
 
         def talk() -> list[str]:
             echoes = []
-            for i in range(10):
+            for i in range(16):
                 busy.send(f"m{i}")
                 echoes.append(busy.recv())
                 time.sleep(0.3)
             return echoes
 
         echoes = yield deferToThread(talk)
-        self.assertEqual(echoes, [f"m{i}" for i in range(10)])
+        self.assertEqual(echoes, [f"m{i}" for i in range(16)])
 
         def closed() -> bool:
             import websocket
