@@ -13,8 +13,7 @@ so neither proxy checks a credential). Then, through each proxy and
 directly:
 
 - ``wrk`` GETs of a 1 KiB file at ``--connections`` (32): requests/s;
-- a 64 MiB download with ``http.client``: MB/s (MiB per second), best of
-  ``--rounds``;
+- a 64 MiB download with ``http.client``: MB/s (MiB per second);
 - the first event of an event stream: median time from request to event,
   and what the proxy adds to going direct;
 - WebSocket echo of a small message (``websocket-client``), ``--messages``
@@ -23,7 +22,13 @@ directly:
 Prints one JSON line per case and proxy.  Needs nginx and wrk
 (apt-get install nginx wrk); says so and stops when they are missing.
 
+Every round runs each proxy once, in a rotated order, and the figures are
+the medians over ``--rounds``: a burst of load elsewhere on a shared
+machine then falls on every proxy alike.  ``--base-tree`` adds a daemon
+run from another checkout (an A/B of two versions of the door).
+
     .venv/bin/python bench/preview_door.py [--duration 5] [--connections 32]
+        [--rounds 3] [--base-tree ../main]
 """
 
 from __future__ import annotations
@@ -213,6 +218,65 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
 
 
+def measure(
+    name: str, targets: tuple[tuple[int, str], tuple[int, str]], args: Any
+) -> dict[str, Any]:
+    """One round of every case through one proxy."""
+    (sport, shost), (aport, ahost) = targets
+    r: dict[str, Any] = {"proxy": name}
+    r["get_1k_rps"] = wrk(sport, shost, "/1k.bin", args.connections, args.duration)
+    r["download_64m_mib_s"] = download(sport, shost, "/64m.bin", 1)
+    r["sse_first_event_ms_p50"] = (
+        statistics.median(first_event(aport, ahost, args.events)) * 1000
+    )
+    echoes = ws_echo(aport, ahost, args.messages)
+    r["ws_echo_ms_p50"] = pct(echoes, 50) * 1000
+    r["ws_echo_ms_p99"] = pct(echoes, 99) * 1000
+    return r
+
+
+def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each figure over the rounds (best for throughput's spread too)."""
+    out: dict[str, Any] = {"proxy": rounds[0]["proxy"], "rounds": len(rounds)}
+    for key in rounds[0]:
+        if key == "proxy":
+            continue
+        values = [r[key] for r in rounds]
+        out[key] = round(statistics.median(values), 3)
+    return out
+
+
+def start_door(
+    base: str, name: str, tree: str | None, origin: int, app: int
+) -> tuple[subprocess.Popen[bytes], int]:
+    """A fresh daemon (from ``tree`` when given) with its door; both ports exposed public."""
+    door = free_port()
+    token = "bench-" + os.urandom(8).hex()
+    home = os.path.join(base, f"home-{name}")
+    os.makedirs(home)
+    env = {"PYTHONPATH": os.path.abspath(tree)} if tree else None
+    daemon, api = start_daemon(
+        home,
+        token,
+        {"groups": {"preview": True}},
+        ["--preview-port", f"tcp:{door}:interface=127.0.0.1"],
+        env=env,
+    )
+    wait_port(door)
+    for port in (origin, app):
+        c = http.client.HTTPConnection("127.0.0.1", api, timeout=10)
+        c.request(
+            "POST",
+            "/preview/ports",
+            body=json.dumps({"port": port, "public": True}),
+            headers={"X-Access-Token": token, "Content-Type": "application/json"},
+        )
+        r = c.getresponse()
+        if r.status != 201:
+            raise RuntimeError(f"expose {port}: {r.status} {r.read()!r}")
+    return daemon, door
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=5.0)
@@ -220,6 +284,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--events", type=int, default=50)
     parser.add_argument("--messages", type=int, default=2000)
+    parser.add_argument(
+        "--base-tree",
+        help="also run a daemon from this checkout (PYTHONPATH), as 'base'",
+    )
     args = parser.parse_args()
     missing = [tool for tool in ("nginx", "wrk") if shutil.which(tool) is None]
     if missing:
@@ -256,55 +324,33 @@ def main() -> None:
         procs.append(
             start_nginx(base, "proxy", PROXY.format(origin=origin, app=app, port=proxy))
         )
-        door = free_port()
-        token = "bench-" + os.urandom(8).hex()
-        home = os.path.join(base, "home")
-        os.makedirs(home)
-        daemon, api = start_daemon(
-            home,
-            token,
-            {"groups": {"preview": True}},
-            ["--preview-port", f"tcp:{door}:interface=127.0.0.1"],
-        )
-        procs.append(daemon)
-        for port in (origin, app, proxy, door):
+        for port in (origin, app, proxy):
             wait_port(port)
-        for port in (origin, app):
-            c = http.client.HTTPConnection("127.0.0.1", api, timeout=10)
-            c.request(
-                "POST",
-                "/preview/ports",
-                body=json.dumps({"port": port, "public": True}),
-                headers={"X-Access-Token": token, "Content-Type": "application/json"},
-            )
-            r = c.getresponse()
-            if r.status != 201:
-                raise RuntimeError(f"expose {port}: {r.status} {r.read()!r}")
         targets = {
             "direct": ((origin, f"127.0.0.1:{origin}"), (app, f"127.0.0.1:{app}")),
             "nginx": ((proxy, f"127.0.0.1:{proxy}"), (proxy, f"127.0.0.1:{proxy}")),
-            "sandboxd": (
+        }
+        doors = [("sandboxd", None)]
+        if args.base_tree:
+            doors.append(("base", args.base_tree))
+        for name, tree in doors:
+            daemon, door = start_door(base, name, tree, origin, app)
+            procs.append(daemon)
+            targets[name] = (
                 (door, f"{origin}.localhost:{door}"),
                 (door, f"{app}.localhost:{door}"),
-            ),
-        }
-        results: dict[str, dict[str, Any]] = {}
-        for name, ((sport, shost), (aport, ahost)) in targets.items():
-            r: dict[str, Any] = {"proxy": name}
-            r["get_1k_rps"] = round(
-                wrk(sport, shost, "/1k.bin", args.connections, args.duration)
             )
-            r["download_64m_mib_s"] = round(
-                download(sport, shost, "/64m.bin", args.rounds), 1
-            )
-            events = first_event(aport, ahost, args.events)
-            r["sse_first_event_ms_p50"] = round(statistics.median(events) * 1000, 3)
-            echoes = ws_echo(aport, ahost, args.messages)
-            r["ws_echo_ms_p50"] = round(pct(echoes, 50) * 1000, 3)
-            r["ws_echo_ms_p99"] = round(pct(echoes, 99) * 1000, 3)
-            results[name] = r
-        direct = results["direct"]
-        for name in ("nginx", "sandboxd"):
+        # Alternate: every round runs each proxy once, in a rotated order,
+        # so a burst of load elsewhere on the machine hits them alike.
+        names = list(targets)
+        rounds: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+        for i in range(args.rounds):
+            order = names[i % len(names) :] + names[: i % len(names)]
+            for name in order:
+                rounds[name].append(measure(name, targets[name], args))
+        results = {n: summarise(rs) for n, rs in rounds.items()}
+        direct, nginx = results["direct"], results["nginx"]
+        for name in names[1:]:
             r = results[name]
             r["sse_added_ms"] = round(
                 r["sse_first_event_ms_p50"] - direct["sse_first_event_ms_p50"], 3
@@ -312,15 +358,27 @@ def main() -> None:
             r["ws_p99_added_ms"] = round(
                 r["ws_echo_ms_p99"] - direct["ws_echo_ms_p99"], 3
             )
-        nginx, ours = results["nginx"], results["sandboxd"]
-        ours["rps_vs_nginx"] = round(ours["get_1k_rps"] / nginx["get_1k_rps"], 2)
-        ours["mib_s_vs_nginx"] = round(
-            ours["download_64m_mib_s"] / nginx["download_64m_mib_s"], 2
-        )
+            if name != "nginx":
+                r["rps_vs_nginx"] = round(r["get_1k_rps"] / nginx["get_1k_rps"], 2)
+                r["mib_s_vs_nginx"] = round(
+                    r["download_64m_mib_s"] / nginx["download_64m_mib_s"], 2
+                )
+                r["sse_vs_nginx_ms"] = round(
+                    r["sse_first_event_ms_p50"] - nginx["sse_first_event_ms_p50"], 3
+                )
+                r["ws_p99_vs_nginx_ms"] = round(
+                    r["ws_echo_ms_p99"] - nginx["ws_echo_ms_p99"], 3
+                )
+        load = os.getloadavg()
         for r in results.values():
             print(
                 json.dumps(
-                    {"workload": "PREVIEW", "connections": args.connections, **r}
+                    {
+                        "workload": "PREVIEW",
+                        "connections": args.connections,
+                        "loadavg": [round(x, 2) for x in load],
+                        **r,
+                    }
                 )
             )
     finally:

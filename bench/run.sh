@@ -76,7 +76,7 @@ fi
 "$ROOT/.venv/bin/python" "$ROOT/bench/first_request.py" --daemons "${FIRST_DAEMONS:-7}"
 # The preview door against nginx as a reverse proxy, to the same upstreams.
 "$ROOT/.venv/bin/python" "$ROOT/bench/preview_door.py" --duration "${PREVIEW_SECONDS:-5}" \
-  --messages "${PREVIEW_MESSAGES:-2000}"
+  --messages "${PREVIEW_MESSAGES:-2000}" --rounds "${PREVIEW_ROUNDS:-3}"
 # What sandboxd.client costs over curl (raw transfers) and bare httpx (/shell).
 "$ROOT/.venv/bin/python" "$ROOT/bench/client_overhead.py" --size-mib "${RAW_MIB:-1024}" \
   --runs "${CLIENT_RUNS:-200}" --rounds "${CLIENT_ROUNDS:-3}"

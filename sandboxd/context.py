@@ -128,6 +128,9 @@ class Context:
     pty_public_url: str | None = None
     http_port: int | None = None
     draining: bool = False
+    #: ``--state-dir``: where what must outlive a restart is kept (the
+    #: capability links' counts and revocations); None: nowhere.
+    state_dir: str | None = None
 
     def __attrs_post_init__(self) -> None:
         self.router = Router(self.table)
@@ -135,7 +138,9 @@ class Context:
         # The clock is asked when a link is minted or checked, not now: a
         # reactor that is never run (a MemoryReactor building a daemon) has none.
         self.links = LinkTable.for_key_file(
-            self.policy.document.link_key_file, lambda: self.reactor.seconds()
+            self.policy.document.link_key_file,
+            lambda: self.reactor.seconds(),
+            self.state_dir,
         )
 
     @property

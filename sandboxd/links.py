@@ -14,6 +14,13 @@ of its minter, holding at most the minter's scopes narrowed to the link's
 audience.  The daemon remembers every link it minted until it expires (at
 most ``limits.max_sessions`` of ``links_mint``), so a link can be listed,
 revoked and counted (``uses``); what it forgets is expired anyway.
+
+With a key file the links outlive the daemon, so what it remembers of them
+must too: given a state directory (``--state-dir``), the table is kept in
+``links.json`` there (0600, replaced atomically on every mint, revocation
+and counted use) and read back at start, so a counted link keeps its
+remaining uses and a revoked one stays dead across a restart.  The file
+names the key it belongs to (a digest): another key starts an empty table.
 """
 
 from __future__ import annotations
@@ -23,15 +30,19 @@ import binascii
 import hashlib
 import hmac
 import json
+import os
 import re
 import secrets
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import attrs
+from twisted.logger import Logger
 
 from sandboxd.auth import Identity
 from sandboxd.errors import (
+    ApiError,
     Code,
     bad_request,
     limit_exceeded,
@@ -52,6 +63,11 @@ _PREVIEW = re.compile(r"^preview:([1-9][0-9]{0,4})$")
 PREVIEW_SCOPES = frozenset({"preview:use"})
 
 KEY_BYTES = 32
+
+#: The table's file in the state directory.
+STATE_FILE = "links.json"
+
+log = Logger(namespace="sandboxd.links")
 
 
 def preview_audience(port: int) -> str:
@@ -153,6 +169,42 @@ class Link:
         """The link's id (``link_id``)."""
         return self.claims.jti
 
+    def to_state(self) -> dict[str, Any]:
+        """The link as the state file keeps it (claims and counters, no token)."""
+        c = self.claims
+        return {
+            "jti": c.jti,
+            "sub": c.sub,
+            "aud": c.aud,
+            "scopes": list(c.scopes),
+            "exp": c.exp,
+            "uses": c.uses,
+            "created_at": self.created_at,
+            "used": self.used,
+            "revoked": self.revoked,
+        }
+
+    @classmethod
+    def from_state(cls, data: dict[str, Any]) -> Link:
+        """A link read back from the state file.
+
+        :raises ValueError, KeyError, TypeError: for an entry that is not one.
+        """
+        claims = Claims(
+            jti=str(data["jti"]),
+            sub=str(data["sub"]),
+            aud=check_audience(data["aud"]),
+            scopes=tuple(str(s) for s in data["scopes"]),
+            exp=float(data["exp"]),
+            uses=int(data["uses"]) if data.get("uses") is not None else None,
+        )
+        return cls(
+            claims,
+            float(data["created_at"]),
+            used=int(data["used"]),
+            revoked=bool(data["revoked"]),
+        )
+
     def as_json(self) -> dict[str, object]:
         """What ``links_list`` shows (never the token)."""
         return {
@@ -179,16 +231,106 @@ class LinkTable:
     :param clock: Unix time (the reactor's ``seconds``).
     """
 
-    def __init__(self, key: bytes, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, key: bytes, clock: Callable[[], float], state_path: str | None = None
+    ) -> None:
         self._key = key
         self._clock = clock
         self.links: dict[str, Link] = {}
+        #: Where the table is kept across restarts (None: nowhere).
+        self.state_path = state_path
+        self._key_id = hashlib.sha256(b"sandboxd-links\0" + key).hexdigest()[:32]
+        if state_path is not None:
+            self._load()
 
     @classmethod
-    def for_key_file(cls, path: str | None, clock: Callable[[], float]) -> LinkTable:
-        """The table for ``auth.link_key_file`` (random key when None)."""
-        key = read_key(path) if path else secrets.token_bytes(KEY_BYTES)
-        return cls(key, clock)
+    def for_key_file(
+        cls,
+        path: str | None,
+        clock: Callable[[], float],
+        state_dir: str | None = None,
+    ) -> LinkTable:
+        """
+        The table for ``auth.link_key_file`` (random key when None).
+
+        :param state_dir: where the table survives a restart; used only
+            with a key file (with a random key every link dies anyway).
+        """
+        if not path:
+            return cls(secrets.token_bytes(KEY_BYTES), clock)
+        if state_dir is None:
+            log.warn(
+                "sandboxd: links outlive a restart (auth.link_key_file) but "
+                "their revocations and use counts do not: give --state-dir"
+            )
+            return cls(read_key(path), clock)
+        return cls(read_key(path), clock, os.path.join(state_dir, STATE_FILE))
+
+    # -- the state file -------------------------------------------------------
+
+    def _load(self) -> None:
+        """Read the table back (another key's links are dropped)."""
+        assert self.state_path is not None
+        try:
+            with open(self.state_path, "rb") as f:
+                data = json.loads(f.read())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            log.error(
+                "sandboxd: cannot read the links' state {path}: {error}; "
+                "starting with no links remembered",
+                path=self.state_path,
+                error=str(e),
+            )
+            return
+        if not isinstance(data, dict) or data.get("key") != self._key_id:
+            return  # another key's links: none of them verifies now
+        # The clock is not asked here (a reactor that is never run has
+        # none): expired links are pruned as they always are, on the
+        # next mint, list or revocation, and no expired link verifies.
+        for entry in data.get("links", []):
+            try:
+                link = Link.from_state(entry)
+            except (ValueError, KeyError, TypeError, AttributeError, ApiError):
+                continue  # not an entry this version wrote
+            self.links[link.id] = link
+
+    def save(self) -> None:
+        """
+        Write the table to the state file, replacing it atomically (a
+        temporary file renamed over it): a crash leaves the old table or
+        the new one, never half of one.  The file is small (at most the
+        live links), so it is written in the reactor's turn.
+        """
+        if self.state_path is None:
+            return
+        now = self._clock()
+        data = {
+            "version": 1,
+            "key": self._key_id,
+            "links": [
+                link.to_state() for link in self.links.values() if link.claims.exp > now
+            ],
+        }
+        folder = os.path.dirname(self.state_path)
+        temporary = f"{self.state_path}.{os.getpid()}.tmp"
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            fd = os.open(
+                temporary,
+                os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+                0o600,
+            )
+            with os.fdopen(fd, "wb") as f:
+                f.write(json.dumps(data, separators=(",", ":")).encode())
+            os.replace(temporary, self.state_path)
+        except OSError as e:
+            log.error(
+                "sandboxd: cannot write the links' state {path}: {error}",
+                path=self.state_path,
+                error=e.strerror or str(e),
+            )
 
     def _sign(self, body: str) -> str:
         mac = hmac.new(self._key, (PREFIX + body).encode("ascii"), hashlib.sha256)
@@ -258,6 +400,7 @@ class LinkTable:
         )
         link = Link(claims, now)
         self.links[claims.jti] = link
+        self.save()
         body = _b64(claims.encode())
         return link, f"{PREFIX}{body}.{self._sign(body)}"
 
@@ -315,12 +458,14 @@ class LinkTable:
             raise link_refused("the link is for another audience")
         if claims.uses is not None:
             if link is None:
-                # A counted link from before a restart: its count is lost.
+                # A counted link from before a restart with no state kept:
+                # its count is lost, so it counts as used up.
                 raise link_refused("the link was used up")
             if consume:
                 if link.used >= claims.uses:
                     raise link_refused("the link was used up")
                 link.used += 1
+                self.save()  # a restart must not give a use back
         elif link is not None and consume:
             link.used += 1
         return Identity(
@@ -348,6 +493,7 @@ class LinkTable:
         ):
             raise not_found(f"no such link: {link_id}")
         link.revoked = True
+        self.save()
         return link
 
 
@@ -361,6 +507,7 @@ def is_link(token: bytes | str | None) -> bool:
 __all__ = [
     "CONSOLE",
     "PREFIX",
+    "STATE_FILE",
     "Claims",
     "Link",
     "LinkTable",

@@ -178,6 +178,9 @@ class Settings:
     max_connections: int | None = None
     max_connections_per_address: int | None = None
     head_deadline: float | None = None
+    #: Where what must outlive a restart is kept (None:
+    #: ``$SANDBOXD_STATE_DIR``, else nowhere).
+    state_dir: str | None = None
 
 
 def release_memory() -> None:
@@ -620,6 +623,7 @@ def build(
         policy=policy,
         registry=registry,
         audit=AuditLog(settings.audit_log or environ.get("ABX_SERVER_AUDIT_LOG")),
+        state_dir=settings.state_dir or environ.get("SANDBOXD_STATE_DIR") or None,
     )
     context.http_port = port_number(http_listen)
     context.pty_listen = pty_listen

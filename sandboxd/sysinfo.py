@@ -462,6 +462,35 @@ def socket_owners(inodes: set[int], proc: str = "/proc") -> dict[int, int]:
     return found
 
 
+def ports_of(pid: int, proc: str = "/proc") -> frozenset[int]:
+    """
+    The TCP ports process ``pid`` itself listens on (in its own network
+    namespace): its socket fds matched against its ``net/tcp{,6}``.  One
+    process's fds, not a walk of every pid: cheap enough for the reactor's
+    turn.  Empty when the process is gone or unreadable.
+    """
+    fd_dir = os.path.join(proc, str(pid), "fd")
+    inodes: set[int] = set()
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return frozenset()
+    for fd in fds:
+        try:
+            target = os.readlink(os.path.join(fd_dir, fd))
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[8:-1]))
+    ports = set()
+    for protocol, name in (("tcp", "net/tcp"), ("tcp6", "net/tcp6")):
+        text = _read(os.path.join(proc, str(pid), name))
+        for _address, port, inode in parse_proc_net_tcp(text or "", protocol):
+            if inode in inodes:
+                ports.add(port)
+    return frozenset(ports)
+
+
 def listening(proc: str = "/proc") -> list[Listening]:
     """
     Every listening TCP socket (IPv4 and IPv6) of this network namespace,

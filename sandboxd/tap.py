@@ -108,6 +108,13 @@ class Options(usage.Options):
             "Audit file (default $ABX_SERVER_AUDIT_LOG or the log).",
         ],
         [
+            "state-dir",
+            None,
+            None,
+            "Where what must outlive a restart is kept: capability links' "
+            "use counts and revocations (default $SANDBOXD_STATE_DIR; none).",
+        ],
+        [
             "max-connections",
             None,
             None,
@@ -141,7 +148,7 @@ class Options(usage.Options):
 
     def postOptions(self) -> None:
         """Resolve paths now: twistd may chdir before the service starts."""
-        for key in ("policy", "base-dir", "audit-log"):
+        for key in ("policy", "base-dir", "audit-log", "state-dir"):
             if self[key]:
                 self[key] = os.path.abspath(self[key])
         self["commands"] = [
@@ -193,6 +200,7 @@ class Options(usage.Options):
             max_connections=self["max-connections"],
             max_connections_per_address=self["max-connections-per-address"],
             head_deadline=self["head-deadline"],
+            state_dir=self["state-dir"],
         )
 
 

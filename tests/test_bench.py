@@ -34,6 +34,7 @@ class FreshCloneTests(SynchronousTestCase):
             FIRST_DAEMONS="2",
             PREVIEW_SECONDS="1",
             PREVIEW_MESSAGES="50",
+            PREVIEW_ROUNDS="1",
             GIT_MIB="2",
             GIT_ROUNDS="1",
             CODE_CALLS="10",

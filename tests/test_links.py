@@ -8,11 +8,13 @@ against a real daemon on loopback.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from typing import Any
 
+from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
-from twisted.internet.task import Clock
+from twisted.internet.task import Clock, deferLater
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.auth import Identity
@@ -235,3 +237,122 @@ class LinkRoutesTests(DaemonTestCase):
         self.assertEqual(
             (reply.status, reply.json()["code"]), (404, "endpoint_disabled")
         )
+
+
+class LinkStateTests(SynchronousTestCase):
+    """The table kept in the state directory, read back by the next table."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.clock.advance(1_000_000)
+        self.key = self.mktemp()
+        with open(self.key, "wb") as f:
+            f.write(os.urandom(32).hex().encode())
+        self.state = self.mktemp()
+        self.minter = Identity("alice", frozenset({"preview:use"}))
+
+    def table(self) -> LinkTable:
+        return LinkTable.for_key_file(self.key, self.clock.seconds, self.state)
+
+    def test_counts_and_revocations_survive(self) -> None:
+        """A counted link keeps its remaining uses; a revoked one stays refused."""
+        first = self.table()
+        counted, token = first.mint(self.minter, "preview:3000", None, 60, 3, 10)
+        revoked, gone = first.mint(self.minter, "preview:3000", None, 60, None, 10)
+        first.verify(token, "preview:3000")
+        first.revoke(revoked.id, self.minter)
+        path = os.path.join(self.state, "links.json")
+        self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)
+        second = self.table()
+        self.assertEqual(second.links[counted.id].used, 1)
+        second.verify(token, "preview:3000")
+        second.verify(token, "preview:3000")
+        third = self.table()
+        for table, presented in ((third, token), (third, gone)):
+            with self.assertRaises(ApiError) as caught:
+                table.verify(presented, "preview:3000")
+            self.assertEqual(caught.exception.code, "link_invalid")
+
+    def test_expired_and_other_keys_forgotten(self) -> None:
+        """Expired links are not read back; a state file of another key is ignored."""
+        first = self.table()
+        _, token = first.mint(self.minter, "preview:3000", None, 10, 1, 10)
+        self.clock.advance(11)
+        later = self.table()
+        later.prune()
+        self.assertEqual(later.links, {})
+        with self.assertRaises(ApiError) as caught:
+            self.table().verify(token, "preview:3000")
+        self.assertEqual(caught.exception.code, "link_expired")
+        self.clock.advance(-11)
+        with open(self.key, "wb") as f:
+            f.write(os.urandom(32).hex().encode())
+        self.assertEqual(self.table().links, {})
+
+    def test_unreadable_state_starts_empty(self) -> None:
+        """A state file that is not JSON: an empty table, and the next write replaces it."""
+        os.makedirs(self.state)
+        path = os.path.join(self.state, "links.json")
+        with open(path, "w") as f:
+            f.write("{not json")
+        table = self.table()
+        self.assertEqual(table.links, {})
+        self.flushLoggedErrors()
+        link, _ = table.mint(self.minter, "preview:3000", None, 60, 1, 10)
+        with open(path) as f:
+            self.assertEqual([x["jti"] for x in json.load(f)["links"]], [link.id])
+
+
+class LinkRestartTests(DaemonTestCase):
+    """Links across a daemon restart on the same state directory."""
+
+    token = ADMIN
+    autostart = False
+
+    @inlineCallbacks
+    def test_restart_keeps_counts_and_deaths(self) -> None:
+        """
+        After a restart with the same key file and state dir: a counted link
+        has exactly its remaining uses, a revoked link and an expired link
+        are still refused, and the list shows what was used.
+        """
+        key = os.path.join(self.base_dir, "link.key")
+        with open(key, "wb") as f:
+            f.write(os.urandom(32).hex().encode())
+        state = os.path.join(self.base_dir, "state")
+        policy = {**POLICY, "auth": {**POLICY["auth"], "link_key_file": key}}
+
+        def mint(**body: Any) -> Any:
+            return self.request(
+                "POST",
+                "/auth/links",
+                {"audience": "console", "scopes": ["system:read"], **body},
+                token=READER,
+            )
+
+        yield self.start(stop_at_end=False, policy=policy, state_dir=state)
+        counted = (yield mint(uses=2)).json()
+        revoked = (yield mint()).json()
+        expiring = (yield mint(ttl_seconds=1)).json()
+        used = yield self.request("GET", "/system/info", token=counted["token"])
+        self.assertEqual(used.status, 200)
+        gone = yield self.request(
+            "DELETE", f"/auth/links/{revoked['link_id']}", token=READER
+        )
+        self.assertEqual(gone.status, 200)
+        yield self.daemon.stop()
+        yield deferLater(reactor, 1.1, lambda: None)
+        yield self.start(policy=policy, state_dir=state)
+        listed = yield self.request("GET", "/auth/links", token=READER)
+        by_id = {x["link_id"]: x for x in listed.json()["links"]}
+        self.assertEqual(by_id[counted["link_id"]]["used"], 1)
+        self.assertTrue(by_id[revoked["link_id"]]["revoked"])
+        second = yield self.request("GET", "/system/info", token=counted["token"])
+        self.assertEqual(second.status, 200, second.body)
+        for token, code in (
+            (counted["token"], "link_invalid"),
+            (revoked["token"], "link_invalid"),
+            (expiring["token"], "link_expired"),
+        ):
+            reply = yield self.request("GET", "/system/info", token=token)
+            self.assertEqual((reply.status, reply.json()["code"]), (401, code))

@@ -319,3 +319,23 @@ class DiskTests(TreeMixin, SynchronousTestCase):
         self.assertLessEqual(usage.used, usage.total)
         self.assertLessEqual(usage.free, usage.total)
         self.assertTrue(0.0 <= usage.percent <= 100.0)
+
+
+class PortsOfTests(SynchronousTestCase):
+    """The ports one process listens on, read from the real /proc."""
+
+    def test_own_listener_found(self) -> None:
+        """A socket this process listens on is found; a bound, unlistened one and a gone pid are not."""
+        import socket
+
+        listener = socket.socket()
+        self.addCleanup(listener.close)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        bound = socket.socket()
+        self.addCleanup(bound.close)
+        bound.bind(("127.0.0.1", 0))
+        ports = sysinfo.ports_of(os.getpid())
+        self.assertIn(listener.getsockname()[1], ports)
+        self.assertNotIn(bound.getsockname()[1], ports)
+        self.assertEqual(sysinfo.ports_of(2**22 + 1), frozenset())

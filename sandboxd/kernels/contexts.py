@@ -49,6 +49,7 @@ from sandboxd.policy import defaults
 from sandboxd.processes.child import Child, HeadTail, signal_child
 from sandboxd.processes.command import RunAs, find_executable
 from sandboxd.processes.run import spawn
+from sandboxd.sysinfo import ports_of
 from sandboxd.waiters import Waiters
 
 log = Logger(namespace="sandboxd.kernels")
@@ -284,6 +285,12 @@ class CodeContext:
         self.last_activity_at = time.time()
         self.state = "starting"
         self.kernel: Child | None = None
+        #: The TCP ports the kernel listened on once ready, before any of
+        #: the user's code ran: its own (ipykernel binds a ZMQ socket on
+        #: loopback TCP even with ``transport: ipc``).  The preview door
+        #: never forwards to them; a port the user's code opens later is
+        #: not among them.
+        self.kernel_ports: frozenset[int] = frozenset()
         self.kernel_stderr = HeadTail(8 * defaults.KIB)
         self.exit_code: int | None = None
         self.restarts = 0
@@ -554,6 +561,8 @@ class CodeContext:
             return
         self.info = info
         self.state = "idle"
+        if self.kernel is not None and self.kernel.pid:
+            self.kernel_ports = ports_of(self.kernel.pid)
         self.touch()
         self._ready.fire(None)
         self._next()
@@ -836,6 +845,7 @@ class CodeContext:
         if child is not self.kernel:
             return  # a kernel the daemon ended itself (restart, close)
         self.kernel = None
+        self.kernel_ports = frozenset()
         self.exit_code = code
         if self.state in ("starting",):
             self._start_failed(internal(f"the kernel exited while starting ({code})"))

@@ -115,6 +115,13 @@ class CodeService(Service):
             raise not_found(f"no code context {cid!r}")
         return ctx
 
+    def kernel_ports(self) -> set[int]:
+        """The TCP ports the live kernels listen on for themselves (never previewed)."""
+        ports: set[int] = set()
+        for ctx in self.contexts.values():
+            ports.update(ctx.kernel_ports)
+        return ports
+
     def visible(self, identity: Any) -> list[CodeContext]:
         """The contexts ``identity`` may see."""
         return [c for c in self.contexts.values() if _may_see(identity, c)]

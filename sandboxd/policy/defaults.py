@@ -74,7 +74,9 @@ ENDPOINT_LIMITS: dict[str, dict[str, Any]] = {
 # the daemon keeps at most 1000 (revocations included) until they expire;
 # a preview's upstream must send its response head within a minute, a
 # proxied stream may stay silent five minutes, a request body may be large
-# (an app's uploads), and a preview may hold 64 WebSockets open.
+# (an app's uploads), a preview may hold 64 WebSockets open, and one that
+# passes no byte either way for an hour is closed (an app's HMR socket
+# pings far more often; a tab left open on a dead app does not).
 _LINK_LIMITS: dict[str, Any] = {"max_link_ttl_seconds": 3600, "max_sessions": 1000}
 ENDPOINT_LIMITS.update(
     {
@@ -86,6 +88,7 @@ ENDPOINT_LIMITS.update(
             "idle_timeout_seconds": 300,
             "max_request_bytes": 100 * MB,
             "max_sessions": 64,
+            "ws_idle_timeout_seconds": 3600,
         },
     }
 )

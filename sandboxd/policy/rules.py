@@ -48,6 +48,9 @@ class Limits:
     permission_timeout_seconds: float | None = None
     # capability links
     max_link_ttl_seconds: float | None = None
+    # the preview door: how long a spliced upgrade (a WebSocket) may pass
+    # no byte either way before both its connections are closed
+    ws_idle_timeout_seconds: float | None = None
     max_jobs: int | None = None
     # code contexts (SPEC §22)
     max_contexts: int | None = None

@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from sandboxd.auth import Identity
     from sandboxd.policy.rules import EffectiveRule
     from sandboxd.preview.exposures import ExposureTable
+    from sandboxd.preview.rawpool import RawPool
     from sandboxd.preview.routing import Routes
 
 log = Logger(namespace="sandboxd.preview")
@@ -78,6 +79,7 @@ class PreviewService(Protocol):
     context: Any
     exposures: ExposureTable
     agent: Any
+    raw: RawPool
     secure: bool
     door_port: int | None
 
@@ -556,6 +558,16 @@ class Exchange:
 
     def _send(self, address: str) -> None:
         assert self.target is not None
+        if self.body_producer is None:
+            # No body: one raw write on a pooled connection (rawpool).
+            head = h.request_head(
+                self.method, self.upstream_target(), self.upstream_headers()
+            )
+            self.pending = self.service.raw.request(
+                address, self.target.port, self.method, head
+            )
+            self.pending.addCallbacks(self._got_response, self._failed)
+            return
         host = f"[{address}]" if ":" in address else address
         url = f"http://{host}:{self.target.port}".encode() + self.upstream_target()
         headers = Headers()

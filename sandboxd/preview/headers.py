@@ -201,3 +201,19 @@ def rewrite_location(value: bytes, port: int, origin: str, prefix: str) -> bytes
     if prefix and text.startswith("/") and not text.startswith("//"):
         return (prefix + text).encode("latin-1")
     return value
+
+
+def request_head(method: bytes, target: bytes, headers: RawHeaders) -> bytes:
+    """
+    A request head as the app gets it, ready to write.  A line break
+    inside a value (which would start a header of the browser's making)
+    becomes a space, as Twisted's own ``Headers`` does.
+    """
+    lines = [method + b" " + target + b" HTTP/1.1"]
+    for name, values in headers:
+        for value in values:
+            if b"\n" in value or b"\r" in value:
+                value = value.replace(b"\r", b" ").replace(b"\n", b" ")
+            lines.append(name + b": " + value)
+    lines.append(b"\r\n")
+    return b"\r\n".join(lines)

@@ -22,6 +22,7 @@ from sandboxd.errors import ApiError, port_not_exposed
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.preview.door import PreviewSite
 from sandboxd.preview.exposures import ExposureTable, allowed
+from sandboxd.preview.rawpool import RawPool
 from sandboxd.preview.routing import Routes
 from sandboxd.preview.upstream import make_agent
 from sandboxd.readiness import Opening
@@ -52,6 +53,7 @@ class PreviewService(Service):
         self.limits = limits
         self.exposures = ExposureTable(context.reactor.seconds)
         self.agent, self.pool = make_agent(context.reactor)
+        self.raw = RawPool(context.reactor)
         self.port: Any = None
         self.door_port: int | None = None
         self.secure = description.startswith(("ssl:", "tls:"))
@@ -85,7 +87,10 @@ class PreviewService(Service):
         )
 
     def own_ports(self) -> set[int]:
-        """The daemon's listeners and the browser's debugging port."""
+        """
+        The daemon's listeners, the browser's debugging port, and the
+        ports the code contexts' kernels listen on for themselves.
+        """
         context = self.context
         ports = {CDP_PORT}
         for value in (context.http_port, context.pty_port, self.door_port):
@@ -94,6 +99,9 @@ class PreviewService(Service):
         e2b = getattr(getattr(context.e2b, "port", None), "getHost", None)
         if e2b is not None:
             ports.add(e2b().port)
+        code = context.code.existing() if context.code is not None else None
+        if code is not None:
+            ports |= code.kernel_ports()
         return ports
 
     def check_port(self, port: int, rule: EffectiveRule) -> None:
@@ -195,6 +203,7 @@ class PreviewService(Service):
     def stopService(self) -> Deferred[Any]:
         """Stop listening, close every exposure's connections and the pool."""
         super().stopService()  # type: ignore[no-untyped-call]
+        self.raw.close()
         steps = [self._close(), self.pool.closeCachedConnections()]
         return DeferredList(steps).addCallback(lambda _: None)
 

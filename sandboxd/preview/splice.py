@@ -30,7 +30,7 @@ from twisted.python.failure import Failure
 from twisted.web.http import _ChunkedTransferDecoder, _IdentityTransferDecoder
 
 from sandboxd import gate
-from sandboxd.errors import upstream_timeout, upstream_unavailable
+from sandboxd.errors import limit_rule, upstream_timeout, upstream_unavailable
 from sandboxd.policy.defaults import PREVIEW_UPGRADE_HEAD_BYTES
 from sandboxd.preview import headers as h
 
@@ -127,6 +127,10 @@ class Upgrade:
         self._timer: Any = None
         self._addresses = list(exchange.addresses)
         self._connecting: Any = None
+        #: When a byte last passed (reactor seconds), and the idle check.
+        self.last_active = 0.0
+        self._idle: Any = None
+        self.idle_closed = False
 
     def start(self) -> None:
         """Connect to the app (IPv4 loopback, then IPv6)."""
@@ -177,11 +181,11 @@ class Upgrade:
     def request_head(self) -> bytes:
         """The request head the app gets."""
         exchange = self.exchange
-        lines = [exchange.method + b" " + exchange.upstream_target() + b" HTTP/1.1"]
-        for name, values in exchange.upstream_headers(keep_upgrade=True):
-            for value in values:
-                lines.append(name + b": " + value)
-        return b"\r\n".join(lines) + b"\r\n\r\n"
+        return h.request_head(
+            exchange.method,
+            exchange.upstream_target(),
+            exchange.upstream_headers(keep_upgrade=True),
+        )
 
     def failed(self, why: str) -> None:
         """The app answered with something that is not HTTP."""
@@ -235,6 +239,7 @@ class Upgrade:
         app.registerProducer(browser, True)
         if exchange.exposure is not None:
             exchange.exposure.websockets += 1
+        self._watch_idle()
         if rest:
             self.to_browser(rest)
 
@@ -301,14 +306,56 @@ class Upgrade:
 
     # -- the splice -----------------------------------------------------------
 
+    # -- the idle bound --------------------------------------------------------
+
+    def _idle_limit(self) -> float | None:
+        limits = self.context.policy.rules["preview_proxy"].limits
+        value = limits.ws_idle_timeout_seconds
+        return float(value) if value else None
+
+    def _watch_idle(self) -> None:
+        """
+        Close the splice once no byte passed either way for
+        ``limits.ws_idle_timeout_seconds``.  Each chunk only notes the
+        time (a timer per chunk would cost every frame); one timer checks
+        at the earliest moment the bound can be reached, and again from
+        the last byte when there was traffic.
+        """
+        limit = self._idle_limit()
+        if limit is None:
+            return
+        self.last_active = self.context.reactor.seconds()
+        self._idle = self.context.reactor.callLater(limit, self._check_idle)
+
+    def _check_idle(self) -> None:
+        self._idle = None
+        if self.closed:
+            return
+        limit = self._idle_limit()
+        if limit is None:
+            return  # a reload lifted the bound
+        quiet = self.context.reactor.seconds() - self.last_active
+        if quiet < limit:
+            self._idle = self.context.reactor.callLater(limit - quiet, self._check_idle)
+            return
+        self.idle_closed = True
+        if self.app is not None and self.app.transport is not None:
+            self.app.transport.loseConnection()
+        if self.browser is not None and self.browser.transport is not None:
+            self.browser.transport.loseConnection()
+
+    # -- the splice -----------------------------------------------------------
+
     def to_app(self, data: bytes) -> None:
         """Browser → app."""
+        self.last_active = self.context.reactor.seconds()
         self.bytes_up += len(data)
         if self.app is not None and self.app.transport is not None:
             self.app.transport.write(data)
 
     def to_browser(self, data: bytes) -> None:
         """App → browser."""
+        self.last_active = self.context.reactor.seconds()
         self.bytes_down += len(data)
         if self.browser is not None and self.browser.transport is not None:
             self.browser.transport.write(data)
@@ -356,6 +403,9 @@ class Upgrade:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
+        if self._idle is not None and self._idle.active():
+            self._idle.cancel()
+        self._idle = None
 
     def _over(self) -> None:
         """Once, when both sides are done: count, and write the audit line."""
@@ -373,4 +423,10 @@ class Upgrade:
         if self.browser is not None:
             exchange.bytes_in += self.bytes_up
             exchange.bytes_out += self.bytes_down
-            exchange._audit(101, None, None)
+            rule = None
+            if self.idle_closed:  # the bound closed it: the audit line says which
+                rule = limit_rule(
+                    self.context.policy.rules["preview_proxy"],
+                    "ws_idle_timeout_seconds",
+                )
+            exchange._audit(101, None, rule)

@@ -589,6 +589,119 @@ class WebSocketLimitTests(DoorCase):
         self.assertIn("too_many_sessions", refused)
 
 
+class WebSocketIdleTests(DoorCase):
+    """``limits.ws_idle_timeout_seconds`` closes a spliced WebSocket nobody uses."""
+
+    policy = {
+        **POLICY,
+        "endpoints": {
+            "preview_proxy": {
+                "audit": "all",
+                "limits": {"ws_idle_timeout_seconds": 2},
+            }
+        },
+    }
+
+    @inlineCallbacks
+    def test_idle_closed_active_kept(self) -> None:
+        """
+        A socket silent for the bound (2 s) is closed (and its audit line
+        names the rule); one that talks every 0.3 s through more than twice
+        the bound stays open and echoes every message.
+        """
+        yield self.expose()
+        quiet = yield deferToThread(WebSocketTests.connect, self)
+        self.addCleanup(quiet.close)
+        busy = yield deferToThread(WebSocketTests.connect, self)
+        self.addCleanup(busy.close)
+
+        def talk() -> list[str]:
+            echoes = []
+            for i in range(16):
+                busy.send(f"m{i}")
+                echoes.append(busy.recv())
+                time.sleep(0.3)
+            return echoes
+
+        echoes = yield deferToThread(talk)
+        self.assertEqual(echoes, [f"m{i}" for i in range(16)])
+
+        def closed() -> bool:
+            import websocket
+
+            try:
+                quiet.send("late")
+                return quiet.recv() == ""
+            except (websocket.WebSocketConnectionClosedException, OSError):
+                return True
+
+        self.assertTrue((yield deferToThread(closed)))
+        listed = yield self.request("GET", f"/preview/ports/{self.app_port}")
+        self.assertEqual(listed.json()["open_websockets"], 1)
+        lines = [
+            r
+            for r in self.audit_lines()
+            if r.get("via") == "preview" and r.get("status") == 101
+        ]
+        self.assertEqual(len(lines), 1)
+        self.assertEqual(lines[0]["rule"], "policy:endpoints.preview_proxy")
+
+
+class KernelPortTests(DoorCase):
+    """A code context's kernel's own ports join the ports never previewed."""
+
+    policy = {**POLICY, "groups": {"preview": True, "code": True}}
+
+    def setUp(self) -> Any:
+        from tests.kernels.test_contexts import need_ipykernel
+
+        need_ipykernel()
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_kernel_ports_are_not_allowed(self) -> None:
+        """
+        Exposing a port the kernel listens on for itself (ipykernel binds a
+        ZMQ socket on loopback TCP) is 403 ``port_not_allowed``; a port the
+        user's code opens in the kernel later can be exposed; once the
+        context is gone its kernel's ports are no longer held back.
+        """
+        from sandboxd.sysinfo import listening
+
+        created = yield self.request("POST", "/code/contexts", {})
+        self.assertEqual(created.status, 201, created.body)
+        cid = created.json()["id"]
+        pid = created.json()["pid"]
+        own = yield deferToThread(
+            lambda: sorted({e.port for e in listening() if e.pid == pid})
+        )
+        self.assertTrue(own, "the kernel listens on no TCP port")
+        for port in own:
+            reply = yield self.expose(port=port)
+            self.assertEqual(
+                (reply.status, reply.json()["code"], reply.json()["rule"]),
+                (403, "port_not_allowed", "daemon:own_ports"),
+            )
+        ran = yield self.request(
+            "POST",
+            f"/code/contexts/{cid}/execute",
+            {
+                "code": "import socket\n"
+                "app = socket.socket()\n"
+                "app.bind(('127.0.0.1', 0))\n"
+                "app.listen()\n"
+                "print(app.getsockname()[1])"
+            },
+        )
+        self.assertEqual(ran.status, 200, ran.body)
+        app_port = int(ran.json()["stdout"].strip())
+        reply = yield self.expose(port=app_port)
+        self.assertEqual(reply.status, 201, reply.body)
+        gone = yield self.request("DELETE", f"/code/contexts/{cid}")
+        self.assertEqual(gone.status, 200, gone.body)
+        self.assertEqual(self.door.own_ports() & set(own), set())
+
+
 class ReloadTests(DoorCase):
     """The door follows the policy across reloads."""
 
