@@ -364,22 +364,19 @@ class Files(_Namespace[F]):
     @api
     async def mkdir(self, path: str) -> dict[str, Any]:
         """Create a directory and its parents."""
-        return cast(dict[str, Any], await self._http.call(calls.files_mkdir(path)))
+        return await self._http.object(calls.files_mkdir(path))
 
     @api
     async def delete(self, path: str) -> dict[str, Any]:
         """Delete a file or a directory tree."""
-        return cast(dict[str, Any], await self._http.call(calls.files_delete(path)))
+        return await self._http.object(calls.files_delete(path))
 
     @api
     async def move(
         self, source: str, destination: str, *, overwrite: bool = False
     ) -> dict[str, Any]:
         """Move or rename."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(calls.files_move(source, destination, overwrite)),
-        )
+        return await self._http.object(calls.files_move(source, destination, overwrite))
 
     @api
     async def search(
@@ -979,12 +976,12 @@ class System(_Namespace[F]):
     @api
     async def info(self) -> dict[str, Any]:
         """OS, CPU, memory, disk."""
-        return cast(dict[str, Any], await self._http.call(calls.system_info()))
+        return await self._http.object(calls.system_info())
 
     @api
     async def metrics(self) -> dict[str, Any]:
         """Load, memory and disk usage."""
-        return cast(dict[str, Any], await self._http.call(calls.system_metrics()))
+        return await self._http.object(calls.system_metrics())
 
     @api
     async def ports(self) -> builtins.list[dict[str, Any]]:
@@ -1047,13 +1044,10 @@ class Git(_Namespace[F]):
         self, path: str, *, initial_branch: str = "main", bare: bool = False
     ) -> dict[str, Any]:
         """Create a repository at ``path``."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.git(
-                    "POST", "/init", path=path, initial_branch=initial_branch, bare=bare
-                )
-            ),
+        return await self._http.object(
+            calls.git(
+                "POST", "/init", path=path, initial_branch=initial_branch, bare=bare
+            )
         )
 
     @api
@@ -1080,19 +1074,16 @@ class Git(_Namespace[F]):
         files: Sequence[str] | None = None,
     ) -> dict[str, Any]:
         """Commit the index: ``{commit, branch, summary}``."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.git(
-                    "POST",
-                    "/commit",
-                    path=path,
-                    message=message,
-                    author=dict(author) if author is not None else None,
-                    allow_empty=allow_empty or None,
-                    files=list(files) if files is not None else None,
-                )
-            ),
+        return await self._http.object(
+            calls.git(
+                "POST",
+                "/commit",
+                path=path,
+                message=message,
+                author=dict(author) if author is not None else None,
+                allow_empty=allow_empty or None,
+                files=list(files) if files is not None else None,
+            )
         )
 
     @api
@@ -1108,10 +1099,7 @@ class Git(_Namespace[F]):
     @api
     async def branches(self, path: str = ".") -> dict[str, Any]:
         """``{current, detached, branches}``."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(calls.git("GET", "/branches", {"path": path})),
-        )
+        return await self._http.object(calls.git("GET", "/branches", {"path": path}))
 
     @api
     async def create_branch(
@@ -1123,18 +1111,15 @@ class Git(_Namespace[F]):
         checkout: bool = False,
     ) -> dict[str, Any]:
         """A new branch (switched to with ``checkout``)."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.git(
-                    "POST",
-                    "/branches",
-                    path=path,
-                    name=name,
-                    start_point=start_point,
-                    checkout=checkout or None,
-                )
-            ),
+        return await self._http.object(
+            calls.git(
+                "POST",
+                "/branches",
+                path=path,
+                name=name,
+                start_point=start_point,
+                checkout=checkout or None,
+            )
         )
 
     @api
@@ -1142,18 +1127,15 @@ class Git(_Namespace[F]):
         self, path: str, ref: str, *, create: bool = False, force: bool = False
     ) -> dict[str, Any]:
         """Switch to ``ref``: ``{branch, commit, detached}``."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.git(
-                    "POST",
-                    "/checkout",
-                    path=path,
-                    ref=ref,
-                    create=create or None,
-                    force=force or None,
-                )
-            ),
+        return await self._http.object(
+            calls.git(
+                "POST",
+                "/checkout",
+                path=path,
+                ref=ref,
+                create=create or None,
+                force=force or None,
+            )
         )
 
     @api
@@ -1174,21 +1156,15 @@ class Git(_Namespace[F]):
         ``wait`` seconds: the result (``state: done``), or the running job
         (``state: running``, follow it with :meth:`job`).
         """
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.git(
-                    "POST",
-                    "/clone",
-                    wait=wait,
-                    url=url,
-                    path=path,
-                    auth=dict(auth) if auth is not None else None,
-                    branch=branch,
-                    depth=depth,
-                    user=user,
-                )
-            ),
+        return await self._remote(
+            "/clone",
+            wait,
+            auth,
+            url=url,
+            path=path,
+            branch=branch,
+            depth=depth,
+            user=user,
         )
 
     @api
@@ -1201,19 +1177,7 @@ class Git(_Namespace[F]):
         wait: float = 600.0,
     ) -> dict[str, Any]:
         """Fetch from ``remote`` (a job; see :meth:`clone` for ``auth`` and ``wait``)."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.git(
-                    "POST",
-                    "/fetch",
-                    wait=wait,
-                    path=path,
-                    remote=remote,
-                    auth=dict(auth) if auth is not None else None,
-                )
-            ),
-        )
+        return await self._remote("/fetch", wait, auth, path=path, remote=remote)
 
     @api
     async def pull(
@@ -1226,19 +1190,8 @@ class Git(_Namespace[F]):
         wait: float = 600.0,
     ) -> dict[str, Any]:
         """Pull (fast-forward only) from ``remote``."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.git(
-                    "POST",
-                    "/pull",
-                    wait=wait,
-                    path=path,
-                    remote=remote,
-                    branch=branch,
-                    auth=dict(auth) if auth is not None else None,
-                )
-            ),
+        return await self._remote(
+            "/pull", wait, auth, path=path, remote=remote, branch=branch
         )
 
     @api
@@ -1253,37 +1206,33 @@ class Git(_Namespace[F]):
         wait: float = 600.0,
     ) -> dict[str, Any]:
         """Push a branch: ``{updated: [...], remote_verified}``."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.git(
-                    "POST",
-                    "/push",
-                    wait=wait,
-                    path=path,
-                    remote=remote,
-                    branch=branch,
-                    set_upstream=set_upstream or None,
-                    auth=dict(auth) if auth is not None else None,
-                )
-            ),
+        return await self._remote(
+            "/push",
+            wait,
+            auth,
+            path=path,
+            remote=remote,
+            branch=branch,
+            set_upstream=set_upstream or None,
         )
+
+    async def _remote(
+        self, route: str, wait: float, auth: Mapping[str, str] | None, **fields: Any
+    ) -> dict[str, Any]:
+        """A call that reaches a remote: a job, waited for up to ``wait`` seconds."""
+        credentials = dict(auth) if auth is not None else None
+        req = calls.git("POST", route, wait=wait, auth=credentials, **fields)
+        return await self._http.object(req)
 
     @api
     async def job(self, job_id: str) -> dict[str, Any]:
         """One remote job: ``state``, ``progress``, ``result`` or ``error``."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(calls.git("GET", f"/jobs/{seg(job_id)}")),
-        )
+        return await self._http.object(calls.git("GET", f"/jobs/{seg(job_id)}"))
 
     @api
     async def cancel(self, job_id: str) -> dict[str, Any]:
         """Cancel a job; answers once git's whole tree is gone."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(calls.git("DELETE", f"/jobs/{seg(job_id)}")),
-        )
+        return await self._http.object(calls.git("DELETE", f"/jobs/{seg(job_id)}"))
 
 
 class Code(_Namespace[F]):
@@ -1324,9 +1273,7 @@ class Code(_Namespace[F]):
     @api
     async def create_context(self, /, **fields: Any) -> dict[str, Any]:
         """A new context (``kernel``, ``language``, ``cwd``, ``env``, ``user``, ``name``)."""
-        return cast(
-            dict[str, Any], await self._http.call(calls.code_contexts("POST", **fields))
-        )
+        return await self._http.object(calls.code_contexts("POST", **fields))
 
     @api
     async def contexts(self) -> builtins.list[dict[str, Any]]:
@@ -1339,45 +1286,31 @@ class Code(_Namespace[F]):
     @api
     async def context(self, context_id: str) -> dict[str, Any]:
         """One context, with what runs and what waits."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.code_contexts("GET", calls.code_context_path(context_id))
-            ),
+        return await self._http.object(
+            calls.code_contexts("GET", calls.code_context_path(context_id))
         )
 
     @api
     async def delete_context(self, context_id: str) -> dict[str, Any]:
         """Close a context (its kernel's process tree is killed)."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.code_contexts("DELETE", calls.code_context_path(context_id))
-            ),
+        return await self._http.object(
+            calls.code_contexts("DELETE", calls.code_context_path(context_id))
         )
 
     @api
     async def restart(self, context_id: str) -> dict[str, Any]:
         """A fresh kernel: the context's state is lost."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.code_contexts(
-                    "POST", calls.code_context_path(context_id, "/restart")
-                )
-            ),
+        return await self._http.object(
+            calls.code_contexts("POST", calls.code_context_path(context_id, "/restart"))
         )
 
     @api
     async def interrupt(self, context_id: str) -> dict[str, Any]:
         """Interrupt what the context runs."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.code_contexts(
-                    "POST", calls.code_context_path(context_id, "/interrupt")
-                )
-            ),
+        return await self._http.object(
+            calls.code_contexts(
+                "POST", calls.code_context_path(context_id, "/interrupt")
+            )
         )
 
     @api
@@ -1406,25 +1339,20 @@ class Code(_Namespace[F]):
             wait=wait,
             **fields,
         )
-        return cast(dict[str, Any], await self._http.call(req))
+        return await self._http.object(req)
 
     @api
     async def execution(
         self, context_id: str, execution_id: str, *, wait: float | None = None
     ) -> dict[str, Any]:
         """One execution's result (``wait`` long-polls while it runs)."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.code_contexts(
-                    "GET",
-                    calls.code_context_path(
-                        context_id, f"/executions/{seg(execution_id)}"
-                    ),
-                    {"wait": wait},
-                    read_timeout=(wait or 0) + 60.0,
-                )
-            ),
+        return await self._http.object(
+            calls.code_contexts(
+                "GET",
+                calls.code_context_path(context_id, f"/executions/{seg(execution_id)}"),
+                {"wait": wait},
+                read_timeout=(wait or 0) + 60.0,
+            )
         )
 
     @api
@@ -1442,17 +1370,14 @@ class Code(_Namespace[F]):
         self, context_id: str, execution_id: str, value: str
     ) -> dict[str, Any]:
         """Answer an execution's ``input()``."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.code_contexts(
-                    "POST",
-                    calls.code_context_path(
-                        context_id, f"/executions/{seg(execution_id)}/input"
-                    ),
-                    value=value,
-                )
-            ),
+        return await self._http.object(
+            calls.code_contexts(
+                "POST",
+                calls.code_context_path(
+                    context_id, f"/executions/{seg(execution_id)}/input"
+                ),
+                value=value,
+            )
         )
 
 
@@ -1464,13 +1389,10 @@ class Browser(_Namespace[F]):
         self, url: str, *, wait_until: str | None = None, timeout: int | None = None
     ) -> dict[str, Any]:
         """Open ``url``: ``url``, ``title``, ``status``."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.browser(
-                    "POST", "navigate", url=url, wait_until=wait_until, timeout=timeout
-                )
-            ),
+        return await self._http.object(
+            calls.browser(
+                "POST", "navigate", url=url, wait_until=wait_until, timeout=timeout
+            )
         )
 
     @api
@@ -1492,21 +1414,15 @@ class Browser(_Namespace[F]):
     @api
     async def content(self, type: str = "html") -> dict[str, Any]:
         """The page's ``content`` (html or text), ``url``, ``title``."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(calls.browser("GET", "content", type=type)),
-        )
+        return await self._http.object(calls.browser("GET", "content", type=type))
 
     @api
     async def click(
         self, selector: str, *, timeout: int | None = None
     ) -> dict[str, Any]:
         """Click an element."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.browser("POST", "click", selector=selector, timeout=timeout)
-            ),
+        return await self._http.object(
+            calls.browser("POST", "click", selector=selector, timeout=timeout)
         )
 
     @api
@@ -1519,18 +1435,15 @@ class Browser(_Namespace[F]):
         timeout: int | None = None,
     ) -> dict[str, Any]:
         """Type into an element."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.browser(
-                    "POST",
-                    "type",
-                    selector=selector,
-                    text=text,
-                    delay=delay,
-                    timeout=timeout,
-                )
-            ),
+        return await self._http.object(
+            calls.browser(
+                "POST",
+                "type",
+                selector=selector,
+                text=text,
+                delay=delay,
+                timeout=timeout,
+            )
         )
 
     @api
@@ -1578,11 +1491,8 @@ class Agents(_Namespace[F]):
     @api
     async def describe(self, agent: str, *, probe: bool = False) -> dict[str, Any]:
         """One catalogue entry (``probe=True`` starts it once to ask)."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.agents("GET", f"/catalog/{seg(agent)}", {"probe": probe})
-            ),
+        return await self._http.object(
+            calls.agents("GET", f"/catalog/{seg(agent)}", {"probe": probe})
         )
 
     @api
@@ -1590,21 +1500,15 @@ class Agents(_Namespace[F]):
         self, agent: str, *, version: str | None = None
     ) -> dict[str, Any]:
         """Install an agent (a managed process: follow it with ``commands.connect(pid)``)."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.agents("POST", f"/catalog/{seg(agent)}/install", version=version)
-            ),
+        return await self._http.object(
+            calls.agents("POST", f"/catalog/{seg(agent)}/install", version=version)
         )
 
     @api
     async def create(self, /, agent: str, **fields: Any) -> dict[str, Any]:
         """Start a session (``cwd``, ``mode``, ``model``, ``prompt`` ...): ``session_id`` ..."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.agents("POST", "/sessions", agent=agent, **fields)
-            ),
+        return await self._http.object(
+            calls.agents("POST", "/sessions", agent=agent, **fields)
         )
 
     @api
@@ -1624,9 +1528,8 @@ class Agents(_Namespace[F]):
     @api
     async def get(self, session_id: str) -> dict[str, Any]:
         """One session."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(calls.agents("GET", calls.session_path(session_id))),
+        return await self._http.object(
+            calls.agents("GET", calls.session_path(session_id))
         )
 
     @api
@@ -1647,44 +1550,29 @@ class Agents(_Namespace[F]):
             wait=wait,
         )
         req.timeout = max(req.timeout or 0, (wait or 30.0) + 30)
-        return cast(dict[str, Any], await self._http.call(req))
+        return await self._http.object(req)
 
     @api
     async def cancel(
         self, session_id: str, *, wait: float | None = None
     ) -> dict[str, Any]:
         """Cancel the running turn."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.agents(
-                    "POST", calls.session_path(session_id, "/cancel"), wait=wait
-                )
-            ),
+        return await self._http.object(
+            calls.agents("POST", calls.session_path(session_id, "/cancel"), wait=wait)
         )
 
     @api
     async def configure(self, /, session_id: str, **fields: Any) -> dict[str, Any]:
         """Change ``mode``, ``model``, ``config`` or ``title``."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.agents(
-                    "POST", calls.session_path(session_id, "/config"), **fields
-                )
-            ),
+        return await self._http.object(
+            calls.agents("POST", calls.session_path(session_id, "/config"), **fields)
         )
 
     @api
     async def close(self, session_id: str, *, forget: bool = False) -> dict[str, Any]:
         """Close a session (its agent is ended)."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.agents(
-                    "DELETE", calls.session_path(session_id), {"forget": forget}
-                )
-            ),
+        return await self._http.object(
+            calls.agents("DELETE", calls.session_path(session_id), {"forget": forget})
         )
 
     @api
@@ -1732,11 +1620,8 @@ class Agents(_Namespace[F]):
     @api
     async def reply(self, /, request_id: str, **answer: Any) -> dict[str, Any]:
         """Answer one (``option_id=``, ``decision=``, ``cancel=True``, or ``action=``)."""
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.agents("POST", f"/requests/{seg(request_id)}", **answer)
-            ),
+        return await self._http.object(
+            calls.agents("POST", f"/requests/{seg(request_id)}", **answer)
         )
 
     @api
@@ -1747,14 +1632,115 @@ class Agents(_Namespace[F]):
         Any other read of a session: ``turns``, ``messages``, ``plan``,
         ``tool-calls``, ``files``, ``terminals``, ``commands``, ``logs``.
         """
-        return cast(
-            dict[str, Any],
-            await self._http.call(
-                calls.agents(
-                    "GET", calls.session_path(session_id, "/" + what.strip("/")), params
-                )
-            ),
+        return await self._http.object(
+            calls.agents(
+                "GET", calls.session_path(session_id, "/" + what.strip("/")), params
+            )
         )
+
+
+class Links(_Namespace[F]):
+    """
+    ``sandbox.links``: short-lived capability links.  A link's token
+    (``sbxl_...``) stands for its minter, narrowed to one audience and at
+    most the minter's scopes, until it expires, is used up or revoked.
+    """
+
+    @api
+    async def mint(
+        self,
+        audience: str,
+        *,
+        scopes: Sequence[str] | None = None,
+        ttl_seconds: float | None = None,
+        uses: int | None = None,
+    ) -> dict[str, Any]:
+        """
+        A new link for ``audience`` (``"console"``, or ``"preview:PORT"``
+        for one preview): ``link_id``, ``token`` (shown only now),
+        ``scopes``, ``expires_at``, ``uses``, and a preview link's ``url``.
+
+        :param ttl_seconds: its life (the daemon's default 900 s, cut to
+            its ``max_link_ttl_seconds``).
+        :param uses: how many times it may be presented (default: any).
+        """
+        return await self._http.object(
+            calls.links_mint(audience, scopes, ttl_seconds, uses)
+        )
+
+    @api
+    async def list(self) -> builtins.list[dict[str, Any]]:
+        """This caller's live links: ``link_id``, ``audience``, ``uses``, ``used`` ..."""
+        answer = await self._http.object(calls.links_list())
+        return cast(builtins.list[dict[str, Any]], answer["links"])
+
+    @api
+    async def revoke(self, link_id: str) -> dict[str, Any]:
+        """Revoke a link now (``revoked: true``); an unknown id raises :class:`NotFound`."""
+        return await self._http.object(calls.links_revoke(link_id))
+
+
+class Preview(_Namespace[F]):
+    """
+    ``sandbox.preview``: the sandbox's web apps in a browser, through the
+    daemon's preview door (opt-in ``preview`` group; the door listens with
+    ``--preview-port``).
+    """
+
+    @api
+    async def expose(
+        self,
+        port: int,
+        *,
+        label: str | None = None,
+        public: bool | None = None,
+        ttl_seconds: float | None = None,
+        host_header: str | None = None,
+    ) -> dict[str, Any]:
+        """
+        Expose ``port`` on the preview door (again: replace its exposure):
+        ``url``, ``listening``, ``public``, ``expires_at`` ...
+
+        :param label: a name in the URL (``PORT-LABEL.DOMAIN``).
+        :param public: anyone who reaches the door may use it (the policy
+            must allow it); otherwise a token or a :meth:`link` is needed.
+        :param host_header: the ``Host`` the app sees: ``upstream`` or ``preserve``.
+        """
+        fields = {"label": label, "public": public, "ttl_seconds": ttl_seconds}
+        req = calls.preview_expose(port, host_header=host_header, **fields)
+        return await self._http.object(req)
+
+    @api
+    async def list(self) -> builtins.list[dict[str, Any]]:
+        """Every exposure, and every other listening port (``exposed: false``)."""
+        answer = await self._http.object(calls.preview_list())
+        return cast(builtins.list[dict[str, Any]], answer["ports"])
+
+    @api
+    async def get(self, port: int) -> dict[str, Any]:
+        """One exposure, with its traffic counters; :class:`PortNotExposed` if none."""
+        return await self._http.object(calls.preview_get(port))
+
+    @api
+    async def url(self, port: int) -> str:
+        """Where a browser opens an exposed port (a private one also wants a :meth:`link`)."""
+        return str((await Preview.get.fn(self, port))["url"])
+
+    @api
+    async def link(
+        self, port: int, *, ttl_seconds: float | None = None, uses: int | None = None
+    ) -> dict[str, Any]:
+        """
+        A capability link that opens a private preview in a browser:
+        ``url`` (the door sets a cookie and drops the token from the
+        address), ``link_id``, ``token``, ``expires_at``.
+        """
+        return await self._http.object(calls.preview_link(port, ttl_seconds, uses))
+
+    @api
+    async def unexpose(self, port: int) -> dict[str, Any]:
+        """Stop exposing ``port``; requests and WebSockets in flight to it close."""
+        return await self._http.object(calls.preview_unexpose(port))
 
 
 class Client(Part[F], Generic[F, H]):
@@ -1791,6 +1777,8 @@ class Client(Part[F], Generic[F, H]):
         self.code: Code[F] = Code(self)
         self.browser: Browser[F] = Browser(self)
         self.agents: Agents[F] = Agents(self)
+        self.links: Links[F] = Links(self)
+        self.preview: Preview[F] = Preview(self)
 
     def _connect(self, settings: Settings, http_client: H | None) -> F:
         """The face that runs this client's calls."""
@@ -1818,7 +1806,7 @@ class Client(Part[F], Generic[F, H]):
     @api
     async def capabilities(self) -> dict[str, Any]:
         """What this caller may do, endpoint by endpoint."""
-        return cast(dict[str, Any], await self._http.call(calls.capabilities()))
+        return await self._http.object(calls.capabilities())
 
     @api
     async def check(
@@ -1837,7 +1825,7 @@ class Client(Part[F], Generic[F, H]):
     @api
     async def openapi(self) -> dict[str, Any]:
         """The daemon's OpenAPI 3.1 document."""
-        return cast(dict[str, Any], await self._http.call(calls.openapi()))
+        return await self._http.object(calls.openapi())
 
     @api
     async def request(

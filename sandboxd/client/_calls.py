@@ -444,3 +444,49 @@ def agents(
 def session_path(session_id: str, tail: str = "") -> str:
     """``/sessions/{sid}`` plus a tail, below ``/agents``."""
     return f"/sessions/{seg(session_id)}{tail}"
+
+
+# -- capability links and previews ----------------------------------------------------
+
+
+def links_mint(
+    audience: str,
+    scopes: Sequence[str] | None,
+    ttl_seconds: float | None,
+    uses: int | None,
+) -> Req:
+    listed = list(scopes) if scopes is not None else None
+    fields = body(audience=audience, scopes=listed, ttl_seconds=ttl_seconds, uses=uses)
+    return Req("POST", "/auth/links", json=fields)
+
+
+def links_list() -> Req:
+    return Req("GET", "/auth/links")
+
+
+def links_revoke(link_id: str) -> Req:
+    return Req("DELETE", f"/auth/links/{seg(link_id)}")
+
+
+def preview_list() -> Req:
+    return Req("GET", "/preview/ports")
+
+
+def preview_expose(port: int, **fields: Any) -> Req:
+    """``POST /preview/ports``: exposing a port again replaces its exposure."""
+    return Req(
+        "POST", "/preview/ports", json=body(port=int(port), **fields), idempotent=True
+    )
+
+
+def preview_get(port: int) -> Req:
+    return Req("GET", f"/preview/ports/{int(port)}")
+
+
+def preview_unexpose(port: int) -> Req:
+    return Req("DELETE", f"/preview/ports/{int(port)}")
+
+
+def preview_link(port: int, ttl_seconds: float | None, uses: int | None) -> Req:
+    fields = body(ttl_seconds=ttl_seconds, uses=uses)
+    return Req("POST", f"/preview/ports/{int(port)}/link", json=fields)

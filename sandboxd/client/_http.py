@@ -8,7 +8,7 @@ resumed with ``Range``.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -91,6 +91,10 @@ class Http:
     async def call(self, req: Req) -> Any:
         """Send one JSON call; its decoded answer."""
         return decode(await self.send(req))
+
+    async def object(self, req: Req) -> dict[str, Any]:
+        """Send one JSON call whose answer is an object."""
+        return cast(dict[str, Any], await self.call(req))
 
     async def stream(
         self,

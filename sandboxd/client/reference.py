@@ -271,6 +271,8 @@ SECTIONS: list[tuple[str, type, str]] = [
     ("sb.code", _api.Code, "sb.code"),
     ("sb.browser", _api.Browser, "sb.browser"),
     ("sb.agents", _api.Agents, "sb.agents"),
+    ("sb.links", _api.Links, "sb.links"),
+    ("sb.preview", _api.Preview, "sb.preview"),
 ]
 
 
