@@ -53,6 +53,7 @@ from sandboxd.client._plan import (
     Part,
     api,
     api_stream,
+    on_face,
     sleep,
     tell,
     ws_close,
@@ -775,12 +776,14 @@ class Terminal(Part[F]):
             await Terminal.end.fn(self)
 
     def __enter__(self: Terminal[BlockingFace]) -> Terminal[BlockingFace]:
+        on_face(self._face, BlockingFace)
         return self
 
     def __exit__(self: Terminal[BlockingFace], *exc: object) -> None:
         self._face.run(self._leave())
 
     async def __aenter__(self: Terminal[AsyncFace]) -> Terminal[AsyncFace]:
+        on_face(self._face, AsyncFace)
         return self
 
     async def __aexit__(self: Terminal[AsyncFace], *exc: object) -> None:
@@ -840,9 +843,11 @@ class Terminal(Part[F]):
             yield event
 
     def __iter__(self: Terminal[BlockingFace]) -> Generator[PtyEvent, None, None]:
+        on_face(self._face, BlockingFace)
         return self._face.iterate(self._events())
 
     def __aiter__(self: Terminal[AsyncFace]) -> AsyncGenerator[PtyEvent, None]:
+        on_face(self._face, AsyncFace)
         return self._face.iterate(self._events())
 
     @api

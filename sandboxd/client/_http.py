@@ -27,7 +27,7 @@ from sandboxd.client._core import (
     timeout_of,
     transport_error,
 )
-from sandboxd.client._plan import AsyncFace, BlockingFace, F, Part
+from sandboxd.client._plan import AsyncFace, BlockingFace, F, Part, on_face
 from sandboxd.client._shared import RangeState
 from sandboxd.client.errors import ConnectionFailed
 from sandboxd.client.models import Progress, SSEEvent
@@ -259,6 +259,7 @@ class EventStream(Part[F]):
                 return event
 
     def __iter__(self: EventStream[BlockingFace]) -> EventStream[BlockingFace]:
+        on_face(self._face, BlockingFace)
         return self
 
     def __next__(self: EventStream[BlockingFace]) -> SSEEvent:
@@ -272,12 +273,14 @@ class EventStream(Part[F]):
         self._face.run(self._source.aclose())
 
     def __enter__(self: EventStream[BlockingFace]) -> EventStream[BlockingFace]:
+        on_face(self._face, BlockingFace)
         return self
 
     def __exit__(self: EventStream[BlockingFace], *exc: object) -> None:
         self.close()
 
     def __aiter__(self: EventStream[AsyncFace]) -> EventStream[AsyncFace]:
+        on_face(self._face, AsyncFace)
         return self
 
     async def __anext__(self: EventStream[AsyncFace]) -> SSEEvent:
@@ -288,6 +291,7 @@ class EventStream(Part[F]):
         await self._face.run(self._source.aclose())
 
     async def __aenter__(self: EventStream[AsyncFace]) -> EventStream[AsyncFace]:
+        on_face(self._face, AsyncFace)
         return self
 
     async def __aexit__(self: EventStream[AsyncFace], *exc: object) -> None:

@@ -16,6 +16,7 @@ an object of the blocking face, a coroutine function on the asyncio one.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from collections.abc import (
@@ -122,12 +123,26 @@ class AsyncFace(Face):
 F = TypeVar("F", bound=Face, covariant=True)
 
 
+def on_face(face: Face, kind: type[Face]) -> None:
+    """
+    Refuse a protocol of the other face (``with`` on an asyncio client's
+    terminal, ``async for`` over a blocking client's stream): mypy says so
+    too, this says it to code that is not type-checked.
+
+    :raises TypeError: ``face`` is not a ``kind``.
+    """
+    if not isinstance(face, kind):
+        right = "with / for" if kind is AsyncFace else "async with / async for"
+        raise TypeError(f"use {right} on an object of this client")
+
+
 class Part(Generic[F]):
     """Anything with calls: a namespace, a process or terminal handle."""
 
     _face: F
 
 
+@functools.cache
 def signature_of(
     fn: Callable[..., Any], returns: str | None = None
 ) -> inspect.Signature:

@@ -140,3 +140,14 @@ class ParityTests(SynchronousTestCase):
                 self.assertEqual(
                     method.__doc__, theirs[name].__doc__, f"{where}.{name}"
                 )
+
+    def test_other_face_protocols_refused(self) -> None:
+        """``with`` on an asyncio terminal, ``async for`` over a blocking stream: TypeError."""
+        terminal = Terminal(self.aio.pty, "s", "ws://127.0.0.1:9", None)
+        with self.assertRaises(TypeError) as caught:
+            terminal.__enter__()  # type: ignore[misc]
+        self.assertIn("async with", str(caught.exception))
+        stream = EventStream(self.sync._face, _nothing())
+        with self.assertRaises(TypeError) as caught:
+            stream.__aiter__()  # type: ignore[misc]
+        self.assertIn("with / for", str(caught.exception))
