@@ -25,7 +25,6 @@ from collections.abc import (
     Callable,
     Coroutine,
     Generator,
-    Iterator,
     Mapping,
 )
 from dataclasses import dataclass
@@ -75,6 +74,7 @@ class Steps:
             self.result = stop.value
             return None
         if not isinstance(op, Op):
+            self._gen.close()
             raise TypeError(f"a client call awaited {op!r}, not an Op")
         return op
 
@@ -235,13 +235,6 @@ class api_stream(Generic[P, T]):
         if obj is None:
             return self
         return obj._face.stream(self.fn, obj)
-
-
-def members(cls: type) -> Iterator[tuple[str, Any]]:
-    """The public calls a class defines (for documentation and parity checks)."""
-    for name, value in vars(cls).items():
-        if not name.startswith("_") and isinstance(value, api | api_stream):
-            yield name, value
 
 
 # -- the ops: what a shared call may await ----------------------------------------
