@@ -265,18 +265,17 @@ def pty_create_session(
     env: Mapping[str, str] | None,
     user: str | int | None,
 ) -> Req:
+    child = _child(cwd, env, user)
     return Req(
-        "POST",
-        "/pty/sessions",
-        json=body(
-            cols=cols,
-            rows=rows,
-            shell=shell,
-            cwd=cwd,
-            env=dict(env) if env is not None else None,
-            user=user,
-        ),
+        "POST", "/pty/sessions", json=body(cols=cols, rows=rows, shell=shell, **child)
     )
+
+
+def _child(
+    cwd: str | None, env: Mapping[str, str] | None, user: str | int | None
+) -> dict[str, Any]:
+    """Where and as whom a child runs: the fields every launch shares."""
+    return body(cwd=cwd, env=dict(env) if env is not None else None, user=user)
 
 
 def pty_list_sessions() -> Req:
@@ -338,20 +337,12 @@ def code_run(
     env: Mapping[str, str] | None,
     user: str | int | None,
 ) -> Req:
-    return Req(
-        "POST",
-        "/code/run",
-        json=body(
-            code=code,
-            language=language,
-            timeout=timeout,
-            cwd=cwd,
-            env=dict(env) if env is not None else None,
-            user=user,
-        ),
-        # The daemon's own limit ends it; the client waits a little longer.
-        timeout=None if timeout is None else timeout + 10,
+    fields = body(
+        code=code, language=language, timeout=timeout, **_child(cwd, env, user)
     )
+    # The daemon's own limit ends it; the client waits a little longer.
+    wait = None if timeout is None else timeout + 10
+    return Req("POST", "/code/run", json=fields, timeout=wait)
 
 
 def git_status(path: str) -> Req:
