@@ -13,8 +13,9 @@ It imports nothing from Twisted, so it runs wherever ``httpx`` and
         print(result.exit_code, result.stdout)
 """
 
+from sandboxd.client._api import Process, Terminal
 from sandboxd.client._async import AsyncSandbox
-from sandboxd.client._sync import Process, Sandbox, Terminal
+from sandboxd.client._sync import Sandbox
 from sandboxd.client.errors import *  # noqa: F403
 from sandboxd.client.errors import BY_CODE, SandboxError, UploadMismatch
 from sandboxd.client.models import (

@@ -265,18 +265,17 @@ def pty_create_session(
     env: Mapping[str, str] | None,
     user: str | int | None,
 ) -> Req:
+    child = _child(cwd, env, user)
     return Req(
-        "POST",
-        "/pty/sessions",
-        json=body(
-            cols=cols,
-            rows=rows,
-            shell=shell,
-            cwd=cwd,
-            env=dict(env) if env is not None else None,
-            user=user,
-        ),
+        "POST", "/pty/sessions", json=body(cols=cols, rows=rows, shell=shell, **child)
     )
+
+
+def _child(
+    cwd: str | None, env: Mapping[str, str] | None, user: str | int | None
+) -> dict[str, Any]:
+    """Where and as whom a child runs: the fields every launch shares."""
+    return body(cwd=cwd, env=dict(env) if env is not None else None, user=user)
 
 
 def pty_list_sessions() -> Req:
@@ -338,20 +337,12 @@ def code_run(
     env: Mapping[str, str] | None,
     user: str | int | None,
 ) -> Req:
-    return Req(
-        "POST",
-        "/code/run",
-        json=body(
-            code=code,
-            language=language,
-            timeout=timeout,
-            cwd=cwd,
-            env=dict(env) if env is not None else None,
-            user=user,
-        ),
-        # The daemon's own limit ends it; the client waits a little longer.
-        timeout=None if timeout is None else timeout + 10,
+    fields = body(
+        code=code, language=language, timeout=timeout, **_child(cwd, env, user)
     )
+    # The daemon's own limit ends it; the client waits a little longer.
+    wait = None if timeout is None else timeout + 10
+    return Req("POST", "/code/run", json=fields, timeout=wait)
 
 
 def git_status(path: str) -> Req:
@@ -444,3 +435,49 @@ def agents(
 def session_path(session_id: str, tail: str = "") -> str:
     """``/sessions/{sid}`` plus a tail, below ``/agents``."""
     return f"/sessions/{seg(session_id)}{tail}"
+
+
+# -- capability links and previews ----------------------------------------------------
+
+
+def links_mint(
+    audience: str,
+    scopes: Sequence[str] | None,
+    ttl_seconds: float | None,
+    uses: int | None,
+) -> Req:
+    listed = list(scopes) if scopes is not None else None
+    fields = body(audience=audience, scopes=listed, ttl_seconds=ttl_seconds, uses=uses)
+    return Req("POST", "/auth/links", json=fields)
+
+
+def links_list() -> Req:
+    return Req("GET", "/auth/links")
+
+
+def links_revoke(link_id: str) -> Req:
+    return Req("DELETE", f"/auth/links/{seg(link_id)}")
+
+
+def preview_list() -> Req:
+    return Req("GET", "/preview/ports")
+
+
+def preview_expose(port: int, **fields: Any) -> Req:
+    """``POST /preview/ports``: exposing a port again replaces its exposure."""
+    return Req(
+        "POST", "/preview/ports", json=body(port=int(port), **fields), idempotent=True
+    )
+
+
+def preview_get(port: int) -> Req:
+    return Req("GET", f"/preview/ports/{int(port)}")
+
+
+def preview_unexpose(port: int) -> Req:
+    return Req("DELETE", f"/preview/ports/{int(port)}")
+
+
+def preview_link(port: int, ttl_seconds: float | None, uses: int | None) -> Req:
+    fields = body(ttl_seconds=ttl_seconds, uses=uses)
+    return Req("POST", f"/preview/ports/{int(port)}/link", json=fields)

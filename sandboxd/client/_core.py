@@ -84,6 +84,15 @@ class Settings:
             out["Authorization"] = f"Bearer {self.token}"
         return out
 
+    def client_options(self) -> dict[str, Any]:
+        """How a new httpx client (of either kind) is made for this daemon."""
+        return {
+            "base_url": self.url,
+            "headers": self.headers(),
+            "timeout": self.timeout,
+            "trust_env": False,
+        }
+
     def base_pty_url(self) -> str:
         """``ws://host:port`` of the PTY port when nothing better is known."""
         if self.pty_url:

@@ -11,11 +11,12 @@ import json
 import os
 import posixpath
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from sandboxd.client import _calls as calls
 from sandboxd.client._core import CHUNK_BYTES, Req, backoff, transport_error
+from sandboxd.client._plan import Chunks
 from sandboxd.client.errors import (
     ConnectionFailed,
     SandboxError,
@@ -219,7 +220,7 @@ class ResumableUpload:
         self.offset = 0
         self.failures = 0
         self.waits = 0
-        #: Bytes sent in appends (counted by :meth:`chunks`).
+        #: Bytes sent in appends (counted by the reader of :meth:`read_from`).
         self.sent = 0
 
     def start(self) -> Req:
@@ -315,18 +316,6 @@ class ResumableUpload:
 
         return read
 
-    def chunks(self, f: Any, progress: Progress | None) -> Iterator[bytes]:
-        """The rest of the file ``f`` from ``offset``, with ``progress(sent, total)``."""
-        read = self.read_from(f)
-        done = self.offset
-        if progress is not None:
-            progress(done, self.size)
-        while chunk := read():
-            done += len(chunk)
-            yield chunk
-            if progress is not None:
-                progress(done, self.size)
-
     def on_answer(self, answer: Mapping[str, Any]) -> Written | None:
         """An append's answer: the file once complete, else None (go on)."""
         if answer.get("complete"):
@@ -381,6 +370,26 @@ class ResumableUpload:
         return ConnectionFailed(
             message, body={"upload_id": self.upload_id, "offset": self.offset}
         )
+
+
+def progress_chunks(
+    read: Callable[[], bytes], start: int, total: int, progress: Progress | None
+) -> Chunks:
+    """
+    A request body from ``read``, telling ``progress(sent, total)`` first
+    with ``start`` (bytes the daemon has already), then after each chunk.
+    """
+    if progress is None:
+        return Chunks(read)
+    done = start
+    progress(done, total)
+
+    def sent(size: int) -> None:
+        nonlocal done
+        done += size
+        progress(done, total)
+
+    return Chunks(read, sent)
 
 
 def command_result(answer: Mapping[str, Any]) -> CommandResult:

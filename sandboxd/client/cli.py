@@ -25,8 +25,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
+from sandboxd.client._api import Terminal
 from sandboxd.client._core import exit_status, seg
-from sandboxd.client._sync import Sandbox, Terminal
+from sandboxd.client._sync import Blocking, Sandbox
 from sandboxd.client.errors import (
     ConnectionFailed,
     DeadlineExceeded,
@@ -780,7 +781,7 @@ def cmd_term(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
 
 
 def run_terminal(
-    terminal: Terminal, keys: bytes, stdin: int, stdout: int, err: TextIO
+    terminal: Terminal[Blocking], keys: bytes, stdin: int, stdout: int, err: TextIO
 ) -> int:
     """
     The interactive loop: the terminal in raw mode, output written as it
@@ -879,7 +880,8 @@ def _run_cell(
         body["timeout"] = args.timeout
     path = f"/code/contexts/{seg(cid)}/execute"
     state = "lost"
-    for event in sb._http.events("POST", path, json=body, resumable=False):
+    events = sb._http.events("POST", path, json=body, resumable=False)
+    for event in sb._face.iterate(events):
         data = event.data if isinstance(event.data, dict) else {}
         if event.event == "stdout":
             out.write(data.get("text", ""))

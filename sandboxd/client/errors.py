@@ -291,6 +291,12 @@ class EndpointDisabled(NotFoundError):
     default_code = "endpoint_disabled"
 
 
+class PortNotExposed(NotFoundError):
+    """Nobody exposed this port on the preview door."""
+
+    default_code = "port_not_exposed"
+
+
 class Timeout(DeadlineExceeded):
     """A command, code run or git call ran past its time limit."""
 

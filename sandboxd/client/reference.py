@@ -13,8 +13,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from sandboxd.client import _sync, errors
+from sandboxd.client import _api, _http, _sync, errors
 from sandboxd.client import cli as client_cli
+from sandboxd.client._plan import api, api_stream, blocking_returns, signature_of
 
 INTRO = """\
 # The Python client and the CLI
@@ -172,7 +173,7 @@ shell exits (then with the shell's exit code).
 
 
 def _signature(func: Callable[..., Any], owner: str) -> str:
-    sig = inspect.signature(func)
+    sig = _blocking_signature(func)
     parts: list[str] = []
     star = False
     for name, p in sig.parameters.items():
@@ -199,7 +200,22 @@ def _signature(func: Callable[..., Any], owner: str) -> str:
         f" -> {sig.return_annotation}" if sig.return_annotation is not sig.empty else ""
     )
     text = f"{owner}.{func.__name__}({', '.join(parts)}){result}"
-    return text.replace("builtins.", "")
+    return re.sub(r"\[(F|BlockingFace)\]", "", text.replace("builtins.", ""))
+
+
+def _blocking_signature(func: Any) -> inspect.Signature:
+    """How the blocking client shows ``func`` (a shared call, or a plain method)."""
+    if isinstance(func, api):
+        return signature_of(func.fn)
+    if isinstance(func, api_stream):
+        return signature_of(func.fn, blocking_returns(func.fn))
+    return inspect.signature(func)
+
+
+def _async_only(func: Any) -> bool:
+    """A plain method of the asyncio client's protocol (``aclose``)."""
+    params = list(inspect.signature(func).parameters.values())
+    return bool(params) and "AsyncFace" in str(params[0].annotation)
 
 
 _ROLE = re.compile(r":(?:meth|class|func|attr|data):`~?([^`]+)`")
@@ -227,8 +243,12 @@ def _doc(obj: Any) -> str:
 
 def _members(cls: type, owner: str) -> list[str]:
     out: list[str] = []
-    for name, func in cls.__dict__.items():
-        if name.startswith("_") or not callable(func) or isinstance(func, type):
+    own = [c for c in reversed(cls.__mro__) if c.__module__.startswith("sandboxd.")]
+    for name, func in [item for c in own for item in vars(c).items()]:
+        if name.startswith("_") or isinstance(func, type):
+            continue
+        shared = isinstance(func, api | api_stream)
+        if not shared and (not callable(func) or _async_only(func)):
             continue
         out.append(f"#### `{_signature(func, owner)}`\n")
         doc = _doc(func)
@@ -239,18 +259,20 @@ def _members(cls: type, owner: str) -> list[str]:
 
 SECTIONS: list[tuple[str, type, str]] = [
     ("Sandbox", _sync.Sandbox, "sb"),
-    ("sb.files", _sync.Files, "sb.files"),
-    ("sb.commands", _sync.Commands, "sb.commands"),
-    ("Process (from commands.start / connect)", _sync.Process, "process"),
-    ("sb.pty", _sync.Pty, "sb.pty"),
-    ("Terminal (from pty.open / attach)", _sync.Terminal, "term"),
-    ("EventStream (from files.watch / agents.events)", _sync.EventStream, "stream"),
-    ("sb.system", _sync.System, "sb.system"),
-    ("sb.env", _sync.Env, "sb.env"),
-    ("sb.git", _sync.Git, "sb.git"),
-    ("sb.code", _sync.Code, "sb.code"),
-    ("sb.browser", _sync.Browser, "sb.browser"),
-    ("sb.agents", _sync.Agents, "sb.agents"),
+    ("sb.files", _api.Files, "sb.files"),
+    ("sb.commands", _api.Commands, "sb.commands"),
+    ("Process (from commands.start / connect)", _api.Process, "process"),
+    ("sb.pty", _api.Pty, "sb.pty"),
+    ("Terminal (from pty.open / attach)", _api.Terminal, "term"),
+    ("EventStream (from files.watch / agents.events)", _http.EventStream, "stream"),
+    ("sb.system", _api.System, "sb.system"),
+    ("sb.env", _api.Env, "sb.env"),
+    ("sb.git", _api.Git, "sb.git"),
+    ("sb.code", _api.Code, "sb.code"),
+    ("sb.browser", _api.Browser, "sb.browser"),
+    ("sb.agents", _api.Agents, "sb.agents"),
+    ("sb.links", _api.Links, "sb.links"),
+    ("sb.preview", _api.Preview, "sb.preview"),
 ]
 
 

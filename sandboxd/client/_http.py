@@ -1,0 +1,298 @@
+"""
+The HTTP rules both clients follow, written once over the ops of
+:mod:`sandboxd.client._plan`: retries after a lost connection, waiting
+out a 429, SSE streams resumed with ``Last-Event-ID``, raw downloads
+resumed with ``Range``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable, Mapping
+from typing import Any, cast
+
+import httpx
+
+from sandboxd.client import _plan as io
+from sandboxd.client._core import (
+    RETRYABLE,
+    STREAM_READ_TIMEOUT,
+    Req,
+    Settings,
+    SSEParser,
+    backoff,
+    decode,
+    error_from,
+    retry_after,
+    stream_timeout,
+    timeout_of,
+    transport_error,
+)
+from sandboxd.client._plan import AsyncFace, BlockingFace, F, Part, on_face
+from sandboxd.client._shared import RangeState
+from sandboxd.client.errors import ConnectionFailed
+from sandboxd.client.models import Progress, SSEEvent
+
+#: Makes a request's raw body (called again for each retry).
+Content = Callable[[], "bytes | io.Chunks"]
+
+
+class Http:
+    """One daemon's settings plus the retry, rate-limit and resume rules."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    async def send(self, req: Req, content: Content | None = None) -> httpx.Response:
+        """
+        Send one request and read the whole answer.
+
+        :param content: makes the raw body (called again for a retry).
+        :raises SandboxError: an error answer, or no answer.
+        """
+        s = self.settings
+        what = f"{req.method} {req.path}"
+        attempt = waits = 0
+        while True:
+            try:
+                outgoing = io.Outgoing(
+                    req.method,
+                    req.path,
+                    req.params,
+                    req.json,
+                    req.headers,
+                    timeout_of(req.timeout, s.timeout),
+                    content() if content is not None else None,
+                )
+                response = await io.request(outgoing)
+            except httpx.TimeoutException as e:
+                raise transport_error(e, what) from None
+            except RETRYABLE as e:
+                # Nothing reached the daemon, or the call may be repeated.
+                fresh = isinstance(e, httpx.ConnectError)
+                if (fresh or req.retry_safe) and attempt < s.retries:
+                    attempt += 1
+                    await io.sleep(backoff(attempt))
+                    continue
+                raise transport_error(e, what) from None
+            except httpx.HTTPError as e:
+                raise transport_error(e, what) from None
+            if response.status_code == 429 and s.wait_on_rate_limit and waits < 10:
+                error = error_from(response)
+                wait = retry_after(response, error)
+                if wait is not None and wait <= s.max_rate_wait:
+                    waits += 1
+                    await io.sleep(max(wait, 0.05))
+                    continue
+                raise error
+            if response.status_code >= 400:
+                raise error_from(response)
+            return response
+
+    async def call(self, req: Req) -> Any:
+        """Send one JSON call; its decoded answer."""
+        return decode(await self.send(req))
+
+    async def object(self, req: Req) -> dict[str, Any]:
+        """Send one JSON call whose answer is an object."""
+        return cast(dict[str, Any], await self.call(req))
+
+    async def stream(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, Any] | None = None,
+        json: Any = None,
+        after: int | None = None,
+        resumable: bool = True,
+        read_timeout: float | None = STREAM_READ_TIMEOUT,
+        announce: bool = False,
+    ) -> AsyncGenerator[SSEEvent | None, None]:
+        """
+        An SSE stream's events; a resumable stream cut mid-way reconnects
+        with ``Last-Event-ID`` (and ``after``) and carries on after the
+        last event seen, so nothing is lost or repeated.  With
+        ``announce``, None first, once the daemon accepted the stream.
+        """
+        s = self.settings
+        last = after
+        failures = 0
+        what = f"{method} {path}"
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            query = dict(params or {})
+            if resumable and last is not None:
+                headers["Last-Event-ID"] = str(last)
+                query["after"] = last
+            try:
+                opened = await io.open_stream(
+                    io.Outgoing(
+                        method,
+                        path,
+                        query,
+                        json,
+                        headers,
+                        stream_timeout(s.timeout, read_timeout),
+                    )
+                )
+                try:
+                    if opened.response.status_code >= 400:
+                        await io.read_all(opened)
+                        raise error_from(opened.response)
+                    if announce:
+                        announce = False
+                        yield None  # connected: the caller may go on
+                    parser = SSEParser()
+                    while (text := await io.line(opened)) is not None:
+                        event = parser.feed(text)
+                        if event is None:
+                            continue
+                        failures = 0
+                        if event.id is not None:
+                            last = event.id
+                        yield event
+                finally:
+                    await io.close(opened)
+                return
+            except (*RETRYABLE, httpx.ReadTimeout) as e:
+                if not resumable or failures >= s.retries:
+                    raise transport_error(e, what) from None
+                failures += 1
+                await io.sleep(backoff(failures))
+            except httpx.HTTPError as e:
+                raise transport_error(e, what) from None
+
+    async def events(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, Any] | None = None,
+        json: Any = None,
+        after: int | None = None,
+        resumable: bool = True,
+    ) -> AsyncGenerator[SSEEvent, None]:
+        """An SSE stream's events (as :meth:`stream`, without the announcement)."""
+        source = self.stream(method, path, params, json, after, resumable)
+        try:
+            async for event in source:
+                if event is not None:
+                    yield event
+        finally:
+            await source.aclose()
+
+    async def fetch_raw(
+        self,
+        path: str,
+        sink: Callable[[bytes], None],
+        state: RangeState,
+        progress: Progress | None,
+    ) -> None:
+        """``GET /files/raw`` into ``sink``, resuming by ``Range`` after a cut."""
+        s = self.settings
+        failures = 0
+        while True:
+            try:
+                opened = await io.open_stream(
+                    io.Outgoing(
+                        "GET",
+                        "/files/raw",
+                        {"path": path},
+                        None,
+                        state.request_headers(),
+                        timeout_of(None, s.timeout),
+                    )
+                )
+                try:
+                    if not await self._accept(opened, state, progress):
+                        return
+                    while (data := await io.chunk(opened)) is not None:
+                        sink(data)
+                        state.offset += len(data)
+                        failures = 0
+                        if progress is not None:
+                            progress(state.offset, state.total)
+                finally:
+                    await io.close(opened)
+                state.check_complete()
+                return
+            except (*RETRYABLE, httpx.ReadTimeout, ConnectionFailed) as e:
+                if failures >= s.retries:
+                    raise state.failed(e) from None
+                failures += 1
+                await io.sleep(backoff(failures))
+            except httpx.HTTPError as e:
+                raise state.failed(e) from None
+
+    async def _accept(
+        self, opened: io.Opened, state: RangeState, progress: Progress | None
+    ) -> bool:
+        """A download's answer taken: False when nothing is left to read."""
+        response = opened.response
+        if response.status_code >= 400 and response.status_code != 416:
+            await io.read_all(opened)
+            raise error_from(response)
+        if not state.accept(response.status_code, response.headers):
+            return False
+        if progress is not None:
+            progress(state.offset, state.total)
+        return True
+
+
+class EventStream(Part[F]):
+    """
+    An open SSE stream (``files.watch``, ``agents.events``): iterate for
+    its events (``async for`` on the asyncio client); it resumes after a
+    cut; ``close()`` (``aclose()``) ends it, as does leaving its ``with``.
+    """
+
+    def __init__(self, face: F, source: AsyncGenerator[SSEEvent | None, None]) -> None:
+        self._face = face
+        self._source = source
+
+    async def _connect(self) -> None:
+        """Wait for the daemon to accept the stream (its refusal raised here)."""
+        await self._source.__anext__()
+
+    async def _next(self) -> SSEEvent:
+        while True:
+            event = await self._source.__anext__()
+            if event is not None:
+                return event
+
+    def __iter__(self: EventStream[BlockingFace]) -> EventStream[BlockingFace]:
+        on_face(self._face, BlockingFace)
+        return self
+
+    def __next__(self: EventStream[BlockingFace]) -> SSEEvent:
+        try:
+            return self._face.run(self._next())
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def close(self: EventStream[BlockingFace]) -> None:
+        """Stop reading (the connection is closed)."""
+        self._face.run(self._source.aclose())
+
+    def __enter__(self: EventStream[BlockingFace]) -> EventStream[BlockingFace]:
+        on_face(self._face, BlockingFace)
+        return self
+
+    def __exit__(self: EventStream[BlockingFace], *exc: object) -> None:
+        self.close()
+
+    def __aiter__(self: EventStream[AsyncFace]) -> EventStream[AsyncFace]:
+        on_face(self._face, AsyncFace)
+        return self
+
+    async def __anext__(self: EventStream[AsyncFace]) -> SSEEvent:
+        return await self._face.run(self._next())
+
+    async def aclose(self: EventStream[AsyncFace]) -> None:
+        """Stop reading (the connection is closed)."""
+        await self._face.run(self._source.aclose())
+
+    async def __aenter__(self: EventStream[AsyncFace]) -> EventStream[AsyncFace]:
+        on_face(self._face, AsyncFace)
+        return self
+
+    async def __aexit__(self: EventStream[AsyncFace], *exc: object) -> None:
+        await self.aclose()
