@@ -16,18 +16,18 @@ import os
 from typing import Any
 
 from sandboxd.agents.filechanges import FileChanges, Written
-from sandboxd.agents.jsonrpc import (
+from sandboxd.agents.state import SessionState
+from sandboxd.agents.updates import UpdateFolding
+from sandboxd.errors import ApiError
+from sandboxd.files.atomic import AtomicWrite
+from sandboxd.guard import PathGuard
+from sandboxd.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
     RESOURCE_NOT_FOUND,
     RpcError,
 )
-from sandboxd.agents.state import SessionState
-from sandboxd.agents.updates import UpdateFolding
-from sandboxd.errors import ApiError
-from sandboxd.files.atomic import AtomicWrite
-from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import PRE_IMAGE_BYTES
 from sandboxd.policy.rules import EffectiveRule
 

@@ -14,7 +14,6 @@ from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred
 
-from sandboxd.agents.jsonrpc import REQUEST_CANCELLED, RpcError
 from sandboxd.agents.permissions import (
     DECISIONS,
     HeldRequest,
@@ -26,6 +25,7 @@ from sandboxd.agents.permissions import (
 from sandboxd.agents.state import SessionState
 from sandboxd.agents.updates import UpdateFolding
 from sandboxd.errors import Code, bad_request, conflict, forbidden
+from sandboxd.jsonrpc import REQUEST_CANCELLED, RpcError
 from sandboxd.policy.rules import EffectiveRule
 
 

@@ -287,9 +287,10 @@ class AgentManager(Service):
         Start the agent, ``initialize`` it (and make one more call), then
         end it: the catalogue's probe and ``session/list``.
         """
+        from sandboxd.agents.connection import ConnectionLost
         from sandboxd.agents.handshake import agent_refused
-        from sandboxd.agents.jsonrpc import ConnectionLost, RpcError
         from sandboxd.agents.session import within
+        from sandboxd.jsonrpc import RpcError
 
         body = {"cwd": request.query.get("cwd")} if request.query.get("cwd") else {}
         session, executable = self._new_session(request, entry, body, transient=True)

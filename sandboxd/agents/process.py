@@ -21,7 +21,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
 
-from sandboxd.agents.jsonrpc import LineFramer
+from sandboxd.agents.connection import LineFramer
 from sandboxd.processes.child import Child, OutputCallback
 from sandboxd.processes.command import RunAs, signal_name
 from sandboxd.processes.run import spawn

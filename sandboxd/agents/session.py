@@ -43,23 +43,22 @@ from twisted.internet.defer import Deferred, succeed
 from sandboxd.agents.catalog import CatalogEntry
 from sandboxd.agents.clientside import FileRequests
 from sandboxd.agents.configuration import Configuration
+from sandboxd.agents.connection import Connection, ConnectionLost
 from sandboxd.agents.filechanges import FileChanges
 from sandboxd.agents.handshake import Handshake
 from sandboxd.agents.heldrequests import HeldRequests
-from sandboxd.agents.jsonrpc import (
-    INVALID_PARAMS,
-    METHOD_NOT_FOUND,
-    REQUEST_CANCELLED,
-    Connection,
-    ConnectionLost,
-    RpcError,
-)
 from sandboxd.agents.permissions import HeldRequest, iso
 from sandboxd.agents.process import AgentProcess
 from sandboxd.agents.state import IdleTimer, SessionState
 from sandboxd.agents.terminalrequests import TerminalRequests
 from sandboxd.agents.turns import TurnControl
 from sandboxd.agents.updates import UpdateFolding
+from sandboxd.jsonrpc import (
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    REQUEST_CANCELLED,
+    RpcError,
+)
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import RunAs

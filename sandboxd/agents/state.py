@@ -26,7 +26,7 @@ import attrs
 from twisted.internet.defer import Deferred, succeed
 
 from sandboxd.agents.catalog import CatalogEntry
-from sandboxd.agents.jsonrpc import Connection
+from sandboxd.agents.connection import Connection
 from sandboxd.agents.permissions import HeldRequest, iso
 from sandboxd.agents.process import AgentProcess, HeadTailLog
 from sandboxd.agents.terminals import AgentTerminal

@@ -14,7 +14,6 @@ import time
 from typing import Any
 
 from sandboxd.agents.heldrequests import HeldRequests
-from sandboxd.agents.jsonrpc import RpcError
 from sandboxd.agents.state import (
     UNFINISHED,
     IdleTimer,
@@ -24,6 +23,7 @@ from sandboxd.agents.state import (
 )
 from sandboxd.agents.updates import UpdateFolding
 from sandboxd.errors import Code, conflict
+from sandboxd.jsonrpc import RpcError
 from sandboxd.policy import defaults
 
 __all__ = ["Turn", "TurnControl"]

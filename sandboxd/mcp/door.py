@@ -32,7 +32,7 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.web.http import RESPONSES
 
-from sandboxd import gate
+from sandboxd import gate, jsonrpc
 from sandboxd.auth import Identity
 from sandboxd.errors import (
     ApiError,
@@ -43,8 +43,9 @@ from sandboxd.errors import (
     payload_too_large,
     unsupported,
 )
+from sandboxd.jsonrpc import error, notification
 from sandboxd.mcp import protocol
-from sandboxd.mcp.protocol import Caller, Methods, error, notification
+from sandboxd.mcp.protocol import Caller, Methods
 from sandboxd.mcp.sessions import Session, SessionTable, event_frame, parse_event_id
 from sandboxd.mcp.tools import Toolbox
 from sandboxd.policy.defaults import (
@@ -330,7 +331,7 @@ class Exchange:
     def _error_body(self, err: ApiError, request_id: Any = None) -> dict[str, Any]:
         """A refusal in this door's framing: a JSON-RPC error, §6 body in data."""
         code = {
-            400: protocol.INVALID_REQUEST,
+            400: jsonrpc.INVALID_REQUEST,
             404: protocol.SESSION_NOT_FOUND,
         }.get(err.status, protocol.REFUSED)
         if err.code in (Code.ENDPOINT_DISABLED, Code.MISSING_SCOPE):
@@ -421,7 +422,7 @@ class Exchange:
         if not sid:
             self._rpc_fail(
                 400,
-                protocol.INVALID_REQUEST,
+                jsonrpc.INVALID_REQUEST,
                 "an Mcp-Session-Id header is required (send initialize first)",
             )
             return None
@@ -437,7 +438,7 @@ class Exchange:
         if version is not None and version not in protocol.VERSIONS:
             self._rpc_fail(
                 400,
-                protocol.INVALID_REQUEST,
+                jsonrpc.INVALID_REQUEST,
                 f"unsupported MCP-Protocol-Version {version!r}; this server "
                 f"speaks {', '.join(protocol.VERSIONS)}",
             )
@@ -459,14 +460,14 @@ class Exchange:
         ctype = (_header(self.headers, b"content-type") or "").lower()
         if not ctype.startswith("application/json"):
             self._rpc_fail(
-                415, protocol.INVALID_REQUEST, "the body must be application/json"
+                415, jsonrpc.INVALID_REQUEST, "the body must be application/json"
             )
             return
         raw = bytes(self.body)
         if raw.lstrip().startswith(b"["):
             self._rpc_fail(
                 400,
-                protocol.INVALID_REQUEST,
+                jsonrpc.INVALID_REQUEST,
                 "JSON-RPC batches are not accepted: MCP 2025-06-18 and later "
                 "send one message per POST",
             )
@@ -476,24 +477,24 @@ class Exchange:
             # overflowing numbers, and deep nesting is an error, not a crash.
             message = parse_object(raw)
         except ApiError as e:
-            self._rpc_fail(400, protocol.PARSE_ERROR, e.message)
+            self._rpc_fail(400, jsonrpc.PARSE_ERROR, e.message)
             return
         if not message or message.get("jsonrpc") != "2.0":
             self._rpc_fail(
                 400,
-                protocol.INVALID_REQUEST,
+                jsonrpc.INVALID_REQUEST,
                 "the body must be one JSON-RPC 2.0 message",
             )
             return
         method = message.get("method")
         is_request = "id" in message and method is not None
         if method is not None and not isinstance(method, str):
-            self._rpc_fail(400, protocol.INVALID_REQUEST, "method must be a string")
+            self._rpc_fail(400, jsonrpc.INVALID_REQUEST, "method must be a string")
             return
         rid = message.get("id")
         if is_request and (isinstance(rid, bool) or not isinstance(rid, str | int)):
             self._rpc_fail(
-                400, protocol.INVALID_REQUEST, "a request id is a string or an integer"
+                400, jsonrpc.INVALID_REQUEST, "a request id is a string or an integer"
             )
             return
         self.rpc = method
@@ -507,7 +508,7 @@ class Exchange:
                 200,
                 error(
                     message.get("id"),
-                    protocol.METHOD_NOT_FOUND,
+                    jsonrpc.METHOD_NOT_FOUND,
                     "server/discover is not served; initialize with "
                     + " or ".join(protocol.VERSIONS),
                 ),
@@ -538,7 +539,7 @@ class Exchange:
             self._send(
                 400,
                 error(
-                    rid, protocol.INVALID_PARAMS, "initialize needs a protocolVersion"
+                    rid, jsonrpc.INVALID_PARAMS, "initialize needs a protocolVersion"
                 ),
             )
             return
@@ -553,7 +554,7 @@ class Exchange:
             opened.client_info = {k: str(v)[:200] for k, v in info.items()}
         self._send(
             200,
-            protocol.result(rid, answer),
+            jsonrpc.result(rid, answer),
             {"mcp-session-id": opened.id},
         )
 
@@ -563,7 +564,7 @@ class Exchange:
         if method == "notifications/initialized":
             session.initialized = True
         elif method == "notifications/cancelled" and isinstance(params, dict):
-            call = session.calls.get(protocol.request_key(params.get("requestId")))
+            call = session.calls.get(jsonrpc.request_key(params.get("requestId")))
             if call is not None:
                 call.cancel()
 
@@ -578,7 +579,7 @@ class Exchange:
         if not isinstance(answer, Deferred):
             self._send(200, answer)
             return
-        key = protocol.request_key(message.get("id"))
+        key = jsonrpc.request_key(message.get("id"))
 
         def gone(reason: Any) -> None:
             # A JSON answer cannot be resumed: a client that left cancels.
@@ -620,7 +621,7 @@ class Exchange:
     def _get(self) -> None:
         if not _accepts(self.headers, "text/event-stream"):
             self._rpc_fail(
-                406, protocol.INVALID_REQUEST, "GET /mcp serves text/event-stream only"
+                406, jsonrpc.INVALID_REQUEST, "GET /mcp serves text/event-stream only"
             )
             return
         session = self._session()
@@ -631,7 +632,7 @@ class Exchange:
         if point is None or point[0] >= session.next_stream:
             self._rpc_fail(
                 400,
-                protocol.INVALID_REQUEST,
+                jsonrpc.INVALID_REQUEST,
                 f"Last-Event-ID {last!r} is not one of ours",
             )
             return

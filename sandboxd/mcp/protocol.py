@@ -21,6 +21,17 @@ from twisted.internet.defer import Deferred
 from sandboxd import gate
 from sandboxd._version import __version__
 from sandboxd.errors import Code, bad_request, limit_exceeded
+from sandboxd.jsonrpc import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    RESOURCE_NOT_FOUND,
+    Message,
+    error,
+    notification,
+    request_key,
+    result,
+)
 from sandboxd.mcp.calls import ToolCall, decoded_text, error_result
 from sandboxd.mcp.collecting import Progress
 from sandboxd.mcp.tools import NOT_TOOLS, ArgumentError, Toolbox, listed_by_default
@@ -35,14 +46,7 @@ if TYPE_CHECKING:
     from sandboxd.context import Context
     from sandboxd.mcp.sessions import Session
 
-# JSON-RPC 2.0 and MCP error codes.
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
-#: MCP: the resource does not exist.
-RESOURCE_NOT_FOUND = -32002
+#: MCP's own codes beside JSON-RPC's (:mod:`sandboxd.jsonrpc`).
 #: The session id is unknown, expired or another identity's.
 SESSION_NOT_FOUND = -32001
 #: A refusal of the door itself (its §6 code is in ``data``).
@@ -54,34 +58,6 @@ VERSIONS = ("2025-06-18", "2025-11-25")
 LATEST = VERSIONS[-1]
 
 FILE_TEMPLATE = "file:///{+path}"
-
-Message = dict[str, Any]
-
-
-def error(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
-    """A JSON-RPC error response."""
-    body: dict[str, Any] = {"code": code, "message": message}
-    if data is not None:
-        body["data"] = data
-    return {"jsonrpc": "2.0", "id": request_id, "error": body}
-
-
-def result(request_id: Any, value: Any) -> dict[str, Any]:
-    """A JSON-RPC result response."""
-    return {"jsonrpc": "2.0", "id": request_id, "result": value}
-
-
-def notification(method: str, params: Mapping[str, Any] | None = None) -> Message:
-    """A JSON-RPC notification."""
-    out: Message = {"jsonrpc": "2.0", "method": method}
-    if params is not None:
-        out["params"] = dict(params)
-    return out
-
-
-def request_key(request_id: Any) -> str:
-    """A dict key telling ``1`` and ``"1"`` apart, as JSON-RPC does."""
-    return f"{type(request_id).__name__}:{request_id}"
 
 
 def negotiate(requested: Any) -> str:

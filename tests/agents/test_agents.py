@@ -25,7 +25,7 @@ from twisted.trial.unittest import SkipTest, TestCase
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
-from sandboxd.agents.jsonrpc import LineFramer
+from sandboxd.agents.connection import LineFramer
 from sandboxd.agents.process import is_alive
 from sandboxd.testing import SSEReader
 from tests.helpers import DaemonTestCase

@@ -15,13 +15,14 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.agents.catalog import CatalogEntry
+from sandboxd.agents.connection import Connection
 from sandboxd.agents.filechanges import FileChanges
 from sandboxd.agents.heldrequests import HeldRequests
-from sandboxd.agents.jsonrpc import REQUEST_CANCELLED, Connection
 from sandboxd.agents.permissions import HeldRequest
 from sandboxd.agents.state import SessionState, Turn
 from sandboxd.agents.updates import UpdateFolding
 from sandboxd.errors import ApiError
+from sandboxd.jsonrpc import REQUEST_CANCELLED
 from sandboxd.policy.rules import EffectiveRule, Limits, Params, PathRule
 
 OPTIONS = [

@@ -22,31 +22,8 @@ from typing import Any, Protocol
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.python.failure import Failure
 
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
-REQUEST_CANCELLED = -32800
-AUTH_REQUIRED = -32000
-RESOURCE_NOT_FOUND = -32002
-
-
-class RpcError(Exception):
-    """A JSON-RPC error, received from the agent or sent back to it."""
-
-    def __init__(self, code: int, message: str, data: Any = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.data = data
-
-    def as_json(self) -> dict[str, Any]:
-        """The ``error`` member of a response."""
-        out: dict[str, Any] = {"code": self.code, "message": self.message}
-        if self.data is not None:
-            out["data"] = self.data
-        return out
+from sandboxd import jsonrpc
+from sandboxd.jsonrpc import INTERNAL_ERROR, INVALID_REQUEST, RpcError
 
 
 class ConnectionLost(Exception):
@@ -159,28 +136,26 @@ class Connection:
         request_id = self._next_id
         self._next_id += 1
         self._pending[request_id] = (method, d)
-        self._send(
-            {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
-        )
+        self._send(jsonrpc.request(request_id, method, params))
         return d
 
     def notify(self, method: str, params: Any) -> None:
         """Send a notification."""
-        self._send({"jsonrpc": "2.0", "method": method, "params": params})
+        self._send(jsonrpc.notification(method, params))
 
     def respond(self, request_id: Any, result: Any) -> None:
         """Answer one of the agent's requests."""
         if request_id not in self.held:
             return
         self.held.discard(request_id)
-        self._send({"jsonrpc": "2.0", "id": request_id, "result": result})
+        self._send(jsonrpc.result(request_id, result))
 
     def respond_error(self, request_id: Any, error: RpcError) -> None:
         """Answer one of the agent's requests with an error."""
         if request_id not in self.held:
             return
         self.held.discard(request_id)
-        self._send({"jsonrpc": "2.0", "id": request_id, "error": error.as_json()})
+        self._send(jsonrpc.error(request_id, error.code, error.message, error.data))
 
     # -- receiving -------------------------------------------------------
 
@@ -219,14 +194,7 @@ class Connection:
             # A reused id would make our two answers indistinguishable.
             self.peer.handle_garbage(line, "request id already in use", None)
             self._send(
-                {
-                    "jsonrpc": "2.0",
-                    "id": request_id,
-                    "error": {
-                        "code": INVALID_REQUEST,
-                        "message": "request id already in use",
-                    },
-                }
+                jsonrpc.error(request_id, INVALID_REQUEST, "request id already in use")
             )
             return
         self.held.add(request_id)
