@@ -623,7 +623,10 @@ class Files(_Namespace):
         resumed after a cut.  The watch is live when this returns;
         ``aclose()`` the stream (or ``async with`` it) to stop.
         """
-        params: dict[str, Any] = {"recursive": "true" if recursive else "false"}
+        params: dict[str, Any] = {
+            "recursive": "true" if recursive else "false",
+            "follow": "true",
+        }
         if path is not None:
             params["path"] = path
         return await self._http.open("/files/watch", params, after)

@@ -599,7 +599,10 @@ class Files(_Namespace):
         resumed after a cut.  The watch is live when this returns;
         ``close()`` the stream (or use it in a ``with``) to stop.
         """
-        params: dict[str, Any] = {"recursive": "true" if recursive else "false"}
+        params: dict[str, Any] = {
+            "recursive": "true" if recursive else "false",
+            "follow": "true",
+        }
         if path is not None:
             params["path"] = path
         return self._http.open("/files/watch", params, after)
