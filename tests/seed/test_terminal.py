@@ -152,8 +152,13 @@ class ConnectionTests(Compared):
         async def scenario(c: Any) -> Any:
             created = await c.pty.create()
             async with c.pty.connect(created.session_id) as term:
-                await term.send("sleep 30; echo after-$((1+1))\n")
-                await term.expect("sleep 30", timeout=10)
+                # The command says when it runs (the echo of what was typed
+                # shows before the shell has forked it; a SIGINT then would
+                # reach the prompt instead, on a busy machine).
+                await term.send(
+                    "sh -c 'echo up-$((3+3)); exec sleep 30'; echo after-$((1+1))\n"
+                )
+                await term.expect("up-6", timeout=10)
                 await term.signal("SIGINT")
                 await term.send("echo back-$((2+2))\n")
                 seen = await term.expect("back-4", timeout=10)
