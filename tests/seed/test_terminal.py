@@ -166,3 +166,45 @@ class ConnectionTests(Compared):
 
         interrupted = yield self.drive(scenario)
         self.assertFalse(interrupted)
+
+
+class SyncFaceTests(Compared):
+    """The ``*_sync`` twins of ``pty`` give on sandboxd what they give on the seed."""
+
+    @inlineCallbacks
+    def test_sync_face_compared(self) -> Any:
+        """create, list, get, resize and delete through their twins; unknown ids 404."""
+        from agent_sandbox.models.server import PtyCreated, PtySessionInfo
+
+        from tests.seed.sdkcase import Face, outcome
+
+        async def scenario(c: Any) -> Any:
+            call = Face(sync=True)
+            created = await call(c.pty.create, cols=90, rows=25)
+            listed = await call(c.pty.list)
+            got = await call(c.pty.get, created.session_id)
+            resized = await call(c.pty.resize, created.session_id, 100, 30)
+            await call(c.pty.delete, created.session_id)
+            gone = await call(c.pty.list)
+            missing = await outcome(call(c.pty.get, "no-such-session"))
+            return (
+                type(created),
+                [(type(s), s.id == created.session_id) for s in listed],
+                (type(got), got.cols, got.rows),
+                (type(resized), resized.cols, resized.rows),
+                gone,
+                (type(missing).__name__, getattr(missing, "status_code", None)),
+            )
+
+        result = yield self.same(scenario)
+        self.assertEqual(
+            result,
+            (
+                PtyCreated,
+                [(PtySessionInfo, True)],
+                (PtySessionInfo, 90, 25),
+                (PtySessionInfo, 100, 30),
+                [],
+                ("ServerAPIError", 404),
+            ),
+        )
