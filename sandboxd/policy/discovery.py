@@ -185,10 +185,6 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
     endpoint_id = body.get("endpoint")
     if not isinstance(endpoint_id, str) or not endpoint_id:
         raise bad_request("'endpoint' is required")
-    if endpoint_id not in context.table:
-        endpoint_id = current_id(endpoint_id)
-    if endpoint_id not in context.table:
-        return unknown_endpoint(endpoint_id, context.table.ids())
     op = body.get("op")
     if op is not None and op not in ("read", "write", "delete"):
         raise bad_request("'op' must be read, write or delete")
@@ -211,6 +207,15 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
         if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
             raise bad_request("'scopes' must be a list of strings")
         identity = Identity(identity.id, frozenset(scopes))
+    params = body.get("params")
+    if params is not None and not isinstance(params, dict):
+        raise bad_request("'params' must be an object")
+    # A well-formed question about an id no endpoint has is answered, not
+    # refused (the body's other fields are checked first all the same).
+    if endpoint_id not in context.table:
+        endpoint_id = current_id(endpoint_id)
+    if endpoint_id not in context.table:
+        return unknown_endpoint(endpoint_id, context.table.ids())
     endpoint = context.table.get(endpoint_id)
     rule: EffectiveRule = context.policy.rules[endpoint_id]
     out: dict[str, Any] = {"endpoint": endpoint_id, "allowed": True}
@@ -231,9 +236,6 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
                 rule=rule.source("scopes") or f"endpoint:{endpoint_id}",
                 reason=Code.MISSING_SCOPE,
             )
-    params = body.get("params")
-    if params is not None and not isinstance(params, dict):
-        raise bad_request("'params' must be an object")
     if out["allowed"] and params:
         refusal = check_params(rule, params)
         if refusal is not None:
