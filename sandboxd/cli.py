@@ -281,6 +281,11 @@ def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:
         except Exception as e:
             print(f"invalid: {e}", file=out)
             return 1
+        if decision["endpoint"] not in policy.rules:
+            # An id no endpoint has: over HTTP a decision (as the seed's
+            # server answers it), here a mistake in the command line.
+            print(f"invalid: {decision['reason']}", file=out)
+            return 1
         rule = policy.rules[decision["endpoint"]]
         decision["effective"] = _rule_row(table.get(decision["endpoint"]), policy)
         renamed: list[str] = []

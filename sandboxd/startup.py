@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 
+from sandboxd.auth import Identity
 from sandboxd.endpoints import CapabilityGroup, RouteTable
-from sandboxd.gate import is_loopback
+from sandboxd.gate import is_loopback, lacking_scope
 from sandboxd.policy import Policy, PolicyError
 
 #: Where numeric ports bind in local mode (no token) when --host is not given.
@@ -93,8 +94,8 @@ def check_exposure(
             )
 
 
-#: The groups whose endpoints start children (commands, terminals, code,
-#: agents, the browser's worker).
+#: The groups whose endpoints start children or drive them (commands,
+#: terminals, code runs and kernels, git, agents, the browser's worker).
 CHILD_GROUPS = frozenset(
     {
         CapabilityGroup.PROCESS,
@@ -102,8 +103,59 @@ CHILD_GROUPS = frozenset(
         CapabilityGroup.DEV_TOOLS,
         CapabilityGroup.AGENTS,
         CapabilityGroup.BROWSER,
+        CapabilityGroup.CODE,
+        CapabilityGroup.GIT,
     }
 )
+
+#: Endpoints of those groups that only read what children printed: they
+#: start none and write to none, so a caller holding nothing else cannot
+#: make a child do anything.
+READS_CHILDREN_ONLY = frozenset({"process_list", "process_detail", "process_output"})
+
+
+def callers(policy: Policy) -> list[Identity]:
+    """
+    Every identity a request can be: each token's, and ``anonymous`` when
+    requests without credentials get in.  A capability link holds at most
+    its minter's scopes, so the minters stand for the links.
+    """
+    out: list[Identity] = []
+    for _, identity in policy.tokens.entries:
+        if identity not in out:
+            out.append(identity)
+    if policy.tokens.anonymous is not None:
+        out.append(policy.tokens.anonymous)
+    return out
+
+
+def root_children(policy: Policy, table: RouteTable) -> dict[str, list[str]]:
+    """
+    The enabled endpoints that would start a child as root (no
+    ``params.default_user``), each with the identities holding its scopes.
+    An endpoint nobody may call starts nothing.
+    """
+    who = callers(policy)
+    found: dict[str, list[str]] = {}
+    for endpoint in table:
+        rule = policy.rules[endpoint.id]
+        if (
+            endpoint.group not in CHILD_GROUPS
+            or endpoint.id in READS_CHILDREN_ONLY
+            or not rule.enabled
+            or rule.params.default_user is not None
+        ):
+            continue
+        able = [i.id for i in who if lacking_scope(i, rule, {}) is None]
+        if able:
+            found[endpoint.id] = able
+    return found
+
+
+def _some(names: Sequence[str], limit: int) -> str:
+    """``a, b, c and 4 more``."""
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def check_children_user(policy: Policy, table: RouteTable, euid: int) -> None:
@@ -112,33 +164,37 @@ def check_children_user(policy: Policy, table: RouteTable, euid: int) -> None:
 
     With tokens configured the daemon serves identities narrower than its
     own user; a child of a root daemon that names no user runs as root and
-    can read whatever root can (the token file included).  So every enabled
-    endpoint must name the user its children run as: a sandbox user, or
-    ``root`` written out when that is really what is meant.
+    can read whatever root can (the token files included), so an identity
+    that may start one could become any other.  Every enabled endpoint
+    that starts children and that some identity holds the scopes for must
+    name the user its children run as: a sandbox user, or ``root`` written
+    out when that is really what is meant.  An endpoint no identity may
+    call is no way in, so a policy whose tokens hold no such scope (only
+    file transfer, only the template's commands) starts as it is.
 
     :param euid: the daemon's effective uid (``os.geteuid()``).
-    :raises PolicyError: naming ``params.default_user`` and the endpoints
-        that leave it unset.
+    :raises PolicyError: naming the one key to add, where, the endpoints
+        and the identities that could call them.
     """
     if euid != 0 or policy.tokens.local_mode:
         return
-    unset = [
-        endpoint.id
-        for endpoint in table
-        if endpoint.group in CHILD_GROUPS
-        and policy.rules[endpoint.id].enabled
-        and policy.rules[endpoint.id].params.default_user is None
-    ]
-    if not unset:
+    found = root_children(policy, table)
+    if not found:
         return
-    shown = ", ".join(unset[:5]) + (
-        f" and {len(unset) - 5} more" if len(unset) > 5 else ""
+    ids = list(dict.fromkeys(i for able in found.values() for i in able))
+    source = policy.document.source
+    where = (
+        "a policy (none is configured: --policy FILE or ABX_SERVER_POLICY)"
+        if source == "none"
+        else f"the policy ({source})"
     )
     raise PolicyError(
-        "the daemon runs as root with tokens configured, and params.default_user "
-        f"is not set for {shown}: every command would run as root and could read "
-        "the token file. Set defaults.params.default_user in the policy to the "
-        'sandbox user (e.g. "user"), or to "root" if commands should run as root'
+        "the daemon runs as root with tokens configured, and "
+        f"{_some([repr(i) for i in ids], 3)} may call {_some(list(found), 5)}, "
+        "whose children would run as root and could read every token. Set "
+        f"defaults.params.default_user in {where} to the user commands run as, "
+        'e.g. {"defaults": {"params": {"default_user": "user"}}}, or to "root" '
+        "if they should run as root"
     )
 
 

@@ -406,6 +406,14 @@ class CheckConfigTests(SynchronousTestCase):
         self.assertIn("path_denied", out)
         self.assertIn("policy:endpoints.files_*", out)
 
+    def test_explain_unknown_endpoint(self) -> None:
+        """--explain of an id no endpoint has is a mistake: invalid, with the nearest id, exit 1."""
+        code, out = self.run_check({}, "--explain", "files_lst")
+        self.assertEqual(code, 1)
+        self.assertIn(
+            "invalid: unknown endpoint 'files_lst'; did you mean 'files_list'?", out
+        )
+
     def test_explain_json_scopes(self) -> None:
         """--explain --json with --scopes decides for that caller."""
         code, out = self.run_check(

@@ -376,6 +376,98 @@ class RootChildrenTests(SynchronousTestCase):
         self.assertIn("process_start", str(cm.exception))
         self.assertNotIn("shell,", str(cm.exception))
 
+    def test_refusal_names_key_source_and_callers(self) -> None:
+        """
+        The one line names the key to add as JSON, where the policy came
+        from (or that there is none), and the identities that could start
+        a child as root.
+        """
+        from sandboxd.routes import default_table
+        from sandboxd.startup import check_children_user
+
+        with self.assertRaises(PolicyError) as cm:
+            check_children_user(self.policy({}), default_table(), 0)
+        message = str(cm.exception)
+        self.assertIn("'legacy' may call shell, shell_stream, process_start", message)
+        self.assertIn(
+            "Set defaults.params.default_user in the policy (argument) to the "
+            'user commands run as, e.g. {"defaults": {"params": '
+            '{"default_user": "user"}}}, or to "root"',
+            message,
+        )
+        self.assertNotIn("process_list", message)
+
+    def test_no_caller_can_start_a_child(self) -> None:
+        """
+        Tokens that hold no scope of an endpoint that starts a child (file
+        transfer, reading process output, the template's commands) start
+        as root as they are: no request can make a root child.
+        """
+        from sandboxd.routes import default_table
+        from sandboxd.startup import check_children_user
+
+        for scopes in (
+            ["files:read", "files:write"],
+            ["process:read", "system:read", "files:*"],
+            ["commands:list", "commands:run"],
+        ):
+            doc = {
+                "auth": {
+                    "tokens": [{"id": "t", "token_sha256": "0" * 64, "scopes": scopes}]
+                }
+            }
+            check_children_user(self.policy(doc, token=False), default_table(), 0)
+
+    def test_anonymous_and_code_count(self) -> None:
+        """
+        anonymous (let in beside tokens) counts as a caller, and code
+        contexts and git start children like shells do.
+        """
+        from sandboxd.routes import default_table
+        from sandboxd.startup import check_children_user
+
+        table = default_table()
+        reader = {"id": "r", "token_sha256": "0" * 64, "scopes": ["files:read"]}
+        cases = (
+            (
+                {
+                    "auth": {
+                        "tokens": [reader],
+                        "allow_anonymous": True,
+                        "anonymous_scopes": ["terminal:use"],
+                    }
+                },
+                "'anonymous' may call pty_create_session",
+            ),
+            (
+                {
+                    "groups": {"code": True, "process": False},
+                    "auth": {
+                        "tokens": [
+                            reader,
+                            {"id": "c", "token_sha256": "1" * 64, "scopes": ["code:*"]},
+                        ]
+                    },
+                },
+                "'c' may call code_",
+            ),
+            (
+                {
+                    "groups": {"git": True, "process": False},
+                    "auth": {
+                        "tokens": [
+                            {"id": "g", "token_sha256": "1" * 64, "scopes": ["git:*"]}
+                        ]
+                    },
+                },
+                "'g' may call git_",
+            ),
+        )
+        for doc, fragment in cases:
+            with self.assertRaises(PolicyError) as cm:
+                check_children_user(self.policy(doc, token=False), table, 0)
+            self.assertIn(fragment, str(cm.exception))
+
     def test_documented_start_refused_as_root(self) -> None:
         """
         The README's start as root, with the shipped generic policy and a

@@ -248,9 +248,11 @@ def document(table: Any, policy: Any) -> dict[str, Any]:
         )
     check = paths.get("/capabilities/check", {}).get("post")
     if check is not None:
-        # The endpoint ids are the table's, known only here.
+        # The endpoint ids are the table's, known only here.  Examples, not
+        # an enum: any other id is a valid question too, answered allowed:
+        # false with code unknown_endpoint (as agent-sandbox-server does).
         body = check["requestBody"]["content"]["application/json"]["schema"]
-        body["properties"]["endpoint"]["enum"] = [e.id for e in table]
+        body["properties"]["endpoint"]["examples"] = [e.id for e in table]
     return {
         "openapi": "3.1.0",
         "info": {

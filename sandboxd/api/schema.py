@@ -566,7 +566,9 @@ SCHEMAS: dict[str, Schema] = {
         body=(
             F(
                 "endpoint",
-                doc="the endpoint id to decide",
+                doc="the endpoint id to decide (an id no endpoint has is "
+                "answered allowed: false, code unknown_endpoint, with the "
+                "nearest id in reason)",
                 required=True,
                 min_length=1,
                 example="shell",
@@ -594,16 +596,18 @@ SCHEMAS: dict[str, Schema] = {
         response=(
             F("endpoint"),
             F("allowed", "boolean"),
-            F("code", doc="why not, when not allowed"),
+            F(
+                "code",
+                doc="why not, when not allowed: an error code, or "
+                "unknown_endpoint for an id no endpoint has",
+            ),
             F("rule", doc="the rule behind the refusal"),
             F("reason"),
             F("scope", doc="the missing scope"),
             F("param", doc="the refused param"),
             F("paths", "array", "[{path, allowed, code?, rule?}]", items="object"),
         ),
-        errors=(
-            E(400, "invalid_param", "unknown endpoint id, bad op, scopes or params"),
-        ),
+        errors=(E(400, "invalid_param", "no endpoint id, bad op, scopes or params"),),
         notes="Policy only: never touches the file system, so the answer for a "
         "path is the same whether or not it exists.",
     ),
@@ -1052,15 +1056,23 @@ SCHEMAS: dict[str, Schema] = {
             F("path", doc="default: base_dir", example="."),
             F("recursive", "boolean", default=False),
             F(
+                "follow",
+                "boolean",
+                "true: open-ended and resumable, sandboxd's events; false: "
+                "agent-sandbox-server's events for a window",
+                default=False,
+            ),
+            F(
                 "timeout",
                 "number",
-                "seconds: agent-sandbox-server's form, a window ending with end "
-                "(at most max_duration_seconds, default 300)",
+                "seconds: the window, ending with end (at most "
+                "max_duration_seconds, default 300); not with follow=true",
             ),
             F(
                 "interval",
                 "number",
-                "seconds: agent-sandbox-server's form (its polling period)",
+                "seconds: agent-sandbox-server's polling period, accepted and "
+                "not needed; not with follow=true",
             ),
             *_RESUME,
             _QUERY_TOKEN,
@@ -1068,25 +1080,34 @@ SCHEMAS: dict[str, Schema] = {
         headers=(_LAST_EVENT_ID,),
         produces="sse",
         events=(
-            Event("created", '{"event", "path", "type"}'),
-            Event("modified", '{"event", "path", "type"}'),
-            Event("deleted", '{"event", "path", "type"}'),
-            Event("moved", '{"event", "path", "type", "dest"}'),
-            _GAP,
-            Event("ready", '{"path"}: agent-sandbox-server\'s form, first'),
+            Event("ready", '{"path"}: first (without follow)'),
             Event(
                 "change",
-                '{"type": created|modified|deleted, "path", "is_dir"}: agent-sandbox-server\'s form',
+                '{"type": created|modified|deleted, "path", "is_dir"} (without follow)',
             ),
             Event(
                 "end",
-                '{"reason": "timeout"|"closed"}: agent-sandbox-server\'s form, last',
+                '{"reason": "timeout"|"closed"}: last (without follow)',
+            ),
+            Event("created", '{"event", "path", "type"} (follow=true)'),
+            Event("modified", '{"event", "path", "type"} (follow=true)'),
+            Event("deleted", '{"event", "path", "type"} (follow=true)'),
+            Event("moved", '{"event", "path", "type", "dest"} (follow=true)'),
+            _GAP,
+        ),
+        errors=(
+            *_GUARD,
+            E(404, "not_found", "no such directory"),
+            E(
+                400,
+                "invalid_param",
+                "a bad timeout or interval, or either with follow=true",
             ),
         ),
-        errors=(*_GUARD, E(404, "not_found", "no such directory")),
         notes="inotify, debounced; events for paths the caller may not see are dropped. "
-        "Open-ended and resumable (see docs/protocols.md) unless timeout or interval "
-        "is given: then agent-sandbox-server's events, for a window (a move is deleted + created).",
+        "Without follow, agent-sandbox-server's events for a window: ready, a change per "
+        "change (a move is deleted + created), then end (as its SDK's files.watch() "
+        "expects). With follow=true, open-ended and resumable (see docs/protocols.md).",
     ),
     # -- process ---------------------------------------------------------------
     "shell": Schema(

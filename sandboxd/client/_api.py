@@ -430,7 +430,10 @@ class Files(_Namespace[F]):
         resumed after a cut.  The watch is live when this returns;
         ``close()`` the stream (or use it in a ``with``) to stop.
         """
-        params: dict[str, Any] = {"recursive": "true" if recursive else "false"}
+        params: dict[str, Any] = {
+            "recursive": "true" if recursive else "false",
+            "follow": "true",
+        }
         if path is not None:
             params["path"] = path
         return await self._open("/files/watch", params, after)

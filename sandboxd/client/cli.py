@@ -616,9 +616,13 @@ def cmd_caps(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
             verdict = "allowed" if decision["allowed"] else "refused"
             line = f"{decision['endpoint']}: {verdict}"
             if not decision["allowed"]:
-                line += (
-                    f" ({decision.get('code', '?')}, rule {decision.get('rule', '?')})"
+                # An unknown id has no rule; its reason names the nearest id.
+                why = (
+                    f"rule {decision['rule']}"
+                    if "rule" in decision
+                    else decision.get("reason", "rule ?")
                 )
+                line += f" ({decision.get('code', '?')}, {why})"
             out.write(line + "\n")
             for item in decision.get("paths", []):
                 mark = (

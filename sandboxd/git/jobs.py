@@ -19,6 +19,7 @@ from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
 
+from sandboxd.auth import Identity
 from sandboxd.errors import ApiError, internal, not_found
 from sandboxd.eventlog import EventLog
 from sandboxd.git.outcomes import ProgressLines, parse_progress, redact
@@ -58,6 +59,20 @@ class GitJob:
     def running(self) -> bool:
         """Whether the job has not ended yet."""
         return self.state == "running"
+
+    def visible_to(self, identity: Identity) -> bool:
+        """
+        Whether ``identity`` may see, follow or cancel this job: the one
+        that started it, a link it minted, or an identity holding ``*``,
+        as for a terminal or a code context.  A job names a path, maybe a
+        credential, and its progress lines; another caller is told it is
+        not there.
+        """
+        return (
+            identity.id == self.owner
+            or identity.on_behalf_of == self.owner
+            or "*" in identity.scopes
+        )
 
     def observe(self, fd: int, data: bytes) -> None:
         """git's stderr as it comes: progress events, and other lines as ``line``."""
@@ -167,12 +182,16 @@ class GitJobTable:
         """How many jobs run now."""
         return sum(1 for job in self.jobs.values() if job.running)
 
-    def get(self, job_id: str) -> GitJob:
-        """The job, or 404."""
+    def get(self, job_id: str, identity: Identity) -> GitJob:
+        """The job, or 404 when there is none ``identity`` may see."""
         job = self.jobs.get(job_id)
-        if job is None:
+        if job is None or not job.visible_to(identity):
             raise not_found(f"no git job {job_id!r}")
         return job
+
+    def visible(self, identity: Identity) -> list[GitJob]:
+        """The jobs ``identity`` may see, oldest first."""
+        return [job for job in self.jobs.values() if job.visible_to(identity)]
 
     def start(
         self, job: GitJob, work: Callable[[GitJob], Awaitable[dict[str, Any]]]

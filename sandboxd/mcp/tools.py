@@ -47,7 +47,8 @@ NOT_TOOLS: dict[str, str] = {
     "files_uploads_delete": "part of a resumable raw upload (files_uploads_create)",
     "files_download_stream": "the same answer as download, streamed for "
     "HTTP clients; an MCP result is one message anyway",
-    "files_watch": "an endless change stream with no end to run to",
+    "files_watch": "a change stream that lasts minutes (or until the client "
+    "leaves): nothing to answer at once",
 }
 
 #: Query fields dropped from a tool's input, because MCP cannot use them:

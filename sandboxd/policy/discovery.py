@@ -8,6 +8,7 @@ nothing touches the file system.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import attrs
@@ -159,19 +160,31 @@ def default_op(endpoint: Endpoint) -> str:
     return "read"
 
 
+#: The decision's ``code`` for an id that names no endpoint.  The seed's
+#: server answers such a check with 200 and this code, and its SDK's
+#: ``check()`` reads the decision; a refused request would raise there
+#: instead.  Never an error body's code (it is not an error: the answer to
+#: "may I call X?" is no), so it is not one of :class:`Code`'s.
+UNKNOWN_ENDPOINT = "unknown_endpoint"
+
+
+def unknown_endpoint(endpoint_id: str, known: Iterable[str]) -> dict[str, Any]:
+    """The decision for an id no endpoint has: not allowed, with the nearest id."""
+    from sandboxd.policy.document import suggest
+
+    return {
+        "endpoint": endpoint_id,
+        "allowed": False,
+        "code": UNKNOWN_ENDPOINT,
+        "reason": f"unknown endpoint {endpoint_id!r}{suggest(endpoint_id, known)}",
+    }
+
+
 def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, Any]:
     """``POST /capabilities/check``: the decision for a hypothetical call."""
     endpoint_id = body.get("endpoint")
     if not isinstance(endpoint_id, str) or not endpoint_id:
         raise bad_request("'endpoint' is required")
-    if endpoint_id not in context.table:
-        endpoint_id = current_id(endpoint_id)
-    if endpoint_id not in context.table:
-        from sandboxd.policy.document import suggest
-
-        raise bad_request(
-            f"unknown endpoint {endpoint_id!r}{suggest(endpoint_id, context.table.ids())}"
-        )
     op = body.get("op")
     if op is not None and op not in ("read", "write", "delete"):
         raise bad_request("'op' must be read, write or delete")
@@ -194,6 +207,15 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
         if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
             raise bad_request("'scopes' must be a list of strings")
         identity = Identity(identity.id, frozenset(scopes))
+    params = body.get("params")
+    if params is not None and not isinstance(params, dict):
+        raise bad_request("'params' must be an object")
+    # A well-formed question about an id no endpoint has is answered, not
+    # refused (the body's other fields are checked first all the same).
+    if endpoint_id not in context.table:
+        endpoint_id = current_id(endpoint_id)
+    if endpoint_id not in context.table:
+        return unknown_endpoint(endpoint_id, context.table.ids())
     endpoint = context.table.get(endpoint_id)
     rule: EffectiveRule = context.policy.rules[endpoint_id]
     out: dict[str, Any] = {"endpoint": endpoint_id, "allowed": True}
@@ -214,9 +236,6 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
                 rule=rule.source("scopes") or f"endpoint:{endpoint_id}",
                 reason=Code.MISSING_SCOPE,
             )
-    params = body.get("params")
-    if params is not None and not isinstance(params, dict):
-        raise bad_request("'params' must be an object")
     if out["allowed"] and params:
         refusal = check_params(rule, params)
         if refusal is not None:

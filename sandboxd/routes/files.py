@@ -645,15 +645,25 @@ def files_extract(request: ServerRequest) -> Any:
 
 def watch_window(request: ServerRequest) -> float | None:
     """
-    The seed's watch window in seconds when the request is in the seed's
-    form (``timeout`` or ``interval`` given), else None (our open-ended,
-    resumable form).  The window is cut to ``max_duration_seconds`` and is
-    at least :data:`WATCH_MIN_WINDOW_SECONDS`, as on the seed; ``interval``
-    (the seed's polling period) is checked and otherwise not needed here.
+    How long the watch lasts: None for the open-ended, resumable form
+    (``follow=true``), else the seed's window in seconds.
+
+    The seed's SDK calls ``files.watch(path)`` with nothing but ``path``
+    and ``recursive`` and expects ``change`` events and an ``end`` when
+    the seed's server closes the window (300 s unless ``timeout`` says
+    otherwise), so a request that does not ask to follow gets that form.
+    The window is cut to ``max_duration_seconds`` and is at least
+    :data:`WATCH_MIN_WINDOW_SECONDS`, as on the seed; ``interval`` (the
+    seed's polling period) is checked and otherwise not needed here.
     """
     raw_timeout = request.query.get("timeout")
     raw_interval = request.query.get("interval")
-    if raw_timeout is None and raw_interval is None:
+    if flag(request.query.get("follow"), "follow", False):
+        if raw_timeout is not None or raw_interval is not None:
+            raise bad_request(
+                "follow=true watches until the client leaves; 'timeout' and "
+                "'interval' belong to the windowed form (leave follow out)"
+            )
         return None
     number(raw_interval, "interval", None)
     ceiling = request.rule.limits.max_duration_seconds or WATCH_WINDOW_SECONDS
@@ -663,9 +673,10 @@ def watch_window(request: ServerRequest) -> float | None:
 
 def files_watch(request: ServerRequest) -> Any:
     """
-    ``GET /files/watch?path=&recursive=``: SSE of changes, open-ended and
-    resumable; in the seed's form (``timeout``/``interval``), ``ready``,
-    ``change`` events and an ``end`` when the window closes.
+    ``GET /files/watch?path=&recursive=``: SSE of changes.  With
+    ``follow=true``, open-ended and resumable; otherwise in the seed's
+    form: ``ready``, ``change`` events and an ``end`` when the window
+    (``timeout``, else 300 s) closes.
     """
     guard = PathGuard.for_request(request)
     path = request.query.get("path") or guard.base_dir

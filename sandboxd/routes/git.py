@@ -464,6 +464,11 @@ def _jobs(request: ServerRequest) -> GitJobTable:
     return table
 
 
+def _job(request: ServerRequest) -> GitJob:
+    """The job the path names, if the caller may see it (else 404)."""
+    return _jobs(request).get(request.path_params["job_id"], request.identity)
+
+
 def _secret(request: ServerRequest, remote: Remote, auth: Any) -> Secret | None:
     """The secret a call names (``auth``), checked against the remote."""
     if auth is None:
@@ -819,26 +824,27 @@ async def git_push(request: ServerRequest) -> Any:
 
 
 def git_jobs_list(request: ServerRequest) -> dict[str, Any]:
-    """``GET /git/jobs``: running and recently finished jobs."""
-    return {"jobs": [job.describe() for job in _jobs(request).jobs.values()]}
+    """``GET /git/jobs``: the caller's running and recently finished jobs."""
+    jobs = _jobs(request).visible(request.identity)
+    return {"jobs": [job.describe() for job in jobs]}
 
 
 def git_job_get(request: ServerRequest) -> dict[str, Any]:
-    """``GET /git/jobs/{job_id}``."""
-    return _jobs(request).get(request.path_params["job_id"]).describe()
+    """``GET /git/jobs/{job_id}``: one of the caller's jobs."""
+    return _job(request).describe()
 
 
 async def git_job_cancel(request: ServerRequest) -> dict[str, Any]:
     """``DELETE /git/jobs/{job_id}``: ends git's whole tree, then answers."""
     table = _jobs(request)
-    job = table.get(request.path_params["job_id"])
+    job = _job(request)
     await table.cancel(job)
     return job.describe()
 
 
 def git_job_events(request: ServerRequest) -> SSEResponse:
     """``GET /git/jobs/{job_id}/events``: progress, lines, then ``exit`` (SPEC §9)."""
-    job = _jobs(request).get(request.path_params["job_id"])
+    job = _job(request)
     after = resume_point(request.query, request.headers)
 
     def start(channel: SSEChannel) -> None:

@@ -88,7 +88,10 @@ class DocumentTests(SynchronousTestCase):
         self.assertEqual(search["pattern"]["minLength"], 1)
         check = _body(doc, "/capabilities/check")["properties"]
         self.assertEqual(check["endpoint"]["minLength"], 1)
-        self.assertIn("shell", check["endpoint"]["enum"])
+        # Every id as an example, not an enum: an unknown id is answered
+        # (allowed: false, code unknown_endpoint), not refused.
+        self.assertIn("shell", check["endpoint"]["examples"])
+        self.assertNotIn("enum", check["endpoint"])
         paths = _body(doc, "/files/archive")["properties"]["paths"]
         self.assertEqual((paths["minItems"], paths["items"]["minLength"]), (1, 1))
         depth = _query(doc, "/files/list", "depth")

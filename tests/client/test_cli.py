@@ -479,6 +479,13 @@ class ListingTests(ClientCase):
         allowed = yield self.cli("caps", "--explain", "shell", "--json")
         self.assertEqual(allowed.returncode, 0)
         self.assertTrue(json.loads(allowed.stdout)["allowed"])
+        unknown = yield self.cli("caps", "--explain", "shel")
+        self.assertEqual(unknown.returncode, 1)
+        self.assertIn(
+            b"shel: refused (unknown_endpoint, unknown endpoint 'shel'; "
+            b"did you mean 'shell'?)",
+            unknown.stdout,
+        )
 
     @inlineCallbacks
     def test_ui(self) -> Any:

@@ -85,7 +85,7 @@ class StreamCase(FilesCase):
             )
         )
         yield collector.wait_for(
-            b"event: ready" if "timeout=" in query else b": watching"
+            b": watching" if "follow=true" in query else b"event: ready"
         )
         return collector, response
 
@@ -98,7 +98,7 @@ class WatchTests(StreamCase):
     def test_events_and_resume(self) -> Any:
         """create, modify (debounced), move and delete arrive with ids; Last-Event-ID resumes after one."""
         os.mkdir(os.path.join(self.base_dir, "w"))
-        c, response = yield self.open_stream("path=w")
+        c, response = yield self.open_stream("path=w&follow=true")
         path = os.path.join(self.base_dir, "w", "a.txt")
         with open(path, "wb") as f:
             for _ in range(20):
@@ -121,7 +121,9 @@ class WatchTests(StreamCase):
         self.assertEqual(ids, sorted(ids))
         c.transport = None
         response._transport.loseConnection()
-        c2, response2 = yield self.open_stream("path=w", {"Last-Event-ID": str(ids[0])})
+        c2, response2 = yield self.open_stream(
+            "path=w&follow=true", {"Last-Event-ID": str(ids[0])}
+        )
         yield c2.wait_for(b"deleted")
         self.assertEqual([e[0] for e in c2.events()], ids[1:])
         response2._transport.loseConnection()
@@ -137,7 +139,7 @@ class WatchTests(StreamCase):
 
 
 class SeedFormTests(StreamCase):
-    """``timeout`` (or ``interval``) asks for the seed's events and window."""
+    """Without ``follow=true``: the seed's events, for a window."""
 
     @inlineCallbacks
     def test_seed_events_and_end(self) -> Any:
@@ -201,11 +203,22 @@ class SeedFormTests(StreamCase):
 
     @inlineCallbacks
     def test_bad_window_is_400(self) -> Any:
-        """A timeout or interval that is not a number is a 400, not a stream."""
+        """
+        A timeout or interval that is not a number is a 400, not a stream;
+        so is either with follow=true, which has no window.
+        """
         os.mkdir(os.path.join(self.base_dir, "w"))
-        for query in ("timeout=soon", "interval=often"):
+        for query in (
+            "timeout=soon",
+            "interval=often",
+            "follow=true&timeout=5",
+            "follow=true&interval=1",
+            "follow=maybe",
+        ):
             reply = yield self.request("GET", f"/files/watch?path=w&{query}")
-            self.assertEqual(reply.status, 400, query)
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (400, "invalid_param"), query
+            )
 
 
 class SeedWindowPolicyTests(StreamCase):
@@ -222,3 +235,36 @@ class SeedWindowPolicyTests(StreamCase):
         yield c.done
         self.assertLess(reactor.seconds() - started, 5)
         self.assertEqual(c.events()[-1][1:], ("end", {"reason": "timeout"}))
+
+    @inlineCallbacks
+    def test_no_timeout_is_the_default_window(self) -> Any:
+        """
+        With neither follow nor timeout (the seed SDK's ``files.watch(path)``),
+        the window is the default one, cut to max_duration_seconds: ready,
+        then end.
+        """
+        os.mkdir(os.path.join(self.base_dir, "w"))
+        started = reactor.seconds()
+        c, _ = yield self.open_stream("path=w&recursive=false")
+        yield c.done
+        self.assertLess(reactor.seconds() - started, 5)
+        self.assertEqual(
+            [e[1:] for e in c.events()],
+            [
+                ("ready", {"path": os.path.join(self.base_dir, "w")}),
+                ("end", {"reason": "timeout"}),
+            ],
+        )
+
+    @inlineCallbacks
+    def test_follow_is_open_ended(self) -> Any:
+        """follow=true is not bounded by the window: the stream is still open after it."""
+        os.mkdir(os.path.join(self.base_dir, "w"))
+        c, response = yield self.open_stream("path=w&follow=true")
+        yield deferLater(reactor, 1.5, lambda: None)
+        self.assertFalse(c.done.called)
+        with open(os.path.join(self.base_dir, "w", "late.txt"), "w") as f:
+            f.write("x")
+        yield c.wait_for(b"late.txt")
+        self.assertEqual(c.events()[0][1], "created")
+        self.close(response)

@@ -523,3 +523,81 @@ class PrivateNetworkTests(DaemonTestCase):
         )
         self.assertEqual(reply.status, 403, reply.body)
         self.assertIn("10.1.2.3", reply.json()["error"])
+
+
+class OwnerTests(RemoteCase):
+    """A git job is its starter's: another identity neither lists nor reaches it."""
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        self.environ = {
+            "ALICE_TOKEN": "alice-token",
+            "BOB_TOKEN": "bob-token",
+            "ADMIN_TOKEN": "admin-token",
+        }
+        yield super().setUp()
+
+    @inlineCallbacks
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        """The remote policy with three tokens: two git users and one holding ``*``."""
+        git_scopes = ["git:read", "git:write", "git:remote", "files:read"]
+        self.policy = dict(
+            self.policy,
+            auth={
+                "tokens": [
+                    {"id": "alice", "token_env": "ALICE_TOKEN", "scopes": git_scopes},
+                    {"id": "bob", "token_env": "BOB_TOKEN", "scopes": git_scopes},
+                    {"id": "admin", "token_env": "ADMIN_TOKEN", "scopes": ["*"]},
+                ]
+            },
+        )
+        daemon = yield super().start(stop_at_end, **kwargs)
+        return daemon
+
+    @inlineCallbacks
+    def test_jobs_filtered_by_owner(self) -> Any:
+        """
+        alice's clone job is listed, read, followed and cancellable by alice
+        and by a ``*`` identity; bob's list leaves it out and each of its
+        routes answers bob 404 not_found, as for a job that does not exist.
+        """
+        reply = yield self.request(
+            "POST",
+            "/git/clone",
+            {"url": self.remote.url(), "path": "mine", "wait": 30},
+            token="alice-token",
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        job_id = reply.json()["job_id"]
+        reply = yield self.request(
+            "POST",
+            "/git/clone",
+            {"url": self.remote.url(), "path": "bobs", "wait": 30},
+            token="bob-token",
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        bobs = reply.json()["job_id"]
+
+        def listed(token: str) -> Any:
+            d = self.request("GET", "/git/jobs", token=token)
+            return d.addCallback(lambda r: [j["job_id"] for j in r.json()["jobs"]])
+
+        self.assertEqual((yield listed("alice-token")), [job_id])
+        self.assertEqual((yield listed("bob-token")), [bobs])
+        self.assertEqual((yield listed("admin-token")), [job_id, bobs])
+        for method, path in (
+            ("GET", f"/git/jobs/{job_id}"),
+            ("GET", f"/git/jobs/{job_id}/events"),
+            ("DELETE", f"/git/jobs/{job_id}"),
+        ):
+            reply = yield self.request(method, path, token="bob-token")
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (404, "not_found"), path
+            )
+            self.assertNotIn("mine", reply.body.decode())
+            for owner in ("alice-token", "admin-token"):
+                if method == "GET":
+                    reply = yield self.request(method, path, token=owner)
+                    self.assertEqual(reply.status, 200, (path, owner))
+        reply = yield self.request("DELETE", f"/git/jobs/{job_id}", token="alice-token")
+        self.assertEqual((reply.status, reply.json()["state"]), (200, "done"))

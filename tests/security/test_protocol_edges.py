@@ -128,7 +128,7 @@ class UploadWatchTests(FilesCase):
     def test_upload_is_one_event_of_the_real_name(self) -> Any:
         """An upload is one ``created`` (new file) or ``modified`` (replaced) of its name."""
         os.mkdir(os.path.join(self.base_dir, "w"))
-        c, response = yield self.open_stream("path=w")
+        c, response = yield self.open_stream("path=w&follow=true")
         self.addCleanup(response._transport.loseConnection)
         target = os.path.join(self.base_dir, "w", "new.txt")
         for content in ("eA==", "eXk="):

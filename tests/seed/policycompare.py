@@ -42,6 +42,56 @@ def policy_files() -> list[str]:
     return sorted(glob.glob(os.path.join(POLICIES, "*.json")))
 
 
+#: ``ABX_SERVER_ENABLED_GROUPS`` beside a policy: ``(name, policy, value)``.
+#: The variable is the highest layer for a group, so it turns a group back
+#: on over a preset's or a policy's ``groups``; an endpoint rule (an id or
+#: a pattern) is more specific and still wins.
+ENABLED_GROUPS_CASES: list[tuple[str, dict[str, Any], str]] = [
+    ("env-alone", {}, "dev_tools,browser"),
+    ("env-spaces-and-core", {}, " dev_tools , ,core"),
+    (
+        "env-over-groups-off",
+        {"groups": {"dev_tools": False, "process": False}},
+        "dev_tools,process",
+    ),
+    ("env-beside-groups-list", {"groups": ["browser"]}, "dev_tools"),
+    (
+        "env-under-endpoint-off",
+        {"endpoints": {"git_status": {"enabled": False}}},
+        "dev_tools",
+    ),
+    (
+        "env-under-glob-off",
+        {"endpoints": {"browser_*": {"enabled": False}}},
+        "browser,dev_tools",
+    ),
+    ("env-under-star-off", {"endpoints": {"*": {"enabled": False}}}, "file_ops"),
+    ("env-over-hardened", {"preset": "hardened"}, "process,terminal"),
+    ("env-over-read-only", {"preset": "read-only"}, "process"),
+    ("env-under-locked", {"preset": "locked"}, "file_ops"),
+    ("env-under-transfer-only", {"preset": "transfer-only"}, "dev_tools"),
+    (
+        "env-with-tokens",
+        {
+            "auth": {
+                "tokens": [
+                    {"id": "ops", "token_env": "OPS_TOKEN", "scopes": ["*"]},
+                    {
+                        "id": "reader",
+                        "token_env": "READER_TOKEN",
+                        "scopes": ["core:read", "devtools:read", "files:read"],
+                    },
+                ]
+            }
+        },
+        "dev_tools",
+    ),
+]
+
+#: Values both servers refuse to start with (an unknown group name).
+BAD_ENABLED_GROUPS = ("browsr", "dev_tools,nope")
+
+
 def token_for(identity: str) -> str:
     """The token the files' ``token_sha256`` entries and ``token_env`` values use."""
     return f"seed-token-{identity}"
@@ -212,21 +262,36 @@ def children_as_root(path: str, doc: dict[str, Any], folder: str) -> str:
     return named
 
 
-def compare(path: str, program: str | None = None) -> dict[str, Any]:
+def last_line(server: Server) -> str:
+    """The last line a server printed (its refusal, when it did not start)."""
+    lines = [ln for ln in server.output().splitlines() if ln.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def compare(
+    path: str, program: str | None = None, enabled_groups: str | None = None
+) -> dict[str, Any]:
     """
     Load ``path`` in both servers and compare.
 
+    :param enabled_groups: ``ABX_SERVER_ENABLED_GROUPS`` for both servers.
     :return: ``{"file", "seed_loads", "sandboxd_loads", "shared", "differences",
-        "refusal"}``; ``differences`` maps each identity to its lines.
+        "refusal", "seed_refusal", "enabled"}``; ``differences`` maps each
+        identity to its lines, ``enabled`` each identity to the endpoint
+        ids sandboxd has on.
     """
     program = program or os.path.join(BIN, "sandboxd")
     with open(path) as f:
         doc = json.load(f)
     env, who = identities(doc)
+    if enabled_groups is not None:
+        env["ABX_SERVER_ENABLED_GROUPS"] = enabled_groups
     result: dict[str, Any] = {
         "file": os.path.basename(path),
         "differences": {},
+        "enabled": {},
         "refusal": None,
+        "seed_refusal": None,
         "shared": 0,
     }
     with tempfile.TemporaryDirectory() as base:
@@ -236,8 +301,9 @@ def compare(path: str, program: str | None = None) -> dict[str, Any]:
             result["seed_loads"] = seed.wait()
             result["sandboxd_loads"] = ours.wait()
             if not result["sandboxd_loads"]:
-                lines = [ln for ln in ours.output().splitlines() if ln.strip()]
-                result["refusal"] = lines[-1] if lines else "no output"
+                result["refusal"] = last_line(ours)
+            if not result["seed_loads"]:
+                result["seed_refusal"] = last_line(seed)
             if result["seed_loads"] and result["sandboxd_loads"]:
                 for name, token in who:
                     theirs, mine = seed.capabilities(token), ours.capabilities(token)
@@ -245,10 +311,24 @@ def compare(path: str, program: str | None = None) -> dict[str, Any]:
                     # One identity may be refused /capabilities on both.
                     result["shared"] = max(result["shared"], len(shared))
                     result["differences"][name] = differences(theirs, mine)
+                    result["enabled"][name] = sorted(
+                        e for e, info in mine["endpoints"].items() if info["enabled"]
+                    )
         finally:
             seed.stop()
             ours.stop()
     return result
+
+
+def compare_doc(
+    name: str, doc: dict[str, Any], enabled_groups: str, program: str | None = None
+) -> dict[str, Any]:
+    """:func:`compare` for a policy given as a mapping (written to a file first)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, name + ".json")
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        return compare(path, program, enabled_groups)
 
 
 def matches(result: dict[str, Any]) -> bool:
@@ -267,9 +347,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="*")
     args = parser.parse_args(argv)
     files = args.files or policy_files()
+    results = [compare(path, args.sandboxd) for path in files]
+    if not args.files:
+        for name, doc, value in ENABLED_GROUPS_CASES:
+            r = compare_doc(name, doc, value, args.sandboxd)
+            r["file"] = f"{name} ({value.strip()})"
+            results.append(r)
     loads = same = 0
-    for path in files:
-        r = compare(path, args.sandboxd)
+    for r in results:
         loads += bool(r["sandboxd_loads"])
         same += matches(r)
         state = (
@@ -283,8 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, lines in r["differences"].items():
             for line in lines:
                 print(f"    {name}: {line}")
-    print(f"{len(files)} files: sandboxd loads {loads}, same effect {same}")
-    return 0 if same == len(files) else 1
+    print(f"{len(results)} policies: sandboxd loads {loads}, same effect {same}")
+    return 0 if same == len(results) else 1
 
 
 if __name__ == "__main__":

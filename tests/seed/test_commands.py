@@ -149,3 +149,28 @@ class CommandsTests(Compared):
         self.assertEqual(sorted(c.name for c in listed), ["add", "boom", "hello"])
         result = yield self.call(commands.run_sync, "add", a=40, b=2)
         self.assertEqual(result, 42)
+
+    @inlineCallbacks
+    def test_sync_face_compared(self) -> Any:
+        """list and run through their ``*_sync`` twins give what they give on the seed, typed errors included."""
+        from tests.seed.sdkcase import Face, outcome
+
+        async def scenario(c: Any) -> Any:
+            call = Face(sync=True)
+            listed = await call(c.commands.list)
+            return (
+                sorted((type(d).__name__, d.name) for d in listed),
+                await call(c.commands.run, "hello", name="sync"),
+                await call(c.commands.run, "add", a=40, b=2),
+                type(await outcome(call(c.commands.run, "nope"))).__name__,
+                type(await outcome(call(c.commands.run, "add", b=2))).__name__,
+                type(await outcome(call(c.commands.run, "boom"))).__name__,
+            )
+
+        result = yield self.same(scenario)
+        self.assertEqual(result[1:3], ("Hello, sync!", 42))
+        self.assertEqual([name for _, name in result[0]], ["add", "boom", "hello"])
+        self.assertEqual(
+            result[3:],
+            ("CommandNotFoundError", "CommandArgumentError", "CommandExecutionError"),
+        )

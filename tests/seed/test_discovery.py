@@ -133,6 +133,38 @@ class ReferenceTests(SeedCase):
                 name,
             )
 
+    @inlineCallbacks
+    def test_check_unknown_endpoint(self) -> Any:
+        """
+        check() of an id no endpoint has answers allowed=False with code
+        unknown_endpoint on both servers (async and sync), not an exception;
+        sandboxd's reason names the nearest id.
+        """
+        from agent_sandbox.models.server import PathDecision
+
+        yield self.reference()
+        answers = []
+        for reference in (False, True):
+            decision = yield self.drive(
+                lambda c: c.check("files_lst", path="a.txt"), reference=reference
+            )
+            client = self.client(reference=reference)
+            blocking = yield self.call(client.check_sync, "no-such-endpoint")
+            answers.append((decision, blocking))
+        (ours, ours_sync), (seed, seed_sync) = answers
+        for decision in (ours, ours_sync, seed, seed_sync):
+            self.assertIsInstance(decision, PathDecision)
+            self.assertEqual(
+                (decision.allowed, decision.code), (False, "unknown_endpoint")
+            )
+        self.assertEqual(
+            (ours.endpoint, ours_sync.endpoint), ("files_lst", "no-such-endpoint")
+        )
+        self.assertEqual(
+            ours.reason, "unknown endpoint 'files_lst'; did you mean 'files_list'?"
+        )
+        self.assertEqual(ours_sync.reason, "unknown endpoint 'no-such-endpoint'")
+
 
 class AfterDiscoveryTests(SeedCase):
     """A discovery snapshot lets every renamed endpoint through."""

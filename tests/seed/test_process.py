@@ -416,3 +416,88 @@ class StdinTests(Compared):
         self.assertTrue(closed.closed)
         code = yield self.call(process.wait_sync, started.pid, timeout=10, poll=0.1)
         self.assertEqual(code, 0)
+
+
+async def sync_face_scenario(c: Any) -> Any:
+    """
+    Every ``process`` method that has a ``*_sync`` twin, called through the
+    twin on a worker thread: what each gave, reduced to what both servers
+    must agree on (types, states, codes, output; not pids or times).
+    """
+    from tests.seed.sdkcase import Face, outcome
+
+    call = Face(sync=True)
+    p = c.process
+    out: dict[str, Any] = {}
+    shell = await call(p.shell, "sh -c 'echo out; echo err >&2; exit 3'")
+    out["shell"] = (type(shell), shell.stdout, shell.stderr, shell.exit_code)
+    seen: list[str] = []
+    streamed = await call(p.run_stream, "sh -c 'echo a; echo b'", on_stdout=seen.append)
+    out["run_stream"] = (type(streamed), seen, streamed.stdout, streamed.exit_code)
+    out["run_stream_timeout"] = kind(
+        await outcome(call(p.run_stream, "sleep 5", timeout=0.5))
+    )
+    started = await call(p.start, "cat", capture_output=True, stdin=True)
+    got = await call(p.get, started.pid)
+    listed = await call(p.list)
+    out["start"] = (type(started), started.command, type(got), got.state)
+    out["list"] = started.pid in [q.pid for q in listed]
+    sent = await call(p.send_stdin, started.pid, b"hi\n")
+    closed = await call(p.close_stdin, started.pid)
+    out["stdin"] = (type(sent), sent.written, sent.closed, closed.closed)
+    out["wait"] = await call(p.wait, started.pid, timeout=10, poll=0.1)
+    output = await call(p.output, started.pid, wait=1.0)
+    out["output"] = (type(output), output.stdout, output.exit_code)
+    out["get_unknown"] = kind(await outcome(call(p.get, 2**22 + 7)))
+    signals = []
+    for method, number in (("signal", 18), ("terminate", 15), ("kill", 9)):
+        victim = await call(p.start, "sleep 30")
+        args = (victim.pid, number) if method == "signal" else (victim.pid,)
+        result = await call(getattr(p, method), *args)
+        signals.append((type(result), result.signal))
+        if method == "signal":
+            await call(p.kill, victim.pid)
+        code = await call(p.wait, victim.pid, timeout=10, poll=0.1)
+        signals.append(code if method != "signal" else "killed")
+    out["signals"] = signals
+    return out
+
+
+class SyncFaceTests(Compared):
+    """The ``*_sync`` twins of ``process`` give on sandboxd what they give on the seed."""
+
+    @inlineCallbacks
+    def test_sync_face_compared(self) -> Any:
+        """shell, run_stream, start, get, list, stdin, wait, output and signals through their twins."""
+        from agent_sandbox.models.server import (
+            ProcessOutput,
+            ServerProcess,
+            ShellResult,
+            SignalResult,
+            StdinResult,
+        )
+
+        ours, theirs = yield self.both(sync_face_scenario)
+        self.assertEqual(kind(ours), kind(theirs))
+        self.assertEqual(
+            ours,
+            {
+                "shell": (ShellResult, "out\n", "err\n", 3),
+                "run_stream": (ShellResult, ["a", "b"], "a\nb\n", 0),
+                "run_stream_timeout": ("CommandTimeoutError", None),
+                "start": (ServerProcess, "cat", ServerProcess, "running"),
+                "list": True,
+                "stdin": (StdinResult, 3, False, True),
+                "wait": 0,
+                "output": (ProcessOutput, "hi\n", 0),
+                "get_unknown": ("ServerAPIError", 404),
+                "signals": [
+                    (SignalResult, 18),
+                    "killed",
+                    (SignalResult, 15),
+                    -15,
+                    (SignalResult, 9),
+                    -9,
+                ],
+            },
+        )

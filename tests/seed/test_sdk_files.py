@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
 import os
 import tarfile
 import zipfile
@@ -134,6 +135,28 @@ async def watch_generator(c: Any, base: str) -> list[Any]:
             events.append(event)
     await writer
     return events
+
+
+async def watch_default(c: Any, base: str) -> tuple[list[Any], float]:
+    """
+    ``files.watch(path)`` with no ``timeout``, as the SDK's own examples
+    call it: the events it yields, and how long it took to end by itself.
+    """
+
+    async def change_soon() -> None:
+        await asyncio.sleep(0.5)
+        with open(os.path.join(base, "w", "new.txt"), "w") as fobj:
+            fobj.write("x")
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    writer = asyncio.ensure_future(change_soon())
+    events = []
+    async with contextlib.aclosing(c.files.watch(base + "/w")) as stream:
+        async for event in stream:
+            events.append(event)
+    await writer
+    return events, loop.time() - started
 
 
 class FilesTests(CompareCase):
@@ -298,3 +321,53 @@ class FilesTests(CompareCase):
         self.assertIsInstance(empty, TransferResult)
         self.assertEqual((empty.path, empty.size), (base + "/empty.txt", 0))
         self.assertEqual(os.path.getsize(os.path.join(base, "empty.txt")), 0)
+
+
+class WatchWithoutTimeoutTests(CompareCase):
+    """
+    ``files.watch(path)`` with no ``timeout`` gets the server's default
+    window on both servers: the policy's ``max_duration_seconds`` (here
+    2 s; 300 s when the policy says nothing).
+    """
+
+    policy = {"endpoints": {"files_watch": {"limits": {"max_duration_seconds": 2}}}}
+
+    @inlineCallbacks
+    def test_watch_ends_by_itself(self) -> Any:
+        """
+        The SDK's watch without a timeout yields the change, then ends when
+        the window closes, on sandboxd as on the seed.
+        """
+        from agent_sandbox.models.server import ServerWatchEvent
+
+        folder = os.path.abspath(self.mktemp())
+        os.makedirs(folder)
+        policy_file = os.path.join(folder, "policy.json")
+        with open(policy_file, "w") as f:
+            json.dump(self.policy, f)
+        reference = yield self.reference("--policy", policy_file)
+        outcomes = []
+        for base, on_seed in ((self.base_dir, False), (reference.base_dir, True)):
+            os.makedirs(os.path.join(base, "w"))
+            events, elapsed = yield self.drive(
+                lambda c, base=base: watch_default(c, base), reference=on_seed
+            )
+            # The window is 2 s; a few more on a busy machine, never the
+            # SDK's own five-minute read timeout.
+            self.assertGreaterEqual(elapsed, 1.9, on_seed)
+            self.assertLess(elapsed, 20, on_seed)
+            outcomes.append([(e.type, os.path.relpath(e.path, base)) for e in events])
+            if not on_seed:
+                self.assertEqual(
+                    events,
+                    [
+                        ServerWatchEvent(
+                            type="created", path=base + "/w/new.txt", is_dir=False
+                        )
+                    ],
+                )
+        ours, seed = outcomes
+        # The seed polls (a write may also show as modified); the creation
+        # is what both report first.
+        self.assertEqual(ours, seed[:1])
+        self.assertEqual(ours, [("created", "w/new.txt")])

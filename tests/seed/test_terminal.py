@@ -152,8 +152,13 @@ class ConnectionTests(Compared):
         async def scenario(c: Any) -> Any:
             created = await c.pty.create()
             async with c.pty.connect(created.session_id) as term:
-                await term.send("sleep 30; echo after-$((1+1))\n")
-                await term.expect("sleep 30", timeout=10)
+                # The command says when it runs (the echo of what was typed
+                # shows before the shell has forked it; a SIGINT then would
+                # reach the prompt instead, on a busy machine).
+                await term.send(
+                    "sh -c 'echo up-$((3+3)); exec sleep 30'; echo after-$((1+1))\n"
+                )
+                await term.expect("up-6", timeout=10)
                 await term.signal("SIGINT")
                 await term.send("echo back-$((2+2))\n")
                 seen = await term.expect("back-4", timeout=10)
@@ -161,3 +166,45 @@ class ConnectionTests(Compared):
 
         interrupted = yield self.drive(scenario)
         self.assertFalse(interrupted)
+
+
+class SyncFaceTests(Compared):
+    """The ``*_sync`` twins of ``pty`` give on sandboxd what they give on the seed."""
+
+    @inlineCallbacks
+    def test_sync_face_compared(self) -> Any:
+        """create, list, get, resize and delete through their twins; unknown ids 404."""
+        from agent_sandbox.models.server import PtyCreated, PtySessionInfo
+
+        from tests.seed.sdkcase import Face, outcome
+
+        async def scenario(c: Any) -> Any:
+            call = Face(sync=True)
+            created = await call(c.pty.create, cols=90, rows=25)
+            listed = await call(c.pty.list)
+            got = await call(c.pty.get, created.session_id)
+            resized = await call(c.pty.resize, created.session_id, 100, 30)
+            await call(c.pty.delete, created.session_id)
+            gone = await call(c.pty.list)
+            missing = await outcome(call(c.pty.get, "no-such-session"))
+            return (
+                type(created),
+                [(type(s), s.id == created.session_id) for s in listed],
+                (type(got), got.cols, got.rows),
+                (type(resized), resized.cols, resized.rows),
+                gone,
+                (type(missing).__name__, getattr(missing, "status_code", None)),
+            )
+
+        result = yield self.same(scenario)
+        self.assertEqual(
+            result,
+            (
+                PtyCreated,
+                [(PtySessionInfo, True)],
+                (PtySessionInfo, 90, 25),
+                (PtySessionInfo, 100, 30),
+                [],
+                ("ServerAPIError", 404),
+            ),
+        )
