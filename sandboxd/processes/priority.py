@@ -217,21 +217,22 @@ class ChildPriority:
     def spawned(self, pid: int) -> None:
         """
         After a spawn: the child's nice value by pid where the thread could
-        not carry it (the daemon could not have raised its own back).
+        not carry it (the daemon could not have raised its own back), and
+        its session group's.
         """
         p = self.priorities
-        if not p.enabled or not p.children_nice:
+        if not p.enabled:
             return
-        if not self._restorable:
+        if p.children_nice and not self._restorable:
             try:
                 os.setpriority(os.PRIO_PROCESS, pid, p.children_nice)
             except OSError:
                 pass
-        if _autogroups():
+        if p.children_group_nice and _autogroups():
             # The child leads a session of its own, hence an autogroup of its
             # own, whose weight (not the task's nice) sets its CPU share
-            # against the daemon's group.
-            _write_value(f"/proc/{pid}/autogroup", p.children_nice)
+            # against the daemon's group; n sessions weigh n groups.
+            _write_value(f"/proc/{pid}/autogroup", p.children_group_nice)
 
     def _raise_oom(self, value: int) -> None:
         # Process-wide: spawns on several threads at once share one raise.

@@ -50,7 +50,7 @@ class ChildPriorityTests(DaemonTestCase):
     def test_children_run_below_the_daemon(self) -> Any:
         """
         By default a ``/shell`` child runs at nice 10, oom_score_adj 500 and
-        (with autogroups) in a session group of nice 10; the daemon keeps its
+        (with autogroups) in a session group of nice 19; the daemon keeps its
         own nice value and oom_score_adj below the child's.
         """
         reply = yield self.request("POST", "/shell", {"command": REPORT})
@@ -59,7 +59,7 @@ class ChildPriorityTests(DaemonTestCase):
         self.assertEqual(nice, 10)
         self.assertEqual(oom, 500)
         if group != "none":
-            self.assertTrue(group.endswith(" nice 10"), group)
+            self.assertTrue(group.endswith(" nice 19"), group)
         self.assertLess(os.getpriority(os.PRIO_PROCESS, 0), nice)
         with open("/proc/self/oom_score_adj") as f:
             self.assertLess(int(f.read()), oom)
@@ -102,7 +102,7 @@ class PriorityOffTests(DaemonTestCase):
         self.assertEqual(reply.status, 200, reply.body)
         nice, oom, group = _fields(reply.json()["stdout"])
         self.assertLessEqual(nice, 0)
-        self.assertFalse(group.endswith(" nice 10"), group)
+        self.assertFalse(group.endswith(" nice 19"), group)
         with open("/proc/self/oom_score_adj") as f:
             self.assertEqual(oom, int(f.read()))
 
@@ -110,15 +110,26 @@ class PriorityOffTests(DaemonTestCase):
 class PriorityTunedTests(DaemonTestCase):
     """The policy's numbers are the children's."""
 
-    policy = {"priority": {"children_nice": 3, "children_oom_score_adj": 800}}
+    policy = {
+        "priority": {
+            "children_nice": 3,
+            "children_group_nice": 7,
+            "children_oom_score_adj": 800,
+        }
+    }
 
     @inlineCallbacks
     def test_policy_values(self) -> Any:
-        """children_nice and children_oom_score_adj are what a child reports."""
+        """
+        children_nice, children_group_nice (where the kernel groups tasks
+        by session) and children_oom_score_adj are what a child reports.
+        """
         reply = yield self.request("POST", "/shell", {"command": REPORT})
         self.assertEqual(reply.status, 200, reply.body)
-        nice, oom, _ = _fields(reply.json()["stdout"])
+        nice, oom, group = _fields(reply.json()["stdout"])
         self.assertEqual((nice, oom), (3, 800))
+        if group != "none":
+            self.assertTrue(group.endswith(" nice 7"), group)
 
 
 class DaemonOwnPriorityTests(DaemonTestCase):
@@ -160,6 +171,7 @@ class PolicyValueTests(SynchronousTestCase):
         for value, words in [
             ({"childrens_nice": 1}, "unknown key"),
             ({"children_nice": 20}, "outside 0..19"),
+            ({"children_group_nice": -1}, "outside 0..19"),
             ({"daemon_oom_score_adj": 5}, "outside -1000..0"),
             ({"children_nice": "10"}, "expected an integer"),
             ("yes", "expected true, false or an object"),
