@@ -528,12 +528,11 @@ def identity_cap(total: int, identities: int, explicit: int | None = None) -> in
 # level and oom_score_adj; the daemon, when it runs as root, at its own
 # (docs/operations.md).
 CHILD_NICE = 10
-# A child's session group (autogroup) weighs this nice value against the
-# daemon's group.  Each session is one group, so n busy sessions together
-# weigh n times one: at the lowest weight (19: 15 against nice 0's 1024)
-# two hundred streams together still weigh less than the daemon at -5.
-CHILD_GROUP_NICE = 19
 CHILD_IO_LEVEL = 7
 CHILD_OOM_SCORE_ADJ = 500
-DAEMON_NICE = -5
+# The daemon's own nice value (and, under autogroup scheduling, its session
+# group's): -15 weighs 29,154 against a nice-10 child's 110, so the daemon
+# keeps about half the CPU it asks for with 200 busy children (at -5,
+# 3,121: an eighth, and 200 streams' first lines came seconds late).
+DAEMON_NICE = -15
 DAEMON_OOM_SCORE_ADJ = -500

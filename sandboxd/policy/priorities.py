@@ -12,7 +12,6 @@ from typing import Any
 import attrs
 
 from sandboxd.policy.defaults import (
-    CHILD_GROUP_NICE,
     CHILD_IO_LEVEL,
     CHILD_NICE,
     CHILD_OOM_SCORE_ADJ,
@@ -39,9 +38,9 @@ class Priorities:
 
     :ivar children_nice: nice value of every child (0..19; 0 leaves it).
     :ivar children_group_nice: nice value of every child's session group
-        under the kernel's autogroup scheduling (0..19): a group's weight
-        counts once per session, so many sessions add up against the
-        daemon's one group where their tasks' nice values do not.
+        under the kernel's autogroup scheduling (0..19), None for
+        ``children_nice``'s: a group's weight counts once per session, so
+        many busy sessions add up against the daemon's one group.
     :ivar children_io_level: best-effort I/O level of every child (0..7,
         7 the lowest), or None to leave it.
     :ivar children_oom_score_adj: every child's ``oom_score_adj``
@@ -54,7 +53,7 @@ class Priorities:
 
     enabled: bool = True
     children_nice: int = CHILD_NICE
-    children_group_nice: int = CHILD_GROUP_NICE
+    children_group_nice: int | None = None
     children_io_level: int | None = CHILD_IO_LEVEL
     children_oom_score_adj: int = CHILD_OOM_SCORE_ADJ
     daemon_nice: int = DAEMON_NICE
@@ -91,7 +90,7 @@ def priorities_from(value: Any) -> Priorities:
         if key == "enabled":
             if not isinstance(item, bool):
                 raise ValueError("priority.enabled: expected true or false")
-        elif key == "children_io_level" and item is None:
+        elif key in ("children_io_level", "children_group_nice") and item is None:
             pass
         else:
             low, high = _RANGES[key]

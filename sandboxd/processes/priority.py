@@ -228,11 +228,14 @@ class ChildPriority:
                 os.setpriority(os.PRIO_PROCESS, pid, p.children_nice)
             except OSError:
                 pass
-        if p.children_group_nice and _autogroups():
+        group = (
+            p.children_nice if p.children_group_nice is None else p.children_group_nice
+        )
+        if group and _autogroups():
             # The child leads a session of its own, hence an autogroup of its
             # own, whose weight (not the task's nice) sets its CPU share
             # against the daemon's group; n sessions weigh n groups.
-            _write_value(f"/proc/{pid}/autogroup", p.children_group_nice)
+            _write_value(f"/proc/{pid}/autogroup", group)
 
     def _raise_oom(self, value: int) -> None:
         # Process-wide: spawns on several threads at once share one raise.

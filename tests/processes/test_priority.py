@@ -50,7 +50,7 @@ class ChildPriorityTests(DaemonTestCase):
     def test_children_run_below_the_daemon(self) -> Any:
         """
         By default a ``/shell`` child runs at nice 10, oom_score_adj 500 and
-        (with autogroups) in a session group of nice 19; the daemon keeps its
+        (with autogroups) in a session group of nice 10; the daemon keeps its
         own nice value and oom_score_adj below the child's.
         """
         reply = yield self.request("POST", "/shell", {"command": REPORT})
@@ -59,7 +59,7 @@ class ChildPriorityTests(DaemonTestCase):
         self.assertEqual(nice, 10)
         self.assertEqual(oom, 500)
         if group != "none":
-            self.assertTrue(group.endswith(" nice 19"), group)
+            self.assertTrue(group.endswith(" nice 10"), group)
         self.assertLess(os.getpriority(os.PRIO_PROCESS, 0), nice)
         with open("/proc/self/oom_score_adj") as f:
             self.assertLess(int(f.read()), oom)
@@ -102,7 +102,7 @@ class PriorityOffTests(DaemonTestCase):
         self.assertEqual(reply.status, 200, reply.body)
         nice, oom, group = _fields(reply.json()["stdout"])
         self.assertLessEqual(nice, 0)
-        self.assertFalse(group.endswith(" nice 19"), group)
+        self.assertFalse(group.endswith(" nice 10"), group)
         with open("/proc/self/oom_score_adj") as f:
             self.assertEqual(oom, int(f.read()))
 
@@ -145,11 +145,11 @@ class DaemonOwnPriorityTests(DaemonTestCase):
 
     @inlineCallbacks
     def test_daemon_priorities_while_running(self) -> Any:
-        """While it runs the daemon is at oom_score_adj -500 and nice -5 at most; after stop, as before."""
+        """While it runs the daemon is at oom_score_adj -500 and nice -15 at most; after stop, as before."""
         if _may_lower_oom():
             with open("/proc/self/oom_score_adj") as f:
                 self.assertLessEqual(int(f.read()), -500)
-        self.assertLessEqual(os.getpriority(os.PRIO_PROCESS, 0), -5)
+        self.assertLessEqual(os.getpriority(os.PRIO_PROCESS, 0), -15)
         yield self.daemon.stop()
         with open("/proc/self/oom_score_adj") as f:
             self.assertEqual(int(f.read()), self.before_oom)
@@ -165,6 +165,10 @@ class PolicyValueTests(SynchronousTestCase):
         self.assertFalse(priorities_from(False).enabled)
         tuned = priorities_from({"children_nice": 19, "children_io_level": None})
         self.assertEqual((tuned.children_nice, tuned.children_io_level), (19, None))
+        self.assertIsNone(tuned.children_group_nice)
+        self.assertEqual(
+            priorities_from({"children_group_nice": 19}).children_group_nice, 19
+        )
 
     def test_bad_values(self) -> None:
         """Unknown keys, values out of range and wrong types are refused by name."""
