@@ -530,9 +530,5 @@ def identity_cap(total: int, identities: int, explicit: int | None = None) -> in
 CHILD_NICE = 10
 CHILD_IO_LEVEL = 7
 CHILD_OOM_SCORE_ADJ = 500
-# The daemon's own nice value (and, under autogroup scheduling, its session
-# group's): -15 weighs 29,154 against a nice-10 child's 110, so the daemon
-# keeps about half the CPU it asks for with 200 busy children (at -5,
-# 3,121: an eighth, and 200 streams' first lines came seconds late).
-DAEMON_NICE = -15
+DAEMON_NICE = -5
 DAEMON_OOM_SCORE_ADJ = -500

@@ -63,6 +63,7 @@ class ChildPriorityTests(DaemonTestCase):
         self.assertLess(os.getpriority(os.PRIO_PROCESS, 0), nice)
         with open("/proc/self/oom_score_adj") as f:
             self.assertLess(int(f.read()), oom)
+        self.assertEqual(priority.CHILD_PRIORITY.tracked(), 0)
 
     @inlineCallbacks
     def test_background_process_is_reniced(self) -> Any:
@@ -145,11 +146,11 @@ class DaemonOwnPriorityTests(DaemonTestCase):
 
     @inlineCallbacks
     def test_daemon_priorities_while_running(self) -> Any:
-        """While it runs the daemon is at oom_score_adj -500 and nice -15 at most; after stop, as before."""
+        """While it runs the daemon is at oom_score_adj -500 and nice -5 at most; after stop, as before."""
         if _may_lower_oom():
             with open("/proc/self/oom_score_adj") as f:
                 self.assertLessEqual(int(f.read()), -500)
-        self.assertLessEqual(os.getpriority(os.PRIO_PROCESS, 0), -15)
+        self.assertLessEqual(os.getpriority(os.PRIO_PROCESS, 0), -5)
         yield self.daemon.stop()
         with open("/proc/self/oom_score_adj") as f:
             self.assertEqual(int(f.read()), self.before_oom)
@@ -183,3 +184,54 @@ class PolicyValueTests(SynchronousTestCase):
             with self.assertRaises(ValueError) as caught:
                 priorities_from(value)
             self.assertIn(words, str(caught.exception))
+
+
+class GroupWeightTests(SynchronousTestCase):
+    """Many children's session groups together weigh no more than the daemon's group."""
+
+    def test_levels(self) -> None:
+        """
+        A few children keep the base nice value; more make each lighter,
+        down to the lightest (19) once even that cannot keep within the
+        daemon's weight.
+        """
+        budget = priority.weight(-5)
+        self.assertEqual(priority.group_nice_for(10, budget, 1), 10)
+        self.assertEqual(priority.group_nice_for(10, budget, 28), 10)
+        self.assertEqual(priority.group_nice_for(10, budget, 29), 11)
+        self.assertEqual(priority.group_nice_for(10, budget, 200), 19)
+        self.assertEqual(priority.group_nice_for(10, budget, 1000), 19)
+        self.assertEqual(priority.group_nice_for(15, budget, 1), 15)
+        for alive in (1, 29, 100, 200):
+            nice = priority.group_nice_for(10, budget, alive)
+            self.assertLessEqual(alive * priority.weight(nice), budget)
+
+    def test_live_groups_follow(self) -> None:
+        """
+        When a new child's level is lighter, the live children's groups are
+        rewritten to it; a reaped child's is never written again.
+        """
+        written: list[tuple[str, int]] = []
+        self.patch(priority, "_write_value", lambda path, v: written.append((path, v)))
+        self.patch(priority, "_autogroups", lambda: True)
+        prio = priority.ChildPriority()
+        prio.priorities = priorities_from(True)
+        prio._budget = priority.weight(-5)
+        for pid in range(1000, 1028):
+            prio.spawned(pid)
+        self.assertEqual({v for _, v in written}, {10})
+        prio.ended(1000)
+        written.clear()
+        prio.spawned(2000)
+        prio.spawned(2001)
+        self.assertEqual(
+            written,
+            [("/proc/2000/autogroup", 10)]
+            + [
+                (f"/proc/{pid}/autogroup", 11)
+                for pid in [*range(1001, 1028), 2000, 2001]
+            ],
+        )
+        written.clear()
+        prio.spawned(3000, tracked=False)
+        self.assertEqual(written, [("/proc/3000/autogroup", 11)])
