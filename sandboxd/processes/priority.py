@@ -307,9 +307,10 @@ class ChildPriority:
         if nice:
             _write_value(f"/proc/{pid}/autogroup", nice)
 
-    def tracked(self) -> int:
-        """How many live children's groups are weighed together."""
-        return len(self._groups)
+    def tracked(self) -> frozenset[int]:
+        """The live children whose groups are weighed together."""
+        with self._lock:
+            return frozenset(self._groups)
 
     def ended(self, pid: int) -> None:
         """A tracked child was reaped: its pid stops being ours."""

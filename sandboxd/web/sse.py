@@ -67,7 +67,7 @@ def _send_now(request: Request) -> None:
     work to each event and a dispatch of the socket's writability per
     write.
     """
-    send_now(getattr(request.channel, "transport", None))
+    send_now(getattr(getattr(request, "channel", None), "transport", None))
 
 
 class SSEChannel:

@@ -11,7 +11,9 @@ import shlex
 import subprocess
 from typing import Any
 
+from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.policy.priorities import priorities_from
@@ -33,6 +35,15 @@ REPORT = shlex.join(
 def _fields(stdout: str) -> tuple[int, int, str]:
     nice, oom, group = stdout.strip().splitlines()
     return int(nice), int(oom), group
+
+
+def _autogroups_on() -> bool:
+    """Whether the kernel groups tasks by session here."""
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False
 
 
 def _may_lower_oom() -> bool:
@@ -63,7 +74,6 @@ class ChildPriorityTests(DaemonTestCase):
         self.assertLess(os.getpriority(os.PRIO_PROCESS, 0), nice)
         with open("/proc/self/oom_score_adj") as f:
             self.assertLess(int(f.read()), oom)
-        self.assertEqual(priority.CHILD_PRIORITY.tracked(), 0)
 
     @inlineCallbacks
     def test_background_process_is_reniced(self) -> Any:
@@ -79,6 +89,27 @@ class ChildPriorityTests(DaemonTestCase):
         io = priority.ioprio_of(pid)
         if io >= 0:
             self.assertEqual(io, priority.best_effort(7))
+
+    @inlineCallbacks
+    def test_reaped_child_leaves_the_count(self) -> Any:
+        """
+        A running child's group is counted among the live ones; once the
+        child is killed and reaped its pid is not (never written again).
+        """
+        reply = yield self.request("POST", "/process/start", {"command": "sleep 30"})
+        self.assertEqual(reply.status, 200, reply.body)
+        pid = reply.json()["pid"]
+        if _autogroups_on():
+            self.assertIn(pid, priority.CHILD_PRIORITY.tracked())
+        reply = yield self.request(
+            "POST", f"/process/{pid}/signal", {"signal": "SIGKILL"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        for _ in range(250):
+            if pid not in priority.CHILD_PRIORITY.tracked():
+                break
+            yield deferLater(reactor, 0.02, lambda: None)
+        self.assertNotIn(pid, priority.CHILD_PRIORITY.tracked())
 
     @inlineCallbacks
     def test_daemon_thread_gets_its_priority_back(self) -> Any:
