@@ -21,12 +21,15 @@ from sandboxd.processes import priority
 from tests.helpers import DaemonTestCase
 
 #: What a child reports of itself: its nice value (field 19 of stat), its
-#: oom_score_adj, and its autogroup's nice value.
+#: oom_score_adj, and its autogroup's nice value.  The session group's
+#: value is written just after the spawn returns, so on a loaded machine
+#: the child's first instants may precede it: the child reads it last,
+#: after a pause.
 REPORT = shlex.join(
     [
         "sh",
         "-c",
-        "cut -d' ' -f19 /proc/$$/stat; cat /proc/$$/oom_score_adj; "
+        "cut -d' ' -f19 /proc/$$/stat; cat /proc/$$/oom_score_adj; sleep 0.2; "
         "cat /proc/$$/autogroup 2>/dev/null || echo none",
     ]
 )
