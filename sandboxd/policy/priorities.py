@@ -23,6 +23,7 @@ from sandboxd.policy.defaults import (
 PRIORITY_KEYS = (
     "enabled",
     "children_nice",
+    "children_group_nice",
     "children_io_level",
     "children_oom_score_adj",
     "daemon_nice",
@@ -36,6 +37,10 @@ class Priorities:
     What the policy asks for (``priority`` in the document).
 
     :ivar children_nice: nice value of every child (0..19; 0 leaves it).
+    :ivar children_group_nice: nice value of every child's session group
+        under the kernel's autogroup scheduling (0..19), None for
+        ``children_nice``'s: a group's weight counts once per session, so
+        many busy sessions add up against the daemon's one group.
     :ivar children_io_level: best-effort I/O level of every child (0..7,
         7 the lowest), or None to leave it.
     :ivar children_oom_score_adj: every child's ``oom_score_adj``
@@ -48,6 +53,7 @@ class Priorities:
 
     enabled: bool = True
     children_nice: int = CHILD_NICE
+    children_group_nice: int | None = None
     children_io_level: int | None = CHILD_IO_LEVEL
     children_oom_score_adj: int = CHILD_OOM_SCORE_ADJ
     daemon_nice: int = DAEMON_NICE
@@ -56,6 +62,7 @@ class Priorities:
 
 _RANGES = {
     "children_nice": (0, 19),
+    "children_group_nice": (0, 19),
     "children_io_level": (0, 7),
     "children_oom_score_adj": (-1000, 1000),
     "daemon_nice": (-20, 0),
@@ -83,7 +90,7 @@ def priorities_from(value: Any) -> Priorities:
         if key == "enabled":
             if not isinstance(item, bool):
                 raise ValueError("priority.enabled: expected true or false")
-        elif key == "children_io_level" and item is None:
+        elif key in ("children_io_level", "children_group_nice") and item is None:
             pass
         else:
             low, high = _RANGES[key]

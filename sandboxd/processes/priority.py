@@ -15,7 +15,11 @@ at once.  As envd does for its sandboxes, the daemon:
 With the kernel's autogroup scheduling (most distributions' default), a
 child that leads its own session is also a scheduling group of its own,
 whose weight is the group's nice value, not the task's: the daemon sets
-that too (``/proc/PID/autogroup``), for the child's whole session.
+that too (``/proc/PID/autogroup``), for the child's whole session.  A
+group weighs the same whatever it holds, so n busy sessions weigh n
+groups: with many children alive each one's group is lighter
+(:func:`group_nice_for`), so that on the daemon's CPU they never
+outweigh the daemon's one group.
 
 A child gets its priorities before it execs: the spawning thread takes
 the child's nice value and I/O priority (both are per thread on Linux and
@@ -50,6 +54,40 @@ _IOPRIO_GET = {"x86_64": 252, "aarch64": 31, "i686": 290, "armv7l": 315}
 
 
 _MACHINE = os.uname().machine
+
+#: The scheduler's weight of each nice value, -20 to 19 (the kernel's
+#: ``sched_prio_to_weight``).
+_WEIGHTS = (
+    *(88761, 71755, 56483, 46273, 36291, 29154, 23254, 18705, 14949, 11916),
+    *(9548, 7620, 6100, 4904, 3906, 3121, 2501, 1991, 1586, 1277),
+    *(1024, 820, 655, 526, 423, 335, 272, 215, 172, 137),
+    *(110, 87, 70, 56, 45, 36, 29, 23, 18, 15),
+)
+
+
+def weight(nice: int) -> int:
+    """The scheduler's weight of a task or group at ``nice``."""
+    return _WEIGHTS[min(max(nice, -20), 19) + 20]
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def group_nice_for(base: int, budget: int, alive: int) -> int:
+    """
+    The nice value, ``base`` or above, at which ``alive`` session groups
+    together weigh at most ``budget`` (the daemon's own group, once per
+    CPU); 19, the lightest, when none does.
+    """
+    for nice in range(max(base, 0), 20):
+        if alive * weight(nice) <= budget:
+            return nice
+    return 19
 
 
 def _syscall(table: Mapping[str, int], *args: int) -> int:
@@ -136,6 +174,12 @@ class ChildPriority:
         self._own_oom: int | None = None
         self._restorable = False
         self._original: tuple[int, int | None, int | None] | None = None
+        #: The weight the children's session groups share: the daemon's
+        #: group's on each CPU the daemon may run on (the daemon is one busy
+        #: thread; the children spread over all of them).
+        self._budget = weight(0) * _cpus()
+        #: Live children's session leaders, by pid, with their group's nice value.
+        self._groups: dict[int, int] = {}
 
     def configure(self, priorities: Priorities) -> None:
         """Take a (re)loaded policy's priorities; raise the daemon's own when it may."""
@@ -156,6 +200,9 @@ class ChildPriority:
             pass
         if _autogroups():
             _write_value("/proc/self/autogroup", priorities.daemon_nice)
+        group = _read_autogroup_nice()
+        if group is not None:
+            self._budget = weight(group) * _cpus()
         own = _read_oom("/proc/self/oom_score_adj")
         if own is not None and own > priorities.daemon_oom_score_adj:
             _write_value("/proc/self/oom_score_adj", priorities.daemon_oom_score_adj)
@@ -214,24 +261,61 @@ class ChildPriority:
             if nice is not None and before_nice is not None:
                 os.setpriority(os.PRIO_PROCESS, tid, before_nice)
 
-    def spawned(self, pid: int) -> None:
+    def spawned(self, pid: int, tracked: bool = True) -> None:
         """
         After a spawn: the child's nice value by pid where the thread could
-        not carry it (the daemon could not have raised its own back).
+        not carry it (the daemon could not have raised its own back), and
+        its session group's.
+
+        :param tracked: the caller calls :meth:`ended` once the child is
+            reaped; its group is made lighter while more children start.
         """
         p = self.priorities
-        if not p.enabled or not p.children_nice:
+        if not p.enabled:
             return
-        if not self._restorable:
+        if p.children_nice and not self._restorable:
             try:
                 os.setpriority(os.PRIO_PROCESS, pid, p.children_nice)
             except OSError:
                 pass
         if _autogroups():
-            # The child leads a session of its own, hence an autogroup of its
-            # own, whose weight (not the task's nice) sets its CPU share
-            # against the daemon's group.
-            _write_value(f"/proc/{pid}/autogroup", p.children_nice)
+            self._weigh_group(pid, tracked)
+
+    def _weigh_group(self, pid: int, tracked: bool) -> None:
+        """
+        The child leads a session of its own, hence an autogroup of its own,
+        whose weight (not the task's nice) sets its CPU share against the
+        daemon's group.  The more children are alive, the lighter a new
+        one's group, and the live ones' follow when the level drops.
+        """
+        p = self.priorities
+        base = (
+            p.children_nice if p.children_group_nice is None else p.children_group_nice
+        )
+        with self._lock:
+            nice = group_nice_for(base, self._budget, len(self._groups) + 1)
+            heavier = [other for other, was in self._groups.items() if was < nice]
+            for other in heavier:
+                self._groups[other] = nice
+            if tracked:
+                self._groups[pid] = nice
+        # A tracked pid names a child not yet reaped, or reaped this very
+        # moment: the kernel hands pids out in turn and gives a number
+        # again only after going round pid_max, so never a stranger.
+        for other in heavier:
+            _write_value(f"/proc/{other}/autogroup", nice)
+        if nice:
+            _write_value(f"/proc/{pid}/autogroup", nice)
+
+    def tracked(self) -> frozenset[int]:
+        """The live children whose groups are weighed together."""
+        with self._lock:
+            return frozenset(self._groups)
+
+    def ended(self, pid: int) -> None:
+        """A tracked child was reaped: its pid stops being ours."""
+        with self._lock:
+            self._groups.pop(pid, None)
 
     def _raise_oom(self, value: int) -> None:
         # Process-wide: spawns on several threads at once share one raise.

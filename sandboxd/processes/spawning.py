@@ -105,6 +105,16 @@ class SessionProcess(_twisted_process.Process):
         os.setsid()
         super()._setupChild(*args, **kwargs)  # type: ignore[no-untyped-call]
 
+    def processEnded(self, status: int) -> None:
+        """Reaped: the child's pid leaves the priorities' count."""
+        _reaped(self.pid)
+        super().processEnded(status)
+
+
+def _reaped(pid: int | None) -> None:
+    if pid is not None:
+        CHILD_PRIORITY.ended(pid)
+
 
 def _as_user(
     executable: str, args: list[str], uid: int | None, gid: int | None
@@ -161,6 +171,11 @@ class AdoptedProcess(_twisted_process.Process):
         except BaseException:
             log.err()
         _twisted_process.registerReapProcessHandler(pid, self)
+
+    def processEnded(self, status: int) -> None:
+        """Reaped: the child's pid leaves the priorities' count."""
+        _reaped(self.pid)
+        super().processEnded(status)
 
 
 def _pipes(

@@ -632,7 +632,9 @@ def spawn_shell(reactor: Any, session: PtySession, spec: SpawnRequest) -> None:
                 usePTY=(master, slave, os.ttyname(slave)),
             )
         if transport.pid is not None:
-            CHILD_PRIORITY.spawned(transport.pid)
+            # A terminal's group is weighed once: Twisted's PTY transport
+            # reaps it without telling the priorities.
+            CHILD_PRIORITY.spawned(transport.pid, tracked=False)
     except BaseException:
         # Twisted closes neither end of a PTY it was handed when it fails.
         for fd in (master, slave):

@@ -13,7 +13,6 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet import tcp
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.python.failure import Failure
@@ -23,6 +22,7 @@ from zope.interface import implementer
 from sandboxd.eventlog import Event, EventLog
 from sandboxd.policy.defaults import HEARTBEAT_SECONDS
 from sandboxd.web.params import integer
+from sandboxd.web.sending import send_now
 
 
 def frame(event: str, data: Any, id: int | None = None) -> bytes:
@@ -59,18 +59,15 @@ class _ProducerAdapter:
 def _send_now(request: Request) -> None:
     """
     Send what the transport holds now rather than on the reactor's next
-    turn: for the headers and the first event of a stream, whose latency
-    is the one a client notices (a command's first line).  Later events
-    keep Twisted's batching.  A failed send is left to the transport,
-    which is still watching for writability and fails the same way then.
+    turn (:func:`sandboxd.web.sending.send_now`): every event, the first
+    one included, whose latency is the one a client notices (a command's
+    first line, a line among hundreds of streams).  The stream's own
+    coalescing (``LineStream``) already makes one write of what arrives
+    close together; waiting for the turn only added the rest of the turn's
+    work to each event and a dispatch of the socket's writability per
+    write.
     """
-    transport = getattr(request.channel, "transport", None)
-    if (
-        isinstance(transport, tcp.Connection)
-        and transport.connected
-        and not transport.disconnecting
-    ):
-        transport.doWrite()
+    send_now(getattr(getattr(request, "channel", None), "transport", None))
 
 
 class SSEChannel:
@@ -116,12 +113,12 @@ class SSEChannel:
         self._every = heartbeat
         self._beat_call: Any = clock.callLater(heartbeat, self._beat)
         self._producer: _ProducerAdapter | None = None
-        self._first_sent = False
         # The status and headers leave now: a client whose command prints
         # nothing for a while would otherwise wait for them until the first
         # event or heartbeat, and one with a read timeout (httpx's default
         # is 5 s) would give up on a stream that is running fine.
         request.write(b"")
+        _send_now(request)
 
     def send(self, event: str, data: Any, id: int | None = None) -> None:
         """Write one event now."""
@@ -133,9 +130,7 @@ class SSEChannel:
             return
         self._last_write = self._clock.seconds()
         self._request.write(data)
-        if not self._first_sent:
-            self._first_sent = True
-            _send_now(self._request)
+        _send_now(self._request)
 
     def comment(self, text: str = "keep-alive") -> None:
         """A comment line, ignored by clients, that keeps proxies awake."""

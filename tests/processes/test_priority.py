@@ -11,7 +11,9 @@ import shlex
 import subprocess
 from typing import Any
 
+from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.policy.priorities import priorities_from
@@ -19,12 +21,15 @@ from sandboxd.processes import priority
 from tests.helpers import DaemonTestCase
 
 #: What a child reports of itself: its nice value (field 19 of stat), its
-#: oom_score_adj, and its autogroup's nice value.
+#: oom_score_adj, and its autogroup's nice value.  The session group's
+#: value is written just after the spawn returns, so on a loaded machine
+#: the child's first instants may precede it: the child reads it last,
+#: after a pause.
 REPORT = shlex.join(
     [
         "sh",
         "-c",
-        "cut -d' ' -f19 /proc/$$/stat; cat /proc/$$/oom_score_adj; "
+        "cut -d' ' -f19 /proc/$$/stat; cat /proc/$$/oom_score_adj; sleep 0.2; "
         "cat /proc/$$/autogroup 2>/dev/null || echo none",
     ]
 )
@@ -33,6 +38,15 @@ REPORT = shlex.join(
 def _fields(stdout: str) -> tuple[int, int, str]:
     nice, oom, group = stdout.strip().splitlines()
     return int(nice), int(oom), group
+
+
+def _autogroups_on() -> bool:
+    """Whether the kernel groups tasks by session here."""
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False
 
 
 def _may_lower_oom() -> bool:
@@ -80,6 +94,27 @@ class ChildPriorityTests(DaemonTestCase):
             self.assertEqual(io, priority.best_effort(7))
 
     @inlineCallbacks
+    def test_reaped_child_leaves_the_count(self) -> Any:
+        """
+        A running child's group is counted among the live ones; once the
+        child is killed and reaped its pid is not (never written again).
+        """
+        reply = yield self.request("POST", "/process/start", {"command": "sleep 30"})
+        self.assertEqual(reply.status, 200, reply.body)
+        pid = reply.json()["pid"]
+        if _autogroups_on():
+            self.assertIn(pid, priority.CHILD_PRIORITY.tracked())
+        reply = yield self.request(
+            "POST", f"/process/{pid}/signal", {"signal": "SIGKILL"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        for _ in range(250):
+            if pid not in priority.CHILD_PRIORITY.tracked():
+                break
+            yield deferLater(reactor, 0.02, lambda: None)
+        self.assertNotIn(pid, priority.CHILD_PRIORITY.tracked())
+
+    @inlineCallbacks
     def test_daemon_thread_gets_its_priority_back(self) -> Any:
         """After a spawn the daemon's thread runs at its own nice value and I/O priority again."""
         nice = os.getpriority(os.PRIO_PROCESS, 0)
@@ -110,15 +145,26 @@ class PriorityOffTests(DaemonTestCase):
 class PriorityTunedTests(DaemonTestCase):
     """The policy's numbers are the children's."""
 
-    policy = {"priority": {"children_nice": 3, "children_oom_score_adj": 800}}
+    policy = {
+        "priority": {
+            "children_nice": 3,
+            "children_group_nice": 7,
+            "children_oom_score_adj": 800,
+        }
+    }
 
     @inlineCallbacks
     def test_policy_values(self) -> Any:
-        """children_nice and children_oom_score_adj are what a child reports."""
+        """
+        children_nice, children_group_nice (where the kernel groups tasks
+        by session) and children_oom_score_adj are what a child reports.
+        """
         reply = yield self.request("POST", "/shell", {"command": REPORT})
         self.assertEqual(reply.status, 200, reply.body)
-        nice, oom, _ = _fields(reply.json()["stdout"])
+        nice, oom, group = _fields(reply.json()["stdout"])
         self.assertEqual((nice, oom), (3, 800))
+        if group != "none":
+            self.assertTrue(group.endswith(" nice 7"), group)
 
 
 class DaemonOwnPriorityTests(DaemonTestCase):
@@ -154,12 +200,17 @@ class PolicyValueTests(SynchronousTestCase):
         self.assertFalse(priorities_from(False).enabled)
         tuned = priorities_from({"children_nice": 19, "children_io_level": None})
         self.assertEqual((tuned.children_nice, tuned.children_io_level), (19, None))
+        self.assertIsNone(tuned.children_group_nice)
+        self.assertEqual(
+            priorities_from({"children_group_nice": 19}).children_group_nice, 19
+        )
 
     def test_bad_values(self) -> None:
         """Unknown keys, values out of range and wrong types are refused by name."""
         for value, words in [
             ({"childrens_nice": 1}, "unknown key"),
             ({"children_nice": 20}, "outside 0..19"),
+            ({"children_group_nice": -1}, "outside 0..19"),
             ({"daemon_oom_score_adj": 5}, "outside -1000..0"),
             ({"children_nice": "10"}, "expected an integer"),
             ("yes", "expected true, false or an object"),
@@ -167,3 +218,54 @@ class PolicyValueTests(SynchronousTestCase):
             with self.assertRaises(ValueError) as caught:
                 priorities_from(value)
             self.assertIn(words, str(caught.exception))
+
+
+class GroupWeightTests(SynchronousTestCase):
+    """Many children's session groups together weigh no more than the daemon's group."""
+
+    def test_levels(self) -> None:
+        """
+        A few children keep the base nice value; more make each lighter,
+        down to the lightest (19) once even that cannot keep within the
+        daemon's weight.
+        """
+        budget = priority.weight(-5)
+        self.assertEqual(priority.group_nice_for(10, budget, 1), 10)
+        self.assertEqual(priority.group_nice_for(10, budget, 28), 10)
+        self.assertEqual(priority.group_nice_for(10, budget, 29), 11)
+        self.assertEqual(priority.group_nice_for(10, budget, 200), 19)
+        self.assertEqual(priority.group_nice_for(10, budget, 1000), 19)
+        self.assertEqual(priority.group_nice_for(15, budget, 1), 15)
+        for alive in (1, 29, 100, 200):
+            nice = priority.group_nice_for(10, budget, alive)
+            self.assertLessEqual(alive * priority.weight(nice), budget)
+
+    def test_live_groups_follow(self) -> None:
+        """
+        When a new child's level is lighter, the live children's groups are
+        rewritten to it; a reaped child's is never written again.
+        """
+        written: list[tuple[str, int]] = []
+        self.patch(priority, "_write_value", lambda path, v: written.append((path, v)))
+        self.patch(priority, "_autogroups", lambda: True)
+        prio = priority.ChildPriority()
+        prio.priorities = priorities_from(True)
+        prio._budget = priority.weight(-5)
+        for pid in range(1000, 1028):
+            prio.spawned(pid)
+        self.assertEqual({v for _, v in written}, {10})
+        prio.ended(1000)
+        written.clear()
+        prio.spawned(2000)
+        prio.spawned(2001)
+        self.assertEqual(
+            written,
+            [("/proc/2000/autogroup", 10)]
+            + [
+                (f"/proc/{pid}/autogroup", 11)
+                for pid in [*range(1001, 1028), 2000, 2001]
+            ],
+        )
+        written.clear()
+        prio.spawned(3000, tracked=False)
+        self.assertEqual(written, [("/proc/3000/autogroup", 11)])

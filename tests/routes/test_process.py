@@ -953,6 +953,12 @@ class StreamHeadersTests(ProcessCase):
         head = received.split(b"\r\n\r\n")[0].lower()
         self.assertTrue(head.startswith(b"http/1.1 200 "), received)
         self.assertIn(b"content-type: text/event-stream", head)
+        # The head leaves the moment the child is spawned, which may be while
+        # its shell is still exec'ing sleep (an empty /proc/PID/cmdline).
+        for _ in range(50):
+            if marked_pids(self.marker):
+                break
+            yield sleep_(0.02)
         self.assertEqual(len(marked_pids(self.marker)), 1)
 
 

@@ -25,7 +25,7 @@ from sandboxd.policy.defaults import LARGE_BODY_BYTES, LARGE_READ_BYTES
 from sandboxd.routes import builtin_table
 from sandboxd.web.factory import SandboxSite
 from sandboxd.web.messages import SSEResponse
-from sandboxd.web.sse import _send_now
+from sandboxd.web.sse import SSEChannel, _send_now
 
 
 def make_site(
@@ -277,3 +277,55 @@ class FirstEventTests(TestCase):
         _send_now(request)  # type: ignore[arg-type]
         client.settimeout(1)
         self.assertEqual(client.recv(100), b"event: stdout\ndata: {}\n\n")
+
+
+class _FakeStreamRequest:
+    """Just what an SSEChannel uses of a request, writing to a real transport."""
+
+    def __init__(self, transport: Any) -> None:
+        self.channel = SimpleNamespace(transport=transport)
+
+    def setResponseCode(self, code: int) -> None:
+        pass
+
+    def setHeader(self, name: Any, value: Any) -> None:
+        pass
+
+    def notifyFinish(self) -> Deferred[None]:
+        return Deferred()
+
+    def write(self, data: bytes) -> None:
+        if data:
+            self.channel.transport.write(data)
+
+
+class EveryEventTests(TestCase):
+    """Every event of a stream leaves at once, not only the first."""
+
+    @inlineCallbacks
+    def test_later_events_on_the_socket_at_once(self) -> Any:
+        """
+        A client reading without letting the reactor run has each event as
+        soon as the stream wrote it: the second and third too.
+        """
+        connected: Deferred[Any] = Deferred()
+
+        class Server(Protocol):
+            def connectionMade(self) -> None:
+                connected.callback(self.transport)
+
+        port = reactor.listenTCP(0, Factory.forProtocol(Server), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        client = socket.create_connection(("127.0.0.1", port.getHost().port))
+        self.addCleanup(client.close)
+        transport = yield connected
+        self.addCleanup(transport.loseConnection)
+        channel = SSEChannel(
+            _FakeStreamRequest(transport),  # type: ignore[arg-type]
+            MemoryReactorClock(),
+        )
+        client.settimeout(1)
+        for n in (1, 2, 3):
+            channel.send("stdout", {"data": str(n)})
+            expected = f'event: stdout\ndata: {{"data":"{n}"}}\n\n'.encode()
+            self.assertEqual(client.recv(100), expected)

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""
+Many streams started at once (the shared harness's W7), seen from each
+client and from the scheduler: when each client's head and first
+``stdout`` event arrived, whether the first events came in the order the
+streams were started, and how long the daemon ran and how long it waited
+for a CPU meanwhile (``/proc/PID/task/*/schedstat``).
+
+The wait is the figure that explains a late first event: when it is large
+against the run time, the daemon was ready to answer and relay but the
+children had the CPUs.
+
+    .venv/bin/python bench/first_events.py [--clients 200] [--rounds 3] [--policy FILE]
+
+One JSON line per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import json
+import os
+import secrets
+import signal
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from daemon import start_daemon
+
+#: The shared harness's W7 command: 50 lines, 20 ms apart.
+COMMAND = "sh -c 'for i in $(seq 1 50); do echo $i; sleep 0.02; done'"
+
+
+def schedstat(pid: int) -> tuple[int, int]:
+    """Nanoseconds the process's threads ran and waited on a run queue."""
+    ran = waited = 0
+    for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+        try:
+            with open(path) as f:
+                run, wait, _ = f.read().split()
+        except (OSError, ValueError):
+            continue
+        ran += int(run)
+        waited += int(wait)
+    return ran, waited
+
+
+async def one(port: int, token: str, index: int, t0: float) -> dict[str, Any]:
+    """One stream: seconds from ``t0`` to its head, first event and end."""
+    body = json.dumps({"command": COMMAND, "timeout": 60}).encode()
+    head = (
+        f"POST /shell/stream HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+        f"Accept: text/event-stream\r\nConnection: close\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+    record: dict[str, Any] = {"i": index}
+    try:
+        writer.write(head + body)
+        seen = b""
+        while True:
+            data = await reader.read(1 << 16)
+            if not data:
+                break
+            now = time.perf_counter() - t0
+            seen += data
+            if "head" not in record and b"\r\n\r\n" in seen:
+                record["head"] = now
+            if "first" not in record and b"event: stdout" in seen:
+                record["first"] = now
+                seen = b""
+            elif len(seen) > 4096:
+                seen = seen[-64:]
+        record["end"] = time.perf_counter() - t0
+    finally:
+        writer.close()
+    return record
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[int(q * (len(ordered) - 1))]
+
+
+async def streams(port: int, token: str, clients: int) -> list[Any]:
+    t0 = time.perf_counter()
+    return await asyncio.gather(
+        *(one(port, token, i, t0) for i in range(clients)), return_exceptions=True
+    )
+
+
+def round_(port: int, token: str, pid: int, clients: int) -> dict[str, Any]:
+    """One round of ``clients`` streams: the figures of one JSON line."""
+    ran0, waited0 = schedstat(pid)
+    results = asyncio.run(streams(port, token, clients))
+    ran1, waited1 = schedstat(pid)
+    done = [r for r in results if isinstance(r, dict) and "first" in r]
+    out: dict[str, Any] = {"clients": clients, "with_first_event": len(done)}
+    for key in ("head", "first", "end"):
+        values = [r[key] for r in done if key in r]
+        if values:
+            out[f"{key}_p50_ms"] = round(quantile(values, 0.5) * 1000)
+            out[f"{key}_p99_ms"] = round(quantile(values, 0.99) * 1000)
+    firsts = [r["first"] for r in sorted(done, key=lambda r: r["i"])]
+    pairs = len(firsts) * (len(firsts) - 1) // 2
+    inverted = sum(
+        1
+        for a in range(len(firsts))
+        for b in range(a + 1, len(firsts))
+        if firsts[a] > firsts[b]
+    )
+    out["first_events_out_of_start_order"] = (
+        round(inverted / pairs, 3) if pairs else None
+    )
+    out["daemon_ran_ms"] = (ran1 - ran0) // 10**6
+    out["daemon_waited_ms"] = (waited1 - waited0) // 10**6
+    out["load1"] = os.getloadavg()[0]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clients", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--policy", help="a policy file for the daemon")
+    a = ap.parse_args()
+    policy = None
+    if a.policy:
+        with open(a.policy) as f:
+            policy = json.load(f)
+    token = secrets.token_hex(16)
+    for _ in range(a.rounds):
+        with tempfile.TemporaryDirectory(prefix="first-events-") as base:
+            proc, port = start_daemon(base, token, policy)
+            try:
+                time.sleep(1.0)
+                print(json.dumps(round_(port, token, proc.pid, a.clients)), flush=True)
+            finally:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(10)
+                except Exception:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+
+if __name__ == "__main__":
+    main()
