@@ -128,6 +128,9 @@ class Context:
     pty_public_url: str | None = None
     http_port: int | None = None
     draining: bool = False
+    #: Where what outlives the daemon is kept (the /v1 door's stored files);
+    #: None: ``$ABX_AGENTS_STATE_DIR``, else ``$XDG_STATE_HOME/sandboxd``.
+    state_dir: str | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
         self.router = Router(self.table)
