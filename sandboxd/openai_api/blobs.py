@@ -153,7 +153,7 @@ class FileStore:
         Store ``data`` as a new file of ``owner``; the record is listed
         only once bytes and record are both on disk.
         """
-        record = {
+        record: dict[str, Any] = {
             "id": new_file_id(),
             "owner": owner,
             "filename": filename,
@@ -223,4 +223,5 @@ def _client_error(error: BaseException) -> BaseException:
 
 def _os_failure(failure: Failure) -> Failure:
     """``failure`` with a disk error replaced by :func:`_client_error`'s."""
-    return Failure(_client_error(failure.value))
+    error = failure.value
+    return failure if error is None else Failure(_client_error(error))

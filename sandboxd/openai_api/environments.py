@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sandboxd.errors import bad_request, not_found
@@ -100,8 +101,7 @@ def _readers(
     out: list[staging.Staged] = []
     for spec in specs:
         if spec["type"] == "inline":
-            data = spec["data"]
-            out.append((spec["path"], lambda data=data: data))
+            out.append((spec["path"], _given(spec["data"])))
             continue
         record = store.find(request.identity.id, spec["file_id"])
         if record is None:
@@ -116,6 +116,11 @@ def _readers(
 
         out.append((spec["path"], read))
     return out
+
+
+def _given(data: bytes) -> Callable[[], bytes]:
+    """A reader of bytes already in hand."""
+    return lambda: data
 
 
 async def _stage(

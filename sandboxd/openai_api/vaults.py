@@ -291,7 +291,7 @@ def agents_vaults_create(request: ServerRequest) -> dict[str, Any]:
         raise bad_request(
             f"at most {defaults.OPENAI_MAX_VAULTS} vaults per identity; delete one first"
         )
-    record = {
+    record: dict[str, Any] = {
         "id": new_id("vlt_"),
         "owner": request.identity.id,
         "created_at": int(time.time()),

@@ -37,7 +37,8 @@ class FilesTests(OpenAICase):
     policy = {
         **openai_policy(),
         "endpoints": {
-            "agents_files_create": {"limits": {"max_bytes": 4096, "max_files": 3}}
+            "group:agents": {"audit": "all"},
+            "agents_files_create": {"limits": {"max_bytes": 4096, "max_files": 3}},
         },
     }
 
@@ -68,21 +69,43 @@ class FilesTests(OpenAICase):
             again = client.files.retrieve(made.id)
             theirs = caught(lambda: self.client("o-token").files.retrieve(made.id))
             on_disk = stored(state)
+            reader = caught(
+                lambda: self.client("r-token").files.create(
+                    file=("r", b"r"), purpose="user_data"
+                )
+            )
             deleted = client.files.delete(made.id)
             gone = caught(lambda: client.files.retrieve(made.id))
-            return made, as_json, listed, content, again, theirs, on_disk, deleted, gone
+            return (
+                made,
+                as_json,
+                listed,
+                content,
+                again,
+                theirs,
+                on_disk,
+                {
+                    "reader": reader,
+                    "deleted": deleted,
+                    "gone": gone,
+                },
+            )
 
-        (
-            made,
-            as_json,
-            listed,
-            content,
-            again,
-            theirs,
-            on_disk,
-            deleted,
-            gone,
-        ) = yield self.sdk(run)
+        made, as_json, listed, content, again, theirs, on_disk, rest = yield self.sdk(
+            run
+        )
+        deleted, gone, reader = rest["deleted"], rest["gone"], rest["reader"]
+        self.assertEqual(
+            (reader.status_code, reader.body["code"]), (403, "missing_scope")
+        )
+        audited = [
+            (x["endpoint"], x["via"], x["status"])
+            for x in self.audit_lines()
+            if x.get("endpoint", "").startswith("agents_files")
+        ]
+        self.assertIn(("agents_files_create", "openai", 200), audited)
+        self.assertIn(("agents_files_create", "openai", 403), audited)
+        self.assertIn(("agents_files_content", "openai", 200), audited)
         self.assertTrue(made.id.startswith("file-"))
         self.assertEqual(
             (made.bytes, made.filename, made.purpose, made.status),
