@@ -2799,11 +2799,11 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "agent",
                 "object",
-                "{model: a catalogue id, name?, instructions?}",
+                "{model: a catalogue id, name?, instructions?, tools?: MCP servers over http}",
                 required=True,
                 example={"model": "claude"},
             ),
-            F("agent_id", doc="a stored definition (none exist yet: 404)"),
+            F("agent_id", doc="a stored definition"),
             F(
                 "environment",
                 "object",
@@ -2812,7 +2812,12 @@ SCHEMAS: dict[str, Schema] = {
             ),
             F("input", "any", "a first message: text or messages"),
             F("metadata", "object", "at most 16 string pairs"),
-            F("vault_ids", "array", items="string"),
+            F(
+                "vault_ids",
+                "array",
+                "vaults whose credentials the agent's MCP tools get (in session/new)",
+                items="string",
+            ),
             F("stream", "boolean", "answer the session's events as SSE", default=False),
             F("stream_options", "object"),
             F("review", enum=("none",)),
@@ -2936,7 +2941,9 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "environment",
                 "object",
-                "{type: self_hosted, workspace_directory? (guarded, must exist), env?}",
+                "{type: self_hosted, workspace_directory? (guarded, must exist), env?, "
+                "files?: [{type: inline|file_id, path, data|file_id}], "
+                "environment_template_id?}",
                 required=True,
                 example={"type": "self_hosted"},
             ),
@@ -2946,7 +2953,11 @@ SCHEMAS: dict[str, Schema] = {
         errors=(
             *_OA_ERRORS,
             E(403, "path_not_allowed", "workspace_directory outside the path rule"),
+            *_OA_STAGING[:1],
+            *_OA_STAGING[2:],
+            E(404, "not_found", "an unknown vault, template or file"),
         ),
+        notes="Files are staged all or none; a refused create stores nothing.",
     ),
     "agents_environments_list": Schema(
         query=(*_OA_PAGE, F("type", doc="self_hosted (any other: an empty list)")),

@@ -110,9 +110,14 @@ def _readers(
             )
         path = store.path(record)
 
-        def read(path: str = path) -> bytes:
-            with open(path, "rb") as f:
-                return f.read(limit + 1)
+        def read(path: str = path, file_id: str = spec["file_id"]) -> bytes:
+            try:
+                with open(path, "rb") as f:
+                    return f.read(limit + 1)
+            except FileNotFoundError:  # deleted since it was checked
+                raise not_found(
+                    f"No file found with id {file_id!r}", param="file_id"
+                ) from None
 
         out.append((spec["path"], read))
     return out
