@@ -199,10 +199,16 @@ def listing(
     """
     The regular files of a workspace, relative and sorted (blocking):
     symlinks and the agent's setup directories skipped, at most
-    ``max_entries`` files, ``max_depth`` levels.
+    ``max_entries`` files, ``max_depth`` levels, and at most ten times
+    ``max_entries`` entries looked at (a prefix that matches little in a
+    big tree ends the walk early rather than late).
     """
     found: list[str] = []
+    budget = max_entries * 10
     for top, dirs, names in os.walk(root, followlinks=False):
+        budget -= len(dirs) + len(names)
+        if budget < 0:
+            break
         rel_top = os.path.relpath(top, root)
         depth = 0 if rel_top == "." else rel_top.count(os.sep) + 1
         if rel_top == ".":
