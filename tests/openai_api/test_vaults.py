@@ -179,7 +179,8 @@ class CredentialDeliveryTests(OpenAICase):
         in ``session/new`` (its SHA-256 matches), not in its environment;
         the token it echoes in three-character chunks is masked in the
         items, the streamed deltas and its stderr log; the session object
-        shows the tool with its header masked.
+        shows the tool with its header masked; a session of the same agent
+        without the vault gets no token.
         """
         client = self.client()
         agents = client.beta.agents
@@ -201,9 +202,16 @@ class CredentialDeliveryTests(OpenAICase):
             with agents.sessions.stream(session.id, input="mcp") as s:
                 events = list(s)
             items = list(agents.sessions.items.list(session.id))
-            return session, events, items
+            bare = agents.sessions.create(**self.session_body(agent=mcp_agent()))
+            with agents.sessions.stream(bare.id, input="mcp") as s:
+                list(s)
+            others = list(agents.sessions.items.list(bare.id))
+            return session, events, items, others
 
-        session, events, items = yield self.sdk(run)
+        session, events, items, others = yield self.sdk(run)
+        # A session without the vault gets the server, not the token.
+        nothing = hashlib.sha256(b"").hexdigest()
+        self.assertIn(f"sha256={nothing} in_env=False", others[0].output_text)
         self.assertEqual(session.vault_ids and len(session.vault_ids), 1)
         tool = session.agent.tools[0]
         self.assertEqual(tool.transport.server_url, SERVER)
