@@ -301,6 +301,43 @@ class CredentialDeliveryTests(OpenAICase):
         self.assertEqual(len(listed), 1)
 
 
+class DefinitionToolTests(OpenAICase):
+    """A definition's MCP tools, in a response."""
+
+    policy = openai_policy(params={"mcp_servers": "http"})
+
+    @inlineCallbacks
+    def test_definition_tools_in_a_response(self) -> Any:
+        """
+        A definition shows its tool's header masked; a response run from it
+        hands the server and its header to the agent, and masks the header.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            made = client.beta.agents.create(
+                model="fake",
+                tools=[
+                    {
+                        "type": "mcp",
+                        "server_label": "docs",
+                        "transport": {
+                            "type": "http",
+                            "server_url": SERVER,
+                            "authorization": f"Bearer {TOKEN}",
+                        },
+                    }
+                ],
+            )
+            return made, client.responses.create(model=made.id, input="mcp")
+
+        made, response = yield self.sdk(run)
+        self.assertEqual(made.tools[0].transport.headers, {"Authorization": "***"})
+        digest = hashlib.sha256(f"Bearer {TOKEN}".encode()).hexdigest()
+        self.assertIn(f"server docs {SERVER} sha256={digest}", response.output_text)
+        self.assertNotIn(TOKEN, response.output_text)
+
+
 class McpPolicyTests(OpenAICase):
     """The policy's ``params.mcp_servers`` governs a session's MCP tools."""
 
