@@ -159,6 +159,7 @@ class AgentManager(Service):
         entry: CatalogEntry,
         body: dict[str, Any],
         transient: bool = False,
+        handed: tuple[str, ...] = (),
     ) -> tuple[AgentSession, str]:
         from sandboxd.agents.session import AgentSession
 
@@ -186,6 +187,7 @@ class AgentManager(Service):
                 else None,
             )
         secret_values = [env[n] for n in entry.env_pass if env.get(n)]
+        secret_values.extend(handed)
         session = AgentSession(
             self,
             "as_" + secrets.token_hex(6),
@@ -201,9 +203,17 @@ class AgentManager(Service):
         return session, executable
 
     async def create(
-        self, request: Any, load: dict[str, Any] | None = None
+        self,
+        request: Any,
+        load: dict[str, Any] | None = None,
+        handed: tuple[str, ...] = (),
     ) -> dict[str, Any]:
-        """``agents_session_create`` / ``agents_session_load``."""
+        """
+        ``agents_session_create`` / ``agents_session_load``.
+
+        :param handed: secrets the agent is handed in its session (the
+            ``/v1`` door's vault credentials), masked in its stderr log.
+        """
         from sandboxd.agents.configuration import check_mode
 
         body = dict(request.body)
@@ -226,7 +236,7 @@ class AgentManager(Service):
                         check_mode(value, rule)
             if body.get("prompt") is not None:
                 check_prompt(body, rule)  # before an agent runs for it
-        session, executable = self._new_session(request, entry, body)
+        session, executable = self._new_session(request, entry, body, handed=handed)
         self.sessions[session.session_id] = session
         try:
             session.handshake.spawn(list(entry.command), executable)

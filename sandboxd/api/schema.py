@@ -136,6 +136,14 @@ PATH_PARAMS: dict[str, Field] = {
     "agent_id": F(
         "agent_id", doc="an agent definition id (agent_...)", example="$AGENT"
     ),
+    "file_id": F("file_id", doc="a stored file id (file-...)", example="$FILE"),
+    "vault_id": F("vault_id", doc="a vault id (vlt_...)", example="$VAULT"),
+    "credential_id": F(
+        "credential_id", doc="a credential id (cred_...)", example="$CREDENTIAL"
+    ),
+    "template_id": F(
+        "template_id", doc="an environment template id (envtmpl_...)", example="$TMPL"
+    ),
     "release": F("release", doc="the console's assets version (the page names it)"),
     "asset": F("asset", doc="a console asset's file name", example="app.js"),
 }
@@ -479,6 +487,64 @@ _OA_ENVIRONMENT = (
     F("workspace_directory"),
     F("created_at", "integer"),
 )
+_OA_FILE = (
+    F("id"),
+    F("object", doc="file"),
+    F("bytes", "integer"),
+    F("created_at", "integer"),
+    F("filename"),
+    F("purpose"),
+    F("status", doc="processed"),
+)
+_OA_FILE_404 = E(404, "not_found", "no such file (or another identity's)")
+_OA_VAULT = (
+    F("id"),
+    F("object", doc="vault"),
+    F("name", nullable=True),
+    F("metadata", "object"),
+    F("created_at", "integer"),
+)
+_OA_VAULT_404 = E(404, "not_found", "no such vault (or another identity's)")
+_OA_CREDENTIAL = (
+    F("id"),
+    F("object", doc="vault.credential"),
+    F("vault_id"),
+    F("name"),
+    F("auth", "object", "{type, mcp_server_url, expires_at?}: never the secret"),
+    F("metadata", "object"),
+    F("created_at", "integer"),
+    F("updated_at", "integer"),
+)
+_OA_CREDENTIAL_404 = E(404, "not_found", "no such credential in this vault")
+_OA_STAGING = (
+    E(
+        403,
+        "path_denied",
+        "a file that configures the agent (AGENTS.md, .mcp.json, ...)",
+    ),
+    E(403, "path_not_allowed", "the workspace is outside the path rule"),
+    E(409, "file_exists", "a different file is there already (never replaced)"),
+    E(413, "payload_too_large", "a file over limits.max_bytes"),
+)
+_OA_TEMPLATE_BODY = (
+    F("name"),
+    F("env", "object", "variables (checked as any child's)"),
+    F(
+        "files",
+        "array",
+        "[{type: inline, path, data} | {type: file_id, path, file_id}]",
+        items="object",
+    ),
+)
+_OA_TEMPLATE = (
+    F("id"),
+    F("object", doc="agent.environment.template"),
+    F("name", nullable=True),
+    F("files", "array", items="object"),
+    F("created_at", "integer"),
+    F("updated_at", "integer"),
+)
+_OA_TEMPLATE_404 = E(404, "not_found", "no such template (or another identity's)")
 _OA_REFUSED = E(
     404,
     "agents.not_implemented_locally",
@@ -2754,11 +2820,11 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "agent",
                 "object",
-                "{model: a catalogue id, name?, instructions?}",
+                "{model: a catalogue id, name?, instructions?, tools?: MCP servers over http}",
                 required=True,
                 example={"model": "claude"},
             ),
-            F("agent_id", doc="a stored definition (none exist yet: 404)"),
+            F("agent_id", doc="a stored definition"),
             F(
                 "environment",
                 "object",
@@ -2767,7 +2833,12 @@ SCHEMAS: dict[str, Schema] = {
             ),
             F("input", "any", "a first message: text or messages"),
             F("metadata", "object", "at most 16 string pairs"),
-            F("vault_ids", "array", items="string"),
+            F(
+                "vault_ids",
+                "array",
+                "vaults whose credentials the agent's MCP tools get (in session/new)",
+                items="string",
+            ),
             F("stream", "boolean", "answer the session's events as SSE", default=False),
             F("stream_options", "object"),
             F("review", enum=("none",)),
@@ -2891,7 +2962,9 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "environment",
                 "object",
-                "{type: self_hosted, workspace_directory? (guarded, must exist), env?}",
+                "{type: self_hosted, workspace_directory? (guarded, must exist), env?, "
+                "files?: [{type: inline|file_id, path, data|file_id}], "
+                "environment_template_id?}",
                 required=True,
                 example={"type": "self_hosted"},
             ),
@@ -2901,7 +2974,11 @@ SCHEMAS: dict[str, Schema] = {
         errors=(
             *_OA_ERRORS,
             E(403, "path_not_allowed", "workspace_directory outside the path rule"),
+            *_OA_STAGING[:1],
+            *_OA_STAGING[2:],
+            E(404, "not_found", "an unknown vault, template or file"),
         ),
+        notes="Files are staged all or none; a refused create stores nothing.",
     ),
     "agents_environments_list": Schema(
         query=(*_OA_PAGE, F("type", doc="self_hosted (any other: an empty list)")),
@@ -2994,6 +3071,159 @@ SCHEMAS: dict[str, Schema] = {
         errors=(E(404, "not_found", "no such model (catalogue agent)"),),
     ),
     "agents_cannot_models_delete": Schema(errors=(_OA_REFUSED,)),
+    # /v1: stored files, vaults and credentials, environment files and templates.
+    "agents_files_create": Schema(
+        body=(
+            F("file", "string", "multipart: the file part (its file name kept)"),
+            F("purpose", enum=("user_data",), required=True, example="user_data"),
+            F("filename", doc="JSON form: the file's name"),
+            F("data", doc="JSON form: the bytes, base64"),
+        ),
+        raw_body=True,
+        response=_OA_FILE,
+        errors=(
+            *_OA_ERRORS,
+            E(400, "invalid_param", "limits.max_files files are stored already"),
+            E(
+                413,
+                "payload_too_large",
+                "over limits.max_bytes, or the identity's total",
+            ),
+            E(507, "insufficient_storage", "the disk is full; nothing was kept"),
+        ),
+        notes="multipart/form-data (OpenAI's SDK) or JSON {purpose, filename?, data}. "
+        "Stored under the state directory, for environments and templates to stage.",
+    ),
+    "agents_files_list": Schema(query=(*_OA_PAGE, F("purpose")), response=_OA_LIST),
+    "agents_files_get": Schema(response=_OA_FILE, errors=(_OA_FILE_404,)),
+    "agents_files_content": Schema(produces="binary", errors=(_OA_FILE_404,)),
+    "agents_files_delete": Schema(
+        response=(F("id"), F("object"), F("deleted", "boolean")),
+        errors=(_OA_FILE_404,),
+    ),
+    "agents_vaults_create": Schema(
+        body=(F("name", doc="1-256 bytes after trimming"), F("metadata", "object")),
+        response=_OA_VAULT,
+        errors=(*_OA_ERRORS,),
+    ),
+    "agents_vaults_list": Schema(
+        query=(*_OA_PAGE, F("status", enum=("active", "archived"))),
+        response=_OA_LIST,
+    ),
+    "agents_vaults_get": Schema(response=_OA_VAULT, errors=(_OA_VAULT_404,)),
+    "agents_vaults_update": Schema(
+        body=(F("name", nullable=True), F("metadata", "object")),
+        response=_OA_VAULT,
+        errors=(*_OA_ERRORS, _OA_VAULT_404),
+    ),
+    "agents_vaults_delete": Schema(
+        response=(F("id"), F("object"), F("deleted", "boolean")),
+        errors=(_OA_VAULT_404,),
+    ),
+    "agents_vault_credentials_create": Schema(
+        body=(
+            F("name", required=True, example="github"),
+            F(
+                "auth",
+                "object",
+                "{type: static_bearer, mcp_server_url (https, public), token} | "
+                "{type: mcp_oauth, mcp_server_url, access_token, expires_at?}",
+                required=True,
+                example={
+                    "type": "static_bearer",
+                    "mcp_server_url": "https://mcp.example.com/mcp",
+                    "token": "secret",
+                },
+            ),
+            F("metadata", "object"),
+        ),
+        response=_OA_CREDENTIAL,
+        errors=(*_OA_ERRORS, _OA_VAULT_404),
+        notes="The secret is write-only: no answer ever carries it.",
+    ),
+    "agents_vault_credentials_list": Schema(
+        query=(*_OA_PAGE, F("status", enum=("active", "archived"))),
+        response=_OA_LIST,
+        errors=(_OA_VAULT_404,),
+    ),
+    "agents_vault_credentials_get": Schema(
+        response=_OA_CREDENTIAL, errors=(_OA_VAULT_404, _OA_CREDENTIAL_404)
+    ),
+    "agents_vault_credentials_update": Schema(
+        body=(
+            F("auth", "object", "same type: a new token, access_token or expires_at"),
+            F("metadata", "object"),
+        ),
+        response=_OA_CREDENTIAL,
+        errors=(*_OA_ERRORS, _OA_VAULT_404, _OA_CREDENTIAL_404),
+    ),
+    "agents_vault_credentials_delete": Schema(
+        response=(F("id"), F("object"), F("deleted", "boolean")),
+        errors=(_OA_VAULT_404, _OA_CREDENTIAL_404),
+    ),
+    "agents_environment_files_create": Schema(
+        body=(
+            F("type", enum=("inline", "file_id"), required=True, example="inline"),
+            F(
+                "path",
+                required=True,
+                doc="absolute, inside /workspace",
+                example="/workspace/a.txt",
+            ),
+            F("data", doc="inline: the bytes, base64"),
+            F("file_id", doc="file_id: a stored file"),
+        ),
+        response=(
+            F("object"),
+            F("environment_id"),
+            F("path"),
+            F("size_bytes", "integer"),
+        ),
+        errors=(*_OA_ERRORS, *_OA_STAGING),
+    ),
+    "agents_environment_files_list": Schema(
+        query=(
+            F("limit", "integer", "1-100", default=20),
+            F("order", enum=("asc", "desc"), default="asc"),
+            F("page", doc="the previous answer's next"),
+            F("path", doc="a path prefix (/workspace/...)"),
+        ),
+        response=(
+            F("object"),
+            F("data", "array", items="object"),
+            F("has_more", "boolean"),
+            F("next", nullable=True),
+        ),
+        errors=(E(404, "not_found", "no such environment (or another identity's)"),),
+    ),
+    "agents_environment_templates_create": Schema(
+        body=_OA_TEMPLATE_BODY,
+        response=_OA_TEMPLATE,
+        errors=(*_OA_ERRORS, *_OA_STAGING[:1]),
+    ),
+    "agents_environment_templates_list": Schema(query=_OA_PAGE, response=_OA_LIST),
+    "agents_environment_templates_get": Schema(
+        response=_OA_TEMPLATE, errors=(_OA_TEMPLATE_404,)
+    ),
+    "agents_environment_templates_update": Schema(
+        body=_OA_TEMPLATE_BODY,
+        response=_OA_TEMPLATE,
+        errors=(*_OA_ERRORS, _OA_TEMPLATE_404),
+    ),
+    "agents_environment_templates_delete": Schema(
+        response=(F("id"), F("object"), F("deleted", "boolean")),
+        errors=(_OA_TEMPLATE_404,),
+    ),
+    "agents_runtimes_list": Schema(
+        query=(
+            *_OA_PAGE[:1],
+            F("order", enum=("asc", "desc"), default="asc"),
+            _OA_PAGE[2],
+        ),
+        response=_OA_LIST,
+        notes="Each {id, object: agent.runtime, name, binary, installed, path, version, "
+        "allowed, capabilities, install_steps}; nothing is run to answer.",
+    ),
     # -- mcp -------------------------------------------------------------------
     "mcp": Schema(
         summary="MCP Streamable HTTP",

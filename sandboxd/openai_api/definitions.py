@@ -5,7 +5,8 @@ catalogue agent runs (``model``), its name and instructions — that a
 session (``agent_id``) or a response (``model: agent_…``) starts from.
 
 Definitions belong to the identity that made them and live in memory, like
-the sessions they configure.
+the sessions they configure.  Their MCP tools (:mod:`.tools`) are shown
+with every header value masked.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from sandboxd.errors import bad_request, not_found
 from sandboxd.openai_api.face import new_id
 from sandboxd.openai_api.inputs import metadata
 from sandboxd.openai_api.registry import door, page
+from sandboxd.openai_api.tools import describe_tools, parse_tools
 from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest
 
@@ -56,10 +58,6 @@ def _checked(
     for key in body:
         if key not in _KEYS:
             raise bad_request(f"{key}: unknown or unsupported parameter", param=key)
-    if body.get("tools"):
-        raise bad_request(
-            "tools: the agent's own tools run; none can be added", param="tools"
-        )
     if (body.get("multi_agent") or {}).get("enabled"):
         raise bad_request(
             "multi_agent: subagents are not supported", param="multi_agent"
@@ -78,6 +76,8 @@ def _checked(
             out[key] = _string(body, key, limit)
     if "metadata" in body:
         out["metadata"] = metadata(body["metadata"])
+    if "tools" in body:
+        out["tools"] = parse_tools(body["tools"])
     return out
 
 
@@ -96,7 +96,7 @@ def describe(record: dict[str, Any]) -> dict[str, Any]:
         "reasoning": {"effort": None, "summary": None},
         "service_tier": "default",
         "text": {"format": {"type": "text"}, "verbosity": "medium"},
-        "tools": [],
+        "tools": describe_tools(record.get("tools") or []),
     }
 
 

@@ -230,6 +230,12 @@ class SessionFace:
         )
         #: The conversation's latest response, when responses drive it.
         self.last_response_id: str | None = None
+        #: The vaults the session was given, and the credentials of theirs
+        #: handed to its agent (checked again before every turn).
+        self.vault_ids: list[str] = []
+        self.credential_ids: list[str] = []
+        #: The agent's MCP tools as answers show them (header values masked).
+        self.tools: list[dict[str, Any]] = []
         self._unsubscribe = engine.log.subscribe(self._on_engine)
 
     # -- what the routes show -----------------------------------------------
@@ -285,7 +291,7 @@ class SessionFace:
                 "reasoning": {"effort": None, "summary": None},
                 "service_tier": "default",
                 "text": {"format": {"type": "text"}, "verbosity": "medium"},
-                "tools": [],
+                "tools": self.tools,
             },
             "created_at": self.created_at,
             "environment": self.environment,
@@ -295,7 +301,7 @@ class SessionFace:
             "required_actions": list(self.required.values()),
             "status": self.status,
             "usage": self.usage(),
-            "vault_ids": [],
+            "vault_ids": list(self.vault_ids),
         }
 
     def items(self, turn_id: str | None = None) -> list[dict[str, Any]]:

@@ -10,6 +10,8 @@ the next chunk shows it is not (or the item ends).
 
 from __future__ import annotations
 
+import json
+import urllib.parse
 from collections.abc import Iterable
 
 #: What a secret is replaced with.
@@ -24,6 +26,21 @@ class Redactor:
     def __init__(self, secrets: Iterable[str]) -> None:
         self.secrets = sorted(
             {s for s in secrets if len(s) >= MIN_SECRET}, key=len, reverse=True
+        )
+
+    def add(self, values: Iterable[str]) -> None:
+        """
+        Treat ``values`` as secrets too, as written and as they appear
+        URL-encoded or inside a JSON string (a vault token echoed in a URL
+        or a tool's JSON arguments); streams already open see them at once.
+        """
+        more = set(self.secrets)
+        for value in values:
+            more.update(
+                (value, urllib.parse.quote(value, safe=""), json.dumps(value)[1:-1])
+            )
+        self.secrets = sorted(
+            {s for s in more if len(s) >= MIN_SECRET}, key=len, reverse=True
         )
 
     def redact(self, text: str) -> str:

@@ -325,6 +325,8 @@ def _agent(request: ServerRequest, model: str) -> dict[str, Any]:
             "model": record["model"],
             "name": record.get("name"),
             "instructions": record.get("instructions"),
+            # Its MCP tools reach the agent (header values, no vault).
+            "tools": list(record.get("tools") or []),
         }
     catalog.find(request.context, request.rule, model)
     return {

@@ -18,7 +18,7 @@ import attrs
 from sandboxd.agents import catalog
 from sandboxd.agents.manager import build_prompt
 from sandboxd.errors import bad_request, not_found, not_implemented_locally
-from sandboxd.openai_api import definitions, environments
+from sandboxd.openai_api import definitions, environments, tools, vaults
 from sandboxd.openai_api.face import SessionFace, WireTurn
 from sandboxd.openai_api.inputs import known_keys, message_text, metadata
 from sandboxd.openai_api.registry import door, manager, page
@@ -100,6 +100,7 @@ def _agent_spec(request: ServerRequest, body: dict[str, Any]) -> dict[str, Any]:
             "model": record["model"],
             "name": record.get("name"),
             "instructions": record.get("instructions"),
+            "tools": list(record.get("tools") or []),
         }
     elif not agent:
         raise bad_request(
@@ -110,11 +111,8 @@ def _agent_spec(request: ServerRequest, body: dict[str, Any]) -> dict[str, Any]:
             raise bad_request(
                 f"agent.{key}: unknown or unsupported parameter", param=f"agent.{key}"
             )
-    if agent.get("tools"):
-        raise bad_request(
-            "agent.tools: the agent's own tools run; no tools can be added here",
-            param="agent.tools",
-        )
+    if "tools" in agent:
+        spec["tools"] = tools.parse_tools(agent["tools"], "agent.tools")
     if (agent.get("multi_agent") or {}).get("enabled"):
         raise bad_request(
             "agent.multi_agent: subagents are not supported", param="agent.multi_agent"
@@ -137,6 +135,7 @@ def _agent_spec(request: ServerRequest, body: dict[str, Any]) -> dict[str, Any]:
             spec[key] = value
     spec.setdefault("name", None)
     spec.setdefault("instructions", None)
+    spec.setdefault("tools", [])
     return spec
 
 
@@ -192,10 +191,6 @@ def _environment(
 
 
 def _check_unsupported(body: dict[str, Any]) -> None:
-    if body.get("vault_ids"):
-        raise not_found(
-            f"No vault found with id {body['vault_ids'][0]!r}", param="vault_ids"
-        )
     if body.get("review") not in (None, "none"):
         raise bad_request(
             "review: automatic action review is not supported", param="review"
@@ -213,8 +208,15 @@ async def open_session(
     meta: dict[str, str],
     hidden: bool = False,
     variables: dict[str, str] | None = None,
+    vault_ids: list[str] | None = None,
 ) -> SessionFace:
-    """Start an engine session for ``agent`` and put a face on it."""
+    """
+    Start an engine session for ``agent`` and put a face on it.
+
+    The agent's MCP tools, with the credentials of ``vault_ids`` bound to
+    them, go to the agent in its ``session/new`` (:func:`.tools.bind`);
+    the secrets handed over are masked in everything the session shows.
+    """
     engine_body: dict[str, Any] = {"agent": agent["runtime"]}
     if cwd:
         engine_body["cwd"] = cwd
@@ -222,12 +224,23 @@ async def open_session(
         engine_body["env"] = variables
     if agent.get("name"):
         engine_body["title"] = agent["name"]
+    servers, credential_ids, secrets = tools.bind(
+        request, agent.get("tools") or [], vault_ids or []
+    )
+    if servers:
+        engine_body["mcp_servers"] = servers
     mgr = manager(request)
-    created = await mgr.create(attrs.evolve(request, body=engine_body))
+    created = await mgr.create(
+        attrs.evolve(request, body=engine_body), handed=tuple(secrets)
+    )
     engine = mgr.sessions[created["session_id"]]
     if not environment.get("workspace_directory"):
         environment = {**environment, "workspace_directory": engine.cwd}
     face = SessionFace(engine, request.identity.id, agent, environment, meta, hidden)
+    face.redactor.add(secrets)
+    face.vault_ids = list(vault_ids or [])
+    face.credential_ids = credential_ids
+    face.tools = tools.describe_tools(agent.get("tools") or [])
     door(request).add(face)
     return face
 
@@ -236,6 +249,7 @@ def submit_text(request: ServerRequest, face: SessionFace, text: str) -> WireTur
     """One turn for ``text``, checked as the engine checks a prompt."""
     if not text.strip():
         raise bad_request("the input is empty", param="input")
+    tools.check_bound(request, face.credential_ids)
     blocks = build_prompt(face.engine, {"prompt": text}, request.rule)
     return face.submit(text, blocks)
 
@@ -253,14 +267,18 @@ async def agents_sessions_create(request: ServerRequest) -> Any:
     environment, cwd, variables = _environment(request, body)
     meta = metadata(body.get("metadata"))
     _check_unsupported(body)
+    attached = vaults.vault_ids(request, body.get("vault_ids"), "vault_ids")
     text = None
     if body.get("input") is not None:
         text = message_text(body["input"], "input")
     stream = body.get("stream") is True
     # The agent must be one the caller may run before anything starts.
     catalog.find(request.context, request.rule, agent["runtime"])
+    if environment["id"] != "env_local":
+        record = environments.find(request, environment["id"], "environment.id")
+        attached = list(dict.fromkeys([*attached, *record.get("vault_ids", [])]))
     face = await open_session(
-        request, agent, cwd, environment, meta, variables=variables
+        request, agent, cwd, environment, meta, variables=variables, vault_ids=attached
     )
     if text:
         try:

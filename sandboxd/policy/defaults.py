@@ -149,6 +149,35 @@ AGENT_PERMISSION_MODE = {"read": "auto", "search": "auto", "think": "auto", "*":
 #: Agents: the agent's stderr kept per session (head and tail).
 AGENT_STDERR_BYTES = 256 * KIB
 
+# The /v1 door's stored files, vaults and templates (SPEC §26), bounded per
+# identity as the seed bounds them: a file is at most 10 MiB (its body,
+# base64 or multipart, a third more), an identity holds at most 256 MiB in
+# at most ``max_files`` files, 100 vaults of 100 credentials each, and 64
+# templates (whose inline files are kept in memory).
+OPENAI_FILE_BYTES = 10 * MIB
+_OPENAI_UPLOAD = {
+    "max_bytes": OPENAI_FILE_BYTES,
+    "max_request_bytes": OPENAI_FILE_BYTES * 4 // 3 + 64 * KIB,
+}
+ENDPOINT_LIMITS.update(
+    {
+        "agents_files_create": {**_OPENAI_UPLOAD, "max_files": 1000},
+        "agents_environments_create": {**_OPENAI_UPLOAD, "max_files": 100},
+        "agents_environment_files_create": _OPENAI_UPLOAD,
+        "agents_environment_files_list": {"max_entries": 10000, "max_depth": 20},
+    }
+)
+#: /v1 files: what one identity may keep, all files together.
+OPENAI_FILES_TOTAL_BYTES = 256 * MIB
+#: /v1 vaults: per identity, and credentials per vault.
+OPENAI_MAX_VAULTS = 100
+OPENAI_MAX_CREDENTIALS = 100
+#: /v1 credentials: a token or access token (one line).
+OPENAI_MAX_TOKEN_CHARS = 8192
+#: /v1 environment templates per identity; files per template or request.
+OPENAI_MAX_TEMPLATES = 64
+OPENAI_MAX_STAGED_FILES = 100
+
 #: How long a group's children get between TERM and KILL.
 KILL_GRACE_SECONDS = 5.0
 

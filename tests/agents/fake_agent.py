@@ -12,12 +12,14 @@ the prompt's first word; capabilities by command-line flags:
 Prompts: ``echo TEXT``, ``edit PATH TEXT`` (plan, permission, fs write,
 diff), ``read PATH``, ``write PATH TEXT`` (no permission asked),
 ``terminal CMD ARGS``, ``slow`` (until cancelled), ``stubborn`` (ignores
-cancel), ``commands``, ``exit`` (dies mid-turn), ``think``, ``info``.
+cancel), ``commands``, ``exit`` (dies mid-turn), ``think``, ``info``,
+``mcp`` (reports, then leaks, the MCP servers' headers it was given).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import sys
 import uuid
@@ -89,6 +91,7 @@ class FakeAgent(Agent):
         self.cancelled: dict[str, asyncio.Event] = {}
         self.authenticated = "--auth" not in FLAGS
         self.config = [dict(c) for c in CONFIG]
+        self.mcp_servers: dict[str, list[dict[str, Any]]] = {}
 
     def on_connect(self, conn: Any) -> None:
         self.conn = conn
@@ -142,6 +145,9 @@ class FakeAgent(Agent):
             raise RequestError.auth_required()
         sid = "fake-" + uuid.uuid4().hex[:8]
         self.cancelled[sid] = asyncio.Event()
+        self.mcp_servers[sid] = [
+            m.model_dump(by_alias=True, exclude_none=True) for m in mcp_servers or []
+        ]
         print(
             f"new session {sid} in {cwd}; FAKE_SECRET={os.environ.get('FAKE_SECRET')}",
             file=sys.stderr,
@@ -361,7 +367,35 @@ class FakeAgent(Agent):
             sys.stderr.write("fatal: the fake agent crashed on purpose\n")
             sys.stderr.flush()
             os._exit(3)
+        if verb == "mcp":
+            return await self._mcp(session_id)
         await send(session_id, update_agent_message_text(f"unknown scenario {verb!r}"))
+        return PromptResponse(stop_reason="end_turn")
+
+    async def _mcp(self, session_id: str) -> PromptResponse:
+        """
+        Report the MCP servers ``session/new`` gave: each one's name, URL,
+        the SHA-256 of its Authorization header and whether that value is
+        anywhere in this process's environment; then leak the header in
+        three-character message chunks and on stderr (for redaction).
+        """
+        send = self.conn.session_update
+        for server in self.mcp_servers.get(session_id, []):
+            headers = {h["name"]: h["value"] for h in server.get("headers", [])}
+            auth = headers.get("Authorization", "")
+            digest = hashlib.sha256(auth.encode()).hexdigest()
+            in_env = any(auth and auth.split()[-1] in v for v in os.environ.values())
+            await send(
+                session_id,
+                update_agent_message_text(
+                    f"server {server['name']} {server.get('url')} sha256={digest} "
+                    f"in_env={in_env} leak="
+                ),
+            )
+            for i in range(0, len(auth), 3):
+                await send(session_id, update_agent_message_text(auth[i : i + 3]))
+            await send(session_id, update_agent_message_text(" end\n"))
+            print(f"mcp header {auth}", file=sys.stderr, flush=True)
         return PromptResponse(stop_reason="end_turn")
 
     async def _edit(self, session_id: str, path: str, new_text: str) -> PromptResponse:

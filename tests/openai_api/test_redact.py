@@ -39,3 +39,16 @@ class StreamRedactorTests(SynchronousTestCase):
         """A secret inside a longer one: the longer is replaced whole."""
         _, whole = self.run_chunks(["token", "token-extended"], ["a token-extended b"])
         self.assertEqual(whole, f"a {MARK} b")
+
+    def test_added_values_in_their_encodings(self) -> None:
+        """
+        A value added later (a vault token) is masked as written, URL-encoded
+        and JSON-escaped, in a stream already open, split across chunks.
+        """
+        redactor = Redactor([])
+        stream = redactor.stream()
+        redactor.add(['t/k"n 42'])
+        text = 'a t/k"n 42 b t%2Fk%22n%2042 c t/k\\"n 42 d'
+        shown = [stream.feed(c) for c in text]
+        whole = "".join(shown) + stream.flush()
+        self.assertEqual(whole, f"a {MARK} b {MARK} c {MARK} d")

@@ -1,0 +1,208 @@
+"""
+``client.files`` with the official ``openai`` SDK: files stored under the
+daemon's state directory, owned, bounded, and gone when refused or deleted.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from typing import Any
+
+import httpx
+from twisted.internet.defer import inlineCallbacks, succeed
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd.openai_api.blobs import FileStore
+from tests.openai_api.sdk import OpenAICase, caught, openai_policy
+
+
+def state_of(case: OpenAICase) -> str:
+    """Give the case's daemon a state directory of its own; its path."""
+    state = os.path.join(case.base_dir, "state")
+    case.daemon.context.state_dir = state
+    return state
+
+
+def stored(state: str) -> list[str]:
+    """The names in the file store's directory."""
+    root = os.path.join(state, "openai", "files")
+    return sorted(os.listdir(root)) if os.path.isdir(root) else []
+
+
+class FilesTests(OpenAICase):
+    """Create, list, read and delete files."""
+
+    policy = {
+        **openai_policy(),
+        "endpoints": {
+            "group:agents": {"audit": "all"},
+            "agents_files_create": {"limits": {"max_bytes": 4096, "max_files": 3}},
+        },
+    }
+
+    @inlineCallbacks
+    def test_round_trip(self) -> Any:
+        """
+        A multipart upload (the SDK's) and a JSON one are stored as bytes
+        on disk with their record, listed, read back byte for byte, hidden
+        from another identity, and removed from disk by delete.
+        """
+        state = state_of(self)
+        client = self.client()
+        payload = bytes(range(256)) * 10
+
+        def run() -> Any:
+            made = client.files.create(file=("data.bin", payload), purpose="user_data")
+            as_json = httpx.post(
+                self.daemon.url + "/v1/files",
+                headers={"Authorization": "Bearer u-token"},
+                json={
+                    "purpose": "user_data",
+                    "filename": "dir/notes.txt",
+                    "data": base64.b64encode(b"hello").decode(),
+                },
+            )
+            listed = [f.id for f in client.files.list()]
+            content = client.files.content(made.id).read()
+            again = client.files.retrieve(made.id)
+            theirs = caught(lambda: self.client("o-token").files.retrieve(made.id))
+            on_disk = stored(state)
+            reader = caught(
+                lambda: self.client("r-token").files.create(
+                    file=("r", b"r"), purpose="user_data"
+                )
+            )
+            deleted = client.files.delete(made.id)
+            gone = caught(lambda: client.files.retrieve(made.id))
+            return (
+                made,
+                as_json,
+                listed,
+                content,
+                again,
+                theirs,
+                on_disk,
+                {
+                    "reader": reader,
+                    "deleted": deleted,
+                    "gone": gone,
+                },
+            )
+
+        made, as_json, listed, content, again, theirs, on_disk, rest = yield self.sdk(
+            run
+        )
+        deleted, gone, reader = rest["deleted"], rest["gone"], rest["reader"]
+        self.assertEqual(
+            (reader.status_code, reader.body["code"]), (403, "missing_scope")
+        )
+        audited = [
+            (x["endpoint"], x["via"], x["status"])
+            for x in self.audit_lines()
+            if x.get("endpoint", "").startswith("agents_files")
+        ]
+        self.assertIn(("agents_files_create", "openai", 200), audited)
+        self.assertIn(("agents_files_create", "openai", 403), audited)
+        self.assertIn(("agents_files_content", "openai", 200), audited)
+        self.assertTrue(made.id.startswith("file-"))
+        self.assertEqual(
+            (made.bytes, made.filename, made.purpose, made.status),
+            (len(payload), "data.bin", "user_data", "processed"),
+        )
+        self.assertEqual(as_json.status_code, 200, as_json.text)
+        other = as_json.json()
+        self.assertEqual((other["filename"], other["bytes"]), ("notes.txt", 5))
+        self.assertEqual(listed, [other["id"], made.id])
+        self.assertEqual(content, payload)
+        self.assertEqual(again.id, made.id)
+        self.assertEqual(theirs.status_code, 404)
+        self.assertEqual(
+            on_disk,
+            sorted(f"{i}.{x}" for i in (made.id, other["id"]) for x in ("bin", "json")),
+        )
+        with open(os.path.join(state, "openai", "files", other["id"] + ".json")) as f:
+            self.assertEqual(json.load(f)["owner"], "user")
+        self.assertTrue(deleted.deleted)
+        self.assertEqual(gone.status_code, 404)
+        self.assertEqual(
+            stored(state), sorted(f"{other['id']}.{x}" for x in ("bin", "json"))
+        )
+
+
+class FileLimitTests(OpenAICase):
+    """The per-file and per-identity bounds."""
+
+    policy = {
+        **openai_policy(),
+        "endpoints": {
+            "agents_files_create": {"limits": {"max_bytes": 1024, "max_files": 2}}
+        },
+    }
+
+    @inlineCallbacks
+    def test_refusals_leave_nothing(self) -> Any:
+        """
+        A file over ``max_bytes`` is 413, a wrong purpose 400, the file past
+        ``max_files`` 400: none of them leaves a byte on disk or a record.
+        """
+        state = state_of(self)
+        client = self.client()
+
+        def run() -> Any:
+            big = caught(
+                lambda: client.files.create(
+                    file=("a", b"x" * 2048), purpose="user_data"
+                )
+            )
+            purpose = caught(
+                lambda: client.files.create(file=("a", b"x"), purpose="assistants")
+            )
+            first = client.files.create(file=("a", b"x"), purpose="user_data")
+            second = client.files.create(file=("b", b"y"), purpose="user_data")
+            third = caught(
+                lambda: client.files.create(file=("c", b"z"), purpose="user_data")
+            )
+            return big, purpose, [first.id, second.id], third, list(client.files.list())
+
+        big, purpose, kept, third, listed = yield self.sdk(run)
+        self.assertEqual(
+            (big.status_code, big.body["code"]), (413, "payload_too_large")
+        )
+        self.assertEqual((purpose.status_code, purpose.body["param"]), (400, "purpose"))
+        self.assertEqual(third.status_code, 400)
+        self.assertIn("max_files", third.body["setting"])
+        self.assertEqual(sorted(f.id for f in listed), sorted(kept))
+        self.assertEqual(
+            stored(state), sorted(f"{i}.{x}" for i in kept for x in ("bin", "json"))
+        )
+
+
+class FileStoreTests(SynchronousTestCase):
+    """The store on disk, read back by a new daemon."""
+
+    def test_index_read_back(self) -> None:
+        """
+        A new store over the same directory lists the files a previous one
+        kept, with their owners; a record without its bytes, or bytes
+        without a record, is not listed.
+        """
+        root = self.mktemp()
+        first = FileStore(root)
+        run = lambda f, *a: succeed(f(*a))  # noqa: E731 - the thread pool, inline
+        self.successResultOf(first.ready(run))
+        kept = self.successResultOf(
+            first.add(run, "alice", "a.txt", "user_data", b"abc")
+        )
+        self.successResultOf(first.add(run, "bob", "b.txt", "user_data", b"de"))
+        with open(os.path.join(root, "file-orphan.bin"), "wb") as f:
+            f.write(b"no record")
+        broken = self.successResultOf(first.add(run, "alice", "c", "user_data", b"x"))
+        os.unlink(first.path(broken))
+        second = FileStore(root)
+        self.successResultOf(second.ready(run))
+        self.assertEqual(second.find("alice", kept["id"]), kept)
+        self.assertIsNone(second.find("bob", kept["id"]))
+        self.assertEqual(second.usage("alice"), (1, 3))
+        self.assertEqual(second.usage("bob"), (1, 2))
