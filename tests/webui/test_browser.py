@@ -103,7 +103,7 @@ class ConsoleCase(DaemonTestCase):
                     except Exception as e:
                         page.screenshot(path=os.path.join(SHOTS, "failure.png"))
                         dom = page.evaluate(
-                            "document.querySelector('[data-testid=terminal-area]').innerHTML.slice(0, 3000)"
+                            "(document.querySelector('[data-testid=terminal-area]') || document.body).innerHTML.slice(0, 3000)"
                         )
                         raise AssertionError(
                             f"{e}\nbrowser console: {seen}\n{dom}"

@@ -213,3 +213,112 @@ class CodePlotTests(ConsoleCase):
         self.assertTrue(seen["src"].startswith("blob:"))
         self.assertGreater(seen["width"], 100)
         self.assertNoCspViolation(seen)
+
+
+class CodeQueueTests(ConsoleCase):
+    """Cells sent while one runs, and what a read-only link gets."""
+
+    policy = CODE_POLICY
+
+    @inlineCallbacks
+    def test_queued_cells_then_interrupt(self) -> Any:
+        """
+        Seven cells sent behind a ``time.sleep(60)`` (more than the six
+        connections a browser opens to one origin) wait their turn;
+        Interrupt still reaches the daemon; then they run in order.
+        """
+        url = yield self.link()
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            new_context(page, "sandboxd-python")
+            page.fill("[data-testid=code-input]", "import time\ntime.sleep(60)")
+            page.click("[data-testid=code-run]")
+            page.wait_for_selector("[data-testid=code-cell][data-state=running]")
+            for _ in range(7):
+                page.fill(
+                    "[data-testid=code-input]", "n = globals().get('n', 0) + 1\nn"
+                )
+                page.click("[data-testid=code-run]")
+            wait_true(
+                page,
+                "[...document.querySelectorAll('[data-testid=code-cell]')]"
+                ".every(c => c.dataset.execution)",
+            )
+            seen["states_before"] = page.eval_on_selector_all(
+                "[data-testid=code-cell]", "els => els.map(e => e.dataset.state)"
+            )
+            page.click("[data-testid=code-interrupt]")
+            wait_true(
+                page,
+                f"document.querySelector('{LAST}').dataset.state === 'ok'",
+                timeout=20,
+            )
+            seen["states"] = page.eval_on_selector_all(
+                "[data-testid=code-cell]", "els => els.map(e => e.dataset.state)"
+            )
+            seen["values"] = page.eval_on_selector_all(
+                "[data-testid=code-result]", "els => els.map(e => e.textContent)"
+            )
+
+        seen = yield self.browse(steps)
+        self.assertEqual(seen["states_before"], ["running"] + ["queued"] * 7)
+        self.assertEqual(seen["states"], ["interrupted"] + ["ok"] * 7)
+        self.assertEqual(seen["values"], [str(i) for i in range(1, 8)])
+        self.assertNoCspViolation(seen)
+
+    @inlineCallbacks
+    def test_read_only_link(self) -> Any:
+        """
+        A ``code:read`` link sees a context's cells and their output but
+        has no editor, Run, New context, Interrupt, Restart or Delete; a
+        forced execute with it is 403.
+        """
+        made = yield self.request(
+            "POST", "/code/contexts", {"kernel": "sandboxd-python"}
+        )
+        self.assertEqual(made.status, 201, made.body)
+        cid = made.json()["id"]
+        ran = yield self.request(
+            "POST", f"/code/contexts/{cid}/execute", {"code": "print('seen'); 6 * 7"}
+        )
+        self.assertEqual(ran.json()["state"], "ok", ran.body)
+        url = yield self.link(scopes=["core:read", "code:read"])
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.wait_for_selector("[data-testid=code-cell][data-state=ok]")
+            seen["navs"] = page.eval_on_selector_all(
+                "nav [data-testid]", "els => els.map(e => e.dataset.testid)"
+            )
+            seen["stdout"] = page.text_content("[data-testid=code-stdout]")
+            seen["result"] = page.text_content("[data-testid=code-result]")
+            seen["controls"] = {
+                t: page.locator(f"[data-testid={t}]").count()
+                for t in (
+                    "code-input",
+                    "code-run",
+                    "code-context-new",
+                    "code-kernel",
+                    "code-interrupt",
+                    "code-restart",
+                    "code-delete",
+                )
+            }
+            seen["forced"] = page.evaluate(
+                f"(async () => {{ const r = await fetch('/code/contexts/{cid}/execute', {{method: 'POST',"
+                " headers: {Authorization: 'Bearer ' + sessionStorage.getItem('sandboxd.console.link'),"
+                " 'Content-Type': 'application/json'}, body: JSON.stringify({code: '1'})});"
+                " return {status: r.status, body: await r.json()}; })()"
+            )
+
+        seen = yield self.browse(steps)
+        self.assertEqual(seen["navs"], ["nav-code"])
+        self.assertEqual(seen["stdout"], "seen\n")
+        self.assertEqual(seen["result"], "42")
+        self.assertEqual(set(seen["controls"].values()), {0})
+        self.assertEqual(seen["forced"]["status"], 403)
+        self.assertEqual(seen["forced"]["body"]["code"], "missing_scope")
+        self.assertNoCspViolation(seen)

@@ -57,7 +57,7 @@ class Cell {
 
   /** Follow the execution's events live (resumed by the browser after a drop). */
   follow(eventsUrl) {
-    this.stop();
+    if (this.source) this.source.close();
     const source = new EventSource(this.api.eventSource(eventsUrl));
     this.source = source;
     const kinds = ["execution.queued", "execution.started", "stdout", "stderr", "display", "error", "input.requested", "context.restarted", "execution.ended", "gap"];
@@ -70,7 +70,7 @@ class Cell {
     }
     source.addEventListener("error", () => {
       if (source.readyState === EventSource.CLOSED && this.source === source) {
-        this.source = null;
+        this.stop();
         this.note("The event stream closed; refresh the context to see how this cell ended.", "dim");
       }
     });
@@ -79,6 +79,7 @@ class Cell {
   stop() {
     if (this.source) this.source.close();
     this.source = null;
+    this.page.unwatch(this);
   }
 
   /** Show what the execution has logged so far, from one JSON page of its events. */
@@ -188,6 +189,7 @@ class Cell {
   }
 
   drop() {
+    this.dropped = true;
     this.stop();
     for (const url of this.urls) URL.revokeObjectURL(url);
     this.el.remove();
@@ -202,6 +204,12 @@ export class CodePage {
     this.banner = banner;
     this.cid = null;
     this.cells = [];
+    // One event stream at a time: a browser opens at most six connections
+    // to one origin, and streams of queued cells would hold them all (an
+    // Interrupt could not even be sent).  The daemon keeps each
+    // execution's events, so a cell followed later misses nothing.
+    this.waiting = [];
+    this.watching = null;
     const may = (id) => caps.allowed(id);
     this.contextPicker = h("select", { testid: "code-context", "aria-label": "context", onchange: () => this.select(this.contextPicker.value) });
     this.status = h("span", { class: "status", testid: "code-context-status" });
@@ -290,9 +298,30 @@ export class CodePage {
       if (ENDED.has(x.state)) {
         try { await cell.replay(x.events_url); } catch (e) { cell.note(`Cannot load its output: ${e.message}`, "bad"); }
       } else {
-        cell.follow(x.events_url);
+        this.watch(cell, x.events_url);
       }
     }
+  }
+
+  /** Follow ``cell``'s events once the cells before it are done. */
+  watch(cell, eventsUrl) {
+    this.waiting.push([cell, eventsUrl]);
+    this.next();
+  }
+
+  unwatch(cell) {
+    this.waiting = this.waiting.filter(([c]) => c !== cell);
+    if (this.watching !== cell) return;
+    this.watching = null;
+    setTimeout(() => this.next(), 0);
+  }
+
+  next() {
+    if (this.watching) return;
+    const item = this.waiting.shift();
+    if (!item || item[0].dropped) return;
+    this.watching = item[0];
+    item[0].follow(item[1]);
   }
 
   add(code, executionId) {
@@ -323,7 +352,7 @@ export class CodePage {
     try {
       const answer = await this.api.json("POST", `/code/contexts/${encodeURIComponent(this.cid)}/execute`, { json: { code, wait: 0 } });
       cell.setExecution(answer.execution_id);
-      cell.follow(answer.events_url);
+      this.watch(cell, answer.events_url);
       this.status.textContent = "busy";
     } catch (e) {
       cell.setState("refused");
