@@ -271,9 +271,10 @@ class CodeQueueTests(ConsoleCase):
     @inlineCallbacks
     def test_read_only_link(self) -> Any:
         """
-        A ``code:read`` link sees a context's cells and their output but
-        has no editor, Run, New context, Interrupt, Restart or Delete; a
-        forced execute with it is 403.
+        A ``code:read`` link sees a context's cells and their output, and
+        a cell the agent runs meanwhile appears with its output; it has no
+        editor, Run, New context, Interrupt, Restart or Delete; a forced
+        execute with it is 403.
         """
         made = yield self.request(
             "POST", "/code/contexts", {"kernel": "sandboxd-python"}
@@ -295,6 +296,17 @@ class CodeQueueTests(ConsoleCase):
             )
             seen["stdout"] = page.text_content("[data-testid=code-stdout]")
             seen["result"] = page.text_content("[data-testid=code-result]")
+            self.call(
+                "POST",
+                f"/code/contexts/{cid}/execute",
+                {"code": "print('agent was here')"},
+            )
+            wait_true(
+                page,
+                "document.querySelectorAll('[data-testid=code-cell][data-state=ok]').length === 2",
+            )
+            seen["watched"] = page.text_content(f"{LAST} [data-testid=code-stdout]")
+            page.screenshot(path=os.path.join(test_browser.SHOTS, "code-watching.png"))
             seen["controls"] = {
                 t: page.locator(f"[data-testid={t}]").count()
                 for t in (
@@ -318,6 +330,7 @@ class CodeQueueTests(ConsoleCase):
         self.assertEqual(seen["navs"], ["nav-code"])
         self.assertEqual(seen["stdout"], "seen\n")
         self.assertEqual(seen["result"], "42")
+        self.assertEqual(seen["watched"], "agent was here\n")
         self.assertEqual(set(seen["controls"].values()), {0})
         self.assertEqual(seen["forced"]["status"], 403)
         self.assertEqual(seen["forced"]["body"]["code"], "missing_scope")

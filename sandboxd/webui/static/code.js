@@ -7,6 +7,9 @@
 import { h, clear } from "./dom.js";
 
 const KEEP = 256 * 1024; // characters of one stream kept on screen
+const POLL_MS = 2000; // how often a shown context is asked for cells run elsewhere
+const PAGE = 1000; // events per page when a finished cell is shown again
+const MAX_PAGES = 20;
 const REMEMBER = "sandboxd.console.context";
 const IMAGES = ["image/png", "image/jpeg", "image/gif", "image/webp"];
 // Shown as a download only: any of them could run script in this origin.
@@ -82,11 +85,17 @@ class Cell {
     this.page.unwatch(this);
   }
 
-  /** Show what the execution has logged so far, from one JSON page of its events. */
+  /** Show what a finished execution logged, from JSON pages of its events. */
   async replay(eventsUrl) {
-    const page = await this.api.json("GET", eventsUrl, { query: { follow: "false" } });
-    if (page.dropped) this.apply("gap", page.dropped);
-    for (const e of page.events || []) this.apply(e.event, e.data);
+    let after;
+    for (let i = 0; i < MAX_PAGES && !this.dropped; i += 1) {
+      const page = await this.api.json("GET", eventsUrl, { query: { follow: "false", limit: PAGE, after } });
+      if (page.dropped) this.apply("gap", page.dropped);
+      const events = page.events || [];
+      for (const e of events) this.apply(e.event, e.data);
+      if (events.length < PAGE) return;
+      after = page.next;
+    }
   }
 
   apply(kind, data) {
@@ -210,6 +219,9 @@ export class CodePage {
     // execution's events, so a cell followed later misses nothing.
     this.waiting = [];
     this.watching = null;
+    this.generation = 0; // bumped when another context is shown
+    this.syncing = null;
+    this.pickerKey = null;
     const may = (id) => caps.allowed(id);
     this.contextPicker = h("select", { testid: "code-context", "aria-label": "context", onchange: () => this.select(this.contextPicker.value) });
     this.status = h("span", { class: "status", testid: "code-context-status" });
@@ -247,6 +259,10 @@ export class CodePage {
       }
     }
     await this.refresh(sessionStorage.getItem(REMEMBER));
+    // Cells an agent runs in the shown context appear while a person watches.
+    this.timer = setInterval(() => {
+      if (!this.root.hidden && document.visibilityState === "visible") this.refresh();
+    }, POLL_MS);
   }
 
   visible() { this.refresh(); }
@@ -257,15 +273,22 @@ export class CodePage {
     try { contexts = (await this.api.json("GET", "/code/contexts")).contexts || []; }
     catch (e) { this.banner(`Cannot list code contexts: ${e.message}`); return; }
     contexts = contexts.filter((c) => c.state !== "closed");
-    const options = contexts.map((c) => h("option", { value: c.id, "data-state": c.state }, `${c.name || c.id} · ${c.kernel}`));
-    clear(this.contextPicker).append(...options);
-    this.contextPicker.disabled = !contexts.length;
-    if (!contexts.length) this.contextPicker.append(h("option", { value: "" }, "no context yet"));
+    const key = contexts.map((c) => `${c.id} ${c.name} ${c.kernel}`).join("\n");
+    if (key !== this.pickerKey) {
+      // Rebuilt only when it changed: an open drop-down is not shut every poll.
+      this.pickerKey = key;
+      const options = contexts.map((c) => h("option", { value: c.id }, `${c.name || c.id} · ${c.kernel}`));
+      clear(this.contextPicker).append(...options);
+      this.contextPicker.disabled = !contexts.length;
+      if (!contexts.length) this.contextPicker.append(h("option", { value: "" }, "no context yet"));
+      if (this.cid) this.contextPicker.value = this.cid;
+    }
     const ids = contexts.map((c) => c.id);
     const pick = [wanted, this.cid].find((id) => id && ids.includes(id)) || ids[0] || null;
     const current = contexts.find((c) => c.id === pick);
     this.describe(current);
     if (pick !== this.cid || wanted) await this.select(pick, current);
+    else await this.sync();
   }
 
   describe(context) {
@@ -273,8 +296,9 @@ export class CodePage {
     this.status.dataset.state = context ? context.state : "";
   }
 
-  /** Show context ``cid``: its past cells, each with what it printed. */
+  /** Show context ``cid``: its cells so far, each with what it printed. */
   async select(cid, known) {
+    this.generation += 1;
     for (const cell of this.cells) cell.drop();
     this.cells = [];
     if (this.confirmButton) this.confirmButton.hidden = true;
@@ -282,24 +306,41 @@ export class CodePage {
     if (!cid) { sessionStorage.removeItem(REMEMBER); this.describe(null); return; }
     sessionStorage.setItem(REMEMBER, cid);
     this.contextPicker.value = cid;
-    const base = `/code/contexts/${encodeURIComponent(cid)}`;
-    let executions = [];
+    if (!known) {
+      try { this.describe(await this.api.json("GET", `/code/contexts/${encodeURIComponent(cid)}`)); }
+      catch (e) { this.banner(`Cannot show ${cid}: ${e.message}`); return; }
+    }
+    await this.sync();
+  }
+
+  /** Add a cell for each execution of the shown context not shown yet (run here or elsewhere). */
+  async sync() {
+    const cid = this.cid;
+    const generation = this.generation;
+    // Not while a cell of ours waits for its id: it would be shown twice.
+    if (!cid || this.syncing === generation || this.cells.some((c) => !c.id && c.state !== "refused")) return;
+    if (!this.caps.allowed("code_executions_list")) return;
+    this.syncing = generation;
     try {
-      if (!known) this.describe(await this.api.json("GET", base));
-      if (this.caps.allowed("code_executions_list")) executions = (await this.api.json("GET", `${base}/executions`)).executions || [];
-    } catch (e) { this.banner(`Cannot show ${cid}: ${e.message}`); return; }
-    executions.sort((a, b) => a.created_at - b.created_at);
-    for (const x of executions) {
-      if (this.cid !== cid) return; // another context was picked meanwhile
-      const code = x.code_head.length >= 256 ? `${x.code_head}…` : x.code_head;
-      const cell = this.add(code, x.execution_id);
-      cell.setState(x.state);
-      if (x.execution_count) cell.count.textContent = `[${x.execution_count}]`;
-      if (ENDED.has(x.state)) {
-        try { await cell.replay(x.events_url); } catch (e) { cell.note(`Cannot load its output: ${e.message}`, "bad"); }
-      } else {
-        this.watch(cell, x.events_url);
+      let executions;
+      try { executions = (await this.api.json("GET", `/code/contexts/${encodeURIComponent(cid)}/executions`)).executions || []; }
+      catch (e) { if (e.status !== 404) this.banner(`Cannot list the cells of ${cid}: ${e.message}`); return; }
+      executions.sort((a, b) => a.created_at - b.created_at);
+      for (const x of executions) {
+        if (this.generation !== generation) return; // another context was picked meanwhile
+        if (this.cells.some((c) => c.id === x.execution_id)) continue;
+        const code = x.code_head.length >= 256 ? `${x.code_head}\u2026` : x.code_head;
+        const cell = this.add(code, x.execution_id);
+        cell.setState(x.state);
+        if (x.execution_count) cell.count.textContent = `[${x.execution_count}]`;
+        if (ENDED.has(x.state)) {
+          try { await cell.replay(x.events_url); } catch (e) { cell.note(`Cannot load its output: ${e.message}`, "bad"); }
+        } else {
+          this.watch(cell, x.events_url);
+        }
       }
+    } finally {
+      if (this.syncing === generation) this.syncing = null;
     }
   }
 
