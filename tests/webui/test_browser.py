@@ -439,7 +439,7 @@ class FileTreeTests(ConsoleCase):
         below them (each listed only when opened); a file deep in the tree
         opens in the viewer; an upload goes into the selected folder; a
         refresh keeps the open folders open; closing the outer folder hides
-        the whole subtree.
+        the whole subtree and drops the selection hidden in it.
         """
         url = yield self.link()
         deep = os.path.join(self.base_dir, "outer", "inner")
@@ -494,6 +494,7 @@ class FileTreeTests(ConsoleCase):
             seen["after_close"] = page.eval_on_selector_all(
                 "[data-testid=file-entry]", "els => els.map(e => e.dataset.name)"
             )
+            seen["target_after_close"] = page.text_content("[data-testid=files-target]")
 
         seen = yield self.browse(steps)
         self.assertEqual(seen["lists_at_start"], 1)
@@ -515,6 +516,8 @@ class FileTreeTests(ConsoleCase):
         uploaded = [n for n in os.listdir(deep) if n.endswith("-up.txt")]
         self.assertEqual(len(uploaded), 1)
         self.assertEqual(seen["after_close"], ["outer", "top.txt"])
+        # The selected folder went out of sight: uploads go to the top again.
+        self.assertTrue(seen["target_after_close"].endswith(f"into {self.base_dir}"))
         self.assertNoCspViolation(seen)
 
 

@@ -152,7 +152,12 @@ export class FilesPage {
   }
 
   close(row) {
-    for (const child of this.below(row)) child.remove();
+    for (const child of this.below(row)) {
+      // A selection hidden in the closed folder is dropped: uploads and
+      // deletes must never act on something out of sight.
+      if (this.selected && child.dataset.path === this.selected.path) { this.selected = null; this.showTarget(); }
+      child.remove();
+    }
     row.setAttribute("aria-expanded", "false");
     row.querySelector("[data-testid=file-toggle]").textContent = "\u25b8";
   }
