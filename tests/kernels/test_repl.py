@@ -53,6 +53,24 @@ class BuiltinKernelTests(CodeTestCase):
         self.assertTrue(any("1/0" in line for line in err["error"]["traceback"]))
 
     @inlineCallbacks
+    def test_output_before_value_and_error(self) -> Any:
+        """What a cell prints is logged before its value, and before its error, as Jupyter orders them."""
+        ctx = yield self.context(kernel="sandboxd-python")
+        orders = []
+        # No newline: the text waits in the line buffer until the cell ends.
+        for code in ("print('seen', end=''); 6 * 7", "print('before', end=''); 1/0"):
+            ran = yield self.execute(ctx["id"], code)
+            page = yield self.request("GET", ran["events_url"] + "?follow=false")
+            orders.append(
+                [
+                    e["event"]
+                    for e in page.json()["events"]
+                    if e["event"] in ("stdout", "display", "error")
+                ]
+            )
+        self.assertEqual(orders, [["stdout", "display"], ["stdout", "error"]])
+
+    @inlineCallbacks
     def test_matplotlib_figure(self) -> Any:
         """An open matplotlib figure comes back as PNG (the Agg backend)."""
         try:
