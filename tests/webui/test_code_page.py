@@ -6,6 +6,7 @@ which needs nothing but the standard library; ipykernel for the plot).
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -170,7 +171,7 @@ class CodeCellTests(ConsoleCase):
 
 
 class CodePlotTests(ConsoleCase):
-    """A matplotlib figure from ipykernel, shown as a blob image."""
+    """Rich results from ipykernel: a matplotlib figure, JSON, SVG."""
 
     policy = CODE_POLICY
 
@@ -185,8 +186,12 @@ class CodePlotTests(ConsoleCase):
         return super().setUp()
 
     @inlineCallbacks
-    def test_plot(self) -> Any:
-        """``plt.plot`` then ``plt.show()`` in a python3 context shows the figure as an image."""
+    def test_plot_json_svg(self) -> Any:
+        """
+        ``plt.plot`` then ``plt.show()`` in a python3 context shows the
+        figure as an image; JSON is shown as indented text; an SVG (with a
+        script in it) is only offered for download.
+        """
         url = yield self.link()
 
         def steps(page: Any, seen: dict[str, Any]) -> None:
@@ -207,11 +212,29 @@ class CodePlotTests(ConsoleCase):
             seen["width"] = page.evaluate(
                 f"document.querySelector('{LAST} [data-testid=code-image]').naturalWidth"
             )
+            run_cell(
+                page,
+                "from IPython.display import JSON, SVG, display\n"
+                "display(JSON({'rows': [1, 2]}))\n"
+                'SVG(\'<svg xmlns="http://www.w3.org/2000/svg" id="drawn">'
+                "<script>alert(1)</script></svg>')",
+                timeout=30,
+            )
+            seen["json"] = last_text(page, "code-json")
+            seen["svg_buttons"] = page.eval_on_selector_all(
+                f"{LAST} [data-testid=code-download]",
+                "els => els.map(e => e.dataset.mime)",
+            )
+            seen["svg_drawn"] = page.locator("svg#drawn").count()
             page.screenshot(path=os.path.join(test_browser.SHOTS, "code-plot.png"))
 
         seen = yield self.browse(steps)
         self.assertTrue(seen["src"].startswith("blob:"))
         self.assertGreater(seen["width"], 100)
+        self.assertEqual(json.loads(seen["json"]), {"rows": [1, 2]})
+        self.assertIn("\n", seen["json"])  # indented
+        self.assertEqual(seen["svg_buttons"], ["image/svg+xml"])
+        self.assertEqual(seen["svg_drawn"], 0)
         self.assertNoCspViolation(seen)
 
 
