@@ -261,7 +261,7 @@ export class CodePage {
     await this.refresh(sessionStorage.getItem(REMEMBER));
     // Cells an agent runs in the shown context appear while a person watches.
     this.timer = setInterval(() => {
-      if (!this.root.hidden && document.visibilityState === "visible") this.refresh();
+      if (!this.api.lost && !this.root.hidden && document.visibilityState === "visible") this.refresh();
     }, POLL_MS);
   }
 
