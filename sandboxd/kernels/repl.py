@@ -189,9 +189,19 @@ class Repl:
             self.count += 1
             emit({"ev": "started", "xid": xid, "count": self.count})
         status = "ok"
+        value: Any = None
+        failure: tuple[Any, BaseException, Any] | None = None
         try:
             value = self._run(str(command.get("code", "")))
-            if value is not None and not silent:
+        except KeyboardInterrupt:
+            failure = (KeyboardInterrupt, KeyboardInterrupt(), None)
+        except BaseException as e:  # the user's code raised: reported, not fatal
+            failure = (type(e), e, e.__traceback__)
+        # What the code printed comes before its value or its error, as
+        # in Jupyter (a notebook shows them in that order).
+        self._sync()
+        if failure is None and value is not None and not silent:
+            try:
                 self.namespace["_"] = value
                 emit(
                     {
@@ -202,12 +212,11 @@ class Repl:
                         "is_result": True,
                     }
                 )
-        except KeyboardInterrupt:
+            except BaseException as e:  # a _repr_*_ raised
+                failure = (type(e), e, e.__traceback__)
+        if failure is not None:
             status = "error"
-            self._error(xid, KeyboardInterrupt, KeyboardInterrupt(), None)
-        except BaseException as e:  # the user's code raised: reported, not fatal
-            status = "error"
-            self._error(xid, type(e), e, e.__traceback__)
+            self._error(xid, *failure)
         if not silent:
             self._figures(xid)
         self._sync()

@@ -105,7 +105,7 @@ class CodeService(Service):
 
     def get(self, cid: str, identity: Any) -> CodeContext:
         """
-        The context ``cid`` if ``identity`` owns it (or holds ``*``).
+        The context ``cid`` if ``identity`` may see it (:func:`_may_see`).
 
         :raises ApiError: 404 for an unknown id and for another identity's
             context alike (its existence is not disclosed).
@@ -270,7 +270,15 @@ class CodeService(Service):
 
 
 def _may_see(identity: Any, ctx: CodeContext) -> bool:
-    return bool(identity.id == ctx.owner or identity.has_scope("*"))
+    """
+    Its creator, a link its creator minted (the web console watching an
+    agent's contexts, as with terminals), or an identity holding ``*``.
+    """
+    return bool(
+        identity.id == ctx.owner
+        or identity.on_behalf_of == ctx.owner
+        or identity.has_scope("*")
+    )
 
 
 def _too_many(message: str, limit: int) -> ApiError:

@@ -53,6 +53,24 @@ class BuiltinKernelTests(CodeTestCase):
         self.assertTrue(any("1/0" in line for line in err["error"]["traceback"]))
 
     @inlineCallbacks
+    def test_output_before_value_and_error(self) -> Any:
+        """What a cell prints is logged before its value, and before its error, as Jupyter orders them."""
+        ctx = yield self.context(kernel="sandboxd-python")
+        orders = []
+        # No newline: the text waits in the line buffer until the cell ends.
+        for code in ("print('seen', end=''); 6 * 7", "print('before', end=''); 1/0"):
+            ran = yield self.execute(ctx["id"], code)
+            page = yield self.request("GET", ran["events_url"] + "?follow=false")
+            orders.append(
+                [
+                    e["event"]
+                    for e in page.json()["events"]
+                    if e["event"] in ("stdout", "display", "error")
+                ]
+            )
+        self.assertEqual(orders, [["stdout", "display"], ["stdout", "error"]])
+
+    @inlineCallbacks
     def test_matplotlib_figure(self) -> Any:
         """An open matplotlib figure comes back as PNG (the Agg backend)."""
         try:
@@ -144,3 +162,70 @@ class BuiltinKernelTests(CodeTestCase):
         self.assertEqual(ctx["kernel"], "sandboxd-python")
         result = yield self.execute(ctx["id"], "1 + 1")
         self.assertEqual(result["results"][0]["data"]["text/plain"], "2")
+
+
+class LinkOwnerTests(CodeTestCase):
+    """A capability link acts for its minter's contexts, and no one else's."""
+
+    policy = {
+        "groups": {"code": True},
+        "auth": {
+            "tokens": [
+                {
+                    "id": "agent",
+                    "token_env": "AGENT",
+                    "scopes": ["code:read", "code:run", "code:manage", "links:mint"],
+                },
+                {
+                    "id": "other",
+                    "token_env": "OTHER",
+                    "scopes": ["code:read", "links:mint"],
+                },
+            ]
+        },
+    }
+    environ = {"AGENT": "agent-token", "OTHER": "other-token"}
+    token = "agent-token"
+
+    def setUp(self) -> Any:
+        # The built-in kernel: no ipykernel needed.
+        return super(CodeTestCase, self).setUp()
+
+    @inlineCallbacks
+    def link(self, token: str) -> Any:
+        """A ``code:read`` console link minted by ``token``'s identity."""
+        reply = yield self.daemon.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["code:read"]},
+            token=token,
+        )
+        self.assertEqual(reply.status, 201, reply.body)
+        return reply.json()["token"]
+
+    @inlineCallbacks
+    def test_minters_link_sees_contexts(self) -> Any:
+        """
+        A link the agent minted lists the agent's context and reads its
+        executions (a person watching in the console); a link another
+        identity minted gets 404, as if it did not exist.
+        """
+        ctx = yield self.context(kernel="sandboxd-python")
+        ran = yield self.execute(ctx["id"], "6 * 7")
+        mine = yield self.link("agent-token")
+        theirs = yield self.link("other-token")
+        listed = yield self.daemon.request("GET", "/code/contexts", token=mine)
+        self.assertEqual([c["id"] for c in listed.json()["contexts"]], [ctx["id"]])
+        got = yield self.daemon.request(
+            "GET",
+            f"/code/contexts/{ctx['id']}/executions/{ran['execution_id']}",
+            token=mine,
+        )
+        self.assertEqual(got.json()["results"][0]["data"]["text/plain"], "42")
+        listed = yield self.daemon.request("GET", "/code/contexts", token=theirs)
+        self.assertEqual(listed.json()["contexts"], [])
+        refused = yield self.daemon.request(
+            "GET", f"/code/contexts/{ctx['id']}", token=theirs
+        )
+        self.assertEqual(refused.status, 404)
+        self.assertEqual(refused.json()["code"], "not_found")

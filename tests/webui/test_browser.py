@@ -103,7 +103,7 @@ class ConsoleCase(DaemonTestCase):
                     except Exception as e:
                         page.screenshot(path=os.path.join(SHOTS, "failure.png"))
                         dom = page.evaluate(
-                            "document.querySelector('[data-testid=terminal-area]').innerHTML.slice(0, 3000)"
+                            "(document.querySelector('[data-testid=terminal-area]') || document.body).innerHTML.slice(0, 3000)"
                         )
                         raise AssertionError(
                             f"{e}\nbrowser console: {seen}\n{dom}"
@@ -426,6 +426,98 @@ class FileOperationTests(ConsoleCase):
         self.assertTrue(seen["confirm_hidden_before"])
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "made")))
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "draft.txt")))
+        self.assertNoCspViolation(seen)
+
+
+class FileTreeTests(ConsoleCase):
+    """The files page as a tree: folders listed when first opened."""
+
+    @inlineCallbacks
+    def test_expand_nested_folder(self) -> Any:
+        """
+        Opening a folder, then a folder inside it, shows their files indented
+        below them (each listed only when opened); a file deep in the tree
+        opens in the viewer; an upload goes into the selected folder; a
+        refresh keeps the open folders open; closing the outer folder hides
+        the whole subtree and drops the selection hidden in it.
+        """
+        url = yield self.link()
+        deep = os.path.join(self.base_dir, "outer", "inner")
+        os.makedirs(deep)
+        with open(os.path.join(deep, "leaf.txt"), "w") as f:
+            f.write("deep inside\n")
+        with open(os.path.join(self.base_dir, "top.txt"), "w") as f:
+            f.write("top\n")
+        small = self.mktemp() + "-up.txt"
+        with open(small, "w") as f:
+            f.write("uploaded\n")
+        listed: list[str] = []
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.on(
+                "request",
+                lambda r: listed.append(r.url) if "/files/list" in r.url else None,
+            )
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=nav-files]")
+            page.wait_for_selector("[data-testid=file-entry][data-name='top.txt']")
+            seen["lists_at_start"] = len(listed)
+            seen["inner_before"] = page.locator(
+                "[data-testid=file-entry][data-name='inner']"
+            ).count()
+            page.click("[data-testid=file-toggle][data-path$='/outer']")
+            page.wait_for_selector("[data-testid=file-entry][data-name='inner']")
+            page.click("[data-testid=file-toggle][data-path$='/outer/inner']")
+            leaf = "[data-testid=file-entry][data-name='leaf.txt']"
+            page.wait_for_selector(leaf)
+            seen["rows"] = page.eval_on_selector_all(
+                "[data-testid=file-entry]",
+                "els => els.map(e => [e.dataset.name, Number(e.dataset.depth), e.getAttribute('aria-expanded')])",
+            )
+            seen["lists_after_open"] = len(listed)
+            page.click(leaf)
+            page.wait_for_selector("[data-testid=file-text]")
+            seen["text"] = page.text_content("[data-testid=file-text]")
+            seen["viewing"] = page.text_content("[data-testid=file-view-name]")
+            page.click("[data-testid=file-entry][data-name='inner']")
+            seen["target"] = page.text_content("[data-testid=files-target]")
+            page.set_input_files("[data-testid=file-upload]", small)
+            up = "[data-testid=file-entry][data-name$='-up.txt']"
+            page.wait_for_selector(up)
+            seen["up_depth"] = page.get_attribute(up, "data-depth")
+            page.click("[data-testid=files-refresh]")
+            page.wait_for_selector(leaf)
+            page.screenshot(path=os.path.join(SHOTS, "files-tree.png"))
+            page.click("[data-testid=file-toggle][data-path$='/outer']")
+            page.wait_for_selector(leaf, state="detached")
+            seen["after_close"] = page.eval_on_selector_all(
+                "[data-testid=file-entry]", "els => els.map(e => e.dataset.name)"
+            )
+            seen["target_after_close"] = page.text_content("[data-testid=files-target]")
+
+        seen = yield self.browse(steps)
+        self.assertEqual(seen["lists_at_start"], 1)
+        self.assertEqual(seen["inner_before"], 0)
+        self.assertEqual(
+            seen["rows"],
+            [
+                ["outer", 0, "true"],
+                ["inner", 1, "true"],
+                ["leaf.txt", 2, None],
+                ["top.txt", 0, None],
+            ],
+        )
+        self.assertEqual(seen["lists_after_open"], 3)
+        self.assertEqual(seen["text"], "deep inside\n")
+        self.assertTrue(seen["viewing"].endswith("/outer/inner/leaf.txt"))
+        self.assertTrue(seen["target"].endswith("/outer/inner"))
+        self.assertEqual(seen["up_depth"], "2")
+        uploaded = [n for n in os.listdir(deep) if n.endswith("-up.txt")]
+        self.assertEqual(len(uploaded), 1)
+        self.assertEqual(seen["after_close"], ["outer", "top.txt"])
+        # The selected folder went out of sight: uploads go to the top again.
+        self.assertTrue(seen["target_after_close"].endswith(f"into {self.base_dir}"))
         self.assertNoCspViolation(seen)
 
 

@@ -7,6 +7,7 @@ import { FilesPage } from "./files.js";
 import { ProcessesPage } from "./processes.js";
 import { PortsPage } from "./ports.js";
 import { AgentsPage } from "./agents.js";
+import { CodePage } from "./code.js";
 
 const $ = (testid) => document.querySelector(`[data-testid="${testid}"]`);
 
@@ -16,6 +17,7 @@ const PAGES = {
   files: { needs: ["files_list"], make: FilesPage },
   processes: { needs: ["process_list"], make: ProcessesPage },
   ports: { needs: [["preview_ports_list", "ports"]], make: PortsPage },
+  code: { needs: ["code_contexts_list"], make: CodePage },
   agents: { needs: ["agents_session_list"], make: AgentsPage },
 };
 

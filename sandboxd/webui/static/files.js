@@ -1,5 +1,6 @@
-// Files: a directory tree, a viewer, uploads with progress, and small-text
-// edits that never overwrite someone else's change (If-Match, 412 shown).
+// Files: a folder tree (each folder listed when it is first expanded), a
+// viewer, uploads with progress, and small-text edits that never overwrite
+// someone else's change (If-Match, 412 shown).
 // Contents are only ever text nodes or blob images; HTML and SVG files
 // are offered for download, never rendered.
 
@@ -29,17 +30,19 @@ export class FilesPage {
     this.api = api;
     this.caps = caps;
     this.banner = banner;
-    this.dir = null;
+    this.dir = null; // the tree's root
     this.selected = null;
+    this.expanded = new Set(); // folders shown open (kept across refreshes)
     this.objectUrl = null;
     const may = (id) => caps.allowed(id);
     this.crumbs = h("span", { class: "crumbs", testid: "files-path" });
+    this.where = h("span", { class: "status", testid: "files-target" });
     this.nameInput = h("input", { type: "text", placeholder: "name or path", testid: "file-name-input", "aria-label": "name" });
     this.progress = h("progress", { max: 1, value: 0, testid: "upload-progress", hidden: true });
     this.uploadStatus = h("span", { class: "status", testid: "upload-status" });
     const tools = [
       this.upButton = h("button", { type: "button", testid: "files-up", onclick: () => this.dir !== this.home && this.open(parentOf(this.dir)) }, "Up"),
-      h("button", { type: "button", testid: "files-refresh", onclick: () => this.open(this.dir) }, "Refresh"),
+      h("button", { type: "button", testid: "files-refresh", onclick: () => this.refresh() }, "Refresh"),
       this.nameInput,
     ];
     if (may("files_mkdir")) tools.push(h("button", { type: "button", testid: "file-mkdir", onclick: () => this.mkdir() }, "New folder"));
@@ -53,54 +56,155 @@ export class FilesPage {
       this.uploadInput = h("input", { type: "file", testid: "file-upload", "aria-label": "upload", onchange: () => this.upload() });
       tools.push(h("label", { class: "upload" }, "Upload: ", this.uploadInput), this.progress, this.uploadStatus);
     }
-    this.list = h("div", { class: "list", testid: "file-list" });
+    this.list = h("div", { class: "list tree", testid: "file-list" });
     this.view = h("div", { class: "view", testid: "file-view" }, h("p", { class: "dim" }, "Select a file to view it."));
-    clear(root).append(h("div", { class: "toolbar" }, ...tools), this.crumbs, h("div", { class: "split" }, this.list, this.view));
+    clear(root).append(h("div", { class: "toolbar" }, ...tools), h("div", { class: "toolbar" }, this.crumbs, this.where), h("div", { class: "split" }, this.list, this.view));
   }
 
   async start() { await this.open(null); }
   visible() {}
 
+  list_(path) { return this.api.json("GET", "/files/list", { query: { path: path || undefined } }); }
+
+  /** Show the tree rooted at ``path`` (the base directory when null), folders closed. */
   async open(path) {
+    this.expanded.clear();
+    this.selected = null;
+    await this.refresh(path);
+  }
+
+  /** List the root again, and every folder shown open; keep the selection. */
+  async refresh(path) {
     let listed;
+    const wanted = path === undefined ? this.dir : path;
     try {
-      listed = await this.api.json("GET", "/files/list", { query: { path: path || undefined } });
+      listed = await this.list_(wanted);
     } catch (e) {
-      this.banner(`Cannot list ${path || "the base directory"}: ${e.message}`);
+      this.banner(`Cannot list ${wanted || "the base directory"}: ${e.message}`);
       return;
     }
     this.dir = listed.path;
     if (this.home === undefined) this.home = listed.path; // the base directory: Up stops there
     this.upButton.disabled = this.dir === this.home;
-    this.selected = null;
     this.crumbs.textContent = listed.path;
+    const body = h("tbody", {}, this.rows(listed, 0));
+    clear(this.list).append(h("table", {}, body));
+    for (const row of [...body.children]) await this.reopen(row);
+    const kept = this.selected && this.rowOf(this.selected.path);
+    if (kept) kept.classList.add("selected");
+    else this.selected = null;
+    this.showTarget();
+  }
+
+  rowOf(path) {
+    return [...this.list.querySelectorAll("tr[data-path]")].find((r) => r.dataset.path === path) || null;
+  }
+
+  /** The rows of one listing, folders first, indented by ``depth``. */
+  rows(listed, depth) {
     const rows = listed.entries
       .slice()
       .sort((a, b) => (a.type === "directory") === (b.type === "directory") ? a.name.localeCompare(b.name) : a.type === "directory" ? -1 : 1)
-      .map((entry) => {
-        const row = h("tr", {
-          class: `entry ${entry.type === "directory" ? "dir" : "file"}`,
-          testid: "file-entry",
-          "data-name": entry.name,
-          "data-type": entry.type,
-          onclick: () => this.select(entry, row),
-          ondblclick: () => entry.type === "directory" && this.open(entry.path),
-        }, h("td", {}, entry.name), h("td", { class: "dim" }, entry.type === "directory" ? "" : size(entry.size)));
-        return row;
-      });
-    clear(this.list).append(h("table", {}, h("tbody", {}, rows)));
-    if (listed.truncated) this.list.append(h("p", { class: "dim" }, "(truncated)"));
+      .map((entry) => this.row(entry, depth));
+    if (listed.truncated) rows.push(h("tr", { class: "dim", "data-path": join(listed.path, "\u2026") }, h("td", {}, "(truncated)")));
+    if (depth && !rows.length) rows.push(h("tr", { class: "dim", "data-path": join(listed.path, "\u2026") }, h("td", {}, "(empty)")));
+    for (const row of rows) if (!row.dataset.depth) row.firstChild.style.paddingLeft = `${8 + depth * 18 + 18}px`;
+    return rows;
+  }
+
+  row(entry, depth) {
+    const folder = entry.type === "directory";
+    const toggle = folder
+      ? h("button", { type: "button", class: "toggle", testid: "file-toggle", "data-path": entry.path, "aria-label": `open ${entry.name}`, onclick: (e) => { e.stopPropagation(); this.toggle(row); } }, "\u25b8")
+      : h("span", { class: "toggle" });
+    const name = h("td", {}, toggle, entry.name);
+    name.style.paddingLeft = `${8 + depth * 18}px`;
+    const row = h("tr", {
+      class: `entry ${folder ? "dir" : "file"}`,
+      testid: "file-entry",
+      "data-name": entry.name,
+      "data-type": entry.type,
+      "data-path": entry.path,
+      "data-depth": String(depth),
+      "aria-expanded": folder ? "false" : null,
+      onclick: () => this.select(entry, row),
+      ondblclick: () => folder && this.open(entry.path),
+    }, name, h("td", { class: "dim" }, folder ? "" : size(entry.size)));
+    return row;
+  }
+
+  /** The rows below a folder's row (its open subtree). */
+  below(row) {
+    const prefix = `${row.dataset.path.replace(/\/+$/, "")}/`;
+    const out = [];
+    for (let next = row.nextElementSibling; next && (next.dataset.path || "").startsWith(prefix); next = next.nextElementSibling) out.push(next);
+    return out;
+  }
+
+  async toggle(row) {
+    if (row.getAttribute("aria-expanded") === "true") {
+      this.expanded.delete(row.dataset.path);
+      this.close(row);
+    } else {
+      this.expanded.add(row.dataset.path);
+      await this.expand(row);
+    }
+  }
+
+  close(row) {
+    for (const child of this.below(row)) {
+      // A selection hidden in the closed folder is dropped: uploads and
+      // deletes must never act on something out of sight.
+      if (this.selected && child.dataset.path === this.selected.path) { this.selected = null; this.showTarget(); }
+      child.remove();
+    }
+    row.setAttribute("aria-expanded", "false");
+    row.querySelector("[data-testid=file-toggle]").textContent = "\u25b8";
+  }
+
+  /** List a folder under its row (folders that were open below it open again). */
+  async expand(row) {
+    let listed;
+    try {
+      listed = await this.list_(row.dataset.path);
+    } catch (e) {
+      this.expanded.delete(row.dataset.path);
+      this.banner(`Cannot list ${row.dataset.path}: ${e.message}`);
+      return;
+    }
+    if (!row.isConnected || !this.expanded.has(row.dataset.path)) return;
+    this.close(row);
+    row.setAttribute("aria-expanded", "true");
+    row.querySelector("[data-testid=file-toggle]").textContent = "\u25be";
+    const children = this.rows(listed, Number(row.dataset.depth) + 1);
+    row.after(...children);
+    for (const child of children) await this.reopen(child);
+  }
+
+  async reopen(row) {
+    if (row.dataset.type === "directory" && this.expanded.has(row.dataset.path)) await this.expand(row);
+  }
+
+  /** Where a relative name, an upload or a new folder goes: the selected folder, else the selected file's, else the root. */
+  folder() {
+    if (!this.selected) return this.dir;
+    return this.selected.type === "directory" ? this.selected.path : parentOf(this.selected.path);
+  }
+
+  showTarget() {
+    this.where.textContent = this.dir ? `new folders and uploads go into ${this.folder()}` : "";
   }
 
   select(entry, row) {
     for (const r of this.list.querySelectorAll("tr")) r.classList.remove("selected");
     row.classList.add("selected");
     this.selected = entry;
+    this.showTarget();
     if (this.confirmButton) this.confirmButton.hidden = true;
     if (entry.type === "directory") {
       // One click selects a folder (to move or delete it); two open it.
       this.dropObjectUrl();
-      clear(this.view).append(h("p", { class: "dim", testid: "file-folder-selected" }, `${entry.path}/ (double-click to open)`));
+      clear(this.view).append(h("p", { class: "dim", testid: "file-folder-selected" }, `${entry.path}/ (double-click to show only this folder)`));
     } else {
       this.show(entry);
     }
@@ -194,26 +298,39 @@ export class FilesPage {
     setTimeout(() => URL.revokeObjectURL(url), 10000);
   }
 
-  target() {
+  /** The path a typed name means: absolute, or relative to ``base``. */
+  target(base) {
     if (!this.dir) { this.banner("The folder is still being listed; try again."); return null; }
     const name = this.nameInput.value.trim();
     if (!name) { this.banner("Type a name first."); return null; }
-    return name.startsWith("/") ? name : join(this.dir, name);
+    return name.startsWith("/") ? name : join(base, name);
+  }
+
+  /** Show what is in ``folder`` after a change there (opening it in the tree). */
+  async changed(folder) {
+    if (folder !== this.dir) this.expanded.add(folder);
+    await this.refresh();
   }
 
   async mkdir() {
-    const path = this.target();
+    const folder = this.folder();
+    const path = this.target(folder);
     if (!path) return;
-    try { await this.api.json("POST", "/files/mkdir", { json: { path } }); this.nameInput.value = ""; await this.open(this.dir); }
+    try { await this.api.json("POST", "/files/mkdir", { json: { path } }); this.nameInput.value = ""; await this.changed(parentOf(path)); }
     catch (e) { this.banner(`Could not create ${path}: ${e.message}`); }
   }
 
   async move() {
     if (!this.selected) { this.banner("Select a file or folder to move."); return; }
-    const destination = this.target();
+    const source = this.selected.path;
+    const destination = this.target(parentOf(source));
     if (!destination) return;
-    try { await this.api.json("POST", "/files/move", { json: { source: this.selected.path, destination } }); this.nameInput.value = ""; await this.open(this.dir); }
-    catch (e) { this.banner(`Could not move ${this.selected.path}: ${e.message}`); }
+    try {
+      await this.api.json("POST", "/files/move", { json: { source, destination } });
+      this.nameInput.value = "";
+      this.selected = null;
+      await this.refresh();
+    } catch (e) { this.banner(`Could not move ${source}: ${e.message}`); }
   }
 
   askDelete() {
@@ -226,14 +343,20 @@ export class FilesPage {
     this.confirmButton.hidden = true;
     const path = this.selected && this.selected.path;
     if (!path) return;
-    try { await this.api.json("DELETE", "/files", { query: { path } }); clear(this.view); await this.open(this.dir); }
-    catch (e) { this.banner(`Could not delete ${path}: ${e.message}`); }
+    try {
+      await this.api.json("DELETE", "/files", { query: { path } });
+      this.dropObjectUrl();
+      clear(this.view);
+      this.selected = null;
+      await this.refresh();
+    } catch (e) { this.banner(`Could not delete ${path}: ${e.message}`); }
   }
 
   async upload() {
     const file = this.uploadInput.files[0];
     if (!file || !this.dir) return;
-    const path = join(this.dir, file.name);
+    const folder = this.folder();
+    const path = join(folder, file.name);
     this.progress.hidden = false;
     this.progress.value = 0;
     this.uploadStatus.textContent = `Uploading ${file.name}...`;
@@ -242,7 +365,7 @@ export class FilesPage {
       this.progress.value = 1;
       this.uploadStatus.textContent = `Uploaded ${file.name} (${size(written.bytes)}).`;
       this.uploadStatus.className = "status ok";
-      await this.open(this.dir);
+      await this.changed(folder);
     } catch (e) {
       this.uploadStatus.textContent = "";
       this.banner(`Could not upload ${file.name}: ${e.message}`);
