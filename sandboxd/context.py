@@ -127,6 +127,8 @@ class Context:
     #: ``--pty-public-url``: the base of every ``ws_url`` (wins over the policy's).
     pty_public_url: str | None = None
     http_port: int | None = None
+    #: ``--state-dir``: where what must outlive the daemon is kept (None: nothing is).
+    state_dir: str | None = None
     draining: bool = False
 
     def __attrs_post_init__(self) -> None:

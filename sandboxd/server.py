@@ -163,6 +163,10 @@ class Settings:
     base_dir: str | None = None
     commands: tuple[str, ...] = ()
     audit_log: str | None = None
+    #: Where the daemon keeps what must outlive it (the ``/v1`` door's
+    #: sessions and webhook endpoints); None: ``$ABX_SERVER_STATE_DIR``,
+    #: else nothing is kept.
+    state_dir: str | None = None
     environ: Mapping[str, str] | None = None
     #: Work in the base dir, so children started there need no chdir
     #: (the fast posix_spawn path).  Off for embedded and test daemons,
@@ -566,12 +570,19 @@ def preview_listen(settings: Settings, http: str) -> str | None:
 _TLS_FILE_OPTIONS = ("privateKey", "certKey", "extraCertChain")
 
 
+def state_dir(settings: Settings, environ: Mapping[str, str]) -> str | None:
+    """The state directory (``--state-dir``, else ``$ABX_SERVER_STATE_DIR``), absolute."""
+    found = settings.state_dir or environ.get("ABX_SERVER_STATE_DIR")
+    return os.path.abspath(found) if found else None
+
+
 def daemon_files(settings: Settings, environ: Mapping[str, str]) -> list[str]:
     """
     Files of the daemon's that the policy does not name: the audit log and
     the TLS key and certificates of its listeners.
     """
     files = [settings.audit_log or environ.get("ABX_SERVER_AUDIT_LOG") or ""]
+    files.append(state_dir(settings, environ) or "")
     for listener in (
         settings.port,
         settings.pty_port or environ.get("ABX_PTY_PORT"),
@@ -621,6 +632,7 @@ def build(
         registry=registry,
         audit=AuditLog(settings.audit_log or environ.get("ABX_SERVER_AUDIT_LOG")),
     )
+    context.state_dir = state_dir(settings, environ)
     context.http_port = port_number(http_listen)
     context.pty_listen = pty_listen
     context.pty_public_url = settings.pty_public_url

@@ -108,6 +108,13 @@ class Options(usage.Options):
             "Audit file (default $ABX_SERVER_AUDIT_LOG or the log).",
         ],
         [
+            "state-dir",
+            None,
+            None,
+            "Where the /v1 door keeps its sessions and webhook endpoints across "
+            "restarts (default $ABX_SERVER_STATE_DIR; unset: memory only).",
+        ],
+        [
             "max-connections",
             None,
             None,
@@ -141,7 +148,7 @@ class Options(usage.Options):
 
     def postOptions(self) -> None:
         """Resolve paths now: twistd may chdir before the service starts."""
-        for key in ("policy", "base-dir", "audit-log"):
+        for key in ("policy", "base-dir", "audit-log", "state-dir"):
             if self[key]:
                 self[key] = os.path.abspath(self[key])
         self["commands"] = [
@@ -188,6 +195,7 @@ class Options(usage.Options):
             base_dir=self["base-dir"],
             commands=tuple(self["commands"]),
             audit_log=self["audit-log"],
+            state_dir=self["state-dir"],
             chdir=True,
             root_children_check=True,
             max_connections=self["max-connections"],

@@ -24,7 +24,7 @@ import json
 import secrets
 import time
 from collections import OrderedDict, deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sandboxd.errors import (
     ApiError,
@@ -203,16 +203,43 @@ class SessionFace:
         metadata: dict[str, str],
         hidden: bool = False,
     ) -> None:
-        self.id = new_id("agsess_")
+        limit = engine.rule.limits.max_event_bytes
+        self._setup(
+            new_id("agsess_"),
+            owner,
+            agent,
+            environment,
+            metadata,
+            hidden,
+            EventLog(limit or defaults.AGENT_LIMITS["max_event_bytes"]),
+        )
         self.engine = engine
+        self.redactor = Redactor(
+            engine.env[name] for name in engine.entry.env_pass if engine.env.get(name)
+        )
+        self._unsubscribe = engine.log.subscribe(self._on_engine)
+
+    def _setup(
+        self,
+        face_id: str,
+        owner: str,
+        agent: dict[str, Any],
+        environment: dict[str, Any],
+        metadata: dict[str, str],
+        hidden: bool,
+        log: EventLog,
+    ) -> None:
+        """What a face holds whether its agent runs or it was restored."""
+        self.id = face_id
         self.owner = owner
         self.agent = agent
         self.environment = environment
         self.metadata = metadata
         self.hidden = hidden
         self.created_at = self.last_active_at = int(time.time())
-        limit = engine.rule.limits.max_event_bytes
-        self.log = EventLog(limit or defaults.AGENT_LIMITS["max_event_bytes"])
+        self.log = log
+        #: Why the session failed when its agent cannot say (a restart).
+        self.error_message: str | None = None
         self.turns: OrderedDict[str, WireTurn] = OrderedDict()
         self.queue: deque[WireTurn] = deque()
         self.current: WireTurn | None = None
@@ -225,12 +252,34 @@ class SessionFace:
         self._open_key: tuple[Any, ...] | None = None
         self._tools: dict[str, dict[str, Any]] = {}
         self._shown_busy = False
-        self.redactor = Redactor(
-            engine.env[name] for name in engine.entry.env_pass if engine.env.get(name)
-        )
+        self.redactor = Redactor(())
         #: The conversation's latest response, when responses drive it.
         self.last_response_id: str | None = None
-        self._unsubscribe = engine.log.subscribe(self._on_engine)
+        self._unsubscribe = _nothing
+
+    @classmethod
+    def restored(
+        cls,
+        face_id: str,
+        owner: str,
+        agent: dict[str, Any],
+        environment: dict[str, Any],
+        metadata: dict[str, str],
+        log: EventLog,
+        cwd: str,
+    ) -> SessionFace:
+        """
+        A session read back from the state dir: its agent ended with the
+        daemon that ran it, so it is ``failed`` and takes no input; its
+        turns, items and events are what the caller reads.
+        """
+        face = cls.__new__(cls)
+        face._setup(face_id, owner, agent, environment, metadata, False, log)
+        # Nothing runs behind it: the stand-in answers the few questions
+        # the routes ask of an engine (its state, its held requests).
+        face.engine = cast("AgentSession", Dormant(cwd))
+        face.failed = True
+        return face
 
     # -- what the routes show -----------------------------------------------
 
@@ -271,7 +320,9 @@ class SessionFace:
     def describe(self) -> dict[str, Any]:
         """The ``agent.session`` object."""
         error = None
-        if self.failed and self.engine.error:
+        if self.failed and self.error_message:
+            error = self.error_message
+        elif self.failed and self.engine.error:
             error = str(self.engine.error.get("message") or self.engine.error)
         return {
             "id": self.id,
@@ -822,6 +873,26 @@ class SessionFace:
         if not self.log.closed:
             self.log.close()
 
+    def end_restored(self, message: str) -> None:
+        """
+        A restored session's turns that were running or queued when its
+        daemon stopped end ``failed`` with ``message``, in its log too,
+        followed by the session's own ``failed``; then the log is closed.
+        """
+        for turn in self.turns.values():
+            if turn.ended:
+                continue
+            turn.error = {"code": "sandbox_error", "message": message}
+            for item in turn.items:
+                if item.get("status") == "in_progress":
+                    item["status"] = "incomplete"
+            self._finish(turn, "failed", turn.usage)
+        self.last_active_at = max(
+            [self.last_active_at, *(t.completed_at or 0 for t in self.turns.values())]
+        )
+        self._emit_session("agent.session.failed")
+        self.log.close()
+
     # -- the wire log ---------------------------------------------------------
 
     def _emit(self, type: str, **fields: Any) -> None:
@@ -839,6 +910,25 @@ class SessionFace:
         self._emit(
             type, session_id=self.id, turn_id=turn.id, turn=turn.describe(), **extra
         )
+
+
+class Dormant:
+    """The engine of a restored session: closed, holding nothing."""
+
+    state = "closed"
+    error = None
+    session_id = ""
+
+    def __init__(self, cwd: str) -> None:
+        self.cwd = cwd
+        self.pending: dict[str, Any] = {}
+
+    async def close(self, reason: str | None = None) -> None:
+        """Nothing runs, so nothing is to close."""
+
+
+def _nothing() -> None:
+    """An unsubscribe with nothing to undo."""
 
 
 def _gone(face: SessionFace) -> None:

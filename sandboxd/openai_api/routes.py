@@ -234,6 +234,7 @@ async def open_session(
 
 def submit_text(request: ServerRequest, face: SessionFace, text: str) -> WireTurn:
     """One turn for ``text``, checked as the engine checks a prompt."""
+    face.require_live()
     if not text.strip():
         raise bad_request("the input is empty", param="input")
     blocks = build_prompt(face.engine, {"prompt": text}, request.rule)
@@ -308,6 +309,7 @@ def agents_sessions_update(request: ServerRequest) -> dict[str, Any]:
             raise bad_request(f"{key}: unknown or unsupported parameter", param=key)
     if "metadata" in request.body:
         face.metadata = metadata(request.body["metadata"])
+        door(request).changed(face)
     return face.describe()
 
 
@@ -315,7 +317,7 @@ async def agents_sessions_delete(request: ServerRequest) -> dict[str, Any]:
     """Close the agent (its turn cancelled, its tree ended) and forget the session."""
     face = face_of(request)
     await face.engine.close()
-    door(request).faces.pop(face.id, None)
+    door(request).forget(face.id)
     return {"id": face.id, "object": "agent.session.deleted", "deleted": True}
 
 
