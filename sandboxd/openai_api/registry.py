@@ -22,6 +22,7 @@ from sandboxd.web.params import integer
 
 if TYPE_CHECKING:
     from sandboxd.agents.manager import AgentManager
+    from sandboxd.context import Context
     from sandboxd.openai_api.store import SessionStore
     from sandboxd.web.messages import ServerRequest
 
@@ -31,9 +32,14 @@ _REGISTRIES: weakref.WeakKeyDictionary[Any, Registry] = weakref.WeakKeyDictionar
 class Registry:
     """The door's records for one agent manager."""
 
-    def __init__(self, store: SessionStore | None = None) -> None:
+    def __init__(self, context: Context, store: SessionStore | None = None) -> None:
+        from sandboxd.openai_api.webhooks import Deliveries
+
         #: Where sessions are kept across restarts (None: memory only).
         self.store = store
+        #: The webhook endpoints by id, with their owner and secret.
+        self.webhooks: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.deliveries = Deliveries(context, self.webhooks)
         self.faces: OrderedDict[str, SessionFace] = OrderedDict()
         self.responses: OrderedDict[str, Any] = OrderedDict()
         self.definitions: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -50,9 +56,13 @@ class Registry:
 
     def add(self, face: SessionFace) -> None:
         """Keep a face; closed ones beyond the bound are forgotten, oldest first."""
+        from sandboxd.openai_api.webhooks import follow_session
+
         self.faces[face.id] = face
         if self.store is not None:
             self.store.watch(face)
+        if not face.hidden:
+            follow_session(self.deliveries, face)
         closed = [fid for fid, f in self.faces.items() if f.log.closed]
         while len(self.faces) > defaults.AGENT_KEPT_ITEMS and closed:
             self.forget(closed.pop(0))
@@ -67,6 +77,11 @@ class Registry:
         """A session changed without an event (its metadata): keep the change."""
         if self.store is not None:
             self.store.changed(face)
+
+    def webhooks_changed(self) -> None:
+        """The webhook endpoints changed: keep them."""
+        if self.store is not None:
+            self.store.save_webhooks(list(self.webhooks.values()))
 
     def face(self, request: ServerRequest, face_id: str) -> SessionFace:
         """The caller's session ``face_id``; another owner's is unknown (404)."""
@@ -89,18 +104,23 @@ def _made(manager: AgentManager) -> Registry:
     A registry, with the sessions a previous daemon kept when there is a
     state dir (read now, once: the door's first answer must see them).
     """
-    state_dir = manager.context.state_dir
+    context = manager.context
+    state_dir = context.state_dir
     if state_dir is None:
-        return Registry()
-    from sandboxd.openai_api.store import SessionStore
+        made = Registry(context)
+    else:
+        from sandboxd.openai_api.store import SessionStore
 
-    store = SessionStore(manager.context, os.path.join(state_dir, "openai", "sessions"))
-    made = Registry(store)
-    for face in store.load():
-        made.faces[face.id] = face
-        store.watch(face)
-    # Written before the agents are ended, so their ends are not the sessions'.
-    manager.before_stop.append(store.freeze)
+        store = SessionStore(context, os.path.join(state_dir, "openai"))
+        made = Registry(context, store)
+        for face in store.load():
+            made.faces[face.id] = face
+            store.watch(face)
+        for record in store.load_webhooks():
+            made.webhooks[record["id"]] = record
+        # Written before the agents are ended, so their ends are not the sessions'.
+        manager.before_stop.append(store.freeze)
+    manager.before_stop.append(made.deliveries.stop)
     return made
 
 

@@ -4,7 +4,7 @@ What the ``/v1`` door keeps under the state dir, so that sessions, their
 turns, items and events (and webhook endpoints) outlive the daemon.
 
 One file per session (``openai/sessions/<id>.json``, 0600 in a 0700
-directory), written whole and renamed into place (a reader, or the next
+directory) and one for the webhook endpoints (``openai/webhooks.json``), written whole and renamed into place (a reader, or the next
 start, sees the old file or the new one), in the reactor's thread pool, a
 moment after the session changes (changes in that moment are written
 once).  Each file is bounded: the event log's newest
@@ -200,9 +200,10 @@ class SessionStore:
     :ivar frozen: the daemon is stopping; nothing more is written.
     """
 
-    def __init__(self, context: Context, directory: str) -> None:
+    def __init__(self, context: Context, root: str) -> None:
         self.context = context
-        self.directory = directory
+        self.root = root
+        self.directory = os.path.join(root, "sessions")
         self.frozen = False
         self._due: dict[str, Any] = {}
         self._faces: dict[str, SessionFace] = {}
@@ -220,6 +221,7 @@ class SessionStore:
         The kept sessions, oldest first (the newest
         :data:`OPENAI_STATE_SESSIONS`; older files are removed).
         """
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         names = sorted(self._files(), key=lambda entry: entry[1])
         for stale, _ in names[: -defaults.OPENAI_STATE_SESSIONS or None]:
@@ -237,6 +239,30 @@ class SessionStore:
                 log.warning("set aside %s: it cannot be restored (%s)", path, e)
                 os.replace(path, path + ".bad")
         return faces
+
+    def load_webhooks(self) -> list[dict[str, Any]]:
+        """The webhook endpoints kept (an unreadable file is set aside)."""
+        path = os.path.join(self.root, "webhooks.json")
+        try:
+            with open(path, "rb") as f:
+                record = json.loads(f.read(defaults.OPENAI_STATE_FILE_BYTES + 1))
+            if record.get("version") != VERSION:
+                raise ValueError(f"version {record.get('version')!r}")
+            return list(record["endpoints"])
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("set aside %s: it cannot be restored (%s)", path, e)
+            os.replace(path, path + ".bad")
+            return []
+
+    def save_webhooks(self, endpoints: list[dict[str, Any]]) -> None:
+        """Keep the webhook endpoints (with their secrets: the file is 0600)."""
+        if self.frozen:
+            return
+        data = json.dumps({"version": VERSION, "endpoints": endpoints}).encode()
+        path = os.path.join(self.root, "webhooks.json")
+        self._after_writes("webhooks", write_atomically, path, data)
 
     def _files(self) -> Iterator[tuple[str, float]]:
         with os.scandir(self.directory) as entries:
