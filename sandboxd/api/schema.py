@@ -2929,7 +2929,8 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "input",
                 "any",
-                "text or user/system/developer messages",
+                "text or user/system/developer messages; or mcp_approval_response "
+                "items answering the previous response's mcp_approval_request items",
                 example="hello",
             ),
             F("instructions"),
@@ -2955,6 +2956,7 @@ SCHEMAS: dict[str, Schema] = {
         errors=(
             *_OA_ERRORS,
             E(404, "not_found", "unknown model or previous response"),
+            E(404, "not_found", "an mcp_approval_response for no pending request"),
             E(
                 409,
                 "idempotency.mismatch",
@@ -2962,7 +2964,9 @@ SCHEMAS: dict[str, Schema] = {
             ),
         ),
         notes="Sampling parameters are accepted and named in X-Agent-Sandbox-Ignored-Params. "
-        "stream=true answers SSE (response.* events) as the agent speaks.",
+        "stream=true answers SSE (response.* events) as the agent speaks. A permission "
+        "request of the agent ends the response with an mcp_approval_request item; "
+        "answer it with previous_response_id and mcp_approval_response.",
     ),
     "agents_cannot_responses_input_tokens": Schema(errors=(_OA_REFUSED,)),
     "agents_responses_get": Schema(
