@@ -150,12 +150,26 @@ class RestartTests(OpenAICase):
     def test_files_private_and_deleted_with_the_session(self) -> Any:
         """
         The state is one 0600 file per session, with its owner, in a 0700
-        directory; deleting the session deletes its file.
+        directory, and one for the webhook endpoints, which come back with
+        their owner; deleting the session deletes its file.
         """
         client = self.client()
         sessions = client.beta.agents.sessions
         session = yield self.sdk(lambda: sessions.create(**self.session_body()))
+        hook = yield self.sdk(
+            lambda: client.webhooks.create(
+                url="https://hooks.example.com/sandbox",
+                event_types=["agent.session.idle"],
+                name="kept",
+            )
+        )
         yield self.restart()
+        hooks = yield self.sdk(lambda: list(self.client().webhooks.list()))
+        others = yield self.sdk(lambda: list(self.client("o-token").webhooks.list()))
+        self.assertEqual([(h.id, h.name) for h in hooks], [(hook.id, "kept")])
+        self.assertEqual(others, [])
+        kept = os.path.join(self.state_dir, "openai", "webhooks.json")
+        self.assertEqual(stat.S_IMODE(os.stat(kept).st_mode), 0o600)
         folder = os.path.join(self.state_dir, "openai", "sessions")
         path = os.path.join(folder, session.id + ".json")
         with open(path) as f:
