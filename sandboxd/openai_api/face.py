@@ -890,7 +890,10 @@ class SessionFace:
         self.last_active_at = max(
             [self.last_active_at, *(t.completed_at or 0 for t in self.turns.values())]
         )
-        self._emit_session("agent.session.failed")
+        _, tail = self.log.since(self.log.last_seq - 1)
+        if not tail or tail[-1].event != "agent.session.failed":
+            # Once: a session restored again says nothing new.
+            self._emit_session("agent.session.failed")
         self.log.close()
 
     # -- the wire log ---------------------------------------------------------
