@@ -155,7 +155,7 @@ KILL_GRACE_SECONDS = 5.0
 OPENAI_STATE_SESSIONS = 100
 OPENAI_STATE_EVENT_BYTES = 256 * KIB
 OPENAI_STATE_FILE_BYTES = 1 * MIB
-OPENAI_STATE_SAVE_DELAY_SECONDS = 0.25
+OPENAI_STATE_SAVE_DELAY_SECONDS = 1.0
 
 # The /v1 door's webhooks: endpoints per identity, deliveries waiting (or
 # being retried) per identity, one delivery's timeout, the attempts of one
