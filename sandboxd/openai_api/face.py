@@ -238,14 +238,14 @@ class SessionFace:
         self.hidden = hidden
         self.created_at = self.last_active_at = int(time.time())
         self.log = log
-        #: Why the session failed when its agent cannot say (a restart).
-        self.error_message: str | None = None
         self.turns: OrderedDict[str, WireTurn] = OrderedDict()
         self.queue: deque[WireTurn] = deque()
         self.current: WireTurn | None = None
         self.idempotency = IdempotencyBook()
         self.required: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.failed = False
+        #: A restored session's agent is being started again.
+        self.reviving = False
         self.instructions = agent.get("instructions")
         self._starting: WireTurn | None = None
         self._open: dict[str, Any] | None = None
@@ -267,19 +267,37 @@ class SessionFace:
         metadata: dict[str, str],
         log: EventLog,
         cwd: str,
+        acp_session_id: str | None = None,
     ) -> SessionFace:
         """
         A session read back from the state dir: its agent ended with the
-        daemon that ran it, so it is ``failed`` and takes no input; its
-        turns, items and events are what the caller reads.
+        daemon that ran it; the session is ``idle``, its turns, items and
+        events are what the caller reads, and new input starts its agent
+        again (:meth:`revive`).
         """
         face = cls.__new__(cls)
         face._setup(face_id, owner, agent, environment, metadata, False, log)
         # Nothing runs behind it: the stand-in answers the few questions
         # the routes ask of an engine (its state, its held requests).
-        face.engine = cast("AgentSession", Dormant(cwd))
-        face.failed = True
+        face.engine = cast("AgentSession", Dormant(cwd, acp_session_id))
         return face
+
+    @property
+    def dormant(self) -> bool:
+        """Whether this is a restored session whose agent has not run since."""
+        return isinstance(self.engine, Dormant)
+
+    def revive(self, engine: AgentSession) -> None:
+        """
+        A restored session's agent runs again (new input came): the face
+        follows the new engine session; its log goes on (a client that
+        follows it sees the new turn).
+        """
+        self.engine = engine
+        self.redactor = Redactor(
+            engine.env[name] for name in engine.entry.env_pass if engine.env.get(name)
+        )
+        self._unsubscribe = engine.log.subscribe(self._on_engine)
 
     # -- what the routes show -----------------------------------------------
 
@@ -320,9 +338,7 @@ class SessionFace:
     def describe(self) -> dict[str, Any]:
         """The ``agent.session`` object."""
         error = None
-        if self.failed and self.error_message:
-            error = self.error_message
-        elif self.failed and self.engine.error:
+        if self.failed and self.engine.error:
             error = str(self.engine.error.get("message") or self.engine.error)
         return {
             "id": self.id,
@@ -877,7 +893,8 @@ class SessionFace:
         """
         A restored session's turns that were running or queued when its
         daemon stopped end ``failed`` with ``message``, in its log too,
-        followed by the session's own ``failed``; then the log is closed.
+        followed by the session's ``idle``.  The log stays open: new input
+        starts the agent again and its events follow.
         """
         for turn in self.turns.values():
             if turn.ended:
@@ -891,10 +908,9 @@ class SessionFace:
             [self.last_active_at, *(t.completed_at or 0 for t in self.turns.values())]
         )
         _, tail = self.log.since(self.log.last_seq - 1)
-        if not tail or tail[-1].event != "agent.session.failed":
+        if not tail or tail[-1].event != "agent.session.idle":
             # Once: a session restored again says nothing new.
-            self._emit_session("agent.session.failed")
-        self.log.close()
+            self._emit_session("agent.session.idle")
 
     # -- the wire log ---------------------------------------------------------
 
@@ -922,8 +938,9 @@ class Dormant:
     error = None
     session_id = ""
 
-    def __init__(self, cwd: str) -> None:
+    def __init__(self, cwd: str, acp_session_id: str | None = None) -> None:
         self.cwd = cwd
+        self.acp_session_id = acp_session_id
         self.pending: dict[str, Any] = {}
 
     async def close(self, reason: str | None = None) -> None:

@@ -78,6 +78,12 @@ class Registry:
         if self.store is not None:
             self.store.changed(face)
 
+    def revived(self, face: SessionFace) -> None:
+        """A restored session's agent runs again: announce what follows."""
+        from sandboxd.openai_api.webhooks import follow_session
+
+        follow_session(self.deliveries, face, created=False)
+
     def webhooks_changed(self) -> None:
         """The webhook endpoints changed: keep them."""
         if self.store is not None:

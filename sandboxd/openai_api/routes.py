@@ -17,7 +17,14 @@ import attrs
 
 from sandboxd.agents import catalog
 from sandboxd.agents.manager import build_prompt
-from sandboxd.errors import bad_request, not_found, not_implemented_locally
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    agent_unavailable,
+    bad_request,
+    not_found,
+    not_implemented_locally,
+)
 from sandboxd.openai_api import definitions, environments
 from sandboxd.openai_api.face import SessionFace, WireTurn
 from sandboxd.openai_api.inputs import known_keys, message_text, metadata
@@ -232,6 +239,39 @@ async def open_session(
     return face
 
 
+async def revive(request: ServerRequest, face: SessionFace) -> None:
+    """
+    New input for a session restored after a restart: its agent starts
+    again in the same directory, resuming the agent's own session
+    (``session/load``) when the agent can, else as a fresh one.
+    """
+    if face.reviving:
+        raise agent_unavailable("the session's agent is starting again; retry")
+    face.reviving = True
+    try:
+        mgr = manager(request)
+        body: dict[str, Any] = {"agent": face.agent["runtime"], "cwd": face.engine.cwd}
+        if face.agent.get("name"):
+            body["title"] = face.agent["name"]
+        started = attrs.evolve(request, body=body)
+        created = None
+        acp_session_id = face.engine.acp_session_id
+        if acp_session_id:
+            try:
+                created = await mgr.create(
+                    started, load={"acp_session_id": acp_session_id, "replay": True}
+                )
+            except ApiError as e:
+                if e.code == Code.TOO_MANY_SESSIONS:
+                    raise
+        if created is None:
+            created = await mgr.create(started)
+        face.revive(mgr.sessions[created["session_id"]])
+        door(request).revived(face)
+    finally:
+        face.reviving = False
+
+
 def submit_text(request: ServerRequest, face: SessionFace, text: str) -> WireTurn:
     """One turn for ``text``, checked as the engine checks a prompt."""
     face.require_live()
@@ -338,11 +378,12 @@ def _input_events(body: dict[str, Any]) -> list[dict[str, Any]]:
     return events
 
 
-def agents_sessions_events_create(request: ServerRequest) -> ServerResponse:
+async def agents_sessions_events_create(request: ServerRequest) -> ServerResponse:
     """
     Input for a session: messages become one turn (queued behind a running
     one), a cancel cancels the running turn, an approval result answers
-    the agent's held permission request.
+    the agent's held permission request.  A message to a session restored
+    after a restart starts its agent again.
     """
     face = face_of(request)
     body = request.body
@@ -385,6 +426,8 @@ def agents_sessions_events_create(request: ServerRequest) -> ServerResponse:
     if cancel:
         face.cancel()
     if text:
+        if face.dormant:
+            await revive(request, face)
         submit_text(request, face, text)
     face.idempotency.store(key, body, True)
     return accepted()

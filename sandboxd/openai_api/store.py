@@ -14,9 +14,9 @@ once).  Each file is bounded: the event log's newest
 
 When the daemon stops, the state is written as it stands before the
 agents are ended, and nothing after: the agents' ends are the daemon's
-doing, not the sessions'.  A session read back has no agent: it is
-``failed`` (with a message saying why), a turn that was running or queued
-is ``failed`` ("the daemon stopped while this turn was running"), and its
+doing, not the sessions'.  A session read back has no agent until new
+input starts one: it is ``idle``, a turn that was running or queued is
+``failed`` ("the daemon stopped while this turn was running"), and its
 log gets those events, so a client resuming with ``?after=`` learns it.
 Its owner is kept: another identity still gets a 404.
 
@@ -49,11 +49,6 @@ log = logging.getLogger(__name__)
 #: The layout's version, in every file (a newer one is not read).
 VERSION = 1
 
-#: Why a restored session takes no input.
-RESTARTED = (
-    "the daemon restarted: this session's agent ended with it "
-    "(its turns, items and events are kept; start a new session to go on)"
-)
 #: What a turn that was running (or queued) when the daemon stopped says.
 INTERRUPTED = "the daemon stopped while this turn was running"
 
@@ -138,7 +133,7 @@ def snapshot(face: SessionFace) -> bytes | None:
         "created_at": face.created_at,
         "last_active_at": face.last_active_at,
         "cwd": face.engine.cwd,
-        "error": face.describe()["error"],
+        "acp_session_id": face.engine.acp_session_id,
         "turns": [_turn_record(t) for t in face.turns.values()],
         "last_seq": face.log.last_seq,
         "events": _event_tail(events),
@@ -170,10 +165,10 @@ def restore(record: dict[str, Any]) -> SessionFace:
         record["metadata"],
         log,
         record.get("cwd") or "",
+        record.get("acp_session_id"),
     )
     face.created_at = record["created_at"]
     face.last_active_at = record["last_active_at"]
-    face.error_message = record.get("error") or RESTARTED
     for saved in record["turns"]:
         turn = WireTurn(face, "", [])
         turn.id = saved["id"]

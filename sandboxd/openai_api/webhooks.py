@@ -449,9 +449,12 @@ _SENT = {
 }
 
 
-def follow_session(deliveries: Deliveries, face: SessionFace) -> None:
+def follow_session(
+    deliveries: Deliveries, face: SessionFace, created: bool = True
+) -> None:
     """
-    Send ``face``'s webhook events as they happen: ``created`` now, then
+    Send ``face``'s webhook events as they happen: ``created`` now (unless
+    it is a restored session whose agent starts again), then
     ``in_progress``, ``action_required``, ``idle``, and ``failed`` when a
     turn or the session fails (once for a turn that fails with its session).
     """
@@ -460,7 +463,8 @@ def follow_session(deliveries: Deliveries, face: SessionFace) -> None:
         "environment_type": "self_hosted",
         "environment_id": face.environment.get("id"),
     }
-    deliveries.emit(face.owner, "agent.session.created", data)
+    if created:
+        deliveries.emit(face.owner, "agent.session.created", data)
     last: list[str] = [""]
 
     def on_event(event: Event | None) -> None:
