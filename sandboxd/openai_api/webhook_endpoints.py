@@ -23,7 +23,7 @@ from sandboxd.openai_api.webhooks import (
     EVENT_TYPES,
     DeliveryFailed,
     attempt,
-    check_url,
+    check_destination,
     envelope,
     new_secret,
 )
@@ -88,11 +88,11 @@ def _endpoint(request: ServerRequest) -> dict[str, Any]:
     return record
 
 
-def agents_webhooks_create(request: ServerRequest) -> dict[str, Any]:
+async def agents_webhooks_create(request: ServerRequest) -> dict[str, Any]:
     """Register an endpoint; its secret is in this answer and no other."""
     body = request.body
     known_keys(body, _KEYS)
-    url = check_url(body.get("url"), request.rule)
+    url = await check_destination(request.context, body.get("url"), request.rule)
     event_types = _event_types(body.get("event_types"))
     name = _name(body.get("name", ""))
     reg = door(request)
@@ -133,14 +133,16 @@ def agents_webhooks_get(request: ServerRequest) -> dict[str, Any]:
     return _shown(_endpoint(request))
 
 
-def agents_webhooks_update(request: ServerRequest) -> dict[str, Any]:
+async def agents_webhooks_update(request: ServerRequest) -> dict[str, Any]:
     """Change the URL, the event types or the name (checked as at create)."""
     record = _endpoint(request)
     body = request.body
     known_keys(body, _KEYS)
     changes: dict[str, Any] = {}
     if "url" in body:
-        changes["url"] = check_url(body["url"], request.rule)
+        changes["url"] = await check_destination(
+            request.context, body["url"], request.rule
+        )
     if "event_types" in body:
         changes["event_types"] = _event_types(body["event_types"])
     if "name" in body:

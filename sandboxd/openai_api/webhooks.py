@@ -190,6 +190,22 @@ def check_addresses(
         raise _refused(f"{host} does not resolve", source)
 
 
+async def check_destination(context: Context, url: Any, rule: EffectiveRule) -> str:
+    """
+    :func:`check_url`, then the addresses its host resolves to now (a
+    name that does not resolve yet is let through: each attempt resolves
+    it again and checks).
+    """
+    checked = check_url(url, rule)
+    parts = urlsplit(checked)
+    host = parts.hostname or ""
+    if ip_literal(host) is None and blocks_private(rule):
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        addresses = await context.in_thread(_resolve, host, port)
+        check_addresses(host, addresses, rule, named=True)
+    return checked
+
+
 def _refused(message: str, rule: str) -> ApiError:
     return forbidden(message, Code.URL_NOT_ALLOWED, rule=rule, param="url")
 

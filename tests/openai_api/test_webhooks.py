@@ -8,6 +8,7 @@ hosts unless the policy allows them.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -127,6 +128,51 @@ class WebhookTests(OpenAICase):
                 "AgentSessionIdleWebhookEvent",
             },
         )
+
+    @inlineCallbacks
+    def test_action_required(self) -> Any:
+        """
+        A permission request that waits is an ``agent.session.action_required``
+        delivery naming the session and the action's type.
+        """
+        receiver, url = self.receiver()
+        client = self.client()
+        sessions = client.beta.agents.sessions
+        path = os.path.join(self.base_dir, "notes.txt")
+        with open(path, "w") as f:
+            f.write("old\n")
+
+        def run() -> Any:
+            endpoint = client.webhooks.create(
+                url=url, event_types=["agent.session.action_required"], name="a"
+            )
+            session = sessions.create(**self.session_body())
+            with sessions.stream(session.id, input=f"edit {path} new") as stream:
+                for event in stream:
+                    if event.type == "agent.session.requires_action":
+                        action = event.session.required_actions[0]
+                        sessions.events.create(
+                            session.id,
+                            events=[
+                                {
+                                    "type": "agent.session.input.mcp_approval_request_result",
+                                    "request_id": action.request_id,
+                                    "response": {
+                                        "type": "mcp_tool_call",
+                                        "decision": "deny",
+                                    },
+                                }
+                            ],
+                        )
+            return endpoint, session
+
+        endpoint, session = yield self.sdk(run)
+        yield self.until(lambda: len(receiver.received) >= 1)
+        [(headers, body, _)] = receiver.received
+        event = client.webhooks.unwrap(body, headers, secret=endpoint.signing_secret)
+        self.assertEqual(event.type, "agent.session.action_required")
+        self.assertEqual(event.data.id, session.id)
+        self.assertEqual(event.data.required_action.type, "mcp_approval_request")
 
     @inlineCallbacks
     def test_endpoint_routes(self) -> Any:
