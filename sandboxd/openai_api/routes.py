@@ -250,10 +250,13 @@ async def revive(request: ServerRequest, face: SessionFace) -> None:
     face.reviving = True
     try:
         mgr = manager(request)
-        body: dict[str, Any] = {"agent": face.agent["runtime"], "cwd": face.engine.cwd}
+        engine_body: dict[str, Any] = {
+            "agent": face.agent["runtime"],
+            "cwd": face.engine.cwd,
+        }
         if face.agent.get("name"):
-            body["title"] = face.agent["name"]
-        started = attrs.evolve(request, body=body)
+            engine_body["title"] = face.agent["name"]
+        started = attrs.evolve(request, body=engine_body)
         created = None
         acp_session_id = face.engine.acp_session_id
         if acp_session_id:
