@@ -128,10 +128,10 @@ class Context:
     pty_public_url: str | None = None
     http_port: int | None = None
     draining: bool = False
-    #: ``--state-dir`` (or ``$SANDBOXD_STATE_DIR``): where what must outlive
-    #: a restart is kept (the capability links' counts and revocations, the
-    #: /v1 door's files); None: links are not kept, and the /v1 door falls
-    #: back to ``$ABX_AGENTS_STATE_DIR``, else ``$XDG_STATE_HOME/sandboxd``.
+    #: ``--state-dir`` (or ``$ABX_SERVER_STATE_DIR``): where what must outlive
+    #: a restart is kept (capability links' counts and revocations, the /v1
+    #: door's sessions, files and webhook endpoints); None: nothing is, but
+    #: the /v1 door's files go to ``$XDG_STATE_HOME/sandboxd``.
     state_dir: str | None = None
 
     def __attrs_post_init__(self) -> None:

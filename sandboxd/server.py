@@ -163,6 +163,10 @@ class Settings:
     base_dir: str | None = None
     commands: tuple[str, ...] = ()
     audit_log: str | None = None
+    #: Where the daemon keeps what must outlive it (capability links' counts
+    #: and revocations, the ``/v1`` door's sessions, files and webhook
+    #: endpoints); None: see :func:`state_dir`.
+    state_dir: str | None = None
     environ: Mapping[str, str] | None = None
     #: Work in the base dir, so children started there need no chdir
     #: (the fast posix_spawn path).  Off for embedded and test daemons,
@@ -178,9 +182,6 @@ class Settings:
     max_connections: int | None = None
     max_connections_per_address: int | None = None
     head_deadline: float | None = None
-    #: Where what must outlive a restart is kept (None:
-    #: ``$SANDBOXD_STATE_DIR``, else nowhere).
-    state_dir: str | None = None
 
 
 def release_memory() -> None:
@@ -569,12 +570,27 @@ def preview_listen(settings: Settings, http: str) -> str | None:
 _TLS_FILE_OPTIONS = ("privateKey", "certKey", "extraCertChain")
 
 
+def state_dir(settings: Settings, environ: Mapping[str, str]) -> str | None:
+    """
+    The state directory, absolute: ``--state-dir``, else
+    ``$ABX_SERVER_STATE_DIR``, else agent-sandbox-server's
+    ``$ABX_AGENTS_STATE_DIR``; None: nothing outlives the daemon.
+    """
+    found = (
+        settings.state_dir
+        or environ.get("ABX_SERVER_STATE_DIR")
+        or environ.get("ABX_AGENTS_STATE_DIR")
+    )
+    return os.path.abspath(found) if found else None
+
+
 def daemon_files(settings: Settings, environ: Mapping[str, str]) -> list[str]:
     """
     Files of the daemon's that the policy does not name: the audit log and
     the TLS key and certificates of its listeners.
     """
     files = [settings.audit_log or environ.get("ABX_SERVER_AUDIT_LOG") or ""]
+    files.append(state_dir(settings, environ) or "")
     for listener in (
         settings.port,
         settings.pty_port or environ.get("ABX_PTY_PORT"),
@@ -623,7 +639,7 @@ def build(
         policy=policy,
         registry=registry,
         audit=AuditLog(settings.audit_log or environ.get("ABX_SERVER_AUDIT_LOG")),
-        state_dir=settings.state_dir or environ.get("SANDBOXD_STATE_DIR") or None,
+        state_dir=state_dir(settings, environ),
     )
     context.http_port = port_number(http_listen)
     context.pty_listen = pty_listen

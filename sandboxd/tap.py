@@ -111,8 +111,10 @@ class Options(usage.Options):
             "state-dir",
             None,
             None,
-            "Where what must outlive a restart is kept: capability links' "
-            "use counts and revocations (default $SANDBOXD_STATE_DIR; none).",
+            "Where what must outlive a restart is kept: capability links' use "
+            "counts and revocations, the /v1 door's sessions, files and webhook "
+            "endpoints (default $ABX_SERVER_STATE_DIR, else $ABX_AGENTS_STATE_DIR; "
+            "unset: memory only).",
         ],
         [
             "max-connections",
@@ -195,12 +197,12 @@ class Options(usage.Options):
             base_dir=self["base-dir"],
             commands=tuple(self["commands"]),
             audit_log=self["audit-log"],
+            state_dir=self["state-dir"],
             chdir=True,
             root_children_check=True,
             max_connections=self["max-connections"],
             max_connections_per_address=self["max-connections-per-address"],
             head_deadline=self["head-deadline"],
-            state_dir=self["state-dir"],
         )
 
 

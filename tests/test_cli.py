@@ -208,6 +208,33 @@ class PluginTests(SynchronousTestCase):
         daemon = makeService(options, MemoryReactor())
         self.assertIs(daemon.context.policy, options.policy)
 
+    def test_state_dir(self) -> None:
+        """
+        ``--state-dir`` (else ``$ABX_SERVER_STATE_DIR``) reaches the daemon
+        absolute, and is one of the daemon's files no path operation reaches.
+        """
+        from twisted.internet.testing import MemoryReactor
+
+        from sandboxd.tap import makeService
+
+        base = os.path.realpath(self.mktemp())
+        os.makedirs(base)
+        options = Options()
+        options.parseOptions(
+            [
+                "--port",
+                "tcp:0:interface=127.0.0.1",
+                "--base-dir",
+                base,
+                "--state-dir",
+                os.path.relpath(os.path.join(base, "state")),
+            ]
+        )
+        daemon = makeService(options, MemoryReactor())
+        state = os.path.join(base, "state")
+        self.assertEqual(daemon.context.state_dir, state)
+        self.assertIn(state, daemon.context.policy.rule("download").daemon_files)
+
 
 class TwistdTests(SynchronousTestCase):
     """twistd -n sandboxd, as an operator starts it."""

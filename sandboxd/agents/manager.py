@@ -21,6 +21,7 @@ import json
 import os
 import secrets
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from twisted.application.service import Service
@@ -121,6 +122,9 @@ class AgentManager(Service):
         self.sessions: OrderedDict[str, AgentSession] = OrderedDict()
         self.requests: OrderedDict[str, HeldRequest] = OrderedDict()
         self._transient: set[AgentSession] = set()
+        #: Called first when the daemon stops, while every agent still runs
+        #: (the ``/v1`` door keeps its sessions as they stand).
+        self.before_stop: list[Callable[[], Deferred[Any] | None]] = []
 
     # -- bookkeeping -----------------------------------------------------------
 
@@ -343,12 +347,12 @@ class AgentManager(Service):
     def stopService(self) -> Deferred[Any]:
         """End every agent's whole tree: TERM now, KILL after the grace period."""
         super().stopService()  # type: ignore[no-untyped-call]
+        waits = [d for hook in self.before_stop if (d := hook()) is not None]
         sessions = [*self.sessions.values(), *self._transient]
-        if not sessions:
+        if not sessions and not waits:
             return succeed(None)
         from sandboxd.agents.session import within
 
-        waits = []
         for session in sessions:
             if session.process.pid is not None and not session.process.exited:
                 if session.state not in ("closing", "closed", "failed"):

@@ -545,6 +545,36 @@ _OA_TEMPLATE = (
     F("updated_at", "integer"),
 )
 _OA_TEMPLATE_404 = E(404, "not_found", "no such template (or another identity's)")
+_OA_WEBHOOK = (
+    F(
+        "url",
+        required=True,
+        doc="http(s), no credentials, query or fragment; private hosts as the policy says",
+        example="https://hooks.example.com/sandbox",
+    ),
+    F(
+        "event_types",
+        "array",
+        "a non-empty subset of /v1/webhook_event_types",
+        required=True,
+        items="string",
+        example=["agent.session.idle"],
+    ),
+    F("name", required=True, example="ci"),
+)
+_OA_WEBHOOK_OBJECT = (
+    F("id"),
+    F("object", doc="webhook_endpoint"),
+    F("url"),
+    F("event_types", "array", items="string"),
+    F("name"),
+    F("created_at", "integer"),
+    F("updated_at", "integer", nullable=True),
+    F("signing_secret_hint", nullable=True),
+)
+_OA_WEBHOOK_404 = E(
+    404, "not_found", "no such webhook endpoint (or another identity's)"
+)
 _OA_REFUSED = E(
     404,
     "agents.not_implemented_locally",
@@ -2997,7 +3027,8 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "input",
                 "any",
-                "text or user/system/developer messages",
+                "text or user/system/developer messages; or mcp_approval_response "
+                "items answering the previous response's mcp_approval_request items",
                 example="hello",
             ),
             F("instructions"),
@@ -3023,6 +3054,7 @@ SCHEMAS: dict[str, Schema] = {
         errors=(
             *_OA_ERRORS,
             E(404, "not_found", "unknown model or previous response"),
+            E(404, "not_found", "an mcp_approval_response for no pending request"),
             E(
                 409,
                 "idempotency.mismatch",
@@ -3030,7 +3062,9 @@ SCHEMAS: dict[str, Schema] = {
             ),
         ),
         notes="Sampling parameters are accepted and named in X-Agent-Sandbox-Ignored-Params. "
-        "stream=true answers SSE (response.* events) as the agent speaks.",
+        "stream=true answers SSE (response.* events) as the agent speaks. A permission "
+        "request of the agent ends the response with an mcp_approval_request item; "
+        "answer it with previous_response_id and mcp_approval_response.",
     ),
     "agents_cannot_responses_input_tokens": Schema(errors=(_OA_REFUSED,)),
     "agents_responses_get": Schema(
@@ -3223,6 +3257,75 @@ SCHEMAS: dict[str, Schema] = {
         response=_OA_LIST,
         notes="Each {id, object: agent.runtime, name, binary, installed, path, version, "
         "allowed, capabilities, install_steps}; nothing is run to answer.",
+    ),
+    # -- the /v1 door's webhook endpoints ----------------------------------------
+    "agents_webhooks_create": Schema(
+        body=_OA_WEBHOOK,
+        response=(*_OA_WEBHOOK_OBJECT, F("signing_secret", doc="whsec_…, shown once")),
+        errors=(
+            *_OA_ERRORS,
+            E(
+                403,
+                "url_not_allowed",
+                "url_schemes, url_allow/url_deny or a private host",
+            ),
+        ),
+        notes="Deliveries are signed (Standard Webhooks: webhook-id, webhook-timestamp, "
+        "webhook-signature) and retried with backoff. See docs/openai.md.",
+    ),
+    "agents_webhooks_list": Schema(
+        query=(F("after"), F("limit", "integer", default=20)), response=_OA_LIST
+    ),
+    "agents_webhooks_get": Schema(
+        response=_OA_WEBHOOK_OBJECT, errors=(_OA_WEBHOOK_404,)
+    ),
+    "agents_webhooks_update": Schema(
+        body=tuple(attrs.evolve(f, required=False) for f in _OA_WEBHOOK),
+        response=_OA_WEBHOOK_OBJECT,
+        errors=(
+            *_OA_ERRORS,
+            _OA_WEBHOOK_404,
+            E(
+                403,
+                "url_not_allowed",
+                "url_schemes, url_allow/url_deny or a private host",
+            ),
+        ),
+    ),
+    "agents_webhooks_delete": Schema(
+        response=(F("id"), F("object"), F("deleted", "boolean")),
+        errors=(_OA_WEBHOOK_404,),
+    ),
+    "agents_webhooks_rotate_secret": Schema(
+        body=(
+            F(
+                "keep_old_secret_active_for_24_hours",
+                "boolean",
+                "true is refused: one secret at a time",
+                default=False,
+            ),
+        ),
+        response=(*_OA_WEBHOOK_OBJECT, F("signing_secret", doc="the new secret")),
+        errors=(*_OA_ERRORS, _OA_WEBHOOK_404),
+    ),
+    "agents_webhooks_test": Schema(
+        body=(F("event_type", required=True, example="agent.session.idle"),),
+        response=(
+            F("object"),
+            F("event_type"),
+            F("status_code", "integer", "the receiver's"),
+            F("success", "boolean"),
+            F("webhook_endpoint_id"),
+        ),
+        errors=(
+            *_OA_ERRORS,
+            _OA_WEBHOOK_404,
+            E(502, "remote_error", "the receiver could not be reached in time"),
+        ),
+        notes="One signed attempt, now, not retried.",
+    ),
+    "agents_webhook_event_types": Schema(
+        response=(F("object"), F("data", "array", items="string"))
     ),
     # -- mcp -------------------------------------------------------------------
     "mcp": Schema(

@@ -24,7 +24,7 @@ import json
 import secrets
 import time
 from collections import OrderedDict, deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sandboxd.errors import (
     ApiError,
@@ -203,31 +203,56 @@ class SessionFace:
         metadata: dict[str, str],
         hidden: bool = False,
     ) -> None:
-        self.id = new_id("agsess_")
+        limit = engine.rule.limits.max_event_bytes
+        self._setup(
+            new_id("agsess_"),
+            owner,
+            agent,
+            environment,
+            metadata,
+            hidden,
+            EventLog(limit or defaults.AGENT_LIMITS["max_event_bytes"]),
+        )
         self.engine = engine
+        self.redactor = Redactor(
+            engine.env[name] for name in engine.entry.env_pass if engine.env.get(name)
+        )
+        self._unsubscribe = engine.log.subscribe(self._on_engine)
+
+    def _setup(
+        self,
+        face_id: str,
+        owner: str,
+        agent: dict[str, Any],
+        environment: dict[str, Any],
+        metadata: dict[str, str],
+        hidden: bool,
+        log: EventLog,
+    ) -> None:
+        """What a face holds whether its agent runs or it was restored."""
+        self.id = face_id
         self.owner = owner
         self.agent = agent
         self.environment = environment
         self.metadata = metadata
         self.hidden = hidden
         self.created_at = self.last_active_at = int(time.time())
-        limit = engine.rule.limits.max_event_bytes
-        self.log = EventLog(limit or defaults.AGENT_LIMITS["max_event_bytes"])
+        self.log = log
         self.turns: OrderedDict[str, WireTurn] = OrderedDict()
         self.queue: deque[WireTurn] = deque()
         self.current: WireTurn | None = None
         self.idempotency = IdempotencyBook()
         self.required: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.failed = False
+        #: A restored session's agent is being started again.
+        self.reviving = False
         self.instructions = agent.get("instructions")
         self._starting: WireTurn | None = None
         self._open: dict[str, Any] | None = None
         self._open_key: tuple[Any, ...] | None = None
         self._tools: dict[str, dict[str, Any]] = {}
         self._shown_busy = False
-        self.redactor = Redactor(
-            engine.env[name] for name in engine.entry.env_pass if engine.env.get(name)
-        )
+        self.redactor = Redactor(())
         #: The conversation's latest response, when responses drive it.
         self.last_response_id: str | None = None
         #: The vaults the session was given, and the credentials of theirs
@@ -236,6 +261,48 @@ class SessionFace:
         self.credential_ids: list[str] = []
         #: The agent's MCP tools as answers show them (header values masked).
         self.tools: list[dict[str, Any]] = []
+        self._unsubscribe = _nothing
+
+    @classmethod
+    def restored(
+        cls,
+        face_id: str,
+        owner: str,
+        agent: dict[str, Any],
+        environment: dict[str, Any],
+        metadata: dict[str, str],
+        log: EventLog,
+        cwd: str,
+        acp_session_id: str | None = None,
+    ) -> SessionFace:
+        """
+        A session read back from the state dir: its agent ended with the
+        daemon that ran it; the session is ``idle``, its turns, items and
+        events are what the caller reads, and new input starts its agent
+        again (:meth:`revive`).
+        """
+        face = cls.__new__(cls)
+        face._setup(face_id, owner, agent, environment, metadata, False, log)
+        # Nothing runs behind it: the stand-in answers the few questions
+        # the routes ask of an engine (its state, its held requests).
+        face.engine = cast("AgentSession", Dormant(cwd, acp_session_id))
+        return face
+
+    @property
+    def dormant(self) -> bool:
+        """Whether this is a restored session whose agent has not run since."""
+        return isinstance(self.engine, Dormant)
+
+    def revive(self, engine: AgentSession) -> None:
+        """
+        A restored session's agent runs again (new input came): the face
+        follows the new engine session; its log goes on (a client that
+        follows it sees the new turn).
+        """
+        self.engine = engine
+        self.redactor = Redactor(
+            engine.env[name] for name in engine.entry.env_pass if engine.env.get(name)
+        )
         self._unsubscribe = engine.log.subscribe(self._on_engine)
 
     # -- what the routes show -----------------------------------------------
@@ -828,6 +895,29 @@ class SessionFace:
         if not self.log.closed:
             self.log.close()
 
+    def end_restored(self, message: str) -> None:
+        """
+        A restored session's turns that were running or queued when its
+        daemon stopped end ``failed`` with ``message``, in its log too,
+        followed by the session's ``idle``.  The log stays open: new input
+        starts the agent again and its events follow.
+        """
+        for turn in self.turns.values():
+            if turn.ended:
+                continue
+            turn.error = {"code": "sandbox_error", "message": message}
+            for item in turn.items:
+                if item.get("status") == "in_progress":
+                    item["status"] = "incomplete"
+            self._finish(turn, "failed", turn.usage)
+        self.last_active_at = max(
+            [self.last_active_at, *(t.completed_at or 0 for t in self.turns.values())]
+        )
+        _, tail = self.log.since(self.log.last_seq - 1)
+        if not tail or tail[-1].event != "agent.session.idle":
+            # Once: a session restored again says nothing new.
+            self._emit_session("agent.session.idle")
+
     # -- the wire log ---------------------------------------------------------
 
     def _emit(self, type: str, **fields: Any) -> None:
@@ -845,6 +935,26 @@ class SessionFace:
         self._emit(
             type, session_id=self.id, turn_id=turn.id, turn=turn.describe(), **extra
         )
+
+
+class Dormant:
+    """The engine of a restored session: closed, holding nothing."""
+
+    state = "closed"
+    error = None
+    session_id = ""
+
+    def __init__(self, cwd: str, acp_session_id: str | None = None) -> None:
+        self.cwd = cwd
+        self.acp_session_id = acp_session_id
+        self.pending: dict[str, Any] = {}
+
+    async def close(self, reason: str | None = None) -> None:
+        """Nothing runs, so nothing is to close."""
+
+
+def _nothing() -> None:
+    """An unsubscribe with nothing to undo."""
 
 
 def _gone(face: SessionFace) -> None:

@@ -4,12 +4,13 @@ What the ``/v1`` door keeps beside the engine: the session faces, the
 responses, and the per-owner ``Idempotency-Key`` books of the creates.
 
 One :class:`Registry` per agent manager (the group's service), held in a
-weak map so the engine knows nothing of the door.  Memory only: the
-engine's agents do not outlive the daemon, so neither do their faces.
+weak map so the engine knows nothing of the door.  With a state dir,
+the sessions outlive the daemon (:mod:`.store`); their agents do not.
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,8 @@ from sandboxd.web.params import integer
 
 if TYPE_CHECKING:
     from sandboxd.agents.manager import AgentManager
+    from sandboxd.context import Context
+    from sandboxd.openai_api.store import SessionStore
     from sandboxd.web.messages import ServerRequest
 
 _REGISTRIES: weakref.WeakKeyDictionary[Any, Registry] = weakref.WeakKeyDictionary()
@@ -29,7 +32,14 @@ _REGISTRIES: weakref.WeakKeyDictionary[Any, Registry] = weakref.WeakKeyDictionar
 class Registry:
     """The door's records for one agent manager."""
 
-    def __init__(self) -> None:
+    def __init__(self, context: Context, store: SessionStore | None = None) -> None:
+        from sandboxd.openai_api.webhooks import Deliveries
+
+        #: Where sessions are kept across restarts (None: memory only).
+        self.store = store
+        #: The webhook endpoints by id, with their owner and secret.
+        self.webhooks: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.deliveries = Deliveries(context, self.webhooks)
         self.faces: OrderedDict[str, SessionFace] = OrderedDict()
         self.responses: OrderedDict[str, Any] = OrderedDict()
         self.definitions: OrderedDict[str, dict[str, Any]] = OrderedDict()
@@ -46,10 +56,38 @@ class Registry:
 
     def add(self, face: SessionFace) -> None:
         """Keep a face; closed ones beyond the bound are forgotten, oldest first."""
+        from sandboxd.openai_api.webhooks import follow_session
+
         self.faces[face.id] = face
+        if self.store is not None:
+            self.store.watch(face)
+        if not face.hidden:
+            follow_session(self.deliveries, face)
         closed = [fid for fid, f in self.faces.items() if f.log.closed]
         while len(self.faces) > defaults.AGENT_KEPT_ITEMS and closed:
-            self.faces.pop(closed.pop(0), None)
+            self.forget(closed.pop(0))
+
+    def forget(self, face_id: str) -> None:
+        """A session is gone for good (deleted, or beyond the bound)."""
+        self.faces.pop(face_id, None)
+        if self.store is not None:
+            self.store.forget(face_id)
+
+    def changed(self, face: SessionFace) -> None:
+        """A session changed without an event (its metadata): keep the change."""
+        if self.store is not None:
+            self.store.changed(face)
+
+    def revived(self, face: SessionFace) -> None:
+        """A restored session's agent runs again: announce what follows."""
+        from sandboxd.openai_api.webhooks import follow_session
+
+        follow_session(self.deliveries, face, created=False)
+
+    def webhooks_changed(self) -> None:
+        """The webhook endpoints changed: keep them."""
+        if self.store is not None:
+            self.store.save_webhooks(list(self.webhooks.values()))
 
     def face(self, request: ServerRequest, face_id: str) -> SessionFace:
         """The caller's session ``face_id``; another owner's is unknown (404)."""
@@ -63,8 +101,33 @@ def registry(manager: AgentManager) -> Registry:
     """The registry of ``manager``, made on first use."""
     found = _REGISTRIES.get(manager)
     if found is None:
-        found = _REGISTRIES[manager] = Registry()
+        found = _REGISTRIES[manager] = _made(manager)
     return found
+
+
+def _made(manager: AgentManager) -> Registry:
+    """
+    A registry, with the sessions a previous daemon kept when there is a
+    state dir (read now, once: the door's first answer must see them).
+    """
+    context = manager.context
+    state_dir = context.state_dir
+    if state_dir is None:
+        made = Registry(context)
+    else:
+        from sandboxd.openai_api.store import SessionStore
+
+        store = SessionStore(context, os.path.join(state_dir, "openai"))
+        made = Registry(context, store)
+        for face in store.load():
+            made.faces[face.id] = face
+            store.watch(face)
+        for record in store.load_webhooks():
+            made.webhooks[record["id"]] = record
+        # Written before the agents are ended, so their ends are not the sessions'.
+        manager.before_stop.append(store.freeze)
+    manager.before_stop.append(made.deliveries.stop)
+    return made
 
 
 def manager(request: ServerRequest) -> AgentManager:

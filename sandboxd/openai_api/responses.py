@@ -26,6 +26,7 @@ from sandboxd.openai_api.inputs import known_keys, message_text, metadata
 from sandboxd.openai_api.registry import door, manager, page
 from sandboxd.openai_api.routes import open_session, submit_text
 from sandboxd.policy import defaults
+from sandboxd.waiters import Waiters
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
 from sandboxd.web.sse import Follower, SSEChannel, frame
 
@@ -87,6 +88,7 @@ class WireResponse:
         instructions: str | None,
         inputs: list[dict[str, Any]],
         log_from: int,
+        items_from: int = 0,
     ) -> None:
         self.id = new_id("resp_")
         self.owner = owner
@@ -101,19 +103,84 @@ class WireResponse:
         self.input_items = inputs
         self.log_from = log_from
         self.created_at = int(time.time())
+        #: This response's part of its turn's items (a response that goes
+        #: on after an approval starts where the one that asked stopped).
+        self.items_from = items_from
+        self.items_until: int | None = None
+        #: The approval requests this response ended with (it then shows
+        #: them as ``mcp_approval_request`` items and is ``completed``).
+        self.approvals: list[dict[str, Any]] = []
+        self.paused_at: int | None = None
+        #: Fired when the response has its answer: its turn ended, or it
+        #: asks for approvals.
+        self.settled: Waiters[None] = Waiters()
+        self._unsubscribe = face.log.subscribe(self._on_event)
+        turn.waiters.wait().addCallback(self._ended)
+
+    @property
+    def done(self) -> bool:
+        """Whether the response has its answer."""
+        return self.paused_at is not None or self.turn.ended
+
+    def _on_event(self, event: Event | None) -> None:
+        if event is None or event.event != "agent.session.requires_action":
+            return
+        asked = [
+            a
+            for a in self.face.required.values()
+            if a["turn_id"] == self.turn.id
+            and a["request_id"] not in {x["request_id"] for x in self.approvals}
+        ]
+        if asked and not self.done:
+            self._pause(asked)
+
+    def _pause(self, asked: list[dict[str, Any]]) -> None:
+        """
+        The agent waits for approvals: this response ends with them, as
+        OpenAI's does; the turn goes on in the response that answers them.
+        """
+        self.approvals = asked
+        self.paused_at = int(time.time())
+        items = self.turn.items
+        waiting = [
+            i
+            for i, item in enumerate(items)
+            if i >= self.items_from
+            and item["type"] in ("mcp_call", "command_execution")
+            and item["status"] == "in_progress"
+        ]
+        # The tool call that asks is shown as the approval request here, and
+        # as the call it became in the response that answers.
+        self.items_until = waiting[0] if waiting else len(items)
+        self._unsubscribe()
+        self.settled.fire(None)
+
+    def _ended(self, _: Any) -> None:
+        self._unsubscribe()
+        self.settled.fire(None)
+
+    def own_items(self) -> list[dict[str, Any]]:
+        """The turn's items this response shows."""
+        return self.turn.items[self.items_from : self.items_until]
 
     def describe(self) -> dict[str, Any]:
         """The ``response`` object."""
         turn = self.turn
         status = _STATUS[turn.status]
+        completed_at = turn.completed_at
+        output = [output_item(i) for i in self.own_items()]
+        usage = _usage(turn.usage)
+        if self.paused_at is not None:
+            status, completed_at, usage = "completed", self.paused_at, None
+            output += [approval_item(a) for a in self.approvals]
         error = None
-        if turn.error is not None:
+        if turn.error is not None and self.paused_at is None:
             error = {"code": "server_error", "message": turn.error.get("message") or ""}
         return {
             "id": self.id,
             "object": "response",
             "created_at": self.created_at,
-            "completed_at": turn.completed_at,
+            "completed_at": completed_at,
             "status": status,
             "background": self.background,
             "error": error,
@@ -121,7 +188,7 @@ class WireResponse:
             "instructions": self.instructions,
             "metadata": self.metadata,
             "model": self.model,
-            "output": [output_item(i) for i in turn.items],
+            "output": output,
             "parallel_tool_calls": False,
             "previous_response_id": self.previous_response_id,
             "service_tier": None,
@@ -131,8 +198,20 @@ class WireResponse:
             "tool_choice": "auto",
             "tools": [],
             "top_p": None,
-            "usage": _usage(turn.usage),
+            "usage": usage,
         }
+
+
+def approval_item(action: dict[str, Any]) -> dict[str, Any]:
+    """A held permission request as OpenAI's ``mcp_approval_request`` item."""
+    request = action["request"]
+    return {
+        "id": action["request_id"],
+        "type": "mcp_approval_request",
+        "server_label": request["server_label"],
+        "name": request["name"],
+        "arguments": json.dumps(request["arguments"]),
+    }
 
 
 def _usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -206,6 +285,8 @@ def _inputs(body: dict[str, Any]) -> tuple[str, list[str], list[dict[str, Any]]]
             where = f"input[{i}]"
             if not isinstance(message, dict):
                 raise bad_request(f"{where} must be a message", param=where)
+            if message.get("type") == "mcp_approval_response":
+                continue
             role = message.get("role", "user")
             text = message_text(message, where)
             (systems if role in ("system", "developer") else users).append(text)
@@ -222,6 +303,28 @@ def _inputs(body: dict[str, Any]) -> tuple[str, list[str], list[dict[str, Any]]]
         for text in users
     ]
     return "\n\n".join(users), systems, items
+
+
+def _approvals(body: dict[str, Any]) -> list[tuple[str, bool]]:
+    """The ``mcp_approval_response`` items of the input: (request id, approve)."""
+    value = body.get("input")
+    found = []
+    for i, item in enumerate(value if isinstance(value, list) else []):
+        if isinstance(item, dict) and item.get("type") == "mcp_approval_response":
+            where = f"input[{i}]"
+            request_id = item.get("approval_request_id")
+            if not isinstance(request_id, str) or not request_id:
+                raise bad_request(
+                    f"{where}.approval_request_id is required",
+                    param=where + ".approval_request_id",
+                )
+            if not isinstance(item.get("approve"), bool):
+                raise bad_request(
+                    f"{where}.approve must be true or false",
+                    param=where + ".approve",
+                )
+            found.append((request_id, bool(item["approve"])))
+    return found
 
 
 def _check(body: dict[str, Any]) -> list[str]:
@@ -266,6 +369,12 @@ async def agents_responses_create(request: ServerRequest) -> Any:
         raise bad_request("instructions must be a string", param="instructions")
     preamble = "\n\n".join([s for s in [instructions, *systems] if s])
     previous = body.get("previous_response_id")
+    approvals = _approvals(body)
+    if approvals and previous is None:
+        raise bad_request(
+            "mcp_approval_response answers a response: give its previous_response_id",
+            param="previous_response_id",
+        )
     if previous is not None:
         prior = _response(request, str(previous), "previous_response_id")
         face = prior.face
@@ -273,6 +382,13 @@ async def agents_responses_create(request: ServerRequest) -> Any:
             raise bad_request(
                 "previous_response_id must be the latest response of its conversation",
                 param="previous_response_id",
+            )
+        if prior.approvals and not prior.turn.ended:
+            return await _go_on(request, prior, body, approvals, text, items, key)
+        if approvals:
+            raise bad_request(
+                "the previous response asks for no approval (or its turn has ended)",
+                param="input",
             )
         if face.log.closed:
             raise bad_request(
@@ -313,6 +429,65 @@ async def agents_responses_create(request: ServerRequest) -> Any:
     if ignored and isinstance(answer, ServerResponse):
         answer.headers[_IGNORED_HEADER] = ",".join(ignored)
     return answer
+
+
+async def _go_on(
+    request: ServerRequest,
+    prior: WireResponse,
+    body: dict[str, Any],
+    approvals: list[tuple[str, bool]],
+    text: str,
+    items: list[dict[str, Any]],
+    key: str | None,
+) -> Any:
+    """
+    Answer the approvals ``prior`` asked for: the agent's held requests
+    are replied to, and a new response shows the rest of the same turn.
+    """
+    asked = {a["request_id"] for a in prior.approvals}
+    if text.strip() or not approvals:
+        raise bad_request(
+            "the previous response waits for approvals: send only "
+            "mcp_approval_response items for its mcp_approval_request items",
+            param="input",
+        )
+    face = prior.face
+    held = []
+    for request_id, approve in approvals:
+        found = face.engine.pending.get(request_id)
+        if request_id not in asked or found is None:
+            raise not_found(
+                f"No pending approval request with id {request_id!r}",
+                param="approval_request_id",
+            )
+        held.append((found, {"decision": "allow_once" if approve else "reject_once"}))
+    inputs = [
+        {
+            "id": new_id("mcpr_"),
+            "type": "mcp_approval_response",
+            "approval_request_id": request_id,
+            "approve": approve,
+        }
+        for request_id, approve in approvals
+    ] + items
+    reg = door(request)
+    response = WireResponse(
+        request.identity.id,
+        face,
+        prior.turn,
+        body,
+        body.get("instructions"),
+        inputs,
+        face.log.last_seq,
+        items_from=prior.items_until or 0,
+    )
+    face.last_response_id = response.id
+    reg.responses[response.id] = response
+    _bound(reg.responses)
+    reg.book(request.identity.id, "responses").store(key, body, response.id)
+    for found, reply in held:
+        face.engine.held.reply(found, reply, request.identity.id, request.rule)
+    return await _answer(request, response, body)
 
 
 def _agent(request: ServerRequest, model: str) -> dict[str, Any]:
@@ -378,11 +553,11 @@ async def _answer(
 ) -> Any:
     if body.get("stream") is True:
         return SSEResponse(start=_streamer(response, -1))
-    if not response.background and not response.turn.ended:
+    if not response.background and not response.done:
         limit = request.rule.limits.max_turn_seconds or 1800
         await _within(
             request.context.reactor,
-            response.turn.waiters.wait(),
+            response.settled.wait(),
             limit + defaults.AGENT_CANCEL_GRACE_SECONDS + defaults.KILL_GRACE_SECONDS,
         )
     return ServerResponse(status=200, body=response.describe())
@@ -416,6 +591,7 @@ class ResponseStream(Follower):
         self.number = 0
         self.skip = skip
         self.finished = False
+        self.announced: set[str] = set()
         for type in ("response.created", "response.in_progress"):
             channel.write_raw(self.send_event(type, response=self._snapshot()))
         super().__init__(response.face.log, channel, response.log_from, self._translate)
@@ -437,25 +613,45 @@ class ResponseStream(Follower):
 
     def _translate(self, event: Event) -> bytes:
         data = event.data
-        if self.finished or data.get("turn_id") != self.response.turn.id:
+        response = self.response
+        if self.finished:
+            return b""
+        if event.event == "agent.session.requires_action":
+            return self._asks() if response.paused_at is not None else b""
+        if data.get("turn_id") != response.turn.id:
             return b""
         kind = event.event.removeprefix("agent.session.turn.")
         ref = {
             k: data[k]
-            for k in ("item_id", "output_index", "content_index", "summary_index")
+            for k in ("item_id", "content_index", "summary_index")
             if k in data
         }
+        if "output_index" in data:
+            # The index in this response's output, not in the turn's items.
+            index = data["output_index"] - response.items_from
+            if index < 0:
+                return b""
+            ref["output_index"] = index
         if kind == "item.added":
-            item = output_item(data["item"])
+            self.announced.add(data["item"]["id"])
             return self.send_event(
                 "response.output_item.added",
-                output_index=data["output_index"],
-                item=item,
+                output_index=ref["output_index"],
+                item=output_item(data["item"]),
             )
         if kind == "item.done":
-            return self.send_event(
+            added = b""
+            if data["item"]["id"] not in self.announced:
+                # Added before this response began (the call an approval let run).
+                self.announced.add(data["item"]["id"])
+                added = self.send_event(
+                    "response.output_item.added",
+                    output_index=ref["output_index"],
+                    item={**output_item(data["item"]), "status": "in_progress"},
+                )
+            return added + self.send_event(
                 "response.output_item.done",
-                output_index=data["output_index"],
+                output_index=ref["output_index"],
                 item=output_item(data["item"]),
             )
         if kind in ("content_part.added", "content_part.done"):
@@ -481,6 +677,18 @@ class ResponseStream(Follower):
             self.finished = True
             return self.send_event(terminal, response=self.response.describe())
         return b""
+
+    def _asks(self) -> bytes:
+        """The approval requests this response ends with, then its end."""
+        response = self.response
+        out = b""
+        start = len(response.own_items())
+        for offset, action in enumerate(response.approvals):
+            item = approval_item(action)
+            for type in ("response.output_item.added", "response.output_item.done"):
+                out += self.send_event(type, output_index=start + offset, item=item)
+        self.finished = True
+        return out + self.send_event("response.completed", response=response.describe())
 
     def _pump(self) -> None:
         super()._pump()

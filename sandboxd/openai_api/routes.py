@@ -17,7 +17,14 @@ import attrs
 
 from sandboxd.agents import catalog
 from sandboxd.agents.manager import build_prompt
-from sandboxd.errors import bad_request, not_found, not_implemented_locally
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    agent_unavailable,
+    bad_request,
+    not_found,
+    not_implemented_locally,
+)
 from sandboxd.openai_api import definitions, environments, tools, vaults
 from sandboxd.openai_api.face import SessionFace, WireTurn
 from sandboxd.openai_api.inputs import known_keys, message_text, metadata
@@ -245,8 +252,45 @@ async def open_session(
     return face
 
 
+async def revive(request: ServerRequest, face: SessionFace) -> None:
+    """
+    New input for a session restored after a restart: its agent starts
+    again in the same directory, resuming the agent's own session
+    (``session/load``) when the agent can, else as a fresh one.
+    """
+    if face.reviving:
+        raise agent_unavailable("the session's agent is starting again; retry")
+    face.reviving = True
+    try:
+        mgr = manager(request)
+        engine_body: dict[str, Any] = {
+            "agent": face.agent["runtime"],
+            "cwd": face.engine.cwd,
+        }
+        if face.agent.get("name"):
+            engine_body["title"] = face.agent["name"]
+        started = attrs.evolve(request, body=engine_body)
+        created = None
+        acp_session_id = face.engine.acp_session_id
+        if acp_session_id:
+            try:
+                created = await mgr.create(
+                    started, load={"acp_session_id": acp_session_id, "replay": True}
+                )
+            except ApiError as e:
+                if e.code == Code.TOO_MANY_SESSIONS:
+                    raise
+        if created is None:
+            created = await mgr.create(started)
+        face.revive(mgr.sessions[created["session_id"]])
+        door(request).revived(face)
+    finally:
+        face.reviving = False
+
+
 def submit_text(request: ServerRequest, face: SessionFace, text: str) -> WireTurn:
     """One turn for ``text``, checked as the engine checks a prompt."""
+    face.require_live()
     if not text.strip():
         raise bad_request("the input is empty", param="input")
     tools.check_bound(request, face.credential_ids)
@@ -326,6 +370,7 @@ def agents_sessions_update(request: ServerRequest) -> dict[str, Any]:
             raise bad_request(f"{key}: unknown or unsupported parameter", param=key)
     if "metadata" in request.body:
         face.metadata = metadata(request.body["metadata"])
+        door(request).changed(face)
     return face.describe()
 
 
@@ -333,7 +378,7 @@ async def agents_sessions_delete(request: ServerRequest) -> dict[str, Any]:
     """Close the agent (its turn cancelled, its tree ended) and forget the session."""
     face = face_of(request)
     await face.engine.close()
-    door(request).faces.pop(face.id, None)
+    door(request).forget(face.id)
     return {"id": face.id, "object": "agent.session.deleted", "deleted": True}
 
 
@@ -354,11 +399,12 @@ def _input_events(body: dict[str, Any]) -> list[dict[str, Any]]:
     return events
 
 
-def agents_sessions_events_create(request: ServerRequest) -> ServerResponse:
+async def agents_sessions_events_create(request: ServerRequest) -> ServerResponse:
     """
     Input for a session: messages become one turn (queued behind a running
     one), a cancel cancels the running turn, an approval result answers
-    the agent's held permission request.
+    the agent's held permission request.  A message to a session restored
+    after a restart starts its agent again.
     """
     face = face_of(request)
     body = request.body
@@ -401,6 +447,8 @@ def agents_sessions_events_create(request: ServerRequest) -> ServerResponse:
     if cancel:
         face.cancel()
     if text:
+        if face.dormant:
+            await revive(request, face)
         submit_text(request, face, text)
     face.idempotency.store(key, body, True)
     return accepted()

@@ -181,6 +181,24 @@ OPENAI_MAX_STAGED_FILES = 100
 #: How long a group's children get between TERM and KILL.
 KILL_GRACE_SECONDS = 5.0
 
+# The /v1 door's state under --state-dir (what outlives the daemon): how
+# many sessions are kept, how much of each (its events' tail, then the
+# whole file), and how soon a change is written after it happens.
+OPENAI_STATE_SESSIONS = 100
+OPENAI_STATE_EVENT_BYTES = 256 * KIB
+OPENAI_STATE_FILE_BYTES = 1 * MIB
+OPENAI_STATE_SAVE_DELAY_SECONDS = 1.0
+
+# The /v1 door's webhooks: endpoints per identity, deliveries waiting (or
+# being retried) per identity, one delivery's timeout, the attempts of one
+# event and the waits between them, deliveries in flight per identity.
+WEBHOOK_ENDPOINTS_PER_IDENTITY = 16
+WEBHOOK_QUEUE_PER_IDENTITY = 256
+WEBHOOK_TIMEOUT_SECONDS = 10.0
+WEBHOOK_BACKOFF_SECONDS = (1.0, 5.0, 30.0, 120.0, 600.0)
+WEBHOOK_ATTEMPTS = len(WEBHOOK_BACKOFF_SECONDS) + 1
+WEBHOOK_IN_FLIGHT_PER_IDENTITY = 4
+
 #: MCP (SPEC §17): output of a stream kept in one tool result; the rest is
 #: counted, reported as progress, and marked ``truncated``.
 MCP_RESULT_BYTES = MIB

@@ -129,8 +129,14 @@ def under(path: str, root: str) -> bool:
 
 
 def is_daemon_file(target: str, daemon_files: tuple[str, ...]) -> bool:
-    """Whether ``target`` is one of the daemon's files or a rotation of one."""
-    return any(target == own or target.startswith(own + ".") for own in daemon_files)
+    """
+    Whether ``target`` is one of the daemon's files, a rotation of one, or
+    inside one of its directories (the state dir).
+    """
+    return any(
+        target == own or target.startswith((own + ".", own + "/"))
+        for own in daemon_files
+    )
 
 
 def decide(rule: EffectiveRule, path: str, op: str = "read") -> PathDecision:

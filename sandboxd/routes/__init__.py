@@ -44,6 +44,7 @@ GROUP_MODULES: dict[CapabilityGroup, tuple[str, ...]] = {
         "sandboxd.openai_api.vaults",
         "sandboxd.openai_api.templates",
         "sandboxd.openai_api.runtimes",
+        "sandboxd.openai_api.webhook_endpoints",
     ),
     G.GIT: ("sandboxd.routes.git",),
     G.MCP: ("sandboxd.routes.mcp",),

@@ -12,7 +12,7 @@ from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
 
-from tests.openai_api.sdk import OpenAICase
+from tests.openai_api.sdk import OpenAICase, caught
 
 
 class ApprovalTests(OpenAICase):
@@ -118,3 +118,152 @@ class ApprovalTests(OpenAICase):
         error = yield self.sdk(run)
         self.assertEqual((error.status_code, error.body["code"]), (404, "not_found"))
         self.assertEqual(error.body["param"], "request_id")
+
+
+class ResponseApprovalTests(OpenAICase):
+    """
+    A permission request inside ``responses.create`` ends the response as
+    OpenAI's does when a tool needs approval (an ``mcp_approval_request``
+    output item); a response with ``previous_response_id`` and an
+    ``mcp_approval_response`` answers it and carries the rest of the turn.
+    """
+
+    def notes(self) -> str:
+        path = os.path.join(self.base_dir, "notes.txt")
+        with open(path, "w") as f:
+            f.write("old\n")
+        return path
+
+    @inlineCallbacks
+    def test_approve(self) -> Any:
+        """
+        The first response is completed with the request (the tool call's
+        name and arguments); the approval's response shows the tool call
+        run and the agent's answer, and the file is written.
+        """
+        path = self.notes()
+        client = self.client()
+
+        def run() -> Any:
+            asked = client.responses.create(model="fake", input=f"edit {path} new text")
+            [request] = [i for i in asked.output if i.type == "mcp_approval_request"]
+            done = client.responses.create(
+                model="fake",
+                previous_response_id=asked.id,
+                input=[
+                    {
+                        "type": "mcp_approval_response",
+                        "approval_request_id": request.id,
+                        "approve": True,
+                    }
+                ],
+            )
+            return asked, request, done, client.responses.retrieve(asked.id)
+
+        asked, request, done, again = yield self.sdk(run)
+        self.assertEqual(asked.status, "completed")
+        self.assertEqual(request.server_label, "agent")
+        self.assertEqual(request.name, "Edit notes.txt")
+        self.assertIsInstance(request.arguments, str)
+        self.assertEqual([i.type for i in again.output], [i.type for i in asked.output])
+        self.assertEqual(done.status, "completed")
+        self.assertEqual(done.previous_response_id, asked.id)
+        self.assertEqual([i.type for i in done.output], ["mcp_call", "message"])
+        self.assertEqual(done.output[0].status, "completed")
+        self.assertEqual(done.output_text, "edited notes.txt (allow)")
+        with open(path) as f:
+            self.assertEqual(f.read(), "new text")
+
+    @inlineCallbacks
+    def test_deny_streamed(self) -> Any:
+        """
+        Streamed: the request arrives as an output item, then
+        ``response.completed``; the denial's stream shows the refused call
+        and the agent's answer, and nothing is written.
+        """
+        path = self.notes()
+        client = self.client()
+
+        def run() -> Any:
+            with client.responses.create(
+                model="fake", input=f"edit {path} new text", stream=True
+            ) as stream:
+                first = list(stream)
+            request = first[-1].response.output[-1]
+            with client.responses.create(
+                model="fake",
+                previous_response_id=first[-1].response.id,
+                input=[
+                    {
+                        "type": "mcp_approval_response",
+                        "approval_request_id": request.id,
+                        "approve": False,
+                    }
+                ],
+                stream=True,
+            ) as stream:
+                second = list(stream)
+            return first, request, second
+
+        first, request, second = yield self.sdk(run)
+        types = [e.type for e in first]
+        self.assertEqual(types[-1], "response.completed")
+        added = [e.item for e in first if e.type == "response.output_item.added"]
+        self.assertEqual(added[-1].type, "mcp_approval_request")
+        self.assertEqual(request.type, "mcp_approval_request")
+        self.assertEqual(second[-1].type, "response.completed")
+        final = second[-1].response
+        self.assertEqual([i.type for i in final.output], ["mcp_call", "message"])
+        self.assertEqual(final.output[0].status, "failed")
+        self.assertEqual(final.output_text, "permission refused")
+        done = [e for e in second if e.type == "response.output_item.done"]
+        self.assertEqual([e.output_index for e in done], [0, 1])
+        with open(path) as f:
+            self.assertEqual(f.read(), "old\n")
+
+    @inlineCallbacks
+    def test_refusals(self) -> Any:
+        """
+        While a response waits for approval, a plain message to its
+        conversation is 400 (answer first); an unknown request id is 404;
+        an approval without previous_response_id is 400.
+        """
+        path = self.notes()
+        client = self.client()
+
+        def run() -> Any:
+            asked = client.responses.create(model="fake", input=f"edit {path} x")
+
+            def answer(request_id: str, **extra: Any) -> Any:
+                return caught(
+                    lambda: client.responses.create(
+                        model="fake",
+                        input=[
+                            {
+                                "type": "mcp_approval_response",
+                                "approval_request_id": request_id,
+                                "approve": True,
+                            }
+                        ],
+                        **extra,
+                    )
+                )
+
+            return (
+                caught(
+                    lambda: client.responses.create(
+                        model="fake", input="echo hi", previous_response_id=asked.id
+                    )
+                ),
+                answer("req_nope", previous_response_id=asked.id),
+                answer("req_nope"),
+            )
+
+        message, unknown, orphan = yield self.sdk(run)
+        self.assertEqual((message.status_code, message.body["param"]), (400, "input"))
+        self.assertEqual(
+            (unknown.status_code, unknown.body["param"]), (404, "approval_request_id")
+        )
+        self.assertEqual(
+            (orphan.status_code, orphan.body["param"]), (400, "previous_response_id")
+        )

@@ -228,9 +228,9 @@ class SessionTests(OpenAICase):
     @inlineCallbacks
     def test_restart_forgets_sessions(self) -> Any:
         """
-        Sessions live with their agents, in memory: after a daemon restart
-        an old session is 404 not_found, never half-restored (the seed's
-        come back without their owner or agent).
+        Without a state dir, sessions live with their agents, in memory:
+        after a daemon restart an old session is 404 not_found, never
+        half-restored (the seed's come back without their owner or agent).
         """
         client = self.client()
         session = yield self.sdk(

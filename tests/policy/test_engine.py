@@ -627,6 +627,30 @@ class DaemonFilesTests(SynchronousTestCase):
             )
         self.assertTrue(decide_path(rule, "audit.logger").allowed)
 
+    def test_state_dir_and_everything_in_it(self) -> None:
+        """
+        The state dir (a directory among the daemon's files) is refused
+        with everything below it; a sibling that only shares its prefix is not.
+        """
+        base = os.path.realpath(self.mktemp())
+        os.makedirs(os.path.join(base, "state", "openai"))
+        p = load_policy(
+            builtin_table(),
+            explicit={},
+            base_dir=base,
+            environ={},
+            daemon_files=[os.path.join(base, "state")],
+        )
+        rule = p.rule("download")
+        for path in ("state", "state/openai/webhooks.json"):
+            decision = decide_path(rule, path)
+            self.assertEqual(
+                (decision.allowed, decision.code, decision.rule),
+                (False, "path_denied", "guard:daemon-files"),
+                path,
+            )
+        self.assertTrue(decide_path(rule, "stateful/notes.txt").allowed)
+
 
 class RawWriteInheritanceTests(SynchronousTestCase):
     """

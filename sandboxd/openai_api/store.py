@@ -1,0 +1,341 @@
+# -*- test-case-name: tests.openai_api.test_restart -*-
+"""
+What the ``/v1`` door keeps under the state dir, so that sessions, their
+turns, items and events (and webhook endpoints) outlive the daemon.
+
+One file per session (``openai/sessions/<id>.json``, 0600 in a 0700
+directory) and one for the webhook endpoints (``openai/webhooks.json``), written whole and renamed into place (a reader, or the next
+start, sees the old file or the new one), in the reactor's thread pool, a
+moment after the session changes (changes in that moment are written
+once).  Each file is bounded: the event log's newest
+:data:`~sandboxd.policy.defaults.OPENAI_STATE_EVENT_BYTES`, the whole file
+:data:`~sandboxd.policy.defaults.OPENAI_STATE_FILE_BYTES`; at most
+:data:`~sandboxd.policy.defaults.OPENAI_STATE_SESSIONS` files are kept.
+
+When the daemon stops, the state is written as it stands before the
+agents are ended, and nothing after: the agents' ends are the daemon's
+doing, not the sessions'.  A session read back has no agent until new
+input starts one: it is ``idle``, a turn that was running or queued is
+``failed`` ("the daemon stopped while this turn was running"), and its
+log gets those events, so a client resuming with ``?after=`` learns it.
+Its owner is kept: another identity still gets a 404.
+
+The files are read when the door is first used, before its first answer
+(bounded by the caps above); a file that does not parse is set aside
+(``.bad``), never half-restored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.python.failure import Failure
+
+from sandboxd.eventlog import Event, EventLog, json_size
+from sandboxd.openai_api.face import SessionFace, WireTurn
+from sandboxd.policy import defaults
+
+if TYPE_CHECKING:
+    from sandboxd.context import Context
+
+log = logging.getLogger(__name__)
+
+#: The layout's version, in every file (a newer one is not read).
+VERSION = 1
+
+#: What a turn that was running (or queued) when the daemon stopped says.
+INTERRUPTED = "the daemon stopped while this turn was running"
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """
+    ``data`` at ``path`` (0600) through a temporary file renamed into place
+    (blocking: run it in a thread).
+    """
+    directory = os.path.dirname(path)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def remove(path: str) -> None:
+    """Remove ``path`` if it is there (blocking)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+# -- a session as a record, and back -------------------------------------------
+
+
+def _turn_record(turn: WireTurn) -> dict[str, Any]:
+    shown = turn.describe()
+    return {
+        "id": turn.id,
+        "status": turn.status,
+        "created_at": turn.created_at,
+        "started_at": turn.started_at,
+        "completed_at": turn.completed_at,
+        "error": turn.error,
+        "usage": shown["usage"],
+        "items": [
+            {k: v for k, v in item.items() if not k.startswith("_")}
+            for item in turn.items
+        ],
+    }
+
+
+def _event_tail(events: list[Event]) -> list[list[Any]]:
+    """The newest events within :data:`OPENAI_STATE_EVENT_BYTES`."""
+    kept: list[list[Any]] = []
+    total = 0
+    for event in reversed(events):
+        total += event.size
+        if total > defaults.OPENAI_STATE_EVENT_BYTES and kept:
+            break
+        kept.append([event.seq, event.event, event.data])
+    kept.reverse()
+    return kept
+
+
+def snapshot(face: SessionFace) -> bytes | None:
+    """
+    The session as the bytes of its file; None when even without its
+    events it is over :data:`OPENAI_STATE_FILE_BYTES` (then the last file
+    written stays).
+    """
+    _, events = face.log.since(0)
+    record: dict[str, Any] = {
+        "version": VERSION,
+        "id": face.id,
+        "owner": face.owner,
+        "agent": face.agent,
+        "environment": face.environment,
+        "metadata": face.metadata,
+        "created_at": face.created_at,
+        "last_active_at": face.last_active_at,
+        "cwd": face.engine.cwd,
+        "acp_session_id": face.engine.acp_session_id,
+        "turns": [_turn_record(t) for t in face.turns.values()],
+        "last_seq": face.log.last_seq,
+        "events": _event_tail(events),
+    }
+    data = json.dumps(record, separators=(",", ":")).encode()
+    while len(data) > defaults.OPENAI_STATE_FILE_BYTES and record["events"]:
+        record["events"] = record["events"][len(record["events"]) // 2 + 1 :]
+        data = json.dumps(record, separators=(",", ":")).encode()
+    return data if len(data) <= defaults.OPENAI_STATE_FILE_BYTES else None
+
+
+def restore(record: dict[str, Any]) -> SessionFace:
+    """
+    A session from its record: ``failed``, its unfinished turns failed, and
+    those ends added to its log (then closed).
+    """
+    log = EventLog(defaults.AGENT_LIMITS["max_event_bytes"])
+    events = record["events"]
+    log.last_seq = events[0][0] - 1 if events else int(record["last_seq"])
+    for seq, type_, data in events:
+        if seq != log.last_seq + 1:
+            raise ValueError("the events are not in order")
+        log.append(type_, data, json_size(data))
+    face = SessionFace.restored(
+        record["id"],
+        record["owner"],
+        record["agent"],
+        record["environment"],
+        record["metadata"],
+        log,
+        record.get("cwd") or "",
+        record.get("acp_session_id"),
+    )
+    face.created_at = record["created_at"]
+    face.last_active_at = record["last_active_at"]
+    for saved in record["turns"]:
+        turn = WireTurn(face, "", [])
+        turn.id = saved["id"]
+        turn.status = saved["status"]
+        turn.created_at = saved["created_at"]
+        turn.started_at = saved["started_at"]
+        turn.completed_at = saved["completed_at"]
+        turn.error = saved["error"]
+        turn.usage = saved["usage"]
+        turn.items = saved["items"]
+        turn.announced = True
+        face.turns[turn.id] = turn
+    face.end_restored(INTERRUPTED)
+    return face
+
+
+# -- the store -------------------------------------------------------------------
+
+
+class SessionStore:
+    """
+    The sessions' files under ``<state dir>/openai/sessions``.
+
+    :ivar frozen: the daemon is stopping; nothing more is written.
+    """
+
+    def __init__(self, context: Context, root: str) -> None:
+        self.context = context
+        self.root = root
+        self.directory = os.path.join(root, "sessions")
+        self.frozen = False
+        self._due: dict[str, Any] = {}
+        self._faces: dict[str, SessionFace] = {}
+        self._writing: dict[str, Deferred[None]] = {}
+        self._watching: dict[str, Callable[[], None]] = {}
+
+    def path(self, face_id: str) -> str:
+        """The file of one session."""
+        return os.path.join(self.directory, face_id + ".json")
+
+    # -- reading (once, at the door's first use) --------------------------------
+
+    def load(self) -> list[SessionFace]:
+        """
+        The kept sessions, oldest first (the newest
+        :data:`OPENAI_STATE_SESSIONS`; older files are removed).
+        """
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        names = sorted(self._files(), key=lambda entry: entry[1])
+        for stale, _ in names[: -defaults.OPENAI_STATE_SESSIONS or None]:
+            remove(stale)
+        names = names[-defaults.OPENAI_STATE_SESSIONS :]
+        faces = []
+        for path, _ in names:
+            try:
+                with open(path, "rb") as f:
+                    record = json.loads(f.read(defaults.OPENAI_STATE_FILE_BYTES + 1))
+                if record.get("version") != VERSION:
+                    raise ValueError(f"version {record.get('version')!r}")
+                faces.append(restore(record))
+            except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+                log.warning("set aside %s: it cannot be restored (%s)", path, e)
+                os.replace(path, path + ".bad")
+        return faces
+
+    def load_webhooks(self) -> list[dict[str, Any]]:
+        """The webhook endpoints kept (an unreadable file is set aside)."""
+        path = os.path.join(self.root, "webhooks.json")
+        try:
+            with open(path, "rb") as f:
+                record = json.loads(f.read(defaults.OPENAI_STATE_FILE_BYTES + 1))
+            if record.get("version") != VERSION:
+                raise ValueError(f"version {record.get('version')!r}")
+            return list(record["endpoints"])
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("set aside %s: it cannot be restored (%s)", path, e)
+            os.replace(path, path + ".bad")
+            return []
+
+    def save_webhooks(self, endpoints: list[dict[str, Any]]) -> None:
+        """Keep the webhook endpoints (with their secrets: the file is 0600)."""
+        if self.frozen:
+            return
+        data = json.dumps({"version": VERSION, "endpoints": endpoints}).encode()
+        path = os.path.join(self.root, "webhooks.json")
+        self._after_writes("webhooks", write_atomically, path, data)
+
+    def _files(self) -> Iterator[tuple[str, float]]:
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                if entry.name.endswith(".json") and entry.is_file(
+                    follow_symlinks=False
+                ):
+                    yield entry.path, entry.stat(follow_symlinks=False).st_mtime
+
+    # -- writing ------------------------------------------------------------------
+
+    def watch(self, face: SessionFace) -> None:
+        """Write ``face`` a moment after each of its changes."""
+        if face.hidden or face.id in self._watching:
+            return
+        self._faces[face.id] = face
+        self._watching[face.id] = face.log.subscribe(lambda _: self.changed(face))
+        self.changed(face)
+
+    def changed(self, face: SessionFace) -> None:
+        """``face`` changed: write it soon (once for every change until then)."""
+        if self.frozen or face.id not in self._faces or face.id in self._due:
+            return
+        self._due[face.id] = self.context.reactor.callLater(
+            defaults.OPENAI_STATE_SAVE_DELAY_SECONDS, self._save, face
+        )
+
+    def forget(self, face_id: str) -> Deferred[None]:
+        """The session is deleted: so is its file."""
+        self._faces.pop(face_id, None)
+        unwatch = self._watching.pop(face_id, None)
+        if unwatch is not None:
+            unwatch()
+        due = self._due.pop(face_id, None)
+        if due is not None and due.active():
+            due.cancel()
+        return self._after_writes(face_id, remove, self.path(face_id))
+
+    def _save(self, face: SessionFace) -> Deferred[None]:
+        self._due.pop(face.id, None)
+        data = snapshot(face)
+        if data is None:
+            log.warning("session %s is too large to keep; its last file stays", face.id)
+            return succeed(None)
+        return self._after_writes(face.id, write_atomically, self.path(face.id), data)
+
+    def _after_writes(
+        self, face_id: str, work: Callable[..., None], *args: Any
+    ) -> Deferred[None]:
+        """Run ``work`` in a thread once the session's earlier writes are done."""
+        before = self._writing.get(face_id) or succeed(None)
+
+        def run(_: Any) -> Deferred[None]:
+            return self.context.in_thread(work, *args)
+
+        def done(result: Any) -> None:
+            if self._writing.get(face_id) is d:
+                del self._writing[face_id]
+            if isinstance(result, Failure):
+                log.warning(
+                    "could not keep session %s: %s", face_id, result.getErrorMessage()
+                )
+
+        d: Deferred[None] = before.addBoth(run)
+        self._writing[face_id] = d
+        d.addBoth(done)
+        return d
+
+    def freeze(self) -> Deferred[Any]:
+        """
+        The daemon is stopping: write every session as it stands now (its
+        running turns still running) and nothing after.
+        """
+        due = list(self._due.items())
+        self._due.clear()
+        for _, call in due:
+            if call.active():
+                call.cancel()
+        writes = [self._save(face) for face in self._faces.values()]
+        self.frozen = True
+        return DeferredList(writes)

@@ -1,0 +1,224 @@
+"""
+Sessions that outlive the daemon: with a state dir, a session's turns,
+items and events are read back after a restart, through the ``openai``
+SDK, by their owner only; a turn that was running when the daemon stopped
+ends ``failed``, never silently lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+
+from tests.openai_api.sdk import OpenAICase, caught
+
+
+class RestartTests(OpenAICase):
+    """A daemon stopped and started again on the same state dir."""
+
+    autostart = False
+
+    def setUp(self) -> Any:
+        super().setUp()
+        self.state_dir = os.path.realpath(self.mktemp())
+        return self.start(state_dir=self.state_dir)
+
+    def restart(self) -> Any:
+        """Stop the daemon, start another one on the same state dir."""
+        d = self.daemon.stop()
+        d.addCallback(lambda _: self.start(state_dir=self.state_dir))
+        return d
+
+    @inlineCallbacks
+    def test_session_survives_restart(self) -> Any:
+        """
+        A finished turn and a running one: after the restart the SDK lists
+        and retrieves the session with its owner, its finished turn and
+        items as they were, the running turn ``failed`` with a message
+        saying why, the session ``idle``; its events replay with
+        ``?after=`` and end with those ends.  Another identity still sees
+        nothing.
+        """
+        client = self.client()
+        sessions = client.beta.agents.sessions
+
+        def before() -> Any:
+            session = sessions.create(**self.session_body(metadata={"case": "restart"}))
+            with sessions.stream(session.id, input="echo kept across") as stream:
+                list(stream)
+            with sessions.events.stream(session.id) as stream:
+                sessions.events.create(
+                    session.id,
+                    events=[{"type": "agent.session.input.message", "input": "slow"}],
+                )
+                for event in stream:
+                    if event.type == "agent.session.turn.output_text.delta":
+                        break
+            return session
+
+        session = yield self.sdk(before)
+        yield self.restart()
+        again = self.client()
+        other = self.client("o-token")
+        s2 = again.beta.agents.sessions
+
+        def after() -> Any:
+            with s2.events.stream(session.id, extra_query={"after": "0"}) as stream:
+                replayed = list(stream)
+            return (
+                list(s2.list()),
+                s2.retrieve(session.id),
+                list(s2.turns.list(session.id, order="asc")),
+                list(s2.items.list(session.id, order="asc")),
+                replayed,
+                caught(lambda: other.beta.agents.sessions.retrieve(session.id)),
+                list(other.beta.agents.sessions.list()),
+            )
+
+        listed, got, turns, items, replayed, hidden, others = yield self.sdk(after)
+        self.assertEqual([s.id for s in listed], [session.id])
+        self.assertEqual(got.metadata, {"case": "restart"})
+        self.assertEqual(got.status, "idle")
+        self.assertIsNone(got.error)
+        self.assertEqual(got.environment.workspace_directory, self.base_dir)
+        self.assertEqual([t.status for t in turns], ["completed", "failed"])
+        self.assertEqual(turns[1].error.code, "sandbox_error")
+        self.assertIn("daemon stopped", turns[1].error.message)
+        self.assertEqual(items[0].type, "message")
+        self.assertEqual(items[0].output_text, "kept across")
+        self.assertEqual(items[0].status, "completed")
+        self.assertEqual(items[-1].status, "incomplete")
+        types = [e.type for e in replayed]
+        self.assertEqual(types[0], "agent.session.in_progress")
+        self.assertIn("agent.session.turn.completed", types)
+        self.assertEqual(
+            types[-2:], ["agent.session.turn.failed", "agent.session.idle"]
+        )
+        ids = [e.event_id for e in replayed]
+        self.assertEqual(ids, sorted(ids))
+        self.assertEqual(len(set(ids)), len(ids))
+        self.assertEqual((hidden.status_code, hidden.body["code"]), (404, "not_found"))
+        self.assertEqual(others, [])
+
+    @inlineCallbacks
+    def test_new_input_starts_the_agent_again(self) -> Any:
+        """
+        A message to a session read back after a restart starts its agent
+        again in the same directory: the turn runs and streams, the session
+        is idle after it, its log goes on from the kept events, and another
+        restart keeps all three turns.
+        """
+        client = self.client()
+        sessions = client.beta.agents.sessions
+
+        def before() -> Any:
+            session = sessions.create(**self.session_body())
+            with sessions.stream(session.id, input="echo first") as stream:
+                return session, [e.event_id for e in stream]
+
+        session, seen = yield self.sdk(before)
+        yield self.restart()
+        again = self.client().beta.agents.sessions
+
+        def after() -> Any:
+            with again.stream(session.id, input="echo second") as stream:
+                events = list(stream)
+            return (
+                events,
+                again.retrieve(session.id),
+                [i.output_text for i in again.items.list(session.id, order="asc")],
+            )
+
+        events, got, texts = yield self.sdk(after)
+        deltas = [
+            e.delta for e in events if e.type == "agent.session.turn.output_text.delta"
+        ]
+        self.assertEqual("".join(deltas), "second")
+        self.assertEqual(events[-1].type, "agent.session.idle")
+        self.assertGreater(events[0].event_id, seen[-1])
+        self.assertEqual(got.status, "idle")
+        self.assertIsNone(got.error)
+        self.assertEqual(texts, ["first", "second"])
+        self.assertEqual(got.environment.workspace_directory, self.base_dir)
+        yield self.restart()
+        turns = yield self.sdk(
+            lambda: [
+                t.status
+                for t in self.client().beta.agents.sessions.turns.list(
+                    session.id, order="asc"
+                )
+            ]
+        )
+        self.assertEqual(turns, ["completed", "completed"])
+
+    @inlineCallbacks
+    def test_resume_after_a_seq_from_before(self) -> Any:
+        """
+        A client that read part of the events before the restart resumes
+        after its last event id and gets exactly the rest (the session was
+        idle: the restart adds nothing).
+        """
+        client = self.client()
+        sessions = client.beta.agents.sessions
+
+        def before() -> Any:
+            session = sessions.create(**self.session_body())
+            with sessions.stream(session.id, input="echo one two three") as stream:
+                return session, [e.event_id for e in stream]
+
+        session, seen = yield self.sdk(before)
+        yield self.restart()
+        again = self.client()
+
+        def after() -> Any:
+            with again.beta.agents.sessions.events.stream(
+                session.id, extra_query={"after": seen[2]}
+            ) as stream:
+                return [e.event_id for e in stream]
+
+        rest = yield self.sdk(after)
+        self.assertEqual(rest, seen[3:])
+
+    @inlineCallbacks
+    def test_files_private_and_deleted_with_the_session(self) -> Any:
+        """
+        The state is one 0600 file per session, with its owner, in a 0700
+        directory, and one for the webhook endpoints, which come back with
+        their owner; deleting the session deletes its file.
+        """
+        client = self.client()
+        sessions = client.beta.agents.sessions
+        session = yield self.sdk(lambda: sessions.create(**self.session_body()))
+        hook = yield self.sdk(
+            lambda: client.webhooks.create(
+                url="https://hooks.example.com/sandbox",
+                event_types=["agent.session.idle"],
+                name="kept",
+            )
+        )
+        yield self.restart()
+        hooks = yield self.sdk(lambda: list(self.client().webhooks.list()))
+        others = yield self.sdk(lambda: list(self.client("o-token").webhooks.list()))
+        self.assertEqual([(h.id, h.name) for h in hooks], [(hook.id, "kept")])
+        self.assertEqual(others, [])
+        kept = os.path.join(self.state_dir, "openai", "webhooks.json")
+        self.assertEqual(stat.S_IMODE(os.stat(kept).st_mode), 0o600)
+        folder = os.path.join(self.state_dir, "openai", "sessions")
+        path = os.path.join(folder, session.id + ".json")
+        with open(path) as f:
+            record = json.load(f)
+        self.assertEqual(record["owner"], "user")
+        self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o600)
+        self.assertEqual(stat.S_IMODE(os.stat(folder).st_mode), 0o700)
+        again = self.client()
+        deleted = yield self.sdk(lambda: again.beta.agents.sessions.delete(session.id))
+        self.assertTrue(deleted.deleted)
+        yield self.restart()
+        self.assertFalse(os.path.exists(path))
+        after = self.client()
+        listed = yield self.sdk(lambda: list(after.beta.agents.sessions.list()))
+        self.assertEqual(listed, [])
