@@ -1,7 +1,7 @@
 """
 What the benches in this folder share: a fresh ``twistd -n sandboxd`` on
 loopback ports, waited on until ``/health`` answers (which, by
-``sandboxd.readiness``, also means every other port it opens listens), and
+``sandboxd.daemon.readiness``, also means every other port it opens listens), and
 the daemon's own CPU time.
 """
 

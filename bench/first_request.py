@@ -36,7 +36,7 @@ CASES: list[tuple[str, str, str, Any]] = [
     ("capabilities", "GET", "/capabilities", None),
 ]
 
-#: After the daemon's heap trim (sandboxd.server.TRIM_AFTER_SECONDS).
+#: After the daemon's heap trim (sandboxd.daemon.server.TRIM_AFTER_SECONDS).
 SETTLE_SECONDS = 1.0
 
 

@@ -16,9 +16,9 @@ from sandboxd.lazyexports import lazy_exports
 
 if TYPE_CHECKING:
     from sandboxd.commands import CommandArg, CommandRegistry, command
+    from sandboxd.daemon.server import SandboxServer, start
     from sandboxd.endpoints import CapabilityGroup, RouteTable
     from sandboxd.routes import default_table
-    from sandboxd.server import SandboxServer, start
     from sandboxd.web.messages import (
         ServerRequest,
         ServerResponse,
@@ -35,13 +35,13 @@ _EXPORTS = {
     "RouteTable": "sandboxd.endpoints",
     "SSEEvent": "sandboxd.web.messages",
     "SSEResponse": "sandboxd.web.messages",
-    "SandboxServer": "sandboxd.server",
+    "SandboxServer": "sandboxd.daemon.server",
     "ServerRequest": "sandboxd.web.messages",
     "ServerResponse": "sandboxd.web.messages",
     "StreamResponse": "sandboxd.web.messages",
     "command": "sandboxd.commands",
     "default_table": "sandboxd.routes",
-    "start": "sandboxd.server",
+    "start": "sandboxd.daemon.server",
 }
 
 

@@ -23,7 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Start-up creates a great many objects (Twisted, pyOpenSSL, the
         # daemon) that live as long as the process: a cyclic collection
         # while they are being created only walks them again.  None runs
-        # until the daemon listens (sandboxd.server.release_memory).
+        # until the daemon listens (sandboxd.daemon.server.release_memory).
         gc.disable()
     from sandboxd.cli import main as daemon_main
 

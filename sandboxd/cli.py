@@ -27,17 +27,17 @@ from sandboxd.subcommands import CLIENT_COMMANDS, client_usage
 # HEALTHCHECK, exec probes) and must not pay for Twisted's reactor,
 # pyOpenSSL and the policy engine each time.
 if TYPE_CHECKING:
-    from sandboxd.auth import Identity
+    from sandboxd.access.auth import Identity
+    from sandboxd.daemon.tap import Options as ServeOptions
     from sandboxd.policy import Policy
-    from sandboxd.tap import Options as ServeOptions
 
-#: ``sandboxd.server.DEFAULT_PORT`` (a test checks they agree).
+#: ``sandboxd.daemon.server.DEFAULT_PORT`` (a test checks they agree).
 DEFAULT_PORT = 9000
 
 
 def serve_options() -> ServeOptions:
     """``sandboxd serve``'s options (the same as ``twistd sandboxd``'s)."""
-    from sandboxd.tap import Options
+    from sandboxd.daemon.tap import Options
 
     return Options()
 
@@ -146,9 +146,9 @@ def serve(options: ServeOptions) -> int:
     from twisted.internet import reactor
     from twisted.logger import globalLogBeginner, textFileLogObserver
 
+    from sandboxd.daemon.server import build
+    from sandboxd.daemon.startup import StartRefused
     from sandboxd.policy import PolicyError
-    from sandboxd.server import build
-    from sandboxd.startup import StartRefused
 
     globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stdout)])
     try:
@@ -238,12 +238,12 @@ def unknown_users(policy: Policy, table: Any) -> list[str]:
 
 def check_config(options: CheckConfigOptions, out: Any = sys.stdout) -> int:
     """Validate, then print the table or one explained decision."""
-    from sandboxd.auth import ANONYMOUS, Identity
+    from sandboxd.access.auth import ANONYMOUS, Identity
+    from sandboxd.daemon.server import import_commands
     from sandboxd.endpoints import renamed_warning
     from sandboxd.policy import PolicyError, load_policy
     from sandboxd.policy.discovery import check
     from sandboxd.routes import default_table
-    from sandboxd.server import import_commands
 
     try:
         for spec in options["commands"]:
@@ -351,7 +351,7 @@ def reload(options: ReloadOptions) -> int:
             with open(options["pidfile"]) as f:
                 pid = f.read().strip()
         except FileNotFoundError:
-            from sandboxd.running import running_daemons
+            from sandboxd.daemon.running import running_daemons
 
             found = running_daemons()
             if len(found) != 1:

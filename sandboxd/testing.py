@@ -28,13 +28,13 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer
 from zope.interface import implementer
 
-from sandboxd.audit import AuditLog
+from sandboxd.access.audit import AuditLog
 from sandboxd.commands import CommandRegistry
-from sandboxd.context import Context, Reactor
+from sandboxd.daemon.context import Context, Reactor
+from sandboxd.daemon.server import DaemonService, Settings, build
 from sandboxd.endpoints import RouteTable
 from sandboxd.policy import load_policy
 from sandboxd.routes import builtin_table
-from sandboxd.server import DaemonService, Settings, build
 
 
 @implementer(IBodyProducer)
@@ -302,7 +302,7 @@ class RunningDaemon:
 
 
 def listening_port(service: Any) -> Deferred[Any]:
-    """The IListeningPort of a started :class:`sandboxd.readiness.Listener`."""
+    """The IListeningPort of a started :class:`sandboxd.daemon.readiness.Listener`."""
     # The listener keeps the listen Deferred privately.
     waiting: Deferred[Any] = service._waitingForPort
     result: Deferred[Any] = Deferred()

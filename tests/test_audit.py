@@ -10,7 +10,7 @@ from typing import Any
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.audit import (
+from sandboxd.access.audit import (
     AuditLog,
     audit_argv,
     make_record,
@@ -226,7 +226,7 @@ class UrlSecretTests(SynchronousTestCase):
 
     def test_shapes(self) -> None:
         """user:pass@, a bare token as user, token-like query values; e-mail addresses and scp forms stay."""
-        from sandboxd.audit import redact_url_secrets
+        from sandboxd.access.audit import redact_url_secrets
 
         self.assertEqual(redact_url_secrets("https://u:p@h/r"), "https://***@h/r")
         self.assertEqual(redact_url_secrets("https://TOKEN@h/r"), "https://***@h/r")

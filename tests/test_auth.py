@@ -10,7 +10,7 @@ import subprocess
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.auth import TokenStore
+from sandboxd.access.auth import TokenStore
 from sandboxd.policy import PolicyError, load_policy
 from sandboxd.policy.document import TokenSpec
 from sandboxd.routes import default_table

@@ -25,7 +25,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd import cli
 from sandboxd._version import __version__
-from sandboxd.tap import Options
+from sandboxd.daemon.tap import Options
 
 BIN = os.path.dirname(sys.executable)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -196,7 +196,7 @@ class PluginTests(SynchronousTestCase):
         """
         from twisted.internet.testing import MemoryReactor
 
-        from sandboxd.tap import makeService
+        from sandboxd.daemon.tap import makeService
 
         base = self.mktemp()
         os.makedirs(base)
@@ -215,7 +215,7 @@ class PluginTests(SynchronousTestCase):
         """
         from twisted.internet.testing import MemoryReactor
 
-        from sandboxd.tap import makeService
+        from sandboxd.daemon.tap import makeService
 
         base = os.path.realpath(self.mktemp())
         os.makedirs(base)

@@ -1,4 +1,4 @@
-"""``sandboxd.firstuse.ServiceOnFirstUse``: built once, on the first use."""
+"""``sandboxd.daemon.firstuse.ServiceOnFirstUse``: built once, on the first use."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from twisted.application.service import Service
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.firstuse import ServiceOnFirstUse
+from sandboxd.daemon.firstuse import ServiceOnFirstUse
 
 
 class Door(Service):

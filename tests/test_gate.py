@@ -15,7 +15,7 @@ from twisted.internet import threads
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd import gate
+from sandboxd.access import gate
 from sandboxd.errors import Code
 from sandboxd.testing import MemoryAudit, make_request, memory_context, memory_site
 from tests.helpers import DaemonTestCase

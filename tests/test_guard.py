@@ -17,11 +17,11 @@ from typing import Any
 
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
-from sandboxd import guard as guard_module
+from sandboxd.access import guard as guard_module
+from sandboxd.access.guard import PathGuard, special_filesystem
 from sandboxd.errors import ApiError
 from sandboxd.files.atomic import AtomicWrite
 from sandboxd.files.walk import list_dir, search
-from sandboxd.guard import PathGuard, special_filesystem
 from sandboxd.policy import PolicyError, load_policy
 from sandboxd.policy.rules import EffectiveRule, Limits, Params, PathRule
 from sandboxd.routes import builtin_table

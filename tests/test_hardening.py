@@ -20,7 +20,7 @@ from tests.test_cli import DaemonProcess, twistd_argv
 _PROBE = textwrap.dedent(
     """
     import os, sys
-    from sandboxd import hardening
+    from sandboxd.daemon import hardening
     secret = os.environ["PROBE_SECRET"]
     print(hardening.scrub_startup_environ(["PROBE_SECRET", "NOT_SET"]))
     print(hardening.is_dumpable(), hardening.forbid_tracing(), hardening.is_dumpable())

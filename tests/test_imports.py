@@ -121,5 +121,5 @@ class ImportGraphTests(SynchronousTestCase):
         testing harness imports the site factory only when asked for one).
         """
         graph = import_graph()
-        self.assertIn("sandboxd.agents.manager", graph["sandboxd.context"])
+        self.assertIn("sandboxd.agents.manager", graph["sandboxd.daemon.context"])
         self.assertIn("sandboxd.web.factory", graph["sandboxd.testing"])

@@ -1,5 +1,5 @@
 """
-Capability links (``sandboxd.links``, the ``auth`` group): minted narrowed
+Capability links (``sandboxd.access.links``, the ``auth`` group): minted narrowed
 to the minter's scopes and an audience, checked by the gate as
 ``link:ID`` on behalf of the minter, listed, revoked, counted and expired;
 against a real daemon on loopback.
@@ -17,9 +17,9 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import Clock, deferLater
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.auth import Identity
+from sandboxd.access.auth import Identity
+from sandboxd.access.links import LinkTable, read_key
 from sandboxd.errors import ApiError
-from sandboxd.links import LinkTable, read_key
 from sandboxd.policy.document import PolicyError
 from tests.helpers import DaemonTestCase
 

@@ -175,7 +175,7 @@ class LazyImportTests(SynchronousTestCase):
         code = (
             "import sys\n"
             "from twisted.internet.testing import MemoryReactorClock\n"
-            "from sandboxd.server import Settings, build\n"
+            "from sandboxd.daemon.server import Settings, build\n"
             f"d = build(Settings(base_dir={base!r}, policy={{}}, environ={{}}),"
             " MemoryReactorClock())\n"
             "d.startService()\n"
@@ -199,7 +199,7 @@ class StreamGaugeTests(SynchronousTestCase):
         from twisted.internet.task import Clock
         from twisted.web.test.requesthelper import DummyRequest
 
-        from sandboxd.metrics import _gauges
+        from sandboxd.access.metrics import _gauges
         from sandboxd.testing import memory_context
         from sandboxd.web.sse import SSEChannel
 

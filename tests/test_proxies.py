@@ -12,10 +12,10 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
 
+from sandboxd.daemon.proxies import Forwarded, forwarded, is_trusted, pty_url
+from sandboxd.daemon.tap import Options
 from sandboxd.policy import PolicyError, load_policy
-from sandboxd.proxies import Forwarded, forwarded, is_trusted, pty_url
 from sandboxd.routes import default_table
-from sandboxd.tap import Options
 from tests.routes.test_terminal import TerminalCase
 
 

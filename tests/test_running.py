@@ -10,7 +10,8 @@ from contextlib import redirect_stderr
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd import cli, running
+from sandboxd import cli
+from sandboxd.daemon import running
 
 
 class RunningDaemonsTests(SynchronousTestCase):

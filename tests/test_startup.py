@@ -20,10 +20,10 @@ from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd._version import __version__
+from sandboxd.daemon.server import Settings, build, validate_settings
+from sandboxd.daemon.startup import StartRefused
+from sandboxd.daemon.tap import Options
 from sandboxd.policy import PolicyError
-from sandboxd.server import Settings, build, validate_settings
-from sandboxd.startup import StartRefused
-from sandboxd.tap import Options
 from tests.helpers import DaemonTestCase
 from tests.test_cli import BIN, ROOT, free_port
 
@@ -345,8 +345,8 @@ class RootChildrenTests(SynchronousTestCase):
 
     def test_refused_without_default_user(self) -> None:
         """Root, a token, no params.default_user: refused with the setting named."""
+        from sandboxd.daemon.startup import check_children_user
         from sandboxd.routes import default_table
-        from sandboxd.startup import check_children_user
 
         with self.assertRaises(PolicyError) as cm:
             check_children_user(self.policy({}), default_table(), 0)
@@ -355,8 +355,8 @@ class RootChildrenTests(SynchronousTestCase):
 
     def test_allowed_when_named_or_not_root(self) -> None:
         """A user (root written out included), local mode or a non-root daemon start."""
+        from sandboxd.daemon.startup import check_children_user
         from sandboxd.routes import default_table
-        from sandboxd.startup import check_children_user
 
         table = default_table()
         for user in ("root", "user"):
@@ -367,8 +367,8 @@ class RootChildrenTests(SynchronousTestCase):
 
     def test_one_endpoint_left_unset(self) -> None:
         """A user set for ``shell`` alone leaves ``process_start`` named."""
+        from sandboxd.daemon.startup import check_children_user
         from sandboxd.routes import default_table
-        from sandboxd.startup import check_children_user
 
         doc = {"endpoints": {"shell": {"params": {"default_user": "root"}}}}
         with self.assertRaises(PolicyError) as cm:
@@ -382,8 +382,8 @@ class RootChildrenTests(SynchronousTestCase):
         from (or that there is none), and the identities that could start
         a child as root.
         """
+        from sandboxd.daemon.startup import check_children_user
         from sandboxd.routes import default_table
-        from sandboxd.startup import check_children_user
 
         with self.assertRaises(PolicyError) as cm:
             check_children_user(self.policy({}), default_table(), 0)
@@ -403,8 +403,8 @@ class RootChildrenTests(SynchronousTestCase):
         transfer, reading process output, the template's commands) start
         as root as they are: no request can make a root child.
         """
+        from sandboxd.daemon.startup import check_children_user
         from sandboxd.routes import default_table
-        from sandboxd.startup import check_children_user
 
         for scopes in (
             ["files:read", "files:write"],
@@ -423,8 +423,8 @@ class RootChildrenTests(SynchronousTestCase):
         anonymous (let in beside tokens) counts as a caller, and code
         contexts and git start children like shells do.
         """
+        from sandboxd.daemon.startup import check_children_user
         from sandboxd.routes import default_table
-        from sandboxd.startup import check_children_user
 
         table = default_table()
         reader = {"id": "r", "token_sha256": "0" * 64, "scopes": ["files:read"]}

@@ -15,12 +15,12 @@ import hashlib
 import os
 from typing import Any
 
+from sandboxd.access.guard import PathGuard
 from sandboxd.agents.filechanges import FileChanges, Written
 from sandboxd.agents.state import SessionState
 from sandboxd.agents.updates import UpdateFolding
 from sandboxd.errors import ApiError
 from sandboxd.files.atomic import AtomicWrite
-from sandboxd.guard import PathGuard
 from sandboxd.jsonrpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, succeed
 
+from sandboxd.access.guard import PathGuard
 from sandboxd.agents import catalog
 from sandboxd.agents.catalog import CatalogEntry
 from sandboxd.errors import (
@@ -42,7 +43,6 @@ from sandboxd.errors import (
     payload_too_large,
     policy_rule,
 )
-from sandboxd.guard import PathGuard
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import resolve_user

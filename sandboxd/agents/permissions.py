@@ -19,8 +19,8 @@ from typing import Any
 
 import attrs
 
+from sandboxd.access.guard import PathGuard
 from sandboxd.errors import ApiError, policy_rule
-from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import AGENT_PERMISSION_MODE
 from sandboxd.policy.rules import EffectiveRule
 

@@ -14,12 +14,12 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
+from sandboxd.access.guard import PathGuard
 from sandboxd.agents.clientside import refusal_error
 from sandboxd.agents.state import SessionState, bounded_put
 from sandboxd.agents.terminals import AgentTerminal
 from sandboxd.agents.updates import UpdateFolding
 from sandboxd.errors import ApiError
-from sandboxd.guard import PathGuard
 from sandboxd.jsonrpc import INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND, RpcError
 from sandboxd.policy import defaults
 from sandboxd.processes.command import check_command_allowed, find_executable

@@ -4,7 +4,7 @@ The E2B door (SPEC §16, §18): envd's API on a port of its own, each call
 passed through the one gate as the sandboxd endpoint doing the same job.
 
 A :class:`Call` is one request through this door: it is admitted by
-:func:`sandboxd.gate.admit` as its mapped endpoint (the procedure's
+:func:`sandboxd.access.gate.admit` as its mapped endpoint (the procedure's
 ``endpoint`` decides which, sometimes from the message: ``Start`` with a
 ``pty`` is ``pty_create_session``), runs, and writes exactly one audit line
 (``via: e2b``) when it is over, whatever the outcome.  Handlers raise
@@ -31,7 +31,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import implementer
 
-from sandboxd import gate
+from sandboxd.access import gate
 from sandboxd.e2b import connect
 from sandboxd.errors import (
     ApiError,
@@ -51,7 +51,7 @@ from sandboxd.web.factory import HardenedSite
 from sandboxd.web.messages import ServerRequest
 
 if TYPE_CHECKING:
-    from sandboxd.auth import Identity
+    from sandboxd.access.auth import Identity
     from sandboxd.policy.rules import EffectiveRule
 
 log = Logger(namespace="sandboxd.e2b")
@@ -223,7 +223,7 @@ class Call:
 
     @property
     def context(self) -> Any:
-        """The daemon's shared services (:class:`sandboxd.context.Context`)."""
+        """The daemon's shared services (:class:`sandboxd.daemon.context.Context`)."""
         return self.door.context
 
     @property

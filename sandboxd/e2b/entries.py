@@ -6,7 +6,7 @@ envd fills ``mode`` with the permission bits, ``permissions`` with Go's
 ``FileMode.String()`` (``-rw-r--r--``, ``drwxr-xr-x``, ``Lrwxrwxrwx``),
 ``owner``/``group`` with names (the number when unknown), and for a link
 the type and mode of its target plus ``symlink_target``.  Every path here
-has passed the :class:`~sandboxd.guard.PathGuard` first; a link is only
+has passed the :class:`~sandboxd.access.guard.PathGuard` first; a link is only
 described when it stays inside the boundary.
 """
 
@@ -20,9 +20,9 @@ import stat
 from datetime import UTC, datetime
 from typing import Any
 
+from sandboxd.access.guard import PathGuard
 from sandboxd.errors import file_not_found
 from sandboxd.files.walk import display_name
-from sandboxd.guard import PathGuard
 
 FILE_TYPE_UNSPECIFIED = "FILE_TYPE_UNSPECIFIED"
 FILE_TYPE_FILE = "FILE_TYPE_FILE"

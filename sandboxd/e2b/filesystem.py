@@ -2,7 +2,7 @@
 """
 envd's ``filesystem.Filesystem`` service over sandboxd's file operations.
 
-Every path goes through the :class:`~sandboxd.guard.PathGuard` of the
+Every path goes through the :class:`~sandboxd.access.guard.PathGuard` of the
 endpoint the procedure is governed as (``files_stat``, ``files_list``,
 ``files_mkdir``, ``files_move``, ``files_delete``, ``files_watch``), with
 the same walk, move, delete and watch code as those endpoints; what differs
@@ -27,6 +27,8 @@ from typing import Any
 import attrs
 from twisted.internet.defer import succeed
 
+from sandboxd.access.guard import PathGuard
+from sandboxd.daemon.firstuse import ServiceOnFirstUse
 from sandboxd.e2b.connect import bool_field, string_field, uint_field
 from sandboxd.e2b.door import SERVER_STREAM, UNARY, Call, Procedure, Stream
 from sandboxd.e2b.entries import FILE_TYPE_DIRECTORY, describe, entry_json
@@ -42,8 +44,6 @@ from sandboxd.errors import (
 from sandboxd.eventlog import Event
 from sandboxd.files import walk
 from sandboxd.files.watch import Watch, WatchService, watch_dirs
-from sandboxd.firstuse import ServiceOnFirstUse
-from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import (
     E2B_MAX_WATCHERS,
     E2B_WATCHER_IDLE_SECONDS,

@@ -68,7 +68,7 @@ from sandboxd.routes import terminal as terminal_routes
 from sandboxd.terminals.session import PtySession
 
 if TYPE_CHECKING:
-    from sandboxd.auth import Identity
+    from sandboxd.access.auth import Identity
 
 _SIGNALS = {"SIGNAL_SIGTERM": 15, "SIGNAL_SIGKILL": 9, "SIGNAL_UNSPECIFIED": 0}
 

@@ -26,9 +26,9 @@ from typing import Any, cast
 from twisted.internet.defer import Deferred
 from twisted.web.server import NOT_DONE_YET
 
+from sandboxd.access.guard import PathGuard
 from sandboxd.e2b.door import REST, Call, Procedure
 from sandboxd.errors import Code, bad_request, payload_too_large, unsupported
-from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import E2B_MAX_UPLOAD_FILES
 from sandboxd.routes import files as file_routes
 from sandboxd.routes import system as system_routes

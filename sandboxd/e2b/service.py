@@ -18,9 +18,9 @@ from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from sandboxd.daemon.readiness import Opening
 from sandboxd.e2b import codeinterp, controlplane, filesystem, process, rest
 from sandboxd.e2b.door import Door, Procedure
-from sandboxd.readiness import Opening
 from sandboxd.web.connections import ConnectionLimits
 
 log = Logger(namespace="sandboxd.e2b")
@@ -104,7 +104,7 @@ class E2BService(Service):
 
     def _listened(self, port: Any) -> None:
         # A wide-open port without a token was refused or warned about at
-        # start, with the others (sandboxd.startup.check_exposure).
+        # start, with the others (sandboxd.daemon.startup.check_exposure).
         self.port = port
 
     def _failed(self, failure: Failure) -> None:
@@ -119,7 +119,7 @@ class E2BService(Service):
         Fires with the port once it listens (None when the ``e2b`` endpoint
         is off); fails when it cannot listen.  The HTTP listener waits for
         it, so the first ``200 /health`` means the E2B port serves too (see
-        :mod:`sandboxd.readiness`).
+        :mod:`sandboxd.daemon.readiness`).
         """
         return self._opening.listening()
 

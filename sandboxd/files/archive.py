@@ -25,6 +25,7 @@ from typing import Any
 
 import attrs
 
+from sandboxd.access.guard import PathGuard, give, os_error, refusal
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -35,7 +36,6 @@ from sandboxd.errors import (
 )
 from sandboxd.files.atomic import AtomicWrite
 from sandboxd.files.walk import visible, walk
-from sandboxd.guard import PathGuard, give, os_error, refusal
 from sandboxd.policy.defaults import WALK_DEPTH
 
 FORMATS = ("tar.gz", "zip")

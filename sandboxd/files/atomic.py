@@ -21,6 +21,7 @@ import secrets
 import stat
 from typing import Any
 
+from sandboxd.access.guard import Location, etag_of, os_error, refuse_device
 from sandboxd.errors import (
     bad_request,
     file_exists,
@@ -28,7 +29,6 @@ from sandboxd.errors import (
     is_a_directory,
     precondition_failed,
 )
-from sandboxd.guard import Location, etag_of, os_error, refuse_device
 from sandboxd.libc import libc
 
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -10,7 +10,7 @@ bytes that arrived, and ``offset`` says how many.  Every append starts at
 ``offset``; a cut connection keeps what was written, so the client asks
 where the upload stands and carries on from there.
 
-The table is per daemon (:attr:`~sandboxd.context.Context.uploads`) and
+The table is per daemon (:attr:`~sandboxd.daemon.context.Context.uploads`) and
 bounded: at most ``max_sessions`` open uploads, each dropped (its staging
 file removed) after ``idle_timeout_seconds`` without a byte, on ``DELETE``
 and when the daemon stops.  An upload belongs to the identity that created

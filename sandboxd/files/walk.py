@@ -27,16 +27,7 @@ from typing import Any
 
 import attrs
 
-from sandboxd.errors import (
-    ApiError,
-    Code,
-    bad_request,
-    file_exists,
-    file_not_found,
-    forbidden,
-)
-from sandboxd.files.atomic import TEMPORARY_NAME
-from sandboxd.guard import (
+from sandboxd.access.guard import (
     Location,
     PathGuard,
     etag_of,
@@ -46,6 +37,15 @@ from sandboxd.guard import (
     refusal,
     refuse_device,
 )
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    bad_request,
+    file_exists,
+    file_not_found,
+    forbidden,
+)
+from sandboxd.files.atomic import TEMPORARY_NAME
 from sandboxd.libc import libc
 from sandboxd.policy.defaults import WALK_DEPTH
 

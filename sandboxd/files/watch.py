@@ -27,11 +27,11 @@ from twisted.application.service import Service
 from twisted.logger import Logger
 from twisted.python.filepath import FilePath
 
+from sandboxd.access.guard import PathGuard
 from sandboxd.errors import Code, limit_exceeded, unavailable
 from sandboxd.eventlog import EventLog
 from sandboxd.files.atomic import TEMPORARY_NAME
 from sandboxd.files.walk import walk
-from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import (
     MAX_WATCH_DIRS,
     MAX_WATCHES,

@@ -19,7 +19,7 @@ from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
 
-from sandboxd.auth import Identity
+from sandboxd.access.auth import Identity
 from sandboxd.errors import ApiError, internal, not_found
 from sandboxd.eventlog import EventLog
 from sandboxd.git.outcomes import ProgressLines, parse_progress, redact

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sandboxd import processes
+from sandboxd.access.guard import PathGuard
 from sandboxd.errors import (
     ApiError,
     bad_request,
@@ -37,7 +38,6 @@ from sandboxd.git import (
 from sandboxd.git.askpass import AskpassSession, Secret
 from sandboxd.git.outcomes import classify_failure, redact
 from sandboxd.git.remotes import Remote, pin_setting
-from sandboxd.guard import PathGuard
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import RunAs, resolve_user
 from sandboxd.processes.environment import BOOT_ENVIRON, child_environment

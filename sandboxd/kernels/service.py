@@ -4,7 +4,7 @@ The ``code`` group's service: its contexts, the one kernel hub, the
 spilled display items, the idle sweep, and the orderly stop.
 
 Built on the group's first request (a
-:class:`~sandboxd.firstuse.ServiceOnFirstUse` until then); the hub child
+:class:`~sandboxd.daemon.firstuse.ServiceOnFirstUse` until then); the hub child
 starts with the first context and again after it dies.
 """
 
@@ -35,7 +35,7 @@ class CodeService(Service):
     """Every code context of the daemon."""
 
     def __init__(self, context: Any) -> None:
-        """:param context: the daemon's :class:`~sandboxd.context.Context`."""
+        """:param context: the daemon's :class:`~sandboxd.daemon.context.Context`."""
         self.context = context
         self.reactor = context.reactor
         self.children = context.children

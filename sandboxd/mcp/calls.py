@@ -28,7 +28,7 @@ from twisted.internet.defer import CancelledError, Deferred, ensureDeferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from sandboxd import gate
+from sandboxd.access import gate
 from sandboxd.errors import ApiError, bad_request, unexpected, unsupported
 from sandboxd.mcp.collecting import CollectingChannel, Progress
 from sandboxd.mcp.tools import (

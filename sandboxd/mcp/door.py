@@ -32,8 +32,9 @@ from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.web.http import RESPONSES
 
-from sandboxd import gate, jsonrpc
-from sandboxd.auth import Identity
+from sandboxd import jsonrpc
+from sandboxd.access import gate
+from sandboxd.access.auth import Identity
 from sandboxd.errors import (
     ApiError,
     Code,

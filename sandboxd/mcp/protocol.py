@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 from twisted.internet.defer import Deferred
 
-from sandboxd import gate
 from sandboxd._version import __version__
+from sandboxd.access import gate
 from sandboxd.errors import Code, bad_request, limit_exceeded
 from sandboxd.jsonrpc import (
     INVALID_PARAMS,
@@ -42,8 +42,8 @@ from sandboxd.policy.defaults import (
 )
 
 if TYPE_CHECKING:
-    from sandboxd.auth import Identity
-    from sandboxd.context import Context
+    from sandboxd.access.auth import Identity
+    from sandboxd.daemon.context import Context
     from sandboxd.mcp.sessions import Session
 
 #: MCP's own codes beside JSON-RPC's (:mod:`sandboxd.jsonrpc`).

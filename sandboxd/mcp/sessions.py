@@ -27,7 +27,7 @@ from zope.interface import implementer
 from sandboxd.policy.defaults import MCP_REPLAY_BYTES
 
 if TYPE_CHECKING:
-    from sandboxd.auth import Identity
+    from sandboxd.access.auth import Identity
     from sandboxd.mcp.calls import ToolCall
     from sandboxd.web.sse import SSEChannel
 

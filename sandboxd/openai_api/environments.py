@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from sandboxd.access.guard import PathGuard
 from sandboxd.errors import bad_request, not_found
-from sandboxd.guard import PathGuard
 from sandboxd.openai_api import staging, templates, vaults
 from sandboxd.openai_api.face import new_id
 from sandboxd.openai_api.registry import door, page

@@ -22,7 +22,7 @@ from sandboxd.web.params import integer
 
 if TYPE_CHECKING:
     from sandboxd.agents.manager import AgentManager
-    from sandboxd.context import Context
+    from sandboxd.daemon.context import Context
     from sandboxd.openai_api.store import SessionStore
     from sandboxd.web.messages import ServerRequest
 

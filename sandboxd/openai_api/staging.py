@@ -23,6 +23,7 @@ from typing import Any
 
 import pybase64
 
+from sandboxd.access.guard import PathGuard
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -32,7 +33,6 @@ from sandboxd.errors import (
     payload_too_large,
 )
 from sandboxd.files.atomic import AtomicWrite
-from sandboxd.guard import PathGuard
 
 #: Where staged paths are rooted, as OpenAI's API names it.
 WORKSPACE = "/workspace"

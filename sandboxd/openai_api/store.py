@@ -42,7 +42,7 @@ from sandboxd.openai_api.face import SessionFace, WireTurn
 from sandboxd.policy import defaults
 
 if TYPE_CHECKING:
-    from sandboxd.context import Context
+    from sandboxd.daemon.context import Context
 
 log = logging.getLogger(__name__)
 

@@ -55,13 +55,13 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from sandboxd.browser.urlpolicy import ip_literal, is_loopback_name, is_private_address
-from sandboxd.context import as_clock
+from sandboxd.daemon.context import as_clock
 from sandboxd.errors import ApiError, Code, bad_request, forbidden, policy_rule
 from sandboxd.openai_api.face import new_id
 from sandboxd.policy import defaults
 
 if TYPE_CHECKING:
-    from sandboxd.context import Context
+    from sandboxd.daemon.context import Context
     from sandboxd.eventlog import Event
     from sandboxd.openai_api.face import SessionFace
     from sandboxd.policy.rules import EffectiveRule

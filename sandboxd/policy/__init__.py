@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-# The module, not the name: sandboxd.auth imports sandboxd.policy.document,
+# The module, not the name: sandboxd.access.auth imports sandboxd.policy.document,
 # which runs this package first, so whichever of the two is imported first
 # must not need the other's names at import time.
-from sandboxd import auth
+from sandboxd.access import auth
 
 if TYPE_CHECKING:
-    from sandboxd.auth import TokenStore
+    from sandboxd.access.auth import TokenStore
 from sandboxd.endpoints import RouteTable
 from sandboxd.policy import lint
 from sandboxd.policy.document import (

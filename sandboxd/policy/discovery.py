@@ -14,10 +14,10 @@ from typing import Any
 import attrs
 
 from sandboxd._version import __version__
-from sandboxd.auth import Identity
+from sandboxd.access.auth import Identity
+from sandboxd.access.gate import lacking_scope
 from sandboxd.endpoints import CapabilityGroup, Endpoint, current_id
 from sandboxd.errors import ApiError, Code, bad_request, policy_rule
-from sandboxd.gate import lacking_scope
 from sandboxd.policy import Policy
 from sandboxd.policy.paths import absolute, decide, matches
 from sandboxd.policy.rules import EffectiveRule

@@ -4,7 +4,7 @@ The policy half of path decisions: lexical, never touching the file system.
 
 ``/capabilities/check`` answers with this alone, so its answer for a path
 outside the boundary is the same whether or not the path exists.  The
-path guard (:mod:`sandboxd.guard`) runs the same decision first and then
+path guard (:mod:`sandboxd.access.guard`) runs the same decision first and then
 resolves the path by file descriptor.
 """
 

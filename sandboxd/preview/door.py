@@ -35,7 +35,8 @@ from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 
-from sandboxd import gate
+from sandboxd.access import gate
+from sandboxd.access.links import is_link, preview_audience
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -50,7 +51,6 @@ from sandboxd.errors import (
     upstream_timeout,
     upstream_unavailable,
 )
-from sandboxd.links import is_link, preview_audience
 from sandboxd.policy.defaults import PREVIEW_RETRY_SECONDS
 from sandboxd.preview import headers as h
 from sandboxd.preview.exposures import Exposure
@@ -60,7 +60,7 @@ from sandboxd.web.connections import ConnectionLimits
 from sandboxd.web.factory import HardenedSite
 
 if TYPE_CHECKING:
-    from sandboxd.auth import Identity
+    from sandboxd.access.auth import Identity
     from sandboxd.policy.rules import EffectiveRule
     from sandboxd.preview.exposures import ExposureTable
     from sandboxd.preview.rawpool import RawPool
@@ -381,7 +381,7 @@ class Exchange:
 
     def _header_credential(self) -> bytes | None:
         """A token or link in ``X-Access-Token`` or ``Authorization: Bearer``."""
-        from sandboxd.auth import presented_token
+        from sandboxd.access.auth import presented_token
 
         headers = {
             b"x-access-token": self.header(b"x-access-token"),

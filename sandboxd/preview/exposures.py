@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from sandboxd.access.links import iso
 from sandboxd.errors import (
     Code,
     bad_request,
@@ -24,7 +25,6 @@ from sandboxd.errors import (
     port_not_allowed,
     port_not_exposed,
 )
-from sandboxd.links import iso
 from sandboxd.policy.defaults import PREVIEW_PORTS
 
 

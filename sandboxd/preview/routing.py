@@ -18,7 +18,7 @@ import urllib.parse
 
 import attrs
 
-from sandboxd.gate import host_name, is_loopback
+from sandboxd.access.gate import host_name, is_loopback
 
 
 @attrs.frozen

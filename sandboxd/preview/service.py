@@ -18,6 +18,7 @@ from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from sandboxd.daemon.readiness import Opening
 from sandboxd.errors import ApiError, port_not_exposed
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.preview.door import PreviewSite
@@ -25,7 +26,6 @@ from sandboxd.preview.exposures import ExposureTable, allowed
 from sandboxd.preview.rawpool import RawPool
 from sandboxd.preview.routing import Routes
 from sandboxd.preview.upstream import make_agent
-from sandboxd.readiness import Opening
 from sandboxd.web.connections import ConnectionLimits
 
 log = Logger(namespace="sandboxd.preview")

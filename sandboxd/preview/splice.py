@@ -29,7 +29,7 @@ from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.web.http import _ChunkedTransferDecoder, _IdentityTransferDecoder
 
-from sandboxd import gate
+from sandboxd.access import gate
 from sandboxd.errors import limit_rule, upstream_timeout, upstream_unavailable
 from sandboxd.policy.defaults import PREVIEW_UPGRADE_HEAD_BYTES
 from sandboxd.preview import headers as h

@@ -25,8 +25,8 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from sandboxd.access.metrics import child_timed_out
 from sandboxd.errors import ApiError, timed_out
-from sandboxd.metrics import child_timed_out
 from sandboxd.policy.defaults import (
     ENDPOINT_LIMITS,
     EXIT_DRAIN_MAX_SECONDS,

@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sandboxd.audit import audit_argv
+from sandboxd.access.audit import audit_argv
 from sandboxd.errors import bad_request
 from sandboxd.policy.defaults import (
     ARG_STRING_MAX_BYTES,

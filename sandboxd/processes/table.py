@@ -2,7 +2,7 @@
 """
 The children of one daemon, for its shutdown to end.
 
-The table exists from the start (the :class:`~sandboxd.context.Context`
+The table exists from the start (the :class:`~sandboxd.daemon.context.Context`
 holds it); the children's machinery (:mod:`sandboxd.processes.child`,
 spawning, tree kills) is imported when the first child starts.
 """
@@ -15,7 +15,7 @@ from typing import Any
 class ChildTable:
     """
     The children of one daemon (one per
-    :class:`~sandboxd.context.Context`, so two daemons in one process never
+    :class:`~sandboxd.daemon.context.Context`, so two daemons in one process never
     end each other's).
 
     :ivar live: spawned and not yet ended.

@@ -6,7 +6,7 @@ Each module exposes ``HANDLERS`` (endpoint id -> handler) and optionally
 imported on the group's first request, not at start: the table holds a
 :class:`FirstCall` stand-in for each built-in endpoint until then. What a
 group needs before any request (the PTY port, the tables the daemon empties
-when it stops) is its service, created at start by :mod:`sandboxd.services`.
+when it stops) is its service, created at start by :mod:`sandboxd.daemon.services`.
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ async def agents_catalog_sessions(request: ServerRequest) -> dict[str, Any]:
     entry = catalog.find(request.context, request.rule, request.path_params["agent"])
     params: dict[str, Any] = {}
     if request.query.get("cwd"):
-        from sandboxd.guard import PathGuard
+        from sandboxd.access.guard import PathGuard
 
         params["cwd"] = PathGuard(request.rule).cwd(request.query["cwd"])
     if request.query.get("cursor"):

@@ -18,6 +18,7 @@ from typing import Any
 from twisted.internet.defer import Deferred, FirstError, gatherResults
 
 from sandboxd import processes
+from sandboxd.access.guard import PathGuard
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -29,7 +30,6 @@ from sandboxd.errors import (
     policy_rule,
     timed_out,
 )
-from sandboxd.guard import PathGuard
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import (

@@ -2,7 +2,7 @@
 """
 Handlers of the ``file_ops`` group (SPEC §7.3).
 
-Every path goes through :class:`~sandboxd.guard.PathGuard`.  Small reads
+Every path goes through :class:`~sandboxd.access.guard.PathGuard`.  Small reads
 and writes run on the reactor thread (one page-cache syscall is cheaper than
 a thread hop); walks, archives and big base64 payloads go to the thread
 pool; raw bodies stream through a producer (reads) or a body sink (writes)
@@ -21,6 +21,7 @@ from typing import Any
 import pybase64
 from twisted.internet.defer import Deferred
 
+from sandboxd.access.guard import PathGuard
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -37,7 +38,6 @@ from sandboxd.files.atomic import AtomicWrite, etag_matches, parse_mode
 from sandboxd.files.background import HashedWrite
 from sandboxd.files.stream import FileProducer, b64_chunk, b64_length, parse_range
 from sandboxd.files.watch import seed_changes, watch_dirs
-from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import (
     DEFAULT_UPLOAD_BYTES,
     ENDPOINT_LIMITS,
@@ -203,7 +203,7 @@ def _upload(request: ServerRequest, default_overwrite: bool) -> Any:
     guard.decide(path)  # NUL and lexical refusals before decoding anything
     first = guard.decide(path, "write")
     if not first.allowed:
-        from sandboxd.guard import refusal
+        from sandboxd.access.guard import refusal
 
         raise refusal(first)
     check_extension(request, path)
@@ -622,7 +622,7 @@ def files_extract(request: ServerRequest) -> Any:
     guard = PathGuard.for_request(request)
     first = guard.decide(destination, "write")
     if not first.allowed:
-        from sandboxd.guard import refusal
+        from sandboxd.access.guard import refusal
 
         raise refusal(first)
     limits = request.rule.limits

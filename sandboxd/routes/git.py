@@ -17,6 +17,7 @@ import os
 import shutil
 from typing import Any
 
+from sandboxd.access.guard import PathGuard
 from sandboxd.errors import (
     Code,
     bad_request,
@@ -53,7 +54,6 @@ from sandboxd.git.runner import (
     repo_path,
     require_text,
 )
-from sandboxd.guard import PathGuard
 from sandboxd.policy import defaults
 from sandboxd.processes.environment import BOOT_ENVIRON
 from sandboxd.web import params

@@ -14,6 +14,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
+from sandboxd.access.guard import PathGuard
 from sandboxd.errors import (
     Code,
     bad_request,
@@ -22,7 +23,6 @@ from sandboxd.errors import (
     payload_too_large,
     policy_rule,
 )
-from sandboxd.guard import PathGuard
 from sandboxd.kernels.contexts import CodeContext, Execution, ExecutionLimits
 from sandboxd.kernels.kernelspecs import (
     BUILTIN_KERNEL,

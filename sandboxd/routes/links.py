@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sandboxd.access.links import audience_port, check_audience, iso
 from sandboxd.errors import bad_request, limit_rule
-from sandboxd.links import audience_port, check_audience, iso
 from sandboxd.policy.defaults import LINK_DEFAULT_TTL_SECONDS
 from sandboxd.web import params
 from sandboxd.web.messages import ServerRequest, ServerResponse

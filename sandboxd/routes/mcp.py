@@ -3,7 +3,7 @@
 The ``mcp`` group's one handler (SPEC §17).
 
 ``/mcp`` is handed to :class:`~sandboxd.mcp.McpDoor` by the site before
-the JSON pipeline (the door is set up by :mod:`sandboxd.services`); the
+the JSON pipeline (the door is set up by :mod:`sandboxd.daemon.services`); the
 handler here only answers spellings of the path that reach the pipeline
 instead (``/%6Dcp``), which the door does not serve.
 """

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from sandboxd.access.links import preview_audience
 from sandboxd.errors import (
     Code,
     bad_request,
@@ -20,7 +21,6 @@ from sandboxd.errors import (
     policy_rule,
     unavailable,
 )
-from sandboxd.links import preview_audience
 from sandboxd.routes.links import mint
 from sandboxd.web import params
 from sandboxd.web.messages import ServerRequest, ServerResponse

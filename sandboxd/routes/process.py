@@ -22,6 +22,7 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
 
 from sandboxd import processes
+from sandboxd.access.guard import PathGuard
 from sandboxd.errors import (
     Code,
     bad_request,
@@ -35,7 +36,6 @@ from sandboxd.errors import (
     unavailable,
 )
 from sandboxd.eventlog import Event
-from sandboxd.guard import PathGuard
 from sandboxd.policy.defaults import PROCESS_OUTPUT_WAIT_SECONDS, STDIN_PENDING_BYTES
 from sandboxd.processes.child import Child, timeout_message
 from sandboxd.processes.command import RunAs, command_argv, resolve_user

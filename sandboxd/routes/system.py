@@ -390,7 +390,7 @@ def metrics(request: ServerRequest) -> ServerResponse:
     ``GET /metrics``: the daemon's counters in the Prometheus text format
     (SPEC §20); prometheus_client is loaded on the first scrape.
     """
-    from sandboxd.metrics import render
+    from sandboxd.access.metrics import render
 
     text, content_type = render(request.context)
     return ServerResponse(200, raw=text, headers={"content-type": content_type})

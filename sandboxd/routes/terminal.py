@@ -12,7 +12,10 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
-from sandboxd.audit import make_record, should_record
+from sandboxd.access.audit import make_record, should_record
+from sandboxd.access.gate import host_name
+from sandboxd.access.guard import PathGuard
+from sandboxd.daemon.proxies import forwarded, pty_url
 from sandboxd.errors import (
     Code,
     bad_request,
@@ -21,11 +24,8 @@ from sandboxd.errors import (
     limit_rule,
     not_found,
 )
-from sandboxd.gate import host_name
-from sandboxd.guard import PathGuard
 from sandboxd.processes.command import resolve_user
 from sandboxd.processes.environment import child_environment, note_argv, validate_env
-from sandboxd.proxies import forwarded, pty_url
 from sandboxd.terminals.service import TERM, TerminalService, choose_shell
 from sandboxd.terminals.session import PtySession, SpawnRequest
 from sandboxd.terminals.table import TooManySessions

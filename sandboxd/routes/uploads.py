@@ -18,6 +18,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
+from sandboxd.access.guard import refusal
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -30,7 +31,6 @@ from sandboxd.errors import (
 )
 from sandboxd.files.atomic import parse_mode
 from sandboxd.files.uploads import Upload, UploadTable
-from sandboxd.guard import refusal
 from sandboxd.policy.defaults import ENDPOINT_LIMITS, identity_cap
 from sandboxd.policy.paths import PathDecision, decide
 from sandboxd.routes.files import (

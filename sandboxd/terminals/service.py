@@ -18,6 +18,7 @@ from twisted.internet.endpoints import serverFromString
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 
+from sandboxd.daemon.readiness import Opening
 from sandboxd.errors import (
     Code,
     bad_request,
@@ -28,7 +29,6 @@ from sandboxd.errors import (
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import find_executable
-from sandboxd.readiness import Opening
 from sandboxd.terminals.table import TerminalTable
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ class TerminalService(Service):
     def listening(self) -> Deferred[Any]:
         """
         Fires once the PTY port listens (or is off); fails when it cannot
-        listen. The HTTP listener waits for it (see :mod:`sandboxd.readiness`).
+        listen. The HTTP listener waits for it (see :mod:`sandboxd.daemon.readiness`).
         """
         self._listen()
         assert self._opening is not None

@@ -51,7 +51,7 @@ from sandboxd.processes.tree import (
 )
 
 if TYPE_CHECKING:
-    from sandboxd.auth import Identity
+    from sandboxd.access.auth import Identity
 
 log = Logger(namespace="sandboxd.terminals.session")
 

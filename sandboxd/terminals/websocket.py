@@ -20,8 +20,8 @@ from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from sandboxd import gate
-from sandboxd.auth import Identity
+from sandboxd.access import gate
+from sandboxd.access.auth import Identity
 from sandboxd.errors import ApiError, Code, bad_request, malformed_request, no_route
 from sandboxd.policy.defaults import (
     PTY_MAX_CONNECTIONS,

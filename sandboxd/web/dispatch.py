@@ -28,7 +28,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
-from sandboxd.context import as_clock
+from sandboxd.daemon.context import as_clock
 from sandboxd.errors import ApiError, unexpected
 from sandboxd.web.messages import (
     ServerRequest,

@@ -10,7 +10,7 @@ from twisted.internet.task import LoopingCall
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from sandboxd.context import Context
+from sandboxd.daemon.context import Context
 from sandboxd.policy.defaults import HTTP_IDLE_TIMEOUT_SECONDS
 from sandboxd.web.channel import SandboxChannel
 from sandboxd.web.connections import ConnectionLimits, ConnectionTable

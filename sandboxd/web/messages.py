@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from twisted.internet.defer import Deferred
     from twisted.web.server import Request
 
-    from sandboxd.auth import Identity
-    from sandboxd.context import Context
+    from sandboxd.access.auth import Identity
+    from sandboxd.daemon.context import Context
     from sandboxd.endpoints import Endpoint
     from sandboxd.policy.rules import EffectiveRule
     from sandboxd.web.sse import SSEChannel
@@ -39,7 +39,7 @@ class ServerRequest:
     :ivar path_params: values of the ``{param}`` segments, percent-decoded.
     :ivar identity: who is calling (``anonymous`` in local mode).
     :ivar rule: the endpoint's merged policy rule (limits, paths, params).
-    :ivar context: the daemon's shared services (:class:`sandboxd.server.Context`).
+    :ivar context: the daemon's shared services (:class:`sandboxd.daemon.server.Context`).
     :ivar raw: the underlying twisted.web request, for routes that stream.
     """
 

@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from sandboxd import gate
-from sandboxd.auth import Identity
-from sandboxd.context import Context
+from sandboxd.access import gate
+from sandboxd.access.auth import Identity
+from sandboxd.daemon.context import Context
 from sandboxd.endpoints import HTTP_METHODS, Endpoint
 from sandboxd.errors import (
     ApiError,

@@ -7,7 +7,7 @@ cannot follow a stream from a daemon that has a token.
 Only GET streaming routes accept it, and ``process_output`` only while
 following: a token in a URL ends up in browser history and proxy logs, so
 no route that reads or changes anything else takes one. The audit masks
-its value (:func:`sandboxd.audit.redact_query`).
+its value (:func:`sandboxd.access.audit.redact_query`).
 """
 
 from __future__ import annotations

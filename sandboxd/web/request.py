@@ -22,8 +22,8 @@ from twisted.logger import Logger
 from twisted.web.http import datetimeToString
 from twisted.web.server import Request
 
-from sandboxd import gate
-from sandboxd.context import Context
+from sandboxd.access import gate
+from sandboxd.daemon.context import Context
 from sandboxd.errors import ApiError, limit_setting, payload_too_large, unexpected
 from sandboxd.policy.defaults import (
     DRAIN_LIMIT_BYTES,

@@ -1200,7 +1200,7 @@ class ShutdownTests(AgentsTestCase):
 _LAZY_PROBE = """
 import json, sys
 from twisted.internet.testing import MemoryReactor
-from sandboxd.server import Settings, build
+from sandboxd.daemon.server import Settings, build
 daemon = build(Settings(port="tcp:0:interface=127.0.0.1", base_dir=sys.argv[1]),
                MemoryReactor())
 agents = daemon.context.agents

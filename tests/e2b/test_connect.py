@@ -162,7 +162,7 @@ class OptionTests(SynchronousTestCase):
         """A number becomes an endpoint on --host; absent, the door has no port."""
         import os
 
-        from sandboxd.tap import Options
+        from sandboxd.daemon.tap import Options
 
         base = self.mktemp()
         os.makedirs(base)

@@ -408,7 +408,7 @@ class ExposureTests(E2BCase):
     @inlineCallbacks
     def test_port_in_use_fails_the_start(self) -> Any:
         """A port that cannot bind fails the start, as the HTTP and PTY ports do."""
-        from sandboxd.startup import StartRefused
+        from sandboxd.daemon.startup import StartRefused
 
         with socket.socket() as taken:
             taken.bind(("127.0.0.1", 0))

@@ -6,7 +6,7 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.auth import Identity
+from sandboxd.access.auth import Identity
 from sandboxd.mcp.sessions import SessionTable, event_frame, parse_event_id
 from sandboxd.policy.defaults import MCP_REPLAY_BYTES
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd import auth
+from sandboxd.access import auth
 from sandboxd.policy import PolicyError, load_policy
 from sandboxd.policy.paths import decide as decide_path
 from sandboxd.routes import builtin_table

@@ -19,9 +19,9 @@ from urllib.parse import quote
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
+from sandboxd.access.guard import PathGuard
 from sandboxd.errors import ApiError
 from sandboxd.files import atomic
-from sandboxd.guard import PathGuard
 from tests.helpers import DaemonTestCase
 from tests.routes.test_files import FilesCase, b64
 from tests.test_guard import bind_mount, make_rule, sans_error

@@ -29,7 +29,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 from twisted.web.static import Data
 
-from sandboxd import guard as guard_module
+from sandboxd.access import guard as guard_module
 from sandboxd.processes.tree import descendants
 from tests.browser.test_browser import SKIP_REASON
 from tests.helpers import DaemonTestCase, alive, kill_marked, marked_pids

@@ -84,7 +84,7 @@ class PlainPythonTests(SynchronousTestCase):
         if not _seed_installed():
             raise SkipTest("agent-sandbox-server is not installed")
         code = (
-            "import sandboxd, sandboxd.server, sandboxd.seedface.api\n"
+            "import sandboxd, sandboxd.daemon.server, sandboxd.seedface.api\n"
             "import agent_sandbox.server as s\n"
             "from agent_sandbox.server.registry import default_registry\n"
             "from agent_sandbox.api.server_client import ServerClient\n"

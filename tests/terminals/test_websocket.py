@@ -15,7 +15,7 @@ from twisted.internet.task import Clock
 from twisted.test.iosim import FakeTransport, IOPump, connect
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.metrics import Metrics
+from sandboxd.access.metrics import Metrics
 from sandboxd.policy import load_policy
 from sandboxd.routes import default_table
 from sandboxd.terminals.session import PtySession

@@ -18,7 +18,7 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.server import PolicyError, Settings, connection_limits
+from sandboxd.daemon.server import PolicyError, Settings, connection_limits
 from sandboxd.web.connections import ConnectionLimits, ConnectionTable
 from sandboxd.web.factory import SandboxSite
 from tests.helpers import DaemonTestCase

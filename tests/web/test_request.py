@@ -16,9 +16,9 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from sandboxd.audit import AuditLog
+from sandboxd.access.audit import AuditLog
 from sandboxd.commands import CommandRegistry
-from sandboxd.context import Context
+from sandboxd.daemon.context import Context
 from sandboxd.endpoints import CapabilityGroup
 from sandboxd.policy import load_policy
 from sandboxd.policy.defaults import LARGE_BODY_BYTES, LARGE_READ_BYTES

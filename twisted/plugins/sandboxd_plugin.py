@@ -14,12 +14,12 @@ class _ServiceMaker(ServiceMaker):
     @property
     def options(self):  # type: ignore[no-untyped-def]
         """
-        ``sandboxd.tap.Options``, imported now that twistd runs sandboxd.
+        ``sandboxd.daemon.tap.Options``, imported now that twistd runs sandboxd.
 
         What is alive first (the interpreter, Twisted, twistd) lives as long
         as the daemon: frozen, no collection during start-up walks it again,
         and none runs until the daemon listens
-        (``sandboxd.server.release_memory``).
+        (``sandboxd.daemon.server.release_memory``).
         """
         gc.freeze()
         gc.disable()
@@ -28,7 +28,7 @@ class _ServiceMaker(ServiceMaker):
 
 sandboxd = _ServiceMaker(
     "sandboxd",
-    "sandboxd.tap",
+    "sandboxd.daemon.tap",
     "The in-sandbox control daemon (files, processes, terminals, tools).",
     "sandboxd",
 )

@@ -21,12 +21,12 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorFromThreads, IReactorTime
 from twisted.internet.threads import deferToThreadPool
 
-from sandboxd.audit import AuditLog
+from sandboxd.access.audit import AuditLog
+from sandboxd.access.links import LinkTable
+from sandboxd.access.metrics import Metrics
 from sandboxd.commands import CommandRegistry
+from sandboxd.daemon.firstuse import ServiceOnFirstUse
 from sandboxd.endpoints import RouteTable
-from sandboxd.firstuse import ServiceOnFirstUse
-from sandboxd.links import LinkTable
-from sandboxd.metrics import Metrics
 from sandboxd.policy import Policy
 from sandboxd.policy.limits import ConcurrencyGate, RateLimiter
 from sandboxd.processes.table import ChildTable
@@ -82,7 +82,7 @@ class Context:
     children: ChildTable = attrs.field(factory=ChildTable, init=False)
     #: The SSE streams open now, through any door (``GET /metrics``).
     streams: set[Any] = attrs.field(factory=set, init=False)
-    #: The groups' services (:mod:`sandboxd.services`); all but the
+    #: The groups' services (:mod:`sandboxd.daemon.services`); all but the
     #: processes' and the terminals' are built on first use.
     processes: ProcessService | None = attrs.field(default=None, init=False)
     terminals: TerminalService | None = attrs.field(default=None, init=False)

@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 
-from sandboxd.auth import Identity
+from sandboxd.access.auth import Identity
+from sandboxd.access.gate import is_loopback, lacking_scope
 from sandboxd.endpoints import CapabilityGroup, RouteTable
-from sandboxd.gate import is_loopback, lacking_scope
 from sandboxd.policy import Policy, PolicyError
 
 #: Where numeric ports bind in local mode (no token) when --host is not given.

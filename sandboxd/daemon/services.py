@@ -4,13 +4,13 @@ The groups' long-lived services, created when the daemon is built.
 
 A group's handlers (:mod:`sandboxd.routes`) are imported on its first
 request. Its service is set on its attribute of the
-:class:`~sandboxd.context.Context` now, so that the daemon starts and
+:class:`~sandboxd.daemon.context.Context` now, so that the daemon starts and
 stops it in order, but only two are built at start: the processes' (the
 daemon becomes the subreaper of every child it starts, of any group, and
 ends them all at stop) and the terminals' (its PTY port listens before the
-first ``/health``, :mod:`sandboxd.readiness`). Every other one (watches,
+first ``/health``, :mod:`sandboxd.daemon.readiness`). Every other one (watches,
 uploads, the browser, the agents, the MCP door) is a
-:class:`~sandboxd.firstuse.ServiceOnFirstUse` until first used, and its
+:class:`~sandboxd.daemon.firstuse.ServiceOnFirstUse` until first used, and its
 module is not imported before.
 """
 
@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 from twisted.application.service import IService
 
-from sandboxd.context import Context
-from sandboxd.firstuse import ServiceOnFirstUse
+from sandboxd.daemon.context import Context
+from sandboxd.daemon.firstuse import ServiceOnFirstUse
 from sandboxd.processes.service import ProcessService
 from sandboxd.terminals.service import TerminalService
 

@@ -14,9 +14,7 @@ from typing import Any
 from twisted.application.service import IService
 from twisted.python import usage
 
-from sandboxd.policy import Policy, PolicyError
-from sandboxd.policy.document import check_preview_url, check_public_url
-from sandboxd.server import (
+from sandboxd.daemon.server import (
     DEFAULT_HOST,
     DEFAULT_PORT,
     Settings,
@@ -24,6 +22,8 @@ from sandboxd.server import (
     listen_string,
     validate_settings,
 )
+from sandboxd.policy import Policy, PolicyError
+from sandboxd.policy.document import check_preview_url, check_public_url
 
 
 class Options(usage.Options):

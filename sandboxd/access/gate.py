@@ -28,8 +28,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
-from sandboxd.audit import make_record, redact_url_secrets, should_record
-from sandboxd.auth import Identity, authenticate, presented_token
+from sandboxd.access.audit import make_record, redact_url_secrets, should_record
+from sandboxd.access.auth import Identity, authenticate, presented_token
+from sandboxd.access.links import CONSOLE, is_link
+from sandboxd.access.metrics import Metrics
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -38,14 +40,12 @@ from sandboxd.errors import (
     forbidden,
     missing_scope,
 )
-from sandboxd.links import CONSOLE, is_link
-from sandboxd.metrics import Metrics
 from sandboxd.policy.defaults import LOOPBACK_NAMES_KEPT
 
 if TYPE_CHECKING:
-    from sandboxd.audit import AuditLog
+    from sandboxd.access.audit import AuditLog
+    from sandboxd.access.links import LinkTable
     from sandboxd.endpoints import Endpoint
-    from sandboxd.links import LinkTable
     from sandboxd.policy import Policy
     from sandboxd.policy.limits import ConcurrencyGate, RateLimiter
     from sandboxd.policy.rules import EffectiveRule
@@ -55,7 +55,7 @@ Headers = Mapping[bytes, Sequence[bytes]]
 
 class Context(Protocol):
     """
-    What the gate reads of the daemon's :class:`~sandboxd.context.Context`
+    What the gate reads of the daemon's :class:`~sandboxd.daemon.context.Context`
     (named here rather than imported, so the context may name the group
     services, and they the gate, without a circle).
     """

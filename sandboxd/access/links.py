@@ -40,7 +40,7 @@ from typing import Any
 import attrs
 from twisted.logger import Logger
 
-from sandboxd.auth import Identity
+from sandboxd.access.auth import Identity
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -67,7 +67,7 @@ KEY_BYTES = 32
 #: The table's file in the state directory.
 STATE_FILE = "links.json"
 
-log = Logger(namespace="sandboxd.links")
+log = Logger(namespace="sandboxd.access.links")
 
 
 def preview_audience(port: int) -> str:

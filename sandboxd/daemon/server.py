@@ -3,7 +3,7 @@
 Assembling the daemon: the policy, the context, the listeners and the group
 services, under one ``MultiService`` that starts and stops them in order.
 
-``twistd sandboxd`` (:mod:`sandboxd.tap`), ``sandboxd serve``
+``twistd sandboxd`` (:mod:`sandboxd.daemon.tap`), ``sandboxd serve``
 (:mod:`sandboxd.cli`) and the Python API (:class:`SandboxServer`,
 :func:`start`) all build the daemon here.
 """
@@ -27,20 +27,15 @@ from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import CannotListenError
 from twisted.logger import Logger
 
-from sandboxd import guard, hardening
 from sandboxd._version import __version__
-from sandboxd.audit import AuditLog
+from sandboxd.access import guard
+from sandboxd.access.audit import AuditLog
 from sandboxd.commands import CommandRegistry, default_registry
-from sandboxd.context import Context, as_clock
-from sandboxd.endpoints import RouteTable
-from sandboxd.libc import libc
-from sandboxd.policy import Policy, PolicyError, load_policy
-from sandboxd.policy.defaults import SHUTDOWN_TIMEOUT_SECONDS
-from sandboxd.processes.priority import CHILD_PRIORITY
-from sandboxd.readiness import ListenAfter, Listener, all_listening
-from sandboxd.routes import default_table
-from sandboxd.services import setup_services
-from sandboxd.startup import (
+from sandboxd.daemon import hardening
+from sandboxd.daemon.context import Context, as_clock
+from sandboxd.daemon.readiness import ListenAfter, Listener, all_listening
+from sandboxd.daemon.services import setup_services
+from sandboxd.daemon.startup import (
     StartRefused,
     address_text,
     check_base_dir,
@@ -52,13 +47,19 @@ from sandboxd.startup import (
     interface_of,
     startup_line,
 )
+from sandboxd.endpoints import RouteTable
+from sandboxd.libc import libc
+from sandboxd.policy import Policy, PolicyError, load_policy
+from sandboxd.policy.defaults import SHUTDOWN_TIMEOUT_SECONDS
+from sandboxd.processes.priority import CHILD_PRIORITY
+from sandboxd.routes import default_table
 from sandboxd.web.connections import ConnectionLimits
 from sandboxd.web.factory import SandboxSite
 
 log = Logger(namespace="sandboxd")
 
 #: No --host: numeric ports bind loopback without a token, every interface
-#: with one (SPEC §20, :func:`sandboxd.startup.default_host`).
+#: with one (SPEC §20, :func:`sandboxd.daemon.startup.default_host`).
 DEFAULT_HOST: str | None = None
 DEFAULT_PORT = 9000
 DEFAULT_PTY_PORT = 9001
@@ -328,7 +329,7 @@ class DaemonService(MultiService):
     def _hide_secrets(self) -> None:
         """
         Keep the daemon's secrets out of its children's reach through
-        ``/proc/<daemon pid>`` (see :mod:`sandboxd.hardening`).
+        ``/proc/<daemon pid>`` (see :mod:`sandboxd.daemon.hardening`).
         """
         names = set(self.context.policy.secret_env_names())
         names.update(n for n in os.environ if n.startswith("ABX_SERVER_"))
@@ -667,7 +668,7 @@ def build(
     site = SandboxSite(context, reactor=reactor, limits=connection_limits(settings))
     context.metrics.site = site
     # /health answers only once the policy is in force and every other
-    # listener listens (sandboxd.readiness): the HTTP port opens last.
+    # listener listens (sandboxd.daemon.readiness): the HTTP port opens last.
     endpoint = ListenAfter(
         serverFromString(reactor, http_listen), lambda: all_listening(groups)
     )

@@ -3,7 +3,7 @@
 What "ready" means: the first ``200 /health`` a client sees promises that the
 policy is loaded and every listener the daemon opens is listening.
 
-The policy is compiled in :func:`sandboxd.server.build`, before any service
+The policy is compiled in :func:`sandboxd.daemon.server.build`, before any service
 starts.  The HTTP listener is the one that answers ``/health``, so it opens
 last: its endpoint is wrapped in :class:`ListenAfter`, which listens only once
 every group service's ``listening()`` Deferred has fired (the PTY port of

@@ -1,0 +1,1 @@
+"""Each group's endpoint schemas, one module per group (keyed by endpoint id)."""

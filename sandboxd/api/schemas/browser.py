@@ -1,0 +1,107 @@
+"""What the endpoints of the headless browser take and give."""
+
+from __future__ import annotations
+
+from sandboxd.api.fields import E, F, Field, Schema
+
+_BROWSER = (
+    E(
+        403,
+        "param_not_allowed",
+        "a URL refused by url_allow/url_deny/schemes/private networks",
+    ),
+    E(429, "rate_limited", "too many calls queued for the shared page"),
+    E(503, "unavailable", "Playwright or Chromium is not installed", "RuntimeError"),
+)
+
+
+def _timeout(default: int) -> Field:
+    return F("timeout", "integer", "milliseconds", default=default)
+
+
+SCHEMAS: dict[str, Schema] = {
+    "browser_navigate": Schema(
+        body=(
+            F("url", required=True, example="https://example.com"),
+            F(
+                "wait_until",
+                enum=("load", "domcontentloaded", "networkidle", "commit"),
+                default="load",
+            ),
+            _timeout(30000),
+        ),
+        response=(F("url"), F("title"), F("status", "integer")),
+        errors=(E(400, "invalid_param", "bad url, wait_until or timeout"), *_BROWSER),
+        notes="Only http and https unless the policy allows another scheme. With "
+        "block_private_networks, localhost, localhost. and *.localhost are refused by "
+        "name, a name that does not resolve counts as private, and every connection the "
+        "page opens (redirects, subresources, fetches, WebSockets) goes to the address "
+        "the worker resolved and checked.",
+    ),
+    "browser_screenshot": Schema(
+        body=(
+            F("full_page", "boolean", default=False),
+            F("selector", doc="an element to capture"),
+            F("type", enum=("png", "jpeg"), default="png"),
+            F(
+                "format",
+                enum=("png", "jpeg"),
+                doc="agent-sandbox-server's name for type",
+            ),
+            F("quality", "integer", "jpeg only, 0..100"),
+            _timeout(30000),
+        ),
+        response=(F("image_base64"), F("width", "integer"), F("height", "integer")),
+        errors=(
+            E(400, "invalid_param", "bad type or format, quality or timeout"),
+            *_BROWSER,
+        ),
+    ),
+    "browser_content": Schema(
+        query=(
+            F("type", enum=("html", "text"), default="html", example="text"),
+            F("timeout", "integer", "milliseconds", default=30000),
+        ),
+        response=(F("content"), F("url"), F("title")),
+        errors=(E(400, "invalid_param", "bad type"), *_BROWSER),
+    ),
+    "browser_click": Schema(
+        body=(F("selector", required=True, example="button#submit"), _timeout(5000)),
+        response=(F("clicked", "boolean"), F("selector")),
+        errors=(E(400, "invalid_param", "missing selector"), *_BROWSER),
+    ),
+    "browser_type": Schema(
+        body=(
+            F("selector", required=True, example="input[name=q]"),
+            F("text", required=True, example="sandboxd"),
+            F("clear", "boolean", "empty the field first", default=False),
+            F("delay", "number", "milliseconds between keys", default=0),
+            _timeout(5000),
+        ),
+        response=(F("typed", "boolean"), F("selector"), F("text")),
+        errors=(
+            E(400, "invalid_param", "missing selector or text, or too slow to type"),
+            *_BROWSER,
+        ),
+    ),
+    "browser_evaluate": Schema(
+        body=(F("script", required=True, example="document.title"), _timeout(10000)),
+        response=(F("result", "any"),),
+        errors=(E(400, "invalid_param", "missing script"), *_BROWSER),
+    ),
+    "browser_pdf": Schema(
+        body=(
+            F("format", doc="paper: Letter, Legal, A0..A6 ...", default="A4"),
+            F("landscape", "boolean", default=False),
+            _timeout(30000),
+        ),
+        response=(F("pdf_base64"), F("pages", "integer")),
+        errors=(E(400, "invalid_param", "unknown format"), *_BROWSER),
+    ),
+    "browser_console": Schema(
+        query=(F("timeout", "integer", "milliseconds", default=5000),),
+        response=(F("logs", "array", "[{type, text, timestamp}]", items="object"),),
+        errors=_BROWSER,
+        notes="The buffer (1000 entries) is cleared by each read.",
+    ),
+}

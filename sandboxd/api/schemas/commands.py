@@ -1,0 +1,45 @@
+"""What the endpoints of the template author's commands take and give."""
+
+from __future__ import annotations
+
+from sandboxd.api.fields import E, F, Schema
+
+SCHEMAS: dict[str, Schema] = {
+    "list_commands": Schema(
+        response=(
+            F(
+                "commands",
+                "array",
+                "[{name, description, args: [{name, type, required, "
+                "default, description}]}]; hidden ones and those the caller may not "
+                "run are left out",
+                items="object",
+            ),
+        ),
+    ),
+    "run_command": Schema(
+        body=(F("*", "any", "the command's arguments by name", example=None),),
+        open_body=True,
+        response=(F("result", "any", "what the command returned"),),
+        errors=(
+            E(
+                400,
+                "invalid_param",
+                "a required argument is missing, undeclared or uncoercible",
+            ),
+            E(
+                403,
+                "missing_scope",
+                "the command's own scopes (or commands:run:NAME) are lacking",
+            ),
+            E(
+                404,
+                "not_found",
+                "unknown command; the message lists the available ones",
+            ),
+            E(500, "internal", "the command raised; type is its exception's name"),
+        ),
+        notes="Arguments are coerced to the declared types: string, integer, float, "
+        "boolean (true/false/yes/no/1/0).",
+    ),
+}

@@ -1,0 +1,90 @@
+"""What the endpoints of the developer tools take and give."""
+
+from __future__ import annotations
+
+from sandboxd.api.fields import E, F, Schema
+from sandboxd.api.fragments import CHILD, GUARD
+
+SCHEMAS: dict[str, Schema] = {
+    "code_run": Schema(
+        body=(
+            F(
+                "language",
+                enum=("python", "node", "bash"),
+                required=True,
+                example="python",
+            ),
+            F("code", required=True, example="print(6 * 7)"),
+            F("timeout", "number", "seconds", default=30),
+            *CHILD,
+        ),
+        response=(
+            F("stdout"),
+            F("stderr"),
+            F("exit_code", "integer"),
+            F("language"),
+            F("execution_time_ms", "number"),
+        ),
+        errors=(
+            E(400, "invalid_param", "bad language, code, cwd, env or timeout"),
+            E(403, "param_not_allowed", "language outside params.languages"),
+            *GUARD[1:],
+            E(408, "timeout", "past timeout: the group was killed", "TimeoutError"),
+            E(
+                408,
+                "idle_timeout",
+                "no output for idle_timeout seconds: the group was killed",
+                "TimeoutError",
+            ),
+            E(
+                413,
+                "payload_too_large",
+                "code over 128 KiB (upload a file, use /shell)",
+            ),
+            E(500, "internal", "the runtime is missing", "FileNotFoundError"),
+        ),
+    ),
+    "git_status": Schema(
+        query=(F("path", doc="the repository", default=".", example="."),),
+        response=(
+            F("branch"),
+            F("clean", "boolean"),
+            F("ahead", "integer"),
+            F("behind", "integer"),
+            F(
+                "files",
+                "array",
+                "[{path, status: modified|added|deleted|renamed|untracked|"
+                "copied|unmerged}]",
+                items="object",
+            ),
+        ),
+        errors=(
+            *GUARD,
+            E(400, "invalid_path", ".. or NUL in path or file"),
+            E(400, "git_error", "git failed (not a repository ...)", "GitError"),
+            E(408, "timeout", "git ran past its limit", "TimeoutError"),
+            E(500, "internal", "git is not installed", "FileNotFoundError"),
+        ),
+        notes="git runs with repository-configured commands disabled (fsmonitor, "
+        "external diff, textconv, hooks).",
+    ),
+    "git_diff": Schema(
+        query=(
+            F("path", doc="the repository", default=".", example="."),
+            F("staged", "boolean", default=False),
+            F("file", doc="limit the diff to one file"),
+        ),
+        response=(
+            F("diff", doc='truncated at 1 MB with "... (truncated at 1MB)"'),
+            F("stats", "object", "{files_changed, insertions, deletions}"),
+        ),
+        errors=(
+            *GUARD,
+            E(400, "invalid_path", ".. or NUL in path or file"),
+            E(400, "git_error", "git failed (not a repository ...)", "GitError"),
+            E(408, "timeout", "git ran past its limit", "TimeoutError"),
+            E(500, "internal", "git is not installed", "FileNotFoundError"),
+        ),
+    ),
+}

@@ -1,0 +1,514 @@
+"""What the endpoints of files and folders: read, write, list, move, upload, download, watch take and give."""
+
+from __future__ import annotations
+
+from sandboxd.api.fields import E, Event, F, Schema
+from sandboxd.api.fragments import GAP, GUARD, LAST_EVENT_ID, QUERY_TOKEN, RESUME
+
+_WRITE_GUARD = (*GUARD, E(403, "read_only", "below a paths.read_only entry"))
+
+
+_WRITE = (
+    E(403, "param_not_allowed", "extension or overwrite refused by params"),
+    E(
+        409,
+        "file_exists",
+        "the target exists and overwrite is false",
+        "FileExistsError",
+    ),
+    E(412, "precondition_failed", "If-Match names a version the file no longer has"),
+    E(413, "payload_too_large", "the file is over max_bytes"),
+    E(
+        507,
+        "insufficient_storage",
+        "the disk filled up; nothing was written",
+        "OSError",
+    ),
+)
+
+
+_ETAG = F("etag", doc="the file's version, for If-Match")
+
+
+_IF_MATCH = F("if_match", doc="write only if the file still has this ETag")
+
+
+_UPLOAD_RECORD = (
+    F("upload_id", doc="names the upload in the routes below"),
+    F("path", doc="the target, resolved"),
+    F("requested_path", doc="the path as files_uploads_create was given it"),
+    F("size", "integer"),
+    F("offset", "integer", "bytes written so far: the next append starts here"),
+    F("expires_at", doc="ISO 8601 UTC: dropped then unless a byte arrives"),
+)
+
+
+_NO_UPLOAD = E(
+    404,
+    "not_found",
+    "no such upload: unknown, completed, expired, deleted, or another identity's",
+    "NotFoundError",
+)
+
+
+#: SPEC §20: what the file API creates belongs to the request's user.
+_OWNER = F(
+    "user",
+    doc="when the daemon runs as root, who owns the files and directories this "
+    "creates (default params.default_user; must be allowed by params.users)",
+)
+
+
+SCHEMAS: dict[str, Schema] = {
+    "upload": Schema(
+        body=(
+            _OWNER,
+            F("path", required=True, min_length=1, example="hello.txt"),
+            F("content_base64", required=True, example="aGVsbG8K"),
+            F("overwrite", "boolean", default=True),
+            F("mode", doc='octal permissions, e.g. "644"'),
+            _IF_MATCH,
+        ),
+        response=(F("path", doc="absolute"), F("bytes", "integer"), _ETAG),
+        errors=(*_WRITE_GUARD, *_WRITE),
+        notes="Parent directories are created. The file is written to a temporary "
+        "name and renamed, so it lands whole or not at all.",
+    ),
+    "download": Schema(
+        query=(F("path", required=True, min_length=1, example="hello.txt"),),
+        response=(F("path"), F("content_base64"), _ETAG),
+        errors=(
+            *GUARD,
+            E(400, "invalid_param", "the path is a directory"),
+            E(404, "not_found", "no such file", "FileNotFoundError"),
+            E(413, "payload_too_large", "the file is over max_bytes"),
+        ),
+    ),
+    "files_list": Schema(
+        query=(
+            F("path", doc="default: base_dir", example="."),
+            F("depth", "integer", "1..10", default=1, minimum=1, maximum=10),
+            F(
+                "recursive",
+                "boolean",
+                "without depth: list 3 levels deep (agent-sandbox-server's form)",
+                default=False,
+            ),
+            F("max_entries", "integer", "at most the policy's max_entries", minimum=1),
+            F("hidden", "boolean", "include dot files", default=True),
+        ),
+        response=(
+            F("path", doc="the directory listed"),
+            F(
+                "entries",
+                "array",
+                "[{name, path, type: file|directory|symlink, size, "
+                "modified (ISO 8601 UTC)}]",
+                items="object",
+            ),
+            F("truncated", "boolean", "max_entries (10000) was reached"),
+        ),
+        errors=(*GUARD, E(404, "not_found", "no such directory", "FileNotFoundError")),
+        notes="Entries the guard refuses, and links leading out of the boundary, are skipped.",
+    ),
+    "files_stat": Schema(
+        query=(F("path", required=True, min_length=1, example="hello.txt"),),
+        response=(
+            F("name"),
+            F("path"),
+            F("type", enum=("file", "directory", "symlink", "unknown")),
+            F("size", "integer"),
+            F("permissions", doc='octal, e.g. "644"'),
+            F("modified", doc="ISO 8601 UTC"),
+            F("accessed", doc="ISO 8601 UTC"),
+            F(
+                "created",
+                doc="ISO 8601 UTC: the inode's change time, as agent-sandbox-server reports it",
+            ),
+            F("exists", "boolean"),
+            F("etag", doc="regular files only"),
+        ),
+        errors=GUARD,
+        notes="A missing path inside the boundary is 200 with exists: false.",
+    ),
+    "files_mkdir": Schema(
+        body=(F("path", required=True, min_length=1, example="project/src"), _OWNER),
+        response=(F("path"), F("created", "boolean")),
+        errors=_WRITE_GUARD,
+        notes="Parents are created; an existing directory is fine.",
+    ),
+    "files_delete": Schema(
+        query=(
+            F(
+                "path",
+                min_length=1,
+                doc="what to delete (or 'path' in the body)",
+                example="project/build",
+            ),
+        ),
+        body=(
+            F(
+                "path",
+                min_length=1,
+                doc="accepted here too, for clients that send a body "
+                "(given in both places, the two must be the same)",
+            ),
+        ),
+        response=(F("path"), F("deleted", "boolean")),
+        errors=(
+            E(
+                400,
+                "duplicate_parameter",
+                "path in the query and in the body with different values",
+            ),
+            *_WRITE_GUARD,
+            E(403, "path_not_allowed", "the base dir itself"),
+            E(404, "not_found", "no such path", "FileNotFoundError"),
+        ),
+        notes="Directories are removed recursively; a link is removed, not its target.",
+    ),
+    "files_move": Schema(
+        body=(
+            F("source", required=True, min_length=1, example="a.txt"),
+            F("destination", required=True, min_length=1, example="b.txt"),
+            F("overwrite", "boolean", default=False),
+            _OWNER,
+        ),
+        response=(F("source"), F("destination")),
+        errors=(
+            *_WRITE_GUARD,
+            E(403, "param_not_allowed", "overwrite refused by params.overwrite"),
+            E(404, "not_found", "no such source", "FileNotFoundError"),
+            E(409, "file_exists", "the destination exists and overwrite is false"),
+        ),
+        notes='Messages are prefixed "source:" or "destination:". Into a directory '
+        "when the destination is one.",
+    ),
+    "files_search": Schema(
+        body=(
+            F("path", doc="default: base_dir"),
+            F(
+                "pattern",
+                doc="fnmatch on names, recursive",
+                required=True,
+                min_length=1,
+                example="*.py",
+            ),
+            F("max_results", "integer", "at most max_entries", default=1000, minimum=1),
+            F(
+                "max_depth",
+                "integer",
+                "levels searched (1: path's own entries)",
+                minimum=1,
+            ),
+        ),
+        response=(
+            F("results", "array", "[{name, path}]", items="object"),
+            F("timed_out", "boolean", "the 10 s walk limit (timeout_seconds) ran out"),
+            F("truncated", "boolean"),
+        ),
+        errors=(*GUARD, E(400, "invalid_param", "a pattern over 1024 characters")),
+    ),
+    "files_upload_stream": Schema(
+        body=(
+            _OWNER,
+            F("path", required=True, min_length=1, example="data.bin"),
+            F("content_base64", required=True, example="aGVsbG8K"),
+            F("overwrite", "boolean", default=True),
+            F("mode", doc='octal permissions, e.g. "644"'),
+            _IF_MATCH,
+        ),
+        response=(F("path"), F("bytes", "integer"), _ETAG),
+        errors=(*_WRITE_GUARD, *_WRITE),
+        notes="Decoded in chunks into a temporary file in the target directory and "
+        "renamed into place: a failed or oversize upload leaves the old file intact. "
+        "Cap: ABX_MAX_UPLOAD_SIZE or max_bytes (100 MB).",
+    ),
+    "files_download_stream": Schema(
+        query=(F("path", required=True, min_length=1, example="data.bin"),),
+        response=(F("path"), _ETAG, F("content_base64"), F("bytes", "integer")),
+        errors=(
+            *GUARD,
+            E(404, "not_found", "no such file", "FileNotFoundError"),
+            E(413, "payload_too_large", "the file is over max_bytes"),
+        ),
+        notes="The JSON is written as the file is read; `bytes` comes last.",
+    ),
+    "files_archive": Schema(
+        body=(
+            F(
+                "paths",
+                "array",
+                "files and directories to pack",
+                required=True,
+                items="string",
+                min_items=1,
+                min_length=1,
+                example=["project"],
+            ),
+            F("format", enum=("tar.gz", "zip"), default="tar.gz", example="tar.gz"),
+        ),
+        response=(F("content_base64"), F("format"), F("bytes", "integer")),
+        errors=(
+            *GUARD,
+            E(400, "invalid_param", "empty paths or an unknown format"),
+            E(
+                413,
+                "payload_too_large",
+                "over max_entries (10000 files) or max_bytes (100 MB)",
+            ),
+        ),
+        notes="Members are stored relative to base_dir; symlinks are stored as links, "
+        "never followed out of the boundary.",
+    ),
+    "files_extract": Schema(
+        body=(
+            F("content_base64", required=True, example="$(base64 -w0 project.tar.gz)"),
+            F("destination", required=True, min_length=1, example="project"),
+            F("format", enum=("tar.gz", "zip"), default="tar.gz", example="tar.gz"),
+            F("overwrite", "boolean", default=False),
+            _OWNER,
+        ),
+        response=(F("destination"), F("files", "integer"), F("bytes", "integer")),
+        errors=(
+            *_WRITE_GUARD,
+            E(400, "invalid_param", "bad base64, unknown format or a broken archive"),
+            E(
+                403,
+                "path_not_allowed",
+                "a member would land outside the destination "
+                "(absolute, .., links out, devices); nothing is written",
+            ),
+            E(409, "file_exists", "a member exists and overwrite is false"),
+            E(413, "payload_too_large", "over max_entries or max_bytes"),
+            E(
+                507,
+                "insufficient_storage",
+                "the disk filled up; what was written is removed",
+            ),
+        ),
+    ),
+    "files_read_raw": Schema(
+        query=(F("path", required=True, min_length=1, example="data.bin"),),
+        headers=(
+            F("Range", doc="one byte range: bytes=START-END"),
+            F("If-None-Match", doc="an ETag: 304 when unchanged"),
+            F("If-Range", doc="an ETag: the Range applies only while it matches"),
+        ),
+        produces="binary",
+        response=(
+            F("ETag", doc="header"),
+            F("Last-Modified", doc="header"),
+            F("Content-Length", doc="header"),
+            F("Content-Range", doc="header, on 206"),
+        ),
+        errors=(
+            *GUARD,
+            E(404, "not_found", "no such file", "FileNotFoundError"),
+            E(
+                413,
+                "payload_too_large",
+                "the file is over max_bytes (when the policy sets one)",
+            ),
+            E(416, "invalid_param", "the range is not satisfiable"),
+        ),
+        notes="application/octet-stream, streamed by a producer, never held in memory; "
+        "206 for a Range, 304 for a matching If-None-Match.",
+    ),
+    "files_write_raw": Schema(
+        query=(
+            F("path", required=True, min_length=1, example="data.bin"),
+            F("overwrite", "boolean", default=True),
+            F("mode", doc='octal permissions, e.g. "644"'),
+            _OWNER,
+        ),
+        headers=(
+            F(
+                "Content-Length",
+                "integer",
+                "required: the upload is refused from it when over max_bytes",
+            ),
+            F("If-Match", doc="write only if the file still has this ETag"),
+        ),
+        raw_body=True,
+        response=(F("path"), F("bytes", "integer"), F("sha256"), _ETAG),
+        errors=(*_WRITE_GUARD, *_WRITE),
+        notes="The raw body is written as it arrives and renamed into place: the fast "
+        "path for large files (no base64, no JSON). A cut connection loses the whole "
+        "body; to carry a large file on from where a cut left it, use a resumable "
+        "upload: files_uploads_create with the size, then files_uploads_append from "
+        "the offset files_uploads_get reports.",
+    ),
+    "files_uploads_create": Schema(
+        body=(
+            F("path", required=True, min_length=1, example="big.bin"),
+            F(
+                "size",
+                "integer",
+                "the file's whole size: refused (413) over max_bytes",
+                required=True,
+                example=1048576,
+                minimum=0,
+            ),
+            F("overwrite", "boolean", default=True),
+            F("mode", doc='octal permissions, e.g. "644"'),
+            _IF_MATCH,
+            _OWNER,
+        ),
+        headers=(F("If-Match", doc="write only if the file still has this ETag"),),
+        status=201,
+        response=_UPLOAD_RECORD,
+        errors=(
+            *_WRITE_GUARD,
+            *_WRITE,
+            E(
+                429,
+                "too_many_sessions",
+                "max_sessions (16) uploads are open",
+                "ResourceError",
+            ),
+        ),
+        notes="Every refusal happens here, before a byte is sent. The bytes go to "
+        "a hidden staging file beside the target (.NAME.<hex>.upload; left out "
+        "of listings, searches and archives), renamed "
+        "into place by the append that completes it; an upload idle for "
+        "idle_timeout_seconds (3600) is dropped with its staging file, as on "
+        "DELETE and when the daemon stops.",
+    ),
+    "files_uploads_get": Schema(
+        response=_UPLOAD_RECORD,
+        errors=(_NO_UPLOAD,),
+        notes="offset counts the bytes written to the staging file: after a cut "
+        "connection, the append to send next starts there.",
+    ),
+    "files_uploads_append": Schema(
+        query=(
+            F(
+                "offset",
+                "integer",
+                "where this body starts: the upload's current offset",
+                required=True,
+                example=0,
+                minimum=0,
+            ),
+        ),
+        headers=(
+            F(
+                "Content-Length",
+                "integer",
+                "required: offset + Content-Length may not pass size",
+            ),
+        ),
+        raw_body=True,
+        response=(
+            F("upload_id", doc="while incomplete"),
+            F("offset", "integer", "while incomplete: bytes written so far"),
+            F("size", "integer", "while incomplete"),
+            F("path", doc="when complete: the file, renamed into place"),
+            F("bytes", "integer", "when complete"),
+            F("sha256", doc="when complete: of the whole file"),
+            F("etag", doc="when complete: the file's version, for If-Match"),
+            F("complete", "boolean", "whether the file is in place"),
+        ),
+        errors=(
+            _NO_UPLOAD,
+            E(
+                400,
+                "invalid_param",
+                "offset is not the upload's offset (the current one is in the "
+                "error's offset field); nothing is written",
+            ),
+            E(
+                412,
+                "precondition_failed",
+                "at completion, the file no longer has the If-Match ETag "
+                "(the upload is dropped)",
+            ),
+            E(
+                409,
+                "file_exists",
+                "at completion, a file appeared and overwrite is false "
+                "(the upload is dropped)",
+                "FileExistsError",
+            ),
+            E(413, "payload_too_large", "offset + Content-Length is over size"),
+            E(
+                429,
+                "concurrency_limited",
+                "another append to this upload is running (retry_after 1)",
+            ),
+            E(
+                507,
+                "insufficient_storage",
+                "the disk filled up; the upload is dropped",
+            ),
+        ),
+        notes="The raw body is written as it arrives. A cut connection keeps the "
+        "bytes that arrived: GET the upload and send the rest from its offset. "
+        "The append that reaches size renames the file into place and answers "
+        "as POST /files/raw does, with complete: true.",
+    ),
+    "files_uploads_delete": Schema(
+        response=(F("upload_id"), F("deleted", "boolean")),
+        errors=(_NO_UPLOAD,),
+        notes="The staging file is removed; the target is untouched.",
+    ),
+    "files_watch": Schema(
+        query=(
+            F("path", doc="default: base_dir", example="."),
+            F("recursive", "boolean", default=False),
+            F(
+                "follow",
+                "boolean",
+                "true: open-ended and resumable, sandboxd's events; false: "
+                "agent-sandbox-server's events for a window",
+                default=False,
+            ),
+            F(
+                "timeout",
+                "number",
+                "seconds: the window, ending with end (at most "
+                "max_duration_seconds, default 300); not with follow=true",
+            ),
+            F(
+                "interval",
+                "number",
+                "seconds: agent-sandbox-server's polling period, accepted and "
+                "not needed; not with follow=true",
+            ),
+            *RESUME,
+            QUERY_TOKEN,
+        ),
+        headers=(LAST_EVENT_ID,),
+        produces="sse",
+        events=(
+            Event("ready", '{"path"}: first (without follow)'),
+            Event(
+                "change",
+                '{"type": created|modified|deleted, "path", "is_dir"} (without follow)',
+            ),
+            Event(
+                "end",
+                '{"reason": "timeout"|"closed"}: last (without follow)',
+            ),
+            Event("created", '{"event", "path", "type"} (follow=true)'),
+            Event("modified", '{"event", "path", "type"} (follow=true)'),
+            Event("deleted", '{"event", "path", "type"} (follow=true)'),
+            Event("moved", '{"event", "path", "type", "dest"} (follow=true)'),
+            GAP,
+        ),
+        errors=(
+            *GUARD,
+            E(404, "not_found", "no such directory"),
+            E(
+                400,
+                "invalid_param",
+                "a bad timeout or interval, or either with follow=true",
+            ),
+        ),
+        notes="inotify, debounced; events for paths the caller may not see are dropped. "
+        "Without follow, agent-sandbox-server's events for a window: ready, a change per "
+        "change (a move is deleted + created), then end (as its SDK's files.watch() "
+        "expects). With follow=true, open-ended and resumable (see docs/protocols.md).",
+    ),
+}

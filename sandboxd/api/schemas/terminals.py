@@ -1,0 +1,93 @@
+"""What the endpoints of terminal sessions take and give."""
+
+from __future__ import annotations
+
+from sandboxd.api.fields import E, F, Schema
+from sandboxd.api.fragments import GUARD
+
+_PTY_SESSION = (
+    F("id"),
+    F("pid", "integer"),
+    F("created_at", "number", "Unix time"),
+    F("cols", "integer"),
+    F("rows", "integer"),
+    F("alive", "boolean"),
+    F("clients", "integer", "WebSockets attached now"),
+    F("ws_url", doc="where to attach: ws://HOST:PTY_PORT/pty?session_id=ID"),
+)
+
+
+SCHEMAS: dict[str, Schema] = {
+    "pty_create_session": Schema(
+        body=(
+            F("cols", "integer", default=80, example=120),
+            F("rows", "integer", default=24, example=40),
+            F("shell", doc="one of params.shells; default $SHELL, bash or sh"),
+            F("cwd", doc="working directory (guarded; default base_dir)"),
+            F("env", "object", "extra environment variables"),
+            F("user", "any", "run as this user when the daemon is root"),
+        ),
+        response=(
+            F("session_id"),
+            F("ws_url", doc="ws://HOST:PTY_PORT/pty?session_id=ID"),
+            F("pid", "integer"),
+        ),
+        errors=(
+            E(400, "invalid_param", "cols/rows not integers in range, bad env or user"),
+            E(403, "param_not_allowed", "shell or user refused by params"),
+            *GUARD[1:],
+            E(429, "too_many_sessions", "max_sessions (10) are open", "RuntimeError"),
+            E(500, "internal", "the PTY could not be created", "OSError"),
+        ),
+        notes="TERM=xterm-256color; the shell runs in its own session. Closed after "
+        "idle_timeout_seconds (1800) with no client and no I/O.",
+    ),
+    "pty_list_sessions": Schema(
+        response=(
+            F(
+                "sessions",
+                "array",
+                "[{id, pid, created_at, cols, rows, alive, clients, ws_url}]",
+                items="object",
+            ),
+        ),
+        notes="Only the caller's sessions (all of them for a * identity); dead ones "
+        "are reaped first.",
+    ),
+    "pty_detail": Schema(
+        response=_PTY_SESSION,
+        errors=(E(404, "not_found", "no such session (or another identity's)"),),
+    ),
+    "pty_resize": Schema(
+        body=(
+            F("cols", "integer", required=True, example=132),
+            F("rows", "integer", required=True, example=43),
+        ),
+        response=_PTY_SESSION,
+        errors=(
+            E(400, "invalid_param", "cols/rows missing or out of range"),
+            E(404, "not_found", "no such session"),
+        ),
+    ),
+    "pty_delete_session": Schema(
+        response=(F("status", doc='"closed"'), F("session_id")),
+        errors=(E(404, "not_found", "no such session"),),
+        notes="Answers once the shell's whole process tree has ended.",
+    ),
+    "pty_connect": Schema(
+        query=(
+            F("session_id", required=True, example="$SESSION"),
+            F("offset", "integer", "replay only output after this byte offset"),
+            F("access_token", doc="the token, for browsers (they cannot set headers)"),
+        ),
+        produces="websocket",
+        errors=(
+            E(401, "unauthorized", "handshake refused: token missing or wrong"),
+            E(403, "missing_scope", "handshake refused: scope, Origin or Host"),
+            E(404, "endpoint_disabled", "handshake refused: pty_connect is off"),
+        ),
+        notes="On the PTY port (9001), not the HTTP port. Close 1008 for a missing or "
+        "unknown session_id, 4008 for a client too slow to read. Messages: "
+        "docs/protocols.md.",
+    ),
+}
