@@ -438,6 +438,7 @@ class CodeContext:
             self._start_failed(internal(f"the kernel could not start: {e}", "OSError"))
             return
         self.kernel = child
+        child.read_chunks(1, defaults.CODE_HUB_READ_BYTES)
         child.ended.addCallback(self._kernel_ended, child)
         self._start_timer = self.reactor.callLater(
             self.start_timeout, self._start_timed_out, child
@@ -457,7 +458,9 @@ class CodeContext:
             self.service.hub().send(command)
         elif self.kernel is not None:
             line = json.dumps(command, separators=(",", ":"), ensure_ascii=False)
-            self.kernel.write_stdin(line.encode("utf-8", "surrogatepass") + b"\n")
+            self.kernel.write_stdin(
+                line.encode("utf-8", "surrogatepass") + b"\n", now=True
+            )
 
     def _hub_close(self) -> None:
         if not self.builtin:
@@ -560,8 +563,12 @@ class CodeContext:
 
     def _on_stream(self, x: Execution, event: dict[str, Any]) -> None:
         name = "stderr" if event.get("name") == "stderr" else "stdout"
-        text = str(event.get("text", ""))
-        raw = text.encode("utf-8", "surrogatepass")
+        raw = event.get("raw")
+        if isinstance(raw, bytes):  # the hub's: raw UTF-8 after the line
+            text = raw.decode("utf-8", "surrogatepass")
+        else:  # the built-in kernel's: text in the line
+            text = str(event.get("text", ""))
+            raw = text.encode("utf-8", "surrogatepass")
         (x.stderr if name == "stderr" else x.stdout).write(raw)
         # Its size in the log is its length plus the frame: no second encode.
         x.emit(name, size=len(raw) + 64, text=text)
