@@ -23,6 +23,7 @@ from twisted.logger import Logger
 
 from sandboxd.policy.defaults import CODE_HUB_MAX_LINE_BYTES, CODE_HUB_READ_BYTES, KIB
 from sandboxd.processes.child import Child, HeadTail
+from sandboxd.processes.command import RunAs
 from sandboxd.processes.run import spawn
 
 log = Logger(namespace="sandboxd.kernels")
@@ -119,6 +120,8 @@ class HubClient:
 
     :param on_event: called with each event object the hub sends.
     :param on_exit: called once with a reason when the hub is gone.
+    :param run_as: the user it runs as (that of its kernels), when not the
+        daemon's.
     """
 
     def __init__(
@@ -129,6 +132,7 @@ class HubClient:
         cwd: str,
         on_event: Callable[[dict[str, Any]], None],
         on_exit: Callable[[str], None],
+        run_as: RunAs | None = None,
     ) -> None:
         self.reactor = reactor
         self._on_event = on_event
@@ -149,6 +153,7 @@ class HubClient:
             children=children,
             env=env,
             cwd=cwd,
+            run_as=run_as,
             stdin_pipe=True,
         )
         self.child.read_chunks(1, CODE_HUB_READ_BYTES)

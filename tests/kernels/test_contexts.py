@@ -673,10 +673,37 @@ class NoRestartTests(CodeTestCase):
         self.assertEqual(ok["results"][0]["data"]["text/plain"], "3")
 
 
-class UserTests(CodeTestCase):
-    """The kernel runs as the request's user (a root daemon only)."""
+def runnable_by_others(path: str) -> bool:
+    """Whether a user other than the owner may run ``path`` (every directory on the way searchable)."""
+    import stat
 
-    policy = code_policy(params={"users": ["nobody"]})
+    path = os.path.realpath(path)
+    if not os.stat(path).st_mode & stat.S_IXOTH:
+        return False
+    parent = os.path.dirname(path)
+    while parent != os.path.dirname(parent):
+        if not os.stat(parent).st_mode & stat.S_IXOTH:
+            return False
+        parent = os.path.dirname(parent)
+    return True
+
+
+def uid_of(pid: int) -> int:
+    """A live process's real uid."""
+    with open(f"/proc/{pid}/status") as f:
+        line = next(x for x in f if x.startswith("Uid:"))
+    return int(line.split()[1])
+
+
+class UserTests(CodeTestCase):
+    """The kernel (and the hub that speaks to it) runs as the request's user (a root daemon only)."""
+
+    policy = code_policy(
+        params={
+            "users": ["nobody"],
+            "kernels": ["python3", "sandboxd-python", "sleepy"],
+        }
+    )
 
     def setUp(self) -> Any:
         if os.geteuid() != 0:
@@ -700,6 +727,102 @@ class UserTests(CodeTestCase):
             result["results"][0]["data"]["text/plain"],
             str(pwd.getpwnam("nobody").pw_uid),
         )
+
+    def fake_hubs(self) -> None:
+        """
+        Kernels of a kernelspec ``sleepy`` (a sleeping stdlib Python) spoken to
+        by the ``whoami`` fake hub, both runnable by nobody.
+        """
+        import json
+
+        from sandboxd.kernels import hubclient
+
+        if not os.access("/usr/bin/python3", os.X_OK):
+            raise SkipTest("no /usr/bin/python3 for the user nobody to run")
+        jupyter = os.path.realpath(self.mktemp())
+        spec_dir = os.path.join(jupyter, "kernels", "sleepy")
+        os.makedirs(spec_dir)
+        os.chmod(jupyter, 0o755)
+        with open(os.path.join(spec_dir, "kernel.json"), "w") as f:
+            json.dump(
+                {
+                    "argv": [
+                        "/usr/bin/python3",
+                        "-c",
+                        "import time; time.sleep(120)",
+                        "{connection_file}",
+                    ],
+                    "display_name": "sleepy",
+                    "language": "python",
+                },
+                f,
+            )
+        saved = os.environ.get("JUPYTER_PATH")
+        os.environ["JUPYTER_PATH"] = jupyter
+        self.addCleanup(
+            lambda: (
+                os.environ.pop("JUPYTER_PATH", None)
+                if saved is None
+                else os.environ.__setitem__("JUPYTER_PATH", saved)
+            )
+        )
+        self.patch(hubclient, "HUB_COMMAND", ["/usr/bin/python3", FAKE_HUB, "whoami"])
+
+    @inlineCallbacks
+    def test_hub_per_user(self) -> Any:
+        """
+        A context of nobody gets a hub running as nobody, not the root hub;
+        its kernel runs as nobody with a 0600 connection file nobody owns.
+        """
+        import pwd
+
+        self.fake_hubs()
+        nobody = pwd.getpwnam("nobody").pw_uid
+        mine = yield self.context(kernel="sleepy")
+        theirs = yield self.context(kernel="sleepy", user="nobody")
+        self.assertEqual(mine["language"], f"uid{os.geteuid()}")
+        self.assertEqual(theirs["language"], f"uid{nobody}")
+        ran = yield self.execute(theirs["id"], "anything")
+        self.assertEqual(ran["results"][0]["data"]["text/plain"], str(nobody))
+        self.assertEqual(uid_of(theirs["pid"]), nobody)
+        with open(f"/proc/{theirs['pid']}/cmdline", "rb") as f:
+            connection_file = f.read().split(b"\0")[-2].decode()
+        info = os.stat(connection_file)
+        self.assertEqual((info.st_uid, info.st_mode & 0o777), (nobody, 0o600))
+
+    @inlineCallbacks
+    def test_hub_speaks_only_for_its_user(self) -> Any:
+        """A hub that names another user's context (its pipe is its user's to write) is not heard."""
+        self.fake_hubs()
+        mine = yield self.context(kernel="sleepy")
+        theirs = yield self.context(kernel="sleepy", user="nobody")
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{mine['id']}/execute",
+            {"code": "hang", "wait": 0},
+        )
+        xid = reply.json()["execution_id"]
+        spoofed = yield self.execute(theirs["id"], f"spoof:{mine['id']}:{xid}")
+        self.assertEqual(spoofed["state"], "ok")
+        got = yield self.request("GET", f"/code/contexts/{mine['id']}/executions/{xid}")
+        self.assertEqual(got.json()["state"], "running")
+
+    @inlineCallbacks
+    def test_ipykernel_as_user(self) -> Any:
+        """A real ipykernel of user=nobody runs code as nobody."""
+        import pwd
+        import sys
+
+        if not runnable_by_others(sys.executable):
+            raise SkipTest(
+                f"this Python ({os.path.realpath(sys.executable)}) is in a"
+                " directory the user nobody cannot enter"
+            )
+        ctx = yield self.context(user="nobody")
+        result = yield self.execute(ctx["id"], "import os\nos.getuid()")
+        nobody = pwd.getpwnam("nobody").pw_uid
+        self.assertEqual(result["results"][0]["data"]["text/plain"], str(nobody))
+        self.assertEqual(uid_of(ctx["pid"]), nobody)
 
 
 FAKE_HUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_hub.py")
