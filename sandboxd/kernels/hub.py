@@ -458,11 +458,33 @@ def _widen_pipe(fd: int) -> None:
         pass
 
 
+#: Linux's prctl(2) option that makes a process not dumpable.
+PR_SET_DUMPABLE = 4
+
+
+def _not_dumpable() -> None:
+    """
+    Out of reach of its kernels, which run as the same user: a process
+    that is not dumpable cannot be traced by that user, and its ``/proc``
+    entries (its pipes to the daemon under ``fd/``, its memory with the
+    kernels' keys) belong to root. Best effort (Linux only).
+    """
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 def main() -> None:
     """Run the hub until the daemon closes its stdin."""
     # The daemon interrupts kernels, never the hub.
     import signal
 
+    _not_dumpable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _widen_pipe(1)
     os.environ.pop("PYTHONSTARTUP", None)

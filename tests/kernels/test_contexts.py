@@ -688,6 +688,16 @@ def runnable_by_others(path: str) -> bool:
     return True
 
 
+def _run_as(name: str) -> Any:
+    """The :class:`~sandboxd.processes.command.RunAs` of a user."""
+    import pwd
+
+    from sandboxd.processes.command import RunAs
+
+    entry = pwd.getpwnam(name)
+    return RunAs(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
+
+
 def uid_of(pid: int) -> int:
     """A live process's real uid."""
     with open(f"/proc/{pid}/status") as f:
@@ -823,6 +833,11 @@ class UserTests(CodeTestCase):
         nobody = pwd.getpwnam("nobody").pw_uid
         self.assertEqual(result["results"][0]["data"]["text/plain"], str(nobody))
         self.assertEqual(uid_of(ctx["pid"]), nobody)
+        # Its hub runs as nobody too, but is not dumpable: its /proc entries
+        # (its pipes to the daemon) are root's, out of the kernel's reach.
+        hub = self.daemon.context.code.get().hub(_run_as("nobody"))
+        self.assertEqual(uid_of(hub.pid), nobody)
+        self.assertEqual(os.stat(f"/proc/{hub.pid}/fd").st_uid, 0)
 
 
 FAKE_HUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_hub.py")
