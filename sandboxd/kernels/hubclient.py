@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.kernels.test_contexts -*-
+# -*- test-case-name: tests.kernels.test_hubclient,tests.kernels.test_contexts -*-
 """
 The daemon's side of the kernel hub (:mod:`sandboxd.kernels.hub`): one child,
 started on the first code context, spoken to in JSON lines over its stdin
