@@ -35,7 +35,7 @@ import tempfile
 import time
 from typing import Any
 
-from daemon import start_daemon
+from daemon import cpu_seconds, start_daemon
 
 
 def post(conn: http.client.HTTPConnection, token: str, path: str, body: Any) -> Any:
@@ -118,6 +118,18 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
+def _children(pid: int) -> list[int]:
+    """The direct children of ``pid``."""
+    out: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
 class Daemon:
     """One daemon with one context (``tree``: run from another checkout)."""
 
@@ -133,6 +145,18 @@ class Daemon:
     def run(self, code: str) -> Any:
         """Execute; the result document."""
         return post(self.conn, self.token, self.path, {"code": code})
+
+    def cpu(self) -> tuple[float, float]:
+        """CPU seconds used so far by the daemon and by its kernel hub(s)."""
+        hubs = 0.0
+        for pid in _children(self.proc.pid):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"sandboxd.kernels.hub" in f.read():
+                        hubs += cpu_seconds(pid)
+            except OSError:
+                pass
+        return cpu_seconds(self.proc.pid), hubs
 
     def stop(self) -> None:
         os.killpg(self.proc.pid, signal.SIGTERM)
@@ -186,8 +210,12 @@ def main() -> None:
                 run("1+1")
         latency: dict[str, list[float]] = {name: [] for name in runners}
         rates: dict[str, list[float]] = {name: [] for name in runners}
+        cpu_ms: dict[str, dict[str, list[float]]] = {
+            name: {"daemon": [], "hub": []} for name in daemons
+        }
         for round_ in range(args.rounds):
             lat: dict[str, list[float]] = {name: [] for name in runners}
+            cpu_before = {name: d.cpu() for name, d in daemons.items()}
             for _ in range(args.calls):
                 # Alternate, so drift on a shared machine hits every side.
                 for name, run in runners.items():
@@ -198,18 +226,24 @@ def main() -> None:
                         assert result["results"][0]["data"]["text/plain"] == "2"
             for name, values in lat.items():
                 latency[name] += values
-                print(
-                    json.dumps(
-                        {
-                            "workload": "CODE",
-                            "case": f"1+1 {name}",
-                            "round": round_,
-                            "calls": len(values),
-                            "p50_ms": round(statistics.median(values), 3),
-                            "p99_ms": round(percentile(values, 99), 3),
-                        }
-                    )
-                )
+                row = {
+                    "workload": "CODE",
+                    "case": f"1+1 {name}",
+                    "round": round_,
+                    "calls": len(values),
+                    "p50_ms": round(statistics.median(values), 3),
+                    "p99_ms": round(percentile(values, 99), 3),
+                }
+                if name in daemons:
+                    # CPU per call: the work each side does, which the
+                    # machine's load stretches far less than wall time.
+                    after = daemons[name].cpu()
+                    before = cpu_before[name]
+                    for i, part in enumerate(("daemon", "hub")):
+                        used = (after[i] - before[i]) * 1000 / len(values)
+                        cpu_ms[name][part].append(used)
+                        row[f"{part}_cpu_ms_per_call"] = round(used, 3)
+                print(json.dumps(row))
             line: dict[str, Any] = {
                 "workload": "CODE",
                 "case": f"print {args.mib:g} MiB",
@@ -237,6 +271,11 @@ def main() -> None:
             summary[f"{name}_p50_ms"] = round(p50, 3)
             summary[f"{name}_p99_ms"] = round(percentile(latency[name], 99), 3)
             summary[f"{name}_mb_s"] = round(rate, 1)
+            if name in cpu_ms:
+                for part, used in cpu_ms[name].items():
+                    summary[f"{name}_{part}_cpu_ms_per_call"] = round(
+                        statistics.median(used), 3
+                    )
             if name != "direct":
                 prefix = "" if name == "sandboxd" else f"{name}_"
                 summary[f"{prefix}p50_overhead_ms"] = round(p50 - d50, 3)
