@@ -16,9 +16,18 @@ on a shared machine hits both alike:
   max_output_bytes; direct: every iopub ``stream`` message until ``idle``),
   as MB/s (the target: at least 0.8x direct).
 
+The CPU time the daemon and its hub spend per ``1+1`` is reported too
+(load stretches it far less than wall time). ``--priority children`` (the
+default) gives the direct kernel the CPU and I/O priority the daemon gives
+its kernels; ``--priority off`` turns the daemon's priority policy off and
+starts the direct kernel as it is. ``--tree DIR`` also runs a daemon from
+another checkout (``PYTHONPATH``), alternated with the others: an A/B of a
+change in one run.
+
 Prints one JSON line per case and round, then a summary line.
 
     .venv/bin/python bench/code_contexts.py [--calls 300] [--mib 10] [--rounds 2]
+        [--priority children|off] [--tree ../main]
 """
 
 from __future__ import annotations
