@@ -284,6 +284,7 @@ class CodeContext:
         #: The kernel's connection info (kept here: the file in its
         #: directory is its user's to change).
         self._conn: dict[str, Any] | None = None
+        self._conn_path: str | None = None
         self.name = name
         self.auto_restart = auto_restart
         self.start_timeout: float = limits["start_timeout_seconds"]
@@ -409,7 +410,14 @@ class CodeContext:
         have left a link there), 0600 and owned by that user through its
         descriptor, not its path.
         """
+        if self._conn_path is not None:
+            # The last start's (unlink never follows a link).
+            try:
+                os.unlink(self._conn_path)
+            except OSError:
+                pass
         path = os.path.join(self.dir, f"connection-{secrets.token_hex(4)}.json")
+        self._conn_path = path
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
             if self.run_as is not None and os.geteuid() == 0:

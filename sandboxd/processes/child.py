@@ -424,17 +424,20 @@ class Child(ProcessProtocol):
         reader = getattr(self.transport, "pipes", {}).get(fd)
         if reader is None:
             return
+        # One buffer for every read: os.read(fd, 1 MiB) would allocate (and
+        # shrink) a megabyte each time, dearer than the read itself.
+        buffer = memoryview(bytearray(size))
 
         def do_read() -> Any:
             try:
-                data = os.read(reader.fd, size)
+                got = os.readv(reader.fd, [buffer])
             except OSError as e:
                 if e.errno in (errno.EAGAIN, errno.EINTR):
                     return None
                 return CONNECTION_LOST
-            if not data:
+            if not got:
                 return CONNECTION_DONE
-            reader.dataReceived(data)
+            reader.dataReceived(bytes(buffer[:got]))
             return None
 
         reader.doRead = do_read
