@@ -98,45 +98,54 @@ class CodeTestCase(DaemonTestCase):
         return client
 
 
-class ContextTests(CodeTestCase):
-    """The native API with a real ipykernel."""
+class KernelScenarios:
+    """
+    What every kernel does alike, run once per kernel (a subclass names it
+    with :attr:`kernel` and is also a :class:`CodeTestCase`).
+    """
+
+    #: The kernelspec the scenarios run on.
+    kernel = "python3"
+
+    def context_body(self) -> dict[str, Any]:
+        """The create body (a PATH whose python3 is this venv's: matplotlib)."""
+        path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+        return {"kernel": self.kernel, "env": {"PATH": path}}
 
     @inlineCallbacks
-    def test_state_kept_between_executions(self) -> Any:
-        """A variable set by one execution is there for the next; the count grows."""
-        ctx = yield self.context()
-        self.assertEqual(ctx["kernel"], "python3")
-        self.assertEqual(ctx["state"], "idle")
+    def test_state_kept_between_executions(self: Any) -> Any:
+        """A variable set by one execution is there for the next; the count grows; the last value is the result."""
+        ctx = yield self.context(**self.context_body())
+        self.assertEqual((ctx["kernel"], ctx["state"]), (self.kernel, "idle"))
         first = yield self.execute(ctx["id"], "x = 41\nprint('set')")
-        self.assertEqual(first["state"], "ok")
-        self.assertEqual(first["stdout"], "set\n")
+        self.assertEqual((first["state"], first["stdout"]), ("ok", "set\n"))
         second = yield self.execute(ctx["id"], "x + 1")
         self.assertEqual(second["state"], "ok")
         self.assertEqual(second["results"][0]["data"]["text/plain"], "42")
         self.assertTrue(second["results"][0]["is_result"])
         self.assertEqual(second["execution_count"], first["execution_count"] + 1)
-        # The daemon (this process) spoke to the kernel without ZMQ.
-        for name in ("zmq", "jupyter_client", "tornado"):
-            self.assertNotIn(name, sys.modules)
 
     @inlineCallbacks
-    def test_error_with_traceback(self) -> Any:
-        """An exception ends the execution ``error`` with name, value and traceback."""
-        ctx = yield self.context()
-        result = yield self.execute(ctx["id"], "1/0")
+    def test_error_with_traceback(self: Any) -> Any:
+        """An exception ends the execution ``error`` with name, value and traceback; stderr kept apart."""
+        ctx = yield self.context(**self.context_body())
+        result = yield self.execute(
+            ctx["id"], "import sys\nprint('e', file=sys.stderr)\n1/0"
+        )
         self.assertEqual(result["state"], "error")
+        self.assertEqual(result["stderr"], "e\n")
         self.assertEqual(result["error"]["ename"], "ZeroDivisionError")
         self.assertIn("division by zero", result["error"]["evalue"])
         self.assertTrue(result["error"]["traceback"])
 
     @inlineCallbacks
-    def test_matplotlib_png(self) -> Any:
-        """A matplotlib figure comes back as a PNG display item."""
+    def test_matplotlib_png(self: Any) -> Any:
+        """A matplotlib figure comes back as one PNG display item."""
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise SkipTest("matplotlib is not installed") from None
-        ctx = yield self.context()
+        ctx = yield self.context(**self.context_body())
         result = yield self.execute(
             ctx["id"],
             "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()",
@@ -149,6 +158,83 @@ class ContextTests(CodeTestCase):
         ]
         self.assertEqual(len(pngs), 1)
         self.assertTrue(base64.b64decode(pngs[0]).startswith(b"\x89PNG\r\n\x1a\n"))
+
+    @inlineCallbacks
+    def test_input(self: Any) -> Any:
+        """input() asks (``input.requested``) and takes one answer; refused without allow_stdin."""
+        ctx = yield self.context(**self.context_body())
+        refused = yield self.execute(ctx["id"], "input('name? ')")
+        self.assertEqual(refused["state"], "error")
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {
+                "code": "who = input('name? ')\nprint('hi', who)",
+                "allow_stdin": True,
+                "wait": 0,
+            },
+        )
+        xid = reply.json()["execution_id"]
+        reader = yield self.stream(reply.json()["events_url"])
+        yield reader.wait_for_event(lambda e: e["event"] == "input.requested")
+        asked = next(e for e in reader.events if e["event"] == "input.requested")
+        self.assertEqual(asked["data"]["prompt"], "name? ")
+        answered = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/executions/{xid}/input",
+            {"value": "ada"},
+        )
+        self.assertEqual(answered.status, 200, answered.body)
+        events = yield reader.done
+        self.assertEqual(events[-1]["data"]["state"], "ok")
+        got = yield self.request("GET", f"/code/contexts/{ctx['id']}/executions/{xid}")
+        self.assertEqual(got.json()["stdout"], "hi ada\n")
+        again = yield self.request(
+            "POST", f"/code/contexts/{ctx['id']}/executions/{xid}/input", {"value": "x"}
+        )
+        self.assertEqual(again.json()["code"], "already_resolved")
+
+    @inlineCallbacks
+    def test_interrupt_then_delete(self: Any) -> Any:
+        """Interrupting a busy loop ends it ``interrupted`` (KeyboardInterrupt), the state survives; delete ends the kernel."""
+        ctx = yield self.context(**self.context_body())
+        yield self.execute(ctx["id"], "kept = 7")
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {"code": "while True: pass", "wait": 0},
+        )
+        xid = reply.json()["execution_id"]
+        yield deferLater(reactor, 0.5, lambda: None)
+        stop = yield self.request("POST", f"/code/contexts/{ctx['id']}/interrupt", {})
+        self.assertEqual(stop.json()["execution_id"], xid)
+        got = yield self.request(
+            "GET", f"/code/contexts/{ctx['id']}/executions/{xid}?wait=10"
+        )
+        self.assertEqual(got.json()["state"], "interrupted")
+        self.assertEqual(got.json()["error"]["ename"], "KeyboardInterrupt")
+        after = yield self.execute(ctx["id"], "kept")
+        self.assertEqual(after["results"][0]["data"]["text/plain"], "7")
+        yield self.request("DELETE", f"/code/contexts/{ctx['id']}")
+        self.assertFalse(alive(ctx["pid"]))
+
+
+class IPykernelScenarios(KernelScenarios, CodeTestCase):
+    """The shared scenarios on a real ipykernel (``python3``)."""
+
+
+class ContextTests(CodeTestCase):
+    """The native API with a real ipykernel."""
+
+    @inlineCallbacks
+    def test_no_zmq_in_the_daemon(self) -> Any:
+        """The daemon (this process) speaks to an ipykernel without importing ZMQ."""
+        ctx = yield self.context()
+        self.assertEqual(ctx["kernel"], "python3")
+        result = yield self.execute(ctx["id"], "41 + 1")
+        self.assertEqual(result["results"][0]["data"]["text/plain"], "42")
+        for name in ("zmq", "jupyter_client", "tornado"):
+            self.assertNotIn(name, sys.modules)
 
     @inlineCallbacks
     def test_stream_events(self) -> Any:
@@ -201,56 +287,6 @@ class ContextTests(CodeTestCase):
         self.assertEqual(text, "".join(f"{i}\n" for i in range(6)))
         got = yield self.request("GET", f"/code/contexts/{ctx['id']}/executions/{xid}")
         self.assertEqual(got.json()["state"], "ok")
-
-    @inlineCallbacks
-    def test_interrupt(self) -> Any:
-        """Interrupting a busy loop ends it ``interrupted``; the state survives."""
-        ctx = yield self.context()
-        yield self.execute(ctx["id"], "kept = 7")
-        reply = yield self.request(
-            "POST",
-            f"/code/contexts/{ctx['id']}/execute",
-            {"code": "while True: pass", "wait": 0},
-        )
-        xid = reply.json()["execution_id"]
-        yield deferLater(reactor, 0.5, lambda: None)
-        stop = yield self.request("POST", f"/code/contexts/{ctx['id']}/interrupt", {})
-        self.assertEqual(stop.json()["execution_id"], xid)
-        got = yield self.request(
-            "GET", f"/code/contexts/{ctx['id']}/executions/{xid}?wait=10"
-        )
-        self.assertEqual(got.json()["state"], "interrupted")
-        after = yield self.execute(ctx["id"], "kept")
-        self.assertEqual(after["results"][0]["data"]["text/plain"], "7")
-
-    @inlineCallbacks
-    def test_input(self) -> Any:
-        """input() with allow_stdin: ``input.requested``, then the answer; without it, an error."""
-        ctx = yield self.context()
-        refused = yield self.execute(ctx["id"], "input('name? ')")
-        self.assertEqual(refused["state"], "error")
-        reply = yield self.request(
-            "POST",
-            f"/code/contexts/{ctx['id']}/execute",
-            {
-                "code": "who = input('name? ')\nprint('hi', who)",
-                "allow_stdin": True,
-                "wait": 0,
-            },
-        )
-        xid = reply.json()["execution_id"]
-        reader = yield self.stream(reply.json()["events_url"])
-        yield reader.wait_for_event(lambda e: e["event"] == "input.requested")
-        answered = yield self.request(
-            "POST",
-            f"/code/contexts/{ctx['id']}/executions/{xid}/input",
-            {"value": "ada"},
-        )
-        self.assertEqual(answered.status, 200, answered.body)
-        events = yield reader.done
-        self.assertEqual(events[-1]["data"]["state"], "ok")
-        got = yield self.request("GET", f"/code/contexts/{ctx['id']}/executions/{xid}")
-        self.assertEqual(got.json()["stdout"], "hi ada\n")
 
     @inlineCallbacks
     def test_disconnect_drops_a_queued_execution(self) -> Any:
