@@ -38,12 +38,17 @@ serve: $(STAMP)
 		--pty-port tcp:$(PTY_PORT):interface=127.0.0.1 \
 		--policy etc/policy.json --base-dir $(WORKSPACE)
 
+# E2B's JavaScript SDK, for tests/e2b/test_js_sdk.py: from npm, pinned,
+# into the venv (scripts/install-e2b-js.sh; the test skips without it).
+E2B_JS_VERSION := 2.8.0
+
 # Tools some tests drive (git, node, chromium): when missing, and this
 # machine is Debian and we are root, installed with apt-get (it says so
 # first); `make test SKIP_TEST_TOOLS=1` installs nothing, and the tests
 # that need a missing tool skip, saying why.
 test-tools:
 	@SKIP_TEST_TOOLS="$(SKIP_TEST_TOOLS)" scripts/install-test-tools.sh
+	@SKIP_TEST_TOOLS="$(SKIP_TEST_TOOLS)" scripts/install-e2b-js.sh $(VENV)/node-e2b $(E2B_JS_VERSION)
 
 test: $(STAMP) test-tools
 	$(PY) scripts/trial-summary.py --random=0 -j$(JOBS) tests

@@ -85,8 +85,11 @@ fi
   --rounds "${GIT_ROUNDS:-3}"
 # A code context (kernel through the hub child) against jupyter_client driving
 # the same ipykernel directly: 1+1 latency and a big print's throughput.
+# The daemon's priority policy off (CODE_PRIORITY=children: both kernels
+# lowered instead), as docs/performance.md's figures.
 "$ROOT/.venv/bin/python" "$ROOT/bench/code_contexts.py" \
-  --calls "${CODE_CALLS:-300}" --mib "${CODE_MIB:-10}" --rounds "${CODE_ROUNDS:-2}"
+  --calls "${CODE_CALLS:-300}" --mib "${CODE_MIB:-10}" --rounds "${CODE_ROUNDS:-2}" \
+  --priority "${CODE_PRIORITY:-off}"
 # W1 /health at c1 and c32: the Twisted floor (reactor, one resource) beside
 # the daemon, in one invocation.
 if [ -x "$SHARED_BENCH/compare.sh" ]; then

@@ -7,9 +7,13 @@
 # chromium: the browser tests drive Debian's Chromium through Playwright
 # (Playwright's own browser download cannot run here); the Python side
 # comes from the `browser` extra (pip install -e '.[dev,browser]').
+#
+# npm: installs E2B's JavaScript SDK for tests/e2b/test_js_sdk.py
+# (scripts/install-e2b-js.sh, run next by make test-tools).
 missing=""
 command -v git >/dev/null 2>&1 || missing="$missing git"
 command -v node >/dev/null 2>&1 || missing="$missing nodejs"
+command -v npm >/dev/null 2>&1 || missing="$missing npm"
 [ -x "${SANDBOXD_CHROMIUM:-/usr/bin/chromium}" ] || missing="$missing chromium"
 [ -n "$missing" ] || exit 0
 if [ -n "${SKIP_TEST_TOOLS:-}" ]; then

@@ -66,11 +66,11 @@ class Host(Protocol):
     reactor: Any
     children: Any
 
-    def hub(self) -> Any:
-        """The hub, started if none runs."""
+    def hub(self, run_as: RunAs | None = None) -> Any:
+        """The hub of ``run_as``'s kernels, started if none runs."""
 
-    def hub_send(self, command: dict[str, Any]) -> None:
-        """Send to the hub if one runs."""
+    def hub_send(self, run_as: RunAs | None, command: dict[str, Any]) -> None:
+        """Send to ``run_as``'s hub if one runs."""
 
     def spill(
         self, ctx: CodeContext, x: Execution, data: dict[str, Any]
@@ -224,6 +224,11 @@ def _held_bytes(x: Execution) -> int:
     return x.log.retained_bytes + kept + x.results_bytes
 
 
+def hub_key(run_as: RunAs | None) -> int:
+    """The uid whose hub speaks for a kernel run as ``run_as``."""
+    return run_as.uid if run_as is not None else os.geteuid()
+
+
 def env_prologue(env: dict[str, str]) -> tuple[str, str]:
     """
     Python that sets ``env`` for one execution and the Python that puts
@@ -275,6 +280,12 @@ class CodeContext:
         self.cwd = cwd
         self.env = env
         self.run_as = run_as
+        #: Which hub speaks for it: the one of its kernel's user.
+        self.hub_key = hub_key(run_as)
+        #: The kernel's connection info (kept here: the file in its
+        #: directory is its user's to change).
+        self._conn: dict[str, Any] | None = None
+        self._conn_path: str | None = None
         self.name = name
         self.auto_restart = auto_restart
         self.start_timeout: float = limits["start_timeout_seconds"]
@@ -373,12 +384,8 @@ class CodeContext:
             "signature_scheme": "hmac-sha256",
             "kernel_name": self.spec.name,
         }
-        path = os.path.join(self.dir, "connection.json")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(conn, f)
-        if self.run_as is not None and os.geteuid() == 0:
-            os.chown(path, self.run_as.uid, self.run_as.gid)
+        path = self._write_connection(conn)
+        self._conn = conn
         env = dict(self.env)
         child = Child(self.reactor, self._kernel_output)
         try:
@@ -399,9 +406,31 @@ class CodeContext:
         self._start_timer = self.reactor.callLater(
             self.start_timeout, self._start_timed_out, child
         )
-        self.service.hub().send(
+        self.service.hub(self.run_as).send(
             {"op": "open", "cid": self.id, "conn": conn, "timeout": self.start_timeout}
         )
+
+    def _write_connection(self, conn: dict[str, Any]) -> str:
+        """
+        The kernel's connection file: a new name each start, created (never
+        opened if it exists: the directory is the kernel's user's, who may
+        have left a link there), 0600 and owned by that user through its
+        descriptor, not its path.
+        """
+        if self._conn_path is not None:
+            # The last start's (unlink never follows a link).
+            try:
+                os.unlink(self._conn_path)
+            except OSError:
+                pass
+        path = os.path.join(self.dir, f"connection-{secrets.token_hex(4)}.json")
+        self._conn_path = path
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            if self.run_as is not None and os.geteuid() == 0:
+                os.fchown(f.fileno(), self.run_as.uid, self.run_as.gid)
+            json.dump(conn, f)
+        return path
 
     def _spawn_builtin(self) -> None:
         """
@@ -445,6 +474,7 @@ class CodeContext:
             self._start_failed(internal(f"the kernel could not start: {e}", "OSError"))
             return
         self.kernel = child
+        child.read_chunks(1, defaults.CODE_HUB_READ_BYTES)
         child.ended.addCallback(self._kernel_ended, child)
         self._start_timer = self.reactor.callLater(
             self.start_timeout, self._start_timed_out, child
@@ -461,14 +491,16 @@ class CodeContext:
     def _send(self, command: dict[str, Any]) -> None:
         """A command for the kernel: through the hub, or on the built-in kernel's stdin."""
         if not self.builtin:
-            self.service.hub().send(command)
+            self.service.hub(self.run_as).send(command)
         elif self.kernel is not None:
             line = json.dumps(command, separators=(",", ":"), ensure_ascii=False)
-            self.kernel.write_stdin(line.encode("utf-8", "surrogatepass") + b"\n")
+            self.kernel.write_stdin(
+                line.encode("utf-8", "surrogatepass") + b"\n", now=True
+            )
 
     def _hub_close(self) -> None:
         if not self.builtin:
-            self.service.hub_send({"op": "close", "cid": self.id})
+            self.service.hub_send(self.run_as, {"op": "close", "cid": self.id})
 
     def _kernel_output(self, fd: int, data: bytes) -> None:
         self.kernel_stderr.write(data)
@@ -569,8 +601,12 @@ class CodeContext:
 
     def _on_stream(self, x: Execution, event: dict[str, Any]) -> None:
         name = "stderr" if event.get("name") == "stderr" else "stdout"
-        text = str(event.get("text", ""))
-        raw = text.encode("utf-8", "surrogatepass")
+        raw = event.get("raw")
+        if isinstance(raw, bytes):  # the hub's: raw UTF-8 after the line
+            text = raw.decode("utf-8", "surrogatepass")
+        else:  # the built-in kernel's: text in the line
+            text = str(event.get("text", ""))
+            raw = text.encode("utf-8", "surrogatepass")
         (x.stderr if name == "stderr" else x.stdout).write(raw)
         # Its size in the log is its length plus the frame: no second encode.
         x.emit(name, size=len(raw) + 64, text=text)
@@ -914,15 +950,15 @@ class CodeContext:
 
     def restart_hub_only(self) -> None:
         """Reconnect to the running kernel (the hub changed)."""
-        path = os.path.join(self.dir, "connection.json")
-        with open(path) as f:
-            conn = json.load(f)
+        conn = self._conn
+        if conn is None or self.kernel is None:
+            return
         if self._start_timer is not None and self._start_timer.active():
             self._start_timer.cancel()
         self._start_timer = self.reactor.callLater(
             self.start_timeout, self._start_timed_out, self.kernel
         )
-        self.service.hub().send(
+        self.service.hub(self.run_as).send(
             {"op": "open", "cid": self.id, "conn": conn, "timeout": self.start_timeout}
         )
 

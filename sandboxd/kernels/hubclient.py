@@ -1,8 +1,9 @@
-# -*- test-case-name: tests.kernels.test_contexts -*-
+# -*- test-case-name: tests.kernels.test_hubclient,tests.kernels.test_contexts -*-
 """
 The daemon's side of the kernel hub (:mod:`sandboxd.kernels.hub`): one child,
 started on the first code context, spoken to in JSON lines over its stdin
-and stdout.
+and stdout. An event line with ``bytes: N`` is followed by N raw bytes
+(output text, UTF-8), handed on as the event's ``raw``.
 
 A line longer than :data:`~sandboxd.policy.defaults.CODE_HUB_MAX_LINE_BYTES`
 or one that is not a JSON object ends the hub (the framing is broken, so
@@ -20,8 +21,9 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
-from sandboxd.policy.defaults import CODE_HUB_MAX_LINE_BYTES, KIB
+from sandboxd.policy.defaults import CODE_HUB_MAX_LINE_BYTES, CODE_HUB_READ_BYTES, KIB
 from sandboxd.processes.child import Child, HeadTail
+from sandboxd.processes.command import RunAs
 from sandboxd.processes.run import spawn
 
 log = Logger(namespace="sandboxd.kernels")
@@ -32,11 +34,13 @@ HUB_COMMAND = [sys.executable, "-m", "sandboxd.kernels.hub"]
 
 class LineSplitter:
     """
-    Splits a byte stream on ``\\n``, a line at most ``max_bytes`` long.
+    Splits a byte stream on ``\\n``, a line at most ``max_bytes`` long; a
+    line may announce raw bytes that follow it (:meth:`expect`), which
+    come whole to ``on_payload``, newlines and all.
 
-    Parts of an unfinished line are kept in a list and joined once, so a
-    27 MB line (a big PNG in base64) arriving in 64 KiB reads costs one
-    copy, not one per read.
+    Parts of an unfinished line or payload are kept in a list and joined
+    once, so a 27 MB line (a big PNG in base64) arriving in 64 KiB reads
+    costs one copy, not one per read.
     """
 
     def __init__(
@@ -44,44 +48,69 @@ class LineSplitter:
         max_bytes: int,
         on_line: Callable[[bytes], None],
         on_overflow: Callable[[int], None],
+        on_payload: Callable[[bytes], None] | None = None,
     ) -> None:
         self.max_bytes = max_bytes
         self._on_line = on_line
         self._on_overflow = on_overflow
+        self._on_payload = on_payload
         self._parts: list[bytes] = []
         self._size = 0
+        #: Raw bytes still owed to the payload being read (None: lines).
+        self._want: int | None = None
         self.stopped = False
+
+    def expect(self, size: int) -> None:
+        """The next ``size`` bytes are a payload (called from ``on_line``)."""
+        if size > self.max_bytes or self._on_payload is None:
+            self._overflow(size)
+        elif size == 0:
+            self._on_payload(b"")
+        else:
+            self._want = size
 
     def feed(self, data: bytes) -> None:
         """Take the next chunk."""
-        if self.stopped:
-            return
-        if b"\n" not in data:
-            self._parts.append(data)
-            self._size += len(data)
-            if self._size > self.max_bytes:
-                self._overflow(self._size)
-            return
-        if self._parts:
-            data = b"".join(self._parts) + data
-            self._parts, self._size = [], 0
-        lines = data.split(b"\n")
-        rest = lines.pop()
-        for line in lines:
-            if self.stopped:
+        pos, end = 0, len(data)
+        while pos < end and not self.stopped:
+            if self._want is not None:
+                pos = self._take_payload(data, pos)
+                continue
+            nl = data.find(b"\n", pos)
+            if nl < 0:
+                self._parts.append(data[pos:] if pos else data)
+                self._size += end - pos
+                if self._size > self.max_bytes:
+                    self._overflow(self._size)
                 return
+            if self._parts:
+                line = b"".join(self._parts) + data[pos:nl]
+                self._parts, self._size = [], 0
+            else:
+                line = data[pos:nl]
+            pos = nl + 1
             if len(line) > self.max_bytes:
                 self._overflow(len(line))
                 return
             if line:
                 self._on_line(line)
-        if rest and not self.stopped:
-            self._parts.append(rest)
-            self._size = len(rest)
+
+    def _take_payload(self, data: bytes, pos: int) -> int:
+        assert self._want is not None and self._on_payload is not None
+        take = min(self._want, len(data) - pos)
+        whole = take == len(data)
+        self._parts.append(data if whole else data[pos : pos + take])
+        self._want -= take
+        if self._want == 0:
+            payload = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
+            self._parts, self._size, self._want = [], 0, None
+            self._on_payload(payload)
+        return pos + take
 
     def _overflow(self, size: int) -> None:
         self.stopped = True
         self._parts = []
+        self._want = None
         self._on_overflow(size)
 
 
@@ -91,6 +120,8 @@ class HubClient:
 
     :param on_event: called with each event object the hub sends.
     :param on_exit: called once with a reason when the hub is gone.
+    :param run_as: the user it runs as (that of its kernels), when not the
+        daemon's.
     """
 
     def __init__(
@@ -101,13 +132,16 @@ class HubClient:
         cwd: str,
         on_event: Callable[[dict[str, Any]], None],
         on_exit: Callable[[str], None],
+        run_as: RunAs | None = None,
     ) -> None:
         self.reactor = reactor
         self._on_event = on_event
         self._on_exit = on_exit
         self._splitter = LineSplitter(
-            CODE_HUB_MAX_LINE_BYTES, self._line, self._overflow
+            CODE_HUB_MAX_LINE_BYTES, self._line, self._overflow, self._payload
         )
+        #: The event whose raw bytes are being read.
+        self._awaiting: dict[str, Any] | None = None
         self._stderr = HeadTail(8 * KIB)
         self.gone = False
         self.reason: str | None = None
@@ -119,8 +153,10 @@ class HubClient:
             children=children,
             env=env,
             cwd=cwd,
+            run_as=run_as,
             stdin_pipe=True,
         )
+        self.child.read_chunks(1, CODE_HUB_READ_BYTES)
         self.child.ended.addCallback(self._ended)
 
     @property
@@ -133,7 +169,7 @@ class HubClient:
         if self.gone:
             return
         line = json.dumps(command, separators=(",", ":"), ensure_ascii=False)
-        self.child.write_stdin(line.encode("utf-8", "surrogatepass") + b"\n")
+        self.child.write_stdin(line.encode("utf-8", "surrogatepass") + b"\n", now=True)
 
     def _output(self, fd: int, data: bytes) -> None:
         if fd == 1:
@@ -152,7 +188,21 @@ class HubClient:
         if event.get("ev") == "fatal":
             self._fail(f"the kernel hub failed: {event.get('message')}")
             return
-        self._on_event(event)
+        size = event.pop("bytes", None)
+        if size is None:
+            self._on_event(event)
+            return
+        if type(size) is not int or size < 0:
+            self._fail("the kernel hub announced a payload of no valid size")
+            return
+        self._awaiting = event
+        self._splitter.expect(size)
+
+    def _payload(self, data: bytes) -> None:
+        event, self._awaiting = self._awaiting, None
+        if event is not None:
+            event["raw"] = data
+            self._on_event(event)
 
     def _overflow(self, size: int) -> None:
         self._fail(f"the kernel hub sent a line of {size} bytes, over the limit")

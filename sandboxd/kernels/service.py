@@ -1,15 +1,17 @@
 # -*- test-case-name: tests.kernels.test_contexts -*-
 """
-The ``code`` group's service: its contexts, the one kernel hub, the
-spilled display items, the idle sweep, and the orderly stop.
+The ``code`` group's service: its contexts, the kernel hubs (one per user
+the kernels run as), the spilled display items, the idle sweep, and the
+orderly stop.
 
 Built on the group's first request (a
-:class:`~sandboxd.daemon.firstuse.ServiceOnFirstUse` until then); the hub child
-starts with the first context and again after it dies.
+:class:`~sandboxd.daemon.firstuse.ServiceOnFirstUse` until then); a user's hub
+child starts with that user's first context and again after it dies.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import secrets
@@ -23,9 +25,10 @@ from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 
 from sandboxd.errors import ApiError, Code, limit_exceeded, not_found
-from sandboxd.kernels.contexts import CodeContext, Execution
+from sandboxd.kernels.contexts import CodeContext, Execution, hub_key
 from sandboxd.kernels.hubclient import HubClient
 from sandboxd.policy import defaults
+from sandboxd.processes.command import RunAs
 from sandboxd.processes.environment import child_environment
 
 log = Logger(namespace="sandboxd.kernels")
@@ -40,9 +43,10 @@ class CodeService(Service):
         self.reactor = context.reactor
         self.children = context.children
         self.contexts: dict[str, CodeContext] = {}
-        self._hub: HubClient | None = None
+        #: One hub per user its kernels run as (by uid).
+        self._hubs: dict[int, HubClient] = {}
         self.hub_starts = 0
-        self._hub_deaths: list[float] = []
+        self._hub_deaths: dict[int, list[float]] = {}
         self._sweep: IDelayedCall | None = None
         self.spill_dir = tempfile.mkdtemp(prefix="sandboxd-code-out-")
         #: oid -> (context id, path, mime, bytes)
@@ -52,48 +56,70 @@ class CodeService(Service):
         #: when it names none (made on first use).
         self.e2b_defaults: dict[tuple[str, str], str] = {}
 
-    # -- the hub ---------------------------------------------------------------
+    # -- the hubs --------------------------------------------------------------
 
-    def hub(self) -> HubClient:
-        """The hub, started now if none runs."""
-        if self._hub is None or self._hub.gone:
+    def hub(self, run_as: RunAs | None = None) -> HubClient:
+        """
+        The hub of ``run_as``'s kernels, started now if none runs.
+
+        One hub per user, running as that user: a hub connects to the
+        sockets its kernels bind in a directory their user owns, so a hub
+        as root would follow wherever that user points them; as the user it
+        can reach nothing the user could not, and holds no other user's
+        kernels (their keys, their output).
+        """
+        key = hub_key(run_as)
+        hub = self._hubs.get(key)
+        if hub is None or hub.gone:
             env = child_environment(self.context, None)
-            self._hub = HubClient(
+            own = key == os.geteuid()
+            hub = HubClient(
                 self.reactor,
                 self.children,
                 env,
-                self.context.base_dir,
-                self._hub_event,
-                self._hub_exited,
+                # Somewhere any user may be (the base dir may be closed to them).
+                self.context.base_dir if own else "/",
+                functools.partial(self._hub_event, key),
+                functools.partial(self._hub_exited, key),
+                run_as=None if own else run_as,
             )
+            self._hubs[key] = hub
             self.hub_starts += 1
-        return self._hub
+        return hub
 
-    def hub_send(self, command: dict[str, Any]) -> None:
-        """Send to the hub if one runs (a command for a gone hub is moot)."""
-        if self._hub is not None and not self._hub.gone:
-            self._hub.send(command)
+    def hub_send(self, run_as: RunAs | None, command: dict[str, Any]) -> None:
+        """Send to ``run_as``'s hub if one runs (a command for a gone hub is moot)."""
+        hub = self._hubs.get(hub_key(run_as))
+        if hub is not None and not hub.gone:
+            hub.send(command)
 
-    def _hub_event(self, event: dict[str, Any]) -> None:
+    def _hub_event(self, key: int, event: dict[str, Any]) -> None:
         cid = event.get("cid")
         ctx = self.contexts.get(cid) if isinstance(cid, str) else None
-        if ctx is not None:
+        # A hub speaks only for its own user's contexts (one that names
+        # another's is ignored: it runs as a user whose code could write
+        # to its pipe).
+        if ctx is not None and ctx.hub_key == key and not ctx.builtin:
             ctx.hub_event(event)
 
-    def _hub_exited(self, reason: str) -> None:
-        log.warn("the kernel hub is gone: {reason}", reason=reason)
+    def _hub_exited(self, key: int, reason: str) -> None:
+        log.warn(
+            "the kernel hub of uid {uid} is gone: {reason}", uid=key, reason=reason
+        )
         if not self.running:
             return
         now = self.reactor.seconds()
-        self._hub_deaths = [t for t in self._hub_deaths if now - t < 60] + [now]
-        if len(self._hub_deaths) > defaults.CODE_HUB_RESTARTS_PER_MINUTE:
+        deaths = [t for t in self._hub_deaths.get(key, []) if now - t < 60] + [now]
+        self._hub_deaths[key] = deaths
+        served = [c for c in self.contexts.values() if c.hub_key == key]
+        if len(deaths) > defaults.CODE_HUB_RESTARTS_PER_MINUTE:
             # A hub that keeps dying is not restarted in a loop: its
             # contexts fail (restart or delete them; a later one tries again).
-            self._hub_deaths.clear()
-            for ctx in list(self.contexts.values()):
+            self._hub_deaths.pop(key, None)
+            for ctx in served:
                 ctx.hub_failed(reason)
             return
-        for ctx in list(self.contexts.values()):
+        for ctx in served:
             ctx.hub_lost()
 
     # -- contexts --------------------------------------------------------------
@@ -258,8 +284,7 @@ class CodeService(Service):
         waits: list[Deferred[Any]] = [
             self.remove(c) for c in list(self.contexts.values())
         ]
-        if self._hub is not None and not self._hub.gone:
-            waits.append(self._hub.stop())
+        waits += [hub.stop() for hub in self._hubs.values() if not hub.gone]
         done: Deferred[Any] = DeferredList(waits, consumeErrors=True)
 
         def cleanup(_: Any) -> None:

@@ -128,6 +128,11 @@ CODE_SWEEP_SECONDS = 30.0
 #: base64 and its JSON framing, under ``max_display_bytes``'s ceiling).
 CODE_HUB_MAX_LINE_BYTES = 64 * MIB
 
+#: One read of the kernel hub's stdout takes at most this (the hub widens
+#: its pipe to as much): a big output crosses in few reactor turns, not one
+#: per 8 KiB.
+CODE_HUB_READ_BYTES = MIB
+
 #: Shared by every agents_* endpoint so that a session's limits do not
 #: depend on which route created it.
 AGENT_LIMITS = ENDPOINT_LIMITS["agents_session_create"]

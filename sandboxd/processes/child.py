@@ -11,6 +11,8 @@ keeps the start and the end.
 
 from __future__ import annotations
 
+import errno
+import os
 import secrets
 import select
 import signal
@@ -21,6 +23,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
 from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -395,10 +398,49 @@ class Child(ProcessProtocol):
         if self.has_exited:
             self._arm_drain()
 
-    def write_stdin(self, data: bytes) -> None:
-        """Queue bytes for the stdin pipe."""
-        if self.transport is not None and self.stdin_open:
-            self.transport.write(data)
+    def write_stdin(self, data: bytes, now: bool = False) -> None:
+        """
+        Queue bytes for the stdin pipe.
+
+        :param now: write them in this call rather than on the reactor's
+            next turn (a command a child waits for: one ``epoll_wait``
+            less on its way). What the pipe does not take stays queued,
+            and an error is left for the reactor, which sees the pipe again.
+        """
+        if self.transport is None or not self.stdin_open:
+            return
+        self.transport.write(data)
+        if now:
+            writer = getattr(self.transport, "pipes", {}).get(0)
+            if writer is not None and writer.connected and not writer.disconnecting:
+                writer.doWrite()
+
+    def read_chunks(self, fd: int, size: int) -> None:
+        """
+        Read the child's ``fd`` ``size`` bytes at a time instead of
+        Twisted's 8 KiB: a child that writes much (the kernel hub) then
+        hands it over in a few reactor turns, not one turn per 8 KiB.
+        """
+        reader = getattr(self.transport, "pipes", {}).get(fd)
+        if reader is None:
+            return
+        # One buffer for every read: os.read(fd, 1 MiB) would allocate (and
+        # shrink) a megabyte each time, dearer than the read itself.
+        buffer = memoryview(bytearray(size))
+
+        def do_read() -> Any:
+            try:
+                got = os.readv(reader.fd, [buffer])
+            except OSError as e:
+                if e.errno in (errno.EAGAIN, errno.EINTR):
+                    return None
+                return CONNECTION_LOST
+            if not got:
+                return CONNECTION_DONE
+            reader.dataReceived(bytes(buffer[:got]))
+            return None
+
+        reader.doRead = do_read
 
     def close_stdin(self) -> None:
         """Send EOF."""

@@ -98,45 +98,54 @@ class CodeTestCase(DaemonTestCase):
         return client
 
 
-class ContextTests(CodeTestCase):
-    """The native API with a real ipykernel."""
+class KernelScenarios:
+    """
+    What every kernel does alike, run once per kernel (a subclass names it
+    with :attr:`kernel` and is also a :class:`CodeTestCase`).
+    """
+
+    #: The kernelspec the scenarios run on.
+    kernel = "python3"
+
+    def context_body(self) -> dict[str, Any]:
+        """The create body (a PATH whose python3 is this venv's: matplotlib)."""
+        path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+        return {"kernel": self.kernel, "env": {"PATH": path}}
 
     @inlineCallbacks
-    def test_state_kept_between_executions(self) -> Any:
-        """A variable set by one execution is there for the next; the count grows."""
-        ctx = yield self.context()
-        self.assertEqual(ctx["kernel"], "python3")
-        self.assertEqual(ctx["state"], "idle")
+    def test_state_kept_between_executions(self: Any) -> Any:
+        """A variable set by one execution is there for the next; the count grows; the last value is the result."""
+        ctx = yield self.context(**self.context_body())
+        self.assertEqual((ctx["kernel"], ctx["state"]), (self.kernel, "idle"))
         first = yield self.execute(ctx["id"], "x = 41\nprint('set')")
-        self.assertEqual(first["state"], "ok")
-        self.assertEqual(first["stdout"], "set\n")
+        self.assertEqual((first["state"], first["stdout"]), ("ok", "set\n"))
         second = yield self.execute(ctx["id"], "x + 1")
         self.assertEqual(second["state"], "ok")
         self.assertEqual(second["results"][0]["data"]["text/plain"], "42")
         self.assertTrue(second["results"][0]["is_result"])
         self.assertEqual(second["execution_count"], first["execution_count"] + 1)
-        # The daemon (this process) spoke to the kernel without ZMQ.
-        for name in ("zmq", "jupyter_client", "tornado"):
-            self.assertNotIn(name, sys.modules)
 
     @inlineCallbacks
-    def test_error_with_traceback(self) -> Any:
-        """An exception ends the execution ``error`` with name, value and traceback."""
-        ctx = yield self.context()
-        result = yield self.execute(ctx["id"], "1/0")
+    def test_error_with_traceback(self: Any) -> Any:
+        """An exception ends the execution ``error`` with name, value and traceback; stderr kept apart."""
+        ctx = yield self.context(**self.context_body())
+        result = yield self.execute(
+            ctx["id"], "import sys\nprint('e', file=sys.stderr)\n1/0"
+        )
         self.assertEqual(result["state"], "error")
+        self.assertEqual(result["stderr"], "e\n")
         self.assertEqual(result["error"]["ename"], "ZeroDivisionError")
         self.assertIn("division by zero", result["error"]["evalue"])
         self.assertTrue(result["error"]["traceback"])
 
     @inlineCallbacks
-    def test_matplotlib_png(self) -> Any:
-        """A matplotlib figure comes back as a PNG display item."""
+    def test_matplotlib_png(self: Any) -> Any:
+        """A matplotlib figure comes back as one PNG display item."""
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise SkipTest("matplotlib is not installed") from None
-        ctx = yield self.context()
+        ctx = yield self.context(**self.context_body())
         result = yield self.execute(
             ctx["id"],
             "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()",
@@ -149,6 +158,83 @@ class ContextTests(CodeTestCase):
         ]
         self.assertEqual(len(pngs), 1)
         self.assertTrue(base64.b64decode(pngs[0]).startswith(b"\x89PNG\r\n\x1a\n"))
+
+    @inlineCallbacks
+    def test_input(self: Any) -> Any:
+        """input() asks (``input.requested``) and takes one answer; refused without allow_stdin."""
+        ctx = yield self.context(**self.context_body())
+        refused = yield self.execute(ctx["id"], "input('name? ')")
+        self.assertEqual(refused["state"], "error")
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {
+                "code": "who = input('name? ')\nprint('hi', who)",
+                "allow_stdin": True,
+                "wait": 0,
+            },
+        )
+        xid = reply.json()["execution_id"]
+        reader = yield self.stream(reply.json()["events_url"])
+        yield reader.wait_for_event(lambda e: e["event"] == "input.requested")
+        asked = next(e for e in reader.events if e["event"] == "input.requested")
+        self.assertEqual(asked["data"]["prompt"], "name? ")
+        answered = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/executions/{xid}/input",
+            {"value": "ada"},
+        )
+        self.assertEqual(answered.status, 200, answered.body)
+        events = yield reader.done
+        self.assertEqual(events[-1]["data"]["state"], "ok")
+        got = yield self.request("GET", f"/code/contexts/{ctx['id']}/executions/{xid}")
+        self.assertEqual(got.json()["stdout"], "hi ada\n")
+        again = yield self.request(
+            "POST", f"/code/contexts/{ctx['id']}/executions/{xid}/input", {"value": "x"}
+        )
+        self.assertEqual(again.json()["code"], "already_resolved")
+
+    @inlineCallbacks
+    def test_interrupt_then_delete(self: Any) -> Any:
+        """Interrupting a busy loop ends it ``interrupted`` (KeyboardInterrupt), the state survives; delete ends the kernel."""
+        ctx = yield self.context(**self.context_body())
+        yield self.execute(ctx["id"], "kept = 7")
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {"code": "while True: pass", "wait": 0},
+        )
+        xid = reply.json()["execution_id"]
+        yield deferLater(reactor, 0.5, lambda: None)
+        stop = yield self.request("POST", f"/code/contexts/{ctx['id']}/interrupt", {})
+        self.assertEqual(stop.json()["execution_id"], xid)
+        got = yield self.request(
+            "GET", f"/code/contexts/{ctx['id']}/executions/{xid}?wait=10"
+        )
+        self.assertEqual(got.json()["state"], "interrupted")
+        self.assertEqual(got.json()["error"]["ename"], "KeyboardInterrupt")
+        after = yield self.execute(ctx["id"], "kept")
+        self.assertEqual(after["results"][0]["data"]["text/plain"], "7")
+        yield self.request("DELETE", f"/code/contexts/{ctx['id']}")
+        self.assertFalse(alive(ctx["pid"]))
+
+
+class IPykernelScenarios(KernelScenarios, CodeTestCase):
+    """The shared scenarios on a real ipykernel (``python3``)."""
+
+
+class ContextTests(CodeTestCase):
+    """The native API with a real ipykernel."""
+
+    @inlineCallbacks
+    def test_no_zmq_in_the_daemon(self) -> Any:
+        """The daemon (this process) speaks to an ipykernel without importing ZMQ."""
+        ctx = yield self.context()
+        self.assertEqual(ctx["kernel"], "python3")
+        result = yield self.execute(ctx["id"], "41 + 1")
+        self.assertEqual(result["results"][0]["data"]["text/plain"], "42")
+        for name in ("zmq", "jupyter_client", "tornado"):
+            self.assertNotIn(name, sys.modules)
 
     @inlineCallbacks
     def test_stream_events(self) -> Any:
@@ -201,56 +287,6 @@ class ContextTests(CodeTestCase):
         self.assertEqual(text, "".join(f"{i}\n" for i in range(6)))
         got = yield self.request("GET", f"/code/contexts/{ctx['id']}/executions/{xid}")
         self.assertEqual(got.json()["state"], "ok")
-
-    @inlineCallbacks
-    def test_interrupt(self) -> Any:
-        """Interrupting a busy loop ends it ``interrupted``; the state survives."""
-        ctx = yield self.context()
-        yield self.execute(ctx["id"], "kept = 7")
-        reply = yield self.request(
-            "POST",
-            f"/code/contexts/{ctx['id']}/execute",
-            {"code": "while True: pass", "wait": 0},
-        )
-        xid = reply.json()["execution_id"]
-        yield deferLater(reactor, 0.5, lambda: None)
-        stop = yield self.request("POST", f"/code/contexts/{ctx['id']}/interrupt", {})
-        self.assertEqual(stop.json()["execution_id"], xid)
-        got = yield self.request(
-            "GET", f"/code/contexts/{ctx['id']}/executions/{xid}?wait=10"
-        )
-        self.assertEqual(got.json()["state"], "interrupted")
-        after = yield self.execute(ctx["id"], "kept")
-        self.assertEqual(after["results"][0]["data"]["text/plain"], "7")
-
-    @inlineCallbacks
-    def test_input(self) -> Any:
-        """input() with allow_stdin: ``input.requested``, then the answer; without it, an error."""
-        ctx = yield self.context()
-        refused = yield self.execute(ctx["id"], "input('name? ')")
-        self.assertEqual(refused["state"], "error")
-        reply = yield self.request(
-            "POST",
-            f"/code/contexts/{ctx['id']}/execute",
-            {
-                "code": "who = input('name? ')\nprint('hi', who)",
-                "allow_stdin": True,
-                "wait": 0,
-            },
-        )
-        xid = reply.json()["execution_id"]
-        reader = yield self.stream(reply.json()["events_url"])
-        yield reader.wait_for_event(lambda e: e["event"] == "input.requested")
-        answered = yield self.request(
-            "POST",
-            f"/code/contexts/{ctx['id']}/executions/{xid}/input",
-            {"value": "ada"},
-        )
-        self.assertEqual(answered.status, 200, answered.body)
-        events = yield reader.done
-        self.assertEqual(events[-1]["data"]["state"], "ok")
-        got = yield self.request("GET", f"/code/contexts/{ctx['id']}/executions/{xid}")
-        self.assertEqual(got.json()["stdout"], "hi ada\n")
 
     @inlineCallbacks
     def test_disconnect_drops_a_queued_execution(self) -> Any:
@@ -673,10 +709,47 @@ class NoRestartTests(CodeTestCase):
         self.assertEqual(ok["results"][0]["data"]["text/plain"], "3")
 
 
-class UserTests(CodeTestCase):
-    """The kernel runs as the request's user (a root daemon only)."""
+def runnable_by_others(path: str) -> bool:
+    """Whether a user other than the owner may run ``path`` (every directory on the way searchable)."""
+    import stat
 
-    policy = code_policy(params={"users": ["nobody"]})
+    path = os.path.realpath(path)
+    if not os.stat(path).st_mode & stat.S_IXOTH:
+        return False
+    parent = os.path.dirname(path)
+    while parent != os.path.dirname(parent):
+        if not os.stat(parent).st_mode & stat.S_IXOTH:
+            return False
+        parent = os.path.dirname(parent)
+    return True
+
+
+def _run_as(name: str) -> Any:
+    """The :class:`~sandboxd.processes.command.RunAs` of a user."""
+    import pwd
+
+    from sandboxd.processes.command import RunAs
+
+    entry = pwd.getpwnam(name)
+    return RunAs(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
+
+
+def uid_of(pid: int) -> int:
+    """A live process's real uid."""
+    with open(f"/proc/{pid}/status") as f:
+        line = next(x for x in f if x.startswith("Uid:"))
+    return int(line.split()[1])
+
+
+class UserTests(CodeTestCase):
+    """The kernel (and the hub that speaks to it) runs as the request's user (a root daemon only)."""
+
+    policy = code_policy(
+        params={
+            "users": ["nobody"],
+            "kernels": ["python3", "sandboxd-python", "sleepy"],
+        }
+    )
 
     def setUp(self) -> Any:
         if os.geteuid() != 0:
@@ -700,6 +773,107 @@ class UserTests(CodeTestCase):
             result["results"][0]["data"]["text/plain"],
             str(pwd.getpwnam("nobody").pw_uid),
         )
+
+    def fake_hubs(self) -> None:
+        """
+        Kernels of a kernelspec ``sleepy`` (a sleeping stdlib Python) spoken to
+        by the ``whoami`` fake hub, both runnable by nobody.
+        """
+        import json
+
+        from sandboxd.kernels import hubclient
+
+        if not os.access("/usr/bin/python3", os.X_OK):
+            raise SkipTest("no /usr/bin/python3 for the user nobody to run")
+        jupyter = os.path.realpath(self.mktemp())
+        spec_dir = os.path.join(jupyter, "kernels", "sleepy")
+        os.makedirs(spec_dir)
+        os.chmod(jupyter, 0o755)
+        with open(os.path.join(spec_dir, "kernel.json"), "w") as f:
+            json.dump(
+                {
+                    "argv": [
+                        "/usr/bin/python3",
+                        "-c",
+                        "import time; time.sleep(120)",
+                        "{connection_file}",
+                    ],
+                    "display_name": "sleepy",
+                    "language": "python",
+                },
+                f,
+            )
+        saved = os.environ.get("JUPYTER_PATH")
+        os.environ["JUPYTER_PATH"] = jupyter
+        self.addCleanup(
+            lambda: (
+                os.environ.pop("JUPYTER_PATH", None)
+                if saved is None
+                else os.environ.__setitem__("JUPYTER_PATH", saved)
+            )
+        )
+        self.patch(hubclient, "HUB_COMMAND", ["/usr/bin/python3", FAKE_HUB, "whoami"])
+
+    @inlineCallbacks
+    def test_hub_per_user(self) -> Any:
+        """
+        A context of nobody gets a hub running as nobody, not the root hub;
+        its kernel runs as nobody with a 0600 connection file nobody owns.
+        """
+        import pwd
+
+        self.fake_hubs()
+        nobody = pwd.getpwnam("nobody").pw_uid
+        mine = yield self.context(kernel="sleepy")
+        theirs = yield self.context(kernel="sleepy", user="nobody")
+        self.assertEqual(mine["language"], f"uid{os.geteuid()}")
+        self.assertEqual(theirs["language"], f"uid{nobody}")
+        ran = yield self.execute(theirs["id"], "anything")
+        self.assertEqual(ran["results"][0]["data"]["text/plain"], str(nobody))
+        self.assertEqual(uid_of(theirs["pid"]), nobody)
+        with open(f"/proc/{theirs['pid']}/cmdline", "rb") as f:
+            connection_file = f.read().split(b"\0")[-2].decode()
+        info = os.stat(connection_file)
+        self.assertEqual((info.st_uid, info.st_mode & 0o777), (nobody, 0o600))
+
+    @inlineCallbacks
+    def test_hub_speaks_only_for_its_user(self) -> Any:
+        """A hub that names another user's context (its pipe is its user's to write) is not heard."""
+        self.fake_hubs()
+        mine = yield self.context(kernel="sleepy")
+        theirs = yield self.context(kernel="sleepy", user="nobody")
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{mine['id']}/execute",
+            {"code": "hang", "wait": 0},
+        )
+        xid = reply.json()["execution_id"]
+        spoofed = yield self.execute(theirs["id"], f"spoof:{mine['id']}:{xid}")
+        self.assertEqual(spoofed["state"], "ok")
+        got = yield self.request("GET", f"/code/contexts/{mine['id']}/executions/{xid}")
+        self.assertEqual(got.json()["state"], "running")
+
+    @inlineCallbacks
+    def test_ipykernel_as_user(self) -> Any:
+        """A real ipykernel of user=nobody runs code as nobody."""
+        import pwd
+        import sys
+
+        if not runnable_by_others(sys.executable):
+            raise SkipTest(
+                f"this Python ({os.path.realpath(sys.executable)}) is in a"
+                " directory the user nobody cannot enter"
+            )
+        ctx = yield self.context(user="nobody")
+        result = yield self.execute(ctx["id"], "import os\nos.getuid()")
+        nobody = pwd.getpwnam("nobody").pw_uid
+        self.assertEqual(result["results"][0]["data"]["text/plain"], str(nobody))
+        self.assertEqual(uid_of(ctx["pid"]), nobody)
+        # Its hub runs as nobody too, but is not dumpable: its /proc entries
+        # (its pipes to the daemon) are root's, out of the kernel's reach.
+        hub = self.daemon.context.code.get().hub(_run_as("nobody"))
+        self.assertEqual(uid_of(hub.pid), nobody)
+        self.assertEqual(os.stat(f"/proc/{hub.pid}/fd").st_uid, 0)
 
 
 FAKE_HUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_hub.py")

@@ -1,0 +1,112 @@
+"""
+The framing of the kernel hub's pipe, as the daemon reads it: JSON lines,
+and raw output bytes announced by the line before them, however the pipe
+cuts them; anything over the bound stops the reader.
+"""
+
+from __future__ import annotations
+
+import json
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd.kernels.hub import utf8_chunks
+from sandboxd.kernels.hubclient import LineSplitter
+
+
+class Reader:
+    """A splitter wired as the hub client wires it: ``bytes`` in a line announces a payload."""
+
+    def __init__(self, max_bytes: int = 1000) -> None:
+        self.got: list[object] = []
+        self.overflows: list[int] = []
+        self.splitter = LineSplitter(
+            max_bytes, self.line, self.overflows.append, self.got.append
+        )
+
+    def line(self, data: bytes) -> None:
+        event = json.loads(data)
+        self.got.append(event)
+        if "bytes" in event:
+            self.splitter.expect(event["bytes"])
+
+
+def framed(events: list[tuple[dict[str, object], bytes | None]]) -> bytes:
+    """What the hub writes for ``events``."""
+    out = b""
+    for event, payload in events:
+        if payload is not None:
+            event = {**event, "bytes": len(payload)}
+        out += json.dumps(event).encode() + b"\n" + (payload or b"")
+    return out
+
+
+class SplitterTests(SynchronousTestCase):
+    """Lines and payloads come whole and in order, whatever the reads."""
+
+    def test_every_cut(self) -> None:
+        """Cut at every offset into two reads, the same events and payloads come out."""
+        stream = framed(
+            [
+                ({"ev": "started"}, None),
+                ({"ev": "stream"}, b"line one\nline two\n"),
+                ({"ev": "stream"}, b""),
+                ({"ev": "done"}, None),
+            ]
+        )
+        expected = [
+            {"ev": "started"},
+            {"ev": "stream", "bytes": 18},
+            b"line one\nline two\n",
+            {"ev": "stream", "bytes": 0},
+            b"",
+            {"ev": "done"},
+        ]
+        for cut in range(len(stream) + 1):
+            reader = Reader()
+            reader.splitter.feed(stream[:cut])
+            reader.splitter.feed(stream[cut:])
+            self.assertEqual(reader.got, expected, f"cut at {cut}")
+
+    def test_byte_by_byte(self) -> None:
+        """One byte a read works as well."""
+        stream = framed([({"ev": "stream"}, b"a\nb"), ({"ev": "done"}, None)])
+        reader = Reader()
+        for i in range(len(stream)):
+            reader.splitter.feed(stream[i : i + 1])
+        self.assertEqual(
+            reader.got, [{"ev": "stream", "bytes": 3}, b"a\nb", {"ev": "done"}]
+        )
+
+    def test_long_line_stops(self) -> None:
+        """A line over the bound stops the reader (nothing after it is taken)."""
+        reader = Reader(max_bytes=50)
+        reader.splitter.feed(b'{"ev": "' + b"x" * 100)
+        reader.splitter.feed(b'"}\n{"ev": "done"}\n')
+        self.assertEqual(reader.overflows, [108])
+        self.assertEqual(reader.got, [])
+
+    def test_payload_over_the_bound_stops(self) -> None:
+        """A payload announced over the bound stops the reader before reading it."""
+        reader = Reader(max_bytes=50)
+        reader.splitter.feed(framed([({"ev": "stream"}, b"y" * 51)]))
+        self.assertEqual(reader.overflows, [51])
+        self.assertEqual(reader.got, [{"ev": "stream", "bytes": 51}])
+
+
+class ChunkTests(SynchronousTestCase):
+    """The hub cuts big output between characters."""
+
+    def test_characters_whole(self) -> None:
+        """Every piece decodes alone and the pieces make the whole."""
+        text = ("héllo €😀 " * 500).encode()
+        for size in (4, 5, 7, 16, 1000, len(text)):
+            pieces = utf8_chunks(text, size)
+            self.assertEqual(b"".join(pieces), text)
+            self.assertTrue(all(len(p) <= size for p in pieces))
+            for p in pieces:
+                p.decode()
+
+    def test_empty(self) -> None:
+        """Empty output is one empty piece (the event still goes out)."""
+        self.assertEqual(utf8_chunks(b"", 8), [b""])
