@@ -451,6 +451,17 @@ _OA_ERRORS = (
 )
 _OA_404 = E(404, "not_found", "no such session (or another identity's)")
 _OA_RESPONSE_404 = E(404, "not_found", "no such response (or another identity's)")
+_OA_ARTIFACT = (
+    F("id"),
+    F("object", doc="agent.session.artifact"),
+    F("created_at", "integer"),
+    F("environment_id"),
+    F("path", doc="the file's absolute path in the workspace"),
+    F("session_id"),
+    F("size_bytes", "integer"),
+    F("turn_id"),
+)
+_OA_ARTIFACT_404 = E(404, "not_found", "no such artifact")
 _OA_DEFINITION = (
     F("model", doc="a catalogue id (required at create)", example="claude"),
     F("name"),
@@ -2847,6 +2858,21 @@ SCHEMAS: dict[str, Schema] = {
     ),
     "agents_sessions_turns_items_list": Schema(
         query=_OA_PAGE, response=_OA_LIST, errors=(_OA_404,)
+    ),
+    "agents_artifacts_list": Schema(
+        query=(*_OA_PAGE, F("environment_id", doc="only this environment's")),
+        response=_OA_LIST,
+        errors=(_OA_404,),
+    ),
+    "agents_artifacts_get": Schema(
+        response=_OA_ARTIFACT, errors=(_OA_404, _OA_ARTIFACT_404)
+    ),
+    "agents_artifacts_delete": Schema(
+        response=(F("id"), F("object"), F("deleted", "boolean")),
+        errors=(_OA_404, _OA_ARTIFACT_404),
+    ),
+    "agents_artifacts_content": Schema(
+        produces="binary", errors=(_OA_404, _OA_ARTIFACT_404)
     ),
     "agents_definitions_create": Schema(
         body=_OA_DEFINITION,

@@ -18,7 +18,7 @@ import attrs
 from sandboxd.agents import catalog
 from sandboxd.agents.manager import build_prompt
 from sandboxd.errors import bad_request, not_found, not_implemented_locally
-from sandboxd.openai_api import definitions, environments
+from sandboxd.openai_api import artifacts, definitions, environments
 from sandboxd.openai_api.face import SessionFace, WireTurn
 from sandboxd.openai_api.inputs import known_keys, message_text, metadata
 from sandboxd.openai_api.registry import door, manager, page
@@ -228,6 +228,7 @@ async def open_session(
     if not environment.get("workspace_directory"):
         environment = {**environment, "workspace_directory": engine.cwd}
     face = SessionFace(engine, request.identity.id, agent, environment, meta, hidden)
+    artifacts.attach(face)
     door(request).add(face)
     return face
 

@@ -40,6 +40,7 @@ GROUP_MODULES: dict[CapabilityGroup, tuple[str, ...]] = {
         "sandboxd.openai_api.responses",
         "sandboxd.openai_api.definitions",
         "sandboxd.openai_api.environments",
+        "sandboxd.openai_api.artifacts",
     ),
     G.GIT: ("sandboxd.routes.git",),
     G.MCP: ("sandboxd.routes.mcp",),
