@@ -462,6 +462,7 @@ _OA_ARTIFACT = (
     F("turn_id"),
 )
 _OA_ARTIFACT_404 = E(404, "not_found", "no such artifact")
+_OA_SUBAGENT_404 = E(404, "not_found", "no such subagent (an ACP agent reports none)")
 _OA_DEFINITION = (
     F("model", doc="a catalogue id (required at create)", example="claude"),
     F("name"),
@@ -2873,6 +2874,21 @@ SCHEMAS: dict[str, Schema] = {
     ),
     "agents_artifacts_content": Schema(
         produces="binary", errors=(_OA_404, _OA_ARTIFACT_404)
+    ),
+    "agents_traces_list": Schema(query=_OA_PAGE, response=_OA_LIST, errors=(_OA_404,)),
+    "agents_subagents_list": Schema(
+        query=_OA_PAGE, response=_OA_LIST, errors=(_OA_404,)
+    ),
+    "agents_subagents_get": Schema(errors=(_OA_404, _OA_SUBAGENT_404)),
+    "agents_subagents_items_list": Schema(
+        query=_OA_PAGE, errors=(_OA_404, _OA_SUBAGENT_404)
+    ),
+    "agents_subagents_turns_list": Schema(
+        query=_OA_PAGE, errors=(_OA_404, _OA_SUBAGENT_404)
+    ),
+    "agents_subagents_turns_get": Schema(errors=(_OA_404, _OA_SUBAGENT_404)),
+    "agents_subagents_turns_items_list": Schema(
+        query=_OA_PAGE, errors=(_OA_404, _OA_SUBAGENT_404)
     ),
     "agents_definitions_create": Schema(
         body=_OA_DEFINITION,

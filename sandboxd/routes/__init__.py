@@ -41,6 +41,8 @@ GROUP_MODULES: dict[CapabilityGroup, tuple[str, ...]] = {
         "sandboxd.openai_api.definitions",
         "sandboxd.openai_api.environments",
         "sandboxd.openai_api.artifacts",
+        "sandboxd.openai_api.traces",
+        "sandboxd.openai_api.subagents",
     ),
     G.GIT: ("sandboxd.routes.git",),
     G.MCP: ("sandboxd.routes.mcp",),
