@@ -275,6 +275,7 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("agents_subagents_turns_list", "GET", _V + "/subagents/{subagent_id}" + "/turns", G.AGENTS, ("agents:use",), "List a subagent's turns.", _OA),
     ("agents_subagents_turns_get", "GET", _V + "/subagents/{subagent_id}" + "/turns/{turn_id}", G.AGENTS, ("agents:use",), "Get a subagent's turn.", _OA),
     ("agents_subagents_turns_items_list", "GET", _V + "/subagents/{subagent_id}" + "/turns/{turn_id}/items", G.AGENTS, ("agents:use",), "List the items of a subagent's turn.", _OA),
+    ("agents_responses_compact", "POST", "/v1/responses/compact", G.AGENTS, ("agents:use",), "Compact a conversation with the agent's own /compact (or /compress) command.", _OA),
     ("agents_definitions_create", "POST", "/v1/agents", G.AGENTS, ("agents:use",), "Store an agent definition.", _OA),
     ("agents_definitions_list", "GET", "/v1/agents", G.AGENTS, ("agents:use",), "List agent definitions.", _OA),
     ("agents_definitions_get", "GET", "/v1/agents/{agent_id}", G.AGENTS, ("agents:use",), "Get an agent definition.", _OA),

@@ -2890,6 +2890,37 @@ SCHEMAS: dict[str, Schema] = {
     "agents_subagents_turns_items_list": Schema(
         query=_OA_PAGE, errors=(_OA_404, _OA_SUBAGENT_404)
     ),
+    "agents_responses_compact": Schema(
+        body=(
+            F(
+                "previous_response_id",
+                doc="the conversation's latest response (required)",
+                example="resp_0123456789abcdef01234567",
+            ),
+            F("model", doc="accepted; the conversation's agent runs the command"),
+            F("adapter"),
+            F("runtime"),
+        ),
+        response=(
+            F("id", doc="resp_cmp_..."),
+            F("object", doc="response.compaction"),
+            F("created_at", "integer"),
+            F("output", "array", "the agent's reply, as message items", items="object"),
+            F("usage", "object"),
+        ),
+        errors=(
+            *_OA_ERRORS,
+            _OA_RESPONSE_404,
+            E(502, "agent_error", "the agent's compaction turn failed"),
+            E(503, "agent_unavailable", "the conversation's agent is gone"),
+            E(
+                504,
+                "agent_timeout",
+                "the compaction did not end within max_turn_seconds",
+            ),
+        ),
+        notes="400 invalid_param (param model) when the agent offers no /compact or /compress.",
+    ),
     "agents_definitions_create": Schema(
         body=_OA_DEFINITION,
         response=_OA_AGENT,

@@ -43,6 +43,7 @@ GROUP_MODULES: dict[CapabilityGroup, tuple[str, ...]] = {
         "sandboxd.openai_api.artifacts",
         "sandboxd.openai_api.traces",
         "sandboxd.openai_api.subagents",
+        "sandboxd.openai_api.compact",
     ),
     G.GIT: ("sandboxd.routes.git",),
     G.MCP: ("sandboxd.routes.mcp",),
