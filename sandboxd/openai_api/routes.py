@@ -228,7 +228,8 @@ async def open_session(
     if not environment.get("workspace_directory"):
         environment = {**environment, "workspace_directory": engine.cwd}
     face = SessionFace(engine, request.identity.id, agent, environment, meta, hidden)
-    artifacts.attach(face)
+    if not hidden:
+        artifacts.attach(face)  # a response's session has no artifacts route
     door(request).add(face)
     return face
 
