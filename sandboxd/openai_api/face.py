@@ -24,6 +24,7 @@ import json
 import secrets
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from sandboxd.errors import (
@@ -39,6 +40,8 @@ from sandboxd.policy import defaults
 from sandboxd.waiters import Waiters
 
 if TYPE_CHECKING:
+    from twisted.internet.defer import Deferred
+
     from sandboxd.agents.session import AgentSession
 
 #: Input messages waiting behind a running turn, per session.
@@ -261,6 +264,9 @@ class SessionFace:
         self.credential_ids: list[str] = []
         #: The agent's MCP tools as answers show them (header values masked).
         self.tools: list[dict[str, Any]] = []
+        #: Copies a completed turn's written files (artifacts); the turn is
+        #: reported completed once the Deferred it returns fires.
+        self.snapshot: Callable[[WireTurn], Deferred[None] | None] | None = None
         self._unsubscribe = _nothing
 
     @classmethod
@@ -857,6 +863,15 @@ class SessionFace:
             r for r, a in self.required.items() if a["turn_id"] == turn.id
         ]:
             self.required.pop(request_id)
+        held = self.snapshot(turn) if status == "completed" and self.snapshot else None
+        if held is None:
+            self._conclude(turn, status)
+        else:
+            # The turn's files are copied before it is reported completed,
+            # so a client that saw the turn end finds its artifacts.
+            held.addBoth(lambda _: self._conclude(turn, status))
+
+    def _conclude(self, turn: WireTurn, status: str) -> None:
         self.current = None
         self._finish(turn, status, turn.usage)
         if self.queue:

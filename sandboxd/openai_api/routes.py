@@ -25,7 +25,7 @@ from sandboxd.errors import (
     not_found,
     not_implemented_locally,
 )
-from sandboxd.openai_api import definitions, environments, tools, vaults
+from sandboxd.openai_api import artifacts, definitions, environments, tools, vaults
 from sandboxd.openai_api.face import SessionFace, WireTurn
 from sandboxd.openai_api.inputs import known_keys, message_text, metadata
 from sandboxd.openai_api.registry import door, manager, page
@@ -248,6 +248,8 @@ async def open_session(
     face.vault_ids = list(vault_ids or [])
     face.credential_ids = credential_ids
     face.tools = tools.describe_tools(agent.get("tools") or [])
+    if not hidden:
+        artifacts.attach(face)  # a response's session has no artifacts route
     door(request).add(face)
     return face
 

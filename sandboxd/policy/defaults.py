@@ -587,3 +587,11 @@ CHILD_IO_LEVEL = 7
 CHILD_OOM_SCORE_ADJ = 500
 DAEMON_NICE = -5
 DAEMON_OOM_SCORE_ADJ = -500
+
+# -- the /v1 door's artifacts (copies of the files a turn wrote) -------------
+#: The largest file copied as an artifact.
+V1_ARTIFACT_BYTES = 10 * MIB
+#: Files copied per completed turn.
+V1_ARTIFACTS_PER_TURN = 100
+#: Artifacts kept per session (the oldest copy goes beyond).
+V1_ARTIFACTS_KEPT = 1000

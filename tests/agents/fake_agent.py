@@ -12,7 +12,8 @@ the prompt's first word; capabilities by command-line flags:
 Prompts: ``echo TEXT``, ``edit PATH TEXT`` (plan, permission, fs write,
 diff), ``read PATH``, ``write PATH TEXT`` (no permission asked),
 ``terminal CMD ARGS``, ``slow`` (until cancelled), ``stubborn`` (ignores
-cancel), ``commands``, ``exit`` (dies mid-turn), ``think``, ``info``,
+cancel), ``commands [NAME...]`` (offers /web, or the names), ``/compact``
+(answers token counts as JSON), ``exit`` (dies mid-turn), ``think``, ``info``,
 ``mcp`` (reports, then leaks, the MCP servers' headers it was given).
 """
 
@@ -266,19 +267,32 @@ class FakeAgent(Agent):
             )
             return PromptResponse(stop_reason="end_turn")
         if verb == "commands":
+            # ``commands`` offers /web; ``commands A B`` offers /A and /B.
+            names = text.split()[1:]
+            offered: list[dict[str, Any]] = [
+                {"name": name, "description": f"The {name} command"} for name in names
+            ] or [
+                {
+                    "name": "web",
+                    "description": "Search the web",
+                    "input": {"hint": "query"},
+                }
+            ]
             await send(
                 session_id,
                 raw_update(
                     {
                         "sessionUpdate": "available_commands_update",
-                        "availableCommands": [
-                            {
-                                "name": "web",
-                                "description": "Search the web",
-                                "input": {"hint": "query"},
-                            }
-                        ],
+                        "availableCommands": offered,
                     }
+                ),
+            )
+            return PromptResponse(stop_reason="end_turn")
+        if verb == "/compact":
+            await send(
+                session_id,
+                update_agent_message_text(
+                    '{"originalTokenCount": 1200, "newTokenCount": 300}'
                 ),
             )
             return PromptResponse(stop_reason="end_turn")

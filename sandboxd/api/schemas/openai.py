@@ -66,6 +66,24 @@ _OA_404 = E(404, "not_found", "no such session (or another identity's)")
 _OA_RESPONSE_404 = E(404, "not_found", "no such response (or another identity's)")
 
 
+_OA_ARTIFACT = (
+    F("id"),
+    F("object", doc="agent.session.artifact"),
+    F("created_at", "integer"),
+    F("environment_id"),
+    F("path", doc="the file's absolute path in the workspace"),
+    F("session_id"),
+    F("size_bytes", "integer"),
+    F("turn_id"),
+)
+
+
+_OA_ARTIFACT_404 = E(404, "not_found", "no such artifact")
+
+
+_OA_SUBAGENT_404 = E(404, "not_found", "no such subagent (an ACP agent reports none)")
+
+
 _OA_DEFINITION = (
     F("model", doc="a catalogue id (required at create)", example="claude"),
     F("name"),
@@ -349,6 +367,67 @@ SCHEMAS: dict[str, Schema] = {
     ),
     "agents_sessions_turns_items_list": Schema(
         query=_OA_PAGE, response=_OA_LIST, errors=(_OA_404,)
+    ),
+    "agents_artifacts_list": Schema(
+        query=(*_OA_PAGE, F("environment_id", doc="only this environment's")),
+        response=_OA_LIST,
+        errors=(_OA_404,),
+    ),
+    "agents_artifacts_get": Schema(
+        response=_OA_ARTIFACT, errors=(_OA_404, _OA_ARTIFACT_404)
+    ),
+    "agents_artifacts_delete": Schema(
+        response=(F("id"), F("object"), F("deleted", "boolean")),
+        errors=(_OA_404, _OA_ARTIFACT_404),
+    ),
+    "agents_artifacts_content": Schema(
+        produces="binary", errors=(_OA_404, _OA_ARTIFACT_404)
+    ),
+    "agents_traces_list": Schema(query=_OA_PAGE, response=_OA_LIST, errors=(_OA_404,)),
+    "agents_subagents_list": Schema(
+        query=_OA_PAGE, response=_OA_LIST, errors=(_OA_404,)
+    ),
+    "agents_subagents_get": Schema(errors=(_OA_404, _OA_SUBAGENT_404)),
+    "agents_subagents_items_list": Schema(
+        query=_OA_PAGE, errors=(_OA_404, _OA_SUBAGENT_404)
+    ),
+    "agents_subagents_turns_list": Schema(
+        query=_OA_PAGE, errors=(_OA_404, _OA_SUBAGENT_404)
+    ),
+    "agents_subagents_turns_get": Schema(errors=(_OA_404, _OA_SUBAGENT_404)),
+    "agents_subagents_turns_items_list": Schema(
+        query=_OA_PAGE, errors=(_OA_404, _OA_SUBAGENT_404)
+    ),
+    "agents_responses_compact": Schema(
+        body=(
+            F(
+                "previous_response_id",
+                doc="the conversation's latest response (required)",
+                example="resp_0123456789abcdef01234567",
+            ),
+            F("model", doc="accepted; the conversation's agent runs the command"),
+            F("adapter"),
+            F("runtime"),
+        ),
+        response=(
+            F("id", doc="resp_cmp_..."),
+            F("object", doc="response.compaction"),
+            F("created_at", "integer"),
+            F("output", "array", "the agent's reply, as message items", items="object"),
+            F("usage", "object"),
+        ),
+        errors=(
+            *_OA_ERRORS,
+            _OA_RESPONSE_404,
+            E(502, "agent_error", "the agent's compaction turn failed"),
+            E(503, "agent_unavailable", "the conversation's agent is gone"),
+            E(
+                504,
+                "agent_timeout",
+                "the compaction did not end within max_turn_seconds",
+            ),
+        ),
+        notes="400 invalid_param (param model) when the agent offers no /compact or /compress.",
     ),
     "agents_definitions_create": Schema(
         body=_OA_DEFINITION,
