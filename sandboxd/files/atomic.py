@@ -255,3 +255,32 @@ def _etag_matches(header: str, etag: str) -> bool:
 
 
 etag_matches = _etag_matches
+
+
+def write_private(path: str, data: bytes) -> None:
+    """
+    ``data`` at ``path`` (0600, the daemon's own), written to a temporary
+    file beside it, synced and renamed into place, so a reader or a crash
+    sees the old bytes or the new, never half (blocking: run it in a
+    thread).  The daemon's own state, not a guarded path.
+    """
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".{name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        remove_if_there(tmp)
+        raise
+
+
+def remove_if_there(path: str) -> None:
+    """Remove ``path``; one already gone is no error (blocking)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

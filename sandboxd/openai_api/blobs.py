@@ -26,6 +26,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
 
 from sandboxd.errors import ApiError, insufficient_storage, internal
+from sandboxd.files.atomic import remove_if_there, write_private
 from sandboxd.waiters import Waiters
 
 #: A record's fields on disk.
@@ -35,31 +36,6 @@ _FIELDS = ("id", "owner", "filename", "purpose", "bytes", "created_at")
 def new_file_id() -> str:
     """An OpenAI-style file id (``file-`` and 24 hex characters)."""
     return "file-" + secrets.token_hex(12)
-
-
-def _write_whole(directory: str, name: str, data: bytes) -> None:
-    """``data`` at ``directory/name`` (0600), renamed into place when whole."""
-    tmp = os.path.join(directory, f".{name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, os.path.join(directory, name))
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 class FileStore:
@@ -167,12 +143,13 @@ class FileStore:
         def write() -> None:
             os.makedirs(self.root, mode=0o700, exist_ok=True)
             try:
-                _write_whole(self.root, f"{record['id']}.bin", data)
-                _write_whole(
-                    self.root, f"{record['id']}.json", json.dumps(record).encode()
+                write_private(os.path.join(self.root, f"{record['id']}.bin"), data)
+                write_private(
+                    os.path.join(self.root, f"{record['id']}.json"),
+                    json.dumps(record).encode(),
                 )
             except BaseException:
-                _unlink(self.path(record))
+                remove_if_there(self.path(record))
                 raise
 
         def release(result: Any) -> Any:
@@ -195,8 +172,8 @@ class FileStore:
         self.records.pop(record["id"], None)
 
         def unlink() -> None:
-            _unlink(os.path.join(self.root, f"{record['id']}.json"))
-            _unlink(self.path(record))
+            remove_if_there(os.path.join(self.root, f"{record['id']}.json"))
+            remove_if_there(self.path(record))
 
         d: Deferred[None] = in_thread(unlink)
         return d.addErrback(_os_failure)

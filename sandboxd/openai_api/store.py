@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +37,7 @@ from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.python.failure import Failure
 
 from sandboxd.eventlog import Event, EventLog, json_size
+from sandboxd.files.atomic import remove_if_there, write_private
 from sandboxd.openai_api.face import SessionFace, WireTurn
 from sandboxd.policy import defaults
 
@@ -51,36 +51,6 @@ VERSION = 1
 
 #: What a turn that was running (or queued) when the daemon stopped says.
 INTERRUPTED = "the daemon stopped while this turn was running"
-
-
-def write_atomically(path: str, data: bytes) -> None:
-    """
-    ``data`` at ``path`` (0600) through a temporary file renamed into place
-    (blocking: run it in a thread).
-    """
-    directory = os.path.dirname(path)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def remove(path: str) -> None:
-    """Remove ``path`` if it is there (blocking)."""
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 # -- a session as a record, and back -------------------------------------------
@@ -220,7 +190,7 @@ class SessionStore:
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         names = sorted(self._files(), key=lambda entry: entry[1])
         for stale, _ in names[: -defaults.OPENAI_STATE_SESSIONS or None]:
-            remove(stale)
+            remove_if_there(stale)
         names = names[-defaults.OPENAI_STATE_SESSIONS :]
         faces = []
         for path, _ in names:
@@ -257,7 +227,7 @@ class SessionStore:
             return
         data = json.dumps({"version": VERSION, "endpoints": endpoints}).encode()
         path = os.path.join(self.root, "webhooks.json")
-        self._after_writes("webhooks", write_atomically, path, data)
+        self._after_writes("webhooks", write_private, path, data)
 
     def _files(self) -> Iterator[tuple[str, float]]:
         with os.scandir(self.directory) as entries:
@@ -294,7 +264,7 @@ class SessionStore:
         due = self._due.pop(face_id, None)
         if due is not None and due.active():
             due.cancel()
-        return self._after_writes(face_id, remove, self.path(face_id))
+        return self._after_writes(face_id, remove_if_there, self.path(face_id))
 
     def _save(self, face: SessionFace) -> Deferred[None]:
         self._due.pop(face.id, None)
@@ -302,7 +272,7 @@ class SessionStore:
         if data is None:
             log.warning("session %s is too large to keep; its last file stays", face.id)
             return succeed(None)
-        return self._after_writes(face.id, write_atomically, self.path(face.id), data)
+        return self._after_writes(face.id, write_private, self.path(face.id), data)
 
     def _after_writes(
         self, face_id: str, work: Callable[..., None], *args: Any
