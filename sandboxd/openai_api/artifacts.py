@@ -31,7 +31,7 @@ from sandboxd.access.guard import PathGuard
 from sandboxd.errors import ApiError, not_found
 from sandboxd.files.stream import FileProducer
 from sandboxd.openai_api.face import SessionFace, WireTurn, new_id
-from sandboxd.openai_api.registry import door, page
+from sandboxd.openai_api.registry import face_of, page
 from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest, StreamResponse
 
@@ -222,11 +222,6 @@ def shelf_of(face: SessionFace) -> Shelf:
 
 
 # -- the routes ------------------------------------------------------------------
-
-
-def face_of(request: ServerRequest) -> SessionFace:
-    """The ``{session_id}`` session of the caller, or 404."""
-    return door(request).face(request, request.path_params["session_id"])
 
 
 def agents_artifacts_list(request: ServerRequest) -> dict[str, Any]:

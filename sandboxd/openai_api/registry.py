@@ -143,6 +143,11 @@ def door(request: ServerRequest) -> Registry:
     return registry(manager(request))
 
 
+def face_of(request: ServerRequest) -> SessionFace:
+    """The ``{session_id}`` session of the caller, or 404."""
+    return door(request).face(request, request.path_params["session_id"])
+
+
 def page(
     request: ServerRequest, objects: list[dict[str, Any]], default_order: str = "desc"
 ) -> dict[str, Any]:

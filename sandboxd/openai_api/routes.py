@@ -28,7 +28,7 @@ from sandboxd.errors import (
 from sandboxd.openai_api import artifacts, definitions, environments, tools, vaults
 from sandboxd.openai_api.face import SessionFace, WireTurn
 from sandboxd.openai_api.inputs import known_keys, message_text, metadata
-from sandboxd.openai_api.registry import door, manager, page
+from sandboxd.openai_api.registry import door, face_of, manager, page
 from sandboxd.openai_api.stream import follow, resume_after
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
 
@@ -71,11 +71,6 @@ _DECISIONS: dict[str, dict[str, Any]] = {
     "deny": {"decision": "reject_once"},
     "cancel": {"cancel": True},
 }
-
-
-def face_of(request: ServerRequest) -> SessionFace:
-    """The ``{session_id}`` session of the caller, or 404."""
-    return door(request).face(request, request.path_params["session_id"])
 
 
 def accepted() -> ServerResponse:

@@ -14,8 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from sandboxd.errors import not_found
-from sandboxd.openai_api.registry import page
-from sandboxd.openai_api.traces import face_of
+from sandboxd.openai_api.registry import face_of, page
 from sandboxd.web.messages import ServerRequest
 
 

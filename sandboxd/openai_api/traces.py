@@ -14,7 +14,7 @@ import hashlib
 from typing import Any
 
 from sandboxd.openai_api.face import SessionFace, WireTurn
-from sandboxd.openai_api.registry import door, page
+from sandboxd.openai_api.registry import face_of, page
 from sandboxd.web.messages import ServerRequest
 
 #: The OTLP resource's ``service.name`` and the instrumentation scope.
@@ -23,11 +23,6 @@ SCOPE_NAME = "sandboxd.agents"
 #: OTLP span kind INTERNAL; status codes OK and ERROR.
 _KIND_INTERNAL = 1
 _STATUS_OK, _STATUS_ERROR = 1, 2
-
-
-def face_of(request: ServerRequest) -> SessionFace:
-    """The ``{session_id}`` session of the caller, or 404."""
-    return door(request).face(request, request.path_params["session_id"])
 
 
 def _attr(key: str, value: Any) -> dict[str, Any]:
