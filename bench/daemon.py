@@ -72,17 +72,25 @@ def start_daemon(
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    deadline = time.monotonic() + wait_seconds
+    wait_healthy(proc, port, wait_seconds, "daemon")
+    return proc, port
+
+
+def wait_healthy(
+    proc: subprocess.Popen[bytes], port: int, seconds: float, what: str
+) -> None:
+    """Wait for ``200 /health`` on ``port``; kill ``proc`` and exit if it never comes."""
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
             c.request("GET", "/health")
             if c.getresponse().status == 200:
-                return proc, port
+                return
         except OSError:
             time.sleep(0.05)
     proc.kill()
-    raise SystemExit("daemon did not start")
+    raise SystemExit(f"{what} did not start")
 
 
 def cpu_seconds(pid: int) -> float:

@@ -37,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from daemon import free_port, start_daemon
+from daemon import free_port, start_daemon, wait_healthy
 
 #: case → (method, path, JSON body)
 CASES: dict[str, tuple[str, str, Any]] = {
@@ -81,17 +81,8 @@ def _start(args: argparse.Namespace, base: str, token: str, prefix: list[str]) -
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    return proc, port
-            except OSError:
-                time.sleep(0.1)
-        proc.kill()
-        raise SystemExit("floor did not start")
+        wait_healthy(proc, port, 120, "floor")
+        return proc, port
     env = {"PYTHONHASHSEED": "0"}
     if args.tree:
         # Another checkout's code (a commit exported with git archive).
