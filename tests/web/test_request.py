@@ -251,24 +251,31 @@ class ConnectionBoundTests(SynchronousTestCase):
         self.assertEqual(site.per_peer["10.0.0.9"], MAX_CONNECTIONS_PER_PEER)
 
 
+@inlineCallbacks
+def _loopback_pair(case: TestCase) -> Any:
+    """A server transport and the plain socket of its client, closed at the end of ``case``."""
+    connected: Deferred[Any] = Deferred()
+
+    class Server(Protocol):
+        def connectionMade(self) -> None:
+            connected.callback(self.transport)
+
+    port = reactor.listenTCP(0, Factory.forProtocol(Server), interface="127.0.0.1")
+    case.addCleanup(port.stopListening)
+    client = socket.create_connection(("127.0.0.1", port.getHost().port))
+    case.addCleanup(client.close)
+    transport = yield connected
+    case.addCleanup(transport.loseConnection)
+    return transport, client
+
+
 class FirstEventTests(TestCase):
     """The first bytes of a stream leave at once, not on the reactor's next turn."""
 
     @inlineCallbacks
     def test_send_now_puts_bytes_on_the_socket(self) -> Any:
         """After _send_now, a client reading without letting the reactor run already has the bytes."""
-        connected: Deferred[Any] = Deferred()
-
-        class Server(Protocol):
-            def connectionMade(self) -> None:
-                connected.callback(self.transport)
-
-        port = reactor.listenTCP(0, Factory.forProtocol(Server), interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
-        client = socket.create_connection(("127.0.0.1", port.getHost().port))
-        self.addCleanup(client.close)
-        transport = yield connected
-        self.addCleanup(transport.loseConnection)
+        transport, client = yield _loopback_pair(self)
         request = SimpleNamespace(channel=SimpleNamespace(transport=transport))
         transport.write(b"event: stdout\ndata: {}\n\n")
         client.setblocking(False)
@@ -308,18 +315,7 @@ class EveryEventTests(TestCase):
         A client reading without letting the reactor run has each event as
         soon as the stream wrote it: the second and third too.
         """
-        connected: Deferred[Any] = Deferred()
-
-        class Server(Protocol):
-            def connectionMade(self) -> None:
-                connected.callback(self.transport)
-
-        port = reactor.listenTCP(0, Factory.forProtocol(Server), interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
-        client = socket.create_connection(("127.0.0.1", port.getHost().port))
-        self.addCleanup(client.close)
-        transport = yield connected
-        self.addCleanup(transport.loseConnection)
+        transport, client = yield _loopback_pair(self)
         channel = SSEChannel(
             _FakeStreamRequest(transport),  # type: ignore[arg-type]
             MemoryReactorClock(),
