@@ -22,21 +22,18 @@ if TYPE_CHECKING:
     from sandboxd.openai_api.registry import Registry
     from sandboxd.web.messages import ServerRequest
 
-#: The state directory's environment variable (the seed's own name).
-STATE_DIR_ENV = "ABX_AGENTS_STATE_DIR"
-
 _STORES: weakref.WeakKeyDictionary[Registry, Stores] = weakref.WeakKeyDictionary()
 
 
 def state_dir(context: Any) -> str:
     """
-    The daemon's state directory: ``context.state_dir`` when the daemon
-    has one, else ``$ABX_AGENTS_STATE_DIR`` (as the seed), else
-    ``$XDG_STATE_HOME/sandboxd`` (``~/.local/state/sandboxd``).
+    The daemon's state directory (``--state-dir`` and the variables it
+    falls back to are read once, when the daemon is built), else
+    ``$XDG_STATE_HOME/sandboxd`` (``~/.local/state/sandboxd``): stored
+    files need a disk even when nothing else is kept.
     """
-    given = context.state_dir or os.environ.get(STATE_DIR_ENV)
-    if given:
-        return str(given)
+    if context.state_dir:
+        return str(context.state_dir)
     xdg = os.environ.get("XDG_STATE_HOME") or os.path.join(
         os.path.expanduser("~"), ".local", "state"
     )
