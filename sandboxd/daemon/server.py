@@ -51,6 +51,7 @@ from sandboxd.endpoints import RouteTable
 from sandboxd.libc import libc
 from sandboxd.policy import Policy, PolicyError, load_policy
 from sandboxd.policy.defaults import SHUTDOWN_TIMEOUT_SECONDS
+from sandboxd.processes.cgroups import CHILD_CGROUPS
 from sandboxd.processes.priority import CHILD_PRIORITY
 from sandboxd.routes import default_table
 from sandboxd.web.connections import ConnectionLimits
@@ -280,6 +281,7 @@ class DaemonService(MultiService):
             ),
         )
         CHILD_PRIORITY.configure(policy.document.priority)
+        CHILD_CGROUPS.configure(policy.document.cgroups)
         if self.settings.environ is None:
             self._hide_secrets()
         self._install_hup()
@@ -391,6 +393,7 @@ class DaemonService(MultiService):
             return False
         self.context.replace_policy(policy)
         CHILD_PRIORITY.configure(policy.document.priority)
+        CHILD_CGROUPS.configure(policy.document.cgroups)
         self.context.metrics.reloads["ok"] += 1
         self._enter_base_dir()
         for door in self.context.doors.values():
@@ -436,6 +439,7 @@ class DaemonService(MultiService):
 
         def flush(_: Any) -> None:
             self.context.audit.flush()
+            CHILD_CGROUPS.restore()
             # twistd re-raises the stopping signal at exit so the status
             # reads "killed by SIGTERM"; after a graceful stop SPEC §1 wants
             # exit 0, so forget the signal (twistd reads it after run()).

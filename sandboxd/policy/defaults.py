@@ -588,6 +588,23 @@ CHILD_OOM_SCORE_ADJ = 500
 DAEMON_NICE = -5
 DAEMON_OOM_SCORE_ADJ = -500
 
+# Where a delegated cgroup v2 hierarchy is writable (policy ``cgroups``):
+# the daemon and its children in leaves of their own, the daemon's CPU
+# weight above the children's, a memory reserve for the daemon, and the
+# children's process count bounded (docs/operations.md).  cpu.weight runs
+# 1..10000 (the kernel's default is 100).
+CGROUP_DAEMON_CPU_WEIGHT = 1000
+CGROUP_CHILDREN_CPU_WEIGHT = 100
+#: The daemon's memory reserve: ``memory.min`` (never reclaimed) and
+#: ``memory.low`` (reclaimed only when nothing else is left).
+CGROUP_DAEMON_MEMORY_MIN = 64 * MIB
+CGROUP_DAEMON_MEMORY_LOW = 128 * MIB
+#: ``pids.max`` of the children's leaf: a fork bomb stops here.
+CGROUP_CHILDREN_PIDS_MAX = 8192
+#: The leaves' names, under the daemon's own cgroup.
+CGROUP_DAEMON_LEAF = "sandboxd-daemon"
+CGROUP_CHILDREN_LEAF = "sandboxd-children"
+
 # -- the /v1 door's artifacts (copies of the files a turn wrote) -------------
 #: The largest file copied as an artifact.
 V1_ARTIFACT_BYTES = 10 * MIB

@@ -27,6 +27,7 @@ from sandboxd.endpoints import (
     RouteTable,
     renamed_warning,
 )
+from sandboxd.policy.cgroup_limits import CgroupLimits, cgroup_limits_from
 from sandboxd.policy.priorities import Priorities, priorities_from
 from sandboxd.policy.rules import AUDIT_MODES, RULE_KEYS, section_fields
 from sandboxd.policy.sizes import parse_size
@@ -50,6 +51,7 @@ TOP_KEYS = (
     "preview_domain",
     "preview_public_url",
     "priority",
+    "cgroups",
 )
 PRESETS = ("default", "transfer-only", "read-only", "hardened", "locked")
 TOKEN_KEYS = ("id", "token_env", "token_sha256", "token_file", "scopes")
@@ -171,6 +173,8 @@ class PolicyDocument:
     preview_public_url: str | None = None
     #: The daemon's CPU, I/O and memory priority over its children's.
     priority: Priorities = attrs.field(factory=Priorities)
+    #: The daemon's and its children's cgroups, where one is delegated.
+    cgroups: CgroupLimits = attrs.field(factory=CgroupLimits)
     source: str = "none"
     warnings: tuple[str, ...] = ()
 
@@ -628,6 +632,7 @@ def validate(doc: Any, table: RouteTable, source: str = "inline") -> PolicyDocum
         if doc.get("preview_public_url") is not None
         else None,
         priority=_priority(doc.get("priority", True)),
+        cgroups=_cgroups(doc.get("cgroups", True)),
         source=source,
         warnings=tuple(warnings),
     )
@@ -636,6 +641,13 @@ def validate(doc: Any, table: RouteTable, source: str = "inline") -> PolicyDocum
 def _priority(value: Any) -> Priorities:
     try:
         return priorities_from(value)
+    except ValueError as e:
+        raise PolicyError(str(e)) from None
+
+
+def _cgroups(value: Any) -> CgroupLimits:
+    try:
+        return cgroup_limits_from(value)
     except ValueError as e:
         raise PolicyError(str(e)) from None
 

@@ -44,6 +44,7 @@ from contextlib import contextmanager
 
 from sandboxd.libc import libc
 from sandboxd.policy.priorities import Priorities
+from sandboxd.processes.cgroups import place_child
 
 # ioprio_set(2): who, classes, and the system call's number per machine.
 _IOPRIO_WHO_PROCESS = 1
@@ -265,11 +266,13 @@ class ChildPriority:
         """
         After a spawn: the child's nice value by pid where the thread could
         not carry it (the daemon could not have raised its own back), and
-        its session group's.
+        its session group's; and the child into the children's cgroup
+        (:mod:`sandboxd.processes.cgroups`).
 
         :param tracked: the caller calls :meth:`ended` once the child is
             reaped; its group is made lighter while more children start.
         """
+        place_child(pid)
         p = self.priorities
         if not p.enabled:
             return

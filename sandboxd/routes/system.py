@@ -28,6 +28,7 @@ from sandboxd.errors import (
 )
 from sandboxd.policy import defaults
 from sandboxd.processes import command, environment
+from sandboxd.processes.cgroups import CHILD_CGROUPS
 from sandboxd.web.messages import ServerRequest, ServerResponse
 
 #: Substrings that mark a variable as a secret (any case): never returned.
@@ -65,6 +66,8 @@ def system_info(request: ServerRequest) -> dict[str, Any]:
     Memory and CPU are the container's (cgroup limits) when it has them;
     ``memory_source`` and ``cpu_source`` say which was reported, and
     ``cpu_limit`` carries a fractional CPU quota.  Sizes are MiB and GiB.
+    ``cgroups`` says whether the daemon and its children have cgroups of
+    their own, and if not why.
     """
     from sandboxd import sysinfo  # on first use, not at start
 
@@ -85,6 +88,7 @@ def system_info(request: ServerRequest) -> dict[str, Any]:
         "memory_source": memory.source,
         "cpu_source": cpu.source,
         "cpu_limit": cpu.limit,
+        "cgroups": CHILD_CGROUPS.status.as_json(),
     }
 
 

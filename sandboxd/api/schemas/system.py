@@ -19,6 +19,12 @@ SCHEMAS: dict[str, Schema] = {
             F("memory_source", doc="cgroup or host: where memory figures came from"),
             F("cpu_source", doc="cgroup or host"),
             F("cpu_limit", "number", "a fractional CPU quota, or null", nullable=True),
+            F(
+                "cgroups",
+                "object",
+                "{state: active|unavailable|disabled, reason?, daemon?, children?, "
+                "controllers?, errors?}: the daemon's and its children's cgroups",
+            ),
         ),
         notes="Disk is the base dir's file system; memory and CPU are the container's "
         "limits when it has them.",
