@@ -250,6 +250,9 @@ class DaemonService(MultiService):
         :raises StartRefused: when a listener cannot bind (SPEC §20), after
             stopping what had started.
         """
+        # Before any service can start a child: a child left in the
+        # daemon's cgroup would keep it from handing its controllers down.
+        CHILD_CGROUPS.configure(self.context.policy.document.cgroups)
         try:
             super().startService()
         except CannotListenError as e:
@@ -281,7 +284,6 @@ class DaemonService(MultiService):
             ),
         )
         CHILD_PRIORITY.configure(policy.document.priority)
-        CHILD_CGROUPS.configure(policy.document.cgroups)
         if self.settings.environ is None:
             self._hide_secrets()
         self._install_hup()

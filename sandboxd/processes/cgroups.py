@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -167,6 +168,8 @@ class ChildCgroups:
         self._placing = False
         self._told: str | None = None
         self._place_failed = False
+        #: Spawn threads place children while the reactor may restore.
+        self._lock = threading.Lock()
 
     def configure(self, limits: CgroupLimits) -> CgroupStatus:
         """
@@ -365,22 +368,28 @@ class ChildCgroups:
 
     def place(self, pid: int) -> None:
         """Move a child just spawned into the children's leaf."""
-        leaves = self._leaves
-        if leaves is None or not self._placing:
-            return
-        try:
-            os.write(leaves.procs_fd, b"%d\n" % pid)
-        except OSError as e:
-            if e.errno == errno.ESRCH:
-                return  # already gone: nothing to place
-            if not self._place_failed:
-                self._place_failed = True
-                log.warn(
-                    "sandboxd: cgroups: cannot move child {pid} into {leaf}: {error}",
-                    pid=pid,
-                    leaf=leaves.children,
-                    error=e.strerror,
-                )
+        with self._lock:
+            leaves = self._leaves
+            if leaves is None or not self._placing:
+                return
+            try:
+                os.write(leaves.procs_fd, b"%d\n" % pid)
+                return
+            except OSError as e:
+                failed = e
+        self._place_failed_with(pid, leaves, failed)
+
+    def _place_failed_with(self, pid: int, leaves: _Leaves, e: OSError) -> None:
+        """A child the kernel would not move: said once."""
+        if e.errno == errno.ESRCH or self._place_failed:
+            return  # ESRCH: already gone, nothing to place
+        self._place_failed = True
+        log.warn(
+            "sandboxd: cgroups: cannot move child {pid} into {leaf}: {error}",
+            pid=pid,
+            leaf=leaves.children,
+            error=e.strerror,
+        )
 
     def restore(self) -> None:
         """
@@ -388,13 +397,15 @@ class ChildCgroups:
         removed when empty (a daemon embedded in another program gives its
         process back as it found it).
         """
-        leaves, self._leaves = self._leaves, None
-        self._placing = False
+        with self._lock:
+            leaves, self._leaves = self._leaves, None
+            self._placing = False
+            if leaves is not None:
+                os.close(leaves.procs_fd)
         self._told = None
         self.status = CgroupStatus("unavailable", reason="stopped")
         if leaves is None:
             return
-        os.close(leaves.procs_fd)
         added = [c for c in leaves.controllers if c not in leaves.enabled_before]
         self._undo(leaves.parent, leaves.daemon, leaves.children, added)
 

@@ -390,8 +390,8 @@ class DaemonTests(DaemonTestCase):
     @inlineCallbacks
     def test_children_placed_at_spawn(self) -> Any:
         """
-        With a delegated hierarchy (a fake tree), a background process
-        started through the daemon is in the children's leaf, and
+        With a delegated hierarchy (a fake tree), a background process and
+        a terminal started through the daemon are in the children's leaf, and
         ``/system/info`` says where the daemon and its children are.
         """
         root, box = fake_tree(self)
@@ -403,6 +403,10 @@ class DaemonTests(DaemonTestCase):
         pid = reply.json()["pid"]
         procs = read(os.path.join(box, "sandboxd-children/cgroup.procs"))
         self.assertIn(f"{pid}\n", procs)
+        terminal = yield self.request("POST", "/pty/sessions", {"shell": "sh"})
+        self.assertEqual(terminal.status, 200, terminal.body)
+        procs = read(os.path.join(box, "sandboxd-children/cgroup.procs"))
+        self.assertIn(f"{terminal.json()['pid']}\n", procs)
         info = (yield self.request("GET", "/system/info")).json()
         self.assertEqual(info["cgroups"]["state"], "active")
         self.assertEqual(info["cgroups"]["children"], "/box/sandboxd-children")
