@@ -604,6 +604,14 @@ CGROUP_CHILDREN_PIDS_MAX = 8192
 #: The leaves' names, under the daemon's own cgroup.
 CGROUP_DAEMON_LEAF = "sandboxd-daemon"
 CGROUP_CHILDREN_LEAF = "sandboxd-children"
+#: Children waiting for the thread that moves them into their leaf; past
+#: it a spawn moves its child itself.
+CGROUP_PLACEMENTS_QUEUED = 1024
+#: Processes moved per child: the child and what it started before it
+#: was moved.
+CGROUP_TREE_MOVES = 256
+#: How long the daemon's stop waits for the moves still queued.
+CGROUP_STOP_SECONDS = 1.0
 
 # -- the /v1 door's artifacts (copies of the files a turn wrote) -------------
 #: The largest file copied as an artifact.

@@ -25,13 +25,15 @@ sandbox, and as ``systemd-run`` does for a unit, the daemon at start:
 
 Every child is moved into the children's leaf by its pid, from the
 parent, just after the spawn (:func:`place_child`, called where the
-child's priorities are set).  ``clone3(CLONE_INTO_CGROUP)`` would start
-it there, with no window at all, but Python has no ``clone3`` (a raw
-system call from ctypes would return into a copy of the interpreter with
-its locks as other threads left them), and the C library's
-``posix_spawnattr_setcgroup_np`` arrived in glibc 2.39.  The window is
-the child's first instructions after exec; the child already runs at the
-children's nice value and ``oom_score_adj`` from its first instruction.
+child's priorities are set), on a thread of its own (:class:`_Placer`:
+a move can wait milliseconds for the kernel), together with whatever the
+child started before it was moved.  ``clone3(CLONE_INTO_CGROUP)`` would
+start it there, with no window at all and no wait, but Python has no
+``clone3`` (a raw system call from ctypes would return into a copy of
+the interpreter with its locks as other threads left them), and the C
+library's ``posix_spawnattr_setcgroup_np`` arrived in glibc 2.39.  Until
+it is moved the child runs at the children's nice value and
+``oom_score_adj`` all the same (it inherits those before exec).
 
 When no writable hierarchy is there the daemon does nothing, says why
 once in its log, and ``GET /system/info`` reports
@@ -42,15 +44,23 @@ from __future__ import annotations
 
 import errno
 import os
+import queue
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import attrs
 from twisted.logger import Logger
 
 from sandboxd.policy.cgroup_limits import CgroupLimits
-from sandboxd.policy.defaults import CGROUP_CHILDREN_LEAF, CGROUP_DAEMON_LEAF
+from sandboxd.policy.defaults import (
+    CGROUP_CHILDREN_LEAF,
+    CGROUP_DAEMON_LEAF,
+    CGROUP_PLACEMENTS_QUEUED,
+    CGROUP_STOP_SECONDS,
+    CGROUP_TREE_MOVES,
+)
 
 if TYPE_CHECKING:
     from sandboxd.sysinfo import Cgroup
@@ -168,8 +178,9 @@ class ChildCgroups:
         self._placing = False
         self._told: str | None = None
         self._place_failed = False
-        #: Spawn threads place children while the reactor may restore.
+        #: The placing thread moves children while the reactor may restore.
         self._lock = threading.Lock()
+        self._placer: _Placer | None = None
 
     def configure(self, limits: CgroupLimits) -> CgroupStatus:
         """
@@ -190,6 +201,9 @@ class ChildCgroups:
         leaves = self._leaves
         errors = self._apply(leaves, limits)
         self._placing = True
+        if self._placer is None:
+            self._placer = _Placer(self._move, self._children_of)
+            self._placer.start()
         self.status = CgroupStatus(
             "active",
             daemon=_hierarchy_path(leaves.mount, leaves.daemon),
@@ -367,17 +381,51 @@ class ChildCgroups:
         return errors
 
     def place(self, pid: int) -> None:
-        """Move a child just spawned into the children's leaf."""
+        """
+        Have a child just spawned moved into the children's leaf, with
+        whatever it has started meanwhile (on the placing thread: see
+        :class:`_Placer`).
+        """
+        placer = self._placer
+        if placer is None or not self._placing:
+            return
+        if not placer.submit(pid):
+            placer.place_tree(pid)  # queue full: here, slow as it is
+
+    def settle(self, timeout: float) -> bool:
+        """Wait until the children handed over so far are placed (tests)."""
+        placer = self._placer
+        return placer is None or placer.settle(timeout)
+
+    def _move(self, pid: int) -> bool:
+        """One process into the children's leaf; False when it is not there."""
         with self._lock:
             leaves = self._leaves
             if leaves is None or not self._placing:
-                return
+                return False
             try:
                 os.write(leaves.procs_fd, b"%d\n" % pid)
-                return
+                return True
             except OSError as e:
                 failed = e
         self._place_failed_with(pid, leaves, failed)
+        return False
+
+    def _children_of(self, pid: int) -> list[int]:
+        """A process's children, from each of its threads' ``children`` list."""
+        task_dir = os.path.join(self.root, f"proc/{pid}/task")
+        try:
+            tasks = os.listdir(task_dir)
+        except OSError:
+            return []
+        found: list[int] = []
+        for task in tasks:
+            try:
+                with open(os.path.join(task_dir, task, "children"), "rb") as f:
+                    found.extend(int(p) for p in f.read().split())
+            except (OSError, ValueError):
+                continue
+        return found
 
     def _place_failed_with(self, pid: int, leaves: _Leaves, e: OSError) -> None:
         """A child the kernel would not move: said once."""
@@ -397,6 +445,9 @@ class ChildCgroups:
         removed when empty (a daemon embedded in another program gives its
         process back as it found it).
         """
+        placer, self._placer = self._placer, None
+        if placer is not None:
+            placer.stop(CGROUP_STOP_SECONDS)
         with self._lock:
             leaves, self._leaves = self._leaves, None
             self._placing = False
@@ -408,6 +459,86 @@ class ChildCgroups:
             return
         added = [c for c in leaves.controllers if c not in leaves.enabled_before]
         self._undo(leaves.parent, leaves.daemon, leaves.children, added)
+
+
+class _Placer:
+    """
+    The thread that moves children into the children's leaf.
+
+    A move (a write to ``cgroup.procs``) waits for an RCU grace period
+    whenever no other move happened in the last few milliseconds: 5 to 15
+    ms each on a busy machine, for spawns one call apart.  The reactor
+    never waits for one; the child runs meanwhile, as it would during a
+    write made from the reactor (the kernel moves it when the write
+    returns).  So after the child the thread moves what the child has
+    started by then, and what those have started, walking down
+    ``/proc/PID/task/TID/children`` (a process moved first, its children
+    listed after, so none is missed), at most :data:`CGROUP_TREE_MOVES`
+    per child.
+    """
+
+    def __init__(
+        self,
+        move: Callable[[int], bool],
+        children_of: Callable[[int], list[int]],
+        queued: int = CGROUP_PLACEMENTS_QUEUED,
+    ) -> None:
+        self._move = move
+        self._children_of = children_of
+        self._queue: queue.Queue[int | None] = queue.Queue(queued)
+        self._thread = threading.Thread(
+            target=self._run, name="sandboxd-cgroups", daemon=True
+        )
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread.start()
+
+    def submit(self, pid: int) -> bool:
+        """Queue a child; False when the queue is full."""
+        try:
+            self._queue.put_nowait(pid)
+        except queue.Full:
+            return False
+        return True
+
+    def _run(self) -> None:
+        while True:
+            pid = self._queue.get()
+            try:
+                if pid is None:
+                    return
+                self.place_tree(pid)
+            finally:
+                self._queue.task_done()
+
+    def place_tree(self, pid: int) -> None:
+        """``pid`` and what it has started, each moved before its children are read."""
+        stack, seen = [pid], set[int]()
+        while stack and len(seen) < CGROUP_TREE_MOVES:
+            member = stack.pop()
+            if member in seen:
+                continue
+            seen.add(member)
+            if self._move(member):
+                stack.extend(self._children_of(member))
+
+    def settle(self, timeout: float) -> bool:
+        """Whether the queue is empty and its last child placed within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.002)
+        return True
+
+    def stop(self, timeout: float) -> None:
+        """Let the thread finish what is queued (at most ``timeout`` seconds)."""
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            return  # a daemon thread: it ends with the process
+        self._thread.join(timeout)
 
 
 def _no_v2_reason(found: Cgroup) -> str:

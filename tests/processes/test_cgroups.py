@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import subprocess
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
@@ -111,6 +112,7 @@ class SetUpTests(SynchronousTestCase):
         self.root, self.box = fake_tree(self)
         self.files = FakeFiles(self.root)
         self.cgroups = ChildCgroups(self.root, self.files)
+        self.addCleanup(self.cgroups.restore)
 
     def test_leaves_and_defaults(self) -> None:
         """
@@ -160,8 +162,32 @@ class SetUpTests(SynchronousTestCase):
         self.cgroups.configure(CgroupLimits())
         self.cgroups.place(4242)
         self.cgroups.place(4243)
+        self.assertTrue(self.cgroups.settle(5))
         procs = os.path.join(self.box, "sandboxd-children/cgroup.procs")
         self.assertEqual(read(procs), "4242\n4243\n")
+
+    def test_what_the_child_started_is_placed(self) -> None:
+        """
+        What a child started before it was moved (read from
+        ``/proc/PID/task/TID/children``) is moved after it, down the tree.
+        """
+        for pid, task, kids in [
+            (4242, 4242, "4300 4301"),
+            (4242, 4250, "4302"),
+            (4301, 4301, "4400"),
+        ]:
+            directory = os.path.join(self.root, f"proc/{pid}/task/{task}")
+            os.makedirs(directory)
+            with open(os.path.join(directory, "children"), "w") as f:
+                f.write(kids + " ")
+        self.cgroups.configure(CgroupLimits())
+        self.cgroups.place(4242)
+        self.assertTrue(self.cgroups.settle(5))
+        procs = os.path.join(self.box, "sandboxd-children/cgroup.procs")
+        moved = read(procs).split()
+        self.assertEqual(moved[0], "4242")
+        self.assertEqual(sorted(moved), ["4242", "4300", "4301", "4302", "4400"])
+        self.assertLess(moved.index("4301"), moved.index("4400"))
 
     def test_policy_values(self) -> None:
         """The policy's weights, reserve and limits are what the files hold."""
@@ -244,6 +270,19 @@ class SetUpTests(SynchronousTestCase):
         self.assertNotIn("sandboxd-daemon", os.listdir(self.box))
         self.assertNotIn("sandboxd-children", os.listdir(self.box))
         self.cgroups.place(4242)  # no longer placing: nothing to write to
+
+
+class ProcChildrenTests(SynchronousTestCase):
+    """The walk down a child's tree reads the kernel's lists of children."""
+
+    def test_real_children_listed(self) -> None:
+        """A process this one started is among its children in ``/proc``."""
+        if not os.path.exists(f"/proc/self/task/{os.getpid()}/children"):
+            raise SkipTest("this kernel does not list children (CONFIG_PROC_CHILDREN)")
+        child = subprocess.Popen(["sleep", "30"])
+        self.addCleanup(child.wait)
+        self.addCleanup(child.kill)
+        self.assertIn(child.pid, ChildCgroups("/")._children_of(os.getpid()))
 
 
 class RefusalTests(SynchronousTestCase):
@@ -401,10 +440,12 @@ class DaemonTests(DaemonTestCase):
         reply = yield self.request("POST", "/process/start", {"command": "sleep 30"})
         self.assertEqual(reply.status, 200, reply.body)
         pid = reply.json()["pid"]
+        self.assertTrue(cgroups.CHILD_CGROUPS.settle(5))
         procs = read(os.path.join(box, "sandboxd-children/cgroup.procs"))
         self.assertIn(f"{pid}\n", procs)
         terminal = yield self.request("POST", "/pty/sessions", {"shell": "sh"})
         self.assertEqual(terminal.status, 200, terminal.body)
+        self.assertTrue(cgroups.CHILD_CGROUPS.settle(5))
         procs = read(os.path.join(box, "sandboxd-children/cgroup.procs"))
         self.assertIn(f"{terminal.json()['pid']}\n", procs)
         info = (yield self.request("GET", "/system/info")).json()
