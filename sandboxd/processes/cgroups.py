@@ -227,6 +227,14 @@ class ChildCgroups:
 
     def _set_up(self) -> _Leaves:
         """Find the daemon's cgroup, create the leaves, move in, enable."""
+        parent, mount, wanted = self._locate()
+        return self._enter(parent, mount, wanted)
+
+    def _locate(self) -> tuple[str, str, tuple[str, ...]]:
+        """
+        The daemon's cgroup v2 directory, its mount, and the controllers it
+        offers that the leaves use, once it is known to be delegated.
+        """
         from sandboxd.sysinfo import Cgroup  # at start, not at import
 
         found = Cgroup.find(self.root)
@@ -251,10 +259,24 @@ class ChildCgroups:
         except OSError as e:
             raise Unavailable(f"cannot read {parent}/cgroup.procs: {e.strerror}") from e
         if str(os.getpid()) not in members:
-            raise Unavailable(f"the daemon is not in {parent}, the cgroup it was told")
-        enabled_before = tuple(
-            self.files.read(os.path.join(parent, "cgroup.subtree_control")).split()
-        )
+            raise Unavailable(
+                f"the daemon's own cgroup was not found ({parent} does not list it)"
+            )
+        return parent, mount, wanted
+
+    def _enter(self, parent: str, mount: str, wanted: tuple[str, ...]) -> _Leaves:
+        """
+        The leaves created, the daemon moved into its own and only then the
+        controllers enabled (no internal processes); undone when refused.
+        """
+        try:
+            enabled_before = tuple(
+                self.files.read(os.path.join(parent, "cgroup.subtree_control")).split()
+            )
+        except OSError as e:
+            raise Unavailable(
+                f"cannot read {parent}/cgroup.subtree_control: {e}"
+            ) from e
         daemon = os.path.join(parent, CGROUP_DAEMON_LEAF)
         children = os.path.join(parent, CGROUP_CHILDREN_LEAF)
         try:

@@ -331,7 +331,9 @@ class RefusalTests(SynchronousTestCase):
         with open(os.path.join(box, "cgroup.procs"), "w") as f:
             f.write("1\n")
         self.assert_unavailable(
-            ChildCgroups(root, FakeFiles(root)), box, "the daemon is not in"
+            ChildCgroups(root, FakeFiles(root)),
+            box,
+            "the daemon's own cgroup was not found",
         )
 
     def test_other_processes_in_the_cgroup(self) -> None:
