@@ -4,8 +4,9 @@ W9 with the busy work started through the daemon itself: how responsive
 the control plane stays while the sandbox's own build keeps every core and
 the disk busy.
 
-For each policy (``priority`` on, the default, and ``priority: false`` for
-comparison), a fresh daemon answers, idle and then busy:
+For each policy (``priority`` and ``cgroups`` on, the default, and both
+off for comparison), a fresh daemon answers, idle and then busy (the row
+says whether the children had a cgroup of their own: ``cgroups``):
 
 - ``/health`` one at a time on one keep-alive connection for ``--seconds``
   (req/s, p50, p99);
@@ -138,6 +139,8 @@ def run(policy: dict[str, Any], label: str, args: argparse.Namespace) -> dict[st
     row: dict[str, Any] = {"workload": "W9-DAEMON", "priority": label}
     try:
         client = Client(port, token)
+        _, info, _ = client.call("GET", "/system/info")
+        row["cgroups"] = (info or {}).get("cgroups", {}).get("state")
         idle_h = health(client, args.seconds)
         idle_s = shells(client, args.shells)
         pids = start_busy(client, base)
@@ -173,7 +176,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--shells", type=int, default=30)
     args = ap.parse_args()
-    for policy, label in (({}, "default"), ({"priority": False}, "off")):
+    off = {"priority": False, "cgroups": False}
+    for policy, label in (({}, "default"), (off, "off")):
         print(json.dumps(run(policy, label, args)), flush=True)
 
 
