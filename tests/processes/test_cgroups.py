@@ -455,6 +455,19 @@ class DaemonTests(DaemonTestCase):
         self.assertEqual(info["cgroups"]["children"], "/box/sandboxd-children")
 
     @inlineCallbacks
+    def test_placed_with_priority_off(self) -> Any:
+        """With ``priority: false`` children are still placed: the two are apart."""
+        root, box = fake_tree(self)
+        self.patch(cgroups.CHILD_CGROUPS, "root", root)
+        self.patch(cgroups.CHILD_CGROUPS, "files", FakeFiles(root))
+        yield self.start(policy={"priority": False})
+        reply = yield self.request("POST", "/process/start", {"command": "sleep 30"})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertTrue(cgroups.CHILD_CGROUPS.settle(5))
+        procs = read(os.path.join(box, "sandboxd-children/cgroup.procs"))
+        self.assertIn(f"{reply.json()['pid']}\n", procs)
+
+    @inlineCallbacks
     def test_disabled_by_policy(self) -> Any:
         """With ``cgroups: false`` ``/system/info`` says ``disabled``."""
         yield self.start(policy={"cgroups": False})
