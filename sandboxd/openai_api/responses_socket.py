@@ -207,8 +207,10 @@ class Lane:
         client went away).
     """
 
-    def __init__(self, socket: ResponsesSocket) -> None:
+    def __init__(self, socket: ResponsesSocket, stream_id: str | None = None) -> None:
         self.socket = socket
+        #: The client's name for this lane (``stream_id``), put on every event.
+        self.stream_id = stream_id
         self.open = True
         self.client_gone = False
         self.done: Deferred[None] = Deferred()
@@ -216,6 +218,8 @@ class Lane:
 
     def encode_event(self, type: str, data: dict[str, Any]) -> bytes:
         """One event's frame: its JSON (escaped: never a bare newline), a newline."""
+        if self.stream_id is not None:
+            data = {**data, "stream_id": self.stream_id}
         return json.dumps(data, separators=(",", ":")).encode() + b"\n"
 
     def write_raw(self, data: bytes) -> None:
@@ -261,6 +265,48 @@ class Lane:
             self.done.callback(None)
 
 
+class _Call:
+    """
+    One ``response.create`` on the socket, as the gate sees a call: its
+    concurrency slot held and its audit line owed until its stream ends.
+    """
+
+    def __init__(self, context: Any, endpoint: Any, identity: Any, client: str) -> None:
+        self.context = context
+        self.endpoint = endpoint
+        self.identity = identity
+        self.client = client
+        self.started = time.monotonic()
+        self.passed: gate.Passed | None = None
+        self.answer: SSEResponse | None = None
+        self.lane: str | None = None
+        self.ended = False
+
+    def end(self, status: int, code: str | None, decided: str | None) -> None:
+        """Give the slot back and write the audit line (once)."""
+        if self.ended:
+            return
+        self.ended = True
+        passed = self.passed
+        if passed is not None:
+            gate.release(self.context, passed)
+        gate.audit(
+            self.context,
+            door=gate.Door.OPENAI,
+            endpoint=self.endpoint,
+            identity=passed.identity if passed is not None else self.identity,
+            rule=passed.rule if passed is not None else None,
+            method="WS",
+            path="/v1/responses",
+            query="",
+            status=status,
+            code=code,
+            decided_by=decided,
+            started=self.started,
+            client=self.client,
+        )
+
+
 class ResponsesSocket(WebSocketServerProtocol):
     """One client of the Responses WebSocket."""
 
@@ -279,7 +325,7 @@ class ResponsesSocket(WebSocketServerProtocol):
         self.flow = _Flow()
         #: Client events waiting for the response before them to end:
         #: a create's body, or a steer's successor already submitted.
-        self.waiting: deque[dict[str, Any] | SSEResponse] = deque()
+        self.waiting: deque[dict[str, Any] | _Call] = deque()
         self.running = False
         self.number = 0
 
@@ -327,6 +373,9 @@ class ResponsesSocket(WebSocketServerProtocol):
         for call in (self._idle_call, self._abort_call):
             if call is not None and call.active():
                 call.cancel()
+        for item in self.waiting:
+            if isinstance(item, _Call):
+                item.end(499, "client_closed", None)
         self.waiting.clear()
         if self.lane is not None:
             self.lane.lost()
@@ -421,7 +470,7 @@ class ResponsesSocket(WebSocketServerProtocol):
             return
         self.running = True
         item = self.waiting.popleft()
-        if isinstance(item, SSEResponse):
+        if isinstance(item, _Call):
             d = self._stream(item)
         else:
             d = Deferred.fromCoroutine(self._create(item))
@@ -439,30 +488,37 @@ class ResponsesSocket(WebSocketServerProtocol):
 
     async def _create(self, event: dict[str, Any]) -> None:
         """One ``response.create``: through the gate, then streamed live."""
-        body = {k: v for k, v in event.items() if k not in ("type", "stream")}
+        body = {
+            k: v for k, v in event.items() if k not in ("type", "stream", "stream_id")
+        }
         body["stream"] = True
-        result = await self._governed(body)
-        if result is not None:
-            await self._stream(result)
+        stream_id = event.get("stream_id")
+        lane = stream_id if isinstance(stream_id, str) else None
+        try:
+            call = await self._governed(body, lane)
+        except ApiError as e:
+            self.send_error(e, lane)
+            return
+        await self._stream(call)
 
-    async def _governed(
-        self, body: dict[str, Any], *, errors: bool = True
-    ) -> SSEResponse | None:
+    async def _governed(self, body: dict[str, Any], lane: str | None) -> _Call:
         """
         Run ``agents_responses_create`` for ``body`` as the HTTP route
         would: admitted by the gate (as its own endpoint, with the
-        upgrade's credentials), audited (``via: openai``).  Its error is
-        sent as an ``error`` event (or raised, ``errors=False``).
+        upgrade's credentials), its concurrency slot held and its audit
+        line (``via: openai``) written when its stream ends.
+
+        :raises ApiError: the refusal, already audited.
         """
         admitted = self.admitted
         context = admitted.context
         endpoint = context.table.get("agents_responses_create")
-        started = time.monotonic()
-        status, code, decided = 200, None, None
-        passed = None
+        peer = self.transport.getPeer() if self.transport is not None else None
+        call = _Call(context, endpoint, admitted.identity, getattr(peer, "host", ""))
+        call.lane = lane
         try:
             try:
-                passed = gate.admit(
+                call.passed = gate.admit(
                     context,
                     endpoint,
                     self.gate_headers,
@@ -478,8 +534,8 @@ class ResponsesSocket(WebSocketServerProtocol):
                 query={},
                 body=body,
                 endpoint=endpoint,
-                rule=passed.rule,
-                identity=passed.identity,
+                rule=call.passed.rule,
+                identity=call.passed.identity,
                 raw=None,
                 audit={},
             )
@@ -489,43 +545,31 @@ class ResponsesSocket(WebSocketServerProtocol):
                 raise ApiError.from_body(result.status, result.body)
             if not isinstance(result, SSEResponse):
                 raise unexpected(TypeError("a streamed create answered no stream"))
-            return result
         except ApiError as e:
-            status, code, decided = e.status, e.code, e.rule
-            if not errors:
-                raise
-            self.send_error(e)
-            return None
-        finally:
-            if passed is not None:
-                gate.release(context, passed)
-            peer = self.transport.getPeer() if self.transport is not None else None
-            gate.audit(
-                context,
-                door=gate.Door.OPENAI,
-                endpoint=endpoint,
-                identity=passed.identity if passed is not None else admitted.identity,
-                rule=passed.rule if passed is not None else None,
-                method="WS",
-                path="/v1/responses",
-                query="",
-                status=status,
-                code=code,
-                decided_by=decided,
-                started=started,
-                client=getattr(peer, "host", ""),
-            )
+            call.end(e.status, e.code, e.rule)
+            raise
+        except BaseException:
+            call.end(500, Code.INTERNAL, None)
+            raise
+        call.answer = result
+        return call
 
-    def _stream(self, answer: SSEResponse) -> Deferred[None]:
-        """Send a streamed response's events as they happen; fires at its end."""
-        lane = self.lane = Lane(self)
-        start = answer.start
-        assert start is not None
-        start(lane)  # type: ignore[arg-type]
+    def _stream(self, call: _Call) -> Deferred[None]:
+        """
+        Send a created response's events as they happen; fires at its end,
+        when its call is over (audited 499 if the client left first).
+        """
+        lane = self.lane = Lane(self, call.lane)
+        assert call.answer is not None and call.answer.start is not None
+        call.answer.start(lane)  # type: ignore[arg-type]
 
         def over(_: Any) -> None:
             if self.lane is lane:
                 self.lane = None
+            if lane.client_gone:
+                call.end(499, "client_closed", None)
+            else:
+                call.end(200, None, None)
 
         lane.done.addCallback(over)
         return lane.done
@@ -577,14 +621,17 @@ class ResponsesSocket(WebSocketServerProtocol):
             "store": target.store,
             "stream": True,
         }
+        lane = self.lane.stream_id if self.lane is not None else None
         try:
-            successor = await self._governed(body, errors=False)
+            successor = await self._governed(body, lane)
         except ApiError as e:
             code = "invalid_input" if e.status == 400 else "successor_creation_failed"
             self._steer_failed(steer, code, e.message)
             return
+        if self.state != self.STATE_OPEN:
+            successor.end(499, "client_closed", None)
+            return
         self.send_event({"type": "response.steer.accepted", "steer": steer_of(steer)})
-        assert successor is not None
         # Right after the steered response, before creates sent since.
         self.waiting.appendleft(successor)
         self._next()
@@ -610,10 +657,16 @@ class ResponsesSocket(WebSocketServerProtocol):
         self.number += 1
         self.send_text(json.dumps(event, separators=(",", ":")).encode())
 
-    def send_error(self, error: ApiError) -> None:
-        """An ``error`` event: the HTTP route's envelope, with its status."""
+    def send_error(self, error: ApiError, lane: str | None = None) -> None:
+        """
+        An ``error`` event: the HTTP route's envelope, with its status (and
+        the ``stream_id`` of the create it answers, if it named one).
+        """
         envelope, _ = openai_error(error)
-        self.send_event(socket_event("error", envelope["error"], status=error.status))
+        event = socket_event("error", envelope["error"], status=error.status)
+        if lane is not None:
+            event["stream_id"] = lane
+        self.send_event(event)
 
 
 def steer_of(steer: dict[str, Any]) -> dict[str, Any]:
@@ -631,7 +684,8 @@ class ResponsesSocketFactory(WebSocketServerFactory):
     protocol = ResponsesSocket  # type: ignore[assignment]
 
     def __init__(self, reactor: Any) -> None:
-        super().__init__(reactor=reactor)  # type: ignore[no-untyped-call]
+        # No Server header: the daemon does not name its libraries.
+        super().__init__(reactor=reactor, server=None)  # type: ignore[no-untyped-call]
         self.sockets: dict[str, set[ResponsesSocket]] = {}
         self.setProtocolOptions(  # type: ignore[no-untyped-call]
             autoPingInterval=WS_PING_SECONDS,

@@ -175,6 +175,41 @@ class ConnectTests(SocketCase):
         )
 
     @inlineCallbacks
+    def test_creates_wait_their_turn(self) -> Any:
+        """
+        Two creates sent back to back are answered one after the other,
+        each event carrying the ``stream_id`` its create named.
+        """
+        import json
+
+        def run() -> Any:
+            with self.raw_socket() as ws:
+                for lane, text in (("a", "echo first"), ("b", "echo second")):
+                    ws.send(
+                        json.dumps(
+                            {
+                                "type": "response.create",
+                                "model": "fake",
+                                "input": text,
+                                "stream_id": lane,
+                            }
+                        )
+                    )
+                events: list[dict[str, Any]] = []
+                while [e["type"] for e in events].count("response.completed") < 2:
+                    events.append(json.loads(ws.recv(timeout=30)))
+            return events
+
+        events = yield self.sdk(run)
+        lanes = [e["stream_id"] for e in events]
+        self.assertEqual(lanes, sorted(lanes))
+        self.assertEqual(set(lanes), {"a", "b"})
+        done = [e["response"] for e in events if e["type"] == "response.completed"]
+        self.assertEqual(
+            [r["output"][0]["content"][0]["text"] for r in done], ["first", "second"]
+        )
+
+    @inlineCallbacks
     def test_approval_over_the_socket(self) -> Any:
         """
         A permission request ends the socket's response with an
