@@ -317,6 +317,8 @@ class ResponsesSocket(WebSocketServerProtocol):
     gate_headers: dict[bytes, list[bytes]]
     secure = False
     lane: Lane | None = None
+    #: The connection is lost (nothing is started or timed any more).
+    gone = False
     _idle_call: Any = None
     _abort_call: Any = None
 
@@ -369,6 +371,7 @@ class ResponsesSocket(WebSocketServerProtocol):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """Uncount the socket; a response being streamed runs on."""
+        self.gone = True
         self.factory.closed(self)
         for call in (self._idle_call, self._abort_call):
             if call is not None and call.active():
@@ -400,7 +403,7 @@ class ResponsesSocket(WebSocketServerProtocol):
     def _touch(self) -> None:
         """Something happened: the idle bound counts from now."""
         seconds = self.admitted.rule.limits.idle_timeout_seconds
-        if not seconds:
+        if not seconds or self.gone:
             return
         if self._idle_call is not None and self._idle_call.active():
             self._idle_call.reset(seconds)

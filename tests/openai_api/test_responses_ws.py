@@ -210,6 +210,45 @@ class ConnectTests(SocketCase):
         )
 
     @inlineCallbacks
+    def test_client_leaving_does_not_stop_the_response(self) -> Any:
+        """
+        A client that closes its socket mid-response leaves the response
+        running (readable, cancellable over HTTP); its create is audited
+        499 ``client_closed``.
+        """
+        import json
+        import time
+
+        client = self.client()
+
+        def run() -> Any:
+            with self.raw_socket() as ws:
+                ws.send(
+                    json.dumps(
+                        {"type": "response.create", "model": "fake", "input": "slow"}
+                    )
+                )
+                created = json.loads(ws.recv(timeout=30))
+                while json.loads(ws.recv(timeout=30))["type"] != (
+                    "response.output_text.delta"
+                ):
+                    pass
+            time.sleep(0.3)
+            running = client.responses.retrieve(created["response"]["id"])
+            cancelled = client.responses.cancel(created["response"]["id"])
+            return running, cancelled
+
+        running, cancelled = yield self.sdk(run)
+        self.assertEqual(running.status, "in_progress")
+        self.assertEqual(cancelled.status, "cancelled")
+        creates = [
+            (r["status"], r["code"])
+            for r in self.audit_lines()
+            if r.get("endpoint") == "agents_responses_create" and r["method"] == "WS"
+        ]
+        self.assertEqual(creates, [(499, "client_closed")])
+
+    @inlineCallbacks
     def test_approval_over_the_socket(self) -> Any:
         """
         A permission request ends the socket's response with an
@@ -355,14 +394,15 @@ class FrameTests(SocketCase):
     @inlineCallbacks
     def test_bad_frame_then_good(self) -> Any:
         """
-        Text that is not a JSON object is an ``error`` event with code
-        ``bad_frame`` and the socket stays usable; an unknown event type is
+        A ping is answered; text that is not a JSON object is an ``error``
+        event with code ``bad_frame`` and the socket stays usable; an unknown event type is
         an ``invalid_param`` error naming ``type``.
         """
         import json
 
         def run() -> Any:
             with self.raw_socket() as ws:
+                pong = ws.ping().wait(10)
                 ws.send("not json")
                 bad = json.loads(ws.recv(timeout=10))
                 ws.send("[1, 2]")
@@ -377,9 +417,10 @@ class FrameTests(SocketCase):
                 events = []
                 while not events or events[-1]["type"] != "response.completed":
                     events.append(json.loads(ws.recv(timeout=30)))
-            return bad, array, unknown, events
+            return pong, bad, array, unknown, events
 
-        bad, array, unknown, events = yield self.sdk(run)
+        pong, bad, array, unknown, events = yield self.sdk(run)
+        self.assertTrue(pong)
         for error in (bad, array):
             self.assertEqual(error["type"], "error")
             self.assertEqual(error["error"]["code"], "bad_frame")
