@@ -125,6 +125,7 @@ def agents_responses_connect(request: ServerRequest) -> UpgradeResponse:
             f"at most {limit} Responses WebSockets open per caller; close one first",
             Code.CONCURRENCY_LIMITED,
             rule=limit_rule(request.rule, "max_sessions"),
+            headers=local,
         )
     return UpgradeResponse(take_over=lambda raw: _hand_over(factory, request, raw))
 

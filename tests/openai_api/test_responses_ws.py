@@ -316,12 +316,9 @@ class ConnectTests(SocketCase):
                 for event in connection:
                     events.append(event)
                     if event.type == "response.output_text.delta":
-                        connection.send(
-                            {
-                                "type": "response.steer",
-                                "previous_response_id": events[0].response.id,
-                                "input": "echo steered",
-                            }
+                        connection.response.steer(
+                            previous_response_id=events[0].response.id,
+                            input="echo steered",
                         )
                     if event.type == "response.steer.accepted":
                         client.responses.cancel(events[0].response.id)
