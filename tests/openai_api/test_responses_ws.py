@@ -386,7 +386,9 @@ class ConnectTests(SocketCase):
 class FrameTests(SocketCase):
     """What the socket does with frames it cannot take."""
 
-    policy = socket_policy(max_message_bytes=64 * 1024, max_sessions=1)
+    policy = socket_policy(
+        max_message_bytes=64 * 1024, max_sessions=1, max_concurrency=1
+    )
 
     @inlineCallbacks
     def test_bad_frame_then_good(self) -> Any:
@@ -460,7 +462,8 @@ class FrameTests(SocketCase):
         """
         Over ``max_sessions`` open sockets of one caller the upgrade is a
         429 ``concurrency_limited``; another caller is not counted with it,
-        and a closed socket frees its place.
+        and a closed socket frees its place.  An open socket holds no
+        concurrency slot of the upgrade (``max_concurrency`` is 1 here).
         """
         from websockets.exceptions import InvalidStatus
 
