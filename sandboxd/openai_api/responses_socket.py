@@ -34,7 +34,7 @@ from collections import deque
 from typing import Any
 
 import attrs
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
@@ -451,7 +451,7 @@ class ResponsesSocket(WebSocketServerProtocol):
             self.waiting.append(event)
             self._next()
         elif kind == "response.steer":
-            Deferred.fromCoroutine(self._steer(event))
+            Deferred.fromCoroutine(self._steer(event)).addErrback(self._failed)
         else:
             self.send_error(
                 bad_request(
@@ -475,7 +475,7 @@ class ResponsesSocket(WebSocketServerProtocol):
         self.running = True
         item = self.waiting.popleft()
         if isinstance(item, _Call):
-            d = self._stream(item)
+            d = maybeDeferred(self._stream, item)
         else:
             d = Deferred.fromCoroutine(self._create(item))
         d.addErrback(self._failed)
@@ -565,7 +565,13 @@ class ResponsesSocket(WebSocketServerProtocol):
         """
         lane = self.lane = Lane(self, call.lane)
         assert call.answer is not None and call.answer.start is not None
-        call.answer.start(lane)  # type: ignore[arg-type]
+        try:
+            call.answer.start(lane)  # type: ignore[arg-type]
+        except Exception:
+            call.end(500, Code.INTERNAL, None)
+            self.lane = None
+            lane.close()
+            raise
 
         def over(_: Any) -> None:
             if self.lane is lane:
