@@ -14,7 +14,11 @@ Each server is driven by the official ``openai`` SDK, cases interleaved:
 - ``follow_up``: ``responses.create`` with ``previous_response_id`` (sandboxd
   reuses the conversation's agent; the seed starts its CLI again);
 - ``first_delta``: ``responses.create(stream=True)`` of a new conversation,
-  time to the first ``response.output_text.delta``.
+  time to the first ``response.output_text.delta``;
+- ``ws_first_delta``: the same over the Responses WebSocket
+  (``responses.connect()``, one ``response.create``), timed from the send on
+  an open socket; ``ws_follow_up``: on an open socket after a first response,
+  a ``response.create`` with its ``previous_response_id``, to the first delta.
 
 Prints one JSON line per case and server: p50 and p90 in milliseconds.
 
@@ -185,7 +189,72 @@ def cases(client: Any) -> dict[str, Callable[[], float]]:
             client.responses.delete(rid)
         return ms
 
-    return {"create": create, "follow_up": follow_up, "first_delta": first_delta}
+    def ws_first_delta() -> float:
+        with client.responses.connect() as connection:
+            start = time.perf_counter()
+            connection.send(
+                {"type": "response.create", "model": "codex", "input": "say hello"}
+            )
+            ms = -1.0
+            rid = None
+            for event in connection:
+                if event.type == "response.created":
+                    rid = event.response.id
+                if event.type == "response.output_text.delta" and ms < 0:
+                    ms = (time.perf_counter() - start) * 1000
+                if event.type in _ENDS:
+                    break
+        assert ms >= 0, event
+        if rid:
+            client.responses.delete(rid)
+        return ms
+
+    def ws_follow_up() -> float:
+        with client.responses.connect() as connection:
+            connection.send(
+                {"type": "response.create", "model": "codex", "input": "say hello"}
+            )
+            first = [e for e in _one(connection) if e.type == "response.completed"]
+            start = time.perf_counter()
+            connection.send(
+                {
+                    "type": "response.create",
+                    "model": "codex",
+                    "input": "again",
+                    "previous_response_id": first[0].response.id,
+                }
+            )
+            ms = -1.0
+            for event in _one(connection):
+                if event.type == "response.output_text.delta" and ms < 0:
+                    ms = (time.perf_counter() - start) * 1000
+                if event.type == "response.completed":
+                    client.responses.delete(event.response.id)
+        client.responses.delete(first[0].response.id)
+        assert ms >= 0
+        return ms
+
+    return {
+        "create": create,
+        "follow_up": follow_up,
+        "first_delta": first_delta,
+        "ws_first_delta": ws_first_delta,
+        "ws_follow_up": ws_follow_up,
+    }
+
+
+def _one(connection: Any) -> list[Any]:
+    """The events of one response on the Responses WebSocket."""
+    events = []
+    for event in connection:
+        events.append(event)
+        if event.type in _ENDS:
+            break
+    return events
+
+
+#: The events that end one response on the Responses WebSocket.
+_ENDS = ("response.completed", "response.failed", "response.incomplete", "error")
 
 
 def main() -> None:

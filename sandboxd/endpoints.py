@@ -286,6 +286,7 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("agents_environments_get", "GET", "/v1/agents/environments/{environment_id}", G.AGENTS, ("agents:use",), "Get an environment.", _OA),
     ("agents_cannot_executor_registration", "POST", "/v1/agents/environments/{environment_id}/register", G.AGENTS, ("agents:use",), "Refused: executor registration is a hosted service.", _OA),
     ("agents_cannot_executor_channel", "GET", "/v1/agents/environments/{environment_id}/connect", G.AGENTS, ("agents:use",), "Refused: the executor channel is a hosted service.", _OA),
+    ("agents_responses_connect", "GET", "/v1/responses", G.AGENTS, ("agents:use",), "The Responses WebSocket: response.create and response.steer events, response events streamed live.", _OA_STREAM),
     ("agents_responses_create", "POST", "/v1/responses", G.AGENTS, ("agents:use",), "Run one agent turn as a response (streamed live on request).", _OA_STREAM),
     ("agents_cannot_responses_input_tokens", "POST", "/v1/responses/input_tokens", G.AGENTS, ("agents:use",), "Refused: input token counting.", _OA),
     ("agents_responses_get", "GET", "/v1/responses/{response_id}", G.AGENTS, ("agents:use",), "Get a stored response.", _OA),

@@ -29,6 +29,10 @@ class Code(enum.StrEnum):
     SIGNAL_NOT_ALLOWED = "signal_not_allowed"
     MALFORMED_REQUEST = "malformed_request"
     GIT_ERROR = "git_error"
+    #: The seed's own codes for ``GET /v1/responses`` that is not a
+    #: WebSocket upgrade, or a malformed one (§26).
+    WEBSOCKET_UPGRADE_REQUIRED = "agents.websocket_upgrade_required"
+    WEBSOCKET_HANDSHAKE_INVALID = "agents.websocket_handshake_invalid"
     # 401
     UNAUTHORIZED = "unauthorized"
     # 403

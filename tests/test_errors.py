@@ -34,6 +34,8 @@ SPEC_6 = {
         "signal_not_allowed",
         "malformed_request",
         "git_error",
+        "agents.websocket_upgrade_required",
+        "agents.websocket_handshake_invalid",
     ),
     401: ("unauthorized", "link_invalid", "link_expired"),
     403: (
@@ -103,6 +105,9 @@ BODY_BUILDERS = {
     ("errors.py", "body"),
     WORKER_FIELDS,
     (os.path.join("api", "openapi.py"), ""),
+    # The Responses WebSocket's events that carry an error (an event's
+    # ``type`` beside its ``error``, not an error body).
+    (os.path.join("openai_api", "envelope.py"), "socket_event"),
 }
 
 #: Where ``ApiError(...)`` may be called directly: the family itself, and

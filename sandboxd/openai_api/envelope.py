@@ -53,3 +53,21 @@ def openai_error(error: ApiError) -> tuple[dict[str, Any], dict[str, str]]:
     if error.code not in _RETRYABLE:
         headers["x-should-retry"] = "false"
     return {"error": inner}, headers
+
+
+def frame_error(message: str, code: str) -> dict[str, Any]:
+    """
+    The ``error`` of a Responses WebSocket event whose code is the seed's
+    or OpenAI's own for the socket, not a §6 one (``bad_frame``, a steer's
+    ``response_not_found``): a 400, as OpenAI types it.
+    """
+    return {"message": message, "type": error_type(400), "param": None, "code": code}
+
+
+def socket_event(type: str, error: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """
+    A Responses WebSocket event that carries an error: ``error`` (with
+    the ``status`` the HTTP route would have answered) or
+    ``response.steer.failed`` (with the steer it refuses).
+    """
+    return {"type": type, **fields, "error": error}

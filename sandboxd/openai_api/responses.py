@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred
@@ -584,6 +585,10 @@ class ResponseStream(Follower):
     """
     The Responses events of one turn, translated from the session's
     events as they are appended; ends with the turn's terminal event.
+
+    Each event is an SSE frame, unless the channel frames events its own
+    way (the Responses WebSocket's lane, one JSON text frame per event)
+    and says so with an ``encode_event(type, data)`` of its own.
     """
 
     def __init__(self, response: WireResponse, channel: SSEChannel, skip: int) -> None:
@@ -592,6 +597,9 @@ class ResponseStream(Follower):
         self.skip = skip
         self.finished = False
         self.announced: set[str] = set()
+        self.encode: Callable[[str, dict[str, Any]], bytes] = getattr(
+            channel, "encode_event", frame
+        )
         for type in ("response.created", "response.in_progress"):
             channel.write_raw(self.send_event(type, response=self._snapshot()))
         super().__init__(response.face.log, channel, response.log_from, self._translate)
@@ -609,7 +617,7 @@ class ResponseStream(Follower):
         if number <= self.skip:
             return b""
         data = {"type": type, "sequence_number": number, **fields}
-        return frame(type, data)
+        return self.encode(type, data)
 
     def _translate(self, event: Event) -> bytes:
         data = event.data

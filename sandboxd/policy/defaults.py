@@ -170,6 +170,14 @@ ENDPOINT_LIMITS.update(
         "agents_environments_create": {**_OPENAI_UPLOAD, "max_files": 100},
         "agents_environment_files_create": _OPENAI_UPLOAD,
         "agents_environment_files_list": {"max_entries": 10000, "max_depth": 20},
+        # The Responses WebSocket: a client event is at most 10 MiB (the
+        # seed's bound), an identity holds at most 8 sockets, and a socket
+        # with no frame and no running response for 10 minutes is closed.
+        "agents_responses_connect": {
+            "max_message_bytes": 10 * MIB,
+            "max_sessions": 8,
+            "idle_timeout_seconds": 600,
+        },
     }
 )
 #: /v1 files: what one identity may keep, all files together.
@@ -260,6 +268,10 @@ WS_HANDSHAKE_SECONDS = 10.0
 
 #: How long a closing WebSocket may take before its connection is dropped.
 WS_CLOSE_SECONDS = 2.0
+
+#: The Responses WebSocket: ``response.create`` events that may wait on
+#: one socket for the response before them to end.
+OPENAI_WS_QUEUED_EVENTS = 16
 
 #: Default audit mode when no layer sets one.
 DEFAULT_AUDIT = "deny"

@@ -38,6 +38,7 @@ GROUP_MODULES: dict[CapabilityGroup, tuple[str, ...]] = {
         "sandboxd.routes.agents",
         "sandboxd.openai_api.routes",
         "sandboxd.openai_api.responses",
+        "sandboxd.openai_api.responses_socket",
         "sandboxd.openai_api.definitions",
         "sandboxd.openai_api.environments",
         "sandboxd.openai_api.files",

@@ -36,6 +36,7 @@ from sandboxd.web.messages import (
     SSEEvent,
     SSEResponse,
     StreamResponse,
+    UpgradeResponse,
 )
 from sandboxd.web.sse import SSEChannel
 
@@ -67,6 +68,7 @@ class SandboxRequest(Protocol):
     def finish(self) -> None: ...
     def notifyFinish(self) -> Deferred[None]: ...
     def respond_error(self, error: ApiError) -> None: ...
+    def upgraded(self) -> None: ...
 
 
 def _twisted(raw: SandboxRequest) -> Request:
@@ -185,6 +187,9 @@ def render(raw: SandboxRequest, request: ServerRequest, result: Any) -> Any:
         return _stream_events(raw, request, result)
     elif isinstance(result, StreamResponse):
         return _stream_body(raw, result)
+    elif isinstance(result, UpgradeResponse):
+        raw.upgraded()
+        result.take_over(_twisted(raw))
     else:
         respond_json(raw, 200, result if result is not None else {})
     return None

@@ -134,6 +134,19 @@ class StreamResponse:
     headers: Mapping[str, str] = attrs.Factory(dict)
 
 
+@attrs.define
+class UpgradeResponse:
+    """
+    The request becomes another protocol on its connection (a WebSocket):
+    the pipeline audits it as 101 and frees its concurrency slot, then
+    ``take_over`` gets the twisted.web request to hand its channel on
+    (:meth:`~sandboxd.web.channel.SandboxChannel.take_over`).  Nothing is
+    written for it; the new protocol answers the upgrade itself.
+    """
+
+    take_over: Callable[[Request], None]
+
+
 class BodySink(Protocol):
     """Where a raw request body goes as it arrives (``body="raw"`` routes)."""
 

@@ -386,6 +386,17 @@ class SandboxRequest(Request):
         if transport is not None:
             send_now(transport)
 
+    def upgraded(self) -> None:
+        """
+        The connection becomes another protocol (a WebSocket after its
+        101): for the pipeline the request is over now, its slot freed and
+        its line audited as 101, although Twisted never sees it finish.
+        """
+        if self.watching_finish:
+            self.watching_finish = False
+            self._release()
+            self._audit(101, None, None, 0)
+
     def connectionLost(self, reason: Any) -> None:
         """The client left: free the slot and audit it as such."""
         super().connectionLost(reason)

@@ -525,6 +525,40 @@ SCHEMAS: dict[str, Schema] = {
         "request of the agent ends the response with an mcp_approval_request item; "
         "answer it with previous_response_id and mcp_approval_response.",
     ),
+    "agents_responses_connect": Schema(
+        headers=(
+            F("Upgrade", required=True, doc="websocket"),
+            F("Connection", required=True, doc="Upgrade"),
+            F("Sec-WebSocket-Key", required=True),
+            F("Sec-WebSocket-Version", required=True, doc="13"),
+        ),
+        produces="websocket",
+        errors=(
+            E(
+                400,
+                "agents.websocket_upgrade_required",
+                "a plain GET: this route is a WebSocket",
+            ),
+            E(
+                400,
+                "agents.websocket_handshake_invalid",
+                "Connection, Sec-WebSocket-Key or Sec-WebSocket-Version missing or wrong",
+            ),
+            E(
+                429,
+                "concurrency_limited",
+                "the caller holds max_sessions sockets already",
+            ),
+        ),
+        notes="Client events (JSON text frames): response.create (the body of "
+        "POST /v1/responses; stream is implied) and response.steer "
+        "{previous_response_id, input}. Server events: the response.* events of a "
+        "streamed create, live, one per frame; response.steer.accepted / .failed; "
+        "error {status, error}. Binary frames close 1003, messages over "
+        "max_message_bytes 1009; idle_timeout_seconds without a frame or a running "
+        "response closes 1000. Each create is governed and audited as "
+        "agents_responses_create.",
+    ),
     "agents_cannot_responses_input_tokens": Schema(errors=(_OA_REFUSED,)),
     "agents_responses_get": Schema(
         query=(
