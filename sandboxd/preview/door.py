@@ -168,9 +168,23 @@ class PreviewRequest(Request):
         if self.exchange is not None:
             self.exchange.body_done()
 
+    def relay_head(
+        self, code: int, phrase: bytes, pairs: list[tuple[bytes, list[bytes]]]
+    ) -> None:
+        """The app's status and (already filtered) headers, as the response's."""
+        self.setResponseCode(code, phrase)
+        self.responseHeaders = Headers()
+        self.defaultContentType = None
+        for name, values in pairs:
+            self.responseHeaders.setRawHeaders(name, values)
+
 
 class PreviewSite(HardenedSite):
-    """The door's site: the hardened connection, one request class, no resources."""
+    """
+    The door's site: its own channel for plain requests
+    (:mod:`sandboxd.preview.channel`), handing anything else to the
+    hardened Twisted channel with one request class and no resources.
+    """
 
     requestFactory = PreviewRequest
     door = "preview"
@@ -182,6 +196,12 @@ class PreviewSite(HardenedSite):
         self.service = service
         idle = service.context.policy.rules["preview_proxy"].limits.idle_timeout_seconds
         self.timeOut = idle
+
+    def buildProtocol(self, addr: Any) -> Any:
+        """The door's own channel (it builds Twisted's when it hands over)."""
+        from sandboxd.preview.channel import DoorChannel
+
+        return DoorChannel(self, addr)
 
 
 class Exchange:
@@ -631,12 +651,9 @@ class Exchange:
     def _relay(self, response: Any) -> None:
         """Send the app's status and headers, then stream its body."""
         assert self.target is not None and self.exposure is not None
-        request = self.request
-        request.setResponseCode(response.code, response.phrase)
-        request.responseHeaders = Headers()
-        request.defaultContentType = None
         raw = [(n, list(vs)) for n, vs in response.headers.getAllRawHeaders()]
         origin = self._origin()
+        out = []
         for name, values in h.end_to_end(raw):
             lower = name.lower()
             if lower == b"set-cookie":
@@ -650,7 +667,8 @@ class Exchange:
                     h.rewrite_location(v, self.target.port, origin, self.target.prefix)
                     for v in values
                 ]
-            request.responseHeaders.setRawHeaders(name, values)
+            out.append((name, values))
+        self.request.relay_head(response.code, response.phrase, out)
         self.status = response.code
         length = response.length if isinstance(response.length, int) else None
         self.relay = BodyRelay(self._register, self._write, self._body_ended, length)
