@@ -36,6 +36,7 @@ from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES
 
 from sandboxd.policy.defaults import PREVIEW_UPGRADE_HEAD_BYTES
+from sandboxd.preview.flush import flush
 from sandboxd.preview.heads import RequestHead, parse_plain_head
 
 if TYPE_CHECKING:
@@ -172,11 +173,21 @@ class DoorRequest:
         transport = self.channel.transport
         if transport is None:
             return
-        out = self._head() if not self.started else b""
-        if data and not self.bodiless:
-            out += b"%x\r\n%s\r\n" % (len(data), data) if self.chunked else data
-        if out:
-            transport.write(out)
+        if not self.started:
+            head = self._head()
+            if self.bodiless or not data:
+                transport.write(head)
+            elif self.chunked:
+                transport.write(b"%s%x\r\n%s\r\n" % (head, len(data), data))
+            else:
+                transport.writeSequence((head, data))
+        elif self.bodiless or not data:
+            return
+        elif self.chunked:
+            transport.writeSequence((b"%x\r\n" % len(data), data, b"\r\n"))
+        else:
+            transport.write(data)
+        flush(transport)
 
     def finish(self) -> None:
         """The response is whole: end it, and free the connection for the next."""
@@ -188,6 +199,7 @@ class DoorRequest:
             out += b"0\r\n\r\n"
         if out and transport is not None:
             transport.write(out)
+            flush(transport)
         self.finished = True
         waiting, self._waiting = self._waiting, []
         for d in waiting:
@@ -203,7 +215,7 @@ class DoorRequest:
     def unregisterProducer(self) -> None:
         """The app's body is over."""
         transport = self.channel.transport
-        if transport is not None and transport.producer is not None:
+        if transport is not None:
             transport.unregisterProducer()
 
     def lost(self, reason: Failure) -> None:
@@ -271,7 +283,7 @@ class DoorChannel(Protocol):
         if self.closing:
             return
         if not self.buffer and self.request is None:
-            self.site.table.head_started(self)  # type: ignore[arg-type]
+            self.site.table.head_started(self)
         self.buffer += data
         self._quiet_since = self.site.reactor.seconds()
         if self.request is not None:
@@ -309,7 +321,7 @@ class DoorChannel(Protocol):
         """Decide and forward one plain request."""
         from sandboxd.preview.door import Exchange
 
-        self.site.table.head_done(self)  # type: ignore[arg-type]
+        self.site.table.head_done(self)
         self._command = head.method
         self._path = head.target
         request = DoorRequest(self, head)
@@ -332,10 +344,10 @@ class DoorChannel(Protocol):
             self.transport.resumeProducing()
         self._quiet_since = self.site.reactor.seconds()
         if self.buffer:
-            self.site.table.head_started(self)  # type: ignore[arg-type]
+            self.site.table.head_started(self)
             self._next()
         else:
-            self.site.table.went_idle(self)  # type: ignore[arg-type]
+            self.site.table.went_idle(self)
 
     def _hand_over(self) -> None:
         """
@@ -346,7 +358,7 @@ class DoorChannel(Protocol):
 
         self._stop_idle()
         self.site.connection_closed(self)  # type: ignore[arg-type]
-        channel = super(PreviewSite, self.site).buildProtocol(self.addr)
+        channel: Any = super(PreviewSite, self.site).buildProtocol(self.addr)  # type: ignore[no-untyped-call]
         self.delegate = channel
         buffered, self.buffer = self.buffer, b""
         channel.makeConnection(self.transport)
