@@ -6,14 +6,14 @@ A preview's traffic is mostly requests without a body (a page, its
 assets, an event stream).  For those, Twisted's ``HTTPChannel`` and
 ``Request`` (a line receiver, a header object, a response object, a
 Deferred chain per request) were nearly half of the door's time.  This
-channel reads a head in one pass (:mod:`sandboxd.preview.heads`), runs the
+channel reads a head in one pass (:mod:`sandboxd.web.heads`), runs the
 same :class:`~sandboxd.preview.door.Exchange` as before (Host, exposure,
 the gate, the link redirect, the header rules both ways, the audit line)
 on a light request object (:class:`DoorRequest`), and writes the response
 head and body as bytes: the app's ``Content-Length`` kept, else chunked.
 
-Anything else (a request with a body, an upgrade, HTTP/1.0, a head this
-parser is not sure of) hands the connection, with the bytes read so far,
+Anything else (a request with a body, an upgrade, an expectation,
+HTTP/1.0, a head the parser refuses) hands the connection, with the bytes read so far,
 to the Twisted channel the door used before
 (:class:`~sandboxd.web.channel.SandboxChannel` with the door's
 :class:`~sandboxd.preview.door.PreviewRequest`), which keeps it to the end:
@@ -35,15 +35,40 @@ from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES
 
-from sandboxd.policy.defaults import PREVIEW_UPGRADE_HEAD_BYTES
+from sandboxd.policy.defaults import HEADER_NAME_CACHE, PREVIEW_UPGRADE_HEAD_BYTES
 from sandboxd.preview.flush import flush
-from sandboxd.preview.heads import RequestHead, parse_plain_head
+from sandboxd.web.heads import Head, HeadError, parse_head
 
 if TYPE_CHECKING:
     from sandboxd.preview.door import PreviewSite
 
 #: Statuses whose response never has a body (RFC 9110 §6.4.1).
 _BODILESS = frozenset({204, 304})
+
+#: Headers that mean a request is not the plain kind (see the module).
+_NOT_PLAIN = frozenset({b"upgrade", b"expect"})
+
+#: Lower-cased header names to the form the app is sent (bounded).
+_CANONICAL: dict[bytes, bytes] = {}
+
+
+def plain(head: Head) -> bool:
+    """Whether this channel answers ``head`` itself: HTTP/1.1, no body, no upgrade."""
+    return (
+        head.version == b"HTTP/1.1"
+        and head.length == 0
+        and _NOT_PLAIN.isdisjoint(head.fields)
+    )
+
+
+def canonical(lower: bytes) -> bytes:
+    """``x-requested-with`` as ``X-Requested-With`` (as Twisted's ``Headers`` sends it)."""
+    name = _CANONICAL.get(lower)
+    if name is None:
+        name = b"-".join(part.capitalize() for part in lower.split(b"-"))
+        if len(_CANONICAL) < HEADER_NAME_CACHE:
+            _CANONICAL[lower] = name
+    return name
 
 
 class RequestFields:
@@ -54,19 +79,18 @@ class RequestFields:
 
     __slots__ = ("_fields",)
 
-    def __init__(self, fields: dict[bytes, tuple[bytes, list[bytes]]]) -> None:
+    def __init__(self, fields: dict[bytes, list[bytes]]) -> None:
         self._fields = fields
 
     def getRawHeaders(
         self, name: bytes, default: list[bytes] | None = None
     ) -> list[bytes] | None:
         """The values of ``name`` (any case), as sent."""
-        entry = self._fields.get(name.lower())
-        return entry[1] if entry is not None else default
+        return self._fields.get(name.lower(), default)
 
     def getAllRawHeaders(self) -> list[tuple[bytes, list[bytes]]]:
         """``(name, values)`` in the client's order."""
-        return list(self._fields.values())
+        return [(canonical(lower), values) for lower, values in self._fields.items()]
 
     def removeHeader(self, name: bytes) -> None:
         """Forget ``name``."""
@@ -100,7 +124,7 @@ class DoorRequest:
     answer); a body with no ``Content-Length`` is chunked.
     """
 
-    def __init__(self, channel: DoorChannel, head: RequestHead) -> None:
+    def __init__(self, channel: DoorChannel, head: Head) -> None:
         self.channel = channel
         self.method = head.method
         self.requestHeaders = RequestFields(head.fields)
@@ -108,7 +132,7 @@ class DoorRequest:
         self.defaultContentType: bytes | None = None
         self.code = 200
         self.phrase: bytes | None = None
-        self.persistent = not head.close
+        self.persistent = head.keep_alive
         self.started = False
         self.finished = False
         self.chunked = False
@@ -301,23 +325,23 @@ class DoorChannel(Protocol):
         self._handling = True
         try:
             while self.request is None and self.delegate is None and not self.closing:
-                end = self.buffer.find(b"\r\n\r\n")
-                if end < 0:
-                    if len(self.buffer) > PREVIEW_UPGRADE_HEAD_BYTES or (
-                        b"\n\n" in self.buffer
-                    ):
-                        self._hand_over()  # Twisted's parser refuses it
-                    return
-                head = parse_plain_head(self.buffer[:end])
-                if head is None:
+                try:
+                    head = parse_head(self.buffer)
+                except HeadError:
+                    # Twisted's channel refuses it, as the door always did.
                     self._hand_over()
                     return
-                self.buffer = self.buffer[end + 4 :]
+                if head is None:
+                    return  # more to come
+                if not plain(head):
+                    self._hand_over()
+                    return
+                self.buffer = self.buffer[head.size :]
                 self._start(head)
         finally:
             self._handling = False
 
-    def _start(self, head: RequestHead) -> None:
+    def _start(self, head: Head) -> None:
         """Decide and forward one plain request."""
         from sandboxd.preview.door import Exchange
 
