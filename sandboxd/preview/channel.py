@@ -36,7 +36,7 @@ from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES
 
 from sandboxd.policy.defaults import HEADER_NAME_CACHE, PREVIEW_UPGRADE_HEAD_BYTES
-from sandboxd.preview.flush import flush
+from sandboxd.preview.writing import write_now
 from sandboxd.web.heads import Head, HeadError, parse_head
 
 if TYPE_CHECKING:
@@ -200,18 +200,18 @@ class DoorRequest:
         if not self.started:
             head = self._head()
             if self.bodiless or not data:
-                transport.write(head)
+                out = head
             elif self.chunked:
-                transport.write(b"%s%x\r\n%s\r\n" % (head, len(data), data))
+                out = b"%s%x\r\n%s\r\n" % (head, len(data), data)
             else:
-                transport.writeSequence((head, data))
+                out = head + data
         elif self.bodiless or not data:
             return
         elif self.chunked:
-            transport.writeSequence((b"%x\r\n" % len(data), data, b"\r\n"))
+            out = b"%x\r\n%s\r\n" % (len(data), data)
         else:
-            transport.write(data)
-        flush(transport)
+            out = data
+        write_now(transport, out)
 
     def finish(self) -> None:
         """The response is whole: end it, and free the connection for the next."""
@@ -222,8 +222,7 @@ class DoorRequest:
         if self.chunked:
             out += b"0\r\n\r\n"
         if out and transport is not None:
-            transport.write(out)
-            flush(transport)
+            write_now(transport, out)
         self.finished = True
         waiting, self._waiting = self._waiting, []
         for d in waiting:
