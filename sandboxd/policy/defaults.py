@@ -444,6 +444,10 @@ PREVIEW_UPGRADE_HEAD_BYTES = 64 * KIB
 
 #: Preview: the browser's retry page reloads after this many seconds.
 PREVIEW_RETRY_SECONDS = 2
+
+#: Preview: Host headers whose port and label the door remembers (per
+#: policy; a Host is matched against the patterns once, not per request).
+PREVIEW_HOST_CACHE = 256
 #: git (SPEC §24): local calls, and the remote jobs (clone, fetch, pull,
 #: push) whose table holds at most ``max_jobs`` running at once.
 GIT_LOCAL_LIMITS: dict[str, Any] = {"timeout_seconds": 60, "max_output_bytes": MB}
