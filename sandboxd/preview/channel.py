@@ -13,11 +13,12 @@ on a light request object (:class:`DoorRequest`), and writes the response
 head and body as bytes: the app's ``Content-Length`` kept, else chunked.
 
 Anything else (a request with a body, an upgrade, an expectation,
-HTTP/1.0, a head the parser refuses) hands the connection, with the bytes read so far,
-to the Twisted channel the door used before
+HTTP/1.0, a head the parser refuses) hands the connection, with the bytes
+read so far, to the Twisted channel the door used before
 (:class:`~sandboxd.web.channel.SandboxChannel` with the door's
-:class:`~sandboxd.preview.door.PreviewRequest`), which keeps it to the end:
-bodies stream through the Agent, upgrades are spliced, bad heads refused.
+:class:`~sandboxd.preview.door.PreviewRequest`), which keeps it to the
+end: bodies stream through the Agent, upgrades are spliced, bad heads are
+refused as they always were.
 
 The connection is counted in the door's
 :class:`~sandboxd.web.connections.ConnectionTable` like any other (caps,

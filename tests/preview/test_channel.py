@@ -10,7 +10,9 @@ import json
 import socket
 import time
 
+from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -172,6 +174,38 @@ class ChannelTests(DoorCase):
         (status, _, body), *_ = responses(raw)
         self.assertEqual(status, 400)
         self.assertEqual(json.loads(body)["code"], "malformed_request")
+
+    @inlineCallbacks
+    def test_client_leaving_stops_the_app(self) -> None:
+        """
+        A client that leaves in the middle of a large download gets the
+        app's side closed (the app sees its stream stopped), and the
+        exchange still has its audit line.
+        """
+        yield self.expose(public=True)
+        host = self.host()
+
+        def read_some() -> int:
+            with socket.create_connection(("127.0.0.1", self.door_port), 10) as s:
+                s.sendall(get(f"/big?n={1 << 30}", host))
+                got = 0
+                while got < 1 << 20:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    got += len(chunk)
+                return got
+
+        got = yield deferToThread(read_some)
+        self.assertGreaterEqual(got, 1 << 20)
+        for _ in range(100):
+            if self.app.streams and self.app.streams[-1].stopped:
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        self.assertTrue(self.app.streams[-1].stopped)
+        self.assertLess(self.app.streams[-1].left, 1 << 30)
+        lines = [r for r in self.audit_lines() if r.get("via") == "preview"]
+        self.assertEqual(lines[-1]["path"], "/big")
 
 
 class IdleTests(DoorCase):
