@@ -29,7 +29,8 @@ the head deadline, reclaiming idle ones), and closed after
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
+from typing import Protocol as Contract
 
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Protocol, connectionDone
@@ -39,9 +40,6 @@ from twisted.web.http import RESPONSES
 from sandboxd.policy.defaults import HEADER_NAME_CACHE, PREVIEW_UPGRADE_HEAD_BYTES
 from sandboxd.preview.writing import write_now
 from sandboxd.web.heads import Head, HeadError, parse_head
-
-if TYPE_CHECKING:
-    from sandboxd.preview.door import PreviewSite
 
 #: Statuses whose response never has a body (RFC 9110 §6.4.1).
 _BODILESS = frozenset({204, 304})
@@ -252,6 +250,31 @@ class DoorRequest:
             d.errback(reason)
 
 
+class DoorSite(Contract):
+    """
+    What the channel asks of the door's site
+    (:class:`~sandboxd.preview.door.PreviewSite`, which imports this
+    module): its connection table, clock and idle bound, the Twisted
+    channel to hand over to, and the exchange that answers a request.
+    """
+
+    table: Any
+    reactor: Any
+    timeOut: Any
+
+    def connection_opened(self, channel: Any) -> bool:
+        """Admit a new connection (False: over a cap)."""
+
+    def connection_closed(self, channel: Any) -> None:
+        """Forget a connection."""
+
+    def twisted_channel(self, addr: Any) -> Any:
+        """A Twisted channel of the door's, for a connection handed over."""
+
+    def exchange(self, request: DoorRequest) -> None:
+        """Decide and forward one plain request (it answers on ``request``)."""
+
+
 class DoorChannel(Protocol):
     """
     One client connection to the door (see the module).
@@ -265,7 +288,7 @@ class DoorChannel(Protocol):
     _command = b""
     _path = b""
 
-    def __init__(self, site: PreviewSite, addr: Any) -> None:
+    def __init__(self, site: DoorSite, addr: Any) -> None:
         self.site = site
         self.addr = addr
         self.transport: Any = None
@@ -293,7 +316,7 @@ class DoorChannel(Protocol):
                 pass
         peer = transport.getPeer()
         self.peer_host = getattr(peer, "host", "") or ""
-        if not self.site.connection_opened(self):  # type: ignore[arg-type]
+        if not self.site.connection_opened(self):
             self.closing = True
             transport.abortConnection()
             return
@@ -343,16 +366,12 @@ class DoorChannel(Protocol):
 
     def _start(self, head: Head) -> None:
         """Decide and forward one plain request."""
-        from sandboxd.preview.door import Exchange
-
         self.site.table.head_done(self)
         self._command = head.method
         self._path = head.target
         request = DoorRequest(self, head)
         self.request = request
-        exchange = Exchange(self.site.service, request, 0)  # type: ignore[arg-type]
-        exchange.head()
-        exchange.body_done()
+        self.site.exchange(request)
 
     def request_done(self, request: DoorRequest) -> None:
         """A response is written whole: close, or read the next head."""
@@ -378,11 +397,9 @@ class DoorChannel(Protocol):
         Give the connection to the Twisted channel for good, with the bytes
         read so far (see the module).
         """
-        from sandboxd.preview.door import PreviewSite
-
         self._stop_idle()
-        self.site.connection_closed(self)  # type: ignore[arg-type]
-        channel: Any = super(PreviewSite, self.site).buildProtocol(self.addr)  # type: ignore[no-untyped-call]
+        self.site.connection_closed(self)
+        channel = self.site.twisted_channel(self.addr)
         self.delegate = channel
         buffered, self.buffer = self.buffer, b""
         channel.makeConnection(self.transport)
@@ -396,7 +413,7 @@ class DoorChannel(Protocol):
             return
         self.closing = True
         self._stop_idle()
-        self.site.connection_closed(self)  # type: ignore[arg-type]
+        self.site.connection_closed(self)
         request, self.request = self.request, None
         if request is not None:
             request.lost(reason)

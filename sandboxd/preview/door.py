@@ -53,6 +53,7 @@ from sandboxd.errors import (
 )
 from sandboxd.policy.defaults import PREVIEW_RETRY_SECONDS
 from sandboxd.preview import headers as h
+from sandboxd.preview.channel import DoorChannel, DoorRequest
 from sandboxd.preview.exposures import Exposure
 from sandboxd.preview.routing import Target
 from sandboxd.preview.upstream import BodyRelay, StreamBody
@@ -198,10 +199,18 @@ class PreviewSite(HardenedSite):
         self.timeOut = idle
 
     def buildProtocol(self, addr: Any) -> Any:
-        """The door's own channel (it builds Twisted's when it hands over)."""
-        from sandboxd.preview.channel import DoorChannel
-
+        """The door's own channel (it asks for Twisted's when it hands over)."""
         return DoorChannel(self, addr)
+
+    def twisted_channel(self, addr: Any) -> Any:
+        """The hardened Twisted channel, for a connection the door's hands over."""
+        return super().buildProtocol(addr)  # type: ignore[no-untyped-call]
+
+    def exchange(self, request: DoorRequest) -> None:
+        """A plain request on the door's channel: no body, so decided and sent at once."""
+        exchange = Exchange(self.service, request, 0)
+        exchange.head()
+        exchange.body_done()
 
 
 class Exchange:
@@ -212,7 +221,10 @@ class Exchange:
     """
 
     def __init__(
-        self, service: PreviewService, request: PreviewRequest, length: int | None
+        self,
+        service: PreviewService,
+        request: PreviewRequest | DoorRequest,
+        length: int | None,
     ) -> None:
         self.service = service
         self.context = service.context
