@@ -12,7 +12,9 @@ its preview door (the ``preview`` group on, both ports exposed ``public``
 so neither proxy checks a credential). Then, through each proxy and
 directly:
 
-- ``wrk`` GETs of a 1 KiB file at ``--connections`` (32): requests/s;
+- ``wrk`` GETs of a 1 KiB file at ``--connections`` (32): requests/s, and
+  the proxy's own CPU time per request (its processes' user and system
+  time over the run, from ``/proc``);
 - a 64 MiB download with ``http.client``: MB/s (MiB per second);
 - the first event of an event stream: median time from request to event,
   and what the proxy adds to going direct;
@@ -215,16 +217,52 @@ def ws_echo(port: int, host: str, messages: int) -> list[float]:
 def pct(values: list[float], p: float) -> float:
     """The ``p``-th percentile (nearest rank)."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def workers(pid: int) -> list[int]:
+    """The children of ``pid`` (an nginx master's workers)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(entry))
+    return out
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU seconds ``pids`` have used."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def measure(
-    name: str, targets: tuple[tuple[int, str], tuple[int, str]], args: Any
+    name: str,
+    targets: tuple[tuple[int, str], tuple[int, str]],
+    args: Any,
+    pids: list[int],
 ) -> dict[str, Any]:
-    """One round of every case through one proxy."""
+    """
+    One round of every case through one proxy; ``pids`` are the proxy's
+    processes, whose CPU per small GET is a figure the machine's load
+    moves far less than requests per second.
+    """
     (sport, shost), (aport, ahost) = targets
     r: dict[str, Any] = {"proxy": name}
+    before = cpu_seconds(pids)
     r["get_1k_rps"] = wrk(sport, shost, "/1k.bin", args.connections, args.duration)
+    spent = cpu_seconds(pids) - before
+    r["get_1k_cpu_us"] = spent / (r["get_1k_rps"] * args.duration) * 1e6
     r["download_64m_mib_s"] = download(sport, shost, "/64m.bin", 1)
     r["sse_first_event_ms_p50"] = (
         statistics.median(first_event(aport, ahost, args.events)) * 1000
@@ -330,16 +368,22 @@ def main() -> None:
             "direct": ((origin, f"127.0.0.1:{origin}"), (app, f"127.0.0.1:{app}")),
             "nginx": ((proxy, f"127.0.0.1:{proxy}"), (proxy, f"127.0.0.1:{proxy}")),
         }
+        pids: dict[str, list[int]] = {}
         doors = [("sandboxd", None)]
         if args.base_tree:
             doors.append(("base", args.base_tree))
         for name, tree in doors:
             daemon, door = start_door(base, name, tree, origin, app)
             procs.append(daemon)
+            pids[name] = [daemon.pid]
             targets[name] = (
                 (door, f"{origin}.localhost:{door}"),
                 (door, f"{app}.localhost:{door}"),
             )
+        # Whose CPU a small GET costs: the origin's worker going direct,
+        # the proxy's worker for nginx, the daemon for a door.
+        pids["direct"] = workers(procs[0].pid)
+        pids["nginx"] = workers(procs[2].pid)
         # Alternate: every round runs each proxy once, in a rotated order,
         # so a burst of load elsewhere on the machine hits them alike.
         names = list(targets)
@@ -347,7 +391,7 @@ def main() -> None:
         for i in range(args.rounds):
             order = names[i % len(names) :] + names[: i % len(names)]
             for name in order:
-                rounds[name].append(measure(name, targets[name], args))
+                rounds[name].append(measure(name, targets[name], args, pids[name]))
         results = {n: summarise(rs) for n, rs in rounds.items()}
         direct, nginx = results["direct"], results["nginx"]
         for name in names[1:]:
@@ -360,6 +404,11 @@ def main() -> None:
             )
             if name != "nginx":
                 r["rps_vs_nginx"] = round(r["get_1k_rps"] / nginx["get_1k_rps"], 2)
+                # What the rate would be with a core each: nginx's CPU per
+                # request over the door's.
+                r["cpu_vs_nginx"] = round(
+                    nginx["get_1k_cpu_us"] / r["get_1k_cpu_us"], 2
+                )
                 r["mib_s_vs_nginx"] = round(
                     r["download_64m_mib_s"] / nginx["download_64m_mib_s"], 2
                 )

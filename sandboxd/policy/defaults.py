@@ -456,6 +456,10 @@ PREVIEW_UPGRADE_HEAD_BYTES = 64 * KIB
 
 #: Preview: the browser's retry page reloads after this many seconds.
 PREVIEW_RETRY_SECONDS = 2
+
+#: Preview: Host headers whose port and label the door remembers (per
+#: policy; a Host is matched against the patterns once, not per request).
+PREVIEW_HOST_CACHE = 256
 #: git (SPEC §24): local calls, and the remote jobs (clone, fetch, pull,
 #: push) whose table holds at most ``max_jobs`` running at once.
 GIT_LOCAL_LIMITS: dict[str, Any] = {"timeout_seconds": 60, "max_output_bytes": MB}
@@ -526,6 +530,15 @@ CAP_WARNING_INTERVAL_SECONDS = 30.0
 
 #: Headers per request (Twisted allows 500).
 MAX_HEADERS = 100
+
+#: A request's head: the request line and header lines together, line ends
+#: not counted (Twisted's own bound, kept when the daemon parses heads).
+MAX_HEAD_BYTES = 16 * KIB
+
+#: Distinct header names whose validation the head parser remembers (the
+#: few a client sends on every request; a client inventing names only
+#: misses the cache).
+HEADER_NAME_CACHE = 512
 
 #: Directories one recursive watch may cover (each is an inotify watch).
 MAX_WATCH_DIRS = 8192

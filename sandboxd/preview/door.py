@@ -53,6 +53,7 @@ from sandboxd.errors import (
 )
 from sandboxd.policy.defaults import PREVIEW_RETRY_SECONDS
 from sandboxd.preview import headers as h
+from sandboxd.preview.channel import DoorChannel, DoorRequest
 from sandboxd.preview.exposures import Exposure
 from sandboxd.preview.routing import Target
 from sandboxd.preview.upstream import BodyRelay, StreamBody
@@ -168,9 +169,23 @@ class PreviewRequest(Request):
         if self.exchange is not None:
             self.exchange.body_done()
 
+    def relay_head(
+        self, code: int, phrase: bytes, pairs: list[tuple[bytes, list[bytes]]]
+    ) -> None:
+        """The app's status and (already filtered) headers, as the response's."""
+        self.setResponseCode(code, phrase)
+        self.responseHeaders = Headers()
+        self.defaultContentType = None
+        for name, values in pairs:
+            self.responseHeaders.setRawHeaders(name, values)
+
 
 class PreviewSite(HardenedSite):
-    """The door's site: the hardened connection, one request class, no resources."""
+    """
+    The door's site: its own channel for plain requests
+    (:mod:`sandboxd.preview.channel`), handing anything else to the
+    hardened Twisted channel with one request class and no resources.
+    """
 
     requestFactory = PreviewRequest
     door = "preview"
@@ -183,6 +198,20 @@ class PreviewSite(HardenedSite):
         idle = service.context.policy.rules["preview_proxy"].limits.idle_timeout_seconds
         self.timeOut = idle
 
+    def buildProtocol(self, addr: Any) -> Any:
+        """The door's own channel (it asks for Twisted's when it hands over)."""
+        return DoorChannel(self, addr)
+
+    def twisted_channel(self, addr: Any) -> Any:
+        """The hardened Twisted channel, for a connection the door's hands over."""
+        return super().buildProtocol(addr)  # type: ignore[no-untyped-call]
+
+    def exchange(self, request: DoorRequest) -> None:
+        """A plain request on the door's channel: no body, so decided and sent at once."""
+        exchange = Exchange(self.service, request, 0)
+        exchange.head()
+        exchange.body_done()
+
 
 class Exchange:
     """
@@ -192,7 +221,10 @@ class Exchange:
     """
 
     def __init__(
-        self, service: PreviewService, request: PreviewRequest, length: int | None
+        self,
+        service: PreviewService,
+        request: PreviewRequest | DoorRequest,
+        length: int | None,
     ) -> None:
         self.service = service
         self.context = service.context
@@ -631,12 +663,9 @@ class Exchange:
     def _relay(self, response: Any) -> None:
         """Send the app's status and headers, then stream its body."""
         assert self.target is not None and self.exposure is not None
-        request = self.request
-        request.setResponseCode(response.code, response.phrase)
-        request.responseHeaders = Headers()
-        request.defaultContentType = None
         raw = [(n, list(vs)) for n, vs in response.headers.getAllRawHeaders()]
         origin = self._origin()
+        out = []
         for name, values in h.end_to_end(raw):
             lower = name.lower()
             if lower == b"set-cookie":
@@ -650,7 +679,8 @@ class Exchange:
                     h.rewrite_location(v, self.target.port, origin, self.target.prefix)
                     for v in values
                 ]
-            request.responseHeaders.setRawHeaders(name, values)
+            out.append((name, values))
+        self.request.relay_head(response.code, response.phrase, out)
         self.status = response.code
         length = response.length if isinstance(response.length, int) else None
         self.relay = BodyRelay(self._register, self._write, self._body_ended, length)

@@ -12,6 +12,7 @@ authentication.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
@@ -35,8 +36,14 @@ class Closable(Protocol):
         """End it now (the port was unexposed)."""
 
 
-def parse_ranges(specs: Iterable[str]) -> list[tuple[int, int]]:
+def parse_ranges(specs: Iterable[str]) -> tuple[tuple[int, int], ...]:
     """``["3000", "8000-8999"]`` as inclusive ranges (bad items are skipped)."""
+    return _ranges(tuple(specs))
+
+
+@functools.lru_cache(maxsize=16)
+def _ranges(specs: tuple[str, ...]) -> tuple[tuple[int, int], ...]:
+    """:func:`parse_ranges` once per policy's list (it is asked on every request)."""
     out = []
     for spec in specs:
         low, _, high = spec.strip().partition("-")
@@ -45,7 +52,7 @@ def parse_ranges(specs: Iterable[str]) -> list[tuple[int, int]]:
         except ValueError:
             continue
         out.append((lo, hi))
-    return out
+    return tuple(out)
 
 
 def check_port(value: Any) -> int:
@@ -74,9 +81,9 @@ def allowed(
     :raises ApiError: 403 ``port_not_allowed`` naming the rule: one of the
         daemon's own ports, a denied one, or outside the allowed ranges.
     """
-    if port in set(own):
+    if port in own:
         raise port_not_allowed(port, "daemon:own_ports")
-    if port in set(deny):
+    if port in deny:
         raise port_not_allowed(
             port, sources("params.deny_ports") or "params.deny_ports"
         )

@@ -65,12 +65,15 @@ def end_to_end(headers: RawHeaders, keep_upgrade: bool = False) -> RawHeaders:
     :param keep_upgrade: keep ``Connection: upgrade`` and ``Upgrade`` (a
         request being spliced).
     """
-    drop = HOP_BY_HOP | connection_listed(headers)
+    # One pass for the names (this runs twice per request, both ways).
+    lowered = [name.lower() for name, _ in headers]
+    drop = HOP_BY_HOP
+    if b"connection" in lowered:
+        drop = drop | connection_listed(headers)
     if keep_upgrade:
         drop = drop - {b"upgrade", b"connection"}
     out = []
-    for name, values in headers:
-        lower = name.lower()
+    for lower, (name, values) in zip(lowered, headers, strict=True):
         if lower in drop:
             continue
         if keep_upgrade and lower == b"connection":

@@ -43,10 +43,17 @@ from sandboxd.policy.defaults import (
     PREVIEW_POOL_PER_PORT,
     PREVIEW_UPGRADE_HEAD_BYTES,
 )
+from sandboxd.preview.writing import write_now
 
 #: Methods sent again on a fresh connection when a kept one was closed
 #: under them before any answer (RFC 9110 §9.2.2, as the Agent does).
 IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"DELETE", b"PUT"})
+
+
+#: The end of every whole body: one failure made once (a ``Failure`` per
+#: response was a visible share of a small request; a reader only checks
+#: its type).
+_DONE = Failure(ResponseDone())
 
 
 class UpstreamBroken(Exception):
@@ -170,7 +177,8 @@ class RawConnection(Protocol):
         self.in_body = False
         self.body_done = False
         self.lost = False
-        self.idle_timer: Any = None
+        #: When it went back to the pool (reactor seconds).
+        self.idle_since = 0.0
         #: The first request, sent once connected.
         self.first: tuple[bytes, bytes, Deferred[RawResponse]] | None = None
         self.connector: Any = None
@@ -203,7 +211,7 @@ class RawConnection(Protocol):
         self.decoder = None
         self.remaining = None
         transport: Any = self.transport
-        transport.write(head)
+        write_now(transport, head)
 
     def dataReceived(self, data: bytes) -> None:
         """The answer's head, then its body."""
@@ -359,7 +367,7 @@ class RawConnection(Protocol):
         elif not self.lost:
             self.abort()
         if body is not None:
-            body.connectionLost(reason or Failure(ResponseDone()))
+            body.connectionLost(reason or _DONE)
 
     # -- the end ----------------------------------------------------------------
 
@@ -423,7 +431,8 @@ class _Connector(ClientFactory):
 
 class RawPool:
     """
-    Idle connections to the app, per loopback address and port, newest first.
+    Idle connections to the app, per loopback address and port (oldest
+    first in each list; the newest is used first).
 
     :param reactor: connects and times idle connections out.
     """
@@ -432,6 +441,7 @@ class RawPool:
         self.reactor = reactor
         self.idle: dict[tuple[str, int], list[RawConnection]] = {}
         self.busy: set[RawConnection] = set()
+        self._sweep: Any = None
 
     def request(
         self, address: str, port: int, method: bytes, head: bytes
@@ -448,10 +458,6 @@ class RawPool:
         idle = self.idle.get(key)
         while idle:
             candidate = idle.pop()
-            if candidate.idle_timer is not None:
-                if candidate.idle_timer.active():
-                    candidate.idle_timer.cancel()
-                candidate.idle_timer = None
             if not candidate.lost:
                 connection = candidate
                 break
@@ -498,18 +504,34 @@ class RawPool:
             connection.abort()
             return
         connection.waiting = None
-        connection.idle_timer = self.reactor.callLater(
-            PREVIEW_POOL_IDLE_SECONDS, connection.abort
-        )
+        connection.idle_since = self.reactor.seconds()
         idle.append(connection)
+        if self._sweep is None:
+            self._sweep = self.reactor.callLater(PREVIEW_POOL_IDLE_SECONDS, self.sweep)
+
+    def sweep(self) -> None:
+        """
+        Close the connections idle for :data:`PREVIEW_POOL_IDLE_SECONDS`,
+        and come back when the next one will have been.  One timer for
+        the pool (a timer per connection was set and cancelled on every
+        request); each list is oldest first, so a sweep stops at the
+        first young one.
+        """
+        self._sweep = None
+        now = self.reactor.seconds()
+        oldest: float | None = None
+        for idle in list(self.idle.values()):
+            while idle and now - idle[0].idle_since >= PREVIEW_POOL_IDLE_SECONDS:
+                idle[0].abort()  # forget() takes it out of the list
+            if idle and (oldest is None or idle[0].idle_since < oldest):
+                oldest = idle[0].idle_since
+        if oldest is not None:
+            wait = oldest + PREVIEW_POOL_IDLE_SECONDS - now
+            self._sweep = self.reactor.callLater(max(wait, 0.0), self.sweep)
 
     def forget(self, connection: RawConnection) -> None:
         """A connection is closing: out of the pool."""
         self.busy.discard(connection)
-        if connection.idle_timer is not None:
-            if connection.idle_timer.active():
-                connection.idle_timer.cancel()
-            connection.idle_timer = None
         idle = self.idle.get(connection.key)
         if idle and connection in idle:
             idle.remove(connection)
@@ -522,6 +544,9 @@ class RawPool:
         for connection in list(self.busy):
             connection.abort()
         self.idle.clear()
+        if self._sweep is not None and self._sweep.active():
+            self._sweep.cancel()
+        self._sweep = None
 
 
 __all__ = ["CancelledError", "RawPool", "RawResponse", "UpstreamBroken"]

@@ -19,6 +19,7 @@ import urllib.parse
 import attrs
 
 from sandboxd.access.gate import host_name, is_loopback
+from sandboxd.policy.defaults import PREVIEW_HOST_CACHE
 
 
 @attrs.frozen
@@ -63,6 +64,10 @@ class Routes:
     public_url: str | None = None
     #: Host templates: ``{port}.DOMAIN`` and the public URL's.
     host_patterns: tuple[re.Pattern[str], ...] = attrs.field(init=False)
+    #: Hosts already matched to ``(port, label)`` or None (bounded).
+    _hosts: dict[str, tuple[int, str | None] | None] = attrs.field(
+        init=False, factory=dict, eq=False, repr=False
+    )
 
     @host_patterns.default
     def _patterns(self) -> tuple[re.Pattern[str], ...]:
@@ -85,11 +90,15 @@ class Routes:
 
     def match(self, host: str, target: bytes) -> Target | None:
         """The target of a request, or None (421)."""
+        try:
+            known = self._hosts[host]
+        except KeyError:
+            known = self._host_match(host)
+            if len(self._hosts) < PREVIEW_HOST_CACHE:
+                self._hosts[host] = known
+        if known is not None:
+            return _target(known[0], known[1], "", target)
         name = host_name(host)
-        for pattern in self.host_patterns:
-            m = pattern.match(name)
-            if m is not None:
-                return _target(int(m.group(1)), m.group(2), "", target)
         if self.path_hosts(name):
             found = _PATH.match(target)
             if found is not None:
@@ -98,6 +107,15 @@ class Routes:
                     rest = b"/" + rest
                 prefix = found.group(0).decode()
                 return _target(int(found.group(1)), None, prefix, rest)
+        return None
+
+    def _host_match(self, host: str) -> tuple[int, str | None] | None:
+        """The port and label a Host names by the patterns, or None."""
+        name = host_name(host)
+        for pattern in self.host_patterns:
+            m = pattern.match(name)
+            if m is not None:
+                return int(m.group(1)), m.group(2)
         return None
 
     def url(self, port: int, label: str | None, door_port: int | None) -> str:

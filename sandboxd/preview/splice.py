@@ -33,6 +33,7 @@ from sandboxd.access import gate
 from sandboxd.errors import limit_rule, upstream_timeout, upstream_unavailable
 from sandboxd.policy.defaults import PREVIEW_UPGRADE_HEAD_BYTES
 from sandboxd.preview import headers as h
+from sandboxd.preview.writing import write_now
 
 #: The exchange being upgraded (:class:`sandboxd.preview.door.Exchange`;
 #: named loosely, as the door imports this module).
@@ -351,14 +352,14 @@ class Upgrade:
         self.last_active = self.context.reactor.seconds()
         self.bytes_up += len(data)
         if self.app is not None and self.app.transport is not None:
-            self.app.transport.write(data)
+            write_now(self.app.transport, data)
 
     def to_browser(self, data: bytes) -> None:
         """App → browser."""
         self.last_active = self.context.reactor.seconds()
         self.bytes_down += len(data)
         if self.browser is not None and self.browser.transport is not None:
-            self.browser.transport.write(data)
+            write_now(self.browser.transport, data)
 
     def app_closed(self) -> None:
         """The app's side is gone."""

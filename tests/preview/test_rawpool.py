@@ -12,7 +12,11 @@ from typing import Any
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.trial.unittest import SynchronousTestCase
 
+from sandboxd.policy.defaults import PREVIEW_POOL_IDLE_SECONDS
+from sandboxd.preview.rawpool import RawConnection, RawPool
 from tests.preview.test_door import DoorCase
 
 #: What the scripted app answers, by request path.
@@ -161,3 +165,40 @@ class RawPoolTests(DoorCase):
         head = self.scripted.heads[-1].lower()
         self.assertNotIn(b"x-access-token", head)
         self.assertIn(f"host: localhost:{self.scripted.port}".encode(), head)
+
+
+class PoolIdleTests(SynchronousTestCase):
+    """How long the pool keeps a connection nobody uses."""
+
+    def test_idle_connections_closed_in_order(self) -> None:
+        """
+        Each idle connection is closed once it has been idle for the bound
+        (shorter than Node's keep-alive), not before, with one timer for the
+        pool; a connection taken again in between is not closed.
+        """
+        clock = MemoryReactorClock()
+        pool = RawPool(clock)
+        key = ("127.0.0.1", 3000)
+        made = []
+        for _ in range(3):
+            connection = RawConnection(pool, key)
+            connection.transport = StringTransport()  # connected, answered
+            made.append(connection)
+        first, second, third = made
+        pool.release(first)
+        self.assertFalse(first.transport.disconnecting)  # type: ignore[union-attr]
+        clock.advance(1)
+        pool.release(second)
+        pool.release(third)
+        self.assertEqual(len(clock.getDelayedCalls()), 1)
+        clock.advance(PREVIEW_POOL_IDLE_SECONDS - 1)
+        transports: list[Any] = [c.transport for c in made]
+        self.assertTrue(transports[0].disconnecting)
+        self.assertFalse(transports[1].disconnecting)
+        # Taken for a request (the newest first), then back much later.
+        pool.request("127.0.0.1", 3000, b"GET", b"GET / HTTP/1.1\r\n\r\n")
+        self.assertEqual(pool.idle[key], [second])
+        clock.advance(1)
+        self.assertTrue(transports[1].disconnecting)
+        self.assertFalse(transports[2].disconnecting)
+        self.assertEqual(pool.idle[key], [])

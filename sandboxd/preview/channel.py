@@ -1,0 +1,464 @@
+# -*- test-case-name: tests.preview.test_channel -*-
+"""
+The preview door's own server side of HTTP/1.1, for the common case.
+
+A preview's traffic is mostly requests without a body (a page, its
+assets, an event stream).  For those, Twisted's ``HTTPChannel`` and
+``Request`` (a line receiver, a header object, a response object, a
+Deferred chain per request) were nearly half of the door's time.  This
+channel reads a head in one pass (:mod:`sandboxd.web.heads`), runs the
+same :class:`~sandboxd.preview.door.Exchange` as before (Host, exposure,
+the gate, the link redirect, the header rules both ways, the audit line)
+on a light request object (:class:`DoorRequest`), and writes the response
+head and body as bytes: the app's ``Content-Length`` kept, else chunked.
+
+Anything else (a request with a body, an upgrade, an expectation,
+HTTP/1.0, a head the parser refuses) hands the connection, with the bytes
+read so far, to the Twisted channel the door used before
+(:class:`~sandboxd.web.channel.SandboxChannel` with the door's
+:class:`~sandboxd.preview.door.PreviewRequest`), which keeps it to the
+end: bodies stream through the Agent, upgrades are spliced, bad heads are
+refused as they always were.
+
+The connection is counted in the door's
+:class:`~sandboxd.web.connections.ConnectionTable` like any other (caps,
+the head deadline, reclaiming idle ones), and closed after
+``idle_timeout_seconds`` with no request in flight and no byte in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+from typing import Protocol as Contract
+
+from twisted.internet.defer import Deferred
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.python.failure import Failure
+from twisted.web.http import RESPONSES
+
+from sandboxd.policy.defaults import HEADER_NAME_CACHE, PREVIEW_UPGRADE_HEAD_BYTES
+from sandboxd.preview.writing import write_now
+from sandboxd.web.heads import Head, HeadError, parse_head
+
+#: Statuses whose response never has a body (RFC 9110 §6.4.1).
+_BODILESS = frozenset({204, 304})
+
+#: Headers that mean a request is not the plain kind (see the module).
+_NOT_PLAIN = frozenset({b"upgrade", b"expect"})
+
+#: Lower-cased header names to the form the app is sent (bounded).
+_CANONICAL: dict[bytes, bytes] = {}
+
+
+def plain(head: Head) -> bool:
+    """Whether this channel answers ``head`` itself: HTTP/1.1, no body, no upgrade."""
+    return (
+        head.version == b"HTTP/1.1"
+        and head.length == 0
+        and _NOT_PLAIN.isdisjoint(head.fields)
+    )
+
+
+def canonical(lower: bytes) -> bytes:
+    """``x-requested-with`` as ``X-Requested-With`` (as Twisted's ``Headers`` sends it)."""
+    name = _CANONICAL.get(lower)
+    if name is None:
+        name = b"-".join(part.capitalize() for part in lower.split(b"-"))
+        if len(_CANONICAL) < HEADER_NAME_CACHE:
+            _CANONICAL[lower] = name
+    return name
+
+
+class RequestFields:
+    """
+    A request's headers as the exchange asks for them (the part of
+    Twisted's ``Headers`` it uses), over the parser's table.
+    """
+
+    __slots__ = ("_fields",)
+
+    def __init__(self, fields: dict[bytes, list[bytes]]) -> None:
+        self._fields = fields
+
+    def getRawHeaders(
+        self, name: bytes, default: list[bytes] | None = None
+    ) -> list[bytes] | None:
+        """The values of ``name`` (any case), as sent."""
+        return self._fields.get(name.lower(), default)
+
+    def getAllRawHeaders(self) -> list[tuple[bytes, list[bytes]]]:
+        """``(name, values)`` in the client's order."""
+        return [(canonical(lower), values) for lower, values in self._fields.items()]
+
+    def removeHeader(self, name: bytes) -> None:
+        """Forget ``name``."""
+        self._fields.pop(name.lower(), None)
+
+
+class ResponseFields:
+    """The response's headers, in the order they are set."""
+
+    __slots__ = ("pairs",)
+
+    def __init__(self) -> None:
+        self.pairs: dict[bytes, tuple[bytes, list[bytes]]] = {}
+
+    def setRawHeaders(self, name: bytes, values: list[bytes]) -> None:
+        """Set ``name`` to ``values`` (replacing what it had)."""
+        self.pairs[name.lower()] = (name, list(values))
+
+    def removeHeader(self, name: bytes) -> None:
+        """Forget ``name``."""
+        self.pairs.pop(name.lower(), None)
+
+
+class DoorRequest:
+    """
+    One plain request on a :class:`DoorChannel`: what an exchange calls on
+    Twisted's ``Request`` (status, headers, write, finish, producers,
+    :meth:`notifyFinish`), writing the response as bytes.
+
+    The head goes out with the first body bytes (one write for a small
+    answer); a body with no ``Content-Length`` is chunked.
+    """
+
+    def __init__(self, channel: DoorChannel, head: Head) -> None:
+        self.channel = channel
+        self.method = head.method
+        self.requestHeaders = RequestFields(head.fields)
+        self.responseHeaders = ResponseFields()
+        self.defaultContentType: bytes | None = None
+        self.code = 200
+        self.phrase: bytes | None = None
+        self.persistent = head.keep_alive
+        self.started = False
+        self.finished = False
+        self.chunked = False
+        self.bodiless = head.method == b"HEAD"
+        self._waiting: list[Deferred[None]] = []
+
+    # -- what the exchange sets ------------------------------------------------
+
+    def setResponseCode(self, code: int, message: bytes | None = None) -> None:
+        """The status (and its reason phrase, when not the usual one)."""
+        self.code = code
+        self.phrase = message
+
+    def setHeader(self, name: bytes, value: bytes) -> None:
+        """One response header."""
+        self.responseHeaders.setRawHeaders(name, [value])
+
+    def relay_head(
+        self, code: int, phrase: bytes, pairs: list[tuple[bytes, list[bytes]]]
+    ) -> None:
+        """The app's status and (already filtered) headers, as the response's."""
+        self.code = code
+        self.phrase = phrase
+        fields = self.responseHeaders.pairs = {}
+        for name, values in pairs:
+            fields[name.lower()] = (name, values)
+
+    def notifyFinish(self) -> Deferred[None]:
+        """Fires once the response is written whole; fails if the client left first."""
+        d: Deferred[None] = Deferred()
+        self._waiting.append(d)
+        return d
+
+    # -- the response -----------------------------------------------------------
+
+    def _head(self) -> bytes:
+        """The response head, and how its body is framed."""
+        self.started = True
+        code = self.code
+        phrase = self.phrase or RESPONSES.get(code, b"Unknown")
+        lines = [b"HTTP/1.1 %d %s" % (code, phrase)]
+        fields = self.responseHeaders.pairs
+        if code in _BODILESS or code < 200:
+            self.bodiless = True
+        elif b"content-length" not in fields and not self.bodiless:
+            self.chunked = True
+            lines.append(b"Transfer-Encoding: chunked")
+        for name, values in fields.values():
+            for value in values:
+                if b"\n" in value or b"\r" in value:
+                    value = value.replace(b"\r", b" ").replace(b"\n", b" ")
+                lines.append(name + b": " + value)
+        if not self.persistent:
+            lines.append(b"Connection: close")
+        lines.append(b"\r\n")
+        return b"\r\n".join(lines)
+
+    def write(self, data: bytes) -> None:
+        """Body bytes (the head goes first, with them)."""
+        if self.finished:
+            return
+        transport = self.channel.transport
+        if transport is None:
+            return
+        if not self.started:
+            head = self._head()
+            if self.bodiless or not data:
+                out = head
+            elif self.chunked:
+                out = b"%s%x\r\n%s\r\n" % (head, len(data), data)
+            else:
+                out = head + data
+        elif self.bodiless or not data:
+            return
+        elif self.chunked:
+            out = b"%x\r\n%s\r\n" % (len(data), data)
+        else:
+            out = data
+        write_now(transport, out)
+
+    def finish(self) -> None:
+        """The response is whole: end it, and free the connection for the next."""
+        if self.finished:
+            return
+        transport = self.channel.transport
+        out = self._head() if not self.started else b""
+        if self.chunked:
+            out += b"0\r\n\r\n"
+        if out and transport is not None:
+            write_now(transport, out)
+        self.finished = True
+        waiting, self._waiting = self._waiting, []
+        for d in waiting:
+            d.callback(None)
+        self.channel.request_done(self)
+
+    def registerProducer(self, producer: Any, streaming: bool) -> None:
+        """The app's socket pauses while the client's is full."""
+        transport = self.channel.transport
+        if transport is not None:
+            transport.registerProducer(producer, streaming)
+
+    def unregisterProducer(self) -> None:
+        """The app's body is over."""
+        transport = self.channel.transport
+        if transport is not None:
+            transport.unregisterProducer()
+
+    def lost(self, reason: Failure) -> None:
+        """The client left before the response was whole."""
+        if self.finished:
+            return
+        self.finished = True
+        waiting, self._waiting = self._waiting, []
+        for d in waiting:
+            d.errback(reason)
+
+
+class DoorSite(Contract):
+    """
+    What the channel asks of the door's site
+    (:class:`~sandboxd.preview.door.PreviewSite`, which imports this
+    module): its connection table, clock and idle bound, the Twisted
+    channel to hand over to, and the exchange that answers a request.
+    """
+
+    table: Any
+    reactor: Any
+    timeOut: Any
+
+    def connection_opened(self, channel: Any) -> bool:
+        """Admit a new connection (False: over a cap)."""
+
+    def connection_closed(self, channel: Any) -> None:
+        """Forget a connection."""
+
+    def twisted_channel(self, addr: Any) -> Any:
+        """A Twisted channel of the door's, for a connection handed over."""
+
+    def exchange(self, request: DoorRequest) -> None:
+        """Decide and forward one plain request (it answers on ``request``)."""
+
+
+class DoorChannel(Protocol):
+    """
+    One client connection to the door (see the module).
+
+    :ivar peer_host: the client's address (the connection table and the
+        audit line ask for it).
+    :ivar delegate: the Twisted channel the connection was handed to.
+    """
+
+    peer_host = ""
+    _command = b""
+    _path = b""
+
+    def __init__(self, site: DoorSite, addr: Any) -> None:
+        self.site = site
+        self.addr = addr
+        self.transport: Any = None
+        self.buffer = b""
+        self.request: DoorRequest | None = None
+        self.delegate: Any = None
+        self.closing = False
+        self._reading = True
+        self._handling = False
+        self._quiet_since = 0.0
+        self._idle: Any = None
+
+    # -- the connection -----------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        """Count it (closed at once over a cap); no Nagle; the idle watch."""
+        transport = self.transport
+        set_no_delay: Callable[[bool], None] | None = getattr(
+            transport, "setTcpNoDelay", None
+        )
+        if set_no_delay is not None:
+            try:
+                set_no_delay(True)
+            except OSError:
+                pass
+        peer = transport.getPeer()
+        self.peer_host = getattr(peer, "host", "") or ""
+        if not self.site.connection_opened(self):
+            self.closing = True
+            transport.abortConnection()
+            return
+        self._watch_idle()
+
+    def dataReceived(self, data: bytes) -> None:
+        """Bytes of the next request head(s)."""
+        if self.delegate is not None:
+            self.delegate.dataReceived(data)
+            return
+        if self.closing:
+            return
+        if not self.buffer and self.request is None:
+            self.site.table.head_started(self)
+        self.buffer += data
+        self._quiet_since = self.site.reactor.seconds()
+        if self.request is not None:
+            # Pipelined: kept until the response in flight is done, bounded.
+            if len(self.buffer) > PREVIEW_UPGRADE_HEAD_BYTES and self._reading:
+                self._reading = False
+                self.transport.pauseProducing()
+            return
+        self._next()
+
+    def _next(self) -> None:
+        """Handle every whole head in the buffer, one request at a time."""
+        if self._handling:
+            return
+        self._handling = True
+        try:
+            while self.request is None and self.delegate is None and not self.closing:
+                try:
+                    head = parse_head(self.buffer)
+                except HeadError:
+                    # Twisted's channel refuses it, as the door always did.
+                    self._hand_over()
+                    return
+                if head is None:
+                    return  # more to come
+                if not plain(head):
+                    self._hand_over()
+                    return
+                self.buffer = self.buffer[head.size :]
+                self._start(head)
+        finally:
+            self._handling = False
+
+    def _start(self, head: Head) -> None:
+        """Decide and forward one plain request."""
+        self.site.table.head_done(self)
+        self._command = head.method
+        self._path = head.target
+        request = DoorRequest(self, head)
+        self.request = request
+        self.site.exchange(request)
+
+    def request_done(self, request: DoorRequest) -> None:
+        """A response is written whole: close, or read the next head."""
+        if request is not self.request:
+            return
+        self.request = None
+        if not request.persistent:
+            self.closing = True
+            self.transport.loseConnection()
+            return
+        if not self._reading:
+            self._reading = True
+            self.transport.resumeProducing()
+        self._quiet_since = self.site.reactor.seconds()
+        if self.buffer:
+            self.site.table.head_started(self)
+            self._next()
+        else:
+            self.site.table.went_idle(self)
+
+    def _hand_over(self) -> None:
+        """
+        Give the connection to the Twisted channel for good, with the bytes
+        read so far (see the module).
+        """
+        self._stop_idle()
+        self.site.connection_closed(self)
+        channel = self.site.twisted_channel(self.addr)
+        self.delegate = channel
+        buffered, self.buffer = self.buffer, b""
+        channel.makeConnection(self.transport)
+        if buffered and channel.transport is not None:
+            channel.dataReceived(buffered)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        """Uncount it; a response in flight learns the client left."""
+        if self.delegate is not None:
+            self.delegate.connectionLost(reason)
+            return
+        self.closing = True
+        self._stop_idle()
+        self.site.connection_closed(self)
+        request, self.request = self.request, None
+        if request is not None:
+            request.lost(reason)
+
+    # -- what the connection table asks ---------------------------------------------
+
+    def close_idle(self) -> None:
+        """Reclaimed between requests, to make room at a cap."""
+        self.closing = True
+        if self.transport is not None:
+            self.transport.loseConnection()
+
+    def close_slow(self) -> None:
+        """The request head is overdue, or reclaimed at a cap."""
+        self.closing = True
+        if self.transport is not None:
+            self.transport.abortConnection()
+
+    # -- the idle bound ---------------------------------------------------------------
+
+    def _watch_idle(self) -> None:
+        """
+        One timer per connection, checked when the bound could be reached
+        (a timer reset per request would cost every request).
+        """
+        limit = self.site.timeOut
+        if not limit:
+            return
+        self._quiet_since = self.site.reactor.seconds()
+        self._idle = self.site.reactor.callLater(limit, self._check_idle)
+
+    def _check_idle(self) -> None:
+        self._idle = None
+        limit = self.site.timeOut
+        if self.closing or self.delegate is not None or not limit:
+            return
+        quiet = self.site.reactor.seconds() - self._quiet_since
+        if self.request is not None or quiet < limit:
+            wait = limit if self.request is not None else limit - quiet
+            self._idle = self.site.reactor.callLater(wait, self._check_idle)
+            return
+        self.closing = True
+        self.transport.loseConnection()
+
+    def _stop_idle(self) -> None:
+        if self._idle is not None and self._idle.active():
+            self._idle.cancel()
+        self._idle = None
