@@ -585,6 +585,12 @@ def identity_cap(total: int, identities: int, explicit: int | None = None) -> in
 CHILD_NICE = 10
 CHILD_IO_LEVEL = 7
 CHILD_OOM_SCORE_ADJ = 500
+#: Milliseconds a child's session group runs before it is lowered to the
+#: children's group nice value; until then it is only as light as the
+#: daemon's share requires (a `/shell true` is over long before).
+CHILD_GROUP_AFTER_MS = 100
+#: The longest ``children_group_after_ms`` a policy may ask for.
+CHILD_GROUP_AFTER_MAX_MS = 10_000
 DAEMON_NICE = -5
 DAEMON_OOM_SCORE_ADJ = -500
 
