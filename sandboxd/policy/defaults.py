@@ -318,8 +318,11 @@ SPAWN_ACTIONS_KEPT = 64
 
 #: process: a spawn that held its caller longer than this (the new child
 #: waited for a CPU before it could exec) sends the next ones that can wait
-#: through worker threads, until one is quick again.
-SLOW_SPAWN_SECONDS = 0.002
+#: through worker threads, until one is quick again.  Beside other work
+#: (load 8 to 60 on two cores) spawns held the reactor 0.5-1.6 ms on
+#: average, each one with every other client waiting; 2 ms let most of
+#: them through.
+SLOW_SPAWN_SECONDS = 0.0005
 
 #: process: worker threads that wait in ``posix_spawn`` for a busy machine.
 SPAWN_THREADS = 4
