@@ -324,11 +324,13 @@ class ChildPriority:
         base = self._base()
         after = p.children_group_after_ms / 1000.0 if tracked else 0.0
         with self._lock:
-            alive = len(self._groups) + 1
-            nice = group_nice_for(0 if after else base, self._budget, alive)
-            heavier = [other for other, was in self._groups.items() if was < nice]
+            # What keeping every group within the daemon's share requires
+            # of each; the new child's own level is the base unless young.
+            level = group_nice_for(0, self._budget, len(self._groups) + 1)
+            nice = level if after else max(level, base)
+            heavier = [other for other, was in self._groups.items() if was < level]
             for other in heavier:
-                self._groups[other] = nice
+                self._groups[other] = level
             if tracked:
                 self._groups[pid] = nice
             arm = False
@@ -339,7 +341,7 @@ class ChildPriority:
         # moment: the kernel hands pids out in turn and gives a number
         # again only after going round pid_max, so never a stranger.
         for other in heavier:
-            _write_value(f"/proc/{other}/autogroup", nice)
+            _write_value(f"/proc/{other}/autogroup", level)
         if nice:
             _write_value(f"/proc/{pid}/autogroup", nice)
         if arm:

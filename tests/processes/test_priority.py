@@ -300,7 +300,8 @@ class GroupWeightTests(SynchronousTestCase):
         """
         Young groups together still weigh no more than the daemon's:
         with more children alive each starts lighter, and the ones
-        running follow.
+        running follow.  A terminal's group (untracked) starts at the base;
+        the young ones go only as far as the share requires.
         """
         written: list[tuple[str, int]] = []
         self.patch(priority, "_write_value", lambda path, v: written.append((path, v)))
@@ -319,6 +320,15 @@ class GroupWeightTests(SynchronousTestCase):
         self.assertEqual(
             sorted(written),
             [(f"/proc/{pid}/autogroup", nice) for pid in range(1000, 1004)],
+        )
+        written.clear()
+        prio.spawned(3000, tracked=False)
+        level = priority.group_nice_for(0, budget, 5)
+        self.assertLess(level, 10)
+        self.assertEqual(
+            sorted(written),
+            [(f"/proc/{pid}/autogroup", level) for pid in range(1000, 1004)]
+            + [("/proc/3000/autogroup", 10)],
         )
         prio.restore()
         self.assertEqual(clock.getDelayedCalls(), [])
