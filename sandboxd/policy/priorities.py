@@ -12,6 +12,8 @@ from typing import Any
 import attrs
 
 from sandboxd.policy.defaults import (
+    CHILD_GROUP_AFTER_MAX_MS,
+    CHILD_GROUP_AFTER_MS,
     CHILD_IO_LEVEL,
     CHILD_NICE,
     CHILD_OOM_SCORE_ADJ,
@@ -24,6 +26,7 @@ PRIORITY_KEYS = (
     "enabled",
     "children_nice",
     "children_group_nice",
+    "children_group_after_ms",
     "children_io_level",
     "children_oom_score_adj",
     "daemon_nice",
@@ -41,6 +44,12 @@ class Priorities:
         under the kernel's autogroup scheduling (0..19), None for
         ``children_nice``'s: a group's weight counts once per session, so
         many busy sessions add up against the daemon's one group.
+    :ivar children_group_after_ms: how long a child's session group runs
+        before it is lowered to ``children_group_nice``; until then it is
+        only as light as keeping all the children's groups within the
+        daemon's share requires.  A short command (``/shell true``) ends
+        before and competes with other work on equal terms; a build is
+        lowered a moment after it starts.  0 lowers every group at once.
     :ivar children_io_level: best-effort I/O level of every child (0..7,
         7 the lowest), or None to leave it.
     :ivar children_oom_score_adj: every child's ``oom_score_adj``
@@ -54,6 +63,7 @@ class Priorities:
     enabled: bool = True
     children_nice: int = CHILD_NICE
     children_group_nice: int | None = None
+    children_group_after_ms: int = CHILD_GROUP_AFTER_MS
     children_io_level: int | None = CHILD_IO_LEVEL
     children_oom_score_adj: int = CHILD_OOM_SCORE_ADJ
     daemon_nice: int = DAEMON_NICE
@@ -63,6 +73,7 @@ class Priorities:
 _RANGES = {
     "children_nice": (0, 19),
     "children_group_nice": (0, 19),
+    "children_group_after_ms": (0, CHILD_GROUP_AFTER_MAX_MS),
     "children_io_level": (0, 7),
     "children_oom_score_adj": (-1000, 1000),
     "daemon_nice": (-20, 0),

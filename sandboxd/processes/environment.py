@@ -41,16 +41,74 @@ class _EnvironSnapshot:
     def __init__(self) -> None:
         self._raw: dict[bytes, bytes] | None = None
         self._decoded: dict[str, str] = {}
+        #: Changes each time the environment is found changed.
+        self.version = 0
+        #: :meth:`without` and :meth:`audit_view`'s last answers, by their key.
+        self._without: tuple[Any, dict[str, str]] | None = None
+        self._audit: tuple[Any, tuple[dict[str, str], frozenset[str]]] | None = None
 
-    def copy(self) -> dict[str, str]:
-        """A fresh dict of the daemon's current environment."""
+    def current(self) -> dict[str, str] | None:
+        """
+        The decoded environment, brought up to date (not to be changed);
+        None where ``os.environ`` cannot be compared cheaply.
+        """
         raw = getattr(os.environ, "_data", None)
         if not isinstance(raw, dict):
-            return dict(os.environ)
+            return None
         if raw != self._raw:
             self._raw = dict(raw)
             self._decoded = dict(os.environ)
-        return dict(self._decoded)
+            self.version += 1
+        return self._decoded
+
+    def copy(self) -> dict[str, str]:
+        """A fresh dict of the daemon's current environment."""
+        current = self.current()
+        return dict(os.environ) if current is None else dict(current)
+
+    def without(self, drop: frozenset[str]) -> dict[str, str]:
+        """
+        A fresh dict of the current environment minus ``drop`` and the
+        daemon's own secrets: filtered once per change of either (a child's
+        environment is forty names or more, filtered on every command).
+        """
+        current = self.current()
+        if current is None:
+            return _filtered(dict(os.environ), drop)
+        key = (self.version, drop)
+        if self._without is None or self._without[0] != key:
+            self._without = (key, _filtered(current, drop))
+        return dict(self._without[1])
+
+    def audit_view(
+        self, names: frozenset[str]
+    ) -> tuple[dict[str, str], frozenset[str]]:
+        """
+        What :func:`note_argv` masks by, without a request's ``env``: the
+        boot and current environments together (not to be changed), and
+        ``names`` with the daemon's own secrets; once per change of either.
+        """
+        current = self.current()
+        key = (self.version, names)
+        if current is not None and self._audit is not None and self._audit[0] == key:
+            return self._audit[1]
+        environ = dict(BOOT_ENVIRON)
+        environ.update(dict(os.environ) if current is None else current)
+        hidden = frozenset(
+            names.union(n for n in environ if n.startswith(_SECRET_PREFIXES))
+        )
+        if current is not None:
+            self._audit = (key, (environ, hidden))
+        return environ, hidden
+
+
+def _filtered(env: Mapping[str, str], drop: frozenset[str]) -> dict[str, str]:
+    """``env`` without ``drop`` and the daemon's own secrets."""
+    return {
+        k: v
+        for k, v in env.items()
+        if k not in drop and not k.startswith(_SECRET_PREFIXES)
+    }
 
 
 _ENVIRON = _EnvironSnapshot()
@@ -77,15 +135,13 @@ def child_environment(
     The environment of a new child: the daemon's (which ``POST /env``
     changes), plus ``extra``, minus secrets and ``env_deny``.
     """
-    env = _ENVIRON.copy() if base is None else dict(base)
+    drop = frozenset(secret_names(context, rule))
+    if base is not None:
+        return _filtered({**base, **(extra or {})}, drop)
+    env = _ENVIRON.without(drop)
     if extra:
-        env.update(extra)
-    drop = secret_names(context, rule)
-    return {
-        k: v
-        for k, v in env.items()
-        if k not in drop and not k.startswith(_SECRET_PREFIXES)
-    }
+        env.update(_filtered(extra, drop))
+    return env
 
 
 def note_argv(
@@ -97,12 +153,12 @@ def note_argv(
 
     :param extra: the request's ``env``, whose values count as well.
     """
-    environ = dict(BOOT_ENVIRON)
-    environ.update(_ENVIRON.copy())
+    environ, names = _ENVIRON.audit_view(
+        frozenset(secret_names(request.context, request.rule))
+    )
     if extra:
-        environ.update(extra)
-    names = secret_names(request.context, request.rule)
-    names.update(n for n in environ if n.startswith(_SECRET_PREFIXES))
+        environ = {**environ, **extra}
+        names = names.union(n for n in extra if n.startswith(_SECRET_PREFIXES))
     request.audit["argv"] = audit_argv(argv, names, environ)
 
 

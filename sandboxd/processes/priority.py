@@ -39,8 +39,13 @@ from __future__ import annotations
 import os
 import resource
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
+
+from twisted.internet.interfaces import IDelayedCall
+from twisted.python.threadable import isInIOThread
 
 from sandboxd.libc import libc
 from sandboxd.policy.priorities import Priorities
@@ -124,11 +129,21 @@ def _may_raise_priority() -> bool:
 
 
 def _write_value(path: str, value: int) -> bool:
+    """
+    ``value`` written to a ``/proc`` file: an open, one write and a close
+    (a text-mode file object adds a ``fstat``, an ``ioctl`` and two
+    ``lseek``, per spawn).
+    """
     try:
-        with open(path, "w") as f:
-            f.write(str(value))
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     except OSError:
         return False
+    try:
+        os.write(fd, b"%d" % value)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
     return True
 
 
@@ -181,6 +196,15 @@ class ChildPriority:
         self._budget = weight(0) * _cpus()
         #: Live children's session leaders, by pid, with their group's nice value.
         self._groups: dict[int, int] = {}
+        #: Live children whose group is not lowered to the base yet, by pid,
+        #: with when it will be (the clock's seconds; in spawn order, so the
+        #: first is due first).
+        self._young: OrderedDict[int, float] = OrderedDict()
+        #: What runs the lowering of young groups (the global reactor unless set).
+        self.clock: Any = None
+        #: Whether a lowering is scheduled (or about to be), and its timer.
+        self._armed = False
+        self._lowering: IDelayedCall | None = None
 
     def configure(self, priorities: Priorities) -> None:
         """Take a (re)loaded policy's priorities; raise the daemon's own when it may."""
@@ -216,6 +240,7 @@ class ChildPriority:
         """
         original, self._original = self._original, None
         self.priorities = Priorities(enabled=False)
+        self._stop_lowering()
         if original is None:
             return
         nice, group, oom = original
@@ -290,25 +315,103 @@ class ChildPriority:
         whose weight (not the task's nice) sets its CPU share against the
         daemon's group.  The more children are alive, the lighter a new
         one's group, and the live ones' follow when the level drops.
+
+        A tracked child's group starts only as light as that requires
+        (a new autogroup is at nice 0: often no write at all) and is
+        lowered to the base ``children_group_after_ms`` later if the child
+        still runs (:meth:`_lower_due`): a short command is over before,
+        with nothing written, and never waits behind other work at the
+        base's weight.  The daemon's share holds throughout.
         """
         p = self.priorities
-        base = (
-            p.children_nice if p.children_group_nice is None else p.children_group_nice
-        )
+        base = self._base()
+        after = p.children_group_after_ms / 1000.0 if tracked else 0.0
         with self._lock:
-            nice = group_nice_for(base, self._budget, len(self._groups) + 1)
-            heavier = [other for other, was in self._groups.items() if was < nice]
+            # What keeping every group within the daemon's share requires
+            # of each; the new child's own level is the base unless young.
+            level = group_nice_for(0, self._budget, len(self._groups) + 1)
+            nice = level if after else max(level, base)
+            heavier = [other for other, was in self._groups.items() if was < level]
             for other in heavier:
-                self._groups[other] = nice
+                self._groups[other] = level
             if tracked:
                 self._groups[pid] = nice
+            arm = False
+            if after and nice < base:
+                self._young[pid] = self._reactor().seconds() + after
+                arm, self._armed = not self._armed, True
         # A tracked pid names a child not yet reaped, or reaped this very
         # moment: the kernel hands pids out in turn and gives a number
         # again only after going round pid_max, so never a stranger.
         for other in heavier:
-            _write_value(f"/proc/{other}/autogroup", nice)
+            _write_value(f"/proc/{other}/autogroup", level)
         if nice:
             _write_value(f"/proc/{pid}/autogroup", nice)
+        if arm:
+            if isInIOThread():
+                self._arm()
+            else:
+                self._reactor().callFromThread(self._arm)
+
+    def _base(self) -> int:
+        """The nice value of a child's session group once it has run a while."""
+        p = self.priorities
+        return (
+            p.children_nice if p.children_group_nice is None else p.children_group_nice
+        )
+
+    def _reactor(self) -> Any:
+        if self.clock is None:
+            from twisted.internet import reactor
+
+            self.clock = reactor
+        return self.clock
+
+    def _arm(self) -> None:
+        """On the reactor thread: a timer for the first young group due."""
+        with self._lock:
+            first = next(iter(self._young.values()), None)
+            self._armed = first is not None
+        if first is None:
+            self._lowering = None
+            return
+        delay = max(0.0, first - self._reactor().seconds())
+        self._lowering = self._reactor().callLater(delay, self._lower_due)
+
+    def _stop_lowering(self) -> None:
+        """No young group left (or the daemon stops): no timer behind."""
+        with self._lock:
+            self._young.clear()
+            self._armed = False
+        call, self._lowering = self._lowering, None
+        if call is not None and call.active():
+            call.cancel()
+
+    def _lower_due(self) -> None:
+        """
+        The young groups whose time is up, lowered to the base (or lighter
+        while many children run); reaped children have left already.
+        """
+        now = self._reactor().seconds()
+        base = self._base()
+        with self._lock:
+            due: list[int] = []
+            while self._young:
+                pid, when = next(iter(self._young.items()))
+                if when > now:
+                    break
+                self._young.popitem(last=False)
+                due.append(pid)
+            nice = group_nice_for(base, self._budget, len(self._groups))
+            lowered = []
+            for pid in due:
+                was = self._groups.get(pid)
+                if was is not None and was < nice:
+                    self._groups[pid] = nice
+                    lowered.append(pid)
+        for pid in lowered:
+            _write_value(f"/proc/{pid}/autogroup", nice)
+        self._arm()
 
     def tracked(self) -> frozenset[int]:
         """The live children whose groups are weighed together."""
@@ -319,6 +422,10 @@ class ChildPriority:
         """A tracked child was reaped: its pid stops being ours."""
         with self._lock:
             self._groups.pop(pid, None)
+            if self._young.pop(pid, None) is None or self._young:
+                return
+        if isInIOThread():
+            self._stop_lowering()
 
     def _raise_oom(self, value: int) -> None:
         # Process-wide: spawns on several threads at once share one raise.

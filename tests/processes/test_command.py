@@ -19,7 +19,7 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from sandboxd.processes.command import SETPRIV, find_executable, split_command
-from sandboxd.processes.environment import child_environment
+from sandboxd.processes.environment import child_environment, note_argv
 from sandboxd.processes.spawning import spawn_session
 
 
@@ -167,9 +167,63 @@ class EnvironmentSnapshotTests(SynchronousTestCase):
         first["SANDBOXD_TEST_LEAK"] = "x"
         self.assertNotIn("SANDBOXD_TEST_LEAK", child_environment(None, None))
 
+    def test_denied_names_follow_the_rule(self) -> None:
+        """
+        The names a rule denies are dropped, whichever rule asks and in
+        whatever order: another rule's set never leaks into the next child.
+        """
+        name = "SANDBOXD_TEST_DENIED"
+        os.environ[name] = "v"
+        self.addCleanup(os.environ.pop, name, None)
+        deny = _Rule(env_deny=(name,))
+        allow = _Rule(env_deny=())
+        self.assertNotIn(name, child_environment(None, deny))
+        self.assertEqual(child_environment(None, allow)[name], "v")
+        self.assertNotIn(name, child_environment(None, deny))
+        self.assertNotIn(name, child_environment(None, deny, {name: "w"}))
+        self.assertEqual(child_environment(None, allow, {name: "w"})[name], "w")
+
+    def test_audit_masks_current_values(self) -> None:
+        """
+        The audit record masks the current value of a denied name, and a
+        request's own ``env`` value too, after the environment changed.
+        """
+        name = "SANDBOXD_TEST_MASKED"
+        self.addCleanup(os.environ.pop, name, None)
+        request = _Request(_Rule(env_deny=(name,)))
+        os.environ[name] = "first-secret-value"
+        note_argv(request, ["echo", "first-secret-value"])
+        self.assertEqual(request.audit["argv"], ["echo", "***"])
+        os.environ[name] = "second-secret-value"
+        note_argv(request, ["echo", "second-secret-value", "first-secret-value"])
+        self.assertEqual(request.audit["argv"], ["echo", "***", "first-secret-value"])
+        note_argv(request, ["echo", "third-secret-value"], {name: "third-secret-value"})
+        self.assertEqual(request.audit["argv"], ["echo", "***"])
+
     def test_same_as_os_environ(self) -> None:
         """Apart from the daemon's secrets, it is os.environ."""
         expected = {
             k: v for k, v in os.environ.items() if not k.startswith("ABX_SERVER_")
         }
         self.assertEqual(child_environment(None, None), expected)
+
+
+class _Params:
+    def __init__(self, env_deny: tuple[str, ...]) -> None:
+        self.env_deny = env_deny
+
+
+class _Rule:
+    """The part of an effective rule the environment reads."""
+
+    def __init__(self, env_deny: tuple[str, ...]) -> None:
+        self.params = _Params(env_deny)
+
+
+class _Request:
+    """The part of a request the audit note reads."""
+
+    def __init__(self, rule: _Rule) -> None:
+        self.context = None
+        self.rule = rule
+        self.audit: dict[str, Any] = {}

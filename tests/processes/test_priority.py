@@ -13,7 +13,7 @@ from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
-from twisted.internet.task import deferLater
+from twisted.internet.task import Clock, deferLater
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.policy.priorities import priorities_from
@@ -21,15 +21,14 @@ from sandboxd.processes import priority
 from tests.helpers import DaemonTestCase
 
 #: What a child reports of itself: its nice value (field 19 of stat), its
-#: oom_score_adj, and its autogroup's nice value.  The session group's
-#: value is written just after the spawn returns, so on a loaded machine
-#: the child's first instants may precede it: the child reads it last,
-#: after a pause.
+#: oom_score_adj, and its autogroup's nice value.  The session group is
+#: lowered once the child has run ``children_group_after_ms`` (100 ms by
+#: default): the child reads it last, well after.
 REPORT = shlex.join(
     [
         "sh",
         "-c",
-        "cut -d' ' -f19 /proc/$$/stat; cat /proc/$$/oom_score_adj; sleep 0.2; "
+        "cut -d' ' -f19 /proc/$$/stat; cat /proc/$$/oom_score_adj; sleep 0.6; "
         "cat /proc/$$/autogroup 2>/dev/null || echo none",
     ]
 )
@@ -64,7 +63,8 @@ class ChildPriorityTests(DaemonTestCase):
     def test_children_run_below_the_daemon(self) -> Any:
         """
         By default a ``/shell`` child runs at nice 10, oom_score_adj 500 and
-        (with autogroups) in a session group of nice 10; the daemon keeps its
+        (with autogroups) in a session group of nice 10 once it has run a
+        moment; the daemon keeps its
         own nice value and oom_score_adj below the child's.
         """
         reply = yield self.request("POST", "/shell", {"command": REPORT})
@@ -212,6 +212,7 @@ class PolicyValueTests(SynchronousTestCase):
             ({"children_nice": 20}, "outside 0..19"),
             ({"children_group_nice": -1}, "outside 0..19"),
             ({"daemon_oom_score_adj": 5}, "outside -1000..0"),
+            ({"children_group_after_ms": 60_000}, "outside 0..10000"),
             ({"children_nice": "10"}, "expected an integer"),
             ("yes", "expected true, false or an object"),
         ]:
@@ -249,7 +250,7 @@ class GroupWeightTests(SynchronousTestCase):
         self.patch(priority, "_write_value", lambda path, v: written.append((path, v)))
         self.patch(priority, "_autogroups", lambda: True)
         prio = priority.ChildPriority()
-        prio.priorities = priorities_from(True)
+        prio.priorities = priorities_from({"children_group_after_ms": 0})
         prio._budget = priority.weight(-5)
         for pid in range(1000, 1028):
             prio.spawned(pid)
@@ -269,3 +270,65 @@ class GroupWeightTests(SynchronousTestCase):
         written.clear()
         prio.spawned(3000, tracked=False)
         self.assertEqual(written, [("/proc/3000/autogroup", 11)])
+
+    def test_young_groups_are_lowered_later(self) -> None:
+        """
+        A child's group is only as light as the daemon's share requires
+        (a new group is at nice 0: nothing written) until it has run
+        ``children_group_after_ms``; then, if it still runs, it is lowered
+        to the base.  One that ended before is never written.
+        """
+        written: list[tuple[str, int]] = []
+        self.patch(priority, "_write_value", lambda path, v: written.append((path, v)))
+        self.patch(priority, "_autogroups", lambda: True)
+        prio = priority.ChildPriority()
+        prio.clock = clock = Clock()
+        prio.priorities = priorities_from(True)
+        prio._budget = priority.weight(-5) * 2
+        prio.spawned(1000)
+        clock.advance(0.05)
+        prio.spawned(1001)
+        self.assertEqual(written, [])
+        prio.ended(1001)
+        clock.advance(0.05)
+        self.assertEqual(written, [("/proc/1000/autogroup", 10)])
+        clock.advance(1)
+        self.assertEqual(written, [("/proc/1000/autogroup", 10)])
+        self.assertEqual(clock.getDelayedCalls(), [])
+
+    def test_young_groups_share_the_daemons_weight(self) -> None:
+        """
+        Young groups together still weigh no more than the daemon's:
+        with more children alive each starts lighter, and the ones
+        running follow.  A terminal's group (untracked) starts at the base;
+        the young ones go only as far as the share requires.
+        """
+        written: list[tuple[str, int]] = []
+        self.patch(priority, "_write_value", lambda path, v: written.append((path, v)))
+        self.patch(priority, "_autogroups", lambda: True)
+        prio = priority.ChildPriority()
+        prio.clock = clock = Clock()
+        prio.priorities = priorities_from(True)
+        prio._budget = budget = priority.weight(-5)
+        for pid in range(1000, 1003):
+            prio.spawned(pid)
+        self.assertEqual(written, [])
+        prio.spawned(1003)
+        nice = priority.group_nice_for(0, budget, 4)
+        self.assertGreater(nice, 0)
+        self.assertLessEqual(4 * priority.weight(nice), budget)
+        self.assertEqual(
+            sorted(written),
+            [(f"/proc/{pid}/autogroup", nice) for pid in range(1000, 1004)],
+        )
+        written.clear()
+        prio.spawned(3000, tracked=False)
+        level = priority.group_nice_for(0, budget, 5)
+        self.assertLess(level, 10)
+        self.assertEqual(
+            sorted(written),
+            [(f"/proc/{pid}/autogroup", level) for pid in range(1000, 1004)]
+            + [("/proc/3000/autogroup", 10)],
+        )
+        prio.restore()
+        self.assertEqual(clock.getDelayedCalls(), [])
