@@ -16,8 +16,8 @@ on a shared machine hits both alike:
   max_output_bytes; direct: every iopub ``stream`` message until ``idle``),
   as MB/s (the target: at least 0.8x direct).
 
-The CPU time the daemon and its hub spend per ``1+1`` is reported too
-(load stretches it far less than wall time). ``--priority children`` (the
+The CPU time the daemon and its hub spend per ``1+1`` and per print is
+reported too (load stretches it far less than wall time). ``--priority children`` (the
 default) gives the direct kernel the CPU and I/O priority the daemon gives
 its kernels; ``--priority off`` turns the daemon's priority policy off and
 starts the direct kernel as it is. ``--tree DIR`` also runs a daemon from
@@ -222,6 +222,9 @@ def main() -> None:
         cpu_ms: dict[str, dict[str, list[float]]] = {
             name: {"daemon": [], "hub": []} for name in daemons
         }
+        print_cpu: dict[str, dict[str, list[float]]] = {
+            name: {"daemon": [], "hub": []} for name in daemons
+        }
         for round_ in range(args.rounds):
             lat: dict[str, list[float]] = {name: [] for name in runners}
             cpu_before = {name: d.cpu() for name, d in daemons.items()}
@@ -259,6 +262,7 @@ def main() -> None:
                 "round": round_,
             }
             for name, run in runners.items():
+                before = daemons[name].cpu() if name in daemons else (0.0, 0.0)
                 t = time.perf_counter()
                 result = run(big)
                 took = time.perf_counter() - t
@@ -266,8 +270,13 @@ def main() -> None:
                     seen = result
                 else:
                     assert result["state"] == "ok", result["state"]
-                    seen = size
+                    seen = len(result["stdout"])
                     line[f"{name}_truncated"] = result["truncated"]
+                    after = daemons[name].cpu()
+                    for i, part in enumerate(("daemon", "hub")):
+                        spent = (after[i] - before[i]) * 1000
+                        print_cpu[name][part].append(spent)
+                        line[f"{name}_{part}_cpu_ms"] = round(spent, 1)
                 rates[name].append(seen / 1e6 / took)
                 line[f"{name}_mb_s"] = round(seen / 1e6 / took, 1)
             print(json.dumps(line))
@@ -284,6 +293,10 @@ def main() -> None:
                 for part, used in cpu_ms[name].items():
                     summary[f"{name}_{part}_cpu_ms_per_call"] = round(
                         statistics.median(used), 3
+                    )
+                for part, each in print_cpu[name].items():
+                    summary[f"{name}_{part}_cpu_ms_per_print"] = round(
+                        statistics.median(each), 1
                     )
             if name != "direct":
                 prefix = "" if name == "sandboxd" else f"{name}_"
