@@ -44,7 +44,13 @@ from sandboxd.errors import (
     unavailable,
 )
 from sandboxd.eventlog import EventLog
-from sandboxd.kernels.jsontext import EscapedText, JsonParts, document
+from sandboxd.kernels.jsontext import (
+    SMALL_OUTPUT_BYTES,
+    EscapedText,
+    JsonParts,
+    document,
+    encoded,
+)
 from sandboxd.kernels.kernelspecs import KernelSpec, kernel_argv
 from sandboxd.policy import defaults
 from sandboxd.processes.child import Child, HeadTail, signal_child
@@ -224,6 +230,8 @@ class Execution:
         escaped as it arrived (once) or from its bytes, never decoded and
         encoded again (:mod:`sandboxd.kernels.jsontext`).
         """
+        if self.stdout.total_bytes + self.stderr.total_bytes < SMALL_OUTPUT_BYTES:
+            return encoded(self.result())  # one encode of it all is cheaper
         return document(
             self._result_fields(
                 _output_json(self.stdout, self.stdout_json),

@@ -48,13 +48,29 @@ def _escaped(raw: bytes) -> bytes | None:
     )
 
 
+#: The API's JSON, made once (``json.dumps`` with options builds an
+#: encoder per call, dear for a small document).
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"))
+
+
+#: Output under this many bytes is cheaper to decode and encode with the
+#: rest of its document than to splice in.
+SMALL_OUTPUT_BYTES = 64 * 1024
+
+
+def encoded(value: Any) -> bytes:
+    """``value`` as the API's JSON: compact UTF-8 (``\\u`` escapes if it cannot be)."""
+    return _value(value)
+
+
 def _value(value: Any) -> bytes:
     """One JSON value, compact and UTF-8 (``\\u`` escapes if it cannot be)."""
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    text = _COMPACT.encode(value)
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate
-        return json.dumps(value, separators=(",", ":")).encode("ascii")
+        return _COMPACT_ASCII.encode(value).encode("ascii")
 
 
 def text_value(raw: bytes) -> list[bytes]:
@@ -83,17 +99,21 @@ def document(fields: dict[str, Any]) -> bytes:
     would be with those values decoded first, in one final copy.
     """
     parts: list[bytes] = [b"{"]
+    plain: dict[str, Any] = {}
     for name, value in fields.items():
-        if len(parts) > 1:
-            parts.append(b",")
-        parts.append(_value(name))
-        parts.append(b":")
-        if isinstance(value, bytes):
-            parts += text_value(value)
-        elif isinstance(value, JsonParts):
-            parts += value.parts
-        else:
-            parts.append(_value(value))
+        if not isinstance(value, bytes | JsonParts):
+            plain[name] = value
+            continue
+        if plain:  # the ordinary fields before it, encoded together
+            parts += (_value(plain)[1:-1], b",")
+            plain = {}
+        parts += (_value(name), b":")
+        parts += text_value(value) if isinstance(value, bytes) else value.parts
+        parts.append(b",")
+    if plain:
+        parts.append(_value(plain)[1:-1])
+    elif len(parts) > 1:
+        parts.pop()  # the last comma
     parts.append(b"}")
     return b"".join(parts)
 
