@@ -49,7 +49,6 @@ from sandboxd.kernels.jsontext import (
     EscapedText,
     JsonParts,
     document,
-    encoded,
 )
 from sandboxd.kernels.kernelspecs import KernelSpec, kernel_argv
 from sandboxd.policy import defaults
@@ -188,6 +187,15 @@ class Execution:
         return round((end - self.started_at) * 1000.0, 2)
 
     @property
+    def big_output(self) -> bool:
+        """
+        Whether its output is worth :meth:`result_json` (under
+        :data:`~sandboxd.kernels.jsontext.SMALL_OUTPUT_BYTES`, one encode of
+        the whole :meth:`result` is cheaper).
+        """
+        return self.stdout.total_bytes + self.stderr.total_bytes >= SMALL_OUTPUT_BYTES
+
+    @property
     def truncated(self) -> bool:
         """Whether output was dropped from its result (head and tail kept)."""
         return self.stdout.truncated or self.stderr.truncated
@@ -230,8 +238,6 @@ class Execution:
         escaped as it arrived (once) or from its bytes, never decoded and
         encoded again (:mod:`sandboxd.kernels.jsontext`).
         """
-        if self.stdout.total_bytes + self.stderr.total_bytes < SMALL_OUTPUT_BYTES:
-            return encoded(self.result())  # one encode of it all is cheaper
         return document(
             self._result_fields(
                 _output_json(self.stdout, self.stdout_json),

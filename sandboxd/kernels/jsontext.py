@@ -59,11 +59,6 @@ _COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"))
 SMALL_OUTPUT_BYTES = 64 * 1024
 
 
-def encoded(value: Any) -> bytes:
-    """``value`` as the API's JSON: compact UTF-8 (``\\u`` escapes if it cannot be)."""
-    return _value(value)
-
-
 def _value(value: Any) -> bytes:
     """One JSON value, compact and UTF-8 (``\\u`` escapes if it cannot be)."""
     text = _COMPACT.encode(value)

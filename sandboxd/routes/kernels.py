@@ -368,13 +368,13 @@ def _within(request: ServerRequest, x: Execution, limit: float) -> Deferred[Any]
 def answer(request: ServerRequest, x: Execution) -> Any:
     """
     200 with the result document, or 202 while it is still queued or
-    running. Over HTTP the document goes as the bytes
-    :meth:`~sandboxd.kernels.contexts.Execution.result_json` makes (a big
-    output costs a fraction of encoding the decoded text); the MCP and
-    E2B doors, which read the value, get it as one.
+    running. Over HTTP a big output's document goes as the bytes
+    :meth:`~sandboxd.kernels.contexts.Execution.result_json` makes (a
+    fraction of the cost of encoding the decoded text); the MCP and E2B
+    doors, which read the value, get it as one.
     """
     if x.done:
-        if request.raw is None:
+        if request.raw is None or not x.big_output:
             return x.result()
         return ServerResponse(
             raw=x.result_json(), headers={"Content-Type": "application/json"}
