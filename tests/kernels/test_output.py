@@ -20,6 +20,7 @@ from twisted.trial.unittest import SkipTest, TestCase
 
 from sandboxd.kernels.hub import stream_content, utf8_chunks
 from sandboxd.kernels.jsontext import EscapedText, JsonParts, document, text_value
+from sandboxd.web.dispatch import json_bytes
 from tests.client.base import ClientCase
 from tests.e2b.sdk import E2BCase
 from tests.kernels.test_contexts import CodeTestCase, need_ipykernel
@@ -44,11 +45,7 @@ BAD = [b"cut \xc3", b"stray \xff byte", b"lone \xed\xa0\x80 surrogate", b"\x80"]
 
 def ordinary(value: Any) -> bytes:
     """What the API's JSON answer is for ``value`` (the reference)."""
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(value, separators=(",", ":")).encode("ascii")
+    return json_bytes(value)
 
 
 def known_output(size: int, rare: bool = False) -> str:
