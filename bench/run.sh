@@ -89,7 +89,7 @@ fi
 # lowered instead), as docs/performance.md's figures.
 "$ROOT/.venv/bin/python" "$ROOT/bench/code_contexts.py" \
   --calls "${CODE_CALLS:-300}" --mib "${CODE_MIB:-10}" --rounds "${CODE_ROUNDS:-2}" \
-  --priority "${CODE_PRIORITY:-off}"
+  --prints "${CODE_PRINTS:-3}" --priority "${CODE_PRIORITY:-off}"
 # W1 /health at c1 and c32: the Twisted floor (reactor, one resource) beside
 # the daemon, in one invocation.
 if [ -x "$SHARED_BENCH/compare.sh" ]; then

@@ -44,6 +44,12 @@ from sandboxd.errors import (
     unavailable,
 )
 from sandboxd.eventlog import EventLog
+from sandboxd.kernels.jsontext import (
+    SMALL_OUTPUT_BYTES,
+    EscapedText,
+    JsonParts,
+    document,
+)
 from sandboxd.kernels.kernelspecs import KernelSpec, kernel_argv
 from sandboxd.policy import defaults
 from sandboxd.processes.child import Child, HeadTail, signal_child
@@ -109,6 +115,9 @@ class Execution:
     silent: bool = False
     store_history: bool = True
     env: dict[str, str] | None = None
+    #: Answered as a result document over HTTP: its output is escaped for
+    #: JSON as it arrives, ready when it ends (:meth:`result_json`).
+    escape_output: bool = False
     state: str = "queued"
     started: bool = False
     execution_count: int | None = None
@@ -122,6 +131,8 @@ class Execution:
     log: EventLog = attrs.field(init=False)
     stdout: HeadTail = attrs.field(init=False)
     stderr: HeadTail = attrs.field(init=False)
+    stdout_json: EscapedText | None = attrs.field(init=False)
+    stderr_json: EscapedText | None = attrs.field(init=False)
     results: list[dict[str, Any]] = attrs.Factory(list)
     results_bytes: int = 0
     ended: Waiters[None] = attrs.Factory(Waiters)
@@ -131,6 +142,9 @@ class Execution:
         self.log = EventLog(self.limits.max_event_bytes)
         self.stdout = HeadTail(self.limits.max_output_bytes)
         self.stderr = HeadTail(self.limits.max_output_bytes)
+        cap = self.limits.max_output_bytes
+        self.stdout_json = EscapedText(cap) if self.escape_output else None
+        self.stderr_json = EscapedText(cap) if self.escape_output else None
 
     @property
     def done(self) -> bool:
@@ -173,6 +187,15 @@ class Execution:
         return round((end - self.started_at) * 1000.0, 2)
 
     @property
+    def big_output(self) -> bool:
+        """
+        Whether its output is worth :meth:`result_json` (under
+        :data:`~sandboxd.kernels.jsontext.SMALL_OUTPUT_BYTES`, one encode of
+        the whole :meth:`result` is cheaper).
+        """
+        return self.stdout.total_bytes + self.stderr.total_bytes >= SMALL_OUTPUT_BYTES
+
+    @property
     def truncated(self) -> bool:
         """Whether output was dropped from its result (head and tail kept)."""
         return self.stdout.truncated or self.stderr.truncated
@@ -201,13 +224,37 @@ class Execution:
     def result(self) -> dict[str, Any]:
         """The result document (what a finished ``code_execute`` answers)."""
         return {
+            name: value.decode("utf-8", "replace")
+            if isinstance(value, bytes)
+            else value
+            for name, value in self._result_fields(
+                self.stdout.value(), self.stderr.value()
+            ).items()
+        }
+
+    def result_json(self) -> bytes:
+        """
+        :meth:`result` as the JSON bytes the API answers, its output
+        escaped as it arrived (once) or from its bytes, never decoded and
+        encoded again (:mod:`sandboxd.kernels.jsontext`).
+        """
+        return document(
+            self._result_fields(
+                _output_json(self.stdout, self.stdout_json),
+                _output_json(self.stderr, self.stderr_json),
+            )
+        )
+
+    def _result_fields(self, stdout: Any, stderr: Any) -> dict[str, Any]:
+        """The result document with its output as given."""
+        return {
             "execution_id": self.id,
             "context_id": self.context_id,
             "state": self.state,
             "started": self.started,
             "execution_count": self.execution_count,
-            "stdout": self.stdout.value().decode("utf-8", "replace"),
-            "stderr": self.stderr.value().decode("utf-8", "replace"),
+            "stdout": stdout,
+            "stderr": stderr,
             "results": list(self.results),
             "error": self.error,
             "duration_ms": self.duration_ms(),
@@ -217,10 +264,19 @@ class Execution:
         }
 
 
+def _output_json(output: HeadTail, escaped: EscapedText | None) -> Any:
+    """A stream's output for :func:`document`: escaped already, or its bytes."""
+    parts = escaped.take() if escaped is not None else None
+    return JsonParts(parts) if parts is not None else output.value()
+
+
 def _held_bytes(x: Execution) -> int:
     """What a finished execution keeps in memory (near enough)."""
     kept = x.stdout.total_bytes - x.stdout.dropped_bytes
     kept += x.stderr.total_bytes - x.stderr.dropped_bytes
+    for escaped in (x.stdout_json, x.stderr_json):
+        if escaped is not None:
+            kept += escaped.held_bytes
     return x.log.retained_bytes + kept + x.results_bytes
 
 
@@ -608,6 +664,9 @@ class CodeContext:
             text = str(event.get("text", ""))
             raw = text.encode("utf-8", "surrogatepass")
         (x.stderr if name == "stderr" else x.stdout).write(raw)
+        escaped = x.stderr_json if name == "stderr" else x.stdout_json
+        if escaped is not None:
+            escaped.write(raw)
         # Its size in the log is its length plus the frame: no second encode.
         x.emit(name, size=len(raw) + 64, text=text)
 

@@ -29,10 +29,12 @@ Kept stdlib-plus-jupyter_client only: it runs in its own interpreter.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import hmac
 import json
 import os
 import sys
+import warnings
 from typing import Any
 
 #: One stream event carries at most this many bytes of output; a bigger
@@ -61,11 +63,13 @@ class Output:
 
     def __init__(self) -> None:
         self._out = sys.stdout.buffer
-        self._lines: list[bytes] = []
+        self._lines: list[bytes | memoryview] = []
         self._size = 0
         self._scheduled = False
 
-    def send(self, event: dict[str, Any], payload: bytes | None = None) -> None:
+    def send(
+        self, event: dict[str, Any], payload: bytes | memoryview | None = None
+    ) -> None:
         """
         Queue one event line; it leaves at the end of this turn of the loop.
 
@@ -99,16 +103,39 @@ class Output:
         self._scheduled = False
         if not self._lines:
             return
-        data = b"".join(self._lines) if len(self._lines) > 1 else self._lines[0]
-        self._lines, self._size = [], 0
-        self._out.write(data)
-        self._out.flush()
+        parts, self._lines, self._size = self._lines, [], 0
+        self._out.flush()  # nothing goes there but this; in order if it did
+        write_all(self._out.fileno(), parts)
+
+
+#: The most buffers one ``writev`` takes (Linux's IOV_MAX).
+IOV_MAX = 1024
+
+
+def write_all(fd: int, parts: list[bytes | memoryview]) -> None:
+    """
+    Write ``parts`` in order with ``writev``: lines and output go to the
+    pipe as they are, never joined into one more copy first.
+    """
+    i = 0
+    while i < len(parts):
+        done = os.writev(fd, parts[i : i + IOV_MAX])
+        while i < len(parts) and done >= len(parts[i]):
+            done -= len(parts[i])
+            i += 1
+        if done:  # a part written in part: the rest of it next
+            parts[i] = memoryview(parts[i])[done:]
 
 
 def utf8_chunks(raw: bytes, size: int) -> list[bytes]:
     """``raw`` (UTF-8) in pieces of at most ``size`` bytes, never inside a character."""
+    return [raw[start:end] for start, end in utf8_spans(raw, size)]
+
+
+def utf8_spans(raw: bytes, size: int) -> list[tuple[int, int]]:
+    """Where :func:`utf8_chunks` cuts ``raw``: ``(start, end)`` of each piece."""
     if len(raw) <= size:
-        return [raw]
+        return [(0, len(raw))]
     out = []
     start = 0
     while start < len(raw):
@@ -117,9 +144,69 @@ def utf8_chunks(raw: bytes, size: int) -> list[bytes]:
         while cut < len(raw) and cut > start and raw[cut] & 0xC0 == 0x80:
             cut -= 1
         end = cut if cut > start else end
-        out.append(raw[start:end])
+        out.append((start, end))
         start = end
     return out
+
+
+#: A ``stream`` message's content frame at least this long is read
+#: without a JSON parser when it can be (:func:`stream_content`).
+FAST_STREAM_BYTES = 64 * 1024
+
+#: How a ``stream`` message's content frame starts, as the Python kernel's
+#: packer (``json.dumps``) and ``orjson`` write it: the head, the stream,
+#: and what that encoder writes between a string and the next key.
+_STREAM_HEADS = (
+    (b'{"name": "stdout", "text": "', "stdout", b'", "'),
+    (b'{"name": "stderr", "text": "', "stderr", b'", "'),
+    (b'{"name":"stdout","text":"', "stdout", b'","'),
+    (b'{"name":"stderr","text":"', "stderr", b'","'),
+)
+
+
+def stream_content(frame: bytes) -> dict[str, Any] | None:
+    """
+    A big ``stream`` message's content, ``{"name", "utf8"}``, read from its
+    frame without decoding the text to a string, unescaping it and
+    encoding it back (three passes over what may be megabytes, the
+    hub's dearest work): only when the frame is what kernels send, the
+    name and then the text, valid UTF-8, whose escapes Python's own bytes
+    unescaping reads alike (quotes, tabs, newlines...).
+
+    :returns: None when the frame is anything else (another key order, a
+        key after the text, ``\\uXXXX`` or backslash escapes, bad UTF-8):
+        JSON-decode it then.
+    """
+    known = next((k for k in _STREAM_HEADS if frame.startswith(k[0])), None)
+    if known is None or not frame.endswith(b'"}'):
+        return None
+    head, name, between = known
+    body = frame[len(head) : -2]
+    # Another key after the text: its encoder put this between them (an
+    # escaped quote in the text is preceded by a backslash, never a
+    # quote, so the text itself cannot hold it).
+    if b'"' in body and between in body:
+        return None
+    if not body.isascii():
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError:
+            return None  # the JSON way reads it with U+FFFD
+    if b"\\" not in body:
+        # Nothing escaped, so no quote either.
+        return {"name": name, "utf8": body} if b'"' not in body else None
+    try:
+        with warnings.catch_warnings():
+            # ``\\u`` is an invalid escape to it: left as it is, seen below.
+            warnings.simplefilter("ignore")
+            text = codecs.escape_decode(body)[0]
+    except ValueError:
+        return None
+    # A backslash left: ``\\\\``, ``\\u`` or ``\\/`` were there, which
+    # JSON reads otherwise (or the same, but that is not worth telling).
+    if b"\\" in text:
+        return None
+    return {"name": name, "utf8": text}
 
 
 def decode_message(session: Any, frames: list[bytes]) -> dict[str, Any]:
@@ -145,13 +232,16 @@ def decode_message(session: Any, frames: list[bytes]) -> dict[str, Any]:
     if len(parts) < 5:
         raise TypeError("malformed message, must have at least 5 elements")
     header = session.unpack(parts[1])
+    content = None
+    if header["msg_type"] == "stream" and len(parts[4]) >= FAST_STREAM_BYTES:
+        content = stream_content(parts[4])
     message = {
         "header": header,
         "msg_id": header["msg_id"],
         "msg_type": header["msg_type"],
         "parent_header": session.unpack(parts[2]),
         "metadata": session.unpack(parts[3]),
-        "content": session.unpack(parts[4]),
+        "content": content if content is not None else session.unpack(parts[4]),
         "buffers": [memoryview(b) for b in parts[5:]],
     }
     if not str(header.get("version", "")).startswith("5."):
@@ -271,7 +361,11 @@ class Kernel:
                 continue
 
     def _emit(
-        self, pending: Pending, ev: str, payload: bytes | None = None, **fields: Any
+        self,
+        pending: Pending,
+        ev: str,
+        payload: bytes | memoryview | None = None,
+        **fields: Any,
     ) -> None:
         self.hub.out.send(
             {"ev": ev, "cid": self.cid, "xid": pending.xid, **fields}, payload
@@ -286,10 +380,17 @@ class Kernel:
             kind = msg["msg_type"]
             content = msg["content"]
             if kind == "stream":
-                raw = str(content.get("text", "")).encode("utf-8", "surrogatepass")
-                for chunk in utf8_chunks(raw, STREAM_CHUNK_BYTES):
+                raw = content.get("utf8")
+                if raw is None:
+                    raw = str(content.get("text", "")).encode("utf-8", "surrogatepass")
+                # Views, not copies: written to the pipe as they are.
+                view = memoryview(raw)
+                for start, end in utf8_spans(raw, STREAM_CHUNK_BYTES):
                     self._emit(
-                        pending, "stream", chunk, name=content.get("name", "stdout")
+                        pending,
+                        "stream",
+                        view[start:end],
+                        name=content.get("name", "stdout"),
                     )
             elif kind in ("display_data", "execute_result", "update_display_data"):
                 self._emit(

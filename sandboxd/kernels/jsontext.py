@@ -1,0 +1,163 @@
+# -*- test-case-name: tests.kernels.test_jsontext -*-
+"""
+An execution's result document as JSON bytes, its output escaped from the
+bytes it arrived as.
+
+A finished execution's stdout and stderr are UTF-8 bytes (head and tail,
+up to ``max_output_bytes`` each). Decoding them to a string for
+``json.dumps`` and encoding the document back costs the daemon three passes
+over every character, the escaping one the slowest of all (a 10 MiB output
+took longer to encode than to arrive). Output text is nearly always valid
+UTF-8 whose only characters JSON escapes are quotes, backslashes, tabs,
+newlines and carriage returns: for that, the escaped string is made from
+the bytes with a few C-speed replacements, the very bytes ``json.dumps``
+(with ``ensure_ascii=False``) would give. Anything else (a lone control
+character, a cut or bad UTF-8 sequence) goes the ordinary way.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+#: Bytes JSON escapes that the fast path does not: control characters
+#: other than tab, newline and carriage return (``\\b``, ``\\f``,
+#: ``\\u00XX``).
+_RARE = bytes(c for c in range(0x20) if c not in (0x09, 0x0A, 0x0D))
+
+
+def _escaped(raw: bytes) -> bytes | None:
+    """
+    The inside of the JSON string literal of ``raw`` (UTF-8), or None
+    when it holds what only ``json.dumps`` escapes right.
+    """
+    if not raw.isascii():
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None  # replaced by U+FFFD on the ordinary path
+    if len(raw.translate(None, _RARE)) != len(raw):
+        return None
+    # The backslash first, so the escapes added after it stay single.
+    return (
+        raw.replace(b"\\", b"\\\\")
+        .replace(b'"', b'\\"')
+        .replace(b"\n", b"\\n")
+        .replace(b"\r", b"\\r")
+        .replace(b"\t", b"\\t")
+    )
+
+
+#: The API's JSON, made once (``json.dumps`` with options builds an
+#: encoder per call, dear for a small document).
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"))
+
+
+#: Output under this many bytes is cheaper to decode and encode with the
+#: rest of its document than to splice in.
+SMALL_OUTPUT_BYTES = 64 * 1024
+
+
+def _value(value: Any) -> bytes:
+    """One JSON value, compact and UTF-8 (``\\u`` escapes if it cannot be)."""
+    text = _COMPACT.encode(value)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        return _COMPACT_ASCII.encode(value).encode("ascii")
+
+
+def text_value(raw: bytes) -> list[bytes]:
+    """
+    ``raw`` (UTF-8, bad sequences read as U+FFFD) as a JSON string, in
+    parts to be joined once with the rest of the document.
+    """
+    inside = _escaped(raw)
+    if inside is None:
+        return [_value(raw.decode("utf-8", "replace"))]
+    return [b'"', inside, b'"']
+
+
+class JsonParts:
+    """A JSON value already encoded, in parts (a :func:`document` field)."""
+
+    def __init__(self, parts: list[bytes]) -> None:
+        self.parts = parts
+
+
+def document(fields: dict[str, Any]) -> bytes:
+    """
+    A flat JSON object, compact, in ``fields``' order; a ``bytes`` value is
+    a UTF-8 text (as :func:`text_value`), a :class:`JsonParts` one already
+    encoded (:meth:`EscapedText.take`). The same bytes the API's answer
+    would be with those values decoded first, in one final copy.
+    """
+    parts: list[bytes] = [b"{"]
+    plain: dict[str, Any] = {}
+    for name, value in fields.items():
+        if not isinstance(value, bytes | JsonParts):
+            plain[name] = value
+            continue
+        if plain:  # the ordinary fields before it, encoded together
+            parts += (_value(plain)[1:-1], b",")
+            plain = {}
+        parts += (_value(name), b":")
+        parts += text_value(value) if isinstance(value, bytes) else value.parts
+        parts.append(b",")
+    if plain:
+        parts.append(_value(plain)[1:-1])
+    elif len(parts) > 1:
+        parts.pop()  # the last comma
+    parts.append(b"}")
+    return b"".join(parts)
+
+
+class EscapedText:
+    """
+    A stream's output escaped for JSON chunk by chunk as it arrives, so a
+    result document is one copy away when the execution ends, the
+    escaping done while the kernel was still talking (on the daemon's own
+    core, while the hub works on the other).
+
+    Kept while the whole output fits ``cap`` (its head-and-tail buffer's
+    bound: then that buffer holds all of it too, and both say the same)
+    and every chunk is plain (:func:`text_value`'s fast case; each chunk
+    the hub sends is cut between characters); else given up for good and
+    the document escapes the head and tail the ordinary way.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._parts: list[bytes] | None = []
+        self._size = 0
+        #: Bytes held (what the execution's memory bound counts).
+        self.held_bytes = 0
+
+    def write(self, raw: bytes) -> None:
+        """Take the next chunk of output (UTF-8)."""
+        if self._parts is None:
+            return
+        self._size += len(raw)
+        inside = _escaped(raw) if self._size <= self.cap else None
+        if inside is None:
+            self.drop()
+            return
+        self._parts.append(inside)
+        self.held_bytes += len(inside)
+
+    def drop(self) -> None:
+        """Give up (and free what is held)."""
+        self._parts = None
+        self.held_bytes = 0
+
+    def take(self) -> list[bytes] | None:
+        """
+        The whole output as a JSON string in parts, once (then dropped),
+        or None if it was given up.
+        """
+        parts = self._parts
+        self.drop()
+        if parts is None:
+            return None
+        return [b'"', *parts, b'"']
