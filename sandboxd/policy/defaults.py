@@ -515,6 +515,15 @@ CAP_WARNING_INTERVAL_SECONDS = 30.0
 #: Headers per request (Twisted allows 500).
 MAX_HEADERS = 100
 
+#: A request's head: the request line and header lines together, line ends
+#: not counted (Twisted's own bound, kept when the daemon parses heads).
+MAX_HEAD_BYTES = 16 * KIB
+
+#: Distinct header names whose validation the head parser remembers (the
+#: few a client sends on every request; a client inventing names only
+#: misses the cache).
+HEADER_NAME_CACHE = 512
+
 #: Directories one recursive watch may cover (each is an inotify watch).
 MAX_WATCH_DIRS = 8192
 
