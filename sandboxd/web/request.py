@@ -120,7 +120,13 @@ class SandboxRequest(Request):
         # Request.__init__ already asked the transport for the peer.
         self.client_host = getattr(self.client, "host", "") or ""
         method = self.method_text = channel._command.decode("latin-1")
-        headers = {k.lower(): v for k, v in self.requestHeaders.getAllRawHeaders()}
+        head = getattr(channel, "head", None)
+        # The channel's parsed head already holds them by lower-cased name.
+        headers = (
+            head.fields
+            if head is not None
+            else {k.lower(): v for k, v in self.requestHeaders.getAllRawHeaders()}
+        )
         self._headers_lc = headers
         allowed = self.context.policy.document.allowed_origins
         self.cors_origin = allowed_origin(headers, allowed) if allowed else None
