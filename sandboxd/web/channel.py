@@ -211,10 +211,37 @@ class SandboxChannel(HTTPChannel):
         if head.expect_continue and request.requestHeaders.hasHeader(b"expect"):
             self._send100Continue()
 
+    def allContentReceived(self) -> None:
+        """
+        The request is whole: it is handled with the idle timer left
+        running (see :meth:`timeoutConnection`).
+
+        Twisted cancels the timer here and schedules a new one when the
+        response is done: a timed call made and cancelled per request.
+        """
+        timeout = self.timeOut
+        self.timeOut = None
+        try:
+            super().allContentReceived()
+        finally:
+            if self.timeOut is None and not self._taken:
+                self.timeOut = timeout
+
+    def timeoutConnection(self) -> None:
+        """
+        Idle too long: close, unless a request is being handled (that one
+        is not idle; the timer starts again, and again from its response).
+        """
+        if self._handlingRequest:
+            self.resetTimeout()
+            return
+        super().timeoutConnection()
+
     def requestDone(self, request: Any) -> None:
         """
-        A response is done: the connection is idle, or a pipelined request
-        already waiting in the buffer has its head read now.
+        A response is done: the connection is idle from now, or a
+        pipelined request already waiting in the buffer has its head read
+        now.
         """
         table = self._table()
         if table is None or not self.persistent:
@@ -224,6 +251,8 @@ class SandboxChannel(HTTPChannel):
             table.head_started(self)
         else:
             table.went_idle(self)
+        if self.persistent:
+            self.resetTimeout()
         super().requestDone(request)
 
     def _table(self) -> Any:
@@ -253,6 +282,21 @@ class SandboxChannel(HTTPChannel):
         if self._host is None and self.transport is not None:
             self._host = self.transport.getHost()
         return self._host
+
+    def writeHeaders(
+        self, version: bytes, code: bytes, reason: bytes, headers: Any
+    ) -> None:
+        """
+        The response's status line and headers as one buffer: Twisted
+        hands the transport a sequence of four pieces per header, each
+        checked on its own (values were checked when they were set).
+        """
+        parts = [version, b" ", code, b" ", reason, b"\r\n"]
+        for name, values in headers.getAllRawHeaders():
+            for value in values:
+                parts += (name, b": ", value, b"\r\n")
+        parts.append(b"\r\n")
+        self.transport.write(b"".join(parts))  # type: ignore[union-attr]
 
     def getPeer(self) -> Any:
         """The client's address, asked of the socket once per connection."""
