@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from twisted.logger import Logger
-from twisted.web.http import datetimeToString
+from twisted.web.http import NO_BODY_CODES, datetimeToString
 from twisted.web.server import Request
 
 from sandboxd.access import gate
@@ -384,6 +384,45 @@ class SandboxRequest(Request):
         if a is not None and a.slot:
             a.slot = False
             self.context.concurrency.release(a.endpoint.id)
+
+    def write(self, data: bytes) -> None:
+        """
+        Write a response's body; a first write whose length is declared
+        goes out with the status line and headers as one buffer.
+
+        Twisted's first write asks the headers for the type and length
+        again, decides on chunking, and hands the channel the head and the
+        body separately.  A complete response (the common case: a JSON
+        answer, ``Content-Length`` set) needs none of that; anything else
+        (no length, HEAD, a body-less status, HTTP/1.0, cookies, an
+        encoder, no ``Content-Type``) is left to Twisted.
+        """
+        headers = self.responseHeaders._rawHeaders
+        if (
+            self.startedWriting
+            or self.finished
+            or self._disconnected
+            or self.clientproto != b"HTTP/1.1"
+            or self.method == b"HEAD"
+            or self.code in NO_BODY_CODES
+            or self.cookies
+            or self.lastModified is not None
+            or self.etag is not None
+            or self._encoder is not None
+            or self._inFakeHead
+            or b"Content-Length" not in headers
+            or b"Content-Type" not in headers
+        ):
+            super().write(data)
+            return
+        self.startedWriting = 1
+        parts = [b"HTTP/1.1 %d %s\r\n" % (self.code, self.code_message)]
+        for name, values in headers.items():
+            for value in values:
+                parts += (name, b": ", value, b"\r\n")
+        parts += (b"\r\n", data)
+        self.sentLength += len(data)
+        self.channel.write(b"".join(parts))
 
     def finish(self) -> None:
         """Finish the response, then free the slot and audit (step 8)."""

@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from twisted.internet.protocol import Protocol
+from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -210,3 +211,49 @@ class IdleTimeoutTests(SynchronousTestCase):
             clock.advance(HTTP_IDLE_TIMEOUT_SECONDS)
         self.assertFalse(transport.disconnecting)
         self.assertTrue(channels[0].open)
+
+
+class CountingTransport(StringTransport):
+    """A StringTransport that counts the writes it is given."""
+
+    writes = 0
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        super().write(data)
+
+
+class ResponseWriteTests(SynchronousTestCase):
+    """How a complete response reaches the transport."""
+
+    def exchange(self, head: bytes) -> CountingTransport:
+        site, _, _ = make_site()
+        channel = site.buildProtocol(None)
+        transport = CountingTransport()
+        channel.makeConnection(transport)
+        channel.dataReceived(head)
+        return transport
+
+    def test_one_write(self) -> None:
+        """A JSON answer with its length is one write: status line, headers and body."""
+        transport = self.exchange(HEALTH)
+        self.assertEqual(transport.writes, 1)
+        head, _, body = transport.value().partition(b"\r\n\r\n")
+        self.assertTrue(head.startswith(b"HTTP/1.1 200 OK\r\n"))
+        self.assertIn(b"\r\nContent-Length: %d" % len(body), head)
+        self.assertIn(b"\r\nContent-Security-Policy: sandbox", head)
+        self.assertEqual(json.loads(body), {"status": "ok"})
+
+    def test_head_has_no_body(self) -> None:
+        """HEAD gets GET's headers, its Content-Length included, and no body."""
+        transport = self.exchange(b"HEAD /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        head, _, body = transport.value().partition(b"\r\n\r\n")
+        self.assertIn(b"\r\nContent-Length: 15", head)
+        self.assertEqual(body, b"")
+
+    def test_http_1_0(self) -> None:
+        """An HTTP/1.0 request is answered in full and the connection closed."""
+        transport = self.exchange(b"GET /health HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        self.assertTrue(transport.value().startswith(b"HTTP/1.0 200 OK\r\n"))
+        self.assertTrue(transport.value().endswith(b'{"status":"ok"}'))
+        self.assertTrue(transport.disconnecting)
