@@ -48,7 +48,7 @@ from sandboxd.web.jsonbody import parse_object
 from sandboxd.web.messages import BodySink, ServerRequest
 from sandboxd.web.pipeline import Admission, PipelineRefusal, Refusal, admit
 from sandboxd.web.ptysocket import PtySocketExchange, session_of
-from sandboxd.web.sending import send_now
+from sandboxd.web.sending import send_now, write_now
 from sandboxd.web.upload import UploadBody
 
 #: Methods that change nothing.  A request with any other method is not
@@ -422,7 +422,7 @@ class SandboxRequest(Request):
                 parts += (name, b": ", value, b"\r\n")
         parts += (b"\r\n", data)
         self.sentLength += len(data)
-        self.channel.write(b"".join(parts))
+        write_now(self.channel.transport, b"".join(parts))
 
     def finish(self) -> None:
         """Finish the response, then free the slot and audit (step 8)."""
