@@ -255,12 +255,17 @@ class SandboxChannel(HTTPChannel):
             self.resetTimeout()
         super().requestDone(request)
 
+    _site_table: Any = False
+
     def _table(self) -> Any:
         """
         The site's :class:`~sandboxd.web.connections.ConnectionTable`, or
-        None for a site that keeps its own count (the E2B door's).
+        None for a site that keeps its own count (the E2B door's); asked
+        of the site once per connection.
         """
-        return getattr(self.site, "table", None)  # type: ignore[attr-defined]
+        if self._site_table is False:
+            self._site_table = getattr(self.site, "table", None)  # type: ignore[attr-defined]
+        return self._site_table
 
     def close_idle(self) -> None:
         """Reclaimed between requests, to make room at a cap."""
