@@ -137,6 +137,10 @@ class SandboxChannel(HTTPChannel):
             or the connection is closing).
         """
         buffer = self._buffer
+        if not self.persistent:
+            # Bytes after the last request of a closing connection.
+            self._buffer = b""
+            return False
         try:
             head = parse_head(buffer)
         except HeadError as e:
@@ -144,10 +148,6 @@ class SandboxChannel(HTTPChannel):
             self._refuse_head(e.reason)
             return False
         if head is None:
-            return False
-        if not self.persistent:
-            # Bytes after the last request of a closing connection.
-            self._buffer = b""
             return False
         self._buffer = buffer[head.size :]
         self._start_request(head)

@@ -115,6 +115,7 @@ class HeadReadingTests(SynchronousTestCase):
             b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
             + HEALTH
         )
+        channel.dataReceived(b"not a request\r\n\r\n")
         written = transport.value()
         self.assertEqual(statuses(written), [b"HTTP/1.1 200 OK"])
         self.assertIn(b"\r\nConnection: close\r\n", written)
