@@ -265,23 +265,6 @@ class SandboxRequest(Request):
 
     # -- after the body ---------------------------------------------------
 
-    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
-        """
-        The request is whole: set what Twisted's request sets, then run
-        :meth:`process`.
-
-        Twisted would also parse the query into ``args`` and look for a
-        form body; the pipeline has parsed the query already (its own
-        rules) and form bodies never become arguments.
-        """
-        if self.content is not None:
-            self.content.seek(0, 0)
-        self.args = {}
-        self.method, self.uri = command, path
-        self.clientproto = version
-        self.path = path.partition(b"?")[0]
-        self.process()
-
     def process(self) -> None:
         """Answer a refusal, or parse the body and run the handler (steps 6–8)."""
         if self.answered_early:
