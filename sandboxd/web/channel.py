@@ -11,11 +11,16 @@ facing untrusted clients needs and Twisted does not set.
   (slowloris: Twisted's idle timeout is reset by every byte).  The channel
   tells the site's :class:`~sandboxd.web.connections.ConnectionTable` when
   a head starts and ends and when it goes idle; the table decides.
-- Fewer headers than Twisted allows (500).
-- Obs-folded header lines (a line starting with a space or tab, RFC 9112
-  §5.2) are refused: Twisted joins them, so a token, Host or length could
-  read differently to a proxy in front of us.
-- Whatever Twisted's parser refuses gets a JSON body with a ``code``
+- A request's head is read in one pass by :func:`~sandboxd.web.heads.parse_head`
+  once it is all in the buffer, not line by line through Twisted's
+  ``LineReceiver`` and a method call per header: fewer headers than
+  Twisted allows (500), obs-folded lines refused (Twisted joins them, so a
+  token, Host or length could read differently to a proxy in front of
+  us), the body framing decided by the RFC 9112 rules.  What follows the
+  head is Twisted's again: its body decoders, its pipelining (one request
+  at a time, the next one's bytes held), its ``Request`` and the
+  pipeline's hooks on it.
+- Whatever the parser refuses gets a JSON body with a ``code``
   (``malformed_request``) like every other error, not a bare status line.
 
 HTTP/2 is not offered (HTTP/1.1 only; see docs/operations.md), so the
@@ -31,12 +36,18 @@ from typing import Any
 from twisted.internet.interfaces import IProtocol
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
-from twisted.web.http import HTTPChannel
+from twisted.web.http import (
+    HTTPChannel,
+    _ChunkedTransferDecoder,
+    _IdentityTransferDecoder,
+)
+from twisted.web.http_headers import _nameEncoder
 
 from sandboxd.errors import malformed_request
 from sandboxd.policy.defaults import MAX_HEADERS
+from sandboxd.web.heads import Head, HeadError, parse_head
 
-#: The body of a request Twisted's parser refuses (framing, obs-fold, ...).
+#: The body of a request Twisted's body decoder refuses (a bad chunk).
 MALFORMED = malformed_request("malformed HTTP request").body()
 
 
@@ -48,6 +59,11 @@ class SandboxChannel(HTTPChannel):
     #: Whether a request head is on its way (see :meth:`dataReceived`).
     _in_head = False
     _secure: bool | None = None
+    #: The head of the request being read or handled.
+    head: Head | None = None
+    #: Handed to another protocol (see :meth:`take_over`): read no more.
+    _taken = False
+    _peer: Any = None
 
     def isSecure(self) -> bool:
         """
@@ -70,7 +86,9 @@ class SandboxChannel(HTTPChannel):
                 set_no_delay(True)
             except OSError:
                 pass
-        peer = self.transport.getPeer() if self.transport is not None else None
+        peer = self._peer = (
+            self.transport.getPeer() if self.transport is not None else None
+        )
         self.peer_host = getattr(peer, "host", "") or ""
         site: Any = self.site  # type: ignore[attr-defined]
         # The first request's head is due from now, before any byte.
@@ -79,26 +97,151 @@ class SandboxChannel(HTTPChannel):
             self.transport.abortConnection()  # type: ignore[union-attr]
 
     def dataReceived(self, data: bytes) -> None:
-        """The first byte of a request on a kept-alive connection starts its head."""
+        """
+        Read heads whole, and hand bodies (and the bytes of requests that
+        wait behind the one being handled) to Twisted's raw mode.
+
+        The first byte of a request on a kept-alive connection starts its
+        head's deadline.  A call made while this one runs (a request
+        finished synchronously hands its successor's bytes back) only
+        appends to the buffer, which this loop then reads, as
+        ``LineReceiver`` does.
+        """
+        self.resetTimeout()
+        if self._busyReceiving:
+            self._buffer += data
+            return
         if not self._in_head and not self.requests and not self._handlingRequest:
             self._in_head = True
             table = self._table()
             if table is not None:
                 table.head_started(self)
-        super().dataReceived(data)
+        self._busyReceiving = True
+        try:
+            self._buffer += data
+            while self._buffer and not self.paused and not self._taken:
+                if self.line_mode:
+                    if not self._read_head():
+                        return
+                else:
+                    data, self._buffer = self._buffer, b""
+                    self.rawDataReceived(data)
+        finally:
+            self._busyReceiving = False
+
+    def _read_head(self) -> bool:
+        """
+        Start the request whose head is at the front of the buffer.
+
+        :return: whether to read on (False: the head is incomplete, refused,
+            or the connection is closing).
+        """
+        buffer = self._buffer
+        if not self.persistent:
+            # Bytes after the last request of a closing connection.
+            self._buffer = b""
+            return False
+        try:
+            head = parse_head(buffer)
+        except HeadError as e:
+            self._buffer = b""
+            self._refuse_head(e.reason)
+            return False
+        if head is None:
+            return False
+        self._buffer = buffer[head.size :]
+        self._start_request(head)
+        transport = self.transport
+        return transport is not None and not transport.disconnecting  # type: ignore[attr-defined]
+
+    def _start_request(self, head: Head) -> None:
+        """
+        Build the request from ``head`` and take it as far as Twisted's
+        line parser would have at the blank line: headers received, then
+        the body (raw mode) or, without one, the request itself.
+        """
+        request: Any = self.requestFactory(self, len(self.requests))
+        self.requests.append(request)
+        self.head = head
+        self._command = head.method
+        self._path = head.target
+        self._version = head.version
+        # The names are checked tokens: Twisted's Headers holds them in
+        # its canonical case, which its encoder keeps cached.
+        raw = request.requestHeaders._rawHeaders
+        encode = _nameEncoder.encode
+        for name, values in head.fields.items():
+            raw[encode(name)] = values
+        if head.chunked:
+            self.length = None
+            self._transferDecoder = _ChunkedTransferDecoder(
+                request.handleContentChunk, self._finishRequestBody
+            )
+        else:
+            self.length = head.length
+            if head.length:
+                self._transferDecoder = _IdentityTransferDecoder(
+                    head.length, request.handleContentChunk, self._finishRequestBody
+                )
+        self.allHeadersReceived()
+        if self.length == 0:
+            self.allContentReceived()
+        else:
+            self.setRawMode()
 
     def allHeadersReceived(self) -> None:
-        """The head is complete: no deadline while the request is handled."""
+        """
+        The head is complete: no deadline while the request is handled;
+        keep-alive, cookies and ``100 Continue`` from the parsed head.
+        """
         self._in_head = False
         table = self._table()
         if table is not None:
             table.head_done(self)
-        super().allHeadersReceived()
+        request: Any = self.requests[-1]
+        head = self.head
+        assert head is not None
+        if b"cookie" in head.fields:
+            request.parseCookies()
+        self.persistent = head.keep_alive
+        if not head.keep_alive and head.version == b"HTTP/1.1":
+            request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+        request.gotLength(self.length)
+        # A request answered at header time drops its Expect.
+        if head.expect_continue and request.requestHeaders.hasHeader(b"expect"):
+            self._send100Continue()
+
+    def allContentReceived(self) -> None:
+        """
+        The request is whole: it is handled with the idle timer left
+        running (see :meth:`timeoutConnection`).
+
+        Twisted cancels the timer here and schedules a new one when the
+        response is done: a timed call made and cancelled per request.
+        """
+        timeout = self.timeOut
+        self.timeOut = None
+        try:
+            super().allContentReceived()
+        finally:
+            if self.timeOut is None and not self._taken:
+                self.timeOut = timeout
+
+    def timeoutConnection(self) -> None:
+        """
+        Idle too long: close, unless a request is being handled (that one
+        is not idle; the timer starts again, and again from its response).
+        """
+        if self._handlingRequest:
+            self.resetTimeout()
+            return
+        super().timeoutConnection()
 
     def requestDone(self, request: Any) -> None:
         """
-        A response is done: the connection is idle, or a pipelined request
-        already waiting in the buffer has its head read now.
+        A response is done: the connection is idle from now, or a
+        pipelined request already waiting in the buffer has its head read
+        now.
         """
         table = self._table()
         if table is None or not self.persistent:
@@ -108,14 +251,21 @@ class SandboxChannel(HTTPChannel):
             table.head_started(self)
         else:
             table.went_idle(self)
+        if self.persistent:
+            self.resetTimeout()
         super().requestDone(request)
+
+    _site_table: Any = False
 
     def _table(self) -> Any:
         """
         The site's :class:`~sandboxd.web.connections.ConnectionTable`, or
-        None for a site that keeps its own count (the E2B door's).
+        None for a site that keeps its own count (the E2B door's); asked
+        of the site once per connection.
         """
-        return getattr(self.site, "table", None)  # type: ignore[attr-defined]
+        if self._site_table is False:
+            self._site_table = getattr(self.site, "table", None)  # type: ignore[attr-defined]
+        return self._site_table
 
     def close_idle(self) -> None:
         """Reclaimed between requests, to make room at a cap."""
@@ -138,16 +288,40 @@ class SandboxChannel(HTTPChannel):
             self._host = self.transport.getHost()
         return self._host
 
-    def lineReceived(self, line: bytes) -> None:
-        """Refuse obs-fold continuation lines among the headers."""
-        if line[:1] in (b" ", b"\t") and not self._HTTPChannel__first_line:  # type: ignore[attr-defined]
-            self._respondToBadRequestAndDisconnect()
-            return
-        super().lineReceived(line)
+    def writeHeaders(
+        self, version: bytes, code: bytes, reason: bytes, headers: Any
+    ) -> None:
+        """
+        The response's status line and headers as one buffer: Twisted
+        hands the transport a sequence of four pieces per header, each
+        checked on its own (values were checked when they were set).
+        """
+        parts = [version, b" ", code, b" ", reason, b"\r\n"]
+        for name, values in headers.getAllRawHeaders():
+            for value in values:
+                parts += (name, b": ", value, b"\r\n")
+        parts.append(b"\r\n")
+        self.transport.write(b"".join(parts))  # type: ignore[union-attr]
+
+    def getPeer(self) -> Any:
+        """The client's address, asked of the socket once per connection."""
+        if self._peer is None and self.transport is not None:
+            self._peer = self.transport.getPeer()
+        return self._peer
+
+    def _refuse_head(self, reason: str) -> None:
+        """The head parser refused the request: a JSON 400 saying why, then close."""
+        self._respond_malformed(
+            malformed_request(f"malformed HTTP request: {reason}").body()
+        )
 
     def _respondToBadRequestAndDisconnect(self) -> None:
-        """Twisted's parser refused the request: a JSON 400, then close."""
-        body = json.dumps(MALFORMED, separators=(",", ":")).encode()
+        """Twisted's body decoder refused the request: a JSON 400, then close."""
+        self._respond_malformed(MALFORMED)
+
+    def _respond_malformed(self, error: dict[str, Any]) -> None:
+        """Answer 400 with ``error`` and close."""
+        body = json.dumps(error, separators=(",", ":")).encode()
         if self.transport is not None:
             self.transport.write(
                 b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
@@ -178,8 +352,10 @@ class SandboxChannel(HTTPChannel):
         table = self._table()
         if table is not None:
             table.head_done(self)
-        buffered = replay + b"".join(self._dataBuffer)
+        buffered = replay + b"".join(self._dataBuffer) + self._buffer
         self._dataBuffer = []
+        self._buffer = b""
+        self._taken = True
         lost = self.connectionLost
 
         def connection_lost(reason: Failure = connectionDone) -> None:

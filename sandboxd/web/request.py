@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from twisted.logger import Logger
-from twisted.web.http import datetimeToString
+from twisted.web.http import NO_BODY_CODES, datetimeToString
 from twisted.web.server import Request
 
 from sandboxd.access import gate
@@ -48,7 +48,7 @@ from sandboxd.web.jsonbody import parse_object
 from sandboxd.web.messages import BodySink, ServerRequest
 from sandboxd.web.pipeline import Admission, PipelineRefusal, Refusal, admit
 from sandboxd.web.ptysocket import PtySocketExchange, session_of
-from sandboxd.web.sending import send_now
+from sandboxd.web.sending import send_now, write_now
 from sandboxd.web.upload import UploadBody
 
 #: Methods that change nothing.  A request with any other method is not
@@ -120,7 +120,13 @@ class SandboxRequest(Request):
         # Request.__init__ already asked the transport for the peer.
         self.client_host = getattr(self.client, "host", "") or ""
         method = self.method_text = channel._command.decode("latin-1")
-        headers = {k.lower(): v for k, v in self.requestHeaders.getAllRawHeaders()}
+        head = getattr(channel, "head", None)
+        # The channel's parsed head already holds them by lower-cased name.
+        headers = (
+            head.fields
+            if head is not None
+            else {k.lower(): v for k, v in self.requestHeaders.getAllRawHeaders()}
+        )
         self._headers_lc = headers
         allowed = self.context.policy.document.allowed_origins
         self.cors_origin = allowed_origin(headers, allowed) if allowed else None
@@ -266,12 +272,15 @@ class SandboxRequest(Request):
         if self.widened:
             _read_size(self.channel.transport, None)
         self.site = _site(self)
-        self.setHeader(b"date", http_date())
         # The daemon's own origin is trusted (SPEC §5.2's same-origin rule),
         # so nothing it serves may run script in it: a downloaded HTML file
         # or SVG is never sniffed into a page and is sandboxed if opened.
-        self.setHeader(b"x-content-type-options", b"nosniff")
-        self.setHeader(b"content-security-policy", b"sandbox")
+        # Constants (and a date): stored under the names Twisted's Headers
+        # would give them, without its per-value checks.
+        raw = self.responseHeaders._rawHeaders
+        raw[b"Date"] = [http_date()]
+        raw[b"X-Content-Type-Options"] = [b"nosniff"]
+        raw[b"Content-Security-Policy"] = [b"sandbox"]
         if self.cors_origin is not None:
             cors = preflight_headers if self.preflight else response_headers
             for name, value in cors(self.cors_origin).items():
@@ -375,6 +384,45 @@ class SandboxRequest(Request):
         if a is not None and a.slot:
             a.slot = False
             self.context.concurrency.release(a.endpoint.id)
+
+    def write(self, data: bytes) -> None:
+        """
+        Write a response's body; a first write whose length is declared
+        goes out with the status line and headers as one buffer.
+
+        Twisted's first write asks the headers for the type and length
+        again, decides on chunking, and hands the channel the head and the
+        body separately.  A complete response (the common case: a JSON
+        answer, ``Content-Length`` set) needs none of that; anything else
+        (no length, HEAD, a body-less status, HTTP/1.0, cookies, an
+        encoder, no ``Content-Type``) is left to Twisted.
+        """
+        headers = self.responseHeaders._rawHeaders
+        if (
+            self.startedWriting
+            or self.finished
+            or self._disconnected
+            or self.clientproto != b"HTTP/1.1"
+            or self.method == b"HEAD"
+            or self.code in NO_BODY_CODES
+            or self.cookies
+            or self.lastModified is not None
+            or self.etag is not None
+            or self._encoder is not None
+            or self._inFakeHead
+            or b"Content-Length" not in headers
+            or b"Content-Type" not in headers
+        ):
+            super().write(data)
+            return
+        self.startedWriting = 1
+        parts = [b"HTTP/1.1 %d %s\r\n" % (self.code, self.code_message)]
+        for name, values in headers.items():
+            for value in values:
+                parts += (name, b": ", value, b"\r\n")
+        parts += (b"\r\n", data)
+        self.sentLength += len(data)
+        write_now(self.channel.transport, b"".join(parts))
 
     def finish(self) -> None:
         """Finish the response, then free the slot and audit (step 8)."""

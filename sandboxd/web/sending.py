@@ -10,7 +10,7 @@ from typing import Any
 
 from twisted.internet.tcp import Server
 
-__all__ = ["send_now"]
+__all__ = ["send_now", "write_now"]
 
 
 def send_now(transport: Any) -> None:
@@ -39,3 +39,37 @@ def send_now(transport: Any) -> None:
     ):
         return
     transport.doWrite()
+
+
+def write_now(transport: Any, data: bytes) -> None:
+    """
+    Write ``data`` to ``transport``, sending it on the socket at once when
+    nothing is queued ahead of it.
+
+    Twisted's ``write`` asks the reactor to watch the socket for
+    writability and, once the bytes are out, to stop watching: two
+    ``epoll_ctl`` calls around every response, beside the one ``send``
+    that carries it.  A plain TCP connection that is open, not closing
+    and has nothing buffered is sent to directly; what the socket does not
+    take (a full buffer, an error) goes to the transport as before, so
+    the order of bytes and Twisted's handling of a full buffer, a paused
+    producer or a broken connection are unchanged.
+    """
+    if (
+        data
+        and type(transport) is Server
+        and transport.connected
+        and not transport.disconnecting
+        and not transport._writeDisconnected
+        and not transport._writeDisconnecting
+        and not transport._tempDataLen
+        and len(transport.dataBuffer) == transport.offset
+    ):
+        try:
+            sent = transport.socket.send(data)
+        except OSError:
+            sent = 0  # Twisted's own write finds the error and closes.
+        if sent == len(data):
+            return
+        data = data[sent:]
+    transport.write(data)

@@ -5,9 +5,12 @@ protocol (the preview door's WebSocket splice), in memory.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from twisted.internet.protocol import Protocol
+from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -60,3 +63,198 @@ class TakeOverTests(SynchronousTestCase):
         channel, _ = connect(site)
         channel.transport = None
         self.assertRaises(RuntimeError, channel.take_over, Recorder())
+
+
+HEALTH = b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"
+
+
+def statuses(written: bytes) -> list[bytes]:
+    """The status lines in ``written``, in order."""
+    return re.findall(rb"HTTP/1\.1 \d{3} [^\r]*", written)
+
+
+class HeadReadingTests(SynchronousTestCase):
+    """Heads read whole from the buffer, however the bytes arrive."""
+
+    def test_every_split(self) -> None:
+        """A request cut at any byte gets the same answer as one sent whole."""
+        site, _, _ = make_site()
+        channel, transport = connect(site)
+        channel.dataReceived(HEALTH)
+        whole = transport.value()
+        self.assertEqual(statuses(whole), [b"HTTP/1.1 200 OK"])
+        body = whole.partition(b"\r\n\r\n")[2]
+        for cut in range(1, len(HEALTH)):
+            channel, transport = connect(site)
+            channel.dataReceived(HEALTH[:cut])
+            self.assertEqual(transport.value(), b"", cut)
+            channel.dataReceived(HEALTH[cut:])
+            self.assertEqual(transport.value().partition(b"\r\n\r\n")[2], body, cut)
+
+    def test_pipelined_in_one_read(self) -> None:
+        """Three requests in one read are answered in order on the kept-alive connection."""
+        site, _, _ = make_site()
+        channel, transport = connect(site)
+        channel.dataReceived(
+            HEALTH
+            + b"GET /nowhere HTTP/1.1\r\nHost: localhost\r\n\r\n"
+            + b"\r\n"  # one stray empty line between requests is skipped
+            + HEALTH
+        )
+        self.assertEqual(
+            statuses(transport.value()),
+            [b"HTTP/1.1 200 OK", b"HTTP/1.1 404 Not Found", b"HTTP/1.1 200 OK"],
+        )
+        self.assertFalse(transport.disconnecting)
+
+    def test_close_and_bytes_after(self) -> None:
+        """``Connection: close`` is answered with close; requests sent after it are never read."""
+        site, _, _ = make_site()
+        channel, transport = connect(site)
+        channel.dataReceived(
+            b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+            + HEALTH
+        )
+        channel.dataReceived(b"not a request\r\n\r\n")
+        written = transport.value()
+        self.assertEqual(statuses(written), [b"HTTP/1.1 200 OK"])
+        self.assertIn(b"\r\nConnection: close\r\n", written)
+        self.assertTrue(transport.disconnecting)
+
+    def test_refused_head(self) -> None:
+        """A head the parser refuses is a JSON 400 saying why, and the connection closes."""
+        site, _, _ = make_site()
+        channel, transport = connect(site)
+        channel.dataReceived(
+            b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-A: 1\r\n folded\r\n\r\n"
+        )
+        written = transport.value()
+        self.assertEqual(statuses(written), [b"HTTP/1.1 400 Bad Request"])
+        error = json.loads(written.partition(b"\r\n\r\n")[2])
+        self.assertEqual(error["code"], "malformed_request")
+        self.assertIn("obs-folded", error["error"])
+        self.assertTrue(transport.disconnecting)
+
+    def test_body_in_pieces_then_next_request(self) -> None:
+        """A Content-Length body arriving in pieces, the next request's head in the same read as its end."""
+        site, _, _ = make_site()
+        channel, transport = connect(site)
+        body = b'{"path": "/tmp"}'
+        channel.dataReceived(
+            b"POST /nowhere HTTP/1.1\r\nHost: localhost\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body) + body[:5]
+        )
+        self.assertEqual(transport.value(), b"")
+        channel.dataReceived(body[5:] + HEALTH)
+        self.assertEqual(
+            statuses(transport.value()),
+            [b"HTTP/1.1 404 Not Found", b"HTTP/1.1 200 OK"],
+        )
+
+    def test_expect_continue(self) -> None:
+        """``Expect: 100-continue`` gets its interim answer before the body is sent."""
+        site, _, _ = make_site()
+        channel, transport = connect(site)
+        channel.dataReceived(
+            b"POST /nowhere HTTP/1.1\r\nHost: localhost\r\n"
+            b"Expect: 100-continue\r\nContent-Length: 2\r\n\r\n"
+        )
+        self.assertEqual(transport.value(), b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def test_take_over_gets_bytes_after_the_head(self) -> None:
+        """Bytes that came in the same read as an upgrading head reach the new protocol."""
+        site, _, _ = make_site()
+        channel, _ = connect(site)
+        recorder = Recorder()
+        request: Any = None
+
+        def upgrade() -> None:
+            channel.take_over(recorder)
+
+        original = channel.allContentReceived
+
+        def all_content() -> None:
+            nonlocal request
+            request = channel.requests[-1]
+            request.process = upgrade
+            original()
+
+        channel.allContentReceived = all_content
+        channel.dataReceived(HEALTH + b"frame bytes")
+        self.assertIsNotNone(request)
+        self.assertEqual(recorder.data, b"frame bytes")
+
+
+class IdleTimeoutTests(SynchronousTestCase):
+    """The idle timeout closes quiet connections, never one whose request is handled."""
+
+    def test_idle_after_response(self) -> None:
+        """A kept-alive connection is closed once idle for the timeout after its answer."""
+        from sandboxd.policy.defaults import HTTP_IDLE_TIMEOUT_SECONDS
+
+        site, clock, _ = make_site()
+        channel, transport = connect(site)
+        clock.advance(HTTP_IDLE_TIMEOUT_SECONDS - 1)
+        channel.dataReceived(HEALTH)
+        clock.advance(HTTP_IDLE_TIMEOUT_SECONDS - 1)
+        self.assertFalse(transport.disconnecting)
+        clock.advance(2)
+        self.assertTrue(transport.disconnecting)
+
+    def test_long_request_not_cut(self) -> None:
+        """A request handled for many idle timeouts keeps its connection; idleness counts from its end."""
+        from sandboxd.policy.defaults import HTTP_IDLE_TIMEOUT_SECONDS
+
+        site, clock, channels = make_site()
+        channel, transport = connect(site)
+        channel.dataReceived(b"GET /events HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        for _ in range(5):
+            clock.advance(HTTP_IDLE_TIMEOUT_SECONDS)
+        self.assertFalse(transport.disconnecting)
+        self.assertTrue(channels[0].open)
+
+
+class CountingTransport(StringTransport):
+    """A StringTransport that counts the writes it is given."""
+
+    writes = 0
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        super().write(data)
+
+
+class ResponseWriteTests(SynchronousTestCase):
+    """How a complete response reaches the transport."""
+
+    def exchange(self, head: bytes) -> CountingTransport:
+        site, _, _ = make_site()
+        channel = site.buildProtocol(None)
+        transport = CountingTransport()
+        channel.makeConnection(transport)
+        channel.dataReceived(head)
+        return transport
+
+    def test_one_write(self) -> None:
+        """A JSON answer with its length is one write: status line, headers and body."""
+        transport = self.exchange(HEALTH)
+        self.assertEqual(transport.writes, 1)
+        head, _, body = transport.value().partition(b"\r\n\r\n")
+        self.assertTrue(head.startswith(b"HTTP/1.1 200 OK\r\n"))
+        self.assertIn(b"\r\nContent-Length: %d" % len(body), head)
+        self.assertIn(b"\r\nContent-Security-Policy: sandbox", head)
+        self.assertEqual(json.loads(body), {"status": "ok"})
+
+    def test_head_has_no_body(self) -> None:
+        """HEAD gets GET's headers, its Content-Length included, and no body."""
+        transport = self.exchange(b"HEAD /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        head, _, body = transport.value().partition(b"\r\n\r\n")
+        self.assertIn(b"\r\nContent-Length: 15", head)
+        self.assertEqual(body, b"")
+
+    def test_http_1_0(self) -> None:
+        """An HTTP/1.0 request is answered in full and the connection closed."""
+        transport = self.exchange(b"GET /health HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        self.assertTrue(transport.value().startswith(b"HTTP/1.0 200 OK\r\n"))
+        self.assertTrue(transport.value().endswith(b'{"status":"ok"}'))
+        self.assertTrue(transport.disconnecting)

@@ -13,7 +13,7 @@ from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.protocol import Factory, Protocol
 from twisted.trial.unittest import TestCase
 
-from sandboxd.web.sending import send_now
+from sandboxd.web.sending import send_now, write_now
 from tests.helpers import DaemonTestCase
 
 
@@ -50,6 +50,27 @@ class SendNowTests(TestCase):
         self.transport.loseConnection()
         send_now(self.transport)
         self.assertEqual(self.transport._tempDataLen, 3)
+
+    def test_write_now_sends_without_watching(self) -> None:
+        """Nothing queued: the bytes reach the client and the reactor is not asked to watch the socket."""
+        write_now(self.transport, b"HTTP/1.1 200 OK\r\n\r\n")
+        self.assertEqual(self.client.recv(100), b"HTTP/1.1 200 OK\r\n\r\n")
+        self.assertNotIn(self.transport, reactor.getWriters())  # type: ignore[attr-defined]
+        self.assertEqual(self.transport._tempDataLen, 0)
+
+    def test_write_now_keeps_order(self) -> None:
+        """Bytes already queued go first; the new ones queue behind them."""
+        self.transport.write(b"first ")
+        write_now(self.transport, b"second")
+        self.assertEqual(self.transport._tempDataLen, 12)
+        send_now(self.transport)
+        self.assertEqual(self.client.recv(100), b"first second")
+
+    def test_write_now_on_a_closing_connection(self) -> None:
+        """A connection being closed is left to Twisted: the bytes are queued for its own turn."""
+        self.transport.loseConnection()
+        write_now(self.transport, b"late")
+        self.assertEqual(self.transport._tempDataLen, 4)
 
 
 class NoDelayTests(DaemonTestCase):
