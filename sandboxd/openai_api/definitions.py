@@ -18,7 +18,7 @@ from sandboxd.agents import catalog
 from sandboxd.errors import bad_request, not_found
 from sandboxd.openai_api.face import new_id
 from sandboxd.openai_api.inputs import metadata
-from sandboxd.openai_api.registry import door, page
+from sandboxd.openai_api.registry import door, page, restored_first
 from sandboxd.openai_api.tools import describe_tools, parse_tools
 from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest
@@ -169,3 +169,4 @@ HANDLERS: dict[str, Any] = {
     "agents_definitions_update": agents_definitions_update,
     "agents_definitions_delete": agents_definitions_delete,
 }
+HANDLERS = restored_first(HANDLERS)

@@ -23,7 +23,7 @@ from sandboxd.errors import bad_request, not_found
 from sandboxd.openai_api import files, staging
 from sandboxd.openai_api.face import new_id
 from sandboxd.openai_api.inputs import known_keys
-from sandboxd.openai_api.registry import page
+from sandboxd.openai_api.registry import page, restored_first
 from sandboxd.openai_api.stores import owned, stores
 from sandboxd.policy import defaults
 from sandboxd.processes.environment import validate_env
@@ -223,3 +223,4 @@ HANDLERS: dict[str, Any] = {
     "agents_environment_templates_update": agents_environment_templates_update,
     "agents_environment_templates_delete": agents_environment_templates_delete,
 }
+HANDLERS = restored_first(HANDLERS)

@@ -29,7 +29,7 @@ from typing import Any
 from sandboxd.errors import bad_request, not_found
 from sandboxd.openai_api.face import new_id
 from sandboxd.openai_api.inputs import known_keys, metadata
-from sandboxd.openai_api.registry import page
+from sandboxd.openai_api.registry import page, restored_first
 from sandboxd.openai_api.stores import owned, stores
 from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest
@@ -419,3 +419,4 @@ HANDLERS: dict[str, Any] = {
     "agents_vault_credentials_update": agents_vault_credentials_update,
     "agents_vault_credentials_delete": agents_vault_credentials_delete,
 }
+HANDLERS = restored_first(HANDLERS)
