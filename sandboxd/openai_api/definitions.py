@@ -4,8 +4,8 @@ Agent definitions (``client.beta.agents``): a named, reusable agent — which
 catalogue agent runs (``model``), its name and instructions — that a
 session (``agent_id``) or a response (``model: agent_…``) starts from.
 
-Definitions belong to the identity that made them and live in memory, like
-the sessions they configure.  Their MCP tools (:mod:`.tools`) are shown
+Definitions belong to the identity that made them and, with a state dir,
+outlive the daemon like the sessions they configure (:mod:`.store`).  Their MCP tools (:mod:`.tools`) are shown
 with every header value masked.
 """
 

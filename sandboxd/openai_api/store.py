@@ -1,13 +1,22 @@
 # -*- test-case-name: tests.openai_api.test_restart -*-
 """
 What the ``/v1`` door keeps under the state dir, so that sessions, their
-turns, items and events (and webhook endpoints) outlive the daemon.
+turns, items and events, stored responses, vaults and credentials,
+templates, definitions, environments and webhook endpoints outlive the
+daemon.
 
 One file per session (``openai/sessions/<id>.json``, 0600 in a 0700
-directory) and one for the webhook endpoints (``openai/webhooks.json``), written whole and renamed into place (a reader, or the next
-start, sees the old file or the new one), in the reactor's thread pool, a
-moment after the session changes (changes in that moment are written
-once).  Each file is bounded: the event log's newest
+directory; a conversation of responses is a hidden session, its responses'
+records in its file), one per kind of record (``openai/vaults.json``…,
+:data:`RECORD_KINDS`, each at most
+:data:`~sandboxd.policy.defaults.OPENAI_STATE_RECORDS_BYTES`) and one for
+the webhook endpoints (``openai/webhooks.json``), written whole and renamed
+into place (a reader, or the next start, sees the old file or the new one),
+in the reactor's thread pool, a moment after the session changes (changes
+in that moment are written once).  Secrets (credentials', webhook signing
+secrets, MCP header values, environment variables) are in these files as
+they are: the 0600 mode, the daemon's user and the 0700 directory are what
+protect them; they are never logged.  Each file is bounded: the event log's newest
 :data:`~sandboxd.policy.defaults.OPENAI_STATE_EVENT_BYTES`, the whole file
 :data:`~sandboxd.policy.defaults.OPENAI_STATE_FILE_BYTES`; at most
 :data:`~sandboxd.policy.defaults.OPENAI_STATE_SESSIONS` files are kept.
@@ -20,9 +29,11 @@ input starts one: it is ``idle``, a turn that was running or queued is
 log gets those events, so a client resuming with ``?after=`` learns it.
 Its owner is kept: another identity still gets a 404.
 
-The files are read when the door is first used, before its first answer
-(bounded by the caps above); a file that does not parse is set aside
-(``.bad``), never half-restored.
+The files are read when the door is first used, in the reactor's thread
+pool (:meth:`SessionStore.read`; the door's calls wait for it, see
+:mod:`.registry`), bounded by the caps above; a file that does not parse is
+set aside (``.bad``), never half-restored.  A session read back with
+nothing cut is not written again until it changes.
 """
 
 from __future__ import annotations

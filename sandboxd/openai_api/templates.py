@@ -7,8 +7,9 @@ files go on top.
 
 A template's paths and variables are checked when it is stored, so a bad
 one is refused then, not at every environment made from it.  Its inline
-files are kept in memory (bounded by the request size and
-:data:`~sandboxd.policy.defaults.OPENAI_MAX_TEMPLATES` per identity); a
+files are kept with it (bounded by the request size and
+:data:`~sandboxd.policy.defaults.OPENAI_MAX_TEMPLATES` per identity; with a
+state dir, in its 0600 file under it); a
 ``file_id`` is read from the caller's files when an environment is made.
 OpenAI's hosted settings (network, packages, setup commands, plugins,
 skills, desktop) are refused: the agent runs in this sandbox as it is.

@@ -15,7 +15,9 @@ variable, a file or a command line, and every output of the session
 swap a placeholder for the secret, the secret itself would have to sit in
 the environment of every command the agent runs.
 
-Held in memory, per owner, like the seed's.
+Held per owner in the door's registry; with a state dir they outlive the
+daemon in 0600 files (:mod:`.store`), secrets included, and stay
+write-only through the API after a restart.
 """
 
 from __future__ import annotations
