@@ -258,6 +258,36 @@ class KeptRecordsTests(RestartCase):
         self.assertLessEqual(left, {"files", "sessions"})
 
     @inlineCallbacks
+    def test_unreadable_file_set_aside(self) -> Any:
+        """
+        A kind's file that does not parse is set aside as ``.bad`` and that
+        kind starts empty; the other kinds are read back.
+        """
+        agents = self.client().beta.agents
+
+        def before() -> Any:
+            return agents.vaults.create(name="v"), agents.create(model="fake")
+
+        _, definition = yield self.sdk(before)
+        folder = os.path.join(self.state_dir, "openai")
+        path = os.path.join(folder, "vaults.json")
+        for _ in range(50):
+            if os.path.exists(path):
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        yield self.daemon.stop()
+        with open(path, "w") as f:
+            f.write('{"version": 1, "records": [')
+        yield self.start(state_dir=self.state_dir)
+        again = self.client().beta.agents
+        vaults, definitions = yield self.sdk(
+            lambda: (list(again.vaults.list()), list(again.list()))
+        )
+        self.assertEqual(vaults, [])
+        self.assertEqual([d.id for d in definitions], [definition.id])
+        self.assertTrue(os.path.exists(path + ".bad"))
+
+    @inlineCallbacks
     def test_secret_masked_after_restart(self) -> Any:
         """
         A session given a vault before the restart gets its credential again
