@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import logging
 import os
 import weakref
@@ -30,7 +29,7 @@ from twisted.internet.defer import Deferred, TimeoutError
 from twisted.python.failure import Failure
 
 from sandboxd.daemon.context import as_clock
-from sandboxd.errors import ApiError, Code, bad_request, not_found
+from sandboxd.errors import bad_request, not_found, unavailable
 from sandboxd.openai_api.face import IdempotencyBook, SessionFace
 from sandboxd.policy import defaults
 from sandboxd.waiters import Waiters
@@ -160,11 +159,8 @@ class Registry:
         def late(failure: Failure) -> Failure:
             if failure.check(TimeoutError):
                 return Failure(
-                    ApiError(
-                        503,
-                        "the /v1 state kept across restarts is still being read; retry",
-                        "RuntimeError",
-                        Code.UNAVAILABLE,
+                    unavailable(
+                        "the /v1 state kept across restarts is still being read; retry"
                     )
                 )
             return failure
@@ -223,13 +219,11 @@ class Registry:
         )
 
     def _records_bytes(self) -> dict[str, bytes]:
-        """Each kind of record as it stands, to compare with what was written."""
-        from sandboxd.openai_api.store import RECORD_KINDS
+        """Each kind of record as its file would hold it now."""
+        from sandboxd.openai_api.store import RECORD_KINDS, records_json
 
         return {
-            kind: json.dumps(
-                list(getattr(self, kind).values()), sort_keys=True
-            ).encode()
+            kind: records_json(list(getattr(self, kind).values()))
             for kind in RECORD_KINDS
         }
 
@@ -241,7 +235,9 @@ class Registry:
         for kind, now in self._records_bytes().items():
             if now != self._records_written.get(kind):
                 self._records_written[kind] = now
-                self.store.save_records(kind, list(getattr(self, kind).values()))
+                self.store.save_records(
+                    kind, list(getattr(self, kind).values()), data=now
+                )
 
     def flush_records(self) -> None:
         """The daemon stops: write the records now if a write was due."""

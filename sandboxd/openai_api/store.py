@@ -38,6 +38,7 @@ nothing cut is not written again until it changes.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -205,6 +206,34 @@ class Restored:
     records: dict[str, list[dict[str, Any]]]
 
 
+#: How bytes (a template's inline files) are written in a records file.
+_BYTES_KEY = "$bytes_b64"
+
+
+def _bytes_out(value: Any) -> Any:
+    """``json.dumps``'s ``default``: bytes as ``{"$bytes_b64": ...}``."""
+    if isinstance(value, bytes):
+        return {_BYTES_KEY: base64.b64encode(value).decode("ascii")}
+    raise TypeError(f"{type(value).__name__} cannot be kept")
+
+
+def _bytes_in(value: dict[str, Any]) -> Any:
+    """``json.loads``'s ``object_hook``: the bytes :func:`_bytes_out` wrote."""
+    if len(value) == 1 and _BYTES_KEY in value:
+        return base64.b64decode(value[_BYTES_KEY])
+    return value
+
+
+def records_json(records: list[dict[str, Any]]) -> bytes:
+    """One kind of record as its file holds it (bytes included)."""
+    return json.dumps(
+        {"version": VERSION, "records": records},
+        sort_keys=True,
+        separators=(",", ":"),
+        default=_bytes_out,
+    ).encode()
+
+
 def _read_file(path: str, limit: int) -> dict[str, Any] | None:
     """
     One whole-file record of this layout, or None when there is none; one
@@ -215,7 +244,7 @@ def _read_file(path: str, limit: int) -> dict[str, Any] | None:
             data = f.read(limit + 1)
         if len(data) > limit:
             raise ValueError(f"over {limit} bytes")
-        record = json.loads(data)
+        record = json.loads(data, object_hook=_bytes_in)
         if not isinstance(record, dict) or record.get("version") != VERSION:
             raise ValueError(f"version {record.get('version')!r}")
         return record
@@ -315,16 +344,21 @@ class SessionStore:
                 found[kind] = list(record["records"])
         return found
 
-    def save_records(self, kind: str, records: list[dict[str, Any]]) -> None:
+    def save_records(
+        self, kind: str, records: list[dict[str, Any]], data: bytes | None = None
+    ) -> None:
         """
         Keep one kind of the door's records, credentials' secrets included
         (the file is 0600, written whole); over
         :data:`~sandboxd.policy.defaults.OPENAI_STATE_RECORDS_BYTES` the
         last file written stays (and a warning says so).
+
+        :param data: ``records`` as :func:`records_json` makes them, when
+            the caller has them already.
         """
         if self.frozen:
             return
-        data = json.dumps({"version": VERSION, "records": records}).encode()
+        data = records_json(records) if data is None else data
         if len(data) > defaults.OPENAI_STATE_RECORDS_BYTES:
             log.warning("the /v1 %s are too large to keep; the last file stays", kind)
             return

@@ -9,6 +9,7 @@ waiting for it while ``/health`` answers.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -178,7 +179,8 @@ class KeptRecordsTests(RestartCase):
         """
         Each kind reads back after the restart with its owner (another
         identity lists none), a change made before it included; a
-        credential still shows no secret; the file holding them is 0600 and
+        template's inline file stages the same bytes; a credential still
+        shows no secret; the file holding them is 0600 and
         written whole.
         """
         client = self.client()
@@ -198,7 +200,17 @@ class KeptRecordsTests(RestartCase):
                     "token": TOKEN,
                 },
             )
-            template = agents.environments.templates.create(name="t", env={"A": "1"})
+            template = agents.environments.templates.create(
+                name="t",
+                env={"A": "1"},
+                files=[
+                    {
+                        "type": "inline",
+                        "path": "/workspace/a.txt",
+                        "data": base64.b64encode(b"\x00AAA").decode(),
+                    }
+                ],
+            )
             definition = agents.create(
                 model="fake", name="helper", instructions="be kind"
             )
@@ -216,7 +228,17 @@ class KeptRecordsTests(RestartCase):
         again = self.client().beta.agents
         other = self.client("o-token").beta.agents
 
+        later = os.path.join(self.base_dir, "later")
+        os.makedirs(later)
+
         def after() -> Any:
+            again.environments.create(
+                environment={
+                    "type": "self_hosted",
+                    "workspace_directory": later,
+                    "environment_template_id": template.id,
+                }
+            )
             return (
                 list(again.vaults.list()),
                 list(again.vaults.credentials.list(vault.id)),
@@ -246,7 +268,11 @@ class KeptRecordsTests(RestartCase):
         self.assertEqual(
             [(d.id, d.instructions) for d in definitions], [(definition.id, "be kind")]
         )
-        self.assertEqual([e.id for e in environments], [environment.id])
+        self.assertIn(environment.id, [e.id for e in environments])
+        self.assertEqual(len(environments), 2)
+        # The template's inline file came back as the bytes it was.
+        with open(os.path.join(later, "a.txt"), "rb") as f:
+            self.assertEqual(f.read(), b"\x00AAA")
         self.assertEqual(others, ([], [], [], []))
         folder = os.path.join(self.state_dir, "openai")
         for kind in store.RECORD_KINDS:
