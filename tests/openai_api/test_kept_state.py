@@ -284,6 +284,42 @@ class KeptRecordsTests(RestartCase):
         self.assertLessEqual(left, {"files", "sessions"})
 
     @inlineCallbacks
+    def test_environment_variables_after_restart(self) -> Any:
+        """
+        A session on a stored environment gets the environment's variables
+        again when its agent starts again after a restart.
+        """
+        agents = self.client().beta.agents
+        work = os.path.join(self.base_dir, "work")
+        os.makedirs(work)
+
+        def before() -> Any:
+            env = agents.environments.create(
+                environment={
+                    "type": "self_hosted",
+                    "workspace_directory": work,
+                    "env": {"GREETING": "kept"},
+                }
+            )
+            return agents.sessions.create(
+                agent={"model": "fake"},
+                environment={"type": "self_hosted", "id": env.id},
+            )
+
+        session = yield self.sdk(before)
+        yield self.restart()
+        sessions = self.client().beta.agents.sessions
+
+        def after() -> Any:
+            with sessions.stream(session.id, input="terminal printenv GREETING") as s:
+                list(s)
+            return list(sessions.items.list(session.id))
+
+        items = yield self.sdk(after)
+        command = next(i for i in items if i.type == "command_execution")
+        self.assertEqual(command.output, "kept\n")
+
+    @inlineCallbacks
     def test_unreadable_file_set_aside(self) -> Any:
         """
         A kind's file that does not parse is set aside as ``.bad`` and that
