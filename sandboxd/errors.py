@@ -492,7 +492,7 @@ def agent_error(message: str, **extra: Any) -> ApiError:
 
 
 def unavailable(message: str, type: str = "RuntimeError") -> ApiError:
-    """A 503 for an optional dependency that is missing."""
+    """A 503 for an optional dependency that is missing (or not ready yet)."""
     return ApiError(503, message, type, Code.UNAVAILABLE)
 
 

@@ -31,7 +31,7 @@ from sandboxd.access.guard import PathGuard
 from sandboxd.errors import ApiError, not_found
 from sandboxd.files.stream import FileProducer
 from sandboxd.openai_api.face import SessionFace, WireTurn, new_id
-from sandboxd.openai_api.registry import face_of, page
+from sandboxd.openai_api.registry import face_of, page, restored_first
 from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest, StreamResponse
 
@@ -286,3 +286,4 @@ HANDLERS: dict[str, Any] = {
     "agents_artifacts_delete": agents_artifacts_delete,
     "agents_artifacts_content": agents_artifacts_content,
 }
+HANDLERS = restored_first(HANDLERS)

@@ -22,6 +22,7 @@ from typing import Any
 
 from sandboxd.errors import Code, agent_error, agent_timeout, bad_request
 from sandboxd.openai_api.inputs import known_keys
+from sandboxd.openai_api.registry import restored_first
 from sandboxd.openai_api.responses import (
     _response,
     _usage,
@@ -137,3 +138,4 @@ async def agents_responses_compact(request: ServerRequest) -> dict[str, Any]:
 
 
 HANDLERS: dict[str, Any] = {"agents_responses_compact": agents_responses_compact}
+HANDLERS = restored_first(HANDLERS)

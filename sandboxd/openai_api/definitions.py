@@ -4,8 +4,8 @@ Agent definitions (``client.beta.agents``): a named, reusable agent — which
 catalogue agent runs (``model``), its name and instructions — that a
 session (``agent_id``) or a response (``model: agent_…``) starts from.
 
-Definitions belong to the identity that made them and live in memory, like
-the sessions they configure.  Their MCP tools (:mod:`.tools`) are shown
+Definitions belong to the identity that made them and, with a state dir,
+outlive the daemon like the sessions they configure (:mod:`.store`).  Their MCP tools (:mod:`.tools`) are shown
 with every header value masked.
 """
 
@@ -18,7 +18,7 @@ from sandboxd.agents import catalog
 from sandboxd.errors import bad_request, not_found
 from sandboxd.openai_api.face import new_id
 from sandboxd.openai_api.inputs import metadata
-from sandboxd.openai_api.registry import door, page
+from sandboxd.openai_api.registry import door, page, restored_first
 from sandboxd.openai_api.tools import describe_tools, parse_tools
 from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest
@@ -169,3 +169,4 @@ HANDLERS: dict[str, Any] = {
     "agents_definitions_update": agents_definitions_update,
     "agents_definitions_delete": agents_definitions_delete,
 }
+HANDLERS = restored_first(HANDLERS)

@@ -22,7 +22,7 @@ from sandboxd.access.guard import PathGuard
 from sandboxd.errors import bad_request, not_found
 from sandboxd.openai_api import staging, templates, vaults
 from sandboxd.openai_api.face import new_id
-from sandboxd.openai_api.registry import door, page
+from sandboxd.openai_api.registry import door, page, restored_first
 from sandboxd.openai_api.stores import stores
 from sandboxd.policy import defaults
 from sandboxd.processes.environment import validate_env
@@ -282,3 +282,4 @@ HANDLERS: dict[str, Any] = {
     "agents_environment_files_create": agents_environment_files_create,
     "agents_environment_files_list": agents_environment_files_list,
 }
+HANDLERS = restored_first(HANDLERS)

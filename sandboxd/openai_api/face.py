@@ -249,6 +249,8 @@ class SessionFace:
         self.failed = False
         #: A restored session's agent is being started again.
         self.reviving = False
+        #: A restored session's last event id as its file had it (0: none).
+        self.kept_seq = 0
         self.instructions = agent.get("instructions")
         self._starting: WireTurn | None = None
         self._open: dict[str, Any] | None = None
@@ -280,6 +282,7 @@ class SessionFace:
         log: EventLog,
         cwd: str,
         acp_session_id: str | None = None,
+        hidden: bool = False,
     ) -> SessionFace:
         """
         A session read back from the state dir: its agent ended with the
@@ -288,7 +291,7 @@ class SessionFace:
         again (:meth:`revive`).
         """
         face = cls.__new__(cls)
-        face._setup(face_id, owner, agent, environment, metadata, False, log)
+        face._setup(face_id, owner, agent, environment, metadata, hidden, log)
         # Nothing runs behind it: the stand-in answers the few questions
         # the routes ask of an engine (its state, its held requests).
         face.engine = cast("AgentSession", Dormant(cwd, acp_session_id))

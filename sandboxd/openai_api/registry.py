@@ -1,32 +1,52 @@
 # -*- test-case-name: tests.openai_api.test_sessions -*-
 """
 What the ``/v1`` door keeps beside the engine: the session faces, the
-responses, and the per-owner ``Idempotency-Key`` books of the creates.
+responses, the vaults, credentials, templates, definitions, environments
+and webhook endpoints, and the per-owner ``Idempotency-Key`` books of the
+creates.
 
 One :class:`Registry` per agent manager (the group's service), held in a
 weak map so the engine knows nothing of the door.  With a state dir,
-the sessions outlive the daemon (:mod:`.store`); their agents do not.
+all of it but the books outlives the daemon (:mod:`.store`); the agents
+do not.  What a previous daemon kept is read in the reactor's thread pool
+when the door is first used; every ``/v1`` handler waits for it
+(:func:`restored_first`), so the first answer already sees it while the
+rest of the daemon (``/health``) answers meanwhile.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+import logging
 import os
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sandboxd.errors import bad_request, not_found
+from twisted.internet.defer import Deferred, TimeoutError
+from twisted.python.failure import Failure
+
+from sandboxd.daemon.context import as_clock
+from sandboxd.errors import bad_request, not_found, unavailable
 from sandboxd.openai_api.face import IdempotencyBook, SessionFace
 from sandboxd.policy import defaults
+from sandboxd.waiters import Waiters
 from sandboxd.web.params import integer
 
 if TYPE_CHECKING:
     from sandboxd.agents.manager import AgentManager
     from sandboxd.daemon.context import Context
-    from sandboxd.openai_api.store import SessionStore
+    from sandboxd.openai_api.store import Restored, SessionStore
     from sandboxd.web.messages import ServerRequest
 
+log = logging.getLogger(__name__)
+
 _REGISTRIES: weakref.WeakKeyDictionary[Any, Registry] = weakref.WeakKeyDictionary()
+
+#: Methods that change nothing (after any other, the records are written).
+_READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 class Registry:
@@ -42,8 +62,26 @@ class Registry:
         self.deliveries = Deliveries(context, self.webhooks)
         self.faces: OrderedDict[str, SessionFace] = OrderedDict()
         self.responses: OrderedDict[str, Any] = OrderedDict()
+        #: Responses read back after a restart, as records with their
+        #: conversation, until :mod:`.responses` makes objects of them.
+        self.kept_responses: OrderedDict[str, tuple[dict[str, Any], SessionFace]] = (
+            OrderedDict()
+        )
         self.definitions: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.environments: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        #: Vaults, their credentials (with their secrets) and templates.
+        self.vaults: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.credentials: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.templates: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        #: Stored files and the like (:mod:`.stores`), made on first use.
+        self.stores: Any = None
+        #: What a previous daemon kept is still being read.
+        self.loading = False
+        self._loaded: Waiters[None] = Waiters()
+        self._records_due: Any = None
+        #: What was last written (or read) of each kind of record.
+        self._records_written: dict[str, bytes] = {}
+        self._context = context
         self._books: dict[tuple[str, str], IdempotencyBook] = {}
 
     def book(self, owner: str, route: str) -> IdempotencyBook:
@@ -82,7 +120,131 @@ class Registry:
         """A restored session's agent runs again: announce what follows."""
         from sandboxd.openai_api.webhooks import follow_session
 
-        follow_session(self.deliveries, face, created=False)
+        if not face.hidden:
+            follow_session(self.deliveries, face, created=False)
+
+    def responses_of(self, face: SessionFace) -> list[dict[str, Any]]:
+        """The stored responses of a conversation, as the records kept with it."""
+        made = [
+            r.record() for r in self.responses.values() if r.face is face and r.store
+        ]
+        kept = [record for record, f in self.kept_responses.values() if f is face]
+        return kept + made
+
+    # -- what a previous daemon kept ------------------------------------------------
+
+    def load(self, store: SessionStore) -> Deferred[None]:
+        """
+        Read what ``store`` kept, in a thread; calls wait for it
+        (:meth:`loaded`) until it is in.
+        """
+        self.loading = True
+        d: Deferred[Restored] = self._context.in_thread(store.read)
+        return d.addCallback(self._restored).addErrback(self._not_restored)
+
+    def loaded(self) -> Deferred[None]:
+        """
+        Fires once the kept state is in (at once when it is), or fails
+        with 503 after :data:`~sandboxd.policy.defaults.OPENAI_STATE_LOAD_SECONDS`.
+        """
+        if not self.loading:
+            d: Deferred[None] = Deferred()
+            d.callback(None)
+            return d
+        waited = self._loaded.wait()
+        waited.addTimeout(
+            defaults.OPENAI_STATE_LOAD_SECONDS, as_clock(self._context.reactor)
+        )
+
+        def late(failure: Failure) -> Failure:
+            if failure.check(TimeoutError):
+                return Failure(
+                    unavailable(
+                        "the /v1 state kept across restarts is still being read; retry"
+                    )
+                )
+            return failure
+
+        return waited.addErrback(late)
+
+    def _restored(self, restored: Restored) -> None:
+        """Put what was read in place (on the reactor), then let calls through."""
+        assert self.store is not None
+        for face, responses in restored.sessions:
+            self.faces[face.id] = face
+            for record in responses:
+                self.kept_responses[record["id"]] = (record, face)
+            self.store.watch(face, now=face.id in restored.changed)
+        for record in restored.webhooks:
+            self.webhooks[record["id"]] = record
+        for kind, records in restored.records.items():
+            held: OrderedDict[str, dict[str, Any]] = getattr(self, kind)
+            for record in records:
+                held[record["id"]] = record
+        self._records_written = self._records_bytes()
+        self._done_loading()
+
+    def _not_restored(self, failure: Failure) -> None:
+        """
+        Reading failed as a whole (the state dir is unreadable) or a record
+        could not be put in place: go on with what is in.
+        """
+        log.error(
+            "the /v1 state could not be read whole: %s; going on without the rest",
+            failure.getErrorMessage(),
+        )
+        self._done_loading()
+
+    def _done_loading(self) -> None:
+        self.loading = False
+        self._loaded.fire(None)
+
+    # -- the small records, written after the calls that may change them -------------
+
+    def records_changed(self) -> None:
+        """
+        A call that may have changed a vault, credential, template,
+        definition or environment ended: write them a moment later (once for
+        every change until then), if they changed.
+        """
+        if (
+            self.store is None
+            or self.store.frozen
+            or self.loading
+            or self._records_due is not None
+        ):
+            return
+        self._records_due = self._context.reactor.callLater(
+            defaults.OPENAI_STATE_SAVE_DELAY_SECONDS, self._write_records
+        )
+
+    def _records_bytes(self) -> dict[str, bytes]:
+        """Each kind of record as its file would hold it now."""
+        from sandboxd.openai_api.store import RECORD_KINDS, records_json
+
+        return {
+            kind: records_json(list(getattr(self, kind).values()))
+            for kind in RECORD_KINDS
+        }
+
+    def _write_records(self) -> None:
+        """Write each kind of record that changed since it was last written."""
+        self._records_due = None
+        if self.store is None:
+            return
+        for kind, now in self._records_bytes().items():
+            if now != self._records_written.get(kind):
+                self._records_written[kind] = now
+                self.store.save_records(
+                    kind, list(getattr(self, kind).values()), data=now
+                )
+
+    def flush_records(self) -> None:
+        """The daemon stops: write the records now if a write was due."""
+        due, self._records_due = self._records_due, None
+        if due is not None and due.active():
+            due.cancel()
+            self._write_records()
 
     def webhooks_changed(self) -> None:
         """The webhook endpoints changed: keep them."""
@@ -119,15 +281,53 @@ def _made(manager: AgentManager) -> Registry:
 
         store = SessionStore(context, os.path.join(state_dir, "openai"))
         made = Registry(context, store)
-        for face in store.load():
-            made.faces[face.id] = face
-            store.watch(face)
-        for record in store.load_webhooks():
-            made.webhooks[record["id"]] = record
+        store.responses_of = made.responses_of
+        made.load(store)
         # Written before the agents are ended, so their ends are not the sessions'.
+        manager.before_stop.append(made.flush_records)
         manager.before_stop.append(store.freeze)
     manager.before_stop.append(made.deliveries.stop)
     return made
+
+
+def restored_first(handlers: dict[str, Any]) -> dict[str, Any]:
+    """
+    ``handlers``, each run once what a previous daemon kept is read (at
+    once when it is), and followed, for a call that may change something,
+    by :meth:`Registry.records_changed`.
+    """
+    return {endpoint_id: _after_load(h) for endpoint_id, h in handlers.items()}
+
+
+def _after_load(handler: Callable[[ServerRequest], Any]) -> Callable[..., Any]:
+    @functools.wraps(handler)
+    def call(request: ServerRequest) -> Any:
+        reg = door(request)
+        if not reg.loading:
+            return _noted(reg, request, handler(request))
+        d = reg.loaded()
+        d.addCallback(lambda _: _noted(reg, request, handler(request)))
+        return d
+
+    return call
+
+
+def _noted(reg: Registry, request: ServerRequest, result: Any) -> Any:
+    """``result``, with the records written after it when the call may change them."""
+    if inspect.iscoroutine(result):
+        # Run now (as the dispatcher would), so it can follow a Deferred.
+        result = Deferred.fromCoroutine(result)
+    if request.method in _READS:
+        return result
+    if isinstance(result, Deferred):
+
+        def then(value: Any) -> Any:
+            reg.records_changed()
+            return value
+
+        return result.addBoth(then)
+    reg.records_changed()
+    return result
 
 
 def manager(request: ServerRequest) -> AgentManager:

@@ -7,11 +7,22 @@ session the caller does not see (one per conversation; a
 A streamed response is translated from the session's projected events as
 the turn runs (each agent message chunk is an ``output_text.delta`` the
 moment the agent sends it), not replayed after the turn as the seed does.
+
+With a state dir a stored response outlives the daemon: its record is kept
+in its conversation's session file (:mod:`.store`), so it is read back
+with the turns it shows.  After a restart its owner retrieves it, lists
+its input items and continues it with ``previous_response_id`` (the
+conversation's agent starts again); a response whose turn the restart cut
+is ``failed``.  Each identity keeps at most
+:data:`~sandboxd.policy.defaults.OPENAI_RESPONSES_PER_IDENTITY` responses
+(the oldest is forgotten); a conversation's file is bounded as every
+session's.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,16 +31,24 @@ from twisted.internet.defer import Deferred
 
 from sandboxd.agents import catalog
 from sandboxd.errors import bad_request, not_found
-from sandboxd.eventlog import Event
+from sandboxd.eventlog import Event, json_size
 from sandboxd.openai_api import definitions
 from sandboxd.openai_api.face import SessionFace, WireTurn, new_id
 from sandboxd.openai_api.inputs import known_keys, message_text, metadata
-from sandboxd.openai_api.registry import door, manager, page
-from sandboxd.openai_api.routes import open_session, submit_text
+from sandboxd.openai_api.registry import (
+    Registry,
+    door,
+    manager,
+    page,
+    restored_first,
+)
+from sandboxd.openai_api.routes import open_session, revive, submit_text
 from sandboxd.policy import defaults
 from sandboxd.waiters import Waiters
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
 from sandboxd.web.sse import Follower, SSEChannel, frame
+
+log = logging.getLogger(__name__)
 
 #: Keys ``POST /v1/responses`` honours.
 _KEYS = (
@@ -102,6 +121,8 @@ class WireResponse:
         self.store = body.get("store") is not False
         self.background = body.get("background") is True
         self.input_items = inputs
+        #: What the response costs its owner's bound (its input's bytes).
+        self.weight = json_size(inputs)
         self.log_from = log_from
         self.created_at = int(time.time())
         #: This response's part of its turn's items (a response that goes
@@ -117,6 +138,54 @@ class WireResponse:
         self.settled: Waiters[None] = Waiters()
         self._unsubscribe = face.log.subscribe(self._on_event)
         turn.waiters.wait().addCallback(self._ended)
+
+    #: What a response's record keeps (its face and turn are kept by id).
+    _KEPT = (
+        "id",
+        "owner",
+        "model",
+        "instructions",
+        "metadata",
+        "previous_response_id",
+        "store",
+        "background",
+        "input_items",
+        "log_from",
+        "created_at",
+        "items_from",
+        "items_until",
+        "approvals",
+        "paused_at",
+    )
+
+    def record(self) -> dict[str, Any]:
+        """What is kept of the response in its conversation's file."""
+        kept = {key: getattr(self, key) for key in self._KEPT}
+        kept["turn_id"] = self.turn.id
+        return kept
+
+    @classmethod
+    def restored(cls, record: dict[str, Any], face: SessionFace) -> WireResponse:
+        """
+        A response read back after a restart, on its restored conversation:
+        its turn has ended (or was failed by the restart), so it is settled.
+        """
+        response = cls.__new__(cls)
+        for key in cls._KEPT:
+            setattr(response, key, record[key])
+        response.face = face
+        response.turn = face.turns[record["turn_id"]]
+        response.weight = json_size(response.input_items)
+        response.settled = Waiters()
+        response._unsubscribe = lambda: None
+        if response.paused_at is not None and response.turn.status == "failed":
+            # It asked for approvals the restart took away: it shows its end.
+            response.approvals, response.paused_at, response.items_until = (
+                [],
+                None,
+                None,
+            )
+        return response
 
     @property
     def done(self) -> bool:
@@ -397,6 +466,10 @@ async def agents_responses_create(request: ServerRequest) -> Any:
                 "another, or gone); start a new response",
                 param="previous_response_id",
             )
+        if face.dormant:
+            # Read back after a restart: its agent starts again.
+            await _make_room(request)
+            await revive(request, face)
         face.require_live()
     else:
         agent = _agent(request, body["model"])
@@ -415,14 +488,14 @@ async def agents_responses_create(request: ServerRequest) -> Any:
     except Exception:
         if previous is None:
             await face.engine.close(reason="input_refused")
-            reg.faces.pop(face.id, None)
+            reg.forget(face.id)
         raise
     response = WireResponse(
         request.identity.id, face, turn, body, instructions, items, log_from
     )
     face.last_response_id = response.id
     reg.responses[response.id] = response
-    _bound(reg.responses)
+    _bound(request)
     book.store(key, body, response.id)
     if not response.store:
         turn.waiters.wait().addCallback(lambda _: _release(request, response))
@@ -484,7 +557,7 @@ async def _go_on(
     )
     face.last_response_id = response.id
     reg.responses[response.id] = response
-    _bound(reg.responses)
+    _bound(request)
     reg.book(request.identity.id, "responses").store(key, body, response.id)
     for found, reply in held:
         face.engine.held.reply(found, reply, request.identity.id, request.rule)
@@ -544,9 +617,43 @@ async def _make_room(request: ServerRequest) -> None:
         await oldest.engine.close(reason="evicted")
 
 
-def _bound(responses: Any) -> None:
-    while len(responses) > defaults.AGENT_KEPT_ITEMS:
-        responses.popitem(last=False)
+def _bound(request: ServerRequest) -> None:
+    """
+    At most :data:`~sandboxd.policy.defaults.OPENAI_RESPONSES_PER_IDENTITY`
+    responses of the caller, whose input items weigh at most
+    :data:`~sandboxd.policy.defaults.OPENAI_RESPONSES_BYTES_PER_IDENTITY`:
+    the oldest are forgotten (with their kept record: the next write of
+    their conversation leaves them out; a conversation left with none ends).
+    """
+    reg = door(request)
+    _materialize(reg)
+    mine = [r for r in reg.responses.values() if r.owner == request.identity.id]
+    weight = sum(r.weight for r in mine)
+    while mine and (
+        len(mine) > defaults.OPENAI_RESPONSES_PER_IDENTITY
+        or weight > defaults.OPENAI_RESPONSES_BYTES_PER_IDENTITY
+    ):
+        if len(mine) == 1:
+            break  # the one just made stays, whatever it weighs
+        gone = mine.pop(0)
+        weight -= gone.weight
+        reg.responses.pop(gone.id, None)
+        reg.changed(gone.face)
+        _close_if_unused(request, gone.face)
+
+
+def _materialize(reg: Registry) -> None:
+    """The responses read back after a restart, made objects (once)."""
+    while reg.kept_responses:
+        response_id, (record, face) = reg.kept_responses.popitem(last=False)
+        if face.id not in reg.faces:
+            continue  # its conversation was forgotten since
+        try:
+            restored = WireResponse.restored(record, face)
+        except (KeyError, TypeError) as e:
+            log.warning("response %s cannot be restored (%s)", response_id, e)
+            continue
+        reg.responses[response_id] = restored
 
 
 async def _answer(
@@ -574,7 +681,7 @@ def _release(request: ServerRequest, response: WireResponse) -> None:
 def _close_if_unused(request: ServerRequest, face: SessionFace) -> None:
     reg = door(request)
     if face.hidden and not any(r.face is face for r in reg.responses.values()):
-        reg.faces.pop(face.id, None)
+        reg.forget(face.id)
         Deferred.fromCoroutine(face.engine.close(reason="released"))
 
 
@@ -718,7 +825,9 @@ def _streamer(response: WireResponse, skip: int) -> Any:
 def _response(
     request: ServerRequest, response_id: str, param: str = "response_id"
 ) -> WireResponse:
-    found: WireResponse | None = door(request).responses.get(response_id)
+    reg = door(request)
+    _materialize(reg)
+    found: WireResponse | None = reg.responses.get(response_id)
     if found is None or found.owner != request.identity.id:
         raise not_found(f"No response found with id {response_id!r}", param=param)
     return found
@@ -762,7 +871,9 @@ async def agents_responses_cancel(request: ServerRequest) -> dict[str, Any]:
 def agents_responses_delete(request: ServerRequest) -> dict[str, Any]:
     """Forget the response (its conversation's agent ends with its last one)."""
     response = _response(request, request.path_params["response_id"])
-    door(request).responses.pop(response.id, None)
+    reg = door(request)
+    reg.responses.pop(response.id, None)
+    reg.changed(response.face)
     if not response.turn.ended:
         response.face.cancel_turn(response.turn)
     _close_if_unused(request, response.face)
@@ -782,3 +893,4 @@ HANDLERS: dict[str, Any] = {
     "agents_responses_delete": agents_responses_delete,
     "agents_responses_input_items": agents_responses_input_items,
 }
+HANDLERS = restored_first(HANDLERS)

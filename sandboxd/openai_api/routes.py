@@ -28,7 +28,13 @@ from sandboxd.errors import (
 from sandboxd.openai_api import artifacts, definitions, environments, tools, vaults
 from sandboxd.openai_api.face import SessionFace, WireTurn
 from sandboxd.openai_api.inputs import known_keys, message_text, metadata
-from sandboxd.openai_api.registry import door, face_of, manager, page
+from sandboxd.openai_api.registry import (
+    door,
+    face_of,
+    manager,
+    page,
+    restored_first,
+)
 from sandboxd.openai_api.stream import follow, resume_after
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
 
@@ -253,7 +259,9 @@ async def revive(request: ServerRequest, face: SessionFace) -> None:
     """
     New input for a session restored after a restart: its agent starts
     again in the same directory, resuming the agent's own session
-    (``session/load``) when the agent can, else as a fresh one.
+    (``session/load``) when the agent can, else as a fresh one, with its
+    stored environment's variables and its MCP tools bound to its vaults'
+    credentials again (their secrets masked in its output, as before).
     """
     if face.reviving:
         raise agent_unavailable("the session's agent is starting again; retry")
@@ -266,20 +274,31 @@ async def revive(request: ServerRequest, face: SessionFace) -> None:
         }
         if face.agent.get("name"):
             engine_body["title"] = face.agent["name"]
+        kept_env = door(request).environments.get(face.environment.get("id") or "")
+        if kept_env is not None and kept_env["owner"] == face.owner and kept_env["env"]:
+            engine_body["env"] = dict(kept_env["env"])
+        servers, _, secrets = tools.bind(
+            request, face.agent.get("tools") or [], face.vault_ids
+        )
+        if servers:
+            engine_body["mcp_servers"] = servers
         started = attrs.evolve(request, body=engine_body)
         created = None
         acp_session_id = face.engine.acp_session_id
         if acp_session_id:
             try:
                 created = await mgr.create(
-                    started, load={"acp_session_id": acp_session_id, "replay": True}
+                    started,
+                    load={"acp_session_id": acp_session_id, "replay": True},
+                    handed=tuple(secrets),
                 )
             except ApiError as e:
                 if e.code == Code.TOO_MANY_SESSIONS:
                     raise
         if created is None:
-            created = await mgr.create(started)
+            created = await mgr.create(started, handed=tuple(secrets))
         face.revive(mgr.sessions[created["session_id"]])
+        face.redactor.add(secrets)
         door(request).revived(face)
     finally:
         face.reviving = False
@@ -606,3 +625,4 @@ HANDLERS: dict[str, Any] = {
     "agents_cannot_executor_registration": agents_cannot_executor_registration,
     "agents_cannot_executor_channel": agents_cannot_executor_channel,
 }
+HANDLERS = restored_first(HANDLERS)

@@ -1,13 +1,22 @@
 # -*- test-case-name: tests.openai_api.test_restart -*-
 """
 What the ``/v1`` door keeps under the state dir, so that sessions, their
-turns, items and events (and webhook endpoints) outlive the daemon.
+turns, items and events, stored responses, vaults and credentials,
+templates, definitions, environments and webhook endpoints outlive the
+daemon.
 
 One file per session (``openai/sessions/<id>.json``, 0600 in a 0700
-directory) and one for the webhook endpoints (``openai/webhooks.json``), written whole and renamed into place (a reader, or the next
-start, sees the old file or the new one), in the reactor's thread pool, a
-moment after the session changes (changes in that moment are written
-once).  Each file is bounded: the event log's newest
+directory; a conversation of responses is a hidden session, its responses'
+records in its file), one per kind of record (``openai/vaults.json``…,
+:data:`RECORD_KINDS`, each at most
+:data:`~sandboxd.policy.defaults.OPENAI_STATE_RECORDS_BYTES`) and one for
+the webhook endpoints (``openai/webhooks.json``), written whole and renamed
+into place (a reader, or the next start, sees the old file or the new one),
+in the reactor's thread pool, a moment after the session changes (changes
+in that moment are written once).  Secrets (credentials', webhook signing
+secrets, MCP header values, environment variables) are in these files as
+they are: the 0600 mode, the daemon's user and the 0700 directory are what
+protect them; they are never logged.  Each file is bounded: the event log's newest
 :data:`~sandboxd.policy.defaults.OPENAI_STATE_EVENT_BYTES`, the whole file
 :data:`~sandboxd.policy.defaults.OPENAI_STATE_FILE_BYTES`; at most
 :data:`~sandboxd.policy.defaults.OPENAI_STATE_SESSIONS` files are kept.
@@ -20,19 +29,23 @@ input starts one: it is ``idle``, a turn that was running or queued is
 log gets those events, so a client resuming with ``?after=`` learns it.
 Its owner is kept: another identity still gets a 404.
 
-The files are read when the door is first used, before its first answer
-(bounded by the caps above); a file that does not parse is set aside
-(``.bad``), never half-restored.
+The files are read when the door is first used, in the reactor's thread
+pool (:meth:`SessionStore.read`; the door's calls wait for it, see
+:mod:`.registry`), bounded by the caps above; a file that does not parse is
+set aside (``.bad``), never half-restored.  A session read back with
+nothing cut is not written again until it changes.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import attrs
 from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.python.failure import Failure
 
@@ -86,17 +99,23 @@ def _event_tail(events: list[Event]) -> list[list[Any]]:
     return kept
 
 
-def snapshot(face: SessionFace) -> bytes | None:
+def snapshot(
+    face: SessionFace, responses: list[dict[str, Any]] | None = None
+) -> bytes | None:
     """
     The session as the bytes of its file; None when even without its
     events it is over :data:`OPENAI_STATE_FILE_BYTES` (then the last file
     written stays).
+
+    :param responses: the stored responses of a conversation (a hidden
+        session's), kept in its file with it.
     """
     _, events = face.log.since(0)
     record: dict[str, Any] = {
         "version": VERSION,
         "id": face.id,
         "owner": face.owner,
+        "hidden": face.hidden,
         "agent": face.agent,
         "environment": face.environment,
         "metadata": face.metadata,
@@ -104,6 +123,12 @@ def snapshot(face: SessionFace) -> bytes | None:
         "last_active_at": face.last_active_at,
         "cwd": face.engine.cwd,
         "acp_session_id": face.engine.acp_session_id,
+        "vault_ids": face.vault_ids,
+        "credential_ids": face.credential_ids,
+        "tools": face.tools,
+        "instructions": face.instructions,
+        "last_response_id": face.last_response_id,
+        "responses": responses or [],
         "turns": [_turn_record(t) for t in face.turns.values()],
         "last_seq": face.log.last_seq,
         "events": _event_tail(events),
@@ -136,9 +161,16 @@ def restore(record: dict[str, Any]) -> SessionFace:
         log,
         record.get("cwd") or "",
         record.get("acp_session_id"),
+        hidden=bool(record.get("hidden")),
     )
     face.created_at = record["created_at"]
     face.last_active_at = record["last_active_at"]
+    face.kept_seq = int(record["last_seq"])
+    face.vault_ids = list(record.get("vault_ids") or [])
+    face.credential_ids = list(record.get("credential_ids") or [])
+    face.tools = list(record.get("tools") or [])
+    face.instructions = record.get("instructions", face.instructions)
+    face.last_response_id = record.get("last_response_id")
     for saved in record["turns"]:
         turn = WireTurn(face, "", [])
         turn.id = saved["id"]
@@ -157,6 +189,73 @@ def restore(record: dict[str, Any]) -> SessionFace:
 
 # -- the store -------------------------------------------------------------------
 
+#: The door's other records, one file each (``<kind>.json``).
+RECORD_KINDS = ("vaults", "credentials", "templates", "definitions", "environments")
+
+
+@attrs.frozen
+class Restored:
+    """What a previous daemon kept, read back."""
+
+    #: Each session (oldest first) with its stored responses' records.
+    sessions: list[tuple[SessionFace, list[dict[str, Any]]]]
+    #: The ids of those whose restoring added events (their files are stale).
+    changed: set[str]
+    webhooks: list[dict[str, Any]]
+    #: :data:`RECORD_KINDS` to their records (missing kinds: none kept).
+    records: dict[str, list[dict[str, Any]]]
+
+
+#: How bytes (a template's inline files) are written in a records file.
+_BYTES_KEY = "$bytes_b64"
+
+
+def _bytes_out(value: Any) -> Any:
+    """``json.dumps``'s ``default``: bytes as ``{"$bytes_b64": ...}``."""
+    if isinstance(value, bytes):
+        return {_BYTES_KEY: base64.b64encode(value).decode("ascii")}
+    raise TypeError(f"{type(value).__name__} cannot be kept")
+
+
+def _bytes_in(value: dict[str, Any]) -> Any:
+    """``json.loads``'s ``object_hook``: the bytes :func:`_bytes_out` wrote."""
+    if len(value) == 1 and _BYTES_KEY in value:
+        return base64.b64decode(value[_BYTES_KEY])
+    return value
+
+
+def records_json(records: list[dict[str, Any]]) -> bytes:
+    """One kind of record as its file holds it (bytes included)."""
+    return json.dumps(
+        {"version": VERSION, "records": records},
+        sort_keys=True,
+        separators=(",", ":"),
+        default=_bytes_out,
+    ).encode()
+
+
+def _read_file(path: str, limit: int) -> dict[str, Any] | None:
+    """
+    One whole-file record of this layout, or None when there is none; one
+    that does not parse (or is over ``limit``) is set aside as ``.bad``.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise ValueError(f"over {limit} bytes")
+        record = json.loads(data, object_hook=_bytes_in)
+        if not isinstance(record, dict) or record.get("version") != VERSION:
+            raise ValueError(f"version {record.get('version')!r}")
+        return record
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        log.warning("set aside %s: it cannot be restored (%s)", path, e)
+        remove_if_there(path + ".bad")
+        os.replace(path, path + ".bad")
+        return None
+
 
 class SessionStore:
     """
@@ -174,17 +273,33 @@ class SessionStore:
         self._faces: dict[str, SessionFace] = {}
         self._writing: dict[str, Deferred[None]] = {}
         self._watching: dict[str, Callable[[], None]] = {}
+        #: The stored responses of a conversation, as records (the registry's).
+        self.responses_of: Callable[[SessionFace], list[dict[str, Any]]] = lambda face: []
 
     def path(self, face_id: str) -> str:
         """The file of one session."""
         return os.path.join(self.directory, face_id + ".json")
 
-    # -- reading (once, at the door's first use) --------------------------------
+    # -- reading (once, at the door's first use, in a thread) ---------------------
 
-    def load(self) -> list[SessionFace]:
+    def read(self) -> Restored:
+        """
+        Everything a previous daemon kept, read and parsed (blocking: the
+        registry runs this in the reactor's thread pool).
+        """
+        sessions = self.load()
+        # A session restored again with nothing cut says nothing new: its
+        # file is as it was, and is not written again.
+        changed = {
+            face.id for face, _ in sessions if face.log.last_seq != face.kept_seq
+        }
+        return Restored(sessions, changed, self.load_webhooks(), self.load_records())
+
+    def load(self) -> list[tuple[SessionFace, list[dict[str, Any]]]]:
         """
         The kept sessions, oldest first (the newest
-        :data:`OPENAI_STATE_SESSIONS`; older files are removed).
+        :data:`OPENAI_STATE_SESSIONS`; older files are removed), each with
+        the records of its stored responses.
         """
         os.makedirs(self.root, mode=0o700, exist_ok=True)
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
@@ -199,7 +314,7 @@ class SessionStore:
                     record = json.loads(f.read(defaults.OPENAI_STATE_FILE_BYTES + 1))
                 if record.get("version") != VERSION:
                     raise ValueError(f"version {record.get('version')!r}")
-                faces.append(restore(record))
+                faces.append((restore(record), list(record.get("responses") or [])))
             except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
                 log.warning("set aside %s: it cannot be restored (%s)", path, e)
                 os.replace(path, path + ".bad")
@@ -208,18 +323,46 @@ class SessionStore:
     def load_webhooks(self) -> list[dict[str, Any]]:
         """The webhook endpoints kept (an unreadable file is set aside)."""
         path = os.path.join(self.root, "webhooks.json")
-        try:
-            with open(path, "rb") as f:
-                record = json.loads(f.read(defaults.OPENAI_STATE_FILE_BYTES + 1))
-            if record.get("version") != VERSION:
-                raise ValueError(f"version {record.get('version')!r}")
-            return list(record["endpoints"])
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            log.warning("set aside %s: it cannot be restored (%s)", path, e)
-            os.replace(path, path + ".bad")
-            return []
+        record = _read_file(path, defaults.OPENAI_STATE_FILE_BYTES)
+        return list(record["endpoints"]) if record else []
+
+    def records_path(self, kind: str) -> str:
+        """The file of one kind of record (``vaults.json``…)."""
+        return os.path.join(self.root, kind + ".json")
+
+    def load_records(self) -> dict[str, list[dict[str, Any]]]:
+        """
+        The vaults, credentials, templates, definitions and environments
+        kept, by kind (an unreadable file is set aside, the others read).
+        """
+        found = {}
+        for kind in RECORD_KINDS:
+            record = _read_file(
+                self.records_path(kind), defaults.OPENAI_STATE_RECORDS_BYTES
+            )
+            if record is not None:
+                found[kind] = list(record["records"])
+        return found
+
+    def save_records(
+        self, kind: str, records: list[dict[str, Any]], data: bytes | None = None
+    ) -> None:
+        """
+        Keep one kind of the door's records, credentials' secrets included
+        (the file is 0600, written whole); over
+        :data:`~sandboxd.policy.defaults.OPENAI_STATE_RECORDS_BYTES` the
+        last file written stays (and a warning says so).
+
+        :param data: ``records`` as :func:`records_json` makes them, when
+            the caller has them already.
+        """
+        if self.frozen:
+            return
+        data = records_json(records) if data is None else data
+        if len(data) > defaults.OPENAI_STATE_RECORDS_BYTES:
+            log.warning("the /v1 %s are too large to keep; the last file stays", kind)
+            return
+        self._after_writes(kind, write_private, self.records_path(kind), data)
 
     def save_webhooks(self, endpoints: list[dict[str, Any]]) -> None:
         """Keep the webhook endpoints (with their secrets: the file is 0600)."""
@@ -239,13 +382,19 @@ class SessionStore:
 
     # -- writing ------------------------------------------------------------------
 
-    def watch(self, face: SessionFace) -> None:
-        """Write ``face`` a moment after each of its changes."""
-        if face.hidden or face.id in self._watching:
+    def watch(self, face: SessionFace, now: bool = True) -> None:
+        """
+        Write ``face`` a moment after each of its changes.
+
+        :param now: write it soon even before it changes (a new session;
+            a restored one whose file is as it is needs no write).
+        """
+        if face.id in self._watching:
             return
         self._faces[face.id] = face
         self._watching[face.id] = face.log.subscribe(lambda _: self.changed(face))
-        self.changed(face)
+        if now:
+            self.changed(face)
 
     def changed(self, face: SessionFace) -> None:
         """``face`` changed: write it soon (once for every change until then)."""
@@ -268,7 +417,7 @@ class SessionStore:
 
     def _save(self, face: SessionFace) -> Deferred[None]:
         self._due.pop(face.id, None)
-        data = snapshot(face)
+        data = snapshot(face, self.responses_of(face))
         if data is None:
             log.warning("session %s is too large to keep; its last file stays", face.id)
             return succeed(None)

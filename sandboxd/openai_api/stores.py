@@ -4,14 +4,15 @@ Where the ``/v1`` door keeps the files, vaults and templates its callers
 store: one :class:`Stores` per door registry, made on first use.
 
 Files are bytes on disk, under the daemon's state directory (they outlive
-the daemon, with their owner); vaults and templates are held in memory
-(a credential's secret is never written anywhere).
+the daemon, with their owner).  Vaults, credentials and templates are the
+registry's records: with a state dir they are written whole to one 0600
+file (:mod:`.store`), a credential's secret with them, and read back at
+the next start; nothing else ever holds a secret (no answer, no log line).
 """
 
 from __future__ import annotations
 
 import os
-import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -21,8 +22,6 @@ from sandboxd.openai_api.registry import door
 if TYPE_CHECKING:
     from sandboxd.openai_api.registry import Registry
     from sandboxd.web.messages import ServerRequest
-
-_STORES: weakref.WeakKeyDictionary[Registry, Stores] = weakref.WeakKeyDictionary()
 
 
 def state_dir(context: Any) -> str:
@@ -41,21 +40,22 @@ def state_dir(context: Any) -> str:
 
 
 class Stores:
-    """The door's stored files, vaults and templates."""
+    """The door's stored files, and its registry's vaults and templates."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, reg: Registry) -> None:
         self.files = FileStore(os.path.join(root, "openai", "files"))
-        self.vaults: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        self.credentials: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        self.templates: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.vaults = reg.vaults
+        self.credentials = reg.credentials
+        self.templates = reg.templates
 
 
 def stores(request: ServerRequest) -> Stores:
     """The stores of the door ``request`` came through."""
     reg = door(request)
-    found = _STORES.get(reg)
+    found = reg.stores
     if found is None:
-        found = _STORES[reg] = Stores(state_dir(request.context))
+        found = reg.stores = Stores(state_dir(request.context), reg)
+    assert isinstance(found, Stores)
     return found
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from sandboxd.errors import not_found
-from sandboxd.openai_api.registry import face_of, page
+from sandboxd.openai_api.registry import face_of, page, restored_first
 from sandboxd.web.messages import ServerRequest
 
 
@@ -63,3 +63,4 @@ HANDLERS: dict[str, Any] = {
     "agents_subagents_turns_get": agents_subagents_turns_get,
     "agents_subagents_turns_items_list": agents_subagents_turns_items_list,
 }
+HANDLERS = restored_first(HANDLERS)

@@ -7,8 +7,9 @@ files go on top.
 
 A template's paths and variables are checked when it is stored, so a bad
 one is refused then, not at every environment made from it.  Its inline
-files are kept in memory (bounded by the request size and
-:data:`~sandboxd.policy.defaults.OPENAI_MAX_TEMPLATES` per identity); a
+files are kept with it (bounded by the request size and
+:data:`~sandboxd.policy.defaults.OPENAI_MAX_TEMPLATES` per identity; with a
+state dir, in its 0600 file under it); a
 ``file_id`` is read from the caller's files when an environment is made.
 OpenAI's hosted settings (network, packages, setup commands, plugins,
 skills, desktop) are refused: the agent runs in this sandbox as it is.
@@ -23,7 +24,7 @@ from sandboxd.errors import bad_request, not_found
 from sandboxd.openai_api import files, staging
 from sandboxd.openai_api.face import new_id
 from sandboxd.openai_api.inputs import known_keys
-from sandboxd.openai_api.registry import page
+from sandboxd.openai_api.registry import page, restored_first
 from sandboxd.openai_api.stores import owned, stores
 from sandboxd.policy import defaults
 from sandboxd.processes.environment import validate_env
@@ -223,3 +224,4 @@ HANDLERS: dict[str, Any] = {
     "agents_environment_templates_update": agents_environment_templates_update,
     "agents_environment_templates_delete": agents_environment_templates_delete,
 }
+HANDLERS = restored_first(HANDLERS)

@@ -14,7 +14,7 @@ import hashlib
 from typing import Any
 
 from sandboxd.openai_api.face import SessionFace, WireTurn
-from sandboxd.openai_api.registry import face_of, page
+from sandboxd.openai_api.registry import face_of, page, restored_first
 from sandboxd.web.messages import ServerRequest
 
 #: The OTLP resource's ``service.name`` and the instrumentation scope.
@@ -87,3 +87,4 @@ def agents_traces_list(request: ServerRequest) -> dict[str, Any]:
 
 
 HANDLERS: dict[str, Any] = {"agents_traces_list": agents_traces_list}
+HANDLERS = restored_first(HANDLERS)

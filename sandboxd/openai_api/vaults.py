@@ -15,7 +15,9 @@ variable, a file or a command line, and every output of the session
 swap a placeholder for the secret, the secret itself would have to sit in
 the environment of every command the agent runs.
 
-Held in memory, per owner, like the seed's.
+Held per owner in the door's registry; with a state dir they outlive the
+daemon in 0600 files (:mod:`.store`), secrets included, and stay
+write-only through the API after a restart.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 from sandboxd.errors import bad_request, not_found
 from sandboxd.openai_api.face import new_id
 from sandboxd.openai_api.inputs import known_keys, metadata
-from sandboxd.openai_api.registry import page
+from sandboxd.openai_api.registry import page, restored_first
 from sandboxd.openai_api.stores import owned, stores
 from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest
@@ -419,3 +421,4 @@ HANDLERS: dict[str, Any] = {
     "agents_vault_credentials_update": agents_vault_credentials_update,
     "agents_vault_credentials_delete": agents_vault_credentials_delete,
 }
+HANDLERS = restored_first(HANDLERS)

@@ -18,7 +18,7 @@ from typing import Any
 from sandboxd.errors import bad_request, not_found, remote_error
 from sandboxd.openai_api.face import new_id
 from sandboxd.openai_api.inputs import known_keys
-from sandboxd.openai_api.registry import door, page
+from sandboxd.openai_api.registry import door, page, restored_first
 from sandboxd.openai_api.webhooks import (
     EVENT_TYPES,
     DeliveryFailed,
@@ -229,3 +229,4 @@ HANDLERS: dict[str, Any] = {
     "agents_webhooks_test": agents_webhooks_test,
     "agents_webhook_event_types": agents_webhook_event_types,
 }
+HANDLERS = restored_first(HANDLERS)

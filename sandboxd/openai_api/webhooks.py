@@ -23,6 +23,12 @@ waiting or being retried (a new event past that is dropped and logged)
 and :data:`~sandboxd.policy.defaults.WEBHOOK_IN_FLIGHT_PER_IDENTITY` in
 flight.
 
+Every attempt is one audit line (``"event": "webhook_delivery"``): the
+webhook endpoint's id, the event's type and id, the attempt's number, the
+receiver's status and what became of the delivery (``delivered``,
+``retrying``, ``failed``, ``skipped``), never the secret, the URL or the
+body.
+
 Where a delivery may go is the policy's network rule for the
 ``agents_webhooks_create`` endpoint: ``url_schemes``, ``url_allow`` and
 ``url_deny``, and ``block_private_networks`` — on unless a policy layer
@@ -54,6 +60,7 @@ from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from sandboxd.access.audit import make_record
 from sandboxd.browser.urlpolicy import ip_literal, is_loopback_name, is_private_address
 from sandboxd.daemon.context import as_clock
 from sandboxd.errors import ApiError, Code, bad_request, forbidden, policy_rule
@@ -333,6 +340,8 @@ class Delivery:
     endpoint_id: str
     event: dict[str, Any]
     attempts: int = 0
+    #: When the latest attempt began (``time.monotonic()``), for its audit line.
+    started: float = 0.0
 
 
 class Deliveries:
@@ -396,6 +405,7 @@ class Deliveries:
         endpoint = self.endpoints.get(delivery.endpoint_id)
         status: int | None = None
         why = "the endpoint was deleted"
+        delivery.started = time.monotonic()
         if endpoint is not None:
             delivery.attempts += 1
             try:
@@ -410,9 +420,11 @@ class Deliveries:
         self._in_flight[owner] -= 1
         if status is not None and 200 <= status < 300:
             self.counts["delivered"] += 1
+            self._audit(delivery, status, "delivered", None)
             self._release(owner)
         elif endpoint is not None and delivery.attempts < defaults.WEBHOOK_ATTEMPTS:
             self.counts["retried"] += 1
+            self._audit(delivery, status, "retrying", why)
             delay = defaults.WEBHOOK_BACKOFF_SECONDS[delivery.attempts - 1]
             log.info(
                 "webhook %s to %s: %s; attempt %d in %gs",
@@ -426,6 +438,8 @@ class Deliveries:
             self._retries.add(call)
         else:
             self.counts["failed"] += 1
+            result = "failed" if endpoint is not None else "skipped"
+            self._audit(delivery, status, result, why)
             log.warning(
                 "webhook %s to %s given up after %d attempts: %s",
                 delivery.event["type"],
@@ -435,6 +449,46 @@ class Deliveries:
             )
             self._release(owner)
         self._pump(owner)
+
+    def _audit(
+        self, delivery: Delivery, status: int | None, result: str, why: str | None
+    ) -> None:
+        """
+        One audit line for one attempt: which endpoint, which event, which
+        attempt, what came of it; nothing a receiver could be impersonated
+        or read with (no secret, URL or body).
+        """
+        record = make_record(
+            identity=delivery.owner,
+            endpoint=None,
+            method="POST",
+            path="",
+            query="",
+            status=status or 0,
+            # A receiver that answered (even 5xx) was reached; one that did
+            # not answer is an upstream that was not there.
+            code=(
+                None
+                if status or result == "skipped"
+                else str(Code.UPSTREAM_UNAVAILABLE)
+            ),
+            rule=None,
+            started=delivery.started,
+            bytes_in=0,
+            bytes_out=0,
+            client="",
+        )
+        record.update(
+            via="openai",
+            event="webhook_delivery",
+            webhook_endpoint_id=delivery.endpoint_id,
+            event_type=delivery.event["type"],
+            event_id=delivery.event["id"],
+            attempt=delivery.attempts,
+            result=result,
+            reason=None if why is None else why[:200],
+        )
+        self.context.audit.write(record)
 
     def _retry(self, delivery: Delivery) -> None:
         self._retries = {c for c in self._retries if c.active()}

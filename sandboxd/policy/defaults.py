@@ -201,6 +201,16 @@ OPENAI_STATE_SESSIONS = 100
 OPENAI_STATE_EVENT_BYTES = 256 * KIB
 OPENAI_STATE_FILE_BYTES = 1 * MIB
 OPENAI_STATE_SAVE_DELAY_SECONDS = 1.0
+#: The /v1 door's vaults, credentials, templates, definitions and
+#: environments, kept in one file: at most this many bytes (else the last
+#: file written stays).
+OPENAI_STATE_RECORDS_BYTES = 16 * MIB
+#: How long a /v1 call waits for the kept state to be read after a start.
+OPENAI_STATE_LOAD_SECONDS = 60.0
+#: Stored responses per identity, and the bytes of their input items (the
+#: oldest is forgotten past either).
+OPENAI_RESPONSES_PER_IDENTITY = 200
+OPENAI_RESPONSES_BYTES_PER_IDENTITY = 8 * MIB
 
 # The /v1 door's webhooks: endpoints per identity, deliveries waiting (or
 # being retried) per identity, one delivery's timeout, the attempts of one

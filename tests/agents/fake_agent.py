@@ -164,6 +164,9 @@ class FakeAgent(Agent):
         if "--no-load" in FLAGS:
             raise RequestError.method_not_found("session/load")
         self.cancelled[session_id] = asyncio.Event()
+        self.mcp_servers[session_id] = [
+            m.model_dump(by_alias=True, exclude_none=True) for m in mcp_servers or []
+        ]
         await self.conn.session_update(
             session_id, update_user_message_text("hello from before")
         )

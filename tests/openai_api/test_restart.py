@@ -17,8 +17,8 @@ from twisted.internet.defer import inlineCallbacks
 from tests.openai_api.sdk import OpenAICase, caught
 
 
-class RestartTests(OpenAICase):
-    """A daemon stopped and started again on the same state dir."""
+class RestartCase(OpenAICase):
+    """A daemon with a state dir, that a test stops and starts again on it."""
 
     autostart = False
 
@@ -32,6 +32,10 @@ class RestartTests(OpenAICase):
         d = self.daemon.stop()
         d.addCallback(lambda _: self.start(state_dir=self.state_dir))
         return d
+
+
+class RestartTests(RestartCase):
+    """A daemon stopped and started again on the same state dir."""
 
     @inlineCallbacks
     def test_session_survives_restart(self) -> Any:

@@ -19,11 +19,22 @@ from sandboxd.openai_api import webhooks
 from sandboxd.policy import defaults
 
 
+class FakeAudit:
+    """The audit trail, as the records written to it."""
+
+    def __init__(self) -> None:
+        self.lines: list[dict[str, Any]] = []
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.lines.append(record)
+
+
 class FakeContext:
-    """What the deliveries ask of the daemon: a clock."""
+    """What the deliveries ask of the daemon: a clock and an audit trail."""
 
     def __init__(self) -> None:
         self.reactor = Clock()
+        self.audit = FakeAudit()
 
 
 class DeliveryTests(SynchronousTestCase):
@@ -71,6 +82,49 @@ class DeliveryTests(SynchronousTestCase):
         self.context.reactor.advance(3600)
         self.assertEqual(len(self.attempts), defaults.WEBHOOK_ATTEMPTS)
         self.assertEqual(self.deliveries.counts["failed"], 1)
+
+    def test_each_attempt_audited(self) -> None:
+        """
+        Every attempt is one audit line naming the webhook endpoint, the
+        event, the attempt's number, the receiver's status and the
+        outcome; none carries the secret, the URL or the body.
+        """
+        self.emit()
+        self.attempts[0][1].callback(500)
+        self.context.reactor.advance(defaults.WEBHOOK_BACKOFF_SECONDS[0])
+        self.attempts[1][1].errback(webhooks.DeliveryFailed("refused"))
+        self.context.reactor.advance(defaults.WEBHOOK_BACKOFF_SECONDS[1])
+        self.attempts[2][1].callback(204)
+        lines = self.context.audit.lines
+        self.assertEqual(
+            [
+                (r["event"], r["webhook_endpoint_id"], r["attempt"], r["status"])
+                for r in lines
+            ],
+            [
+                ("webhook_delivery", "we_1", n, s)
+                for n, s in ((1, 500), (2, 0), (3, 204))
+            ],
+        )
+        self.assertEqual(
+            [(r["result"], r["code"]) for r in lines],
+            [
+                ("retrying", None),
+                ("retrying", "upstream_unavailable"),
+                ("delivered", None),
+            ],
+        )
+        self.assertEqual({r["identity"] for r in lines}, {"alice"})
+        self.assertEqual({r["event_type"] for r in lines}, {"agent.session.idle"})
+        self.assertEqual(len({r["event_id"] for r in lines}), 1)
+        self.assertEqual(lines[1]["reason"], "refused")
+        text = repr(lines)
+        for hidden in (
+            self.endpoints["we_1"]["secret"],
+            "hooks.example.com",
+            "agsess_1",
+        ):
+            self.assertNotIn(hidden, text)
 
     def test_success_ends_it(self) -> None:
         """A 2xx is the end of a delivery: no retry."""

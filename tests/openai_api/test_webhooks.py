@@ -8,6 +8,7 @@ hosts unless the policy allows them.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -72,7 +73,8 @@ class WebhookTests(OpenAICase):
         endpoint signed (standardwebhooks and ``client.webhooks.unwrap``
         both verify them, typed as the SDK's events); the first, answered
         500, comes again after the backoff with the same webhook-id and a
-        fresh signature.
+        fresh signature.  Each attempt is one audit line naming the
+        webhook endpoint, without its secret, URL or the body.
         """
         from standardwebhooks.webhooks import Webhook
 
@@ -128,6 +130,24 @@ class WebhookTests(OpenAICase):
                 "AgentSessionIdleWebhookEvent",
             },
         )
+
+        def audited() -> list[dict[str, Any]]:
+            lines = self.audit_lines()
+            return [r for r in lines if r.get("event") == "webhook_delivery"]
+
+        yield self.until(lambda: len(audited()) == len(receiver.received))
+        lines = audited()
+        self.assertEqual({r["webhook_endpoint_id"] for r in lines}, {endpoint.id})
+        self.assertEqual({r["identity"] for r in lines}, {"user"})
+        outcomes = sorted((r["attempt"], r["status"], r["result"]) for r in lines)
+        self.assertEqual(
+            outcomes,
+            [(1, 204, "delivered")] * (len(lines) - 2)
+            + [(1, 500, "retrying"), (2, 204, "delivered")],
+        )
+        text = json.dumps(lines)
+        for hidden in (endpoint.signing_secret, url, session.id):
+            self.assertNotIn(hidden, text)
 
     @inlineCallbacks
     def test_action_required(self) -> Any:
