@@ -491,9 +491,18 @@ def agent_error(message: str, **extra: Any) -> ApiError:
     return ApiError(502, message, "RuntimeError", Code.AGENT_ERROR, **extra)
 
 
-def unavailable(message: str, type: str = "RuntimeError") -> ApiError:
-    """A 503 for an optional dependency that is missing (or not ready yet)."""
-    return ApiError(503, message, type, Code.UNAVAILABLE)
+def unavailable(
+    message: str, type: str = "RuntimeError", retry_after: int | None = None
+) -> ApiError:
+    """
+    A 503 for an optional dependency that is missing (or not ready yet).
+
+    :param retry_after: seconds after which a retry may succeed (sent as
+        ``Retry-After``), for what is only not ready yet; ``None`` for
+        what a retry will not change.
+    """
+    headers = None if retry_after is None else {"Retry-After": str(retry_after)}
+    return ApiError(503, message, type, Code.UNAVAILABLE, headers=headers)
 
 
 def agent_unavailable(message: str, **extra: Any) -> ApiError:

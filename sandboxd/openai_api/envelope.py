@@ -25,7 +25,8 @@ _TYPES = {
     429: "rate_limit_error",
 }
 
-#: Codes worth retrying: the caller was only early.
+#: Codes worth retrying: the caller was only early (so is any answer that
+#: names a ``Retry-After``).
 _RETRYABLE = frozenset({Code.RATE_LIMITED, Code.CONCURRENCY_LIMITED})
 
 
@@ -50,7 +51,7 @@ def openai_error(error: ApiError) -> tuple[dict[str, Any], dict[str, str]]:
         if key != "param":
             inner.setdefault(key, value)
     headers = dict(error.headers)
-    if error.code not in _RETRYABLE:
+    if error.code not in _RETRYABLE and "Retry-After" not in headers:
         headers["x-should-retry"] = "false"
     return {"error": inner}, headers
 

@@ -160,7 +160,8 @@ class Registry:
             if failure.check(TimeoutError):
                 return Failure(
                     unavailable(
-                        "the /v1 state kept across restarts is still being read; retry"
+                        "the /v1 state kept across restarts is still being read; retry",
+                        retry_after=1,
                     )
                 )
             return failure
