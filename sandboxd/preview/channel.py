@@ -38,8 +38,8 @@ from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES
 
 from sandboxd.policy.defaults import HEADER_NAME_CACHE, PREVIEW_UPGRADE_HEAD_BYTES
-from sandboxd.preview.writing import write_now
 from sandboxd.web.heads import Head, HeadError, parse_head
+from sandboxd.web.sending import write_now
 
 #: Statuses whose response never has a body (RFC 9110 §6.4.1).
 _BODILESS = frozenset({204, 304})

@@ -43,7 +43,7 @@ from sandboxd.policy.defaults import (
     PREVIEW_POOL_PER_PORT,
     PREVIEW_UPGRADE_HEAD_BYTES,
 )
-from sandboxd.preview.writing import write_now
+from sandboxd.web.sending import write_now
 
 #: Methods sent again on a fresh connection when a kept one was closed
 #: under them before any answer (RFC 9110 §9.2.2, as the Agent does).

@@ -33,7 +33,7 @@ from sandboxd.access import gate
 from sandboxd.errors import limit_rule, upstream_timeout, upstream_unavailable
 from sandboxd.policy.defaults import PREVIEW_UPGRADE_HEAD_BYTES
 from sandboxd.preview import headers as h
-from sandboxd.preview.writing import write_now
+from sandboxd.web.sending import write_now
 
 #: The exchange being upgraded (:class:`sandboxd.preview.door.Exchange`;
 #: named loosely, as the door imports this module).

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet.tcp import Server
+from twisted.internet.tcp import Client, Server
 
 __all__ = ["send_now", "write_now"]
+
+#: The transports whose socket :func:`write_now` may write to directly:
+#: the daemon's accepted connections and the preview door's connections
+#: to the apps.
+_PLAIN_TCP = (Server, Client)
 
 
 def send_now(transport: Any) -> None:
@@ -53,15 +58,18 @@ def write_now(transport: Any, data: bytes) -> None:
     and has nothing buffered is sent to directly; what the socket does not
     take (a full buffer, an error) goes to the transport as before, so
     the order of bytes and Twisted's handling of a full buffer, a paused
-    producer or a broken connection are unchanged.
+    producer or a broken connection are unchanged.  The preview door
+    writes through it on both of its sockets (the browser's and the
+    app's): request heads, responses and every spliced WebSocket frame.
     """
     if (
         data
-        and type(transport) is Server
+        and type(transport) in _PLAIN_TCP
         and transport.connected
         and not transport.disconnecting
         and not transport._writeDisconnected
         and not transport._writeDisconnecting
+        and not transport.producerPaused
         and not transport._tempDataLen
         and len(transport.dataBuffer) == transport.offset
     ):
