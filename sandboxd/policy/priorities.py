@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 
 from sandboxd.policy.defaults import (
+    AGENT_NICE,
     CHILD_IO_LEVEL,
     CHILD_NICE,
     CHILD_OOM_SCORE_ADJ,
@@ -24,6 +25,7 @@ PRIORITY_KEYS = (
     "enabled",
     "children_nice",
     "children_group_nice",
+    "agents_nice",
     "children_io_level",
     "children_oom_score_adj",
     "daemon_nice",
@@ -41,6 +43,10 @@ class Priorities:
         under the kernel's autogroup scheduling (0..19), None for
         ``children_nice``'s: a group's weight counts once per session, so
         many busy sessions add up against the daemon's one group.
+    :ivar agents_nice: nice value of each agent process and of its session
+        group (0..19, never below the daemon's): the agent answers the
+        user's every turn, so it is not made to wait behind the sandbox's
+        work; the tools it runs itself inherit it.
     :ivar children_io_level: best-effort I/O level of every child (0..7,
         7 the lowest), or None to leave it.
     :ivar children_oom_score_adj: every child's ``oom_score_adj``
@@ -54,6 +60,7 @@ class Priorities:
     enabled: bool = True
     children_nice: int = CHILD_NICE
     children_group_nice: int | None = None
+    agents_nice: int = AGENT_NICE
     children_io_level: int | None = CHILD_IO_LEVEL
     children_oom_score_adj: int = CHILD_OOM_SCORE_ADJ
     daemon_nice: int = DAEMON_NICE
@@ -63,6 +70,7 @@ class Priorities:
 _RANGES = {
     "children_nice": (0, 19),
     "children_group_nice": (0, 19),
+    "agents_nice": (0, 19),
     "children_io_level": (0, 7),
     "children_oom_score_adj": (-1000, 1000),
     "daemon_nice": (-20, 0),

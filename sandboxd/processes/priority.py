@@ -181,6 +181,8 @@ class ChildPriority:
         self._budget = weight(0) * _cpus()
         #: Live children's session leaders, by pid, with their group's nice value.
         self._groups: dict[int, int] = {}
+        #: Per thread: set while :meth:`awaited` spawns a child someone waits on.
+        self._local = threading.local()
 
     def configure(self, priorities: Priorities) -> None:
         """Take a (re)loaded policy's priorities; raise the daemon's own when it may."""
@@ -229,6 +231,27 @@ class ChildPriority:
             _write_value("/proc/self/oom_score_adj", oom)
 
     @contextmanager
+    def awaited(self) -> Iterator[None]:
+        """
+        Around a spawn on this thread of a child the user waits on (an
+        agent): it and its session group run at ``agents_nice`` rather
+        than ``children_nice``.  Only a spawn made synchronously on the
+        calling thread sees it (not one handed to a worker thread).
+        """
+        self._local.awaited = True
+        try:
+            yield
+        finally:
+            self._local.awaited = False
+
+    def _child_nice(self) -> tuple[int, bool]:
+        """The nice value of the child spawned now, and whether 0 means 0."""
+        p = self.priorities
+        if getattr(self._local, "awaited", False):
+            return p.agents_nice, True
+        return p.children_nice, False
+
+    @contextmanager
     def spawning(self) -> Iterator[None]:
         """
         Around one spawn on the calling thread: the child inherits lower
@@ -241,9 +264,10 @@ class ChildPriority:
             return
         tid = threading.get_native_id()
         nice = before_nice = None
-        if p.children_nice and self._restorable:
+        child_nice, exact = self._child_nice()
+        if (child_nice or exact) and self._restorable:
             before_nice = os.getpriority(os.PRIO_PROCESS, tid)
-            target = max(before_nice, p.children_nice)
+            target = max(before_nice, child_nice)
             if target != before_nice:
                 os.setpriority(os.PRIO_PROCESS, tid, target)
                 nice = target
@@ -276,9 +300,10 @@ class ChildPriority:
         p = self.priorities
         if not p.enabled:
             return
-        if p.children_nice and not self._restorable:
+        child_nice, _ = self._child_nice()
+        if child_nice and not self._restorable:
             try:
-                os.setpriority(os.PRIO_PROCESS, pid, p.children_nice)
+                os.setpriority(os.PRIO_PROCESS, pid, child_nice)
             except OSError:
                 pass
         if _autogroups():
@@ -292,21 +317,27 @@ class ChildPriority:
         one's group, and the live ones' follow when the level drops.
         """
         p = self.priorities
-        base = (
-            p.children_nice if p.children_group_nice is None else p.children_group_nice
-        )
+        child_nice, awaited = self._child_nice()
+        if awaited or p.children_group_nice is None:
+            base = child_nice
+        else:
+            base = p.children_group_nice
         with self._lock:
-            nice = group_nice_for(base, self._budget, len(self._groups) + 1)
-            heavier = [other for other, was in self._groups.items() if was < nice]
+            # The level every group must be at for all of them together
+            # not to outweigh the daemon; a group whose own base is higher
+            # (a command's, above an agent's) stays there.
+            level = group_nice_for(0, self._budget, len(self._groups) + 1)
+            nice = max(base, level)
+            heavier = [other for other, was in self._groups.items() if was < level]
             for other in heavier:
-                self._groups[other] = nice
+                self._groups[other] = level
             if tracked:
                 self._groups[pid] = nice
         # A tracked pid names a child not yet reaped, or reaped this very
         # moment: the kernel hands pids out in turn and gives a number
         # again only after going round pid_max, so never a stranger.
         for other in heavier:
-            _write_value(f"/proc/{other}/autogroup", nice)
+            _write_value(f"/proc/{other}/autogroup", level)
         if nice:
             _write_value(f"/proc/{pid}/autogroup", nice)
 

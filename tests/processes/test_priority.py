@@ -269,3 +269,26 @@ class GroupWeightTests(SynchronousTestCase):
         written.clear()
         prio.spawned(3000, tracked=False)
         self.assertEqual(written, [("/proc/3000/autogroup", 11)])
+
+    def test_agent_group_keeps_its_level(self) -> None:
+        """
+        An agent's group starts at ``agents_nice`` (0) and a command's
+        spawn beside it does not drag it to the command's 10; it is made
+        lighter only when all the live groups together must be.
+        """
+        written: list[tuple[str, int]] = []
+        self.patch(priority, "_write_value", lambda path, v: written.append((path, v)))
+        self.patch(priority, "_autogroups", lambda: True)
+        prio = priority.ChildPriority()
+        prio.priorities = priorities_from(True)
+        prio._budget = priority.weight(-5)
+        with prio.awaited():
+            prio.spawned(500)
+        prio.spawned(501)
+        self.assertEqual(written, [("/proc/501/autogroup", 10)])
+        self.assertEqual(prio._groups, {500: 0, 501: 10})
+        written.clear()
+        for pid in range(1000, 1027):
+            prio.spawned(pid)
+        self.assertEqual(prio._groups[500], 11)
+        self.assertIn(("/proc/500/autogroup", 11), written)
