@@ -152,7 +152,9 @@ def start_sandboxd(
     if checkout is None:
         return start_daemon(base, token, policy)
     python = os.path.join(checkout, ".venv", "bin", "python")
-    return start_daemon(base, token, policy, prefix=[python, "-P"])
+    return start_daemon(
+        base, token, policy, env={"PYTHONPATH": checkout}, prefix=[python, "-P"]
+    )
 
 
 def timed(fn: Callable[[], Any]) -> float:
@@ -275,7 +277,10 @@ def main() -> None:
     parser.add_argument(
         "--baseline",
         metavar="CHECKOUT",
-        help="also run this checkout's sandboxd (its .venv), as 'baseline'",
+        action="append",
+        default=[],
+        help="also run this checkout's sandboxd (its .venv), named for its "
+        "directory (repeatable)",
     )
     parser.add_argument(
         "--busy",
@@ -296,9 +301,13 @@ def main() -> None:
         starts: list[tuple[str, Callable[[str, str], Any]]] = [
             ("sandboxd", start_sandboxd)
         ]
-        if args.baseline:
-            checkout = os.path.realpath(args.baseline)
-            starts.append(("baseline", lambda b, t: start_sandboxd(b, t, checkout)))
+        for checkout in map(os.path.realpath, args.baseline):
+            starts.append(
+                (
+                    os.path.basename(checkout),
+                    lambda b, t, c=checkout: start_sandboxd(b, t, c),
+                )
+            )
         starts.append(("seed", start_seed))
         for name, start in starts:
             base = os.path.realpath(tempfile.mkdtemp(prefix=f"oa-{name}-"))
