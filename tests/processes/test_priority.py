@@ -204,6 +204,8 @@ class PolicyValueTests(SynchronousTestCase):
         self.assertEqual(
             priorities_from({"children_group_nice": 19}).children_group_nice, 19
         )
+        self.assertEqual(priorities_from(True).agents_nice, 0)
+        self.assertEqual(priorities_from({"agents_nice": 10}).agents_nice, 10)
 
     def test_bad_values(self) -> None:
         """Unknown keys, values out of range and wrong types are refused by name."""
@@ -211,6 +213,7 @@ class PolicyValueTests(SynchronousTestCase):
             ({"childrens_nice": 1}, "unknown key"),
             ({"children_nice": 20}, "outside 0..19"),
             ({"children_group_nice": -1}, "outside 0..19"),
+            ({"agents_nice": -5}, "outside 0..19"),
             ({"daemon_oom_score_adj": 5}, "outside -1000..0"),
             ({"children_nice": "10"}, "expected an integer"),
             ("yes", "expected true, false or an object"),
