@@ -21,8 +21,11 @@ Each server is driven by the official ``openai`` SDK, cases interleaved:
   a ``response.create`` with its ``previous_response_id``, to the first delta.
 
 Prints one JSON line per case and server: p50 and p90 in milliseconds.
+``--baseline`` adds another checkout's sandboxd to the same interleaved
+run (A/B); ``--busy`` keeps the CPUs busy with other work meanwhile (what
+the daemon's child priorities are about).
 
-    .venv/bin/python bench/openai_door.py [--rounds 30]
+    .venv/bin/python bench/openai_door.py [--rounds 30] [--baseline CHECKOUT] [--busy N]
 """
 
 from __future__ import annotations
@@ -128,8 +131,14 @@ def start_seed(base: str, token: str) -> tuple[subprocess.Popen[bytes], int]:
     raise RuntimeError("the seed's server did not start")
 
 
-def start_sandboxd(base: str, token: str) -> tuple[subprocess.Popen[bytes], int]:
-    """sandboxd with the agents group on and the ACP fake in its catalogue."""
+def start_sandboxd(
+    base: str, token: str, checkout: str | None = None
+) -> tuple[subprocess.Popen[bytes], int]:
+    """
+    sandboxd with the agents group on and the ACP fake in its catalogue;
+    with ``checkout``, that checkout's code run by its own ``.venv`` (the
+    fake still runs on this interpreter, as the seed's does).
+    """
     fake = os.path.join(base, ".fake_acp.py")
     with open(fake, "w") as f:
         f.write(FAKE_ACP)
@@ -140,7 +149,12 @@ def start_sandboxd(base: str, token: str) -> tuple[subprocess.Popen[bytes], int]
         },
         "endpoints": {"group:agents": {"limits": {"max_sessions": 64}}},
     }
-    return start_daemon(base, token, policy)
+    if checkout is None:
+        return start_daemon(base, token, policy)
+    python = os.path.join(checkout, ".venv", "bin", "python")
+    return start_daemon(
+        base, token, policy, env={"PYTHONPATH": checkout}, prefix=[python, "-P"]
+    )
 
 
 def timed(fn: Callable[[], Any]) -> float:
@@ -260,14 +274,42 @@ _ENDS = ("response.completed", "response.failed", "response.incomplete", "error"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument(
+        "--baseline",
+        metavar="CHECKOUT",
+        action="append",
+        default=[],
+        help="also run this checkout's sandboxd (its .venv), named for its "
+        "directory (repeatable)",
+    )
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N CPU burners (each its own session, nice 0) while measuring: "
+        "the machine busy with other work, as when the user waits",
+    )
     args = parser.parse_args()
     from openai import OpenAI
 
     token = "bench-" + os.urandom(8).hex()
     servers: dict[str, tuple[subprocess.Popen[bytes], Any]] = {}
     bases = []
+    burners: list[subprocess.Popen[bytes]] = []
     try:
-        for name, start in (("sandboxd", start_sandboxd), ("seed", start_seed)):
+        starts: list[tuple[str, Callable[[str, str], Any]]] = [
+            ("sandboxd", start_sandboxd)
+        ]
+        for checkout in map(os.path.realpath, args.baseline):
+            starts.append(
+                (
+                    os.path.basename(checkout),
+                    lambda b, t, c=checkout: start_sandboxd(b, t, c),
+                )
+            )
+        starts.append(("seed", start_seed))
+        for name, start in starts:
             base = os.path.realpath(tempfile.mkdtemp(prefix=f"oa-{name}-"))
             bases.append(base)
             proc, port = start(base, token)
@@ -278,6 +320,12 @@ def main() -> None:
                 timeout=60,
             )
             servers[name] = (proc, client)
+        burners += [
+            subprocess.Popen(
+                ["sh", "-c", "while :; do :; done"], start_new_session=True
+            )
+            for _ in range(args.busy)
+        ]
         results: dict[tuple[str, str], list[float]] = {}
         for _, client in servers.values():
             for fn in cases(client).values():
@@ -296,11 +344,14 @@ def main() -> None:
                         "server": name,
                         "rounds": len(samples),
                         "p50_ms": round(statistics.median(samples), 1),
-                        "p90_ms": round(samples[int(len(samples) * 0.9) - 1], 1),
+                        "p90_ms": round(samples[-(-len(samples) * 9 // 10) - 1], 1),
                     }
                 )
             )
     finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
         for proc, client in servers.values():
             client.close()
             proc.send_signal(signal.SIGTERM)

@@ -24,6 +24,7 @@ from twisted.internet.defer import Deferred, succeed
 from sandboxd.agents.connection import LineFramer
 from sandboxd.processes.child import Child, OutputCallback
 from sandboxd.processes.command import RunAs, signal_name
+from sandboxd.processes.priority import CHILD_PRIORITY
 from sandboxd.processes.run import spawn
 from sandboxd.processes.table import ChildTable
 from sandboxd.processes.tree import kill_tree, proc_info, reap_orphans
@@ -159,17 +160,22 @@ class AgentProcess:
         cwd: str,
         run_as: RunAs | None,
     ) -> None:
-        """Start ``argv`` (``argv[0]`` resolved as ``executable``) with a stdin pipe."""
-        spawn(
-            self.reactor,
-            self.child,
-            [executable, *argv[1:]],
-            children=self.children,
-            env=env,
-            cwd=cwd,
-            run_as=run_as,
-            stdin_pipe=True,
-        )
+        """
+        Start ``argv`` (``argv[0]`` resolved as ``executable``) with a stdin
+        pipe, at the policy's ``agents_nice``: the user waits on the agent's
+        every answer, so it does not queue behind the sandbox's own work.
+        """
+        with CHILD_PRIORITY.awaited():
+            spawn(
+                self.reactor,
+                self.child,
+                [executable, *argv[1:]],
+                children=self.children,
+                env=env,
+                cwd=cwd,
+                run_as=run_as,
+                stdin_pipe=True,
+            )
 
     @property
     def pid(self) -> int | None:

@@ -621,6 +621,11 @@ def identity_cap(total: int, identities: int, explicit: int | None = None) -> in
 # level and oom_score_adj; the daemon, when it runs as root, at its own
 # (docs/operations.md).
 CHILD_NICE = 10
+# An agent process (the agents group, the ``/v1`` door) is what the user
+# waits on for every turn: it and its session group run at this nice value
+# instead (``priority.agents_nice``); its own tools inherit it, the
+# terminals the daemon runs for it keep ``CHILD_NICE``.
+AGENT_NICE = 0
 CHILD_IO_LEVEL = 7
 CHILD_OOM_SCORE_ADJ = 500
 #: Milliseconds a child's session group runs before it is lowered to the

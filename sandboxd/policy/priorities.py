@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 
 from sandboxd.policy.defaults import (
+    AGENT_NICE,
     CHILD_GROUP_AFTER_MAX_MS,
     CHILD_GROUP_AFTER_MS,
     CHILD_IO_LEVEL,
@@ -27,6 +28,7 @@ PRIORITY_KEYS = (
     "children_nice",
     "children_group_nice",
     "children_group_after_ms",
+    "agents_nice",
     "children_io_level",
     "children_oom_score_adj",
     "daemon_nice",
@@ -50,6 +52,10 @@ class Priorities:
         daemon's share requires.  A short command (``/shell true``) ends
         before and competes with other work on equal terms; a build is
         lowered a moment after it starts.  0 lowers every group at once.
+    :ivar agents_nice: nice value of each agent process and of its session
+        group (0..19, never below the daemon's): the agent answers the
+        user's every turn, so it is not made to wait behind the sandbox's
+        work; the tools it runs itself inherit it.
     :ivar children_io_level: best-effort I/O level of every child (0..7,
         7 the lowest), or None to leave it.
     :ivar children_oom_score_adj: every child's ``oom_score_adj``
@@ -64,6 +70,7 @@ class Priorities:
     children_nice: int = CHILD_NICE
     children_group_nice: int | None = None
     children_group_after_ms: int = CHILD_GROUP_AFTER_MS
+    agents_nice: int = AGENT_NICE
     children_io_level: int | None = CHILD_IO_LEVEL
     children_oom_score_adj: int = CHILD_OOM_SCORE_ADJ
     daemon_nice: int = DAEMON_NICE
@@ -74,6 +81,7 @@ _RANGES = {
     "children_nice": (0, 19),
     "children_group_nice": (0, 19),
     "children_group_after_ms": (0, CHILD_GROUP_AFTER_MAX_MS),
+    "agents_nice": (0, 19),
     "children_io_level": (0, 7),
     "children_oom_score_adj": (-1000, 1000),
     "daemon_nice": (-20, 0),

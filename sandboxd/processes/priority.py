@@ -205,6 +205,8 @@ class ChildPriority:
         #: Whether a lowering is scheduled (or about to be), and its timer.
         self._armed = False
         self._lowering: IDelayedCall | None = None
+        #: Per thread: set while :meth:`awaited` spawns a child someone waits on.
+        self._local = threading.local()
 
     def configure(self, priorities: Priorities) -> None:
         """Take a (re)loaded policy's priorities; raise the daemon's own when it may."""
@@ -254,6 +256,28 @@ class ChildPriority:
             _write_value("/proc/self/oom_score_adj", oom)
 
     @contextmanager
+    def awaited(self) -> Iterator[None]:
+        """
+        Around a spawn on this thread of a child the user waits on (an
+        agent): it and its session group run at ``agents_nice`` rather
+        than ``children_nice``, and its group is never lowered later.
+        Only a spawn made synchronously on the calling thread sees it (not
+        one handed to a worker thread).
+        """
+        self._local.awaited = True
+        try:
+            yield
+        finally:
+            self._local.awaited = False
+
+    def _child_nice(self) -> tuple[int, bool]:
+        """The nice value of the child spawned now, and whether it is awaited."""
+        p = self.priorities
+        if getattr(self._local, "awaited", False):
+            return p.agents_nice, True
+        return p.children_nice, False
+
+    @contextmanager
     def spawning(self) -> Iterator[None]:
         """
         Around one spawn on the calling thread: the child inherits lower
@@ -266,9 +290,10 @@ class ChildPriority:
             return
         tid = threading.get_native_id()
         nice = before_nice = None
-        if p.children_nice and self._restorable:
+        child_nice, awaited = self._child_nice()
+        if (child_nice or awaited) and self._restorable:
             before_nice = os.getpriority(os.PRIO_PROCESS, tid)
-            target = max(before_nice, p.children_nice)
+            target = max(before_nice, child_nice)
             if target != before_nice:
                 os.setpriority(os.PRIO_PROCESS, tid, target)
                 nice = target
@@ -301,9 +326,10 @@ class ChildPriority:
         p = self.priorities
         if not p.enabled:
             return
-        if p.children_nice and not self._restorable:
+        child_nice, _ = self._child_nice()
+        if child_nice and not self._restorable:
             try:
-                os.setpriority(os.PRIO_PROCESS, pid, p.children_nice)
+                os.setpriority(os.PRIO_PROCESS, pid, child_nice)
             except OSError:
                 pass
         if _autogroups():
@@ -324,8 +350,13 @@ class ChildPriority:
         base's weight.  The daemon's share holds throughout.
         """
         p = self.priorities
-        base = self._base()
-        after = p.children_group_after_ms / 1000.0 if tracked else 0.0
+        child_nice, awaited = self._child_nice()
+        if awaited:
+            # An agent's group stays at its own level (never lowered later).
+            base, after = child_nice, 0.0
+        else:
+            base = self._base()
+            after = p.children_group_after_ms / 1000.0 if tracked else 0.0
         with self._lock:
             # What keeping every group within the daemon's share requires
             # of each; the new child's own level is the base unless young.

@@ -166,3 +166,71 @@ class AgentTreeTests(AgentsTestCase):
         left = yield self.wait_marked(False)
         self.assertEqual(left, [])
         yield self.assert_reaped(seen)
+
+
+def _nice_and_group(pid: int) -> tuple[int, str]:
+    """A process's nice value (stat field 19) and its autogroup line (or ``none``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        nice = int(f.read().rsplit(")", 1)[1].split()[19 - 3])
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            group = f.read().strip()
+    except OSError:
+        group = "none"
+    return nice, group
+
+
+class AgentPriorityTests(AgentsTestCase):
+    """
+    The agent answers the user's every turn: it runs at ``agents_nice``
+    (0 by default), not behind the sandbox's work; the terminals the
+    daemon runs for it stay at ``children_nice``.
+    """
+
+    @inlineCallbacks
+    def agent_pid(self) -> Any:
+        """A new session's agent pid."""
+        sid = yield self.session()
+        reply = yield self.request("GET", f"/agents/sessions/{sid}")
+        self.assertEqual(reply.status, 200, reply.body)
+        return sid, reply.json()["process"]["pid"]
+
+    @inlineCallbacks
+    def test_agent_runs_at_agents_nice(self) -> Any:
+        """
+        By default the agent runs at nice 0 in a session group of nice 0,
+        while a command its terminal runs is at nice 10.
+        """
+        if os.getpriority(os.PRIO_PROCESS, 0) > 0:
+            raise self.skipTest("the test process itself runs above nice 0")
+        sid, pid = yield self.agent_pid()
+        nice, group = _nice_and_group(pid)
+        self.assertEqual(nice, 0)
+        if group != "none":
+            self.assertTrue(group.endswith(" nice 0"), group)
+        path = os.path.join(self.base_dir, "nice.sh")
+        with open(path, "w") as f:
+            f.write("cut -d' ' -f19 /proc/$$/stat\n")
+        reply = yield self.prompt(sid, f"terminal sh {path}")
+        self.assertEqual(reply.json()["text"], "exit=0 signal=None output='10\\n'")
+
+
+def _agents_below_policy() -> dict[str, Any]:
+    policy = agents_policy()
+    policy["priority"] = {"agents_nice": 10}
+    return policy
+
+
+class AgentPriorityPolicyTests(AgentPriorityTests):
+    """The policy can still put agents with the sandbox's other work."""
+
+    policy = _agents_below_policy()
+
+    @inlineCallbacks
+    def test_agent_runs_at_agents_nice(self) -> Any:
+        """``priority.agents_nice: 10`` starts the agent at nice 10, in a group of nice 10."""
+        _, pid = yield self.agent_pid()
+        nice, group = _nice_and_group(pid)
+        self.assertEqual(nice, 10)
+        if group != "none":
+            self.assertTrue(group.endswith(" nice 10"), group)

@@ -204,6 +204,8 @@ class PolicyValueTests(SynchronousTestCase):
         self.assertEqual(
             priorities_from({"children_group_nice": 19}).children_group_nice, 19
         )
+        self.assertEqual(priorities_from(True).agents_nice, 0)
+        self.assertEqual(priorities_from({"agents_nice": 10}).agents_nice, 10)
 
     def test_bad_values(self) -> None:
         """Unknown keys, values out of range and wrong types are refused by name."""
@@ -211,6 +213,7 @@ class PolicyValueTests(SynchronousTestCase):
             ({"childrens_nice": 1}, "unknown key"),
             ({"children_nice": 20}, "outside 0..19"),
             ({"children_group_nice": -1}, "outside 0..19"),
+            ({"agents_nice": -5}, "outside 0..19"),
             ({"daemon_oom_score_adj": 5}, "outside -1000..0"),
             ({"children_group_after_ms": 60_000}, "outside 0..10000"),
             ({"children_nice": "10"}, "expected an integer"),
@@ -332,3 +335,26 @@ class GroupWeightTests(SynchronousTestCase):
         )
         prio.restore()
         self.assertEqual(clock.getDelayedCalls(), [])
+
+    def test_agent_group_keeps_its_level(self) -> None:
+        """
+        An agent's group starts at ``agents_nice`` (0) and a command's
+        spawn beside it does not drag it to the command's 10; it is made
+        lighter only when all the live groups together must be.
+        """
+        written: list[tuple[str, int]] = []
+        self.patch(priority, "_write_value", lambda path, v: written.append((path, v)))
+        self.patch(priority, "_autogroups", lambda: True)
+        prio = priority.ChildPriority()
+        prio.clock = Clock()
+        prio.priorities = priorities_from(True)
+        prio._budget = priority.weight(-5)
+        with prio.awaited():
+            prio.spawned(500)
+        prio.spawned(501)
+        self.assertEqual(prio._groups[500], 0)
+        self.assertNotIn(500, [int(path.split("/")[2]) for path, _ in written])
+        for pid in range(1000, 1027):
+            prio.spawned(pid)
+        self.assertEqual(prio._groups[500], 11)
+        self.assertIn(("/proc/500/autogroup", 11), written)
