@@ -2,8 +2,8 @@
 """
 What the ``/v1`` door keeps under the state dir, so that sessions, their
 turns, items and events, stored responses, vaults and credentials,
-templates, definitions, environments and webhook endpoints outlive the
-daemon.
+templates, definitions, environments, webhook endpoints and the
+``Idempotency-Key`` books of creates outlive the daemon.
 
 One file per session (``openai/sessions/<id>.json``, 0600 in a 0700
 directory; a conversation of responses is a hidden session, its responses'
@@ -190,7 +190,14 @@ def restore(record: dict[str, Any]) -> SessionFace:
 # -- the store -------------------------------------------------------------------
 
 #: The door's other records, one file each (``<kind>.json``).
-RECORD_KINDS = ("vaults", "credentials", "templates", "definitions", "environments")
+RECORD_KINDS = (
+    "vaults",
+    "credentials",
+    "templates",
+    "definitions",
+    "environments",
+    "idempotency",
+)
 
 
 @attrs.frozen
