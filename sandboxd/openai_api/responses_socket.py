@@ -34,7 +34,7 @@ from collections import deque
 from typing import Any
 
 import attrs
-from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
@@ -53,7 +53,7 @@ from sandboxd.errors import (
 )
 from sandboxd.openai_api.envelope import frame_error, openai_error, socket_event
 from sandboxd.openai_api.face import new_id
-from sandboxd.openai_api.registry import door
+from sandboxd.openai_api.registry import door, manager
 from sandboxd.openai_api.responses import WireResponse, agents_responses_create
 from sandboxd.policy.defaults import (
     OPENAI_WS_QUEUED_EVENTS,
@@ -331,6 +331,8 @@ class ResponsesSocket(WebSocketServerProtocol):
         self.waiting: deque[dict[str, Any] | _Call] = deque()
         self.running = False
         self.number = 0
+        #: Fires once the connection is gone (the daemon's stop waits on it).
+        self.ended: Deferred[None] = Deferred()
 
     # -- opening and closing --------------------------------------------------
 
@@ -384,6 +386,8 @@ class ResponsesSocket(WebSocketServerProtocol):
         if self.lane is not None:
             self.lane.lost()
         super().connectionLost(reason)
+        if not self.ended.called:
+            self.ended.callback(None)
 
     def close_with(self, code: int, reason: str) -> None:
         """Close with any code (``sendClose`` refuses 1001 and 1003), then hang up."""
@@ -723,6 +727,27 @@ class ResponsesSocketFactory(WebSocketServerFactory):
             if not held:
                 del self.sockets[owner]
 
+    def close_all(self) -> Deferred[Any] | None:
+        """
+        The daemon stops: close every open socket with 1001 (going away)
+        before the connections are cut; fires once they are gone, at most
+        :data:`~sandboxd.policy.defaults.WS_CLOSE_SECONDS` and a second
+        later (a client that never answers the close is cut by then).
+        """
+        open_now = [socket for held in self.sockets.values() for socket in held]
+        if not open_now:
+            return None
+        for socket in open_now:
+            socket.close_with(GOING_AWAY, "the daemon is stopping")
+        done: Deferred[Any] = DeferredList(
+            [socket.ended for socket in open_now], consumeErrors=True
+        )
+        done.addTimeout(WS_CLOSE_SECONDS + 1, self.reactor)
+        done.addErrback(
+            lambda f: log.warn("responses sockets did not all close: {f}", f=f)
+        )
+        return done
+
 
 _FACTORIES: weakref.WeakKeyDictionary[Any, ResponsesSocketFactory] = (
     weakref.WeakKeyDictionary()
@@ -735,6 +760,8 @@ def factory_of(request: ServerRequest) -> ResponsesSocketFactory:
     factory = _FACTORIES.get(context)
     if factory is None:
         factory = _FACTORIES[context] = ResponsesSocketFactory(context.reactor)
+        # Closed first when the daemon stops, before the agents are ended.
+        manager(request).before_stop.insert(0, factory.close_all)
     return factory
 
 

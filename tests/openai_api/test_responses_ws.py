@@ -15,6 +15,7 @@ import httpx
 from twisted.internet.defer import inlineCallbacks
 
 from tests.openai_api.sdk import OpenAICase, caught, openai_policy
+from tests.openai_api.test_restart import RestartCase
 
 #: The handshake headers of a WebSocket client, for raw requests.
 HANDSHAKE = {
@@ -563,3 +564,48 @@ class HandshakeTests(SocketCase):
         self.assertIsInstance(refused, InvalidStatus)
         self.assertEqual(refused.response.status_code, 401)
         self.assertEqual(local, "1")
+
+
+class StopTests(RestartCase, SocketCase):
+    """The daemon stopping closes its Responses WebSockets first."""
+
+    @inlineCallbacks
+    def test_stop_closes_1001(self) -> Any:
+        """
+        A socket streaming a response when the daemon stops gets a close
+        frame 1001 (going away) saying why, not a cut connection, and the
+        stop does not wait past the close's bound.
+        """
+        import json
+        import time
+
+        from twisted.internet import reactor
+        from twisted.internet.threads import blockingCallFromThread
+        from websockets.exceptions import ConnectionClosed
+
+        def run() -> Any:
+            with self.raw_socket() as ws:
+                ws.send(
+                    json.dumps(
+                        {"type": "response.create", "model": "fake", "input": "slow"}
+                    )
+                )
+                while json.loads(ws.recv(timeout=30))["type"] != (
+                    "response.output_text.delta"
+                ):
+                    pass
+                started = time.monotonic()
+                blockingCallFromThread(reactor, self.restart)
+                stopped = time.monotonic() - started
+
+                def drain() -> Any:
+                    while True:
+                        ws.recv(timeout=10)
+
+                return caught(drain), stopped
+
+        closed, stopped = yield self.sdk(run)
+        self.assertIsInstance(closed, ConnectionClosed)
+        self.assertEqual(closed.rcvd.code, 1001)
+        self.assertEqual(closed.rcvd.reason, "the daemon is stopping")
+        self.assertLess(stopped, 30)
