@@ -57,6 +57,7 @@ from sandboxd.openai_api.registry import door, manager
 from sandboxd.openai_api.responses import WireResponse, agents_responses_create
 from sandboxd.policy.defaults import (
     OPENAI_WS_QUEUED_EVENTS,
+    OPENAI_WS_UNREAD_BYTES,
     WS_CLOSE_SECONDS,
     WS_HANDSHAKE_SECONDS,
     WS_PING_SECONDS,
@@ -82,6 +83,8 @@ LOCAL_HEADER = "X-Agent-Sandbox-Local"
 #: Close codes (RFC 6455 §7.4.1).
 GOING_AWAY = 1001
 UNSUPPORTED_DATA = 1003
+#: Application code for a client dropped for leaving events unread.
+SLOW_CLIENT = 4008
 
 #: The seed's code for a client event that is not a JSON object.
 BAD_FRAME = "bad_frame"
@@ -182,6 +185,9 @@ class _Flow:
     def __init__(self) -> None:
         self.target: Any = None
         self.paused = False
+        #: Bytes written since the transport paused (the client is not
+        #: reading them): bounded by :data:`OPENAI_WS_UNREAD_BYTES`.
+        self.unread = 0
 
     def pauseProducing(self) -> None:
         self.paused = True
@@ -190,6 +196,7 @@ class _Flow:
 
     def resumeProducing(self) -> None:
         self.paused = False
+        self.unread = 0
         if self.target is not None:
             self.target.resumeProducing()
 
@@ -660,10 +667,31 @@ class ResponsesSocket(WebSocketServerProtocol):
     # -- what the socket sends --------------------------------------------------
 
     def send_text(self, data: bytes) -> None:
-        """One text frame, sent now."""
-        if self.state == self.STATE_OPEN:
-            self.sendMessage(data, isBinary=False)  # type: ignore[no-untyped-call]
-            send_now(self.transport)
+        """
+        One text frame, sent now; a client that leaves more than
+        :data:`OPENAI_WS_UNREAD_BYTES` unread is dropped instead (the
+        paused feed holds most events back, but a burst still piles up).
+        """
+        if self.state != self.STATE_OPEN:
+            return
+        if self.flow.paused:
+            self.flow.unread += len(data)
+            if self.flow.unread > OPENAI_WS_UNREAD_BYTES:
+                self.drop_slow()
+                return
+        self.sendMessage(data, isBinary=False)  # type: ignore[no-untyped-call]
+        send_now(self.transport)
+
+    def drop_slow(self) -> None:
+        """The client left too much unread: close with :data:`SLOW_CLIENT`."""
+        log.info(
+            "responses socket: a client left over {bound} bytes unread; dropped",
+            bound=OPENAI_WS_UNREAD_BYTES,
+        )
+        self.close_with(
+            SLOW_CLIENT,
+            "Client too slow: events left unread; read responses back over HTTP",
+        )
 
     def send_event(self, event: dict[str, Any]) -> None:
         """A server event of the socket's own, numbered on the socket."""
