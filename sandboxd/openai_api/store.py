@@ -128,6 +128,7 @@ def snapshot(
         "tools": face.tools,
         "instructions": face.instructions,
         "last_response_id": face.last_response_id,
+        "idempotency": face.idempotency.entries(),
         "responses": responses or [],
         "turns": [_turn_record(t) for t in face.turns.values()],
         "last_seq": face.log.last_seq,
@@ -171,6 +172,8 @@ def restore(record: dict[str, Any]) -> SessionFace:
     face.tools = list(record.get("tools") or [])
     face.instructions = record.get("instructions", face.instructions)
     face.last_response_id = record.get("last_response_id")
+    for key, digest, result in record.get("idempotency") or []:
+        face.idempotency.restore(key, digest, result)
     for saved in record["turns"]:
         turn = WireTurn(face, "", [])
         turn.id = saved["id"]

@@ -413,14 +413,16 @@ class KeptIdempotencyTests(RestartCase):
     @inlineCallbacks
     def test_create_retried_after_restart(self) -> Any:
         """
-        A session and a response created with an ``Idempotency-Key``, then
-        the same creates retried after a restart: the same objects come
-        back (one session listed, the response as it ended), the same key
+        A session, a response and a session's input sent with an
+        ``Idempotency-Key``, then the same calls retried after a restart:
+        the same objects come back (one session listed, the response as it
+        ended, still one turn: the input was not run again), the same key
         with another body is 409 ``idempotency.mismatch``, and another
         identity's same key is its own (a new session).
         """
         client = self.client()
         key = {"Idempotency-Key": "kept-1"}
+        message = {"type": "agent.session.input.message", "input": "echo once"}
 
         def before() -> Any:
             session = client.beta.agents.sessions.create(
@@ -429,6 +431,13 @@ class KeptIdempotencyTests(RestartCase):
             response = client.responses.create(
                 model="fake", input="echo once", extra_headers=key
             )
+            with client.beta.agents.sessions.events.stream(session.id) as stream:
+                client.beta.agents.sessions.events.create(
+                    session.id, events=[message], idempotency_key="e-1"
+                )
+                for event in stream:
+                    if event.type == "agent.session.turn.completed":
+                        break
             return session, response
 
         session, response = yield self.sdk(before)
@@ -438,6 +447,7 @@ class KeptIdempotencyTests(RestartCase):
 
         def after() -> Any:
             sessions = again.beta.agents.sessions
+            sessions.events.create(session.id, events=[message], idempotency_key="e-1")
             return (
                 sessions.create(**self.session_body(), extra_headers=key),
                 again.responses.create(
@@ -455,6 +465,10 @@ class KeptIdempotencyTests(RestartCase):
             )
 
         session2, response2, mismatch, listed, theirs = yield self.sdk(after)
+        turns = yield self.sdk(
+            lambda: list(again.beta.agents.sessions.turns.list(session.id))
+        )
+        self.assertEqual(len(turns), 1)
         self.assertEqual(session2.id, session.id)
         self.assertEqual([s.id for s in listed], [session.id])
         self.assertEqual(response2.id, response.id)
