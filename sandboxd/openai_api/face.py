@@ -69,9 +69,15 @@ class IdempotencyBook:
     body answers the first result again, with another body 409.
     """
 
-    def __init__(self, size: int = MAX_IDEMPOTENCY_KEYS) -> None:
+    def __init__(
+        self,
+        size: int = MAX_IDEMPOTENCY_KEYS,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
         self.size = size
         self._book: OrderedDict[str, tuple[str, Any]] = OrderedDict()
+        #: Called after every :meth:`store` (the registry keeps the book).
+        self.on_change = on_change
 
     def lookup(self, key: str | None, body: Any) -> Any:
         """The result stored for ``key``, None when the key is new."""
@@ -91,6 +97,18 @@ class IdempotencyBook:
         if key is None:
             return
         self._book[key] = (body_digest(body), result)
+        while len(self._book) > self.size:
+            self._book.popitem(last=False)
+        if self.on_change is not None:
+            self.on_change()
+
+    def entries(self) -> list[tuple[str, str, Any]]:
+        """Each key with its body digest and result, oldest first (to be kept)."""
+        return [(key, digest, result) for key, (digest, result) in self._book.items()]
+
+    def restore(self, key: str, digest: str, result: Any) -> None:
+        """Put back an entry a previous daemon kept (the bound still holds)."""
+        self._book[key] = (digest, result)
         while len(self._book) > self.size:
             self._book.popitem(last=False)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import logging
 import os
 import weakref
@@ -89,8 +90,39 @@ class Registry:
         key = (owner, route)
         book = self._books.get(key)
         if book is None:
-            book = self._books[key] = IdempotencyBook()
+            book = self._books[key] = IdempotencyBook(on_change=self.records_changed)
         return book
+
+    @property
+    def idempotency(self) -> OrderedDict[str, dict[str, Any]]:
+        """
+        The ``Idempotency-Key`` books as records, so that a create retried
+        after a restart answers what the first one made.
+        """
+        return OrderedDict(
+            (record["id"], record)
+            for (owner, route), book in self._books.items()
+            for key, digest, result in book.entries()
+            for record in [
+                {
+                    "id": json.dumps([owner, route, key]),
+                    "owner": owner,
+                    "route": route,
+                    "key": key,
+                    "digest": digest,
+                    "result": result,
+                }
+            ]
+        )
+
+    def _restore_books(self, records: list[dict[str, Any]]) -> None:
+        """Put back the books' entries (each book still bounded)."""
+        for record in records:
+            try:
+                owner, route, key = record["owner"], record["route"], record["key"]
+                self.book(owner, route).restore(key, record["digest"], record["result"])
+            except (KeyError, TypeError) as e:
+                log.warning("an Idempotency-Key record cannot be restored (%s)", e)
 
     def add(self, face: SessionFace) -> None:
         """Keep a face; closed ones beyond the bound are forgotten, oldest first."""
@@ -179,6 +211,9 @@ class Registry:
         for record in restored.webhooks:
             self.webhooks[record["id"]] = record
         for kind, records in restored.records.items():
+            if kind == "idempotency":
+                self._restore_books(records)
+                continue
             held: OrderedDict[str, dict[str, Any]] = getattr(self, kind)
             for record in records:
                 held[record["id"]] = record

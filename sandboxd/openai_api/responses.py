@@ -430,6 +430,8 @@ async def agents_responses_create(request: ServerRequest) -> Any:
     book = reg.book(request.identity.id, "responses")
     key = request.headers.get("idempotency-key")
     known = book.lookup(key, body)
+    if known is not None:
+        _materialize(reg)  # the first may be from before a restart
     if known is not None and known in reg.responses:
         return await _answer(request, reg.responses[known], body)
     ignored = _check(body)

@@ -34,7 +34,7 @@ from collections import deque
 from typing import Any
 
 import attrs
-from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
@@ -53,10 +53,11 @@ from sandboxd.errors import (
 )
 from sandboxd.openai_api.envelope import frame_error, openai_error, socket_event
 from sandboxd.openai_api.face import new_id
-from sandboxd.openai_api.registry import door
+from sandboxd.openai_api.registry import door, manager
 from sandboxd.openai_api.responses import WireResponse, agents_responses_create
 from sandboxd.policy.defaults import (
     OPENAI_WS_QUEUED_EVENTS,
+    OPENAI_WS_UNREAD_BYTES,
     WS_CLOSE_SECONDS,
     WS_HANDSHAKE_SECONDS,
     WS_PING_SECONDS,
@@ -82,6 +83,8 @@ LOCAL_HEADER = "X-Agent-Sandbox-Local"
 #: Close codes (RFC 6455 §7.4.1).
 GOING_AWAY = 1001
 UNSUPPORTED_DATA = 1003
+#: Application code for a client dropped for leaving events unread.
+SLOW_CLIENT = 4008
 
 #: The seed's code for a client event that is not a JSON object.
 BAD_FRAME = "bad_frame"
@@ -182,6 +185,9 @@ class _Flow:
     def __init__(self) -> None:
         self.target: Any = None
         self.paused = False
+        #: Bytes written since the transport paused (the client is not
+        #: reading them): bounded by :data:`OPENAI_WS_UNREAD_BYTES`.
+        self.unread = 0
 
     def pauseProducing(self) -> None:
         self.paused = True
@@ -190,6 +196,7 @@ class _Flow:
 
     def resumeProducing(self) -> None:
         self.paused = False
+        self.unread = 0
         if self.target is not None:
             self.target.resumeProducing()
 
@@ -331,6 +338,8 @@ class ResponsesSocket(WebSocketServerProtocol):
         self.waiting: deque[dict[str, Any] | _Call] = deque()
         self.running = False
         self.number = 0
+        #: Fires once the connection is gone (the daemon's stop waits on it).
+        self.ended: Deferred[None] = Deferred()
 
     # -- opening and closing --------------------------------------------------
 
@@ -384,6 +393,8 @@ class ResponsesSocket(WebSocketServerProtocol):
         if self.lane is not None:
             self.lane.lost()
         super().connectionLost(reason)
+        if not self.ended.called:
+            self.ended.callback(None)
 
     def close_with(self, code: int, reason: str) -> None:
         """Close with any code (``sendClose`` refuses 1001 and 1003), then hang up."""
@@ -656,10 +667,31 @@ class ResponsesSocket(WebSocketServerProtocol):
     # -- what the socket sends --------------------------------------------------
 
     def send_text(self, data: bytes) -> None:
-        """One text frame, sent now."""
-        if self.state == self.STATE_OPEN:
-            self.sendMessage(data, isBinary=False)  # type: ignore[no-untyped-call]
-            send_now(self.transport)
+        """
+        One text frame, sent now; a client that leaves more than
+        :data:`OPENAI_WS_UNREAD_BYTES` unread is dropped instead (the
+        paused feed holds most events back, but a burst still piles up).
+        """
+        if self.state != self.STATE_OPEN:
+            return
+        if self.flow.paused:
+            self.flow.unread += len(data)
+            if self.flow.unread > OPENAI_WS_UNREAD_BYTES:
+                self.drop_slow()
+                return
+        self.sendMessage(data, isBinary=False)  # type: ignore[no-untyped-call]
+        send_now(self.transport)
+
+    def drop_slow(self) -> None:
+        """The client left too much unread: close with :data:`SLOW_CLIENT`."""
+        log.info(
+            "responses socket: a client left over {bound} bytes unread; dropped",
+            bound=OPENAI_WS_UNREAD_BYTES,
+        )
+        self.close_with(
+            SLOW_CLIENT,
+            "Client too slow: events left unread; read responses back over HTTP",
+        )
 
     def send_event(self, event: dict[str, Any]) -> None:
         """A server event of the socket's own, numbered on the socket."""
@@ -723,6 +755,27 @@ class ResponsesSocketFactory(WebSocketServerFactory):
             if not held:
                 del self.sockets[owner]
 
+    def close_all(self) -> Deferred[Any] | None:
+        """
+        The daemon stops: close every open socket with 1001 (going away)
+        before the connections are cut; fires once they are gone, at most
+        :data:`~sandboxd.policy.defaults.WS_CLOSE_SECONDS` and a second
+        later (a client that never answers the close is cut by then).
+        """
+        open_now = [socket for held in self.sockets.values() for socket in held]
+        if not open_now:
+            return None
+        for socket in open_now:
+            socket.close_with(GOING_AWAY, "the daemon is stopping")
+        done: Deferred[Any] = DeferredList(
+            [socket.ended for socket in open_now], consumeErrors=True
+        )
+        done.addTimeout(WS_CLOSE_SECONDS + 1, self.reactor)
+        done.addErrback(
+            lambda f: log.warn("responses sockets did not all close: {f}", f=f)
+        )
+        return done
+
 
 _FACTORIES: weakref.WeakKeyDictionary[Any, ResponsesSocketFactory] = (
     weakref.WeakKeyDictionary()
@@ -735,6 +788,8 @@ def factory_of(request: ServerRequest) -> ResponsesSocketFactory:
     factory = _FACTORIES.get(context)
     if factory is None:
         factory = _FACTORIES[context] = ResponsesSocketFactory(context.reactor)
+        # Closed first when the daemon stops, before the agents are ended.
+        manager(request).before_stop.insert(0, factory.close_all)
     return factory
 
 

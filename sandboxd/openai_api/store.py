@@ -2,8 +2,8 @@
 """
 What the ``/v1`` door keeps under the state dir, so that sessions, their
 turns, items and events, stored responses, vaults and credentials,
-templates, definitions, environments and webhook endpoints outlive the
-daemon.
+templates, definitions, environments, webhook endpoints and the
+``Idempotency-Key`` books of creates outlive the daemon.
 
 One file per session (``openai/sessions/<id>.json``, 0600 in a 0700
 directory; a conversation of responses is a hidden session, its responses'
@@ -128,6 +128,7 @@ def snapshot(
         "tools": face.tools,
         "instructions": face.instructions,
         "last_response_id": face.last_response_id,
+        "idempotency": face.idempotency.entries(),
         "responses": responses or [],
         "turns": [_turn_record(t) for t in face.turns.values()],
         "last_seq": face.log.last_seq,
@@ -171,6 +172,8 @@ def restore(record: dict[str, Any]) -> SessionFace:
     face.tools = list(record.get("tools") or [])
     face.instructions = record.get("instructions", face.instructions)
     face.last_response_id = record.get("last_response_id")
+    for key, digest, result in record.get("idempotency") or []:
+        face.idempotency.restore(key, digest, result)
     for saved in record["turns"]:
         turn = WireTurn(face, "", [])
         turn.id = saved["id"]
@@ -190,7 +193,14 @@ def restore(record: dict[str, Any]) -> SessionFace:
 # -- the store -------------------------------------------------------------------
 
 #: The door's other records, one file each (``<kind>.json``).
-RECORD_KINDS = ("vaults", "credentials", "templates", "definitions", "environments")
+RECORD_KINDS = (
+    "vaults",
+    "credentials",
+    "templates",
+    "definitions",
+    "environments",
+    "idempotency",
+)
 
 
 @attrs.frozen

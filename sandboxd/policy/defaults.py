@@ -283,6 +283,11 @@ WS_CLOSE_SECONDS = 2.0
 #: one socket for the response before them to end.
 OPENAI_WS_QUEUED_EVENTS = 16
 
+#: The Responses WebSocket: bytes of events that may pile up for a client
+#: that does not read (written while its connection's buffer is full and
+#: the response's feed paused) before it is dropped with close code 4008.
+OPENAI_WS_UNREAD_BYTES = 4 * MIB
+
 #: Default audit mode when no layer sets one.
 DEFAULT_AUDIT = "deny"
 

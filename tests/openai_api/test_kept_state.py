@@ -1,7 +1,8 @@
 """
 What else of the ``/v1`` door outlives a restart with a state dir: stored
 responses (read, listed, continued by their owner only), vaults and their
-write-only credentials, templates, definitions and environments; the
+write-only credentials, templates, definitions and environments, the
+``Idempotency-Key`` books of creates; the
 secrets of a session's vaults still masked in what its agent says after
 the restart; and the kept state read off the reactor, every ``/v1`` call
 waiting for it while ``/health`` answers.
@@ -275,7 +276,8 @@ class KeptRecordsTests(RestartCase):
             self.assertEqual(f.read(), b"\x00AAA")
         self.assertEqual(others, ([], [], [], []))
         folder = os.path.join(self.state_dir, "openai")
-        for kind in store.RECORD_KINDS:
+        # No Idempotency-Key was sent: that kind has nothing to write.
+        for kind in set(store.RECORD_KINDS) - {"idempotency"}:
             path = os.path.join(folder, kind + ".json")
             self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o600)
         self.assertEqual(stat.S_IMODE(os.stat(folder).st_mode), 0o700)
@@ -404,6 +406,79 @@ class KeptRecordsTests(RestartCase):
             yield deferLater(reactor, 0.1, lambda: None)
         self.assertIn("mcp header [redacted]", joined)
         self.assertNotIn(TOKEN, joined)
+
+
+class KeptIdempotencyTests(RestartCase):
+    """The ``Idempotency-Key`` books of creates outlive a restart."""
+
+    @inlineCallbacks
+    def test_create_retried_after_restart(self) -> Any:
+        """
+        A session, a response and a session's input sent with an
+        ``Idempotency-Key``, then the same calls retried after a restart:
+        the same objects come back (one session listed, the response as it
+        ended, still one turn: the input was not run again), the same key
+        with another body is 409 ``idempotency.mismatch``, and another
+        identity's same key is its own (a new session).
+        """
+        client = self.client()
+        key = {"Idempotency-Key": "kept-1"}
+        message = {"type": "agent.session.input.message", "input": "echo once"}
+
+        def before() -> Any:
+            session = client.beta.agents.sessions.create(
+                **self.session_body(), extra_headers=key
+            )
+            response = client.responses.create(
+                model="fake", input="echo once", extra_headers=key
+            )
+            with client.beta.agents.sessions.events.stream(session.id) as stream:
+                client.beta.agents.sessions.events.create(
+                    session.id, events=[message], idempotency_key="e-1"
+                )
+                for event in stream:
+                    if event.type == "agent.session.turn.completed":
+                        break
+            return session, response
+
+        session, response = yield self.sdk(before)
+        yield self.restart()
+        again = self.client()
+        other = self.client("o-token")
+
+        def after() -> Any:
+            sessions = again.beta.agents.sessions
+            sessions.events.create(session.id, events=[message], idempotency_key="e-1")
+            return (
+                sessions.create(**self.session_body(), extra_headers=key),
+                again.responses.create(
+                    model="fake", input="echo once", extra_headers=key
+                ),
+                caught(
+                    lambda: again.responses.create(
+                        model="fake", input="echo twice", extra_headers=key
+                    )
+                ),
+                list(sessions.list()),
+                other.beta.agents.sessions.create(
+                    **self.session_body(), extra_headers=key
+                ),
+            )
+
+        session2, response2, mismatch, listed, theirs = yield self.sdk(after)
+        turns = yield self.sdk(
+            lambda: list(again.beta.agents.sessions.turns.list(session.id))
+        )
+        self.assertEqual(len(turns), 1)
+        self.assertEqual(session2.id, session.id)
+        self.assertEqual([s.id for s in listed], [session.id])
+        self.assertEqual(response2.id, response.id)
+        self.assertEqual(response2.output_text, "once")
+        self.assertEqual(mismatch.status_code, 409)
+        self.assertEqual(mismatch.body["code"], "idempotency.mismatch")
+        self.assertNotEqual(theirs.id, session.id)
+        path = os.path.join(self.state_dir, "openai", "idempotency.json")
+        self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o600)
 
 
 class LoadingTests(RestartCase):

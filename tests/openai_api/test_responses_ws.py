@@ -15,6 +15,7 @@ import httpx
 from twisted.internet.defer import inlineCallbacks
 
 from tests.openai_api.sdk import OpenAICase, caught, openai_policy
+from tests.openai_api.test_restart import RestartCase
 
 #: The handshake headers of a WebSocket client, for raw requests.
 HANDSHAKE = {
@@ -563,3 +564,128 @@ class HandshakeTests(SocketCase):
         self.assertIsInstance(refused, InvalidStatus)
         self.assertEqual(refused.response.status_code, 401)
         self.assertEqual(local, "1")
+
+
+class StopTests(RestartCase, SocketCase):
+    """The daemon stopping closes its Responses WebSockets first."""
+
+    @inlineCallbacks
+    def test_stop_closes_1001(self) -> Any:
+        """
+        A socket streaming a response when the daemon stops gets a close
+        frame 1001 (going away) saying why, not a cut connection, and the
+        stop does not wait past the close's bound.
+        """
+        import json
+        import time
+
+        from twisted.internet import reactor
+        from twisted.internet.threads import blockingCallFromThread
+        from websockets.exceptions import ConnectionClosed
+
+        def run() -> Any:
+            with self.raw_socket() as ws:
+                ws.send(
+                    json.dumps(
+                        {"type": "response.create", "model": "fake", "input": "slow"}
+                    )
+                )
+                while json.loads(ws.recv(timeout=30))["type"] != (
+                    "response.output_text.delta"
+                ):
+                    pass
+                started = time.monotonic()
+                blockingCallFromThread(reactor, self.restart)
+                stopped = time.monotonic() - started
+
+                def drain() -> Any:
+                    while True:
+                        ws.recv(timeout=10)
+
+                return caught(drain), stopped
+
+        closed, stopped = yield self.sdk(run)
+        self.assertIsInstance(closed, ConnectionClosed)
+        self.assertEqual(closed.rcvd.code, 1001)
+        self.assertEqual(closed.rcvd.reason, "the daemon is stopping")
+        self.assertLess(stopped, 30)
+
+
+def masked_text(payload: bytes) -> bytes:
+    """A client's text frame (masked, as RFC 6455 wants), at most 64 KiB."""
+    mask = os.urandom(4)
+    head = b"\x81" + (
+        bytes([0x80 | len(payload)])
+        if len(payload) < 126
+        else bytes([0x80 | 126]) + len(payload).to_bytes(2, "big")
+    )
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+class SlowReaderTests(SocketCase):
+    """A client that stops reading cannot make the daemon hold its events."""
+
+    @inlineCallbacks
+    def test_client_not_reading_is_dropped(self) -> Any:
+        """
+        A client that never reads: a large response fills its connection
+        and pauses, and the frames it keeps sending are still answered
+        (each with an ``error`` event); once more than ``OPENAI_WS_UNREAD_BYTES`` of answers pile up
+        behind the full connection, the client is dropped (its socket
+        uncounted, the connection cut after the close's grace).
+        """
+        import json
+        import socket
+        import time
+
+        from sandboxd.openai_api import responses_socket
+
+        self.patch(responses_socket, "OPENAI_WS_UNREAD_BYTES", 16 * 1024)
+        host, port = self.daemon.url.split("//")[1].split(":")
+
+        def run() -> Any:
+            raw = socket.socket()
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            raw.connect((host, int(port)))
+            raw.settimeout(10)
+            head = [
+                "GET /v1/responses HTTP/1.1",
+                f"Host: {host}:{port}",
+                "Authorization: Bearer u-token",
+                *[f"{k}: {v}" for k, v in HANDSHAKE.items()],
+            ]
+            raw.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+            answer = raw.recv(4096)
+            for held in self._sockets():
+                held.transport.socket.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
+                )
+            create = {"type": "response.create", "model": "fake"}
+            for _ in range(2):
+                body = {**create, "input": "echo " + "x" * 20000}
+                raw.sendall(masked_text(json.dumps(body).encode()))
+            counted = len(self._sockets())
+            deadline = time.monotonic() + 20
+            while self._sockets() and time.monotonic() < deadline:
+                try:
+                    for _ in range(50):
+                        raw.sendall(masked_text(b"not json"))
+                except OSError:
+                    pass  # dropped
+                time.sleep(0.05)
+            left = len(self._sockets())
+            raw.close()
+            return answer, counted, left
+
+        answer, counted, left = yield self.sdk(run)
+        self.assertTrue(answer.startswith(b"HTTP/1.1 101"), answer[:40])
+        self.assertEqual((counted, left), (1, 0))
+
+    def _sockets(self) -> list[Any]:
+        """The daemon's open Responses WebSockets."""
+        from sandboxd.openai_api.responses_socket import _FACTORIES
+
+        factory = _FACTORIES.get(self.daemon.context)
+        if factory is None:
+            return []
+        return [s for held in factory.sockets.values() for s in held]

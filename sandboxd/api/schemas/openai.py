@@ -556,8 +556,9 @@ SCHEMAS: dict[str, Schema] = {
         "streamed create, live, one per frame; response.steer.accepted / .failed; "
         "error {status, error}. Binary frames close 1003, messages over "
         "max_message_bytes 1009; idle_timeout_seconds without a frame or a running "
-        "response closes 1000. Each create is governed and audited as "
-        "agents_responses_create.",
+        "response closes 1001, as does the daemon stopping; a client leaving over "
+        "4 MiB of events unread is dropped with 4008. Each create is governed and "
+        "audited as agents_responses_create.",
     ),
     "agents_cannot_responses_input_tokens": Schema(errors=(_OA_REFUSED,)),
     "agents_responses_get": Schema(
