@@ -129,6 +129,34 @@ class FollowerTests(SynchronousTestCase):
         follower.resumeProducing()
         self.assertEqual(channel.ids(), [1, 2, 3, 4, 5])
 
+    def test_paused_by_a_write_stops_the_catch_up(self) -> None:
+        """
+        A backlog is written only until a write pauses the follower (the
+        connection is full): the rest stays in the log, then follows on
+        resume, in order, and the stream ends only after it.
+        """
+        log = EventLog(10_000)
+        channel = FakeChannel()
+        follower = Follower(log, channel, after=0)  # type: ignore[arg-type]
+        follower.pauseProducing()
+        for i in range(6):
+            log.append("stdout", {"i": i})
+        log.close()
+        written = channel.write_raw
+
+        def full_after_two(data: bytes) -> None:
+            written(data)
+            if len(channel.frames) == 2:
+                follower.pauseProducing()
+
+        channel.write_raw = full_after_two  # type: ignore[method-assign]
+        follower.resumeProducing()
+        self.assertEqual(channel.ids(), [1, 2])
+        self.assertTrue(channel.open)
+        follower.resumeProducing()
+        self.assertEqual(channel.ids(), [1, 2, 3, 4, 5, 6])
+        self.assertFalse(channel.open)
+
     def test_paused_past_retention_gets_gap(self) -> None:
         """A follower paused while events were dropped resumes with a gap event."""
         log = EventLog(60)

@@ -254,6 +254,10 @@ class Follower:
                 return
             self.channel.write_raw(self.format(event))
             self.sent = event.seq
+            if self.paused:
+                # The write filled the connection: the rest waits in the
+                # log for resumeProducing, not in the transport's buffer.
+                return
         if self.log.closed and self.channel.open:
             self._unsubscribe()
             if self.ending is not None:
