@@ -108,8 +108,11 @@ def respond_json(
         return
     data = json_bytes(body)
     raw.setResponseCode(status)
-    raw.responseHeaders.setRawHeaders(b"content-type", [_JSON])
-    raw.responseHeaders.setRawHeaders(b"content-length", [str(len(data)).encode()])
+    # Stored as Twisted's Headers would store them, without its per-value
+    # checks: both values are ours.
+    fields = raw.responseHeaders._rawHeaders
+    fields[b"Content-Type"] = [_JSON]
+    fields[b"Content-Length"] = [b"%d" % len(data)]
     if headers:
         for k, v in headers.items():
             raw.setHeader(k, v)
@@ -218,7 +221,7 @@ def _respond_raw(raw: SandboxRequest, result: ServerResponse) -> None:
     for k, v in result.headers.items():
         raw.setHeader(k, v)
     assert result.raw is not None
-    raw.setHeader(b"content-length", str(len(result.raw)).encode())
+    raw.responseHeaders._rawHeaders[b"Content-Length"] = [b"%d" % len(result.raw)]
     raw.write(result.raw)
     raw.finish()
 
