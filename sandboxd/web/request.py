@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from twisted.logger import Logger
-from twisted.web.http import NO_BODY_CODES, datetimeToString
+from twisted.web.http import NO_BODY_CODES, datetimeToString, parse_qs
 from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 
@@ -287,6 +287,22 @@ class SandboxRequest(Request):
             sink.abort()
 
     # -- after the body ---------------------------------------------------
+
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        """
+        Set the request line, then :meth:`process`: Twisted's own, less
+        its look-up of the body's type for a form, which this site never
+        parses (``parsePOSTFormSubmission`` is off; with it on, Twisted's
+        runs).
+        """
+        if self._parsePOSTFormSubmission:
+            super().requestReceived(command, path, version)
+            return
+        self.content.seek(0, 0)
+        self.method, self.uri, self.clientproto = command, path, version
+        self.path, query, argstring = path.partition(b"?")
+        self.args = parse_qs(argstring, 1) if query else {}
+        self.process()
 
     def process(self) -> None:
         """Answer a refusal, or parse the body and run the handler (steps 6–8)."""
