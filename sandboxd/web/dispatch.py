@@ -12,7 +12,6 @@ Klein does, and nothing is ever written after that.
 from __future__ import annotations
 
 import inspect
-import json
 from collections.abc import AsyncIterable, Iterable
 from typing import Any, Protocol, cast
 
@@ -30,6 +29,7 @@ from twisted.web.server import Request
 
 from sandboxd.daemon.context import as_clock
 from sandboxd.errors import ApiError, unexpected
+from sandboxd.web.jsonbody import COMPACT, COMPACT_ASCII
 from sandboxd.web.messages import (
     ServerRequest,
     ServerResponse,
@@ -86,11 +86,11 @@ def json_bytes(value: Any) -> bytes:
     Python client decodes back to the same string.  An answer must not fail
     after its side effect is done.
     """
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    text = COMPACT.encode(value)
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
-        return json.dumps(value, separators=(",", ":")).encode("ascii")
+        return COMPACT_ASCII.encode(value).encode("ascii")
 
 
 def reason_phrase(status: int) -> str:
