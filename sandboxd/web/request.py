@@ -103,7 +103,13 @@ class SandboxRequest(Request):
     client_host = ""
     _context: Context | None = None
 
-    def __init__(self, channel: Any, queued: object = False) -> None:
+    def __init__(
+        self,
+        channel: Any,
+        *args: Any,
+        parsePOSTFormSubmission: bool | None = None,
+        **kw: Any,
+    ) -> None:
         """
         Set what Twisted's two constructors set (``twisted.web.server``'s
         and ``twisted.web.http``'s), in one call rather than three: a new
@@ -120,8 +126,13 @@ class SandboxRequest(Request):
         self.responseHeaders = Headers()
         self.cookies = []
         self.transport = channel.transport
-        self.queued = queued
-        self._parsePOSTFormSubmission = channel.site._parsePOSTFormSubmission
+        # Twisted's deprecated ``queued``, positional or named.
+        self.queued = args[0] if args else kw.get("queued", False)
+        self._parsePOSTFormSubmission = (
+            channel.site._parsePOSTFormSubmission
+            if parsePOSTFormSubmission is None
+            else parsePOSTFormSubmission
+        )
         # components.Componentized's own state.
         self._adapterCache = {}
 
@@ -298,7 +309,7 @@ class SandboxRequest(Request):
         if self._parsePOSTFormSubmission:
             super().requestReceived(command, path, version)
             return
-        self.content.seek(0, 0)
+        self.body_buffer.seek(0, 0)  # the same buffer as ``content``
         self.method, self.uri, self.clientproto = command, path, version
         self.path, query, argstring = path.partition(b"?")
         self.args = parse_qs(argstring, 1) if query else {}
