@@ -12,7 +12,7 @@ Klein does, and nothing is ever written after that.
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterable, Iterable
+from collections.abc import AsyncIterable, Iterable, Mapping
 from typing import Any, Protocol, cast
 
 from twisted.internet.defer import (
@@ -114,10 +114,37 @@ def respond_json(
     fields[b"Content-Type"] = [_JSON]
     fields[b"Content-Length"] = [b"%d" % len(data)]
     if headers:
-        for k, v in headers.items():
-            raw.setHeader(k, v)
+        set_headers(raw, headers)
     raw.write(data)
     raw.finish()
+
+
+#: Header fields handlers commonly answer with, under the names Twisted's
+#: ``Headers`` stores them by: set without its per-value encoding and
+#: checks, which these constants passed once, here.
+_CONSTANT_FIELDS: dict[tuple[str, str], tuple[bytes, list[bytes]]] = {
+    (name, value): (canonical, [value.encode("latin-1")])
+    for canonical, value in (
+        (b"Content-Type", "application/json"),
+        (b"Content-Type", "application/octet-stream"),
+        (b"Cache-Control", "no-store"),
+    )
+    for name in (canonical.decode("latin-1"), canonical.decode("latin-1").lower())
+}
+
+
+def set_headers(raw: SandboxRequest, headers: Mapping[str, str]) -> None:
+    """
+    Set a handler's response headers: a known constant directly, any
+    other through Twisted's ``setHeader`` and its checks.
+    """
+    fields = raw.responseHeaders._rawHeaders
+    for name, value in headers.items():
+        known = _CONSTANT_FIELDS.get((name, value))
+        if known is not None:
+            fields[known[0]] = known[1][:]
+        else:
+            raw.setHeader(name, value)
 
 
 def error_framing(
@@ -218,8 +245,7 @@ def render_failure(
 
 def _respond_raw(raw: SandboxRequest, result: ServerResponse) -> None:
     raw.setResponseCode(result.status)
-    for k, v in result.headers.items():
-        raw.setHeader(k, v)
+    set_headers(raw, result.headers)
     assert result.raw is not None
     raw.responseHeaders._rawHeaders[b"Content-Length"] = [b"%d" % len(result.raw)]
     raw.write(result.raw)
@@ -228,8 +254,7 @@ def _respond_raw(raw: SandboxRequest, result: ServerResponse) -> None:
 
 def _stream_body(raw: SandboxRequest, result: StreamResponse) -> Deferred[Any]:
     raw.setResponseCode(result.status)
-    for k, v in result.headers.items():
-        raw.setHeader(k, v)
+    set_headers(raw, result.headers)
     if _twisted(raw).method == b"HEAD":
         # The headers (size, ETag) without the body: the producer is
         # stopped at once, before it reads or sendfile()s a byte.
@@ -305,8 +330,7 @@ def _stream_events(
         raw.setResponseCode(200)
         raw.setHeader(b"content-type", b"text/event-stream")
         raw.setHeader(b"cache-control", b"no-cache")
-        for k, v in result.headers.items():
-            raw.setHeader(k, v)
+        set_headers(raw, result.headers)
         raw.write(b"")
         raw.finish()
         return None
