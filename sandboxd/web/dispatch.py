@@ -12,8 +12,7 @@ Klein does, and nothing is ever written after that.
 from __future__ import annotations
 
 import inspect
-import json
-from collections.abc import AsyncIterable, Iterable
+from collections.abc import AsyncIterable, Iterable, Mapping
 from typing import Any, Protocol, cast
 
 from twisted.internet.defer import (
@@ -30,6 +29,7 @@ from twisted.web.server import Request
 
 from sandboxd.daemon.context import as_clock
 from sandboxd.errors import ApiError, unexpected
+from sandboxd.web.jsonbody import COMPACT, COMPACT_ASCII
 from sandboxd.web.messages import (
     ServerRequest,
     ServerResponse,
@@ -86,11 +86,11 @@ def json_bytes(value: Any) -> bytes:
     Python client decodes back to the same string.  An answer must not fail
     after its side effect is done.
     """
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    text = COMPACT.encode(value)
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
-        return json.dumps(value, separators=(",", ":")).encode("ascii")
+        return COMPACT_ASCII.encode(value).encode("ascii")
 
 
 def reason_phrase(status: int) -> str:
@@ -108,13 +108,43 @@ def respond_json(
         return
     data = json_bytes(body)
     raw.setResponseCode(status)
-    raw.responseHeaders.setRawHeaders(b"content-type", [_JSON])
-    raw.responseHeaders.setRawHeaders(b"content-length", [str(len(data)).encode()])
+    # Stored as Twisted's Headers would store them, without its per-value
+    # checks: both values are ours.
+    fields = raw.responseHeaders._rawHeaders
+    fields[b"Content-Type"] = [_JSON]
+    fields[b"Content-Length"] = [b"%d" % len(data)]
     if headers:
-        for k, v in headers.items():
-            raw.setHeader(k, v)
+        set_headers(raw, headers)
     raw.write(data)
     raw.finish()
+
+
+#: Header fields handlers commonly answer with, under the names Twisted's
+#: ``Headers`` stores them by: set without its per-value encoding and
+#: checks, which these constants passed once, here.
+_CONSTANT_FIELDS: dict[tuple[str, str], tuple[bytes, list[bytes]]] = {
+    (name, value): (canonical, [value.encode("latin-1")])
+    for canonical, value in (
+        (b"Content-Type", "application/json"),
+        (b"Content-Type", "application/octet-stream"),
+        (b"Cache-Control", "no-store"),
+    )
+    for name in (canonical.decode("latin-1"), canonical.decode("latin-1").lower())
+}
+
+
+def set_headers(raw: SandboxRequest, headers: Mapping[str, str]) -> None:
+    """
+    Set a handler's response headers: a known constant directly, any
+    other through Twisted's ``setHeader`` and its checks.
+    """
+    fields = raw.responseHeaders._rawHeaders
+    for name, value in headers.items():
+        known = _CONSTANT_FIELDS.get((name, value))
+        if known is not None:
+            fields[known[0]] = known[1][:]
+        else:
+            raw.setHeader(name, value)
 
 
 def error_framing(
@@ -215,18 +245,16 @@ def render_failure(
 
 def _respond_raw(raw: SandboxRequest, result: ServerResponse) -> None:
     raw.setResponseCode(result.status)
-    for k, v in result.headers.items():
-        raw.setHeader(k, v)
+    set_headers(raw, result.headers)
     assert result.raw is not None
-    raw.setHeader(b"content-length", str(len(result.raw)).encode())
+    raw.responseHeaders._rawHeaders[b"Content-Length"] = [b"%d" % len(result.raw)]
     raw.write(result.raw)
     raw.finish()
 
 
 def _stream_body(raw: SandboxRequest, result: StreamResponse) -> Deferred[Any]:
     raw.setResponseCode(result.status)
-    for k, v in result.headers.items():
-        raw.setHeader(k, v)
+    set_headers(raw, result.headers)
     if _twisted(raw).method == b"HEAD":
         # The headers (size, ETag) without the body: the producer is
         # stopped at once, before it reads or sendfile()s a byte.
@@ -302,8 +330,7 @@ def _stream_events(
         raw.setResponseCode(200)
         raw.setHeader(b"content-type", b"text/event-stream")
         raw.setHeader(b"cache-control", b"no-cache")
-        for k, v in result.headers.items():
-            raw.setHeader(k, v)
+        set_headers(raw, result.headers)
         raw.write(b"")
         raw.finish()
         return None

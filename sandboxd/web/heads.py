@@ -59,6 +59,10 @@ _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 #: A request target: no controls, no space (the bytes Twisted accepted).
 _TARGET = re.compile(rb"[\x21-\xb0]+")
 _VERSIONS = frozenset({b"HTTP/1.1", b"HTTP/1.0"})
+#: Methods known to be tokens, so not matched against :data:`_TOKEN` again.
+_KNOWN_METHODS = frozenset(
+    {b"GET", b"HEAD", b"POST", b"PUT", b"PATCH", b"DELETE", b"OPTIONS"}
+)
 #: Digits past which a Content-Length is beyond every bound anyway.
 _LENGTH_DIGITS = 30
 _TOO_LONG = 10**_LENGTH_DIGITS
@@ -103,10 +107,11 @@ class HeadError(Exception):
         self.status = status
 
 
-@attrs.frozen
+@attrs.define
 class Head:
     """
-    One parsed request head.
+    One parsed request head (read, never changed: not frozen only because
+    a frozen class's constructor costs four times as much, once per call).
 
     :ivar method: as sent (case kept: ``get`` is not ``GET``).
     :ivar target: the request target, raw.
@@ -187,7 +192,7 @@ def _request_line(line: bytes) -> tuple[bytes, bytes, bytes]:
     method, target, version = parts
     if version not in _VERSIONS:
         raise HeadError("only HTTP/1.1 and HTTP/1.0 are served")
-    if _TOKEN.fullmatch(method) is None:
+    if method not in _KNOWN_METHODS and _TOKEN.fullmatch(method) is None:
         raise HeadError("a malformed request method")
     if _TARGET.fullmatch(target) is None:
         raise HeadError("a malformed request target")

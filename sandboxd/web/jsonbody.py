@@ -28,6 +28,13 @@ from typing import Any
 
 from sandboxd.errors import invalid_json
 
+#: The encoders of the JSON the daemon sends (responses, SSE events):
+#: compact, UTF-8 as is, and the ASCII-escaped fallback for a string a
+#: lone surrogate makes unencodable.  Made once: ``json.dumps`` with any
+#: option builds a new encoder on every call.
+COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"))
+
 
 class _Duplicate(ValueError):
     pass

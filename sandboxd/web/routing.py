@@ -64,8 +64,14 @@ class Router:
 
     def __init__(self, table: RouteTable) -> None:
         self.root = RouteNode()
+        #: Each endpoint's parameter names in path order, read from its
+        #: template once here rather than on every match.
+        self._names: dict[Endpoint, tuple[str, ...]] = {}
         for endpoint in table:
             if endpoint.method not in DOOR_METHODS:
+                self._names[endpoint] = tuple(
+                    n for n in map(param_name, endpoint.segments) if n is not None
+                )
                 self.root.add(endpoint.segments, endpoint)
                 for path in endpoint.also:
                     self.root.add(tuple(s for s in path.split("/") if s), endpoint)
@@ -78,7 +84,9 @@ class Router:
         endpoint = self.root.find(segments, method, values)
         if endpoint is None:
             return None
-        names = [n for n in map(param_name, endpoint.segments) if n is not None]
+        if not values:
+            return endpoint, {}
+        names = self._names[endpoint]
         if len(values) != len(names):  # one of the endpoint's other paths
             return endpoint, {}
         return endpoint, dict(zip(names, values, strict=True))

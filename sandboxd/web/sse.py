@@ -9,7 +9,6 @@ and lets a producer pause whatever feeds it when the client reads slowly.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -21,20 +20,21 @@ from zope.interface import implementer
 
 from sandboxd.eventlog import Event, EventLog
 from sandboxd.policy.defaults import HEARTBEAT_SECONDS
+from sandboxd.web.jsonbody import COMPACT, COMPACT_ASCII
 from sandboxd.web.params import integer
 from sandboxd.web.sending import send_now
 
 
 def frame(event: str, data: Any, id: int | None = None) -> bytes:
     """One SSE frame; ``data`` is JSON (so it never holds a bare newline)."""
-    payload = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    payload = COMPACT.encode(data)
     head = f"id: {id}\n" if id is not None else ""
     text = f"{head}event: {event}\ndata: {payload}\n\n"
     try:
         return text.encode()
     except UnicodeEncodeError:
         # A lone surrogate (a non-UTF-8 file name): escaped, never a failure.
-        payload = json.dumps(data, separators=(",", ":"))
+        payload = COMPACT_ASCII.encode(data)
         return f"{head}event: {event}\ndata: {payload}\n\n".encode()
 
 

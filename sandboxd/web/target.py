@@ -28,6 +28,8 @@ def parse_path(raw_path: bytes) -> tuple[str, tuple[str, ...]]:
     """Normalise the path part of a target into ``(path, segments)``."""
     if not raw_path.startswith(b"/"):
         raise invalid_path("the request target must be an absolute path")
+    if b"%" not in raw_path:
+        return _parse_plain(raw_path)
     segments: list[str] = []
     for raw in raw_path.split(b"/"):
         if not raw:
@@ -39,6 +41,24 @@ def parse_path(raw_path: bytes) -> tuple[str, tuple[str, ...]]:
             raise invalid_path("dot segments are not allowed in the path")
         segments.append(segment)
     return "/" + "/".join(segments), tuple(segments)
+
+
+def _parse_plain(raw_path: bytes) -> tuple[str, tuple[str, ...]]:
+    """
+    :func:`parse_path` for a path with no percent-escape (nearly every
+    request's): nothing to decode per segment, so the path is decoded once
+    and split, with the same checks and errors.
+    """
+    try:
+        text = raw_path.decode("utf-8")
+    except UnicodeDecodeError:
+        raise invalid_path("the path is not valid UTF-8") from None
+    if "\x00" in text:
+        raise invalid_path("an encoded '/' or NUL is not allowed in a path segment")
+    segments = tuple(s for s in text.split("/") if s)
+    if "." in segments or ".." in segments:
+        raise invalid_path("dot segments are not allowed in the path")
+    return "/" + "/".join(segments), segments
 
 
 def parse_query(raw_query: bytes) -> dict[str, str]:

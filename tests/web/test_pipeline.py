@@ -11,6 +11,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.endpoints import catalogue_table
 from sandboxd.testing import MemoryDaemon
+from sandboxd.web.target import parse_path
 
 TOKEN = "s3cret-token"
 
@@ -84,6 +85,23 @@ class LocalModeTests(MemoryCase):
             reply = self.request("GET", path)
             self.assertEqual(reply.status, 400, path)
             self.assertEqual(reply.json()["code"], "invalid_path", path)
+
+    def test_plain_and_escaped_paths_alike(self) -> None:
+        """
+        A path without percent-escapes is read as its escaped spelling is:
+        the same normal form, and the same refusals of dot segments and of
+        bytes that are not UTF-8.
+        """
+        self.assertEqual(parse_path(b"/process//list/"), parse_path(b"/%70rocess/list"))
+        self.assertEqual(parse_path(b"/"), ("/", ()))
+        for raw in (b"/x/../health", b"/./health", b"/health/.."):
+            reply = self.raw(b"GET " + raw + b" HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            self.assertIn(b" 400 ", reply.split(b"\r\n")[0], raw)
+            self.assertIn(b"dot segments", reply, raw)
+        for raw in (b"/health\xa0", b"/health%a0"):
+            reply = self.raw(b"GET " + raw + b" HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            self.assertIn(b" 400 ", reply.split(b"\r\n")[0], raw)
+            self.assertIn(b"not valid UTF-8", reply, raw)
 
     def test_duplicate_parameters(self) -> None:
         """Repeated query names, also via %61 or ';', are 400 duplicate_parameter."""

@@ -325,3 +325,34 @@ class EveryEventTests(TestCase):
             channel.send("stdout", {"data": str(n)})
             expected = f'event: stdout\ndata: {{"data":"{n}"}}\n\n'.encode()
             self.assertEqual(client.recv(100), expected)
+
+
+class ResponseHeaderTests(SynchronousTestCase):
+    """A handler's response headers, constant or not, as the client gets them."""
+
+    def test_constant_and_other_headers(self) -> None:
+        """
+        A constant header is stored as Twisted would store it, each request
+        with its own list; any other still goes through Twisted's checks (a
+        line break in a value never starts a header of its own).
+        """
+        from twisted.web.test.requesthelper import DummyRequest
+
+        from sandboxd.web.dispatch import set_headers
+
+        first, second = DummyRequest([b""]), DummyRequest([b""])
+        for request in (first, second):
+            set_headers(
+                request,  # type: ignore[arg-type]
+                {"content-type": "application/json", "X-Other": "one"},
+            )
+        first.responseHeaders.addRawHeader(b"content-type", b"text/plain")
+        self.assertEqual(
+            second.responseHeaders.getRawHeaders(b"content-type"),
+            [b"application/json"],
+        )
+        self.assertEqual(second.responseHeaders.getRawHeaders(b"x-other"), [b"one"])
+        set_headers(second, {"X-Bad": "a\r\nInjected: yes"})  # type: ignore[arg-type]
+        self.assertEqual(
+            second.responseHeaders.getRawHeaders(b"x-bad"), [b"a Injected: yes"]
+        )
