@@ -220,10 +220,17 @@ def authenticate(
     store: TokenStore, headers: Mapping[bytes, Sequence[bytes]]
 ) -> Identity:
     """The caller's identity; raises the 401 or 400 of SPEC §4."""
+    return authenticate_token(store, presented_token(headers))
+
+
+def authenticate_token(store: TokenStore, token: bytes | None) -> Identity:
+    """
+    The identity of a token already taken from the request's headers by
+    :func:`presented_token` (which refused two differing ones); raises the
+    401 of SPEC §4.
+    """
     if store.local_mode:
-        presented_token(headers)
         return store.anonymous or ANONYMOUS
-    token = presented_token(headers)
     if not token:
         if store.anonymous is not None:
             return store.anonymous

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 
 from sandboxd.access.audit import make_record, redact_url_secrets, should_record
-from sandboxd.access.auth import Identity, authenticate, presented_token
+from sandboxd.access.auth import Identity, authenticate_token, presented_token
 from sandboxd.access.links import CONSOLE, is_link
 from sandboxd.access.metrics import Metrics
 from sandboxd.errors import (
@@ -257,7 +257,7 @@ def identify(
     if is_link(shown):
         assert shown is not None
         return context.links.verify(shown, audience, consume)
-    return authenticate(context.policy.tokens, headers)
+    return authenticate_token(context.policy.tokens, shown)
 
 
 def lacking_scope(
