@@ -14,6 +14,11 @@ from typing import Any
 
 from sandboxd.errors import ApiError, Code
 
+#: The header every answer of the door's handlers carries, their errors,
+#: streams and the WebSocket's 101 included (not the gate's refusals), as
+#: agent-sandbox-server's do: a client can tell the local door from OpenAI.
+LOCAL_HEADER = "X-Agent-Sandbox-Local"
+
 #: OpenAI's ``type`` for each status (anything else is ``server_error``).
 _TYPES = {
     400: "invalid_request_error",

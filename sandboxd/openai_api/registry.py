@@ -31,6 +31,7 @@ from twisted.python.failure import Failure
 
 from sandboxd.daemon.context import as_clock
 from sandboxd.errors import bad_request, not_found, unavailable
+from sandboxd.openai_api.envelope import LOCAL_HEADER
 from sandboxd.openai_api.face import IdempotencyBook, SessionFace
 from sandboxd.policy import defaults
 from sandboxd.waiters import Waiters
@@ -328,8 +329,8 @@ def _made(manager: AgentManager) -> Registry:
 
 def restored_first(handlers: dict[str, Any]) -> dict[str, Any]:
     """
-    ``handlers``, each run once what a previous daemon kept is read (at
-    once when it is), and followed, for a call that may change something,
+    ``handlers``, each answering with ``X-Agent-Sandbox-Local: 1`` and run
+    once what a previous daemon kept is read (at once when it is), and followed, for a call that may change something,
     by :meth:`Registry.records_changed`.
     """
     return {endpoint_id: _after_load(h) for endpoint_id, h in handlers.items()}
@@ -338,6 +339,8 @@ def restored_first(handlers: dict[str, Any]) -> dict[str, Any]:
 def _after_load(handler: Callable[[ServerRequest], Any]) -> Callable[..., Any]:
     @functools.wraps(handler)
     def call(request: ServerRequest) -> Any:
+        if request.raw is not None:
+            request.raw.setHeader(LOCAL_HEADER, "1")
         reg = door(request)
         if not reg.loading:
             return _noted(reg, request, handler(request))

@@ -51,7 +51,12 @@ from sandboxd.errors import (
     limit_rule,
     unexpected,
 )
-from sandboxd.openai_api.envelope import frame_error, openai_error, socket_event
+from sandboxd.openai_api.envelope import (
+    LOCAL_HEADER,
+    frame_error,
+    openai_error,
+    socket_event,
+)
 from sandboxd.openai_api.face import new_id
 from sandboxd.openai_api.registry import door, manager
 from sandboxd.openai_api.responses import WireResponse, agents_responses_create
@@ -76,9 +81,6 @@ from sandboxd.web.messages import (
 from sandboxd.web.sending import send_now
 
 log = Logger(namespace="sandboxd.openai_api.responses_socket")
-
-#: The header every answer of the door's agents handlers carries (the seed's).
-LOCAL_HEADER = "X-Agent-Sandbox-Local"
 
 #: Close codes (RFC 6455 §7.4.1).
 GOING_AWAY = 1001

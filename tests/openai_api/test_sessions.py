@@ -392,6 +392,29 @@ class DoorTests(OpenAICase):
         self.assertEqual(nowhere.json()["error"]["code"], "not_found")
 
     @inlineCallbacks
+    def test_answers_marked_local(self) -> Any:
+        """
+        What the door's handlers answer, errors included, carries
+        ``X-Agent-Sandbox-Local: 1`` as agent-sandbox-server's does; the
+        gate's refusals (a wrong token) do not.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            return (
+                client.models.with_raw_response.list(),
+                caught(lambda: client.beta.agents.sessions.retrieve("agsess_nope")),
+                caught(lambda: self.client("wrong").models.list()),
+            )
+
+        listed, missing, refused = yield self.sdk(run)
+        self.assertEqual(listed.headers.get("X-Agent-Sandbox-Local"), "1")
+        self.assertEqual(missing.status_code, 404)
+        self.assertEqual(missing.response.headers.get("X-Agent-Sandbox-Local"), "1")
+        self.assertEqual(refused.status_code, 401)
+        self.assertIsNone(refused.response.headers.get("X-Agent-Sandbox-Local"))
+
+    @inlineCallbacks
     def test_another_owner_sees_nothing(self) -> Any:
         """A session is its creator's: another identity gets 404 and an empty list."""
         mine = self.client()
