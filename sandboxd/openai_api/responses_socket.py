@@ -78,7 +78,7 @@ from sandboxd.web.messages import (
     SSEResponse,
     UpgradeResponse,
 )
-from sandboxd.web.sending import send_now
+from sandboxd.web.sending import raw_json_response, send_now
 
 log = Logger(namespace="sandboxd.openai_api.responses_socket")
 
@@ -365,15 +365,8 @@ class ResponsesSocket(WebSocketServerProtocol):
             Code.WEBSOCKET_HANDSHAKE_INVALID,
         )
         envelope, headers = openai_error(error)
-        body = json.dumps(envelope, separators=(",", ":")).encode()
-        head = "HTTP/1.1 400 Bad Request\r\n"
-        for name, value in [*headers.items(), (LOCAL_HEADER, "1")]:
-            head += f"{name}: {value}\r\n"
-        head += (
-            "Content-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-        )
-        self.sendData(head.encode("latin-1", "replace") + body)
+        fields = [*headers.items(), (LOCAL_HEADER, "1")]
+        self.sendData(raw_json_response(400, envelope, fields))
 
     def onOpen(self) -> None:
         """Register the flow control and start the idle clock."""

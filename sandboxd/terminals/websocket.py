@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import time
-from http import HTTPStatus
 from typing import Any
 from urllib.parse import urlencode
 
@@ -39,7 +38,7 @@ from sandboxd.terminals._autobahn import (
 from sandboxd.terminals.session import PtySession
 from sandboxd.terminals.table import TerminalTable
 from sandboxd.web.params import dimension
-from sandboxd.web.sending import send_now
+from sandboxd.web.sending import raw_json_response, send_now
 
 log = Logger(namespace="sandboxd.terminals.websocket")
 
@@ -169,19 +168,8 @@ class PtyServerProtocol(WebSocketServerProtocol):
         would carry only a reason phrase).
         """
         error = self._refusal or malformed_request(reason, code, "WebSocketError")
-        try:
-            phrase = HTTPStatus(code).phrase
-        except ValueError:
-            phrase = "Error"
-        body = json.dumps(error.body(), separators=(",", ":")).encode()
-        head = f"HTTP/1.1 {code} {phrase}\r\n"
-        for name, value in [*(responseHeaders or ()), *error.headers.items()]:
-            head += f"{name}: {value}\r\n"
-        head += (
-            "Content-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-        )
-        self.sendData(head.encode("latin-1", "replace") + body)
+        headers = [*(responseHeaders or ()), *error.headers.items()]
+        self.sendData(raw_json_response(code, error.body(), headers))
 
     def _audit(
         self,

@@ -1,16 +1,20 @@
 # -*- test-case-name: tests.web.test_sending -*-
 """
 Bytes that leave now: a finished response or a terminal's frame is sent
-in the call that wrote it, not on the reactor's next turn.
+in the call that wrote it, not on the reactor's next turn; and the bytes
+of a whole JSON response for a connection Twisted no longer serves.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
+from http import HTTPStatus
 from typing import Any
 
 from twisted.internet.tcp import Client, Server
 
-__all__ = ["send_now", "write_now"]
+__all__ = ["raw_json_response", "send_now", "write_now"]
 
 #: The transports whose socket :func:`write_now` may write to directly:
 #: the daemon's accepted connections and the preview door's connections
@@ -81,3 +85,26 @@ def write_now(transport: Any, data: bytes) -> None:
             return
         data = data[sent:]
     transport.write(data)
+
+
+def raw_json_response(
+    status: int, body: Any, headers: Iterable[tuple[str, str]] = ()
+) -> bytes:
+    """
+    A whole HTTP/1.1 response with a JSON body that closes the connection,
+    for a connection Twisted's ``Request`` no longer serves: a WebSocket
+    handshake refused by autobahn after the handler let it through.
+    """
+    try:
+        phrase = HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "Error"
+    data = json.dumps(body, separators=(",", ":")).encode()
+    head = f"HTTP/1.1 {status} {phrase}\r\n"
+    for name, value in headers:
+        head += f"{name}: {value}\r\n"
+    head += (
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode("latin-1", "replace") + data
