@@ -68,10 +68,6 @@ from sandboxd.policy.defaults import (
     WS_PING_SECONDS,
     WS_PING_TIMEOUT_SECONDS,
 )
-from sandboxd.terminals._autobahn import (
-    WebSocketServerFactory,
-    WebSocketServerProtocol,
-)
 from sandboxd.web.messages import (
     ServerRequest,
     ServerResponse,
@@ -79,6 +75,10 @@ from sandboxd.web.messages import (
     UpgradeResponse,
 )
 from sandboxd.web.sending import raw_json_response, send_now
+from sandboxd.web.websocket_server import (
+    WebSocketServerFactory,
+    WebSocketServerProtocol,
+)
 
 log = Logger(namespace="sandboxd.openai_api.responses_socket")
 

@@ -30,15 +30,15 @@ from sandboxd.policy.defaults import (
     WS_PING_TIMEOUT_SECONDS,
 )
 from sandboxd.policy.rules import EffectiveRule
-from sandboxd.terminals._autobahn import (
-    ConnectionDeny,
-    WebSocketServerFactory,
-    WebSocketServerProtocol,
-)
 from sandboxd.terminals.session import PtySession
 from sandboxd.terminals.table import TerminalTable
 from sandboxd.web.params import dimension
 from sandboxd.web.sending import raw_json_response, send_now
+from sandboxd.web.websocket_server import (
+    ConnectionDeny,
+    WebSocketServerFactory,
+    WebSocketServerProtocol,
+)
 
 log = Logger(namespace="sandboxd.terminals.websocket")
 

@@ -1,6 +1,9 @@
-# -*- test-case-name: tests.terminals.test_websocket -*-
+# -*- test-case-name: tests.web.test_websocket_server,tests.terminals.test_websocket -*-
 """
-Importing autobahn the way the daemon wants it.
+autobahn's WebSocket server classes, imported the way the daemon wants them.
+
+Both WebSocket doors (the terminal socket and the ``/v1`` Responses socket)
+take their autobahn classes from here, so the import is decided once.
 
 autobahn's native helpers (NVX) parse their C declarations with pycparser
 when imported: about 1.3 MB of idle RSS, spent to speed up unmasking and
