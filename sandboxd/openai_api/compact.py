@@ -24,13 +24,12 @@ from sandboxd.errors import Code, agent_error, agent_timeout, bad_request
 from sandboxd.openai_api.inputs import known_keys
 from sandboxd.openai_api.registry import restored_first
 from sandboxd.openai_api.responses import (
-    _response,
-    _usage,
-    _within,
     output_item,
+    owned_response,
+    wait_for_turn,
+    wire_usage,
 )
 from sandboxd.openai_api.routes import submit_text
-from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest
 
 #: What the compact body takes: the conversation, and the model it runs
@@ -85,7 +84,7 @@ async def agents_responses_compact(request: ServerRequest) -> dict[str, Any]:
             "previous_response_id is required: the conversation to compact",
             param="previous_response_id",
         )
-    prior = _response(request, previous, "previous_response_id")
+    prior = owned_response(request, previous, "previous_response_id")
     face = prior.face
     if face.last_response_id != prior.id:
         raise bad_request(
@@ -107,12 +106,7 @@ async def agents_responses_compact(request: ServerRequest) -> dict[str, Any]:
             param="model",
         )
     turn = submit_text(request, face, "/" + command)
-    limit = request.rule.limits.max_turn_seconds or 1800
-    await _within(
-        request.context.reactor,
-        turn.waiters.wait(),
-        limit + defaults.AGENT_CANCEL_GRACE_SECONDS + defaults.KILL_GRACE_SECONDS,
-    )
+    await wait_for_turn(request, turn.waiters.wait())
     if not turn.ended:
         face.cancel_turn(turn)
         raise agent_timeout("the agent did not finish compacting in time")
@@ -128,7 +122,7 @@ async def agents_responses_compact(request: ServerRequest) -> dict[str, Any]:
         "object": "response.compaction",
         "created_at": turn.created_at or int(time.time()),
         "output": output,
-        "usage": _usage(turn.usage) or _zero_usage(),
+        "usage": wire_usage(turn.usage) or _zero_usage(),
     }
     counts = _counts(text.strip())
     if counts:

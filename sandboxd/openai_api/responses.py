@@ -239,7 +239,7 @@ class WireResponse:
         status = _STATUS[turn.status]
         completed_at = turn.completed_at
         output = [output_item(i) for i in self.own_items()]
-        usage = _usage(turn.usage)
+        usage = wire_usage(turn.usage)
         if self.paused_at is not None:
             status, completed_at, usage = "completed", self.paused_at, None
             output += [approval_item(a) for a in self.approvals]
@@ -284,7 +284,11 @@ def approval_item(action: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+def wire_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """
+    A turn's token usage as the Responses API reports it: OpenAI's usage
+    object carries ``cache_write_tokens``, which no local agent counts.
+    """
     if usage is None:
         return None
     return {
@@ -448,7 +452,7 @@ async def agents_responses_create(request: ServerRequest) -> Any:
             param="previous_response_id",
         )
     if previous is not None:
-        prior = _response(request, str(previous), "previous_response_id")
+        prior = owned_response(request, str(previous), "previous_response_id")
         face = prior.face
         if face.last_response_id != prior.id:
             raise bad_request(
@@ -596,6 +600,20 @@ def _within(clock: Any, d: Deferred[Any], seconds: float) -> Deferred[Any]:
     return within(clock, d, seconds)
 
 
+async def wait_for_turn(request: ServerRequest, waited: Deferred[Any]) -> None:
+    """
+    Wait for ``waited`` (a turn's end) as long as the caller's rule lets a
+    turn run, plus the graces its cancel and kill take: past that, the turn
+    is stuck and the caller is answered with what there is.
+    """
+    limit = request.rule.limits.max_turn_seconds or 1800
+    await _within(
+        request.context.reactor,
+        waited,
+        limit + defaults.AGENT_CANCEL_GRACE_SECONDS + defaults.KILL_GRACE_SECONDS,
+    )
+
+
 async def _make_room(request: ServerRequest) -> None:
     """
     A new conversation at ``max_sessions``: the caller's least recently
@@ -664,12 +682,7 @@ async def _answer(
     if body.get("stream") is True:
         return SSEResponse(start=_streamer(response, -1))
     if not response.background and not response.done:
-        limit = request.rule.limits.max_turn_seconds or 1800
-        await _within(
-            request.context.reactor,
-            response.settled.wait(),
-            limit + defaults.AGENT_CANCEL_GRACE_SECONDS + defaults.KILL_GRACE_SECONDS,
-        )
+        await wait_for_turn(request, response.settled.wait())
     return ServerResponse(status=200, body=response.describe())
 
 
@@ -824,9 +837,13 @@ def _streamer(response: WireResponse, skip: int) -> Any:
 # -- the other routes ----------------------------------------------------------
 
 
-def _response(
+def owned_response(
     request: ServerRequest, response_id: str, param: str = "response_id"
 ) -> WireResponse:
+    """
+    The caller's response ``response_id``: anyone else's is as unknown as
+    one that never was (404 naming ``param``, the field that gave the id).
+    """
     reg = door(request)
     _materialize(reg)
     found: WireResponse | None = reg.responses.get(response_id)
@@ -837,7 +854,7 @@ def _response(
 
 async def agents_responses_get(request: ServerRequest) -> Any:
     """The response; ``stream=true`` streams it (live while it runs)."""
-    response = _response(request, request.path_params["response_id"])
+    response = owned_response(request, request.path_params["response_id"])
     if request.query.get("stream") in ("true", "1"):
         raw = request.query.get("starting_after")
         skip = -1
@@ -853,7 +870,7 @@ async def agents_responses_get(request: ServerRequest) -> Any:
 
 async def agents_responses_cancel(request: ServerRequest) -> dict[str, Any]:
     """Cancel a queued or running response; answered once it has ended."""
-    response = _response(request, request.path_params["response_id"])
+    response = owned_response(request, request.path_params["response_id"])
     turn = response.turn
     if turn.ended:
         raise bad_request(
@@ -872,7 +889,7 @@ async def agents_responses_cancel(request: ServerRequest) -> dict[str, Any]:
 
 def agents_responses_delete(request: ServerRequest) -> dict[str, Any]:
     """Forget the response (its conversation's agent ends with its last one)."""
-    response = _response(request, request.path_params["response_id"])
+    response = owned_response(request, request.path_params["response_id"])
     reg = door(request)
     reg.responses.pop(response.id, None)
     reg.changed(response.face)
@@ -884,7 +901,7 @@ def agents_responses_delete(request: ServerRequest) -> dict[str, Any]:
 
 def agents_responses_input_items(request: ServerRequest) -> dict[str, Any]:
     """The response's input messages."""
-    response = _response(request, request.path_params["response_id"])
+    response = owned_response(request, request.path_params["response_id"])
     return page(request, list(response.input_items))
 
 
