@@ -27,7 +27,7 @@ from sandboxd.openai_api import store
 from sandboxd.policy import defaults
 from tests.openai_api.sdk import caught, openai_policy
 from tests.openai_api.test_restart import RestartCase
-from tests.openai_api.test_vaults import SERVER, TOKEN, mcp_agent
+from tests.openai_api.vaults import TOKEN, bearer_vault, mcp_agent
 
 
 class KeptResponsesTests(RestartCase):
@@ -190,17 +190,8 @@ class KeptRecordsTests(RestartCase):
         os.makedirs(workspace)
 
         def before() -> Any:
-            vault = agents.vaults.create(name="v")
+            vault, credential = bearer_vault(agents)
             agents.vaults.update(vault.id, name="renamed")
-            credential = agents.vaults.credentials.create(
-                vault.id,
-                name="docs",
-                auth={
-                    "type": "static_bearer",
-                    "mcp_server_url": SERVER,
-                    "token": TOKEN,
-                },
-            )
             template = agents.environments.templates.create(
                 name="t",
                 env={"A": "1"},
@@ -363,16 +354,7 @@ class KeptRecordsTests(RestartCase):
         agents = client.beta.agents
 
         def before() -> Any:
-            vault = agents.vaults.create(name="v")
-            agents.vaults.credentials.create(
-                vault.id,
-                name="docs",
-                auth={
-                    "type": "static_bearer",
-                    "mcp_server_url": SERVER,
-                    "token": TOKEN,
-                },
-            )
+            vault, _ = bearer_vault(agents)
             return agents.sessions.create(
                 **self.session_body(agent=mcp_agent(), vault_ids=[vault.id])
             )

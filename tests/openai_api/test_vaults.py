@@ -15,21 +15,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
 
 from tests.openai_api.sdk import OpenAICase, caught, openai_policy
-
-#: A credential's secret, and the MCP server it is for.
-TOKEN = "tok-0123456789abcdefSECRET"
-SERVER = "https://mcp.example.com/mcp"
-
-
-def mcp_agent(**extra: Any) -> dict[str, Any]:
-    """An inline agent with one MCP tool on :data:`SERVER`."""
-    tool = {
-        "type": "mcp",
-        "server_label": "docs",
-        "transport": {"type": "http", "server_url": SERVER},
-    }
-    tool.update(extra)
-    return {"model": "fake", "tools": [tool]}
+from tests.openai_api.vaults import SERVER, TOKEN, bearer_vault, mcp_agent
 
 
 class VaultTests(OpenAICase):
@@ -186,16 +172,7 @@ class CredentialDeliveryTests(OpenAICase):
         agents = client.beta.agents
 
         def run() -> Any:
-            vault = agents.vaults.create(name="v")
-            agents.vaults.credentials.create(
-                vault.id,
-                name="docs",
-                auth={
-                    "type": "static_bearer",
-                    "mcp_server_url": SERVER,
-                    "token": TOKEN,
-                },
-            )
+            vault, _ = bearer_vault(agents)
             session = agents.sessions.create(
                 **self.session_body(agent=mcp_agent(), vault_ids=[vault.id])
             )
@@ -252,16 +229,7 @@ class CredentialDeliveryTests(OpenAICase):
         agents = self.client().beta.agents
 
         def run() -> Any:
-            vault = agents.vaults.create(name="v")
-            cred = agents.vaults.credentials.create(
-                vault.id,
-                name="docs",
-                auth={
-                    "type": "static_bearer",
-                    "mcp_server_url": SERVER,
-                    "token": TOKEN,
-                },
-            )
+            vault, cred = bearer_vault(agents)
             session = agents.sessions.create(
                 **self.session_body(agent=mcp_agent(), vault_ids=[vault.id])
             )
