@@ -13,6 +13,7 @@ the turn; and after the session's last event once it is closed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from twisted.internet.defer import Deferred
@@ -27,7 +28,7 @@ _RESTING = ("agent.session.idle", "agent.session.failed")
 
 
 def resume_after(
-    face: SessionFace, query: dict[str, str], headers: dict[str, str]
+    face: SessionFace, query: dict[str, str], headers: Mapping[str, str]
 ) -> int:
     """
     The seq to resume after: ``after`` (``N`` or ``evt_N``), else

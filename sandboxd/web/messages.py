@@ -46,7 +46,7 @@ class ServerRequest:
     method: str
     path: str
     query: dict[str, str]
-    headers: dict[str, str]
+    headers: Mapping[str, str]
     body: dict[str, Any]
     path_params: dict[str, str]
     identity: Identity

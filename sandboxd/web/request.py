@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from twisted.logger import Logger
@@ -51,6 +51,54 @@ from sandboxd.web.pipeline import Admission, PipelineRefusal, Refusal, admit
 from sandboxd.web.ptysocket import PtySocketExchange, session_of
 from sandboxd.web.sending import send_now, write_now
 from sandboxd.web.upload import UploadBody
+
+
+class HeaderView(Mapping[str, str]):
+    """
+    A request's headers as handlers read them (lower-cased names, the last
+    value of each), decoded only when asked for.
+
+    Most handlers read one or two headers, or none, while a request brings
+    a dozen: decoding them all for every call was work thrown away.  Names
+    and values are Latin-1, as HTTP/1.1 carries them.
+    """
+
+    __slots__ = ("_fields",)
+
+    def __init__(self, fields: Mapping[bytes, Sequence[bytes]]) -> None:
+        """
+        :param fields: the raw header values by lower-cased name, as the
+            request's head was parsed (kept, not copied).
+        """
+        self._fields = fields
+
+    def __getitem__(self, name: str) -> str:
+        try:
+            raw = name.encode("latin-1")
+        except UnicodeEncodeError:
+            raise KeyError(name) from None
+        values = self._fields.get(raw)
+        if not values:
+            raise KeyError(name)
+        return values[-1].decode("latin-1")
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        try:
+            return bool(self._fields.get(name.encode("latin-1")))
+        except UnicodeEncodeError:
+            return False
+
+    def __iter__(self) -> Iterator[str]:
+        return (k.decode("latin-1") for k, v in self._fields.items() if v)
+
+    def __len__(self) -> int:
+        return sum(1 for v in self._fields.values() if v)
+
+    def __repr__(self) -> str:
+        return f"HeaderView({dict(self)!r})"
+
 
 #: Methods that change nothing.  A request with any other method is not
 #: carried out once its client has closed the connection (see
@@ -401,10 +449,7 @@ class SandboxRequest(Request):
             method=self.method_text,
             path=a.path,
             query=a.query,
-            headers={
-                k.decode("latin-1"): v[-1].decode("latin-1")
-                for k, v in self._headers_lc.items()
-            },
+            headers=HeaderView(self._headers_lc),
             body=body,
             path_params=a.path_params,
             identity=a.identity,

@@ -25,6 +25,7 @@ from sandboxd.policy.defaults import LARGE_BODY_BYTES, LARGE_READ_BYTES
 from sandboxd.routes import builtin_table
 from sandboxd.web.factory import SandboxSite
 from sandboxd.web.messages import SSEResponse
+from sandboxd.web.request import HeaderView
 from sandboxd.web.sse import SSEChannel, _send_now
 
 
@@ -356,3 +357,54 @@ class ResponseHeaderTests(SynchronousTestCase):
         self.assertEqual(
             second.responseHeaders.getRawHeaders(b"x-bad"), [b"a Injected: yes"]
         )
+
+
+class HeaderViewTests(SynchronousTestCase):
+    """What a handler reads from ``ServerRequest.headers``."""
+
+    FIELDS = {
+        b"host": [b"127.0.0.1:8080"],
+        b"x-twice": [b"first", b"second"],
+        b"x-latin": [b"caf\xe9"],
+    }
+
+    def test_reads_like_the_decoded_dict(self) -> None:
+        """
+        Lower-cased names, the last value of a repeated header, Latin-1
+        decoded: the same mapping handlers were given as a decoded dict.
+        """
+        view = HeaderView(self.FIELDS)
+        self.assertEqual(
+            dict(view),
+            {"host": "127.0.0.1:8080", "x-twice": "second", "x-latin": "café"},
+        )
+        self.assertEqual(view["x-twice"], "second")
+        self.assertEqual(view.get("x-latin"), "café")
+        self.assertEqual(len(view), 3)
+        self.assertIn("host", view)
+
+    def test_missing_names(self) -> None:
+        """
+        A name not sent, a name in another case, a name Latin-1 cannot
+        carry and a name that is not a string are all absent, not errors.
+        """
+        view = HeaderView(self.FIELDS)
+        self.assertIsNone(view.get("idempotency-key"))
+        self.assertIsNone(view.get("Host"))
+        self.assertEqual(view.get("x-\u2603", "none"), "none")
+        self.assertNotIn("Host", view)
+        self.assertNotIn(b"host", view)
+        self.assertRaises(KeyError, lambda: view["x-\u2603"])
+
+    def test_decodes_only_what_is_read(self) -> None:
+        """A value nobody reads is never decoded (the view keeps the raw bytes)."""
+        decoded: list[bytes] = []
+
+        class Counting(bytes):
+            def decode(self, *args: Any, **kw: Any) -> str:
+                decoded.append(bytes(self))
+                return super().decode(*args, **kw)
+
+        view = HeaderView({b"a": [Counting(b"1")], b"b": [Counting(b"2")]})
+        self.assertEqual(view.get("b"), "2")
+        self.assertEqual(decoded, [b"2"])
