@@ -67,15 +67,25 @@ class IdempotencyBook:
     """
     ``Idempotency-Key`` → (body digest, result): the same key with the same
     body answers the first result again, with another body 409.
+
+    A key is remembered for :data:`~sandboxd.policy.defaults.OPENAI_IDEMPOTENCY_SECONDS`
+    from its first use (OpenAI's window) and among the ``size`` newest;
+    past either it is a new key.  Times are wall-clock seconds, so a book
+    kept across a restart keeps its window.
     """
 
     def __init__(
         self,
         size: int = MAX_IDEMPOTENCY_KEYS,
         on_change: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.time,
+        window: float = defaults.OPENAI_IDEMPOTENCY_SECONDS,
     ) -> None:
         self.size = size
-        self._book: OrderedDict[str, tuple[str, Any]] = OrderedDict()
+        self.window = window
+        self._clock = clock
+        #: key -> (body digest, result, stored at), oldest first.
+        self._book: OrderedDict[str, tuple[str, Any, float]] = OrderedDict()
         #: Called after every :meth:`store` (the registry keeps the book).
         self.on_change = on_change
 
@@ -84,10 +94,11 @@ class IdempotencyBook:
         if key is None:
             return None
         check_key(key)
+        self._forget_expired()
         found = self._book.get(key)
         if found is None:
             return None
-        digest, result = found
+        digest, result, _ = found
         if digest != body_digest(body):
             raise idempotency_mismatch()
         return result
@@ -96,21 +107,44 @@ class IdempotencyBook:
         """Remember ``result`` for ``key`` (the oldest key goes beyond the bound)."""
         if key is None:
             return
-        self._book[key] = (body_digest(body), result)
-        while len(self._book) > self.size:
-            self._book.popitem(last=False)
+        self._put(key, body_digest(body), result, self._clock())
         if self.on_change is not None:
             self.on_change()
 
-    def entries(self) -> list[tuple[str, str, Any]]:
-        """Each key with its body digest and result, oldest first (to be kept)."""
-        return [(key, digest, result) for key, (digest, result) in self._book.items()]
+    def entries(self) -> list[tuple[str, str, Any, float]]:
+        """
+        Each key with its body digest, result and the time it was stored,
+        oldest first (to be kept).
+        """
+        self._forget_expired()
+        return [(key, *entry) for key, entry in self._book.items()]
 
-    def restore(self, key: str, digest: str, result: Any) -> None:
-        """Put back an entry a previous daemon kept (the bound still holds)."""
-        self._book[key] = (digest, result)
+    def restore(
+        self, key: str, digest: str, result: Any, stored_at: float | None = None
+    ) -> None:
+        """
+        Put back an entry a previous daemon kept (the bounds still hold).  One
+        kept without its time (by an older daemon) counts from now.
+        """
+        self._put(
+            key, digest, result, self._clock() if stored_at is None else stored_at
+        )
+        self._forget_expired()
+
+    def _put(self, key: str, digest: str, result: Any, stored_at: float) -> None:
+        self._book[key] = (digest, result, stored_at)
+        self._book.move_to_end(key)
         while len(self._book) > self.size:
             self._book.popitem(last=False)
+
+    def _forget_expired(self) -> None:
+        """Drop the keys older than the window (oldest first, so from the front)."""
+        oldest = self._clock() - self.window
+        while self._book:
+            key, (_, _, stored_at) = next(iter(self._book.items()))
+            if stored_at > oldest:
+                break
+            del self._book[key]
 
 
 def check_key(key: str) -> None:

@@ -103,7 +103,7 @@ class Registry:
         return OrderedDict(
             (record["id"], record)
             for (owner, route), book in self._books.items()
-            for key, digest, result in book.entries()
+            for key, digest, result, stored_at in book.entries()
             for record in [
                 {
                     "id": json.dumps([owner, route, key]),
@@ -112,6 +112,7 @@ class Registry:
                     "key": key,
                     "digest": digest,
                     "result": result,
+                    "stored_at": stored_at,
                 }
             ]
         )
@@ -121,7 +122,9 @@ class Registry:
         for record in records:
             try:
                 owner, route, key = record["owner"], record["route"], record["key"]
-                self.book(owner, route).restore(key, record["digest"], record["result"])
+                self.book(owner, route).restore(
+                    key, record["digest"], record["result"], record.get("stored_at")
+                )
             except (KeyError, TypeError) as e:
                 log.warning("an Idempotency-Key record cannot be restored (%s)", e)
 

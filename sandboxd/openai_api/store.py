@@ -172,8 +172,10 @@ def restore(record: dict[str, Any]) -> SessionFace:
     face.tools = list(record.get("tools") or [])
     face.instructions = record.get("instructions", face.instructions)
     face.last_response_id = record.get("last_response_id")
-    for key, digest, result in record.get("idempotency") or []:
-        face.idempotency.restore(key, digest, result)
+    for entry in record.get("idempotency") or []:
+        # [key, digest, result, stored at]; without the time if kept by an
+        # older daemon.
+        face.idempotency.restore(*entry[:4])
     for saved in record["turns"]:
         turn = WireTurn(face, "", [])
         turn.id = saved["id"]

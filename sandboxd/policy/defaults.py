@@ -211,6 +211,10 @@ OPENAI_STATE_LOAD_SECONDS = 60.0
 #: oldest is forgotten past either).
 OPENAI_RESPONSES_PER_IDENTITY = 200
 OPENAI_RESPONSES_BYTES_PER_IDENTITY = 8 * MIB
+#: How long an ``Idempotency-Key`` answers its first result again: OpenAI
+#: documents 24 hours; past that the key is new (the count bound of each
+#: book still holds within the window).
+OPENAI_IDEMPOTENCY_SECONDS = 24 * 60 * 60.0
 
 # The /v1 door's webhooks: endpoints per identity, deliveries waiting (or
 # being retried) per identity, one delivery's timeout, the attempts of one
