@@ -630,11 +630,16 @@ class ResponsesSocket(WebSocketServerProtocol):
             )
             return
         steer["id"] = new_id("steer_")
+        # The successor continues with the steered response's settings, as
+        # OpenAI's automatic successor does (the steer carries only input).
         body = {
             "model": target.model,
             "input": given,
             "previous_response_id": previous,
+            "instructions": target.instructions,
+            "metadata": target.metadata,
             "store": target.store,
+            "background": target.background,
             "stream": True,
         }
         lane = self.lane.stream_id if self.lane is not None else None

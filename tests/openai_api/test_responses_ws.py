@@ -341,6 +341,57 @@ class ConnectTests(SocketCase):
         )
 
     @inlineCallbacks
+    def test_steer_successor_keeps_the_settings(self) -> Any:
+        """
+        A steer carries only input; its successor continues with the steered
+        response's settings: the same instructions (they lead its prompt
+        again: here they make the fake agent work slowly), metadata and
+        ``store``, as OpenAI's automatic successor does.
+        """
+        client = self.client()
+        settings = {
+            "model": "fake",
+            "instructions": "slow please",
+            "metadata": {"team": "a"},
+            "store": True,
+        }
+
+        def run() -> Any:
+            with client.responses.connect() as connection:
+                connection.send({"type": "response.create", "input": "go", **settings})
+                steered = None
+                for event in connection:
+                    if event.type == "response.created":
+                        steered = event.response.id
+                    if event.type == "response.output_text.delta":
+                        connection.response.steer(
+                            previous_response_id=steered, input="more"
+                        )
+                    if event.type == "response.steer.accepted":
+                        client.responses.cancel(steered)
+                    if event.type == "response.incomplete":
+                        break
+                successor = []
+                for event in connection:
+                    successor.append(event)
+                    if event.type == "response.output_text.delta":
+                        client.responses.cancel(successor[0].response.id)
+                        break
+                successor += until_end(connection)
+            return steered, successor
+
+        steered, successor = yield self.sdk(run)
+        created = successor[0].response
+        self.assertEqual(successor[0].type, "response.created")
+        self.assertEqual(created.previous_response_id, steered)
+        self.assertEqual(created.instructions, "slow please")
+        self.assertEqual(created.metadata, {"team": "a"})
+        self.assertIs(created.store, True)
+        deltas = [e.delta for e in successor if e.type == "response.output_text.delta"]
+        self.assertEqual(deltas[:1], ["working"])
+        self.assertEqual(successor[-1].type, "response.incomplete")
+
+    @inlineCallbacks
     def test_other_identity_cannot_continue(self) -> Any:
         """
         Another caller's socket cannot continue (404 ``not_found`` as an
