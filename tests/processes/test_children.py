@@ -797,3 +797,55 @@ class PendingSpawnTests(TestCase):
         self.patch(spawning.SPAWN_THREADS_POOL, "in_flight", 1)
         self.patch(proctree, "adopted_orphans", lambda: self.fail("looked for orphans"))
         self.assertEqual(proctree.reap_orphans(), 0)
+
+
+class BusySpawnTests(TestCase):
+    """Beside other children, a spawn waits on a worker thread, not on the reactor."""
+
+    timeout = 30
+
+    def setUp(self) -> None:
+        if not spawn.AVAILABLE:
+            raise self.skipTest("no posix_spawn through ctypes here")
+        self.marker = f"61.{secrets.randbelow(10**12):012d}"
+        self.addCleanup(kill_marked, self.marker)
+        quick = spawning.SpawnTimes()
+        quick.slow = False
+        self.patch(spawning, "SPAWN_TIMES", quick)
+        self.children = processes.ChildTable()
+
+    def start(self, argv: list[str], out: list[bytes] | None = None) -> processes.Child:
+        def collect(fd: int, data: bytes) -> None:
+            if out is not None:
+                out.append(data)
+
+        child = processes.Child(reactor, collect, grace=0.5)
+        processes.spawn(
+            reactor,
+            child,
+            argv,
+            children=self.children,
+            env=ENV,
+            cwd="/",
+            may_wait=True,
+        )
+        return child
+
+    @inlineCallbacks
+    def test_alone_at_once_beside_others_on_a_thread(self) -> Any:
+        """
+        A lone command is spawned at once; one started while another child
+        runs is pending (on a worker thread) and then runs as usual.
+        """
+        first = self.start(["sleep", self.marker])
+        self.assertFalse(first.pending)
+        self.assertNotEqual(first.pid, 0)
+        out: list[bytes] = []
+        second = self.start(["echo", "beside"], out)
+        self.assertTrue(second.pending)
+        yield second.when_spawned()
+        code = yield second.ended
+        self.assertEqual((code, b"".join(out)), (0, b"beside\n"))
+        yield first.kill("killed")
+        yield first.ended
+        self.assertEqual(marked_pids(self.marker), [])
