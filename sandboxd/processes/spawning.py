@@ -397,14 +397,13 @@ def spawn_session_later(
     :func:`spawn_session` with the wait for the child's exec on a worker
     thread, when the ``posix_spawn`` path applies and either spawns are
     slow right now (:class:`SpawnTimes`) or the caller says the daemon is
-    ``busy``; None when the caller should spawn at once.
+    ``busy`` with other children; None when the caller should spawn at once.
 
-    :param busy: other short commands are being started or run to
-        completion beside this one.  The reactor then has their requests
-        and output to serve, and the new child's exec (``posix_spawn``
-        returns only after it) overlaps that work on another CPU instead of
-        holding the reactor; a lone command is spawned at once, where a
-        thread's hand-offs would only add to its latency.
+    :param busy: other children run or are being started.  The reactor
+        then has other requests and output to serve, and the new child's
+        exec (``posix_spawn`` returns only after it) overlaps that work on
+        another CPU instead of holding the reactor; a lone command is
+        spawned at once, where a thread's hand-offs would only add to it.
     """
     program = _posix_spawn_program(executable, args, uid, gid)
     if program is None or not (busy or SPAWN_TIMES.slow):

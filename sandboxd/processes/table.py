@@ -20,12 +20,12 @@ class ChildTable:
 
     :ivar live: spawned and not yet ended.
     :ivar pending: their spawn is on a worker thread (no process yet).
-    :ivar collecting: how many commands are being run to completion now
+    :ivar collecting: commands being run to completion now
         (:func:`~sandboxd.processes.run.run_collect`): while more than one
         is, their spawns go through worker threads.
 
-    ``live`` and ``pending`` hold :class:`~sandboxd.processes.child.Child`
-    objects, typed loosely: that module imports this one.
+    Both hold :class:`~sandboxd.processes.child.Child` objects, typed
+    loosely: that module imports this one.
     """
 
     def __init__(self) -> None:
