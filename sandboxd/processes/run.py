@@ -130,11 +130,9 @@ def spawn(
     With ``may_wait``, a caller that can wait for its child (see
     :meth:`Child.when_spawned`) lets the spawn happen on a worker thread
     while spawns are slow (:class:`~sandboxd.processes.spawning.SpawnTimes`)
-    or while short commands come together (more than one being run to
-    completion, or another spawn already on a thread), so the reactor keeps
+    or other children of ``children`` run or start, so the reactor keeps
     serving meanwhile; a failure of that spawn comes through
-    ``when_spawned``.  (A long-running background process alone does not
-    count: a lone command still spawns at once beside it.)
+    ``when_spawned``.
 
     The executable is resolved against the child's PATH (never the
     daemon's) and passed absolute, so both of Twisted's spawn paths behave
@@ -159,7 +157,7 @@ def spawn(
     if run_as is not None and os.geteuid() == 0:
         uid, gid = run_as.uid, run_as.gid
     if may_wait:
-        busy = children.collecting > 1 or bool(children.pending)
+        busy = bool(children.live or children.pending)
         later = spawn_session_later(
             reactor, child, args[0], args, env, cwd, uid, gid, child_fds, busy
         )
@@ -242,65 +240,61 @@ async def run_collect(
         if observe is not None:
             observe(fd, data)
 
-    children.collecting += 1
-    try:
-        child = Child(reactor, on_output, timeout=timeout, idle_timeout=idle_timeout)
-        began = time.monotonic()
-        spawn(
-            reactor,
-            child,
-            argv,
-            children=children,
-            env=env,
-            cwd=cwd,
-            run_as=run_as,
-            stdin_pipe=stdin is not None,
-            may_wait=True,
-        )
-        if child.pending:
-            try:
-                await child.when_spawned()
-            except CancelledError:
-                child.kill("cancelled")
-                raise
-        if on_spawned is not None:
-            on_spawned(child)
-        if stdin is not None:
-            if stdin:
-                child.write_stdin(stdin)
-            child.close_stdin()
-
-        def cancel(_: Deferred[Any]) -> None:
-            child.kill("cancelled")
-
-        waiting: Deferred[int | None] = Deferred(cancel)
-
-        def finished(code: int | None) -> None:
-            if not waiting.called:
-                waiting.callback(code)
-
-        child.ended.addCallback(finished)
+    child = Child(reactor, on_output, timeout=timeout, idle_timeout=idle_timeout)
+    began = time.monotonic()
+    spawn(
+        reactor,
+        child,
+        argv,
+        children=children,
+        env=env,
+        cwd=cwd,
+        run_as=run_as,
+        stdin_pipe=stdin is not None,
+        may_wait=True,
+    )
+    if child.pending:
         try:
-            code = await waiting
+            await child.when_spawned()
         except CancelledError:
             child.kill("cancelled")
             raise
-        if child.killing is not None:
-            # The answer promises the tree is gone: wait for the kill to finish
-            # (it also leaves no timer running behind the call).
-            await _after(child.killing)
-        return RunResult(
-            stdout=out.value(),
-            stderr=err.value(),
-            exit_code=code,
-            timed_out=child.reason == "timeout",
-            idle_timed_out=child.reason == "idle_timeout",
-            truncated=out.truncated or err.truncated,
-            dropped_bytes=out.dropped_bytes + err.dropped_bytes,
-            duration_ms=(time.monotonic() - began) * 1000.0,
-        )
-    finally:
-        children.collecting -= 1
+    if on_spawned is not None:
+        on_spawned(child)
+    if stdin is not None:
+        if stdin:
+            child.write_stdin(stdin)
+        child.close_stdin()
+
+    def cancel(_: Deferred[Any]) -> None:
+        child.kill("cancelled")
+
+    waiting: Deferred[int | None] = Deferred(cancel)
+
+    def finished(code: int | None) -> None:
+        if not waiting.called:
+            waiting.callback(code)
+
+    child.ended.addCallback(finished)
+    try:
+        code = await waiting
+    except CancelledError:
+        child.kill("cancelled")
+        raise
+    if child.killing is not None:
+        # The answer promises the tree is gone: wait for the kill to finish
+        # (it also leaves no timer running behind the call).
+        await _after(child.killing)
+    return RunResult(
+        stdout=out.value(),
+        stderr=err.value(),
+        exit_code=code,
+        timed_out=child.reason == "timeout",
+        idle_timed_out=child.reason == "idle_timeout",
+        truncated=out.truncated or err.truncated,
+        dropped_bytes=out.dropped_bytes + err.dropped_bytes,
+        duration_ms=(time.monotonic() - began) * 1000.0,
+    )
 
 
 def end_all(

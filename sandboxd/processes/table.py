@@ -20,9 +20,6 @@ class ChildTable:
 
     :ivar live: spawned and not yet ended.
     :ivar pending: their spawn is on a worker thread (no process yet).
-    :ivar collecting: commands being run to completion now
-        (:func:`~sandboxd.processes.run.run_collect`): while more than one
-        is, their spawns go through worker threads.
 
     Both hold :class:`~sandboxd.processes.child.Child` objects, typed
     loosely: that module imports this one.
@@ -31,4 +28,3 @@ class ChildTable:
     def __init__(self) -> None:
         self.live: set[Any] = set()
         self.pending: set[Any] = set()
-        self.collecting = 0

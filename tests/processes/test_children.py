@@ -800,7 +800,7 @@ class PendingSpawnTests(TestCase):
 
 
 class BusySpawnTests(TestCase):
-    """Short commands run together spawn on worker threads, a lone one at once."""
+    """Beside other children, a spawn waits on a worker thread, not on the reactor."""
 
     timeout = 30
 
@@ -809,57 +809,43 @@ class BusySpawnTests(TestCase):
             raise self.skipTest("no posix_spawn through ctypes here")
         self.marker = f"61.{secrets.randbelow(10**12):012d}"
         self.addCleanup(kill_marked, self.marker)
-        # Spawns never count as slow here, however loaded the machine.
-        quick = spawning.SpawnTimes(threshold=3600.0)
+        quick = spawning.SpawnTimes()
+        quick.slow = False
         self.patch(spawning, "SPAWN_TIMES", quick)
         self.children = processes.ChildTable()
 
-    def collect(self, argv: list[str]) -> Deferred[Any]:
-        return Deferred.fromCoroutine(
-            run_collect(
-                reactor,
-                argv,
-                children=self.children,
-                env=ENV,
-                cwd="/",
-                timeout=10,
-                max_output_bytes=1024,
-            )
-        )
+    def start(self, argv: list[str], out: list[bytes] | None = None) -> processes.Child:
+        def collect(fd: int, data: bytes) -> None:
+            if out is not None:
+                out.append(data)
 
-    @inlineCallbacks
-    def test_together_on_a_thread(self) -> Any:
-        """
-        A command started while another is being run to completion waits
-        for its spawn on a worker thread, then answers as usual.
-        """
-        first = self.collect(["sleep", "0.5"])
-        self.assertEqual(self.children.pending, set())
-        second = self.collect(["echo", "beside"])
-        self.assertEqual(len(self.children.pending), 1)
-        result = yield second
-        self.assertEqual((result.exit_code, result.stdout), (0, b"beside\n"))
-        result = yield first
-        self.assertEqual(result.exit_code, 0)
-        self.assertEqual(self.children.collecting, 0)
-
-    @inlineCallbacks
-    def test_beside_a_background_process_at_once(self) -> Any:
-        """A long-running background process alone does not send a command to a thread."""
-        child = processes.Child(reactor, lambda fd, data: None, grace=0.5)
+        child = processes.Child(reactor, collect, grace=0.5)
         processes.spawn(
             reactor,
             child,
-            ["sleep", self.marker],
+            argv,
             children=self.children,
             env=ENV,
             cwd="/",
             may_wait=True,
         )
-        running = self.collect(["echo", "alone"])
-        self.assertEqual(self.children.pending, set())
-        result = yield running
-        self.assertEqual(result.stdout, b"alone\n")
-        yield child.kill("killed")
-        yield child.ended
+        return child
+
+    @inlineCallbacks
+    def test_alone_at_once_beside_others_on_a_thread(self) -> Any:
+        """
+        A lone command is spawned at once; one started while another child
+        runs is pending (on a worker thread) and then runs as usual.
+        """
+        first = self.start(["sleep", self.marker])
+        self.assertFalse(first.pending)
+        self.assertNotEqual(first.pid, 0)
+        out: list[bytes] = []
+        second = self.start(["echo", "beside"], out)
+        self.assertTrue(second.pending)
+        yield second.when_spawned()
+        code = yield second.ended
+        self.assertEqual((code, b"".join(out)), (0, b"beside\n"))
+        yield first.kill("killed")
+        yield first.ended
         self.assertEqual(marked_pids(self.marker), [])
