@@ -129,9 +129,8 @@ def spawn(
 
     With ``may_wait``, a caller that can wait for its child (see
     :meth:`Child.when_spawned`) lets the spawn happen on a worker thread
-    while spawns are slow (:class:`~sandboxd.processes.spawning.SpawnTimes`)
-    or other children of ``children`` run or start, so the reactor keeps
-    serving meanwhile; a failure of that spawn comes through
+    while spawns are slow (:class:`~sandboxd.processes.spawning.SpawnTimes`), so the
+    reactor keeps serving meanwhile; a failure of that spawn comes through
     ``when_spawned``.
 
     The executable is resolved against the child's PATH (never the
@@ -157,9 +156,8 @@ def spawn(
     if run_as is not None and os.geteuid() == 0:
         uid, gid = run_as.uid, run_as.gid
     if may_wait:
-        busy = bool(children.live or children.pending)
         later = spawn_session_later(
-            reactor, child, args[0], args, env, cwd, uid, gid, child_fds, busy
+            reactor, child, args[0], args, env, cwd, uid, gid, child_fds
         )
         if later is not None:
             child.spawning(later, stdin_pipe)

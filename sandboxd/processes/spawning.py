@@ -391,22 +391,14 @@ def spawn_session_later(
     uid: int | None = None,
     gid: int | None = None,
     child_fds: dict[int, Any] | None = None,
-    busy: bool = False,
 ) -> Deferred[AdoptedProcess] | None:
     """
     :func:`spawn_session` with the wait for the child's exec on a worker
-    thread, when the ``posix_spawn`` path applies and either spawns are
-    slow right now (:class:`SpawnTimes`) or the caller says the daemon is
-    ``busy`` with other children; None when the caller should spawn at once.
-
-    :param busy: other children run or are being started.  The reactor
-        then has other requests and output to serve, and the new child's
-        exec (``posix_spawn`` returns only after it) overlaps that work on
-        another CPU instead of holding the reactor; a lone command is
-        spawned at once, where a thread's hand-offs would only add to it.
+    thread, when spawns are slow right now (:class:`SpawnTimes`) and the
+    ``posix_spawn`` path applies; None when the caller should spawn at once.
     """
     program = _posix_spawn_program(executable, args, uid, gid)
-    if program is None or not (busy or SPAWN_TIMES.slow):
+    if not SPAWN_TIMES.slow or program is None:
         return None
     fds = _standard_fds(child_fds)
     d = _spawn_adopted_later(reactor, protocol, *program, env, path, fds)
