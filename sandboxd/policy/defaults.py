@@ -358,6 +358,14 @@ SLOW_SPAWN_SECONDS = 0.0005
 #: process: worker threads that wait in ``posix_spawn`` for a busy machine.
 SPAWN_THREADS = 4
 
+#: process: password entries kept for the users children run as (while
+#: ``/etc/passwd`` is unchanged).
+USER_ENTRIES_KEPT = 64
+
+#: process: command names kept resolved on the children's ``PATH`` (while
+#: its directories are unchanged).
+EXECUTABLE_PATHS_KEPT = 256
+
 #: file_ops: files up to this size are read in one call on the reactor
 #: thread (a page-cache read is cheaper than a thread hop); bigger ones are
 #: read and encoded in a worker thread.

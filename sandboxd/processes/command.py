@@ -12,12 +12,15 @@ import pwd
 import re
 import shlex
 import signal
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
 from sandboxd.errors import Code, bad_request, forbidden, policy_rule
+from sandboxd.libc import libc
+from sandboxd.policy.defaults import EXECUTABLE_PATHS_KEPT, USER_ENTRIES_KEPT
 from sandboxd.policy.rules import EffectiveRule
 
 #: util-linux's setpriv: switches user and groups, then execs.
@@ -27,12 +30,140 @@ SETPRIV = "/usr/bin/setpriv"
 def find_executable(name: str, env: Mapping[str, str]) -> str | None:
     """``name`` resolved against the child's PATH (not the daemon's)."""
     if "/" in name:
-        return name if os.access(name, os.X_OK) and not os.path.isdir(name) else None
-    for directory in env.get("PATH", os.defpath).split(os.pathsep):
+        return name if _runnable(name) else None
+    return EXECUTABLE_PATHS.find(name, env.get("PATH", os.defpath))
+
+
+def _runnable(path: str) -> bool:
+    return os.access(path, os.X_OK) and not os.path.isdir(path)
+
+
+def _search(name: str, directories: list[str]) -> str | None:
+    for directory in directories:
         candidate = os.path.join(directory or ".", name)
-        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+        if _runnable(candidate):
             return candidate
     return None
+
+
+#: inotify(7) events that can change what a name resolves to in a
+#: directory: an entry created, removed, renamed or its mode changed, and
+#: the directory itself removed or renamed.
+_IN_CHANGES = (
+    0x004  # IN_ATTRIB
+    | 0x040  # IN_MOVED_FROM
+    | 0x080  # IN_MOVED_TO
+    | 0x100  # IN_CREATE
+    | 0x200  # IN_DELETE
+    | 0x400  # IN_DELETE_SELF
+    | 0x800  # IN_MOVE_SELF
+)
+_IN_ONLYDIR = 0x01000000
+
+
+class ExecutablePaths:
+    """
+    Where a command name resolves on a ``PATH``, kept until a directory on
+    that ``PATH`` changes.
+
+    Resolving ``true`` on a typical ``PATH`` cost eight system calls per
+    command (an ``access`` for each directory until the hit, a ``stat``
+    for it), the same answer every time.  Here every directory of a
+    ``PATH`` whose answer is kept is watched with inotify, and a lookup
+    first reads the inotify descriptor (one system call, which finds
+    nothing while nothing changed): any change in any watched directory
+    (an executable installed, removed, renamed or made (non-)executable, the
+    directory itself removed) drops every kept answer and every watch, and
+    the next lookup searches again.  The kernel queues the event within
+    the call that made the change, so a lookup after it never sees the
+    answer from before.
+
+    Not kept: a ``PATH`` with a relative entry (it depends on the daemon's
+    working directory), or one whose directories cannot all be watched
+    (one missing, inotify unavailable or out of watches): those are
+    searched every time, as before.  Where a ``PATH`` entry is a symbolic
+    link, the directory it leads to is watched, not the link.
+    """
+
+    def __init__(self, size: int = EXECUTABLE_PATHS_KEPT) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        #: The inotify descriptor; None before first use, -1 where inotify
+        #: is unavailable.
+        self._fd: int | None = None
+        self._watched: dict[str, bool] = {}
+        self._found: dict[tuple[str, str], str | None] = {}
+
+    def find(self, name: str, path: str) -> str | None:
+        """``name`` resolved on ``path`` (a ``PATH`` value), or None."""
+        directories = path.split(os.pathsep)
+        with self._lock:
+            if not self._ready():
+                return _search(name, directories)
+            self._forget_if_changed()
+            key = (name, path)
+            if key in self._found:
+                return self._found[key]
+            # Watched before the search: a change during it is seen next time.
+            keep = len(self._found) < self.size and all(
+                self._watch(d) for d in directories
+            )
+            found = _search(name, directories)
+            if keep:
+                self._found[key] = found
+            return found
+
+    def _ready(self) -> bool:
+        if self._fd is None:
+            self._fd = _inotify_init()
+        return self._fd >= 0
+
+    def _watch(self, directory: str) -> bool:
+        if not directory.startswith("/"):
+            return False
+        known = self._watched.get(directory)
+        if known is None:
+            known = _add_watch(self._fd, directory)
+            self._watched[directory] = known
+        return known
+
+    def _forget_if_changed(self) -> None:
+        assert self._fd is not None
+        try:
+            changed = bool(os.read(self._fd, 65536))
+        except BlockingIOError:
+            return
+        except OSError:
+            changed = True
+        if changed:
+            # Start over with a new descriptor: its watches and the events
+            # still queued on the old one go with it.
+            os.close(self._fd)
+            self._fd = _inotify_init()
+            self._watched.clear()
+            self._found.clear()
+
+
+def _inotify_init() -> int:
+    """A non-blocking inotify descriptor, or -1."""
+    c = libc()
+    init = getattr(c, "inotify_init1", None)
+    if init is None or not hasattr(c, "inotify_add_watch"):
+        return -1
+    fd = int(init(os.O_NONBLOCK | os.O_CLOEXEC))
+    return fd if fd >= 0 else -1
+
+
+def _add_watch(fd: int | None, directory: str) -> bool:
+    """Whether ``directory`` is now watched on ``fd``."""
+    if fd is None or fd < 0:
+        return False
+    add = libc().inotify_add_watch
+    return int(add(fd, os.fsencode(directory), _IN_CHANGES | _IN_ONLYDIR)) >= 0
+
+
+#: Command names resolved on the children's ``PATH``.
+EXECUTABLE_PATHS = ExecutablePaths()
 
 
 def command_argv(body: Mapping[str, Any], rule: EffectiveRule) -> list[str]:
@@ -131,6 +262,114 @@ class RunAs:
         return env
 
 
+def _signature(path: str) -> tuple[int, int, int, int, int] | None:
+    """What changes when ``path`` is written, replaced or removed; None if absent."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _first_source_is_files(nsswitch: str) -> bool:
+    """Whether ``nsswitch``'s ``passwd`` line asks ``files`` first."""
+    try:
+        with open(nsswitch, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, sources = line.partition(":")
+                if key.strip() == "passwd":
+                    words = sources.split("#", 1)[0].split()
+                    return bool(words) and words[0] == "files"
+    except OSError:
+        return False
+    return True  # no passwd line: glibc's default is files first
+
+
+class UserEntries:
+    """
+    Password entries by the name or uid asked for, kept while
+    ``/etc/passwd`` and ``/etc/nsswitch.conf`` are unchanged.
+
+    A command runs as ``params.default_user`` (root, for a root daemon):
+    looking that user up on every command cost an open, a read and a
+    parse of ``/etc/passwd`` (and NSS's own checks), the same answer each
+    time.  Here a command costs two ``stat`` calls.  Only entries that are
+    the ``files`` source's answer are kept (that source first in NSS, the
+    entry's exact line in the file), so an entry from another source (a
+    directory service, systemd's dynamic users) is looked up every time,
+    as before.  Unknown users are never kept.
+    """
+
+    def __init__(
+        self,
+        passwd: str = "/etc/passwd",
+        nsswitch: str = "/etc/nsswitch.conf",
+        size: int = USER_ENTRIES_KEPT,
+    ) -> None:
+        self.passwd = passwd
+        self.nsswitch = nsswitch
+        self.size = size
+        self._signatures: tuple[Any, Any] | None = None
+        self._files_first = False
+        self._lines: frozenset[str] = frozenset()
+        self._entries: dict[tuple[bool, Any], pwd.struct_passwd] = {}
+
+    def lookup(self, wanted: Any) -> pwd.struct_passwd:
+        """
+        ``pwd.getpwuid`` for an int, else ``pwd.getpwnam``.
+
+        :raises KeyError: no such user.
+        :raises TypeError: not a name.
+        """
+        by_uid = isinstance(wanted, int) and not isinstance(wanted, bool)
+        key = (by_uid, wanted)
+        signatures = (_signature(self.passwd), _signature(self.nsswitch))
+        if signatures != self._signatures:
+            self._refresh(signatures)
+        entry = self._entries.get(key)
+        if entry is not None:
+            return entry
+        entry = pwd.getpwuid(wanted) if by_uid else pwd.getpwnam(str(wanted))
+        if self._keepable(entry) and len(self._entries) < self.size:
+            self._entries[key] = entry
+        return entry
+
+    def _refresh(self, signatures: tuple[Any, Any]) -> None:
+        self._entries.clear()
+        self._signatures = signatures
+        self._lines = frozenset()
+        self._files_first = signatures[0] is not None and _first_source_is_files(
+            self.nsswitch
+        )
+        if not self._files_first:
+            return
+        try:
+            with open(self.passwd, encoding="utf-8", errors="surrogateescape") as f:
+                self._lines = frozenset(line.rstrip("\n") for line in f)
+        except OSError:
+            self._files_first = False
+
+    def _keepable(self, entry: pwd.struct_passwd) -> bool:
+        if not self._files_first:
+            return False
+        line = ":".join(
+            (
+                entry.pw_name,
+                entry.pw_passwd,
+                str(entry.pw_uid),
+                str(entry.pw_gid),
+                entry.pw_gecos,
+                entry.pw_dir,
+                entry.pw_shell,
+            )
+        )
+        return line in self._lines
+
+
+#: The daemon's password entries.
+USER_ENTRIES = UserEntries()
+
+
 def resolve_user(requested: Any, rule: EffectiveRule) -> RunAs | None:
     """
     Who a child runs as: the request's ``user``, else ``params.default_user``.
@@ -145,11 +384,7 @@ def resolve_user(requested: Any, rule: EffectiveRule) -> RunAs | None:
     if wanted is None:
         return None
     try:
-        entry = (
-            pwd.getpwuid(wanted)
-            if isinstance(wanted, int) and not isinstance(wanted, bool)
-            else pwd.getpwnam(str(wanted))
-        )
+        entry = USER_ENTRIES.lookup(wanted)
     except (KeyError, TypeError):
         raise bad_request(f"unknown user {wanted!r}") from None
     if os.geteuid() != 0:

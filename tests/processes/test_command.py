@@ -18,7 +18,13 @@ from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.protocol import ProcessProtocol
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from sandboxd.processes.command import SETPRIV, find_executable, split_command
+from sandboxd.processes.command import (
+    SETPRIV,
+    ExecutablePaths,
+    UserEntries,
+    find_executable,
+    split_command,
+)
 from sandboxd.processes.environment import child_environment, note_argv
 from sandboxd.processes.spawning import spawn_session
 
@@ -227,3 +233,136 @@ class _Request:
         self.context = None
         self.rule = rule
         self.audit: dict[str, Any] = {}
+
+
+class ExecutablePathsTests(SynchronousTestCase):
+    """Command names resolved on a PATH follow changes to its directories."""
+
+    def setUp(self) -> None:
+        self.paths = ExecutablePaths()
+        if not self.paths._ready():
+            raise self.skipTest("inotify is not available here: nothing is kept")
+        self.addCleanup(self._close)
+        self.first = os.path.abspath(self.mktemp())
+        self.second = os.path.abspath(self.mktemp())
+        os.makedirs(self.first)
+        os.makedirs(self.second)
+        self.path = os.pathsep.join([self.first, self.second])
+        self.later = self._program(self.second)
+
+    def _close(self) -> None:
+        if self.paths._fd is not None and self.paths._fd >= 0:
+            os.close(self.paths._fd)
+
+    def _program(self, directory: str, name: str = "tool") -> str:
+        path = os.path.join(directory, name)
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\n")
+        os.chmod(path, 0o755)
+        return path
+
+    def test_answer_is_kept(self) -> None:
+        """A second lookup gives the same answer, from what was kept."""
+        self.assertEqual(self.paths.find("tool", self.path), self.later)
+        self.assertEqual(self.paths._found, {("tool", self.path): self.later})
+        self.assertEqual(self.paths.find("tool", self.path), self.later)
+
+    def test_installed_earlier_on_the_path(self) -> None:
+        """An executable installed in an earlier directory wins from the next lookup on."""
+        self.assertEqual(self.paths.find("tool", self.path), self.later)
+        earlier = self._program(self.first)
+        self.assertEqual(self.paths.find("tool", self.path), earlier)
+
+    def test_removed_or_made_not_executable(self) -> None:
+        """A removed executable, or one no longer executable, is not found."""
+        self.assertEqual(self.paths.find("tool", self.path), self.later)
+        os.chmod(self.later, 0o644)
+        self.assertIsNone(self.paths.find("tool", self.path))
+        os.chmod(self.later, 0o755)
+        self.assertEqual(self.paths.find("tool", self.path), self.later)
+        os.unlink(self.later)
+        self.assertIsNone(self.paths.find("tool", self.path))
+
+    def test_missing_name_then_installed(self) -> None:
+        """A name found nowhere is found once installed."""
+        self.assertIsNone(self.paths.find("other", self.path))
+        installed = self._program(self.first, "other")
+        self.assertEqual(self.paths.find("other", self.path), installed)
+
+    def test_relative_or_missing_directories_are_searched_every_time(self) -> None:
+        """A PATH with a relative or missing directory is never kept, and still answers."""
+        for path in (
+            os.pathsep.join(["relative", self.second]),
+            os.pathsep.join([self.first + "-missing", self.second]),
+        ):
+            self.assertEqual(self.paths.find("tool", path), self.later)
+            self.assertNotIn(("tool", path), self.paths._found)
+
+    def test_bounded(self) -> None:
+        """No more answers are kept than the bound; the rest are searched."""
+        paths = ExecutablePaths(size=1)
+        self.addCleanup(lambda: paths._fd is not None and os.close(paths._fd))
+        self.assertEqual(paths.find("tool", self.path), self.later)
+        self.assertIsNone(paths.find("nothing", self.path))
+        self.assertEqual(list(paths._found), [("tool", self.path)])
+
+    def test_find_executable_uses_the_child_path(self) -> None:
+        """find_executable resolves on the PATH it is given, not the daemon's."""
+        self.assertEqual(find_executable("tool", {"PATH": self.path}), self.later)
+        self.assertIsNone(find_executable("tool", {"PATH": self.first}))
+
+
+class UserEntriesTests(SynchronousTestCase):
+    """Password entries are kept only while they are the files source's answer."""
+
+    def setUp(self) -> None:
+        self.me = pwd.getpwuid(os.getuid())
+        self.passwd = self.mktemp()
+        self.nsswitch = self.mktemp()
+        self._write(self.nsswitch, "passwd: files systemd\n")
+        self._write(self.passwd, f"# users\n{self._line(self.me)}\n")
+        self.entries = UserEntries(self.passwd, self.nsswitch)
+
+    def _write(self, path: str, text: str) -> None:
+        with open(path, "w") as f:
+            f.write(text)
+
+    def _line(self, e: pwd.struct_passwd) -> str:
+        fields = (e.pw_name, e.pw_passwd, e.pw_uid, e.pw_gid, e.pw_gecos, e.pw_dir)
+        return ":".join([*map(str, fields), e.pw_shell])
+
+    def test_same_answers_as_pwd(self) -> None:
+        """By name and by uid, the answers are pwd's, and kept."""
+        self.assertEqual(self.entries.lookup(self.me.pw_name), self.me)
+        self.assertEqual(self.entries.lookup(self.me.pw_uid), self.me)
+        self.assertEqual(len(self.entries._entries), 2)
+        self.assertEqual(self.entries.lookup(self.me.pw_name), self.me)
+
+    def test_unknown_users_are_errors(self) -> None:
+        """An unknown name is KeyError, every time (not kept)."""
+        name = "no-such-user-" + "".join(random.choices(string.ascii_lowercase, k=8))
+        for _ in range(2):
+            with self.assertRaises(KeyError):
+                self.entries.lookup(name)
+        self.assertEqual(self.entries._entries, {})
+
+    def test_not_kept_unless_files_first(self) -> None:
+        """With another source first in NSS, every lookup asks NSS."""
+        self._write(self.nsswitch, "passwd:   ldap files\n")
+        self.assertEqual(self.entries.lookup(self.me.pw_name), self.me)
+        self.assertEqual(self.entries._entries, {})
+
+    def test_not_kept_unless_the_line_is_in_the_file(self) -> None:
+        """An entry that another source answered (its line not in the file) is not kept."""
+        self._write(self.passwd, "someone:x:12345:12345::/nonexistent:/bin/false\n")
+        self.assertEqual(self.entries.lookup(self.me.pw_name), self.me)
+        self.assertEqual(self.entries._entries, {})
+
+    def test_forgotten_when_the_file_changes(self) -> None:
+        """A changed passwd file drops what was kept."""
+        self.entries.lookup(self.me.pw_name)
+        self.assertEqual(len(self.entries._entries), 1)
+        with open(self.passwd, "a") as f:
+            f.write("someone:x:12345:12345::/nonexistent:/bin/false\n")
+        self.entries.lookup(self.me.pw_uid)
+        self.assertEqual(list(self.entries._entries), [(True, self.me.pw_uid)])
