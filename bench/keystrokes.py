@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""
+Keystroke echo through the terminal WebSocket, one keystroke at a time,
+with each keystroke's position kept: which ones are slow, not only how
+slow the slowest are.
+
+W6 of the shared harness sends 200 single keystrokes into ``cat`` and
+reports the p99 of their round trips, that is the third-slowest of 200:
+three slow keystrokes decide it.  This bench runs the same loop (the same
+``websockets`` client, the same JSON messages, ``cat`` started first) for
+several rounds, each against a freshly started daemon as W6's is, and
+prints every keystroke as a JSON line (round, tree, index, round trip)
+before a summary per tree: the median p50/p99 of the rounds, the indexes
+the slow keystrokes fell on (the first few of a round point at a cold
+path, a steady period at a timer, anything else at scheduling) and the
+daemon's CPU time per keystroke, which the machine's load stretches less
+than wall-clock time.
+
+Several trees compare in one run, alternated round by round::
+
+    .venv/bin/python bench/keystrokes.py --rounds 20 \\
+        --tree base=/tmp/old-checkout --tree this=.
+
+A tree is put first on the daemon's ``PYTHONPATH``; ``.`` is this checkout.
+Needs the ``websockets`` package (13 or later) where it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from daemon import start_daemon
+
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def w6_percentile(values: list[float], p: float) -> float:
+    """The harness's percentile: the nearest rank, no interpolation."""
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(p / 100.0 * (len(s) - 1))))]
+
+
+def cpu_seconds(pid: int) -> float:
+    """
+    CPU time of every thread of ``pid`` so far, to the nanosecond
+    (``/proc/PID/task/*/schedstat``): a keystroke costs the daemon tens of
+    microseconds, under the 10 ms tick of ``/proc/PID/stat``.
+    """
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # a thread that ended meanwhile
+    return total / 1e9
+
+
+def new_session(port: int, token: str) -> dict[str, Any]:
+    """``POST /pty/sessions``: the session's JSON (its id and socket URL)."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/pty/sessions",
+        data=json.dumps({"cols": 80, "rows": 24}).encode(),
+        headers={
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+        },
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+    return answer
+
+
+async def drain(ws: Any, quiet: float) -> None:
+    """Read until ``quiet`` seconds pass with nothing."""
+    while True:
+        try:
+            await asyncio.wait_for(ws.recv(), quiet)
+        except TimeoutError:
+            return
+
+
+async def keystrokes(url: str, token: str, count: int, pid: int) -> dict[str, Any]:
+    """
+    ``cat``, then ``count`` keystrokes each timed until its echo: the
+    round trips (seconds, in order) and the daemon's CPU seconds over them.
+    """
+    from websockets.asyncio.client import connect
+
+    async with connect(
+        url,
+        additional_headers={"Authorization": f"Bearer {token}"},
+        max_size=None,
+        open_timeout=10,
+        close_timeout=2,
+    ) as ws:
+        extensions = [getattr(e, "name", str(e)) for e in ws.protocol.extensions or []]
+        await asyncio.wait_for(ws.recv(), 10)  # started
+        await drain(ws, 0.5)
+        await ws.send(json.dumps({"type": "input", "data": "cat\r"}))
+        await drain(ws, 0.3)
+        rtts: list[float] = []
+        lost = 0
+        cpu_before = cpu_seconds(pid)
+        for i in range(count):
+            ch = LETTERS[i % 26]
+            began = time.perf_counter()
+            await ws.send(json.dumps({"type": "input", "data": ch}))
+            while True:
+                try:
+                    message = json.loads(await asyncio.wait_for(ws.recv(), 5))
+                except TimeoutError:
+                    lost += 1
+                    rtts.append(float("nan"))
+                    break
+                if message.get("type") == "output" and ch in message.get("data", ""):
+                    rtts.append(time.perf_counter() - began)
+                    break
+        cpu = cpu_seconds(pid) - cpu_before
+        await ws.send(json.dumps({"type": "input", "data": "\r\x04"}))
+        await drain(ws, 0.2)
+    return {"rtts": rtts, "lost": lost, "cpu": cpu, "extensions": extensions}
+
+
+def one_round(tree: str, count: int, policy: str | None) -> dict[str, Any]:
+    """A fresh daemon from ``tree``, one session, ``count`` keystrokes."""
+    base = tempfile.mkdtemp(prefix="keystrokes-")
+    token = "keystrokes-" + os.urandom(8).hex()
+    env = {"PYTHONPATH": os.path.abspath(tree)}
+    args = ["--policy", policy] if policy else []
+    pty_port = None
+    proc, port = start_daemon(base, token, args=args, env=env)
+    try:
+        session = new_session(port, token)
+        url = session.get("ws_url") or ""
+        pty_port = url.split(":")[2].split("/")[0] if url else None
+        if not url:
+            raise SystemExit("the daemon gave no ws_url")
+        return {
+            **asyncio.run(keystrokes(url, token, count, proc.pid)),
+            "pty_port": pty_port,
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except Exception:
+            proc.kill()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def summary(name: str, rounds: list[list[float]], cpus: list[float]) -> dict[str, Any]:
+    """Medians over rounds, and where each round's slow keystrokes fell."""
+    p50s = [w6_percentile(r, 50) for r in rounds]
+    p99s = [w6_percentile(r, 99) for r in rounds]
+    slow_at: Counter[int] = Counter()
+    for r in rounds:
+        # The three keystrokes that decide a round's p99.
+        for index in sorted(range(len(r)), key=r.__getitem__)[-3:]:
+            slow_at[index] += 1
+    keys = len(rounds[0]) if rounds else 1
+    return {
+        "tree": name,
+        "rounds": len(rounds),
+        "p50_ms": round(statistics.median(p50s) * 1000, 3),
+        "p99_ms": round(statistics.median(p99s) * 1000, 3),
+        "p99_ms_min_max": [round(min(p99s) * 1000, 3), round(max(p99s) * 1000, 3)],
+        "max_ms_median": round(statistics.median(max(r) for r in rounds) * 1000, 3),
+        "slowest_3_at": dict(sorted(slow_at.items(), key=lambda kv: -kv[1])[:12]),
+        "daemon_cpu_us_per_key": round(statistics.median(cpus) / keys * 1e6, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--keys", type=int, default=200)
+    parser.add_argument(
+        "--tree",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="a checkout to run the daemon from (repeat to alternate several)",
+    )
+    parser.add_argument("--policy", help="a policy file for the daemon")
+    parser.add_argument("--out", help="also write the per-keystroke lines here")
+    args = parser.parse_args()
+    trees = [t.split("=", 1) for t in args.tree] or [["this", "."]]
+    results: dict[str, tuple[list[list[float]], list[float]]] = {
+        name: ([], []) for name, _ in trees
+    }
+    out = open(args.out, "w") if args.out else None
+    print(json.dumps({"uptime": open("/proc/loadavg").read().split()[:3]}))
+    for n in range(args.rounds):
+        for name, path in trees:
+            r = one_round(path, args.keys, args.policy)
+            rtts = [x for x in r["rtts"] if x == x]
+            results[name][0].append(rtts)
+            results[name][1].append(r["cpu"])
+            line = {
+                "round": n,
+                "tree": name,
+                "p50_ms": round(w6_percentile(rtts, 50) * 1000, 3),
+                "p99_ms": round(w6_percentile(rtts, 99) * 1000, 3),
+                "lost": r["lost"],
+                "extensions": r["extensions"],
+                "slowest": sorted(
+                    ((i, round(x * 1000, 3)) for i, x in enumerate(r["rtts"])),
+                    key=lambda ix: -ix[1],
+                )[:5],
+            }
+            print(json.dumps(line), flush=True)
+            if out is not None:
+                for i, x in enumerate(r["rtts"]):
+                    out.write(
+                        json.dumps(
+                            {"round": n, "tree": name, "index": i, "rtt_ms": x * 1000}
+                        )
+                        + "\n"
+                    )
+    for name, (rounds, cpus) in results.items():
+        print(json.dumps(summary(name, rounds, cpus)))
+    print(json.dumps({"uptime": open("/proc/loadavg").read().split()[:3]}))
+    if out is not None:
+        out.close()
+
+
+if __name__ == "__main__":
+    main()
