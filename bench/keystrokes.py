@@ -29,15 +29,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import glob
 import json
 import os
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -93,10 +97,20 @@ async def drain(ws: Any, quiet: float) -> None:
             return
 
 
-async def keystrokes(url: str, token: str, count: int, pid: int) -> dict[str, Any]:
+async def keystrokes(
+    url: str,
+    token: str,
+    count: int,
+    pid: int,
+    warmup: int = 0,
+    measure: Callable[[str], None] | None = None,
+    wait: float = 5.0,
+) -> dict[str, Any]:
     """
     ``cat``, then ``count`` keystrokes each timed until its echo: the
     round trips (seconds, in order) and the daemon's CPU seconds over them.
+    ``warmup`` keystrokes go first, untimed; ``measure("start")`` and
+    ``measure("stop")`` are called around the timed ones.
     """
     from websockets.asyncio.client import connect
 
@@ -104,16 +118,21 @@ async def keystrokes(url: str, token: str, count: int, pid: int) -> dict[str, An
         url,
         additional_headers={"Authorization": f"Bearer {token}"},
         max_size=None,
-        open_timeout=10,
+        open_timeout=max(10.0, wait),
         close_timeout=2,
     ) as ws:
         extensions = [getattr(e, "name", str(e)) for e in ws.protocol.extensions or []]
-        await asyncio.wait_for(ws.recv(), 10)  # started
+        await asyncio.wait_for(ws.recv(), max(10.0, wait))  # started
         await drain(ws, 0.5)
         await ws.send(json.dumps({"type": "input", "data": "cat\r"}))
         await drain(ws, 0.3)
+        for i in range(warmup):
+            await ws.send(json.dumps({"type": "input", "data": LETTERS[i % 26]}))
+            await asyncio.wait_for(ws.recv(), wait)
         rtts: list[float] = []
         lost = 0
+        if measure is not None:
+            measure("start")
         cpu_before = cpu_seconds(pid)
         for i in range(count):
             ch = LETTERS[i % 26]
@@ -121,7 +140,7 @@ async def keystrokes(url: str, token: str, count: int, pid: int) -> dict[str, An
             await ws.send(json.dumps({"type": "input", "data": ch}))
             while True:
                 try:
-                    message = json.loads(await asyncio.wait_for(ws.recv(), 5))
+                    message = json.loads(await asyncio.wait_for(ws.recv(), wait))
                 except TimeoutError:
                     lost += 1
                     rtts.append(float("nan"))
@@ -130,6 +149,8 @@ async def keystrokes(url: str, token: str, count: int, pid: int) -> dict[str, An
                     rtts.append(time.perf_counter() - began)
                     break
         cpu = cpu_seconds(pid) - cpu_before
+        if measure is not None:
+            measure("stop")
         await ws.send(json.dumps({"type": "input", "data": "\r\x04"}))
         await drain(ws, 0.2)
     return {"rtts": rtts, "lost": lost, "cpu": cpu, "extensions": extensions}
@@ -160,6 +181,55 @@ def one_round(tree: str, count: int, policy: str | None) -> dict[str, Any]:
         except Exception:
             proc.kill()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def instructions(tree: str, count: int, warmup: int, policy: str | None) -> float:
+    """
+    The daemon's instructions per keystroke under ``callgrind`` (counters
+    zeroed after ``warmup`` keystrokes, dumped after ``count`` more): the
+    figure a loaded machine does not stretch.
+    """
+    work = tempfile.mkdtemp(prefix="keystrokes-cg-")
+    base = os.path.join(work, "base")
+    os.makedirs(base)
+    out = os.path.join(work, "callgrind")
+    token = "keystrokes-" + os.urandom(8).hex()
+    prefix = [
+        "valgrind",
+        "--tool=callgrind",
+        "--collect-atstart=yes",
+        f"--callgrind-out-file={out}.%p",
+    ]
+    env = {"PYTHONPATH": os.path.abspath(tree), "PYTHONHASHSEED": "0"}
+    args = ["--policy", policy] if policy else []
+    proc, port = start_daemon(
+        base, token, args=args, env=env, prefix=prefix, wait_seconds=180
+    )
+
+    def measure(when: str) -> None:
+        flag = "-z" if when == "start" else "-d"
+        subprocess.run(
+            ["callgrind_control", flag, str(proc.pid)],
+            stdout=subprocess.DEVNULL,
+            check=False,
+        )
+
+    try:
+        url = new_session(port, token)["ws_url"]
+        asyncio.run(keystrokes(url, token, count, proc.pid, warmup, measure, wait=60.0))
+        dumps = sorted(glob.glob(f"{out}.{proc.pid}.*"))
+        with open(dumps[-1]) as f:
+            for line in f:
+                if line.startswith(("summary:", "totals:")):
+                    return int(line.split()[1]) / count
+        raise SystemExit(f"no totals in {dumps[-1]}")
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(120)
+        except Exception:
+            os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def summary(name: str, rounds: list[list[float]], cpus: list[float]) -> dict[str, Any]:
@@ -197,8 +267,25 @@ def main() -> None:
     )
     parser.add_argument("--policy", help="a policy file for the daemon")
     parser.add_argument("--out", help="also write the per-keystroke lines here")
+    parser.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="instructions per keystroke under callgrind instead of timings",
+    )
+    parser.add_argument("--warmup", type=int, default=50)
     args = parser.parse_args()
     trees = [t.split("=", 1) for t in args.tree] or [["this", "."]]
+    if args.callgrind:
+        for n in range(args.rounds):
+            for name, path in trees:
+                per_key = instructions(path, args.keys, args.warmup, args.policy)
+                line = {
+                    "round": n,
+                    "tree": name,
+                    "instructions_per_key": round(per_key),
+                }
+                print(json.dumps(line), flush=True)
+        return
     results: dict[str, tuple[list[list[float]], list[float]]] = {
         name: ([], []) for name, _ in trees
     }

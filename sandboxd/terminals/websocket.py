@@ -39,7 +39,7 @@ from sandboxd.terminals.frames import client_text_payload, server_text_frame
 from sandboxd.terminals.session import PtySession
 from sandboxd.terminals.table import TerminalTable
 from sandboxd.web.params import dimension
-from sandboxd.web.sending import raw_json_response, send_now
+from sandboxd.web.sending import raw_json_response, send_now, write_now
 
 log = Logger(namespace="sandboxd.terminals.websocket")
 
@@ -264,7 +264,10 @@ class PtyServerProtocol(WebSocketServerProtocol):
         )
 
     def _send_text(self, payload: bytes) -> None:
-        """One text message: one frame, one write."""
+        """
+        One text message: one frame, one write, sent on the socket at once
+        when nothing is queued ahead of it (no ``epoll_ctl`` around it).
+        """
         if not self._writes_plain(len(payload)):
             self.sendMessage(payload, isBinary=False)  # type: ignore[no-untyped-call]
             return
@@ -275,7 +278,7 @@ class PtyServerProtocol(WebSocketServerProtocol):
         stats.outgoingOctetsWebSocketLevel += len(payload)
         stats.outgoingWebSocketFrames += 1
         stats.outgoingOctetsWireLevel += len(frame)
-        self._tcp.write(frame)
+        write_now(self.transport, frame)
 
     # -- session --------------------------------------------------------------
 
@@ -348,7 +351,8 @@ class PtyServerProtocol(WebSocketServerProtocol):
         """One JSON text frame."""
         if self.state == self.STATE_OPEN:
             self._send_text(frame)
-            # A keystroke's echo leaves now, not after another epoll turn.
+            # A keystroke's echo leaves now, not after another epoll turn
+            # (autobahn's path only buffers it).
             send_now(self.transport)
 
     def session_ended(self, frame: bytes) -> None:
