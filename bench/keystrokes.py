@@ -22,7 +22,10 @@ Several trees compare in one run, alternated round by round::
         --tree base=/tmp/old-checkout --tree this=.
 
 A tree is put first on the daemon's ``PYTHONPATH``; ``.`` is this checkout.
-Needs the ``websockets`` package (13 or later) where it runs.
+The shared harness's peers join the same rotation by their command, as
+``compare.sh`` starts them (``--peer NAME='COMMAND'`` with ``{port}``,
+``{pty_port}``, ``{base_dir}``).  Needs the ``websockets`` package (13 or
+later) where it runs.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from daemon import start_daemon
+from daemon import free_port, start_daemon, wait_healthy
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -156,30 +159,48 @@ async def keystrokes(
     return {"rtts": rtts, "lost": lost, "cpu": cpu, "extensions": extensions}
 
 
-def one_round(tree: str, count: int, policy: str | None) -> dict[str, Any]:
-    """A fresh daemon from ``tree``, one session, ``count`` keystrokes."""
+def start_peer(command: str, base: str, token: str) -> tuple[Any, int]:
+    """
+    Another server from a ``compare.sh``-style command (``{port}``,
+    ``{pty_port}``, ``{base_dir}``; the token in ``ABX_SERVER_TOKEN``).
+    """
+    port = free_port()
+    argv = command.format(port=port, pty_port=free_port(), base_dir=base)
+    proc = subprocess.Popen(
+        ["bash", "-c", f"exec {argv}"],
+        env={**os.environ, "ABX_SERVER_TOKEN": token, "ABX_SERVER_BASE_DIR": base},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    wait_healthy(proc, port, 30, argv)
+    return proc, port
+
+
+def one_round(server: str, count: int, policy: str | None) -> dict[str, Any]:
+    """
+    A fresh server, one session, ``count`` keystrokes: ``server`` is a
+    checkout to run the daemon from, or ``cmd:`` and a peer's command.
+    """
     base = tempfile.mkdtemp(prefix="keystrokes-")
     token = "keystrokes-" + os.urandom(8).hex()
-    env = {"PYTHONPATH": os.path.abspath(tree)}
-    args = ["--policy", policy] if policy else []
-    pty_port = None
-    proc, port = start_daemon(base, token, args=args, env=env)
+    if server.startswith("cmd:"):
+        proc, port = start_peer(server[4:], base, token)
+    else:
+        env = {"PYTHONPATH": os.path.abspath(server)}
+        args = ["--policy", policy] if policy else []
+        proc, port = start_daemon(base, token, args=args, env=env)
     try:
-        session = new_session(port, token)
-        url = session.get("ws_url") or ""
-        pty_port = url.split(":")[2].split("/")[0] if url else None
+        url = new_session(port, token).get("ws_url")
         if not url:
-            raise SystemExit("the daemon gave no ws_url")
-        return {
-            **asyncio.run(keystrokes(url, token, count, proc.pid)),
-            "pty_port": pty_port,
-        }
+            raise SystemExit("the server gave no ws_url")
+        return asyncio.run(keystrokes(url, token, count, proc.pid))
     finally:
-        proc.terminate()
+        os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(10)
         except Exception:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -211,6 +232,7 @@ def instructions(tree: str, count: int, warmup: int, policy: str | None) -> floa
         subprocess.run(
             ["callgrind_control", flag, str(proc.pid)],
             stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             check=False,
         )
 
@@ -265,6 +287,14 @@ def main() -> None:
         metavar="NAME=PATH",
         help="a checkout to run the daemon from (repeat to alternate several)",
     )
+    parser.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="NAME=COMMAND",
+        help="another server, started as compare.sh starts it ({port}, "
+        "{pty_port}, {base_dir}), in the same rotation",
+    )
     parser.add_argument("--policy", help="a policy file for the daemon")
     parser.add_argument("--out", help="also write the per-keystroke lines here")
     parser.add_argument(
@@ -275,6 +305,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=50)
     args = parser.parse_args()
     trees = [t.split("=", 1) for t in args.tree] or [["this", "."]]
+    servers = trees + [[n, "cmd:" + c] for n, c in (p.split("=", 1) for p in args.peer)]
     if args.callgrind:
         for n in range(args.rounds):
             for name, path in trees:
@@ -287,12 +318,12 @@ def main() -> None:
                 print(json.dumps(line), flush=True)
         return
     results: dict[str, tuple[list[list[float]], list[float]]] = {
-        name: ([], []) for name, _ in trees
+        name: ([], []) for name, _ in servers
     }
     out = open(args.out, "w") if args.out else None
     print(json.dumps({"uptime": open("/proc/loadavg").read().split()[:3]}))
     for n in range(args.rounds):
-        for name, path in trees:
+        for name, path in servers:
             r = one_round(path, args.keys, args.policy)
             rtts = [x for x in r["rtts"] if x == x]
             results[name][0].append(rtts)
