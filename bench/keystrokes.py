@@ -238,7 +238,9 @@ def instructions(tree: str, count: int, warmup: int, policy: str | None) -> floa
 
     try:
         url = new_session(port, token)["ws_url"]
-        asyncio.run(keystrokes(url, token, count, proc.pid, warmup, measure, wait=60.0))
+        asyncio.run(
+            keystrokes(url, token, count, proc.pid, warmup, measure, wait=180.0)
+        )
         dumps = sorted(glob.glob(f"{out}.{proc.pid}.*"))
         with open(dumps[-1]) as f:
             for line in f:
