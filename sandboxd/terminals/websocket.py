@@ -30,10 +30,11 @@ from sandboxd.policy.defaults import (
     WS_PING_TIMEOUT_SECONDS,
 )
 from sandboxd.policy.rules import EffectiveRule
+from sandboxd.terminals.frames import client_text_payload, server_text_frame
 from sandboxd.terminals.session import PtySession
 from sandboxd.terminals.table import TerminalTable
 from sandboxd.web.params import dimension
-from sandboxd.web.sending import raw_json_response, send_now
+from sandboxd.web.sending import raw_json_response, send_now, write_now
 from sandboxd.web.websocket_server import (
     ConnectionDeny,
     WebSocketServerFactory,
@@ -196,6 +197,89 @@ class PtyServerProtocol(WebSocketServerProtocol):
             client=getattr(peer, "host", ""),
         )
 
+    # -- frames ---------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        """
+        A read from the socket: a whole small text message in it (a
+        keystroke) is handed on at once; anything else goes through
+        autobahn's framing, which checks it as before.
+        """
+        if self._reads_plain():
+            payload = client_text_payload(data, self._inbound_limit())
+            if payload is not None:
+                self._count_inbound(len(data), len(payload))
+                self.onMessage(payload, False)
+                return
+        super().dataReceived(data)
+
+    @property
+    def _options(self) -> Any:
+        """
+        This protocol's autobahn options, which autobahn copies from the
+        factory when the connection is made (its type hints leave them out).
+        """
+        return self
+
+    def _reads_plain(self) -> bool:
+        """Whether autobahn holds no state a frame read here would skip."""
+        options = self._options
+        return (
+            self.state == self.STATE_OPEN
+            and not self.data
+            and self.current_frame is None
+            and not self.inside_message
+            and self._perMessageCompress is None
+            and options.requireMaskedClientFrames
+            and options.utf8validateIncoming
+            and not (options.logOctets or options.logFrames or self.trackedTimings)
+        )
+
+    def _inbound_limit(self) -> int:
+        """The smaller of the frame and message caps that are set (0: none)."""
+        caps = [c for c in (self.maxFramePayloadSize, self.maxMessagePayloadSize) if c]
+        return min(caps) if caps else 0
+
+    def _count_inbound(self, wire: int, payload: int) -> None:
+        """What autobahn's path counts and does for one whole data frame."""
+        stats = self.trafficStats
+        stats.incomingOctetsWireLevel += wire
+        stats.incomingOctetsWebSocketLevel += payload
+        stats.incomingOctetsAppLevel += payload
+        stats.incomingWebSocketFrames += 1
+        stats.incomingWebSocketMessages += 1
+        if self.autoPingTimeoutCall and self.autoPingRestartOnAnyTraffic:
+            self._cancelAutoPingTimeoutCall()
+
+    def _writes_plain(self, size: int) -> bool:
+        """Whether a text message of ``size`` bytes is one plain frame."""
+        options = self._options
+        return (
+            self._perMessageCompress is None
+            and not options.maskServerFrames
+            and not self.send_queue
+            and not (options.logOctets or options.logFrames or self.trackedTimings)
+            and not (0 < options.autoFragmentSize < size)
+            and not (0 < self.maxMessagePayloadSize < size)
+        )
+
+    def _send_text(self, payload: bytes) -> None:
+        """
+        One text message: one frame, one write, sent on the socket at once
+        when nothing is queued ahead of it (no ``epoll_ctl`` around it).
+        """
+        if not self._writes_plain(len(payload)):
+            self.sendMessage(payload, isBinary=False)  # type: ignore[no-untyped-call]
+            return
+        frame = server_text_frame(payload)
+        stats = self.trafficStats
+        stats.outgoingWebSocketMessages += 1
+        stats.outgoingOctetsAppLevel += len(payload)
+        stats.outgoingOctetsWebSocketLevel += len(payload)
+        stats.outgoingWebSocketFrames += 1
+        stats.outgoingOctetsWireLevel += len(frame)
+        write_now(self.transport, frame)
+
     # -- session --------------------------------------------------------------
 
     def onOpen(self) -> None:
@@ -266,8 +350,9 @@ class PtyServerProtocol(WebSocketServerProtocol):
     def send_frame(self, frame: bytes) -> None:
         """One JSON text frame."""
         if self.state == self.STATE_OPEN:
-            self.sendMessage(frame, isBinary=False)  # type: ignore[no-untyped-call]
-            # A keystroke's echo leaves now, not after another epoll turn.
+            self._send_text(frame)
+            # A keystroke's echo leaves now, not after another epoll turn
+            # (autobahn's path only buffers it).
             send_now(self.transport)
 
     def session_ended(self, frame: bytes) -> None:
