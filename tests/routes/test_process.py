@@ -1064,3 +1064,45 @@ class SlowSpawnTests(_SlowSpawns, ProcessCase):
         self.assertEqual(
             len([p for p in listed.json()["processes"] if p["state"] == "running"]), 2
         )
+
+
+class FirstOutputTests(ProcessCase):
+    """
+    Streams started together: one whose first line is out waits at the
+    lightest session group weight while another has printed nothing yet.
+    """
+
+    @inlineCallbacks
+    def test_printed_stream_waits_for_a_starting_one(self) -> Any:
+        """
+        The child that printed reads its session group at nice 19 while the
+        other stream's child is still silent, and at the children's 10
+        once that one has printed.
+        """
+        try:
+            with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+                groups = f.read().strip() == "1"
+        except OSError:
+            groups = False
+        if not groups or os.geteuid() != 0:
+            raise SkipTest("needs root and the kernel's autogroup scheduling")
+        _, late = yield self.stream(
+            "POST",
+            "/shell/stream",
+            {"command": f"sleep 0.7; echo late; sleep {self.marker}", "shell": "sh"},
+        )
+        _, early = yield self.stream(
+            "POST",
+            "/shell/stream",
+            {
+                "command": "echo early; sleep 0.35; cat /proc/$$/autogroup; "
+                "sleep 0.9; cat /proc/$$/autogroup",
+                "shell": "sh",
+            },
+        )
+        events = yield early.done
+        lines = [e["data"]["data"] for e in events if e["event"] == "stdout"]
+        self.assertEqual(len(lines), 3, lines)
+        self.assertTrue(lines[1].endswith(" nice 19"), lines)
+        self.assertTrue(lines[2].endswith(" nice 10"), lines)
+        self.assertEqual(late.events[0]["data"], {"data": "late"})
