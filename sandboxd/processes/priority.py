@@ -388,10 +388,6 @@ class ChildPriority:
             heavier = [other for other in heavier if other not in self._yielding]
             if tracked:
                 self._groups[pid] = nice
-                if not awaited:
-                    self._starting[pid] = (
-                        self._reactor().seconds() + CHILD_STARTING_SECONDS
-                    )
             arm = False
             if after and nice < base:
                 self._young[pid] = self._reactor().seconds() + after
@@ -493,10 +489,25 @@ class ChildPriority:
 
     # -- the first line of many streams started at once ---------------------
 
+    def starting(self, pid: int) -> None:
+        """
+        On the reactor thread, once a stream's child runs: it has printed
+        nothing yet, and counts as starting until it does (:meth:`first_output`),
+        is reaped, or has run ``CHILD_STARTING_SECONDS``.  Only streams
+        count: a command whose output nobody watches line by line (a
+        ``/shell true``, a quiet background job) never makes others wait.
+        """
+        if not self.priorities.enabled or not _autogroups():
+            return
+        with self._lock:
+            if pid in self._groups:
+                self._starting[pid] = self._reactor().seconds() + CHILD_STARTING_SECONDS
+
     def first_output(self, pid: int) -> None:
         """
         On the reactor thread, when a stream's child prints for the first
-        time.  While other children are still starting, its group waits at
+        time.  While other streams' children are still starting
+        (:meth:`starting`), its group waits at
         the lightest weight: a stream's first line comes once its shell has
         started, and with hundreds started together the ones that have
         printed (forking a ``sleep`` per line) would otherwise share the

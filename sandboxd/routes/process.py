@@ -247,6 +247,9 @@ def shell_stream(request: ServerRequest) -> SSEResponse | Deferred[SSEResponse]:
         raise _spawn_failed(e, spec.command) from None
     if stdin is not None:
         _feed_stdin(child, stdin)
+    child.when_spawned().addCallbacks(
+        lambda _: CHILD_PRIORITY.starting(child.pid), lambda _: None
+    )
 
     def ended(code: int | None) -> None:
         stream.finish()
@@ -301,8 +304,9 @@ def _first_output_noted(
 ) -> Callable[[int, bytes], None]:
     """
     ``feed``, telling the priorities when the child first prints
-    (:meth:`ChildPriority.first_output`): a stream whose first line is out
-    waits while the others started with it get theirs.
+    (:meth:`ChildPriority.first_output`; it counts as starting once it
+    runs): a stream whose first line is out waits while the others started
+    with it get theirs.
     """
     noted = False
 

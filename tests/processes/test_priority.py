@@ -392,7 +392,9 @@ class FirstOutputTests(SynchronousTestCase):
         starting).
         """
         self.prio.spawned(1000)
+        self.prio.starting(1000)
         self.prio.spawned(1001)
+        self.prio.starting(1001)
         self.prio.first_output(1000)
         self.assertEqual(self.written, [("/proc/1000/autogroup", 19)])
         self.written.clear()
@@ -407,7 +409,9 @@ class FirstOutputTests(SynchronousTestCase):
         to the base (100 ms); when the wait ends it goes to that base.
         """
         self.prio.spawned(1000)
+        self.prio.starting(1000)
         self.prio.spawned(1001)
+        self.prio.starting(1001)
         self.prio.first_output(1000)
         self.clock.advance(0.1)
         self.assertEqual(
@@ -425,7 +429,9 @@ class FirstOutputTests(SynchronousTestCase):
         its level, and no timer is left behind.
         """
         self.prio.spawned(1000)
+        self.prio.starting(1000)
         self.prio.spawned(1001)
+        self.prio.starting(1001)
         self.prio.first_output(1000)
         self.clock.advance(priority.CHILD_STARTING_SECONDS - 0.01)
         self.assertEqual(self.written[-1], ("/proc/1001/autogroup", 10))
@@ -436,7 +442,9 @@ class FirstOutputTests(SynchronousTestCase):
     def test_reaped_starter_ends_the_wait(self) -> None:
         """The last child still starting is reaped: the waiting group is back."""
         self.prio.spawned(1000)
+        self.prio.starting(1000)
         self.prio.spawned(1001)
+        self.prio.starting(1001)
         self.prio.first_output(1000)
         self.written.clear()
         self.prio.ended(1001)
@@ -447,31 +455,40 @@ class FirstOutputTests(SynchronousTestCase):
             ["_lower_due"],
         )
 
-    def test_only_tracked_commands(self) -> None:
+    def test_only_streams_count(self) -> None:
         """
-        An agent's child, an untracked one, or one after a reaped pid is
-        never made to wait; with priorities off nothing is written.
+        A child that is not a stream's (a ``/shell`` command, never said
+        to be starting) makes nobody wait; an agent's or an untracked
+        child is never counted as starting; a reaped one prints too late to
+        matter; with priorities off nothing is written.
         """
         with self.prio.awaited():
             self.prio.spawned(500)
         self.prio.spawned(501, tracked=False)
         self.prio.spawned(1000)
-        self.written.clear()
-        self.prio.first_output(500)
-        self.prio.first_output(501)
-        self.prio.ended(1000)
-        self.prio.first_output(1000)
-        self.assertEqual(self.written, [])
         self.prio.spawned(1001)
-        self.prio.spawned(1002)
-        self.prio.priorities = priorities_from(False)
+        self.prio.starting(1001)
+        self.written.clear()
+        self.prio.starting(501)
         self.prio.first_output(1001)
+        self.prio.first_output(501)
+        self.prio.ended(1001)
+        self.prio.first_output(1001)
+        self.assertEqual(self.written, [])
+        self.prio.spawned(1002)
+        self.prio.starting(1002)
+        self.prio.spawned(1003)
+        self.prio.starting(1003)
+        self.prio.priorities = priorities_from(False)
+        self.prio.first_output(1002)
         self.assertEqual(self.written, [])
 
     def test_restore_ends_the_wait(self) -> None:
         """At stop a waiting group is given back its level, and no timer is left."""
         self.prio.spawned(1000)
+        self.prio.starting(1000)
         self.prio.spawned(1001)
+        self.prio.starting(1001)
         self.prio.first_output(1000)
         self.written.clear()
         self.prio.restore()
