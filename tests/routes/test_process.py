@@ -1066,6 +1066,12 @@ class SlowSpawnTests(_SlowSpawns, ProcessCase):
         )
 
 
+def _group_nice(pid: int) -> int:
+    """The nice value of ``pid``'s session group (``/autogroup-N nice V``)."""
+    with open(f"/proc/{pid}/autogroup") as f:
+        return int(f.read().split()[-1])
+
+
 class FirstOutputTests(ProcessCase):
     """
     Streams started together: one whose first line is out waits at the
@@ -1075,9 +1081,9 @@ class FirstOutputTests(ProcessCase):
     @inlineCallbacks
     def test_printed_stream_waits_for_a_starting_one(self) -> Any:
         """
-        The child that printed reads its session group at nice 19 while the
-        other stream's child is still silent, and at the children's 10
-        once that one has printed.
+        The child that printed has its session group at nice 19 while the
+        other stream's child is silent, and at the children's 10 once that
+        one no longer counts as starting (a second after it started).
         """
         try:
             with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
@@ -1086,23 +1092,21 @@ class FirstOutputTests(ProcessCase):
             groups = False
         if not groups or os.geteuid() != 0:
             raise SkipTest("needs root and the kernel's autogroup scheduling")
-        _, late = yield self.stream(
-            "POST",
-            "/shell/stream",
-            {"command": f"sleep 0.7; echo late; sleep {self.marker}", "shell": "sh"},
-        )
+        sleeper = {"command": f"sleep {self.marker}", "shell": "sh"}
+        yield self.stream("POST", "/shell/stream", sleeper)
+        started = time.monotonic()
         _, early = yield self.stream(
             "POST",
             "/shell/stream",
-            {
-                "command": "echo early; sleep 0.35; cat /proc/$$/autogroup; "
-                "sleep 0.9; cat /proc/$$/autogroup",
-                "shell": "sh",
-            },
+            {"command": f"echo $$; sleep {self.marker}", "shell": "sh"},
         )
-        events = yield early.done
-        lines = [e["data"]["data"] for e in events if e["event"] == "stdout"]
-        self.assertEqual(len(lines), 3, lines)
-        self.assertTrue(lines[1].endswith(" nice 19"), lines)
-        self.assertTrue(lines[2].endswith(" nice 10"), lines)
-        self.assertEqual(late.events[0]["data"], {"data": "late"})
+        yield early.wait_for(lambda r: r.events)
+        if time.monotonic() - started > 0.8:
+            raise SkipTest("the daemon took too long to start the second stream")
+        pid = int(early.events[0]["data"]["data"])
+        # The daemon (in this process) lowered it before sending the line.
+        self.assertEqual(_group_nice(pid), 19)
+        while _group_nice(pid) == 19 and time.monotonic() - started < 5:
+            yield sleep_(0.02)
+        self.assertEqual(_group_nice(pid), 10)
+        self.assertGreater(time.monotonic() - started, 0.9)
