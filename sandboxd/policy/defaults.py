@@ -644,6 +644,9 @@ CHILD_GROUP_AFTER_MAX_MS = 10_000
 #: printed their first line run at the lightest group weight, so the ones
 #: still starting get the CPUs first (many streams started at once).
 CHILD_STARTING_SECONDS = 1.0
+#: How long after the last starting child printed (or ended) the ones
+#: that waited get their level back, unless another stream starts first.
+CHILD_STARTING_GRACE_SECONDS = 0.2
 DAEMON_NICE = -5
 DAEMON_OOM_SCORE_ADJ = -500
 

@@ -51,7 +51,10 @@ from twisted.internet.interfaces import IDelayedCall
 from twisted.python.threadable import isInIOThread
 
 from sandboxd.libc import libc
-from sandboxd.policy.defaults import CHILD_STARTING_SECONDS
+from sandboxd.policy.defaults import (
+    CHILD_STARTING_GRACE_SECONDS,
+    CHILD_STARTING_SECONDS,
+)
 from sandboxd.policy.priorities import Priorities
 from sandboxd.processes.cgroups import place_child
 
@@ -480,7 +483,7 @@ class ChildPriority:
                 self._starting.pop(pid, None) is not None and not self._starting
             )
         if last_starting:
-            self._end_yielding()
+            self._settle()
         with self._lock:
             if self._young.pop(pid, None) is None or self._young:
                 return
@@ -513,7 +516,8 @@ class ChildPriority:
         printed (forking a ``sleep`` per line) would otherwise share the
         CPUs evenly with the ones not started yet, and every first line
         would come late.  The group gets its level back once no child is
-        starting (each counts for ``CHILD_STARTING_SECONDS`` at most).
+        starting (each counts for ``CHILD_STARTING_SECONDS`` at most), and
+        has not been for ``CHILD_STARTING_GRACE_SECONDS``.
         Lighter only: the children's groups stay within the daemon's share.
         """
         if not self.priorities.enabled or not _autogroups():
@@ -527,11 +531,29 @@ class ChildPriority:
             if others:
                 self._yielding.add(pid)
         if not others:
-            self._end_yielding()
+            self._settle()
             return
         _write_value(f"/proc/{pid}/autogroup", LIGHTEST)
         if self._yield_call is None or not self._yield_call.active():
             self._arm_yielding(now)
+
+    def _settle(self) -> None:
+        """
+        No child counts as starting right now: the waiting groups get their
+        level back ``CHILD_STARTING_GRACE_SECONDS`` later unless another
+        stream's child starts meanwhile (answering hundreds of requests,
+        the daemon adopts their children one after another: between two,
+        the ones already started may all have printed).
+        """
+        with self._lock:
+            waiting = bool(self._yielding)
+        call, self._yield_call = self._yield_call, None
+        if call is not None and call.active():
+            call.cancel()
+        if waiting:
+            self._yield_call = self._reactor().callLater(
+                CHILD_STARTING_GRACE_SECONDS, self._yield_due
+            )
 
     def _drop_due_starting(self, now: float) -> None:
         """Under the lock: the children that no longer count as starting."""

@@ -388,9 +388,10 @@ class FirstOutputTests(SynchronousTestCase):
         """
         The first child to print goes to nice 19 while the second has
         printed nothing; when the second prints, the first is back at its
-        level and the second is never made to wait (nobody is left
-        starting).
+        level ``CHILD_STARTING_GRACE_SECONDS`` later, and the second is
+        never made to wait (nobody is left starting).
         """
+        self.prio.priorities = priorities_from({"children_group_after_ms": 10_000})
         self.prio.spawned(1000)
         self.prio.starting(1000)
         self.prio.spawned(1001)
@@ -399,9 +400,35 @@ class FirstOutputTests(SynchronousTestCase):
         self.assertEqual(self.written, [("/proc/1000/autogroup", 19)])
         self.written.clear()
         self.prio.first_output(1001)
+        self.assertEqual(self.written, [])
+        self.clock.advance(priority.CHILD_STARTING_GRACE_SECONDS)
         self.assertEqual(self.written, [("/proc/1000/autogroup", 0)])
         self.prio.first_output(1000)
         self.assertEqual(self.written, [("/proc/1000/autogroup", 0)])
+
+    def test_wait_goes_on_when_another_starts(self) -> None:
+        """
+        The last starting child prints, but another stream's child starts
+        within ``CHILD_STARTING_GRACE_SECONDS``: the printed ones keep
+        waiting (the daemon adopts many children one after another).
+        """
+        self.prio.priorities = priorities_from({"children_group_after_ms": 10_000})
+        for pid in (1000, 1001):
+            self.prio.spawned(pid)
+            self.prio.starting(pid)
+        self.prio.first_output(1000)
+        self.prio.first_output(1001)
+        self.clock.advance(priority.CHILD_STARTING_GRACE_SECONDS / 2)
+        self.prio.spawned(1002)
+        self.prio.starting(1002)
+        self.clock.advance(priority.CHILD_STARTING_GRACE_SECONDS)
+        self.assertEqual(self.written, [("/proc/1000/autogroup", 19)])
+        self.prio.first_output(1002)
+        self.clock.advance(priority.CHILD_STARTING_GRACE_SECONDS)
+        self.assertEqual(
+            self.written,
+            [("/proc/1000/autogroup", 19), ("/proc/1000/autogroup", 0)],
+        )
 
     def test_level_kept_while_waiting(self) -> None:
         """
@@ -420,6 +447,7 @@ class FirstOutputTests(SynchronousTestCase):
         )
         self.written.clear()
         self.prio.first_output(1001)
+        self.clock.advance(priority.CHILD_STARTING_GRACE_SECONDS)
         self.assertEqual(self.written, [("/proc/1000/autogroup", 10)])
 
     def test_wait_is_bounded(self) -> None:
@@ -441,6 +469,7 @@ class FirstOutputTests(SynchronousTestCase):
 
     def test_reaped_starter_ends_the_wait(self) -> None:
         """The last child still starting is reaped: the waiting group is back."""
+        self.prio.priorities = priorities_from({"children_group_after_ms": 10_000})
         self.prio.spawned(1000)
         self.prio.starting(1000)
         self.prio.spawned(1001)
@@ -448,6 +477,7 @@ class FirstOutputTests(SynchronousTestCase):
         self.prio.first_output(1000)
         self.written.clear()
         self.prio.ended(1001)
+        self.clock.advance(priority.CHILD_STARTING_GRACE_SECONDS)
         self.assertEqual(self.written, [("/proc/1000/autogroup", 0)])
         # Only the young group's lowering is left to come.
         self.assertEqual(
