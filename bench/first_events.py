@@ -11,6 +11,10 @@ against the run time, the daemon was ready to answer and relay but the
 children had the CPUs.
 
     .venv/bin/python bench/first_events.py [--clients 200] [--rounds 3] [--policy FILE]
+        [--profile FILE]
+
+``--profile`` runs the daemon under cProfile (one file per round, the
+round's number appended) to see where its time went.
 
 One JSON line per round.
 """
@@ -24,6 +28,7 @@ import json
 import os
 import secrets
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -108,6 +113,11 @@ def round_(port: int, token: str, pid: int, clients: int) -> dict[str, Any]:
         if values:
             out[f"{key}_p50_ms"] = round(quantile(values, 0.5) * 1000)
             out[f"{key}_p99_ms"] = round(quantile(values, 0.99) * 1000)
+    waits = [r["first"] - r["head"] for r in done if "head" in r]
+    if waits:
+        # From the stream's head (the child runs) to its first line: the
+        # shell's start, against the other children and the daemon.
+        out["head_to_first_p50_ms"] = round(quantile(waits, 0.5) * 1000)
     firsts = [r["first"] for r in sorted(done, key=lambda r: r["i"])]
     pairs = len(firsts) * (len(firsts) - 1) // 2
     inverted = sum(
@@ -130,25 +140,35 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--policy", help="a policy file for the daemon")
+    ap.add_argument("--profile", help="cProfile the daemon into FILE.N")
     a = ap.parse_args()
     policy = None
     if a.policy:
         with open(a.policy) as f:
             policy = json.load(f)
     token = secrets.token_hex(16)
-    for _ in range(a.rounds):
+    for n in range(a.rounds):
+        prefix = []
+        if a.profile:
+            prefix = [sys.executable, "-m", "cProfile", "-o", f"{a.profile}.{n}"]
         with tempfile.TemporaryDirectory(prefix="first-events-") as base:
-            proc, port = start_daemon(base, token, policy)
+            proc, port = start_daemon(base, token, policy, prefix=prefix)
             try:
                 time.sleep(1.0)
                 print(json.dumps(round_(port, token, proc.pid, a.clients)), flush=True)
             finally:
-                os.killpg(proc.pid, signal.SIGTERM)
+                # The daemon first (a profiler writes its file as it
+                # stops), then anything left in its group.
+                proc.send_signal(signal.SIGTERM)
                 try:
                     proc.wait(10)
-                except Exception:
-                    os.killpg(proc.pid, signal.SIGKILL)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
                     proc.wait()
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
 
 if __name__ == "__main__":

@@ -651,6 +651,14 @@ CHILD_OOM_SCORE_ADJ = 500
 CHILD_GROUP_AFTER_MS = 100
 #: The longest ``children_group_after_ms`` a policy may ask for.
 CHILD_GROUP_AFTER_MAX_MS = 10_000
+#: Seconds after its spawn a child that has printed nothing yet still
+#: counts as starting: while one does, the streams' children that have
+#: printed their first line run at the lightest group weight, so the ones
+#: still starting get the CPUs first (many streams started at once).
+CHILD_STARTING_SECONDS = 1.0
+#: How long after the last starting child printed (or ended) the ones
+#: that waited get their level back, unless another stream starts first.
+CHILD_STARTING_GRACE_SECONDS = 0.2
 DAEMON_NICE = -5
 DAEMON_OOM_SCORE_ADJ = -500
 

@@ -19,7 +19,10 @@ that too (``/proc/PID/autogroup``), for the child's whole session.  A
 group weighs the same whatever it holds, so n busy sessions weigh n
 groups: with many children alive each one's group is lighter
 (:func:`group_nice_for`), so that on the daemon's CPU they never
-outweigh the daemon's one group.
+outweigh the daemon's one group.  While some children are still starting
+(nothing printed yet), a stream's child that has printed its first line
+waits at the lightest weight (:meth:`ChildPriority.first_output`): with
+many streams started at once, the shells not yet started go first.
 
 A child gets its priorities before it execs: the spawning thread takes
 the child's nice value and I/O priority (both are per thread on Linux and
@@ -48,6 +51,10 @@ from twisted.internet.interfaces import IDelayedCall
 from twisted.python.threadable import isInIOThread
 
 from sandboxd.libc import libc
+from sandboxd.policy.defaults import (
+    CHILD_STARTING_GRACE_SECONDS,
+    CHILD_STARTING_SECONDS,
+)
 from sandboxd.policy.priorities import Priorities
 from sandboxd.processes.cgroups import place_child
 
@@ -60,6 +67,9 @@ _IOPRIO_GET = {"x86_64": 252, "aarch64": 31, "i686": 290, "armv7l": 315}
 
 
 _MACHINE = os.uname().machine
+
+#: The lightest nice value, of a group or a task.
+LIGHTEST = 19
 
 #: The scheduler's weight of each nice value, -20 to 19 (the kernel's
 #: ``sched_prio_to_weight``).
@@ -207,6 +217,15 @@ class ChildPriority:
         self._lowering: IDelayedCall | None = None
         #: Per thread: set while :meth:`awaited` spawns a child someone waits on.
         self._local = threading.local()
+        #: Live tracked children that have printed nothing yet, by pid, with
+        #: when they stop counting as starting (spawn order, so the first
+        #: is due first).
+        self._starting: OrderedDict[int, float] = OrderedDict()
+        #: Children whose group waits at the lightest weight while others
+        #: start (:meth:`first_output`); their own level stays in ``_groups``.
+        self._yielding: set[int] = set()
+        #: The timer that ends the wait when the last starting child is due.
+        self._yield_call: IDelayedCall | None = None
 
     def configure(self, priorities: Priorities) -> None:
         """Take a (re)loaded policy's priorities; raise the daemon's own when it may."""
@@ -243,6 +262,9 @@ class ChildPriority:
         original, self._original = self._original, None
         self.priorities = Priorities(enabled=False)
         self._stop_lowering()
+        with self._lock:
+            self._starting.clear()
+        self._end_yielding()
         if original is None:
             return
         nice, group, oom = original
@@ -365,6 +387,8 @@ class ChildPriority:
             heavier = [other for other, was in self._groups.items() if was < level]
             for other in heavier:
                 self._groups[other] = level
+            # A yielding group is lighter than any level already.
+            heavier = [other for other in heavier if other not in self._yielding]
             if tracked:
                 self._groups[pid] = nice
             arm = False
@@ -439,7 +463,8 @@ class ChildPriority:
                 was = self._groups.get(pid)
                 if was is not None and was < nice:
                     self._groups[pid] = nice
-                    lowered.append(pid)
+                    if pid not in self._yielding:
+                        lowered.append(pid)
         for pid in lowered:
             _write_value(f"/proc/{pid}/autogroup", nice)
         self._arm()
@@ -453,10 +478,128 @@ class ChildPriority:
         """A tracked child was reaped: its pid stops being ours."""
         with self._lock:
             self._groups.pop(pid, None)
+            self._yielding.discard(pid)
+            last_starting = (
+                self._starting.pop(pid, None) is not None and not self._starting
+            )
+        if last_starting:
+            self._settle()
+        with self._lock:
             if self._young.pop(pid, None) is None or self._young:
                 return
         if isInIOThread():
             self._stop_lowering()
+
+    # -- the first line of many streams started at once ---------------------
+
+    def starting(self, pid: int) -> None:
+        """
+        On the reactor thread, once a stream's child runs: it has printed
+        nothing yet, and counts as starting until it does (:meth:`first_output`),
+        is reaped, or has run ``CHILD_STARTING_SECONDS``.  Only streams
+        count: a command whose output nobody watches line by line (a
+        ``/shell true``, a quiet background job) never makes others wait.
+        """
+        if not self.priorities.enabled or not _autogroups():
+            return
+        with self._lock:
+            if pid in self._groups:
+                self._starting[pid] = self._reactor().seconds() + CHILD_STARTING_SECONDS
+
+    def first_output(self, pid: int) -> None:
+        """
+        On the reactor thread, when a stream's child prints for the first
+        time.  While other streams' children are still starting
+        (:meth:`starting`), its group waits at
+        the lightest weight: a stream's first line comes once its shell has
+        started, and with hundreds started together the ones that have
+        printed (forking a ``sleep`` per line) would otherwise share the
+        CPUs evenly with the ones not started yet, and every first line
+        would come late.  The group gets its level back once no child is
+        starting (each counts for ``CHILD_STARTING_SECONDS`` at most), and
+        has not been for ``CHILD_STARTING_GRACE_SECONDS``.
+        Lighter only: the children's groups stay within the daemon's share.
+        """
+        if not self.priorities.enabled or not _autogroups():
+            return
+        now = self._reactor().seconds()
+        with self._lock:
+            if self._starting.pop(pid, None) is None:
+                return
+            self._drop_due_starting(now)
+            others = bool(self._starting) and pid in self._groups
+            if others:
+                self._yielding.add(pid)
+        if not others:
+            self._settle()
+            return
+        _write_value(f"/proc/{pid}/autogroup", LIGHTEST)
+        if self._yield_call is None or not self._yield_call.active():
+            self._arm_yielding(now)
+
+    def _settle(self) -> None:
+        """
+        No child counts as starting right now: the waiting groups get their
+        level back ``CHILD_STARTING_GRACE_SECONDS`` later unless another
+        stream's child starts meanwhile (answering hundreds of requests,
+        the daemon adopts their children one after another: between two,
+        the ones already started may all have printed).
+        """
+        with self._lock:
+            waiting = bool(self._yielding)
+        call, self._yield_call = self._yield_call, None
+        if call is not None and call.active():
+            call.cancel()
+        if waiting:
+            self._yield_call = self._reactor().callLater(
+                CHILD_STARTING_GRACE_SECONDS, self._yield_due
+            )
+
+    def _drop_due_starting(self, now: float) -> None:
+        """Under the lock: the children that no longer count as starting."""
+        while self._starting:
+            due = next(iter(self._starting.values()))
+            if due > now:
+                break
+            self._starting.popitem(last=False)
+
+    def _arm_yielding(self, now: float) -> None:
+        """A timer for when the first starting child stops counting."""
+        with self._lock:
+            first = next(iter(self._starting.values()), None)
+        if first is None:
+            self._yield_call = None
+            return
+        self._yield_call = self._reactor().callLater(
+            max(0.0, first - now), self._yield_due
+        )
+
+    def _yield_due(self) -> None:
+        """The wait's timer: end it if no child is starting any more."""
+        now = self._reactor().seconds()
+        with self._lock:
+            self._drop_due_starting(now)
+            starting = bool(self._starting)
+        if starting:
+            self._arm_yielding(now)
+        else:
+            self._yield_call = None
+            self._end_yielding()
+
+    def _end_yielding(self) -> None:
+        """No child is starting: the waiting groups back at their level."""
+        with self._lock:
+            back = [
+                (pid, self._groups[pid])
+                for pid in self._yielding
+                if pid in self._groups
+            ]
+            self._yielding.clear()
+        for pid, nice in back:
+            _write_value(f"/proc/{pid}/autogroup", nice)
+        call, self._yield_call = self._yield_call, None
+        if call is not None and call.active() and isInIOThread():
+            call.cancel()
 
     def _raise_oom(self, value: int) -> None:
         # Process-wide: spawns on several threads at once share one raise.

@@ -15,6 +15,7 @@ import binascii
 import errno
 import os
 import signal
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -41,6 +42,7 @@ from sandboxd.processes.child import Child, timeout_message
 from sandboxd.processes.command import RunAs, command_argv, resolve_user
 from sandboxd.processes.environment import child_environment, note_argv, validate_env
 from sandboxd.processes.managed import readable
+from sandboxd.processes.priority import CHILD_PRIORITY
 from sandboxd.processes.run import run_collect, spawn
 from sandboxd.processes.service import ProcessService
 from sandboxd.web.linestream import ChunkStream, LineStream
@@ -224,7 +226,10 @@ def shell_stream(request: ServerRequest) -> SSEResponse | Deferred[SSEResponse]:
 
     stream = (ChunkStream if as_bytes else LineStream)(clock, write, _cap(request))
     child = Child(
-        clock, stream.feed, timeout=spec.timeout, idle_timeout=spec.idle_timeout
+        clock,
+        _first_output_noted(lambda: child.pid, stream.feed),
+        timeout=spec.timeout,
+        idle_timeout=spec.idle_timeout,
     )
     try:
         spawn(
@@ -242,6 +247,9 @@ def shell_stream(request: ServerRequest) -> SSEResponse | Deferred[SSEResponse]:
         raise _spawn_failed(e, spec.command) from None
     if stdin is not None:
         _feed_stdin(child, stdin)
+    child.when_spawned().addCallbacks(
+        lambda _: CHILD_PRIORITY.starting(child.pid), lambda _: None
+    )
 
     def ended(code: int | None) -> None:
         stream.finish()
@@ -289,6 +297,27 @@ def shell_stream(request: ServerRequest) -> SSEResponse | Deferred[SSEResponse]:
         return failure
 
     return child.when_spawned().addCallbacks(lambda _: response, not_spawned)
+
+
+def _first_output_noted(
+    pid: Callable[[], int], feed: Callable[[int, bytes], None]
+) -> Callable[[int, bytes], None]:
+    """
+    ``feed``, telling the priorities when the child first prints
+    (:meth:`ChildPriority.first_output`; it counts as starting once it
+    runs): a stream whose first line is out waits while the others started
+    with it get theirs.
+    """
+    noted = False
+
+    def first(fd: int, data: bytes) -> None:
+        nonlocal noted
+        if not noted:
+            noted = True
+            CHILD_PRIORITY.first_output(pid())
+        feed(fd, data)
+
+    return first
 
 
 def _stream_options(body: dict[str, Any]) -> tuple[bool, bytes | None]:

@@ -227,6 +227,11 @@ class PolicyValueTests(SynchronousTestCase):
 class GroupWeightTests(SynchronousTestCase):
     """Many children's session groups together weigh no more than the daemon's group."""
 
+    def setUp(self) -> None:
+        # The calls come from the reactor's thread, as in the daemon (the
+        # reactor may not have run yet when this class runs alone).
+        self.patch(priority, "isInIOThread", lambda: True)
+
     def test_levels(self) -> None:
         """
         A few children keep the base nice value; more make each lighter,
@@ -358,3 +363,164 @@ class GroupWeightTests(SynchronousTestCase):
             prio.spawned(pid)
         self.assertEqual(prio._groups[500], 11)
         self.assertIn(("/proc/500/autogroup", 11), written)
+
+
+class FirstOutputTests(SynchronousTestCase):
+    """
+    With many streams started at once, a child that has printed its first
+    line waits at the lightest group weight while others are still
+    starting, and gets its level back once none is.
+    """
+
+    def setUp(self) -> None:
+        self.patch(priority, "isInIOThread", lambda: True)
+        self.written: list[tuple[str, int]] = []
+        self.patch(
+            priority, "_write_value", lambda path, v: self.written.append((path, v))
+        )
+        self.patch(priority, "_autogroups", lambda: True)
+        self.prio = priority.ChildPriority()
+        self.prio.clock = self.clock = Clock()
+        self.prio.priorities = priorities_from(True)
+        self.prio._budget = priority.weight(-5) * 2
+
+    def test_printed_child_waits_while_another_starts(self) -> None:
+        """
+        The first child to print goes to nice 19 while the second has
+        printed nothing; when the second prints, the first is back at its
+        level ``CHILD_STARTING_GRACE_SECONDS`` later, and the second is
+        never made to wait (nobody is left starting).
+        """
+        self.prio.priorities = priorities_from({"children_group_after_ms": 10_000})
+        self.prio.spawned(1000)
+        self.prio.starting(1000)
+        self.prio.spawned(1001)
+        self.prio.starting(1001)
+        self.prio.first_output(1000)
+        self.assertEqual(self.written, [("/proc/1000/autogroup", 19)])
+        self.written.clear()
+        self.prio.first_output(1001)
+        self.assertEqual(self.written, [])
+        self.clock.advance(priority.CHILD_STARTING_GRACE_SECONDS)
+        self.assertEqual(self.written, [("/proc/1000/autogroup", 0)])
+        self.prio.first_output(1000)
+        self.assertEqual(self.written, [("/proc/1000/autogroup", 0)])
+
+    def test_wait_goes_on_when_another_starts(self) -> None:
+        """
+        The last starting child prints, but another stream's child starts
+        within ``CHILD_STARTING_GRACE_SECONDS``: the printed ones keep
+        waiting (the daemon adopts many children one after another).
+        """
+        self.prio.priorities = priorities_from({"children_group_after_ms": 10_000})
+        for pid in (1000, 1001):
+            self.prio.spawned(pid)
+            self.prio.starting(pid)
+        self.prio.first_output(1000)
+        self.prio.first_output(1001)
+        self.clock.advance(priority.CHILD_STARTING_GRACE_SECONDS / 2)
+        self.prio.spawned(1002)
+        self.prio.starting(1002)
+        self.clock.advance(priority.CHILD_STARTING_GRACE_SECONDS)
+        self.assertEqual(self.written, [("/proc/1000/autogroup", 19)])
+        self.prio.first_output(1002)
+        self.clock.advance(priority.CHILD_STARTING_GRACE_SECONDS)
+        self.assertEqual(
+            self.written,
+            [("/proc/1000/autogroup", 19), ("/proc/1000/autogroup", 0)],
+        )
+
+    def test_level_kept_while_waiting(self) -> None:
+        """
+        A waiting group is not written when the young groups are lowered
+        to the base (100 ms); when the wait ends it goes to that base.
+        """
+        self.prio.spawned(1000)
+        self.prio.starting(1000)
+        self.prio.spawned(1001)
+        self.prio.starting(1001)
+        self.prio.first_output(1000)
+        self.clock.advance(0.1)
+        self.assertEqual(
+            self.written,
+            [("/proc/1000/autogroup", 19), ("/proc/1001/autogroup", 10)],
+        )
+        self.written.clear()
+        self.prio.first_output(1001)
+        self.clock.advance(priority.CHILD_STARTING_GRACE_SECONDS)
+        self.assertEqual(self.written, [("/proc/1000/autogroup", 10)])
+
+    def test_wait_is_bounded(self) -> None:
+        """
+        A child that prints nothing counts as starting for
+        ``CHILD_STARTING_SECONDS`` only: then the waiting group is back at
+        its level, and no timer is left behind.
+        """
+        self.prio.spawned(1000)
+        self.prio.starting(1000)
+        self.prio.spawned(1001)
+        self.prio.starting(1001)
+        self.prio.first_output(1000)
+        self.clock.advance(priority.CHILD_STARTING_SECONDS - 0.01)
+        self.assertEqual(self.written[-1], ("/proc/1001/autogroup", 10))
+        self.clock.advance(0.01)
+        self.assertEqual(self.written[-1], ("/proc/1000/autogroup", 10))
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_reaped_starter_ends_the_wait(self) -> None:
+        """The last child still starting is reaped: the waiting group is back."""
+        self.prio.priorities = priorities_from({"children_group_after_ms": 10_000})
+        self.prio.spawned(1000)
+        self.prio.starting(1000)
+        self.prio.spawned(1001)
+        self.prio.starting(1001)
+        self.prio.first_output(1000)
+        self.written.clear()
+        self.prio.ended(1001)
+        self.clock.advance(priority.CHILD_STARTING_GRACE_SECONDS)
+        self.assertEqual(self.written, [("/proc/1000/autogroup", 0)])
+        # Only the young group's lowering is left to come.
+        self.assertEqual(
+            [call.func.__name__ for call in self.clock.getDelayedCalls()],
+            ["_lower_due"],
+        )
+
+    def test_only_streams_count(self) -> None:
+        """
+        A child that is not a stream's (a ``/shell`` command, never said
+        to be starting) makes nobody wait; an agent's or an untracked
+        child is never counted as starting; a reaped one prints too late to
+        matter; with priorities off nothing is written.
+        """
+        with self.prio.awaited():
+            self.prio.spawned(500)
+        self.prio.spawned(501, tracked=False)
+        self.prio.spawned(1000)
+        self.prio.spawned(1001)
+        self.prio.starting(1001)
+        self.written.clear()
+        self.prio.starting(501)
+        self.prio.first_output(1001)
+        self.prio.first_output(501)
+        self.prio.ended(1001)
+        self.prio.first_output(1001)
+        self.assertEqual(self.written, [])
+        self.prio.spawned(1002)
+        self.prio.starting(1002)
+        self.prio.spawned(1003)
+        self.prio.starting(1003)
+        self.prio.priorities = priorities_from(False)
+        self.prio.first_output(1002)
+        self.assertEqual(self.written, [])
+
+    def test_restore_ends_the_wait(self) -> None:
+        """At stop a waiting group is given back its level, and no timer is left."""
+        self.prio.spawned(1000)
+        self.prio.starting(1000)
+        self.prio.spawned(1001)
+        self.prio.starting(1001)
+        self.prio.first_output(1000)
+        self.written.clear()
+        self.prio.restore()
+        self.assertEqual(self.written, [("/proc/1000/autogroup", 0)])
+        self.assertEqual(self.clock.getDelayedCalls(), [])

@@ -1064,3 +1064,49 @@ class SlowSpawnTests(_SlowSpawns, ProcessCase):
         self.assertEqual(
             len([p for p in listed.json()["processes"] if p["state"] == "running"]), 2
         )
+
+
+def _group_nice(pid: int) -> int:
+    """The nice value of ``pid``'s session group (``/autogroup-N nice V``)."""
+    with open(f"/proc/{pid}/autogroup") as f:
+        return int(f.read().split()[-1])
+
+
+class FirstOutputTests(ProcessCase):
+    """
+    Streams started together: one whose first line is out waits at the
+    lightest session group weight while another has printed nothing yet.
+    """
+
+    @inlineCallbacks
+    def test_printed_stream_waits_for_a_starting_one(self) -> Any:
+        """
+        The child that printed has its session group at nice 19 while the
+        other stream's child is silent, and at the children's 10 once that
+        one no longer counts as starting (a second after it started).
+        """
+        try:
+            with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+                groups = f.read().strip() == "1"
+        except OSError:
+            groups = False
+        if not groups or os.geteuid() != 0:
+            raise SkipTest("needs root and the kernel's autogroup scheduling")
+        sleeper = {"command": f"sleep {self.marker}", "shell": "sh"}
+        yield self.stream("POST", "/shell/stream", sleeper)
+        started = time.monotonic()
+        _, early = yield self.stream(
+            "POST",
+            "/shell/stream",
+            {"command": f"echo $$; sleep {self.marker}", "shell": "sh"},
+        )
+        yield early.wait_for(lambda r: r.events)
+        if time.monotonic() - started > 0.8:
+            raise SkipTest("the daemon took too long to start the second stream")
+        pid = int(early.events[0]["data"]["data"])
+        # The daemon (in this process) lowered it before sending the line.
+        self.assertEqual(_group_nice(pid), 19)
+        while _group_nice(pid) == 19 and time.monotonic() - started < 5:
+            yield sleep_(0.02)
+        self.assertEqual(_group_nice(pid), 10)
+        self.assertGreater(time.monotonic() - started, 0.9)
