@@ -25,6 +25,22 @@ from typing import Any
 #: ``\\u00XX``).
 _RARE = bytes(c for c in range(0x20) if c not in (0x09, 0x0A, 0x0D))
 
+#: The same, each alone: in a big chunk they are looked for one by one
+#: (``memchr``, several bytes a cycle), a third to a fifth of the cost of
+#: deleting them all in one pass (``bytes.translate``, a byte at a time
+#: into a new copy), which stays the cheaper for a small chunk.
+_RARE_EACH = tuple(bytes((c,)) for c in _RARE)
+
+#: From this many bytes on, :data:`_RARE_EACH` is the cheaper check.
+_SCAN_EACH_BYTES = 16 * 1024
+
+
+def _has_rare(raw: bytes) -> bool:
+    """Whether ``raw`` holds a byte of :data:`_RARE`."""
+    if len(raw) >= _SCAN_EACH_BYTES:
+        return any(c in raw for c in _RARE_EACH)
+    return len(raw.translate(None, _RARE)) != len(raw)
+
 
 def _escaped(raw: bytes) -> bytes | None:
     """
@@ -36,7 +52,7 @@ def _escaped(raw: bytes) -> bytes | None:
             raw.decode("utf-8")
         except UnicodeDecodeError:
             return None  # replaced by U+FFFD on the ordinary path
-    if len(raw.translate(None, _RARE)) != len(raw):
+    if _has_rare(raw):
         return None
     # The backslash first, so the escapes added after it stay single.
     return (

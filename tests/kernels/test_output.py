@@ -18,7 +18,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.threads import deferToThreadPool
 from twisted.trial.unittest import SkipTest, TestCase
 
-from sandboxd.kernels.hub import stream_content, utf8_chunks
+from sandboxd.kernels.hub import FEW_ESCAPES, stream_content, utf8_chunks
 from sandboxd.kernels.jsontext import EscapedText, JsonParts, document, text_value
 from sandboxd.web.dispatch import json_bytes
 from tests.client.base import ClientCase
@@ -136,6 +136,19 @@ class JsonTextTests(TestCase):
         rare.write(b"fine again")
         self.assertEqual(rare.held_bytes, 0)
         self.assertIsNone(rare.take())
+        for byte in range(0x20):
+            # A big chunk is checked another way: the same answer.
+            text = "x" * 100_000 + chr(byte) + "y" * 100_000
+            big = EscapedText(1 << 20)
+            big.write(text.encode())
+            taken = big.take()
+            if chr(byte) in "\t\n\r":
+                assert taken is not None
+                self.assertEqual(
+                    document({"s": JsonParts(taken)}), ordinary({"s": text})
+                )
+            else:
+                self.assertIsNone(taken, byte)
 
 
 class StreamContentTests(TestCase):
@@ -155,7 +168,18 @@ class StreamContentTests(TestCase):
     def test_same_as_json(self) -> None:
         """Whatever it reads is what decoding the JSON gives; the rest it leaves."""
         read = 0
-        for text in [*TEXTS, known_output(100_000), known_output(100_000, rare=True)]:
+        few = [
+            "x" * 100_000 + "\n",
+            '"quoted"\tand\r\n' + "x" * 100_000 + "\x08\x0c",
+            "\n" * FEW_ESCAPES + "x" * 100_000,
+            "\n" * (FEW_ESCAPES + 1) + "x" * 100_000,
+        ]
+        for text in [
+            *TEXTS,
+            *few,
+            known_output(100_000),
+            known_output(100_000, rare=True),
+        ]:
             for name in ("stdout", "stderr"):
                 for frame in self.frames(text, name):
                     got = stream_content(frame)
@@ -167,7 +191,7 @@ class StreamContentTests(TestCase):
                     self.assertEqual(
                         got["utf8"], decoded["text"].encode("utf-8", "surrogatepass")
                     )
-        self.assertGreaterEqual(read, 20, "the common texts are read the fast way")
+        self.assertGreaterEqual(read, 40, "the common texts are read the fast way")
 
     def test_steps_aside(self) -> None:
         """Another key, another order, escapes it cannot read, bad UTF-8: None."""
@@ -175,6 +199,9 @@ class StreamContentTests(TestCase):
             b'{"name": "stdout", "text": "a", "more": "b"}',
             b'{"text": "a", "name": "stdout"}',
             b'{"name": "stdout", "text": "a"b"}',
+            b'{"name": "stdout", "text": "a\\n"b"}',
+            b'{"name": "stdout", "text": "a\\n", "b": "c"}',
+            b'{"name": "stdout", "text": "a\\"}',
             b'{"name": "stdout", "text": "a\\\\"}',
             b'{"name": "stdout", "text": "a\\u0041"}',
             b'{"name": "stdout", "text": "a\\/b"}',
