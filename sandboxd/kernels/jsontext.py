@@ -177,3 +177,24 @@ class EscapedText:
         if parts is None:
             return None
         return [b'"', *parts, b'"']
+
+
+def text_object(fields: dict[str, Any]) -> bytes | None:
+    """
+    ``fields``, a flat object with a big ``text`` (an output event), as
+    compact JSON (UTF-8), its text escaped from its bytes (:func:`document`):
+    the same bytes as encoding it whole, at a fraction of the cost for a
+    stream's chunk of output, which every event stream sends as it comes.
+
+    :returns: None when ``text`` is not a string of at least
+        :data:`SMALL_OUTPUT_BYTES` characters, or holds a lone surrogate:
+        encode it the ordinary way then.
+    """
+    text = fields.get("text")
+    if not isinstance(text, str) or len(text) < SMALL_OUTPUT_BYTES:
+        return None
+    try:
+        raw = text.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return document({**fields, "text": raw})

@@ -19,6 +19,7 @@ from twisted.web.server import Request
 from zope.interface import implementer
 
 from sandboxd.eventlog import Event, EventLog
+from sandboxd.kernels.jsontext import text_object
 from sandboxd.policy.defaults import HEARTBEAT_SECONDS
 from sandboxd.web.jsonbody import COMPACT, COMPACT_ASCII
 from sandboxd.web.params import integer
@@ -27,8 +28,11 @@ from sandboxd.web.sending import send_now
 
 def frame(event: str, data: Any, id: int | None = None) -> bytes:
     """One SSE frame; ``data`` is JSON (so it never holds a bare newline)."""
-    payload = COMPACT.encode(data)
     head = f"id: {id}\n" if id is not None else ""
+    big = text_object(data) if isinstance(data, dict) else None
+    if big is not None:  # a big chunk of output: escaped from its bytes
+        return b"".join((f"{head}event: {event}\ndata: ".encode(), big, b"\n\n"))
+    payload = COMPACT.encode(data)
     text = f"{head}event: {event}\ndata: {payload}\n\n"
     try:
         return text.encode()

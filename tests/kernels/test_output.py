@@ -19,7 +19,14 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.trial.unittest import SkipTest, TestCase
 
 from sandboxd.kernels.hub import FEW_ESCAPES, stream_content, utf8_chunks
-from sandboxd.kernels.jsontext import EscapedText, JsonParts, document, text_value
+from sandboxd.kernels.jsontext import (
+    SMALL_OUTPUT_BYTES,
+    EscapedText,
+    JsonParts,
+    document,
+    text_object,
+    text_value,
+)
 from sandboxd.web.dispatch import json_bytes
 from tests.client.base import ClientCase
 from tests.e2b.sdk import E2BCase
@@ -149,6 +156,16 @@ class JsonTextTests(TestCase):
                 )
             else:
                 self.assertIsNone(taken, byte)
+
+    def test_text_object_is_json_dumps(self) -> None:
+        """An output event with a big text encodes as json.dumps would; a small one is left."""
+        for text in [*TEXTS, known_output(100_000), known_output(100_000, rare=True)]:
+            big = text + "x" * SMALL_OUTPUT_BYTES
+            fields = {"type": "stdout", "text": big, "timestamp": "2026-12-02T04:30Z"}
+            self.assertEqual(text_object(fields), ordinary(fields), text[:40])
+            self.assertIsNone(text_object({**fields, "text": text[:1000]}))
+        self.assertIsNone(text_object({"text": "\ud800" * SMALL_OUTPUT_BYTES}))
+        self.assertIsNone(text_object({"text": 12}))
 
 
 class StreamContentTests(TestCase):
