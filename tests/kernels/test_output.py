@@ -253,6 +253,21 @@ class BigOutputTests(CodeTestCase):
         self.assertEqual(events[-1]["data"]["state"], "ok")
 
     @inlineCallbacks
+    def test_few_escapes(self) -> Any:
+        """A big text with a few escapes (quotes, a tab, the last newline) arrives whole."""
+        code = "print('\"x\"' + 'é✓' * 300_000 + '\\t|')"
+        text = '"x"' + "é✓" * 300_000 + "\t|\n"
+        ctx = yield self.context()
+        result = yield self.execute(ctx["id"], code)
+        self.assertEqual(result["stdout"], text)
+        reader = yield self.stream(
+            f"/code/contexts/{ctx['id']}/execute", {"code": code, "stream": True}
+        )
+        events = yield reader.done
+        out = "".join(e["data"]["text"] for e in events if e["event"] == "stdout")
+        self.assertEqual(out, text)
+
+    @inlineCallbacks
     def test_rare_characters(self) -> Any:
         """Backslashes and control characters (the ordinary paths) arrive whole too."""
         text = known_output(1024 * 1024, rare=True)
