@@ -27,8 +27,8 @@ from twisted.web.server import NOT_DONE_YET
 from sandboxd.e2b.door import REST, Call, Procedure
 from sandboxd.errors import ApiError, bad_request, internal
 from sandboxd.eventlog import Event
-from sandboxd.kernels.jsontext import text_object
 from sandboxd.policy.defaults import E2B_CODE_KEEPALIVE_SECONDS
+from sandboxd.web.sse import big_text_json
 
 log = Logger(namespace="sandboxd.e2b")
 
@@ -208,7 +208,7 @@ async def _execute(call: Call, body: dict[str, Any]) -> None:
 
 def _line(line: dict[str, Any]) -> bytes:
     """One NDJSON line's JSON (a big output's text escaped from its bytes)."""
-    big = text_object(line)
+    big = big_text_json(line)
     if big is not None:
         return big
     return json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode(

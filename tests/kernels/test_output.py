@@ -28,6 +28,7 @@ from sandboxd.kernels.jsontext import (
     text_value,
 )
 from sandboxd.web.dispatch import json_bytes
+from sandboxd.web.sse import BIG_TEXT_CHARS, big_text_json
 from tests.client.base import ClientCase
 from tests.e2b.sdk import E2BCase
 from tests.kernels.test_contexts import CodeTestCase, need_ipykernel
@@ -166,6 +167,10 @@ class JsonTextTests(TestCase):
             self.assertIsNone(text_object({**fields, "text": text[:1000]}))
         self.assertIsNone(text_object({"text": "\ud800" * SMALL_OUTPUT_BYTES}))
         self.assertIsNone(text_object({"text": 12}))
+        fields = {"execution_id": "x_1", "text": known_output(2 * BIG_TEXT_CHARS)}
+        self.assertEqual(big_text_json(fields), ordinary(fields))
+        self.assertIsNone(big_text_json({"text": "small"}))
+        self.assertIsNone(big_text_json([known_output(BIG_TEXT_CHARS)]))
 
 
 class StreamContentTests(TestCase):
