@@ -17,10 +17,16 @@ on a shared machine hits both alike:
   as MB/s (the target: at least 0.8x direct), ``--prints`` times per round;
   ``throughput_ratio`` compares the medians, ``throughput_ratio_paired`` is
   the median of each print's rate over the direct print right after it
-  (load that drifts between rounds moves both alike).
+  (load that drifts between rounds moves both alike);
+- the same print read as its event stream (``stream: true``, SSE, each
+  ``data:`` line decoded as it arrives, as direct's client decodes each
+  kernel message while the kernel still prints), as ``sandboxd_sse``: the
+  document is what ``sb.code.execute`` and the MCP tool answer, a stream
+  what the events API and the E2B door (``/execute``, NDJSON) send.
 
 The CPU time the daemon and its hub spend per ``1+1`` and per print is
-reported too (load stretches it far less than wall time). ``--priority children`` (the
+reported too (all their threads', from the scheduler's nanosecond count:
+load stretches it far less than wall time). ``--priority children`` (the
 default) gives the direct kernel the CPU and I/O priority the daemon gives
 its kernels; ``--priority off`` turns the daemon's priority policy off and
 starts the direct kernel as it is. ``--tree DIR`` also runs a daemon from
@@ -47,7 +53,7 @@ import tempfile
 import time
 from typing import Any
 
-from daemon import cpu_seconds, start_daemon
+from daemon import start_daemon
 
 
 def post(conn: http.client.HTTPConnection, token: str, path: str, body: Any) -> Any:
@@ -142,6 +148,22 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """
+    CPU time ``pid``'s threads have run so far, to the nanosecond
+    (``/proc/PID/task/*/schedstat``; ``/proc/PID/stat`` counts 10 ms
+    ticks, as coarse as a print's whole cost).
+    """
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / 1e9
+
+
 class Daemon:
     """One daemon with one context (``tree``: run from another checkout)."""
 
@@ -157,6 +179,37 @@ class Daemon:
     def run(self, code: str) -> Any:
         """Execute; the result document."""
         return post(self.conn, self.token, self.path, {"code": code})
+
+    def run_stream(self, code: str) -> int:
+        """
+        Execute as an event stream, each event decoded as it arrives; the
+        output characters seen once ``execution.ended`` is in.
+        """
+        self.conn.request(
+            "POST",
+            self.path,
+            json.dumps({"code": code, "stream": True}),
+            {
+                "Authorization": f"Bearer {self.token}",
+                "Content-Type": "application/json",
+            },
+        )
+        reply = self.conn.getresponse()
+        if reply.status != 200:
+            raise SystemExit(f"stream: {reply.status} {reply.read()[:300]!r}")
+        seen = 0
+        event = ""
+        for line in reply:
+            if line.startswith(b"event: "):
+                event = line[7:].strip().decode()
+            elif line.startswith(b"data: "):
+                data = json.loads(line[6:])
+                if event in ("stdout", "stderr"):
+                    seen += len(data["text"])
+                elif event == "execution.ended":
+                    assert data["state"] == "ok", data
+        reply.close()
+        return seen
 
     def cpu(self) -> tuple[float, float]:
         """CPU seconds used so far by the daemon and by its kernel hub(s)."""
@@ -216,6 +269,10 @@ def main() -> None:
     direct = Direct(lowered=args.priority == "children")
     runners: dict[str, Any] = {name: d.run for name, d in daemons.items()}
     runners["direct"] = direct.run
+    #: The print read as a stream too (not the 1+1 loop).
+    streams: dict[str, Any] = {
+        f"{name}_sse": d.run_stream for name, d in daemons.items()
+    }
     try:
         size = int(args.mib * 1024 * 1024)
         big = f"print('x' * {size - 1})"
@@ -224,11 +281,11 @@ def main() -> None:
             for run in runners.values():
                 run("1+1")
         latency: dict[str, list[float]] = {name: [] for name in runners}
-        rates: dict[str, list[float]] = {name: [] for name in runners}
+        rates: dict[str, list[float]] = {name: [] for name in [*runners, *streams]}
         cpu_ms: dict[str, dict[str, list[float]]] = {
             name: {"daemon": [], "hub": []} for name in daemons
         }
-        paired: dict[str, list[float]] = {name: [] for name in daemons}
+        paired: dict[str, list[float]] = {name: [] for name in [*daemons, *streams]}
         print_cpu: dict[str, dict[str, list[float]]] = {
             name: {"daemon": [], "hub": []} for name in daemons
         }
@@ -269,12 +326,12 @@ def main() -> None:
                     "case": f"print {args.mib:g} MiB",
                     "round": round_,
                 }
-                for name, run in runners.items():
+                for name, run in [*runners.items(), *streams.items()]:
                     before = daemons[name].cpu() if name in daemons else (0.0, 0.0)
                     t = time.perf_counter()
                     result = run(big)
                     took = time.perf_counter() - t
-                    if name == "direct":
+                    if name == "direct" or name in streams:
                         seen = result
                     else:
                         assert result["state"] == "ok", result["state"]
@@ -287,14 +344,21 @@ def main() -> None:
                             line[f"{name}_{part}_cpu_ms"] = round(spent, 1)
                     rates[name].append(seen / 1e6 / took)
                     line[f"{name}_mb_s"] = round(seen / 1e6 / took, 1)
-                for name in daemons:
-                    # Against the direct print just after it: drift on a
-                    # busy machine moves both alike.
+                for name in [*daemons, *streams]:
+                    # Against the direct print beside it: drift on a busy
+                    # machine moves both alike.
                     paired[name].append(rates[name][-1] / rates["direct"][-1])
                 print(json.dumps(line))
         d50 = statistics.median(latency["direct"])
         d_rate = statistics.median(rates["direct"])
         summary: dict[str, Any] = {"workload": "CODE", "case": "summary"}
+        for name in streams:
+            rate = statistics.median(rates[name])
+            summary[f"{name}_mb_s"] = round(rate, 1)
+            summary[f"{name}_throughput_ratio"] = round(rate / d_rate, 2)
+            summary[f"{name}_throughput_ratio_paired"] = round(
+                statistics.median(paired[name]), 2
+            )
         for name in runners:
             p50 = statistics.median(latency[name])
             rate = statistics.median(rates[name])

@@ -28,6 +28,7 @@ from sandboxd.e2b.door import REST, Call, Procedure
 from sandboxd.errors import ApiError, bad_request, internal
 from sandboxd.eventlog import Event
 from sandboxd.policy.defaults import E2B_CODE_KEEPALIVE_SECONDS
+from sandboxd.web.sse import big_text_json
 
 log = Logger(namespace="sandboxd.e2b")
 
@@ -205,6 +206,16 @@ async def _execute(call: Call, body: dict[str, Any]) -> None:
     NdjsonStream(call, ctx, x)
 
 
+def _line(line: dict[str, Any]) -> bytes:
+    """One NDJSON line's JSON (a big output's text escaped from its bytes)."""
+    big = big_text_json(line)
+    if big is not None:
+        return big
+    return json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode(
+        "utf-8", "surrogatepass"
+    )
+
+
 class NdjsonStream:
     """Writes one execution's events to an E2B client as NDJSON lines."""
 
@@ -227,13 +238,7 @@ class NdjsonStream:
     def _write(self, lines: list[dict[str, Any]]) -> None:
         if not lines or self.call.closed:
             return
-        data = b"".join(
-            json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode(
-                "utf-8", "surrogatepass"
-            )
-            + b"\n"
-            for line in lines
-        )
+        data = b"".join(_line(line) + b"\n" for line in lines)
         self.call.bytes_out += len(data)
         self.call.request.write(data)
         if self._beat.active():

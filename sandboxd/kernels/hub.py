@@ -173,6 +173,11 @@ def stream_content(frame: bytes) -> dict[str, Any] | None:
     name and then the text, valid UTF-8, whose escapes Python's own bytes
     unescaping reads alike (quotes, tabs, newlines...).
 
+    The text is never sliced out of the frame first (a copy of it all):
+    with nothing escaped it is a view of the frame; with a few escapes
+    (a print's last newline) the pieces between them are joined once; with
+    many, the frame's text is unescaped in one C pass.
+
     :returns: None when the frame is anything else (another key order, a
         key after the text, ``\\uXXXX`` or backslash escapes, bad UTF-8):
         JSON-decode it then.
@@ -181,32 +186,97 @@ def stream_content(frame: bytes) -> dict[str, Any] | None:
     if known is None or not frame.endswith(b'"}'):
         return None
     head, name, between = known
-    body = frame[len(head) : -2]
-    # Another key after the text: its encoder put this between them (an
-    # escaped quote in the text is preceded by a backslash, never a
-    # quote, so the text itself cannot hold it).
-    if b'"' in body and between in body:
-        return None
-    if not body.isascii():
+    start, end = len(head), len(frame) - 2
+    if not frame.isascii():
         try:
-            body.decode("utf-8")
+            frame.decode("utf-8")  # its head and end are ASCII: the text's check
         except UnicodeDecodeError:
             return None  # the JSON way reads it with U+FFFD
-    if b"\\" not in body:
+    first = frame.find(b"\\", start, end)
+    if first < 0:
         # Nothing escaped, so no quote either.
-        return {"name": name, "utf8": body} if b'"' not in body else None
+        if frame.find(b'"', start, end) >= 0:
+            return None
+        return {"name": name, "utf8": memoryview(frame)[start:end]}
+    try:
+        text = _unescape_few(frame, start, end, first)
+    except ValueError:
+        return None
+    if text is None:
+        text = _unescape_many(frame, start, end, between)
+    return None if text is None else {"name": name, "utf8": text}
+
+
+#: A stream text with more escapes than this is unescaped in one C pass
+#: (:func:`_unescape_many`); up to it, piece by piece.
+FEW_ESCAPES = 256
+
+#: The escapes :func:`_unescape_few` reads: those JSON and Python read
+#: alike, but for the backslash and ``/`` (which it leaves to JSON).
+_ESCAPES = {
+    ord('"'): b'"',
+    ord("n"): b"\n",
+    ord("r"): b"\r",
+    ord("t"): b"\t",
+    ord("b"): b"\b",
+    ord("f"): b"\f",
+}
+
+
+def _unescape_few(frame: bytes, start: int, end: int, first: int) -> bytes | None:
+    """
+    The text between ``start`` and ``end`` unescaped, its first backslash
+    at ``first``, or None when it has more than :data:`FEW_ESCAPES`
+    escapes.
+
+    :raises ValueError: an escape not in :data:`_ESCAPES`, or a quote not
+        escaped (the text ends there: another key follows).
+    """
+    view = memoryview(frame)
+    parts: list[bytes | memoryview] = []
+    escapes: set[int] = set()
+    pos, at = start, first
+    while at >= 0:
+        if len(escapes) == FEW_ESCAPES:
+            return None
+        char = _ESCAPES.get(frame[at + 1]) if at + 1 < end else None
+        if char is None:
+            raise ValueError("an escape JSON reads otherwise")
+        escapes.add(at)
+        parts += (view[pos:at], char)
+        pos = at + 2
+        at = frame.find(b"\\", pos, end)
+    parts.append(view[pos:end])
+    quote = frame.find(b'"', start, end)
+    while quote >= 0:
+        if quote - 1 not in escapes:
+            raise ValueError("a quote not escaped")
+        quote = frame.find(b'"', quote + 1, end)
+    return b"".join(parts)
+
+
+def _unescape_many(frame: bytes, start: int, end: int, between: bytes) -> bytes | None:
+    """
+    The text between ``start`` and ``end`` unescaped by Python's bytes
+    unescaping, when that reads it as JSON would; else None.
+    """
+    # Another key after the text: its encoder put ``between`` before it
+    # (an escaped quote in the text is preceded by a backslash, never a
+    # quote, so the text itself cannot hold it).
+    if frame.find(between, start, end) >= 0:
+        return None
     try:
         with warnings.catch_warnings():
             # ``\\u`` is an invalid escape to it: left as it is, seen below.
             warnings.simplefilter("ignore")
-            text = codecs.escape_decode(body)[0]
+            text: bytes = codecs.escape_decode(memoryview(frame)[start:end])[0]
     except ValueError:
         return None
     # A backslash left: ``\\\\``, ``\\u`` or ``\\/`` were there, which
     # JSON reads otherwise (or the same, but that is not worth telling).
     if b"\\" in text:
         return None
-    return {"name": name, "utf8": text}
+    return text
 
 
 def decode_message(session: Any, frames: list[bytes]) -> dict[str, Any]:

@@ -25,6 +25,22 @@ from typing import Any
 #: ``\\u00XX``).
 _RARE = bytes(c for c in range(0x20) if c not in (0x09, 0x0A, 0x0D))
 
+#: The same, each alone: in a big chunk they are looked for one by one
+#: (``memchr``, several bytes a cycle), a third to a fifth of the cost of
+#: deleting them all in one pass (``bytes.translate``, a byte at a time
+#: into a new copy), which stays the cheaper for a small chunk.
+_RARE_EACH = tuple(bytes((c,)) for c in _RARE)
+
+#: From this many bytes on, :data:`_RARE_EACH` is the cheaper check.
+_SCAN_EACH_BYTES = 16 * 1024
+
+
+def _has_rare(raw: bytes) -> bool:
+    """Whether ``raw`` holds a byte of :data:`_RARE`."""
+    if len(raw) >= _SCAN_EACH_BYTES:
+        return any(c in raw for c in _RARE_EACH)
+    return len(raw.translate(None, _RARE)) != len(raw)
+
 
 def _escaped(raw: bytes) -> bytes | None:
     """
@@ -36,7 +52,7 @@ def _escaped(raw: bytes) -> bytes | None:
             raw.decode("utf-8")
         except UnicodeDecodeError:
             return None  # replaced by U+FFFD on the ordinary path
-    if len(raw.translate(None, _RARE)) != len(raw):
+    if _has_rare(raw):
         return None
     # The backslash first, so the escapes added after it stay single.
     return (
@@ -161,3 +177,24 @@ class EscapedText:
         if parts is None:
             return None
         return [b'"', *parts, b'"']
+
+
+def text_object(fields: dict[str, Any]) -> bytes | None:
+    """
+    ``fields``, a flat object with a big ``text`` (an output event), as
+    compact JSON (UTF-8), its text escaped from its bytes (:func:`document`):
+    the same bytes as encoding it whole, at a fraction of the cost for a
+    stream's chunk of output, which every event stream sends as it comes.
+
+    :returns: None when ``text`` is not a string of at least
+        :data:`SMALL_OUTPUT_BYTES` characters, or holds a lone surrogate:
+        encode it the ordinary way then.
+    """
+    text = fields.get("text")
+    if not isinstance(text, str) or len(text) < SMALL_OUTPUT_BYTES:
+        return None
+    try:
+        raw = text.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return document({**fields, "text": raw})

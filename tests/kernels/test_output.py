@@ -18,9 +18,17 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.threads import deferToThreadPool
 from twisted.trial.unittest import SkipTest, TestCase
 
-from sandboxd.kernels.hub import stream_content, utf8_chunks
-from sandboxd.kernels.jsontext import EscapedText, JsonParts, document, text_value
+from sandboxd.kernels.hub import FEW_ESCAPES, stream_content, utf8_chunks
+from sandboxd.kernels.jsontext import (
+    SMALL_OUTPUT_BYTES,
+    EscapedText,
+    JsonParts,
+    document,
+    text_object,
+    text_value,
+)
 from sandboxd.web.dispatch import json_bytes
+from sandboxd.web.sse import BIG_TEXT_CHARS, big_text_json
 from tests.client.base import ClientCase
 from tests.e2b.sdk import E2BCase
 from tests.kernels.test_contexts import CodeTestCase, need_ipykernel
@@ -136,6 +144,33 @@ class JsonTextTests(TestCase):
         rare.write(b"fine again")
         self.assertEqual(rare.held_bytes, 0)
         self.assertIsNone(rare.take())
+        for byte in range(0x20):
+            # A big chunk is checked another way: the same answer.
+            text = "x" * 100_000 + chr(byte) + "y" * 100_000
+            big = EscapedText(1 << 20)
+            big.write(text.encode())
+            taken = big.take()
+            if chr(byte) in "\t\n\r":
+                assert taken is not None
+                self.assertEqual(
+                    document({"s": JsonParts(taken)}), ordinary({"s": text})
+                )
+            else:
+                self.assertIsNone(taken, byte)
+
+    def test_text_object_is_json_dumps(self) -> None:
+        """An output event with a big text encodes as json.dumps would; a small one is left."""
+        for text in [*TEXTS, known_output(100_000), known_output(100_000, rare=True)]:
+            big = text + "x" * SMALL_OUTPUT_BYTES
+            fields = {"type": "stdout", "text": big, "timestamp": "2026-12-02T04:30Z"}
+            self.assertEqual(text_object(fields), ordinary(fields), text[:40])
+            self.assertIsNone(text_object({**fields, "text": text[:1000]}))
+        self.assertIsNone(text_object({"text": "\ud800" * SMALL_OUTPUT_BYTES}))
+        self.assertIsNone(text_object({"text": 12}))
+        fields = {"execution_id": "x_1", "text": known_output(2 * BIG_TEXT_CHARS)}
+        self.assertEqual(big_text_json(fields), ordinary(fields))
+        self.assertIsNone(big_text_json({"text": "small"}))
+        self.assertIsNone(big_text_json([known_output(BIG_TEXT_CHARS)]))
 
 
 class StreamContentTests(TestCase):
@@ -155,7 +190,18 @@ class StreamContentTests(TestCase):
     def test_same_as_json(self) -> None:
         """Whatever it reads is what decoding the JSON gives; the rest it leaves."""
         read = 0
-        for text in [*TEXTS, known_output(100_000), known_output(100_000, rare=True)]:
+        few = [
+            "x" * 100_000 + "\n",
+            '"quoted"\tand\r\n' + "x" * 100_000 + "\x08\x0c",
+            "\n" * FEW_ESCAPES + "x" * 100_000,
+            "\n" * (FEW_ESCAPES + 1) + "x" * 100_000,
+        ]
+        for text in [
+            *TEXTS,
+            *few,
+            known_output(100_000),
+            known_output(100_000, rare=True),
+        ]:
             for name in ("stdout", "stderr"):
                 for frame in self.frames(text, name):
                     got = stream_content(frame)
@@ -167,7 +213,7 @@ class StreamContentTests(TestCase):
                     self.assertEqual(
                         got["utf8"], decoded["text"].encode("utf-8", "surrogatepass")
                     )
-        self.assertGreaterEqual(read, 20, "the common texts are read the fast way")
+        self.assertGreaterEqual(read, 40, "the common texts are read the fast way")
 
     def test_steps_aside(self) -> None:
         """Another key, another order, escapes it cannot read, bad UTF-8: None."""
@@ -175,6 +221,9 @@ class StreamContentTests(TestCase):
             b'{"name": "stdout", "text": "a", "more": "b"}',
             b'{"text": "a", "name": "stdout"}',
             b'{"name": "stdout", "text": "a"b"}',
+            b'{"name": "stdout", "text": "a\\n"b"}',
+            b'{"name": "stdout", "text": "a\\n", "b": "c"}',
+            b'{"name": "stdout", "text": "a\\"}',
             b'{"name": "stdout", "text": "a\\\\"}',
             b'{"name": "stdout", "text": "a\\u0041"}',
             b'{"name": "stdout", "text": "a\\/b"}',
@@ -207,6 +256,21 @@ class BigOutputTests(CodeTestCase):
         out = "".join(e["data"]["text"] for e in events if e["event"] == "stdout")
         self.assertEqual(out, text)
         self.assertEqual(events[-1]["data"]["state"], "ok")
+
+    @inlineCallbacks
+    def test_few_escapes(self) -> Any:
+        """A big text with a few escapes (quotes, a tab, the last newline) arrives whole."""
+        code = "print('\"x\"' + 'é✓' * 300_000 + '\\t|')"
+        text = '"x"' + "é✓" * 300_000 + "\t|\n"
+        ctx = yield self.context()
+        result = yield self.execute(ctx["id"], code)
+        self.assertEqual(result["stdout"], text)
+        reader = yield self.stream(
+            f"/code/contexts/{ctx['id']}/execute", {"code": code, "stream": True}
+        )
+        events = yield reader.done
+        out = "".join(e["data"]["text"] for e in events if e["event"] == "stdout")
+        self.assertEqual(out, text)
 
     @inlineCallbacks
     def test_rare_characters(self) -> Any:
