@@ -34,6 +34,7 @@ from typing import Protocol as Contract
 
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.tcp import Server
 from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES
 
@@ -49,6 +50,19 @@ _NOT_PLAIN = frozenset({b"upgrade", b"expect"})
 
 #: Lower-cased header names to the form the app is sent (bounded).
 _CANONICAL: dict[bytes, bytes] = {}
+
+
+def drained(transport: Any) -> bool:
+    """
+    Whether everything written to ``transport`` has left for the socket
+    (a plain TCP connection; any other, a TLS one, is taken as not, so a
+    body to it always runs with flow control).
+    """
+    return (
+        type(transport) is Server
+        and not transport._tempDataLen
+        and len(transport.dataBuffer) == transport.offset
+    )
 
 
 def plain(head: Head) -> bool:
@@ -137,6 +151,9 @@ class DoorRequest:
         self.chunked = False
         self.bodiless = head.method == b"HEAD"
         self._waiting: list[Deferred[None]] = []
+        #: Told when the response is whole (None) or the client left
+        #: (the exchange's own end, without a Deferred).
+        self.on_end: Callable[[Failure | None], object] | None = None
 
     # -- what the exchange sets ------------------------------------------------
 
@@ -223,6 +240,8 @@ class DoorRequest:
         if out and transport is not None:
             write_now(transport, out)
         self.finished = True
+        if self.on_end is not None:
+            self.on_end(None)
         waiting, self._waiting = self._waiting, []
         for d in waiting:
             d.callback(None)
@@ -245,6 +264,8 @@ class DoorRequest:
         if self.finished:
             return
         self.finished = True
+        if self.on_end is not None:
+            self.on_end(reason)
         waiting, self._waiting = self._waiting, []
         for d in waiting:
             d.errback(reason)

@@ -30,7 +30,7 @@ from twisted.internet.defer import CancelledError
 from twisted.internet.error import ConnectError, ConnectionRefusedError
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.http import RESPONSES
+from twisted.web.http import RESPONSES, PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 from twisted.web.server import Request
@@ -53,10 +53,16 @@ from sandboxd.errors import (
 )
 from sandboxd.policy.defaults import PREVIEW_RETRY_SECONDS
 from sandboxd.preview import headers as h
-from sandboxd.preview.channel import DoorChannel, DoorRequest
+from sandboxd.preview.channel import DoorChannel, DoorRequest, drained
 from sandboxd.preview.exposures import Exposure
+from sandboxd.preview.rawpool import BodyTransport, RawConnection, RawPool
 from sandboxd.preview.routing import Target
-from sandboxd.preview.upstream import BodyRelay, StreamBody
+from sandboxd.preview.upstream import (
+    LARGE_BODY_BYTES,
+    LARGE_READ_BYTES,
+    BodyRelay,
+    StreamBody,
+)
 from sandboxd.web.connections import ConnectionLimits
 from sandboxd.web.factory import HardenedSite
 
@@ -64,7 +70,6 @@ if TYPE_CHECKING:
     from sandboxd.access.auth import Identity
     from sandboxd.policy.rules import EffectiveRule
     from sandboxd.preview.exposures import ExposureTable
-    from sandboxd.preview.rawpool import RawPool
     from sandboxd.preview.routing import Routes
 
 log = Logger(namespace="sandboxd.preview")
@@ -259,7 +264,18 @@ class Exchange:
         self.addresses = list(LOOPBACKS)
         self._timer: Any = None
         self.timed_out = False
-        request.notifyFinish().addBoth(self._ended)
+        #: The raw connection to the app answering this exchange directly
+        #: (:meth:`upstream_head`), on the door's own channel.
+        self.upstream: RawConnection | None = None
+        self.producing = False
+        self.widened: Any = None
+        if isinstance(request, DoorRequest):
+            # The door's channel tells the exchange itself (no Deferred).
+            self.direct = True
+            request.on_end = self._ended
+        else:
+            self.direct = False
+            request.notifyFinish().addBoth(self._ended)
 
     # -- the head -------------------------------------------------------------
 
@@ -595,6 +611,19 @@ class Exchange:
             head = h.request_head(
                 self.method, self.upstream_target(), self.upstream_headers()
             )
+            if self.direct:
+                # The door's channel: the connection answers this exchange
+                # itself (:meth:`upstream_head` and on), no Deferred.
+                raw = self.service.raw
+                connection = raw.take(address, self.target.port)
+                if connection is None:
+                    connection = raw.connect_to(
+                        (address, self.target.port), self.method, head, self
+                    )
+                else:
+                    connection.send_to(self.method, head, self)
+                self.pending = self.upstream = connection
+                return
             self.pending = self.service.raw.request(
                 address, self.target.port, self.method, head
             )
@@ -659,6 +688,90 @@ class Exchange:
         self.timed_out = True
         if self.pending is not None:
             self.pending.cancel()
+
+    # -- the app's answer, told directly (the door's own channel) -------------
+
+    def upstream_head(
+        self,
+        code: int,
+        phrase: bytes,
+        headers: list[tuple[bytes, list[bytes]]],
+        length: int | None,
+    ) -> None:
+        """The app's status and headers, through the rules to the browser."""
+        self.pending = None
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        if self.gone or self.refusal is not None:
+            if self.upstream is not None:
+                self.upstream.let_go()
+            return
+        target = self.target
+        assert target is not None
+        self.request.relay_head(
+            code,
+            phrase,
+            h.to_browser(
+                headers,
+                gate.host_name(self.host),
+                target.port,
+                self._origin(),
+                target.prefix,
+            ),
+        )
+        self.status = code
+        if length is not None and length > LARGE_BODY_BYTES and self.upstream:
+            # Twisted reads 64 KiB per recv: a large download would be many
+            # reactor turns.  Read it in large reads (until its end).
+            socket = self.upstream.transport
+            if socket is not None and hasattr(socket, "bufferSize"):
+                socket.bufferSize = LARGE_READ_BYTES  # type: ignore[attr-defined]
+                self.widened = socket
+
+    def dataReceived(self, data: bytes) -> None:
+        """Body bytes from the app, on to the browser; the app waits while it is slow."""
+        if self.gone:
+            return
+        self.bytes_out += len(data)
+        request = self.request
+        request.write(data)
+        if not self.producing and self.upstream is not None:
+            transport = request.channel.transport
+            if transport is not None and not drained(transport):
+                # Only a response the browser is slower than pays for a
+                # producer: the app's socket pauses while the browser's is full.
+                self.producing = True
+                transport.registerProducer(BodyTransport(self.upstream), True)
+
+    def upstream_done(self, reason: Failure | None) -> None:
+        """The app's body is whole (None) or was cut short."""
+        self.upstream = None
+        if self.widened is not None:
+            if "bufferSize" in vars(self.widened):
+                del self.widened.bufferSize  # the pooled connection reads small again
+            self.widened = None
+        if self.producing:
+            self.producing = False
+            transport = self.request.channel.transport
+            if transport is not None:
+                transport.unregisterProducer()
+        if self.gone or self.finished:
+            return
+        if reason is None or reason.check(PotentialDataLoss):
+            # Whole, or read to the close (its only end).
+            self.finished = True
+            self.request.finish()
+        else:
+            self.close()
+
+    def upstream_failed(self, reason: Failure) -> None:
+        """No answer from the app (refused, closed, not HTTP, cancelled)."""
+        self.upstream = None
+        self._failed(reason)
+
+    def upstream_retry(self, connection: RawConnection) -> None:
+        """The request is sent again on a fresh connection."""
+        self.pending = self.upstream = connection
 
     def _relay(self, response: Any) -> None:
         """Send the app's status and headers, then stream its body."""
@@ -760,6 +873,9 @@ class Exchange:
             self.pending.cancel()
         if self.relay is not None:
             self.relay.stop()
+        if self.upstream is not None:
+            self.upstream.let_go()
+            self.upstream = None
         transport: Any = (
             self.request.channel.transport if self.request.channel else None
         )
@@ -774,6 +890,9 @@ class Exchange:
                 self.pending.cancel()
             if self.relay is not None:
                 self.relay.stop()
+            if self.upstream is not None:
+                self.upstream.let_go()
+                self.upstream = None
             if self.body_producer is not None:
                 self.body_producer.stopProducing()
             if not self.status:

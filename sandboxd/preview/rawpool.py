@@ -30,6 +30,7 @@ connection, as the Agent does for an idempotent request.
 from __future__ import annotations
 
 from typing import Any
+from typing import Protocol as Protocol_
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.protocol import ClientFactory, Protocol, connectionDone
@@ -58,6 +59,34 @@ _DONE = Failure(ResponseDone())
 
 class UpstreamBroken(Exception):
     """The app closed the connection or answered something that is not HTTP."""
+
+
+class Sink(Protocol_):
+    """
+    Who a :class:`RawConnection` tells of an answer directly
+    (:meth:`RawConnection.send_to`): the door's channel relaying it.
+    """
+
+    def upstream_head(
+        self,
+        code: int,
+        phrase: bytes,
+        headers: list[tuple[bytes, list[bytes]]],
+        length: int | None,
+    ) -> None:
+        """The answer's head (1xx skipped); ``length`` None: chunked or to the close."""
+
+    def dataReceived(self, data: bytes) -> None:
+        """Body bytes, as decoded from their framing."""
+
+    def upstream_done(self, reason: Failure | None) -> None:
+        """The body is whole (None) or was cut short."""
+
+    def upstream_failed(self, reason: Failure) -> None:
+        """No answer: refused, closed, or not HTTP."""
+
+    def upstream_retry(self, connection: RawConnection) -> None:
+        """The request goes again on ``connection`` (a kept one was closed under it)."""
 
 
 class RawHeaders:
@@ -102,7 +131,7 @@ def parse_response_head(
     )
 
 
-class _BodyTransport:
+class BodyTransport:
     """
     What the body's protocol sees as its transport: the app's socket as a
     push producer (paused when the browser is slow), and stopping it
@@ -184,12 +213,19 @@ class RawConnection(Protocol):
         self.connector: Any = None
         #: The connections a request has used (a cancel closes the last).
         self.holder: list[RawConnection] = [self]
+        #: Who is told of the answer directly (:class:`Sink`), instead of
+        #: a Deferred and a body protocol.
+        self.sink: Sink | None = None
 
     def connectionMade(self) -> None:
         """Send the first request at once (no Nagle: a head is one small write)."""
         transport: Any = self.transport
         if hasattr(transport, "setTcpNoDelay"):
             transport.setTcpNoDelay(True)
+        sink, self.sink = self.sink, None
+        if sink is not None:
+            self.send_to(self.method, self.request_head, sink)
+            return
         first, self.first = self.first, None
         if first is None or first[2].called:
             self.abort()  # cancelled while connecting
@@ -213,12 +249,31 @@ class RawConnection(Protocol):
         transport: Any = self.transport
         write_now(transport, head)
 
+    def send_to(self, method: bytes, head: bytes, sink: Sink) -> None:
+        """
+        Write a request head; ``sink`` is told of the answer's head, its
+        body and its end as they come (no Deferred, no body protocol).
+        """
+        self.method = method
+        self.request_head = head
+        self.sink = sink
+        self.waiting = None
+        self.head = b""
+        self.in_body = False
+        self.body_done = False
+        self.body = None
+        self.pending_body = []
+        self.decoder = None
+        self.remaining = None
+        transport: Any = self.transport
+        write_now(transport, head)
+
     def dataReceived(self, data: bytes) -> None:
         """The answer's head, then its body."""
         if self.in_body:
             self._body_bytes(data)
             return
-        if self.waiting is None:
+        if self.waiting is None and self.sink is None:
             # Bytes nobody asked for: this connection cannot be trusted.
             self.abort()
             return
@@ -287,9 +342,16 @@ class RawConnection(Protocol):
         self.remaining = length
         self.reusable = not close
         self.in_body = True
-        waiting, self.waiting = self.waiting, None
-        assert waiting is not None
-        waiting.callback(RawResponse(self, version, code, phrase, headers, length))
+        sink = self.sink
+        if sink is not None:
+            self.body = sink
+            sink.upstream_head(code, phrase, headers, length)
+            if self.body is not sink:
+                return  # the sink let go (the browser left)
+        else:
+            waiting, self.waiting = self.waiting, None
+            assert waiting is not None
+            waiting.callback(RawResponse(self, version, code, phrase, headers, length))
         if length == 0:
             self._finished(None)
         if rest:
@@ -300,7 +362,7 @@ class RawConnection(Protocol):
     def deliver(self, protocol: Any) -> None:
         """Start passing the body to ``protocol``."""
         self.body = protocol
-        protocol.makeConnection(_BodyTransport(self))
+        protocol.makeConnection(BodyTransport(self))
         early, self.pending_body = self.pending_body, []
         for chunk in early:
             if self.body is not protocol:
@@ -360,22 +422,42 @@ class RawConnection(Protocol):
     def _end_body(self, reason: Failure | None) -> None:
         body, self.body = self.body, None
         self.in_body = False
+        sink, self.sink = self.sink, None
         if reason is None and self.reusable and not self.lost:
             transport: Any = self.transport
-            transport.resumeProducing()  # a paused socket must not idle paused
+            if transport.producerPaused:
+                transport.resumeProducing()  # must not idle paused
             self.pool.release(self)
         elif not self.lost:
             self.abort()
-        if body is not None:
+        if sink is not None:
+            sink.upstream_done(reason)
+        elif body is not None:
             body.connectionLost(reason or _DONE)
 
     # -- the end ----------------------------------------------------------------
 
     def _fail(self, error: Exception) -> None:
         waiting, self.waiting = self.waiting, None
+        sink, self.sink = self.sink, None
         self.abort()
         if waiting is not None:
             waiting.errback(Failure(error))
+        if sink is not None:
+            sink.upstream_failed(Failure(error))
+
+    def cancel(self) -> None:
+        """Give up on the answer (a timeout, the browser left): close, and say so."""
+        sink = self.sink
+        self.let_go()
+        if sink is not None:
+            sink.upstream_failed(Failure(CancelledError()))
+
+    def let_go(self) -> None:
+        """The sink is done with this connection before its end: close it."""
+        self.sink = None
+        self.body = None
+        self.abort()
 
     def abort(self) -> None:
         """Close now (never back to the pool)."""
@@ -392,6 +474,19 @@ class RawConnection(Protocol):
         """Closed: by the app while idle, mid-answer, or by us."""
         self.lost = True
         self.pool.forget(self)
+        sink = self.sink
+        if sink is not None and not self.in_body:
+            self.sink = None
+            if self.reused and not self.head and self.method in IDEMPOTENT:
+                # Closed by the app between requests: once more, afresh.
+                sink.upstream_retry(
+                    self.pool.connect_to(self.key, self.method, self.request_head, sink)
+                )
+                return
+            sink.upstream_failed(
+                Failure(UpstreamBroken("the app closed the connection"))
+            )
+            return
         if self.waiting is not None:
             waiting, self.waiting = self.waiting, None
             if self.reused and not self.head and self.method in IDEMPOTENT:
@@ -424,6 +519,10 @@ class _Connector(ClientFactory):
     def clientConnectionFailed(self, connector: Any, reason: Failure) -> None:
         connection = self.connection
         connection.pool.forget(connection)
+        sink, connection.sink = connection.sink, None
+        if sink is not None:
+            sink.upstream_failed(reason)
+            return
         first, connection.first = connection.first, None
         if first is not None and not first[2].called:
             first[2].errback(reason)
@@ -479,6 +578,31 @@ class RawPool:
             connection = self.connect(key, method, head, waiting)
         holder.append(connection)
         return waiting
+
+    def take(self, address: str, port: int) -> RawConnection | None:
+        """An idle connection to ``address:port`` (now busy), if one is kept."""
+        idle = self.idle.get((address, port))
+        while idle:
+            connection = idle.pop()
+            if not connection.lost:
+                connection.reused = True
+                self.busy.add(connection)
+                return connection
+        return None
+
+    def connect_to(
+        self, key: tuple[str, int], method: bytes, head: bytes, sink: Sink
+    ) -> RawConnection:
+        """A new connection to ``key``, sending ``head`` once it is up, answering ``sink``."""
+        connection = RawConnection(self, key)
+        connection.method = method
+        connection.request_head = head
+        connection.sink = sink
+        self.busy.add(connection)
+        connection.connector = self.reactor.connectTCP(
+            key[0], key[1], _Connector(connection)
+        )
+        return connection
 
     def connect(
         self,
