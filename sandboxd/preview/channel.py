@@ -39,6 +39,7 @@ from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES
 
 from sandboxd.policy.defaults import HEADER_NAME_CACHE, PREVIEW_UPGRADE_HEAD_BYTES
+from sandboxd.preview.answer import Answer
 from sandboxd.web.heads import Head, HeadError, parse_head
 from sandboxd.web.sending import write_now
 
@@ -154,6 +155,8 @@ class DoorRequest:
         #: Told when the response is whole (None) or the client left
         #: (the exchange's own end, without a Deferred).
         self.on_end: Callable[[Failure | None], object] | None = None
+        #: The app's head, relayed as its lines (:meth:`relay_answer`).
+        self.answer: Answer | None = None
 
     # -- what the exchange sets ------------------------------------------------
 
@@ -176,6 +179,16 @@ class DoorRequest:
         for name, values in pairs:
             fields[name.lower()] = (name, values)
 
+    def relay_answer(self, answer: Answer) -> None:
+        """
+        The app's head as the response's, its lines as they are (the rules
+        applied, :mod:`sandboxd.preview.answer`): the head is written with
+        the first body bytes.
+        """
+        self.code = answer.code
+        self.phrase = answer.phrase
+        self.answer = answer
+
     def notifyFinish(self) -> Deferred[None]:
         """Fires once the response is written whole; fails if the client left first."""
         d: Deferred[None] = Deferred()
@@ -188,6 +201,9 @@ class DoorRequest:
         """The response head, and how its body is framed."""
         self.started = True
         code = self.code
+        answer = self.answer
+        if answer is not None:
+            return self._answer_head(answer)
         phrase = self.phrase or RESPONSES.get(code, b"Unknown")
         lines = [b"HTTP/1.1 %d %s" % (code, phrase)]
         fields = self.responseHeaders.pairs
@@ -201,6 +217,24 @@ class DoorRequest:
                 if b"\n" in value or b"\r" in value:
                     value = value.replace(b"\r", b" ").replace(b"\n", b" ")
                 lines.append(name + b": " + value)
+        if not self.persistent:
+            lines.append(b"Connection: close")
+        lines.append(b"\r\n")
+        return b"\r\n".join(lines)
+
+    def _answer_head(self, answer: Answer) -> bytes:
+        """The app's head (see :meth:`relay_answer`), framed for this connection."""
+        code = answer.code
+        lines = [
+            b"HTTP/1.1 %d %s"
+            % (code, answer.phrase or RESPONSES.get(code, b"Unknown")),
+            *answer.lines,
+        ]
+        if code in _BODILESS or code < 200:
+            self.bodiless = True
+        elif answer.length is None and not self.bodiless:
+            self.chunked = True
+            lines.append(b"Transfer-Encoding: chunked")
         if not self.persistent:
             lines.append(b"Connection: close")
         lines.append(b"\r\n")

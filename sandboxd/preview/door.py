@@ -51,18 +51,18 @@ from sandboxd.errors import (
     upstream_timeout,
     upstream_unavailable,
 )
-from sandboxd.policy.defaults import PREVIEW_RETRY_SECONDS
+from sandboxd.policy.defaults import (
+    LARGE_BODY_BYTES,
+    LARGE_READ_BYTES,
+    PREVIEW_RETRY_SECONDS,
+)
 from sandboxd.preview import headers as h
+from sandboxd.preview.answer import Answer, Rules
 from sandboxd.preview.channel import DoorChannel, DoorRequest, drained
 from sandboxd.preview.exposures import Exposure
 from sandboxd.preview.rawpool import BodyTransport, RawConnection, RawPool
 from sandboxd.preview.routing import Target
-from sandboxd.preview.upstream import (
-    LARGE_BODY_BYTES,
-    LARGE_READ_BYTES,
-    BodyRelay,
-    StreamBody,
-)
+from sandboxd.preview.upstream import BodyRelay, StreamBody
 from sandboxd.web.connections import ConnectionLimits
 from sandboxd.web.factory import HardenedSite
 
@@ -691,14 +691,17 @@ class Exchange:
 
     # -- the app's answer, told directly (the door's own channel) -------------
 
-    def upstream_head(
-        self,
-        code: int,
-        phrase: bytes,
-        headers: list[tuple[bytes, list[bytes]]],
-        length: int | None,
-    ) -> None:
-        """The app's status and headers, through the rules to the browser."""
+    @property
+    def rules(self) -> Rules:
+        """How the app's answer is read for this preview (see :mod:`answer`)."""
+        target = self.target
+        assert target is not None
+        return Rules(
+            gate.host_name(self.host), target.port, self._origin(), target.prefix
+        )
+
+    def upstream_answer(self, answer: Answer) -> None:
+        """The app's head, its rules applied, as the browser's."""
         self.pending = None
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
@@ -706,26 +709,15 @@ class Exchange:
             if self.upstream is not None:
                 self.upstream.let_go()
             return
-        target = self.target
-        assert target is not None
-        self.request.relay_head(
-            code,
-            phrase,
-            h.to_browser(
-                headers,
-                gate.host_name(self.host),
-                target.port,
-                self._origin(),
-                target.prefix,
-            ),
-        )
-        self.status = code
+        self.request.relay_answer(answer)
+        self.status = answer.code
+        length = answer.length
         if length is not None and length > LARGE_BODY_BYTES and self.upstream:
             # Twisted reads 64 KiB per recv: a large download would be many
             # reactor turns.  Read it in large reads (until its end).
             socket = self.upstream.transport
             if socket is not None and hasattr(socket, "bufferSize"):
-                socket.bufferSize = LARGE_READ_BYTES  # type: ignore[attr-defined]
+                socket.bufferSize = LARGE_READ_BYTES
                 self.widened = socket
 
     def dataReceived(self, data: bytes) -> None:

@@ -220,36 +220,3 @@ def request_head(method: bytes, target: bytes, headers: RawHeaders) -> bytes:
             lines.append(name + b": " + value)
     lines.append(b"\r\n")
     return b"\r\n".join(lines)
-
-
-def to_browser(
-    headers: RawHeaders, host: str, port: int, origin: str, prefix: str
-) -> RawHeaders:
-    """
-    The app's response headers as the browser gets them, in one pass:
-    hop-by-hop ones (and those ``Connection`` lists) dropped, a
-    ``Set-Cookie`` the preview may not set dropped (:func:`cookie_allowed`),
-    a ``Location`` to the app's own ``localhost:PORT`` rewritten
-    (:func:`rewrite_location`).  The same rules as :func:`end_to_end` and
-    the exchange applied in turn, without copying the list twice.
-
-    :param host: the preview's host name, without a port.
-    """
-    drop = HOP_BY_HOP
-    out = []
-    for name, values in headers:
-        lower = name.lower()
-        if lower == b"connection":
-            drop = drop | connection_listed([(name, values)])
-    for name, values in headers:
-        lower = name.lower()
-        if lower in drop:
-            continue
-        if lower == b"set-cookie":
-            values = [v for v in values if cookie_allowed(v, host)]
-            if not values:
-                continue
-        elif lower == b"location":
-            values = [rewrite_location(v, port, origin, prefix) for v in values]
-        out.append((name, values))
-    return out

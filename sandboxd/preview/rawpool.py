@@ -44,6 +44,7 @@ from sandboxd.policy.defaults import (
     PREVIEW_POOL_PER_PORT,
     PREVIEW_UPGRADE_HEAD_BYTES,
 )
+from sandboxd.preview.answer import Answer, NotHttp, Rules, read_answer
 from sandboxd.web.sending import write_now
 
 #: Methods sent again on a fresh connection when a kept one was closed
@@ -67,14 +68,12 @@ class Sink(Protocol_):
     (:meth:`RawConnection.send_to`): the door's channel relaying it.
     """
 
-    def upstream_head(
-        self,
-        code: int,
-        phrase: bytes,
-        headers: list[tuple[bytes, list[bytes]]],
-        length: int | None,
-    ) -> None:
-        """The answer's head (1xx skipped); ``length`` None: chunked or to the close."""
+    @property
+    def rules(self) -> Rules:
+        """How the answer's head is to be read for it."""
+
+    def upstream_answer(self, answer: Answer) -> None:
+        """The answer's head, read with :attr:`rules` (1xx skipped)."""
 
     def dataReceived(self, data: bytes) -> None:
         """Body bytes, as decoded from their framing."""
@@ -285,6 +284,10 @@ class RawConnection(Protocol):
                     self._fail(UpstreamBroken("the app's response head is too long"))
                 return
             raw, rest = self.head[:end], self.head[end + 4 :]
+            if self.sink is not None:
+                if not self._read_answer(self.sink, raw, rest):
+                    continue  # an interim answer: the next head
+                return
             try:
                 version, code, phrase, headers = parse_response_head(raw)
             except UpstreamBroken as e:
@@ -299,6 +302,45 @@ class RawConnection(Protocol):
             self.head = b""
             self._answered(version, code, phrase, headers, rest)
             return
+
+    def _read_answer(self, sink: Sink, raw: bytes, rest: bytes) -> bool:
+        """
+        The answer's head for a sink, read once with its rules
+        (:mod:`sandboxd.preview.answer`); False for an interim answer.
+        """
+        try:
+            answer = read_answer(raw, sink.rules)
+        except NotHttp as e:
+            self._fail(UpstreamBroken(str(e)))
+            return True
+        code = answer.code
+        if 100 <= code < 200:
+            if code == 101:
+                self._fail(UpstreamBroken("a 101 to a request without Upgrade"))
+                return True
+            self.head = rest
+            return False
+        self.head = b""
+        length = answer.length
+        if self.method == b"HEAD" or code in (204, 304):
+            length = 0
+        elif answer.chunked:
+            length = None
+            self.decoder = _ChunkedTransferDecoder(self._chunk, self._chunks_done)
+        elif length is None:
+            answer.close = True  # to the close
+        self.remaining = length
+        self.reusable = not answer.close
+        self.in_body = True
+        self.body = sink
+        sink.upstream_answer(answer)
+        if self.body is not sink:
+            return True  # the sink let go (the browser left)
+        if length == 0:
+            self._finished(None)
+        if rest:
+            self._body_bytes(rest)
+        return True
 
     def _answered(
         self,
@@ -342,16 +384,9 @@ class RawConnection(Protocol):
         self.remaining = length
         self.reusable = not close
         self.in_body = True
-        sink = self.sink
-        if sink is not None:
-            self.body = sink
-            sink.upstream_head(code, phrase, headers, length)
-            if self.body is not sink:
-                return  # the sink let go (the browser left)
-        else:
-            waiting, self.waiting = self.waiting, None
-            assert waiting is not None
-            waiting.callback(RawResponse(self, version, code, phrase, headers, length))
+        waiting, self.waiting = self.waiting, None
+        assert waiting is not None
+        waiting.callback(RawResponse(self, version, code, phrase, headers, length))
         if length == 0:
             self._finished(None)
         if rest:

@@ -69,7 +69,12 @@ class FastPathTests(DoorCase):
         def browse() -> list[tuple[int, bytes]]:
             c = http.client.HTTPConnection("127.0.0.1", self.door_port, timeout=10)
             out = []
-            for path, pause in (("/bye", 0.3), ("/length", 0), ("/bye", 0), ("/length", 0)):
+            for path, pause in (
+                ("/bye", 0.3),
+                ("/length", 0),
+                ("/bye", 0),
+                ("/length", 0),
+            ):
                 c.request("GET", path, headers={"Host": host})
                 r = c.getresponse()
                 out.append((r.status, r.read()))

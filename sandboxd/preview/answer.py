@@ -1,0 +1,186 @@
+# -*- test-case-name: tests.preview.test_answer -*-
+"""
+An app's response head read once and turned into the browser's.
+
+On the door's direct path (:mod:`sandboxd.preview.channel` and
+:meth:`sandboxd.preview.rawpool.RawConnection.send_to`) the app's head is
+split into lines once; every line the rules leave alone is passed on as
+the very bytes the app sent, and only the few that matter are looked at:
+the framing (``Content-Length``, ``Transfer-Encoding``, ``Connection``),
+hop-by-hop headers (dropped), ``Set-Cookie`` (dropped when the preview
+may not set it) and ``Location`` (rewritten).  The rules are those of
+:mod:`sandboxd.preview.headers`, which says why; a head that is not
+HTTP/1.x is :class:`~sandboxd.preview.rawpool.UpstreamBroken`'s business,
+raised here as :class:`NotHttp`.
+"""
+
+from __future__ import annotations
+
+from sandboxd.policy.defaults import HEADER_NAME_CACHE
+from sandboxd.preview import headers as h
+
+__all__ = ["Answer", "NotHttp", "Rules", "read_answer"]
+
+#: What the rules do with a header, by lower-cased name (absent: passed on).
+_LENGTH, _CODING, _CONNECTION, _HOP, _COOKIE, _LOCATION = range(6)
+_KINDS: dict[bytes, int] = {name: _HOP for name in h.HOP_BY_HOP}
+_KINDS.update(
+    {
+        b"content-length": _LENGTH,
+        b"transfer-encoding": _CODING,
+        b"connection": _CONNECTION,
+        b"set-cookie": _COOKIE,
+        b"location": _LOCATION,
+    }
+)
+
+#: Header names as sent to their lower-cased form (bounded).
+_LOWER: dict[bytes, bytes] = {}
+
+
+class NotHttp(Exception):
+    """The app's answer is not an HTTP/1.x response head."""
+
+
+class Rules:
+    """
+    What the rules need to know of one preview, worked out once per
+    exchange: its host name (for cookies), port, origin and path prefix
+    (for ``Location``).
+    """
+
+    __slots__ = ("host", "origin", "port", "prefix")
+
+    def __init__(self, host: str, port: int, origin: str, prefix: str) -> None:
+        self.host = host
+        self.port = port
+        self.origin = origin
+        self.prefix = prefix
+
+
+class Answer:
+    """
+    One response head from the app, read (see the module).
+
+    :ivar lines: the header lines the browser gets, as bytes.
+    :ivar length: the body's ``Content-Length``, or None.
+    :ivar chunked: the body is chunked (its length line then dropped).
+    :ivar close: the app closes the connection after this answer (or
+        frames the body by its close).
+    """
+
+    __slots__ = ("chunked", "close", "code", "length", "lines", "phrase", "version")
+
+    def __init__(
+        self,
+        version: bytes,
+        code: int,
+        phrase: bytes,
+        lines: list[bytes],
+        length: int | None,
+        chunked: bool,
+        close: bool,
+    ) -> None:
+        self.version = version
+        self.code = code
+        self.phrase = phrase
+        self.lines = lines
+        self.length = length
+        self.chunked = chunked
+        self.close = close
+
+
+def _lower(name: bytes) -> bytes:
+    lower = _LOWER.get(name)
+    if lower is None:
+        if not name or name != name.strip():
+            raise NotHttp("a malformed header line")
+        lower = name.lower()
+        if len(_LOWER) < HEADER_NAME_CACHE:
+            _LOWER[name] = lower
+    return lower
+
+
+def read_answer(raw: bytes, rules: Rules) -> Answer:
+    """
+    The answer in ``raw`` (a head without its blank line), the rules
+    applied to its lines.
+
+    :raises NotHttp: not an HTTP/1.x head, a malformed line or a bad
+        ``Content-Length``.
+    """
+    lines = raw.split(b"\r\n")
+    status = lines[0]
+    if not status.startswith(b"HTTP/1."):
+        raise NotHttp("not an HTTP/1.x response")
+    parts = status.split(b" ", 2)
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise NotHttp("not an HTTP/1.x response")
+    version = parts[0]
+    out: list[bytes] = []
+    length: int | None = None
+    chunked = False
+    close = version == b"HTTP/1.0"
+    listed: set[bytes] | None = None
+    kinds = _KINDS
+    for index in range(1, len(lines)):
+        line = lines[index]
+        name, colon, value = line.partition(b":")
+        if not colon:
+            raise NotHttp("a malformed header line")
+        lower = _lower(name)
+        kind = kinds.get(lower)
+        if kind is None:
+            out.append(line)
+            continue
+        value = value.strip()
+        if kind == _LENGTH:
+            if not value.isdigit() or (length is not None and int(value) != length):
+                raise NotHttp("a bad Content-Length")
+            if length is None:
+                out.append(line)
+            length = int(value)
+        elif kind == _CODING:
+            chunked = value.split(b",")[-1].strip().lower() == b"chunked"
+            if not chunked:
+                close = True  # framed by the close (RFC 9112 §6.3)
+        elif kind == _CONNECTION:
+            for token in value.split(b","):
+                token = token.strip().lower()
+                if token == b"close":
+                    close = True
+                elif token == b"keep-alive":
+                    if version == b"HTTP/1.0":
+                        close = False
+                elif token:
+                    listed = (listed or set()) | {token}
+        elif kind == _COOKIE:
+            if h.cookie_allowed(value, rules.host):
+                out.append(line)
+        elif kind == _LOCATION:
+            out.append(
+                name
+                + b": "
+                + h.rewrite_location(value, rules.port, rules.origin, rules.prefix)
+            )
+    if chunked and length is not None:
+        # Both framings: chunked wins, and the length must not reach the
+        # browser (RFC 9112 §6.3, a response-splitting attempt).
+        length = None
+        listed = (listed or set()) | {b"content-length"}
+    if listed:
+        out = [line for line in out if _lower(line.partition(b":")[0]) not in listed]
+    ends = len(lines) - 1
+    if raw.count(b"\r") != ends or raw.count(b"\n") != ends:
+        # A bare CR or LF inside a value would start a line of the app's
+        # making at the browser: a space, as Twisted's Headers does.
+        out = [line.replace(b"\r", b" ").replace(b"\n", b" ") for line in out]
+    return Answer(
+        version,
+        int(parts[1]),
+        parts[2] if len(parts) > 2 else b"",
+        out,
+        length,
+        chunked,
+        close,
+    )
