@@ -91,24 +91,25 @@ class RequestFields:
     Twisted's ``Headers`` it uses), over the parser's table.
     """
 
-    __slots__ = ("_fields",)
+    __slots__ = ("fields",)
 
     def __init__(self, fields: dict[bytes, list[bytes]]) -> None:
-        self._fields = fields
+        #: Lower-cased names to their values, in the client's order.
+        self.fields = fields
 
     def getRawHeaders(
         self, name: bytes, default: list[bytes] | None = None
     ) -> list[bytes] | None:
         """The values of ``name`` (any case), as sent."""
-        return self._fields.get(name.lower(), default)
+        return self.fields.get(name.lower(), default)
 
     def getAllRawHeaders(self) -> list[tuple[bytes, list[bytes]]]:
         """``(name, values)`` in the client's order."""
-        return [(canonical(lower), values) for lower, values in self._fields.items()]
+        return [(canonical(lower), values) for lower, values in self.fields.items()]
 
     def removeHeader(self, name: bytes) -> None:
         """Forget ``name``."""
-        self._fields.pop(name.lower(), None)
+        self.fields.pop(name.lower(), None)
 
 
 class ResponseFields:

@@ -58,7 +58,7 @@ from sandboxd.policy.defaults import (
 )
 from sandboxd.preview import headers as h
 from sandboxd.preview.answer import Answer, Rules
-from sandboxd.preview.channel import DoorChannel, DoorRequest, drained
+from sandboxd.preview.channel import DoorChannel, DoorRequest, canonical, drained
 from sandboxd.preview.exposures import Exposure
 from sandboxd.preview.rawpool import BodyTransport, RawConnection, RawPool
 from sandboxd.preview.routing import Target
@@ -533,7 +533,10 @@ class Exchange:
             self.body_producer.finish()
         timeout = self.context.policy.rules["preview_proxy"].limits.timeout_seconds
         if timeout and self.pending is not None:
-            self._timer = self.context.reactor.callLater(timeout, self._head_late)
+            if self.upstream is not None:
+                self.service.raw.expect(self.upstream, timeout)
+            else:
+                self._timer = self.context.reactor.callLater(timeout, self._head_late)
         if self.response is not None:
             self._relay(self.response)
 
@@ -577,6 +580,63 @@ class Exchange:
             self.target.prefix,
         )
 
+    def app_head(self) -> bytes:
+        """
+        The request head the app gets, from the door's own channel: the
+        rules of :meth:`upstream_headers` in one pass over the parsed
+        fields, written as one bytes string.
+        """
+        target = self.target
+        exposure = self.exposure
+        assert target is not None and exposure is not None
+        fields: dict[bytes, list[bytes]] = self.request.requestHeaders.fields
+        drop = h.NOT_TO_APP
+        listed = fields.get(b"connection")
+        if listed is not None:
+            drop = drop | h.connection_listed([(b"connection", listed)])
+        if exposure.host_header == "preserve":
+            host = self.host.encode("latin-1")
+        else:
+            host = b"localhost:%d" % target.port
+        lines = [
+            self.method + b" " + self.upstream_target() + b" HTTP/1.1",
+            b"Host: " + host,
+        ]
+        before: list[bytes] | None = None
+        for lower, values in fields.items():
+            if lower in drop:
+                continue
+            if lower.startswith(b"x-forwarded-") or lower == b"forwarded":
+                if lower == b"x-forwarded-for":
+                    before = values
+                continue
+            if lower == b"authorization":
+                if self._ours(values):
+                    continue
+            elif lower == b"cookie":
+                values = h.cookies_without_ours(values)
+                if not values:
+                    continue
+            name = canonical(lower)
+            for value in values:
+                lines.append(name + b": " + value)
+        client = self.client.encode()
+        chain = b", ".join([*before, client]) if before else client
+        lines.append(b"X-Forwarded-For: " + chain)
+        lines.append(
+            b"X-Forwarded-Proto: https"
+            if self.service.secure
+            else b"X-Forwarded-Proto: http"
+        )
+        lines.append(b"X-Forwarded-Host: " + self.host.encode("latin-1"))
+        door_port = self.service.door_port
+        if door_port is not None:
+            lines.append(b"X-Forwarded-Port: %d" % door_port)
+        if target.prefix:
+            lines.append(b"X-Forwarded-Prefix: " + target.prefix.encode())
+        lines.append(b"\r\n")
+        return b"\r\n".join(lines)
+
     def _ours(self, values: list[bytes]) -> bool:
         """Whether an ``Authorization`` header carried our credential."""
         for value in values:
@@ -592,7 +652,10 @@ class Exchange:
         """The path and query the app gets (never our link)."""
         assert self.target is not None
         path, _sep, query = self.target.path.partition(b"?")
-        query = h.query_without(query, h.LINK_PARAM)
+        if not query:
+            return path
+        if h.LINK_PARAM in query:
+            query = h.query_without(query, h.LINK_PARAM)
         return path + (b"?" + query if query else b"")
 
     def _start_upstream(self) -> None:
@@ -608,10 +671,8 @@ class Exchange:
         assert self.target is not None
         if self.body_producer is None:
             # No body: one raw write on a pooled connection (rawpool).
-            head = h.request_head(
-                self.method, self.upstream_target(), self.upstream_headers()
-            )
             if self.direct:
+                head = self.app_head()
                 # The door's channel: the connection answers this exchange
                 # itself (:meth:`upstream_head` and on), no Deferred.
                 raw = self.service.raw
@@ -624,6 +685,9 @@ class Exchange:
                     connection.send_to(self.method, head, self)
                 self.pending = self.upstream = connection
                 return
+            head = h.request_head(
+                self.method, self.upstream_target(), self.upstream_headers()
+            )
             self.pending = self.service.raw.request(
                 address, self.target.port, self.method, head
             )

@@ -215,6 +215,9 @@ class RawConnection(Protocol):
         #: Who is told of the answer directly (:class:`Sink`), instead of
         #: a Deferred and a body protocol.
         self.sink: Sink | None = None
+        #: When the answer's head is overdue (reactor seconds), while
+        #: waited for (:meth:`RawPool.expect`).
+        self.deadline: float | None = None
 
     def connectionMade(self) -> None:
         """Send the first request at once (no Nagle: a head is one small write)."""
@@ -308,6 +311,8 @@ class RawConnection(Protocol):
         The answer's head for a sink, read once with its rules
         (:mod:`sandboxd.preview.answer`); False for an interim answer.
         """
+        if self.deadline is not None:
+            self.pool.answered(self)
         try:
             answer = read_answer(raw, sink.rules)
         except NotHttp as e:
@@ -473,6 +478,8 @@ class RawConnection(Protocol):
     # -- the end ----------------------------------------------------------------
 
     def _fail(self, error: Exception) -> None:
+        if self.deadline is not None:
+            self.pool.answered(self)
         waiting, self.waiting = self.waiting, None
         sink, self.sink = self.sink, None
         self.abort()
@@ -490,6 +497,8 @@ class RawConnection(Protocol):
 
     def let_go(self) -> None:
         """The sink is done with this connection before its end: close it."""
+        if self.deadline is not None:
+            self.pool.answered(self)
         self.sink = None
         self.body = None
         self.abort()
@@ -510,13 +519,19 @@ class RawConnection(Protocol):
         self.lost = True
         self.pool.forget(self)
         sink = self.sink
+        deadline = self.deadline
+        if deadline is not None:
+            self.pool.answered(self)
         if sink is not None and not self.in_body:
             self.sink = None
             if self.reused and not self.head and self.method in IDEMPOTENT:
                 # Closed by the app between requests: once more, afresh.
-                sink.upstream_retry(
-                    self.pool.connect_to(self.key, self.method, self.request_head, sink)
+                again = self.pool.connect_to(
+                    self.key, self.method, self.request_head, sink
                 )
+                if deadline is not None:
+                    self.pool.expect_by(again, deadline)
+                sink.upstream_retry(again)
                 return
             sink.upstream_failed(
                 Failure(UpstreamBroken("the app closed the connection"))
@@ -554,6 +569,8 @@ class _Connector(ClientFactory):
     def clientConnectionFailed(self, connector: Any, reason: Failure) -> None:
         connection = self.connection
         connection.pool.forget(connection)
+        if connection.deadline is not None:
+            connection.pool.answered(connection)
         sink, connection.sink = connection.sink, None
         if sink is not None:
             sink.upstream_failed(reason)
@@ -576,6 +593,10 @@ class RawPool:
         self.idle: dict[tuple[str, int], list[RawConnection]] = {}
         self.busy: set[RawConnection] = set()
         self._sweep: Any = None
+        #: Connections waiting for an answer's head by a deadline, and the
+        #: one timer that checks them.
+        self.waiting: dict[RawConnection, None] = {}
+        self._late: Any = None
 
     def request(
         self, address: str, port: int, method: bytes, head: bytes
@@ -624,6 +645,48 @@ class RawPool:
                 self.busy.add(connection)
                 return connection
         return None
+
+    def expect(self, connection: RawConnection, timeout: float) -> None:
+        """
+        Cancel ``connection``'s request when no answer's head has come in
+        ``timeout`` seconds.  One timer for the pool, not one set and
+        cancelled per request.
+        """
+        self.expect_by(connection, self.reactor.seconds() + timeout)
+
+    def expect_by(self, connection: RawConnection, deadline: float) -> None:
+        """:meth:`expect`, by a deadline in reactor seconds."""
+        connection.deadline = deadline
+        self.waiting[connection] = None
+        if self._late is None:
+            self._late = self.reactor.callLater(
+                max(deadline - self.reactor.seconds(), 0.0), self._check_late
+            )
+
+    def answered(self, connection: RawConnection) -> None:
+        """``connection`` has its answer's head (or gave up): no deadline."""
+        connection.deadline = None
+        self.waiting.pop(connection, None)
+
+    def _check_late(self) -> None:
+        """Cancel the overdue requests; come back for the next deadline."""
+        self._late = None
+        now = self.reactor.seconds()
+        late = []
+        soonest: float | None = None
+        for connection in self.waiting:
+            deadline = connection.deadline
+            if deadline is None:
+                continue
+            if deadline <= now:
+                late.append(connection)
+            elif soonest is None or deadline < soonest:
+                soonest = deadline
+        for connection in late:
+            self.answered(connection)
+            connection.cancel()
+        if soonest is not None and self._late is None:
+            self._late = self.reactor.callLater(soonest - now, self._check_late)
 
     def connect_to(
         self, key: tuple[str, int], method: bytes, head: bytes, sink: Sink
@@ -706,6 +769,10 @@ class RawPool:
         if self._sweep is not None and self._sweep.active():
             self._sweep.cancel()
         self._sweep = None
+        self.waiting.clear()
+        if self._late is not None and self._late.active():
+            self._late.cancel()
+        self._late = None
 
 
 __all__ = ["CancelledError", "RawPool", "RawResponse", "UpstreamBroken"]
