@@ -16,6 +16,8 @@ raised here as :class:`NotHttp`.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from sandboxd.policy.defaults import HEADER_NAME_CACHE
 from sandboxd.preview import headers as h
 
@@ -101,10 +103,19 @@ def _lower(name: bytes) -> bytes:
     return lower
 
 
-def read_answer(raw: bytes, rules: Rules) -> Answer:
+class HasRules(Protocol):
+    """Who knows the preview's :class:`Rules` (asked only when a line needs them)."""
+
+    @property
+    def rules(self) -> Rules:
+        """The preview's rules."""
+
+
+def read_answer(raw: bytes, owner: HasRules) -> Answer:
     """
-    The answer in ``raw`` (a head without its blank line), the rules
-    applied to its lines.
+    The answer in ``raw`` (a head without its blank line), the rules of
+    ``owner`` applied to its lines (asked for only when a ``Set-Cookie``
+    or a ``Location`` comes).
 
     :raises NotHttp: not an HTTP/1.x head, a malformed line or a bad
         ``Content-Length``.
@@ -123,12 +134,14 @@ def read_answer(raw: bytes, rules: Rules) -> Answer:
     close = version == b"HTTP/1.0"
     listed: set[bytes] | None = None
     kinds = _KINDS
+    names = _LOWER
+    rules: Rules | None = None
     for index in range(1, len(lines)):
         line = lines[index]
         name, colon, value = line.partition(b":")
         if not colon:
             raise NotHttp("a malformed header line")
-        lower = _lower(name)
+        lower = names.get(name) or _lower(name)
         kind = kinds.get(lower)
         if kind is None:
             out.append(line)
@@ -155,9 +168,11 @@ def read_answer(raw: bytes, rules: Rules) -> Answer:
                 elif token:
                     listed = (listed or set()) | {token}
         elif kind == _COOKIE:
+            rules = rules or owner.rules
             if h.cookie_allowed(value, rules.host):
                 out.append(line)
         elif kind == _LOCATION:
+            rules = rules or owner.rules
             out.append(
                 name
                 + b": "

@@ -314,7 +314,7 @@ class RawConnection(Protocol):
         if self.deadline is not None:
             self.pool.answered(self)
         try:
-            answer = read_answer(raw, sink.rules)
+            answer = read_answer(raw, sink)
         except NotHttp as e:
             self._fail(UpstreamBroken(str(e)))
             return True

@@ -9,7 +9,14 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.preview.answer import NotHttp, Rules, read_answer
 
-RULES = Rules("3000.localhost", 3000, "http://3000.localhost:9002", "")
+
+class Preview:
+    """A preview's rules, as the exchange gives them."""
+
+    rules = Rules("3000.localhost", 3000, "http://3000.localhost:9002", "")
+
+
+RULES = Preview()
 
 
 def head(*lines: str, status: str = "HTTP/1.1 200 OK") -> bytes:
