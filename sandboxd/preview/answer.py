@@ -16,6 +16,7 @@ raised here as :class:`NotHttp`.
 
 from __future__ import annotations
 
+import re
 from typing import Protocol
 
 from sandboxd.policy.defaults import HEADER_NAME_CACHE
@@ -34,6 +35,17 @@ _KINDS.update(
         b"set-cookie": _COOKIE,
         b"location": _LOCATION,
     }
+)
+
+#: A head's header lines, each a token, a colon and a value without CR or LF.
+_PLAIN_LINES = re.compile(rb"(?:\r\n[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[^\r\n]*)*")
+
+#: The header lines the rules act on (the others pass as they are).
+_SPECIAL = re.compile(
+    rb"\r\n("
+    + b"|".join(re.escape(name) for name in sorted(_KINDS, key=len, reverse=True))
+    + rb"):([^\r\n]*)",
+    re.IGNORECASE,
 )
 
 #: Header names as sent to their lower-cased form (bounded).
@@ -64,21 +76,22 @@ class Answer:
     """
     One response head from the app, read (see the module).
 
-    :ivar lines: the header lines the browser gets, as bytes.
+    :ivar block: the header lines the browser gets, joined by CRLF (no
+        CRLF at either end; empty for none).
     :ivar length: the body's ``Content-Length``, or None.
     :ivar chunked: the body is chunked (its length line then dropped).
     :ivar close: the app closes the connection after this answer (or
         frames the body by its close).
     """
 
-    __slots__ = ("chunked", "close", "code", "length", "lines", "phrase", "version")
+    __slots__ = ("block", "chunked", "close", "code", "length", "phrase", "version")
 
     def __init__(
         self,
         version: bytes,
         code: int,
         phrase: bytes,
-        lines: list[bytes],
+        block: bytes,
         length: int | None,
         chunked: bool,
         close: bool,
@@ -86,10 +99,15 @@ class Answer:
         self.version = version
         self.code = code
         self.phrase = phrase
-        self.lines = lines
+        self.block = block
         self.length = length
         self.chunked = chunked
         self.close = close
+
+    @property
+    def lines(self) -> list[bytes]:
+        """The header lines the browser gets, one by one."""
+        return self.block.split(b"\r\n") if self.block else []
 
 
 def _lower(name: bytes) -> bytes:
@@ -120,6 +138,98 @@ def read_answer(raw: bytes, owner: HasRules) -> Answer:
     :raises NotHttp: not an HTTP/1.x head, a malformed line or a bad
         ``Content-Length``.
     """
+    answer = _read_plain(raw, owner)
+    if answer is None:
+        answer = _read_lines(raw, owner)
+    return answer
+
+
+def _status(line: bytes) -> tuple[bytes, int, bytes]:
+    """``(version, code, reason)`` of a status line."""
+    if not line.startswith(b"HTTP/1."):
+        raise NotHttp("not an HTTP/1.x response")
+    parts = line.split(b" ", 2)
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise NotHttp("not an HTTP/1.x response")
+    return parts[0], int(parts[1]), parts[2] if len(parts) > 2 else b""
+
+
+def _read_plain(raw: bytes, owner: HasRules) -> Answer | None:
+    """
+    The common head, read by two regular expressions: every line a token,
+    a colon and a value (checked in one match), and only the lines the
+    rules act on visited (:data:`_SPECIAL`); the others are copied as
+    slices of ``raw``.  None for anything less plain (a bare CR or LF, a
+    name that is not a token, ``Connection`` naming other headers, two
+    framings): :func:`_read_lines` reads those.
+    """
+    end = raw.find(b"\r\n")
+    if end < 0:
+        version, code, phrase = _status(raw)
+        return Answer(version, code, phrase, b"", None, False, version == b"HTTP/1.0")
+    version, code, phrase = _status(raw[:end])
+    if _PLAIN_LINES.fullmatch(raw, end) is None:
+        return None
+    close = version == b"HTTP/1.0"
+    length: int | None = None
+    chunked = False
+    parts: list[bytes] = []
+    last = end
+    kinds = _KINDS
+    rules: Rules | None = None
+    for match in _SPECIAL.finditer(raw, end):
+        name, value = match.group(1, 2)
+        kind = kinds[_LOWER.get(name) or _lower(name)]
+        value = value.strip()
+        if kind == _LENGTH:
+            if length is not None or not value.isdigit():
+                return None
+            length = int(value)
+            continue  # kept
+        if kind == _CODING:
+            chunked = value.split(b",")[-1].strip().lower() == b"chunked"
+            if not chunked:
+                close = True
+        elif kind == _CONNECTION:
+            for token in value.split(b","):
+                token = token.strip().lower()
+                if token == b"close":
+                    close = True
+                elif token == b"keep-alive":
+                    if version == b"HTTP/1.0":
+                        close = False
+                elif token:
+                    return None  # it names other headers
+        elif kind == _COOKIE:
+            rules = rules or owner.rules
+            if h.cookie_allowed(value, rules.host):
+                continue  # kept
+        elif kind == _LOCATION:
+            rules = rules or owner.rules
+            parts.append(raw[last : match.start()])
+            parts.append(
+                b"\r\n"
+                + name
+                + b": "
+                + h.rewrite_location(value, rules.port, rules.origin, rules.prefix)
+            )
+            last = match.end()
+            continue
+        # Dropped: the slice before it, and on after it.
+        parts.append(raw[last : match.start()])
+        last = match.end()
+    if chunked and length is not None:
+        return None  # two framings
+    if parts:
+        parts.append(raw[last:])
+        block = b"".join(parts)[2:]
+    else:
+        block = raw[end + 2 :]
+    return Answer(version, code, phrase, block, length, chunked, close)
+
+
+def _read_lines(raw: bytes, owner: HasRules) -> Answer:
+    """Any head, line by line (see :func:`read_answer`)."""
     lines = raw.split(b"\r\n")
     status = lines[0]
     if not status.startswith(b"HTTP/1."):
@@ -194,7 +304,7 @@ def read_answer(raw: bytes, owner: HasRules) -> Answer:
         version,
         int(parts[1]),
         parts[2] if len(parts) > 2 else b"",
-        out,
+        b"\r\n".join(out),
         length,
         chunked,
         close,

@@ -226,20 +226,20 @@ class DoorRequest:
     def _answer_head(self, answer: Answer) -> bytes:
         """The app's head (see :meth:`relay_answer`), framed for this connection."""
         code = answer.code
-        lines = [
-            b"HTTP/1.1 %d %s"
-            % (code, answer.phrase or RESPONSES.get(code, b"Unknown")),
-            *answer.lines,
-        ]
+        head = b"HTTP/1.1 %d %s\r\n" % (
+            code,
+            answer.phrase or RESPONSES.get(code, b"Unknown"),
+        )
+        if answer.block:
+            head += answer.block + b"\r\n"
         if code in _BODILESS or code < 200:
             self.bodiless = True
         elif answer.length is None and not self.bodiless:
             self.chunked = True
-            lines.append(b"Transfer-Encoding: chunked")
+            head += b"Transfer-Encoding: chunked\r\n"
         if not self.persistent:
-            lines.append(b"Connection: close")
-        lines.append(b"\r\n")
-        return b"\r\n".join(lines)
+            head += b"Connection: close\r\n"
+        return head + b"\r\n"
 
     def write(self, data: bytes) -> None:
         """Body bytes (the head goes first, with them)."""

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.preview.answer import NotHttp, Rules, read_answer
+from sandboxd.preview.answer import (
+    NotHttp,
+    Rules,
+    _read_lines,
+    _read_plain,
+    read_answer,
+)
 
 
 class Preview:
@@ -104,3 +110,27 @@ class ReadAnswerTests(SynchronousTestCase):
                 read_answer(raw, RULES)
         same = read_answer(head("Content-Length: 2", "Content-Length: 2"), RULES)
         self.assertEqual((same.length, same.lines), (2, [b"Content-Length: 2"]))
+
+    def test_both_readings_agree(self) -> None:
+        """
+        The plain head's quick reading gives what reading it line by line
+        gives, on heads with and without the lines the rules act on.
+        """
+        heads = [
+            head(),
+            head("Server: nginx", "Content-Length: 1024", "Connection: keep-alive"),
+            head("Transfer-Encoding: chunked", "X-A: 1", "TE: trailers"),
+            head("Set-Cookie: a=1", "set-cookie: sbx_p_1=x", "X-B: 2"),
+            head("Location: http://127.0.0.1:3000/", "Keep-Alive: 5", "Upgrade: h2c"),
+            head("Location: /x", "Content-Length: 0", status="HTTP/1.0 302 Found"),
+            head("X-Empty:", "Connection: close", "Trailer: x", "Vary: *"),
+        ]
+        for raw in heads:
+            quick = _read_plain(raw, RULES)
+            assert quick is not None, raw
+            slow = _read_lines(raw, RULES)
+            self.assertEqual(
+                (quick.code, quick.block, quick.length, quick.chunked, quick.close),
+                (slow.code, slow.block, slow.length, slow.chunked, slow.close),
+                raw,
+            )
