@@ -287,8 +287,8 @@ class Exchange:
     # -- the head -------------------------------------------------------------
 
     def header(self, name: bytes) -> list[bytes]:
-        """The raw values of a request header."""
-        return list(self.request.requestHeaders.getRawHeaders(name) or [])
+        """The raw values of a request header (read, never changed)."""
+        return self.request.requestHeaders.getRawHeaders(name) or []
 
     def head(self) -> None:
         """Route, check the port and the caller, and start the app's request."""
@@ -327,8 +327,11 @@ class Exchange:
         limit = rule.limits.max_request_bytes
         if limit is not None and self.length is not None and self.length > limit:
             raise payload_too_large(limit)
-        connection = h.connection_listed([(b"connection", self.header(b"connection"))])
-        self.upgrade = bool(self.header(b"upgrade")) and b"upgrade" in connection
+        if self.header(b"upgrade"):
+            connection = self.header(b"connection")
+            self.upgrade = b"upgrade" in h.connection_listed(
+                [(b"connection", connection)]
+            )
         self._admit(exposure, target)
         self.track()
         if self.upgrade:
