@@ -465,8 +465,7 @@ class RawConnection(Protocol):
         sink, self.sink = self.sink, None
         if reason is None and self.reusable and not self.lost:
             transport: Any = self.transport
-            if transport.producerPaused:
-                transport.resumeProducing()  # must not idle paused
+            transport.resumeProducing()  # a paused socket must not idle paused
             self.pool.release(self)
         elif not self.lost:
             self.abort()

@@ -170,3 +170,40 @@ class SlowReaderTests(DoorCase):
         head = 200  # the head is part of what was read
         self.assertGreater(received, size)
         self.assertLess(received - size, head + 4096)
+
+    @inlineCallbacks
+    def test_next_request_after_a_slow_read(self) -> None:
+        """
+        After a big answer read slowly to its end on a kept-alive
+        connection, the next request on it (on the app's same pooled
+        connection, paused while the reader was slow) is answered at once.
+        """
+        yield self.expose(public=True)
+        size = 16 * 1024 * 1024
+        port, host = self.door_port, self.host()
+
+        def read() -> tuple[int, bytes, float]:
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+                s.sendall(get(f"/big?n={size}", host))
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += s.recv(65536)
+                _, _, body = data.partition(b"\r\n\r\n")
+                received = len(body)
+                time.sleep(0.5)  # let every buffer on the way fill
+                while received < size:
+                    chunk = s.recv(min(1 << 20, size - received))
+                    assert chunk, "closed early"
+                    received += len(chunk)
+                started = time.monotonic()
+                s.sendall(get("/headers", host, "Connection: close"))
+                rest = b""
+                while chunk := s.recv(65536):
+                    rest += chunk
+                return received, rest, time.monotonic() - started
+
+        received, rest, took = yield deferToThread(read)
+        self.assertEqual(received, size)
+        self.assertTrue(rest.startswith(b"HTTP/1.1 200 "), rest[:80])
+        self.assertLess(took, 10.0)
