@@ -11,6 +11,10 @@ same :class:`~sandboxd.preview.door.Exchange` as before (Host, exposure,
 the gate, the link redirect, the header rules both ways, the audit line)
 on a light request object (:class:`DoorRequest`), and writes the response
 head and body as bytes: the app's ``Content-Length`` kept, else chunked.
+The app's answer comes to the exchange straight from its raw connection
+(:meth:`sandboxd.preview.rawpool.RawConnection.send_to`), its head lines
+passed on as the app wrote them where the rules leave them alone
+(:meth:`DoorRequest.relay_answer`).
 
 Anything else (a request with a body, an upgrade, an expectation,
 HTTP/1.0, a head the parser refuses) hands the connection, with the bytes

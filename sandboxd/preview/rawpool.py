@@ -16,10 +16,16 @@ to the close) only to know where it ends and whether the connection can
 serve the next request.  Requests with a body still go through the Agent
 (:mod:`sandboxd.preview.upstream`), which streams them.
 
-The answer looks like the Agent's (``code``, ``phrase``, ``headers``,
-``length``, ``deliverBody``), so the exchange relays either the same way:
-the same header rules, the same backpressure (the body's transport is the
-app's socket, registered as the browser's producer).
+Two ways to be answered.  :meth:`RawPool.request` gives a Deferred of an
+answer shaped like the Agent's (``code``, ``phrase``, ``headers``,
+``length``, ``deliverBody``).  The door's own channel, for which a small
+GET's every step counts, uses :meth:`RawPool.take` or
+:meth:`RawPool.connect_to` and :meth:`RawConnection.send_to` instead: the
+connection tells its :class:`Sink` (the exchange) of the answer's head,
+read once with the preview's rules (:mod:`sandboxd.preview.answer`), of
+each piece of the body and of its end, directly; no Deferred, no response
+or body object.  The deadline for an answer's head is kept by the pool's
+one timer (:meth:`RawPool.expect`).
 
 A pooled connection is kept at most :data:`PREVIEW_POOL_IDLE_SECONDS`
 (shorter than Node's keep-alive), and a request that finds it closed by
