@@ -11,6 +11,10 @@ same :class:`~sandboxd.preview.door.Exchange` as before (Host, exposure,
 the gate, the link redirect, the header rules both ways, the audit line)
 on a light request object (:class:`DoorRequest`), and writes the response
 head and body as bytes: the app's ``Content-Length`` kept, else chunked.
+The app's answer comes to the exchange straight from its raw connection
+(:meth:`sandboxd.preview.rawpool.RawConnection.send_to`), its head lines
+passed on as the app wrote them where the rules leave them alone
+(:meth:`DoorRequest.relay_answer`).
 
 Anything else (a request with a body, an upgrade, an expectation,
 HTTP/1.0, a head the parser refuses) hands the connection, with the bytes
@@ -34,10 +38,12 @@ from typing import Protocol as Contract
 
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.tcp import Server
 from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES
 
 from sandboxd.policy.defaults import HEADER_NAME_CACHE, PREVIEW_UPGRADE_HEAD_BYTES
+from sandboxd.preview.answer import Answer
 from sandboxd.web.heads import Head, HeadError, parse_head
 from sandboxd.web.sending import write_now
 
@@ -49,6 +55,19 @@ _NOT_PLAIN = frozenset({b"upgrade", b"expect"})
 
 #: Lower-cased header names to the form the app is sent (bounded).
 _CANONICAL: dict[bytes, bytes] = {}
+
+
+def drained(transport: Any) -> bool:
+    """
+    Whether everything written to ``transport`` has left for the socket
+    (a plain TCP connection; any other, a TLS one, is taken as not, so a
+    body to it always runs with flow control).
+    """
+    return (
+        type(transport) is Server
+        and not transport._tempDataLen
+        and len(transport.dataBuffer) == transport.offset
+    )
 
 
 def plain(head: Head) -> bool:
@@ -76,24 +95,25 @@ class RequestFields:
     Twisted's ``Headers`` it uses), over the parser's table.
     """
 
-    __slots__ = ("_fields",)
+    __slots__ = ("fields",)
 
     def __init__(self, fields: dict[bytes, list[bytes]]) -> None:
-        self._fields = fields
+        #: Lower-cased names to their values, in the client's order.
+        self.fields = fields
 
     def getRawHeaders(
         self, name: bytes, default: list[bytes] | None = None
     ) -> list[bytes] | None:
         """The values of ``name`` (any case), as sent."""
-        return self._fields.get(name.lower(), default)
+        return self.fields.get(name.lower(), default)
 
     def getAllRawHeaders(self) -> list[tuple[bytes, list[bytes]]]:
         """``(name, values)`` in the client's order."""
-        return [(canonical(lower), values) for lower, values in self._fields.items()]
+        return [(canonical(lower), values) for lower, values in self.fields.items()]
 
     def removeHeader(self, name: bytes) -> None:
         """Forget ``name``."""
-        self._fields.pop(name.lower(), None)
+        self.fields.pop(name.lower(), None)
 
 
 class ResponseFields:
@@ -137,6 +157,11 @@ class DoorRequest:
         self.chunked = False
         self.bodiless = head.method == b"HEAD"
         self._waiting: list[Deferred[None]] = []
+        #: Told when the response is whole (None) or the client left
+        #: (the exchange's own end, without a Deferred).
+        self.on_end: Callable[[Failure | None], object] | None = None
+        #: The app's head, relayed as its lines (:meth:`relay_answer`).
+        self.answer: Answer | None = None
 
     # -- what the exchange sets ------------------------------------------------
 
@@ -159,6 +184,16 @@ class DoorRequest:
         for name, values in pairs:
             fields[name.lower()] = (name, values)
 
+    def relay_answer(self, answer: Answer) -> None:
+        """
+        The app's head as the response's, its lines as they are (the rules
+        applied, :mod:`sandboxd.preview.answer`): the head is written with
+        the first body bytes.
+        """
+        self.code = answer.code
+        self.phrase = answer.phrase
+        self.answer = answer
+
     def notifyFinish(self) -> Deferred[None]:
         """Fires once the response is written whole; fails if the client left first."""
         d: Deferred[None] = Deferred()
@@ -171,6 +206,9 @@ class DoorRequest:
         """The response head, and how its body is framed."""
         self.started = True
         code = self.code
+        answer = self.answer
+        if answer is not None:
+            return self._answer_head(answer)
         phrase = self.phrase or RESPONSES.get(code, b"Unknown")
         lines = [b"HTTP/1.1 %d %s" % (code, phrase)]
         fields = self.responseHeaders.pairs
@@ -188,6 +226,24 @@ class DoorRequest:
             lines.append(b"Connection: close")
         lines.append(b"\r\n")
         return b"\r\n".join(lines)
+
+    def _answer_head(self, answer: Answer) -> bytes:
+        """The app's head (see :meth:`relay_answer`), framed for this connection."""
+        code = answer.code
+        head = b"HTTP/1.1 %d %s\r\n" % (
+            code,
+            answer.phrase or RESPONSES.get(code, b"Unknown"),
+        )
+        if answer.block:
+            head += answer.block + b"\r\n"
+        if code in _BODILESS or code < 200:
+            self.bodiless = True
+        elif answer.length is None and not self.bodiless:
+            self.chunked = True
+            head += b"Transfer-Encoding: chunked\r\n"
+        if not self.persistent:
+            head += b"Connection: close\r\n"
+        return head + b"\r\n"
 
     def write(self, data: bytes) -> None:
         """Body bytes (the head goes first, with them)."""
@@ -223,6 +279,8 @@ class DoorRequest:
         if out and transport is not None:
             write_now(transport, out)
         self.finished = True
+        if self.on_end is not None:
+            self.on_end(None)
         waiting, self._waiting = self._waiting, []
         for d in waiting:
             d.callback(None)
@@ -245,6 +303,8 @@ class DoorRequest:
         if self.finished:
             return
         self.finished = True
+        if self.on_end is not None:
+            self.on_end(reason)
         waiting, self._waiting = self._waiting, []
         for d in waiting:
             d.errback(reason)

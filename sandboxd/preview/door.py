@@ -30,7 +30,7 @@ from twisted.internet.defer import CancelledError
 from twisted.internet.error import ConnectError, ConnectionRefusedError
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.http import RESPONSES
+from twisted.web.http import RESPONSES, PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 from twisted.web.server import Request
@@ -51,10 +51,16 @@ from sandboxd.errors import (
     upstream_timeout,
     upstream_unavailable,
 )
-from sandboxd.policy.defaults import PREVIEW_RETRY_SECONDS
+from sandboxd.policy.defaults import (
+    LARGE_BODY_BYTES,
+    LARGE_READ_BYTES,
+    PREVIEW_RETRY_SECONDS,
+)
 from sandboxd.preview import headers as h
-from sandboxd.preview.channel import DoorChannel, DoorRequest
+from sandboxd.preview.answer import Answer, Rules
+from sandboxd.preview.channel import DoorChannel, DoorRequest, canonical, drained
 from sandboxd.preview.exposures import Exposure
+from sandboxd.preview.rawpool import BodyTransport, RawConnection, RawPool
 from sandboxd.preview.routing import Target
 from sandboxd.preview.upstream import BodyRelay, StreamBody
 from sandboxd.web.connections import ConnectionLimits
@@ -64,7 +70,6 @@ if TYPE_CHECKING:
     from sandboxd.access.auth import Identity
     from sandboxd.policy.rules import EffectiveRule
     from sandboxd.preview.exposures import ExposureTable
-    from sandboxd.preview.rawpool import RawPool
     from sandboxd.preview.routing import Routes
 
 log = Logger(namespace="sandboxd.preview")
@@ -220,6 +225,41 @@ class Exchange:
     :ivar refusal: the error to answer, once decided.
     """
 
+    # What an exchange starts with, as class attributes: a small GET sets
+    # only what it changes (twenty attributes stored per request were a
+    # visible share of it).
+    refusal: ApiError | None = None
+    redirect: tuple[bytes, bytes] | None = None
+    passed: gate.Passed | None = None
+    identity: Identity | None = None
+    target: Target | None = None
+    exposure: Exposure | None = None
+    body_producer: StreamBody | None = None
+    relay: BodyRelay | None = None
+    pending: Any = None
+    response: Any = None
+    processed = False
+    answered_early = False
+    finished = False
+    gone = False
+    bytes_in = 0
+    bytes_out = 0
+    status = 0
+    code: str | None = None
+    rule: str | None = None
+    upgrade = False
+    #: Where the app is tried, in order (the first refused is dropped).
+    addresses: tuple[str, ...] = LOOPBACKS
+    _timer: Any = None
+    timed_out = False
+    #: The raw connection to the app answering this exchange directly
+    #: (:meth:`upstream_answer`), on the door's own channel.
+    upstream: RawConnection | None = None
+    producing = False
+    widened: Any = None
+    host = ""
+    _audited = False
+
     def __init__(
         self,
         service: PreviewService,
@@ -236,36 +276,19 @@ class Exchange:
         self.method: bytes = channel._command
         self.raw_target: bytes = channel._path
         self.client = getattr(channel, "peer_host", "") or ""
-        self.refusal: ApiError | None = None
-        self.redirect: tuple[bytes, bytes] | None = None
-        self.passed: gate.Passed | None = None
-        self.identity: Identity | None = None
-        self.target: Target | None = None
-        self.exposure: Exposure | None = None
-        self.body_producer: StreamBody | None = None
-        self.relay: BodyRelay | None = None
-        self.pending: Any = None
-        self.response: Any = None
-        self.processed = False
-        self.answered_early = False
-        self.finished = False
-        self.gone = False
-        self.bytes_in = 0
-        self.bytes_out = 0
-        self.status = 0
-        self.code: str | None = None
-        self.rule: str | None = None
-        self.upgrade = False
-        self.addresses = list(LOOPBACKS)
-        self._timer: Any = None
-        self.timed_out = False
-        request.notifyFinish().addBoth(self._ended)
+        if isinstance(request, DoorRequest):
+            # The door's channel tells the exchange itself (no Deferred).
+            self.direct = True
+            request.on_end = self._ended
+        else:
+            self.direct = False
+            request.notifyFinish().addBoth(self._ended)
 
     # -- the head -------------------------------------------------------------
 
     def header(self, name: bytes) -> list[bytes]:
-        """The raw values of a request header."""
-        return list(self.request.requestHeaders.getRawHeaders(name) or [])
+        """The raw values of a request header (read, never changed)."""
+        return self.request.requestHeaders.getRawHeaders(name) or []
 
     def head(self) -> None:
         """Route, check the port and the caller, and start the app's request."""
@@ -304,8 +327,11 @@ class Exchange:
         limit = rule.limits.max_request_bytes
         if limit is not None and self.length is not None and self.length > limit:
             raise payload_too_large(limit)
-        connection = h.connection_listed([(b"connection", self.header(b"connection"))])
-        self.upgrade = bool(self.header(b"upgrade")) and b"upgrade" in connection
+        if self.header(b"upgrade"):
+            connection = self.header(b"connection")
+            self.upgrade = b"upgrade" in h.connection_listed(
+                [(b"connection", connection)]
+            )
         self._admit(exposure, target)
         self.track()
         if self.upgrade:
@@ -517,7 +543,10 @@ class Exchange:
             self.body_producer.finish()
         timeout = self.context.policy.rules["preview_proxy"].limits.timeout_seconds
         if timeout and self.pending is not None:
-            self._timer = self.context.reactor.callLater(timeout, self._head_late)
+            if self.upstream is not None:
+                self.service.raw.expect(self.upstream, timeout)
+            else:
+                self._timer = self.context.reactor.callLater(timeout, self._head_late)
         if self.response is not None:
             self._relay(self.response)
 
@@ -561,6 +590,63 @@ class Exchange:
             self.target.prefix,
         )
 
+    def app_head(self) -> bytes:
+        """
+        The request head the app gets, from the door's own channel: the
+        rules of :meth:`upstream_headers` in one pass over the parsed
+        fields, written as one bytes string.
+        """
+        target = self.target
+        exposure = self.exposure
+        assert target is not None and exposure is not None
+        fields: dict[bytes, list[bytes]] = self.request.requestHeaders.fields
+        drop = h.NOT_TO_APP
+        listed = fields.get(b"connection")
+        if listed is not None:
+            drop = drop | h.connection_listed([(b"connection", listed)])
+        if exposure.host_header == "preserve":
+            host = self.host.encode("latin-1")
+        else:
+            host = b"localhost:%d" % target.port
+        lines = [
+            self.method + b" " + self.upstream_target() + b" HTTP/1.1",
+            b"Host: " + host,
+        ]
+        before: list[bytes] | None = None
+        for lower, values in fields.items():
+            if lower in drop:
+                continue
+            if lower.startswith(b"x-forwarded-") or lower == b"forwarded":
+                if lower == b"x-forwarded-for":
+                    before = values
+                continue
+            if lower == b"authorization":
+                if self._ours(values):
+                    continue
+            elif lower == b"cookie":
+                values = h.cookies_without_ours(values)
+                if not values:
+                    continue
+            name = canonical(lower)
+            for value in values:
+                lines.append(name + b": " + value)
+        client = self.client.encode()
+        chain = b", ".join([*before, client]) if before else client
+        lines.append(b"X-Forwarded-For: " + chain)
+        lines.append(
+            b"X-Forwarded-Proto: https"
+            if self.service.secure
+            else b"X-Forwarded-Proto: http"
+        )
+        lines.append(b"X-Forwarded-Host: " + self.host.encode("latin-1"))
+        door_port = self.service.door_port
+        if door_port is not None:
+            lines.append(b"X-Forwarded-Port: %d" % door_port)
+        if target.prefix:
+            lines.append(b"X-Forwarded-Prefix: " + target.prefix.encode())
+        lines.append(b"\r\n")
+        return b"\r\n".join(lines)
+
     def _ours(self, values: list[bytes]) -> bool:
         """Whether an ``Authorization`` header carried our credential."""
         for value in values:
@@ -576,7 +662,10 @@ class Exchange:
         """The path and query the app gets (never our link)."""
         assert self.target is not None
         path, _sep, query = self.target.path.partition(b"?")
-        query = h.query_without(query, h.LINK_PARAM)
+        if not query:
+            return path
+        if h.LINK_PARAM in query:
+            query = h.query_without(query, h.LINK_PARAM)
         return path + (b"?" + query if query else b"")
 
     def _start_upstream(self) -> None:
@@ -592,6 +681,20 @@ class Exchange:
         assert self.target is not None
         if self.body_producer is None:
             # No body: one raw write on a pooled connection (rawpool).
+            if self.direct:
+                head = self.app_head()
+                # The door's channel: the connection answers this exchange
+                # itself (:meth:`upstream_head` and on), no Deferred.
+                raw = self.service.raw
+                connection = raw.take(address, self.target.port)
+                if connection is None:
+                    connection = raw.connect_to(
+                        (address, self.target.port), self.method, head, self
+                    )
+                else:
+                    connection.send_to(self.method, head, self)
+                self.pending = self.upstream = connection
+                return
             head = h.request_head(
                 self.method, self.upstream_target(), self.upstream_headers()
             )
@@ -643,7 +746,7 @@ class Exchange:
                 and len(self.addresses) > 1
                 and (self.body_producer is None or not self.body_producer.started)
             ):
-                self.addresses.pop(0)
+                self.addresses = self.addresses[1:]
                 self._send(self.addresses[0])
                 return
             error = upstream_unavailable(self.target.port)
@@ -659,6 +762,82 @@ class Exchange:
         self.timed_out = True
         if self.pending is not None:
             self.pending.cancel()
+
+    # -- the app's answer, told directly (the door's own channel) -------------
+
+    @property
+    def rules(self) -> Rules:
+        """How the app's answer is read for this preview (see :mod:`answer`)."""
+        target = self.target
+        assert target is not None
+        return Rules(
+            gate.host_name(self.host), target.port, self._origin(), target.prefix
+        )
+
+    def upstream_answer(self, answer: Answer) -> None:
+        """The app's head, its rules applied, as the browser's."""
+        self.pending = None
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        if self.gone or self.refusal is not None:
+            if self.upstream is not None:
+                self.upstream.let_go()
+            return
+        self.request.relay_answer(answer)
+        self.status = answer.code
+        length = answer.length
+        if length is not None and length > LARGE_BODY_BYTES and self.upstream:
+            # Twisted reads 64 KiB per recv: a large download would be many
+            # reactor turns.  Read it in large reads (until its end).
+            socket = self.upstream.transport
+            if socket is not None and hasattr(socket, "bufferSize"):
+                socket.bufferSize = LARGE_READ_BYTES
+                self.widened = socket
+
+    def dataReceived(self, data: bytes) -> None:
+        """Body bytes from the app, on to the browser; the app waits while it is slow."""
+        if self.gone:
+            return
+        self.bytes_out += len(data)
+        request = self.request
+        request.write(data)
+        if not self.producing and self.upstream is not None:
+            transport = request.channel.transport
+            if transport is not None and not drained(transport):
+                # Only a response the browser is slower than pays for a
+                # producer: the app's socket pauses while the browser's is full.
+                self.producing = True
+                transport.registerProducer(BodyTransport(self.upstream), True)
+
+    def upstream_done(self, reason: Failure | None) -> None:
+        """The app's body is whole (None) or was cut short."""
+        self.upstream = None
+        if self.widened is not None:
+            if "bufferSize" in vars(self.widened):
+                del self.widened.bufferSize  # the pooled connection reads small again
+            self.widened = None
+        if self.producing:
+            self.producing = False
+            transport = self.request.channel.transport
+            if transport is not None:
+                transport.unregisterProducer()
+        if self.gone or self.finished:
+            return
+        if reason is None or reason.check(PotentialDataLoss):
+            # Whole, or read to the close (its only end).
+            self.finished = True
+            self.request.finish()
+        else:
+            self.close()
+
+    def upstream_failed(self, reason: Failure) -> None:
+        """No answer from the app (refused, closed, not HTTP, cancelled)."""
+        self.upstream = None
+        self._failed(reason)
+
+    def upstream_retry(self, connection: RawConnection) -> None:
+        """The request is sent again on a fresh connection."""
+        self.pending = self.upstream = connection
 
     def _relay(self, response: Any) -> None:
         """Send the app's status and headers, then stream its body."""
@@ -760,6 +939,9 @@ class Exchange:
             self.pending.cancel()
         if self.relay is not None:
             self.relay.stop()
+        if self.upstream is not None:
+            self.upstream.let_go()
+            self.upstream = None
         transport: Any = (
             self.request.channel.transport if self.request.channel else None
         )
@@ -774,6 +956,9 @@ class Exchange:
                 self.pending.cancel()
             if self.relay is not None:
                 self.relay.stop()
+            if self.upstream is not None:
+                self.upstream.let_go()
+                self.upstream = None
             if self.body_producer is not None:
                 self.body_producer.stopProducing()
             if not self.status:
@@ -792,7 +977,7 @@ class Exchange:
             gate.release(self.context, self.passed)
 
     def _audit(self, status: int, code: Any, rule: str | None) -> None:
-        if getattr(self, "_audited", False):
+        if self._audited:
             return
         self._audited = True
         if self.exposure is not None:
@@ -817,7 +1002,7 @@ class Exchange:
             bytes_out=self.bytes_out,
             client=self.client,
             extra={
-                "host": getattr(self, "host", ""),
+                "host": self.host,
                 "port": self.target.port if self.target is not None else None,
             },
         )

@@ -34,6 +34,10 @@ HOP_BY_HOP = frozenset(
     }
 )
 
+#: What never reaches the app from the browser's request: hop-by-hop
+#: headers, the framing and Host the door sets itself, our token.
+NOT_TO_APP = HOP_BY_HOP | {b"host", b"expect", b"content-length", b"x-access-token"}
+
 #: The door's cookies are named ``sbx_p_PORT``; every ``sbx_p_`` name is ours.
 COOKIE_PREFIX = "sbx_p_"
 

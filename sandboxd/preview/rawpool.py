@@ -16,10 +16,16 @@ to the close) only to know where it ends and whether the connection can
 serve the next request.  Requests with a body still go through the Agent
 (:mod:`sandboxd.preview.upstream`), which streams them.
 
-The answer looks like the Agent's (``code``, ``phrase``, ``headers``,
-``length``, ``deliverBody``), so the exchange relays either the same way:
-the same header rules, the same backpressure (the body's transport is the
-app's socket, registered as the browser's producer).
+Two ways to be answered.  :meth:`RawPool.request` gives a Deferred of an
+answer shaped like the Agent's (``code``, ``phrase``, ``headers``,
+``length``, ``deliverBody``).  The door's own channel, for which a small
+GET's every step counts, uses :meth:`RawPool.take` or
+:meth:`RawPool.connect_to` and :meth:`RawConnection.send_to` instead: the
+connection tells its :class:`Sink` (the exchange) of the answer's head,
+read once with the preview's rules (:mod:`sandboxd.preview.answer`), of
+each piece of the body and of its end, directly; no Deferred, no response
+or body object.  The deadline for an answer's head is kept by the pool's
+one timer (:meth:`RawPool.expect`).
 
 A pooled connection is kept at most :data:`PREVIEW_POOL_IDLE_SECONDS`
 (shorter than Node's keep-alive), and a request that finds it closed by
@@ -30,6 +36,7 @@ connection, as the Agent does for an idempotent request.
 from __future__ import annotations
 
 from typing import Any
+from typing import Protocol as Protocol_
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.protocol import ClientFactory, Protocol, connectionDone
@@ -43,6 +50,7 @@ from sandboxd.policy.defaults import (
     PREVIEW_POOL_PER_PORT,
     PREVIEW_UPGRADE_HEAD_BYTES,
 )
+from sandboxd.preview.answer import Answer, NotHttp, Rules, read_answer
 from sandboxd.web.sending import write_now
 
 #: Methods sent again on a fresh connection when a kept one was closed
@@ -58,6 +66,32 @@ _DONE = Failure(ResponseDone())
 
 class UpstreamBroken(Exception):
     """The app closed the connection or answered something that is not HTTP."""
+
+
+class Sink(Protocol_):
+    """
+    Who a :class:`RawConnection` tells of an answer directly
+    (:meth:`RawConnection.send_to`): the door's channel relaying it.
+    """
+
+    @property
+    def rules(self) -> Rules:
+        """How the answer's head is to be read for it."""
+
+    def upstream_answer(self, answer: Answer) -> None:
+        """The answer's head, read with :attr:`rules` (1xx skipped)."""
+
+    def dataReceived(self, data: bytes) -> None:
+        """Body bytes, as decoded from their framing."""
+
+    def upstream_done(self, reason: Failure | None) -> None:
+        """The body is whole (None) or was cut short."""
+
+    def upstream_failed(self, reason: Failure) -> None:
+        """No answer: refused, closed, or not HTTP."""
+
+    def upstream_retry(self, connection: RawConnection) -> None:
+        """The request goes again on ``connection`` (a kept one was closed under it)."""
 
 
 class RawHeaders:
@@ -102,7 +136,7 @@ def parse_response_head(
     )
 
 
-class _BodyTransport:
+class BodyTransport:
     """
     What the body's protocol sees as its transport: the app's socket as a
     push producer (paused when the browser is slow), and stopping it
@@ -184,12 +218,22 @@ class RawConnection(Protocol):
         self.connector: Any = None
         #: The connections a request has used (a cancel closes the last).
         self.holder: list[RawConnection] = [self]
+        #: Who is told of the answer directly (:class:`Sink`), instead of
+        #: a Deferred and a body protocol.
+        self.sink: Sink | None = None
+        #: When the answer's head is overdue (reactor seconds), while
+        #: waited for (:meth:`RawPool.expect`).
+        self.deadline: float | None = None
 
     def connectionMade(self) -> None:
         """Send the first request at once (no Nagle: a head is one small write)."""
         transport: Any = self.transport
         if hasattr(transport, "setTcpNoDelay"):
             transport.setTcpNoDelay(True)
+        sink, self.sink = self.sink, None
+        if sink is not None:
+            self.send_to(self.method, self.request_head, sink)
+            return
         first, self.first = self.first, None
         if first is None or first[2].called:
             self.abort()  # cancelled while connecting
@@ -213,12 +257,31 @@ class RawConnection(Protocol):
         transport: Any = self.transport
         write_now(transport, head)
 
+    def send_to(self, method: bytes, head: bytes, sink: Sink) -> None:
+        """
+        Write a request head; ``sink`` is told of the answer's head, its
+        body and its end as they come (no Deferred, no body protocol).
+        """
+        self.method = method
+        self.request_head = head
+        self.sink = sink
+        self.waiting = None
+        self.head = b""
+        self.in_body = False
+        self.body_done = False
+        self.body = None
+        self.pending_body = []
+        self.decoder = None
+        self.remaining = None
+        transport: Any = self.transport
+        write_now(transport, head)
+
     def dataReceived(self, data: bytes) -> None:
         """The answer's head, then its body."""
         if self.in_body:
             self._body_bytes(data)
             return
-        if self.waiting is None:
+        if self.waiting is None and self.sink is None:
             # Bytes nobody asked for: this connection cannot be trusted.
             self.abort()
             return
@@ -230,6 +293,10 @@ class RawConnection(Protocol):
                     self._fail(UpstreamBroken("the app's response head is too long"))
                 return
             raw, rest = self.head[:end], self.head[end + 4 :]
+            if self.sink is not None:
+                if not self._read_answer(self.sink, raw, rest):
+                    continue  # an interim answer: the next head
+                return
             try:
                 version, code, phrase, headers = parse_response_head(raw)
             except UpstreamBroken as e:
@@ -244,6 +311,47 @@ class RawConnection(Protocol):
             self.head = b""
             self._answered(version, code, phrase, headers, rest)
             return
+
+    def _read_answer(self, sink: Sink, raw: bytes, rest: bytes) -> bool:
+        """
+        The answer's head for a sink, read once with its rules
+        (:mod:`sandboxd.preview.answer`); False for an interim answer.
+        """
+        if self.deadline is not None:
+            self.pool.answered(self)
+        try:
+            answer = read_answer(raw, sink)
+        except NotHttp as e:
+            self._fail(UpstreamBroken(str(e)))
+            return True
+        code = answer.code
+        if 100 <= code < 200:
+            if code == 101:
+                self._fail(UpstreamBroken("a 101 to a request without Upgrade"))
+                return True
+            self.head = rest
+            return False
+        self.head = b""
+        length = answer.length
+        if self.method == b"HEAD" or code in (204, 304):
+            length = 0
+        elif answer.chunked:
+            length = None
+            self.decoder = _ChunkedTransferDecoder(self._chunk, self._chunks_done)
+        elif length is None:
+            answer.close = True  # to the close
+        self.remaining = length
+        self.reusable = not answer.close
+        self.in_body = True
+        self.body = sink
+        sink.upstream_answer(answer)
+        if self.body is not sink:
+            return True  # the sink let go (the browser left)
+        if length == 0:
+            self._finished(None)
+        if rest:
+            self._body_bytes(rest)
+        return True
 
     def _answered(
         self,
@@ -300,7 +408,7 @@ class RawConnection(Protocol):
     def deliver(self, protocol: Any) -> None:
         """Start passing the body to ``protocol``."""
         self.body = protocol
-        protocol.makeConnection(_BodyTransport(self))
+        protocol.makeConnection(BodyTransport(self))
         early, self.pending_body = self.pending_body, []
         for chunk in early:
             if self.body is not protocol:
@@ -360,22 +468,45 @@ class RawConnection(Protocol):
     def _end_body(self, reason: Failure | None) -> None:
         body, self.body = self.body, None
         self.in_body = False
+        sink, self.sink = self.sink, None
         if reason is None and self.reusable and not self.lost:
             transport: Any = self.transport
             transport.resumeProducing()  # a paused socket must not idle paused
             self.pool.release(self)
         elif not self.lost:
             self.abort()
-        if body is not None:
+        if sink is not None:
+            sink.upstream_done(reason)
+        elif body is not None:
             body.connectionLost(reason or _DONE)
 
     # -- the end ----------------------------------------------------------------
 
     def _fail(self, error: Exception) -> None:
+        if self.deadline is not None:
+            self.pool.answered(self)
         waiting, self.waiting = self.waiting, None
+        sink, self.sink = self.sink, None
         self.abort()
         if waiting is not None:
             waiting.errback(Failure(error))
+        if sink is not None:
+            sink.upstream_failed(Failure(error))
+
+    def cancel(self) -> None:
+        """Give up on the answer (a timeout, the browser left): close, and say so."""
+        sink = self.sink
+        self.let_go()
+        if sink is not None:
+            sink.upstream_failed(Failure(CancelledError()))
+
+    def let_go(self) -> None:
+        """The sink is done with this connection before its end: close it."""
+        if self.deadline is not None:
+            self.pool.answered(self)
+        self.sink = None
+        self.body = None
+        self.abort()
 
     def abort(self) -> None:
         """Close now (never back to the pool)."""
@@ -392,6 +523,25 @@ class RawConnection(Protocol):
         """Closed: by the app while idle, mid-answer, or by us."""
         self.lost = True
         self.pool.forget(self)
+        sink = self.sink
+        deadline = self.deadline
+        if deadline is not None:
+            self.pool.answered(self)
+        if sink is not None and not self.in_body:
+            self.sink = None
+            if self.reused and not self.head and self.method in IDEMPOTENT:
+                # Closed by the app between requests: once more, afresh.
+                again = self.pool.connect_to(
+                    self.key, self.method, self.request_head, sink
+                )
+                if deadline is not None:
+                    self.pool.expect_by(again, deadline)
+                sink.upstream_retry(again)
+                return
+            sink.upstream_failed(
+                Failure(UpstreamBroken("the app closed the connection"))
+            )
+            return
         if self.waiting is not None:
             waiting, self.waiting = self.waiting, None
             if self.reused and not self.head and self.method in IDEMPOTENT:
@@ -424,6 +574,12 @@ class _Connector(ClientFactory):
     def clientConnectionFailed(self, connector: Any, reason: Failure) -> None:
         connection = self.connection
         connection.pool.forget(connection)
+        if connection.deadline is not None:
+            connection.pool.answered(connection)
+        sink, connection.sink = connection.sink, None
+        if sink is not None:
+            sink.upstream_failed(reason)
+            return
         first, connection.first = connection.first, None
         if first is not None and not first[2].called:
             first[2].errback(reason)
@@ -442,6 +598,10 @@ class RawPool:
         self.idle: dict[tuple[str, int], list[RawConnection]] = {}
         self.busy: set[RawConnection] = set()
         self._sweep: Any = None
+        #: Connections waiting for an answer's head by a deadline, and the
+        #: one timer that checks them.
+        self.waiting: dict[RawConnection, None] = {}
+        self._late: Any = None
 
     def request(
         self, address: str, port: int, method: bytes, head: bytes
@@ -479,6 +639,73 @@ class RawPool:
             connection = self.connect(key, method, head, waiting)
         holder.append(connection)
         return waiting
+
+    def take(self, address: str, port: int) -> RawConnection | None:
+        """An idle connection to ``address:port`` (now busy), if one is kept."""
+        idle = self.idle.get((address, port))
+        while idle:
+            connection = idle.pop()
+            if not connection.lost:
+                connection.reused = True
+                self.busy.add(connection)
+                return connection
+        return None
+
+    def expect(self, connection: RawConnection, timeout: float) -> None:
+        """
+        Cancel ``connection``'s request when no answer's head has come in
+        ``timeout`` seconds.  One timer for the pool, not one set and
+        cancelled per request.
+        """
+        self.expect_by(connection, self.reactor.seconds() + timeout)
+
+    def expect_by(self, connection: RawConnection, deadline: float) -> None:
+        """:meth:`expect`, by a deadline in reactor seconds."""
+        connection.deadline = deadline
+        self.waiting[connection] = None
+        if self._late is None:
+            self._late = self.reactor.callLater(
+                max(deadline - self.reactor.seconds(), 0.0), self._check_late
+            )
+
+    def answered(self, connection: RawConnection) -> None:
+        """``connection`` has its answer's head (or gave up): no deadline."""
+        connection.deadline = None
+        self.waiting.pop(connection, None)
+
+    def _check_late(self) -> None:
+        """Cancel the overdue requests; come back for the next deadline."""
+        self._late = None
+        now = self.reactor.seconds()
+        late = []
+        soonest: float | None = None
+        for connection in self.waiting:
+            deadline = connection.deadline
+            if deadline is None:
+                continue
+            if deadline <= now:
+                late.append(connection)
+            elif soonest is None or deadline < soonest:
+                soonest = deadline
+        for connection in late:
+            self.answered(connection)
+            connection.cancel()
+        if soonest is not None and self._late is None:
+            self._late = self.reactor.callLater(soonest - now, self._check_late)
+
+    def connect_to(
+        self, key: tuple[str, int], method: bytes, head: bytes, sink: Sink
+    ) -> RawConnection:
+        """A new connection to ``key``, sending ``head`` once it is up, answering ``sink``."""
+        connection = RawConnection(self, key)
+        connection.method = method
+        connection.request_head = head
+        connection.sink = sink
+        self.busy.add(connection)
+        connection.connector = self.reactor.connectTCP(
+            key[0], key[1], _Connector(connection)
+        )
+        return connection
 
     def connect(
         self,
@@ -547,6 +774,10 @@ class RawPool:
         if self._sweep is not None and self._sweep.active():
             self._sweep.cancel()
         self._sweep = None
+        self.waiting.clear()
+        if self._late is not None and self._late.active():
+            self._late.cancel()
+        self._late = None
 
 
 __all__ = ["CancelledError", "RawPool", "RawResponse", "UpstreamBroken"]
