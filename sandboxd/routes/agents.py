@@ -359,7 +359,7 @@ def _event_view(event: Event, include_raw: bool) -> dict[str, Any]:
 def agents_events(request: ServerRequest) -> Any:
     """The session's event log: SSE with ``follow=true``, else one page."""
     session = session_of(request)
-    after = resume_point(request.query, dict(request.headers))
+    after = resume_point(request.query, request.headers)
     wanted, include_raw = _event_filter(request)
     follow = flag(request.query.get("follow"), "follow", False)
     if follow:
@@ -477,7 +477,7 @@ def _terminal(request: ServerRequest) -> Any:
 def agents_terminal_output(request: ServerRequest) -> Any:
     """A terminal's output with the process_output contract (SPEC §7.4)."""
     terminal = _terminal(request)
-    after = resume_point(request.query, dict(request.headers))
+    after = resume_point(request.query, request.headers)
     if flag(request.query.get("follow"), "follow"):
 
         def start(channel: SSEChannel) -> Deferred[None]:

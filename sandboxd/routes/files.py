@@ -681,7 +681,7 @@ def files_watch(request: ServerRequest) -> Any:
     guard = PathGuard.for_request(request)
     path = request.query.get("path") or guard.base_dir
     recursive = flag(request.query.get("recursive"), "recursive", False)
-    after = resume_point(request.query, dict(request.headers))
+    after = resume_point(request.query, request.headers)
     window = watch_window(request)
     retention = request.rule.limits.max_output_bytes or MIB
     watches = request.context.watches

@@ -845,7 +845,7 @@ async def git_job_cancel(request: ServerRequest) -> dict[str, Any]:
 def git_job_events(request: ServerRequest) -> SSEResponse:
     """``GET /git/jobs/{job_id}/events``: progress, lines, then ``exit`` (SPEC §9)."""
     job = _job(request)
-    after = resume_point(request.query, dict(request.headers))
+    after = resume_point(request.query, request.headers)
 
     def start(channel: SSEChannel) -> None:
         Follower(job.log, channel, after)

@@ -436,7 +436,7 @@ def code_execution_events(request: ServerRequest) -> Any:
     ``after``; ``follow=false`` answers one JSON page instead.
     """
     ctx, x = execution_of(request)
-    after = resume_point(request.query, dict(request.headers))
+    after = resume_point(request.query, request.headers)
     if flag(request.query.get("follow"), "follow", True):
         return execution_stream(ctx, x, after, False)
     limit = integer(request.query.get("limit"), "limit", 1000, low=0) or 1000

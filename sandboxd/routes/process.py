@@ -510,7 +510,7 @@ def process_output(request: ServerRequest) -> Any:
             "ConflictError",
         )
     if not seed_form and flag(request.arg("follow"), "follow"):
-        after = resume_point(request.query, dict(request.headers))
+        after = resume_point(request.query, request.headers)
 
         def start(channel: SSEChannel) -> None:
             Follower(managed.log, channel, after, _text_format)

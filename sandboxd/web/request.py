@@ -49,7 +49,7 @@ from sandboxd.web.jsonbody import parse_object
 from sandboxd.web.messages import BodySink, ServerRequest
 from sandboxd.web.pipeline import Admission, PipelineRefusal, Refusal, admit
 from sandboxd.web.ptysocket import PtySocketExchange, session_of
-from sandboxd.web.sending import send_now, write_now
+from sandboxd.web.sending import send_now, write_head_and_body_now, write_now
 from sandboxd.web.upload import UploadBody
 
 
@@ -99,6 +99,10 @@ class HeaderView(Mapping[str, str]):
     def __repr__(self) -> str:
         return f"HeaderView({dict(self)!r})"
 
+
+#: A body at least this big is sent beside its head (one ``sendmsg``)
+#: rather than copied once more to be joined to it.
+BIG_BODY = 64 * 1024
 
 #: Methods that change nothing.  A request with any other method is not
 #: carried out once its client has closed the connection (see
@@ -515,8 +519,12 @@ class SandboxRequest(Request):
         for name, values in headers.items():
             for value in values:
                 parts += (name, b": ", value, b"\r\n")
-        parts += (b"\r\n", data)
         self.sentLength += len(data)
+        if len(data) >= BIG_BODY:
+            parts.append(b"\r\n")
+            write_head_and_body_now(self.channel.transport, b"".join(parts), data)
+            return
+        parts += (b"\r\n", data)
         write_now(self.channel.transport, b"".join(parts))
 
     def finish(self) -> None:

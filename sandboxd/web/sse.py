@@ -9,7 +9,7 @@ and lets a producer pause whatever feeds it when the client reads slowly.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from twisted.internet.defer import Deferred
@@ -216,7 +216,7 @@ class SSEChannel:
         self.done.callback(None)
 
 
-def resume_point(query: dict[str, str], headers: dict[str, str]) -> int:
+def resume_point(query: Mapping[str, str], headers: Mapping[str, str]) -> int:
     """``after`` from the query, else ``Last-Event-ID``, else 0."""
     raw = query.get("after")
     if raw is None:

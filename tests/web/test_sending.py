@@ -13,7 +13,7 @@ from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.protocol import Factory, Protocol
 from twisted.trial.unittest import TestCase
 
-from sandboxd.web.sending import send_now, write_now
+from sandboxd.web.sending import send_now, write_head_and_body_now, write_now
 from tests.helpers import DaemonTestCase
 
 
@@ -71,6 +71,39 @@ class SendNowTests(TestCase):
         self.transport.loseConnection()
         write_now(self.transport, b"late")
         self.assertEqual(self.transport._tempDataLen, 4)
+
+    def test_head_and_body_sent_together(self) -> None:
+        """A head and a body reach the client in order, the reactor not asked to watch."""
+        write_head_and_body_now(self.transport, b"HEAD|", b"body")
+        self.assertEqual(self.client.recv(100), b"HEAD|body")
+        self.assertNotIn(self.transport, reactor.getWriters())  # type: ignore[attr-defined]
+
+    @inlineCallbacks
+    def test_head_and_big_body_the_socket_cannot_take(self) -> Any:
+        """What the socket does not take is queued after what it took: every byte arrives, in order."""
+        body = bytes(range(256)) * (16 * 1024)  # 4 MiB, more than a socket buffer
+        write_head_and_body_now(self.transport, b"HEAD|", body)
+        self.assertGreater(self.transport._tempDataLen, 0)
+        self.client.setblocking(False)
+        got = bytearray()
+        for _ in range(500):
+            try:
+                chunk = self.client.recv(1 << 20)
+            except BlockingIOError:
+                yield _turn()
+                continue
+            got += chunk
+            if len(got) == len(body) + 5:
+                break
+        self.assertEqual(bytes(got), b"HEAD|" + body)
+
+    def test_head_and_body_behind_queued_bytes(self) -> None:
+        """Bytes already queued go first; head and body queue behind them."""
+        self.transport.write(b"first ")
+        write_head_and_body_now(self.transport, b"head ", b"body")
+        self.assertEqual(self.transport._tempDataLen, 15)
+        send_now(self.transport)
+        self.assertEqual(self.client.recv(100), b"first head body")
 
 
 class NoDelayTests(DaemonTestCase):
