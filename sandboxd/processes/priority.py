@@ -71,6 +71,12 @@ _MACHINE = os.uname().machine
 #: The lightest nice value, of a group or a task.
 LIGHTEST = 19
 
+#: How often, and how many times, a child's session group is looked for
+#: again when the child has not called ``setsid`` yet (the fork path does
+#: it in the child, after the fork has returned in the daemon).
+LEADER_RETRY_SECONDS = 0.002
+LEADER_TRIES = 250
+
 #: The scheduler's weight of each nice value, -20 to 19 (the kernel's
 #: ``sched_prio_to_weight``).
 _WEIGHTS = (
@@ -155,6 +161,24 @@ def _write_value(path: str, value: int) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+def _leads_session(pid: int) -> bool | None:
+    """
+    Whether ``pid`` leads a session of its own: True, False (not yet), or
+    None (gone).
+
+    ``/proc/PID/autogroup`` sets the group the process is in *now*: a
+    child forked but not yet in a session of its own (a fork path calls
+    ``setsid`` in the child, after the fork has returned in the daemon) is
+    still in the daemon's group, which a write by its pid would lower for
+    good.  A session leader cannot leave its session, so a True cannot go
+    stale before the write.
+    """
+    try:
+        return os.getsid(pid) == pid
+    except OSError:
+        return None
 
 
 def _autogroups() -> bool:
@@ -399,14 +423,41 @@ class ChildPriority:
         # moment: the kernel hands pids out in turn and gives a number
         # again only after going round pid_max, so never a stranger.
         for other in heavier:
-            _write_value(f"/proc/{other}/autogroup", level)
+            self._set_group(other, level)
         if nice:
-            _write_value(f"/proc/{pid}/autogroup", nice)
+            self._set_group(pid, nice)
         if arm:
             if isInIOThread():
                 self._arm()
             else:
                 self._reactor().callFromThread(self._arm)
+
+    def _set_group(self, pid: int, nice: int, tries: int = LEADER_TRIES) -> None:
+        """
+        ``nice`` for the session group ``pid`` leads; if the child has not
+        called ``setsid`` yet, once it has (checked every
+        ``LEADER_RETRY_SECONDS``, ``tries`` times), with the level it
+        should have by then.
+        """
+        leads = _leads_session(pid)
+        if leads:
+            _write_value(f"/proc/{pid}/autogroup", nice)
+        elif leads is False and tries > 0:
+            if isInIOThread():
+                self._reactor().callLater(
+                    LEADER_RETRY_SECONDS, self._set_group_again, pid, nice, tries - 1
+                )
+            else:
+                self._reactor().callFromThread(self._set_group_again, pid, nice, tries)
+
+    def _set_group_again(self, pid: int, nice: int, tries: int) -> None:
+        """A retry of :meth:`_set_group`, at the level the child should have now."""
+        with self._lock:
+            if pid in self._yielding:
+                nice = LIGHTEST
+            elif pid in self._groups:
+                nice = self._groups[pid]
+        self._set_group(pid, nice, tries)
 
     def _base(self) -> int:
         """The nice value of a child's session group once it has run a while."""
@@ -466,7 +517,7 @@ class ChildPriority:
                     if pid not in self._yielding:
                         lowered.append(pid)
         for pid in lowered:
-            _write_value(f"/proc/{pid}/autogroup", nice)
+            self._set_group(pid, nice)
         self._arm()
 
     def tracked(self) -> frozenset[int]:
@@ -489,6 +540,30 @@ class ChildPriority:
                 return
         if isInIOThread():
             self._stop_lowering()
+
+    # -- terminals nobody is attached to --------------------------------------
+
+    def unattended(self, pid: int) -> None:
+        """
+        A terminal whose last client went away: its session group at the
+        lightest weight until someone uses it again (:meth:`attended`).
+
+        A terminal outlives its socket so that its client can come back,
+        and whatever it still runs (a shell still reading its start-up
+        files, a build left going) goes on; nobody is watching it, so it
+        yields to the work somebody waits for, and still has the CPUs
+        whenever nothing else wants them.
+        """
+        if self.priorities.enabled and _autogroups():
+            self._set_group(pid, LIGHTEST)
+
+    def attended(self, pid: int) -> None:
+        """A terminal someone attached to or typed into again: back at a terminal's level."""
+        if not self.priorities.enabled or not _autogroups():
+            return
+        with self._lock:
+            level = group_nice_for(0, self._budget, len(self._groups) + 1)
+        self._set_group(pid, max(level, self._base()))
 
     # -- the first line of many streams started at once ---------------------
 
@@ -533,7 +608,7 @@ class ChildPriority:
         if not others:
             self._settle()
             return
-        _write_value(f"/proc/{pid}/autogroup", LIGHTEST)
+        self._set_group(pid, LIGHTEST)
         if self._yield_call is None or not self._yield_call.active():
             self._arm_yielding(now)
 
@@ -596,7 +671,7 @@ class ChildPriority:
             ]
             self._yielding.clear()
         for pid, nice in back:
-            _write_value(f"/proc/{pid}/autogroup", nice)
+            self._set_group(pid, nice)
         call, self._yield_call = self._yield_call, None
         if call is not None and call.active() and isInIOThread():
             call.cancel()

@@ -257,6 +257,7 @@ class GroupWeightTests(SynchronousTestCase):
         written: list[tuple[str, int]] = []
         self.patch(priority, "_write_value", lambda path, v: written.append((path, v)))
         self.patch(priority, "_autogroups", lambda: True)
+        self.patch(priority, "_leads_session", lambda pid: True)
         prio = priority.ChildPriority()
         prio.priorities = priorities_from({"children_group_after_ms": 0})
         prio._budget = priority.weight(-5)
@@ -289,6 +290,7 @@ class GroupWeightTests(SynchronousTestCase):
         written: list[tuple[str, int]] = []
         self.patch(priority, "_write_value", lambda path, v: written.append((path, v)))
         self.patch(priority, "_autogroups", lambda: True)
+        self.patch(priority, "_leads_session", lambda pid: True)
         prio = priority.ChildPriority()
         prio.clock = clock = Clock()
         prio.priorities = priorities_from(True)
@@ -314,6 +316,7 @@ class GroupWeightTests(SynchronousTestCase):
         written: list[tuple[str, int]] = []
         self.patch(priority, "_write_value", lambda path, v: written.append((path, v)))
         self.patch(priority, "_autogroups", lambda: True)
+        self.patch(priority, "_leads_session", lambda pid: True)
         prio = priority.ChildPriority()
         prio.clock = clock = Clock()
         prio.priorities = priorities_from(True)
@@ -350,6 +353,7 @@ class GroupWeightTests(SynchronousTestCase):
         written: list[tuple[str, int]] = []
         self.patch(priority, "_write_value", lambda path, v: written.append((path, v)))
         self.patch(priority, "_autogroups", lambda: True)
+        self.patch(priority, "_leads_session", lambda pid: True)
         prio = priority.ChildPriority()
         prio.clock = Clock()
         prio.priorities = priorities_from(True)
@@ -379,6 +383,7 @@ class FirstOutputTests(SynchronousTestCase):
             priority, "_write_value", lambda path, v: self.written.append((path, v))
         )
         self.patch(priority, "_autogroups", lambda: True)
+        self.patch(priority, "_leads_session", lambda pid: True)
         self.prio = priority.ChildPriority()
         self.prio.clock = self.clock = Clock()
         self.prio.priorities = priorities_from(True)

@@ -15,6 +15,7 @@ from typing import Any
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.task import deferLater
+from twisted.trial.unittest import SkipTest
 
 from sandboxd.processes.tree import descendants, proc_info
 from tests.helpers import DaemonTestCase, alive, kill_marked, marked_pids
@@ -226,6 +227,41 @@ class SessionTests(TerminalCase):
         # already have followed the frame the second client saw last.
         self.assertTrue(replay["data"].startswith(last["data"]), replay["data"])
         self.assertNotIn("mark-one", third.output())
+
+    @inlineCallbacks
+    def test_shell_group_is_its_own(self) -> Any:
+        """
+        The shell's session group is lowered to a terminal's level (nice 10)
+        and the daemon's own group keeps its raised level: the shell calls
+        ``setsid`` a moment after the fork returns, and a write by its pid
+        before that would have lowered the daemon's group instead.
+        """
+        _need_autogroups()
+        own = _group_nice(os.getpid())  # the daemon runs in this process
+        for _ in range(5):
+            pid = (yield self.create())["pid"]
+            self.assertTrue((yield wait_until(lambda p=pid: _group_nice(p) == 10)))
+        self.assertEqual(_group_nice(os.getpid()), own)
+
+    @inlineCallbacks
+    def test_unattended_shell_yields(self) -> Any:
+        """
+        A session whose last client went away runs its shell's session group
+        at the lightest weight (nice 19) until a client attaches again, then
+        at a terminal's (nice 10 by default).
+        """
+        _need_autogroups()
+        created = yield self.create()
+        sid, pid = created["session_id"], created["pid"]
+        first = yield self.attach(sid)
+        yield first.wait_for(lambda m: True)
+        self.assertTrue((yield wait_until(lambda: _group_nice(pid) == 10)))
+        yield self.hang_up(first)
+        self.assertTrue((yield wait_until(lambda: _group_nice(pid) == 19)))
+        second = yield self.attach(sid)
+        second.type("echo back''-again\n")
+        yield second.wait_output("back-again")
+        self.assertEqual(_group_nice(pid), 10)
 
     @inlineCallbacks
     def test_two_clients(self) -> Any:
@@ -521,3 +557,20 @@ class HandshakeAuditTests(DaemonTestCase):
             [(r["status"], r["code"]) for r in ws], [(401, "unauthorized")]
         )
         self.assertNotIn("bad", ws[0]["query"])
+
+
+def _need_autogroups() -> None:
+    """Skip unless the daemon may set session groups' nice values here."""
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            enabled = f.read().strip() == "1"
+    except OSError:
+        enabled = False
+    if not enabled or os.geteuid() != 0:
+        raise SkipTest("needs root and the kernel's autogroup scheduling")
+
+
+def _group_nice(pid: int) -> int:
+    """The nice value of ``pid``'s session group (``/autogroup-N nice V``)."""
+    with open(f"/proc/{pid}/autogroup") as f:
+        return int(f.read().split()[-1])
