@@ -239,6 +239,9 @@ class PtySession:
     alive: bool = True
     ended: bool = False
     emitted: int = 0
+    #: Whether the last client went away and nobody has used the session
+    #: since: its shell runs at the lightest weight meanwhile.
+    unattended: bool = False
     #: Bytes clients sent to the shell (keystrokes, pastes), for the audit.
     bytes_in: int = 0
     last_activity: float = 0.0
@@ -372,6 +375,8 @@ class PtySession:
         self.clients.append(client)
         if self._throttle is not None and self._throttle.paused:
             client.pause_input()
+        if self.unattended:
+            self._attended()
         self.touch()
         return True
 
@@ -382,6 +387,15 @@ class PtySession:
         self.resume(client)
         if not self.clients:
             self.touch()
+            if self.alive and self.pid and not self.unattended:
+                self.unattended = True
+                CHILD_PRIORITY.unattended(self.pid)
+
+    def _attended(self) -> None:
+        """Someone uses the session again: its shell back at a terminal's weight."""
+        self.unattended = False
+        if self.alive and self.pid:
+            CHILD_PRIORITY.attended(self.pid)
 
     def pause(self, client: Client) -> None:
         """``client``'s socket is full: pause the PTY until it drains."""
@@ -412,6 +426,8 @@ class PtySession:
     def write(self, data: bytes) -> None:
         """Keystrokes or pasted text for the shell."""
         if self.alive and self.transport is not None and data:
+            if self.unattended:
+                self._attended()
             self.last_activity = self.clock.seconds()
             self.bytes_in += len(data)
             transport = self.transport
