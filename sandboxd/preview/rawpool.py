@@ -244,28 +244,22 @@ class RawConnection(Protocol):
 
     def send(self, method: bytes, head: bytes, waiting: Deferred[RawResponse]) -> None:
         """Write a request head; ``waiting`` fires with the answer's head."""
-        self.method = method
-        self.request_head = head
         self.waiting = waiting
-        self.head = b""
-        self.in_body = False
-        self.body_done = False
-        self.body = None
-        self.pending_body = []
-        self.decoder = None
-        self.remaining = None
-        transport: Any = self.transport
-        write_now(transport, head)
+        self._start(method, head)
 
     def send_to(self, method: bytes, head: bytes, sink: Sink) -> None:
         """
         Write a request head; ``sink`` is told of the answer's head, its
         body and its end as they come (no Deferred, no body protocol).
         """
-        self.method = method
-        self.request_head = head
         self.sink = sink
         self.waiting = None
+        self._start(method, head)
+
+    def _start(self, method: bytes, head: bytes) -> None:
+        """A new exchange on this connection: its state reset, its head written."""
+        self.method = method
+        self.request_head = head
         self.head = b""
         self.in_body = False
         self.body_done = False
