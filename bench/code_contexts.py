@@ -53,7 +53,7 @@ import tempfile
 import time
 from typing import Any
 
-from daemon import start_daemon
+from daemon import run_seconds, start_daemon
 
 
 def post(conn: http.client.HTTPConnection, token: str, path: str, body: Any) -> Any:
@@ -148,22 +148,6 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def cpu_seconds(pid: int) -> float:
-    """
-    CPU time ``pid``'s threads have run so far, to the nanosecond
-    (``/proc/PID/task/*/schedstat``; ``/proc/PID/stat`` counts 10 ms
-    ticks, as coarse as a print's whole cost).
-    """
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass
-    return total / 1e9
-
-
 class Daemon:
     """One daemon with one context (``tree``: run from another checkout)."""
 
@@ -218,10 +202,10 @@ class Daemon:
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     if b"sandboxd.kernels.hub" in f.read():
-                        hubs += cpu_seconds(pid)
+                        hubs += run_seconds(pid)
             except OSError:
                 pass
-        return cpu_seconds(self.proc.pid), hubs
+        return run_seconds(self.proc.pid), hubs
 
     def stop(self) -> None:
         os.killpg(self.proc.pid, signal.SIGTERM)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import glob
 import json
 import os
 import secrets
@@ -36,24 +35,10 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from daemon import start_daemon
+from daemon import schedstat, start_daemon
 
 #: The shared harness's W7 command: 50 lines, 20 ms apart.
 COMMAND = "sh -c 'for i in $(seq 1 50); do echo $i; sleep 0.02; done'"
-
-
-def schedstat(pid: int) -> tuple[int, int]:
-    """Nanoseconds the process's threads ran and waited on a run queue."""
-    ran = waited = 0
-    for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
-        try:
-            with open(path) as f:
-                run, wait, _ = f.read().split()
-        except (OSError, ValueError):
-            continue
-        ran += int(run)
-        waited += int(wait)
-    return ran, waited
 
 
 async def one(port: int, token: str, index: int, t0: float) -> dict[str, Any]:

@@ -49,7 +49,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from daemon import free_port, start_daemon, wait_healthy
+from daemon import free_port, run_seconds, start_daemon, wait_healthy
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -58,22 +58,6 @@ def w6_percentile(values: list[float], p: float) -> float:
     """The harness's percentile: the nearest rank, no interpolation."""
     s = sorted(values)
     return s[min(len(s) - 1, max(0, round(p / 100.0 * (len(s) - 1))))]
-
-
-def cpu_seconds(pid: int) -> float:
-    """
-    CPU time of every thread of ``pid`` so far, to the nanosecond
-    (``/proc/PID/task/*/schedstat``): a keystroke costs the daemon tens of
-    microseconds, under the 10 ms tick of ``/proc/PID/stat``.
-    """
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass  # a thread that ended meanwhile
-    return total / 1e9
 
 
 def new_session(port: int, token: str) -> dict[str, Any]:
@@ -136,7 +120,7 @@ async def keystrokes(
         lost = 0
         if measure is not None:
             measure("start")
-        cpu_before = cpu_seconds(pid)
+        cpu_before = run_seconds(pid)
         for i in range(count):
             ch = LETTERS[i % 26]
             began = time.perf_counter()
@@ -151,7 +135,7 @@ async def keystrokes(
                 if message.get("type") == "output" and ch in message.get("data", ""):
                     rtts.append(time.perf_counter() - began)
                     break
-        cpu = cpu_seconds(pid) - cpu_before
+        cpu = run_seconds(pid) - cpu_before
         if measure is not None:
             measure("stop")
         await ws.send(json.dumps({"type": "input", "data": "\r\x04"}))
