@@ -154,6 +154,25 @@ def _status(line: bytes) -> tuple[bytes, int, bytes]:
     return parts[0], int(parts[1]), parts[2] if len(parts) > 2 else b""
 
 
+def _connection(value: bytes, version: bytes, close: bool) -> tuple[bool, set[bytes]]:
+    """
+    A ``Connection`` header's say: whether the connection closes after
+    this answer (``close``; ``keep-alive`` keeps an HTTP/1.0 one open),
+    and the other headers it names, which are hop-by-hop too.
+    """
+    others: set[bytes] = set()
+    for token in value.split(b","):
+        token = token.strip().lower()
+        if token == b"close":
+            close = True
+        elif token == b"keep-alive":
+            if version == b"HTTP/1.0":
+                close = False
+        elif token:
+            others.add(token)
+    return close, others
+
+
 def _read_plain(raw: bytes, owner: HasRules) -> Answer | None:
     """
     The common head, read by two regular expressions: every line a token,
@@ -191,15 +210,9 @@ def _read_plain(raw: bytes, owner: HasRules) -> Answer | None:
             if not chunked:
                 close = True
         elif kind == _CONNECTION:
-            for token in value.split(b","):
-                token = token.strip().lower()
-                if token == b"close":
-                    close = True
-                elif token == b"keep-alive":
-                    if version == b"HTTP/1.0":
-                        close = False
-                elif token:
-                    return None  # it names other headers
+            close, others = _connection(value, version, close)
+            if others:
+                return None  # it names other headers
         elif kind == _COOKIE:
             rules = rules or owner.rules
             if h.cookie_allowed(value, rules.host):
@@ -231,13 +244,7 @@ def _read_plain(raw: bytes, owner: HasRules) -> Answer | None:
 def _read_lines(raw: bytes, owner: HasRules) -> Answer:
     """Any head, line by line (see :func:`read_answer`)."""
     lines = raw.split(b"\r\n")
-    status = lines[0]
-    if not status.startswith(b"HTTP/1."):
-        raise NotHttp("not an HTTP/1.x response")
-    parts = status.split(b" ", 2)
-    if len(parts) < 2 or not parts[1].isdigit():
-        raise NotHttp("not an HTTP/1.x response")
-    version = parts[0]
+    version, code, phrase = _status(lines[0])
     out: list[bytes] = []
     length: int | None = None
     chunked = False
@@ -268,15 +275,9 @@ def _read_lines(raw: bytes, owner: HasRules) -> Answer:
             if not chunked:
                 close = True  # framed by the close (RFC 9112 §6.3)
         elif kind == _CONNECTION:
-            for token in value.split(b","):
-                token = token.strip().lower()
-                if token == b"close":
-                    close = True
-                elif token == b"keep-alive":
-                    if version == b"HTTP/1.0":
-                        close = False
-                elif token:
-                    listed = (listed or set()) | {token}
+            close, others = _connection(value, version, close)
+            if others:
+                listed = (listed or set()) | others
         elif kind == _COOKIE:
             rules = rules or owner.rules
             if h.cookie_allowed(value, rules.host):
@@ -300,12 +301,4 @@ def _read_lines(raw: bytes, owner: HasRules) -> Answer:
         # A bare CR or LF inside a value would start a line of the app's
         # making at the browser: a space, as Twisted's Headers does.
         out = [line.replace(b"\r", b" ").replace(b"\n", b" ") for line in out]
-    return Answer(
-        version,
-        int(parts[1]),
-        parts[2] if len(parts) > 2 else b"",
-        b"\r\n".join(out),
-        length,
-        chunked,
-        close,
-    )
+    return Answer(version, code, phrase, b"\r\n".join(out), length, chunked, close)
