@@ -21,8 +21,13 @@ on a shared machine hits both alike:
 - the same print read as its event stream (``stream: true``, SSE, each
   ``data:`` line decoded as it arrives, as direct's client decodes each
   kernel message while the kernel still prints), as ``sandboxd_sse``: the
-  document is what ``sb.code.execute`` and the MCP tool answer, a stream
-  what the events API and the E2B door (``/execute``, NDJSON) send.
+  document is what the MCP tool answers, a stream what the events API and
+  the E2B door (``/execute``, NDJSON) send;
+- the same print as users' code reads it: our client's ``sb.code.execute``
+  (``sandboxd_client``; ``sandboxd_client_doc`` is the same call told to
+  wait, which reads the result document) and ``e2b_code_interpreter``'s
+  ``Sandbox.run_code`` through the E2B door (``sandboxd_e2b``), each
+  against the direct print beside it.
 
 The CPU time the daemon and its hub spend per ``1+1`` and per print is
 reported too (all their threads', from the scheduler's nanosecond count:
@@ -53,7 +58,7 @@ import tempfile
 import time
 from typing import Any
 
-from daemon import run_seconds, start_daemon
+from daemon import free_port, run_seconds, start_daemon
 
 
 def post(conn: http.client.HTTPConnection, token: str, path: str, body: Any) -> Any:
@@ -131,6 +136,27 @@ class Direct:
         self.km.shutdown_kernel(now=True)
 
 
+def e2b_sandbox(port: int, token: str) -> Any:
+    """``e2b_code_interpreter.Sandbox`` in debug mode, on the daemon's E2B door."""
+    from e2b.connection_config import ConnectionConfig
+    from e2b.envd.versions import ENVD_DEBUG_FALLBACK
+    from e2b_code_interpreter import Sandbox
+
+    config = ConnectionConfig(
+        debug=True,
+        sandbox_url=f"http://127.0.0.1:{port}",
+        extra_sandbox_headers={"X-Access-Token": token},
+    )
+    return Sandbox(
+        sandbox_id="bench",
+        sandbox_domain=None,
+        envd_version=ENVD_DEBUG_FALLBACK,
+        envd_access_token=token,
+        traffic_access_token=None,
+        connection_config=config,
+    )
+
+
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
@@ -154,11 +180,27 @@ class Daemon:
     def __init__(self, policy: dict[str, Any], tree: str | None) -> None:
         self.token = secrets.token_hex(16)
         self.base = tempfile.mkdtemp(prefix="bench-code-")
-        env = {"PYTHONPATH": os.path.abspath(tree)} if tree else None
-        self.proc, port = start_daemon(self.base, self.token, policy, env=env)
+        env = {"PYTHONPATH": os.path.abspath(tree)} if tree else {}
+        # bash -l and the e2b SDK read HOME: one of its own.
+        env["HOME"] = os.path.join(self.base, ".home")
+        os.makedirs(env["HOME"])
+        self.e2b_port = free_port()
+        policy = {**policy, "groups": {**policy.get("groups", {}), "e2b": True}}
+        self.proc, port = start_daemon(
+            self.base,
+            self.token,
+            policy,
+            ["--e2b-port", f"tcp:{self.e2b_port}:interface=127.0.0.1"],
+            env=env,
+        )
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
         ctx = post(self.conn, self.token, "/code/contexts", {})
+        self.context_id = ctx["id"]
         self.path = f"/code/contexts/{ctx['id']}/execute"
+        from sandboxd.client import Sandbox
+
+        self.client = Sandbox(f"http://127.0.0.1:{port}", token=self.token)
+        self.e2b = e2b_sandbox(self.e2b_port, self.token)
 
     def run(self, code: str) -> Any:
         """Execute; the result document."""
@@ -195,6 +237,24 @@ class Daemon:
         reply.close()
         return seen
 
+    def run_client(self, code: str) -> int:
+        """Our client's ``sb.code.execute``: the output characters in its result."""
+        result = self.client.code.execute(self.context_id, code)
+        assert result["state"] == "ok", result["state"]
+        return len(result["stdout"])
+
+    def run_client_doc(self, code: str) -> int:
+        """The same, told to wait: it reads the result document."""
+        result = self.client.code.execute(self.context_id, code, wait=300)
+        assert result["state"] == "ok", result["state"]
+        return len(result["stdout"])
+
+    def run_e2b(self, code: str) -> int:
+        """``e2b_code_interpreter``'s ``run_code``: the output characters it holds."""
+        execution = self.e2b.run_code(code)
+        assert execution.error is None, execution.error
+        return sum(len(text) for text in execution.logs.stdout)
+
     def cpu(self) -> tuple[float, float]:
         """CPU seconds used so far by the daemon and by its kernel hub(s)."""
         hubs = 0.0
@@ -208,6 +268,7 @@ class Daemon:
         return run_seconds(self.proc.pid), hubs
 
     def stop(self) -> None:
+        self.client.close()
         os.killpg(self.proc.pid, signal.SIGTERM)
         self.proc.wait(30)
         shutil.rmtree(self.base, ignore_errors=True)
@@ -254,15 +315,24 @@ def main() -> None:
     runners: dict[str, Any] = {name: d.run for name, d in daemons.items()}
     runners["direct"] = direct.run
     #: The print read as a stream too (not the 1+1 loop).
-    streams: dict[str, Any] = {
-        f"{name}_sse": d.run_stream for name, d in daemons.items()
-    }
+    streams: dict[str, Any] = {}
+    #: Which daemon each print case runs on (its CPU is counted).
+    owner: dict[str, Daemon] = dict(daemons)
+    for name, d in daemons.items():
+        for case, run in (
+            ("sse", d.run_stream),
+            ("client", d.run_client),
+            ("client_doc", d.run_client_doc),
+            ("e2b", d.run_e2b),
+        ):
+            streams[f"{name}_{case}"] = run
+            owner[f"{name}_{case}"] = d
     try:
         size = int(args.mib * 1024 * 1024)
         big = f"print('x' * {size - 1})"
         # Warm every side (imports, first compile).
         for _ in range(5):
-            for run in runners.values():
+            for run in [*runners.values(), *streams.values()]:
                 run("1+1")
         latency: dict[str, list[float]] = {name: [] for name in runners}
         rates: dict[str, list[float]] = {name: [] for name in [*runners, *streams]}
@@ -271,7 +341,7 @@ def main() -> None:
         }
         paired: dict[str, list[float]] = {name: [] for name in [*daemons, *streams]}
         print_cpu: dict[str, dict[str, list[float]]] = {
-            name: {"daemon": [], "hub": []} for name in daemons
+            name: {"daemon": [], "hub": []} for name in owner
         }
         for round_ in range(args.rounds):
             lat: dict[str, list[float]] = {name: [] for name in runners}
@@ -311,7 +381,8 @@ def main() -> None:
                     "round": round_,
                 }
                 for name, run in [*runners.items(), *streams.items()]:
-                    before = daemons[name].cpu() if name in daemons else (0.0, 0.0)
+                    d = owner.get(name)
+                    before = d.cpu() if d is not None else (0.0, 0.0)
                     t = time.perf_counter()
                     result = run(big)
                     took = time.perf_counter() - t
@@ -321,7 +392,8 @@ def main() -> None:
                         assert result["state"] == "ok", result["state"]
                         seen = len(result["stdout"])
                         line[f"{name}_truncated"] = result["truncated"]
-                        after = daemons[name].cpu()
+                    if d is not None:
+                        after = d.cpu()
                         for i, part in enumerate(("daemon", "hub")):
                             spent = (after[i] - before[i]) * 1000
                             print_cpu[name][part].append(spent)
@@ -337,6 +409,10 @@ def main() -> None:
         d_rate = statistics.median(rates["direct"])
         summary: dict[str, Any] = {"workload": "CODE", "case": "summary"}
         for name in streams:
+            for part, each in print_cpu[name].items():
+                summary[f"{name}_{part}_cpu_ms_per_print"] = round(
+                    statistics.median(each), 1
+                )
             rate = statistics.median(rates[name])
             summary[f"{name}_mb_s"] = round(rate, 1)
             summary[f"{name}_throughput_ratio"] = round(rate / d_rate, 2)

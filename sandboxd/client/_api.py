@@ -44,6 +44,7 @@ from sandboxd.client._core import (
     transport_error,
     ws_headers,
 )
+from sandboxd.client._execution import ExecutionEvents
 from sandboxd.client._http import EventStream, Http
 from sandboxd.client._plan import (
     AsyncFace,
@@ -1336,8 +1337,16 @@ class Code(_Namespace[F]):
         Run code in a context: the result document (``state``, ``stdout``,
         ``results`` with MIME bundles, ``error``) when it ends within
         ``wait`` (default: its timeout), else ``{execution_id, state}``.
+
+        Without ``wait``, the execution's events are read as they come and
+        the document assembled from them (the same document, its output
+        decoded while the kernel still prints); when only the daemon's
+        document can say it all (output cut to head and tail, a timeout),
+        that document is fetched once the execution has ended.
         """
         limit = wait if wait is not None else (timeout or 300.0) + 10.0
+        if wait is None and "stream" not in fields:
+            return await self._execute_streamed(context_id, code, timeout, fields)
         req = calls.code_contexts(
             "POST",
             calls.code_context_path(context_id, "/execute"),
@@ -1348,6 +1357,53 @@ class Code(_Namespace[F]):
             **fields,
         )
         return await self._http.object(req)
+
+    async def _execute_streamed(
+        self,
+        context_id: str,
+        code: str,
+        timeout: float | None,
+        fields: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """
+        :meth:`execute` from the execution's event stream; the result
+        document from the daemon where the events cannot give it, or the
+        stream was cut once the execution was under way.
+        """
+        req = calls.code_contexts(
+            "POST",
+            calls.code_context_path(context_id, "/execute"),
+            code=code,
+            timeout=timeout,
+            stream=True,
+            **fields,
+        )
+        seen = ExecutionEvents(context_id)
+        events = self._http.events(req.method, req.path, json=req.json, resumable=False)
+        try:
+            async with aclosing(events):
+                async for event in events:
+                    seen.feed(event.event, event.data)
+        except (ConnectionFailed, RequestTimeout):
+            # Under way: it runs on (a stream cut does not interrupt it).
+            if seen.execution_id is None:
+                raise
+        result = seen.result()
+        if result is not None:
+            return result
+        if seen.execution_id is None:
+            raise ConnectionFailed("the execution's stream ended before it began")
+        limit = (timeout or 300.0) + 10.0
+        return await self._http.object(
+            calls.code_contexts(
+                "GET",
+                calls.code_context_path(
+                    context_id, f"/executions/{seg(seen.execution_id)}"
+                ),
+                {"wait": limit},
+                read_timeout=limit + 30.0,
+            )
+        )
 
     @api
     async def execution(

@@ -116,3 +116,105 @@ class CodeCommandTests(ClientCase):
         done = yield self.cli("code", input=script)
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertEqual(done.stdout, b"7\n")
+
+
+#: Cells whose result documents the streamed ``execute`` must reproduce:
+#: output on both streams (with characters beyond ASCII), rich results,
+#: an error after output, a display updated in place, output over the
+#: bound (head and tail kept).
+SAME_RESULT_CELLS = [
+    "import sys\nprint('a \"q\" \\\\ \\t é ✓')\nsys.stderr.write('warn\\n')\n6 * 7",
+    "from IPython.display import HTML, JSON, display\n"
+    "display(HTML('<b>x</b>'))\ndisplay(JSON({'k': [1, 2]}))\n"
+    "display({'image/png': 'iVBORw0KGgo=', 'text/plain': 'a PNG'}, raw=True)",
+    "h = display('first', display_id=True)\nh.update('second')\nprint('then')",
+    "print('before')\n1/0",
+    "print('x' * 3000)\nprint('the end')",
+    "import time\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(0.05)",
+]
+
+
+class StreamedExecuteTests(ClientCase):
+    """``sb.code.execute`` reads the events; its result is the daemon's document."""
+
+    timeout = 120
+    policy = {
+        "groups": {"code": True},
+        "endpoints": {"group:code": {"limits": {"max_output_bytes": 2000}}},
+    }
+
+    def setUp(self) -> Any:
+        need_ipykernel()
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_same_as_document(self) -> Any:
+        """
+        For every cell, the result assembled from the stream equals the
+        document the daemon keeps for that execution, field for field; a
+        cell told to wait (the document's way) gives the same outputs.
+        """
+
+        def body(sb: Sandbox) -> Any:
+            ctx = sb.code.create_context()
+            out = []
+            for cell in SAME_RESULT_CELLS:
+                streamed = sb.code.execute(ctx["id"], cell)
+                kept = sb.code.execution(ctx["id"], streamed["execution_id"])
+                waited = sb.code.execute(ctx["id"], cell, wait=60)
+                out.append((streamed, kept, waited))
+            return out
+
+        outcomes = yield self.in_thread(lambda: body(self.sandbox()))
+        self.assertEqual(len(outcomes), len(SAME_RESULT_CELLS))
+        for cell, (streamed, kept, waited) in zip(
+            SAME_RESULT_CELLS, outcomes, strict=True
+        ):
+            self.assertEqual(streamed, kept, cell)
+            for field in ("state", "stdout", "stderr", "truncated"):
+                self.assertEqual(streamed[field], waited[field], (cell, field))
+            # The traceback names the cell's number, which differs.
+            self.assertEqual(
+                (streamed["error"] or {}).get("ename"),
+                (waited["error"] or {}).get("ename"),
+            )
+            self.assertEqual(
+                [r["data"] for r in streamed["results"]],
+                [r["data"] for r in waited["results"]],
+                cell,
+            )
+        first, rich, updated, failed, long, slow = (s for s, _, _ in outcomes)
+        self.assertEqual(first["stdout"], 'a "q" \\ \t é ✓\n')
+        self.assertEqual(first["stderr"], "warn\n")
+        self.assertEqual(first["results"][0]["data"]["text/plain"], "42")
+        mimes = [set(r["data"]) for r in rich["results"]]
+        self.assertIn("text/html", mimes[0])
+        self.assertIn("application/json", mimes[1])
+        self.assertIn("image/png", mimes[2])
+        self.assertEqual(len(updated["results"]), 2)
+        self.assertEqual(failed["state"], "error")
+        self.assertEqual(failed["error"]["ename"], "ZeroDivisionError")
+        self.assertEqual(failed["stdout"], "before\n")
+        self.assertTrue(long["truncated"])
+        self.assertTrue(long["stdout"].endswith("the end\n"))
+        self.assertEqual(slow["stdout"], "0\n1\n2\n")
+
+    @inlineCallbacks
+    def test_async_refusal(self) -> Any:
+        """The asyncio face streams too; a context of nobody's is 404 before anything runs."""
+
+        async def body() -> Any:
+            async with self.async_sandbox() as sb:
+                ctx = await sb.code.create_context()
+                result = await sb.code.execute(ctx["id"], "print('hi')\n1/0")
+                kept = await sb.code.execution(ctx["id"], result["execution_id"])
+                try:
+                    await sb.code.execute("ctx_nothere", "1")
+                except NotFoundError as e:
+                    return result, kept, e.status
+                return result, kept, None
+
+        result, kept, missing = yield self.in_loop(body)
+        self.assertEqual(result, kept)
+        self.assertEqual(result["error"]["ename"], "ZeroDivisionError")
+        self.assertEqual(missing, 404)

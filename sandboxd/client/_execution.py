@@ -1,0 +1,126 @@
+"""
+A code execution's result document, assembled from its event stream.
+
+``sb.code.execute`` reads the execution's events as they come (``stream:
+true``) instead of waiting for the result document: each piece of output
+is decoded while the kernel still prints, where the document is one JSON
+value decoded whole once everything has crossed (for a big print, a
+quarter of the call). The result is the document, field for field; where
+the events cannot say what the document would (output cut to its head
+and tail, events dropped from a slow reader's stream, an execution that
+timed out or was lost), the caller fetches the document itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The states whose events say all the document does. A ``timeout`` or
+#: ``lost`` execution carries words of the daemon's own in its events
+#: (``[sandboxd] timeout ...``, ``context.restarted``) that its document
+#: does not.
+_PLAIN_STATES = ("ok", "error", "interrupted")
+
+#: A display item's fields in the document (its event adds the execution's id).
+_DISPLAY_FIELDS = ("data", "metadata", "is_result", "display_id", "refs")
+
+
+class ExecutionEvents:
+    """
+    Takes one execution's events in order (:meth:`feed`) and gives its
+    result document (:meth:`result`), or None when only the document can
+    say it.
+    """
+
+    def __init__(self, context_id: str) -> None:
+        self.context_id = context_id
+        self.execution_id: str | None = None
+        self._stdout: list[str] = []
+        self._stderr: list[str] = []
+        self._results: list[dict[str, Any]] = []
+        self._error: dict[str, Any] | None = None
+        self._ended: dict[str, Any] | None = None
+        #: Something seen that the document does not mirror.
+        self._unsure = False
+
+    @property
+    def ended(self) -> bool:
+        """Whether ``execution.ended`` is in."""
+        return self._ended is not None
+
+    def feed(self, event: str, data: Any) -> None:
+        """One event (its name and decoded ``data``)."""
+        if not isinstance(data, dict):
+            if event not in ("keepalive", "message"):
+                self._unsure = True
+            return
+        if self.execution_id is None and isinstance(data.get("execution_id"), str):
+            self.execution_id = data["execution_id"]
+        if event == "stdout":
+            self._stdout.append(str(data.get("text", "")))
+        elif event == "stderr":
+            self._stderr.append(str(data.get("text", "")))
+        elif event in ("display", "display.update"):
+            self._results.append({k: data[k] for k in _DISPLAY_FIELDS if k in data})
+        elif event == "error":
+            self._error = {
+                "ename": data.get("ename", ""),
+                "evalue": data.get("evalue", ""),
+                "traceback": data.get("traceback") or [],
+            }
+        elif event == "execution.ended":
+            self._ended = data
+        elif event in ("gap", "context.restarted"):
+            self._unsure = True
+
+    def result(self) -> dict[str, Any] | None:
+        """
+        The result document, or None: not ended, or the document holds
+        what the events do not (truncated output, dropped events, a
+        ``timeout`` or ``lost`` state, text the daemon would have replaced).
+        """
+        end = self._ended
+        if (
+            end is None
+            or self._unsure
+            or self.execution_id is None
+            or end.get("truncated")
+            or end.get("state") not in _PLAIN_STATES
+        ):
+            return None
+        stdout = "".join(self._stdout)
+        stderr = "".join(self._stderr)
+        if not (_plain(stdout) and _plain(stderr)):
+            return None
+        return {
+            "execution_id": self.execution_id,
+            "context_id": self.context_id,
+            "state": end["state"],
+            "started": end.get("started"),
+            "execution_count": end.get("execution_count"),
+            "stdout": stdout,
+            "stderr": stderr,
+            "results": self._results,
+            "error": self._error,
+            "duration_ms": end.get("duration_ms"),
+            "truncated": end.get("truncated", False),
+            "dropped_bytes": end.get("dropped_bytes", 0),
+            "events_url": (
+                f"/code/contexts/{self.context_id}"
+                f"/executions/{self.execution_id}/events"
+            ),
+        }
+
+
+def _plain(text: str) -> bool:
+    """
+    Whether ``text`` is valid Unicode text (the document replaces a lone
+    surrogate, which an event passes on as it is).
+    """
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
