@@ -44,7 +44,7 @@ from sandboxd.client._core import (
     transport_error,
     ws_headers,
 )
-from sandboxd.client._execution import ExecutionEvents
+from sandboxd.client._execution import EventSplitter, ExecutionEvents
 from sandboxd.client._http import EventStream, Http
 from sandboxd.client._plan import (
     AsyncFace,
@@ -1379,11 +1379,13 @@ class Code(_Namespace[F]):
             **fields,
         )
         seen = ExecutionEvents(context_id)
-        events = self._http.events(req.method, req.path, json=req.json, resumable=False)
+        splitter = EventSplitter()
+        chunks = self._http.chunks(req.method, req.path, req.json)
         try:
-            async with aclosing(events):
-                async for event in events:
-                    seen.feed(event.event, event.data)
+            async with aclosing(chunks):
+                async for chunk in chunks:
+                    for name, data in splitter.feed(chunk):
+                        seen.feed(name, data)
         except (ConnectionFailed, RequestTimeout):
             # Under way: it runs on (a stream cut does not interrupt it).
             if seen.execution_id is None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.client._execution import ExecutionEvents
+from sandboxd.client._execution import EventSplitter, ExecutionEvents
 
 X = {"execution_id": "x_1"}
 
@@ -94,3 +94,32 @@ class AssembleTests(SynchronousTestCase):
             fed(("stdout", {**X, "text": "\udc80"}), ("execution.ended", ended()))
         )
         self.assertIsNotNone(fed(out, ("execution.ended", ended(state="interrupted"))))
+
+
+STREAM = (
+    b": keep-alive\n\n"
+    b'id: 1\nevent: stdout\ndata: {"text": "a\\n\\u00e9"}\n\n'
+    b"event: two\r\ndata: [1,\r\ndata: 2]\r\n\r\n"
+    b"event: plain\ndata:not json\n\n"
+    b'data: {"big": "' + b"x" * 100_000 + b'"}\n\n'
+)
+
+EXPECTED = [
+    ("stdout", {"text": "a\né"}),
+    ("two", [1, 2]),
+    ("plain", "not json"),
+    ("message", {"big": "x" * 100_000}),
+]
+
+
+class SplitterTests(SynchronousTestCase):
+    """SSE from bytes, however the bytes were cut."""
+
+    def test_cuts(self) -> None:
+        """Whole, in odd pieces or a byte at a time: the same events, data decoded."""
+        for size in (len(STREAM), 7, 4096, 1):
+            splitter = EventSplitter()
+            events = []
+            for at in range(0, len(STREAM), size):
+                events += splitter.feed(STREAM[at : at + size])
+            self.assertEqual(events, EXPECTED, size)
