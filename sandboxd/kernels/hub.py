@@ -67,25 +67,25 @@ class Output:
         self._size = 0
         self._scheduled = False
 
-    def send(
-        self, event: dict[str, Any], payload: bytes | memoryview | None = None
-    ) -> None:
+    def send(self, event: dict[str, Any], payload: Pieces | None = None) -> None:
         """
         Queue one event line; it leaves at the end of this turn of the loop.
 
-        :param payload: raw bytes that follow the line (the line says how
-            many in ``bytes``): output text crosses as it is, with no JSON
-            escaping here and no JSON parsing in the daemon.
+        :param payload: raw bytes that follow the line, in pieces (the line
+            says how many bytes in ``bytes``): output text crosses as it
+            is, with no JSON escaping here and no JSON parsing in the
+            daemon, its pieces never joined here.
         """
+        size = sum(len(piece) for piece in payload) if payload is not None else 0
         if payload is not None:
-            event["bytes"] = len(payload)
+            event["bytes"] = size
         line = json.dumps(event, separators=(",", ":"), ensure_ascii=False)
         data = line.encode("utf-8", "surrogatepass") + b"\n"
         self._lines.append(data)
         self._size += len(data)
         if payload is not None:
-            self._lines.append(payload)
-            self._size += len(payload)
+            self._lines += payload
+            self._size += size
         if self._size >= FLUSH_BYTES:
             self.flush()
         elif not self._scheduled:
@@ -127,26 +127,45 @@ def write_all(fd: int, parts: list[bytes | memoryview]) -> None:
             parts[i] = memoryview(parts[i])[done:]
 
 
+#: Bytes in pieces, in order (views of a kernel's frame between escapes,
+#: and what those escapes stand for).
+Pieces = list[bytes | memoryview]
+
+
+def utf8_pieces(pieces: Pieces, size: int) -> list[Pieces]:
+    """
+    ``pieces`` (UTF-8, each cut between characters) regrouped into chunks
+    of at most ``size`` bytes, never cut inside a character: views, so no
+    byte is copied.
+    """
+    out: list[Pieces] = []
+    chunk: Pieces = []
+    room = size
+    for piece in pieces:
+        view = memoryview(piece)
+        while len(view) > room:
+            cut = room
+            # Back off continuation bytes (10xxxxxx) so a character stays whole.
+            while cut > 0 and view[cut] & 0xC0 == 0x80:
+                cut -= 1
+            if cut == 0 and not chunk:
+                cut = room  # not UTF-8: cut anyway, never stall
+            if cut:
+                chunk.append(view[:cut])
+            out.append(chunk)
+            chunk, room = [], size
+            view = view[cut:]
+        if len(view):
+            chunk.append(view)
+            room -= len(view)
+    if chunk or not out:
+        out.append(chunk)
+    return out
+
+
 def utf8_chunks(raw: bytes, size: int) -> list[bytes]:
     """``raw`` (UTF-8) in pieces of at most ``size`` bytes, never inside a character."""
-    return [raw[start:end] for start, end in utf8_spans(raw, size)]
-
-
-def utf8_spans(raw: bytes, size: int) -> list[tuple[int, int]]:
-    """Where :func:`utf8_chunks` cuts ``raw``: ``(start, end)`` of each piece."""
-    if len(raw) <= size:
-        return [(0, len(raw))]
-    out = []
-    start = 0
-    while start < len(raw):
-        end = cut = min(start + size, len(raw))
-        # Back off continuation bytes (10xxxxxx) so a character stays whole.
-        while cut < len(raw) and cut > start and raw[cut] & 0xC0 == 0x80:
-            cut -= 1
-        end = cut if cut > start else end
-        out.append((start, end))
-        start = end
-    return out
+    return [b"".join(chunk) for chunk in utf8_pieces([raw], size)]
 
 
 #: A ``stream`` message's content frame at least this long is read
@@ -166,17 +185,18 @@ _STREAM_HEADS = (
 
 def stream_content(frame: bytes) -> dict[str, Any] | None:
     """
-    A big ``stream`` message's content, ``{"name", "utf8"}``, read from its
+    A big ``stream`` message's content, ``{"name", "pieces"}``, read from its
     frame without decoding the text to a string, unescaping it and
     encoding it back (three passes over what may be megabytes, the
     hub's dearest work): only when the frame is what kernels send, the
     name and then the text, valid UTF-8, whose escapes Python's own bytes
     unescaping reads alike (quotes, tabs, newlines...).
 
-    The text is never sliced out of the frame first (a copy of it all):
-    with nothing escaped it is a view of the frame; with a few escapes
-    (a print's last newline) the pieces between them are joined once; with
-    many, the frame's text is unescaped in one C pass.
+    The text is never sliced out of the frame (a copy of it all): with
+    nothing escaped it is a view of the frame; with a few escapes (a
+    print's last newline) it is the views between them and what each
+    escape stands for, never joined here; with many, the frame's text is
+    unescaped in one C pass.
 
     :returns: None when the frame is anything else (another key order, a
         key after the text, ``\\uXXXX`` or backslash escapes, bad UTF-8):
@@ -197,14 +217,15 @@ def stream_content(frame: bytes) -> dict[str, Any] | None:
         # Nothing escaped, so no quote either.
         if frame.find(b'"', start, end) >= 0:
             return None
-        return {"name": name, "utf8": memoryview(frame)[start:end]}
+        return {"name": name, "pieces": [memoryview(frame)[start:end]]}
     try:
-        text = _unescape_few(frame, start, end, first)
+        pieces = _unescape_few(frame, start, end, first)
     except ValueError:
         return None
-    if text is None:
+    if pieces is None:
         text = _unescape_many(frame, start, end, between)
-    return None if text is None else {"name": name, "utf8": text}
+        pieces = None if text is None else [text]
+    return None if pieces is None else {"name": name, "pieces": pieces}
 
 
 #: A stream text with more escapes than this is unescaped in one C pass
@@ -223,17 +244,17 @@ _ESCAPES = {
 }
 
 
-def _unescape_few(frame: bytes, start: int, end: int, first: int) -> bytes | None:
+def _unescape_few(frame: bytes, start: int, end: int, first: int) -> Pieces | None:
     """
-    The text between ``start`` and ``end`` unescaped, its first backslash
-    at ``first``, or None when it has more than :data:`FEW_ESCAPES`
-    escapes.
+    The text between ``start`` and ``end`` unescaped, in pieces, its
+    first backslash at ``first``, or None when it has more than
+    :data:`FEW_ESCAPES` escapes.
 
     :raises ValueError: an escape not in :data:`_ESCAPES`, or a quote not
         escaped (the text ends there: another key follows).
     """
     view = memoryview(frame)
-    parts: list[bytes | memoryview] = []
+    parts: Pieces = []
     escapes: set[int] = set()
     pos, at = start, first
     while at >= 0:
@@ -252,7 +273,7 @@ def _unescape_few(frame: bytes, start: int, end: int, first: int) -> bytes | Non
         if quote - 1 not in escapes:
             raise ValueError("a quote not escaped")
         quote = frame.find(b'"', quote + 1, end)
-    return b"".join(parts)
+    return parts
 
 
 def _unescape_many(frame: bytes, start: int, end: int, between: bytes) -> bytes | None:
@@ -434,7 +455,7 @@ class Kernel:
         self,
         pending: Pending,
         ev: str,
-        payload: bytes | memoryview | None = None,
+        payload: Pieces | None = None,
         **fields: Any,
     ) -> None:
         self.hub.out.send(
@@ -450,17 +471,14 @@ class Kernel:
             kind = msg["msg_type"]
             content = msg["content"]
             if kind == "stream":
-                raw = content.get("utf8")
-                if raw is None:
-                    raw = str(content.get("text", "")).encode("utf-8", "surrogatepass")
+                pieces = content.get("pieces")
+                if pieces is None:
+                    text = str(content.get("text", ""))
+                    pieces = [text.encode("utf-8", "surrogatepass")]
                 # Views, not copies: written to the pipe as they are.
-                view = memoryview(raw)
-                for start, end in utf8_spans(raw, STREAM_CHUNK_BYTES):
+                for chunk in utf8_pieces(pieces, STREAM_CHUNK_BYTES):
                     self._emit(
-                        pending,
-                        "stream",
-                        view[start:end],
-                        name=content.get("name", "stdout"),
+                        pending, "stream", chunk, name=content.get("name", "stdout")
                     )
             elif kind in ("display_data", "execute_result", "update_display_data"):
                 self._emit(

@@ -6,11 +6,12 @@ cuts them; anything over the bound stops the reader.
 
 from __future__ import annotations
 
+import itertools
 import json
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.kernels.hub import utf8_chunks
+from sandboxd.kernels.hub import utf8_chunks, utf8_pieces
 from sandboxd.kernels.hubclient import LineSplitter
 
 
@@ -106,6 +107,25 @@ class ChunkTests(SynchronousTestCase):
             self.assertTrue(all(len(p) <= size for p in pieces))
             for p in pieces:
                 p.decode()
+
+    def test_pieces_regrouped(self) -> None:
+        """
+        Text in pieces (views between escapes, the escapes' characters) is
+        regrouped into chunks of at most the size, each decoding alone,
+        together the whole, as views of the pieces.
+        """
+        text = "héllo €😀 " * 300
+        cuts = [0, 1, 7, 8, 100, 1001, 2000, len(text)]
+        pieces: list[bytes | memoryview] = []
+        for a, b in itertools.pairwise(cuts):
+            pieces += [memoryview(text[a:b].encode()), b"\n"]
+        whole = b"".join(pieces)
+        for size in (4, 5, 7, 16, 1000, len(whole)):
+            chunks = [b"".join(c) for c in utf8_pieces(pieces, size)]
+            self.assertEqual(b"".join(chunks), whole)
+            self.assertTrue(all(0 < len(c) <= size for c in chunks))
+            for c in chunks:
+                c.decode()
 
     def test_empty(self) -> None:
         """Empty output is one empty piece (the event still goes out)."""
