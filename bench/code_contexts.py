@@ -31,7 +31,9 @@ on a shared machine hits both alike:
 
 The CPU time the daemon and its hub spend per ``1+1`` and per print is
 reported too (all their threads', from the scheduler's nanosecond count:
-load stretches it far less than wall time). ``--priority children`` (the
+load stretches it far less than wall time), and per print the client's
+own (this process's: reading and decoding the answer, the kernel's
+messages for direct). ``--priority children`` (the
 default) gives the direct kernel the CPU and I/O priority the daemon gives
 its kernels; ``--priority off`` turns the daemon's priority policy off and
 starts the direct kernel as it is. ``--tree DIR`` also runs a daemon from
@@ -343,6 +345,7 @@ def main() -> None:
         print_cpu: dict[str, dict[str, list[float]]] = {
             name: {"daemon": [], "hub": []} for name in owner
         }
+        client_cpu: dict[str, list[float]] = {name: [] for name in [*runners, *streams]}
         for round_ in range(args.rounds):
             lat: dict[str, list[float]] = {name: [] for name in runners}
             cpu_before = {name: d.cpu() for name, d in daemons.items()}
@@ -384,8 +387,14 @@ def main() -> None:
                     d = owner.get(name)
                     before = d.cpu() if d is not None else (0.0, 0.0)
                     t = time.perf_counter()
+                    mine = time.process_time()
                     result = run(big)
                     took = time.perf_counter() - t
+                    # The client's own CPU (this process: its reading and
+                    # decoding), beside the daemon's and the hub's.
+                    spent_here = (time.process_time() - mine) * 1000
+                    client_cpu[name].append(spent_here)
+                    line[f"{name}_client_cpu_ms"] = round(spent_here, 1)
                     if name == "direct" or name in streams:
                         seen = result
                     else:
@@ -441,6 +450,10 @@ def main() -> None:
                 summary[f"{prefix}throughput_ratio_paired"] = round(
                     statistics.median(paired[name]), 2
                 )
+        for name, each in client_cpu.items():
+            summary[f"{name}_client_cpu_ms_per_print"] = round(
+                statistics.median(each), 1
+            )
         summary["priority"] = args.priority
         summary["loadavg"] = os.getloadavg()[0]
         print(json.dumps(summary))
