@@ -27,8 +27,8 @@ from twisted.web.server import NOT_DONE_YET
 from sandboxd.e2b.door import REST, Call, Procedure
 from sandboxd.errors import ApiError, bad_request, internal
 from sandboxd.eventlog import Event
+from sandboxd.kernels.jsontext import text_object_parts
 from sandboxd.policy.defaults import E2B_CODE_KEEPALIVE_SECONDS
-from sandboxd.web.sse import big_text_json
 
 log = Logger(namespace="sandboxd.e2b")
 
@@ -206,14 +206,19 @@ async def _execute(call: Call, body: dict[str, Any]) -> None:
     NdjsonStream(call, ctx, x)
 
 
-def _line(line: dict[str, Any]) -> bytes:
-    """One NDJSON line's JSON (a big output's text escaped from its bytes)."""
-    big = big_text_json(line)
+def _line(line: dict[str, Any]) -> list[bytes]:
+    """
+    One NDJSON line's JSON, in parts (a big output's text escaped from its
+    bytes, never joined here: the lines written together are joined once).
+    """
+    big = text_object_parts(line)
     if big is not None:
         return big
-    return json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode(
-        "utf-8", "surrogatepass"
-    )
+    return [
+        json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode(
+            "utf-8", "surrogatepass"
+        )
+    ]
 
 
 class NdjsonStream:
@@ -238,7 +243,11 @@ class NdjsonStream:
     def _write(self, lines: list[dict[str, Any]]) -> None:
         if not lines or self.call.closed:
             return
-        data = b"".join(_line(line) + b"\n" for line in lines)
+        parts: list[bytes] = []
+        for line in lines:
+            parts += _line(line)
+            parts.append(b"\n")
+        data = b"".join(parts)
         self.call.bytes_out += len(data)
         self.call.request.write(data)
         if self._beat.active():

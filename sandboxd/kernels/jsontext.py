@@ -109,6 +109,11 @@ def document(fields: dict[str, Any]) -> bytes:
     encoded (:meth:`EscapedText.take`). The same bytes the API's answer
     would be with those values decoded first, in one final copy.
     """
+    return b"".join(document_parts(fields))
+
+
+def document_parts(fields: dict[str, Any]) -> list[bytes]:
+    """:func:`document` in parts, for a caller that joins them with more."""
     parts: list[bytes] = [b"{"]
     plain: dict[str, Any] = {}
     for name, value in fields.items():
@@ -126,7 +131,7 @@ def document(fields: dict[str, Any]) -> bytes:
     elif len(parts) > 1:
         parts.pop()  # the last comma
     parts.append(b"}")
-    return b"".join(parts)
+    return parts
 
 
 class EscapedText:
@@ -180,6 +185,12 @@ class EscapedText:
 
 
 def text_object(fields: dict[str, Any]) -> bytes | None:
+    """:func:`text_object_parts`, joined."""
+    parts = text_object_parts(fields)
+    return None if parts is None else b"".join(parts)
+
+
+def text_object_parts(fields: dict[str, Any]) -> list[bytes] | None:
     """
     ``fields``, a flat object with a big ``text`` (an output event), as
     compact JSON (UTF-8), its text escaped from its bytes (:func:`document`):
@@ -197,4 +208,4 @@ def text_object(fields: dict[str, Any]) -> bytes | None:
         raw = text.encode("utf-8")
     except UnicodeEncodeError:
         return None
-    return document({**fields, "text": raw})
+    return document_parts({**fields, "text": raw})
