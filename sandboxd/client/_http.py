@@ -185,33 +185,59 @@ class Http:
         """
         A stream's body as it arrives, undecoded and unsplit (a caller
         that reads big events splits them itself, at a fraction of the
-        cost of text lines); never resumed or retried.
+        cost of text lines). Sent again only when it cannot have reached
+        the daemon (no connection) or was refused for the rate (a 429
+        waited out as :meth:`send` does); never resumed once it answered.
 
         :raises SandboxError: the daemon's refusal, or no answer.
         """
         s = self.settings
         what = f"{method} {path}"
-        try:
-            opened = await io.open_stream(
-                io.Outgoing(
-                    method,
-                    path,
-                    None,
-                    json,
-                    {"Accept": "text/event-stream", "Accept-Encoding": "identity"},
-                    stream_timeout(s.timeout, STREAM_READ_TIMEOUT),
-                )
-            )
+        attempt = waits = 0
+        while True:
             try:
-                if opened.response.status_code >= 400:
+                opened = await io.open_stream(
+                    io.Outgoing(
+                        method,
+                        path,
+                        None,
+                        json,
+                        {"Accept": "text/event-stream", "Accept-Encoding": "identity"},
+                        stream_timeout(s.timeout, STREAM_READ_TIMEOUT),
+                    )
+                )
+            except httpx.ConnectError as e:
+                if attempt < s.retries:
+                    attempt += 1
+                    await io.sleep(backoff(attempt))
+                    continue
+                raise transport_error(e, what) from None
+            except httpx.HTTPError as e:
+                raise transport_error(e, what) from None
+            try:
+                response = opened.response
+                if response.status_code >= 400:
                     await io.read_all(opened)
-                    raise error_from(opened.response)
+                    error = error_from(response)
+                    wait = retry_after(response, error)
+                    if (
+                        response.status_code == 429
+                        and s.wait_on_rate_limit
+                        and waits < 10
+                        and wait is not None
+                        and wait <= s.max_rate_wait
+                    ):
+                        waits += 1
+                        await io.sleep(max(wait, 0.05))
+                        continue
+                    raise error
                 while (data := await io.chunk(opened)) is not None:
                     yield data
+                return
+            except httpx.HTTPError as e:
+                raise transport_error(e, what) from None
             finally:
                 await io.close(opened)
-        except httpx.HTTPError as e:
-            raise transport_error(e, what) from None
 
     async def fetch_raw(
         self,

@@ -10,7 +10,7 @@ from typing import Any
 from twisted.internet.defer import inlineCallbacks
 
 from sandboxd.client import Sandbox
-from sandboxd.client.errors import NotFoundError
+from sandboxd.client.errors import NotFoundError, RateLimited
 from tests.client.base import ClientCase
 from tests.kernels.test_contexts import need_ipykernel
 
@@ -218,3 +218,40 @@ class StreamedExecuteTests(ClientCase):
         self.assertEqual(result, kept)
         self.assertEqual(result["error"]["ename"], "ZeroDivisionError")
         self.assertEqual(missing, 404)
+
+
+class StreamedExecuteRateTests(ClientCase):
+    """The streamed execute meets the rate limit as every call does."""
+
+    timeout = 120
+    policy = {
+        "groups": {"code": True},
+        "endpoints": {"code_execute": {"limits": {"rate_per_minute": 30}}},
+    }
+
+    def setUp(self) -> Any:
+        need_ipykernel()
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_rate_limit(self) -> Any:
+        """
+        Past the rate it raises RateLimited (nothing ran); a client made
+        with ``wait_on_rate_limit`` waits and gets the result instead.
+        """
+
+        def body() -> Any:
+            sb = self.sandbox()
+            ctx = sb.code.create_context()
+            ran = 0
+            with self.assertRaises(RateLimited) as cm:
+                for _ in range(100):  # a bucket of 30, one back every 2 s
+                    sb.code.execute(ctx["id"], "1")
+                    ran += 1
+            patient = self.sandbox(wait_on_rate_limit=True)
+            return cm.exception.status, ran, patient.code.execute(ctx["id"], "6 * 7")
+
+        status, ran, result = yield self.in_thread(body)
+        self.assertEqual(status, 429)
+        self.assertGreaterEqual(ran, 29)
+        self.assertEqual(result["results"][0]["data"]["text/plain"], "42")
