@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.kernels.test_jsontext -*-
+# -*- test-case-name: tests.kernels.test_output -*-
 """
 An execution's result document as JSON bytes, its output escaped from the
 bytes it arrived as.
