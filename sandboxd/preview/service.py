@@ -107,8 +107,13 @@ class PreviewService(Service):
         context = self.context
         e2b = getattr(context.e2b, "port", None)
         key = (context.http_port, context.pty_port, self.door_port, e2b)
-        if self._listeners_of is not None and all(
-            a is b or a == b for a, b in zip(key, self._listeners_of, strict=True)
+        known = self._listeners_of
+        if (
+            known is not None
+            and key[0] == known[0]
+            and key[1] == known[1]
+            and key[2] == known[2]
+            and key[3] is known[3]
         ):
             return self._own
         ports = {CDP_PORT}

@@ -138,6 +138,26 @@ class KeptAliveTests(DoorCase):
             cookies, [b"Cookie: app=one", b"Cookie: app=two", b"Cookie: app=one"]
         )
 
+    @inlineCallbacks
+    def test_rules_on_every_answer(self) -> None:
+        """
+        The app gives the same head twice on one connection, with cookies
+        and a ``Location``: both answers reach the browser with the app's
+        own cookie only and the ``Location`` rewritten to the door; a
+        plain answer repeated is relayed whole each time.
+        """
+        host = self.host(self.scripted.port)
+        for path in ("/cookie", "/length", "/cookie", "/length", "/length"):
+            head = get(path, host)
+            status, fields, body = yield deferToThread(self.browser.ask, head)
+            self.assertEqual(status, 200)
+            if path == "/length":
+                self.assertEqual(body, b"hello")
+                continue
+            self.assertEqual(fields["set-cookie"], "app=1; Path=/")
+            self.assertEqual(fields["location"], f"http://{host}/next")
+        self.assertEqual(len(self.scripted.connections), 1)
+
 
 class KeptAliveReloadTests(DoorCase):
     """A new policy between two requests on one connection."""
