@@ -158,6 +158,32 @@ class KeptAliveTests(DoorCase):
             self.assertEqual(fields["location"], f"http://{host}/next")
         self.assertEqual(len(self.scripted.connections), 1)
 
+    @inlineCallbacks
+    def test_repeated_lines_behind_a_bad_request_line(self) -> None:
+        """
+        The header lines of a good request repeated behind a request line
+        the parser refuses (a space in the target) are refused as a JSON
+        400, as on a fresh connection; the app sees only the good one.
+        """
+        host = self.host(self.scripted.port)
+        status, _, _ = yield self.ask()
+        self.assertEqual(status, 200)
+        bad = get("/length x", host)
+        raw, _ = yield deferToThread(self._send_and_read_to_close, bad)
+        (status, _, body), *_ = responses(raw)
+        self.assertEqual(status, 400)
+        self.assertEqual(json.loads(body)["code"], "malformed_request")
+        self.assertEqual(len(self.scripted.heads), 1)
+
+    def _send_and_read_to_close(self, data: bytes) -> tuple[bytes, None]:
+        """Send ``data`` on the kept-alive connection; read until the door closes it."""
+        sock = self.browser.socket
+        sock.sendall(data)
+        out = self.browser.buffer
+        while chunk := sock.recv(65536):
+            out += chunk
+        return out, None
+
 
 class KeptAliveReloadTests(DoorCase):
     """A new policy between two requests on one connection."""
