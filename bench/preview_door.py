@@ -24,6 +24,12 @@ directly:
 Prints one JSON line per case and proxy.  Needs nginx and wrk
 (apt-get install nginx wrk); says so and stops when they are missing.
 
+``--instructions N`` measures instead what the machine's load cannot
+move: the instructions the daemon executes for ``N`` small GETs through
+its door (``valgrind --tool=callgrind``, counted only while those
+requests run, after 300 to warm up), per GET, for this tree and
+``--base-tree``.
+
 Every round runs each proxy once, in a rotated order, and the figures are
 the medians over ``--rounds``: a burst of load elsewhere on a shared
 machine then falls on every proxy alike.  ``--base-tree`` adds a daemon
@@ -285,9 +291,17 @@ def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def start_door(
-    base: str, name: str, tree: str | None, origin: int, app: int
+    base: str,
+    name: str,
+    tree: str | None,
+    origin: int,
+    app: int,
+    prefix: tuple[str, ...] = (),
 ) -> tuple[subprocess.Popen[bytes], int]:
-    """A fresh daemon (from ``tree`` when given) with its door; both ports exposed public."""
+    """
+    A fresh daemon (from ``tree`` when given, under ``prefix``) with its
+    door; both ports exposed public.
+    """
     door = free_port()
     token = "bench-" + os.urandom(8).hex()
     home = os.path.join(base, f"home-{name}")
@@ -299,6 +313,8 @@ def start_door(
         {"groups": {"preview": True}},
         ["--preview-port", f"tcp:{door}:interface=127.0.0.1"],
         env=env,
+        prefix=prefix,
+        wait_seconds=120 if prefix else 10,
     )
     wait_port(door)
     for port in (origin, app):
@@ -315,6 +331,125 @@ def start_door(
     return daemon, door
 
 
+def fixed_gets(port: int, host: str, count: int, connections: int = 8) -> None:
+    """``count`` GETs of ``/1k.bin`` over ``connections`` kept-alive connections."""
+    import selectors
+
+    head = f"GET /1k.bin HTTP/1.1\r\nHost: {host}\r\nAccept: */*\r\n\r\n".encode()
+    selector = selectors.DefaultSelector()
+    left, done = count, 0
+    sockets = []
+    for _ in range(min(connections, count)):
+        s = socket.create_connection(("127.0.0.1", port), timeout=60)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sockets.append(s)
+        selector.register(s, selectors.EVENT_READ, [b""])
+        s.sendall(head)
+        left -= 1
+    try:
+        while done < count:
+            ready = selector.select(60)
+            if not ready:
+                raise RuntimeError("no answer in 60 s")
+            for key, _ in ready:
+                s, buffer = key.fileobj, key.data
+                chunk = s.recv(65536)  # type: ignore[union-attr]
+                if not chunk:
+                    raise RuntimeError("the door closed a connection")
+                buffer[0] += chunk
+                while (end := buffer[0].find(b"\r\n\r\n")) >= 0:
+                    if not buffer[0].startswith(b"HTTP/1.1 200"):
+                        raise RuntimeError(f"not a 200: {buffer[0][:80]!r}")
+                    size = end + 4 + 1024  # the file's length, kept by the door
+                    if len(buffer[0]) < size:
+                        break
+                    buffer[0] = buffer[0][size:]
+                    done += 1
+                    if left > 0:
+                        s.sendall(head)  # type: ignore[union-attr]
+                        left -= 1
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def instructions(args: Any) -> None:
+    """Instructions per small GET in each daemon, under callgrind (see the module)."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("preview_door.py: valgrind not installed; skipped", file=sys.stderr)
+        return
+    base = tempfile.mkdtemp(prefix="sandboxd-preview-bench-")
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        os.chmod(base, 0o755)
+        root = os.path.join(base, "www")
+        os.makedirs(root)
+        with open(os.path.join(root, "1k.bin"), "wb") as f:
+            f.write(b"x" * 1024)
+        os.chmod(os.path.join(root, "1k.bin"), 0o644)
+        origin = free_port()
+        procs.append(start_nginx(base, "origin", ORIGIN.format(port=origin, root=root)))
+        wait_port(origin)
+        doors = [("sandboxd", None)]
+        if args.base_tree:
+            doors.append(("base", args.base_tree))
+        for name, tree in doors:
+            out = os.path.join(base, f"callgrind-{name}.out")
+            prefix = (
+                "valgrind",
+                "--tool=callgrind",
+                "--instr-atstart=no",
+                f"--callgrind-out-file={out}",
+                sys.executable,
+            )
+            daemon, door = start_door(base, name, tree, origin, origin, prefix)
+            procs.append(daemon)
+            host = f"{origin}.localhost:{door}"
+            fixed_gets(door, host, 300)
+            control = ["callgrind_control"]
+            subprocess.run(
+                [*control, "-i", "on", str(daemon.pid)], check=True, capture_output=True
+            )
+            fixed_gets(door, host, args.instructions)
+            subprocess.run(
+                [*control, "-i", "off", str(daemon.pid)],
+                check=True,
+                capture_output=True,
+            )
+            subprocess.run(
+                [*control, "-d", str(daemon.pid)], check=True, capture_output=True
+            )
+            total = 0
+            for entry in os.listdir(base):
+                if entry.startswith(f"callgrind-{name}.out"):
+                    with open(os.path.join(base, entry)) as f:
+                        for line in f:
+                            if line.startswith("totals:"):
+                                total += int(line.split()[1])
+            print(
+                json.dumps(
+                    {
+                        "workload": "PREVIEW_INSTRUCTIONS",
+                        "proxy": name,
+                        "gets": args.instructions,
+                        "instructions_per_get": round(total / args.instructions),
+                    }
+                )
+            )
+    finally:
+        for proc in reversed(procs):
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=5.0)
@@ -326,7 +461,16 @@ def main() -> None:
         "--base-tree",
         help="also run a daemon from this checkout (PYTHONPATH), as 'base'",
     )
+    parser.add_argument(
+        "--instructions",
+        type=int,
+        metavar="N",
+        help="count the daemon's instructions per small GET over N GETs instead",
+    )
     args = parser.parse_args()
+    if args.instructions:
+        instructions(args)
+        return
     missing = [tool for tool in ("nginx", "wrk") if shutil.which(tool) is None]
     if missing:
         print(

@@ -484,6 +484,14 @@ PREVIEW_POOL_IDLE_SECONDS = 4
 #: its answer's head are bounded like any head.
 PREVIEW_UPGRADE_HEAD_BYTES = 64 * KIB
 
+#: Preview: a connection's last request head kept to be recognised in the
+#: next one (its header lines, byte for byte), when no longer than this.
+HEAD_MEMO_BYTES = 8 * KIB
+
+#: Preview: what one connection keeps worked out from its repeated header
+#: lines (one entry per port and exposure it reached).
+PREVIEW_DERIVED_ENTRIES = 16
+
 #: Preview: the browser's retry page reloads after this many seconds.
 PREVIEW_RETRY_SECONDS = 2
 

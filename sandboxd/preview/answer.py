@@ -82,9 +82,20 @@ class Answer:
     :ivar chunked: the body is chunked (its length line then dropped).
     :ivar close: the app closes the connection after this answer (or
         frames the body by its close).
+    :ivar plain: read without the preview's rules (no ``Set-Cookie``, no
+        ``Location``), so the same bytes read the same for any preview.
     """
 
-    __slots__ = ("block", "chunked", "close", "code", "length", "phrase", "version")
+    __slots__ = (
+        "block",
+        "chunked",
+        "close",
+        "code",
+        "length",
+        "phrase",
+        "plain",
+        "version",
+    )
 
     def __init__(
         self,
@@ -103,6 +114,7 @@ class Answer:
         self.length = length
         self.chunked = chunked
         self.close = close
+        self.plain = True
 
     @property
     def lines(self) -> list[bytes]:
@@ -238,7 +250,9 @@ def _read_plain(raw: bytes, owner: HasRules) -> Answer | None:
         block = b"".join(parts)[2:]
     else:
         block = raw[end + 2 :]
-    return Answer(version, code, phrase, block, length, chunked, close)
+    answer = Answer(version, code, phrase, block, length, chunked, close)
+    answer.plain = rules is None
+    return answer
 
 
 def _read_lines(raw: bytes, owner: HasRules) -> Answer:
@@ -301,4 +315,6 @@ def _read_lines(raw: bytes, owner: HasRules) -> Answer:
         # A bare CR or LF inside a value would start a line of the app's
         # making at the browser: a space, as Twisted's Headers does.
         out = [line.replace(b"\r", b" ").replace(b"\n", b" ") for line in out]
-    return Answer(version, code, phrase, b"\r\n".join(out), length, chunked, close)
+    answer = Answer(version, code, phrase, b"\r\n".join(out), length, chunked, close)
+    answer.plain = rules is None
+    return answer

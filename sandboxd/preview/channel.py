@@ -32,6 +32,7 @@ the head deadline, reclaiming idle ones), and closed after
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 from typing import Protocol as Contract
@@ -42,9 +43,13 @@ from twisted.internet.tcp import Server
 from twisted.python.failure import Failure
 from twisted.web.http import RESPONSES
 
-from sandboxd.policy.defaults import HEADER_NAME_CACHE, PREVIEW_UPGRADE_HEAD_BYTES
+from sandboxd.policy.defaults import (
+    HEAD_MEMO_BYTES,
+    HEADER_NAME_CACHE,
+    PREVIEW_UPGRADE_HEAD_BYTES,
+)
 from sandboxd.preview.answer import Answer
-from sandboxd.web.heads import Head, HeadError, parse_head
+from sandboxd.web.heads import LIMITS, Head, HeadError, parse_head
 from sandboxd.web.sending import write_now
 
 #: Statuses whose response never has a body (RFC 9110 §6.4.1).
@@ -52,6 +57,14 @@ _BODILESS = frozenset({204, 304})
 
 #: Headers that mean a request is not the plain kind (see the module).
 _NOT_PLAIN = frozenset({b"upgrade", b"expect"})
+
+#: Methods whose request line the memo of a head accepts without the
+#: parser (each a token; any other goes through :func:`parse_head`).
+_MEMO_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"DELETE"})
+
+#: A request target the parser accepts (:mod:`sandboxd.web.heads`: no
+#: controls, no space).
+_TARGET = re.compile(rb"[\x21-\xb0]+")
 
 #: Lower-cased header names to the form the app is sent (bounded).
 _CANONICAL: dict[bytes, bytes] = {}
@@ -87,6 +100,24 @@ def canonical(lower: bytes) -> bytes:
         if len(_CANONICAL) < HEADER_NAME_CACHE:
             _CANONICAL[lower] = name
     return name
+
+
+class HeadMemo:
+    """
+    A connection's last plain request head: its header lines as bytes
+    (from the CRLF ending the request line to the one before the blank
+    line) and the fields the parser read from them (never changed on
+    the plain path, so shared by the requests that repeat them).
+    """
+
+    __slots__ = ("block", "derived", "fields")
+
+    def __init__(self, block: bytes, fields: dict[bytes, list[bytes]]) -> None:
+        self.block = block
+        self.fields = fields
+        #: What the door worked out from these fields, by what else it
+        #: depended on (:meth:`sandboxd.preview.door.Exchange.app_head`).
+        self.derived: dict[Any, Any] = {}
 
 
 class RequestFields:
@@ -143,25 +174,42 @@ class DoorRequest:
     answer); a body with no ``Content-Length`` is chunked.
     """
 
-    def __init__(self, channel: DoorChannel, head: Head) -> None:
+    # What a request starts with, as class attributes (set per request
+    # only when changed).
+    defaultContentType: bytes | None = None
+    code = 200
+    phrase: bytes | None = None
+    started = False
+    finished = False
+    chunked = False
+    #: Told when the response is whole (None) or the client left
+    #: (the exchange's own end, without a Deferred).
+    on_end: Callable[[Failure | None], object] | None = None
+    #: The app's head, relayed as its lines (:meth:`relay_answer`).
+    answer: Answer | None = None
+    _response_fields: ResponseFields | None = None
+    _waiting: list[Deferred[None]] | None = None
+
+    def __init__(
+        self,
+        channel: DoorChannel,
+        method: bytes,
+        fields: dict[bytes, list[bytes]],
+        keep_alive: bool,
+    ) -> None:
         self.channel = channel
-        self.method = head.method
-        self.requestHeaders = RequestFields(head.fields)
-        self.responseHeaders = ResponseFields()
-        self.defaultContentType: bytes | None = None
-        self.code = 200
-        self.phrase: bytes | None = None
-        self.persistent = head.keep_alive
-        self.started = False
-        self.finished = False
-        self.chunked = False
-        self.bodiless = head.method == b"HEAD"
-        self._waiting: list[Deferred[None]] = []
-        #: Told when the response is whole (None) or the client left
-        #: (the exchange's own end, without a Deferred).
-        self.on_end: Callable[[Failure | None], object] | None = None
-        #: The app's head, relayed as its lines (:meth:`relay_answer`).
-        self.answer: Answer | None = None
+        self.method = method
+        self.requestHeaders = RequestFields(fields)
+        self.persistent = keep_alive
+        self.bodiless = method == b"HEAD"
+
+    @property
+    def responseHeaders(self) -> ResponseFields:
+        """The response's own headers (made when first set)."""
+        fields = self._response_fields
+        if fields is None:
+            fields = self._response_fields = ResponseFields()
+        return fields
 
     # -- what the exchange sets ------------------------------------------------
 
@@ -197,6 +245,8 @@ class DoorRequest:
     def notifyFinish(self) -> Deferred[None]:
         """Fires once the response is written whole; fails if the client left first."""
         d: Deferred[None] = Deferred()
+        if self._waiting is None:
+            self._waiting = []
         self._waiting.append(d)
         return d
 
@@ -281,8 +331,8 @@ class DoorRequest:
         self.finished = True
         if self.on_end is not None:
             self.on_end(None)
-        waiting, self._waiting = self._waiting, []
-        for d in waiting:
+        waiting, self._waiting = self._waiting, None
+        for d in waiting or ():
             d.callback(None)
         self.channel.request_done(self)
 
@@ -305,8 +355,8 @@ class DoorRequest:
         self.finished = True
         if self.on_end is not None:
             self.on_end(reason)
-        waiting, self._waiting = self._waiting, []
-        for d in waiting:
+        waiting, self._waiting = self._waiting, None
+        for d in waiting or ():
             d.errback(reason)
 
 
@@ -353,6 +403,8 @@ class DoorChannel(Protocol):
         self.addr = addr
         self.transport: Any = None
         self.buffer = b""
+        #: The last plain head's header lines and fields (:meth:`_same_head`).
+        self.memo: HeadMemo | None = None
         self.request: DoorRequest | None = None
         self.delegate: Any = None
         self.closing = False
@@ -408,6 +460,8 @@ class DoorChannel(Protocol):
         self._handling = True
         try:
             while self.request is None and self.delegate is None and not self.closing:
+                if self._same_head():
+                    continue
                 try:
                     head = parse_head(self.buffer)
                 except HeadError:
@@ -419,17 +473,73 @@ class DoorChannel(Protocol):
                 if not plain(head):
                     self._hand_over()
                     return
+                self._remember(head)
                 self.buffer = self.buffer[head.size :]
-                self._start(head)
+                self._start(head.method, head.target, head.fields, head.keep_alive)
         finally:
             self._handling = False
 
-    def _start(self, head: Head) -> None:
+    def _remember(self, head: Head) -> None:
+        """
+        Keep a plain head's header lines and what was read from them, for
+        the next request on this connection (see :meth:`_same_head`).
+        """
+        buffer = self.buffer
+        begin = 2 if buffer.startswith(b"\r\n") else 0
+        line_end = buffer.find(b"\r\n", begin)
+        block = buffer[line_end : head.size - 4]
+        if head.keep_alive and begin == 0 and len(block) <= HEAD_MEMO_BYTES:
+            self.memo = HeadMemo(block, head.fields)
+        else:
+            self.memo = None
+
+    def _same_head(self) -> bool:
+        """
+        Start the next request when its header lines are byte for byte
+        those of the last plain one (a browser's assets, a client's
+        keep-alive loop): only its request line is read, the fields
+        parsed last time serve again.  False for anything else, which the
+        parser reads whole.
+        """
+        memo = self.memo
+        if memo is None:
+            return False
+        buffer = self.buffer
+        line_end = buffer.find(b"\r\n")
+        if line_end <= 0:
+            return False
+        size = line_end + len(memo.block) + 4
+        if (
+            len(buffer) < size
+            or size > LIMITS.max_bytes
+            or not buffer.startswith(memo.block, line_end)
+            or not buffer.startswith(b"\r\n\r\n", size - 4)
+        ):
+            return False
+        parts = buffer[:line_end].split(b" ")
+        if (
+            len(parts) != 3
+            or parts[2] != b"HTTP/1.1"
+            or parts[0] not in _MEMO_METHODS
+            or _TARGET.fullmatch(parts[1]) is None
+        ):
+            return False
+        self.buffer = buffer[size:]
+        self._start(parts[0], parts[1], memo.fields, True)
+        return True
+
+    def _start(
+        self,
+        method: bytes,
+        target: bytes,
+        fields: dict[bytes, list[bytes]],
+        keep_alive: bool,
+    ) -> None:
         """Decide and forward one plain request."""
         self.site.table.head_done(self)
-        self._command = head.method
-        self._path = head.target
-        request = DoorRequest(self, head)
+        self._command = method
+        self._path = target
+        request = DoorRequest(self, method, fields, keep_alive)
         self.request = request
         self.site.exchange(request)
 

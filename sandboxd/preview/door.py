@@ -36,6 +36,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request
 
 from sandboxd.access import gate
+from sandboxd.access.audit import should_record
 from sandboxd.access.links import is_link, preview_audience
 from sandboxd.errors import (
     ApiError,
@@ -54,6 +55,7 @@ from sandboxd.errors import (
 from sandboxd.policy.defaults import (
     LARGE_BODY_BYTES,
     LARGE_READ_BYTES,
+    PREVIEW_DERIVED_ENTRIES,
     PREVIEW_RETRY_SECONDS,
 )
 from sandboxd.preview import headers as h
@@ -77,6 +79,13 @@ log = Logger(namespace="sandboxd.preview")
 #: Where the app is: loopback only, IPv4 first (an app bound to ``::1``
 #: alone, as Node binds ``localhost`` on some systems, is found next).
 LOOPBACKS = ("127.0.0.1", "::1")
+
+#: The key of a request's Host, as read, in a connection's memo of its
+#: header lines (:attr:`Exchange.derived`).
+_HOST = "host"
+
+#: The door's name in the metrics (as :func:`gate.audit` counts it).
+_PREVIEW = str(gate.Door.PREVIEW)
 
 
 class PreviewService(Protocol):
@@ -259,6 +268,10 @@ class Exchange:
     widened: Any = None
     host = ""
     _audited = False
+    #: What was worked out from this request's header lines, shared with
+    #: the requests on its connection that repeat them byte for byte
+    #: (:class:`~sandboxd.preview.channel.HeadMemo`), or None.
+    derived: dict[Any, Any] | None = None
 
     def __init__(
         self,
@@ -280,6 +293,11 @@ class Exchange:
             # The door's channel tells the exchange itself (no Deferred).
             self.direct = True
             request.on_end = self._ended
+            memo = channel.memo
+            if memo is not None and memo.fields is request.requestHeaders.fields:
+                # The same header lines as the last request on this
+                # connection: what was worked out from them serves again.
+                self.derived = memo.derived
         else:
             self.direct = False
             request.notifyFinish().addBoth(self._ended)
@@ -306,10 +324,16 @@ class Exchange:
         self._start_upstream()
 
     def _decide(self) -> None:
-        hosts = self.header(b"host")
-        if len(hosts) != 1 or not hosts[0].strip():
-            raise bad_request("exactly one Host header is required")
-        self.host = hosts[0].decode("latin-1").strip()
+        derived = self.derived
+        host = derived.get(_HOST) if derived is not None else None
+        if host is None:
+            hosts = self.header(b"host")
+            if len(hosts) != 1 or not hosts[0].strip():
+                raise bad_request("exactly one Host header is required")
+            host = hosts[0].decode("latin-1").strip()
+            if derived is not None:
+                derived[_HOST] = host
+        self.host = host
         if not self.raw_target.startswith(b"/"):
             raise bad_request("the request target must be a path")
         target = self.service.routes.match(self.host, self.raw_target)
@@ -327,7 +351,7 @@ class Exchange:
         limit = rule.limits.max_request_bytes
         if limit is not None and self.length is not None and self.length > limit:
             raise payload_too_large(limit)
-        if self.header(b"upgrade"):
+        if not self.direct and self.header(b"upgrade"):
             connection = self.header(b"connection")
             self.upgrade = b"upgrade" in h.connection_listed(
                 [(b"connection", connection)]
@@ -356,13 +380,13 @@ class Exchange:
     def _admit(self, exposure: Exposure, target: Target) -> None:
         """The gate, with the first credential that passes (see the module)."""
         endpoint = self.context.table.get("preview_proxy")
-        audience = preview_audience(target.port)
         if exposure.public:
             self.passed = gate.admit(
                 self.context, endpoint, {}, public=True, host_rules=False
             )
             self.identity = self.passed.identity
             return
+        audience = preview_audience(target.port)
         candidates: list[tuple[bytes, bool, str]] = []
         shown = self._header_credential()
         if shown is not None:
@@ -599,6 +623,27 @@ class Exchange:
         target = self.target
         exposure = self.exposure
         assert target is not None and exposure is not None
+        line = self.method + b" " + self.upstream_target() + b" HTTP/1.1\r\n"
+        derived = self.derived
+        if derived is None:
+            return line + self._app_fields(target, exposure)
+        key = (exposure, target.port, target.prefix)
+        policy = self.context.policy
+        known = derived.get(key)
+        if known is not None and known[0] is policy:
+            kept: bytes = known[1]
+            return line + kept
+        lines = self._app_fields(target, exposure)
+        if b"authorization" not in self.request.requestHeaders.fields:
+            # (A bearer value is ours or not by the tokens of the moment:
+            # never kept.)
+            if len(derived) >= PREVIEW_DERIVED_ENTRIES:
+                derived.clear()
+            derived[key] = (policy, lines)
+        return line + lines
+
+    def _app_fields(self, target: Target, exposure: Exposure) -> bytes:
+        """The header lines of :meth:`app_head`, the blank line included."""
         fields: dict[bytes, list[bytes]] = self.request.requestHeaders.fields
         drop = h.NOT_TO_APP
         listed = fields.get(b"connection")
@@ -608,10 +653,7 @@ class Exchange:
             host = self.host.encode("latin-1")
         else:
             host = b"localhost:%d" % target.port
-        lines = [
-            self.method + b" " + self.upstream_target() + b" HTTP/1.1",
-            b"Host: " + host,
-        ]
+        lines = [b"Host: " + host]
         before: list[bytes] | None = None
         for lower, values in fields.items():
             if lower in drop:
@@ -976,13 +1018,24 @@ class Exchange:
         if self.passed is not None:
             gate.release(self.context, self.passed)
 
-    def _audit(self, status: int, code: Any, rule: str | None) -> None:
+    def _audit(self, status: int, code: Any, decided_by: str | None) -> None:
         if self._audited:
             return
         self._audited = True
         if self.exposure is not None:
             self.exposure.bytes_in += self.bytes_in
             self.exposure.bytes_out += self.bytes_out
+        rule = self.context.policy.rules["preview_proxy"]
+        if not should_record(rule.audit, status):
+            # Counted, as every exchange is; the record is not built.
+            self.context.metrics.request(
+                "preview_proxy",
+                _PREVIEW,
+                status,
+                str(code) if code else None,
+                time.monotonic() - self.started,
+            )
+            return
         endpoint = self.context.table.get("preview_proxy")
         path, _, query = self.raw_target.partition(b"?")
         gate.audit(
@@ -990,13 +1043,13 @@ class Exchange:
             door=gate.Door.PREVIEW,
             endpoint=endpoint,
             identity=self.identity,
-            rule=self.context.policy.rules["preview_proxy"],
+            rule=rule,
             method=self.method.decode("latin-1"),
             path=path.decode("latin-1"),
             query=query.decode("latin-1"),
             status=status,
             code=str(code) if code else None,
-            decided_by=rule,
+            decided_by=decided_by,
             started=self.started,
             bytes_in=self.bytes_in,
             bytes_out=self.bytes_out,

@@ -224,6 +224,10 @@ class RawConnection(Protocol):
         #: When the answer's head is overdue (reactor seconds), while
         #: waited for (:meth:`RawPool.expect`).
         self.deadline: float | None = None
+        #: The last answer's head on this connection and how it was read,
+        #: when no rule of the preview's was asked for (:attr:`Answer.plain`).
+        self.last_raw = b""
+        self.last_answer: Answer | None = None
 
     def connectionMade(self) -> None:
         """Send the first request at once (no Nagle: a head is one small write)."""
@@ -313,11 +317,21 @@ class RawConnection(Protocol):
         """
         if self.deadline is not None:
             self.pool.answered(self)
-        try:
-            answer = read_answer(raw, sink)
-        except NotHttp as e:
-            self._fail(UpstreamBroken(str(e)))
-            return True
+        if raw == self.last_raw and self.last_answer is not None:
+            # The same head as the last answer on this connection, byte for
+            # byte (an asset asked again within the second of its Date).
+            answer = self.last_answer
+        else:
+            try:
+                answer = read_answer(raw, sink)
+            except NotHttp as e:
+                self._fail(UpstreamBroken(str(e)))
+                return True
+            if answer.plain:
+                self.last_raw = raw
+                self.last_answer = answer
+            else:
+                self.last_answer = None
         code = answer.code
         if 100 <= code < 200:
             if code == 101:
@@ -327,15 +341,16 @@ class RawConnection(Protocol):
             return False
         self.head = b""
         length = answer.length
+        close = answer.close
         if self.method == b"HEAD" or code in (204, 304):
             length = 0
         elif answer.chunked:
             length = None
             self.decoder = _ChunkedTransferDecoder(self._chunk, self._chunks_done)
         elif length is None:
-            answer.close = True  # to the close
+            close = True  # to the close
         self.remaining = length
-        self.reusable = not answer.close
+        self.reusable = not close
         self.in_body = True
         self.body = sink
         sink.upstream_answer(answer)

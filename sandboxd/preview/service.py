@@ -19,7 +19,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sandboxd.daemon.readiness import Opening
-from sandboxd.errors import ApiError, port_not_exposed
+from sandboxd.errors import ApiError, port_not_allowed, port_not_exposed
+from sandboxd.policy.defaults import PREVIEW_HOST_CACHE
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.preview.door import PreviewSite
 from sandboxd.preview.exposures import ExposureTable, allowed
@@ -62,6 +63,11 @@ class PreviewService(Service):
         self._relistening = False
         self._routes: Routes | None = None
         self._routes_of: Any = None
+        #: The daemon's own listening ports, and what they were worked out from.
+        self._own: frozenset[int] = frozenset()
+        self._listeners_of: tuple[Any, ...] | None = None
+        #: Ports the policy allows, to the rule that allowed them.
+        self._allowed: dict[int, EffectiveRule] = {}
 
     # -- what the door and the routes ask -------------------------------------
 
@@ -91,26 +97,58 @@ class PreviewService(Service):
         The daemon's listeners, the browser's debugging port, and the
         ports the code contexts' kernels listen on for themselves.
         """
+        return set(self._listeners()) | self._kernel_ports()
+
+    def _listeners(self) -> frozenset[int]:
+        """
+        The daemon's listeners and the browser's debugging port, worked
+        out again only when one of them changes (a door starts listening).
+        """
         context = self.context
+        e2b = getattr(context.e2b, "port", None)
+        key = (context.http_port, context.pty_port, self.door_port, e2b)
+        known = self._listeners_of
+        if (
+            known is not None
+            and key[0] == known[0]
+            and key[1] == known[1]
+            and key[2] == known[2]
+            and key[3] is known[3]
+        ):
+            return self._own
         ports = {CDP_PORT}
-        for value in (context.http_port, context.pty_port, self.door_port):
+        for value in key[:3]:
             if value:
                 ports.add(int(value))
-        e2b = getattr(getattr(context.e2b, "port", None), "getHost", None)
-        if e2b is not None:
-            ports.add(e2b().port)
-        code = context.code.existing() if context.code is not None else None
-        if code is not None:
-            ports |= code.kernel_ports()
-        return ports
+        get_host = getattr(e2b, "getHost", None)
+        if get_host is not None:
+            ports.add(get_host().port)
+        self._own = frozenset(ports)
+        self._listeners_of = key
+        return self._own
+
+    def _kernel_ports(self) -> set[int]:
+        """The ports the live kernels listen on (asked each time: they come and go)."""
+        code = self.context.code
+        kernels = code.existing() if code is not None else None
+        return kernels.kernel_ports() if kernels is not None else set()
 
     def check_port(self, port: int, rule: EffectiveRule) -> None:
         """
         :raises ApiError: 403 ``port_not_allowed`` (see
-            :func:`~sandboxd.preview.exposures.allowed`).
+            :func:`~sandboxd.preview.exposures.allowed`).  The policy's part
+            is worked out once per port and rule (a new policy has new
+            rules); the daemon's own ports are checked every time.
         """
+        if port in self._listeners() or port in self._kernel_ports():
+            raise port_not_allowed(port, "daemon:own_ports")
+        if self._allowed.get(port) is rule:
+            return
         params = rule.params
-        allowed(port, params.ports, params.deny_ports, self.own_ports(), rule.source)
+        allowed(port, params.ports, params.deny_ports, (), rule.source)
+        if len(self._allowed) >= PREVIEW_HOST_CACHE:
+            self._allowed.clear()
+        self._allowed[port] = rule
 
     def not_exposed(self, port: int) -> ApiError:
         """404 ``port_not_exposed``."""
