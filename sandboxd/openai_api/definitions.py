@@ -35,9 +35,8 @@ _KEYS = (
     "service_tier",
     "multi_agent",
 )
-#: Bounds of a definition's strings (as the seed's).
+#: A definition's name, at most (as the seed's).
 MAX_NAME = 256
-MAX_INSTRUCTIONS = 256 * 1024
 
 
 def _string(body: dict[str, Any], key: str, limit: int) -> str | None:
@@ -71,7 +70,10 @@ def _checked(
             )
         catalog.find(request.context, request.rule, model)
         out["model"] = model
-    for key, limit in (("name", MAX_NAME), ("instructions", MAX_INSTRUCTIONS)):
+    for key, limit in (
+        ("name", MAX_NAME),
+        ("instructions", defaults.OPENAI_MAX_INSTRUCTIONS_CHARS),
+    ):
         if key in body:
             out[key] = _string(body, key, limit)
     if "metadata" in body:

@@ -14,7 +14,8 @@ one ``seq`` per frame), which gives the SSE stream the §9 contract: an
 retention dropped what was asked for.
 
 ACP cannot steer a running turn, so input sent during a turn queues a
-successor turn (as the seed does), bounded by :data:`MAX_QUEUED_TURNS`.
+successor turn (as the seed does), at most the caller's
+``limits.max_queued`` of them.
 """
 
 from __future__ import annotations
@@ -44,10 +45,6 @@ if TYPE_CHECKING:
 
     from sandboxd.agents.session import AgentSession
 
-#: Input messages waiting behind a running turn, per session.
-MAX_QUEUED_TURNS = 32
-#: Idempotency keys remembered per session (and per owner for creates).
-MAX_IDEMPOTENCY_KEYS = 256
 #: Turns (with their items) kept per session.
 MAX_TURNS_KEPT = defaults.AGENT_KEPT_ITEMS
 
@@ -76,7 +73,7 @@ class IdempotencyBook:
 
     def __init__(
         self,
-        size: int = MAX_IDEMPOTENCY_KEYS,
+        size: int = defaults.OPENAI_IDEMPOTENCY_KEYS,
         on_change: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.time,
         window: float = defaults.OPENAI_IDEMPOTENCY_SECONDS,
@@ -441,15 +438,22 @@ class SessionFace:
 
     # -- input --------------------------------------------------------------
 
-    def submit(self, text: str, blocks: list[dict[str, Any]]) -> WireTurn:
+    def submit(
+        self,
+        text: str,
+        blocks: list[dict[str, Any]],
+        max_queued: int = defaults.AGENT_LIMITS["max_queued"],
+    ) -> WireTurn:
         """
         A turn for ``blocks``: started now on an idle session, else queued
-        behind the running one.
+        behind the running one, if fewer than ``max_queued`` wait already
+        (the caller's ``limits.max_queued``).
         """
         self.require_live()
-        if len(self.queue) >= MAX_QUEUED_TURNS:
+        if (self.current is not None or self.queue) and len(self.queue) >= max_queued:
             raise bad_request(
-                f"{MAX_QUEUED_TURNS} turns are already queued on this session",
+                f"{len(self.queue)} turns are already queued on this session "
+                f"(max_queued {max_queued})",
                 Code.INVALID_PARAM,
             )
         if self.instructions:

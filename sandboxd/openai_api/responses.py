@@ -379,6 +379,25 @@ def _inputs(body: dict[str, Any]) -> tuple[str, list[str], list[dict[str, Any]]]
     return "\n\n".join(users), systems, items
 
 
+def check_input(value: Any) -> None:
+    """
+    A steer's input, checked before it is accepted: a string or user
+    messages, as OpenAI's steering takes (no approvals, no system text).
+
+    :raises ApiError: 400 naming the item that is not a user message.
+    """
+    for i, item in enumerate(value if isinstance(value, list) else []):
+        if (
+            not isinstance(item, dict)
+            or item.get("type", "message") != "message"
+            or item.get("role", "user") != "user"
+        ):
+            raise bad_request(
+                f"input[{i}]: a steer takes user messages only", param=f"input[{i}]"
+            )
+    _inputs({"input": value})
+
+
 def _approvals(body: dict[str, Any]) -> list[tuple[str, bool]]:
     """The ``mcp_approval_response`` items of the input: (request id, approve)."""
     value = body.get("input")

@@ -15,12 +15,17 @@ On the socket, each ``response.create`` event is governed and audited as
 ``agents_responses_create`` (``via: openai``) and runs its handler with
 ``stream`` on; its events are sent as they happen, one text frame per
 event, the same JSON as the SSE stream's ``data``.  Creates run one after
-another in the order they came.  A ``response.steer`` is accepted at once:
-its input becomes the next turn of the steered response's conversation,
-queued in the agent's session behind the running turn, and its successor
-response streams right after the steered one ends.  (An ACP agent takes no
-input in the middle of a prompt turn, so the running turn itself is not
-changed; the seed reads a steer only once the turn before it has ended.)
+another in the order they came.  A ``response.steer`` is accepted at once
+and held by the socket (:class:`_Steer`): once the steered response's turn
+has ended, its input becomes the next turn of the conversation, a
+successor response that streams right after it.  A steered response that
+ends asking for approvals leaves the steer pending
+(``response.steer.pending``, naming the answers it waits for): the
+approvals are answered as ever, with a create whose
+``previous_response_id`` is the steered response, and the successor comes
+after the turn they let go on.  (An ACP agent takes no input in the middle
+of a prompt turn, so the running turn itself is not changed; the seed reads
+a steer only once the turn before it has ended.)
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import attrs
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import connectionDone
+from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.server import Request
@@ -59,7 +65,12 @@ from sandboxd.openai_api.envelope import (
 )
 from sandboxd.openai_api.face import new_id
 from sandboxd.openai_api.registry import door, manager
-from sandboxd.openai_api.responses import WireResponse, agents_responses_create
+from sandboxd.openai_api.responses import (
+    WireResponse,
+    agents_responses_create,
+    check_input,
+    wait_for_turn,
+)
 from sandboxd.policy.defaults import (
     OPENAI_WS_QUEUED_EVENTS,
     OPENAI_WS_UNREAD_BYTES,
@@ -317,6 +328,23 @@ class _Call:
         )
 
 
+@attrs.define
+class _Steer:
+    """
+    An accepted ``response.steer`` whose successor is not made yet: it is
+    made once the steered response's turn has ended (an approval the
+    response ends with is answered first, by the client).
+    """
+
+    #: ``id``, ``input`` and ``previous_response_id``, as the events name it.
+    steer: dict[str, Any]
+    target: WireResponse
+    #: The ``stream_id`` the successor's events carry.
+    lane: str | None
+    #: ``response.steer.pending`` was sent (it is sent once).
+    pending_sent: bool = False
+
+
 class ResponsesSocket(WebSocketServerProtocol):
     """One client of the Responses WebSocket."""
 
@@ -336,8 +364,11 @@ class ResponsesSocket(WebSocketServerProtocol):
         super().__init__()
         self.flow = _Flow()
         #: Client events waiting for the response before them to end:
-        #: a create's body, or a steer's successor already submitted.
-        self.waiting: deque[dict[str, Any] | _Call] = deque()
+        #: a create's body, a steer's successor already governed, or a
+        #: steer whose successor is made once its target's turn is over.
+        self.waiting: deque[dict[str, Any] | _Call | _Steer] = deque()
+        #: The accepted steers not yet made successors, by steered turn.
+        self.steers: dict[str, _Steer] = {}
         self.running = False
         self.number = 0
         #: Fires once the connection is gone (the daemon's stop waits on it).
@@ -385,6 +416,7 @@ class ResponsesSocket(WebSocketServerProtocol):
             if isinstance(item, _Call):
                 item.end(499, "client_closed", None)
         self.waiting.clear()
+        self.steers.clear()
         if self.lane is not None:
             self.lane.lost()
         super().connectionLost(reason)
@@ -482,6 +514,8 @@ class ResponsesSocket(WebSocketServerProtocol):
         item = self.waiting.popleft()
         if isinstance(item, _Call):
             d = maybeDeferred(self._stream, item)
+        elif isinstance(item, _Steer):
+            d = Deferred.fromCoroutine(self._follow(item))
         else:
             d = Deferred.fromCoroutine(self._create(item))
         d.addErrback(self._failed)
@@ -594,10 +628,9 @@ class ResponsesSocket(WebSocketServerProtocol):
 
     async def _steer(self, event: dict[str, Any]) -> None:
         """
-        ``response.steer``: the input becomes the next turn of the steered
-        response's conversation now (queued in its session behind the
-        running turn); its successor streams as soon as the steered
-        response's stream ends.
+        ``response.steer``: accepted at once if the response still runs;
+        its successor is made once the response's turn has ended
+        (:meth:`_follow`).
         """
         previous = event.get("previous_response_id")
         given = event.get("input")
@@ -606,6 +639,11 @@ class ResponsesSocket(WebSocketServerProtocol):
             self._steer_failed(
                 steer, "invalid_input", "previous_response_id and input are required"
             )
+            return
+        try:
+            check_input(given)
+        except ApiError as e:
+            self._steer_failed(steer, "invalid_input", e.message)
             return
         target: WireResponse | None = door(self.admitted).responses.get(previous)
         if target is None or target.owner != self.admitted.identity.id:
@@ -621,7 +659,7 @@ class ResponsesSocket(WebSocketServerProtocol):
                 "previous_response_id instead",
             )
             return
-        if target.face.last_response_id != target.id:
+        if target.turn.id in self.steers or target.face.last_response_id != target.id:
             self._steer_failed(
                 steer,
                 "too_many_pending_steers",
@@ -630,32 +668,119 @@ class ResponsesSocket(WebSocketServerProtocol):
             )
             return
         steer["id"] = new_id("steer_")
-        # The successor continues with the steered response's settings, as
-        # OpenAI's automatic successor does (the steer carries only input).
+        lane = self.lane.stream_id if self.lane is not None else None
+        held = self.steers[target.turn.id] = _Steer(steer, target, lane)
+        self.send_event({"type": "response.steer.accepted", "steer": steer_of(steer)})
+        # Right after the steered response, before creates sent since.
+        self.waiting.appendleft(held)
+        self._next()
+
+    async def _follow(self, held: _Steer) -> None:
+        """
+        The steered response has been streamed (or another is, on another
+        connection): once its turn is over, its successor streams; if it
+        ends asking for approvals instead, the client is told the steer
+        waits for their answers, and the successor comes after the turn.
+        """
+        target = held.target
+        if not target.done:
+            await wait_for_turn(self.admitted, target.settled.wait())
+        if self.steers.get(target.turn.id) is not held:
+            return  # the connection went, or the steer was failed
+        if target.turn.ended:
+            await self._successor(held)
+        elif not target.done:
+            self._drop_steer(held, "the steered response did not end in time")
+        else:
+            self._send_pending(held)
+            ended = wait_for_turn(self.admitted, target.turn.waiters.wait())
+            Deferred.fromCoroutine(ended).addCallback(
+                lambda _: self._turn_over(held)
+            ).addErrback(self._failed)
+
+    def _turn_over(self, held: _Steer) -> None:
+        """The turn a pending steer waited for is over (or it took too long)."""
+        if self.gone or self.steers.get(held.target.turn.id) is not held:
+            return
+        if not held.target.turn.ended:
+            self._drop_steer(held, "the steered turn waited too long for its approvals")
+            return
+        # After the response streaming now (the approvals' answer, if on
+        # this socket), before creates sent since.
+        self.waiting.appendleft(held)
+        self._next()
+
+    def _send_pending(self, held: _Steer) -> None:
+        """``response.steer.pending``: the approvals the steer waits for."""
+        if held.pending_sent:
+            return
+        held.pending_sent = True
+        event: dict[str, Any] = {
+            "type": "response.steer.pending",
+            "reason": "waiting_for_required_input",
+            "required_input": [
+                {
+                    "type": "mcp_approval_response",
+                    "approval_request_id": a["request_id"],
+                }
+                for a in held.target.approvals
+            ],
+            "steer": steer_of(held.steer),
+        }
+        if held.lane is not None:
+            event["stream_id"] = held.lane
+        self.send_event(event)
+
+    async def _successor(self, held: _Steer) -> None:
+        """
+        The steer's input as the next turn: a response continuing the
+        latest of the steered turn (the steered one, or the one that
+        answered its approvals), with its settings, as OpenAI's automatic
+        successor has; streamed now.
+        """
+        target = held.target
+        del self.steers[target.turn.id]
+        # The turn's end reached us inside the agent's own ending of it;
+        # its session takes the next prompt once that has unwound.
+        await deferLater(self.factory.reactor, 0, lambda: None)
+        if self.state != self.STATE_OPEN:
+            return
+        latest: WireResponse | None = door(self.admitted).responses.get(
+            target.face.last_response_id or ""
+        )
+        if latest is None or latest.turn is not target.turn:
+            self._drop_steer(
+                held,
+                "the conversation went on before the steer could: send its "
+                "input with response.create",
+                forget=False,
+            )
+            return
         body = {
-            "model": target.model,
-            "input": given,
-            "previous_response_id": previous,
-            "instructions": target.instructions,
-            "metadata": target.metadata,
-            "store": target.store,
-            "background": target.background,
+            "model": latest.model,
+            "input": held.steer["input"],
+            "previous_response_id": latest.id,
+            "instructions": latest.instructions,
+            "metadata": latest.metadata,
+            "store": latest.store,
+            "background": latest.background,
             "stream": True,
         }
-        lane = self.lane.stream_id if self.lane is not None else None
         try:
-            successor = await self._governed(body, lane)
+            successor = await self._governed(body, held.lane)
         except ApiError as e:
-            code = "invalid_input" if e.status == 400 else "successor_creation_failed"
-            self._steer_failed(steer, code, e.message)
+            self._steer_failed(held.steer, "successor_creation_failed", e.message)
             return
         if self.state != self.STATE_OPEN:
             successor.end(499, "client_closed", None)
             return
-        self.send_event({"type": "response.steer.accepted", "steer": steer_of(steer)})
-        # Right after the steered response, before creates sent since.
-        self.waiting.appendleft(successor)
-        self._next()
+        await self._stream(successor)
+
+    def _drop_steer(self, held: _Steer, message: str, forget: bool = True) -> None:
+        """A steer that will have no successor: ``response.steer.failed``."""
+        if forget:
+            self.steers.pop(held.target.turn.id, None)
+        self._steer_failed(held.steer, "successor_creation_failed", message)
 
     def _steer_failed(self, steer: dict[str, Any], code: str, message: str) -> None:
         self.send_event(

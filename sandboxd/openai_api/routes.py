@@ -311,7 +311,10 @@ def submit_text(request: ServerRequest, face: SessionFace, text: str) -> WireTur
         raise bad_request("the input is empty", param="input")
     tools.check_bound(request, face.credential_ids)
     blocks = build_prompt(face.engine, {"prompt": text}, request.rule)
-    return face.submit(text, blocks)
+    queued = request.rule.limits.max_queued
+    if queued is None:
+        return face.submit(text, blocks)
+    return face.submit(text, blocks, queued)
 
 
 async def agents_sessions_create(request: ServerRequest) -> Any:

@@ -25,10 +25,9 @@ from sandboxd.errors import ambiguous_credentials, bad_request, not_found
 from sandboxd.openai_api import vaults
 from sandboxd.openai_api.inputs import known_keys
 from sandboxd.openai_api.stores import stores
+from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest
 
-#: At most this many tools per agent (as the seed).
-MAX_TOOLS = 32
 #: What a header value shows in answers.
 MASK = "***"
 _LABEL = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
@@ -145,8 +144,10 @@ def parse_tools(value: Any, param: str = "tools") -> list[dict[str, Any]]:
     """
     if value is None:
         return []
-    if not isinstance(value, list) or len(value) > MAX_TOOLS:
-        raise bad_request(f"{param}: a list of at most {MAX_TOOLS} tools", param=param)
+    if not isinstance(value, list) or len(value) > defaults.OPENAI_MAX_TOOLS:
+        raise bad_request(
+            f"{param}: a list of at most {defaults.OPENAI_MAX_TOOLS} tools", param=param
+        )
     tools = [_tool(t, f"{param}[{i}]") for i, t in enumerate(value)]
     labels = [t["server_label"] for t in tools]
     if len(set(labels)) != len(labels):

@@ -88,9 +88,6 @@ EVENT_TYPES = (
 #: The endpoint whose rule says where deliveries may go.
 RULE_ENDPOINT = "agents_webhooks_create"
 
-#: What a receiver's answer may cost us: the rest is not read.
-_MAX_ANSWER_BYTES = 64 * 1024
-
 _USER_AGENT = b"sandboxd-webhooks"
 
 
@@ -242,7 +239,7 @@ class _Drain(Protocol):
 
     def dataReceived(self, data: bytes) -> None:
         self.seen += len(data)
-        if self.seen > _MAX_ANSWER_BYTES and self.transport is not None:
+        if self.seen > defaults.WEBHOOK_ANSWER_BYTES and self.transport is not None:
             # The body's transport is a producer (twisted.web's response).
             self.transport.stopProducing()  # type: ignore[attr-defined]
 

@@ -67,6 +67,9 @@ ENDPOINT_LIMITS: dict[str, dict[str, Any]] = {
         "max_event_bytes": 16 * MIB,
         "max_prompt_bytes": MIB,
         "permission_timeout_seconds": 600,
+        # Input messages that may wait behind a running turn, per session
+        # (an ACP agent takes none mid-turn; the seed queues 32 as well).
+        "max_queued": 32,
     },
 }
 
@@ -187,6 +190,10 @@ OPENAI_MAX_VAULTS = 100
 OPENAI_MAX_CREDENTIALS = 100
 #: /v1 credentials: a token or access token (one line).
 OPENAI_MAX_TOKEN_CHARS = 8192
+#: /v1 agent definitions: the characters of one's instructions, and the MCP
+#: tools one carries (the seed's bounds).
+OPENAI_MAX_INSTRUCTIONS_CHARS = 256 * KIB
+OPENAI_MAX_TOOLS = 32
 #: /v1 environment templates per identity; files per template or request.
 OPENAI_MAX_TEMPLATES = 64
 OPENAI_MAX_STAGED_FILES = 100
@@ -211,6 +218,9 @@ OPENAI_STATE_LOAD_SECONDS = 60.0
 #: oldest is forgotten past either).
 OPENAI_RESPONSES_PER_IDENTITY = 200
 OPENAI_RESPONSES_BYTES_PER_IDENTITY = 8 * MIB
+#: ``Idempotency-Key`` values remembered per session (its events) and per
+#: identity (its creates of each kind); past it the oldest is a new key.
+OPENAI_IDEMPOTENCY_KEYS = 256
 #: How long an ``Idempotency-Key`` answers its first result again: OpenAI
 #: documents 24 hours; past that the key is new (the count bound of each
 #: book still holds within the window).
@@ -225,6 +235,9 @@ WEBHOOK_TIMEOUT_SECONDS = 10.0
 WEBHOOK_BACKOFF_SECONDS = (1.0, 5.0, 30.0, 120.0, 600.0)
 WEBHOOK_ATTEMPTS = len(WEBHOOK_BACKOFF_SECONDS) + 1
 WEBHOOK_IN_FLIGHT_PER_IDENTITY = 4
+#: What a receiver's answer to a delivery may cost the daemon: the rest is
+#: not read.
+WEBHOOK_ANSWER_BYTES = 64 * KIB
 
 #: MCP (SPEC §17): output of a stream kept in one tool result; the rest is
 #: counted, reported as progress, and marked ``truncated``.

@@ -233,6 +233,18 @@ class FakeAgent(Agent):
         resources = [
             b for b in prompt if getattr(b, "type", "") in ("resource", "resource_link")
         ]
+        if text.startswith("waitfor "):
+            # ``waitfor FILE SCENARIO``: say so, wait (at most 30 s) until
+            # FILE exists, then play SCENARIO; a test holds the turn
+            # running for as long as it needs.
+            _, gate, text = text.split(" ", 2)
+            await self.conn.session_update(
+                session_id, update_agent_message_text("waiting; ")
+            )
+            for _ in range(600):
+                if os.path.exists(gate):
+                    break
+                await asyncio.sleep(0.05)
         words = text.split(" ", 2)
         verb = words[0]
         send = self.conn.session_update

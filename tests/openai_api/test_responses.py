@@ -200,3 +200,52 @@ class EvictionTests(OpenAICase):
         )
         self.assertEqual(continued.output_text, "5")
         self.assertEqual(len(self.daemon.context.agents.get().live()), 2)
+
+
+class QueueBoundTests(OpenAICase):
+    """A policy's ``limits.max_queued`` bounds the turns waiting in a conversation."""
+
+    policy = openai_policy(limits={"max_queued": 1})
+
+    @inlineCallbacks
+    def test_lower_max_queued_is_enforced(self) -> Any:
+        """
+        Under ``max_queued: 1``, a response continuing a running one waits
+        as its turn's successor; one more is refused (400 ``invalid_param``,
+        naming the bound) and the queued one still runs once the first ends.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            running = client.responses.create(
+                model="fake", input="slow", background=True
+            )
+            queued = client.responses.create(
+                model="fake",
+                input="echo queued",
+                previous_response_id=running.id,
+                background=True,
+            )
+            refused = caught(
+                lambda: client.responses.create(
+                    model="fake",
+                    input="echo one too many",
+                    previous_response_id=queued.id,
+                    background=True,
+                )
+            )
+            client.responses.cancel(running.id)
+            for _ in range(200):
+                done = client.responses.retrieve(queued.id)
+                if done.status == "completed":
+                    break
+                time.sleep(0.05)
+            return queued, refused, done
+
+        queued, refused, done = yield self.sdk(run)
+        self.assertEqual(queued.status, "queued")
+        self.assertEqual(
+            (refused.status_code, refused.body["code"]), (400, "invalid_param")
+        )
+        self.assertIn("(max_queued 1)", refused.body["message"])
+        self.assertEqual(done.output_text, "queued")

@@ -391,6 +391,166 @@ class ConnectTests(SocketCase):
         self.assertEqual(deltas[:1], ["working"])
         self.assertEqual(successor[-1].type, "response.incomplete")
 
+    def steer_into_approval(self, connection: Any, path: str) -> list[Any]:
+        """
+        Start a response that asks to edit ``path`` once a gate file exists,
+        steer it (``echo steered``) while it runs, then open the gate; the
+        socket's events up to ``response.steer.pending``.
+        """
+        gate = os.path.join(self.base_dir, "go")
+        connection.send(
+            {
+                "type": "response.create",
+                "model": "fake",
+                "input": f"waitfor {gate} edit {path} new text",
+            }
+        )
+        events: list[Any] = []
+        for event in connection:
+            events.append(event)
+            if event.type == "response.output_text.delta" and len(events) < 6:
+                connection.response.steer(
+                    previous_response_id=events[0].response.id, input="echo steered"
+                )
+            if event.type == "response.steer.accepted":
+                open(gate, "w").close()
+            if event.type in ("response.steer.pending", "response.steer.failed"):
+                break
+        return events
+
+    @inlineCallbacks
+    def test_steered_response_asking_for_approval(self) -> Any:
+        """
+        A steered response that ends asking for an approval leaves the steer
+        pending: ``response.steer.pending`` after its ``response.completed``
+        names the approval it waits for; a create answering it (with the
+        steered response as ``previous_response_id``) goes on with the turn,
+        and the steer's successor streams after it, continuing from it.
+        """
+        client = self.client()
+        path = os.path.join(self.base_dir, "notes.txt")
+        with open(path, "w") as f:
+            f.write("old\n")
+
+        def run() -> Any:
+            with client.responses.connect() as connection:
+                events = self.steer_into_approval(connection, path)
+                asked = next(e for e in events if e.type == "response.completed")
+                [request] = [
+                    i for i in asked.response.output if i.type == "mcp_approval_request"
+                ]
+                connection.send(
+                    {
+                        "type": "response.create",
+                        "model": "fake",
+                        "previous_response_id": asked.response.id,
+                        "input": [
+                            {
+                                "type": "mcp_approval_response",
+                                "approval_request_id": request.id,
+                                "approve": True,
+                            }
+                        ],
+                    }
+                )
+                answered = until_end(connection)
+                successor = until_end(connection)
+            return events, request, answered, successor
+
+        events, request, answered, successor = yield self.sdk(run)
+        types = [e.type for e in events]
+        self.assertLess(types.index("response.completed"), len(types) - 1)
+        accepted = events[types.index("response.steer.accepted")]
+        pending = events[-1]
+        self.assertEqual(pending.type, "response.steer.pending")
+        self.assertEqual(pending.reason, "waiting_for_required_input")
+        self.assertEqual(pending.steer.id, accepted.steer.id)
+        self.assertEqual(
+            [(i.type, i.approval_request_id) for i in pending.required_input],
+            [("mcp_approval_response", request.id)],
+        )
+        self.assertEqual(answered[-1].type, "response.completed")
+        self.assertEqual(answered[-1].response.output_text, "edited notes.txt (allow)")
+        self.assertEqual(successor[0].type, "response.created")
+        self.assertEqual(
+            successor[0].response.previous_response_id, answered[-1].response.id
+        )
+        self.assertEqual(successor[-1].type, "response.completed")
+        self.assertEqual(successor[-1].response.output_text, "steered")
+        with open(path) as f:
+            self.assertEqual(f.read(), "new text")
+
+    @inlineCallbacks
+    def test_pending_steer_after_a_cancel(self) -> Any:
+        """
+        A steered response waiting for an approval that is never answered
+        but cancelled (from another connection): its turn ends, and the
+        steer's successor streams on the socket; nothing waits on.
+        """
+        client = self.client()
+        path = os.path.join(self.base_dir, "notes.txt")
+
+        def run() -> Any:
+            with client.responses.connect() as connection:
+                events = self.steer_into_approval(connection, path)
+                steered = events[0].response.id
+                cancelled = client.responses.cancel(steered)
+                successor = until_end(connection)
+            return events, cancelled, successor
+
+        events, cancelled, successor = yield self.sdk(run)
+        self.assertEqual(events[-1].type, "response.steer.pending")
+        # It keeps what it ended with: the approval request.
+        self.assertEqual(cancelled.status, "completed")
+        self.assertEqual(successor[0].type, "response.created")
+        self.assertEqual(
+            successor[0].response.previous_response_id, events[0].response.id
+        )
+        self.assertEqual(successor[-1].response.output_text, "steered")
+        self.assertFalse(os.path.exists(path))
+
+    @inlineCallbacks
+    def test_steer_takes_user_messages_only(self) -> Any:
+        """
+        A steer whose input is not user messages (here an approval) is
+        refused at once: ``response.steer.failed`` with ``invalid_input``.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            with client.responses.connect() as connection:
+                connection.send(
+                    {"type": "response.create", "model": "fake", "input": "slow"}
+                )
+                first = connection.recv()
+                connection.send(
+                    {
+                        "type": "response.steer",
+                        "previous_response_id": first.response.id,
+                        "input": [
+                            {
+                                "type": "mcp_approval_response",
+                                "approval_request_id": "x",
+                                "approve": True,
+                            }
+                        ],
+                    }
+                )
+                refused = None
+                for event in connection:
+                    if event.type == "response.steer.failed":
+                        refused = event
+                        client.responses.cancel(first.response.id)
+                    if event.type == "response.incomplete":
+                        break
+            return refused
+
+        refused = yield self.sdk(run)
+        self.assertEqual(refused.error.code, "invalid_input")
+        self.assertEqual(
+            refused.error.message, "input[0]: a steer takes user messages only"
+        )
+
     @inlineCallbacks
     def test_other_identity_cannot_continue(self) -> Any:
         """

@@ -553,7 +553,7 @@ SCHEMAS: dict[str, Schema] = {
         notes="Client events (JSON text frames): response.create (the body of "
         "POST /v1/responses; stream is implied) and response.steer "
         "{previous_response_id, input}. Server events: the response.* events of a "
-        "streamed create, live, one per frame; response.steer.accepted / .failed; "
+        "streamed create, live, one per frame; response.steer.accepted / .pending / .failed; "
         "error {status, error}. Binary frames close 1003, messages over "
         "max_message_bytes 1009; idle_timeout_seconds without a frame or a running "
         "response closes 1001, as does the daemon stopping; a client leaving over "
