@@ -116,7 +116,8 @@ def explain(data: str, key: dict[str, Any]) -> dict[str, Any]:
         "tree": key["tree"],
         "rtt_ms": round(key["rtt_ms"], 3),
         "waited_for_cpu_ms": {
-            k: round(v * 1000, 3) for k, v in sorted(waited.items(), key=lambda kv: -kv[1])[:5]
+            k: round(v * 1000, 3)
+            for k, v in sorted(waited.items(), key=lambda kv: -kv[1])[:5]
         },
         "on_cpu_ms": {k: round(v * 1000, 3) for k, v in top},
     }
