@@ -60,11 +60,14 @@ def w6_percentile(values: list[float], p: float) -> float:
     return s[min(len(s) - 1, max(0, round(p / 100.0 * (len(s) - 1))))]
 
 
-def new_session(port: int, token: str) -> dict[str, Any]:
+def new_session(port: int, token: str, shell: str | None = None) -> dict[str, Any]:
     """``POST /pty/sessions``: the session's JSON (its id and socket URL)."""
+    body: dict[str, Any] = {"cols": 80, "rows": 24}
+    if shell:
+        body["shell"] = shell
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/pty/sessions",
-        data=json.dumps({"cols": 80, "rows": 24}).encode(),
+        data=json.dumps(body).encode(),
         headers={
             "Authorization": f"Bearer {token}",
             "Content-Type": "application/json",
@@ -73,6 +76,25 @@ def new_session(port: int, token: str) -> dict[str, Any]:
     with urllib.request.urlopen(request, timeout=10) as response:
         answer: dict[str, Any] = json.loads(response.read())
     return answer
+
+
+def start_burners(port: int, token: str, count: int) -> None:
+    """
+    ``count`` CPU burners started through the daemon (``/process/start``),
+    as an agent's build would be: the sandbox busy while someone types.
+    """
+    burn = json.dumps({"command": f"{sys.executable} -c 'while True: pass'"})
+    for _ in range(count):
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/process/start",
+            data=burn.encode(),
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Content-Type": "application/json",
+            },
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
 
 
 async def drain(ws: Any, quiet: float) -> None:
@@ -92,9 +114,11 @@ async def keystrokes(
     warmup: int = 0,
     measure: Callable[[str], None] | None = None,
     wait: float = 5.0,
+    into: str = "cat",
 ) -> dict[str, Any]:
     """
-    ``cat``, then ``count`` keystrokes each timed until its echo: the
+    ``into`` (``cat``: the terminal's line discipline echoes; a shell
+    with line editing echoes itself), then ``count`` keystrokes each timed until its echo: the
     round trips (seconds, in order) and the daemon's CPU seconds over them.
     ``warmup`` keystrokes go first, untimed; ``measure("start")`` and
     ``measure("stop")`` are called around the timed ones.
@@ -111,12 +135,13 @@ async def keystrokes(
         extensions = [getattr(e, "name", str(e)) for e in ws.protocol.extensions or []]
         await asyncio.wait_for(ws.recv(), max(10.0, wait))  # started
         await drain(ws, 0.5)
-        await ws.send(json.dumps({"type": "input", "data": "cat\r"}))
+        await ws.send(json.dumps({"type": "input", "data": into + "\r"}))
         await drain(ws, 0.3)
         for i in range(warmup):
             await ws.send(json.dumps({"type": "input", "data": LETTERS[i % 26]}))
             await asyncio.wait_for(ws.recv(), wait)
         rtts: list[float] = []
+        sent: list[float] = []
         lost = 0
         if measure is not None:
             measure("start")
@@ -124,6 +149,7 @@ async def keystrokes(
         for i in range(count):
             ch = LETTERS[i % 26]
             began = time.perf_counter()
+            sent.append(time.monotonic())
             await ws.send(json.dumps({"type": "input", "data": ch}))
             while True:
                 try:
@@ -140,7 +166,14 @@ async def keystrokes(
             measure("stop")
         await ws.send(json.dumps({"type": "input", "data": "\r\x04"}))
         await drain(ws, 0.2)
-    return {"rtts": rtts, "lost": lost, "cpu": cpu, "extensions": extensions}
+    return {
+        "rtts": rtts,
+        "sent": sent,
+        "lost": lost,
+        "cpu": cpu,
+        "extensions": extensions,
+        "pid": pid,
+    }
 
 
 def start_peer(command: str, base: str, token: str) -> tuple[Any, int]:
@@ -161,7 +194,14 @@ def start_peer(command: str, base: str, token: str) -> tuple[Any, int]:
     return proc, port
 
 
-def one_round(server: str, count: int, policy: str | None) -> dict[str, Any]:
+def one_round(
+    server: str,
+    count: int,
+    policy: str | None,
+    shell: str | None = None,
+    into: str = "cat",
+    busy: int = 0,
+) -> dict[str, Any]:
     """
     A fresh server, one session, ``count`` keystrokes: ``server`` is a
     checkout to run the daemon from, or ``cmd:`` and a peer's command.
@@ -175,10 +215,11 @@ def one_round(server: str, count: int, policy: str | None) -> dict[str, Any]:
         args = ["--policy", policy] if policy else []
         proc, port = start_daemon(base, token, args=args, env=env)
     try:
-        url = new_session(port, token).get("ws_url")
+        url = new_session(port, token, shell).get("ws_url")
         if not url:
             raise SystemExit("the server gave no ws_url")
-        return asyncio.run(keystrokes(url, token, count, proc.pid))
+        start_burners(port, token, busy)
+        return asyncio.run(keystrokes(url, token, count, proc.pid, into=into))
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -289,6 +330,19 @@ def main() -> None:
         help="instructions per keystroke under callgrind instead of timings",
     )
     parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--shell", help="the session's shell (the server's default)")
+    parser.add_argument(
+        "--into",
+        default="cat",
+        help="what the keystrokes go to: cat (the terminal echoes), or a "
+        "command with line editing (say 'bash --norc --noprofile': it echoes)",
+    )
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        help="CPU burners started through the server first (/process/start)",
+    )
     args = parser.parse_args()
     trees = [t.split("=", 1) for t in args.tree] or [["this", "."]]
     servers = trees + [[n, "cmd:" + c] for n, c in (p.split("=", 1) for p in args.peer)]
@@ -310,7 +364,9 @@ def main() -> None:
     print(json.dumps({"uptime": open("/proc/loadavg").read().split()[:3]}))
     for n in range(args.rounds):
         for name, path in servers:
-            r = one_round(path, args.keys, args.policy)
+            r = one_round(
+                path, args.keys, args.policy, args.shell, args.into, args.busy
+            )
             rtts = [x for x in r["rtts"] if x == x]
             results[name][0].append(rtts)
             results[name][1].append(r["cpu"])
@@ -328,13 +384,14 @@ def main() -> None:
             }
             print(json.dumps(line), flush=True)
             if out is not None:
-                for i, x in enumerate(r["rtts"]):
-                    out.write(
-                        json.dumps(
-                            {"round": n, "tree": name, "index": i, "rtt_ms": x * 1000}
-                        )
-                        + "\n"
-                    )
+                # ``sent`` is CLOCK_MONOTONIC, the clock ``perf record -k
+                # CLOCK_MONOTONIC`` stamps scheduler events with: a slow
+                # keystroke can be found in a trace taken beside the run.
+                for i, (x, at) in enumerate(zip(r["rtts"], r["sent"], strict=True)):
+                    key = {"round": n, "tree": name, "index": i, "rtt_ms": x * 1000}
+                    key |= {"sent_s": at, "server_pid": r["pid"]}
+                    key["client_pid"] = os.getpid()
+                    out.write(json.dumps(key) + "\n")
     for name, (rounds, cpus) in results.items():
         print(json.dumps(summary(name, rounds, cpus)))
     print(json.dumps({"uptime": open("/proc/loadavg").read().split()[:3]}))

@@ -29,6 +29,7 @@ import json
 import os
 import pstats
 import secrets
+import shutil
 import signal
 import sys
 import tempfile
@@ -133,6 +134,11 @@ def run_case(args: argparse.Namespace, case: str) -> dict[str, Any]:
             row["instructions_per_call"] = round(
                 _callgrind_total(dumps[-1]) / args.calls
             )
+            if args.keep:
+                # For ``callgrind_annotate --inclusive=yes``: where they went.
+                kept = os.path.join(args.keep, f"callgrind.{case}.{args.server}")
+                shutil.copyfile(dumps[-1], kept)
+                row["callgrind_out"] = kept
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         try:
@@ -172,6 +178,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--tree", help="run the daemon from this checkout (PYTHONPATH)")
+    ap.add_argument("--keep", help="callgrind: copy each case's counts to this folder")
     args = ap.parse_args()
     cases = args.cases.split(",")
     if args.server == "floor":

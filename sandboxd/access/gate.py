@@ -290,6 +290,10 @@ def _disabled(endpoint: Endpoint, rule: EffectiveRule) -> ApiError:
 
 # -- the gate -----------------------------------------------------------------
 
+#: Who calls an endpoint that asks for no credential: nobody in particular,
+#: with no scope (frozen, so one value serves every such call).
+NOBODY = Identity("anonymous", frozenset())
+
 
 def admit(
     context: Context,
@@ -332,7 +336,7 @@ def admit(
         identity = (
             identify(context, headers, query_tokens, audience, consume)
             if needs_auth
-            else Identity("anonymous", frozenset())
+            else NOBODY
         )
     except ApiError as e:
         raise Refused(e, endpoint, None, rule) from None

@@ -78,11 +78,14 @@ class Metrics:
         """Count one answered request and its latency."""
         name = endpoint or "none"
         key = (name, door, str(status), code or "")
-        self.requests[key] = self.requests.get(key, 0) + 1
+        requests = self.requests
+        requests[key] = requests.get(key, 0) + 1
         histogram = self.latency.get((name, door))
         if histogram is None:
             histogram = self.latency[(name, door)] = _Histogram()
-        histogram.observe(seconds)
+        # _Histogram.observe, here: one call less on every request.
+        histogram.counts[bisect.bisect_left(METRICS_LATENCY_BUCKETS, seconds)] += 1
+        histogram.total += seconds
 
     def connection_refused(self, door: str) -> None:
         """Count a connection closed because a connection cap was reached."""

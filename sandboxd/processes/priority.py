@@ -555,15 +555,40 @@ class ChildPriority:
         whenever nothing else wants them.
         """
         if self.priorities.enabled and _autogroups():
+            with self._lock:
+                self._groups.pop(pid, None)
             self._set_group(pid, LIGHTEST)
 
     def attended(self, pid: int) -> None:
-        """A terminal someone attached to or typed into again: back at a terminal's level."""
+        """
+        A terminal a client is attached to: its session group at an
+        agent's level (``agents_nice``), not at the children's.
+
+        Somebody waits on every keystroke: what echoes it (the shell's line
+        editor, an editor, a REPL) runs in this group, and at the
+        children's weight it would share the CPUs evenly with each busy
+        session of the sandbox's own work.  Its tasks keep the children's
+        nice value, so a build started in the terminal still yields to
+        its shell.  The group is weighed with the live children's (and
+        lowered with them while many run): the daemon's share holds.
+        """
         if not self.priorities.enabled or not _autogroups():
             return
         with self._lock:
-            level = group_nice_for(0, self._budget, len(self._groups) + 1)
-        self._set_group(pid, max(level, self._base()))
+            alive = len(self._groups) + (pid not in self._groups)
+            level = group_nice_for(self.priorities.agents_nice, self._budget, alive)
+            heavier = [
+                other
+                for other, was in self._groups.items()
+                if was < level and other != pid
+            ]
+            for other in heavier:
+                self._groups[other] = level
+            heavier = [other for other in heavier if other not in self._yielding]
+            self._groups[pid] = level
+        for other in heavier:
+            self._set_group(other, level)
+        self._set_group(pid, level)
 
     # -- the first line of many streams started at once ---------------------
 

@@ -372,10 +372,11 @@ class PtySession:
         if self.ended:
             client.session_ended(self._exited_frame())
             return True
+        first = not self.clients
         self.clients.append(client)
         if self._throttle is not None and self._throttle.paused:
             client.pause_input()
-        if self.unattended:
+        if first or self.unattended:
             self._attended()
         self.touch()
         return True
@@ -392,7 +393,7 @@ class PtySession:
                 CHILD_PRIORITY.unattended(self.pid)
 
     def _attended(self) -> None:
-        """Someone uses the session again: its shell back at a terminal's weight."""
+        """Someone is attached: the shell's group at an attended terminal's weight."""
         self.unattended = False
         if self.alive and self.pid:
             CHILD_PRIORITY.attended(self.pid)
@@ -569,6 +570,9 @@ class PtySession:
     def shell_exited(self, reason: Failure) -> None:
         """The shell was reaped: end what it left behind in its session."""
         self.alive = False
+        if self.pid:
+            # Its group is no longer weighed with the children's.
+            CHILD_PRIORITY.ended(self.pid)
         self.exit_code = exit_code(reason)
         self._terminate()
 

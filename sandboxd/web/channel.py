@@ -91,6 +91,7 @@ class SandboxChannel(HTTPChannel):
         )
         self.peer_host = getattr(peer, "host", "") or ""
         site: Any = self.site  # type: ignore[attr-defined]
+        self._site_table = getattr(site, "table", None)
         # The first request's head is due from now, before any byte.
         self._in_head = True
         if not site.connection_opened(self):
@@ -113,7 +114,9 @@ class SandboxChannel(HTTPChannel):
             return
         if not self._in_head and not self.requests and not self._handlingRequest:
             self._in_head = True
-            table = self._table()
+            table = self._site_table
+            if table is False:
+                table = self._table()
             if table is not None:
                 table.head_started(self)
         self._busyReceiving = True
@@ -169,9 +172,11 @@ class SandboxChannel(HTTPChannel):
         # The names are checked tokens: Twisted's Headers holds them in
         # its canonical case, which its encoder keeps cached.
         raw = request.requestHeaders._rawHeaders
+        # Its cache first: a look-up rather than a call per header.
+        canonical = _nameEncoder._canonicalHeaderCache.get
         encode = _nameEncoder.encode
         for name, values in head.fields.items():
-            raw[encode(name)] = values
+            raw[canonical(name) or encode(name)] = values
         if head.chunked:
             self.length = None
             self._transferDecoder = _ChunkedTransferDecoder(
@@ -195,7 +200,9 @@ class SandboxChannel(HTTPChannel):
         keep-alive, cookies and ``100 Continue`` from the parsed head.
         """
         self._in_head = False
-        table = self._table()
+        table = self._site_table
+        if table is False:
+            table = self._table()
         if table is not None:
             table.head_done(self)
         request: Any = self.requests[-1]
@@ -243,7 +250,9 @@ class SandboxChannel(HTTPChannel):
         pipelined request already waiting in the buffer has its head read
         now.
         """
-        table = self._table()
+        table = self._site_table
+        if table is False:
+            table = self._table()
         if table is None or not self.persistent:
             pass  # closing (Twisted loses the connection next), or no table
         elif self._dataBuffer:

@@ -158,6 +158,10 @@ class ConnectionTable:
         self._reclaimed_slow = 0
         self._cut = 0
 
+    def use_clock(self, seconds: Callable[[], float]) -> None:
+        """Read the time from ``seconds`` from now on."""
+        self._seconds = seconds
+
     # -- admission --------------------------------------------------------
 
     def admit(self, conn: Connection) -> bool:

@@ -11,8 +11,8 @@ Klein does, and nothing is ever written after that.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import AsyncIterable, Iterable, Mapping
+from types import CoroutineType
 from typing import Any, Protocol, cast
 
 from twisted.internet.defer import (
@@ -185,14 +185,14 @@ def dispatch(raw: SandboxRequest, request: ServerRequest) -> None:
     except Exception:
         render_failure(raw, request, Failure())
         return
-    if not isinstance(result, Deferred) and not inspect.iscoroutine(result):
+    if not isinstance(result, (Deferred, CoroutineType)):
         # The common case: a plain value answered without any Deferred.
         try:
             render(raw, request, result)
         except Exception:
             render_failure(raw, request, Failure())
         return
-    d = ensureDeferred(result) if inspect.iscoroutine(result) else result
+    d = ensureDeferred(result) if isinstance(result, CoroutineType) else result
     if not d.called:
         raw.notifyFinish().addErrback(lambda _: d.cancel())
     d.addCallback(lambda result: render(raw, request, result))

@@ -82,6 +82,11 @@ class HardenedSite(Site):
     def startFactory(self) -> None:
         """Start watching for request heads that never complete."""
         super().startFactory()
+        # The reactor runs from now: the table reads its clock directly
+        # (twice per request) rather than through the lambda above.
+        seconds = getattr(self.reactor, "seconds", None)
+        if seconds is not None:
+            self.table.use_clock(seconds)
         if not self._sweeper.running:
             # The sweep costs only the overdue heads, so it can run often
             # enough that a head is cut within a second of its deadline.

@@ -202,7 +202,7 @@ class SandboxRequest(Request):
         self.started = time.monotonic()
         self.body_buffer = self.content = io.BytesIO()
         channel = self.channel
-        self._context = _site(self).context
+        context = self._context = _site(self).context
         # Request.__init__ already asked the transport for the peer.
         self.client_host = getattr(self.client, "host", "") or ""
         method = self.method_text = channel._command.decode("latin-1")
@@ -214,7 +214,7 @@ class SandboxRequest(Request):
             else {k.lower(): v for k, v in self.requestHeaders.getAllRawHeaders()}
         )
         self._headers_lc = headers
-        allowed = self.context.policy.document.allowed_origins
+        allowed = context.policy.document.allowed_origins
         self.cors_origin = allowed_origin(headers, allowed) if allowed else None
         if self.cors_origin is not None and is_preflight(method, headers):
             self.preflight = True
@@ -225,16 +225,14 @@ class SandboxRequest(Request):
                 # The PTY WebSocket: its own gate call, at the handshake.
                 self.door_exchange = PtySocketExchange(self, channel._path, session_id)
                 return
-        doors = self.context.doors
+        doors = context.doors
         if doors:
             door = doors.get(channel._path.partition(b"?")[0].rstrip(b"/"))
             if door is not None:
                 self.door_exchange = door.exchange(self, method, headers, length)
                 return
         try:
-            admission = admit(
-                self.context, method, channel._path, headers, self.isSecure()
-            )
+            admission = admit(context, method, channel._path, headers, self.isSecure())
         except PipelineRefusal as e:
             self.refusal = e.refusal
             if length is None or length > DRAIN_LIMIT_BYTES:

@@ -67,6 +67,9 @@ class Router:
         #: Each endpoint's parameter names in path order, read from its
         #: template once here rather than on every match.
         self._names: dict[Endpoint, tuple[str, ...]] = {}
+        #: ``(method, segments)`` of the paths without a parameter, found in
+        #: one look-up (``/health``, ``/process/list``) rather than a walk.
+        self._fixed: dict[tuple[str, tuple[str, ...]], Endpoint] = {}
         for endpoint in table:
             if endpoint.method not in DOOR_METHODS:
                 self._names[endpoint] = tuple(
@@ -75,11 +78,28 @@ class Router:
                 self.root.add(endpoint.segments, endpoint)
                 for path in endpoint.also:
                     self.root.add(tuple(s for s in path.split("/") if s), endpoint)
+        # A fixed path's own endpoint, as the walk would find it (a path a
+        # template with parameters also matches keeps the walk's answer).
+        for endpoint in table:
+            if endpoint.method in DOOR_METHODS:
+                continue
+            for segments in (
+                endpoint.segments,
+                *(tuple(s for s in p.split("/") if s) for p in endpoint.also),
+            ):
+                if all(param_name(s) is None for s in segments):
+                    values: list[str] = []
+                    found = self.root.find(segments, endpoint.method, values)
+                    if found is not None and not values:
+                        self._fixed[(endpoint.method, segments)] = found
 
     def match(
         self, method: str, segments: tuple[str, ...]
     ) -> tuple[Endpoint, dict[str, str]] | None:
         """``(endpoint, path params)``, or None when nothing matches."""
+        fixed = self._fixed.get((method, segments))
+        if fixed is not None:
+            return fixed, {}
         values: list[str] = []
         endpoint = self.root.find(segments, method, values)
         if endpoint is None:

@@ -246,22 +246,27 @@ class SessionTests(TerminalCase):
     @inlineCallbacks
     def test_unattended_shell_yields(self) -> Any:
         """
-        A session whose last client went away runs its shell's session group
-        at the lightest weight (nice 19) until a client attaches again, then
-        at a terminal's (nice 10 by default).
+        A terminal nobody has attached to yet runs its shell's session
+        group at the children's level (nice 10); with a client attached, at
+        an agent's (``agents_nice``, 0 by default): somebody waits on each
+        keystroke.  Once its last client has gone, at the lightest weight
+        (nice 19) until a client attaches again.  The shell itself keeps
+        the children's nice value throughout.
         """
         _need_autogroups()
         created = yield self.create()
         sid, pid = created["session_id"], created["pid"]
+        self.assertTrue((yield wait_until(lambda: _group_nice(pid) == 10)))
         first = yield self.attach(sid)
         yield first.wait_for(lambda m: True)
-        self.assertTrue((yield wait_until(lambda: _group_nice(pid) == 10)))
+        self.assertTrue((yield wait_until(lambda: _group_nice(pid) == 0)))
         yield self.hang_up(first)
         self.assertTrue((yield wait_until(lambda: _group_nice(pid) == 19)))
         second = yield self.attach(sid)
         second.type("echo back''-again\n")
         yield second.wait_output("back-again")
-        self.assertEqual(_group_nice(pid), 10)
+        self.assertEqual(_group_nice(pid), 0)
+        self.assertEqual(os.getpriority(os.PRIO_PROCESS, pid), 10)
 
     @inlineCallbacks
     def test_two_clients(self) -> Any:
@@ -359,6 +364,25 @@ class SessionTests(TerminalCase):
         self.assertEqual(code, 1001)
         gone = yield wait_until(lambda: not alive(created["pid"]))
         self.assertTrue(gone)
+
+
+class AttendedLevelTests(TerminalCase):
+    """The attended terminal's level is the policy's."""
+
+    policy = {"priority": {"agents_nice": 10}}
+
+    @inlineCallbacks
+    def test_attended_level_follows_policy(self) -> Any:
+        """
+        The attended terminal's group follows the policy's ``agents_nice``:
+        ``"agents_nice": 10`` puts it back with the rest of the sandbox's work.
+        """
+        _need_autogroups()
+        created = yield self.create()
+        first = yield self.attach(created["session_id"])
+        first.type("echo here''-now\n")
+        yield first.wait_output("here-now")
+        self.assertEqual(_group_nice(created["pid"]), 10)
 
 
 class RefusalTests(TerminalCase):
