@@ -13,9 +13,18 @@ serves ``--calls`` requests on one keep-alive connection after a warm-up:
   traced: ``/shell true`` counts the daemon's side of a spawn only);
 - ``--mode cprofile``: the daemon runs under ``cProfile``; the top frames
   by own time are printed (warm-up included);
+- ``--mode strace``: ``strace -f`` attached after the warm-up; the system
+  calls per call, counted apart for the daemon's threads and for its
+  children (a ``posix_spawn`` child runs the spawn's file actions and
+  signal resets before its ``execve``, while the daemon waits);
+- ``--mode cpu``: the daemon's CPU time per call (all its threads, from
+  ``/proc/PID/task/*/schedstat``), the figure a loaded machine stretches
+  least after instructions; ``--trees A,B`` alternates two checkouts
+  ``--rounds`` times in one run;
 - ``--mode time``: plain, microseconds per call (noisy when the machine is).
 
     .venv/bin/python bench/percall.py --mode callgrind --calls 2000 [--cases health,json,shell]
+    .venv/bin/python bench/percall.py --mode cpu --cases shell --trees /tmp/base,. --rounds 5
 
 One JSON line per case.
 """
@@ -28,6 +37,7 @@ import http.client
 import json
 import os
 import pstats
+import re
 import secrets
 import signal
 import sys
@@ -37,7 +47,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from daemon import free_port, start_daemon, wait_healthy
+from daemon import free_port, schedstat, start_daemon, wait_healthy
 
 #: case → (method, path, JSON body)
 CASES: dict[str, tuple[str, str, Any]] = {
@@ -90,6 +100,68 @@ def _start(args: argparse.Namespace, base: str, token: str, prefix: list[str]) -
     return start_daemon(base, token, prefix=prefix, wait_seconds=120, env=env)
 
 
+def _threads(pid: int) -> set[int]:
+    return {int(t) for t in os.listdir(f"/proc/{pid}/task")}
+
+
+_STRACE_LINE = re.compile(r"^(\d+)\s+(?:<\.\.\. (\w+) resumed>|(\w+)\()")
+
+
+def _strace_counts(path: str, daemon: set[int]) -> dict[str, dict[str, int]]:
+    """
+    System calls by name in an ``strace -f -o`` file, for the daemon's
+    threads and for the other processes (its children), each counted once
+    (a call interrupted and resumed is one call).
+    """
+    counts: dict[str, dict[str, int]] = {"daemon": {}, "children": {}}
+    with open(path) as f:
+        for line in f:
+            m = _STRACE_LINE.match(line)
+            if m is None or m.group(2) is not None:
+                continue
+            who = "daemon" if int(m.group(1)) in daemon else "children"
+            name = m.group(3)
+            counts[who][name] = counts[who].get(name, 0) + 1
+    return counts
+
+
+def _strace(
+    proc: Any, port: int, token: str, case: str, n: int, out: str
+) -> dict[str, Any]:
+    import subprocess
+
+    tracer = subprocess.Popen(
+        ["strace", "-f", "-o", out, "-p", str(proc.pid)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    # strace says "Process N attached [with M threads]" once it holds them.
+    assert tracer.stderr is not None
+    while b"attached" not in tracer.stderr.readline():
+        if tracer.poll() is not None:
+            raise SystemExit("strace could not attach")
+    daemon = _threads(proc.pid)
+    took = calls(port, token, case, n)
+    daemon |= _threads(proc.pid)
+    tracer.send_signal(signal.SIGINT)
+    tracer.wait(timeout=60)
+    counts = _strace_counts(out, daemon)
+    return {
+        "us_per_call": round(took / n * 1e6, 1),
+        "syscalls_per_call": {
+            who: {
+                "total": round(sum(c.values()) / n, 2),
+                "by_name": {
+                    k: round(v / n, 2)
+                    for k, v in sorted(c.items(), key=lambda kv: -kv[1])
+                    if v >= n / 20
+                },
+            }
+            for who, c in counts.items()
+        },
+    }
+
+
 def _callgrind_total(path: str) -> int:
     with open(path) as f:
         for line in f:
@@ -123,10 +195,17 @@ def run_case(args: argparse.Namespace, case: str) -> dict[str, Any]:
     }
     try:
         calls(port, token, case, args.warmup)
+        if args.mode == "strace":
+            row.update(_strace(proc, port, token, case, args.calls, out))
+            return row
+        ran_before = schedstat(proc.pid)[0]
         if args.mode == "callgrind":
             os.system(f"callgrind_control -z {proc.pid} >/dev/null")
         took = calls(port, token, case, args.calls)
         row["us_per_call"] = round(took / args.calls * 1e6, 1)
+        if args.mode == "cpu":
+            ran = schedstat(proc.pid)[0] - ran_before
+            row["daemon_cpu_us_per_call"] = round(ran / args.calls / 1e3, 1)
         if args.mode == "callgrind":
             os.system(f"callgrind_control -d {proc.pid} >/dev/null")
             dumps = sorted(glob.glob(f"{out}.{proc.pid}.*"))
@@ -164,7 +243,11 @@ def run_case(args: argparse.Namespace, case: str) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    ap.add_argument("--mode", choices=("callgrind", "cprofile", "time"), default="time")
+    ap.add_argument(
+        "--mode",
+        choices=("callgrind", "cprofile", "strace", "cpu", "time"),
+        default="time",
+    )
     ap.add_argument("--server", choices=("sandboxd", "floor"), default="sandboxd")
     ap.add_argument("--floor", default=FLOOR, help="the Twisted floor peer")
     ap.add_argument("--cases", default="health,json,shell")
@@ -172,12 +255,25 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--tree", help="run the daemon from this checkout (PYTHONPATH)")
+    ap.add_argument(
+        "--trees",
+        help="comma-separated checkouts, alternated --rounds times in this run",
+    )
+    ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
     cases = args.cases.split(",")
     if args.server == "floor":
         cases = ["health"]
-    for case in cases:
-        print(json.dumps(run_case(args, case)), flush=True)
+    trees = args.trees.split(",") if args.trees else [args.tree]
+    for n in range(args.rounds):
+        for tree in trees:
+            args.tree = tree
+            for case in cases:
+                row = run_case(args, case)
+                if args.trees:
+                    row["tree"], row["round"] = tree, n
+                row["load"] = os.getloadavg()[0]
+                print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":
