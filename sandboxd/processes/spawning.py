@@ -323,7 +323,7 @@ def _spawn_adopted_later(
     fdmap, pipes = _pipes(child_fds)
     try:
         plan = _spawn.plan(executable, args, env, path, fdmap, _spawn.ALL_SIGNALS)
-        attributes = _spawn.attributes_for(plan)
+        prepared = _spawn.prepare(plan)
     except BaseException:
         _close_pipes(fdmap, pipes, parent=True)
         raise
@@ -333,7 +333,7 @@ def _spawn_adopted_later(
     def timed() -> tuple[int, float]:
         began = time.perf_counter()
         with CHILD_PRIORITY.spawning():
-            pid = _spawn.posix_spawn_alone(plan, attributes)
+            pid = _spawn.posix_spawn_alone(plan, prepared)
         seconds = time.perf_counter() - began
         # Setting the child's session group weight takes the scheduler's
         # locks (~0.1 ms idle, milliseconds on a saturated machine): here,
