@@ -11,6 +11,7 @@ import pwd
 import random
 import shlex
 import string
+import threading
 from typing import Any
 
 from twisted.internet import reactor
@@ -26,7 +27,7 @@ from sandboxd.processes.command import (
     split_command,
 )
 from sandboxd.processes.environment import child_environment, note_argv
-from sandboxd.processes.spawning import spawn_session
+from sandboxd.processes.spawning import _SpawnThreads, spawn_session
 
 
 class Collect(ProcessProtocol):
@@ -115,6 +116,43 @@ class SessionTests(TestCase):
         )
         self.assertEqual(user, "nobody")
         self.assertEqual((pgid, sid), (pid, pid))
+
+
+class SpawnThreadsTests(TestCase):
+    """The worker threads that wait in posix_spawn: results, failures, bounds, stop."""
+
+    timeout = 20
+
+    @inlineCallbacks
+    def test_results_failures_and_bound(self) -> Any:
+        """Each job's result or exception comes back on the reactor; no more threads than the bound start, and all end at stop."""
+        threads = _SpawnThreads(size=2)
+        self.addCleanup(threads._stop)
+        gate = threading.Event()
+
+        def job(n: int) -> int:
+            gate.wait(5)
+            if n == 3:
+                raise OSError(2, "no such thing")
+            return n * 10
+
+        waits = []
+        for n in range(5):
+            threads.in_flight += 1
+            waits.append(threads.run(reactor, job, n))
+        self.assertEqual(len(threads.threads), 2)
+        gate.set()
+        results = []
+        for d in waits:
+            try:
+                results.append((yield d))
+            except OSError as e:
+                results.append(e.errno)
+        self.assertEqual(results, [0, 10, 20, 2, 40])
+        workers = list(threads.threads)
+        threads._stop()
+        self.assertEqual(threads.threads, [])
+        self.assertFalse(any(w.is_alive() for w in workers))
 
 
 class SplitCommandTests(SynchronousTestCase):
