@@ -97,6 +97,9 @@ def _start(args: argparse.Namespace, base: str, token: str, prefix: list[str]) -
     if args.tree:
         # Another checkout's code (a commit exported with git archive).
         env["PYTHONPATH"] = os.path.abspath(args.tree)
+        # ``python -m cProfile`` would put the working directory (this
+        # checkout) first on sys.path, ahead of PYTHONPATH.
+        env["PYTHONSAFEPATH"] = "1"
     return start_daemon(base, token, prefix=prefix, wait_seconds=120, env=env)
 
 
