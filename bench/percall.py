@@ -25,6 +25,7 @@ serves ``--calls`` requests on one keep-alive connection after a warm-up:
 
     .venv/bin/python bench/percall.py --mode callgrind --calls 2000 [--cases health,json,shell]
     .venv/bin/python bench/percall.py --mode cpu --cases shell --trees /tmp/base,. --rounds 5
+    .venv/bin/python bench/percall.py --mode cpu --cases shell --concurrency 8 ...
 
 One JSON line per case.
 """
@@ -101,6 +102,28 @@ def _start(args: argparse.Namespace, base: str, token: str, prefix: list[str]) -
         # checkout) first on sys.path, ahead of PYTHONPATH.
         env["PYTHONSAFEPATH"] = "1"
     return start_daemon(base, token, prefix=prefix, wait_seconds=120, env=env)
+
+
+def concurrent_calls(
+    port: int, token: str, case: str, n: int, concurrency: int
+) -> float:
+    """:func:`calls` on ``concurrency`` connections at once, ``n`` in all; seconds taken."""
+    if concurrency <= 1:
+        return calls(port, token, case, n)
+    from concurrent.futures import ThreadPoolExecutor
+
+    each = n // concurrency
+    began = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(lambda _: calls(port, token, case, each), range(concurrency)))
+    return time.perf_counter() - began
+
+
+def _user_system_ticks(pid: int) -> tuple[int, int]:
+    """Clock ticks ``pid`` has spent in user space and in the kernel (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]), int(fields[12])
 
 
 def _threads(pid: int) -> set[int]:
@@ -202,13 +225,22 @@ def run_case(args: argparse.Namespace, case: str) -> dict[str, Any]:
             row.update(_strace(proc, port, token, case, args.calls, out))
             return row
         ran_before = schedstat(proc.pid)[0]
+        ticks_before = _user_system_ticks(proc.pid)
         if args.mode == "callgrind":
             os.system(f"callgrind_control -z {proc.pid} >/dev/null")
-        took = calls(port, token, case, args.calls)
+        took = concurrent_calls(port, token, case, args.calls, args.concurrency)
         row["us_per_call"] = round(took / args.calls * 1e6, 1)
         if args.mode == "cpu":
             ran = schedstat(proc.pid)[0] - ran_before
             row["daemon_cpu_us_per_call"] = round(ran / args.calls / 1e3, 1)
+            user, system = (
+                (after - before) / os.sysconf("SC_CLK_TCK") / args.calls * 1e6
+                for after, before in zip(
+                    _user_system_ticks(proc.pid), ticks_before, strict=True
+                )
+            )
+            row["user_us_per_call"] = round(user, 1)
+            row["system_us_per_call"] = round(system, 1)
         if args.mode == "callgrind":
             os.system(f"callgrind_control -d {proc.pid} >/dev/null")
             dumps = sorted(glob.glob(f"{out}.{proc.pid}.*"))
@@ -263,6 +295,12 @@ def main() -> None:
         help="comma-separated checkouts, alternated --rounds times in this run",
     )
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="connections at once (--mode cpu/time): W4's 8, say",
+    )
     args = ap.parse_args()
     cases = args.cases.split(",")
     if args.server == "floor":
