@@ -102,6 +102,32 @@ class SessionTests(TestCase):
         self.assertEqual(cwd, where)
 
     @inlineCallbacks
+    def test_output_pipes_blocking_only_in_the_child(self) -> Any:
+        """The daemon reads a child's stdout without blocking; the child writes its end blocking (a full pipe waits, never fails)."""
+        proto = Collect()
+        process = spawn_session(
+            reactor,
+            proto,
+            "/bin/cat",
+            ["/bin/cat", "/proc/self/fdinfo/1"],
+            {"PATH": os.defpath},
+            None,
+            None,
+            None,
+            {0: "w", 1: "r", 2: 2},
+        )
+        self.assertFalse(os.get_blocking(process.pipes[1].fileno()))
+        proto.transport.closeStdin()
+        code = yield proto.done
+        self.assertEqual(code, 0, proto.out)
+        flags = dict(
+            line.split(":", 1)
+            for line in proto.out.decode().splitlines()
+            if ":" in line
+        )
+        self.assertFalse(int(flags["flags"].strip(), 8) & os.O_NONBLOCK, flags)
+
+    @inlineCallbacks
     def test_other_user_through_setpriv(self) -> Any:
         """As root, another user without forking the daemon (setpriv), still its own session."""
         if os.geteuid() != 0:
