@@ -532,6 +532,15 @@ class PinnedBaseCwdTests(SynchronousTestCase):
             os.rename(aside, self.base)
         self.assertEqual(self.guard.cwd(), self.base)
 
+    def test_odd_spellings_answer_as_the_walk(self) -> None:
+        """A name too long for any file system, cancelled by ``..``, is refused as the walk refuses it; a path outside is refused too."""
+        with self.assertRaises(ApiError) as cm:
+            self.guard.cwd("x" * 300 + "/..")
+        self.assertEqual(cm.exception.status, 400)
+        with self.assertRaises(ApiError) as cm:
+            self.guard.cwd(self.outside)
+        self.assertEqual(cm.exception.status, 403)
+
     def test_unpinned_base_takes_the_walk(self) -> None:
         """Without a pinned identity the base is opened and walked as before."""
         guard = PathGuard(make_rule(self.base))

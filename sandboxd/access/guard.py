@@ -514,6 +514,8 @@ class PathGuard:
         """
         if not isinstance(target, str) or not decide(self.rule, target).allowed:
             return None
+        if len(target) * 4 > NAME_MAX and _name_too_long(target):
+            return None  # refused by the walk, even where ".." cancels the name
         absolute_target = absolute(target, self.base_dir)
         anchor = self._anchor_or_none(absolute_target)
         if anchor is None or absolute_target != anchor:
