@@ -13,9 +13,19 @@ serves ``--calls`` requests on one keep-alive connection after a warm-up:
   traced: ``/shell true`` counts the daemon's side of a spawn only);
 - ``--mode cprofile``: the daemon runs under ``cProfile``; the top frames
   by own time are printed (warm-up included);
+- ``--mode strace``: ``strace -f`` attached after the warm-up; the system
+  calls per call, counted apart for the daemon's threads and for its
+  children (a ``posix_spawn`` child runs the spawn's file actions and
+  signal resets before its ``execve``, while the daemon waits);
+- ``--mode cpu``: the daemon's CPU time per call (all its threads, from
+  ``/proc/PID/task/*/schedstat``), the figure a loaded machine stretches
+  least after instructions; ``--trees A,B`` alternates two checkouts
+  ``--rounds`` times in one run;
 - ``--mode time``: plain, microseconds per call (noisy when the machine is).
 
     .venv/bin/python bench/percall.py --mode callgrind --calls 2000 [--cases health,json,shell]
+    .venv/bin/python bench/percall.py --mode cpu --cases shell --trees /tmp/base,. --rounds 5
+    .venv/bin/python bench/percall.py --mode cpu --cases shell --concurrency 8 ...
 
 One JSON line per case.
 """
@@ -28,6 +38,7 @@ import http.client
 import json
 import os
 import pstats
+import re
 import secrets
 import shutil
 import signal
@@ -38,7 +49,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from daemon import free_port, start_daemon, wait_healthy
+from daemon import free_port, schedstat, start_daemon, wait_healthy
 
 #: case → (method, path, JSON body)
 CASES: dict[str, tuple[str, str, Any]] = {
@@ -88,7 +99,94 @@ def _start(args: argparse.Namespace, base: str, token: str, prefix: list[str]) -
     if args.tree:
         # Another checkout's code (a commit exported with git archive).
         env["PYTHONPATH"] = os.path.abspath(args.tree)
+        # ``python -m cProfile`` would put the working directory (this
+        # checkout) first on sys.path, ahead of PYTHONPATH.
+        env["PYTHONSAFEPATH"] = "1"
     return start_daemon(base, token, prefix=prefix, wait_seconds=120, env=env)
+
+
+def concurrent_calls(
+    port: int, token: str, case: str, n: int, concurrency: int
+) -> float:
+    """:func:`calls` on ``concurrency`` connections at once, ``n`` in all; seconds taken."""
+    if concurrency <= 1:
+        return calls(port, token, case, n)
+    from concurrent.futures import ThreadPoolExecutor
+
+    each = n // concurrency
+    began = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(lambda _: calls(port, token, case, each), range(concurrency)))
+    return time.perf_counter() - began
+
+
+def _user_system_ticks(pid: int) -> tuple[int, int]:
+    """Clock ticks ``pid`` has spent in user space and in the kernel (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]), int(fields[12])
+
+
+def _threads(pid: int) -> set[int]:
+    return {int(t) for t in os.listdir(f"/proc/{pid}/task")}
+
+
+_STRACE_LINE = re.compile(r"^(\d+)\s+(?:<\.\.\. (\w+) resumed>|(\w+)\()")
+
+
+def _strace_counts(path: str, daemon: set[int]) -> dict[str, dict[str, int]]:
+    """
+    System calls by name in an ``strace -f -o`` file, for the daemon's
+    threads and for the other processes (its children), each counted once
+    (a call interrupted and resumed is one call).
+    """
+    counts: dict[str, dict[str, int]] = {"daemon": {}, "children": {}}
+    with open(path) as f:
+        for line in f:
+            m = _STRACE_LINE.match(line)
+            if m is None or m.group(2) is not None:
+                continue
+            who = "daemon" if int(m.group(1)) in daemon else "children"
+            name = m.group(3)
+            counts[who][name] = counts[who].get(name, 0) + 1
+    return counts
+
+
+def _strace(
+    proc: Any, port: int, token: str, case: str, n: int, out: str
+) -> dict[str, Any]:
+    import subprocess
+
+    tracer = subprocess.Popen(
+        ["strace", "-f", "-o", out, "-p", str(proc.pid)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    # strace says "Process N attached [with M threads]" once it holds them.
+    assert tracer.stderr is not None
+    while b"attached" not in tracer.stderr.readline():
+        if tracer.poll() is not None:
+            raise SystemExit("strace could not attach")
+    daemon = _threads(proc.pid)
+    took = calls(port, token, case, n)
+    daemon |= _threads(proc.pid)
+    tracer.send_signal(signal.SIGINT)
+    tracer.wait(timeout=60)
+    counts = _strace_counts(out, daemon)
+    return {
+        "us_per_call": round(took / n * 1e6, 1),
+        "syscalls_per_call": {
+            who: {
+                "total": round(sum(c.values()) / n, 2),
+                "by_name": {
+                    k: round(v / n, 2)
+                    for k, v in sorted(c.items(), key=lambda kv: -kv[1])
+                    if v >= n / 20
+                },
+            }
+            for who, c in counts.items()
+        },
+    }
 
 
 def _callgrind_total(path: str) -> int:
@@ -124,10 +222,26 @@ def run_case(args: argparse.Namespace, case: str) -> dict[str, Any]:
     }
     try:
         calls(port, token, case, args.warmup)
+        if args.mode == "strace":
+            row.update(_strace(proc, port, token, case, args.calls, out))
+            return row
+        ran_before = schedstat(proc.pid)[0]
+        ticks_before = _user_system_ticks(proc.pid)
         if args.mode == "callgrind":
             os.system(f"callgrind_control -z {proc.pid} >/dev/null")
-        took = calls(port, token, case, args.calls)
+        took = concurrent_calls(port, token, case, args.calls, args.concurrency)
         row["us_per_call"] = round(took / args.calls * 1e6, 1)
+        if args.mode == "cpu":
+            ran = schedstat(proc.pid)[0] - ran_before
+            row["daemon_cpu_us_per_call"] = round(ran / args.calls / 1e3, 1)
+            user, system = (
+                (after - before) / os.sysconf("SC_CLK_TCK") / args.calls * 1e6
+                for after, before in zip(
+                    _user_system_ticks(proc.pid), ticks_before, strict=True
+                )
+            )
+            row["user_us_per_call"] = round(user, 1)
+            row["system_us_per_call"] = round(system, 1)
         if args.mode == "callgrind":
             os.system(f"callgrind_control -d {proc.pid} >/dev/null")
             dumps = sorted(glob.glob(f"{out}.{proc.pid}.*"))
@@ -170,7 +284,11 @@ def run_case(args: argparse.Namespace, case: str) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    ap.add_argument("--mode", choices=("callgrind", "cprofile", "time"), default="time")
+    ap.add_argument(
+        "--mode",
+        choices=("callgrind", "cprofile", "strace", "cpu", "time"),
+        default="time",
+    )
     ap.add_argument("--server", choices=("sandboxd", "floor"), default="sandboxd")
     ap.add_argument("--floor", default=FLOOR, help="the Twisted floor peer")
     ap.add_argument("--cases", default="health,json,shell")
@@ -179,12 +297,31 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--tree", help="run the daemon from this checkout (PYTHONPATH)")
     ap.add_argument("--keep", help="callgrind: copy each case's counts to this folder")
+    ap.add_argument(
+        "--trees",
+        help="comma-separated checkouts, alternated --rounds times in this run",
+    )
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="connections at once (--mode cpu/time): W4's 8, say",
+    )
     args = ap.parse_args()
     cases = args.cases.split(",")
     if args.server == "floor":
         cases = ["health"]
-    for case in cases:
-        print(json.dumps(run_case(args, case)), flush=True)
+    trees = args.trees.split(",") if args.trees else [args.tree]
+    for n in range(args.rounds):
+        for tree in trees:
+            args.tree = tree
+            for case in cases:
+                row = run_case(args, case)
+                if args.trees:
+                    row["tree"], row["round"] = tree, n
+                row["load"] = os.getloadavg()[0]
+                print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

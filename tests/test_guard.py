@@ -481,6 +481,73 @@ class BaseDeviceShortcutTests(SynchronousTestCase):
         self.assertEqual(asked, [7, 8])
 
 
+class PinnedBaseCwdTests(SynchronousTestCase):
+    """The base directory as a working directory: one stat against its pinned identity."""
+
+    def setUp(self) -> None:
+        top = os.path.realpath(tempfile.mkdtemp())
+        self.addCleanup(_rmtree, top)
+        self.base = os.path.join(top, "base")
+        self.outside = os.path.join(top, "outside")
+        os.makedirs(os.path.join(self.base, "sub"))
+        os.makedirs(self.outside)
+        self.rule = make_rule(self.base)
+        guard_module.pin_anchors(self.rule.anchors, self.base)
+        self.guard = PathGuard(self.rule)
+        self.opened: list[Any] = []
+        real_open = os.open
+
+        def counting_open(*args: Any, **kw: Any) -> int:
+            self.opened.append(args[0])
+            return real_open(*args, **kw)
+
+        self.patch(guard_module.os, "open", counting_open)
+
+    def test_base_without_a_descriptor(self) -> None:
+        """The base (by default, by name, with a trailing slash or ``.``) is answered without opening anything; a subdirectory still goes through the walk."""
+        for given in (None, "", self.base, self.base + "/", ".", "sub/.."):
+            self.assertEqual(self.guard.cwd(given), self.base, given)
+        self.assertEqual(self.opened, [])
+        self.assertEqual(self.guard.cwd("sub"), os.path.join(self.base, "sub"))
+        self.assertNotEqual(self.opened, [])
+
+    def test_base_swapped_is_refused(self) -> None:
+        """A base replaced by a link out, or renamed away and replaced by another directory, is refused as the full walk refuses it."""
+        aside = self.base + ".aside"
+        os.rename(self.base, aside)
+        try:
+            os.symlink(self.outside, self.base)
+            with self.assertRaises(ApiError) as cm:
+                self.guard.cwd()
+            self.assertEqual(
+                (cm.exception.status, cm.exception.code), (403, "path_not_allowed")
+            )
+            os.unlink(self.base)
+            os.mkdir(self.base)
+            with self.assertRaises(ApiError) as cm:
+                self.guard.cwd(self.base)
+            self.assertEqual(cm.exception.status, 403)
+            os.rmdir(self.base)
+        finally:
+            os.rename(aside, self.base)
+        self.assertEqual(self.guard.cwd(), self.base)
+
+    def test_odd_spellings_answer_as_the_walk(self) -> None:
+        """A name too long for any file system, cancelled by ``..``, is refused as the walk refuses it; a path outside is refused too."""
+        with self.assertRaises(ApiError) as cm:
+            self.guard.cwd("x" * 300 + "/..")
+        self.assertEqual(cm.exception.status, 400)
+        with self.assertRaises(ApiError) as cm:
+            self.guard.cwd(self.outside)
+        self.assertEqual(cm.exception.status, 403)
+
+    def test_unpinned_base_takes_the_walk(self) -> None:
+        """Without a pinned identity the base is opened and walked as before."""
+        guard = PathGuard(make_rule(self.base))
+        self.assertEqual(guard.cwd(), self.base)
+        self.assertNotEqual(self.opened, [])
+
+
 class SpecialFilesystemTests(SynchronousTestCase):
     """The f_type seam itself, and the policy choice for hard links."""
 

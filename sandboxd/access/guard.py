@@ -480,6 +480,9 @@ class PathGuard:
     def cwd(self, path: Any = None) -> str:
         """A guarded working directory (default: the base dir)."""
         target = self.base_dir if path is None or path == "" else path
+        anchor = self._pinned_anchor(target)
+        if anchor is not None:
+            return anchor
         try:
             with self.locate(target, "read", follow=True) as loc:
                 st = loc.lstat()
@@ -493,6 +496,49 @@ class PathGuard:
         if not stat.S_ISDIR(st.st_mode):
             raise bad_request(f"cwd is not a directory: {path}")
         return resolved
+
+    def _pinned_anchor(self, target: Any) -> str | None:
+        """
+        ``target`` as a working directory when it names a pinned anchor (the
+        base directory, usually) and is that very directory now, on the
+        base's file system; None for anything else, which
+        :meth:`locate` then decides in full.
+
+        Most commands run in the base directory itself, where
+        :meth:`locate` opens the anchor, ``fstat``\\ s it against the pinned
+        identity, ``fstat``\\ s it again for its file system and for its
+        type, and closes it: five system calls (and the walk's machinery)
+        to learn what one ``stat`` of the same path, compared with the same
+        pinned identity, proves at the same instant.  (The child changes
+        into the path afterwards in either case.)
+        """
+        if not isinstance(target, str) or not decide(self.rule, target).allowed:
+            return None
+        if len(target) * 4 > NAME_MAX and _name_too_long(target):
+            return None  # refused by the walk, even where ".." cancels the name
+        absolute_target = absolute(target, self.base_dir)
+        anchor = self._anchor_or_none(absolute_target)
+        if anchor is None or absolute_target != anchor:
+            return None
+        anchors = self.rule.anchors
+        pinned = anchors.pinned.get(anchor)
+        if pinned is None:
+            return None
+        try:
+            st = os.stat(anchor)
+        except OSError:
+            return None
+        if (st.st_dev, st.st_ino) != pinned or not stat.S_ISDIR(st.st_mode):
+            return None
+        if st.st_dev != base_device(anchors, self.base_dir):
+            return None  # another file system: fstatfs decides, by descriptor
+        return anchor
+
+    def _anchor_or_none(self, target: str) -> str | None:
+        try:
+            return self._anchor(target, target)
+        except ApiError:
+            return None
 
     def decide(self, path: str, op: str = "read") -> PathDecision:
         """The policy's lexical decision alone (used to filter listings)."""

@@ -360,6 +360,11 @@ LOOPBACK_NAMES_KEPT = 256
 #: working directory and descriptor map).
 SPAWN_ACTIONS_KEPT = 64
 
+#: process: children's environments kept encoded for ``posix_spawn`` (all
+#: but their last entry, the tree marker), and the largest one kept.
+SPAWN_ENVIRONMENTS_KEPT = 16
+SPAWN_ENVIRONMENT_KEPT_BYTES = 256 * 1024
+
 #: process: a spawn that held its caller longer than this (the new child
 #: waited for a CPU before it could exec) sends the next ones that can wait
 #: through worker threads, until one is quick again.  Beside other work

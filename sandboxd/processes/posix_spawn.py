@@ -22,14 +22,20 @@ import ctypes
 import os
 import signal
 import sys
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import accumulate
 from typing import Any
 
 import attrs
 
 from sandboxd.libc import libc as c_library
-from sandboxd.policy.defaults import SPAWN_ACTIONS_KEPT
+from sandboxd.policy.defaults import (
+    SPAWN_ACTIONS_KEPT,
+    SPAWN_ENVIRONMENT_KEPT_BYTES,
+    SPAWN_ENVIRONMENTS_KEPT,
+)
 
 # glibc and musl share these values (spawn.h).
 _POSIX_SPAWN_SETSIGDEF = 0x04
@@ -68,8 +74,8 @@ def _load_libc() -> Any:
         ctypes.c_char_p,
         ctypes.c_void_p,
         ctypes.c_void_p,
-        ctypes.POINTER(ctypes.c_char_p),
-        ctypes.POINTER(ctypes.c_char_p),
+        ctypes.c_void_p,  # char *const argv[], see _Strings
+        ctypes.c_void_p,  # char *const envp[]
     ]
     libc.posix_spawn_file_actions_adddup2.argtypes = [
         ctypes.c_void_p,
@@ -119,12 +125,50 @@ def _settable_signals(libc: Any) -> tuple[int, ...]:
 ALL_SIGNALS = _settable_signals(_LIBC)
 
 
+class _Strings:
+    """
+    NUL-terminated strings laid out in one C buffer, and the address of
+    each: the pieces of an ``argv`` or ``envp`` array.
+
+    A ctypes array of ``c_char_p`` filled item by item keeps a Python
+    reference per item (a formatted dictionary key each), which cost more
+    than the rest of a spawn's preparation for a forty-name environment;
+    here the bytes are copied once and the addresses are plain integers.
+    """
+
+    __slots__ = ("addresses", "buffer", "size")
+
+    def __init__(self, items: Sequence[bytes]) -> None:
+        blob = b"\0".join(items) + b"\0" if items else b""
+        self.size = len(blob)
+        self.buffer = ctypes.create_string_buffer(blob, max(1, self.size))
+        base = ctypes.addressof(self.buffer)
+        # "L" is the C long, pointer-sized on Linux (LP64 and ILP32 alike).
+        self.addresses = array(
+            "L",
+            accumulate((len(item) + 1 for item in items[:-1]), initial=base)
+            if items
+            else (),
+        )
+
+
+def _pointers(*parts: _Strings) -> array[int]:
+    """A NULL-terminated array of the addresses in ``parts``, in order."""
+    pointers = array("L")
+    for part in parts:
+        pointers.extend(part.addresses)
+    pointers.append(0)
+    return pointers
+
+
 @attrs.frozen
 class SpawnPlan:
     """
     Everything a child needs, as C data, prepared on the reactor thread.
 
     :ivar fds: child descriptor → parent descriptor to ``dup2`` onto it.
+    :ivar env_head: the first entries of ``env`` already laid out in C
+        (see :func:`plan`), or None.
     """
 
     executable: bytes
@@ -133,6 +177,55 @@ class SpawnPlan:
     cwd: bytes | None
     fds: Mapping[int, int]
     default_signals: Sequence[int]
+    env_head: _Strings | None = None
+
+    def c_env(self) -> tuple[list[_Strings], array[int]]:
+        """
+        The ``envp`` array (and the buffers its pointers point into, to
+        keep alive for the call).
+        """
+        if self.env_head is None:
+            parts = [_Strings(self.env)]
+        else:
+            head = self.env_head
+            parts = [head, _Strings(self.env[len(head.addresses) :])]
+        return parts, _pointers(*parts)
+
+
+@attrs.frozen
+class _Encoded:
+    """An environment's entries encoded, and laid out in C."""
+
+    entries: list[bytes]
+    strings: _Strings
+
+
+#: Environments encoded and laid out in C, by their entries but the last.
+#: Children's environments differ from one another in their last entry
+#: (the tree marker each child is given) and hardly ever in the others, so
+#: one encoding of those serves command after command.  Bounded in count
+#: and in size; the oldest goes first.
+_ENVIRONMENTS: OrderedDict[tuple[tuple[str, str], ...], _Encoded] = OrderedDict()
+
+
+def _encoded_head(
+    items: list[tuple[str, str]], encoding: str, errors: str
+) -> _Encoded | None:
+    """All but the last of ``items`` encoded, from :data:`_ENVIRONMENTS` when there."""
+    if len(items) < 2:
+        return None
+    key = tuple(items[:-1])
+    found = _ENVIRONMENTS.get(key)
+    if found is not None:
+        _ENVIRONMENTS.move_to_end(key)
+        return found
+    entries = [f"{k}={v}".encode(encoding, errors) for k, v in key]
+    encoded = _Encoded(entries, _Strings(entries))
+    if encoded.strings.size <= SPAWN_ENVIRONMENT_KEPT_BYTES:
+        _ENVIRONMENTS[key] = encoded
+        if len(_ENVIRONMENTS) > SPAWN_ENVIRONMENTS_KEPT:
+            _ENVIRONMENTS.popitem(last=False)
+    return encoded
 
 
 def plan(
@@ -146,29 +239,31 @@ def plan(
     """
     A :class:`SpawnPlan` from Python values, encoded as ``os.fsencode``
     does (its per-call checks cost more than the encoding itself, and a
-    child's environment is forty strings or more).
+    child's environment is forty strings or more).  Call on the reactor
+    thread: the environments kept (:data:`_ENVIRONMENTS`) are not locked.
     """
     encoding, errors = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
+    items = list(env.items())
+    head = _encoded_head(items, encoding, errors)
+    if head is None:
+        entries = [f"{k}={v}".encode(encoding, errors) for k, v in items]
+    else:
+        k, v = items[-1]
+        entries = [*head.entries, f"{k}={v}".encode(encoding, errors)]
     return SpawnPlan(
         os.fsencode(executable),
         [a.encode(encoding, errors) for a in argv],
-        [f"{k}={v}".encode(encoding, errors) for k, v in env.items()],
+        entries,
         None if cwd is None else os.fsencode(cwd),
         dict(fds),
         list(default_signals),
+        None if head is None else head.strings,
     )
 
 
 def _check(rc: int, what: str) -> None:
     if rc != 0:
         raise OSError(rc, f"{what}: {os.strerror(rc)}")
-
-
-def _c_strings(items: Sequence[bytes]) -> Any:
-    array = (ctypes.c_char_p * (len(items) + 1))()
-    array[: len(items)] = list(items)
-    array[len(items)] = None
-    return array
 
 
 def _available_libc() -> Any:
@@ -189,61 +284,79 @@ def posix_spawn(spawn_plan: SpawnPlan) -> int:
     """
     libc = _available_libc()
     attributes = _attributes(libc, tuple(spawn_plan.default_signals))
-    return _call(libc, spawn_plan, _actions(libc, spawn_plan), attributes)
+    return _call(libc, spawn_plan, _actions(libc, spawn_plan).buffer, attributes)
 
 
-def attributes_for(spawn_plan: SpawnPlan) -> Any:
+@attrs.frozen
+class Prepared:
+    """What :func:`posix_spawn_alone` passes to the C library besides the plan."""
+
+    attributes: Any
+    actions: _FileActions
+
+
+def prepare(spawn_plan: SpawnPlan) -> Prepared:
     """
-    The attributes :func:`posix_spawn_alone` will use, built now: the
-    cache behind them is filled on the reactor thread only.
-    """
-    libc = _available_libc()
-    return _attributes(libc, tuple(spawn_plan.default_signals))
-
-
-def posix_spawn_alone(spawn_plan: SpawnPlan, attributes: Any) -> int:
-    """
-    :func:`posix_spawn` with file actions of its own, destroyed after the
-    call: for a worker thread, under which the reactor could evict (and
-    destroy) a cached set.  ``attributes`` come from :func:`attributes_for`
-    and are never destroyed.
+    The attributes and file actions :func:`posix_spawn_alone` will use,
+    found or built now: the caches behind them are used on the reactor
+    thread only.
     """
     libc = _available_libc()
-    actions = ctypes.create_string_buffer(_OPAQUE_BYTES)
-    _check(libc.posix_spawn_file_actions_init(actions), "file actions")
-    try:
-        _file_actions(libc, spawn_plan, actions)
-        return _call(libc, spawn_plan, actions, attributes)
-    finally:
-        libc.posix_spawn_file_actions_destroy(actions)
+    return Prepared(
+        _attributes(libc, tuple(spawn_plan.default_signals)),
+        _actions(libc, spawn_plan),
+    )
+
+
+def posix_spawn_alone(spawn_plan: SpawnPlan, prepared: Prepared) -> int:
+    """
+    :func:`posix_spawn` for a worker thread, with what :func:`prepare` gave
+    on the reactor thread: the file actions stay alive for the call (the
+    reference held here outlives the cache's, if the reactor evicts them
+    meanwhile), and the attributes are never destroyed.
+    """
+    libc = _available_libc()
+    return _call(libc, spawn_plan, prepared.actions.buffer, prepared.attributes)
+
+
+class _FileActions:
+    """
+    One prepared ``posix_spawn_file_actions_t``, destroyed when the last
+    reference to it goes: the cache's, or a worker thread's still spawning
+    with it.
+    """
+
+    __slots__ = ("buffer", "destroy")
+
+    def __init__(self, libc: Any) -> None:
+        self.buffer = ctypes.create_string_buffer(_OPAQUE_BYTES)
+        _check(libc.posix_spawn_file_actions_init(self.buffer), "file actions")
+        self.destroy = libc.posix_spawn_file_actions_destroy
+
+    def __del__(self) -> None:
+        self.destroy(self.buffer)
 
 
 #: Prepared file actions by (working directory, descriptor map): pipes
 #: reuse the lowest free descriptors, so a busy daemon asks for the same
-#: few sets over and over.  Bounded; the oldest set is destroyed first.
-_ACTIONS: OrderedDict[tuple[bytes | None, tuple[tuple[int, int], ...]], Any] = (
-    OrderedDict()
-)
+#: few sets over and over.  Bounded; the oldest set goes first.
+_ACTIONS: OrderedDict[
+    tuple[bytes | None, tuple[tuple[int, int], ...]], _FileActions
+] = OrderedDict()
 
 
-def _actions(libc: Any, spawn_plan: SpawnPlan) -> Any:
+def _actions(libc: Any, spawn_plan: SpawnPlan) -> _FileActions:
     """The file actions of ``spawn_plan``, built once per distinct set."""
     key = (spawn_plan.cwd, tuple(sorted(spawn_plan.fds.items())))
     cached = _ACTIONS.get(key)
     if cached is not None:
         _ACTIONS.move_to_end(key)
         return cached
-    actions = ctypes.create_string_buffer(_OPAQUE_BYTES)
-    _check(libc.posix_spawn_file_actions_init(actions), "file actions")
-    try:
-        _file_actions(libc, spawn_plan, actions)
-    except BaseException:
-        libc.posix_spawn_file_actions_destroy(actions)
-        raise
+    actions = _FileActions(libc)
+    _file_actions(libc, spawn_plan, actions.buffer)
     _ACTIONS[key] = actions
     if len(_ACTIONS) > SPAWN_ACTIONS_KEPT:
-        _, oldest = _ACTIONS.popitem(last=False)
-        libc.posix_spawn_file_actions_destroy(oldest)
+        _ACTIONS.popitem(last=False)
     return actions
 
 
@@ -305,11 +418,17 @@ def _file_actions(libc: Any, spawn_plan: SpawnPlan, actions: Any) -> None:
 
 
 def _call(libc: Any, spawn_plan: SpawnPlan, actions: Any, attributes: Any) -> int:
-    argv = _c_strings(spawn_plan.argv)
-    envp = _c_strings(spawn_plan.env)
+    argv_strings = _Strings(spawn_plan.argv)
+    argv = _pointers(argv_strings)
+    _env_strings, envp = spawn_plan.c_env()
     pid = ctypes.c_int(0)
     rc = libc.posix_spawn(
-        ctypes.byref(pid), spawn_plan.executable, actions, attributes, argv, envp
+        ctypes.byref(pid),
+        spawn_plan.executable,
+        actions,
+        attributes,
+        argv.buffer_info()[0],
+        envp.buffer_info()[0],
     )
     if rc != 0:
         raise OSError(rc, os.strerror(rc), os.fsdecode(spawn_plan.executable))

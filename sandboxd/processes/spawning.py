@@ -12,17 +12,18 @@ import errno
 import fcntl
 import os
 import signal
+import threading
 import time
 from collections.abc import Mapping
+from queue import SimpleQueue
 from typing import Any
 
+from twisted.internet import abstract
 from twisted.internet import process as _twisted_process
 from twisted.internet._baseprocess import BaseProcess
 from twisted.internet.defer import Deferred
-from twisted.internet.threads import deferToThreadPool
 from twisted.python import log
 from twisted.python.failure import Failure
-from twisted.python.threadpool import ThreadPool
 
 from sandboxd.policy.defaults import (
     SLOW_SPAWN_SECONDS,
@@ -134,6 +135,22 @@ def _as_user(
     return SETPRIV, wrapped
 
 
+class _OutputReader(_twisted_process.ProcessReader):
+    """
+    Twisted's reader of a child's output pipe, on a parent end that
+    :func:`_pipes` made non-blocking already: one ``F_SETFL`` there, where
+    Twisted's ``setNonBlocking`` reads the flags first (a system call
+    fewer per pipe, two per command).  The rest is ``ProcessReader``'s.
+    """
+
+    def __init__(self, reactor: Any, proc: Any, name: int, fileno: int) -> None:
+        abstract.FileDescriptor.__init__(self, reactor)
+        self.proc = proc
+        self.name = name
+        self.fd = fileno
+        self.startReading()  # type: ignore[no-untyped-call]
+
+
 class AdoptedProcess(_twisted_process.Process):
     """
     Twisted's pipe process transport around a child that is already
@@ -144,6 +161,8 @@ class AdoptedProcess(_twisted_process.Process):
     registration for reaping (which reaps at once a child that already
     exited).
     """
+
+    processReaderFactory = _OutputReader
 
     def __init__(
         self,
@@ -159,7 +178,7 @@ class AdoptedProcess(_twisted_process.Process):
         self.pipes: dict[int, Any] = {}
         for child_fd, (kind, parent_fd) in pipes.items():
             if kind == "r":
-                self.pipes[child_fd] = self.processReaderFactory(  # type: ignore[no-untyped-call]
+                self.pipes[child_fd] = self.processReaderFactory(
                     reactor, self, child_fd, parent_fd
                 )
             else:
@@ -193,6 +212,9 @@ def _pipes(
             if target == "r":
                 read_end, write_end = os.pipe()
                 fdmap[child_fd], pipes[child_fd] = write_end, ("r", read_end)
+                # A new pipe's end has no status flags yet: this sets
+                # O_NONBLOCK alone (see _OutputReader).
+                fcntl.fcntl(read_end, fcntl.F_SETFL, os.O_NONBLOCK)
             elif target == "w":
                 read_end, write_end = os.pipe()
                 fdmap[child_fd], pipes[child_fd] = read_end, ("w", write_end)
@@ -272,27 +294,59 @@ SPAWN_TIMES = SpawnTimes()
 
 class _SpawnThreads:
     """
-    The worker threads that wait in ``posix_spawn`` (started on first use,
-    stopped with the reactor), and how many spawns are in their hands.
+    The worker threads that wait in ``posix_spawn`` (started as spawns
+    need them, up to ``size``; told to end with the reactor), and how many
+    spawns are in their hands.
+
+    Not Twisted's ``ThreadPool``: a spawn is one C call that needs none of
+    its context and logging wrappers, and its Python-level queue and
+    condition variables cost a spawn more than the rest of the hand-off.
+    Here a job is one ``SimpleQueue.put`` (C) on the way in and one
+    ``callFromThread`` on the way out.
     """
 
     def __init__(self, size: int = SPAWN_THREADS) -> None:
         self.size = size
-        self.pool: ThreadPool | None = None
+        self.jobs: SimpleQueue[tuple[Any, Deferred[Any], Any, tuple[Any, ...]] | None]
+        self.jobs = SimpleQueue()
+        self.threads: list[threading.Thread] = []
         #: Spawns handed to a thread whose child is not adopted yet.
         self.in_flight = 0
 
     def run(self, reactor: Any, f: Any, *args: Any) -> Deferred[Any]:
-        if self.pool is None:
-            self.pool = ThreadPool(0, self.size, "sandboxd-spawn")
-            self.pool.start()
+        """``f(*args)`` on a worker thread; its result or failure on the reactor."""
+        if not self.threads:
             reactor.addSystemEventTrigger("during", "shutdown", self._stop)
-        return deferToThreadPool(reactor, self.pool, f, *args)
+        # in_flight counts this job already (the caller adds it first).
+        if len(self.threads) < min(self.size, self.in_flight):
+            worker = threading.Thread(
+                target=self._work, name="sandboxd-spawn", daemon=True
+            )
+            self.threads.append(worker)
+            worker.start()
+        d: Deferred[Any] = Deferred()
+        self.jobs.put((reactor, d, f, args))
+        return d
+
+    def _work(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            reactor, d, f, args = job
+            try:
+                result = f(*args)
+            except BaseException:
+                reactor.callFromThread(d.errback, Failure())
+            else:
+                reactor.callFromThread(d.callback, result)
 
     def _stop(self) -> None:
-        pool, self.pool = self.pool, None
-        if pool is not None:
-            pool.stop()
+        threads, self.threads = self.threads, []
+        for _ in threads:
+            self.jobs.put(None)
+        for worker in threads:
+            worker.join()
 
 
 SPAWN_THREADS_POOL = _SpawnThreads()
@@ -323,7 +377,7 @@ def _spawn_adopted_later(
     fdmap, pipes = _pipes(child_fds)
     try:
         plan = _spawn.plan(executable, args, env, path, fdmap, _spawn.ALL_SIGNALS)
-        attributes = _spawn.attributes_for(plan)
+        prepared = _spawn.prepare(plan)
     except BaseException:
         _close_pipes(fdmap, pipes, parent=True)
         raise
@@ -333,7 +387,7 @@ def _spawn_adopted_later(
     def timed() -> tuple[int, float]:
         began = time.perf_counter()
         with CHILD_PRIORITY.spawning():
-            pid = _spawn.posix_spawn_alone(plan, attributes)
+            pid = _spawn.posix_spawn_alone(plan, prepared)
         seconds = time.perf_counter() - began
         # Setting the child's session group weight takes the scheduler's
         # locks (~0.1 ms idle, milliseconds on a saturated machine): here,

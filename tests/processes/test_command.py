@@ -11,6 +11,7 @@ import pwd
 import random
 import shlex
 import string
+import threading
 from typing import Any
 
 from twisted.internet import reactor
@@ -26,7 +27,7 @@ from sandboxd.processes.command import (
     split_command,
 )
 from sandboxd.processes.environment import child_environment, note_argv
-from sandboxd.processes.spawning import spawn_session
+from sandboxd.processes.spawning import _SpawnThreads, spawn_session
 
 
 class Collect(ProcessProtocol):
@@ -101,6 +102,32 @@ class SessionTests(TestCase):
         self.assertEqual(cwd, where)
 
     @inlineCallbacks
+    def test_output_pipes_blocking_only_in_the_child(self) -> Any:
+        """The daemon reads a child's stdout without blocking; the child writes its end blocking (a full pipe waits, never fails)."""
+        proto = Collect()
+        process = spawn_session(
+            reactor,
+            proto,
+            "/bin/cat",
+            ["/bin/cat", "/proc/self/fdinfo/1"],
+            {"PATH": os.defpath},
+            None,
+            None,
+            None,
+            {0: "w", 1: "r", 2: 2},
+        )
+        self.assertFalse(os.get_blocking(process.pipes[1].fileno()))
+        proto.transport.closeStdin()
+        code = yield proto.done
+        self.assertEqual(code, 0, proto.out)
+        flags = dict(
+            line.split(":", 1)
+            for line in proto.out.decode().splitlines()
+            if ":" in line
+        )
+        self.assertFalse(int(flags["flags"].strip(), 8) & os.O_NONBLOCK, flags)
+
+    @inlineCallbacks
     def test_other_user_through_setpriv(self) -> Any:
         """As root, another user without forking the daemon (setpriv), still its own session."""
         if os.geteuid() != 0:
@@ -115,6 +142,43 @@ class SessionTests(TestCase):
         )
         self.assertEqual(user, "nobody")
         self.assertEqual((pgid, sid), (pid, pid))
+
+
+class SpawnThreadsTests(TestCase):
+    """The worker threads that wait in posix_spawn: results, failures, bounds, stop."""
+
+    timeout = 20
+
+    @inlineCallbacks
+    def test_results_failures_and_bound(self) -> Any:
+        """Each job's result or exception comes back on the reactor; no more threads than the bound start, and all end at stop."""
+        threads = _SpawnThreads(size=2)
+        self.addCleanup(threads._stop)
+        gate = threading.Event()
+
+        def job(n: int) -> int:
+            gate.wait(5)
+            if n == 3:
+                raise OSError(2, "no such thing")
+            return n * 10
+
+        waits = []
+        for n in range(5):
+            threads.in_flight += 1
+            waits.append(threads.run(reactor, job, n))
+        self.assertEqual(len(threads.threads), 2)
+        gate.set()
+        results = []
+        for d in waits:
+            try:
+                results.append((yield d))
+            except OSError as e:
+                results.append(e.errno)
+        self.assertEqual(results, [0, 10, 20, 2, 40])
+        workers = list(threads.threads)
+        threads._stop()
+        self.assertEqual(threads.threads, [])
+        self.assertFalse(any(w.is_alive() for w in workers))
 
 
 class SplitCommandTests(SynchronousTestCase):

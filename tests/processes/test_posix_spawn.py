@@ -22,21 +22,29 @@ def run(
     cwd: str | None = None,
     extra: dict[int, int] | None = None,
     default_signals: Any = (signal.SIGPIPE,),
+    env: dict[str, str] | None = None,
+    prepared: bool = False,
 ) -> tuple[int, bytes]:
-    """Spawn ``argv`` with stdout and stderr on a pipe; its status and output."""
+    """
+    Spawn ``argv`` with stdout and stderr on a pipe; its status and output.
+
+    :param prepared: spawn as a worker thread does (``posix_spawn_alone``).
+    """
     read_end, write_end = os.pipe()
     fds = {0: write_end, 1: write_end, 2: write_end, **(extra or {})}
     try:
-        pid = spawn.posix_spawn(
-            spawn.plan(
-                argv[0],
-                argv,
-                {"PATH": "/usr/bin:/bin"},
-                cwd,
-                fds,
-                default_signals,
-            )
+        made = spawn.plan(
+            argv[0],
+            argv,
+            {"PATH": "/usr/bin:/bin"} if env is None else env,
+            cwd,
+            fds,
+            default_signals,
         )
+        if prepared:
+            pid = spawn.posix_spawn_alone(made, spawn.prepare(made))
+        else:
+            pid = spawn.posix_spawn(made)
     except OSError:
         os.close(read_end)
         raise
@@ -59,6 +67,40 @@ class SpawnTests(SynchronousTestCase):
         )
         self.assertEqual(made.argv, [b"echo", b"caf\xe9-\xff", "é".encode()])
         self.assertEqual(made.env, [b"K=caf\xe9-\xff", "É=v".encode()])
+
+    def test_environment_kept_encoded(self) -> None:
+        """
+        Children whose environments differ only in the last entry each get
+        their own; one that differs anywhere else gets exactly its own too
+        (nothing of an environment kept from an earlier child leaks in).
+        """
+        base = {"PATH": "/usr/bin:/bin", "A": "1", "B": "two"}
+        seen = []
+        for env, prepared in [
+            ({**base, "MARK": "x"}, False),
+            ({**base, "MARK": "y"}, True),
+            ({**base, "B": "three", "MARK": "z"}, False),
+            ({"MARK": "alone"}, True),
+            ({}, False),
+        ]:
+            code, out = run(["/usr/bin/env"], env=env, prepared=prepared)
+            self.assertEqual(code, 0)
+            seen.append(out.decode().splitlines())
+        self.assertEqual(
+            seen,
+            [
+                ["PATH=/usr/bin:/bin", "A=1", "B=two", "MARK=x"],
+                ["PATH=/usr/bin:/bin", "A=1", "B=two", "MARK=y"],
+                ["PATH=/usr/bin:/bin", "A=1", "B=three", "MARK=z"],
+                ["MARK=alone"],
+                [],
+            ],
+        )
+
+    def test_argv_with_empty_strings(self) -> None:
+        """Empty arguments arrive as empty arguments, in order."""
+        code, out = run(["/usr/bin/printf", "[%s]", "", "a", ""], prepared=True)
+        self.assertEqual((code, out), (0, b"[][a][]"))
 
     def test_undecodable_bytes_reach_the_child(self) -> None:
         """A byte string that is not UTF-8 arrives in the child's argv unchanged."""
