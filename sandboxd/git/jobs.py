@@ -75,8 +75,13 @@ class GitJob:
         )
 
     def observe(self, fd: int, data: bytes) -> None:
-        """git's stderr as it comes: progress events, and other lines as ``line``."""
-        if fd != 2:
+        """
+        git's stderr as it comes: progress events, and other lines as
+        ``line``. Once the job has ended (a cancel ends it while git is
+        still being stopped) its log is closed and what git still writes
+        is dropped.
+        """
+        if fd != 2 or not self.running:
             return
         for line in self._lines.feed(data):
             progress = parse_progress(line)

@@ -20,9 +20,10 @@ from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
-from twisted.trial.unittest import SkipTest
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from sandboxd.git.askpass import descends_from
+from sandboxd.git.jobs import GitJob
 from tests.git.remote import LoopbackRemote, missing, run
 from tests.helpers import DaemonTestCase
 
@@ -457,6 +458,21 @@ class CancelTests(RemoteCase):
         self.assertEqual(second.status, 429, second.body)
         self.assertEqual(second.json()["code"], "too_many_jobs")
         yield self.request("DELETE", f"/git/jobs/{reply.json()['job_id']}")
+
+
+class LateOutputTests(SynchronousTestCase):
+    """What git writes after its job has ended is dropped, not an error."""
+
+    def test_stderr_after_cancel(self) -> None:
+        """A cancelled job's log ends with its exit event; git's last lines do not raise."""
+        job = GitJob("clone", "one", "legacy", None)
+        job.observe(2, b"Cloning into 'one'...\n")
+        job.finish(None, None, "cancelled")
+        job.observe(2, b"Receiving objects:  50% (1/2)\rerror: killed\n")
+        _gap, kept = job.log.since(0)
+        events = [event.event for event in kept]
+        self.assertEqual(events, ["line", "exit"])
+        self.assertEqual(job.state, "cancelled")
 
 
 class RunAsUserTests(RemoteCase):
