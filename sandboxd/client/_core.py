@@ -212,6 +212,27 @@ def retry_after(response: httpx.Response, error: SandboxError) -> float | None:
         return None
 
 
+#: 429s waited out in a row for one call before the error is raised.
+MAX_RATE_WAITS = 10
+
+
+def rate_wait(
+    settings: Settings, response: httpx.Response, error: SandboxError, waits: int
+) -> float | None:
+    """
+    Seconds to wait before sending a call again after ``response``, or
+    None to raise ``error``: only a 429, with ``wait_on_rate_limit`` on,
+    fewer than :data:`MAX_RATE_WAITS` waits so far and a wait within
+    ``max_rate_wait``.
+    """
+    if response.status_code != 429 or not settings.wait_on_rate_limit:
+        return None
+    wait = retry_after(response, error)
+    if waits >= MAX_RATE_WAITS or wait is None or wait > settings.max_rate_wait:
+        return None
+    return max(wait, 0.05)
+
+
 def error_from(response: httpx.Response) -> SandboxError:
     """The exception for an error answer whose body has been read."""
     try:

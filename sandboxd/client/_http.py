@@ -22,7 +22,7 @@ from sandboxd.client._core import (
     backoff,
     decode,
     error_from,
-    retry_after,
+    rate_wait,
     stream_timeout,
     timeout_of,
     transport_error,
@@ -76,12 +76,12 @@ class Http:
                 raise transport_error(e, what) from None
             except httpx.HTTPError as e:
                 raise transport_error(e, what) from None
-            if response.status_code == 429 and s.wait_on_rate_limit and waits < 10:
+            if response.status_code == 429:
                 error = error_from(response)
-                wait = retry_after(response, error)
-                if wait is not None and wait <= s.max_rate_wait:
+                wait = rate_wait(s, response, error, waits)
+                if wait is not None:
                     waits += 1
-                    await io.sleep(max(wait, 0.05))
+                    await io.sleep(wait)
                     continue
                 raise error
             if response.status_code >= 400:
@@ -219,16 +219,10 @@ class Http:
                 if response.status_code >= 400:
                     await io.read_all(opened)
                     error = error_from(response)
-                    wait = retry_after(response, error)
-                    if (
-                        response.status_code == 429
-                        and s.wait_on_rate_limit
-                        and waits < 10
-                        and wait is not None
-                        and wait <= s.max_rate_wait
-                    ):
+                    wait = rate_wait(s, response, error, waits)
+                    if wait is not None:
                         waits += 1
-                        await io.sleep(max(wait, 0.05))
+                        await io.sleep(wait)
                         continue
                     raise error
                 while (data := await io.chunk(opened)) is not None:
