@@ -60,6 +60,8 @@ class E2BCase(DaemonTestCase):
     """A daemon whose ``e2b`` endpoint is on and listening on a loopback port."""
 
     timeout = 90
+    #: One SDK call of this case is over within this many seconds.
+    call_seconds = CALL_SECONDS
     #: Merged into the policy (the e2b group is turned on unless a test says).
     extra_policy: dict[str, Any] = {}
     enable_e2b = True
@@ -109,9 +111,9 @@ class E2BCase(DaemonTestCase):
         return f"http://127.0.0.1:{self.e2b_port}"
 
     def sdk(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Deferred[Any]:
-        """Run a blocking SDK call off the reactor, bounded by :data:`CALL_SECONDS`."""
+        """Run a blocking SDK call off the reactor, bounded by :attr:`call_seconds`."""
         d = deferToThreadPool(reactor, self.pool, fn, *args, **kwargs)
-        d.addTimeout(CALL_SECONDS, reactor)
+        d.addTimeout(self.call_seconds, reactor)
         return d
 
     def sandbox(self, token: str | None = None) -> Any:

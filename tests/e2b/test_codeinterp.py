@@ -16,11 +16,19 @@ from twisted.trial.unittest import SkipTest
 from tests.e2b.sdk import E2BCase, caught
 from tests.kernels.test_contexts import need_ipykernel
 
+#: A first ``run_code`` starts the kernel hub and a kernel: on two cores
+#: shared with the rest of the suite (a browser, other kernels) that has
+#: been seen to take most of the daemon's default 30 s, so these cases
+#: give the start and the call that waits for it more room.
+KERNEL_START = {"endpoints": {"group:code": {"limits": {"start_timeout_seconds": 60}}}}
+
 
 class CodeInterpreterTests(E2BCase):
     """``Sandbox.run_code`` and the context calls, unchanged, against sandboxd."""
 
-    policy = {"groups": {"code": True}}
+    policy = {"groups": {"code": True}, **KERNEL_START}
+    call_seconds = 75.0
+    timeout = 180
 
     def setUp(self) -> Any:
         need_ipykernel()
@@ -130,6 +138,7 @@ class TokenModeTests(CodeInterpreterTests):
     policy = {
         "groups": {"code": True},
         "auth": {"tokens": [{"id": "agent", "token_env": "AGENT", "scopes": ["*"]}]},
+        **KERNEL_START,
     }
     environ = {"AGENT": "tok-123"}
     token = "tok-123"
@@ -154,7 +163,9 @@ class SeedSdkTests(E2BCase):
     SDK's port constant at the kernel-chosen one.
     """
 
-    policy = {"groups": {"code": True}}
+    policy = {"groups": {"code": True}, **KERNEL_START}
+    call_seconds = 75.0
+    timeout = 180
 
     def setUp(self) -> Any:
         need_ipykernel()
