@@ -8,19 +8,32 @@ Trial runs in a session of its own: the tests start and kill process
 trees, and a stray signal to "our own group" must end the test run (and
 be reported here, with the seed that ordered it) rather than take make
 and whatever started make down with it.
+
+Trial also runs with a HOME of its own (removed afterwards): the tests
+start interactive shells and kill them, and a shell killed while it runs
+the developer's ~/.bashrc leaves whatever that was doing half done in the
+developer's home (a stale pyenv rehash lock, seen here, then makes every
+new shell wait a minute).  XDG_CACHE_HOME keeps pointing at the real
+cache, so what the tests install once there (Vite, fonts) is kept.
 """
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
+home = tempfile.mkdtemp(prefix="sandboxd-test-home-")
+env = dict(os.environ, HOME=home)
+env.setdefault("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))
 proc = subprocess.Popen(
     [sys.executable, "-b", "-m", "twisted.trial", *sys.argv[1:]],
     stdout=subprocess.PIPE,
     stderr=subprocess.STDOUT,
     start_new_session=True,
+    env=env,
 )
 assert proc.stdout is not None
 
@@ -47,6 +60,7 @@ for raw in proc.stdout:
     elif line.startswith("Running tests shuffled with seed"):
         seed = line.strip()
 status = proc.wait()
+shutil.rmtree(home, ignore_errors=True)
 if status < 0:
     print(f"trial was killed by signal {-status} ({seed or 'no seed printed'})")
 elif status and seed:
