@@ -356,6 +356,10 @@ LARGE_READ_BYTES = MIB
 #: HTTP: Host names remembered as loopback or not.
 LOOPBACK_NAMES_KEPT = 256
 
+#: policy: path decisions kept per endpoint rule (the working directory
+#: of every command, decided again and again); emptied when full.
+PATH_DECISIONS_KEPT = 256
+
 #: process: prepared ``posix_spawn`` file-action sets kept (one per
 #: working directory and descriptor map).  The pipes' descriptors differ
 #: from spawn to spawn while other children hold theirs: eight commands at
