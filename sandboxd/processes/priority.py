@@ -114,26 +114,35 @@ def group_nice_for(base: int, budget: int, alive: int) -> int:
 
 
 @functools.cache
-def _syscall_holding_gil() -> Any:
+def _holding_gil(name: str) -> Any:
     """
-    ``syscall(2)`` called with the interpreter lock held (a ``PyDLL``
-    function), or None.
+    The C library's ``name`` called with the interpreter lock held (a
+    ``PyDLL`` function), or None.
 
-    A ``CDLL`` function lets go of the lock for the call and takes it back
-    after: around a spawn on a worker thread, each ioprio call then waited
-    for the reactor to hand the lock back, for a system call that never
-    blocks.
+    A ``CDLL`` function, like ``os.pread`` and ``os.pwrite``, lets go of
+    the lock for the call and takes it back after: on a spawn worker each
+    such call then waited for the reactor to hand the lock back, for a
+    system call on a ``/proc`` value that never blocks.
     """
     try:
-        return ctypes.PyDLL(None).syscall
+        function = getattr(ctypes.PyDLL(None), name)
     except (OSError, AttributeError):
         return None
+    if name in ("pread", "pwrite"):
+        function.argtypes = [
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+            ctypes.c_long,
+        ]
+        function.restype = ctypes.c_ssize_t
+    return function
 
 
 def _syscall(table: Mapping[str, int], *args: int) -> int:
     """One ioprio system call; -1 where this machine's number is unknown."""
     number = table.get(_MACHINE)
-    call = _syscall_holding_gil()
+    call = _holding_gil("syscall")
     if number is None or call is None:
         return -1
     return int(call(number, *args))
@@ -766,7 +775,8 @@ class ChildPriority:
 class _OwnOom:
     """
     ``/proc/self/oom_score_adj`` kept open: read and written twice per
-    spawn, one system call each instead of an open, a call and a close.
+    spawn, one system call each instead of an open, a call and a close,
+    with the interpreter lock held (:func:`_holding_gil`).
     """
 
     def __init__(self) -> None:
@@ -782,22 +792,23 @@ class _OwnOom:
 
     def read(self) -> int | None:
         fd = self._open()
-        if fd is None:
+        pread = _holding_gil("pread")
+        if fd is None or pread is None:
             return None
+        buffer = ctypes.create_string_buffer(16)
+        got = pread(fd, buffer, 16, 0)
         try:
-            return int(os.pread(fd, 16, 0))
-        except (OSError, ValueError):
+            return int(buffer.raw[:got]) if got > 0 else None
+        except ValueError:
             return None
 
     def write(self, value: int) -> bool:
         fd = self._open()
-        if fd is None:
+        pwrite = _holding_gil("pwrite")
+        if fd is None or pwrite is None:
             return False
-        try:
-            os.pwrite(fd, b"%d" % value, 0)
-        except OSError:
-            return False
-        return True
+        data = b"%d" % value
+        return bool(pwrite(fd, data, len(data), 0) == len(data))
 
 
 _OWN_OOM = _OwnOom()
