@@ -125,18 +125,9 @@ def _holding_gil(name: str) -> Any:
     system call on a ``/proc`` value that never blocks.
     """
     try:
-        function = getattr(ctypes.PyDLL(None), name)
+        return getattr(ctypes.PyDLL(None), name)
     except (OSError, AttributeError):
         return None
-    if name in ("pread", "pwrite"):
-        function.argtypes = [
-            ctypes.c_int,
-            ctypes.c_char_p,
-            ctypes.c_size_t,
-            ctypes.c_long,
-        ]
-        function.restype = ctypes.c_ssize_t
-    return function
 
 
 def _syscall(table: Mapping[str, int], *args: int) -> int:
@@ -781,6 +772,11 @@ class _OwnOom:
 
     def __init__(self) -> None:
         self._fd: int | None = None
+        # Built once: ctypes' conversions of declared argument types cost
+        # more than the call.  Only used under ChildPriority's lock.
+        self._buffer = ctypes.create_string_buffer(16)
+        self._size = ctypes.c_size_t(16)
+        self._start = ctypes.c_long(0)
 
     def _open(self) -> int | None:
         if self._fd is None:
@@ -795,10 +791,9 @@ class _OwnOom:
         pread = _holding_gil("pread")
         if fd is None or pread is None:
             return None
-        buffer = ctypes.create_string_buffer(16)
-        got = pread(fd, buffer, 16, 0)
+        got = pread(fd, self._buffer, self._size, self._start)
         try:
-            return int(buffer.raw[:got]) if got > 0 else None
+            return int(self._buffer.raw[:got]) if got > 0 else None
         except ValueError:
             return None
 
@@ -808,7 +803,8 @@ class _OwnOom:
         if fd is None or pwrite is None:
             return False
         data = b"%d" % value
-        return bool(pwrite(fd, data, len(data), 0) == len(data))
+        size = len(data)
+        return bool(pwrite(fd, data, ctypes.c_size_t(size), self._start) == size)
 
 
 _OWN_OOM = _OwnOom()
