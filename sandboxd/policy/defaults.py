@@ -356,9 +356,16 @@ LARGE_READ_BYTES = MIB
 #: HTTP: Host names remembered as loopback or not.
 LOOPBACK_NAMES_KEPT = 256
 
+#: policy: path decisions kept per endpoint rule (the working directory
+#: of every command, decided again and again); emptied when full.
+PATH_DECISIONS_KEPT = 256
+
 #: process: prepared ``posix_spawn`` file-action sets kept (one per
-#: working directory and descriptor map).
-SPAWN_ACTIONS_KEPT = 64
+#: working directory and descriptor map).  The pipes' descriptors differ
+#: from spawn to spawn while other children hold theirs: eight commands at
+#: a time went through about 300 distinct sets, and a set built again
+#: costs ten times one found.
+SPAWN_ACTIONS_KEPT = 512
 
 #: process: children's environments kept encoded for ``posix_spawn`` (all
 #: but their last entry, the tree marker), and the largest one kept.

@@ -18,6 +18,7 @@ import re
 import attrs
 
 from sandboxd.errors import Code
+from sandboxd.policy.defaults import PATH_DECISIONS_KEPT
 from sandboxd.policy.rules import EffectiveRule
 
 #: Never reachable, whatever a policy allows.
@@ -143,8 +144,28 @@ def decide(rule: EffectiveRule, path: str, op: str = "read") -> PathDecision:
     """
     Decide a path by policy alone.
 
+    The decision depends on the rule and the path's spelling only, and a
+    rule is made once per policy load: the same path is decided again and
+    again (every command's working directory, the base directory), so the
+    rule keeps its answers (:attr:`EffectiveRule.decisions`, emptied when
+    full).
+
     :param op: ``read``, ``write`` or ``delete``.
     """
+    memo = rule.decisions
+    key = (path, op)
+    found: PathDecision | None = memo.get(key)
+    if found is not None:
+        return found
+    decision = _decide(rule, path, op)
+    if len(memo) >= PATH_DECISIONS_KEPT:
+        memo.clear()
+    memo[key] = decision
+    return decision
+
+
+def _decide(rule: EffectiveRule, path: str, op: str) -> PathDecision:
+    """:func:`decide`, worked out."""
     if "\x00" in path:
         return PathDecision(path, False, Code.INVALID_PATH)
     target = absolute(path, rule.base_dir)

@@ -210,6 +210,11 @@ class EffectiveRule:
     reason: str | None = None
     daemon_files: tuple[str, ...] = ()
     anchors: Anchors = attrs.field(factory=Anchors, eq=False, repr=False)
+    #: Path decisions already made under this rule, by (path, operation)
+    #: (:func:`sandboxd.policy.paths.decide`).
+    decisions: dict[tuple[str, str], Any] = attrs.field(
+        factory=dict, eq=False, repr=False
+    )
 
     def source(self, leaf: str) -> str | None:
         """The rule string behind a leaf key, if a layer set it."""

@@ -296,7 +296,13 @@ class Child(ProcessProtocol):
             if timer is not None and timer.active():
                 timer.cancel()
         self._drain_limit = self.clock.seconds() + EXIT_DRAIN_MAX_SECONDS
-        self._arm_drain()
+        pipes = getattr(self.transport, "pipes", None)
+        if pipes is None or pipes:
+            # Pipes still open: a grandchild may hold them, or the last
+            # output is still on its way.  (With all of them closed
+            # already, the usual order for a short command, processEnded
+            # comes next and there is nothing to drain or cancel.)
+            self._arm_drain()
         self.exited.callback(self.exit_code)
 
     def _arm_drain(self) -> None:

@@ -387,8 +387,9 @@ def resolve_user(requested: Any, rule: EffectiveRule) -> RunAs | None:
         entry = USER_ENTRIES.lookup(wanted)
     except (KeyError, TypeError):
         raise bad_request(f"unknown user {wanted!r}") from None
-    if os.geteuid() != 0:
-        if entry.pw_uid == os.geteuid():
+    euid = os.geteuid()
+    if euid != 0:
+        if entry.pw_uid == euid:
             return None
         raise forbidden(
             "the daemon does not run as root, so it cannot switch users",
@@ -407,7 +408,7 @@ def resolve_user(requested: Any, rule: EffectiveRule) -> RunAs | None:
             Code.PARAM_NOT_ALLOWED,
             rule=policy_rule(rule, "params.users"),
         )
-    if entry.pw_uid == os.geteuid():
+    if entry.pw_uid == euid:
         return None  # the daemon's own user (root named as root): no switch
     return RunAs(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
 

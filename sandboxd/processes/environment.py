@@ -130,12 +130,17 @@ def child_environment(
     rule: EffectiveRule | None,
     extra: Mapping[str, str] | None = None,
     base: Mapping[str, str] | None = None,
+    drop: frozenset[str] | None = None,
 ) -> dict[str, str]:
     """
     The environment of a new child: the daemon's (which ``POST /env``
     changes), plus ``extra``, minus secrets and ``env_deny``.
+
+    :param drop: :func:`secret_names` of ``context`` and ``rule``, when
+        the caller has them already (for :func:`note_argv` too).
     """
-    drop = frozenset(secret_names(context, rule))
+    if drop is None:
+        drop = frozenset(secret_names(context, rule))
     if base is not None:
         return _filtered({**base, **(extra or {})}, drop)
     env = _ENVIRON.without(drop)
@@ -145,17 +150,22 @@ def child_environment(
 
 
 def note_argv(
-    request: Any, argv: Sequence[str], extra: Mapping[str, str] | None = None
+    request: Any,
+    argv: Sequence[str],
+    extra: Mapping[str, str] | None = None,
+    hidden: frozenset[str] | None = None,
 ) -> None:
     """
     Put what runs into the request's audit record (SPEC §20): the argv,
     capped, without the values of secret and ``env_deny`` names.
 
     :param extra: the request's ``env``, whose values count as well.
+    :param hidden: the request's :func:`secret_names`, when the caller has
+        them already.
     """
-    environ, names = _ENVIRON.audit_view(
-        frozenset(secret_names(request.context, request.rule))
-    )
+    if hidden is None:
+        hidden = frozenset(secret_names(request.context, request.rule))
+    environ, names = _ENVIRON.audit_view(hidden)
     if extra:
         environ = {**environ, **extra}
         names = names.union(n for n in extra if n.startswith(_SECRET_PREFIXES))

@@ -43,8 +43,11 @@ _POSIX_SPAWN_SETSIGMASK = 0x08
 _POSIX_SPAWN_SETSID = 0x80
 
 # Generous sizes for the opaque C types (glibc x86-64: file actions 80
-# bytes, attributes 336, sigset_t 128).
+# bytes, attributes 336, sigset_t 128; musl's are smaller).
 _OPAQUE_BYTES = 1024
+#: File actions are kept by the hundred (:data:`_ACTIONS`): three times
+#: the largest C library's, not the attributes' room.
+_ACTIONS_BYTES = 256
 
 _REQUIRED = (
     "posix_spawn",
@@ -329,7 +332,7 @@ class _FileActions:
     __slots__ = ("buffer", "destroy")
 
     def __init__(self, libc: Any) -> None:
-        self.buffer = ctypes.create_string_buffer(_OPAQUE_BYTES)
+        self.buffer = ctypes.create_string_buffer(_ACTIONS_BYTES)
         _check(libc.posix_spawn_file_actions_init(self.buffer), "file actions")
         self.destroy = libc.posix_spawn_file_actions_destroy
 
@@ -339,7 +342,9 @@ class _FileActions:
 
 #: Prepared file actions by (working directory, descriptor map): pipes
 #: reuse the lowest free descriptors, so a busy daemon asks for the same
-#: few sets over and over.  Bounded; the oldest set goes first.
+#: sets over and over (a few hundred while several children run at once,
+#: their pipes holding descriptors between).  Bounded; the oldest set
+#: goes first.
 _ACTIONS: OrderedDict[
     tuple[bytes | None, tuple[tuple[int, int], ...]], _FileActions
 ] = OrderedDict()

@@ -386,7 +386,7 @@ def _spawn_adopted_later(
 
     def timed() -> tuple[int, float]:
         began = time.perf_counter()
-        with CHILD_PRIORITY.spawning():
+        with CHILD_PRIORITY.spawning(dedicated=True):
             pid = _spawn.posix_spawn_alone(plan, prepared)
         seconds = time.perf_counter() - began
         # Setting the child's session group weight takes the scheduler's

@@ -40,7 +40,12 @@ from sandboxd.eventlog import Event
 from sandboxd.policy.defaults import PROCESS_OUTPUT_WAIT_SECONDS, STDIN_PENDING_BYTES
 from sandboxd.processes.child import Child, timeout_message
 from sandboxd.processes.command import RunAs, command_argv, resolve_user
-from sandboxd.processes.environment import child_environment, note_argv, validate_env
+from sandboxd.processes.environment import (
+    child_environment,
+    note_argv,
+    secret_names,
+    validate_env,
+)
 from sandboxd.processes.managed import readable
 from sandboxd.processes.priority import CHILD_PRIORITY
 from sandboxd.processes.run import run_collect, spawn
@@ -79,8 +84,10 @@ def launch(request: ServerRequest) -> Launch:
     cwd = PathGuard(rule).cwd(body.get("cwd"))
     extra = validate_env(body.get("env"))
     run_as = resolve_user(body.get("user"), rule)
-    env = child_environment(request.context, rule, extra)
-    note_argv(request, argv, extra)
+    # The names kept from the child are the names masked in the audit.
+    hidden = frozenset(secret_names(request.context, rule))
+    env = child_environment(request.context, rule, extra, drop=hidden)
+    note_argv(request, argv, extra, hidden)
     timeout = seconds(body.get("timeout"), "timeout", None)
     if timeout is None:
         timeout = rule.limits.timeout_seconds

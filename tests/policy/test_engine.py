@@ -14,6 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.endpoints import CapabilityGroup
 from sandboxd.policy import PolicyError, load_policy
+from sandboxd.policy.defaults import PATH_DECISIONS_KEPT
 from sandboxd.policy.paths import decide as decide_path
 from sandboxd.routes import builtin_table
 
@@ -698,3 +699,28 @@ class RawWriteInheritanceTests(SynchronousTestCase):
         )
         self.assertEqual(p.rule("files_uploads_create").limits.max_bytes, 8192)
         self.assertEqual(p.rule("files_uploads_append").limits.max_bytes, 4096)
+
+
+class KeptDecisionTests(SynchronousTestCase):
+    """A rule keeps the path decisions made under it, and only its own."""
+
+    def test_same_answers_bounded(self) -> None:
+        """
+        Asked again, a path gets the answer it got the first time (the
+        same for each operation); a rule of another policy decides for
+        itself; what a rule keeps stays within its bound.
+        """
+        open_rule = decide().rule("files_mkdir")
+        closed = decide(
+            {"endpoints": {"files_mkdir": {"paths": {"deny": ["secret"]}}}}
+        ).rule("files_mkdir")
+        for _ in range(2):
+            self.assertTrue(decide_path(open_rule, "secret/a").allowed)
+            self.assertFalse(decide_path(closed, "secret/a").allowed)
+            self.assertTrue(decide_path(open_rule, "/tmp/x", "write").allowed)
+            self.assertFalse(decide_path(open_rule, "/tmp", "delete").allowed)
+        self.assertFalse(decide_path(open_rule, "/etc/passwd").allowed)
+        for n in range(PATH_DECISIONS_KEPT + 10):
+            decide_path(open_rule, f"/tmp/{n}")
+        self.assertLessEqual(len(open_rule.decisions), PATH_DECISIONS_KEPT)
+        self.assertFalse(decide_path(closed, "secret/a").allowed)

@@ -155,6 +155,14 @@ class ChildProtocolTests(SynchronousTestCase):
         self.assertEqual(child.transport.lost, 1)
         self.assertEqual(got, [(1, b"hello\n"), (1, b"late\n")])
 
+    def test_exit_after_pipes_closed_leaves_no_timer(self) -> None:
+        """A child whose pipes had all closed when it was reaped arms no drain timer."""
+        child, clock, _, _ = self.make()
+        child.transport.pipes = {}
+        child.processExited(Exited(0))  # type: ignore[arg-type]
+        self.assertEqual(self.successResultOf(child.exited), 0)
+        self.assertEqual(clock.getDelayedCalls(), [])
+
     def test_chatty_grandchild_cannot_hold_pipes_forever(self) -> None:
         """Output that never stops after exit still ends at the drain limit."""
         child, clock, _, _ = self.make()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import threading
 from typing import Any
 
 from twisted.internet import reactor
@@ -17,7 +18,7 @@ from twisted.internet.task import Clock, deferLater
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.policy.priorities import priorities_from
-from sandboxd.processes import priority
+from sandboxd.processes import posix_spawn, priority, spawning
 from tests.helpers import DaemonTestCase
 
 #: What a child reports of itself: its nice value (field 19 of stat), its
@@ -123,6 +124,88 @@ class ChildPriorityTests(DaemonTestCase):
         self.assertEqual(reply.status, 200, reply.body)
         self.assertEqual(os.getpriority(os.PRIO_PROCESS, 0), nice)
         self.assertEqual(priority.ioprio_of(os.getpid()), io)
+
+
+class WorkerThreadTests(DaemonTestCase):
+    """Children spawned on a worker thread (spawns are slow: a busy machine)."""
+
+    def setUp(self) -> Any:
+        if not posix_spawn.AVAILABLE:
+            raise self.skipTest("no posix_spawn through ctypes here")
+        always = spawning.SpawnTimes(threshold=-1.0)
+        always.slow = True
+        self.patch(spawning, "SPAWN_TIMES", always)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_every_child_gets_the_childrens_priorities(self) -> Any:
+        """
+        Each ``/shell`` child started by a spawn worker runs at nice 10,
+        oom_score_adj 500 and the children's I/O priority, the second as
+        the first (the worker keeps the I/O priority between spawns); the
+        worker itself is back at the daemon's nice value.
+        """
+        command = shlex.join(
+            ["sh", "-c", "cut -d' ' -f19 /proc/$$/stat; cat /proc/$$/oom_score_adj"]
+        )
+        for _ in range(2):
+            reply = yield self.request("POST", "/shell", {"command": command})
+            self.assertEqual(reply.status, 200, reply.body)
+            nice, oom = (int(v) for v in reply.json()["stdout"].split())
+            self.assertEqual((nice, oom), (10, 500))
+        reply = yield self.request("POST", "/process/start", {"command": "sleep 30"})
+        self.assertEqual(reply.status, 200, reply.body)
+        io = priority.ioprio_of(reply.json()["pid"])
+        if io >= 0:
+            self.assertEqual(io, priority.best_effort(7))
+        workers = [t for t in threading.enumerate() if t.name == "sandboxd-spawn"]
+        self.assertNotEqual(workers, [])
+        for worker in workers:
+            assert worker.native_id is not None
+            self.assertEqual(
+                os.getpriority(os.PRIO_PROCESS, worker.native_id),
+                os.getpriority(os.PRIO_PROCESS, 0),
+            )
+
+
+class DedicatedSpawningThreadTests(SynchronousTestCase):
+    """A thread that only spawns keeps the children's I/O priority between spawns."""
+
+    def in_thread(self, work: Any) -> Any:
+        """``work()`` on a fresh thread; its result."""
+        results: list[Any] = []
+        thread = threading.Thread(target=lambda: results.append(work()))
+        thread.start()
+        thread.join()
+        return results[0]
+
+    def test_kept_until_priority_is_off(self) -> None:
+        """
+        Lowered for the first spawn and still lowered after it; with the
+        policy's priority off, the thread's own I/O priority again.
+        """
+        own = priority.ioprio_of(threading.get_native_id())
+        if own < 0:
+            raise self.skipTest("no ioprio system calls on this machine")
+        children = priority.ChildPriority()
+        children.priorities = priorities_from(True)
+        level = children.priorities.children_io_level
+        assert level is not None
+
+        def spawns() -> list[int]:
+            tid = threading.get_native_id()
+            seen = []
+            with children.spawning(dedicated=True):
+                seen.append(priority.ioprio_of(tid))
+            seen.append(priority.ioprio_of(tid))
+            children.priorities = priorities_from(False)
+            with children.spawning(dedicated=True):
+                seen.append(priority.ioprio_of(tid))
+            return seen
+
+        lowered = priority.best_effort(level)
+        self.assertEqual(self.in_thread(spawns), [lowered, lowered, own])
+        self.assertEqual(priority.ioprio_of(threading.get_native_id()), own)
 
 
 class PriorityOffTests(DaemonTestCase):
