@@ -328,6 +328,36 @@ class DoorRequest:
             out += b"0\r\n\r\n"
         if out and transport is not None:
             write_now(transport, out)
+        self._done()
+
+    def answer_whole(self, answer: Answer, body: bytes) -> None:
+        """
+        The app's whole answer at once (:meth:`relay_answer`, :meth:`write`
+        and :meth:`finish` in one step): a small answer read in one piece
+        leaves in one write.
+        """
+        if self.finished:
+            return
+        self.code = answer.code
+        self.phrase = answer.phrase
+        self.answer = answer
+        transport = self.channel.transport
+        if transport is not None:
+            self.started = True
+            out = self._answer_head(answer)
+            if self.bodiless:
+                pass
+            elif self.chunked:
+                if body:
+                    out += b"%x\r\n%s\r\n" % (len(body), body)
+                out += b"0\r\n\r\n"
+            else:
+                out += body
+            write_now(transport, out)
+        self._done()
+
+    def _done(self) -> None:
+        """Whole: tell the exchange and the channel."""
         self.finished = True
         if self.on_end is not None:
             self.on_end(None)
@@ -441,8 +471,7 @@ class DoorChannel(Protocol):
             return
         if self.closing:
             return
-        if not self.buffer and self.request is None:
-            self.site.table.head_started(self)
+        starts = not self.buffer
         self.buffer += data
         self._quiet_since = self.site.reactor.seconds()
         if self.request is not None:
@@ -452,6 +481,17 @@ class DoorChannel(Protocol):
                 self.transport.pauseProducing()
             return
         self._next()
+        if (
+            starts
+            and self.buffer
+            and self.request is None
+            and self.delegate is None
+            and not self.closing
+        ):
+            # Part of a head, the rest to come: its deadline runs from now.
+            # (A head read whole in this call is never counted as started:
+            # :meth:`_start` marks the connection busy at once.)
+            self.site.table.head_started(self)
 
     def _next(self) -> None:
         """Handle every whole head in the buffer, one request at a time."""

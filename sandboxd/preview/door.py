@@ -836,6 +836,23 @@ class Exchange:
                 socket.bufferSize = LARGE_READ_BYTES
                 self.widened = socket
 
+    def upstream_whole(self, answer: Answer, body: bytes) -> None:
+        """
+        The app's whole answer, read in one piece (its connection already
+        back in the pool): on to the browser in one write, and the
+        exchange is done (:meth:`upstream_answer`, :meth:`dataReceived`
+        and :meth:`upstream_done` in one step).
+        """
+        self.pending = self.upstream = None
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        if self.gone or self.finished or self.refusal is not None:
+            return
+        self.status = answer.code
+        self.bytes_out += len(body)
+        self.finished = True
+        self.request.answer_whole(answer, body)
+
     def dataReceived(self, data: bytes) -> None:
         """Body bytes from the app, on to the browser; the app waits while it is slow."""
         if self.gone:
