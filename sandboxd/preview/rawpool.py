@@ -694,7 +694,12 @@ class RawPool:
         ``timeout`` seconds.  One timer for the pool, not one set and
         cancelled per request.
         """
-        self.expect_by(connection, self.reactor.seconds() + timeout)
+        # :meth:`expect_by`'s steps, written out (once per request).
+        deadline = self.reactor.seconds() + timeout
+        connection.deadline = deadline
+        self.waiting[connection] = None
+        if self._late is None:
+            self._late = self.reactor.callLater(timeout, self._check_late)
 
     def expect_by(self, connection: RawConnection, deadline: float) -> None:
         """:meth:`expect`, by a deadline in reactor seconds."""
