@@ -58,13 +58,12 @@ _BODILESS = frozenset({204, 304})
 #: Headers that mean a request is not the plain kind (see the module).
 _NOT_PLAIN = frozenset({b"upgrade", b"expect"})
 
-#: Methods whose request line the memo of a head accepts without the
-#: parser (each a token; any other goes through :func:`parse_head`).
-_MEMO_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"DELETE"})
-
-#: A request target the parser accepts (:mod:`sandboxd.web.heads`: no
-#: controls, no space).
-_TARGET = re.compile(rb"[\x21-\xb0]+")
+#: A request line the memo of a head accepts without the parser, read in
+#: one match: a method of these (any other goes through
+#: :func:`parse_head`), a target the parser accepts
+#: (:mod:`sandboxd.web.heads`: no controls, no space), HTTP/1.1, and the
+#: line's end.
+_MEMO_LINE = re.compile(rb"(GET|HEAD|OPTIONS|DELETE) ([\x21-\xb0]+) HTTP/1\.1(?=\r\n)")
 
 #: Lower-cased header names to the form the app is sent (bounded).
 _CANONICAL: dict[bytes, bytes] = {}
@@ -545,9 +544,10 @@ class DoorChannel(Protocol):
         if memo is None:
             return False
         buffer = self.buffer
-        line_end = buffer.find(b"\r\n")
-        if line_end <= 0:
+        line = _MEMO_LINE.match(buffer)
+        if line is None:
             return False
+        line_end = line.end()
         size = line_end + len(memo.block) + 4
         if (
             len(buffer) < size
@@ -556,16 +556,8 @@ class DoorChannel(Protocol):
             or not buffer.startswith(b"\r\n\r\n", size - 4)
         ):
             return False
-        parts = buffer[:line_end].split(b" ")
-        if (
-            len(parts) != 3
-            or parts[2] != b"HTTP/1.1"
-            or parts[0] not in _MEMO_METHODS
-            or _TARGET.fullmatch(parts[1]) is None
-        ):
-            return False
         self.buffer = buffer[size:]
-        self._start(parts[0], parts[1], memo.fields, True)
+        self._start(line[1], line[2], memo.fields, True)
         return True
 
     def _start(
