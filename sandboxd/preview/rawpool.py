@@ -24,7 +24,9 @@ GET's every step counts, uses :meth:`RawPool.take` or
 connection tells its :class:`Sink` (the exchange) of the answer's head,
 read once with the preview's rules (:mod:`sandboxd.preview.answer`), of
 each piece of the body and of its end, directly; no Deferred, no response
-or body object.  The deadline for an answer's head is kept by the pool's
+or body object.  An answer that arrives whole in one read (most small
+ones) is told in one call instead, its connection already back in the
+pool (:meth:`Sink.upstream_whole`).  The deadline for an answer's head is kept by the pool's
 one timer (:meth:`RawPool.expect`).
 
 A pooled connection is kept at most :data:`PREVIEW_POOL_IDLE_SECONDS`
