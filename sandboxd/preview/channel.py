@@ -58,13 +58,12 @@ _BODILESS = frozenset({204, 304})
 #: Headers that mean a request is not the plain kind (see the module).
 _NOT_PLAIN = frozenset({b"upgrade", b"expect"})
 
-#: Methods whose request line the memo of a head accepts without the
-#: parser (each a token; any other goes through :func:`parse_head`).
-_MEMO_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS", b"DELETE"})
-
-#: A request target the parser accepts (:mod:`sandboxd.web.heads`: no
-#: controls, no space).
-_TARGET = re.compile(rb"[\x21-\xb0]+")
+#: A request line the memo of a head accepts without the parser, read in
+#: one match: a method of these (any other goes through
+#: :func:`parse_head`), a target the parser accepts
+#: (:mod:`sandboxd.web.heads`: no controls, no space), HTTP/1.1, and the
+#: line's end.
+_MEMO_LINE = re.compile(rb"(GET|HEAD|OPTIONS|DELETE) ([\x21-\xb0]+) HTTP/1\.1(?=\r\n)")
 
 #: Lower-cased header names to the form the app is sent (bounded).
 _CANONICAL: dict[bytes, bytes] = {}
@@ -328,6 +327,36 @@ class DoorRequest:
             out += b"0\r\n\r\n"
         if out and transport is not None:
             write_now(transport, out)
+        self._done()
+
+    def answer_whole(self, answer: Answer, body: bytes) -> None:
+        """
+        The app's whole answer at once (:meth:`relay_answer`, :meth:`write`
+        and :meth:`finish` in one step): a small answer read in one piece
+        leaves in one write.
+        """
+        if self.finished:
+            return
+        self.code = answer.code
+        self.phrase = answer.phrase
+        self.answer = answer
+        transport = self.channel.transport
+        if transport is not None:
+            self.started = True
+            out = self._answer_head(answer)
+            if self.bodiless:
+                pass
+            elif self.chunked:
+                if body:
+                    out += b"%x\r\n%s\r\n" % (len(body), body)
+                out += b"0\r\n\r\n"
+            else:
+                out += body
+            write_now(transport, out)
+        self._done()
+
+    def _done(self) -> None:
+        """Whole: tell the exchange and the channel."""
         self.finished = True
         if self.on_end is not None:
             self.on_end(None)
@@ -441,8 +470,7 @@ class DoorChannel(Protocol):
             return
         if self.closing:
             return
-        if not self.buffer and self.request is None:
-            self.site.table.head_started(self)
+        starts = not self.buffer
         self.buffer += data
         self._quiet_since = self.site.reactor.seconds()
         if self.request is not None:
@@ -452,6 +480,17 @@ class DoorChannel(Protocol):
                 self.transport.pauseProducing()
             return
         self._next()
+        if (
+            starts
+            and self.buffer
+            and self.request is None
+            and self.delegate is None
+            and not self.closing
+        ):
+            # Part of a head, the rest to come: its deadline runs from now.
+            # (A head read whole in this call is never counted as started:
+            # :meth:`_start` marks the connection busy at once.)
+            self.site.table.head_started(self)
 
     def _next(self) -> None:
         """Handle every whole head in the buffer, one request at a time."""
@@ -505,9 +544,10 @@ class DoorChannel(Protocol):
         if memo is None:
             return False
         buffer = self.buffer
-        line_end = buffer.find(b"\r\n")
-        if line_end <= 0:
+        line = _MEMO_LINE.match(buffer)
+        if line is None:
             return False
+        line_end = line.end()
         size = line_end + len(memo.block) + 4
         if (
             len(buffer) < size
@@ -516,16 +556,8 @@ class DoorChannel(Protocol):
             or not buffer.startswith(b"\r\n\r\n", size - 4)
         ):
             return False
-        parts = buffer[:line_end].split(b" ")
-        if (
-            len(parts) != 3
-            or parts[2] != b"HTTP/1.1"
-            or parts[0] not in _MEMO_METHODS
-            or _TARGET.fullmatch(parts[1]) is None
-        ):
-            return False
         self.buffer = buffer[size:]
-        self._start(parts[0], parts[1], memo.fields, True)
+        self._start(line[1], line[2], memo.fields, True)
         return True
 
     def _start(

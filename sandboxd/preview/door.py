@@ -222,9 +222,7 @@ class PreviewSite(HardenedSite):
 
     def exchange(self, request: DoorRequest) -> None:
         """A plain request on the door's channel: no body, so decided and sent at once."""
-        exchange = Exchange(self.service, request, 0)
-        exchange.head()
-        exchange.body_done()
+        Exchange(self.service, request, 0).plain()
 
 
 class Exchange:
@@ -322,6 +320,33 @@ class Exchange:
         if self.redirect is not None or self.upgrade:
             return  # answered (or spliced) once the (empty) body is in
         self._start_upstream()
+
+    def plain(self) -> None:
+        """
+        A request without a body on the door's own channel: :meth:`head`
+        and :meth:`body_done` in one step, since its whole request is in.
+        """
+        try:
+            self._decide()
+        except ApiError as e:
+            error = e
+        except Exception as e:  # a bug must still be one answer and one audit line
+            log.failure("preview: deciding a request failed")
+            error = unexpected(e)
+        else:
+            if self.redirect is not None:
+                self.processed = True
+                self._respond_redirect(*self.redirect)
+                return
+            self._send(self.addresses[0])
+            self.processed = True
+            timeout = self.context.policy.rules["preview_proxy"].limits.timeout_seconds
+            if timeout and self.upstream is not None:
+                self.service.raw.expect(self.upstream, timeout)
+            return
+        self.processed = True
+        self._refuse(error)
+        self._respond_error(error)
 
     def _decide(self) -> None:
         derived = self.derived
@@ -835,6 +860,23 @@ class Exchange:
             if socket is not None and hasattr(socket, "bufferSize"):
                 socket.bufferSize = LARGE_READ_BYTES
                 self.widened = socket
+
+    def upstream_whole(self, answer: Answer, body: bytes) -> None:
+        """
+        The app's whole answer, read in one piece (its connection already
+        back in the pool): on to the browser in one write, and the
+        exchange is done (:meth:`upstream_answer`, :meth:`dataReceived`
+        and :meth:`upstream_done` in one step).
+        """
+        self.pending = self.upstream = None
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        if self.gone or self.finished or self.refusal is not None:
+            return
+        self.status = answer.code
+        self.bytes_out += len(body)
+        self.finished = True
+        self.request.answer_whole(answer, body)
 
     def dataReceived(self, data: bytes) -> None:
         """Body bytes from the app, on to the browser; the app waits while it is slow."""

@@ -24,7 +24,9 @@ GET's every step counts, uses :meth:`RawPool.take` or
 connection tells its :class:`Sink` (the exchange) of the answer's head,
 read once with the preview's rules (:mod:`sandboxd.preview.answer`), of
 each piece of the body and of its end, directly; no Deferred, no response
-or body object.  The deadline for an answer's head is kept by the pool's
+or body object.  An answer that arrives whole in one read (most small
+ones) is told in one call instead, its connection already back in the
+pool (:meth:`Sink.upstream_whole`).  The deadline for an answer's head is kept by the pool's
 one timer (:meth:`RawPool.expect`).
 
 A pooled connection is kept at most :data:`PREVIEW_POOL_IDLE_SECONDS`
@@ -83,6 +85,9 @@ class Sink(Protocol_):
 
     def dataReceived(self, data: bytes) -> None:
         """Body bytes, as decoded from their framing."""
+
+    def upstream_whole(self, answer: Answer, body: bytes) -> None:
+        """The answer's head, read with :attr:`rules`, and its whole body, at once."""
 
     def upstream_done(self, reason: Failure | None) -> None:
         """The body is whole (None) or was cut short."""
@@ -150,11 +155,13 @@ class BodyTransport:
 
     def pauseProducing(self) -> None:
         """The browser is slow: stop reading from the app."""
+        self._connection.paused = True
         if self._producer is not None:
             self._producer.pauseProducing()
 
     def resumeProducing(self) -> None:
         """The browser caught up."""
+        self._connection.paused = False
         if self._producer is not None:
             self._producer.resumeProducing()
 
@@ -211,6 +218,8 @@ class RawConnection(Protocol):
         self.in_body = False
         self.body_done = False
         self.lost = False
+        #: Its socket was paused for a slow browser (:class:`BodyTransport`).
+        self.paused = False
         #: When it went back to the pool (reactor seconds).
         self.idle_since = 0.0
         #: The first request, sent once connected.
@@ -349,8 +358,18 @@ class RawConnection(Protocol):
             self.decoder = _ChunkedTransferDecoder(self._chunk, self._chunks_done)
         elif length is None:
             close = True  # to the close
-        self.remaining = length
         self.reusable = not close
+        if length is not None and len(rest) >= length:
+            # The whole answer is in (a small one, read at once): back to
+            # the pool, then the sink has it in one call.
+            if len(rest) > length:
+                self.reusable = False  # bytes past the answer: not ours to keep
+                rest = rest[:length]
+            self.sink = None
+            self._let_out()
+            sink.upstream_whole(answer, rest)
+            return True
+        self.remaining = length
         self.in_body = True
         self.body = sink
         sink.upstream_answer(answer)
@@ -478,16 +497,27 @@ class RawConnection(Protocol):
         body, self.body = self.body, None
         self.in_body = False
         sink, self.sink = self.sink, None
-        if reason is None and self.reusable and not self.lost:
-            transport: Any = self.transport
-            transport.resumeProducing()  # a paused socket must not idle paused
-            self.pool.release(self)
+        if reason is None:
+            self._let_out()
         elif not self.lost:
             self.abort()
         if sink is not None:
             sink.upstream_done(reason)
         elif body is not None:
             body.connectionLost(reason or _DONE)
+
+    def _let_out(self) -> None:
+        """An answer is whole: back to the pool when it can serve another, else closed."""
+        if self.reusable and not self.lost:
+            if self.paused:
+                # A paused socket must not idle paused (nor pay for a resume
+                # when it never was).
+                self.paused = False
+                transport: Any = self.transport
+                transport.resumeProducing()
+            self.pool.release(self)
+        elif not self.lost:
+            self.abort()
 
     # -- the end ----------------------------------------------------------------
 
@@ -666,7 +696,12 @@ class RawPool:
         ``timeout`` seconds.  One timer for the pool, not one set and
         cancelled per request.
         """
-        self.expect_by(connection, self.reactor.seconds() + timeout)
+        # :meth:`expect_by`'s steps, written out (once per request).
+        deadline = self.reactor.seconds() + timeout
+        connection.deadline = deadline
+        self.waiting[connection] = None
+        if self._late is None:
+            self._late = self.reactor.callLater(timeout, self._check_late)
 
     def expect_by(self, connection: RawConnection, deadline: float) -> None:
         """:meth:`expect`, by a deadline in reactor seconds."""

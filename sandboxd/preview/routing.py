@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import urllib.parse
+from typing import NamedTuple
 
 import attrs
 
@@ -22,10 +23,11 @@ from sandboxd.access.gate import host_name, is_loopback
 from sandboxd.policy.defaults import PREVIEW_HOST_CACHE
 
 
-@attrs.frozen
-class Target:
+class Target(NamedTuple):
     """
-    Where a request goes.
+    Where a request goes: a value made for every request through the door,
+    so a named tuple (made in one step) rather than a frozen attrs class
+    (one guarded attribute store per field).
 
     :ivar prefix: the path mode's ``/p/PORT`` (empty in host mode), taken
         off the path sent upstream and put back on redirects.

@@ -66,7 +66,19 @@ def write_now(transport: Any, data: bytes) -> None:
     writes through it on both of its sockets (the browser's and the
     app's): request heads, responses and every spliced WebSocket frame.
     """
-    if data and _sends_directly(transport):
+    # _sends_directly's test, written out: this runs for every response
+    # and every relayed piece, and the call was a visible share of one.
+    if (
+        data
+        and type(transport) in _PLAIN_TCP
+        and transport.connected
+        and not transport.disconnecting
+        and not transport._writeDisconnected
+        and not transport._writeDisconnecting
+        and not transport.producerPaused
+        and not transport._tempDataLen
+        and len(transport.dataBuffer) == transport.offset
+    ):
         try:
             sent = transport.socket.send(data)
         except OSError:
@@ -102,7 +114,10 @@ def write_head_and_body_now(transport: Any, head: bytes, body: bytes) -> None:
 
 
 def _sends_directly(transport: Any) -> bool:
-    """Whether bytes for ``transport`` may go to its socket at once."""
+    """
+    Whether bytes for ``transport`` may go to its socket at once (the
+    same test is written out in :func:`write_now`: change both).
+    """
     return bool(
         type(transport) in _PLAIN_TCP
         and transport.connected

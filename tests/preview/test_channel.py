@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
@@ -19,6 +20,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from sandboxd.preview.channel import canonical, plain
 from sandboxd.web.heads import parse_head
 from tests.preview.test_door import POLICY, DoorCase
+from tests.preview.test_rawpool import ScriptedApp
 
 
 def talk(port: int, data: bytes, timeout: float = 10.0) -> tuple[bytes, float]:
@@ -263,3 +265,63 @@ class PlainTests(SynchronousTestCase):
         """The app is sent header names as Twisted's ``Headers`` sent them."""
         self.assertEqual(canonical(b"x-requested-with"), b"X-Requested-With")
         self.assertEqual(canonical(b"accept"), b"Accept")
+
+
+class HeadDeadlineTests(DoorCase):
+    """The door's own channel keeps the daemon's deadline on request heads."""
+
+    autostart = False
+
+    @inlineCallbacks
+    def setUp(self) -> Any:
+        yield super().setUp()
+        yield self.start(head_deadline=1.0)
+        self.door = self.daemon.context.preview
+        self.door_port = self.door.door_port
+        self.scripted = ScriptedApp()
+        listening = reactor.listenTCP(0, self.scripted, interface="127.0.0.1")
+        self.addCleanup(listening.stopListening)
+        self.scripted.port = listening.getHost().port
+        reply = yield self.expose(port=self.scripted.port, public=True)
+        self.assertEqual(reply.status, 201, reply.body)
+
+    @inlineCallbacks
+    def test_head_in_parts_is_cut_whole_heads_never(self) -> None:
+        """
+        On a kept-alive connection, heads that arrive whole are answered
+        however long the connection idles between them (longer than the
+        deadline); a later head that comes in parts is timed from its
+        first byte and the connection is cut at the deadline.
+        """
+        host = self.host(self.scripted.port)
+
+        def drive() -> tuple[list[bytes], float | None]:
+            with socket.create_connection(
+                ("127.0.0.1", self.door_port), timeout=10
+            ) as s:
+                bodies = []
+                for _ in range(2):
+                    s.sendall(get("/length", host))
+                    answer = b""
+                    while not answer.endswith(b"hello"):
+                        chunk = s.recv(65536)
+                        if not chunk:
+                            break
+                        answer += chunk
+                    bodies.append(answer.partition(b"\r\n\r\n")[2])
+                    time.sleep(1.5)
+                s.sendall(get("/length", host)[:20])
+                started = time.monotonic()
+                try:
+                    closed = s.recv(65536) == b""
+                except ConnectionResetError:
+                    closed = True  # cut by an abort
+                except TimeoutError:
+                    closed = False
+                return bodies, (time.monotonic() - started) if closed else None
+
+        bodies, cut_after = yield deferToThread(drive)
+        self.assertEqual(bodies, [b"hello", b"hello"])
+        self.assertIsNotNone(cut_after, "a head in parts was never cut")
+        assert cut_after is not None
+        self.assertGreaterEqual(cut_after, 0.9)

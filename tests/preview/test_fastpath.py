@@ -128,6 +128,36 @@ class FastPathTests(DoorCase):
         self.assertEqual(notmod.get("etag"), '"v1"')
         self.assertEqual(answers[4][1].get("transfer-encoding"), "chunked")
 
+    @inlineCallbacks
+    def test_small_answers_read_whole(self) -> None:
+        """
+        Answers that reach the door whole in one piece go to the client
+        exactly as framed: the bytes an app wrote past its
+        ``Content-Length`` never reach the client (nor does its connection
+        serve another request), a HEAD and an empty answer keep their
+        headers and have no body, and the next request is answered.
+        """
+        host = self.host(self.scripted.port)
+        data = (
+            get("/extra", host)
+            + get("/length", host)
+            + get("/length", host, method="HEAD")
+            + get("/extra", host)
+            + get("/length", host, "Connection: close")
+        )
+        raw, _ = yield deferToThread(talk, self.door_port, data)
+        self.assertNotIn(b"SURPLUS", raw)
+        answers = responses(raw, heads=frozenset({2}))
+        self.assertEqual(
+            [(status, body) for status, _, body in answers],
+            [(200, b"ok"), (200, b"hello"), (200, b""), (200, b"ok"), (200, b"hello")],
+        )
+        self.assertEqual(answers[2][1].get("content-length"), "5")
+        self.assertEqual(
+            self.scripted.connections,
+            [[b"/extra"], [b"/length", b"/length", b"/extra"], [b"/length"]],
+        )
+
 
 class SlowReaderTests(DoorCase):
     """A browser reading a big answer slowly."""
