@@ -109,16 +109,19 @@ def write_head_and_body_now(transport: Any, head: bytes, body: bytes) -> None:
 
 #: How much of a big body Twisted sends per writable turn once it holds
 #: the rest (its own default, 128 KiB, is one reactor turn per 128 KiB).
-BIG_SEND_BYTES = 4 * 1024 * 1024
+#: Twisted copies what is left of its buffer once that is under this
+#: much, so it bounds that copy too.
+BIG_SEND_BYTES = 1024 * 1024
 
 
 def _queue_rest(transport: Any, body: bytes, offset: int) -> None:
     """
     Leave the rest of ``body``, from ``offset``, to the transport as Twisted
     holds what it is sending: the body itself and an offset into it, so
-    the megabytes the socket did not take are not copied first; and up to
-    :data:`BIG_SEND_BYTES` per send, so they leave in a few turns, not one
-    per 128 KiB. Only called when nothing else was queued.
+    the megabytes the socket did not take are not copied first (only the
+    last :data:`BIG_SEND_BYTES`, by Twisted); and up to that much per send,
+    so they leave in a few turns, not one per 128 KiB. Only called when
+    nothing else was queued.
     """
     transport.SEND_LIMIT = max(transport.SEND_LIMIT, BIG_SEND_BYTES)
     transport.dataBuffer = body
