@@ -29,6 +29,7 @@ from sandboxd.errors import ApiError, bad_request, internal
 from sandboxd.eventlog import Event
 from sandboxd.kernels.jsontext import text_object_parts
 from sandboxd.policy.defaults import E2B_CODE_KEEPALIVE_SECONDS
+from sandboxd.web.sending import write_chunk_now
 
 log = Logger(namespace="sandboxd.e2b")
 
@@ -206,6 +207,11 @@ async def _execute(call: Call, body: dict[str, Any]) -> None:
     NdjsonStream(call, ctx, x)
 
 
+#: Lines written together of at least this many bytes are sent from their
+#: parts (:func:`~sandboxd.web.sending.write_chunk_now`), not joined first.
+BIG_WRITE_BYTES = 64 * 1024
+
+
 def _line(line: dict[str, Any]) -> list[bytes]:
     """
     One NDJSON line's JSON, in parts (a big output's text escaped from its
@@ -247,9 +253,13 @@ class NdjsonStream:
         for line in lines:
             parts += _line(line)
             parts.append(b"\n")
-        data = b"".join(parts)
-        self.call.bytes_out += len(data)
-        self.call.request.write(data)
+        size = sum(len(part) for part in parts)
+        self.call.bytes_out += size
+        if size >= BIG_WRITE_BYTES:
+            # A big output's parts go to the socket as they are.
+            write_chunk_now(self.call.request, parts)
+        else:
+            self.call.request.write(b"".join(parts))
         if self._beat.active():
             self._beat.reset(E2B_CODE_KEEPALIVE_SECONDS)
 

@@ -65,6 +65,11 @@ DEFAULT_RETENTION_BYTES: int = ENDPOINT_LIMITS["process_start"]["max_output_byte
 # Output caps
 
 
+#: Output chunks under this many bytes are copied together into one
+#: buffer; bigger ones are kept as the objects they arrived as.
+SMALL_CHUNK_BYTES = 4096
+
+
 class HeadTail:
     """
     A byte sink that keeps the first and the last ``cap // 2`` bytes.
@@ -72,14 +77,21 @@ class HeadTail:
     Memory stays bounded by ``cap`` however much is written; what falls in
     between is counted in :attr:`dropped_bytes`, so an error at the end of
     a huge log is never lost.
+
+    A chunk of :data:`SMALL_CHUNK_BYTES` or more is kept as it is, not
+    copied into a buffer (the head of a 10 MiB output is then never copied
+    before the one join that returns it); smaller ones are gathered into
+    one buffer, so a child that writes a byte at a time costs no object
+    per byte.
     """
 
     def __init__(self, cap: int) -> None:
         self.cap = max(0, cap)
         self._head_cap = self.cap // 2
         self._tail_cap = self.cap - self._head_cap
-        self._head = bytearray()
-        self._tail: deque[bytes] = deque()
+        self._head: list[bytes | bytearray] = []
+        self._head_len = 0
+        self._tail: deque[bytes | bytearray] = deque()
         self._tail_len = 0
         self.dropped_bytes = 0
         self.total_bytes = 0
@@ -92,10 +104,12 @@ class HeadTail:
     def write(self, data: bytes) -> None:
         """Take the next bytes."""
         self.total_bytes += len(data)
-        room = self._head_cap - len(self._head)
+        room = self._head_cap - self._head_len
         if room > 0:
-            self._head += data[:room]
-            data = data[room:]
+            piece = data[:room] if len(data) > room else data
+            _keep(self._head, piece)
+            self._head_len += len(piece)
+            data = data[len(piece) :] if len(piece) < len(data) else b""
         if not data:
             return
         if len(data) >= self._tail_cap:
@@ -104,7 +118,7 @@ class HeadTail:
             data = data[len(data) - self._tail_cap :] if self._tail_cap else b""
             self._tail_len = 0
         if data:
-            self._tail.append(data)
+            _keep(self._tail, data)
             self._tail_len += len(data)
         while self._tail_len > self._tail_cap:
             excess = self._tail_len - self._tail_cap
@@ -114,7 +128,10 @@ class HeadTail:
                 self._tail_len -= len(first)
                 self.dropped_bytes += len(first)
             else:
-                self._tail[0] = first[excess:]
+                if isinstance(first, bytearray):
+                    del first[:excess]  # in place, no copy of the rest
+                else:
+                    self._tail[0] = first[excess:]
                 self._tail_len -= excess
                 self.dropped_bytes += excess
 
@@ -129,26 +146,46 @@ class HeadTail:
         if not self.truncated or not marker:
             # One copy of all of it (a 10 MiB output: head, tail, whole
             # made one after the other cost three).
-            return b"".join((self._head, *self._tail))
+            return b"".join((*self._head, *self._tail))
+        head = b"".join(self._head)
         tail = b"".join(self._tail)
         middle = self._marker()
-        while len(self._head) + len(middle) + len(tail) > self.cap:
-            over = len(self._head) + len(middle) + len(tail) - self.cap
-            if over > len(self._head) + len(tail):
+        while len(head) + len(middle) + len(tail) > self.cap:
+            over = len(head) + len(middle) + len(tail) - self.cap
+            if over > len(head) + len(tail):
                 return self._marker()[: self.cap]  # a cap smaller than the line
-            from_head = min(len(self._head), over // 2)
+            from_head = min(len(head), over // 2)
             from_tail = min(len(tail), over - from_head)
             from_head = over - from_tail
-            del self._head[len(self._head) - from_head :]
+            head = head[: len(head) - from_head]
             tail = tail[from_tail:]
+            self._head = [head] if head else []
+            self._head_len = len(head)
             self._tail = deque([tail]) if tail else deque()
             self._tail_len = len(tail)
             self.dropped_bytes += over
             middle = self._marker()  # one digit longer, perhaps: look again
-        return b"".join((self._head, middle, tail))
+        return b"".join((head, middle, tail))
 
     def _marker(self) -> bytes:
         return f"\n[... {self.dropped_bytes} bytes dropped ...]\n".encode()
+
+
+def _keep(
+    chunks: list[bytes | bytearray] | deque[bytes | bytearray], data: bytes
+) -> None:
+    """
+    Add ``data`` to ``chunks``: as it is when big, else copied into the
+    last chunk when that is a buffer of small ones.
+    """
+    if len(data) >= SMALL_CHUNK_BYTES:
+        chunks.append(data)
+        return
+    last = chunks[-1] if chunks else None
+    if isinstance(last, bytearray):
+        last += data
+    else:
+        chunks.append(bytearray(data))
 
 
 # --------------------------------------------------------------------------

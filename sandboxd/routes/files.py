@@ -701,7 +701,7 @@ def files_watch(request: ServerRequest) -> Any:
             return None
         return data if path == data["path"] else dict(data, path=path)
 
-    def our_format(event: Event) -> bytes:
+    def our_format(event: Event) -> bytes | list[bytes]:
         data = shown(event)
         if data is None:
             return b""

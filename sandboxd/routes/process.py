@@ -605,7 +605,7 @@ def _output_page(
     }
 
 
-def _text_format(event: Event) -> bytes:
+def _text_format(event: Event) -> bytes | list[bytes]:
     """An output event as text (what was not UTF-8 as U+FFFD)."""
     if event.event in ("stdout", "stderr"):
         data = {**event.data, "data": readable(event.data["data"])}

@@ -14,7 +14,13 @@ from typing import Any
 
 from twisted.internet.tcp import Client, Server
 
-__all__ = ["raw_json_response", "send_now", "write_head_and_body_now", "write_now"]
+__all__ = [
+    "raw_json_response",
+    "send_now",
+    "write_chunk_now",
+    "write_head_and_body_now",
+    "write_now",
+]
 
 #: The transports whose socket :func:`write_now` may write to directly:
 #: the daemon's accepted connections and the preview door's connections
@@ -106,11 +112,81 @@ def write_head_and_body_now(transport: Any, head: bytes, body: bytes) -> None:
             sent = 0  # Twisted's own write finds the error and closes.
         if sent >= len(head):
             if sent - len(head) < len(body):
-                transport.write(body[sent - len(head) :])
+                _queue_rest(transport, body, sent - len(head))
             return
         head = head[sent:]
     transport.write(head)
     transport.write(body)
+
+
+#: How much of a big body Twisted sends per writable turn once it holds
+#: the rest (its own default, 128 KiB, is one reactor turn per 128 KiB).
+#: Twisted copies what is left of its buffer once that is under this
+#: much, so it bounds that copy too.
+BIG_SEND_BYTES = 1024 * 1024
+
+
+def _queue_rest(transport: Any, body: bytes, offset: int) -> None:
+    """
+    Leave the rest of ``body``, from ``offset``, to the transport as Twisted
+    holds what it is sending: the body itself and an offset into it, so
+    the megabytes the socket did not take are not copied first (only the
+    last :data:`BIG_SEND_BYTES`, by Twisted); and up to that much per send,
+    so they leave in a few turns, not one per 128 KiB. Only called when
+    nothing else was queued.
+    """
+    transport.SEND_LIMIT = max(transport.SEND_LIMIT, BIG_SEND_BYTES)
+    transport.dataBuffer = body
+    transport.offset = offset
+    transport._maybePauseProducer()
+    transport.startWriting()
+
+
+#: The most parts :func:`write_chunk_now` sends in one ``sendmsg`` (Linux
+#: takes 1024 buffers at most; two go to the chunk's framing).
+MAX_CHUNK_PARTS = 1022
+
+
+def write_chunk_now(request: Any, parts: list[bytes]) -> None:
+    """
+    Write one piece of a streamed (chunked) body given in ``parts``, as
+    ``request.write`` of them joined would, without joining them.
+
+    An event stream's big event (a chunk of output, hundreds of KiB)
+    comes in parts: its frame's head, the escaped text, its end. Joining
+    them, then Twisted joining the chunk's length line and end to that,
+    copies the text twice only to put a few bytes around it; one
+    ``sendmsg`` sends the chunk from where its parts are, and only what
+    the socket does not take is joined and queued, in order.  Anything
+    but a started chunked response on a connection that may be written
+    to at once goes through ``request.write`` as before.
+    """
+    size = sum(len(part) for part in parts)
+    channel = getattr(request, "channel", None)
+    transport = getattr(channel, "transport", None)
+    if (
+        not size
+        or len(parts) > MAX_CHUNK_PARTS
+        or not getattr(request, "chunked", False)
+        or not getattr(request, "startedWriting", False)
+        or getattr(request, "finished", True)
+        or getattr(request, "_disconnected", True)
+        or transport is None
+        or not _sends_directly(transport)
+    ):
+        request.write(b"".join(parts))
+        return
+    request.sentLength += size
+    chunk = [b"%x\r\n" % size, *parts, b"\r\n"]
+    try:
+        sent = transport.socket.sendmsg(chunk)
+    except OSError:
+        sent = 0  # Twisted's own write finds the error and closes.
+    for i, part in enumerate(chunk):
+        if sent < len(part):
+            transport.write(b"".join((part[sent:], *chunk[i + 1 :])))
+            return
+        sent -= len(part)
 
 
 def _sends_directly(transport: Any) -> bool:

@@ -22,35 +22,51 @@ from sandboxd.eventlog import Event, EventLog
 from sandboxd.policy.defaults import HEARTBEAT_SECONDS
 from sandboxd.web.jsonbody import COMPACT, COMPACT_ASCII
 from sandboxd.web.params import integer
-from sandboxd.web.sending import send_now
+from sandboxd.web.sending import send_now, write_chunk_now
 
 
 def frame(event: str, data: Any, id: int | None = None) -> bytes:
     """One SSE frame; ``data`` is JSON (so it never holds a bare newline)."""
+    parts = frame_parts(event, data, id)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def frame_parts(event: str, data: Any, id: int | None = None) -> list[bytes]:
+    """
+    :func:`frame` in parts: a big chunk of output's text is not joined to
+    the frame around it here (:meth:`SSEChannel.write_raw` sends the
+    parts as they are).
+    """
     head = f"id: {id}\n" if id is not None else ""
-    big = big_text_json(data)
+    big = big_text_parts(data)
     if big is not None:  # a big chunk of output: escaped from its bytes
-        return b"".join((f"{head}event: {event}\ndata: ".encode(), big, b"\n\n"))
+        return [f"{head}event: {event}\ndata: ".encode(), *big, b"\n\n"]
     payload = COMPACT.encode(data)
     text = f"{head}event: {event}\ndata: {payload}\n\n"
     try:
-        return text.encode()
+        return [text.encode()]
     except UnicodeEncodeError:
         # A lone surrogate (a non-UTF-8 file name): escaped, never a failure.
         payload = COMPACT_ASCII.encode(data)
-        return f"{head}event: {event}\ndata: {payload}\n\n".encode()
+        return [f"{head}event: {event}\ndata: {payload}\n\n".encode()]
 
 
 #: An event whose ``text`` has at least this many characters (a big chunk
-#: of output) is encoded by :func:`big_text_json`.
+#: of output) is encoded by :func:`big_text_parts`.
 BIG_TEXT_CHARS = 64 * 1024
 
 
 def big_text_json(data: Any) -> bytes | None:
+    """:func:`big_text_parts`, joined."""
+    parts = big_text_parts(data)
+    return None if parts is None else b"".join(parts)
+
+
+def big_text_parts(data: Any) -> list[bytes] | None:
     """
     ``data``'s JSON when it is an object with a big ``text``, its text
     escaped from its bytes (a fraction of the cost of encoding it whole,
-    the same bytes); else None.
+    the same bytes), in parts; else None.
     """
     if not isinstance(data, dict):
         return None
@@ -58,9 +74,9 @@ def big_text_json(data: Any) -> bytes | None:
     if not isinstance(text, str) or len(text) < BIG_TEXT_CHARS:
         return None
     # Only for code contexts' output, so only imported once one prints.
-    from sandboxd.kernels.jsontext import text_object
+    from sandboxd.kernels.jsontext import text_object_parts
 
-    return text_object(data)
+    return text_object_parts(data)
 
 
 @implementer(IPushProducer)
@@ -147,14 +163,22 @@ class SSEChannel:
 
     def send(self, event: str, data: Any, id: int | None = None) -> None:
         """Write one event now."""
-        self.write_raw(frame(event, data, id))
+        self.write_raw(frame_parts(event, data, id))
 
-    def write_raw(self, data: bytes) -> None:
-        """Write pre-formatted frame bytes (template streams yield these)."""
+    def write_raw(self, data: bytes | list[bytes]) -> None:
+        """
+        Write pre-formatted frame bytes (template streams yield these), or
+        a frame in parts (:func:`frame_parts`), sent without joining them.
+        """
         if not self.open:
             return
         self._last_write = self._clock.seconds()
-        self._request.write(data)
+        if isinstance(data, bytes):
+            self._request.write(data)
+        elif len(data) == 1:
+            self._request.write(data[0])
+        else:
+            write_chunk_now(self._request, data)
         _send_now(self._request)
 
     def comment(self, text: str = "keep-alive") -> None:
@@ -224,12 +248,16 @@ def resume_point(query: Mapping[str, str], headers: Mapping[str, str]) -> int:
     return integer(raw, "after", 0, low=0)
 
 
-EventFormatter = Callable[[Event], bytes]
+EventFormatter = Callable[[Event], bytes | list[bytes]]
 
 
-def default_format(event: Event) -> bytes:
-    """``id: SEQ`` / ``event: NAME`` / ``data: JSON``."""
-    return frame(event.event, event.data, event.seq)
+def default_format(event: Event) -> bytes | list[bytes]:
+    """
+    ``id: SEQ`` / ``event: NAME`` / ``data: JSON``; a big chunk of output
+    in parts (:func:`frame_parts`).
+    """
+    parts = frame_parts(event.event, event.data, event.seq)
+    return parts[0] if len(parts) == 1 else parts
 
 
 @implementer(IPushProducer)

@@ -86,6 +86,20 @@ class CodeInterpreterTests(E2BCase):
         self.assertIn("ZeroDivisionError", failed.error.traceback)
 
     @inlineCallbacks
+    def test_big_output(self) -> Any:
+        """
+        Output of hundreds of KiB (sent from its escaped parts, not joined)
+        reaches run_code whole: quotes, backslashes, tabs and non-ASCII
+        text as printed.
+        """
+        sbx = self.code_sandbox()
+        code = "s = ('x\"y\\\\z\\t\\u00e9' * 100000)[:600000]\nprint(s)"
+        out = yield self.sdk(sbx.run_code, code)
+        self.assertIsNone(out.error)
+        expected = ('x"y\\z\t\u00e9' * 100000)[:600000] + "\n"
+        self.assertEqual("".join(out.logs.stdout), expected)
+
+    @inlineCallbacks
     def test_contexts(self) -> Any:
         """Contexts are created (cwd kept), listed, restarted (state gone) and removed."""
         sbx = self.code_sandbox()

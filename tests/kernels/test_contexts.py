@@ -257,6 +257,29 @@ class ContextTests(CodeTestCase):
         self.assertEqual([e["id"] for e in events], list(range(1, len(events) + 1)))
 
     @inlineCallbacks
+    def test_stream_big_output(self) -> Any:
+        """
+        Output of hundreds of KiB streams whole (its events sent from their
+        escaped parts): quotes, backslashes, tabs and non-ASCII text as
+        printed, the same as the document says.
+        """
+        ctx = yield self.context()
+        code = "s = ('x\"y\\\\z\\t\\u00e9' * 100000)[:600000]\nprint(s)"
+        reader = yield self.stream(
+            f"/code/contexts/{ctx['id']}/execute", {"code": code, "stream": True}
+        )
+        events = yield reader.done
+        self.assertEqual(events[-1]["data"]["state"], "ok")
+        out = "".join(e["data"]["text"] for e in events if e["event"] == "stdout")
+        expected = ('x"y\\z\t\u00e9' * 100000)[:600000] + "\n"
+        self.assertEqual(out, expected)
+        xid = events[-1]["data"]["execution_id"]
+        document = yield self.request(
+            "GET", f"/code/contexts/{ctx['id']}/executions/{xid}"
+        )
+        self.assertEqual(document.json()["stdout"], expected)
+
+    @inlineCallbacks
     def test_resume_mid_execution(self) -> Any:
         """202 with the id, then the events resumed after an id: no loss, no repeat."""
         ctx = yield self.context()

@@ -78,6 +78,27 @@ class HeadTailTests(SynchronousTestCase):
         self.assertEqual(sink.dropped_bytes, 100_000 - 100)
         self.assertTrue(sink.value(marker=False).endswith(b"6789"))
 
+    def test_small_writes_share_a_buffer(self) -> None:
+        """
+        One-byte writes are gathered into one buffer each side, not kept
+        as an object a byte (which would hold many times the cap).
+        """
+        sink = HeadTail(10_000)
+        for i in range(50_000):
+            sink.write(bytes([48 + i % 10]))
+        self.assertLessEqual(len(sink._head) + len(sink._tail), 2)
+        self.assertEqual(len(sink.value(marker=False)), 10_000)
+        self.assertEqual(sink.dropped_bytes, 40_000)
+
+    def test_big_chunks_kept_uncopied(self) -> None:
+        """A big chunk within the head is kept as it came, and comes back whole."""
+        chunks = [bytes([65 + i]) * 64 * 1024 for i in range(4)]
+        sink = HeadTail(1024 * 1024)
+        for chunk in chunks:
+            sink.write(chunk)
+        self.assertTrue(all(a is b for a, b in zip(sink._head, chunks, strict=True)))
+        self.assertEqual(sink.value(), b"".join(chunks))
+
     def test_one_huge_write(self) -> None:
         """A single write larger than the cap keeps its own tail."""
         sink = HeadTail(8)

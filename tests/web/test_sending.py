@@ -12,8 +12,15 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.protocol import Factory, Protocol
 from twisted.trial.unittest import TestCase
+from twisted.web.http import toChunk
 
-from sandboxd.web.sending import send_now, write_head_and_body_now, write_now
+from sandboxd.web.sending import (
+    BIG_SEND_BYTES,
+    send_now,
+    write_chunk_now,
+    write_head_and_body_now,
+    write_now,
+)
 from tests.helpers import DaemonTestCase
 
 
@@ -83,7 +90,10 @@ class SendNowTests(TestCase):
         """What the socket does not take is queued after what it took: every byte arrives, in order."""
         body = bytes(range(256)) * (16 * 1024)  # 4 MiB, more than a socket buffer
         write_head_and_body_now(self.transport, b"HEAD|", body)
-        self.assertGreater(self.transport._tempDataLen, 0)
+        self.assertGreater(len(self.transport.dataBuffer) - self.transport.offset, 0)
+        # The rest is the body itself (not a copy), sent megabytes a turn.
+        self.assertIs(self.transport.dataBuffer, body)
+        self.assertEqual(self.transport.SEND_LIMIT, BIG_SEND_BYTES)
         self.client.setblocking(False)
         got = bytearray()
         for _ in range(500):
@@ -104,6 +114,93 @@ class SendNowTests(TestCase):
         self.assertEqual(self.transport._tempDataLen, 15)
         send_now(self.transport)
         self.assertEqual(self.client.recv(100), b"first head body")
+
+
+class _Channel:
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+
+
+class _StreamingRequest:
+    """What :func:`write_chunk_now` reads of a Twisted request, on a real transport."""
+
+    def __init__(self, transport: Any, chunked: bool = True) -> None:
+        self.channel = _Channel(transport)
+        self.chunked = chunked
+        self.startedWriting = True
+        self.finished = False
+        self._disconnected = False
+        self.sentLength = 0
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+        self.sentLength += len(data)
+        if self.chunked:
+            self.channel.transport.writeSequence(toChunk(data))
+        else:
+            self.channel.transport.write(data)
+
+
+class WriteChunkNowTests(TestCase):
+    """:func:`write_chunk_now`: a streamed body's piece in parts, never joined when it can be sent."""
+
+    setUp = SendNowTests.setUp
+
+    def _read(self, size: int) -> Deferred[bytes]:
+        got = bytearray()
+
+        @inlineCallbacks
+        def read() -> Any:
+            self.client.setblocking(False)
+            for _ in range(2000):
+                try:
+                    chunk = self.client.recv(1 << 20)
+                except BlockingIOError:
+                    yield _turn()
+                    continue
+                got.extend(chunk)
+                if len(got) >= size:
+                    break
+            return bytes(got)
+
+        return read()
+
+    def test_parts_sent_as_one_chunk(self) -> None:
+        """The parts reach the client as one chunk of the HTTP stream, the reactor not asked to watch."""
+        request = _StreamingRequest(self.transport)
+        write_chunk_now(request, [b"event: a\ndata: ", b'"text"', b"\n\n"])
+        self.assertEqual(self.client.recv(100), b'17\r\nevent: a\ndata: "text"\n\n\r\n')
+        self.assertEqual(request.writes, [])
+        self.assertEqual(request.sentLength, 23)
+        self.assertNotIn(self.transport, reactor.getWriters())  # type: ignore[attr-defined]
+
+    @inlineCallbacks
+    def test_big_parts_the_socket_cannot_take(self) -> Any:
+        """What the socket does not take is queued after what it took: every byte arrives, in order."""
+        text = bytes(range(256)) * (16 * 1024)  # 4 MiB, more than a socket buffer
+        parts = [b"data: ", text[:1000], text[1000:], b"\n\n"]
+        request = _StreamingRequest(self.transport)
+        write_chunk_now(request, parts)
+        self.assertGreater(self.transport._tempDataLen, 0)
+        whole = b"".join(toChunk(b"".join(parts)))
+        got = yield self._read(len(whole))
+        self.assertEqual(got, whole)
+
+    def test_behind_queued_bytes(self) -> None:
+        """Bytes already queued go first: the chunk goes through the request's write, behind them."""
+        self.transport.write(b"first ")
+        request = _StreamingRequest(self.transport)
+        write_chunk_now(request, [b"a", b"b"])
+        self.assertEqual(request.writes, [b"ab"])
+        send_now(self.transport)
+        self.assertEqual(self.client.recv(100), b"first 2\r\nab\r\n")
+
+    def test_not_chunked(self) -> None:
+        """A body that is not chunked (HTTP/1.0) is written by the request, joined."""
+        request = _StreamingRequest(self.transport, chunked=False)
+        write_chunk_now(request, [b"a", b"b"])
+        self.assertEqual(request.writes, [b"ab"])
 
 
 class NoDelayTests(DaemonTestCase):
