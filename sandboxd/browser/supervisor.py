@@ -234,7 +234,8 @@ class BrowserSupervisor(Service):
         config = {
             "chromium": chromium,
             "console_max": console_max,
-            "max_line": defaults.MIB * 16,
+            "max_line": defaults.BROWSER_MAX_REQUEST_BYTES,
+            "message_chars": defaults.BROWSER_ERROR_MESSAGE_CHARS,
         }
         if self.workdir is None or not os.path.isdir(self.workdir):
             self.workdir = tempfile.mkdtemp(prefix="sandboxd-browser-")
