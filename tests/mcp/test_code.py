@@ -12,15 +12,22 @@ from typing import Any
 import anyio
 from twisted.internet.defer import inlineCallbacks
 
-from tests.kernels.test_contexts import need_ipykernel
+from tests.kernels.test_contexts import (
+    KERNEL_CALL_SECONDS,
+    KERNEL_CASE_SECONDS,
+    code_policy,
+    need_ipykernel,
+)
 from tests.mcp.helpers import McpTestCase
 
 
 class CodeToolTests(McpTestCase):
     """The code group's tools, with a real ipykernel."""
 
-    timeout = 60
-    policy = {"groups": {"code": True}}
+    timeout = KERNEL_CASE_SECONDS
+    policy = code_policy()
+    # A conversation's first call starts a kernel: it has a start's room.
+    client_seconds = KERNEL_CALL_SECONDS
 
     def setUp(self) -> Any:
         need_ipykernel()
