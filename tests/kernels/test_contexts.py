@@ -383,6 +383,7 @@ class ContextTests(CodeTestCase):
 #: Two identities with the code scopes, for ownership.
 TWO_USERS = {
     "groups": {"code": True},
+    **KERNEL_START,
     "auth": {
         "tokens": [
             {
@@ -618,6 +619,9 @@ class RefusalTests(CodeTestCase):
         reply = yield self.request("POST", "/code/contexts", {})
         self.assertEqual(reply.status, 429)
         self.assertEqual(reply.json()["code"], "too_many_contexts")
+
+    # Four kernel starts in turn, each with a start's room.
+    test_too_many_contexts.timeout = 5 * KERNEL_START_SECONDS  # type: ignore[attr-defined]
 
 
 class BoundsTests(CodeTestCase):
