@@ -54,13 +54,12 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import statistics
 import tempfile
 import time
 from typing import Any
 
-from daemon import free_port, run_seconds, start_daemon
+from daemon import e2b_sandbox, run_seconds, start_with_door, stop_all
 
 
 def post(conn: http.client.HTTPConnection, token: str, path: str, body: Any) -> Any:
@@ -138,27 +137,6 @@ class Direct:
         self.km.shutdown_kernel(now=True)
 
 
-def e2b_sandbox(port: int, token: str) -> Any:
-    """``e2b_code_interpreter.Sandbox`` in debug mode, on the daemon's E2B door."""
-    from e2b.connection_config import ConnectionConfig
-    from e2b.envd.versions import ENVD_DEBUG_FALLBACK
-    from e2b_code_interpreter import Sandbox
-
-    config = ConnectionConfig(
-        debug=True,
-        sandbox_url=f"http://127.0.0.1:{port}",
-        extra_sandbox_headers={"X-Access-Token": token},
-    )
-    return Sandbox(
-        sandbox_id="bench",
-        sandbox_domain=None,
-        envd_version=ENVD_DEBUG_FALLBACK,
-        envd_access_token=token,
-        traffic_access_token=None,
-        connection_config=config,
-    )
-
-
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
@@ -182,18 +160,8 @@ class Daemon:
     def __init__(self, policy: dict[str, Any], tree: str | None) -> None:
         self.token = secrets.token_hex(16)
         self.base = tempfile.mkdtemp(prefix="bench-code-")
-        env = {"PYTHONPATH": os.path.abspath(tree)} if tree else {}
-        # bash -l and the e2b SDK read HOME: one of its own.
-        env["HOME"] = os.path.join(self.base, ".home")
-        os.makedirs(env["HOME"])
-        self.e2b_port = free_port()
-        policy = {**policy, "groups": {**policy.get("groups", {}), "e2b": True}}
-        self.proc, port = start_daemon(
-            self.base,
-            self.token,
-            policy,
-            ["--e2b-port", f"tcp:{self.e2b_port}:interface=127.0.0.1"],
-            env=env,
+        self.proc, port, self.e2b_port = start_with_door(
+            self.base, self.token, policy, "e2b", tree
         )
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
         ctx = post(self.conn, self.token, "/code/contexts", {})
@@ -202,7 +170,9 @@ class Daemon:
         from sandboxd.client import Sandbox
 
         self.client = Sandbox(f"http://127.0.0.1:{port}", token=self.token)
-        self.e2b = e2b_sandbox(self.e2b_port, self.token)
+        from e2b_code_interpreter import Sandbox as CodeSandbox
+
+        self.e2b = e2b_sandbox(CodeSandbox, self.e2b_port, self.token)
 
     def run(self, code: str) -> Any:
         """Execute; the result document."""
@@ -271,8 +241,7 @@ class Daemon:
 
     def stop(self) -> None:
         self.client.close()
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        self.proc.wait(30)
+        stop_all([self.proc], 30)
         shutil.rmtree(self.base, ignore_errors=True)
 
 

@@ -1,8 +1,9 @@
 """
 What the benches in this folder share: a fresh ``twistd -n sandboxd`` on
 loopback ports, waited on until ``/health`` answers (which, by
-``sandboxd.daemon.readiness``, also means every other port it opens listens), and
-the daemon's own CPU time.
+``sandboxd.daemon.readiness``, also means every other port it opens listens),
+with one of its doors (E2B, preview) on a port of its own when a bench
+drives it, stopped with its children; and the daemon's own CPU time.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import glob
 import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -75,6 +77,89 @@ def start_daemon(
     )
     wait_healthy(proc, port, wait_seconds, "daemon")
     return proc, port
+
+
+def start_with_door(
+    base: str,
+    token: str,
+    policy: Mapping[str, Any],
+    door: str,
+    tree: str | None = None,
+    prefix: Sequence[str] = (),
+    wait_seconds: float = 10.0,
+) -> tuple[subprocess.Popen[bytes], int, int]:
+    """
+    :func:`start_daemon` with the ``door`` group (``e2b``, ``preview``)
+    turned on in ``policy`` and its door listening on a port of its own
+    (``--DOOR-port``), run from the checkout ``tree`` when given
+    (``PYTHONPATH``: an A/B in one run): its process, HTTP port and door
+    port.  The daemon gets a HOME of its own in ``base``: ``bash -l`` (the
+    E2B SDK's way to run a command) and the SDKs read it, and the machine's
+    profile must stay out of the figures.
+    """
+    door_port = free_port()
+    home = os.path.join(base, ".home")
+    os.makedirs(home, exist_ok=True)
+    env = {"HOME": home}
+    if tree:
+        env["PYTHONPATH"] = os.path.abspath(tree)
+    groups = {**policy.get("groups", {}), door: True}
+    proc, port = start_daemon(
+        base,
+        token,
+        {**policy, "groups": groups},
+        [f"--{door}-port", f"tcp:{door_port}:interface=127.0.0.1"],
+        env=env,
+        prefix=prefix,
+        wait_seconds=wait_seconds,
+    )
+    return proc, port, door_port
+
+
+def stop_all(procs: Sequence[subprocess.Popen[bytes]], seconds: float = 15.0) -> None:
+    """
+    TERM the process group of each of ``procs`` (each started in a session
+    of its own), then wait for each; a group still there after ``seconds``
+    is killed.  The last started is told first, as it may depend on the
+    ones before it.
+    """
+    for proc in reversed(procs):
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for proc in procs:
+        try:
+            proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+
+
+def e2b_sandbox(sandbox_class: Any, port: int, token: str) -> Any:
+    """
+    An ``e2b`` or ``e2b_code_interpreter`` ``Sandbox`` (``sandbox_class``)
+    in debug mode, speaking to the daemon's E2B door on ``port``.
+    """
+    from e2b.connection_config import ConnectionConfig
+    from e2b.envd.versions import ENVD_DEBUG_FALLBACK
+
+    config = ConnectionConfig(
+        debug=True,
+        sandbox_url=f"http://127.0.0.1:{port}",
+        extra_sandbox_headers={"X-Access-Token": token},
+    )
+    return sandbox_class(
+        sandbox_id="bench",
+        sandbox_domain=None,
+        envd_version=ENVD_DEBUG_FALLBACK,
+        envd_access_token=token,
+        traffic_access_token=None,
+        connection_config=config,
+    )
 
 
 def wait_healthy(

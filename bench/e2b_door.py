@@ -26,9 +26,7 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -39,46 +37,15 @@ from typing import Any
 MiB = 1024 * 1024
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from daemon import cpu_seconds, free_port, start_daemon  # noqa: E402
+from daemon import cpu_seconds, e2b_sandbox, start_with_door, stop_all  # noqa: E402
 from raw_files import LARGE_FILES  # noqa: E402
 
 
-def start_daemon_e2b(base: str, token: str) -> tuple[subprocess.Popen[bytes], int, int]:
-    """The daemon with its E2B port on: its process, HTTP port and E2B port."""
-    e2b_port = free_port()
-    home = os.path.join(base, ".home")
-    os.makedirs(home)
-    policy = {"groups": {"e2b": True}, **LARGE_FILES}
-    proc, port = start_daemon(
-        base,
-        token,
-        policy,
-        ["--e2b-port", f"tcp:{e2b_port}:interface=127.0.0.1"],
-        # bash -l (the SDK's way to run a command) reads ~/.profile: a HOME
-        # of its own keeps the machine's profile out of the figures.
-        env={"HOME": home},
-    )
-    return proc, port, e2b_port
-
-
 def sandbox(e2b_port: int, token: str) -> Any:
+    """The ``e2b`` SDK's ``Sandbox`` on the daemon's E2B door."""
     from e2b import Sandbox
-    from e2b.connection_config import ConnectionConfig
-    from e2b.envd.versions import ENVD_DEBUG_FALLBACK
 
-    config = ConnectionConfig(
-        debug=True,
-        sandbox_url=f"http://127.0.0.1:{e2b_port}",
-        extra_sandbox_headers={"X-Access-Token": token},
-    )
-    return Sandbox(
-        sandbox_id="bench",
-        sandbox_domain=None,
-        envd_version=ENVD_DEBUG_FALLBACK,
-        envd_access_token=token,
-        traffic_access_token=None,
-        connection_config=config,
-    )
+    return e2b_sandbox(Sandbox, e2b_port, token)
 
 
 def concurrently(
@@ -134,15 +101,11 @@ def main() -> None:
     args = parser.parse_args()
     base = os.path.realpath(tempfile.mkdtemp(prefix="sandboxd-e2b-bench-"))
     token = secrets.token_hex(16)
-    proc, port, e2b_port = start_daemon_e2b(base, token)
+    proc, port, e2b_port = start_with_door(base, token, LARGE_FILES, "e2b")
     try:
         run(args, port, e2b_port, token, proc.pid)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_all([proc])
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -47,7 +47,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -59,7 +58,7 @@ from typing import Any
 MiB = 1024 * 1024
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from daemon import free_port, start_daemon  # noqa: E402
+from daemon import free_port, start_with_door, stop_all  # noqa: E402
 
 NGINX_CONF = """
 worker_processes 1;
@@ -302,21 +301,18 @@ def start_door(
     A fresh daemon (from ``tree`` when given, under ``prefix``) with its
     door; both ports exposed public.
     """
-    door = free_port()
     token = "bench-" + os.urandom(8).hex()
     home = os.path.join(base, f"home-{name}")
     os.makedirs(home)
-    env = {"PYTHONPATH": os.path.abspath(tree)} if tree else None
-    daemon, api = start_daemon(
+    daemon, api, door = start_with_door(
         home,
         token,
-        {"groups": {"preview": True}},
-        ["--preview-port", f"tcp:{door}:interface=127.0.0.1"],
-        env=env,
+        {},
+        "preview",
+        tree,
         prefix=prefix,
         wait_seconds=120 if prefix else 10,
     )
-    wait_port(door)
     for port in (origin, app):
         c = http.client.HTTPConnection("127.0.0.1", api, timeout=10)
         c.request(
@@ -437,16 +433,7 @@ def instructions(args: Any) -> None:
                 )
             )
     finally:
-        for proc in reversed(procs):
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_all(procs, 30)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -575,16 +562,7 @@ def main() -> None:
                 )
             )
     finally:
-        for proc in reversed(procs):
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_all(procs, 10)
         shutil.rmtree(base, ignore_errors=True)
 
 

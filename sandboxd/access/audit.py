@@ -22,7 +22,7 @@ from sandboxd.policy.defaults import (
     AUDIT_ARGV_MAX_ITEMS,
     AUDIT_KEEP_FILES,
     AUDIT_ROTATE_BYTES,
-    AUDIT_SECRET_MIN_CHARS,
+    SECRET_MIN_CHARS,
 )
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def audit_argv(
     """
     hidden = set(names)
     values = sorted(
-        {v for n in hidden if len(v := environ.get(n, "")) >= AUDIT_SECRET_MIN_CHARS},
+        {v for n in hidden if len(v := environ.get(n, "")) >= SECRET_MIN_CHARS},
         key=len,
         reverse=True,
     )

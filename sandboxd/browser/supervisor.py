@@ -22,7 +22,12 @@ import tempfile
 from typing import Any
 
 from twisted.application.service import Service
-from twisted.internet.defer import CancelledError, Deferred, DeferredLock
+from twisted.internet.defer import (
+    CancelledError,
+    Deferred,
+    DeferredLock,
+    gatherResults,
+)
 from twisted.internet.error import ProcessExitedAlready
 from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
@@ -140,6 +145,9 @@ class BrowserSupervisor(Service):
         self.lock = DeferredLock()
         self.waiting = 0
         self.worker: WorkerProtocol | None = None
+        #: Workers told to end (a start that timed out, a stuck call) whose
+        #: tree has not ended yet: a stop waits for them too.
+        self.dying: set[WorkerProtocol] = set()
         #: Whether the current worker said ready; its waiters until it does.
         self.is_ready = False
         self.ready_waiters: Waiters[None] = Waiters()
@@ -234,7 +242,8 @@ class BrowserSupervisor(Service):
         config = {
             "chromium": chromium,
             "console_max": console_max,
-            "max_line": defaults.MIB * 16,
+            "max_line": defaults.BROWSER_MAX_REQUEST_BYTES,
+            "message_chars": defaults.BROWSER_ERROR_MESSAGE_CHARS,
         }
         if self.workdir is None or not os.path.isdir(self.workdir):
             self.workdir = tempfile.mkdtemp(prefix="sandboxd-browser-")
@@ -372,13 +381,21 @@ class BrowserSupervisor(Service):
         if worker.pid is None or worker.ended.called:
             return
         signal_tree(worker.pid, signal.SIGTERM, worker.marker)
+        self.dying.add(worker)
 
         def kill() -> None:
             if not worker.ended.called and worker.pid is not None:
                 signal_tree(worker.pid, signal.SIGKILL, worker.marker)
 
         timer = self.reactor.callLater(grace, kill)
-        worker.ended.addBoth(lambda r: timer.cancel() if timer.active() else None)
+
+        def ended(result: Any) -> Any:
+            self.dying.discard(worker)
+            if timer.active():
+                timer.cancel()
+            return result
+
+        worker.ended.addBoth(ended)
 
     # -- service -------------------------------------------------------------
 
@@ -389,10 +406,14 @@ class BrowserSupervisor(Service):
         self._settle_start(unavailable("the browser is stopping"))
         self.is_ready = False
         self._fail_pending(unavailable("the browser is stopping"))
-        done: Deferred[None] = Deferred()
+        # Workers already told to end have had their TERM: the daemon must
+        # not stop while their trees live on (their KILL would never come).
+        dying = [w for w in self.dying if not w.ended.called]
+        for w in dying:
+            self._kill_now(w)
         if worker is None or worker.ended.called:
-            done.callback(None)
-            return done
+            return self._bounded(gatherResults([w.ended for w in dying]))
+        done: Deferred[None] = Deferred()
         # Closing stdin lets the worker close Chromium itself; TERM and then
         # KILL follow in case it does not.
         try:
@@ -402,6 +423,17 @@ class BrowserSupervisor(Service):
         term = self.reactor.callLater(1.0, lambda: self._kill(worker, grace=2.0))
         worker.ended.addBoth(lambda _: term.cancel() if term.active() else None)
         worker.ended.addBoth(lambda _: done.callback(None) if not done.called else None)
+        return self._bounded(gatherResults([done, *(w.ended for w in dying)]))
+
+    def _kill_now(self, worker: WorkerProtocol) -> None:
+        """KILL the tree of a worker that was already TERMed."""
+        if worker.pid is not None:
+            signal_tree(worker.pid, signal.SIGKILL, worker.marker)
+
+    def _bounded(self, waiting: Deferred[Any]) -> Deferred[None]:
+        """``waiting``, but fired after :data:`KILL_GRACE_SECONDS` at the latest."""
+        done: Deferred[None] = Deferred()
+        waiting.addBoth(lambda _: done.callback(None) if not done.called else None)
         timeout = self.reactor.callLater(
             defaults.KILL_GRACE_SECONDS,
             lambda: done.callback(None) if not done.called else None,

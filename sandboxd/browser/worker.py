@@ -10,7 +10,8 @@ context and one page, and speaks JSON lines: one request per stdin line
 "fatal", "error"}`` when Playwright or Chromium cannot start).
 
 It imports nothing from sandboxd (only the standard library, Playwright and
-the sibling ``urlpolicy`` module), so a browser crash, hang or leak stays in
+the sibling ``urlpolicy`` module; its bounds come in CONFIG_JSON, from the
+daemon's policy defaults), so a browser crash, hang or leak stays in
 this process tree, which the daemon kills and restarts.  Requests are
 handled one at a time: there is one page.
 """
@@ -75,9 +76,6 @@ CHROMIUM_ARGS = [
     "--disable-site-isolation-trials",
     "--disable-features=Translate,MediaRouter,OptimizationHints,IsolateOrigins,site-per-process",
 ]
-
-#: A reply's ``error`` message is cut here: Playwright appends call logs.
-MAX_MESSAGE_CHARS = 2000
 
 
 class WorkerError(Exception):
@@ -149,8 +147,10 @@ class Worker:
         self.config = config
         self.out = out
         self.console: collections.deque[dict[str, Any]] = collections.deque(
-            maxlen=int(config.get("console_max") or 1000)
+            maxlen=int(config["console_max"])
         )
+        #: A reply's ``error`` message is cut here: Playwright appends call logs.
+        self.message_chars = int(config["message_chars"])
         self.policy = UrlPolicy()
         self.blocked: list[Refusal] = []
         #: Every connection Chromium makes goes through this gate.
@@ -196,7 +196,7 @@ class Worker:
                 handle_sighup=False,
             )
         except Exception as e:
-            self.fatal(f"Chromium could not start: {_first_line(e)}")
+            self.fatal(f"Chromium could not start: {self.first_line(e)}")
             return False
         self.emit({"event": "ready", "version": self.browser.version})
         return True
@@ -434,7 +434,9 @@ class Worker:
         except WorkerError as e:
             return {"id": rid, "ok": False, "error": e.fields}
         except (TimeoutError, self.errors.TimeoutError) as e:
-            message = _first_line(e) if isinstance(e, self.errors.TimeoutError) else ""
+            message = (
+                self.first_line(e) if isinstance(e, self.errors.TimeoutError) else ""
+            )
             return {
                 "id": rid,
                 "ok": False,
@@ -451,7 +453,7 @@ class Worker:
                 "id": rid,
                 "ok": False,
                 "error": error_fields(
-                    400, _first_line(e), "RuntimeError", "invalid_param"
+                    400, self.first_line(e), "RuntimeError", "invalid_param"
                 ),
             }
         except Exception as e:  # a bug here must not end the worker
@@ -460,7 +462,7 @@ class Worker:
                 "ok": False,
                 "error": error_fields(
                     500,
-                    f"browser worker failed: {e!r}"[:MAX_MESSAGE_CHARS],
+                    f"browser worker failed: {e!r}"[: self.message_chars],
                     "RuntimeError",
                     "internal",
                 ),
@@ -484,6 +486,12 @@ class Worker:
                 continue
             self.emit(await self.handle(req))
 
+    def first_line(self, error: BaseException) -> str:
+        """An exception's message without Playwright's call log."""
+        text = str(getattr(error, "message", None) or error).strip()
+        text = text.split("\nCall log:", 1)[0].strip()
+        return text[: self.message_chars] or type(error).__name__
+
     async def close(self) -> None:
         """Close the browser, Playwright and the gate, each bounded."""
         await self.gate.close()
@@ -498,13 +506,6 @@ class Worker:
                 pass
 
 
-def _first_line(error: BaseException) -> str:
-    """An exception's message without Playwright's call log."""
-    text = str(getattr(error, "message", None) or error).strip()
-    text = text.split("\nCall log:", 1)[0].strip()
-    return text[:MAX_MESSAGE_CHARS] or type(error).__name__
-
-
 async def main(config: dict[str, Any]) -> int:
     # Our replies use a private copy of stdout; fd 1 itself goes to stderr
     # so nothing Playwright or a library prints can corrupt the protocol.
@@ -514,7 +515,7 @@ async def main(config: dict[str, Any]) -> int:
     if not await worker.start():
         return 1
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=int(config.get("max_line") or 16 * 1024 * 1024))
+    reader = asyncio.StreamReader(limit=int(config["max_line"]))
     await loop.connect_read_pipe(
         lambda: asyncio.StreamReaderProtocol(reader), sys.stdin
     )
@@ -526,4 +527,4 @@ async def main(config: dict[str, Any]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {})))
+    sys.exit(asyncio.run(main(json.loads(sys.argv[1]))))

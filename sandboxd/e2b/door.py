@@ -43,6 +43,8 @@ from sandboxd.errors import (
     unsupported,
 )
 from sandboxd.policy.defaults import (
+    E2B_KEEPALIVE_MAX_SECONDS,
+    E2B_KEEPALIVE_MIN_SECONDS,
     E2B_MAX_MESSAGE_BYTES,
     MIB,
 )
@@ -55,10 +57,6 @@ if TYPE_CHECKING:
     from sandboxd.policy.rules import EffectiveRule
 
 log = Logger(namespace="sandboxd.e2b")
-
-#: Keepalive intervals the door accepts from ``Keepalive-Ping-Interval`` (s).
-KEEPALIVE_MIN_SECONDS = 1.0
-KEEPALIVE_MAX_SECONDS = 3600.0
 
 
 # -- procedures -----------------------------------------------------------------
@@ -275,7 +273,7 @@ class Call:
             return None
         if value != value or value <= 0:
             return None
-        return min(max(value, KEEPALIVE_MIN_SECONDS), KEEPALIVE_MAX_SECONDS)
+        return min(max(value, E2B_KEEPALIVE_MIN_SECONDS), E2B_KEEPALIVE_MAX_SECONDS)
 
     def server_request(
         self,

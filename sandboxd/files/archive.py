@@ -36,12 +36,9 @@ from sandboxd.errors import (
 )
 from sandboxd.files.atomic import AtomicWrite
 from sandboxd.files.walk import visible, walk
-from sandboxd.policy.defaults import WALK_DEPTH
+from sandboxd.policy.defaults import ARCHIVE_MAX_NAME_BYTES, WALK_DEPTH
 
 FORMATS = ("tar.gz", "zip")
-
-#: Longest member name accepted (PATH_MAX).
-MAX_NAME = 4096
 
 
 def too_many(limit: int) -> ApiError:
@@ -238,7 +235,7 @@ class Member:
 
 def _clean_name(raw: str) -> str:
     """A member name as a safe relative path, or a 403."""
-    if "\x00" in raw or len(raw) > MAX_NAME:
+    if "\x00" in raw or len(raw) > ARCHIVE_MAX_NAME_BYTES:
         raise refused_member(raw[:200], "bad name")
     if "\\" in raw:
         raise refused_member(raw, "backslash in name")
@@ -267,7 +264,7 @@ def _members(
                 mode = info.external_attr >> 16
                 name = _clean_name(info.filename)
                 if stat.S_ISLNK(mode):
-                    if info.file_size > MAX_NAME:
+                    if info.file_size > ARCHIVE_MAX_NAME_BYTES:
                         raise refused_member(info.filename, "link target too long")
                     link = archive.read(info).decode("utf-8", "surrogateescape")
                     members.append(Member(name, "link", 0, 0o777, link))

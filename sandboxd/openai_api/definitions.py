@@ -35,8 +35,6 @@ _KEYS = (
     "service_tier",
     "multi_agent",
 )
-#: A definition's name, at most (as the seed's).
-MAX_NAME = 256
 
 
 def _string(body: dict[str, Any], key: str, limit: int) -> str | None:
@@ -63,7 +61,7 @@ def _checked(
         )
     out: dict[str, Any] = {}
     if "model" in body or not partial:
-        model = _string(body, "model", MAX_NAME)
+        model = _string(body, "model", defaults.OPENAI_MAX_NAME_CHARS)
         if not model:
             raise bad_request(
                 "model is required: an agent of the catalogue", param="model"
@@ -71,7 +69,7 @@ def _checked(
         catalog.find(request.context, request.rule, model)
         out["model"] = model
     for key, limit in (
-        ("name", MAX_NAME),
+        ("name", defaults.OPENAI_MAX_NAME_CHARS),
         ("instructions", defaults.OPENAI_MAX_INSTRUCTIONS_CHARS),
     ):
         if key in body:

@@ -38,8 +38,6 @@ from sandboxd.web.messages import ServerRequest, ServerResponse
 
 #: The one purpose a file has here (as the seed's).
 PURPOSE = "user_data"
-#: A file name's length.
-MAX_FILENAME = 255
 
 
 class BodySink:
@@ -68,9 +66,10 @@ def _filename(value: Any) -> str:
     if not isinstance(value, str) or "\x00" in value:
         raise bad_request("filename must be a string", param="filename")
     name = posixpath.basename(value.replace("\\", "/")) or "upload"
-    if len(name) > MAX_FILENAME:
+    if len(name) > defaults.OPENAI_MAX_FILENAME_CHARS:
         raise bad_request(
-            f"filename is longer than {MAX_FILENAME} characters", param="filename"
+            f"filename is longer than {defaults.OPENAI_MAX_FILENAME_CHARS} characters",
+            param="filename",
         )
     return name
 

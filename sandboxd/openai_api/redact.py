@@ -14,10 +14,10 @@ import json
 import urllib.parse
 from collections.abc import Iterable
 
+from sandboxd.policy.defaults import SECRET_MIN_CHARS
+
 #: What a secret is replaced with.
 MARK = "[redacted]"
-#: Shorter values are not treated as secrets (they would blot out prose).
-MIN_SECRET = 4
 
 
 class Redactor:
@@ -25,7 +25,7 @@ class Redactor:
 
     def __init__(self, secrets: Iterable[str]) -> None:
         self.secrets = sorted(
-            {s for s in secrets if len(s) >= MIN_SECRET}, key=len, reverse=True
+            {s for s in secrets if len(s) >= SECRET_MIN_CHARS}, key=len, reverse=True
         )
 
     def add(self, values: Iterable[str]) -> None:
@@ -40,7 +40,7 @@ class Redactor:
                 (value, urllib.parse.quote(value, safe=""), json.dumps(value)[1:-1])
             )
         self.secrets = sorted(
-            {s for s in more if len(s) >= MIN_SECRET}, key=len, reverse=True
+            {s for s in more if len(s) >= SECRET_MIN_CHARS}, key=len, reverse=True
         )
 
     def redact(self, text: str) -> str:

@@ -31,7 +31,6 @@ from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest
 
 _KEYS = ("url", "event_types", "name")
-MAX_NAME = 256
 
 
 def _event_types(value: Any) -> list[str]:
@@ -53,9 +52,10 @@ def _event_types(value: Any) -> list[str]:
 
 
 def _name(value: Any) -> str:
-    if not isinstance(value, str) or len(value) > MAX_NAME:
+    if not isinstance(value, str) or len(value) > defaults.OPENAI_MAX_NAME_CHARS:
         raise bad_request(
-            f"name must be a string of at most {MAX_NAME} characters", param="name"
+            f"name must be a string of at most {defaults.OPENAI_MAX_NAME_CHARS} characters",
+            param="name",
         )
     return value
 

@@ -190,6 +190,11 @@ OPENAI_MAX_VAULTS = 100
 OPENAI_MAX_CREDENTIALS = 100
 #: /v1 credentials: a token or access token (one line).
 OPENAI_MAX_TOKEN_CHARS = 8192
+#: /v1 agent definitions and webhook endpoints: the characters of a name
+#: (and of a definition's model), as the seed's.
+OPENAI_MAX_NAME_CHARS = 256
+#: /v1 files: the characters of a file's name.
+OPENAI_MAX_FILENAME_CHARS = 255
 #: /v1 agent definitions: the characters of one's instructions, and the MCP
 #: tools one carries (the seed's bounds).
 OPENAI_MAX_INSTRUCTIONS_CHARS = 256 * KIB
@@ -313,9 +318,10 @@ DEFAULT_AUDIT = "deny"
 AUDIT_ARGV_MAX_ITEMS = 32
 AUDIT_ARG_MAX_CHARS = 512
 AUDIT_ARGV_MAX_CHARS = 2048
-#: Values of ``env_deny`` names shorter than this are not searched for in an
-#: argv (masking every "1" or "on" would say nothing and hide everything).
-AUDIT_SECRET_MIN_CHARS = 4
+#: Values shorter than this are not treated as secrets: not searched for in
+#: an audited argv (``env_deny`` values) nor in what the /v1 door redacts
+#: (masking every "1" or "on" would say nothing and hide everything).
+SECRET_MIN_CHARS = 4
 
 #: Upper bounds (seconds) of the request latency histogram of ``/metrics``.
 METRICS_LATENCY_BUCKETS = (
@@ -486,6 +492,14 @@ BROWSER_MAX_TIMEOUT_MS = 300000
 #: browser: one JSON line from the worker (a full-page screenshot in base64).
 BROWSER_MAX_MESSAGE_BYTES = 64 * MIB
 
+#: browser: one JSON line the daemon sends the worker (a request: a script
+#: to evaluate, text to type); the worker reads no longer line.
+BROWSER_MAX_REQUEST_BYTES = 16 * MIB
+
+#: browser: a reply's ``error`` message is cut at this many characters
+#: (Playwright appends its call log, which says nothing to a caller).
+BROWSER_ERROR_MESSAGE_CHARS = 2000
+
 #: browser: calls waiting for the one shared page before 429.
 BROWSER_QUEUE_MAX = 16
 
@@ -504,6 +518,10 @@ PREVIEW_PORTS = ("1024-65535",)
 #: about to close is not reused).
 PREVIEW_POOL_PER_PORT = 32
 PREVIEW_POOL_IDLE_SECONDS = 4
+
+#: Preview: bytes a request body may gather before the app's connection is
+#: up; past it the browser's socket is paused.
+PREVIEW_EARLY_BODY_BYTES = 64 * KIB
 
 #: Preview: a request head sent to an upgrading upstream (WebSocket) and
 #: its answer's head are bounded like any head.
@@ -606,6 +624,10 @@ HEADER_NAME_CACHE = 512
 #: Directories one recursive watch may cover (each is an inotify watch).
 MAX_WATCH_DIRS = 8192
 
+#: files_extract: the longest member name, or link target, an archive may
+#: hold (PATH_MAX).
+ARCHIVE_MAX_NAME_BYTES = 4096
+
 #: Depth bound for unbounded walks (search, archive): open fds stay below it.
 WALK_DEPTH = 64
 
@@ -650,6 +672,13 @@ E2B_CODE_KEEPALIVE_SECONDS = 5.0
 
 #: E2B door: files one ``POST /files`` may carry.
 E2B_MAX_UPLOAD_FILES = 1000
+
+#: E2B door: the keepalive interval a client may ask for with
+#: ``Keepalive-Ping-Interval`` is moved into this range (seconds): a
+#: shorter one would spend the daemon on pings, a longer one would leave a
+#: vanished client's stream unnoticed.
+E2B_KEEPALIVE_MIN_SECONDS = 1.0
+E2B_KEEPALIVE_MAX_SECONDS = 3600.0
 
 
 def identity_cap(total: int, identities: int, explicit: int | None = None) -> int:

@@ -40,13 +40,10 @@ from zope.interface import implementer
 from sandboxd.policy.defaults import (
     LARGE_BODY_BYTES,
     LARGE_READ_BYTES,
+    PREVIEW_EARLY_BODY_BYTES,
     PREVIEW_POOL_IDLE_SECONDS,
     PREVIEW_POOL_PER_PORT,
 )
-
-#: Bytes a request body may gather before the app's connection is up;
-#: past it the browser's socket is paused.
-EARLY_BODY_BYTES = 64 * 1024
 
 
 @implementer(IAgentEndpointFactory)
@@ -159,7 +156,7 @@ class StreamBody:
         if self._consumer is None:
             self._early.append(data)
             self._early_bytes += len(data)
-            if self._early_bytes > EARLY_BODY_BYTES and not self._paused_by_us:
+            if self._early_bytes > PREVIEW_EARLY_BODY_BYTES and not self._paused_by_us:
                 self._paused_by_us = True
                 self._pause_source()
             return

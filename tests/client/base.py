@@ -32,6 +32,9 @@ class ClientCase(DaemonTestCase):
 
     timeout = 60
     token: str | None = "client-test-token"
+    #: Seconds each client call may wait for its answer, when a case's calls
+    #: may wait longer than the client's default (a kernel's start).
+    call_seconds: float | None = None
 
     def setUp(self) -> Any:
         self.pool = ThreadPool(minthreads=1, maxthreads=4, name="client-tests")
@@ -56,6 +59,8 @@ class ClientCase(DaemonTestCase):
 
     def sandbox(self, token: str | bool | None = True, **options: Any) -> Sandbox:
         """A blocking client of this case's daemon (closed at cleanup)."""
+        if self.call_seconds is not None:
+            options.setdefault("timeout", self.call_seconds)
         sb = Sandbox(
             self.daemon.url,
             token=self.daemon.token if token is True else (token or None),
@@ -67,6 +72,8 @@ class ClientCase(DaemonTestCase):
 
     def async_sandbox(self, **options: Any) -> AsyncSandbox:
         """An asyncio client (to be used, and closed, inside one loop)."""
+        if self.call_seconds is not None:
+            options.setdefault("timeout", self.call_seconds)
         return AsyncSandbox(
             self.daemon.url, token=self.daemon.token, pty_url=self.pty_url, **options
         )
@@ -83,6 +90,8 @@ class ClientCase(DaemonTestCase):
             **({"SANDBOXD_TOKEN": self.daemon.token} if self.daemon.token else {}),
             **(env or {}),
         }
+        if self.call_seconds is not None:
+            args = (args[0], "--request-timeout", str(self.call_seconds), *args[1:])
         return self.in_thread(
             subprocess.run,
             [sys.executable, "-m", "sandboxd.client.cli", *args],
@@ -91,7 +100,7 @@ class ClientCase(DaemonTestCase):
             # No input: nothing (never the test runner's own stdin).
             stdin=subprocess.DEVNULL if input is None else None,
             capture_output=True,
-            timeout=40,
+            timeout=40 + (self.call_seconds or 0),
         )
 
     def path(self, *parts: str) -> str:

@@ -12,13 +12,22 @@ from twisted.internet.defer import inlineCallbacks
 from sandboxd.client import Sandbox
 from sandboxd.client.errors import NotFoundError, RateLimited
 from tests.client.base import ClientCase
-from tests.kernels.test_contexts import need_ipykernel
+from tests.kernels.test_contexts import (
+    KERNEL_CALL_SECONDS,
+    KERNEL_CASE_SECONDS,
+    KERNEL_START,
+    KERNEL_START_SECONDS,
+    code_policy,
+    need_ipykernel,
+)
 
 
 class CodeContextClientTests(ClientCase):
     """Create, execute with state, follow events, restart, delete."""
 
-    policy = {"groups": {"code": True}}
+    timeout = KERNEL_CASE_SECONDS
+    policy = code_policy()
+    call_seconds = KERNEL_CALL_SECONDS
 
     def setUp(self) -> Any:
         need_ipykernel()
@@ -91,7 +100,9 @@ class CodeContextClientTests(ClientCase):
 class CodeCommandTests(ClientCase):
     """``sandboxd code``: one-shot and a REPL fed on stdin."""
 
-    policy = {"groups": {"code": True}}
+    timeout = KERNEL_CASE_SECONDS
+    policy = code_policy()
+    call_seconds = KERNEL_CALL_SECONDS
 
     def setUp(self) -> Any:
         need_ipykernel()
@@ -137,11 +148,9 @@ SAME_RESULT_CELLS = [
 class StreamedExecuteTests(ClientCase):
     """``sb.code.execute`` reads the events; its result is the daemon's document."""
 
-    timeout = 120
-    policy = {
-        "groups": {"code": True},
-        "endpoints": {"group:code": {"limits": {"max_output_bytes": 2000}}},
-    }
+    timeout = 120 + KERNEL_START_SECONDS
+    policy = code_policy(limits={"max_output_bytes": 2000})
+    call_seconds = KERNEL_CALL_SECONDS
 
     def setUp(self) -> Any:
         need_ipykernel()
@@ -223,11 +232,15 @@ class StreamedExecuteTests(ClientCase):
 class StreamedExecuteRateTests(ClientCase):
     """The streamed execute meets the rate limit as every call does."""
 
-    timeout = 120
+    timeout = 120 + KERNEL_START_SECONDS
     policy = {
         "groups": {"code": True},
-        "endpoints": {"code_execute": {"limits": {"rate_per_minute": 30}}},
+        "endpoints": {
+            **KERNEL_START["endpoints"],
+            "code_execute": {"limits": {"rate_per_minute": 30}},
+        },
     }
+    call_seconds = KERNEL_CALL_SECONDS
 
     def setUp(self) -> Any:
         need_ipykernel()

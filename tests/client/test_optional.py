@@ -14,7 +14,7 @@ from typing import Any
 from sandboxd.client.errors import InvalidRequest, NotFound
 from tests.agents.test_agents import CATALOG
 from tests.browser.test_browser import SKIP_REASON as BROWSER_SKIP
-from tests.browser.test_browser import serve_pages
+from tests.browser.test_browser import browser_start_room, serve_pages
 from tests.client.base import ClientCase
 
 
@@ -87,6 +87,7 @@ class BrowserTests(ClientCase):
     policy = {"groups": {"browser": True}}
 
     def setUp(self) -> Any:
+        browser_start_room(self)
         self.site = serve_pages(self)
         return super().setUp()
 

@@ -14,21 +14,23 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SkipTest
 
 from tests.e2b.sdk import E2BCase, caught
-from tests.kernels.test_contexts import need_ipykernel
+from tests.kernels.test_contexts import (
+    KERNEL_CALL_SECONDS,
+    KERNEL_CASE_SECONDS,
+    KERNEL_START,
+    need_ipykernel,
+)
 
-#: A first ``run_code`` starts the kernel hub and a kernel: on two cores
-#: shared with the rest of the suite (a browser, other kernels) that has
-#: been seen to take most of the daemon's default 30 s, so these cases
-#: give the start and the call that waits for it more room.
-KERNEL_START = {"endpoints": {"group:code": {"limits": {"start_timeout_seconds": 60}}}}
+# A first ``run_code`` starts the kernel hub and a kernel: these cases give
+# the start, and the SDK call that waits for it, a kernel start's room.
 
 
 class CodeInterpreterTests(E2BCase):
     """``Sandbox.run_code`` and the context calls, unchanged, against sandboxd."""
 
     policy = {"groups": {"code": True}, **KERNEL_START}
-    call_seconds = 75.0
-    timeout = 180
+    call_seconds = KERNEL_CALL_SECONDS
+    timeout = KERNEL_CASE_SECONDS
 
     def setUp(self) -> Any:
         need_ipykernel()
@@ -178,8 +180,8 @@ class SeedSdkTests(E2BCase):
     """
 
     policy = {"groups": {"code": True}, **KERNEL_START}
-    call_seconds = 75.0
-    timeout = 180
+    call_seconds = KERNEL_CALL_SECONDS
+    timeout = KERNEL_CASE_SECONDS
 
     def setUp(self) -> Any:
         need_ipykernel()

@@ -20,7 +20,7 @@ from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial.unittest import SkipTest
 
 from tests.e2b.sdk import E2BCase
-from tests.kernels.test_contexts import need_ipykernel
+from tests.kernels.test_contexts import KERNEL_START, need_ipykernel
 
 #: Where ``make test`` installs the SDK (npm, pinned in the Makefile).
 NODE_MODULES = os.environ.get(
@@ -39,7 +39,7 @@ SCRIPT_SECONDS = 120.0
 class JavaScriptSDKTests(E2BCase):
     """``@e2b/code-interpreter`` unchanged, against sandboxd."""
 
-    policy = {"groups": {"code": True}}
+    policy = {"groups": {"code": True}, **KERNEL_START}
     timeout = 180
 
     def setUp(self) -> Any:

@@ -31,7 +31,13 @@ from sandboxd.web.dispatch import json_bytes
 from sandboxd.web.sse import BIG_TEXT_CHARS, big_text_json
 from tests.client.base import ClientCase
 from tests.e2b.sdk import E2BCase
-from tests.kernels.test_contexts import CodeTestCase, need_ipykernel
+from tests.kernels.test_contexts import (
+    KERNEL_CALL_SECONDS,
+    KERNEL_START,
+    KERNEL_START_SECONDS,
+    CodeTestCase,
+    need_ipykernel,
+)
 
 #: Texts the fast paths take and texts they must hand to the ordinary one.
 TEXTS = [
@@ -237,7 +243,7 @@ class StreamContentTests(TestCase):
 class BigOutputTests(CodeTestCase):
     """A real ipykernel printing megabytes, read through the native API."""
 
-    timeout = 120
+    timeout = 120 + KERNEL_START_SECONDS
 
     @inlineCallbacks
     def test_ten_mib_document_and_events(self) -> Any:
@@ -356,8 +362,8 @@ def _merged(pieces: list[tuple[str, str]]) -> list[tuple[str, str]]:
 class BigOutputE2BTests(E2BCase):
     """The same 10 MiB through the E2B door and E2B's own SDK."""
 
-    timeout = 120
-    policy = {"groups": {"code": True}}
+    timeout = 120 + KERNEL_START_SECONDS
+    policy = {"groups": {"code": True}, **KERNEL_START}
 
     def setUp(self) -> Any:
         need_ipykernel()
@@ -386,8 +392,8 @@ class BigOutputE2BTests(E2BCase):
 class BigOutputClientTests(ClientCase):
     """The same 10 MiB through ``sb.code``."""
 
-    timeout = 120
-    policy = {"groups": {"code": True}}
+    timeout = 120 + KERNEL_START_SECONDS
+    policy = {"groups": {"code": True}, **KERNEL_START}
 
     def setUp(self) -> Any:
         need_ipykernel()
@@ -403,6 +409,7 @@ class BigOutputClientTests(ClientCase):
             ctx = sb.code.create_context()
             return sb.code.execute(ctx["id"], printing(size))
 
-        result = yield self.in_thread(lambda: body(self.sandbox()))
+        sandbox = self.sandbox(timeout=KERNEL_CALL_SECONDS)
+        result = yield self.in_thread(lambda: body(sandbox))
         self.assertEqual(result["state"], "ok")
         self.assertEqual(result["stdout"], text)

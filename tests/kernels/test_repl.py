@@ -12,7 +12,7 @@ from typing import Any
 from twisted.internet.defer import inlineCallbacks
 
 from sandboxd.kernels import kernelspecs
-from tests.kernels.test_contexts import CodeTestCase, KernelScenarios
+from tests.kernels.test_contexts import KERNEL_START, CodeTestCase, KernelScenarios
 
 
 class BuiltinScenarios(KernelScenarios, CodeTestCase):
@@ -80,6 +80,7 @@ class LinkOwnerTests(CodeTestCase):
 
     policy = {
         "groups": {"code": True},
+        **KERNEL_START,
         "auth": {
             "tokens": [
                 {

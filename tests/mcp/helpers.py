@@ -78,6 +78,8 @@ class McpTestCase(DaemonTestCase):
     """A daemon per test, and the SDK client pointed at its ``/mcp``."""
 
     timeout = 60
+    #: A client conversation of this case ends within this many seconds.
+    client_seconds = CLIENT_TIMEOUT
 
     def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
         """
@@ -113,7 +115,7 @@ class McpTestCase(DaemonTestCase):
         """An SDK client (to enter inside a client thread)."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         http = httpx2.AsyncClient(
-            headers=headers, timeout=httpx2.Timeout(CLIENT_TIMEOUT)
+            headers=headers, timeout=httpx2.Timeout(self.client_seconds)
         )
         return Client(streamable_http_client(self.mcp_url, http_client=http), **kwargs)
 
@@ -129,7 +131,7 @@ class McpTestCase(DaemonTestCase):
             async with self.client(token, **kwargs) as client:
                 return await body(client)
 
-        return in_thread(work)
+        return in_thread(work, self.client_seconds)
 
     def http(
         self,

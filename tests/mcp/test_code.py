@@ -12,15 +12,24 @@ from typing import Any
 import anyio
 from twisted.internet.defer import inlineCallbacks
 
-from tests.kernels.test_contexts import need_ipykernel
+from tests.kernels.test_contexts import (
+    KERNEL_CALL_SECONDS,
+    KERNEL_CASE_SECONDS,
+    code_policy,
+    need_ipykernel,
+)
 from tests.mcp.helpers import McpTestCase
 
 
 class CodeToolTests(McpTestCase):
     """The code group's tools, with a real ipykernel."""
 
-    timeout = 60
-    policy = {"groups": {"code": True}}
+    timeout = KERNEL_CASE_SECONDS
+    policy = code_policy()
+    # A conversation starts a kernel, then imports matplotlib in it (both at
+    # the children's nice value): it has a start's room and more for the
+    # calls after it.
+    client_seconds = KERNEL_CALL_SECONDS + 60
 
     def setUp(self) -> Any:
         need_ipykernel()

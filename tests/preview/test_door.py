@@ -24,6 +24,11 @@ from twisted.web.iweb import UNKNOWN_LENGTH, IBodyProducer
 from zope.interface import implementer
 
 from tests.helpers import DaemonTestCase
+from tests.kernels.test_contexts import (
+    KERNEL_CASE_SECONDS,
+    KERNEL_START,
+    need_ipykernel,
+)
 from tests.preview.upstream import App
 
 TOKEN = "preview-token-0123456789"
@@ -650,11 +655,14 @@ class WebSocketIdleTests(DoorCase):
 class KernelPortTests(DoorCase):
     """A code context's kernel's own ports join the ports never previewed."""
 
-    policy = {**POLICY, "groups": {"preview": True, "code": True}}
+    policy = {
+        **POLICY,
+        "groups": {"preview": True, "code": True},
+        "endpoints": {**POLICY.get("endpoints", {}), **KERNEL_START["endpoints"]},
+    }
+    timeout = KERNEL_CASE_SECONDS
 
     def setUp(self) -> Any:
-        from tests.kernels.test_contexts import need_ipykernel
-
         need_ipykernel()
         return super().setUp()
 

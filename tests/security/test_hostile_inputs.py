@@ -31,7 +31,7 @@ from twisted.web.static import Data
 
 from sandboxd.access import guard as guard_module
 from sandboxd.processes.tree import descendants
-from tests.browser.test_browser import SKIP_REASON
+from tests.browser.test_browser import SKIP_REASON, browser_start_room
 from tests.helpers import DaemonTestCase, alive, kill_marked, marked_pids
 from tests.routes.test_terminal import TerminalCase
 from tests.security.test_files import OutsideCase, tar_of, zip_of
@@ -1456,6 +1456,7 @@ class BrowserCatalogueTests(DaemonTestCase):
 
         if SKIP_REASON is not None:
             raise SkipTest(SKIP_REASON)
+        browser_start_room(self)
 
         root = Resource()
         page = Data(

@@ -12,7 +12,12 @@ from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
 
-from tests.browser.test_browser import SKIP_REASON, png_size, serve_pages
+from tests.browser.test_browser import (
+    SKIP_REASON,
+    browser_start_room,
+    png_size,
+    serve_pages,
+)
 from tests.seed.harness import SeedCase
 from tests.seed.sdkcase import Face, outcome
 
@@ -49,6 +54,10 @@ class BrowserTests(SeedCase):
 
     skip = SKIP_REASON
     policy = {"groups": {"browser": True}}
+
+    def setUp(self) -> Any:
+        browser_start_room(self)
+        return super().setUp()
 
     @inlineCallbacks
     def check_face(self, sync: bool) -> Any:

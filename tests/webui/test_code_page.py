@@ -13,6 +13,7 @@ from typing import Any
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SkipTest
 
+from tests.kernels.test_contexts import KERNEL_START_SECONDS
 from tests.webui import test_browser
 from tests.webui.test_browser import POLICY, ConsoleCase, wait_true
 
@@ -21,7 +22,12 @@ CODE_POLICY: dict[str, Any] = {
     "groups": {"console": True, "code": True},
     "endpoints": {
         **POLICY["endpoints"],
-        "group:code": {"limits": {"interrupt_grace_seconds": 3}},
+        "group:code": {
+            "limits": {
+                "interrupt_grace_seconds": 3,
+                "start_timeout_seconds": KERNEL_START_SECONDS,
+            }
+        },
     },
 }
 
@@ -56,7 +62,8 @@ def new_context(page: Any, kernel: str) -> None:
     page.select_option("[data-testid=code-kernel]", kernel)
     page.click("[data-testid=code-context-new]")
     page.wait_for_selector(
-        "[data-testid=code-context-status][data-state=idle]", timeout=30000
+        "[data-testid=code-context-status][data-state=idle]",
+        timeout=KERNEL_START_SECONDS * 1000,
     )
 
 
@@ -138,7 +145,10 @@ class CodeCellTests(ConsoleCase):
             page.click("[data-testid=code-restart]")
             page.wait_for_selector("[data-testid=banner][data-kind=context-restarted]")
             seen["restart_banner"] = page.text_content("[data-testid=banner]")
-            page.wait_for_selector("[data-testid=code-context-status][data-state=idle]")
+            page.wait_for_selector(
+                "[data-testid=code-context-status][data-state=idle]",
+                timeout=KERNEL_START_SECONDS * 1000,
+            )
             run_cell(page, "x", state="error")
             seen["x_after_restart"] = last_text(page, "code-error-name")
             page.screenshot(path=os.path.join(test_browser.SHOTS, "code-restarted.png"))
