@@ -44,6 +44,7 @@ from sandboxd.errors import (
     unavailable,
 )
 from sandboxd.eventlog import EventLog
+from sandboxd.kernels.hubclient import attend
 from sandboxd.kernels.jsontext import (
     SMALL_OUTPUT_BYTES,
     EscapedText,
@@ -459,6 +460,7 @@ class CodeContext:
             return
         self.kernel = child
         child.ended.addCallback(self._kernel_ended, child)
+        attend(child)
         self._start_timer = self.reactor.callLater(
             self.start_timeout, self._start_timed_out, child
         )
@@ -532,6 +534,7 @@ class CodeContext:
         self.kernel = child
         child.read_chunks(1, defaults.CODE_HUB_READ_BYTES)
         child.ended.addCallback(self._kernel_ended, child)
+        attend(child)
         self._start_timer = self.reactor.callLater(
             self.start_timeout, self._start_timed_out, child
         )

@@ -24,6 +24,7 @@ from twisted.logger import Logger
 from sandboxd.policy.defaults import CODE_HUB_MAX_LINE_BYTES, CODE_HUB_READ_BYTES, KIB
 from sandboxd.processes.child import Child, HeadTail
 from sandboxd.processes.command import RunAs
+from sandboxd.processes.priority import CHILD_PRIORITY
 from sandboxd.processes.run import spawn
 
 log = Logger(namespace="sandboxd.kernels")
@@ -31,6 +32,25 @@ log = Logger(namespace="sandboxd.kernels")
 #: The hub's command line (a test puts a misbehaving hub here).
 HUB_COMMAND = [sys.executable, "-m", "sandboxd.kernels.hub"]
 
+
+
+def attend(child: Child) -> None:
+    """
+    Once ``child`` runs, its session group at an agent's level
+    (``agents_nice``) rather than the children's: a kernel and the hub
+    that relays its messages answer an agent that waits on each
+    execution, as an attended terminal's shell answers each keystroke.
+    At the children's level each would get a small share of the CPUs
+    beside every busy session of the sandbox's own work (a build), and a
+    kernel's start alone ran past its start timeout.  Its tasks keep the
+    children's nice value, so what a cell starts still yields to it.
+    """
+
+    def running(_: Any) -> None:
+        if child.pid and not child.has_exited:
+            CHILD_PRIORITY.attended(child.pid)
+
+    child.when_spawned().addCallbacks(running, lambda _: None)
 
 class LineSplitter:
     """
@@ -158,6 +178,7 @@ class HubClient:
         )
         self.child.read_chunks(1, CODE_HUB_READ_BYTES)
         self.child.ended.addCallback(self._ended)
+        attend(self.child)
 
     @property
     def pid(self) -> int:

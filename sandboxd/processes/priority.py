@@ -631,6 +631,10 @@ class ChildPriority:
                 self._groups[other] = level
             heavier = [other for other in heavier if other not in self._yielding]
             self._groups[pid] = level
+            # Still young, its lowering to the children's base is due: an
+            # attended group is never lowered by that (a client that
+            # attaches, or a kernel that starts, within its first moment).
+            self._young.pop(pid, None)
         for other in heavier:
             self._set_group(other, level)
         self._set_group(pid, level)

@@ -389,6 +389,27 @@ class GroupWeightTests(SynchronousTestCase):
         self.assertEqual(written, [("/proc/1000/autogroup", 10)])
         self.assertEqual(clock.getDelayedCalls(), [])
 
+    def test_attended_while_young_is_not_lowered(self) -> None:
+        """
+        A group attended within its first moment (a client that attaches
+        to a new terminal, a kernel that has just started) stays at the
+        agents' level: the young group's lowering to the base never comes.
+        """
+        written: list[tuple[str, int]] = []
+        self.patch(priority, "_write_value", lambda path, v: written.append((path, v)))
+        self.patch(priority, "_autogroups", lambda: True)
+        self.patch(priority, "_leads_session", lambda pid: True)
+        prio = priority.ChildPriority()
+        prio.clock = clock = Clock()
+        prio.priorities = priorities_from(True)
+        prio._budget = priority.weight(-5) * 2
+        prio.spawned(1000)
+        clock.advance(0.01)
+        prio.attended(1000)
+        clock.advance(1)
+        self.assertEqual(written, [("/proc/1000/autogroup", 0)])
+        self.assertEqual(clock.getDelayedCalls(), [])
+
     def test_young_groups_share_the_daemons_weight(self) -> None:
         """
         Young groups together still weigh no more than the daemon's:
