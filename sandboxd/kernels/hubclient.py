@@ -33,7 +33,6 @@ log = Logger(namespace="sandboxd.kernels")
 HUB_COMMAND = [sys.executable, "-m", "sandboxd.kernels.hub"]
 
 
-
 def attend(child: Child) -> None:
     """
     Once ``child`` runs, its session group at an agent's level
@@ -51,6 +50,7 @@ def attend(child: Child) -> None:
             CHILD_PRIORITY.attended(child.pid)
 
     child.when_spawned().addCallbacks(running, lambda _: None)
+
 
 class LineSplitter:
     """
