@@ -101,8 +101,10 @@ def _start(args: argparse.Namespace, base: str, token: str, prefix: list[str]) -
         import subprocess
 
         port = free_port()
+        # The profiler's wrapper runs the floor's script itself.
+        python = [] if args.mode == "cprofile" else [sys.executable]
         proc = subprocess.Popen(
-            [*prefix, sys.executable, args.floor, "--port", str(port)],
+            [*prefix, *python, args.floor, "--port", str(port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
