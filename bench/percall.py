@@ -375,7 +375,7 @@ def main() -> None:
     )
     ap.add_argument("--server", choices=("sandboxd", "floor"), default="sandboxd")
     ap.add_argument("--floor", default=FLOOR, help="the Twisted floor peer")
-    ap.add_argument("--cases", default="health,json,shell")
+    ap.add_argument("--cases", default="health,json,shell,download")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--top", type=int, default=25)
