@@ -50,7 +50,13 @@ from sandboxd.errors import (
     permission_denied,
 )
 from sandboxd.libc import libc
-from sandboxd.policy.paths import FORBIDDEN_ROOTS, PathDecision, absolute, decide, under
+from sandboxd.policy.paths import (
+    PathDecision,
+    absolute,
+    decide,
+    in_system_root,
+    under,
+)
 from sandboxd.policy.rules import Anchors, EffectiveRule
 from sandboxd.processes.command import resolve_user
 
@@ -683,7 +689,7 @@ class PathGuard:
             root = allow_root(entry, base)
             if root is not None and under(target, root) and len(root) > len(best):
                 best = root
-        if not best or best == "/" or any(under(best, r) for r in FORBIDDEN_ROOTS):
+        if not best or best == "/" or in_system_root(best):
             raise refusal(
                 PathDecision(original, False, Code.PATH_NOT_ALLOWED, "guard:base_dir")
             )
