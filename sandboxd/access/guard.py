@@ -372,7 +372,7 @@ class Location:
     #: the device of ``dir_fd``, where the resolution already knows it
     dir_dev: int | None = None
     _closed: bool = False
-    _seen: os.stat_result | bool | None = False
+    _seen: os.stat_result | bool | None = attrs.field(default=False, init=False)
 
     def lstat(self) -> os.stat_result | None:
         """The entry's own status, or None when it does not exist."""
