@@ -11,8 +11,10 @@ serves ``--calls`` requests on one keep-alive connection after a warm-up:
   the counters are zeroed after the warm-up and dumped after the calls, so
   the figure is the daemon's instructions per call (its children are not
   traced: ``/shell true`` counts the daemon's side of a spawn only);
-- ``--mode cprofile``: the daemon runs under ``cProfile``; the top frames
-  by own time are printed (warm-up included);
+- ``--mode cprofile``: the daemon runs under ``cProfile``, switched on
+  after the warm-up and off after the calls (``profiled.py``); the top
+  frames by own time, and the own time by module (Twisted's, each of
+  sandboxd's, the socket and epoll calls), per call;
 - ``--mode strace``: ``strace -f`` attached after the warm-up; the system
   calls per call, counted apart for the daemon's threads and for its
   children (a ``posix_spawn`` child runs the spawn's file actions and
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import glob
 import http.client
+import io
 import json
 import os
 import pstats
@@ -51,20 +54,31 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from daemon import free_port, schedstat, start_daemon, wait_healthy
 
-#: case → (method, path, JSON body)
+#: case → (method, path, JSON body); ``{base}`` is the daemon's base folder.
 CASES: dict[str, tuple[str, str, Any]] = {
     "health": ("GET", "/health", None),
     "json": ("GET", "/process/list", None),
     "shell": ("POST", "/shell", {"command": "true"}),
+    # W1b's request: a 1 KiB file as base64 JSON.
+    "download": ("GET", "/files/download-stream?path={base}/w1b-1k.bin", None),
 }
 
+#: The file the ``download`` case reads, written into the base folder.
+DOWNLOAD_FIXTURE = ("w1b-1k.bin", 1024)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
+PROFILED = os.path.join(HERE, "profiled.py")
 FLOOR = os.path.join(HERE, "..", "..", "shared", "bench", "peers", "twisted_floor.py")
+
+
+#: The base folder of the daemon being measured (for ``{base}`` in a case).
+BASE = ""
 
 
 def calls(port: int, token: str, case: str, n: int) -> float:
     """``n`` requests of ``case`` on one connection; seconds taken."""
     method, path, body = CASES[case]
+    path = path.replace("{base}", BASE)
     payload = json.dumps(body).encode() if body is not None else None
     headers = {"Authorization": f"Bearer {token}"}
     if payload is not None:
@@ -87,8 +101,10 @@ def _start(args: argparse.Namespace, base: str, token: str, prefix: list[str]) -
         import subprocess
 
         port = free_port()
+        # The profiler's wrapper runs the floor's script itself.
+        python = [] if args.mode == "cprofile" else [sys.executable]
         proc = subprocess.Popen(
-            [*prefix, sys.executable, args.floor, "--port", str(port)],
+            [*prefix, *python, args.floor, "--port", str(port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
@@ -99,8 +115,8 @@ def _start(args: argparse.Namespace, base: str, token: str, prefix: list[str]) -
     if args.tree:
         # Another checkout's code (a commit exported with git archive).
         env["PYTHONPATH"] = os.path.abspath(args.tree)
-        # ``python -m cProfile`` would put the working directory (this
-        # checkout) first on sys.path, ahead of PYTHONPATH.
+        # The profiler's wrapper would put its own folder (this checkout's
+        # bench/) first on sys.path, ahead of PYTHONPATH.
         env["PYTHONSAFEPATH"] = "1"
     return start_daemon(base, token, prefix=prefix, wait_seconds=120, env=env)
 
@@ -202,6 +218,11 @@ def run_case(args: argparse.Namespace, case: str) -> dict[str, Any]:
     work = tempfile.mkdtemp(prefix="percall-")
     base = os.path.join(work, "base")
     os.makedirs(base)
+    global BASE
+    BASE = base
+    name, size = DOWNLOAD_FIXTURE
+    with open(os.path.join(base, name), "wb") as f:
+        f.write(os.urandom(size))
     prefix: list[str] = []
     out = os.path.join(work, "out")
     if args.mode == "callgrind":
@@ -212,7 +233,7 @@ def run_case(args: argparse.Namespace, case: str) -> dict[str, Any]:
             f"--callgrind-out-file={out}.%p",
         ]
     elif args.mode == "cprofile":
-        prefix = [sys.executable, "-m", "cProfile", "-o", out]
+        prefix = [sys.executable, PROFILED, out]
     proc, port = _start(args, base, token, prefix)
     row: dict[str, Any] = {
         "workload": "PERCALL",
@@ -229,6 +250,8 @@ def run_case(args: argparse.Namespace, case: str) -> dict[str, Any]:
         ticks_before = _user_system_ticks(proc.pid)
         if args.mode == "callgrind":
             os.system(f"callgrind_control -z {proc.pid} >/dev/null")
+        elif args.mode == "cprofile":
+            os.kill(proc.pid, signal.SIGUSR1)
         took = concurrent_calls(port, token, case, args.calls, args.concurrency)
         row["us_per_call"] = round(took / args.calls * 1e6, 1)
         if args.mode == "cpu":
@@ -242,6 +265,9 @@ def run_case(args: argparse.Namespace, case: str) -> dict[str, Any]:
             )
             row["user_us_per_call"] = round(user, 1)
             row["system_us_per_call"] = round(system, 1)
+        if args.mode == "cprofile":
+            os.kill(proc.pid, signal.SIGUSR2)
+            _wait_for(out)
         if args.mode == "callgrind":
             os.system(f"callgrind_control -d {proc.pid} >/dev/null")
             dumps = sorted(glob.glob(f"{out}.{proc.pid}.*"))
@@ -260,7 +286,7 @@ def run_case(args: argparse.Namespace, case: str) -> dict[str, Any]:
         except Exception:
             os.killpg(proc.pid, signal.SIGKILL)
     if args.mode == "cprofile":
-        stats = pstats.Stats(out)
+        stats = pstats.Stats(out, stream=io.StringIO())
         stats.sort_stats("tottime")
         _width, entries = stats.get_print_list([args.top])  # type: ignore[attr-defined]
         top = []
@@ -270,16 +296,74 @@ def run_case(args: argparse.Namespace, case: str) -> dict[str, Any]:
                 {
                     "frame": pstats.func_std_string(func),
                     "calls": nc,
-                    "own_us_per_call": round(
-                        tt / max(1, args.calls + args.warmup) * 1e6, 2
-                    ),
-                    "cum_us_per_call": round(
-                        ct / max(1, args.calls + args.warmup) * 1e6, 2
-                    ),
+                    "own_us_per_call": round(tt / args.calls * 1e6, 2),
+                    "cum_us_per_call": round(ct / args.calls * 1e6, 2),
                 }
             )
         row["top"] = top
+        row["own_us_per_call_by_owner"] = {
+            owner: round(seconds / args.calls * 1e6, 2)
+            for owner, seconds in sorted(
+                by_owner(stats.stats).items(),  # type: ignore[attr-defined]
+                key=lambda kv: -kv[1],
+            )
+            if seconds / args.calls * 1e6 >= 0.05
+        }
     return row
+
+
+def _wait_for(path: str, seconds: float = 30.0) -> None:
+    """Wait until the profiler has written ``path`` (it does on SIGUSR2)."""
+    deadline = time.monotonic() + seconds
+    size = -1
+    while time.monotonic() < deadline:
+        now = os.path.getsize(path) if os.path.exists(path) else -1
+        if now > 0 and now == size:
+            return
+        size = now
+        time.sleep(0.2)
+    raise SystemExit(f"the profiler wrote no {path}")
+
+
+#: System calls a call waits in, kept apart from the Python that makes them.
+_SYSTEM_CALLS = re.compile(r"of '(select\.epoll|_socket\.socket)' objects")
+
+
+def owner(func: tuple[str, int, str]) -> str:
+    """
+    Who a profiled function belongs to: a module of sandboxd, Twisted, the
+    standard library, another package; a socket or epoll method by name.
+    """
+    path, _line, name = func
+    if path == "~":
+        m = _SYSTEM_CALLS.search(name)
+        return f"system call: {name}" if m else "builtin"
+    for marker, label in (("/sandboxd/", "sandboxd."), ("/twisted/", "twisted.")):
+        where = path.rfind(marker)
+        if where >= 0:
+            module = path[where + len(marker) :].removesuffix(".py")
+            return label + module.replace("/", ".").removesuffix(".__init__")
+    if "site-packages/" in path:
+        return path.split("site-packages/", 1)[1].split("/", 1)[0]
+    return "stdlib"
+
+
+def by_owner(raw: dict[Any, Any]) -> dict[str, float]:
+    """
+    Own time by :func:`owner`, a C builtin's (``dict.get``, ``isinstance``)
+    counted with the Python code that called it, in proportion to its calls.
+    """
+    totals: dict[str, float] = {}
+    for func, (_cc, nc, tt, _ct, callers) in raw.items():
+        who = owner(func)
+        if who != "builtin" or not callers or not nc:
+            totals[who] = totals.get(who, 0.0) + tt
+            continue
+        for caller, edge in callers.items():
+            share = tt * edge[1] / nc  # edge: (cc, nc, tt, ct) of that caller
+            name = owner(caller)
+            totals[name] = totals.get(name, 0.0) + share
+    return totals
 
 
 def main() -> None:
@@ -291,7 +375,7 @@ def main() -> None:
     )
     ap.add_argument("--server", choices=("sandboxd", "floor"), default="sandboxd")
     ap.add_argument("--floor", default=FLOOR, help="the Twisted floor peer")
-    ap.add_argument("--cases", default="health,json,shell")
+    ap.add_argument("--cases", default="health,json,shell,download")
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--top", type=int, default=25)

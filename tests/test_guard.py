@@ -548,6 +548,61 @@ class PinnedBaseCwdTests(SynchronousTestCase):
         self.assertNotEqual(self.opened, [])
 
 
+class OneStatPerOpenTests(SynchronousTestCase):
+    """Opening a file asks about its name once and about a pinned base once."""
+
+    def setUp(self) -> None:
+        top = os.path.realpath(tempfile.mkdtemp())
+        self.addCleanup(_rmtree, top)
+        self.base = os.path.join(top, "base")
+        os.makedirs(os.path.join(self.base, "sub"))
+        for name in ("f.txt", "sub/g.txt"):
+            with open(os.path.join(self.base, name), "wb") as f:
+                f.write(b"inside")
+        self.rule = make_rule(self.base)
+        guard_module.pin_anchors(self.rule.anchors, self.base)
+        self.guard = PathGuard(self.rule)
+        # The base's device, looked up once and remembered, is not counted.
+        guard_module.base_device(self.rule.anchors, self.base)
+        self.stats: list[Any] = []
+        self.fstats: list[int] = []
+        real_stat, real_fstat = os.stat, os.fstat
+
+        def counting_stat(path: Any, *args: Any, **kw: Any) -> os.stat_result:
+            self.stats.append(path)
+            return real_stat(path, *args, **kw)
+
+        def counting_fstat(fd: int) -> os.stat_result:
+            self.fstats.append(fd)
+            return real_fstat(fd)
+
+        self.patch(guard_module.os, "stat", counting_stat)
+        self.patch(guard_module.os, "fstat", counting_fstat)
+
+    def test_top_level_file(self) -> None:
+        """A file in the base: one stat of its name, one fstat of the base (its pinned identity) and one of the file opened."""
+        with self.guard.open_file("f.txt") as f:
+            self.assertEqual(os.read(f.fd, 100), b"inside")
+        self.assertEqual(self.stats, ["f.txt"])
+        self.assertEqual(len(self.fstats), 2)
+
+    def test_nested_file(self) -> None:
+        """A file below a subdirectory: its name is still asked about once."""
+        with self.guard.open_file("sub/g.txt") as f:
+            self.assertEqual(os.read(f.fd, 100), b"inside")
+        self.assertEqual(self.stats, ["g.txt"])
+
+    def test_what_the_checks_refuse_still_refused(self) -> None:
+        """Missing is 404, a directory 400, a FIFO 400, with the name asked about once each."""
+        os.mkfifo(os.path.join(self.base, "fifo"))
+        for path, status in (("nope", 404), ("sub", 400), ("fifo", 400)):
+            self.stats.clear()
+            with self.assertRaises(ApiError) as cm:
+                self.guard.open_file(path).close()
+            self.assertEqual(cm.exception.status, status, path)
+            self.assertEqual(self.stats, [path], path)
+
+
 class SpecialFilesystemTests(SynchronousTestCase):
     """The f_type seam itself, and the policy choice for hard links."""
 

@@ -50,7 +50,13 @@ from sandboxd.errors import (
     permission_denied,
 )
 from sandboxd.libc import libc
-from sandboxd.policy.paths import FORBIDDEN_ROOTS, PathDecision, absolute, decide, under
+from sandboxd.policy.paths import (
+    PathDecision,
+    absolute,
+    decide,
+    in_system_root,
+    under,
+)
 from sandboxd.policy.rules import Anchors, EffectiveRule
 from sandboxd.processes.command import resolve_user
 
@@ -363,7 +369,10 @@ class Location:
     owner: tuple[int, int] | None = None
     #: the parent directories this resolution created (``make_parents``)
     made: MadeDirs | None = None
+    #: the device of ``dir_fd``, where the resolution already knows it
+    dir_dev: int | None = None
     _closed: bool = False
+    _seen: os.stat_result | bool | None = attrs.field(default=False, init=False)
 
     def lstat(self) -> os.stat_result | None:
         """The entry's own status, or None when it does not exist."""
@@ -373,6 +382,22 @@ class Location:
             return os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             return None
+
+    def seen(self) -> os.stat_result | None:
+        """
+        The entry's status as its resolution saw it: :meth:`lstat` taken
+        once, for the checks that follow one another with nothing done in
+        between (a link to follow, a mount point, a missing entry, a file
+        to open).
+
+        Asking again could only see a change made between two of them,
+        which could as well have come after the last: the open file's own
+        ``fstat`` is what a read finally goes by.  Anything that changes
+        the entry asks :meth:`lstat` afresh.
+        """
+        if self._seen is False:
+            self._seen = self.lstat()
+        return self._seen  # type: ignore[return-value]
 
     def refuse_shared(self, st: os.stat_result | None, path: Any) -> None:
         """
@@ -639,7 +664,7 @@ class PathGuard:
                 loc.deny_shared = self._hard_links_rule
             dangling_risk = loc.path in link_targets and op != "read"
             if not missing_ok or dangling_risk:
-                if loc.lstat() is None:
+                if loc.seen() is None:
                     loc.undo_made()
                     loc.close()
                     if missing_ok:
@@ -664,7 +689,7 @@ class PathGuard:
             root = allow_root(entry, base)
             if root is not None and under(target, root) and len(root) > len(best):
                 best = root
-        if not best or best == "/" or any(under(best, r) for r in FORBIDDEN_ROOTS):
+        if not best or best == "/" or in_system_root(best):
             raise refusal(
                 PathDecision(original, False, Code.PATH_NOT_ALLOWED, "guard:base_dir")
             )
@@ -681,10 +706,10 @@ class PathGuard:
         owner: tuple[int, int] | None = None,
     ) -> Location:
         anchor = self._anchor(target, original)
-        anchor_fd = open_anchor(self.rule.anchors, anchor, original)
+        anchor_fd, anchor_dev = open_anchor(self.rule.anchors, anchor, original)
         rel = target[len(anchor) :].strip("/")
         if rel == "":
-            return Location(anchor_fd, "", anchor)
+            return Location(anchor_fd, "", anchor, dir_dev=anchor_dev)
         parts = rel.split("/")
         try:
             dir_fd = self._open_dirs(
@@ -696,9 +721,11 @@ class PathGuard:
         if dir_fd != anchor_fd:
             os.close(anchor_fd)
         name = parts[-1]
-        loc = Location(dir_fd, name, target)
+        loc = Location(
+            dir_fd, name, target, dir_dev=anchor_dev if dir_fd == anchor_fd else None
+        )
         if follow:
-            st = loc.lstat()
+            st = loc.seen()
             if st is not None and stat.S_ISLNK(st.st_mode):
                 try:
                     link = os.readlink(name, dir_fd=dir_fd)
@@ -844,7 +871,7 @@ class PathGuard:
         with self.locate(path, op, follow=True, missing_ok=False) as loc:
             if loc.name == "":
                 raise is_a_directory(path)
-            st = loc.lstat()
+            st = loc.seen()
             if st is None:
                 raise file_not_found(path)
             check_regular(st, path)
@@ -1030,7 +1057,7 @@ def _open_real_dir(path: str) -> int:
     return fd
 
 
-def open_anchor(anchors: Anchors, anchor: str, original: str) -> int:
+def open_anchor(anchors: Anchors, anchor: str, original: str) -> tuple[int, int | None]:
     """
     Open the directory a resolution starts from (the base, or an allowed
     root), refusing one that is no longer the directory the daemon pinned:
@@ -1041,6 +1068,8 @@ def open_anchor(anchors: Anchors, anchor: str, original: str) -> int:
     the way lands on another directory, and a link that still leads to the
     same one is harmless.  That is one open and one ``fstat``, where the
     link-free walk from / that an unpinned anchor gets costs four calls.
+
+    :return: the descriptor, and its device when it was checked (pinned).
     """
     pinned = anchors.pinned.get(anchor)
     try:
@@ -1061,7 +1090,8 @@ def open_anchor(anchors: Anchors, anchor: str, original: str) -> int:
             raise refusal(
                 PathDecision(original, False, Code.PATH_NOT_ALLOWED, "guard:base_dir")
             )
-    return fd
+        return fd, st.st_dev
+    return fd, None
 
 
 def base_device(anchors: Anchors, base_dir: str) -> int | None:
@@ -1097,14 +1127,16 @@ def _refuse_special(loc: Location, original: str, base_dev: int | None) -> None:
     the base is /proc.
     """
     try:
-        dev = os.fstat(loc.dir_fd).st_dev
+        dev = loc.dir_dev
+        if dev is None:
+            dev = os.fstat(loc.dir_fd).st_dev
         found = special_unless_base(loc.dir_fd, dev, base_dev)
         if found is None and loc.name:
             try:
-                st = os.stat(loc.name, dir_fd=loc.dir_fd, follow_symlinks=False)
+                st = loc.seen()
             except OSError:
-                pass  # missing (or unreachable): its directory decided
-            else:
+                st = None  # unreachable: its directory decided
+            if st is not None:  # (missing: its directory decided)
                 found = mounted_special(loc.dir_fd, loc.name, st, dev)
     except BaseException:
         loc.close()

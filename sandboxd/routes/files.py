@@ -288,7 +288,8 @@ def files_download_stream(request: ServerRequest) -> Any:
     The file's size when opened fixes the body, so the response carries a
     ``Content-Length`` (clients read it without chunk framing, and can show
     progress); a file that grows meanwhile is sent up to that size, one that
-    shrinks cuts the connection.
+    shrinks cuts the connection.  A small file is read whole and answered
+    as one buffer instead (see :func:`_small_download`).
     """
     path = required(request.query.get("path"), "path")
     try:
@@ -311,6 +312,9 @@ def files_download_stream(request: ServerRequest) -> Any:
         + json_bytes(f.etag)
         + b',"content_base64":"'
     )
+    if size <= INLINE_READ_BYTES:
+        with f:
+            return _small_download(head, _read_all(f.fd, size))
     tail = b'","bytes":' + str(size).encode() + b"}"
     producer = FileProducer(f.fd, 0, size, transform=b64_chunk, trailer=tail)
     f.fd = -1  # the producer owns it now
@@ -324,6 +328,22 @@ def files_download_stream(request: ServerRequest) -> Any:
         write_to=write_to,
         headers={"content-type": "application/json", "content-length": str(length)},
     )
+
+
+def _small_download(head: bytes, data: bytes) -> ServerResponse:
+    """
+    ``/files/download-stream``'s body for a file small enough to read at
+    once (as ``/download`` reads one): the same JSON, built whole and sent
+    with its head as one write, rather than a producer's head, chunk and
+    trailer (two sends, and the socket watched for writing in between).
+
+    A file that shrank before it was read is answered as what was read,
+    ``bytes`` saying how much: nothing had been announced yet.
+    """
+    body = b"".join(
+        (head, b64_chunk(data), b'","bytes":', str(len(data)).encode(), b"}")
+    )
+    return ServerResponse(headers={"content-type": "application/json"}, raw=body)
 
 
 # -- raw transfer ---------------------------------------------------------------

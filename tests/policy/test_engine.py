@@ -15,6 +15,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from sandboxd.endpoints import CapabilityGroup
 from sandboxd.policy import PolicyError, load_policy
 from sandboxd.policy.defaults import PATH_DECISIONS_KEPT
+from sandboxd.policy.paths import FORBIDDEN_ROOTS, in_system_root, under
 from sandboxd.policy.paths import decide as decide_path
 from sandboxd.routes import builtin_table
 
@@ -580,6 +581,30 @@ class SourceOrderTests(SynchronousTestCase):
         for bad in ("/", "/proc"):
             with self.assertRaises(PolicyError):
                 load_policy(builtin_table(), explicit={}, base_dir=bad, environ={})
+
+
+class SystemRootTests(SynchronousTestCase):
+    """The system roots are told apart from their look-alikes."""
+
+    def test_same_answer_as_under(self) -> None:
+        """``in_system_root`` answers what ``under`` answers for each root, on the roots, below them, beside them and above them."""
+        for path in (
+            "/proc",
+            "/proc/1/environ",
+            "/proc/",
+            "/procs",
+            "/proc.d/x",
+            "/sys/kernel",
+            "/system",
+            "/dev",
+            "/dev/null",
+            "/devices",
+            "/",
+            "/home/proc",
+            "/tmp/dev/x",
+        ):
+            expected = any(under(path, root) for root in FORBIDDEN_ROOTS)
+            self.assertEqual(in_system_root(path), expected, path)
 
 
 class DaemonFilesTests(SynchronousTestCase):

@@ -9,17 +9,22 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import socket
 import tarfile
+import tempfile
 import zipfile
 from typing import Any
 from urllib.parse import quote
 
 from twisted.internet.defer import inlineCallbacks
+from twisted.internet.testing import StringTransport
 from twisted.internet.threads import deferToThread
+from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.files import walk
 from sandboxd.files.stream import FileShrank
+from sandboxd.testing import memory_context, memory_site
 from tests.helpers import DaemonTestCase
 
 
@@ -670,3 +675,50 @@ class SeedFormTests(FilesCase):
             else:
                 names = tarfile.open(fileobj=io.BytesIO(data)).getnames()
             self.assertEqual(names, ["tree/b.txt", "tree/sub/c.txt", "a.txt"], fmt)
+
+
+class _CountingTransport(StringTransport):
+    """A connection that counts the writes it is handed."""
+
+    writes = 0
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        super().write(data)
+
+
+class SmallStreamedDownloadTests(SynchronousTestCase):
+    """``/files/download-stream`` of a small file is answered in one write."""
+
+    def setUp(self) -> None:
+        self.base = os.path.realpath(tempfile.mkdtemp())
+        self.addCleanup(shutil.rmtree, self.base)
+        self.site = memory_site(memory_context(base_dir=self.base))
+
+    def fetch(self, name: str) -> tuple[int, bytes]:
+        protocol = self.site.buildProtocol(None)
+        transport = _CountingTransport()
+        protocol.makeConnection(transport)
+        protocol.dataReceived(
+            f"GET /files/download-stream?path={name} HTTP/1.1\r\n"
+            "Host: localhost\r\n\r\n".encode()
+        )
+        written = transport.value()
+        protocol.connectionLost(None)
+        return transport.writes, written
+
+    def test_small_file_one_write(self) -> None:
+        """Head, JSON and base64 of a 1 KiB file leave in one write, with the length they fill exactly."""
+        data = os.urandom(1024)
+        with open(os.path.join(self.base, "k.bin"), "wb") as f:
+            f.write(data)
+        writes, raw = self.fetch("k.bin")
+        self.assertEqual(writes, 1)
+        head, _, body = raw.partition(b"\r\n\r\n")
+        self.assertIn(b"\r\nContent-Length: %d" % len(body), head)
+        answer = json.loads(body)
+        self.assertEqual(
+            (answer["bytes"], base64.b64decode(answer["content_base64"])),
+            (1024, data),
+        )
+        self.assertEqual(list(answer), ["path", "etag", "content_base64", "bytes"])
