@@ -382,8 +382,8 @@ SPAWN_ENVIRONMENT_KEPT_BYTES = 256 * 1024
 #: waited for a CPU before it could exec) sends the next ones that can wait
 #: through worker threads, until one is quick again.  Beside other work
 #: (load 8 to 60 on two cores) spawns held the reactor 0.5-1.6 ms on
-#: average, each one with every other client waiting; 2 ms let most of
-#: them through.
+#: average, each one with every other client waiting: 2 ms let most of
+#: them through, half a millisecond sends them to the threads.
 SLOW_SPAWN_SECONDS = 0.0005
 
 #: process: worker threads that wait in ``posix_spawn`` for a busy machine.
