@@ -95,17 +95,17 @@ class Direct:
     def __init__(self, lowered: bool) -> None:
         from jupyter_client.manager import KernelManager
 
-        from sandboxd.policy.defaults import CHILD_NICE
+        from sandboxd.policy.defaults import AGENT_NICE
 
         self.km = KernelManager(kernel_name="python3")
         if lowered:
             self.km.start_kernel(preexec_fn=child_priority)
             pid = self.km.provisioner.process.pid  # type: ignore[union-attr]
             # Its own session, so its own autogroup: weigh it as the
-            # daemon weighs its children's.
+            # daemon weighs its kernels' (at the agents' level).
             try:
                 with open(f"/proc/{pid}/autogroup", "w") as f:
-                    f.write(str(CHILD_NICE))
+                    f.write(str(AGENT_NICE))
             except OSError:
                 pass
         else:
