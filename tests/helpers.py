@@ -8,10 +8,27 @@ from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
-from twisted.trial.unittest import TestCase
+from twisted.trial.unittest import SkipTest, TestCase
 
 from sandboxd.processes.tree import proc_info
 from sandboxd.testing import RunningDaemon, start_daemon
+
+
+def need_autogroups() -> None:
+    """Skip unless the daemon may set session groups' nice values here."""
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            enabled = f.read().strip() == "1"
+    except OSError:
+        enabled = False
+    if not enabled or os.geteuid() != 0:
+        raise SkipTest("needs root and the kernel's autogroup scheduling")
+
+
+def group_nice(pid: int) -> int:
+    """The nice value of ``pid``'s session group (``/autogroup-N nice V``)."""
+    with open(f"/proc/{pid}/autogroup") as f:
+        return int(f.read().split()[-1])
 
 
 def alive(pid: int) -> bool:

@@ -22,7 +22,7 @@ from twisted.web.http_headers import Headers
 
 from sandboxd.kernels.kernelspecs import find_kernelspecs
 from sandboxd.testing import SSEReader
-from tests.helpers import DaemonTestCase, alive
+from tests.helpers import DaemonTestCase, alive, group_nice, need_autogroups
 
 
 def need_ipykernel() -> None:
@@ -444,23 +444,6 @@ class InterruptTests(CodeTestCase):
         self.assertEqual(after["results"][0]["data"]["text/plain"], "3")
 
 
-def _group_nice(pid: int) -> int:
-    """The nice value of ``pid``'s session group (``/autogroup-N nice V``)."""
-    with open(f"/proc/{pid}/autogroup") as f:
-        return int(f.read().split()[-1])
-
-
-def _need_autogroups() -> None:
-    """Skip unless session groups' nice values can be read and set here."""
-    try:
-        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
-            enabled = f.read().strip() == "1"
-    except OSError:
-        enabled = False
-    if not enabled:
-        raise SkipTest("no session groups (autogroups) on this kernel")
-
-
 class PriorityTests(CodeTestCase):
     """A kernel and its hub answer an agent that waits: its level, not the children's."""
 
@@ -471,11 +454,11 @@ class PriorityTests(CodeTestCase):
         (0 by default), as an attended terminal's; the kernel process
         itself keeps the children's nice value (10).
         """
-        _need_autogroups()
+        need_autogroups()
         ctx = yield self.context()
         hub = self.daemon.context.code.get().hub()
-        self.assertEqual(_group_nice(ctx["pid"]), 0)
-        self.assertEqual(_group_nice(hub.pid), 0)
+        self.assertEqual(group_nice(ctx["pid"]), 0)
+        self.assertEqual(group_nice(hub.pid), 0)
         self.assertEqual(os.getpriority(os.PRIO_PROCESS, ctx["pid"]), 10)
 
 
@@ -487,9 +470,9 @@ class PriorityLevelTests(CodeTestCase):
     @inlineCallbacks
     def test_level_follows_policy(self) -> Any:
         """``"agents_nice": 10`` puts kernels back with the rest of the sandbox's work."""
-        _need_autogroups()
+        need_autogroups()
         ctx = yield self.context()
-        self.assertEqual(_group_nice(ctx["pid"]), 10)
+        self.assertEqual(group_nice(ctx["pid"]), 10)
 
 
 class DeathTests(CodeTestCase):

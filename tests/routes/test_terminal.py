@@ -15,10 +15,16 @@ from typing import Any
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.task import deferLater
-from twisted.trial.unittest import SkipTest
 
 from sandboxd.processes.tree import descendants, proc_info
-from tests.helpers import DaemonTestCase, alive, kill_marked, marked_pids
+from tests.helpers import (
+    DaemonTestCase,
+    alive,
+    group_nice,
+    kill_marked,
+    marked_pids,
+    need_autogroups,
+)
 from tests.terminals.wsclient import TestClient, connect, quiet_server
 
 TOKEN = "pty-token"
@@ -236,12 +242,12 @@ class SessionTests(TerminalCase):
         ``setsid`` a moment after the fork returns, and a write by its pid
         before that would have lowered the daemon's group instead.
         """
-        _need_autogroups()
-        own = _group_nice(os.getpid())  # the daemon runs in this process
+        need_autogroups()
+        own = group_nice(os.getpid())  # the daemon runs in this process
         for _ in range(5):
             pid = (yield self.create())["pid"]
-            self.assertTrue((yield wait_until(lambda p=pid: _group_nice(p) == 10)))
-        self.assertEqual(_group_nice(os.getpid()), own)
+            self.assertTrue((yield wait_until(lambda p=pid: group_nice(p) == 10)))
+        self.assertEqual(group_nice(os.getpid()), own)
 
     @inlineCallbacks
     def test_unattended_shell_yields(self) -> Any:
@@ -253,19 +259,19 @@ class SessionTests(TerminalCase):
         (nice 19) until a client attaches again.  The shell itself keeps
         the children's nice value throughout.
         """
-        _need_autogroups()
+        need_autogroups()
         created = yield self.create()
         sid, pid = created["session_id"], created["pid"]
-        self.assertTrue((yield wait_until(lambda: _group_nice(pid) == 10)))
+        self.assertTrue((yield wait_until(lambda: group_nice(pid) == 10)))
         first = yield self.attach(sid)
         yield first.wait_for(lambda m: True)
-        self.assertTrue((yield wait_until(lambda: _group_nice(pid) == 0)))
+        self.assertTrue((yield wait_until(lambda: group_nice(pid) == 0)))
         yield self.hang_up(first)
-        self.assertTrue((yield wait_until(lambda: _group_nice(pid) == 19)))
+        self.assertTrue((yield wait_until(lambda: group_nice(pid) == 19)))
         second = yield self.attach(sid)
         second.type("echo back''-again\n")
         yield second.wait_output("back-again")
-        self.assertEqual(_group_nice(pid), 0)
+        self.assertEqual(group_nice(pid), 0)
         self.assertEqual(os.getpriority(os.PRIO_PROCESS, pid), 10)
 
     @inlineCallbacks
@@ -377,12 +383,12 @@ class AttendedLevelTests(TerminalCase):
         The attended terminal's group follows the policy's ``agents_nice``:
         ``"agents_nice": 10`` puts it back with the rest of the sandbox's work.
         """
-        _need_autogroups()
+        need_autogroups()
         created = yield self.create()
         first = yield self.attach(created["session_id"])
         first.type("echo here''-now\n")
         yield first.wait_output("here-now")
-        self.assertEqual(_group_nice(created["pid"]), 10)
+        self.assertEqual(group_nice(created["pid"]), 10)
 
 
 class RefusalTests(TerminalCase):
@@ -581,20 +587,3 @@ class HandshakeAuditTests(DaemonTestCase):
             [(r["status"], r["code"]) for r in ws], [(401, "unauthorized")]
         )
         self.assertNotIn("bad", ws[0]["query"])
-
-
-def _need_autogroups() -> None:
-    """Skip unless the daemon may set session groups' nice values here."""
-    try:
-        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
-            enabled = f.read().strip() == "1"
-    except OSError:
-        enabled = False
-    if not enabled or os.geteuid() != 0:
-        raise SkipTest("needs root and the kernel's autogroup scheduling")
-
-
-def _group_nice(pid: int) -> int:
-    """The nice value of ``pid``'s session group (``/autogroup-N nice V``)."""
-    with open(f"/proc/{pid}/autogroup") as f:
-        return int(f.read().split()[-1])
