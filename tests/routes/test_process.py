@@ -25,7 +25,7 @@ from twisted.web.http_headers import Headers
 from sandboxd.processes import posix_spawn as spawn_module
 from sandboxd.processes import spawning
 from sandboxd.testing import BytesProducer, SSEReader
-from tests.helpers import DaemonTestCase, kill_marked, marked_pids
+from tests.helpers import DaemonTestCase, group_nice, kill_marked, marked_pids
 
 
 def rss_bytes() -> int:
@@ -1066,12 +1066,6 @@ class SlowSpawnTests(_SlowSpawns, ProcessCase):
         )
 
 
-def _group_nice(pid: int) -> int:
-    """The nice value of ``pid``'s session group (``/autogroup-N nice V``)."""
-    with open(f"/proc/{pid}/autogroup") as f:
-        return int(f.read().split()[-1])
-
-
 class FirstOutputTests(ProcessCase):
     """
     Streams started together: one whose first line is out waits at the
@@ -1105,8 +1099,8 @@ class FirstOutputTests(ProcessCase):
             raise SkipTest("the daemon took too long to start the second stream")
         pid = int(early.events[0]["data"]["data"])
         # The daemon (in this process) lowered it before sending the line.
-        self.assertEqual(_group_nice(pid), 19)
-        while _group_nice(pid) == 19 and time.monotonic() - started < 5:
+        self.assertEqual(group_nice(pid), 19)
+        while group_nice(pid) == 19 and time.monotonic() - started < 5:
             yield sleep_(0.02)
-        self.assertEqual(_group_nice(pid), 10)
+        self.assertEqual(group_nice(pid), 10)
         self.assertGreater(time.monotonic() - started, 0.9)
