@@ -278,12 +278,7 @@ class HeadDeadlineTests(DoorCase):
         yield self.start(head_deadline=1.0)
         self.door = self.daemon.context.preview
         self.door_port = self.door.door_port
-        self.scripted = ScriptedApp()
-        listening = reactor.listenTCP(0, self.scripted, interface="127.0.0.1")
-        self.addCleanup(listening.stopListening)
-        self.scripted.port = listening.getHost().port
-        reply = yield self.expose(port=self.scripted.port, public=True)
-        self.assertEqual(reply.status, 201, reply.body)
+        self.scripted = yield self.serve(ScriptedApp(), public=True)
 
     @inlineCallbacks
     def test_head_in_parts_is_cut_whole_heads_never(self) -> None:

@@ -138,6 +138,20 @@ class DoorCase(DaemonTestCase):
         body.setdefault("port", self.app_port)
         return self.request("POST", "/preview/ports", body)
 
+    @inlineCallbacks
+    def serve(self, app: Any, **expose: Any) -> Any:
+        """
+        ``app`` (a protocol factory) listening on a loopback port of its
+        own, which is set as its ``port`` and exposed with ``expose``'s
+        fields; ``app``.
+        """
+        listening = reactor.listenTCP(0, app, interface="127.0.0.1")
+        self.addCleanup(listening.stopListening)
+        app.port = listening.getHost().port
+        reply = yield self.expose(port=app.port, **expose)
+        self.assertEqual(reply.status, 201, reply.body)
+        return app
+
     def send(
         self,
         method: str,

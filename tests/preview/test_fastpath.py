@@ -50,12 +50,7 @@ class FastPathTests(DoorCase):
     @inlineCallbacks
     def setUp(self) -> Any:
         yield super().setUp()
-        self.scripted = ClosingApp()
-        listening = reactor.listenTCP(0, self.scripted, interface="127.0.0.1")
-        self.addCleanup(listening.stopListening)
-        self.scripted.port = listening.getHost().port
-        reply = yield self.expose(port=self.scripted.port, public=True)
-        self.assertEqual(reply.status, 201, reply.body)
+        self.scripted = yield self.serve(ClosingApp(), public=True)
 
     @inlineCallbacks
     def test_app_closes_between_requests(self) -> None:

@@ -59,12 +59,7 @@ class KeptAliveTests(DoorCase):
     @inlineCallbacks
     def setUp(self) -> Any:
         yield super().setUp()
-        self.scripted = ScriptedApp()
-        listening = reactor.listenTCP(0, self.scripted, interface="127.0.0.1")
-        self.addCleanup(listening.stopListening)
-        self.scripted.port = listening.getHost().port
-        reply = yield self.expose(port=self.scripted.port, public=True)
-        self.assertEqual(reply.status, 201, reply.body)
+        self.scripted = yield self.serve(ScriptedApp(), public=True)
         self.browser = yield deferToThread(Browser, self.door_port)
         self.addCleanup(self.browser.close)
 

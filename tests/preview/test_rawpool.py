@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.testing import MemoryReactorClock, StringTransport
@@ -88,12 +87,7 @@ class RawPoolTests(DoorCase):
     @inlineCallbacks
     def setUp(self) -> Any:
         yield super().setUp()
-        self.scripted = ScriptedApp()
-        listening = reactor.listenTCP(0, self.scripted, interface="127.0.0.1")
-        self.addCleanup(listening.stopListening)
-        self.scripted.port = listening.getHost().port
-        reply = yield self.expose(port=self.scripted.port)
-        self.assertEqual(reply.status, 201, reply.body)
+        self.scripted = yield self.serve(ScriptedApp())
 
     def get(self, path: str, method: str = "GET") -> Any:
         return self.fetch(method, path, host=self.host(self.scripted.port))

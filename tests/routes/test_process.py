@@ -25,7 +25,13 @@ from twisted.web.http_headers import Headers
 from sandboxd.processes import posix_spawn as spawn_module
 from sandboxd.processes import spawning
 from sandboxd.testing import BytesProducer, SSEReader
-from tests.helpers import DaemonTestCase, group_nice, kill_marked, marked_pids
+from tests.helpers import (
+    DaemonTestCase,
+    group_nice,
+    kill_marked,
+    marked_pids,
+    need_autogroups,
+)
 
 
 def rss_bytes() -> int:
@@ -1079,13 +1085,7 @@ class FirstOutputTests(ProcessCase):
         other stream's child is silent, and at the children's 10 once that
         one no longer counts as starting (a second after it started).
         """
-        try:
-            with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
-                groups = f.read().strip() == "1"
-        except OSError:
-            groups = False
-        if not groups or os.geteuid() != 0:
-            raise SkipTest("needs root and the kernel's autogroup scheduling")
+        need_autogroups()
         sleeper = {"command": f"sleep {self.marker}", "shell": "sh"}
         yield self.stream("POST", "/shell/stream", sleeper)
         started = time.monotonic()
