@@ -28,13 +28,16 @@ Kept stdlib-plus-jupyter_client only: it runs in its own interpreter.
 
 from __future__ import annotations
 
-import asyncio
 import codecs
+import heapq
 import hmac
 import json
+import math
 import os
 import sys
+import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 #: One stream event carries at most this many bytes of output; a bigger
@@ -43,18 +46,21 @@ from typing import Any
 STREAM_CHUNK_BYTES = 256 * 1024
 
 #: Queued event lines are written at once past this many bytes (else at
-#: the end of the event loop's turn).
+#: the end of the loop's turn).
 FLUSH_BYTES = 1024 * 1024
 
 #: A command line from the daemon is at most this long (code is 1 MiB max).
 MAX_COMMAND_BYTES = 16 * 1024 * 1024
+
+#: The most the hub reads from its stdin at once.
+COMMAND_READ_BYTES = 1024 * 1024
 
 
 class Output:
     """
     The hub's stdout: one compact JSON line per event.
 
-    Lines are gathered and written once per turn of the event loop: the
+    Lines are gathered and written once per turn of the hub's loop: the
     messages of one execution that arrive together (a result, ``idle`` and
     the reply) cross the pipe in one write, so the daemon wakes once for
     them instead of once a line. At :data:`FLUSH_BYTES` the lines go out at
@@ -65,11 +71,11 @@ class Output:
         self._out = sys.stdout.buffer
         self._lines: list[bytes | memoryview] = []
         self._size = 0
-        self._scheduled = False
 
     def send(self, event: dict[str, Any], payload: Pieces | None = None) -> None:
         """
-        Queue one event line; it leaves at the end of this turn of the loop.
+        Queue one event line; it leaves at the end of this turn of the loop
+        (:meth:`flush`).
 
         :param payload: raw bytes that follow the line, in pieces (the line
             says how many bytes in ``bytes``): output text crosses as it
@@ -88,19 +94,12 @@ class Output:
             self._size += size
         if self._size >= FLUSH_BYTES:
             self.flush()
-        elif not self._scheduled:
-            self._scheduled = True
-            try:
-                asyncio.get_running_loop().call_soon(self.flush)
-            except RuntimeError:  # no loop (a last word at exit): now
-                self.flush()
 
     def flush(self) -> None:
         """
         Write what is queued now (a full pipe blocks the hub: that is the
         backpressure on the kernels' output).
         """
-        self._scheduled = False
         if not self._lines:
             return
         parts, self._lines, self._size = self._lines, [], 0
@@ -351,81 +350,98 @@ class Pending:
         self.idle = False
 
 
+#: How long an unanswered ``kernel_info_request`` waits before another is
+#: sent, while a kernel is being opened.
+KERNEL_INFO_RETRY_SECONDS = 1.0
+
+#: How long a ``shutdown_request`` is given to leave before the kernel's
+#: sockets close (they drop what is unsent).
+SHUTDOWN_SEND_SECONDS = 0.05
+
+#: At most this many messages are taken from one socket per turn of the
+#: loop, so a kernel printing without pause never starves the commands.
+MESSAGES_PER_TURN = 64
+
+
+class Opening:
+    """A kernel being opened: the ``kernel_info`` asked, its answer awaited."""
+
+    def __init__(self, deadline: float, timeout: float) -> None:
+        self.deadline = deadline
+        self.timeout = timeout
+        self.msg_id = ""
+        self.info: dict[str, Any] | None = None
+        self.idle = False
+
+
 class Kernel:
-    """One connected kernel: its client, its executions, its reader tasks."""
+    """
+    One connected kernel: its client's sockets, read by the hub's loop,
+    and its executions.
+    """
 
     def __init__(self, hub: Hub, cid: str, conn: dict[str, Any]) -> None:
-        from jupyter_client.asynchronous.client import AsyncKernelClient
+        from jupyter_client.blocking.client import BlockingKernelClient
 
         self.hub = hub
         self.cid = cid
-        self.client = AsyncKernelClient()
+        # One ZMQ context for the hub (one I/O thread), no heartbeat thread:
+        # the hub never reads the heartbeat.
+        self.client = BlockingKernelClient(context=hub.context)
         self.client.load_connection_info(conn)  # type: ignore[arg-type]
-        self.client.start_channels()
+        self.client.start_channels(hb=False)
         self.pending: dict[str, Pending] = {}
-        self.tasks: list[asyncio.Task[None]] = []
+        self.opening: Opening | None = None
+        self.closed = False
+        #: The sockets the hub's loop reads, each with what reads it.
+        self.readers: dict[Any, Callable[[dict[str, Any]], None]] = {
+            self.client.iopub_channel.socket: self._iopub,
+            self.client.shell_channel.socket: self._shell,
+            self.client.stdin_channel.socket: self._stdin,
+        }
 
-    async def ready(self, timeout: float) -> dict[str, Any]:
+    def open(self, timeout: float) -> None:
         """
-        Wait until the kernel answers ``kernel_info`` on shell *and* its
-        ``idle`` arrives on iopub: a subscription made before the kernel
-        bound its sockets may miss the first messages otherwise.
+        Ask ``kernel_info`` until the kernel answers it on shell *and* its
+        ``idle`` arrives on iopub (a subscription made before the kernel
+        bound its sockets may miss the first messages otherwise), once a
+        second, for at most ``timeout`` seconds.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        info: dict[str, Any] = {}
-        while loop.time() < deadline:
-            msg_id = self.client.kernel_info()
-            try:
-                info = await self._reply_and_idle(
-                    msg_id, min(1.0, deadline - loop.time())
-                )
-            except TimeoutError:
-                continue
-            self.tasks = [
-                asyncio.ensure_future(self._iopub()),
-                asyncio.ensure_future(self._shell()),
-                asyncio.ensure_future(self._stdin()),
-            ]
-            return info
-        raise TimeoutError
+        self.opening = Opening(time.monotonic() + timeout, timeout)
+        self._ask_info()
 
-    async def _reply_and_idle(self, msg_id: str, wait: float) -> dict[str, Any]:
-        loop = asyncio.get_running_loop()
-        end = loop.time() + wait
-        content: dict[str, Any] | None = None
-        idle = False
-        while content is None or not idle:
-            left = end - loop.time()
-            if left <= 0:
-                raise TimeoutError
-            if content is None:
-                try:
-                    msg = await asyncio.wait_for(
-                        self.client.get_shell_msg(), min(left, 0.05)
-                    )
-                except TimeoutError:
-                    msg = None
-                if msg is not None and msg["parent_header"].get("msg_id") == msg_id:
-                    content = msg["content"]
-            if not idle:
-                try:
-                    msg = await asyncio.wait_for(
-                        self.client.get_iopub_msg(), min(left, 0.05)
-                    )
-                except TimeoutError:
-                    msg = None
-                if (
-                    msg is not None
-                    and msg["msg_type"] == "status"
-                    and msg["parent_header"].get("msg_id") == msg_id
-                    and msg["content"].get("execution_state") == "idle"
-                ):
-                    idle = True
-        return dict(
-            content.get("language_info") or {},
-            implementation=content.get("implementation"),
-        )
+    def _ask_info(self) -> None:
+        opening = self.opening
+        if opening is None or self.closed:
+            return
+        left = opening.deadline - time.monotonic()
+        if left <= 0:
+            self.hub.failed_open(self, opening.timeout)
+            return
+        opening.msg_id = self.client.kernel_info()
+        opening.info, opening.idle = None, False
+        self.hub.later(min(KERNEL_INFO_RETRY_SECONDS, left), self._ask_info)
+
+    def _opened(self, msg: dict[str, Any]) -> None:
+        """A message while opening: the ``kernel_info`` answer, or dropped."""
+        opening = self.opening
+        assert opening is not None
+        if msg["parent_header"].get("msg_id") != opening.msg_id:
+            return
+        if msg["msg_type"] == "kernel_info_reply":
+            content = msg["content"]
+            opening.info = dict(
+                content.get("language_info") or {},
+                implementation=content.get("implementation"),
+            )
+        elif (
+            msg["msg_type"] == "status"
+            and msg["content"].get("execution_state") == "idle"
+        ):
+            opening.idle = True
+        if opening.info is not None and opening.idle:
+            self.opening = None
+            self.hub.out.send({"ev": "ready", "cid": self.cid, "info": opening.info})
 
     def execute(self, command: dict[str, Any]) -> None:
         """Send one ``execute_request``."""
@@ -438,18 +454,32 @@ class Kernel:
         )
         self.pending[msg_id] = Pending(command["xid"])
 
-    async def _next(self, channel: Any) -> dict[str, Any]:
+    def read(self, socket: Any) -> None:
         """
-        The channel's next message, straight from its socket (no poll
-        before each receive, as ``get_*_msg`` does). A message that fails
-        its check is dropped, as ``jupyter_client`` would raise on it.
+        Take the messages waiting on ``socket`` (up to
+        :data:`MESSAGES_PER_TURN`), straight from it: no poll before each
+        receive. A message that fails its check is dropped, as
+        ``jupyter_client`` would raise on it.
         """
-        while True:
-            frames = await channel.socket.recv_multipart()
+        import zmq
+
+        handle = self.readers[socket]
+        for _ in range(MESSAGES_PER_TURN):
+            if self.closed:
+                return
             try:
-                return decode_message(self.client.session, frames)
+                frames = socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = decode_message(self.client.session, frames)
             except (ValueError, TypeError, KeyError):
                 continue
+            if self.opening is not None:
+                if socket is not self.client.stdin_channel.socket:
+                    self._opened(msg)
+                continue
+            handle(msg)
 
     def _emit(
         self,
@@ -462,73 +492,65 @@ class Kernel:
             {"ev": ev, "cid": self.cid, "xid": pending.xid, **fields}, payload
         )
 
-    async def _iopub(self) -> None:
-        while True:
-            msg = await self._next(self.client.iopub_channel)
-            pending = self.pending.get(msg["parent_header"].get("msg_id", ""))
-            if pending is None:
-                continue
-            kind = msg["msg_type"]
-            content = msg["content"]
-            if kind == "stream":
-                pieces = content.get("pieces")
-                if pieces is None:
-                    text = str(content.get("text", ""))
-                    pieces = [text.encode("utf-8", "surrogatepass")]
-                # Views, not copies: written to the pipe as they are.
-                for chunk in utf8_pieces(pieces, STREAM_CHUNK_BYTES):
-                    self._emit(
-                        pending, "stream", chunk, name=content.get("name", "stdout")
-                    )
-            elif kind in ("display_data", "execute_result", "update_display_data"):
-                self._emit(
-                    pending,
-                    "display",
-                    data=content.get("data", {}),
-                    metadata=content.get("metadata", {}),
-                    is_result=kind == "execute_result",
-                    update=kind == "update_display_data",
-                    display_id=(content.get("transient") or {}).get("display_id"),
-                )
-            elif kind == "execute_input":
-                self._emit(pending, "started", count=content.get("execution_count"))
-            elif kind == "error":
-                self._emit(
-                    pending,
-                    "error",
-                    ename=content.get("ename", ""),
-                    evalue=content.get("evalue", ""),
-                    traceback=list(content.get("traceback") or []),
-                )
-            elif kind == "clear_output":
-                self._emit(pending, "clear", wait=bool(content.get("wait")))
-            elif kind == "status" and content.get("execution_state") == "idle":
-                pending.idle = True
-                self._finish(msg["parent_header"]["msg_id"], pending)
-
-    async def _shell(self) -> None:
-        while True:
-            msg = await self._next(self.client.shell_channel)
-            msg_id = msg["parent_header"].get("msg_id", "")
-            pending = self.pending.get(msg_id)
-            if pending is None or msg["msg_type"] != "execute_reply":
-                continue
-            pending.reply = msg["content"]
-            self._finish(msg_id, pending)
-
-    async def _stdin(self) -> None:
-        while True:
-            msg = await self._next(self.client.stdin_channel)
-            pending = self.pending.get(msg["parent_header"].get("msg_id", ""))
-            if pending is None or msg["msg_type"] != "input_request":
-                continue
-            content = msg["content"]
+    def _iopub(self, msg: dict[str, Any]) -> None:
+        pending = self.pending.get(msg["parent_header"].get("msg_id", ""))
+        if pending is None:
+            return
+        kind = msg["msg_type"]
+        content = msg["content"]
+        if kind == "stream":
+            pieces = content.get("pieces")
+            if pieces is None:
+                text = str(content.get("text", ""))
+                pieces = [text.encode("utf-8", "surrogatepass")]
+            # Views, not copies: written to the pipe as they are.
+            for chunk in utf8_pieces(pieces, STREAM_CHUNK_BYTES):
+                self._emit(pending, "stream", chunk, name=content.get("name", "stdout"))
+        elif kind in ("display_data", "execute_result", "update_display_data"):
             self._emit(
                 pending,
-                "input",
-                prompt=content.get("prompt", ""),
-                password=bool(content.get("password")),
+                "display",
+                data=content.get("data", {}),
+                metadata=content.get("metadata", {}),
+                is_result=kind == "execute_result",
+                update=kind == "update_display_data",
+                display_id=(content.get("transient") or {}).get("display_id"),
             )
+        elif kind == "execute_input":
+            self._emit(pending, "started", count=content.get("execution_count"))
+        elif kind == "error":
+            self._emit(
+                pending,
+                "error",
+                ename=content.get("ename", ""),
+                evalue=content.get("evalue", ""),
+                traceback=list(content.get("traceback") or []),
+            )
+        elif kind == "clear_output":
+            self._emit(pending, "clear", wait=bool(content.get("wait")))
+        elif kind == "status" and content.get("execution_state") == "idle":
+            pending.idle = True
+            self._finish(msg["parent_header"]["msg_id"], pending)
+
+    def _shell(self, msg: dict[str, Any]) -> None:
+        msg_id = msg["parent_header"].get("msg_id", "")
+        pending = self.pending.get(msg_id)
+        if pending is None or msg["msg_type"] != "execute_reply":
+            return
+        pending.reply = msg["content"]
+        self._finish(msg_id, pending)
+
+    def _stdin(self, msg: dict[str, Any]) -> None:
+        pending = self.pending.get(msg["parent_header"].get("msg_id", ""))
+        if pending is None or msg["msg_type"] != "input_request":
+            return
+        content = msg["content"]
+        self._emit(
+            pending,
+            "input",
+            prompt=content.get("prompt", ""),
+            password=bool(content.get("password")),
+        )
 
     def _finish(self, msg_id: str, pending: Pending) -> None:
         if pending.reply is None or not pending.idle:
@@ -546,75 +568,163 @@ class Kernel:
         msg = self.client.session.msg("interrupt_request", {})
         self.client.control_channel.send(msg)
 
-    async def close(self, shutdown: bool) -> None:
-        """Stop reading, optionally ask the kernel to shut down, disconnect."""
-        for task in self.tasks:
-            task.cancel()
+    def close(self, shutdown: bool, then: Callable[[], None] | None = None) -> None:
+        """
+        Stop reading, optionally ask the kernel to shut down (its sockets
+        close a moment later, so the request leaves), disconnect; then
+        ``then``.
+        """
+        self.closed = True
+        self.opening = None
+        self.hub.forget(self)
         if shutdown:
             try:
                 self.client.shutdown()
-                await asyncio.sleep(0.05)
             except Exception:
-                pass
+                shutdown = False
+        if shutdown:
+            self.hub.later(SHUTDOWN_SEND_SECONDS, lambda: self._disconnect(then))
+        else:
+            self._disconnect(then)
+
+    def _disconnect(self, then: Callable[[], None] | None) -> None:
         self.client.stop_channels()
+        if then is not None:
+            then()
 
 
 class Hub:
-    """The command loop: one :class:`Kernel` per open context."""
+    """
+    The command loop: one :class:`Kernel` per open context.
+
+    A plain ``zmq.Poller`` over the kernels' sockets and the hub's stdin,
+    no asyncio: each kernel message then costs one receive and its
+    handling, not a future, a task switch and a poll of its own (the hub's
+    loop turns about five messages an execution, each a wakeup of this
+    process on a machine that may be busy).
+    """
 
     def __init__(self) -> None:
+        import zmq
+
         self.out = Output()
         self.kernels: dict[str, Kernel] = {}
-        #: Opens and closes under way (a task nobody holds may be collected).
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.context = zmq.Context()
+        self.poller = zmq.Poller()
+        #: The socket each kernel reads, to its kernel.
+        self._owners: dict[Any, Kernel] = {}
+        #: Calls due later, as (when, order, call): a heap.
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = 0
+        self._command = bytearray()
 
-    def _spawn(self, work: Any) -> None:
-        task = asyncio.ensure_future(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def later(self, seconds: float, call: Callable[[], None]) -> None:
+        """Run ``call`` in ``seconds`` (on a turn of the loop)."""
+        self._order += 1
+        heapq.heappush(self._timers, (time.monotonic() + seconds, self._order, call))
 
-    async def run(self) -> None:
+    def watch(self, kernel: Kernel) -> None:
+        """Read ``kernel``'s sockets in the loop."""
+        import zmq
+
+        for socket in kernel.readers:
+            self._owners[socket] = kernel
+            self.poller.register(socket, zmq.POLLIN)
+
+    def forget(self, kernel: Kernel) -> None:
+        """Stop reading ``kernel``'s sockets; it is no longer open."""
+        for socket in kernel.readers:
+            if self._owners.pop(socket, None) is not None:
+                self.poller.unregister(socket)
+        if self.kernels.get(kernel.cid) is kernel:
+            del self.kernels[kernel.cid]
+
+    def run(self) -> None:
         """Read commands until stdin closes, then disconnect everything."""
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=MAX_COMMAND_BYTES)
-        await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), sys.stdin
-        )
-        while True:
-            try:
-                line = await reader.readline()
-            except ValueError:
-                self.out.send({"ev": "fatal", "message": "a command line is too long"})
+        import zmq
+
+        os.set_blocking(0, False)
+        self.poller.register(0, zmq.POLLIN)
+        try:
+            while True:
+                for socket, _ in self.poller.poll(self._wait()):
+                    if socket == 0:
+                        if not self._commands():
+                            return
+                    else:
+                        owner = self._owners.get(socket)
+                        if owner is not None:
+                            owner.read(socket)
+                self._due()
                 self.out.flush()
-                return
-            if not line:
+        finally:
+            for kernel in list(self.kernels.values()):
+                kernel.close(False)
+            self.out.flush()
+
+    def _wait(self) -> int | None:
+        """Milliseconds until the next timer (None: none)."""
+        if not self._timers:
+            return None
+        return max(0, math.ceil((self._timers[0][0] - time.monotonic()) * 1000))
+
+    def _due(self) -> None:
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            heapq.heappop(self._timers)[2]()
+
+    def _commands(self) -> bool:
+        """
+        Take what stdin holds and carry out each whole line; False once
+        stdin is closed or a line runs past :data:`MAX_COMMAND_BYTES`.
+        """
+        try:
+            data = os.read(0, COMMAND_READ_BYTES)
+        except BlockingIOError:
+            return True
+        if not data:
+            return False
+        buffer = self._command
+        start = len(buffer)
+        buffer += data
+        pos = 0
+        while True:
+            nl = buffer.find(b"\n", max(pos, start))
+            if nl < 0:
                 break
-            try:
-                command = json.loads(line)
-                self.dispatch(command)
-            except Exception as e:  # one bad command never ends the hub
-                self.out.send(
-                    {
-                        "ev": "bad_command",
-                        "cid": _cid(line),
-                        "message": f"{type(e).__name__}: {e}",
-                    }
-                )
-        for kernel in list(self.kernels.values()):
-            await kernel.close(False)
-        self.out.flush()
+            if nl - pos > MAX_COMMAND_BYTES:
+                break
+            self.command(bytes(buffer[pos:nl]))
+            pos = nl + 1
+            start = pos
+        del buffer[:pos]
+        if len(buffer) > MAX_COMMAND_BYTES:
+            self.out.send({"ev": "fatal", "message": "a command line is too long"})
+            return False
+        return True
+
+    def command(self, line: bytes) -> None:
+        """Carry out one command line (one bad command never ends the hub)."""
+        try:
+            self.dispatch(json.loads(line))
+        except Exception as e:
+            self.out.send(
+                {
+                    "ev": "bad_command",
+                    "cid": _cid(line),
+                    "message": f"{type(e).__name__}: {e}",
+                }
+            )
 
     def dispatch(self, command: dict[str, Any]) -> None:
-        """Carry out one command (``open`` and ``close`` run as tasks)."""
+        """Carry out one command."""
         op = command["op"]
         cid = command["cid"]
         if op == "open":
-            self._spawn(
-                self.open(cid, command["conn"], float(command.get("timeout", 30)))
-            )
+            self.open(cid, command["conn"], float(command.get("timeout", 30)))
             return
         if op == "close":
-            self._spawn(self.close(cid, bool(command.get("shutdown"))))
+            self.close(cid, bool(command.get("shutdown")))
             return
         kernel = self.kernels.get(cid)
         if kernel is None:
@@ -636,11 +746,11 @@ class Hub:
         else:
             raise ValueError(f"unknown op {op!r}")
 
-    async def open(self, cid: str, conn: dict[str, Any], timeout: float) -> None:
-        """Connect to a kernel the daemon spawned and wait until it answers."""
-        old = self.kernels.pop(cid, None)
+    def open(self, cid: str, conn: dict[str, Any], timeout: float) -> None:
+        """Connect to a kernel the daemon spawned; ``ready`` once it answers."""
+        old = self.kernels.get(cid)
         if old is not None:
-            await old.close(False)
+            old.close(False)
         try:
             kernel = Kernel(self, cid, conn)
         except Exception as e:
@@ -649,28 +759,31 @@ class Hub:
             )
             return
         self.kernels[cid] = kernel
-        try:
-            info = await kernel.ready(timeout)
-        except TimeoutError:
-            if self.kernels.get(cid) is kernel:
-                del self.kernels[cid]
-            await kernel.close(False)
-            self.out.send(
-                {
-                    "ev": "failed",
-                    "cid": cid,
-                    "message": f"the kernel did not answer within {timeout:g} s",
-                }
-            )
-            return
-        self.out.send({"ev": "ready", "cid": cid, "info": info})
+        self.watch(kernel)
+        kernel.open(timeout)
 
-    async def close(self, cid: str, shutdown: bool) -> None:
+    def failed_open(self, kernel: Kernel, timeout: float) -> None:
+        """``kernel`` did not answer within ``timeout`` seconds: disconnect it."""
+        kernel.close(False)
+        self.out.send(
+            {
+                "ev": "failed",
+                "cid": kernel.cid,
+                "message": f"the kernel did not answer within {timeout:g} s",
+            }
+        )
+
+    def close(self, cid: str, shutdown: bool) -> None:
         """Disconnect from a context's kernel (the daemon kills its tree)."""
-        kernel = self.kernels.pop(cid, None)
-        if kernel is not None:
-            await kernel.close(shutdown)
-        self.out.send({"ev": "closed", "cid": cid})
+        kernel = self.kernels.get(cid)
+
+        def closed() -> None:
+            self.out.send({"ev": "closed", "cid": cid})
+
+        if kernel is None:
+            closed()
+        else:
+            kernel.close(shutdown, closed)
 
 
 def _cid(line: bytes) -> str | None:
@@ -730,7 +843,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _widen_pipe(1)
     os.environ.pop("PYTHONSTARTUP", None)
-    asyncio.run(Hub().run())
+    Hub().run()
 
 
 if __name__ == "__main__":
