@@ -304,8 +304,9 @@ def decode_message(session: Any, frames: list[bytes]) -> dict[str, Any]:
     One Jupyter message from its frames, checked as ``jupyter_client``'s
     ``Session.deserialize`` checks it (an HMAC signature, never one seen
     before), without what the hub never reads: the dates parsed out of both
-    headers (a third of a small message's cost in the hub) and the
-    adaptation of protocol-5 messages, which changes nothing in them.
+    headers (a third of a small message's cost in the hub), the metadata
+    frame, and the adaptation of protocol-5 messages, which changes
+    nothing in them.
 
     :raises ValueError: a message unsigned, replayed or badly signed.
     """
@@ -325,16 +326,19 @@ def decode_message(session: Any, frames: list[bytes]) -> dict[str, Any]:
     content = None
     if header["msg_type"] == "stream" and len(parts[4]) >= FAST_STREAM_BYTES:
         content = stream_content(parts[4])
+    current = str(header.get("version", "")).startswith("5.")
     message = {
         "header": header,
         "msg_id": header["msg_id"],
         "msg_type": header["msg_type"],
         "parent_header": session.unpack(parts[2]),
-        "metadata": session.unpack(parts[3]),
+        # The hub never reads a message's metadata (a rich result's is in
+        # its content): parsed only for the adapter of older protocols.
+        "metadata": {} if current else session.unpack(parts[3]),
         "content": content if content is not None else session.unpack(parts[4]),
         "buffers": [memoryview(b) for b in parts[5:]],
     }
-    if not str(header.get("version", "")).startswith("5."):
+    if not current:
         from jupyter_client.adapter import adapt
 
         return adapt(message)

@@ -1,0 +1,163 @@
+"""
+The kernel hub's own loop, spoken to over its pipes as the daemon speaks
+to it: a bad command is answered and the hub goes on, a command line over
+its bound ends it with a last word, a kernel that never answers is given
+up after the open's timeout, and a closed stdin ends it cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.internet.protocol import ProcessProtocol
+from twisted.python.failure import Failure
+from twisted.trial.unittest import SkipTest, TestCase
+
+from sandboxd.kernels.hub import MAX_COMMAND_BYTES
+
+
+class HubProcess(ProcessProtocol):
+    """A hub child: its event lines as they come, its end."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.ended: Deferred[int | None] = Deferred()
+        self._buffer = b""
+        self._waiting: list[tuple[str, Deferred[dict[str, Any]]]] = []
+
+    def outReceived(self, data: bytes) -> None:
+        self._buffer += data
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for line in lines:
+            event = json.loads(line)
+            self.events.append(event)
+            for waiting in list(self._waiting):
+                if waiting[0] == event["ev"]:
+                    self._waiting.remove(waiting)
+                    waiting[1].callback(event)
+
+    def processEnded(self, reason: Failure) -> None:
+        self.ended.callback(getattr(reason.value, "exitCode", None))
+
+    def next(self, ev: str) -> Deferred[dict[str, Any]]:
+        """The next event named ``ev``."""
+        waiting: Deferred[dict[str, Any]] = Deferred()
+        self._waiting.append((ev, waiting))
+        return waiting
+
+    def send(self, command: dict[str, Any]) -> None:
+        """One command line."""
+        assert self.transport is not None
+        self.transport.write(json.dumps(command).encode() + b"\n")
+
+
+def unused_ports(count: int) -> list[int]:
+    """Loopback ports nothing listens on (bound, then released)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+class HubLoopTests(TestCase):
+    """The hub's command loop, without a daemon."""
+
+    timeout = 60
+
+    def setUp(self) -> None:
+        try:
+            import jupyter_client  # noqa: F401
+            import zmq  # noqa: F401
+        except ImportError:
+            raise SkipTest(
+                "the code extra (jupyter_client, pyzmq) is not installed"
+            ) from None
+        self.hub = HubProcess()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        self.process = reactor.spawnProcess(  # type: ignore[attr-defined]
+            self.hub,
+            sys.executable,
+            [sys.executable, "-m", "sandboxd.kernels.hub"],
+            env=env,
+        )
+        self.addCleanup(self._stop)
+
+    def _stop(self) -> Deferred[int | None] | None:
+        if self.hub.ended.called:
+            return None
+        self.process.signalProcess("KILL")
+        return self.hub.ended
+
+    async def test_bad_commands_answered(self) -> None:
+        """
+        A line that is not JSON and a command for no open context are each
+        answered with ``bad_command``; the hub goes on, and ends cleanly
+        once its stdin closes.
+        """
+        self.process.write(b"not json\n")
+        first = await self.hub.next("bad_command")
+        self.assertIsNone(first["cid"])
+        self.hub.send({"op": "execute", "cid": "c1", "xid": "x1", "code": "1+1"})
+        second = await self.hub.next("bad_command")
+        self.assertEqual(
+            (second["cid"], second["xid"], second["message"]),
+            ("c1", "x1", "no such context"),
+        )
+        self.hub.send({"op": "close", "cid": "c1"})
+        closed = await self.hub.next("closed")
+        self.assertEqual(closed["cid"], "c1")
+        self.process.closeStdin()
+        self.assertEqual(await self.hub.ended, 0)
+
+    async def test_command_too_long(self) -> None:
+        """A command line over the bound ends the hub with a last word."""
+        self.process.write(b"x" * (MAX_COMMAND_BYTES + 1))
+        fatal = await self.hub.next("fatal")
+        self.assertEqual(fatal["message"], "a command line is too long")
+        await self.hub.ended
+
+    async def test_kernel_never_answers(self) -> None:
+        """
+        A kernel that does not answer ``kernel_info`` (nothing listens on
+        its ports) is given up after the open's timeout, while the hub
+        answers other commands meanwhile.
+        """
+        shell, iopub, stdin, control, hb = unused_ports(5)
+        conn = {
+            "transport": "tcp",
+            "ip": "127.0.0.1",
+            "shell_port": shell,
+            "iopub_port": iopub,
+            "stdin_port": stdin,
+            "control_port": control,
+            "hb_port": hb,
+            "key": "k" * 32,
+            "signature_scheme": "hmac-sha256",
+        }
+        started = reactor.seconds()  # type: ignore[attr-defined]
+        self.hub.send({"op": "open", "cid": "c1", "conn": conn, "timeout": 2.5})
+        self.hub.send({"op": "execute", "cid": "c2", "xid": "x1", "code": "1+1"})
+        other = await self.hub.next("bad_command")
+        self.assertEqual(other["cid"], "c2")
+        failed = await self.hub.next("failed")
+        took = reactor.seconds() - started  # type: ignore[attr-defined]
+        self.assertEqual(
+            (failed["cid"], failed["message"]),
+            ("c1", "the kernel did not answer within 2.5 s"),
+        )
+        self.assertGreaterEqual(took, 2.4)
+        self.hub.send({"op": "execute", "cid": "c1", "xid": "x2", "code": "1+1"})
+        gone = await self.hub.next("bad_command")
+        self.assertEqual((gone["cid"], gone["message"]), ("c1", "no such context"))
+        self.process.closeStdin()
+        self.assertEqual(await self.hub.ended, 0)
