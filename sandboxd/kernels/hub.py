@@ -49,6 +49,11 @@ STREAM_CHUNK_BYTES = 256 * 1024
 #: the end of the loop's turn).
 FLUSH_BYTES = 1024 * 1024
 
+#: The longest a held line (what an execution says on its way) waits for
+#: the lines after it: imperceptible to whoever watches the execution,
+#: longer than a short cell takes to run.
+HOLD_SECONDS = 0.005
+
 #: A command line from the daemon is at most this long (code is 1 MiB max).
 MAX_COMMAND_BYTES = 16 * 1024 * 1024
 
@@ -65,17 +70,32 @@ class Output:
     the reply) cross the pipe in one write, so the daemon wakes once for
     them instead of once a line. At :data:`FLUSH_BYTES` the lines go out at
     once, which bounds what waits here.
+
+    A line sent with ``hold`` (what an execution says on its way: that it
+    started, its output) may wait up to :data:`HOLD_SECONDS` for the
+    next: a short cell's lines then cross with its end, and the daemon
+    wakes once for the whole execution instead of two or three times (a
+    chatty cell's, once per moment instead of once per print).
     """
 
     def __init__(self) -> None:
         self._out = sys.stdout.buffer
         self._lines: list[bytes | memoryview] = []
         self._size = 0
+        #: Something queued may not wait past this turn of the loop.
+        self.urgent = False
 
-    def send(self, event: dict[str, Any], payload: Pieces | None = None) -> None:
+    @property
+    def waiting(self) -> bool:
+        """Whether any line is queued."""
+        return bool(self._lines)
+
+    def send(
+        self, event: dict[str, Any], payload: Pieces | None = None, hold: bool = False
+    ) -> None:
         """
         Queue one event line; it leaves at the end of this turn of the loop
-        (:meth:`flush`).
+        (:meth:`flush`), or with ``hold`` up to :data:`HOLD_SECONDS` later.
 
         :param payload: raw bytes that follow the line, in pieces (the line
             says how many bytes in ``bytes``): output text crosses as it
@@ -89,6 +109,7 @@ class Output:
         data = line.encode("utf-8", "surrogatepass") + b"\n"
         self._lines.append(data)
         self._size += len(data)
+        self.urgent = self.urgent or not hold
         if payload is not None:
             self._lines += payload
             self._size += size
@@ -100,6 +121,7 @@ class Output:
         Write what is queued now (a full pipe blocks the hub: that is the
         backpressure on the kernels' output).
         """
+        self.urgent = False
         if not self._lines:
             return
         parts, self._lines, self._size = self._lines, [], 0
@@ -492,8 +514,11 @@ class Kernel:
         payload: Pieces | None = None,
         **fields: Any,
     ) -> None:
+        # What an execution says on its way may wait a moment for its end;
+        # its end, and a question to whoever runs it, may not.
+        hold = ev not in ("done", "input")
         self.hub.out.send(
-            {"ev": ev, "cid": self.cid, "xid": pending.xid, **fields}, payload
+            {"ev": ev, "cid": self.cid, "xid": pending.xid, **fields}, payload, hold
         )
 
     def _iopub(self, msg: dict[str, Any]) -> None:
@@ -621,6 +646,8 @@ class Hub:
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._order = 0
         self._command = bytearray()
+        #: A flush of held lines is due (:meth:`_flush`).
+        self._holding = False
 
     def later(self, seconds: float, call: Callable[[], None]) -> None:
         """Run ``call`` in ``seconds`` (on a turn of the loop)."""
@@ -660,11 +687,26 @@ class Hub:
                         if owner is not None:
                             owner.read(socket)
                 self._due()
-                self.out.flush()
+                self._flush()
         finally:
             for kernel in list(self.kernels.values()):
                 kernel.close(False)
             self.out.flush()
+
+    def _flush(self) -> None:
+        """
+        Write the turn's lines, unless all may wait: then in
+        :data:`HOLD_SECONDS` at the latest.
+        """
+        if self.out.urgent:
+            self.out.flush()
+        elif self.out.waiting and not self._holding:
+            self._holding = True
+            self.later(HOLD_SECONDS, self._held)
+
+    def _held(self) -> None:
+        self._holding = False
+        self.out.flush()
 
     def _wait(self) -> int | None:
         """Milliseconds until the next timer (None: none)."""

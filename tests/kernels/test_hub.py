@@ -2,7 +2,9 @@
 The kernel hub's own loop, spoken to over its pipes as the daemon speaks
 to it: a bad command is answered and the hub goes on, a command line over
 its bound ends it with a last word, a kernel that never answers is given
-up after the open's timeout, and a closed stdin ends it cleanly.
+up after the open's timeout, and a closed stdin ends it cleanly; what an
+execution says on its way waits a moment for its end, so the daemon wakes
+once for a short cell.
 """
 
 from __future__ import annotations
@@ -11,15 +13,16 @@ import json
 import os
 import socket
 import sys
+import time
 from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
-from twisted.trial.unittest import SkipTest, TestCase
+from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
-from sandboxd.kernels.hub import MAX_COMMAND_BYTES
+from sandboxd.kernels.hub import HOLD_SECONDS, MAX_COMMAND_BYTES, Hub
 
 
 class HubProcess(ProcessProtocol):
@@ -69,19 +72,77 @@ def unused_ports(count: int) -> list[int]:
             s.close()
 
 
+def need_code_extra() -> None:
+    """Skip where the hub's own dependencies are not installed."""
+    try:
+        import jupyter_client  # noqa: F401
+        import zmq  # noqa: F401
+    except ImportError:
+        raise SkipTest(
+            "the code extra (jupyter_client, pyzmq) is not installed"
+        ) from None
+
+
+class HoldTests(SynchronousTestCase):
+    """The hub's lines to the daemon, as a turn of its loop leaves them."""
+
+    def setUp(self) -> None:
+        need_code_extra()
+        self.hub = Hub()
+        self.addCleanup(self.hub.context.term)
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        self.addCleanup(os.close, read)
+        self.hub.out._out = os.fdopen(write, "wb")
+        self.addCleanup(self.hub.out._out.close)
+        self.read = lambda: self._read(read)
+
+    def _read(self, fd: int) -> bytes:
+        try:
+            return os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return b""
+
+    def test_progress_waits_for_the_end(self) -> None:
+        """
+        An execution's ``started`` and output, sent in turns before its
+        ``done``, cross the pipe with it in one write.
+        """
+        out = self.hub.out
+        out.send({"ev": "started"}, hold=True)
+        self.hub._flush()
+        self.assertEqual(self.read(), b"")
+        out.send({"ev": "stream"}, [b"two"], hold=True)
+        self.hub._flush()
+        self.assertEqual(self.read(), b"")
+        out.send({"ev": "done"})
+        self.hub._flush()
+        self.assertEqual(
+            self.read(),
+            b'{"ev":"started"}\n{"ev":"stream","bytes":3}\ntwo{"ev":"done"}\n',
+        )
+
+    def test_held_lines_leave_in_time(self) -> None:
+        """Held lines alone leave within ``HOLD_SECONDS``, on the loop's timer."""
+        self.hub.out.send({"ev": "started"}, hold=True)
+        self.hub._flush()
+        self.assertEqual(self.read(), b"")
+        wait = self.hub._wait()
+        assert wait is not None
+        self.assertLessEqual(wait, HOLD_SECONDS * 1000)
+        time.sleep(HOLD_SECONDS)
+        self.hub._due()
+        self.assertEqual(self.read(), b'{"ev":"started"}\n')
+        self.assertIsNone(self.hub._wait())
+
+
 class HubLoopTests(TestCase):
     """The hub's command loop, without a daemon."""
 
     timeout = 60
 
     def setUp(self) -> None:
-        try:
-            import jupyter_client  # noqa: F401
-            import zmq  # noqa: F401
-        except ImportError:
-            raise SkipTest(
-                "the code extra (jupyter_client, pyzmq) is not installed"
-            ) from None
+        need_code_extra()
         self.hub = HubProcess()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
         self.process = reactor.spawnProcess(  # type: ignore[attr-defined]
