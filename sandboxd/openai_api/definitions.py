@@ -17,7 +17,7 @@ from typing import Any
 from sandboxd.agents import catalog
 from sandboxd.errors import bad_request, not_found
 from sandboxd.openai_api.face import new_id
-from sandboxd.openai_api.inputs import metadata
+from sandboxd.openai_api.inputs import metadata, refuse_multi_agent
 from sandboxd.openai_api.registry import door, page, restored_first
 from sandboxd.openai_api.tools import describe_tools, parse_tools
 from sandboxd.policy import defaults
@@ -55,10 +55,7 @@ def _checked(
     for key in body:
         if key not in _KEYS:
             raise bad_request(f"{key}: unknown or unsupported parameter", param=key)
-    if (body.get("multi_agent") or {}).get("enabled"):
-        raise bad_request(
-            "multi_agent: subagents are not supported", param="multi_agent"
-        )
+    refuse_multi_agent(body.get("multi_agent"), "multi_agent")
     out: dict[str, Any] = {}
     if "model" in body or not partial:
         model = _string(body, "model", defaults.OPENAI_MAX_NAME_CHARS)

@@ -27,7 +27,12 @@ from sandboxd.errors import (
 )
 from sandboxd.openai_api import artifacts, definitions, environments, tools, vaults
 from sandboxd.openai_api.face import SessionFace, WireTurn
-from sandboxd.openai_api.inputs import known_keys, message_text, metadata
+from sandboxd.openai_api.inputs import (
+    known_keys,
+    message_text,
+    metadata,
+    refuse_multi_agent,
+)
 from sandboxd.openai_api.registry import (
     door,
     face_of,
@@ -121,10 +126,7 @@ def _agent_spec(request: ServerRequest, body: dict[str, Any]) -> dict[str, Any]:
             )
     if "tools" in agent:
         spec["tools"] = tools.parse_tools(agent["tools"], "agent.tools")
-    if (agent.get("multi_agent") or {}).get("enabled"):
-        raise bad_request(
-            "agent.multi_agent: subagents are not supported", param="agent.multi_agent"
-        )
+    refuse_multi_agent(agent.get("multi_agent"), "agent.multi_agent")
     runtime = agent.get("adapter") or agent.get("runtime") or agent.get("model")
     if runtime is not None:
         if not isinstance(runtime, str) or not runtime:

@@ -1,0 +1,53 @@
+"""
+Hostile values the endpoint sweep (:mod:`tests.security.test_every_endpoint`)
+found answered 5xx, taken, or refused only after something had started:
+each pinned down on its own, against a real daemon with every group on.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+
+from sandboxd.endpoints import CapabilityGroup
+from tests.helpers import DaemonTestCase
+
+#: Every group on, nothing else narrowed.
+ALL_GROUPS = {"groups": {g.value: True for g in CapabilityGroup}}
+
+
+class FoundBySweepTests(DaemonTestCase):
+    """Each case: a clear 4xx with its code, and nothing done."""
+
+    policy = ALL_GROUPS
+
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        """The daemon, with the preview door listening."""
+        kwargs.setdefault("preview_port", "tcp:0:interface=127.0.0.1")
+        return super().start(stop_at_end, **kwargs)
+
+    @inlineCallbacks
+    def refused(self, method: str, path: str, body: Any, code: str) -> Any:
+        """Send ``body``; assert a 400 with ``code`` (either framing); the body."""
+        reply = yield self.request(method, path, body)
+        answer = reply.json()
+        error = answer.get("error")
+        got = error.get("code") if isinstance(error, dict) else answer.get("code")
+        self.assertEqual((reply.status, got), (400, code), reply.body)
+        return answer
+
+    @inlineCallbacks
+    def test_multi_agent_not_an_object(self) -> Any:
+        """An agent definition's ``multi_agent`` that is no object is 400 (was 500), nothing stored."""
+        for value in ("on", 1, [], True):
+            answer = yield self.refused(
+                "POST",
+                "/v1/agents",
+                {"model": "x", "multi_agent": value},
+                "invalid_param",
+            )
+            self.assertEqual(answer["error"]["param"], "multi_agent")
+        listed = yield self.request("GET", "/v1/agents")
+        self.assertEqual(listed.json()["data"], [])
