@@ -6,9 +6,9 @@ each pinned down on its own, against a real daemon with every group on.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+import psutil
 from twisted.internet.defer import inlineCallbacks
 
 from sandboxd.endpoints import CapabilityGroup
@@ -51,3 +51,13 @@ class FoundBySweepTests(DaemonTestCase):
             self.assertEqual(answer["error"]["param"], "multi_agent")
         listed = yield self.request("GET", "/v1/agents")
         self.assertEqual(listed.json()["data"], [])
+
+    @inlineCallbacks
+    def test_screenshot_type_not_a_word(self) -> Any:
+        """A screenshot ``type`` or ``format`` that is an object or array is 400 (was 500), no browser started."""
+        for name in ("type", "format"):
+            for value in ({}, [], 1):
+                yield self.refused(
+                    "POST", "/browser/screenshot", {name: value}, "invalid_param"
+                )
+        self.assertEqual(psutil.Process().children(), [])
