@@ -61,3 +61,15 @@ class FoundBySweepTests(DaemonTestCase):
                     "POST", "/browser/screenshot", {name: value}, "invalid_param"
                 )
         self.assertEqual(psutil.Process().children(), [])
+
+    @inlineCallbacks
+    def test_exposure_ttl_past_any_timestamp(self) -> Any:
+        """An exposure's ttl_seconds of 2**64 is cut to the longest ttl (was 500 with the exposure left made)."""
+        reply = yield self.request(
+            "POST", "/preview/ports", {"port": 45678, "ttl_seconds": 2**64}
+        )
+        self.assertEqual(reply.status, 201, reply.body)
+        self.assertIsNotNone(reply.json()["expires_at"])
+        listed = yield self.request("GET", "/preview/ports")
+        exposed = [p["port"] for p in listed.json()["ports"] if p["exposed"]]
+        self.assertEqual(exposed, [45678])
