@@ -6,6 +6,7 @@ each pinned down on its own, against a real daemon with every group on.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import psutil
@@ -73,3 +74,21 @@ class FoundBySweepTests(DaemonTestCase):
         listed = yield self.request("GET", "/preview/ports")
         exposed = [p["port"] for p in listed.json()["ports"] if p["exposed"]]
         self.assertEqual(exposed, [45678])
+
+    @inlineCallbacks
+    def test_mode_boolean_or_fraction(self) -> Any:
+        """A file mode of true or 1.5 is 400 (was taken as 0o001), nothing written; 420 is 0o644."""
+        for mode in (True, 1.5):
+            yield self.refused(
+                "POST",
+                "/upload",
+                {"path": "m.txt", "content_base64": "aGkK", "mode": mode},
+                "invalid_param",
+            )
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "m.txt")))
+        reply = yield self.request(
+            "POST", "/upload", {"path": "m.txt", "content_base64": "aGkK", "mode": 420}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        st = os.stat(os.path.join(self.base_dir, "m.txt"))
+        self.assertEqual(st.st_mode & 0o777, 0o644)
