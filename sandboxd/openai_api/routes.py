@@ -17,6 +17,7 @@ import attrs
 
 from sandboxd.agents import catalog
 from sandboxd.agents.manager import build_prompt
+from sandboxd.api.schema import schema_for
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -42,6 +43,7 @@ from sandboxd.openai_api.registry import (
 )
 from sandboxd.openai_api.stream import follow, resume_after
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
+from sandboxd.web.params import declared_types
 
 #: What ``POST /v1/agents/sessions`` takes.
 _SESSION_KEYS = (
@@ -328,6 +330,7 @@ async def agents_sessions_create(request: ServerRequest) -> Any:
     if known is not None:
         return door(request).face(request, known).describe()
     known_keys(body, _SESSION_KEYS)
+    declared_types(body, schema_for("agents_sessions_create").body, name_param=True)
     agent = _agent_spec(request, body)
     environment, cwd, variables = _environment(request, body)
     meta = metadata(body.get("metadata"))

@@ -92,3 +92,33 @@ class FoundBySweepTests(DaemonTestCase):
         self.assertEqual(reply.status, 200, reply.body)
         st = os.stat(os.path.join(self.base_dir, "m.txt"))
         self.assertEqual(st.st_mode & 0o777, 0o644)
+
+    @inlineCallbacks
+    def test_agent_fields_of_the_wrong_type(self) -> Any:
+        """
+        A wrong-typed field of an agent session or response is 400 before
+        the agent is looked up or started (was 503 agent_unavailable here,
+        or the field ignored: ``stream: "yes"`` ran unstreamed).
+        """
+        yield self.refused(
+            "POST",
+            "/agents/sessions",
+            {"agent": "claude", "model": {}},
+            "invalid_param",
+        )
+        answer = yield self.refused(
+            "POST",
+            "/v1/agents/sessions",
+            {"agent": {"model": "claude"}, "stream": "yes"},
+            "invalid_param",
+        )
+        self.assertEqual(answer["error"]["param"], "stream")
+        answer = yield self.refused(
+            "POST",
+            "/v1/responses",
+            {"model": "claude", "input": "hi", "store": "yes"},
+            "invalid_param",
+        )
+        self.assertEqual(answer["error"]["param"], "store")
+        yield self.refused("GET", "/agents/requests?kind=sweep", None, "invalid_param")
+        self.assertEqual(psutil.Process().children(), [])
