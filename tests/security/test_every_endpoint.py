@@ -1,0 +1,390 @@
+"""
+Every endpoint of the table, every door that maps it, hostile input: a
+clear error and nothing done.
+
+The HTTP sweep reads the endpoint table (:mod:`sandboxd.endpoints`) and
+each endpoint's declared fields (:mod:`sandboxd.api.schema`), so a new
+endpoint is swept the day it is added.  For every endpoint that takes a
+body, a query or a path parameter it sends the cases of
+:mod:`tests.security.sweep` to a real daemon with every group on, and
+asserts what a client sees:
+
+- never a 5xx, and every 4xx a JSON body with a ``code`` string in the
+  door's framing (SPEC §3's ``code``; the ``/v1`` door's ``error.code``);
+- a case that must be refused is refused (4xx), and once an endpoint's
+  refused cases are sent, nothing happened: the files under the base dir
+  (names, sizes, mtimes), the daemon's child processes, and what the list
+  endpoints show (processes, terminals, code contexts, exposures, links,
+  git jobs, agent sessions, the ``/v1`` door's stored objects, the
+  environment) are as they were;
+- ``/health`` still answers.
+
+Cases a valid call could look like (an empty object, unknown fields, a
+null that means "not given") may be taken; they are sent after the refused
+ones and the sweep's picture of the sandbox is taken again afterwards.
+
+What the HTTP sweep leaves out, and why:
+
+- ``health`` and ``ui_assets`` take no body, query or parameter that
+  could be wrong (any text is a name that is not there: 404);
+- ``pty_connect``, ``e2b`` and ``preview_proxy`` are doors of their own
+  ports, not HTTP routes (the E2B door is swept below; the PTY
+  WebSocket's messages in :mod:`tests.security.test_pty_messages`; the
+  preview door's hostile hosts in :mod:`tests.preview`);
+- ``mcp`` is the MCP door, swept below through ``tools/call``; the
+  seed's door (a template written for the seed's server) is swept below
+  through its commands;
+- the browser group's cases that a valid call could look like (``{}``
+  screenshots the page) would start Chromium, so only the refused ones
+  are sent there, and the sweep checks no browser was started for them;
+- an endpoint with path parameters is sent ids nothing has, so its body
+  cases meet the 404 before their body is read (a sweep against live
+  processes, terminals and contexts is still to write);
+- streaming GETs (``files_watch``, ``process_output``...) get only the
+  cases they must refuse: one they may take opens a stream that does not
+  end; so does ``packages``, whose taken calls list every installed
+  package (pip and npm run for each).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from typing import Any
+
+import psutil
+from twisted.internet import reactor
+from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd.endpoints import CapabilityGroup, Endpoint, catalogue_table
+from tests.helpers import DaemonTestCase
+from tests.security.sweep import Case, cases
+
+#: Every group on, nothing else narrowed.
+ALL_GROUPS = {"groups": {g.value: True for g in CapabilityGroup}}
+
+#: Ids the HTTP sweep does not send to (see the module docstring).
+NOT_SWEPT = frozenset(
+    {"health", "ui_assets", "pty_connect", "e2b", "preview_proxy", "mcp"}
+)
+
+#: Endpoints sent only the cases they must refuse: one they may take does
+#: slow real work (listing every installed package runs pip and npm).
+ONLY_REFUSED = frozenset({"packages"})
+
+#: The list endpoints whose answers must not change when a call is refused.
+LISTS = (
+    "process_list",
+    "pty_list_sessions",
+    "code_contexts_list",
+    "preview_ports_list",
+    "links_list",
+    "git_jobs_list",
+    "agents_session_list",
+    "env_get",
+    "agents_sessions_list",
+    "agents_definitions_list",
+    "agents_environments_list",
+    "agents_files_list",
+    "agents_vaults_list",
+    "agents_environment_templates_list",
+    "agents_webhooks_list",
+)
+
+#: Keys that name a thing in a list answer.
+ID_KEYS = ("id", "pid", "session_id", "upload_id", "job_id", "link_id")
+
+#: Seconds one hostile request may take.
+REQUEST_SECONDS = 20
+
+
+def names(value: Any) -> Any:
+    """What a list answer names: the ids in it, ignoring times and counters."""
+    if isinstance(value, list):
+        return sorted((names(v) for v in value), key=repr)
+    if isinstance(value, dict):
+        for key in ID_KEYS:
+            if key in value:
+                return (key, value[key])
+        return {k: names(v) for k, v in value.items() if isinstance(v, list | dict)}
+    return None
+
+
+def files_under(root: str) -> dict[str, tuple[int, int] | None]:
+    """Every path under ``root``: files with (size, mtime), directories None."""
+    found: dict[str, tuple[int, int] | None] = {}
+    for top, dirs, files in os.walk(root):
+        for name in dirs:
+            found[os.path.relpath(os.path.join(top, name), root)] = None
+        for name in files:
+            path = os.path.join(top, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            found[os.path.relpath(path, root)] = (st.st_size, st.st_mtime_ns)
+    return found
+
+
+def children() -> set[tuple[int, str]]:
+    """
+    The daemon's live child processes (the daemon runs in this process);
+    not their descendants, which a shell a taken call started may add to
+    while the refused calls are sent.
+    """
+    found = set()
+    for child in psutil.Process().children():
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                found.add((child.pid, child.name()))
+        except psutil.Error:
+            continue
+    return found
+
+
+def error_code(endpoint: Endpoint, body: Any) -> Any:
+    """
+    The ``code`` of an error body in the endpoint's door framing (a request
+    head refused before it is routed is answered in SPEC §3's framing, as
+    no door is known yet).
+    """
+    if not isinstance(body, dict):
+        return None
+    if body.get("code") == "malformed_request":
+        return body["code"]
+    if endpoint.door == "openai":
+        error = body.get("error")
+        return error.get("code") if isinstance(error, dict) else None
+    return body.get("code")
+
+
+def endpoints_of(group: CapabilityGroup) -> list[Endpoint]:
+    """The group's endpoints the HTTP sweep sends to."""
+    return [
+        e
+        for e in catalogue_table()
+        if e.group is group and e.id not in NOT_SWEPT and cases(e)
+    ]
+
+
+class SweepCase(DaemonTestCase):
+    """A daemon with every group on, and the sweep's picture of the sandbox."""
+
+    timeout = 300
+    policy = ALL_GROUPS
+
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        """The daemon, with the preview door listening (its routes need it)."""
+        kwargs.setdefault("preview_port", "tcp:0:interface=127.0.0.1")
+        return super().start(stop_at_end, **kwargs)
+
+    @inlineCallbacks
+    def picture(self) -> Any:
+        """What the sandbox holds now, as the sweep compares it."""
+        shown: dict[str, Any] = {}
+        for endpoint_id in LISTS:
+            endpoint = catalogue_table().get(endpoint_id)
+            reply = yield self.request("GET", endpoint.path)
+            body = reply.json() if reply.status == 200 else reply.status
+            if endpoint_id == "env_get":
+                shown[endpoint_id] = body
+            elif endpoint_id == "preview_ports_list" and isinstance(body, dict):
+                # The exposures, not the ports other sessions listen on.
+                ports = body["ports"]
+                shown[endpoint_id] = sorted(p["port"] for p in ports if p["exposed"])
+            else:
+                shown[endpoint_id] = names(body)
+        shown["files"] = files_under(self.base_dir)
+        shown["children"] = children()
+        return shown
+
+    def compare(self, what: str, before: Any, after: Any, problems: list[str]) -> None:
+        """Note what the refused calls of ``what`` changed."""
+        new = after["children"] - before["children"]
+        if new:
+            problems.append(f"{what}: refused calls left {sorted(new)}")
+        for key in before:
+            if key != "children" and before[key] != after[key]:
+                problems.append(
+                    f"{what}: refused calls changed {key}: "
+                    f"{_diff(before[key], after[key])}"
+                )
+
+
+class HttpSweepTests(SweepCase):
+    """The HTTP door: every endpoint of the table, group by group."""
+
+    @inlineCallbacks
+    def send(self, endpoint: Endpoint, case: Case, problems: list[str]) -> Any:
+        """Send one case; note what is wrong with its answer."""
+        label = f"{endpoint.id} [{case.what}]"
+        headers = {"Content-Type": "application/json"} if case.body else {}
+        d = self.daemon.request(
+            case.method, case.target, headers=headers, raw_body=case.body
+        )
+        d.addTimeout(REQUEST_SECONDS, reactor)
+        try:
+            reply = yield d
+        except Exception as e:
+            problems.append(f"{label}: no answer ({e.__class__.__name__})")
+            return None
+        try:
+            body = json.loads(reply.body)
+        except ValueError:
+            body = None
+        status = reply.status
+        if status >= 500:
+            problems.append(f"{label}: {status} {reply.body[:200]!r}")
+        elif status >= 400 and not isinstance(error_code(endpoint, body), str):
+            problems.append(f"{label}: {status} with no code: {reply.body[:200]!r}")
+        elif status < 400 and case.refuse:
+            problems.append(f"{label}: taken ({status}) {reply.body[:120]!r}")
+        return status
+
+    @inlineCallbacks
+    def sweep(self, group: CapabilityGroup) -> Any:
+        """Every endpoint of ``group``: refused cases, checks, then the rest."""
+        problems: list[str] = []
+        before = yield self.picture()
+        for endpoint in endpoints_of(group):
+            every = cases(endpoint)
+            refused = [c for c in every if c.refuse]
+            maybe = [c for c in every if not c.refuse]
+            if (
+                group is CapabilityGroup.BROWSER
+                or endpoint.streaming
+                or endpoint.id in ONLY_REFUSED
+            ):
+                maybe = []
+            for case in refused:
+                yield self.send(endpoint, case, problems)
+            after = yield self.picture()
+            self.compare(endpoint.id, before, after, problems)
+            health = yield self.request("GET", "/health")
+            if health.status != 200:
+                problems.append(f"{endpoint.id}: /health answered {health.status}")
+            taken = False
+            for case in maybe:
+                status = yield self.send(endpoint, case, problems)
+                taken = taken or status is None or status < 400
+            if maybe:
+                now = yield self.picture()
+                if not taken:
+                    # Refused too: they must have left nothing either.
+                    self.compare(endpoint.id, after, now, problems)
+                after = now
+            before = after
+        self.assertEqual(problems, [], "\n".join(problems))
+
+
+def _diff(before: Any, after: Any) -> str:
+    if isinstance(before, dict) and isinstance(after, dict):
+        changed = {
+            k: (before.get(k), after.get(k))
+            for k in set(before) | set(after)
+            if before.get(k) != after.get(k)
+        }
+        return repr(changed)[:300]
+    return f"{before!r:.150} -> {after!r:.150}"
+
+
+def _group_test(group: CapabilityGroup) -> Any:
+    def test(self: HttpSweepTests) -> Any:
+        return self.sweep(group)
+
+    test.__name__ = f"test_{group.value}"
+    test.__doc__ = f"Every endpoint of the {group.value} group, hostile input."
+    return test
+
+
+def _add_group_tests(groups: Iterable[CapabilityGroup]) -> None:
+    for group in groups:
+        if endpoints_of(group):
+            setattr(HttpSweepTests, f"test_{group.value}", _group_test(group))
+
+
+_add_group_tests(CapabilityGroup)
+
+
+#: Wrong values for a seed ``CommandArg`` type (a string argument takes a
+#: number or boolean as its text, as on the seed).
+SEED_WRONG: dict[str, list[Any]] = {
+    "string": [{"sweep": 1}, ["sweep"]],
+    "integer": ["sweep", 1.5, {"sweep": 1}, True, "1e309", 2**64],
+    "float": ["sweep", {"sweep": 1}, True, "1e309"],
+    "boolean": ["maybe", {"sweep": 1}, 7],
+    "string_array": ["sweep", [1], {"sweep": 1}],
+}
+
+
+class SeedDoorSweepTests(SynchronousTestCase):
+    """
+    The seed's door: a template written for the seed's server
+    (``tests/seed/templates/commands.py``, loaded through
+    :mod:`sandboxd.seedface`), each of its commands' declared arguments
+    wrong-typed, and bodies that are no object: a 4xx with a ``code``
+    (the daemon's framing, as the seed's own server answers a bad
+    argument with ``error`` and ``type``), never a 5xx.
+    """
+
+    def test_template_commands(self) -> None:
+        """Every command the template declares, every argument wrong-typed."""
+        from tests.seedface.test_template import POLICY, TEMPLATE, TOKENS
+        from tests.test_cli import DaemonProcess, serve_argv
+
+        policy = os.path.abspath(self.mktemp())
+        with open(policy, "w") as f:
+            json.dump(POLICY, f)
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        daemon = DaemonProcess(
+            self, serve_argv(base, "--policy", policy, "--commands", TEMPLATE), TOKENS
+        )
+        daemon.wait_healthy()
+
+        def call(method: str, path: str, data: bytes | None) -> tuple[int, Any]:
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{daemon.port}{path}",
+                data=data,
+                method=method,
+                headers={
+                    "Authorization": "Bearer admin-token",
+                    "Content-Type": "application/json",
+                },
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=REQUEST_SECONDS) as r:
+                    return r.status, json.loads(r.read() or b"null")
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read() or b"null")
+
+        _, listed = call("GET", "/commands", None)
+        commands = listed["commands"]
+        self.assertGreater(len(commands), 3)
+        problems: list[str] = []
+        before = files_under(base)
+        for declared in commands:
+            name = declared["name"]
+            args = {a["name"]: a for a in declared.get("args", [])}
+            sent: list[tuple[str, bytes]] = [
+                ("not JSON", b"{nope"),
+                ("a JSON array", b"[]"),
+            ]
+            for arg, spec in sorted(args.items()):
+                for wrong in SEED_WRONG.get(spec["type"], []):
+                    sent.append(
+                        (f"{arg}: {wrong!r}", json.dumps({arg: wrong}).encode())
+                    )
+            for what, data in sent:
+                status, body = call("POST", f"/commands/{name}", data)
+                code = body.get("code") if isinstance(body, dict) else None
+                if not 400 <= status < 500 or not isinstance(code, str):
+                    problems.append(f"{name} [{what}]: {status} {str(body)[:160]}")
+        self.assertEqual(files_under(base), before)
+        status, _ = call("GET", "/health", None)
+        self.assertEqual(status, 200)
+        self.assertEqual(problems, [], "\n".join(problems))
