@@ -310,6 +310,139 @@ def _add_group_tests(groups: Iterable[CapabilityGroup]) -> None:
 _add_group_tests(CapabilityGroup)
 
 
+#: One value of each JSON type, by the declared type it is wrong for.
+WRONG: dict[str, Any] = {
+    "string": {"sweep": 1},
+    "integer": "sweep",
+    "number": "sweep",
+    "boolean": "sweep",
+    "object": "sweep",
+    "array": {"sweep": 1},
+}
+
+
+def tool_cases(tool: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A tool's hostile ``arguments``: not an object, then each property wrong-typed."""
+    found: list[tuple[str, Any]] = [("arguments: []", []), ("arguments: 0", 0)]
+    properties = tool.get("inputSchema", {}).get("properties", {})
+    for name, declared in sorted(properties.items()):
+        kind = declared.get("type")
+        kinds = kind if isinstance(kind, list) else [kind]
+        for candidate in kinds:
+            if candidate in WRONG:
+                wrong = WRONG[candidate]
+                found.append((f"{name}: {type(wrong).__name__}", {name: wrong}))
+                break
+    return found
+
+
+class McpSweepTests(SweepCase):
+    """The MCP door: every tool ``tools/list`` shows, wrong-typed arguments."""
+
+    #: The MCP revision the sweep speaks.
+    version = "2025-11-25"
+
+    @inlineCallbacks
+    def rpc(self, message: dict[str, Any], session: str | None) -> Any:
+        """One JSON-RPC message to ``/mcp``: (status, headers, the answer or None)."""
+        headers = {
+            "Accept": "application/json, text/event-stream",
+            "Content-Type": "application/json",
+            "MCP-Protocol-Version": self.version,
+        }
+        if session is not None:
+            headers["Mcp-Session-Id"] = session
+        d = self.daemon.request(
+            "POST", "/mcp", headers=headers, raw_body=json.dumps(message).encode()
+        )
+        d.addTimeout(REQUEST_SECONDS, reactor)
+        reply = yield d
+        answer = None
+        if (
+            reply.header(
+                "content-type",
+            )
+            == "text/event-stream"
+        ):
+            for line in reply.body.decode().splitlines():
+                if line.startswith("data:") and line[5:].strip():
+                    data = json.loads(line[5:])
+                    if data.get("id") == message.get("id"):
+                        answer = data
+        elif reply.body:
+            answer = json.loads(reply.body)
+        return reply.status, reply, answer
+
+    @inlineCallbacks
+    def test_tools_call(self) -> Any:
+        """
+        Every tool, each property of its input schema wrong-typed (and
+        arguments that are no object): a tool error with the §6 code in
+        ``structuredContent`` (or a JSON-RPC error), never a 5xx, nothing
+        done, the daemon healthy.
+        """
+        problems: list[str] = []
+        status, reply, answer = yield self.rpc(
+            {
+                "jsonrpc": "2.0",
+                "id": 0,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": self.version,
+                    "capabilities": {},
+                    "clientInfo": {"name": "sweep", "version": "0"},
+                },
+            },
+            None,
+        )
+        session = reply.header("mcp-session-id")
+        yield self.rpc(
+            {"jsonrpc": "2.0", "method": "notifications/initialized"}, session
+        )
+        _, _, listed = yield self.rpc(
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, session
+        )
+        tools = listed["result"]["tools"]
+        self.assertGreater(len(tools), 100)
+        before = yield self.picture()
+        number = 2
+        for tool in tools:
+            for what, arguments in tool_cases(tool):
+                label = f"{tool['name']} [{what}]"
+                number += 1
+                try:
+                    status, _, answer = yield self.rpc(
+                        {
+                            "jsonrpc": "2.0",
+                            "id": number,
+                            "method": "tools/call",
+                            "params": {"name": tool["name"], "arguments": arguments},
+                        },
+                        session,
+                    )
+                except Exception as e:
+                    problems.append(f"{label}: no answer ({e.__class__.__name__})")
+                    continue
+                if status >= 500 or answer is None:
+                    problems.append(f"{label}: HTTP {status}")
+                elif "error" in answer:
+                    if not isinstance(answer["error"].get("code"), int):
+                        problems.append(f"{label}: {answer['error']}")
+                elif not answer["result"].get("isError"):
+                    problems.append(f"{label}: taken {str(answer)[:120]}")
+                else:
+                    shown = answer["result"].get("structuredContent", {})
+                    if not isinstance(shown.get("code"), str):
+                        problems.append(f"{label}: no code {str(shown)[:120]}")
+                    elif shown.get("status", 400) >= 500:
+                        problems.append(f"{label}: {shown['status']} {shown}")
+        after = yield self.picture()
+        self.compare("tools/call", before, after, problems)
+        health = yield self.request("GET", "/health")
+        self.assertEqual(health.status, 200)
+        self.assertEqual(problems, [], "\n".join(problems))
+
+
 #: Wrong values for a seed ``CommandArg`` type (a string argument takes a
 #: number or boolean as its text, as on the seed).
 SEED_WRONG: dict[str, list[Any]] = {
