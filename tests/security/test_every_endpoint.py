@@ -53,16 +53,19 @@ import os
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
+from io import BytesIO
 from typing import Any
 
 import psutil
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.client import Agent, FileBodyProducer, readBody
+from twisted.web.http_headers import Headers
 
 from sandboxd.endpoints import CapabilityGroup, Endpoint, catalogue_table
 from tests.helpers import DaemonTestCase
-from tests.security.sweep import Case, cases
+from tests.security.sweep import Case, cases, deep_array
 
 #: Every group on, nothing else narrowed.
 ALL_GROUPS = {"groups": {g.value: True for g in CapabilityGroup}}
@@ -520,4 +523,161 @@ class SeedDoorSweepTests(SynchronousTestCase):
         self.assertEqual(files_under(base), before)
         status, _ = call("GET", "/health", None)
         self.assertEqual(status, 200)
+        self.assertEqual(problems, [], "\n".join(problems))
+
+
+#: envd's message fields, each wrong-typed: sent to every procedure, where a
+#: field it does not read may be ignored.
+E2B_FIELDS: dict[str, Any] = {
+    "path": {"sweep": 1},
+    "source": 7,
+    "destination": ["sweep"],
+    "depth": "deep",
+    "recursive": "sweep",
+    "process": "sweep",
+    "signal": {"sweep": 1},
+    "input": 7,
+    "pty": "sweep",
+    "size": "sweep",
+    "watcherId": {"sweep": 1},
+    "stdin": "sweep",
+    "tag": 7,
+    "code": 7,
+    "language": {"sweep": 1},
+    "context_id": 7,
+    "cwd": ["sweep"],
+    "envs": "sweep",
+    "timeout": "sweep",
+    "env_vars": "sweep",
+}
+
+
+#: The code interpreter's JSON routes and the fields each reads (a field
+#: it does not read is ignored, and an ignored one on ``/contexts`` would
+#: start a kernel per case).
+E2B_REST_FIELDS: dict[str, tuple[str, ...]] = {
+    "/contexts": ("language", "cwd"),
+    "/execute": ("code", "language", "context_id", "env_vars"),
+}
+
+
+class E2BDoorSweepTests(SweepCase):
+    """
+    The E2B door: every Connect procedure and JSON route of
+    :func:`sandboxd.e2b.service.procedures`, hostile messages: a Connect
+    error (``code`` and ``message``; a stream's end message) or the REST
+    route's JSON error, never a 5xx, nothing done.
+
+    Left out: envd's REST file routes (``POST /files`` takes the file's
+    bytes, multipart or raw: any body is a file) and the control-plane
+    routes (``/v2/sandboxes``, ``/sandboxes/...``), which read no body and
+    answer the one sandbox there is.
+    """
+
+    timeout = 120
+
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        """The daemon, with the E2B door listening too."""
+        kwargs.setdefault("e2b_port", "tcp:0:interface=127.0.0.1")
+        return super().start(stop_at_end, **kwargs)
+
+    @inlineCallbacks
+    def post(self, path: str, content_type: str, data: bytes) -> Any:
+        """One POST to the door: (status, content type, body bytes)."""
+        port = yield self.daemon.context.e2b.listening()
+        agent = Agent(reactor)
+        d = agent.request(
+            b"POST",
+            f"http://127.0.0.1:{port.getHost().port}{path}".encode(),
+            Headers(
+                {"Content-Type": [content_type], "Connect-Protocol-Version": ["1"]}
+            ),
+            FileBodyProducer(BytesIO(data)),
+        )
+        d.addTimeout(REQUEST_SECONDS, reactor)
+        response = yield d
+        body = yield readBody(response)
+        kind = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
+        return response.code, kind.decode(), body
+
+    @inlineCallbacks
+    def test_procedures(self) -> Any:
+        """Every unary, streaming and JSON REST procedure, hostile bodies."""
+        from sandboxd.e2b.service import procedures
+        from tests.e2b.sdk import envelope, envelopes
+
+        problems: list[str] = []
+        before = yield self.picture()
+        bodies: list[tuple[str, bytes, bool]] = [
+            ("not JSON", b"{nope", True),
+            ("a JSON array", b"[]", True),
+            ("a JSON string", b'"sweep"', True),
+            ("nested arrays", deep_array().encode(), True),
+        ]
+        bodies += [
+            (f"{name}: {value!r}", json.dumps({name: value}).encode(), False)
+            for name, value in E2B_FIELDS.items()
+        ]
+        for name, procedure in sorted(procedures().items()):
+            streaming = procedure.kind in ("server_stream", "client_stream")
+            sent_bodies = bodies
+            if procedure.kind == "rest":
+                method, _, path = name.partition(" ")
+                if method != "POST" or path not in E2B_REST_FIELDS:
+                    continue  # no JSON body (see the docstring)
+                content_type = "application/json"
+                sent_bodies = [
+                    b
+                    for b in bodies
+                    if b[2] or b[0].split(":")[0] in E2B_REST_FIELDS[path]
+                ]
+            else:
+                path = "/" + name
+                content_type = (
+                    "application/connect+json" if streaming else "application/json"
+                )
+            for what, data, refuse in sent_bodies:
+                label = f"{name} [{what}]"
+                sent = (
+                    envelope(json.loads(data))
+                    if streaming
+                    and data[:1] in b'{["'
+                    and what != "nested arrays"
+                    and what != "not JSON"
+                    else data
+                )
+                if streaming and sent is data:
+                    sent = b"\x00" + len(data).to_bytes(4, "big") + data
+                try:
+                    status, kind, body = yield self.post(path, content_type, sent)
+                except Exception as e:
+                    problems.append(f"{label}: no answer ({e.__class__.__name__})")
+                    continue
+                if status >= 500:
+                    problems.append(f"{label}: {status} {body[:160]!r}")
+                    continue
+                if kind.startswith("application/connect+"):
+                    end = envelopes(body)[-1][1] if body else {}
+                    error = end.get("error") if isinstance(end, dict) else None
+                    if refuse and not error:
+                        problems.append(f"{label}: stream ended without an error")
+                    if error and not isinstance(error.get("code"), str):
+                        problems.append(f"{label}: {error}")
+                    continue
+                if status < 400:
+                    if refuse:
+                        problems.append(f"{label}: taken ({status}) {body[:120]!r}")
+                    continue
+                try:
+                    answer = json.loads(body)
+                except ValueError:
+                    answer = None
+                if not isinstance(answer, dict) or not isinstance(
+                    answer.get("code", answer.get("message")), str | int
+                ):
+                    problems.append(f"{label}: {status} {body[:160]!r}")
+        after = yield self.picture()
+        self.compare("the E2B door", before, after, problems)
+        health = yield self.request("GET", "/health")
+        self.assertEqual(health.status, 200)
         self.assertEqual(problems, [], "\n".join(problems))
