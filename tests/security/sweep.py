@@ -12,7 +12,7 @@ in the door's own framing and leaves nothing done.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -85,12 +85,16 @@ def path_values(name: str) -> list[tuple[str, bool]]:
     return [("sweep-nothing-here", True)]
 
 
-def fill_path(endpoint: Endpoint, value: str | None = None) -> str:
-    """The path with every ``{param}`` replaced (by a name nothing has)."""
+def fill_path(endpoint: Endpoint, ids: Mapping[str, str] | None = None) -> str:
+    """
+    The path with every ``{param}`` replaced: by the id of a live thing
+    from ``ids`` when there is one, else by a name nothing has.
+    """
     parts = []
     for segment in endpoint.segments:
-        if segment.startswith("{"):
-            parts.append(quote(value or "sweep-nothing-here", safe=""))
+        name = segment[1:-1] if segment.startswith("{") else None
+        if name is not None:
+            parts.append(quote((ids or {}).get(name, "sweep-nothing-here"), safe=""))
         else:
             parts.append(segment)
     return "/" + "/".join(parts)
@@ -182,9 +186,10 @@ def body_cases(endpoint: Endpoint, path: str) -> Iterator[Case]:
             yield case(f"{name}: null", body(None), True)
         yield case(f"{name}: nested", body(_RAW, deep_array()), field.type != "any")
         if field.type in ("string", "any"):
-            # A file's content may be that big; anything else is over the
-            # request cap.
-            yield case(f"{name}: 1 MiB", body("x" * MIB), not carries_files)
+            # A file's content (base64) may be that big; anything else is
+            # over the request cap.
+            content = carries_files or "base64" in field.doc
+            yield case(f"{name}: 1 MiB", body("x" * MIB), not content)
         if field.enum and field.type == "string":
             yield case(f"{name}: not in enum", body("sweep-no"), True)
         if field.type in ("integer", "number"):
@@ -238,9 +243,12 @@ def path_cases(endpoint: Endpoint) -> Iterator[Case]:
             yield Case(f"{{{name}}}={text}", endpoint.method, target, body, refuse)
 
 
-def cases(endpoint: Endpoint) -> list[Case]:
-    """Every hostile request the sweep sends to one endpoint."""
-    path = fill_path(endpoint)
+def cases(endpoint: Endpoint, ids: Mapping[str, str] | None = None) -> list[Case]:
+    """
+    Every hostile request the sweep sends to one endpoint; its body and
+    query cases go to the live things of ``ids`` (by path parameter).
+    """
+    path = fill_path(endpoint, ids)
     found = list(path_cases(endpoint))
     if takes_json_body(endpoint):
         found.extend(body_cases(endpoint, path))

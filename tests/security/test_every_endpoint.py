@@ -98,6 +98,29 @@ LISTS = (
     "agents_webhooks_list",
 )
 
+#: Live things the body and query cases of endpoints with path parameters
+#: are sent to (else their cases meet a 404 first): the path parameter ->
+#: the endpoint that makes one, its body, and the answer's key for the id.
+LIVE: dict[str, tuple[str, dict[str, Any], str]] = {
+    "pid": ("process_start", {"command": "sleep 300"}, "pid"),
+    "id": ("pty_create_session", {}, "session_id"),
+    "upload_id": (
+        "files_uploads_create",
+        {"path": "live-upload.bin", "size": 10},
+        "upload_id",
+    ),
+    "port": ("preview_expose", {"port": 45678}, "port"),
+    "link_id": ("links_mint", {"audience": "preview:45678"}, "link_id"),
+    "cid": ("code_context_create", {}, "id"),
+    "vault_id": ("agents_vaults_create", {"name": "live"}, "id"),
+    "template_id": ("agents_environment_templates_create", {"name": "live"}, "id"),
+    "environment_id": (
+        "agents_environments_create",
+        {"environment": {"type": "self_hosted"}},
+        "id",
+    ),
+}
+
 #: Keys that name a thing in a list answer.
 ID_KEYS = ("id", "pid", "session_id", "upload_id", "job_id", "link_id")
 
@@ -249,18 +272,40 @@ class HttpSweepTests(SweepCase):
         return status
 
     @inlineCallbacks
+    def live(self, group: CapabilityGroup) -> Any:
+        """One live thing per path parameter the group's endpoints name."""
+        table = catalogue_table()
+        wanted = {
+            s[1:-1]
+            for e in endpoints_of(group)
+            for s in e.segments
+            if s.startswith("{") and s[1:-1] in LIVE
+        }
+        ids: dict[str, str] = {}
+        for name in sorted(wanted):
+            endpoint_id, body, key = LIVE[name]
+            reply = yield self.request("POST", table.get(endpoint_id).path, body)
+            if reply.status < 300:
+                ids[name] = str(reply.json()[key])
+        return ids
+
+    @inlineCallbacks
     def sweep(self, group: CapabilityGroup) -> Any:
         """Every endpoint of ``group``: refused cases, checks, then the rest."""
         problems: list[str] = []
+        ids = yield self.live(group)
         before = yield self.picture()
         for endpoint in endpoints_of(group):
-            every = cases(endpoint)
+            every = cases(endpoint, ids)
             refused = [c for c in every if c.refuse]
             maybe = [c for c in every if not c.refuse]
             if (
                 group is CapabilityGroup.BROWSER
                 or endpoint.streaming
                 or endpoint.id in ONLY_REFUSED
+                # A call it may take would end a live thing the next
+                # endpoints' cases need.
+                or endpoint.method == "DELETE"
             ):
                 maybe = []
             for case in refused:
