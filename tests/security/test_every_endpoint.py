@@ -37,9 +37,12 @@ What the HTTP sweep leaves out, and why:
 - the browser group's cases that a valid call could look like (``{}``
   screenshots the page) would start Chromium, so only the refused ones
   are sent there, and the sweep checks no browser was started for them;
-- an endpoint with path parameters is sent ids nothing has, so its body
-  cases meet the 404 before their body is read (a sweep against live
-  processes, terminals and contexts is still to write);
+- an endpoint with path parameters gets its body and query cases sent to
+  a live thing (see :data:`LIVE`: a process, a terminal, an upload, an
+  exposure, a link, a code context, a vault, a template, an environment);
+  the parameters no live thing is made for (agent sessions and turns, git
+  jobs, executions, stored responses and files, credentials...) are sent
+  ids nothing has, so those body cases meet the 404 first;
 - streaming GETs (``files_watch``, ``process_output``...) get only the
   cases they must refuse: one they may take opens a stream that does not
   end; so does ``packages``, whose taken calls list every installed
