@@ -39,10 +39,11 @@ What the HTTP sweep leaves out, and why:
   are sent there, and the sweep checks no browser was started for them;
 - an endpoint with path parameters gets its body and query cases sent to
   a live thing (see :data:`LIVE`: a process, a terminal, an upload, an
-  exposure, a link, a code context, a vault, a template, an environment);
-  the parameters no live thing is made for (agent sessions and turns, git
-  jobs, executions, stored responses and files, credentials...) are sent
-  ids nothing has, so those body cases meet the 404 first;
+  exposure, a link, a code context, a vault and a credential, a template,
+  an environment, a stored file, an agent definition); the parameters no
+  live thing is made for (agent sessions and turns, git jobs, executions,
+  stored responses, webhook endpoints...) are sent ids nothing has, so
+  those body cases meet the 404 first;
 - streaming GETs (``files_watch``, ``process_output``...) get only the
   cases they must refuse: one they may take opens a stream that does not
   end; so does ``packages``, whose taken calls list every installed
@@ -68,7 +69,7 @@ from twisted.web.http_headers import Headers
 
 from sandboxd.endpoints import CapabilityGroup, Endpoint, catalogue_table
 from tests.helpers import DaemonTestCase
-from tests.security.sweep import Case, cases, deep_array
+from tests.security.sweep import Case, cases, deep_array, fill_path
 
 #: Every group on, nothing else narrowed.
 ALL_GROUPS = {"groups": {g.value: True for g in CapabilityGroup}}
@@ -122,6 +123,25 @@ LIVE: dict[str, tuple[str, dict[str, Any], str]] = {
         {"environment": {"type": "self_hosted"}},
         "id",
     ),
+    # After vault_id: it is made in that vault.
+    "credential_id": (
+        "agents_vault_credentials_create",
+        {
+            "name": "live",
+            "auth": {
+                "type": "static_bearer",
+                "mcp_server_url": "https://mcp.example.com/mcp",
+                "token": "secret",
+            },
+        },
+        "id",
+    ),
+    "file_id": (
+        "agents_files_create",
+        {"purpose": "user_data", "filename": "live.txt", "data": "aGkK"},
+        "id",
+    ),
+    "agent_id": ("agents_definitions_create", {"model": "claude"}, "id"),
 }
 
 #: Keys that name a thing in a list answer.
@@ -285,9 +305,10 @@ class HttpSweepTests(SweepCase):
             if s.startswith("{") and s[1:-1] in LIVE
         }
         ids: dict[str, str] = {}
-        for name in sorted(wanted):
+        for name in (n for n in LIVE if n in wanted or n == "vault_id"):
             endpoint_id, body, key = LIVE[name]
-            reply = yield self.request("POST", table.get(endpoint_id).path, body)
+            path = fill_path(table.get(endpoint_id), ids)
+            reply = yield self.request("POST", path, body)
             if reply.status < 300:
                 ids[name] = str(reply.json()[key])
         return ids
