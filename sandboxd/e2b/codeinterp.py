@@ -24,11 +24,13 @@ from twisted.internet.defer import ensureDeferred
 from twisted.logger import Logger
 from twisted.web.server import NOT_DONE_YET
 
+from sandboxd.e2b.connect import decode_json
 from sandboxd.e2b.door import REST, Call, Procedure
 from sandboxd.errors import ApiError, bad_request, internal
 from sandboxd.eventlog import Event
 from sandboxd.kernels.jsontext import text_object_parts
 from sandboxd.policy.defaults import E2B_CODE_KEEPALIVE_SECONDS
+from sandboxd.web import params
 from sandboxd.web.sending import write_chunk_now
 
 log = Logger(namespace="sandboxd.e2b")
@@ -57,17 +59,13 @@ def _routes() -> Any:
 
 
 def _body(call: Call) -> dict[str, Any]:
+    """
+    The request's JSON object, read as strictly as every other door reads
+    one (a body nested past the parser's depth is a 400, not a crash).
+    """
     content = call.request.content
     raw = content.read() if content is not None else b""
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise bad_request("the body is not valid JSON") from None
-    if not isinstance(body, dict):
-        raise bad_request("the body must be a JSON object")
-    return body
+    return decode_json(raw)
 
 
 def _context_id(call: Call) -> str:
@@ -196,9 +194,12 @@ def execute(call: Call, _: Any) -> Any:
 
 async def _execute(call: Call, body: dict[str, Any]) -> None:
     routes = _routes()
+    # Checked before the target: a refused call must not leave the
+    # language's default context (and its kernel) started for it.
+    code = params.string(body.get("code"), "code")
+    env = params.string_map(body.get("env_vars") or None, "env_vars", None)
     ctx = await _target(call, body)
-    env = body.get("env_vars") or None
-    native = {"code": body.get("code"), "env": env}
+    native = {"code": code, "env": env}
     x = routes.new_execution(call.server_request(), ctx, native)
     if call.closed:
         ctx.abandon(x)

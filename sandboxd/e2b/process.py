@@ -464,8 +464,25 @@ def start(call: Call, message: dict[str, Any]) -> Any:
         running()
 
 
+def _pty_size(message: dict[str, Any]) -> dict[str, Any] | None:
+    """
+    The ``pty.size`` of a message (None when not given), refused unless
+    each level is an object: a terminal is not started, nor resized, for a
+    ``pty`` that is no ``PTY`` message.
+    """
+    pty = field(message, "pty")
+    if pty is None:
+        return None
+    if not isinstance(pty, dict):
+        raise bad_field("pty", "an object")
+    size = field(pty, "size")
+    if size is not None and not isinstance(size, dict):
+        raise bad_field("pty.size", "an object")
+    return size
+
+
 def _start_pty(call: Call, message: dict[str, Any], config: Config) -> None:
-    size = field(field(message, "pty") or {}, "size") or {}
+    size = _pty_size(message) or {}
     body: dict[str, Any] = {
         "cols": uint_field(size, "cols") or 80,
         "rows": uint_field(size, "rows") or 24,
@@ -633,7 +650,7 @@ def update(call: Call, message: dict[str, Any]) -> dict[str, Any]:
         raise _missing(message)
     if not isinstance(target, PtySession):
         raise bad_request(f"process {target.pid} has no terminal to resize")
-    size = field(field(message, "pty") or {}, "size")
+    size = _pty_size(message)
     if size is None:
         return {}
     body = {"cols": uint_field(size, "cols"), "rows": uint_field(size, "rows")}

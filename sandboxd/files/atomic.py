@@ -35,12 +35,17 @@ _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def parse_mode(raw: Any) -> int | None:
-    """An octal permission string or int (``"644"``) -> int, or 400."""
+    """
+    An octal permission string (``"644"``) or the number itself (``420``)
+    -> int, or 400 (a boolean or a fraction is no mode).
+    """
     if raw is None or raw == "":
         return None
+    if isinstance(raw, bool) or not isinstance(raw, str | int):
+        raise bad_request("'mode' must be octal, e.g. 644")
     try:
-        mode = int(raw, 8) if isinstance(raw, str) else int(raw)
-    except (TypeError, ValueError):
+        mode = int(raw, 8) if isinstance(raw, str) else raw
+    except ValueError:
         raise bad_request("'mode' must be octal, e.g. 644") from None
     if not 0 <= mode <= 0o777:
         raise bad_request("'mode' must be within 000..777")

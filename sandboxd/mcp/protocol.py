@@ -195,7 +195,9 @@ class Methods:
             else:
                 why = f"unknown tool: {name}"
             return error(rid, INVALID_PARAMS, why)
-        arguments = params.get("arguments") or {}
+        arguments = params.get("arguments")
+        if arguments is None:
+            arguments = {}
         try:
             split = tool.split(arguments)
         except ArgumentError as e:

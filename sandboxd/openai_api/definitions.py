@@ -15,13 +15,15 @@ import time
 from typing import Any
 
 from sandboxd.agents import catalog
+from sandboxd.api.schema import schema_for
 from sandboxd.errors import bad_request, not_found
 from sandboxd.openai_api.face import new_id
-from sandboxd.openai_api.inputs import metadata
+from sandboxd.openai_api.inputs import metadata, refuse_multi_agent
 from sandboxd.openai_api.registry import door, page, restored_first
 from sandboxd.openai_api.tools import describe_tools, parse_tools
 from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest
+from sandboxd.web.params import declared_types
 
 #: What a definition takes; OpenAI's other fields are refused, not ignored.
 _KEYS = (
@@ -55,10 +57,10 @@ def _checked(
     for key in body:
         if key not in _KEYS:
             raise bad_request(f"{key}: unknown or unsupported parameter", param=key)
-    if (body.get("multi_agent") or {}).get("enabled"):
-        raise bad_request(
-            "multi_agent: subagents are not supported", param="multi_agent"
-        )
+    # reasoning, text and service_tier are taken and not used: a wrong
+    # type is refused all the same, as OpenAI refuses it.
+    declared_types(body, schema_for("agents_definitions_create").body, name_param=True)
+    refuse_multi_agent(body.get("multi_agent"), "multi_agent")
     out: dict[str, Any] = {}
     if "model" in body or not partial:
         model = _string(body, "model", defaults.OPENAI_MAX_NAME_CHARS)

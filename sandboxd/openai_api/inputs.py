@@ -77,3 +77,16 @@ def known_keys(body: dict[str, Any], allowed: tuple[str, ...]) -> None:
     for key in body:
         if key not in allowed:
             raise bad_request(f"{key}: unknown or unsupported parameter", param=key)
+
+
+def refuse_multi_agent(value: Any, where: str) -> None:
+    """
+    Refuse an agent's ``multi_agent`` setting that turns subagents on (the
+    ACP engine runs none); anything but an object or null is a 400 too.
+    """
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise bad_request(f"{where} must be an object", param=where)
+    if value.get("enabled"):
+        raise bad_request(f"{where}: subagents are not supported", param=where)

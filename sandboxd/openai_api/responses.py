@@ -30,6 +30,7 @@ from typing import Any
 from twisted.internet.defer import Deferred
 
 from sandboxd.agents import catalog
+from sandboxd.api.schema import schema_for
 from sandboxd.errors import bad_request, not_found
 from sandboxd.eventlog import Event, json_size
 from sandboxd.openai_api import definitions
@@ -46,6 +47,7 @@ from sandboxd.openai_api.routes import open_session, revive, submit_text
 from sandboxd.policy import defaults
 from sandboxd.waiters import Waiters
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
+from sandboxd.web.params import declared_types
 from sandboxd.web.sse import Follower, SSEChannel, frame
 
 log = logging.getLogger(__name__)
@@ -424,6 +426,7 @@ def _check(body: dict[str, Any]) -> list[str]:
     """Refuse what cannot be honoured; the ignored keys, named."""
     ignored = [k for k in body if k in _IGNORED]
     known_keys(body, _KEYS + _IGNORED)
+    declared_types(body, schema_for("agents_responses_create").body, name_param=True)
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise bad_request(
             "'model' is required: an agent of the catalogue", param="model"

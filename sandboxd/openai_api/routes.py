@@ -17,6 +17,7 @@ import attrs
 
 from sandboxd.agents import catalog
 from sandboxd.agents.manager import build_prompt
+from sandboxd.api.schema import schema_for
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -27,7 +28,12 @@ from sandboxd.errors import (
 )
 from sandboxd.openai_api import artifacts, definitions, environments, tools, vaults
 from sandboxd.openai_api.face import SessionFace, WireTurn
-from sandboxd.openai_api.inputs import known_keys, message_text, metadata
+from sandboxd.openai_api.inputs import (
+    known_keys,
+    message_text,
+    metadata,
+    refuse_multi_agent,
+)
 from sandboxd.openai_api.registry import (
     door,
     face_of,
@@ -37,6 +43,7 @@ from sandboxd.openai_api.registry import (
 )
 from sandboxd.openai_api.stream import follow, resume_after
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
+from sandboxd.web.params import declared_types
 
 #: What ``POST /v1/agents/sessions`` takes.
 _SESSION_KEYS = (
@@ -121,10 +128,7 @@ def _agent_spec(request: ServerRequest, body: dict[str, Any]) -> dict[str, Any]:
             )
     if "tools" in agent:
         spec["tools"] = tools.parse_tools(agent["tools"], "agent.tools")
-    if (agent.get("multi_agent") or {}).get("enabled"):
-        raise bad_request(
-            "agent.multi_agent: subagents are not supported", param="agent.multi_agent"
-        )
+    refuse_multi_agent(agent.get("multi_agent"), "agent.multi_agent")
     runtime = agent.get("adapter") or agent.get("runtime") or agent.get("model")
     if runtime is not None:
         if not isinstance(runtime, str) or not runtime:
@@ -326,6 +330,7 @@ async def agents_sessions_create(request: ServerRequest) -> Any:
     if known is not None:
         return door(request).face(request, known).describe()
     known_keys(body, _SESSION_KEYS)
+    declared_types(body, schema_for("agents_sessions_create").body, name_param=True)
     agent = _agent_spec(request, body)
     environment, cwd, variables = _environment(request, body)
     meta = metadata(body.get("metadata"))

@@ -510,6 +510,10 @@ BROWSER_STDERR_TAIL_BYTES = 8 * KIB
 #: Links: how long a link lives unless its minter says.
 LINK_DEFAULT_TTL_SECONDS = 900
 
+#: Preview: the longest ``ttl_seconds`` of an exposure (longer is cut to
+#: this), so its end is a time a timestamp can hold.
+PREVIEW_MAX_TTL_SECONDS = 366 * 24 * 3600
+
 #: Preview: the ports an exposure may name unless ``params.ports`` says.
 PREVIEW_PORTS = ("1024-65535",)
 

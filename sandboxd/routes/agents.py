@@ -16,6 +16,7 @@ from twisted.internet.defer import Deferred
 
 from sandboxd.agents import catalog
 from sandboxd.agents.manager import AgentManager, build_prompt
+from sandboxd.api.schema import schema_for
 from sandboxd.errors import (
     Code,
     bad_request,
@@ -32,7 +33,14 @@ from sandboxd.policy.defaults import MAX_TURN_WAIT_SECONDS
 from sandboxd.processes.command import find_executable
 from sandboxd.processes.environment import child_environment
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
-from sandboxd.web.params import flag, integer, number, required
+from sandboxd.web.params import (
+    declared_types,
+    flag,
+    integer,
+    number,
+    one_of,
+    required,
+)
 from sandboxd.web.sse import Follower, SSEChannel, frame, resume_point
 
 if TYPE_CHECKING:
@@ -207,12 +215,16 @@ def _check_process_limit(request: ServerRequest, processes: Any) -> None:
 
 async def agents_session_create(request: ServerRequest) -> ServerResponse:
     """spawn → initialize → session/new → [mode, model, config] → [prompt]."""
+    # Mode, model and config reach the agent only once it runs: their
+    # types are checked before anything is looked up or started.
+    declared_types(request.body, schema_for("agents_session_create").body)
     body = await manager(request).create(request)
     return ServerResponse(status=201, body=body)
 
 
 async def agents_session_load(request: ServerRequest) -> ServerResponse:
     """``session/load`` (history replayed as events) or ``session/resume``."""
+    declared_types(request.body, schema_for("agents_session_load").body)
     acp_session_id = required(request.body.get("acp_session_id"), "acp_session_id")
     replay = flag(request.body.get("replay"), "replay", True)
     catalog.find(request.context, request.rule, request.body.get("agent"))
@@ -391,11 +403,17 @@ def agents_events(request: ServerRequest) -> Any:
     }
 
 
+#: What a held request is: a tool's permission, or a question to the user.
+REQUEST_KINDS = ("permission", "question")
+
+
 def agents_requests(request: ServerRequest) -> dict[str, Any]:
     """Held permission requests and questions across sessions."""
     session_id = request.query.get("session_id")
     state = request.query.get("state", "pending")
     kind = request.query.get("kind")
+    if kind is not None:
+        kind = one_of(kind, "kind", REQUEST_KINDS)
     return {
         "requests": [
             r.describe()

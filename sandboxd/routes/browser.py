@@ -113,13 +113,14 @@ def image_type(body: dict[str, Any]) -> str:
     sends it (both given, they must agree); png unless one is given.
     """
     given = {name: body[name] for name in ("type", "format") if name in body}
+    for name, value in given.items():
+        # Compared, never hashed: a JSON object or array here is a 400 too.
+        if not isinstance(value, str) or value not in (*IMAGE_TYPES, "jpg"):
+            raise bad_request(f"'{name}' must be png or jpeg")
     kinds = {"jpeg" if v == "jpg" else v for v in given.values()}
     if len(kinds) > 1:
         raise bad_request("'type' and 'format' disagree: give one of them")
     kind = kinds.pop() if kinds else "png"
-    if kind not in IMAGE_TYPES:
-        name = "format" if "format" in given else "type"
-        raise bad_request(f"'{name}' must be png or jpeg")
     return str(kind)
 
 

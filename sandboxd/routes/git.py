@@ -568,9 +568,16 @@ def _start_job(
     return table.start(job, work)
 
 
-async def _answer(request: ServerRequest, job: GitJob) -> Any:
+def _wait(request: ServerRequest) -> float:
+    """
+    How long a remote call waits for its job, read before the job starts:
+    a bad ``wait`` refused after the start would leave the job running.
+    """
+    return params.number(request.body.get("wait"), "wait", 0.0, low=0.0, high=3600.0)
+
+
+async def _answer(request: ServerRequest, job: GitJob, wait: float) -> Any:
     """200 with the result when the job ends within ``wait``, else 202."""
-    wait = params.number(request.body.get("wait"), "wait", 0.0, low=0.0, high=3600.0)
     if wait > 0:
         await job.wait(wait, request.context.reactor)
     if job.running:
@@ -600,6 +607,8 @@ async def git_clone(request: ServerRequest) -> Any:
     filter?, auth?, user?, wait?, timeout?}``: a job.
     """
     body = request.body
+    wait = _wait(request)
+    timeout = _timeout(request)
     remote = parse_remote(body.get("url"), request.rule)
     text = params.path(body.get("path"), "path", parents=False)
     guard = PathGuard(request.rule)
@@ -631,7 +640,6 @@ async def git_clone(request: ServerRequest) -> Any:
     )
     secret = _secret(request, remote, body.get("auth"))
     pin = await _pin(request, remote)
-    timeout = _timeout(request)
     user = _user(request)
     call = GitCall(request.context, request.rule, parent, user=user, timeout=timeout)
     request.audit["remote"] = redact_userinfo(remote.url)
@@ -668,7 +676,8 @@ async def git_clone(request: ServerRequest) -> Any:
         branch = await _current_branch(repo)
         return {"path": target, "head": {"branch": branch, "commit": await _head(repo)}}
 
-    return await _answer(request, _start_job(request, "clone", target, secret, work))
+    job = _start_job(request, "clone", target, secret, work)
+    return await _answer(request, job, wait)
 
 
 async def _remote_call(
@@ -688,6 +697,7 @@ async def _remote_call(
 async def git_fetch(request: ServerRequest) -> Any:
     """``POST /git/fetch {path, remote?, refspec?, prune?, auth?, wait?}``: a job."""
     body = request.body
+    wait = _wait(request)
     call, remote, name, pin, secret = await _remote_call(request)
     args = ["fetch", "--progress", "--no-recurse-submodules"]
     if params.flag(body.get("prune"), "prune"):
@@ -704,12 +714,14 @@ async def git_fetch(request: ServerRequest) -> Any:
         await call.run(args, remote=remote, pin=pin, secret=secret, observe=job.observe)
         return {"path": call.cwd, "remote": name}
 
-    return await _answer(request, _start_job(request, "fetch", call.cwd, secret, work))
+    job = _start_job(request, "fetch", call.cwd, secret, work)
+    return await _answer(request, job, wait)
 
 
 async def git_pull(request: ServerRequest) -> Any:
     """``POST /git/pull {path, remote?, branch?, ff_only?: true, rebase?: false, auth?, wait?}``."""
     body = request.body
+    wait = _wait(request)
     call, remote, name, pin, secret = await _remote_call(request)
     args = ["pull", "--progress", "--no-recurse-submodules", "--no-edit"]
     if params.flag(body.get("rebase"), "rebase"):
@@ -733,7 +745,8 @@ async def git_pull(request: ServerRequest) -> Any:
             "new": await _head(call),
         }
 
-    return await _answer(request, _start_job(request, "pull", call.cwd, secret, work))
+    job = _start_job(request, "pull", call.cwd, secret, work)
+    return await _answer(request, job, wait)
 
 
 async def git_push(request: ServerRequest) -> Any:
@@ -742,6 +755,7 @@ async def git_push(request: ServerRequest) -> Any:
     auth?, wait?}`` → ``{updated: [..], remote_verified}``.
     """
     body = request.body
+    wait = _wait(request)
     force = params.flag(body.get("force"), "force")
     if force and not request.rule.params.allow_force_push:
         raise forbidden(
@@ -817,7 +831,8 @@ async def git_push(request: ServerRequest) -> Any:
             "remote_verified": verify.exit_code == 0 and bool(seen) and seen[0] == sha,
         }
 
-    return await _answer(request, _start_job(request, "push", call.cwd, secret, work))
+    job = _start_job(request, "push", call.cwd, secret, work)
+    return await _answer(request, job, wait)
 
 
 # -- jobs --------------------------------------------------------------------------

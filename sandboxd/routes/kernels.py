@@ -246,7 +246,7 @@ def new_execution(
     """
     rule = request.rule
     limits = limits_of(rule)
-    code = string(body.get("code"), "code", "")
+    code = string(body.get("code"), "code")
     size = len(code.encode("utf-8", "surrogatepass"))
     cap = rule.limits.max_request_bytes or defaults.MIB
     if size > cap:

@@ -21,6 +21,7 @@ from sandboxd.errors import (
     policy_rule,
     unavailable,
 )
+from sandboxd.policy import defaults
 from sandboxd.routes.links import mint
 from sandboxd.web import params
 from sandboxd.web.messages import ServerRequest, ServerResponse
@@ -97,7 +98,12 @@ async def preview_expose(request: ServerRequest) -> ServerResponse:
             Code.PARAM_NOT_ALLOWED,
             rule=policy_rule(rule, "params.allow_public"),
         )
-    ttl = params.seconds(body.get("ttl_seconds"), "ttl_seconds", None)
+    ttl = params.seconds(
+        body.get("ttl_seconds"),
+        "ttl_seconds",
+        None,
+        ceiling=defaults.PREVIEW_MAX_TTL_SECONDS,
+    )
     host_header = params.one_of(
         body.get("host_header", rule.params.host_header),
         "host_header",

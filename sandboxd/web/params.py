@@ -21,9 +21,10 @@ kind or raises 400 ``invalid_param`` with a message naming the field.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, TypeVar, overload
 
+from sandboxd.api.fields import Field
 from sandboxd.errors import bad_request, invalid_path
 from sandboxd.policy.defaults import MAX_DIMENSION
 
@@ -419,3 +420,42 @@ def one_of(value: Any, name: str, choices: Mapping[str, _T] | tuple[str, ...]) -
     if isinstance(value, str) and value in choices:
         return choices[value] if isinstance(choices, Mapping) else value
     raise bad_request(f"'{name}' must be one of {', '.join(choices)}")
+
+
+#: The Python types a declared JSON type takes (a number takes an integer;
+#: neither takes a boolean).
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "boolean": (bool,),
+    "object": (dict,),
+    "array": (list,),
+    "integer": (int,),
+    "number": (int, float),
+}
+
+
+def declared_types(
+    body: Mapping[str, Any], fields: Iterable[Field], name_param: bool = False
+) -> None:
+    """
+    Refuse a body field whose JSON type is not the one its schema declares
+    (null is "not given"; ``any`` takes everything), before the handler
+    does anything: for a handler that passes some fields on unread, or
+    reads them only after it has started something.
+
+    :param name_param: name the field as ``param`` (the ``/v1`` door's
+        envelope carries it).
+    :raises ApiError: 400 ``invalid_param`` naming the field.
+    """
+    for field in fields:
+        value = body.get(field.name)
+        kinds = _JSON_TYPES.get(field.type)
+        if value is None or kinds is None:
+            continue
+        if not isinstance(value, kinds) or (
+            isinstance(value, bool) and bool not in kinds
+        ):
+            raise bad_request(
+                f"'{field.name}' must be of type {field.type}",
+                param=field.name if name_param else None,
+            )

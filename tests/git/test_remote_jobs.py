@@ -190,6 +190,32 @@ class OpenRemoteTests(RemoteCase):
         self.assertEqual(reply.json()["remotes"][0]["fetch_url"], self.remote.url())
 
     @inlineCallbacks
+    def test_bad_wait_or_timeout_starts_no_job(self) -> Any:
+        """
+        A clone, fetch, pull or push whose ``wait`` or ``timeout`` is not a
+        number is 400 before any job starts (a bad ``wait`` used to be
+        refused after the job had started, found by the endpoint sweep).
+        """
+        yield self.clone()
+        cases = [
+            ("/git/clone", {"url": self.remote.url(), "path": "w3"}),
+            ("/git/fetch", {"path": "work"}),
+            ("/git/pull", {"path": "work"}),
+            ("/git/push", {"path": "work"}),
+        ]
+        for route, body in cases:
+            for bad in ({"wait": "soon"}, {"timeout": "never"}):
+                reply = yield self.request("POST", route, {**body, **bad})
+                self.assertEqual(
+                    (reply.status, reply.json()["code"]),
+                    (400, "invalid_param"),
+                    (route, bad, reply.body),
+                )
+        jobs = yield self.request("GET", "/git/jobs")
+        self.assertEqual([j["op"] for j in jobs.json()["jobs"]], ["clone"])
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "w3")))
+
+    @inlineCallbacks
     def test_clone_job_progress_resumes(self) -> Any:
         """Without wait a clone is 202; its events hold parsed progress and end with exit, and resume after an id."""
         reply = yield self.request(

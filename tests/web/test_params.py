@@ -10,6 +10,7 @@ from typing import Any
 from twisted.trial.unittest import SynchronousTestCase
 
 import sandboxd
+from sandboxd.api.fields import Field
 from sandboxd.errors import ApiError
 from sandboxd.web import params
 from sandboxd.web.params import flag
@@ -223,3 +224,54 @@ class OneFamilyTests(SynchronousTestCase):
         """The check is not vacuous: it finds a parser shaped like the old copies."""
         params_path = params.__file__
         self.assertIn("params.py:integer", _generic_parsers(params_path))
+
+
+class DeclaredTypesTests(SynchronousTestCase):
+    """A body checked against its schema's JSON types before a handler acts."""
+
+    FIELDS = (
+        Field("name"),
+        Field("count", "integer"),
+        Field("ratio", "number"),
+        Field("on", "boolean"),
+        Field("opts", "object"),
+        Field("items", "array"),
+        Field("anything", "any"),
+    )
+
+    def test_right_types_and_null_pass(self) -> None:
+        """Each declared type, null for any field, and anything for ``any``."""
+        params.declared_types(
+            {
+                "name": "x",
+                "count": 2,
+                "ratio": 1,
+                "on": False,
+                "opts": {},
+                "items": [],
+                "anything": [1],
+            },
+            self.FIELDS,
+        )
+        params.declared_types({f.name: None for f in self.FIELDS}, self.FIELDS)
+
+    def test_wrong_types_are_400(self) -> None:
+        """A wrong type is 400 invalid_param; a boolean is no number; param on request."""
+        for name, value in [
+            ("name", 1),
+            ("count", "2"),
+            ("count", True),
+            ("ratio", False),
+            ("on", "true"),
+            ("opts", []),
+            ("items", {}),
+        ]:
+            with self.assertRaises(ApiError) as caught:
+                params.declared_types({name: value}, self.FIELDS)
+            self.assertEqual(
+                (caught.exception.status, caught.exception.code), (400, "invalid_param")
+            )
+            self.assertNotIn("param", caught.exception.body())
+        with self.assertRaises(ApiError) as caught:
+            params.declared_types({"on": 1}, self.FIELDS, name_param=True)
+        self.assertEqual(caught.exception.body()["param"], "on")

@@ -16,7 +16,7 @@ _BROWSER = (
 
 
 def _timeout(default: int) -> Field:
-    return F("timeout", "integer", "milliseconds", default=default)
+    return F("timeout", "number", "milliseconds", default=default)
 
 
 SCHEMAS: dict[str, Schema] = {
@@ -60,7 +60,7 @@ SCHEMAS: dict[str, Schema] = {
     "browser_content": Schema(
         query=(
             F("type", enum=("html", "text"), default="html", example="text"),
-            F("timeout", "integer", "milliseconds", default=30000),
+            F("timeout", "number", "milliseconds", default=30000),
         ),
         response=(F("content"), F("url"), F("title")),
         errors=(E(400, "invalid_param", "bad type"), *_BROWSER),
@@ -99,7 +99,7 @@ SCHEMAS: dict[str, Schema] = {
         errors=(E(400, "invalid_param", "unknown format"), *_BROWSER),
     ),
     "browser_console": Schema(
-        query=(F("timeout", "integer", "milliseconds", default=5000),),
+        query=(F("timeout", "number", "milliseconds", default=5000),),
         response=(F("logs", "array", "[{type, text, timestamp}]", items="object"),),
         errors=_BROWSER,
         notes="The buffer (1000 entries) is cleared by each read.",

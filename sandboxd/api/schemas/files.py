@@ -33,6 +33,10 @@ _ETAG = F("etag", doc="the file's version, for If-Match")
 _IF_MATCH = F("if_match", doc="write only if the file still has this ETag")
 
 
+#: A body's permissions: the text the seed takes, or the number itself.
+_MODE = F("mode", "any", 'octal permissions: text ("644") or their number (420)')
+
+
 _UPLOAD_RECORD = (
     F("upload_id", doc="names the upload in the routes below"),
     F("path", doc="the target, resolved"),
@@ -54,7 +58,8 @@ _NO_UPLOAD = E(
 #: SPEC §20: what the file API creates belongs to the request's user.
 _OWNER = F(
     "user",
-    doc="when the daemon runs as root, who owns the files and directories this "
+    "any",
+    "when the daemon runs as root, the user (name or uid) who owns the files and directories this "
     "creates (default params.default_user; must be allowed by params.users)",
 )
 
@@ -66,7 +71,7 @@ SCHEMAS: dict[str, Schema] = {
             F("path", required=True, min_length=1, example="hello.txt"),
             F("content_base64", required=True, example="aGVsbG8K"),
             F("overwrite", "boolean", default=True),
-            F("mode", doc='octal permissions, e.g. "644"'),
+            _MODE,
             _IF_MATCH,
         ),
         response=(F("path", doc="absolute"), F("bytes", "integer"), _ETAG),
@@ -215,7 +220,7 @@ SCHEMAS: dict[str, Schema] = {
             F("path", required=True, min_length=1, example="data.bin"),
             F("content_base64", required=True, example="aGVsbG8K"),
             F("overwrite", "boolean", default=True),
-            F("mode", doc='octal permissions, e.g. "644"'),
+            _MODE,
             _IF_MATCH,
         ),
         response=(F("path"), F("bytes", "integer"), _ETAG),
@@ -351,7 +356,7 @@ SCHEMAS: dict[str, Schema] = {
                 minimum=0,
             ),
             F("overwrite", "boolean", default=True),
-            F("mode", doc='octal permissions, e.g. "644"'),
+            _MODE,
             _IF_MATCH,
             _OWNER,
         ),

@@ -52,7 +52,7 @@ SCHEMAS: dict[str, Schema] = {
                 "anyone who can reach the door may use it",
                 default=False,
             ),
-            F("ttl_seconds", "number", "the exposure ends then"),
+            F("ttl_seconds", "number", "the exposure ends then (cut to 366 days)"),
             F(
                 "host_header",
                 doc="the Host the app sees",

@@ -1,0 +1,772 @@
+"""
+Every endpoint of the table, every door that maps it, hostile input: a
+clear error and nothing done.
+
+The HTTP sweep reads the endpoint table (:mod:`sandboxd.endpoints`) and
+each endpoint's declared fields (:mod:`sandboxd.api.schema`), so a new
+endpoint is swept the day it is added.  For every endpoint that takes a
+body, a query or a path parameter it sends the cases of
+:mod:`tests.security.sweep` to a real daemon with every group on, and
+asserts what a client sees:
+
+- never a 5xx, and every 4xx a JSON body with a ``code`` string in the
+  door's framing (SPEC §3's ``code``; the ``/v1`` door's ``error.code``);
+- a case that must be refused is refused (4xx), and once an endpoint's
+  refused cases are sent, nothing happened: the files under the base dir
+  (names, sizes, mtimes), the daemon's child processes, and what the list
+  endpoints show (processes, terminals, code contexts, exposures, links,
+  git jobs, agent sessions, the ``/v1`` door's stored objects, the
+  environment) are as they were;
+- ``/health`` still answers.
+
+Cases a valid call could look like (an empty object, unknown fields, a
+null that means "not given") may be taken; they are sent after the refused
+ones and the sweep's picture of the sandbox is taken again afterwards.
+
+What the HTTP sweep leaves out, and why:
+
+- ``health`` and ``ui_assets`` take no body, query or parameter that
+  could be wrong (any text is a name that is not there: 404);
+- ``pty_connect``, ``e2b`` and ``preview_proxy`` are doors of their own
+  ports, not HTTP routes (the E2B door is swept below; the PTY
+  WebSocket's messages in :mod:`tests.security.test_pty_messages`; the
+  preview door's hostile hosts in :mod:`tests.preview`);
+- ``mcp`` is the MCP door, swept below through ``tools/call``; the
+  seed's door (a template written for the seed's server) is swept below
+  through its commands;
+- the browser group's cases that a valid call could look like (``{}``
+  screenshots the page) would start Chromium, so only the refused ones
+  are sent there, and the sweep checks no browser was started for them;
+- an endpoint with path parameters gets its body and query cases sent to
+  a live thing (see :data:`LIVE`: a process, a terminal, an upload, an
+  exposure, a link, a code context, a vault and a credential, a template,
+  an environment, a stored file, an agent definition); the parameters no
+  live thing is made for (agent sessions and turns, git jobs, executions,
+  stored responses, webhook endpoints...) are sent ids nothing has, so
+  those body cases meet the 404 first;
+- streaming GETs (``files_watch``, ``process_output``...) get only the
+  cases they must refuse: one they may take opens a stream that does not
+  end; so does ``packages``, whose taken calls list every installed
+  package (pip and npm run for each).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from io import BytesIO
+from typing import Any
+
+import psutil
+from twisted.internet import reactor
+from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
+from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.client import Agent, FileBodyProducer, readBody
+from twisted.web.http_headers import Headers
+
+from sandboxd.endpoints import CapabilityGroup, Endpoint, catalogue_table
+from tests.helpers import DaemonTestCase
+from tests.security.sweep import Case, cases, deep_array, fill_path
+
+#: Every group on, nothing else narrowed.
+ALL_GROUPS = {"groups": {g.value: True for g in CapabilityGroup}}
+
+#: Ids the HTTP sweep does not send to (see the module docstring).
+NOT_SWEPT = frozenset(
+    {"health", "ui_assets", "pty_connect", "e2b", "preview_proxy", "mcp"}
+)
+
+#: Endpoints sent only the cases they must refuse: one they may take does
+#: slow real work (listing every installed package runs pip and npm).
+ONLY_REFUSED = frozenset({"packages"})
+
+#: The list endpoints whose answers must not change when a call is refused.
+LISTS = (
+    "process_list",
+    "pty_list_sessions",
+    "code_contexts_list",
+    "preview_ports_list",
+    "links_list",
+    "git_jobs_list",
+    "agents_session_list",
+    "env_get",
+    "agents_sessions_list",
+    "agents_definitions_list",
+    "agents_environments_list",
+    "agents_files_list",
+    "agents_vaults_list",
+    "agents_environment_templates_list",
+    "agents_webhooks_list",
+)
+
+#: Live things the body and query cases of endpoints with path parameters
+#: are sent to (else their cases meet a 404 first): the path parameter ->
+#: the endpoint that makes one, its body, and the answer's key for the id.
+LIVE: dict[str, tuple[str, dict[str, Any], str]] = {
+    "pid": ("process_start", {"command": "sleep 300"}, "pid"),
+    "id": ("pty_create_session", {}, "session_id"),
+    "upload_id": (
+        "files_uploads_create",
+        {"path": "live-upload.bin", "size": 10},
+        "upload_id",
+    ),
+    "port": ("preview_expose", {"port": 45678}, "port"),
+    "link_id": ("links_mint", {"audience": "preview:45678"}, "link_id"),
+    "cid": ("code_context_create", {}, "id"),
+    "vault_id": ("agents_vaults_create", {"name": "live"}, "id"),
+    "template_id": ("agents_environment_templates_create", {"name": "live"}, "id"),
+    "environment_id": (
+        "agents_environments_create",
+        {"environment": {"type": "self_hosted"}},
+        "id",
+    ),
+    # After vault_id: it is made in that vault.
+    "credential_id": (
+        "agents_vault_credentials_create",
+        {
+            "name": "live",
+            "auth": {
+                "type": "static_bearer",
+                "mcp_server_url": "https://mcp.example.com/mcp",
+                "token": "secret",
+            },
+        },
+        "id",
+    ),
+    "file_id": (
+        "agents_files_create",
+        {"purpose": "user_data", "filename": "live.txt", "data": "aGkK"},
+        "id",
+    ),
+    "agent_id": ("agents_definitions_create", {"model": "claude"}, "id"),
+}
+
+#: Keys that name a thing in a list answer.
+ID_KEYS = ("id", "pid", "session_id", "upload_id", "job_id", "link_id")
+
+#: Seconds one hostile request may take.
+REQUEST_SECONDS = 20
+
+
+def names(value: Any) -> Any:
+    """What a list answer names: the ids in it, ignoring times and counters."""
+    if isinstance(value, list):
+        return sorted((names(v) for v in value), key=repr)
+    if isinstance(value, dict):
+        for key in ID_KEYS:
+            if key in value:
+                return (key, value[key])
+        return {k: names(v) for k, v in value.items() if isinstance(v, list | dict)}
+    return None
+
+
+def files_under(root: str) -> dict[str, tuple[int, int] | None]:
+    """Every path under ``root``: files with (size, mtime), directories None."""
+    found: dict[str, tuple[int, int] | None] = {}
+    for top, dirs, files in os.walk(root):
+        for name in dirs:
+            found[os.path.relpath(os.path.join(top, name), root)] = None
+        for name in files:
+            path = os.path.join(top, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            found[os.path.relpath(path, root)] = (st.st_size, st.st_mtime_ns)
+    return found
+
+
+def children() -> set[tuple[int, str]]:
+    """
+    The daemon's live child processes (the daemon runs in this process);
+    not their descendants, which a shell a taken call started may add to
+    while the refused calls are sent.
+    """
+    found = set()
+    for child in psutil.Process().children():
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                found.add((child.pid, child.name()))
+        except psutil.Error:
+            continue
+    return found
+
+
+def error_code(endpoint: Endpoint, body: Any) -> Any:
+    """
+    The ``code`` of an error body in the endpoint's door framing (a request
+    head refused before it is routed is answered in SPEC §3's framing, as
+    no door is known yet).
+    """
+    if not isinstance(body, dict):
+        return None
+    if body.get("code") == "malformed_request":
+        return body["code"]
+    if endpoint.door == "openai":
+        error = body.get("error")
+        return error.get("code") if isinstance(error, dict) else None
+    return body.get("code")
+
+
+def endpoints_of(group: CapabilityGroup) -> list[Endpoint]:
+    """The group's endpoints the HTTP sweep sends to."""
+    return [
+        e
+        for e in catalogue_table()
+        if e.group is group and e.id not in NOT_SWEPT and cases(e)
+    ]
+
+
+class SweepCase(DaemonTestCase):
+    """A daemon with every group on, and the sweep's picture of the sandbox."""
+
+    timeout = 300
+    policy = ALL_GROUPS
+
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        """The daemon, with the preview door listening (its routes need it)."""
+        kwargs.setdefault("preview_port", "tcp:0:interface=127.0.0.1")
+        return super().start(stop_at_end, **kwargs)
+
+    @inlineCallbacks
+    def picture(self) -> Any:
+        """What the sandbox holds now, as the sweep compares it."""
+        shown: dict[str, Any] = {}
+        for endpoint_id in LISTS:
+            endpoint = catalogue_table().get(endpoint_id)
+            reply = yield self.request("GET", endpoint.path)
+            body = reply.json() if reply.status == 200 else reply.status
+            if endpoint_id == "env_get":
+                shown[endpoint_id] = body
+            elif endpoint_id == "preview_ports_list" and isinstance(body, dict):
+                # The exposures, not the ports other sessions listen on.
+                ports = body["ports"]
+                shown[endpoint_id] = sorted(p["port"] for p in ports if p["exposed"])
+            else:
+                shown[endpoint_id] = names(body)
+        shown["files"] = files_under(self.base_dir)
+        shown["children"] = children()
+        return shown
+
+    def compare(self, what: str, before: Any, after: Any, problems: list[str]) -> None:
+        """Note what the refused calls of ``what`` changed."""
+        new = after["children"] - before["children"]
+        if new:
+            problems.append(f"{what}: refused calls left {sorted(new)}")
+        for key in before:
+            if key != "children" and before[key] != after[key]:
+                problems.append(
+                    f"{what}: refused calls changed {key}: "
+                    f"{_diff(before[key], after[key])}"
+                )
+
+
+class HttpSweepTests(SweepCase):
+    """The HTTP door: every endpoint of the table, group by group."""
+
+    @inlineCallbacks
+    def send(self, endpoint: Endpoint, case: Case, problems: list[str]) -> Any:
+        """Send one case; note what is wrong with its answer."""
+        label = f"{endpoint.id} [{case.what}]"
+        headers = {"Content-Type": "application/json"} if case.body else {}
+        d = self.daemon.request(
+            case.method, case.target, headers=headers, raw_body=case.body
+        )
+        d.addTimeout(REQUEST_SECONDS, reactor)
+        try:
+            reply = yield d
+        except Exception as e:
+            problems.append(f"{label}: no answer ({e.__class__.__name__})")
+            return None
+        try:
+            body = json.loads(reply.body)
+        except ValueError:
+            body = None
+        status = reply.status
+        if status >= 500:
+            problems.append(f"{label}: {status} {reply.body[:200]!r}")
+        elif status >= 400 and not isinstance(error_code(endpoint, body), str):
+            problems.append(f"{label}: {status} with no code: {reply.body[:200]!r}")
+        elif status < 400 and case.refuse:
+            problems.append(f"{label}: taken ({status}) {reply.body[:120]!r}")
+        return status
+
+    @inlineCallbacks
+    def settle(self) -> Any:
+        """
+        Wait (bounded) until the daemon's children stop changing: what a
+        taken call started (a terminal's shell) may be spawned a moment
+        after its answer, and must not be counted against the next
+        endpoint's refused calls.
+        """
+        seen = children()
+        for _ in range(30):
+            yield deferLater(reactor, 0.1, lambda: None)
+            now = children()
+            if now == seen:
+                return
+            seen = now
+
+    @inlineCallbacks
+    def live(self, group: CapabilityGroup) -> Any:
+        """One live thing per path parameter the group's endpoints name."""
+        table = catalogue_table()
+        wanted = {
+            s[1:-1]
+            for e in endpoints_of(group)
+            for s in e.segments
+            if s.startswith("{") and s[1:-1] in LIVE
+        }
+        ids: dict[str, str] = {}
+        for name in (n for n in LIVE if n in wanted or n == "vault_id"):
+            endpoint_id, body, key = LIVE[name]
+            path = fill_path(table.get(endpoint_id), ids)
+            reply = yield self.request("POST", path, body)
+            if reply.status < 300:
+                ids[name] = str(reply.json()[key])
+        return ids
+
+    @inlineCallbacks
+    def sweep(self, group: CapabilityGroup) -> Any:
+        """Every endpoint of ``group``: refused cases, checks, then the rest."""
+        problems: list[str] = []
+        ids = yield self.live(group)
+        yield self.settle()
+        before = yield self.picture()
+        for endpoint in endpoints_of(group):
+            every = cases(endpoint, ids)
+            refused = [c for c in every if c.refuse]
+            maybe = [c for c in every if not c.refuse]
+            if (
+                group is CapabilityGroup.BROWSER
+                or endpoint.streaming
+                or endpoint.id in ONLY_REFUSED
+                # A call it may take would end a live thing the next
+                # endpoints' cases need.
+                or endpoint.method == "DELETE"
+            ):
+                maybe = []
+            for case in refused:
+                yield self.send(endpoint, case, problems)
+            after = yield self.picture()
+            self.compare(endpoint.id, before, after, problems)
+            health = yield self.request("GET", "/health")
+            if health.status != 200:
+                problems.append(f"{endpoint.id}: /health answered {health.status}")
+            taken = False
+            for case in maybe:
+                status = yield self.send(endpoint, case, problems)
+                taken = taken or status is None or status < 400
+            if maybe:
+                if taken:
+                    yield self.settle()
+                now = yield self.picture()
+                if not taken:
+                    # Refused too: they must have left nothing either.
+                    self.compare(endpoint.id, after, now, problems)
+                after = now
+            before = after
+        self.assertEqual(problems, [], "\n".join(problems))
+
+
+def _diff(before: Any, after: Any) -> str:
+    if isinstance(before, dict) and isinstance(after, dict):
+        changed = {
+            k: (before.get(k), after.get(k))
+            for k in set(before) | set(after)
+            if before.get(k) != after.get(k)
+        }
+        return repr(changed)[:300]
+    return f"{before!r:.150} -> {after!r:.150}"
+
+
+def _group_test(group: CapabilityGroup) -> Any:
+    def test(self: HttpSweepTests) -> Any:
+        return self.sweep(group)
+
+    test.__name__ = f"test_{group.value}"
+    test.__doc__ = f"Every endpoint of the {group.value} group, hostile input."
+    return test
+
+
+def _add_group_tests(groups: Iterable[CapabilityGroup]) -> None:
+    for group in groups:
+        if endpoints_of(group):
+            setattr(HttpSweepTests, f"test_{group.value}", _group_test(group))
+
+
+_add_group_tests(CapabilityGroup)
+
+
+#: One value of each JSON type, by the declared type it is wrong for.
+WRONG: dict[str, Any] = {
+    "string": {"sweep": 1},
+    "integer": "sweep",
+    "number": "sweep",
+    "boolean": "sweep",
+    "object": "sweep",
+    "array": {"sweep": 1},
+}
+
+
+def tool_cases(tool: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A tool's hostile ``arguments``: not an object, then each property wrong-typed."""
+    found: list[tuple[str, Any]] = [("arguments: []", []), ("arguments: 0", 0)]
+    properties = tool.get("inputSchema", {}).get("properties", {})
+    for name, declared in sorted(properties.items()):
+        kind = declared.get("type")
+        kinds = kind if isinstance(kind, list) else [kind]
+        for candidate in kinds:
+            if candidate in WRONG:
+                wrong = WRONG[candidate]
+                found.append((f"{name}: {type(wrong).__name__}", {name: wrong}))
+                break
+    return found
+
+
+class McpSweepTests(SweepCase):
+    """The MCP door: every tool ``tools/list`` shows, wrong-typed arguments."""
+
+    #: The MCP revision the sweep speaks.
+    version = "2025-11-25"
+
+    @inlineCallbacks
+    def rpc(self, message: dict[str, Any], session: str | None) -> Any:
+        """One JSON-RPC message to ``/mcp``: (status, headers, the answer or None)."""
+        headers = {
+            "Accept": "application/json, text/event-stream",
+            "Content-Type": "application/json",
+            "MCP-Protocol-Version": self.version,
+        }
+        if session is not None:
+            headers["Mcp-Session-Id"] = session
+        d = self.daemon.request(
+            "POST", "/mcp", headers=headers, raw_body=json.dumps(message).encode()
+        )
+        d.addTimeout(REQUEST_SECONDS, reactor)
+        reply = yield d
+        answer = None
+        if (
+            reply.header(
+                "content-type",
+            )
+            == "text/event-stream"
+        ):
+            for line in reply.body.decode().splitlines():
+                if line.startswith("data:") and line[5:].strip():
+                    data = json.loads(line[5:])
+                    if data.get("id") == message.get("id"):
+                        answer = data
+        elif reply.body:
+            answer = json.loads(reply.body)
+        return reply.status, reply, answer
+
+    @inlineCallbacks
+    def test_tools_call(self) -> Any:
+        """
+        Every tool, each property of its input schema wrong-typed (and
+        arguments that are no object): a tool error with the §6 code in
+        ``structuredContent`` (or a JSON-RPC error), never a 5xx, nothing
+        done, the daemon healthy.
+        """
+        problems: list[str] = []
+        status, reply, answer = yield self.rpc(
+            {
+                "jsonrpc": "2.0",
+                "id": 0,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": self.version,
+                    "capabilities": {},
+                    "clientInfo": {"name": "sweep", "version": "0"},
+                },
+            },
+            None,
+        )
+        session = reply.header("mcp-session-id")
+        yield self.rpc(
+            {"jsonrpc": "2.0", "method": "notifications/initialized"}, session
+        )
+        _, _, listed = yield self.rpc(
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, session
+        )
+        tools = listed["result"]["tools"]
+        self.assertGreater(len(tools), 100)
+        before = yield self.picture()
+        number = 2
+        for tool in tools:
+            for what, arguments in tool_cases(tool):
+                label = f"{tool['name']} [{what}]"
+                number += 1
+                try:
+                    status, _, answer = yield self.rpc(
+                        {
+                            "jsonrpc": "2.0",
+                            "id": number,
+                            "method": "tools/call",
+                            "params": {"name": tool["name"], "arguments": arguments},
+                        },
+                        session,
+                    )
+                except Exception as e:
+                    problems.append(f"{label}: no answer ({e.__class__.__name__})")
+                    continue
+                if status >= 500 or answer is None:
+                    problems.append(f"{label}: HTTP {status}")
+                elif "error" in answer:
+                    if not isinstance(answer["error"].get("code"), int):
+                        problems.append(f"{label}: {answer['error']}")
+                elif not answer["result"].get("isError"):
+                    problems.append(f"{label}: taken {str(answer)[:120]}")
+                else:
+                    shown = answer["result"].get("structuredContent", {})
+                    if not isinstance(shown.get("code"), str):
+                        problems.append(f"{label}: no code {str(shown)[:120]}")
+                    elif shown.get("status", 400) >= 500:
+                        problems.append(f"{label}: {shown['status']} {shown}")
+        after = yield self.picture()
+        self.compare("tools/call", before, after, problems)
+        health = yield self.request("GET", "/health")
+        self.assertEqual(health.status, 200)
+        self.assertEqual(problems, [], "\n".join(problems))
+
+
+#: Wrong values for a seed ``CommandArg`` type (a string argument takes a
+#: number or boolean as its text, as on the seed).
+SEED_WRONG: dict[str, list[Any]] = {
+    "string": [{"sweep": 1}, ["sweep"]],
+    "integer": ["sweep", 1.5, {"sweep": 1}, True, "1e309", 2**64],
+    "float": ["sweep", {"sweep": 1}, True, "1e309"],
+    "boolean": ["maybe", {"sweep": 1}, 7],
+    "string_array": ["sweep", [1], {"sweep": 1}],
+}
+
+
+class SeedDoorSweepTests(SynchronousTestCase):
+    """
+    The seed's door: a template written for the seed's server
+    (``tests/seed/templates/commands.py``, loaded through
+    :mod:`sandboxd.seedface`), each of its commands' declared arguments
+    wrong-typed, and bodies that are no object: a 4xx with a ``code``
+    (the daemon's framing, as the seed's own server answers a bad
+    argument with ``error`` and ``type``), never a 5xx.
+    """
+
+    def test_template_commands(self) -> None:
+        """Every command the template declares, every argument wrong-typed."""
+        from tests.seedface.test_template import POLICY, TEMPLATE, TOKENS
+        from tests.test_cli import DaemonProcess, serve_argv
+
+        policy = os.path.abspath(self.mktemp())
+        with open(policy, "w") as f:
+            json.dump(POLICY, f)
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        daemon = DaemonProcess(
+            self, serve_argv(base, "--policy", policy, "--commands", TEMPLATE), TOKENS
+        )
+        daemon.wait_healthy()
+
+        def call(method: str, path: str, data: bytes | None) -> tuple[int, Any]:
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{daemon.port}{path}",
+                data=data,
+                method=method,
+                headers={
+                    "Authorization": "Bearer admin-token",
+                    "Content-Type": "application/json",
+                },
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=REQUEST_SECONDS) as r:
+                    return r.status, json.loads(r.read() or b"null")
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read() or b"null")
+
+        _, listed = call("GET", "/commands", None)
+        commands = listed["commands"]
+        self.assertGreater(len(commands), 3)
+        problems: list[str] = []
+        before = files_under(base)
+        for declared in commands:
+            name = declared["name"]
+            args = {a["name"]: a for a in declared.get("args", [])}
+            sent: list[tuple[str, bytes]] = [
+                ("not JSON", b"{nope"),
+                ("a JSON array", b"[]"),
+            ]
+            for arg, spec in sorted(args.items()):
+                for wrong in SEED_WRONG.get(spec["type"], []):
+                    sent.append(
+                        (f"{arg}: {wrong!r}", json.dumps({arg: wrong}).encode())
+                    )
+            for what, data in sent:
+                status, body = call("POST", f"/commands/{name}", data)
+                code = body.get("code") if isinstance(body, dict) else None
+                if not 400 <= status < 500 or not isinstance(code, str):
+                    problems.append(f"{name} [{what}]: {status} {str(body)[:160]}")
+        self.assertEqual(files_under(base), before)
+        status, _ = call("GET", "/health", None)
+        self.assertEqual(status, 200)
+        self.assertEqual(problems, [], "\n".join(problems))
+
+
+#: envd's message fields, each wrong-typed: sent to every procedure, where a
+#: field it does not read may be ignored.
+E2B_FIELDS: dict[str, Any] = {
+    "path": {"sweep": 1},
+    "source": 7,
+    "destination": ["sweep"],
+    "depth": "deep",
+    "recursive": "sweep",
+    "process": "sweep",
+    "signal": {"sweep": 1},
+    "input": 7,
+    "pty": "sweep",
+    "size": "sweep",
+    "watcherId": {"sweep": 1},
+    "stdin": "sweep",
+    "tag": 7,
+    "code": 7,
+    "language": {"sweep": 1},
+    "context_id": 7,
+    "cwd": ["sweep"],
+    "envs": "sweep",
+    "timeout": "sweep",
+    "env_vars": "sweep",
+}
+
+
+#: The code interpreter's JSON routes and the fields each reads (a field
+#: it does not read is ignored, and an ignored one on ``/contexts`` would
+#: start a kernel per case).
+E2B_REST_FIELDS: dict[str, tuple[str, ...]] = {
+    "/contexts": ("language", "cwd"),
+    "/execute": ("code", "language", "context_id", "env_vars"),
+}
+
+
+class E2BDoorSweepTests(SweepCase):
+    """
+    The E2B door: every Connect procedure and JSON route of
+    :func:`sandboxd.e2b.service.procedures`, hostile messages: a Connect
+    error (``code`` and ``message``; a stream's end message) or the REST
+    route's JSON error, never a 5xx, nothing done.
+
+    Left out: envd's REST file routes (``POST /files`` takes the file's
+    bytes, multipart or raw: any body is a file) and the control-plane
+    routes (``/v2/sandboxes``, ``/sandboxes/...``), which read no body and
+    answer the one sandbox there is.
+    """
+
+    timeout = 120
+
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        """The daemon, with the E2B door listening too."""
+        kwargs.setdefault("e2b_port", "tcp:0:interface=127.0.0.1")
+        return super().start(stop_at_end, **kwargs)
+
+    @inlineCallbacks
+    def post(self, path: str, content_type: str, data: bytes) -> Any:
+        """One POST to the door: (status, content type, body bytes)."""
+        port = yield self.daemon.context.e2b.listening()
+        agent = Agent(reactor)
+        d = agent.request(
+            b"POST",
+            f"http://127.0.0.1:{port.getHost().port}{path}".encode(),
+            Headers(
+                {"Content-Type": [content_type], "Connect-Protocol-Version": ["1"]}
+            ),
+            FileBodyProducer(BytesIO(data)),
+        )
+        d.addTimeout(REQUEST_SECONDS, reactor)
+        response = yield d
+        body = yield readBody(response)
+        kind = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
+        return response.code, kind.decode(), body
+
+    @inlineCallbacks
+    def test_procedures(self) -> Any:
+        """Every unary, streaming and JSON REST procedure, hostile bodies."""
+        from sandboxd.e2b.service import procedures
+        from tests.e2b.sdk import envelope, envelopes
+
+        problems: list[str] = []
+        before = yield self.picture()
+        bodies: list[tuple[str, bytes, bool]] = [
+            ("not JSON", b"{nope", True),
+            ("a JSON array", b"[]", True),
+            ("a JSON string", b'"sweep"', True),
+            ("nested arrays", deep_array().encode(), True),
+        ]
+        bodies += [
+            (f"{name}: {value!r}", json.dumps({name: value}).encode(), False)
+            for name, value in E2B_FIELDS.items()
+        ]
+        for name, procedure in sorted(procedures().items()):
+            streaming = procedure.kind in ("server_stream", "client_stream")
+            sent_bodies = bodies
+            if procedure.kind == "rest":
+                method, _, path = name.partition(" ")
+                if method != "POST" or path not in E2B_REST_FIELDS:
+                    continue  # no JSON body (see the docstring)
+                content_type = "application/json"
+                sent_bodies = [
+                    b
+                    for b in bodies
+                    if b[2] or b[0].split(":")[0] in E2B_REST_FIELDS[path]
+                ]
+            else:
+                path = "/" + name
+                content_type = (
+                    "application/connect+json" if streaming else "application/json"
+                )
+            for what, data, refuse in sent_bodies:
+                label = f"{name} [{what}]"
+                sent = (
+                    envelope(json.loads(data))
+                    if streaming
+                    and data[:1] in b'{["'
+                    and what != "nested arrays"
+                    and what != "not JSON"
+                    else data
+                )
+                if streaming and sent is data:
+                    sent = b"\x00" + len(data).to_bytes(4, "big") + data
+                try:
+                    status, kind, body = yield self.post(path, content_type, sent)
+                except Exception as e:
+                    problems.append(f"{label}: no answer ({e.__class__.__name__})")
+                    continue
+                if status >= 500:
+                    problems.append(f"{label}: {status} {body[:160]!r}")
+                    continue
+                if kind.startswith("application/connect+"):
+                    end = envelopes(body)[-1][1] if body else {}
+                    error = end.get("error") if isinstance(end, dict) else None
+                    if refuse and not error:
+                        problems.append(f"{label}: stream ended without an error")
+                    if error and not isinstance(error.get("code"), str):
+                        problems.append(f"{label}: {error}")
+                    continue
+                if status < 400:
+                    if refuse:
+                        problems.append(f"{label}: taken ({status}) {body[:120]!r}")
+                    continue
+                try:
+                    answer = json.loads(body)
+                except ValueError:
+                    answer = None
+                if not isinstance(answer, dict) or not isinstance(
+                    answer.get("code", answer.get("message")), str | int
+                ):
+                    problems.append(f"{label}: {status} {body[:160]!r}")
+        after = yield self.picture()
+        self.compare("the E2B door", before, after, problems)
+        health = yield self.request("GET", "/health")
+        self.assertEqual(health.status, 200)
+        self.assertEqual(problems, [], "\n".join(problems))
