@@ -537,11 +537,14 @@ class PathGuard:
         pinned identity, proves at the same instant.  (The child changes
         into the path afterwards in either case.)
         """
-        if not isinstance(target, str) or not decide(self.rule, target).allowed:
+        if not isinstance(target, str):
+            return None
+        decision = decide(self.rule, target)
+        if not decision.allowed:
             return None
         if len(target) * 4 > NAME_MAX and _name_too_long(target):
             return None  # refused by the walk, even where ".." cancels the name
-        absolute_target = absolute(target, self.base_dir)
+        absolute_target = decision.target
         anchor = self._anchor_or_none(absolute_target)
         if anchor is None or absolute_target != anchor:
             return None
@@ -613,7 +616,7 @@ class PathGuard:
         if not first.allowed:
             raise refusal(first)
         owner = self.new_owner() if op == "write" else None
-        target = absolute(path, self.base_dir)
+        target = first.target
         link_targets: list[str] = []
         for _ in range(MAX_LINKS + 1):
             made = MadeDirs() if make_parents else None
