@@ -20,9 +20,8 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.web.client import Agent, HTTPConnectionPool, readBody
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import UNKNOWN_LENGTH, IBodyProducer
-from zope.interface import implementer
 
+from sandboxd.testing import BodyProducer
 from tests.helpers import DaemonTestCase
 from tests.kernels.test_contexts import (
     KERNEL_CASE_SECONDS,
@@ -51,11 +50,8 @@ POLICY: dict[str, Any] = {
 }
 
 
-@implementer(IBodyProducer)
-class Chunks:
+class Chunks(BodyProducer):
     """A request body of ``count`` chunks of ``size`` bytes, length unknown (chunked)."""
-
-    length = UNKNOWN_LENGTH
 
     def __init__(self, count: int, size: int) -> None:
         self.count = count
@@ -67,15 +63,6 @@ class Chunks:
         d: Deferred[None] = Deferred()
         reactor.callLater(0, d.callback, None)
         return d
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
 
 
 class Collect(Protocol):
