@@ -242,6 +242,16 @@ def mounted_special(
         os.close(fd)
 
 
+def dangling_link(path: str) -> ApiError:
+    """
+    403 ``path_not_allowed``: ``path`` leads through a link whose target is
+    missing, so a write would create the link's target, not a path decided.
+    """
+    return refusal(
+        PathDecision(path, False, Code.PATH_NOT_ALLOWED, "guard:dangling-link")
+    )
+
+
 def system_refusal(path: Any) -> ApiError:
     """The refusal for /proc, /sys, /dev, and kernel file systems mounted elsewhere."""
     return refusal(
@@ -672,14 +682,7 @@ class PathGuard:
                     loc.close()
                     if missing_ok:
                         # The name came from a link whose target is missing.
-                        raise refusal(
-                            PathDecision(
-                                original,
-                                False,
-                                Code.PATH_NOT_ALLOWED,
-                                "guard:dangling-link",
-                            )
-                        )
+                        raise dangling_link(original)
                     raise file_not_found(original)
             return loc
         raise invalid_path(f"too many levels of symbolic links: {original}")
@@ -782,14 +785,7 @@ class PathGuard:
                     raise file_not_found(original) from None
                 if any(t == here or under(t, here) for t in link_targets):
                     os.close(fd)
-                    raise refusal(
-                        PathDecision(
-                            original,
-                            False,
-                            Code.PATH_NOT_ALLOWED,
-                            "guard:dangling-link",
-                        )
-                    ) from None
+                    raise dangling_link(original) from None
                 if made.parent_fd < 0:
                     # The first directory to create: every one still to make
                     # is decided before any is (a denied one is never made).
