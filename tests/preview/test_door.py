@@ -117,6 +117,20 @@ class DoorCase(DaemonTestCase):
         kwargs.setdefault("preview_port", "tcp:0:interface=127.0.0.1")
         return super().start(stop_at_end, **kwargs)
 
+    @inlineCallbacks
+    def start_on_a_fixed_port(self, **kwargs: Any) -> Any:
+        """
+        Start with the door on a port chosen now, not ``tcp:0``: a reload
+        that turns the door off and on listens again on its description,
+        and the test's hosts must still name it.
+        """
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        yield self.start(preview_port=f"tcp:{port}:interface=127.0.0.1", **kwargs)
+        self.door = self.daemon.context.preview
+        self.door_port = port
+
     def host(self, port: int | None = None, label: str | None = None) -> str:
         name = str(port or self.app_port) + (f"-{label}" if label else "")
         return f"{name}.localhost:{self.door_port}"
@@ -729,16 +743,7 @@ class ReloadTests(DoorCase):
                 json.dump({**POLICY, "groups": {"preview": on}}, f)
 
         write(True)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        yield self.start(
-            policy=None,
-            policy_file=path,
-            preview_port=f"tcp:{port}:interface=127.0.0.1",
-        )
-        self.door = self.daemon.context.preview
-        self.door_port = port
+        yield self.start_on_a_fixed_port(policy=None, policy_file=path)
         yield self.expose()
         response, _ = yield self.fetch("GET", "/")
         self.assertEqual(response.code, 200)
@@ -747,7 +752,7 @@ class ReloadTests(DoorCase):
         yield deferLater(reactor, 0.2, lambda: None)
         self.assertEqual(self.door.exposures.by_port, {})
         with self.assertRaises(ConnectionRefusedError):
-            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+            socket.create_connection(("127.0.0.1", self.door_port), timeout=2).close()
         write(True)
         self.assertTrue(self.daemon.daemon.reload())
         for _ in range(100):
