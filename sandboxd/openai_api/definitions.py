@@ -111,6 +111,22 @@ def find(
     return record
 
 
+def session_agent(record: dict[str, Any]) -> dict[str, Any]:
+    """
+    A stored definition as the agent of a session or a response: its model
+    names the runtime, and its MCP tools reach the agent (header values,
+    no vault).
+    """
+    return {
+        "id": record["id"],
+        "runtime": record["model"],
+        "model": record["model"],
+        "name": record.get("name"),
+        "instructions": record.get("instructions"),
+        "tools": list(record.get("tools") or []),
+    }
+
+
 def agents_definitions_create(request: ServerRequest) -> dict[str, Any]:
     """Store a definition."""
     fields = _checked(request, request.body, partial=False)
