@@ -68,7 +68,16 @@ DOWNLOAD_FIXTURE = ("w1b-1k.bin", 1024)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROFILED = os.path.join(HERE, "profiled.py")
-FLOOR = os.path.join(HERE, "..", "..", "shared", "bench", "peers", "twisted_floor.py")
+#: The Twisted floor (the reactor, the endpoint parser, one resource): this
+#: checkout's, run as a script; the shared harness's
+#: ``peers/twisted_floor.py`` is the same daemon (``--floor`` takes either).
+FLOOR = os.path.join(HERE, "twistd_floor", "floor_tap.py")
+
+#: A profiled function as pstats keys it: (file, line, name).
+Frame = tuple[str, int, str]
+#: What pstats keeps of a frame: primitive calls, calls, own seconds,
+#: cumulative seconds, and the same four for each caller.
+Row = tuple[int, int, float, float, dict[Frame, tuple[int, int, float, float]]]
 
 
 #: The base folder of the daemon being measured (for ``{base}`` in a case).
@@ -286,30 +295,41 @@ def run_case(args: argparse.Namespace, case: str) -> dict[str, Any]:
         except Exception:
             os.killpg(proc.pid, signal.SIGKILL)
     if args.mode == "cprofile":
-        stats = pstats.Stats(out, stream=io.StringIO())
-        stats.sort_stats("tottime")
-        _width, entries = stats.get_print_list([args.top])  # type: ignore[attr-defined]
-        top = []
-        for func in entries:
-            _cc, nc, tt, ct, _ = stats.stats[func]  # type: ignore[attr-defined]
-            top.append(
-                {
-                    "frame": pstats.func_std_string(func),
-                    "calls": nc,
-                    "own_us_per_call": round(tt / args.calls * 1e6, 2),
-                    "cum_us_per_call": round(ct / args.calls * 1e6, 2),
-                }
-            )
-        row["top"] = top
+        table = profile_table(out)
+        by_own_time = sorted(table.items(), key=lambda kv: -kv[1][2])
+        row["top"] = [
+            {
+                "frame": frame_name(func),
+                "calls": nc,
+                "own_us_per_call": round(tt / args.calls * 1e6, 2),
+                "cum_us_per_call": round(ct / args.calls * 1e6, 2),
+            }
+            for func, (_cc, nc, tt, ct, _callers) in by_own_time[: args.top]
+        ]
         row["own_us_per_call_by_owner"] = {
             owner: round(seconds / args.calls * 1e6, 2)
-            for owner, seconds in sorted(
-                by_owner(stats.stats).items(),  # type: ignore[attr-defined]
-                key=lambda kv: -kv[1],
-            )
+            for owner, seconds in sorted(by_owner(table).items(), key=lambda kv: -kv[1])
             if seconds / args.calls * 1e6 >= 0.05
         }
     return row
+
+
+def profile_table(path: str) -> dict[Frame, Row]:
+    """
+    The statistics ``profiled.py`` wrote to ``path``, as pstats keeps them
+    (its ``Stats.stats``, which typeshed does not declare).
+    """
+    table: dict[Frame, Row] = vars(pstats.Stats(path, stream=io.StringIO()))["stats"]
+    return table
+
+
+def frame_name(func: Frame) -> str:
+    """A frame as pstats prints it: ``file:line(name)``, or ``{name}`` for a builtin."""
+    path, line, name = func
+    if (path, line) == ("~", 0):
+        builtin = name.startswith("<") and name.endswith(">")
+        return "{" + name[1:-1] + "}" if builtin else name
+    return f"{path}:{line}({name})"
 
 
 def _wait_for(path: str, seconds: float = 30.0) -> None:
@@ -329,7 +349,7 @@ def _wait_for(path: str, seconds: float = 30.0) -> None:
 _SYSTEM_CALLS = re.compile(r"of '(select\.epoll|_socket\.socket)' objects")
 
 
-def owner(func: tuple[str, int, str]) -> str:
+def owner(func: Frame) -> str:
     """
     Who a profiled function belongs to: a module of sandboxd, Twisted, the
     standard library, another package; a socket or epoll method by name.
@@ -348,7 +368,7 @@ def owner(func: tuple[str, int, str]) -> str:
     return "stdlib"
 
 
-def by_owner(raw: dict[Any, Any]) -> dict[str, float]:
+def by_owner(raw: dict[Frame, Row]) -> dict[str, float]:
     """
     Own time by :func:`owner`, a C builtin's (``dict.get``, ``isinstance``)
     counted with the Python code that called it, in proportion to its calls.

@@ -25,7 +25,7 @@ from twisted.internet.defer import Deferred, gatherResults, inlineCallbacks
 from twisted.internet.protocol import Protocol
 from twisted.web.client import Agent, readBody
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IBodyProducer
+from twisted.web.iweb import UNKNOWN_LENGTH, IBodyProducer
 from zope.interface import implementer
 
 from sandboxd.access.audit import AuditLog
@@ -38,16 +38,18 @@ from sandboxd.routes import builtin_table
 
 
 @implementer(IBodyProducer)
-class BytesProducer:
-    """A request body from bytes."""
+class BodyProducer:
+    """
+    A request body a test writes whole in ``startProducing``: pausing,
+    resuming and stopping have nothing to do.  ``length`` is unknown (the
+    client sends the body chunked) unless a subclass knows it.
+    """
 
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.length = len(data)
+    length: int | str = UNKNOWN_LENGTH
 
     def startProducing(self, consumer: Any) -> Deferred[None]:
-        consumer.write(self.data)
-        return Deferred.fromCoroutine(_done())
+        """Write the body to ``consumer``; fires when it is written."""
+        raise NotImplementedError
 
     def pauseProducing(self) -> None:
         pass
@@ -57,6 +59,18 @@ class BytesProducer:
 
     def stopProducing(self) -> None:
         pass
+
+
+class BytesProducer(BodyProducer):
+    """A request body from bytes."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.length = len(data)
+
+    def startProducing(self, consumer: Any) -> Deferred[None]:
+        consumer.write(self.data)
+        return Deferred.fromCoroutine(_done())
 
 
 async def _done() -> None:

@@ -6,7 +6,10 @@ machine with no network and no screen needs.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
+from typing import Any
 
 CHROMIUM = os.environ.get("SANDBOXD_CHROMIUM", "/usr/bin/chromium")
 
@@ -34,3 +37,20 @@ ARGS = [
     "--no-first-run",
     "--no-proxy-server",
 ]
+
+
+@contextlib.contextmanager
+def chromium_page(**options: Any) -> Iterator[Any]:
+    """
+    A page (``options`` go to ``new_page``) of a headless Chromium started
+    for it and closed after; Playwright's sync API blocks, so use it in a
+    thread of its own.
+    """
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            yield browser.new_page(**options)
+        finally:
+            browser.close()

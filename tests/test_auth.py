@@ -14,7 +14,7 @@ from sandboxd.access.auth import TokenStore
 from sandboxd.policy import PolicyError, load_policy
 from sandboxd.policy.document import TokenSpec
 from sandboxd.routes import default_table
-from tests.test_cli import BIN, ROOT, free_port
+from tests.test_cli import ROOT, on_ports, twistd_argv
 
 
 class FailClosedTests(SynchronousTestCase):
@@ -86,18 +86,7 @@ class FailClosedTests(SynchronousTestCase):
         env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
         env["ABX_SERVER_TOKEN_FILE"] = path
         result = subprocess.run(
-            [
-                os.path.join(BIN, "twistd"),
-                "-n",
-                "--pidfile=",
-                "sandboxd",
-                "--port",
-                f"tcp:{free_port()}:interface=127.0.0.1",
-                "--pty-port",
-                f"tcp:{free_port()}:interface=127.0.0.1",
-                "--base-dir",
-                base,
-            ],
+            on_ports(twistd_argv(base)),
             env=env,
             cwd=ROOT,
             capture_output=True,

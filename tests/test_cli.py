@@ -66,6 +66,18 @@ def twistd_argv(base: str, *extra: str) -> list[str]:
     ]
 
 
+def on_ports(
+    argv: list[str], port: int | None = None, pty: int | None = None
+) -> list[str]:
+    """
+    ``argv`` (:func:`serve_argv`, :func:`twistd_argv`) with its ``{port}``
+    and ``{pty}`` filled in: the ports given, else free ones.
+    """
+    http = str(port if port is not None else free_port())
+    terminal = str(pty if pty is not None else free_port())
+    return [a.replace("{port}", http).replace("{pty}", terminal) for a in argv]
+
+
 def policy_has_tokens(argv: list[str]) -> bool:
     """Whether the ``--policy`` file of ``argv`` (JSON) configures tokens."""
     if "--policy" not in argv:
@@ -110,10 +122,7 @@ class DaemonProcess:
         env: dict[str, str] | None = None,
     ) -> None:
         self.port = free_port()
-        argv = [
-            a.replace("{port}", str(self.port)).replace("{pty}", str(free_port()))
-            for a in argv
-        ]
+        argv = on_ports(argv, self.port)
         self.log = open(test.mktemp(), "w+")
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
         full_env.update(env or {})

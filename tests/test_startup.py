@@ -25,7 +25,7 @@ from sandboxd.daemon.startup import StartRefused
 from sandboxd.daemon.tap import Options
 from sandboxd.policy import PolicyError
 from tests.helpers import DaemonTestCase
-from tests.test_cli import BIN, ROOT, free_port
+from tests.test_cli import ROOT, on_ports, serve_argv, twistd_argv
 
 
 def run(
@@ -78,38 +78,14 @@ class ListenFailureTests(SynchronousTestCase):
     def test_http_port_in_use_twistd(self) -> None:
         """twistd sandboxd on a port already in use exits non-zero, one line, no traceback."""
         busy = Occupied(self)
-        result = run(
-            [
-                os.path.join(BIN, "twistd"),
-                "-n",
-                "--pidfile=",
-                "sandboxd",
-                "--port",
-                f"tcp:{busy.port}:interface=127.0.0.1",
-                "--pty-port",
-                f"tcp:{free_port()}:interface=127.0.0.1",
-                "--base-dir",
-                self.base,
-            ]
-        )
+        result = run(on_ports(twistd_argv(self.base), port=busy.port))
         # twistd's log holds stderr: the line is in the log, once.
         self.assert_one_clear_line(result, busy.port, result.stdout + result.stderr)
 
     def test_pty_port_in_use_serve(self) -> None:
         """sandboxd serve whose PTY port is in use exits 1 with one line."""
         busy = Occupied(self)
-        result = run(
-            [
-                os.path.join(BIN, "sandboxd"),
-                "serve",
-                "--port",
-                str(free_port()),
-                "--pty-port",
-                str(busy.port),
-                "--base-dir",
-                self.base,
-            ]
-        )
+        result = run(on_ports(serve_argv(self.base), pty=busy.port))
         self.assertEqual(result.returncode, 1)
         self.assert_one_clear_line(result, busy.port, result.stderr)
         self.assertEqual(len(result.stderr.strip().splitlines()), 1)
@@ -143,18 +119,7 @@ class BaseDirTests(SynchronousTestCase):
         with self.assertRaises(PolicyError) as cm:
             validate_settings(Settings(base_dir=missing, policy={}, environ={}))
         self.assertIn(missing, str(cm.exception))
-        result = run(
-            [
-                os.path.join(BIN, "twistd"),
-                "-n",
-                "--pidfile=",
-                "sandboxd",
-                "--port",
-                f"tcp:{free_port()}:interface=127.0.0.1",
-                "--base-dir",
-                missing,
-            ]
-        )
+        result = run(on_ports(twistd_argv(missing)))
         self.assertNotEqual(result.returncode, 0)
         self.assertIn(missing, result.stdout + result.stderr)
         self.assertIn("does not exist", result.stdout + result.stderr)
@@ -478,35 +443,15 @@ class RootChildrenTests(SynchronousTestCase):
         token = os.path.join(self.base, "token")
         with open(token, "w") as f:
             f.write("t" * 32)
+        policy = os.path.join(ROOT, "etc", "policy.json")
         result = run(
-            [
-                os.path.join(BIN, "twistd"),
-                "-n",
-                "--pidfile=",
-                "sandboxd",
-                "--port",
-                f"tcp:{free_port()}:interface=127.0.0.1",
-                "--pty-port",
-                f"tcp:{free_port()}:interface=127.0.0.1",
-                "--base-dir",
-                self.base,
-                "--policy",
-                os.path.join(ROOT, "etc", "policy.json"),
-            ],
+            on_ports(twistd_argv(self.base, "--policy", policy)),
             env={"ABX_SERVER_TOKEN_FILE": token},
         )
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("params.default_user", result.stdout + result.stderr)
         served = run(
-            [
-                os.path.join(BIN, "sandboxd"),
-                "serve",
-                "--port",
-                str(free_port()),
-                "--base-dir",
-                self.base,
-            ],
-            env={"ABX_SERVER_TOKEN_FILE": token},
+            on_ports(serve_argv(self.base)), env={"ABX_SERVER_TOKEN_FILE": token}
         )
         self.assertNotEqual(served.returncode, 0)
         self.assertIn("params.default_user", served.stderr)

@@ -7,6 +7,11 @@ started by twistd instead of a script. Its time to ready against the
 script's is what twistd's own machinery costs a start (its option parsing,
 plugin discovery, logging set-up and imports), so ``twistd -n sandboxd``
 can be read against both. Run with ``PYTHONPATH=bench/twistd_floor``.
+
+``python bench/twistd_floor/floor_tap.py --port N`` runs the same service
+as a script, with no twistd, as the shared harness's floor runs: the
+floor ``bench/percall.py`` measures by default, so that it needs nothing
+outside this checkout.
 """
 
 from typing import Any
@@ -42,5 +47,20 @@ def makeService(options: Options) -> Service:
             request.setHeader(b"content-type", b"application/json")
             return b'{"status":"ok"}'
 
-    site = server.Site(Health())
+    site = server.Site(Health())  # type: ignore[no-untyped-call]
     return Listen(f"tcp:{options['port']}:interface=127.0.0.1", site)
+
+
+def main() -> None:
+    """The floor as a script: ``--port`` parsed, the service started, the reactor run."""
+    from twisted.internet import reactor
+
+    options = Options()  # type: ignore[no-untyped-call]
+    options.parseOptions()  # type: ignore[no-untyped-call]
+    service = makeService(options)
+    service.privilegedStartService()
+    reactor.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -242,6 +242,16 @@ def mounted_special(
         os.close(fd)
 
 
+def dangling_link(path: str) -> ApiError:
+    """
+    403 ``path_not_allowed``: ``path`` leads through a link whose target is
+    missing, so a write would create the link's target, not a path decided.
+    """
+    return refusal(
+        PathDecision(path, False, Code.PATH_NOT_ALLOWED, "guard:dangling-link")
+    )
+
+
 def system_refusal(path: Any) -> ApiError:
     """The refusal for /proc, /sys, /dev, and kernel file systems mounted elsewhere."""
     return refusal(
@@ -537,11 +547,14 @@ class PathGuard:
         pinned identity, proves at the same instant.  (The child changes
         into the path afterwards in either case.)
         """
-        if not isinstance(target, str) or not decide(self.rule, target).allowed:
+        if not isinstance(target, str):
+            return None
+        decision = decide(self.rule, target)
+        if not decision.allowed:
             return None
         if len(target) * 4 > NAME_MAX and _name_too_long(target):
             return None  # refused by the walk, even where ".." cancels the name
-        absolute_target = absolute(target, self.base_dir)
+        absolute_target = decision.target
         anchor = self._anchor_or_none(absolute_target)
         if anchor is None or absolute_target != anchor:
             return None
@@ -613,7 +626,7 @@ class PathGuard:
         if not first.allowed:
             raise refusal(first)
         owner = self.new_owner() if op == "write" else None
-        target = absolute(path, self.base_dir)
+        target = first.target
         link_targets: list[str] = []
         for _ in range(MAX_LINKS + 1):
             made = MadeDirs() if make_parents else None
@@ -669,14 +682,7 @@ class PathGuard:
                     loc.close()
                     if missing_ok:
                         # The name came from a link whose target is missing.
-                        raise refusal(
-                            PathDecision(
-                                original,
-                                False,
-                                Code.PATH_NOT_ALLOWED,
-                                "guard:dangling-link",
-                            )
-                        )
+                        raise dangling_link(original)
                     raise file_not_found(original)
             return loc
         raise invalid_path(f"too many levels of symbolic links: {original}")
@@ -779,14 +785,7 @@ class PathGuard:
                     raise file_not_found(original) from None
                 if any(t == here or under(t, here) for t in link_targets):
                     os.close(fd)
-                    raise refusal(
-                        PathDecision(
-                            original,
-                            False,
-                            Code.PATH_NOT_ALLOWED,
-                            "guard:dangling-link",
-                        )
-                    ) from None
+                    raise dangling_link(original) from None
                 if made.parent_fd < 0:
                     # The first directory to create: every one still to make
                     # is decided before any is (a denied one is never made).

@@ -164,13 +164,18 @@ class BrowserSupervisor(Service):
         args: dict[str, Any],
         timeout_ms: int,
         run_as: RunAs | None = None,
+        start_timeout: float | None = None,
     ) -> dict[str, Any]:
         """
         Run one operation on the shared page; the worker's result.
 
-        :raises ApiError: 503 when Playwright or Chromium is missing, 429
-            when too many calls wait, 408 when the call overruns, the
-            worker's own error otherwise.
+        :param start_timeout: seconds the worker may take to start, when
+            this call starts it (the endpoint's ``start_timeout_seconds``;
+            None for the built-in default).
+        :raises ApiError: 503 when Playwright or Chromium is missing or did
+            not start within ``start_timeout``, 429 when too many calls
+            wait, 408 when the call overruns, the worker's own error
+            otherwise.
         """
         if not playwright_installed():
             raise unavailable(PLAYWRIGHT_MISSING)
@@ -189,14 +194,18 @@ class BrowserSupervisor(Service):
         finally:
             self.waiting -= 1
         try:
-            worker = await self._ensure_worker(run_as)
+            if start_timeout is None:
+                start_timeout = defaults.BROWSER_LIMITS["start_timeout_seconds"]
+            worker = await self._ensure_worker(run_as, start_timeout)
             return await self._send(worker, op, args, timeout_ms)
         finally:
             self.lock.release()
 
     # -- the worker's life ---------------------------------------------------
 
-    async def _ensure_worker(self, run_as: RunAs | None) -> WorkerProtocol:
+    async def _ensure_worker(
+        self, run_as: RunAs | None, start_timeout: float
+    ) -> WorkerProtocol:
         if self.worker is None or self.worker.exited:
             self._spawn(run_as)
         worker = self.worker
@@ -205,7 +214,7 @@ class BrowserSupervisor(Service):
             return worker
         waiter = self.ready_waiters.wait()
         timer = self.reactor.callLater(
-            defaults.BROWSER_START_TIMEOUT_SECONDS, self._start_timed_out, worker
+            start_timeout, self._start_timed_out, worker, start_timeout
         )
         try:
             await waiter
@@ -222,11 +231,15 @@ class BrowserSupervisor(Service):
         else:
             self.ready_waiters.fail(error)
 
-    def _start_timed_out(self, worker: WorkerProtocol) -> None:
+    def _start_timed_out(self, worker: WorkerProtocol, seconds: float) -> None:
+        # Unavailable, not a failure of the call: the worker is ended and
+        # the next call starts a fresh one, which may well be in time.
         if worker is self.worker and not self.is_ready:
             self._settle_start(
-                internal(
-                    f"the browser did not start within {defaults.BROWSER_START_TIMEOUT_SECONDS:g} s"
+                unavailable(
+                    f"the browser did not start within {seconds:g} s (the policy's"
+                    " limits.start_timeout_seconds); it was stopped, and the next"
+                    " call starts it again"
                 )
             )
             self._kill(worker)

@@ -19,7 +19,7 @@ import base64
 import binascii
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -158,6 +158,18 @@ class _Root(Resource):
 
 
 # -- one call -------------------------------------------------------------------
+
+
+def run_each(callbacks: Iterable[Callable[[], object]], failed: str) -> None:
+    """
+    Call each of ``callbacks``; one that raises is logged (``failed``)
+    and the rest still run, so one bad hook cannot leak the others.
+    """
+    for callback in callbacks:
+        try:
+            callback()
+        except Exception:
+            log.failure(failed)
 
 
 def raw_headers(request: Any) -> dict[bytes, list[bytes]]:
@@ -324,11 +336,7 @@ class Call:
         # As the HTTP door audits a client that left: 499 client_closed.
         self.status, self.code = 499, "client_closed"
         callbacks, self._on_close = self._on_close, []
-        for callback in callbacks:
-            try:
-                callback()
-            except Exception:
-                log.failure("sandboxd: e2b close callback failed")
+        run_each(callbacks, "sandboxd: e2b close callback failed")
         self.done()
 
     def done(self) -> None:
@@ -479,11 +487,7 @@ class Stream:
                 timer.cancel()
         self._timer = self._deadline = None
         hooks, self._end_hooks = self._end_hooks, []
-        for hook in hooks:
-            try:
-                hook()
-            except Exception:
-                log.failure("sandboxd: e2b stream cleanup failed")
+        run_each(hooks, "sandboxd: e2b stream cleanup failed")
 
     def send(self, message: dict[str, Any]) -> None:
         """One response message."""

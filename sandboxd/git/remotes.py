@@ -14,7 +14,6 @@ else (DNS rebinding).
 
 from __future__ import annotations
 
-import fnmatch
 import re
 import socket
 from collections.abc import Callable
@@ -156,22 +155,11 @@ def match_forms(remote: Remote) -> list[str]:
 
 def _checked(remote: Remote, rule: EffectiveRule) -> Remote:
     """Apply the ``url_deny`` and ``url_allow`` globs."""
-    forms = match_forms(remote)
-    shown = redact_userinfo(remote.url)
-    for pattern in rule.params.url_deny:
-        if any(fnmatch.fnmatchcase(form, pattern) for form in forms):
-            raise _refuse(
-                f"the remote {shown} is denied by policy ({pattern})",
-                policy_rule(rule, "params.url_deny"),
-            )
-    allow = rule.params.url_allow
-    if allow is not None and not any(
-        fnmatch.fnmatchcase(form, p) for form in forms for p in allow
-    ):
-        raise _refuse(
-            f"the remote {shown} is not in url_allow",
-            policy_rule(rule, "params.url_allow"),
-        )
+    refused = rule.params.url_refusal(match_forms(remote))
+    if refused is not None:
+        why, leaf = refused
+        shown = redact_userinfo(remote.url)
+        raise _refuse(f"the remote {shown} is {why}", policy_rule(rule, leaf))
     return remote
 
 

@@ -20,6 +20,7 @@ from sandboxd.errors import bad_request, not_found
 from sandboxd.openai_api.face import new_id
 from sandboxd.openai_api.inputs import metadata, refuse_multi_agent
 from sandboxd.openai_api.registry import door, page, restored_first
+from sandboxd.openai_api.stores import owned, room_for_one
 from sandboxd.openai_api.tools import describe_tools, parse_tools
 from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest
@@ -112,15 +113,28 @@ def find(
     return record
 
 
+def session_agent(record: dict[str, Any]) -> dict[str, Any]:
+    """
+    A stored definition as the agent of a session or a response: its model
+    names the runtime, and its MCP tools reach the agent (header values,
+    no vault).
+    """
+    return {
+        "id": record["id"],
+        "runtime": record["model"],
+        "model": record["model"],
+        "name": record.get("name"),
+        "instructions": record.get("instructions"),
+        "tools": list(record.get("tools") or []),
+    }
+
+
 def agents_definitions_create(request: ServerRequest) -> dict[str, Any]:
     """Store a definition."""
     fields = _checked(request, request.body, partial=False)
     reg = door(request)
-    mine = [r for r in reg.definitions.values() if r["owner"] == request.identity.id]
-    if len(mine) >= defaults.AGENT_KEPT_ITEMS:
-        raise bad_request(
-            f"at most {defaults.AGENT_KEPT_ITEMS} agents per identity; delete one first"
-        )
+    mine = owned(reg.definitions, request.identity.id)
+    room_for_one(len(mine), defaults.AGENT_KEPT_ITEMS, "agents")
     now = int(time.time())
     record = {
         "id": new_id("agent_"),

@@ -31,7 +31,7 @@ from sandboxd.errors import (
 )
 from sandboxd.openai_api.inputs import known_keys
 from sandboxd.openai_api.registry import page
-from sandboxd.openai_api.stores import stores
+from sandboxd.openai_api.stores import room_for_one, stores
 from sandboxd.policy import defaults
 from sandboxd.web.jsonbody import parse_object
 from sandboxd.web.messages import ServerRequest, ServerResponse
@@ -186,12 +186,13 @@ async def agents_files_create(request: ServerRequest) -> dict[str, Any]:
     owner = request.identity.id
     count, size = store.usage(owner)
     most = request.rule.limits.max_files or 1000
-    if count >= most:
-        raise bad_request(
-            f"at most {most} files per identity; delete one first",
-            param="file",
-            setting=limit_setting(request.endpoint.id, "max_files"),
-        )
+    room_for_one(
+        count,
+        most,
+        "files",
+        param="file",
+        setting=limit_setting(request.endpoint.id, "max_files"),
+    )
     total = defaults.OPENAI_FILES_TOTAL_BYTES
     if size + len(data) > total:
         raise payload_too_large(

@@ -595,16 +595,9 @@ async def _go_on(
 def _agent(request: ServerRequest, model: str) -> dict[str, Any]:
     """A stored definition (``agent_…``) or a catalogue agent, as a session's agent."""
     if model.startswith("agent_"):
-        record = definitions.find(request, model, param="model")
-        return {
-            "id": record["id"],
-            "runtime": record["model"],
-            "model": record["model"],
-            "name": record.get("name"),
-            "instructions": record.get("instructions"),
-            # Its MCP tools reach the agent (header values, no vault).
-            "tools": list(record.get("tools") or []),
-        }
+        return definitions.session_agent(
+            definitions.find(request, model, param="model")
+        )
     catalog.find(request.context, request.rule, model)
     return {
         "id": model,

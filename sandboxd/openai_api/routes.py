@@ -108,15 +108,9 @@ def _agent_spec(request: ServerRequest, body: dict[str, Any]) -> dict[str, Any]:
     agent = agent or {}
     spec: dict[str, Any] = {}
     if body.get("agent_id") is not None:
-        record = definitions.find(request, str(body["agent_id"]))
-        spec = {
-            "id": record["id"],
-            "runtime": record["model"],
-            "model": record["model"],
-            "name": record.get("name"),
-            "instructions": record.get("instructions"),
-            "tools": list(record.get("tools") or []),
-        }
+        spec = definitions.session_agent(
+            definitions.find(request, str(body["agent_id"]))
+        )
     elif not agent:
         raise bad_request(
             "'agent' with a 'model', or 'agent_id', is required", param="agent"

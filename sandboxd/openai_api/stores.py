@@ -13,9 +13,10 @@ the next start; nothing else ever holds a secret (no answer, no log line).
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from sandboxd.errors import bad_request
 from sandboxd.openai_api.blobs import FileStore
 from sandboxd.openai_api.registry import door
 
@@ -59,8 +60,20 @@ def stores(request: ServerRequest) -> Stores:
     return found
 
 
-def owned(
-    records: OrderedDict[str, dict[str, Any]], owner: str
-) -> list[dict[str, Any]]:
+def owned(records: Mapping[str, dict[str, Any]], owner: str) -> list[dict[str, Any]]:
     """The records of one owner, oldest first."""
     return [r for r in records.values() if r["owner"] == owner]
+
+
+def room_for_one(held: int, most: int, what: str, **extra: Any) -> None:
+    """
+    Refuse a new record to an identity that holds ``held`` of at most
+    ``most`` (``what``: the records' name, plural), as the seed bounds
+    each identity's files, vaults, templates and definitions.
+
+    :raises ApiError: 400 ``invalid_param`` (``extra`` in its body).
+    """
+    if held >= most:
+        raise bad_request(
+            f"at most {most} {what} per identity; delete one first", **extra
+        )

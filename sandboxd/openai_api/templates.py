@@ -25,7 +25,7 @@ from sandboxd.openai_api import files, staging
 from sandboxd.openai_api.face import new_id
 from sandboxd.openai_api.inputs import known_keys
 from sandboxd.openai_api.registry import page, restored_first
-from sandboxd.openai_api.stores import owned, stores
+from sandboxd.openai_api.stores import owned, room_for_one, stores
 from sandboxd.policy import defaults
 from sandboxd.processes.environment import validate_env
 from sandboxd.web.messages import ServerRequest
@@ -168,10 +168,8 @@ async def agents_environment_templates_create(request: ServerRequest) -> dict[st
     """Store a template."""
     fields = await _fields(request, request.body)
     s = stores(request)
-    if len(owned(s.templates, request.identity.id)) >= defaults.OPENAI_MAX_TEMPLATES:
-        raise bad_request(
-            f"at most {defaults.OPENAI_MAX_TEMPLATES} templates per identity; delete one first"
-        )
+    mine = owned(s.templates, request.identity.id)
+    room_for_one(len(mine), defaults.OPENAI_MAX_TEMPLATES, "templates")
     now = int(time.time())
     record = {
         "id": new_id("envtmpl_"),

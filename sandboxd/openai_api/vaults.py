@@ -32,7 +32,7 @@ from sandboxd.errors import bad_request, not_found
 from sandboxd.openai_api.face import new_id
 from sandboxd.openai_api.inputs import known_keys, metadata
 from sandboxd.openai_api.registry import page, restored_first
-from sandboxd.openai_api.stores import owned, stores
+from sandboxd.openai_api.stores import owned, room_for_one, stores
 from sandboxd.policy import defaults
 from sandboxd.web.messages import ServerRequest
 
@@ -289,10 +289,7 @@ def agents_vaults_create(request: ServerRequest) -> dict[str, Any]:
     body = request.body
     known_keys(body, ("name", "metadata"))
     mine = owned(stores(request).vaults, request.identity.id)
-    if len(mine) >= defaults.OPENAI_MAX_VAULTS:
-        raise bad_request(
-            f"at most {defaults.OPENAI_MAX_VAULTS} vaults per identity; delete one first"
-        )
+    room_for_one(len(mine), defaults.OPENAI_MAX_VAULTS, "vaults")
     record: dict[str, Any] = {
         "id": new_id("vlt_"),
         "owner": request.identity.id,

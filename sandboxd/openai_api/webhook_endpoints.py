@@ -19,6 +19,7 @@ from sandboxd.errors import bad_request, not_found, remote_error
 from sandboxd.openai_api.face import new_id
 from sandboxd.openai_api.inputs import known_keys
 from sandboxd.openai_api.registry import door, page, restored_first
+from sandboxd.openai_api.stores import owned, room_for_one
 from sandboxd.openai_api.webhooks import (
     EVENT_TYPES,
     DeliveryFailed,
@@ -96,12 +97,10 @@ async def agents_webhooks_create(request: ServerRequest) -> dict[str, Any]:
     event_types = _event_types(body.get("event_types"))
     name = _name(body.get("name", ""))
     reg = door(request)
-    owned = [w for w in reg.webhooks.values() if w["owner"] == request.identity.id]
-    if len(owned) >= defaults.WEBHOOK_ENDPOINTS_PER_IDENTITY:
-        raise bad_request(
-            f"at most {defaults.WEBHOOK_ENDPOINTS_PER_IDENTITY} webhook endpoints "
-            "per identity; delete one first",
-        )
+    mine = owned(reg.webhooks, request.identity.id)
+    room_for_one(
+        len(mine), defaults.WEBHOOK_ENDPOINTS_PER_IDENTITY, "webhook endpoints"
+    )
     now = int(time.time())
     record: dict[str, Any] = {
         "id": new_id("we_"),

@@ -41,7 +41,6 @@ cannot land elsewhere).
 from __future__ import annotations
 
 import base64
-import fnmatch
 import hashlib
 import hmac
 import json
@@ -154,20 +153,12 @@ def check_url(url: Any, rule: EffectiveRule) -> str:
             f"{scheme} URLs are not allowed here",
             policy_rule(rule, "params.url_schemes"),
         )
-    forms = [parts.hostname.lower() + (parts.path or "/"), url]
-    for pattern in rule.params.url_deny:
-        if any(fnmatch.fnmatchcase(f, pattern) for f in forms):
-            raise _refused(
-                f"the URL is denied by policy ({pattern})",
-                policy_rule(rule, "params.url_deny"),
-            )
-    allow = rule.params.url_allow
-    if allow is not None and not any(
-        fnmatch.fnmatchcase(f, p) for f in forms for p in allow
-    ):
-        raise _refused(
-            "the URL is not in url_allow", policy_rule(rule, "params.url_allow")
-        )
+    refused = rule.params.url_refusal(
+        [parts.hostname.lower() + (parts.path or "/"), url]
+    )
+    if refused is not None:
+        why, leaf = refused
+        raise _refused(f"the URL is {why}", policy_rule(rule, leaf))
     literal = ip_literal(parts.hostname)
     check_addresses(
         parts.hostname, [literal] if literal is not None else [], rule, named=True

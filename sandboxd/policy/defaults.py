@@ -466,8 +466,10 @@ ARG_STRING_MAX_BYTES = 128 * KIB
 #: dev_tools: the longest ``code`` /code/run passes as one argv string.
 CODE_MAX_BYTES = ARG_STRING_MAX_BYTES - 1
 
-#: browser: how long the worker may take to start Playwright and Chromium.
-BROWSER_START_TIMEOUT_SECONDS = 30.0
+#: browser: shared by every browser_* endpoint, since one worker serves them
+#: all and whichever call comes first starts it: how long the worker may
+#: take to start Playwright and Chromium.
+BROWSER_LIMITS: dict[str, Any] = {"start_timeout_seconds": 30}
 
 #: browser: the daemon's watchdog on one call, beyond the call's own timeout;
 #: past it the worker is presumed stuck (a page spinning in JS) and killed.
@@ -582,6 +584,8 @@ def endpoint_limits(endpoint_id: str, group: str) -> dict[str, Any]:
         out.update(GIT_REMOTE_LIMITS if remote else GIT_LOCAL_LIMITS)
     if group == "code":
         out.update(CODE_LIMITS)
+    if group == "browser":
+        out.update(BROWSER_LIMITS)
     out.update(ENDPOINT_LIMITS.get(endpoint_id, {}))
     return out
 

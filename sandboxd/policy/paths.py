@@ -38,6 +38,11 @@ class PathDecision:
     allowed: bool
     code: Code | None = None
     rule: str | None = None
+    #: An allowed path made absolute and normalised, as it was decided (""
+    #: in a refusal): the guard resolves this very spelling, so a path is
+    #: made absolute once per resolution, and not at all when its decision
+    #: was kept.
+    target: str = attrs.field(default="", eq=False)
 
     def as_json(self) -> dict[str, object]:
         """The form ``/capabilities/check`` returns."""
@@ -211,4 +216,4 @@ def _decide(rule: EffectiveRule, path: str, op: str) -> PathDecision:
                 )
         if op == "delete" and target == rule.base_dir:
             return PathDecision(path, False, Code.PATH_NOT_ALLOWED, "guard:base_dir")
-    return PathDecision(path, True)
+    return PathDecision(path, True, target=target)

@@ -10,6 +10,8 @@ derived from these classes.
 
 from __future__ import annotations
 
+import fnmatch
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -152,6 +154,23 @@ class Params:
     auto_restart: bool = True
     # the MCP door: "default" lists the tools a model uses; "all" every tool
     mcp_tools: str = "default"
+
+    def url_refusal(self, forms: Sequence[str]) -> tuple[str, str] | None:
+        """
+        What ``url_deny`` and ``url_allow`` say of a URL, matched in any of
+        its ``forms`` (``host/path``, the URL): None when they let it pass,
+        else why (``denied by policy (PATTERN)``, ``not in url_allow``) and
+        the leaf key that decided it (for :func:`sandboxd.errors.policy_rule`).
+        """
+        for pattern in self.url_deny:
+            if any(fnmatch.fnmatchcase(form, pattern) for form in forms):
+                return f"denied by policy ({pattern})", "params.url_deny"
+        allow = self.url_allow
+        if allow is not None and not any(
+            fnmatch.fnmatchcase(form, p) for form in forms for p in allow
+        ):
+            return "not in url_allow", "params.url_allow"
+        return None
 
 
 #: The sections of a rule and the class describing each.

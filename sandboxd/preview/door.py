@@ -1019,6 +1019,15 @@ class Exchange:
 
     def close(self) -> None:
         """End it now: the port was unexposed, or the app's answer broke."""
+        self._drop_upstream()
+        transport: Any = (
+            self.request.channel.transport if self.request.channel else None
+        )
+        if transport is not None:
+            transport.abortConnection()
+
+    def _drop_upstream(self) -> None:
+        """Stop waiting on the app: its connection attempt, relay and connection."""
         if self.pending is not None:
             self.pending.cancel()
         if self.relay is not None:
@@ -1026,23 +1035,12 @@ class Exchange:
         if self.upstream is not None:
             self.upstream.let_go()
             self.upstream = None
-        transport: Any = (
-            self.request.channel.transport if self.request.channel else None
-        )
-        if transport is not None:
-            transport.abortConnection()
 
     def _ended(self, result: Any) -> None:
         """The response is done, or the browser left."""
         if isinstance(result, Failure):
             self.gone = True
-            if self.pending is not None:
-                self.pending.cancel()
-            if self.relay is not None:
-                self.relay.stop()
-            if self.upstream is not None:
-                self.upstream.let_go()
-                self.upstream = None
+            self._drop_upstream()
             if self.body_producer is not None:
                 self.body_producer.stopProducing()
             if not self.status:

@@ -141,6 +141,11 @@ class ExposureTable:
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
         self.by_port: dict[int, Exposure] = {}
+        #: No exposure expires before this (None: none has a ``ttl``), so
+        #: that a look-up walks the table only when one may have expired.
+        #: An exposure replaced or ended may leave it early: the walk it
+        #: causes then finds nothing and moves it on.
+        self._due: float | None = None
 
     def expose(
         self,
@@ -188,15 +193,29 @@ class ExposureTable:
             exposure.requests, exposure.bytes_in = old.requests, old.bytes_in
             exposure.bytes_out, exposure.websockets = old.bytes_out, old.websockets
         self.by_port[port] = exposure
+        ends = exposure.expires_at
+        if ends is not None and (self._due is None or ends < self._due):
+            self._due = ends
         return exposure
 
     def prune(self) -> None:
         """End the exposures past their ``ttl_seconds``."""
+        if self._due is None:
+            return
         now = self._clock()
+        if self._due > now:
+            return
+        due = None
         for port, exposure in list(self.by_port.items()):
-            if exposure.expires_at is not None and exposure.expires_at <= now:
+            ends = exposure.expires_at
+            if ends is None:
+                continue
+            if ends <= now:
                 del self.by_port[port]
                 exposure.close_all()
+            elif due is None or ends < due:
+                due = ends
+        self._due = due
 
     def get(self, port: int) -> Exposure:
         """
@@ -224,3 +243,4 @@ class ExposureTable:
         for exposure in self.by_port.values():
             exposure.close_all()
         self.by_port.clear()
+        self._due = None

@@ -86,7 +86,13 @@ async def _call(
         raise unavailable("the browser service is not running")
     args = {"policy": url_policy(request.rule).to_json(), **args}
     run_as = resolve_user(None, request.rule)
-    return await service.get().call(op, args, timeout, run_as=run_as)
+    return await service.get().call(
+        op,
+        args,
+        timeout,
+        run_as=run_as,
+        start_timeout=request.rule.limits.start_timeout_seconds,
+    )
 
 
 async def navigate(request: ServerRequest) -> dict[str, Any]:

@@ -54,7 +54,9 @@ BROWSER_START_SECONDS = 60.0
 
 def browser_start_room(case: Any) -> None:
     """Give the daemon's browser :data:`BROWSER_START_SECONDS` to start, for ``case``."""
-    case.patch(defaults, "BROWSER_START_TIMEOUT_SECONDS", BROWSER_START_SECONDS)
+    case.patch(
+        defaults, "BROWSER_LIMITS", {"start_timeout_seconds": BROWSER_START_SECONDS}
+    )
 
 
 class _Page(Resource):

@@ -1,6 +1,7 @@
 """
-The browser worker's life as the daemon sees it, with a stand-in worker
-(no Playwright, no Chromium): what a start that never finishes leaves.
+The browser worker's life as the daemon sees it, with stand-ins (a worker
+that never says ready; the real worker with a Chromium that never
+answers): what a start that never finishes answers, and leaves.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from twisted.internet.task import deferLater
 
 from sandboxd.browser import supervisor
 from sandboxd.policy import defaults
+from sandboxd.processes.tree import descendants
 from tests.helpers import DaemonTestCase, alive
 
 #: A worker that never says it is ready and ignores TERM (a Chromium busy
@@ -31,7 +33,10 @@ class StartTimeoutTests(DaemonTestCase):
     """A worker whose start ran past its time, then the daemon stopped."""
 
     timeout = 60
-    policy = {"groups": {"browser": True}}
+    policy = {
+        "groups": {"browser": True},
+        "endpoints": {"group:browser": {"limits": {"start_timeout_seconds": 0.5}}},
+    }
 
     def setUp(self) -> Any:
         script = os.path.abspath(self.mktemp())
@@ -40,18 +45,18 @@ class StartTimeoutTests(DaemonTestCase):
             f.write(DEAF_WORKER.format(pid_file=self.pid_file))
         self.patch(supervisor, "WORKER_SCRIPT", script)
         self.patch(supervisor, "playwright_installed", lambda: True)
-        self.patch(defaults, "BROWSER_START_TIMEOUT_SECONDS", 0.5)
         return super().setUp()
 
     @inlineCallbacks
     def test_stop_ends_a_worker_that_never_started(self) -> Any:
         """
-        The call fails 500 naming the start's time; the daemon's stop then
-        ends the worker it had told to go (no process left, no KILL timer
-        left for a reactor that is gone).
+        The call fails 503 ``unavailable`` naming the policy's start time;
+        the daemon's stop then ends the worker it had told to go (no
+        process left, no KILL timer left for a reactor that is gone).
         """
         reply = yield self.request("POST", "/browser/evaluate", {"script": "1"})
-        self.assertEqual(reply.status, 500, reply.body)
+        self.assertEqual(reply.status, 503, reply.body)
+        self.assertEqual(reply.json()["code"], "unavailable")
         self.assertIn("did not start within 0.5 s", reply.json()["error"])
         for _ in range(100):
             if os.path.exists(self.pid_file) and os.path.getsize(self.pid_file):
@@ -62,3 +67,101 @@ class StartTimeoutTests(DaemonTestCase):
         self.assertTrue(alive(pid), "the worker ignores TERM: it should still run")
         yield self.daemon.stop()
         self.assertFalse(alive(pid))
+
+
+#: A Chromium that starts and never answers Playwright (a machine too
+#: loaded to start one in time looks the same to the daemon).
+SLOW_CHROMIUM = """#!/bin/sh
+exec sleep 600
+"""
+
+#: The start time the slow-Chromium cases give the browser: long enough
+#: for the worker to start Playwright and reach Chromium on a busy machine,
+#: so that it is Chromium the start waits for when it runs out (beside the
+#: whole suite on two loaded cores Playwright alone has taken over 10 s:
+#: then the time runs out first, which answers and leaves the same).
+SLOW_START_SECONDS = 15
+
+
+class SlowChromium:
+    """
+    The real worker (Playwright) pointed at a Chromium that never answers,
+    for a daemon test case ``case``; what it left running afterwards.
+    """
+
+    #: The policy that turns the browser group on with the short start time.
+    policy = {
+        "groups": {"browser": True},
+        "endpoints": {
+            "group:browser": {"limits": {"start_timeout_seconds": SLOW_START_SECONDS}}
+        },
+    }
+
+    def __init__(self, case: Any) -> None:
+        path = os.path.abspath(case.mktemp())
+        with open(path, "w") as f:
+            f.write(SLOW_CHROMIUM)
+        os.chmod(path, 0o755)
+        case.patch(supervisor, "chromium_path", lambda: path)
+        self.workers: list[supervisor.WorkerProtocol] = []
+        spawn = supervisor.spawn_session
+
+        def spawn_and_keep(
+            reactor: Any, protocol: supervisor.WorkerProtocol, *args: Any
+        ) -> Any:
+            self.workers.append(protocol)
+            return spawn(reactor, protocol, *args)
+
+        case.patch(supervisor, "spawn_session", spawn_and_keep)
+
+    @inlineCallbacks
+    def left_running(self) -> Any:
+        """
+        The live processes of every worker's tree (Chromium's included),
+        polled until none or the kill's grace and a margin have passed.
+        """
+        deadline = reactor.seconds() + defaults.KILL_GRACE_SECONDS + 5
+        while True:
+            left = [
+                pid
+                for worker in self.workers
+                if worker.pid is not None
+                for pid in [worker.pid, *descendants(worker.pid, worker.marker)]
+                if alive(pid)
+            ]
+            if not left or reactor.seconds() > deadline:
+                return left
+            yield deferLater(reactor, 0.1, lambda: None)
+
+
+class SlowChromiumTests(DaemonTestCase):
+    """A Chromium that does not start within the policy's start time."""
+
+    timeout = 60
+    skip = (
+        None
+        if supervisor.playwright_installed()
+        else "Playwright is not installed (pip install 'sandboxd[browser]')"
+    )
+    policy = SlowChromium.policy
+
+    def setUp(self) -> Any:
+        self.chromium = SlowChromium(self)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_start_past_its_time_is_unavailable(self) -> Any:
+        """
+        The call answers 503 ``unavailable`` naming the time and the
+        policy's key, and nothing of the browser (worker, driver, Chromium)
+        is left running.
+        """
+        reply = yield self.request("POST", "/browser/evaluate", {"script": "1"})
+        self.assertEqual(reply.status, 503, reply.body)
+        body = reply.json()
+        self.assertEqual(body["code"], "unavailable")
+        self.assertEqual(body["type"], "RuntimeError")
+        self.assertIn(f"did not start within {SLOW_START_SECONDS} s", body["error"])
+        self.assertIn("start_timeout_seconds", body["error"])
+        left = yield self.chromium.left_running()
+        self.assertEqual(left, [])

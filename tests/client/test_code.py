@@ -22,16 +22,21 @@ from tests.kernels.test_contexts import (
 )
 
 
-class CodeContextClientTests(ClientCase):
-    """Create, execute with state, follow events, restart, delete."""
+class KernelClientCase(ClientCase):
+    """A client case whose daemon starts ipykernels (skipped without one)."""
 
-    timeout = KERNEL_CASE_SECONDS
-    policy = code_policy()
     call_seconds = KERNEL_CALL_SECONDS
 
     def setUp(self) -> Any:
         need_ipykernel()
         return super().setUp()
+
+
+class CodeContextClientTests(KernelClientCase):
+    """Create, execute with state, follow events, restart, delete."""
+
+    timeout = KERNEL_CASE_SECONDS
+    policy = code_policy()
 
     @inlineCallbacks
     def test_sync(self) -> Any:
@@ -97,16 +102,11 @@ class CodeContextClientTests(ClientCase):
         self.assertEqual(result["stdout"], "xxx\n")
 
 
-class CodeCommandTests(ClientCase):
+class CodeCommandTests(KernelClientCase):
     """``sandboxd code``: one-shot and a REPL fed on stdin."""
 
     timeout = KERNEL_CASE_SECONDS
     policy = code_policy()
-    call_seconds = KERNEL_CALL_SECONDS
-
-    def setUp(self) -> Any:
-        need_ipykernel()
-        return super().setUp()
 
     @inlineCallbacks
     def test_one_shot(self) -> Any:
@@ -145,16 +145,11 @@ SAME_RESULT_CELLS = [
 ]
 
 
-class StreamedExecuteTests(ClientCase):
+class StreamedExecuteTests(KernelClientCase):
     """``sb.code.execute`` reads the events; its result is the daemon's document."""
 
     timeout = 120 + KERNEL_START_SECONDS
     policy = code_policy(limits={"max_output_bytes": 2000})
-    call_seconds = KERNEL_CALL_SECONDS
-
-    def setUp(self) -> Any:
-        need_ipykernel()
-        return super().setUp()
 
     @inlineCallbacks
     def test_same_as_document(self) -> Any:
@@ -229,7 +224,7 @@ class StreamedExecuteTests(ClientCase):
         self.assertEqual(missing, 404)
 
 
-class StreamedExecuteRateTests(ClientCase):
+class StreamedExecuteRateTests(KernelClientCase):
     """The streamed execute meets the rate limit as every call does."""
 
     timeout = 120 + KERNEL_START_SECONDS
@@ -240,11 +235,6 @@ class StreamedExecuteRateTests(ClientCase):
             "code_execute": {"limits": {"rate_per_minute": 30}},
         },
     }
-    call_seconds = KERNEL_CALL_SECONDS
-
-    def setUp(self) -> Any:
-        need_ipykernel()
-        return super().setUp()
 
     @inlineCallbacks
     def test_rate_limit(self) -> Any:

@@ -8,7 +8,6 @@ and the typed errors (``GitConflict.kind``, ``RemoteError.kind``).
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
@@ -16,7 +15,7 @@ from twisted.internet.defer import inlineCallbacks
 from sandboxd.client import AsyncSandbox
 from sandboxd.client.errors import GitConflict, RemoteError
 from tests.client.base import ClientCase
-from tests.git.remote import LoopbackRemote, missing
+from tests.git.remote import missing, serve_remote
 from tests.git.test_remote_jobs import remote_policy
 
 
@@ -30,12 +29,7 @@ class ClientGitTests(ClientCase):
     @inlineCallbacks
     def setUp(self) -> Any:
         yield super().setUp()
-        self.remote = LoopbackRemote(
-            os.path.realpath(self.mktemp()), password=self.password
-        )
-        self.remote.start()
-        self.addCleanup(self.remote.stop)
-        self.remote.make_repo()
+        self.remote = serve_remote(self, self.password)
         self.policy = remote_policy(self.remote)
         yield self.start()
 

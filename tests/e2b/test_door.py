@@ -17,18 +17,14 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks, succeed
 from twisted.web.client import Agent, readBody
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import UNKNOWN_LENGTH, IBodyProducer
-from zope.interface import implementer
 
+from sandboxd.testing import BodyProducer
 from tests.e2b.sdk import CALL_SECONDS, E2BCase, caught, envelope, envelopes
 from tests.helpers import alive
 
 
-@implementer(IBodyProducer)
-class _Chunked:
+class _Chunked(BodyProducer):
     """A body of unknown length, so the client sends it chunked."""
-
-    length = UNKNOWN_LENGTH
 
     def __init__(self, parts: list[bytes]) -> None:
         self.parts = parts
@@ -37,15 +33,6 @@ class _Chunked:
         for part in self.parts:
             consumer.write(part)
         return succeed(None)
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
 
 
 def _start(script: str) -> dict[str, Any]:

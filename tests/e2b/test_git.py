@@ -14,7 +14,7 @@ from typing import Any
 from twisted.internet.defer import inlineCallbacks
 
 from tests.e2b.sdk import E2BCase
-from tests.git.remote import LoopbackRemote, missing
+from tests.git.remote import missing, serve_remote
 
 
 class SdkGitCloneTests(E2BCase):
@@ -29,12 +29,7 @@ class SdkGitCloneTests(E2BCase):
     @inlineCallbacks
     def setUp(self) -> Any:
         yield super().setUp()
-        self.remote = LoopbackRemote(
-            os.path.realpath(self.mktemp()), password=self.password
-        )
-        self.remote.start()
-        self.addCleanup(self.remote.stop)
-        self.remote.make_repo()
+        self.remote = serve_remote(self, self.password)
         yield self.start()
 
     @inlineCallbacks

@@ -222,6 +222,18 @@ class LoopbackRemote:
         return bare
 
 
+def serve_remote(case: Any, password: str | None) -> LoopbackRemote:
+    """
+    A remote in ``case``'s temporary directory holding ``repo.git`` (one
+    commit), listening until ``case`` cleans up.
+    """
+    remote = LoopbackRemote(os.path.realpath(case.mktemp()), password=password)
+    remote.start()
+    case.addCleanup(remote.stop)
+    remote.make_repo()
+    return remote
+
+
 def run(cwd: str, *args: str) -> str:
     """The test's own git, outside the daemon."""
     env = {

@@ -185,6 +185,39 @@ class RemoteFormTests(SynchronousTestCase):
         self.assertEqual(caught.exception.status, 400)
         self.assertNotIn("u:p", caught.exception.message)
 
+    def test_url_globs(self) -> None:
+        """
+        A remote matching ``url_deny`` is refused naming the pattern, one
+        outside ``url_allow`` naming the list, each with the rule that set it.
+        """
+        context = memory_context(
+            policy={
+                "groups": {"git": True},
+                "endpoints": {
+                    "git_clone": {
+                        "params": {
+                            "url_allow": ["github.com/*"],
+                            "url_deny": ["*/evil/*"],
+                        }
+                    }
+                },
+            }
+        )
+        rule = context.policy.rule("git_clone")
+        self.assertEqual(
+            parse_remote("https://github.com/o/r.git", rule).path, "/o/r.git"
+        )
+        for url, why in (
+            ("https://github.com/evil/r.git", "is denied by policy (*/evil/*)"),
+            ("https://gitlab.com/o/r.git", "is not in url_allow"),
+        ):
+            with self.assertRaises(ApiError) as caught:
+                parse_remote(url, rule)
+            body = caught.exception.body()
+            self.assertEqual(body["code"], "url_not_allowed", url)
+            self.assertEqual(body["error"], f"the remote {url} {why}")
+            self.assertEqual(body["rule"], "policy:endpoints.git_clone")
+
     def test_network_overrides(self) -> None:
         """A repository's URL-specific proxy and TLS settings are cancelled; other keys are left."""
         names = [

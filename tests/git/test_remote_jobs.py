@@ -24,7 +24,7 @@ from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from sandboxd.git.askpass import descends_from
 from sandboxd.git.jobs import GitJob
-from tests.git.remote import LoopbackRemote, missing, run
+from tests.git.remote import LoopbackRemote, missing, run, serve_remote
 from tests.helpers import DaemonTestCase
 
 SKIP = missing()
@@ -139,12 +139,7 @@ class RemoteCase(DaemonTestCase):
     @inlineCallbacks
     def setUp(self) -> Any:
         yield super().setUp()
-        self.remote = LoopbackRemote(
-            os.path.realpath(self.mktemp()), password=self.password
-        )
-        self.remote.start()
-        self.addCleanup(self.remote.stop)
-        self.remote.make_repo()
+        self.remote = serve_remote(self, self.password)
         self.token_file = os.path.join(self.remote.directory, "token")
         with open(self.token_file, "w") as f:
             f.write((self.password or "unused") + "\n")

@@ -21,8 +21,13 @@ from twisted.internet.task import deferLater
 
 from sandboxd.mcp.protocol import VERSIONS
 from sandboxd.mcp.tools import DEFAULT_SHELL
+from tests.browser.test_supervisor import (
+    SLOW_START_SECONDS,
+    SlowChromium,
+    SlowChromiumTests,
+)
 from tests.helpers import alive, kill_marked, marked_pids
-from tests.mcp.helpers import McpTestCase, in_thread
+from tests.mcp.helpers import CLIENT_TIMEOUT, McpTestCase, in_thread
 
 READER = "reader-token"
 ADMIN = "admin-token"
@@ -621,6 +626,36 @@ class SwitchedOffTests(McpTestCase):
         data = reply.json()["error"]["data"]
         self.assertEqual(data["code"], "endpoint_disabled")
         self.assertEqual(data["rule"], "policy:endpoints.mcp")
+
+
+class BrowserStartTests(McpTestCase):
+    """A browser tool whose Chromium does not start within the policy's time."""
+
+    skip = SlowChromiumTests.skip
+    policy = SlowChromium.policy
+    client_seconds = SLOW_START_SECONDS + CLIENT_TIMEOUT
+
+    def setUp(self) -> Any:
+        self.chromium = SlowChromium(self)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_start_past_its_time(self) -> Any:
+        """
+        The tool result is ``isError`` with status 503 and code
+        ``unavailable``, and nothing of the browser is left running.
+        """
+
+        async def body(client: Any) -> Any:
+            return await client.call_tool("browser_evaluate", {"script": "1"})
+
+        result = yield self.with_client(body)
+        self.assertTrue(result.is_error)
+        self.assertEqual(result.structured_content["status"], 503)
+        self.assertEqual(result.structured_content["code"], "unavailable")
+        self.assertIn("start_timeout_seconds", result.structured_content["error"])
+        left = yield self.chromium.left_running()
+        self.assertEqual(left, [])
 
 
 class TransportTests(McpTestCase):

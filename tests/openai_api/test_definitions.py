@@ -11,6 +11,7 @@ from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
 
+from sandboxd.policy import defaults
 from tests.openai_api.sdk import OpenAICase, caught
 
 
@@ -52,6 +53,33 @@ class DefinitionTests(OpenAICase):
         )
         self.assertTrue(deleted.deleted)
         self.assertEqual(gone.status_code, 404)
+
+    @inlineCallbacks
+    def test_per_identity_bound(self) -> Any:
+        """
+        A definition past an identity's bound is 400 naming the bound;
+        another identity still has room.
+        """
+        self.patch(defaults, "AGENT_KEPT_ITEMS", 1)
+
+        def make(token: str) -> Any:
+            return self.request(
+                "POST",
+                "/v1/agents",
+                {"model": "fake"},
+                headers={"Authorization": f"Bearer {token}"},
+            )
+
+        first = yield make("u-token")
+        self.assertEqual(first.status, 200, first.body)
+        second = yield make("u-token")
+        self.assertEqual(second.status, 400, second.body)
+        self.assertEqual(
+            second.json()["error"]["message"],
+            "at most 1 agents per identity; delete one first",
+        )
+        other = yield make("o-token")
+        self.assertEqual(other.status, 200, other.body)
 
     @inlineCallbacks
     def test_session_and_response_from_definition(self) -> Any:

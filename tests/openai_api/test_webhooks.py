@@ -16,9 +16,13 @@ from typing import Any
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
+from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
+from sandboxd.errors import ApiError
+from sandboxd.openai_api.webhooks import check_url
+from sandboxd.testing import memory_context
 from tests.openai_api.sdk import OpenAICase, caught, openai_policy
 
 
@@ -316,3 +320,41 @@ class PrivateHostTests(OpenAICase):
         for error in errors[3:]:
             self.assertEqual(error.status_code, 400)
             self.assertEqual(error.body["param"], "url")
+
+
+class UrlGlobTests(SynchronousTestCase):
+    """A webhook URL against the endpoint's ``url_deny`` and ``url_allow``."""
+
+    def test_url_globs(self) -> None:
+        """
+        A URL matching ``url_deny`` is refused naming the pattern, one outside
+        ``url_allow`` naming the list, each with the rule that set it.
+        """
+        context = memory_context(
+            policy={
+                "endpoints": {
+                    "agents_webhooks_create": {
+                        "params": {
+                            "url_allow": ["hooks.example.com/*"],
+                            "url_deny": ["*/private/*"],
+                        }
+                    }
+                }
+            }
+        )
+        rule = context.policy.rule("agents_webhooks_create")
+        ok = "https://hooks.example.com/in"
+        self.assertEqual(check_url(ok, rule), ok)
+        for url, why in (
+            (
+                "https://hooks.example.com/private/in",
+                "is denied by policy (*/private/*)",
+            ),
+            ("https://other.example.com/in", "is not in url_allow"),
+        ):
+            with self.assertRaises(ApiError) as caught:
+                check_url(url, rule)
+            body = caught.exception.body()
+            self.assertEqual(body["code"], "url_not_allowed", url)
+            self.assertEqual(body["error"], f"the URL {why}")
+            self.assertEqual(body["rule"], "policy:endpoints.agents_webhooks_create")

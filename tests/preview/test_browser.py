@@ -12,7 +12,7 @@ from typing import Any
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.threads import deferToThread
 
-from tests.chromium import ARGS, CHROMIUM, SKIP_REASON
+from tests.chromium import SKIP_REASON, chromium_page
 from tests.preview.test_door import DoorCase
 from tests.preview.upstream import App
 
@@ -37,30 +37,21 @@ class BrowserTests(DoorCase):
         other_home = f"http://{self.host(other_port)}/"
 
         def browse() -> dict[str, Any]:
-            from playwright.sync_api import sync_playwright
-
             seen: dict[str, Any] = {}
-            with sync_playwright() as p:
-                browser = p.chromium.launch(
-                    executable_path=CHROMIUM, args=ARGS, headless=True
+            with chromium_page() as page:
+                page.goto(url)
+                seen["url"] = page.url
+                page.wait_for_function(
+                    "document.getElementById('ws').textContent.startsWith('ws:')"
+                    " && document.getElementById('sse').textContent.startsWith('sse:')",
+                    timeout=20000,
                 )
-                try:
-                    page = browser.new_page()
-                    page.goto(url)
-                    seen["url"] = page.url
-                    page.wait_for_function(
-                        "document.getElementById('ws').textContent.startsWith('ws:')"
-                        " && document.getElementById('sse').textContent.startsWith('sse:')",
-                        timeout=20000,
-                    )
-                    seen["ws"] = page.text_content("#ws")
-                    seen["sse"] = page.text_content("#sse")
-                    seen["document_cookie"] = page.evaluate("document.cookie")
-                    seen["cookies"] = page.context.cookies()
-                    response = page.goto(other_home)
-                    seen["other_status"] = response.status if response else None
-                finally:
-                    browser.close()
+                seen["ws"] = page.text_content("#ws")
+                seen["sse"] = page.text_content("#sse")
+                seen["document_cookie"] = page.evaluate("document.cookie")
+                seen["cookies"] = page.context.cookies()
+                response = page.goto(other_home)
+                seen["other_status"] = response.status if response else None
             return seen
 
         seen = yield deferToThread(browse)

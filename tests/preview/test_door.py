@@ -20,9 +20,8 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.web.client import Agent, HTTPConnectionPool, readBody
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import UNKNOWN_LENGTH, IBodyProducer
-from zope.interface import implementer
 
+from sandboxd.testing import BodyProducer
 from tests.helpers import DaemonTestCase
 from tests.kernels.test_contexts import (
     KERNEL_CASE_SECONDS,
@@ -51,11 +50,8 @@ POLICY: dict[str, Any] = {
 }
 
 
-@implementer(IBodyProducer)
-class Chunks:
+class Chunks(BodyProducer):
     """A request body of ``count`` chunks of ``size`` bytes, length unknown (chunked)."""
-
-    length = UNKNOWN_LENGTH
 
     def __init__(self, count: int, size: int) -> None:
         self.count = count
@@ -67,15 +63,6 @@ class Chunks:
         d: Deferred[None] = Deferred()
         reactor.callLater(0, d.callback, None)
         return d
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
 
 
 class Collect(Protocol):
@@ -129,6 +116,20 @@ class DoorCase(DaemonTestCase):
     def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
         kwargs.setdefault("preview_port", "tcp:0:interface=127.0.0.1")
         return super().start(stop_at_end, **kwargs)
+
+    @inlineCallbacks
+    def start_on_a_fixed_port(self, **kwargs: Any) -> Any:
+        """
+        Start with the door on a port chosen now, not ``tcp:0``: a reload
+        that turns the door off and on listens again on its description,
+        and the test's hosts must still name it.
+        """
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        yield self.start(preview_port=f"tcp:{port}:interface=127.0.0.1", **kwargs)
+        self.door = self.daemon.context.preview
+        self.door_port = port
 
     def host(self, port: int | None = None, label: str | None = None) -> str:
         name = str(port or self.app_port) + (f"-{label}" if label else "")
@@ -742,16 +743,7 @@ class ReloadTests(DoorCase):
                 json.dump({**POLICY, "groups": {"preview": on}}, f)
 
         write(True)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        yield self.start(
-            policy=None,
-            policy_file=path,
-            preview_port=f"tcp:{port}:interface=127.0.0.1",
-        )
-        self.door = self.daemon.context.preview
-        self.door_port = port
+        yield self.start_on_a_fixed_port(policy=None, policy_file=path)
         yield self.expose()
         response, _ = yield self.fetch("GET", "/")
         self.assertEqual(response.code, 200)
@@ -760,7 +752,7 @@ class ReloadTests(DoorCase):
         yield deferLater(reactor, 0.2, lambda: None)
         self.assertEqual(self.door.exposures.by_port, {})
         with self.assertRaises(ConnectionRefusedError):
-            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+            socket.create_connection(("127.0.0.1", self.door_port), timeout=2).close()
         write(True)
         self.assertTrue(self.daemon.daemon.reload())
         for _ in range(100):
@@ -823,9 +815,9 @@ class ExposureApiTests(DoorCase):
         self.assertEqual(self.app.ws_headers[-1]["host"], host)
         got = yield self.request("GET", f"/preview/ports/{self.app_port}")
         self.assertGreaterEqual(got.json()["requests"], 2)
-        # The exposure ends at its ttl.
-        exposure = self.door.exposures.by_port[self.app_port]
-        exposure.expires_at = self.daemon.reactor.seconds() - 1
+        # The exposure ends at its ttl: the table's clock is 61 s on.
+        later = self.daemon.reactor.seconds() + 61
+        self.patch(self.door.exposures, "_clock", lambda: later)
         gone = yield self.request("GET", f"/preview/ports/{self.app_port}")
         self.assertEqual((gone.status, gone.json()["code"]), (404, "port_not_exposed"))
         response, _ = yield self.fetch("GET", "/", host=host)

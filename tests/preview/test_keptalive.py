@@ -211,19 +211,10 @@ class KeptAliveReloadTests(DoorCase):
                 )
 
         write([])
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        yield self.start(
-            policy=None,
-            policy_file=path,
-            preview_port=f"tcp:{port}:interface=127.0.0.1",
-        )
-        self.door = self.daemon.context.preview
-        self.door_port = port
+        yield self.start_on_a_fixed_port(policy=None, policy_file=path)
         reply = yield self.expose(port=scripted.port, public=True)
         self.assertEqual(reply.status, 201, reply.body)
-        browser = yield deferToThread(Browser, port)
+        browser = yield deferToThread(Browser, self.door_port)
         self.addCleanup(browser.close)
         head = get("/length", self.host(scripted.port))
         status, _, _ = yield deferToThread(browser.ask, head)

@@ -21,7 +21,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
-from tests.chromium import ARGS, CHROMIUM, SKIP_REASON
+from tests.chromium import SKIP_REASON, chromium_page
 from tests.preview.test_door import DoorCase
 
 #: Where Vite is installed once for these tests.
@@ -140,33 +140,24 @@ class ViteTests(DoorCase):
         url = minted.json()["url"]
 
         def browse() -> dict[str, Any]:
-            from playwright.sync_api import sync_playwright
-
             seen: dict[str, Any] = {}
-            with sync_playwright() as p:
-                browser = p.chromium.launch(
-                    executable_path=CHROMIUM, args=ARGS, headless=True
+            with chromium_page() as page:
+                page.goto(url)
+                page.wait_for_function(
+                    "document.getElementById('v').textContent === 'one'",
+                    timeout=60000,
                 )
-                try:
-                    page = browser.new_page()
-                    page.goto(url)
-                    page.wait_for_function(
-                        "document.getElementById('v').textContent === 'one'",
-                        timeout=60000,
-                    )
-                    # Vite's client says so once its WebSocket is up.
-                    page.wait_for_timeout(1500)
-                    page.evaluate("window.kept = 42")
-                    with open(os.path.join(project, "msg.js"), "w") as f:
-                        f.write('export const msg = "two";\n')
-                    page.wait_for_function(
-                        "document.getElementById('v').textContent === 'two'",
-                        timeout=60000,
-                    )
-                    seen["kept"] = page.evaluate("window.kept")
-                    seen["url"] = page.url
-                finally:
-                    browser.close()
+                # Vite's client says so once its WebSocket is up.
+                page.wait_for_timeout(1500)
+                page.evaluate("window.kept = 42")
+                with open(os.path.join(project, "msg.js"), "w") as f:
+                    f.write('export const msg = "two";\n')
+                page.wait_for_function(
+                    "document.getElementById('v').textContent === 'two'",
+                    timeout=60000,
+                )
+                seen["kept"] = page.evaluate("window.kept")
+                seen["url"] = page.url
             return seen
 
         seen = yield deferToThread(browse)

@@ -315,6 +315,17 @@ class GroupWeightTests(SynchronousTestCase):
         # reactor may not have run yet when this class runs alone).
         self.patch(priority, "isInIOThread", lambda: True)
 
+    def groups_written(self) -> list[tuple[str, int]]:
+        """
+        Where the writes of autogroup nice values go instead of ``/proc``
+        (as ``(path, value)``), every child leading its own session.
+        """
+        written: list[tuple[str, int]] = []
+        self.patch(priority, "_write_value", lambda path, v: written.append((path, v)))
+        self.patch(priority, "_autogroups", lambda: True)
+        self.patch(priority, "_leads_session", lambda pid: True)
+        return written
+
     def test_levels(self) -> None:
         """
         A few children keep the base nice value; more make each lighter,
@@ -337,10 +348,7 @@ class GroupWeightTests(SynchronousTestCase):
         When a new child's level is lighter, the live children's groups are
         rewritten to it; a reaped child's is never written again.
         """
-        written: list[tuple[str, int]] = []
-        self.patch(priority, "_write_value", lambda path, v: written.append((path, v)))
-        self.patch(priority, "_autogroups", lambda: True)
-        self.patch(priority, "_leads_session", lambda pid: True)
+        written = self.groups_written()
         prio = priority.ChildPriority()
         prio.priorities = priorities_from({"children_group_after_ms": 0})
         prio._budget = priority.weight(-5)
@@ -370,10 +378,7 @@ class GroupWeightTests(SynchronousTestCase):
         ``children_group_after_ms``; then, if it still runs, it is lowered
         to the base.  One that ended before is never written.
         """
-        written: list[tuple[str, int]] = []
-        self.patch(priority, "_write_value", lambda path, v: written.append((path, v)))
-        self.patch(priority, "_autogroups", lambda: True)
-        self.patch(priority, "_leads_session", lambda pid: True)
+        written = self.groups_written()
         prio = priority.ChildPriority()
         prio.clock = clock = Clock()
         prio.priorities = priorities_from(True)
@@ -395,10 +400,7 @@ class GroupWeightTests(SynchronousTestCase):
         to a new terminal, a kernel that has just started) stays at the
         agents' level: the young group's lowering to the base never comes.
         """
-        written: list[tuple[str, int]] = []
-        self.patch(priority, "_write_value", lambda path, v: written.append((path, v)))
-        self.patch(priority, "_autogroups", lambda: True)
-        self.patch(priority, "_leads_session", lambda pid: True)
+        written = self.groups_written()
         prio = priority.ChildPriority()
         prio.clock = clock = Clock()
         prio.priorities = priorities_from(True)
@@ -417,10 +419,7 @@ class GroupWeightTests(SynchronousTestCase):
         running follow.  A terminal's group (untracked) starts at the base;
         the young ones go only as far as the share requires.
         """
-        written: list[tuple[str, int]] = []
-        self.patch(priority, "_write_value", lambda path, v: written.append((path, v)))
-        self.patch(priority, "_autogroups", lambda: True)
-        self.patch(priority, "_leads_session", lambda pid: True)
+        written = self.groups_written()
         prio = priority.ChildPriority()
         prio.clock = clock = Clock()
         prio.priorities = priorities_from(True)
@@ -454,10 +453,7 @@ class GroupWeightTests(SynchronousTestCase):
         spawn beside it does not drag it to the command's 10; it is made
         lighter only when all the live groups together must be.
         """
-        written: list[tuple[str, int]] = []
-        self.patch(priority, "_write_value", lambda path, v: written.append((path, v)))
-        self.patch(priority, "_autogroups", lambda: True)
-        self.patch(priority, "_leads_session", lambda pid: True)
+        written = self.groups_written()
         prio = priority.ChildPriority()
         prio.clock = Clock()
         prio.priorities = priorities_from(True)

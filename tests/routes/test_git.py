@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SkipTest
 
+from tests.git.remote import run as git
 from tests.helpers import DaemonTestCase
 
 GIT = {
@@ -23,23 +23,6 @@ GIT = {
     "git": {"author": {"name": "Ada", "email": "ada@example.com"}},
 }
 NO_GIT = shutil.which("git") is None
-
-
-def git(cwd: str, *args: str) -> str:
-    """Run the test's own git (not through the daemon)."""
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": cwd,
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": "/dev/null",
-        "GIT_AUTHOR_NAME": "T",
-        "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "T",
-        "GIT_COMMITTER_EMAIL": "t@example.com",
-    }
-    return subprocess.run(
-        ["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True
-    ).stdout
 
 
 class GitLocalTests(DaemonTestCase):

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -28,6 +26,7 @@ from twisted.python.threadpool import ThreadPool
 from twisted.trial.unittest import SkipTest
 
 from tests.helpers import DaemonTestCase
+from tests.seed.policycompare import free_port, seed_argv
 
 T = TypeVar("T")
 
@@ -56,14 +55,6 @@ def caught(fn: Callable[[], T]) -> T | BaseException:
         return fn()
     except Exception as e:
         return e
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Reference:
@@ -101,21 +92,7 @@ class Reference:
             if not k.startswith(("ABX_", "SANDBOX_"))
         }
         env.update(ABX_SERVER_TOKEN=self.token, ABX_SERVER_BASE_DIR=self.base_dir)
-        argv = [
-            sys.executable,
-            "-m",
-            "agent_sandbox.server",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--pty-port",
-            str(self.pty_port),
-            "--base-dir",
-            self.base_dir,
-            *extra,
-        ]
+        argv = seed_argv(self.port, self.pty_port, "--base-dir", self.base_dir, *extra)
         with open(self.log_path, "wb") as log:
             self.child = subprocess.Popen(
                 argv,

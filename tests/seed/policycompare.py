@@ -190,10 +190,9 @@ class Server:
         self.log.close()
 
 
-def seed_server(path: str, env: dict[str, str], base: str) -> Server:
-    """The seed's server (``python -m agent_sandbox.server serve``) with the file."""
-    port = free_port()
-    argv = [
+def seed_argv(port: int, pty_port: int, *extra: str) -> list[str]:
+    """The seed's server (``python -m agent_sandbox.server serve``) on loopback ports."""
+    return [
         sys.executable,
         "-m",
         "agent_sandbox.server",
@@ -203,10 +202,15 @@ def seed_server(path: str, env: dict[str, str], base: str) -> Server:
         "--port",
         str(port),
         "--pty-port",
-        str(free_port()),
-        "--policy",
-        path,
+        str(pty_port),
+        *extra,
     ]
+
+
+def seed_server(path: str, env: dict[str, str], base: str) -> Server:
+    """The seed's server with the file."""
+    port = free_port()
+    argv = seed_argv(port, free_port(), "--policy", path)
     return Server(argv, {**env, "ABX_SERVER_BASE_DIR": base}, port)
 
 

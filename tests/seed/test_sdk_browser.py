@@ -18,6 +18,7 @@ from tests.browser.test_browser import (
     png_size,
     serve_pages,
 )
+from tests.browser.test_supervisor import SlowChromium, SlowChromiumTests
 from tests.seed.harness import SeedCase
 from tests.seed.sdkcase import Face, outcome
 
@@ -98,3 +99,30 @@ class BrowserTests(SeedCase):
     def test_sync(self) -> Any:
         """The same through the ``*_sync`` face."""
         return self.check_face(sync=True)
+
+
+class SlowStartTests(SeedCase):
+    """``server.browser`` when Chromium does not start within the policy's time."""
+
+    skip = SlowChromiumTests.skip
+    policy = SlowChromium.policy
+
+    def setUp(self) -> Any:
+        self.chromium = SlowChromium(self)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_start_past_its_time(self) -> Any:
+        """
+        The SDK raises its ``ServerAPIError`` with status 503 and code
+        ``unavailable`` (not a command timeout: the call never ran), and
+        nothing of the browser is left running.
+        """
+        from agent_sandbox.models.errors import CommandTimeoutError, ServerAPIError
+
+        error = yield self.drive(lambda c: outcome(c.browser.evaluate("1")))
+        self.assertIsInstance(error, ServerAPIError)
+        self.assertNotIsInstance(error, CommandTimeoutError)
+        self.assertEqual((error.status_code, error.error_code), (503, "unavailable"))
+        left = yield self.chromium.left_running()
+        self.assertEqual(left, [])

@@ -17,7 +17,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.threads import blockingCallFromThread, deferToThread
 
-from tests.chromium import ARGS, CHROMIUM, SKIP_REASON
+from tests.chromium import SKIP_REASON, chromium_page
 from tests.helpers import DaemonTestCase
 
 TOKEN = "console-admin-token-0123456789"
@@ -77,39 +77,30 @@ class ConsoleCase(DaemonTestCase):
         """
 
         def run() -> dict[str, Any]:
-            from playwright.sync_api import sync_playwright
-
             seen: dict[str, Any] = {"console": [], "errors": []}
-            with sync_playwright() as p:
-                browser = p.chromium.launch(
-                    executable_path=CHROMIUM, args=ARGS, headless=True
+            with chromium_page(viewport={"width": 1200, "height": 760}) as page:
+                page.on(
+                    "console",
+                    lambda m: seen["console"].append(f"{m.type}: {m.text}"),
+                )
+                page.on("pageerror", lambda e: seen["errors"].append(str(e)))
+                seen["frames"] = []
+                page.on(
+                    "websocket",
+                    lambda ws: ws.on(
+                        "framereceived", lambda f: seen["frames"].append(f)
+                    ),
                 )
                 try:
-                    page = browser.new_page(viewport={"width": 1200, "height": 760})
-                    page.on(
-                        "console",
-                        lambda m: seen["console"].append(f"{m.type}: {m.text}"),
+                    steps(page, seen)
+                except Exception as e:
+                    page.screenshot(path=os.path.join(SHOTS, "failure.png"))
+                    dom = page.evaluate(
+                        "(document.querySelector('[data-testid=terminal-area]') || document.body).innerHTML.slice(0, 3000)"
                     )
-                    page.on("pageerror", lambda e: seen["errors"].append(str(e)))
-                    seen["frames"] = []
-                    page.on(
-                        "websocket",
-                        lambda ws: ws.on(
-                            "framereceived", lambda f: seen["frames"].append(f)
-                        ),
-                    )
-                    try:
-                        steps(page, seen)
-                    except Exception as e:
-                        page.screenshot(path=os.path.join(SHOTS, "failure.png"))
-                        dom = page.evaluate(
-                            "(document.querySelector('[data-testid=terminal-area]') || document.body).innerHTML.slice(0, 3000)"
-                        )
-                        raise AssertionError(
-                            f"{e}\nbrowser console: {seen}\n{dom}"
-                        ) from None
-                finally:
-                    browser.close()
+                    raise AssertionError(
+                        f"{e}\nbrowser console: {seen}\n{dom}"
+                    ) from None
             return seen
 
         global SHOTS

@@ -11,7 +11,13 @@ _BROWSER = (
         "a URL refused by url_allow/url_deny/schemes/private networks",
     ),
     E(429, "rate_limited", "too many calls queued for the shared page"),
-    E(503, "unavailable", "Playwright or Chromium is not installed", "RuntimeError"),
+    E(
+        503,
+        "unavailable",
+        "Playwright or Chromium is not installed, or did not start within "
+        "start_timeout_seconds (a later call starts it again)",
+        "RuntimeError",
+    ),
 )
 
 
