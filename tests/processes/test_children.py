@@ -734,6 +734,85 @@ class SharedScanTests(TestCase):
         self.assertLessEqual(len(scans), 6, len(scans))
 
 
+class _Pipe:
+    """The read end of a pipe on the reactor, calling ``on_read`` once readable."""
+
+    def __init__(self, on_read: Any) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        self.on_read = on_read
+
+    def fileno(self) -> int:
+        return self.read_fd
+
+    def logPrefix(self) -> str:
+        return "pipe"
+
+    def doRead(self) -> None:
+        os.read(self.read_fd, 64)
+        reactor.removeReader(self)  # type: ignore[attr-defined]
+        self.on_read()
+
+    def connectionLost(self, reason: object) -> None:
+        pass
+
+    def close(self) -> None:
+        reactor.removeReader(self)  # type: ignore[attr-defined]
+        os.close(self.read_fd)
+        os.close(self.write_fd)
+
+
+class FirstLookTests(TestCase):
+    """
+    A tree kill asked for while the reactor reads (a client that left)
+    looks for survivors only after the input ready meanwhile is read: the
+    clients of a burst leave together, and a new request should not wait
+    for every kill's look.
+    """
+
+    timeout = 30
+
+    @inlineCallbacks
+    def test_ready_input_is_read_before_the_first_look(self) -> Any:
+        """
+        A kill started in one read, with another input made ready in that
+        same read: the input is read before the kill's first look for
+        survivors, and the tree still dies.
+        """
+        marker = f"60.{secrets.randbelow(10**12):012d}"
+        self.addCleanup(kill_marked, marker)
+        child = processes.Child(reactor, lambda fd, data: None, grace=1.0)
+        processes.spawn(
+            reactor, child, ["sleep", marker], children=CHILDREN, env=ENV, cwd="/"
+        )
+        yield deferLater(reactor, 0.1, lambda: None)
+        order: list[str] = []
+        real_look = proctree._look
+
+        def look(leader: int) -> Any:
+            order.append("look")
+            return real_look(leader)
+
+        self.patch(proctree, "_look", look)
+        killed: list[Deferred[None]] = []
+        later = _Pipe(lambda: order.append("read"))
+        self.addCleanup(later.close)
+
+        def leave() -> None:
+            killed.append(child.kill("disconnected"))
+            os.write(later.write_fd, b"x")
+            reactor.addReader(later)  # type: ignore[attr-defined]
+
+        first = _Pipe(leave)
+        self.addCleanup(first.close)
+        os.write(first.write_fd, b"x")
+        reactor.addReader(first)  # type: ignore[attr-defined]
+        yield deferLater(reactor, 0.05, lambda: None)
+        yield killed[0]
+        yield child.ended
+        self.assertEqual(order[:3], ["look", "read", "look"])
+        self.assertEqual(marked_pids(marker), [])
+
+
 def gather_killers() -> Deferred[Any]:
     """Wait for tree kills still polling, so the reactor is clean."""
     from twisted.internet.defer import DeferredList
