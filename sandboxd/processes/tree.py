@@ -18,7 +18,7 @@ import functools
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from twisted.internet import process as _twisted_process
@@ -28,6 +28,7 @@ from twisted.logger import Logger
 
 from sandboxd.libc import libc
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS, ORPHAN_REAP_SECONDS
+from sandboxd.turns import after_next_poll
 
 log = Logger(namespace="sandboxd.processes.tree")
 
@@ -499,23 +500,10 @@ def kill_tree(
         signal_all(signal.SIGCONT)  # a stopped process cannot act on TERM
     KILLING.add(done)
     done.addBoth(_forget_killer, done)
+    # Just after the signals most members are still there: the first look
+    # waits for what the reactor has to read (sandboxd.turns).
     after_next_poll(clock, check)
     return done
-
-
-def after_next_poll(clock: Any, f: Callable[[], object]) -> None:
-    """
-    Call ``f`` on the reactor's next turn but one: after the I/O that is
-    ready meanwhile has been read.
-
-    A timed call added while the reactor runs its timed calls waits for
-    the turn after, so the hop is one ``callLater(0)`` inside another.  A
-    first look for a tree's survivors, just after the signals went out,
-    finds most of them still there; when the clients of a burst leave
-    together, their kills' looks would otherwise all run before the
-    reactor accepts the next connection.
-    """
-    clock.callLater(0, clock.callLater, 0, f)
 
 
 #: Tree kills in progress (shutdown waits for them).

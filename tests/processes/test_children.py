@@ -31,7 +31,7 @@ from sandboxd.processes import spawning
 from sandboxd.processes import tree as proctree
 from sandboxd.processes.child import HeadTail
 from sandboxd.processes.run import run_collect
-from tests.helpers import kill_marked, marked_pids
+from tests.helpers import ReadyPipe, kill_marked, marked_pids
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 
@@ -734,33 +734,6 @@ class SharedScanTests(TestCase):
         self.assertLessEqual(len(scans), 6, len(scans))
 
 
-class _Pipe:
-    """The read end of a pipe on the reactor, calling ``on_read`` once readable."""
-
-    def __init__(self, on_read: Any) -> None:
-        self.read_fd, self.write_fd = os.pipe()
-        self.on_read = on_read
-
-    def fileno(self) -> int:
-        return self.read_fd
-
-    def logPrefix(self) -> str:
-        return "pipe"
-
-    def doRead(self) -> None:
-        os.read(self.read_fd, 64)
-        reactor.removeReader(self)  # type: ignore[attr-defined]
-        self.on_read()
-
-    def connectionLost(self, reason: object) -> None:
-        pass
-
-    def close(self) -> None:
-        reactor.removeReader(self)  # type: ignore[attr-defined]
-        os.close(self.read_fd)
-        os.close(self.write_fd)
-
-
 class FirstLookTests(TestCase):
     """
     A tree kill asked for while the reactor reads (a client that left)
@@ -794,7 +767,7 @@ class FirstLookTests(TestCase):
 
         self.patch(proctree, "_look", look)
         killed: list[Deferred[None]] = []
-        later = _Pipe(lambda: order.append("read"))
+        later = ReadyPipe(lambda: order.append("read"))
         self.addCleanup(later.close)
 
         def leave() -> None:
@@ -802,7 +775,7 @@ class FirstLookTests(TestCase):
             os.write(later.write_fd, b"x")
             reactor.addReader(later)  # type: ignore[attr-defined]
 
-        first = _Pipe(leave)
+        first = ReadyPipe(leave)
         self.addCleanup(first.close)
         os.write(first.write_fd, b"x")
         reactor.addReader(first)  # type: ignore[attr-defined]
