@@ -17,6 +17,13 @@ nanosecond, from ``schedstat``), for each of ``--daemons`` fresh daemons:
 (put first on the path) with this venv, alternating daemon by daemon:
 
     .venv/bin/python bench/first_stream.py --daemons 7 --tree base=/tmp/base
+
+``--paired N`` takes only ``after_burst``, N times on one daemon per tree,
+all daemons up side by side and the trees alternated sample by sample
+(a burst of ``--burst`` seconds before each), so that a busy machine's
+swings fall on every tree alike:
+
+    .venv/bin/python bench/first_stream.py --paired 20 --burst 1 --tree base=/tmp/base
 """
 
 from __future__ import annotations
@@ -162,11 +169,54 @@ def one_daemon(
     return out
 
 
+def paired(trees: dict[str, str | None], args: argparse.Namespace) -> None:
+    """``after_burst`` ``args.paired`` times per tree, trees alternated."""
+    token = secrets.token_hex(16)
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
+    with tempfile.TemporaryDirectory() as base:
+        daemons: dict[str, tuple[subprocess.Popen[bytes], int]] = {}
+        try:
+            for name, tree in trees.items():
+                env = {"PYTHONPATH": tree} if tree else {}
+                os.makedirs(os.path.join(base, name))
+                daemons[name] = start_daemon(os.path.join(base, name), token, env=env)
+            time.sleep(SETTLE_SECONDS)
+            for _ in range(args.paired):
+                for name, (proc, port) in daemons.items():
+                    burst(port, token, args.burst)
+                    samples[name].append(timed(proc.pid, port, token))
+                    time.sleep(1.2)
+        finally:
+            for proc, _ in daemons.values():
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=30)
+    for name, got in samples.items():
+        ms = [s[0] for s in got]
+        cpu = [s[1] for s in got]
+        print(
+            json.dumps(
+                {
+                    "workload": "FIRST-STREAM",
+                    "tree": name,
+                    "case": "after_burst",
+                    "samples": len(got),
+                    "first_ms_median": round(statistics.median(ms), 2),
+                    "first_ms_quartiles": [
+                        round(q, 2) for q in statistics.quantiles(ms, n=4)
+                    ],
+                    "daemon_cpu_ms_median": round(statistics.median(cpu), 2),
+                    "load_average": [round(x, 1) for x in os.getloadavg()],
+                }
+            )
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--daemons", type=int, default=7)
     parser.add_argument("--burst", type=float, default=2.0)
     parser.add_argument("--pause", type=float, default=3.0)
+    parser.add_argument("--paired", type=int, default=0, help="samples per tree")
     parser.add_argument(
         "--tree", action="append", default=[], help="NAME=DIR, another checkout"
     )
@@ -176,6 +226,9 @@ def main() -> None:
     for spec in args.tree:
         name, _, path = spec.partition("=")
         trees[name] = path
+    if args.paired:
+        paired(trees, args)
+        return
     rows: dict[str, list[dict[str, tuple[float, float]]]] = {name: [] for name in trees}
     for _ in range(args.daemons):
         for name, tree in trees.items():

@@ -119,3 +119,33 @@ class DaemonTestCase(TestCase):
     def request(self, method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
         """Shortcut for ``self.daemon.request``."""
         return self.daemon.request(method, path, body, **kwargs)
+
+
+class ReadyPipe:
+    """
+    The read end of a pipe on the global reactor, calling ``on_read`` the
+    first time it is readable: input that is ready in a chosen turn.
+    """
+
+    def __init__(self, on_read: Any) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        self.on_read = on_read
+
+    def fileno(self) -> int:
+        return self.read_fd
+
+    def logPrefix(self) -> str:
+        return "pipe"
+
+    def doRead(self) -> None:
+        os.read(self.read_fd, 64)
+        reactor.removeReader(self)  # type: ignore[attr-defined]
+        self.on_read()
+
+    def connectionLost(self, reason: object) -> None:
+        pass
+
+    def close(self) -> None:
+        reactor.removeReader(self)  # type: ignore[attr-defined]
+        os.close(self.read_fd)
+        os.close(self.write_fd)

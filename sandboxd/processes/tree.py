@@ -28,6 +28,7 @@ from twisted.logger import Logger
 
 from sandboxd.libc import libc
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS, ORPHAN_REAP_SECONDS
+from sandboxd.turns import after_next_poll
 
 log = Logger(namespace="sandboxd.processes.tree")
 
@@ -499,7 +500,9 @@ def kill_tree(
         signal_all(signal.SIGCONT)  # a stopped process cannot act on TERM
     KILLING.add(done)
     done.addBoth(_forget_killer, done)
-    clock.callLater(0, check)
+    # Just after the signals most members are still there: the first look
+    # waits for what the reactor has to read (sandboxd.turns).
+    after_next_poll(clock, check)
     return done
 
 

@@ -29,6 +29,7 @@ from twisted.web.server import Request
 
 from sandboxd.daemon.context import as_clock
 from sandboxd.errors import ApiError, unexpected
+from sandboxd.turns import after_next_poll
 from sandboxd.web.jsonbody import COMPACT, COMPACT_ASCII
 from sandboxd.web.messages import (
     ServerRequest,
@@ -194,7 +195,10 @@ def dispatch(raw: SandboxRequest, request: ServerRequest) -> None:
         return
     d = ensureDeferred(result) if isinstance(result, CoroutineType) else result
     if not d.called:
-        raw.notifyFinish().addErrback(lambda _: d.cancel())
+        # A client that left: the handler is cancelled once the reactor has
+        # read what else is ready (sandboxd.turns); its 499 is audited now.
+        clock = request.context.reactor
+        raw.notifyFinish().addErrback(lambda _: after_next_poll(clock, d.cancel))
     d.addCallback(lambda result: render(raw, request, result))
     d.addErrback(lambda failure: render_failure(raw, request, failure))
 

@@ -31,7 +31,7 @@ from sandboxd.processes import spawning
 from sandboxd.processes import tree as proctree
 from sandboxd.processes.child import HeadTail
 from sandboxd.processes.run import run_collect
-from tests.helpers import kill_marked, marked_pids
+from tests.helpers import ReadyPipe, kill_marked, marked_pids
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 
@@ -732,6 +732,58 @@ class SharedScanTests(TestCase):
             yield child.ended
         self.assertEqual(marked_pids(marker), [])
         self.assertLessEqual(len(scans), 6, len(scans))
+
+
+class FirstLookTests(TestCase):
+    """
+    A tree kill asked for while the reactor reads (a client that left)
+    looks for survivors only after the input ready meanwhile is read: the
+    clients of a burst leave together, and a new request should not wait
+    for every kill's look.
+    """
+
+    timeout = 30
+
+    @inlineCallbacks
+    def test_ready_input_is_read_before_the_first_look(self) -> Any:
+        """
+        A kill started in one read, with another input made ready in that
+        same read: the input is read before the kill's first look for
+        survivors, and the tree still dies.
+        """
+        marker = f"60.{secrets.randbelow(10**12):012d}"
+        self.addCleanup(kill_marked, marker)
+        child = processes.Child(reactor, lambda fd, data: None, grace=1.0)
+        processes.spawn(
+            reactor, child, ["sleep", marker], children=CHILDREN, env=ENV, cwd="/"
+        )
+        yield deferLater(reactor, 0.1, lambda: None)
+        order: list[str] = []
+        real_look = proctree._look
+
+        def look(leader: int) -> Any:
+            order.append("look")
+            return real_look(leader)
+
+        self.patch(proctree, "_look", look)
+        killed: list[Deferred[None]] = []
+        later = ReadyPipe(lambda: order.append("read"))
+        self.addCleanup(later.close)
+
+        def leave() -> None:
+            killed.append(child.kill("disconnected"))
+            os.write(later.write_fd, b"x")
+            reactor.addReader(later)  # type: ignore[attr-defined]
+
+        first = ReadyPipe(leave)
+        self.addCleanup(first.close)
+        os.write(first.write_fd, b"x")
+        reactor.addReader(first)  # type: ignore[attr-defined]
+        yield deferLater(reactor, 0.05, lambda: None)
+        yield killed[0]
+        yield child.ended
+        self.assertEqual(order[:3], ["look", "read", "look"])
+        self.assertEqual(marked_pids(marker), [])
 
 
 def gather_killers() -> Deferred[Any]:
