@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from queue import SimpleQueue
 from typing import Any
 
@@ -22,10 +22,12 @@ from twisted.internet import abstract
 from twisted.internet import process as _twisted_process
 from twisted.internet._baseprocess import BaseProcess
 from twisted.internet.defer import Deferred
+from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
 from twisted.python import log
 from twisted.python.failure import Failure
 
 from sandboxd.policy.defaults import (
+    EXITED_DRAIN_READS,
     SLOW_SPAWN_SECONDS,
     SPAWN_THREADS,
 )
@@ -140,15 +142,46 @@ class _OutputReader(_twisted_process.ProcessReader):
     Twisted's reader of a child's output pipe, on a parent end that
     :func:`_pipes` made non-blocking already: one ``F_SETFL`` there, where
     Twisted's ``setNonBlocking`` reads the flags first (a system call
-    fewer per pipe, two per command).  The rest is ``ProcessReader``'s.
+    fewer per pipe, two per command).  It joins the reactor only when told
+    to (see :class:`AdoptedProcess`), and can read what is in its pipe
+    without it (:meth:`drain`).  The rest is ``ProcessReader``'s.
     """
 
-    def __init__(self, reactor: Any, proc: Any, name: int, fileno: int) -> None:
+    def __init__(
+        self, reactor: Any, proc: Any, name: int, fileno: int, start: bool = True
+    ) -> None:
         abstract.FileDescriptor.__init__(self, reactor)
         self.proc = proc
         self.name = name
         self.fd = fileno
-        self.startReading()  # type: ignore[no-untyped-call]
+        if start:
+            self.startReading()  # type: ignore[no-untyped-call]
+
+    def drain(self, reads: int, paused: Callable[[], bool]) -> Any:
+        """
+        Read what the pipe holds now, without the reactor, at most
+        ``reads`` times: ``CONNECTION_DONE`` at its end, ``CONNECTION_LOST``
+        on an error, None while it stays open (empty for now, more than
+        ``reads`` reads in it, or ``paused()`` turned true on the way).
+        """
+        for _ in range(reads):
+            try:
+                data = os.read(self.fd, _DRAIN_CHUNK)
+            except BlockingIOError:
+                return None
+            except OSError:
+                return CONNECTION_LOST
+            if not data:
+                return CONNECTION_DONE
+            self.dataReceived(data)  # type: ignore[no-untyped-call]
+            if paused():
+                return None
+        return None
+
+
+#: What one read of :meth:`_OutputReader.drain` asks for: a whole pipe's
+#: default capacity.
+_DRAIN_CHUNK = 65536
 
 
 class AdoptedProcess(_twisted_process.Process):
@@ -158,8 +191,16 @@ class AdoptedProcess(_twisted_process.Process):
 
     What follows the fork in Twisted's ``Process.__init__`` happens here:
     readers and writers on the parent's pipe ends, ``makeConnection``, and
-    registration for reaping (which reaps at once a child that already
-    exited).
+    registration for reaping, with one ``waitpid`` first.  A short command
+    has often exited by then (its spawn waited on a worker thread): it is
+    reaped there, its output pipes never join the reactor, and on the
+    reactor's next turn what they hold is read to their end and the exit
+    announced, pipes closed first, as for a short command whose pipes
+    close before it is reaped.  That spares each of its pipes the
+    registration and removal (two ``epoll_ctl``), the reactor's dispatch
+    of the end of file, and the exit-drain timer a protocol arms for pipes
+    still open at the exit.  A pipe still open after that read (a
+    grandchild holds it) joins the reactor then, as it would have.
     """
 
     processReaderFactory = _OutputReader
@@ -175,12 +216,20 @@ class AdoptedProcess(_twisted_process.Process):
         BaseProcess.__init__(self, protocol)
         self.pid = pid
         self.status = -1
+        #: The pid, kept after reaping (Twisted's ``pid`` goes to None).
+        self.leader = pid
+        self.paused = False
+        #: The exit status of a child reaped at adoption, until announced.
+        self._unannounced: int | None = None
         self.pipes: dict[int, Any] = {}
+        readers: list[_OutputReader] = []
         for child_fd, (kind, parent_fd) in pipes.items():
             if kind == "r":
-                self.pipes[child_fd] = self.processReaderFactory(
-                    reactor, self, child_fd, parent_fd
+                reader = self.processReaderFactory(
+                    reactor, self, child_fd, parent_fd, start=False
                 )
+                self.pipes[child_fd] = reader
+                readers.append(reader)
             else:
                 self.pipes[child_fd] = self.processWriterFactory(  # type: ignore[no-untyped-call]
                     reactor, self, child_fd, parent_fd, forceReadHack=True
@@ -189,12 +238,73 @@ class AdoptedProcess(_twisted_process.Process):
             protocol.makeConnection(self)
         except BaseException:
             log.err()
-        _twisted_process.registerReapProcessHandler(pid, self)
+        status = _exit_status(pid)
+        if status is None:
+            for reader in readers:
+                if not self.paused and reader.connected and not reader.disconnecting:
+                    reader.startReading()  # type: ignore[no-untyped-call]
+            # Twisted's registerReapProcessHandler would waitpid again.
+            _twisted_process.reapProcessHandlers[pid] = self
+            return
+        self.pid = None
+        self._unannounced = status
+        reactor.callLater(0, self._announce_exit)
+
+    def _announce_exit(self) -> None:
+        """A child reaped at adoption: read its pipes, then say it ended."""
+        status = self._unannounced
+        assert status is not None
+        for reader in list(self.pipes.values()):
+            if (
+                not isinstance(reader, _OutputReader)
+                or not reader.connected
+                or reader.disconnecting
+            ):
+                continue
+            why = None
+            if not self.paused:
+                why = reader.drain(EXITED_DRAIN_READS, lambda: self.paused)
+            if why is not None:
+                reader.connectionLost(Failure(why))  # type: ignore[no-untyped-call]
+            elif not self.paused:
+                reader.startReading()  # type: ignore[no-untyped-call]
+        self._unannounced = None
+        self.processEnded(status)
+
+    def maybeCallProcessEnded(self) -> None:
+        """Not before an exit found at adoption is announced (its pipes read)."""
+        if self._unannounced is None:
+            super().maybeCallProcessEnded()  # type: ignore[no-untyped-call]
+
+    def pauseProducing(self) -> None:
+        """Stop reading the output pipes (and keep them out of the reactor)."""
+        self.paused = True
+        super().pauseProducing()  # type: ignore[no-untyped-call]
+
+    def resumeProducing(self) -> None:
+        """Read the output pipes again."""
+        self.paused = False
+        super().resumeProducing()  # type: ignore[no-untyped-call]
 
     def processEnded(self, status: int) -> None:
         """Reaped: the child's pid leaves the priorities' count."""
-        _reaped(self.pid)
+        _reaped(self.leader)
         super().processEnded(status)
+
+
+def _exit_status(pid: int) -> int | None:
+    """
+    ``pid``'s exit status if it has exited (reaping it), else None, as
+    Twisted's registration for reaping looks (a failure is logged, and the
+    child is taken as running).
+    """
+    try:
+        reaped, status = os.waitpid(pid, os.WNOHANG)
+    except BaseException:
+        log.msg(f"Failed to reap {pid}:")
+        log.err()
+        return None
+    return status if reaped else None
 
 
 def _pipes(

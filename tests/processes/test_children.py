@@ -826,3 +826,110 @@ class PendingSpawnTests(TestCase):
         self.patch(spawning.SPAWN_THREADS_POOL, "in_flight", 1)
         self.patch(proctree, "adopted_orphans", lambda: self.fail("looked for orphans"))
         self.assertEqual(proctree.reap_orphans(), 0)
+
+
+def _until_exited(pid: int) -> None:
+    """Wait (a few seconds at most) until ``pid`` is a zombie."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        info = proctree.proc_info(pid)
+        if info is None or info.state == "Z":
+            return
+        time.sleep(0.002)
+
+
+class ExitedAtAdoptionTests(TestCase):
+    """
+    A child that has exited by the time its spawn returns (a short command
+    on a busy machine): its output pipes are read to their end without
+    joining the reactor, and the exit is answered once they are.
+    """
+
+    timeout = 30
+
+    def setUp(self) -> None:
+        if not spawn.AVAILABLE:
+            raise self.skipTest("no posix_spawn through ctypes here")
+        self.marker = f"60.{secrets.randbelow(10**12):012d}"
+        self.addCleanup(kill_marked, self.marker)
+        real, real_alone = spawn.posix_spawn, spawn.posix_spawn_alone
+
+        def exited(plan: Any) -> int:
+            pid = real(plan)
+            _until_exited(pid)
+            return pid
+
+        def exited_alone(plan: Any, prepared: Any) -> int:
+            pid = real_alone(plan, prepared)
+            _until_exited(pid)
+            return pid
+
+        self.patch(spawn, "posix_spawn", exited)
+        self.patch(spawn, "posix_spawn_alone", exited_alone)
+        self.readers: list[Any] = []
+        add = reactor.addReader
+
+        def counted(selectable: Any) -> None:
+            if isinstance(selectable, spawning._OutputReader):
+                self.readers.append(selectable)
+            add(selectable)
+
+        self.patch(reactor, "addReader", counted)
+
+    def run_(self, argv: list[str]) -> Deferred[processes.RunResult]:
+        return ensureDeferred(
+            run_collect(
+                reactor,
+                argv,
+                children=CHILDREN,
+                env=ENV,
+                cwd="/",
+                timeout=20,
+                max_output_bytes=1 << 20,
+            )
+        )
+
+    @inlineCallbacks
+    def test_output_read_without_the_reactor(self) -> Any:
+        """
+        A full pipe's worth of stdout, stderr and the exit status all come
+        back, on both spawn paths, and neither pipe ever joined the reactor.
+        """
+        argv = ["sh", "-c", "head -c 65536 /dev/zero; echo err >&2; exit 3"]
+        for slow in (False, True):
+            times = spawning.SpawnTimes(threshold=-1.0 if slow else 60.0)
+            times.slow = slow
+            self.patch(spawning, "SPAWN_TIMES", times)
+            result = yield self.run_(argv)
+            self.assertEqual(result.stdout, bytes(65536))
+            self.assertEqual(result.stderr, b"err\n")
+            self.assertEqual(result.exit_code, 3)
+        self.assertEqual(self.readers, [])
+
+    @inlineCallbacks
+    def test_pipe_held_by_a_grandchild_joins_the_reactor(self) -> Any:
+        """
+        A grandchild still holding the pipes after the leader exited: they
+        are read by the reactor, and the answer does not wait for it.
+        """
+        result = yield self.run_(["sh", "-c", f"echo started; sleep {self.marker} &"])
+        self.assertEqual(result.stdout, b"started\n")
+        self.assertEqual(result.exit_code, 0)
+        self.assertLess(result.duration_ms, 10_000)
+        self.assertEqual(len(self.readers), 2)
+
+    @inlineCallbacks
+    def test_paused_child_is_read_once_resumed(self) -> Any:
+        """Paused before its output was read: nothing comes until it resumes, then all of it."""
+        got: list[bytes] = []
+        child = processes.Child(reactor, lambda fd, data: got.append(data))
+        processes.spawn(
+            reactor, child, ["echo", "hello"], children=CHILDREN, env=ENV, cwd="/"
+        )
+        child.pause_reading()
+        yield deferLater(reactor, 0.05, lambda: None)
+        self.assertEqual(got, [])
+        self.assertFalse(child.has_ended)
+        child.resume_reading()
+        code = yield child.ended
+        self.assertEqual((b"".join(got), code), (b"hello\n", 0))
