@@ -33,7 +33,7 @@ from sandboxd.policy.defaults import (
 )
 from sandboxd.processes import posix_spawn as _spawn
 from sandboxd.processes.command import SETPRIV
-from sandboxd.processes.priority import CHILD_PRIORITY
+from sandboxd.processes.priority import CHILD_PRIORITY, holding_gil
 
 _IGNORED_SIGNALS: list[int] | None = None
 
@@ -348,6 +348,26 @@ def _close_pipes(
                     pass
 
 
+def _close_child_ends(fdmap: dict[int, int], pipes: dict[int, tuple[str, int]]) -> None:
+    """
+    Close the daemon's copies of a child's pipe ends, on the spawn worker
+    as soon as ``posix_spawn`` has returned, holding the interpreter's lock.
+
+    Every child spawned while they are open gets copies of them too, until
+    its own exec closes them, and the child's pipes reach their end only
+    once all copies are gone: with eight short commands at a time, most
+    pipes of a command found exited at its adoption were still held that
+    way.  Closing here, not on the reactor after the hand-off back, leaves
+    fewer spawns to inherit them; and a ``close`` that lets go of the lock
+    would wait on a busy reactor to get it back.
+    """
+    close = holding_gil("close") or os.close
+    for child_fd in pipes:
+        fd = fdmap.get(child_fd)
+        if fd is not None:
+            close(fd)
+
+
 def _spawn_adopted(
     reactor: Any,
     protocol: Any,
@@ -496,8 +516,11 @@ def _spawn_adopted_later(
 
     def timed() -> tuple[int, float]:
         began = time.perf_counter()
-        with CHILD_PRIORITY.spawning(dedicated=True):
-            pid = _spawn.posix_spawn_alone(plan, prepared)
+        try:
+            with CHILD_PRIORITY.spawning(dedicated=True):
+                pid = _spawn.posix_spawn_alone(plan, prepared)
+        finally:
+            _close_child_ends(fdmap, pipes)
         seconds = time.perf_counter() - began
         # Setting the child's session group weight takes the scheduler's
         # locks (~0.1 ms idle, milliseconds on a saturated machine): here,
@@ -509,12 +532,11 @@ def _spawn_adopted_later(
         threads.in_flight -= 1
         pid, seconds = result
         SPAWN_TIMES.record(seconds)
-        _close_pipes(fdmap, pipes, parent=False)
         return AdoptedProcess(reactor, pid, protocol, pipes)
 
     def failed(failure: Failure) -> Failure:
         threads.in_flight -= 1
-        _close_pipes(fdmap, pipes, parent=True)
+        _close_pipes({}, pipes, parent=True)
         return failure
 
     d = threads.run(reactor, timed)
