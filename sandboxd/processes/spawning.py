@@ -193,14 +193,17 @@ class AdoptedProcess(_twisted_process.Process):
     readers and writers on the parent's pipe ends, ``makeConnection``, and
     registration for reaping, with one ``waitpid`` first.  A short command
     has often exited by then (its spawn waited on a worker thread): it is
-    reaped there, its output pipes never join the reactor, and on the
-    reactor's next turn what they hold is read to their end and the exit
-    announced, pipes closed first, as for a short command whose pipes
-    close before it is reaped.  That spares each of its pipes the
-    registration and removal (two ``epoll_ctl``), the reactor's dispatch
-    of the end of file, and the exit-drain timer a protocol arms for pipes
-    still open at the exit.  A pipe still open after that read (a
-    grandchild holds it) joins the reactor then, as it would have.
+    reaped there.  When no other spawn may still hold copies of its pipes'
+    ends (``pipes_alone``, see :func:`_copies_may_remain`), its output
+    pipes never join the reactor: on the reactor's next turn what they
+    hold is read to their end and the exit announced, pipes closed first,
+    as for a short command whose pipes close before it is reaped.  That
+    spares each pipe the registration and removal (two ``epoll_ctl``), the
+    reactor's dispatch of the end of file, and the exit-drain timer a
+    protocol arms for pipes still open at the exit.  A pipe still open
+    after that read (a grandchild holds it) joins the reactor then, as it
+    would have.  Otherwise the exit is announced at once and the pipes
+    are the reactor's, as with Twisted's own registration.
     """
 
     processReaderFactory = _OutputReader
@@ -211,6 +214,7 @@ class AdoptedProcess(_twisted_process.Process):
         pid: int,
         protocol: Any,
         pipes: dict[int, tuple[str, int]],
+        pipes_alone: bool = False,
     ) -> None:
         self._reactor = reactor
         BaseProcess.__init__(self, protocol)
@@ -239,12 +243,15 @@ class AdoptedProcess(_twisted_process.Process):
         except BaseException:
             log.err()
         status = _exit_status(pid)
-        if status is None:
+        if status is None or not pipes_alone:
             for reader in readers:
                 if not self.paused and reader.connected and not reader.disconnecting:
                     reader.startReading()  # type: ignore[no-untyped-call]
-            # Twisted's registerReapProcessHandler would waitpid again.
-            _twisted_process.reapProcessHandlers[pid] = self
+            if status is None:
+                # Twisted's registerReapProcessHandler would waitpid again.
+                _twisted_process.reapProcessHandlers[pid] = self
+            else:
+                self.processEnded(status)
             return
         self.pid = None
         self._unannounced = status
@@ -348,6 +355,21 @@ def _close_pipes(
                     pass
 
 
+#: When each spawn worker now waiting in ``posix_spawn`` began, by thread.
+_EXEC_WAITS: dict[int, float] = {}
+
+
+def _copies_may_remain(closed: float) -> bool:
+    """
+    Whether a child's pipe ends, closed in the daemon at ``closed``
+    (``time.perf_counter``), may still be open in a spawn's child that has
+    not exec'd yet: one began before then and is still waiting.  Such a
+    child got copies of every descriptor the daemon held, and the pipes
+    reach their end only once it execs.
+    """
+    return any(began < closed for began in list(_EXEC_WAITS.values()))
+
+
 def _close_child_ends(fdmap: dict[int, int], pipes: dict[int, tuple[str, int]]) -> None:
     """
     Close the daemon's copies of a child's pipe ends, on the spawn worker
@@ -361,11 +383,18 @@ def _close_child_ends(fdmap: dict[int, int], pipes: dict[int, tuple[str, int]]) 
     fewer spawns to inherit them; and a ``close`` that lets go of the lock
     would wait on a busy reactor to get it back.
     """
-    close = holding_gil("close") or os.close
+    close = holding_gil("close") or _close_quietly
     for child_fd in pipes:
         fd = fdmap.get(child_fd)
         if fd is not None:
             close(fd)
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def _spawn_adopted(
@@ -390,7 +419,8 @@ def _spawn_adopted(
         _close_pipes(fdmap, pipes, parent=True)
         raise
     _close_pipes(fdmap, pipes, parent=False)
-    return AdoptedProcess(reactor, pid, protocol, pipes)
+    alone = not _copies_may_remain(time.perf_counter())
+    return AdoptedProcess(reactor, pid, protocol, pipes, alone)
 
 
 class SpawnTimes:
@@ -514,25 +544,30 @@ def _spawn_adopted_later(
     threads = SPAWN_THREADS_POOL
     threads.in_flight += 1
 
-    def timed() -> tuple[int, float]:
+    def timed() -> tuple[int, float, float]:
         began = time.perf_counter()
+        worker = threading.get_ident()
+        _EXEC_WAITS[worker] = began
         try:
             with CHILD_PRIORITY.spawning(dedicated=True):
                 pid = _spawn.posix_spawn_alone(plan, prepared)
         finally:
+            del _EXEC_WAITS[worker]
             _close_child_ends(fdmap, pipes)
-        seconds = time.perf_counter() - began
+        closed = time.perf_counter()
+        seconds = closed - began
         # Setting the child's session group weight takes the scheduler's
         # locks (~0.1 ms idle, milliseconds on a saturated machine): here,
         # not on the reactor.
         CHILD_PRIORITY.spawned(pid)
-        return pid, seconds
+        return pid, seconds, closed
 
-    def adopt(result: tuple[int, float]) -> AdoptedProcess:
+    def adopt(result: tuple[int, float, float]) -> AdoptedProcess:
         threads.in_flight -= 1
-        pid, seconds = result
+        pid, seconds, closed = result
         SPAWN_TIMES.record(seconds)
-        return AdoptedProcess(reactor, pid, protocol, pipes)
+        alone = not _copies_may_remain(closed)
+        return AdoptedProcess(reactor, pid, protocol, pipes, alone)
 
     def failed(failure: Failure) -> Failure:
         threads.in_flight -= 1

@@ -933,3 +933,16 @@ class ExitedAtAdoptionTests(TestCase):
         child.resume_reading()
         code = yield child.ended
         self.assertEqual((b"".join(got), code), (b"hello\n", 0))
+
+
+class PipeCopiesTests(SynchronousTestCase):
+    """Whether a spawn still waiting for its child's exec may hold copies of another child's pipes."""
+
+    def test_only_spawns_begun_before_the_close(self) -> None:
+        """A spawn begun before the pipes were closed may hold them; one begun after cannot."""
+        self.patch(spawning, "_EXEC_WAITS", {})
+        self.assertFalse(spawning._copies_may_remain(10.0))
+        spawning._EXEC_WAITS[1] = 12.0
+        self.assertFalse(spawning._copies_may_remain(10.0))
+        spawning._EXEC_WAITS[2] = 9.0
+        self.assertTrue(spawning._copies_may_remain(10.0))
