@@ -321,6 +321,11 @@ def _pipes(
     Pipes for the ``"r"``/``"w"`` entries of ``child_fds``: the child's
     ends by child descriptor, and the parent's (with their direction).
     Integer entries are the caller's descriptors, passed as they are.
+
+    Where :data:`~sandboxd.processes.posix_spawn.REOPEN_PIPES`, an output
+    pipe's write end is closed at once and the child opens the read end
+    again for writing (see :func:`_writers`): its child end is then the
+    parent's read end itself.
     """
     fdmap: dict[int, int] = {}
     pipes: dict[int, tuple[str, int]] = {}
@@ -328,6 +333,9 @@ def _pipes(
         for child_fd, target in child_fds.items():
             if target == "r":
                 read_end, write_end = os.pipe()
+                if _spawn.REOPEN_PIPES:
+                    os.close(write_end)
+                    write_end = read_end
                 fdmap[child_fd], pipes[child_fd] = write_end, ("r", read_end)
                 # A new pipe's end has no status flags yet: this sets
                 # O_NONBLOCK alone (see _OutputReader).
@@ -343,16 +351,35 @@ def _pipes(
     return fdmap, pipes
 
 
+def _writers(
+    fdmap: dict[int, int], pipes: dict[int, tuple[str, int]]
+) -> frozenset[int]:
+    """The child descriptors the child opens itself from a pipe's read end."""
+    return frozenset(
+        child_fd
+        for child_fd, (_, parent_fd) in pipes.items()
+        if fdmap.get(child_fd) == parent_fd
+    )
+
+
+def _child_ends(fdmap: dict[int, int], pipes: dict[int, tuple[str, int]]) -> list[int]:
+    """The daemon's descriptors that are only the child's pipe ends."""
+    ends = []
+    for child_fd, (_, parent_fd) in pipes.items():
+        fd = fdmap.get(child_fd)
+        if fd is not None and fd != parent_fd:
+            ends.append(fd)
+    return ends
+
+
 def _close_pipes(
     fdmap: dict[int, int], pipes: dict[int, tuple[str, int]], parent: bool
 ) -> None:
-    for child_fd, (_, parent_fd) in pipes.items():
-        for fd in (fdmap.get(child_fd), parent_fd if parent else None):
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+    fds = _child_ends(fdmap, pipes)
+    if parent:
+        fds.extend(parent_fd for _, parent_fd in pipes.values())
+    for fd in fds:
+        _close_quietly(fd)
 
 
 #: When each spawn worker now waiting in ``posix_spawn`` began, by thread.
@@ -384,10 +411,8 @@ def _close_child_ends(fdmap: dict[int, int], pipes: dict[int, tuple[str, int]]) 
     would wait on a busy reactor to get it back.
     """
     close = holding_gil("close") or _close_quietly
-    for child_fd in pipes:
-        fd = fdmap.get(child_fd)
-        if fd is not None:
-            close(fd)
+    for fd in _child_ends(fdmap, pipes):
+        close(fd)
 
 
 def _close_quietly(fd: int) -> None:
@@ -409,7 +434,15 @@ def _spawn_adopted(
     """The child through :func:`sandboxd.processes.posix_spawn.posix_spawn`, then adopted."""
     fdmap, pipes = _pipes(child_fds)
     try:
-        plan = _spawn.plan(executable, args, env, path, fdmap, _spawn.ALL_SIGNALS)
+        plan = _spawn.plan(
+            executable,
+            args,
+            env,
+            path,
+            fdmap,
+            _spawn.ALL_SIGNALS,
+            _writers(fdmap, pipes),
+        )
         began = time.perf_counter()
         with CHILD_PRIORITY.spawning():
             pid = _spawn.posix_spawn(plan)
@@ -419,7 +452,7 @@ def _spawn_adopted(
         _close_pipes(fdmap, pipes, parent=True)
         raise
     _close_pipes(fdmap, pipes, parent=False)
-    alone = not _copies_may_remain(time.perf_counter())
+    alone = _spawn.REOPEN_PIPES or not _copies_may_remain(time.perf_counter())
     return AdoptedProcess(reactor, pid, protocol, pipes, alone)
 
 
@@ -536,7 +569,15 @@ def _spawn_adopted_later(
     """
     fdmap, pipes = _pipes(child_fds)
     try:
-        plan = _spawn.plan(executable, args, env, path, fdmap, _spawn.ALL_SIGNALS)
+        plan = _spawn.plan(
+            executable,
+            args,
+            env,
+            path,
+            fdmap,
+            _spawn.ALL_SIGNALS,
+            _writers(fdmap, pipes),
+        )
         prepared = _spawn.prepare(plan)
     except BaseException:
         _close_pipes(fdmap, pipes, parent=True)
@@ -566,7 +607,7 @@ def _spawn_adopted_later(
         threads.in_flight -= 1
         pid, seconds, closed = result
         SPAWN_TIMES.record(seconds)
-        alone = not _copies_may_remain(closed)
+        alone = _spawn.REOPEN_PIPES or not _copies_may_remain(closed)
         return AdoptedProcess(reactor, pid, protocol, pipes, alone)
 
     def failed(failure: Failure) -> Failure:

@@ -946,3 +946,64 @@ class PipeCopiesTests(SynchronousTestCase):
         self.assertFalse(spawning._copies_may_remain(10.0))
         spawning._EXEC_WAITS[2] = 9.0
         self.assertTrue(spawning._copies_may_remain(10.0))
+
+
+def _pipe_write_ends() -> set[int]:
+    """This process's descriptors open for writing on a pipe."""
+    found = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("pipe:"):
+                continue
+            with open(f"/proc/self/fdinfo/{name}") as info:
+                flags = int(info.read().split("flags:")[1].split()[0], 8)
+        except (OSError, IndexError):
+            continue
+        if flags & os.O_ACCMODE == os.O_WRONLY:
+            found.add(int(name))
+    return found
+
+
+class OutputPipeEndsTests(TestCase):
+    """A child opens its own output pipes' write ends: the daemon never holds them."""
+
+    timeout = 30
+
+    def setUp(self) -> None:
+        if not spawn.AVAILABLE or not spawn.REOPEN_PIPES:
+            raise self.skipTest("no posix_spawn through ctypes, or no /proc, here")
+        always = spawning.SpawnTimes(threshold=-1.0)
+        always.slow = True
+        self.patch(spawning, "SPAWN_TIMES", always)
+        real = spawn.posix_spawn_alone
+
+        def slow(plan: Any, attributes: Any) -> int:
+            time.sleep(0.3)
+            return real(plan, attributes)
+
+        self.patch(spawn, "posix_spawn_alone", slow)
+
+    @inlineCallbacks
+    def test_no_write_end_while_the_spawn_waits(self) -> Any:
+        """
+        While a spawn waits on its worker, the daemon holds no write end of
+        the child's stdout or stderr (another child spawned meanwhile would
+        get a copy, and the pipes would not end with the command); the
+        output still comes back whole.
+        """
+        before = _pipe_write_ends()
+        got: list[bytes] = []
+        child = processes.Child(reactor, lambda fd, data: got.append(data))
+        processes.spawn(
+            reactor,
+            child,
+            ["sh", "-c", "echo out; echo err >&2"],
+            children=CHILDREN,
+            env=ENV,
+            cwd="/",
+            may_wait=True,
+        )
+        self.assertTrue(child.pending)
+        self.assertEqual(_pipe_write_ends() - before, set())
+        code = yield child.ended
+        self.assertEqual((sorted(got), code), ([b"err\n", b"out\n"], 0))
