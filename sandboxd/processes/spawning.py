@@ -193,9 +193,12 @@ class AdoptedProcess(_twisted_process.Process):
     readers and writers on the parent's pipe ends, ``makeConnection``, and
     registration for reaping, with one ``waitpid`` first.  A short command
     has often exited by then (its spawn waited on a worker thread): it is
-    reaped there.  When no other spawn may still hold copies of its pipes'
-    ends (``pipes_alone``, see :func:`_copies_may_remain`), its output
-    pipes never join the reactor: on the reactor's next turn what they
+    reaped there.  When nothing else may still hold its output pipes'
+    write ends (``pipes_alone``: the child opened them itself, see
+    :attr:`sandboxd.processes.posix_spawn.SpawnPlan.writers`, or no spawn
+    that could have copied them is still waiting for its exec, see
+    :func:`_copies_may_remain`), its output pipes never join the
+    reactor: on the reactor's next turn what they
     hold is read to their end and the exit announced, pipes closed first,
     as for a short command whose pipes close before it is reaped.  That
     spares each pipe the registration and removal (two ``epoll_ctl``), the
@@ -408,7 +411,8 @@ def _close_child_ends(fdmap: dict[int, int], pipes: dict[int, tuple[str, int]]) 
     pipes of a command found exited at its adoption were still held that
     way.  Closing here, not on the reactor after the hand-off back, leaves
     fewer spawns to inherit them; and a ``close`` that lets go of the lock
-    would wait on a busy reactor to get it back.
+    would wait on a busy reactor to get it back.  (Where the child opens
+    its output pipes itself, the only such end is a stdin pipe's.)
     """
     close = holding_gil("close") or _close_quietly
     for fd in _child_ends(fdmap, pipes):
