@@ -436,6 +436,12 @@ PROCESS_HISTORY = 100
 EXIT_DRAIN_SECONDS = 0.1
 EXIT_DRAIN_MAX_SECONDS = 2.0
 
+#: process: a child found exited when it is adopted has what is left in
+#: its output pipes read at once, up to this many reads of 64 KiB per pipe
+#: (a pipe holds 64 KiB unless resized); a pipe still open after them (a
+#: grandchild writing into it) is left to the reactor as usual.
+EXITED_DRAIN_READS = 16
+
 #: process: /shell/stream coalesces frames written within this window, or
 #: up to this many bytes, into one write.
 STREAM_FLUSH_SECONDS = 0.01

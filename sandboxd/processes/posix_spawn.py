@@ -54,6 +54,7 @@ _REQUIRED = (
     "posix_spawn_file_actions_init",
     "posix_spawn_file_actions_destroy",
     "posix_spawn_file_actions_adddup2",
+    "posix_spawn_file_actions_addopen",
     "posix_spawn_file_actions_addchdir_np",
     "posix_spawn_file_actions_addclosefrom_np",
     "posix_spawnattr_init",
@@ -85,6 +86,13 @@ def _load_libc() -> Any:
         ctypes.c_int,
         ctypes.c_int,
     ]
+    libc.posix_spawn_file_actions_addopen.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_uint,
+    ]
     libc.posix_spawn_file_actions_addchdir_np.argtypes = [
         ctypes.c_void_p,
         ctypes.c_char_p,
@@ -99,6 +107,31 @@ def _load_libc() -> Any:
 
 
 _LIBC = _load_libc()
+
+
+def _pipes_reopen() -> bool:
+    """
+    Whether a pipe's read end can be opened again for writing through
+    ``/proc/self/fd`` (Linux with ``/proc`` mounted): then a child's
+    output pipe needs no write end in the daemon (see
+    :attr:`SpawnPlan.writers`).
+    """
+    try:
+        read_end, write_end = os.pipe()
+    except OSError:
+        return False
+    try:
+        os.close(write_end)
+        os.close(os.open(f"/proc/self/fd/{read_end}", os.O_WRONLY | os.O_CLOEXEC))
+    except OSError:
+        return False
+    finally:
+        os.close(read_end)
+    return True
+
+
+#: Whether children's output pipes are opened by the children themselves.
+REOPEN_PIPES = _LIBC is not None and _pipes_reopen()
 
 #: Whether :func:`posix_spawn` can be used on this system.
 AVAILABLE = _LIBC is not None
@@ -170,6 +203,13 @@ class SpawnPlan:
     Everything a child needs, as C data, prepared on the reactor thread.
 
     :ivar fds: child descriptor → parent descriptor to ``dup2`` onto it.
+    :ivar writers: child descriptors whose parent descriptor is a pipe's
+        read end, which the child opens again for writing (through
+        ``/proc/self/fd``) instead: the daemon then holds no write end
+        between making the pipe and the spawn, so no other child spawned
+        meanwhile gets a copy of it, and the pipe ends when this child's
+        tree lets go of it, not once every other child spawned meanwhile
+        has exec'd too.
     :ivar env_head: the first entries of ``env`` already laid out in C
         (see :func:`plan`), or None.
     """
@@ -181,6 +221,7 @@ class SpawnPlan:
     fds: Mapping[int, int]
     default_signals: Sequence[int]
     env_head: _Strings | None = None
+    writers: frozenset[int] = frozenset()
 
     def c_env(self) -> tuple[list[_Strings], array[int]]:
         """
@@ -238,6 +279,7 @@ def plan(
     cwd: str | None,
     fds: Mapping[int, int],
     default_signals: Iterable[int],
+    writers: Iterable[int] = (),
 ) -> SpawnPlan:
     """
     A :class:`SpawnPlan` from Python values, encoded as ``os.fsencode``
@@ -261,6 +303,7 @@ def plan(
         dict(fds),
         list(default_signals),
         None if head is None else head.strings,
+        frozenset(writers),
     )
 
 
@@ -346,13 +389,13 @@ class _FileActions:
 #: their pipes holding descriptors between).  Bounded; the oldest set
 #: goes first.
 _ACTIONS: OrderedDict[
-    tuple[bytes | None, tuple[tuple[int, int], ...]], _FileActions
+    tuple[bytes | None, tuple[tuple[int, int], ...], frozenset[int]], _FileActions
 ] = OrderedDict()
 
 
 def _actions(libc: Any, spawn_plan: SpawnPlan) -> _FileActions:
     """The file actions of ``spawn_plan``, built once per distinct set."""
-    key = (spawn_plan.cwd, tuple(sorted(spawn_plan.fds.items())))
+    key = (spawn_plan.cwd, tuple(sorted(spawn_plan.fds.items())), spawn_plan.writers)
     cached = _ACTIONS.get(key)
     if cached is not None:
         _ACTIONS.move_to_end(key)
@@ -410,10 +453,18 @@ def _file_actions(libc: Any, spawn_plan: SpawnPlan, actions: Any) -> None:
             _check(libc.posix_spawn_file_actions_adddup2(actions, source, top), "dup2")
             top += 1
     for child_fd, source in sorted(spawn_plan.fds.items()):
+        source = moved.get(source, source)
+        if child_fd in spawn_plan.writers:
+            path = b"/proc/self/fd/%d" % source
+            _check(
+                libc.posix_spawn_file_actions_addopen(
+                    actions, child_fd, path, os.O_WRONLY, 0
+                ),
+                "open",
+            )
+            continue
         _check(
-            libc.posix_spawn_file_actions_adddup2(
-                actions, moved.get(source, source), child_fd
-            ),
+            libc.posix_spawn_file_actions_adddup2(actions, source, child_fd),
             "dup2",
         )
     _check(

@@ -114,7 +114,7 @@ def group_nice_for(base: int, budget: int, alive: int) -> int:
 
 
 @functools.cache
-def _holding_gil(name: str) -> Any:
+def holding_gil(name: str) -> Any:
     """
     The C library's ``name`` called with the interpreter lock held (a
     ``PyDLL`` function), or None.
@@ -133,7 +133,7 @@ def _holding_gil(name: str) -> Any:
 def _syscall(table: Mapping[str, int], *args: int) -> int:
     """One ioprio system call; -1 where this machine's number is unknown."""
     number = table.get(_MACHINE)
-    call = _holding_gil("syscall")
+    call = holding_gil("syscall")
     if number is None or call is None:
         return -1
     return int(call(number, *args))
@@ -771,7 +771,7 @@ class _OwnOom:
     """
     ``/proc/self/oom_score_adj`` kept open: read and written twice per
     spawn, one system call each instead of an open, a call and a close,
-    with the interpreter lock held (:func:`_holding_gil`).
+    with the interpreter lock held (:func:`holding_gil`).
     """
 
     def __init__(self) -> None:
@@ -792,7 +792,7 @@ class _OwnOom:
 
     def read(self) -> int | None:
         fd = self._open()
-        pread = _holding_gil("pread")
+        pread = holding_gil("pread")
         if fd is None or pread is None:
             return None
         got = pread(fd, self._buffer, self._size, self._start)
@@ -803,7 +803,7 @@ class _OwnOom:
 
     def write(self, value: int) -> bool:
         fd = self._open()
-        pwrite = _holding_gil("pwrite")
+        pwrite = holding_gil("pwrite")
         if fd is None or pwrite is None:
             return False
         data = b"%d" % value

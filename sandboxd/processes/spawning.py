@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from queue import SimpleQueue
 from typing import Any
 
@@ -22,16 +22,18 @@ from twisted.internet import abstract
 from twisted.internet import process as _twisted_process
 from twisted.internet._baseprocess import BaseProcess
 from twisted.internet.defer import Deferred
+from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
 from twisted.python import log
 from twisted.python.failure import Failure
 
 from sandboxd.policy.defaults import (
+    EXITED_DRAIN_READS,
     SLOW_SPAWN_SECONDS,
     SPAWN_THREADS,
 )
 from sandboxd.processes import posix_spawn as _spawn
 from sandboxd.processes.command import SETPRIV
-from sandboxd.processes.priority import CHILD_PRIORITY
+from sandboxd.processes.priority import CHILD_PRIORITY, holding_gil
 
 _IGNORED_SIGNALS: list[int] | None = None
 
@@ -140,15 +142,46 @@ class _OutputReader(_twisted_process.ProcessReader):
     Twisted's reader of a child's output pipe, on a parent end that
     :func:`_pipes` made non-blocking already: one ``F_SETFL`` there, where
     Twisted's ``setNonBlocking`` reads the flags first (a system call
-    fewer per pipe, two per command).  The rest is ``ProcessReader``'s.
+    fewer per pipe, two per command).  It joins the reactor only when told
+    to (see :class:`AdoptedProcess`), and can read what is in its pipe
+    without it (:meth:`drain`).  The rest is ``ProcessReader``'s.
     """
 
-    def __init__(self, reactor: Any, proc: Any, name: int, fileno: int) -> None:
+    def __init__(
+        self, reactor: Any, proc: Any, name: int, fileno: int, start: bool = True
+    ) -> None:
         abstract.FileDescriptor.__init__(self, reactor)
         self.proc = proc
         self.name = name
         self.fd = fileno
-        self.startReading()  # type: ignore[no-untyped-call]
+        if start:
+            self.startReading()  # type: ignore[no-untyped-call]
+
+    def drain(self, reads: int, paused: Callable[[], bool]) -> Any:
+        """
+        Read what the pipe holds now, without the reactor, at most
+        ``reads`` times: ``CONNECTION_DONE`` at its end, ``CONNECTION_LOST``
+        on an error, None while it stays open (empty for now, more than
+        ``reads`` reads in it, or ``paused()`` turned true on the way).
+        """
+        for _ in range(reads):
+            try:
+                data = os.read(self.fd, _DRAIN_CHUNK)
+            except BlockingIOError:
+                return None
+            except OSError:
+                return CONNECTION_LOST
+            if not data:
+                return CONNECTION_DONE
+            self.dataReceived(data)  # type: ignore[no-untyped-call]
+            if paused():
+                return None
+        return None
+
+
+#: What one read of :meth:`_OutputReader.drain` asks for: a whole pipe's
+#: default capacity.
+_DRAIN_CHUNK = 65536
 
 
 class AdoptedProcess(_twisted_process.Process):
@@ -158,8 +191,22 @@ class AdoptedProcess(_twisted_process.Process):
 
     What follows the fork in Twisted's ``Process.__init__`` happens here:
     readers and writers on the parent's pipe ends, ``makeConnection``, and
-    registration for reaping (which reaps at once a child that already
-    exited).
+    registration for reaping, with one ``waitpid`` first.  A short command
+    has often exited by then (its spawn waited on a worker thread): it is
+    reaped there.  When nothing else may still hold its output pipes'
+    write ends (``pipes_alone``: the child opened them itself, see
+    :attr:`sandboxd.processes.posix_spawn.SpawnPlan.writers`, or no spawn
+    that could have copied them is still waiting for its exec, see
+    :func:`_copies_may_remain`), its output pipes never join the
+    reactor: on the reactor's next turn what they
+    hold is read to their end and the exit announced, pipes closed first,
+    as for a short command whose pipes close before it is reaped.  That
+    spares each pipe the registration and removal (two ``epoll_ctl``), the
+    reactor's dispatch of the end of file, and the exit-drain timer a
+    protocol arms for pipes still open at the exit.  A pipe still open
+    after that read (a grandchild holds it) joins the reactor then, as it
+    would have.  Otherwise the exit is announced at once and the pipes
+    are the reactor's, as with Twisted's own registration.
     """
 
     processReaderFactory = _OutputReader
@@ -170,17 +217,26 @@ class AdoptedProcess(_twisted_process.Process):
         pid: int,
         protocol: Any,
         pipes: dict[int, tuple[str, int]],
+        pipes_alone: bool = False,
     ) -> None:
         self._reactor = reactor
         BaseProcess.__init__(self, protocol)
         self.pid = pid
         self.status = -1
+        #: The pid, kept after reaping (Twisted's ``pid`` goes to None).
+        self.leader = pid
+        self.paused = False
+        #: The exit status of a child reaped at adoption, until announced.
+        self._unannounced: int | None = None
         self.pipes: dict[int, Any] = {}
+        readers: list[_OutputReader] = []
         for child_fd, (kind, parent_fd) in pipes.items():
             if kind == "r":
-                self.pipes[child_fd] = self.processReaderFactory(
-                    reactor, self, child_fd, parent_fd
+                reader = self.processReaderFactory(
+                    reactor, self, child_fd, parent_fd, start=False
                 )
+                self.pipes[child_fd] = reader
+                readers.append(reader)
             else:
                 self.pipes[child_fd] = self.processWriterFactory(  # type: ignore[no-untyped-call]
                     reactor, self, child_fd, parent_fd, forceReadHack=True
@@ -189,12 +245,76 @@ class AdoptedProcess(_twisted_process.Process):
             protocol.makeConnection(self)
         except BaseException:
             log.err()
-        _twisted_process.registerReapProcessHandler(pid, self)
+        status = _exit_status(pid)
+        if status is None or not pipes_alone:
+            for reader in readers:
+                if not self.paused and reader.connected and not reader.disconnecting:
+                    reader.startReading()  # type: ignore[no-untyped-call]
+            if status is None:
+                # Twisted's registerReapProcessHandler would waitpid again.
+                _twisted_process.reapProcessHandlers[pid] = self
+            else:
+                self.processEnded(status)
+            return
+        self.pid = None
+        self._unannounced = status
+        reactor.callLater(0, self._announce_exit)
+
+    def _announce_exit(self) -> None:
+        """A child reaped at adoption: read its pipes, then say it ended."""
+        status = self._unannounced
+        assert status is not None
+        for reader in list(self.pipes.values()):
+            if (
+                not isinstance(reader, _OutputReader)
+                or not reader.connected
+                or reader.disconnecting
+            ):
+                continue
+            why = None
+            if not self.paused:
+                why = reader.drain(EXITED_DRAIN_READS, lambda: self.paused)
+            if why is not None:
+                reader.connectionLost(Failure(why))  # type: ignore[no-untyped-call]
+            elif not self.paused:
+                reader.startReading()  # type: ignore[no-untyped-call]
+        self._unannounced = None
+        self.processEnded(status)
+
+    def maybeCallProcessEnded(self) -> None:
+        """Not before an exit found at adoption is announced (its pipes read)."""
+        if self._unannounced is None:
+            super().maybeCallProcessEnded()  # type: ignore[no-untyped-call]
+
+    def pauseProducing(self) -> None:
+        """Stop reading the output pipes (and keep them out of the reactor)."""
+        self.paused = True
+        super().pauseProducing()  # type: ignore[no-untyped-call]
+
+    def resumeProducing(self) -> None:
+        """Read the output pipes again."""
+        self.paused = False
+        super().resumeProducing()  # type: ignore[no-untyped-call]
 
     def processEnded(self, status: int) -> None:
         """Reaped: the child's pid leaves the priorities' count."""
-        _reaped(self.pid)
+        _reaped(self.leader)
         super().processEnded(status)
+
+
+def _exit_status(pid: int) -> int | None:
+    """
+    ``pid``'s exit status if it has exited (reaping it), else None, as
+    Twisted's registration for reaping looks (a failure is logged, and the
+    child is taken as running).
+    """
+    try:
+        reaped, status = os.waitpid(pid, os.WNOHANG)
+    except BaseException:
+        log.msg(f"Failed to reap {pid}:")
+        log.err()
+        return None
+    return status if reaped else None
 
 
 def _pipes(
@@ -204,6 +324,11 @@ def _pipes(
     Pipes for the ``"r"``/``"w"`` entries of ``child_fds``: the child's
     ends by child descriptor, and the parent's (with their direction).
     Integer entries are the caller's descriptors, passed as they are.
+
+    Where :data:`~sandboxd.processes.posix_spawn.REOPEN_PIPES`, an output
+    pipe's write end is closed at once and the child opens the read end
+    again for writing (see :func:`_writers`): its child end is then the
+    parent's read end itself.
     """
     fdmap: dict[int, int] = {}
     pipes: dict[int, tuple[str, int]] = {}
@@ -211,6 +336,9 @@ def _pipes(
         for child_fd, target in child_fds.items():
             if target == "r":
                 read_end, write_end = os.pipe()
+                if _spawn.REOPEN_PIPES:
+                    os.close(write_end)
+                    write_end = read_end
                 fdmap[child_fd], pipes[child_fd] = write_end, ("r", read_end)
                 # A new pipe's end has no status flags yet: this sets
                 # O_NONBLOCK alone (see _OutputReader).
@@ -226,16 +354,76 @@ def _pipes(
     return fdmap, pipes
 
 
+def _writers(
+    fdmap: dict[int, int], pipes: dict[int, tuple[str, int]]
+) -> frozenset[int]:
+    """The child descriptors the child opens itself from a pipe's read end."""
+    return frozenset(
+        child_fd
+        for child_fd, (_, parent_fd) in pipes.items()
+        if fdmap.get(child_fd) == parent_fd
+    )
+
+
+def _child_ends(fdmap: dict[int, int], pipes: dict[int, tuple[str, int]]) -> list[int]:
+    """The daemon's descriptors that are only the child's pipe ends."""
+    ends = []
+    for child_fd, (_, parent_fd) in pipes.items():
+        fd = fdmap.get(child_fd)
+        if fd is not None and fd != parent_fd:
+            ends.append(fd)
+    return ends
+
+
 def _close_pipes(
     fdmap: dict[int, int], pipes: dict[int, tuple[str, int]], parent: bool
 ) -> None:
-    for child_fd, (_, parent_fd) in pipes.items():
-        for fd in (fdmap.get(child_fd), parent_fd if parent else None):
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+    fds = _child_ends(fdmap, pipes)
+    if parent:
+        fds.extend(parent_fd for _, parent_fd in pipes.values())
+    for fd in fds:
+        _close_quietly(fd)
+
+
+#: When each spawn worker now waiting in ``posix_spawn`` began, by thread.
+_EXEC_WAITS: dict[int, float] = {}
+
+
+def _copies_may_remain(closed: float) -> bool:
+    """
+    Whether a child's pipe ends, closed in the daemon at ``closed``
+    (``time.perf_counter``), may still be open in a spawn's child that has
+    not exec'd yet: one began before then and is still waiting.  Such a
+    child got copies of every descriptor the daemon held, and the pipes
+    reach their end only once it execs.
+    """
+    return any(began < closed for began in list(_EXEC_WAITS.values()))
+
+
+def _close_child_ends(fdmap: dict[int, int], pipes: dict[int, tuple[str, int]]) -> None:
+    """
+    Close the daemon's copies of a child's pipe ends, on the spawn worker
+    as soon as ``posix_spawn`` has returned, holding the interpreter's lock.
+
+    Every child spawned while they are open gets copies of them too, until
+    its own exec closes them, and the child's pipes reach their end only
+    once all copies are gone: with eight short commands at a time, most
+    pipes of a command found exited at its adoption were still held that
+    way.  Closing here, not on the reactor after the hand-off back, leaves
+    fewer spawns to inherit them; and a ``close`` that lets go of the lock
+    would wait on a busy reactor to get it back.  (Where the child opens
+    its output pipes itself, the only such end is a stdin pipe's.)
+    """
+    close = holding_gil("close") or _close_quietly
+    for fd in _child_ends(fdmap, pipes):
+        close(fd)
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def _spawn_adopted(
@@ -250,7 +438,15 @@ def _spawn_adopted(
     """The child through :func:`sandboxd.processes.posix_spawn.posix_spawn`, then adopted."""
     fdmap, pipes = _pipes(child_fds)
     try:
-        plan = _spawn.plan(executable, args, env, path, fdmap, _spawn.ALL_SIGNALS)
+        plan = _spawn.plan(
+            executable,
+            args,
+            env,
+            path,
+            fdmap,
+            _spawn.ALL_SIGNALS,
+            _writers(fdmap, pipes),
+        )
         began = time.perf_counter()
         with CHILD_PRIORITY.spawning():
             pid = _spawn.posix_spawn(plan)
@@ -260,7 +456,8 @@ def _spawn_adopted(
         _close_pipes(fdmap, pipes, parent=True)
         raise
     _close_pipes(fdmap, pipes, parent=False)
-    return AdoptedProcess(reactor, pid, protocol, pipes)
+    alone = _spawn.REOPEN_PIPES or not _copies_may_remain(time.perf_counter())
+    return AdoptedProcess(reactor, pid, protocol, pipes, alone)
 
 
 class SpawnTimes:
@@ -376,7 +573,15 @@ def _spawn_adopted_later(
     """
     fdmap, pipes = _pipes(child_fds)
     try:
-        plan = _spawn.plan(executable, args, env, path, fdmap, _spawn.ALL_SIGNALS)
+        plan = _spawn.plan(
+            executable,
+            args,
+            env,
+            path,
+            fdmap,
+            _spawn.ALL_SIGNALS,
+            _writers(fdmap, pipes),
+        )
         prepared = _spawn.prepare(plan)
     except BaseException:
         _close_pipes(fdmap, pipes, parent=True)
@@ -384,27 +589,34 @@ def _spawn_adopted_later(
     threads = SPAWN_THREADS_POOL
     threads.in_flight += 1
 
-    def timed() -> tuple[int, float]:
+    def timed() -> tuple[int, float, float]:
         began = time.perf_counter()
-        with CHILD_PRIORITY.spawning(dedicated=True):
-            pid = _spawn.posix_spawn_alone(plan, prepared)
-        seconds = time.perf_counter() - began
+        worker = threading.get_ident()
+        _EXEC_WAITS[worker] = began
+        try:
+            with CHILD_PRIORITY.spawning(dedicated=True):
+                pid = _spawn.posix_spawn_alone(plan, prepared)
+        finally:
+            del _EXEC_WAITS[worker]
+            _close_child_ends(fdmap, pipes)
+        closed = time.perf_counter()
+        seconds = closed - began
         # Setting the child's session group weight takes the scheduler's
         # locks (~0.1 ms idle, milliseconds on a saturated machine): here,
         # not on the reactor.
         CHILD_PRIORITY.spawned(pid)
-        return pid, seconds
+        return pid, seconds, closed
 
-    def adopt(result: tuple[int, float]) -> AdoptedProcess:
+    def adopt(result: tuple[int, float, float]) -> AdoptedProcess:
         threads.in_flight -= 1
-        pid, seconds = result
+        pid, seconds, closed = result
         SPAWN_TIMES.record(seconds)
-        _close_pipes(fdmap, pipes, parent=False)
-        return AdoptedProcess(reactor, pid, protocol, pipes)
+        alone = _spawn.REOPEN_PIPES or not _copies_may_remain(closed)
+        return AdoptedProcess(reactor, pid, protocol, pipes, alone)
 
     def failed(failure: Failure) -> Failure:
         threads.in_flight -= 1
-        _close_pipes(fdmap, pipes, parent=True)
+        _close_pipes({}, pipes, parent=True)
         return failure
 
     d = threads.run(reactor, timed)

@@ -878,3 +878,184 @@ class PendingSpawnTests(TestCase):
         self.patch(spawning.SPAWN_THREADS_POOL, "in_flight", 1)
         self.patch(proctree, "adopted_orphans", lambda: self.fail("looked for orphans"))
         self.assertEqual(proctree.reap_orphans(), 0)
+
+
+def _until_exited(pid: int) -> None:
+    """Wait (a few seconds at most) until ``pid`` is a zombie."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        info = proctree.proc_info(pid)
+        if info is None or info.state == "Z":
+            return
+        time.sleep(0.002)
+
+
+class ExitedAtAdoptionTests(TestCase):
+    """
+    A child that has exited by the time its spawn returns (a short command
+    on a busy machine): its output pipes are read to their end without
+    joining the reactor, and the exit is answered once they are.
+    """
+
+    timeout = 30
+
+    def setUp(self) -> None:
+        if not spawn.AVAILABLE:
+            raise self.skipTest("no posix_spawn through ctypes here")
+        self.marker = f"60.{secrets.randbelow(10**12):012d}"
+        self.addCleanup(kill_marked, self.marker)
+        real, real_alone = spawn.posix_spawn, spawn.posix_spawn_alone
+
+        def exited(plan: Any) -> int:
+            pid = real(plan)
+            _until_exited(pid)
+            return pid
+
+        def exited_alone(plan: Any, prepared: Any) -> int:
+            pid = real_alone(plan, prepared)
+            _until_exited(pid)
+            return pid
+
+        self.patch(spawn, "posix_spawn", exited)
+        self.patch(spawn, "posix_spawn_alone", exited_alone)
+        self.readers: list[Any] = []
+        add = reactor.addReader
+
+        def counted(selectable: Any) -> None:
+            if isinstance(selectable, spawning._OutputReader):
+                self.readers.append(selectable)
+            add(selectable)
+
+        self.patch(reactor, "addReader", counted)
+
+    def run_(self, argv: list[str]) -> Deferred[processes.RunResult]:
+        return ensureDeferred(
+            run_collect(
+                reactor,
+                argv,
+                children=CHILDREN,
+                env=ENV,
+                cwd="/",
+                timeout=20,
+                max_output_bytes=1 << 20,
+            )
+        )
+
+    @inlineCallbacks
+    def test_output_read_without_the_reactor(self) -> Any:
+        """
+        A full pipe's worth of stdout, stderr and the exit status all come
+        back, on both spawn paths, and neither pipe ever joined the reactor.
+        """
+        argv = ["sh", "-c", "head -c 65536 /dev/zero; echo err >&2; exit 3"]
+        for slow in (False, True):
+            times = spawning.SpawnTimes(threshold=-1.0 if slow else 60.0)
+            times.slow = slow
+            self.patch(spawning, "SPAWN_TIMES", times)
+            result = yield self.run_(argv)
+            self.assertEqual(result.stdout, bytes(65536))
+            self.assertEqual(result.stderr, b"err\n")
+            self.assertEqual(result.exit_code, 3)
+        self.assertEqual(self.readers, [])
+
+    @inlineCallbacks
+    def test_pipe_held_by_a_grandchild_joins_the_reactor(self) -> Any:
+        """
+        A grandchild still holding the pipes after the leader exited: they
+        are read by the reactor, and the answer does not wait for it.
+        """
+        result = yield self.run_(["sh", "-c", f"echo started; sleep {self.marker} &"])
+        self.assertEqual(result.stdout, b"started\n")
+        self.assertEqual(result.exit_code, 0)
+        self.assertLess(result.duration_ms, 10_000)
+        self.assertEqual(len(self.readers), 2)
+
+    @inlineCallbacks
+    def test_paused_child_is_read_once_resumed(self) -> Any:
+        """Paused before its output was read: nothing comes until it resumes, then all of it."""
+        got: list[bytes] = []
+        child = processes.Child(reactor, lambda fd, data: got.append(data))
+        processes.spawn(
+            reactor, child, ["echo", "hello"], children=CHILDREN, env=ENV, cwd="/"
+        )
+        child.pause_reading()
+        yield deferLater(reactor, 0.05, lambda: None)
+        self.assertEqual(got, [])
+        self.assertFalse(child.has_ended)
+        child.resume_reading()
+        code = yield child.ended
+        self.assertEqual((b"".join(got), code), (b"hello\n", 0))
+
+
+class PipeCopiesTests(SynchronousTestCase):
+    """Whether a spawn still waiting for its child's exec may hold copies of another child's pipes."""
+
+    def test_only_spawns_begun_before_the_close(self) -> None:
+        """A spawn begun before the pipes were closed may hold them; one begun after cannot."""
+        self.patch(spawning, "_EXEC_WAITS", {})
+        self.assertFalse(spawning._copies_may_remain(10.0))
+        spawning._EXEC_WAITS[1] = 12.0
+        self.assertFalse(spawning._copies_may_remain(10.0))
+        spawning._EXEC_WAITS[2] = 9.0
+        self.assertTrue(spawning._copies_may_remain(10.0))
+
+
+def _pipe_write_ends() -> set[int]:
+    """This process's descriptors open for writing on a pipe."""
+    found = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("pipe:"):
+                continue
+            with open(f"/proc/self/fdinfo/{name}") as info:
+                flags = int(info.read().split("flags:")[1].split()[0], 8)
+        except (OSError, IndexError):
+            continue
+        if flags & os.O_ACCMODE == os.O_WRONLY:
+            found.add(int(name))
+    return found
+
+
+class OutputPipeEndsTests(TestCase):
+    """A child opens its own output pipes' write ends: the daemon never holds them."""
+
+    timeout = 30
+
+    def setUp(self) -> None:
+        if not spawn.AVAILABLE or not spawn.REOPEN_PIPES:
+            raise self.skipTest("no posix_spawn through ctypes, or no /proc, here")
+        always = spawning.SpawnTimes(threshold=-1.0)
+        always.slow = True
+        self.patch(spawning, "SPAWN_TIMES", always)
+        real = spawn.posix_spawn_alone
+
+        def slow(plan: Any, attributes: Any) -> int:
+            time.sleep(0.3)
+            return real(plan, attributes)
+
+        self.patch(spawn, "posix_spawn_alone", slow)
+
+    @inlineCallbacks
+    def test_no_write_end_while_the_spawn_waits(self) -> Any:
+        """
+        While a spawn waits on its worker, the daemon holds no write end of
+        the child's stdout or stderr (another child spawned meanwhile would
+        get a copy, and the pipes would not end with the command); the
+        output still comes back whole.
+        """
+        before = _pipe_write_ends()
+        got: list[bytes] = []
+        child = processes.Child(reactor, lambda fd, data: got.append(data))
+        processes.spawn(
+            reactor,
+            child,
+            ["sh", "-c", "echo out; echo err >&2"],
+            children=CHILDREN,
+            env=ENV,
+            cwd="/",
+            may_wait=True,
+        )
+        self.assertTrue(child.pending)
+        self.assertEqual(_pipe_write_ends() - before, set())
+        code = yield child.ended
+        self.assertEqual((sorted(got), code), ([b"err\n", b"out\n"], 0))
