@@ -63,6 +63,9 @@ _OWNER = F(
     "creates (default params.default_user; must be allowed by params.users)",
 )
 
+#: The same in a query string, where every value is text.
+_OWNER_QUERY = F("user", doc=_OWNER.doc)
+
 
 SCHEMAS: dict[str, Schema] = {
     "upload": Schema(
@@ -325,7 +328,7 @@ SCHEMAS: dict[str, Schema] = {
             F("path", required=True, min_length=1, example="data.bin"),
             F("overwrite", "boolean", default=True),
             F("mode", doc='octal permissions, e.g. "644"'),
-            _OWNER,
+            _OWNER_QUERY,
         ),
         headers=(
             F(
