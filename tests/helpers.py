@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import socket
 from typing import Any
 
 from twisted.internet import reactor
@@ -12,6 +14,45 @@ from twisted.trial.unittest import SkipTest, TestCase
 
 from sandboxd.processes.tree import proc_info
 from sandboxd.testing import RunningDaemon, start_daemon
+
+#: Ports this test process has handed out (never twice).
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel picks for ``bind(0)`` and outgoing connections."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port() -> int:
+    """
+    A loopback port nothing listens on, for a server a test starts on a
+    port it must name in advance (a child process's command line).
+
+    Taken below the kernel's ephemeral range: a port the kernel handed out
+    for ``bind(0)`` and released is soon handed out again, to another
+    test's server or to any outgoing connection's own end, so a child
+    started on it met "Address already in use" now and then.  This process
+    never hands a port out twice; two test processes picking the same one
+    at once is left to the bind check (one in thousands of ports).
+    """
+    top = _ephemeral_floor()
+    for _ in range(200):
+        port = random.randrange(max(1024, top - 12000), top)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError("no free loopback port below the ephemeral range")
 
 
 def need_autogroups() -> None:

@@ -12,7 +12,6 @@ import io
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,15 +25,10 @@ from twisted.trial.unittest import SynchronousTestCase
 from sandboxd import cli
 from sandboxd._version import __version__
 from sandboxd.daemon.tap import Options
+from tests.helpers import free_port
 
 BIN = os.path.dirname(sys.executable)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def daemon_options(base: str) -> list[str]:

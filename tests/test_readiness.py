@@ -20,7 +20,8 @@ import time
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.test_cli import DaemonProcess, free_port, twistd_argv
+from tests.helpers import free_port
+from tests.test_cli import DaemonProcess, twistd_argv
 
 TOKEN = "readiness-token-0123456789"
 

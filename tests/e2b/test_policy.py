@@ -16,6 +16,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SkipTest
 
 from tests.e2b.sdk import E2BCase, caught
+from tests.helpers import free_port
 
 
 class TokenTests(E2BCase):
@@ -214,12 +215,6 @@ class AuditTests(E2BCase):
         self.assertNotIn("a.txt\\n", str(lines))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _refused(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
@@ -245,7 +240,7 @@ class SwitchTests(E2BCase):
     def test_group_off_nothing_listens(self) -> Any:
         """With the e2b group off (the default), the E2B port is not opened."""
         self.enable_e2b = False
-        port = _free_port()
+        port = free_port()
         yield self.start(e2b_port=f"tcp:{port}:interface=127.0.0.1")
         self.assertIsNone(self.e2b_port)
         self.assertTrue(_refused(port))
@@ -254,7 +249,7 @@ class SwitchTests(E2BCase):
     def test_endpoint_disabled_nothing_listens(self) -> Any:
         """With the group on but the e2b endpoint disabled, the port is not opened."""
         self.extra_policy = {"endpoints": {"e2b": {"enabled": False}}}
-        port = _free_port()
+        port = free_port()
         yield self.start(e2b_port=f"tcp:{port}:interface=127.0.0.1")
         self.assertIsNone(self.e2b_port)
         self.assertTrue(_refused(port))
@@ -284,7 +279,7 @@ class ReloadTests(E2BCase):
         """
         path = os.path.join(self.base_dir, "policy.json")
         self.write_policy(path, True)
-        port = _free_port()
+        port = free_port()
         yield self.start(
             policy=None, policy_file=path, e2b_port=f"tcp:{port}:interface=127.0.0.1"
         )

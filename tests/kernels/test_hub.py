@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
 from typing import Any
@@ -23,6 +22,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
 from sandboxd.kernels.hub import HOLD_SECONDS, MAX_COMMAND_BYTES, Hub
+from tests.helpers import free_port
 
 
 class HubProcess(ProcessProtocol):
@@ -58,18 +58,6 @@ class HubProcess(ProcessProtocol):
         """One command line."""
         assert self.transport is not None
         self.transport.write(json.dumps(command).encode() + b"\n")
-
-
-def unused_ports(count: int) -> list[int]:
-    """Loopback ports nothing listens on (bound, then released)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def need_code_extra() -> None:
@@ -193,7 +181,7 @@ class HubLoopTests(TestCase):
         its ports) is given up after the open's timeout, while the hub
         answers other commands meanwhile.
         """
-        shell, iopub, stdin, control, hb = unused_ports(5)
+        shell, iopub, stdin, control, hb = (free_port() for _ in range(5))
         conn = {
             "transport": "tcp",
             "ip": "127.0.0.1",

@@ -25,8 +25,8 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.python.threadpool import ThreadPool
 from twisted.trial.unittest import SkipTest
 
-from tests.helpers import DaemonTestCase
-from tests.seed.policycompare import free_port, seed_argv
+from tests.helpers import DaemonTestCase, free_port
+from tests.seed.policycompare import seed_argv
 
 T = TypeVar("T")
 

@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,8 @@ import time
 import urllib.error
 import urllib.request
 from typing import Any
+
+from tests.helpers import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 POLICIES = os.path.join(HERE, "policies")
@@ -117,13 +118,6 @@ def identities(
     if not auth.get("tokens") or auth.get("allow_anonymous"):
         who.append(("anonymous", None))
     return env, who
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on (for a moment)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Server:
