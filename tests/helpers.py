@@ -78,6 +78,18 @@ def alive(pid: int) -> bool:
     return info is not None and info.state != "Z"
 
 
+def marked_argv0(marker: str) -> list[bytes]:
+    """The program name of each process :func:`marked_pids` finds (gone ones left out)."""
+    names = []
+    for pid in marked_pids(marker):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                names.append(os.path.basename(f.read().split(b"\0", 1)[0]))
+        except OSError:
+            continue
+    return names
+
+
 def marked_pids(marker: str) -> list[int]:
     """Live (non-zombie) processes whose command line carries ``marker``."""
     found = []

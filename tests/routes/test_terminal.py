@@ -22,6 +22,7 @@ from tests.helpers import (
     alive,
     group_nice,
     kill_marked,
+    marked_argv0,
     marked_pids,
     need_autogroups,
 )
@@ -350,8 +351,10 @@ class SessionTests(TerminalCase):
             f"setsid sh -c 'trap \"\" TERM HUP; exec sleep {marker}'"
             " </dev/null >/dev/null 2>&1 &\n"
         )
-        escaped = yield wait_until(lambda: marked_pids(marker))
-        self.assertTrue(escaped)
+        # setsid and sh carry the marker too until each has exec'd: wait for
+        # the sleep alone.
+        escaped = yield wait_until(lambda: marked_argv0(marker) == [b"sleep"])
+        self.assertTrue(escaped, marked_argv0(marker))
         (job,) = marked_pids(marker)
         info = proc_info(job)
         self.assertNotEqual(info.sid if info else None, created["pid"])
