@@ -550,7 +550,7 @@ class ReusedPidTests(TestCase):
         )
         self.addCleanup(stranger.wait)
         self.addCleanup(lambda: stranger.poll() is None and stranger.kill())
-        for _ in range(100):
+        for _ in range(500):  # 10 s: a busy machine starts three slowly
             if len(marked_pids(self.marker)) == 3:  # the shell and its sleeps
                 break
             yield deferLater(reactor, 0.02, lambda: None)
@@ -573,7 +573,7 @@ class ReusedPidTests(TestCase):
             reactor, child, ["sh", "-c", script], children=CHILDREN, env=ENV, cwd="/"
         )
         yield child.exited
-        for _ in range(100):
+        for _ in range(500):
             if len(marked_pids(self.marker)) == 2:
                 break
             yield deferLater(reactor, 0.02, lambda: None)
@@ -647,7 +647,7 @@ class TreeTableTests(TestCase):
         processes.spawn(
             reactor, child, ["sh", "-c", script], children=CHILDREN, env=ENV, cwd="/"
         )
-        for _ in range(100):
+        for _ in range(500):
             if len(marked_pids(self.marker)) == 2:
                 break
             yield deferLater(reactor, 0.02, lambda: None)
