@@ -119,6 +119,29 @@ async def files_scenario(c: Any, base: str, call: Face) -> dict[str, Any]:
     return out
 
 
+def created_once(events: Any) -> Any:
+    """
+    ``events`` without a ``modified`` that follows the ``created`` of the
+    same path: the scenario's file is created and written in one moment,
+    which the seed's server reports as one event or two depending on
+    timing (sandboxd as one, asserted on its own below).
+    """
+    if not isinstance(events, list):
+        return events
+    kept: list[Any] = []
+    for event in events:
+        previous = kept[-1] if kept else None
+        if (
+            previous is not None
+            and event.type == "modified"
+            and previous.type == "created"
+            and previous.path == event.path
+        ):
+            continue
+        kept.append(event)
+    return kept
+
+
 async def watch_generator(c: Any, base: str) -> list[Any]:
     """``files.watch(timeout=...)`` as an async generator: it ends by itself."""
 
@@ -182,6 +205,8 @@ class FilesTests(CompareCase):
         )
 
         ours, seed, dirs = yield self.both(files_scenario, sync, make_tree)
+        for side in (ours, seed):
+            side["watch_for"] = created_once(side["watch_for"])
         self.assertSameShapes(ours, seed, dirs)
 
         # What a user sees, spelled out on sandboxd's side.
