@@ -426,16 +426,14 @@ def _close_quietly(fd: int) -> None:
         pass
 
 
-def _spawn_adopted(
-    reactor: Any,
-    protocol: Any,
+def _planned(
     executable: str,
     args: list[str],
     env: dict[str, str],
     path: str | None,
     child_fds: Mapping[int, Any],
-) -> AdoptedProcess:
-    """The child through :func:`sandboxd.processes.posix_spawn.posix_spawn`, then adopted."""
+) -> tuple[dict[int, int], dict[int, tuple[str, int]], Any]:
+    """The child's pipes and its spawn plan; the pipes closed if the plan fails."""
     fdmap, pipes = _pipes(child_fds)
     try:
         plan = _spawn.plan(
@@ -447,6 +445,33 @@ def _spawn_adopted(
             _spawn.ALL_SIGNALS,
             _writers(fdmap, pipes),
         )
+    except BaseException:
+        _close_pipes(fdmap, pipes, parent=True)
+        raise
+    return fdmap, pipes, plan
+
+
+def _read_alone(spawned_at: float) -> bool:
+    """
+    Whether a child spawned at ``spawned_at`` that has already exited may
+    have its pipes read at adoption: no other child can hold their write
+    ends (see :class:`AdoptedProcess`).
+    """
+    return _spawn.REOPEN_PIPES or not _copies_may_remain(spawned_at)
+
+
+def _spawn_adopted(
+    reactor: Any,
+    protocol: Any,
+    executable: str,
+    args: list[str],
+    env: dict[str, str],
+    path: str | None,
+    child_fds: Mapping[int, Any],
+) -> AdoptedProcess:
+    """The child through :func:`sandboxd.processes.posix_spawn.posix_spawn`, then adopted."""
+    fdmap, pipes, plan = _planned(executable, args, env, path, child_fds)
+    try:
         began = time.perf_counter()
         with CHILD_PRIORITY.spawning():
             pid = _spawn.posix_spawn(plan)
@@ -456,8 +481,9 @@ def _spawn_adopted(
         _close_pipes(fdmap, pipes, parent=True)
         raise
     _close_pipes(fdmap, pipes, parent=False)
-    alone = _spawn.REOPEN_PIPES or not _copies_may_remain(time.perf_counter())
-    return AdoptedProcess(reactor, pid, protocol, pipes, alone)
+    return AdoptedProcess(
+        reactor, pid, protocol, pipes, _read_alone(time.perf_counter())
+    )
 
 
 class SpawnTimes:
@@ -571,17 +597,8 @@ def _spawn_adopted_later(
     :func:`_spawn_adopted` with the wait for the child's exec on a worker
     thread (``ctypes`` lets go of the GIL during the call).
     """
-    fdmap, pipes = _pipes(child_fds)
+    fdmap, pipes, plan = _planned(executable, args, env, path, child_fds)
     try:
-        plan = _spawn.plan(
-            executable,
-            args,
-            env,
-            path,
-            fdmap,
-            _spawn.ALL_SIGNALS,
-            _writers(fdmap, pipes),
-        )
         prepared = _spawn.prepare(plan)
     except BaseException:
         _close_pipes(fdmap, pipes, parent=True)
@@ -611,8 +628,7 @@ def _spawn_adopted_later(
         threads.in_flight -= 1
         pid, seconds, closed = result
         SPAWN_TIMES.record(seconds)
-        alone = _spawn.REOPEN_PIPES or not _copies_may_remain(closed)
-        return AdoptedProcess(reactor, pid, protocol, pipes, alone)
+        return AdoptedProcess(reactor, pid, protocol, pipes, _read_alone(closed))
 
     def failed(failure: Failure) -> Failure:
         threads.in_flight -= 1
