@@ -12,13 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred, succeed
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 
-from sandboxd.daemon.readiness import Opening
+from sandboxd.daemon.listener import PolicyListener
 from sandboxd.errors import ApiError, port_not_allowed, port_not_exposed
 from sandboxd.policy.defaults import PREVIEW_HOST_CACHE
 from sandboxd.policy.rules import EffectiveRule
@@ -36,7 +34,7 @@ log = Logger(namespace="sandboxd.preview")
 CDP_PORT = 9222
 
 
-class PreviewService(Service):
+class PreviewService(PolicyListener):
     """
     The preview door.
 
@@ -46,21 +44,20 @@ class PreviewService(Service):
 
     name = "preview"
 
+    endpoint = "preview_proxy"
+    port_name = "the preview port"
+
     def __init__(
         self, context: Any, description: str, limits: ConnectionLimits | None = None
     ) -> None:
-        self.context = context
-        self.description = description
+        super().__init__(context, description)
         self.limits = limits
         self.exposures = ExposureTable(context.reactor.seconds)
         self.agent, self.pool = make_agent(context.reactor)
         self.raw = RawPool(context.reactor)
-        self.port: Any = None
         self.door_port: int | None = None
         self.secure = description.startswith(("ssl:", "tls:"))
         self.site: PreviewSite | None = None
-        self._opening = Opening()
-        self._relistening = False
         self._routes: Routes | None = None
         self._routes_of: Any = None
         #: The daemon's own listening ports, and what they were worked out from.
@@ -156,75 +153,16 @@ class PreviewService(Service):
 
     # -- the listener ---------------------------------------------------------
 
-    def startService(self) -> None:
-        """Listen, if the ``preview_proxy`` endpoint is enabled."""
-        super().startService()  # type: ignore[no-untyped-call]
-        rule = self.context.policy.rules["preview_proxy"]
-        if not rule.enabled:
-            log.info(
-                "sandboxd: the preview_proxy endpoint is disabled ({rule}): the "
-                "preview port {port} does not listen",
-                rule=rule.enabled_by,
-                port=self.description,
-            )
-            self._opening.skip()
-            return
+    def _listen(self) -> Deferred[Any]:
+        """A new site (no exposure carries over), listening on the door's port."""
         self.site = PreviewSite(self, self.limits)
         endpoint = serverFromString(self.context.reactor, self.description)
-        self._opening.start(endpoint.listen(self.site), self._listened, self._failed)
+        listening: Deferred[Any] = endpoint.listen(self.site)
+        return listening
 
     def _listened(self, port: Any) -> None:
-        self.port = port
+        super()._listened(port)
         self.door_port = getattr(port.getHost(), "port", None)
-
-    def _failed(self, failure: Failure) -> None:
-        log.error(
-            "sandboxd: cannot listen on the preview port {port}: {error}",
-            error=failure.getErrorMessage(),
-            port=self.description,
-        )
-
-    def listening(self) -> Deferred[Any]:
-        """Fires once the door listens (None when it is off)."""
-        return self._opening.listening()
-
-    def policy_reloaded(self) -> None:
-        """
-        A new policy is in force: the door listens exactly while
-        ``preview_proxy`` is enabled.  Turned off, it stops listening and
-        ends every exposure and what is in flight; turned back on, it
-        listens again (with no exposure: they are made anew).
-        """
-        if not self.running:
-            return
-        enabled = self.context.policy.rules["preview_proxy"].enabled
-        if not enabled and self.port is not None:
-            log.info(
-                "sandboxd: preview_proxy is disabled by the new policy: the "
-                "preview port {port} stops listening",
-                port=self.description,
-            )
-            self._close()
-        elif enabled and self.port is None and not self._relistening:
-            self._relistening = True
-            self.site = PreviewSite(self, self.limits)
-            endpoint = serverFromString(self.context.reactor, self.description)
-            d = endpoint.listen(self.site)
-
-            def listened(port: Any) -> None:
-                self._relistening = False
-                self._listened(port)
-                if (
-                    not self.running
-                    or not self.context.policy.rules["preview_proxy"].enabled
-                ):
-                    self._close()
-
-            def failed(failure: Failure) -> None:
-                self._relistening = False
-                self._failed(failure)
-
-            d.addCallbacks(listened, failed)
 
     def _close(self) -> Deferred[Any]:
         """Stop listening; end every exposure and its connections."""
