@@ -54,8 +54,8 @@ test: $(STAMP) test-tools
 	$(PY) scripts/trial-summary.py --random=0 -j$(JOBS) tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check sandboxd tests twisted
-	$(VENV)/bin/ruff format --check sandboxd tests twisted
+	$(VENV)/bin/ruff check sandboxd tests twisted bench
+	$(VENV)/bin/ruff format --check sandboxd tests twisted bench
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
