@@ -81,9 +81,10 @@ def quantile(values: list[float], q: float) -> float:
 
 async def streams(port: int, token: str, clients: int) -> list[Any]:
     t0 = time.perf_counter()
-    return await asyncio.gather(
+    results: list[Any] = await asyncio.gather(
         *(one(port, token, i, t0) for i in range(clients)), return_exceptions=True
     )
+    return results
 
 
 def round_(port: int, token: str, pid: int, clients: int) -> dict[str, Any]:

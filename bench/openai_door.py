@@ -31,6 +31,7 @@ the daemon's child priorities are about).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -305,7 +306,7 @@ def main() -> None:
             starts.append(
                 (
                     os.path.basename(checkout),
-                    lambda b, t, c=checkout: start_sandboxd(b, t, c),
+                    functools.partial(start_sandboxd, checkout=checkout),
                 )
             )
         starts.append(("seed", start_seed))

@@ -62,7 +62,7 @@ def session_record(n: int, kib: int) -> dict[str, Any]:
     seq += 1
     idle = {"type": "agent.session.idle", "event_id": f"evt_{seq:010d}"}
     events.append([seq, idle["type"], idle])
-    items = []
+    items: list[dict[str, Any]] = []
     while size < kib * 1024:
         items.append(
             {

@@ -206,6 +206,7 @@ def ws_echo(port: int, host: str, messages: int) -> list[float]:
     ws = websocket.create_connection(
         f"ws://127.0.0.1:{port}/ws", host=host, timeout=10, enable_multithread=False
     )
+    assert ws.sock is not None
     ws.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     times = []
     try:
@@ -348,8 +349,9 @@ def fixed_gets(port: int, host: str, count: int, connections: int = 8) -> None:
             if not ready:
                 raise RuntimeError("no answer in 60 s")
             for key, _ in ready:
-                s, buffer = key.fileobj, key.data
-                chunk = s.recv(65536)  # type: ignore[union-attr]
+                conn, buffer = key.fileobj, key.data
+                assert isinstance(conn, socket.socket)
+                chunk = conn.recv(65536)
                 if not chunk:
                     raise RuntimeError("the door closed a connection")
                 buffer[0] += chunk
@@ -362,7 +364,7 @@ def fixed_gets(port: int, host: str, count: int, connections: int = 8) -> None:
                     buffer[0] = buffer[0][size:]
                     done += 1
                     if left > 0:
-                        s.sendall(head)  # type: ignore[union-attr]
+                        conn.sendall(head)
                         left -= 1
     finally:
         for s in sockets:

@@ -15,6 +15,7 @@ from typing import Any
 from autobahn.twisted.resource import WebSocketResource
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from twisted.internet import reactor
+from twisted.internet.endpoints import serverFromString
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
@@ -35,17 +36,18 @@ class Echo(WebSocketServerProtocol):
     """Echoes every message."""
 
     def onMessage(self, payload: bytes, isBinary: bool) -> None:
-        self.sendMessage(payload, isBinary)
+        self.sendMessage(payload, isBinary)  # type: ignore[no-untyped-call]
 
 
 def main() -> None:
     root = Resource()
-    root.putChild(b"sse", Events())
+    root.putChild(b"sse", Events())  # type: ignore[no-untyped-call]
     factory = WebSocketServerFactory()
     factory.protocol = Echo
     factory.setProtocolOptions(autoPingInterval=0)
     root.putChild(b"ws", WebSocketResource(factory))
-    reactor.listenTCP(int(sys.argv[1]), Site(root), interface="127.0.0.1")
+    endpoint = serverFromString(reactor, f"tcp:{int(sys.argv[1])}:interface=127.0.0.1")
+    endpoint.listen(Site(root))
     reactor.run()
 
 
