@@ -615,39 +615,59 @@ class SeedDoorSweepTests(SynchronousTestCase):
         self.assertEqual(problems, [], "\n".join(problems))
 
 
-#: envd's message fields, each wrong-typed: sent to every procedure, where a
-#: field it does not read may be ignored.
-E2B_FIELDS: dict[str, Any] = {
-    "path": {"sweep": 1},
-    "source": 7,
-    "destination": ["sweep"],
-    "depth": "deep",
-    "recursive": "sweep",
-    "process": "sweep",
-    "signal": {"sweep": 1},
-    "input": 7,
-    "pty": "sweep",
-    "size": "sweep",
-    "watcherId": {"sweep": 1},
-    "stdin": "sweep",
-    "tag": 7,
-    "code": 7,
-    "language": {"sweep": 1},
-    "context_id": 7,
-    "cwd": ["sweep"],
-    "envs": "sweep",
-    "timeout": "sweep",
-    "env_vars": "sweep",
+#: A wrong value for each JSON type a message field has.
+E2B_WRONG: dict[str, Any] = {
+    "string": {"sweep": 1},
+    "integer": "sweep",
+    "boolean": "sweep",
+    "object": "sweep",
+    "array": {"sweep": 1},
 }
 
+#: The door's REST routes that take no JSON object: ``POST /files`` takes
+#: the file's bytes (multipart or raw: any body is a file), a context's
+#: restart reads nothing but its path.
+E2B_NOT_JSON = frozenset({"POST /files", "POST /contexts/{id}/restart"})
 
-#: The code interpreter's JSON routes and the fields each reads (a field
-#: it does not read is ignored, and an ignored one on ``/contexts`` would
-#: start a kernel per case).
-E2B_REST_FIELDS: dict[str, tuple[str, ...]] = {
-    "/contexts": ("language", "cwd"),
-    "/execute": ("code", "language", "context_id", "env_vars"),
-}
+
+def proto_type(field: Any) -> str:
+    """The JSON type of a protobuf field in protobuf's JSON mapping."""
+    kind, label = field.proto.type.name, field.proto.label.name
+    if kind == "MESSAGE" and field.proto.type_name.endswith("Entry"):
+        return "object"  # a map
+    if label == "REPEATED":
+        return "array"
+    if kind == "MESSAGE":
+        return "object"
+    if kind == "BOOL":
+        return "boolean"
+    if kind in ("STRING", "BYTES", "ENUM"):
+        return "string"
+    return "integer"
+
+
+def e2b_fields(name: str, procedure: Any) -> dict[str, str] | None:
+    """
+    The fields a procedure of the door reads, by JSON name, with their JSON
+    types: a Connect procedure's from envd's own protos (the SDK's copy),
+    a REST route's from its declaration; None for a route with no JSON body.
+    """
+    if procedure.kind == "rest":
+        if procedure.fields is None:
+            return None
+        return {f.name: f.type for f in procedure.fields}
+    from e2b.envd.filesystem import filesystem_pb
+    from e2b.envd.process import process_pb
+
+    service, _, method = name.partition("/")
+    for described in (process_pb.desc(), filesystem_pb.desc()):
+        for declared in described.services:
+            if declared.type_name != service:
+                continue
+            for rpc in declared.methods:
+                if rpc.name == method:
+                    return {f.json_name: proto_type(f) for f in rpc.input.fields}
+    raise AssertionError(f"{name} is no procedure of envd's protos")
 
 
 class E2BDoorSweepTests(SweepCase):
@@ -657,10 +677,12 @@ class E2BDoorSweepTests(SweepCase):
     error (``code`` and ``message``; a stream's end message) or the REST
     route's JSON error, never a 5xx, nothing done.
 
-    Left out: envd's REST file routes (``POST /files`` takes the file's
-    bytes, multipart or raw: any body is a file) and the control-plane
-    routes (``/v2/sandboxes``, ``/sandboxes/...``), which read no body and
-    answer the one sandbox there is.
+    Each procedure's body cases are derived: a Connect procedure's fields
+    from envd's protos, a REST route's from the fields it declares
+    (:attr:`sandboxd.e2b.door.Procedure.fields`), each wrong-typed and
+    refused.  A POST route that declares none must be one of
+    :data:`E2B_NOT_JSON`, so a new JSON route is swept the day it is added.
+    The routes that take no body (``GET``, ``DELETE``) are left out.
     """
 
     timeout = 120
@@ -697,34 +719,38 @@ class E2BDoorSweepTests(SweepCase):
 
         problems: list[str] = []
         before = yield self.picture()
-        bodies: list[tuple[str, bytes, bool]] = [
+        malformed: list[tuple[str, bytes, bool]] = [
             ("not JSON", b"{nope", True),
             ("a JSON array", b"[]", True),
             ("a JSON string", b'"sweep"', True),
             ("nested arrays", deep_array().encode(), True),
         ]
-        bodies += [
-            (f"{name}: {value!r}", json.dumps({name: value}).encode(), False)
-            for name, value in E2B_FIELDS.items()
-        ]
         for name, procedure in sorted(procedures().items()):
             streaming = procedure.kind in ("server_stream", "client_stream")
-            sent_bodies = bodies
+            fields = e2b_fields(name, procedure)
             if procedure.kind == "rest":
                 method, _, path = name.partition(" ")
-                if method != "POST" or path not in E2B_REST_FIELDS:
-                    continue  # no JSON body (see the docstring)
+                if method != "POST":
+                    continue  # no body (see the docstring)
+                if fields is None:
+                    if name not in E2B_NOT_JSON:
+                        problems.append(f"{name}: a POST route declaring no fields")
+                    continue
                 content_type = "application/json"
-                sent_bodies = [
-                    b
-                    for b in bodies
-                    if b[2] or b[0].split(":")[0] in E2B_REST_FIELDS[path]
-                ]
             else:
                 path = "/" + name
                 content_type = (
                     "application/connect+json" if streaming else "application/json"
                 )
+            assert fields is not None
+            sent_bodies = malformed + [
+                (
+                    f"{field}: {E2B_WRONG[kind]!r}",
+                    json.dumps({field: E2B_WRONG[kind]}).encode(),
+                    True,
+                )
+                for field, kind in sorted(fields.items())
+            ]
             for what, data, refuse in sent_bodies:
                 label = f"{name} [{what}]"
                 sent = (
