@@ -472,11 +472,12 @@ def agents_tool_calls(request: ServerRequest) -> dict[str, Any]:
 
 def agents_tool_call_get(request: ServerRequest) -> dict[str, Any]:
     """One tool call whole, diffs unified with ``format=unified``."""
+    form = request.query.get("format")
+    unified = form is not None and one_of(form, "format", ("unified",)) == "unified"
     session = session_of(request)
     tc = session.tool_calls.get(request.path_params["tool_call_id"])
     if tc is None:
         raise not_found(f"unknown tool call {request.path_params['tool_call_id']!r}")
-    unified = request.query.get("format") == "unified"
     return session.updates.tool_call_view(tc, full=True, unified=unified)
 
 
