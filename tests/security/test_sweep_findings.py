@@ -142,3 +142,22 @@ class FoundBySweepTests(DaemonTestCase):
         )
         for path in cases:
             yield self.refused("GET", path, None, "invalid_param")
+
+    @inlineCallbacks
+    def test_oversized_head_in_the_door_framing(self) -> Any:
+        """
+        A request head too large to read (a 1 MiB query) is 400
+        ``malformed_request`` in the framing of the door its path names:
+        OpenAI's envelope under ``/v1/`` (was SPEC §3's, where an OpenAI
+        SDK finds no ``error.code``), SPEC §3's elsewhere.
+        """
+        query = "q=" + "x" * (1 << 20)
+        reply = yield self.request("GET", f"/v1/models?{query}")
+        self.assertEqual(reply.status, 400)
+        error = reply.json()["error"]
+        self.assertEqual(error["code"], "malformed_request")
+        self.assertEqual(error["type"], "invalid_request_error")
+        self.assertEqual(reply.header("x-should-retry"), "false")
+        reply = yield self.request("GET", f"/processes?{query}")
+        self.assertEqual(reply.status, 400)
+        self.assertEqual(reply.json()["code"], "malformed_request")
