@@ -13,10 +13,13 @@ asserts what a client sees:
   door's framing (SPEC §3's ``code``; the ``/v1`` door's ``error.code``);
 - a case that must be refused is refused (4xx), and once an endpoint's
   refused cases are sent, nothing happened: the files under the base dir
-  (names, sizes, mtimes), the daemon's child processes, and what the list
+  (names, sizes, mtimes), the daemon's child processes, what the list
   endpoints show (processes, terminals, code contexts, exposures, links,
   git jobs, agent sessions, the ``/v1`` door's stored objects, the
-  environment) are as they were;
+  environment) and every live thing's own ``GET`` are as they were, field
+  by field (a refused resize that resized, a half-applied update, a
+  changed TTL or cwd is a change; :data:`VOLATILE` names the fields left
+  out);
 - ``/health`` still answers.
 
 Cases a valid call could look like (an empty object, unknown fields, a
@@ -39,11 +42,17 @@ What the HTTP sweep leaves out, and why:
   are sent there, and the sweep checks no browser was started for them;
 - an endpoint with path parameters gets its body and query cases sent to
   a live thing (see :data:`LIVE`: a process, a terminal, an upload, an
-  exposure, a link, a code context, a vault and a credential, a template,
-  an environment, a stored file, an agent definition); the parameters no
-  live thing is made for (agent sessions and turns, git jobs, executions,
-  stored responses, webhook endpoints...) are sent ids nothing has, so
-  those body cases meet the 404 first;
+  exposure, a link, a code context and an execution, a vault and a
+  credential, a template, an environment, a stored file, an agent
+  definition, a webhook endpoint; :meth:`HttpSweepTests.live_acp` and
+  :meth:`HttpSweepTests.live_v1`: an agent session of the fake ACP agent
+  with an ended turn, its tool call and terminal, a ``/v1`` session with
+  a turn and an artifact, a stored response; :data:`THERE`: the catalogue's
+  agent and model).  The parameters no live thing is made for are sent
+  ids nothing has, so those body cases meet the 404 first: git jobs (a job
+  needs a reachable remote), held agent requests (one held blocks its
+  turn), subagents (no ACP agent reports one), a spilled code output, a
+  named command;
 - streaming GETs (``files_watch``, ``process_output``...) get only the
   cases they must refuse: one they may take opens a stream that does not
   end; so does ``packages``, whose taken calls list every installed
@@ -56,7 +65,7 @@ import json
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from io import BytesIO
 from typing import Any
 
@@ -69,11 +78,17 @@ from twisted.web.client import Agent, FileBodyProducer, readBody
 from twisted.web.http_headers import Headers
 
 from sandboxd.endpoints import CapabilityGroup, Endpoint, catalogue_table
+from tests.agents.test_agents import fake
 from tests.helpers import DaemonTestCase
-from tests.security.sweep import Case, cases, deep_array, fill_path
+from tests.security.sweep import Case, cases, deep_array, fill_path, live_id
 
 #: Every group on, nothing else narrowed.
-ALL_GROUPS = {"groups": {g.value: True for g in CapabilityGroup}}
+ALL_GROUPS: dict[str, Any] = {
+    "groups": {g.value: True for g in CapabilityGroup},
+    # The SDK-built fake ACP agent, for live agent sessions, turns and
+    # stored responses (no agent CLI is needed).
+    "agents": {"catalog": {"fake": fake()}},
+}
 
 #: Ids the HTTP sweep does not send to (see the module docstring).
 NOT_SWEPT = frozenset(
@@ -143,25 +158,66 @@ LIVE: dict[str, tuple[str, dict[str, Any], str]] = {
         "id",
     ),
     "agent_id": ("agents_definitions_create", {"model": "claude"}, "id"),
+    # For an event no sweep call raises (no permission is ever held), so
+    # nothing is delivered off the machine.
+    "webhook_endpoint_id": (
+        "agents_webhooks_create",
+        {
+            "url": "https://hooks.example.com/sweep",
+            "event_types": ["agent.session.action_required"],
+            "name": "live",
+        },
+        "id",
+    ),
 }
 
-#: Keys that name a thing in a list answer.
-ID_KEYS = ("id", "pid", "session_id", "upload_id", "job_id", "link_id")
+#: Path parameters that name what is there without anything being made.
+THERE: dict[str, str] = {"agent": "fake", "model": "fake"}
+
+#: Seconds a live agent turn may take to end.
+TURN_SECONDS = 30
+
+#: Fields of a list entry or a detail that change by themselves, not by a
+#: call, left out of the comparison.  None so far: the live things are at
+#: rest while the refused calls are sent (a ``sleep``, a shell at its
+#: prompt, agents between turns, an execution ended), and the answers
+#: compared carry no clock (``created_at``/``started_at`` are fixed;
+#: ``updated_at`` moves only on a change, which is the point).  A field
+#: that moves on its own (an uptime, an output counter of a thing still
+#: writing) goes here, with why.
+VOLATILE: frozenset[str] = frozenset()
+
+
+def state(value: Any) -> Any:
+    """A list answer or a detail as compared: lists sorted, :data:`VOLATILE` left out."""
+    if isinstance(value, list):
+        return sorted((state(v) for v in value), key=repr)
+    if isinstance(value, dict):
+        return {k: state(v) for k, v in value.items() if k not in VOLATILE}
+    return value
+
+
+def details(ids: Mapping[str, str]) -> list[str]:
+    """
+    The endpoints that show one live thing in full (``GET .../{param}``):
+    one per thing ``ids`` names, whose every path parameter it names.
+    """
+    found = []
+    for endpoint in catalogue_table():
+        params = [s[1:-1] for s in endpoint.segments if s.startswith("{")]
+        if (
+            endpoint.method == "GET"
+            and not endpoint.streaming
+            and params
+            and endpoint.segments[-1].startswith("{")
+            and all(live_id(endpoint, p, ids) is not None for p in params)
+        ):
+            found.append(endpoint.id)
+    return found
+
 
 #: Seconds one hostile request may take.
 REQUEST_SECONDS = 20
-
-
-def names(value: Any) -> Any:
-    """What a list answer names: the ids in it, ignoring times and counters."""
-    if isinstance(value, list):
-        return sorted((names(v) for v in value), key=repr)
-    if isinstance(value, dict):
-        for key in ID_KEYS:
-            if key in value:
-                return (key, value[key])
-        return {k: names(v) for k, v in value.items() if isinstance(v, list | dict)}
-    return None
 
 
 def files_under(root: str) -> dict[str, tuple[int, int] | None]:
@@ -199,13 +255,10 @@ def children() -> set[tuple[int, str]]:
 def error_code(endpoint: Endpoint, body: Any) -> Any:
     """
     The ``code`` of an error body in the endpoint's door framing (a request
-    head refused before it is routed is answered in SPEC §3's framing, as
-    no door is known yet).
+    head refused before it is routed too: its path names the door).
     """
     if not isinstance(body, dict):
         return None
-    if body.get("code") == "malformed_request":
-        return body["code"]
     if endpoint.door == "openai":
         error = body.get("error")
         return error.get("code") if isinstance(error, dict) else None
@@ -232,22 +285,26 @@ class SweepCase(DaemonTestCase):
         kwargs.setdefault("preview_port", "tcp:0:interface=127.0.0.1")
         return super().start(stop_at_end, **kwargs)
 
+    #: The live things' ids, by path parameter (see :data:`LIVE`).
+    ids: Mapping[str, str] = {}
+
     @inlineCallbacks
     def picture(self) -> Any:
-        """What the sandbox holds now, as the sweep compares it."""
+        """
+        What the sandbox holds now, as the sweep compares it: every list
+        and every live thing's detail in full (but :data:`VOLATILE`), the
+        files, the daemon's children.
+        """
         shown: dict[str, Any] = {}
-        for endpoint_id in LISTS:
-            endpoint = catalogue_table().get(endpoint_id)
-            reply = yield self.request("GET", endpoint.path)
+        table = catalogue_table()
+        for endpoint_id in (*LISTS, *details(self.ids)):
+            endpoint = table.get(endpoint_id)
+            reply = yield self.request("GET", fill_path(endpoint, self.ids))
             body = reply.json() if reply.status == 200 else reply.status
-            if endpoint_id == "env_get":
-                shown[endpoint_id] = body
-            elif endpoint_id == "preview_ports_list" and isinstance(body, dict):
+            if endpoint_id == "preview_ports_list" and isinstance(body, dict):
                 # The exposures, not the ports other sessions listen on.
-                ports = body["ports"]
-                shown[endpoint_id] = sorted(p["port"] for p in ports if p["exposed"])
-            else:
-                shown[endpoint_id] = names(body)
+                body = [p for p in body["ports"] if p["exposed"]]
+            shown[endpoint_id] = state(body)
         shown["files"] = files_under(self.base_dir)
         shown["children"] = children()
         return shown
@@ -321,20 +378,90 @@ class HttpSweepTests(SweepCase):
             for s in e.segments
             if s.startswith("{") and s[1:-1] in LIVE
         }
-        ids: dict[str, str] = {}
+        ids: dict[str, str] = dict(THERE)
         for name in (n for n in LIVE if n in wanted or n == "vault_id"):
             endpoint_id, body, key = LIVE[name]
             path = fill_path(table.get(endpoint_id), ids)
             reply = yield self.request("POST", path, body)
             if reply.status < 300:
                 ids[name] = str(reply.json()[key])
+        if group is CapabilityGroup.AGENTS:
+            yield self.live_acp(ids)
+            yield self.live_v1(ids)
+        if group is CapabilityGroup.CODE and "cid" in ids:
+            reply = yield self.request(
+                "POST",
+                f"/code/contexts/{ids['cid']}/execute",
+                {"code": "print(1 + 1)", "wait": TURN_SECONDS},
+            )
+            self.assertEqual(reply.status, 200, reply.body)
+            ids["xid"] = reply.json()["execution_id"]
         return ids
+
+    @inlineCallbacks
+    def got(self, path: str, body: Any = None) -> Any:
+        """POST ``body`` (or GET when None) to ``path``; the answer, which must be 2xx."""
+        reply = yield self.request("GET" if body is None else "POST", path, body)
+        self.assertLess(reply.status, 300, f"{path}: {reply.body[:300]!r}")
+        return reply.json()
+
+    @inlineCallbacks
+    def live_acp(self, ids: dict[str, str]) -> Any:
+        """
+        An agent session of the fake agent with one ended turn, which ran a
+        tool call and a terminal (released, so nothing of it runs on).
+        """
+        made = yield self.got("/agents/sessions", {"agent": "fake"})
+        sid = ids["sid"] = made["session_id"]
+        turn = yield self.got(
+            f"/agents/sessions/{sid}/prompt",
+            {"prompt": "terminal printf hi", "wait": TURN_SECONDS},
+        )
+        ids["agents/turn_id"] = turn["turn_id"]
+        calls = yield self.got(f"/agents/sessions/{sid}/tool-calls")
+        ids["tool_call_id"] = calls["tool_calls"][0]["tool_call_id"]
+        terminals = yield self.got(f"/agents/sessions/{sid}/terminals")
+        ids["terminal_id"] = terminals["terminals"][0]["terminal_id"]
+
+    @inlineCallbacks
+    def live_v1(self, ids: dict[str, str]) -> Any:
+        """
+        A ``/v1`` session whose one ended turn wrote a file (an artifact),
+        and a stored response.
+        """
+        target = os.path.join(self.base_dir, "live-artifact.txt")
+        made = yield self.got(
+            "/v1/agents/sessions",
+            {
+                "environment": {
+                    "type": "self_hosted",
+                    "workspace_directory": self.base_dir,
+                },
+                "agent": {"model": "fake"},
+                "input": f"write {target} hi",
+            },
+        )
+        session_id = ids["session_id"] = made["id"]
+        for _ in range(TURN_SECONDS * 10):
+            shown = yield self.got(f"/v1/agents/sessions/{session_id}")
+            if shown["status"] == "idle":
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        turns = yield self.got(f"/v1/agents/sessions/{session_id}/turns")
+        ids["v1/turn_id"] = turns["data"][0]["id"]
+        artifacts = yield self.got(f"/v1/agents/sessions/{session_id}/artifacts")
+        ids["artifact_id"] = artifacts["data"][0]["id"]
+        response = yield self.got(
+            "/v1/responses", {"model": "fake", "input": "echo hi"}
+        )
+        ids["response_id"] = response["id"]
 
     @inlineCallbacks
     def sweep(self, group: CapabilityGroup) -> Any:
         """Every endpoint of ``group``: refused cases, checks, then the rest."""
         problems: list[str] = []
         ids = yield self.live(group)
+        self.ids = ids
         yield self.settle()
         before = yield self.picture()
         for endpoint in endpoints_of(group):
@@ -371,6 +498,27 @@ class HttpSweepTests(SweepCase):
                 after = now
             before = after
         self.assertEqual(problems, [], "\n".join(problems))
+
+
+class PictureTests(SynchronousTestCase):
+    """What the sweep compares: whole objects, not only their ids."""
+
+    def test_a_changed_field_is_a_change(self) -> None:
+        """A list entry whose id stayed but whose fields changed compares unequal."""
+        before = {"sessions": [{"id": "a", "cols": 80}, {"id": "b", "cols": 80}]}
+        after = {"sessions": [{"id": "b", "cols": 80}, {"id": "a", "cols": 81}]}
+        self.assertNotEqual(state(before), state(after))
+        self.assertEqual(state(before), state({"sessions": before["sessions"][::-1]}))
+
+    def test_every_live_thing_is_read_whole(self) -> None:
+        """Each live thing's own GET is in the picture, by the door that names it."""
+        shown = details({"pid": "1", "cid": "c", "xid": "x", "v1/turn_id": "t"})
+        self.assertIn("process_detail", shown)
+        self.assertIn("code_execution_get", shown)
+        self.assertNotIn("agents_turn_get", shown)
+        shown = details({"session_id": "s", "v1/turn_id": "t", "sid": "s"})
+        self.assertIn("agents_sessions_turns_get", shown)
+        self.assertNotIn("agents_turn_get", shown)
 
 
 def _diff(before: Any, after: Any) -> str:
