@@ -42,16 +42,16 @@ What the HTTP sweep leaves out, and why:
   are sent there, and the sweep checks no browser was started for them;
 - an endpoint with path parameters gets its body and query cases sent to
   a live thing (see :data:`LIVE`: a process, a terminal, an upload, an
-  exposure, a link, a code context and an execution, a vault and a
+  exposure, a link, a code context and an execution, an ended git job
+  (:meth:`HttpSweepTests.live_job`), a vault and a
   credential, a template, an environment, a stored file, an agent
   definition, a webhook endpoint; :meth:`HttpSweepTests.live_acp` and
   :meth:`HttpSweepTests.live_v1`: an agent session of the fake ACP agent
   with an ended turn, its tool call and terminal, a ``/v1`` session with
   a turn and an artifact, a stored response; :data:`THERE`: the catalogue's
   agent and model).  The parameters no live thing is made for are sent
-  ids nothing has, so those body cases meet the 404 first: git jobs (a job
-  needs a reachable remote), held agent requests (one held blocks its
-  turn), subagents (no ACP agent reports one), a spilled code output, a
+  ids nothing has, so those body cases meet the 404 first: held agent
+  requests (one held blocks its turn), subagents (no ACP agent reports one), a spilled code output, a
   named command;
 - streaming GETs (``files_watch``, ``process_output``...) get only the
   cases they must refuse: one they may take opens a stream that does not
@@ -88,6 +88,9 @@ ALL_GROUPS: dict[str, Any] = {
     # The SDK-built fake ACP agent, for live agent sessions, turns and
     # stored responses (no agent CLI is needed).
     "agents": {"catalog": {"fake": fake()}},
+    # A clone from a loopback port nothing listens on: a live git job
+    # that fails at once, without leaving the machine.
+    "endpoints": {"group:git": {"params": {"block_private_networks": False}}},
 }
 
 #: Ids the HTTP sweep does not send to (see the module docstring).
@@ -388,6 +391,8 @@ class HttpSweepTests(SweepCase):
         if group is CapabilityGroup.AGENTS:
             yield self.live_acp(ids)
             yield self.live_v1(ids)
+        if group is CapabilityGroup.GIT:
+            yield self.live_job(ids)
         if group is CapabilityGroup.CODE and "cid" in ids:
             reply = yield self.request(
                 "POST",
@@ -404,6 +409,19 @@ class HttpSweepTests(SweepCase):
         reply = yield self.request("GET" if body is None else "POST", path, body)
         self.assertLess(reply.status, 300, f"{path}: {reply.body[:300]!r}")
         return reply.json()
+
+    @inlineCallbacks
+    def live_job(self, ids: dict[str, str]) -> Any:
+        """A git job, ended: a clone from a loopback port nothing listens on."""
+        job = yield self.got(
+            "/git/clone", {"url": "https://127.0.0.1:9/none.git", "path": "live-clone"}
+        )
+        job_id = ids["job_id"] = job["job_id"]
+        for _ in range(TURN_SECONDS * 10):
+            shown = yield self.got(f"/git/jobs/{job_id}")
+            if shown["state"] != "running":
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
 
     @inlineCallbacks
     def live_acp(self, ids: dict[str, str]) -> Any:
