@@ -42,7 +42,8 @@ What the HTTP sweep leaves out, and why:
   are sent there, and the sweep checks no browser was started for them;
 - an endpoint with path parameters gets its body and query cases sent to
   a live thing (see :data:`LIVE`: a process, a terminal, an upload, an
-  exposure, a link, a code context and an execution, an ended git job
+  exposure, a link, a code context, an execution and its spilled output
+  (:meth:`HttpSweepTests.live_execution`), an ended git job
   (:meth:`HttpSweepTests.live_job`), a vault and a
   credential, a template, an environment, a stored file, an agent
   definition, a webhook endpoint; :meth:`HttpSweepTests.live_acp` and
@@ -51,8 +52,8 @@ What the HTTP sweep leaves out, and why:
   a turn and an artifact, a stored response; :data:`THERE`: the catalogue's
   agent and model).  The parameters no live thing is made for are sent
   ids nothing has, so those body cases meet the 404 first: held agent
-  requests (one held blocks its turn), subagents (no ACP agent reports one), a spilled code output, a
-  named command;
+  requests (one held blocks its turn), subagents (no ACP agent reports one), a named
+  command (the sweep's daemon has no command template);
 - streaming GETs (``files_watch``, ``process_output``...) get only the
   cases they must refuse: one they may take opens a stream that does not
   end; so does ``packages``, whose taken calls list every installed
@@ -90,7 +91,12 @@ ALL_GROUPS: dict[str, Any] = {
     "agents": {"catalog": {"fake": fake()}},
     # A clone from a loopback port nothing listens on: a live git job
     # that fails at once, without leaving the machine.
-    "endpoints": {"group:git": {"params": {"block_private_networks": False}}},
+    "endpoints": {
+        "group:git": {"params": {"block_private_networks": False}},
+        # A display value past this is spilled to a file of its own: a
+        # live code output (see HttpSweepTests.live_execution).
+        "group:code": {"limits": {"max_display_bytes": 1024}},
+    },
 }
 
 #: Ids the HTTP sweep does not send to (see the module docstring).
@@ -303,7 +309,11 @@ class SweepCase(DaemonTestCase):
         for endpoint_id in (*LISTS, *details(self.ids)):
             endpoint = table.get(endpoint_id)
             reply = yield self.request("GET", fill_path(endpoint, self.ids))
-            body = reply.json() if reply.status == 200 else reply.status
+            body: Any = reply.status
+            if reply.status == 200:
+                # A spilled output is its raw bytes.
+                kind = reply.header("content-type") or ""
+                body = reply.json() if "json" in kind else reply.body
             if endpoint_id == "preview_ports_list" and isinstance(body, dict):
                 # The exposures, not the ports other sessions listen on.
                 body = [p for p in body["ports"] if p["exposed"]]
@@ -394,14 +404,18 @@ class HttpSweepTests(SweepCase):
         if group is CapabilityGroup.GIT:
             yield self.live_job(ids)
         if group is CapabilityGroup.CODE and "cid" in ids:
-            reply = yield self.request(
-                "POST",
-                f"/code/contexts/{ids['cid']}/execute",
-                {"code": "print(1 + 1)", "wait": TURN_SECONDS},
-            )
-            self.assertEqual(reply.status, 200, reply.body)
-            ids["xid"] = reply.json()["execution_id"]
+            yield self.live_execution(ids)
         return ids
+
+    @inlineCallbacks
+    def live_execution(self, ids: dict[str, str]) -> Any:
+        """An ended execution in the live context, whose result was spilled."""
+        done = yield self.got(
+            f"/code/contexts/{ids['cid']}/execute",
+            {"code": "print(1 + 1); 'x' * 4096", "wait": TURN_SECONDS},
+        )
+        ids["xid"] = done["execution_id"]
+        ids["oid"] = done["results"][0]["refs"][0]["oid"]
 
     @inlineCallbacks
     def got(self, path: str, body: Any = None) -> Any:
