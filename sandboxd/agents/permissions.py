@@ -101,6 +101,11 @@ def first_option(options: list[dict[str, Any]], *kinds: str) -> dict[str, Any] |
     return None
 
 
+#: Every state a held request can be in: waiting for an answer, answered,
+#: or withdrawn (its turn ended first).
+REQUEST_STATES = ("pending", "resolved", "withdrawn")
+
+
 @attrs.define(eq=False)
 class HeldRequest:
     """

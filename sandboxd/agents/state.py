@@ -37,6 +37,18 @@ from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import RunAs
 from sandboxd.waiters import Waiters
 
+#: Every state a session can be in (SPEC §15.1), in the order it goes
+#: through them: what a session list may be filtered by.
+SESSION_STATES = (
+    "starting",
+    "idle",
+    "running",
+    "awaiting_input",
+    "closing",
+    "closed",
+    "failed",
+)
+
 #: The statuses of a tool call still running.
 UNFINISHED = ("pending", "in_progress")
 

@@ -24,6 +24,7 @@ from twisted.internet.defer import ensureDeferred
 from twisted.logger import Logger
 from twisted.web.server import NOT_DONE_YET
 
+from sandboxd.api.fields import F
 from sandboxd.e2b.connect import decode_json
 from sandboxd.e2b.door import REST, Call, Procedure
 from sandboxd.errors import ApiError, bad_request, internal
@@ -349,12 +350,27 @@ def delete(call: Call, _: Any) -> Any:
     return ensureDeferred(_delete(call))
 
 
+#: What ``POST /execute`` reads.
+EXECUTE_FIELDS = (
+    F("code"),
+    F("language"),
+    F("context_id"),
+    F("env_vars", "object"),
+)
+
+#: What ``POST /contexts`` reads.
+CONTEXT_FIELDS = (F("language"), F("cwd"))
+
 PROCEDURES = {
-    "POST /execute": Procedure("POST /execute", REST, "code_execute", execute),
+    "POST /execute": Procedure(
+        "POST /execute", REST, "code_execute", execute, fields=EXECUTE_FIELDS
+    ),
     "GET /contexts": Procedure(
         "GET /contexts", REST, "code_contexts_list", list_contexts
     ),
-    "POST /contexts": Procedure("POST /contexts", REST, "code_context_create", create),
+    "POST /contexts": Procedure(
+        "POST /contexts", REST, "code_context_create", create, fields=CONTEXT_FIELDS
+    ),
     "POST /contexts/{id}/restart": Procedure(
         "POST /contexts/{id}/restart", REST, "code_context_restart", restart
     ),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sandboxd.api.fields import F
 from sandboxd.e2b.door import REST, Call, Procedure
 
 #: The id every answer gives the one sandbox.
@@ -62,9 +63,32 @@ def kill(call: Call, _: Any) -> int:
     return 204
 
 
+#: What ``Sandbox.create()`` sends (E2B's ``NewSandbox``): read for its
+#: shape only, as E2B's API checks it, since the one sandbox there is takes
+#: no template, timeout or settings.
+CREATE_FIELDS = (
+    F("templateID"),
+    F("timeout", "integer"),
+    F("autoPause", "boolean"),
+    F("secure", "boolean"),
+    F("allow_internet_access", "boolean"),
+    F("metadata", "object"),
+    F("envVars", "object"),
+    F("network", "object"),
+    F("volumeMounts", "array"),
+)
+
+#: What ``Sandbox.connect()`` sends (E2B's ``ConnectSandbox``).
+CONNECT_FIELDS = (F("timeout", "integer"),)
+
 PROCEDURES = {
     "POST /v2/sandboxes": Procedure(
-        "POST /v2/sandboxes", REST, GOVERNED_AS, sandbox, api_key=True
+        "POST /v2/sandboxes",
+        REST,
+        GOVERNED_AS,
+        sandbox,
+        api_key=True,
+        fields=CREATE_FIELDS,
     ),
     f"POST /sandboxes/{SANDBOX_ID}/connect": Procedure(
         f"POST /sandboxes/{SANDBOX_ID}/connect",
@@ -72,6 +96,7 @@ PROCEDURES = {
         GOVERNED_AS,
         sandbox,
         api_key=True,
+        fields=CONNECT_FIELDS,
     ),
     f"DELETE /sandboxes/{SANDBOX_ID}": Procedure(
         f"DELETE /sandboxes/{SANDBOX_ID}", REST, GOVERNED_AS, kill, api_key=True

@@ -32,6 +32,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import implementer
 
 from sandboxd.access import gate
+from sandboxd.api.fields import Field
 from sandboxd.e2b import connect
 from sandboxd.errors import (
     ApiError,
@@ -51,6 +52,7 @@ from sandboxd.policy.defaults import (
 from sandboxd.web.connections import ConnectionLimits
 from sandboxd.web.factory import HardenedSite
 from sandboxd.web.messages import ServerRequest
+from sandboxd.web.params import declared_types
 
 if TYPE_CHECKING:
     from sandboxd.access.auth import Identity
@@ -80,6 +82,10 @@ class Procedure:
         ``(call, message, stream) -> None``.
     :ivar api_key: the SDK's ``X-API-Key`` presents the token on this route
         (E2B's control plane), when the call carries no other credential.
+    :ivar fields: a REST route that takes a JSON object: the fields it
+        reads, with their JSON types.  The door refuses a body that is no
+        object, or a field of another type, before the route runs (a
+        Connect procedure's fields are envd's protobuf messages').
     """
 
     name: str
@@ -87,6 +93,7 @@ class Procedure:
     endpoint: str | Callable[[Call, dict[str, Any]], str]
     run: Callable[..., Any]
     api_key: bool = False
+    fields: tuple[Field, ...] | None = None
 
 
 # -- the request ----------------------------------------------------------------
@@ -609,6 +616,8 @@ class Door:
             else:
                 messages = connect.split_envelopes(body, E2B_MAX_MESSAGE_BYTES)
                 message = messages[0] if messages else {}
+        elif procedure.fields is not None:
+            message = rest_body(request.content, procedure.fields)
         endpoint_id = (
             procedure.endpoint
             if isinstance(procedure.endpoint, str)
@@ -775,6 +784,22 @@ def present_api_key(headers: dict[bytes, list[bytes]]) -> None:
         key = headers.get(b"x-api-key")
         if key:
             headers[b"x-access-token"] = list(key)
+
+
+def rest_body(content: Any, fields: tuple[Field, ...]) -> dict[str, Any]:
+    """
+    A JSON route's body, checked against the fields it reads, and left
+    unread for the route (which reads it again).
+
+    :raises ApiError: 400 ``invalid_json`` for a body that is no JSON
+        object, ``invalid_param`` for a field of another type.
+    """
+    raw = content.read() if content is not None else b""
+    if content is not None:
+        content.seek(0)
+    message = connect.decode_json(raw)
+    declared_types(message, fields)
+    return message
 
 
 def check_content_type(kind: str, value: bytes | None) -> None:

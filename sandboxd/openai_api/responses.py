@@ -47,7 +47,7 @@ from sandboxd.openai_api.routes import open_session, revive, submit_text
 from sandboxd.policy import defaults
 from sandboxd.waiters import Waiters
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
-from sandboxd.web.params import declared_types
+from sandboxd.web.params import declared_types, flag
 from sandboxd.web.sse import Follower, SSEChannel, frame
 
 log = logging.getLogger(__name__)
@@ -869,16 +869,15 @@ def owned_response(
 
 async def agents_responses_get(request: ServerRequest) -> Any:
     """The response; ``stream=true`` streams it (live while it runs)."""
+    stream = flag(request.query.get("stream"), "stream")
+    raw = request.query.get("starting_after")
+    skip = -1
+    if raw:
+        if not raw.isdigit():
+            raise bad_request("starting_after must be a number", param="starting_after")
+        skip = int(raw)
     response = owned_response(request, request.path_params["response_id"])
-    if request.query.get("stream") in ("true", "1"):
-        raw = request.query.get("starting_after")
-        skip = -1
-        if raw:
-            if not raw.isdigit():
-                raise bad_request(
-                    "starting_after must be a number", param="starting_after"
-                )
-            skip = int(raw)
+    if stream:
         return SSEResponse(start=_streamer(response, skip))
     return response.describe()
 

@@ -43,7 +43,7 @@ from sandboxd.openai_api.registry import (
 )
 from sandboxd.openai_api.stream import follow, resume_after
 from sandboxd.web.messages import ServerRequest, ServerResponse, SSEResponse
-from sandboxd.web.params import declared_types
+from sandboxd.web.params import declared_types, flag
 
 #: What ``POST /v1/agents/sessions`` takes.
 _SESSION_KEYS = (
@@ -490,6 +490,8 @@ def _approval(event: dict[str, Any], where: str) -> tuple[str, dict[str, Any]]:
 
 def agents_sessions_events_stream(request: ServerRequest) -> SSEResponse:
     """The session's events, live, resumable."""
+    # Taken for the SDK's sake and ignored, but only as a boolean.
+    flag(request.query.get("include_obfuscation"), "include_obfuscation")
     face = face_of(request)
     after = resume_after(face, request.query, request.headers)
     return SSEResponse(start=follow(face, after))

@@ -16,6 +16,8 @@ from twisted.internet.defer import Deferred
 
 from sandboxd.agents import catalog
 from sandboxd.agents.manager import AgentManager, build_prompt
+from sandboxd.agents.permissions import REQUEST_STATES
+from sandboxd.agents.state import SESSION_STATES
 from sandboxd.api.schema import schema_for
 from sandboxd.errors import (
     Code,
@@ -235,13 +237,25 @@ async def agents_session_load(request: ServerRequest) -> ServerResponse:
 
 
 def agents_session_list(request: ServerRequest) -> dict[str, Any]:
-    """Sessions, optionally by agent and state."""
-    agent = request.query.get("agent")
-    state = request.query.get("state")
+    """
+    Sessions, optionally by agent and state.  A filter no session could
+    match (a misspelt state, an agent nobody knows) is refused rather than
+    answered with an empty list that looks like "none running".
+    """
+    sessions = manager(request).sessions.values()
+    agent = request.query.get("agent") or None
+    if agent is not None:
+        known = {e.id for e in catalog.entries(request.context)}
+        # A session outlives its entry when a reload drops it from the catalogue.
+        known.update(s.entry.id for s in sessions)
+        agent = one_of(agent, "agent", tuple(sorted(known)))
+    state = request.query.get("state") or None
+    if state is not None:
+        state = one_of(state, "state", SESSION_STATES)
     return {
         "sessions": [
             s.summary()
-            for s in manager(request).sessions.values()
+            for s in sessions
             if (agent is None or s.entry.id == agent)
             and (state is None or s.state == state)
         ]
@@ -410,7 +424,8 @@ REQUEST_KINDS = ("permission", "question")
 def agents_requests(request: ServerRequest) -> dict[str, Any]:
     """Held permission requests and questions across sessions."""
     session_id = request.query.get("session_id")
-    state = request.query.get("state", "pending")
+    state = request.query.get("state", "pending") or "all"
+    state = one_of(state, "state", (*REQUEST_STATES, "all"))
     kind = request.query.get("kind")
     if kind is not None:
         kind = one_of(kind, "kind", REQUEST_KINDS)
@@ -419,7 +434,7 @@ def agents_requests(request: ServerRequest) -> dict[str, Any]:
             r.describe()
             for r in manager(request).requests.values()
             if (session_id is None or r.session_id == session_id)
-            and (state in ("", "all") or r.state == state)
+            and (state == "all" or r.state == state)
             and (kind is None or r.kind == kind)
         ]
     }
@@ -457,11 +472,12 @@ def agents_tool_calls(request: ServerRequest) -> dict[str, Any]:
 
 def agents_tool_call_get(request: ServerRequest) -> dict[str, Any]:
     """One tool call whole, diffs unified with ``format=unified``."""
+    form = request.query.get("format")
+    unified = form is not None and one_of(form, "format", ("unified",)) == "unified"
     session = session_of(request)
     tc = session.tool_calls.get(request.path_params["tool_call_id"])
     if tc is None:
         raise not_found(f"unknown tool call {request.path_params['tool_call_id']!r}")
-    unified = request.query.get("format") == "unified"
     return session.updates.tool_call_view(tc, full=True, unified=unified)
 
 

@@ -435,11 +435,14 @@ def code_execution_events(request: ServerRequest) -> Any:
     SPEC §9 stream of one execution: resumable by ``Last-Event-ID`` or
     ``after``; ``follow=false`` answers one JSON page instead.
     """
+    # Checked even when following, where it is not used: a wrong value is
+    # refused whatever else the call asks.
+    limit = integer(request.query.get("limit"), "limit", 1000, low=0) or 1000
+    follow = flag(request.query.get("follow"), "follow", True)
     ctx, x = execution_of(request)
     after = resume_point(request.query, request.headers)
-    if flag(request.query.get("follow"), "follow", True):
+    if follow:
         return execution_stream(ctx, x, after, False)
-    limit = integer(request.query.get("limit"), "limit", 1000, low=0) or 1000
     gap, events = x.log.since(after)
     events = events[:limit]
     return {

@@ -51,6 +51,18 @@ from sandboxd.web.heads import Head, HeadError, parse_head
 MALFORMED = malformed_request("malformed HTTP request").body()
 
 
+def target_path(head: bytes) -> str:
+    """
+    The path of the request line at the front of ``head`` (which may end
+    anywhere, even inside the target), or ``""`` when none was read.
+    """
+    _, space, rest = head.partition(b" ")
+    if not space:
+        return ""
+    target = rest.split(b" ", 1)[0].split(b"\r", 1)[0].split(b"\n", 1)[0]
+    return target.partition(b"?")[0].decode("latin-1")
+
+
 class SandboxChannel(HTTPChannel):
     """One client connection."""
 
@@ -148,7 +160,7 @@ class SandboxChannel(HTTPChannel):
             head = parse_head(buffer)
         except HeadError as e:
             self._buffer = b""
-            self._refuse_head(e.reason)
+            self._refuse_head(e.reason, buffer)
             return False
         if head is None:
             return False
@@ -318,23 +330,40 @@ class SandboxChannel(HTTPChannel):
             self._peer = self.transport.getPeer()
         return self._peer
 
-    def _refuse_head(self, reason: str) -> None:
-        """The head parser refused the request: a JSON 400 saying why, then close."""
-        self._respond_malformed(
-            malformed_request(f"malformed HTTP request: {reason}").body()
-        )
+    def _refuse_head(self, reason: str, head: bytes = b"") -> None:
+        """
+        The head parser refused the request: a JSON 400 saying why, then
+        close.  On the HTTP port the error is framed for the door the
+        request's path names, as far as the request line was read (an
+        OpenAI SDK calling ``/v1/...`` reads ``error.code``); elsewhere,
+        and when no path was read, in SPEC §3's framing.
+        """
+        error = malformed_request(f"malformed HTTP request: {reason}")
+        body, headers = error.body(), error.headers
+        if getattr(self.site, "door", None) == "http":  # type: ignore[attr-defined]
+            from sandboxd.web.dispatch import error_framing
+
+            body, headers = error_framing(None, target_path(head), error)
+        self._respond_malformed(body, headers)
 
     def _respondToBadRequestAndDisconnect(self) -> None:
         """Twisted's body decoder refused the request: a JSON 400, then close."""
         self._respond_malformed(MALFORMED)
 
-    def _respond_malformed(self, error: dict[str, Any]) -> None:
-        """Answer 400 with ``error`` and close."""
+    def _respond_malformed(
+        self, error: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> None:
+        """Answer 400 with ``error`` (and ``headers``) and close."""
         body = json.dumps(error, separators=(",", ":")).encode()
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         if self.transport is not None:
             self.transport.write(
                 b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
-                b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
+                b"Content-Length: %d\r\nConnection: close\r\n"
+                % len(body)
+                + extra.encode("latin-1")
+                + b"\r\n"
+                + body
             )
         self.loseConnection()
 

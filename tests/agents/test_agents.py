@@ -21,7 +21,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.task import deferLater
 from twisted.internet.utils import getProcessOutputAndValue
-from twisted.trial.unittest import SkipTest, TestCase
+from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
@@ -416,6 +416,32 @@ class SessionTests(AgentsTestCase):
         self.assertEqual(sessions[0]["state"], "idle")
         reply = yield self.request("GET", "/agents/sessions?state=running")
         self.assertEqual(reply.json()["sessions"], [])
+
+    @inlineCallbacks
+    def test_unknown_filters_are_refused(self) -> Any:
+        """
+        A session or request filter no session or request could match (a
+        misspelt state, an agent not in the catalogue) is 400 naming the
+        allowed values, not an empty list that reads as "none".
+        """
+        cases = (
+            ("/agents/sessions?state=runing", "idle, running, awaiting_input"),
+            ("/agents/sessions?agent=no-such-agent", "fake, fake-auth"),
+            ("/agents/requests?state=open", "pending, resolved, withdrawn, all"),
+        )
+        for path, named in cases:
+            reply = yield self.request("GET", path)
+            self.assertEqual(reply.status, 400, path)
+            self.assertEqual(reply.json()["code"], "invalid_param", path)
+            self.assertIn(named, reply.json()["error"], path)
+        for path in (
+            "/agents/sessions?state=closed",
+            "/agents/sessions?agent=claude",
+            "/agents/requests?state=all",
+            "/agents/requests?state=withdrawn",
+        ):
+            reply = yield self.request("GET", path)
+            self.assertEqual(reply.status, 200, path)
 
     @inlineCallbacks
     def test_create_with_prompt(self) -> Any:
@@ -1296,3 +1322,20 @@ class RealAgentTests(AgentsTestCase):
     def test_opencode(self) -> Any:
         """opencode acp answers a prompt."""
         return self.check("opencode")
+
+
+class DocumentedFiltersTests(SynchronousTestCase):
+    """The filters the API reference lists are the ones the routes take."""
+
+    def test_states_as_documented(self) -> None:
+        """The declared ``state`` choices are the session and request states."""
+        from sandboxd.agents.permissions import REQUEST_STATES
+        from sandboxd.agents.state import SESSION_STATES
+        from sandboxd.api.schema import schema_for
+
+        def declared(endpoint_id: str) -> tuple[str, ...]:
+            (state,) = [f for f in schema_for(endpoint_id).query if f.name == "state"]
+            return tuple(state.enum or ())
+
+        self.assertEqual(declared("agents_session_list"), SESSION_STATES)
+        self.assertEqual(declared("agents_requests"), (*REQUEST_STATES, "all"))

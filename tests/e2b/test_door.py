@@ -72,6 +72,30 @@ class ErrorTests(E2BCase):
         self.assertIn("invalid_json", body["message"])
 
     @inlineCallbacks
+    def test_control_plane_malformed_body(self) -> Any:
+        """
+        ``Sandbox.create()`` and ``connect()`` with a body that is no JSON
+        object, or a field of the wrong type, are 400 in E2B's API framing
+        (``{code, message}``), as E2B's own API answers them; a well-formed
+        body is answered 201.
+        """
+        for path in ("v2/sandboxes", "sandboxes/sandboxd/connect"):
+            for raw in (b"{nope", b"[]", b'"sweep"', b'{"timeout": "soon"}'):
+                status, _, body = yield self.rpc(path, None, raw=raw)
+                self.assertEqual((status, body["code"]), (400, 400), (path, raw))
+                self.assertIsInstance(body["message"], str)
+        status, _, body = yield self.rpc(
+            "v2/sandboxes", {"templateID": 7}, raw=b'{"templateID": 7}'
+        )
+        self.assertEqual(status, 400)
+        self.assertIn("templateID", body["message"])
+        status, _, body = yield self.rpc(
+            "v2/sandboxes", {"templateID": "base", "timeout": 300}
+        )
+        self.assertEqual(status, 201, body)
+        self.assertEqual(body["sandboxID"], "sandboxd")
+
+    @inlineCallbacks
     def test_message_over_the_cap(self) -> Any:
         """A message over the size cap is resource_exhausted and is not run."""
         from sandboxd.policy.defaults import E2B_MAX_MESSAGE_BYTES

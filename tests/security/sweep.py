@@ -85,6 +85,15 @@ def path_values(name: str) -> list[tuple[str, bool]]:
     return [("sweep-nothing-here", True)]
 
 
+def live_id(endpoint: Endpoint, name: str, ids: Mapping[str, str]) -> str | None:
+    """
+    The live thing's id for the endpoint's parameter ``name``: ``ids``
+    may key one by the path's first segment too (``v1/turn_id``), where
+    two doors name different things alike.
+    """
+    return ids.get(f"{endpoint.segments[0]}/{name}", ids.get(name))
+
+
 def fill_path(endpoint: Endpoint, ids: Mapping[str, str] | None = None) -> str:
     """
     The path with every ``{param}`` replaced: by the id of a live thing
@@ -94,7 +103,8 @@ def fill_path(endpoint: Endpoint, ids: Mapping[str, str] | None = None) -> str:
     for segment in endpoint.segments:
         name = segment[1:-1] if segment.startswith("{") else None
         if name is not None:
-            parts.append(quote((ids or {}).get(name, "sweep-nothing-here"), safe=""))
+            found = live_id(endpoint, name, ids or {})
+            parts.append(quote(found or "sweep-nothing-here", safe=""))
         else:
             parts.append(segment)
     return "/" + "/".join(parts)

@@ -13,10 +13,13 @@ asserts what a client sees:
   door's framing (SPEC §3's ``code``; the ``/v1`` door's ``error.code``);
 - a case that must be refused is refused (4xx), and once an endpoint's
   refused cases are sent, nothing happened: the files under the base dir
-  (names, sizes, mtimes), the daemon's child processes, and what the list
+  (names, sizes, mtimes), the daemon's child processes, what the list
   endpoints show (processes, terminals, code contexts, exposures, links,
   git jobs, agent sessions, the ``/v1`` door's stored objects, the
-  environment) are as they were;
+  environment) and every live thing's own ``GET`` are as they were, field
+  by field (a refused resize that resized, a half-applied update, a
+  changed TTL or cwd is a change; :data:`VOLATILE` names the fields left
+  out);
 - ``/health`` still answers.
 
 Cases a valid call could look like (an empty object, unknown fields, a
@@ -39,11 +42,18 @@ What the HTTP sweep leaves out, and why:
   are sent there, and the sweep checks no browser was started for them;
 - an endpoint with path parameters gets its body and query cases sent to
   a live thing (see :data:`LIVE`: a process, a terminal, an upload, an
-  exposure, a link, a code context, a vault and a credential, a template,
-  an environment, a stored file, an agent definition); the parameters no
-  live thing is made for (agent sessions and turns, git jobs, executions,
-  stored responses, webhook endpoints...) are sent ids nothing has, so
-  those body cases meet the 404 first;
+  exposure, a link, a code context, an execution and its spilled output
+  (:meth:`HttpSweepTests.live_execution`), an ended git job
+  (:meth:`HttpSweepTests.live_job`), a vault and a
+  credential, a template, an environment, a stored file, an agent
+  definition, a webhook endpoint; :meth:`HttpSweepTests.live_acp` and
+  :meth:`HttpSweepTests.live_v1`: an agent session of the fake ACP agent
+  with an ended turn, its tool call and terminal, a ``/v1`` session with
+  a turn and an artifact, a stored response; :data:`THERE`: the catalogue's
+  agent and model).  The parameters no live thing is made for are sent
+  ids nothing has, so those body cases meet the 404 first: held agent
+  requests (one held blocks its turn), subagents (no ACP agent reports one), a named
+  command (the sweep's daemon has no command template);
 - streaming GETs (``files_watch``, ``process_output``...) get only the
   cases they must refuse: one they may take opens a stream that does not
   end; so does ``packages``, whose taken calls list every installed
@@ -56,7 +66,7 @@ import json
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from io import BytesIO
 from typing import Any
 
@@ -69,11 +79,25 @@ from twisted.web.client import Agent, FileBodyProducer, readBody
 from twisted.web.http_headers import Headers
 
 from sandboxd.endpoints import CapabilityGroup, Endpoint, catalogue_table
+from tests.agents.test_agents import fake
 from tests.helpers import DaemonTestCase
-from tests.security.sweep import Case, cases, deep_array, fill_path
+from tests.security.sweep import Case, cases, deep_array, fill_path, live_id
 
 #: Every group on, nothing else narrowed.
-ALL_GROUPS = {"groups": {g.value: True for g in CapabilityGroup}}
+ALL_GROUPS: dict[str, Any] = {
+    "groups": {g.value: True for g in CapabilityGroup},
+    # The SDK-built fake ACP agent, for live agent sessions, turns and
+    # stored responses (no agent CLI is needed).
+    "agents": {"catalog": {"fake": fake()}},
+    # A clone from a loopback port nothing listens on: a live git job
+    # that fails at once, without leaving the machine.
+    "endpoints": {
+        "group:git": {"params": {"block_private_networks": False}},
+        # A display value past this is spilled to a file of its own: a
+        # live code output (see HttpSweepTests.live_execution).
+        "group:code": {"limits": {"max_display_bytes": 1024}},
+    },
+}
 
 #: Ids the HTTP sweep does not send to (see the module docstring).
 NOT_SWEPT = frozenset(
@@ -143,25 +167,66 @@ LIVE: dict[str, tuple[str, dict[str, Any], str]] = {
         "id",
     ),
     "agent_id": ("agents_definitions_create", {"model": "claude"}, "id"),
+    # For an event no sweep call raises (no permission is ever held), so
+    # nothing is delivered off the machine.
+    "webhook_endpoint_id": (
+        "agents_webhooks_create",
+        {
+            "url": "https://hooks.example.com/sweep",
+            "event_types": ["agent.session.action_required"],
+            "name": "live",
+        },
+        "id",
+    ),
 }
 
-#: Keys that name a thing in a list answer.
-ID_KEYS = ("id", "pid", "session_id", "upload_id", "job_id", "link_id")
+#: Path parameters that name what is there without anything being made.
+THERE: dict[str, str] = {"agent": "fake", "model": "fake"}
+
+#: Seconds a live agent turn may take to end.
+TURN_SECONDS = 30
+
+#: Fields of a list entry or a detail that change by themselves, not by a
+#: call, left out of the comparison.  None so far: the live things are at
+#: rest while the refused calls are sent (a ``sleep``, a shell at its
+#: prompt, agents between turns, an execution ended), and the answers
+#: compared carry no clock (``created_at``/``started_at`` are fixed;
+#: ``updated_at`` moves only on a change, which is the point).  A field
+#: that moves on its own (an uptime, an output counter of a thing still
+#: writing) goes here, with why.
+VOLATILE: frozenset[str] = frozenset()
+
+
+def state(value: Any) -> Any:
+    """A list answer or a detail as compared: lists sorted, :data:`VOLATILE` left out."""
+    if isinstance(value, list):
+        return sorted((state(v) for v in value), key=repr)
+    if isinstance(value, dict):
+        return {k: state(v) for k, v in value.items() if k not in VOLATILE}
+    return value
+
+
+def details(ids: Mapping[str, str]) -> list[str]:
+    """
+    The endpoints that show one live thing in full (``GET .../{param}``):
+    one per thing ``ids`` names, whose every path parameter it names.
+    """
+    found = []
+    for endpoint in catalogue_table():
+        params = [s[1:-1] for s in endpoint.segments if s.startswith("{")]
+        if (
+            endpoint.method == "GET"
+            and not endpoint.streaming
+            and params
+            and endpoint.segments[-1].startswith("{")
+            and all(live_id(endpoint, p, ids) is not None for p in params)
+        ):
+            found.append(endpoint.id)
+    return found
+
 
 #: Seconds one hostile request may take.
 REQUEST_SECONDS = 20
-
-
-def names(value: Any) -> Any:
-    """What a list answer names: the ids in it, ignoring times and counters."""
-    if isinstance(value, list):
-        return sorted((names(v) for v in value), key=repr)
-    if isinstance(value, dict):
-        for key in ID_KEYS:
-            if key in value:
-                return (key, value[key])
-        return {k: names(v) for k, v in value.items() if isinstance(v, list | dict)}
-    return None
 
 
 def files_under(root: str) -> dict[str, tuple[int, int] | None]:
@@ -199,13 +264,10 @@ def children() -> set[tuple[int, str]]:
 def error_code(endpoint: Endpoint, body: Any) -> Any:
     """
     The ``code`` of an error body in the endpoint's door framing (a request
-    head refused before it is routed is answered in SPEC §3's framing, as
-    no door is known yet).
+    head refused before it is routed too: its path names the door).
     """
     if not isinstance(body, dict):
         return None
-    if body.get("code") == "malformed_request":
-        return body["code"]
     if endpoint.door == "openai":
         error = body.get("error")
         return error.get("code") if isinstance(error, dict) else None
@@ -232,22 +294,30 @@ class SweepCase(DaemonTestCase):
         kwargs.setdefault("preview_port", "tcp:0:interface=127.0.0.1")
         return super().start(stop_at_end, **kwargs)
 
+    #: The live things' ids, by path parameter (see :data:`LIVE`).
+    ids: Mapping[str, str] = {}
+
     @inlineCallbacks
     def picture(self) -> Any:
-        """What the sandbox holds now, as the sweep compares it."""
+        """
+        What the sandbox holds now, as the sweep compares it: every list
+        and every live thing's detail in full (but :data:`VOLATILE`), the
+        files, the daemon's children.
+        """
         shown: dict[str, Any] = {}
-        for endpoint_id in LISTS:
-            endpoint = catalogue_table().get(endpoint_id)
-            reply = yield self.request("GET", endpoint.path)
-            body = reply.json() if reply.status == 200 else reply.status
-            if endpoint_id == "env_get":
-                shown[endpoint_id] = body
-            elif endpoint_id == "preview_ports_list" and isinstance(body, dict):
+        table = catalogue_table()
+        for endpoint_id in (*LISTS, *details(self.ids)):
+            endpoint = table.get(endpoint_id)
+            reply = yield self.request("GET", fill_path(endpoint, self.ids))
+            body: Any = reply.status
+            if reply.status == 200:
+                # A spilled output is its raw bytes.
+                kind = reply.header("content-type") or ""
+                body = reply.json() if "json" in kind else reply.body
+            if endpoint_id == "preview_ports_list" and isinstance(body, dict):
                 # The exposures, not the ports other sessions listen on.
-                ports = body["ports"]
-                shown[endpoint_id] = sorted(p["port"] for p in ports if p["exposed"])
-            else:
-                shown[endpoint_id] = names(body)
+                body = [p for p in body["ports"] if p["exposed"]]
+            shown[endpoint_id] = state(body)
         shown["files"] = files_under(self.base_dir)
         shown["children"] = children()
         return shown
@@ -321,20 +391,109 @@ class HttpSweepTests(SweepCase):
             for s in e.segments
             if s.startswith("{") and s[1:-1] in LIVE
         }
-        ids: dict[str, str] = {}
+        ids: dict[str, str] = dict(THERE)
         for name in (n for n in LIVE if n in wanted or n == "vault_id"):
             endpoint_id, body, key = LIVE[name]
             path = fill_path(table.get(endpoint_id), ids)
             reply = yield self.request("POST", path, body)
             if reply.status < 300:
                 ids[name] = str(reply.json()[key])
+        if group is CapabilityGroup.AGENTS:
+            yield self.live_acp(ids)
+            yield self.live_v1(ids)
+        if group is CapabilityGroup.GIT:
+            yield self.live_job(ids)
+        if group is CapabilityGroup.CODE and "cid" in ids:
+            yield self.live_execution(ids)
         return ids
+
+    @inlineCallbacks
+    def live_execution(self, ids: dict[str, str]) -> Any:
+        """An ended execution in the live context, whose result was spilled."""
+        done = yield self.got(
+            f"/code/contexts/{ids['cid']}/execute",
+            {"code": "print(1 + 1); 'x' * 4096", "wait": TURN_SECONDS},
+        )
+        ids["xid"] = done["execution_id"]
+        ids["oid"] = done["results"][0]["refs"][0]["oid"]
+
+    @inlineCallbacks
+    def got(self, path: str, body: Any = None) -> Any:
+        """POST ``body`` (or GET when None) to ``path``; the answer, which must be 2xx."""
+        reply = yield self.request("GET" if body is None else "POST", path, body)
+        self.assertLess(reply.status, 300, f"{path}: {reply.body[:300]!r}")
+        return reply.json()
+
+    @inlineCallbacks
+    def live_job(self, ids: dict[str, str]) -> Any:
+        """A git job, ended: a clone from a loopback port nothing listens on."""
+        job = yield self.got(
+            "/git/clone", {"url": "https://127.0.0.1:9/none.git", "path": "live-clone"}
+        )
+        job_id = ids["job_id"] = job["job_id"]
+        for _ in range(TURN_SECONDS * 10):
+            shown = yield self.got(f"/git/jobs/{job_id}")
+            if shown["state"] != "running":
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+
+    @inlineCallbacks
+    def live_acp(self, ids: dict[str, str]) -> Any:
+        """
+        An agent session of the fake agent with one ended turn, which ran a
+        tool call and a terminal (released, so nothing of it runs on).
+        """
+        made = yield self.got("/agents/sessions", {"agent": "fake"})
+        sid = ids["sid"] = made["session_id"]
+        turn = yield self.got(
+            f"/agents/sessions/{sid}/prompt",
+            {"prompt": "terminal printf hi", "wait": TURN_SECONDS},
+        )
+        ids["agents/turn_id"] = turn["turn_id"]
+        calls = yield self.got(f"/agents/sessions/{sid}/tool-calls")
+        ids["tool_call_id"] = calls["tool_calls"][0]["tool_call_id"]
+        terminals = yield self.got(f"/agents/sessions/{sid}/terminals")
+        ids["terminal_id"] = terminals["terminals"][0]["terminal_id"]
+
+    @inlineCallbacks
+    def live_v1(self, ids: dict[str, str]) -> Any:
+        """
+        A ``/v1`` session whose one ended turn wrote a file (an artifact),
+        and a stored response.
+        """
+        target = os.path.join(self.base_dir, "live-artifact.txt")
+        made = yield self.got(
+            "/v1/agents/sessions",
+            {
+                "environment": {
+                    "type": "self_hosted",
+                    "workspace_directory": self.base_dir,
+                },
+                "agent": {"model": "fake"},
+                "input": f"write {target} hi",
+            },
+        )
+        session_id = ids["session_id"] = made["id"]
+        for _ in range(TURN_SECONDS * 10):
+            shown = yield self.got(f"/v1/agents/sessions/{session_id}")
+            if shown["status"] == "idle":
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        turns = yield self.got(f"/v1/agents/sessions/{session_id}/turns")
+        ids["v1/turn_id"] = turns["data"][0]["id"]
+        artifacts = yield self.got(f"/v1/agents/sessions/{session_id}/artifacts")
+        ids["artifact_id"] = artifacts["data"][0]["id"]
+        response = yield self.got(
+            "/v1/responses", {"model": "fake", "input": "echo hi"}
+        )
+        ids["response_id"] = response["id"]
 
     @inlineCallbacks
     def sweep(self, group: CapabilityGroup) -> Any:
         """Every endpoint of ``group``: refused cases, checks, then the rest."""
         problems: list[str] = []
         ids = yield self.live(group)
+        self.ids = ids
         yield self.settle()
         before = yield self.picture()
         for endpoint in endpoints_of(group):
@@ -371,6 +530,27 @@ class HttpSweepTests(SweepCase):
                 after = now
             before = after
         self.assertEqual(problems, [], "\n".join(problems))
+
+
+class PictureTests(SynchronousTestCase):
+    """What the sweep compares: whole objects, not only their ids."""
+
+    def test_a_changed_field_is_a_change(self) -> None:
+        """A list entry whose id stayed but whose fields changed compares unequal."""
+        before = {"sessions": [{"id": "a", "cols": 80}, {"id": "b", "cols": 80}]}
+        after = {"sessions": [{"id": "b", "cols": 80}, {"id": "a", "cols": 81}]}
+        self.assertNotEqual(state(before), state(after))
+        self.assertEqual(state(before), state({"sessions": before["sessions"][::-1]}))
+
+    def test_every_live_thing_is_read_whole(self) -> None:
+        """Each live thing's own GET is in the picture, by the door that names it."""
+        shown = details({"pid": "1", "cid": "c", "xid": "x", "v1/turn_id": "t"})
+        self.assertIn("process_detail", shown)
+        self.assertIn("code_execution_get", shown)
+        self.assertNotIn("agents_turn_get", shown)
+        shown = details({"session_id": "s", "v1/turn_id": "t", "sid": "s"})
+        self.assertIn("agents_sessions_turns_get", shown)
+        self.assertNotIn("agents_turn_get", shown)
 
 
 def _diff(before: Any, after: Any) -> str:
@@ -615,39 +795,59 @@ class SeedDoorSweepTests(SynchronousTestCase):
         self.assertEqual(problems, [], "\n".join(problems))
 
 
-#: envd's message fields, each wrong-typed: sent to every procedure, where a
-#: field it does not read may be ignored.
-E2B_FIELDS: dict[str, Any] = {
-    "path": {"sweep": 1},
-    "source": 7,
-    "destination": ["sweep"],
-    "depth": "deep",
-    "recursive": "sweep",
-    "process": "sweep",
-    "signal": {"sweep": 1},
-    "input": 7,
-    "pty": "sweep",
-    "size": "sweep",
-    "watcherId": {"sweep": 1},
-    "stdin": "sweep",
-    "tag": 7,
-    "code": 7,
-    "language": {"sweep": 1},
-    "context_id": 7,
-    "cwd": ["sweep"],
-    "envs": "sweep",
-    "timeout": "sweep",
-    "env_vars": "sweep",
+#: A wrong value for each JSON type a message field has.
+E2B_WRONG: dict[str, Any] = {
+    "string": {"sweep": 1},
+    "integer": "sweep",
+    "boolean": "sweep",
+    "object": "sweep",
+    "array": {"sweep": 1},
 }
 
+#: The door's REST routes that take no JSON object: ``POST /files`` takes
+#: the file's bytes (multipart or raw: any body is a file), a context's
+#: restart reads nothing but its path.
+E2B_NOT_JSON = frozenset({"POST /files", "POST /contexts/{id}/restart"})
 
-#: The code interpreter's JSON routes and the fields each reads (a field
-#: it does not read is ignored, and an ignored one on ``/contexts`` would
-#: start a kernel per case).
-E2B_REST_FIELDS: dict[str, tuple[str, ...]] = {
-    "/contexts": ("language", "cwd"),
-    "/execute": ("code", "language", "context_id", "env_vars"),
-}
+
+def proto_type(field: Any) -> str:
+    """The JSON type of a protobuf field in protobuf's JSON mapping."""
+    kind, label = field.proto.type.name, field.proto.label.name
+    if kind == "MESSAGE" and field.proto.type_name.endswith("Entry"):
+        return "object"  # a map
+    if label == "REPEATED":
+        return "array"
+    if kind == "MESSAGE":
+        return "object"
+    if kind == "BOOL":
+        return "boolean"
+    if kind in ("STRING", "BYTES", "ENUM"):
+        return "string"
+    return "integer"
+
+
+def e2b_fields(name: str, procedure: Any) -> dict[str, str] | None:
+    """
+    The fields a procedure of the door reads, by JSON name, with their JSON
+    types: a Connect procedure's from envd's own protos (the SDK's copy),
+    a REST route's from its declaration; None for a route with no JSON body.
+    """
+    if procedure.kind == "rest":
+        if procedure.fields is None:
+            return None
+        return {f.name: f.type for f in procedure.fields}
+    from e2b.envd.filesystem import filesystem_pb
+    from e2b.envd.process import process_pb
+
+    service, _, method = name.partition("/")
+    for described in (process_pb.desc(), filesystem_pb.desc()):
+        for declared in described.services:
+            if declared.type_name != service:
+                continue
+            for rpc in declared.methods:
+                if rpc.name == method:
+                    return {f.json_name: proto_type(f) for f in rpc.input.fields}
+    raise AssertionError(f"{name} is no procedure of envd's protos")
 
 
 class E2BDoorSweepTests(SweepCase):
@@ -657,10 +857,12 @@ class E2BDoorSweepTests(SweepCase):
     error (``code`` and ``message``; a stream's end message) or the REST
     route's JSON error, never a 5xx, nothing done.
 
-    Left out: envd's REST file routes (``POST /files`` takes the file's
-    bytes, multipart or raw: any body is a file) and the control-plane
-    routes (``/v2/sandboxes``, ``/sandboxes/...``), which read no body and
-    answer the one sandbox there is.
+    Each procedure's body cases are derived: a Connect procedure's fields
+    from envd's protos, a REST route's from the fields it declares
+    (:attr:`sandboxd.e2b.door.Procedure.fields`), each wrong-typed and
+    refused.  A POST route that declares none must be one of
+    :data:`E2B_NOT_JSON`, so a new JSON route is swept the day it is added.
+    The routes that take no body (``GET``, ``DELETE``) are left out.
     """
 
     timeout = 120
@@ -697,34 +899,38 @@ class E2BDoorSweepTests(SweepCase):
 
         problems: list[str] = []
         before = yield self.picture()
-        bodies: list[tuple[str, bytes, bool]] = [
+        malformed: list[tuple[str, bytes, bool]] = [
             ("not JSON", b"{nope", True),
             ("a JSON array", b"[]", True),
             ("a JSON string", b'"sweep"', True),
             ("nested arrays", deep_array().encode(), True),
         ]
-        bodies += [
-            (f"{name}: {value!r}", json.dumps({name: value}).encode(), False)
-            for name, value in E2B_FIELDS.items()
-        ]
         for name, procedure in sorted(procedures().items()):
             streaming = procedure.kind in ("server_stream", "client_stream")
-            sent_bodies = bodies
+            fields = e2b_fields(name, procedure)
             if procedure.kind == "rest":
                 method, _, path = name.partition(" ")
-                if method != "POST" or path not in E2B_REST_FIELDS:
-                    continue  # no JSON body (see the docstring)
+                if method != "POST":
+                    continue  # no body (see the docstring)
+                if fields is None:
+                    if name not in E2B_NOT_JSON:
+                        problems.append(f"{name}: a POST route declaring no fields")
+                    continue
                 content_type = "application/json"
-                sent_bodies = [
-                    b
-                    for b in bodies
-                    if b[2] or b[0].split(":")[0] in E2B_REST_FIELDS[path]
-                ]
             else:
                 path = "/" + name
                 content_type = (
                     "application/connect+json" if streaming else "application/json"
                 )
+            assert fields is not None
+            sent_bodies = malformed + [
+                (
+                    f"{field}: {E2B_WRONG[kind]!r}",
+                    json.dumps({field: E2B_WRONG[kind]}).encode(),
+                    True,
+                )
+                for field, kind in sorted(fields.items())
+            ]
             for what, data, refuse in sent_bodies:
                 label = f"{name} [{what}]"
                 sent = (

@@ -122,3 +122,42 @@ class FoundBySweepTests(DaemonTestCase):
         self.assertEqual(answer["error"]["param"], "store")
         yield self.refused("GET", "/agents/requests?kind=sweep", None, "invalid_param")
         self.assertEqual(psutil.Process().children(), [])
+
+    @inlineCallbacks
+    def test_query_checked_before_the_thing_is_looked_up(self) -> Any:
+        """
+        A query value of the wrong form is 400 whatever the call finds: a
+        tool call's ``format``, a stored response's ``stream`` and
+        ``starting_after``, a ``/v1`` event stream's ``include_obfuscation``
+        and an execution's ``limit`` were read only on some paths (taken
+        with a live thing: a stream opened, a page answered).
+        """
+        cases = (
+            "/agents/sessions/s_x/tool-calls/t_x?format=sweep",
+            "/v1/responses/resp_x?stream=maybe",
+            "/v1/responses/resp_x?starting_after=sweep",
+            "/v1/agents/sessions/sess_x/events?include_obfuscation=maybe",
+            "/code/contexts/c_x/executions/x_x/events?limit=sweep",
+            "/code/contexts/c_x/executions/x_x/events?follow=false&limit=1.5",
+        )
+        for path in cases:
+            yield self.refused("GET", path, None, "invalid_param")
+
+    @inlineCallbacks
+    def test_oversized_head_in_the_door_framing(self) -> Any:
+        """
+        A request head too large to read (a 1 MiB query) is 400
+        ``malformed_request`` in the framing of the door its path names:
+        OpenAI's envelope under ``/v1/`` (was SPEC §3's, where an OpenAI
+        SDK finds no ``error.code``), SPEC §3's elsewhere.
+        """
+        query = "q=" + "x" * (1 << 20)
+        reply = yield self.request("GET", f"/v1/models?{query}")
+        self.assertEqual(reply.status, 400)
+        error = reply.json()["error"]
+        self.assertEqual(error["code"], "malformed_request")
+        self.assertEqual(error["type"], "invalid_request_error")
+        self.assertEqual(reply.header("x-should-retry"), "false")
+        reply = yield self.request("GET", f"/processes?{query}")
+        self.assertEqual(reply.status, 400)
+        self.assertEqual(reply.json()["code"], "malformed_request")

@@ -159,7 +159,21 @@ SCHEMAS: dict[str, Schema] = {
         ),
     ),
     "agents_session_list": Schema(
-        query=(F("agent"), F("state")),
+        query=(
+            F("agent", doc="a catalogue id"),
+            F(
+                "state",
+                enum=(
+                    "starting",
+                    "idle",
+                    "running",
+                    "awaiting_input",
+                    "closing",
+                    "closed",
+                    "failed",
+                ),
+            ),
+        ),
         response=(
             F(
                 "sessions",
@@ -328,7 +342,11 @@ SCHEMAS: dict[str, Schema] = {
     "agents_requests": Schema(
         query=(
             F("session_id"),
-            F("state", default="pending", doc="or all"),
+            F(
+                "state",
+                default="pending",
+                enum=("pending", "resolved", "withdrawn", "all"),
+            ),
             F("kind", enum=("permission", "question")),
         ),
         response=(
