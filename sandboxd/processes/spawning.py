@@ -332,13 +332,20 @@ def _pipes(
     """
     fdmap: dict[int, int] = {}
     pipes: dict[int, tuple[str, int]] = {}
+    # A write end nothing else holds yet: its close never blocks, and one
+    # that let go of the interpreter's lock could wait for a spawn worker.
+    close = holding_gil("close") or _close_quietly
     try:
         for child_fd, target in child_fds.items():
-            if target == "r":
+            if target == "r" and _spawn.REOPEN_PIPES:
+                # Made non-blocking with the pipe (see _OutputReader): the
+                # write end, the only other end with that flag, is closed
+                # at once, and the child's own write end is opened anew.
+                read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+                close(write_end)
+                fdmap[child_fd], pipes[child_fd] = read_end, ("r", read_end)
+            elif target == "r":
                 read_end, write_end = os.pipe()
-                if _spawn.REOPEN_PIPES:
-                    os.close(write_end)
-                    write_end = read_end
                 fdmap[child_fd], pipes[child_fd] = write_end, ("r", read_end)
                 # A new pipe's end has no status flags yet: this sets
                 # O_NONBLOCK alone (see _OutputReader).
