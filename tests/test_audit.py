@@ -116,6 +116,23 @@ class ArgvTests(SynchronousTestCase):
             argv, ["sh", "-c", "curl -H 'Authorization: ***' x; API_KEY=*** run"]
         )
 
+    def test_each_set_of_names_its_own(self) -> None:
+        """Names hidden for one command are not masked for the next that does not hide them."""
+        line = "A_TOKEN=one B_TOKEN=two A_TOKEN_X=three"
+        self.assertEqual(
+            audit_argv(["env", line], ["A_TOKEN"], {}),
+            ["env", "A_TOKEN=*** B_TOKEN=two A_TOKEN_X=three"],
+        )
+        self.assertEqual(
+            audit_argv(["env", line], ["B_TOKEN", "A_TOKEN_X"], {}),
+            ["env", "A_TOKEN=one B_TOKEN=*** A_TOKEN_X=***"],
+        )
+        self.assertEqual(audit_argv(["env", line], [], {}), ["env", line])
+        self.assertEqual(
+            audit_argv(["env", line], ["A_TOKEN"], {}),
+            ["env", "A_TOKEN=*** B_TOKEN=two A_TOKEN_X=three"],
+        )
+
     def test_short_values_not_searched(self) -> None:
         """A hidden name whose value is a couple of characters does not blank every match."""
         argv = audit_argv(["echo", "1 2 3"], ["FLAG"], {"FLAG": "1"})

@@ -6,6 +6,7 @@ record, without tokens or file contents.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -21,6 +22,7 @@ from sandboxd.policy.defaults import (
     AUDIT_ARGV_MAX_CHARS,
     AUDIT_ARGV_MAX_ITEMS,
     AUDIT_KEEP_FILES,
+    AUDIT_PATTERNS_KEPT,
     AUDIT_ROTATE_BYTES,
     SECRET_MIN_CHARS,
 )
@@ -36,6 +38,27 @@ FILE_MODE = 0o600
 MASK = "***"
 
 
+@functools.lru_cache(maxsize=AUDIT_PATTERNS_KEPT)
+def _assignments(hidden: frozenset[str]) -> re.Pattern[str] | None:
+    """
+    The pattern of ``NAME=value`` for each of ``hidden`` (None for none).
+    Built once per set of names: a policy and the daemon's environment give
+    every command the same set, and the pattern's text (each name escaped,
+    longest first) cost more than masking an argument with it.
+    """
+    if not hidden:
+        return None
+    return re.compile(
+        r"(?<![A-Za-z0-9_])("
+        + "|".join(re.escape(n) for n in sorted(hidden, key=lambda n: (-len(n), n)))
+        + r")=(\"[^\"]*\"|'[^']*'|\S*)"
+    )
+
+
+#: What :func:`_assignments`' match becomes: the name kept, the value masked.
+_ASSIGNMENT_MASKED = rf"\1={MASK}"
+
+
 def audit_argv(
     argv: Sequence[str], names: Iterable[str], environ: Mapping[str, str]
 ) -> list[str]:
@@ -49,28 +72,20 @@ def audit_argv(
         replaced by ``***``, and so is the value of ``NAME=value`` for each
         of the names.
     """
-    hidden = set(names)
+    hidden = frozenset(names)
     values = sorted(
         {v for n in hidden if len(v := environ.get(n, "")) >= SECRET_MIN_CHARS},
         key=len,
         reverse=True,
     )
-    assignment = (
-        re.compile(
-            r"(?<![A-Za-z0-9_])("
-            + "|".join(re.escape(n) for n in sorted(hidden, key=len, reverse=True))
-            + r")=(\"[^\"]*\"|'[^']*'|\S*)"
-        )
-        if hidden
-        else None
-    )
+    assignment = _assignments(hidden)
     out: list[str] = []
     total = 0
     for arg in argv[:AUDIT_ARGV_MAX_ITEMS]:
         for value in values:
             arg = arg.replace(value, MASK)
         if assignment is not None:
-            arg = assignment.sub(lambda m: f"{m.group(1)}={MASK}", arg)
+            arg = assignment.sub(_ASSIGNMENT_MASKED, arg)
         room = min(AUDIT_ARG_MAX_CHARS, AUDIT_ARGV_MAX_CHARS - total)
         if room <= 0:
             out.append(f"... ({len(argv) - len(out)} more arguments)")

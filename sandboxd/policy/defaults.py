@@ -318,6 +318,12 @@ DEFAULT_AUDIT = "deny"
 AUDIT_ARGV_MAX_ITEMS = 32
 AUDIT_ARG_MAX_CHARS = 512
 AUDIT_ARGV_MAX_CHARS = 2048
+
+#: audit: patterns kept for masking ``NAME=value`` in an argv, one per set of
+#: names whose values are hidden (a policy revision and the daemon's
+#: environment give each command the same set).
+AUDIT_PATTERNS_KEPT = 32
+
 #: Values shorter than this are not treated as secrets: not searched for in
 #: an audited argv (``env_deny`` values) nor in what the /v1 door redacts
 #: (masking every "1" or "on" would say nothing and hide everything).

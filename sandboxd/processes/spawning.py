@@ -23,6 +23,7 @@ from twisted.internet import process as _twisted_process
 from twisted.internet._baseprocess import BaseProcess
 from twisted.internet.defer import Deferred
 from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
+from twisted.internet.protocol import connectionDone
 from twisted.python import log
 from twisted.python.failure import Failure
 
@@ -275,7 +276,7 @@ class AdoptedProcess(_twisted_process.Process):
             if not self.paused:
                 why = reader.drain(EXITED_DRAIN_READS, lambda: self.paused)
             if why is not None:
-                reader.connectionLost(Failure(why))  # type: ignore[no-untyped-call]
+                reader.connectionLost(_ended(why))  # type: ignore[no-untyped-call]
             elif not self.paused:
                 reader.startReading()  # type: ignore[no-untyped-call]
         self._unannounced = None
@@ -300,6 +301,15 @@ class AdoptedProcess(_twisted_process.Process):
         """Reaped: the child's pid leaves the priorities' count."""
         _reaped(self.leader)
         super().processEnded(status)
+
+
+def _ended(why: Exception) -> Failure:
+    """
+    The reason a pipe read at its end is given: Twisted's one shared
+    failure for a clean end (a new ``Failure`` per pipe cost more than the
+    pipe's read), a new one for anything else.
+    """
+    return connectionDone if why is CONNECTION_DONE else Failure(why)
 
 
 def _exit_status(pid: int) -> int | None:
@@ -332,13 +342,20 @@ def _pipes(
     """
     fdmap: dict[int, int] = {}
     pipes: dict[int, tuple[str, int]] = {}
+    # A write end nothing else holds yet: its close never blocks, and one
+    # that let go of the interpreter's lock could wait for a spawn worker.
+    close = holding_gil("close") or _close_quietly
     try:
         for child_fd, target in child_fds.items():
-            if target == "r":
+            if target == "r" and _spawn.REOPEN_PIPES:
+                # Made non-blocking with the pipe (see _OutputReader): the
+                # write end, the only other end with that flag, is closed
+                # at once, and the child's own write end is opened anew.
+                read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+                close(write_end)
+                fdmap[child_fd], pipes[child_fd] = read_end, ("r", read_end)
+            elif target == "r":
                 read_end, write_end = os.pipe()
-                if _spawn.REOPEN_PIPES:
-                    os.close(write_end)
-                    write_end = read_end
                 fdmap[child_fd], pipes[child_fd] = write_end, ("r", read_end)
                 # A new pipe's end has no status flags yet: this sets
                 # O_NONBLOCK alone (see _OutputReader).

@@ -62,6 +62,15 @@ def _finite_float(text: str) -> float:
     return value
 
 
+#: The decoder of request bodies, made once: ``json.loads`` with any
+#: option builds a new decoder (and its scanner) on every call.
+_STRICT = json.JSONDecoder(
+    object_pairs_hook=_no_duplicates,
+    parse_constant=_no_constants,
+    parse_float=_finite_float,
+)
+
+
 #: A ``\\uD800``-``\\uDFFF`` escape (paired or not): only bodies holding one
 #: need their strings walked.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -100,12 +109,7 @@ def parse_object(raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise invalid_json("the body is not valid UTF-8") from None
     try:
-        body = json.loads(
-            text,
-            object_pairs_hook=_no_duplicates,
-            parse_constant=_no_constants,
-            parse_float=_finite_float,
-        )
+        body = _STRICT.decode(text)
     except _Duplicate as e:
         raise invalid_json(f"the key {e.args[0]!r} appears twice in the body") from None
     except (UnicodeDecodeError, ValueError, RecursionError):

@@ -1,12 +1,14 @@
 """
 ``SandboxChannel.take_over``: a connection handed from HTTP to another
-protocol (the preview door's WebSocket splice), in memory.
+protocol (the preview door's WebSocket splice), in memory; and
+``client_left`` on real sockets.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import socket
 from typing import Any
 
 from twisted.internet.protocol import Protocol
@@ -14,6 +16,7 @@ from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
+from sandboxd.web.channel import client_left
 from tests.web.test_request import connect, make_site
 
 
@@ -258,3 +261,57 @@ class ResponseWriteTests(SynchronousTestCase):
         self.assertTrue(transport.value().startswith(b"HTTP/1.0 200 OK\r\n"))
         self.assertTrue(transport.value().endswith(b'{"status":"ok"}'))
         self.assertTrue(transport.disconnecting)
+
+
+class _OnSocket:
+    """A transport with the socket ``client_left`` asks."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.socket = sock
+
+
+class ClientLeftTests(SynchronousTestCase):
+    """Whether a request's client has gone, asked of a real socket."""
+
+    def setUp(self) -> None:
+        self.server, self.client = socket.socketpair()
+        self.addCleanup(self.server.close)
+        self.addCleanup(self.client.close)
+
+    def test_connected_nothing_waiting(self) -> None:
+        """A client still connected, with nothing more sent, is there."""
+        self.assertFalse(client_left(_OnSocket(self.server)))
+
+    def test_pipelined_request_waiting(self) -> None:
+        """A next request waiting unread is a client still there; it stays unread."""
+        self.client.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        self.assertFalse(client_left(_OnSocket(self.server)))
+        self.assertEqual(self.server.recv(64), b"GET / HTTP/1.1\r\n\r\n")
+
+    def test_closed(self) -> None:
+        """A client that closed its end has left."""
+        self.client.close()
+        self.assertTrue(client_left(_OnSocket(self.server)))
+
+    def test_shut_for_writing(self) -> None:
+        """A client that shut its sending side with nothing waiting has left."""
+        self.client.shutdown(socket.SHUT_WR)
+        self.assertTrue(client_left(_OnSocket(self.server)))
+
+    def test_request_then_close(self) -> None:
+        """A pipelined request before the close is still read first: not gone yet."""
+        self.client.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        self.client.shutdown(socket.SHUT_WR)
+        self.assertFalse(client_left(_OnSocket(self.server)))
+
+    def test_asked_again(self) -> None:
+        """Each answer is about the socket asked, not the one asked before."""
+        other, peer = socket.socketpair()
+        self.addCleanup(other.close)
+        peer.close()
+        self.assertTrue(client_left(_OnSocket(other)))
+        self.assertFalse(client_left(_OnSocket(self.server)))
+
+    def test_no_socket(self) -> None:
+        """A transport without a socket (tests, memory) never says gone."""
+        self.assertFalse(client_left(object()))
