@@ -3,7 +3,9 @@
 The three calls of E2B's control plane an SDK makes around one sandbox,
 answered for the sandbox sandboxd is, so the SDK's own token flow works:
 ``Sandbox.create()`` (``POST /v2/sandboxes``), ``Sandbox.connect(ID)``
-(``POST /sandboxes/ID/connect``) and ``kill()`` (``DELETE /sandboxes/ID``).
+(``POST /v2/sandboxes/ID/connect`` in current SDKs, ``POST
+/sandboxes/ID/connect`` in earlier ones) and ``kill()`` (``DELETE
+/sandboxes/ID``).
 
 The SDK sends its API key (``E2B_API_KEY``, as ``X-API-Key``) to the
 control plane and the ``envdAccessToken`` it is answered to envd, as
@@ -41,7 +43,7 @@ def _token(call: Call) -> str | None:
 
 def sandbox(call: Call, _: Any) -> dict[str, Any]:
     """
-    ``POST /v2/sandboxes``, ``POST /sandboxes/ID/connect``: this sandbox,
+    ``POST /v2/sandboxes``, ``POST [/v2]/sandboxes/ID/connect``: this sandbox,
     with the caller's token as its envd access token (201, as E2B answers).
     """
     call.request.setResponseCode(201)
@@ -78,8 +80,11 @@ CREATE_FIELDS = (
     F("volumeMounts", "array"),
 )
 
-#: What ``Sandbox.connect()`` sends (E2B's ``ConnectSandbox``).
+#: What ``Sandbox.connect()`` sends (E2B's ``ConnectSandbox``; the v2
+#: call's ``ConnectSandboxV2`` adds ``memory``, how a paused sandbox
+#: resumes, which a running one has no use for).
 CONNECT_FIELDS = (F("timeout", "integer"),)
+CONNECT_V2_FIELDS = (*CONNECT_FIELDS, F("memory", "boolean"))
 
 PROCEDURES = {
     "POST /v2/sandboxes": Procedure(
@@ -97,6 +102,14 @@ PROCEDURES = {
         sandbox,
         api_key=True,
         fields=CONNECT_FIELDS,
+    ),
+    f"POST /v2/sandboxes/{SANDBOX_ID}/connect": Procedure(
+        f"POST /v2/sandboxes/{SANDBOX_ID}/connect",
+        REST,
+        GOVERNED_AS,
+        sandbox,
+        api_key=True,
+        fields=CONNECT_V2_FIELDS,
     ),
     f"DELETE /sandboxes/{SANDBOX_ID}": Procedure(
         f"DELETE /sandboxes/{SANDBOX_ID}", REST, GOVERNED_AS, kill, api_key=True

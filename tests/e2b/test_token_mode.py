@@ -45,9 +45,14 @@ class TokenModeTests(E2BCase):
 
     token = "e2b-token-mode-secret"
 
-    @inlineCallbacks
     def run_snippet(self, key: str) -> Any:
-        exports, snippet = documented()
+        """The docs' snippet, with the docs' exports and ``key`` as the token."""
+        return self.run_python(documented()[1], key)
+
+    @inlineCallbacks
+    def run_python(self, snippet: str, key: str) -> Any:
+        """``snippet`` in a fresh interpreter with the docs' exports only."""
+        exports, _ = documented()
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": self.mktemp()}
         for name, value in exports.items():
             value = value.replace("http://127.0.0.1:49983", self.e2b_url)
@@ -74,6 +79,20 @@ class TokenModeTests(E2BCase):
         self.assertEqual(done.stdout, "hi\n\nhello\n")
         with open(os.path.join(self.base_dir, "notes.txt")) as f:
             self.assertEqual(f.read(), "hello")
+
+    @inlineCallbacks
+    def test_connect_by_id(self) -> Any:
+        """``Sandbox.connect("sandboxd")``, as the SDK sends it now, reaches the same machine."""
+        yield self.start()
+        snippet = (
+            "from e2b import Sandbox\n"
+            "sbx = Sandbox.connect('sandboxd')\n"
+            "print(sbx.sandbox_id)\n"
+            "print(sbx.commands.run('echo hi').stdout, end='')\n"
+        )
+        done = yield self.run_python(snippet, self.token)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stdout, "sandboxd\nhi\n")
 
     @inlineCallbacks
     def test_wrong_key_refused_at_create(self) -> Any:
