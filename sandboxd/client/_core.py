@@ -14,6 +14,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 
+from sandboxd.client._resultjson import loads_result
 from sandboxd.client.errors import (
     ConnectionFailed,
     ProtocolError,
@@ -251,6 +252,20 @@ def decode(response: httpx.Response) -> Any:
     """The JSON of a success answer."""
     try:
         return response.json()
+    except ValueError:
+        raise ProtocolError(
+            f"the daemon answered {response.status_code} with a body that is not JSON",
+            status=response.status_code,
+        ) from None
+
+
+def decode_result(response: httpx.Response) -> Any:
+    """
+    The JSON of a code execution's result document (its big output read
+    without the parser where it can be: :mod:`sandboxd.client._resultjson`).
+    """
+    try:
+        return loads_result(response.content)
     except ValueError:
         raise ProtocolError(
             f"the daemon answered {response.status_code} with a body that is not JSON",
