@@ -28,7 +28,10 @@ on a shared machine hits both alike:
   the E2B door (``/execute``, NDJSON) send;
 - the same print as users' code reads it: our client's ``sb.code.execute``
   (``sandboxd_client``; ``sandboxd_client_doc`` is the same call told to
-  wait, which reads the result document) and ``e2b_code_interpreter``'s
+  wait, which reads the result document; ``sandboxd_client_doc_loads`` the
+  same call made with ``httpx`` and ``json.loads``, as our client read the
+  document before it took the output strings the short way) and
+  ``e2b_code_interpreter``'s
   ``Sandbox.run_code`` through the E2B door (``sandboxd_e2b``), each
   against the direct print beside it.
 
@@ -62,6 +65,7 @@ import tempfile
 import time
 from typing import Any
 
+import httpx
 from daemon import e2b_sandbox, run_seconds, start_with_door, stop_all
 
 #: The parts of a result document's answer, timed by the client: until its
@@ -181,6 +185,7 @@ class Daemon:
         from sandboxd.client import Sandbox
 
         self.client = Sandbox(f"http://127.0.0.1:{port}", token=self.token)
+        self.http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=330)
         from e2b_code_interpreter import Sandbox as CodeSandbox
 
         self.e2b = e2b_sandbox(CodeSandbox, self.e2b_port, self.token)
@@ -253,6 +258,20 @@ class Daemon:
         assert result["state"] == "ok", result["state"]
         return len(result["stdout"])
 
+    def run_client_doc_loads(self, code: str) -> int:
+        """
+        The same call through ``httpx`` with ``json.loads`` of its document
+        (how our client read it before it took the output the short way).
+        """
+        reply = self.http.post(
+            self.path,
+            json={"code": code, "wait": 300},
+            headers={"Authorization": f"Bearer {self.token}"},
+        )
+        result = json.loads(reply.content)
+        assert result["state"] == "ok", result["state"]
+        return len(result["stdout"])
+
     def run_e2b(self, code: str) -> int:
         """``e2b_code_interpreter``'s ``run_code``: the output characters it holds."""
         execution = self.e2b.run_code(code)
@@ -273,6 +292,7 @@ class Daemon:
 
     def stop(self) -> None:
         self.client.close()
+        self.http.close()
         stop_all([self.proc], 30)
         shutil.rmtree(self.base, ignore_errors=True)
 
@@ -326,6 +346,7 @@ def main() -> None:
             ("sse", d.run_stream),
             ("client", d.run_client),
             ("client_doc", d.run_client_doc),
+            ("client_doc_loads", d.run_client_doc_loads),
             ("e2b", d.run_e2b),
         ):
             streams[f"{name}_{case}"] = run
