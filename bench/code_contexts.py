@@ -17,7 +17,10 @@ on a shared machine hits both alike:
   as MB/s (the target: at least 0.8x direct), ``--prints`` times per round;
   ``throughput_ratio`` compares the medians, ``throughput_ratio_paired`` is
   the median of each print's rate over the direct print right after it
-  (load that drifts between rounds moves both alike);
+  (load that drifts between rounds moves both alike); the document's
+  time is split as its client sees it (``*_doc_head_ms``: until the
+  answer began, which is once the execution has ended; ``*_doc_read_ms``:
+  its body; ``*_doc_parse_ms``: ``json.loads`` of it);
 - the same print read as its event stream (``stream: true``, SSE, each
   ``data:`` line decoded as it arrives, as direct's client decodes each
   kernel message while the kernel still prints), as ``sandboxd_sse``: the
@@ -25,7 +28,10 @@ on a shared machine hits both alike:
   the E2B door (``/execute``, NDJSON) send;
 - the same print as users' code reads it: our client's ``sb.code.execute``
   (``sandboxd_client``; ``sandboxd_client_doc`` is the same call told to
-  wait, which reads the result document) and ``e2b_code_interpreter``'s
+  wait, which reads the result document; ``sandboxd_client_doc_loads`` the
+  same call made with ``httpx`` and ``json.loads``, as our client read the
+  document before it took the output strings the short way) and
+  ``e2b_code_interpreter``'s
   ``Sandbox.run_code`` through the E2B door (``sandboxd_e2b``), each
   against the direct print beside it.
 
@@ -59,7 +65,13 @@ import tempfile
 import time
 from typing import Any
 
+import httpx
 from daemon import e2b_sandbox, run_seconds, start_with_door, stop_all
+
+#: The parts of a result document's answer, timed by the client: until its
+#: head arrived (the execution; the daemon answers once it has ended),
+#: from there to its last byte, and parsing it.
+SPLIT = ("head", "read", "parse")
 
 
 def post(conn: http.client.HTTPConnection, token: str, path: str, body: Any) -> Any:
@@ -164,19 +176,44 @@ class Daemon:
             self.base, self.token, policy, "e2b", tree
         )
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+        #: The last document's answer: seconds to its head, then to its
+        #: last byte, then to parse it.
+        self.split = (0.0, 0.0, 0.0)
         ctx = post(self.conn, self.token, "/code/contexts", {})
         self.context_id = ctx["id"]
         self.path = f"/code/contexts/{ctx['id']}/execute"
         from sandboxd.client import Sandbox
 
         self.client = Sandbox(f"http://127.0.0.1:{port}", token=self.token)
+        self.http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=330)
         from e2b_code_interpreter import Sandbox as CodeSandbox
 
         self.e2b = e2b_sandbox(CodeSandbox, self.e2b_port, self.token)
 
     def run(self, code: str) -> Any:
-        """Execute; the result document."""
-        return post(self.conn, self.token, self.path, {"code": code})
+        """
+        Execute; the result document. How long its answer took to begin,
+        to arrive whole after that, and to be parsed is kept in ``split``.
+        """
+        t = time.perf_counter()
+        self.conn.request(
+            "POST",
+            self.path,
+            json.dumps({"code": code}),
+            {
+                "Authorization": f"Bearer {self.token}",
+                "Content-Type": "application/json",
+            },
+        )
+        reply = self.conn.getresponse()
+        head = time.perf_counter()
+        data = reply.read()
+        body = time.perf_counter()
+        if reply.status != 200:
+            raise SystemExit(f"execute: {reply.status} {data[:300]!r}")
+        document = json.loads(data)
+        self.split = (head - t, body - head, time.perf_counter() - body)
+        return document
 
     def run_stream(self, code: str) -> int:
         """
@@ -221,6 +258,20 @@ class Daemon:
         assert result["state"] == "ok", result["state"]
         return len(result["stdout"])
 
+    def run_client_doc_loads(self, code: str) -> int:
+        """
+        The same call through ``httpx`` with ``json.loads`` of its document
+        (how our client read it before it took the output the short way).
+        """
+        reply = self.http.post(
+            self.path,
+            json={"code": code, "wait": 300},
+            headers={"Authorization": f"Bearer {self.token}"},
+        )
+        result = json.loads(reply.content)
+        assert result["state"] == "ok", result["state"]
+        return len(result["stdout"])
+
     def run_e2b(self, code: str) -> int:
         """``e2b_code_interpreter``'s ``run_code``: the output characters it holds."""
         execution = self.e2b.run_code(code)
@@ -241,6 +292,7 @@ class Daemon:
 
     def stop(self) -> None:
         self.client.close()
+        self.http.close()
         stop_all([self.proc], 30)
         shutil.rmtree(self.base, ignore_errors=True)
 
@@ -294,6 +346,7 @@ def main() -> None:
             ("sse", d.run_stream),
             ("client", d.run_client),
             ("client_doc", d.run_client_doc),
+            ("client_doc_loads", d.run_client_doc_loads),
             ("e2b", d.run_e2b),
         ):
             streams[f"{name}_{case}"] = run
@@ -315,6 +368,9 @@ def main() -> None:
             name: {"daemon": [], "hub": []} for name in owner
         }
         client_cpu: dict[str, list[float]] = {name: [] for name in [*runners, *streams]}
+        split: dict[str, dict[str, list[float]]] = {
+            name: {part: [] for part in SPLIT} for name in daemons
+        }
         for round_ in range(args.rounds):
             lat: dict[str, list[float]] = {name: [] for name in runners}
             cpu_before = {name: d.cpu() for name, d in daemons.items()}
@@ -370,6 +426,13 @@ def main() -> None:
                         assert result["state"] == "ok", result["state"]
                         seen = len(result["stdout"])
                         line[f"{name}_truncated"] = result["truncated"]
+                        # Where the document's time went: until its
+                        # answer began (the execution), reading it, parsing it.
+                        for part, took_s in zip(
+                            SPLIT, daemons[name].split, strict=True
+                        ):
+                            split[name][part].append(took_s * 1000)
+                            line[f"{name}_doc_{part}_ms"] = round(took_s * 1000, 1)
                     if d is not None:
                         after = d.cpu()
                         for i, part in enumerate(("daemon", "hub")):
@@ -403,6 +466,9 @@ def main() -> None:
             summary[f"{name}_p50_ms"] = round(p50, 3)
             summary[f"{name}_p99_ms"] = round(percentile(latency[name], 99), 3)
             summary[f"{name}_mb_s"] = round(rate, 1)
+            if name in split:
+                for part, each in split[name].items():
+                    summary[f"{name}_doc_{part}_ms"] = round(statistics.median(each), 1)
             if name in cpu_ms:
                 for part, per_call in cpu_ms[name].items():
                     summary[f"{name}_{part}_cpu_ms_per_call"] = round(

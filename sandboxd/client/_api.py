@@ -1356,7 +1356,7 @@ class Code(_Namespace[F]):
             wait=wait,
             **fields,
         )
-        return await self._http.object(req)
+        return await self._http.result(req)
 
     async def _execute_streamed(
         self,
@@ -1396,7 +1396,7 @@ class Code(_Namespace[F]):
         if seen.execution_id is None:
             raise ConnectionFailed("the execution's stream ended before it began")
         limit = (timeout or 300.0) + 10.0
-        return await self._http.object(
+        return await self._http.result(
             calls.code_contexts(
                 "GET",
                 calls.code_context_path(
@@ -1412,7 +1412,7 @@ class Code(_Namespace[F]):
         self, context_id: str, execution_id: str, *, wait: float | None = None
     ) -> dict[str, Any]:
         """One execution's result (``wait`` long-polls while it runs)."""
-        return await self._http.object(
+        return await self._http.result(
             calls.code_contexts(
                 "GET",
                 calls.code_context_path(context_id, f"/executions/{seg(execution_id)}"),

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 
+from sandboxd.client._resultjson import loads_result
 from sandboxd.client.errors import (
     ConnectionFailed,
     ProtocolError,
@@ -249,8 +250,21 @@ def error_from(response: httpx.Response) -> SandboxError:
 
 def decode(response: httpx.Response) -> Any:
     """The JSON of a success answer."""
+    return _decoded(response, json.loads)
+
+
+def decode_result(response: httpx.Response) -> Any:
+    """
+    The JSON of a code execution's result document (its big output read
+    without the parser where it can be: :mod:`sandboxd.client._resultjson`).
+    """
+    return _decoded(response, loads_result)
+
+
+def _decoded(response: httpx.Response, loads: Callable[[bytes], Any]) -> Any:
+    """``response``'s body read by ``loads``; not JSON, a :class:`ProtocolError`."""
     try:
-        return response.json()
+        return loads(response.content)
     except ValueError:
         raise ProtocolError(
             f"the daemon answered {response.status_code} with a body that is not JSON",

@@ -21,6 +21,7 @@ from sandboxd.client._core import (
     SSEParser,
     backoff,
     decode,
+    decode_result,
     error_from,
     rate_wait,
     stream_timeout,
@@ -95,6 +96,10 @@ class Http:
     async def object(self, req: Req) -> dict[str, Any]:
         """Send one JSON call whose answer is an object."""
         return cast(dict[str, Any], await self.call(req))
+
+    async def result(self, req: Req) -> dict[str, Any]:
+        """Send one call whose answer is a code execution's result document."""
+        return cast(dict[str, Any], decode_result(await self.send(req)))
 
     async def stream(
         self,

@@ -413,3 +413,29 @@ class BigOutputClientTests(ClientCase):
         result = yield self.in_thread(lambda: body(sandbox))
         self.assertEqual(result["state"], "ok")
         self.assertEqual(result["stdout"], text)
+
+    @inlineCallbacks
+    def test_told_to_wait(self) -> Any:
+        """
+        Told to wait, and read again by its id, sb.code gives the daemon's
+        document as json.loads reads it (its output read the short way).
+        """
+        size = 4 * 1024 * 1024
+        text = known_output(size)
+        code = printing(size) + "\nsys.stderr.write('warn \"x\"\\n' * 9000)"
+
+        def body(sb: Any) -> Any:
+            ctx = sb.code.create_context()
+            first = sb.code.execute(ctx["id"], code, wait=KERNEL_CALL_SECONDS)
+            again = sb.code.execution(ctx["id"], first["execution_id"])
+            return ctx["id"], first, again
+
+        sandbox = self.sandbox(timeout=KERNEL_CALL_SECONDS)
+        cid, first, again = yield self.in_thread(lambda: body(sandbox))
+        self.assertEqual(first["stdout"], text)
+        self.assertEqual(first["stderr"], 'warn "x"\n' * 9000)
+        raw = yield self.request(
+            "GET", f"/code/contexts/{cid}/executions/{first['execution_id']}"
+        )
+        self.assertEqual(first, json.loads(raw.body))
+        self.assertEqual(again, json.loads(raw.body))
