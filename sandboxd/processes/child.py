@@ -19,7 +19,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall
@@ -48,9 +48,6 @@ from sandboxd.processes.tree import (
     tree_table,
 )
 from sandboxd.waiters import Waiters
-
-if TYPE_CHECKING:
-    from sandboxd.processes.spawning import PendingSpawn
 
 log = Logger(namespace="sandboxd.processes")
 
@@ -241,8 +238,6 @@ class Child(ProcessProtocol):
         self._drain_limit: float | None = None
         self.stdin_open = False
         self._spawned: Waiters[None] = Waiters()
-        #: Gives up a spawn no worker thread has begun (see :meth:`spawning`).
-        self._withdraw: Callable[[], bool] | None = None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -262,18 +257,14 @@ class Child(ProcessProtocol):
         """Whether its spawn is still on a worker thread (no process yet)."""
         return self in self.table.pending
 
-    def spawning(self, later: PendingSpawn, stdin_pipe: bool) -> None:
+    def spawning(self, later: Deferred[Any], stdin_pipe: bool) -> None:
         """
         Its spawn is on a worker thread: start (and carry out a kill asked
-        for meanwhile) once ``later`` has the process.  A kill asked before
-        a thread has begun the spawn withdraws it instead: the child never
-        runs, and is over at once.
+        for meanwhile) once ``later`` has the process.
         """
         self.table.pending.add(self)
-        self._withdraw = later.withdraw
 
         def done(_: Any) -> None:
-            self._withdraw = None
             self.table.pending.discard(self)
             self.stdin_open = stdin_pipe
             self.started()
@@ -283,7 +274,6 @@ class Child(ProcessProtocol):
             self._spawned.fire(None)
 
         def failed(failure: Failure) -> None:
-            self._withdraw = None
             self.table.pending.discard(self)
             # Never started: over, for whoever waits on it (shutdown).
             self.has_exited = self.has_ended = True
@@ -292,7 +282,7 @@ class Child(ProcessProtocol):
             self.ended.callback(None)
             self._spawned.fail(failure)
 
-        later.result.addCallbacks(done, failed)
+        later.addCallbacks(done, failed)
 
     def when_spawned(self) -> Deferred[None]:
         """
@@ -406,15 +396,10 @@ class Child(ProcessProtocol):
             self.reason = reason
             child_timed_out(reason)
         if self.pending:
-            # No process yet: never started if no spawn thread has begun
-            # it (the withdrawal ends the child at once), else ended as
-            # soon as its spawn is done.
+            # No process yet: ended as soon as its spawn is done.
             if self.killing is None:
                 self.killing = Deferred()
-            killing = self.killing
-            if self._withdraw is not None:
-                self._withdraw()
-            return killing
+            return self.killing
         if self.killing is None:
             # An unreaped leader (even a zombie) still owns its pid, so
             # kill_tree may read its start time now; a reaped one's pid may

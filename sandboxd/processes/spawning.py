@@ -16,13 +16,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from queue import SimpleQueue
-from typing import Any, TypeAlias
+from typing import Any
 
-import attrs
 from twisted.internet import abstract
 from twisted.internet import process as _twisted_process
 from twisted.internet._baseprocess import BaseProcess
-from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import Deferred
 from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
 from twisted.python import log
 from twisted.python.failure import Failure
@@ -516,13 +515,6 @@ class SpawnTimes:
 SPAWN_TIMES = SpawnTimes()
 
 
-#: A job for the spawn threads: the reactor, the Deferred its result goes
-#: to, the call and its arguments, and the lock a worker takes to start it.
-_Job: TypeAlias = (
-    "tuple[Any, Deferred[Any], Any, tuple[Any, ...], threading.Lock | None]"
-)
-
-
 class _SpawnThreads:
     """
     The worker threads that wait in ``posix_spawn`` (started as spawns
@@ -538,21 +530,14 @@ class _SpawnThreads:
 
     def __init__(self, size: int = SPAWN_THREADS) -> None:
         self.size = size
-        self.jobs: SimpleQueue[_Job | None] = SimpleQueue()
+        self.jobs: SimpleQueue[tuple[Any, Deferred[Any], Any, tuple[Any, ...]] | None]
+        self.jobs = SimpleQueue()
         self.threads: list[threading.Thread] = []
         #: Spawns handed to a thread whose child is not adopted yet.
         self.in_flight = 0
 
-    def run(
-        self, reactor: Any, f: Any, *args: Any, claim: threading.Lock | None = None
-    ) -> Deferred[Any]:
-        """
-        ``f(*args)`` on a worker thread; its result or failure on the reactor.
-
-        :param claim: taken by the worker before it starts the job; a job
-            whose lock someone else took first is skipped, its Deferred
-            left to them (see :class:`PendingSpawn`).
-        """
+    def run(self, reactor: Any, f: Any, *args: Any) -> Deferred[Any]:
+        """``f(*args)`` on a worker thread; its result or failure on the reactor."""
         if not self.threads:
             reactor.addSystemEventTrigger("during", "shutdown", self._stop)
         # in_flight counts this job already (the caller adds it first).
@@ -563,7 +548,7 @@ class _SpawnThreads:
             self.threads.append(worker)
             worker.start()
         d: Deferred[Any] = Deferred()
-        self.jobs.put((reactor, d, f, args, claim))
+        self.jobs.put((reactor, d, f, args))
         return d
 
     def _work(self) -> None:
@@ -571,9 +556,7 @@ class _SpawnThreads:
             job = self.jobs.get()
             if job is None:
                 return
-            reactor, d, f, args, claim = job
-            if claim is not None and not claim.acquire(blocking=False):
-                continue
+            reactor, d, f, args = job
             try:
                 result = f(*args)
             except BaseException:
@@ -590,23 +573,6 @@ class _SpawnThreads:
 
 
 SPAWN_THREADS_POOL = _SpawnThreads()
-
-
-@attrs.frozen
-class PendingSpawn:
-    """
-    A spawn handed to the spawn threads.
-
-    :ivar result: fires with the adopted process, or fails with the spawn's
-        error (``CancelledError`` once withdrawn).
-    :ivar withdraw: gives the spawn up if no spawn thread has begun it yet,
-        returning True: no child is started, its pipes are closed and
-        ``result`` fails at once.  False once a thread has it: the child
-        will run and be adopted, and whoever wanted it gone ends it then.
-    """
-
-    result: Deferred[AdoptedProcess]
-    withdraw: Callable[[], bool]
 
 
 def spawns_in_flight() -> int:
@@ -626,15 +592,10 @@ def _spawn_adopted_later(
     env: dict[str, str],
     path: str | None,
     child_fds: Mapping[int, Any],
-) -> PendingSpawn:
+) -> Deferred[AdoptedProcess]:
     """
     :func:`_spawn_adopted` with the wait for the child's exec on a worker
     thread (``ctypes`` lets go of the GIL during the call).
-
-    The spawn can be withdrawn until a thread begins it: a client that
-    leaves while its command waits behind others (a load generator stopping
-    with a request in flight on each connection) then costs no child, no
-    tree kill and no reaping, and the spawns behind it start sooner.
     """
     fdmap, pipes, plan = _planned(executable, args, env, path, child_fds)
     try:
@@ -674,19 +635,9 @@ def _spawn_adopted_later(
         _close_pipes({}, pipes, parent=True)
         return failure
 
-    claim = threading.Lock()
-    d = threads.run(reactor, timed, claim=claim)
+    d = threads.run(reactor, timed)
     d.addCallbacks(adopt, failed)
-
-    def withdraw() -> bool:
-        if not claim.acquire(blocking=False):
-            return False
-        # The child's ends here; ``failed`` closes the daemon's.
-        _close_pipes(fdmap, pipes, parent=False)
-        d.errback(CancelledError())
-        return True
-
-    return PendingSpawn(d, withdraw)
+    return d
 
 
 def spawn_anywhere() -> bool:
@@ -722,7 +673,7 @@ def spawn_session_later(
     uid: int | None = None,
     gid: int | None = None,
     child_fds: dict[int, Any] | None = None,
-) -> PendingSpawn | None:
+) -> Deferred[AdoptedProcess] | None:
     """
     :func:`spawn_session` with the wait for the child's exec on a worker
     thread, when spawns are slow right now (:class:`SpawnTimes`) and the
@@ -732,7 +683,7 @@ def spawn_session_later(
     if not SPAWN_TIMES.slow or program is None:
         return None
     fds = _standard_fds(child_fds)
-    pending = _spawn_adopted_later(reactor, protocol, *program, env, path, fds)
+    d = _spawn_adopted_later(reactor, protocol, *program, env, path, fds)
 
     def unsupported(failure: Failure) -> Any:
         error = failure.value
@@ -743,8 +694,7 @@ def spawn_session_later(
             reactor, protocol, executable, args, env, path, uid, gid, fds
         )
 
-    pending.result.addErrback(unsupported)
-    return pending
+    return d.addErrback(unsupported)
 
 
 def spawn_session(

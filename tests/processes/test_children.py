@@ -11,7 +11,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import threading
 import time
 from typing import Any
 
@@ -823,24 +822,12 @@ class PendingSpawnTests(TestCase):
         always.slow = True
         self.patch(spawning, "SPAWN_TIMES", always)
         real = spawn.posix_spawn_alone
-        #: Set once a spawn thread has begun a spawn.
-        self.begun = threading.Event()
 
         def slow(plan: Any, attributes: Any) -> int:
-            self.begun.set()
             time.sleep(0.3)
             return real(plan, attributes)
 
         self.patch(spawn, "posix_spawn_alone", slow)
-
-    @inlineCallbacks
-    def until_begun(self) -> Any:
-        """Wait until a spawn thread has begun a spawn."""
-        for _ in range(500):
-            if self.begun.is_set():
-                return
-            yield deferLater(reactor, 0.01, lambda: None)
-        self.fail("no spawn thread began")
 
     def start(self, argv: list[str]) -> processes.Child:
         child = processes.Child(reactor, lambda fd, data: None, grace=0.5)
@@ -851,49 +838,15 @@ class PendingSpawnTests(TestCase):
 
     @inlineCallbacks
     def test_kill_asked_before_the_process_exists(self) -> Any:
-        """A kill asked while a thread waits in the spawn ends the child once it runs."""
+        """A kill asked while the spawn waits ends the child once it runs."""
         child = self.start(["sleep", self.marker])
         self.assertTrue(child.pending)
-        yield self.until_begun()
         self.assertEqual(child.pid, 0)
         yield child.kill("killed")
         yield child.ended
         self.assertNotEqual(child.pid, 0)
         self.assertEqual(child.reason, "killed")
         self.assertEqual(marked_pids(self.marker), [])
-        self.assertEqual(CHILDREN.pending, set())
-
-    @inlineCallbacks
-    def test_kill_before_a_thread_begins_withdraws(self) -> Any:
-        """
-        A kill asked while the spawn still waits for a thread starts
-        nothing: the child is over at once, its pipes closed, and the spawn
-        queued behind it runs.
-        """
-        self.patch(spawning, "SPAWN_THREADS_POOL", spawning._SpawnThreads(size=1))
-        self.addCleanup(spawning.SPAWN_THREADS_POOL._stop)
-        # What a first spawn opens for good (the PATH watch, /dev/null,
-        # the reactor's SIGCHLD pipe) is open before the count.
-        yield self.start(["true"]).ended
-        fds = len(os.listdir("/proc/self/fd"))
-        marks = [self.marker + str(n) for n in range(3)]
-        first, withdrawn, after = (self.start(["sleep", mark]) for mark in marks)
-        self.assertTrue(withdrawn.pending)
-        killed = withdrawn.kill("cancelled")
-        self.assertTrue(killed.called)
-        self.assertFalse(withdrawn.pending)
-        self.assertTrue(withdrawn.ended.called)
-        self.assertIsNone((yield withdrawn.ended))
-        yield after.when_spawned()
-        yield first.when_spawned()
-        self.assertEqual(withdrawn.pid, 0)
-        self.assertEqual([len(marked_pids(mark)) for mark in marks], [1, 0, 1])
-        self.assertEqual(spawning.SPAWN_THREADS_POOL.in_flight, 0)
-        yield first.kill("killed")
-        yield after.kill("killed")
-        yield first.ended
-        yield after.ended
-        self.assertEqual(len(os.listdir("/proc/self/fd")), fds)
         self.assertEqual(CHILDREN.pending, set())
 
     @inlineCallbacks
@@ -1075,24 +1028,12 @@ class OutputPipeEndsTests(TestCase):
         always.slow = True
         self.patch(spawning, "SPAWN_TIMES", always)
         real = spawn.posix_spawn_alone
-        #: Set once a spawn thread has begun a spawn.
-        self.begun = threading.Event()
 
         def slow(plan: Any, attributes: Any) -> int:
-            self.begun.set()
             time.sleep(0.3)
             return real(plan, attributes)
 
         self.patch(spawn, "posix_spawn_alone", slow)
-
-    @inlineCallbacks
-    def until_begun(self) -> Any:
-        """Wait until a spawn thread has begun a spawn."""
-        for _ in range(500):
-            if self.begun.is_set():
-                return
-            yield deferLater(reactor, 0.01, lambda: None)
-        self.fail("no spawn thread began")
 
     @inlineCallbacks
     def test_no_write_end_while_the_spawn_waits(self) -> Any:

@@ -12,7 +12,6 @@ import os
 import secrets
 import signal
 import socket
-import threading
 import time
 from typing import Any
 from unittest import SkipTest
@@ -898,62 +897,6 @@ class ClientLeftTests(ProcessCase):
             [(r["path"], r["status"]) for r in closed],
             [("/shell", 499), ("/process/start", 499)],
         )
-
-    @inlineCallbacks
-    def until_in_flight(self, threads: Any, count: int) -> Any:
-        """Wait until ``count`` spawns are in the spawn threads' hands."""
-        for _ in range(300):
-            if threads.in_flight == count:
-                return
-            yield sleep_(0.01)
-        self.assertEqual(threads.in_flight, count)
-
-    @inlineCallbacks
-    def test_command_waiting_for_a_spawn_thread_not_run(self) -> Any:
-        """
-        A /shell whose client leaves while its spawn still waits behind
-        another for a spawn thread (a burst's end) starts nothing; the call
-        ahead of it runs, and the one that left is audited 499.
-        """
-        if not spawn_module.AVAILABLE:
-            raise SkipTest("no posix_spawn through ctypes here")
-        slow = spawning.SpawnTimes(threshold=-1.0)
-        slow.slow = True
-        self.patch(spawning, "SPAWN_TIMES", slow)
-        threads = spawning._SpawnThreads(size=1)
-        self.patch(spawning, "SPAWN_THREADS_POOL", threads)
-        self.addCleanup(threads._stop)
-        gate = threading.Event()
-        self.addCleanup(gate.set)
-        real = spawn_module.posix_spawn_alone
-
-        def held(plan: Any, prepared: Any) -> int:
-            gate.wait(10)
-            pid = real(plan, prepared)
-            # The child has long run by the time a kill could reach it.
-            time.sleep(0.2)
-            return pid
-
-        self.patch(spawn_module, "posix_spawn_alone", held)
-        ahead = self.request("POST", "/shell", {"command": "echo ahead"})
-        yield self.until_in_flight(threads, 1)
-        data = json.dumps({"command": "touch made"}).encode()
-        sock = socket.create_connection(("127.0.0.1", self.daemon.port))
-        sock.sendall(
-            b"POST /shell HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
-        )
-        yield self.until_in_flight(threads, 2)
-        sock.close()
-        yield sleep_(0.2)
-        gate.set()
-        reply = yield ahead
-        self.assertEqual((reply.status, reply.json()["stdout"]), (200, "ahead\n"))
-        yield sleep_(0.3)
-        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "made")))
-        self.assertEqual(threads.in_flight, 0)
-        closed = [r for r in self.audit_lines() if r["code"] == "client_closed"]
-        self.assertEqual([(r["path"], r["status"]) for r in closed], [("/shell", 499)])
 
     @inlineCallbacks
     def test_upload_not_written(self) -> Any:
