@@ -154,6 +154,17 @@ def install() -> None:
     around(sse.SSEChannel, "__init__", "headers")
     around(sse.SSEChannel, "write_raw", "write")
     around(child, "kill_tree", "kill_tree", lambda clock, pid, *_a, **_k: pid)
+    killed = child.Child.kill
+
+    @functools.wraps(killed)
+    def kill(self: Any, *args: Any, **kwargs: Any) -> Any:
+        pending = self.pending
+        result = killed(self, *args, **kwargs)
+        if pending:
+            note("kill_pending", self.has_ended)
+        return result
+
+    child.Child.kill = kill  # type: ignore[method-assign]
     _labelled(dispatch, "cancel")
     _labelled(tree, "tree_look")
     around(reactor, "doIteration", "turn", lambda delay: delay)

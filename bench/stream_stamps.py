@@ -20,7 +20,9 @@ line per sample with, in ms from the stream's send:
   output read, its event written to the socket, and read by the client;
 - before the accept, counted from wrk's exit: connections lost, tree kills,
   and the reactor's busy ms (not waiting in ``epoll_wait``); ``reactor_busy``:
-  its busy ms in the stream's whole window.
+  its busy ms in the stream's whole window;
+- ``killed_pending``: after wrk's exit, the burst's cut requests whose
+  child was killed while its spawn was still pending on a spawn thread.
 
     .venv/bin/python bench/stream_stamps.py --samples 20 --tree base=/tmp/base
 """
@@ -193,6 +195,9 @@ def explain(
             _busy(notes, window_start, (accept or [got])[0]) * 1000, 3
         ),
         reactor_busy=round(_busy(notes, sent, got) * 1000, 3),
+        killed_pending=sum(
+            1 for row in notes if row[1] == "kill_pending" and row[0] >= wrk_end
+        ),
         spawns_in_window=sum(
             1 for row in notes if row[1] == "posix_spawn" and wrk_end <= row[0] <= got
         ),
@@ -208,7 +213,14 @@ def main() -> None:
         "--tree", action="append", default=[], help="NAME=DIR, another checkout"
     )
     parser.add_argument("--notes", default=None, help="also keep every note here")
+    parser.add_argument(
+        "--policy", default=None, help="a policy document (JSON) for every daemon"
+    )
     args = parser.parse_args()
+    policy = None
+    if args.policy:
+        with open(args.policy) as f:
+            policy = json.load(f)
     os.chdir(tempfile.gettempdir())
     trees: dict[str, str | None] = {"this": None}
     for spec in args.tree:
@@ -226,7 +238,9 @@ def main() -> None:
                 os.makedirs(home)
                 out = os.path.join(base, f"{name}.notes")
                 prefix = [sys.executable, os.path.join(HERE, "stamped.py"), out]
-                proc, port = start_daemon(home, token, env=env, prefix=prefix)
+                proc, port = start_daemon(
+                    home, token, policy=policy, env=env, prefix=prefix
+                )
                 daemons[name] = (proc, port, out)
                 seen[name] = 0
             time.sleep(SETTLE_SECONDS)
