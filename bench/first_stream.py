@@ -181,10 +181,24 @@ def paired(trees: dict[str, str | None], args: argparse.Namespace) -> None:
                 os.makedirs(os.path.join(base, name))
                 daemons[name] = start_daemon(os.path.join(base, name), token, env=env)
             time.sleep(SETTLE_SECONDS)
-            for _ in range(args.paired):
+            for i in range(args.paired):
                 for name, (proc, port) in daemons.items():
                     burst(port, token, args.burst)
-                    samples[name].append(timed(proc.pid, port, token))
+                    sample = timed(proc.pid, port, token)
+                    samples[name].append(sample)
+                    if args.samples:
+                        print(
+                            json.dumps(
+                                {
+                                    "tree": name,
+                                    "sample": i,
+                                    "first_ms": round(sample[0], 3),
+                                    "daemon_cpu_ms": round(sample[1], 3),
+                                    "load_average": round(os.getloadavg()[0], 2),
+                                }
+                            ),
+                            flush=True,
+                        )
                     time.sleep(1.2)
         finally:
             for proc, _ in daemons.values():
@@ -217,6 +231,9 @@ def main() -> None:
     parser.add_argument("--burst", type=float, default=2.0)
     parser.add_argument("--pause", type=float, default=3.0)
     parser.add_argument("--paired", type=int, default=0, help="samples per tree")
+    parser.add_argument(
+        "--samples", action="store_true", help="with --paired, print every sample"
+    )
     parser.add_argument(
         "--tree", action="append", default=[], help="NAME=DIR, another checkout"
     )
