@@ -41,7 +41,8 @@ class Priorities:
     """
     What the policy asks for (``priority`` in the document).
 
-    :ivar children_nice: nice value of every child (0..19; 0 leaves it).
+    :ivar children_nice: nice value of every child (0..19; 0 the default
+        priority, never the daemon's own when it raised it).
     :ivar children_group_nice: nice value of every child's session group
         under the kernel's autogroup scheduling (0..19), None for
         ``children_nice``'s: a group's weight counts once per session, so

@@ -241,6 +241,9 @@ class ChildPriority:
         self._spawning = 0
         self._own_oom: int | None = None
         self._restorable = False
+        #: Whether the daemon runs above the default priority (it raised
+        #: itself): a child must then be lowered even to nice 0.
+        self._raised = False
         self._original: tuple[int, int | None, int | None] | None = None
         #: The weight the children's session groups share: the daemon's
         #: group's on each CPU the daemon may run on (the daemon is one busy
@@ -273,6 +276,7 @@ class ChildPriority:
         """Take a (re)loaded policy's priorities; raise the daemon's own when it may."""
         self.priorities = priorities
         self._restorable = _may_raise_priority()
+        self._raised = False
         if not priorities.enabled or os.geteuid() != 0:
             return
         if self._original is None:
@@ -286,6 +290,7 @@ class ChildPriority:
                 os.setpriority(os.PRIO_PROCESS, 0, priorities.daemon_nice)
         except OSError:
             pass
+        self._raised = os.getpriority(os.PRIO_PROCESS, 0) < 0
         if _autogroups():
             _write_value("/proc/self/autogroup", priorities.daemon_nice)
         group = _read_autogroup_nice()
@@ -365,7 +370,9 @@ class ChildPriority:
             return
         nice = before_nice = None
         child_nice, awaited = self._child_nice()
-        if (child_nice or awaited) and self._restorable:
+        # Nice 0 is a change too under a daemon above the default priority:
+        # a child never inherits the daemon's own.
+        if (child_nice or awaited or self._raised) and self._restorable:
             before_nice = os.getpriority(os.PRIO_PROCESS, tid)
             target = max(before_nice, child_nice)
             if target != before_nice:

@@ -258,6 +258,26 @@ class PriorityTunedTests(DaemonTestCase):
             self.assertTrue(group.endswith(" nice 7"), group)
 
 
+class ChildrenAtDefaultPriorityTests(DaemonTestCase):
+    """``children_nice: 0`` is the default priority, not the root daemon's raised one."""
+
+    policy = {"priority": {"children_nice": 0}}
+
+    def setUp(self) -> Any:
+        if os.geteuid() != 0:
+            raise self.skipTest("the daemon raises its own priority only as root")
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_child_at_nice_zero(self) -> Any:
+        """The daemon runs at nice -5 or below; its child reports 0."""
+        self.assertLessEqual(os.getpriority(os.PRIO_PROCESS, 0), -5)
+        reply = yield self.request("POST", "/shell", {"command": REPORT})
+        self.assertEqual(reply.status, 200, reply.body)
+        nice, _, _ = _fields(reply.json()["stdout"])
+        self.assertEqual(nice, 0)
+
+
 class DaemonOwnPriorityTests(DaemonTestCase):
     """As root, the daemon lowers its own oom_score_adj and nice value, and gives them back at stop."""
 
