@@ -409,8 +409,8 @@ def main() -> None:
                     "round": round_,
                 }
                 for name, run in [*runners.items(), *streams.items()]:
-                    d = owner.get(name)
-                    before = d.cpu() if d is not None else (0.0, 0.0)
+                    who = owner.get(name)
+                    before = who.cpu() if who is not None else (0.0, 0.0)
                     t = time.perf_counter()
                     mine = time.process_time()
                     result = run(big)
@@ -433,8 +433,8 @@ def main() -> None:
                         ):
                             split[name][part].append(took_s * 1000)
                             line[f"{name}_doc_{part}_ms"] = round(took_s * 1000, 1)
-                    if d is not None:
-                        after = d.cpu()
+                    if who is not None:
+                        after = who.cpu()
                         for i, part in enumerate(("daemon", "hub")):
                             spent = (after[i] - before[i]) * 1000
                             print_cpu[name][part].append(spent)

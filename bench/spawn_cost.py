@@ -80,10 +80,10 @@ def main() -> None:
     def start() -> None:
         d = defer.ensureDeferred(measure())
         d.addErrback(lambda failure: failure.printTraceback())
-        d.addBoth(lambda _: reactor.stop())  # type: ignore[attr-defined]
+        d.addBoth(lambda _: reactor.stop())
 
-    reactor.callWhenRunning(start)  # type: ignore[attr-defined]
-    reactor.run()  # type: ignore[attr-defined]
+    reactor.callWhenRunning(start)
+    reactor.run()
     out["cpu_us"] = out["user_us"] + out["system_us"]
     print(
         {k: round(v, 1) for k, v in out.items()},

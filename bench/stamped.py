@@ -169,7 +169,7 @@ def install() -> None:
     _labelled(tree, "tree_look")
     around(reactor, "doIteration", "turn", lambda delay: delay)
     around(reactor, "runUntilCurrent", "timers")
-    reactor._poller = _Poller(reactor._poller)
+    reactor._poller = _Poller(reactor._poller)  # type: ignore[attr-defined]
 
 
 def main() -> None:
