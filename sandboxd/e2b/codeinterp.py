@@ -25,7 +25,6 @@ from twisted.logger import Logger
 from twisted.web.server import NOT_DONE_YET
 
 from sandboxd.api.fields import F
-from sandboxd.e2b.connect import decode_json
 from sandboxd.e2b.door import REST, Call, Procedure
 from sandboxd.errors import ApiError, bad_request, internal
 from sandboxd.eventlog import Event
@@ -57,16 +56,6 @@ def _routes() -> Any:
     from sandboxd.routes import kernels
 
     return kernels
-
-
-def _body(call: Call) -> dict[str, Any]:
-    """
-    The request's JSON object, read as strictly as every other door reads
-    one (a body nested past the parser's depth is a 400, not a crash).
-    """
-    content = call.request.content
-    raw = content.read() if content is not None else b""
-    return decode_json(raw)
 
 
 def _context_id(call: Call) -> str:
@@ -177,9 +166,11 @@ async def _target(call: Call, body: dict[str, Any]) -> Any:
     return ctx
 
 
-def execute(call: Call, _: Any) -> Any:
-    """``POST /execute``: the execution's outputs as NDJSON, as they come."""
-    body = _body(call)
+def execute(call: Call, body: dict[str, Any]) -> Any:
+    """
+    ``POST /execute``: the execution's outputs as NDJSON, as they come.
+    ``body`` is the request's JSON object, read and checked by the door.
+    """
     d = ensureDeferred(_execute(call, body))
 
     def failed(failure: Any) -> None:
@@ -306,8 +297,7 @@ class NdjsonStream:
         self.ctx.abandon(self.x)
 
 
-async def _create(call: Call) -> dict[str, Any]:
-    body = _body(call)
+async def _create(call: Call, body: dict[str, Any]) -> dict[str, Any]:
     native: dict[str, Any] = {"language": str(body.get("language") or "python").lower()}
     if body.get("cwd"):
         native["cwd"] = body["cwd"]
@@ -315,9 +305,9 @@ async def _create(call: Call) -> dict[str, Any]:
     return _e2b_context(ctx)
 
 
-def create(call: Call, _: Any) -> Any:
+def create(call: Call, body: dict[str, Any]) -> Any:
     """``POST /contexts {language?, cwd?}`` → ``{id, language, cwd}``."""
-    return ensureDeferred(_create(call))
+    return ensureDeferred(_create(call, body))
 
 
 def list_contexts(call: Call, _: Any) -> Any:

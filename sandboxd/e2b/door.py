@@ -84,8 +84,9 @@ class Procedure:
         (E2B's control plane), when the call carries no other credential.
     :ivar fields: a REST route that takes a JSON object: the fields it
         reads, with their JSON types.  The door refuses a body that is no
-        object, or a field of another type, before the route runs (a
-        Connect procedure's fields are envd's protobuf messages').
+        object, or a field of another type, before the route runs, and
+        gives the route the object (a Connect procedure's fields are envd's
+        protobuf messages').
     """
 
     name: str
@@ -788,15 +789,13 @@ def present_api_key(headers: dict[bytes, list[bytes]]) -> None:
 
 def rest_body(content: Any, fields: tuple[Field, ...]) -> dict[str, Any]:
     """
-    A JSON route's body, checked against the fields it reads, and left
-    unread for the route (which reads it again).
+    A JSON route's body, read as strictly as every other door reads one
+    and checked against the fields it reads.
 
     :raises ApiError: 400 ``invalid_json`` for a body that is no JSON
         object, ``invalid_param`` for a field of another type.
     """
     raw = content.read() if content is not None else b""
-    if content is not None:
-        content.seek(0)
     message = connect.decode_json(raw)
     declared_types(message, fields)
     return message
