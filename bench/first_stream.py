@@ -52,13 +52,10 @@ SETTLE_SECONDS = 1.0
 CASES = ("fresh", "after_shell", "after_burst", "after_burst_pause")
 
 
-def first_event_ms(port: int, token: str) -> float:
-    """One stream on a fresh connection: ms from send to its first stdout event."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    conn.connect()
-    body = json.dumps({"command": COMMAND}).encode()
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-    start = time.perf_counter()
+def first_stdout(
+    conn: http.client.HTTPConnection, body: bytes, headers: dict[str, str]
+) -> float:
+    """Send the stream on ``conn``; the clock's time at its first stdout event."""
     conn.request("POST", "/shell/stream", body=body, headers=headers)
     response = conn.getresponse()
     if response.status != 200:
@@ -71,10 +68,25 @@ def first_event_ms(port: int, token: str) -> float:
         if line.startswith(b"event:"):
             event = line[6:].strip()
         elif line.startswith(b"data:") and event == b"stdout":
-            elapsed = (time.perf_counter() - start) * 1000
-            break
+            return time.perf_counter()
+
+
+def stream_request(token: str) -> tuple[bytes, dict[str, str]]:
+    """The stream's body and headers."""
+    body = json.dumps({"command": COMMAND}).encode()
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    return body, headers
+
+
+def first_event_ms(port: int, token: str) -> float:
+    """One stream on a fresh connection: ms from send to its first stdout event."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.connect()
+    body, headers = stream_request(token)
+    start = time.perf_counter()
+    got = first_stdout(conn, body, headers)
     conn.close()
-    return elapsed
+    return (got - start) * 1000
 
 
 def shells(port: int, token: str, until: float, cut: bool = False) -> None:

@@ -45,7 +45,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from daemon import start_daemon
-from first_stream import COMMAND, SETTLE_SECONDS, burst
+from first_stream import SETTLE_SECONDS, burst, first_stdout, stream_request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -53,24 +53,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def stream(port: int, token: str) -> tuple[float, float]:
     """One stream on a fresh connection: (send, first stdout event) times."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    body = json.dumps({"command": COMMAND}).encode()
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    body, headers = stream_request(token)
     sent = time.perf_counter()
     conn.connect()
-    conn.request("POST", "/shell/stream", body=body, headers=headers)
-    response = conn.getresponse()
-    if response.status != 200:
-        raise SystemExit(f"/shell/stream: {response.status}")
-    event = None
-    while True:
-        line = response.fp.readline()
-        if not line:
-            raise SystemExit("the stream ended before a stdout event")
-        if line.startswith(b"event:"):
-            event = line[6:].strip()
-        elif line.startswith(b"data:") and event == b"stdout":
-            got = time.perf_counter()
-            break
+    got = first_stdout(conn, body, headers)
     conn.close()
     return sent, got
 

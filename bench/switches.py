@@ -28,6 +28,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from daemon import start_daemon
 
 
+def post_script(directory: str, token: str) -> str:
+    """A ``wrk`` script in ``directory`` that posts ``/shell true`` with ``token``."""
+    script = os.path.join(directory, "post.lua")
+    with open(script, "w") as f:
+        f.write(
+            'wrk.method = "POST"\n'
+            'wrk.body = \'{"command": "true"}\'\n'
+            'wrk.headers["Content-Type"] = "application/json"\n'
+            f'wrk.headers["Authorization"] = "Bearer {token}"\n'
+        )
+    return script
+
+
 def wrk(script: str, url: str, seconds: int) -> str:
     """``wrk`` at 8 connections for ``seconds``; its report."""
     argv = ["wrk", "-t1", "-c8", f"-d{seconds}", "-s", script, url]
@@ -41,14 +54,7 @@ def main() -> None:
     token = secrets.token_hex(8)
     os.environ["PYTHONPATH"] = os.path.abspath(tree)
     proc, port = start_daemon(base, token, {})
-    script = os.path.join(base, "post.lua")
-    with open(script, "w") as f:
-        f.write(
-            'wrk.method = "POST"\n'
-            'wrk.body = \'{"command": "true"}\'\n'
-            'wrk.headers["Content-Type"] = "application/json"\n'
-            f'wrk.headers["Authorization"] = "Bearer {token}"\n'
-        )
+    script = post_script(base, token)
     url = f"http://127.0.0.1:{port}/shell"
     try:
         wrk(script, url, 2)

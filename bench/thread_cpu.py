@@ -30,6 +30,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from daemon import free_port, start_daemon, wait_healthy
+from switches import post_script
 
 #: The shared harness's threaded server, as ``compare.sh stdlib-tuned`` starts it.
 STDLIB = "/work/shared/bench/peers/stdlib_server.py"
@@ -91,14 +92,7 @@ def main() -> None:
     base = tempfile.mkdtemp(prefix="thread-cpu-")
     token = secrets.token_hex(8)
     proc, port = start(tree, base, token)
-    script = os.path.join(base, "post.lua")
-    with open(script, "w") as f:
-        f.write(
-            'wrk.method = "POST"\n'
-            'wrk.body = \'{"command": "true"}\'\n'
-            'wrk.headers["Content-Type"] = "application/json"\n'
-            f'wrk.headers["Authorization"] = "Bearer {token}"\n'
-        )
+    script = post_script(base, token)
     url = f"http://127.0.0.1:{port}/shell"
     wrk = ["wrk", "-t1", "-c8", "-s", script, url]
     try:
