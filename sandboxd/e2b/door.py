@@ -151,6 +151,22 @@ class E2BSite(HardenedSite):
         """How many body bytes a request to ``path`` may send."""
         return self.e2b.body_cap(path.split(b"?", 1)[0])
 
+    def refusal(
+        self, error: ApiError, path: str, accept: bytes | None
+    ) -> tuple[bytes, bytes, dict[str, str]]:
+        """
+        A request the HTTP front refused, in the framing its client reads
+        (the status unchanged): a Connect error on a procedure's path (the
+        SDK's Connect client reads ``code`` as a Connect code, and takes
+        any other string for an unreachable sandbox), envd's REST error
+        elsewhere and when no path was read (the SDK reads ``message``).
+        """
+        if procedure_path(path):
+            body: dict[str, Any] = connect.error_json(error)
+        else:
+            body = rest_error(error)
+        return b"application/json", json.dumps(body).encode(), dict(error.headers)
+
 
 class _Root(Resource):
     isLeaf = True
@@ -556,7 +572,7 @@ class Door:
     def _find(self, request: Any) -> Procedure | None:
         path = request.path.decode("latin-1")
         method = request.method.decode("latin-1")
-        if method == "POST" and path.count("/") == 2 and "." in path:
+        if method == "POST" and procedure_path(path):
             return self.procedures.get(path.lstrip("/"))
         key = f"{method} {path.rstrip('/') or '/'}"
         return self.procedures.get(key) or self.procedures.get(_templated(key))
@@ -723,9 +739,7 @@ class Door:
         kind = call.procedure.kind
         if kind == REST:
             status = error.status
-            body = json.dumps(
-                {"code": status, "message": connect.error_message(error)}
-            ).encode()
+            body = json.dumps(rest_error(error)).encode()
             content_type = b"application/json"
         elif kind in (SERVER_STREAM, CLIENT_STREAM):
             status = 200
@@ -765,6 +779,19 @@ CONTENT_TYPES = {
     SERVER_STREAM: connect.STREAM_CONTENT_TYPE,
     CLIENT_STREAM: connect.STREAM_CONTENT_TYPE,
 }
+
+
+def procedure_path(path: str) -> bool:
+    """Whether ``path`` names a Connect procedure (``/package.Service/Method``)."""
+    return path.count("/") == 2 and "." in path
+
+
+def rest_error(error: ApiError) -> dict[str, Any]:
+    """
+    envd's REST error (its OpenAPI ``Error``): the HTTP status as ``code``,
+    the message with sandboxd's code and rule.
+    """
+    return {"code": error.status, "message": connect.error_message(error)}
 
 
 def traffic_tokens(headers: dict[bytes, list[bytes]]) -> list[bytes]:

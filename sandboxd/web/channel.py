@@ -20,8 +20,10 @@ facing untrusted clients needs and Twisted does not set.
   head is Twisted's again: its body decoders, its pipelining (one request
   at a time, the next one's bytes held), its ``Request`` and the
   pipeline's hooks on it.
-- Whatever the parser refuses gets a JSON body with a ``code``
-  (``malformed_request``) like every other error, not a bare status line.
+- Whatever the parser (or Twisted's body decoder) refuses gets a 400
+  ``malformed_request`` in the framing of the site's door, like every
+  other error of that door, not a bare status line: the site's
+  ``refusal`` frames it (:class:`~sandboxd.web.factory.HardenedSite`).
 
 HTTP/2 is not offered (HTTP/1.1 only; see docs/operations.md), so the
 channel is used directly rather than through Twisted's protocol switcher.
@@ -29,7 +31,6 @@ channel is used directly rather than through Twisted's protocol switcher.
 
 from __future__ import annotations
 
-import json
 import select
 import socket
 from typing import Any
@@ -38,18 +39,16 @@ from twisted.internet.interfaces import IProtocol
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web.http import (
+    RESPONSES,
     HTTPChannel,
     _ChunkedTransferDecoder,
     _IdentityTransferDecoder,
 )
 from twisted.web.http_headers import _nameEncoder
 
-from sandboxd.errors import malformed_request
+from sandboxd.errors import ApiError, malformed_request
 from sandboxd.policy.defaults import MAX_HEADERS
 from sandboxd.web.heads import Head, HeadError, parse_head
-
-#: The body of a request Twisted's body decoder refuses (a bad chunk).
-MALFORMED = malformed_request("malformed HTTP request").body()
 
 
 def target_path(head: bytes) -> str:
@@ -62,6 +61,19 @@ def target_path(head: bytes) -> str:
         return ""
     target = rest.split(b" ", 1)[0].split(b"\r", 1)[0].split(b"\n", 1)[0]
     return target.partition(b"?")[0].decode("latin-1")
+
+
+def header_value(head: bytes, name: bytes) -> bytes | None:
+    """
+    The first value of header ``name`` (lower-case) among the lines of a
+    head the parser refused (which may end anywhere), or None: read only
+    to choose how the refusal is presented, never to act on.
+    """
+    for line in head.split(b"\r\n")[1 : MAX_HEADERS + 1]:
+        field, colon, value = line.partition(b":")
+        if colon and field.lower() == name:
+            return value.strip(b" \t")
+    return None
 
 
 class SandboxChannel(HTTPChannel):
@@ -333,35 +345,46 @@ class SandboxChannel(HTTPChannel):
 
     def _refuse_head(self, reason: str, head: bytes = b"") -> None:
         """
-        The head parser refused the request: a JSON 400 saying why, then
-        close.  On the HTTP port the error is framed for the door the
-        request's path names, as far as the request line was read (an
-        OpenAI SDK calling ``/v1/...`` reads ``error.code``); elsewhere,
-        and when no path was read, in SPEC §3's framing.
+        The head parser refused the request: a 400 saying why, then close.
+        The site frames it for its door (see :meth:`_refuse`), as far as
+        the head was read: the path of the request line, the ``Accept``
+        among the header lines.
         """
         error = malformed_request(f"malformed HTTP request: {reason}")
-        body, headers = error.body(), error.headers
-        if getattr(self.site, "door", None) == "http":  # type: ignore[attr-defined]
-            from sandboxd.web.dispatch import error_framing
-
-            body, headers = error_framing(None, target_path(head), error)
-        self._respond_malformed(body, headers)
+        self._refuse(error, target_path(head), header_value(head, b"accept"))
 
     def _respondToBadRequestAndDisconnect(self) -> None:
-        """Twisted's body decoder refused the request: a JSON 400, then close."""
-        self._respond_malformed(MALFORMED)
+        """Twisted's body decoder refused the request (a bad chunk): a 400, then close."""
+        head = self.head
+        accept = head.fields.get(b"accept") if head is not None else None
+        self._refuse(
+            malformed_request("malformed HTTP request: a malformed chunked body"),
+            self._path.partition(b"?")[0].decode("latin-1"),
+            accept[0] if accept else None,
+        )
 
-    def _respond_malformed(
-        self, error: dict[str, Any], headers: dict[str, str] | None = None
-    ) -> None:
-        """Answer 400 with ``error`` (and ``headers``) and close."""
-        body = json.dumps(error, separators=(",", ":")).encode()
-        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+    def _refuse(self, error: ApiError, path: str, accept: bytes | None) -> None:
+        """
+        Answer ``error`` as the site's door frames it (SPEC §3's JSON by
+        default; OpenAI's envelope under ``/v1/`` on the API port; envd's
+        or Connect's error on the E2B port; a page for a browser on the
+        preview port) and close: a client reads a refusal of the daemon's
+        HTTP front the way it reads every other error of that door.
+        """
+        content_type, body, headers = self.site.refusal(  # type: ignore[attr-defined]
+            error, path, accept
+        )
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         if self.transport is not None:
             self.transport.write(
-                b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
+                b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n"
                 b"Content-Length: %d\r\nConnection: close\r\n"
-                % len(body)
+                % (
+                    error.status,
+                    RESPONSES.get(error.status, b"Error"),
+                    content_type,
+                    len(body),
+                )
                 + extra.encode("latin-1")
                 + b"\r\n"
                 + body

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from twisted.internet.defer import Deferred
@@ -11,10 +12,16 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from sandboxd.daemon.context import Context
+from sandboxd.errors import ApiError
 from sandboxd.policy.defaults import HTTP_IDLE_TIMEOUT_SECONDS
 from sandboxd.web.channel import SandboxChannel
 from sandboxd.web.connections import ConnectionLimits, ConnectionTable
 from sandboxd.web.request import SandboxRequest
+
+
+def json_error(body: Any) -> bytes:
+    """An error body as compact JSON, any text escaped to ASCII."""
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 class HardenedSite(Site):
@@ -136,6 +143,20 @@ class HardenedSite(Site):
     def log(self, request: Any) -> None:
         """Skip the access log (see the class docstring)."""
 
+    def refusal(
+        self, error: ApiError, path: str, accept: bytes | None
+    ) -> tuple[bytes, bytes, dict[str, str]]:
+        """
+        How this door answers a request its HTTP front refused before
+        routing (a head or a chunked body the parser cannot read): the
+        Content-Type, body and extra headers of ``error``.  SPEC §3's JSON
+        error here; a door whose clients read another framing says so.
+
+        :param path: the request line's path, or ``""`` when none was read.
+        :param accept: the request's ``Accept``, when it could be read.
+        """
+        return b"application/json", json_error(error.body()), dict(error.headers)
+
 
 class SandboxSite(HardenedSite):
     """The site serving the route tree of one :class:`Context`."""
@@ -151,3 +172,15 @@ class SandboxSite(HardenedSite):
         # The pipeline routes (sandboxd.web.routing) before any body is
         # read; twisted.web's resource traversal is never reached.
         super().__init__(Resource(), context, reactor, limits)
+
+    def refusal(
+        self, error: ApiError, path: str, accept: bytes | None
+    ) -> tuple[bytes, bytes, dict[str, str]]:
+        """
+        SPEC §3's JSON error, or OpenAI's envelope when the path is under
+        ``/v1/`` (an OpenAI SDK reads ``error.code``).
+        """
+        from sandboxd.web.dispatch import error_framing
+
+        body, headers = error_framing(None, path, error)
+        return b"application/json", json_error(body), headers

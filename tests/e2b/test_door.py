@@ -18,6 +18,7 @@ from twisted.internet.defer import Deferred, inlineCallbacks, succeed
 from twisted.web.client import Agent, readBody
 from twisted.web.http_headers import Headers
 
+from sandboxd.policy.defaults import MIB
 from sandboxd.testing import BodyProducer
 from tests.e2b.sdk import CALL_SECONDS, E2BCase, caught, envelope, envelopes
 from tests.helpers import alive
@@ -300,6 +301,112 @@ class FramingTests(E2BCase):
         variables = json.loads((yield readBody(response)))
         self.assertIn("HOME", variables)
         self.assertNotIn("ABX_SERVER_SHOWN", variables)
+
+
+def exchange(port: int, data: bytes) -> tuple[int, str, Any]:
+    """
+    Send ``data`` on one connection and read to its close: the answer's
+    status, Content-Type and JSON body (run in a thread).
+    """
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        try:
+            s.sendall(data)
+        except OSError:
+            pass  # refused before it was all sent: the answer is waiting
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    head, _, body = out.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    fields = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split(" ")[1]), fields["content-type"], json.loads(body)
+
+
+#: Heads the door's HTTP front refuses before any procedure is found, on a
+#: Connect procedure's path: (what, the request).
+REFUSED_CONNECT_HEADS = (
+    (
+        "an obs-folded line",
+        b"POST /process.Process/List HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"X-A: 1\r\n folded\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 2\r\n\r\n{}",
+    ),
+    (
+        "a Transfer-Encoding other than chunked",
+        b"POST /process.Process/List HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: gzip\r\n\r\n",
+    ),
+    (
+        "a malformed chunk",
+        b"POST /process.Process/List HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"zz\r\n{}\r\n0\r\n\r\n",
+    ),
+)
+
+#: The same, on envd's REST routes or with no path read.
+REFUSED_REST_HEADS = (
+    ("a 1 MiB query", b"GET /files?path=" + b"x" * MIB + b" HTTP/1.1\r\n\r\n"),
+    (
+        "two Content-Lengths",
+        b"POST /files?path=a HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+    ),
+    ("no request line", b"NOT A REQUEST\r\n\r\n"),
+)
+
+
+class RefusedHeadTests(E2BCase):
+    """
+    A request the door's HTTP front refuses (its head, or a chunked body
+    it cannot read) is answered 400 in the framing the client reads on
+    that path, not in the API port's.
+    """
+
+    @inlineCallbacks
+    def test_connect_paths(self) -> Any:
+        """On a procedure's path: a Connect error, invalid_argument, sandboxd's code in the message."""
+        for what, data in REFUSED_CONNECT_HEADS:
+            status, kind, body = yield self.sdk(exchange, self.e2b_port, data)
+            self.assertEqual((status, kind), (400, "application/json"), what)
+            self.assertEqual(body["code"], "invalid_argument", what)
+            self.assertIn("(code: malformed_request)", body["message"], what)
+        self.assertFalse(os.listdir(self.base_dir))
+
+    @inlineCallbacks
+    def test_rest_paths(self) -> Any:
+        """Elsewhere: envd's REST error, the status as ``code``, nothing written."""
+        for what, data in REFUSED_REST_HEADS:
+            status, kind, body = yield self.sdk(exchange, self.e2b_port, data)
+            self.assertEqual((status, kind), (400, "application/json"), what)
+            self.assertEqual(body["code"], 400, what)
+            self.assertIn("(code: malformed_request)", body["message"], what)
+        self.assertFalse(os.listdir(self.base_dir))
+
+    @inlineCallbacks
+    def test_sdk_reads_the_message(self) -> Any:
+        """
+        The E2B SDK's calls whose heads are too large (a path in the
+        query, a user in the Basic credential) raise its invalid-argument
+        error with the door's message, not the response's raw text.
+        """
+        from e2b.exceptions import InvalidArgumentException
+
+        sandbox = yield self.sdk(self.sandbox)
+        long = "x" * (20 * 1024)
+        for call in (
+            lambda: sandbox.files.read(long),
+            lambda: sandbox.files.write(long, "hi"),
+            lambda: sandbox.commands.run("true", user=long),
+            lambda: sandbox.files.list("/", user=long),
+        ):
+            error = yield self.sdk(caught, call)
+            self.assertIsInstance(error, InvalidArgumentException)
+            self.assertTrue(
+                str(error).startswith("malformed HTTP request: the request head"),
+                str(error),
+            )
+        self.assertFalse(os.listdir(self.base_dir))
 
 
 class BackpressureTests(E2BCase):
