@@ -220,6 +220,20 @@ class PreviewSite(HardenedSite):
         """The hardened Twisted channel, for a connection the door's hands over."""
         return super().buildProtocol(addr)  # type: ignore[no-untyped-call]
 
+    def refusal(
+        self, error: ApiError, path: str, accept: bytes | None
+    ) -> tuple[bytes, bytes, dict[str, str]]:
+        """
+        A request the door's HTTP front refused: answered as the door's own
+        errors are (never as the app: the app never saw the request), a
+        page for a browser that asked for HTML, the JSON error with its
+        ``code`` for anything else (the page's scripts, an API client);
+        never stored by a cache in between.
+        """
+        kind, body, extra = error_response(error, accept)
+        extra.setdefault("Cache-Control", "no-store")
+        return kind, body, extra
+
     def exchange(self, request: DoorRequest) -> None:
         """A plain request on the door's channel: no body, so decided and sent at once."""
         Exchange(self.service, request, 0).plain()

@@ -178,6 +178,42 @@ class ChannelTests(DoorCase):
         self.assertEqual(json.loads(body)["code"], "malformed_request")
 
     @inlineCallbacks
+    def test_refused_heads_answer_as_the_door(self) -> None:
+        """
+        A head the door's HTTP front refuses is answered 400 as the door's
+        own errors are: a page naming ``malformed_request`` for a browser
+        that asked for HTML (also when the refusal is for the head's size,
+        its Accept read first), the JSON error for any other client;
+        neither stored by a cache.
+        """
+        yield self.expose(public=True)
+        host = self.host()
+        browser = "Accept: text/html,application/xhtml+xml,*/*;q=0.8"
+        many = [f"X-{n}: {n}" for n in range(120)]
+        for what, data, page in (
+            ("obs-fold", get("/", host, browser, "X-A: 1", " folded"), True),
+            ("too many headers", get("/", host, browser, *many), True),
+            (
+                "a Transfer-Encoding other than chunked",
+                get("/", host, "Accept: */*", "Transfer-Encoding: gzip"),
+                False,
+            ),
+            ("no Accept", get("/", host, "Content-Length: x"), False),
+        ):
+            raw, _ = yield deferToThread(talk, self.door_port, data)
+            ((status, fields, body),) = responses(raw)
+            self.assertEqual(status, 400, what)
+            self.assertEqual(fields["cache-control"], "no-store", what)
+            if page:
+                self.assertEqual(
+                    fields["content-type"], "text/html; charset=utf-8", what
+                )
+                self.assertIn(b"<code>malformed_request</code>", body, what)
+            else:
+                self.assertEqual(fields["content-type"], "application/json", what)
+                self.assertEqual(json.loads(body)["code"], "malformed_request", what)
+
+    @inlineCallbacks
     def test_client_leaving_stops_the_app(self) -> None:
         """
         A client that leaves in the middle of a large download gets the
