@@ -7,6 +7,7 @@ and callers run with ``POST /commands/{name}``.
 from __future__ import annotations
 
 import inspect
+import math
 import typing
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -88,9 +89,14 @@ class CommandArg:
                     pass
             raise ValueError("expected an integer")
         try:
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             raise ValueError("expected a number") from None
+        if not math.isfinite(number):
+            # "1e309", "inf" and "nan" read as floats the JSON body itself
+            # refuses, and an answer carrying one would not be JSON.
+            raise ValueError("expected a finite number")
+        return number
 
 
 def _annotation_type(annotation: Any) -> str:

@@ -202,6 +202,21 @@ class CommandTests(DaemonTestCase):
         self.assertNotIn("Traceback", reply.body.decode())
 
     @inlineCallbacks
+    def test_float_not_finite(self) -> Any:
+        """
+        A float argument that reads as infinite or not a number ("1e309",
+        "inf", "nan") is 400 ``invalid_param`` and the command does not run
+        (was run with inf, and answered ``Infinity``, which is not JSON).
+        """
+        for text in ("1e309", "-inf", "nan", "Infinity"):
+            reply = yield self.request("POST", "/commands/add", {"a": 1, "b": text})
+            self.assertEqual(reply.status, 400, text)
+            self.assertEqual(reply.json()["code"], "invalid_param", text)
+            self.assertIn("finite", reply.json()["error"])
+        reply = yield self.request("POST", "/commands/add", {"a": 1, "b": "2.5"})
+        self.assertEqual(reply.json()["result"]["sum"], 3.5)
+
+    @inlineCallbacks
     def test_custom_route(self) -> Any:
         """{param} routes get path_params, percent-decoded."""
         reply = yield self.request("GET", "/hello/Q%20oder")

@@ -39,7 +39,8 @@ SCHEMAS: dict[str, Schema] = {
             ),
             E(500, "internal", "the command raised; type is its exception's name"),
         ),
-        notes="Arguments are coerced to the declared types: string, integer, float, "
+        notes="Arguments are coerced to the declared types: string, integer, "
+        "float (finite: a text such as `inf`, `nan` or `1e309` is refused), "
         "boolean (true/false/yes/no/1/0).",
     ),
 }
