@@ -49,11 +49,13 @@ What the HTTP sweep leaves out, and why:
   definition, a webhook endpoint; :meth:`HttpSweepTests.live_acp` and
   :meth:`HttpSweepTests.live_v1`: an agent session of the fake ACP agent
   with an ended turn, its tool call and terminal, a ``/v1`` session with
-  a turn and an artifact, a stored response; :data:`THERE`: the catalogue's
-  agent and model).  The parameters no live thing is made for are sent
-  ids nothing has, so those body cases meet the 404 first: held agent
-  requests (one held blocks its turn), subagents (no ACP agent reports one), a named
-  command (the sweep's daemon has no command template);
+  a turn and an artifact, a stored response, a permission request held
+  for a human (:meth:`HttpSweepTests.live_held`, in a session of its own:
+  it blocks its turn); :data:`THERE`: the catalogue's agent and model, the
+  sweep's template command).  Subagent ids alone are sent ids nothing has:
+  no session ever has a subagent (ACP has no such notion; an agent's
+  helpers are its tool calls), so every subagent route answers 404 and has
+  nothing past it to check;
 - streaming GETs (``files_watch``, ``process_output``...) get only the
   cases they must refuse: one they may take opens a stream that does not
   end; so does ``packages``, whose taken calls list every installed
@@ -78,6 +80,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.client import Agent, FileBodyProducer, readBody
 from twisted.web.http_headers import Headers
 
+from sandboxd.commands import CommandRegistry
 from sandboxd.endpoints import CapabilityGroup, Endpoint, catalogue_table
 from tests.agents.test_agents import fake
 from tests.helpers import DaemonTestCase
@@ -111,6 +114,7 @@ ONLY_REFUSED = frozenset({"packages"})
 #: The list endpoints whose answers must not change when a call is refused.
 LISTS = (
     "process_list",
+    "agents_requests",
     "pty_list_sessions",
     "code_contexts_list",
     "preview_ports_list",
@@ -180,8 +184,47 @@ LIVE: dict[str, tuple[str, dict[str, Any], str]] = {
     ),
 }
 
-#: Path parameters that name what is there without anything being made.
-THERE: dict[str, str] = {"agent": "fake", "model": "fake"}
+#: Path parameters that name what is there without anything being made
+#: (``name``: the sweep's template command, :func:`sweep_registry`).
+THERE: dict[str, str] = {"agent": "fake", "model": "fake", "name": "sweep_echo"}
+
+
+def sweep_echo(
+    text: str = "", count: int = 0, ratio: float = 0.0, flag: bool = False
+) -> dict[str, Any]:
+    """Answer the arguments: a template command any call of which is harmless."""
+    return {"text": text[:20], "count": count, "ratio": ratio, "flag": flag}
+
+
+def command_cases(path: str) -> list[Case]:
+    """
+    The sweep's template command's declared arguments, each wrong-typed
+    (:data:`SEED_WRONG`, as the seed's door is swept): the body cases of
+    ``run_command`` beyond its declared ``*``.
+    """
+    command = sweep_registry().get(THERE["name"])
+    assert command is not None
+    return [
+        Case(
+            f"{arg.name}: {wrong!r}",
+            "POST",
+            path,
+            json.dumps({arg.name: wrong}).encode(),
+            # A whole number past 64 bits is still an integer to a Python
+            # command (SPEC §7.2 refuses what does not coerce).
+            not (arg.type == "integer" and wrong == 2**64),
+        )
+        for arg in command.args
+        for wrong in SEED_WRONG[arg.type]
+    ]
+
+
+def sweep_registry() -> CommandRegistry:
+    """The sweep's command template: one command, each argument type once."""
+    registry = CommandRegistry()
+    registry.register(sweep_echo)
+    return registry
+
 
 #: Seconds a live agent turn may take to end.
 TURN_SECONDS = 30
@@ -290,8 +333,12 @@ class SweepCase(DaemonTestCase):
     policy = ALL_GROUPS
 
     def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
-        """The daemon, with the preview door listening (its routes need it)."""
+        """
+        The daemon, with the preview door listening (its routes need it)
+        and a command template (:func:`sweep_registry`).
+        """
         kwargs.setdefault("preview_port", "tcp:0:interface=127.0.0.1")
+        kwargs.setdefault("registry", sweep_registry())
         return super().start(stop_at_end, **kwargs)
 
     #: The live things' ids, by path parameter (see :data:`LIVE`).
@@ -454,6 +501,39 @@ class HttpSweepTests(SweepCase):
         ids["tool_call_id"] = calls["tool_calls"][0]["tool_call_id"]
         terminals = yield self.got(f"/agents/sessions/{sid}/terminals")
         ids["terminal_id"] = terminals["terminals"][0]["terminal_id"]
+        yield self.live_held(ids)
+
+    @inlineCallbacks
+    def live_held(self, ids: dict[str, str]) -> Any:
+        """
+        A held permission request: a turn of a session of its own (a held
+        request blocks its turn), waiting for a human for the default
+        ``permission_timeout_seconds``, far longer than the sweep; it is
+        refused at the end, and the file the turn would edit is never
+        written.
+        """
+        made = yield self.got("/agents/sessions", {"agent": "fake"})
+        held_sid = made["session_id"]
+        target = os.path.join(self.base_dir, "live-held.txt")
+        yield self.got(
+            f"/agents/sessions/{held_sid}/prompt",
+            {"prompt": f"edit {target} x", "wait": 0},
+        )
+        for _ in range(TURN_SECONDS * 10):
+            listed = yield self.got(f"/agents/requests?session_id={held_sid}")
+            if listed["requests"]:
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        request_id = ids["request_id"] = listed["requests"][0]["request_id"]
+
+        @inlineCallbacks
+        def refuse() -> Any:
+            yield self.request(
+                "POST", f"/agents/requests/{request_id}", {"option_id": "reject"}
+            )
+            self.assertFalse(os.path.exists(target))
+
+        self.addCleanup(refuse)
 
     @inlineCallbacks
     def live_v1(self, ids: dict[str, str]) -> Any:
@@ -498,6 +578,8 @@ class HttpSweepTests(SweepCase):
         before = yield self.picture()
         for endpoint in endpoints_of(group):
             every = cases(endpoint, ids)
+            if endpoint.id == "run_command":
+                every += command_cases(fill_path(endpoint, ids))
             refused = [c for c in every if c.refuse]
             maybe = [c for c in every if not c.refuse]
             if (
