@@ -210,9 +210,7 @@ def command_cases(path: str) -> list[Case]:
             "POST",
             path,
             json.dumps({arg.name: wrong}).encode(),
-            # A whole number past 64 bits is still an integer to a Python
-            # command (SPEC §7.2 refuses what does not coerce).
-            not (arg.type == "integer" and wrong == 2**64),
+            True,
         )
         for arg in command.args
         for wrong in SEED_WRONG[arg.type]
@@ -798,13 +796,25 @@ class McpSweepTests(SweepCase):
 
 
 #: Wrong values for a seed ``CommandArg`` type (a string argument takes a
-#: number or boolean as its text, as on the seed).
+#: number or boolean as its text, as on the seed; a whole number past 64
+#: bits is still an integer to a Python command).
 SEED_WRONG: dict[str, list[Any]] = {
     "string": [{"sweep": 1}, ["sweep"]],
-    "integer": ["sweep", 1.5, {"sweep": 1}, True, "1e309", 2**64],
+    "integer": ["sweep", 1.5, {"sweep": 1}, True, "1e309"],
     "float": ["sweep", {"sweep": 1}, True, "1e309"],
     "boolean": ["maybe", {"sweep": 1}, 7],
     "string_array": ["sweep", [1], {"sweep": 1}],
+}
+
+#: A right value for each ``CommandArg`` type: a wrong value is sent beside
+#: the command's other required arguments at these, so that it is the
+#: value, not a missing argument, that must be refused.
+SEED_RIGHT: dict[str, Any] = {
+    "string": "sweep",
+    "integer": 1,
+    "float": 1.5,
+    "boolean": True,
+    "string_array": ["sweep"],
 }
 
 
@@ -815,7 +825,9 @@ class SeedDoorSweepTests(SynchronousTestCase):
     :mod:`sandboxd.seedface`), each of its commands' declared arguments
     wrong-typed, and bodies that are no object: a 4xx with a ``code``
     (the daemon's framing, as the seed's own server answers a bad
-    argument with ``error`` and ``type``), never a 5xx.
+    argument with ``error`` and ``type``), never a 5xx; each wrong value
+    beside the command's required arguments at right values
+    (:data:`SEED_RIGHT`), so that the value itself is what is refused.
     """
 
     def test_template_commands(self) -> None:
@@ -861,11 +873,15 @@ class SeedDoorSweepTests(SynchronousTestCase):
                 ("not JSON", b"{nope"),
                 ("a JSON array", b"[]"),
             ]
+            right = {
+                a: SEED_RIGHT[spec["type"]]
+                for a, spec in args.items()
+                if spec["required"]
+            }
             for arg, spec in sorted(args.items()):
                 for wrong in SEED_WRONG.get(spec["type"], []):
-                    sent.append(
-                        (f"{arg}: {wrong!r}", json.dumps({arg: wrong}).encode())
-                    )
+                    body = json.dumps({**right, arg: wrong}).encode()
+                    sent.append((f"{arg}: {wrong!r}", body))
             for what, data in sent:
                 status, body = call("POST", f"/commands/{name}", data)
                 code = body.get("code") if isinstance(body, dict) else None
