@@ -11,7 +11,8 @@ thread)`` in a list (``perf_counter`` is ``CLOCK_MONOTONIC``, the client's
 clock too): connections accepted and lost, the reactor's polls and timed
 calls, ``epoll_wait``, the handler's spawn, ``posix_spawn`` on whichever thread, the hand-off
 to a spawn thread and back, the child's adoption, each read of a child's
-pipe, the first output, the stream's headers and event writes, tree kills.
+pipe, the first output, the stream's headers and event writes, tree kills,
+and every run of the cyclic garbage collector (with its generation).
 ``SIGUSR2`` writes the notes taken so far to ``OUT`` as JSON lines and
 empties the list (the handler runs on the reactor's thread between two
 bytecodes).  The wrappers cost microseconds a step: compare stamped
@@ -21,6 +22,7 @@ daemons with each other, not with unstamped ones.
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import runpy
 import signal
@@ -91,6 +93,11 @@ class _Poller:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._poller, name)
+
+
+def _collected(phase: str, info: dict[str, int]) -> None:
+    """The collector's runs, noted as ``gc`` and ``gc+`` with their generation."""
+    note("gc" if phase == "start" else "gc+", info["generation"])
 
 
 def _labelled(module: Any, label: str) -> None:
@@ -167,6 +174,7 @@ def install() -> None:
     child.Child.kill = kill  # type: ignore[method-assign]
     _labelled(dispatch, "cancel")
     _labelled(tree, "tree_look")
+    gc.callbacks.append(_collected)
     around(reactor, "doIteration", "turn", lambda delay: delay)
     around(reactor, "runUntilCurrent", "timers")
     reactor._poller = _Poller(reactor._poller)  # type: ignore[attr-defined]

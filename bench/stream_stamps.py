@@ -21,6 +21,8 @@ line per sample with, in ms from the stream's send:
 - before the accept, counted from wrk's exit: connections lost, tree kills,
   and the reactor's busy ms (not waiting in ``epoll_wait``); ``reactor_busy``:
   its busy ms in the stream's whole window;
+- ``gc_runs``, ``gc_oldest``, ``gc_ms``: the cyclic collector's runs from
+  wrk's exit to the event, the oldest generation collected, their ms;
 - ``killed_pending``: after wrk's exit, the burst's cut requests whose
   child was killed while its spawn was still pending on a spawn thread.
 
@@ -115,6 +117,26 @@ def _busy(notes: list[list[Any]], start: float, end: float) -> float:
     return busy
 
 
+def _collections(notes: list[list[Any]], start: float, end: float) -> dict[str, Any]:
+    """
+    The collector's runs that began in [start, end]: how many, the oldest
+    generation among them (None for none) and the ms they took together.
+    """
+    runs = 0
+    oldest = None
+    took = 0.0
+    began: float | None = None
+    for t, step, generation, _ in notes:
+        if step == "gc" and start <= t <= end:
+            runs += 1
+            oldest = generation if oldest is None else max(oldest, generation)
+            began = t
+        elif step == "gc+" and began is not None:
+            took += t - began
+            began = None
+    return {"gc_runs": runs, "gc_oldest": oldest, "gc_ms": round(took * 1000, 3)}
+
+
 def explain(
     notes: list[list[Any]], wrk_end: float, sent: float, got: float
 ) -> dict[str, Any]:
@@ -184,6 +206,7 @@ def explain(
         killed_pending=sum(
             1 for row in notes if row[1] == "kill_pending" and row[0] >= wrk_end
         ),
+        **_collections(notes, wrk_end, got),
         spawns_in_window=sum(
             1 for row in notes if row[1] == "posix_spawn" and wrk_end <= row[0] <= got
         ),
