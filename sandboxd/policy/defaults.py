@@ -354,6 +354,11 @@ DEFAULT_BASE_DIR = "/home/user"
 #: How long graceful shutdown may take before the reactor stops anyway.
 SHUTDOWN_TIMEOUT_SECONDS = 10.0
 
+#: Blocks under this size come from the daemon's heap, and twice as much
+#: may stay free there (glibc's ceiling for the thresholds it moves
+#: itself): see :func:`sandboxd.daemon.server.steady_heap`.
+HEAP_MMAP_THRESHOLD_BYTES = 32 * MIB
+
 
 #: file_ops: bytes read or written per step of a streamed file body (one
 #: ``pread``, or one ``sendfile``: on a cold page cache it reads the disk
