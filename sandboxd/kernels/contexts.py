@@ -661,7 +661,7 @@ class CodeContext:
     def _on_stream(self, x: Execution, event: dict[str, Any]) -> None:
         name = "stderr" if event.get("name") == "stderr" else "stdout"
         raw = event.get("raw")
-        if isinstance(raw, bytes):  # the hub's: raw UTF-8 after the line
+        if isinstance(raw, bytes | bytearray):  # the hub's: UTF-8 after the line
             text = raw.decode("utf-8", "surrogatepass")
         else:  # the built-in kernel's: text in the line
             text = str(event.get("text", ""))

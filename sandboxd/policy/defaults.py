@@ -136,6 +136,12 @@ CODE_HUB_MAX_LINE_BYTES = 64 * MIB
 #: per 8 KiB.
 CODE_HUB_READ_BYTES = MIB
 
+#: After the rest of a payload, the same read takes at most this much more
+#: from the kernel hub: the next line and the start of the next payload,
+#: copied into that payload's buffer (the rest of which is then read
+#: straight into its place).
+CODE_HUB_SPILL_BYTES = 4 * KIB
+
 #: Shared by every agents_* endpoint so that a session's limits do not
 #: depend on which route created it.
 AGENT_LIMITS = ENDPOINT_LIMITS["agents_session_create"]
