@@ -14,7 +14,7 @@ from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
-from twisted.internet.task import deferLater
+from twisted.internet.task import Clock, deferLater
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.python import usage
@@ -24,7 +24,7 @@ from sandboxd._version import __version__
 from sandboxd.daemon.server import Settings, build, validate_settings
 from sandboxd.daemon.startup import StartRefused
 from sandboxd.daemon.tap import Options
-from sandboxd.libc import libc
+from sandboxd.libc import QuietTrim, libc
 from sandboxd.policy import PolicyError
 from tests.helpers import DaemonTestCase
 from tests.test_cli import ROOT, on_ports, serve_argv, twistd_argv
@@ -525,3 +525,33 @@ class HeapTests(SynchronousTestCase):
         if not hasattr(libc(), "mallopt"):
             raise SkipTest("no mallopt in this C library")
         self.assertLess(self.faults("steady"), 1000)
+
+
+class QuietTrimTests(SynchronousTestCase):
+    """Freed memory goes back once big outputs stop coming."""
+
+    def test_trims_once_quiet(self) -> None:
+        """One trim, ``delay`` after the last of several calls, not before."""
+        clock = Clock()
+        trims: list[int] = []
+        quiet = QuietTrim(clock, 10.0, trims.append)
+        quiet.soon()
+        clock.advance(6)
+        quiet.soon()
+        clock.advance(6)
+        self.assertEqual(trims, [])
+        clock.advance(4)
+        self.assertEqual(trims, [0])
+        clock.advance(60)
+        self.assertEqual(trims, [0])
+
+    def test_cancel(self) -> None:
+        """A stopping daemon leaves no trim behind."""
+        clock = Clock()
+        trims: list[int] = []
+        quiet = QuietTrim(clock, 10.0, trims.append)
+        quiet.soon()
+        quiet.cancel()
+        clock.advance(20)
+        self.assertEqual(trims, [])
+        self.assertEqual(clock.getDelayedCalls(), [])

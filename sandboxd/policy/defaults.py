@@ -365,6 +365,10 @@ SHUTDOWN_TIMEOUT_SECONDS = 10.0
 #: itself): see :func:`sandboxd.daemon.server.steady_heap`.
 HEAP_MMAP_THRESHOLD_BYTES = 32 * MIB
 
+#: What a big code output freed goes back to the system once no other has
+#: ended for this long (until then the next one reuses it).
+HEAP_TRIM_QUIET_SECONDS = 10.0
+
 
 #: file_ops: bytes read or written per step of a streamed file body (one
 #: ``pread``, or one ``sendfile``: on a cold page cache it reads the disk
