@@ -367,7 +367,7 @@ HEAP_MMAP_THRESHOLD_BYTES = 32 * MIB
 
 #: What a big code output freed goes back to the system once no other has
 #: ended for this long (until then the next one reuses it).
-HEAP_TRIM_QUIET_SECONDS = 10.0
+HEAP_TRIM_QUIET_SECONDS = 30.0
 
 
 #: file_ops: bytes read or written per step of a streamed file body (one
