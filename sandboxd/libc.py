@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from typing import Any
 
 
@@ -18,3 +19,46 @@ def libc() -> Any:
         return ctypes.CDLL(None, use_errno=True)
     except OSError:
         return None
+
+
+class QuietTrim:
+    """
+    Hands the heap's free memory back to the system once nothing big has
+    been freed for ``delay`` seconds.
+
+    The daemon keeps what a big output frees for the next one
+    (:func:`sandboxd.daemon.server.steady_heap`): back-to-back big outputs
+    then reuse it instead of faulting it in again. Once they stop, the
+    memory goes back, so a daemon that printed a big output once does not
+    hold it while idle.
+
+    :param trim: ``malloc_trim`` (the C library's, when it has one).
+    """
+
+    def __init__(
+        self, reactor: Any, delay: float, trim: Callable[[int], Any] | None = None
+    ) -> None:
+        self.reactor = reactor
+        self.delay = delay
+        self._trim = trim if trim is not None else getattr(libc(), "malloc_trim", None)
+        self._call: Any = None
+
+    def soon(self) -> None:
+        """Something big was freed: trim once ``delay`` passes with no more."""
+        if self._trim is None:
+            return
+        if self._call is not None and self._call.active():
+            self._call.reset(self.delay)
+            return
+        self._call = self.reactor.callLater(self.delay, self._now)
+
+    def _now(self) -> None:
+        self._call = None
+        if self._trim is not None:
+            self._trim(0)
+
+    def cancel(self) -> None:
+        """No trim pending (the daemon stops)."""
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+        self._call = None

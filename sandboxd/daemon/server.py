@@ -50,7 +50,7 @@ from sandboxd.daemon.startup import (
 from sandboxd.endpoints import RouteTable
 from sandboxd.libc import libc
 from sandboxd.policy import Policy, PolicyError, load_policy
-from sandboxd.policy.defaults import SHUTDOWN_TIMEOUT_SECONDS
+from sandboxd.policy.defaults import HEAP_MMAP_THRESHOLD_BYTES, SHUTDOWN_TIMEOUT_SECONDS
 from sandboxd.processes.cgroups import CHILD_CGROUPS
 from sandboxd.processes.priority import CHILD_PRIORITY
 from sandboxd.routes import default_table
@@ -204,6 +204,34 @@ def release_memory() -> None:
     trim = getattr(libc(), "malloc_trim", None)
     if trim is not None:
         trim(0)
+    steady_heap()
+
+
+#: glibc's ``mallopt`` parameters (``malloc.h``).
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+
+
+def steady_heap() -> None:
+    """
+    Keep the heap that big outputs free for the next ones, up to a bound.
+
+    A big output (a code context's 10 MiB print: its pieces, its text,
+    its document) is tens of megabytes allocated and freed again with each
+    execution. glibc gives the top of its heap back to the system once
+    more than its trim threshold is free there, and maps blocks over its
+    mmap threshold afresh each time; both thresholds start low and rise
+    only as blocks of the size are freed, so whether the next output
+    reuses memory or faults every page of it in again (several times the
+    cost of the copies that fill it) hung on the order of earlier
+    allocations. These are the values glibc itself rises to at most
+    (``DEFAULT_MMAP_THRESHOLD_MAX`` on 64-bit, and twice that), set from
+    the start: the free heap kept stays within them.
+    """
+    mallopt = getattr(libc(), "mallopt", None)
+    if mallopt is not None:
+        mallopt(M_MMAP_THRESHOLD, HEAP_MMAP_THRESHOLD_BYTES)
+        mallopt(M_TRIM_THRESHOLD, 2 * HEAP_MMAP_THRESHOLD_BYTES)
 
 
 class DaemonService(MultiService):

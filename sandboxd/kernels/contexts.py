@@ -367,6 +367,8 @@ class CodeContext:
         self.queue: deque[Execution] = deque()
         self.current: Execution | None = None
         self.executions: OrderedDict[str, Execution] = OrderedDict()
+        #: What the last execution's end forgot of earlier ones (bytes).
+        self.forgotten_bytes = 0
         self._ready: Waiters[None] = Waiters()
         self._start_timer: IDelayedCall | None = None
         self._grace_timer: IDelayedCall | None = None
@@ -661,7 +663,7 @@ class CodeContext:
     def _on_stream(self, x: Execution, event: dict[str, Any]) -> None:
         name = "stderr" if event.get("name") == "stderr" else "stdout"
         raw = event.get("raw")
-        if isinstance(raw, bytes):  # the hub's: raw UTF-8 after the line
+        if isinstance(raw, bytes | bytearray):  # the hub's: UTF-8 after the line
             text = raw.decode("utf-8", "surrogatepass")
         else:  # the built-in kernel's: text in the line
             text = str(event.get("text", ""))
@@ -760,10 +762,13 @@ class CodeContext:
         """
         finished = [e for e in self.executions.values() if e.done]
         held = sum(_held_bytes(e) for e in finished)
+        self.forgotten_bytes = 0
         for old in finished[:-1]:
             if held <= budget:
                 break
-            held -= _held_bytes(old)
+            size = _held_bytes(old)
+            held -= size
+            self.forgotten_bytes += size
             del self.executions[old.id]
 
     # -- executions -----------------------------------------------------------

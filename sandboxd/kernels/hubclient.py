@@ -3,7 +3,8 @@
 The daemon's side of the kernel hub (:mod:`sandboxd.kernels.hub`): one child,
 started on the first code context, spoken to in JSON lines over its stdin
 and stdout. An event line with ``bytes: N`` is followed by N raw bytes
-(output text, UTF-8), handed on as the event's ``raw``.
+(output text, UTF-8), handed on as the event's ``raw`` (a ``bytearray``,
+read straight into its place: see :class:`LineSplitter`).
 
 A line longer than :data:`~sandboxd.policy.defaults.CODE_HUB_MAX_LINE_BYTES`
 or one that is not a JSON object ends the hub (the framing is broken, so
@@ -14,6 +15,7 @@ their kernels through a new hub.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -21,7 +23,12 @@ from typing import Any
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
-from sandboxd.policy.defaults import CODE_HUB_MAX_LINE_BYTES, CODE_HUB_READ_BYTES, KIB
+from sandboxd.policy.defaults import (
+    CODE_HUB_MAX_LINE_BYTES,
+    CODE_HUB_READ_BYTES,
+    CODE_HUB_SPILL_BYTES,
+    KIB,
+)
 from sandboxd.processes.child import Child, HeadTail
 from sandboxd.processes.command import RunAs
 from sandboxd.processes.priority import CHILD_PRIORITY
@@ -58,9 +65,13 @@ class LineSplitter:
     line may announce raw bytes that follow it (:meth:`expect`), which
     come whole to ``on_payload``, newlines and all.
 
-    Parts of an unfinished line or payload are kept in a list and joined
-    once, so a 27 MB line (a big PNG in base64) arriving in 64 KiB reads
-    costs one copy, not one per read.
+    A payload is a ``bytearray`` of the announced size, made once: what
+    a read brought of it is copied in, and :meth:`read_from` reads the rest
+    of it from the pipe straight into its place, so a big output is not
+    copied out of a read buffer, sliced and joined on its way (its bytes
+    are copied once, by the kernel, into the object that keeps them).
+    Parts of an unfinished line are kept in a list and joined once, so a
+    27 MB line (a big PNG in base64) costs one copy, not one per read.
     """
 
     def __init__(
@@ -68,16 +79,21 @@ class LineSplitter:
         max_bytes: int,
         on_line: Callable[[bytes], None],
         on_overflow: Callable[[int], None],
-        on_payload: Callable[[bytes], None] | None = None,
+        on_payload: Callable[[bytes | bytearray], None] | None = None,
+        read_bytes: int = CODE_HUB_READ_BYTES,
     ) -> None:
         self.max_bytes = max_bytes
         self._on_line = on_line
         self._on_overflow = on_overflow
         self._on_payload = on_payload
+        self.read_bytes = read_bytes
         self._parts: list[bytes] = []
         self._size = 0
-        #: Raw bytes still owed to the payload being read (None: lines).
-        self._want: int | None = None
+        #: The payload being read and how much of it has come.
+        self._payload: bytearray | None = None
+        self._filled = 0
+        #: The buffer reads go to, made on the first read.
+        self._buffer: bytearray | None = None
         self.stopped = False
 
     def expect(self, size: int) -> None:
@@ -87,50 +103,99 @@ class LineSplitter:
         elif size == 0:
             self._on_payload(b"")
         else:
-            self._want = size
+            self._payload = bytearray(size)
+            self._filled = 0
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray) -> None:
         """Take the next chunk."""
-        pos, end = 0, len(data)
-        while pos < end and not self.stopped:
-            if self._want is not None:
-                pos = self._take_payload(data, pos)
-                continue
-            nl = data.find(b"\n", pos)
-            if nl < 0:
-                self._parts.append(data[pos:] if pos else data)
-                self._size += end - pos
-                if self._size > self.max_bytes:
-                    self._overflow(self._size)
-                return
-            if self._parts:
-                line = b"".join(self._parts) + data[pos:nl]
-                self._parts, self._size = [], 0
-            else:
-                line = data[pos:nl]
-            pos = nl + 1
-            if len(line) > self.max_bytes:
-                self._overflow(len(line))
-                return
-            if line:
-                self._on_line(line)
+        self._feed(data, len(data))
 
-    def _take_payload(self, data: bytes, pos: int) -> int:
-        assert self._want is not None and self._on_payload is not None
-        take = min(self._want, len(data) - pos)
-        whole = take == len(data)
-        self._parts.append(data if whole else data[pos : pos + take])
-        self._want -= take
-        if self._want == 0:
-            payload = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
-            self._parts, self._size, self._want = [], 0, None
-            self._on_payload(payload)
+    def read_from(self, fd: int) -> int:
+        """
+        Read what ``fd`` has, up to :attr:`read_bytes`, and take it; the
+        rest of a payload under way goes straight into it.
+
+        :returns: the bytes read, 0 at the end of the stream.
+        :raises OSError: from the first read (``EAGAIN``: nothing yet).
+        """
+        if self._buffer is None:
+            self._buffer = bytearray(self.read_bytes)
+        total = 0
+        while total < self.read_bytes:
+            try:
+                got = self._read_once(fd, self._buffer)
+            except BlockingIOError:
+                if total:
+                    break
+                raise
+            if not got:
+                return total
+            total += got
+            if self._payload is None and got < len(self._buffer):
+                break  # the pipe is empty (or nearly)
+        return total
+
+    def _read_once(self, fd: int, buffer: bytearray) -> int:
+        payload = self._payload
+        if payload is None or self.stopped:
+            got = os.readv(fd, [buffer])
+            self._feed(buffer, got)
+            return got
+        with memoryview(payload) as whole, memoryview(buffer) as spill:
+            got = os.readv(fd, [whole[self._filled :], spill[:CODE_HUB_SPILL_BYTES]])
+        taken = min(got, len(payload) - self._filled)
+        self._filled += taken
+        if self._filled == len(payload):
+            self._deliver()
+        if got > taken:
+            self._feed(buffer, got - taken)
+        return got
+
+    def _feed(self, data: bytes | bytearray, end: int) -> None:
+        """Take ``data[:end]`` (copied where kept: ``data`` may be reused)."""
+        pos = 0
+        with memoryview(data) as view:
+            while pos < end and not self.stopped:
+                if self._payload is not None:
+                    pos = self._take_payload(view, pos, end)
+                    continue
+                nl = data.find(b"\n", pos, end)
+                if nl < 0:
+                    self._parts.append(bytes(view[pos:end]))
+                    self._size += end - pos
+                    if self._size > self.max_bytes:
+                        self._overflow(self._size)
+                    return
+                line = bytes(view[pos:nl])
+                if self._parts:
+                    line = b"".join((*self._parts, line))
+                    self._parts, self._size = [], 0
+                pos = nl + 1
+                if len(line) > self.max_bytes:
+                    self._overflow(len(line))
+                    return
+                if line:
+                    self._on_line(line)
+
+    def _take_payload(self, view: memoryview, pos: int, end: int) -> int:
+        payload = self._payload
+        assert payload is not None
+        take = min(len(payload) - self._filled, end - pos)
+        payload[self._filled : self._filled + take] = view[pos : pos + take]
+        self._filled += take
+        if self._filled == len(payload):
+            self._deliver()
         return pos + take
+
+    def _deliver(self) -> None:
+        payload, self._payload, self._filled = self._payload, None, 0
+        assert payload is not None and self._on_payload is not None
+        self._on_payload(payload)
 
     def _overflow(self, size: int) -> None:
         self.stopped = True
         self._parts = []
-        self._want = None
+        self._payload = None
         self._on_overflow(size)
 
 
@@ -176,7 +241,7 @@ class HubClient:
             run_as=run_as,
             stdin_pipe=True,
         )
-        self.child.read_chunks(1, CODE_HUB_READ_BYTES)
+        self.child.read_with(1, self._splitter.read_from)
         self.child.ended.addCallback(self._ended)
         attend(self.child)
 
@@ -219,7 +284,7 @@ class HubClient:
         self._awaiting = event
         self._splitter.expect(size)
 
-    def _payload(self, data: bytes) -> None:
+    def _payload(self, data: bytes | bytearray) -> None:
         event, self._awaiting = self._awaiting, None
         if event is not None:
             event["raw"] = data

@@ -18,7 +18,7 @@ character, a cut or bad UTF-8 sequence) goes the ordinary way.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast, overload
 
 #: Bytes JSON escapes that the fast path does not: control characters
 #: other than tab, newline and carriage return (``\\b``, ``\\f``,
@@ -31,18 +31,36 @@ _RARE = bytes(c for c in range(0x20) if c not in (0x09, 0x0A, 0x0D))
 #: into a new copy), which stays the cheaper for a small chunk.
 _RARE_EACH = tuple(bytes((c,)) for c in _RARE)
 
+#: What the fast path escapes, the backslash first (so the escapes added
+#: after it stay single).
+_ESCAPES = (
+    (b"\\", b"\\\\"),
+    (b'"', b'\\"'),
+    (b"\n", b"\\n"),
+    (b"\r", b"\\r"),
+    (b"\t", b"\\t"),
+)
+
 #: From this many bytes on, :data:`_RARE_EACH` is the cheaper check.
 _SCAN_EACH_BYTES = 16 * 1024
 
 
-def _has_rare(raw: bytes) -> bool:
+def _has_rare(raw: bytes | bytearray) -> bool:
     """Whether ``raw`` holds a byte of :data:`_RARE`."""
     if len(raw) >= _SCAN_EACH_BYTES:
         return any(c in raw for c in _RARE_EACH)
     return len(raw.translate(None, _RARE)) != len(raw)
 
 
-def _escaped(raw: bytes) -> bytes | None:
+@overload
+def _escaped(raw: bytes) -> bytes | None: ...
+
+
+@overload
+def _escaped(raw: bytearray) -> bytearray | None: ...
+
+
+def _escaped(raw: bytes | bytearray) -> bytes | bytearray | None:
     """
     The inside of the JSON string literal of ``raw`` (UTF-8), or None
     when it holds what only ``json.dumps`` escapes right.
@@ -54,14 +72,12 @@ def _escaped(raw: bytes) -> bytes | None:
             return None  # replaced by U+FFFD on the ordinary path
     if _has_rare(raw):
         return None
-    # The backslash first, so the escapes added after it stay single.
-    return (
-        raw.replace(b"\\", b"\\\\")
-        .replace(b'"', b'\\"')
-        .replace(b"\n", b"\\n")
-        .replace(b"\r", b"\\r")
-        .replace(b"\t", b"\\t")
-    )
+    # Only what is there is replaced: a bytearray's replace copies it even
+    # when there is nothing to replace (the hub's output comes as one).
+    for byte, escape in _ESCAPES:
+        if byte in raw:
+            raw = raw.replace(byte, escape)
+    return raw
 
 
 #: The API's JSON, made once (``json.dumps`` with options builds an
@@ -98,7 +114,7 @@ def text_value(raw: bytes) -> list[bytes]:
 class JsonParts:
     """A JSON value already encoded, in parts (a :func:`document` field)."""
 
-    def __init__(self, parts: list[bytes]) -> None:
+    def __init__(self, parts: list[bytes | bytearray]) -> None:
         self.parts = parts
 
 
@@ -112,9 +128,9 @@ def document(fields: dict[str, Any]) -> bytes:
     return b"".join(document_parts(fields))
 
 
-def document_parts(fields: dict[str, Any]) -> list[bytes]:
+def document_parts(fields: dict[str, Any]) -> list[bytes | bytearray]:
     """:func:`document` in parts, for a caller that joins them with more."""
-    parts: list[bytes] = [b"{"]
+    parts: list[bytes | bytearray] = [b"{"]
     plain: dict[str, Any] = {}
     for name, value in fields.items():
         if not isinstance(value, bytes | JsonParts):
@@ -150,12 +166,12 @@ class EscapedText:
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
-        self._parts: list[bytes] | None = []
+        self._parts: list[bytes | bytearray] | None = []
         self._size = 0
         #: Bytes held (what the execution's memory bound counts).
         self.held_bytes = 0
 
-    def write(self, raw: bytes) -> None:
+    def write(self, raw: bytes | bytearray) -> None:
         """Take the next chunk of output (UTF-8)."""
         if self._parts is None:
             return
@@ -172,7 +188,7 @@ class EscapedText:
         self._parts = None
         self.held_bytes = 0
 
-    def take(self) -> list[bytes] | None:
+    def take(self) -> list[bytes | bytearray] | None:
         """
         The whole output as a JSON string in parts, once (then dropped),
         or None if it was given up.
@@ -208,4 +224,5 @@ def text_object_parts(fields: dict[str, Any]) -> list[bytes] | None:
         raw = text.encode("utf-8")
     except UnicodeEncodeError:
         return None
-    return document_parts({**fields, "text": raw})
+    # All bytes: its one buffer field is the text just encoded.
+    return cast(list[bytes], document_parts({**fields, "text": raw}))

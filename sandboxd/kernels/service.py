@@ -27,6 +27,8 @@ from twisted.logger import Logger
 from sandboxd.errors import ApiError, Code, limit_exceeded, not_found
 from sandboxd.kernels.contexts import CodeContext, Execution, hub_key
 from sandboxd.kernels.hubclient import HubClient
+from sandboxd.kernels.jsontext import SMALL_OUTPUT_BYTES
+from sandboxd.libc import QuietTrim
 from sandboxd.policy import defaults
 from sandboxd.processes.command import RunAs
 from sandboxd.processes.environment import child_environment
@@ -55,6 +57,7 @@ class CodeService(Service):
         #: (identity id, language) -> the context E2B's ``/execute`` uses
         #: when it names none (made on first use).
         self.e2b_defaults: dict[tuple[str, str], str] = {}
+        self.heap_trim = QuietTrim(self.reactor, defaults.HEAP_TRIM_QUIET_SECONDS)
 
     # -- the hubs --------------------------------------------------------------
 
@@ -180,8 +183,14 @@ class CodeService(Service):
         return ctx.close()
 
     def execution_ended(self, ctx: CodeContext, x: Execution) -> None:
-        """An execution ended (the idle clock restarts)."""
+        """
+        An execution ended (the idle clock restarts). After a big output,
+        or once one is forgotten, the memory freed goes back to the system
+        when no more come for a while.
+        """
         ctx.touch()
+        if x.big_output or ctx.forgotten_bytes >= SMALL_OUTPUT_BYTES:
+            self.heap_trim.soon()
 
     # -- display spill -----------------------------------------------------------
 
@@ -281,6 +290,7 @@ class CodeService(Service):
         super().stopService()  # type: ignore[no-untyped-call]
         if self._sweep is not None and self._sweep.active():
             self._sweep.cancel()
+        self.heap_trim.cancel()
         waits: list[Deferred[Any]] = [
             self.remove(c) for c in list(self.contexts.values())
         ]

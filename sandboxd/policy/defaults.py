@@ -136,6 +136,12 @@ CODE_HUB_MAX_LINE_BYTES = 64 * MIB
 #: per 8 KiB.
 CODE_HUB_READ_BYTES = MIB
 
+#: After the rest of a payload, the same read takes at most this much more
+#: from the kernel hub: the next line and the start of the next payload,
+#: copied into that payload's buffer (the rest of which is then read
+#: straight into its place).
+CODE_HUB_SPILL_BYTES = 4 * KIB
+
 #: Shared by every agents_* endpoint so that a session's limits do not
 #: depend on which route created it.
 AGENT_LIMITS = ENDPOINT_LIMITS["agents_session_create"]
@@ -353,6 +359,15 @@ DEFAULT_BASE_DIR = "/home/user"
 
 #: How long graceful shutdown may take before the reactor stops anyway.
 SHUTDOWN_TIMEOUT_SECONDS = 10.0
+
+#: Blocks under this size come from the daemon's heap, and twice as much
+#: may stay free there (glibc's ceiling for the thresholds it moves
+#: itself): see :func:`sandboxd.daemon.server.steady_heap`.
+HEAP_MMAP_THRESHOLD_BYTES = 32 * MIB
+
+#: What a big code output freed goes back to the system once no other has
+#: ended for this long (until then the next one reuses it).
+HEAP_TRIM_QUIET_SECONDS = 30.0
 
 
 #: file_ops: bytes read or written per step of a streamed file body (one

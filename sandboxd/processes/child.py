@@ -101,7 +101,7 @@ class HeadTail:
         """Whether anything was dropped."""
         return self.dropped_bytes > 0
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray) -> None:
         """Take the next bytes."""
         self.total_bytes += len(data)
         room = self._head_cap - self._head_len
@@ -128,7 +128,7 @@ class HeadTail:
                 self._tail_len -= len(first)
                 self.dropped_bytes += len(first)
             else:
-                if isinstance(first, bytearray):
+                if isinstance(first, _Gathered):
                     del first[:excess]  # in place, no copy of the rest
                 else:
                     self._tail[0] = first[excess:]
@@ -172,7 +172,7 @@ class HeadTail:
 
 
 def _keep(
-    chunks: list[bytes | bytearray] | deque[bytes | bytearray], data: bytes
+    chunks: list[bytes | bytearray] | deque[bytes | bytearray], data: bytes | bytearray
 ) -> None:
     """
     Add ``data`` to ``chunks``: as it is when big, else copied into the
@@ -182,10 +182,18 @@ def _keep(
         chunks.append(data)
         return
     last = chunks[-1] if chunks else None
-    if isinstance(last, bytearray):
+    if isinstance(last, _Gathered):
         last += data
     else:
-        chunks.append(bytearray(data))
+        chunks.append(_Gathered(data))
+
+
+class _Gathered(bytearray):
+    """
+    A buffer of small chunks, :class:`HeadTail`'s own: the only kind it
+    grows or trims in place (a big chunk that came as a ``bytearray`` is
+    the caller's, perhaps kept elsewhere too, and never changed).
+    """
 
 
 # --------------------------------------------------------------------------
@@ -315,6 +323,11 @@ class Child(ProcessProtocol):
 
     def childDataReceived(self, childFD: int, data: bytes) -> None:
         """Output: hand it on; it resets the idle and exit-drain timers."""
+        self._heard()
+        self.on_output(childFD, data)
+
+    def _heard(self) -> None:
+        """The child wrote: its idle and exit-drain timers start again."""
         if (
             self._idle is not None
             and self._idle.active()
@@ -323,7 +336,6 @@ class Child(ProcessProtocol):
             self._idle.reset(self.idle_timeout)
         if self.has_exited:
             self._arm_drain()
-        self.on_output(childFD, data)
 
     def processExited(self, reason: Failure) -> None:
         """The command finished: this is its result; close the pipes soon."""
@@ -481,6 +493,33 @@ class Child(ProcessProtocol):
             if not got:
                 return CONNECTION_DONE
             reader.dataReceived(bytes(buffer[:got]))
+            return None
+
+        reader.doRead = do_read
+
+    def read_with(self, fd: int, read: Callable[[int], int]) -> None:
+        """
+        Let ``read`` read the child's ``fd`` itself, whenever it is readable:
+        called with the pipe's descriptor, it returns how many bytes it took
+        (0 at the end) and hands them on its own way, not through
+        ``on_output`` (a reader that knows what comes next can read it
+        straight into the object that keeps it). An ``OSError`` it raises
+        ends the pipe as a failed read does, but for ``EAGAIN``.
+        """
+        reader = getattr(self.transport, "pipes", {}).get(fd)
+        if reader is None:
+            return
+
+        def do_read() -> Any:
+            try:
+                got = read(reader.fd)
+            except OSError as e:
+                if e.errno in (errno.EAGAIN, errno.EINTR):
+                    return None
+                return CONNECTION_LOST
+            if not got:
+                return CONNECTION_DONE
+            self._heard()
             return None
 
         reader.doRead = do_read

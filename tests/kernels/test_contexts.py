@@ -15,12 +15,13 @@ from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
-from twisted.internet.task import deferLater
+from twisted.internet.task import Clock, deferLater
 from twisted.trial.unittest import SkipTest
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
 from sandboxd.kernels.kernelspecs import find_kernelspecs
+from sandboxd.libc import QuietTrim
 from sandboxd.testing import SSEReader
 from tests.helpers import DaemonTestCase, alive, group_nice, need_autogroups
 
@@ -1069,3 +1070,23 @@ class RetentionTests(CodeTestCase):
             "GET", f"/code/contexts/{ctx['id']}/executions/{ids[-1]}"
         )
         self.assertEqual(len(last.json()["stdout"]), 100 * 1024 + 1)
+
+    @inlineCallbacks
+    def test_big_output_trimmed_when_quiet(self) -> Any:
+        """
+        A big output's end has the heap's free memory given back once no
+        other ends for a while; a small output's end alone does not.
+        """
+        ctx = yield self.context()
+        service = self.daemon.context.code.get()
+        clock = Clock()
+        trims: list[int] = []
+        service.heap_trim = QuietTrim(clock, 10.0, trims.append)
+        yield self.execute(ctx["id"], "1+1")
+        clock.advance(11)
+        self.assertEqual(trims, [])
+        yield self.execute(ctx["id"], "print('y' * 100 * 1024)")
+        clock.advance(5)
+        self.assertEqual(trims, [])
+        clock.advance(6)
+        self.assertEqual(trims, [0])

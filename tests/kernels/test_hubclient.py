@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -93,6 +94,64 @@ class SplitterTests(SynchronousTestCase):
         reader.splitter.feed(framed([({"ev": "stream"}, b"y" * 51)]))
         self.assertEqual(reader.overflows, [51])
         self.assertEqual(reader.got, [{"ev": "stream", "bytes": 51}])
+
+
+class PipeReadTests(SynchronousTestCase):
+    """
+    Read from the pipe itself (:meth:`LineSplitter.read_from`), a payload
+    straight into its place: the same lines and payloads, whatever the
+    writer's cuts and the reader's buffer.
+    """
+
+    def read_all(self, stream: bytes, cuts: list[int], read_bytes: int) -> Reader:
+        """Write ``stream`` cut at ``cuts``, reading after each write."""
+        reader = Reader(max_bytes=1 << 20)
+        reader.splitter.read_bytes = read_bytes
+        r, w = os.pipe()
+        self.addCleanup(os.close, r)
+        os.set_blocking(r, False)
+        for a, b in itertools.pairwise([0, *cuts, len(stream)]):
+            os.write(w, stream[a:b])
+            while True:
+                try:
+                    if not reader.splitter.read_from(r):
+                        break
+                except BlockingIOError:
+                    break
+        os.close(w)
+        self.assertEqual(reader.splitter.read_from(r), 0)
+        return reader
+
+    def test_payloads_whole(self) -> None:
+        """Payloads over several reads, and several in one, come whole and in order."""
+        big = bytes(range(256)) * 100 + b"\n"
+        events = [
+            ({"ev": "started"}, None),
+            ({"ev": "stream", "n": 1}, big),
+            ({"ev": "stream", "n": 2}, b"short\n"),
+            ({"ev": "stream", "n": 3}, big),
+            ({"ev": "stream", "n": 4}, b""),
+            ({"ev": "done"}, None),
+        ]
+        stream = framed(events)
+        expected = [
+            {"ev": "started"},
+            {"ev": "stream", "n": 1, "bytes": len(big)},
+            big,
+            {"ev": "stream", "n": 2, "bytes": 6},
+            b"short\n",
+            {"ev": "stream", "n": 3, "bytes": len(big)},
+            big,
+            {"ev": "stream", "n": 4, "bytes": 0},
+            b"",
+            {"ev": "done"},
+        ]
+        for read_bytes in (7, 4096, 1 << 20):
+            for cuts in ([], [5], [30, 31, 9000, 25000], list(range(100, 50000, 997))):
+                reader = self.read_all(stream, cuts, read_bytes)
+                self.assertEqual(reader.got, expected, f"{read_bytes} {cuts[:4]}")
+                payloads = [g for g in reader.got if isinstance(g, bytearray)]
+                self.assertEqual(len(payloads), 3)
 
 
 class ChunkTests(SynchronousTestCase):

@@ -99,6 +99,27 @@ class HeadTailTests(SynchronousTestCase):
         self.assertTrue(all(a is b for a, b in zip(sink._head, chunks, strict=True)))
         self.assertEqual(sink.value(), b"".join(chunks))
 
+    def test_a_callers_bytearray_left_alone(self) -> None:
+        """
+        A big chunk that came as a ``bytearray`` (the kernel hub's output)
+        is kept, never grown by small writes after it nor trimmed in place
+        when the tail moves on: it may be kept elsewhere too.
+        """
+        chunk = bytearray(b"a" * 8192)
+        sink = HeadTail(40_000)
+        sink.write(chunk)
+        sink.write(b"b" * 10)
+        sink.write(b"h" * 11_798)  # the head is full
+        self.assertEqual(chunk, b"a" * 8192)
+        tail_chunk = bytearray(b"c" * 16_000)
+        sink.write(tail_chunk)
+        sink.write(b"d" * 8000)  # 4000 bytes of it fall out of the tail
+        self.assertEqual(tail_chunk, b"c" * 16_000)
+        self.assertEqual(
+            sink.value(marker=False),
+            b"a" * 8192 + b"b" * 10 + b"h" * 11_798 + b"c" * 12_000 + b"d" * 8000,
+        )
+
     def test_one_huge_write(self) -> None:
         """A single write larger than the cap keeps its own tail."""
         sink = HeadTail(8)
