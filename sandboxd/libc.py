@@ -1,7 +1,7 @@
 """
 The C library, loaded once, for the few calls Python's ``os`` module does
 not offer (``openat2``, ``fstatfs``, ``statx``, ``renameat2``, ``prctl``,
-``posix_spawn``'s file actions, ``malloc_trim``).
+``posix_spawn``'s file actions, ``malloc_trim``, ``mallinfo2``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,57 @@ def libc() -> Any:
         return ctypes.CDLL(None, use_errno=True)
     except OSError:
         return None
+
+
+class _MallInfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (``malloc.h``): every field a ``size_t``."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def free_heap_bytes() -> int | None:
+    """
+    The bytes lying free inside the C library's heap, all arenas (glibc's
+    ``mallinfo2``, 2.33 and later), or None where it cannot say.
+    """
+    c = libc()
+    info = getattr(c, "mallinfo2", None)
+    if info is None:
+        return None
+    info.restype = _MallInfo2
+    return int(info().fordblks)
+
+
+def trim_when_free(
+    limit: int,
+    free: Callable[[], int | None] = free_heap_bytes,
+    trim: Callable[[int], Any] | None = None,
+) -> bool:
+    """
+    Hand the heap's free memory back to the system when more than ``limit``
+    bytes of it lie free; whether it did.
+    """
+    if trim is None:
+        trim = getattr(libc(), "malloc_trim", None)
+    size = free()
+    if trim is None or size is None or size <= limit:
+        return False
+    trim(0)
+    return True
 
 
 class QuietTrim:

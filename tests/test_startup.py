@@ -24,8 +24,9 @@ from sandboxd._version import __version__
 from sandboxd.daemon.server import Settings, build, validate_settings
 from sandboxd.daemon.startup import StartRefused
 from sandboxd.daemon.tap import Options
-from sandboxd.libc import QuietTrim, libc
+from sandboxd.libc import QuietTrim, free_heap_bytes, libc, trim_when_free
 from sandboxd.policy import PolicyError
+from sandboxd.policy.defaults import HEAP_KEPT_FREE_BYTES, HEAP_TRIM_QUIET_SECONDS
 from tests.helpers import DaemonTestCase
 from tests.test_cli import ROOT, on_ports, serve_argv, twistd_argv
 
@@ -555,3 +556,75 @@ class QuietTrimTests(SynchronousTestCase):
         clock.advance(20)
         self.assertEqual(trims, [])
         self.assertEqual(clock.getDelayedCalls(), [])
+
+
+#: Allocates 40 MiB in 256 KiB blocks with the daemon's heap thresholds,
+#: frees it, and prints the resident set (KiB) before and after
+#: ``trim_when_free`` with an 8 MiB bound, then whether it trimmed.
+SWEEP_SCRIPT = """
+from sandboxd.daemon.server import steady_heap
+from sandboxd.libc import trim_when_free
+steady_heap()
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4
+blocks = [b"x" * (256 * 1024) for _ in range(160)]
+del blocks
+before = rss()
+trimmed = trim_when_free(8 * 1024 * 1024)
+print(before, rss(), int(trimmed))
+"""
+
+
+class HeapSweepTests(SynchronousTestCase):
+    """Whatever freed it, the heap kept free goes back within a period."""
+
+    def setUp(self) -> None:
+        self.base = os.path.abspath(self.mktemp())
+        os.makedirs(self.base)
+
+    settings = LocalModeTests.settings
+
+    def test_trim_when_free(self) -> None:
+        """A trim only when more than the bound lies free, and only if it can tell."""
+        trims: list[int] = []
+        for free, expected in ((9 << 20, True), (8 << 20, False), (None, False)):
+            self.assertEqual(
+                trim_when_free(8 << 20, lambda free=free: free, trims.append),
+                expected,
+            )
+        self.assertEqual(trims, [0])
+
+    def test_free_heap_returned(self) -> None:
+        """40 MiB freed inside the kept heap leaves the resident set when swept."""
+        if free_heap_bytes() is None:
+            raise SkipTest("no mallinfo2 in this C library (glibc 2.33 or later)")
+        out = subprocess.run(
+            [sys.executable, "-c", SWEEP_SCRIPT],
+            capture_output=True,
+            check=True,
+            cwd=ROOT,
+        )
+        before, after, trimmed = (int(v) for v in out.stdout.split())
+        self.assertEqual(trimmed, 1)
+        self.assertGreater(before - after, 20 * 1024)
+
+    def test_daemon_sweeps_every_period(self) -> None:
+        """The running daemon sweeps each period with the bound, and stops with it."""
+        from sandboxd.daemon import server
+
+        calls: list[int] = []
+        self.patch(server, "trim_when_free", calls.append)
+        self.patch(server, "release_memory", lambda: None)
+        reactor = MemoryReactorClock()
+        daemon = build(self.settings(), reactor)
+        daemon.startService()
+        reactor.advance(HEAP_TRIM_QUIET_SECONDS - 1)
+        self.assertEqual(calls, [])
+        reactor.advance(1)
+        self.assertEqual(calls, [HEAP_KEPT_FREE_BYTES])
+        reactor.advance(HEAP_TRIM_QUIET_SECONDS)
+        self.assertEqual(len(calls), 2)
+        daemon.stopService()
+        reactor.advance(10 * HEAP_TRIM_QUIET_SECONDS)
+        self.assertEqual(len(calls), 2)

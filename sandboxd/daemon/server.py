@@ -25,6 +25,7 @@ from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import CannotListenError
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from sandboxd._version import __version__
@@ -48,9 +49,14 @@ from sandboxd.daemon.startup import (
     startup_line,
 )
 from sandboxd.endpoints import RouteTable
-from sandboxd.libc import libc
+from sandboxd.libc import libc, trim_when_free
 from sandboxd.policy import Policy, PolicyError, load_policy
-from sandboxd.policy.defaults import HEAP_MMAP_THRESHOLD_BYTES, SHUTDOWN_TIMEOUT_SECONDS
+from sandboxd.policy.defaults import (
+    HEAP_KEPT_FREE_BYTES,
+    HEAP_MMAP_THRESHOLD_BYTES,
+    HEAP_TRIM_QUIET_SECONDS,
+    SHUTDOWN_TIMEOUT_SECONDS,
+)
 from sandboxd.processes.cgroups import CHILD_CGROUPS
 from sandboxd.processes.priority import CHILD_PRIORITY
 from sandboxd.routes import default_table
@@ -259,6 +265,9 @@ class DaemonService(MultiService):
             service.setServiceParent(self)
         self._previous_hup: Any = None
         self._trim: Any = None
+        #: Hands the free heap back now and then (:meth:`_sweep_heap`).
+        self.heap_sweep = LoopingCall(self._sweep_heap)
+        self.heap_sweep.clock = as_clock(context.reactor)
 
     def privilegedStartService(self) -> None:
         """
@@ -317,6 +326,19 @@ class DaemonService(MultiService):
         self._install_hup()
         self._enter_base_dir()
         self._trim = self.context.reactor.callLater(TRIM_AFTER_SECONDS, release_memory)
+        self.heap_sweep.start(HEAP_TRIM_QUIET_SECONDS, now=False)
+
+    def _sweep_heap(self) -> None:
+        """
+        The free heap back to the system once it holds more than a bound.
+
+        :func:`steady_heap` lets the heap keep what big outputs free for the
+        next ones; code executions give it back once they stop
+        (:class:`~sandboxd.libc.QuietTrim`), and this catches the rest (a
+        big command output, a download, an upload's body) so that an idle
+        daemon never holds more than the bound for longer than a period.
+        """
+        trim_when_free(HEAP_KEPT_FREE_BYTES)
 
     def listen_descriptions(self) -> list[str]:
         """The endpoint strings of the listeners this daemon opens."""
@@ -444,6 +466,8 @@ class DaemonService(MultiService):
         CHILD_PRIORITY.restore()
         if self._trim is not None and self._trim.active():
             self._trim.cancel()
+        if self.heap_sweep.running:
+            self.heap_sweep.stop()
         if self._previous_hup is not None:
             try:
                 signal.signal(signal.SIGHUP, self._previous_hup)

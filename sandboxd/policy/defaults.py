@@ -369,6 +369,12 @@ HEAP_MMAP_THRESHOLD_BYTES = 32 * MIB
 #: ended for this long (until then the next one reuses it).
 HEAP_TRIM_QUIET_SECONDS = 30.0
 
+#: Every :data:`HEAP_TRIM_QUIET_SECONDS` the daemon hands its free heap back
+#: to the system when more than this lies free in it, whatever freed it (a
+#: big command output, a download, an upload's body): the heap kept for the
+#: next big output is bounded in time as well as in size.
+HEAP_KEPT_FREE_BYTES = 8 * MIB
+
 
 #: file_ops: bytes read or written per step of a streamed file body (one
 #: ``pread``, or one ``sendfile``: on a cold page cache it reads the disk
