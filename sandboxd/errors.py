@@ -475,6 +475,47 @@ def internal(message: str, type: str = "RuntimeError") -> ApiError:
     return ApiError(500, message, type, Code.INTERNAL)
 
 
+def nonfinite_at(value: Any, where: str = "$") -> str | None:
+    """
+    Where in ``value`` a float with no JSON form (``inf``, ``-inf``,
+    ``nan``) is, as a JSONPath (``$.result[2]``), or None.  Walked only
+    once an encoder has refused a document, to say where.
+    """
+    if isinstance(value, float):
+        return where if value != value or value in (_INF, -_INF) else None
+    if isinstance(value, dict):
+        items: Any = ((f"{where}.{k}", v) for k, v in value.items())
+    elif isinstance(value, list | tuple):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for path, item in items:
+        found = nonfinite_at(item, path)
+        if found is not None:
+            return found
+    return None
+
+
+_INF = float("inf")
+
+
+def not_json(value: Any, what: str = "the answer") -> ApiError:
+    """
+    The 500 for an answer a handler built that JSON cannot carry (a
+    non-finite number: Python's encoder would write ``NaN`` or
+    ``Infinity``, which no strict JSON reader accepts): sent instead of
+    it, before anything of the answer is.
+    """
+    where = nonfinite_at(value)
+    if where is None:
+        return internal(f"{what} is not JSON", "ValueError")
+    return internal(
+        f"{what} is not JSON: {where} is a non-finite number"
+        " (inf or nan), which JSON cannot represent",
+        "ValueError",
+    )
+
+
 def unexpected(error: object) -> ApiError:
     """The 500 for an exception no handler expected: its name and message."""
     name = type(error).__name__

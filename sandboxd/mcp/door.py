@@ -22,7 +22,6 @@ both are audited with ``via: mcp``.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -74,8 +73,8 @@ _PRIMING = frozenset({"2025-11-25"})
 
 
 def json_bytes(value: Any) -> bytes:
-    """Compact UTF-8 JSON."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    """Compact UTF-8 JSON (:func:`sandboxd.jsonrpc.encode`: never ``NaN``)."""
+    return jsonrpc.encode(value).encode()
 
 
 def reason_phrase(status: int) -> str:
