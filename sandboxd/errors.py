@@ -13,6 +13,7 @@ spec documents; the constructors below are the shapes used more than once.
 from __future__ import annotations
 
 import enum
+import math
 from typing import Any, Protocol
 
 
@@ -482,7 +483,7 @@ def nonfinite_at(value: Any, where: str = "$") -> str | None:
     once an encoder has refused a document, to say where.
     """
     if isinstance(value, float):
-        return where if value != value or value in (_INF, -_INF) else None
+        return None if math.isfinite(value) else where
     if isinstance(value, dict):
         items: Any = ((f"{where}.{k}", v) for k, v in value.items())
     elif isinstance(value, list | tuple):
@@ -496,9 +497,6 @@ def nonfinite_at(value: Any, where: str = "$") -> str | None:
     return None
 
 
-_INF = float("inf")
-
-
 def not_json(value: Any, what: str = "the answer") -> ApiError:
     """
     The 500 for an answer a handler built that JSON cannot carry (a
@@ -506,7 +504,10 @@ def not_json(value: Any, what: str = "the answer") -> ApiError:
     ``Infinity``, which no strict JSON reader accepts): sent instead of
     it, before anything of the answer is.
     """
-    where = nonfinite_at(value)
+    try:
+        where = nonfinite_at(value)
+    except RecursionError:  # a cycle, or nesting deeper than the encoder took
+        where = None
     if where is None:
         return internal(f"{what} is not JSON", "ValueError")
     return internal(
