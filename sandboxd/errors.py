@@ -13,6 +13,7 @@ spec documents; the constructors below are the shapes used more than once.
 from __future__ import annotations
 
 import enum
+import math
 from typing import Any, Protocol
 
 
@@ -473,6 +474,47 @@ def rate_limited(message: str, retry_after: int, **extra: Any) -> ApiError:
 def internal(message: str, type: str = "RuntimeError") -> ApiError:
     """A 500 whose message is safe to show (never a traceback)."""
     return ApiError(500, message, type, Code.INTERNAL)
+
+
+def nonfinite_at(value: Any, where: str = "$") -> str | None:
+    """
+    Where in ``value`` a float with no JSON form (``inf``, ``-inf``,
+    ``nan``) is, as a JSONPath (``$.result[2]``), or None.  Walked only
+    once an encoder has refused a document, to say where.
+    """
+    if isinstance(value, float):
+        return None if math.isfinite(value) else where
+    if isinstance(value, dict):
+        items: Any = ((f"{where}.{k}", v) for k, v in value.items())
+    elif isinstance(value, list | tuple):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for path, item in items:
+        found = nonfinite_at(item, path)
+        if found is not None:
+            return found
+    return None
+
+
+def not_json(value: Any, what: str = "the answer") -> ApiError:
+    """
+    The 500 for an answer a handler built that JSON cannot carry (a
+    non-finite number: Python's encoder would write ``NaN`` or
+    ``Infinity``, which no strict JSON reader accepts): sent instead of
+    it, before anything of the answer is.
+    """
+    try:
+        where = nonfinite_at(value)
+    except RecursionError:  # a cycle, or nesting deeper than the encoder took
+        where = None
+    if where is None:
+        return internal(f"{what} is not JSON", "ValueError")
+    return internal(
+        f"{what} is not JSON: {where} is a non-finite number"
+        " (inf or nan), which JSON cannot represent",
+        "ValueError",
+    )
 
 
 def unexpected(error: object) -> ApiError:

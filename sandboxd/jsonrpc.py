@@ -12,8 +12,11 @@ here once.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
+
+from sandboxd.errors import not_json
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -70,6 +73,27 @@ def error(request_id: Any, code: int, message: str, data: Any = None) -> Message
         "id": request_id,
         "error": RpcError(code, message, data).as_json(),
     }
+
+
+#: Compact UTF-8 text; a non-finite number raises ValueError instead of
+#: becoming ``NaN``, which no JSON-RPC peer's parser is bound to accept.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def encode(message: Any) -> str:
+    """
+    ``message`` as compact JSON text.  A message JSON cannot carry (a
+    non-finite number in a result) is replaced by an internal error for
+    the same id, so whatever is sent is JSON and answers the request.
+    """
+    try:
+        return _ENCODER.encode(message)
+    except ValueError:
+        rid = message.get("id") if isinstance(message, dict) else None
+        failure = not_json(message, "the message")
+        return _ENCODER.encode(
+            error(rid, INTERNAL_ERROR, failure.message, failure.body())
+        )
 
 
 def request_key(request_id: Any) -> str:

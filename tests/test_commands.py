@@ -4,6 +4,8 @@ Template commands and custom routes (SPEC §7.2, §10) through a real daemon.
 
 from __future__ import annotations
 
+import json
+import math
 import threading
 from typing import Any
 
@@ -48,11 +50,30 @@ def make_registry() -> CommandRegistry:
     def deferred() -> Deferred[str]:
         return succeed("from a Deferred")
 
+    @registry.command("stats")
+    def stats(empty: bool = False) -> dict[str, Any]:
+        values = [] if empty else [1.5, 2.5]
+        mean = sum(values) / len(values) if values else float("nan")
+        return {"values": values, "mean": mean, "max": max(values, default=-math.inf)}
+
+    @registry.command("ratio")
+    async def ratio(a: float, b: float) -> float:
+        return a / b if b else math.copysign(math.inf, a)
+
     @registry.command("admin_only", scopes=("system:write",))
     def admin_only() -> str:
         return "ok"
 
     return registry
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def strict_json(data: bytes) -> Any:
+    """``data`` parsed as JSON proper: ``NaN`` and ``Infinity`` refused."""
+    return json.loads(data, parse_constant=_refuse_constant)
 
 
 class RegistryTests(SynchronousTestCase):
@@ -129,6 +150,15 @@ class CommandTests(DaemonTestCase):
             return SSEResponse(event_iterator=events())
 
         @table.route(
+            "POST", "/my/samples", group=CapabilityGroup.COMMANDS, streaming=True
+        )
+        def my_samples(request: Any) -> Any:
+            samples = [1.5, math.inf, 2.5]
+            return SSEResponse(
+                event_iterator=iter([("sample", {"value": v}) for v in samples])
+            )
+
+        @table.route(
             "GET", "/public/status", group=CapabilityGroup.COMMANDS, auth_required=False
         )
         def public_status(request: Any) -> ServerResponse:
@@ -142,7 +172,17 @@ class CommandTests(DaemonTestCase):
         reply = yield self.request("GET", "/commands")
         names = [c["name"] for c in reply.json()["commands"]]
         self.assertEqual(
-            names, ["add", "admin_only", "boom", "deferred", "hello", "later"]
+            names,
+            [
+                "add",
+                "admin_only",
+                "boom",
+                "deferred",
+                "hello",
+                "later",
+                "ratio",
+                "stats",
+            ],
         )
         hello = next(c for c in reply.json()["commands"] if c["name"] == "hello")
         self.assertEqual(
@@ -190,7 +230,8 @@ class CommandTests(DaemonTestCase):
         self.assertEqual(reply.status, 404)
         self.assertEqual(
             reply.json()["error"],
-            "Unknown command 'nope'; available: add, admin_only, boom, deferred, hello, later",
+            "Unknown command 'nope'; available: add, admin_only, boom, deferred,"
+            " hello, later, ratio, stats",
         )
         self.assertEqual(reply.json()["type"], "ValueError")
         for body in ({}, {"a": 1, "zzz": 2}, {"a": "two"}):
@@ -217,6 +258,83 @@ class CommandTests(DaemonTestCase):
         self.assertEqual(reply.json()["result"]["sum"], 3.5)
 
     @inlineCallbacks
+    def test_result_not_finite(self) -> Any:
+        """
+        A command whose result holds ``inf`` or ``nan`` is answered 500
+        ``internal`` saying where, as strict JSON (was ``NaN`` and
+        ``-Infinity`` in a 200, which no strict JSON reader takes); a
+        finite result is untouched.
+        """
+        cases = [
+            ("/commands/stats", {"empty": True}, "$.result.mean"),
+            ("/commands/ratio", {"a": -1, "b": 0}, "$.result"),
+            ("/commands/ratio", {"a": 1e308, "b": 0.5}, "$.result"),
+        ]
+        for path, body, where in cases:
+            reply = yield self.request("POST", path, body)
+            self.assertEqual(reply.status, 500, path)
+            answer = strict_json(reply.body)
+            self.assertEqual(
+                (answer["code"], answer["type"]), ("internal", "ValueError")
+            )
+            self.assertIn(f"the answer is not JSON: {where} is", answer["error"])
+        reply = yield self.request("POST", "/commands/stats")
+        self.assertEqual(reply.status, 200)
+        self.assertEqual(
+            strict_json(reply.body),
+            {"result": {"values": [1.5, 2.5], "mean": 2.0, "max": 2.5}},
+        )
+        reply = yield self.request("POST", "/commands/ratio", {"a": 1e308, "b": 1.25})
+        self.assertEqual(reply.body, b'{"result":8e+307}')
+
+    @inlineCallbacks
+    def test_result_not_finite_over_mcp(self) -> Any:
+        """
+        Through MCP the same result is a tool error with ``internal``, in a
+        message that is JSON (was ``NaN`` in its structured content and text).
+        """
+        headers = {
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2025-06-18",
+        }
+        reply = yield self.request(
+            "POST",
+            "/mcp",
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "test", "version": "0"},
+                },
+            },
+            headers=headers,
+        )
+        headers["Mcp-Session-Id"] = reply.headers.getRawHeaders("mcp-session-id")[0]
+        answers = []
+        for arguments in ({"name": "stats", "empty": True}, {"name": "stats"}):
+            reply = yield self.request(
+                "POST",
+                "/mcp",
+                {
+                    "jsonrpc": "2.0",
+                    "id": 2,
+                    "method": "tools/call",
+                    "params": {"name": "run_command", "arguments": arguments},
+                },
+                headers=headers,
+            )
+            answers.append(strict_json(reply.body)["result"])
+        failed, passed = answers
+        self.assertTrue(failed["isError"])
+        self.assertEqual(failed["structuredContent"]["code"], "internal")
+        self.assertIn("$.result.mean", failed["structuredContent"]["error"])
+        self.assertFalse(passed["isError"])
+        self.assertEqual(passed["structuredContent"]["result"]["mean"], 2.0)
+
+    @inlineCallbacks
     def test_custom_route(self) -> Any:
         """{param} routes get path_params, percent-decoded."""
         reply = yield self.request("GET", "/hello/Q%20oder")
@@ -234,6 +352,24 @@ class CommandTests(DaemonTestCase):
         )
         reply = yield self.request("POST", "/my/stream", {"count": 0})
         self.assertEqual(reply.status, 400)
+
+    @inlineCallbacks
+    def test_stream_event_not_finite(self) -> Any:
+        """
+        An event whose data JSON cannot carry (``inf``), once the stream has
+        begun, is sent as an ``error`` event in its place saying so; the
+        events around it are untouched (was ``data: {"value":Infinity}``).
+        """
+        reply = yield self.request("POST", "/my/samples")
+        frames = reply.body.decode().split("\n\n")[:-1]
+        self.assertEqual(
+            [f.split("\n")[0] for f in frames],
+            ["event: sample", "event: error", "event: sample"],
+        )
+        data = [strict_json(f.split("\n")[1][len("data: ") :]) for f in frames]
+        self.assertEqual((data[0], data[2]), ({"value": 1.5}, {"value": 2.5}))
+        self.assertEqual(data[1]["type"], "ValueError")
+        self.assertIn("the sample event is not JSON: $.value is", data[1]["error"])
 
     @inlineCallbacks
     def test_public_route(self) -> Any:

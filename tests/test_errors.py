@@ -501,3 +501,27 @@ class OnePlaceTests(SynchronousTestCase):
         self.assertEqual(
             sorted(hand_built_bodies([("m.py", tree)])), ["m.py:2", "m.py:3"]
         )
+
+
+class NotJsonTests(SynchronousTestCase):
+    """The 500 for an answer JSON cannot carry says where."""
+
+    def test_names_the_first_non_finite_number(self) -> None:
+        """The JSONPath of the first inf or nan, through objects and arrays."""
+        value = {
+            "ok": 1.5,
+            "rows": [{"v": 2.0}, {"v": float("-inf")}],
+            "z": float("nan"),
+        }
+        error = errors.not_json(value)
+        self.assertEqual(
+            (error.status, error.code, error.type), (500, "internal", "ValueError")
+        )
+        self.assertIn("the answer is not JSON: $.rows[1].v is", error.message)
+        self.assertIsNone(errors.nonfinite_at({"big": 1e308, "t": (1, "x")}))
+
+    def test_a_cycle_is_only_not_json(self) -> None:
+        """A value that refers to itself (the encoder's other ValueError) is said plainly."""
+        cycle: dict[str, Any] = {}
+        cycle["self"] = cycle
+        self.assertEqual(errors.not_json(cycle).message, "the answer is not JSON")

@@ -26,7 +26,7 @@ from twisted.web.server import NOT_DONE_YET
 
 from sandboxd.api.fields import F
 from sandboxd.e2b.door import REST, Call, Procedure
-from sandboxd.errors import ApiError, bad_request, internal
+from sandboxd.errors import ApiError, bad_request, internal, not_json
 from sandboxd.eventlog import Event
 from sandboxd.kernels.jsontext import text_object_parts
 from sandboxd.policy.defaults import E2B_CODE_KEEPALIVE_SECONDS
@@ -213,11 +213,25 @@ def _line(line: dict[str, Any]) -> list[bytes]:
     big = text_object_parts(line)
     if big is not None:
         return big
-    return [
-        json.dumps(line, separators=(",", ":"), ensure_ascii=False).encode(
-            "utf-8", "surrogatepass"
+    try:
+        text = _LINE.encode(line)
+    except ValueError:
+        # A result JSON cannot carry (a non-finite number in display data):
+        # the answer has begun, so the line says so as an error line the
+        # SDK reads, rather than ``NaN``, which its JSON parser may refuse.
+        text = _LINE.encode(
+            {
+                "type": "error",
+                "name": "ValueError",
+                "value": not_json(line, f"the {line.get('type')} line").message,
+                "traceback": "",
+            }
         )
-    ]
+    return [text.encode("utf-8", "surrogatepass")]
+
+
+#: An NDJSON line; a non-finite number raises ValueError.
+_LINE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 class NdjsonStream:

@@ -133,8 +133,12 @@ def error_json(error: ApiError) -> dict[str, Any]:
 
 def envelope(message: Any, flags: int = 0) -> bytes:
     """One enveloped JSON message."""
-    data = json.dumps(message, separators=(",", ":")).encode()
+    data = _COMPACT.encode(message).encode()
     return _HEADER.pack(flags, len(data)) + data
+
+
+#: A non-finite number raises ValueError rather than becoming ``NaN``.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 def end_stream(error: ApiError | None = None) -> bytes:

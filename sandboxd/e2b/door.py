@@ -40,6 +40,7 @@ from sandboxd.errors import (
     endpoint_disabled,
     internal,
     malformed_request,
+    not_json,
     payload_too_large,
     unsupported,
 )
@@ -705,22 +706,25 @@ class Door:
             return
         request = call.request
         kind = call.procedure.kind
-        if kind == REST:
-            if value is NOT_DONE_YET:
-                return  # the handler answers and calls done() itself
-            if isinstance(value, int):
-                call.status = value
-                request.setResponseCode(value)
-                data = b""
-            else:
-                data = json.dumps(value).encode()
-                request.setHeader(b"content-type", b"application/json")
-        elif kind == CLIENT_STREAM:
-            request.setHeader(b"content-type", connect.STREAM_CONTENT_TYPE.encode())
-            data = connect.envelope(value) + connect.end_stream()
+        if kind == REST and value is NOT_DONE_YET:
+            return  # the handler answers and calls done() itself
+        if kind == REST and isinstance(value, int):
+            call.status = value
+            request.setResponseCode(value)
+            data = b""
         else:
-            request.setHeader(b"content-type", connect.UNARY_CONTENT_TYPE.encode())
-            data = json.dumps(value, separators=(",", ":")).encode()
+            try:
+                data = _encoded(kind, value)
+            except ValueError:
+                # Nothing is sent yet: the call fails in its framing instead
+                # of answering ``NaN``, which no client's parser takes.
+                self._fail(call, not_json(value))
+                return
+            content_type = {
+                REST: b"application/json",
+                CLIENT_STREAM: connect.STREAM_CONTENT_TYPE.encode(),
+            }.get(kind, connect.UNARY_CONTENT_TYPE.encode())
+            request.setHeader(b"content-type", content_type)
         call.bytes_out += len(data)
         if data:
             request.setHeader(b"content-length", str(len(data)).encode())
@@ -779,6 +783,20 @@ CONTENT_TYPES = {
     SERVER_STREAM: connect.STREAM_CONTENT_TYPE,
     CLIENT_STREAM: connect.STREAM_CONTENT_TYPE,
 }
+
+
+#: A call's answer: a non-finite number raises ValueError (it has no JSON form).
+_STRICT = json.JSONEncoder(allow_nan=False)
+_STRICT_COMPACT = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
+def _encoded(kind: str, value: Any) -> bytes:
+    """The body of a call's successful answer, by the procedure's kind."""
+    if kind == REST:
+        return _STRICT.encode(value).encode()
+    if kind == CLIENT_STREAM:
+        return connect.envelope(value) + connect.end_stream()
+    return _STRICT_COMPACT.encode(value).encode()
 
 
 def procedure_path(path: str) -> bool:

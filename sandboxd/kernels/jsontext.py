@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 from typing import Any, cast, overload
 
+from sandboxd.errors import not_json
+
 #: Bytes JSON escapes that the fast path does not: control characters
 #: other than tab, newline and carriage return (``\\b``, ``\\f``,
 #: ``\\u00XX``).
@@ -81,9 +83,11 @@ def _escaped(raw: bytes | bytearray) -> bytes | bytearray | None:
 
 
 #: The API's JSON, made once (``json.dumps`` with options builds an
-#: encoder per call, dear for a small document).
-_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
-_COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"))
+#: encoder per call, dear for a small document).  A non-finite number (a
+#: kernel's display data may hold one) raises rather than becoming
+#: ``NaN``, which is not JSON.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 #: Output under this many bytes is cheaper to decode and encode with the
@@ -92,8 +96,15 @@ SMALL_OUTPUT_BYTES = 64 * 1024
 
 
 def _value(value: Any) -> bytes:
-    """One JSON value, compact and UTF-8 (``\\u`` escapes if it cannot be)."""
-    text = _COMPACT.encode(value)
+    """
+    One JSON value, compact and UTF-8 (``\\u`` escapes if it cannot be).
+
+    :raises ApiError: 500 ``internal`` for a value JSON cannot carry.
+    """
+    try:
+        text = _COMPACT.encode(value)
+    except ValueError:
+        raise not_json(value) from None
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate

@@ -29,7 +29,14 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from sandboxd.access import gate
-from sandboxd.errors import ApiError, bad_request, unexpected, unsupported
+from sandboxd.errors import (
+    ApiError,
+    bad_request,
+    nonfinite_at,
+    not_json,
+    unexpected,
+    unsupported,
+)
 from sandboxd.mcp.collecting import CollectingChannel, Progress
 from sandboxd.mcp.tools import (
     FILE_READS,
@@ -64,8 +71,13 @@ def error_result(error: ApiError) -> dict[str, Any]:
     }
 
 
+#: A tool result's text rendering; a non-finite number raises ValueError
+#: (Python would write ``NaN``, which is not JSON).
+_TEXT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def _text(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return _TEXT.encode(value)
 
 
 def value_result(
@@ -94,8 +106,15 @@ def value_result(
         text = decoded_text(structured["content_base64"])
         if text is not None:
             content.append({"type": "text", "text": text})
+    # A result JSON cannot carry (a non-finite number) is the call's
+    # failure, answered as a tool error, never a message that is not JSON.
     if not content:
-        content.append({"type": "text", "text": _text(structured)})
+        try:
+            content.append({"type": "text", "text": _text(structured)})
+        except ValueError:
+            raise not_json(structured, "the tool's result") from None
+    elif nonfinite_at(structured) is not None:
+        raise not_json(structured, "the tool's result")
     return {"content": content, "structuredContent": structured, "isError": False}
 
 

@@ -22,7 +22,6 @@ both are audited with ``via: mcp``.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -74,8 +73,23 @@ _PRIMING = frozenset({"2025-11-25"})
 
 
 def json_bytes(value: Any) -> bytes:
-    """Compact UTF-8 JSON."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    """Compact UTF-8 JSON (:func:`sandboxd.jsonrpc.encode`: never ``NaN``)."""
+    return jsonrpc.encode(value).encode()
+
+
+def refusal_message(err: ApiError, request_id: Any = None) -> dict[str, Any]:
+    """
+    A refusal in this door's framing: a JSON-RPC error, the §6 body in
+    ``data``; ``id`` null when the request's was never read (the SDK's
+    client reads such an error at any status as its request's answer).
+    """
+    code = {
+        400: jsonrpc.INVALID_REQUEST,
+        404: protocol.SESSION_NOT_FOUND,
+    }.get(err.status, protocol.REFUSED)
+    if err.code in (Code.ENDPOINT_DISABLED, Code.MISSING_SCOPE):
+        code = protocol.REFUSED
+    return error(request_id, code, err.message, err.body())
 
 
 def reason_phrase(status: int) -> str:
@@ -330,14 +344,8 @@ class Exchange:
     # -- answers -----------------------------------------------------------
 
     def _error_body(self, err: ApiError, request_id: Any = None) -> dict[str, Any]:
-        """A refusal in this door's framing: a JSON-RPC error, §6 body in data."""
-        code = {
-            400: jsonrpc.INVALID_REQUEST,
-            404: protocol.SESSION_NOT_FOUND,
-        }.get(err.status, protocol.REFUSED)
-        if err.code in (Code.ENDPOINT_DISABLED, Code.MISSING_SCOPE):
-            code = protocol.REFUSED
-        return error(request_id, code, err.message, err.body())
+        """A refusal in this door's framing (:func:`refusal_message`)."""
+        return refusal_message(err, request_id)
 
     def _send(
         self,

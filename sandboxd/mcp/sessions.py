@@ -15,7 +15,6 @@ MCP transport asks).
 from __future__ import annotations
 
 import collections
-import json
 import secrets
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -24,6 +23,7 @@ import attrs
 from twisted.internet.interfaces import IPushProducer
 from zope.interface import implementer
 
+from sandboxd import jsonrpc
 from sandboxd.policy.defaults import MCP_REPLAY_BYTES
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ def event_frame(stream: int, seq: int, message: dict[str, Any] | None) -> bytes:
     head = f"id: {stream}-{seq}\n"
     if message is None:
         return (head + "data:\n\n").encode()
-    data = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+    data = jsonrpc.encode(message)
     return f"{head}event: message\ndata: {data}\n\n".encode()
 
 

@@ -55,6 +55,7 @@ from sandboxd.errors import (
     bad_request,
     limit_exceeded,
     limit_rule,
+    not_json,
     unexpected,
 )
 from sandboxd.openai_api.envelope import (
@@ -241,7 +242,16 @@ class Lane:
         """One event's frame: its JSON (escaped: never a bare newline), a newline."""
         if self.stream_id is not None:
             data = {**data, "stream_id": self.stream_id}
-        return json.dumps(data, separators=(",", ":")).encode() + b"\n"
+        try:
+            return _EVENT.encode(data).encode() + b"\n"
+        except ValueError:
+            # A number JSON cannot carry (inf, nan): an ``error`` event in
+            # its place, never ``NaN`` in a frame a client's parser refuses.
+            error = not_json(data, f"the {type} event")
+            event = socket_event("error", openai_error(error)[0]["error"], status=500)
+            if self.stream_id is not None:
+                event["stream_id"] = self.stream_id
+            return _EVENT.encode(event).encode() + b"\n"
 
     def write_raw(self, data: bytes) -> None:
         """Send each event of ``data`` as its own text frame."""
@@ -822,7 +832,7 @@ class ResponsesSocket(WebSocketServerProtocol):
         """A server event of the socket's own, numbered on the socket."""
         event.setdefault("sequence_number", self.number)
         self.number += 1
-        self.send_text(json.dumps(event, separators=(",", ":")).encode())
+        self.send_text(_EVENT.encode(event).encode())
 
     def send_error(self, error: ApiError, lane: str | None = None) -> None:
         """
@@ -834,6 +844,10 @@ class ResponsesSocket(WebSocketServerProtocol):
         if lane is not None:
             event["stream_id"] = lane
         self.send_event(event)
+
+
+#: The socket's events: compact; a non-finite number raises ValueError.
+_EVENT = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 def steer_of(steer: dict[str, Any]) -> dict[str, Any]:

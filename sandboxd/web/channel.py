@@ -354,7 +354,18 @@ class SandboxChannel(HTTPChannel):
         self._refuse(error, target_path(head), header_value(head, b"accept"))
 
     def _respondToBadRequestAndDisconnect(self) -> None:
-        """Twisted's body decoder refused the request (a bad chunk): a 400, then close."""
+        """
+        Twisted's body decoder refused the request (a bad chunk): a 400,
+        then close; or only close, when an answer to the request has begun
+        (a door's early refusal, or a response whose head has gone): a
+        second status line behind it would be read as part of that answer.
+        """
+        if self._answer_begun():
+            transport: Any = self.transport
+            if transport is not None and not transport.disconnecting:
+                # The client sees a cut answer, the only honest ending now.
+                transport.abortConnection()
+            return
         head = self.head
         accept = head.fields.get(b"accept") if head is not None else None
         self._refuse(
@@ -362,6 +373,19 @@ class SandboxChannel(HTTPChannel):
             self._path.partition(b"?")[0].decode("latin-1"),
             accept[0] if accept else None,
         )
+
+    def _answer_begun(self) -> bool:
+        """
+        Whether bytes of an answer to the request being read have been
+        written: its response head (``startedWriting``), or an answer a
+        door wrote straight to the transport before closing it (a body
+        over its cap), which leaves the transport disconnecting.
+        """
+        transport: Any = self.transport
+        if transport is None or transport.disconnecting:
+            return True
+        request = self.requests[-1] if self.requests else None
+        return bool(request is not None and request.startedWriting)
 
     def _refuse(self, error: ApiError, path: str, accept: bytes | None) -> None:
         """

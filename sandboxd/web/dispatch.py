@@ -28,7 +28,7 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 
 from sandboxd.daemon.context import as_clock
-from sandboxd.errors import ApiError, unexpected
+from sandboxd.errors import ApiError, not_json, unexpected
 from sandboxd.turns import after_next_poll
 from sandboxd.web.jsonbody import COMPACT, COMPACT_ASCII
 from sandboxd.web.messages import (
@@ -86,8 +86,14 @@ def json_bytes(value: Any) -> bytes:
     with ``\\uXXXX`` escapes instead (as ``ensure_ascii`` does), which a
     Python client decodes back to the same string.  An answer must not fail
     after its side effect is done.
+
+    :raises ApiError: 500 ``internal`` when ``value`` holds what JSON cannot
+        carry (a non-finite number), before a byte of it is sent.
     """
-    text = COMPACT.encode(value)
+    try:
+        text = COMPACT.encode(value)
+    except ValueError:
+        raise not_json(value) from None
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:
@@ -107,7 +113,13 @@ def respond_json(
     """Send a complete JSON response (no-op once the client has gone)."""
     if raw._disconnected or raw.finished:
         return
-    data = json_bytes(body)
+    try:
+        data = json_bytes(body)
+    except ApiError as error:
+        # Nothing of the answer has gone: the error is answered instead.
+        log.error("an answer is not JSON: {message}", message=error.message)
+        raw.respond_error(error)
+        return
     raw.setResponseCode(status)
     # Stored as Twisted's Headers would store them, without its per-value
     # checks: both values are ours.

@@ -177,9 +177,21 @@ class SandboxSite(HardenedSite):
         self, error: ApiError, path: str, accept: bytes | None
     ) -> tuple[bytes, bytes, dict[str, str]]:
         """
-        SPEC §3's JSON error, or OpenAI's envelope when the path is under
-        ``/v1/`` (an OpenAI SDK reads ``error.code``).
+        SPEC §3's JSON error; OpenAI's envelope when the path is under
+        ``/v1/`` (an OpenAI SDK reads ``error.code``); a JSON-RPC error
+        with ``id`` null on the MCP door's path (an MCP client reads that
+        at any status as its request's error: no id was read).
         """
+        from sandboxd.daemon.services import MCP_PATH
+
+        if path.rstrip("/").encode("latin-1") == MCP_PATH:
+            from sandboxd.mcp.door import refusal_message
+
+            return (
+                b"application/json",
+                json_error(refusal_message(error)),
+                dict(error.headers),
+            )
         from sandboxd.web.dispatch import error_framing
 
         body, headers = error_framing(None, path, error)

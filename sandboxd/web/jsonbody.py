@@ -31,9 +31,11 @@ from sandboxd.errors import invalid_json
 #: The encoders of the JSON the daemon sends (responses, SSE events):
 #: compact, UTF-8 as is, and the ASCII-escaped fallback for a string a
 #: lone surrogate makes unencodable.  Made once: ``json.dumps`` with any
-#: option builds a new encoder on every call.
-COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
-COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"))
+#: option builds a new encoder on every call.  A non-finite float raises
+#: ValueError rather than becoming ``NaN`` or ``Infinity``, which are not
+#: JSON (:func:`sandboxd.errors.not_json` is answered instead).
+COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 class _Duplicate(ValueError):

@@ -18,6 +18,7 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 from zope.interface import implementer
 
+from sandboxd.errors import not_json
 from sandboxd.eventlog import Event, EventLog
 from sandboxd.policy.defaults import HEARTBEAT_SECONDS
 from sandboxd.web.jsonbody import COMPACT, COMPACT_ASCII
@@ -41,7 +42,14 @@ def frame_parts(event: str, data: Any, id: int | None = None) -> list[bytes]:
     big = big_text_parts(data)
     if big is not None:  # a big chunk of output: escaped from its bytes
         return [f"{head}event: {event}\ndata: ".encode(), *big, b"\n\n"]
-    payload = COMPACT.encode(data)
+    try:
+        payload = COMPACT.encode(data)
+    except ValueError:
+        # Data JSON cannot carry (a non-finite number): the stream has
+        # begun, so the event becomes an ``error`` event saying so, in its
+        # place, rather than a ``NaN`` no client's parser takes.
+        event, data = "error", not_json(data, f"the {event} event").event()
+        payload = COMPACT.encode(data)
     text = f"{head}event: {event}\ndata: {payload}\n\n"
     try:
         return [text.encode()]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import math
 import stat
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.e2b import connect
+from sandboxd.e2b import codeinterp, connect, door
 from sandboxd.e2b.entries import go_mode_string
 from sandboxd.errors import ApiError, endpoint_disabled, missing_scope, unauthorized
 
@@ -45,6 +47,39 @@ class EnvelopeTests(SynchronousTestCase):
             ApiError, connect.split_envelopes, b"\x00\x00\x10\x00\x00", 1024
         )
         self.assertEqual((error.status, error.code), (413, "payload_too_large"))
+
+
+class NotFiniteTests(SynchronousTestCase):
+    """No answer of the door carries ``NaN`` or ``Infinity``, which are not JSON."""
+
+    def test_envelope_refuses(self) -> None:
+        """An envelope of a non-finite number raises before a byte is made."""
+        self.assertRaises(ValueError, connect.envelope, {"x": math.inf})
+
+    def test_answer_bodies(self) -> None:
+        """A REST or unary answer refuses it; a finite one is as before."""
+        for kind in (door.REST, door.UNARY, door.CLIENT_STREAM):
+            self.assertRaises(ValueError, door._encoded, kind, {"x": math.nan})
+        self.assertEqual(door._encoded(door.REST, {"x": 0.5}), b'{"x": 0.5}')
+        self.assertEqual(door._encoded(door.UNARY, {"x": 1e308}), b'{"x":1e+308}')
+
+    def test_code_line(self) -> None:
+        """
+        An execution's line holding one becomes an error line saying where
+        (the answer has begun); a line around it is untouched.
+        """
+        line = {"type": "result", "json": {"mean": math.nan}, "is_main_result": True}
+        sent = json.loads(b"".join(codeinterp._line(line)), parse_constant=_no_constant)
+        self.assertEqual((sent["type"], sent["name"]), ("error", "ValueError"))
+        self.assertIn("the result line is not JSON: $.json.mean", sent["value"])
+        self.assertEqual(
+            b"".join(codeinterp._line({"type": "stdout", "text": "1.5"})),
+            b'{"type":"stdout","text":"1.5"}',
+        )
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(name)
 
 
 class CodeTests(SynchronousTestCase):

@@ -9,15 +9,20 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import time
 from typing import Any
 
 import anyio
+import httpx2
 import mcp_types as types
+from mcp.client.client import Client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThread
 
 from sandboxd.mcp.protocol import VERSIONS
 from sandboxd.mcp.tools import DEFAULT_SHELL
@@ -658,6 +663,57 @@ class BrowserStartTests(McpTestCase):
         self.assertEqual(left, [])
 
 
+def exchange(port: int, data: bytes) -> tuple[int, str, Any]:
+    """
+    Send ``data`` on one connection and read to its close: the answer's
+    status, Content-Type and JSON body (run in a thread).
+    """
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        try:
+            s.sendall(data)
+        except OSError:
+            pass  # refused before it was all sent: the answer is waiting
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    head, _, body = out.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    fields = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split(" ")[1]), fields["content-type"], json.loads(body)
+
+
+#: Requests to the door the HTTP front refuses before routing.
+REFUSED_MCP_HEADS = (
+    (
+        "an obs-folded line",
+        b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: 1\r\n folded\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+        "malformed_request",
+    ),
+    (
+        "a Transfer-Encoding other than chunked",
+        b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: gzip\r\n\r\n",
+        "malformed_request",
+    ),
+    (
+        "a malformed chunk",
+        b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"zz\r\n{}\r\n0\r\n\r\n",
+        # (The API port reads no chunked body: refused before the chunk.)
+        "transfer_encoding_not_allowed",
+    ),
+    (
+        "a head over the bound",
+        b"POST /mcp/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: "
+        + b"x" * (20 * 1024)
+        + b"\r\n\r\n",
+        "malformed_request",
+    ),
+)
+
+
 class TransportTests(McpTestCase):
     """Streamable HTTP framing, sessions and their bounds."""
 
@@ -742,6 +798,53 @@ class TransportTests(McpTestCase):
         self.assertEqual(fine.json(), {"jsonrpc": "2.0", "id": 5, "result": {}})
         health = yield self.request("GET", "/health")
         self.assertEqual(health.status, 200)
+
+    @inlineCallbacks
+    def test_refused_heads(self) -> Any:
+        """
+        A request the HTTP front refuses before the door reads it (an
+        obs-folded line, a Transfer-Encoding other than chunked, a chunk
+        that is not one, a head over the bound) is a JSON-RPC error with
+        ``id`` null, the §6 code in ``data``, at 400: the framing of every
+        other answer of the door (was the API port's plain JSON error).  A
+        chunked body is refused by the door's own rule, in the same framing.
+        """
+        for what, data, code in REFUSED_MCP_HEADS:
+            status, kind, body = yield deferToThread(exchange, self.daemon.port, data)
+            self.assertEqual((status, kind), (400, "application/json"), what)
+            self.assertEqual(body["jsonrpc"], "2.0", what)
+            self.assertIsNone(body["id"], what)
+            self.assertEqual(body["error"]["code"], -32600, what)
+            self.assertEqual(body["error"]["data"]["code"], code, what)
+        health = yield self.request("GET", "/health")
+        self.assertEqual(health.status, 200)
+
+    @inlineCallbacks
+    def test_sdk_reads_a_refused_head(self) -> Any:
+        """
+        The SDK's client whose head is too large (a header of its own
+        over the bound) raises an MCPError with the door's message, not
+        its stand-in "Server returned an error response".
+        """
+        pad = {"X-Pad": "x" * (20 * 1024)}
+
+        async def work() -> Any:
+            async with httpx2.AsyncClient(headers=pad, timeout=CLIENT_TIMEOUT) as http:
+                client = Client(streamable_http_client(self.mcp_url, http_client=http))
+                try:
+                    async with client:
+                        pass
+                except BaseException as e:
+                    # The SDK raises it from its task group, wrapped.
+                    while isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
+                        e = e.exceptions[0]
+                    return e
+            return None
+
+        error = yield in_thread(work)
+        self.assertIsInstance(error, MCPError)
+        self.assertEqual(error.error.code, -32600)
+        self.assertIn("malformed HTTP request", error.error.message)
 
     @inlineCallbacks
     def test_reload_switching_the_door_off_ends_sessions(self) -> Any:

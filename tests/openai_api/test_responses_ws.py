@@ -8,12 +8,16 @@ SDK does not send (bad frames, binary frames, raw handshakes).
 from __future__ import annotations
 
 import base64
+import json
+import math
 import os
-from typing import Any
+from typing import Any, cast
 
 import httpx
 from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import SynchronousTestCase
 
+from sandboxd.openai_api.responses_socket import Lane
 from tests.openai_api.sdk import OpenAICase, caught, openai_policy
 from tests.openai_api.test_restart import RestartCase
 
@@ -900,3 +904,31 @@ class SlowReaderTests(SocketCase):
         if factory is None:
             return []
         return [s for held in factory.sockets.values() for s in held]
+
+
+class NotFiniteEventTests(SynchronousTestCase):
+    """An event the socket cannot send as JSON."""
+
+    def test_event_with_a_non_finite_number_is_an_error_event(self) -> None:
+        """
+        An event holding ``inf`` or ``nan`` is sent as an ``error`` event in
+        its place (OpenAI's envelope, status 500, ``internal``, its lane's
+        ``stream_id``), never as ``NaN``, which a client's parser refuses; a
+        finite event is sent as it is.
+        """
+        lane = Lane(cast(Any, None), stream_id="s1")
+        frame = lane.encode_event("response.progress", {"type": "x", "v": math.nan})
+        event = json.loads(frame, parse_constant=_refuse)
+        self.assertEqual(
+            (event["type"], event["status"], event["stream_id"]), ("error", 500, "s1")
+        )
+        self.assertEqual(event["error"]["code"], "internal")
+        self.assertIn("$.v is a non-finite number", event["error"]["message"])
+        self.assertEqual(
+            lane.encode_event("x", {"type": "x", "v": 0.5}),
+            b'{"type":"x","v":0.5,"stream_id":"s1"}\n',
+        )
+
+
+def _refuse(name: str) -> None:
+    raise ValueError(name)

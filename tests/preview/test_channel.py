@@ -13,6 +13,7 @@ from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
+from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase
@@ -356,3 +357,58 @@ class HeadDeadlineTests(DoorCase):
         self.assertIsNotNone(cut_after, "a head in parts was never cut")
         assert cut_after is not None
         self.assertGreaterEqual(cut_after, 0.9)
+
+
+class EarlyAnswer(Protocol):
+    """Answers as soon as a request's head is in, without reading its body."""
+
+    def dataReceived(self, data: bytes) -> None:
+        if b"\r\n\r\n" in data and self.transport is not None:
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                b"Content-Length: 10\r\n\r\nhello"
+            )
+
+
+class EarlyApp(Factory):
+    """An app answering before the body (and never finishing its answer)."""
+
+    protocol = EarlyAnswer
+    port = 0
+
+
+class BadChunkTests(DoorCase):
+    """A chunked body that turns bad once an answer has begun."""
+
+    policy = {
+        **POLICY,
+        "endpoints": {
+            "preview_proxy": {
+                "audit": "all",
+                "limits": {"timeout_seconds": 1, "max_request_bytes": 64},
+            }
+        },
+    }
+
+    @inlineCallbacks
+    def test_bad_chunk_after_an_answer_is_not_answered(self) -> None:
+        """
+        A malformed chunk read after the door has answered (a body over
+        ``max_request_bytes``: 413, then close) gets no answer of its own:
+        the client reads one whole response and the close (was a second
+        status line, a 400, behind the 413).  Before any answer, the same
+        chunk is still a 400 ``malformed_request``.
+        """
+        app = yield self.serve(EarlyApp(), public=True)
+        head = get(
+            "/upload", self.host(app.port), "Transfer-Encoding: chunked", method="POST"
+        )
+        over = b"5\r\nhello\r\n100\r\n" + b"x" * 256 + b"\r\n"
+        raw, _ = yield deferToThread(talk, self.door_port, head + over + b"zz\r\n")
+        ((status, _fields, body),) = responses(raw)
+        self.assertEqual(status, 413)
+        self.assertEqual(json.loads(body)["code"], "payload_too_large")
+        raw, _ = yield deferToThread(talk, self.door_port, head + b"zz\r\n")
+        ((status, _fields, body),) = responses(raw)
+        self.assertEqual(status, 400)
+        self.assertEqual(json.loads(body)["code"], "malformed_request")

@@ -37,7 +37,12 @@ SCHEMAS: dict[str, Schema] = {
                 "not_found",
                 "unknown command; the message lists the available ones",
             ),
-            E(500, "internal", "the command raised; type is its exception's name"),
+            E(
+                500,
+                "internal",
+                "the command raised (type is its exception's name), or its result"
+                " is not JSON: a number that is infinite or NaN (type ValueError)",
+            ),
         ),
         notes="Arguments are coerced to the declared types: string, integer, "
         "float (finite: a text such as `inf`, `nan` or `1e309` is refused), "
