@@ -21,11 +21,7 @@ from twisted.internet.task import deferLater
 
 from sandboxd.mcp.protocol import VERSIONS
 from sandboxd.mcp.tools import DEFAULT_SHELL
-from tests.browser.test_supervisor import (
-    SLOW_START_SECONDS,
-    SlowChromium,
-    SlowChromiumTests,
-)
+from tests.browser.test_supervisor import SLOW_START_SECONDS, SlowChromium
 from tests.helpers import alive, kill_marked, marked_pids
 from tests.mcp.helpers import CLIENT_TIMEOUT, McpTestCase, in_thread
 
@@ -643,7 +639,7 @@ class SwitchedOffTests(McpTestCase):
 class BrowserStartTests(McpTestCase):
     """A browser tool whose Chromium does not start within the policy's time."""
 
-    skip = SlowChromiumTests.skip
+    skip = SlowChromium.skip
     policy = SlowChromium.policy
     client_seconds = SLOW_START_SECONDS + CLIENT_TIMEOUT
 
