@@ -89,6 +89,15 @@ class SlowChromium:
     for a daemon test case ``case``; what it left running afterwards.
     """
 
+    #: Why a case of this worker skips here (``None``: it runs).  Other
+    #: modules read it from here, not from :class:`SlowChromiumTests`: a
+    #: test case imported into a module is collected and run there again.
+    skip = (
+        None
+        if supervisor.playwright_installed()
+        else "Playwright is not installed (pip install 'sandboxd[browser]')"
+    )
+
     #: The policy that turns the browser group on with the short start time.
     policy = {
         "groups": {"browser": True},
@@ -138,11 +147,7 @@ class SlowChromiumTests(DaemonTestCase):
     """A Chromium that does not start within the policy's start time."""
 
     timeout = 60
-    skip = (
-        None
-        if supervisor.playwright_installed()
-        else "Playwright is not installed (pip install 'sandboxd[browser]')"
-    )
+    skip = SlowChromium.skip
     policy = SlowChromium.policy
 
     def setUp(self) -> Any:

@@ -111,27 +111,38 @@ class McpTestCase(DaemonTestCase):
         """The door's URL."""
         return self.daemon.url + "/mcp"
 
-    def client(self, token: str | None = None, **kwargs: Any) -> Client:
-        """An SDK client (to enter inside a client thread)."""
+    def http_client(self, token: str | None = None) -> httpx2.AsyncClient:
+        """The HTTP client an SDK client speaks through (to enter in a client thread)."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        http = httpx2.AsyncClient(
+        return httpx2.AsyncClient(
             headers=headers, timeout=httpx2.Timeout(self.client_seconds)
         )
-        return Client(streamable_http_client(self.mcp_url, http_client=http), **kwargs)
 
     def with_client(
         self,
         body: Callable[[Client], Awaitable[Any]],
         token: str | None = None,
+        seconds: float | None = None,
         **kwargs: Any,
     ) -> Deferred[Any]:
-        """Open a session, run ``body`` with it, close it; in a thread."""
+        """
+        Open a session, run ``body`` with it, close it; in a thread, within
+        ``seconds`` (the case's ``client_seconds`` unless given).
+
+        The HTTP client is closed with the session, as an application that
+        is done with it does: the SDK leaves a client it was handed open,
+        and its pooled connections (a cancelled call's or a notification
+        stream's) would otherwise stay open until the garbage collector
+        found them, which the cleanup's drain waited out.
+        """
 
         async def work() -> Any:
-            async with self.client(token, **kwargs) as client:
-                return await body(client)
+            async with self.http_client(token) as http:
+                transport = streamable_http_client(self.mcp_url, http_client=http)
+                async with Client(transport, **kwargs) as client:
+                    return await body(client)
 
-        return in_thread(work, self.client_seconds)
+        return in_thread(work, seconds or self.client_seconds)
 
     def http(
         self,

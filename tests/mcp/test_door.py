@@ -26,11 +26,7 @@ from twisted.internet.threads import deferToThread
 
 from sandboxd.mcp.protocol import VERSIONS
 from sandboxd.mcp.tools import DEFAULT_SHELL
-from tests.browser.test_supervisor import (
-    SLOW_START_SECONDS,
-    SlowChromium,
-    SlowChromiumTests,
-)
+from tests.browser.test_supervisor import SLOW_START_SECONDS, SlowChromium
 from tests.helpers import alive, kill_marked, marked_pids
 from tests.mcp.helpers import CLIENT_TIMEOUT, McpTestCase, in_thread
 
@@ -54,6 +50,17 @@ def _names(listed: Any) -> set[str]:
 
 def _sleep(seconds: float) -> Any:
     return deferLater(reactor, seconds, lambda: None)
+
+
+#: How long a cancelled call's processes get to be gone.
+GONE_SECONDS = 10.0
+
+
+async def gone(*pids: int) -> None:
+    """In a client thread: wait (bounded) until none of ``pids`` runs."""
+    deadline = time.monotonic() + GONE_SECONDS
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        await anyio.sleep(0.1)
 
 
 class LifecycleTests(McpTestCase):
@@ -309,13 +316,15 @@ class ToolCallTests(McpTestCase):
                 tg.cancel_scope.cancel()
             # Give the courtesy cancel a moment on this session's connection.
             await anyio.sleep(0.2)
-            return box["pids"]
+            # Watched while the client is still open, so that it is the
+            # cancel that ends them, not the client's connections closing.
+            shell, sleeper = (int(p) for p in box["pids"].split()[:2])
+            await gone(shell, sleeper)
+            return shell, sleeper
 
-        pids = yield self.with_client(body)
-        shell, sleeper = (int(p) for p in pids.split()[:2])
-        deadline = time.monotonic() + 10
-        while (alive(shell) or alive(sleeper)) and time.monotonic() < deadline:
-            yield _sleep(0.1)
+        shell, sleeper = yield self.with_client(
+            body, seconds=CLIENT_TIMEOUT + GONE_SECONDS
+        )
         self.assertFalse(alive(sleeper), "the group's child outlived the cancel")
         self.assertFalse(alive(shell))
 
@@ -427,13 +436,12 @@ class JsonCancelTests(McpTestCase):
                 found = marked_pids(marker)
                 tg.cancel_scope.cancel()
             await anyio.sleep(0.2)
+            # Watched while the client is still open (see test_cancel_kills_the_group).
+            await gone(*found)
             return found
 
-        found = yield self.with_client(body)
+        found = yield self.with_client(body, seconds=CLIENT_TIMEOUT + GONE_SECONDS)
         self.assertTrue(found, "the command never started")
-        deadline = time.monotonic() + 10
-        while marked_pids(marker) and time.monotonic() < deadline:
-            yield _sleep(0.1)
         self.assertEqual(marked_pids(marker), [])
 
 
@@ -636,7 +644,7 @@ class SwitchedOffTests(McpTestCase):
 class BrowserStartTests(McpTestCase):
     """A browser tool whose Chromium does not start within the policy's time."""
 
-    skip = SlowChromiumTests.skip
+    skip = SlowChromium.skip
     policy = SlowChromium.policy
     client_seconds = SLOW_START_SECONDS + CLIENT_TIMEOUT
 

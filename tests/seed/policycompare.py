@@ -184,11 +184,31 @@ class Server:
         self.log.close()
 
 
+#: ``python -c`` this, then a module's name and its arguments: the module
+#: run as ``python -m`` runs it, with the signal dispositions of a program
+#: started from a terminal.  A test run started in the background by a
+#: non-interactive shell ignores SIGINT and SIGQUIT; an ignored signal
+#: stays ignored across exec, and the seed's server hands its own
+#: dispositions on to every process it starts (sandboxd gives its children
+#: the defaults back), so its ``signal(pid, 2)`` left a ``sleep`` running
+#: and the comparison failed for a reason of how the suite was started.
+DEFAULT_SIGNALS = (
+    "import runpy, signal, sys;"
+    "signal.signal(signal.SIGINT, signal.default_int_handler);"
+    "signal.signal(signal.SIGQUIT, signal.SIG_DFL);"
+    "del sys.argv[0];"
+    "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)"
+)
+
+
+def python_module_argv(module: str, *args: str) -> list[str]:
+    """``python -m module args``, with default signal dispositions (see above)."""
+    return [sys.executable, "-c", DEFAULT_SIGNALS, module, *args]
+
+
 def seed_argv(port: int, pty_port: int, *extra: str) -> list[str]:
     """The seed's server (``python -m agent_sandbox.server serve``) on loopback ports."""
-    return [
-        sys.executable,
-        "-m",
+    return python_module_argv(
         "agent_sandbox.server",
         "serve",
         "--host",
@@ -198,7 +218,7 @@ def seed_argv(port: int, pty_port: int, *extra: str) -> list[str]:
         "--pty-port",
         str(pty_port),
         *extra,
-    ]
+    )
 
 
 def seed_server(path: str, env: dict[str, str], base: str) -> Server:

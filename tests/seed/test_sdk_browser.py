@@ -18,7 +18,7 @@ from tests.browser.test_browser import (
     png_size,
     serve_pages,
 )
-from tests.browser.test_supervisor import SlowChromium, SlowChromiumTests
+from tests.browser.test_supervisor import SlowChromium
 from tests.seed.harness import SeedCase
 from tests.seed.sdkcase import Face, outcome
 
@@ -104,7 +104,7 @@ class BrowserTests(SeedCase):
 class SlowStartTests(SeedCase):
     """``server.browser`` when Chromium does not start within the policy's time."""
 
-    skip = SlowChromiumTests.skip
+    skip = SlowChromium.skip
     policy = SlowChromium.policy
 
     def setUp(self) -> Any:
