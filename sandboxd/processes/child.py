@@ -203,6 +203,26 @@ class _Gathered(bytearray):
 OutputCallback = Callable[[int, bytes], None]
 
 
+def _reads_with(fd: int, take: Callable[[int], int]) -> Callable[[], Any]:
+    """
+    A pipe reader's ``doRead`` that reads ``fd`` with ``take`` (which hands
+    on what it read and returns how many bytes, 0 at the end), in Twisted's
+    terms: nothing for a read that found nothing to read yet, the pipe's
+    end, or its loss on any other error.
+    """
+
+    def do_read() -> Any:
+        try:
+            got = take(fd)
+        except OSError as e:
+            if e.errno in (errno.EAGAIN, errno.EINTR):
+                return None
+            return CONNECTION_LOST
+        return None if got else CONNECTION_DONE
+
+    return do_read
+
+
 class Child(ProcessProtocol):
     """
     One child and its tree.
@@ -483,19 +503,13 @@ class Child(ProcessProtocol):
         # shrink) a megabyte each time, dearer than the read itself.
         buffer = memoryview(bytearray(size))
 
-        def do_read() -> Any:
-            try:
-                got = os.readv(reader.fd, [buffer])
-            except OSError as e:
-                if e.errno in (errno.EAGAIN, errno.EINTR):
-                    return None
-                return CONNECTION_LOST
-            if not got:
-                return CONNECTION_DONE
-            reader.dataReceived(bytes(buffer[:got]))
-            return None
+        def take(pipe: int) -> int:
+            got = os.readv(pipe, [buffer])
+            if got:
+                reader.dataReceived(bytes(buffer[:got]))
+            return got
 
-        reader.doRead = do_read
+        reader.doRead = _reads_with(reader.fd, take)
 
     def read_with(self, fd: int, read: Callable[[int], int]) -> None:
         """
@@ -510,19 +524,13 @@ class Child(ProcessProtocol):
         if reader is None:
             return
 
-        def do_read() -> Any:
-            try:
-                got = read(reader.fd)
-            except OSError as e:
-                if e.errno in (errno.EAGAIN, errno.EINTR):
-                    return None
-                return CONNECTION_LOST
-            if not got:
-                return CONNECTION_DONE
-            self._heard()
-            return None
+        def take(pipe: int) -> int:
+            got = read(pipe)
+            if got:
+                self._heard()
+            return got
 
-        reader.doRead = do_read
+        reader.doRead = _reads_with(reader.fd, take)
 
     def close_stdin(self) -> None:
         """Send EOF."""
