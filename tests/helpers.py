@@ -202,3 +202,22 @@ class ReadyPipe:
         reactor.removeReader(self)  # type: ignore[attr-defined]
         os.close(self.read_fd)
         os.close(self.write_fd)
+
+
+def exchange(port: int, data: bytes) -> tuple[int, str, Any]:
+    """
+    Send ``data`` on one connection and read to its close: the answer's
+    status, Content-Type and JSON body (blocking: run it in a thread).
+    """
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        try:
+            s.sendall(data)
+        except OSError:
+            pass  # refused before it was all sent: the answer is waiting
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    head, _, body = out.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    fields = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split(" ")[1]), fields["content-type"], json.loads(body)

@@ -21,7 +21,7 @@ from twisted.web.http_headers import Headers
 from sandboxd.policy.defaults import MIB
 from sandboxd.testing import BodyProducer
 from tests.e2b.sdk import CALL_SECONDS, E2BCase, caught, envelope, envelopes
-from tests.helpers import alive
+from tests.helpers import alive, exchange
 
 
 class _Chunked(BodyProducer):
@@ -301,25 +301,6 @@ class FramingTests(E2BCase):
         variables = json.loads((yield readBody(response)))
         self.assertIn("HOME", variables)
         self.assertNotIn("ABX_SERVER_SHOWN", variables)
-
-
-def exchange(port: int, data: bytes) -> tuple[int, str, Any]:
-    """
-    Send ``data`` on one connection and read to its close: the answer's
-    status, Content-Type and JSON body (run in a thread).
-    """
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        try:
-            s.sendall(data)
-        except OSError:
-            pass  # refused before it was all sent: the answer is waiting
-        out = b""
-        while chunk := s.recv(65536):
-            out += chunk
-    head, _, body = out.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    fields = dict(line.lower().split(": ", 1) for line in lines[1:])
-    return int(lines[0].split(" ")[1]), fields["content-type"], json.loads(body)
 
 
 #: Heads the door's HTTP front refuses before any procedure is found, on a

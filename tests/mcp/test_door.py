@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import time
 from typing import Any
 
@@ -27,7 +26,7 @@ from twisted.internet.threads import deferToThread
 from sandboxd.mcp.protocol import VERSIONS
 from sandboxd.mcp.tools import DEFAULT_SHELL
 from tests.browser.test_supervisor import SLOW_START_SECONDS, SlowChromium
-from tests.helpers import alive, kill_marked, marked_pids
+from tests.helpers import alive, exchange, kill_marked, marked_pids
 from tests.mcp.helpers import CLIENT_TIMEOUT, McpTestCase, in_thread
 
 READER = "reader-token"
@@ -669,25 +668,6 @@ class BrowserStartTests(McpTestCase):
         self.assertIn("start_timeout_seconds", result.structured_content["error"])
         left = yield self.chromium.left_running()
         self.assertEqual(left, [])
-
-
-def exchange(port: int, data: bytes) -> tuple[int, str, Any]:
-    """
-    Send ``data`` on one connection and read to its close: the answer's
-    status, Content-Type and JSON body (run in a thread).
-    """
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        try:
-            s.sendall(data)
-        except OSError:
-            pass  # refused before it was all sent: the answer is waiting
-        out = b""
-        while chunk := s.recv(65536):
-            out += chunk
-    head, _, body = out.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    fields = dict(line.lower().split(": ", 1) for line in lines[1:])
-    return int(lines[0].split(" ")[1]), fields["content-type"], json.loads(body)
 
 
 #: Requests to the door the HTTP front refuses before routing.
