@@ -17,7 +17,13 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.access import gate
 from sandboxd.errors import Code
-from sandboxd.testing import MemoryAudit, make_request, memory_context, memory_site
+from sandboxd.testing import (
+    MemoryAudit,
+    feed,
+    make_request,
+    memory_context,
+    memory_site,
+)
 from tests.helpers import DaemonTestCase
 
 try:
@@ -164,6 +170,22 @@ class AdmitTests(SynchronousTestCase):
 
 class HttpDoorTests(SynchronousTestCase):
     """The HTTP door answers through the gate and audits with ``via: http``."""
+
+    def test_status_line_names_the_status(self) -> None:
+        """
+        A refusal's status line carries its reason phrase, including codes
+        Twisted's table lacks (a 429 read "429 Unknown Status").
+        """
+        context = memory_context(
+            {"endpoints": {"files_list": {"limits": {"rate_per_minute": 1}}}}
+        )
+        site = memory_site(context)
+        get = b"GET /files/list?path=/ HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        feed(site, get)
+        answer = feed(site, get)
+        self.assertTrue(
+            answer.startswith(b"HTTP/1.1 429 Too Many Requests\r\n"), answer[:40]
+        )
 
     def test_same_origin_allowed_foreign_refused(self) -> None:
         """The daemon's own origin passes; another origin is 403 with its rule."""

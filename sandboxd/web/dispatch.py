@@ -25,6 +25,7 @@ from twisted.internet.defer import (
 from twisted.internet.task import cooperate
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from twisted.web.http import RESPONSES
 from twisted.web.server import Request
 
 from sandboxd.daemon.context import as_clock
@@ -100,10 +101,25 @@ def json_bytes(value: Any) -> bytes:
         return COMPACT_ASCII.encode(value).encode("ascii")
 
 
+#: Reason phrases of statuses the daemon answers with that Twisted's
+#: table lacks (RFC 9110, RFC 6585). Twisted writes a status line from that
+#: table (``Request.setResponseCode``), and so do the daemon's own writers
+#: (:func:`reason_phrase`): added to it once, at import, so that every
+#: status line says what its code means rather than "Unknown Status"; a
+#: phrase a later Twisted has is left as it is.
+MISSING_REASONS = {
+    421: b"Misdirected Request",
+    422: b"Unprocessable Content",
+    428: b"Precondition Required",
+    429: b"Too Many Requests",
+    431: b"Request Header Fields Too Large",
+}
+for _status, _phrase in MISSING_REASONS.items():
+    RESPONSES.setdefault(_status, _phrase)
+
+
 def reason_phrase(status: int) -> str:
     """The reason phrase of an HTTP status (``Error`` for unknown ones)."""
-    from twisted.web.http import RESPONSES
-
     return RESPONSES.get(status, b"Error").decode("latin-1")
 
 

@@ -149,6 +149,7 @@ class ChannelTests(DoorCase):
         raw, _ = yield deferToThread(talk, self.door_port, data)
         answers = responses(raw)
         self.assertEqual(next(a[0] for a in answers), 421)
+        self.assertTrue(raw.startswith(b"HTTP/1.1 421 Misdirected Request\r\n"))
         self.assertEqual(json.loads(answers[0][2])["code"], "misdirected_request")
         self.assertIn(answers[1][0], (403, 404))
         self.assertEqual(answers[2][0], 200)
