@@ -29,7 +29,6 @@ from typing import Any
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
-from twisted.web.http import RESPONSES
 
 from sandboxd import jsonrpc
 from sandboxd.access import gate
@@ -54,6 +53,7 @@ from sandboxd.policy.defaults import (
     MCP_SWEEP_SECONDS,
     identity_cap,
 )
+from sandboxd.web.dispatch import reason_phrase
 from sandboxd.web.jsonbody import parse_object
 from sandboxd.web.pipeline import check_framing
 from sandboxd.web.sse import SSEChannel
@@ -90,11 +90,6 @@ def refusal_message(err: ApiError, request_id: Any = None) -> dict[str, Any]:
     if err.code in (Code.ENDPOINT_DISABLED, Code.MISSING_SCOPE):
         code = protocol.REFUSED
     return error(request_id, code, err.message, err.body())
-
-
-def reason_phrase(status: int) -> str:
-    """The reason phrase of an HTTP status."""
-    return RESPONSES.get(status, b"Error").decode("latin-1")
 
 
 def _header(headers: Headers, name: bytes) -> str | None:

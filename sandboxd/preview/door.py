@@ -30,7 +30,7 @@ from twisted.internet.defer import CancelledError
 from twisted.internet.error import ConnectError, ConnectionRefusedError
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.http import RESPONSES, PotentialDataLoss
+from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 from twisted.web.server import Request
@@ -66,6 +66,7 @@ from sandboxd.preview.rawpool import BodyTransport, RawConnection, RawPool
 from sandboxd.preview.routing import Target
 from sandboxd.preview.upstream import BodyRelay, StreamBody
 from sandboxd.web.connections import ConnectionLimits
+from sandboxd.web.dispatch import reason_phrase
 from sandboxd.web.factory import HardenedSite
 
 if TYPE_CHECKING:
@@ -113,10 +114,6 @@ def _ignore(_: object) -> None:
     """Nothing to do (a response nobody waits for any more)."""
 
 
-def _reason(status: int) -> str:
-    return RESPONSES.get(status, b"Error").decode("latin-1")
-
-
 def wants_html(accept: bytes | None) -> bool:
     """Whether the client is a browser navigating (it asked for HTML first)."""
     return accept is not None and b"text/html" in accept
@@ -135,7 +132,7 @@ def error_page(error: ApiError) -> bytes:
         if error.status == 502
         else ""
     )
-    title = f"{error.status} {html.escape(_reason(error.status))}"
+    title = f"{error.status} {html.escape(reason_phrase(error.status))}"
     return (
         f"<!doctype html><html><head><meta charset=utf-8>{refresh}"
         f"<title>{title}</title></head><body><h1>{title}</h1>"
@@ -551,7 +548,7 @@ class Exchange:
         self.request.requestHeaders.removeHeader(b"expect")
         kind, body, extra = error_response(error, self._accept())
         head = [
-            f"HTTP/1.1 {error.status} {_reason(error.status)}",
+            f"HTTP/1.1 {error.status} {reason_phrase(error.status)}",
             f"Content-Type: {kind.decode()}",
             f"Content-Length: {len(body)}",
             "Connection: close",

@@ -39,7 +39,6 @@ from twisted.internet.interfaces import IProtocol
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web.http import (
-    RESPONSES,
     HTTPChannel,
     _ChunkedTransferDecoder,
     _IdentityTransferDecoder,
@@ -48,6 +47,7 @@ from twisted.web.http_headers import _nameEncoder
 
 from sandboxd.errors import ApiError, malformed_request
 from sandboxd.policy.defaults import MAX_HEADERS
+from sandboxd.web.dispatch import reason_phrase
 from sandboxd.web.heads import Head, HeadError, parse_head
 
 
@@ -405,7 +405,7 @@ class SandboxChannel(HTTPChannel):
                 b"Content-Length: %d\r\nConnection: close\r\n"
                 % (
                     error.status,
-                    RESPONSES.get(error.status, b"Error"),
+                    reason_phrase(error.status).encode("latin-1"),
                     content_type,
                     len(body),
                 )
