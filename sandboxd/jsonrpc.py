@@ -78,22 +78,29 @@ def error(request_id: Any, code: int, message: str, data: Any = None) -> Message
 #: Compact UTF-8 text; a non-finite number raises ValueError instead of
 #: becoming ``NaN``, which no JSON-RPC peer's parser is bound to accept.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+#: The same with ``\\u`` escapes, for a message UTF-8 cannot carry.
+_ENCODER_ASCII = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
-def encode(message: Any) -> str:
+def encode(message: Any) -> bytes:
     """
-    ``message`` as compact JSON text.  A message JSON cannot carry (a
+    ``message`` as compact JSON, UTF-8.  A message JSON cannot carry (a
     non-finite number in a result) is replaced by an internal error for
-    the same id, so whatever is sent is JSON and answers the request.
+    the same id, so whatever is sent is JSON and answers the request; one
+    holding a lone surrogate (a file name that is not UTF-8) is written
+    with ``\\u`` escapes, never as bytes that are not UTF-8.
     """
     try:
-        return _ENCODER.encode(message)
+        text = _ENCODER.encode(message)
     except ValueError:
         rid = message.get("id") if isinstance(message, dict) else None
         failure = not_json(message, "the message")
-        return _ENCODER.encode(
-            error(rid, INTERNAL_ERROR, failure.message, failure.body())
-        )
+        message = error(rid, INTERNAL_ERROR, failure.message, failure.body())
+        text = _ENCODER.encode(message)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return _ENCODER_ASCII.encode(message).encode()
 
 
 def request_key(request_id: Any) -> str:

@@ -31,6 +31,7 @@ from sandboxd.eventlog import Event
 from sandboxd.kernels.jsontext import text_object_parts
 from sandboxd.policy.defaults import E2B_CODE_KEEPALIVE_SECONDS
 from sandboxd.web import params
+from sandboxd.web.jsonbody import line_safe
 from sandboxd.web.sending import write_chunk_now
 
 log = Logger(namespace="sandboxd.e2b")
@@ -212,7 +213,7 @@ def _line(line: dict[str, Any]) -> list[bytes]:
     """
     big = text_object_parts(line)
     if big is not None:
-        return big
+        return [line_safe(part) for part in big]
     try:
         text = _LINE.encode(line)
     except ValueError:
@@ -227,11 +228,17 @@ def _line(line: dict[str, Any]) -> list[bytes]:
                 "traceback": "",
             }
         )
-    return [text.encode("utf-8", "surrogatepass")]
+    try:
+        return [line_safe(text.encode())]
+    except UnicodeEncodeError:
+        # A lone surrogate (output of a kernel that wrote one): escaped,
+        # never bytes that are not UTF-8.
+        return [_LINE_ASCII.encode(line).encode()]
 
 
 #: An NDJSON line; a non-finite number raises ValueError.
 _LINE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_LINE_ASCII = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 class NdjsonStream:

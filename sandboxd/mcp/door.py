@@ -74,7 +74,7 @@ _PRIMING = frozenset({"2025-11-25"})
 
 def json_bytes(value: Any) -> bytes:
     """Compact UTF-8 JSON (:func:`sandboxd.jsonrpc.encode`: never ``NaN``)."""
-    return jsonrpc.encode(value).encode()
+    return jsonrpc.encode(value)
 
 
 def refusal_message(err: ApiError, request_id: Any = None) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from zope.interface import implementer
 
 from sandboxd import jsonrpc
 from sandboxd.policy.defaults import MCP_REPLAY_BYTES
+from sandboxd.web.jsonbody import line_safe
 
 if TYPE_CHECKING:
     from sandboxd.access.auth import Identity
@@ -37,8 +38,8 @@ def event_frame(stream: int, seq: int, message: dict[str, Any] | None) -> bytes:
     head = f"id: {stream}-{seq}\n"
     if message is None:
         return (head + "data:\n\n").encode()
-    data = jsonrpc.encode(message)
-    return f"{head}event: message\ndata: {data}\n\n".encode()
+    data = line_safe(jsonrpc.encode(message))
+    return head.encode() + b"event: message\ndata: " + data + b"\n\n"
 
 
 def parse_event_id(value: str) -> tuple[int, int] | None:

@@ -37,6 +37,37 @@ from sandboxd.errors import invalid_json
 COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
+#: What JSON leaves unescaped but ``str.splitlines`` takes for a line end
+#: (NEL, LINE SEPARATOR, PARAGRAPH SEPARATOR), as UTF-8, with its escape.
+_LINE_BREAKS = (
+    (b"\xc2\x85", b"\\u0085"),
+    (b"\xe2\x80\xa8", b"\\u2028"),
+    (b"\xe2\x80\xa9", b"\\u2029"),
+)
+
+
+def line_safe(data: bytes) -> bytes:
+    """
+    JSON bytes (UTF-8) fit for a line-framed stream (an SSE ``data:`` line,
+    an NDJSON line): NEL, U+2028 and U+2029 written as ``\\u`` escapes.
+
+    JSON allows them raw inside a string, and SSE and NDJSON end a line
+    only at CR or LF, but many clients split a stream with
+    ``str.splitlines`` (httpx's ``iter_lines``, which E2B's code
+    interpreter SDK reads ``run_code`` with), which ends a line there too:
+    the line arrives in two pieces neither of which is JSON.  An escape is
+    the same string to every JSON parser.  In valid UTF-8 those byte
+    sequences are those characters and nothing else, and in JSON they can
+    only be inside a string, so replacing the bytes is exact.  Pure ASCII
+    (nearly every line) is returned as it is after one check.
+    """
+    if data.isascii():
+        return data
+    for raw, escape in _LINE_BREAKS:
+        if raw in data:
+            data = data.replace(raw, escape)
+    return data
+
 
 class _Duplicate(ValueError):
     pass

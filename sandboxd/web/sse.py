@@ -21,13 +21,17 @@ from zope.interface import implementer
 from sandboxd.errors import not_json
 from sandboxd.eventlog import Event, EventLog
 from sandboxd.policy.defaults import HEARTBEAT_SECONDS
-from sandboxd.web.jsonbody import COMPACT, COMPACT_ASCII
+from sandboxd.web.jsonbody import COMPACT, COMPACT_ASCII, line_safe
 from sandboxd.web.params import integer
 from sandboxd.web.sending import send_now, write_chunk_now
 
 
 def frame(event: str, data: Any, id: int | None = None) -> bytes:
-    """One SSE frame; ``data`` is JSON (so it never holds a bare newline)."""
+    """
+    One SSE frame; ``data`` is JSON (so it never holds a bare newline) and
+    :func:`~sandboxd.web.jsonbody.line_safe` (nor anything else a client's
+    line reader may split at).
+    """
     parts = frame_parts(event, data, id)
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
@@ -41,7 +45,11 @@ def frame_parts(event: str, data: Any, id: int | None = None) -> list[bytes]:
     head = f"id: {id}\n" if id is not None else ""
     big = big_text_parts(data)
     if big is not None:  # a big chunk of output: escaped from its bytes
-        return [f"{head}event: {event}\ndata: ".encode(), *big, b"\n\n"]
+        return [
+            f"{head}event: {event}\ndata: ".encode(),
+            *(line_safe(part) for part in big),
+            b"\n\n",
+        ]
     try:
         payload = COMPACT.encode(data)
     except ValueError:
@@ -52,7 +60,7 @@ def frame_parts(event: str, data: Any, id: int | None = None) -> list[bytes]:
         payload = COMPACT.encode(data)
     text = f"{head}event: {event}\ndata: {payload}\n\n"
     try:
-        return [text.encode()]
+        return [line_safe(text.encode())]
     except UnicodeEncodeError:
         # A lone surrogate (a non-UTF-8 file name): escaped, never a failure.
         payload = COMPACT_ASCII.encode(data)

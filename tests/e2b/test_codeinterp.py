@@ -102,6 +102,22 @@ class CodeInterpreterTests(E2BCase):
         self.assertEqual("".join(out.logs.stdout), expected)
 
     @inlineCallbacks
+    def test_line_separators(self) -> Any:
+        """
+        Output holding NEL, U+2028 or U+2029 reaches run_code whole, in a
+        small line and in a big one: JSON may leave them raw, but the SDK
+        reads the NDJSON answer with httpx's ``iter_lines``, which cuts a
+        line there too (so each line is sent with them escaped).
+        """
+        sbx = self.code_sandbox()
+        for repeat in (1, 20000):
+            code = f"print('a\\x85b\\u2028c\\u2029d' * {repeat})"
+            out = yield self.sdk(sbx.run_code, code)
+            self.assertIsNone(out.error)
+            expected = "a\x85b\u2028c\u2029d" * repeat + "\n"
+            self.assertEqual("".join(out.logs.stdout), expected)
+
+    @inlineCallbacks
     def test_contexts(self) -> Any:
         """Contexts are created (cwd kept), listed, restarted (state gone) and removed."""
         sbx = self.code_sandbox()

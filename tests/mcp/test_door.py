@@ -164,6 +164,33 @@ class ToolCallTests(McpTestCase):
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "notes/a.txt")))
 
     @inlineCallbacks
+    def test_names_that_are_not_utf8_and_line_separators(self) -> Any:
+        """
+        A file name that is not UTF-8 is listed as the files API lists it
+        (its bad byte written as ``\\xe9``), and output holding U+2028
+        arrives whole over the SSE stream a progress token asks for.
+        """
+        os.makedirs(os.path.join(self.base_dir, "odd"))
+        with open(os.path.join(self.base_dir.encode(), b"odd/caf\xe9.txt"), "wb"):
+            pass
+
+        async def body(client: Any) -> Any:
+            listed = await client.call_tool("files_list", {"path": "odd"})
+            shell = await client.call_tool(
+                "shell",
+                {"command": "printf 'a\\342\\200\\250b\\n'"},
+                progress_callback=lambda *_: None,
+            )
+            return listed, shell
+
+        listed, shell = yield self.with_client(body)
+        self.assertFalse(listed.is_error, listed.content)
+        names = [e["name"] for e in listed.structured_content["entries"]]
+        self.assertEqual(names, ["caf\\xe9.txt"])
+        self.assertFalse(shell.is_error, shell.content)
+        self.assertEqual(shell.structured_content["stdout"], "a\u2028b\n")
+
+    @inlineCallbacks
     def test_shell(self) -> Any:
         """shell answers with its output as structured content and text."""
 

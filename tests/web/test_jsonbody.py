@@ -14,7 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.errors import ApiError
 from sandboxd.web.dispatch import json_bytes
-from sandboxd.web.jsonbody import parse_object
+from sandboxd.web.jsonbody import line_safe, parse_object
 from sandboxd.web.sse import frame
 from tests.helpers import DaemonTestCase
 
@@ -80,6 +80,38 @@ class AnswerEncodingTests(SynchronousTestCase):
         """An SSE frame carrying a surrogate is escaped too."""
         data = frame("created", {"path": "\udcff"}, 3)
         self.assertEqual(data, b'id: 3\nevent: created\ndata: {"path":"\\udcff"}\n\n')
+
+
+class LineFramedTests(SynchronousTestCase):
+    """
+    JSON sent as lines (SSE, NDJSON) never holds a character that
+    ``str.splitlines`` ends a line at: httpx's ``iter_lines``, which E2B's
+    SDKs and many other clients read streams with, would cut the line there.
+    """
+
+    #: What JSON leaves unescaped and ``splitlines`` splits at.
+    SPLITTERS = "a\x85b\u2028c\u2029d"
+
+    def test_line_safe(self) -> None:
+        """The three are escaped, the same string to a JSON parser; ASCII and other text kept."""
+        raw = json.dumps({"t": self.SPLITTERS + " é ✓"}, ensure_ascii=False).encode()
+        safe = line_safe(raw)
+        self.assertEqual(safe, '{"t": "a\\u0085b\\u2028c\\u2029d é ✓"}'.encode())
+        self.assertEqual(json.loads(safe), json.loads(raw))
+        self.assertEqual(len(safe.decode().splitlines()), 1)
+        plain = b'{"t":"abc"}'
+        self.assertIs(line_safe(plain), plain)
+
+    def test_sse_frame(self) -> None:
+        """An SSE frame's data line, small or a big chunk of output, stays one line."""
+        for text in (self.SPLITTERS, self.SPLITTERS + "x" * 70_000):
+            data = frame("stdout", {"text": text}, 4)
+            lines = data.decode().splitlines()
+            self.assertEqual(lines[:2], ["id: 4", "event: stdout"])
+            self.assertEqual(len(lines), 4)  # the blank line ending the event
+            self.assertEqual(
+                json.loads(lines[2].removeprefix("data: ")), {"text": text}
+            )
 
 
 class DaemonBodyTests(DaemonTestCase):
