@@ -18,7 +18,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 
 from sandboxd.client._api import Client
-from sandboxd.client._core import Settings
+from sandboxd.client._core import Settings, SSELines
 from sandboxd.client._plan import (
     WS_OPTIONS,
     AsyncFace,
@@ -39,6 +39,16 @@ async def _chunks(body: Chunks) -> AsyncIterator[bytes]:
         yield data
         if body.sent is not None:
             body.sent(len(data))
+
+
+async def _sse_lines(response: httpx.Response) -> AsyncIterator[str]:
+    """An event stream's lines (:class:`~sandboxd.client._core.SSELines`)."""
+    lines = SSELines()
+    async for text in response.aiter_text():
+        for line in lines.feed(text):
+            yield line
+    for line in lines.end():
+        yield line
 
 
 class Async(AsyncFace):
@@ -102,7 +112,7 @@ class Async(AsyncFace):
 
     async def line(self, opened: Opened) -> str | None:
         if opened.reader is None:
-            opened.reader = opened.response.aiter_lines()
+            opened.reader = _sse_lines(opened.response)
         return cast("str | None", await anext(opened.reader, None))
 
     async def chunk(self, opened: Opened) -> bytes | None:

@@ -279,6 +279,48 @@ def transport_error(error: Exception, what: str) -> SandboxError:
     return ConnectionFailed(f"{what}: {error or type(error).__name__}")
 
 
+class SSELines:
+    """
+    An event stream's text cut into lines where the SSE format ends them:
+    at CRLF, LF or CR, and nowhere else.
+
+    httpx's ``iter_lines`` cuts where ``str.splitlines`` does, which also
+    ends a line at NEL, U+2028 and U+2029 (and a few control characters):
+    a ``data:`` line whose JSON holds one of those unescaped (as JSON
+    allows) would arrive as two pieces, neither of them the event.
+    """
+
+    def __init__(self) -> None:
+        self._held: list[str] = []
+        #: The last text ended with CR: a LF opening the next belongs to it.
+        self._after_cr = False
+
+    def feed(self, text: str) -> list[str]:
+        """The lines ``text`` completes (without their ends)."""
+        if self._after_cr and text.startswith("\n"):
+            text = text[1:]
+        self._after_cr = text.endswith("\r")
+        if "\r" in text:
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+        if "\n" not in text:
+            if text:
+                self._held.append(text)
+            return []
+        lines = text.split("\n")
+        if self._held:
+            lines[0] = "".join(self._held) + lines[0]
+            self._held = []
+        rest = lines.pop()
+        if rest:
+            self._held.append(rest)
+        return lines
+
+    def end(self) -> list[str]:
+        """The last line, if the stream ended inside one."""
+        held, self._held = self._held, []
+        return ["".join(held)] if held else []
+
+
 class SSEParser:
     """
     Server-Sent Events from lines (``text/event-stream``, as the daemon

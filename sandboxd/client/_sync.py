@@ -15,7 +15,7 @@ from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as ws_connect
 
 from sandboxd.client._api import Client
-from sandboxd.client._core import Settings
+from sandboxd.client._core import Settings, SSELines
 from sandboxd.client._plan import (
     WS_OPTIONS,
     BlockingFace,
@@ -100,7 +100,7 @@ class Blocking(BlockingFace):
 
     def line(self, opened: Opened) -> str | None:
         if opened.reader is None:
-            opened.reader = opened.response.iter_lines()
+            opened.reader = _sse_lines(opened.response)
         return cast("str | None", next(opened.reader, None))
 
     def chunk(self, opened: Opened) -> bytes | None:
@@ -127,6 +127,14 @@ class Blocking(BlockingFace):
 
     def ws_close(self, ws: ClientConnection) -> None:
         ws.close()
+
+
+def _sse_lines(response: httpx.Response) -> Iterator[str]:
+    """An event stream's lines (:class:`~sandboxd.client._core.SSELines`)."""
+    lines = SSELines()
+    for text in response.iter_text():
+        yield from lines.feed(text)
+    yield from lines.end()
 
 
 class Sandbox(Client[Blocking, httpx.Client]):
