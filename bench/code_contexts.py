@@ -35,9 +35,9 @@ on a shared machine hits both alike:
   ``Sandbox.run_code`` through the E2B door (``sandboxd_e2b``), each
   against the direct print beside it.
 
-The daemon's minor page faults per print are counted too (memory it
-touches afresh: a print that reuses what the last one freed has next to
-none). The CPU time the daemon and its hub spend per ``1+1`` and per print is
+The minor page faults per print of the daemon and of its hub are counted
+too (memory each touches afresh: a print that reuses what the last one
+freed has next to none). The CPU time the daemon and its hub spend per ``1+1`` and per print is
 reported too (all their threads', from the scheduler's nanosecond count:
 load stretches it far less than wall time), and per print the client's
 own (this process's: reading and decoding the answer, the kernel's
@@ -154,6 +154,12 @@ class Direct:
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def _minor_faults(pid: int) -> int:
+    """A process's minor page faults so far (``/proc/PID/stat``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
 
 
 def _children(pid: int) -> list[int]:
@@ -292,13 +298,21 @@ class Daemon:
                 pass
         return run_seconds(self.proc.pid), hubs
 
-    def faults(self) -> int:
+    def faults(self) -> tuple[int, int]:
         """
-        The daemon's minor page faults so far: memory it touches for the
-        first time (or again, after the C library gave it back).
+        The minor page faults so far of the daemon and of its kernel
+        hub(s): memory each touches for the first time (or again, after the
+        C library gave it back).
         """
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[7])
+        hubs = 0
+        for pid in _children(self.proc.pid):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"sandboxd.kernels.hub" in f.read():
+                        hubs += _minor_faults(pid)
+            except OSError:
+                pass
+        return _minor_faults(self.proc.pid), hubs
 
     def stop(self) -> None:
         self.client.close()
@@ -378,7 +392,9 @@ def main() -> None:
             name: {"daemon": [], "hub": []} for name in owner
         }
         client_cpu: dict[str, list[float]] = {name: [] for name in [*runners, *streams]}
-        print_faults: dict[str, list[int]] = {name: [] for name in owner}
+        print_faults: dict[str, dict[str, list[int]]] = {
+            name: {"daemon": [], "hub": []} for name in owner
+        }
         split: dict[str, dict[str, list[float]]] = {
             name: {part: [] for part in SPLIT} for name in daemons
         }
@@ -422,7 +438,7 @@ def main() -> None:
                 for name, run in [*runners.items(), *streams.items()]:
                     who = owner.get(name)
                     before = who.cpu() if who is not None else (0.0, 0.0)
-                    faults = who.faults() if who is not None else 0
+                    faults = who.faults() if who is not None else (0, 0)
                     t = time.perf_counter()
                     mine = time.process_time()
                     result = run(big)
@@ -446,9 +462,11 @@ def main() -> None:
                             split[name][part].append(took_s * 1000)
                             line[f"{name}_doc_{part}_ms"] = round(took_s * 1000, 1)
                     if who is not None:
-                        faulted = who.faults() - faults
-                        print_faults[name].append(faulted)
-                        line[f"{name}_daemon_faults"] = faulted
+                        now = who.faults()
+                        for i, part in enumerate(("daemon", "hub")):
+                            faulted = now[i] - faults[i]
+                            print_faults[name][part].append(faulted)
+                            line[f"{name}_{part}_faults"] = faulted
                         after = who.cpu()
                         for i, part in enumerate(("daemon", "hub")):
                             spent = (after[i] - before[i]) * 1000
@@ -500,8 +518,9 @@ def main() -> None:
                 summary[f"{prefix}throughput_ratio_paired"] = round(
                     statistics.median(paired[name]), 2
                 )
-        for name, counts in print_faults.items():
-            summary[f"{name}_daemon_faults_per_print"] = statistics.median(counts)
+        for name, by_part in print_faults.items():
+            for part, counts in by_part.items():
+                summary[f"{name}_{part}_faults_per_print"] = statistics.median(counts)
         for name, each in client_cpu.items():
             summary[f"{name}_client_cpu_ms_per_print"] = round(
                 statistics.median(each), 1
