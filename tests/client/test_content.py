@@ -1,0 +1,137 @@
+"""
+Awkward but legitimate output and file names through the HTTP API, as
+``sandboxd.client`` shows them: the bytes printed (U+FFFD where they were
+not UTF-8), whole characters wherever output is cut, names as written.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+
+from sandboxd.policy.defaults import MAX_LINE_BYTES
+from tests.client.base import ClientCase
+
+#: Line separators JSON leaves raw (NEL, U+2028, U+2029), a NUL, a lone CR
+#: and a byte that is not UTF-8, on one line.
+AWKWARD = "printf 'a\\302\\205b\\342\\200\\250c\\342\\200\\251d\\000e\\rf\\377g\\n'"
+AWKWARD_TEXT = "a\u0085b\u2028c\u2029d\x00e\rf\ufffdg"
+
+#: A 4-byte character whose first two bytes are read before the rest.
+SPLIT_CHARACTER = "printf '\\360\\237'; sleep 0.3; printf '\\230\\200z\\n'"
+
+#: Three-byte characters: more than a line's bound of them, in two writes
+#: so the line is cut before its end has been read; the bound is not a
+#: multiple of 3, so the cut falls inside a character.
+LONG_LINE_CHARS = MAX_LINE_BYTES // 3 + 2000
+LONG_LINE = (
+    'python3 -c "import sys, time; w = sys.stdout.buffer;'
+    f" w.write(b'\\xe2\\x82\\xac' * {LONG_LINE_CHARS}); w.flush(); time.sleep(0.3);"
+    " w.write(b'\\xe2\\x82\\xac' * 100 + b'\\n')\""
+)
+
+
+class OutputTests(ClientCase):
+    """What a command printed, through every way the client reads it."""
+
+    @inlineCallbacks
+    def test_awkward_line_everywhere(self) -> Any:
+        """
+        One line holding line separators, a NUL, a lone CR and a bad byte
+        arrives as one line, the same text through ``/shell``,
+        ``/shell/stream``, a background process's output page and its
+        event stream.
+        """
+        sb = self.sandbox()
+
+        def run() -> Any:
+            lines: list[str] = []
+            plain = sb.commands.run(AWKWARD, shell="bash")
+            streamed = sb.commands.run(AWKWARD, shell="bash", on_stdout=lines.append)
+            process = sb.commands.start(AWKWARD, shell="bash")
+            process.wait(20)
+            page = process.output(after=0)
+            events = [e for e in process.stream(after=0) if e.event == "stdout"]
+            return plain, streamed, lines, page, events
+
+        plain, streamed, lines, page, events = yield self.in_thread(run)
+        self.assertEqual(plain.stdout, AWKWARD_TEXT + "\n")
+        self.assertEqual(streamed.stdout, AWKWARD_TEXT + "\n")
+        self.assertEqual(lines, [AWKWARD_TEXT])
+        self.assertEqual([e["data"] for e in page["events"]], [AWKWARD_TEXT + "\n"])
+        self.assertEqual([e.data["data"] for e in events], [AWKWARD_TEXT + "\n"])
+
+    @inlineCallbacks
+    def test_character_split_across_reads(self) -> Any:
+        """
+        A character whose bytes the daemon reads in two reads arrives whole,
+        and a background process's output page does not count its first
+        bytes as dropped.
+        """
+        sb = self.sandbox()
+
+        def run() -> Any:
+            lines: list[str] = []
+            sb.commands.run(SPLIT_CHARACTER, shell="bash", on_stdout=lines.append)
+            process = sb.commands.start(SPLIT_CHARACTER, shell="bash")
+            process.wait(20)
+            return lines, process.output(after=0)
+
+        lines, page = yield self.in_thread(run)
+        self.assertEqual(lines, ["\U0001f600z"])
+        self.assertEqual("".join(e["data"] for e in page["events"]), "\U0001f600z\n")
+        self.assertFalse(page["dropped"])
+        self.assertEqual(page["dropped_bytes"], 0)
+
+    @inlineCallbacks
+    def test_long_line_cut_between_characters(self) -> Any:
+        """
+        A line longer than the stream's line bound comes in pieces of at
+        most the bound, each cut between characters: joined they are the
+        line printed, with no replacement character.
+        """
+        sb = self.sandbox()
+
+        def run() -> list[str]:
+            lines: list[str] = []
+            sb.commands.run(LONG_LINE, shell="bash", on_stdout=lines.append)
+            return lines
+
+        lines = yield self.in_thread(run)
+        self.assertGreater(len(lines), 1)
+        self.assertEqual("".join(lines), "\u20ac" * (LONG_LINE_CHARS + 100))
+        for line in lines:
+            self.assertLessEqual(len(line.encode()), MAX_LINE_BYTES)
+
+
+class NameTests(ClientCase):
+    """File names that are awkward but legal, through the file routes."""
+
+    @inlineCallbacks
+    def test_awkward_names(self) -> Any:
+        """
+        Names with a newline, a leading dash, a trailing space, U+2028 or NEL
+        are listed, statted and downloaded as written; a name that is not
+        UTF-8 is listed with its bad byte as ``\\xNN``.
+        """
+        names = ["nl\nname", "-dash", "space ", "sep\u2028name", "nel\u0085x"]
+        os.makedirs(self.path("odd"))
+        for name in names:
+            with open(self.path("odd", name), "w") as f:
+                f.write(name)
+        with open(os.path.join(self.path("odd").encode(), b"bad\xffname"), "wb"):
+            pass
+        sb = self.sandbox()
+
+        def run() -> Any:
+            listed = sorted(e["name"] for e in sb.files.list("odd"))
+            stats = [sb.files.stat(f"odd/{name}")["name"] for name in names]
+            bodies = [sb.files.read_text(f"odd/{name}") for name in names]
+            return listed, stats, bodies
+
+        listed, stats, bodies = yield self.in_thread(run)
+        self.assertEqual(listed, sorted([*names, "bad\\xffname"]))
+        self.assertEqual(stats, names)
+        self.assertEqual(bodies, names)
