@@ -12,12 +12,11 @@ to ENOENT.  :class:`FileRequests` is the session's part: the
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 from typing import Any
 
 from sandboxd.access.guard import PathGuard
-from sandboxd.agents.filechanges import FileChanges, Written
+from sandboxd.agents.filechanges import FileChanges, Written, text_lines
 from sandboxd.agents.state import SessionState
 from sandboxd.agents.updates import UpdateFolding
 from sandboxd.errors import ApiError
@@ -69,21 +68,11 @@ def read_text_file(rule: EffectiveRule, params: Any, cap: int) -> dict[str, Any]
     line = params.get("line")
     limit = params.get("limit")
     if isinstance(line, int) or isinstance(limit, int):
-        lines = _lines(text)
+        lines = text_lines(text)
         start = max((line or 1) - 1, 0) if isinstance(line, int) else 0
         end = start + limit if isinstance(limit, int) and limit >= 0 else None
         text = "".join(lines[start:end])
     return {"content": text}
-
-
-def _lines(text: str) -> list[str]:
-    """
-    ``text``'s lines, each with its line end: LF, CRLF or a lone CR, the
-    lines an editor numbers.  ``str.splitlines`` would also end one at a
-    form feed, NEL, U+2028 and the like, and so hand the agent other lines
-    than the ones it asked for.
-    """
-    return io.StringIO(text, newline="").readlines()
 
 
 def _read_guarded(guard: PathGuard, path: str, cap: int) -> bytes | None:

@@ -40,3 +40,25 @@ class ReadSliceTests(AgentsTestCase):
         self.assertEqual(second.json()["text"], "content: one\r\ntwo\r")
         self.assertEqual(first.json()["text"], "content: " + TEXT.split("\n")[0] + "\n")
         self.assertEqual(last.json()["text"], "content: three")
+
+    @inlineCallbacks
+    def test_diff_keeps_lines_whole(self) -> Any:
+        """
+        The diff of a file the agent wrote shows each line whole: a line
+        holding U+2028, NEL or a form feed is one context line, not cut in
+        two with a stray prefix in its middle.
+        """
+        path = os.path.join(self.base_dir, "d.txt")
+        with open(path, "w") as f:
+            f.write("keep\u2028this\x85and\x0cthat\nold\n")
+        sid = yield self.session()
+        reply = yield self.prompt(
+            sid, f"write {path} keep\u2028this\x85and\x0cthat\nnew\n"
+        )
+        self.assertEqual(reply.json()["text"], "written")
+        reply = yield self.request("GET", f"/agents/sessions/{sid}/files?diff=true")
+        diff = reply.json()["files"][0]["diff"]
+        self.assertEqual(
+            diff.split("\n")[3:],
+            [" keep\u2028this\x85and\x0cthat", "-old", "+new", ""],
+        )
