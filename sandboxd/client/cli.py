@@ -527,13 +527,28 @@ def cmd_cp(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
 # -- ls, ps, logs, kill ----------------------------------------------------------
 
 
+def _shown_name(name: str) -> str:
+    """
+    A file name as ``ls`` prints it: what is not printable (a newline, an
+    escape, NEL, U+2028) as its Python escape, so a name written in the
+    sandbox can neither pass for two entries nor send control sequences to
+    the user's terminal.  ``--json`` gives the names as they are.
+    """
+    if name.isprintable():
+        return name
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+        for c in name
+    )
+
+
 def cmd_ls(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     listing = sb.files.listing(args.path, depth=args.depth)
     if args.json:
         _print_json(listing, out)
         return 0
     for entry in sorted(listing["entries"], key=lambda e: e["path"]):
-        name = entry["name"] if not args.depth else entry["path"]
+        name = _shown_name(entry["name"] if not args.depth else entry["path"])
         if entry["type"] == "directory":
             name += "/"
         elif entry["type"] == "symlink":

@@ -6,6 +6,7 @@ not UTF-8), whole characters wherever output is cut, names as written.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -135,3 +136,25 @@ class NameTests(ClientCase):
         self.assertEqual(listed, sorted([*names, "bad\\xffname"]))
         self.assertEqual(stats, names)
         self.assertEqual(bodies, names)
+
+    @inlineCallbacks
+    def test_cli_ls_escapes_what_is_not_printable(self) -> Any:
+        """
+        ``sandboxd ls`` prints a name holding a newline, an escape sequence
+        or U+2028 with those escaped: one line per entry, and nothing a
+        terminal would act on; ``--json`` keeps the names as they are.
+        """
+        os.makedirs(self.path("cli"))
+        names = ["nl\nname", "esc\x1b]0;title\x07x", "sep\u2028x", "caf\u00e9 "]
+        for name in names:
+            with open(self.path("cli", name), "w"):
+                pass
+        done = yield self.cli("ls", "cli")
+        raw = yield self.cli("ls", "--json", "cli")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(
+            done.stdout.decode().split("\n"),
+            ["caf\u00e9 ", "esc\\x1b]0;title\\x07x", "nl\\nname", "sep\\u2028x", ""],
+        )
+        entries = json.loads(raw.stdout)["entries"]
+        self.assertEqual(sorted(e["name"] for e in entries), sorted(names))
