@@ -529,10 +529,11 @@ def cmd_cp(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
 
 def _shown_name(name: str) -> str:
     """
-    A file name as ``ls`` prints it: what is not printable (a newline, an
-    escape, NEL, U+2028) as its Python escape, so a name written in the
-    sandbox can neither pass for two entries nor send control sequences to
-    the user's terminal.  ``--json`` gives the names as they are.
+    A file name (or a command line, a tag) as ``ls`` (``ps``) prints it:
+    what is not printable (a newline, an escape, NEL, U+2028) as its Python
+    escape, so a name written in the sandbox can neither pass for two
+    entries nor send control sequences to the user's terminal.  ``--json``
+    gives them as they are.
     """
     if name.isprintable():
         return name
@@ -575,8 +576,9 @@ def cmd_ps(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
     for p in processes:
         # As a shell (and `exec`) reports it: 143 for SIGTERM, not -15.
         code = "" if p["exit_code"] is None else str(exit_status(p["exit_code"]))
+        tag = _shown_name(p.get("tag") or "-")
         out.write(
-            f"{p['pid']:>7}  {p['state']:<8}{code:>5}  {(p.get('tag') or '-'):<12}{p['command']}\n"
+            f"{p['pid']:>7}  {p['state']:<8}{code:>5}  {tag:<12}{_shown_name(p['command'])}\n"
         )
     return 0
 

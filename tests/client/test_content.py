@@ -158,3 +158,20 @@ class NameTests(ClientCase):
         )
         entries = json.loads(raw.stdout)["entries"]
         self.assertEqual(sorted(e["name"] for e in entries), sorted(names))
+
+    @inlineCallbacks
+    def test_cli_ps_escapes_what_is_not_printable(self) -> Any:
+        """``sandboxd ps`` prints a command line and a tag the same way: one line each."""
+        sb = self.sandbox()
+        process = yield self.in_thread(
+            sb.commands.start,
+            ["sh", "-c", "sleep 30", "\x1b]0;title\x07\nx"],
+            tag="t\u2028g",
+        )
+        self.addCleanup(self.in_thread, process.kill)
+        done = yield self.cli("ps", "--tag", "t\u2028g")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        lines = done.stdout.decode().splitlines()
+        self.assertEqual(len(lines), 2, lines)
+        self.assertIn("t\\u2028g", lines[1])
+        self.assertIn("\\x1b]0;title\\x07\\nx", lines[1])
