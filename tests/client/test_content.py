@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
 
+from sandboxd.client.errors import PermissionDenied
 from sandboxd.policy.defaults import MAX_LINE_BYTES
 from tests.client.base import ClientCase
+
+#: Who commits (the daemon's machine may have no git identity).
+AUTHOR = {"name": "Ada", "email": "ada@example.com"}
 
 #: Line separators JSON leaves raw (NEL, U+2028, U+2029), a NUL, a lone CR
 #: and a byte that is not UTF-8, on one line.
@@ -175,3 +180,76 @@ class NameTests(ClientCase):
         self.assertEqual(len(lines), 2, lines)
         self.assertIn("t\\u2028g", lines[1])
         self.assertIn("\\x1b]0;title\\x07\\nx", lines[1])
+
+
+class GitNameTests(ClientCase):
+    """The git group with names holding a line separator git allows."""
+
+    policy = {"groups": {"git": True}}
+
+    @inlineCallbacks
+    def test_repository_and_branch_names(self) -> Any:
+        """
+        A repository whose directory name holds U+2028 works, and a branch
+        whose name holds U+2028 or NEL is listed (git's output is read in
+        lines ended by a newline only).
+        """
+
+        def body() -> Any:
+            sb = self.sandbox()
+            repo = "re\u2028po"
+            sb.git.init(repo)
+            sb.files.write_text(f"{repo}/a.txt", "one\n")
+            sb.git.add(repo, ["a.txt"])
+            sb.git.commit(repo, "first", author=AUTHOR)
+            sb.git.create_branch(repo, "feat\u2028x")
+            sb.git.create_branch(repo, "nel\u0085y")
+            return sb.git.branches(repo)
+
+        branches = yield self.in_thread(body)
+        names = sorted(b["name"] for b in branches["branches"])
+        self.assertEqual(names, ["feat\u2028x", "main", "nel\u0085y"])
+
+
+class GitPlaceTests(ClientCase):
+    """Where git writes is checked when its path holds a line separator too."""
+
+    policy = {
+        "groups": {"git": True},
+        "endpoints": {"group:git": {"paths": {"read_only": ["ro", "ro\u2028d"]}}},
+    }
+
+    @inlineCallbacks
+    def test_git_dir_in_a_read_only_directory(self) -> Any:
+        """
+        A work tree whose git dir lies in a read-only directory is refused a
+        commit, whether or not that directory's name holds U+2028.
+        """
+        for holder in ("ro", "ro\u2028d"):
+            os.makedirs(self.path(holder))
+            subprocess.run(
+                [
+                    "git",
+                    "init",
+                    "-q",
+                    f"--separate-git-dir={self.path(holder, 'g.git')}",
+                    self.path(f"w-{len(holder)}"),
+                ],
+                check=True,
+            )
+        sb = self.sandbox()
+
+        def body() -> Any:
+            refused = []
+            for holder in ("ro", "ro\u2028d"):
+                work = f"w-{len(holder)}"
+                sb.files.write_text(f"{work}/a.txt", "one\n")
+                try:
+                    sb.git.add(work, ["a.txt"])
+                    sb.git.commit(work, "first", author=AUTHOR)
+                except PermissionDenied as e:
+                    refused.append(e.code)
+            return refused
+
+        refused = yield self.in_thread(body)
+        self.assertEqual(refused, ["read_only", "read_only"])
