@@ -253,3 +253,31 @@ class GitPlaceTests(ClientCase):
 
         refused = yield self.in_thread(body)
         self.assertEqual(refused, ["read_only", "read_only"])
+
+
+class DevtoolsPlaceTests(ClientCase):
+    """git_status checks the repository's top when its name holds U+2028."""
+
+    #: ``top`` and ``x`` are what the top's path would be cut into at U+2028.
+    policy = {
+        "groups": {"dev_tools": True},
+        "endpoints": {
+            "git_status": {"paths": {"allow": ["top", "x", "top\u2028x/sub"]}}
+        },
+    }
+
+    @inlineCallbacks
+    def test_repository_top_outside_the_allowed_paths(self) -> Any:
+        """
+        A status asked from an allowed directory inside a repository whose
+        top (its name holding U+2028) is not allowed is refused.
+        """
+        os.makedirs(self.path("top\u2028x", "sub"))
+        subprocess.run(["git", "init", "-q", self.path("top\u2028x")], check=True)
+        sb = self.sandbox()
+
+        def body() -> Any:
+            sb.request("GET", "/git/status", params={"path": "top\u2028x/sub"})
+
+        failure = yield self.assertFailure(self.in_thread(body), PermissionDenied)
+        self.assertEqual(failure.code, "path_not_allowed")
