@@ -111,6 +111,22 @@ class OutputTests(ClientCase):
         for line in lines:
             self.assertLessEqual(len(line.encode()), MAX_LINE_BYTES)
 
+    @inlineCallbacks
+    def test_terminal(self) -> Any:
+        """
+        A terminal's output frames carry line separators, a NUL and a
+        character split across reads as printed, a bad byte as U+FFFD.
+        """
+        sb = self.sandbox()
+
+        def run() -> str:
+            with sb.pty.open(shell="sh") as term:
+                term.send(f"{AWKWARD}; {SPLIT_CHARACTER}; echo END-$((6*7))\n")
+                return term.expect("END-42", timeout=20)
+
+        seen = yield self.in_thread(run)
+        self.assertIn(AWKWARD_TEXT + "\r\n\U0001f600z\r\nEND-42", seen)
+
 
 class NameTests(ClientCase):
     """File names that are awkward but legal, through the file routes."""
