@@ -206,9 +206,10 @@ class GitNameTests(ClientCase):
     @inlineCallbacks
     def test_repository_and_branch_names(self) -> Any:
         """
-        A repository whose directory name holds U+2028 works, and a branch
-        whose name holds U+2028 or NEL is listed (git's output is read in
-        lines ended by a newline only).
+        A repository whose directory name holds U+2028 works, a branch
+        whose name holds U+2028 or NEL is listed, and a stash whose message
+        holds U+2028 is one stash (git's output is read in lines ended by a
+        newline only).
         """
 
         def body() -> Any:
@@ -220,11 +221,19 @@ class GitNameTests(ClientCase):
             sb.git.commit(repo, "first", author=AUTHOR)
             sb.git.create_branch(repo, "feat\u2028x")
             sb.git.create_branch(repo, "nel\u0085y")
-            return sb.git.branches(repo)
+            sb.files.write_text(f"{repo}/a.txt", "two\n")
+            stashed = sb.request(
+                "POST",
+                "/git/stash",
+                json={"path": repo, "action": "push", "message": "wip\u2028more"},
+            )
+            return sb.git.branches(repo), stashed
 
-        branches = yield self.in_thread(body)
+        branches, stashed = yield self.in_thread(body)
         names = sorted(b["name"] for b in branches["branches"])
         self.assertEqual(names, ["feat\u2028x", "main", "nel\u0085y"])
+        self.assertEqual(len(stashed["stashes"]), 1, stashed)
+        self.assertIn("wip\u2028more", stashed["stashes"][0]["message"])
 
 
 class GitPlaceTests(ClientCase):
