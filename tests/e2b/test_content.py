@@ -7,6 +7,7 @@ both show them.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -71,3 +72,36 @@ class ContentTests(E2BCase):
         seen, listed = yield self.sdk(job)
         self.assertEqual(listed, set(shown))
         self.assertEqual(seen, set(shown))
+
+    @inlineCallbacks
+    def test_streamed_watch_with_a_name_not_utf8(self) -> Any:
+        """
+        The async SDK's ``watch_dir`` (envd's ``WatchDir`` stream) reports
+        a name that is not UTF-8 as ``\\xNN`` and goes on with the next.
+        """
+        root = os.path.join(self.base_dir, "aw").encode()
+        os.makedirs(root)
+
+        def job() -> Any:
+            from e2b import AsyncSandbox
+
+            async def main() -> Any:
+                sbx = await AsyncSandbox.create()
+                names: set[str] = set()
+                watch = await sbx.files.watch_dir(
+                    "aw", on_event=lambda e: names.add(e.name)
+                )
+                for name in (b"b\xff", b"after"):
+                    with open(os.path.join(root, name), "wb"):
+                        pass
+                for _ in range(200):
+                    if "after" in names:
+                        break
+                    await asyncio.sleep(0.05)
+                await watch.stop()
+                return names
+
+            return asyncio.run(main())
+
+        names = yield self.sdk(job)
+        self.assertEqual(names, {"b\\xff", "after"})
