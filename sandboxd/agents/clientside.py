@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from sandboxd.access.guard import PathGuard
-from sandboxd.agents.filechanges import FileChanges, Written
+from sandboxd.agents.filechanges import FileChanges, Written, text_lines
 from sandboxd.agents.state import SessionState
 from sandboxd.agents.updates import UpdateFolding
 from sandboxd.errors import ApiError
@@ -68,7 +68,7 @@ def read_text_file(rule: EffectiveRule, params: Any, cap: int) -> dict[str, Any]
     line = params.get("line")
     limit = params.get("limit")
     if isinstance(line, int) or isinstance(limit, int):
-        lines = text.splitlines(keepends=True)
+        lines = text_lines(text)
         start = max((line or 1) - 1, 0) if isinstance(line, int) else 0
         end = start + limit if isinstance(limit, int) and limit >= 0 else None
         text = "".join(lines[start:end])

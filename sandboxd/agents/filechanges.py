@@ -8,6 +8,7 @@ per path with the pre-image kept for a diff.
 from __future__ import annotations
 
 import difflib
+import io
 from typing import Any
 
 import attrs
@@ -128,10 +129,20 @@ class FileChanges:
         return out
 
 
+def text_lines(text: str) -> list[str]:
+    """
+    ``text``'s lines, each with its line end: LF, CRLF or a lone CR, the
+    lines an editor numbers.  ``str.splitlines`` would also end one at a
+    form feed, NEL, U+2028 and the like: a diff would then show a line cut
+    in two, and a slice by line numbers other lines than the editor's.
+    """
+    return io.StringIO(text, newline="").readlines()
+
+
 def unified_diff(path: Any, old: Any, new: Any) -> str:
     """A unified diff of two texts (``None`` old text is a new file)."""
-    old_lines = str(old).splitlines(keepends=True) if old is not None else []
-    new_lines = str(new).splitlines(keepends=True) if new is not None else []
+    old_lines = text_lines(str(old)) if old is not None else []
+    new_lines = text_lines(str(new)) if new is not None else []
     name = str(path)
     text = "".join(
         difflib.unified_diff(

@@ -575,8 +575,13 @@ class Commands(_Namespace[F]):
 
         With ``on_stdout``/``on_stderr`` it runs over ``/shell/stream``
         and each line (without its newline) is passed on as it completes;
-        otherwise over ``/shell``.  A string is split like a shell would
-        (no shell runs unless ``shell="bash"``); a list is taken as argv.
+        the result's ``stdout`` and ``stderr`` are then those lines, each
+        ended by ``\\n`` (a last line printed without one gains it, a
+        CRLF becomes LF, and a line longer than the stream's 64 KiB line
+        bound arrives in pieces, each a line); otherwise over ``/shell``,
+        and they are the text as printed.  A string is split like a shell
+        would (no shell runs unless ``shell="bash"``); a list is taken as
+        argv.
 
         :raises Timeout: past ``timeout`` (``IdleTimeout`` past
             ``idle_timeout``); the group was killed, the output so far is

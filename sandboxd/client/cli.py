@@ -527,13 +527,29 @@ def cmd_cp(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
 # -- ls, ps, logs, kill ----------------------------------------------------------
 
 
+def _shown_name(name: str) -> str:
+    """
+    A file name (or a command line, a tag) as ``ls`` (``ps``) prints it:
+    what is not printable (a newline, an escape, NEL, U+2028) as its Python
+    escape, so a name written in the sandbox can neither pass for two
+    entries nor send control sequences to the user's terminal.  ``--json``
+    gives them as they are.
+    """
+    if name.isprintable():
+        return name
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+        for c in name
+    )
+
+
 def cmd_ls(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     listing = sb.files.listing(args.path, depth=args.depth)
     if args.json:
         _print_json(listing, out)
         return 0
     for entry in sorted(listing["entries"], key=lambda e: e["path"]):
-        name = entry["name"] if not args.depth else entry["path"]
+        name = _shown_name(entry["name"] if not args.depth else entry["path"])
         if entry["type"] == "directory":
             name += "/"
         elif entry["type"] == "symlink":
@@ -560,8 +576,9 @@ def cmd_ps(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
     for p in processes:
         # As a shell (and `exec`) reports it: 143 for SIGTERM, not -15.
         code = "" if p["exit_code"] is None else str(exit_status(p["exit_code"]))
+        tag = _shown_name(p.get("tag") or "-")
         out.write(
-            f"{p['pid']:>7}  {p['state']:<8}{code:>5}  {(p.get('tag') or '-'):<12}{p['command']}\n"
+            f"{p['pid']:>7}  {p['state']:<8}{code:>5}  {tag:<12}{_shown_name(p['command'])}\n"
         )
     return 0
 

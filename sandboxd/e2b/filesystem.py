@@ -201,7 +201,10 @@ def _event_json(
         except ApiError:
             continue
         name = posixpath.relpath(path, root) if path != root else ""
-        message: dict[str, Any] = {"name": name, "type": what}
+        # As ListDir shows it: a name that is not UTF-8 with its bad bytes
+        # as ``\xNN`` (a lone surrogate would make the SDK refuse the
+        # whole message, every event of the poll with it).
+        message: dict[str, Any] = {"name": walk.display_name(name), "type": what}
         if include_entry and what in ("EVENT_TYPE_CREATE", "EVENT_TYPE_WRITE"):
             try:
                 message["entry"] = describe(guard, path)

@@ -227,6 +227,16 @@ class ProgressLines:
 
 # -- log, branches, push ---------------------------------------------------------
 
+
+def _lines(output: bytes) -> list[str]:
+    """
+    git's output in lines, ended by LF only: a branch or remote name may
+    hold NEL, U+2028 or U+2029, where ``str.splitlines`` would end a line
+    too and the name would be lost or cut.
+    """
+    return output.decode("utf-8", "replace").split("\n")
+
+
 #: ``git log`` format: fields split by US (0x1f), records by RS (0x1e).
 LOG_FORMAT = "%H%x1f%P%x1f%an%x1f%ae%x1f%at%x1f%cn%x1f%ce%x1f%ct%x1f%s%x1f%b%x1e"
 
@@ -262,7 +272,7 @@ BRANCH_FORMAT = "%(refname)%1f%(objectname)%1f%(upstream:short)%1f%(upstream:tra
 def parse_branches(output: bytes) -> list[dict[str, Any]]:
     """Branches from ``git for-each-ref --format=BRANCH_FORMAT refs/heads refs/remotes``."""
     out: list[dict[str, Any]] = []
-    for line in output.decode("utf-8", "replace").splitlines():
+    for line in _lines(output):
         fields = line.split("\x1f")
         if len(fields) < 5:
             continue
@@ -308,7 +318,7 @@ def parse_push(output: bytes) -> list[dict[str, Any]]:
     (REASON)`` lines between ``To URL`` and ``Done``.
     """
     out: list[dict[str, Any]] = []
-    for line in output.decode("utf-8", "replace").splitlines():
+    for line in _lines(output):
         if len(line) < 3 or line[1] != "\t" or line[0] not in _PUSH_STATUS:
             continue
         flag, refs, summary = [*line.split("\t"), "", ""][:3]
@@ -339,7 +349,7 @@ def parse_push(output: bytes) -> list[dict[str, Any]]:
 def parse_remotes(output: bytes) -> list[dict[str, Any]]:
     """``{name, fetch_url, push_url}`` from ``git remote -v`` (userinfo redacted)."""
     remotes: dict[str, dict[str, Any]] = {}
-    for line in output.decode("utf-8", "replace").splitlines():
+    for line in _lines(output):
         name, _, rest = line.partition("\t")
         url, _, kind = rest.rpartition(" ")
         if not name or not url:

@@ -166,7 +166,8 @@ class GitCall:
             if "not a git repository" in text:
                 raise not_found(f"not a git repository: {self.cwd}")
             raise classify_failure(text, result.exit_code)
-        lines = [x for x in result.stdout.decode("utf-8", "replace").splitlines() if x]
+        # Split at LF only: a directory's name may hold U+2028 or NEL.
+        lines = [x for x in result.stdout.decode("utf-8", "replace").split("\n") if x]
         if len(lines) == 2:
             self.top, self.git_dir = lines
         elif lines:  # a bare repository has no top level

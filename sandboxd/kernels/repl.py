@@ -230,7 +230,10 @@ class Repl:
         # show the lines, as IPython's do.
         self.cells += 1
         name = f"<cell-{self.cells}>"
-        linecache.cache[name] = (len(code), None, code.splitlines(True), name)
+        # Lines as the compiler numbers them (LF, CRLF, CR): splitlines
+        # would also end one at a form feed or U+2028 and shift the rest.
+        lines = io.StringIO(code, newline="").readlines()
+        linecache.cache[name] = (len(code), None, lines, name)
         tree = ast.parse(code, name, "exec")
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):

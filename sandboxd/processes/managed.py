@@ -75,10 +75,14 @@ class Managed:
         if decoder is None:
             return
         self.output_bytes += len(data)
+        held = len(decoder.getstate()[0])
         text = decoder.decode(data)
         if text:
+            # The event holds the bytes of a character begun in an earlier
+            # read too: counted here, or they would be reported dropped.
+            size = held + len(data) - len(decoder.getstate()[0])
             self.log.append(
-                STREAM_NAMES[fd], {"data": text}, len(data) + EVENT_OVERHEAD_BYTES
+                STREAM_NAMES[fd], {"data": text}, size + EVENT_OVERHEAD_BYTES
             )
 
     def on_ended(self, code: int | None) -> None:

@@ -205,7 +205,9 @@ class _Git:
             self.run(["config", "--null", "--list", "--name-only"]),
         )
         guard = PathGuard(self.rule)
-        for line in _text(where.stdout).splitlines():
+        # Lines end at LF only: a directory's name may hold U+2028 or NEL,
+        # and a path cut there would be checked in place of the real one.
+        for line in _text(where.stdout).split("\n"):
             if line:
                 guard.check(line, "read")
         self.extra_config = git.filter_overrides(git.config_names(config.stdout))

@@ -393,7 +393,10 @@ async def git_stash(request: ServerRequest) -> dict[str, Any]:
         await call.run(["stash", action, "-q", f"stash@{{{index}}}"])
     listing = await call.run(["stash", "list", "--format=%gd%x1f%H%x1f%gs"])
     stashes = []
-    for line in _text(listing.stdout).splitlines():
+    # A stash's message may hold U+2028 or NEL: lines end at LF only.
+    for line in _text(listing.stdout).split("\n"):
+        if not line:
+            continue
         ref, _, rest = line.partition("\x1f")
         sha, _, subject = rest.partition("\x1f")
         stashes.append({"ref": ref, "commit": sha, "message": subject})
@@ -541,7 +544,7 @@ async def _remote_of(
     result = await call.run(args, check=False)
     if result.exit_code != 0:
         raise bad_request(f"no remote named {name!r}")
-    urls = [u for u in _text(result.stdout).splitlines() if u.strip()]
+    urls = [u for u in _text(result.stdout).split("\n") if u.strip()]
     for url in urls:
         checked = parse_remote(url.strip(), request.rule)
     if len(urls) != 1:

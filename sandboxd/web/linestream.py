@@ -29,6 +29,22 @@ _PREFIX = {
 _SUFFIX = b'"}\n\n'
 
 
+def _between_characters(data: bytes, limit: int) -> int:
+    """
+    Where to cut ``data`` (longer than ``limit``) into a piece of at most
+    ``limit`` bytes: before the character ``limit`` falls inside, so both
+    pieces decode as the text that was printed rather than each with a
+    replacement character; at ``limit`` itself when ``data`` is not UTF-8
+    there.
+    """
+    cut = limit
+    # A UTF-8 character is at most 4 bytes: at most 3 continuation bytes
+    # (10xxxxxx) follow its first byte.
+    while cut > limit - 3 and data[cut] & 0xC0 == 0x80:
+        cut -= 1
+    return cut if data[cut] & 0xC0 != 0x80 else limit
+
+
 class LineStream:
     """
     Turns a child's output into SSE ``stdout``/``stderr`` line events.
@@ -79,9 +95,10 @@ class LineStream:
         if cut >= 0:
             self._lines(fd, buf[:cut])
             buf = buf[cut + 1 :]
-        while len(buf) >= self.max_line:
-            self._line(fd, buf[: self.max_line])
-            buf = buf[self.max_line :]
+        while len(buf) > self.max_line:
+            cut = _between_characters(buf, self.max_line)
+            self._line(fd, buf[:cut])
+            buf = buf[cut:]
         self._partial[fd] = buf
         self._queued()
 

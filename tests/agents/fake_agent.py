@@ -10,7 +10,7 @@ the prompt's first word; capabilities by command-line flags:
 -32000 until ``authenticate``), ``--close`` (``sessionCapabilities.close``).
 
 Prompts: ``echo TEXT``, ``edit PATH TEXT`` (plan, permission, fs write,
-diff), ``read PATH``, ``write PATH TEXT`` (no permission asked),
+diff), ``read PATH [LINE LIMIT]``, ``write PATH TEXT`` (no permission asked),
 ``terminal CMD ARGS``, ``slow`` (until cancelled), ``stubborn`` (ignores
 cancel), ``commands [NAME...]`` (offers /web, or the names), ``/compact``
 (answers token counts as JSON), ``exit`` (dies mid-turn), ``think``, ``info``,
@@ -317,8 +317,13 @@ class FakeAgent(Agent):
             )
         if verb == "read":
             try:
+                # ``read PATH [LINE LIMIT]``: a slice of the file by lines.
+                span = [int(n) for n in words[2].split()] if len(words) > 2 else []
                 result = await self.conn.read_text_file(
-                    session_id=session_id, path=words[1]
+                    session_id=session_id,
+                    path=words[1],
+                    line=span[0] if span else None,
+                    limit=span[1] if len(span) > 1 else None,
                 )
                 await send(
                     session_id, update_agent_message_text("content: " + result.content)

@@ -105,7 +105,9 @@ SCHEMAS: dict[str, Schema] = {
         events=(
             Event(
                 "stdout",
-                '{"data": one line without its newline}, or with output=bytes '
+                '{"data": one line without its newline (U+FFFD for bytes that '
+                "are not UTF-8; a line over 64 KiB comes in pieces, each cut "
+                "between characters)}, or with output=bytes "
                 '{"data_base64": the bytes of one read}',
             ),
             Event("stderr", "as stdout"),

@@ -1,0 +1,56 @@
+"""
+Awkward but legitimate output through the MCP door, as the official
+``mcp`` SDK shows it: whole characters where the output was cut or read
+in pieces, and no output counted as dropped that was not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+
+from sandboxd.policy.defaults import MAX_LINE_BYTES
+from tests.mcp.helpers import McpTestCase
+
+#: More three-byte characters than a line's bound holds, in two writes (the
+#: line is cut before its end is read; the bound is not a multiple of 3).
+LONG_LINE_CHARS = MAX_LINE_BYTES // 3 + 2000
+LONG_LINE = (
+    'python3 -c "import sys, time; w = sys.stdout.buffer;'
+    f" w.write(b'\\xe2\\x82\\xac' * {LONG_LINE_CHARS}); w.flush(); time.sleep(0.3);"
+    " w.write(b'\\xe2\\x82\\xac' * 100 + b'\\n')\""
+)
+
+#: A 4-byte character whose first two bytes are read before the rest.
+SPLIT_CHARACTER = "bash -c \"printf '\\360\\237'; sleep 0.3; printf '\\230\\200z\\n'\""
+
+
+class OutputTests(McpTestCase):
+    """``shell_stream`` and ``process_output`` with output read in pieces."""
+
+    @inlineCallbacks
+    def test_long_line_and_split_character(self) -> Any:
+        """
+        A line past the stream's bound comes back without a replacement
+        character (cut between characters); a background process's
+        character read in two reads is whole, nothing reported dropped.
+        """
+
+        async def body(client: Any) -> Any:
+            long = await client.call_tool("shell_stream", {"command": LONG_LINE})
+            started = await client.call_tool(
+                "process_start", {"command": SPLIT_CHARACTER}
+            )
+            pid = started.structured_content["pid"]
+            await client.call_tool("process_output", {"pid": pid, "follow": True})
+            page = await client.call_tool("process_output", {"pid": pid, "after": 0})
+            return long, page
+
+        long, page = yield self.with_client(body)
+        stdout = long.structured_content["stdout"]
+        self.assertNotIn("\ufffd", stdout)
+        self.assertEqual(stdout.replace("\n", ""), "\u20ac" * (LONG_LINE_CHARS + 100))
+        content = page.structured_content
+        self.assertEqual([e["data"] for e in content["events"]], ["\U0001f600z\n"])
+        self.assertEqual((content["dropped"], content["dropped_bytes"]), (False, 0))
