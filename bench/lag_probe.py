@@ -176,7 +176,8 @@ class Probe:
             due = [pid for pid, when in children._young.items() if when <= now]
             lower()
             for pid in due:
-                self.write(f"lowered {time.monotonic():.6f} {pid} {_task_state(pid)}")
+                what = "postponed" if pid in children._young else "lowered"
+                self.write(f"{what} {time.monotonic():.6f} {pid} {_task_state(pid)}")
 
         def on_record(seconds: float) -> None:
             self.write(f"spawn {time.monotonic():.6f} {seconds * 1000:.3f}")
@@ -259,7 +260,11 @@ def wrap(out_path: str, argv: list[str]) -> None:
     gc.callbacks.append(probe.on_gc)
 
     def wait_for_reactor() -> None:
-        while "twisted.internet.reactor" not in sys.modules:
+        # The module's entry is the module itself until it has installed
+        # the reactor in its place.
+        while not hasattr(
+            sys.modules.get("twisted.internet.reactor"), "callFromThread"
+        ):
             time.sleep(0.02)
         reactor: Any = sys.modules["twisted.internet.reactor"]
         reactor.callFromThread(probe.start_ticking, reactor)
@@ -306,9 +311,9 @@ def summarize(log: str, stall_ms: float) -> None:
                 spawns.append(float(parts[2]))
             elif parts[0] == "sweep":
                 print(f"  heap sweep: {float(parts[2]):.2f} ms, trimmed: {parts[3]}")
-            elif parts[0] == "lowered":
-                lowered += 1
-                print("  lowered: " + " ".join(parts[3:]))
+            elif parts[0] in ("lowered", "postponed"):
+                lowered += parts[0] == "lowered"
+                print(f"  {parts[0]}: " + " ".join(parts[3:]))
     for name, values in (("child lives", lives), ("spawn waits", spawns)):
         values.sort()
         if values:
