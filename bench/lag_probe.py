@@ -247,6 +247,26 @@ def _task_state(pid: int) -> str:
     return f"{state} ran {int(run) / 1e6:.1f} waited {int(wait) / 1e6:.1f}"
 
 
+def _tcp_counters() -> dict[str, int]:
+    """The machine's TCP retransmission and drop counters (``/proc/net``)."""
+    wanted = {
+        "RetransSegs",
+        "TCPTimeouts",
+        "ListenDrops",
+        "ListenOverflows",
+        "TCPBacklogDrop",
+    }
+    found: dict[str, int] = {}
+    for path in ("/proc/net/snmp", "/proc/net/netstat"):
+        with open(path) as f:
+            lines = f.read().splitlines()
+        for names, values in zip(lines[::2], lines[1::2], strict=True):
+            for name, value in zip(names.split()[1:], values.split()[1:], strict=True):
+                if name in wanted:
+                    found[name] = int(value)
+    return found
+
+
 def _procs_running() -> str:
     """The machine's runnable tasks now (``/proc/loadavg``'s fourth field)."""
     with open("/proc/loadavg") as f:
@@ -366,7 +386,8 @@ def main() -> None:
     from daemon import start_daemon, stop_all
     from switches import post_script
 
-    args = [a for a in sys.argv[1:] if not a.startswith("--stall")]
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    cold = "--cold" in sys.argv
     stall_ms = 15.0
     for a in sys.argv[1:]:
         if a.startswith("--stall="):
@@ -392,11 +413,15 @@ def main() -> None:
         f"http://127.0.0.1:{port}/shell",
     ]
     try:
-        subprocess.run([*wrk, "-d2"], capture_output=True)
+        if not cold:
+            subprocess.run([*wrk, "-d2"], capture_output=True)
         load = os.getloadavg()[0]
+        tcp = _tcp_counters()
+        began = time.monotonic()
         report = subprocess.run(
             [*wrk, f"-d{seconds}"], capture_output=True, text=True
         ).stdout
+        tcp_after = _tcp_counters()
     finally:
         stop_all([proc])
     rate = re.search(r"Requests/sec:\s+([\d.]+)", report)
@@ -407,7 +432,13 @@ def main() -> None:
         + " ".join(f"p{p} {m.group(1) if m else '?'}" for p, m in tail.items())
         + f" max {top.group(1) if top else '?'}, load {load:.2f} -> {os.getloadavg()[0]:.2f}"
     )
-    print(f"log: {log}")
+    print(f"log: {log}; wrk began at {began:.6f}")
+    print(
+        "machine's TCP counters over the run: "
+        + " ".join(
+            f"{k} {tcp_after[k] - tcp[k]}" for k in tcp if tcp_after[k] != tcp[k]
+        )
+    )
     summarize(log, stall_ms)
 
 

@@ -10,6 +10,7 @@ import os
 import shlex
 import subprocess
 import threading
+import time
 from typing import Any
 
 from twisted.internet import reactor
@@ -478,6 +479,13 @@ class GroupWeightTests(SynchronousTestCase):
         sleeper = subprocess.Popen(["sleep", "5"])
         self.addCleanup(sleeper.wait)
         self.addCleanup(sleeper.kill)
+        # Until it has started and gone to sleep it is runnable, with next
+        # to nothing run: the very case.
+        for _ in range(500):
+            with open(f"/proc/{sleeper.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "S":
+                    break
+            time.sleep(0.01)
         self.assertFalse(priority.waiting_for_cpu(sleeper.pid))
         # This process reads its own state while running, and has run
         # longer than the bound.
