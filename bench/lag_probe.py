@@ -5,7 +5,16 @@ The reactor's stalls under W4, and whose they are: a fresh daemon from
 run of ``/shell true`` at 8 connections, then every gap of the reactor
 longer than ``--stall`` ms::
 
-    .venv/bin/python bench/lag_probe.py TREE [SECONDS] [--stall MS]
+    .venv/bin/python bench/lag_probe.py TREE [SECONDS] [--stall=MS] [--cold] [--priority-off]
+
+``--cold`` skips the 2 s warm-up (``compare.sh``'s W4 starts on a fresh
+daemon); ``--priority-off`` runs the daemon with ``"priority": false``.
+Besides the gaps it prints each child's life from its spawn to its
+reaping (a request's answer waits for it), each spawn's wait for the
+child's exec, and each session group due to be lowered at
+``children_group_after_ms`` with the child's state then (``R ran 0.4
+waited 0.9``: runnable, 0.4 ms of CPU had; a wait in progress is not
+counted in ``waited`` until the task runs).
 
 The probe (this file run as ``--wrap OUT TWISTD ARGS...``, which starts
 twistd in the same process) ticks a ``LoopingCall`` every 5 ms on the
@@ -399,8 +408,11 @@ def main() -> None:
     token = secrets.token_hex(8)
     os.environ["PYTHONPATH"] = os.path.abspath(tree)
     prefix = [sys.executable, os.path.abspath(__file__), "--wrap", log]
+    # ``--priority-off``: the same with the children's priorities off, to
+    # tell the machine's share of a child's wait from their weights'.
+    policy: dict[str, Any] = {"priority": False} if "--priority-off" in sys.argv else {}
     proc, port = start_daemon(
-        base, token, {}, prefix=prefix, env={"LAG_PROBE_STALL_MS": str(stall_ms)}
+        base, token, policy, prefix=prefix, env={"LAG_PROBE_STALL_MS": str(stall_ms)}
     )
     script = post_script(base, token)
     wrk = [
