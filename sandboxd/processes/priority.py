@@ -601,12 +601,15 @@ class ChildPriority:
                     break
                 self._young.popitem(last=False)
                 due.append((pid, self._young_until.pop(pid, now)))
+            nice = group_nice_for(base, self._budget, len(self._groups))
+            # Only a group that would be lowered now is worth a look.
+            candidates = [
+                pid
+                for pid, until in due
+                if now + after <= until and self._groups.get(pid, nice) < nice
+            ]
         # Read outside the lock: the spawn workers take it for every spawn.
-        waiting = {
-            pid
-            for pid, until in due
-            if now + after <= until and self.waiting_for_cpu(pid)
-        }
+        waiting = {pid for pid in candidates if self.waiting_for_cpu(pid)}
         with self._lock:
             nice = group_nice_for(base, self._budget, len(self._groups))
             lowered = []
