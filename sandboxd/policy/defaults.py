@@ -754,6 +754,12 @@ CHILD_OOM_SCORE_ADJ = 500
 CHILD_GROUP_AFTER_MS = 100
 #: The longest ``children_group_after_ms`` a policy may ask for.
 CHILD_GROUP_AFTER_MAX_MS = 10_000
+#: A child whose group is due to be lowered while it is still runnable
+#: and has had less than this much CPU (milliseconds) has not started
+#: yet: a short command waiting for a CPU on a busy machine, not a build.
+#: Its lowering waits another ``children_group_after_ms``, at most until
+#: ``CHILD_STARTING_SECONDS`` after its spawn.
+CHILD_UNSTARTED_CPU_MS = 5
 #: Seconds after its spawn a child that has printed nothing yet still
 #: counts as starting: while one does, the streams' children that have
 #: printed their first line run at the lightest group weight, so the ones

@@ -55,6 +55,7 @@ from twisted.python.threadable import isInIOThread
 from sandboxd.policy.defaults import (
     CHILD_STARTING_GRACE_SECONDS,
     CHILD_STARTING_SECONDS,
+    CHILD_UNSTARTED_CPU_MS,
 )
 from sandboxd.policy.priorities import Priorities
 from sandboxd.processes.cgroups import place_child
@@ -199,6 +200,28 @@ def _leads_session(pid: int) -> bool | None:
         return None
 
 
+def waiting_for_cpu(pid: int) -> bool:
+    """
+    Whether ``pid`` is runnable but has had almost no CPU yet
+    (``CHILD_UNSTARTED_CPU_MS``): a child the machine has not run, as
+    opposed to one that runs or sleeps.  False when it cannot say.
+
+    ``schedstat``'s first field is the CPU time the task has had; its
+    current wait on a run queue is counted only once it runs, so a task
+    that never got a CPU reads as runnable with next to nothing run.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        if state != "R":
+            return False
+        with open(f"/proc/{pid}/schedstat") as f:
+            ran = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    return ran < CHILD_UNSTARTED_CPU_MS * 1_000_000
+
+
 def _autogroups() -> bool:
     """Whether the scheduler groups tasks by session (``CONFIG_SCHED_AUTOGROUP``)."""
     global _AUTOGROUPS
@@ -255,6 +278,11 @@ class ChildPriority:
         #: with when it will be (the clock's seconds; in spawn order, so the
         #: first is due first).
         self._young: OrderedDict[int, float] = OrderedDict()
+        #: Young children whose lowering may still wait for their first CPU
+        #: time (:meth:`_lower_due`), by pid, with until when it may.
+        self._young_until: dict[int, float] = {}
+        #: Whether a child is runnable with no CPU had yet (:func:`waiting_for_cpu`).
+        self.waiting_for_cpu = waiting_for_cpu
         #: What runs the lowering of young groups (the global reactor unless set).
         self.clock: Any = None
         #: Whether a lowering is scheduled (or about to be), and its timer.
@@ -469,7 +497,9 @@ class ChildPriority:
                 self._groups[pid] = nice
             arm = False
             if after and nice < base:
-                self._young[pid] = self._reactor().seconds() + after
+                now = self._reactor().seconds()
+                self._young[pid] = now + after
+                self._young_until[pid] = now + max(after, CHILD_STARTING_SECONDS)
                 arm, self._armed = not self._armed, True
         # A tracked pid names a child not yet reaped, or reaped this very
         # moment: the kernel hands pids out in turn and gives a number
@@ -540,6 +570,7 @@ class ChildPriority:
         """No young group left (or the daemon stops): no timer behind."""
         with self._lock:
             self._young.clear()
+            self._young_until.clear()
             self._armed = False
         call, self._lowering = self._lowering, None
         if call is not None and call.active():
@@ -549,25 +580,52 @@ class ChildPriority:
         """
         The young groups whose time is up, lowered to the base (or lighter
         while many children run); reaped children have left already.
+
+        A child still waiting for its first CPU time is not lowered yet:
+        on a busy machine a short command can wait that long for a CPU,
+        and lowering it then would only make it wait longer behind the
+        machine's other work, not slow down anything it runs.  It is
+        looked at again a period later, and lowered at the latest
+        ``CHILD_STARTING_SECONDS`` after its spawn (or at its first look,
+        if the period is longer).  The daemon's share
+        holds meanwhile: the group stays at the level that keeps it.
         """
         now = self._reactor().seconds()
         base = self._base()
+        after = self.priorities.children_group_after_ms / 1000.0
         with self._lock:
-            due: list[int] = []
+            due: list[tuple[int, float]] = []
             while self._young:
                 pid, when = next(iter(self._young.items()))
                 if when > now:
                     break
                 self._young.popitem(last=False)
-                due.append(pid)
+                due.append((pid, self._young_until.pop(pid, now)))
+            nice = group_nice_for(base, self._budget, len(self._groups))
+            # Only a group that would be lowered now is worth a look.
+            candidates = [
+                pid
+                for pid, until in due
+                if now + after <= until and self._groups.get(pid, nice) < nice
+            ]
+        # Read outside the lock: the spawn workers take it for every spawn.
+        waiting = {pid for pid in candidates if self.waiting_for_cpu(pid)}
+        with self._lock:
             nice = group_nice_for(base, self._budget, len(self._groups))
             lowered = []
-            for pid in due:
+            for pid, until in due:
                 was = self._groups.get(pid)
-                if was is not None and was < nice:
-                    self._groups[pid] = nice
-                    if pid not in self._yielding:
-                        lowered.append(pid)
+                if was is None or was >= nice:
+                    continue
+                if pid in waiting:
+                    # Later than every young child's due time so far: the
+                    # order stays the order of due times.
+                    self._young[pid] = now + after
+                    self._young_until[pid] = until
+                    continue
+                self._groups[pid] = nice
+                if pid not in self._yielding:
+                    lowered.append(pid)
         for pid in lowered:
             self._set_group(pid, nice)
         self._arm()
@@ -588,6 +646,7 @@ class ChildPriority:
         if last_starting:
             self._settle()
         with self._lock:
+            self._young_until.pop(pid, None)
             if self._young.pop(pid, None) is None or self._young:
                 return
         if isInIOThread():

@@ -10,6 +10,7 @@ import os
 import shlex
 import subprocess
 import threading
+import time
 from typing import Any
 
 from twisted.internet import reactor
@@ -421,6 +422,78 @@ class GroupWeightTests(SynchronousTestCase):
         clock.advance(1)
         self.assertEqual(written, [("/proc/1000/autogroup", 10)])
         self.assertEqual(clock.getDelayedCalls(), [])
+
+    def test_young_child_waiting_for_a_cpu_is_not_lowered_yet(self) -> None:
+        """
+        A child still waiting for its first CPU time when its group is due
+        (a short command on a busy machine) keeps its level; it is looked
+        at again a period later and lowered once it has run.
+        """
+        written = self.groups_written()
+        prio = priority.ChildPriority()
+        prio.clock = clock = Clock()
+        prio.priorities = priorities_from(True)
+        prio._budget = priority.weight(-5) * 2
+        waiting = {1001}
+        prio.waiting_for_cpu = lambda pid: pid in waiting
+        prio.spawned(1000)
+        prio.spawned(1001)
+        clock.advance(0.1)
+        self.assertEqual(written, [("/proc/1000/autogroup", 10)])
+        clock.advance(0.1)
+        self.assertEqual(written, [("/proc/1000/autogroup", 10)])
+        waiting.clear()
+        clock.advance(0.1)
+        self.assertEqual(
+            written, [("/proc/1000/autogroup", 10), ("/proc/1001/autogroup", 10)]
+        )
+        self.assertEqual(clock.getDelayedCalls(), [])
+
+    def test_young_child_waits_for_a_cpu_a_second_at_most(self) -> None:
+        """
+        A child that never gets a CPU is lowered all the same within
+        ``CHILD_STARTING_SECONDS`` of its spawn; one reaped meanwhile is
+        never written.
+        """
+        written = self.groups_written()
+        prio = priority.ChildPriority()
+        prio.clock = clock = Clock()
+        prio.priorities = priorities_from(True)
+        prio._budget = priority.weight(-5) * 2
+        prio.waiting_for_cpu = lambda pid: True
+        prio.spawned(1000)
+        prio.spawned(1001)
+        clock.pump([0.1] * 5)
+        prio.ended(1001)
+        clock.pump([0.1] * 4)
+        self.assertEqual(written, [])
+        clock.advance(0.1)
+        self.assertEqual(written, [("/proc/1000/autogroup", 10)])
+        self.assertEqual(clock.getDelayedCalls(), [])
+
+    def test_waiting_for_cpu(self) -> None:
+        """
+        Runnable with under ``CHILD_UNSTARTED_CPU_MS`` run: a task that
+        sleeps, one that has run longer, and one that is gone are not.
+        """
+        sleeper = subprocess.Popen(["sleep", "5"])
+        self.addCleanup(sleeper.wait)
+        self.addCleanup(sleeper.kill)
+        # Until it has started and gone to sleep it is runnable, with next
+        # to nothing run: the very case.
+        for _ in range(500):
+            with open(f"/proc/{sleeper.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "S":
+                    break
+            time.sleep(0.01)
+        self.assertFalse(priority.waiting_for_cpu(sleeper.pid))
+        # This process reads its own state while running, and has run
+        # longer than the bound.
+        self.assertFalse(priority.waiting_for_cpu(os.getpid()))
+        self.patch(priority, "CHILD_UNSTARTED_CPU_MS", 10**9)
+        self.assertTrue(priority.waiting_for_cpu(os.getpid()))
+        self.assertFalse(priority.waiting_for_cpu(sleeper.pid))
+        self.assertFalse(priority.waiting_for_cpu(2**22 + 1))
 
     def test_attended_while_young_is_not_lowered(self) -> None:
         """
