@@ -50,7 +50,6 @@ from sandboxd.kernels.jsontext import (
     EscapedText,
     JsonParts,
     document,
-    escape_chunk,
 )
 from sandboxd.kernels.kernelspecs import KernelSpec, kernel_argv
 from sandboxd.policy import defaults
@@ -87,20 +86,6 @@ class Host(Protocol):
 
     def execution_ended(self, ctx: CodeContext, x: Execution) -> None:
         """An execution ended."""
-
-
-@attrs.frozen
-class ReadyOutput:
-    """
-    A chunk of output readied while held for the hub's verdict: its text,
-    and (``escaped``) its escaping for the result document (``inside``:
-    :func:`~sandboxd.kernels.jsontext.escape_chunk`'s).
-    """
-
-    raw: bytearray
-    text: str
-    escaped: bool
-    inside: bytes | bytearray | None
 
 
 @attrs.frozen
@@ -675,41 +660,17 @@ class CodeContext:
         self._ready.fire(None)
         self._next()
 
-    def ready_output(self, event: dict[str, Any]) -> None:
-        """
-        Output the hub sent before its check of the kernel's signature,
-        held until the verdict: decoded and escaped now, while the hub
-        still checks, so that publishing it after a good verdict is quick.
-        Nothing of it is published here.
-        """
-        x = self.current
-        raw = event.get("raw")
-        if x is None or x.id != event.get("xid") or not isinstance(raw, bytearray):
-            return
-        name = "stderr" if event.get("name") == "stderr" else "stdout"
-        escaped = x.stderr_json if name == "stderr" else x.stdout_json
-        inside = escape_chunk(raw) if escaped is not None else None
-        text = raw.decode("utf-8", "surrogatepass")
-        event["ready"] = ReadyOutput(raw, text, escaped is not None, inside)
-
     def _on_stream(self, x: Execution, event: dict[str, Any]) -> None:
         name = "stderr" if event.get("name") == "stderr" else "stdout"
         raw = event.get("raw")
-        ready = event.get("ready")
-        if isinstance(ready, ReadyOutput) and ready.raw is raw:
-            raw, text = ready.raw, ready.text  # held for a verdict, readied
-        elif isinstance(raw, bytes | bytearray):  # the hub's: UTF-8 after the line
-            ready = None
+        if isinstance(raw, bytes | bytearray):  # the hub's: UTF-8 after the line
             text = raw.decode("utf-8", "surrogatepass")
         else:  # the built-in kernel's: text in the line
-            ready = None
             text = str(event.get("text", ""))
             raw = text.encode("utf-8", "surrogatepass")
         (x.stderr if name == "stderr" else x.stdout).write(raw)
         escaped = x.stderr_json if name == "stderr" else x.stdout_json
-        if escaped is not None and ready is not None and ready.escaped:
-            escaped.write_escaped(raw, ready.inside)
-        elif escaped is not None:
+        if escaped is not None:
             escaped.write(raw)
         # Its size in the log is its length plus the frame: no second encode.
         x.emit(name, size=len(raw) + 64, text=text)

@@ -321,52 +321,7 @@ def _unescape_many(frame: bytes, start: int, end: int, between: bytes) -> bytes 
     return text
 
 
-#: A ``stream`` message whose content frame is at least this long has its
-#: signature checked on a thread while its text already goes to the daemon
-#: (:func:`decode_message`): hashing megabytes lets go of the interpreter's
-#: lock, so the check and the writing overlap.
-CHECK_BESIDE_BYTES = 1024 * 1024
-
-#: ... and at most this long: the daemon holds what it is sent of such a
-#: message until the verdict, and bounds that (its
-#: ``CODE_HUB_MAX_UNVERIFIED_BYTES``, which this must not exceed; the text
-#: is never longer than its frame). A longer one is checked first.
-CHECK_BESIDE_MAX_BYTES = 16 * 1024 * 1024
-
-
-class Checks:
-    """
-    The one thread that checks big messages' signatures, started on the
-    first (most hubs never see a message that big).
-    """
-
-    def __init__(self) -> None:
-        self._pool: Any = None
-
-    def submit(self, session: Any, signature: bytes, parts: list[bytes]) -> Any:
-        """A future of whether ``parts`` are signed ``signature`` (a bool)."""
-        if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="signature")
-        return self._pool.submit(_signed, session, signature, parts)
-
-
-def _signed(session: Any, signature: bytes, parts: list[bytes]) -> bool:
-    return hmac.compare_digest(signature, session.sign(parts))
-
-
-def _check_beside(session: Any, parts: list[bytes]) -> bool:
-    """Whether a message's signature may be checked beside its forwarding."""
-    return (
-        len(parts) >= 5
-        and CHECK_BESIDE_BYTES <= len(parts[4]) <= CHECK_BESIDE_MAX_BYTES
-    )
-
-
-def decode_message(
-    session: Any, frames: list[bytes], checks: Checks | None = None
-) -> dict[str, Any]:
+def decode_message(session: Any, frames: list[bytes]) -> dict[str, Any]:
     """
     One Jupyter message from its frames, checked as ``jupyter_client``'s
     ``Session.deserialize`` checks it (an HMAC signature, never one seen
@@ -375,16 +330,9 @@ def decode_message(
     frame, and the adaptation of protocol-5 messages, which changes
     nothing in them.
 
-    With ``checks``, a big ``stream`` message (:data:`CHECK_BESIDE_BYTES`)
-    is returned before its signature is checked, with the check under way
-    as its ``verdict`` (a future of a bool): whoever forwards any of it must
-    say the verdict after it, and nothing of it may count before a good one.
-    Its signature's replay check is made at once, as for any message.
-
     :raises ValueError: a message unsigned, replayed or badly signed.
     """
     _, parts = session.feed_identities(frames)
-    verdict = None
     if session.auth is not None:
         signature = parts[0]
         if not signature:
@@ -392,22 +340,15 @@ def decode_message(
         if signature in session.digest_history:
             raise ValueError(f"Duplicate Signature: {signature!r}")
         session._add_digest(signature)
-        if checks is not None and _check_beside(session, parts):
-            verdict = checks.submit(session, signature, parts[1:5])
-        elif not hmac.compare_digest(signature, session.sign(parts[1:5])):
+        if not hmac.compare_digest(signature, session.sign(parts[1:5])):
             raise ValueError(f"Invalid Signature: {signature!r}")
     if len(parts) < 5:
         raise TypeError("malformed message, must have at least 5 elements")
     header = session.unpack(parts[1])
-    current = str(header.get("version", "")).startswith("5.")
-    if verdict is not None and (header["msg_type"] != "stream" or not current):
-        # Not a stream (or one for the adapter): checked before it is read.
-        if not verdict.result():
-            raise ValueError(f"Invalid Signature: {parts[0]!r}")
-        verdict = None
     content = None
     if header["msg_type"] == "stream" and len(parts[4]) >= FAST_STREAM_BYTES:
         content = stream_content(parts[4])
+    current = str(header.get("version", "")).startswith("5.")
     message = {
         "header": header,
         "msg_id": header["msg_id"],
@@ -418,7 +359,6 @@ def decode_message(
         "metadata": {} if current else session.unpack(parts[3]),
         "content": content if content is not None else session.unpack(parts[4]),
         "buffers": [memoryview(b) for b in parts[5:]],
-        "verdict": verdict,
     }
     if not current:
         from jupyter_client.adapter import adapt
@@ -479,7 +419,6 @@ class Kernel:
         self.pending: dict[str, Pending] = {}
         self.opening: Opening | None = None
         self.closed = False
-        self._iopub_socket = self.client.iopub_channel.socket
         #: The sockets the hub's loop reads, each with what reads it.
         self.readers: dict[Any, Callable[[dict[str, Any]], None]] = {
             self.client.iopub_channel.socket: self._iopub,
@@ -558,12 +497,8 @@ class Kernel:
                 frames = socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            # Only output is forwarded before its check (iopub, once open).
-            beside = socket is self._iopub_socket and self.opening is None
             try:
-                msg = decode_message(
-                    self.client.session, frames, self.hub.checks if beside else None
-                )
+                msg = decode_message(self.client.session, frames)
             except (ValueError, TypeError, KeyError):
                 continue
             if self.opening is not None:
@@ -597,16 +532,9 @@ class Kernel:
             if pieces is None:
                 text = str(content.get("text", ""))
                 pieces = [text.encode("utf-8", "surrogatepass")]
-            name = content.get("name", "stdout")
-            verdict = msg.get("verdict")
-            # Its signature may still be being checked: then the daemon holds
-            # these chunks until the verdict after them.
-            extra = {} if verdict is None else {"unverified": True}
             # Views, not copies: written to the pipe as they are.
             for chunk in utf8_pieces(pieces, STREAM_CHUNK_BYTES):
-                self._emit(pending, "stream", chunk, name=name, **extra)
-            if verdict is not None:
-                self._emit(pending, "verdict", ok=bool(verdict.result()))
+                self._emit(pending, "stream", chunk, name=content.get("name", "stdout"))
         elif kind in ("display_data", "execute_result", "update_display_data"):
             self._emit(
                 pending,
@@ -709,7 +637,6 @@ class Hub:
         import zmq
 
         self.out = Output()
-        self.checks = Checks()
         self.kernels: dict[str, Kernel] = {}
         self.context = zmq.Context()
         self.poller = zmq.Poller()

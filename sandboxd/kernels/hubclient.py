@@ -6,15 +6,6 @@ and stdout. An event line with ``bytes: N`` is followed by N raw bytes
 (output text, UTF-8), handed on as the event's ``raw`` (a ``bytearray``,
 read straight into its place: see :class:`LineSplitter`).
 
-An event line with ``unverified: true`` is output of a kernel message whose
-signature the hub is still checking: it is held here, never handed on,
-until the hub's ``{"ev": "verdict", "ok": ...}`` line after it; a good
-verdict hands the held events on in order, a bad one drops them, so output
-of a forged or replayed message is never seen, as when the hub drops such
-a message before forwarding it. What is held is bounded
-(:data:`~sandboxd.policy.defaults.CODE_HUB_MAX_UNVERIFIED_BYTES`); any
-other line before the verdict ends the hub.
-
 A line longer than :data:`~sandboxd.policy.defaults.CODE_HUB_MAX_LINE_BYTES`
 or one that is not a JSON object ends the hub (the framing is broken, so
 nothing after it can be trusted); its contexts hear of it and reconnect to
@@ -34,7 +25,6 @@ from twisted.logger import Logger
 
 from sandboxd.policy.defaults import (
     CODE_HUB_MAX_LINE_BYTES,
-    CODE_HUB_MAX_UNVERIFIED_BYTES,
     CODE_HUB_READ_BYTES,
     CODE_HUB_SPILL_BYTES,
     KIB,
@@ -209,40 +199,6 @@ class LineSplitter:
         self._on_overflow(size)
 
 
-class Unverified:
-    """
-    Events of output whose kernel message the hub is still checking, held
-    until its verdict and at most ``max_bytes`` of payload.
-    """
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.events: list[dict[str, Any]] = []
-        self.size = 0
-
-    def hold(self, event: dict[str, Any], size: int) -> bool:
-        """Hold ``event`` (``size`` bytes of payload); False past the bound."""
-        self.size += size
-        if self.size > self.max_bytes:
-            return False
-        self.events.append(event)
-        return True
-
-    def holds(self, event: dict[str, Any]) -> bool:
-        """Whether ``event`` is held (the last held: only they come before a verdict)."""
-        return bool(self.events) and self.events[-1] is event
-
-    def verdict(self, ok: bool) -> list[dict[str, Any]]:
-        """The held events to hand on (none after a bad verdict); none held after."""
-        held = self.events
-        self.drop()
-        return held if ok else []
-
-    def drop(self) -> None:
-        """Let go of everything held, unseen."""
-        self.events, self.size = [], 0
-
-
 class HubClient:
     """
     One hub child and its pipe.
@@ -251,9 +207,6 @@ class HubClient:
     :param on_exit: called once with a reason when the hub is gone.
     :param run_as: the user it runs as (that of its kernels), when not the
         daemon's.
-    :param on_held: called with each event held for a verdict once its
-        payload is in: it may ready what publishing it takes (never publish
-        it), so that little is left to do once the verdict comes.
     """
 
     def __init__(
@@ -265,18 +218,15 @@ class HubClient:
         on_event: Callable[[dict[str, Any]], None],
         on_exit: Callable[[str], None],
         run_as: RunAs | None = None,
-        on_held: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.reactor = reactor
         self._on_event = on_event
         self._on_exit = on_exit
-        self._on_held = on_held
         self._splitter = LineSplitter(
             CODE_HUB_MAX_LINE_BYTES, self._line, self._overflow, self._payload
         )
         #: The event whose raw bytes are being read.
         self._awaiting: dict[str, Any] | None = None
-        self._unverified = Unverified(CODE_HUB_MAX_UNVERIFIED_BYTES)
         self._stderr = HeadTail(8 * KIB)
         self.gone = False
         self.reason: str | None = None
@@ -324,23 +274,9 @@ class HubClient:
         if event.get("ev") == "fatal":
             self._fail(f"the kernel hub failed: {event.get('message')}")
             return
-        if event.get("ev") == "verdict":
-            for held in self._unverified.verdict(event.get("ok") is True):
-                self._on_event(held)
-            return
         size = event.pop("bytes", None)
-        if event.get("unverified") is not None:
-            if event.pop("unverified") is not True or event.get("ev") != "stream":
-                self._fail("the kernel hub held back what it may not")
-                return
-            if not self._unverified.hold(event, size if type(size) is int else 0):
-                self._fail("the kernel hub sent too much output before its check")
-                return
-        elif self._unverified.events:
-            self._fail("the kernel hub sent no verdict on output it held back")
-            return
         if size is None:
-            self._dispatch(event)
+            self._on_event(event)
             return
         if type(size) is not int or size < 0:
             self._fail("the kernel hub announced a payload of no valid size")
@@ -352,14 +288,7 @@ class HubClient:
         event, self._awaiting = self._awaiting, None
         if event is not None:
             event["raw"] = data
-            self._dispatch(event)
-
-    def _dispatch(self, event: dict[str, Any]) -> None:
-        """Hand ``event`` on, unless it awaits a verdict (readied then)."""
-        if not self._unverified.holds(event):
             self._on_event(event)
-        elif self._on_held is not None:
-            self._on_held(event)
 
     def _overflow(self, size: int) -> None:
         self._fail(f"the kernel hub sent a line of {size} bytes, over the limit")
@@ -367,13 +296,11 @@ class HubClient:
     def _fail(self, reason: str) -> None:
         log.warn("{reason}", reason=reason)
         self.reason = self.reason or reason
-        self._unverified.drop()
         self._splitter.stopped = True
         self.child.kill("killed")
 
     def _ended(self, code: int | None) -> None:
         self.gone = True
-        self._unverified.drop()
         if self.reason is None:
             tail = self.stderr_tail()
             self.reason = f"the kernel hub exited ({code})" + (

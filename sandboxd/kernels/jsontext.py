@@ -82,14 +82,6 @@ def _escaped(raw: bytes | bytearray) -> bytes | bytearray | None:
     return raw
 
 
-def escape_chunk(raw: bytes | bytearray) -> bytes | bytearray | None:
-    """
-    A chunk of output as :class:`EscapedText` keeps it (the inside of its
-    JSON string literal), or None when only ``json.dumps`` escapes it right.
-    """
-    return _escaped(raw)
-
-
 #: The API's JSON, made once (``json.dumps`` with options builds an
 #: encoder per call, dear for a small document).  A non-finite number (a
 #: kernel's display data may hold one) raises rather than becoming
@@ -192,21 +184,11 @@ class EscapedText:
 
     def write(self, raw: bytes | bytearray) -> None:
         """Take the next chunk of output (UTF-8)."""
-        if self._parts is not None:
-            fits = self._size + len(raw) <= self.cap
-            self.write_escaped(raw, _escaped(raw) if fits else None)
-
-    def write_escaped(
-        self, raw: bytes | bytearray, inside: bytes | bytearray | None
-    ) -> None:
-        """
-        :meth:`write`, ``raw`` escaped already (:func:`escape_chunk`: None
-        when it is not plain).
-        """
         if self._parts is None:
             return
         self._size += len(raw)
-        if inside is None or self._size > self.cap:
+        inside = _escaped(raw) if self._size <= self.cap else None
+        if inside is None:
             self.drop()
             return
         self._parts.append(inside)

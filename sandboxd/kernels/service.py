@@ -85,7 +85,6 @@ class CodeService(Service):
                 functools.partial(self._hub_event, key),
                 functools.partial(self._hub_exited, key),
                 run_as=None if own else run_as,
-                on_held=functools.partial(self._hub_held, key),
             )
             self._hubs[key] = hub
             self.hub_starts += 1
@@ -105,13 +104,6 @@ class CodeService(Service):
         # to its pipe).
         if ctx is not None and ctx.hub_key == key and not ctx.builtin:
             ctx.hub_event(event)
-
-    def _hub_held(self, key: int, event: dict[str, Any]) -> None:
-        """Output held for the hub's verdict: its context readies it."""
-        cid = event.get("cid")
-        ctx = self.contexts.get(cid) if isinstance(cid, str) else None
-        if ctx is not None and ctx.hub_key == key and not ctx.builtin:
-            ctx.ready_output(event)
 
     def _hub_exited(self, key: int, reason: str) -> None:
         log.warn(

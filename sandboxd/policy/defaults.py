@@ -131,12 +131,6 @@ CODE_SWEEP_SECONDS = 30.0
 #: base64 and its JSON framing, under ``max_display_bytes``'s ceiling).
 CODE_HUB_MAX_LINE_BYTES = 64 * MIB
 
-#: Code contexts: a big output the kernel hub forwards while it still checks
-#: the kernel message's signature is held until the hub's verdict, at most
-#: this much of it (the hub forwards no bigger message that way: at most
-#: 16 MiB of content, which its text never exceeds).
-CODE_HUB_MAX_UNVERIFIED_BYTES = 16 * MIB
-
 #: One read of the kernel hub's stdout takes at most this (the hub widens
 #: its pipe to as much): a big output crosses in few reactor turns, not one
 #: per 8 KiB.

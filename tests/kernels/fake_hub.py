@@ -8,10 +8,7 @@ exits (``exit``).
 ``ready`` (``info.name`` is ``uid<its uid>``) and each ``execute`` with its
 uid as the result, except ``hang`` (never answered) and
 ``spoof:CID:XID``, which first claims that the execution XID of the
-context CID is done, ``forged``, which first sends output held back for
-the hub's check, some that fails it and some that passes, and
-``hoard:N``, which sends N bytes of such output and no verdict. Standard
-library only.
+context CID is done. Standard library only.
 """
 
 import json
@@ -22,30 +19,6 @@ import sys
 def send(event: dict) -> None:
     sys.stdout.write(json.dumps(event) + "\n")
     sys.stdout.flush()
-
-
-def send_output(event: dict, raw: bytes, unverified: bool = True) -> None:
-    """A stream event and its payload, held back for a check or not."""
-    event = {"ev": "stream", "name": "stdout", **event, "bytes": len(raw)}
-    if unverified:
-        event["unverified"] = True
-    sys.stdout.flush()
-    sys.stdout.buffer.write(json.dumps(event).encode() + b"\n" + raw)
-    sys.stdout.buffer.flush()
-
-
-def forged(cid: str, xid: str) -> None:
-    """Output of a message that fails its check, then of one that passes."""
-    ids = {"cid": cid, "xid": xid}
-    send_output(ids, b"FORGED ")
-    send_output(ids, b"FORGED\n")
-    send({"ev": "verdict", **ids, "ok": False})
-    send_output(ids, b"good ")
-    send_output(ids, b"output\n")
-    send({"ev": "verdict", **ids, "ok": True})
-    send_output(ids, b"plain\n", unverified=False)
-    send_output(ids, b"FORGED\n")
-    send({"ev": "verdict", **ids})
 
 
 def whoami() -> None:
@@ -61,10 +34,6 @@ def whoami() -> None:
                 send({"ev": "done", "cid": other, "xid": other_xid, "status": "ok"})
             if code == "hang":
                 continue
-            if code == "forged":
-                forged(cid, xid)
-            if code.startswith("hoard:"):
-                send_output({"cid": cid, "xid": xid}, b"x" * int(code[6:]))
             result = {"text/plain": str(os.getuid())}
             send(
                 {

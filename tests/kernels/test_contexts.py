@@ -1001,48 +1001,6 @@ class UserTests(CodeTestCase):
         self.assertEqual(os.stat(f"/proc/{hub.pid}/fd").st_uid, 0)
 
 
-class VerdictTests(CodeTestCase):
-    """
-    Output the hub sends before its check of the kernel's signature is
-    held until the hub's verdict: seen after a good one, never after a
-    bad one; held beyond its bound, it ends the hub.
-    """
-
-    policy = code_policy(params={"kernels": ["python3", "sleepy"]})
-    fake_hubs = UserTests.fake_hubs
-
-    @inlineCallbacks
-    def test_seen_only_once_vouched_for(self) -> Any:
-        """Held output is dropped on a bad verdict (or none), kept in order on a good one."""
-        self.fake_hubs()
-        ctx = yield self.context(kernel="sleepy")
-        result = yield self.execute(ctx["id"], "forged")
-        self.assertEqual(result["state"], "ok")
-        self.assertEqual(result["stdout"], "good output\nplain\n")
-        events = yield self.request(
-            "GET",
-            f"/code/contexts/{ctx['id']}/executions/{result['execution_id']}/events",
-        )
-        self.assertNotIn(b"FORGED", events.body)
-        self.assertIn(b"good ", events.body)
-
-    @inlineCallbacks
-    def test_too_much_held(self) -> Any:
-        """Held output over its bound ends the hub: the execution is lost, unseen."""
-        from sandboxd.kernels import hubclient
-
-        self.fake_hubs()
-        self.patch(hubclient, "CODE_HUB_MAX_UNVERIFIED_BYTES", 1000)
-        ctx = yield self.context(kernel="sleepy")
-        reply = yield self.request(
-            "POST", f"/code/contexts/{ctx['id']}/execute", {"code": "hoard:1001"}
-        )
-        self.assertEqual(reply.json()["state"], "lost", reply.body)
-        self.assertEqual(reply.json()["stdout"], "")
-        again = yield self.execute(ctx["id"], "forged")
-        self.assertEqual(again["stdout"], "good output\nplain\n")
-
-
 FAKE_HUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_hub.py")
 
 

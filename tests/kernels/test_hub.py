@@ -21,15 +21,7 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
-from sandboxd.kernels.hub import (
-    CHECK_BESIDE_BYTES,
-    CHECK_BESIDE_MAX_BYTES,
-    HOLD_SECONDS,
-    MAX_COMMAND_BYTES,
-    Checks,
-    Hub,
-    decode_message,
-)
+from sandboxd.kernels.hub import HOLD_SECONDS, MAX_COMMAND_BYTES, Hub
 from tests.helpers import free_port
 
 
@@ -218,82 +210,3 @@ class HubLoopTests(TestCase):
         self.assertEqual((gone["cid"], gone["message"]), ("c1", "no such context"))
         self.process.closeStdin()
         self.assertEqual(await self.hub.ended, 0)
-
-
-def signed(session: Any, msg_type: str, content: dict[str, Any]) -> list[bytes]:
-    """The frames ``session`` sends for a message (signed with its key)."""
-    msg = session.msg(msg_type, content, parent={"msg_id": "parent"})
-    return [bytes(frame) for frame in session.serialize(msg)]
-
-
-class CheckBesideTests(SynchronousTestCase):
-    """
-    A big ``stream`` message is read while its signature is checked on a
-    thread; its verdict says whether it may count. Any other message is
-    checked before it is read, as before.
-    """
-
-    def setUp(self) -> None:
-        need_code_extra()
-        from jupyter_client.session import Session
-
-        self.hub = Session(key=b"the kernel's key")
-        self.forger = Session(key=b"another key", session=self.hub.session)
-        self.checks = Checks()
-        self.text = "y" * CHECK_BESIDE_BYTES + "\n"
-
-    def stream(self, session: Any) -> list[bytes]:
-        return signed(session, "stream", {"name": "stdout", "text": self.text})
-
-    def test_good_signature(self) -> None:
-        """A good signature: the text, and a good verdict."""
-        msg = decode_message(self.hub, self.stream(self.hub), self.checks)
-        self.assertEqual(b"".join(msg["content"]["pieces"]), self.text.encode("utf-8"))
-        self.assertIs(msg["verdict"].result(), True)
-
-    def test_bad_signature(self) -> None:
-        """A signature made with another key: a bad verdict."""
-        msg = decode_message(self.hub, self.stream(self.forger), self.checks)
-        self.assertIs(msg["verdict"].result(), False)
-
-    def test_replayed(self) -> None:
-        """A message seen before is refused at once, verdict or not."""
-        frames = self.stream(self.hub)
-        decode_message(self.hub, frames, self.checks)["verdict"].result()
-        with self.assertRaises(ValueError):
-            decode_message(self.hub, frames, self.checks)
-
-    def test_small_or_unasked(self) -> None:
-        """A small stream, or a big one read without ``checks``: checked first."""
-        small = signed(self.forger, "stream", {"name": "stdout", "text": "hi"})
-        with self.assertRaises(ValueError):
-            decode_message(self.hub, small, self.checks)
-        with self.assertRaises(ValueError):
-            decode_message(self.hub, self.stream(self.forger))
-        self.assertIsNone(decode_message(self.hub, self.stream(self.hub))["verdict"])
-
-    def test_big_message_of_another_kind(self) -> None:
-        """A big message that is not a stream is checked before it is returned."""
-        data = {"data": {"text/plain": self.text}, "metadata": {}}
-        with self.assertRaises(ValueError):
-            decode_message(
-                self.hub, signed(self.forger, "display_data", data), self.checks
-            )
-        good = decode_message(
-            self.hub, signed(self.hub, "display_data", data), self.checks
-        )
-        self.assertIsNone(good["verdict"])
-        self.assertEqual(good["content"]["data"]["text/plain"], self.text)
-
-    def test_bound(self) -> None:
-        """The hub never holds back more than the daemon holds."""
-        from sandboxd.policy.defaults import CODE_HUB_MAX_UNVERIFIED_BYTES
-
-        self.assertLessEqual(CHECK_BESIDE_MAX_BYTES, CODE_HUB_MAX_UNVERIFIED_BYTES)
-        over = signed(
-            self.forger,
-            "stream",
-            {"name": "stdout", "text": "y" * CHECK_BESIDE_MAX_BYTES},
-        )
-        with self.assertRaises(ValueError):
-            decode_message(self.hub, over, self.checks)

@@ -350,10 +350,10 @@ class BigOutputTests(CodeTestCase):
     @inlineCallbacks
     def test_forged_output_never_seen(self) -> Any:
         """
-        Big ``stream`` messages signed with the wrong key (the hub checks
-        such a message while it already forwards it) are never seen: not
-        in the result document, its events, nor the execution read again;
-        the good print beside them is seen once, whole.
+        ``stream`` messages signed with the wrong key, big and small, are
+        never seen: not in the result document, its events, nor the
+        execution read again; the good print beside them is seen once,
+        whole.
         """
         size = 2 * 1024 * 1024
         text = known_output(size)
@@ -379,8 +379,7 @@ class BigOutputTests(CodeTestCase):
 
 #: Code a cell ends with: it sends its kernel's iopub ``stream`` messages
 #: for the running execution signed with a key that is not its kernel's,
-#: before and after its own print leaves: one the hub checks while
-#: forwarding it (6 MiB), one too big for that (18 MiB), a small one.
+#: before and after its own print leaves (6 MiB, 18 MiB and a small one).
 FORGING = """
 from jupyter_client.session import Session
 kernel = get_ipython().kernel
