@@ -347,6 +347,52 @@ class BigOutputTests(CodeTestCase):
         )
         self.assertEqual(seen, _merged(expected))
 
+    @inlineCallbacks
+    def test_forged_output_never_seen(self) -> Any:
+        """
+        ``stream`` messages signed with the wrong key, big and small, are
+        never seen: not in the result document, its events, nor the
+        execution read again; the good print beside them is seen once,
+        whole.
+        """
+        size = 2 * 1024 * 1024
+        text = known_output(size)
+        ctx = yield self.context()
+        code = printing(size) + FORGING
+        result = yield self.execute(ctx["id"], code)
+        self.assertEqual(result["state"], "ok")
+        self.assertEqual(result["stdout"], text)
+        self.assertEqual(result["stderr"], "")
+        again = yield self.request(
+            "GET", f"/code/contexts/{ctx['id']}/executions/{result['execution_id']}"
+        )
+        self.assertEqual(again.json()["stdout"], text)
+        reader = yield self.stream(
+            f"/code/contexts/{ctx['id']}/execute", {"code": code, "stream": True}
+        )
+        events = yield reader.done
+        self.assertEqual(events[-1]["data"]["state"], "ok")
+        out = [e["data"]["text"] for e in events if e["event"] in ("stdout", "stderr")]
+        self.assertEqual("".join(out), text)
+        self.assertNotIn("FORGED", json.dumps([e["data"] for e in events]))
+
+
+#: Code a cell ends with: it sends its kernel's iopub ``stream`` messages
+#: for the running execution signed with a key that is not its kernel's,
+#: before and after its own print leaves (6 MiB, 18 MiB and a small one).
+FORGING = """
+from jupyter_client.session import Session
+kernel = get_ipython().kernel
+forger = Session(key=b"not the key", session=kernel.session.session)
+parent = kernel.get_parent("shell")
+for name, size in (("stdout", 1 << 20), ("stderr", 3 << 20), ("stdout", 99)):
+    forger.send(
+        kernel.iopub_socket, "stream", {"name": name, "text": "FORGED" * size},
+        parent=parent, ident=b"stream." + name.encode(),
+    )
+    sys.stdout.flush()
+"""
+
 
 def _merged(pieces: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """Consecutive pieces of one stream joined."""
