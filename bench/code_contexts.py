@@ -65,6 +65,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -160,6 +161,17 @@ def _minor_faults(pid: int) -> int:
     """A process's minor page faults so far (``/proc/PID/stat``)."""
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
+def _summed(read: Callable[[int], float], pids: list[int]) -> float:
+    """``read`` of each process summed; one that has just gone counts as 0."""
+    total = 0.0
+    for pid in pids:
+        try:
+            total += read(pid)
+        except OSError:
+            pass
+    return total
 
 
 def _children(pid: int) -> list[int]:
@@ -286,17 +298,21 @@ class Daemon:
         assert execution.error is None, execution.error
         return sum(len(text) for text in execution.logs.stdout)
 
-    def cpu(self) -> tuple[float, float]:
-        """CPU seconds used so far by the daemon and by its kernel hub(s)."""
-        hubs = 0.0
+    def hubs(self) -> list[int]:
+        """The pids of the daemon's kernel hub(s)."""
+        found = []
         for pid in _children(self.proc.pid):
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     if b"sandboxd.kernels.hub" in f.read():
-                        hubs += run_seconds(pid)
+                        found.append(pid)
             except OSError:
                 pass
-        return run_seconds(self.proc.pid), hubs
+        return found
+
+    def cpu(self) -> tuple[float, float]:
+        """CPU seconds used so far by the daemon and by its kernel hub(s)."""
+        return run_seconds(self.proc.pid), _summed(run_seconds, self.hubs())
 
     def faults(self) -> tuple[int, int]:
         """
@@ -304,15 +320,7 @@ class Daemon:
         hub(s): memory each touches for the first time (or again, after the
         C library gave it back).
         """
-        hubs = 0
-        for pid in _children(self.proc.pid):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"sandboxd.kernels.hub" in f.read():
-                        hubs += _minor_faults(pid)
-            except OSError:
-                pass
-        return _minor_faults(self.proc.pid), hubs
+        return _minor_faults(self.proc.pid), int(_summed(_minor_faults, self.hubs()))
 
     def stop(self) -> None:
         self.client.close()
