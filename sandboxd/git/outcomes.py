@@ -27,7 +27,9 @@ def redact(text: str, hidden: Iterable[str]) -> str:
 
 
 def _last_lines(text: str, count: int = 6) -> str:
-    lines = [line for line in text.replace("\r", "\n").splitlines() if line.strip()]
+    # Lines end at LF (and CR, git's progress rewrites): not at NEL, U+2028
+    # or U+2029, which a branch name or a path in the message may hold.
+    lines = [line for line in text.replace("\r", "\n").split("\n") if line.strip()]
     return "\n".join(lines[-count:])[-2000:]
 
 

@@ -812,7 +812,8 @@ async def git_push(request: ServerRequest) -> Any:
             ):
                 error = conflict_error(
                     "non_fast_forward",
-                    text.strip().splitlines()[-1] if text.strip() else "rejected",
+                    # The last line ended by LF: a ref name may hold U+2028.
+                    text.strip().split("\n")[-1].strip() or "rejected",
                 )
                 error.extra["updated"] = updated
                 raise error
