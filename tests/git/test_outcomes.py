@@ -15,6 +15,7 @@ from sandboxd.git.askpass import AskpassSession, Secret, prompt_url, under_prefi
 from sandboxd.git.outcomes import (
     ProgressLines,
     classify_failure,
+    parse_log,
     parse_progress,
     parse_push,
     redact,
@@ -154,6 +155,33 @@ class ProgressTests(SynchronousTestCase):
             redact("fatal: https://u:p4ss@h/r and p4ss", ("p4ss",)),
             "fatal: https://***@h/r and ***",
         )
+
+
+class LogTests(SynchronousTestCase):
+    """``git log -z`` with NUL-ended fields, as git writes it."""
+
+    def record(self, sha: str, subject: str, body: str = "") -> bytes:
+        fields = [sha, "", "A", "a@x", "1", "C", "c@x", "2", subject, body]
+        return "\x00".join(fields).encode() + b"\x00"
+
+    def test_separators_in_a_message(self) -> None:
+        """A message holding RS, US or a newline stays one commit's."""
+        out = self.record("a" * 40, "x\x1ey\x1fz", "b\x1e\n\x1f\n") + self.record(
+            "b" * 40, "two"
+        )
+        commits = parse_log(out)
+        self.assertEqual(
+            [(c["commit"], c["subject"], c["body"]) for c in commits],
+            [("a" * 40, "x\x1ey\x1fz", "b\x1e\n\x1f"), ("b" * 40, "two", "")],
+        )
+        self.assertEqual(commits[0]["author"], {"name": "A", "email": "a@x", "time": 1})
+
+    def test_cut_commit_left_out(self) -> None:
+        """Output cut by the cap, inside a commit's last field, drops that commit."""
+        out = self.record("a" * 40, "one", "body") + self.record("b" * 40, "two", "bo")
+        self.assertEqual(len(parse_log(out[:-2])), 1)
+        self.assertEqual(len(parse_log(out)), 2)
+        self.assertEqual(parse_log(b""), [])
 
 
 class RemoteFormTests(SynchronousTestCase):
