@@ -37,6 +37,17 @@ class ClassifyTests(SynchronousTestCase):
             (error.status, body["code"], body.get("kind")), (status, code, kind)
         )
 
+    def test_message_lines_end_at_newlines(self) -> None:
+        """
+        The message's last lines are counted at LF (and CR): a path holding
+        U+2028 or NEL is quoted whole, and the lines before it are kept.
+        """
+        name = "a\u2028b\x85c\u2028d\u2029e\u2028f\u2028g"
+        text = f"hint: first\nerror: pathspec '{name}' did not match\n"
+        message = classify_failure(text, 1, False).body()["error"]
+        self.assertIn("hint: first\n", message)
+        self.assertIn(f"error: pathspec '{name}' did not match", message)
+
     def test_remote_kinds(self) -> None:
         """auth, not_found, network, tls and a redirect are 502 remote_error with their kind."""
         self.check(
