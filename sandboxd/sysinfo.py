@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 import struct
 from collections.abc import Iterable
@@ -117,11 +118,35 @@ class Listening:
 
 
 def _read(path: str) -> str | None:
+    """
+    A /proc or /sys file's text as the kernel wrote it: no newline
+    translation (a CR in a mount point's name is not a line end), and bytes
+    that are not UTF-8 kept (as surrogates) so a path read here opens the
+    directory it names.
+    """
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
+        with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
             return f.read()
     except OSError:
         return None
+
+
+def _lines(text: str) -> list[str]:
+    """
+    The kernel's lines, ended by LF only: ``str.splitlines`` also ends one at
+    NEL, U+2028, U+2029, FF, VT and the separators 0x1c-0x1e, any of which a
+    mount point's or a cgroup's name may hold.
+    """
+    return text.split("\n")
+
+
+#: mountinfo's escapes: space, tab, newline and backslash as ``\ooo``.
+_MOUNT_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def _mount_field(field: str) -> str:
+    """A mountinfo path with its octal escapes undone."""
+    return _MOUNT_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _read_int(path: str) -> int | None:
@@ -139,7 +164,7 @@ def _stat_value(path: str, key: str) -> int | None:
     text = _read(path)
     if text is None:
         return None
-    for line in text.splitlines():
+    for line in _lines(text):
         name, _, value = line.partition(" ")
         if name == key:
             try:
@@ -172,7 +197,7 @@ class Cgroup:
         mounts = _read(os.path.join(root, "proc/self/mountinfo")) or ""
         paths_v2: str | None = None
         paths_v1: dict[str, str] = {}
-        for line in own.splitlines():
+        for line in _lines(own):
             parts = line.split(":", 2)
             if len(parts) != 3:
                 continue
@@ -184,17 +209,20 @@ class Cgroup:
                     paths_v1[controller] = path
         v2: tuple[str, str] | None = None
         v1: dict[str, tuple[str, str]] = {}
-        for line in mounts.splitlines():
-            fields = line.split()
+        for line in _lines(mounts):
+            # Fields are split at a space only: str.split() would also split
+            # at NEL, U+2028, NBSP and others a mount point may hold (the
+            # kernel escapes only space, tab, newline and backslash).
+            fields = line.split(" ")
             if " - " not in line or len(fields) < 5:
                 continue
-            tail = line.split(" - ", 1)[1].split()
+            tail = line.split(" - ", 1)[1].split(" ")
             if len(tail) < 3:
                 continue
             fstype, super_options = tail[0], tail[2].split(",")
             mount_root, mount_point = (
-                fields[3],
-                os.path.join(root, fields[4].lstrip("/")),
+                _mount_field(fields[3]),
+                os.path.join(root, _mount_field(fields[4]).lstrip("/")),
             )
             if fstype == "cgroup2" and paths_v2 is not None and v2 is None:
                 v2 = (_cgroup_dir(mount_root, mount_point, paths_v2), mount_point)
@@ -416,7 +444,7 @@ def parse_proc_net_tcp(text: str, protocol: str) -> list[tuple[str, int, int]]:
     :returns: ``(address, port, inode)`` for each line in state ``0A``.
     """
     out = []
-    for line in text.splitlines()[1:]:
+    for line in _lines(text)[1:]:
         fields = line.split()
         if len(fields) < 10 or fields[3] != TCP_LISTEN:
             continue

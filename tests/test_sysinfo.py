@@ -246,6 +246,57 @@ class CgroupV2Tests(TreeMixin, SynchronousTestCase):
         )
 
 
+class AwkwardNameTests(TreeMixin, SynchronousTestCase):
+    """
+    Mount points and cgroups whose names hold characters other line or
+    field splitters stop at: /proc text is split at LF and fields at a space.
+    """
+
+    #: NEL, U+2028, U+2029, FF, VT, 0x1c-0x1e, a CR and a no-break space.
+    AWKWARD = "a\x85b\u2028c\u2029d\x0ce\x0bf\x1cg\x1dh\x1ei\rj\xa0k"
+
+    def test_cgroup_v2_mount_and_path(self) -> None:
+        """
+        A cgroup2 mount point and a cgroup path holding them (and a space, as
+        mountinfo escapes it), after another mount holding them too, are found.
+        """
+        point = f"/sys/fs/cg {self.AWKWARD}"
+        escaped = point.replace(" ", "\\040")
+        root = self.tree(
+            {
+                "proc/self/cgroup": f"0::/pod/{self.AWKWARD}\n",
+                "proc/self/mountinfo": mountinfo(
+                    mount(29, "/", f"/mnt/{self.AWKWARD}", "tmpfs", "rw"),
+                    mount(30, "/", escaped, "cgroup2", "rw"),
+                ),
+                f"{point}/pod/{self.AWKWARD}/memory.max".lstrip("/"): f"{GIB}\n",
+                f"{point}/pod/{self.AWKWARD}/memory.current".lstrip("/"): "10\n",
+            }
+        )
+        group = sysinfo.Cgroup.find(root)
+        directory = os.path.join(root, point.lstrip("/"))
+        self.assertEqual(
+            group.v2, (os.path.join(directory, "pod", self.AWKWARD), directory)
+        )
+        self.assertEqual(group.memory_limit(), GIB)
+        self.assertEqual(group.memory_used(), 10)
+
+    def test_cgroup_v1_controllers(self) -> None:
+        """A v1 memory controller's cgroup whose name holds them is found."""
+        root = self.tree(
+            {
+                "proc/self/cgroup": f"5:memory:/{self.AWKWARD}\n",
+                "proc/self/mountinfo": mount(
+                    31, "/", "/sys/fs/cgroup/memory", "cgroup", "rw,memory"
+                ),
+                f"sys/fs/cgroup/memory/{self.AWKWARD}/memory.limit_in_bytes": (
+                    f"{GIB}\n"
+                ),
+            }
+        )
+        self.assertEqual(sysinfo.Cgroup.find(root).memory_limit(), GIB)
+
+
 class CgroupV1Tests(TreeMixin, SynchronousTestCase):
     """cgroup v1: memory.limit_in_bytes, cfs quota, a host path as mount root."""
 

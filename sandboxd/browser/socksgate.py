@@ -265,8 +265,9 @@ def socket_owner(peer_port: int, local_port: int) -> int | None:
     """
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            with open(table) as f:
-                rows = f.read().splitlines()[1:]
+            # LF-ended lines, no newline translation: the kernel's text.
+            with open(table, newline="") as f:
+                rows = f.read().split("\n")[1:]
         except OSError:
             continue
         for row in rows:

@@ -325,9 +325,10 @@ class BrowserSupervisor(Service):
             return
         tail = worker.tail()
         detail = f" (exit code {code})" if code is not None else ""
-        message = f"the browser worker exited{detail}" + (
-            f": {tail.splitlines()[-1]}" if tail else ""
-        )
+        # Its last line ended by LF: the text may quote a page's URL or
+        # title, which can hold U+2028 or NEL.
+        last = tail.rsplit("\n", 1)[-1]
+        message = f"the browser worker exited{detail}" + (f": {last}" if tail else "")
         self.worker = None
         if not self.is_ready:
             self._settle_start(internal(message))

@@ -27,7 +27,9 @@ def redact(text: str, hidden: Iterable[str]) -> str:
 
 
 def _last_lines(text: str, count: int = 6) -> str:
-    lines = [line for line in text.replace("\r", "\n").splitlines() if line.strip()]
+    # Lines end at LF (and CR, git's progress rewrites): not at NEL, U+2028
+    # or U+2029, which a branch name or a path in the message may hold.
+    lines = [line for line in text.replace("\r", "\n").split("\n") if line.strip()]
     return "\n".join(lines[-count:])[-2000:]
 
 
@@ -237,21 +239,31 @@ def _lines(output: bytes) -> list[str]:
     return output.decode("utf-8", "replace").split("\n")
 
 
-#: ``git log`` format: fields split by US (0x1f), records by RS (0x1e).
-LOG_FORMAT = "%H%x1f%P%x1f%an%x1f%ae%x1f%at%x1f%cn%x1f%ce%x1f%ct%x1f%s%x1f%b%x1e"
+#: ``git log`` format, fields ended by NUL; with ``-z`` (:data:`LOG_ARGS`) a
+#: commit ends with one too.  NUL is the one byte a commit message cannot
+#: hold (git refuses it, and cuts a crafted object's message there), where
+#: a message may hold any other separator.
+LOG_FORMAT = "%H%x00%P%x00%an%x00%ae%x00%at%x00%cn%x00%ce%x00%ct%x00%s%x00%b"
+
+#: The arguments that make ``git log`` write :func:`parse_log`'s input.
+LOG_ARGS = ("-z", f"--format={LOG_FORMAT}")
+
+#: Fields per commit in :data:`LOG_FORMAT`.
+_LOG_FIELDS = 10
 
 
 def parse_log(output: bytes) -> list[dict[str, Any]]:
-    """The commits of ``git log --format=LOG_FORMAT``."""
+    """
+    The commits of ``git log`` with :data:`LOG_ARGS`: each is ten fields
+    and its terminator, so a commit cut short by the output's cap is left
+    out rather than read with a field missing.
+    """
+    fields = output.decode("utf-8", "replace").split("\x00")
     commits: list[dict[str, Any]] = []
-    for record in output.decode("utf-8", "replace").split("\x1e"):
-        record = record.strip("\n")
-        if not record:
-            continue
-        fields = record.split("\x1f")
-        if len(fields) < 10:
-            continue
-        sha, parents, an, ae, at, cn, ce, ct, subject, body = fields[:10]
+    # A whole commit is followed by at least its terminator's empty field.
+    for start in range(0, len(fields) - _LOG_FIELDS, _LOG_FIELDS):
+        record = fields[start : start + _LOG_FIELDS]
+        sha, parents, an, ae, at, cn, ce, ct, subject, body = record
         commits.append(
             {
                 "commit": sha,

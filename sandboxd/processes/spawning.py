@@ -8,6 +8,7 @@ so the reactor never waits for one.
 
 from __future__ import annotations
 
+import _thread
 import errno
 import fcntl
 import os
@@ -15,7 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from queue import SimpleQueue
+from queue import Empty, SimpleQueue
 from typing import Any
 
 from twisted.internet import abstract
@@ -543,6 +544,12 @@ class _SpawnThreads:
     condition variables cost a spawn more than the rest of the hand-off.
     Here a job is one ``SimpleQueue.put`` (C) on the way in and one
     ``callFromThread`` on the way out.
+
+    A worker is started from a short-lived low-level thread, not from the
+    reactor: ``Thread.start`` waits until the new thread has run, which on
+    a busy machine is a wait for a CPU, and the reactor would stand still
+    for it.  The job is queued at once and taken by whichever worker runs
+    first.
     """
 
     def __init__(self, size: int = SPAWN_THREADS) -> None:
@@ -550,6 +557,8 @@ class _SpawnThreads:
         self.jobs: SimpleQueue[tuple[Any, Deferred[Any], Any, tuple[Any, ...]] | None]
         self.jobs = SimpleQueue()
         self.threads: list[threading.Thread] = []
+        #: Each worker's start, set once ``Thread.start`` has returned or failed.
+        self._started: dict[threading.Thread, threading.Event] = {}
         #: Spawns handed to a thread whose child is not adopted yet.
         self.in_flight = 0
 
@@ -562,11 +571,53 @@ class _SpawnThreads:
             worker = threading.Thread(
                 target=self._work, name="sandboxd-spawn", daemon=True
             )
+            started = threading.Event()
             self.threads.append(worker)
-            worker.start()
+            self._started[worker] = started
+            try:
+                _thread.start_new_thread(self._start, (reactor, worker, started))
+            except BaseException:
+                self.threads.remove(worker)
+                del self._started[worker]
+                raise
         d: Deferred[Any] = Deferred()
         self.jobs.put((reactor, d, f, args))
         return d
+
+    def _start(
+        self, reactor: Any, worker: threading.Thread, started: threading.Event
+    ) -> None:
+        """Start ``worker`` (off the reactor); tell the reactor if it cannot."""
+        try:
+            worker.start()
+        except BaseException:
+            reactor.callFromThread(self._lost, worker, Failure())
+        finally:
+            started.set()
+
+    def _lost(self, worker: threading.Thread, failure: Failure) -> None:
+        """
+        A worker that could not start: forgotten (a later spawn tries again);
+        with no worker left, the queued jobs fail with its error, as the
+        spawn that would have started it did before.
+        """
+        if worker in self.threads:
+            self.threads.remove(worker)
+        self._started.pop(worker, None)
+        if self.threads:
+            return
+        # Every queued job is taken before any is failed: a failure's
+        # callbacks may queue a new spawn, which starts a worker of its own.
+        waiting: list[Deferred[Any]] = []
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except Empty:
+                break
+            if job is not None:
+                waiting.append(job[1])
+        for d in waiting:
+            d.errback(failure)
 
     def _work(self) -> None:
         while True:
@@ -583,6 +634,13 @@ class _SpawnThreads:
 
     def _stop(self) -> None:
         threads, self.threads = self.threads, []
+        started, self._started = self._started, {}
+        for worker in threads:
+            # A worker whose start is still on its way is waited for.
+            event = started.get(worker)
+            if event is not None:
+                event.wait()
+        threads = [worker for worker in threads if worker.ident is not None]
         for _ in threads:
             self.jobs.put(None)
         for worker in threads:

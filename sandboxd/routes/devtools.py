@@ -190,7 +190,9 @@ class _Git:
             message = (
                 _text(result.stderr).strip() or f"git exited with {result.exit_code}"
             )
-            raise git_error(message.splitlines()[0][:1000])
+            # The first line ended by LF or CR (not at U+2028 or NEL, which
+            # a path or a ref name in git's message may hold).
+            raise git_error(message.replace("\r", "\n").split("\n")[0][:1000])
         return result
 
     async def prepare(self) -> None:

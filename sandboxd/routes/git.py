@@ -33,7 +33,7 @@ from sandboxd.git.askpass import Secret, under_prefix
 from sandboxd.git.jobs import GitJob, GitJobTable
 from sandboxd.git.outcomes import (
     BRANCH_FORMAT,
-    LOG_FORMAT,
+    LOG_ARGS,
     parse_branches,
     parse_log,
     parse_push,
@@ -225,7 +225,7 @@ async def git_log(request: ServerRequest) -> dict[str, Any]:
     ref = ref_name(request.arg("ref") or "HEAD", "ref")
     if await _head(call) is None and ref == "HEAD":
         return {"commits": []}
-    args = ["log", f"--format={LOG_FORMAT}", f"--max-count={count}", ref, "--"]
+    args = ["log", *LOG_ARGS, f"--max-count={count}", ref, "--"]
     file = params.path(request.arg("file"), "file", None, parents=False)
     if file:
         PathGuard(request.rule).check(os.path.join(call.top or call.cwd, file), "read")
@@ -238,7 +238,7 @@ async def git_show(request: ServerRequest) -> dict[str, Any]:
     """``GET /git/show?path=&rev=HEAD`` → the commit and its diff (capped at 1 MB)."""
     call = await _repo(request, request.arg("path"), "read")
     rev = ref_name(request.arg("rev") or "HEAD", "rev")
-    meta = await call.run(["log", "-1", f"--format={LOG_FORMAT}", rev, "--"])
+    meta = await call.run(["log", "-1", *LOG_ARGS, rev, "--"])
     commits = parse_log(meta.stdout)
     if not commits:
         raise bad_request(f"no commit {rev!r}")
@@ -812,7 +812,8 @@ async def git_push(request: ServerRequest) -> Any:
             ):
                 error = conflict_error(
                     "non_fast_forward",
-                    text.strip().splitlines()[-1] if text.strip() else "rejected",
+                    # The last line ended by LF: a ref name may hold U+2028.
+                    text.strip().split("\n")[-1].strip() or "rejected",
                 )
                 error.extra["updated"] = updated
                 raise error

@@ -15,6 +15,7 @@ from sandboxd.git.askpass import AskpassSession, Secret, prompt_url, under_prefi
 from sandboxd.git.outcomes import (
     ProgressLines,
     classify_failure,
+    parse_log,
     parse_progress,
     parse_push,
     redact,
@@ -35,6 +36,17 @@ class ClassifyTests(SynchronousTestCase):
         self.assertEqual(
             (error.status, body["code"], body.get("kind")), (status, code, kind)
         )
+
+    def test_message_lines_end_at_newlines(self) -> None:
+        """
+        The message's last lines are counted at LF (and CR): a path holding
+        U+2028 or NEL is quoted whole, and the lines before it are kept.
+        """
+        name = "a\u2028b\x85c\u2028d\u2029e\u2028f\u2028g"
+        text = f"hint: first\nerror: pathspec '{name}' did not match\n"
+        message = classify_failure(text, 1, False).body()["error"]
+        self.assertIn("hint: first\n", message)
+        self.assertIn(f"error: pathspec '{name}' did not match", message)
 
     def test_remote_kinds(self) -> None:
         """auth, not_found, network, tls and a redirect are 502 remote_error with their kind."""
@@ -154,6 +166,33 @@ class ProgressTests(SynchronousTestCase):
             redact("fatal: https://u:p4ss@h/r and p4ss", ("p4ss",)),
             "fatal: https://***@h/r and ***",
         )
+
+
+class LogTests(SynchronousTestCase):
+    """``git log -z`` with NUL-ended fields, as git writes it."""
+
+    def record(self, sha: str, subject: str, body: str = "") -> bytes:
+        fields = [sha, "", "A", "a@x", "1", "C", "c@x", "2", subject, body]
+        return "\x00".join(fields).encode() + b"\x00"
+
+    def test_separators_in_a_message(self) -> None:
+        """A message holding RS, US or a newline stays one commit's."""
+        out = self.record("a" * 40, "x\x1ey\x1fz", "b\x1e\n\x1f\n") + self.record(
+            "b" * 40, "two"
+        )
+        commits = parse_log(out)
+        self.assertEqual(
+            [(c["commit"], c["subject"], c["body"]) for c in commits],
+            [("a" * 40, "x\x1ey\x1fz", "b\x1e\n\x1f"), ("b" * 40, "two", "")],
+        )
+        self.assertEqual(commits[0]["author"], {"name": "A", "email": "a@x", "time": 1})
+
+    def test_cut_commit_left_out(self) -> None:
+        """Output cut by the cap, inside a commit's last field, drops that commit."""
+        out = self.record("a" * 40, "one", "body") + self.record("b" * 40, "two", "bo")
+        self.assertEqual(len(parse_log(out[:-2])), 1)
+        self.assertEqual(len(parse_log(out)), 2)
+        self.assertEqual(parse_log(b""), [])
 
 
 class RemoteFormTests(SynchronousTestCase):

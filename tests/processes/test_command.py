@@ -12,6 +12,7 @@ import random
 import shlex
 import string
 import threading
+import time
 from typing import Any
 
 from twisted.internet import reactor
@@ -179,6 +180,73 @@ class SpawnThreadsTests(TestCase):
         threads._stop()
         self.assertEqual(threads.threads, [])
         self.assertFalse(any(w.is_alive() for w in workers))
+
+    def held_start(self, gate: threading.Event, hold: float) -> list[threading.Thread]:
+        """
+        Make a spawn worker's ``Thread.start`` wait for ``gate`` (at most
+        ``hold`` seconds), as it waits for a CPU on a busy machine; returns
+        the threads each such start was called on.
+        """
+        callers: list[threading.Thread] = []
+        original = threading.Thread.start
+
+        def start(thread: threading.Thread) -> None:
+            if thread.name == "sandboxd-spawn":
+                callers.append(threading.current_thread())
+                gate.wait(hold)
+            original(thread)
+
+        self.patch(threading.Thread, "start", start)
+        return callers
+
+    @inlineCallbacks
+    def test_start_does_not_hold_the_reactor(self) -> Any:
+        """
+        A worker whose start is slow does not hold the reactor: the job is
+        queued at once and runs once the worker has started.
+        """
+        threads = _SpawnThreads(size=1)
+        self.addCleanup(threads._stop)
+        gate = threading.Event()
+        hold = 10.0
+        callers = self.held_start(gate, hold)
+        threads.in_flight += 1
+        began = time.monotonic()
+        d = threads.run(reactor, lambda: threading.current_thread().name)
+        took = time.monotonic() - began
+        self.assertLess(took, hold / 2)
+        self.assertNoResult(d)
+        gate.set()
+        name = yield d
+        self.assertEqual(name, "sandboxd-spawn")
+        self.assertEqual(len(callers), 1)
+        self.assertIsNot(callers[0], threading.main_thread())
+
+    @inlineCallbacks
+    def test_start_failure(self) -> Any:
+        """
+        A worker that cannot start fails the spawn waiting for it (not the
+        reactor's call) and is forgotten: the next spawn starts another.
+        """
+        threads = _SpawnThreads(size=1)
+        self.addCleanup(threads._stop)
+        original = threading.Thread.start
+        self.patch(
+            threading.Thread,
+            "start",
+            lambda thread: (_ for _ in ()).throw(
+                RuntimeError("can't start new thread")
+            ),
+        )
+        threads.in_flight += 1
+        d = threads.run(reactor, lambda: 1)
+        with self.assertRaises(RuntimeError):
+            yield d
+        self.assertEqual(threads.threads, [])
+        self.patch(threading.Thread, "start", original)
+        result = yield threads.run(reactor, lambda: 2)
+        self.assertEqual(result, 2)
+        self.assertEqual(len(threads.threads), 1)
 
 
 class SplitCommandTests(SynchronousTestCase):

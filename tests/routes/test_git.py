@@ -76,6 +76,47 @@ class GitLocalTests(DaemonTestCase):
         self.assertIn("+one", reply.json()["diff"])
 
     @inlineCallbacks
+    def test_log_of_messages_holding_separators(self) -> Any:
+        """
+        A commit message holding the ASCII record and unit separators (and a
+        line separator) is one commit in the log and in show, its subject and
+        body whole, and the commits around it keep theirs.
+        """
+        yield self.init_repo()
+        message = "sub\x1eject\x1fx\u2028y\n\nbody\x1e\x1fend\x1e"
+        reply = yield self.request(
+            "POST",
+            "/git/commit",
+            {"path": "repo", "message": message, "allow_empty": True},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request(
+            "POST",
+            "/git/commit",
+            {"path": "repo", "message": "third", "allow_empty": True},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request("GET", "/git/log?path=repo")
+        self.assertEqual(reply.status, 200, reply.body)
+        commits = reply.json()["commits"]
+        self.assertEqual(
+            [(c["subject"], c["body"]) for c in commits],
+            [
+                ("third", ""),
+                ("sub\x1eject\x1fx\u2028y", "body\x1e\x1fend\x1e"),
+                ("first", ""),
+            ],
+        )
+        self.assertEqual([c["author"]["name"] for c in commits], ["Ada", "Ada", "Ada"])
+        self.assertEqual(commits[1]["parents"], [commits[2]["commit"]])
+        reply = yield self.request(
+            "GET", f"/git/show?path=repo&rev={commits[1]['commit']}"
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["subject"], "sub\x1eject\x1fx\u2028y")
+        self.assertEqual(reply.json()["body"], "body\x1e\x1fend\x1e")
+
+    @inlineCallbacks
     def test_branches_checkout_conflicts(self) -> Any:
         """Branches are created and listed; a dirty checkout and an existing name are 409 with kind."""
         yield self.init_repo()
