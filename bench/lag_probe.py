@@ -182,7 +182,7 @@ class Probe:
 
         def on_lower() -> None:
             now = children._reactor().seconds()
-            due = [pid for pid, when in children._young.items() if when <= now]
+            due = [pid for pid, (when, _) in children._young.items() if when <= now]
             lower()
             for pid in due:
                 what = "postponed" if pid in children._young else "lowered"

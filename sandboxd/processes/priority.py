@@ -275,12 +275,10 @@ class ChildPriority:
         #: Live children's session leaders, by pid, with their group's nice value.
         self._groups: dict[int, int] = {}
         #: Live children whose group is not lowered to the base yet, by pid,
-        #: with when it will be (the clock's seconds; in spawn order, so the
-        #: first is due first).
-        self._young: OrderedDict[int, float] = OrderedDict()
-        #: Young children whose lowering may still wait for their first CPU
-        #: time (:meth:`_lower_due`), by pid, with until when it may.
-        self._young_until: dict[int, float] = {}
+        #: with when it will be and until when it may still wait for the
+        #: child's first CPU time (:meth:`_lower_due`); the clock's seconds,
+        #: in order of the first, so the first is due first.
+        self._young: OrderedDict[int, tuple[float, float]] = OrderedDict()
         #: Whether a child is runnable with no CPU had yet (:func:`waiting_for_cpu`).
         self.waiting_for_cpu = waiting_for_cpu
         #: What runs the lowering of young groups (the global reactor unless set).
@@ -498,8 +496,10 @@ class ChildPriority:
             arm = False
             if after and nice < base:
                 now = self._reactor().seconds()
-                self._young[pid] = now + after
-                self._young_until[pid] = now + max(after, CHILD_STARTING_SECONDS)
+                self._young[pid] = (
+                    now + after,
+                    now + max(after, CHILD_STARTING_SECONDS),
+                )
                 arm, self._armed = not self._armed, True
         # A tracked pid names a child not yet reaped, or reaped this very
         # moment: the kernel hands pids out in turn and gives a number
@@ -563,14 +563,13 @@ class ChildPriority:
         if first is None:
             self._lowering = None
             return
-        delay = max(0.0, first - self._reactor().seconds())
+        delay = max(0.0, first[0] - self._reactor().seconds())
         self._lowering = self._reactor().callLater(delay, self._lower_due)
 
     def _stop_lowering(self) -> None:
         """No young group left (or the daemon stops): no timer behind."""
         with self._lock:
             self._young.clear()
-            self._young_until.clear()
             self._armed = False
         call, self._lowering = self._lowering, None
         if call is not None and call.active():
@@ -596,11 +595,11 @@ class ChildPriority:
         with self._lock:
             due: list[tuple[int, float]] = []
             while self._young:
-                pid, when = next(iter(self._young.items()))
+                pid, (when, until) = next(iter(self._young.items()))
                 if when > now:
                     break
                 self._young.popitem(last=False)
-                due.append((pid, self._young_until.pop(pid, now)))
+                due.append((pid, until))
             nice = group_nice_for(base, self._budget, len(self._groups))
             # Only a group that would be lowered now is worth a look.
             candidates = [
@@ -620,8 +619,7 @@ class ChildPriority:
                 if pid in waiting:
                     # Later than every young child's due time so far: the
                     # order stays the order of due times.
-                    self._young[pid] = now + after
-                    self._young_until[pid] = until
+                    self._young[pid] = (now + after, until)
                     continue
                 self._groups[pid] = nice
                 if pid not in self._yielding:
@@ -646,7 +644,6 @@ class ChildPriority:
         if last_starting:
             self._settle()
         with self._lock:
-            self._young_until.pop(pid, None)
             if self._young.pop(pid, None) is None or self._young:
                 return
         if isInIOThread():
