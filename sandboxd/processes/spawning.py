@@ -22,7 +22,7 @@ from typing import Any
 from twisted.internet import abstract
 from twisted.internet import process as _twisted_process
 from twisted.internet._baseprocess import BaseProcess
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail
 from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
 from twisted.internet.protocol import connectionDone
 from twisted.python import log
@@ -576,10 +576,14 @@ class _SpawnThreads:
             self._started[worker] = started
             try:
                 _thread.start_new_thread(self._start, (reactor, worker, started))
-            except BaseException:
-                self.threads.remove(worker)
-                del self._started[worker]
-                raise
+            except Exception:
+                # Not even the thread that starts it (a process at its
+                # limit): as a worker that could not start, the caller's
+                # Deferred fails, never the call, which would leave the
+                # spawn counted in flight.
+                self._forget(worker)
+                if not self.threads:
+                    return fail()
         d: Deferred[Any] = Deferred()
         self.jobs.put((reactor, d, f, args))
         return d
@@ -601,9 +605,7 @@ class _SpawnThreads:
         with no worker left, the queued jobs fail with its error, as the
         spawn that would have started it did before.
         """
-        if worker in self.threads:
-            self.threads.remove(worker)
-        self._started.pop(worker, None)
+        self._forget(worker)
         if self.threads:
             return
         # Every queued job is taken before any is failed: a failure's
@@ -618,6 +620,12 @@ class _SpawnThreads:
                 waiting.append(job[1])
         for d in waiting:
             d.errback(failure)
+
+    def _forget(self, worker: threading.Thread) -> None:
+        """A worker that will not run: a later spawn may start another."""
+        if worker in self.threads:
+            self.threads.remove(worker)
+        self._started.pop(worker, None)
 
     def _work(self) -> None:
         while True:

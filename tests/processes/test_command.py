@@ -13,6 +13,7 @@ import shlex
 import string
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
 
 from twisted.internet import reactor
@@ -20,6 +21,7 @@ from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.protocol import ProcessProtocol
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
+from sandboxd.processes import spawning
 from sandboxd.processes.command import (
     SETPRIV,
     ExecutablePaths,
@@ -247,6 +249,27 @@ class SpawnThreadsTests(TestCase):
         result = yield threads.run(reactor, lambda: 2)
         self.assertEqual(result, 2)
         self.assertEqual(len(threads.threads), 1)
+
+    @inlineCallbacks
+    def test_no_thread_to_start_it(self) -> Any:
+        """
+        When not even the short-lived thread that starts a worker can be
+        made (a process at its limit), the spawn's Deferred fails (the
+        caller then gives back its count of spawns in flight); the call
+        itself does not raise.
+        """
+
+        def refuse(*_: Any) -> None:
+            raise RuntimeError("can't start new thread")
+
+        threads = _SpawnThreads(size=1)
+        self.addCleanup(threads._stop)
+        self.patch(spawning, "_thread", SimpleNamespace(start_new_thread=refuse))
+        threads.in_flight += 1
+        d = threads.run(reactor, lambda: 1)
+        with self.assertRaises(RuntimeError):
+            yield d
+        self.assertEqual(threads.threads, [])
 
 
 class SplitCommandTests(SynchronousTestCase):
