@@ -12,11 +12,11 @@ here once.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from sandboxd.errors import not_json
+from sandboxd.errors import ApiError, not_json
+from sandboxd.web.jsonbody import json_bytes
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -75,32 +75,20 @@ def error(request_id: Any, code: int, message: str, data: Any = None) -> Message
     }
 
 
-#: Compact UTF-8 text; a non-finite number raises ValueError instead of
-#: becoming ``NaN``, which no JSON-RPC peer's parser is bound to accept.
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-#: The same with ``\\u`` escapes, for a message UTF-8 cannot carry.
-_ENCODER_ASCII = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-
-
 def encode(message: Any) -> bytes:
     """
-    ``message`` as compact JSON, UTF-8.  A message JSON cannot carry (a
-    non-finite number in a result) is replaced by an internal error for
-    the same id, so whatever is sent is JSON and answers the request; one
-    holding a lone surrogate (a file name that is not UTF-8) is written
-    with ``\\u`` escapes, never as bytes that are not UTF-8.
+    ``message`` as compact JSON, UTF-8 (:func:`~sandboxd.web.jsonbody.json_bytes`:
+    a lone surrogate, from a file name that is not UTF-8, as a ``\\u``
+    escape).  A message JSON cannot carry (a non-finite number in a result)
+    is replaced by an internal error for the same id, so whatever is sent is
+    JSON and answers the request.
     """
     try:
-        text = _ENCODER.encode(message)
-    except ValueError:
+        return json_bytes(message)
+    except ApiError:
         rid = message.get("id") if isinstance(message, dict) else None
         failure = not_json(message, "the message")
-        message = error(rid, INTERNAL_ERROR, failure.message, failure.body())
-        text = _ENCODER.encode(message)
-    try:
-        return text.encode()
-    except UnicodeEncodeError:
-        return _ENCODER_ASCII.encode(message).encode()
+        return json_bytes(error(rid, INTERNAL_ERROR, failure.message, failure.body()))
 
 
 def request_key(request_id: Any) -> str:

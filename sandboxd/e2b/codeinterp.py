@@ -17,7 +17,6 @@ server does; a context per language is made on first use.
 from __future__ import annotations
 
 import datetime
-import json
 from typing import Any
 
 from twisted.internet.defer import ensureDeferred
@@ -31,7 +30,7 @@ from sandboxd.eventlog import Event
 from sandboxd.kernels.jsontext import text_object_parts
 from sandboxd.policy.defaults import E2B_CODE_KEEPALIVE_SECONDS
 from sandboxd.web import params
-from sandboxd.web.jsonbody import line_safe
+from sandboxd.web.jsonbody import json_bytes, line_safe
 from sandboxd.web.sending import write_chunk_now
 
 log = Logger(namespace="sandboxd.e2b")
@@ -215,12 +214,12 @@ def _line(line: dict[str, Any]) -> list[bytes]:
     if big is not None:
         return [line_safe(part) for part in big]
     try:
-        text = _LINE.encode(line)
-    except ValueError:
+        data = json_bytes(line)
+    except ApiError:
         # A result JSON cannot carry (a non-finite number in display data):
         # the answer has begun, so the line says so as an error line the
         # SDK reads, rather than ``NaN``, which its JSON parser may refuse.
-        text = _LINE.encode(
+        data = json_bytes(
             {
                 "type": "error",
                 "name": "ValueError",
@@ -228,17 +227,7 @@ def _line(line: dict[str, Any]) -> list[bytes]:
                 "traceback": "",
             }
         )
-    try:
-        return [line_safe(text.encode())]
-    except UnicodeEncodeError:
-        # A lone surrogate (output of a kernel that wrote one): escaped,
-        # never bytes that are not UTF-8.
-        return [_LINE_ASCII.encode(line).encode()]
-
-
-#: An NDJSON line; a non-finite number raises ValueError.
-_LINE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-_LINE_ASCII = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+    return [line_safe(data)]
 
 
 class NdjsonStream:

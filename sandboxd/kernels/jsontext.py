@@ -17,10 +17,9 @@ character, a cut or bad UTF-8 sequence) goes the ordinary way.
 
 from __future__ import annotations
 
-import json
 from typing import Any, cast, overload
 
-from sandboxd.errors import not_json
+from sandboxd.web.jsonbody import json_bytes
 
 #: Bytes JSON escapes that the fast path does not: control characters
 #: other than tab, newline and carriage return (``\\b``, ``\\f``,
@@ -82,33 +81,9 @@ def _escaped(raw: bytes | bytearray) -> bytes | bytearray | None:
     return raw
 
 
-#: The API's JSON, made once (``json.dumps`` with options builds an
-#: encoder per call, dear for a small document).  A non-finite number (a
-#: kernel's display data may hold one) raises rather than becoming
-#: ``NaN``, which is not JSON.
-_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-_COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-
-
 #: Output under this many bytes is cheaper to decode and encode with the
 #: rest of its document than to splice in.
 SMALL_OUTPUT_BYTES = 64 * 1024
-
-
-def _value(value: Any) -> bytes:
-    """
-    One JSON value, compact and UTF-8 (``\\u`` escapes if it cannot be).
-
-    :raises ApiError: 500 ``internal`` for a value JSON cannot carry.
-    """
-    try:
-        text = _COMPACT.encode(value)
-    except ValueError:
-        raise not_json(value) from None
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate
-        return _COMPACT_ASCII.encode(value).encode("ascii")
 
 
 def text_value(raw: bytes) -> list[bytes]:
@@ -118,7 +93,7 @@ def text_value(raw: bytes) -> list[bytes]:
     """
     inside = _escaped(raw)
     if inside is None:
-        return [_value(raw.decode("utf-8", "replace"))]
+        return [json_bytes(raw.decode("utf-8", "replace"))]
     return [b'"', inside, b'"']
 
 
@@ -148,13 +123,13 @@ def document_parts(fields: dict[str, Any]) -> list[bytes | bytearray]:
             plain[name] = value
             continue
         if plain:  # the ordinary fields before it, encoded together
-            parts += (_value(plain)[1:-1], b",")
+            parts += (json_bytes(plain)[1:-1], b",")
             plain = {}
-        parts += (_value(name), b":")
+        parts += (json_bytes(name), b":")
         parts += text_value(value) if isinstance(value, bytes) else value.parts
         parts.append(b",")
     if plain:
-        parts.append(_value(plain)[1:-1])
+        parts.append(json_bytes(plain)[1:-1])
     elif len(parts) > 1:
         parts.pop()  # the last comma
     parts.append(b"}")

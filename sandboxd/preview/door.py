@@ -145,7 +145,7 @@ def error_response(
     error: ApiError, accept: bytes | None
 ) -> tuple[bytes, bytes, dict[str, str]]:
     """``(content type, body, extra headers)`` of an error, for a browser or an API client."""
-    from sandboxd.web.dispatch import json_bytes
+    from sandboxd.web.jsonbody import json_bytes
 
     extra = dict(error.headers)
     if error.status == 502:

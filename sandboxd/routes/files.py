@@ -53,7 +53,7 @@ from sandboxd.policy.defaults import (
     identity_cap,
 )
 from sandboxd.policy.rules import smallest
-from sandboxd.web.dispatch import json_bytes
+from sandboxd.web.jsonbody import json_bytes
 from sandboxd.web.messages import (
     ServerRequest,
     ServerResponse,

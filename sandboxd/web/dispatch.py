@@ -29,9 +29,9 @@ from twisted.web.http import RESPONSES
 from twisted.web.server import Request
 
 from sandboxd.daemon.context import as_clock
-from sandboxd.errors import ApiError, not_json, unexpected
+from sandboxd.errors import ApiError, unexpected
 from sandboxd.turns import after_next_poll
-from sandboxd.web.jsonbody import COMPACT, COMPACT_ASCII
+from sandboxd.web.jsonbody import json_bytes
 from sandboxd.web.messages import (
     ServerRequest,
     ServerResponse,
@@ -76,29 +76,6 @@ class SandboxRequest(Protocol):
 def _twisted(raw: SandboxRequest) -> Request:
     """The request as the Twisted ``Request`` it is (for writers that take one)."""
     return cast(Request, raw)
-
-
-def json_bytes(value: Any) -> bytes:
-    """
-    Compact UTF-8 JSON that cannot fail on a string.
-
-    A lone surrogate (a file name that is not UTF-8 on disk, decoded with
-    ``surrogateescape``) cannot be encoded as UTF-8; such an answer is sent
-    with ``\\uXXXX`` escapes instead (as ``ensure_ascii`` does), which a
-    Python client decodes back to the same string.  An answer must not fail
-    after its side effect is done.
-
-    :raises ApiError: 500 ``internal`` when ``value`` holds what JSON cannot
-        carry (a non-finite number), before a byte of it is sent.
-    """
-    try:
-        text = COMPACT.encode(value)
-    except ValueError:
-        raise not_json(value) from None
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        return COMPACT_ASCII.encode(value).encode("ascii")
 
 
 #: Reason phrases of statuses the daemon answers with that Twisted's

@@ -26,7 +26,7 @@ import math
 import re
 from typing import Any
 
-from sandboxd.errors import invalid_json
+from sandboxd.errors import invalid_json, not_json
 
 #: The encoders of the JSON the daemon sends (responses, SSE events):
 #: compact, UTF-8 as is, and the ASCII-escaped fallback for a string a
@@ -36,6 +36,30 @@ from sandboxd.errors import invalid_json
 #: JSON (:func:`sandboxd.errors.not_json` is answered instead).
 COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
+def json_bytes(value: Any) -> bytes:
+    """
+    Compact UTF-8 JSON that cannot fail on a string.
+
+    A lone surrogate (a file name that is not UTF-8 on disk, decoded with
+    ``surrogateescape``) cannot be encoded as UTF-8; such a value is sent
+    with ``\\uXXXX`` escapes instead (as ``ensure_ascii`` does), which a
+    Python client decodes back to the same string.  An answer must not fail
+    after its side effect is done.
+
+    :raises ApiError: 500 ``internal`` when ``value`` holds what JSON cannot
+        carry (a non-finite number), before a byte of it is sent.
+    """
+    try:
+        text = COMPACT.encode(value)
+    except ValueError:
+        raise not_json(value) from None
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return COMPACT_ASCII.encode(value).encode("ascii")
+
 
 #: What JSON leaves unescaped but ``str.splitlines`` takes for a line end
 #: (NEL, LINE SEPARATOR, PARAGRAPH SEPARATOR), as UTF-8, with its escape.

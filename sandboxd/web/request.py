@@ -41,11 +41,10 @@ from sandboxd.web.cors import (
 from sandboxd.web.dispatch import (
     dispatch,
     error_framing,
-    json_bytes,
     reason_phrase,
     respond_error,
 )
-from sandboxd.web.jsonbody import parse_object
+from sandboxd.web.jsonbody import json_bytes, parse_object
 from sandboxd.web.messages import BodySink, ServerRequest
 from sandboxd.web.pipeline import Admission, PipelineRefusal, Refusal, admit
 from sandboxd.web.ptysocket import PtySocketExchange, session_of

@@ -18,10 +18,10 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 from zope.interface import implementer
 
-from sandboxd.errors import not_json
+from sandboxd.errors import ApiError, not_json
 from sandboxd.eventlog import Event, EventLog
 from sandboxd.policy.defaults import HEARTBEAT_SECONDS
-from sandboxd.web.jsonbody import COMPACT, COMPACT_ASCII, line_safe
+from sandboxd.web.jsonbody import json_bytes, line_safe
 from sandboxd.web.params import integer
 from sandboxd.web.sending import send_now, write_chunk_now
 
@@ -51,20 +51,14 @@ def frame_parts(event: str, data: Any, id: int | None = None) -> list[bytes]:
             b"\n\n",
         ]
     try:
-        payload = COMPACT.encode(data)
-    except ValueError:
+        payload = json_bytes(data)  # a lone surrogate as a \u escape
+    except ApiError:
         # Data JSON cannot carry (a non-finite number): the stream has
         # begun, so the event becomes an ``error`` event saying so, in its
         # place, rather than a ``NaN`` no client's parser takes.
         event, data = "error", not_json(data, f"the {event} event").event()
-        payload = COMPACT.encode(data)
-    text = f"{head}event: {event}\ndata: {payload}\n\n"
-    try:
-        return [line_safe(text.encode())]
-    except UnicodeEncodeError:
-        # A lone surrogate (a non-UTF-8 file name): escaped, never a failure.
-        payload = COMPACT_ASCII.encode(data)
-        return [f"{head}event: {event}\ndata: {payload}\n\n".encode()]
+        payload = json_bytes(data)
+    return [f"{head}event: {event}\ndata: ".encode() + line_safe(payload) + b"\n\n"]
 
 
 #: An event whose ``text`` has at least this many characters (a big chunk

@@ -27,7 +27,7 @@ from sandboxd.kernels.jsontext import (
     text_object,
     text_value,
 )
-from sandboxd.web.dispatch import json_bytes
+from sandboxd.web.jsonbody import json_bytes
 from sandboxd.web.sse import BIG_TEXT_CHARS, big_text_json
 from tests.client.base import ClientCase
 from tests.e2b.sdk import E2BCase

@@ -13,8 +13,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.errors import ApiError
-from sandboxd.web.dispatch import json_bytes
-from sandboxd.web.jsonbody import line_safe, parse_object
+from sandboxd.web.jsonbody import json_bytes, line_safe, parse_object
 from sandboxd.web.sse import frame
 from tests.helpers import DaemonTestCase
 
