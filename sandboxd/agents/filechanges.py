@@ -139,10 +139,27 @@ def text_lines(text: str) -> list[str]:
     return io.StringIO(text, newline="").readlines()
 
 
+def diff_lines(text: str) -> list[str]:
+    """
+    ``text``'s lines as a diff holds them: ended by LF only, as git and
+    ``patch`` read them (a lone CR or a U+2028 stays inside its line), the
+    last one marked when it has no newline so that the next diff line does
+    not run onto it.
+    """
+    lines = io.StringIO(text, newline="\n").readlines()
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n" + NO_FINAL_NEWLINE
+    return lines
+
+
+#: What ``diff`` and git write after a line the file does not end.
+NO_FINAL_NEWLINE = "\\ No newline at end of file\n"
+
+
 def unified_diff(path: Any, old: Any, new: Any) -> str:
     """A unified diff of two texts (``None`` old text is a new file)."""
-    old_lines = text_lines(str(old)) if old is not None else []
-    new_lines = text_lines(str(new)) if new is not None else []
+    old_lines = diff_lines(str(old)) if old is not None else []
+    new_lines = diff_lines(str(new)) if new is not None else []
     name = str(path)
     text = "".join(
         difflib.unified_diff(

@@ -6,9 +6,12 @@ the official ACP SDK) reads them through ``fs/read_text_file``.
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
+from twisted.internet.utils import getProcessOutputAndValue
+from twisted.trial.unittest import SkipTest
 
 from tests.agents.test_agents import AgentsTestCase
 
@@ -62,3 +65,45 @@ class ReadSliceTests(AgentsTestCase):
             diff.split("\n")[3:],
             [" keep\u2028this\x85and\x0cthat", "-old", "+new", ""],
         )
+
+    @inlineCallbacks
+    def test_diff_applies_without_final_newline(self) -> Any:
+        """
+        A file whose last line has no newline, before or after the agent's
+        write, gets a diff that ``patch`` applies: each such line is followed
+        by the ``\\ No newline at end of file`` marker (without it the
+        removed and added lines ran together on one line), and a lone CR
+        inside a line stays part of it, as in git's diffs.
+        """
+        patch = shutil.which("patch")
+        if patch is None:
+            raise SkipTest("GNU patch is not installed: the diff cannot be applied")
+        path = os.path.join(self.base_dir, "n.txt")
+        old, new = "keep\rthis\nold", "keep\rthis\nnew"
+        with open(path, "w", newline="") as f:
+            f.write(old)
+        sid = yield self.session()
+        reply = yield self.prompt(sid, f"write {path} {new}")
+        self.assertEqual(reply.json()["text"], "written")
+        reply = yield self.request("GET", f"/agents/sessions/{sid}/files?diff=true")
+        diff = reply.json()["files"][0]["diff"]
+        self.assertEqual(
+            diff.split("\n")[3:],
+            [
+                " keep\rthis",
+                "-old",
+                "\\ No newline at end of file",
+                "+new",
+                "\\ No newline at end of file",
+                "",
+            ],
+        )
+        target = os.path.join(self.base_dir, "applied.txt")
+        with open(target, "w", newline="") as f:
+            f.write(old)
+        out, err, code = yield getProcessOutputAndValue(
+            patch, ["--quiet", target], stdinBytes=diff.encode()
+        )
+        self.assertEqual(code, 0, (out, err))
+        with open(target, newline="") as f:
+            self.assertEqual(f.read(), new)
