@@ -344,7 +344,11 @@ class UserEntries:
         if not self._files_first:
             return
         try:
-            with open(self.passwd, encoding="utf-8", errors="surrogateescape") as f:
+            # Lines end at LF only, as for NSS's files source: a CR is part
+            # of its field, not the start of another line.
+            with open(
+                self.passwd, encoding="utf-8", errors="surrogateescape", newline="\n"
+            ) as f:
                 self._lines = frozenset(line.rstrip("\n") for line in f)
         except OSError:
             self._files_first = False

@@ -513,6 +513,15 @@ class UserEntriesTests(SynchronousTestCase):
         self.assertEqual(self.entries.lookup(self.me.pw_name), self.me)
         self.assertEqual(self.entries._entries, {})
 
+    def test_lines_end_at_lf_only(self) -> None:
+        """
+        A CR inside a line (a GECOS field holding one) does not start a
+        line: the entry after it is not the file's line, so it is not kept.
+        """
+        self._write(self.passwd, f"someone:x:12345:12345:a\r{self._line(self.me)}\n")
+        self.assertEqual(self.entries.lookup(self.me.pw_name), self.me)
+        self.assertEqual(self.entries._entries, {})
+
     def test_forgotten_when_the_file_changes(self) -> None:
         """A changed passwd file drops what was kept."""
         self.entries.lookup(self.me.pw_name)
