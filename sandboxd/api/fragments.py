@@ -16,6 +16,12 @@ GUARD = (
     ),
     E(403, "path_denied", "matches paths.deny"),
     E(403, "symlink_denied", "a symlink under symlinks: deny"),
+    E(
+        503,
+        "unavailable",
+        "no file descriptor left for now (Retry-After)",
+        "ResourceError",
+    ),
 )
 
 
