@@ -46,6 +46,7 @@ GIT_LOCAL_ERRORS = (
         "the repository's state refuses it (body: kind)",
         "GitError",
     ),
+    E(507, "insufficient_storage", "the disk filled up; git wrote nothing", "OSError"),
 )
 
 
