@@ -1,12 +1,15 @@
 """
-The sandbox out of room: its disk full, its file descriptors used up.
+The sandbox out of room: its disk full, its file descriptors used up, its
+processes at their limit.
 
-An agent's build fills the disk, a leak eats the descriptors.  Each case
-starts the real daemon (``twistd -n sandboxd``) as an operator would, with
-the resource made small (a tmpfs of a few MiB as its base dir, temporary
+An agent's build fills the disk, a leak eats the descriptors, a runaway
+loop forks until the pid limit.  The disk and descriptor cases start the
+real daemon (``twistd -n sandboxd``) as an operator would, with the
+resource made small (a tmpfs of a few MiB as its base dir, temporary
 directory, audit file and log, in a mount namespace of its own; a low
-``RLIMIT_NOFILE``), drives it through the clients users run, and checks
-what a user sees: the call refused with its code, the old bytes intact, no
+``RLIMIT_NOFILE``), and drive it through the clients users run; the pid
+limit (which binds no root daemon) is every fork failing.  Each checks what
+a user sees: the call refused with its code, the old bytes intact, no
 temporary file left, the daemon answering every other call, and the same
 call succeeding once the resource is back.
 """
@@ -34,12 +37,14 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from sandboxd.client import Sandbox
 from sandboxd.client.errors import InsufficientStorage, SandboxError
 from sandboxd.files.atomic import TEMPORARY_NAME
-from tests.helpers import free_port
+from sandboxd.processes import posix_spawn
+from tests.helpers import DaemonTestCase, free_port
 from tests.kernels.test_contexts import need_ipykernel
 
 BIN = os.path.dirname(sys.executable)
@@ -607,3 +612,44 @@ class DescriptorTests(SynchronousTestCase):
         session = sb.pty.create()
         sb.pty.close(session["session_id"])
         self.assertLessEqual(fd_count(box.proc.pid), baseline + 2)
+
+
+class ProcessLimitTests(DaemonTestCase):
+    """
+    The daemon at the pid limit, where every fork answers ``EAGAIN`` (a
+    pids cgroup at ``pids.max``; a user at ``RLIMIT_NPROC``): a command, a
+    background process and a terminal are 503 ``unavailable``, nothing
+    half-started is listed, and they start again once forks succeed.
+    """
+
+    @inlineCallbacks
+    def test_at_the_limit(self) -> Any:
+        """Each kind of start refused with Retry-After; none listed; all start after."""
+
+        def refuse(*_: Any, **__: Any) -> Any:
+            raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+
+        spawns = self.patch(posix_spawn, "_call", refuse)
+        forks = self.patch(os, "fork", refuse)  # Twisted forks a terminal's shell
+        starts = (
+            ("/shell", {"command": "true"}),
+            ("/process/start", {"command": "sleep 30"}),
+            ("/pty/sessions", {}),
+        )
+        for path, body in starts:
+            reply = yield self.request("POST", path, body)
+            got = (reply.status, reply.json()["code"], reply.json()["type"])
+            self.assertEqual(got, (503, "unavailable", "ResourceError"), path)
+            self.assertEqual(reply.header("retry-after"), "1", path)
+        listed = yield self.request("GET", "/process/list")
+        self.assertEqual(listed.json()["processes"], [])
+        sessions = yield self.request("GET", "/pty/sessions")
+        self.assertEqual(sessions.json()["sessions"], [])
+
+        spawns.restore()
+        forks.restore()
+        for path, body in starts:
+            reply = yield self.request("POST", path, body)
+            self.assertEqual(reply.status, 200, (path, reply.body))
+        listed = yield self.request("GET", "/process/list")
+        self.assertEqual(len(listed.json()["processes"]), 1)
