@@ -520,7 +520,14 @@ def not_json(value: Any, what: str = "the answer") -> ApiError:
 
 
 def unexpected(error: object) -> ApiError:
-    """The 500 for an exception no handler expected: its name and message."""
+    """
+    The 500 for an exception no handler expected: its name and message;
+    but the 503 of :func:`exhausted` for an ``OSError`` that says the
+    sandbox is out of processes, descriptors or memory.
+    """
+    refused = exhausted(error)
+    if refused is not None:
+        return refused
     name = type(error).__name__
     return internal(str(error) or name, name)
 
@@ -570,6 +577,18 @@ def out_of_resources(error: OSError, doing: str) -> ApiError:
     return unavailable(
         f"{doing}: {reason}", "ResourceError", retry_after=RESOURCE_RETRY_SECONDS
     )
+
+
+def exhausted(error: object) -> ApiError | None:
+    """
+    :func:`out_of_resources` for an ``OSError`` of :data:`RESOURCE_ERRNOS`
+    that reached a door unhandled (a start deep in a group's code that
+    the sandbox had no room for), else None: a door answers it, and need
+    not log it as a bug.
+    """
+    if isinstance(error, OSError) and error.errno in RESOURCE_ERRNOS:
+        return out_of_resources(error, "the sandbox has no room for this call now")
+    return None
 
 
 def agent_unavailable(message: str, **extra: Any) -> ApiError:

@@ -376,6 +376,20 @@ class ConstructorTests(SynchronousTestCase):
             "cannot start a process now: Too many open files",
         )
 
+    def test_unexpected_out_of_resources(self) -> None:
+        """
+        An OSError of a fork or an open the sandbox had no room for, which
+        no handler expected, is that 503 too; any other is the 500.
+        """
+        eagain = BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+        self.check(errors.unexpected(eagain), 503, "ResourceError", "unavailable")
+        self.assertIsNotNone(errors.exhausted(eagain))
+        self.check(
+            errors.unexpected(OSError(errno.EIO, "x")), 500, "OSError", "internal"
+        )
+        self.assertIsNone(errors.exhausted(OSError(errno.EIO, "x")))
+        self.assertIsNone(errors.exhausted(ValueError("x")))
+
     def test_limit_refusals(self) -> None:
         """
         A limit refusal names the policy rule that set the limit, or

@@ -43,6 +43,7 @@ from twisted.trial.unittest import SkipTest, SynchronousTestCase
 from sandboxd.client import Sandbox
 from sandboxd.client.errors import InsufficientStorage, SandboxError
 from sandboxd.files.atomic import TEMPORARY_NAME
+from sandboxd.kernels.kernelspecs import find_kernelspecs
 from sandboxd.processes import posix_spawn
 from tests.helpers import DaemonTestCase, free_port
 from tests.kernels.test_contexts import need_ipykernel
@@ -618,13 +619,20 @@ class ProcessLimitTests(DaemonTestCase):
     """
     The daemon at the pid limit, where every fork answers ``EAGAIN`` (a
     pids cgroup at ``pids.max``; a user at ``RLIMIT_NPROC``): a command, a
-    background process and a terminal are 503 ``unavailable``, nothing
-    half-started is listed, and they start again once forks succeed.
+    background process, a terminal, git, a code run and a code context are
+    503 ``unavailable``, nothing half-started is listed, and they start
+    again once forks succeed.
     """
+
+    policy = {"groups": {"git": True, "dev_tools": True, "code": True}}
+    timeout = 120
 
     @inlineCallbacks
     def test_at_the_limit(self) -> Any:
         """Each kind of start refused with Retry-After; none listed; all start after."""
+        os.makedirs(os.path.join(self.base_dir, "repo"))
+        reply = yield self.request("POST", "/git/init", {"path": "repo"})
+        self.assertEqual(reply.status, 200, reply.body)
 
         def refuse(*_: Any, **__: Any) -> Any:
             raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))
@@ -635,6 +643,16 @@ class ProcessLimitTests(DaemonTestCase):
             ("/shell", {"command": "true"}),
             ("/process/start", {"command": "sleep 30"}),
             ("/pty/sessions", {}),
+            (
+                "/git/commit",
+                {
+                    "path": "repo",
+                    "message": "m",
+                    "allow_empty": True,
+                    "author": {"name": "T", "email": "t@example.com"},
+                },
+            ),
+            ("/code/run", {"language": "bash", "code": "true"}),
         )
         for path, body in starts:
             reply = yield self.request("POST", path, body)
@@ -645,6 +663,12 @@ class ProcessLimitTests(DaemonTestCase):
         self.assertEqual(listed.json()["processes"], [])
         sessions = yield self.request("GET", "/pty/sessions")
         self.assertEqual(sessions.json()["sessions"], [])
+        if "python3" in find_kernelspecs(os.environ):
+            reply = yield self.request("POST", "/code/contexts", {})
+            got = (reply.status, reply.json()["code"], reply.json()["type"])
+            self.assertEqual(got, (503, "unavailable", "ResourceError"))
+            listed = yield self.request("GET", "/code/contexts")
+            self.assertEqual(listed.json()["contexts"], [])
 
         spawns.restore()
         forks.restore()
