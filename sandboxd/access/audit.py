@@ -227,7 +227,7 @@ class AuditLog:
 
 def _reason(error: OSError) -> str:
     """An error's words for the log: ``No space left on device``."""
-    if isinstance(error, OSError) and error.errno:
+    if error.errno:
         return os.strerror(error.errno)
     return str(error) or type(error).__name__
 

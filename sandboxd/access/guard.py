@@ -1160,7 +1160,9 @@ def _refuse_special_dir(fd: int, original: str) -> None:
 
 
 #: What opening a path answers while the daemon is out of descriptors or
-#: memory: never a refusal of the path (see :func:`os_error`).
+#: memory: never a refusal of the path (see :func:`os_error`).  Not
+#: ``EAGAIN``, which from an open means a lease or a FIFO, not a want of
+#: resources.
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
 
 
