@@ -6,7 +6,6 @@ answers): what a start that never finishes answers, and leaves.
 
 from __future__ import annotations
 
-import errno
 import os
 from typing import Any
 
@@ -171,28 +170,3 @@ class SlowChromiumTests(DaemonTestCase):
         self.assertIn("start_timeout_seconds", body["error"])
         left = yield self.chromium.left_running()
         self.assertEqual(left, [])
-
-
-class PidLimitTests(DaemonTestCase):
-    """The browser worker's start at the pid limit."""
-
-    policy = {"groups": {"browser": True}}
-
-    def setUp(self) -> Any:
-        self.patch(supervisor, "playwright_installed", lambda: True)
-        return super().setUp()
-
-    @inlineCallbacks
-    def test_fork_refused(self) -> Any:
-        """A worker whose fork answers EAGAIN: 503 unavailable (ResourceError), not a 500."""
-
-        def refuse(*_: Any) -> None:
-            raise BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN))
-
-        self.patch(supervisor, "spawn_session", refuse)
-        reply = yield self.request("POST", "/browser/evaluate", {"script": "1"})
-        body = reply.json()
-        self.assertEqual(
-            (reply.status, body["code"], body["type"]),
-            (503, "unavailable", "ResourceError"),
-        )

@@ -40,6 +40,7 @@ from typing import Any
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
+from sandboxd.browser import supervisor
 from sandboxd.client import Sandbox
 from sandboxd.client.errors import InsufficientStorage, SandboxError
 from sandboxd.files.atomic import TEMPORARY_NAME
@@ -619,12 +620,12 @@ class ProcessLimitTests(DaemonTestCase):
     """
     The daemon at the pid limit, where every fork answers ``EAGAIN`` (a
     pids cgroup at ``pids.max``; a user at ``RLIMIT_NPROC``): a command, a
-    background process, a terminal, git, a code run and a code context are
-    503 ``unavailable``, nothing half-started is listed, and they start
-    again once forks succeed.
+    background process, a terminal, git, a code run, a code context and the
+    browser's worker are 503 ``unavailable``, nothing half-started is
+    listed, and they start again once forks succeed.
     """
 
-    policy = {"groups": {"git": True, "dev_tools": True, "code": True}}
+    policy = {"groups": {"git": True, "dev_tools": True, "code": True, "browser": True}}
     timeout = 120
 
     @inlineCallbacks
@@ -659,6 +660,12 @@ class ProcessLimitTests(DaemonTestCase):
             got = (reply.status, reply.json()["code"], reply.json()["type"])
             self.assertEqual(got, (503, "unavailable", "ResourceError"), path)
             self.assertEqual(reply.header("retry-after"), "1", path)
+        self.patch(supervisor, "playwright_installed", lambda: True)
+        browser = self.patch(supervisor, "spawn_session", refuse)
+        reply = yield self.request("POST", "/browser/evaluate", {"script": "1"})
+        got = (reply.status, reply.json()["code"], reply.json()["type"])
+        self.assertEqual(got, (503, "unavailable", "ResourceError"), "browser")
+        browser.restore()
         listed = yield self.request("GET", "/process/list")
         self.assertEqual(listed.json()["processes"], [])
         sessions = yield self.request("GET", "/pty/sessions")
