@@ -13,7 +13,9 @@ spec documents; the constructors below are the shapes used more than once.
 from __future__ import annotations
 
 import enum
+import errno
 import math
+import os
 from typing import Any, Protocol
 
 
@@ -518,7 +520,14 @@ def not_json(value: Any, what: str = "the answer") -> ApiError:
 
 
 def unexpected(error: object) -> ApiError:
-    """The 500 for an exception no handler expected: its name and message."""
+    """
+    The 500 for an exception no handler expected: its name and message;
+    but the 503 of :func:`exhausted` for an ``OSError`` that says the
+    sandbox is out of processes, descriptors or memory.
+    """
+    refused = exhausted(error)
+    if refused is not None:
+        return refused
     name = type(error).__name__
     return internal(str(error) or name, name)
 
@@ -545,6 +554,41 @@ def unavailable(
     """
     headers = None if retry_after is None else {"Retry-After": str(retry_after)}
     return ApiError(503, message, type, Code.UNAVAILABLE, headers=headers)
+
+
+#: What the kernel answers while the daemon (or the whole sandbox) is out of
+#: processes, file descriptors or memory: a retry once some are let go may
+#: succeed.
+RESOURCE_ERRNOS = frozenset({errno.EAGAIN, errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
+#: The ``Retry-After`` of a call refused for want of those.
+RESOURCE_RETRY_SECONDS = 1
+
+
+def out_of_resources(error: OSError, doing: str) -> ApiError:
+    """
+    503 ``unavailable`` (type ``ResourceError``, with ``Retry-After``) for
+    ``error``, one of :data:`RESOURCE_ERRNOS`: nothing was done, and the
+    same call may succeed once the sandbox has let some go.
+
+    :param doing: what could not be done, e.g. ``"cannot start a process now"``.
+    """
+    reason = os.strerror(error.errno) if error.errno else str(error)
+    return unavailable(
+        f"{doing}: {reason}", "ResourceError", retry_after=RESOURCE_RETRY_SECONDS
+    )
+
+
+def exhausted(error: object) -> ApiError | None:
+    """
+    :func:`out_of_resources` for an ``OSError`` of :data:`RESOURCE_ERRNOS`
+    that reached a door unhandled (a start deep in a group's code that
+    the sandbox had no room for), else None: a door answers it, and need
+    not log it as a bug.
+    """
+    if isinstance(error, OSError) and error.errno in RESOURCE_ERRNOS:
+        return out_of_resources(error, "the sandbox has no room for this call now")
+    return None
 
 
 def agent_unavailable(message: str, **extra: Any) -> ApiError:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
+from twisted.logger import Logger
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.access.audit import (
@@ -70,6 +72,59 @@ class AuditTests(SynchronousTestCase):
         with open(path) as f:
             for line in f:
                 self.assertEqual(json.loads(line)["identity"], "ci")
+
+
+class ShortFile:
+    """A file that takes ``room`` more bytes and then refuses, as a full disk does."""
+
+    def __init__(self, inner: Any, room: int) -> None:
+        self.inner = inner
+        self.room = room
+
+    def write(self, data: Any) -> int:
+        if self.room <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        written = int(self.inner.write(bytes(data[: self.room])))
+        self.room -= written
+        return written
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class FullDiskTests(SynchronousTestCase):
+    """The audit file on a full disk: the request goes on, the file keeps whole lines."""
+
+    def test_lines_whole_or_dropped(self) -> None:
+        """
+        A record the disk takes only part of is cut off again and dropped,
+        as is one it refuses outright; neither raises.  The drops are
+        counted and warned about once per interval (the rest once records
+        land again), and the next records are whole lines.
+        """
+        path = os.path.abspath(self.mktemp())
+        events: list[dict[str, Any]] = []
+        now = [0.0]
+        log = AuditLog(path, clock=lambda: now[0], warn_every=30)
+        self.patch(AuditLog, "log", Logger(observer=events.append))
+        log.write({"n": 1})
+        disk = log._file._file  # type: ignore[union-attr]
+        log._file._file = ShortFile(disk, room=5)  # type: ignore[union-attr]
+        log.write({"n": 2})
+        log.write({"n": 3})
+        now[0] = 1.0
+        log.write({"n": 4})
+        self.assertEqual(log.dropped, 3)
+        self.assertEqual([e["count"] for e in events], [1])
+        self.assertEqual(events[0]["why"], "No space left on device")
+        log._file._file = disk  # type: ignore[union-attr]
+        log.write({"n": 5})
+        self.assertEqual([e["count"] for e in events], [1, 2])
+        log.close()
+        with open(path, "rb") as f:
+            lines = f.read().split(b"\n")
+        self.assertEqual(lines[-1], b"")
+        self.assertEqual([json.loads(line)["n"] for line in lines[:-1]], [1, 5])
 
 
 class FileModeTests(SynchronousTestCase):

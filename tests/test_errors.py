@@ -7,6 +7,7 @@ error bodies are built in one place (``ApiError.body``), never by hand.
 from __future__ import annotations
 
 import ast
+import errno
 import json
 import os
 from types import SimpleNamespace
@@ -350,6 +351,44 @@ class ConstructorTests(SynchronousTestCase):
         ]
         for error, status, type, code in cases:
             self.check(error, status, type, code)
+
+    def test_out_of_resources(self) -> None:
+        """
+        A call refused because the sandbox is out of descriptors, processes
+        or memory is 503 ``unavailable`` of type ResourceError, with the
+        kernel's words and a Retry-After, wherever the errno was met: the
+        guard's file operations, a process, a terminal.
+        """
+        from sandboxd.access.guard import os_error
+
+        emfile = OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        for error in (
+            errors.out_of_resources(emfile, "cannot start a process now"),
+            os_error(emfile, "/home/user/a.txt"),
+            os_error(OSError(errno.ENFILE, "x"), "/home/user/a.txt"),
+        ):
+            self.check(error, 503, "ResourceError", "unavailable")
+            self.assertEqual(
+                error.headers, {"Retry-After": str(errors.RESOURCE_RETRY_SECONDS)}
+            )
+        self.assertEqual(
+            errors.out_of_resources(emfile, "cannot start a process now").message,
+            "cannot start a process now: Too many open files",
+        )
+
+    def test_unexpected_out_of_resources(self) -> None:
+        """
+        An OSError of a fork or an open the sandbox had no room for, which
+        no handler expected, is that 503 too; any other is the 500.
+        """
+        eagain = BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+        self.check(errors.unexpected(eagain), 503, "ResourceError", "unavailable")
+        self.assertIsNotNone(errors.exhausted(eagain))
+        self.check(
+            errors.unexpected(OSError(errno.EIO, "x")), 500, "OSError", "internal"
+        )
+        self.assertIsNone(errors.exhausted(OSError(errno.EIO, "x")))
+        self.assertIsNone(errors.exhausted(ValueError("x")))
 
     def test_limit_refusals(self) -> None:
         """

@@ -7,6 +7,7 @@ against a real daemon on loopback.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -301,6 +302,26 @@ class LinkStateTests(SynchronousTestCase):
         link, _ = table.mint(self.minter, "preview:3000", None, 60, 1, 10)
         with open(path) as f:
             self.assertEqual([x["jti"] for x in json.load(f)["links"]], [link.id])
+
+    def test_full_disk_leaves_the_old_state(self) -> None:
+        """
+        A state that cannot be written (a full disk) is logged; the file
+        written before stays as it was, with no temporary file beside it.
+        """
+        table = self.table()
+        table.mint(self.minter, "preview:3000", None, 60, 1, 10)
+        path = os.path.join(self.state, "links.json")
+        with open(path, "rb") as f:
+            before = f.read()
+
+        def full(*_: Any) -> None:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        self.patch(os, "replace", full)
+        table.mint(self.minter, "preview:3000", None, 60, 1, 10)
+        self.assertEqual(os.listdir(self.state), ["links.json"])
+        with open(path, "rb") as f:
+            self.assertEqual(f.read(), before)
 
 
 class LinkRestartTests(DaemonTestCase):

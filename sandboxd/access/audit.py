@@ -11,7 +11,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -24,11 +24,12 @@ from sandboxd.policy.defaults import (
     AUDIT_KEEP_FILES,
     AUDIT_PATTERNS_KEPT,
     AUDIT_ROTATE_BYTES,
+    CAP_WARNING_INTERVAL_SECONDS,
     SECRET_MIN_CHARS,
 )
 
 if TYPE_CHECKING:
-    from twisted.python.logfile import LogFile
+    from sandboxd.access.auditfile import AuditFile
 
 _SECRET_PARAM = re.compile(r"token|secret|key|password|credential|auth", re.IGNORECASE)
 
@@ -145,37 +146,72 @@ class AuditLog:
     """
     Where audit lines go: a rotated file, or the twistd log.
 
+    A line the file cannot take (a full disk) is dropped, never half
+    written, and the request it records is answered all the same: the
+    drops are counted (:attr:`dropped`) and logged as a warning at most
+    once per ``warn_every`` seconds.
+
     :param path: ``ABX_SERVER_AUDIT_LOG``; None logs through twisted.logger.
+    :param clock: seconds, for the warnings' pace.
     """
 
     log = Logger(namespace="sandboxd.audit")
 
     def __init__(
-        self, path: str | None = None, rotate_bytes: int = AUDIT_ROTATE_BYTES
+        self,
+        path: str | None = None,
+        rotate_bytes: int = AUDIT_ROTATE_BYTES,
+        clock: Callable[[], float] = time.monotonic,
+        warn_every: float = CAP_WARNING_INTERVAL_SECONDS,
     ) -> None:
-        self._file: LogFile | None = None
+        self._file: AuditFile | None = None
         if path:
             # Imported here: a daemon auditing to its log needs no file.
-            from twisted.python.logfile import LogFile
+            from sandboxd.access.auditfile import AuditFile
 
             directory, name = os.path.split(os.path.abspath(path))
-            self._file = LogFile(
-                name,
-                directory,
-                rotateLength=rotate_bytes,
-                defaultMode=FILE_MODE,
-                maxRotatedFiles=AUDIT_KEEP_FILES,
+            self._file = AuditFile(
+                name, directory, rotate_bytes, FILE_MODE, AUDIT_KEEP_FILES
             )
         self.records = 0
+        #: Records the file could not take, since the daemon started.
+        self.dropped = 0
+        self._clock = clock
+        self._warn_every = warn_every
+        self._unreported = 0
+        self._last_warning: float | None = None
 
     def write(self, record: dict[str, Any]) -> None:
-        """Record one request."""
+        """Record one request (dropped, and counted, if the file cannot take it)."""
         self.records += 1
         line = json.dumps(record, separators=(",", ":"), sort_keys=True)
-        if self._file is not None:
-            self._file.write(line + "\n")
-        else:
+        if self._file is None:
             self.log.info("{audit_line}", audit_line=line)
+            return
+        try:
+            self._file.write(line + "\n")
+        except OSError as e:
+            self.dropped += 1
+            self._unreported += 1
+            now = self._clock()
+            if (
+                self._last_warning is None
+                or now - self._last_warning >= self._warn_every
+            ):
+                self._last_warning = now
+                self._warn(_reason(e))
+            return
+        if self._unreported:
+            self._warn("the file takes records again")
+
+    def _warn(self, why: str) -> None:
+        """Log the drops not reported yet."""
+        self.log.warn(
+            "audit file: {count} record(s) dropped since the last warning ({why})",
+            count=self._unreported,
+            why=why,
+        )
+        self._unreported = 0
 
     def flush(self) -> None:
         """Push buffered lines to disk (shutdown)."""
@@ -187,6 +223,13 @@ class AuditLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _reason(error: OSError) -> str:
+    """An error's words for the log: ``No space left on device``."""
+    if error.errno:
+        return os.strerror(error.errno)
+    return str(error) or type(error).__name__
 
 
 def make_record(

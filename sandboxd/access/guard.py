@@ -47,6 +47,7 @@ from sandboxd.errors import (
     invalid_path,
     is_a_directory,
     not_a_directory,
+    out_of_resources,
     permission_denied,
 )
 from sandboxd.libc import libc
@@ -1078,7 +1079,10 @@ def open_anchor(anchors: Anchors, anchor: str, original: str) -> tuple[int, int 
             fd = os.open(anchor, _ANCHOR_FLAGS)
     except FileNotFoundError:
         raise file_not_found(original) from None
-    except OSError:
+    except OSError as e:
+        if e.errno in _OUT_OF_RESOURCES:
+            # No descriptor left: the path may well be allowed.
+            raise os_error(e, original) from None
         raise refusal(
             PathDecision(original, False, Code.PATH_NOT_ALLOWED, "guard:base_dir")
         ) from None
@@ -1155,9 +1159,16 @@ def _refuse_special_dir(fd: int, original: str) -> None:
         raise system_refusal(original)
 
 
+#: What opening a path answers while the daemon is out of descriptors or
+#: memory: never a refusal of the path (see :func:`os_error`).  Not
+#: ``EAGAIN``, which from an open means a lease or a FIFO, not a want of
+#: resources.
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
+
 def _raced(e: OSError, path: Any) -> ApiError:
     """A link that changed between fstat and readlink: refused, never guessed."""
-    if e.errno == errno.ENOENT:
+    if e.errno == errno.ENOENT or e.errno in _OUT_OF_RESOURCES:
         return os_error(e, path)
     return refusal(
         PathDecision(str(path), False, Code.PATH_NOT_ALLOWED, "guard:resolve")
@@ -1181,6 +1192,8 @@ def os_error(e: OSError, path: Any) -> ApiError:
         return permission_denied(path)
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return insufficient_storage()
+    if e.errno in _OUT_OF_RESOURCES:
+        return out_of_resources(e, f"cannot open {path} now")
     if e.errno == errno.ENAMETOOLONG:
         return invalid_path(f"File name too long: {path}")
     return internal(f"{e.strerror or type(e).__name__}: {path}", "OSError")

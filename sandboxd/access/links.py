@@ -326,6 +326,11 @@ class LinkTable:
                 f.write(json.dumps(data, separators=(",", ":")).encode())
             os.replace(temporary, self.state_path)
         except OSError as e:
+            # A full disk: the old state stays whole, and nothing beside it.
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass
             log.error(
                 "sandboxd: cannot write the links' state {path}: {error}",
                 path=self.state_path,

@@ -16,6 +16,12 @@ GUARD = (
     ),
     E(403, "path_denied", "matches paths.deny"),
     E(403, "symlink_denied", "a symlink under symlinks: deny"),
+    E(
+        503,
+        "unavailable",
+        "no file descriptor left for now (Retry-After)",
+        "ResourceError",
+    ),
 )
 
 
@@ -40,6 +46,7 @@ GIT_LOCAL_ERRORS = (
         "the repository's state refuses it (body: kind)",
         "GitError",
     ),
+    E(507, "insufficient_storage", "the disk filled up; git wrote nothing", "OSError"),
 )
 
 

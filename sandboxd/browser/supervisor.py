@@ -35,6 +35,7 @@ from twisted.logger import Logger
 from sandboxd.errors import (
     ApiError,
     Code,
+    exhausted,
     internal,
     limit_exceeded,
     timed_out,
@@ -280,7 +281,9 @@ class BrowserSupervisor(Service):
             )
         except OSError as e:
             self.worker = None
-            raise internal(f"cannot start the browser worker: {e}") from None
+            raise (
+                exhausted(e) or internal(f"cannot start the browser worker: {e}")
+            ) from None
 
     def line_received(self, worker: WorkerProtocol, line: bytes) -> None:
         """One JSON line from the worker: an event or a reply."""

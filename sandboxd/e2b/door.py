@@ -38,6 +38,7 @@ from sandboxd.errors import (
     ApiError,
     bad_request,
     endpoint_disabled,
+    exhausted,
     internal,
     malformed_request,
     not_json,
@@ -598,7 +599,11 @@ class Door:
             self._begin(call)
         except ApiError as e:
             self._fail(call, e)
-        except Exception:
+        except Exception as e:
+            refused = exhausted(e)
+            if refused is not None:
+                self._fail(call, refused)
+                return
             log.failure("sandboxd: e2b call {name} failed", name=procedure.name)
             self._fail(call, internal("the call failed"))
 
@@ -694,6 +699,10 @@ class Door:
     def _failed(self, call: Call, failure: Failure) -> None:
         if isinstance(failure.value, ApiError):
             self._fail(call, failure.value)
+            return
+        refused = exhausted(failure.value)
+        if refused is not None:
+            self._fail(call, refused)
             return
         log.failure(
             "sandboxd: e2b call {name} failed", failure, name=call.procedure.name

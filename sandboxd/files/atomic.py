@@ -150,13 +150,23 @@ class AtomicWrite:
         return st
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        """Append ``data``; ENOSPC aborts the whole write with 507."""
-        view = memoryview(data)
+        """
+        Append ``data``; ENOSPC aborts the whole write with 507.
+
+        The views of ``data`` taken here are released on every way out: an
+        error's traceback keeps this frame alive, and a live view of a
+        mapped body (the E2B door's) would stop its caller unmapping it.
+        """
         try:
-            while view:
-                n = os.write(self.fd, view)
-                view = view[n:]
-                self.bytes += n
+            with memoryview(data) as whole:
+                view = whole
+                try:
+                    while view:
+                        n = os.write(self.fd, view)
+                        view = view[n:]
+                        self.bytes += n
+                finally:
+                    view.release()
         except OSError as e:
             self.abort()
             if e.errno in (errno.ENOSPC, errno.EDQUOT):

@@ -28,7 +28,12 @@ from twisted.logger import Logger
 from twisted.python.filepath import FilePath
 
 from sandboxd.access.guard import PathGuard
-from sandboxd.errors import Code, limit_exceeded, unavailable
+from sandboxd.errors import (
+    RESOURCE_RETRY_SECONDS,
+    Code,
+    limit_exceeded,
+    unavailable,
+)
 from sandboxd.eventlog import EventLog
 from sandboxd.files.atomic import TEMPORARY_NAME
 from sandboxd.files.walk import walk
@@ -275,7 +280,15 @@ class WatchService(Service):
                 Code.CONCURRENCY_LIMITED,
                 limit=mine,
             )
-        watch = Watch(self, root, recursive, retention)
+        try:
+            watch = Watch(self, root, recursive, retention)
+        except _inotify().INotifyError:
+            # inotify_init: out of descriptors, or of the user's inotify instances.
+            raise unavailable(
+                f"cannot watch {root} now: no inotify instance or file descriptor left",
+                "ResourceError",
+                retry_after=RESOURCE_RETRY_SECONDS,
+            ) from None
         watch.owner = owner
         try:
             watch.start(dirs)

@@ -13,7 +13,14 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from sandboxd.errors import ApiError, git_conflict, git_error, not_found, remote_error
+from sandboxd.errors import (
+    ApiError,
+    git_conflict,
+    git_error,
+    insufficient_storage,
+    not_found,
+    remote_error,
+)
 
 #: ``scheme://user[:pass]@``.
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s'\"]+@")
@@ -129,17 +136,25 @@ _CONFLICT_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 
 
+#: How git says a write failed for want of space (its strerror of ENOSPC
+#: and EDQUOT, in its messages, and in a failed index write's).
+_NO_SPACE = ("no space left on device", "disk quota exceeded")
+
+
 def classify_failure(
     text: str, exit_code: int | None, remote: bool = False
 ) -> ApiError:
     """
-    The error a failed git call becomes: local conflicts first (a rejected
-    push is a conflict the caller resolves, not a remote failure), then
-    remote failures, then 404 for a path that is no repository, else 400
+    The error a failed git call becomes: a full disk first (507, as every
+    write that did not happen), then local conflicts (a rejected push is a
+    conflict the caller resolves, not a remote failure), then remote
+    failures, then 404 for a path that is no repository, else 400
     ``git_error`` with git's last lines.
     """
     lowered = text.lower()
     tail = _last_lines(text) or f"git exited with {exit_code}"
+    if any(p in lowered for p in _NO_SPACE):
+        return insufficient_storage(tail)
     for kind, phrases in _CONFLICT_KINDS:
         if any(p in lowered for p in phrases):
             if kind == "non_fast_forward" and "remote rejected" in lowered:

@@ -38,6 +38,7 @@ from sandboxd.errors import (
     ApiError,
     Code,
     conflict,
+    exhausted,
     internal,
     limit_exceeded,
     timed_out,
@@ -458,7 +459,9 @@ class CodeContext:
                 run_as=self.run_as,
             )
         except OSError as e:
-            self._start_failed(internal(f"the kernel could not start: {e}", "OSError"))
+            self._start_failed(
+                exhausted(e) or internal(f"the kernel could not start: {e}", "OSError")
+            )
             return
         self.kernel = child
         child.ended.addCallback(self._kernel_ended, child)
@@ -531,7 +534,9 @@ class CodeContext:
                 stdin_pipe=True,
             )
         except OSError as e:
-            self._start_failed(internal(f"the kernel could not start: {e}", "OSError"))
+            self._start_failed(
+                exhausted(e) or internal(f"the kernel could not start: {e}", "OSError")
+            )
             return
         self.kernel = child
         child.read_chunks(1, defaults.CODE_HUB_READ_BYTES)

@@ -224,15 +224,16 @@ class CodeService(Service):
                 "bytes": size,
                 "sha256": hashlib.sha256(encoded).hexdigest(),
             }
+            oid = None
             if self.spilled_bytes + size <= defaults.CODE_MAX_SPILL_BYTES:
-                oid = "o_" + secrets.token_hex(8)
-                path = os.path.join(self.spill_dir, oid)
-                # One bounded write (max_display_bytes or less) to a
-                # private directory; a thread would reorder the events.
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(encoded)
-                self.outputs[oid] = (ctx.id, path, mime, size)
+                oid = self._spill(encoded)
+            if oid is not None:
+                self.outputs[oid] = (
+                    ctx.id,
+                    os.path.join(self.spill_dir, oid),
+                    mime,
+                    size,
+                )
                 self.spilled_bytes += size
                 ref["oid"] = oid
                 ref["url"] = f"/code/contexts/{ctx.id}/outputs/{oid}"
@@ -240,6 +241,31 @@ class CodeService(Service):
                 ref["dropped"] = True
             refs.append(ref)
         return out, refs
+
+    def _spill(self, encoded: bytes) -> str | None:
+        """
+        Write a display item to the spill directory: its oid, or None when
+        the disk cannot take it (full, or no descriptor left), in which case
+        nothing of it is left there and the item is reported dropped.
+        """
+        oid = "o_" + secrets.token_hex(8)
+        path = os.path.join(self.spill_dir, oid)
+        # One bounded write (max_display_bytes or less) to a private
+        # directory; a thread would reorder the events.
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError:
+            return None
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(encoded)
+        except OSError:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            return None
+        return oid
 
     def output(self, ctx: CodeContext, oid: str) -> tuple[str, str, int]:
         """``(path, mime, bytes)`` of a spilled item of ``ctx``."""

@@ -257,9 +257,10 @@ class ToolCall:
             status, error = e.status, e
             return error_result(e)
         except Exception as e:
-            log.failure("tool {tool} failed", Failure(), tool=tool.name)
-            status = 500
             error = unexpected(e)
+            if error.status == 500:
+                log.failure("tool {tool} failed", Failure(), tool=tool.name)
+            status = error.status
             return error_result(error)
         finally:
             gate.release(self.context, passed)

@@ -25,11 +25,13 @@ from twisted.python.failure import Failure
 from sandboxd import processes
 from sandboxd.access.guard import PathGuard
 from sandboxd.errors import (
+    RESOURCE_ERRNOS,
     Code,
     bad_request,
     conflict,
     forbidden,
     not_found,
+    out_of_resources,
     policy_rule,
     rate_limited,
     signal_not_allowed,
@@ -117,9 +119,6 @@ _COMMAND_ERRNOS = frozenset(
     }
 )
 
-#: The daemon is out of processes, descriptors or memory for now.
-_RESOURCE_ERRNOS = frozenset({errno.EAGAIN, errno.EMFILE, errno.ENFILE, errno.ENOMEM})
-
 
 def _spawn_failed(error: OSError, command: str) -> Exception:
     """
@@ -133,8 +132,8 @@ def _spawn_failed(error: OSError, command: str) -> Exception:
     reason = os.strerror(error.errno) if error.errno else str(error)
     if error.errno in _COMMAND_ERRNOS:
         return bad_request(f"cannot run {command[:200]!r}: {reason}", type="OSError")
-    if error.errno in _RESOURCE_ERRNOS:
-        return unavailable(f"cannot start a process now: {reason}", "ResourceError")
+    if error.errno in RESOURCE_ERRNOS:
+        return out_of_resources(error, "cannot start a process now")
     return error
 
 

@@ -17,12 +17,14 @@ from sandboxd.access.gate import host_name
 from sandboxd.access.guard import PathGuard
 from sandboxd.daemon.proxies import forwarded, pty_url
 from sandboxd.errors import (
+    RESOURCE_ERRNOS,
     Code,
     bad_request,
     internal,
     limit_exceeded,
     limit_rule,
     not_found,
+    out_of_resources,
 )
 from sandboxd.processes.command import resolve_user
 from sandboxd.processes.environment import child_environment, note_argv, validate_env
@@ -99,6 +101,8 @@ def pty_create_session(request: ServerRequest) -> dict[str, Any]:
             limit=e.args[0],
         ) from None
     except OSError as e:
+        if e.errno in RESOURCE_ERRNOS:
+            raise out_of_resources(e, "cannot start a terminal now") from None
         raise internal(f"Failed to create PTY: {e.strerror or e}", "OSError") from None
     request.audit["session_id"] = session.id
     _bound_duration(request, session)

@@ -16,7 +16,6 @@ import codecs
 import fcntl
 import json
 import os
-import pty
 import secrets
 import signal
 import struct
@@ -633,7 +632,10 @@ def spawn_shell(reactor: Any, session: PtySession, spec: SpawnRequest) -> None:
 
     :raises OSError: the PTY could not be opened or the fork failed.
     """
-    master, slave = pty.openpty()
+    # os.openpty, not pty.openpty: the latter, when openpty(3) fails (no
+    # descriptor left), tries BSD pty names and raises "out of pty
+    # devices" without the errno that says why.
+    master, slave = os.openpty()
     try:
         set_window_size(master, spec.cols, spec.rows)
         uid = gid = None

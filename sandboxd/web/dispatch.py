@@ -29,7 +29,7 @@ from twisted.web.http import RESPONSES
 from twisted.web.server import Request
 
 from sandboxd.daemon.context import as_clock
-from sandboxd.errors import ApiError, unexpected
+from sandboxd.errors import ApiError, exhausted, unexpected
 from sandboxd.turns import after_next_poll
 from sandboxd.web.jsonbody import json_bytes
 from sandboxd.web.messages import (
@@ -247,6 +247,10 @@ def render_failure(
     error = failure.value
     if isinstance(error, ApiError):
         raw.respond_error(error)
+        return
+    refused = exhausted(error)
+    if refused is not None:
+        raw.respond_error(refused)
         return
     log.failure("handler {endpoint} failed", failure, endpoint=request.endpoint.id)
     raw.respond_error(unexpected(error))

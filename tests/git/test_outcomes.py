@@ -48,6 +48,24 @@ class ClassifyTests(SynchronousTestCase):
         self.assertIn("hint: first\n", message)
         self.assertIn(f"error: pathspec '{name}' did not match", message)
 
+    def test_full_disk(self) -> None:
+        """
+        git failing to write for want of space is 507 insufficient_storage
+        (a fetch's too: the disk, not the remote, refused), not a git_error.
+        """
+        for remote in (False, True):
+            self.check(
+                "error: unable to write file .git/objects/ab/cd: No space left on device\n"
+                "fatal: unable to write new index file",
+                507,
+                "insufficient_storage",
+                None,
+                remote,
+            )
+        self.check(
+            "fatal: write error: Disk quota exceeded", 507, "insufficient_storage", None
+        )
+
     def test_remote_kinds(self) -> None:
         """auth, not_found, network, tls and a redirect are 502 remote_error with their kind."""
         self.check(

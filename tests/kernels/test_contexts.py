@@ -744,6 +744,32 @@ class BoundsTests(CodeTestCase):
         self.assertTrue(raw.body.startswith(b"\x89PNG"))
 
     @inlineCallbacks
+    def test_display_spill_refused_by_the_disk(self) -> Any:
+        """
+        A display value over max_display_bytes that the disk cannot take
+        (full, or its directory gone) is reported ``dropped``, nothing of it
+        is left behind, and the execution ends ``ok``.
+        """
+        ctx = yield self.context()
+        code = self.daemon.context.code
+        assert code is not None
+        service = code.get()
+        blocker = os.path.abspath(self.mktemp())
+        with open(blocker, "w"):
+            pass
+        service.spill_dir = blocker  # a file: every spill is refused
+        result = yield self.execute(ctx["id"], "print('before')\ndisplay('x' * 5000)")
+        self.assertEqual(result["state"], "ok")
+        self.assertEqual(result["stdout"], "before\n")
+        item = next(r for r in result["results"] if r.get("refs"))
+        self.assertEqual(
+            [(r["mime"], r.get("dropped")) for r in item["refs"]],
+            [("text/plain", True)],
+        )
+        self.assertEqual(service.outputs, {})
+        self.assertEqual(service.spilled_bytes, 0)
+
+    @inlineCallbacks
     def test_100_mb_of_prints(self) -> Any:
         """100 MB of prints: head and tail kept, the daemon's memory stays bounded."""
         import resource

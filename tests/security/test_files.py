@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import errno
 import io
+import mmap
 import os
 import stat
 import tarfile
@@ -364,6 +365,43 @@ class DiskFullTests(SynchronousTestCase):
         self.assertEqual(os.listdir(base), ["f"])
         with open(os.path.join(base, "f"), "rb") as f:
             self.assertEqual(f.read(), b"old")
+
+    def test_enospc_lets_go_of_a_mapped_body(self) -> None:
+        """
+        After a 507 part-way through, nothing of the write still holds a
+        view of the data: a body mapped from the request's spool file (the
+        E2B door's uploads) can be unmapped while the error is raised, so
+        the client gets the 507 rather than a 500 from the unmapping.
+        """
+        base = os.path.realpath(self.mktemp())
+        os.makedirs(base)
+        spool = os.path.join(base, "spool")
+        with open(spool, "wb") as f:
+            f.write(b"x" * 100_000)
+        guard = PathGuard(make_rule(base))
+        writer = atomic.AtomicWrite(guard.locate("f", "write", follow=True))
+        real_write = os.write
+        room = [4096]
+
+        def filling(fd: int, data: Any) -> int:
+            if room[0] <= 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            room[0] -= 4096
+            return int(real_write(fd, bytes(data[:4096])))
+
+        self.patch(atomic.os, "write", filling)
+        with open(spool, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        body = memoryview(mapped)
+        try:
+            writer.write(body)
+        except ApiError as e:
+            self.assertEqual((e.status, e.code), (507, "insufficient_storage"))
+            body.release()  # as the door lets go of its own view
+            mapped.close()  # BufferError while a view of it lived on
+        else:
+            self.fail("no 507")
+        self.assertEqual(os.listdir(base), ["spool"])
 
 
 class ProtectedInsideTreeTests(DaemonTestCase):

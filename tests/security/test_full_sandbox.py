@@ -1,0 +1,686 @@
+"""
+The sandbox out of room: its disk full, its file descriptors used up, its
+processes at their limit.
+
+An agent's build fills the disk, a leak eats the descriptors, a runaway
+loop forks until the pid limit.  The disk and descriptor cases start the
+real daemon (``twistd -n sandboxd``) as an operator would, with the
+resource made small (a tmpfs of a few MiB as its base dir, temporary
+directory, audit file and log, in a mount namespace of its own; a low
+``RLIMIT_NOFILE``), and drive it through the clients users run; the pid
+limit (which binds no root daemon) is every fork failing.  Each checks what
+a user sees: the call refused with its code, the old bytes intact, no
+temporary file left, the daemon answering every other call, and the same
+call succeeding once the resource is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import errno
+import functools
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
+
+from sandboxd.browser import supervisor
+from sandboxd.client import Sandbox
+from sandboxd.client.errors import InsufficientStorage, SandboxError
+from sandboxd.files.atomic import TEMPORARY_NAME
+from sandboxd.kernels.kernelspecs import find_kernelspecs
+from sandboxd.processes import posix_spawn
+from tests.helpers import DaemonTestCase, free_port
+from tests.kernels.test_contexts import need_ipykernel
+
+BIN = os.path.dirname(sys.executable)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+#: Mounts a tmpfs of size ``$2`` on ``$1`` in the namespace ``unshare``
+#: made, then becomes the daemon: the tmpfs lives as long as the daemon.
+_MOUNT_THEN_EXEC = (
+    'mount -t tmpfs -o "size=$2,mode=0755" tmpfs "$1" && '
+    'mkdir "$1/home" "$1/log" "$1/tmp" && shift 2 && exec "$@"'
+)
+
+
+@functools.cache
+def tmpfs_refusal() -> str | None:
+    """Why a tmpfs cannot be mounted in a private mount namespace here (None: it can)."""
+    if shutil.which("unshare") is None:
+        return "unshare (util-linux) is not installed"
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            result = subprocess.run(
+                [
+                    *("unshare", "--mount", "--propagation", "private"),
+                    *("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", d),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"unshare could not run: {e}"
+    if result.returncode != 0:
+        return (
+            "mounting a tmpfs in a private mount namespace is not permitted here: "
+            + (result.stderr.strip() or f"exit {result.returncode}")
+        )
+    return None
+
+
+class BoxedDaemon:
+    """
+    ``twistd -n sandboxd`` as its own process group; with ``disk``, on a
+    tmpfs of that size (its base dir, its temporary directory, its audit
+    file and its log) that only it sees; with ``nofile``, under that
+    ``RLIMIT_NOFILE``; with ``nproc``, that ``RLIMIT_NPROC`` (which binds
+    the children that run as another user than root).
+    """
+
+    def __init__(
+        self,
+        test: SynchronousTestCase,
+        *,
+        disk: str | None = None,
+        nofile: int | None = None,
+        nproc: int | None = None,
+        policy: dict[str, Any] | None = None,
+    ) -> None:
+        if disk is not None and (why := tmpfs_refusal()) is not None:
+            raise SkipTest(why)
+        # Short: a kernel's sockets live under TMPDIR, within a socket
+        # path's 108 bytes.
+        self.root = os.path.realpath(tempfile.mkdtemp(prefix="sandboxd-box-"))
+        test.addCleanup(self.remove)
+        self.base = f"{self.root}/home"
+        self.port = free_port()
+        self.e2b_port = free_port()
+        # Beside the root, which the tmpfs covers.
+        policy_path = f"{self.root}.policy.json"
+        with open(policy_path, "w") as f:
+            json.dump(policy or {}, f)
+        argv = [
+            os.path.join(BIN, "twistd"),
+            "-n",
+            "--pidfile=",
+            f"--logfile={self.root}/log/twistd.log",
+            "sandboxd",
+            "--port",
+            f"tcp:{self.port}:interface=127.0.0.1",
+            "--pty-port",
+            f"tcp:{free_port()}:interface=127.0.0.1",
+            "--e2b-port",
+            f"tcp:{self.e2b_port}:interface=127.0.0.1",
+            "--base-dir",
+            self.base,
+            "--audit-log",
+            f"{self.root}/log/audit.log",
+            "--policy",
+            policy_path,
+        ]
+        limits = [f"--nofile={nofile}:{nofile}"] if nofile is not None else []
+        limits += [f"--nproc={nproc}:{nproc}"] if nproc is not None else []
+        if limits:
+            argv = ["prlimit", *limits, "--", *argv]
+        if disk is not None:
+            argv = [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                _MOUNT_THEN_EXEC,
+                "sh",
+                self.root,
+                disk,
+                *argv,
+            ]
+        else:
+            for sub in ("home", "log", "tmp"):
+                os.makedirs(f"{self.root}/{sub}")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
+        env["TMPDIR"] = f"{self.root}/tmp"
+        self.output = open(f"{self.root}.out", "w+")
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=self.output,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+        )
+        test.addCleanup(self.stop)
+        self.wait_healthy()
+
+    @property
+    def url(self) -> str:
+        """The HTTP door's base URL."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def inside(self, path: str) -> str:
+        """``path`` as the daemon sees it (through its own mount namespace)."""
+        return f"/proc/{self.proc.pid}/root{path}"
+
+    def log(self) -> str:
+        """What the daemon wrote to its log and to its stdout."""
+        try:
+            with open(self.inside(f"{self.root}/log/twistd.log")) as f:
+                text = f.read()
+        except OSError:
+            text = ""
+        self.output.seek(0)
+        return text + self.output.read()
+
+    def health(self, timeout: float = 5) -> int | None:
+        """``GET /health``'s status, or None when no answer came."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=timeout) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError:
+            return None
+
+    def wait_healthy(self, timeout: float = 30) -> None:
+        """Until ``/health`` answers 200 (else fail with the daemon's log)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.health(0.5) == 200:
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"daemon not healthy; its log:\n{self.log()}")
+
+    def cpu_seconds(self) -> float:
+        """The daemon's CPU time so far (user + system)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def fill(self) -> None:
+        """Fill the daemon's tmpfs to the last byte with a file of its own."""
+        chunk = b"\0" * 65536
+        with open(self.inside(f"{self.root}/filler"), "ab", buffering=0) as f:
+            try:
+                while True:
+                    f.write(chunk)
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+        st = os.statvfs(self.inside(self.root))
+        assert st.f_bavail == 0, st
+
+    def free(self) -> None:
+        """Give the space back."""
+        os.unlink(self.inside(f"{self.root}/filler"))
+
+    def remove(self) -> None:
+        """Remove the root and the files beside it (once the daemon is gone)."""
+        shutil.rmtree(self.root, ignore_errors=True)
+        for suffix in (".policy.json", ".out"):
+            try:
+                os.unlink(self.root + suffix)
+            except FileNotFoundError:
+                pass
+
+    def stop(self) -> None:
+        """SIGTERM (the daemon ends its children), then SIGKILL; the tmpfs goes with it."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.output.close()
+
+
+def temporaries(directory: str) -> list[str]:
+    """The daemon's temporary names left in ``directory``."""
+    return [n for n in os.listdir(directory) if TEMPORARY_NAME.match(n)]
+
+
+def tar_gz(members: dict[str, bytes]) -> bytes:
+    """A tar.gz of regular files."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def raised(fn: Callable[[], Any]) -> BaseException | None:
+    """The exception ``fn()`` raised, or None."""
+    try:
+        fn()
+    except BaseException as e:
+        return e
+    return None
+
+
+#: Enough to be refused on a full disk, small enough to be kept on an empty one.
+NEW = os.urandom(256 * 1024)
+OLD = b"the old bytes\n"
+
+
+class FullDiskTests(SynchronousTestCase):
+    """
+    Every way a user writes a file, on a full disk: 507
+    ``insufficient_storage``, the old file as it was, no temporary file,
+    the daemon answering; the same call succeeds once there is room.
+    """
+
+    policy: dict[str, Any] = {
+        "defaults": {"audit": "all"},
+        "groups": {"e2b": True, "git": True, "code": True},
+        "endpoints": {
+            "group:code": {
+                "limits": {"max_display_bytes": 2000, "start_timeout_seconds": 60}
+            }
+        },
+    }
+
+    def setUp(self) -> None:
+        self.box = BoxedDaemon(self, disk="16m", policy=self.policy)
+        self.sb = Sandbox(self.box.url, timeout=20, retries=0)
+        self.addCleanup(self.sb.close)
+
+    def on_disk(self, name: str) -> str:
+        """``name`` in the base dir, as the test reads it."""
+        return self.box.inside(f"{self.box.base}/{name}")
+
+    def old_file(self, name: str) -> None:
+        """Put :data:`OLD` at ``name`` (while there is room)."""
+        with open(self.on_disk(name), "wb") as f:
+            f.write(OLD)
+
+    def assert_refused_intact(self, error: BaseException | None, name: str) -> None:
+        """A 507 ``insufficient_storage``; ``name`` holds :data:`OLD`; no temporary left."""
+        self.assertIsInstance(error, InsufficientStorage, repr(error))
+        assert isinstance(error, SandboxError)
+        self.assertEqual((error.status, error.code), (507, "insufficient_storage"))
+        with open(self.on_disk(name), "rb") as f:
+            self.assertEqual(f.read(), OLD)
+        directory = os.path.dirname(self.on_disk(name))
+        self.assertEqual(temporaries(directory), [])
+
+    def test_our_client(self) -> None:
+        """
+        write_bytes (raw), /upload and /files/upload-stream (base64), a
+        resumable upload and an archive's extraction, through our client.
+        """
+        big = os.path.join(self.mktemp())
+        with open(big, "wb") as f:
+            f.write(os.urandom(9 * 1024 * 1024))
+        self.sb.files.mkdir("d")
+        for name in ("raw.bin", "b64.bin", "stream.bin", "big.bin", "d/a.bin"):
+            self.old_file(name)
+        payload = base64.b64encode(NEW).decode()
+        archive = tar_gz({"a.bin": NEW, "b.bin": NEW})
+        calls: dict[str, Callable[[], Any]] = {
+            "raw.bin": lambda: self.sb.files.write_bytes("raw.bin", NEW),
+            "b64.bin": lambda: self.sb.request(
+                "POST", "/upload", json={"path": "b64.bin", "content_base64": payload}
+            ),
+            "stream.bin": lambda: self.sb.request(
+                "POST",
+                "/files/upload-stream",
+                json={"path": "stream.bin", "content_base64": payload},
+            ),
+            "big.bin": lambda: self.sb.files.upload(big, "big.bin"),
+            "d/a.bin": lambda: self.sb.files.extract(archive, "d", overwrite=True),
+        }
+        self.box.fill()
+        for name, call in calls.items():
+            self.assert_refused_intact(raised(call), name)
+        self.assertFalse(os.path.exists(self.on_disk("d/b.bin")))
+        self.assertEqual(self.box.health(), 200)
+        self.assertEqual(self.sb.commands.run("echo still here").stdout, "still here\n")
+        self.assertIn("raw.bin", [e["name"] for e in self.sb.files.list(".")])
+        session = self.sb.pty.create()
+        self.sb.pty.close(session["session_id"])
+
+        self.box.free()
+        for call in calls.values():
+            call()
+        for name in ("raw.bin", "b64.bin", "stream.bin", "d/a.bin", "d/b.bin"):
+            with open(self.on_disk(name), "rb") as f:
+                self.assertEqual(f.read(), NEW, name)
+        self.assertEqual(os.path.getsize(self.on_disk("big.bin")), 9 * 1024 * 1024)
+
+    def test_the_sdks(self) -> None:
+        """
+        The e2b SDK's ``files.write`` (507 as its NotEnoughSpaceException),
+        the seed SDK's ``files.upload`` and MCP's ``upload`` tool.
+        """
+        for name in ("e2b.bin", "seed.bin", "mcp.bin"):
+            self.old_file(name)
+        saved = {k: os.environ.get(k) for k in ("E2B_DEBUG", "E2B_SANDBOX_URL")}
+
+        def restore() -> None:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+        self.addCleanup(restore)
+        os.environ["E2B_DEBUG"] = "true"
+        os.environ["E2B_SANDBOX_URL"] = f"http://127.0.0.1:{self.box.e2b_port}"
+        from e2b import NotEnoughSpaceException
+        from e2b import Sandbox as E2BSandbox
+
+        e2b = E2BSandbox.create()
+        e2b_write = functools.partial(e2b.files.write, f"{self.box.base}/e2b.bin", NEW)
+
+        def seed_upload() -> Any:
+            from agent_sandbox.api.server_client import ServerClient
+
+            async def upload() -> Any:
+                async with ServerClient(self.box.url) as client:
+                    return await client.files.upload(f"{self.box.base}/seed.bin", NEW)
+
+            return asyncio.run(upload())
+
+        def mcp_upload() -> Any:
+            import anyio
+            import httpx2
+            from mcp.client.client import Client
+            from mcp.client.streamable_http import streamable_http_client
+
+            async def call() -> Any:
+                async with httpx2.AsyncClient(timeout=20) as http:
+                    transport = streamable_http_client(
+                        f"{self.box.url}/mcp", http_client=http
+                    )
+                    async with Client(transport) as client:
+                        return await client.call_tool(
+                            "upload",
+                            {
+                                "path": "mcp.bin",
+                                "content_base64": base64.b64encode(NEW).decode(),
+                            },
+                        )
+
+            return anyio.run(call)
+
+        self.box.fill()
+        error = raised(e2b_write)
+        self.assertIsInstance(error, NotEnoughSpaceException, repr(error))
+        error = raised(seed_upload)
+        self.assertEqual(
+            (getattr(error, "status_code", None), getattr(error, "error_code", None)),
+            (507, "insufficient_storage"),
+            repr(error),
+        )
+        result = mcp_upload()
+        self.assertTrue(result.is_error, result)
+        self.assertEqual(result.structured_content["code"], "insufficient_storage")
+        for name in ("e2b.bin", "seed.bin", "mcp.bin"):
+            with open(self.on_disk(name), "rb") as f:
+                self.assertEqual(f.read(), OLD, name)
+        self.assertEqual(temporaries(self.on_disk("")), [])
+        self.assertEqual(self.box.health(), 200)
+
+        self.box.free()
+        e2b_write()
+        seed_upload()
+        self.assertFalse(mcp_upload().is_error)
+        for name in ("e2b.bin", "seed.bin", "mcp.bin"):
+            with open(self.on_disk(name), "rb") as f:
+                self.assertEqual(f.read(), NEW, name)
+
+    def test_git_commit(self) -> None:
+        """A commit on a full disk is 507; the branch still points where it did."""
+        self.sb.git.init("repo")
+        self.sb.files.write_bytes("repo/a.txt", OLD)
+        self.sb.git.add("repo", all=True)
+        first = self.sb.git.commit(
+            "repo", "first", author={"name": "T", "email": "t@x"}
+        )
+        self.sb.files.write_bytes("repo/a.txt", NEW)
+        self.sb.git.add("repo", all=True)
+        self.box.fill()
+        error = raised(
+            lambda: self.sb.git.commit(
+                "repo", "second", author={"name": "T", "email": "t@x"}
+            )
+        )
+        self.assertIsInstance(error, InsufficientStorage, repr(error))
+        self.assertEqual(self.sb.git.log("repo")[0]["commit"], first["commit"])
+        self.assertEqual(
+            [n for n in os.listdir(self.on_disk("repo/.git")) if n.endswith(".lock")],
+            [],
+        )
+        self.box.free()
+        second = self.sb.git.commit(
+            "repo", "second", author={"name": "T", "email": "t@x"}
+        )
+        self.assertNotEqual(second["commit"], first["commit"])
+
+    def test_code_output(self) -> None:
+        """
+        A code context's display item too big to answer inline, on a full
+        disk: reported ``dropped``, the execution ends ``ok``; once there is
+        room, the next one is kept and served.
+        """
+        need_ipykernel()
+        cid = self.sb.code.create_context()["id"]
+        self.box.fill()
+        result = self.sb.code.execute(cid, "display('x' * 5000)", wait=60)
+        self.assertEqual(result["state"], "ok", result)
+        [item] = [r for r in result["results"] if r.get("refs")]
+        self.assertEqual([r.get("dropped") for r in item["refs"]], [True])
+        self.box.free()
+        result = self.sb.code.execute(cid, "display('y' * 5000)", wait=60)
+        [item] = [r for r in result["results"] if r.get("refs")]
+        [ref] = item["refs"]
+        with urllib.request.urlopen(self.box.url + ref["url"], timeout=10) as r:
+            self.assertIn(b"y" * 5000, r.read())
+
+    def test_own_logs(self) -> None:
+        """
+        The daemon's own writes (audit file and log) on a full disk never
+        stop it answering; once there is room, the audit file goes on with
+        whole lines.
+        """
+        self.box.fill()
+        started = self.box.cpu_seconds()
+        for i in range(50):
+            self.assertEqual(self.box.health(), 200)
+            with self.assertRaises(SandboxError):
+                self.sb.files.read_bytes(f"missing-{i}")
+            self.sb.files.stat(".")
+        self.assertLess(self.box.cpu_seconds() - started, 10)
+        self.box.free()
+        self.sb.files.stat("after-free")
+        audit = self.box.inside(f"{self.box.root}/log/audit.log")
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with open(audit, "rb") as f:
+                lines = f.read().split(b"\n")
+            if any(b"after-free" in line for line in lines):
+                break
+            time.sleep(0.1)
+        self.assertEqual(lines[-1], b"", "the file ends with a whole line")
+        records = [json.loads(line) for line in lines[:-1]]
+        self.assertTrue(
+            any("after-free" in r.get("query", "") for r in records), records[-3:]
+        )
+        self.assertFalse(
+            re.search(r"Traceback|Unhandled", self.box.log()), self.box.log()
+        )
+
+
+def fd_count(pid: int) -> int:
+    """How many descriptors ``pid`` has open."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def error_of(fn: Callable[[], Any]) -> tuple[int | None, str | None]:
+    """``(status, code)`` of the client error ``fn()`` raised (``(200, None)``: none)."""
+    try:
+        fn()
+    except SandboxError as e:
+        return e.status, e.code
+    return 200, None
+
+
+class DescriptorTests(SynchronousTestCase):
+    """
+    The daemon at its ``RLIMIT_NOFILE``: connections over it are closed
+    at once without the listener spinning, calls that need a descriptor
+    are 503 ``unavailable``, and everything works again once the holders
+    let go, with no descriptor leaked.
+    """
+
+    #: Low enough to reach with a few hundred sockets, high enough to start.
+    nofile = 160
+
+    def test_at_the_limit(self) -> None:
+        """Files, a watch, a process, a terminal at the limit; recovery after."""
+        box = BoxedDaemon(self, nofile=self.nofile)
+        sb = Sandbox(box.url, timeout=20, retries=0)
+        self.addCleanup(sb.close)
+        sb.files.write_bytes("a.txt", OLD)
+        # The client's one kept-alive connection carries the calls made at
+        # the limit: a new connection then is closed as soon as accepted.
+        baseline = fd_count(box.proc.pid)
+        holders: list[socket.socket] = []
+        self.addCleanup(lambda: [s.close() for s in holders])
+        for _ in range(self.nofile + 40):
+            holders.append(socket.create_connection(("127.0.0.1", box.port)))
+        deadline = time.monotonic() + 10
+        while fd_count(box.proc.pid) < self.nofile - 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertGreaterEqual(fd_count(box.proc.pid), self.nofile - 1)
+
+        # At the limit, with more connections knocking: the daemon idles.
+        started = box.cpu_seconds()
+        knocks = time.monotonic() + 2
+        while time.monotonic() < knocks:
+            try:
+                socket.create_connection(("127.0.0.1", box.port), timeout=1).close()
+            except OSError:
+                pass
+            time.sleep(0.01)
+        self.assertLess(box.cpu_seconds() - started, 1.0)
+
+        refused = (503, "unavailable")
+        self.assertEqual(error_of(lambda: sb.files.read_bytes("a.txt")), refused)
+        self.assertEqual(error_of(lambda: sb.files.write_bytes("b.txt", NEW)), refused)
+        self.assertEqual(error_of(lambda: sb.commands.run("true")), refused)
+        self.assertEqual(error_of(lambda: sb.commands.start("sleep 30")), refused)
+        self.assertEqual(error_of(lambda: sb.pty.create()), refused)
+        self.assertEqual(error_of(lambda: sb.files.watch(".")), refused)
+        self.assertEqual(sb.commands.list(), [])
+        self.assertFalse(os.path.exists(f"{box.base}/b.txt"))
+        self.assertEqual(temporaries(box.base), [])
+
+        for s in holders:
+            s.close()
+        holders.clear()
+        deadline = time.monotonic() + 10
+        while fd_count(box.proc.pid) > baseline and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertLessEqual(fd_count(box.proc.pid), baseline)
+        self.assertEqual(box.health(), 200)
+        self.assertEqual(sb.files.read_bytes("a.txt"), OLD)
+        sb.files.write_bytes("b.txt", NEW)
+        self.assertEqual(sb.commands.run("echo ok").stdout, "ok\n")
+        session = sb.pty.create()
+        sb.pty.close(session["session_id"])
+        self.assertLessEqual(fd_count(box.proc.pid), baseline + 2)
+
+
+class ProcessLimitTests(DaemonTestCase):
+    """
+    The daemon at the pid limit, where every fork answers ``EAGAIN`` (a
+    pids cgroup at ``pids.max``; a user at ``RLIMIT_NPROC``): a command, a
+    background process, a terminal, git, a code run, a code context and the
+    browser's worker are 503 ``unavailable``, nothing half-started is
+    listed, and they start again once forks succeed.
+    """
+
+    policy = {"groups": {"git": True, "dev_tools": True, "code": True, "browser": True}}
+    timeout = 120
+
+    @inlineCallbacks
+    def test_at_the_limit(self) -> Any:
+        """Each kind of start refused with Retry-After; none listed; all start after."""
+        os.makedirs(os.path.join(self.base_dir, "repo"))
+        reply = yield self.request("POST", "/git/init", {"path": "repo"})
+        self.assertEqual(reply.status, 200, reply.body)
+
+        def refuse(*_: Any, **__: Any) -> Any:
+            raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+
+        spawns = self.patch(posix_spawn, "_call", refuse)
+        forks = self.patch(os, "fork", refuse)  # Twisted forks a terminal's shell
+        starts = (
+            ("/shell", {"command": "true"}),
+            ("/process/start", {"command": "sleep 30"}),
+            ("/pty/sessions", {}),
+            (
+                "/git/commit",
+                {
+                    "path": "repo",
+                    "message": "m",
+                    "allow_empty": True,
+                    "author": {"name": "T", "email": "t@example.com"},
+                },
+            ),
+            ("/code/run", {"language": "bash", "code": "true"}),
+        )
+        for path, body in starts:
+            reply = yield self.request("POST", path, body)
+            got = (reply.status, reply.json()["code"], reply.json()["type"])
+            self.assertEqual(got, (503, "unavailable", "ResourceError"), path)
+            self.assertEqual(reply.header("retry-after"), "1", path)
+        self.patch(supervisor, "playwright_installed", lambda: True)
+        browser = self.patch(supervisor, "spawn_session", refuse)
+        reply = yield self.request("POST", "/browser/evaluate", {"script": "1"})
+        got = (reply.status, reply.json()["code"], reply.json()["type"])
+        self.assertEqual(got, (503, "unavailable", "ResourceError"), "browser")
+        browser.restore()
+        listed = yield self.request("GET", "/process/list")
+        self.assertEqual(listed.json()["processes"], [])
+        sessions = yield self.request("GET", "/pty/sessions")
+        self.assertEqual(sessions.json()["sessions"], [])
+        if "python3" in find_kernelspecs(os.environ):
+            reply = yield self.request("POST", "/code/contexts", {})
+            got = (reply.status, reply.json()["code"], reply.json()["type"])
+            self.assertEqual(got, (503, "unavailable", "ResourceError"))
+            listed = yield self.request("GET", "/code/contexts")
+            self.assertEqual(listed.json()["contexts"], [])
+
+        spawns.restore()
+        forks.restore()
+        for path, body in starts:
+            reply = yield self.request("POST", path, body)
+            self.assertEqual(reply.status, 200, (path, reply.body))
+        listed = yield self.request("GET", "/process/list")
+        self.assertEqual(len(listed.json()["processes"]), 1)
