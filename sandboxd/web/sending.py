@@ -157,9 +157,11 @@ def write_chunk_now(request: Any, parts: list[bytes]) -> None:
     them, then Twisted joining the chunk's length line and end to that,
     copies the text twice only to put a few bytes around it; one
     ``sendmsg`` sends the chunk from where its parts are, and only what
-    the socket does not take is joined and queued, in order.  Anything
-    but a started chunked response on a connection that may be written
-    to at once goes through ``request.write`` as before.
+    the socket does not take is joined and queued, in order.  A small
+    event (one part) saves the reactor's watching the socket and
+    stopping again.  Anything but a started chunked response without a
+    content encoder, on a connection that may be written to at once,
+    goes through ``request.write`` as before.
     """
     size = sum(len(part) for part in parts)
     channel = getattr(request, "channel", None)
@@ -171,10 +173,11 @@ def write_chunk_now(request: Any, parts: list[bytes]) -> None:
         or not getattr(request, "startedWriting", False)
         or getattr(request, "finished", True)
         or getattr(request, "_disconnected", True)
+        or getattr(request, "_encoder", None) is not None
         or transport is None
         or not _sends_directly(transport)
     ):
-        request.write(b"".join(parts))
+        request.write(parts[0] if len(parts) == 1 else b"".join(parts))
         return
     request.sentLength += size
     chunk = [b"%x\r\n" % size, *parts, b"\r\n"]

@@ -15,6 +15,7 @@ from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.web.http import toChunk
 
 from sandboxd.access.audit import AuditLog
 from sandboxd.commands import CommandRegistry
@@ -326,6 +327,59 @@ class EveryEventTests(TestCase):
             channel.send("stdout", {"data": str(n)})
             expected = f'event: stdout\ndata: {{"data":"{n}"}}\n\n'.encode()
             self.assertEqual(client.recv(100), expected)
+
+
+class _ChunkedStreamRequest(_FakeStreamRequest):
+    """A started chunked response (HTTP/1.1, no length), as Twisted's is after its head."""
+
+    chunked = True
+    startedWriting = True
+    finished = False
+    _disconnected = False
+    sentLength = 0
+
+    def write(self, data: bytes) -> None:
+        self.sentLength += len(data)
+        if data:
+            self.channel.transport.writeSequence(toChunk(data))
+
+
+class DirectEventTests(TestCase):
+    """A chunked stream's events go to the socket in the call that wrote them."""
+
+    @inlineCallbacks
+    def test_events_sent_without_the_reactor_watching(self) -> Any:
+        """
+        Each event reaches the client as one chunk of the response, in the
+        call that wrote it, and the reactor is never asked to watch the
+        socket for it (then to stop again): two ``epoll_ctl`` calls per
+        event, hundreds of times a second with many streams.
+        """
+        transport, client = yield _loopback_pair(self)
+        watched: list[bool] = []
+        start_writing = transport.startWriting
+
+        def watching() -> None:
+            watched.append(True)
+            start_writing()
+
+        self.patch(transport, "startWriting", watching)
+        request = _ChunkedStreamRequest(transport)
+        channel = SSEChannel(
+            request,  # type: ignore[arg-type]
+            MemoryReactorClock(),
+        )
+        client.settimeout(1)
+        sent = 0
+        for n in (1, 2):
+            channel.send("stdout", {"data": str(n)})
+            frame = f'event: stdout\ndata: {{"data":"{n}"}}\n\n'.encode()
+            self.assertEqual(client.recv(100), b"".join(toChunk(frame)))
+            sent += len(frame)
+        channel.write_raw(b": keep-alive\n\n")
+        self.assertEqual(client.recv(100), b"".join(toChunk(b": keep-alive\n\n")))
+        self.assertEqual(watched, [])
+        self.assertEqual(request.sentLength, sent + len(b": keep-alive\n\n"))
 
 
 class ResponseHeaderTests(SynchronousTestCase):
