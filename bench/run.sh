@@ -28,6 +28,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SHARED_BENCH="${SHARED_BENCH:-$ROOT/../shared/bench}"
 PEERS="${PEERS:-stdlib-tuned fastapi}"
 cd "$ROOT"
+# The harness starts each server in the harness's session; bench/own_session.py gives
+# the daemon a session of its own, as a service manager or a container does
+# (a root daemon raises its session's scheduling group only when it leads it).
 # The harness starts the daemon with a token: as root, the daemon must be told
 # that its children run as root (the figures are for that), or it refuses.
 CHILDREN=""
@@ -38,7 +41,7 @@ if [ -x "$SHARED_BENCH/compare.sh" ]; then
   [ -d "${BENCH_HOME:-$HOME/.cache/sandboxd-bench}/venv" ] || "$SHARED_BENCH/setup.sh"
   # shellcheck disable=SC2086
   "$SHARED_BENCH/compare.sh" $PEERS \
-    sandboxd="$ROOT/.venv/bin/twistd -n --pidfile= sandboxd --port tcp:{port}:interface=127.0.0.1 --pty-port tcp:{pty_port}:interface=127.0.0.1 --base-dir {base_dir}$CHILDREN"
+    sandboxd="$ROOT/.venv/bin/python $ROOT/bench/own_session.py $ROOT/.venv/bin/twistd -n --pidfile= sandboxd --port tcp:{port}:interface=127.0.0.1 --pty-port tcp:{pty_port}:interface=127.0.0.1 --base-dir {base_dir}$CHILDREN"
 else
   cat >&2 <<EOF
 The W0-W7 harness and its reference peers are not in this repository: they
@@ -96,7 +99,7 @@ if [ -x "$SHARED_BENCH/compare.sh" ]; then
   RUN_ARGS="--only W1 ${RUN_ARGS:-}" RESULTS="${RESULTS:-$PWD/bench-results}/w1-floor" \
     "$SHARED_BENCH/compare.sh" \
     twisted-floor="$ROOT/.venv/bin/python $SHARED_BENCH/peers/twisted_floor.py --port {port}" \
-    sandboxd="$ROOT/.venv/bin/twistd -n --pidfile= sandboxd --port tcp:{port}:interface=127.0.0.1 --pty-port tcp:{pty_port}:interface=127.0.0.1 --base-dir {base_dir}$CHILDREN"
+    sandboxd="$ROOT/.venv/bin/python $ROOT/bench/own_session.py $ROOT/.venv/bin/twistd -n --pidfile= sandboxd --port tcp:{port}:interface=127.0.0.1 --pty-port tcp:{pty_port}:interface=127.0.0.1 --base-dir {base_dir}$CHILDREN"
 fi
 # W9 with the burners started through the daemon itself: priority on and off.
 "$ROOT/.venv/bin/python" "$ROOT/bench/busy.py" --seconds "${BUSY_SECONDS:-5}" --shells "${BUSY_SHELLS:-30}"

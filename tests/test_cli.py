@@ -25,7 +25,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from sandboxd import cli
 from sandboxd._version import __version__
 from sandboxd.daemon.tap import Options
-from tests.helpers import free_port
+from tests.helpers import free_port, group_nice, need_autogroups
 
 BIN = os.path.dirname(sys.executable)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,6 +114,7 @@ class DaemonProcess:
         test: SynchronousTestCase,
         argv: list[str],
         env: dict[str, str] | None = None,
+        own_session: bool = True,
     ) -> None:
         self.port = free_port()
         argv = on_ports(argv, self.port)
@@ -131,7 +132,9 @@ class DaemonProcess:
             stderr=subprocess.STDOUT,
             env=full_env,
             cwd=ROOT,
-            start_new_session=True,
+            # Its own session, or at least its own process group (for the kill).
+            start_new_session=own_session,
+            process_group=None if own_session else 0,
             stdin=subprocess.DEVNULL,
         )
         test.addCleanup(self.kill)
@@ -169,6 +172,43 @@ class DaemonProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         self.log.close()
+
+
+class SessionGroupTests(SynchronousTestCase):
+    """
+    A root daemon raises its session group only when the session is its
+    own: started from a shell, the group is the shell's.
+    """
+
+    def start(self, own_session: bool) -> DaemonProcess:
+        need_autogroups()
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        policy = os.path.join(ROOT, "etc", "policy.json")
+        d = DaemonProcess(
+            self, serve_argv(base, "--policy", policy), own_session=own_session
+        )
+        d.wait_healthy()
+        return d
+
+    def test_raises_its_own_session(self) -> None:
+        """A daemon leading its session (a service, a container) raises its group."""
+        d = self.start(own_session=True)
+        self.assertEqual(group_nice(d.proc.pid), -5)
+
+    def test_leaves_the_shell_session_alone(self) -> None:
+        """
+        A daemon started in its caller's session leaves that session's group
+        (the caller's, and everything else it runs) at its nice value, while
+        it runs and after it stops.
+        """
+        before = group_nice(os.getpid())
+        d = self.start(own_session=False)
+        self.assertEqual(os.getsid(d.proc.pid), os.getsid(0))
+        self.assertEqual(group_nice(os.getpid()), before)
+        d.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(d.proc.wait(timeout=15), 0)
+        self.assertEqual(group_nice(os.getpid()), before)
 
 
 class PluginTests(SynchronousTestCase):

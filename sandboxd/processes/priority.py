@@ -299,16 +299,26 @@ class ChildPriority:
         self._yield_call: IDelayedCall | None = None
 
     def configure(self, priorities: Priorities) -> None:
-        """Take a (re)loaded policy's priorities; raise the daemon's own when it may."""
+        """
+        Take a (re)loaded policy's priorities; raise the daemon's own when it may.
+
+        The daemon's session group is raised only when the daemon leads its
+        session (a service, a container's process): started from a shell
+        (``make serve``, a test run, a benchmark), the session is the
+        shell's, and raising it would raise the shell and everything else
+        it runs, for good when two daemons in that session overlap (the
+        second would give back the first's raised value at its stop).
+        """
         self.priorities = priorities
         self._restorable = _may_raise_priority()
         self._raised = False
         if not priorities.enabled or os.geteuid() != 0:
             return
+        own_group = _autogroups() and _leads_session(os.getpid()) is True
         if self._original is None:
             self._original = (
                 os.getpriority(os.PRIO_PROCESS, 0),
-                _read_autogroup_nice(),
+                _read_autogroup_nice() if own_group else None,
                 _read_oom("/proc/self/oom_score_adj"),
             )
         try:
@@ -317,7 +327,7 @@ class ChildPriority:
         except OSError:
             pass
         self._raised = os.getpriority(os.PRIO_PROCESS, 0) < 0
-        if _autogroups():
+        if own_group:
             _write_value("/proc/self/autogroup", priorities.daemon_nice)
         group = _read_autogroup_nice()
         if group is not None:
