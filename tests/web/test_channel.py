@@ -7,16 +7,23 @@ protocol (the preview door's WebSocket splice), in memory; and
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
+import time
 from typing import Any
 
+from twisted.internet import reactor
+from twisted.internet.defer import inlineCallbacks
 from twisted.internet.protocol import Protocol
+from twisted.internet.task import deferLater
 from twisted.internet.testing import StringTransport
+from twisted.internet.threads import deferToThread
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.web.channel import client_left
+from tests.helpers import DaemonTestCase
 from tests.web.test_request import connect, make_site
 
 
@@ -315,3 +322,36 @@ class ClientLeftTests(SynchronousTestCase):
     def test_no_socket(self) -> None:
         """A transport without a socket (tests, memory) never says gone."""
         self.assertFalse(client_left(object()))
+
+
+class AbandonedBodyTests(DaemonTestCase):
+    """A request whose client leaves before its body is whole leaves nothing held."""
+
+    timeout = 30
+    policy = {"endpoints": {"files_write_raw": {"limits": {"max_concurrency": 1}}}}
+
+    @inlineCallbacks
+    def test_client_gone_mid_body_frees_the_slot(self) -> Any:
+        """
+        A client that sends half its body and closes: the endpoint's one
+        concurrency slot is free again, nothing is written.
+        """
+
+        def half() -> None:
+            with socket.create_connection(("127.0.0.1", self.daemon.port), 10) as s:
+                s.sendall(
+                    b"POST /files/raw?path=half.bin HTTP/1.1\r\nHost: localhost\r\n"
+                    b"Content-Length: 1000\r\n\r\n" + b"x" * 500
+                )
+                time.sleep(0.3)
+
+        yield deferToThread(half)
+        for _ in range(20):
+            reply = yield self.request(
+                "POST", "/files/raw?path=next.bin", raw_body=b"whole"
+            )
+            if reply.status != 429:
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "half.bin")))
