@@ -562,6 +562,20 @@ class SandboxRequest(Request):
                 self._release()
                 self._audit(499, "client_closed", self.audit_rule, 0)
 
+    def refuse_slow_body(self, error: ApiError) -> None:
+        """
+        The body comes too slowly (the channel's minimum rate): answer
+        ``error`` in this door's framing, free the slot, audit it, close.
+        """
+        self._abort_sink()
+        if self.admission is None:
+            # Refused already, its answer written: only close.
+            transport: Any = self.channel.transport
+            if transport is not None:
+                transport.abortConnection()
+            return
+        self._fail_at_header(error)
+
     def _finished(self, result: object) -> None:
         """The response is over (or the client left): free the slot, audit."""
         self._release()
