@@ -15,7 +15,7 @@ from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
-from twisted.internet.protocol import Protocol
+from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.web.client import Agent, HTTPConnectionPool, readBody
@@ -822,3 +822,69 @@ class ExposureApiTests(DoorCase):
         self.assertEqual((gone.status, gone.json()["code"]), (404, "port_not_exposed"))
         response, _ = yield self.fetch("GET", "/", host=host)
         self.assertEqual(response.code, 404)
+
+
+class _StalledBody(Protocol):
+    """An app that sends a head and the start of a body, then nothing."""
+
+    def dataReceived(self, data: bytes) -> None:
+        if b"\r\n\r\n" in data and self.transport is not None:
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\nfirst bytes"
+            )
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.factory.lost.append(time.monotonic())  # type: ignore[attr-defined]
+
+
+class _StalledApp(ServerFactory):
+    protocol = _StalledBody
+
+    def __init__(self) -> None:
+        self.lost: list[float] = []
+        self.port = 0
+
+
+class UpstreamStallTests(DoorCase):
+    """``limits.idle_timeout_seconds`` ends a request during which nothing moves."""
+
+    policy = {
+        **POLICY,
+        "endpoints": {
+            "preview_proxy": {"audit": "all", "limits": {"idle_timeout_seconds": 1}}
+        },
+    }
+
+    @inlineCallbacks
+    def test_stalled_body_is_cut(self) -> Any:
+        """
+        An app that sends its head and then stalls its body: the browser's
+        connection is closed within a few idle periods (the answer cut
+        short), and so is the door's connection to the app.
+        """
+        app = yield self.serve(_StalledApp())
+        host = f"{app.port}.localhost:{self.door_port}"
+
+        def get() -> tuple[bytes, float]:
+            with socket.create_connection(("127.0.0.1", self.door_port), 15) as s:
+                s.sendall(
+                    f"GET / HTTP/1.1\r\nHost: {host}\r\n"
+                    f"X-Access-Token: {TOKEN}\r\n\r\n".encode()
+                )
+                began = time.monotonic()
+                out = b""
+                try:
+                    while chunk := s.recv(65536):
+                        out += chunk
+                except OSError:
+                    pass
+                return out, time.monotonic() - began
+
+        out, elapsed = yield deferToThread(get)
+        self.assertIn(b"first bytes", out)
+        self.assertLess(elapsed, 8)
+        for _ in range(50):
+            if app.lost:
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertTrue(app.lost)
