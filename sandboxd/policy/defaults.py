@@ -121,6 +121,12 @@ CODE_RESTARTS_PER_MINUTE = 3
 #: not started again for its contexts (they fail; a later call tries anew).
 CODE_HUB_RESTARTS_PER_MINUTE = 3
 
+#: Code contexts: a kernel hub that has sent nothing at all this long after
+#: a context's start timed out is presumed stuck (stopped, or wedged) and
+#: ended, so that the next call starts a new one: a working hub reports the
+#: failed start itself at the same deadline.
+CODE_HUB_ANSWER_GRACE_SECONDS = 5.0
+
 #: Code contexts: display items spilled to disk, all contexts together.
 CODE_MAX_SPILL_BYTES = 512 * MIB
 
