@@ -482,6 +482,45 @@ class SlowClientTests(DaemonTestCase):
         self.assertFalse(cut, received)
         self.assertGreater(received, 0)
 
+    @inlineCallbacks
+    def test_stream_read_by_nobody_is_cut(self) -> Any:
+        """
+        A followed process output (SSE) whose client reads nothing while
+        the process prints on: the stream is cut within a few idle periods
+        of the client's window filling (the process itself runs on).
+        """
+        marker = f"hangs-unread-{os.getpid()}"
+        reply = yield self.request(
+            "POST",
+            "/process/start",
+            {"command": f"while :; do echo {marker}; sleep 0.01; done", "shell": "sh"},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        pid = reply.json()["pid"]
+        self.addCleanup(self.request, "POST", f"/process/{pid}/signal", {"signal": 9})
+
+        def follow_and_read_nothing() -> str:
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.settimeout(10)
+                s.connect(("127.0.0.1", self.daemon.port))
+                s.sendall(
+                    f"GET /process/{pid}/output?follow=true HTTP/1.1\r\n"
+                    "Host: localhost\r\n\r\n".encode()
+                )
+                time.sleep(8)
+                began = time.monotonic()
+                try:
+                    while s.recv(1 << 20):
+                        if time.monotonic() - began > 5:
+                            return "still streaming"
+                except ConnectionResetError:
+                    return "cut"
+                return "ended"
+
+        how = yield deferToThread(follow_and_read_nothing)
+        self.assertEqual(how, "cut")
+
 
 class AbandonedBodyTests(DaemonTestCase):
     """A request whose client leaves before its body is whole leaves nothing held."""
