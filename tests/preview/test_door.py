@@ -888,3 +888,51 @@ class UpstreamStallTests(DoorCase):
                 break
             yield deferLater(reactor, 0.1, lambda: None)
         self.assertTrue(app.lost)
+
+
+class TrickledBodyTests(DoorCase):
+    """A browser that trickles a request body to the door is refused, not waited on."""
+
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        kwargs.setdefault("head_deadline", 1.0)
+        return super().start(stop_at_end, **kwargs)
+
+    @inlineCallbacks
+    def test_trickled_upload_is_408(self) -> Any:
+        """
+        An upload sent a byte every 0.2 s: 408 ``timeout`` from the door
+        soon after the grace, and the connection closed.
+        """
+        yield self.expose()
+        host = self.host()
+
+        def trickle() -> tuple[bytes, float]:
+            with socket.create_connection(("127.0.0.1", self.door_port), 15) as s:
+                s.sendall(
+                    f"POST /upload HTTP/1.1\r\nHost: {host}\r\n"
+                    f"X-Access-Token: {TOKEN}\r\nAccept: application/json\r\n"
+                    "Content-Length: 100000\r\n\r\n".encode()
+                )
+                began = time.monotonic()
+                s.settimeout(0.2)
+                out = b""
+                while time.monotonic() - began < 15:
+                    try:
+                        s.sendall(b"x")
+                    except OSError:
+                        break
+                    try:
+                        chunk = s.recv(65536)
+                    except TimeoutError:
+                        continue
+                    except OSError:
+                        break
+                    if not chunk:
+                        break
+                    out += chunk
+                return out, time.monotonic() - began
+
+        out, elapsed = yield deferToThread(trickle)
+        self.assertTrue(out.startswith(b"HTTP/1.1 408 "), out[:200])
+        self.assertIn(b'"timeout"', out)
+        self.assertLess(elapsed, 8)
