@@ -665,6 +665,51 @@ class StuckHubTests(CodeTestCase):
         self.assertNotEqual(service.hub().pid, hub)
 
 
+class StoppedKernelTests(CodeTestCase):
+    """A kernel SIGSTOPped mid-run: every control call still answers."""
+
+    @inlineCallbacks
+    def test_interrupt_restart_delete_answer(self) -> Any:
+        """
+        With the kernel stopped in the middle of an execution, interrupt
+        answers at once, restart answers (the stopped tree is killed and a
+        new kernel serves), and delete answers with the kernel gone.
+        """
+        ctx = yield self.context()
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {"code": "import time\nprint('x', flush=True)\ntime.sleep(60)", "wait": 0},
+        )
+        reader = yield self.stream(reply.json()["events_url"])
+        yield reader.wait_for_event(lambda e: e["event"] == "stdout")
+        os.kill(ctx["pid"], signal.SIGSTOP)
+        self.addCleanup(
+            lambda: alive(ctx["pid"]) and os.kill(ctx["pid"], signal.SIGCONT)
+        )
+        started = reactor.seconds()
+        reply = yield self.request("POST", f"/code/contexts/{ctx['id']}/interrupt")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertLess(reactor.seconds() - started, 5)
+        reply = yield self.request("POST", f"/code/contexts/{ctx['id']}/restart")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertFalse(alive(ctx["pid"]))
+        events = yield reader.done
+        self.assertEqual(events[-1]["event"], "execution.ended")
+        ok = yield self.execute(ctx["id"], "1 + 1")
+        self.assertEqual(ok["results"][0]["data"]["text/plain"], "2")
+        new_pid = (yield self.request("GET", f"/code/contexts/{ctx['id']}")).json()[
+            "pid"
+        ]
+        os.kill(new_pid, signal.SIGSTOP)
+        self.addCleanup(lambda: alive(new_pid) and os.kill(new_pid, signal.SIGCONT))
+        started = reactor.seconds()
+        reply = yield self.request("DELETE", f"/code/contexts/{ctx['id']}")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertLess(reactor.seconds() - started, 15)
+        self.assertFalse(alive(new_pid))
+
+
 class RefusalTests(CodeTestCase):
     """Bad input: clear errors, nothing half-done."""
 
