@@ -54,7 +54,7 @@ from sandboxd.policy.defaults import (
     PREVIEW_UPGRADE_HEAD_BYTES,
 )
 from sandboxd.preview.answer import Answer
-from sandboxd.web.delivery import Delivery, delivery
+from sandboxd.web.delivery import Delivery, delivery, untouched
 from sandboxd.web.heads import LIMITS, Head, HeadError, parse_head
 from sandboxd.web.sending import write_now
 
@@ -664,7 +664,7 @@ class DoorChannel(Protocol):
         quiet = self.site.reactor.seconds() - self._quiet_since
         if self.request is not None:
             before, self._delivered = self._delivered, delivery(self.transport)
-            if quiet >= limit and _nothing_taken(before, self._delivered):
+            if quiet >= limit and untouched(before, self._delivered):
                 self.closing = True
                 self.transport.abortConnection()
                 return
@@ -681,17 +681,3 @@ class DoorChannel(Protocol):
         if self._idle is not None and self._idle.active():
             self._idle.cancel()
         self._idle = None
-
-
-def _nothing_taken(before: Delivery | None, now: Delivery | None) -> bool:
-    """
-    Whether the browser took no byte between two looks a whole idle period
-    apart: nothing was sent to it (the app is silent) or it read nothing.
-    Unknown counts (not TCP) say no.
-    """
-    return (
-        before is not None
-        and now is not None
-        and before.taken is not None
-        and before.taken == now.taken
-    )

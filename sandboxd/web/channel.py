@@ -59,7 +59,7 @@ from twisted.web.http_headers import _nameEncoder
 
 from sandboxd.errors import ApiError, malformed_request, timed_out
 from sandboxd.policy.defaults import MAX_HEADERS
-from sandboxd.web.delivery import Delivery, delivery, stalled
+from sandboxd.web.delivery import Delivery, delivery, stalled, untouched
 from sandboxd.web.dispatch import reason_phrase
 from sandboxd.web.heads import Head, HeadError, parse_head
 
@@ -297,7 +297,10 @@ class SandboxChannel(HTTPChannel):
         """
         if self._handlingRequest:
             before, self._delivered = self._delivered, delivery(self.transport)
-            if stalled(before, self._delivered):
+            if stalled(before, self._delivered) or (
+                self.site.silence_ends_requests  # type: ignore[attr-defined]
+                and untouched(before, self._delivered)
+            ):
                 self._cut_stalled()
                 return
             # A timer that fired is gone (``resetTimeout`` only moves a
@@ -308,13 +311,17 @@ class SandboxChannel(HTTPChannel):
         super().timeoutConnection()
 
     def _cut_stalled(self) -> None:
-        """Abort a connection whose client stopped taking its response."""
+        """
+        Abort a connection whose client stopped taking its response (or,
+        on a door whose idle bound covers requests in flight, one during
+        which no byte moved either way).
+        """
         transport: Any = self.transport
         if transport is None:
             return
         log.info(
-            "HTTP: cut a connection from {peer} whose client took none of its "
-            "response for {seconds:g} s",
+            "HTTP: cut a connection from {peer} whose client took nothing of "
+            "its response for {seconds:g} s",
             peer=self.peer_host,
             seconds=self.timeOut or 0,
         )

@@ -101,3 +101,17 @@ def stalled(before: Delivery | None, now: Delivery | None) -> bool:
     if before.taken is not None and now.taken is not None:
         return now.taken == before.taken
     return now.waiting >= before.waiting
+
+
+def untouched(before: Delivery | None, now: Delivery | None) -> bool:
+    """
+    Whether a client took no byte at all between two looks: nothing was
+    sent to it (its answer is silent) or it read nothing.  Unknown counts
+    (not TCP) say no.
+    """
+    return (
+        before is not None
+        and now is not None
+        and before.taken is not None
+        and before.taken == now.taken
+    )

@@ -47,6 +47,10 @@ class HardenedSite(Site):
     displayTracebacks = False
     noisy = False
     door = "http"
+    #: Whether a request during which no byte moves either way for a whole
+    #: idle period is cut (the preview door's ``idle_timeout_seconds``);
+    #: on the API's doors a quiet request is a command still running.
+    silence_ends_requests = False
 
     def logPrefix(self) -> str:
         """What the port's log lines call this site: its door."""

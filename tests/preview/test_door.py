@@ -889,6 +889,36 @@ class UpstreamStallTests(DoorCase):
             yield deferLater(reactor, 0.1, lambda: None)
         self.assertTrue(app.lost)
 
+    @inlineCallbacks
+    def test_stalled_answer_to_an_upload_is_cut(self) -> Any:
+        """
+        The same for a request with a body (which the door reads through
+        its other channel): the app answers the upload with a head and
+        stalls; the browser's connection is closed within a few periods.
+        """
+        app = yield self.serve(_StalledApp())
+        host = f"{app.port}.localhost:{self.door_port}"
+
+        def post() -> tuple[bytes, float]:
+            with socket.create_connection(("127.0.0.1", self.door_port), 15) as s:
+                s.sendall(
+                    f"POST /upload HTTP/1.1\r\nHost: {host}\r\n"
+                    f"X-Access-Token: {TOKEN}\r\nContent-Length: 5\r\n\r\n"
+                    "hello".encode()
+                )
+                began = time.monotonic()
+                out = b""
+                try:
+                    while chunk := s.recv(65536):
+                        out += chunk
+                except OSError:
+                    pass
+                return out, time.monotonic() - began
+
+        out, elapsed = yield deferToThread(post)
+        self.assertIn(b"first bytes", out)
+        self.assertLess(elapsed, 8)
+
 
 class TrickledBodyTests(DoorCase):
     """A browser that trickles a request body to the door is refused, not waited on."""
