@@ -79,7 +79,7 @@ class Configuration:
                     raise bad_request(
                         f"unknown mode {mode!r}; available: {', '.join(map(str, available))}"
                     )
-                await s.conn.request(
+                await s.ask(
                     "session/set_mode",
                     {"sessionId": s.acp_session_id, "modeId": mode},
                 )
@@ -101,7 +101,7 @@ class Configuration:
                     await self._set_option(option["id"], model)
                 else:
                     try:
-                        await s.conn.request(
+                        await s.ask(
                             "session/set_model",
                             {
                                 "sessionId": s.acp_session_id,
@@ -154,7 +154,7 @@ class Configuration:
         }
         if isinstance(value, bool):
             params["type"] = "boolean"
-        result = await s.conn.request("session/set_config_option", params)
+        result = await s.ask("session/set_config_option", params)
         if isinstance(result, dict) and isinstance(result.get("configOptions"), list):
             s.config_options = result["configOptions"]
         s.emit("config", config_options=s.config_options, by="client")

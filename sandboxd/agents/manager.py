@@ -322,7 +322,7 @@ class AgentManager(Service):
             if call is not None:
                 method, params = call
                 try:
-                    out["result"] = await session.conn.request(method, params)
+                    out["result"] = await session.ask(method, params)
                 except RpcError as e:
                     raise agent_refused(method, e) from None
                 except ConnectionLost:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+from twisted.internet import defer
 from twisted.internet.defer import Deferred, succeed
 
 from sandboxd.agents.catalog import CatalogEntry
@@ -30,7 +31,7 @@ from sandboxd.agents.connection import Connection
 from sandboxd.agents.permissions import HeldRequest, iso
 from sandboxd.agents.process import AgentProcess, HeadTailLog
 from sandboxd.agents.terminals import AgentTerminal
-from sandboxd.errors import agent_unavailable
+from sandboxd.errors import agent_timeout, agent_unavailable
 from sandboxd.eventlog import EventLog, json_size
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
@@ -255,6 +256,34 @@ class SessionState:
             self.error = error
         if not self.process.exited:
             self.process.kill()
+
+    async def ask(self, method: str, params: Any) -> Any:
+        """
+        One request to the agent outside a turn (a mode, a model, an
+        option, a probe's ``session/list``), answered within
+        ``init_timeout_seconds`` like the handshake's: these are quick
+        bookkeeping calls, so an agent that lets one go unanswered that
+        long is stuck, and waiting longer would only hold the caller.  Past
+        the bound the session fails and the agent's tree is ended: a late
+        answer could no longer be told apart, and a session whose mode is
+        unknown cannot be driven honestly.
+
+        :raises ApiError: 504 ``agent_timeout`` past the bound.
+        """
+        limit = (
+            self.rule.limits.init_timeout_seconds
+            or (defaults.AGENT_LIMITS["init_timeout_seconds"])
+        )
+        d = self.conn.request(method, params)
+        d.addTimeout(limit, self.reactor)
+        try:
+            return await d
+        except defer.TimeoutError:
+            message = f"the agent did not answer {method} within {limit:g} s"
+            self.fail({"code": "agent_timeout", "message": message})
+            raise agent_timeout(
+                message, stderr_tail=self.stderr.tail_text(2000)
+            ) from None
 
 
 class IdleTimer:

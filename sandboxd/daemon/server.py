@@ -190,6 +190,8 @@ class Settings:
     max_connections: int | None = None
     max_connections_per_address: int | None = None
     head_deadline: float | None = None
+    idle_timeout: float | None = None
+    body_min_rate: float | None = None
 
 
 def release_memory() -> None:
@@ -525,6 +527,8 @@ def connection_limits(settings: Settings) -> ConnectionLimits:
             settings.max_connections,
             settings.max_connections_per_address,
             settings.head_deadline,
+            settings.idle_timeout,
+            settings.body_min_rate,
         )
     except ValueError as e:
         raise PolicyError(f"connection limits: {e}") from None

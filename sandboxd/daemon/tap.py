@@ -136,6 +136,21 @@ class Options(usage.Options):
             "Seconds a request head may take "
             "(default $ABX_HEAD_DEADLINE_SECONDS or 30).",
         ],
+        [
+            "idle-timeout",
+            None,
+            None,
+            "Seconds a kept-alive connection may wait for its next request; a "
+            "client that takes none of a response for twice as long is cut "
+            "(default $ABX_IDLE_TIMEOUT_SECONDS or 60).",
+        ],
+        [
+            "body-min-rate",
+            None,
+            None,
+            "Bytes a second a request body must average after the head "
+            "deadline's grace (default $ABX_BODY_MIN_RATE or 1024).",
+        ],
     ]
 
     def __init__(self) -> None:
@@ -203,6 +218,8 @@ class Options(usage.Options):
             max_connections=self["max-connections"],
             max_connections_per_address=self["max-connections-per-address"],
             head_deadline=self["head-deadline"],
+            idle_timeout=self["idle-timeout"],
+            body_min_rate=self["body-min-rate"],
         )
 
 

@@ -372,6 +372,8 @@ class CodeContext:
         self.forgotten_bytes = 0
         self._ready: Waiters[None] = Waiters()
         self._start_timer: IDelayedCall | None = None
+        #: The hub a kernel's open was sent to, and its lines heard by then.
+        self._opened_on: tuple[Any, int] | None = None
         self._grace_timer: IDelayedCall | None = None
         self._pending_epilogue: str | None = None
         self.dir = tempfile.mkdtemp(prefix="sandboxd-code-")
@@ -469,7 +471,17 @@ class CodeContext:
         self._start_timer = self.reactor.callLater(
             self.start_timeout, self._start_timed_out, child
         )
-        self.service.hub(self.run_as).send(
+        self._open_on_hub(conn)
+
+    def _open_on_hub(self, conn: dict[str, Any]) -> None:
+        """
+        Ask the hub to connect to the kernel, noting what it had said by
+        then (a start that times out with the hub silent since is the
+        hub's fault: see :meth:`_start_timed_out`).
+        """
+        hub = self.service.hub(self.run_as)
+        self._opened_on = (hub, hub.heard)
+        hub.send(
             {"op": "open", "cid": self.id, "conn": conn, "timeout": self.start_timeout}
         )
 
@@ -574,6 +586,9 @@ class CodeContext:
     def _start_timed_out(self, child: Child) -> None:
         self._start_timer = None
         if child is self.kernel and self.state in ("starting", "restarting"):
+            if self._opened_on is not None:
+                hub, heard = self._opened_on
+                hub.suspect(heard, defaults.CODE_HUB_ANSWER_GRACE_SECONDS)
             self._start_failed(
                 timed_out(
                     f"the kernel did not answer within {self.start_timeout:g} seconds;"
@@ -1030,9 +1045,7 @@ class CodeContext:
         self._start_timer = self.reactor.callLater(
             self.start_timeout, self._start_timed_out, self.kernel
         )
-        self.service.hub(self.run_as).send(
-            {"op": "open", "cid": self.id, "conn": conn, "timeout": self.start_timeout}
-        )
+        self._open_on_hub(conn)
 
     def close(self) -> Deferred[None]:
         """End every execution, kill the kernel's tree, remove its files."""

@@ -228,6 +228,8 @@ class HubClient:
         #: The event whose raw bytes are being read.
         self._awaiting: dict[str, Any] | None = None
         self._stderr = HeadTail(8 * KIB)
+        #: Lines heard from the hub so far (see :meth:`suspect`).
+        self.heard = 0
         self.gone = False
         self.reason: str | None = None
         self.child = Child(reactor, self._output)
@@ -264,6 +266,7 @@ class HubClient:
             self._stderr.write(data)
 
     def _line(self, line: bytes) -> None:
+        self.heard += 1
         try:
             event = json.loads(line)
         except ValueError:
@@ -298,6 +301,24 @@ class HubClient:
         self.reason = self.reason or reason
         self._splitter.stopped = True
         self.child.kill("killed")
+
+    def suspect(self, heard: int, grace: float) -> None:
+        """
+        A call to the hub went unanswered past its deadline: unless the hub
+        says anything within ``grace`` seconds (beyond the ``heard`` lines
+        it had sent when the call went out), it is stuck (stopped, wedged)
+        and is ended, so that its contexts and the next call get a new one
+        rather than waiting on it for good.
+        """
+
+        def check() -> None:
+            if not self.gone and self.heard == heard:
+                self._fail(
+                    "the kernel hub answered nothing for a context's whole "
+                    "start timeout: ended as stuck"
+                )
+
+        self.reactor.callLater(grace, check)
 
     def _ended(self, code: int | None) -> None:
         self.gone = True

@@ -9,6 +9,7 @@ The stream ends after an ``agent.session.idle`` (or ``.failed``) that
 leaves the client caught up with a session that has nothing to run, so
 ``for event in client.beta.agents.sessions.events.stream(...)`` ends with
 the turn; and after the session's last event once it is closed.
+Heartbeats are a lone comment line (see :func:`follow`).
 """
 
 from __future__ import annotations
@@ -77,6 +78,12 @@ def follow(face: SessionFace, after: int) -> Any:
     """The ``start`` of an :class:`~sandboxd.web.messages.SSEResponse`."""
 
     def start(channel: SSEChannel) -> Deferred[None]:
+        # The comment line alone, with no blank line after it: the openai
+        # SDK's decoder dispatches a blank line as an event whenever an
+        # ``id:`` came before (the last event id is kept, as the SSE spec
+        # says), and its empty data then fails to parse as JSON, ending
+        # the stream of a turn quiet for a heartbeat's interval.
+        channel.heartbeat_frame = b": keep-alive\n"
         return WireFollower(face, channel, after).done
 
     return start

@@ -121,6 +121,12 @@ CODE_RESTARTS_PER_MINUTE = 3
 #: not started again for its contexts (they fail; a later call tries anew).
 CODE_HUB_RESTARTS_PER_MINUTE = 3
 
+#: Code contexts: a kernel hub that has sent nothing at all this long after
+#: a context's start timed out is presumed stuck (stopped, or wedged) and
+#: ended, so that the next call starts a new one: a working hub reports the
+#: failed start itself at the same deadline.
+CODE_HUB_ANSWER_GRACE_SECONDS = 5.0
+
 #: Code contexts: display items spilled to disk, all contexts together.
 CODE_MAX_SPILL_BYTES = 512 * MIB
 
@@ -642,6 +648,13 @@ MAX_CONNECTIONS_PER_PEER = 256
 #: on a kept-alive connection (overridable: ``--head-deadline``).
 HEADER_DEADLINE_SECONDS = 30.0
 
+#: A request's body must average at least this many bytes a second once
+#: its first ``HEADER_DEADLINE_SECONDS`` are over (counting only the time
+#: the daemon reads it): a client on the slowest mobile link sends several
+#: times as much, and one that sends less holds a request and its slot for
+#: nothing (overridable: ``--body-min-rate``).
+BODY_MIN_RATE_BYTES = 1024
+
 #: At a connection cap, a connection whose request head has been on its way
 #: this long may be closed to make room for a new one.
 RECLAIM_HEAD_AFTER_SECONDS = 1.0
@@ -687,7 +700,9 @@ UPLOAD_HEAD_LIMIT = 64 * KIB
 #: and the connection closed.
 DRAIN_LIMIT_BYTES = 64 * KIB
 
-#: Close keep-alive connections idle for this long.
+#: Close keep-alive connections idle for this long; a response whose client
+#: takes none of its bytes for two such periods in a row is cut
+#: (overridable: ``--idle-timeout``).
 HTTP_IDLE_TIMEOUT_SECONDS = 60
 
 #: The longest a request may wait for a turn (``wait``), whatever it asks.

@@ -27,7 +27,12 @@ refused as they always were.
 The connection is counted in the door's
 :class:`~sandboxd.web.connections.ConnectionTable` like any other (caps,
 the head deadline, reclaiming idle ones), and closed after
-``idle_timeout_seconds`` with no request in flight and no byte in.
+``idle_timeout_seconds`` with no request in flight and no byte in; with
+a request in flight, once the browser has sent nothing and taken nothing
+for that long (the kernel's count of what it acknowledged, see
+:mod:`sandboxd.web.delivery`): an app that sent its head and stalled its
+body, or a browser that reads nothing, would otherwise hold the request,
+its slot and the app's connection for good.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from sandboxd.policy.defaults import (
     PREVIEW_UPGRADE_HEAD_BYTES,
 )
 from sandboxd.preview.answer import Answer
+from sandboxd.web.delivery import Delivery, delivery, untouched
 from sandboxd.web.heads import LIMITS, Head, HeadError, parse_head
 from sandboxd.web.sending import write_now
 
@@ -441,6 +447,8 @@ class DoorChannel(Protocol):
         self._handling = False
         self._quiet_since = 0.0
         self._idle: Any = None
+        #: What the browser had taken at the last idle check of a request.
+        self._delivered: Delivery | None = None
 
     # -- the connection -----------------------------------------------------------
 
@@ -573,6 +581,7 @@ class DoorChannel(Protocol):
         self._path = target
         request = DoorRequest(self, method, fields, keep_alive)
         self.request = request
+        self._delivered = None
         self.site.exchange(request)
 
     def request_done(self, request: DoorRequest) -> None:
@@ -653,9 +662,17 @@ class DoorChannel(Protocol):
         if self.closing or self.delegate is not None or not limit:
             return
         quiet = self.site.reactor.seconds() - self._quiet_since
-        if self.request is not None or quiet < limit:
-            wait = limit if self.request is not None else limit - quiet
-            self._idle = self.site.reactor.callLater(wait, self._check_idle)
+        if self.request is not None:
+            before, self._delivered = self._delivered, delivery(self.transport)
+            if quiet >= limit and untouched(before, self._delivered):
+                self.closing = True
+                self.transport.abortConnection()
+                return
+            self._idle = self.site.reactor.callLater(limit, self._check_idle)
+            return
+        self._delivered = None
+        if quiet < limit:
+            self._idle = self.site.reactor.callLater(limit - quiet, self._check_idle)
             return
         self.closing = True
         self.transport.loseConnection()

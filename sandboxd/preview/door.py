@@ -200,6 +200,7 @@ class PreviewSite(HardenedSite):
 
     requestFactory = PreviewRequest
     door = "preview"
+    silence_ends_requests = True
 
     def __init__(
         self, service: PreviewService, limits: ConnectionLimits | None = None

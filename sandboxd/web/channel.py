@@ -20,6 +20,17 @@ facing untrusted clients needs and Twisted does not set.
   head is Twisted's again: its body decoders, its pipelining (one request
   at a time, the next one's bytes held), its ``Request`` and the
   pipeline's hooks on it.
+- A request's body must keep coming (the table's minimum rate after the
+  head deadline's grace: 408 ``timeout`` otherwise), and a response's
+  client must keep taking it: the idle timeout, which Twisted resets with
+  every byte the client sends and this channel keeps running while a
+  request is handled, cuts a connection whose client took none of the
+  bytes waiting for it for two idle periods in a row (a download or a
+  stream whose client reads nothing would otherwise hold its request,
+  slot and descriptors for good; its memory is already bounded, since
+  the response is paused).  What the client took is the kernel's count
+  (:mod:`sandboxd.web.delivery`), so a client reading 1 KB/s is never
+  taken for one reading nothing.
 - Whatever the parser (or Twisted's body decoder) refuses gets a 400
   ``malformed_request`` in the framing of the site's door, like every
   other error of that door, not a bare status line: the site's
@@ -37,6 +48,7 @@ from typing import Any
 
 from twisted.internet.interfaces import IProtocol
 from twisted.internet.protocol import connectionDone
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http import (
     HTTPChannel,
@@ -45,10 +57,13 @@ from twisted.web.http import (
 )
 from twisted.web.http_headers import _nameEncoder
 
-from sandboxd.errors import ApiError, malformed_request
+from sandboxd.errors import ApiError, malformed_request, timed_out
 from sandboxd.policy.defaults import MAX_HEADERS
+from sandboxd.web.delivery import Delivery, delivery, stalled, untouched
 from sandboxd.web.dispatch import reason_phrase
 from sandboxd.web.heads import Head, HeadError, parse_head
+
+log = Logger(namespace="sandboxd.connections")
 
 
 def target_path(head: bytes) -> str:
@@ -89,6 +104,8 @@ class SandboxChannel(HTTPChannel):
     #: Handed to another protocol (see :meth:`take_over`): read no more.
     _taken = False
     _peer: Any = None
+    #: What the client had taken at the last idle check of a response.
+    _delivered: Delivery | None = None
 
     def isSecure(self) -> bool:
         """
@@ -153,6 +170,9 @@ class SandboxChannel(HTTPChannel):
                         return
                 else:
                     data, self._buffer = self._buffer, b""
+                    table = self._site_table
+                    if table:
+                        table.body_read(self, len(data))
                     self.rawDataReceived(data)
         finally:
             self._busyReceiving = False
@@ -217,6 +237,9 @@ class SandboxChannel(HTTPChannel):
         if self.length == 0:
             self.allContentReceived()
         else:
+            table = self._site_table
+            if table:
+                table.body_started(self)
             self.setRawMode()
 
     def allHeadersReceived(self) -> None:
@@ -251,6 +274,10 @@ class SandboxChannel(HTTPChannel):
         Twisted cancels the timer here and schedules a new one when the
         response is done: a timed call made and cancelled per request.
         """
+        table = self._site_table
+        if table:
+            table.body_done(self)
+        self._delivered = None
         timeout = self.timeOut
         self.timeOut = None
         try:
@@ -262,12 +289,43 @@ class SandboxChannel(HTTPChannel):
     def timeoutConnection(self) -> None:
         """
         Idle too long: close, unless a request is being handled (that one
-        is not idle; the timer starts again, and again from its response).
+        is not idle; the timer starts again, and again from its response)
+        and its client keeps taking what is sent to it.  A client that
+        took none of the bytes waiting for it since the last check, with
+        bytes waiting then too, reads nothing: its connection is cut (the
+        response cannot end, and the request would hold its slot for good).
         """
         if self._handlingRequest:
-            self.resetTimeout()
+            before, self._delivered = self._delivered, delivery(self.transport)
+            if stalled(before, self._delivered) or (
+                self.site.silence_ends_requests  # type: ignore[attr-defined]
+                and untouched(before, self._delivered)
+            ):
+                self._cut_stalled()
+                return
+            # A timer that fired is gone (``resetTimeout`` only moves a
+            # live one): a new one, or the connection would keep none
+            # after this request, idle for good.
+            self.setTimeout(self.timeOut)
             return
         super().timeoutConnection()
+
+    def _cut_stalled(self) -> None:
+        """
+        Abort a connection whose client stopped taking its response (or,
+        on a door whose idle bound covers requests in flight, one during
+        which no byte moved either way).
+        """
+        transport: Any = self.transport
+        if transport is None:
+            return
+        log.info(
+            "HTTP: cut a connection from {peer} whose client took nothing of "
+            "its response for {seconds:g} s",
+            peer=self.peer_host,
+            seconds=self.timeOut or 0,
+        )
+        transport.abortConnection()
 
     def requestDone(self, request: Any) -> None:
         """
@@ -285,6 +343,9 @@ class SandboxChannel(HTTPChannel):
             table.head_started(self)
         else:
             table.went_idle(self)
+        if table:
+            table.body_done(self)
+        self._delivered = None
         if self.persistent:
             self.resetTimeout()
         super().requestDone(request)
@@ -309,6 +370,36 @@ class SandboxChannel(HTTPChannel):
         """The request head is overdue, or reclaimed at a cap."""
         if self.transport is not None:
             self.transport.abortConnection()  # type: ignore[attr-defined]
+
+    def close_slow_body(self) -> None:
+        """
+        The request's body comes too slowly: 408 ``timeout`` framed for the
+        door, then close; or only close when an answer has begun.
+        """
+        transport: Any = self.transport
+        if self._answer_begun():
+            if transport is not None:
+                transport.abortConnection()
+            return
+        limits = self._site_table.limits
+        error = timed_out(
+            "the request body came too slowly: under "
+            f"{limits.body_min_rate:g} bytes a second after "
+            f"{limits.head_deadline:g} s"
+        )
+        request = self.requests[-1] if self.requests else None
+        refuse = getattr(request, "refuse_slow_body", None)
+        if refuse is not None:
+            # The request's own door framing, slot and audit line.
+            refuse(error)
+            return
+        head = self.head
+        accept = head.fields.get(b"accept") if head is not None else None
+        self._refuse(
+            error,
+            self._path.partition(b"?")[0].decode("latin-1"),
+            accept[0] if accept else None,
+        )
 
     _host: Any = None
 

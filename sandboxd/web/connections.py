@@ -16,6 +16,16 @@ A connection is in one of three states, as far as admission goes:
 - *idle*: a kept-alive connection between requests.
 - *busy*: a request is being read, handled or answered.
 
+A request's body, once its head is in, must keep coming: after the first
+:attr:`ConnectionLimits.head_deadline` seconds it must have averaged at
+least :attr:`ConnectionLimits.body_min_rate` bytes a second (Apache's
+``mod_reqtimeout`` rule), counting only the time the daemon was reading
+it (an upload waiting for the disk, or a preview waiting for its app,
+pauses the socket, and that is not the client's slowness).  Without it a
+client sending one byte every 59 s held a request, its concurrency slot
+and its connection for as long as it liked: every byte resets the idle
+timeout.
+
 When a cap is reached (all connections, or those from one address), a
 new connection takes the place of the connection idle the longest, else
 of the one whose head has been on its way the longest, if that is more
@@ -38,8 +48,10 @@ import attrs
 from twisted.logger import Logger
 
 from sandboxd.policy.defaults import (
+    BODY_MIN_RATE_BYTES,
     CAP_WARNING_INTERVAL_SECONDS,
     HEADER_DEADLINE_SECONDS,
+    HTTP_IDLE_TIMEOUT_SECONDS,
     MAX_CONNECTIONS_PER_PEER,
     MAX_HTTP_CONNECTIONS,
     RECLAIM_HEAD_AFTER_SECONDS,
@@ -51,6 +63,8 @@ log = Logger(namespace="sandboxd.connections")
 ENV_MAX_CONNECTIONS = "ABX_MAX_CONNECTIONS"
 ENV_MAX_CONNECTIONS_PER_ADDRESS = "ABX_MAX_CONNECTIONS_PER_ADDRESS"
 ENV_HEAD_DEADLINE = "ABX_HEAD_DEADLINE_SECONDS"
+ENV_IDLE_TIMEOUT = "ABX_IDLE_TIMEOUT_SECONDS"
+ENV_BODY_MIN_RATE = "ABX_BODY_MIN_RATE"
 
 
 class Connection(Protocol):
@@ -64,6 +78,9 @@ class Connection(Protocol):
     def close_slow(self) -> None:
         """Close a connection whose request head is overdue."""
 
+    def close_slow_body(self) -> None:
+        """Refuse a request whose body comes too slowly, and close."""
+
 
 @attrs.frozen
 class ConnectionLimits:
@@ -73,18 +90,31 @@ class ConnectionLimits:
     :ivar max_connections: open at once.
     :ivar max_per_address: open at once from one client address.
     :ivar head_deadline: seconds a request head may take, from the
-        connection (first request) or its first byte (later ones).
+        connection (first request) or its first byte (later ones); a
+        body's grace before :attr:`body_min_rate` applies.
+    :ivar idle_timeout: seconds a kept-alive connection may wait for its
+        next request; a response whose client takes no byte of it for
+        two such periods in a row is cut (see
+        :class:`~sandboxd.web.channel.SandboxChannel`).
+    :ivar body_min_rate: bytes a second a request body must average
+        after its grace.
     """
 
     max_connections: int = MAX_HTTP_CONNECTIONS
     max_per_address: int = MAX_CONNECTIONS_PER_PEER
     head_deadline: float = HEADER_DEADLINE_SECONDS
+    idle_timeout: float = HTTP_IDLE_TIMEOUT_SECONDS
+    body_min_rate: float = BODY_MIN_RATE_BYTES
 
     def __attrs_post_init__(self) -> None:
         if self.max_connections < 1 or self.max_per_address < 1:
             raise ValueError("connection caps must be at least 1")
         if not self.head_deadline > 0:
             raise ValueError("the request head deadline must be positive")
+        if not self.idle_timeout > 0:
+            raise ValueError("the idle timeout must be positive")
+        if not self.body_min_rate > 0:
+            raise ValueError("the request body's minimum rate must be positive")
 
     @classmethod
     def from_settings(
@@ -93,6 +123,8 @@ class ConnectionLimits:
         max_connections: int | None = None,
         max_per_address: int | None = None,
         head_deadline: float | None = None,
+        idle_timeout: float | None = None,
+        body_min_rate: float | None = None,
     ) -> ConnectionLimits:
         """
         The limits from explicit values, else the environment, else the
@@ -123,7 +155,21 @@ class ConnectionLimits:
                 MAX_CONNECTIONS_PER_PEER,
             ),
             pick(head_deadline, ENV_HEAD_DEADLINE, float, HEADER_DEADLINE_SECONDS),
+            pick(idle_timeout, ENV_IDLE_TIMEOUT, float, HTTP_IDLE_TIMEOUT_SECONDS),
+            pick(body_min_rate, ENV_BODY_MIN_RATE, float, BODY_MIN_RATE_BYTES),
         )
+
+
+@attrs.define
+class BodyClock:
+    """
+    How a request body is coming: the seconds the daemon has spent reading
+    it, when that was last counted, and the bytes received.
+    """
+
+    checked: float
+    active: float = 0.0
+    received: int = 0
 
 
 class ConnectionTable:
@@ -150,6 +196,8 @@ class ConnectionTable:
         self.per_peer: dict[str, int] = {}
         self.heads: OrderedDict[Connection, float] = OrderedDict()
         self.idle: OrderedDict[Connection, float] = OrderedDict()
+        #: Connections reading a request body, and how that is going.
+        self.bodies: dict[Connection, BodyClock] = {}
         self._last_warning: float | None = None
         self._last_info: float | None = None
         self._why = ""
@@ -157,6 +205,7 @@ class ConnectionTable:
         self._reclaimed_idle = 0
         self._reclaimed_slow = 0
         self._cut = 0
+        self._slow_bodies = 0
 
     def use_clock(self, seconds: Callable[[], float]) -> None:
         """Read the time from ``seconds`` from now on."""
@@ -206,6 +255,7 @@ class ConnectionTable:
         self.open.discard(conn)
         self.heads.pop(conn, None)
         self.idle.pop(conn, None)
+        self.bodies.pop(conn, None)
         left = self.per_peer.get(conn.peer_host, 1) - 1
         if left > 0:
             self.per_peer[conn.peer_host] = left
@@ -230,6 +280,49 @@ class ConnectionTable:
         if conn in self.open and conn not in self.heads:
             self.idle.pop(conn, None)
             self.idle[conn] = self._seconds()
+
+    def body_started(self, conn: Connection) -> None:
+        """The head is in and a body follows: its clock starts."""
+        if conn in self.open:
+            self.bodies[conn] = BodyClock(self._seconds())
+
+    def body_read(self, conn: Connection, size: int) -> None:
+        """``size`` bytes of the body arrived."""
+        clock = self.bodies.get(conn)
+        if clock is not None:
+            clock.received += size
+
+    def body_done(self, conn: Connection) -> None:
+        """The body is whole (or the request is over)."""
+        self.bodies.pop(conn, None)
+
+    def cut_slow_bodies(self, reading: Callable[[Connection], bool]) -> int:
+        """
+        Refuse every request whose body has come too slowly for the time
+        the daemon spent reading it (see the module docstring); how many.
+
+        :param reading: whether the daemon reads a connection now (time
+            it spent paused is not counted against its client).
+        """
+        if not self.bodies:
+            return 0
+        now = self._seconds()
+        grace = self.limits.head_deadline
+        rate = self.limits.body_min_rate
+        late = []
+        for conn, clock in self.bodies.items():
+            if reading(conn):
+                clock.active += now - clock.checked
+            clock.checked = now
+            if clock.active > grace + clock.received / rate:
+                late.append(conn)
+        for conn in late:
+            self.bodies.pop(conn, None)
+            conn.close_slow_body()
+        if late:
+            self._slow_bodies += len(late)
+            self.flush_log()
+        return len(late)
 
     # -- the deadline -------------------------------------------------------
 
@@ -284,19 +377,26 @@ class ConnectionTable:
             )
             self._last_warning = now
             self._refused = 0
-        if (self._reclaimed_idle or self._reclaimed_slow or self._cut) and (
-            self._last_info is None or now - self._last_info >= self._warn_every
-        ):
+        if (
+            self._reclaimed_idle
+            or self._reclaimed_slow
+            or self._cut
+            or self._slow_bodies
+        ) and (self._last_info is None or now - self._last_info >= self._warn_every):
             log.info(
                 "HTTP connections: {idle} idle and {slow} slow reclaimed at a cap, "
-                "{cut} cut at the {deadline:g} s request-head deadline",
+                "{cut} cut at the {deadline:g} s request-head deadline, "
+                "{bodies} request bodies refused under {rate:g} bytes/s",
                 idle=self._reclaimed_idle,
                 slow=self._reclaimed_slow,
                 cut=self._cut,
                 deadline=self.limits.head_deadline,
+                bodies=self._slow_bodies,
+                rate=self.limits.body_min_rate,
             )
             self._last_info = now
             self._reclaimed_idle = self._reclaimed_slow = self._cut = 0
+            self._slow_bodies = 0
 
 
 def _first(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred
@@ -13,9 +14,9 @@ from twisted.web.server import Site
 
 from sandboxd.daemon.context import Context
 from sandboxd.errors import ApiError
-from sandboxd.policy.defaults import HTTP_IDLE_TIMEOUT_SECONDS
 from sandboxd.web.channel import SandboxChannel
 from sandboxd.web.connections import ConnectionLimits, ConnectionTable
+from sandboxd.web.delivery import descriptor
 from sandboxd.web.request import SandboxRequest
 
 
@@ -46,6 +47,10 @@ class HardenedSite(Site):
     displayTracebacks = False
     noisy = False
     door = "http"
+    #: Whether a request during which no byte moves either way for a whole
+    #: idle period is cut (the preview door's ``idle_timeout_seconds``);
+    #: on the API's doors a quiet request is a command still running.
+    silence_ends_requests = False
 
     def logPrefix(self) -> str:
         """What the port's log lines call this site: its door."""
@@ -61,18 +66,17 @@ class HardenedSite(Site):
         # Form bodies never become request arguments (SPEC §3 step 5), and
         # parsing their Content-Type costs time on every POST
         # (docs/performance.md).
+        limits = limits or ConnectionLimits()
         super().__init__(
             resource,
-            timeout=HTTP_IDLE_TIMEOUT_SECONDS,
+            timeout=limits.idle_timeout,
             reactor=reactor,
             parsePOSTFormSubmission=False,
         )
         self.context = context
         # The clock is asked when a connection comes, not now: a reactor
         # that is never run (a MemoryReactor building a daemon) has none.
-        self.table = ConnectionTable(
-            limits or ConnectionLimits(), lambda: float(self.reactor.seconds())
-        )
+        self.table = ConnectionTable(limits, lambda: float(self.reactor.seconds()))
         self._sweeper = LoopingCall(self.enforce_header_deadline)
         self._sweeper.clock = self.reactor
 
@@ -118,8 +122,30 @@ class HardenedSite(Site):
         self.table.forget(channel)
 
     def enforce_header_deadline(self) -> None:
-        """Close connections whose request heads are overdue (slowloris)."""
+        """
+        Close connections whose request heads are overdue (slowloris), and
+        refuse requests whose bodies come too slowly.
+        """
         self.table.cut_overdue()
+        if self.table.bodies:
+            self.table.cut_slow_bodies(self._reading())
+
+    def _reading(self) -> Callable[[Any], bool]:
+        """
+        Whether a connection is read from now: its descriptor is among the
+        reactor's readers (a socket the daemon paused is not the client's
+        slowness).  Asked once per sweep, and only while bodies come.
+        """
+        get_readers = getattr(self.reactor, "getReaders", None)
+        if get_readers is None:
+            return lambda channel: True
+        readers = set(get_readers())
+
+        def reading(channel: Any) -> bool:
+            fd_object = descriptor(channel.transport)
+            return fd_object is None or fd_object in readers
+
+        return reading
 
     def close_all(self, within: float = 2.0) -> Deferred[None]:
         """Abort every open connection; fires once they are gone (bounded)."""

@@ -554,8 +554,27 @@ class SandboxRequest(Request):
         else:
             # Cut mid-body: the handler never ran, so the raw sink is told
             # here (a raw write removes its temporary file, a resumable
-            # upload keeps what arrived).
+            # upload keeps what arrived), and the slot taken at the head is
+            # given back (else every upload its client abandoned held one
+            # of the endpoint's concurrency slots until the daemon stopped).
             self._abort_sink()
+            if self.admission is not None and self.admission.slot:
+                self._release()
+                self._audit(499, "client_closed", self.audit_rule, 0)
+
+    def refuse_slow_body(self, error: ApiError) -> None:
+        """
+        The body comes too slowly (the channel's minimum rate): answer
+        ``error`` in this door's framing, free the slot, audit it, close.
+        """
+        self._abort_sink()
+        if self.admission is None:
+            # Refused already, its answer written: only close.
+            transport: Any = self.channel.transport
+            if transport is not None:
+                transport.abortConnection()
+            return
+        self._fail_at_header(error)
 
     def _finished(self, result: object) -> None:
         """The response is over (or the client left): free the slot, audit."""

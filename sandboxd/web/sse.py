@@ -196,12 +196,16 @@ class SSEChannel:
         """A comment line, ignored by clients, that keeps proxies awake."""
         self.write_raw(f": {text}\n\n".encode())
 
+    #: What a heartbeat writes: a comment, then the blank line that ends a
+    #: frame (what every stream's clients have read since the start).
+    heartbeat_frame = b": keep-alive\n\n"
+
     def _beat(self) -> None:
         if not self.open:
             return
         quiet = self._clock.seconds() - self._last_write
         if quiet >= self._every - 0.001:
-            self.comment()
+            self.write_raw(self.heartbeat_frame)
             quiet = 0.0
         self._beat_call = self._clock.callLater(self._every - quiet, self._beat)
 

@@ -15,6 +15,8 @@ A stdlib-only ACP agent that misbehaves on purpose (what the SDK cannot do).
 - ``grandchild``: starts a grandchild that ignores SIGTERM, ignores SIGTERM
   itself and never ends a turn;
 - ``exit_at_init``: prints to stderr and exits during ``session/new``.
+- ``stuck_config``: starts a session with two modes and can list sessions,
+  then never answers a mode, model or option change, nor ``session/list``.
 """
 
 from __future__ import annotations
@@ -206,6 +208,15 @@ def prompt_turn(message: dict[str, Any]) -> None:
             read()
 
 
+#: What ``stuck_config`` never answers.
+STUCK_METHODS = (
+    "session/set_mode",
+    "session/set_model",
+    "session/set_config_option",
+    "session/list",
+)
+
+
 def main() -> None:
     if MODE == "grandchild":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -216,12 +227,17 @@ def main() -> None:
         method = message.get("method")
         if MODE == "silent":
             continue
+        if MODE == "stuck_config" and method in STUCK_METHODS:
+            continue
         if method == "initialize":
             if MODE == "garbage":
                 raw(b"Debugger listening on ws://127.0.0.1:9229\n")
+            caps: dict[str, Any] = {}
+            if MODE == "stuck_config":
+                caps = {"sessionCapabilities": {"list": {}}}
             answer(
                 message,
-                {"protocolVersion": 1, "agentCapabilities": {}, "authMethods": []},
+                {"protocolVersion": 1, "agentCapabilities": caps, "authMethods": []},
             )
         elif method == "session/new":
             if MODE == "exit_at_init":
@@ -240,7 +256,16 @@ def main() -> None:
                     stderr=subprocess.DEVNULL,
                 )
                 del child
-            answer(message, {"sessionId": "script-1"})
+            result: dict[str, Any] = {"sessionId": "script-1"}
+            if MODE == "stuck_config":
+                result["modes"] = {
+                    "currentModeId": "ask",
+                    "availableModes": [
+                        {"id": "ask", "name": "Ask"},
+                        {"id": "code", "name": "Code"},
+                    ],
+                }
+            answer(message, result)
         elif method == "session/prompt":
             prompt_turn(message)
         elif "id" in message and method is not None:

@@ -28,7 +28,7 @@ from twisted.web.http_headers import Headers
 from sandboxd.agents.connection import LineFramer
 from sandboxd.agents.process import is_alive
 from sandboxd.testing import SSEReader
-from tests.helpers import DaemonTestCase
+from tests.helpers import DaemonTestCase, marked_pids
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAKE = os.path.join(HERE, "fake_agent.py")
@@ -65,6 +65,7 @@ CATALOG = {
             "cancel_error",
             "grandchild",
             "exit_at_init",
+            "stuck_config",
         )
     },
 }
@@ -1008,6 +1009,67 @@ class MisbehaviourTests(AgentsTestCase):
         session = reply.json()["sessions"][0]
         state = yield self.wait_state(session["session_id"], ("failed",))
         self.assertFalse(is_alive(state["process"]["pid"]))
+
+    @inlineCallbacks
+    def test_unanswered_mode_change_is_504(self) -> Any:
+        """
+        An agent that never answers a mode change: the config call is 504
+        agent_timeout within init_timeout_seconds, the session fails and
+        its agent is gone, and the session slot is free again.  (The
+        bound is the agent's start bound too, so it leaves a loaded test
+        machine time to start the agent.)
+        """
+        yield self.daemon.stop()
+        yield self.start(
+            policy=agents_policy(limits={"init_timeout_seconds": 8, "max_sessions": 1})
+        )
+        sid = yield self.session("script-stuck_config")
+        started = reactor.seconds()
+        reply = yield self.request(
+            "POST", f"/agents/sessions/{sid}/config", {"mode": "code"}
+        )
+        self.assertEqual(reply.status, 504, reply.body)
+        self.assertEqual(reply.json()["code"], "agent_timeout")
+        self.assertIn("session/set_mode", reply.json()["error"])
+        self.assertLess(reactor.seconds() - started, 16)
+        state = yield self.wait_state(sid, ("failed",))
+        self.assertEqual(state["error"]["code"], "agent_timeout")
+        self.assertFalse(is_alive(state["process"]["pid"]))
+        again = yield self.session("fake")
+        self.assertTrue(again)
+
+    @inlineCallbacks
+    def test_unanswered_mode_at_create_is_504(self) -> Any:
+        """
+        A create whose mode the agent never confirms: 504 agent_timeout,
+        nothing left listed, the agent's process gone.
+        """
+        yield self.daemon.stop()
+        yield self.start(policy=agents_policy(limits={"init_timeout_seconds": 8}))
+        reply = yield self.create("script-stuck_config", mode="code")
+        self.assertEqual(reply.status, 504, reply.body)
+        self.assertEqual(reply.json()["code"], "agent_timeout")
+        self.assertIn("session/set_mode", reply.json()["error"])
+        reply = yield self.request("GET", "/agents/sessions")
+        self.assertEqual(reply.json()["sessions"], [])
+
+    @inlineCallbacks
+    def test_unanswered_session_list_is_504(self) -> Any:
+        """
+        An agent that never answers ``session/list``: the catalogue's
+        sessions call is 504 agent_timeout, and the transient agent is gone.
+        """
+        yield self.daemon.stop()
+        yield self.start(policy=agents_policy(limits={"init_timeout_seconds": 8}))
+        started = reactor.seconds()
+        reply = yield self.request(
+            "GET", "/agents/catalog/script-stuck_config/sessions"
+        )
+        self.assertEqual(reply.status, 504, reply.body)
+        self.assertEqual(reply.json()["code"], "agent_timeout")
+        self.assertIn("session/list", reply.json()["error"])
+        self.assertLess(reactor.seconds() - started, 20)
+        self.assertEqual(marked_pids(f"{SCRIPT}\0stuck_config"), [])
 
     @inlineCallbacks
     def test_exit_at_init_is_502_with_stderr(self) -> Any:

@@ -638,3 +638,33 @@ class OwnerTests(RemoteCase):
                     self.assertEqual(reply.status, 200, (path, owner))
         reply = yield self.request("DELETE", f"/git/jobs/{job_id}", token="alice-token")
         self.assertEqual((reply.status, reply.json()["state"]), (200, "done"))
+
+
+class SilentRemoteTests(RemoteCase):
+    """A remote that accepts the connection and never says a word."""
+
+    limits = {"idle_timeout_seconds": 2}
+
+    @inlineCallbacks
+    def test_silent_remote_ends_at_the_idle_bound(self) -> Any:
+        """
+        A clone from a remote that accepts and says nothing ends within a
+        few seconds of ``idle_timeout_seconds`` with ``idle_timeout``, and
+        no ``git-remote-https`` is left behind.
+        """
+        from twisted.internet.protocol import Factory, Protocol
+
+        port = reactor.listenTCP(
+            0, Factory.forProtocol(Protocol), interface="127.0.0.1"
+        )
+        self.addCleanup(port.stopListening)
+        url = f"https://127.0.0.1:{port.getHost().port}/repo.git"
+        started = time.monotonic()
+        reply = yield self.request(
+            "POST", "/git/clone", {"url": url, "path": "silent", "wait": 30}
+        )
+        elapsed = time.monotonic() - started
+        self.assertEqual(reply.status, 408, reply.body)
+        self.assertEqual(reply.json()["code"], "idle_timeout", reply.body)
+        self.assertLess(elapsed, 10)
+        self.assertEqual(remote_helpers(os.getpid()), [])

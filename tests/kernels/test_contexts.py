@@ -629,6 +629,87 @@ class DeathTests(CodeTestCase):
         self.assertTrue(alive(ctx["pid"]))
 
 
+class StuckHubTests(CodeTestCase):
+    """A hub that stops answering (SIGSTOP) is replaced, not waited on."""
+
+    @inlineCallbacks
+    def test_stopped_hub_is_replaced(self) -> Any:
+        """
+        With the hub stopped, a restart fails 504 at the start timeout
+        instead of hanging; the stuck hub is then ended, and a new context
+        gets a new hub that works.
+        """
+        from sandboxd.policy import defaults
+
+        ctx = yield self.context()
+        service = self.daemon.context.code.get()
+        hub = service.hub().pid
+        self.addCleanup(lambda: alive(hub) and os.kill(hub, signal.SIGCONT))
+        # Only the restart's start is to be short (a first start on a
+        # loaded machine needs the long one the case gives it).
+        service.contexts[ctx["id"]].start_timeout = 2.0
+        self.patch(defaults, "CODE_HUB_ANSWER_GRACE_SECONDS", 1.0)
+        os.kill(hub, signal.SIGSTOP)
+        started = reactor.seconds()
+        reply = yield self.request("POST", f"/code/contexts/{ctx['id']}/restart")
+        self.assertEqual(reply.status, 504, reply.body)
+        self.assertLess(reactor.seconds() - started, 15)
+        for _ in range(150):
+            if not alive(hub):
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertFalse(alive(hub))
+        fresh = yield self.context()
+        ok = yield self.execute(fresh["id"], "1 + 1")
+        self.assertEqual(ok["results"][0]["data"]["text/plain"], "2")
+        self.assertNotEqual(service.hub().pid, hub)
+
+
+class StoppedKernelTests(CodeTestCase):
+    """A kernel SIGSTOPped mid-run: every control call still answers."""
+
+    @inlineCallbacks
+    def test_interrupt_restart_delete_answer(self) -> Any:
+        """
+        With the kernel stopped in the middle of an execution, interrupt
+        answers at once, restart answers (the stopped tree is killed and a
+        new kernel serves), and delete answers with the kernel gone.
+        """
+        ctx = yield self.context()
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {"code": "import time\nprint('x', flush=True)\ntime.sleep(60)", "wait": 0},
+        )
+        reader = yield self.stream(reply.json()["events_url"])
+        yield reader.wait_for_event(lambda e: e["event"] == "stdout")
+        os.kill(ctx["pid"], signal.SIGSTOP)
+        self.addCleanup(
+            lambda: alive(ctx["pid"]) and os.kill(ctx["pid"], signal.SIGCONT)
+        )
+        started = reactor.seconds()
+        reply = yield self.request("POST", f"/code/contexts/{ctx['id']}/interrupt")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertLess(reactor.seconds() - started, 5)
+        reply = yield self.request("POST", f"/code/contexts/{ctx['id']}/restart")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertFalse(alive(ctx["pid"]))
+        events = yield reader.done
+        self.assertEqual(events[-1]["event"], "execution.ended")
+        ok = yield self.execute(ctx["id"], "1 + 1")
+        self.assertEqual(ok["results"][0]["data"]["text/plain"], "2")
+        new_pid = (yield self.request("GET", f"/code/contexts/{ctx['id']}")).json()[
+            "pid"
+        ]
+        os.kill(new_pid, signal.SIGSTOP)
+        self.addCleanup(lambda: alive(new_pid) and os.kill(new_pid, signal.SIGCONT))
+        started = reactor.seconds()
+        reply = yield self.request("DELETE", f"/code/contexts/{ctx['id']}")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertLess(reactor.seconds() - started, 15)
+        self.assertFalse(alive(new_pid))
+
+
 class RefusalTests(CodeTestCase):
     """Bad input: clear errors, nothing half-done."""
 

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 import httpx
+from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -615,3 +616,56 @@ class NotToolsTests(SynchronousTestCase):
         tools = {e.id for e in table if is_tool(e)}
         self.assertIn("agents_prompt", tools)
         self.assertEqual({e.id for e in table if e.door == "openai"} & tools, set())
+
+
+class UnansweringAgentTests(OpenAICase):
+    """An agent that never answers, as the ``openai`` SDK sees it."""
+
+    policy = openai_policy(
+        limits={"init_timeout_seconds": 2, "max_turn_seconds": 2, "max_sessions": 1}
+    )
+
+    @inlineCallbacks
+    def test_silent_initialize(self) -> Any:
+        """
+        ``sessions.create`` for an agent that never answers ``initialize``:
+        504 ``agent_timeout`` within the bound, and the session slot is free
+        again for a working agent.
+        """
+        from openai import APIStatusError
+
+        client = self.client()
+        started = reactor.seconds()
+        error = yield self.sdk(
+            caught,
+            lambda: client.beta.agents.sessions.create(
+                **self.session_body(agent={"model": "script-silent"})
+            ),
+        )
+        self.assertIsInstance(error, APIStatusError)
+        self.assertEqual(error.status_code, 504)
+        self.assertEqual(error.body["code"], "agent_timeout")
+        self.assertLess(reactor.seconds() - started, 15)
+
+    @inlineCallbacks
+    def test_turn_never_ended(self) -> Any:
+        """
+        A turn the agent never ends (and whose cancel it ignores): the
+        SDK's stream lives through the quiet (a heartbeat every 4 s) and
+        ends by itself with the turn cancelled after ``max_turn_seconds``
+        and the cancel's grace.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            session = client.beta.agents.sessions.create(
+                **self.session_body(agent={"model": "script-grandchild"})
+            )
+            with client.beta.agents.sessions.stream(session.id, input="go") as stream:
+                return [event.type for event in stream]
+
+        started = reactor.seconds()
+        types = yield self.sdk(run)
+        self.assertLess(reactor.seconds() - started, 35)
+        self.assertIn("agent.session.turn.cancelled", types)
+        self.assertEqual(types[-1], "agent.session.idle")

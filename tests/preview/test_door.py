@@ -15,7 +15,7 @@ from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
-from twisted.internet.protocol import Protocol
+from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.web.client import Agent, HTTPConnectionPool, readBody
@@ -822,3 +822,147 @@ class ExposureApiTests(DoorCase):
         self.assertEqual((gone.status, gone.json()["code"]), (404, "port_not_exposed"))
         response, _ = yield self.fetch("GET", "/", host=host)
         self.assertEqual(response.code, 404)
+
+
+class _StalledBody(Protocol):
+    """An app that sends a head and the start of a body, then nothing."""
+
+    def dataReceived(self, data: bytes) -> None:
+        if b"\r\n\r\n" in data and self.transport is not None:
+            self.transport.write(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\nfirst bytes"
+            )
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.factory.lost.append(time.monotonic())  # type: ignore[attr-defined]
+
+
+class _StalledApp(ServerFactory):
+    protocol = _StalledBody
+
+    def __init__(self) -> None:
+        self.lost: list[float] = []
+        self.port = 0
+
+
+class UpstreamStallTests(DoorCase):
+    """``limits.idle_timeout_seconds`` ends a request during which nothing moves."""
+
+    policy = {
+        **POLICY,
+        "endpoints": {
+            "preview_proxy": {"audit": "all", "limits": {"idle_timeout_seconds": 1}}
+        },
+    }
+
+    @inlineCallbacks
+    def test_stalled_body_is_cut(self) -> Any:
+        """
+        An app that sends its head and then stalls its body: the browser's
+        connection is closed within a few idle periods (the answer cut
+        short), and so is the door's connection to the app.
+        """
+        app = yield self.serve(_StalledApp())
+        host = f"{app.port}.localhost:{self.door_port}"
+
+        def get() -> tuple[bytes, float]:
+            with socket.create_connection(("127.0.0.1", self.door_port), 15) as s:
+                s.sendall(
+                    f"GET / HTTP/1.1\r\nHost: {host}\r\n"
+                    f"X-Access-Token: {TOKEN}\r\n\r\n".encode()
+                )
+                began = time.monotonic()
+                out = b""
+                try:
+                    while chunk := s.recv(65536):
+                        out += chunk
+                except OSError:
+                    pass
+                return out, time.monotonic() - began
+
+        out, elapsed = yield deferToThread(get)
+        self.assertIn(b"first bytes", out)
+        self.assertLess(elapsed, 8)
+        for _ in range(50):
+            if app.lost:
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertTrue(app.lost)
+
+    @inlineCallbacks
+    def test_stalled_answer_to_an_upload_is_cut(self) -> Any:
+        """
+        The same for a request with a body (which the door reads through
+        its other channel): the app answers the upload with a head and
+        stalls; the browser's connection is closed within a few periods.
+        """
+        app = yield self.serve(_StalledApp())
+        host = f"{app.port}.localhost:{self.door_port}"
+
+        def post() -> tuple[bytes, float]:
+            with socket.create_connection(("127.0.0.1", self.door_port), 15) as s:
+                s.sendall(
+                    f"POST /upload HTTP/1.1\r\nHost: {host}\r\n"
+                    f"X-Access-Token: {TOKEN}\r\nContent-Length: 5\r\n\r\n"
+                    "hello".encode()
+                )
+                began = time.monotonic()
+                out = b""
+                try:
+                    while chunk := s.recv(65536):
+                        out += chunk
+                except OSError:
+                    pass
+                return out, time.monotonic() - began
+
+        out, elapsed = yield deferToThread(post)
+        self.assertIn(b"first bytes", out)
+        self.assertLess(elapsed, 8)
+
+
+class TrickledBodyTests(DoorCase):
+    """A browser that trickles a request body to the door is refused, not waited on."""
+
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        kwargs.setdefault("head_deadline", 1.0)
+        return super().start(stop_at_end, **kwargs)
+
+    @inlineCallbacks
+    def test_trickled_upload_is_408(self) -> Any:
+        """
+        An upload sent a byte every 0.2 s: 408 ``timeout`` from the door
+        soon after the grace, and the connection closed.
+        """
+        yield self.expose()
+        host = self.host()
+
+        def trickle() -> tuple[bytes, float]:
+            with socket.create_connection(("127.0.0.1", self.door_port), 15) as s:
+                s.sendall(
+                    f"POST /upload HTTP/1.1\r\nHost: {host}\r\n"
+                    f"X-Access-Token: {TOKEN}\r\nAccept: application/json\r\n"
+                    "Content-Length: 100000\r\n\r\n".encode()
+                )
+                began = time.monotonic()
+                s.settimeout(0.2)
+                out = b""
+                while time.monotonic() - began < 15:
+                    try:
+                        s.sendall(b"x")
+                    except OSError:
+                        break
+                    try:
+                        chunk = s.recv(65536)
+                    except TimeoutError:
+                        continue
+                    except OSError:
+                        break
+                    if not chunk:
+                        break
+                    out += chunk
+                return out, time.monotonic() - began
+
+        out, elapsed = yield deferToThread(trickle)
+        self.assertTrue(out.startswith(b"HTTP/1.1 408 "), out[:200])
+        self.assertIn(b'"timeout"', out)
+        self.assertLess(elapsed, 8)

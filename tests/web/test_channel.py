@@ -1,22 +1,30 @@
 """
 ``SandboxChannel.take_over``: a connection handed from HTTP to another
-protocol (the preview door's WebSocket splice), in memory; and
-``client_left`` on real sockets.
+protocol (the preview door's WebSocket splice), in memory; ``client_left``
+on real sockets; and slow clients (a trickled body, a download nobody
+reads) against a real daemon on loopback.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
+import time
 from typing import Any
 
+from twisted.internet import reactor
+from twisted.internet.defer import inlineCallbacks
 from twisted.internet.protocol import Protocol
+from twisted.internet.task import deferLater
 from twisted.internet.testing import StringTransport
+from twisted.internet.threads import deferToThread
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.web.channel import client_left
+from tests.helpers import DaemonTestCase
 from tests.web.test_request import connect, make_site
 
 
@@ -215,6 +223,11 @@ class IdleTimeoutTests(SynchronousTestCase):
             clock.advance(HTTP_IDLE_TIMEOUT_SECONDS)
         self.assertFalse(transport.disconnecting)
         self.assertTrue(channels[0].open)
+        channels[0].close()
+        clock.advance(HTTP_IDLE_TIMEOUT_SECONDS - 1)
+        self.assertFalse(transport.disconnecting)
+        clock.advance(2)
+        self.assertTrue(transport.disconnecting)
 
 
 class CountingTransport(StringTransport):
@@ -315,3 +328,228 @@ class ClientLeftTests(SynchronousTestCase):
     def test_no_socket(self) -> None:
         """A transport without a socket (tests, memory) never says gone."""
         self.assertFalse(client_left(object()))
+
+
+def _trickle_body(port: int, seconds: float) -> tuple[bytes, float]:
+    """
+    POST a raw body a byte every 0.2 s for at most ``seconds``: what came
+    back, and when the daemon answered or closed (blocking: a thread).
+    """
+    head = (
+        b"POST /files/raw?path=trickled.bin HTTP/1.1\r\nHost: localhost\r\n"
+        b"Content-Length: 100000\r\n\r\n"
+    )
+    out = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(head)
+        began = time.monotonic()
+        s.settimeout(0.2)
+        while time.monotonic() - began < seconds:
+            try:
+                s.sendall(b"x")
+            except OSError:
+                break
+            try:
+                chunk = s.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        return out, time.monotonic() - began
+
+
+def _read_nothing(port: int, path: str, seconds: float) -> tuple[int, bool, float]:
+    """
+    GET ``path`` with a small receive buffer and read nothing for
+    ``seconds``, then read to the end: the bytes received, whether the
+    daemon cut the connection before the whole answer came, and the time.
+    """
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.settimeout(10)
+        s.connect(("127.0.0.1", port))
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
+        began = time.monotonic()
+        time.sleep(seconds)
+        received, cut = 0, False
+        try:
+            while chunk := s.recv(1 << 20):
+                received += len(chunk)
+        except ConnectionResetError:
+            cut = True
+        except TimeoutError:
+            pass
+        return received, cut, time.monotonic() - began
+
+
+def _read_slowly(port: int, path: str, seconds: float) -> tuple[int, bool]:
+    """
+    GET ``path`` reading 4 KiB every 0.2 s for ``seconds``: the bytes
+    received, and whether the daemon cut the connection meanwhile.
+    """
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.settimeout(10)
+        s.connect(("127.0.0.1", port))
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
+        began = time.monotonic()
+        received = 0
+        try:
+            while time.monotonic() - began < seconds:
+                chunk = s.recv(4096)
+                if not chunk:
+                    return received, True
+                received += len(chunk)
+                time.sleep(0.2)
+        except ConnectionResetError:
+            return received, True
+        return received, False
+
+
+class SlowClientTests(DaemonTestCase):
+    """
+    A client that sends its body too slowly, or takes none of its answer,
+    does not hold its request, its slot and its connection for good.
+    """
+
+    timeout = 40
+    autostart = False
+    policy = {
+        "endpoints": {
+            "files_write_raw": {"limits": {"max_concurrency": 1}},
+            "files_read_raw": {"limits": {"max_concurrency": 1}},
+        }
+    }
+
+    def setUp(self) -> Any:
+        super().setUp()
+        return self.start(head_deadline=1.0, idle_timeout=1.0)
+
+    @inlineCallbacks
+    def test_trickled_body_is_408(self) -> Any:
+        """
+        A body sent a byte every 0.2 s: 408 ``timeout`` soon after the head
+        deadline's grace, nothing written, and the endpoint's one slot
+        free again for the next upload.
+        """
+        out, elapsed = yield deferToThread(_trickle_body, self.daemon.port, 15)
+        head, _, body = out.partition(b"\r\n\r\n")
+        self.assertTrue(head.startswith(b"HTTP/1.1 408 "), out[:200])
+        self.assertEqual(json.loads(body)["code"], "timeout")
+        self.assertLess(elapsed, 6)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "trickled.bin")))
+        reply = yield self.request(
+            "POST", "/files/raw?path=next.bin", raw_body=b"whole"
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+
+    @inlineCallbacks
+    def test_body_paused_by_the_daemon_is_not_counted(self) -> Any:
+        """A body that comes at once is never refused, however slow the handler."""
+        data = b"y" * 3_000_000
+        reply = yield self.request("POST", "/files/raw?path=big.bin", raw_body=data)
+        self.assertEqual(reply.status, 200, reply.body)
+        with open(os.path.join(self.base_dir, "big.bin"), "rb") as f:
+            self.assertEqual(f.read(), data)
+
+    @inlineCallbacks
+    def test_download_read_by_nobody_is_cut(self) -> Any:
+        """
+        A download whose client reads nothing is cut within two idle
+        periods, and the endpoint's one slot is free again.
+        """
+        with open(os.path.join(self.base_dir, "big.bin"), "wb") as f:
+            f.write(b"z" * 20_000_000)
+        received, cut, elapsed = yield deferToThread(
+            _read_nothing, self.daemon.port, "/files/raw?path=big.bin", 4.0
+        )
+        self.assertTrue(cut or received < 20_000_000, (received, elapsed))
+        reply = yield self.request("GET", "/files/raw?path=big.bin")
+        self.assertEqual(reply.status, 200, reply.body[:200])
+        self.assertEqual(len(reply.body), 20_000_000)
+
+    @inlineCallbacks
+    def test_slow_reader_is_not_cut(self) -> Any:
+        """A client that reads slowly but steadily keeps its download."""
+        with open(os.path.join(self.base_dir, "big.bin"), "wb") as f:
+            f.write(b"z" * 20_000_000)
+        received, cut = yield deferToThread(
+            _read_slowly, self.daemon.port, "/files/raw?path=big.bin", 4.0
+        )
+        self.assertFalse(cut, received)
+        self.assertGreater(received, 0)
+
+    @inlineCallbacks
+    def test_stream_read_by_nobody_is_cut(self) -> Any:
+        """
+        A followed process output (SSE) whose client reads nothing while
+        the process prints on: the stream is cut within a few idle periods
+        of the client's window filling (the process itself runs on).
+        """
+        marker = f"hangs-unread-{os.getpid()}"
+        reply = yield self.request(
+            "POST",
+            "/process/start",
+            {"command": f"while :; do echo {marker}; sleep 0.01; done", "shell": "sh"},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        pid = reply.json()["pid"]
+        self.addCleanup(self.request, "POST", f"/process/{pid}/signal", {"signal": 9})
+
+        def follow_and_read_nothing() -> str:
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.settimeout(10)
+                s.connect(("127.0.0.1", self.daemon.port))
+                s.sendall(
+                    f"GET /process/{pid}/output?follow=true HTTP/1.1\r\n"
+                    "Host: localhost\r\n\r\n".encode()
+                )
+                time.sleep(8)
+                began = time.monotonic()
+                try:
+                    while s.recv(1 << 20):
+                        if time.monotonic() - began > 5:
+                            return "still streaming"
+                except ConnectionResetError:
+                    return "cut"
+                return "ended"
+
+        how = yield deferToThread(follow_and_read_nothing)
+        self.assertEqual(how, "cut")
+
+
+class AbandonedBodyTests(DaemonTestCase):
+    """A request whose client leaves before its body is whole leaves nothing held."""
+
+    timeout = 30
+    policy = {"endpoints": {"files_write_raw": {"limits": {"max_concurrency": 1}}}}
+
+    @inlineCallbacks
+    def test_client_gone_mid_body_frees_the_slot(self) -> Any:
+        """
+        A client that sends half its body and closes: the endpoint's one
+        concurrency slot is free again, nothing is written.
+        """
+
+        def half() -> None:
+            with socket.create_connection(("127.0.0.1", self.daemon.port), 10) as s:
+                s.sendall(
+                    b"POST /files/raw?path=half.bin HTTP/1.1\r\nHost: localhost\r\n"
+                    b"Content-Length: 1000\r\n\r\n" + b"x" * 500
+                )
+                time.sleep(0.3)
+
+        yield deferToThread(half)
+        for _ in range(20):
+            reply = yield self.request(
+                "POST", "/files/raw?path=next.bin", raw_body=b"whole"
+            )
+            if reply.status != 429:
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "half.bin")))

@@ -335,3 +335,97 @@ class SlowRequestLineFloodTests(DaemonTestCase):
                 p.transport.abortConnection()
         for p in made:
             yield p.closed
+
+
+class _Conn:
+    """A connection as the table sees it, counting refusals."""
+
+    peer_host = "10.0.0.7"
+
+    def __init__(self) -> None:
+        self.refused = 0
+
+    def close_idle(self) -> None:
+        pass
+
+    def close_slow(self) -> None:
+        pass
+
+    def close_slow_body(self) -> None:
+        self.refused += 1
+
+
+class BodyRateTests(_Case):
+    """A request body must keep coming once the head deadline's grace is over."""
+
+    HEAD = (
+        b"POST /env HTTP/1.1\r\nHost: localhost\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 50000\r\n\r\n"
+    )
+
+    def test_dripped_body_is_408(self) -> None:
+        """
+        A body dripped a byte a second (each byte resets the idle timeout):
+        408 ``timeout`` in the door's framing within a second or two of the
+        grace, and the connection closed.
+        """
+        site, clock = self.site(head_deadline=10, body_min_rate=1024)
+        protocol, transport = self.connect(site)
+        protocol.dataReceived(self.HEAD)
+        for _ in range(9):
+            protocol.dataReceived(b" ")
+            clock.advance(1)
+        self.assertFalse(transport.disconnecting)
+        for _ in range(3):
+            protocol.dataReceived(b" ")
+            clock.advance(1)
+        self.assertTrue(transport.disconnecting)
+        answer = transport.value()
+        self.assertTrue(answer.startswith(b"HTTP/1.1 408 "), answer[:80])
+        self.assertIn(b'"code":"timeout"', answer)
+        self.assertEqual(site.table.bodies, {})
+
+    def test_steady_body_is_kept(self) -> None:
+        """A body coming at 2 KiB a second is read on, past the grace."""
+        site, clock = self.site(head_deadline=10, body_min_rate=1024)
+        protocol, transport = self.connect(site)
+        protocol.dataReceived(self.HEAD)
+        for _ in range(20):
+            protocol.dataReceived(b" " * 2048)
+            clock.advance(1)
+        self.assertFalse(transport.disconnecting)
+        self.assertEqual(transport.value(), b"")
+
+    def test_paused_time_is_not_counted(self) -> None:
+        """
+        Time the daemon was not reading the body (paused for the disk or
+        an app) is not the client's: only reading time uses up the grace.
+        """
+        now = [0.0]
+        table = ConnectionTable(ConnectionLimits(head_deadline=10), lambda: now[0])
+        conn = _Conn()
+        table.admit(conn)
+        table.head_done(conn)
+        table.body_started(conn)
+        for _ in range(30):
+            now[0] += 1
+            table.cut_slow_bodies(lambda c: False)
+        self.assertEqual(conn.refused, 0)
+        for _ in range(9):
+            now[0] += 1
+            table.cut_slow_bodies(lambda c: True)
+        self.assertEqual(conn.refused, 0)
+        for _ in range(2):
+            now[0] += 1
+            table.cut_slow_bodies(lambda c: True)
+        self.assertEqual(conn.refused, 1)
+        self.assertEqual(table.bodies, {})
+
+    def test_bounds_from_settings(self) -> None:
+        """The idle timeout and the body rate come from the options, else the environment."""
+        limits = connection_limits(Settings(idle_timeout=5, environ={}))
+        self.assertEqual(limits.idle_timeout, 5)
+        limits = connection_limits(Settings(environ={"ABX_BODY_MIN_RATE": "100"}))
+        self.assertEqual(limits.body_min_rate, 100)
+        with self.assertRaises(PolicyError):
+            connection_limits(Settings(body_min_rate=0, environ={}))

@@ -75,6 +75,11 @@ SCHEMAS: dict[str, Schema] = {
         errors=(
             E(404, "not_found", "unknown agent id"),
             E(501, "unsupported", "the agent cannot list its sessions"),
+            E(
+                504,
+                "agent_timeout",
+                "no answer within init_timeout_seconds (30); the agent is ended",
+            ),
         ),
     ),
     "agents_session_create": Schema(
@@ -211,7 +216,16 @@ SCHEMAS: dict[str, Schema] = {
             F("config_options", "array", items="object"),
             F("title"),
         ),
-        errors=(_SID_404, E(403, "param_not_allowed", "a forbidden mode (deny_modes)")),
+        errors=(
+            _SID_404,
+            E(403, "param_not_allowed", "a forbidden mode (deny_modes)"),
+            E(
+                504,
+                "agent_timeout",
+                "no answer within init_timeout_seconds (30): the session fails "
+                "and its agent is ended",
+            ),
+        ),
     ),
     "agents_session_cancel": Schema(
         body=(F("wait", "number", "seconds to wait for the turn to end", default=15),),
