@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 import math
 import threading
+import time
 from typing import Any
 
+from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks, succeed
+from twisted.internet.task import deferLater
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd import (
@@ -19,7 +22,7 @@ from sandboxd import (
     ServerResponse,
     SSEResponse,
 )
-from sandboxd.routes import builtin_table
+from sandboxd.routes import builtin_table, commands
 from tests.helpers import DaemonTestCase
 
 
@@ -455,3 +458,86 @@ class FormBodyTests(DaemonTestCase):
             headers={"Content-Type": "application/x-www-form-urlencoded"},
         )
         self.assertEqual((reply.status, reply.json()["code"]), (400, "invalid_json"))
+
+
+class CommandBoundTests(DaemonTestCase):
+    """A command that never returns is answered at its timeout and bounded."""
+
+    autostart = False
+    policy = {"endpoints": {"run_command": {"limits": {"timeout_seconds": 1}}}}
+
+    def setUp(self) -> Any:
+        super().setUp()
+        self.release = threading.Event()
+        self.addCleanup(self.release.set)
+        self.cancelled: list[bool] = []
+        self.threads = commands.CommandThreads(size=2)
+        self.patch(commands, "COMMANDS_THREADS", self.threads)
+        registry = CommandRegistry()
+
+        @registry.command("stuck")
+        def stuck() -> str:
+            self.release.wait(30)
+            return "returned"
+
+        @registry.command("stuck_async")
+        async def stuck_async() -> str:
+            await Deferred(lambda d: self.cancelled.append(True))
+            return "never"
+
+        return self.start(registry=registry, policy=self.policy)
+
+    def assertTimedOut(self, reply: Any, started: float) -> None:
+        self.assertEqual(reply.status, 500, reply.body)
+        body = reply.json()
+        self.assertEqual((body["code"], body["type"]), ("timeout", "TimeoutError"))
+        self.assertEqual(
+            (body["rule"], body["limit"]),
+            ("policy:endpoints.run_command", "timeout_seconds"),
+        )
+        self.assertLess(time.monotonic() - started, 10)
+
+    @inlineCallbacks
+    def test_plain_function_answered_at_its_timeout(self) -> Any:
+        """
+        A plain function that blocks is answered 500 ``timeout`` at
+        ``timeout_seconds``; the daemon serves on, file walks included (the
+        command's thread is not the reactor pool's).
+        """
+        started = time.monotonic()
+        reply = yield self.request("POST", "/commands/stuck")
+        self.assertTimedOut(reply, started)
+        reply = yield self.request("GET", "/health")
+        self.assertEqual(reply.status, 200)
+        reply = yield self.request("GET", f"/files/list?path={self.base_dir}")
+        self.assertEqual(reply.status, 200, reply.body)
+
+    @inlineCallbacks
+    def test_coroutine_cancelled_at_its_timeout(self) -> Any:
+        """A coroutine command is answered at its timeout and what it awaits is cancelled."""
+        started = time.monotonic()
+        reply = yield self.request("POST", "/commands/stuck_async")
+        self.assertTimedOut(reply, started)
+        self.assertEqual(self.cancelled, [True])
+
+    @inlineCallbacks
+    def test_threads_bounded(self) -> Any:
+        """
+        Once every command thread is held by a command that has not
+        returned, another is 503 ``unavailable`` with ``Retry-After``; when
+        they return, commands run again.
+        """
+        for _ in range(2):
+            reply = yield self.request("POST", "/commands/stuck")
+            self.assertEqual(reply.status, 500, reply.body)
+        reply = yield self.request("POST", "/commands/stuck")
+        self.assertEqual(reply.status, 503, reply.body)
+        self.assertEqual(reply.json()["code"], "unavailable")
+        self.assertEqual(reply.header("retry-after"), "1")
+        self.release.set()
+        for _ in range(100):
+            if self.threads.running == 0:
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        reply = yield self.request("POST", "/commands/stuck")
+        self.assertEqual(reply.json(), {"result": "returned"})

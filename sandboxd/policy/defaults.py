@@ -52,6 +52,9 @@ ENDPOINT_LIMITS: dict[str, dict[str, Any]] = {
     "pty_connect": {"max_message_bytes": MIB},
     "mcp": {"max_sessions": 32, "idle_timeout_seconds": 3600},
     "code_run": {"timeout_seconds": 30, "max_output_bytes": 10 * MIB},
+    # A template's command is answered 500 TimeoutError past this, as /shell
+    # is; a plain function's thread cannot be stopped and runs on.
+    "run_command": {"timeout_seconds": 300},
     "git_status": {"timeout_seconds": 30},
     "git_diff": {"timeout_seconds": 30, "max_output_bytes": MB},
     "packages": {"timeout_seconds": 60, "max_output_bytes": 10 * MIB},

@@ -3,13 +3,85 @@
 
 from __future__ import annotations
 
+import _thread
 import inspect
+from collections.abc import Callable
 from typing import Any
 
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet import defer
+from twisted.internet.defer import Deferred, ensureDeferred, fail, succeed
+from twisted.python.failure import Failure
 
-from sandboxd.errors import ApiError, Code, forbidden, not_found, unexpected
+from sandboxd.daemon.context import as_clock
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    forbidden,
+    limit_exceeded,
+    limit_rule,
+    not_found,
+    unavailable,
+    unexpected,
+)
 from sandboxd.web.messages import ServerRequest
+
+#: Plain-function commands that may run at once, each on a thread of its own.
+COMMAND_THREADS = 8
+
+
+class CommandThreads:
+    """
+    Threads for template commands that are plain functions, apart from the
+    reactor's pool.
+
+    A thread cannot be stopped: a command that never returns keeps its
+    thread for good, although its caller is answered at the command's
+    timeout.  On threads of their own, at most :data:`COMMAND_THREADS` of
+    them, such commands can never take the reactor's pool from the file
+    walks and archives that need it, and once every thread is held a new
+    one is refused (503) instead of waiting behind them.  The threads are
+    not joined when the interpreter exits: a stuck command does not keep
+    the daemon from stopping.
+    """
+
+    def __init__(self, size: int = COMMAND_THREADS) -> None:
+        self.size = size
+        self.running = 0
+
+    def call(
+        self, reactor: Any, func: Callable[..., Any], kwargs: dict[str, Any]
+    ) -> Deferred[Any]:
+        """``func(**kwargs)`` on a new thread; its result (or failure) on the reactor."""
+        if self.running >= self.size:
+            raise unavailable(
+                f"all {self.size} command threads are running commands that have "
+                "not returned",
+                type="ResourceError",
+                retry_after=1,
+            )
+        d: Deferred[Any] = Deferred()
+
+        def done(outcome: Any) -> None:
+            self.running -= 1
+            if isinstance(outcome, Failure):
+                d.errback(outcome)
+            else:
+                d.callback(outcome)
+
+        def work() -> None:
+            try:
+                outcome: Any = func(**kwargs)
+            except BaseException:
+                outcome = Failure()
+            reactor.callFromThread(done, outcome)
+
+        _thread.start_new_thread(work, ())
+        self.running += 1
+        return d
+
+
+#: The daemon's command threads.
+COMMANDS_THREADS = CommandThreads()
 
 
 def runs_on_reactor(func: Any) -> bool:
@@ -71,22 +143,52 @@ async def run_command(request: ServerRequest) -> dict[str, Any]:
             rule=f"command:{name}",
         )
     kwargs = cmd.bind(request.body)
-    func = cmd.func
+    timeout = request.rule.limits.timeout_seconds
+    reactor = request.context.reactor
     try:
-        if runs_on_reactor(func):
-            result = func(**kwargs)
-        else:
-            # A plain function may block: run it in the thread pool.
-            result = await request.context.in_thread(func, **kwargs)
-        if inspect.iscoroutine(result):
-            result = await ensureDeferred(result)
-        elif isinstance(result, Deferred):
-            result = await result
+        pending = _start(reactor, cmd.func, kwargs)
+        if timeout is not None:
+            pending.addTimeout(timeout, as_clock(reactor))
+        result = await pending
     except ApiError:
         raise
+    except defer.TimeoutError:
+        raise limit_exceeded(
+            500,
+            f"command {name!r} did not finish within {timeout} seconds",
+            Code.TIMEOUT,
+            rule=limit_rule(request.rule, "timeout_seconds"),
+            type="TimeoutError",
+            limit="timeout_seconds",
+        ) from None
     except Exception as e:
         raise unexpected(e) from e
     return {"result": result}
+
+
+def _start(
+    reactor: Any, func: Callable[..., Any], kwargs: dict[str, Any]
+) -> Deferred[Any]:
+    """
+    The command's outcome as a Deferred: a plain function on a command
+    thread (it may block), an asynchronous one on the reactor; cancelling
+    it cancels a coroutine or Deferred command (a thread runs on).
+    """
+    if not runs_on_reactor(func):
+        return COMMANDS_THREADS.call(reactor, func, kwargs).addCallback(_awaited)
+    try:
+        return _awaited(func(**kwargs))
+    except Exception:
+        return fail(Failure())
+
+
+def _awaited(result: Any) -> Deferred[Any]:
+    """What a command returned, awaited when it is a coroutine or a Deferred."""
+    if inspect.iscoroutine(result):
+        return ensureDeferred(result)
+    if isinstance(result, Deferred):
+        return result
+    return succeed(result)
 
 
 HANDLERS = {"list_commands": list_commands, "run_command": run_command}
