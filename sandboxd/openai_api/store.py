@@ -438,11 +438,16 @@ class SessionStore:
     def _after_writes(
         self, face_id: str, work: Callable[..., None], *args: Any
     ) -> Deferred[None]:
-        """Run ``work`` in a thread once the session's earlier writes are done."""
-        before = self._writing.get(face_id) or succeed(None)
+        """
+        Run ``work`` in a thread once the session's earlier writes are done
+        (each file is written whole, so an older snapshot renamed into place
+        after a newer one would put the session back in time).
+        """
+        before = self._writing.get(face_id)
+        d: Deferred[None] = Deferred()
 
-        def run(_: Any) -> Deferred[None]:
-            return self.context.in_thread(work, *args)
+        def run(_: Any = None) -> None:
+            self.context.in_thread(work, *args).addBoth(done)
 
         def done(result: Any) -> None:
             if self._writing.get(face_id) is d:
@@ -451,10 +456,13 @@ class SessionStore:
                 log.warning(
                     "could not keep session %s: %s", face_id, result.getErrorMessage()
                 )
+            d.callback(None)
 
-        d: Deferred[None] = before.addBoth(run)
         self._writing[face_id] = d
-        d.addBoth(done)
+        if before is None:
+            run()
+        else:
+            before.addCallback(run)
         return d
 
     def freeze(self) -> Deferred[Any]:

@@ -12,8 +12,10 @@ import os
 import stat
 from typing import Any
 
-from twisted.internet.defer import inlineCallbacks
+from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.trial.unittest import SynchronousTestCase
 
+from sandboxd.openai_api.store import SessionStore
 from tests.openai_api.sdk import OpenAICase, caught
 
 
@@ -226,3 +228,39 @@ class RestartTests(RestartCase):
         after = self.client()
         listed = yield self.sdk(lambda: list(after.beta.agents.sessions.list()))
         self.assertEqual(listed, [])
+
+
+class WriteOrderTests(SynchronousTestCase):
+    """A session's files are written one after another, in the order asked."""
+
+    def test_one_write_at_a_time(self) -> None:
+        """
+        However writes are asked for while others run, a session's next
+        write starts only once the one before it is done: an older snapshot
+        can never be renamed into place after a newer one.
+        """
+        started: list[str] = []
+        pending: list[Deferred[None]] = []
+
+        class Threads:
+            def in_thread(self, work: Any, *args: Any) -> Deferred[None]:
+                started.append(args[0])
+                d: Deferred[None] = Deferred()
+                pending.append(d)
+                return d
+
+        store = SessionStore(Threads(), self.mktemp())  # type: ignore[arg-type]
+        work = lambda name: None  # noqa: E731
+        first = store._after_writes("s", work, "1")
+        store._after_writes("s", work, "2")
+        self.assertEqual(started, ["1"])
+        pending[0].callback(None)
+        self.assertEqual(started, ["1", "2"])
+        self.successResultOf(first)
+        third = store._after_writes("s", work, "3")
+        self.assertEqual(started, ["1", "2"])
+        pending[1].callback(None)
+        self.assertEqual(started, ["1", "2", "3"])
+        pending[2].callback(None)
+        self.successResultOf(third)
+        self.assertEqual(store._writing, {})
