@@ -33,7 +33,21 @@ from daemon import free_port, start_daemon, wait_healthy
 from switches import post_script
 
 #: The shared harness's threaded server, as ``compare.sh stdlib-tuned`` starts it.
-STDLIB = "/work/shared/bench/peers/stdlib_server.py"
+#: (``SHARED_BENCH``, as for ``make bench``; by default beside the checkout).
+STDLIB = os.path.join(
+    os.environ.get(
+        "SHARED_BENCH",
+        os.path.join(
+            os.path.dirname(
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            ),
+            "shared",
+            "bench",
+        ),
+    ),
+    "peers",
+    "stdlib_server.py",
+)
 BENCH_PYTHON = os.path.expanduser("~/.cache/sandboxd-bench/venv/bin/python")
 
 

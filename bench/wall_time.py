@@ -3,7 +3,7 @@
 Where W7's wall time goes (200 streams at once, each a shell printing 50
 lines 20 ms apart; the time until the last client has read its ``exit``),
 for sandboxd and for the shared harness's threaded stdlib server, with the
-harness's own client (``sse_stream`` of ``/work/shared/bench/run.py``).
+harness's own client (``sse_stream`` of the shared harness's ``run.py``).
 
 Each round starts a fresh server the way ``compare.sh`` does (its own
 process group, in the client's session: a daemon that sets its session's
@@ -46,13 +46,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import glob
 import importlib.util
 import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -64,7 +62,16 @@ from types import SimpleNamespace
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HARNESS = "/work/shared/bench"
+sys.path.insert(0, HERE)
+
+from daemon import free_port, schedstat  # noqa: E402
+
+#: The shared harness (``SHARED_BENCH``, as for ``make bench``; by default
+#: beside the checkout).
+HARNESS = os.environ.get(
+    "SHARED_BENCH",
+    os.path.join(os.path.dirname(os.path.dirname(HERE)), "shared", "bench"),
+)
 COMMAND = "sh -c 'for i in $(seq 1 50); do echo $i; sleep 0.02; done'"
 LINES = 50
 TICK = os.sysconf("SC_CLK_TCK")
@@ -82,12 +89,6 @@ def harness() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def command(server: str, port: int, base: str) -> tuple[list[str], dict[str, str]]:
@@ -190,20 +191,6 @@ def machine_counts() -> dict[str, int]:
     return out
 
 
-def threads_ns(pid: int) -> tuple[int, int]:
-    """Nanoseconds ``pid``'s threads have run and waited for a CPU."""
-    ran = waited = 0
-    for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
-        try:
-            with open(path) as f:
-                run, wait, _ = f.read().split()
-        except (OSError, ValueError):
-            continue
-        ran += int(run)
-        waited += int(wait)
-    return ran, waited
-
-
 def cpu_ticks(pid: int) -> tuple[int, int]:
     """
     The CPU time of ``pid`` (all its threads, ended ones too: a threaded
@@ -228,7 +215,7 @@ class Sampler(threading.Thread):
 
     def sample(self) -> None:
         server = cpu_ticks(self.pid)[0] * 10**9 // TICK
-        client, client_wait = threads_ns(os.getpid())
+        client, client_wait = schedstat(os.getpid())
         self.samples.append(
             (
                 time.perf_counter(),
@@ -331,9 +318,9 @@ def one_round(
             ended: list[float] = []
             sampler = Sampler(proc.pid, ended)
             server0, children0 = cpu_ticks(proc.pid)
-            server_wait0 = threads_ns(proc.pid)[1]
+            server_wait0 = schedstat(proc.pid)[1]
             system0 = system_ticks(proc.pid)
-            client0 = threads_ns(os.getpid())
+            client0 = schedstat(os.getpid())
             busy0 = machine_busy()
             counts0 = machine_counts()
             spying = None
@@ -359,8 +346,8 @@ def one_round(
                 spying.wait(30)
             busy1 = machine_busy()
             counts1 = machine_counts()
-            client1 = threads_ns(os.getpid())
-            server_wait1 = threads_ns(proc.pid)[1]
+            client1 = schedstat(os.getpid())
+            server_wait1 = schedstat(proc.pid)[1]
             time.sleep(0.5)  # the last children reaped
             server1, children1 = cpu_ticks(proc.pid)
             system1 = system_ticks(proc.pid)
