@@ -139,6 +139,20 @@ def stop_all(procs: Sequence[subprocess.Popen[bytes]], seconds: float = 15.0) ->
             proc.wait()
 
 
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """The server stopped, then anything left in its process group."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def e2b_sandbox(sandbox_class: Any, port: int, token: str) -> Any:
     """
     An ``e2b`` or ``e2b_code_interpreter`` ``Sandbox`` (``sandbox_class``)

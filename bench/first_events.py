@@ -26,8 +26,6 @@ import asyncio
 import json
 import os
 import secrets
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from daemon import schedstat, start_daemon
+from daemon import schedstat, start_daemon, stop
 
 #: The shared harness's W7 command: 50 lines, 20 ms apart.
 COMMAND = "sh -c 'for i in $(seq 1 50); do echo $i; sleep 0.02; done'"
@@ -145,16 +143,7 @@ def main() -> None:
             finally:
                 # The daemon first (a profiler writes its file as it
                 # stops), then anything left in its group.
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                stop(proc)
 
 
 if __name__ == "__main__":

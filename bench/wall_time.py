@@ -64,7 +64,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from daemon import free_port, schedstat  # noqa: E402
+from daemon import free_port, schedstat, stop  # noqa: E402
 
 #: The shared harness (``SHARED_BENCH``, as for ``make bench``; by default
 #: beside the checkout).
@@ -142,20 +142,6 @@ def start(server: str, base: str, token: str) -> tuple[subprocess.Popen[bytes], 
             time.sleep(0.1)
     stop(proc)
     raise SystemExit(f"{server} did not start")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """The server stopped, then anything left in its process group."""
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def system_ticks(pid: int) -> int:
@@ -429,6 +415,8 @@ def in_own_session() -> None:
         code = 0
         try:
             main()
+        except SystemExit as e:
+            code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
         except BaseException:
             traceback.print_exc()
             code = 1

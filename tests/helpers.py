@@ -6,6 +6,7 @@ import json
 import os
 import random
 import socket
+import time
 from typing import Any
 
 from twisted.internet import reactor
@@ -221,3 +222,31 @@ def exchange(port: int, data: bytes) -> tuple[int, str, Any]:
     lines = head.decode("latin-1").split("\r\n")
     fields = dict(line.lower().split(": ", 1) for line in lines[1:])
     return int(lines[0].split(" ")[1]), fields["content-type"], json.loads(body)
+
+
+def trickle_body(port: int, head: bytes, seconds: float) -> tuple[bytes, float]:
+    """
+    Send ``head`` to ``port``, then its body a byte every 0.2 s for at most
+    ``seconds``: what came back, and when the server answered or closed
+    (blocking: run it in a thread).
+    """
+    out = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
+        s.sendall(head)
+        began = time.monotonic()
+        s.settimeout(0.2)
+        while time.monotonic() - began < seconds:
+            try:
+                s.sendall(b"x")
+            except OSError:
+                break
+            try:
+                chunk = s.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        return out, time.monotonic() - began

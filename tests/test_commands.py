@@ -472,7 +472,7 @@ class CommandBoundTests(DaemonTestCase):
         self.addCleanup(self.release.set)
         self.cancelled: list[bool] = []
         self.threads = commands.CommandThreads(size=2)
-        self.patch(commands, "COMMANDS_THREADS", self.threads)
+        self.patch(commands, "THREADS", self.threads)
         registry = CommandRegistry()
 
         @registry.command("stuck")

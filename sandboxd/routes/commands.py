@@ -17,16 +17,16 @@ from sandboxd.errors import (
     ApiError,
     Code,
     forbidden,
-    limit_exceeded,
     limit_rule,
     not_found,
+    timed_out,
     unavailable,
     unexpected,
 )
 from sandboxd.web.messages import ServerRequest
 
 #: Plain-function commands that may run at once, each on a thread of its own.
-COMMAND_THREADS = 8
+MAX_COMMAND_THREADS = 8
 
 
 class CommandThreads:
@@ -36,7 +36,7 @@ class CommandThreads:
 
     A thread cannot be stopped: a command that never returns keeps its
     thread for good, although its caller is answered at the command's
-    timeout.  On threads of their own, at most :data:`COMMAND_THREADS` of
+    timeout.  On threads of their own, at most :data:`MAX_COMMAND_THREADS` of
     them, such commands can never take the reactor's pool from the file
     walks and archives that need it, and once every thread is held a new
     one is refused (503) instead of waiting behind them.  The threads are
@@ -44,7 +44,7 @@ class CommandThreads:
     the daemon from stopping.
     """
 
-    def __init__(self, size: int = COMMAND_THREADS) -> None:
+    def __init__(self, size: int = MAX_COMMAND_THREADS) -> None:
         self.size = size
         self.running = 0
 
@@ -81,7 +81,7 @@ class CommandThreads:
 
 
 #: The daemon's command threads.
-COMMANDS_THREADS = CommandThreads()
+THREADS = CommandThreads()
 
 
 def runs_on_reactor(func: Any) -> bool:
@@ -153,12 +153,10 @@ async def run_command(request: ServerRequest) -> dict[str, Any]:
     except ApiError:
         raise
     except defer.TimeoutError:
-        raise limit_exceeded(
-            500,
+        raise timed_out(
             f"command {name!r} did not finish within {timeout} seconds",
-            Code.TIMEOUT,
+            status=500,
             rule=limit_rule(request.rule, "timeout_seconds"),
-            type="TimeoutError",
             limit="timeout_seconds",
         ) from None
     except Exception as e:
@@ -175,7 +173,7 @@ def _start(
     it cancels a coroutine or Deferred command (a thread runs on).
     """
     if not runs_on_reactor(func):
-        return COMMANDS_THREADS.call(reactor, func, kwargs).addCallback(_awaited)
+        return THREADS.call(reactor, func, kwargs).addCallback(_awaited)
     try:
         return _awaited(func(**kwargs))
     except Exception:

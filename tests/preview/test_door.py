@@ -22,7 +22,7 @@ from twisted.web.client import Agent, HTTPConnectionPool, readBody
 from twisted.web.http_headers import Headers
 
 from sandboxd.testing import BodyProducer
-from tests.helpers import DaemonTestCase
+from tests.helpers import DaemonTestCase, trickle_body
 from tests.kernels.test_contexts import (
     KERNEL_CASE_SECONDS,
     KERNEL_START,
@@ -935,34 +935,12 @@ class TrickledBodyTests(DoorCase):
         """
         yield self.expose()
         host = self.host()
-
-        def trickle() -> tuple[bytes, float]:
-            with socket.create_connection(("127.0.0.1", self.door_port), 15) as s:
-                s.sendall(
-                    f"POST /upload HTTP/1.1\r\nHost: {host}\r\n"
-                    f"X-Access-Token: {TOKEN}\r\nAccept: application/json\r\n"
-                    "Content-Length: 100000\r\n\r\n".encode()
-                )
-                began = time.monotonic()
-                s.settimeout(0.2)
-                out = b""
-                while time.monotonic() - began < 15:
-                    try:
-                        s.sendall(b"x")
-                    except OSError:
-                        break
-                    try:
-                        chunk = s.recv(65536)
-                    except TimeoutError:
-                        continue
-                    except OSError:
-                        break
-                    if not chunk:
-                        break
-                    out += chunk
-                return out, time.monotonic() - began
-
-        out, elapsed = yield deferToThread(trickle)
+        head = (
+            f"POST /upload HTTP/1.1\r\nHost: {host}\r\n"
+            f"X-Access-Token: {TOKEN}\r\nAccept: application/json\r\n"
+            "Content-Length: 100000\r\n\r\n"
+        ).encode()
+        out, elapsed = yield deferToThread(trickle_body, self.door_port, head, 15)
         self.assertTrue(out.startswith(b"HTTP/1.1 408 "), out[:200])
         self.assertIn(b'"timeout"', out)
         self.assertLess(elapsed, 8)

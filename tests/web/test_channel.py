@@ -24,7 +24,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.web.channel import client_left
-from tests.helpers import DaemonTestCase
+from tests.helpers import DaemonTestCase, trickle_body
 from tests.web.test_request import connect, make_site
 
 
@@ -331,34 +331,12 @@ class ClientLeftTests(SynchronousTestCase):
 
 
 def _trickle_body(port: int, seconds: float) -> tuple[bytes, float]:
-    """
-    POST a raw body a byte every 0.2 s for at most ``seconds``: what came
-    back, and when the daemon answered or closed (blocking: a thread).
-    """
+    """A raw upload's body sent a byte every 0.2 s (:func:`trickle_body`)."""
     head = (
         b"POST /files/raw?path=trickled.bin HTTP/1.1\r\nHost: localhost\r\n"
         b"Content-Length: 100000\r\n\r\n"
     )
-    out = b""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(head)
-        began = time.monotonic()
-        s.settimeout(0.2)
-        while time.monotonic() - began < seconds:
-            try:
-                s.sendall(b"x")
-            except OSError:
-                break
-            try:
-                chunk = s.recv(65536)
-            except TimeoutError:
-                continue
-            except OSError:
-                break
-            if not chunk:
-                break
-            out += chunk
-        return out, time.monotonic() - began
+    return trickle_body(port, head, seconds)
 
 
 def _read_nothing(port: int, path: str, seconds: float) -> tuple[int, bool, float]:
