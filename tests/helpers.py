@@ -56,6 +56,64 @@ def free_port() -> int:
     raise RuntimeError("no free loopback port below the ephemeral range")
 
 
+def _listening_inodes(port: int) -> set[str]:
+    """The socket inodes listening on ``port`` (any address, IPv4 or IPv6)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            # local_address is ADDR:PORT in hex; state 0A is LISTEN.
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def session_listens(sid: int, port: int) -> bool:
+    """
+    Whether a process of session ``sid`` holds the socket listening on
+    ``port``.
+
+    A child started on a port named in advance may lose it to another
+    test's server between :func:`free_port` and its bind; a probe of the
+    port then reaches that other server and mistakes it for the child.
+    """
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return False
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            # Fields after the command's closing parenthesis: state, ppid,
+            # pgrp, session.
+            if int(stat[stat.rindex(")") + 2 :].split()[3]) != sid:
+                continue
+            fds = os.listdir(f"/proc/{entry}/fd")
+            if any(os.readlink(f"/proc/{entry}/fd/{fd}") in wanted for fd in fds):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+#: What a server prints when its port was taken before it could bind.
+PORT_TAKEN = ("address already in use", "errno 98")
+
+
+def port_was_taken(output: str) -> bool:
+    """Whether a server's output says it could not bind its port."""
+    lowered = output.lower()
+    return any(sign in lowered for sign in PORT_TAKEN)
+
+
 def need_autogroups() -> None:
     """Skip unless the daemon may set session groups' nice values here."""
     try:

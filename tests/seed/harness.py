@@ -25,7 +25,7 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.python.threadpool import ThreadPool
 from twisted.trial.unittest import SkipTest
 
-from tests.helpers import DaemonTestCase, free_port
+from tests.helpers import DaemonTestCase, free_port, port_was_taken, session_listens
 from tests.seed.policycompare import seed_argv
 
 T = TypeVar("T")
@@ -83,7 +83,24 @@ class Reference:
         return f"ws://127.0.0.1:{self.pty_port}"
 
     def start(self, *extra: str) -> None:
-        """Start it and wait (bounded) until /health answers; blocks: run off the reactor."""
+        """
+        Start it and wait (bounded) until /health answers from it; blocks:
+        run off the reactor.  A start that lost its port to another test's
+        server before it could bind is tried again on fresh ports.
+        """
+        for _ in range(3):
+            if self._start(*extra):
+                return
+            with open(self.log_path, errors="replace") as f:
+                taken = port_was_taken(f.read())
+            if not taken:
+                break
+            self.port, self.pty_port = free_port(), free_port()
+        with open(self.log_path, errors="replace") as f:
+            raise RuntimeError(f"the seed's server did not start:\n{f.read()[-2000:]}")
+
+    def _start(self, *extra: str) -> bool:
+        """One try at :meth:`start`: whether it came up (else it is stopped)."""
         import httpx
 
         env = {
@@ -108,14 +125,15 @@ class Reference:
             if self.child.poll() is not None:
                 break
             try:
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
-                    return
+                up = httpx.get(self.url + "/health", timeout=1.0).status_code == 200
             except httpx.HTTPError:
-                pass
+                up = False
+            # Another test's server may hold the port and answer in its stead.
+            if up and session_listens(self.child.pid, self.port):
+                return True
             time.sleep(0.1)
         self.stop()
-        with open(self.log_path, errors="replace") as f:
-            raise RuntimeError(f"the seed's server did not start:\n{f.read()[-2000:]}")
+        return False
 
     def stop(self) -> None:
         """End it (its whole session) and reap it; bounded."""

@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from tests.helpers import free_port
+from tests.helpers import free_port, port_was_taken, session_listens
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 POLICIES = os.path.join(HERE, "policies")
@@ -125,6 +125,7 @@ class Server:
 
     def __init__(self, argv: list[str], env: dict[str, str], port: int) -> None:
         self.port = port
+        self.up: bool | None = None
         self.log = tempfile.TemporaryFile("w+")
         clean = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
         clean.update(env)
@@ -138,7 +139,17 @@ class Server:
         )
 
     def wait(self, timeout: float = 60) -> bool:
-        """Whether ``/health`` answers before the process exits or time runs out."""
+        """
+        Whether ``/health`` answers before the process exits or time runs
+        out, from this process: another test's server that took the port
+        first answers too, and is not the one compared.  Waits once: later
+        calls give the first one's answer.
+        """
+        if self.up is None:
+            self.up = self._wait(timeout)
+        return self.up
+
+    def _wait(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -147,15 +158,20 @@ class Server:
                 with urllib.request.urlopen(
                     f"http://127.0.0.1:{self.port}/health", timeout=2
                 ) as r:
-                    if r.status == 200:
-                        return True
+                    up = r.status == 200
             except urllib.error.HTTPError:
                 # Up, but a policy closed /health (the seed lets one).
-                return True
+                up = True
             except (OSError, urllib.error.URLError):
-                pass
+                up = False
+            if up and session_listens(self.proc.pid, self.port):
+                return True
             time.sleep(0.1)
         return False
+
+    def lost_its_port(self) -> bool:
+        """Whether it ended because another process had taken its port."""
+        return self.proc.poll() is not None and port_was_taken(self.output())
 
     def capabilities(self, token: str | None) -> dict[str, Any]:
         """``GET /capabilities`` as ``token`` (or with no credentials)."""
@@ -286,6 +302,29 @@ def last_line(server: Server) -> str:
     return lines[-1] if lines else "no output"
 
 
+def start_both(
+    path: str, doc: dict[str, Any], env: dict[str, str], base: str, program: str
+) -> tuple[Server, Server]:
+    """
+    Both servers with the file, started together, each up on its own port:
+    a server that lost its port to another test's before it could bind is
+    started again on a fresh one (at most three tries), since its refusal
+    would say nothing about the policy.
+    """
+    for _ in range(3):
+        seed = seed_server(path, env, base)
+        ours = sandboxd_server(children_as_root(path, doc, base), env, base, program)
+        seed.wait()
+        ours.wait()
+        if not (seed.lost_its_port() or ours.lost_its_port()):
+            return seed, ours
+        seed.stop()
+        ours.stop()
+    return seed_server(path, env, base), sandboxd_server(
+        children_as_root(path, doc, base), env, base, program
+    )
+
+
 def compare(
     path: str, program: str | None = None, enabled_groups: str | None = None
 ) -> dict[str, Any]:
@@ -313,8 +352,7 @@ def compare(
         "shared": 0,
     }
     with tempfile.TemporaryDirectory() as base:
-        seed = seed_server(path, env, base)
-        ours = sandboxd_server(children_as_root(path, doc, base), env, base, program)
+        seed, ours = start_both(path, doc, env, base, program)
         try:
             result["seed_loads"] = seed.wait()
             result["sandboxd_loads"] = ours.wait()

@@ -1,4 +1,7 @@
-"""The seed's server is started as a terminal would start it, however the suite was."""
+"""
+The seed's server is started as a terminal would start it, however the
+suite was, and a comparison only reads from the servers it started.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +9,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
+import time
+import urllib.request
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.seed.policycompare import python_module_argv
+from tests.helpers import free_port, session_listens
+from tests.seed.policycompare import BIN, Server, python_module_argv
 
 #: A module that reports which signals a process it starts ignores.
 PROBE = """
@@ -70,3 +77,61 @@ class DefaultSignalsTests(SynchronousTestCase):
             check=True,
         )
         self.assertTrue(int(run.stdout, 16) & (1 << (signal.SIGINT - 1)), run.stdout)
+
+
+class TakenPortTests(SynchronousTestCase):
+    """A server whose port another process took first is not mistaken for that process."""
+
+    def impostor(self, port: int) -> subprocess.Popen[bytes]:
+        """An HTTP server of another session on ``port`` (``/health`` answers 404)."""
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=tempfile.gettempdir(),
+            start_new_session=True,
+        )
+
+        def end() -> None:
+            proc.kill()
+            proc.wait()
+
+        self.addCleanup(end)
+        deadline = time.monotonic() + 30
+        while not session_listens(proc.pid, port):
+            self.assertLess(time.monotonic(), deadline, "the impostor did not listen")
+            time.sleep(0.05)
+        return proc
+
+    def test_taken_port_is_not_up(self) -> None:
+        """
+        sandboxd started on a port an HTTP server holds ends, and the
+        comparison says it did not come up and why, instead of reading
+        the other server's answers as its own.
+        """
+        port = free_port()
+        impostor = self.impostor(port)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/") as r:
+            self.assertEqual(r.status, 200)
+        base = self.mktemp()
+        os.makedirs(base)
+        policy = os.path.join(base, "policy.json")
+        with open(policy, "w") as f:
+            f.write("{}")
+        argv = [
+            os.path.join(BIN, "sandboxd"),
+            "serve",
+            "--port",
+            f"tcp:{port}:interface=127.0.0.1",
+            "--pty-port",
+            f"tcp:{free_port()}:interface=127.0.0.1",
+            "--base-dir",
+            base,
+            "--policy",
+            policy,
+        ]
+        server = Server(argv, {}, port)
+        self.addCleanup(server.stop)
+        self.assertFalse(server.wait(timeout=60))
+        self.assertTrue(server.lost_its_port(), server.output())
+        self.assertTrue(session_listens(impostor.pid, port))
