@@ -139,6 +139,8 @@ class Execution:
     results_bytes: int = 0
     ended: Waiters[None] = attrs.Factory(Waiters)
     timer: IDelayedCall | None = None
+    #: What it held as it ended (see ``CodeContext._forget_old``).
+    held_at_end: int = attrs.field(init=False, default=0)
 
     def __attrs_post_init__(self) -> None:
         self.log = EventLog(self.limits.max_event_bytes)
@@ -370,6 +372,8 @@ class CodeContext:
         self.executions: OrderedDict[str, Execution] = OrderedDict()
         #: What the last execution's end forgot of earlier ones (bytes).
         self.forgotten_bytes = 0
+        #: The sizes the finished executions listed had as each ended.
+        self._held_at_ends = 0
         self._ready: Waiters[None] = Waiters()
         self._start_timer: IDelayedCall | None = None
         #: The hub a kernel's open was sent to, and its lines heard by then.
@@ -770,26 +774,42 @@ class CodeContext:
         )
         x.log.close()
         x.ended.fire(None)
-        self._forget_old(x.limits.max_event_bytes)
+        self._forget_old(x, x.limits.max_event_bytes)
         self.service.execution_ended(self, x)
 
-    def _forget_old(self, budget: int) -> None:
+    def _forget_old(self, ended: Execution, budget: int) -> None:
         """
         Keep what finished executions hold (events, output, results) within
         ``budget`` bytes: the oldest are forgotten first (then 404), the
         newest is always kept, so a context's memory is bounded whatever
         its executions printed.
+
+        What a finished execution holds only shrinks (its escaped output
+        is handed to its answer), so the sizes noted as each ended add up
+        to at least what they hold now: while that sum is within the
+        budget nothing is counted again, and a context's every end does
+        not walk all its kept executions.
         """
-        finished = [e for e in self.executions.values() if e.done]
-        held = sum(_held_bytes(e) for e in finished)
         self.forgotten_bytes = 0
+        ended.held_at_end = _held_bytes(ended)
+        self._held_at_ends += ended.held_at_end
+        if self._held_at_ends <= budget:
+            return
+        finished = [e for e in self.executions.values() if e.done]
+        for e in finished:
+            e.held_at_end = _held_bytes(e)
+        held = self._held_at_ends = sum(e.held_at_end for e in finished)
         for old in finished[:-1]:
             if held <= budget:
                 break
-            size = _held_bytes(old)
-            held -= size
-            self.forgotten_bytes += size
-            del self.executions[old.id]
+            held -= old.held_at_end
+            self.forgotten_bytes += old.held_at_end
+            self._forget(old)
+
+    def _forget(self, x: Execution) -> None:
+        """Drop a finished execution from the context's list."""
+        del self.executions[x.id]
+        self._held_at_ends -= x.held_at_end
 
     # -- executions -----------------------------------------------------------
 
@@ -826,7 +846,7 @@ class CodeContext:
             oldest = next(iter(self.executions.values()))
             if not oldest.done:
                 break
-            self.executions.popitem(last=False)
+            self._forget(oldest)
         self.queue.append(x)
         if busy:
             x.emit("execution.queued", position=len(self.queue))

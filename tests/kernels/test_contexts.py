@@ -22,6 +22,7 @@ from twisted.web.http_headers import Headers
 
 from sandboxd.kernels.kernelspecs import find_kernelspecs
 from sandboxd.libc import QuietTrim
+from sandboxd.policy.defaults import CODE_KEPT_EXECUTIONS
 from sandboxd.testing import SSEReader
 from tests.helpers import DaemonTestCase, alive, group_nice, need_autogroups
 
@@ -1177,6 +1178,25 @@ class RetentionTests(CodeTestCase):
             "GET", f"/code/contexts/{ctx['id']}/executions/{ids[-1]}"
         )
         self.assertEqual(len(last.json()["stdout"]), 100 * 1024 + 1)
+
+    @inlineCallbacks
+    def test_forgotten_after_the_count_bound(self) -> Any:
+        """
+        Past the 64 executions a context lists, then past its bytes: the
+        small ones the count pushed out no longer count, the big ones are
+        forgotten oldest first as before.
+        """
+        ctx = yield self.context()
+        for _ in range(CODE_KEPT_EXECUTIONS + 4):
+            yield self.execute(ctx["id"], "1+1")
+        ids = []
+        for _ in range(5):
+            result = yield self.execute(ctx["id"], "print('y' * 100 * 1024)")
+            ids.append(result["execution_id"])
+        listed = yield self.request("GET", f"/code/contexts/{ctx['id']}/executions")
+        kept = [x["execution_id"] for x in listed.json()["executions"]]
+        self.assertEqual(kept, ids[-len(kept) :])
+        self.assertTrue(1 <= len(kept) < 5, kept)
 
     @inlineCallbacks
     def test_big_output_trimmed_when_quiet(self) -> Any:
