@@ -407,7 +407,8 @@ class SandboxChannel(HTTPChannel):
         """
         transport: Any = self.transport
         if self._answer_begun():
-            if transport is not None:
+            # A lingering connection's own bounds end it.
+            if transport is not None and not self._lingering:
                 transport.abortConnection()
             return
         limits = self._site_table.limits
@@ -482,7 +483,11 @@ class SandboxChannel(HTTPChannel):
         """
         if self._answer_begun():
             transport: Any = self.transport
-            if transport is not None and not transport.disconnecting:
+            if (
+                transport is not None
+                and not transport.disconnecting
+                and not self._lingering
+            ):
                 # The client sees a cut answer, the only honest ending now.
                 transport.abortConnection()
             return
