@@ -134,7 +134,8 @@ class Options(usage.Options):
             "head-deadline",
             None,
             None,
-            "Seconds a request head may take "
+            "Seconds a request head may take, and a refused request's "
+            "connection may stay to read what its client still sends "
             "(default $ABX_HEAD_DEADLINE_SECONDS or 30).",
         ],
         [
