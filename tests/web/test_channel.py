@@ -697,3 +697,30 @@ class LingeringCloseTests(DaemonTestCase):
         elapsed = yield deferToThread(send_for_ever)
         self.assertLess(elapsed, 8)
         self.assertGreater(elapsed, 1.5)
+
+    @inlineCallbacks
+    def test_client_sending_too_much_is_cut(self) -> Any:
+        """
+        A refused client that sends more than the lingering close reads
+        (256 KiB here) is cut then, before the time bound.
+        """
+        from sandboxd.web import channel
+
+        self.patch(channel, "LINGER_MAX_BYTES", 256 * 1024)
+
+        def send_a_lot() -> tuple[int, float]:
+            with socket.create_connection(("127.0.0.1", self.daemon.port), 10) as s:
+                s.sendall(_BIG_BODY_HEAD)
+                began = time.monotonic()
+                sent = 0
+                try:
+                    while sent < 64 << 20:
+                        s.sendall(b"x" * 65536)
+                        sent += 65536
+                except OSError:
+                    pass
+                return sent, time.monotonic() - began
+
+        sent, elapsed = yield deferToThread(send_a_lot)
+        self.assertLess(sent, 16 << 20)
+        self.assertLess(elapsed, 1.5)
