@@ -69,6 +69,7 @@ from sandboxd.web.connections import ConnectionLimits
 from sandboxd.web.delivery import Delivery, delivery, stalled, untouched
 from sandboxd.web.dispatch import reason_phrase
 from sandboxd.web.heads import Head, HeadError, parse_head
+from sandboxd.web.sending import send_now
 
 log = Logger(namespace="sandboxd.connections")
 
@@ -589,6 +590,11 @@ class SandboxChannel(HTTPChannel):
         # The channel is the transport's producer: unregistered, the
         # half-close follows the answer out whatever the producer's state.
         transport.unregisterProducer()
+        # The answer into the socket now: a client that shut its side
+        # after its request has its end of stream read on the next turn,
+        # which closes the connection and would drop an answer still
+        # waiting in the transport's buffer.
+        send_now(transport)
         transport.loseWriteConnection()
         # Read again, if a body's handler had paused the socket.
         transport.resumeProducing()

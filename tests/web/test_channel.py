@@ -635,6 +635,30 @@ class LingeringCloseTests(DaemonTestCase):
             self.assertRefusal(out, b"400", "malformed_request")
 
     @inlineCallbacks
+    def test_refusal_reaches_a_client_that_shut_its_side(self) -> Any:
+        """
+        50 times over: a client that sends its head and some body and
+        shuts its side at once (its end of stream read with the body):
+        the whole 413 still reaches it.
+        """
+
+        def send_shut_read() -> bytes:
+            with socket.create_connection(("127.0.0.1", self.daemon.port), 10) as s:
+                s.sendall(_BIG_BODY_HEAD + b"x" * 1000)
+                s.shutdown(socket.SHUT_WR)
+                out = b""
+                while data := s.recv(65536):
+                    out += data
+                return out
+
+        for attempt in range(50):
+            try:
+                out = yield deferToThread(send_shut_read)
+            except OSError as e:
+                self.fail(f"attempt {attempt}: {e!r}")
+            self.assertRefusal(out, b"413", "payload_too_large")
+
+    @inlineCallbacks
     def test_slot_and_connection_freed(self) -> Any:
         """
         While a refused client lingers (quiet, its socket open), the
