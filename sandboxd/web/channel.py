@@ -505,7 +505,8 @@ class SandboxChannel(HTTPChannel):
         Whether bytes of an answer to the request being read have been
         written: its response head (``startedWriting``), or an answer a
         door wrote straight to the transport before closing it (a body
-        over its cap), which leaves the transport disconnecting.
+        over its cap), which leaves the connection lingering (or, over
+        TLS, the transport disconnecting).
         """
         transport: Any = self.transport
         if transport is None or transport.disconnecting or self._lingering:
