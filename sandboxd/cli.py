@@ -146,11 +146,14 @@ def serve(options: ServeOptions) -> int:
     from twisted.internet import reactor
     from twisted.logger import globalLogBeginner, textFileLogObserver
 
+    from sandboxd.daemon.log_observer import RefusedConnectionFilter
     from sandboxd.daemon.server import build
     from sandboxd.daemon.startup import StartRefused
     from sandboxd.policy import PolicyError
 
-    globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stdout)])
+    globalLogBeginner.beginLoggingTo(
+        [RefusedConnectionFilter(textFileLogObserver(sys.stdout))]
+    )
     try:
         daemon = build(options.settings(), reactor, policy=options.policy)
         daemon.startService()

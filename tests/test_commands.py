@@ -541,3 +541,49 @@ class CommandBoundTests(DaemonTestCase):
             yield deferLater(reactor, 0.05, lambda: None)
         reply = yield self.request("POST", "/commands/stuck")
         self.assertEqual(reply.json(), {"result": "returned"})
+
+
+class ThreadStartRefusedTests(DaemonTestCase):
+    """
+    A plain-function command when no thread can be started (the process
+    at its thread or pid limit): 503 ``unavailable``, nothing run.
+    """
+
+    autostart = False
+
+    def setUp(self) -> Any:
+        super().setUp()
+        self.ran: list[bool] = []
+        registry = CommandRegistry()
+
+        @registry.command("plain")
+        def plain() -> str:
+            self.ran.append(True)
+            return "ran"
+
+        return self.start(registry=registry)
+
+    @inlineCallbacks
+    def test_no_thread_left(self) -> Any:
+        """
+        ``can't start new thread`` is 503 ``unavailable`` (type
+        ResourceError) with ``Retry-After``, as every other start the
+        sandbox has no room for; once threads start again, so does the
+        command.
+        """
+        import _thread
+
+        def refuse(*_: Any, **__: Any) -> Any:
+            raise RuntimeError("can't start new thread")
+
+        starts = self.patch(_thread, "start_new_thread", refuse)
+        reply = yield self.request("POST", "/commands/plain")
+        self.assertEqual(reply.status, 503, reply.body)
+        body = reply.json()
+        self.assertEqual((body["code"], body["type"]), ("unavailable", "ResourceError"))
+        self.assertEqual(reply.header("retry-after"), "1")
+        self.assertEqual(self.ran, [])
+        self.assertEqual(commands.THREADS.running, 0)
+        starts.restore()
+        reply = yield self.request("POST", "/commands/plain")
+        self.assertEqual(reply.json(), {"result": "ran"})

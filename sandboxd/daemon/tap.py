@@ -14,6 +14,7 @@ from typing import Any
 from twisted.application.service import IService
 from twisted.python import usage
 
+from sandboxd.daemon.log_observer import use_for_twistd
 from sandboxd.daemon.server import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -133,7 +134,8 @@ class Options(usage.Options):
             "head-deadline",
             None,
             None,
-            "Seconds a request head may take "
+            "Seconds a request head may take, and a refused request's "
+            "connection may stay to read what its client still sends "
             "(default $ABX_HEAD_DEADLINE_SECONDS or 30).",
         ],
         [
@@ -185,6 +187,7 @@ class Options(usage.Options):
             self.policy = validate_settings(self.settings())
         except PolicyError as e:
             raise usage.UsageError(str(e)) from None
+        use_for_twistd(self)
 
     def settings(self) -> Settings:
         """The options as daemon settings."""

@@ -53,6 +53,7 @@ from sandboxd.policy.defaults import (
     MCP_SWEEP_SECONDS,
     identity_cap,
 )
+from sandboxd.web.channel import close_after_answer
 from sandboxd.web.dispatch import reason_phrase
 from sandboxd.web.jsonbody import parse_object
 from sandboxd.web.pipeline import check_framing
@@ -316,7 +317,7 @@ class Exchange:
         self.status, self.code = err.status, str(err.code) if err.code else None
         self.decided_by = err.rule
         self._audit()
-        transport.loseConnection()
+        close_after_answer(self.request.channel)
 
     def write(self, data: bytes) -> None:
         """One chunk of the body."""

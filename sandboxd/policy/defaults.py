@@ -658,6 +658,18 @@ HEADER_DEADLINE_SECONDS = 30.0
 #: nothing (overridable: ``--body-min-rate``).
 BODY_MIN_RATE_BYTES = 1024
 
+#: After answering a request before reading all of it (a refusal at its
+#: head, a body over its cap), the daemon reads and drops what the client
+#: still sends before it closes (see
+#: :meth:`sandboxd.web.channel.SandboxChannel.close_after_answer`): until
+#: the client has sent nothing for this long (nginx's
+#: ``lingering_timeout``), or the request-head deadline is over.
+LINGER_QUIET_SECONDS = 5.0
+
+#: ... and at most this much of it: a refused upload at the default upload
+#: cap, base64 in JSON included, is read whole; a client sending more is cut.
+LINGER_MAX_BYTES = 128 * MIB
+
 #: At a connection cap, a connection whose request head has been on its way
 #: this long may be closed to make room for a new one.
 RECLAIM_HEAD_AFTER_SECONDS = 1.0

@@ -65,6 +65,7 @@ from sandboxd.preview.exposures import Exposure
 from sandboxd.preview.rawpool import BodyTransport, RawConnection, RawPool
 from sandboxd.preview.routing import Target
 from sandboxd.preview.upstream import BodyRelay, StreamBody
+from sandboxd.web.channel import close_after_answer
 from sandboxd.web.connections import ConnectionLimits
 from sandboxd.web.dispatch import reason_phrase
 from sandboxd.web.factory import HardenedSite
@@ -559,7 +560,7 @@ class Exchange:
         transport.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
         self.bytes_out += len(body)
         self._audit(error.status, error.code, error.rule)
-        transport.loseConnection()
+        close_after_answer(self.request.channel)
 
     def _accept(self) -> bytes | None:
         values = self.header(b"accept")

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import _thread
+import errno
 import inspect
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +21,7 @@ from sandboxd.errors import (
     forbidden,
     limit_rule,
     not_found,
+    out_of_resources,
     timed_out,
     unavailable,
     unexpected,
@@ -51,7 +54,12 @@ class CommandThreads:
     def call(
         self, reactor: Any, func: Callable[..., Any], kwargs: dict[str, Any]
     ) -> Deferred[Any]:
-        """``func(**kwargs)`` on a new thread; its result (or failure) on the reactor."""
+        """
+        ``func(**kwargs)`` on a new thread; its result (or failure) on the reactor.
+
+        :raises ApiError: 503 ``unavailable`` when every command thread is
+            held, or when no thread can be started at all.
+        """
         if self.running >= self.size:
             raise unavailable(
                 f"all {self.size} command threads are running commands that have "
@@ -75,7 +83,15 @@ class CommandThreads:
                 outcome = Failure()
             reactor.callFromThread(done, outcome)
 
-        _thread.start_new_thread(work, ())
+        try:
+            _thread.start_new_thread(work, ())
+        except RuntimeError:
+            # ``pthread_create`` failed: the process is at its thread or
+            # pid limit (EAGAIN), like a fork refused for the same reason.
+            raise out_of_resources(
+                OSError(errno.EAGAIN, os.strerror(errno.EAGAIN)),
+                "cannot start a thread for the command now",
+            ) from None
         self.running += 1
         return d
 

@@ -709,7 +709,12 @@ def files_watch(request: ServerRequest) -> Any:
     service = watches.get()
 
     def shown(event: Event) -> dict[str, Any] | None:
-        """The event's data as this client may see it, or None."""
+        """
+        The event's data as this client may see it, or None.  Names that
+        are not UTF-8 are shown as the listing and search show them
+        (``\\xff``), not as lone surrogates: the guard decides on the real
+        name, the client reads the shown one.
+        """
         data = event.data
         try:
             with guard.locate(data["path"], "read", follow=False) as loc:
@@ -719,7 +724,10 @@ def files_watch(request: ServerRequest) -> Any:
                     pass
         except ApiError:
             return None
-        return data if path == data["path"] else dict(data, path=path)
+        shown_path = walk.display_name(path)
+        if "dest" in data:
+            return dict(data, path=shown_path, dest=walk.display_name(data["dest"]))
+        return data if shown_path == data["path"] else dict(data, path=shown_path)
 
     def our_format(event: Event) -> bytes | list[bytes]:
         data = shown(event)

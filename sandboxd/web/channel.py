@@ -35,6 +35,12 @@ facing untrusted clients needs and Twisted does not set.
   ``malformed_request`` in the framing of the site's door, like every
   other error of that door, not a bare status line: the site's
   ``refusal`` frames it (:class:`~sandboxd.web.factory.HardenedSite`).
+- A request answered before it was read whole (any refusal written
+  before its body) is closed the way nginx's ``lingering_close`` does:
+  its answer first, then what its client still sends read and dropped
+  for a bounded time (:meth:`SandboxChannel.close_after_answer`), so
+  the answer is not destroyed by the reset that closing on unread bytes
+  sends.
 
 HTTP/2 is not offered (HTTP/1.1 only; see docs/operations.md), so the
 channel is used directly rather than through Twisted's protocol switcher.
@@ -58,10 +64,12 @@ from twisted.web.http import (
 from twisted.web.http_headers import _nameEncoder
 
 from sandboxd.errors import ApiError, malformed_request, timed_out
-from sandboxd.policy.defaults import MAX_HEADERS
+from sandboxd.policy.defaults import LINGER_MAX_BYTES, MAX_HEADERS
+from sandboxd.web.connections import ConnectionLimits
 from sandboxd.web.delivery import Delivery, delivery, stalled, untouched
 from sandboxd.web.dispatch import reason_phrase
 from sandboxd.web.heads import Head, HeadError, parse_head
+from sandboxd.web.sending import send_now
 
 log = Logger(namespace="sandboxd.connections")
 
@@ -106,6 +114,13 @@ class SandboxChannel(HTTPChannel):
     _peer: Any = None
     #: What the client had taken at the last idle check of a response.
     _delivered: Delivery | None = None
+    #: Answered before its request was read whole, and reading what the
+    #: client still sends before closing (see :meth:`close_after_answer`).
+    _lingering = False
+    #: Bytes the lingering connection may still read and drop.
+    _linger_left = 0
+    #: When the lingering connection is cut, whatever its client does.
+    _linger_end: Any = None
 
     def isSecure(self) -> bool:
         """
@@ -151,6 +166,11 @@ class SandboxChannel(HTTPChannel):
         ``LineReceiver`` does.
         """
         self.resetTimeout()
+        if self._lingering:
+            self._linger_left -= len(data)
+            if self._linger_left < 0:
+                self.cut_lingering()
+            return
         if self._busyReceiving:
             self._buffer += data
             return
@@ -164,7 +184,12 @@ class SandboxChannel(HTTPChannel):
         self._busyReceiving = True
         try:
             self._buffer += data
-            while self._buffer and not self.paused and not self._taken:
+            while (
+                self._buffer
+                and not self.paused
+                and not self._taken
+                and not self._lingering
+            ):
                 if self.line_mode:
                     if not self._read_head():
                         return
@@ -238,7 +263,7 @@ class SandboxChannel(HTTPChannel):
             self.allContentReceived()
         else:
             table = self._site_table
-            if table:
+            if table and not self._lingering:
                 table.body_started(self)
             self.setRawMode()
 
@@ -295,6 +320,11 @@ class SandboxChannel(HTTPChannel):
         bytes waiting then too, reads nothing: its connection is cut (the
         response cannot end, and the request would hold its slot for good).
         """
+        if self._lingering:
+            # Its client sent nothing for the quiet bound: whatever it
+            # sent is read, its answer long out; an orderly close.
+            self.loseConnection()
+            return
         if self._handlingRequest:
             before, self._delivered = self._delivered, delivery(self.transport)
             if stalled(before, self._delivered) or (
@@ -378,7 +408,8 @@ class SandboxChannel(HTTPChannel):
         """
         transport: Any = self.transport
         if self._answer_begun():
-            if transport is not None:
+            # A lingering connection's own bounds end it.
+            if transport is not None and not self._lingering:
                 transport.abortConnection()
             return
         limits = self._site_table.limits
@@ -453,7 +484,11 @@ class SandboxChannel(HTTPChannel):
         """
         if self._answer_begun():
             transport: Any = self.transport
-            if transport is not None and not transport.disconnecting:
+            if (
+                transport is not None
+                and not transport.disconnecting
+                and not self._lingering
+            ):
                 # The client sees a cut answer, the only honest ending now.
                 transport.abortConnection()
             return
@@ -470,10 +505,11 @@ class SandboxChannel(HTTPChannel):
         Whether bytes of an answer to the request being read have been
         written: its response head (``startedWriting``), or an answer a
         door wrote straight to the transport before closing it (a body
-        over its cap), which leaves the transport disconnecting.
+        over its cap), which leaves the connection lingering (or, over
+        TLS, the transport disconnecting).
         """
         transport: Any = self.transport
-        if transport is None or transport.disconnecting:
+        if transport is None or transport.disconnecting or self._lingering:
             return True
         request = self.requests[-1] if self.requests else None
         return bool(request is not None and request.startedWriting)
@@ -504,7 +540,82 @@ class SandboxChannel(HTTPChannel):
                 + b"\r\n"
                 + body
             )
-        self.loseConnection()
+        self.close_after_answer()
+
+    def close_after_answer(self) -> None:
+        """
+        Close the connection once an answer written before its request
+        was read whole (a refusal at the head, a body over its cap, a head
+        the parser refused) can reach the client.
+
+        Closing a socket while bytes its client sent wait unread in it
+        makes Linux send a reset rather than an end of stream, and the
+        reset can reach the client before it has read the answer, or while
+        it is still sending its body (most HTTP clients send the whole
+        body before they read): it sees "connection reset" instead of the
+        refusal.  So, as nginx's and Apache's ``lingering_close``: once the
+        answer is out the daemon shuts its side for writing (the client
+        reads the answer, then an end of stream), reads and drops what the
+        client still sends, and closes when the client closes, or when it
+        has sent nothing for :attr:`ConnectionLimits.linger_quiet` seconds;
+        one that goes on sending is cut after
+        :attr:`ConnectionLimits.linger_seconds` or
+        :data:`~sandboxd.policy.defaults.LINGER_MAX_BYTES`.  Meanwhile the
+        connection counts as idle: reclaimed first when a cap is reached.
+
+        Over TLS a half-close would skip the TLS layer (and its buffered
+        answer): TLS's own close, which reads on until the client's
+        ``close_notify``, is left to do it, within the idle timeout.
+        """
+        transport: Any = self.transport
+        if transport is None or transport.disconnecting or self._lingering:
+            return
+        self.persistent = False
+        if self.isSecure() or not isinstance(
+            getattr(transport, "socket", None), socket.socket
+        ):
+            self.loseConnection()
+            return
+        self._lingering = True
+        self._buffer = b""
+        self._dataBuffer = []
+        table = self._table()
+        limits = table.limits if table is not None else ConnectionLimits()
+        if table is not None:
+            table.body_done(self)
+            table.head_done(self)
+            table.went_idle(self)
+        self._linger_left = LINGER_MAX_BYTES
+        self.setTimeout(limits.linger_quiet)
+        self._linger_end = self.callLater(limits.linger_seconds, self.cut_lingering)
+        # The channel is the transport's producer: unregistered, the
+        # half-close follows the answer out whatever the producer's state.
+        transport.unregisterProducer()
+        # The answer into the socket now: a client that shut its side
+        # after its request has its end of stream read on the next turn,
+        # which closes the connection and would drop an answer still
+        # waiting in the transport's buffer.
+        send_now(transport)
+        transport.loseWriteConnection()
+        # Read again, if a body's handler had paused the socket.
+        transport.resumeProducing()
+
+    @property
+    def lingering(self) -> bool:
+        """Whether the connection only reads what a refused client still sends."""
+        return self._lingering
+
+    def cut_lingering(self) -> None:
+        """
+        Cut a lingering connection: its client sent on past the bounds, or
+        the daemon stops listening.
+        """
+        end, self._linger_end = self._linger_end, None
+        if end is not None and end.active():
+            end.cancel()
+        transport: Any = self.transport
+        if transport is not None:
+            transport.abortConnection()
 
     def take_over(self, protocol: IProtocol, replay: bytes = b"") -> None:
         """
@@ -551,9 +662,25 @@ class SandboxChannel(HTTPChannel):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """Uncount the connection."""
+        end, self._linger_end = self._linger_end, None
+        if end is not None and end.active():
+            end.cancel()
         site: Any = self.site  # type: ignore[attr-defined]
         site.connection_closed(self)
         super().connectionLost(reason)
+
+
+def close_after_answer(channel: Any) -> None:
+    """
+    Close ``channel``'s connection after an answer written before its
+    request was read whole: :meth:`SandboxChannel.close_after_answer`, or
+    at once for a channel of another kind.
+    """
+    close = getattr(channel, "close_after_answer", None)
+    if close is not None:
+        close()
+    elif channel.transport is not None:
+        channel.transport.loseConnection()
 
 
 def client_left(transport: Any) -> bool:

@@ -52,6 +52,7 @@ from sandboxd.policy.defaults import (
     CAP_WARNING_INTERVAL_SECONDS,
     HEADER_DEADLINE_SECONDS,
     HTTP_IDLE_TIMEOUT_SECONDS,
+    LINGER_QUIET_SECONDS,
     MAX_CONNECTIONS_PER_PEER,
     MAX_HTTP_CONNECTIONS,
     RECLAIM_HEAD_AFTER_SECONDS,
@@ -115,6 +116,24 @@ class ConnectionLimits:
             raise ValueError("the idle timeout must be positive")
         if not self.body_min_rate > 0:
             raise ValueError("the request body's minimum rate must be positive")
+
+    @property
+    def linger_seconds(self) -> float:
+        """
+        The longest a connection answered before its request was read
+        whole stays open to read what its client still sends: the head
+        deadline, the time any client may already hold a connection
+        without a complete request.
+        """
+        return self.head_deadline
+
+    @property
+    def linger_quiet(self) -> float:
+        """
+        How long such a connection may go without a byte from its client
+        before it is closed (never longer than :attr:`linger_seconds`).
+        """
+        return min(LINGER_QUIET_SECONDS, self.head_deadline)
 
     @classmethod
     def from_settings(

@@ -105,9 +105,15 @@ class HardenedSite(Site):
             self._sweeper.start(period, now=False)
 
     def stopFactory(self) -> None:
-        """Stop the watch."""
+        """
+        Stop the watch; cut the connections that only wait to read what
+        a refused client still sends (their answers are out).
+        """
         if self._sweeper.running:
             self._sweeper.stop()
+        for channel in list(self.connections):
+            if getattr(channel, "lingering", False):
+                channel.cut_lingering()
         super().stopFactory()
 
     def connection_opened(self, channel: SandboxChannel) -> bool:

@@ -31,7 +31,7 @@ from sandboxd.policy.defaults import (
     LARGE_BODY_BYTES,
     LARGE_READ_BYTES,
 )
-from sandboxd.web.channel import client_left
+from sandboxd.web.channel import client_left, close_after_answer
 from sandboxd.web.cors import (
     allowed_origin,
     is_preflight,
@@ -284,7 +284,9 @@ class SandboxRequest(Request):
 
     def _answer_early(self, error: ApiError) -> None:
         """
-        Write a complete error response straight to the transport and close.
+        Write a complete error response straight to the transport and close
+        once its client can have read it (whatever of the body it still
+        sends is read and dropped meanwhile, within bounds).
 
         ``setResponseCode``/``write`` cannot be used before
         ``requestReceived``; this mirrors Twisted's own
@@ -313,7 +315,7 @@ class SandboxRequest(Request):
             body = b""  # the Content-Length above is what a GET would get
         transport.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
         self._audit(error.status, error.code, error.extra.get("rule"), len(body))
-        transport.loseConnection()
+        close_after_answer(self.channel)
 
     def handleContentChunk(self, data: bytes) -> None:
         """Count, cap and store (or stream) one chunk of the body."""

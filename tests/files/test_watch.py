@@ -138,6 +138,60 @@ class WatchTests(StreamCase):
         self.assertEqual(reply.status, 404)
 
 
+class UndecodableNameTests(StreamCase):
+    """A file whose name is not UTF-8, as every other files endpoint shows it."""
+
+    @inlineCallbacks
+    def test_names_as_the_listing_shows_them(self) -> Any:
+        """
+        Creating, moving and deleting ``a\\xff``: the events' ``path`` and
+        ``dest`` are the names ``/files/list`` gives the same files (the
+        byte as the text ``\\xff``), in both forms of the stream, never a
+        lone surrogate.
+        """
+        os.mkdir(os.path.join(self.base_dir, "w"))
+        c, response = yield self.open_stream("path=w&follow=true")
+        seed, _ = yield self.open_stream("path=w&timeout=30")
+        raw = os.path.join(os.fsencode(self.base_dir), b"w", b"a\xff")
+        with open(raw, "wb") as f:
+            f.write(b"x")
+        reply = yield self.request("GET", "/files/list?path=w")
+        (listed,) = [e["path"] for e in reply.json()["entries"]]
+        self.assertEqual(listed, os.path.join(self.base_dir, "w", "a\\xff"))
+        os.rename(raw, raw + b"\xfe")
+        os.unlink(raw + b"\xfe")
+        yield c.wait_for(b"deleted")
+        for _ in range(100):
+            if seed.data.count(b'"deleted"') == 2:
+                break
+            yield deferLater(reactor, 0.05, lambda: None)
+        events = [data for _, name, data in c.events() if name != "modified"]
+        self.assertEqual(
+            [(e["event"], e["path"], e.get("dest")) for e in events],
+            [
+                ("created", listed, None),
+                ("moved", listed, listed + "\\xfe"),
+                ("deleted", listed + "\\xfe", None),
+            ],
+        )
+        changes = [
+            (data["type"], data["path"])
+            for _, name, data in seed.events()
+            if name == "change" and data["type"] != "modified"
+        ]
+        self.assertEqual(
+            changes,
+            [
+                ("created", listed),
+                ("deleted", listed),
+                ("created", listed + "\\xfe"),
+                ("deleted", listed + "\\xfe"),
+            ],
+        )
+        self.assertNotIn(b"\\udc", c.data + seed.data)
+        self.close(response)
+
+
 class SeedFormTests(StreamCase):
     """Without ``follow=true``: the seed's events, for a window."""
 

@@ -615,6 +615,40 @@ class DescriptorTests(SynchronousTestCase):
         sb.pty.close(session["session_id"])
         self.assertLessEqual(fd_count(box.proc.pid), baseline + 2)
 
+    def test_refused_connections_logged_in_bounds(self) -> None:
+        """
+        500 connections closed at once at the limit add a few lines to the
+        daemon's log, not three each (a client retrying in a loop would
+        fill the log's disk): one line says how many went unlogged.
+        """
+        box = BoxedDaemon(self, nofile=self.nofile)
+        holders: list[socket.socket] = []
+        self.addCleanup(lambda: [s.close() for s in holders])
+        for _ in range(self.nofile + 40):
+            holders.append(socket.create_connection(("127.0.0.1", box.port)))
+        deadline = time.monotonic() + 10
+        while fd_count(box.proc.pid) < self.nofile - 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        before = len(box.log().splitlines())
+        for _ in range(500):
+            try:
+                with socket.create_connection(("127.0.0.1", box.port), timeout=2) as s:
+                    s.recv(1)
+            except OSError:
+                pass
+        time.sleep(0.5)
+        added = box.log().splitlines()[before:]
+        self.assertLess(len(added), 10, "\n".join(added[:20]))
+        self.assertEqual(box.health(), None)  # still at the limit
+        for s in holders:
+            s.close()
+        holders.clear()
+        deadline = time.monotonic() + 10
+        while box.health(1) != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.assertEqual(box.health(), 200)
+
 
 class ProcessLimitTests(DaemonTestCase):
     """

@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import psutil
 from twisted.internet.defer import inlineCallbacks
 
 from sandboxd.endpoints import CapabilityGroup
 from tests.helpers import DaemonTestCase
+from tests.security.test_every_endpoint import children
 
 #: Every group on, nothing else narrowed.
 ALL_GROUPS = {"groups": {g.value: True for g in CapabilityGroup}}
@@ -56,12 +56,13 @@ class FoundBySweepTests(DaemonTestCase):
     @inlineCallbacks
     def test_screenshot_type_not_a_word(self) -> Any:
         """A screenshot ``type`` or ``format`` that is an object or array is 400 (was 500), no browser started."""
+        before = children()
         for name in ("type", "format"):
             for value in ({}, [], 1):
                 yield self.refused(
                     "POST", "/browser/screenshot", {name: value}, "invalid_param"
                 )
-        self.assertEqual(psutil.Process().children(), [])
+        self.assertEqual(children() - before, set())
 
     @inlineCallbacks
     def test_exposure_ttl_past_any_timestamp(self) -> Any:
@@ -100,6 +101,7 @@ class FoundBySweepTests(DaemonTestCase):
         the agent is looked up or started (was 503 agent_unavailable here,
         or the field ignored: ``stream: "yes"`` ran unstreamed).
         """
+        before = children()
         yield self.refused(
             "POST",
             "/agents/sessions",
@@ -121,7 +123,7 @@ class FoundBySweepTests(DaemonTestCase):
         )
         self.assertEqual(answer["error"]["param"], "store")
         yield self.refused("GET", "/agents/requests?kind=sweep", None, "invalid_param")
-        self.assertEqual(psutil.Process().children(), [])
+        self.assertEqual(children() - before, set())
 
     @inlineCallbacks
     def test_query_checked_before_the_thing_is_looked_up(self) -> Any:

@@ -531,3 +531,220 @@ class AbandonedBodyTests(DaemonTestCase):
             yield deferLater(reactor, 0.1, lambda: None)
         self.assertEqual(reply.status, 200, reply.body)
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "half.bin")))
+
+
+#: A refused request's head (413 from its Content-Length, before any body
+#: byte is read) and one too large to read at all (400): each followed by
+#: the body its client goes on sending.
+_BIG_BODY_HEAD = (
+    b"POST /shell HTTP/1.1\r\nHost: localhost\r\n"
+    b"Content-Type: application/json\r\nContent-Length: 100000000\r\n\r\n"
+)
+_HUGE_HEAD = (
+    b"POST /shell HTTP/1.1\r\nHost: localhost\r\nX-Pad: "
+    + b"p" * (20 * 1024)
+    + b"\r\nContent-Length: 10\r\n\r\n"
+)
+
+
+def _send_then_read(port: int, head: bytes, more: int, pause: float) -> bytes:
+    """
+    Send ``head`` and 64 KiB, wait ``pause`` s (the refusal is written and
+    the daemon has closed or not by then), send ``more`` bytes, then read
+    to the end: what came back (blocking: run it in a thread).
+
+    :raises OSError: when the daemon reset the connection under the
+        client, in a send or in the read.
+    """
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(head + b"x" * 65536)
+        time.sleep(pause)
+        chunk = b"x" * 65536
+        for _ in range(more // len(chunk)):
+            s.sendall(chunk)
+        out = b""
+        while data := s.recv(65536):
+            out += data
+        return out
+
+
+def _metric(text: str, name: str) -> float:
+    """The value of ``name`` (with its labels) in a Prometheus text page."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} is not in the page")
+
+
+class LingeringCloseTests(DaemonTestCase):
+    """
+    A request answered before it was read whole (a refusal at its head, a
+    head too large to read) has its answer reach the client, however much
+    of its body the client still sends after it: the daemon reads and drops
+    that, within bounds, instead of closing on unread bytes (which Linux
+    answers with a reset that destroys the answer).
+    """
+
+    timeout = 60
+    autostart = False
+    policy = {"endpoints": {"shell": {"limits": {"max_concurrency": 1}}}}
+
+    def setUp(self) -> Any:
+        super().setUp()
+        return self.start(head_deadline=2.0)
+
+    def assertRefusal(self, out: bytes, status: bytes, code: str) -> None:
+        """``out`` is one whole JSON refusal with ``status`` and ``code``."""
+        head, _, body = out.partition(b"\r\n\r\n")
+        self.assertTrue(head.startswith(b"HTTP/1.1 " + status + b" "), out[:300])
+        length = re.search(rb"(?i)\r\ncontent-length: (\d+)", head)
+        assert length is not None, head
+        self.assertEqual(len(body), int(length.group(1)), out[:300])
+        self.assertEqual(json.loads(body)["code"], code)
+
+    @inlineCallbacks
+    def test_refusal_reaches_a_client_still_sending(self) -> Any:
+        """
+        50 times over: a 413 from the head's Content-Length, the client
+        sending 1 MiB more of its body after it, then reading: the whole
+        413, never a reset.
+        """
+        for attempt in range(50):
+            try:
+                out = yield deferToThread(
+                    _send_then_read, self.daemon.port, _BIG_BODY_HEAD, 1 << 20, 0.02
+                )
+            except OSError as e:
+                self.fail(f"attempt {attempt}: {e!r}")
+            self.assertRefusal(out, b"413", "payload_too_large")
+
+    @inlineCallbacks
+    def test_head_too_large_reaches_a_client_still_sending(self) -> Any:
+        """
+        50 times over: a head over the daemon's bound, the client sending
+        on (the E2B SDK's long path in a query): the whole 400, never a
+        reset.
+        """
+        for attempt in range(50):
+            try:
+                out = yield deferToThread(
+                    _send_then_read, self.daemon.port, _HUGE_HEAD, 256 * 1024, 0.02
+                )
+            except OSError as e:
+                self.fail(f"attempt {attempt}: {e!r}")
+            self.assertRefusal(out, b"400", "malformed_request")
+
+    @inlineCallbacks
+    def test_refusal_reaches_a_client_that_shut_its_side(self) -> Any:
+        """
+        50 times over: a client that sends its head and some body and
+        shuts its side at once (its end of stream read with the body):
+        the whole 413 still reaches it.
+        """
+
+        def send_shut_read() -> bytes:
+            with socket.create_connection(("127.0.0.1", self.daemon.port), 10) as s:
+                s.sendall(_BIG_BODY_HEAD + b"x" * 1000)
+                s.shutdown(socket.SHUT_WR)
+                out = b""
+                while data := s.recv(65536):
+                    out += data
+                return out
+
+        for attempt in range(50):
+            try:
+                out = yield deferToThread(send_shut_read)
+            except OSError as e:
+                self.fail(f"attempt {attempt}: {e!r}")
+            self.assertRefusal(out, b"413", "payload_too_large")
+
+    @inlineCallbacks
+    def test_slot_and_connection_freed(self) -> Any:
+        """
+        While a refused client lingers (quiet, its socket open), the
+        endpoint's one concurrency slot is free; once it has been quiet
+        for the bound, its connection is closed and no longer counted.
+        """
+
+        def refused_then_quiet() -> tuple[bytes, bytes]:
+            with socket.create_connection(("127.0.0.1", self.daemon.port), 10) as s:
+                s.sendall(_BIG_BODY_HEAD + b"x" * 65536)
+                out = b""
+                while data := s.recv(65536):
+                    out += data
+                # The daemon's end of stream came with the answer; our
+                # side stays open (and sends nothing) until it is let go.
+                s.settimeout(8)
+                try:
+                    rest = s.recv(1)
+                except ConnectionResetError:
+                    rest = b"reset"
+                return out, rest
+
+        waiting = deferToThread(refused_then_quiet)
+        yield deferLater(reactor, 0.5, lambda: None)
+        reply = yield self.request("POST", "/shell", {"command": "echo free"})
+        self.assertEqual(reply.status, 200, reply.body)
+        out, _ = yield waiting
+        self.assertRefusal(out, b"413", "payload_too_large")
+        began = time.monotonic()
+        while True:
+            page = yield self.request("GET", "/metrics")
+            active = _metric(
+                page.body.decode(), 'sandboxd_connections_active{door="http"}'
+            )
+            if active == 1 or time.monotonic() - began > 10:
+                break
+            yield deferLater(reactor, 0.2, lambda: None)
+        self.assertEqual(active, 1)  # this request's own
+
+    @inlineCallbacks
+    def test_client_that_never_stops_is_cut(self) -> Any:
+        """
+        A refused client that sends on without end is cut at the bound
+        (the head deadline, 2 s here), not read for ever.
+        """
+
+        def send_for_ever() -> float:
+            with socket.create_connection(("127.0.0.1", self.daemon.port), 10) as s:
+                s.sendall(_BIG_BODY_HEAD)
+                began = time.monotonic()
+                chunk = b"x" * 65536
+                try:
+                    while time.monotonic() - began < 20:
+                        s.sendall(chunk)
+                        time.sleep(0.005)
+                except OSError:
+                    pass
+                return time.monotonic() - began
+
+        elapsed = yield deferToThread(send_for_ever)
+        self.assertLess(elapsed, 8)
+        self.assertGreater(elapsed, 1.5)
+
+    @inlineCallbacks
+    def test_client_sending_too_much_is_cut(self) -> Any:
+        """
+        A refused client that sends more than the lingering close reads
+        (256 KiB here) is cut then, before the time bound.
+        """
+        from sandboxd.web import channel
+
+        self.patch(channel, "LINGER_MAX_BYTES", 256 * 1024)
+
+        def send_a_lot() -> tuple[int, float]:
+            with socket.create_connection(("127.0.0.1", self.daemon.port), 10) as s:
+                s.sendall(_BIG_BODY_HEAD)
+                began = time.monotonic()
+                sent = 0
+                try:
+                    while sent < 64 << 20:
+                        s.sendall(b"x" * 65536)
+                        sent += 65536
+                except OSError:
+                    pass
+                return sent, time.monotonic() - began
+
+        sent, elapsed = yield deferToThread(send_a_lot)
+        self.assertLess(sent, 16 << 20)
+        self.assertLess(elapsed, 1.5)

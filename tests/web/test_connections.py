@@ -229,6 +229,18 @@ class CapTests(_Case):
             with self.assertRaises(PolicyError):
                 connection_limits(Settings(environ=bad))
 
+    def test_lingering_bounds_follow_the_head_deadline(self) -> None:
+        """
+        A refused request's connection lingers at most the head deadline,
+        and 5 s without a byte from its client (never more than the whole).
+        """
+        self.assertEqual(
+            (ConnectionLimits().linger_seconds, ConnectionLimits().linger_quiet),
+            (30.0, 5.0),
+        )
+        short = ConnectionLimits(head_deadline=2.0)
+        self.assertEqual((short.linger_seconds, short.linger_quiet), (2.0, 2.0))
+
 
 class _Dripper(Protocol):
     """Sends ``GET /health?`` and then one byte every ``period`` seconds."""

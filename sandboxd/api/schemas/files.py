@@ -515,7 +515,8 @@ SCHEMAS: dict[str, Schema] = {
             ),
         ),
         notes="inotify, debounced; events for paths the caller may not see are dropped. "
-        "Without follow, agent-sandbox-server's events for a window: ready, a change per "
+        "A name that is not UTF-8 is shown as files_list shows it (each such byte as "
+        "\\xNN). Without follow, agent-sandbox-server's events for a window: ready, a change per "
         "change (a move is deleted + created), then end (as its SDK's files.watch() "
         "expects). With follow=true, open-ended and resumable (see docs/protocols.md).",
     ),

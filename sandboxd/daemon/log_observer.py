@@ -1,0 +1,154 @@
+# -*- test-case-name: tests.test_log_observer,tests.security.test_full_sandbox -*-
+"""
+The daemon's log observer: the stream or file its log is written to,
+behind a filter that keeps a connection flood at the descriptor limit
+from filling the log's disk.
+
+At its ``RLIMIT_NOFILE`` the daemon has no descriptor for a new
+connection.  Twisted's listening port then accepts it on a descriptor it
+keeps in reserve and closes it at once (the client sees its connection
+closed, the listener does not spin), and logs three lines for each such
+connection: a client retrying in a loop writes them as fast as it can
+connect.  :class:`RefusedConnectionFilter` lets those lines through at
+most once per :data:`~sandboxd.policy.defaults.CAP_WARNING_INTERVAL_SECONDS`;
+the first one let through after that is preceded by the count of those
+held back.
+
+Twisted has no public hook on what its port logs (its logger is a private
+attribute of ``tcp.Port``), so the filter stands in front of the log's
+observer: ``sandboxd serve`` builds it, and under twistd the tap's options
+name :func:`twistd_observer` as twistd's ``--logger`` (see
+:func:`use_for_twistd`), which writes where ``--logfile`` says, as twistd
+itself would.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from twisted.logger import ILogObserver, LogEvent, LogLevel, textFileLogObserver
+from twisted.python import usage
+from twisted.python.logfile import LogFile
+from zope.interface import implementer
+
+from sandboxd.policy.defaults import CAP_WARNING_INTERVAL_SECONDS
+
+#: What a Twisted listening port logs for a connection it closes at once at
+#: the descriptor limit, and for an accept that failed for want of
+#: descriptors or memory system-wide (``twisted.internet.tcp._accept``).
+REFUSED_CONNECTION_FORMATS = frozenset(
+    {
+        "EMFILE encountered; releasing reserved file descriptor.",
+        "EMFILE recovery: Closed socket from {address}",
+        "Re-reserving EMFILE recovery file descriptor.",
+        "Could not accept new connection ({acceptError})",
+    }
+)
+
+
+def about_a_refused_connection(event: LogEvent) -> bool:
+    """Whether ``event`` is a listening port's line about a refused connection."""
+    return event.get("log_format") in REFUSED_CONNECTION_FORMATS and str(
+        event.get("log_namespace", "")
+    ).startswith("twisted.internet.")
+
+
+@implementer(ILogObserver)
+class RefusedConnectionFilter:
+    """
+    An observer passing every event on to ``observer``, except that lines
+    about refused connections pass at most once per ``every`` seconds
+    (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        observer: ILogObserver,
+        every: float = CAP_WARNING_INTERVAL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._observer = observer
+        self._every = every
+        self._clock = clock
+        # Observers are called from any thread.
+        self._lock = threading.Lock()
+        self._last: float | None = None
+        self._held = 0
+
+    def __call__(self, event: LogEvent) -> None:
+        """Pass ``event`` on, unless it is a refused connection's line held back."""
+        if not about_a_refused_connection(event):
+            self._observer(event)
+            return
+        with self._lock:
+            now = self._clock()
+            if self._last is not None and now - self._last < self._every:
+                self._held += 1
+                return
+            held, self._held = self._held, 0
+            self._last = now
+        if held:
+            self._observer(
+                {
+                    "log_format": "HTTP: {held} log line(s) about connections "
+                    "closed at once for want of a file descriptor were not "
+                    "written (at most one every {every:g} s)",
+                    "log_level": LogLevel.warn,
+                    "log_namespace": "sandboxd.connections",
+                    "log_source": None,
+                    "log_time": time.time(),
+                    "held": held,
+                    "every": self._every,
+                }
+            )
+        self._observer(event)
+
+
+#: How twistd was asked to log (``--logfile``, ``--nodaemon``), for
+#: :func:`twistd_observer`, which twistd calls without arguments.
+_TWISTD: dict[str, Any] = {}
+
+
+def use_for_twistd(options: usage.Options) -> None:
+    """
+    Have twistd write the log through :func:`twistd_observer`, unless its
+    own options chose a logger or syslog.
+
+    Called from the tap's ``postOptions``: twistd's options are parsed by
+    then, and resolve ``--logger`` only after the subcommand's.
+    """
+    parent: Any = getattr(options, "parent", None)
+    if parent is None or parent.get("logger") or parent.get("syslog"):
+        return
+    _TWISTD["logfile"] = parent.get("logfile") or ""
+    _TWISTD["nodaemon"] = bool(parent.get("nodaemon"))
+    parent["logger"] = f"{__name__}.twistd_observer"
+
+
+def twistd_observer() -> ILogObserver:
+    """
+    The observer twistd would make from ``--logfile`` (stdout for ``-``
+    or in the foreground without one, else the file, rotated by size and
+    on ``SIGUSR1``), behind :class:`RefusedConnectionFilter`.
+    """
+    name = _TWISTD.get("logfile", "")
+    nodaemon = _TWISTD.get("nodaemon", False)
+    if name == "-" and not nodaemon:
+        sys.exit("Daemons cannot log to stdout, exiting!")
+    if name == "-" or (nodaemon and not name):
+        return RefusedConnectionFilter(textFileLogObserver(sys.stdout))
+    log_file = LogFile.fromFullPath(name or "twistd.log")
+    if not signal.getsignal(signal.SIGUSR1):
+
+        def rotate(signum: int, frame: Any) -> None:
+            from twisted.internet import reactor
+
+            reactor.callFromThread(log_file.rotate)  # type: ignore[attr-defined]
+
+        signal.signal(signal.SIGUSR1, rotate)
+    return RefusedConnectionFilter(textFileLogObserver(log_file))

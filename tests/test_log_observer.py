@@ -1,0 +1,105 @@
+"""
+The daemon's log observer (:mod:`sandboxd.daemon.log_observer`): a
+listening port's lines about connections refused at the descriptor limit,
+at most one per period with the count held back; everything else as is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.application import app
+from twisted.logger import formatEvent
+from twisted.scripts.twistd import ServerOptions
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd.daemon import log_observer
+from sandboxd.daemon.log_observer import RefusedConnectionFilter
+
+
+def port_line(fmt: str, **fields: Any) -> dict[str, Any]:
+    """An event as Twisted's TCP port logs it."""
+    return {"log_format": fmt, "log_namespace": "twisted.internet.tcp.Port", **fields}
+
+
+def refused() -> list[dict[str, Any]]:
+    """The three lines Twisted logs for one connection closed at the limit."""
+    return [
+        port_line("EMFILE encountered; releasing reserved file descriptor."),
+        port_line(
+            "EMFILE recovery: Closed socket from {address}",
+            address=("127.0.0.1", 5),
+        ),
+        port_line("Re-reserving EMFILE recovery file descriptor."),
+    ]
+
+
+class FilterTests(SynchronousTestCase):
+    """:class:`RefusedConnectionFilter` on a clock of the test's."""
+
+    def setUp(self) -> None:
+        self.now = 0.0
+        self.seen: list[dict[str, Any]] = []
+        self.filter = RefusedConnectionFilter(
+            self.seen.append, every=30, clock=lambda: self.now
+        )
+
+    def test_one_line_per_period_then_the_count(self) -> None:
+        """
+        500 refused connections in a period write one line; the first line
+        of the next period comes after one saying how many were held back.
+        """
+        for _ in range(500):
+            for event in refused():
+                self.filter(event)
+        self.assertEqual(
+            [formatEvent(e) for e in self.seen], [formatEvent(refused()[0])]
+        )
+        self.now = 31
+        for event in refused():
+            self.filter(event)
+        self.assertEqual(len(self.seen), 3)
+        self.assertEqual(
+            formatEvent(self.seen[1]),
+            "HTTP: 1499 log line(s) about connections closed at once for want "
+            "of a file descriptor were not written (at most one every 30 s)",
+        )
+
+    def test_other_lines_pass(self) -> None:
+        """Every other event passes untouched, in a flood or not."""
+        for event in refused():
+            self.filter(event)
+        other = [
+            {"log_format": "sandboxd 0.1.0: http on ...", "log_namespace": "sandboxd"},
+            {"log_format": "EMFILE recovery: Closed socket from {address}"},
+            {"log_format": "(TCP Port 9000 Closed)", "log_namespace": "twisted"},
+        ]
+        for event in other:
+            self.filter(event)
+        self.assertEqual(self.seen[1:], other)
+
+
+class TwistdTests(SynchronousTestCase):
+    """The tap's options hand twistd the filtered observer, unless told otherwise."""
+
+    def setUp(self) -> None:
+        self.addCleanup(log_observer._TWISTD.clear)
+
+    def parsed(self, *args: str) -> ServerOptions:
+        config = ServerOptions()
+        config.parseOptions([*args, "sandboxd", "--base-dir", "/tmp"])
+        return config
+
+    def test_logfile_behind_the_filter(self) -> None:
+        """``--logfile`` is honoured, through the filter."""
+        config = self.parsed("-n", "--logfile=-")
+        self.assertIs(config["logger"], log_observer.twistd_observer)
+        observer = app.AppLogger(config)._observerFactory()
+        self.assertIsInstance(observer, RefusedConnectionFilter)
+
+    def test_operator_logger_kept(self) -> None:
+        """A ``--logger`` or ``--syslog`` of the operator's is left alone."""
+        config = self.parsed("-n", "--logger=twisted.logger.jsonFileLogObserver")
+        self.assertIsNot(config["logger"], log_observer.twistd_observer)
+        config = self.parsed("-n", "--syslog")
+        self.assertIsNone(config["logger"])
