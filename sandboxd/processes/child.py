@@ -343,7 +343,10 @@ class Child(ProcessProtocol):
 
     def childDataReceived(self, childFD: int, data: bytes) -> None:
         """Output: hand it on; it resets the idle and exit-drain timers."""
-        self._heard()
+        # Most children have neither timer to reset: no call for them on
+        # every read.
+        if self._idle is not None or self.has_exited:
+            self._heard()
         self.on_output(childFD, data)
 
     def _heard(self) -> None:

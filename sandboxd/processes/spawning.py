@@ -159,6 +159,23 @@ class _OutputReader(_twisted_process.ProcessReader):
         if start:
             self.startReading()  # type: ignore[no-untyped-call]
 
+    def doRead(self) -> Any:
+        """
+        Read what the pipe holds and hand it to the process: what Twisted's
+        ``ProcessReader.doRead`` does through ``fdesc.readFromFD`` and
+        ``dataReceived``, in one call, for a stream's every line.
+        """
+        try:
+            data = os.read(self.fd, _READ_CHUNK)
+        except OSError as e:
+            if e.errno in (errno.EAGAIN, errno.EINTR):
+                return None
+            return CONNECTION_LOST
+        if not data:
+            return CONNECTION_DONE
+        self.proc.childDataReceived(self.name, data)
+        return None
+
     def drain(self, reads: int, paused: Callable[[], bool]) -> Any:
         """
         Read what the pipe holds now, without the reactor, at most
@@ -184,6 +201,9 @@ class _OutputReader(_twisted_process.ProcessReader):
 #: What one read of :meth:`_OutputReader.drain` asks for: a whole pipe's
 #: default capacity.
 _DRAIN_CHUNK = 65536
+
+#: What one read of :meth:`_OutputReader.doRead` asks for (Twisted's own).
+_READ_CHUNK = 8192
 
 
 class AdoptedProcess(_twisted_process.Process):

@@ -233,7 +233,7 @@ def shell_stream(request: ServerRequest) -> SSEResponse | Deferred[SSEResponse]:
     stream = (ChunkStream if as_bytes else LineStream)(clock, write, _cap(request))
     child = Child(
         clock,
-        _first_output_noted(lambda: child.pid, stream.feed),
+        _first_output_noted(lambda: child, stream.feed),
         timeout=spec.timeout,
         idle_timeout=spec.idle_timeout,
     )
@@ -283,6 +283,8 @@ def shell_stream(request: ServerRequest) -> SSEResponse | Deferred[SSEResponse]:
         for data in early:
             channel.write_raw(data)
         early.clear()
+        # From now on every frame goes straight to the channel.
+        stream.write = channel.write_raw
 
         def gone() -> None:
             child.kill("disconnected")
@@ -306,21 +308,20 @@ def shell_stream(request: ServerRequest) -> SSEResponse | Deferred[SSEResponse]:
 
 
 def _first_output_noted(
-    pid: Callable[[], int], feed: Callable[[int, bytes], None]
+    child: Callable[[], Child], feed: Callable[[int, bytes], None]
 ) -> Callable[[int, bytes], None]:
     """
-    ``feed``, telling the priorities when the child first prints
-    (:meth:`ChildPriority.first_output`; it counts as starting once it
-    runs): a stream whose first line is out waits while the others started
-    with it get theirs.
+    The child's first output handler: tells the priorities when the child
+    first prints (:meth:`ChildPriority.first_output`; it counts as
+    starting once it runs), so that a stream whose first line is out waits
+    while the others started with it get theirs; then the child hands
+    this read and every later one to ``feed`` itself.
     """
-    noted = False
 
     def first(fd: int, data: bytes) -> None:
-        nonlocal noted
-        if not noted:
-            noted = True
-            CHILD_PRIORITY.first_output(pid())
+        running = child()
+        running.on_output = feed
+        CHILD_PRIORITY.first_output(running.pid)
         feed(fd, data)
 
     return first

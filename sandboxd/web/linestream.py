@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.routes.test_process -*-
+# -*- test-case-name: tests.web.test_linestream,tests.routes.test_process -*-
 """
 ``/shell/stream``'s output: stdout and stderr lines as they complete,
 framed as SSE events and coalesced into few writes.
@@ -90,28 +90,33 @@ class LineStream:
         """A read from the child's stdout (1) or stderr (2)."""
         if fd not in _PREFIX or self.closed:
             return
-        buf = self._partial[fd] + data if self._partial[fd] else data
+        partial = self._partial[fd]
+        buf = partial + data if partial else data
         cut = buf.rfind(b"\n")
         if cut >= 0:
-            self._lines(fd, buf[:cut])
+            block = buf[:cut]
             buf = buf[cut + 1 :]
+            size = len(block) + 1
+            if size <= self._live[fd] and _NEEDS_JSON.search(block) is None:
+                # Whole lines of plain text: their frames in one pass.
+                self._live[fd] -= size
+                frames = (
+                    _PREFIX[fd] + block.replace(b"\n", _SUFFIX + _PREFIX[fd]) + _SUFFIX
+                )
+                if not self._pending and len(buf) <= self.max_line:
+                    self._partial[fd] = buf
+                    self._only(frames)
+                    return
+                self._add(frames)
+            else:
+                for line in block.split(b"\n"):
+                    self._line(fd, line)
         while len(buf) > self.max_line:
             cut = _between_characters(buf, self.max_line)
             self._line(fd, buf[:cut])
             buf = buf[cut:]
         self._partial[fd] = buf
         self._queued()
-
-    def _lines(self, fd: int, block: bytes) -> None:
-        size = len(block) + 1
-        if size <= self._live[fd] and _NEEDS_JSON.search(block) is None:
-            self._live[fd] -= size
-            self._add(
-                _PREFIX[fd] + block.replace(b"\n", _SUFFIX + _PREFIX[fd]) + _SUFFIX
-            )
-            return
-        for line in block.split(b"\n"):
-            self._line(fd, line)
 
     def _line(self, fd: int, line: bytes) -> None:
         if line.endswith(b"\r"):
@@ -137,6 +142,22 @@ class LineStream:
     def _add(self, data: bytes) -> None:
         self._pending.append(data)
         self._pending_len += len(data)
+
+    def _only(self, data: bytes) -> None:
+        """
+        What :meth:`_add` then :meth:`_queued` do with the only frames of a
+        read when nothing waits before them (the usual read), in one call:
+        written now once the window has passed, else queued behind a timer
+        (none is set while nothing waits).
+        """
+        now = self.clock.seconds()
+        waited = now - self._last_flush
+        if waited >= self.flush_seconds or len(data) >= self.flush_bytes:
+            self._last_flush = now
+            self.write(data)
+            return
+        self._add(data)
+        self._timer = self.clock.callLater(self.flush_seconds - waited, self.flush)
 
     def _queued(self) -> None:
         if not self._pending:

@@ -147,7 +147,7 @@ def _queue_rest(transport: Any, body: bytes, offset: int) -> None:
 MAX_CHUNK_PARTS = 1022
 
 
-def write_chunk_now(request: Any, parts: list[bytes]) -> None:
+def write_chunk_now(request: Any, parts: list[bytes]) -> bool:
     """
     Write one piece of a streamed (chunked) body given in ``parts``, as
     ``request.write`` of them joined would, without joining them.
@@ -162,8 +162,12 @@ def write_chunk_now(request: Any, parts: list[bytes]) -> None:
     stopping again.  Anything but a started chunked response without a
     content encoder, on a connection that may be written to at once,
     goes through ``request.write`` as before.
+
+    :return: whether the socket took the whole chunk in this call (then
+        nothing of it waits in the transport for :func:`send_now`).
     """
-    size = sum(len(part) for part in parts)
+    # One part (an event of a line or a few) is the usual write of a stream.
+    size = len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
     channel = getattr(request, "channel", None)
     transport = getattr(channel, "transport", None)
     if (
@@ -178,18 +182,22 @@ def write_chunk_now(request: Any, parts: list[bytes]) -> None:
         or not _sends_directly(transport)
     ):
         request.write(parts[0] if len(parts) == 1 else b"".join(parts))
-        return
+        return False
     request.sentLength += size
-    chunk = [b"%x\r\n" % size, *parts, b"\r\n"]
+    head = b"%x\r\n" % size
+    chunk = [head, *parts, b"\r\n"]
     try:
         sent = transport.socket.sendmsg(chunk)
     except OSError:
         sent = 0  # Twisted's own write finds the error and closes.
+    if sent == len(head) + size + 2:
+        return True
     for i, part in enumerate(chunk):
         if sent < len(part):
             transport.write(b"".join((part[sent:], *chunk[i + 1 :])))
-            return
+            return False
         sent -= len(part)
+    return False
 
 
 def _sends_directly(transport: Any) -> bool:

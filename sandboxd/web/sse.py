@@ -189,8 +189,10 @@ class SSEChannel:
         if not self.open:
             return
         self._last_write = self._clock.seconds()
-        write_chunk_now(self._request, [data] if isinstance(data, bytes) else data)
-        _send_now(self._request)
+        if not write_chunk_now(
+            self._request, [data] if isinstance(data, bytes) else data
+        ):
+            _send_now(self._request)
 
     def comment(self, text: str = "keep-alive") -> None:
         """A comment line, ignored by clients, that keeps proxies awake."""

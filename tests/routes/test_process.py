@@ -468,6 +468,26 @@ class ShellStreamTests(ProcessCase):
         lines = [e["data"]["data"] for e in events if e["event"] == "stdout"]
         self.assertEqual(lines, ['a"b\\c', "t\tx", "\ufffdz", "end"])
 
+    @inlineCallbacks
+    def test_bytes_of_a_multi_line_read(self) -> Any:
+        """Lines printed at once, plain and awkward, arrive as these exact bytes."""
+        script = r"printf '1\n2\nq\042b\134c\r\nt\tx\n\377z\n3\nend'"
+        _, reader = yield self.stream(
+            "POST", "/shell/stream", {"command": script, "shell": "sh"}
+        )
+        yield reader.done
+        self.assertEqual(
+            reader.raw,
+            b'event: stdout\ndata: {"data":"1"}\n\n'
+            b'event: stdout\ndata: {"data":"2"}\n\n'
+            b'event: stdout\ndata: {"data":"q\\"b\\\\c"}\n\n'
+            b'event: stdout\ndata: {"data":"t\\tx"}\n\n'
+            b'event: stdout\ndata: {"data":"\xef\xbf\xbdz"}\n\n'
+            b'event: stdout\ndata: {"data":"3"}\n\n'
+            b'event: stdout\ndata: {"data":"end"}\n\n'
+            b'event: exit\ndata: {"exit_code":0}\n\n',
+        )
+
 
 class ShellStreamBytesTests(ProcessCase):
     """POST /shell/stream with output=bytes and stdin_base64."""
