@@ -73,6 +73,11 @@ def _listening_inodes(port: int) -> set[str]:
     return inodes
 
 
+def someone_listens(port: int) -> bool:
+    """Whether any process listens on ``port`` (any address, IPv4 or IPv6)."""
+    return bool(_listening_inodes(port))
+
+
 def session_listens(sid: int, port: int) -> bool:
     """
     Whether a process of session ``sid`` holds the socket listening on
@@ -82,6 +87,32 @@ def session_listens(sid: int, port: int) -> bool:
     test's server between :func:`free_port` and its bind; a probe of the
     port then reaches that other server and mistakes it for the child.
     """
+    return _held_by(port, _SESSION, sid)
+
+
+def group_listens(pgid: int, port: int) -> bool:
+    """
+    Whether a process of process group ``pgid`` holds the socket listening
+    on ``port``: :func:`session_listens` for a child started in a group of
+    its own but in the test's session.
+    """
+    return _held_by(port, _GROUP, pgid)
+
+
+def process_listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` itself holds a socket listening on ``port``."""
+    inodes = _listening_inodes(port)
+    return bool(inodes) and _holds(str(pid), {f"socket:[{i}]" for i in inodes})
+
+
+#: Where a process's process group and session are among the fields of
+#: ``/proc/PID/stat`` after the command's closing parenthesis (state,
+#: ppid, pgrp, session).
+_GROUP, _SESSION = 2, 3
+
+
+def _held_by(port: int, field: int, value: int) -> bool:
+    """Whether a process whose ``field`` is ``value`` holds the listener on ``port``."""
     inodes = _listening_inodes(port)
     if not inodes:
         return False
@@ -92,16 +123,42 @@ def session_listens(sid: int, port: int) -> bool:
         try:
             with open(f"/proc/{entry}/stat") as f:
                 stat = f.read()
-            # Fields after the command's closing parenthesis: state, ppid,
-            # pgrp, session.
-            if int(stat[stat.rindex(")") + 2 :].split()[3]) != sid:
+            if int(stat[stat.rindex(")") + 2 :].split()[field]) != value:
                 continue
-            fds = os.listdir(f"/proc/{entry}/fd")
-            if any(os.readlink(f"/proc/{entry}/fd/{fd}") in wanted for fd in fds):
-                return True
         except (OSError, ValueError):
             continue
+        if _holds(entry, wanted):
+            return True
     return False
+
+
+def _holds(pid: str, wanted: set[str]) -> bool:
+    """Whether process ``pid`` has one of the ``wanted`` sockets open (gone: no)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
+                return True
+        except OSError:
+            continue  # closed meanwhile
+    return False
+
+
+def refusing_port(test: Any) -> int:
+    """
+    A loopback port that refuses connections until ``test`` ends: bound
+    here, never listened on, without ``SO_REUSEADDR``, so no other test's
+    server can take it meanwhile and answer in its stead (as one could a
+    :func:`free_port` port nothing holds).
+    """
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    test.addCleanup(held.close)
+    port: int = held.getsockname()[1]
+    return port
 
 
 #: What a server prints when its port was taken before it could bind.

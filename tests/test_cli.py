@@ -8,12 +8,14 @@ use the standard library to wait on it from a synchronous test.
 
 from __future__ import annotations
 
+import http.server
 import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from typing import Any
@@ -25,7 +27,14 @@ from twisted.trial.unittest import SynchronousTestCase
 from sandboxd import cli
 from sandboxd._version import __version__
 from sandboxd.daemon.tap import Options
-from tests.helpers import free_port, group_nice, need_autogroups
+from tests.helpers import (
+    free_port,
+    group_listens,
+    group_nice,
+    need_autogroups,
+    port_was_taken,
+    refusing_port,
+)
 
 BIN = os.path.dirname(sys.executable)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -107,7 +116,18 @@ def children_as_root(test: SynchronousTestCase, argv: list[str]) -> list[str]:
 
 
 class DaemonProcess:
-    """A daemon started as its own process group."""
+    """
+    A daemon started as its own process group.
+
+    Its ``{port}`` and ``{pty}`` ports are picked here (:func:`on_ports`);
+    one may be taken by another test's server before the daemon binds it,
+    so the daemon counts as up only once it holds its own listening
+    socket, and one that could not bind a port picked here is started
+    again on fresh ones.
+    """
+
+    #: How many times a start that lost its picked ports is tried.
+    TRIES = 3
 
     def __init__(
         self,
@@ -116,42 +136,74 @@ class DaemonProcess:
         env: dict[str, str] | None = None,
         own_session: bool = True,
     ) -> None:
+        self.test = test
+        self.template = argv
+        self.own_session = own_session
+        self.full_env = {
+            k: v for k, v in os.environ.items() if not k.startswith("ABX_")
+        }
+        self.full_env.update(env or {})
+        self.log: Any = None
+        self.tries = 0
+        test.addCleanup(self.kill)
+        self.spawn()
+
+    def spawn(self) -> None:
+        """Start the daemon on fresh ``{port}``/``{pty}`` ports."""
+        self.tries += 1
         self.port = free_port()
-        argv = on_ports(argv, self.port)
-        self.log = open(test.mktemp(), "w+")
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
-        full_env.update(env or {})
+        argv = on_ports(self.template, self.port)
+        if self.log is not None:
+            self.log.close()
+        self.log = open(self.test.mktemp(), "w+")
         # A token in the environment or in a policy: a root daemon needs
         # to be told its children run as root.
-        tokens = "ABX_SERVER_TOKEN" in full_env or policy_has_tokens(argv)
+        tokens = "ABX_SERVER_TOKEN" in self.full_env or policy_has_tokens(argv)
         if tokens and os.geteuid() == 0:
-            argv = children_as_root(test, argv)
+            argv = children_as_root(self.test, argv)
         self.proc = subprocess.Popen(
             argv,
             stdout=self.log,
             stderr=subprocess.STDOUT,
-            env=full_env,
+            env=self.full_env,
             cwd=ROOT,
             # Its own session, or at least its own process group (for the kill).
-            start_new_session=own_session,
-            process_group=None if own_session else 0,
+            start_new_session=self.own_session,
+            process_group=None if self.own_session else 0,
             stdin=subprocess.DEVNULL,
         )
-        test.addCleanup(self.kill)
+
+    def listens(self) -> bool:
+        """Whether the daemon (its process group) holds the socket listening on its port."""
+        return group_listens(self.proc.pid, self.port)
+
+    def start_again(self) -> bool:
+        """
+        When it ended because a port picked here was taken, start it again
+        on fresh ones (a few times at most); whether it was.
+        """
+        picked = "{port}" in " ".join(self.template)
+        lost = self.proc.poll() is not None and port_was_taken(self.output())
+        if not (picked and lost and self.tries < self.TRIES):
+            return False
+        self.kill_tree()
+        self.spawn()
+        return True
 
     def wait_healthy(self, timeout: float = 20) -> None:
+        """Until its own /health answers (else fail with its output)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if cli.healthcheck("127.0.0.1", self.port, 0.5) == 0:
+            # Another test's server on the port would answer too.
+            if cli.healthcheck("127.0.0.1", self.port, 0.5) == 0 and self.listens():
                 # The port opens before the reactor has installed its
                 # signal handlers; give it a moment before signalling.
                 time.sleep(0.3)
                 return
-            if self.proc.poll() is not None:
+            if self.proc.poll() is not None and not self.start_again():
                 break
             time.sleep(0.1)
-        self.log.seek(0)
-        raise AssertionError(f"daemon not healthy; output:\n{self.log.read()}")
+        raise AssertionError(f"daemon not healthy; output:\n{self.output()}")
 
     def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
         request = urllib.request.Request(
@@ -167,10 +219,14 @@ class DaemonProcess:
         self.log.seek(0)
         return self.log.read()
 
-    def kill(self) -> None:
+    def kill_tree(self) -> None:
+        """SIGKILL its process group, if it still runs, and reap it."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+    def kill(self) -> None:
+        self.kill_tree()
         self.log.close()
 
 
@@ -209,6 +265,50 @@ class SessionGroupTests(SynchronousTestCase):
         d.proc.send_signal(signal.SIGTERM)
         self.assertEqual(d.proc.wait(timeout=15), 0)
         self.assertEqual(group_nice(os.getpid()), before)
+
+
+class Impostor(http.server.BaseHTTPRequestHandler):
+    """Another test's daemon, as its ``/health`` looks: 200 ``{"status": "ok"}`` to every GET."""
+
+    def do_GET(self) -> None:
+        body = json.dumps({"status": "ok"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class TakenPortTests(SynchronousTestCase):
+    """A daemon whose picked port another server took first."""
+
+    def test_started_again_not_mistaken(self) -> None:
+        """
+        Another server that answers ``/health`` 200 holds the port picked
+        for the daemon: the daemon, unable to bind, is started again on a
+        fresh port, and the case reads the daemon's answers, not the
+        other server's.
+        """
+        impostor = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Impostor)
+        self.addCleanup(impostor.server_close)
+        threading.Thread(target=impostor.serve_forever, daemon=True).start()
+        self.addCleanup(impostor.shutdown)
+        taken = impostor.server_address[1]
+        picks, fresh = iter([taken]), free_port
+        self.patch(
+            sys.modules[__name__], "free_port", lambda: next(picks, None) or fresh()
+        )
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        d = DaemonProcess(self, serve_argv(base))
+        d.wait_healthy()
+        self.assertNotEqual(d.port, taken)
+        status, body = d.get("/capabilities", {"Host": "localhost"})
+        self.assertEqual(status, 200)
+        self.assertIn("policy", body)
 
 
 class PluginTests(SynchronousTestCase):
@@ -321,7 +421,7 @@ class TwistdTests(SynchronousTestCase):
 
     def test_healthcheck_exit_codes(self) -> None:
         """sandboxd healthcheck exits 0 when /health answers and 1 when nothing listens."""
-        port = free_port()
+        port = refusing_port(self)
         result = subprocess.run(
             [
                 os.path.join(BIN, "sandboxd"),

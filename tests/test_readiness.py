@@ -20,7 +20,7 @@ import time
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.helpers import free_port
+from tests.helpers import free_port, refusing_port
 from tests.test_cli import DaemonProcess, twistd_argv
 
 TOKEN = "readiness-token-0123456789"
@@ -183,16 +183,19 @@ def http_post(
 
 
 def first_health(daemon: DaemonProcess, timeout: float = 30) -> None:
-    """Poll /health as a platform does until the first 200."""
+    """
+    Poll /health as a platform does until the first 200 from the daemon
+    itself (another test's server that took its port would answer too).
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             status, _ = http_get(daemon.port, "/health")
-            if status == 200:
+            if status == 200 and daemon.listens():
                 return
         except OSError:
             pass
-        if daemon.proc.poll() is not None:
+        if daemon.proc.poll() is not None and not daemon.start_again():
             break
         time.sleep(0.01)
     raise AssertionError(f"no 200 /health; output:\n{daemon.output()}")
@@ -379,7 +382,7 @@ class HealthcheckImportsTests(SynchronousTestCase):
         import subprocess
 
         out = subprocess.run(
-            [sys.executable, "-c", probe, str(free_port())],
+            [sys.executable, "-c", probe, str(refusing_port(self))],
             capture_output=True,
             text=True,
             timeout=60,

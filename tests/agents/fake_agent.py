@@ -26,7 +26,28 @@ import sys
 import uuid
 from typing import Any
 
-from acp import (
+import pydantic
+from pydantic._internal import _fields
+
+
+def build_models_when_used() -> None:
+    """
+    Let the SDK's schema module (some 270 models) import faster: each
+    model's validator is built when first used instead of at class
+    creation, and its fields' docstrings (descriptions for a JSON
+    Schema this agent never emits, read by parsing each class's source)
+    are not read.  What is validated, and how, is unchanged; the agent
+    starts once or more in most agent tests, and the import was most of
+    its start.
+    """
+    pydantic.BaseModel.model_config["defer_build"] = True
+    if hasattr(_fields, "_update_fields_from_docstrings"):
+        _fields._update_fields_from_docstrings = lambda *args, **kwargs: None  # type: ignore[attr-defined]
+
+
+build_models_when_used()
+
+from acp import (  # noqa: E402
     PROTOCOL_VERSION,
     Agent,
     RequestError,
@@ -42,7 +63,7 @@ from acp import (
     update_tool_call,
     update_user_message_text,
 )
-from acp.schema import (
+from acp.schema import (  # noqa: E402
     AuthenticateResponse,
     InitializeResponse,
     ListSessionsResponse,

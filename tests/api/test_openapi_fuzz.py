@@ -211,8 +211,8 @@ class SchemathesisTests(SynchronousTestCase):
     def test_no_failures(self) -> None:
         """
         Examples, coverage and fuzzing (10 examples an operation, a fixed
-        seed, a 35 s budget) against a daemon on a throwaway base dir with
-        a token: every check passes.
+        seed) against a daemon on a throwaway base dir with a token: every
+        check passes.
         """
         st = os.path.join(BIN, "st")
         if not os.path.exists(st):
@@ -239,11 +239,7 @@ class SchemathesisTests(SynchronousTestCase):
             # "SystemError: AST constructor recursion depth mismatch" at
             # random in three full runs (a thread-safety bug of the AST
             # recursion check, as far as we can tell; never seen with one).
-            # The bound in time: the run stops, passing what it tested, at
-            # 35 s (under a loaded full suite, coverage may not get through
-            # every route).
             workers=1,
-            max_time=35,
         )
 
 
@@ -302,7 +298,7 @@ class WriteRoutesSchemathesisTests(SynchronousTestCase):
     def test_no_failures(self) -> None:
         """
         Examples, coverage and fuzzing of every POST and DELETE (a fixed
-        seed, 10 examples an operation, a 30 s budget) against a daemon on
+        seed, 10 examples an operation) against a daemon on
         a throwaway base dir under :data:`WRITE_POLICY`: no 5xx, every
         error body carries a SPEC §6 ``code`` (the document's ``Error``
         schema requires one of them), every answer conforms to the schema,
@@ -340,7 +336,6 @@ class WriteRoutesSchemathesisTests(SynchronousTestCase):
             token,
             WRITE_SELECTION,
             workers=1,
-            max_time=30,
         )
         # Beside the base dir, only schemathesis's own files appeared.
         own = {".hypothesis", ".schemathesis", CONFIG_NAME}
@@ -357,13 +352,19 @@ def run_schemathesis(
     token: str,
     selection: list[str],
     workers: int,
-    max_time: int,
 ) -> None:
     """
     Run schemathesis with ``config`` (written in ``work``) against the
     daemon on ``port`` over the routes ``selection`` picks (a fixed seed,
-    bounded in examples and time) and fail ``test`` unless every check
+    10 examples an operation) and fail ``test`` unless every check
     passed.
+
+    The run is bounded in examples, not in time: under ``--max-time`` the
+    fuzzing phase draws new cases until the time is spent, so a run would
+    take its whole budget, and what it tested would depend on how busy the
+    machine was (on a loaded one, not every route reached every phase).
+    Bounded in examples, every run sends the same cases, through every
+    phase for every selected route.
     """
     # The request timeout is generous: the run checks what answers look
     # like, not how fast they come, and a listing that runs a tool (``npm ls
@@ -392,8 +393,6 @@ def run_schemathesis(
         str(workers),
         "--request-timeout",
         "30",
-        "--max-time",
-        str(max_time),
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
     env["NO_COLOR"] = "1"
@@ -404,7 +403,9 @@ def run_schemathesis(
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        timeout=120,
+        # A run takes seconds on a quiet machine; this is only the guard
+        # against a hung one, with room for a loaded machine.
+        timeout=300,
         check=False,
     )
     output = run.stdout.decode("utf-8", "replace")

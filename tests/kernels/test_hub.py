@@ -22,7 +22,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 
 from sandboxd.kernels.hub import HOLD_SECONDS, MAX_COMMAND_BYTES, Hub
-from tests.helpers import free_port
+from tests.helpers import refusing_port
 
 
 class HubProcess(ProcessProtocol):
@@ -181,7 +181,7 @@ class HubLoopTests(TestCase):
         its ports) is given up after the open's timeout, while the hub
         answers other commands meanwhile.
         """
-        shell, iopub, stdin, control, hb = (free_port() for _ in range(5))
+        shell, iopub, stdin, control, hb = (refusing_port(self) for _ in range(5))
         conn = {
             "transport": "tcp",
             "ip": "127.0.0.1",

@@ -25,7 +25,7 @@ from twisted.internet.threads import deferToThread
 
 from sandboxd.mcp.protocol import VERSIONS
 from sandboxd.mcp.tools import DEFAULT_SHELL
-from tests.browser.test_supervisor import SLOW_START_SECONDS, SlowChromium
+from tests.browser.test_supervisor import DOOR_START_SECONDS, SlowChromium
 from tests.helpers import alive, exchange, kill_marked, marked_pids
 from tests.mcp.helpers import CLIENT_TIMEOUT, McpTestCase, in_thread
 
@@ -671,8 +671,8 @@ class BrowserStartTests(McpTestCase):
     """A browser tool whose Chromium does not start within the policy's time."""
 
     skip = SlowChromium.skip
-    policy = SlowChromium.policy
-    client_seconds = SLOW_START_SECONDS + CLIENT_TIMEOUT
+    policy = SlowChromium.door_policy
+    client_seconds = DOOR_START_SECONDS + CLIENT_TIMEOUT
 
     def setUp(self) -> Any:
         self.chromium = SlowChromium(self)

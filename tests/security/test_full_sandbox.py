@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import errno
 import functools
 import io
@@ -46,7 +47,7 @@ from sandboxd.client.errors import InsufficientStorage, SandboxError
 from sandboxd.files.atomic import TEMPORARY_NAME
 from sandboxd.kernels.kernelspecs import find_kernelspecs
 from sandboxd.processes import posix_spawn
-from tests.helpers import DaemonTestCase, free_port
+from tests.helpers import DaemonTestCase, free_port, session_listens, someone_listens
 from tests.kernels.test_contexts import need_ipykernel
 
 BIN = os.path.dirname(sys.executable)
@@ -111,12 +112,33 @@ class BoxedDaemon:
         self.root = os.path.realpath(tempfile.mkdtemp(prefix="sandboxd-box-"))
         test.addCleanup(self.remove)
         self.base = f"{self.root}/home"
+        # Beside the root, which the tmpfs covers.
+        self.policy_path = f"{self.root}.policy.json"
+        with open(self.policy_path, "w") as f:
+            json.dump(policy or {}, f)
+        self.disk, self.nofile, self.nproc = disk, nofile, nproc
+        if disk is None:
+            for sub in ("home", "log", "tmp"):
+                os.makedirs(f"{self.root}/{sub}")
+        self.spawn()
+        test.addCleanup(self.stop)
+        # A port picked here may be taken by another test's server before
+        # the daemon binds it: then it ends, and is started on fresh ones.
+        for _ in range(2):
+            if self.healthy(30) or not self.lost_a_port():
+                break
+            self.stop()
+            if disk is None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f"{self.root}/log/twistd.log")
+            self.spawn()
+        self.wait_healthy()
+
+    def spawn(self) -> None:
+        """Start the daemon on fresh ports."""
         self.port = free_port()
         self.e2b_port = free_port()
-        # Beside the root, which the tmpfs covers.
-        policy_path = f"{self.root}.policy.json"
-        with open(policy_path, "w") as f:
-            json.dump(policy or {}, f)
+        self.pty_port = free_port()
         argv = [
             os.path.join(BIN, "twistd"),
             "-n",
@@ -126,7 +148,7 @@ class BoxedDaemon:
             "--port",
             f"tcp:{self.port}:interface=127.0.0.1",
             "--pty-port",
-            f"tcp:{free_port()}:interface=127.0.0.1",
+            f"tcp:{self.pty_port}:interface=127.0.0.1",
             "--e2b-port",
             f"tcp:{self.e2b_port}:interface=127.0.0.1",
             "--base-dir",
@@ -134,13 +156,16 @@ class BoxedDaemon:
             "--audit-log",
             f"{self.root}/log/audit.log",
             "--policy",
-            policy_path,
+            self.policy_path,
         ]
-        limits = [f"--nofile={nofile}:{nofile}"] if nofile is not None else []
-        limits += [f"--nproc={nproc}:{nproc}"] if nproc is not None else []
+        limits = []
+        if self.nofile is not None:
+            limits.append(f"--nofile={self.nofile}:{self.nofile}")
+        if self.nproc is not None:
+            limits.append(f"--nproc={self.nproc}:{self.nproc}")
         if limits:
             argv = ["prlimit", *limits, "--", *argv]
-        if disk is not None:
+        if self.disk is not None:
             argv = [
                 "unshare",
                 "--mount",
@@ -151,12 +176,9 @@ class BoxedDaemon:
                 _MOUNT_THEN_EXEC,
                 "sh",
                 self.root,
-                disk,
+                self.disk,
                 *argv,
             ]
-        else:
-            for sub in ("home", "log", "tmp"):
-                os.makedirs(f"{self.root}/{sub}")
         env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
         env["TMPDIR"] = f"{self.root}/tmp"
         self.output = open(f"{self.root}.out", "w+")
@@ -169,8 +191,14 @@ class BoxedDaemon:
             start_new_session=True,
             stdin=subprocess.DEVNULL,
         )
-        test.addCleanup(self.stop)
-        self.wait_healthy()
+
+    def lost_a_port(self) -> bool:
+        """
+        Whether it ended and another process now listens on one of its
+        ports (its log, on its tmpfs, went with it).
+        """
+        ports = (self.port, self.pty_port, self.e2b_port)
+        return self.proc.poll() is not None and any(map(someone_listens, ports))
 
     @property
     def url(self) -> str:
@@ -201,16 +229,24 @@ class BoxedDaemon:
         except OSError:
             return None
 
-    def wait_healthy(self, timeout: float = 30) -> None:
-        """Until ``/health`` answers 200 (else fail with the daemon's log)."""
+    def healthy(self, timeout: float) -> bool:
+        """
+        Whether its own ``/health`` answers 200 within ``timeout`` (another
+        test's server that took its port would answer too).
+        """
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.health(0.5) == 200:
-                return
+            if self.health(0.5) == 200 and session_listens(self.proc.pid, self.port):
+                return True
             if self.proc.poll() is not None:
                 break
             time.sleep(0.1)
-        raise AssertionError(f"daemon not healthy; its log:\n{self.log()}")
+        return False
+
+    def wait_healthy(self, timeout: float = 30) -> None:
+        """Until its own ``/health`` answers 200 (else fail with the daemon's log)."""
+        if not self.healthy(timeout):
+            raise AssertionError(f"daemon not healthy; its log:\n{self.log()}")
 
     def cpu_seconds(self) -> float:
         """The daemon's CPU time so far (user + system)."""

@@ -105,7 +105,7 @@ class SlowStartTests(SeedCase):
     """``server.browser`` when Chromium does not start within the policy's time."""
 
     skip = SlowChromium.skip
-    policy = SlowChromium.policy
+    policy = SlowChromium.door_policy
 
     def setUp(self) -> Any:
         self.chromium = SlowChromium(self)
