@@ -1159,15 +1159,20 @@ class RetentionTests(CodeTestCase):
     policy = code_policy(limits={"max_event_bytes": 300 * 1024})
 
     @inlineCallbacks
+    def five_big_prints(self, cid: str) -> Any:
+        """Five executions printing 100 KiB each: their ids, and the ids still listed."""
+        ids = []
+        for _ in range(5):
+            result = yield self.execute(cid, "print('y' * 100 * 1024)")
+            ids.append(result["execution_id"])
+        listed = yield self.request("GET", f"/code/contexts/{cid}/executions")
+        return ids, [x["execution_id"] for x in listed.json()["executions"]]
+
+    @inlineCallbacks
     def test_old_executions_forgotten(self) -> Any:
         """Each execution prints 100 KiB: the oldest go, the newest stay readable."""
         ctx = yield self.context()
-        ids = []
-        for _ in range(5):
-            result = yield self.execute(ctx["id"], "print('y' * 100 * 1024)")
-            ids.append(result["execution_id"])
-        listed = yield self.request("GET", f"/code/contexts/{ctx['id']}/executions")
-        kept = [x["execution_id"] for x in listed.json()["executions"]]
+        ids, kept = yield self.five_big_prints(ctx["id"])
         self.assertEqual(kept, ids[-len(kept) :])
         self.assertLess(len(kept), 5)
         gone = yield self.request(
@@ -1189,12 +1194,7 @@ class RetentionTests(CodeTestCase):
         ctx = yield self.context()
         for _ in range(CODE_KEPT_EXECUTIONS + 4):
             yield self.execute(ctx["id"], "1+1")
-        ids = []
-        for _ in range(5):
-            result = yield self.execute(ctx["id"], "print('y' * 100 * 1024)")
-            ids.append(result["execution_id"])
-        listed = yield self.request("GET", f"/code/contexts/{ctx['id']}/executions")
-        kept = [x["execution_id"] for x in listed.json()["executions"]]
+        ids, kept = yield self.five_big_prints(ctx["id"])
         self.assertEqual(kept, ids[-len(kept) :])
         self.assertTrue(1 <= len(kept) < 5, kept)
 

@@ -596,6 +596,20 @@ class DescriptorTests(SynchronousTestCase):
     #: Low enough to reach with a few hundred sockets, high enough to start.
     nofile = 160
 
+    def fill_descriptors(self, box: BoxedDaemon) -> list[socket.socket]:
+        """
+        Connections held open until the daemon is at its descriptor limit
+        (bounded wait): the list, closed at the test's end.
+        """
+        holders: list[socket.socket] = []
+        self.addCleanup(lambda: [s.close() for s in holders])
+        for _ in range(self.nofile + 40):
+            holders.append(socket.create_connection(("127.0.0.1", box.port)))
+        deadline = time.monotonic() + 10
+        while fd_count(box.proc.pid) < self.nofile - 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return holders
+
     def test_at_the_limit(self) -> None:
         """Files, a watch, a process, a terminal at the limit; recovery after."""
         box = BoxedDaemon(self, nofile=self.nofile)
@@ -605,13 +619,7 @@ class DescriptorTests(SynchronousTestCase):
         # The client's one kept-alive connection carries the calls made at
         # the limit: a new connection then is closed as soon as accepted.
         baseline = fd_count(box.proc.pid)
-        holders: list[socket.socket] = []
-        self.addCleanup(lambda: [s.close() for s in holders])
-        for _ in range(self.nofile + 40):
-            holders.append(socket.create_connection(("127.0.0.1", box.port)))
-        deadline = time.monotonic() + 10
-        while fd_count(box.proc.pid) < self.nofile - 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        holders = self.fill_descriptors(box)
         self.assertGreaterEqual(fd_count(box.proc.pid), self.nofile - 1)
 
         # At the limit, with more connections knocking: the daemon idles.
@@ -658,13 +666,7 @@ class DescriptorTests(SynchronousTestCase):
         fill the log's disk): one line says how many went unlogged.
         """
         box = BoxedDaemon(self, nofile=self.nofile)
-        holders: list[socket.socket] = []
-        self.addCleanup(lambda: [s.close() for s in holders])
-        for _ in range(self.nofile + 40):
-            holders.append(socket.create_connection(("127.0.0.1", box.port)))
-        deadline = time.monotonic() + 10
-        while fd_count(box.proc.pid) < self.nofile - 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        holders = self.fill_descriptors(box)
         time.sleep(0.5)
         before = len(box.log().splitlines())
         for _ in range(500):
