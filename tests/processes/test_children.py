@@ -39,6 +39,36 @@ ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 CHILDREN = processes.ChildTable()
 
 
+#: How long a test waits for the children it started to show up: they run
+#: at the children's nice value (10), and beside the suite's other workers
+#: a nice-10 process may wait seconds for a CPU before it execs.
+START_SECONDS = 60.0
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+@inlineCallbacks
+def wait_for_marked(marker: str, count: int, command: str | None = None) -> Any:
+    """
+    Until ``count`` processes carry ``marker`` (only those running
+    ``command``, when given), at most :data:`START_SECONDS`.
+    """
+    deadline = time.monotonic() + START_SECONDS
+    while time.monotonic() < deadline:
+        pids = marked_pids(marker)
+        if command is not None:
+            pids = [pid for pid in pids if _command(pid) == command]
+        if len(pids) == count:
+            return
+        yield deferLater(reactor, 0.02, lambda: None)
+
+
 class HeadTailTests(SynchronousTestCase):
     """The cap keeps the head and the tail and counts what it drops."""
 
@@ -571,10 +601,7 @@ class ReusedPidTests(TestCase):
         )
         self.addCleanup(stranger.wait)
         self.addCleanup(lambda: stranger.poll() is None and stranger.kill())
-        for _ in range(500):  # 10 s: a busy machine starts three slowly
-            if len(marked_pids(self.marker)) == 3:  # the shell and its sleeps
-                break
-            yield deferLater(reactor, 0.02, lambda: None)
+        yield wait_for_marked(self.marker, 3)  # the shell and its sleeps
         before = sorted(marked_pids(self.marker))
         self.assertEqual(len(before), 3)
         yield proctree.kill_tree(reactor, stranger.pid, None, 0.2, leader_reaped=True)
@@ -594,10 +621,7 @@ class ReusedPidTests(TestCase):
             reactor, child, ["sh", "-c", script], children=CHILDREN, env=ENV, cwd="/"
         )
         yield child.exited
-        for _ in range(500):
-            if len(marked_pids(self.marker)) == 2:
-                break
-            yield deferLater(reactor, 0.02, lambda: None)
+        yield wait_for_marked(self.marker, 2)
         self.assertEqual(len(marked_pids(self.marker)), 2)
         yield proctree.kill_tree(reactor, child.pid, None, 0.5, leader_reaped=True)
         self.assertEqual(marked_pids(self.marker), [])
@@ -668,10 +692,9 @@ class TreeTableTests(TestCase):
         processes.spawn(
             reactor, child, ["sh", "-c", script], children=CHILDREN, env=ENV, cwd="/"
         )
-        for _ in range(500):
-            if len(marked_pids(self.marker)) == 2:
-                break
-            yield deferLater(reactor, 0.02, lambda: None)
+        # Both sleeps (the shell, whose command line carries the marker
+        # too, may or may not have made way for the second).
+        yield wait_for_marked(self.marker, 2, "sleep")
         table = proctree.tree_table(child.pid)
         members = proctree.tree_members(child.pid, None, table)
         self.assertEqual(
