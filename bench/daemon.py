@@ -21,6 +21,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 
+def callgrind_total(path: str) -> int:
+    """A callgrind dump's total instruction count."""
+    with open(path) as f:
+        for line in f:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise SystemExit(f"no totals in {path}")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -52,7 +52,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from daemon import free_port, schedstat, start_daemon, wait_healthy
+from daemon import callgrind_total, free_port, schedstat, start_daemon, wait_healthy
 
 #: case → (method, path, JSON body); ``{base}`` is the daemon's base folder.
 CASES: dict[str, tuple[str, str, Any]] = {
@@ -214,14 +214,6 @@ def _strace(
     }
 
 
-def _callgrind_total(path: str) -> int:
-    with open(path) as f:
-        for line in f:
-            if line.startswith(("summary:", "totals:")):
-                return int(line.split()[1])
-    raise SystemExit(f"no totals in {path}")
-
-
 def run_case(args: argparse.Namespace, case: str) -> dict[str, Any]:
     token = secrets.token_hex(16)
     work = tempfile.mkdtemp(prefix="percall-")
@@ -281,7 +273,7 @@ def run_case(args: argparse.Namespace, case: str) -> dict[str, Any]:
             os.system(f"callgrind_control -d {proc.pid} >/dev/null")
             dumps = sorted(glob.glob(f"{out}.{proc.pid}.*"))
             row["instructions_per_call"] = round(
-                _callgrind_total(dumps[-1]) / args.calls
+                callgrind_total(dumps[-1]) / args.calls
             )
             if args.keep:
                 # For ``callgrind_annotate --inclusive=yes``: where they went.

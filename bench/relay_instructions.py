@@ -32,7 +32,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from daemon import free_port  # noqa: E402
+from daemon import callgrind_total, free_port  # noqa: E402
 
 #: Lines the counters leave out at each end of a stream.
 MARGIN = 20
@@ -115,15 +115,6 @@ def measure(pid: int, port: int, token: str, streams: int, lines: int) -> int:
     return marks["dumped"] - marks["zeroed"]
 
 
-def total(path: str) -> int:
-    """A callgrind dump's total instruction count."""
-    with open(path) as f:
-        for line in f:
-            if line.startswith(("summary:", "totals:")):
-                return int(line.split()[1])
-    raise SystemExit(f"no totals in {path}")
-
-
 def main() -> None:
     tree = os.path.abspath(sys.argv[1])
     streams = int(sys.argv[2]) if len(sys.argv) > 2 else 2
@@ -140,7 +131,7 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
         dumps = sorted(glob.glob(f"{work}/cg.{proc.pid}.*"), key=os.path.getmtime)
-        counted = total(dumps[-1])
+        counted = callgrind_total(dumps[-1])
     print(
         json.dumps(
             {

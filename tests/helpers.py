@@ -7,6 +7,7 @@ import os
 import random
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from twisted.internet import reactor
@@ -56,9 +57,12 @@ def free_port() -> int:
     raise RuntimeError("no free loopback port below the ephemeral range")
 
 
-def _listening_inodes(port: int) -> set[str]:
-    """The socket inodes listening on ``port`` (any address, IPv4 or IPv6)."""
-    inodes = set()
+def tcp_rows() -> Iterator[list[str]]:
+    """
+    The host's TCP sockets, one row of ``/proc/net/tcp`` or ``tcp6`` each,
+    split into fields: ``[1]`` the local address (``ADDR:PORT`` in hex),
+    ``[3]`` the state (``0A`` is LISTEN), ``[9]`` the inode.
+    """
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as f:
@@ -66,16 +70,39 @@ def _listening_inodes(port: int) -> set[str]:
         except OSError:
             continue
         for row in rows:
-            fields = row.split()
-            # local_address is ADDR:PORT in hex; state 0A is LISTEN.
-            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(fields[9])
-    return inodes
+            yield row.split()
+
+
+def listening_inodes(port: int | None = None) -> set[str]:
+    """The inodes of the sockets listening on ``port`` (on any port: None)."""
+    return {
+        fields[9]
+        for fields in tcp_rows()
+        if fields[3] == "0A"
+        and (port is None or int(fields[1].rsplit(":", 1)[1], 16) == port)
+    }
+
+
+def socket_inodes(pid: int) -> set[str]:
+    """The inodes of the sockets process ``pid`` has open (gone: none)."""
+    found = set()
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            found.add(target[8:-1])
+    return found
 
 
 def someone_listens(port: int) -> bool:
     """Whether any process listens on ``port`` (any address, IPv4 or IPv6)."""
-    return bool(_listening_inodes(port))
+    return bool(listening_inodes(port))
 
 
 def session_listens(sid: int, port: int) -> bool:
@@ -87,7 +114,7 @@ def session_listens(sid: int, port: int) -> bool:
     test's server between :func:`free_port` and its bind; a probe of the
     port then reaches that other server and mistakes it for the child.
     """
-    return _held_by(port, _SESSION, sid)
+    return _held_by(port, "sid", sid)
 
 
 def group_listens(pgid: int, port: int) -> bool:
@@ -96,54 +123,30 @@ def group_listens(pgid: int, port: int) -> bool:
     on ``port``: :func:`session_listens` for a child started in a group of
     its own but in the test's session.
     """
-    return _held_by(port, _GROUP, pgid)
+    return _held_by(port, "pgid", pgid)
 
 
 def process_listens(pid: int, port: int) -> bool:
     """Whether process ``pid`` itself holds a socket listening on ``port``."""
-    inodes = _listening_inodes(port)
-    return bool(inodes) and _holds(str(pid), {f"socket:[{i}]" for i in inodes})
+    return bool(socket_inodes(pid) & listening_inodes(port))
 
 
-#: Where a process's process group and session are among the fields of
-#: ``/proc/PID/stat`` after the command's closing parenthesis (state,
-#: ppid, pgrp, session).
-_GROUP, _SESSION = 2, 3
-
-
-def _held_by(port: int, field: int, value: int) -> bool:
-    """Whether a process whose ``field`` is ``value`` holds the listener on ``port``."""
-    inodes = _listening_inodes(port)
+def _held_by(port: int, field: str, value: int) -> bool:
+    """
+    Whether a process whose ``field`` of :class:`ProcInfo` (``pgid``,
+    ``sid``) is ``value`` holds the listener on ``port``.
+    """
+    inodes = listening_inodes(port)
     if not inodes:
         return False
-    wanted = {f"socket:[{inode}]" for inode in inodes}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-            if int(stat[stat.rindex(")") + 2 :].split()[field]) != value:
-                continue
-        except (OSError, ValueError):
+        info = proc_info(int(entry))
+        if info is None or getattr(info, field) != value:
             continue
-        if _holds(entry, wanted):
+        if socket_inodes(info.pid) & inodes:
             return True
-    return False
-
-
-def _holds(pid: str, wanted: set[str]) -> bool:
-    """Whether process ``pid`` has one of the ``wanted`` sockets open (gone: no)."""
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}") in wanted:
-                return True
-        except OSError:
-            continue  # closed meanwhile
     return False
 
 

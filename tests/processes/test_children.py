@@ -45,7 +45,7 @@ CHILDREN = processes.ChildTable()
 START_SECONDS = 60.0
 
 
-def _command(pid: int) -> str:
+def _comm(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/comm") as f:
             return f.read().strip()
@@ -63,7 +63,7 @@ def wait_for_marked(marker: str, count: int, command: str | None = None) -> Any:
     while time.monotonic() < deadline:
         pids = marked_pids(marker)
         if command is not None:
-            pids = [pid for pid in pids if _command(pid) == command]
+            pids = [pid for pid in pids if _comm(pid) == command]
         if len(pids) == count:
             return
         yield deferLater(reactor, 0.02, lambda: None)
@@ -460,14 +460,6 @@ class RunCollectTests(TestCase):
                 break
             yield deferLater(reactor, 0.05, lambda: None)
         self.assertEqual(marked_pids(self.marker), [])
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 def _no_scan() -> Any:

@@ -32,7 +32,15 @@ from twisted.web.static import Data
 from sandboxd.access import guard as guard_module
 from sandboxd.processes.tree import descendants
 from tests.browser.test_browser import SKIP_REASON, browser_start_room
-from tests.helpers import DaemonTestCase, alive, kill_marked, marked_pids
+from tests.helpers import (
+    DaemonTestCase,
+    alive,
+    kill_marked,
+    listening_inodes,
+    marked_pids,
+    socket_inodes,
+    tcp_rows,
+)
 from tests.routes.test_terminal import TerminalCase
 from tests.security.test_files import OutsideCase, tar_of, zip_of
 from tests.terminals.wsclient import connect
@@ -1398,52 +1406,9 @@ class TerminalHandshakeTests(TerminalCase):
         yield self.assert_no_client_and_still_serving(session_id)
 
 
-def _listening_inodes() -> set[str]:
-    """Socket inodes of every listening TCP socket on the host."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            if fields[3] == "0A":
-                inodes.add(fields[9])
-    return inodes
-
-
 def _local_addresses(inodes: set[str]) -> set[str]:
     """The hex local addresses (no port) of TCP sockets with these inodes."""
-    found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            fields = row.split()
-            if fields[9] in inodes:
-                found.add(fields[1].rsplit(":", 1)[0])
-    return found
-
-
-def _socket_inodes(pid: int) -> set[str]:
-    found = set()
-    try:
-        names = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return found
-    for name in names:
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{name}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            found.add(target[8:-1])
-    return found
+    return {fields[1].rsplit(":", 1)[0] for fields in tcp_rows() if fields[9] in inodes}
 
 
 class BrowserCatalogueTests(DaemonTestCase):
@@ -1496,11 +1461,11 @@ class BrowserCatalogueTests(DaemonTestCase):
         flags = {a.split(b"=", 1)[0] for c in cmdlines for a in c}
         self.assertIn(b"--remote-debugging-pipe", flags)
         self.assertNotIn(b"--remote-debugging-port", flags)
-        listening = _listening_inodes()
+        listening = listening_inodes()
         worker = tree[0]
         for pid in tree[1:]:
-            self.assertEqual(_socket_inodes(pid) & listening, set(), pid)
-        gates = _socket_inodes(worker) & listening
+            self.assertEqual(socket_inodes(pid) & listening, set(), pid)
+        gates = socket_inodes(worker) & listening
         self.assertEqual(len(gates), 1, gates)
         self.assertEqual(_local_addresses(gates), {"0100007F"})
 

@@ -92,12 +92,11 @@ class Reference:
             if self._start(*extra):
                 return
             with open(self.log_path, errors="replace") as f:
-                taken = port_was_taken(f.read())
-            if not taken:
+                output = f.read()
+            if not port_was_taken(output):
                 break
             self.port, self.pty_port = free_port(), free_port()
-        with open(self.log_path, errors="replace") as f:
-            raise RuntimeError(f"the seed's server did not start:\n{f.read()[-2000:]}")
+        raise RuntimeError(f"the seed's server did not start:\n{output[-2000:]}")
 
     def _start(self, *extra: str) -> bool:
         """One try at :meth:`start`: whether it came up (else it is stopped)."""

@@ -244,9 +244,11 @@ def seed_server(path: str, env: dict[str, str], base: str) -> Server:
     return Server(argv, {**env, "ABX_SERVER_BASE_DIR": base}, port)
 
 
-def sandboxd_server(path: str, env: dict[str, str], base: str, program: str) -> Server:
-    """sandboxd (``sandboxd serve``) with the file."""
-    port = free_port()
+def sandboxd_server(
+    path: str, env: dict[str, str], base: str, program: str, port: int | None = None
+) -> Server:
+    """sandboxd (``sandboxd serve``) with the file, on ``port`` or a free one."""
+    port = port or free_port()
     argv = [
         program,
         "serve",
@@ -311,18 +313,17 @@ def start_both(
     started again on a fresh one (at most three tries), since its refusal
     would say nothing about the policy.
     """
-    for _ in range(3):
+    for attempt in range(3):
         seed = seed_server(path, env, base)
         ours = sandboxd_server(children_as_root(path, doc, base), env, base, program)
         seed.wait()
         ours.wait()
-        if not (seed.lost_its_port() or ours.lost_its_port()):
-            return seed, ours
+        lost = seed.lost_its_port() or ours.lost_its_port()
+        if not lost or attempt == 2:
+            break
         seed.stop()
         ours.stop()
-    return seed_server(path, env, base), sandboxd_server(
-        children_as_root(path, doc, base), env, base, program
-    )
+    return seed, ours
 
 
 def compare(

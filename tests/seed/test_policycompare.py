@@ -16,7 +16,7 @@ import urllib.request
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.helpers import free_port, session_listens
-from tests.seed.policycompare import BIN, Server, python_module_argv
+from tests.seed.policycompare import BIN, python_module_argv, sandboxd_server
 
 #: A module that reports which signals a process it starts ignores.
 PROBE = """
@@ -118,19 +118,7 @@ class TakenPortTests(SynchronousTestCase):
         policy = os.path.join(base, "policy.json")
         with open(policy, "w") as f:
             f.write("{}")
-        argv = [
-            os.path.join(BIN, "sandboxd"),
-            "serve",
-            "--port",
-            f"tcp:{port}:interface=127.0.0.1",
-            "--pty-port",
-            f"tcp:{free_port()}:interface=127.0.0.1",
-            "--base-dir",
-            base,
-            "--policy",
-            policy,
-        ]
-        server = Server(argv, {}, port)
+        server = sandboxd_server(policy, {}, base, os.path.join(BIN, "sandboxd"), port)
         self.addCleanup(server.stop)
         self.assertFalse(server.wait(timeout=60))
         self.assertTrue(server.lost_its_port(), server.output())
