@@ -25,9 +25,15 @@ serves ``--calls`` requests on one keep-alive connection after a warm-up:
   ``--rounds`` times in one run;
 - ``--mode time``: plain, microseconds per call (noisy when the machine is).
 
+``--background N`` starts N background ``sleep`` processes through
+``/process/start`` before the warm-up: what each call costs while a user's
+processes run (a child's exit cost one ``waitpid`` per child alive when
+every child was asked on each SIGCHLD).
+
     .venv/bin/python bench/percall.py --mode callgrind --calls 2000 [--cases health,json,shell]
     .venv/bin/python bench/percall.py --mode cpu --cases shell --trees /tmp/base,. --rounds 5
     .venv/bin/python bench/percall.py --mode cpu --cases shell --concurrency 8 ...
+    .venv/bin/python bench/percall.py --mode callgrind --cases shell --background 100
 
 One JSON line per case.
 """
@@ -103,6 +109,20 @@ def calls(port: int, token: str, case: str, n: int) -> float:
     took = time.perf_counter() - began
     conn.close()
     return took
+
+
+def start_background(port: int, token: str, n: int) -> None:
+    """``n`` background processes that outlive the run (the daemon's stop ends them)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    body = json.dumps({"command": "sleep 3600"}).encode()
+    for _ in range(n):
+        conn.request("POST", "/process/start", body=body, headers=headers)
+        response = conn.getresponse()
+        response.read()
+        if response.status != 200:
+            raise SystemExit(f"POST /process/start: {response.status}")
+    conn.close()
 
 
 def _start(args: argparse.Namespace, base: str, token: str, prefix: list[str]) -> Any:
@@ -242,7 +262,10 @@ def run_case(args: argparse.Namespace, case: str) -> dict[str, Any]:
         "server": args.server,
         "mode": args.mode,
     }
+    if args.background:
+        row["background"] = args.background
     try:
+        start_background(port, token, args.background)
         calls(port, token, case, args.warmup)
         if args.mode == "strace":
             row.update(_strace(proc, port, token, case, args.calls, out))
@@ -398,6 +421,12 @@ def main() -> None:
         help="comma-separated checkouts, alternated --rounds times in this run",
     )
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument(
+        "--background",
+        type=int,
+        default=0,
+        help="background sleep processes started before the warm-up",
+    )
     ap.add_argument(
         "--concurrency",
         type=int,

@@ -14,7 +14,9 @@ The children of the daemon (SPEC §7.4, §11.2–§11.4).
 - :mod:`~sandboxd.processes.spawning` and
   :mod:`~sandboxd.processes.posix_spawn`: how it is started in its own
   session;
-- :mod:`~sandboxd.processes.tree`: finding and ending a child's whole tree.
+- :mod:`~sandboxd.processes.tree`: finding and ending a child's whole tree;
+- :mod:`~sandboxd.processes.reaping`: reaping the child that exited, on
+  SIGCHLD, without asking every other one.
 
 The names below are the package's face: ``sandboxd.processes.Child`` and the
 rest keep working as they did when this was one module. They are imported

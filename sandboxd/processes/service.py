@@ -24,6 +24,7 @@ from twisted.python.failure import Failure
 from sandboxd.errors import Code, limit_exceeded, limit_rule
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS, PROCESS_HISTORY
 from sandboxd.policy.rules import EffectiveRule
+from sandboxd.processes import reaping
 from sandboxd.processes.command import RunAs
 from sandboxd.processes.table import ChildTable
 from sandboxd.processes.tree import (
@@ -70,8 +71,13 @@ class ProcessService(Service):
         self.subreaper = False
 
     def startService(self) -> None:
-        """Become the subreaper of every descendant and reap orphans."""
+        """
+        Become the subreaper of every descendant and reap orphans; reap
+        each child that exits without asking every other one
+        (:mod:`~sandboxd.processes.reaping`).
+        """
         super().startService()  # type: ignore[no-untyped-call]
+        reaping.install()
         self.subreaper = become_subreaper()
         if self.subreaper or os.getpid() == 1:
             self.reaper.start()

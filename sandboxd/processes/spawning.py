@@ -34,6 +34,7 @@ from sandboxd.policy.defaults import (
     SPAWN_THREADS,
 )
 from sandboxd.processes import posix_spawn as _spawn
+from sandboxd.processes import reaping
 from sandboxd.processes.command import SETPRIV
 from sandboxd.processes.priority import CHILD_PRIORITY, holding_gil
 
@@ -708,6 +709,9 @@ def _spawn_adopted_later(
         raise
     threads = SPAWN_THREADS_POOL
     threads.in_flight += 1
+    reaping.adopting()
+    #: The child's pid, once the worker has spawned it.
+    started: list[int] = []
 
     def timed() -> tuple[int, float, float]:
         began = time.perf_counter()
@@ -716,6 +720,10 @@ def _spawn_adopted_later(
         try:
             with CHILD_PRIORITY.spawning(dedicated=True):
                 pid = _spawn.posix_spawn_alone(plan, prepared)
+                # Until the reactor adopts it, its exit is not Twisted's to
+                # reap (see sandboxd.processes.reaping).
+                started.append(pid)
+                reaping.spawned(pid)
         finally:
             del _EXEC_WAITS[worker]
             _close_child_ends(fdmap, pipes)
@@ -731,11 +739,15 @@ def _spawn_adopted_later(
         threads.in_flight -= 1
         pid, seconds, closed = result
         SPAWN_TIMES.record(seconds)
-        return AdoptedProcess(reactor, pid, protocol, pipes, _read_alone(closed))
+        try:
+            return AdoptedProcess(reactor, pid, protocol, pipes, _read_alone(closed))
+        finally:
+            reaping.adopted(pid)
 
     def failed(failure: Failure) -> Failure:
         threads.in_flight -= 1
         _close_pipes({}, pipes, parent=True)
+        reaping.adopted(started[0] if started else None)
         return failure
 
     d = threads.run(reactor, timed)
