@@ -3,7 +3,7 @@
 protocol (the preview door's WebSocket splice), in memory; ``client_left``
 on real sockets; slow clients (a trickled body, a download nobody reads)
 against a real daemon on loopback; and the lingering close of a refused
-request's connection, on a TCP port and a unix socket.
+request's connection, on a TCP port, a unix socket and TLS.
 """
 
 from __future__ import annotations
@@ -11,13 +11,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shutil
 import socket
+import ssl
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.protocol import Protocol
@@ -28,6 +31,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.web.channel import client_left
+from tests.git.remote import make_ca
 from tests.helpers import DaemonTestCase, trickle_body
 from tests.web.test_request import connect, make_site
 
@@ -595,7 +599,7 @@ class LingeringCloseTests(DaemonTestCase):
     of its body the client still sends after it: the daemon reads and drops
     that, within bounds, instead of closing on unread bytes (which Linux
     answers with a reset that destroys the answer).  On a TCP listener
-    here; a subclass runs the same cases over a unix socket.
+    here; the subclasses run the same cases over a unix socket and TLS.
     """
 
     timeout = 60
@@ -855,3 +859,61 @@ class UnixLingeringCloseTests(LingeringCloseTests):
         s.settimeout(10)
         s.connect(self.socket_path)
         return s
+
+
+class TlsLingeringCloseTests(LingeringCloseTests):
+    """The lingering close on a TLS listener (``ssl:``)."""
+
+    def listener(self) -> dict[str, Any]:
+        """A loopback port with TLS, its certificate from a test CA."""
+        directory = os.path.realpath(self.mktemp())
+        os.makedirs(directory)
+        ca, cert, key = make_ca(directory)
+        self.tls = ssl.create_default_context(cafile=ca)
+        return {"port": f"ssl:0:interface=127.0.0.1:privateKey={key}:certKey={cert}"}
+
+    def connect(self) -> socket.socket:
+        """A TLS client connection to the daemon's port."""
+        raw = socket.create_connection(("127.0.0.1", self.daemon.port), 10)
+        try:
+            return self.tls.wrap_socket(raw, server_hostname="localhost")
+        except BaseException:
+            raw.close()
+            raise
+
+    @inlineCallbacks
+    def test_lingering_connection_makes_room_at_the_cap(self) -> Any:
+        """
+        A refused client that has read its answer and waits, silent, is
+        the connection that makes room when the cap (one connection here)
+        is reached: the next client is served, and the lingering one's
+        connection is closed then (its client sees the end of the TCP
+        stream under TLS), not at the quiet bound (5 s here).
+        """
+        table = self.daemon.daemon.listeners[0].factory.table
+        self.patch(
+            table,
+            "limits",
+            attrs.evolve(table.limits, max_connections=1, head_deadline=30.0),
+        )
+        answered: list[float] = []
+
+        def refused_then_wait() -> tuple[bytes, float]:
+            with self.connect() as s:
+                s.sendall(_BIG_BODY_HEAD + b"x" * 65536)
+                out = _read_to_end(s)  # to TLS's close_notify
+                answered.append(time.monotonic())
+                poll = select.poll()
+                poll.register(s.fileno(), select.POLLRDHUP)
+                poll.poll(10_000)
+                return out, time.monotonic() - answered[0]
+
+        waiting = deferToThread(refused_then_wait)
+        while not answered:
+            yield deferLater(reactor, 0.05, lambda: None)
+        yield deferLater(reactor, 0.3, lambda: None)
+        active = yield self.active_connections()
+        self.assertEqual(active, 1)  # this request's own
+        out, closed_after = yield waiting
+        self.assertRefusal(out, *self.refused)
+        self.assertLess(closed_after, 2.5)
