@@ -260,8 +260,8 @@ class RunningDaemon:
     """
     A daemon listening on loopback ports chosen by the kernel.
 
-    :ivar port: the HTTP port; :ivar pty_port: the WebSocket port (when the
-        terminal group listens).
+    :ivar port: the HTTP port (0 on a unix socket); :ivar pty_port: the
+        WebSocket port (when the terminal group listens).
     """
 
     def __init__(self, daemon: DaemonService, reactor: Any) -> None:
@@ -342,7 +342,9 @@ def start_daemon(
     **settings: Any,
 ) -> Any:
     """
-    Build and start a daemon on ``127.0.0.1`` with kernel-chosen ports.
+    Build and start a daemon on ``127.0.0.1`` with kernel-chosen ports
+    (or its HTTP listener on ``port``, an endpoint string: a unix socket,
+    TLS).
 
     The caller must ``addCleanup(daemon.stop)``.  ``environ`` replaces the
     process environment for policy and token lookup (default: empty, so
@@ -352,7 +354,7 @@ def start_daemon(
     if token is not None:
         env.setdefault("ABX_SERVER_TOKEN", token)
     s = Settings(
-        port="tcp:0:interface=127.0.0.1",
+        port=settings.pop("port", "tcp:0:interface=127.0.0.1"),
         pty_port=settings.pop("pty_port", "tcp:0:interface=127.0.0.1"),
         # An explicit policy wins over a file (SPEC §5.1): none when a file
         # is given.
@@ -372,8 +374,11 @@ def start_daemon(
     running = RunningDaemon(daemon, reactor)
     running.token = env.get("ABX_SERVER_TOKEN")
     ports = yield gatherResults([listening_port(s) for s in daemon.listeners])
-    running.port = ports[0].getHost().port
-    daemon.context.http_port = running.port
+    # A unix socket's address has no port: 0, and the request helper
+    # cannot reach it.
+    running.port = getattr(ports[0].getHost(), "port", 0)
+    if running.port:
+        daemon.context.http_port = running.port
     return running
 
 

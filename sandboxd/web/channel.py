@@ -40,7 +40,7 @@ facing untrusted clients needs and Twisted does not set.
   its answer first, then what its client still sends read and dropped
   for a bounded time (:meth:`SandboxChannel.close_after_answer`), so
   the answer is not destroyed by the reset that closing on unread bytes
-  sends.
+  sends: on TCP, unix sockets and TLS alike.
 
 HTTP/2 is not offered (HTTP/1.1 only; see docs/operations.md), so the
 channel is used directly rather than through Twisted's protocol switcher.
@@ -52,9 +52,10 @@ import select
 import socket
 from typing import Any
 
-from twisted.internet.interfaces import IProtocol
+from twisted.internet.interfaces import IProtocol, ISSLTransport
 from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from twisted.web.http import (
     HTTPChannel,
@@ -323,7 +324,7 @@ class SandboxChannel(HTTPChannel):
         if self._lingering:
             # Its client sent nothing for the quiet bound: whatever it
             # sent is read, its answer long out; an orderly close.
-            self.loseConnection()
+            self._close_lingering()
             return
         if self._handlingRequest:
             before, self._delivered = self._delivered, delivery(self.transport)
@@ -393,7 +394,10 @@ class SandboxChannel(HTTPChannel):
         return self._site_table
 
     def close_idle(self) -> None:
-        """Reclaimed between requests, to make room at a cap."""
+        """Reclaimed between requests (or lingering), to make room at a cap."""
+        if self._lingering:
+            self._close_lingering()
+            return
         self.loseConnection()
 
     def close_slow(self) -> None:
@@ -505,8 +509,8 @@ class SandboxChannel(HTTPChannel):
         Whether bytes of an answer to the request being read have been
         written: its response head (``startedWriting``), or an answer a
         door wrote straight to the transport before closing it (a body
-        over its cap), which leaves the connection lingering (or, over
-        TLS, the transport disconnecting).
+        over its cap), which leaves the connection lingering (or, with no
+        socket under it, closing).
         """
         transport: Any = self.transport
         if transport is None or transport.disconnecting or self._lingering:
@@ -563,17 +567,20 @@ class SandboxChannel(HTTPChannel):
         :data:`~sandboxd.policy.defaults.LINGER_MAX_BYTES`.  Meanwhile the
         connection counts as idle: reclaimed first when a cap is reached.
 
-        Over TLS a half-close would skip the TLS layer (and its buffered
-        answer): TLS's own close, which reads on until the client's
-        ``close_notify``, is left to do it, within the idle timeout.
+        Over TLS the end of stream is TLS's own ``close_notify``, which
+        follows the answer; the socket under it is not shut (TLS may still
+        have to write while it reads, to answer a key update), and the
+        client's bytes are read through TLS and dropped within the same
+        bounds, until its ``close_notify`` or its close.  Left to itself,
+        TLS's close would read on until the idle timeout, however much the
+        client sent.
         """
         transport: Any = self.transport
         if transport is None or transport.disconnecting or self._lingering:
             return
         self.persistent = False
-        if self.isSecure() or not isinstance(
-            getattr(transport, "socket", None), socket.socket
-        ):
+        under = _socket_transport(transport)
+        if under is None:
             self.loseConnection()
             return
         self._lingering = True
@@ -589,16 +596,35 @@ class SandboxChannel(HTTPChannel):
         self.setTimeout(limits.linger_quiet)
         self._linger_end = self.callLater(limits.linger_seconds, self.cut_lingering)
         # The channel is the transport's producer: unregistered, the
-        # half-close follows the answer out whatever the producer's state.
+        # half-close (or TLS's close_notify) follows the answer out
+        # whatever the producer's state.
         transport.unregisterProducer()
-        # The answer into the socket now: a client that shut its side
-        # after its request has its end of stream read on the next turn,
-        # which closes the connection and would drop an answer still
-        # waiting in the transport's buffer.
-        send_now(transport)
-        transport.loseWriteConnection()
+        if under is transport:
+            # The answer into the socket now: a client that shut its side
+            # after its request has its end of stream read on the next
+            # turn, which closes the connection and would drop an answer
+            # still waiting in the transport's buffer.
+            send_now(transport)
+            transport.loseWriteConnection()
+        else:
+            # TLS: the answer (held back to be joined with later writes)
+            # and the close_notify into the TCP transport, then the socket.
+            transport.loseConnection()
+            send_now(under)
         # Read again, if a body's handler had paused the socket.
-        transport.resumeProducing()
+        under.resumeProducing()
+
+    def _close_lingering(self) -> None:
+        """
+        Close a lingering connection in order (its client went quiet, or
+        it makes room at a cap): its socket, under TLS too, where TLS's
+        own close already happened and waits for the client's.
+        """
+        transport: Any = self.transport
+        if transport is None:
+            return
+        under = _socket_transport(transport)
+        (under if under is not None else transport).loseConnection()
 
     @property
     def lingering(self) -> bool:
@@ -668,6 +694,22 @@ class SandboxChannel(HTTPChannel):
         site: Any = self.site  # type: ignore[attr-defined]
         site.connection_closed(self)
         super().connectionLost(reason)
+
+
+def _socket_transport(transport: Any) -> Any:
+    """
+    The transport that owns ``transport``'s socket: itself on TCP and unix
+    sockets, the TCP transport under Twisted's TLS; None with no socket (a
+    test's string transport) or under a TLS of another kind (whose own
+    close is left to do).
+    """
+    if isinstance(transport, TLSMemoryBIOProtocol):
+        under = transport.transport
+    elif ISSLTransport.providedBy(transport):
+        return None
+    else:
+        under = transport
+    return under if isinstance(getattr(under, "socket", None), socket.socket) else None
 
 
 def close_after_answer(channel: Any) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from http import HTTPStatus
 from typing import Any
 
+from twisted.internet import unix
 from twisted.internet.tcp import Client, Server
 
 __all__ = [
@@ -27,6 +28,11 @@ __all__ = [
 #: to the apps.
 _PLAIN_TCP = (Server, Client)
 
+#: The accepted connections whose buffered bytes :func:`send_now` sends:
+#: TCP's and a unix socket's (Twisted's unix transport is its TCP one with
+#: descriptor passing added).
+_ACCEPTED = (Server, unix.Server)
+
 
 def send_now(transport: Any) -> None:
     """
@@ -35,16 +41,16 @@ def send_now(transport: Any) -> None:
     Twisted's TCP transport only buffers a write and asks the reactor to
     say when the socket is writable: one more ``epoll_wait`` and a whole
     reactor turn before the first byte of every response leaves, which is
-    a visible share of a call at concurrency 1.  A plain TCP connection
-    that is not closing and whose producer (the HTTP channel itself, a
-    streaming one) is not paused is written at once: then the flush can
-    neither close the connection nor resume a producer under the caller,
-    which are left to Twisted's own turn.  Whatever the socket does not
+    a visible share of a call at concurrency 1.  A plain TCP or unix-socket
+    connection that is not closing and whose producer (the HTTP channel
+    itself, a streaming one) is not paused is written at once: then the
+    flush can neither close the connection nor resume a producer under the
+    caller, which are left to Twisted's own turn.  Whatever the socket does not
     take stays buffered and Twisted sends it as before; an error is left
     for the reactor, which sees the socket again.
     """
     if (
-        type(transport) is not Server
+        type(transport) not in _ACCEPTED
         or not transport.connected
         or transport.disconnecting
         or transport._writeDisconnecting

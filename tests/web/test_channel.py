@@ -1,8 +1,9 @@
 """
 ``SandboxChannel.take_over``: a connection handed from HTTP to another
 protocol (the preview door's WebSocket splice), in memory; ``client_left``
-on real sockets; and slow clients (a trickled body, a download nobody
-reads) against a real daemon on loopback.
+on real sockets; slow clients (a trickled body, a download nobody reads)
+against a real daemon on loopback; and the lingering close of a refused
+request's connection, on a TCP port, a unix socket and TLS.
 """
 
 from __future__ import annotations
@@ -10,10 +11,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
+import shutil
 import socket
+import ssl
+import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
+import attrs
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.protocol import Protocol
@@ -24,6 +31,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.web.channel import client_left
+from tests.git.remote import make_ca
 from tests.helpers import DaemonTestCase, trickle_body
 from tests.web.test_request import connect, make_site
 
@@ -533,9 +541,9 @@ class AbandonedBodyTests(DaemonTestCase):
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "half.bin")))
 
 
-#: A refused request's head (413 from its Content-Length, before any body
-#: byte is read) and one too large to read at all (400): each followed by
-#: the body its client goes on sending.
+#: A refused request's head (413 from its Content-Length, or 401 where the
+#: daemon has a token, before any body byte is read) and one too large to
+#: read at all (400): each followed by the body its client goes on sending.
 _BIG_BODY_HEAD = (
     b"POST /shell HTTP/1.1\r\nHost: localhost\r\n"
     b"Content-Type: application/json\r\nContent-Length: 100000000\r\n\r\n"
@@ -547,25 +555,33 @@ _HUGE_HEAD = (
 )
 
 
-def _send_then_read(port: int, head: bytes, more: int, pause: float) -> bytes:
+def _read_to_end(s: socket.socket) -> bytes:
+    """Everything ``s`` receives until its end of stream (blocking)."""
+    out = b""
+    while data := s.recv(65536):
+        out += data
+    return out
+
+
+def _send_then_read(
+    connect: Callable[[], socket.socket], head: bytes, more: int, pause: float
+) -> bytes:
     """
-    Send ``head`` and 64 KiB, wait ``pause`` s (the refusal is written and
-    the daemon has closed or not by then), send ``more`` bytes, then read
-    to the end: what came back (blocking: run it in a thread).
+    Send ``head`` and 64 KiB on a connection from ``connect``, wait
+    ``pause`` s (the refusal is written and the daemon has closed or not by
+    then), send ``more`` bytes, then read to the end: what came back
+    (blocking: run it in a thread).
 
     :raises OSError: when the daemon reset the connection under the
         client, in a send or in the read.
     """
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+    with connect() as s:
         s.sendall(head + b"x" * 65536)
         time.sleep(pause)
         chunk = b"x" * 65536
         for _ in range(more // len(chunk)):
             s.sendall(chunk)
-        out = b""
-        while data := s.recv(65536):
-            out += data
-        return out
+        return _read_to_end(s)
 
 
 def _metric(text: str, name: str) -> float:
@@ -582,16 +598,56 @@ class LingeringCloseTests(DaemonTestCase):
     head too large to read) has its answer reach the client, however much
     of its body the client still sends after it: the daemon reads and drops
     that, within bounds, instead of closing on unread bytes (which Linux
-    answers with a reset that destroys the answer).
+    answers with a reset that destroys the answer).  On a TCP listener
+    here; the subclasses run the same cases over a unix socket and TLS.
     """
 
     timeout = 60
     autostart = False
     policy = {"endpoints": {"shell": {"limits": {"max_concurrency": 1}}}}
+    #: What the daemon answers to ``_BIG_BODY_HEAD``.
+    refused = (b"413", "payload_too_large")
 
     def setUp(self) -> Any:
         super().setUp()
-        return self.start(head_deadline=2.0)
+        return self.start(head_deadline=2.0, **self.listener())
+
+    def listener(self) -> dict[str, Any]:
+        """The daemon's settings for its HTTP listener (a loopback port)."""
+        return {}
+
+    def connect(self) -> socket.socket:
+        """A client connection to the daemon's HTTP listener."""
+        return socket.create_connection(("127.0.0.1", self.daemon.port), 10)
+
+    def ask(self, method: str, path: str, body: Any = None) -> Any:
+        """
+        One HTTP/1.0 request (with the case's token) on a connection of
+        its own, in a thread: fires with its status and body.
+        """
+
+        def exchange() -> tuple[int, bytes]:
+            data = json.dumps(body).encode() if body is not None else b""
+            token = f"X-Access-Token: {self.token}\r\n" if self.token else ""
+            with self.connect() as s:
+                s.sendall(
+                    f"{method} {path} HTTP/1.0\r\nHost: localhost\r\n{token}"
+                    "Content-Type: application/json\r\n"
+                    f"Content-Length: {len(data)}\r\n\r\n".encode()
+                    + data
+                )
+                out = _read_to_end(s)
+            head, _, rest = out.partition(b"\r\n\r\n")
+            return int(head.split()[1]), rest
+
+        return deferToThread(exchange)
+
+    @inlineCallbacks
+    def active_connections(self) -> Any:
+        """The connection gauge of the HTTP door (counting the asking one)."""
+        status, page = yield self.ask("GET", "/metrics")
+        self.assertEqual(status, 200, page[:300])
+        return _metric(page.decode(), 'sandboxd_connections_active{door="http"}')
 
     def assertRefusal(self, out: bytes, status: bytes, code: str) -> None:
         """``out`` is one whole JSON refusal with ``status`` and ``code``."""
@@ -605,18 +661,18 @@ class LingeringCloseTests(DaemonTestCase):
     @inlineCallbacks
     def test_refusal_reaches_a_client_still_sending(self) -> Any:
         """
-        50 times over: a 413 from the head's Content-Length, the client
-        sending 1 MiB more of its body after it, then reading: the whole
-        413, never a reset.
+        50 times over: a refusal at the head (413 from its Content-Length,
+        or 401), the client sending 1 MiB more of its body after it, then
+        reading: the whole refusal, never a reset.
         """
         for attempt in range(50):
             try:
                 out = yield deferToThread(
-                    _send_then_read, self.daemon.port, _BIG_BODY_HEAD, 1 << 20, 0.02
+                    _send_then_read, self.connect, _BIG_BODY_HEAD, 1 << 20, 0.02
                 )
             except OSError as e:
                 self.fail(f"attempt {attempt}: {e!r}")
-            self.assertRefusal(out, b"413", "payload_too_large")
+            self.assertRefusal(out, *self.refused)
 
     @inlineCallbacks
     def test_head_too_large_reaches_a_client_still_sending(self) -> Any:
@@ -628,7 +684,7 @@ class LingeringCloseTests(DaemonTestCase):
         for attempt in range(50):
             try:
                 out = yield deferToThread(
-                    _send_then_read, self.daemon.port, _HUGE_HEAD, 256 * 1024, 0.02
+                    _send_then_read, self.connect, _HUGE_HEAD, 256 * 1024, 0.02
                 )
             except OSError as e:
                 self.fail(f"attempt {attempt}: {e!r}")
@@ -639,24 +695,25 @@ class LingeringCloseTests(DaemonTestCase):
         """
         50 times over: a client that sends its head and some body and
         shuts its side at once (its end of stream read with the body):
-        the whole 413 still reaches it.
+        the whole refusal still reaches it.
         """
 
         def send_shut_read() -> bytes:
-            with socket.create_connection(("127.0.0.1", self.daemon.port), 10) as s:
+            with self.connect() as s:
                 s.sendall(_BIG_BODY_HEAD + b"x" * 1000)
-                s.shutdown(socket.SHUT_WR)
-                out = b""
-                while data := s.recv(65536):
-                    out += data
-                return out
+                # The socket's own shutdown, also under TLS (whose
+                # ``shutdown`` would drop the TLS layer): the end of the
+                # stream without a close_notify, as a client that exits
+                # does.
+                socket.socket.shutdown(s, socket.SHUT_WR)
+                return _read_to_end(s)
 
         for attempt in range(50):
             try:
                 out = yield deferToThread(send_shut_read)
             except OSError as e:
                 self.fail(f"attempt {attempt}: {e!r}")
-            self.assertRefusal(out, b"413", "payload_too_large")
+            self.assertRefusal(out, *self.refused)
 
     @inlineCallbacks
     def test_slot_and_connection_freed(self) -> Any:
@@ -667,11 +724,9 @@ class LingeringCloseTests(DaemonTestCase):
         """
 
         def refused_then_quiet() -> tuple[bytes, bytes]:
-            with socket.create_connection(("127.0.0.1", self.daemon.port), 10) as s:
+            with self.connect() as s:
                 s.sendall(_BIG_BODY_HEAD + b"x" * 65536)
-                out = b""
-                while data := s.recv(65536):
-                    out += data
+                out = _read_to_end(s)
                 # The daemon's end of stream came with the answer; our
                 # side stays open (and sends nothing) until it is let go.
                 s.settimeout(8)
@@ -683,20 +738,51 @@ class LingeringCloseTests(DaemonTestCase):
 
         waiting = deferToThread(refused_then_quiet)
         yield deferLater(reactor, 0.5, lambda: None)
-        reply = yield self.request("POST", "/shell", {"command": "echo free"})
-        self.assertEqual(reply.status, 200, reply.body)
+        status, body = yield self.ask("POST", "/shell", {"command": "echo free"})
+        self.assertEqual(status, 200, body)
         out, _ = yield waiting
-        self.assertRefusal(out, b"413", "payload_too_large")
+        self.assertRefusal(out, *self.refused)
         began = time.monotonic()
         while True:
-            page = yield self.request("GET", "/metrics")
-            active = _metric(
-                page.body.decode(), 'sandboxd_connections_active{door="http"}'
-            )
+            active = yield self.active_connections()
             if active == 1 or time.monotonic() - began > 10:
                 break
             yield deferLater(reactor, 0.2, lambda: None)
         self.assertEqual(active, 1)  # this request's own
+
+    @inlineCallbacks
+    def test_quiet_client_is_closed(self) -> Any:
+        """
+        A refused client that has read its answer and then sends nothing,
+        its socket left open, has its connection closed once it has been
+        quiet for the bound (0.3 s here), well before the time bound (the
+        head deadline, 2 s), and no longer counted.
+        """
+        from sandboxd.web import connections
+
+        self.patch(connections, "LINGER_QUIET_SECONDS", 0.3)
+        answered: list[float] = []
+
+        def refused_then_silent() -> bytes:
+            with self.connect() as s:
+                s.sendall(_BIG_BODY_HEAD + b"x" * 65536)
+                out = _read_to_end(s)
+                answered.append(time.monotonic())
+                time.sleep(6)  # open and silent
+                return out
+
+        waiting = deferToThread(refused_then_silent)
+        while not answered:
+            yield deferLater(reactor, 0.05, lambda: None)
+        while True:
+            active = yield self.active_connections()
+            closed_after = time.monotonic() - answered[0]
+            if active == 1 or closed_after > 5:
+                break
+        self.assertEqual(active, 1)  # this request's own
+        self.assertLess(closed_after, 1.5)
+        out = yield waiting
+        self.assertRefusal(out, *self.refused)
 
     @inlineCallbacks
     def test_client_that_never_stops_is_cut(self) -> Any:
@@ -706,7 +792,7 @@ class LingeringCloseTests(DaemonTestCase):
         """
 
         def send_for_ever() -> float:
-            with socket.create_connection(("127.0.0.1", self.daemon.port), 10) as s:
+            with self.connect() as s:
                 s.sendall(_BIG_BODY_HEAD)
                 began = time.monotonic()
                 chunk = b"x" * 65536
@@ -733,7 +819,7 @@ class LingeringCloseTests(DaemonTestCase):
         self.patch(channel, "LINGER_MAX_BYTES", 256 * 1024)
 
         def send_a_lot() -> tuple[int, float]:
-            with socket.create_connection(("127.0.0.1", self.daemon.port), 10) as s:
+            with self.connect() as s:
                 s.sendall(_BIG_BODY_HEAD)
                 began = time.monotonic()
                 sent = 0
@@ -748,3 +834,86 @@ class LingeringCloseTests(DaemonTestCase):
         sent, elapsed = yield deferToThread(send_a_lot)
         self.assertLess(sent, 16 << 20)
         self.assertLess(elapsed, 1.5)
+
+
+class UnixLingeringCloseTests(LingeringCloseTests):
+    """
+    The lingering close on a unix-socket listener, whose daemon has a
+    token (a unix listener without one is refused at start): the refusal
+    at the head is a 401 there.
+    """
+
+    token = "unix-token"
+    refused = (b"401", "unauthorized")
+
+    def listener(self) -> dict[str, Any]:
+        """A unix socket, in a short directory (a socket's path is short)."""
+        directory = tempfile.mkdtemp(prefix="sbx", dir="/tmp")
+        self.addCleanup(shutil.rmtree, directory, True)
+        self.socket_path = os.path.join(directory, "http.sock")
+        return {"port": f"unix:{self.socket_path}"}
+
+    def connect(self) -> socket.socket:
+        """A client connection to the daemon's unix socket."""
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(10)
+        s.connect(self.socket_path)
+        return s
+
+
+class TlsLingeringCloseTests(LingeringCloseTests):
+    """The lingering close on a TLS listener (``ssl:``)."""
+
+    def listener(self) -> dict[str, Any]:
+        """A loopback port with TLS, its certificate from a test CA."""
+        directory = os.path.realpath(self.mktemp())
+        os.makedirs(directory)
+        ca, cert, key = make_ca(directory)
+        self.tls = ssl.create_default_context(cafile=ca)
+        return {"port": f"ssl:0:interface=127.0.0.1:privateKey={key}:certKey={cert}"}
+
+    def connect(self) -> socket.socket:
+        """A TLS client connection to the daemon's port."""
+        raw = socket.create_connection(("127.0.0.1", self.daemon.port), 10)
+        try:
+            return self.tls.wrap_socket(raw, server_hostname="localhost")
+        except BaseException:
+            raw.close()
+            raise
+
+    @inlineCallbacks
+    def test_lingering_connection_makes_room_at_the_cap(self) -> Any:
+        """
+        A refused client that has read its answer and waits, silent, is
+        the connection that makes room when the cap (one connection here)
+        is reached: the next client is served, and the lingering one's
+        connection is closed then (its client sees the end of the TCP
+        stream under TLS), not at the quiet bound (5 s here).
+        """
+        table = self.daemon.daemon.listeners[0].factory.table
+        self.patch(
+            table,
+            "limits",
+            attrs.evolve(table.limits, max_connections=1, head_deadline=30.0),
+        )
+        answered: list[float] = []
+
+        def refused_then_wait() -> tuple[bytes, float]:
+            with self.connect() as s:
+                s.sendall(_BIG_BODY_HEAD + b"x" * 65536)
+                out = _read_to_end(s)  # to TLS's close_notify
+                answered.append(time.monotonic())
+                poll = select.poll()
+                poll.register(s.fileno(), select.POLLRDHUP)
+                poll.poll(10_000)
+                return out, time.monotonic() - answered[0]
+
+        waiting = deferToThread(refused_then_wait)
+        while not answered:
+            yield deferLater(reactor, 0.05, lambda: None)
+        yield deferLater(reactor, 0.3, lambda: None)
+        active = yield self.active_connections()
+        self.assertEqual(active, 1)  # this request's own
+        out, closed_after = yield waiting
+        self.assertRefusal(out, *self.refused)
+        self.assertLess(closed_after, 2.5)

@@ -5,7 +5,10 @@ without waiting (``TCP_NODELAY``), not on the reactor's next turn.
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
+import tempfile
 from typing import Any
 
 from twisted.internet import reactor
@@ -114,6 +117,37 @@ class SendNowTests(TestCase):
         self.assertEqual(self.transport._tempDataLen, 15)
         send_now(self.transport)
         self.assertEqual(self.client.recv(100), b"first head body")
+
+
+class SendNowUnixTests(TestCase):
+    """:func:`send_now` on a connection accepted on a unix socket."""
+
+    @inlineCallbacks
+    def test_written_before_the_next_turn(self) -> Any:
+        """
+        Bytes written then sent now reach a unix-socket client without the
+        reactor running, as on TCP (a refusal then leaves before its
+        client's end of stream is read and the connection closed).
+        """
+        directory = tempfile.mkdtemp(prefix="sbx", dir="/tmp")
+        self.addCleanup(shutil.rmtree, directory, True)
+        path = os.path.join(directory, "s.sock")
+        factory = Factory.forProtocol(_Accepted)
+        factory.accepted = Deferred()  # type: ignore[attr-defined]
+        port = reactor.listenUNIX(path, factory)  # type: ignore[attr-defined]
+        self.addCleanup(port.stopListening)
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(client.close)
+        client.settimeout(2)
+        client.connect(path)
+        transport = yield factory.accepted
+        self.addCleanup(transport.abortConnection)
+        transport.write(b"HTTP/1.1 413 Request Entity Too Large\r\n\r\n")
+        send_now(transport)
+        self.assertEqual(
+            client.recv(100), b"HTTP/1.1 413 Request Entity Too Large\r\n\r\n"
+        )
+        self.assertEqual(transport.dataBuffer, b"")
 
 
 class _Channel:
