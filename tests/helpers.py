@@ -197,6 +197,19 @@ def alive(pid: int) -> bool:
     return info is not None and info.state != "Z"
 
 
+def until_exited(pid: int, seconds: float = 5.0) -> None:
+    """
+    Wait (``seconds`` at most) until ``pid`` has exited, left a zombie
+    for its parent to reap (or is gone).
+    """
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        info = proc_info(pid)
+        if info is None or info.state == "Z":
+            return
+        time.sleep(0.002)
+
+
 def marked_argv0(marker: str) -> list[bytes]:
     """The program name of each process :func:`marked_pids` finds (gone ones left out)."""
     names = []

@@ -31,7 +31,7 @@ from sandboxd.processes import spawning
 from sandboxd.processes import tree as proctree
 from sandboxd.processes.child import HeadTail
 from sandboxd.processes.run import run_collect
-from tests.helpers import ReadyPipe, kill_marked, marked_pids
+from tests.helpers import ReadyPipe, kill_marked, marked_pids, until_exited
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 
@@ -916,16 +916,6 @@ class PendingSpawnTests(TestCase):
         self.assertEqual(proctree.reap_orphans(), 0)
 
 
-def _until_exited(pid: int) -> None:
-    """Wait (a few seconds at most) until ``pid`` is a zombie."""
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        info = proctree.proc_info(pid)
-        if info is None or info.state == "Z":
-            return
-        time.sleep(0.002)
-
-
 class ExitedAtAdoptionTests(TestCase):
     """
     A child that has exited by the time its spawn returns (a short command
@@ -944,12 +934,12 @@ class ExitedAtAdoptionTests(TestCase):
 
         def exited(plan: Any) -> int:
             pid = real(plan)
-            _until_exited(pid)
+            until_exited(pid)
             return pid
 
         def exited_alone(plan: Any, prepared: Any) -> int:
             pid = real_alone(plan, prepared)
-            _until_exited(pid)
+            until_exited(pid)
             return pid
 
         self.patch(spawn, "posix_spawn", exited)

@@ -32,7 +32,7 @@ from sandboxd.processes import posix_spawn as spawn
 from sandboxd.processes import reaping, spawning
 from sandboxd.processes import tree as proctree
 from sandboxd.processes.run import run_collect
-from tests.helpers import DaemonTestCase, kill_marked
+from tests.helpers import DaemonTestCase, kill_marked, until_exited
 
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
 
@@ -46,16 +46,6 @@ WAIT_SECONDS = 30.0
 def _marker() -> str:
     """A sleep length no other process uses: it marks a test's processes."""
     return f"60.{secrets.randbelow(10**12):012d}"
-
-
-def _until_zombie(pid: int) -> None:
-    """Wait (a few seconds at most) until ``pid`` has exited, unreaped."""
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        info = proctree.proc_info(pid)
-        if info is None or info.state == "Z":
-            return
-        time.sleep(0.002)
 
 
 class Ended(ProcessProtocol):
@@ -214,7 +204,7 @@ class ReapedBySignalTests(HookTestCase):
         """
         self.sleepers(5)
         stranger = os.posix_spawn("/bin/sh", ["sh", "-c", "exit 0"], ENV)
-        _until_zombie(stranger)
+        until_exited(stranger)
         protocols = [Ended() for _ in range(3)]
         for protocol in protocols:
             spawn_plain(["/bin/sh", "-c", LATER + "exit 4"], protocol)
@@ -250,7 +240,7 @@ class ExitBeforeRegistrationTests(HookTestCase):
             # has returned its pid, or before (``self.returned_late``).
             if not self.returned_late:
                 real(pid)
-            _until_zombie(pid)
+            until_exited(pid)
             deadline = time.monotonic() + 5
             while pid not in named and time.monotonic() < deadline:
                 time.sleep(0.002)
@@ -344,7 +334,7 @@ class HeldSpawnTests(HookTestCase):
 
         self.addCleanup(finish)
         stranger = os.posix_spawn("/bin/sh", ["sh", "-c", "exit 0"], ENV)
-        _until_zombie(stranger)
+        until_exited(stranger)
         recorder = Recorder(self)
         first, second = Ended(), Ended()
         spawn_plain(["/bin/sh", "-c", LATER + "exit 4"], first)
