@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -208,6 +210,17 @@ def until_exited(pid: int, seconds: float = 5.0) -> None:
         if info is None or info.state == "Z":
             return
         time.sleep(0.002)
+
+
+def unix_socket_path(test: Any, name: str) -> str:
+    """
+    A path for a unix socket named ``name``, in a directory of its own
+    under /tmp removed at ``test``'s end: a socket's path is limited to
+    about a hundred bytes, which trial's working directories can exceed.
+    """
+    directory = tempfile.mkdtemp(prefix="sbx", dir="/tmp")
+    test.addCleanup(shutil.rmtree, directory, True)
+    return os.path.join(directory, name)
 
 
 def marked_argv0(marker: str) -> list[bytes]:

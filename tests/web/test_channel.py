@@ -12,10 +12,8 @@ import json
 import os
 import re
 import select
-import shutil
 import socket
 import ssl
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,7 +30,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.web.channel import client_left
 from tests.git.remote import make_ca
-from tests.helpers import DaemonTestCase, trickle_body
+from tests.helpers import DaemonTestCase, trickle_body, unix_socket_path
 from tests.web.test_request import connect, make_site
 
 
@@ -779,6 +777,7 @@ class LingeringCloseTests(DaemonTestCase):
             closed_after = time.monotonic() - answered[0]
             if active == 1 or closed_after > 5:
                 break
+            yield deferLater(reactor, 0.05, lambda: None)
         self.assertEqual(active, 1)  # this request's own
         self.assertLess(closed_after, 1.5)
         out = yield waiting
@@ -847,10 +846,8 @@ class UnixLingeringCloseTests(LingeringCloseTests):
     refused = (b"401", "unauthorized")
 
     def listener(self) -> dict[str, Any]:
-        """A unix socket, in a short directory (a socket's path is short)."""
-        directory = tempfile.mkdtemp(prefix="sbx", dir="/tmp")
-        self.addCleanup(shutil.rmtree, directory, True)
-        self.socket_path = os.path.join(directory, "http.sock")
+        """A unix socket."""
+        self.socket_path = unix_socket_path(self, "http.sock")
         return {"port": f"unix:{self.socket_path}"}
 
     def connect(self) -> socket.socket:

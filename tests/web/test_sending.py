@@ -5,10 +5,7 @@ without waiting (``TCP_NODELAY``), not on the reactor's next turn.
 
 from __future__ import annotations
 
-import os
-import shutil
 import socket
-import tempfile
 from typing import Any
 
 from twisted.internet import reactor
@@ -24,7 +21,7 @@ from sandboxd.web.sending import (
     write_head_and_body_now,
     write_now,
 )
-from tests.helpers import DaemonTestCase
+from tests.helpers import DaemonTestCase, unix_socket_path
 
 
 class _Accepted(Protocol):
@@ -129,9 +126,7 @@ class SendNowUnixTests(TestCase):
         reactor running, as on TCP (a refusal then leaves before its
         client's end of stream is read and the connection closed).
         """
-        directory = tempfile.mkdtemp(prefix="sbx", dir="/tmp")
-        self.addCleanup(shutil.rmtree, directory, True)
-        path = os.path.join(directory, "s.sock")
+        path = unix_socket_path(self, "s.sock")
         factory = Factory.forProtocol(_Accepted)
         factory.accepted = Deferred()  # type: ignore[attr-defined]
         port = reactor.listenUNIX(path, factory)  # type: ignore[attr-defined]
