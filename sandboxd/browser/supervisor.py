@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import secrets
+import shutil
 import signal
 import sys
 import tempfile
@@ -429,7 +430,8 @@ class BrowserSupervisor(Service):
         for w in dying:
             self._kill_now(w)
         if worker is None or worker.ended.called:
-            return self._bounded(gatherResults([w.ended for w in dying]))
+            gone = self._bounded(gatherResults([w.ended for w in dying]))
+            return gone.addCallback(self._remove_workdir)
         done: Deferred[None] = Deferred()
         # Closing stdin lets the worker close Chromium itself; TERM and then
         # KILL follow in case it does not.
@@ -440,7 +442,19 @@ class BrowserSupervisor(Service):
         term = self.reactor.callLater(1.0, lambda: self._kill(worker, grace=2.0))
         worker.ended.addBoth(lambda _: term.cancel() if term.active() else None)
         worker.ended.addBoth(lambda _: done.callback(None) if not done.called else None)
-        return self._bounded(gatherResults([done, *(w.ended for w in dying)]))
+        gone = self._bounded(gatherResults([done, *(w.ended for w in dying)]))
+        return gone.addCallback(self._remove_workdir)
+
+    def _remove_workdir(self, _: None) -> None:
+        """
+        The directory the workers had for their caches and Chromium's
+        profiles, removed once they are gone or the stop's bound has passed:
+        every daemon that ever started the browser left one behind in the
+        system's temporary directory.
+        """
+        workdir, self.workdir = self.workdir, None
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
 
     def _kill_now(self, worker: WorkerProtocol) -> None:
         """KILL the tree of a worker that was already TERMed."""

@@ -24,7 +24,7 @@ DEAF_WORKER = """
 import os, signal, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 with open({pid_file!r}, "w") as f:
-    f.write(str(os.getpid()))
+    f.write(str(os.getpid()) + " " + os.environ["TMPDIR"])
 time.sleep(600)
 """
 
@@ -52,7 +52,8 @@ class StartTimeoutTests(DaemonTestCase):
         """
         The call fails 503 ``unavailable`` naming the policy's start time;
         the daemon's stop then ends the worker it had told to go (no
-        process left, no KILL timer left for a reactor that is gone).
+        process left, no KILL timer left for a reactor that is gone) and
+        removes the directory it gave the worker.
         """
         reply = yield self.request("POST", "/browser/evaluate", {"script": "1"})
         self.assertEqual(reply.status, 503, reply.body)
@@ -63,10 +64,13 @@ class StartTimeoutTests(DaemonTestCase):
                 break
             yield deferLater(reactor, 0.05, lambda: None)
         with open(self.pid_file) as f:
-            pid = int(f.read())
+            pid_text, workdir = f.read().split(" ", 1)
+        pid = int(pid_text)
         self.assertTrue(alive(pid), "the worker ignores TERM: it should still run")
+        self.assertTrue(os.path.isdir(workdir), workdir)
         yield self.daemon.stop()
         self.assertFalse(alive(pid))
+        self.assertFalse(os.path.exists(workdir), "the worker's directory is left")
 
 
 #: A Chromium that starts and never answers Playwright (a machine too
