@@ -50,7 +50,10 @@ class CodeService(Service):
         self.hub_starts = 0
         self._hub_deaths: dict[int, list[float]] = {}
         self._sweep: IDelayedCall | None = None
-        self.spill_dir = tempfile.mkdtemp(prefix="sandboxd-code-out-")
+        #: Where display values over ``max_display_bytes`` are kept, made
+        #: at the first (a daemon that never spills, or never starts, makes
+        #: none to leave behind).
+        self.spill_dir: str | None = None
         #: oid -> (context id, path, mime, bytes)
         self.outputs: dict[str, tuple[str, str, str, int]] = {}
         self.spilled_bytes = 0
@@ -224,16 +227,12 @@ class CodeService(Service):
                 "bytes": size,
                 "sha256": hashlib.sha256(encoded).hexdigest(),
             }
-            oid = None
+            spilled = None
             if self.spilled_bytes + size <= defaults.CODE_MAX_SPILL_BYTES:
-                oid = self._spill(encoded)
-            if oid is not None:
-                self.outputs[oid] = (
-                    ctx.id,
-                    os.path.join(self.spill_dir, oid),
-                    mime,
-                    size,
-                )
+                spilled = self._spill(encoded)
+            if spilled is not None:
+                oid, path = spilled
+                self.outputs[oid] = (ctx.id, path, mime, size)
                 self.spilled_bytes += size
                 ref["oid"] = oid
                 ref["url"] = f"/code/contexts/{ctx.id}/outputs/{oid}"
@@ -242,13 +241,18 @@ class CodeService(Service):
             refs.append(ref)
         return out, refs
 
-    def _spill(self, encoded: bytes) -> str | None:
+    def _spill(self, encoded: bytes) -> tuple[str, str] | None:
         """
-        Write a display item to the spill directory: its oid, or None when
+        Write a display item to the spill directory: its oid and path, or None when
         the disk cannot take it (full, or no descriptor left), in which case
         nothing of it is left there and the item is reported dropped.
         """
         oid = "o_" + secrets.token_hex(8)
+        if self.spill_dir is None:
+            try:
+                self.spill_dir = tempfile.mkdtemp(prefix="sandboxd-code-out-")
+            except OSError:
+                return None
         path = os.path.join(self.spill_dir, oid)
         # One bounded write (max_display_bytes or less) to a private
         # directory; a thread would reorder the events.
@@ -265,7 +269,7 @@ class CodeService(Service):
             except OSError:
                 pass
             return None
-        return oid
+        return oid, path
 
     def output(self, ctx: CodeContext, oid: str) -> tuple[str, str, int]:
         """``(path, mime, bytes)`` of a spilled item of ``ctx``."""
@@ -324,7 +328,9 @@ class CodeService(Service):
         done: Deferred[Any] = DeferredList(waits, consumeErrors=True)
 
         def cleanup(_: Any) -> None:
-            shutil.rmtree(self.spill_dir, ignore_errors=True)
+            spill_dir, self.spill_dir = self.spill_dir, None
+            if spill_dir is not None:
+                shutil.rmtree(spill_dir, ignore_errors=True)
 
         done.addCallback(cleanup)
         return done

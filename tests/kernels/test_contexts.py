@@ -809,8 +809,16 @@ class BoundsTests(CodeTestCase):
 
     @inlineCallbacks
     def test_display_spilled(self) -> Any:
-        """A display value over max_display_bytes is a ref, served raw with its type."""
+        """
+        A display value over max_display_bytes is a ref, served raw with its
+        type.  Its directory is made for the first such value and removed
+        when the daemon stops.
+        """
+        code = self.daemon.context.code
+        assert code is not None
+        service = code.get()
         ctx = yield self.context()
+        self.assertIsNone(service.spill_dir)
         result = yield self.execute(
             ctx["id"],
             "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()",
@@ -824,6 +832,11 @@ class BoundsTests(CodeTestCase):
         self.assertEqual(raw.header("x-content-type-options"), "nosniff")
         self.assertEqual(raw.header("content-security-policy"), "sandbox")
         self.assertTrue(raw.body.startswith(b"\x89PNG"))
+        spill_dir = service.spill_dir
+        assert spill_dir is not None
+        self.assertTrue(os.path.isdir(spill_dir))
+        yield self.daemon.stop()
+        self.assertFalse(os.path.exists(spill_dir))
 
     @inlineCallbacks
     def test_display_spill_refused_by_the_disk(self) -> Any:
