@@ -14,7 +14,6 @@ from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
-from twisted.internet.task import deferLater
 from twisted.trial.unittest import SkipTest, TestCase
 
 from sandboxd.processes.tree import proc_info
@@ -186,16 +185,6 @@ def need_autogroups() -> None:
         enabled = False
     if not enabled or os.geteuid() != 0:
         raise SkipTest("needs root and the kernel's autogroup scheduling")
-
-
-@inlineCallbacks
-def wait_until(predicate: Any, tries: int = 200) -> Any:
-    """Poll a condition outside the reactor (a process state) until it holds."""
-    for _ in range(tries):
-        if predicate():
-            return True
-        yield deferLater(reactor, 0.05, lambda: None)
-    return False
 
 
 def group_nice(pid: int) -> int:

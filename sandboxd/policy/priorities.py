@@ -28,7 +28,6 @@ PRIORITY_KEYS = (
     "children_nice",
     "children_group_nice",
     "children_group_after_ms",
-    "children_idle",
     "agents_nice",
     "children_io_level",
     "children_oom_score_adj",
@@ -54,12 +53,6 @@ class Priorities:
         daemon's share requires.  A short command (``/shell true``) ends
         before and competes with other work on equal terms; a build is
         lowered a moment after it starts.  0 lowers every group at once.
-    :ivar children_idle: a child whose group is lowered also goes, with
-        everything it started, into the kernel's idle scheduling class
-        (``SCHED_IDLE``) within its group: the group's share of the CPUs
-        is the same, but whatever else wakes up (the daemon, a short
-        command, a terminal's shell) takes a CPU from it at once rather
-        than at the scheduler's next tick.
     :ivar agents_nice: nice value of each agent process and of its session
         group (0..19, never below the daemon's): the agent answers the
         user's every turn, so it is not made to wait behind the sandbox's
@@ -78,7 +71,6 @@ class Priorities:
     children_nice: int = CHILD_NICE
     children_group_nice: int | None = None
     children_group_after_ms: int = CHILD_GROUP_AFTER_MS
-    children_idle: bool = True
     agents_nice: int = AGENT_NICE
     children_io_level: int | None = CHILD_IO_LEVEL
     children_oom_score_adj: int = CHILD_OOM_SCORE_ADJ
@@ -115,9 +107,9 @@ def priorities_from(value: Any) -> Priorities:
             raise ValueError(
                 f"priority: unknown key {key!r} (known: {', '.join(PRIORITY_KEYS)})"
             )
-        if key in ("enabled", "children_idle"):
+        if key == "enabled":
             if not isinstance(item, bool):
-                raise ValueError(f"priority.{key}: expected true or false")
+                raise ValueError("priority.enabled: expected true or false")
         elif key in ("children_io_level", "children_group_nice") and item is None:
             pass
         else:

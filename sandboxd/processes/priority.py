@@ -59,7 +59,6 @@ from sandboxd.policy.defaults import (
 )
 from sandboxd.policy.priorities import Priorities
 from sandboxd.processes.cgroups import place_child
-from sandboxd.processes.lineage import each_descendant
 
 # ioprio_set(2): who, classes, and the system call's number per machine.
 _IOPRIO_WHO_PROCESS = 1
@@ -234,66 +233,6 @@ def _autogroups() -> bool:
 _AUTOGROUPS: bool | None = None
 
 
-def _in_root_task_group() -> bool:
-    """
-    Whether this process is in the root of the CPU controller's hierarchy,
-    where the kernel groups tasks by session (a task in any other CPU
-    cgroup, a container's or the daemon's own leaf, is grouped by that
-    cgroup instead, whatever ``/proc/PID/autogroup`` says).
-    """
-    try:
-        with open("/proc/self/cgroup") as f:
-            return cpu_cgroup_is_root(f.read())
-    except OSError:
-        return False
-
-
-def cpu_cgroup_is_root(membership: str) -> bool:
-    """
-    Whether ``/proc/PID/cgroup``'s text puts the process at the root of
-    the CPU controller's hierarchy: the v1 hierarchy that lists ``cpu``
-    if one does, else the unified (v2) one.
-    """
-    unified = None
-    for line in membership.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        if "cpu" in controllers.split(","):
-            return path == "/"
-        if not controllers:
-            unified = path
-    return unified == "/"
-
-
-def set_idle_class(pid: int, idle: bool) -> None:
-    """
-    Every thread of ``pid`` and of its descendants into the kernel's idle
-    scheduling class (``SCHED_IDLE``), or back into the normal one; each
-    thread keeps its nice value for when it is back.  Where the kernel does
-    not list a process's children, ``pid`` alone (what it starts later
-    inherits the class all the same).
-    """
-    policy = os.SCHED_IDLE if idle else os.SCHED_OTHER
-
-    def move(member: int) -> None:
-        try:
-            tasks = os.listdir(f"/proc/{member}/task")
-        except OSError:
-            return
-        for task in tasks:
-            try:
-                os.sched_setscheduler(int(task), policy, _CLASS_PARAM)
-            except (OSError, ValueError):
-                pass
-
-    each_descendant(pid, move)
-
-
-_CLASS_PARAM = os.sched_param(0)
-
-
 def _read_autogroup_nice() -> int | None:
     """This process's autogroup nice value (``/autogroup-N nice V``)."""
     try:
@@ -358,12 +297,6 @@ class ChildPriority:
         self._yielding: set[int] = set()
         #: The timer that ends the wait when the last starting child is due.
         self._yield_call: IDelayedCall | None = None
-        #: Live children moved into the idle scheduling class when their
-        #: group was lowered (``children_idle``).
-        self._idled: set[int] = set()
-        #: Live stream children lowered before their first line: they go
-        #: idle once it is out.
-        self._idle_later: set[int] = set()
 
     def configure(self, priorities: Priorities) -> None:
         """
@@ -546,8 +479,7 @@ class ChildPriority:
         A tracked child's group starts only as light as that requires
         (a new autogroup is at nice 0: often no write at all) and is
         lowered to the base ``children_group_after_ms`` later if the child
-        still runs (:meth:`_lower_due`), and goes into the idle scheduling
-        class then (``children_idle``): a short command is over before,
+        still runs (:meth:`_lower_due`): a short command is over before,
         with nothing written, and never waits behind other work at the
         base's weight.  The daemon's share holds throughout.
         """
@@ -572,7 +504,7 @@ class ChildPriority:
             if tracked:
                 self._groups[pid] = nice
             arm = False
-            if after and (nice < base or p.children_idle):
+            if after and nice < base:
                 now = self._reactor().seconds()
                 self._young[pid] = (
                     now + after,
@@ -666,16 +598,6 @@ class ChildPriority:
         ``CHILD_STARTING_SECONDS`` after its spawn (or at its first look,
         if the period is longer).  The daemon's share
         holds meanwhile: the group stays at the level that keeps it.
-
-        With ``children_idle`` a child lowered now also goes, with what it
-        started, into the idle scheduling class, where its session is a
-        scheduling group of its own (the daemon in the root CPU cgroup):
-        its group's share does not change, but the daemon, a short command
-        or a terminal's shell waking up takes a CPU from it at once; on a
-        kernel that preempts only at its tick they would otherwise wait for
-        the next one behind a busy build (milliseconds at 250 Hz).  Under a
-        cgroup (a container's, the children's own) the class would weigh
-        the child against every other task there instead, so it is left.
         """
         now = self._reactor().seconds()
         base = self._base()
@@ -689,46 +611,31 @@ class ChildPriority:
                 self._young.popitem(last=False)
                 due.append((pid, until))
             nice = group_nice_for(base, self._budget, len(self._groups))
-            idle = self.priorities.children_idle
-            # Only a child that would be lowered now is worth a look.
+            # Only a group that would be lowered now is worth a look.
             candidates = [
                 pid
                 for pid, until in due
-                if now + after <= until
-                and pid in self._groups
-                and (idle or self._groups[pid] < nice)
+                if now + after <= until and self._groups.get(pid, nice) < nice
             ]
         # Read outside the lock: the spawn workers take it for every spawn.
         waiting = {pid for pid in candidates if self.waiting_for_cpu(pid)}
         with self._lock:
             nice = group_nice_for(base, self._budget, len(self._groups))
-            lowered: list[int] = []
-            idled: list[int] = []
+            lowered = []
             for pid, until in due:
                 was = self._groups.get(pid)
-                if was is None or (was >= nice and not idle):
+                if was is None or was >= nice:
                     continue
                 if pid in waiting:
                     # Later than every young child's due time so far: the
                     # order stays the order of due times.
                     self._young[pid] = (now + after, until)
                     continue
-                if idle and pid in self._starting:
-                    # Someone waits for this stream's first line: the child
-                    # goes idle once it has printed it (:meth:`first_output`).
-                    self._idle_later.add(pid)
-                elif idle:
-                    idled.append(pid)
-                if was < nice:
-                    self._groups[pid] = nice
-                    if pid not in self._yielding:
-                        lowered.append(pid)
-            self._idled.update(idled)
+                self._groups[pid] = nice
+                if pid not in self._yielding:
+                    lowered.append(pid)
         for pid in lowered:
             self._set_group(pid, nice)
-        if idled and _in_root_task_group():
-            for pid in idled:
-                set_idle_class(pid, True)
         self._arm()
 
     def tracked(self) -> frozenset[int]:
@@ -741,8 +648,6 @@ class ChildPriority:
         with self._lock:
             self._groups.pop(pid, None)
             self._yielding.discard(pid)
-            self._idled.discard(pid)
-            self._idle_later.discard(pid)
             last_starting = (
                 self._starting.pop(pid, None) is not None and not self._starting
             )
@@ -803,16 +708,9 @@ class ChildPriority:
             # attended group is never lowered by that (a client that
             # attaches, or a kernel that starts, within its first moment).
             self._young.pop(pid, None)
-            idled = pid in self._idled
-            self._idled.discard(pid)
-            self._idle_later.discard(pid)
         for other in heavier:
             self._set_group(other, level)
         self._set_group(pid, level)
-        if idled:
-            # Lowered before a client came: a keystroke's echo must take a
-            # CPU when it wakes, not wait for the tick.
-            set_idle_class(pid, False)
 
     # -- the first line of many streams started at once ---------------------
 
@@ -843,13 +741,6 @@ class ChildPriority:
         starting (each counts for ``CHILD_STARTING_SECONDS`` at most), and
         has not been for ``CHILD_STARTING_GRACE_SECONDS``.
         Lighter only: the children's groups stay within the daemon's share.
-
-        A child whose group was lowered before this first line goes into
-        the idle scheduling class now (``children_idle``, see
-        :meth:`_lower_due`): until then someone waited for the line, and
-        with many streams started together, shells moved earlier waited
-        behind every other one's start for it (the slowest first lines
-        came over a second later).
         """
         if not self.priorities.enabled or not _autogroups():
             return
@@ -861,12 +752,6 @@ class ChildPriority:
             others = bool(self._starting) and pid in self._groups
             if others:
                 self._yielding.add(pid)
-            idle = pid in self._idle_later
-            if idle:
-                self._idle_later.discard(pid)
-                self._idled.add(pid)
-        if idle and _in_root_task_group():
-            set_idle_class(pid, True)
         if not others:
             self._settle()
             return

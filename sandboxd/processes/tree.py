@@ -14,6 +14,7 @@ whole tree is ended, and how orphans the daemon adopts are reaped.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -27,7 +28,6 @@ from twisted.logger import Logger
 
 from sandboxd.libc import libc
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS, ORPHAN_REAP_SECONDS
-from sandboxd.processes.lineage import children, lists_children
 from sandboxd.turns import after_next_poll
 
 log = Logger(namespace="sandboxd.processes.tree")
@@ -109,6 +109,35 @@ def proc_table() -> dict[int, ProcInfo]:
     return table
 
 
+def _children(pid: int) -> list[int]:
+    """A process's children, from every thread's ``children`` file."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    kids: list[int] = []
+    for task in tasks:
+        try:
+            fd = os.open(
+                f"/proc/{pid}/task/{task}/children", os.O_RDONLY | os.O_CLOEXEC
+            )
+        except OSError:
+            continue
+        try:
+            kids.extend(int(p) for p in os.read(fd, 1 << 16).split())
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return kids
+
+
+@functools.cache
+def _children_files() -> bool:
+    """Whether the kernel lists a thread's children (CONFIG_PROC_CHILDREN)."""
+    return os.path.exists(f"/proc/self/task/{os.getpid()}/children")
+
+
 #: Set once the daemon is the child subreaper of its descendants.
 _subreaper = False
 
@@ -125,7 +154,7 @@ def walkable() -> bool:
     of the leader's descendants (the leader started its own session), so
     nothing else can belong to it.
     """
-    return (_subreaper or os.getpid() == 1) and lists_children()
+    return (_subreaper or os.getpid() == 1) and _children_files()
 
 
 def tree_table(leader: int) -> dict[int, ProcInfo]:
@@ -150,7 +179,7 @@ def tree_table(leader: int) -> dict[int, ProcInfo]:
             info = proc_info(pid)
             if info is not None:
                 table[pid] = info
-                stack.extend(children(pid))
+                stack.extend(_children(pid))
 
     # The tree first, the daemon's orphans after: a member whose parent
     # dies meanwhile moves from its parent's children to the daemon's, so
@@ -200,8 +229,8 @@ def own_children() -> list[int]:
     or from a scan where the kernel keeps none.
     """
     me = os.getpid()
-    if lists_children():
-        return sorted(set(children(me)))
+    if _children_files():
+        return sorted(set(_children(me)))
     return sorted(p.pid for p in proc_table().values() if p.ppid == me)
 
 

@@ -16,12 +16,11 @@ from typing import Any
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import Clock, deferLater
-from twisted.trial.unittest import SkipTest, SynchronousTestCase
+from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.policy.priorities import priorities_from
 from sandboxd.processes import posix_spawn, priority, spawning
-from sandboxd.processes.lineage import lists_children
-from tests.helpers import DaemonTestCase, group_nice, need_autogroups, wait_until
+from tests.helpers import DaemonTestCase
 
 #: What a child reports of itself: its nice value (field 19 of stat), its
 #: oom_score_adj, and its autogroup's nice value.  The session group is
@@ -330,7 +329,6 @@ class PolicyValueTests(SynchronousTestCase):
             ({"daemon_oom_score_adj": 5}, "outside -1000..0"),
             ({"children_group_after_ms": 60_000}, "outside 0..10000"),
             ({"children_nice": "10"}, "expected an integer"),
-            ({"children_idle": 1}, "priority.children_idle: expected true or false"),
             ("yes", "expected true, false or an object"),
         ]:
             with self.assertRaises(ValueError) as caught:
@@ -355,14 +353,6 @@ class GroupWeightTests(SynchronousTestCase):
         self.patch(priority, "_write_value", lambda path, v: written.append((path, v)))
         self.patch(priority, "_autogroups", lambda: True)
         self.patch(priority, "_leads_session", lambda pid: True)
-        #: Where moves between scheduling classes go, as ``(pid, idle)``.
-        self.classes: list[tuple[int, bool]] = []
-        self.patch(priority, "_in_root_task_group", lambda: True)
-        self.patch(
-            priority,
-            "set_idle_class",
-            lambda pid, idle: self.classes.append((pid, idle)),
-        )
         return written
 
     def test_levels(self) -> None:
@@ -433,119 +423,6 @@ class GroupWeightTests(SynchronousTestCase):
         self.assertEqual(written, [("/proc/1000/autogroup", 10)])
         self.assertEqual(clock.getDelayedCalls(), [])
 
-    def test_lowered_child_goes_idle(self) -> None:
-        """
-        A child still running when its group is lowered goes into the idle
-        scheduling class too, once; one that ended before never does, nor
-        does a terminal's (untracked) child.
-        """
-        self.groups_written()
-        prio = priority.ChildPriority()
-        prio.clock = clock = Clock()
-        prio.waiting_for_cpu = lambda pid: False
-        prio.priorities = priorities_from(True)
-        prio._budget = priority.weight(-5) * 2
-        prio.spawned(1000)
-        prio.spawned(1001)
-        prio.spawned(3000, tracked=False)
-        prio.ended(1001)
-        clock.advance(0.1)
-        self.assertEqual(self.classes, [(1000, True)])
-        clock.advance(1)
-        self.assertEqual(self.classes, [(1000, True)])
-        self.assertEqual(clock.getDelayedCalls(), [])
-
-    def test_stream_goes_idle_after_its_first_line(self) -> None:
-        """
-        A stream's child lowered before its first line stays in the normal
-        class until it prints it (someone waits for that line); one that
-        printed before its lowering goes idle with it.
-        """
-        self.groups_written()
-        prio = priority.ChildPriority()
-        prio.clock = clock = Clock()
-        prio.waiting_for_cpu = lambda pid: False
-        prio.priorities = priorities_from(True)
-        prio._budget = priority.weight(-5) * 2
-        prio.spawned(1000)
-        prio.starting(1000)
-        prio.spawned(1001)
-        prio.starting(1001)
-        prio.first_output(1001)
-        clock.advance(0.1)
-        self.assertEqual(self.classes, [(1001, True)])
-        prio.first_output(1000)
-        self.assertEqual(self.classes, [(1001, True), (1000, True)])
-        prio.restore()
-
-    def test_idle_when_the_group_is_already_light(self) -> None:
-        """
-        With many children alive a young group starts lighter than the
-        base already; still running at its time, the child goes idle all
-        the same (its group is not written again).
-        """
-        written = self.groups_written()
-        prio = priority.ChildPriority()
-        prio.clock = clock = Clock()
-        prio.waiting_for_cpu = lambda pid: False
-        prio.priorities = priorities_from(True)
-        prio._budget = priority.weight(-5)
-        for pid in range(1000, 1040):
-            prio.spawned(pid)
-        self.assertGreater(priority.group_nice_for(0, prio._budget, 40), 10)
-        written.clear()
-        clock.advance(0.1)
-        self.assertEqual(written, [])
-        self.assertEqual(self.classes, [(pid, True) for pid in range(1000, 1040)])
-
-    def test_idle_class_off(self) -> None:
-        """``children_idle: false`` lowers the group and leaves the class."""
-        written = self.groups_written()
-        prio = priority.ChildPriority()
-        prio.clock = clock = Clock()
-        prio.waiting_for_cpu = lambda pid: False
-        prio.priorities = priorities_from({"children_idle": False})
-        prio._budget = priority.weight(-5) * 2
-        prio.spawned(1000)
-        clock.advance(0.1)
-        self.assertEqual(written, [("/proc/1000/autogroup", 10)])
-        self.assertEqual(self.classes, [])
-
-    def test_idle_class_only_in_the_root_cgroup(self) -> None:
-        """
-        Under a CPU cgroup (a container's, the children's own leaf) the
-        session groups do not apply, and the class would weigh the child
-        against every other task of that cgroup: it is left.
-        """
-        self.groups_written()
-        self.patch(priority, "_in_root_task_group", lambda: False)
-        prio = priority.ChildPriority()
-        prio.clock = clock = Clock()
-        prio.waiting_for_cpu = lambda pid: False
-        prio.priorities = priorities_from(True)
-        prio._budget = priority.weight(-5) * 2
-        prio.spawned(1000)
-        clock.advance(0.1)
-        self.assertEqual(self.classes, [])
-
-    def test_attended_after_going_idle(self) -> None:
-        """
-        A child attended once it has gone idle (a client attaching late, a
-        kernel's hub) gets the normal class back: a keystroke's echo
-        takes a CPU when it wakes.  Attended again, nothing more.
-        """
-        self.groups_written()
-        prio = priority.ChildPriority()
-        prio.clock = clock = Clock()
-        prio.waiting_for_cpu = lambda pid: False
-        prio.priorities = priorities_from(True)
-        prio._budget = priority.weight(-5) * 2
-        prio.spawned(1000)
-        clock.advance(0.1)
-        prio.attended(1000)
-        prio.attended(1000)
-        self.assertEqual(self.classes, [(1000, True), (1000, False)])
-
     def test_young_child_waiting_for_a_cpu_is_not_lowered_yet(self) -> None:
         """
         A child still waiting for its first CPU time when its group is due
@@ -565,13 +442,11 @@ class GroupWeightTests(SynchronousTestCase):
         self.assertEqual(written, [("/proc/1000/autogroup", 10)])
         clock.advance(0.1)
         self.assertEqual(written, [("/proc/1000/autogroup", 10)])
-        self.assertEqual(self.classes, [(1000, True)])
         waiting.clear()
         clock.advance(0.1)
         self.assertEqual(
             written, [("/proc/1000/autogroup", 10), ("/proc/1001/autogroup", 10)]
         )
-        self.assertEqual(self.classes, [(1000, True), (1001, True)])
         self.assertEqual(clock.getDelayedCalls(), [])
 
     def test_young_child_waits_for_a_cpu_a_second_at_most(self) -> None:
@@ -855,97 +730,3 @@ class FirstOutputTests(SynchronousTestCase):
         self.prio.restore()
         self.assertEqual(self.written, [("/proc/1000/autogroup", 0)])
         self.assertEqual(self.clock.getDelayedCalls(), [])
-
-
-class RootTaskGroupTests(SynchronousTestCase):
-    """Where the kernel's session groups apply, from ``/proc/PID/cgroup``."""
-
-    def test_cpu_cgroup_is_root(self) -> None:
-        """
-        The v1 hierarchy that lists ``cpu`` decides when there is one,
-        the unified one otherwise; a line that is not three fields is
-        skipped.
-        """
-        for text, root in [
-            ("0::/\n", True),
-            ("0::/system.slice/sandbox.service\n", False),
-            ("1:cpu,cpuacct:/\n4:memory:/limited\n0::/elsewhere\n", True),
-            ("2:cpu:/docker/abc\n0::/\n", False),
-            ("4:memory:/limited\n0::/\n", True),
-            ("garbage\n", False),
-            ("", False),
-        ]:
-            self.assertEqual(priority.cpu_cgroup_is_root(text), root, text)
-
-
-def _class_of(pid: int) -> int | None:
-    """A live process's scheduling class (``os.SCHED_*``), None once it is gone."""
-    try:
-        return os.sched_getscheduler(pid)
-    except OSError:
-        return None
-
-
-def _need_session_groups() -> None:
-    """Skip unless a lowered child goes idle here (session groups that apply)."""
-    need_autogroups()
-    if not priority._in_root_task_group():
-        raise SkipTest(
-            "this process is in a CPU cgroup, where session groups do not apply"
-        )
-
-
-class IdleClassTests(DaemonTestCase):
-    """A child still running a moment after its start yields the CPU to whatever wakes."""
-
-    @inlineCallbacks
-    def test_short_command_then_long(self) -> Any:
-        """
-        A command starts in the normal class, like any other process (a
-        short one ends there); still running once its group is lowered it
-        is in the idle class, with what it started before and after.
-        """
-        _need_session_groups()
-        report = shlex.join(
-            [
-                "sh",
-                "-c",
-                "c() { cut -d' ' -f41 /proc/$1/stat; }; sleep 30 & before=$!; "
-                "c $$; sleep 0.6; sleep 30 & c $$; c $before; c $!; "
-                "kill $before $!",
-            ]
-        )
-        reply = yield self.request("POST", "/shell", {"command": report})
-        self.assertEqual(reply.status, 200, reply.body)
-        start, later, before, after = (int(v) for v in reply.json()["stdout"].split())
-        self.assertEqual(start, os.SCHED_OTHER)
-        self.assertEqual((later, after), (os.SCHED_IDLE, os.SCHED_IDLE))
-        if lists_children():
-            self.assertEqual(before, os.SCHED_IDLE)
-
-    @inlineCallbacks
-    def test_background_process(self) -> Any:
-        """``/process/start``'s child goes idle; its nice value is kept for later."""
-        _need_session_groups()
-        reply = yield self.request("POST", "/process/start", {"command": "sleep 30"})
-        self.assertEqual(reply.status, 200, reply.body)
-        pid = reply.json()["pid"]
-        self.assertTrue((yield wait_until(lambda: _class_of(pid) == os.SCHED_IDLE)))
-        self.assertEqual(os.getpriority(os.PRIO_PROCESS, pid), 10)
-
-
-class IdleClassOffTests(DaemonTestCase):
-    """``children_idle: false`` leaves every child in the normal class."""
-
-    policy = {"priority": {"children_idle": False}}
-
-    @inlineCallbacks
-    def test_stays_normal(self) -> Any:
-        """Lowered (its group at nice 10), the child stays in the normal class."""
-        _need_session_groups()
-        reply = yield self.request("POST", "/process/start", {"command": "sleep 30"})
-        self.assertEqual(reply.status, 200, reply.body)
-        pid = reply.json()["pid"]
-        self.assertTrue((yield wait_until(lambda: group_nice(pid) == 10)))
-        yield deferLater(reactor, 0.1, lambda: None)
-        self.assertEqual(_class_of(pid), os.SCHED_OTHER)

@@ -80,7 +80,7 @@ class TreeWalkRaceTests(SynchronousTestCase):
             tree = _MovingTree(move_after)
             with (
                 mock.patch.object(proctree, "walkable", lambda: True),
-                mock.patch.object(proctree, "children", tree.children),
+                mock.patch.object(proctree, "_children", tree.children),
                 mock.patch.object(proctree, "adopted_orphans", tree.orphans),
                 mock.patch.object(proctree, "proc_info", tree.info),
             ):
