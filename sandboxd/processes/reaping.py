@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 
 from twisted.internet import process as _twisted_process
 from twisted.python import log
@@ -59,6 +60,14 @@ _in_flight = 0
 
 #: The pids of those whose worker has returned.
 _ADOPTING: set[int] = set()
+
+#: When each of those spawns began (``CLOCK_BOOTTIME`` nanoseconds, the
+#: clock of a process's start time in ``/proc/PID/stat``), one entry per
+#: :func:`adopting`: no child of theirs started before the oldest.
+_BEGAN: list[int] = []
+
+#: Nanoseconds in one clock tick, the unit of ``/proc/PID/stat``'s start time.
+_TICK_NS = 10**9 // os.sysconf("SC_CLK_TCK")
 
 #: Whether a look stopped at a zombie of theirs and is owed at an adoption.
 _owed = False
@@ -122,10 +131,16 @@ def reap_exited() -> None:
     _twisted_reap_all()
 
 
-def adopting() -> None:
-    """A spawn goes to a worker thread (call from the reactor thread)."""
+def adopting() -> int:
+    """
+    A spawn goes to a worker thread (call from the reactor thread): its
+    token, to give :func:`adopted`.
+    """
     global _in_flight
     _in_flight += 1
+    began = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+    _BEGAN.append(began)
+    return began
 
 
 def spawned(pid: int) -> None:
@@ -136,15 +151,19 @@ def spawned(pid: int) -> None:
     _ADOPTING.add(pid)
 
 
-def adopted(pid: int | None) -> None:
+def adopted(pid: int | None, token: int) -> None:
     """
     The reactor has adopted ``pid`` (registered it for reaping, or reaped
     it), or given up on a spawn (None when it has no pid): a look that
     stopped at a zombie Twisted did not know is made now.  Call from the
-    reactor thread, once for every :func:`adopting`.
+    reactor thread, once for every :func:`adopting`, with its token.
     """
     global _owed, _in_flight
     _in_flight = max(0, _in_flight - 1)
+    try:
+        _BEGAN.remove(token)
+    except ValueError:
+        pass
     if pid is not None:
         _ADOPTING.discard(pid)
     if not _owed:
@@ -156,6 +175,22 @@ def adopted(pid: int | None) -> None:
         # The caller is a spawn's callback: a reaped child's failure is
         # not the spawn's.
         log.err(None, "sandboxd: reaping after an adoption failed")
+
+
+def may_be_unadopted(pid: int, start: int) -> bool:
+    """
+    Whether a zombie child Twisted does not know, started at ``start``
+    (clock ticks since boot, ``/proc/PID/stat``'s field), may be one a
+    spawn in flight started: its pid returned by a worker and not adopted
+    yet, or started no earlier than the oldest spawn in flight began.
+    Anything older is an orphan the daemon adopted, for the orphan sweep
+    to reap even while spawns go on without a pause (it waited for one
+    before, and under a steady stream of commands the orphans of a
+    process that double-forks piled up as zombies without bound).
+    """
+    if pid in _ADOPTING:
+        return True
+    return bool(_BEGAN) and start >= min(_BEGAN) // _TICK_NS
 
 
 def install() -> bool:

@@ -679,15 +679,6 @@ class _SpawnThreads:
 SPAWN_THREADS_POOL = _SpawnThreads()
 
 
-def spawns_in_flight() -> int:
-    """
-    Spawns whose child may exist but is not adopted yet.  Orphan reaping
-    waits while there are any: such a child is not registered with Twisted
-    yet and would look like an orphan of the daemon.
-    """
-    return SPAWN_THREADS_POOL.in_flight
-
-
 def _spawn_adopted_later(
     reactor: Any,
     protocol: Any,
@@ -709,7 +700,7 @@ def _spawn_adopted_later(
         raise
     threads = SPAWN_THREADS_POOL
     threads.in_flight += 1
-    reaping.adopting()
+    token = reaping.adopting()
     #: The child's pid, once the worker has spawned it.
     started: list[int] = []
 
@@ -742,12 +733,12 @@ def _spawn_adopted_later(
         try:
             return AdoptedProcess(reactor, pid, protocol, pipes, _read_alone(closed))
         finally:
-            reaping.adopted(pid)
+            reaping.adopted(pid, token)
 
     def failed(failure: Failure) -> Failure:
         threads.in_flight -= 1
         _close_pipes({}, pipes, parent=True)
-        reaping.adopted(started[0] if started else None)
+        reaping.adopted(started[0] if started else None, token)
         return failure
 
     d = threads.run(reactor, timed)

@@ -28,6 +28,7 @@ from twisted.logger import Logger
 
 from sandboxd.libc import libc
 from sandboxd.policy.defaults import KILL_GRACE_SECONDS, ORPHAN_REAP_SECONDS
+from sandboxd.processes import reaping
 from sandboxd.turns import after_next_poll
 
 log = Logger(namespace="sandboxd.processes.tree")
@@ -520,20 +521,17 @@ def reap_orphans() -> int:
     Reap adopted orphans that have exited, by pid only; returns how many.
 
     Only children Twisted did not spawn are touched, so Twisted's own
-    reaping (and ``processEnded``) is never disturbed.
+    reaping (and ``processEnded``) is never disturbed: a child a worker
+    thread has just started is not registered with Twisted yet and looks
+    like an orphan, so a zombie that may be one is left for a later sweep
+    (:func:`sandboxd.processes.reaping.may_be_unadopted`).
     """
-    # Imported here: the spawning machinery (posix_spawn's bindings) is
-    # not needed at start, and the first reap comes an interval later.
-    from sandboxd.processes.spawning import spawns_in_flight
-
-    if spawns_in_flight():
-        # A child a worker thread has just started is not registered with
-        # Twisted yet, and would look like an adopted orphan: wait.
-        return 0
     reaped = 0
     for pid in adopted_orphans():
         info = proc_info(pid)
         if info is None or info.state != "Z":
+            continue
+        if reaping.may_be_unadopted(pid, info.start):
             continue
         try:
             got, _ = os.waitpid(pid, os.WNOHANG)

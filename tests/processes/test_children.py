@@ -909,12 +909,6 @@ class PendingSpawnTests(TestCase):
         self.assertTrue(child.has_ended)
         self.assertEqual(marked_pids(self.marker), [])
 
-    def test_reaping_waits_for_spawns_in_flight(self) -> None:
-        """Orphans are not reaped while a spawned child may still be unregistered."""
-        self.patch(spawning.SPAWN_THREADS_POOL, "in_flight", 1)
-        self.patch(proctree, "adopted_orphans", lambda: self.fail("looked for orphans"))
-        self.assertEqual(proctree.reap_orphans(), 0)
-
 
 class ExitedAtAdoptionTests(TestCase):
     """

@@ -219,6 +219,128 @@ class ReapedBySignalTests(HookTestCase):
         self.assertIsNone(proctree.proc_info(stranger))
 
 
+def _zombie() -> int:
+    """A child of this process Twisted does not know, exited (as an adopted orphan looks)."""
+    pid = os.posix_spawn("/bin/sh", ["sh", "-c", "exit 0"], ENV)
+    until_exited(pid)
+    return pid
+
+
+def _next_tick() -> None:
+    """Sleep into the next clock tick of ``/proc/PID/stat``'s start times."""
+    time.sleep(2 / os.sysconf("SC_CLK_TCK"))
+
+
+class OrphanSweepTests(TestCase):
+    """
+    The orphan sweep beside spawns in flight: a zombie a spawn may have
+    started is left, any other is reaped.
+    """
+
+    def setUp(self) -> None:
+        self.patch(reaping, "_BEGAN", [])
+        self.patch(reaping, "_ADOPTING", set())
+        self.patch(reaping, "_in_flight", 0)
+
+    def test_older_than_every_spawn_in_flight(self) -> None:
+        """
+        A zombie that started before the oldest spawn in flight began
+        cannot be that spawn's child: the sweep reaps it at once, where it
+        used to wait for a moment with no spawn in flight at all.
+        """
+        orphan = _zombie()
+        _next_tick()
+        token = reaping.adopting()
+        self.addCleanup(reaping.adopted, None, token)
+        self.assertGreaterEqual(proctree.reap_orphans(), 1)
+        self.assertIsNone(proctree.proc_info(orphan))
+
+    def test_started_while_a_spawn_is_in_flight(self) -> None:
+        """
+        A zombie that started after a spawn in flight began may be its
+        child, not registered with Twisted yet: left until that spawn is
+        adopted, then reaped.
+        """
+        token = reaping.adopting()
+        young = _zombie()
+        proctree.reap_orphans()
+        self.assertEqual(proctree.proc_info(young).state, "Z")  # type: ignore[union-attr]
+        reaping.adopted(None, token)
+        self.assertGreaterEqual(proctree.reap_orphans(), 1)
+        self.assertIsNone(proctree.proc_info(young))
+
+    def test_returned_and_not_adopted(self) -> None:
+        """
+        A pid a worker has returned is left however old it is, until the
+        reactor adopts it.
+        """
+        pid = _zombie()
+        _next_tick()
+        token = reaping.adopting()
+        reaping.spawned(pid)
+        proctree.reap_orphans()
+        self.assertEqual(proctree.proc_info(pid).state, "Z")  # type: ignore[union-attr]
+        reaping.adopted(pid, token)
+        self.assertGreaterEqual(proctree.reap_orphans(), 1)
+        self.assertIsNone(proctree.proc_info(pid))
+
+
+class OrphansUnderLoadTests(DaemonTestCase):
+    """The real daemon with commands arriving without a pause."""
+
+    timeout = 120
+
+    @inlineCallbacks
+    def test_orphans_reaped_while_commands_run(self) -> Any:
+        """
+        A process that leaves an orphan every 50 ms (a double fork, as a
+        shell's ``(cmd &)`` does) beside eight callers running ``/shell
+        true`` back to back on the spawn threads: the orphans' zombies are
+        reaped as they go (before, none was until the commands stopped,
+        and they piled up by about ten a second).
+        """
+        if not proctree._subreaper:
+            raise self.skipTest("the daemon could not become the subreaper here")
+        always = spawning.SpawnTimes(threshold=-1.0)
+        always.slow = True
+        self.patch(spawning, "SPAWN_TIMES", always)
+        maker = "while :; do (sleep 0.05 &); sleep 0.05; done"
+        reply = yield self.request(
+            "POST", "/process/start", {"command": f"sh -c {maker!r}"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        me = os.getpid()
+
+        def zombies() -> int:
+            return sum(
+                1
+                for info in proctree.proc_table().values()
+                if info.ppid == me and info.state == "Z"
+            )
+
+        counts = []
+        deadline = time.monotonic() + 6
+
+        @inlineCallbacks
+        def caller() -> Any:
+            while time.monotonic() < deadline:
+                answer = yield self.request("POST", "/shell", {"command": "true"})
+                self.assertEqual(answer.status, 200, answer.body)
+
+        @inlineCallbacks
+        def watch() -> Any:
+            while time.monotonic() < deadline:
+                yield deferLater(reactor, 0.5, lambda: None)
+                counts.append(zombies())
+
+        yield gatherResults([caller() for _ in range(8)] + [watch()])
+        # Orphans were there to reap; the sweep runs every two seconds: at
+        # most that long's (about 20) wait for it, never all six seconds'
+        # (60 and more when none was reaped).
+        self.assertGreater(max(counts), 0, counts)
+        self.assertLess(max(counts[4:]), 40, counts)
+
+
 class ExitBeforeRegistrationTests(HookTestCase):
     """A child that exits while its spawn is still on a worker thread."""
 
