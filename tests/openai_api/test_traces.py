@@ -6,12 +6,18 @@ A session's traces and subagents through the ``/v1`` door, driven by the
 from __future__ import annotations
 
 import json
+import os
+import threading
 from typing import Any
 
-from twisted.internet.defer import inlineCallbacks
+from twisted.internet.defer import gatherResults, inlineCallbacks
 
-from tests.openai_api.sdk import OpenAICase, caught
+from sandboxd.openai_api import artifacts
+from tests.openai_api.sdk import CALL_SECONDS, OpenAICase, caught
 from tests.openai_api.test_artifacts import run_turn
+
+#: How long a test holds a turn's file copy while it watches for an early end.
+HELD_SECONDS = 1.0
 
 
 class TraceTests(OpenAICase):
@@ -65,6 +71,63 @@ class TraceTests(OpenAICase):
             self.assertEqual(attrs["turn.items"], {"intValue": str(len(turn_items))})
             self.assertEqual(span["status"], {"code": 1})
             self.assertNotIn("secret-words", json.dumps(trace.otlp))
+
+    @inlineCallbacks
+    def test_turn_seen_over_is_traced(self) -> Any:
+        """
+        A client that has read a turn's end (its ``turn.completed`` and the
+        session's ``idle``) and then lists traces finds that turn's trace,
+        however long the daemon takes to copy the files the turn wrote: the
+        end is not announced while the copy runs.  The copy is held here
+        until the client has listed the traces after the turn's end, or for
+        a second when the end does not come meanwhile.
+        """
+        client = self.client()
+        sessions = client.beta.agents.sessions
+        target = os.path.join(self.base_dir, "out.txt")
+        copying, release, looked = (
+            threading.Event(),
+            threading.Event(),
+            threading.Event(),
+        )
+        copy_files = artifacts.copy_files
+
+        def held_copy(*args: Any) -> Any:
+            copying.set()
+            release.wait(CALL_SECONDS)
+            return copy_files(*args)
+
+        self.patch(artifacts, "copy_files", held_copy)
+
+        def turn() -> Any:
+            session = sessions.create(**self.session_body())
+            try:
+                events = run_turn(client, session.id, f"write {target} traced")
+                held = not release.is_set()
+                traces = list(sessions.traces.list(session.id))
+            finally:
+                looked.set()
+            return [e.type for e in events], traces, held, session.id
+
+        def hold() -> None:
+            if copying.wait(CALL_SECONDS):
+                looked.wait(HELD_SECONDS)
+            release.set()
+
+        (types, traces, held, session_id), _ = yield gatherResults(
+            [self.sdk(turn), self.sdk(hold)]
+        )
+        listed = yield self.sdk(lambda: list(sessions.artifacts.list(session_id)))
+        self.assertTrue(copying.is_set())
+        self.assertFalse(held, "the turn's end was announced while its copy was held")
+        self.assertEqual(
+            types[-2:], ["agent.session.turn.completed", "agent.session.idle"]
+        )
+        self.assertEqual(len(traces), 1)
+        (span,) = traces[0].otlp["resourceSpans"][0]["scopeSpans"][0]["spans"]
+        attrs = {a["key"]: a["value"] for a in span["attributes"]}
+        self.assertEqual(attrs["turn.status"], {"stringValue": "completed"})
+        self.assertEqual([a.path for a in listed], [target])
 
     @inlineCallbacks
     def test_other_owner_and_no_turns(self) -> Any:
