@@ -12,13 +12,16 @@ the askpass socket (:mod:`sandboxd.git.askpass`).
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
 import shutil
+from collections.abc import Callable
 from typing import Any
 
 from sandboxd.access.guard import PathGuard
 from sandboxd.errors import (
+    ApiError,
     Code,
     bad_request,
     file_exists,
@@ -146,8 +149,52 @@ async def git_init(request: ServerRequest) -> dict[str, Any]:
     args = ["init", "-q", f"--initial-branch={branch}"]
     if bare:
         args.append("--bare")
-    await call.run([*args, "--", target])
+    undo = _init_undo(target, bare)
+    try:
+        await call.run([*args, "--", target])
+    except ApiError:
+        # Only what git made and gave up on: a call refused before git ran
+        # made nothing (and another call's repository may be there by now);
+        # one cancelled while git runs leaves what git finishes.
+        if call.child is not None:
+            undo()
+        raise
     return {"path": target, "initial_branch": branch, "bare": bare}
+
+
+#: What ``git init --bare`` makes in the directory it is given.
+_BARE_ENTRIES = frozenset(
+    {"HEAD", "config", "description", "hooks", "info", "objects", "refs", "branches"}
+)
+
+
+def _init_undo(target: str, bare: bool) -> Callable[[], None]:
+    """
+    What undoes a ``git init`` of ``target`` that failed half way (a full
+    disk stops it after its first files): ``target``, when it was not
+    there (its parent is the call's working directory, so it exists);
+    else the repository's entries that were not there (``.git``, or a bare
+    repository's own), never anything else in it.  An error answer leaves
+    the sandbox as it was.
+    """
+    if not os.path.lexists(target):
+        return lambda: shutil.rmtree(target, ignore_errors=True)
+    try:
+        before = set(os.listdir(target))
+    except OSError:
+        return lambda: None
+    entries = _BARE_ENTRIES if bare else frozenset({".git"})
+    new = [os.path.join(target, name) for name in entries - before]
+
+    def remove_new() -> None:
+        for path in new:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+
+    return remove_new
 
 
 async def git_add(request: ServerRequest) -> dict[str, Any]:

@@ -517,6 +517,43 @@ class FullDiskTests(SynchronousTestCase):
         )
         self.assertNotEqual(second["commit"], first["commit"])
 
+    def test_git_init(self) -> None:
+        """
+        A repository made on a full disk is 507 and leaves nothing: no
+        half-made directory, no ``.git`` in a directory that was there
+        (empty, or with the user's files), for a bare one neither; once
+        there is room the same calls make the repositories.
+        """
+        self.sb.files.mkdir("empty")
+        self.sb.files.mkdir("work")
+        self.sb.files.write_bytes("work/a.txt", OLD)
+        self.sb.files.mkdir("bare-here")
+        calls: dict[str, Callable[[], Any]] = {
+            "new": lambda: self.sb.git.init("new"),
+            "empty": lambda: self.sb.git.init("empty"),
+            "work": lambda: self.sb.git.init("work"),
+            "bare": lambda: self.sb.git.init("bare", bare=True),
+            "bare-here": lambda: self.sb.git.init("bare-here", bare=True),
+        }
+        self.box.fill()
+        for name, call in calls.items():
+            error = raised(call)
+            self.assertIsInstance(error, InsufficientStorage, f"{name}: {error!r}")
+        self.assertFalse(os.path.exists(self.on_disk("new")))
+        self.assertFalse(os.path.exists(self.on_disk("bare")))
+        self.assertEqual(os.listdir(self.on_disk("empty")), [])
+        self.assertEqual(os.listdir(self.on_disk("bare-here")), [])
+        self.assertEqual(os.listdir(self.on_disk("work")), ["a.txt"])
+        with open(self.on_disk("work/a.txt"), "rb") as f:
+            self.assertEqual(f.read(), OLD)
+        self.box.free()
+        for call in calls.values():
+            call()
+        for name in ("new", "empty", "work"):
+            self.assertTrue(os.path.isfile(self.on_disk(f"{name}/.git/HEAD")), name)
+        for name in ("bare", "bare-here"):
+            self.assertTrue(os.path.isfile(self.on_disk(f"{name}/HEAD")), name)
+
     def test_code_output(self) -> None:
         """
         A code context's display item too big to answer inline, on a full
