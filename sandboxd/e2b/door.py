@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import json
 import time
 from collections.abc import Callable, Iterable
@@ -39,6 +40,7 @@ from sandboxd.errors import (
     bad_request,
     endpoint_disabled,
     exhausted,
+    insufficient_storage,
     internal,
     malformed_request,
     not_json,
@@ -109,6 +111,9 @@ class E2BRequest(Request):
     """
 
     too_big: int | None = None
+    #: The body's spool (a temporary file past Twisted's in-memory size)
+    #: ran out of disk: the rest is dropped, and the call answers 507.
+    no_space = False
     _received = 0
     _cap = 0
 
@@ -122,17 +127,30 @@ class E2BRequest(Request):
         super().gotLength(length)
 
     def handleContentChunk(self, data: bytes) -> None:
-        """One chunk of the body; past the cap the rest is dropped, not kept."""
-        if self.too_big is not None:
+        """
+        One chunk of the body; past the cap, or once the disk has no room
+        for it, the rest is dropped, not kept.
+        """
+        if self.too_big is not None or self.no_space:
             return
         self._received += len(data)
         if self._received > self._cap:
             self.too_big = self._cap
-            if self.content is not None:
-                self.content.seek(0)
-                self.content.truncate()
+            self._drop_content()
             return
-        super().handleContentChunk(data)
+        try:
+            super().handleContentChunk(data)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            self.no_space = True
+            self._drop_content()
+
+    def _drop_content(self) -> None:
+        """What was kept of the body, let go (its disk space too)."""
+        if self.content is not None:
+            self.content.seek(0)
+            self.content.truncate()
 
 
 class E2BSite(HardenedSite):
@@ -619,6 +637,10 @@ class Door:
             check_content_type(procedure.kind, request.getHeader(b"content-type"))
         if call.request.too_big is not None:
             raise payload_too_large(request.too_big)
+        if call.request.no_space:
+            raise insufficient_storage(
+                "no space left on the device for the request's body"
+            )
         if request.content is not None:
             request.content.seek(0, 2)
             call.bytes_in = request.content.tell()
