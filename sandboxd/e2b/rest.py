@@ -7,8 +7,9 @@ octet-stream) and ``GET /envs``.
 Downloads are ``files_read_raw``'s own response (the same producer and
 ``sendfile`` path); uploads are checked whole (every path through the
 guard, every extension rule) before the first byte is written, then each
-file is written atomically by ``files_write_raw``'s rules, so a refused
-upload writes nothing.  Errors are envd's ``{"code", "message"}`` with the
+file is written atomically by ``files_write_raw``'s rules, and a file that
+fails on the way (a full disk) takes back those written before it, so a
+refused upload writes nothing.  Errors are envd's ``{"code", "message"}`` with the
 HTTP status, the message carrying sandboxd's §6 code and rule.
 """
 
@@ -29,6 +30,7 @@ from twisted.web.server import NOT_DONE_YET
 from sandboxd.access.guard import PathGuard
 from sandboxd.e2b.door import REST, Call, Procedure
 from sandboxd.errors import Code, bad_request, payload_too_large, unsupported
+from sandboxd.files.atomic import Undo
 from sandboxd.policy.defaults import E2B_MAX_UPLOAD_FILES
 from sandboxd.routes import files as file_routes
 from sandboxd.routes import system as system_routes
@@ -252,17 +254,27 @@ def upload(call: Call, _: Any) -> Deferred[Any]:
             if len(data) > cap:
                 raise payload_too_large(cap, f"{target}: the file", rule=rule)
         written = []
-        for target, data in files:
-            result = file_routes.write_bytes(
-                request, guard, target, cast(bytes, data), True, None
-            )
-            written.append(
-                {
-                    "name": posixpath.basename(result["path"]),
-                    "type": "file",
-                    "path": result["path"],
-                }
-            )
+        # All or nothing: a file that fails (a full disk) takes back the
+        # ones written before it, old contents and all.
+        undo = Undo(guard) if len(files) > 1 else None
+        try:
+            for target, data in files:
+                result = file_routes.write_bytes(
+                    request, guard, target, cast(bytes, data), True, None, undo=undo
+                )
+                written.append(
+                    {
+                        "name": posixpath.basename(result["path"]),
+                        "type": "file",
+                        "path": result["path"],
+                    }
+                )
+        except BaseException:
+            if undo is not None:
+                undo.run()
+            raise
+        if undo is not None:
+            undo.forget()
         return written
 
     written: Deferred[Any] = call.context.in_thread(job)

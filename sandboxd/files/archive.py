@@ -12,7 +12,6 @@ written through the path guard, file by file, atomically.
 from __future__ import annotations
 
 import base64
-import functools
 import io
 import os
 import posixpath
@@ -20,7 +19,6 @@ import stat
 import tarfile
 import time
 import zipfile
-from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -34,7 +32,7 @@ from sandboxd.errors import (
     forbidden,
     payload_too_large,
 )
-from sandboxd.files.atomic import AtomicWrite
+from sandboxd.files.atomic import AtomicWrite, Undo
 from sandboxd.files.walk import visible, walk
 from sandboxd.policy.defaults import ARCHIVE_MAX_NAME_BYTES, WALK_DEPTH
 
@@ -391,7 +389,7 @@ def extract(
         # Resolved without creating anything: a refusal leaves no directory.
         dest = guard.check(destination, "write")
         _check(members, guard, dest, overwrite)
-        undo = _Undo(guard)
+        undo = Undo(guard)
         try:
             result = _write(
                 archive,
@@ -423,7 +421,7 @@ def _write(
     dest: str,
     overwrite: bool,
     max_bytes: int,
-    undo: _Undo,
+    undo: Undo,
 ) -> dict[str, Any]:
     """Create the destination and the members, noting each step in ``undo``."""
     with guard.locate(destination, "write", follow=True, make_parents=True) as loc:
@@ -490,49 +488,3 @@ def _write(
             undo.created.append(target)
         files += 1
     return {"destination": dest, "files": files, "bytes": written}
-
-
-class _Undo:
-    """What a failed extraction takes back: entries it created, files it replaced."""
-
-    def __init__(self, guard: PathGuard) -> None:
-        self.guard = guard
-        #: created paths, parents before children
-        self.created: list[str] = []
-        #: ``(target, name the old file is kept under beside it)``
-        self.replaced: list[tuple[str, str]] = []
-
-    def run(self) -> None:
-        """Put the replaced files back, then remove what was created (newest first)."""
-        for target, old in reversed(self.replaced):
-            self._at(target, functools.partial(_put_back, old))
-        for path in reversed(self.created):
-            self._at(path, _remove)
-
-    def forget(self) -> None:
-        """It all worked: drop the old files that were kept."""
-        for target, old in self.replaced:
-            self._at(target, functools.partial(_drop, old))
-
-    def _at(self, path: str, action: Callable[[int, str], None]) -> None:
-        try:
-            with self.guard.locate(path, "delete", follow=False) as loc:
-                action(loc.dir_fd, loc.name)
-        except (ApiError, OSError):
-            pass
-
-
-def _put_back(old: str, dir_fd: int, name: str) -> None:
-    os.rename(old, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-
-
-def _drop(old: str, dir_fd: int, _name: str) -> None:
-    os.unlink(old, dir_fd=dir_fd)
-
-
-def _remove(dir_fd: int, name: str) -> None:
-    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    if stat.S_ISDIR(st.st_mode):
-        os.rmdir(name, dir_fd=dir_fd)
-    else:
-        os.unlink(name, dir_fd=dir_fd)

@@ -15,14 +15,23 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import re
 import secrets
 import stat
+from collections.abc import Callable
 from typing import Any
 
-from sandboxd.access.guard import Location, etag_of, os_error, refuse_device
+from sandboxd.access.guard import (
+    Location,
+    PathGuard,
+    etag_of,
+    os_error,
+    refuse_device,
+)
 from sandboxd.errors import (
+    ApiError,
     bad_request,
     file_exists,
     insufficient_storage,
@@ -299,3 +308,53 @@ def remove_if_there(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+class Undo:
+    """
+    What a failed change of several files takes back (an extraction, an
+    upload of several files): the entries it created, the files it
+    replaced, so that an error answer leaves the tree as it was.
+    """
+
+    def __init__(self, guard: PathGuard) -> None:
+        self.guard = guard
+        #: created paths, parents before children
+        self.created: list[str] = []
+        #: ``(target, name the old file is kept under beside it)``
+        self.replaced: list[tuple[str, str]] = []
+
+    def run(self) -> None:
+        """Put the replaced files back, then remove what was created (newest first)."""
+        for target, old in reversed(self.replaced):
+            self._at(target, functools.partial(_put_back, old))
+        for path in reversed(self.created):
+            self._at(path, _remove)
+
+    def forget(self) -> None:
+        """It all worked: drop the old files that were kept."""
+        for target, old in self.replaced:
+            self._at(target, functools.partial(_drop, old))
+
+    def _at(self, path: str, action: Callable[[int, str], None]) -> None:
+        try:
+            with self.guard.locate(path, "delete", follow=False) as loc:
+                action(loc.dir_fd, loc.name)
+        except (ApiError, OSError):
+            pass
+
+
+def _put_back(old: str, dir_fd: int, name: str) -> None:
+    os.rename(old, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+def _drop(old: str, dir_fd: int, _name: str) -> None:
+    os.unlink(old, dir_fd=dir_fd)
+
+
+def _remove(dir_fd: int, name: str) -> None:
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if stat.S_ISDIR(st.st_mode):
+        os.rmdir(name, dir_fd=dir_fd)
+    else:
+        os.unlink(name, dir_fd=dir_fd)

@@ -34,7 +34,7 @@ from sandboxd.errors import (
 )
 from sandboxd.eventlog import Event
 from sandboxd.files import walk
-from sandboxd.files.atomic import AtomicWrite, etag_matches, parse_mode
+from sandboxd.files.atomic import AtomicWrite, Undo, etag_matches, parse_mode
 from sandboxd.files.background import HashedWrite
 from sandboxd.files.stream import FileProducer, b64_chunk, b64_length, parse_range
 from sandboxd.files.watch import seed_changes, watch_dirs
@@ -149,10 +149,23 @@ def write_bytes(
     overwrite: bool,
     if_match: str | None,
     mode: int | None = None,
+    undo: Undo | None = None,
 ) -> dict[str, Any]:
-    """Atomically write ``data`` to ``path`` (parents created)."""
+    """
+    Atomically write ``data`` to ``path`` (parents created).
+
+    :param undo: one write of several that succeed or fail together: the
+        directories made and the file replaced (kept beside it) or created
+        are noted there, for the caller to take back or let go.
+    """
     allowed = overwrite_allowed(request, overwrite)
     loc = guard.locate(path, "write", follow=True, make_parents=True)
+    if undo is not None:
+        # The directories made for this file belong to the whole change.
+        undo.created.extend(loc.made_paths())
+        made, loc.made = loc.made, None
+        if made is not None:
+            made.close()
     try:
         writer = AtomicWrite(
             loc, overwrite=allowed, if_match=if_match, mode=mode, display=path
@@ -166,7 +179,12 @@ def write_bytes(
     except BaseException:
         writer.abort()
         raise
-    etag = writer.commit()
+    etag = writer.commit(keep_old=undo is not None)
+    if undo is not None:
+        if writer.old_name:
+            undo.replaced.append((writer.path, writer.old_name))
+        else:
+            undo.created.append(writer.path)
     return {"path": writer.path, "bytes": len(data), "etag": etag}
 
 

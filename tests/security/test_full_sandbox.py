@@ -517,6 +517,60 @@ class FullDiskTests(SynchronousTestCase):
         )
         self.assertNotEqual(second["commit"], first["commit"])
 
+    def test_e2b_several_files(self) -> None:
+        """
+        The e2b SDK's ``files.write_files`` of two files where only the
+        first fits: NotEnoughSpaceException (507), and neither file nor a
+        new directory changed: the first, written already, is taken back
+        with its old content.  With room, both are written.
+        """
+        self.old_file("first.bin")
+        self.old_file("second.bin")
+        saved = {k: os.environ.get(k) for k in ("E2B_DEBUG", "E2B_SANDBOX_URL")}
+
+        def restore() -> None:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+        self.addCleanup(restore)
+        os.environ["E2B_DEBUG"] = "true"
+        os.environ["E2B_SANDBOX_URL"] = f"http://127.0.0.1:{self.box.e2b_port}"
+        from e2b import NotEnoughSpaceException
+        from e2b import Sandbox as E2BSandbox
+        from e2b.sandbox.filesystem.filesystem import WriteEntry
+
+        e2b = E2BSandbox.create()
+        small, big = os.urandom(4096), os.urandom(4 * 1024 * 1024)
+        entries = [
+            WriteEntry(path=f"{self.box.base}/first.bin", data=small),
+            WriteEntry(path=f"{self.box.base}/new-dir/third.bin", data=small),
+            WriteEntry(path=f"{self.box.base}/second.bin", data=big),
+        ]
+        self.box.fill()
+        filler = self.box.inside(f"{self.box.root}/filler")
+        # No room for the request's body (the door keeps a big one on
+        # disk until it is all there), then room for the body and the
+        # small files but not the big one.
+        for free in (1, 6):
+            os.truncate(filler, os.path.getsize(filler) - 1024 * 1024)
+            if free == 6:
+                os.truncate(filler, os.path.getsize(filler) - 5 * 1024 * 1024)
+            error = raised(lambda: e2b.files.write_files(entries))
+            self.assertIsInstance(error, NotEnoughSpaceException, f"{free} MiB free")
+            for name in ("first.bin", "second.bin"):
+                with open(self.on_disk(name), "rb") as f:
+                    self.assertEqual(f.read(), OLD, f"{name}, {free} MiB free")
+            self.assertFalse(os.path.exists(self.on_disk("new-dir")))
+            self.assertEqual(temporaries(self.on_disk("")), [])
+        self.box.free()
+        e2b.files.write_files(entries)
+        with open(self.on_disk("first.bin"), "rb") as f:
+            self.assertEqual(f.read(), small)
+        self.assertEqual(os.path.getsize(self.on_disk("second.bin")), len(big))
+
     def test_git_init(self) -> None:
         """
         A repository made on a full disk is 507 and leaves nothing: no
