@@ -37,6 +37,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
@@ -353,6 +354,21 @@ class FullDiskTests(SynchronousTestCase):
         with open(self.on_disk(name), "wb") as f:
             f.write(OLD)
 
+    def e2b_sandbox(self) -> Any:
+        """The e2b SDK's ``Sandbox`` on the boxed daemon's E2B port."""
+        from e2b import Sandbox as E2BSandbox
+
+        environ = mock.patch.dict(
+            os.environ,
+            {
+                "E2B_DEBUG": "true",
+                "E2B_SANDBOX_URL": f"http://127.0.0.1:{self.box.e2b_port}",
+            },
+        )
+        environ.start()
+        self.addCleanup(environ.stop)
+        return E2BSandbox.create()
+
     def assert_refused_intact(self, error: BaseException | None, name: str) -> None:
         """A 507 ``insufficient_storage``; ``name`` holds :data:`OLD`; no temporary left."""
         self.assertIsInstance(error, InsufficientStorage, repr(error))
@@ -414,22 +430,9 @@ class FullDiskTests(SynchronousTestCase):
         """
         for name in ("e2b.bin", "seed.bin", "mcp.bin"):
             self.old_file(name)
-        saved = {k: os.environ.get(k) for k in ("E2B_DEBUG", "E2B_SANDBOX_URL")}
-
-        def restore() -> None:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-
-        self.addCleanup(restore)
-        os.environ["E2B_DEBUG"] = "true"
-        os.environ["E2B_SANDBOX_URL"] = f"http://127.0.0.1:{self.box.e2b_port}"
         from e2b import NotEnoughSpaceException
-        from e2b import Sandbox as E2BSandbox
 
-        e2b = E2BSandbox.create()
+        e2b = self.e2b_sandbox()
         e2b_write = functools.partial(e2b.files.write, f"{self.box.base}/e2b.bin", NEW)
 
         def seed_upload() -> Any:
@@ -526,23 +529,10 @@ class FullDiskTests(SynchronousTestCase):
         """
         self.old_file("first.bin")
         self.old_file("second.bin")
-        saved = {k: os.environ.get(k) for k in ("E2B_DEBUG", "E2B_SANDBOX_URL")}
-
-        def restore() -> None:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-
-        self.addCleanup(restore)
-        os.environ["E2B_DEBUG"] = "true"
-        os.environ["E2B_SANDBOX_URL"] = f"http://127.0.0.1:{self.box.e2b_port}"
         from e2b import NotEnoughSpaceException
-        from e2b import Sandbox as E2BSandbox
         from e2b.sandbox.filesystem.filesystem import WriteEntry
 
-        e2b = E2BSandbox.create()
+        e2b = self.e2b_sandbox()
         small, big = os.urandom(4096), os.urandom(4 * 1024 * 1024)
         entries = [
             WriteEntry(path=f"{self.box.base}/first.bin", data=small),
