@@ -458,11 +458,7 @@ def _write(
                 give(d.dir_fd, d.name, d.owner)
             continue
         loc = guard.locate(target, "write", follow=False, make_parents=True)
-        undo.created.extend(loc.made_paths())
-        # The directories made for this member belong to the whole extraction.
-        made, loc.made = loc.made, None
-        if made is not None:
-            made.close()
+        undo.take_made(loc)
         writer = AtomicWrite(loc, overwrite=overwrite, mode=m.mode, display=target)
         try:
             source = (
@@ -481,10 +477,6 @@ def _write(
         except BaseException:
             writer.abort()
             raise
-        writer.commit(keep_old=True)
-        if writer.old_name:
-            undo.replaced.append((target, writer.old_name))
-        else:
-            undo.created.append(target)
+        undo.commit(writer, target)
         files += 1
     return {"destination": dest, "files": files, "bytes": written}

@@ -324,6 +324,29 @@ class Undo:
         #: ``(target, name the old file is kept under beside it)``
         self.replaced: list[tuple[str, str]] = []
 
+    def take_made(self, location: Location) -> None:
+        """
+        The directories ``location``'s look-up made for it: the whole
+        change's now, removed by :meth:`run`, not when ``location``'s own
+        write fails.
+        """
+        self.created.extend(location.made_paths())
+        made, location.made = location.made, None
+        if made is not None:
+            made.close()
+
+    def commit(self, writer: AtomicWrite, target: str) -> str:
+        """
+        ``writer`` renamed into place at ``target``, its old file kept for
+        :meth:`run` to put back; the new file's ETag.
+        """
+        etag = writer.commit(keep_old=True)
+        if writer.old_name:
+            self.replaced.append((target, writer.old_name))
+        else:
+            self.created.append(target)
+        return etag
+
     def run(self) -> None:
         """Put the replaced files back, then remove what was created (newest first)."""
         for target, old in reversed(self.replaced):

@@ -161,11 +161,7 @@ def write_bytes(
     allowed = overwrite_allowed(request, overwrite)
     loc = guard.locate(path, "write", follow=True, make_parents=True)
     if undo is not None:
-        # The directories made for this file belong to the whole change.
-        undo.created.extend(loc.made_paths())
-        made, loc.made = loc.made, None
-        if made is not None:
-            made.close()
+        undo.take_made(loc)
     try:
         writer = AtomicWrite(
             loc, overwrite=allowed, if_match=if_match, mode=mode, display=path
@@ -179,12 +175,7 @@ def write_bytes(
     except BaseException:
         writer.abort()
         raise
-    etag = writer.commit(keep_old=undo is not None)
-    if undo is not None:
-        if writer.old_name:
-            undo.replaced.append((writer.path, writer.old_name))
-        else:
-            undo.created.append(writer.path)
+    etag = writer.commit() if undo is None else undo.commit(writer, writer.path)
     return {"path": writer.path, "bytes": len(data), "etag": etag}
 
 
