@@ -54,17 +54,15 @@ _PEEK: int | None = (
     else None
 )
 
-#: Spawns on a worker thread not yet adopted by the reactor (registered
-#: or reaped), or given up: as many as the spawn pool has in flight.
-_in_flight = 0
+#: When each spawn on a worker thread not yet adopted by the reactor
+#: (registered or reaped), or given up, began: one entry per
+#: :func:`adopting`, as many as the spawn pool has in flight.
+#: ``CLOCK_BOOTTIME`` nanoseconds, the clock of a process's start time in
+#: ``/proc/PID/stat``: no child of theirs started before the oldest.
+_BEGAN: list[int] = []
 
 #: The pids of those whose worker has returned.
 _ADOPTING: set[int] = set()
-
-#: When each of those spawns began (``CLOCK_BOOTTIME`` nanoseconds, the
-#: clock of a process's start time in ``/proc/PID/stat``), one entry per
-#: :func:`adopting`: no child of theirs started before the oldest.
-_BEGAN: list[int] = []
 
 #: Nanoseconds in one clock tick, the unit of ``/proc/PID/stat``'s start time.
 _TICK_NS = 10**9 // os.sysconf("SC_CLK_TCK")
@@ -114,7 +112,7 @@ def reap_exited() -> None:
         pid = exited.si_pid
         handler = handlers.get(pid)
         if handler is None:
-            unreturned = _in_flight > len(_ADOPTING)
+            unreturned = len(_BEGAN) > len(_ADOPTING)
             if pid in _ADOPTING or (unreturned and pid != _waited_for):
                 _owed, _waited_for = True, pid
                 return
@@ -136,8 +134,6 @@ def adopting() -> int:
     A spawn goes to a worker thread (call from the reactor thread): its
     token, to give :func:`adopted`.
     """
-    global _in_flight
-    _in_flight += 1
     began = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
     _BEGAN.append(began)
     return began
@@ -158,8 +154,7 @@ def adopted(pid: int | None, token: int) -> None:
     stopped at a zombie Twisted did not know is made now.  Call from the
     reactor thread, once for every :func:`adopting`, with its token.
     """
-    global _owed, _in_flight
-    _in_flight = max(0, _in_flight - 1)
+    global _owed
     try:
         _BEGAN.remove(token)
     except ValueError:

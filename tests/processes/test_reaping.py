@@ -203,8 +203,7 @@ class ReapedBySignalTests(HookTestCase):
         reaps it.
         """
         self.sleepers(5)
-        stranger = os.posix_spawn("/bin/sh", ["sh", "-c", "exit 0"], ENV)
-        until_exited(stranger)
+        stranger = _zombie()
         protocols = [Ended() for _ in range(3)]
         for protocol in protocols:
             spawn_plain(["/bin/sh", "-c", LATER + "exit 4"], protocol)
@@ -240,7 +239,6 @@ class OrphanSweepTests(TestCase):
     def setUp(self) -> None:
         self.patch(reaping, "_BEGAN", [])
         self.patch(reaping, "_ADOPTING", set())
-        self.patch(reaping, "_in_flight", 0)
 
     def test_older_than_every_spawn_in_flight(self) -> None:
         """
@@ -455,8 +453,7 @@ class HeldSpawnTests(HookTestCase):
             proctree.reap_orphans()
 
         self.addCleanup(finish)
-        stranger = os.posix_spawn("/bin/sh", ["sh", "-c", "exit 0"], ENV)
-        until_exited(stranger)
+        stranger = _zombie()
         recorder = Recorder(self)
         first, second = Ended(), Ended()
         spawn_plain(["/bin/sh", "-c", LATER + "exit 4"], first)
