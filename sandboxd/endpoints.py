@@ -415,6 +415,10 @@ class RouteTable:
 
     def __init__(self) -> None:
         self._endpoints: dict[str, Endpoint] = {}
+        #: (method, path) -> the id serving it: a new endpoint's clash is one
+        #: look-up, not a pass over the table (the catalogue is built on
+        #: every start).
+        self._served: dict[tuple[str, str], str] = {}
         self._frozen = False
         #: group -> (enabled, rule string); the ``code`` layer of SPEC §5.3.
         self.code_layer: dict[CapabilityGroup, tuple[bool, str]] = {}
@@ -449,17 +453,18 @@ class RouteTable:
         self._check_open()
         if endpoint.id in self._endpoints:
             raise ValueError(f"endpoint id {endpoint.id!r} is already registered")
-        for other in self._endpoints.values():
-            if (other.method, other.path) == (endpoint.method, endpoint.path):
-                raise ValueError(
-                    f"{endpoint.method} {endpoint.path} is already served by "
-                    f"{other.id!r}"
-                )
+        route = (endpoint.method, endpoint.path)
+        if route in self._served:
+            raise ValueError(
+                f"{endpoint.method} {endpoint.path} is already served by "
+                f"{self._served[route]!r}"
+            )
         if endpoint.method not in (*HTTP_METHODS, *DOOR_METHODS):
             raise ValueError(f"unsupported method {endpoint.method!r}")
         if not endpoint.path.startswith("/"):
             raise ValueError(f"path must start with '/': {endpoint.path!r}")
         self._endpoints[endpoint.id] = endpoint
+        self._served[route] = endpoint.id
         return endpoint
 
     def register(

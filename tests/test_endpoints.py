@@ -167,10 +167,14 @@ class RegistrationTests(SynchronousTestCase):
         table = catalogue_table()
         with self.assertRaises(ValueError):
             table.register("GET", "/elsewhere", self.handler, name="health")
-        with self.assertRaises(ValueError):
+        with self.assertRaises(ValueError) as clash:
             table.register("GET", "/health", self.handler)
+        self.assertIn("already served by 'health'", str(clash.exception))
         with self.assertRaises(ValueError):
             table.register("PUT", "/x", self.handler)
+        # A refused route left nothing behind: the same path under a method
+        # the table takes is still free.
+        table.register("POST", "/x", self.handler)
 
     def test_frozen(self) -> None:
         """Once serving, the table takes no more routes."""
