@@ -131,6 +131,37 @@ class ProcNetTests(TreeMixin, SynchronousTestCase):
             ],
         )
 
+    def test_listening_ports_alone(self) -> None:
+        """
+        The ports only: IPv4 and IPv6 together, each once, without reading
+        any process's descriptors (an unreadable fd directory changes
+        nothing).
+        """
+        root = self.tree(
+            {
+                "net/tcp": TCP_HEADER
+                + tcp_line("00000000:1F90", "00000000:0000", "0A", 501)
+                + tcp_line("00000000:1F90", "00000000:0000", "0A", 502)
+                + tcp_line("0100007F:1F91", "0100007F:C350", "01", 503),
+                "net/tcp6": TCP_HEADER
+                + tcp_line(
+                    "00000000000000000000000001000000:0BB8",
+                    "0" * 32 + ":0000",
+                    "0A",
+                    700,
+                )
+                + tcp_line(
+                    "00000000000000000000000000000000:1F90",
+                    "0" * 32 + ":0000",
+                    "0A",
+                    701,
+                ),
+                "42/fd": "not a directory",
+            }
+        )
+        self.assertEqual(sysinfo.listening_ports(root), {3000, 8080})
+        self.assertEqual(sysinfo.listening_ports(self.tree({})), set())
+
     def test_shared_socket_credited_to_lowest_pid(self) -> None:
         """A socket inherited by pre-forked workers belongs to the parent."""
         root = self.tree({"10/fd/.keep": "", "11/fd/.keep": ""})

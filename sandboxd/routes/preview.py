@@ -50,11 +50,14 @@ def _port(request: ServerRequest) -> int:
 
 
 async def _listening(request: ServerRequest) -> set[int]:
-    """The ports something listens on now (the /proc walk runs in a thread)."""
+    """
+    The ports something listens on now (``/proc/net/tcp{,6}``, read in a
+    thread: with many connections open they run to thousands of lines).
+    """
     from sandboxd import sysinfo
 
-    found = await request.context.in_thread(sysinfo.listening)
-    return {entry.port for entry in found}
+    ports: set[int] = await request.context.in_thread(sysinfo.listening_ports)
+    return ports
 
 
 def _shown(door: Any, exposure: Any, listening: set[int]) -> dict[str, Any]:

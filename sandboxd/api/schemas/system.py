@@ -70,7 +70,10 @@ SCHEMAS: dict[str, Schema] = {
                 items="object",
             ),
         ),
-        notes="From /proc/net/tcp{,6}; pid is null where the owner's fds are unreadable.",
+        notes=(
+            "The kernel's listening TCP sockets (sock_diag, else /proc/net/tcp{,6}); "
+            "pid is null where the owner's fds are unreadable."
+        ),
     ),
     "packages": Schema(
         query=(F("manager", enum=("pip", "npm"), default="pip", example="pip"),),
