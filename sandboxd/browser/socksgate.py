@@ -19,7 +19,8 @@ it. (Without a separate user they could; they could equally open the
 connection themselves.)
 
 Standard library only, like :mod:`urlpolicy`: the worker loads it without
-importing sandboxd.
+importing sandboxd (and it loads :mod:`sandboxd.sockdiag`, standard library
+only too, by its path).
 """
 
 from __future__ import annotations
@@ -30,6 +31,21 @@ import os
 import socket
 from collections.abc import Callable
 from typing import Any
+
+if __package__:
+    from sandboxd import sockdiag
+else:
+    # Loaded by the worker run as a script: sandboxd/sockdiag.py by its
+    # path, without importing the sandboxd package.
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "sockdiag",
+        os.path.join(os.path.dirname(os.path.dirname(__file__)), "sockdiag.py"),
+    )
+    assert _spec is not None and _spec.loader is not None
+    sockdiag = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sockdiag)
 
 try:
     from .urlpolicy import Refusal, UrlPolicy, check_addresses, check_host
@@ -121,7 +137,7 @@ class SocksGate:
             writer.close()
             return
         peer = writer.get_extra_info("peername")
-        if not peer or socket_owner(int(peer[1]), self.port) != self.owner:
+        if not peer or socket_owner(int(peer[1]), self.port, peer[0]) != self.owner:
             self.strangers += 1
             writer.close()
             return
@@ -258,11 +274,19 @@ class SocksGate:
                     pass
 
 
-def socket_owner(peer_port: int, local_port: int) -> int | None:
+def socket_owner(
+    peer_port: int, local_port: int, peer_host: str = "127.0.0.1"
+) -> int | None:
     """
-    The uid owning the loopback socket bound to ``peer_port`` and connected
-    to ``local_port``, from the kernel's TCP tables; None when not found.
+    The uid owning the loopback socket bound to ``peer_host:peer_port``
+    and connected to ``127.0.0.1:local_port`` (the gate), asked of the
+    kernel by those addresses (:mod:`sandboxd.sockdiag`), else found in its
+    TCP tables (each read walks every connection's bucket, milliseconds a
+    connection); None when not found.
     """
+    uid = sockdiag.connection_uid((peer_host, peer_port), ("127.0.0.1", local_port))
+    if uid is not None:
+        return None if uid < 0 else uid
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             # LF-ended lines, no newline translation: the kernel's text.

@@ -176,3 +176,22 @@ class StrangerTests(SynchronousTestCase):
             return found
 
         self.assertEqual(asyncio.run(main()), os.getuid())
+
+    def test_socket_owner_from_tables(self) -> None:
+        """
+        Without netlink (a runtime that offers none) the owner is found in
+        the kernel's TCP tables instead; a port no socket has, nowhere.
+        """
+        real = socket.socket
+
+        def no_netlink(*args: Any, **kwargs: Any) -> socket.socket:
+            if (args[:1] or [kwargs.get("family")])[0] == socket.AF_NETLINK:
+                raise OSError(97, "Address family not supported by protocol")
+            return real(*args, **kwargs)
+
+        self.patch(socket, "socket", no_netlink)
+        self.test_socket_owner()
+        server = real()
+        self.addCleanup(server.close)
+        server.bind(("127.0.0.1", 0))
+        self.assertIsNone(socket_owner(server.getsockname()[1], 1))
