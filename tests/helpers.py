@@ -32,6 +32,22 @@ def _ephemeral_floor() -> int:
         return 32768
 
 
+def without_netlink(test: Any) -> None:
+    """
+    For the rest of ``test``, no netlink socket can be made (as in a
+    sandbox runtime that offers none): what asks the kernel through
+    ``sock_diag`` must read ``/proc`` instead.
+    """
+    real = socket.socket
+
+    def no_netlink(*args: Any, **kwargs: Any) -> socket.socket:
+        if (args[:1] or [kwargs.get("family")])[0] == socket.AF_NETLINK:
+            raise OSError(97, "Address family not supported by protocol")
+        return real(*args, **kwargs)
+
+    test.patch(socket, "socket", no_netlink)
+
+
 def free_port() -> int:
     """
     A loopback port nothing listens on, for a server a test starts on a

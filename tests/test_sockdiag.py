@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd import sockdiag, sysinfo
+from tests.helpers import without_netlink
 
 
 def _from_proc() -> set[tuple[str, str, int, int]]:
@@ -138,14 +138,7 @@ class WithoutNetlinkTests(SynchronousTestCase):
     """Where netlink cannot be asked, the ``/proc`` files are read."""
 
     def setUp(self) -> None:
-        real = socket.socket
-
-        def no_netlink(*args: Any, **kwargs: Any) -> socket.socket:
-            if (args[:1] or [kwargs.get("family")])[0] == socket.AF_NETLINK:
-                raise OSError(97, "Address family not supported by protocol")
-            return real(*args, **kwargs)
-
-        self.patch(socket, "socket", no_netlink)
+        without_netlink(self)
 
     def test_none(self) -> None:
         """Each function says it could not ask."""

@@ -137,25 +137,20 @@ class ProcNetTests(TreeMixin, SynchronousTestCase):
         any process's descriptors (an unreadable fd directory changes
         nothing).
         """
+        v6 = "0" * 32
+        tcp = [
+            tcp_line("00000000:1F90", "00000000:0000", "0A", 501),
+            tcp_line("00000000:1F90", "00000000:0000", "0A", 502),
+            tcp_line("0100007F:1F91", "0100007F:C350", "01", 503),
+        ]
+        tcp6 = [
+            tcp_line(v6 + ":0BB8", v6 + ":0000", "0A", 700),
+            tcp_line(v6 + ":1F90", v6 + ":0000", "0A", 701),
+        ]
         root = self.tree(
             {
-                "net/tcp": TCP_HEADER
-                + tcp_line("00000000:1F90", "00000000:0000", "0A", 501)
-                + tcp_line("00000000:1F90", "00000000:0000", "0A", 502)
-                + tcp_line("0100007F:1F91", "0100007F:C350", "01", 503),
-                "net/tcp6": TCP_HEADER
-                + tcp_line(
-                    "00000000000000000000000001000000:0BB8",
-                    "0" * 32 + ":0000",
-                    "0A",
-                    700,
-                )
-                + tcp_line(
-                    "00000000000000000000000000000000:1F90",
-                    "0" * 32 + ":0000",
-                    "0A",
-                    701,
-                ),
+                "net/tcp": TCP_HEADER + "".join(tcp),
+                "net/tcp6": TCP_HEADER + "".join(tcp6),
                 "42/fd": "not a directory",
             }
         )

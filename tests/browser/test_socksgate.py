@@ -17,6 +17,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.browser.socksgate import SocksGate, socket_owner
 from sandboxd.browser.urlpolicy import Refusal, UrlPolicy
+from tests.helpers import without_netlink
 
 BLOCK = UrlPolicy(
     block_private=True,
@@ -182,16 +183,9 @@ class StrangerTests(SynchronousTestCase):
         Without netlink (a runtime that offers none) the owner is found in
         the kernel's TCP tables instead; a port no socket has, nowhere.
         """
-        real = socket.socket
-
-        def no_netlink(*args: Any, **kwargs: Any) -> socket.socket:
-            if (args[:1] or [kwargs.get("family")])[0] == socket.AF_NETLINK:
-                raise OSError(97, "Address family not supported by protocol")
-            return real(*args, **kwargs)
-
-        self.patch(socket, "socket", no_netlink)
-        self.test_socket_owner()
-        server = real()
+        server = socket.socket()
         self.addCleanup(server.close)
+        without_netlink(self)
+        self.test_socket_owner()
         server.bind(("127.0.0.1", 0))
         self.assertIsNone(socket_owner(server.getsockname()[1], 1))
