@@ -51,8 +51,9 @@ def _port(request: ServerRequest) -> int:
 
 async def _listening(request: ServerRequest) -> set[int]:
     """
-    The ports something listens on now (``/proc/net/tcp{,6}``, read in a
-    thread: with many connections open they run to thousands of lines).
+    The ports something listens on now, in a thread: asked of the kernel,
+    or where it cannot be asked read from ``/proc/net/tcp{,6}``, whose
+    reads walk the kernel's whole connection table.
     """
     from sandboxd import sysinfo
 
