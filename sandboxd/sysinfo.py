@@ -20,9 +20,9 @@ What comes from where, and why:
 - listening sockets: from the kernel through ``sock_diag`` netlink
   (:mod:`sandboxd.sockdiag`), else ``/proc/net/tcp{,6}`` by hand (the
   source SPEC §7.6 names; reading them walks every connection's bucket);
-  owners are found by scanning ``/proc/*/fd`` for only the listening inodes and stopping once all are found, which costs far less
-  than psutil's ``net_connections`` building every connection of every
-  process.
+  owners are found by scanning ``/proc/*/fd`` for only the listening
+  inodes and stopping once all are found, which costs far less than
+  psutil's ``net_connections`` building every connection of every process.
 
 Every reader takes a ``root`` so tests can point it at a fake tree.
 """
