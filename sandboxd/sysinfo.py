@@ -463,7 +463,7 @@ def parse_proc_net_tcp(text: str, protocol: str) -> list[tuple[str, int, int]]:
     return out
 
 
-def socket_owners(inodes: set[int], proc: str = "/proc") -> dict[int, int]:
+def socket_owners(inodes: set[int], proc: str = PROC) -> dict[int, int]:
     """
     Which process holds each socket inode, from ``/proc/PID/fd`` links.
 
@@ -497,7 +497,7 @@ def socket_owners(inodes: set[int], proc: str = "/proc") -> dict[int, int]:
     return found
 
 
-def ports_of(pid: int, proc: str = "/proc") -> frozenset[int]:
+def ports_of(pid: int, proc: str = PROC) -> frozenset[int]:
     """
     The TCP ports process ``pid`` itself listens on (in its own network
     namespace): its socket fds matched against its ``net/tcp{,6}``.  One
@@ -530,7 +530,7 @@ def ports_of(pid: int, proc: str = "/proc") -> frozenset[int]:
     return frozenset(ports)
 
 
-def _listening_sockets(proc: str) -> list[tuple[str, str, int, int]]:
+def listening_sockets(proc: str = PROC) -> list[tuple[str, str, int, int]]:
     """
     (protocol, address, port, inode) of every listening TCP socket: from
     the kernel through :mod:`sandboxd.sockdiag` for the real ``/proc``
@@ -551,17 +551,17 @@ def _listening_sockets(proc: str) -> list[tuple[str, str, int, int]]:
     return raw
 
 
-def listening_ports(proc: str = "/proc") -> set[int]:
+def listening_ports(proc: str = PROC) -> set[int]:
     """
     The TCP ports (IPv4 or IPv6) something listens on in this network
     namespace: :func:`listening` without the owners, whose search reads
     every process's descriptors (tens of milliseconds beside a few dozen
     processes), for a caller that needs only the ports.
     """
-    return {port for _, _, port, _ in _listening_sockets(proc)}
+    return {port for _, _, port, _ in listening_sockets(proc)}
 
 
-def listening(proc: str = "/proc") -> list[Listening]:
+def listening(proc: str = PROC) -> list[Listening]:
     """
     Every listening TCP socket (IPv4 and IPv6) of this network namespace,
     with its owning pid where it can be known, deduplicated by protocol,
@@ -569,7 +569,7 @@ def listening(proc: str = "/proc") -> list[Listening]:
 
     Walks /proc: run it off the reactor thread.
     """
-    raw = _listening_sockets(proc)
+    raw = listening_sockets(proc)
     owners = socket_owners({inode for *_, inode in raw if inode}, proc)
     merged: dict[tuple[str, str, int], int | None] = {}
     for protocol, address, port, inode in raw:

@@ -16,7 +16,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.trial.unittest import SkipTest, TestCase
 
-from sandboxd import sockdiag
+from sandboxd import sysinfo
 from sandboxd.processes.tree import proc_info
 from sandboxd.testing import RunningDaemon, start_daemon
 
@@ -95,20 +95,14 @@ def tcp_rows() -> Iterator[list[str]]:
 def listening_inodes(port: int | None = None) -> set[str]:
     """
     The inodes of the sockets listening on ``port`` (on any port: None),
-    asked of the kernel (each read of the ``/proc`` tables walks its whole
-    connection table, milliseconds, and the waits for a child's port poll
-    this), else read from the tables.
+    as the daemon finds them (asked of the kernel: each read of the
+    ``/proc`` tables walks its whole connection table, milliseconds, and
+    the waits for a child's port poll this).
     """
-    found = sockdiag.listening()
-    if found is not None:
-        return {
-            str(inode) for _, _, bound, inode in found if port is None or bound == port
-        }
     return {
-        fields[9]
-        for fields in tcp_rows()
-        if fields[3] == "0A"
-        and (port is None or int(fields[1].rsplit(":", 1)[1], 16) == port)
+        str(inode)
+        for _, _, bound, inode in sysinfo.listening_sockets()
+        if port is None or bound == port
     }
 
 
