@@ -522,8 +522,8 @@ def not_json(value: Any, what: str = "the answer") -> ApiError:
 def unexpected(error: object) -> ApiError:
     """
     The 500 for an exception no handler expected: its name and message;
-    but the 503 of :func:`exhausted` for an ``OSError`` that says the
-    sandbox is out of processes, descriptors or memory.
+    but the 503 or 507 of :func:`exhausted` for an ``OSError`` that says
+    the sandbox is out of processes, descriptors, memory or disk.
     """
     refused = exhausted(error)
     if refused is not None:
@@ -564,6 +564,9 @@ RESOURCE_ERRNOS = frozenset({errno.EAGAIN, errno.EMFILE, errno.ENFILE, errno.ENO
 #: The ``Retry-After`` of a call refused for want of those.
 RESOURCE_RETRY_SECONDS = 1
 
+#: What the kernel answers when the disk (or the user's quota) is full.
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
 
 def out_of_resources(error: OSError, doing: str) -> ApiError:
     """
@@ -583,11 +586,19 @@ def exhausted(error: object) -> ApiError | None:
     """
     :func:`out_of_resources` for an ``OSError`` of :data:`RESOURCE_ERRNOS`
     that reached a door unhandled (a start deep in a group's code that
-    the sandbox had no room for), else None: a door answers it, and need
+    the sandbox had no room for), :func:`insufficient_storage` for one of
+    :data:`NO_SPACE_ERRNOS` (a file the daemon writes for its own use, on a
+    disk the sandbox's work filled), else None: a door answers it, and need
     not log it as a bug.
     """
-    if isinstance(error, OSError) and error.errno in RESOURCE_ERRNOS:
+    if not isinstance(error, OSError):
+        return None
+    if error.errno in RESOURCE_ERRNOS:
         return out_of_resources(error, "the sandbox has no room for this call now")
+    if error.errno in NO_SPACE_ERRNOS:
+        return insufficient_storage(
+            f"the disk is full ({os.strerror(error.errno)}); nothing was done"
+        )
     return None
 
 

@@ -390,6 +390,16 @@ class ConstructorTests(SynchronousTestCase):
         self.assertIsNone(errors.exhausted(OSError(errno.EIO, "x")))
         self.assertIsNone(errors.exhausted(ValueError("x")))
 
+    def test_unexpected_full_disk(self) -> None:
+        """
+        An OSError of a write the disk (or the quota) had no room for, which
+        no handler expected, is the 507 every write path answers itself.
+        """
+        for number in (errno.ENOSPC, errno.EDQUOT):
+            error = errors.unexpected(OSError(number, os.strerror(number)))
+            self.check(error, 507, "OSError", "insufficient_storage")
+            self.assertIn(os.strerror(number), error.message)
+
     def test_limit_refusals(self) -> None:
         """
         A limit refusal names the policy rule that set the limit, or

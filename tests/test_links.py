@@ -305,23 +305,78 @@ class LinkStateTests(SynchronousTestCase):
 
     def test_full_disk_leaves_the_old_state(self) -> None:
         """
-        A state that cannot be written (a full disk) is logged; the file
-        written before stays as it was, with no temporary file beside it.
+        A state that cannot be written (a full disk): a mint is refused 507
+        and makes no link; the file written before stays as it was, with
+        no temporary file beside it.
         """
         table = self.table()
         table.mint(self.minter, "preview:3000", None, 60, 1, 10)
         path = os.path.join(self.state, "links.json")
         with open(path, "rb") as f:
             before = f.read()
+        links = dict(table.links)
+        replace = self.full_disk()
+        with self.assertRaises(ApiError) as caught:
+            table.mint(self.minter, "preview:3000", None, 60, 1, 10)
+        self.assertEqual(
+            (caught.exception.status, caught.exception.code),
+            (507, "insufficient_storage"),
+        )
+        self.assertEqual(table.links, links)
+        self.assertEqual(os.listdir(self.state), ["links.json"])
+        with open(path, "rb") as f:
+            self.assertEqual(f.read(), before)
+        self.patch(os, "replace", replace)
+        table.mint(self.minter, "preview:3000", None, 60, 1, 10)
+        self.assertEqual(len(self.table().links), 2)
+
+    def test_full_disk_revocation_holds(self) -> None:
+        """
+        A revocation that cannot be kept is 507 but holds from then on (a
+        leaked link must stop at once); revoked again once there is room,
+        it is kept: a restart still refuses the link.
+        """
+        table = self.table()
+        link, token = table.mint(self.minter, "preview:3000", None, 60, None, 10)
+        replace = self.full_disk()
+        with self.assertRaises(ApiError) as caught:
+            table.revoke(link.id, self.minter)
+        self.assertEqual(caught.exception.status, 507)
+        self.assertIn("revoke it again", caught.exception.message)
+        with self.assertRaises(ApiError) as caught:
+            table.verify(token, "preview:3000")
+        self.assertEqual(caught.exception.code, "link_invalid")
+        self.patch(os, "replace", replace)
+        table.revoke(link.id, self.minter)
+        with self.assertRaises(ApiError) as caught:
+            self.table().verify(token, "preview:3000")
+        self.assertEqual(caught.exception.code, "link_invalid")
+
+    def test_full_disk_counted_use_refused(self) -> None:
+        """
+        A use of a counted link that cannot be kept is refused 507 and not
+        counted (a restart must not give a use back); with room it counts.
+        """
+        table = self.table()
+        link, token = table.mint(self.minter, "preview:3000", None, 60, 1, 10)
+        replace = self.full_disk()
+        with self.assertRaises(ApiError) as caught:
+            table.verify(token, "preview:3000")
+        self.assertEqual(caught.exception.status, 507)
+        self.assertEqual(table.links[link.id].used, 0)
+        self.patch(os, "replace", replace)
+        table.verify(token, "preview:3000")
+        self.assertEqual(self.table().links[link.id].used, 1)
+
+    def full_disk(self) -> Any:
+        """Make every write of the state fail with ENOSPC; the real ``os.replace``."""
+        replace = os.replace
 
         def full(*_: Any) -> None:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
         self.patch(os, "replace", full)
-        table.mint(self.minter, "preview:3000", None, 60, 1, 10)
-        self.assertEqual(os.listdir(self.state), ["links.json"])
-        with open(path, "rb") as f:
-            self.assertEqual(f.read(), before)
+        return replace
 
 
 class LinkRestartTests(DaemonTestCase):

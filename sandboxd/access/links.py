@@ -45,6 +45,7 @@ from sandboxd.errors import (
     ApiError,
     Code,
     bad_request,
+    insufficient_storage,
     limit_exceeded,
     link_refused,
     missing_scope,
@@ -296,15 +297,18 @@ class LinkTable:
                 continue  # not an entry this version wrote
             self.links[link.id] = link
 
-    def save(self) -> None:
+    def save(self) -> bool:
         """
         Write the table to the state file, replacing it atomically (a
         temporary file renamed over it): a crash leaves the old table or
         the new one, never half of one.  The file is small (at most the
         live links), so it is written in the reactor's turn.
+
+        :return: whether the table is kept (True with no state file); False
+            when it could not be written (a full disk), which is logged.
         """
         if self.state_path is None:
-            return
+            return True
         now = self._clock()
         data = {
             "version": 1,
@@ -336,6 +340,8 @@ class LinkTable:
                 path=self.state_path,
                 error=e.strerror or str(e),
             )
+            return False
+        return True
 
     def _sign(self, body: str) -> str:
         mac = hmac.new(self._key, (PREFIX + body).encode("ascii"), hashlib.sha256)
@@ -405,7 +411,12 @@ class LinkTable:
         )
         link = Link(claims, now)
         self.links[claims.jti] = link
-        self.save()
+        if not self.save():
+            # Not kept, it could not be revoked after a restart.
+            del self.links[claims.jti]
+            raise insufficient_storage(
+                "the disk is full: the links' state cannot be kept, so no link was made"
+            )
         body = _b64(claims.encode())
         return link, f"{PREFIX}{body}.{self._sign(body)}"
 
@@ -434,7 +445,8 @@ class LinkTable:
             holds one already exchanged).
         :raises ApiError: 401 ``link_expired``, or ``link_invalid`` for a
             token that is malformed, forged, revoked, used up or for
-            another audience.
+            another audience; 507 for a counted link whose use cannot be
+            kept (a full disk).
         """
         text = token.decode("latin-1") if isinstance(token, bytes) else token
         body, dot, mac = text.removeprefix(PREFIX).partition(".")
@@ -470,7 +482,13 @@ class LinkTable:
                 if link.used >= claims.uses:
                     raise link_refused("the link was used up")
                 link.used += 1
-                self.save()  # a restart must not give a use back
+                if not self.save():
+                    # A restart must not give a use back.
+                    link.used -= 1
+                    raise insufficient_storage(
+                        "the disk is full: a use of this counted link cannot be "
+                        "kept, so it was not used"
+                    )
         elif link is not None and consume:
             link.used += 1
         return Identity(
@@ -489,7 +507,10 @@ class LinkTable:
         """
         Revoke a link of the caller's (any link, for an identity holding ``*``).
 
-        :raises ApiError: 404 for a link the caller cannot see.
+        :raises ApiError: 404 for a link the caller cannot see; 507 when the
+            revocation holds but could not be kept (a full disk): the link
+            is refused from now on, but would work again after a restart,
+            and revoking it again once there is room keeps it.
         """
         self.prune()
         link = self.links.get(link_id)
@@ -498,7 +519,12 @@ class LinkTable:
         ):
             raise not_found(f"no such link: {link_id}")
         link.revoked = True
-        self.save()
+        if not self.save():
+            raise insufficient_storage(
+                "the link is revoked, but the disk is full and the revocation "
+                "could not be kept: after a restart the link would work again; "
+                "revoke it again once there is room"
+            )
         return link
 
 

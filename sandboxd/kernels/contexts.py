@@ -310,6 +310,13 @@ def env_prologue(env: dict[str, str]) -> tuple[str, str]:
     return before, after
 
 
+def _unwritable(error: OSError) -> ApiError:
+    """The answer to a kernel's connection file that could not be written."""
+    return exhausted(error) or internal(
+        f"cannot write the kernel's connection file: {error}", "OSError"
+    )
+
+
 class CodeContext:
     """
     One kernel and its executions.
@@ -438,19 +445,11 @@ class CodeContext:
         if self.builtin:
             self._spawn_builtin()
             return
-        conn = {
-            "transport": "ipc",
-            "ip": os.path.join(self.dir, f"k{secrets.token_hex(3)}"),
-            "shell_port": 1,
-            "iopub_port": 2,
-            "stdin_port": 3,
-            "control_port": 4,
-            "hb_port": 5,
-            "key": secrets.token_hex(32),
-            "signature_scheme": "hmac-sha256",
-            "kernel_name": self.spec.name,
-        }
-        path = self._write_connection(conn)
+        try:
+            conn, path = self._connection()
+        except OSError as e:
+            self._start_failed(_unwritable(e))
+            return
         self._conn = conn
         env = dict(self.env)
         child = Child(self.reactor, self._kernel_output)
@@ -489,12 +488,29 @@ class CodeContext:
             {"op": "open", "cid": self.id, "conn": conn, "timeout": self.start_timeout}
         )
 
+    def _connection(self) -> tuple[dict[str, Any], str]:
+        """A new connection for the kernel (addresses, key) and its file, written."""
+        conn = {
+            "transport": "ipc",
+            "ip": os.path.join(self.dir, f"k{secrets.token_hex(3)}"),
+            "shell_port": 1,
+            "iopub_port": 2,
+            "stdin_port": 3,
+            "control_port": 4,
+            "hb_port": 5,
+            "key": secrets.token_hex(32),
+            "signature_scheme": "hmac-sha256",
+            "kernel_name": self.spec.name,
+        }
+        return conn, self._write_connection(conn)
+
     def _write_connection(self, conn: dict[str, Any]) -> str:
         """
         The kernel's connection file: a new name each start, created (never
         opened if it exists: the directory is the kernel's user's, who may
         have left a link there), 0600 and owned by that user through its
-        descriptor, not its path.
+        descriptor, not its path.  The last start's file goes first, so a
+        restart on a full disk has its room.
         """
         if self._conn_path is not None:
             # The last start's (unlink never follows a link).
@@ -502,13 +518,19 @@ class CodeContext:
                 os.unlink(self._conn_path)
             except OSError:
                 pass
+        self._conn_path = None
         path = os.path.join(self.dir, f"connection-{secrets.token_hex(4)}.json")
-        self._conn_path = path
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as f:
-            if self.run_as is not None and os.geteuid() == 0:
-                os.fchown(f.fileno(), self.run_as.uid, self.run_as.gid)
-            json.dump(conn, f)
+        try:
+            with os.fdopen(fd, "w") as f:
+                if self.run_as is not None and os.geteuid() == 0:
+                    os.fchown(f.fileno(), self.run_as.uid, self.run_as.gid)
+                json.dump(conn, f)
+        except OSError:
+            # A full disk: no half-written file is left for the next start.
+            os.unlink(path)
+            raise
+        self._conn_path = path
         return path
 
     def _spawn_builtin(self) -> None:

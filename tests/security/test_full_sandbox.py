@@ -94,7 +94,8 @@ class BoxedDaemon:
     tmpfs of that size (its base dir, its temporary directory, its audit
     file and its log) that only it sees; with ``nofile``, under that
     ``RLIMIT_NOFILE``; with ``nproc``, that ``RLIMIT_NPROC`` (which binds
-    the children that run as another user than root).
+    the children that run as another user than root); with ``state``, a
+    state directory (``--state-dir``) beside its base dir.
     """
 
     def __init__(
@@ -105,6 +106,7 @@ class BoxedDaemon:
         nofile: int | None = None,
         nproc: int | None = None,
         policy: dict[str, Any] | None = None,
+        state: bool = False,
     ) -> None:
         if disk is not None and (why := tmpfs_refusal()) is not None:
             raise SkipTest(why)
@@ -118,6 +120,7 @@ class BoxedDaemon:
         with open(self.policy_path, "w") as f:
             json.dump(policy or {}, f)
         self.disk, self.nofile, self.nproc = disk, nofile, nproc
+        self.state = state
         if disk is None:
             for sub in ("home", "log", "tmp"):
                 os.makedirs(f"{self.root}/{sub}")
@@ -159,6 +162,8 @@ class BoxedDaemon:
             "--policy",
             self.policy_path,
         ]
+        if self.state:
+            argv += ["--state-dir", f"{self.root}/state"]
         limits = []
         if self.nofile is not None:
             limits.append(f"--nofile={self.nofile}:{self.nofile}")
@@ -618,6 +623,57 @@ class FullDiskTests(SynchronousTestCase):
         with urllib.request.urlopen(self.box.url + ref["url"], timeout=10) as r:
             self.assertIn(b"y" * 5000, r.read())
 
+    def test_code_context(self) -> None:
+        """
+        A code context started on a full disk (its kernel's connection file
+        has no room), through our client and ``e2b_code_interpreter``: 507;
+        no new context listed and nothing of it left in the temporary
+        directory; the live contexts keep their state, and one restarted
+        there gets a fresh kernel (its old connection file's room is
+        enough).  Once there is room the same calls start contexts.
+        """
+        need_ipykernel()
+        try:
+            from e2b_code_interpreter import Sandbox as CodeSandbox
+        except ImportError:
+            raise SkipTest("e2b-code-interpreter is not installed") from None
+        self.e2b_sandbox()  # its environment, for the code interpreter's
+        code = CodeSandbox.create()
+        # A context while there was room: the daemon's temporary directory
+        # is its own from then on (Python's first choice of one skips a
+        # directory it cannot write a file in).
+        live = self.sb.code.create_context()["id"]
+        self.sb.code.execute(live, "x = 6 * 7", wait=60)
+        e2b_live = code.create_code_context()
+        code.run_code("y = 7", context=e2b_live)
+        tmp = self.box.inside(f"{self.box.root}/tmp")
+        before = {n: sorted(os.listdir(f"{tmp}/{n}")) for n in os.listdir(tmp)}
+        self.box.fill()
+        error = raised(self.sb.code.create_context)
+        self.assertIsInstance(error, InsufficientStorage, repr(error))
+        error = raised(code.create_code_context)
+        self.assertIn("507", str(error))
+        self.assertEqual(
+            sorted(c["id"] for c in self.sb.code.contexts()),
+            sorted([live, e2b_live.id]),
+        )
+        self.assertEqual(
+            {n: sorted(os.listdir(f"{tmp}/{n}")) for n in os.listdir(tmp)}, before
+        )
+        result = self.sb.code.execute(live, "x", wait=60)
+        self.assertEqual(result["results"][0]["data"]["text/plain"], "42", result)
+        self.assertEqual(code.run_code("y", context=e2b_live).text, "7")
+        self.assertEqual(self.sb.code.restart(live)["restarts"], 1)
+        result = self.sb.code.execute(live, "x", wait=60)
+        self.assertEqual(result["error"]["ename"], "NameError", result)
+        self.box.free()
+        cid = self.sb.code.create_context()["id"]
+        self.assertEqual(self.sb.code.execute(cid, "6 * 7", wait=60)["state"], "ok")
+        self.assertEqual(code.run_code("6 * 7").text, "42")
+        self.assertFalse(
+            re.search(r"Traceback|Unhandled", self.box.log()), self.box.log()
+        )
+
     def test_own_logs(self) -> None:
         """
         The daemon's own writes (audit file and log) on a full disk never
@@ -650,6 +706,64 @@ class FullDiskTests(SynchronousTestCase):
         self.assertFalse(
             re.search(r"Traceback|Unhandled", self.box.log()), self.box.log()
         )
+
+
+class LinkStateFullDiskTests(SynchronousTestCase):
+    """
+    Capability links whose state (``--state-dir`` with a key file) cannot be
+    written because the disk is full, through our client: a mint is refused
+    and makes nothing; a revocation holds at once but says it was not kept;
+    a counted link's use is refused rather than given back by a restart.
+    """
+
+    def setUp(self) -> None:
+        key = os.path.join(self.mktemp())
+        with open(key, "wb") as f:
+            f.write(os.urandom(32).hex().encode())
+        self.box = BoxedDaemon(
+            self,
+            disk="16m",
+            state=True,
+            policy={"auth": {"link_key_file": os.path.abspath(key)}},
+        )
+        self.sb = Sandbox(self.box.url, timeout=20, retries=0)
+        self.addCleanup(self.sb.close)
+
+    def presented(self, token: str) -> tuple[int | None, str | None]:
+        """``(status, code)`` of ``GET /system/info`` with the link's token."""
+        with Sandbox(self.box.url, token=token, timeout=20, retries=0) as linked:
+            return error_of(lambda: linked.request("GET", "/system/info"))
+
+    def test_mint_revoke_use(self) -> None:
+        """
+        On a full disk: mint 507 and no new link listed; revoke 507 with the
+        link refused from then on; a counted link's use 507 and not counted.
+        Once there is room: the revocation is kept and the use counted.
+        """
+        kept = self.sb.links.mint("console")
+        counted = self.sb.links.mint("console", uses=2)
+        listed = self.sb.links.list()
+        self.box.fill()
+        for call in (
+            lambda: self.sb.links.mint("console"),
+            lambda: self.sb.links.revoke(kept["link_id"]),
+        ):
+            error = raised(call)
+            self.assertIsInstance(error, InsufficientStorage, repr(error))
+        self.assertEqual(self.presented(kept["token"]), (401, "link_invalid"))
+        self.assertEqual(
+            self.presented(counted["token"]), (507, "insufficient_storage")
+        )
+        now = self.sb.links.list()
+        self.assertEqual([x["link_id"] for x in now], [x["link_id"] for x in listed])
+        self.assertEqual([x["used"] for x in now], [0, 0])
+        self.box.free()
+        self.assertTrue(self.sb.links.revoke(kept["link_id"])["revoked"])
+        self.assertEqual(self.presented(counted["token"]), (200, None))
+        with open(self.box.inside(f"{self.box.root}/state/links.json")) as f:
+            state = {x["jti"]: x for x in json.load(f)["links"]}
+        self.assertTrue(state[kept["link_id"]]["revoked"])
+        self.assertEqual(state[counted["link_id"]]["used"], 1)
 
 
 def fd_count(pid: int) -> int:

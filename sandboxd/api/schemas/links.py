@@ -56,6 +56,13 @@ SCHEMAS: dict[str, Schema] = {
                 "limits.max_sessions (1000) links are live",
                 "ResourceError",
             ),
+            E(
+                507,
+                "insufficient_storage",
+                "the disk is full, so the links' state (--state-dir) cannot be "
+                "kept: no link was made",
+                "OSError",
+            ),
         ),
         notes="The token (sbxl_...) goes in X-Access-Token, Authorization: Bearer, or "
         "on the preview door as ?sbx_link=. The gate sees it as identity link:ID on "
@@ -80,6 +87,14 @@ SCHEMAS: dict[str, Schema] = {
                 "not_found",
                 "no live link of the caller's with this id",
                 "NotFoundError",
+            ),
+            E(
+                507,
+                "insufficient_storage",
+                "the link is revoked from now on, but the disk is full and the "
+                "revocation is not kept across a restart: revoke it again once "
+                "there is room",
+                "OSError",
             ),
         ),
     ),
