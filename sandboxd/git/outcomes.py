@@ -137,8 +137,9 @@ _CONFLICT_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 #: How git says a write failed for want of space (its strerror of ENOSPC
-#: and EDQUOT, in its messages, and in a failed index write's).
-_NO_SPACE = ("no space left on device", "disk quota exceeded")
+#: and EDQUOT, in its messages, and what it says when its index or another
+#: checksummed file cannot be written).
+_NO_SPACE = ("no space left on device", "disk quota exceeded", "out of diskspace")
 
 
 def classify_failure(

@@ -26,6 +26,7 @@ from sandboxd.errors import (
     bad_request,
     file_exists,
     forbidden,
+    insufficient_storage,
     limit_exceeded,
     limit_rule,
     policy_rule,
@@ -358,11 +359,109 @@ async def git_checkout(request: ServerRequest) -> dict[str, Any]:
         args.append("--force")
     if params.flag(body.get("create"), "create"):
         args += ["-b", ref]
+        await call.run(args)
     else:
         args += [ref, "--"]
-    await call.run(args)
+        await _switch_tree(call, args, ref)
     branch = await _current_branch(call)
     return {"branch": branch, "commit": await _head(call), "detached": branch is None}
+
+
+async def _switch_tree(call: GitCall, args: list[str], target: str) -> None:
+    """
+    Run a git call that moves the work tree from HEAD's commit to
+    ``target``'s (a checkout, a hard reset).  When the disk fills on the
+    way, git stops with some files written and HEAD and the index as they
+    were; the files it changed are then put back as HEAD has them, so the
+    507 means nothing happened.
+    """
+    try:
+        await call.run(args)
+    except ApiError as e:
+        full = e.code is Code.INSUFFICIENT_STORAGE or (
+            # Git does not always say why a file could not be written.
+            "unable to write file" in e.message and _no_room(call)
+        )
+        if not full:
+            raise
+        # HEAD is where it was: the failed call did not move it.
+        before, after = await _head(call), await _commit_of(call, target)
+        if before is None or after is None:
+            raise
+        if await _put_back(call, before, after):
+            raise insufficient_storage(
+                f"{e.message} (the disk is full: the work tree was put back as it was)"
+            ) from None
+        raise insufficient_storage(
+            f"{e.message} (the disk is full, and the work tree could not be put "
+            "back: some files are as the target has them, or cut short; once "
+            "there is room, a forced checkout of the current branch restores them)"
+        ) from None
+
+
+def _no_room(call: GitCall) -> bool:
+    """Whether the work tree's file system has no block left for git's user."""
+    try:
+        st = os.statvfs(call.cwd)
+    except OSError:
+        return False
+    uid, _ = call.uid_gid
+    # Root may write into the blocks reserved for it.
+    return (st.f_bfree if uid == 0 else st.f_bavail) == 0
+
+
+async def _commit_of(call: GitCall, ref: str) -> str | None:
+    """The commit ``ref`` names, or None."""
+    result = await call.run(
+        ["rev-parse", "-q", "--verify", "--end-of-options", f"{ref}^{{commit}}"],
+        check=False,
+    )
+    sha = _text(result.stdout).strip()
+    return sha if result.exit_code == 0 and sha else None
+
+
+async def _put_back(call: GitCall, before: str, after: str) -> bool:
+    """
+    Put the files that differ between ``before`` (HEAD, whose content the
+    index still holds) and ``after`` back as ``before`` has them: those
+    ``before`` has from the index, those only ``after`` has removed.  Git
+    does it, as the call's user, so that no path is followed through a
+    link.  Whether it all went back.
+    """
+    listed = await call.run(
+        ["diff-tree", "-r", "-z", "--no-renames", "--name-status", before, after],
+        check=False,
+    )
+    fields = listed.stdout.split(b"\0")
+    changed = list(zip(fields[0::2], fields[1::2], strict=False))
+    kept = [path for status, path in changed if status != b"A"]
+    added = [
+        path.decode("utf-8", "surrogateescape")
+        for status, path in changed
+        if status == b"A"
+    ]
+    ok = listed.exit_code == 0
+    if kept:
+        result = await call.run(
+            ["checkout-index", "-f", "-q", "-z", "--stdin"],
+            check=False,
+            stdin=b"\0".join(kept) + b"\0",
+        )
+        ok = ok and result.exit_code == 0
+    for start in range(0, len(added), _PATHS_PER_CALL):
+        result = await call.run(
+            [
+                *("--literal-pathspecs", "clean", "-f", "-q", "-x", "--"),
+                *added[start : start + _PATHS_PER_CALL],
+            ],
+            check=False,
+        )
+        ok = ok and result.exit_code == 0
+    return ok
+
+
+#: Paths named on one git command line when the work tree is put back.
+_PATHS_PER_CALL = 500
 
 
 async def git_reset(request: ServerRequest) -> dict[str, Any]:
@@ -386,6 +485,9 @@ async def git_reset(request: ServerRequest) -> dict[str, Any]:
         await call.run(
             ["reset", "-q", target, "--", *_files(request, call, body.get("files"))]
         )
+    elif mode in ("hard", "keep", "merge"):
+        # These write the work tree.
+        await _switch_tree(call, ["reset", "-q", f"--{mode}", target], target)
     else:
         await call.run(["reset", "-q", f"--{mode}", target])
     branch = await _current_branch(call)

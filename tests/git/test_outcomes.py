@@ -65,6 +65,13 @@ class ClassifyTests(SynchronousTestCase):
         self.check(
             "fatal: write error: Disk quota exceeded", 507, "insufficient_storage", None
         )
+        self.check(
+            "error: unable to write file f6.txt\n"
+            "fatal: sha1 file '/r/.git/index.lock' write error. Out of diskspace",
+            507,
+            "insufficient_storage",
+            None,
+        )
 
     def test_remote_kinds(self) -> None:
         """auth, not_found, network, tls and a redirect are 502 remote_error with their kind."""

@@ -566,6 +566,66 @@ class FullDiskTests(SynchronousTestCase):
             self.assertEqual(f.read(), small)
         self.assertEqual(os.path.getsize(self.on_disk("second.bin")), len(big))
 
+    def test_git_switch(self) -> None:
+        """
+        A checkout of a branch with bigger files, and a hard reset to it,
+        on a full disk: 507, and the work tree as it was (HEAD's files
+        whole, none of the target's new files, the user's untracked file
+        kept, the branch where it was); with room both switch.
+        """
+        author = {"name": "T", "email": "t@x"}
+        self.sb.git.init("r")
+        small = {f"f{i}.txt": f"small {i}\n".encode() for i in range(20)}
+        for name, data in small.items():
+            self.sb.files.write_bytes(f"r/{name}", data)
+        self.sb.git.add("r", all=True)
+        self.sb.git.commit("r", "small", author=author)
+        self.sb.git.checkout("r", "big", create=True)
+        big = {name: base64.b64encode(os.urandom(100_000)) for name in small}
+        big["new/deep/n.txt"] = base64.b64encode(os.urandom(100_000))
+        for name, data in big.items():
+            self.sb.files.write_bytes(f"r/{name}", data)
+        self.sb.git.add("r", all=True)
+        self.sb.git.commit("r", "big", author=author)
+        self.sb.git.checkout("r", "main")
+        self.sb.files.write_bytes("r/local.txt", OLD)
+        expected = {**small, "local.txt": OLD}
+
+        def tree() -> dict[str, bytes]:
+            found = {}
+            root = self.on_disk("r")
+            for folder, dirs, names in os.walk(root):
+                dirs[:] = [d for d in dirs if d != ".git"]
+                for name in names:
+                    path = os.path.join(folder, name)
+                    with open(path, "rb") as f:
+                        found[os.path.relpath(path, root)] = f.read()
+            return found
+
+        self.box.fill()
+        calls: dict[str, Callable[[], Any]] = {
+            "checkout": lambda: self.sb.git.checkout("r", "big"),
+            "reset": lambda: self.sb.request(
+                "POST",
+                "/git/reset",
+                json={"path": "r", "mode": "hard", "target": "big"},
+            ),
+        }
+        for what, call in calls.items():
+            error = raised(call)
+            self.assertIsInstance(error, InsufficientStorage, f"{what}: {error!r}")
+            self.assertIn("put back as it was", str(error))
+            self.assertEqual(tree(), expected, what)
+            # (git status itself refreshes the index, which a full disk refuses.)
+            status = self.sb.commands.run(
+                "sh -c 'cd r && git symbolic-ref --short HEAD"
+                "; git diff --name-only HEAD; git ls-files --others'"
+            )
+            self.assertEqual(status.stdout, "main\nlocal.txt\n", f"{what}: {status}")
+        self.box.free()
+        self.sb.git.checkout("r", "big")
+        self.assertEqual(tree(), {**big, "local.txt": OLD})
+
     def test_git_init(self) -> None:
         """
         A repository made on a full disk is 507 and leaves nothing: no
