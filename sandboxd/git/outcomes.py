@@ -142,8 +142,12 @@ _CONFLICT_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
 _NO_SPACE = ("no space left on device", "disk quota exceeded", "out of diskspace")
 
 
+#: What git says when it could not write a work tree file, without saying why.
+UNWRITTEN = "unable to write file"
+
+
 def classify_failure(
-    text: str, exit_code: int | None, remote: bool = False
+    text: str, exit_code: int | None, remote: bool = False, no_room: bool = False
 ) -> ApiError:
     """
     The error a failed git call becomes: a full disk first (507, as every
@@ -151,10 +155,13 @@ def classify_failure(
     conflict the caller resolves, not a remote failure), then remote
     failures, then 404 for a path that is no repository, else 400
     ``git_error`` with git's last lines.
+
+    :param no_room: the work tree's file system has no block left, so a
+        file git says it could not write (:data:`UNWRITTEN`) met a full disk.
     """
     lowered = text.lower()
     tail = _last_lines(text) or f"git exited with {exit_code}"
-    if any(p in lowered for p in _NO_SPACE):
+    if any(p in lowered for p in _NO_SPACE) or (no_room and UNWRITTEN in lowered):
         return insufficient_storage(tail)
     for kind, phrases in _CONFLICT_KINDS:
         if any(p in lowered for p in phrases):

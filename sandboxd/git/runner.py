@@ -36,7 +36,7 @@ from sandboxd.git import (
     git_environment,
 )
 from sandboxd.git.askpass import AskpassSession, Secret
-from sandboxd.git.outcomes import classify_failure, redact
+from sandboxd.git.outcomes import UNWRITTEN, classify_failure, redact
 from sandboxd.git.remotes import Remote, pin_setting
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import RunAs, resolve_user
@@ -256,8 +256,19 @@ class GitCall:
             text = redact(result.stderr.decode("utf-8", "replace"), hidden)
             if not text.strip():
                 text = redact(result.stdout.decode("utf-8", "replace"), hidden)
-            raise classify_failure(text, result.exit_code, remote is not None)
+            no_room = UNWRITTEN in text.lower() and self.no_room()
+            raise classify_failure(text, result.exit_code, remote is not None, no_room)
         return result
+
+    def no_room(self) -> bool:
+        """Whether the work tree's file system has no block left for git's user."""
+        try:
+            st = os.statvfs(self.cwd)
+        except OSError:
+            return False
+        uid, _ = self.uid_gid
+        # Root may write into the blocks reserved for it.
+        return (st.f_bfree if uid == 0 else st.f_bavail) == 0
 
 
 def holder_of(git_dir: str | None) -> str | None:

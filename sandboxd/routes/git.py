@@ -378,11 +378,7 @@ async def _switch_tree(call: GitCall, args: list[str], target: str) -> None:
     try:
         await call.run(args)
     except ApiError as e:
-        full = e.code is Code.INSUFFICIENT_STORAGE or (
-            # Git does not always say why a file could not be written.
-            "unable to write file" in e.message and _no_room(call)
-        )
-        if not full:
+        if e.code is not Code.INSUFFICIENT_STORAGE:
             raise
         # HEAD is where it was: the failed call did not move it.
         before, after = await _head(call), await _commit_of(call, target)
@@ -397,17 +393,6 @@ async def _switch_tree(call: GitCall, args: list[str], target: str) -> None:
             "back: some files are as the target has them, or cut short; once "
             "there is room, a forced checkout of the current branch restores them)"
         ) from None
-
-
-def _no_room(call: GitCall) -> bool:
-    """Whether the work tree's file system has no block left for git's user."""
-    try:
-        st = os.statvfs(call.cwd)
-    except OSError:
-        return False
-    uid, _ = call.uid_gid
-    # Root may write into the blocks reserved for it.
-    return (st.f_bfree if uid == 0 else st.f_bavail) == 0
 
 
 async def _commit_of(call: GitCall, ref: str) -> str | None:

@@ -72,6 +72,11 @@ class ClassifyTests(SynchronousTestCase):
             "insufficient_storage",
             None,
         )
+        # Git's bare "unable to write file" is a full disk only when the
+        # file system has no room left.
+        unwritten = "error: unable to write file f1.txt"
+        self.assertEqual(classify_failure(unwritten, 1, no_room=True).status, 507)
+        self.assertEqual(classify_failure(unwritten, 1).code, "git_error")
 
     def test_remote_kinds(self) -> None:
         """auth, not_found, network, tls and a redirect are 502 remote_error with their kind."""

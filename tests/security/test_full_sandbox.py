@@ -571,7 +571,8 @@ class FullDiskTests(SynchronousTestCase):
         A checkout of a branch with bigger files, and a hard reset to it,
         on a full disk: 507, and the work tree as it was (HEAD's files
         whole, none of the target's new files, the user's untracked file
-        kept, the branch where it was); with room both switch.
+        kept, the branch where it was); a restore from it is 507 too; with
+        room the checkout switches.
         """
         author = {"name": "T", "email": "t@x"}
         self.sb.git.init("r")
@@ -622,8 +623,18 @@ class FullDiskTests(SynchronousTestCase):
                 "; git diff --name-only HEAD; git ls-files --others'"
             )
             self.assertEqual(status.stdout, "main\nlocal.txt\n", f"{what}: {status}")
+        # A restore of a file from the other branch: git says only that it
+        # could not write it, and the disk is full: 507, not git_error.
+        error = raised(
+            lambda: self.sb.request(
+                "POST",
+                "/git/restore",
+                json={"path": "r", "files": ["f1.txt"], "source": "big"},
+            )
+        )
+        self.assertIsInstance(error, InsufficientStorage, f"restore: {error!r}")
         self.box.free()
-        self.sb.git.checkout("r", "big")
+        self.sb.git.checkout("r", "big", force=True)
         self.assertEqual(tree(), {**big, "local.txt": OLD})
 
     def test_git_init(self) -> None:
