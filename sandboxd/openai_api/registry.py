@@ -276,8 +276,16 @@ class Registry:
             if now != self._records_written.get(kind):
                 self._records_written[kind] = now
                 self.store.save_records(
-                    kind, list(getattr(self, kind).values()), data=now
+                    kind,
+                    list(getattr(self, kind).values()),
+                    data=now,
+                    retry=functools.partial(self._rewrite_records, kind),
                 )
+
+    def _rewrite_records(self, kind: str) -> None:
+        """One kind's last write failed: write it again, as it is now."""
+        self._records_written.pop(kind, None)
+        self.records_changed()
 
     def flush_records(self) -> None:
         """The daemon stops: write the records now if a write was due."""
@@ -289,7 +297,9 @@ class Registry:
     def webhooks_changed(self) -> None:
         """The webhook endpoints changed: keep them."""
         if self.store is not None:
-            self.store.save_webhooks(list(self.webhooks.values()))
+            self.store.save_webhooks(
+                list(self.webhooks.values()), retry=self.webhooks_changed
+            )
 
     def face(self, request: ServerRequest, face_id: str) -> SessionFace:
         """The caller's session ``face_id``; another owner's is unknown (404)."""

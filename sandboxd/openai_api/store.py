@@ -285,6 +285,11 @@ class SessionStore:
         self._faces: dict[str, SessionFace] = {}
         self._writing: dict[str, Deferred[None]] = {}
         self._watching: dict[str, Callable[[], None]] = {}
+        #: The files whose last write failed (a full disk), by key.
+        self._failing: set[str] = set()
+        #: What writes each of them again, as it is then, at the next retry.
+        self._retries: dict[str, Callable[[], None]] = {}
+        self._retry_due: Any = None
         #: The stored responses of a conversation, as records (the registry's).
         self.responses_of: Callable[[SessionFace], list[dict[str, Any]]] = lambda face: []
 
@@ -357,7 +362,11 @@ class SessionStore:
         return found
 
     def save_records(
-        self, kind: str, records: list[dict[str, Any]], data: bytes | None = None
+        self,
+        kind: str,
+        records: list[dict[str, Any]],
+        data: bytes | None = None,
+        retry: Callable[[], None] | None = None,
     ) -> None:
         """
         Keep one kind of the door's records, credentials' secrets included
@@ -367,6 +376,8 @@ class SessionStore:
 
         :param data: ``records`` as :func:`records_json` makes them, when
             the caller has them already.
+        :param retry: asks for the records to be written again, as they
+            are then, should this write fail.
         """
         if self.frozen:
             return
@@ -374,15 +385,23 @@ class SessionStore:
         if len(data) > defaults.OPENAI_STATE_RECORDS_BYTES:
             log.warning("the /v1 %s are too large to keep; the last file stays", kind)
             return
-        self._after_writes(kind, write_private, self.records_path(kind), data)
+        self._after_writes(
+            kind, write_private, self.records_path(kind), data, retry=retry
+        )
 
-    def save_webhooks(self, endpoints: list[dict[str, Any]]) -> None:
-        """Keep the webhook endpoints (with their secrets: the file is 0600)."""
+    def save_webhooks(
+        self, endpoints: list[dict[str, Any]], retry: Callable[[], None] | None = None
+    ) -> None:
+        """
+        Keep the webhook endpoints (with their secrets: the file is 0600).
+
+        :param retry: as :meth:`save_records`'.
+        """
         if self.frozen:
             return
         data = json.dumps({"version": VERSION, "endpoints": endpoints}).encode()
         path = os.path.join(self.root, "webhooks.json")
-        self._after_writes("webhooks", write_private, path, data)
+        self._after_writes("webhooks", write_private, path, data, retry=retry)
 
     def _files(self) -> Iterator[tuple[str, float]]:
         with os.scandir(self.directory) as entries:
@@ -425,6 +444,7 @@ class SessionStore:
         due = self._due.pop(face_id, None)
         if due is not None and due.active():
             due.cancel()
+        self._retries.pop(face_id, None)
         return self._after_writes(face_id, remove_if_there, self.path(face_id))
 
     def _save(self, face: SessionFace) -> Deferred[None]:
@@ -433,43 +453,88 @@ class SessionStore:
         if data is None:
             log.warning("session %s is too large to keep; its last file stays", face.id)
             return succeed(None)
-        return self._after_writes(face.id, write_private, self.path(face.id), data)
+        return self._after_writes(
+            face.id,
+            write_private,
+            self.path(face.id),
+            data,
+            retry=lambda: self.changed(face),
+        )
 
     def _after_writes(
-        self, face_id: str, work: Callable[..., None], *args: Any
+        self,
+        key: str,
+        work: Callable[..., None],
+        *args: Any,
+        retry: Callable[[], None] | None = None,
     ) -> Deferred[None]:
         """
-        Run ``work`` in a thread once the session's earlier writes are done
-        (each file is written whole, so an older snapshot renamed into place
-        after a newer one would put the session back in time).
+        Run ``work`` in a thread once the earlier writes of the same file
+        (``key``: a session's id, a kind of record) are done: each file is
+        written whole, so an older snapshot renamed into place after a newer
+        one would put it back in time.
+
+        :param retry: called a while after the write failed (a full disk),
+            to write the file again as it is then; until a write of it
+            succeeds, the file keeps what it held before.
         """
-        before = self._writing.get(face_id)
+        before = self._writing.get(key)
         d: Deferred[None] = Deferred()
 
         def run(_: Any = None) -> None:
             self.context.in_thread(work, *args).addBoth(done)
 
         def done(result: Any) -> None:
-            if self._writing.get(face_id) is d:
-                del self._writing[face_id]
+            if self._writing.get(key) is d:
+                del self._writing[key]
             if isinstance(result, Failure):
-                log.warning(
-                    "could not keep session %s: %s", face_id, result.getErrorMessage()
-                )
+                if key not in self._failing:
+                    self._failing.add(key)
+                    log.warning(
+                        "could not keep the /v1 door's %s: %s (tried again every "
+                        "%g s until it is kept)",
+                        key,
+                        result.getErrorMessage(),
+                        defaults.OPENAI_STATE_RETRY_SECONDS,
+                    )
+                if retry is not None:
+                    self._retry_later(key, retry)
+            elif key in self._failing:
+                self._failing.discard(key)
+                log.warning("the /v1 door's %s is kept again", key)
             d.callback(None)
 
-        self._writing[face_id] = d
+        self._writing[key] = d
         if before is None:
             run()
         else:
             before.addCallback(run)
         return d
 
+    def _retry_later(self, key: str, retry: Callable[[], None]) -> None:
+        """Call ``retry`` with the others due, a while from now (one timer for all)."""
+        if self.frozen:
+            return
+        self._retries[key] = retry
+        if self._retry_due is None:
+            self._retry_due = self.context.reactor.callLater(
+                defaults.OPENAI_STATE_RETRY_SECONDS, self._retry_now
+            )
+
+    def _retry_now(self) -> None:
+        self._retry_due = None
+        retries, self._retries = self._retries, {}
+        for retry in retries.values():
+            retry()
+
     def freeze(self) -> Deferred[Any]:
         """
         The daemon is stopping: write every session as it stands now (its
         running turns still running) and nothing after.
         """
+        if self._retry_due is not None and self._retry_due.active():
+            self._retry_due.cancel()
+        self._retry_due = None
         due = list(self._due.items())
         self._due.clear()
         for _, call in due:

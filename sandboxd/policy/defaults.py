@@ -228,6 +228,8 @@ OPENAI_STATE_SESSIONS = 100
 OPENAI_STATE_EVENT_BYTES = 256 * KIB
 OPENAI_STATE_FILE_BYTES = 1 * MIB
 OPENAI_STATE_SAVE_DELAY_SECONDS = 1.0
+#: How soon a state file whose write failed (a full disk) is written again.
+OPENAI_STATE_RETRY_SECONDS = 10.0
 #: The /v1 door's vaults, credentials, templates, definitions and
 #: environments, kept in one file: at most this many bytes (else the last
 #: file written stays).

@@ -7,15 +7,18 @@ ends ``failed``, never silently lost.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
 from typing import Any
 
-from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.defer import Deferred, fail, inlineCallbacks, succeed
+from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.openai_api.store import SessionStore
+from sandboxd.policy import defaults
 from tests.openai_api.sdk import OpenAICase, caught
 
 
@@ -264,3 +267,52 @@ class WriteOrderTests(SynchronousTestCase):
         pending[2].callback(None)
         self.successResultOf(third)
         self.assertEqual(store._writing, {})
+
+
+class FailedWriteTests(SynchronousTestCase):
+    """A file whose write failed (a full disk) is written again later, as it is then."""
+
+    def test_retried_until_kept(self) -> None:
+        """
+        A failed write asks for its retry once, after the retry's delay
+        (one timer for all the files due); the file is tried again until a
+        write succeeds, and the failure and the recovery are logged once.
+        """
+        clock = Clock()
+        outcomes: list[BaseException | None] = []
+
+        class Context:
+            reactor = clock
+
+            def in_thread(self, work: Any, *args: Any) -> Deferred[None]:
+                error = outcomes.pop(0)
+                return fail(error) if error is not None else succeed(None)
+
+        store = SessionStore(Context(), self.mktemp())  # type: ignore[arg-type]
+        asked: list[str] = []
+        full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        outcomes += [full, full]
+        with self.assertLogs("sandboxd.openai_api.store", "WARNING") as logged:
+            store.save_webhooks([], retry=lambda: asked.append("webhooks"))
+            store.save_records("vaults", [], retry=lambda: asked.append("vaults"))
+            clock.advance(defaults.OPENAI_STATE_RETRY_SECONDS - 0.1)
+            self.assertEqual(asked, [])
+            clock.advance(0.1)
+            self.assertEqual(asked, ["webhooks", "vaults"])
+            clock.advance(defaults.OPENAI_STATE_RETRY_SECONDS)
+            self.assertEqual(asked, ["webhooks", "vaults"])
+            outcomes += [full, None]
+            store.save_webhooks([], retry=lambda: asked.append("webhooks"))
+            store.save_records("vaults", [], retry=lambda: asked.append("vaults"))
+            clock.advance(defaults.OPENAI_STATE_RETRY_SECONDS)
+            self.assertEqual(asked, ["webhooks", "vaults", "webhooks"])
+            outcomes.append(None)
+            store.save_webhooks([])
+        messages = [r.getMessage() for r in logged.records]
+        self.assertEqual(len(messages), 4, messages)
+        self.assertIn("could not keep the /v1 door's webhooks", messages[0])
+        self.assertIn("could not keep the /v1 door's vaults", messages[1])
+        self.assertIn("vaults is kept again", messages[2])
+        self.assertIn("webhooks is kept again", messages[3])
+        self.assertEqual(store._failing, set())
+        self.assertEqual(clock.getDelayedCalls(), [])

@@ -837,6 +837,63 @@ class LinkStateFullDiskTests(SynchronousTestCase):
         self.assertEqual(state[counted["link_id"]]["used"], 1)
 
 
+class OpenAIStateFullDiskTests(SynchronousTestCase):
+    """
+    The ``/v1`` door's records kept in a state directory on a disk that
+    fills, through the ``openai`` SDK: a change made while the disk is full
+    is written once there is room, without another call.
+    """
+
+    def test_deleted_credential_kept_once_there_is_room(self) -> None:
+        """
+        A credential deleted on a full disk is still in the file (its older
+        state) until there is room; then, within the retry's delay, the
+        file no longer holds it (a restart would not bring it back).
+        """
+        import openai
+
+        from sandboxd.policy import defaults
+
+        box = BoxedDaemon(
+            self, disk="16m", state=True, policy={"groups": {"agents": True}}
+        )
+        client = openai.OpenAI(base_url=f"{box.url}/v1", api_key="local")
+        self.addCleanup(client.close)
+        vault = client.beta.agents.vaults.create(name="v")
+        credential = client.beta.agents.vaults.credentials.create(
+            vault.id,
+            name="docs",
+            auth={
+                "type": "static_bearer",
+                "mcp_server_url": "https://mcp.example.com/mcp",
+                "token": "secret-token",
+            },
+        )
+        path = box.inside(f"{box.root}/state/openai/credentials.json")
+
+        def kept() -> list[str]:
+            try:
+                with open(path) as f:
+                    return [r["id"] for r in json.load(f)["records"]]
+            except FileNotFoundError:
+                return []
+
+        def wait_for(ids: list[str], seconds: float) -> list[str]:
+            deadline = time.monotonic() + seconds
+            while (now := kept()) != ids and time.monotonic() < deadline:
+                time.sleep(0.1)
+            return now
+
+        self.assertEqual(wait_for([credential.id], 10), [credential.id])
+        box.fill()
+        client.beta.agents.vaults.credentials.delete(credential.id, vault_id=vault.id)
+        time.sleep(defaults.OPENAI_STATE_SAVE_DELAY_SECONDS + 1)
+        self.assertEqual(kept(), [credential.id])
+        box.free()
+        self.assertEqual(wait_for([], defaults.OPENAI_STATE_RETRY_SECONDS + 10), [])
+        self.assertIn("is kept again", box.log())
+
+
 def fd_count(pid: int) -> int:
     """How many descriptors ``pid`` has open."""
     return len(os.listdir(f"/proc/{pid}/fd"))
