@@ -51,7 +51,64 @@ def _ignored_signals() -> list[int]:
     return _IGNORED_SIGNALS
 
 
-class SessionProcess(_twisted_process.Process):
+#: Every signal, for the mask held across a fork.
+_ALL_SIGNALS = signal.valid_signals()
+
+
+def _caught_to_default() -> None:
+    """
+    In a forked child: every signal the daemon catches back to its default
+    action.  The daemon's handlers are Python code that would run in the
+    child until it execs, and take a signal meant for the child (a
+    terminal's hang-up, a ``TERM`` right after a start) as the daemon's own.
+    """
+    for number in _ALL_SIGNALS:
+        try:
+            handler = signal.getsignal(number)
+        except (OSError, ValueError):
+            continue
+        if handler not in (signal.SIG_DFL, signal.SIG_IGN, None):
+            try:
+                signal.signal(number, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass
+
+
+class SignalsHeldAtFork:
+    """
+    A Twisted process transport whose forked child cannot lose a signal.
+
+    Twisted's fork path runs Python in the child (closing descriptors,
+    switching users, searching ``PATH``) before it execs, with the
+    daemon's signal handlers still in place: a ``HUP`` or ``TERM`` sent to
+    the new pid then ran the daemon's handler in the child, which went on
+    to exec as if nothing had come.  Here every signal is blocked across
+    the fork; the child puts the handlers it caught back to their default
+    actions, then unblocks, so a signal that came early ends it as it
+    would have ended the program.
+    """
+
+    #: The spawning thread's mask before the fork (the child's after it).
+    _mask: set[int | signal.Signals] = set()
+
+    def _fork(self, *args: Any, **kwargs: Any) -> None:
+        self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, _ALL_SIGNALS)
+        try:
+            super()._fork(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
+
+    def _setupChild(self, *args: Any, **kwargs: Any) -> None:
+        _caught_to_default()
+        super()._setupChild(*args, **kwargs)  # type: ignore[misc]
+        signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
+
+
+class SessionPTYProcess(SignalsHeldAtFork, _twisted_process.PTYProcess):
+    """Twisted's PTY process transport (a terminal's shell), its signals held at fork."""
+
+
+class SessionProcess(SignalsHeldAtFork, _twisted_process.Process):
     """
     Twisted's pipe process transport, started in a session of its own.
 
@@ -59,9 +116,9 @@ class SessionProcess(_twisted_process.Process):
     children used to be started through ``/usr/bin/setsid``: one more exec
     per command.  Here the fast path passes ``setsid=True`` to
     ``os.posix_spawn`` instead (pid = pgid = sid), and the fork path (user
-    switching, another working directory) calls ``setsid()`` in the child.
-    Everything else (pipes, reaping, ``ProcessProtocol`` callbacks) is
-    Twisted's.
+    switching, another working directory) calls ``setsid()`` in the child
+    (with its signals held: :class:`SignalsHeldAtFork`).  Everything else
+    (pipes, reaping, ``ProcessProtocol`` callbacks) is Twisted's.
     """
 
     def _trySpawnInsteadOfFork(
@@ -102,6 +159,8 @@ class SessionProcess(_twisted_process.Process):
             os.environ if environment is None else environment,
             file_actions=actions,
             setsigdef=_ignored_signals(),
+            # Not the mask held across the fork (SignalsHeldAtFork).
+            setsigmask=self._mask,
             setsid=True,
         )
         self.status = -1
@@ -109,7 +168,7 @@ class SessionProcess(_twisted_process.Process):
 
     def _setupChild(self, *args: Any, **kwargs: Any) -> None:
         os.setsid()
-        super()._setupChild(*args, **kwargs)  # type: ignore[no-untyped-call]
+        super()._setupChild(*args, **kwargs)
 
     def processEnded(self, status: int) -> None:
         """Reaped: the child's pid leaves the priorities' count."""

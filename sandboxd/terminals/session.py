@@ -42,6 +42,7 @@ from sandboxd.policy.defaults import (
 )
 from sandboxd.processes.command import RunAs, exit_code
 from sandboxd.processes.priority import CHILD_PRIORITY
+from sandboxd.processes.spawning import SessionPTYProcess
 from sandboxd.processes.tree import (
     TREE_MARKER,
     descendants,
@@ -643,15 +644,19 @@ def spawn_shell(reactor: Any, session: PtySession, spec: SpawnRequest) -> None:
             uid, gid = spec.run_as.uid, spec.run_as.gid
             os.fchown(slave, uid, -1)
         with CHILD_PRIORITY.spawning():
-            transport = reactor.spawnProcess(
-                session.protocol(),
+            # Twisted's PTY transport (reactor.spawnProcess with usePTY),
+            # its signals held at the fork: a session deleted right after
+            # it was made hangs up a shell that has not exec'd yet.
+            transport = SessionPTYProcess(  # type: ignore[no-untyped-call]
+                reactor,
                 spec.executable,
                 spec.argv,
-                env={**spec.env, TREE_MARKER: session.marker},
-                path=spec.cwd,
-                uid=uid,
-                gid=gid,
-                usePTY=(master, slave, os.ttyname(slave)),
+                {**spec.env, TREE_MARKER: session.marker},
+                spec.cwd,
+                session.protocol(),
+                uid,
+                gid,
+                (master, slave, os.ttyname(slave)),
             )
         if transport.pid is not None:
             # A terminal's group is weighed once: Twisted's PTY transport

@@ -10,6 +10,7 @@ import os
 import pwd
 import random
 import shlex
+import signal
 import string
 import threading
 import time
@@ -18,6 +19,7 @@ from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.error import ProcessTerminated
 from twisted.internet.protocol import ProcessProtocol
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
@@ -530,3 +532,136 @@ class UserEntriesTests(SynchronousTestCase):
             f.write("someone:x:12345:12345::/nonexistent:/bin/false\n")
         self.entries.lookup(self.me.pw_uid)
         self.assertEqual(list(self.entries._entries), [(True, self.me.pw_uid)])
+
+
+class Ended(ProcessProtocol):
+    """The reason a child ended, and its output."""
+
+    def __init__(self) -> None:
+        self.out = b""
+        self.done: Deferred[Any] = Deferred()
+
+    def outReceived(self, data: bytes) -> None:
+        self.out += data
+
+    def processEnded(self, reason: Any) -> None:
+        self.done.callback(reason.value)
+
+
+class _LateExec:
+    """A child that takes 0.3 s before it execs (the window a signal can come in)."""
+
+    def _setupChild(self, *args: Any, **kwargs: Any) -> None:
+        time.sleep(0.3)
+        super()._setupChild(*args, **kwargs)  # type: ignore[misc]
+
+
+class _LatePTY(_LateExec, spawning.SessionPTYProcess):
+    pass
+
+
+class _LatePipes(_LateExec, spawning.SessionProcess):
+    pass
+
+
+class SignalsAtForkTests(TestCase):
+    """
+    A signal sent to a child that has not exec'd yet (Twisted's fork path:
+    a terminal's shell, a command in another directory) ends it as it
+    would end the program, instead of running the daemon's own handler in
+    the child; and every child starts with no signal blocked.
+    """
+
+    timeout = 20
+
+    def setUp(self) -> None:
+        # Handlers of the daemon's kind (its HUP reloads, TERM stops it).
+        for number in (signal.SIGHUP, signal.SIGTERM):
+            previous = signal.signal(number, lambda *_: None)
+            self.addCleanup(signal.signal, number, previous)
+
+    def check_ended_by(self, reason: Any, number: int, transport: Any) -> None:
+        self.assertIsInstance(reason, ProcessTerminated, repr(reason))
+        self.assertEqual(reason.signal, number, f"{reason!r}, {transport.pid}")
+
+    @inlineCallbacks
+    def test_terminal_shell_hung_up_before_exec(self) -> Any:
+        """A shell on a PTY sent HUP before it execs ends by HUP."""
+        master, slave = os.openpty()
+        proto = Ended()
+        transport = _LatePTY(  # type: ignore[no-untyped-call]
+            reactor,
+            "/bin/sleep",
+            ["sleep", "30"],
+            {"PATH": os.defpath},
+            None,
+            proto,
+            None,
+            None,
+            (master, slave, os.ttyname(slave)),
+        )
+        os.kill(transport.pid, signal.SIGHUP)
+        reason = yield proto.done
+        self.check_ended_by(reason, signal.SIGHUP, transport)
+
+    @inlineCallbacks
+    def test_command_terminated_before_exec(self) -> Any:
+        """A command on the fork path (another directory) sent TERM before it execs ends by TERM."""
+        where = os.path.realpath(self.mktemp())
+        os.makedirs(where)
+        proto = Ended()
+        transport = _LatePipes(  # type: ignore[no-untyped-call]
+            reactor,
+            "/bin/sleep",
+            ["sleep", "30"],
+            {"PATH": os.defpath},
+            where,
+            proto,
+            None,
+            None,
+            {0: "w", 1: "r", 2: 2},
+        )
+        os.kill(transport.pid, signal.SIGTERM)
+        reason = yield proto.done
+        self.check_ended_by(reason, signal.SIGTERM, transport)
+
+    @inlineCallbacks
+    def test_no_signal_blocked_after_exec(self) -> Any:
+        """On the spawn path, the fork path and a PTY, the program runs with an empty mask."""
+        where = os.path.realpath(self.mktemp())
+        os.makedirs(where)
+        show = ["sh", "-c", "grep SigBlk /proc/self/status"]
+        outputs = []
+        for path in (None, where):
+            proto = Ended()
+            spawning.SessionProcess(  # type: ignore[no-untyped-call]
+                reactor,
+                "/bin/sh",
+                show,
+                {"PATH": os.defpath},
+                path,
+                proto,
+                None,
+                None,
+                {0: "w", 1: "r", 2: 2},
+            )
+            proto.transport.closeStdin()
+            yield proto.done
+            outputs.append(proto.out)
+        master, slave = os.openpty()
+        proto = Ended()
+        spawning.SessionPTYProcess(  # type: ignore[no-untyped-call]
+            reactor,
+            "/bin/sh",
+            show,
+            {"PATH": os.defpath},
+            None,
+            proto,
+            None,
+            None,
+            (master, slave, os.ttyname(slave)),
+        )
+        yield proto.done
+        outputs.append(proto.out)
+        for out in outputs:
+            self.assertEqual(out.split(), [b"SigBlk:", b"0" * 16], outputs)
