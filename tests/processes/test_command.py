@@ -36,11 +36,12 @@ from sandboxd.processes.spawning import _SpawnThreads, spawn_session
 
 
 class Collect(ProcessProtocol):
-    """Gathers stdout and the exit status."""
+    """Gathers stdout and the exit status (and why it ended)."""
 
     def __init__(self) -> None:
         self.out = b""
         self.done: Deferred[Any] = Deferred()
+        self.reason: Any = None
 
     def outReceived(self, data: bytes) -> None:
         self.out += data
@@ -49,6 +50,7 @@ class Collect(ProcessProtocol):
         pass
 
     def processEnded(self, reason: Any) -> None:
+        self.reason = reason.value
         self.done.callback(reason.value.exitCode)
 
 
@@ -534,20 +536,6 @@ class UserEntriesTests(SynchronousTestCase):
         self.assertEqual(list(self.entries._entries), [(True, self.me.pw_uid)])
 
 
-class Ended(ProcessProtocol):
-    """The reason a child ended, and its output."""
-
-    def __init__(self) -> None:
-        self.out = b""
-        self.done: Deferred[Any] = Deferred()
-
-    def outReceived(self, data: bytes) -> None:
-        self.out += data
-
-    def processEnded(self, reason: Any) -> None:
-        self.done.callback(reason.value)
-
-
 class _LateExec:
     """A child that takes 0.3 s before it execs (the window a signal can come in)."""
 
@@ -562,6 +550,15 @@ class _LatePTY(_LateExec, spawning.SessionPTYProcess):
 
 class _LatePipes(_LateExec, spawning.SessionProcess):
     pass
+
+
+def _started(transport: type, argv: list[str], path: str | None, fds: Any) -> Collect:
+    """``argv`` started through the Twisted transport class ``transport``."""
+    proto = Collect()
+    transport(
+        reactor, argv[0], argv, {"PATH": os.defpath}, path, proto, None, None, fds
+    )
+    return proto
 
 
 class SignalsAtForkTests(TestCase):
@@ -580,88 +577,47 @@ class SignalsAtForkTests(TestCase):
             previous = signal.signal(number, lambda *_: None)
             self.addCleanup(signal.signal, number, previous)
 
-    def check_ended_by(self, reason: Any, number: int, transport: Any) -> None:
-        self.assertIsInstance(reason, ProcessTerminated, repr(reason))
-        self.assertEqual(reason.signal, number, f"{reason!r}, {transport.pid}")
-
     @inlineCallbacks
+    def signalled_before_exec(
+        self, transport: type, path: str | None, fds: Any, number: int
+    ) -> Any:
+        """``sleep 30`` started by ``transport`` and sent ``number`` at once ends by it."""
+        proto = _started(transport, ["/bin/sleep", "30"], path, fds)
+        os.kill(proto.transport.pid, number)
+        yield proto.done
+        self.assertIsInstance(proto.reason, ProcessTerminated, repr(proto.reason))
+        self.assertEqual(proto.reason.signal, number, repr(proto.reason))
+
     def test_terminal_shell_hung_up_before_exec(self) -> Any:
         """A shell on a PTY sent HUP before it execs ends by HUP."""
         master, slave = os.openpty()
-        proto = Ended()
-        transport = _LatePTY(  # type: ignore[no-untyped-call]
-            reactor,
-            "/bin/sleep",
-            ["sleep", "30"],
-            {"PATH": os.defpath},
-            None,
-            proto,
-            None,
-            None,
-            (master, slave, os.ttyname(slave)),
-        )
-        os.kill(transport.pid, signal.SIGHUP)
-        reason = yield proto.done
-        self.check_ended_by(reason, signal.SIGHUP, transport)
+        pty = (master, slave, os.ttyname(slave))
+        return self.signalled_before_exec(_LatePTY, None, pty, signal.SIGHUP)
 
-    @inlineCallbacks
     def test_command_terminated_before_exec(self) -> Any:
         """A command on the fork path (another directory) sent TERM before it execs ends by TERM."""
         where = os.path.realpath(self.mktemp())
         os.makedirs(where)
-        proto = Ended()
-        transport = _LatePipes(  # type: ignore[no-untyped-call]
-            reactor,
-            "/bin/sleep",
-            ["sleep", "30"],
-            {"PATH": os.defpath},
-            where,
-            proto,
-            None,
-            None,
-            {0: "w", 1: "r", 2: 2},
-        )
-        os.kill(transport.pid, signal.SIGTERM)
-        reason = yield proto.done
-        self.check_ended_by(reason, signal.SIGTERM, transport)
+        fds = {0: "w", 1: "r", 2: 2}
+        return self.signalled_before_exec(_LatePipes, where, fds, signal.SIGTERM)
 
     @inlineCallbacks
     def test_no_signal_blocked_after_exec(self) -> Any:
         """On the spawn path, the fork path and a PTY, the program runs with an empty mask."""
         where = os.path.realpath(self.mktemp())
         os.makedirs(where)
-        show = ["sh", "-c", "grep SigBlk /proc/self/status"]
+        show = ["/bin/sh", "-c", "grep SigBlk /proc/self/status"]
+        master, slave = os.openpty()
+        started = (
+            (spawning.SessionProcess, None, {0: "w", 1: "r", 2: 2}),
+            (spawning.SessionProcess, where, {0: "w", 1: "r", 2: 2}),
+            (spawning.SessionPTYProcess, None, (master, slave, os.ttyname(slave))),
+        )
         outputs = []
-        for path in (None, where):
-            proto = Ended()
-            spawning.SessionProcess(  # type: ignore[no-untyped-call]
-                reactor,
-                "/bin/sh",
-                show,
-                {"PATH": os.defpath},
-                path,
-                proto,
-                None,
-                None,
-                {0: "w", 1: "r", 2: 2},
-            )
+        for transport, path, fds in started:
+            proto = _started(transport, show, path, fds)
             proto.transport.closeStdin()
             yield proto.done
             outputs.append(proto.out)
-        master, slave = os.openpty()
-        proto = Ended()
-        spawning.SessionPTYProcess(  # type: ignore[no-untyped-call]
-            reactor,
-            "/bin/sh",
-            show,
-            {"PATH": os.defpath},
-            None,
-            proto,
-            None,
-            None,
-            (master, slave, os.ttyname(slave)),
-        )
-        yield proto.done
-        outputs.append(proto.out)
         for out in outputs:
             self.assertEqual(out.split(), [b"SigBlk:", b"0" * 16], outputs)
