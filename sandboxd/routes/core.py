@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from sandboxd.policy import discovery
+from sandboxd.web.jsonbody import json_bytes
 from sandboxd.web.messages import ServerRequest, ServerResponse
 
 _HEALTH = ServerResponse(
@@ -28,13 +29,26 @@ def capabilities_check(request: ServerRequest) -> dict[str, Any]:
     return discovery.check(request.context, request.identity, request.body)
 
 
-def openapi_json(request: ServerRequest) -> dict[str, Any]:
-    """``GET /openapi.json``."""
+#: The last OpenAPI document answered, with the endpoint table and the
+#: policy it was made for: a policy reload puts a new policy in force, and
+#: the next call makes the document again.
+_OPENAPI: list[tuple[Any, Any, ServerResponse]] = []
+
+
+def openapi_json(request: ServerRequest) -> ServerResponse:
+    """``GET /openapi.json``: made once per policy in force, then sent as it is."""
+    table, policy = request.context.table, request.context.policy
+    for made_for_table, made_for_policy, answer in _OPENAPI:
+        if made_for_table is table and made_for_policy is policy:
+            return answer
     # Imported on first use: the field schemas behind it are a large table
     # that an idle daemon need not hold.
     from sandboxd.api import openapi
 
-    return openapi.document(request.context.table, request.context.policy)
+    body = json_bytes(openapi.document(table, policy))
+    answer = ServerResponse(200, raw=body, headers={"content-type": "application/json"})
+    _OPENAPI[:] = [(table, policy, answer)]
+    return answer
 
 
 HANDLERS = {

@@ -260,3 +260,28 @@ class CheckParamsTests(DaemonTestCase):
         if body.get("code") == "endpoint_disabled":
             self.skipTest("process_signal is not built yet")
         self.assertEqual(body["code"], "signal_not_allowed")
+
+
+class OpenAPITests(DaemonTestCase):
+    """``GET /openapi.json`` is made once per policy in force."""
+
+    policy = {"endpoints": {"files_stat": {"enabled": True}}}
+
+    @inlineCallbacks
+    def test_follows_a_reload(self) -> Any:
+        """
+        The same bytes on every call until a reload changes the policy;
+        then the document says what the new policy says.
+        """
+        first = yield self.request("GET", "/openapi.json")
+        again = yield self.request("GET", "/openapi.json")
+        self.assertEqual(again.body, first.body)
+        operation = first.json()["paths"]["/files/stat"]["get"]
+        self.assertTrue(operation["x-sandboxd-enabled"])
+        service = self.daemon.daemon
+        service.settings.policy["endpoints"]["files_stat"] = {"enabled": False}
+        self.assertTrue(service.reload())
+        after = yield self.request("GET", "/openapi.json")
+        operation = after.json()["paths"]["/files/stat"]["get"]
+        self.assertFalse(operation["x-sandboxd-enabled"])
+        self.assertEqual(after.header("content-type"), "application/json")
