@@ -409,10 +409,15 @@ async def _put_back(call: GitCall, before: str, after: str) -> bool:
     """
     Put the files that differ between ``before`` (HEAD, whose content the
     index still holds) and ``after`` back as ``before`` has them: those
-    ``before`` has from the index, those only ``after`` has removed.  Git
-    does it, as the call's user, so that no path is followed through a
-    link.  Whether it all went back.
+    ``before`` has from the index, those only ``after`` has removed, with
+    the directories made for them that are left empty.  Git does it, as
+    the call's user, from the top of the work tree (its paths are the
+    top's, whichever directory the call named), so that no path is
+    followed through a link.  Whether it all went back.
     """
+    top = call.top
+    if top is None:
+        return False
     listed = await call.run(
         ["diff-tree", "-r", "-z", "--no-renames", "--name-status", before, after],
         check=False,
@@ -428,7 +433,7 @@ async def _put_back(call: GitCall, before: str, after: str) -> bool:
     ok = listed.exit_code == 0
     if kept:
         result = await call.run(
-            ["checkout-index", "-f", "-q", "-z", "--stdin"],
+            ["-C", top, "checkout-index", "-f", "-q", "-z", "--stdin"],
             check=False,
             stdin=b"\0".join(kept) + b"\0",
         )
@@ -436,13 +441,55 @@ async def _put_back(call: GitCall, before: str, after: str) -> bool:
     for start in range(0, len(added), _PATHS_PER_CALL):
         result = await call.run(
             [
-                *("--literal-pathspecs", "clean", "-f", "-q", "-x", "--"),
+                *("-C", top, "--literal-pathspecs", "clean", "-f", "-q", "-x", "--"),
                 *added[start : start + _PATHS_PER_CALL],
             ],
             check=False,
         )
         ok = ok and result.exit_code == 0
+    _remove_emptied(top, added)
     return ok
+
+
+def _remove_emptied(top: str, files: list[str]) -> None:
+    """
+    Remove the directories of ``files`` (paths under ``top``) that are
+    empty, deepest first.  Each is reached through descriptors opened
+    without following a link, and ``rmdir`` removes only an empty
+    directory, so nothing outside the work tree and nothing with
+    content in it can go.
+    """
+    folders = {f.rpartition("/")[0] for f in files}
+    for folder in list(folders):
+        while "/" in folder:
+            folder = folder.rpartition("/")[0]
+            folders.add(folder)
+    folders.discard("")
+    for folder in sorted(folders, key=lambda f: f.count("/"), reverse=True):
+        parent, _, name = folder.rpartition("/")
+        try:
+            fd = _open_below(top, parent)
+        except OSError:
+            continue
+        try:
+            os.rmdir(name, dir_fd=fd)
+        except OSError:
+            pass  # not empty, not a directory, or gone
+        finally:
+            os.close(fd)
+
+
+def _open_below(top: str, relative: str) -> int:
+    """A descriptor of ``top/relative``, no link followed on the way."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(top, flags)
+    for part in relative.split("/") if relative else ():
+        try:
+            child = os.open(part, flags, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = child
+    return fd
 
 
 #: Paths named on one git command line when the work tree is put back.

@@ -570,19 +570,22 @@ class FullDiskTests(SynchronousTestCase):
         """
         A checkout of a branch with bigger files, and a hard reset to it,
         on a full disk: 507, and the work tree as it was (HEAD's files
-        whole, none of the target's new files, the user's untracked file
-        kept, the branch where it was); a restore from it is 507 too; with
-        room the checkout switches.
+        whole, none of the target's new files nor the directories made for
+        them, the user's untracked file kept, the branch where it was), also
+        when the call names a directory below the top; a restore from it is
+        507 too; with room the checkout switches.
         """
         author = {"name": "T", "email": "t@x"}
         self.sb.git.init("r")
         small = {f"f{i}.txt": f"small {i}\n".encode() for i in range(20)}
+        small["src/keep.txt"] = b"in both\n"
         for name, data in small.items():
             self.sb.files.write_bytes(f"r/{name}", data)
         self.sb.git.add("r", all=True)
         self.sb.git.commit("r", "small", author=author)
         self.sb.git.checkout("r", "big", create=True)
         big = {name: base64.b64encode(os.urandom(100_000)) for name in small}
+        big["src/keep.txt"] = small["src/keep.txt"]
         big["new/deep/n.txt"] = base64.b64encode(os.urandom(100_000))
         for name, data in big.items():
             self.sb.files.write_bytes(f"r/{name}", data)
@@ -606,10 +609,11 @@ class FullDiskTests(SynchronousTestCase):
         self.box.fill()
         calls: dict[str, Callable[[], Any]] = {
             "checkout": lambda: self.sb.git.checkout("r", "big"),
+            # Named by a directory below the top: git's paths are the top's.
             "reset": lambda: self.sb.request(
                 "POST",
                 "/git/reset",
-                json={"path": "r", "mode": "hard", "target": "big"},
+                json={"path": "r/src", "mode": "hard", "target": "big"},
             ),
         }
         for what, call in calls.items():
@@ -617,6 +621,8 @@ class FullDiskTests(SynchronousTestCase):
             self.assertIsInstance(error, InsufficientStorage, f"{what}: {error!r}")
             self.assertIn("put back as it was", str(error))
             self.assertEqual(tree(), expected, what)
+            # The directories made for the new file went with it.
+            self.assertFalse(os.path.exists(self.on_disk("r/new")), what)
             # (git status itself refreshes the index, which a full disk refuses.)
             status = self.sb.commands.run(
                 "sh -c 'cd r && git symbolic-ref --short HEAD"
