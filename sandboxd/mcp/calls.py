@@ -281,9 +281,9 @@ class ToolCall:
         if isinstance(value, ApiError):
             raise value
         if isinstance(value, ServerResponse):
-            if value.raw is not None and value.status < 400:
+            if value.raw is not None and value.body is None and value.status < 400:
                 return raw_result(value)
-            if value.raw is not None:
+            if value.raw is not None and value.body is None:
                 raise unsupported("this endpoint answers with raw bytes")
             if value.status >= 400:
                 body = value.body if isinstance(value.body, dict) else {}

@@ -45,8 +45,13 @@ def openapi_json(request: ServerRequest) -> ServerResponse:
     # that an idle daemon need not hold.
     from sandboxd.api import openapi
 
-    body = json_bytes(openapi.document(table, policy))
-    answer = ServerResponse(200, raw=body, headers={"content-type": "application/json"})
+    document = openapi.document(table, policy)
+    answer = ServerResponse(
+        200,
+        body=document,
+        raw=json_bytes(document),
+        headers={"content-type": "application/json"},
+    )
     _OPENAPI[:] = [(table, policy, answer)]
     return answer
 

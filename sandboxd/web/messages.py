@@ -69,7 +69,11 @@ class ServerRequest:
 
 @attrs.define
 class ServerResponse:
-    """A JSON response (or raw bytes when ``raw`` is set)."""
+    """
+    A JSON response (or raw bytes when ``raw`` is set).  With both, ``raw``
+    is what is sent and ``body`` the value it encodes, for a door that
+    answers with the value rather than the bytes (an MCP tool's result).
+    """
 
     status: int = 200
     body: Any = None
