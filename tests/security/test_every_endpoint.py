@@ -286,16 +286,31 @@ def files_under(root: str) -> dict[str, tuple[int, int] | None]:
     return found
 
 
-def children() -> set[tuple[int, str]]:
+def _process_clock() -> float:
+    """
+    Now, as psutil dates a process's start: the boot time it reads (whole
+    seconds) plus the time since boot, so that a process started after
+    this call is never dated before it.
+    """
+    with open("/proc/uptime") as f:
+        return float(psutil.boot_time()) + float(f.read().split()[0])
+
+
+def children(since: float = 0.0) -> set[tuple[int, str]]:
     """
     The daemon's live child processes (the daemon runs in this process);
     not their descendants, which a shell a taken call started may add to
     while the refused calls are sent.
+
+    :param since: leave out those started before (a time from
+        :func:`_process_clock`): an earlier test's process orphaned now
+        becomes a child of this process too, which an in-process daemon
+        makes a subreaper.
     """
     found = set()
     for child in psutil.Process().children():
         try:
-            if child.status() != psutil.STATUS_ZOMBIE:
+            if child.status() != psutil.STATUS_ZOMBIE and child.create_time() >= since:
                 found.add((child.pid, child.name()))
         except psutil.Error:
             continue
@@ -330,11 +345,16 @@ class SweepCase(DaemonTestCase):
     timeout = 300
     policy = ALL_GROUPS
 
+    #: When this test's daemon was started (:func:`_process_clock`): the
+    #: children compared are the ones started since.
+    since = 0.0
+
     def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
         """
         The daemon, with the preview door listening (its routes need it)
         and a command template (:func:`sweep_registry`).
         """
+        self.since = _process_clock()
         kwargs.setdefault("preview_port", "tcp:0:interface=127.0.0.1")
         kwargs.setdefault("registry", sweep_registry())
         return super().start(stop_at_end, **kwargs)
@@ -364,7 +384,7 @@ class SweepCase(DaemonTestCase):
                 body = [p for p in body["ports"] if p["exposed"]]
             shown[endpoint_id] = state(body)
         shown["files"] = files_under(self.base_dir)
-        shown["children"] = children()
+        shown["children"] = children(self.since)
         return shown
 
     def compare(self, what: str, before: Any, after: Any, problems: list[str]) -> None:
@@ -418,10 +438,10 @@ class HttpSweepTests(SweepCase):
         after its answer, and must not be counted against the next
         endpoint's refused calls.
         """
-        seen = children()
+        seen = children(self.since)
         for _ in range(30):
             yield deferLater(reactor, 0.1, lambda: None)
-            now = children()
+            now = children(self.since)
             if now == seen:
                 return
             seen = now
