@@ -1016,7 +1016,7 @@ def pin_anchors(anchors: Anchors, base_dir: str, roots: Iterable[str] = ()) -> N
     (and is then only reached through a path with no link on it).
     """
     base = posixpath.normpath(base_dir)
-    _pin(anchors, base, lambda: _open_real_dir(base))
+    _pin(anchors, base, lambda: open_real_dir(base))
     for root in roots:
         _pin(anchors, root, functools.partial(os.open, root, _ANCHOR_FLAGS))
 
@@ -1034,7 +1034,7 @@ def _pin(anchors: Anchors, path: str, opener: Callable[[], int]) -> None:
     anchors.pinned[path] = (st.st_dev, st.st_ino)
 
 
-def _open_real_dir(path: str) -> int:
+def open_real_dir(path: str) -> int:
     """
     An ``O_PATH`` fd of the directory at absolute ``path``, no link followed
     on any component (the base dir is a real path when the policy loads).
@@ -1074,7 +1074,7 @@ def open_anchor(anchors: Anchors, anchor: str, original: str) -> tuple[int, int 
     pinned = anchors.pinned.get(anchor)
     try:
         if pinned is None:
-            fd = _open_real_dir(anchor)
+            fd = open_real_dir(anchor)
         else:
             fd = os.open(anchor, _ANCHOR_FLAGS)
     except FileNotFoundError:

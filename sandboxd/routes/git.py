@@ -19,7 +19,7 @@ import shutil
 from collections.abc import Callable
 from typing import Any
 
-from sandboxd.access.guard import PathGuard
+from sandboxd.access.guard import PathGuard, open_real_dir
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -468,7 +468,7 @@ def _remove_emptied(top: str, files: list[str]) -> None:
     for folder in sorted(folders, key=lambda f: f.count("/"), reverse=True):
         parent, _, name = folder.rpartition("/")
         try:
-            fd = _open_below(top, parent)
+            fd = open_real_dir(os.path.join(top, parent))
         except OSError:
             continue
         try:
@@ -477,19 +477,6 @@ def _remove_emptied(top: str, files: list[str]) -> None:
             pass  # not empty, not a directory, or gone
         finally:
             os.close(fd)
-
-
-def _open_below(top: str, relative: str) -> int:
-    """A descriptor of ``top/relative``, no link followed on the way."""
-    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(top, flags)
-    for part in relative.split("/") if relative else ():
-        try:
-            child = os.open(part, flags, dir_fd=fd)
-        finally:
-            os.close(fd)
-        fd = child
-    return fd
 
 
 #: Paths named on one git command line when the work tree is put back.
