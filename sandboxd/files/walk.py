@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fnmatch
+import heapq
 import os
 import posixpath
 import re
@@ -92,6 +93,27 @@ def visible(guard: PathGuard, path: str, st: os.stat_result) -> bool:
     return True
 
 
+#: Names sorted in one go; a bigger directory is sorted in pieces of this
+#: many, then merged.
+SORT_PIECE = 8192
+
+
+def by_name(names: list[str]) -> Iterator[str]:
+    """
+    ``names`` in order.  A walk runs in a worker thread, and one sort of a
+    directory of a few hundred thousand names holds the interpreter's lock
+    for tens of milliseconds, during which the reactor answers nobody;
+    pieces of :data:`SORT_PIECE` hold it a millisecond or two each, and
+    their merge lets go of it as it goes.
+    """
+    if len(names) <= SORT_PIECE:
+        return iter(sorted(names))
+    pieces = [
+        sorted(names[i : i + SORT_PIECE]) for i in range(0, len(names), SORT_PIECE)
+    ]
+    return heapq.merge(*pieces)
+
+
 def walk(
     fd: int, root: str, max_depth: int, hidden: bool = True
 ) -> Iterator[tuple[str, str, os.stat_result]]:
@@ -104,19 +126,25 @@ def walk(
     """
     try:
         with os.scandir(fd) as it:
-            items = sorted(
-                (
-                    (e.name, e.stat(follow_symlinks=False))
-                    for e in it
-                    if (hidden or not e.name.startswith("."))
-                    and TEMPORARY_NAME.match(e.name) is None
-                ),
-                key=lambda x: x[0],
-            )
+            names = [
+                e.name
+                for e in it
+                if (hidden or not e.name.startswith("."))
+                and TEMPORARY_NAME.match(e.name) is None
+            ]
         dev = os.fstat(fd).st_dev
     except OSError:
         return
-    for name, st in items:
+    for name in by_name(names):
+        # Each entry's status as it is reached, not all of them first: a
+        # walk stopped early (a listing's cap) asks for no more, and a
+        # directory of a few hundred thousand entries is not held as
+        # that many objects (whose collection and freeing hold the
+        # interpreter's lock for tens of milliseconds).
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            continue  # gone since the scan
         if mounted_special(fd, name, st, dev):
             continue  # /proc mounted here is as out of reach as /proc
         yield root, name, st
