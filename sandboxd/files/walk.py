@@ -102,9 +102,9 @@ def by_name(names: list[str]) -> Iterator[str]:
     """
     ``names`` in order.  A walk runs in a worker thread, and one sort of a
     directory of a few hundred thousand names holds the interpreter's lock
-    for tens of milliseconds, during which the reactor answers nobody;
-    pieces of :data:`SORT_PIECE` hold it a millisecond or two each, and
-    their merge lets go of it as it goes.
+    from start to end, while the reactor answers nobody; pieces of
+    :data:`SORT_PIECE` names hold it briefly each, and their merge lets go
+    of it as it goes.
     """
     if len(names) <= SORT_PIECE:
         return iter(sorted(names))
@@ -140,7 +140,7 @@ def walk(
         # walk stopped early (a listing's cap) asks for no more, and a
         # directory of a few hundred thousand entries is not held as
         # that many objects (whose collection and freeing hold the
-        # interpreter's lock for tens of milliseconds).
+        # interpreter's lock in one piece, as the sort did).
         try:
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         except OSError:
