@@ -90,6 +90,7 @@ def create(
     named as on the seed: a file by its name, a directory's files below the
     directory's name (directories themselves are not members).
     """
+    count_members(guard, paths, max_files, max_bytes)
     buffer = io.BytesIO()
     budget = _Budget(max_files, max_bytes)
     if fmt == "zip":
@@ -98,22 +99,7 @@ def create(
         writer = tarfile.open(fileobj=buffer, mode="w:gz")
     with writer:
         for path in paths:
-            with guard.locate(path, "read", follow=True, missing_ok=False) as loc:
-                st = loc.lstat()
-                assert st is not None
-                if loc.name == "":
-                    fd = os.open(
-                        ".",
-                        os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
-                        dir_fd=loc.dir_fd,
-                    )
-                else:
-                    fd = os.open(
-                        loc.name,
-                        os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                        dir_fd=loc.dir_fd,
-                    )
-                resolved = loc.path
+            fd, resolved, st = _open_top(guard, path)
             try:
                 if not stat.S_ISDIR(st.st_mode):
                     name = arcname(resolved, resolved)
@@ -135,6 +121,62 @@ def create(
         "format": fmt,
         "bytes": len(data),
     }
+
+
+def _open_top(guard: PathGuard, path: str) -> tuple[int, str, os.stat_result]:
+    """One path asked for: its descriptor, its resolved path and its status."""
+    with guard.locate(path, "read", follow=True, missing_ok=False) as loc:
+        st = loc.lstat()
+        assert st is not None
+        if loc.name == "":
+            fd = os.open(
+                ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=loc.dir_fd
+            )
+        else:
+            fd = os.open(
+                loc.name,
+                os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                dir_fd=loc.dir_fd,
+            )
+        return fd, loc.path, st
+
+
+def count_members(
+    guard: PathGuard, paths: list[str], max_files: int, max_bytes: int
+) -> None:
+    """
+    Refuse (413) an archive of more than ``max_files`` members, or of
+    files over ``max_bytes`` together, before a byte is read: members are
+    counted as packing counts them, from the walk's names and statuses
+    alone, and the count stops at the first member past a bound.  Packing
+    still checks both (a file may grow in between).
+    """
+    files = size = 0
+    for path in paths:
+        fd, resolved, st = _open_top(guard, path)
+        try:
+            if stat.S_ISDIR(st.st_mode):
+                entries: Any = (
+                    (posixpath.join(parent, name), sub)
+                    for parent, name, sub in walk(fd, resolved, WALK_DEPTH)
+                )
+            else:
+                entries = [(None, st)]
+            for full, sub in entries:
+                if full is not None:
+                    if not (stat.S_ISREG(sub.st_mode) or stat.S_ISLNK(sub.st_mode)):
+                        continue
+                    if not visible(guard, full, sub):
+                        continue
+                files += 1
+                if stat.S_ISREG(sub.st_mode):
+                    size += sub.st_size
+                if files > max_files:
+                    raise too_many(max_files)
+                if size > max_bytes:
+                    raise payload_too_large(max_bytes)
+        finally:
+            os.close(fd)
 
 
 def _add_entry(
