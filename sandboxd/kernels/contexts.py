@@ -310,13 +310,6 @@ def env_prologue(env: dict[str, str]) -> tuple[str, str]:
     return before, after
 
 
-def _unwritable(error: OSError) -> ApiError:
-    """The answer to a kernel's connection file that could not be written."""
-    return exhausted(error) or internal(
-        f"cannot write the kernel's connection file: {error}", "OSError"
-    )
-
-
 class CodeContext:
     """
     One kernel and its executions.
@@ -445,10 +438,27 @@ class CodeContext:
         if self.builtin:
             self._spawn_builtin()
             return
+        conn = {
+            "transport": "ipc",
+            "ip": os.path.join(self.dir, f"k{secrets.token_hex(3)}"),
+            "shell_port": 1,
+            "iopub_port": 2,
+            "stdin_port": 3,
+            "control_port": 4,
+            "hb_port": 5,
+            "key": secrets.token_hex(32),
+            "signature_scheme": "hmac-sha256",
+            "kernel_name": self.spec.name,
+        }
         try:
-            conn, path = self._connection()
+            path = self._write_connection(conn)
         except OSError as e:
-            self._start_failed(_unwritable(e))
+            self._start_failed(
+                exhausted(e)
+                or internal(
+                    f"cannot write the kernel's connection file: {e}", "OSError"
+                )
+            )
             return
         self._conn = conn
         env = dict(self.env)
@@ -487,22 +497,6 @@ class CodeContext:
         hub.send(
             {"op": "open", "cid": self.id, "conn": conn, "timeout": self.start_timeout}
         )
-
-    def _connection(self) -> tuple[dict[str, Any], str]:
-        """A new connection for the kernel (addresses, key) and its file, written."""
-        conn = {
-            "transport": "ipc",
-            "ip": os.path.join(self.dir, f"k{secrets.token_hex(3)}"),
-            "shell_port": 1,
-            "iopub_port": 2,
-            "stdin_port": 3,
-            "control_port": 4,
-            "hb_port": 5,
-            "key": secrets.token_hex(32),
-            "signature_scheme": "hmac-sha256",
-            "kernel_name": self.spec.name,
-        }
-        return conn, self._write_connection(conn)
 
     def _write_connection(self, conn: dict[str, Any]) -> str:
         """
