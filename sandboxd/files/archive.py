@@ -12,6 +12,7 @@ written through the path guard, file by file, atomically.
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import os
 import posixpath
@@ -19,6 +20,7 @@ import stat
 import tarfile
 import time
 import zipfile
+from collections.abc import Generator
 from typing import Any
 
 import attrs
@@ -99,20 +101,13 @@ def create(
         writer = tarfile.open(fileobj=buffer, mode="w:gz")
     with writer:
         for path in paths:
-            fd, resolved, st = _open_top(guard, path)
-            try:
-                if not stat.S_ISDIR(st.st_mode):
-                    name = arcname(resolved, resolved)
-                    _add(writer, fmt, fd, resolved, name, st, budget, buffer)
-                    continue
-                for parent, name, sub_st in walk(fd, resolved, WALK_DEPTH):
-                    full = posixpath.join(parent, name)
-                    if not visible(guard, full, sub_st):
-                        continue
-                    member = arcname(resolved, full)
-                    _add_entry(writer, fmt, full, member, sub_st, guard, budget, buffer)
-            finally:
-                os.close(fd)
+            with contextlib.closing(_entries(guard, path)) as entries:
+                for top, full, st, fd in entries:
+                    member = arcname(top, full)
+                    if fd is not None:
+                        _add(writer, fmt, fd, full, member, st, budget, buffer)
+                    else:
+                        _add_entry(writer, fmt, full, member, st, guard, budget, buffer)
     data = buffer.getvalue()
     if len(data) > max_bytes:
         raise payload_too_large(max_bytes)
@@ -123,8 +118,16 @@ def create(
     }
 
 
-def _open_top(guard: PathGuard, path: str) -> tuple[int, str, os.stat_result]:
-    """One path asked for: its descriptor, its resolved path and its status."""
+def _entries(
+    guard: PathGuard, path: str
+) -> Generator[tuple[str, str, os.stat_result, int | None], None, None]:
+    """
+    What one path asked for brings into an archive, as
+    ``(resolved path asked for, entry's path, its status, descriptor)``: a
+    file asked for by itself, read through the descriptor given with it;
+    else the visible entries below the directory, each opened when packed
+    (descriptor None).  The path's descriptor is closed when the walk ends.
+    """
     with guard.locate(path, "read", follow=True, missing_ok=False) as loc:
         st = loc.lstat()
         assert st is not None
@@ -138,7 +141,22 @@ def _open_top(guard: PathGuard, path: str) -> tuple[int, str, os.stat_result]:
                 os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                 dir_fd=loc.dir_fd,
             )
-        return fd, loc.path, st
+        top = loc.path
+    try:
+        if not stat.S_ISDIR(st.st_mode):
+            yield top, top, st, fd
+            return
+        for parent, name, sub in walk(fd, top, WALK_DEPTH):
+            full = posixpath.join(parent, name)
+            if visible(guard, full, sub):
+                yield top, full, sub, None
+    finally:
+        os.close(fd)
+
+
+def _is_member(st: os.stat_result) -> bool:
+    """Whether a walked entry is stored: files and links (directories name their files)."""
+    return stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)
 
 
 def count_members(
@@ -153,30 +171,17 @@ def count_members(
     """
     files = size = 0
     for path in paths:
-        fd, resolved, st = _open_top(guard, path)
-        try:
-            if stat.S_ISDIR(st.st_mode):
-                entries: Any = (
-                    (posixpath.join(parent, name), sub)
-                    for parent, name, sub in walk(fd, resolved, WALK_DEPTH)
-                )
-            else:
-                entries = [(None, st)]
-            for full, sub in entries:
-                if full is not None:
-                    if not (stat.S_ISREG(sub.st_mode) or stat.S_ISLNK(sub.st_mode)):
-                        continue
-                    if not visible(guard, full, sub):
-                        continue
+        with contextlib.closing(_entries(guard, path)) as entries:
+            for _, _, st, fd in entries:
+                if fd is None and not _is_member(st):
+                    continue
                 files += 1
-                if stat.S_ISREG(sub.st_mode):
-                    size += sub.st_size
+                if stat.S_ISREG(st.st_mode):
+                    size += st.st_size
                 if files > max_files:
                     raise too_many(max_files)
                 if size > max_bytes:
                     raise payload_too_large(max_bytes)
-        finally:
-            os.close(fd)
 
 
 def _add_entry(
