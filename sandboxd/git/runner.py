@@ -202,6 +202,7 @@ class GitCall:
         observe: Observer | None = None,
         timeout: float | None = None,
         stdin: bytes | None = None,
+        own_pathspecs: bool = False,
     ) -> processes.RunResult:
         """
         Run git to completion; with ``check``, a failure becomes the error
@@ -209,8 +210,16 @@ class GitCall:
 
         With a ``secret``, git asks for it through a one-shot askpass
         session that ends with the call.
+
+        :param own_pathspecs: for a call that names no path of the
+            caller's: git's pathspec magic is left on, since some commands
+            pass it to the git they run themselves (a stash of untracked
+            files cleans them with ``:/``, which taken literally names no
+            file, so they would stay).
         """
         env = dict(self.env)
+        if own_pathspecs:
+            del env["GIT_LITERAL_PATHSPECS"]
         session: AskpassSession | None = None
         if secret is not None:
             uid, gid = self.uid_gid

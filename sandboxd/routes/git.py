@@ -551,7 +551,7 @@ async def git_stash(request: ServerRequest) -> dict[str, Any]:
         before = await call.run(
             ["rev-parse", "-q", "--verify", "refs/stash"], check=False
         )
-        await call.run(args)
+        await call.run(args, own_pathspecs=True)
         after = await call.run(
             ["rev-parse", "-q", "--verify", "refs/stash"], check=False
         )

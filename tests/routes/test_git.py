@@ -228,6 +228,37 @@ class GitLocalTests(DaemonTestCase):
         self.assertEqual(reply.status, 200, reply.body)
 
     @inlineCallbacks
+    def test_stash_takes_untracked_files(self) -> Any:
+        """
+        A stash takes the untracked files with the changes, as its
+        ``--include-untracked`` says: the work tree is clean after the
+        push (git's own status), and the pop brings both back.
+        """
+        yield self.init_repo()
+        repo = os.path.join(self.base_dir, "repo")
+        self.write("repo/a.txt", "changed\n")
+        self.write("repo/new/u.txt", "untracked\n")
+        self.write("repo/[x]*.txt", "a name with glob characters\n")
+        reply = yield self.request("POST", "/git/stash", {"path": "repo"})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(
+            git(repo, "status", "--porcelain", "--untracked-files=all"), ""
+        )
+        self.assertFalse(os.path.exists(os.path.join(repo, "new")))
+        reply = yield self.request(
+            "POST", "/git/stash", {"path": "repo", "action": "pop"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["stashes"], [])
+        for name, text in [
+            ("a.txt", "changed\n"),
+            ("new/u.txt", "untracked\n"),
+            ("[x]*.txt", "a name with glob characters\n"),
+        ]:
+            with open(os.path.join(repo, name)) as f:
+                self.assertEqual(f.read(), text, name)
+
+    @inlineCallbacks
     def test_config_keys(self) -> Any:
         """Allowed keys are set and read; a key that can run code is 403 param_not_allowed."""
         yield self.init_repo()
