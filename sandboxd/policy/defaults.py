@@ -617,6 +617,10 @@ GIT_MESSAGE_MAX_BYTES = 64 * KIB
 #: git: the most commits ``git_log`` returns.
 GIT_LOG_MAX = 1000
 
+#: git: the bytes of the user's files a restore or a stash pop keeps in
+#: memory, so that a call that fails half-way can put them back.
+GIT_KEEP_BYTES = 32 * MIB
+
 
 def endpoint_limits(endpoint_id: str, group: str) -> dict[str, Any]:
     """The built-in limits of one endpoint, before any policy layer."""

@@ -58,6 +58,7 @@ from sandboxd.git.runner import (
     repo_path,
     require_text,
 )
+from sandboxd.git.worktree import KeptTree, keep, put_back
 from sandboxd.policy import defaults
 from sandboxd.processes.environment import BOOT_ENVIRON
 from sandboxd.web import params
@@ -525,10 +526,87 @@ async def git_restore(request: ServerRequest) -> dict[str, Any]:
         args.append("--staged")
     if worktree:
         args.append("--worktree")
-    if body.get("source") is not None:
-        args.append(f"--source={ref_name(body.get('source'), 'source')}")
-    await call.run([*args, "--", *files])
+    source = body.get("source")
+    if source is not None:
+        source = ref_name(source, "source")
+        args.append(f"--source={source}")
+    kept = None
+    if worktree:
+        # What the restore may overwrite: the files that differ from its
+        # source (the index, else HEAD for a staged one too).
+        base = source or ("HEAD" if staged else None)
+        diff = ["diff-index", base] if base else ["diff-files"]
+        kept = await _keep(call, [[*diff, "--name-only", "-z", "--", *files]])
+    try:
+        await call.run([*args, "--", *files])
+    except ApiError as e:
+        raise await _undone(request, kept, e) from None
     return {"restored": files, "staged": staged, "worktree": worktree}
+
+
+async def _keep(call: GitCall, listings: list[list[str]]) -> KeptTree | None:
+    """
+    The work tree's files that git lists with ``listings`` (each a git call
+    printing NUL-separated paths from the top), kept as they are now
+    (:mod:`sandboxd.git.worktree`); None when there is no work tree.
+    """
+    if call.top is None:
+        return None
+    paths: list[str] = []
+    for listing in listings:
+        result = await call.run(listing, check=False)
+        if result.exit_code == 0:
+            paths += [
+                p.decode("utf-8", "surrogateescape")
+                for p in result.stdout.split(b"\0")
+                if p
+            ]
+    if not paths:
+        return None
+    top = call.top
+    found: KeptTree = await call.context.in_thread(
+        keep, top, paths, defaults.GIT_KEEP_BYTES
+    )
+    return found
+
+
+async def _unmerged(call: GitCall) -> bool:
+    """Whether the index holds a conflict (a merge that stopped half-done)."""
+    result = await call.run(["ls-files", "-u", "-z"], check=False)
+    return result.exit_code != 0 or bool(result.stdout)
+
+
+async def _undone(
+    request: ServerRequest, kept: KeptTree | None, e: ApiError
+) -> ApiError:
+    """
+    The error of a call that may have written some of the ``kept`` files
+    before it failed: those are put back, and the message says so when it
+    matters (the disk is full), or which are not as they were.
+    """
+    if kept is None:
+        return e
+    wrong: list[str] = await request.context.in_thread(put_back, kept)
+    unkept = [p for p in kept.unkept if p not in wrong]
+    if not wrong and not unkept:
+        if e.code is not Code.INSUFFICIENT_STORAGE:
+            return e
+        return insufficient_storage(
+            f"{e.message} (the disk is full: the work tree was put back as it was)"
+        )
+    listed = ", ".join((wrong + unkept)[:10])
+    more = len(wrong) + len(unkept) - 10
+    if more > 0:
+        listed += f" and {more} more"
+    return ApiError(
+        e.status,
+        f"{e.message} (the work tree could not all be put back as it was: "
+        f"check {listed})",
+        e.type,
+        e.code,
+        headers=e.headers,
+        **e.extra,
+    )
 
 
 async def git_stash(request: ServerRequest) -> dict[str, Any]:
@@ -557,7 +635,33 @@ async def git_stash(request: ServerRequest) -> dict[str, Any]:
         )
         if after.stdout == before.stdout:
             raise conflict_error("no_local_changes", "no local changes to stash")
-    elif action in ("pop", "drop"):
+    elif action == "pop":
+        stash = f"stash@{{{index}}}"
+        # What the pop may write: the files the stash changed, and its
+        # untracked ones (git restores those first, and leaves them when
+        # the merge that follows fails).
+        kept = await _keep(
+            call,
+            [
+                [
+                    "diff-tree",
+                    "-r",
+                    "-z",
+                    "--name-only",
+                    "--no-renames",
+                    f"{stash}^1",
+                    stash,
+                ],
+                ["ls-tree", "-r", "-z", "--name-only", "--full-tree", f"{stash}^3"],
+            ],
+        )
+        try:
+            await call.run(["stash", "pop", "-q", stash])
+        except ApiError as e:
+            if e.code is not Code.INSUFFICIENT_STORAGE and await _unmerged(call):
+                raise  # a conflict, left for the caller to resolve, as git does
+            raise await _undone(request, kept, e) from None
+    elif action == "drop":
         await call.run(["stash", action, "-q", f"stash@{{{index}}}"])
     listing = await call.run(["stash", "list", "--format=%gd%x1f%H%x1f%gs"])
     stashes = []

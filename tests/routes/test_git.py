@@ -259,6 +259,60 @@ class GitLocalTests(DaemonTestCase):
                 self.assertEqual(f.read(), text, name)
 
     @inlineCallbacks
+    def test_refused_pop_leaves_nothing(self) -> Any:
+        """
+        A pop git refuses (a local change to a file the stash changes) is
+        409 and leaves the work tree as it was: git restores the stash's
+        untracked files before it refuses, and those are removed again, so
+        the pop works once the local change is out of the way.
+        """
+        yield self.init_repo()
+        repo = os.path.join(self.base_dir, "repo")
+        self.write("repo/a.txt", "stashed\n")
+        self.write("repo/new/u.txt", "untracked\n")
+        reply = yield self.request("POST", "/git/stash", {"path": "repo"})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.write("repo/a.txt", "a local change\n")
+        reply = yield self.request(
+            "POST", "/git/stash", {"path": "repo", "action": "pop"}
+        )
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["code"], "git_conflict")
+        self.assertFalse(os.path.exists(os.path.join(repo, "new")))
+        self.assertEqual(git(repo, "status", "--porcelain"), " M a.txt\n")
+        self.assertEqual(len(git(repo, "stash", "list").splitlines()), 1)
+        self.write("repo/a.txt", "one\n")
+        reply = yield self.request(
+            "POST", "/git/stash", {"path": "repo", "action": "pop"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        with open(os.path.join(repo, "new", "u.txt")) as f:
+            self.assertEqual(f.read(), "untracked\n")
+
+    @inlineCallbacks
+    def test_conflicted_pop_left_to_resolve(self) -> Any:
+        """
+        A pop that stops in a conflict is 409 and leaves the conflict for
+        the caller to resolve, as git does: the markers in the file, the
+        path unmerged, the stash kept.
+        """
+        yield self.init_repo()
+        repo = os.path.join(self.base_dir, "repo")
+        self.write("repo/a.txt", "stashed\n")
+        reply = yield self.request("POST", "/git/stash", {"path": "repo"})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.write("repo/a.txt", "committed\n")
+        git(repo, "commit", "-qam", "second")
+        reply = yield self.request(
+            "POST", "/git/stash", {"path": "repo", "action": "pop"}
+        )
+        self.assertEqual(reply.status, 409, reply.body)
+        with open(os.path.join(repo, "a.txt")) as f:
+            self.assertIn("<<<<<<<", f.read())
+        self.assertEqual(git(repo, "status", "--porcelain"), "UU a.txt\n")
+        self.assertEqual(len(git(repo, "stash", "list").splitlines()), 1)
+
+    @inlineCallbacks
     def test_config_keys(self) -> Any:
         """Allowed keys are set and read; a key that can run code is 403 param_not_allowed."""
         yield self.init_repo()

@@ -260,10 +260,14 @@ class BoxedDaemon:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    def fill(self) -> None:
-        """Fill the daemon's tmpfs to the last byte with a file of its own."""
+    def fill(self, room: int = 0) -> None:
+        """
+        Fill the daemon's tmpfs to the last byte with a file of its own,
+        then give ``room`` bytes of it back.
+        """
         chunk = b"\0" * 65536
-        with open(self.inside(f"{self.root}/filler"), "ab", buffering=0) as f:
+        filler = self.inside(f"{self.root}/filler")
+        with open(filler, "ab", buffering=0) as f:
             try:
                 while True:
                     f.write(chunk)
@@ -272,6 +276,8 @@ class BoxedDaemon:
                     raise
         st = os.statvfs(self.inside(self.root))
         assert st.f_bavail == 0, st
+        if room:
+            os.truncate(filler, os.path.getsize(filler) - room)
 
     def free(self) -> None:
         """Give the space back."""
@@ -642,6 +648,78 @@ class FullDiskTests(SynchronousTestCase):
         self.box.free()
         self.sb.git.checkout("r", "big", force=True)
         self.assertEqual(tree(), {**big, "local.txt": OLD})
+
+    def test_git_restore_and_pop(self) -> None:
+        """
+        A restore over the user's edits, and a stash pop of bigger files
+        with an untracked one, each stopped by a full disk half-way: 507,
+        and the work tree as it was (the user's edits whole, nothing of
+        the stash's, the stash kept); with room both do their work.
+        """
+        author = {"name": "T", "email": "t@x"}
+        self.sb.git.init("r")
+        big = {f"f{i}.txt": base64.b64encode(os.urandom(100_000)) for i in range(20)}
+        for name, data in big.items():
+            self.sb.files.write_bytes(f"r/{name}", data)
+        self.sb.git.add("r", all=True)
+        self.sb.git.commit("r", "big", author=author)
+        edits = {name: f"the user's edit of {name}\n".encode() for name in big}
+        for name, data in edits.items():
+            self.sb.files.write_bytes(f"r/{name}", data)
+        self.sb.files.write_bytes("r/local.txt", OLD)
+
+        def tree() -> dict[str, bytes]:
+            found = {}
+            root = self.on_disk("r")
+            for folder, dirs, names in os.walk(root):
+                dirs[:] = [d for d in dirs if d != ".git"]
+                for name in names:
+                    path = os.path.join(folder, name)
+                    with open(path, "rb") as f:
+                        found[os.path.relpath(path, root)] = f.read()
+            return found
+
+        def stashes() -> str:
+            return self.sb.commands.run("sh -c 'cd r && git stash list'").stdout
+
+        restore = {"path": "r", "files": ["."]}
+        expected = tree()
+        self.box.fill()
+        error = raised(lambda: self.sb.request("POST", "/git/restore", json=restore))
+        self.assertIsInstance(error, InsufficientStorage, f"restore: {error!r}")
+        self.assertIn("put back as it was", str(error))
+        self.assertEqual(tree(), expected)
+        self.box.free()
+        self.sb.request("POST", "/git/restore", json=restore)
+        self.assertEqual(tree(), {**big, "local.txt": OLD})
+
+        # Small files committed (the untracked one with them); the big ones
+        # and a new one in new directories stashed over them.
+        small = {name: f"small {name}\n".encode() for name in big}
+        small["local.txt"] = OLD
+        for name, data in small.items():
+            self.sb.files.write_bytes(f"r/{name}", data)
+        self.sb.git.add("r", all=True)
+        self.sb.git.commit("r", "small", author=author)
+        for name, data in big.items():
+            self.sb.files.write_bytes(f"r/{name}", data)
+        deep = base64.b64encode(os.urandom(100_000))
+        self.sb.files.write_bytes("r/new/deep/n.txt", deep)
+        self.sb.request("POST", "/git/stash", json={"path": "r"})
+        self.assertEqual(tree(), small)
+        self.assertEqual(len(stashes().splitlines()), 1)
+        pop = {"path": "r", "action": "pop"}
+        self.box.fill(room=300_000)
+        error = raised(lambda: self.sb.request("POST", "/git/stash", json=pop))
+        self.assertIsInstance(error, InsufficientStorage, f"pop: {error!r}")
+        self.assertIn("put back as it was", str(error))
+        self.assertEqual(tree(), small)
+        self.assertFalse(os.path.exists(self.on_disk("r/new")))
+        self.box.free()
+        self.assertEqual(len(stashes().splitlines()), 1)
+        self.sb.request("POST", "/git/stash", json=pop)
+        self.assertEqual(tree(), {**small, **big, "new/deep/n.txt": deep})
+        self.assertEqual(stashes(), "")
 
     def test_git_init(self) -> None:
         """
