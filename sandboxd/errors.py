@@ -612,6 +612,18 @@ def agent_timeout(message: str, **extra: Any) -> ApiError:
     return ApiError(504, message, "TimeoutError", Code.AGENT_TIMEOUT, **extra)
 
 
+def noted(error: ApiError, note: str) -> ApiError:
+    """The same refusal, its message followed by ``note`` (what was done about it)."""
+    return ApiError(
+        error.status,
+        f"{error.message} ({note})",
+        error.type,
+        error.code,
+        headers=error.headers,
+        **error.extra,
+    )
+
+
 def insufficient_storage(message: str = "no space left on the device") -> ApiError:
     """507 ``insufficient_storage``: the disk filled; nothing was half-written."""
     return ApiError(507, message, "OSError", Code.INSUFFICIENT_STORAGE)

@@ -29,6 +29,7 @@ from sandboxd.errors import (
     insufficient_storage,
     limit_exceeded,
     limit_rule,
+    noted,
     policy_rule,
     unavailable,
 )
@@ -363,29 +364,40 @@ async def git_checkout(request: ServerRequest) -> dict[str, Any]:
         await call.run(args)
     else:
         args += [ref, "--"]
-        await _switch_tree(call, args, ref)
+        await _switch_tree(request, call, args, ref)
     branch = await _current_branch(call)
     return {"branch": branch, "commit": await _head(call), "detached": branch is None}
 
 
-async def _switch_tree(call: GitCall, args: list[str], target: str) -> None:
+async def _switch_tree(
+    request: ServerRequest,
+    call: GitCall,
+    args: list[str],
+    target: str,
+    kept: KeptTree | None = None,
+) -> None:
     """
     Run a git call that moves the work tree from HEAD's commit to
-    ``target``'s (a checkout, a hard reset).  When the disk fills on the
-    way, git stops with some files written and HEAD and the index as they
-    were; the files it changed are then put back as HEAD has them, so the
-    507 means nothing happened.
+    ``target``'s (a checkout, a reset that writes the tree).  When the disk
+    fills on the way, git stops with some files written and HEAD and the
+    index as they were; the files it changed are then put back, so the 507
+    means nothing happened: the ``kept`` ones as they were read before
+    (a hard reset overwrites local changes, which git does not hold), else
+    as HEAD has them (git refuses the others when a file they write has
+    local changes).
     """
     try:
         await call.run(args)
     except ApiError as e:
         if e.code is not Code.INSUFFICIENT_STORAGE:
             raise
+        if kept is not None:
+            raise _after_put_back(e, await _put_kept_back(request, kept, e)) from None
         # HEAD is where it was: the failed call did not move it.
         before, after = await _head(call), await _commit_of(call, target)
         if before is None or after is None:
             raise
-        if await _put_back(call, before, after):
+        if await _back_from_index(call, before, after):
             raise insufficient_storage(
                 f"{e.message} (the disk is full: the work tree was put back as it was)"
             ) from None
@@ -406,7 +418,7 @@ async def _commit_of(call: GitCall, ref: str) -> str | None:
     return sha if result.exit_code == 0 and sha else None
 
 
-async def _put_back(call: GitCall, before: str, after: str) -> bool:
+async def _back_from_index(call: GitCall, before: str, after: str) -> bool:
     """
     Put the files that differ between ``before`` (HEAD, whose content the
     index still holds) and ``after`` back as ``before`` has them: those
@@ -506,8 +518,12 @@ async def git_reset(request: ServerRequest) -> dict[str, Any]:
             ["reset", "-q", target, "--", *_files(request, call, body.get("files"))]
         )
     elif mode in ("hard", "keep", "merge"):
-        # These write the work tree.
-        await _switch_tree(call, ["reset", "-q", f"--{mode}", target], target)
+        # These write the work tree; a hard one over local changes too.
+        kept = None
+        if mode == "hard":
+            kept = await _keep(call, [["diff-index", "--name-only", "-z", target]])
+        args = ["reset", "-q", f"--{mode}", target]
+        await _switch_tree(request, call, args, target, kept)
     else:
         await call.run(["reset", "-q", f"--{mode}", target])
     branch = await _current_branch(call)
@@ -540,7 +556,7 @@ async def git_restore(request: ServerRequest) -> dict[str, Any]:
     try:
         await call.run([*args, "--", *files])
     except ApiError as e:
-        raise await _undone(request, kept, e) from None
+        raise _after_put_back(e, await _put_kept_back(request, kept, e)) from None
     return {"restored": files, "staged": staged, "worktree": worktree}
 
 
@@ -570,43 +586,83 @@ async def _keep(call: GitCall, listings: list[list[str]]) -> KeptTree | None:
     return found
 
 
+async def _stash_ref(call: GitCall) -> bytes:
+    """The commit ``refs/stash`` names (empty when there is no stash)."""
+    result = await call.run(["rev-parse", "-q", "--verify", "refs/stash"], check=False)
+    return result.stdout
+
+
+async def _push_undone(
+    request: ServerRequest,
+    call: GitCall,
+    kept: KeptTree | None,
+    e: ApiError,
+    before: bytes,
+) -> ApiError:
+    """
+    A stash push that failed (a full disk) after it made the stash, with
+    the work tree half reset: the files are put back, then the stash made
+    on the way dropped, so that nothing happened; while a file is not as it
+    was, the stash stays, the changes are in it.
+    """
+    left = await _put_kept_back(request, kept, e)
+    if await _stash_ref(call) == before:
+        return _after_put_back(e, left)
+    if left:
+        return noted(
+            _after_put_back(e, left),
+            "the changes are in the stash made on the way, stash@{0}",
+        )
+    dropped = await call.run(["stash", "drop", "-q"], check=False)
+    if dropped.exit_code != 0:
+        return _after_put_back(
+            e,
+            [],
+            "the work tree was put back as it was, and the stash made on the "
+            "way is still there, stash@{0}",
+        )
+    return _after_put_back(e, [], "the work tree was put back as it was")
+
+
 async def _unmerged(call: GitCall) -> bool:
     """Whether the index holds a conflict (a merge that stopped half-done)."""
     result = await call.run(["ls-files", "-u", "-z"], check=False)
     return result.exit_code != 0 or bool(result.stdout)
 
 
-async def _undone(
+async def _put_kept_back(
     request: ServerRequest, kept: KeptTree | None, e: ApiError
-) -> ApiError:
+) -> list[str]:
     """
-    The error of a call that may have written some of the ``kept`` files
-    before it failed: those are put back, and the message says so when it
-    matters (the disk is full), or which are not as they were.
+    Put back the ``kept`` files a call that failed with ``e`` may have
+    written; the paths that are not as they were (with a full disk, also
+    those that were not kept, which git may have written half-way).
     """
     if kept is None:
-        return e
+        return []
     wrong: list[str] = await request.context.in_thread(put_back, kept)
-    unkept = [p for p in kept.unkept if p not in wrong]
-    if not wrong and not unkept:
-        if e.code is not Code.INSUFFICIENT_STORAGE:
-            return e
-        return insufficient_storage(
-            f"{e.message} (the disk is full: the work tree was put back as it was)"
+    if e.code is Code.INSUFFICIENT_STORAGE:
+        wrong += [p for p in kept.unkept if p not in wrong]
+    return wrong
+
+
+def _after_put_back(
+    e: ApiError, left: list[str], done: str = "the work tree was put back as it was"
+) -> ApiError:
+    """
+    ``e``, saying what became of the work tree when it matters: with a
+    full disk what was ``done``, or the paths ``left`` not as they were.
+    """
+    if left:
+        listed = ", ".join(left[:10])
+        if len(left) > 10:
+            listed += f" and {len(left) - 10} more"
+        return noted(
+            e, f"the work tree could not all be put back as it was: check {listed}"
         )
-    listed = ", ".join((wrong + unkept)[:10])
-    more = len(wrong) + len(unkept) - 10
-    if more > 0:
-        listed += f" and {more} more"
-    return ApiError(
-        e.status,
-        f"{e.message} (the work tree could not all be put back as it was: "
-        f"check {listed})",
-        e.type,
-        e.code,
-        headers=e.headers,
-        **e.extra,
-    )
+    if e.code is not Code.INSUFFICIENT_STORAGE:
+        return e
+    return noted(e, f"the disk is full: {done}")
 
 
 async def git_stash(request: ServerRequest) -> dict[str, Any]:
@@ -626,14 +682,20 @@ async def git_stash(request: ServerRequest) -> dict[str, Any]:
                     body.get("message"), "message", defaults.GIT_MESSAGE_MAX_BYTES
                 ),
             ]
-        before = await call.run(
-            ["rev-parse", "-q", "--verify", "refs/stash"], check=False
-        )
-        await call.run(args, own_pathspecs=True)
-        after = await call.run(
-            ["rev-parse", "-q", "--verify", "refs/stash"], check=False
-        )
-        if after.stdout == before.stdout:
+        before = await _stash_ref(call)
+        # What the push may write: the changed files it resets, and the
+        # untracked ones it removes.
+        listings = [["diff-index", "--name-only", "-z", "HEAD"]]
+        if call.top is not None:
+            listings.append(
+                ["-C", call.top, "ls-files", "-o", "-z", "--exclude-standard"]
+            )
+        kept = await _keep(call, listings)
+        try:
+            await call.run(args, own_pathspecs=True)
+        except ApiError as e:
+            raise await _push_undone(request, call, kept, e, before) from None
+        if await _stash_ref(call) == before:
             raise conflict_error("no_local_changes", "no local changes to stash")
     elif action == "pop":
         stash = f"stash@{{{index}}}"
@@ -660,7 +722,7 @@ async def git_stash(request: ServerRequest) -> dict[str, Any]:
         except ApiError as e:
             if e.code is not Code.INSUFFICIENT_STORAGE and await _unmerged(call):
                 raise  # a conflict, left for the caller to resolve, as git does
-            raise await _undone(request, kept, e) from None
+            raise _after_put_back(e, await _put_kept_back(request, kept, e)) from None
     elif action == "drop":
         await call.run(["stash", action, "-q", f"stash@{{{index}}}"])
     listing = await call.run(["stash", "list", "--format=%gd%x1f%H%x1f%gs"])

@@ -602,15 +602,7 @@ class FullDiskTests(SynchronousTestCase):
         expected = {**small, "local.txt": OLD}
 
         def tree() -> dict[str, bytes]:
-            found = {}
-            root = self.on_disk("r")
-            for folder, dirs, names in os.walk(root):
-                dirs[:] = [d for d in dirs if d != ".git"]
-                for name in names:
-                    path = os.path.join(folder, name)
-                    with open(path, "rb") as f:
-                        found[os.path.relpath(path, root)] = f.read()
-            return found
+            return self.work_tree("r")
 
         self.box.fill()
         calls: dict[str, Callable[[], Any]] = {
@@ -669,15 +661,7 @@ class FullDiskTests(SynchronousTestCase):
         self.sb.files.write_bytes("r/local.txt", OLD)
 
         def tree() -> dict[str, bytes]:
-            found = {}
-            root = self.on_disk("r")
-            for folder, dirs, names in os.walk(root):
-                dirs[:] = [d for d in dirs if d != ".git"]
-                for name in names:
-                    path = os.path.join(folder, name)
-                    with open(path, "rb") as f:
-                        found[os.path.relpath(path, root)] = f.read()
-            return found
+            return self.work_tree("r")
 
         def stashes() -> str:
             return self.sb.commands.run("sh -c 'cd r && git stash list'").stdout
@@ -720,6 +704,74 @@ class FullDiskTests(SynchronousTestCase):
         self.sb.request("POST", "/git/stash", json=pop)
         self.assertEqual(tree(), {**small, **big, "new/deep/n.txt": deep})
         self.assertEqual(stashes(), "")
+
+    def test_git_stash_push_and_hard_reset(self) -> None:
+        """
+        A stash push and a hard reset over the user's local changes, each
+        stopped by a full disk half-way: 507, the changes as they were
+        (a reset's put-back is the user's edits, not HEAD's files), no
+        stash left by the push; with room both do their work.
+        """
+        author = {"name": "T", "email": "t@x"}
+        self.sb.git.init("r")
+
+        def commit(branch: str) -> dict[str, bytes]:
+            files = {
+                f"f{i}.txt": base64.b64encode(os.urandom(100_000)) for i in range(20)
+            }
+            files["same.txt"] = b"the same in both\n"
+            for name, data in files.items():
+                self.sb.files.write_bytes(f"r/{name}", data)
+            self.sb.git.add("r", all=True)
+            self.sb.git.commit("r", branch, author=author)
+            return files
+
+        big = commit("main")
+        self.sb.git.checkout("r", "other", create=True)
+        other = commit("other")
+        self.sb.git.checkout("r", "main")
+        edits = {name: f"the user's edit of {name}\n".encode() for name in big}
+        for name, data in edits.items():
+            self.sb.files.write_bytes(f"r/{name}", data)
+        self.sb.files.write_bytes("r/new/u.txt", OLD)
+        expected = {**edits, "new/u.txt": OLD}
+        self.assertEqual(self.work_tree("r"), expected)
+
+        self.box.fill(room=300_000)
+        push = {"path": "r", "action": "push"}
+        error = raised(lambda: self.sb.request("POST", "/git/stash", json=push))
+        self.assertIsInstance(error, InsufficientStorage, f"push: {error!r}")
+        self.assertIn("put back as it was", str(error))
+        self.assertEqual(self.work_tree("r"), expected)
+        reset = {"path": "r", "mode": "hard", "target": "other"}
+        error = raised(lambda: self.sb.request("POST", "/git/reset", json=reset))
+        self.assertIsInstance(error, InsufficientStorage, f"reset: {error!r}")
+        self.assertIn("put back as it was", str(error))
+        self.assertEqual(self.work_tree("r"), expected)
+        self.box.free()
+        status = self.sb.commands.run(
+            "sh -c 'cd r && git stash list; git symbolic-ref --short HEAD'"
+        )
+        self.assertEqual(status.stdout, "main\n")
+
+        self.sb.request("POST", "/git/stash", json=push)
+        self.assertEqual(self.work_tree("r"), big)
+        self.sb.request("POST", "/git/stash", json={"path": "r", "action": "pop"})
+        self.assertEqual(self.work_tree("r"), expected)
+        self.sb.request("POST", "/git/reset", json=reset)
+        self.assertEqual(self.work_tree("r"), {**other, "new/u.txt": OLD})
+
+    def work_tree(self, repo: str) -> dict[str, bytes]:
+        """The files of ``repo``'s work tree, by path, and their bytes."""
+        found = {}
+        root = self.on_disk(repo)
+        for folder, dirs, names in os.walk(root):
+            dirs[:] = [d for d in dirs if d != ".git"]
+            for name in names:
+                path = os.path.join(folder, name)
+                with open(path, "rb") as f:
+                    found[os.path.relpath(path, root)] = f.read()
+        return found
 
     def test_git_init(self) -> None:
         """
