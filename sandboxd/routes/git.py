@@ -16,7 +16,7 @@ import contextlib
 import fnmatch
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from typing import Any
 
 from sandboxd.access.guard import PathGuard, open_real_dir
@@ -418,7 +418,9 @@ async def _commit_of(call: GitCall, ref: str) -> str | None:
     return sha if result.exit_code == 0 and sha else None
 
 
-async def _back_from_index(call: GitCall, before: str, after: str) -> bool:
+async def _back_from_index(
+    call: GitCall, before: str, after: str, spare: Set[bytes] = frozenset()
+) -> bool:
     """
     Put the files that differ between ``before`` (HEAD, whose content the
     index still holds) and ``after`` back as ``before`` has them: those
@@ -427,6 +429,9 @@ async def _back_from_index(call: GitCall, before: str, after: str) -> bool:
     the call's user, from the top of the work tree (its paths are the
     top's, whichever directory the call named), so that no path is
     followed through a link.  Whether it all went back.
+
+    :param spare: paths left as they are (local changes the call did not
+        write: git refuses a call that would).
     """
     top = call.top
     if top is None:
@@ -436,7 +441,11 @@ async def _back_from_index(call: GitCall, before: str, after: str) -> bool:
         check=False,
     )
     fields = listed.stdout.split(b"\0")
-    changed = list(zip(fields[0::2], fields[1::2], strict=False))
+    changed = [
+        (status, path)
+        for status, path in zip(fields[0::2], fields[1::2], strict=False)
+        if path not in spare
+    ]
     kept = [path for status, path in changed if status != b"A"]
     added = [
         path.decode("utf-8", "surrogateescape")
@@ -1061,7 +1070,8 @@ async def git_pull(request: ServerRequest) -> Any:
     wait = _wait(request)
     call, remote, name, pin, secret = await _remote_call(request)
     args = ["pull", "--progress", "--no-recurse-submodules", "--no-edit"]
-    if params.flag(body.get("rebase"), "rebase"):
+    rebase = params.flag(body.get("rebase"), "rebase")
+    if rebase:
         args.append("--rebase")
     elif params.flag(body.get("ff_only"), "ff_only", True):
         args.append("--ff-only")
@@ -1074,7 +1084,17 @@ async def git_pull(request: ServerRequest) -> Any:
     async def work(job: GitJob) -> dict[str, Any]:
         job.call = call
         before = await _head(call)
-        await call.run(args, remote=remote, pin=pin, secret=secret, observe=job.observe)
+        # A merge (a fast-forward too) leaves the files with local changes
+        # it does not write as they are: a put-back must as well.
+        local = None if rebase else await _changed_files(call)
+        try:
+            await call.run(
+                args, remote=remote, pin=pin, secret=secret, observe=job.observe
+            )
+        except ApiError as e:
+            if e.code is not Code.INSUFFICIENT_STORAGE or local is None:
+                raise
+            raise await _merge_undone(call, e, before, local) from None
         return {
             "path": call.cwd,
             "branch": await _current_branch(call),
@@ -1084,6 +1104,38 @@ async def git_pull(request: ServerRequest) -> Any:
 
     job = _start_job(request, "pull", call.cwd, secret, work)
     return await _answer(request, job, wait)
+
+
+async def _changed_files(call: GitCall) -> set[bytes] | None:
+    """The paths whose files or index entries differ from HEAD (None: unknown)."""
+    listed = await call.run(["diff-index", "--name-only", "-z", "HEAD"], check=False)
+    if listed.exit_code != 0:
+        return None
+    return set(listed.stdout.split(b"\0")) - {b""}
+
+
+async def _merge_undone(
+    call: GitCall, e: ApiError, before: str | None, local: set[bytes]
+) -> ApiError:
+    """
+    A pull whose merge met a full disk (507 ``e``) with HEAD still at
+    ``before``: the files it wrote are put back as HEAD has them, all but
+    the ``local`` ones, which it did not write.  The fetched commits stay.
+    """
+    fetched = await _commit_of(call, "FETCH_HEAD")
+    if before is None or fetched is None or await _head(call) != before:
+        return e
+    if await _back_from_index(call, before, fetched, local):
+        return noted(
+            e,
+            "the disk is full: the work tree was put back as it was; the "
+            "fetched commits are kept, so a pull with room merges them",
+        )
+    return noted(
+        e,
+        "the disk is full, and the work tree could not be put back: some "
+        "files are as the fetched commit has them, or cut short",
+    )
 
 
 async def git_push(request: ServerRequest) -> Any:

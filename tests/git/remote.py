@@ -249,3 +249,23 @@ def run(cwd: str, *args: str) -> str:
     return subprocess.run(
         ["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True
     ).stdout
+
+
+def main(directory: str) -> None:
+    """
+    Serve ``repo.git`` (one commit) from ``directory`` until killed, for a
+    test whose daemon runs in a process of its own with no reactor in the
+    test: print the port, then the CA's path, each on a line.
+    """
+    remote = LoopbackRemote(directory)
+    remote.make_repo()
+    remote.start()
+    print(remote.port, flush=True)
+    print(remote.ca, flush=True)
+    reactor.run()
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1])

@@ -48,6 +48,8 @@ from sandboxd.client.errors import InsufficientStorage, SandboxError
 from sandboxd.files.atomic import TEMPORARY_NAME
 from sandboxd.kernels.kernelspecs import find_kernelspecs
 from sandboxd.processes import posix_spawn
+from tests.git.remote import missing as remote_missing
+from tests.git.remote import run as remote_git
 from tests.helpers import DaemonTestCase, free_port, session_listens, someone_listens
 from tests.kernels.test_contexts import need_ipykernel
 
@@ -302,6 +304,18 @@ class BoxedDaemon:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.output.close()
+
+
+def work_tree(root: str) -> dict[str, bytes]:
+    """The files of the work tree at ``root`` (not ``.git``), by path, and their bytes."""
+    found = {}
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d != ".git"]
+        for name in names:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                found[os.path.relpath(path, root)] = f.read()
+    return found
 
 
 def temporaries(directory: str) -> list[str]:
@@ -763,15 +777,7 @@ class FullDiskTests(SynchronousTestCase):
 
     def work_tree(self, repo: str) -> dict[str, bytes]:
         """The files of ``repo``'s work tree, by path, and their bytes."""
-        found = {}
-        root = self.on_disk(repo)
-        for folder, dirs, names in os.walk(root):
-            dirs[:] = [d for d in dirs if d != ".git"]
-            for name in names:
-                path = os.path.join(folder, name)
-                with open(path, "rb") as f:
-                    found[os.path.relpath(path, root)] = f.read()
-        return found
+        return work_tree(self.on_disk(repo))
 
     def test_git_init(self) -> None:
         """
@@ -971,6 +977,81 @@ class LinkStateFullDiskTests(SynchronousTestCase):
             state = {x["jti"]: x for x in json.load(f)["links"]}
         self.assertTrue(state[kept["link_id"]]["revoked"])
         self.assertEqual(state[counted["link_id"]]["used"], 1)
+
+
+class PullFullDiskTests(SynchronousTestCase):
+    """
+    A pull whose fast-forward meets a full disk, from a loopback remote
+    (``git http-backend`` over TLS, in a process of its own), through our
+    client: 507, the work tree as it was, the fetched commit kept.
+    """
+
+    def setUp(self) -> None:
+        if (why := remote_missing()) is not None:
+            raise SkipTest(why)
+        directory = os.path.realpath(self.mktemp())
+        os.makedirs(directory)
+        self.server = subprocess.Popen(
+            [sys.executable, "-m", "tests.git.remote", directory],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.addCleanup(self.server.wait)
+        self.addCleanup(self.server.kill)
+        assert self.server.stdout is not None
+        port = int(self.server.stdout.readline())
+        ca = self.server.stdout.readline().strip()
+        self.url = f"https://127.0.0.1:{port}/repo.git"
+        self.work = os.path.join(directory, "seed-repo.git")
+        self.bare = os.path.join(directory, "srv", "repo.git")
+        policy = {
+            "groups": {"git": True},
+            "git": {"ca_file": ca, "author": {"name": "T", "email": "t@x"}},
+            "endpoints": {"group:git": {"params": {"block_private_networks": False}}},
+        }
+        self.box = BoxedDaemon(self, disk="16m", policy=policy)
+        self.sb = Sandbox(self.box.url, timeout=60, retries=0)
+        self.addCleanup(self.sb.close)
+
+    def test_fast_forward(self) -> None:
+        """
+        The remote gains twenty big files; a pull on a full disk is 507 and
+        leaves none of them, the local edit kept and HEAD where it was;
+        with room the same pull brings them.
+        """
+        clone = self.sb.request(
+            "POST", "/git/clone", json={"url": self.url, "path": "r", "wait": 30}
+        )
+        self.assertEqual(clone["state"], "done", clone)
+        big = {f"f{i}.txt": base64.b64encode(os.urandom(100_000)) for i in range(20)}
+        for name, data in big.items():
+            with open(os.path.join(self.work, name), "wb") as f:
+                f.write(data)
+        remote_git(self.work, "add", "-A")
+        remote_git(self.work, "commit", "-q", "-m", "big")
+        remote_git(self.work, "push", "-q", self.bare, "main")
+        self.sb.files.write_bytes("r/README", b"a local edit\n")
+        expected = {"README": b"a local edit\n"}
+        root = self.box.inside(f"{self.box.base}/r")
+
+        def tree() -> dict[str, bytes]:
+            return work_tree(root)
+
+        self.assertEqual(tree(), expected)
+        # Room for the fetched objects, not for the files as well.
+        self.box.fill(room=2_900_000)
+        pull = {"path": "r", "wait": 30}
+        error = raised(lambda: self.sb.request("POST", "/git/pull", json=pull))
+        self.assertIsInstance(error, InsufficientStorage, repr(error))
+        self.assertIn("put back as it was", str(error))
+        self.assertEqual(tree(), expected)
+        self.box.free()
+        head = self.sb.commands.run("sh -c 'cd r && git log --format=%s'")
+        self.assertEqual(head.stdout, "seed\n")
+        done = self.sb.request("POST", "/git/pull", json=pull)
+        self.assertEqual(done["state"], "done", done)
+        self.assertEqual(tree(), {**expected, **big})
 
 
 class OpenAIStateFullDiskTests(SynchronousTestCase):
