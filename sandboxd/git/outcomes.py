@@ -146,6 +146,10 @@ _NO_SPACE = ("no space left on device", "disk quota exceeded", "out of diskspace
 UNWRITTEN = "unable to write file"
 
 
+#: git's words when it has no identity for a commit it must make.
+_NO_IDENTITY = ("please tell me who you are", "unable to auto-detect email address")
+
+
 def classify_failure(
     text: str, exit_code: int | None, remote: bool = False, no_room: bool = False
 ) -> ApiError:
@@ -178,6 +182,12 @@ def classify_failure(
                 return remote_error(tail, kind)
     if "not a git repository" in lowered:
         return not_found(tail)
+    if any(p in lowered for p in _NO_IDENTITY):
+        return git_error(
+            "git has no name and email to make the commit with: give the call an "
+            "'author' {name, email} where it takes one, set git.author in the "
+            "policy, or set user.name and user.email with git_config_set"
+        )
     return git_error(tail)
 
 

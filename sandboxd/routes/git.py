@@ -1081,6 +1081,9 @@ async def git_pull(request: ServerRequest) -> Any:
     if body.get("branch") is not None:
         args.append(ref_name(body.get("branch"), "branch"))
 
+    # A merge commit, or a rebased one, is made as the policy's author.
+    call.env.update(_author_env(request, None))
+
     async def work(job: GitJob) -> dict[str, Any]:
         job.call = call
         before = await _head(call)
@@ -1092,6 +1095,8 @@ async def git_pull(request: ServerRequest) -> Any:
                 args, remote=remote, pin=pin, secret=secret, observe=job.observe
             )
         except ApiError as e:
+            if rebase:
+                raise await _rebase_undone(call, e) from None
             if e.code is not Code.INSUFFICIENT_STORAGE or local is None:
                 raise
             raise await _merge_undone(call, e, before, local) from None
@@ -1112,6 +1117,33 @@ async def _changed_files(call: GitCall) -> set[bytes] | None:
     if listed.exit_code != 0:
         return None
     return set(listed.stdout.split(b"\0")) - {b""}
+
+
+async def _rebase_undone(call: GitCall, e: ApiError) -> ApiError:
+    """
+    A pull's rebase that stopped (a conflict, a full disk): aborted, since
+    no endpoint could go on with it, so that the branch and its files are
+    as they were; the fetched commits stay.
+    """
+    found = await call.run(["rev-parse", "--git-path", "rebase-merge"], check=False)
+    state = os.path.join(call.cwd, _text(found.stdout).strip())
+    rebasing = os.path.isdir(state) or os.path.isdir(
+        os.path.join(os.path.dirname(state), "rebase-apply")
+    )
+    if found.exit_code != 0 or not rebasing:
+        return e
+    aborted = await call.run(["rebase", "--abort"], check=False)
+    if aborted.exit_code != 0:
+        return noted(
+            e,
+            "the rebase stopped and could not be aborted: the repository is "
+            "in the middle of a rebase",
+        )
+    return noted(
+        e,
+        "the rebase was aborted: the branch is as it was; a pull without "
+        "rebase merges, and leaves a conflict to resolve and commit",
+    )
 
 
 async def _merge_undone(

@@ -158,6 +158,22 @@ class ClassifyTests(SynchronousTestCase):
             False,
         )
 
+    def test_no_identity(self) -> None:
+        """
+        git with no name and email for a commit is 400 ``git_error`` saying
+        how to give one through the daemon, not git's advice to run
+        ``git config --global`` (which the daemon's git never reads).
+        """
+        text = (
+            "Author identity unknown\n\n*** Please tell me who you are.\n\nRun\n\n"
+            '  git config --global user.email "you@example.com"\n'
+            "fatal: unable to auto-detect email address (got 'root@vm.(none)')\n"
+        )
+        error = classify_failure(text, 128, False)
+        self.assertEqual((error.status, error.code), (400, "git_error"))
+        self.assertIn("git.author", error.message)
+        self.assertNotIn("--global", error.message)
+
 
 class ProgressTests(SynchronousTestCase):
     """--progress lines, split at carriage returns, become progress events."""

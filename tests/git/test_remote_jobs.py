@@ -277,6 +277,105 @@ class OpenRemoteTests(RemoteCase):
         self.assertEqual(reply.status, 409, reply.body)
         self.assertEqual(reply.json()["kind"], "non_fast_forward")
 
+    def remote_commits(self, files: dict[str, str], message: str) -> None:
+        """Someone else pushes a commit writing ``files`` to the remote's main."""
+        seed = os.path.join(self.remote.directory, "seed-repo.git")
+        for name, text in files.items():
+            with open(os.path.join(seed, name), "w") as f:
+                f.write(text)
+        run(seed, "add", "-A")
+        run(seed, "commit", "-q", "-m", message)
+        run(seed, "push", "-q", os.path.join(self.remote.root, "repo.git"), "main")
+
+    @inlineCallbacks
+    def local_commit(self, files: dict[str, str], message: str) -> Any:
+        for name, text in files.items():
+            with open(os.path.join(self.base_dir, "work", name), "w") as f:
+                f.write(text)
+        yield self.request("POST", "/git/add", {"path": "work", "all": True})
+        reply = yield self.request(
+            "POST", "/git/commit", {"path": "work", "message": message}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+
+    @inlineCallbacks
+    def test_pull_merge_and_rebase(self) -> Any:
+        """
+        A pull that merges makes its merge commit as the policy's author;
+        one that rebases replays the local commit on the remote's, as that
+        author too.
+        """
+        yield self.clone()
+        work = os.path.join(self.base_dir, "work")
+        self.remote_commits({"theirs.txt": "theirs\n"}, "theirs")
+        yield self.local_commit({"mine.txt": "mine\n"}, "mine")
+        reply = yield self.request(
+            "POST", "/git/pull", {"path": "work", "ff_only": False, "wait": 30}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(
+            run(work, "log", "-1", "--format=%P|%an|%cn").count(" "), 1
+        )  # two parents
+        self.assertIn("|Ada|Ada", run(work, "log", "-1", "--format=%P|%an|%cn"))
+        self.remote_commits({"theirs2.txt": "theirs\n"}, "theirs 2")
+        yield self.local_commit({"mine2.txt": "mine\n"}, "mine 2")
+        reply = yield self.request(
+            "POST", "/git/pull", {"path": "work", "rebase": True, "wait": 30}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        # Both local commits replayed (the merge flattened) on the remote's.
+        self.assertEqual(
+            run(work, "log", "-3", "--format=%s|%cn").splitlines(),
+            ["mine 2|Ada", "mine|Ada", "theirs 2|T"],
+        )
+
+    @inlineCallbacks
+    def test_pull_conflicts(self) -> Any:
+        """
+        A rebase that stops at a conflict is aborted (no endpoint could go
+        on with it): 409 ``merge_conflict``, the branch and its files as
+        they were.  A merge that stops at one is left to resolve, as git
+        does: the markers in the file, and a commit concludes it.
+        """
+        yield self.clone()
+        work = os.path.join(self.base_dir, "work")
+        self.remote_commits({"README": "theirs\n"}, "theirs")
+        yield self.local_commit({"README": "ours\n"}, "ours")
+        head = run(work, "rev-parse", "HEAD")
+        reply = yield self.request(
+            "POST", "/git/pull", {"path": "work", "rebase": True, "wait": 30}
+        )
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["kind"], "merge_conflict")
+        self.assertIn("the rebase was aborted", reply.json()["error"])
+        self.assertEqual(run(work, "rev-parse", "HEAD"), head)
+        self.assertEqual(run(work, "status", "--porcelain"), "")
+        git_dir = os.path.join(work, ".git")
+        self.assertFalse(os.path.exists(os.path.join(git_dir, "rebase-merge")))
+        with open(os.path.join(work, "README")) as f:
+            self.assertEqual(f.read(), "ours\n")
+        reply = yield self.request(
+            "POST", "/git/pull", {"path": "work", "ff_only": False, "wait": 30}
+        )
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["kind"], "merge_conflict")
+        with open(os.path.join(work, "README")) as f:
+            self.assertIn("<<<<<<<", f.read())
+        # Abandoned with a merge reset; merged again, and concluded.
+        reply = yield self.request(
+            "POST", "/git/reset", {"path": "work", "mode": "merge"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertFalse(os.path.exists(os.path.join(git_dir, "MERGE_HEAD")))
+        with open(os.path.join(work, "README")) as f:
+            self.assertEqual(f.read(), "ours\n")
+        reply = yield self.request(
+            "POST", "/git/pull", {"path": "work", "ff_only": False, "wait": 30}
+        )
+        self.assertEqual(reply.status, 409, reply.body)
+        yield self.local_commit({"README": "both\n"}, "merged")
+        self.assertEqual(run(work, "log", "-1", "--format=%P").count(" "), 1)
+
     @inlineCallbacks
     def test_protected_branch_push(self) -> Any:
         """A push of a protected branch is 403 protected_branch before git runs."""
