@@ -122,13 +122,15 @@ def _check_protected(request: ServerRequest, branch: str | None, what: str) -> N
 def _files(
     request: ServerRequest, call: GitCall, value: Any, name: str = "files"
 ) -> list[str]:
-    """Paths inside the work tree, each through the guard (no ``..``, no option)."""
+    """
+    Paths inside the work tree, each through the guard (no ``..``, no
+    option) where git takes it: relative to the directory the call named.
+    """
     files = params.strings(value, name, min_items=1)
-    root = call.top or call.cwd
     guard = PathGuard(request.rule)
     for item in files:
         params.path(item, name, parents=False)
-        guard.check(os.path.join(root, item), "write")
+        guard.check(os.path.join(call.cwd, item), "write")
     return files
 
 
@@ -278,7 +280,7 @@ async def git_log(request: ServerRequest) -> dict[str, Any]:
     args = ["log", *LOG_ARGS, f"--max-count={count}", ref, "--"]
     file = params.path(request.arg("file"), "file", None, parents=False)
     if file:
-        PathGuard(request.rule).check(os.path.join(call.top or call.cwd, file), "read")
+        PathGuard(request.rule).check(os.path.join(call.cwd, file), "read")
         args.append(file)
     result = await call.run(args)
     return {"commits": parse_log(result.stdout)}

@@ -556,3 +556,61 @@ class RunAsUserTests(DaemonTestCase):
         self.assertEqual(os.stat(head).st_uid, nobody)
         reply = yield self.request("GET", "/git/log?path=n&user=nobody")
         self.assertEqual(len(reply.json()["commits"]), 1)
+
+
+class GitDeniedPathTests(DaemonTestCase):
+    """
+    The policy's denied paths hold for the files a git call names, where
+    git takes them: relative to the directory the call names, which may be
+    below the repository's top.
+    """
+
+    policy = {
+        **GIT,
+        "endpoints": {"group:git": {"paths": {"deny": ["repo/sub/secret/**"]}}},
+    }
+    skip = "git is not installed" if NO_GIT else None
+
+    @inlineCallbacks
+    def test_files_named_from_below_the_top(self) -> Any:
+        """
+        Restore, add, commit, reset and log naming ``secret/k.txt`` from
+        ``repo/sub`` are 403 ``path_denied``, and the file keeps its edit;
+        the same call on an allowed file works.
+        """
+        repo = os.path.join(self.base_dir, "repo")
+        for name in ("sub/secret/k.txt", "sub/open.txt", "secret/k.txt"):
+            os.makedirs(os.path.dirname(os.path.join(repo, name)), exist_ok=True)
+            with open(os.path.join(repo, name), "w") as f:
+                f.write("committed\n")
+        git(repo, "init", "-q")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", "one")
+        for name in ("sub/secret/k.txt", "sub/open.txt"):
+            with open(os.path.join(repo, name), "w") as f:
+                f.write("an edit\n")
+        sub = "repo/sub"
+        calls = [
+            ("POST", "/git/restore", {"path": sub, "files": ["secret/k.txt"]}),
+            ("POST", "/git/add", {"path": sub, "files": ["secret/k.txt"]}),
+            (
+                "POST",
+                "/git/commit",
+                {"path": sub, "message": "m", "files": ["secret/k.txt"]},
+            ),
+            ("POST", "/git/reset", {"path": sub, "files": ["secret/k.txt"]}),
+            ("GET", "/git/log?path=repo/sub&file=secret/k.txt", None),
+        ]
+        for method, route, body in calls:
+            reply = yield self.request(method, route, body)
+            self.assertEqual(reply.status, 403, (route, reply.body))
+            self.assertEqual(reply.json()["code"], "path_denied", route)
+        with open(os.path.join(repo, "sub/secret/k.txt")) as f:
+            self.assertEqual(f.read(), "an edit\n")
+        self.assertEqual(git(repo, "log", "--format=%s"), "one\n")
+        reply = yield self.request(
+            "POST", "/git/restore", {"path": sub, "files": ["open.txt"]}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        with open(os.path.join(repo, "sub/open.txt")) as f:
+            self.assertEqual(f.read(), "committed\n")
