@@ -114,3 +114,23 @@ class KeepPutBackTests(SynchronousTestCase):
         os.symlink(outside, os.path.join(self.top, "src"))
         self.assertEqual(put_back(kept), ["src/b.sh"])
         self.assertEqual(os.listdir(outside), [])
+
+    def test_owner_and_mode_kept(self) -> None:
+        """
+        A file made again (and a directory made for it) belongs to whom
+        the file belonged, with its mode, though the daemon (root) writes it.
+        """
+        if os.geteuid() != 0:
+            self.skipTest("only root can give a file to another user")
+        nobody = 65534
+        os.chown(os.path.join(self.top, "src"), nobody, nobody)
+        os.chown(os.path.join(self.top, "src/b.sh"), nobody, nobody)
+        os.chmod(os.path.join(self.top, "src/b.sh"), 0o4750)
+        kept = keep(self.top, ["src/b.sh"], 1 << 20)
+        os.unlink(os.path.join(self.top, "src/b.sh"))
+        os.rmdir(os.path.join(self.top, "src"))
+        self.assertEqual(put_back(kept), [])
+        for path, mode in (("src", 0o755), ("src/b.sh", 0o4750)):
+            st = os.lstat(os.path.join(self.top, path))
+            self.assertEqual((st.st_uid, st.st_gid), (nobody, nobody), path)
+            self.assertEqual(stat.S_IMODE(st.st_mode), mode, path)
