@@ -102,6 +102,7 @@ class Context:
     #: The git group's remote jobs (``sandboxd.git.jobs.GitJobTable``),
     #: made on the group's first remote call.
     git_jobs: Any = attrs.field(default=None, init=False)
+    git_keep_budget: Any = attrs.field(default=None, init=False)
     #: Code contexts (kernels), built on the code group's first request.
     code: ServiceOnFirstUse[CodeService] | None = attrs.field(default=None, init=False)
     #: Paths the site hands to a door of their own before the JSON

@@ -16,7 +16,8 @@ that differ what they were.
 Every path is reached through descriptors opened without following a link
 (:func:`~sandboxd.access.guard.open_real_dir`), since the tree is the
 caller's and may hold links anywhere.  What is kept is bounded
-(:data:`~sandboxd.policy.defaults.GIT_KEEP_BYTES`); a file past the bound,
+(:data:`~sandboxd.policy.defaults.GIT_KEEP_BYTES` a call, and
+:class:`KeepBudget` for all of them); a file past the bound,
 or that is neither a regular file nor a link, is not kept, and a put-back
 that meets one that changed says so.  Both run in a thread: they read and
 write whole files.
@@ -67,6 +68,32 @@ class KeptTree:
     kept: list[Kept] = attrs.Factory(list)
     missing: set[str] = attrs.Factory(set)
     unkept: list[str] = attrs.Factory(list)
+
+    @property
+    def size(self) -> int:
+        """The bytes of the files kept."""
+        return sum(len(k.data) for k in self.kept if k.data is not None)
+
+
+class KeepBudget:
+    """
+    The bytes the calls in flight may keep together, so that many at once
+    cannot hold more than that in memory; taken and given back on the
+    reactor's thread.
+    """
+
+    def __init__(self, total: int) -> None:
+        self.left = total
+
+    def take(self, want: int) -> int:
+        """Up to ``want`` bytes of what is left; how many."""
+        granted = min(want, self.left)
+        self.left -= granted
+        return granted
+
+    def give(self, count: int) -> None:
+        """Give back ``count`` bytes taken."""
+        self.left += count
 
 
 def _split(path: str) -> tuple[str, str]:

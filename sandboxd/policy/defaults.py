@@ -620,6 +620,8 @@ GIT_LOG_MAX = 1000
 #: git: the bytes of the user's files a restore or a stash pop keeps in
 #: memory, so that a call that fails half-way can put them back.
 GIT_KEEP_BYTES = 32 * MIB
+#: ... and of all such calls in flight together.
+GIT_KEEP_TOTAL_BYTES = 128 * MIB
 
 
 def endpoint_limits(endpoint_id: str, group: str) -> dict[str, Any]:

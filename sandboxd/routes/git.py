@@ -16,7 +16,7 @@ import contextlib
 import fnmatch
 import os
 import shutil
-from collections.abc import Callable, Set
+from collections.abc import AsyncIterator, Callable, Set
 from typing import Any
 
 from sandboxd.access.guard import PathGuard, open_real_dir
@@ -59,7 +59,7 @@ from sandboxd.git.runner import (
     repo_path,
     require_text,
 )
-from sandboxd.git.worktree import KeptTree, keep, put_back
+from sandboxd.git.worktree import KeepBudget, KeptTree, keep, put_back
 from sandboxd.policy import defaults
 from sandboxd.processes.environment import BOOT_ENVIRON
 from sandboxd.web import params
@@ -530,11 +530,12 @@ async def git_reset(request: ServerRequest) -> dict[str, Any]:
         )
     elif mode in ("hard", "keep", "merge"):
         # These write the work tree; a hard one over local changes too.
-        kept = None
-        if mode == "hard":
-            kept = await _keep(call, [["diff-index", "--name-only", "-z", target]])
         args = ["reset", "-q", f"--{mode}", target]
-        await _switch_tree(request, call, args, target, kept)
+        listings = (
+            [["diff-index", "--name-only", "-z", target]] if mode == "hard" else []
+        )
+        async with _keeping(call, listings) as kept:
+            await _switch_tree(request, call, args, target, kept)
     else:
         await call.run(["reset", "-q", f"--{mode}", target])
     branch = await _current_branch(call)
@@ -557,27 +558,49 @@ async def git_restore(request: ServerRequest) -> dict[str, Any]:
     if source is not None:
         source = ref_name(source, "source")
         args.append(f"--source={source}")
-    kept = None
+    listings = []
     if worktree:
         # What the restore may overwrite: the files that differ from its
         # source (the index, else HEAD for a staged one too).
         base = source or ("HEAD" if staged else None)
         diff = ["diff-index", base] if base else ["diff-files"]
-        kept = await _keep(call, [[*diff, "--name-only", "-z", "--", *files]])
-    try:
-        await call.run([*args, "--", *files])
-    except ApiError as e:
-        raise _after_put_back(e, await _put_kept_back(request, kept, e)) from None
+        listings.append([*diff, "--name-only", "-z", "--", *files])
+    async with _keeping(call, listings) as kept:
+        try:
+            await call.run([*args, "--", *files])
+        except ApiError as e:
+            raise _after_put_back(e, await _put_kept_back(request, kept, e)) from None
     return {"restored": files, "staged": staged, "worktree": worktree}
 
 
-async def _keep(call: GitCall, listings: list[list[str]]) -> KeptTree | None:
+@contextlib.asynccontextmanager
+async def _keeping(
+    call: GitCall, listings: list[list[str]]
+) -> AsyncIterator[KeptTree | None]:
     """
     The work tree's files that git lists with ``listings`` (each a git call
     printing NUL-separated paths from the top), kept as they are now
-    (:mod:`sandboxd.git.worktree`); None when there is no work tree.
+    (:mod:`sandboxd.git.worktree`) while the block runs; None when there is
+    no work tree or nothing listed.  Their bytes count against the budget
+    of all calls in flight (:data:`~sandboxd.policy.defaults.GIT_KEEP_TOTAL_BYTES`):
+    past it a call keeps what is left.
     """
-    if call.top is None:
+    budget = _keep_budget(call.context)
+    granted = budget.take(defaults.GIT_KEEP_BYTES)
+    try:
+        kept = await _keep(call, listings, granted)
+        held = kept.size if kept is not None else 0
+        budget.give(granted - held)
+        granted = held
+        yield kept
+    finally:
+        budget.give(granted)
+
+
+async def _keep(
+    call: GitCall, listings: list[list[str]], limit: int
+) -> KeptTree | None:
+    if call.top is None or not listings:
         return None
     paths: list[str] = []
     for listing in listings:
@@ -590,11 +613,15 @@ async def _keep(call: GitCall, listings: list[list[str]]) -> KeptTree | None:
             ]
     if not paths:
         return None
-    top = call.top
-    found: KeptTree = await call.context.in_thread(
-        keep, top, paths, defaults.GIT_KEEP_BYTES
-    )
+    found: KeptTree = await call.context.in_thread(keep, call.top, paths, limit)
     return found
+
+
+def _keep_budget(context: Any) -> KeepBudget:
+    if context.git_keep_budget is None:
+        context.git_keep_budget = KeepBudget(defaults.GIT_KEEP_TOTAL_BYTES)
+    budget: KeepBudget = context.git_keep_budget
+    return budget
 
 
 async def _stash_ref(call: GitCall) -> bytes:
@@ -701,11 +728,11 @@ async def git_stash(request: ServerRequest) -> dict[str, Any]:
             listings.append(
                 ["-C", call.top, "ls-files", "-o", "-z", "--exclude-standard"]
             )
-        kept = await _keep(call, listings)
-        try:
-            await call.run(args, own_pathspecs=True)
-        except ApiError as e:
-            raise await _push_undone(request, call, kept, e, before) from None
+        async with _keeping(call, listings) as kept:
+            try:
+                await call.run(args, own_pathspecs=True)
+            except ApiError as e:
+                raise await _push_undone(request, call, kept, e, before) from None
         if await _stash_ref(call) == before:
             raise conflict_error("no_local_changes", "no local changes to stash")
     elif action == "pop":
@@ -713,27 +740,27 @@ async def git_stash(request: ServerRequest) -> dict[str, Any]:
         # What the pop may write: the files the stash changed, and its
         # untracked ones (git restores those first, and leaves them when
         # the merge that follows fails).
-        kept = await _keep(
-            call,
+        listings = [
             [
-                [
-                    "diff-tree",
-                    "-r",
-                    "-z",
-                    "--name-only",
-                    "--no-renames",
-                    f"{stash}^1",
-                    stash,
-                ],
-                ["ls-tree", "-r", "-z", "--name-only", "--full-tree", f"{stash}^3"],
+                "diff-tree",
+                "-r",
+                "-z",
+                "--name-only",
+                "--no-renames",
+                f"{stash}^1",
+                stash,
             ],
-        )
-        try:
-            await call.run(["stash", "pop", "-q", stash])
-        except ApiError as e:
-            if e.code is not Code.INSUFFICIENT_STORAGE and await _unmerged(call):
-                raise  # a conflict, left for the caller to resolve, as git does
-            raise _after_put_back(e, await _put_kept_back(request, kept, e)) from None
+            ["ls-tree", "-r", "-z", "--name-only", "--full-tree", f"{stash}^3"],
+        ]
+        async with _keeping(call, listings) as kept:
+            try:
+                await call.run(["stash", "pop", "-q", stash])
+            except ApiError as e:
+                if e.code is not Code.INSUFFICIENT_STORAGE and await _unmerged(call):
+                    raise  # a conflict, left for the caller to resolve, as git does
+                raise _after_put_back(
+                    e, await _put_kept_back(request, kept, e)
+                ) from None
     elif action == "drop":
         await call.run(["stash", action, "-q", f"stash@{{{index}}}"])
     listing = await call.run(["stash", "list", "--format=%gd%x1f%H%x1f%gs"])

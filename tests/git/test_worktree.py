@@ -12,7 +12,7 @@ import stat
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.git.worktree import keep, put_back
+from sandboxd.git.worktree import KeepBudget, keep, put_back
 
 
 class KeepPutBackTests(SynchronousTestCase):
@@ -134,3 +134,19 @@ class KeepPutBackTests(SynchronousTestCase):
             st = os.lstat(os.path.join(self.top, path))
             self.assertEqual((st.st_uid, st.st_gid), (nobody, nobody), path)
             self.assertEqual(stat.S_IMODE(st.st_mode), mode, path)
+
+    def test_budget(self) -> None:
+        """
+        Calls in flight share one budget: each takes what is left, up to
+        what it asks for, and what is given back is there for the next.
+        """
+        budget = KeepBudget(100)
+        self.assertEqual(
+            [budget.take(60), budget.take(60), budget.take(60)], [60, 40, 0]
+        )
+        budget.give(40)
+        self.assertEqual(budget.take(60), 40)
+        # A call that got nothing keeps no file (absent paths cost nothing).
+        kept = keep(self.top, ["a.txt", "gone.txt"], 0)
+        self.assertEqual(kept.unkept, ["a.txt"])
+        self.assertEqual(kept.size, 0)
