@@ -299,6 +299,38 @@ class OpenRemoteTests(RemoteCase):
         self.assertEqual(reply.status, 200, reply.body)
 
     @inlineCallbacks
+    def test_clone_branch_and_depth(self) -> Any:
+        """
+        ``branch``, ``depth`` and ``single_branch`` reach git: the clone is
+        on that branch, shallow, and knows no other branch.
+        """
+        self.remote_commits({"two.txt": "two\n"}, "two")
+        seed = os.path.join(self.remote.directory, "seed-repo.git")
+        run(seed, "checkout", "-q", "-b", "feature")
+        self.remote_commits({"feature.txt": "f\n"}, "feature")
+        run(seed, "push", "-q", os.path.join(self.remote.root, "repo.git"), "feature")
+        reply = yield self.request(
+            "POST",
+            "/git/clone",
+            {
+                "url": self.remote.url(),
+                "path": "shallow",
+                "branch": "feature",
+                "depth": 1,
+                "single_branch": True,
+                "wait": 30,
+            },
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["head"]["branch"], "feature")
+        work = os.path.join(self.base_dir, "shallow")
+        self.assertEqual(run(work, "rev-parse", "--is-shallow-repository"), "true\n")
+        self.assertEqual(run(work, "log", "--format=%s"), "feature\n")
+        self.assertEqual(
+            run(work, "branch", "-r", "--format=%(refname:short)"), "origin/feature\n"
+        )
+
+    @inlineCallbacks
     def test_pull_merge_and_rebase(self) -> Any:
         """
         A pull that merges makes its merge commit as the policy's author;
