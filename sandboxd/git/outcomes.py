@@ -146,6 +146,9 @@ _NO_SPACE = ("no space left on device", "disk quota exceeded", "out of diskspace
 UNWRITTEN = "unable to write file"
 
 
+#: git's words when another git holds the repository's lock.
+_LOCKED = ".lock': file exists"
+
 #: git's words when it has no identity for a commit it must make.
 _NO_IDENTITY = ("please tell me who you are", "unable to auto-detect email address")
 
@@ -167,6 +170,12 @@ def classify_failure(
     tail = _last_lines(text) or f"git exited with {exit_code}"
     if any(p in lowered for p in _NO_SPACE) or (no_room and UNWRITTEN in lowered):
         return insufficient_storage(tail)
+    if _LOCKED in lowered:
+        return git_conflict(
+            "another git process is working in this repository (git found its "
+            "lock file); try again once it is done: " + text.strip().splitlines()[0],
+            "locked",
+        )
     for kind, phrases in _CONFLICT_KINDS:
         if any(p in lowered for p in phrases):
             if kind == "non_fast_forward" and "remote rejected" in lowered:

@@ -17,6 +17,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from typing import Any
+from weakref import WeakKeyDictionary
+
+from twisted.internet import defer
+from twisted.internet.defer import DeferredLock
 
 from sandboxd import processes
 from sandboxd.access.guard import PathGuard
@@ -38,6 +42,7 @@ from sandboxd.git import (
 from sandboxd.git.askpass import AskpassSession, Secret
 from sandboxd.git.outcomes import UNWRITTEN, classify_failure, redact
 from sandboxd.git.remotes import Remote, pin_setting
+from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import RunAs, resolve_user
 from sandboxd.processes.environment import BOOT_ENVIRON, child_environment
@@ -141,6 +146,9 @@ class GitCall:
             self.config.append("protocol.ssh.allow=always")
         self.git_dir: str | None = None
         self.top: str | None = None
+        #: The repository whose writing calls run one at a time (its git
+        #: dir), once it is opened for writing.
+        self.lock_key: str | None = None
         #: The last child, for a job's ``process`` field and its cancel.
         self.child: Any = None
 
@@ -175,6 +183,8 @@ class GitCall:
         guard = PathGuard(self.rule)
         for place in {self.top, holder_of(self.git_dir)} - {None}:
             guard.check(place, op)
+        if op == "write":
+            self.lock_key = self.git_dir
         names = await self.run(["config", "--null", "--list", "--name-only"])
         listed = config_names(names.stdout)
         self.config += filter_overrides(listed)
@@ -217,6 +227,46 @@ class GitCall:
             files cleans them with ``:/``, which taken literally names no
             file, so they would stay).
         """
+        if self.lock_key is None or remote is not None:
+            return await self._run(
+                args, check, remote, pin, secret, observe, timeout, stdin, own_pathspecs
+            )
+        lock = _repository_lock(self.context, self.lock_key)
+        # Waiting for the lock is bounded as the call itself is.
+        waited = timeout if timeout is not None else self.timeout
+        if waited is None:
+            waited = float(defaults.GIT_LOCAL_LIMITS["timeout_seconds"])
+        acquired = lock.acquire()
+        acquired.addTimeout(waited, self.context.reactor)
+        try:
+            await acquired
+        except defer.TimeoutError:
+            raise git_conflict(
+                f"another call has been working in this repository for {waited:g} s; "
+                "try again once it is done",
+                "locked",
+            ) from None
+        try:
+            return await self._run(
+                args, check, remote, pin, secret, observe, timeout, stdin, own_pathspecs
+            )
+        finally:
+            lock.release()
+            if not lock.locked:
+                _LOCKS[self.context].pop(self.lock_key, None)
+
+    async def _run(
+        self,
+        args: list[str],
+        check: bool,
+        remote: Remote | None,
+        pin: str,
+        secret: Secret | None,
+        observe: Observer | None,
+        timeout: float | None,
+        stdin: bytes | None,
+        own_pathspecs: bool,
+    ) -> processes.RunResult:
         env = dict(self.env)
         if own_pathspecs:
             del env["GIT_LITERAL_PATHSPECS"]
@@ -278,6 +328,23 @@ class GitCall:
         uid, _ = self.uid_gid
         # Root may write into the blocks reserved for it.
         return (st.f_bfree if uid == 0 else st.f_bavail) == 0
+
+
+#: Each daemon's repositories with a writing call in flight, by git dir.
+_LOCKS: WeakKeyDictionary[Any, dict[str, DeferredLock]] = WeakKeyDictionary()
+
+
+def _repository_lock(context: Any, git_dir: str) -> DeferredLock:
+    """
+    The lock the writing calls of one repository take in turn: git fails a
+    call that finds another's lock file at once, and an agent's tool calls
+    often come together.  Dropped once nobody holds or waits for it.
+    """
+    locks = _LOCKS.setdefault(context, {})
+    lock = locks.get(git_dir)
+    if lock is None:
+        lock = locks[git_dir] = DeferredLock()
+    return lock
 
 
 def holder_of(git_dir: str | None) -> str | None:

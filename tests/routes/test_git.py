@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from typing import Any
 
-from twisted.internet.defer import inlineCallbacks
+from twisted.internet.defer import DeferredList, inlineCallbacks
 from twisted.trial.unittest import SkipTest
 
+from sandboxd.git.runner import _repository_lock
 from tests.git.remote import run as git
 from tests.helpers import DaemonTestCase
 
@@ -311,6 +313,51 @@ class GitLocalTests(DaemonTestCase):
             self.assertIn("<<<<<<<", f.read())
         self.assertEqual(git(repo, "status", "--porcelain"), "UU a.txt\n")
         self.assertEqual(len(git(repo, "stash", "list").splitlines()), 1)
+
+    @inlineCallbacks
+    def test_calls_at_once_on_one_repository(self) -> Any:
+        """
+        Calls that write sent at once to one repository (an agent's tool
+        calls in parallel) each succeed: the daemon runs them one after
+        another rather than let git refuse all but one over its lock.
+        """
+        yield self.init_repo()
+        repo = os.path.join(self.base_dir, "repo")
+        for i in range(12):
+            self.write(f"repo/f{i}.txt", f"{i}\n")
+        replies = yield DeferredList(
+            [
+                self.request(
+                    "POST", "/git/add", {"path": "repo", "files": [f"f{i}.txt"]}
+                )
+                for i in range(12)
+            ]
+            + [self.request("GET", "/git/log?path=repo") for _ in range(4)],
+            consumeErrors=True,
+        )
+        for ok, reply in replies:
+            self.assertTrue(ok, reply)
+            self.assertEqual(reply.status, 200, reply.body)
+        staged = git(repo, "diff", "--cached", "--name-only").split()
+        self.assertEqual(sorted(staged), sorted(f"f{i}.txt" for i in range(12)))
+
+    @inlineCallbacks
+    def test_locked_by_another_git(self) -> Any:
+        """
+        A repository another git process holds (its index lock there) is
+        409 ``git_conflict`` with ``kind: locked``, saying to try again.
+        """
+        yield self.init_repo()
+        repo = os.path.join(self.base_dir, "repo")
+        self.write("repo/b.txt", "b\n")
+        with open(os.path.join(repo, ".git", "index.lock"), "w"):
+            pass
+        reply = yield self.request(
+            "POST", "/git/add", {"path": "repo", "files": ["b.txt"]}
+        )
+        self.assertEqual(reply.status, 409, reply.body)
+        self.assertEqual(reply.json()["kind"], "locked")
+        self.assertIn("try again", reply.json()["error"])
 
     @inlineCallbacks
     def test_config_keys(self) -> Any:
@@ -614,3 +661,42 @@ class GitDeniedPathTests(DaemonTestCase):
         self.assertEqual(reply.status, 200, reply.body)
         with open(os.path.join(repo, "sub/open.txt")) as f:
             self.assertEqual(f.read(), "committed\n")
+
+
+class GitLockWaitTests(DaemonTestCase):
+    """A writing call waits for the repository's lock no longer than its timeout."""
+
+    policy = {**GIT, "endpoints": {"group:git": {"limits": {"timeout_seconds": 1}}}}
+    skip = "git is not installed" if NO_GIT else None
+
+    @inlineCallbacks
+    def test_wait_bounded(self) -> Any:
+        """
+        While another call holds the repository, a writing call is 409
+        ``locked`` after its timeout and has done nothing; a read answers
+        at once.
+        """
+        repo = os.path.join(self.base_dir, "repo")
+        git(self.base_dir, "init", "-q", repo)
+        with open(os.path.join(repo, "a.txt"), "w") as f:
+            f.write("a\n")
+        git_dir = os.path.join(repo, ".git")
+        lock = _repository_lock(self.daemon.context, git_dir)
+        yield lock.acquire()
+        try:
+            started = time.monotonic()
+            reply = yield self.request(
+                "POST", "/git/add", {"path": "repo", "files": ["a.txt"]}
+            )
+            self.assertEqual(reply.status, 409, reply.body)
+            self.assertEqual(reply.json()["kind"], "locked")
+            self.assertGreaterEqual(time.monotonic() - started, 1)
+            self.assertEqual(git(repo, "diff", "--cached", "--name-only"), "")
+            reply = yield self.request("GET", "/git/log?path=repo")
+            self.assertEqual(reply.status, 200, reply.body)
+        finally:
+            lock.release()
+        reply = yield self.request(
+            "POST", "/git/add", {"path": "repo", "files": ["a.txt"]}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
