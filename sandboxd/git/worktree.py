@@ -159,21 +159,10 @@ def _read(dir_fd: int, path: str, name: str, budget: int) -> Kept | None:
         return Kept(path, link=target, mode=mode, uid=uid, gid=gid)
     if not stat.S_ISREG(st.st_mode) or st.st_size > budget:
         return None
-    try:
-        fd = os.open(name, _READ, dir_fd=dir_fd)
-    except OSError:
+    data = _content(dir_fd, name, budget)
+    if data is None:
         return None
-    try:
-        chunks = []
-        total = 0
-        while chunk := os.read(fd, 1 << 20):
-            total += len(chunk)
-            if total > budget:
-                return None
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    return Kept(path, data=b"".join(chunks), mode=mode, uid=uid, gid=gid)
+    return Kept(path, data=data, mode=mode, uid=uid, gid=gid)
 
 
 def put_back(tree: KeptTree) -> list[str]:
@@ -247,19 +236,25 @@ def _differs(top: str, kept: Kept) -> str | None:
             return "changed"
         if stat.S_IMODE(st.st_mode) != kept.mode:
             return "changed"
-        return None if _content(dir_fd, name) == kept.data else "changed"
+        same = _content(dir_fd, name, st.st_size) == kept.data
+        return None if same else "changed"
     finally:
         os.close(dir_fd)
 
 
-def _content(dir_fd: int, name: str) -> bytes | None:
+def _content(dir_fd: int, name: str, limit: int) -> bytes | None:
+    """The bytes of the file ``name``; None past ``limit`` or unreadable."""
     try:
         fd = os.open(name, _READ, dir_fd=dir_fd)
     except OSError:
         return None
     try:
         chunks = []
+        total = 0
         while chunk := os.read(fd, 1 << 20):
+            total += len(chunk)
+            if total > limit:
+                return None
             chunks.append(chunk)
         return b"".join(chunks)
     finally:
