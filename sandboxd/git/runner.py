@@ -219,7 +219,9 @@ class GitCall:
         the client sees (:func:`~sandboxd.git.outcomes.classify_failure`).
 
         With a ``secret``, git asks for it through a one-shot askpass
-        session that ends with the call.
+        session that ends with the call.  In a repository opened for
+        writing, a local call waits for the others there to end first
+        (:func:`_repository_lock`).
 
         :param own_pathspecs: for a call that names no path of the
             caller's: git's pathspec magic is left on, since some commands

@@ -600,6 +600,7 @@ async def _keeping(
 async def _keep(
     call: GitCall, listings: list[list[str]], limit: int
 ) -> KeptTree | None:
+    """What :func:`_keeping` keeps, at most ``limit`` bytes of it."""
     if call.top is None or not listings:
         return None
     paths: list[str] = []
@@ -638,10 +639,10 @@ async def _push_undone(
     before: bytes,
 ) -> ApiError:
     """
-    A stash push that failed (a full disk) after it made the stash, with
-    the work tree half reset: the files are put back, then the stash made
-    on the way dropped, so that nothing happened; while a file is not as it
-    was, the stash stays, the changes are in it.
+    A stash push that failed, perhaps (on a full disk) after it made the
+    stash, with the work tree half reset: the files are put back, then a
+    stash made on the way dropped, so that nothing happened; while a file
+    is not as it was, the stash stays, since the changes are in it.
     """
     left = await _put_kept_back(request, kept, e)
     if await _stash_ref(call) == before:
