@@ -323,13 +323,17 @@ class GitCall:
 
     def no_room(self) -> bool:
         """Whether the work tree's file system has no block left for git's user."""
+        return self.free_bytes() == 0
+
+    def free_bytes(self) -> int | None:
+        """The bytes git's user may still write on the work tree's file system."""
         try:
             st = os.statvfs(self.cwd)
         except OSError:
-            return False
+            return None
         uid, _ = self.uid_gid
         # Root may write into the blocks reserved for it.
-        return (st.f_bfree if uid == 0 else st.f_bavail) == 0
+        return (st.f_bfree if uid == 0 else st.f_bavail) * st.f_frsize
 
 
 #: Each daemon's repositories with a writing call in flight, by git dir.

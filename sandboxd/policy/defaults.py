@@ -622,6 +622,10 @@ GIT_LOG_MAX = 1000
 GIT_KEEP_BYTES = 32 * MIB
 #: ... and of all such calls in flight together.
 GIT_KEEP_TOTAL_BYTES = 128 * MIB
+#: ... which they do only while the work tree's disk has less free than
+#: this (a stash pop always): a call that finds more is not expected to
+#: fill it.
+GIT_KEEP_BELOW_FREE_BYTES = 1024 * MIB
 
 
 def endpoint_limits(endpoint_id: str, group: str) -> dict[str, Any]:

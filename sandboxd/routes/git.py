@@ -575,7 +575,7 @@ async def git_restore(request: ServerRequest) -> dict[str, Any]:
 
 @contextlib.asynccontextmanager
 async def _keeping(
-    call: GitCall, listings: list[list[str]]
+    call: GitCall, listings: list[list[str]], always: bool = False
 ) -> AsyncIterator[KeptTree | None]:
     """
     The work tree's files that git lists with ``listings`` (each a git call
@@ -584,7 +584,16 @@ async def _keeping(
     no work tree or nothing listed.  Their bytes count against the budget
     of all calls in flight (:data:`~sandboxd.policy.defaults.GIT_KEEP_TOTAL_BYTES`):
     past it a call keeps what is left.
+
+    :param always: keep them however much room the disk has; else only
+        when it has less than :data:`~sandboxd.policy.defaults.GIT_KEEP_BELOW_FREE_BYTES`
+        free, since only a full disk stops such a call half-way, and the
+        listing costs a git process on every call.
     """
+    free = call.free_bytes()
+    if not always and free is not None and free >= defaults.GIT_KEEP_BELOW_FREE_BYTES:
+        yield None
+        return
     budget = _keep_budget(call.context)
     granted = budget.take(defaults.GIT_KEEP_BYTES)
     try:
@@ -753,7 +762,8 @@ async def git_stash(request: ServerRequest) -> dict[str, Any]:
             ],
             ["ls-tree", "-r", "-z", "--name-only", "--full-tree", f"{stash}^3"],
         ]
-        async with _keeping(call, listings) as kept:
+        # Always: a pop git refuses leaves the untracked files, whatever the room.
+        async with _keeping(call, listings, always=True) as kept:
             try:
                 await call.run(["stash", "pop", "-q", stash])
             except ApiError as e:
