@@ -432,8 +432,9 @@ async def _back_from_index(
     top's, whichever directory the call named), so that no path is
     followed through a link.  Whether it all went back.
 
-    :param spare: paths left as they are (local changes the call did not
-        write: git refuses a call that would).
+    :param spare: paths left as they are, and directories (``dir/``) with
+        all below them: what the call did not write (local changes, which
+        git refuses to overwrite; the user's untracked files).
     """
     top = call.top
     if top is None:
@@ -443,10 +444,11 @@ async def _back_from_index(
         check=False,
     )
     fields = listed.stdout.split(b"\0")
+    spared_dirs = tuple(p for p in spare if p.endswith(b"/"))
     changed = [
         (status, path)
         for status, path in zip(fields[0::2], fields[1::2], strict=False)
-        if path not in spare
+        if path not in spare and not path.startswith(spared_dirs)
     ]
     kept = [path for status, path in changed if status != b"A"]
     added = [
@@ -1129,7 +1131,7 @@ async def git_pull(request: ServerRequest) -> Any:
         before = await _head(call)
         # A merge (a fast-forward too) leaves the files with local changes
         # it does not write as they are: a put-back must as well.
-        local = None if rebase else await _changed_files(call)
+        local = None if rebase else await _left_by_a_merge(call)
         try:
             await call.run(
                 args, remote=remote, pin=pin, secret=secret, observe=job.observe
@@ -1151,12 +1153,37 @@ async def git_pull(request: ServerRequest) -> Any:
     return await _answer(request, job, wait)
 
 
-async def _changed_files(call: GitCall) -> set[bytes] | None:
-    """The paths whose files or index entries differ from HEAD (None: unknown)."""
-    listed = await call.run(["diff-index", "--name-only", "-z", "HEAD"], check=False)
-    if listed.exit_code != 0:
+async def _left_by_a_merge(call: GitCall) -> set[bytes] | None:
+    """
+    The paths a merge leaves as they are (None: unknown): those whose
+    files or index entries differ from HEAD (git refuses a merge that
+    would write one), the untracked files (git refuses to overwrite one),
+    and the ignored ones, whole directories of them as ``dir/`` (git may
+    overwrite one, which no put-back could bring back; it is not removed).
+    """
+    if call.top is None:
         return None
-    return set(listed.stdout.split(b"\0")) - {b""}
+    listings = [
+        ["diff-index", "--name-only", "-z", "HEAD"],
+        ["-C", call.top, "ls-files", "-o", "-z", "--exclude-standard"],
+        [
+            "-C",
+            call.top,
+            "ls-files",
+            "-o",
+            "-i",
+            "-z",
+            "--exclude-standard",
+            "--directory",
+        ],
+    ]
+    paths: set[bytes] = set()
+    for listing in listings:
+        listed = await call.run(listing, check=False)
+        if listed.exit_code != 0:
+            return None
+        paths.update(listed.stdout.split(b"\0"))
+    return paths - {b""}
 
 
 async def _rebase_undone(call: GitCall, e: ApiError) -> ApiError:

@@ -1016,23 +1016,28 @@ class PullFullDiskTests(SynchronousTestCase):
 
     def test_fast_forward(self) -> None:
         """
-        The remote gains twenty big files; a pull on a full disk is 507 and
-        leaves none of them, the local edit kept and HEAD where it was;
-        with room the same pull brings them.
+        The remote gains twenty big files, one in a directory where the
+        user has untracked files of their own; a pull on a full disk is 507
+        and leaves none of them, the local edit and the user's files kept
+        and HEAD where it was; with room the same pull brings them.
         """
         clone = self.sb.request(
             "POST", "/git/clone", json={"url": self.url, "path": "r", "wait": 30}
         )
         self.assertEqual(clone["state"], "done", clone)
         big = {f"f{i}.txt": base64.b64encode(os.urandom(100_000)) for i in range(20)}
+        # Written first (git goes in path order), into the user's directory.
+        big["a-new/x.txt"] = base64.b64encode(os.urandom(100_000))
         for name, data in big.items():
+            os.makedirs(os.path.dirname(os.path.join(self.work, name)), exist_ok=True)
             with open(os.path.join(self.work, name), "wb") as f:
                 f.write(data)
         remote_git(self.work, "add", "-A")
         remote_git(self.work, "commit", "-q", "-m", "big")
         remote_git(self.work, "push", "-q", self.bare, "main")
         self.sb.files.write_bytes("r/README", b"a local edit\n")
-        expected = {"README": b"a local edit\n"}
+        self.sb.files.write_bytes("r/a-new/mine.txt", b"the user's own\n")
+        expected = {"README": b"a local edit\n", "a-new/mine.txt": b"the user's own\n"}
         root = self.box.inside(f"{self.box.base}/r")
 
         def tree() -> dict[str, bytes]:
@@ -1052,6 +1057,52 @@ class PullFullDiskTests(SynchronousTestCase):
         done = self.sb.request("POST", "/git/pull", json=pull)
         self.assertEqual(done["state"], "done", done)
         self.assertEqual(tree(), {**expected, **big})
+
+    def test_merge_after_a_rename(self) -> None:
+        """
+        A merge where this side renamed a file the remote changed (git
+        carries the change to the new name and writes nothing at the old
+        one, where the user now keeps an untracked file): on a full disk
+        507, and the put-back removes the remote's new files but not the
+        user's file at the old name.
+        """
+        self.sb.request(
+            "POST", "/git/clone", json={"url": self.url, "path": "r", "wait": 30}
+        )
+        text = "".join(f"line {i}\n" for i in range(200))
+        with open(os.path.join(self.work, "README"), "w") as f:
+            f.write(text)
+        remote_git(self.work, "commit", "-q", "-a", "-m", "long readme")
+        remote_git(self.work, "push", "-q", self.bare, "main")
+        self.sb.request("POST", "/git/pull", json={"path": "r", "wait": 30})
+        # Theirs: the readme changed, big files added.
+        with open(os.path.join(self.work, "README"), "w") as f:
+            f.write(text + "theirs\n")
+        big = {f"f{i}.txt": base64.b64encode(os.urandom(100_000)) for i in range(20)}
+        for name, data in big.items():
+            with open(os.path.join(self.work, name), "wb") as f:
+                f.write(data)
+        remote_git(self.work, "add", "-A")
+        remote_git(self.work, "commit", "-q", "-m", "theirs")
+        remote_git(self.work, "push", "-q", self.bare, "main")
+        # Ours: the readme renamed, then a file of the user's at the old name.
+        self.sb.commands.run("sh -c 'cd r && git mv README README.md'")
+        self.sb.git.commit("r", "renamed")
+        self.sb.files.write_bytes("r/README", b"the user's own\n")
+        root = self.box.inside(f"{self.box.base}/r")
+        expected = work_tree(root)
+        self.box.fill(room=2_900_000)
+        pull = {"path": "r", "ff_only": False, "wait": 30}
+        error = raised(lambda: self.sb.request("POST", "/git/pull", json=pull))
+        self.assertIsInstance(error, InsufficientStorage, repr(error))
+        self.assertIn("put back as it was", str(error))
+        self.assertEqual(work_tree(root), expected)
+        self.box.free()
+        done = self.sb.request("POST", "/git/pull", json=pull)
+        self.assertEqual(done["state"], "done", done)
+        merged = work_tree(root)
+        self.assertEqual(merged["README"], b"the user's own\n")
+        self.assertTrue(merged["README.md"].endswith(b"theirs\n"))
 
 
 class OpenAIStateFullDiskTests(SynchronousTestCase):
