@@ -43,7 +43,8 @@ GIT_LOCAL_ERRORS = (
     E(
         409,
         "git_conflict",
-        "the repository's state refuses it (body: kind)",
+        "the repository's state refuses it (body: kind; locked: another git "
+        "holds the repository, try again)",
         "GitError",
     ),
     E(507, "insufficient_storage", "the disk filled up; git wrote nothing", "OSError"),
