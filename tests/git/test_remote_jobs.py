@@ -412,6 +412,45 @@ class OpenRemoteTests(RemoteCase):
         self.assertEqual(run(work, "log", "-1", "--format=%P").count(" "), 1)
 
     @inlineCallbacks
+    def test_push_new_branch_upstream_and_tags(self) -> Any:
+        """
+        A new branch pushed with ``set_upstream`` tracks the remote's (the
+        branch list shows its upstream, nothing ahead); ``tags`` pushes the
+        annotated tag on it, not a lightweight one.
+        """
+        yield self.clone()
+        work = os.path.join(self.base_dir, "work")
+        reply = yield self.request(
+            "POST", "/git/checkout", {"path": "work", "ref": "feat", "create": True}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        yield self.local_commit({"feat.txt": "feat\n"}, "feat")
+        run(work, "tag", "-a", "v1", "-m", "v1")
+        run(work, "tag", "light")
+        reply = yield self.request(
+            "POST",
+            "/git/push",
+            {
+                "path": "work",
+                "branch": "feat",
+                "set_upstream": True,
+                "tags": True,
+                "wait": 30,
+            },
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        refs = run(os.path.join(self.remote.root, "repo.git"), "show-ref")
+        self.assertIn("refs/heads/feat", refs)
+        self.assertIn("refs/tags/v1", refs)
+        self.assertNotIn("refs/tags/light", refs)
+        reply = yield self.request("GET", "/git/branches?path=work")
+        self.assertEqual(reply.status, 200, reply.body)
+        feat = [b for b in reply.json()["branches"] if b["name"] == "feat"]
+        self.assertEqual(len(feat), 1, reply.json())
+        self.assertEqual(feat[0].get("upstream"), "origin/feat", feat)
+        self.assertEqual(feat[0].get("ahead"), 0, feat)
+
+    @inlineCallbacks
     def test_protected_branch_push(self) -> Any:
         """A push of a protected branch is 403 protected_branch before git runs."""
         yield self.clone()
