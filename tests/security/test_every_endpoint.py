@@ -82,7 +82,6 @@ from twisted.web.http_headers import Headers
 
 from sandboxd.commands import CommandRegistry
 from sandboxd.endpoints import CapabilityGroup, Endpoint, catalogue_table
-from sandboxd.kernels.hubclient import HUB_COMMAND
 from tests.agents.test_agents import fake
 from tests.helpers import DaemonTestCase
 from tests.security.sweep import Case, cases, deep_array, fill_path, live_id
@@ -307,20 +306,12 @@ def children(since: float = 0.0) -> set[tuple[int, str]]:
         :func:`_process_clock`): an earlier test's process orphaned now
         becomes a child of this process too, which an in-process daemon
         makes a subreaper.
-
-    The kernel hub is left out too: on a machine busy enough that it
-    seems stuck, the daemon ends it and starts another in the background,
-    whatever call is being sent (the contexts themselves are compared
-    through their list and details).
     """
     found = set()
     for child in psutil.Process().children():
         try:
-            if child.status() == psutil.STATUS_ZOMBIE or child.create_time() < since:
-                continue
-            if child.cmdline()[-2:] == HUB_COMMAND[-2:]:
-                continue
-            found.add((child.pid, child.name()))
+            if child.status() != psutil.STATUS_ZOMBIE and child.create_time() >= since:
+                found.add((child.pid, child.name()))
         except psutil.Error:
             continue
     return found
