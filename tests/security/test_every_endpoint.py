@@ -317,6 +317,23 @@ def children(since: float = 0.0) -> set[tuple[int, str]]:
     return found
 
 
+def described(found: set[tuple[int, str]]) -> list[str]:
+    """
+    Children as a failure shows them: their command lines, so that one a
+    refused call did not start (seen on busy machines: a ``python`` child
+    of the test's process) can be told from one it did.
+    """
+    out = []
+    for pid, name in sorted(found):
+        try:
+            process = psutil.Process(pid)
+            line = " ".join(process.cmdline())[:300]
+            out.append(f"{pid} {name}: {line!r} (parent {process.ppid()})")
+        except psutil.Error:
+            out.append(f"{pid} {name}: gone")
+    return out
+
+
 def error_code(endpoint: Endpoint, body: Any) -> Any:
     """
     The ``code`` of an error body in the endpoint's door framing (a request
@@ -391,7 +408,7 @@ class SweepCase(DaemonTestCase):
         """Note what the refused calls of ``what`` changed."""
         new = after["children"] - before["children"]
         if new:
-            problems.append(f"{what}: refused calls left {sorted(new)}")
+            problems.append(f"{what}: refused calls left {described(new)}")
         for key in before:
             if key != "children" and before[key] != after[key]:
                 problems.append(
