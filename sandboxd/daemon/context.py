@@ -103,6 +103,8 @@ class Context:
     #: made on the group's first remote call.
     git_jobs: Any = attrs.field(default=None, init=False)
     git_keep_budget: Any = attrs.field(default=None, init=False)
+    #: The repositories with a writing git call in flight: their locks, by git dir.
+    git_locks: dict[str, Any] = attrs.field(factory=dict, init=False)
     #: Code contexts (kernels), built on the code group's first request.
     code: ServiceOnFirstUse[CodeService] | None = attrs.field(default=None, init=False)
     #: Paths the site hands to a door of their own before the JSON

@@ -14,10 +14,10 @@ last.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
-from weakref import WeakKeyDictionary
 
 from twisted.internet import defer
 from twisted.internet.defer import DeferredLock
@@ -221,7 +221,7 @@ class GitCall:
         With a ``secret``, git asks for it through a one-shot askpass
         session that ends with the call.  In a repository opened for
         writing, a local call waits for the others there to end first
-        (:func:`_repository_lock`).
+        (:meth:`_turn`).
 
         :param own_pathspecs: for a call that names no path of the
             caller's: git's pathspec magic is left on, since some commands
@@ -229,12 +229,77 @@ class GitCall:
             files cleans them with ``:/``, which taken literally names no
             file, so they would stay).
         """
+        async with self._turn(remote, timeout):
+            env = dict(self.env)
+            if own_pathspecs:
+                del env["GIT_LITERAL_PATHSPECS"]
+            session: AskpassSession | None = None
+            if secret is not None:
+                uid, gid = self.uid_gid
+                session = AskpassSession(self.context.reactor, secret, uid, gid)
+                env.update(session.start())
+
+            def spawned(child: Any) -> None:
+                self.child = child
+                if session is not None:
+                    session.git_pid = child.pid
+
+            hidden = (secret.password,) if secret is not None else ()
+            try:
+                result = await processes.run_collect(
+                    self.context.reactor,
+                    self.argv(args, remote, pin),
+                    children=self.context.children,
+                    env=env,
+                    cwd=self.cwd,
+                    timeout=timeout if timeout is not None else self.timeout,
+                    idle_timeout=self.idle_timeout if remote is not None else None,
+                    max_output_bytes=self.max_output,
+                    run_as=self.run_as,
+                    stdin=stdin,
+                    observe=observe,
+                    on_spawned=spawned,
+                )
+            except FileNotFoundError:
+                raise internal("git is not installed", "FileNotFoundError") from None
+            finally:
+                if session is not None:
+                    session.close()
+            if result.timed_out or result.idle_timed_out:
+                idle = result.idle_timed_out
+                limit = self.idle_timeout if idle else (timeout or self.timeout)
+                if idle:
+                    raise timed_out(
+                        f"IdleTimeout: git printed nothing for {limit:g} s and was stopped",
+                        idle=True,
+                    )
+                raise timed_out(f"git timed out after {limit:g} s")
+            if check and result.exit_code != 0:
+                text = redact(result.stderr.decode("utf-8", "replace"), hidden)
+                if not text.strip():
+                    text = redact(result.stdout.decode("utf-8", "replace"), hidden)
+                no_room = UNWRITTEN in text.lower() and self.no_room()
+                raise classify_failure(
+                    text, result.exit_code, remote is not None, no_room
+                )
+            return result
+
+    @contextlib.asynccontextmanager
+    async def _turn(
+        self, remote: Remote | None, timeout: float | None
+    ) -> AsyncIterator[None]:
+        """
+        A local call's turn in a repository opened for writing: the lock its
+        writing calls take one after another (git fails a call that finds
+        another's lock file at once, and an agent's tool calls often come
+        together); the wait is bounded as the call is.  Remote calls (a fetch
+        can last minutes) and reads do not wait.
+        """
         if self.lock_key is None or remote is not None:
-            return await self._run(
-                args, check, remote, pin, secret, observe, timeout, stdin, own_pathspecs
-            )
-        lock = _repository_lock(self.context, self.lock_key)
-        # Waiting for the lock is bounded as the call itself is.
+            yield
+            return
+        locks: dict[str, DeferredLock] = self.context.git_locks
+        lock = locks.setdefault(self.lock_key, DeferredLock())
         waited = timeout if timeout is not None else self.timeout
         if waited is None:
             waited = float(defaults.GIT_LOCAL_LIMITS["timeout_seconds"])
@@ -249,77 +314,11 @@ class GitCall:
                 "locked",
             ) from None
         try:
-            return await self._run(
-                args, check, remote, pin, secret, observe, timeout, stdin, own_pathspecs
-            )
+            yield
         finally:
             lock.release()
             if not lock.locked:
-                _LOCKS[self.context].pop(self.lock_key, None)
-
-    async def _run(
-        self,
-        args: list[str],
-        check: bool,
-        remote: Remote | None,
-        pin: str,
-        secret: Secret | None,
-        observe: Observer | None,
-        timeout: float | None,
-        stdin: bytes | None,
-        own_pathspecs: bool,
-    ) -> processes.RunResult:
-        env = dict(self.env)
-        if own_pathspecs:
-            del env["GIT_LITERAL_PATHSPECS"]
-        session: AskpassSession | None = None
-        if secret is not None:
-            uid, gid = self.uid_gid
-            session = AskpassSession(self.context.reactor, secret, uid, gid)
-            env.update(session.start())
-
-        def spawned(child: Any) -> None:
-            self.child = child
-            if session is not None:
-                session.git_pid = child.pid
-
-        hidden = (secret.password,) if secret is not None else ()
-        try:
-            result = await processes.run_collect(
-                self.context.reactor,
-                self.argv(args, remote, pin),
-                children=self.context.children,
-                env=env,
-                cwd=self.cwd,
-                timeout=timeout if timeout is not None else self.timeout,
-                idle_timeout=self.idle_timeout if remote is not None else None,
-                max_output_bytes=self.max_output,
-                run_as=self.run_as,
-                stdin=stdin,
-                observe=observe,
-                on_spawned=spawned,
-            )
-        except FileNotFoundError:
-            raise internal("git is not installed", "FileNotFoundError") from None
-        finally:
-            if session is not None:
-                session.close()
-        if result.timed_out or result.idle_timed_out:
-            idle = result.idle_timed_out
-            limit = self.idle_timeout if idle else (timeout or self.timeout)
-            if idle:
-                raise timed_out(
-                    f"IdleTimeout: git printed nothing for {limit:g} s and was stopped",
-                    idle=True,
-                )
-            raise timed_out(f"git timed out after {limit:g} s")
-        if check and result.exit_code != 0:
-            text = redact(result.stderr.decode("utf-8", "replace"), hidden)
-            if not text.strip():
-                text = redact(result.stdout.decode("utf-8", "replace"), hidden)
-            no_room = UNWRITTEN in text.lower() and self.no_room()
-            raise classify_failure(text, result.exit_code, remote is not None, no_room)
-        return result
+                locks.pop(self.lock_key, None)
 
     def no_room(self) -> bool:
         """Whether the work tree's file system has no block left for git's user."""
@@ -334,23 +333,6 @@ class GitCall:
         uid, _ = self.uid_gid
         # Root may write into the blocks reserved for it.
         return (st.f_bfree if uid == 0 else st.f_bavail) * st.f_frsize
-
-
-#: Each daemon's repositories with a writing call in flight, by git dir.
-_LOCKS: WeakKeyDictionary[Any, dict[str, DeferredLock]] = WeakKeyDictionary()
-
-
-def _repository_lock(context: Any, git_dir: str) -> DeferredLock:
-    """
-    The lock the writing calls of one repository take in turn: git fails a
-    call that finds another's lock file at once, and an agent's tool calls
-    often come together.  Dropped once nobody holds or waits for it.
-    """
-    locks = _LOCKS.setdefault(context, {})
-    lock = locks.get(git_dir)
-    if lock is None:
-        lock = locks[git_dir] = DeferredLock()
-    return lock
 
 
 def holder_of(git_dir: str | None) -> str | None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 
 import attrs
 
@@ -189,19 +190,29 @@ def put_back(tree: KeptTree) -> list[str]:
     for kept in due:
         if not _write(tree.top, kept):
             wrong.append(kept.path)
-    for folder in sorted(tree.missing, key=lambda f: f.count("/"), reverse=True):
+    remove_empty_dirs(tree.top, tree.missing)
+    return wrong
+
+
+def remove_empty_dirs(top: str, folders: Iterable[str]) -> None:
+    """
+    Remove those of ``folders`` (paths under ``top``) that are empty,
+    deepest first.  Each is reached through descriptors opened without
+    following a link, and ``rmdir`` removes only an empty directory, so
+    nothing outside the work tree and nothing with content in it can go.
+    """
+    for folder in sorted(set(folders), key=lambda f: f.count("/"), reverse=True):
         parent, name = _split(folder)
         try:
-            dir_fd = open_real_dir(os.path.join(tree.top, parent))
+            dir_fd = open_real_dir(os.path.join(top, parent))
         except OSError:
             continue
         try:
             os.rmdir(name, dir_fd=dir_fd)
         except OSError:
-            pass  # not empty (the user's own since), or gone
+            pass  # not empty (the user's own), not a directory, or gone
         finally:
             os.close(dir_fd)
-    return wrong
 
 
 def _differs(top: str, kept: Kept) -> str | None:

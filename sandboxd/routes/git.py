@@ -19,7 +19,7 @@ import shutil
 from collections.abc import AsyncIterator, Callable, Set
 from typing import Any
 
-from sandboxd.access.guard import PathGuard, open_real_dir
+from sandboxd.access.guard import PathGuard
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -59,7 +59,13 @@ from sandboxd.git.runner import (
     repo_path,
     require_text,
 )
-from sandboxd.git.worktree import KeepBudget, KeptTree, keep, put_back
+from sandboxd.git.worktree import (
+    KeepBudget,
+    KeptTree,
+    keep,
+    put_back,
+    remove_empty_dirs,
+)
 from sandboxd.policy import defaults
 from sandboxd.processes.environment import BOOT_ENVIRON
 from sandboxd.web import params
@@ -478,31 +484,14 @@ async def _back_from_index(
 
 
 def _remove_emptied(top: str, files: list[str]) -> None:
-    """
-    Remove the directories of ``files`` (paths under ``top``) that are
-    empty, deepest first.  Each is reached through descriptors opened
-    without following a link, and ``rmdir`` removes only an empty
-    directory, so nothing outside the work tree and nothing with
-    content in it can go.
-    """
+    """Remove the directories of ``files`` (paths under ``top``) left empty."""
     folders = {f.rpartition("/")[0] for f in files}
     for folder in list(folders):
         while "/" in folder:
             folder = folder.rpartition("/")[0]
             folders.add(folder)
     folders.discard("")
-    for folder in sorted(folders, key=lambda f: f.count("/"), reverse=True):
-        parent, _, name = folder.rpartition("/")
-        try:
-            fd = open_real_dir(os.path.join(top, parent))
-        except OSError:
-            continue
-        try:
-            os.rmdir(name, dir_fd=fd)
-        except OSError:
-            pass  # not empty, not a directory, or gone
-        finally:
-            os.close(fd)
+    remove_empty_dirs(top, folders)
 
 
 #: Paths named on one git command line when the work tree is put back.
@@ -616,17 +605,28 @@ async def _keep(
         return None
     paths: list[str] = []
     for listing in listings:
-        result = await call.run(listing, check=False)
-        if result.exit_code == 0:
-            paths += [
-                p.decode("utf-8", "surrogateescape")
-                for p in result.stdout.split(b"\0")
-                if p
-            ]
+        # A listing git refuses (a stash with no untracked files) lists none.
+        paths += [
+            p.decode("utf-8", "surrogateescape")
+            for p in await _listed(call, listing) or []
+        ]
     if not paths:
         return None
     found: KeptTree = await call.context.in_thread(keep, call.top, paths, limit)
     return found
+
+
+async def _listed(call: GitCall, listing: list[str]) -> list[bytes] | None:
+    """The paths git prints NUL-separated for ``listing``; None when it failed."""
+    result = await call.run(listing, check=False)
+    if result.exit_code != 0:
+        return None
+    return [p for p in result.stdout.split(b"\0") if p]
+
+
+def _untracked(top: str) -> list[str]:
+    """The git call listing the untracked files (not the ignored ones) from ``top``."""
+    return ["-C", top, "ls-files", "-o", "-z", "--exclude-standard"]
 
 
 def _keep_budget(context: Any) -> KeepBudget:
@@ -737,9 +737,7 @@ async def git_stash(request: ServerRequest) -> dict[str, Any]:
         # untracked ones it removes.
         listings = [["diff-index", "--name-only", "-z", "HEAD"]]
         if call.top is not None:
-            listings.append(
-                ["-C", call.top, "ls-files", "-o", "-z", "--exclude-standard"]
-            )
+            listings.append(_untracked(call.top))
         async with _keeping(call, listings) as kept:
             try:
                 await call.run(args, own_pathspecs=True)
@@ -1165,25 +1163,16 @@ async def _left_by_a_merge(call: GitCall) -> set[bytes] | None:
         return None
     listings = [
         ["diff-index", "--name-only", "-z", "HEAD"],
-        ["-C", call.top, "ls-files", "-o", "-z", "--exclude-standard"],
-        [
-            "-C",
-            call.top,
-            "ls-files",
-            "-o",
-            "-i",
-            "-z",
-            "--exclude-standard",
-            "--directory",
-        ],
+        _untracked(call.top),
+        [*_untracked(call.top), "-i", "--directory"],
     ]
     paths: set[bytes] = set()
     for listing in listings:
-        listed = await call.run(listing, check=False)
-        if listed.exit_code != 0:
+        listed = await _listed(call, listing)
+        if listed is None:
             return None
-        paths.update(listed.stdout.split(b"\0"))
-    return paths - {b""}
+        paths.update(listed)
+    return paths
 
 
 async def _rebase_undone(call: GitCall, e: ApiError) -> ApiError:

@@ -13,10 +13,9 @@ import shutil
 import time
 from typing import Any
 
-from twisted.internet.defer import DeferredList, inlineCallbacks
+from twisted.internet.defer import DeferredList, DeferredLock, inlineCallbacks
 from twisted.trial.unittest import SkipTest
 
-from sandboxd.git.runner import _repository_lock
 from tests.git.remote import run as git
 from tests.helpers import DaemonTestCase
 
@@ -681,7 +680,8 @@ class GitLockWaitTests(DaemonTestCase):
         with open(os.path.join(repo, "a.txt"), "w") as f:
             f.write("a\n")
         git_dir = os.path.join(repo, ".git")
-        lock = _repository_lock(self.daemon.context, git_dir)
+        # Held as another writing call would hold it.
+        lock = self.daemon.context.git_locks.setdefault(git_dir, DeferredLock())
         yield lock.acquire()
         try:
             started = time.monotonic()
