@@ -604,23 +604,38 @@ async def _keep(
     if call.top is None or not listings:
         return None
     paths: list[str] = []
+    cut = False
     for listing in listings:
+        try:
+            listed = await _listed(call, listing)
+        except _ListCut:
+            cut = True
+            continue
         # A listing git refuses (a stash with no untracked files) lists none.
-        paths += [
-            p.decode("utf-8", "surrogateescape")
-            for p in await _listed(call, listing) or []
-        ]
-    if not paths:
+        paths += [p.decode("utf-8", "surrogateescape") for p in listed or []]
+    if not paths and not cut:
         return None
     found: KeptTree = await call.context.in_thread(keep, call.top, paths, limit)
+    if cut:
+        found.unkept.append("(files past what git's listing may print)")
     return found
 
 
+class _ListCut(Exception):
+    """A listing longer than a git call may print: some paths are unknown."""
+
+
 async def _listed(call: GitCall, listing: list[str]) -> list[bytes] | None:
-    """The paths git prints NUL-separated for ``listing``; None when it failed."""
+    """
+    The paths git prints NUL-separated for ``listing``; None when git
+    refused.  Raises :class:`_ListCut` when the list was cut at the call's
+    output bound, since a path missing from it would be taken as untouched.
+    """
     result = await call.run(listing, check=False)
     if result.exit_code != 0:
         return None
+    if result.truncated:
+        raise _ListCut()
     return [p for p in result.stdout.split(b"\0") if p]
 
 
@@ -1168,7 +1183,10 @@ async def _left_by_a_merge(call: GitCall) -> set[bytes] | None:
     ]
     paths: set[bytes] = set()
     for listing in listings:
-        listed = await _listed(call, listing)
+        try:
+            listed = await _listed(call, listing)
+        except _ListCut:
+            return None
         if listed is None:
             return None
         paths.update(listed)

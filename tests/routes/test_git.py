@@ -11,11 +11,13 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from typing import Any
+from typing import Any, cast
 
-from twisted.internet.defer import DeferredList, DeferredLock, inlineCallbacks
-from twisted.trial.unittest import SkipTest
+from twisted.internet.defer import Deferred, DeferredList, DeferredLock, inlineCallbacks
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
+from sandboxd.processes.run import RunResult
+from sandboxd.routes.git import _ListCut, _listed
 from tests.git.remote import run as git
 from tests.helpers import DaemonTestCase
 
@@ -700,3 +702,34 @@ class GitLockWaitTests(DaemonTestCase):
             "POST", "/git/add", {"path": "repo", "files": ["a.txt"]}
         )
         self.assertEqual(reply.status, 200, reply.body)
+
+
+class ListingTests(SynchronousTestCase):
+    """The file listings a put-back relies on, read from git's output."""
+
+    def listed(self, result: RunResult) -> Any:
+        class Call:
+            async def run(self, args: list[str], check: bool = True) -> RunResult:
+                return result
+
+        return Deferred.fromCoroutine(
+            _listed(cast(Any, Call()), ["ls-files", "-o", "-z"])
+        )
+
+    def test_cut_listing_is_not_the_whole_list(self) -> None:
+        """
+        A listing cut at the call's output bound raises rather than pass for
+        the whole list (a path missing from it would be taken as untouched,
+        and its last name is cut short); a refused one is None; a whole one
+        is its paths.
+        """
+
+        def result(stdout: bytes, code: int = 0, cut: bool = False) -> RunResult:
+            return RunResult(stdout, b"", code, False, False, cut, 0, 1.0)
+
+        self.failureResultOf(self.listed(result(b"a.txt\0b/c.t", cut=True)), _ListCut)
+        self.assertIsNone(self.successResultOf(self.listed(result(b"", 128))))
+        self.assertEqual(
+            self.successResultOf(self.listed(result(b"a.txt\0b/c.txt\0"))),
+            [b"a.txt", b"b/c.txt"],
+        )
