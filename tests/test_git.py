@@ -264,6 +264,39 @@ class GitStatusTests(DaemonTestCase):
         self.assertEqual(reply.json()["type"], "FileNotFoundError")
 
     @inlineCallbacks
+    def test_answer_waits_for_every_git(self) -> Any:
+        """
+        A refusal from one of the two git runs a call starts side by side
+        is answered once the other has ended too: nothing of the call is
+        left running behind its answer.
+        """
+        os.mkdir(os.path.join(self.base_dir, "plain"))
+        tools = os.path.realpath(self.mktemp())
+        os.mkdir(tools)
+        ended = os.path.join(tools, "config-ended")
+        # A git whose `rev-parse` fails at once and whose `config` takes a
+        # second, then leaves a mark.
+        fake = os.path.join(tools, "git")
+        with open(fake, "w") as f:
+            f.write(
+                "#!/bin/sh\n"
+                'for a; do case "$a" in\n'
+                '  rev-parse) echo "fatal: not a git repository" >&2; exit 128;;\n'
+                f"  config) sleep 1; : > {ended}; exit 0;;\n"
+                "esac; done\n"
+                "exit 1\n"
+            )
+        os.chmod(fake, 0o755)
+        self.patch(devtools, "BOOT_ENVIRON", {"PATH": f"{tools}:/usr/bin:/bin"})
+        for target in ("/git/status?path=plain", "/git/diff?path=plain"):
+            reply = yield self.request("GET", target)
+            self.assertEqual(reply.status, 400, reply.body)
+            self.assertTrue(
+                os.path.exists(ended), f"{target} answered before git ended"
+            )
+            os.unlink(ended)
+
+    @inlineCallbacks
     def test_repository_elsewhere_refused(self) -> Any:
         """A ``.git`` file pointing outside the boundary is refused by the guard."""
         outside = new_repo(os.path.realpath(self.mktemp()), {"a.txt": "a\n"})

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from twisted.internet.defer import Deferred, FirstError, gatherResults
+from twisted.internet.defer import Deferred, DeferredList
 
 from sandboxd import processes
 from sandboxd.access.guard import PathGuard
@@ -224,16 +224,22 @@ class _Git:
 
 
 async def _both(first: Any, second: Any) -> tuple[Any, Any]:
-    """Await two coroutines side by side; the first error is raised."""
-    d = gatherResults(
+    """
+    Await two coroutines side by side; then the first one's error, if any.
+
+    Both are awaited even when one fails at once: each runs a child, and
+    an answer sent while the other's child still runs would leave it
+    behind the call (a ``rev-parse`` refused outside a repository used to
+    answer before its ``config`` twin had ended).
+    """
+    results = await DeferredList(
         [Deferred.fromCoroutine(first), Deferred.fromCoroutine(second)],
         consumeErrors=True,
     )
-    try:
-        a, b = await d
-    except FirstError as e:
-        e.subFailure.raiseException()
-    return a, b
+    for ok, value in results:
+        if not ok:
+            value.raiseException()
+    return results[0][1], results[1][1]
 
 
 async def git_status(request: ServerRequest) -> dict[str, Any]:
