@@ -663,11 +663,18 @@ def misdirected(host: str) -> ApiError:
     )
 
 
-def upstream_unavailable(port: int) -> ApiError:
-    """502 ``upstream_unavailable``: nothing answers on the previewed port."""
+def upstream_unavailable(port: int, why: str | None = None) -> ApiError:
+    """
+    502 ``upstream_unavailable``: nothing answers on the previewed port,
+    or the app there gave an answer the door cannot pass on (``why``: a
+    head that is not HTTP, two lengths, a close before any answer), which
+    is the app's bug to fix rather than a server to start.
+    """
     return ApiError(
         502,
-        f"nothing is answering on port {port}",
+        f"nothing is answering on port {port}"
+        if why is None
+        else f"no usable answer from the app on port {port}: {why}",
         "ConnectionError",
         Code.UPSTREAM_UNAVAILABLE,
         port=port,

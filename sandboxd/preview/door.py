@@ -27,9 +27,15 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from twisted.internet.defer import CancelledError
-from twisted.internet.error import ConnectError, ConnectionRefusedError
+from twisted.internet.error import (
+    ConnectError,
+    ConnectionDone,
+    ConnectionLost,
+    ConnectionRefusedError,
+)
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from twisted.web._newclient import ParseError
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
@@ -59,10 +65,15 @@ from sandboxd.policy.defaults import (
     PREVIEW_RETRY_SECONDS,
 )
 from sandboxd.preview import headers as h
-from sandboxd.preview.answer import Answer, Rules
+from sandboxd.preview.answer import Answer, NotHttp, Rules
 from sandboxd.preview.channel import DoorChannel, DoorRequest, canonical, drained
 from sandboxd.preview.exposures import Exposure
-from sandboxd.preview.rawpool import BodyTransport, RawConnection, RawPool
+from sandboxd.preview.rawpool import (
+    BodyTransport,
+    RawConnection,
+    RawPool,
+    UpstreamBroken,
+)
 from sandboxd.preview.routing import Target
 from sandboxd.preview.upstream import BodyRelay, StreamBody
 from sandboxd.web.channel import close_after_answer
@@ -113,6 +124,22 @@ class PreviewService(Protocol):
 
 def _ignore(_: object) -> None:
     """Nothing to do (a response nobody waits for any more)."""
+
+
+def _unusable(failure: Failure) -> str | None:
+    """
+    What was wrong with an app's answer the door could not pass on, in
+    words (a bad head, a close before any answer), or None.
+    """
+    if failure.check(UpstreamBroken, NotHttp):
+        return str(failure.value)
+    reasons = getattr(failure.value, "reasons", None) or [failure]
+    if any(r.check(ParseError, ValueError) for r in reasons):
+        # Twisted's client: a bad status line or header, or two lengths.
+        return "a malformed response head"
+    if any(r.check(ConnectionDone, ConnectionLost) for r in reasons):
+        return "the app closed the connection"
+    return None
 
 
 def wants_html(accept: bytes | None) -> bool:
@@ -829,7 +856,8 @@ class Exchange:
                 self.addresses = self.addresses[1:]
                 self._send(self.addresses[0])
                 return
-            error = upstream_unavailable(self.target.port)
+            why = None if refused else _unusable(failure)
+            error = upstream_unavailable(self.target.port, why)
         if self.body_producer is not None:
             self.body_producer.stopProducing()
         self.refusal = error
@@ -956,9 +984,18 @@ class Exchange:
                     for v in values
                 ]
             out.append((name, values))
+        length = response.length if isinstance(response.length, int) else None
+        if (
+            length is not None
+            and self.request.method != b"HEAD"
+            and response.code not in (204, 304)
+        ):
+            # Twisted's client keeps the length out of the headers: without
+            # it the answer would go out chunked, and a browser would show
+            # a download with no size or progress.
+            out.append((b"content-length", [str(length).encode()]))
         self.request.relay_head(response.code, response.phrase, out)
         self.status = response.code
-        length = response.length if isinstance(response.length, int) else None
         self.relay = BodyRelay(self._register, self._write, self._body_ended, length)
         response.deliverBody(self.relay)
 

@@ -6,6 +6,7 @@ browser or an API client sees through ``--preview-port``.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import resource
@@ -18,7 +19,7 @@ from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
-from twisted.web.client import Agent, HTTPConnectionPool, readBody
+from twisted.web.client import Agent, FileBodyProducer, HTTPConnectionPool, readBody
 from twisted.web.http_headers import Headers
 
 from sandboxd.testing import BodyProducer
@@ -378,6 +379,9 @@ class RoutingAndAuthTests(DoorCase):
         self.assertEqual(
             (response.code, json.loads(body)["code"]), (502, "upstream_unavailable")
         )
+        self.assertEqual(
+            json.loads(body)["error"], f"nothing is answering on port {port}"
+        )
         response, body = yield self.fetch(
             "GET", "/", host=self.host(port), headers={"accept": "text/html"}
         )
@@ -406,6 +410,23 @@ class StreamingTests(DoorCase):
         seen = json.loads(body)
         self.assertEqual(seen["bytes"], 64 * 65536)
         self.assertTrue(seen["chunked"])
+
+    @inlineCallbacks
+    def test_answer_to_an_upload_keeps_its_length(self) -> None:
+        """
+        The app's ``Content-Length`` reaches the browser for a request with
+        a body too (not re-sent chunked), as it does without one.
+        """
+        yield self.expose()
+        for method, path, body in (
+            ("POST", "/upload", FileBodyProducer(io.BytesIO(b"x" * 1000))),
+            ("GET", "/", None),
+        ):
+            response, answer = yield self.fetch(method, path, body=body)
+            self.assertEqual(response.code, 200, answer)
+            # (Twisted's client reads the length into ``length``, and
+            # leaves it unknown for a chunked answer.)
+            self.assertEqual(response.length, len(answer), method)
 
     @inlineCallbacks
     def test_sse_is_not_buffered(self) -> None:
@@ -822,6 +843,59 @@ class ExposureApiTests(DoorCase):
         self.assertEqual((gone.status, gone.json()["code"]), (404, "port_not_exposed"))
         response, _ = yield self.fetch("GET", "/", host=host)
         self.assertEqual(response.code, 404)
+
+
+class _UnusableAnswer(Protocol):
+    """An app whose answer no browser could use: the factory's bytes, then a close."""
+
+    def dataReceived(self, data: bytes) -> None:
+        if b"\r\n\r\n" in data and self.transport is not None:
+            self.transport.write(self.factory.answer)  # type: ignore[attr-defined]
+            self.transport.loseConnection()
+
+
+class UnusableAnswerTests(DoorCase):
+    """An app that answers what the door cannot pass on: a 502 that says why."""
+
+    @inlineCallbacks
+    def test_the_502_says_why(self) -> Any:
+        """
+        A head that is not HTTP, two lengths, a close before any answer:
+        502 ``upstream_unavailable`` naming what the app did (not "nothing
+        is answering", which sends one looking for a server that runs),
+        for a plain request and one with a body alike.
+        """
+        cases = [
+            (
+                b"NOT HTTP\r\n\r\n",
+                ("not an HTTP/1.x response", "a malformed response head"),
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 5\r\n\r\nabcde",
+                ("a bad Content-Length", "a malformed response head"),
+            ),
+            (b"", ("the app closed the connection",) * 2),
+        ]
+        for answer, (plain, with_body) in cases:
+            app = ServerFactory()
+            app.protocol = _UnusableAnswer
+            app.answer = answer  # type: ignore[attr-defined]
+            app = yield self.serve(app)
+            for method, body, why in (
+                ("GET", None, plain),
+                ("POST", FileBodyProducer(io.BytesIO(b"{}")), with_body),
+            ):
+                response, text = yield self.fetch(
+                    method, "/", host=self.host(app.port), body=body
+                )
+                self.assertEqual(response.code, 502, (answer, method, text))
+                error = json.loads(text)
+                self.assertEqual(error["code"], "upstream_unavailable")
+                self.assertEqual(
+                    error["error"],
+                    f"no usable answer from the app on port {app.port}: {why}",
+                    (answer, method),
+                )
 
 
 class _StalledBody(Protocol):

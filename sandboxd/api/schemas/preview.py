@@ -152,7 +152,8 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 502,
                 "upstream_unavailable",
-                "nothing answers on the port (browsers get a page that retries)",
+                "nothing answers on the port (browsers get a page that retries), or the"
+                " app answered something the door cannot pass on (the message says what)",
                 "ConnectionError",
             ),
             E(
