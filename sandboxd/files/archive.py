@@ -48,6 +48,16 @@ def too_many(limit: int) -> ApiError:
     )
 
 
+def too_big_to_pack(limit: int, what: str = "the archive") -> ApiError:
+    """413 for an archive, or the files to pack in one, over the byte cap."""
+    return payload_too_large(limit, what)
+
+
+def too_big_unpacked(limit: int) -> ApiError:
+    """413 for an archive whose members unpack to more than the byte cap."""
+    return payload_too_large(limit, "the archive's unpacked size")
+
+
 def refused_member(name: str, why: str) -> ApiError:
     """403 for a member that would land outside the destination."""
     return forbidden(f"archive member refused ({why}): {name!r}", Code.PATH_NOT_ALLOWED)
@@ -81,7 +91,7 @@ class _Budget:
         if self.files > self.max_files:
             raise too_many(self.max_files)
         if self.bytes > self.max_bytes or buffer.tell() > self.max_bytes:
-            raise payload_too_large(self.max_bytes)
+            raise too_big_to_pack(self.max_bytes)
 
 
 def create(
@@ -110,7 +120,7 @@ def create(
                         _add_entry(writer, fmt, full, member, st, guard, budget, buffer)
     data = buffer.getvalue()
     if len(data) > max_bytes:
-        raise payload_too_large(max_bytes)
+        raise too_big_to_pack(max_bytes)
     return {
         "content_base64": base64.b64encode(data).decode("ascii"),
         "format": fmt,
@@ -181,7 +191,7 @@ def count_members(
                 if files > max_files:
                     raise too_many(max_files)
                 if size > max_bytes:
-                    raise payload_too_large(max_bytes)
+                    raise too_big_to_pack(max_bytes, "the size of the files to pack")
 
 
 def _add_entry(
@@ -252,7 +262,7 @@ def _add(
                 while chunk := fobj.read(1 << 20):
                     out.write(chunk)
                     if buffer.tell() > budget.max_bytes:
-                        raise payload_too_large(budget.max_bytes)
+                        raise too_big_to_pack(budget.max_bytes)
         else:
             ti = tarfile.TarInfo(name)
             ti.size = st.st_size
@@ -260,7 +270,7 @@ def _add(
             ti.mtime = int(st.st_mtime)
             writer.addfile(ti, fobj)
     if buffer.tell() > budget.max_bytes:
-        raise payload_too_large(budget.max_bytes)
+        raise too_big_to_pack(budget.max_bytes)
 
 
 # -- extract ----------------------------------------------------------------------
@@ -331,7 +341,7 @@ def _members(
                         )
                     )
                 if total > max_bytes:
-                    raise payload_too_large(max_bytes)
+                    raise too_big_unpacked(max_bytes)
         else:
             archive = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")
             count = 0
@@ -356,7 +366,7 @@ def _members(
                 else:
                     raise refused_member(ti.name, "special file")
                 if total > max_bytes:
-                    raise payload_too_large(max_bytes)
+                    raise too_big_unpacked(max_bytes)
     except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as e:
         raise bad_request(f"not a valid {fmt} archive: {e}") from None
     return archive, members
@@ -519,7 +529,7 @@ def _write(
                     got += len(chunk)
                     written += len(chunk)
                     if got > m.size or written > max_bytes:
-                        raise payload_too_large(max_bytes)
+                        raise too_big_unpacked(max_bytes)
                     writer.write(chunk)
         except BaseException:
             writer.abort()

@@ -94,6 +94,19 @@ def too_large(request: ServerRequest) -> ApiError:
     )
 
 
+def file_too_large(request: ServerRequest, size: int) -> ApiError:
+    """
+    413: a file to send is over the endpoint's ``max_bytes`` (the file's
+    size, not the request's, is what is too large).
+    """
+    return payload_too_large(
+        max_bytes(request),
+        f"the file ({size} bytes)",
+        setting=limit_setting(request.endpoint.id, "max_bytes"),
+        size=size,
+    )
+
+
 def check_extension(request: ServerRequest, path: str) -> None:
     """``params.allow_extensions`` / ``deny_extensions`` on the file name."""
     params = request.rule.params
@@ -267,7 +280,7 @@ def download(request: ServerRequest) -> Any:
     cap = max_bytes(request)
     if size > cap:
         f.close()
-        raise too_large(request)
+        raise file_too_large(request, size)
     if size <= INLINE_READ_BYTES:
         with f:
             data = _read_all(f.fd, size)
@@ -313,7 +326,7 @@ def files_download_stream(request: ServerRequest) -> Any:
     cap = max_bytes(request)
     if size > cap:
         f.close()
-        raise too_large(request)
+        raise file_too_large(request, size)
     head = (
         b'{"path":'
         + json_bytes(f.path)
@@ -366,7 +379,7 @@ def files_read_raw(request: ServerRequest) -> Any:
     cap = request.rule.limits.max_bytes
     if cap is not None and st.st_size > cap:
         f.close()
-        raise too_large(request)
+        raise file_too_large(request, st.st_size)
     headers = {
         "content-type": "application/octet-stream",
         "etag": f.etag,

@@ -302,11 +302,23 @@ class SmallCapTests(FilesCase):
 
     @inlineCallbacks
     def test_oversize_download(self) -> Any:
-        """A file over max_bytes is 413 on the base64 routes."""
+        """
+        A file over max_bytes is 413 on the base64 routes and the raw one,
+        saying it is the file (its size given) that is too large, not the
+        request.
+        """
         self.put("big.txt", b"z" * 1001)
-        for route in ("/download", "/files/download-stream"):
+        for route in ("/download", "/files/download-stream", "/files/raw"):
             reply = yield self.get(route, "big.txt")
             self.assertEqual(reply.status, 413, route)
+            body = reply.json()
+            self.assertEqual(body["size"], 1001, route)
+            self.assertTrue(
+                body["error"].startswith(
+                    "the file (1001 bytes) is over the limit of 1000 bytes"
+                ),
+                body,
+            )
 
 
 class TooLargeSaysWhatToRaiseTests(FilesCase):
