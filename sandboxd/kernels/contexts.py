@@ -778,6 +778,12 @@ class CodeContext:
         x.state = state
         x.ended_at = time.time()
         x.input_pending = False
+        if state == "lost" and x.started_at is not None:
+            # Sent to the kernel, which died (or its hub did) before its
+            # notice of taking the code came back, as when the code itself
+            # ends the kernel at once: it may have run, so it is not
+            # reported as safe to send again.
+            x.started = True
         x.emit(
             "execution.ended",
             state=state,

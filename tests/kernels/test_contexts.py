@@ -570,6 +570,24 @@ class DeathTests(CodeTestCase):
         self.assertEqual(fresh["stdout"], "back\n")
 
     @inlineCallbacks
+    def test_code_that_ends_its_kernel_ran(self) -> Any:
+        """
+        Code that ends its own kernel at once (before the kernel's notice
+        that it took the code can leave it) is ``lost`` with ``started:
+        true``: it ran, so a client must not take it as safe to send again
+        (its side effects, here a file, happened).
+        """
+        ctx = yield self.context()
+        mark = os.path.join(self.base_dir, "ran.txt")
+        result = yield self.execute(
+            ctx["id"], f"open({mark!r}, 'w').close()\nimport os\nos._exit(3)"
+        )
+        self.assertTrue(os.path.exists(mark))
+        self.assertEqual((result["state"], result["started"]), ("lost", True), result)
+        fresh = yield self.execute(ctx["id"], "print('back')")
+        self.assertEqual(fresh["stdout"], "back\n")
+
+    @inlineCallbacks
     def test_restart_leaves_no_setsid_survivor(self) -> Any:
         """A cell's child in its own session, deaf to SIGTERM, dies with the restart."""
         ctx = yield self.context()

@@ -30,7 +30,12 @@ _RESULT = (
         "state",
         enum=("queued", "running", "ok", "error", "interrupted", "timeout", "lost"),
     ),
-    F("started", "boolean", "false: the kernel never took the code (safe to retry)"),
+    F(
+        "started",
+        "boolean",
+        "false: the kernel never took the code (safe to retry); a lost execution"
+        " the kernel was sent is true: it may have run",
+    ),
     F("execution_count", "integer", nullable=True),
     F("stdout"),
     F("stderr"),
