@@ -95,6 +95,34 @@ def _notifier_class() -> type[Any]:
             self.closing = True
             self.loseConnection()
 
+        # Twisted's table of watched paths is its own (``_watchpoints``,
+        # ``_watchpaths``), and it has no call for a rename: the kernel's
+        # watches follow a renamed directory, while Twisted goes on naming
+        # what happens in it by the old path.
+
+        def _below(self, top: bytes) -> list[tuple[int, Any]]:
+            return [
+                (wd, point)
+                for wd, point in self._watchpoints.items()
+                if point.path.path == top or point.path.path.startswith(top + b"/")
+            ]
+
+        def renamed(self, old: bytes, new: bytes) -> None:
+            """The watched directory ``old`` (and those below it) is now ``new``."""
+            for wd, point in self._below(old):
+                self._watchpaths.pop(point.path, None)
+                point.path = FilePath(new + point.path.path[len(old) :])
+                self._watchpaths[point.path] = wd
+
+        def left(self, old: bytes) -> None:
+            """``old`` moved out of the tree: it and those below it are not watched."""
+            for wd, _ in self._below(old):
+                self._rmWatch(wd)
+
+        def watched(self) -> int:
+            """How many directories are watched."""
+            return len(self._watchpoints)
+
     return _Notifier
 
 
@@ -180,8 +208,33 @@ class Watch:
                     last["path"] = path
                 else:
                     last["dest"] = path
+                    if kind == "directory" and self.recursive:
+                        self.notifier.renamed(os.fsencode(last["path"]), filepath.path)
             else:
                 self._add({"event": "created", "path": path, "type": kind})
+                if kind == "directory" and self.recursive:
+                    self._watch_tree(filepath.path)
+
+    def _watch_tree(self, top: bytes) -> None:
+        """
+        Watch a directory moved in from outside the tree, and those below
+        it (real directories only, one level a turn, within
+        :data:`MAX_WATCH_DIRS`): Twisted adds a watch only for a directory
+        created in place.
+        """
+        if self.log.closed or self.notifier.watched() >= MAX_WATCH_DIRS:
+            return
+        inotify = _inotify()
+        try:
+            self.notifier.watch(
+                FilePath(top), mask=_mask(), autoAdd=True, callbacks=[self._raw]
+            )
+            with os.scandir(top) as entries:
+                below = [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+        except (OSError, inotify.INotifyError):
+            return  # gone again, or not a directory any more
+        for path in below:
+            self.service.reactor.callLater(0, self._watch_tree, path)
 
     def _add(self, item: dict[str, Any]) -> None:
         """Debounce: a modify after a create or modify of the same path is dropped."""
@@ -203,7 +256,10 @@ class Watch:
         self._flush_call = None
         pending, self.pending = self.pending, []
         for item in pending:
-            item.pop("_open", None)
+            if item.pop("_open", None) and item["type"] == "directory":
+                # Moved out of the tree (no MOVED_TO came): what happens to
+                # it now is not under the watched directory.
+                self.notifier.left(os.fsencode(item["path"]))
             if item["event"] == "_upload":
                 continue  # a temporary file moved out of sight: not shown
             if not self.log.closed:

@@ -730,6 +730,22 @@ def files_watch(request: ServerRequest) -> Any:
     assert watches is not None
     service = watches.get()
 
+    def seen_as(name: str) -> str:
+        """
+        ``name`` as the guard resolves it, or its lexical path where a
+        parent is gone (a file deleted with its directory, as ``rm -rf``
+        does, is reported once the directory has gone too): a directory
+        that is not there holds no link to follow, and the policy's
+        lexical decision was taken before the lookup.
+        """
+        try:
+            with guard.locate(name, "read", follow=False) as loc:
+                return loc.path
+        except ApiError as e:
+            if e.status != 404:
+                raise
+            return name
+
     def shown(event: Event) -> dict[str, Any] | None:
         """
         The event's data as this client may see it, or None.  Names that
@@ -739,11 +755,9 @@ def files_watch(request: ServerRequest) -> Any:
         """
         data = event.data
         try:
-            with guard.locate(data["path"], "read", follow=False) as loc:
-                path = loc.path
+            path = seen_as(data["path"])
             if "dest" in data:
-                with guard.locate(data["dest"], "read", follow=False):
-                    pass
+                seen_as(data["dest"])
         except ApiError:
             return None
         shown_path = walk.display_name(path)

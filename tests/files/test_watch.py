@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from typing import Any
 
 from twisted.internet import reactor
@@ -128,6 +129,84 @@ class WatchTests(StreamCase):
         self.assertEqual([e[0] for e in c2.events()], ids[1:])
         response2._transport.loseConnection()
         yield deferLater(reactor, 0.05, lambda: None)
+
+    def shown(self, c: _Collect, top: str) -> list[tuple[str, str, str | None]]:
+        """The stream's events as (event, path below ``top``, dest below it)."""
+
+        def below(p: str | None) -> str | None:
+            return None if p is None else os.path.relpath(p, top)
+
+        return [
+            (name, str(below(data["path"])), below(data.get("dest")))
+            for _, name, data in c.events()
+        ]
+
+    @inlineCallbacks
+    def test_a_removed_tree_reports_its_files(self) -> Any:
+        """
+        ``rm -rf``'s deletions of files whose directory has gone too by the
+        time they are sent are reported, deepest first, as they happened.
+        """
+        top = os.path.join(self.base_dir, "w")
+        os.makedirs(os.path.join(top, "p", "q"))
+        with open(os.path.join(top, "p", "q", "f.txt"), "w"):
+            pass
+        c, response = yield self.open_stream("path=w&recursive=true&follow=true")
+        shutil.rmtree(os.path.join(top, "p"))
+        yield c.wait_for(b'/p"')
+        self.assertEqual(
+            self.shown(c, top),
+            [
+                ("deleted", "p/q/f.txt", None),
+                ("deleted", "p/q", None),
+                ("deleted", "p", None),
+            ],
+        )
+        self.close(response)
+
+    @inlineCallbacks
+    def test_directories_renamed_and_moved_in_and_out(self) -> Any:
+        """
+        A recursive watch goes on reporting what happens in a directory
+        renamed within the tree (by its new name), in one moved in from
+        outside, and stops at one moved out.
+        """
+        top = os.path.join(self.base_dir, "w")
+        outside = os.path.join(self.base_dir, "outside")
+        os.makedirs(os.path.join(top, "a", "b"))
+        os.makedirs(os.path.join(outside, "m", "n"))
+        c, response = yield self.open_stream("path=w&recursive=true&follow=true")
+        os.rename(os.path.join(top, "a"), os.path.join(top, "a2"))
+        yield c.wait_for(b"moved")
+        with open(os.path.join(top, "a2", "b", "f.txt"), "w"):
+            pass
+        yield c.wait_for(b"f.txt")
+        os.rename(os.path.join(outside, "m"), os.path.join(top, "m"))
+        yield c.wait_for(b'/m"')
+        # The watches below it are added a turn later.
+        yield deferLater(reactor, 0.2, lambda: None)
+        with open(os.path.join(top, "m", "n", "g.txt"), "w"):
+            pass
+        yield c.wait_for(b"g.txt")
+        os.rename(os.path.join(top, "a2"), os.path.join(outside, "gone"))
+        yield deferLater(reactor, 0.3, lambda: None)
+        with open(os.path.join(outside, "gone", "b", "h.txt"), "w"):
+            pass
+        with open(os.path.join(top, "last.txt"), "w"):
+            pass
+        yield c.wait_for(b"last.txt")
+        self.assertEqual(
+            self.shown(c, top),
+            [
+                ("moved", "a", "a2"),
+                ("created", "a2/b/f.txt", None),
+                ("created", "m", None),
+                ("created", "m/n/g.txt", None),
+                ("moved", "a2", None),
+                ("created", "last.txt", None),
+            ],
+        )
+        self.close(response)
 
     @inlineCallbacks
     def test_refusals_are_json(self) -> Any:
