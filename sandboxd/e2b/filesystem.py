@@ -43,7 +43,7 @@ from sandboxd.errors import (
 )
 from sandboxd.eventlog import Event
 from sandboxd.files import walk
-from sandboxd.files.watch import Watch, WatchService, watch_dirs
+from sandboxd.files.watch import Watch, WatchService, seen_as, watch_dirs
 from sandboxd.policy.defaults import (
     E2B_MAX_WATCHERS,
     E2B_WATCHER_IDLE_SECONDS,
@@ -196,8 +196,7 @@ def _event_json(
         if _ATOMIC_TEMP.match(posixpath.basename(path)):
             continue
         try:
-            with guard.locate(path, "read", follow=False):
-                pass
+            seen_as(guard, path)
         except ApiError:
             continue
         name = posixpath.relpath(path, root) if path != root else ""

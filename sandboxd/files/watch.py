@@ -30,6 +30,7 @@ from twisted.python.filepath import FilePath
 from sandboxd.access.guard import PathGuard
 from sandboxd.errors import (
     RESOURCE_RETRY_SECONDS,
+    ApiError,
     Code,
     limit_exceeded,
     unavailable,
@@ -381,6 +382,25 @@ def seed_changes(data: dict[str, Any]) -> list[dict[str, Any]]:
     if "dest" in data:
         changes.append({"type": "created", "path": data["dest"], "is_dir": is_dir})
     return changes
+
+
+def seen_as(guard: PathGuard, name: str) -> str:
+    """
+    A changed path as ``guard`` resolves it for a client, or its lexical
+    path where a parent is gone (a file deleted with its directory, as
+    ``rm -rf`` does, is reported once the directory has gone too): a
+    directory that is not there holds no link to follow, and the policy's
+    lexical decision is taken before the lookup.
+
+    :raises ApiError: the client may not see ``name``.
+    """
+    try:
+        with guard.locate(name, "read", follow=False) as loc:
+            return loc.path
+    except ApiError as e:
+        if e.status != 404:
+            raise
+        return name
 
 
 def watch_dirs(guard: PathGuard, path: str) -> tuple[str, list[str]]:

@@ -37,7 +37,7 @@ from sandboxd.files import walk
 from sandboxd.files.atomic import AtomicWrite, Undo, etag_matches, parse_mode
 from sandboxd.files.background import HashedWrite
 from sandboxd.files.stream import FileProducer, b64_chunk, b64_length, parse_range
-from sandboxd.files.watch import seed_changes, watch_dirs
+from sandboxd.files.watch import seed_changes, seen_as, watch_dirs
 from sandboxd.policy.defaults import (
     DEFAULT_UPLOAD_BYTES,
     ENDPOINT_LIMITS,
@@ -730,22 +730,6 @@ def files_watch(request: ServerRequest) -> Any:
     assert watches is not None
     service = watches.get()
 
-    def seen_as(name: str) -> str:
-        """
-        ``name`` as the guard resolves it, or its lexical path where a
-        parent is gone (a file deleted with its directory, as ``rm -rf``
-        does, is reported once the directory has gone too): a directory
-        that is not there holds no link to follow, and the policy's
-        lexical decision was taken before the lookup.
-        """
-        try:
-            with guard.locate(name, "read", follow=False) as loc:
-                return loc.path
-        except ApiError as e:
-            if e.status != 404:
-                raise
-            return name
-
     def shown(event: Event) -> dict[str, Any] | None:
         """
         The event's data as this client may see it, or None.  Names that
@@ -755,9 +739,9 @@ def files_watch(request: ServerRequest) -> Any:
         """
         data = event.data
         try:
-            path = seen_as(data["path"])
+            path = seen_as(guard, data["path"])
             if "dest" in data:
-                seen_as(data["dest"])
+                seen_as(guard, data["dest"])
         except ApiError:
             return None
         shown_path = walk.display_name(path)

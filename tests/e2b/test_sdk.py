@@ -6,6 +6,7 @@ unchanged E2B code sees.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from typing import Any
@@ -312,6 +313,43 @@ class FileTests(E2BCase):
         self.assertIn(("new.txt", "create"), events)
         self.assertIn(("new.txt", "remove"), events)
         self.assertFalse([n for n, _ in events if n.endswith(".upload")])
+
+    @inlineCallbacks
+    def test_watch_dir_sees_a_tree_removed(self) -> Any:
+        """
+        A recursive watch_dir reports each file of a tree removed at once
+        (``rm -rf``), not only the directories: the files' events are
+        sent after their directory has gone.
+        """
+        os.makedirs(os.path.join(self.base_dir, "w", "p", "q"))
+        for name in ("p/a.txt", "p/q/b.txt"):
+            with open(os.path.join(self.base_dir, "w", name), "w"):
+                pass
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            handle = sbx.files.watch_dir("w", recursive=True)
+            shutil.rmtree(os.path.join(self.base_dir, "w", "p"))
+            events: list[Any] = []
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                events += handle.get_new_events()
+                if any(e.name == "p" for e in events):
+                    break
+                time.sleep(0.1)
+            handle.stop()
+            return sorted((e.name, e.type.value) for e in events)
+
+        events = yield self.sdk(job)
+        self.assertEqual(
+            events,
+            [
+                ("p", "remove"),
+                ("p/a.txt", "remove"),
+                ("p/q", "remove"),
+                ("p/q/b.txt", "remove"),
+            ],
+        )
 
 
 class PtyTests(E2BCase):
