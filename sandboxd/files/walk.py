@@ -273,6 +273,7 @@ def delete(guard: PathGuard, path: str) -> str:
         if st is None:
             raise file_not_found(path)
         try:
+            refuse_mounted(loc, "delete", path)
             if stat.S_ISDIR(st.st_mode):
                 _check_tree(guard, loc, mounts=True)
                 # fd-based rmtree: a directory swapped for a link is not followed.
@@ -348,29 +349,58 @@ def mount_id(dir_fd: int, name: str) -> int | None:
     return int.from_bytes(buffer.raw[start : start + 8], sys.byteorder)
 
 
+def _mount_of(dir_fd: int, name: str) -> tuple[int, int | None]:
+    """The device and mount id of ``name`` in ``dir_fd`` (``"."``: the directory)."""
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    return st.st_dev, mount_id(dir_fd, name)
+
+
 def _tree_mount(loc: Any) -> tuple[int, int | None]:
     """The device and mount id of the tree's top directory."""
-    st = os.stat(loc.name, dir_fd=loc.dir_fd, follow_symlinks=False)
-    return st.st_dev, mount_id(loc.dir_fd, loc.name)
+    return _mount_of(loc.dir_fd, loc.name)
+
+
+def _on_another_mount(dir_fd: int, name: str, mount: tuple[int, int | None]) -> bool:
+    """Whether ``name`` sits on another mount than ``mount`` (a missing one does not)."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    device, top_id = mount
+    here = mount_id(dir_fd, name) if top_id is not None else None
+    return st.st_dev != device or (here is not None and here != top_id)
 
 
 def _refuse_mount_point(
     dir_fd: int, name: str, mount: tuple[int, int | None], member: str, tree: str
 ) -> None:
     """403 when ``name`` (a directory in the tree) is on another mount."""
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    device, top_id = mount
-    here = mount_id(dir_fd, name) if top_id is not None else None
-    if st.st_dev != device or (here is not None and here != top_id):
+    if _on_another_mount(dir_fd, name, mount):
         raise forbidden(
             f"refusing to delete {tree}: {member} is a mount point "
             "(another file system is mounted inside the tree)",
             Code.PATH_NOT_ALLOWED,
             rule="guard:mount-point",
         )
+
+
+def refuse_mounted(loc: Location, doing: str, path: Any) -> None:
+    """
+    403 when the entry itself is a mount point (a volume, or a file or
+    directory bind-mounted there).  The kernel refuses to remove or rename
+    one (EBUSY), but only at the end: a recursive delete would first have
+    emptied the mounted file system.
+    """
+    if _on_another_mount(loc.dir_fd, loc.name, _mount_of(loc.dir_fd, ".")):
+        raise _mounted(f"refusing to {doing} {path}")
+
+
+def _mounted(refusing: str) -> ApiError:
+    return forbidden(
+        f"{refusing}: it is a mount point (another file system is mounted there)",
+        Code.PATH_NOT_ALLOWED,
+        rule="guard:mount-point",
+    )
 
 
 def _renameat2() -> Any:
@@ -434,6 +464,7 @@ def move(
             )
         src_st = src.lstat()
         try:
+            refuse_mounted(src, "move", source)
             if src_st is not None and stat.S_ISDIR(src_st.st_mode):
                 # What the policy protects inside must not leave with the tree.
                 _check_tree(guard, src)
@@ -484,6 +515,10 @@ def _move_to(
             try:
                 dst.refuse_shared(replaced, destination)
                 refuse_device(replaced, destination)
+                if replaced is not None and _on_another_mount(
+                    dst_fd, dst_name, _mount_of(dst_fd, ".")
+                ):
+                    raise _mounted(f"refusing to replace {destination}")
             except ApiError as e:
                 raise _prefixed(e, "destination") from None
         if overwrite:

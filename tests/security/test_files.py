@@ -564,6 +564,78 @@ class SpecialMountTests(FilesCase):
             self.assertEqual(f.read(), b"keep me")
         self.assertTrue(os.path.exists(os.path.join(self.base_dir, "tree", "own.txt")))
 
+    def mounted_volume(self) -> tuple[str, str]:
+        """A directory outside with a file in it, bind-mounted at ``vol``."""
+        outside = os.path.realpath(self.mktemp())
+        os.makedirs(os.path.join(outside, "deep"))
+        with open(os.path.join(outside, "deep", "precious.txt"), "wb") as f:
+            f.write(b"keep me")
+        vol = os.path.join(self.base_dir, "vol")
+        os.makedirs(vol)
+        bind_mount(self, outside, vol)
+        return outside, vol
+
+    def assert_refused_mounted(self, reply: Any, words: str) -> None:
+        self.assertEqual(
+            (reply.status, reply.json()["code"], reply.json()["rule"]),
+            (403, "path_not_allowed", "guard:mount-point"),
+        )
+        self.assertIn(words, reply.json()["error"])
+        self.assertIn("it is a mount point", reply.json()["error"])
+
+    @inlineCallbacks
+    def test_a_mount_point_is_not_emptied(self) -> Any:
+        """
+        Deleting the mount point itself (a volume mounted in the sandbox) is
+        refused before anything is removed: the kernel would refuse only the
+        last step, after every file on the volume was gone.
+        """
+        outside, _vol = self.mounted_volume()
+        reply = yield self.request("DELETE", "/files?path=vol")
+        self.assert_refused_mounted(reply, "refusing to delete vol")
+        with open(os.path.join(outside, "deep", "precious.txt"), "rb") as f:
+            self.assertEqual(f.read(), b"keep me")
+        # Inside the volume, files are files.
+        reply = yield self.request("DELETE", "/files?path=vol/deep")
+        self.assertEqual(reply.status, 200)
+        self.assertEqual(os.listdir(outside), [])
+
+    @inlineCallbacks
+    def test_a_mount_point_is_not_moved_or_replaced(self) -> Any:
+        """
+        A mounted directory or file cannot be renamed or replaced: a clear
+        403 naming the side, not a 500, and both names stay as they were.
+        """
+        outside, vol = self.mounted_volume()
+        reply = yield self.request(
+            "POST", "/files/move", {"source": "vol", "destination": "moved"}
+        )
+        self.assert_refused_mounted(reply, "source: refusing to move vol")
+        self.assertTrue(os.path.exists(os.path.join(vol, "deep", "precious.txt")))
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "moved")))
+
+        settings = os.path.join(self.base_dir, "settings.conf")
+        with open(settings, "wb"):
+            pass
+        mounted_file = os.path.join(outside, "settings.conf")
+        with open(mounted_file, "wb") as f:
+            f.write(b"mounted")
+        bind_mount(self, mounted_file, settings)
+        self.put("mine.txt")
+        reply = yield self.request(
+            "POST",
+            "/files/move",
+            {"source": "mine.txt", "destination": "settings.conf", "overwrite": True},
+        )
+        self.assert_refused_mounted(
+            reply, "destination: refusing to replace settings.conf"
+        )
+        reply = yield self.request("DELETE", "/files?path=settings.conf")
+        self.assert_refused_mounted(reply, "refusing to delete settings.conf")
+        with open(settings, "rb") as f:
+            self.assertEqual(f.read(), b"mounted")
+        self.assertTrue(os.path.exists(os.path.join(self.base_dir, "mine.txt")))
+
 
 class HardLinkCase(FilesCase):
     """``link`` in the base and ``shared`` outside it name one inode (C7)."""

@@ -170,7 +170,11 @@ SCHEMAS: dict[str, Schema] = {
                 "path in the query and in the body with different values",
             ),
             *_WRITE_GUARD,
-            E(403, "path_not_allowed", "the base dir itself"),
+            E(
+                403,
+                "path_not_allowed",
+                "the base dir itself, a mount point, or a tree holding one",
+            ),
             E(404, "not_found", "no such path", "FileNotFoundError"),
         ),
         notes="Directories are removed recursively; a link is removed, not its target.",
@@ -186,6 +190,7 @@ SCHEMAS: dict[str, Schema] = {
         errors=(
             *_WRITE_GUARD,
             E(403, "param_not_allowed", "overwrite refused by params.overwrite"),
+            E(403, "path_not_allowed", "a mount point to move or to replace"),
             E(404, "not_found", "no such source", "FileNotFoundError"),
             E(409, "file_exists", "the destination exists and overwrite is false"),
         ),
