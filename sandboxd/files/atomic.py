@@ -32,8 +32,10 @@ from sandboxd.access.guard import (
 )
 from sandboxd.errors import (
     ApiError,
+    Code,
     bad_request,
     file_exists,
+    forbidden,
     insufficient_storage,
     is_a_directory,
     precondition_failed,
@@ -198,16 +200,13 @@ class AtomicWrite:
             os.close(self.fd)
             self.fd = -1
             dfd = self.location.dir_fd
-            if (
-                self.overwrite
-                and keep_old
-                and _exchange(dfd, self.tmp_name, self.location.name)
-            ):
-                self.old_name = self.tmp_name
-            elif self.overwrite:
-                os.rename(
-                    self.tmp_name, self.location.name, src_dir_fd=dfd, dst_dir_fd=dfd
-                )
+            if self.overwrite:
+                try:
+                    self._replace(keep_old)
+                except OSError as e:
+                    if e.errno != errno.EBUSY:
+                        raise
+                    st = self._in_place(keep_old)
             else:
                 # link() refuses an existing name: no window for a racing writer.
                 os.link(
@@ -233,6 +232,67 @@ class AtomicWrite:
         self.done = True
         self.location.close()
         return etag_of(st)
+
+    def _replace(self, keep_old: bool) -> None:
+        """The rename over the old file (kept aside with ``keep_old``)."""
+        dfd, name = self.location.dir_fd, self.location.name
+        if keep_old and _exchange(dfd, self.tmp_name, name):
+            self.old_name = self.tmp_name
+        else:
+            os.rename(self.tmp_name, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+
+    def _in_place(self, keep_old: bool) -> os.stat_result:
+        """
+        Replace a mounted file's content (a bind mount such as a container's
+        ``/etc/hosts``, whose name the kernel will not replace: EBUSY), as
+        ``cp`` or a shell's ``>`` would; the temporary file is removed.
+
+        Not atomic, so it is refused where the change must be undoable
+        (``keep_old``).  The new bytes are known to fit before the first
+        old byte is overwritten, and are written over the old ones before
+        the file is cut to length, so a reader never finds it empty.
+        """
+        if keep_old:
+            raise forbidden(
+                f"refusing to replace {self.display} in a change of several "
+                "files: it is a mount point (another file system is mounted "
+                "there), written in place only on its own",
+                Code.PATH_NOT_ALLOWED,
+                rule="guard:mount-point",
+            )
+        dfd = self.location.dir_fd
+        src = os.open(
+            self.tmp_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd
+        )
+        try:
+            dst = os.open(
+                self.location.name,
+                os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                dir_fd=dfd,
+            )
+            try:
+                old = os.fstat(dst)
+                if not stat.S_ISREG(old.st_mode):
+                    raise OSError(errno.EBUSY, os.strerror(errno.EBUSY))
+                size = os.fstat(src).st_size
+                room = os.fstatvfs(dst)
+                if size - old.st_size > room.f_bavail * room.f_frsize:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                offset = 0
+                while offset < size:
+                    sent = os.sendfile(dst, src, offset, size - offset)
+                    if sent == 0:
+                        break
+                    offset += sent
+                os.ftruncate(dst, offset)
+                os.fsync(dst)
+                st = os.fstat(dst)
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
+        os.unlink(self.tmp_name, dir_fd=dfd)
+        return st
 
     def abort(self) -> None:
         """

@@ -15,6 +15,7 @@ from twisted.internet.defer import inlineCallbacks
 
 from tests.e2b.sdk import E2BCase, caught
 from tests.helpers import alive
+from tests.test_guard import bind_mount
 
 
 class CommandTests(E2BCase):
@@ -286,6 +287,38 @@ class FileTests(E2BCase):
         self.assertEqual(moved.path, os.path.join(self.base_dir, "x/w.txt"))
         self.assertTrue(os.path.exists(os.path.join(self.base_dir, "x/w.txt")))
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "x/y")))
+
+    @inlineCallbacks
+    def test_a_mounted_file_is_written_and_kept(self) -> Any:
+        """
+        A bind-mounted file (a container's /etc/hosts) takes a write in
+        place; removing it or renaming onto it is refused, and it stays.
+        """
+        outside = os.path.realpath(self.mktemp())
+        with open(outside, "w") as f:
+            f.write("127.0.0.1 localhost\n")
+        hosts = os.path.join(self.base_dir, "hosts")
+        with open(hosts, "w"):
+            pass
+        bind_mount(self, outside, hosts)
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            sbx.files.write("hosts", "127.0.0.1 localhost\n10.0.0.1 app\n")
+            sbx.files.write("other.txt", "other")
+            return (
+                sbx.files.read("hosts"),
+                caught(lambda: sbx.files.remove("hosts")),
+                caught(lambda: sbx.files.rename("other.txt", "hosts")),
+            )
+
+        text, removed, renamed = yield self.sdk(job)
+        self.assertEqual(text, "127.0.0.1 localhost\n10.0.0.1 app\n")
+        for refused in (removed, renamed):
+            self.assertIn("it is a mount point", str(refused))
+        with open(outside) as f:
+            self.assertEqual(f.read(), "127.0.0.1 localhost\n10.0.0.1 app\n")
+        self.assertEqual(sorted(os.listdir(self.base_dir)), ["hosts", "other.txt"])
 
     @inlineCallbacks
     def test_watch_dir(self) -> Any:

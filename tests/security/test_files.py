@@ -636,6 +636,86 @@ class SpecialMountTests(FilesCase):
             self.assertEqual(f.read(), b"mounted")
         self.assertTrue(os.path.exists(os.path.join(self.base_dir, "mine.txt")))
 
+    def mounted_file(self) -> str:
+        """A file outside bind-mounted at ``hosts`` (as a container's /etc/hosts is)."""
+        outside = os.path.realpath(self.mktemp())
+        with open(outside, "wb") as f:
+            f.write(b"127.0.0.1 localhost\n" * 20)
+        target = os.path.join(self.base_dir, "hosts")
+        with open(target, "wb"):
+            pass
+        bind_mount(self, outside, target)
+        return outside
+
+    @inlineCallbacks
+    def test_a_mounted_file_is_written_in_place(self) -> Any:
+        """
+        A bind-mounted file (a container's /etc/hosts) cannot be replaced by
+        a rename, so each write route replaces its content instead: the
+        mounted file holds the new bytes, shorter or longer, and no
+        temporary file is left beside it.
+        """
+        outside = self.mounted_file()
+        before = os.stat(outside)
+        reply = yield self.request(
+            "POST", "/files/raw?path=hosts&overwrite=true", raw_body=b"10.0.0.1 app\n"
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        with open(outside, "rb") as f:
+            self.assertEqual(f.read(), b"10.0.0.1 app\n")
+        reply = yield self.get("/files/raw", "hosts")
+        self.assertEqual((reply.status, reply.body), (200, b"10.0.0.1 app\n"))
+        longer = b"x" * 100_000
+        reply = yield self.request(
+            "POST",
+            "/files/upload-stream",
+            {"path": "hosts", "content_base64": base64.b64encode(longer).decode()},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        with open(outside, "rb") as f:
+            self.assertEqual(f.read(), longer)
+        after = os.stat(outside)
+        self.assertEqual(
+            (after.st_ino, stat.S_IMODE(after.st_mode)),
+            (before.st_ino, stat.S_IMODE(before.st_mode)),
+        )
+        self.assertEqual(sorted(os.listdir(self.base_dir)), ["hosts"])
+
+    @inlineCallbacks
+    def test_a_mounted_file_is_not_part_of_a_change_that_may_be_undone(self) -> Any:
+        """
+        An archive extracted over a bind-mounted file is refused whole (its
+        content could not be put back if a later member failed), with the
+        mounted file and the tree as they were.
+        """
+        outside = self.mounted_file()
+        with open(outside, "rb") as f:
+            original = f.read()
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+            for name, data in (("a.txt", b"a"), ("hosts", b"replaced")):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        reply = yield self.request(
+            "POST",
+            "/files/extract",
+            {
+                "content_base64": base64.b64encode(buffer.getvalue()).decode(),
+                "destination": ".",
+                "format": "tar.gz",
+                "overwrite": True,
+            },
+        )
+        self.assertEqual(
+            (reply.status, reply.json()["code"], reply.json()["rule"]),
+            (403, "path_not_allowed", "guard:mount-point"),
+            reply.body,
+        )
+        with open(outside, "rb") as f:
+            self.assertEqual(f.read(), original)
+        self.assertEqual(sorted(os.listdir(self.base_dir)), ["hosts"])
+
 
 class HardLinkCase(FilesCase):
     """``link`` in the base and ``shared`` outside it name one inode (C7)."""
