@@ -25,7 +25,7 @@ import stat
 from typing import Any
 
 import attrs
-from twisted.internet.defer import succeed
+from twisted.internet.defer import Deferred, succeed
 
 from sandboxd.access.guard import PathGuard
 from sandboxd.daemon.firstuse import ServiceOnFirstUse
@@ -119,7 +119,7 @@ def make_dir(call: Call, message: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def move(call: Call, message: dict[str, Any]) -> dict[str, Any]:
+def move(call: Call, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
     """``Move``: a rename that replaces a file, as envd's ``os.Rename`` does."""
     body = {
         "source": _path(message, "source"),
@@ -127,8 +127,12 @@ def move(call: Call, message: dict[str, Any]) -> dict[str, Any]:
         "overwrite": True,
         "user": call.user(),
     }
-    moved = file_routes.files_move(call.server_request(body=body))
-    return {"entry": describe(_guard(call), moved["destination"])}
+    moved: Deferred[dict[str, Any]] = file_routes.files_move(
+        call.server_request(body=body)
+    )
+    return moved.addCallback(
+        lambda done: {"entry": describe(_guard(call), done["destination"])}
+    )
 
 
 def _list(guard: PathGuard, path: str, depth: int, max_entries: int) -> dict[str, Any]:

@@ -14,13 +14,13 @@ from __future__ import annotations
 import ctypes
 import errno
 import fnmatch
+import functools
 import heapq
 import os
 import posixpath
 import re
 import shutil
 import stat
-import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -46,7 +46,9 @@ from sandboxd.errors import (
     file_not_found,
     forbidden,
 )
+from sandboxd.files import crossing
 from sandboxd.files.atomic import TEMPORARY_NAME
+from sandboxd.files.mounts import mount_of, on_another_mount
 from sandboxd.libc import libc
 from sandboxd.policy.defaults import WALK_DEPTH
 
@@ -324,58 +326,16 @@ def _check_tree(guard: PathGuard, loc: Any, mounts: bool = False) -> None:
             guard.refuse_shared(st, loc.path)
 
 
-_AT_SYMLINK_NOFOLLOW = 0x100
-_STATX_MNT_ID = 0x1000
-_STATX_MNT_ID_OFFSET = 144  # struct statx: __u64 stx_mnt_id
-
-
-def mount_id(dir_fd: int, name: str) -> int | None:
-    """
-    The id of the mount ``name`` is on (``statx`` ``STX_MNT_ID``), or None
-    where the kernel or C library cannot say.  Unlike ``st_dev`` it tells a
-    bind mount of a directory of the same file system from the directory
-    it sits in.
-    """
-    statx = getattr(libc(), "statx", None)
-    if statx is None:
-        return None
-    buffer = ctypes.create_string_buffer(256)
-    if statx(dir_fd, os.fsencode(name), _AT_SYMLINK_NOFOLLOW, _STATX_MNT_ID, buffer):
-        return None
-    mask = int.from_bytes(buffer.raw[:4], sys.byteorder)
-    if not mask & _STATX_MNT_ID:
-        return None
-    start = _STATX_MNT_ID_OFFSET
-    return int.from_bytes(buffer.raw[start : start + 8], sys.byteorder)
-
-
-def _mount_of(dir_fd: int, name: str) -> tuple[int, int | None]:
-    """The device and mount id of ``name`` in ``dir_fd`` (``"."``: the directory)."""
-    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    return st.st_dev, mount_id(dir_fd, name)
-
-
 def _tree_mount(loc: Any) -> tuple[int, int | None]:
     """The device and mount id of the tree's top directory."""
-    return _mount_of(loc.dir_fd, loc.name)
-
-
-def _on_another_mount(dir_fd: int, name: str, mount: tuple[int, int | None]) -> bool:
-    """Whether ``name`` sits on another mount than ``mount`` (a missing one does not)."""
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    device, top_id = mount
-    here = mount_id(dir_fd, name) if top_id is not None else None
-    return st.st_dev != device or (here is not None and here != top_id)
+    return mount_of(loc.dir_fd, loc.name)
 
 
 def _refuse_mount_point(
     dir_fd: int, name: str, mount: tuple[int, int | None], member: str, tree: str
 ) -> None:
     """403 when ``name`` (a directory in the tree) is on another mount."""
-    if _on_another_mount(dir_fd, name, mount):
+    if on_another_mount(dir_fd, name, mount):
         raise forbidden(
             f"refusing to delete {tree}: {member} is a mount point "
             "(another file system is mounted inside the tree)",
@@ -391,7 +351,7 @@ def refuse_mounted(loc: Location, doing: str, path: Any) -> None:
     one (EBUSY), but only at the end: a recursive delete would first have
     emptied the mounted file system.
     """
-    if _on_another_mount(loc.dir_fd, loc.name, _mount_of(loc.dir_fd, ".")):
+    if on_another_mount(loc.dir_fd, loc.name, mount_of(loc.dir_fd, ".")):
         raise _mounted(f"refusing to {doing} {path}")
 
 
@@ -410,13 +370,13 @@ def _renameat2() -> Any:
 _RENAME_NOREPLACE = 1
 
 
-def rename_noreplace(src: Location, dst_fd: int, dst_name: str) -> None:
+def rename_noreplace(src_fd: int, src_name: str, dst_fd: int, dst_name: str) -> None:
     """Rename without replacing: ``renameat2(RENAME_NOREPLACE)`` or link+unlink."""
     fn = _renameat2()
     if fn is not None:
         r = fn(
-            src.dir_fd,
-            os.fsencode(src.name),
+            src_fd,
+            os.fsencode(src_name),
             dst_fd,
             os.fsencode(dst_name),
             _RENAME_NOREPLACE,
@@ -429,9 +389,19 @@ def rename_noreplace(src: Location, dst_fd: int, dst_name: str) -> None:
     try:
         os.stat(dst_name, dir_fd=dst_fd, follow_symlinks=False)
     except FileNotFoundError:
-        os.rename(src.name, dst_name, src_dir_fd=src.dir_fd, dst_dir_fd=dst_fd)
+        os.rename(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
         return
     raise OSError(errno.EEXIST, "File exists")
+
+
+def _rename(
+    overwrite: bool, src_fd: int, src_name: str, dst_fd: int, dst_name: str
+) -> None:
+    """One rename of a move: replacing what is there only with ``overwrite``."""
+    if overwrite:
+        os.rename(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+    else:
+        rename_noreplace(src_fd, src_name, dst_fd, dst_name)
 
 
 def _lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
@@ -448,9 +418,18 @@ def _prefixed(e: ApiError, prefix: str) -> ApiError:
 
 
 def move(
-    guard: PathGuard, source: Any, destination: Any, overwrite: bool
+    guard: PathGuard,
+    source: Any,
+    destination: Any,
+    overwrite: bool,
+    across: crossing.Bounds,
 ) -> tuple[str, str]:
-    """``files_move``: errors say which side (``source:`` / ``destination:``)."""
+    """
+    ``files_move``: errors say which side (``source:`` / ``destination:``).
+
+    :param across: the bounds of a copy, when the destination is on another
+        file system.
+    """
     try:
         src = guard.locate(source, "delete", follow=False, missing_ok=False)
     except ApiError as e:
@@ -479,7 +458,7 @@ def move(
             raise _prefixed(e, "destination") from None
         with dst:
             try:
-                return _move_to(guard, src, dst, source, destination, overwrite)
+                return _move_to(guard, src, dst, source, destination, overwrite, across)
             except BaseException:
                 dst.undo_made()  # refused: the directories made for it go too
                 raise
@@ -492,6 +471,7 @@ def _move_to(
     source: Any,
     destination: Any,
     overwrite: bool,
+    across: crossing.Bounds,
 ) -> tuple[str, str]:
     """The rename of :func:`move`, once both sides are located."""
     dst_st = dst.lstat()
@@ -515,26 +495,32 @@ def _move_to(
             try:
                 dst.refuse_shared(replaced, destination)
                 refuse_device(replaced, destination)
-                if replaced is not None and _on_another_mount(
-                    dst_fd, dst_name, _mount_of(dst_fd, ".")
+                if replaced is not None and on_another_mount(
+                    dst_fd, dst_name, mount_of(dst_fd, ".")
                 ):
                     raise _mounted(f"refusing to replace {destination}")
             except ApiError as e:
                 raise _prefixed(e, "destination") from None
-        if overwrite:
-            os.rename(src.name, dst_name, src_dir_fd=src.dir_fd, dst_dir_fd=dst_fd)
-        else:
-            rename_noreplace(src, dst_fd, dst_name)
+        try:
+            _rename(overwrite, src.dir_fd, src.name, dst_fd, dst_name)
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise
+            crossing.move_across(
+                src.dir_fd,
+                src.name,
+                dst_fd,
+                dst_name,
+                functools.partial(_rename, overwrite),
+                across,
+                source,
+            )
     except OSError as e:
         if e.errno == errno.EEXIST or e.errno == errno.ENOTEMPTY:
             raise file_exists(f"destination: File exists: {destination}") from None
         if e.errno == errno.EINVAL:
             raise bad_request(
                 "destination: cannot move a directory into itself"
-            ) from None
-        if e.errno == errno.EXDEV:
-            raise bad_request(
-                "destination: on another file system", type="OSError"
             ) from None
         raise _prefixed(os_error(e, destination), "destination") from None
     finally:

@@ -42,6 +42,8 @@ ENDPOINT_LIMITS: dict[str, dict[str, Any]] = {
     "download": {"max_bytes": DEFAULT_UPLOAD_BYTES},
     "files_download_stream": {"max_bytes": DEFAULT_UPLOAD_BYTES},
     "files_list": {"max_entries": 10000},
+    # A move to another file system copies the tree: its entries and time.
+    "files_move": {"max_entries": 100_000, "timeout_seconds": 300},
     "files_search": {"timeout_seconds": 10, "max_entries": 1000},
     "files_watch": {"max_output_bytes": MIB},
     "shell": {"timeout_seconds": 300, "max_output_bytes": 10 * MIB},

@@ -20,6 +20,7 @@ from typing import Any
 
 import pybase64
 from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
 
 from sandboxd.access.guard import PathGuard
 from sandboxd.errors import (
@@ -33,7 +34,7 @@ from sandboxd.errors import (
     range_not_satisfiable,
 )
 from sandboxd.eventlog import Event
-from sandboxd.files import walk
+from sandboxd.files import crossing, walk
 from sandboxd.files.atomic import AtomicWrite, Undo, etag_matches, parse_mode
 from sandboxd.files.background import HashedWrite
 from sandboxd.files.stream import FileProducer, b64_chunk, b64_length, parse_range
@@ -575,13 +576,34 @@ def files_move(request: ServerRequest) -> Any:
     overwrite = flag(body.get("overwrite"), "overwrite", False)
     allowed = overwrite_allowed(request, overwrite)
     guard = PathGuard.for_request(request)
-    try:
-        src, dst = walk.move(guard, source, destination, allowed)
-    except ApiError as e:
-        if e.status == 409 and overwrite and not allowed:
-            raise _policy_overwrite_refusal(request, destination) from None
-        raise
-    return {"source": src, "destination": dst}
+    across = _crossing_bounds(request)
+
+    def job() -> dict[str, str]:
+        src, dst = walk.move(guard, source, destination, allowed, across)
+        return {"source": src, "destination": dst}
+
+    def refused(failure: Failure) -> Failure:
+        e = failure.value
+        if isinstance(e, ApiError) and e.status == 409 and overwrite and not allowed:
+            raise _policy_overwrite_refusal(request, destination)
+        return failure
+
+    # In a thread: a move to another file system copies the tree.
+    return in_thread(request, job).addErrback(refused)
+
+
+def _crossing_bounds(request: ServerRequest) -> crossing.Bounds:
+    """What a move's copy to another file system may take, from the policy."""
+    limits = request.rule.limits
+    endpoint = request.endpoint.id
+    return crossing.Bounds(
+        max_entries=int(limits.max_entries or _default(endpoint, "max_entries")),
+        timeout_seconds=float(
+            limits.timeout_seconds or _default(endpoint, "timeout_seconds")
+        ),
+        entries_setting=limit_setting(endpoint, "max_entries"),
+        timeout_setting=limit_setting(endpoint, "timeout_seconds"),
+    )
 
 
 def files_search(request: ServerRequest) -> Any:

@@ -321,6 +321,25 @@ class FileTests(E2BCase):
         self.assertEqual(sorted(os.listdir(self.base_dir)), ["hosts", "other.txt"])
 
     @inlineCallbacks
+    def test_rename_into_a_mounted_volume(self) -> Any:
+        """rename into a directory mounted from elsewhere moves the file there."""
+        volume = os.path.realpath(self.mktemp())
+        os.makedirs(volume)
+        os.makedirs(os.path.join(self.base_dir, "vol"))
+        bind_mount(self, volume, os.path.join(self.base_dir, "vol"))
+
+        def job() -> Any:
+            sbx = self.sandbox()
+            sbx.files.write("report.txt", "done")
+            return sbx.files.rename("report.txt", "vol/report.txt")
+
+        moved = yield self.sdk(job)
+        self.assertEqual(moved.path, os.path.join(self.base_dir, "vol/report.txt"))
+        with open(os.path.join(volume, "report.txt")) as f:
+            self.assertEqual(f.read(), "done")
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "report.txt")))
+
+    @inlineCallbacks
     def test_watch_dir(self) -> Any:
         """watch_dir reports a created file by its name relative to the directory."""
         os.makedirs(os.path.join(self.base_dir, "w"))

@@ -18,6 +18,7 @@ from typing import Any
 from twisted.internet.defer import inlineCallbacks
 
 from tests.seed.sdkcase import CompareCase, Face, outcome
+from tests.test_guard import bind_mount
 
 
 def make_tree(base: str) -> None:
@@ -396,3 +397,50 @@ class WatchWithoutTimeoutTests(CompareCase):
         # is what both report first.
         self.assertEqual(ours, seed[:1])
         self.assertEqual(ours, [("created", "w/new.txt")])
+
+
+class MoveToAnotherFileSystemTests(CompareCase):
+    """``files.move`` into a mounted volume: done by a copy, as on the seed."""
+
+    @inlineCallbacks
+    def test_move_into_a_volume(self) -> Any:
+        """
+        A file and a tree moved from the base into a directory mounted from
+        elsewhere (rename cannot cross it) arrive whole and leave the base,
+        on sandboxd as on the seed's server.
+        """
+        from agent_sandbox.models.server import MoveResult
+
+        reference = yield self.reference()
+        for base, seed in ((self.base_dir, False), (reference.base_dir, True)):
+            volume = os.path.realpath(self.mktemp())
+            os.makedirs(volume)
+            os.makedirs(os.path.join(base, "vol"))
+            bind_mount(self, volume, os.path.join(base, "vol"))
+            os.makedirs(os.path.join(base, "tree", "sub"))
+            for rel, data in (("dl.bin", b"\x00" * 70_000), ("tree/sub/b.txt", b"b")):
+                with open(os.path.join(base, rel), "wb") as f:
+                    f.write(data)
+
+            async def scenario(c: Any, base: str = base) -> Any:
+                return (
+                    await outcome(c.files.move(base + "/dl.bin", base + "/vol/dl.bin")),
+                    await outcome(c.files.move(base + "/tree", base + "/vol/tree")),
+                )
+
+            moved = yield self.drive(scenario, reference=seed)
+            self.assertEqual(
+                moved,
+                (
+                    MoveResult(
+                        source=base + "/dl.bin", destination=base + "/vol/dl.bin"
+                    ),
+                    MoveResult(source=base + "/tree", destination=base + "/vol/tree"),
+                ),
+            )
+            with open(os.path.join(volume, "dl.bin"), "rb") as f:
+                self.assertEqual(f.read(), b"\x00" * 70_000)
+            with open(os.path.join(volume, "tree", "sub", "b.txt"), "rb") as f:
+                self.assertEqual(f.read(), b"b")
+            for gone in ("dl.bin", "tree"):
+                self.assertFalse(os.path.lexists(os.path.join(base, gone)), gone)

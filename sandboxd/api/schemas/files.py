@@ -190,12 +190,26 @@ SCHEMAS: dict[str, Schema] = {
         errors=(
             *_WRITE_GUARD,
             E(403, "param_not_allowed", "overwrite refused by params.overwrite"),
+            E(
+                400,
+                "invalid_param",
+                "to another file system: a socket in the tree, or a mount inside it",
+            ),
             E(403, "path_not_allowed", "a mount point to move or to replace"),
             E(404, "not_found", "no such source", "FileNotFoundError"),
             E(409, "file_exists", "the destination exists and overwrite is false"),
+            E(413, "payload_too_large", "to another file system: over max_entries"),
+            E(
+                504,
+                "timeout",
+                "to another file system: the copy took over timeout_seconds",
+                "TimeoutError",
+            ),
+            E(507, "insufficient_storage", "no room for the copy on the destination"),
         ),
         notes='Messages are prefixed "source:" or "destination:". Into a directory '
-        "when the destination is one.",
+        "when the destination is one. To another file system it is copied, "
+        "then the source removed; an error leaves the source as it was.",
     ),
     "files_search": Schema(
         body=(
