@@ -108,12 +108,31 @@ def _notifier_class() -> type[Any]:
                 if point.path.path == top or point.path.path.startswith(top + b"/")
             ]
 
-        def renamed(self, old: bytes, new: bytes) -> None:
-            """The watched directory ``old`` (and those below it) is now ``new``."""
-            for wd, point in self._below(old):
+        def renamed(self, old: bytes, new: bytes) -> bool:
+            """
+            The watched directory ``old`` (and those below it) is now ``new``;
+            False when ``old`` was not watched.
+            """
+            below = self._below(old)
+            for wd, point in below:
                 self._watchpaths.pop(point.path, None)
                 point.path = FilePath(new + point.path.path[len(old) :])
                 self._watchpaths[point.path] = wd
+            return bool(below)
+
+        def _doRead(self, in_: bytes) -> None:
+            # Twisted adds a watch to each directory created in a watched one
+            # as it reads the event.  One already removed or renamed (a mkdir
+            # followed at once by a mv or rmdir) makes that fail, and the
+            # error would end the whole watch, losing the events read with
+            # it; the failed event is consumed by then, so go on with the rest.
+            while True:
+                try:
+                    super()._doRead(in_)
+                except inotify.INotifyError:
+                    in_ = b""
+                else:
+                    return
 
         def left(self, old: bytes) -> None:
             """``old`` moved out of the tree: it and those below it are not watched."""
@@ -170,21 +189,11 @@ class Watch:
         inotify = _inotify()
         path = os.fsdecode(filepath.path)
         kind = "directory" if mask & inotify.IN_ISDIR else "file"
+        if self._inside_temporary(path):
+            return
         temporary = TEMPORARY_NAME.match(posixpath.basename(path))
-        if temporary is not None and not mask & inotify.IN_ISDIR:
-            # The daemon's own upload in progress: never shown.  Renamed
-            # into place, it becomes one created (or modified) of the real
-            # name; anything else done to it is nobody's business.
-            if mask & inotify.IN_MOVED_FROM:
-                self._add(
-                    {
-                        "event": "_upload",
-                        "path": path,
-                        "type": kind,
-                        "_open": True,
-                        "_new": temporary.group(1) is not None,
-                    }
-                )
+        if temporary is not None:
+            self._temporary(path, kind, mask, temporary.group(1) is not None)
             return
         if mask & (inotify.IN_DELETE_SELF | inotify.IN_MOVE_SELF):
             if path == self.root:
@@ -204,17 +213,57 @@ class Watch:
             last = self.pending[-1] if self.pending else None
             if last is not None and last.get("_open"):
                 last.pop("_open")
+                old = os.fsencode(last["path"])
                 if last["event"] == "_upload":
                     last["event"] = "created" if last.pop("_new") else "modified"
                     last["path"] = path
                 else:
                     last["dest"] = path
-                    if kind == "directory" and self.recursive:
-                        self.notifier.renamed(os.fsencode(last["path"]), filepath.path)
+                if kind == "directory" and self.recursive:
+                    if not self.notifier.renamed(old, filepath.path):
+                        # Renamed before its watch could be added.
+                        self._watch_tree(filepath.path)
             else:
                 self._add({"event": "created", "path": path, "type": kind})
                 if kind == "directory" and self.recursive:
                     self._watch_tree(filepath.path)
+
+    def _inside_temporary(self, path: str) -> bool:
+        """
+        Whether ``path`` is below a temporary name of the daemon's (a tree
+        being copied from another file system, or a moved tree's source
+        being removed): nothing there is shown.
+        """
+        below = path[len(self.root) :].strip("/").split("/")[:-1]
+        return any(TEMPORARY_NAME.match(name) for name in below)
+
+    def _temporary(self, path: str, kind: str, mask: int, new: bool) -> None:
+        """
+        The daemon's own work in progress (an upload's file, a tree copied
+        from another file system, a moved tree's source set aside), never
+        shown.  Renamed into place, a temporary name becomes one created (or
+        modified) of the real name; a name renamed to one is deleted, since
+        the daemon removes what it sets aside; anything else done to it is
+        nobody's business.
+        """
+        inotify = _inotify()
+        if mask & inotify.IN_MOVED_FROM:
+            self._add(
+                {
+                    "event": "_upload",
+                    "path": path,
+                    "type": kind,
+                    "_open": True,
+                    "_new": new,
+                }
+            )
+        elif mask & inotify.IN_MOVED_TO:
+            last = self.pending[-1] if self.pending else None
+            if last is not None and last.get("_open") and last["event"] == "moved":
+                del last["_open"]
+                last["event"] = "deleted"
+                if kind == "directory":
+                    self.notifier.left(os.fsencode(last["path"]))
 
     def _watch_tree(self, top: bytes) -> None:
         """

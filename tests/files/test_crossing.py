@@ -11,12 +11,14 @@ import os
 import stat
 from typing import Any
 
+from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from sandboxd.errors import ApiError
 from sandboxd.files import crossing
-from tests.routes.test_files import FilesCase
+from tests.files.test_watch import StreamCase
 from tests.test_guard import bind_mount
 
 _MNT_DETACH = 2
@@ -32,7 +34,7 @@ def tmpfs(case: Any, target: str, size: str) -> None:
     case.addCleanup(libc.umount2, target.encode(), _MNT_DETACH)
 
 
-class CrossingCase(FilesCase):
+class CrossingCase(StreamCase):
     def setUp(self) -> Any:
         d = super().setUp()
         self.volume = os.path.realpath(self.mktemp())
@@ -203,6 +205,31 @@ class CrossingTests(CrossingCase):
         )
         self.assertEqual(os.listdir(small), [])
         self.assertEqual(len(os.listdir(os.path.join(self.base_dir, "many"))), 200)
+
+
+class CrossingWatchTests(CrossingCase):
+    @inlineCallbacks
+    def test_a_watch_sees_a_move_not_its_copy(self) -> Any:
+        """
+        A watch over both sides sees the tree deleted from the base and
+        created in the volume, never the copy in progress nor the source set
+        aside, and goes on with what happens in the moved tree.
+        """
+        self.put("t/sub/b.txt", b"b")
+        c, response = yield self.open_stream("path=.&recursive=true&follow=true")
+        reply = yield self.move("t", "vol/t")
+        self.assertEqual(reply.status, 200, reply.body)
+        yield deferLater(reactor, 0.3, lambda: None)
+        self.put("vol/t/sub/c.txt", b"c")
+        yield c.wait_for(b"c.txt")
+        self.assertEqual(
+            [
+                (name, os.path.relpath(data["path"], self.base_dir))
+                for _, name, data in c.events()
+            ],
+            [("deleted", "t"), ("created", "vol/t"), ("created", "vol/t/sub/c.txt")],
+        )
+        self.close(response)
 
 
 class CrossingBoundsTests(CrossingCase):

@@ -209,6 +209,40 @@ class WatchTests(StreamCase):
         self.close(response)
 
     @inlineCallbacks
+    def test_directories_gone_at_once_do_not_end_the_watch(self) -> Any:
+        """
+        A directory removed or renamed before its watch could be added (a
+        build's mkdir followed at once by rmdir or mv) is reported, and the
+        watch goes on: later files are reported, the renamed directory's too.
+        """
+        top = os.path.join(self.base_dir, "w")
+        os.makedirs(top)
+        c, response = yield self.open_stream("path=w&recursive=true&follow=true")
+        os.mkdir(os.path.join(top, "gone"))
+        os.rmdir(os.path.join(top, "gone"))
+        os.mkdir(os.path.join(top, "quick"))
+        os.rename(os.path.join(top, "quick"), os.path.join(top, "renamed"))
+        yield c.wait_for(b"renamed")
+        yield deferLater(reactor, 0.2, lambda: None)
+        with open(os.path.join(top, "renamed", "in.txt"), "w"):
+            pass
+        with open(os.path.join(top, "after.txt"), "w"):
+            pass
+        yield c.wait_for(b"after.txt")
+        self.assertEqual(
+            self.shown(c, top),
+            [
+                ("created", "gone", None),
+                ("deleted", "gone", None),
+                ("created", "quick", None),
+                ("moved", "quick", "renamed"),
+                ("created", "renamed/in.txt", None),
+                ("created", "after.txt", None),
+            ],
+        )
+        self.close(response)
+
+    @inlineCallbacks
     def test_refusals_are_json(self) -> Any:
         """A watch outside the boundary is 403 JSON and a missing directory 404, not a stream."""
         reply = yield self.request("GET", "/files/watch?path=/etc")
