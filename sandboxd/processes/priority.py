@@ -50,6 +50,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from twisted.internet.interfaces import IDelayedCall
+from twisted.logger import Logger
 from twisted.python.threadable import isInIOThread
 
 from sandboxd.policy.defaults import (
@@ -59,6 +60,8 @@ from sandboxd.policy.defaults import (
 )
 from sandboxd.policy.priorities import Priorities
 from sandboxd.processes.cgroups import place_child
+
+log = Logger()
 
 # ioprio_set(2): who, classes, and the system call's number per machine.
 _IOPRIO_WHO_PROCESS = 1
@@ -154,9 +157,31 @@ def best_effort(level: int) -> int:
     return (_IOPRIO_CLASS_BE << _IOPRIO_CLASS_SHIFT) | level
 
 
+_CAP_SYS_NICE = 23
+
+
+def _capable(bit: int) -> bool:
+    """
+    Whether the process's effective capabilities hold ``bit``.  Root is
+    not enough: a container's root commonly runs without ``CAP_SYS_NICE``
+    (Docker's default set leaves it out).
+    """
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"CapEff:"):
+                    return bool(int(line.split()[1], 16) >> bit & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.geteuid() == 0
+
+
 def _may_raise_priority() -> bool:
-    """Whether a thread that lowers its CPU priority may raise it back."""
-    if os.geteuid() == 0:
+    """
+    Whether a thread that lowers its CPU priority may raise it back: with
+    ``CAP_SYS_NICE``, or within ``RLIMIT_NICE``.
+    """
+    if _capable(_CAP_SYS_NICE):
         return True
     soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
     floor = 20 - soft if soft != resource.RLIM_INFINITY else -20
@@ -427,7 +452,24 @@ class ChildPriority:
             if before_io is not None:
                 _set_ioprio(tid, before_io)
             if nice is not None and before_nice is not None:
-                os.setpriority(os.PRIO_PROCESS, tid, before_nice)
+                self._raise_back(tid, before_nice)
+
+    def _raise_back(self, tid: int, nice: int) -> None:
+        """
+        The spawning thread's CPU priority back after a spawn.  Refused
+        (the process lost the right since it was checked), the spawn still
+        stands: the child is running and is the caller's; later children
+        get their nice value by pid instead.
+        """
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except OSError as e:
+            self._restorable = False
+            log.warn(
+                "sandboxd: a thread that started a child could not take its "
+                "priority back ({why}); it stays at the children's",
+                why=e,
+            )
 
     def _keep_io(self, tid: int, level: int | None) -> None:
         """

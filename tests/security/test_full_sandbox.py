@@ -50,7 +50,13 @@ from sandboxd.kernels.kernelspecs import find_kernelspecs
 from sandboxd.processes import posix_spawn
 from tests.git.remote import missing as remote_missing
 from tests.git.remote import run as remote_git
-from tests.helpers import DaemonTestCase, free_port, session_listens, someone_listens
+from tests.helpers import (
+    DaemonTestCase,
+    free_port,
+    session_listens,
+    someone_listens,
+    until_exited,
+)
 from tests.kernels.test_contexts import need_ipykernel
 
 BIN = os.path.dirname(sys.executable)
@@ -109,9 +115,12 @@ class BoxedDaemon:
         nproc: int | None = None,
         policy: dict[str, Any] | None = None,
         state: bool = False,
+        capabilities: str | None = None,
     ) -> None:
         if disk is not None and (why := tmpfs_refusal()) is not None:
             raise SkipTest(why)
+        if capabilities is not None and shutil.which("setpriv") is None:
+            raise SkipTest("setpriv (util-linux) is not installed")
         # Short: a kernel's sockets live under TMPDIR, within a socket
         # path's 108 bytes.
         self.root = os.path.realpath(tempfile.mkdtemp(prefix="sandboxd-box-"))
@@ -122,6 +131,7 @@ class BoxedDaemon:
         with open(self.policy_path, "w") as f:
             json.dump(policy or {}, f)
         self.disk, self.nofile, self.nproc = disk, nofile, nproc
+        self.capabilities = capabilities
         self.state = state
         if disk is None:
             for sub in ("home", "log", "tmp"):
@@ -173,6 +183,8 @@ class BoxedDaemon:
             limits.append(f"--nproc={self.nproc}:{self.nproc}")
         if limits:
             argv = ["prlimit", *limits, "--", *argv]
+        if self.capabilities is not None:
+            argv = ["setpriv", "--bounding-set", self.capabilities, *argv]
         if self.disk is not None:
             argv = [
                 "unshare",
@@ -1351,3 +1363,42 @@ class ProcessLimitTests(DaemonTestCase):
             self.assertEqual(reply.status, 200, (path, reply.body))
         listed = yield self.request("GET", "/process/list")
         self.assertEqual(len(listed.json()["processes"]), 1)
+
+
+#: The capabilities Docker gives a container's root by default: no
+#: CAP_SYS_NICE, CAP_SYS_RESOURCE or CAP_SYS_ADMIN.
+DOCKER_DEFAULT = (
+    "-all,+chown,+dac_override,+fowner,+fsetid,+kill,+setgid,+setuid,+setpcap,"
+    "+net_bind_service,+net_raw,+sys_chroot,+mknod,+audit_write,+setfcap"
+)
+
+
+def thread_nice_values(pid: int) -> set[int]:
+    """The nice value of each of ``pid``'s threads."""
+    values = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            values.add(int(f.read().rsplit(")", 1)[1].split()[16]))
+    return values
+
+
+class ContainerRootTests(SynchronousTestCase):
+    """A daemon run as a container's root, with Docker's default capabilities."""
+
+    def test_children_start_and_the_daemon_keeps_its_priority(self) -> None:
+        """
+        Without CAP_SYS_NICE a thread cannot take back a priority it gave
+        up: the first command still answers, a background process is the
+        daemon's to list and end, the children run below the daemon, and
+        every thread of the daemon stays at its own priority.
+        """
+        box = BoxedDaemon(self, capabilities=DOCKER_DEFAULT)
+        sb = Sandbox(box.url, timeout=20, retries=0)
+        self.addCleanup(sb.close)
+        self.assertEqual(sb.commands.run("nice").stdout, "10\n")
+        sleeper = sb.commands.start("sleep 30")
+        self.assertEqual([p["pid"] for p in sb.commands.list()], [sleeper.pid])
+        sleeper.kill()
+        until_exited(sleeper.pid)
+        self.assertEqual(sb.commands.run("echo again").stdout, "again\n")
+        self.assertEqual(thread_nice_values(box.proc.pid), {0})
