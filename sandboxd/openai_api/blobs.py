@@ -195,7 +195,10 @@ def _client_error(error: BaseException) -> BaseException:
         return error
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         return insufficient_storage()
-    return internal(f"the file store failed: {error.strerror}", "OSError")
+    where = f" ({error.filename})" if error.filename else ""
+    # Most often the state directory cannot be written (the daemon's user
+    # has no home, or a read-only one): say where, for the operator.
+    return internal(f"the file store failed: {error.strerror}{where}", "OSError")
 
 
 def _os_failure(failure: Failure) -> Failure:

@@ -11,9 +11,10 @@ import os
 from typing import Any
 
 import httpx
-from twisted.internet.defer import inlineCallbacks, succeed
+from twisted.internet.defer import fail, inlineCallbacks, succeed
 from twisted.trial.unittest import SynchronousTestCase
 
+from sandboxd.errors import ApiError
 from sandboxd.openai_api.blobs import FileStore
 from tests.openai_api.sdk import OpenAICase, caught, openai_policy
 
@@ -206,3 +207,26 @@ class FileStoreTests(SynchronousTestCase):
         self.assertIsNone(second.find("bob", kept["id"]))
         self.assertEqual(second.usage("alice"), (1, 3))
         self.assertEqual(second.usage("bob"), (1, 2))
+
+    def test_a_store_that_cannot_be_made_says_where(self) -> None:
+        """
+        A state directory the daemon cannot write is a 500 naming it, for
+        the operator to fix, and the next call tries again.
+        """
+        blocker = self.mktemp()
+        with open(blocker, "w"):
+            pass
+        root = os.path.join(blocker, "openai", "files")
+        store = FileStore(root)
+
+        def run(f: Any, *a: Any) -> Any:
+            try:
+                return succeed(f(*a))
+            except Exception as e:
+                return fail(e)
+
+        failure = self.failureResultOf(store.ready(run), ApiError)
+        self.assertEqual(failure.value.status, 500)
+        self.assertIn(blocker, failure.value.message)
+        os.unlink(blocker)
+        self.successResultOf(store.ready(run))
