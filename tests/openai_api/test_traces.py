@@ -36,8 +36,10 @@ class TraceTests(OpenAICase):
 
         def run() -> Any:
             session = sessions.create(**self.session_body())
-            run_turn(client, session.id, "echo secret-words-one")
-            run_turn(client, session.id, "echo secret-words-two")
+            seen = [
+                [e.type for e in run_turn(client, session.id, "echo secret-words-one")],
+                [e.type for e in run_turn(client, session.id, "echo secret-words-two")],
+            ]
             return (
                 list(sessions.traces.list(session.id)),
                 list(sessions.traces.list(session.id, order="asc")),
@@ -47,10 +49,17 @@ class TraceTests(OpenAICase):
                     for t in sessions.turns.list(session.id, order="asc")
                 ],
                 session,
+                seen,
             )
 
-        traces, ascending, turns, items, session = yield self.sdk(run)
-        self.assertEqual(len(traces), 2)
+        traces, ascending, turns, items, session, seen = yield self.sdk(run)
+        # Rare in full runs: one trace after two turns.  Say what the
+        # turns were and what each stream saw, should it happen again.
+        told = {
+            "turns": [(t.id, t.status, t.started_at, t.completed_at) for t in turns],
+            "streams": seen,
+        }
+        self.assertEqual(len(traces), 2, told)
         self.assertEqual([t.id for t in reversed(traces)], [t.id for t in ascending])
         for trace, turn, turn_items in zip(ascending, turns, items, strict=True):
             self.assertEqual(trace.object, "agent.session.trace")
