@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import stat
 import sys
 
 from sandboxd.libc import libc
@@ -49,11 +50,18 @@ def mount_of(dir_fd: int, name: str) -> tuple[int, int | None]:
 
 
 def on_another_mount(dir_fd: int, name: str, mount: tuple[int, int | None]) -> bool:
-    """Whether ``name`` sits on another mount than ``mount`` (a missing one does not)."""
+    """
+    Whether ``name`` sits on another mount than ``mount`` (a missing one
+    does not).  The device tells only for a directory: overlayfs (a
+    container's root) may give a file the device of the layer it comes
+    from, so a file is told by its mount id alone.
+    """
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return False
     device, top_id = mount
     here = mount_id(dir_fd, name) if top_id is not None else None
-    return st.st_dev != device or (here is not None and here != top_id)
+    if here is not None and here != top_id:
+        return True
+    return stat.S_ISDIR(st.st_mode) and st.st_dev != device

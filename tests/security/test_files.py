@@ -7,6 +7,7 @@ tar-slip, links already in the destination, bombs, and a full disk.
 from __future__ import annotations
 
 import base64
+import ctypes
 import errno
 import io
 import mmap
@@ -635,6 +636,53 @@ class SpecialMountTests(FilesCase):
         with open(settings, "rb") as f:
             self.assertEqual(f.read(), b"mounted")
         self.assertTrue(os.path.exists(os.path.join(self.base_dir, "mine.txt")))
+
+    @inlineCallbacks
+    def test_files_of_an_overlay_are_not_mount_points(self) -> Any:
+        """
+        On an overlay whose layers are on two file systems (a container's
+        root may be one) a file reports its layer's device, not the
+        directory's: it is still deleted, moved and replaced as any file.
+        """
+        top = os.path.realpath(self.mktemp())
+        lower, upper, work = (os.path.join(top, n) for n in ("lower", "upper", "work"))
+        for d in (lower, upper, work):
+            os.makedirs(d)
+        merged = os.path.join(self.base_dir, "root")
+        os.makedirs(merged)
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.mount(b"tmpfs", lower.encode(), b"tmpfs", 0, b"size=1m") != 0:
+            raise SkipTest("cannot mount a tmpfs here: needs root")
+        self.addCleanup(libc.umount2, lower.encode(), 2)
+        for name in ("a.txt", "b.txt", "c.txt"):
+            with open(os.path.join(lower, name), "wb") as f:
+                f.write(name.encode())
+        options = f"lowerdir={lower},upperdir={upper},workdir={work}".encode()
+        if libc.mount(b"overlay", merged.encode(), b"overlay", 0, options) != 0:
+            raise SkipTest(
+                f"cannot mount an overlay here ({os.strerror(ctypes.get_errno())})"
+            )
+        self.addCleanup(libc.umount2, merged.encode(), 2)
+        if os.stat(os.path.join(merged, "a.txt")).st_dev == os.stat(merged).st_dev:
+            raise SkipTest("this overlay gives its files the directory's device")
+
+        reply = yield self.request("DELETE", "/files?path=root/a.txt")
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request(
+            "POST",
+            "/files/move",
+            {"source": "root/b.txt", "destination": "root/b2.txt"},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.request(
+            "POST",
+            "/files/move",
+            {"source": "root/b2.txt", "destination": "root/c.txt", "overwrite": True},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(os.listdir(merged), ["c.txt"])
+        with open(os.path.join(merged, "c.txt"), "rb") as f:
+            self.assertEqual(f.read(), b"b.txt")
 
     def mounted_file(self) -> str:
         """A file outside bind-mounted at ``hosts`` (as a container's /etc/hosts is)."""
