@@ -58,6 +58,7 @@ from sandboxd.policy.defaults import (
     SHUTDOWN_TIMEOUT_SECONDS,
 )
 from sandboxd.processes.cgroups import CHILD_CGROUPS
+from sandboxd.processes.environment import BOOT_ENVIRON, login_defaults
 from sandboxd.processes.priority import CHILD_PRIORITY
 from sandboxd.routes import default_table
 from sandboxd.web.connections import ConnectionLimits
@@ -324,6 +325,7 @@ class DaemonService(MultiService):
         )
         CHILD_PRIORITY.configure(policy.document.priority)
         if self.settings.environ is None:
+            self._fill_login_environ()
             self._hide_secrets()
         self._install_hup()
         self._enter_base_dir()
@@ -381,6 +383,20 @@ class DaemonService(MultiService):
         if preview_port is not None:
             found.append(("preview", address_text(preview_port.getHost())))
         return found
+
+    def _fill_login_environ(self) -> None:
+        """``HOME``, ``USER``, ``LOGNAME`` and ``PATH`` for children, where missing."""
+        added = login_defaults(os.environ, os.geteuid())
+        if not added:
+            return
+        os.environ.update(added)
+        BOOT_ENVIRON.update(added)
+        log.info(
+            "sandboxd: {names} not set in the daemon's environment; "
+            "children get {values}",
+            names=", ".join(sorted(added)),
+            values=", ".join(f"{k}={v}" for k, v in sorted(added.items())),
+        )
 
     def _hide_secrets(self) -> None:
         """

@@ -8,6 +8,7 @@ the secrets stripped from every child, and validation of a request's
 from __future__ import annotations
 
 import os
+import pwd
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -115,6 +116,34 @@ _ENVIRON = _EnvironSnapshot()
 
 #: Names never passed to a child, whatever the policy says.
 _SECRET_PREFIXES = ("ABX_SERVER_",)
+
+
+#: The children's ``PATH`` when the daemon was started without one.
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def login_defaults(environ: Mapping[str, str], uid: int) -> dict[str, str]:
+    """
+    What a login would have set that ``environ`` lacks: ``HOME``, ``USER``
+    and ``LOGNAME`` from ``uid``'s password entry, and a ``PATH``.  A
+    service manager sets the first three only for a service with a user of
+    its own (systemd's ``User=``), and an empty environment has none; the
+    children (a build, a package manager, an agent) look for their home
+    and their tools there.
+    """
+    missing = {} if "PATH" in environ else {"PATH": DEFAULT_PATH}
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        return missing
+    for name, value in (
+        ("HOME", entry.pw_dir),
+        ("USER", entry.pw_name),
+        ("LOGNAME", entry.pw_name),
+    ):
+        if name not in environ:
+            missing[name] = value
+    return missing
 
 
 def secret_names(context: Any, rule: EffectiveRule | None) -> set[str]:

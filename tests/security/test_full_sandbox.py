@@ -24,6 +24,7 @@ import functools
 import io
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -116,6 +117,7 @@ class BoxedDaemon:
         policy: dict[str, Any] | None = None,
         state: bool = False,
         capabilities: str | None = None,
+        environ: dict[str, str] | None = None,
     ) -> None:
         if disk is not None and (why := tmpfs_refusal()) is not None:
             raise SkipTest(why)
@@ -132,6 +134,7 @@ class BoxedDaemon:
             json.dump(policy or {}, f)
         self.disk, self.nofile, self.nproc = disk, nofile, nproc
         self.capabilities = capabilities
+        self.environ = environ
         self.state = state
         if disk is None:
             for sub in ("home", "log", "tmp"):
@@ -200,6 +203,8 @@ class BoxedDaemon:
                 *argv,
             ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("ABX_")}
+        if self.environ is not None:
+            env = dict(self.environ)
         env["TMPDIR"] = f"{self.root}/tmp"
         self.output = open(f"{self.root}.out", "w+")
         self.proc = subprocess.Popen(
@@ -1383,7 +1388,7 @@ def thread_nice_values(pid: int) -> set[int]:
 
 
 class ContainerRootTests(SynchronousTestCase):
-    """A daemon run as a container's root, with Docker's default capabilities."""
+    """A daemon started as a container or a service starts it: few capabilities, little environment."""
 
     def test_children_start_and_the_daemon_keeps_its_priority(self) -> None:
         """
@@ -1402,3 +1407,29 @@ class ContainerRootTests(SynchronousTestCase):
         until_exited(sleeper.pid)
         self.assertEqual(sb.commands.run("echo again").stdout, "again\n")
         self.assertEqual(thread_nice_values(box.proc.pid), {0})
+
+    def test_an_empty_environment_gets_a_login_s_variables(self) -> None:
+        """
+        A daemon started with no environment at all (a service manager
+        without a user of its own sets no HOME) gives its children the
+        HOME, USER and LOGNAME of their user and a PATH, and logs that it
+        did; what the environment does have is left as it is.
+        """
+        box = BoxedDaemon(self, environ={"LANG": "C.UTF-8"})
+        sb = Sandbox(box.url, timeout=20, retries=0)
+        self.addCleanup(sb.close)
+        env = dict(
+            line.split("=", 1) for line in sb.commands.run("env").stdout.splitlines()
+        )
+        entry = pwd.getpwuid(os.geteuid())
+        self.assertEqual(
+            {k: env.get(k) for k in ("HOME", "USER", "LOGNAME", "PATH", "LANG")},
+            {
+                "HOME": entry.pw_dir,
+                "USER": entry.pw_name,
+                "LOGNAME": entry.pw_name,
+                "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "LANG": "C.UTF-8",
+            },
+        )
+        self.assertIn("HOME, LOGNAME, PATH, USER not set", box.log())
