@@ -506,6 +506,9 @@ def _move_to(
         except OSError as e:
             if e.errno != errno.EXDEV:
                 raise
+            if not overwrite and _lstat_at(dst_fd, dst_name) is not None:
+                # The kernel says EXDEV before it looks: refuse before a copy.
+                raise FileExistsError(errno.EEXIST, "File exists") from None
             crossing.move_across(
                 src.dir_fd,
                 src.name,

@@ -255,6 +255,21 @@ class CrossingBoundsTests(CrossingCase):
         reply = yield self.move("t", "t2")
         self.assertEqual(reply.status, 200, reply.body)
 
+    @inlineCallbacks
+    def test_an_existing_destination_is_refused_before_the_copy(self) -> Any:
+        """
+        Without ``overwrite``, a destination that exists is 409 at once:
+        the tree is not surveyed (this one is over ``max_entries``), let
+        alone copied.
+        """
+        for name in "abcd":
+            self.put(f"t/{name}.txt")
+        with open(os.path.join(self.volume, "t"), "wb") as f:
+            f.write(b"kept")
+        reply = yield self.move("t", "vol/t")
+        self.assertEqual((reply.status, reply.json()["code"]), (409, "file_exists"))
+        self.assertEqual(os.listdir(self.volume), ["t"])
+
 
 class DeadlineTests(SynchronousTestCase):
     """:func:`crossing.move_across` past its time, in memory."""
