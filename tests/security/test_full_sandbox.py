@@ -1394,15 +1394,21 @@ class ContainerRootTests(SynchronousTestCase):
         """
         Without CAP_SYS_NICE a thread cannot take back a priority it gave
         up: the first command still answers, a background process is the
-        daemon's to list and end, the children run below the daemon, and
-        every thread of the daemon stays at its own priority.
+        daemon's to list and end and runs below the daemon, and every
+        thread of the daemon stays at its own priority.
         """
         box = BoxedDaemon(self, capabilities=DOCKER_DEFAULT)
         sb = Sandbox(box.url, timeout=20, retries=0)
         self.addCleanup(sb.close)
-        self.assertEqual(sb.commands.run("nice").stdout, "10\n")
+        self.assertEqual(sb.commands.run("echo first").stdout, "first\n")
         sleeper = sb.commands.start("sleep 30")
         self.assertEqual([p["pid"] for p in sb.commands.list()], [sleeper.pid])
+        # Without the capability the daemon gives a child its nice value by
+        # pid just after the spawn, not before its exec.
+        deadline = time.monotonic() + 5
+        while thread_nice_values(sleeper.pid) != {10} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(thread_nice_values(sleeper.pid), {10})
         sleeper.kill()
         until_exited(sleeper.pid)
         self.assertEqual(sb.commands.run("echo again").stdout, "again\n")
