@@ -613,7 +613,9 @@ class ReusedPidTests(TestCase):
             reactor, child, ["sh", "-c", script], children=CHILDREN, env=ENV, cwd="/"
         )
         yield child.exited
-        yield wait_for_marked(self.marker, 2)
+        # Both past their exec: a process in the middle of one may not
+        # show its command line, and at nice 10 beside load that can last.
+        yield wait_for_marked(self.marker, 2, command="sleep")
         self.assertEqual(len(marked_pids(self.marker)), 2)
         yield proctree.kill_tree(reactor, child.pid, None, 0.5, leader_reaped=True)
         self.assertEqual(marked_pids(self.marker), [])
