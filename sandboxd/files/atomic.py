@@ -275,8 +275,7 @@ class AtomicWrite:
                 if not stat.S_ISREG(old.st_mode):
                     raise OSError(errno.EBUSY, os.strerror(errno.EBUSY))
                 size = os.fstat(src).st_size
-                room = os.fstatvfs(dst)
-                if size - old.st_size > room.f_bavail * room.f_frsize:
+                if size - old.st_size > free_bytes(dst):
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 offset = 0
                 while offset < size:
@@ -329,6 +328,15 @@ def _exchange(dir_fd: int, a: str, b: str) -> bool:
     if err in (errno.ENOENT, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
         return False
     raise OSError(err, os.strerror(err))
+
+
+def free_bytes(fd: int) -> int:
+    """
+    The bytes the daemon may still write on ``fd``'s file system (root
+    may write into the blocks reserved for it, as the kernel lets it).
+    """
+    room = os.fstatvfs(fd)
+    return (room.f_bfree if os.geteuid() == 0 else room.f_bavail) * room.f_frsize
 
 
 def _etag_matches(header: str, etag: str) -> bool:

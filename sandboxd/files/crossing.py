@@ -40,7 +40,7 @@ from sandboxd.errors import (
     payload_too_large,
     timed_out,
 )
-from sandboxd.files.atomic import temporary_name
+from sandboxd.files.atomic import free_bytes, temporary_name
 from sandboxd.files.mounts import mount_of, on_another_mount
 
 log = Logger()
@@ -123,8 +123,7 @@ def _count(found: _Survey, st: os.stat_result, shown: str, bounds: Bounds) -> No
 
 def room_for(dir_fd: int, size: int) -> None:
     """507 when the destination's file system has not ``size`` bytes free."""
-    room = os.fstatvfs(dir_fd)
-    if size > room.f_bavail * room.f_frsize:
+    if size > free_bytes(dir_fd):
         raise insufficient_storage()
 
 

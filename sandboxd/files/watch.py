@@ -108,17 +108,20 @@ def _notifier_class() -> type[Any]:
                 if point.path.path == top or point.path.path.startswith(top + b"/")
             ]
 
-        def renamed(self, old: bytes, new: bytes) -> bool:
-            """
-            The watched directory ``old`` (and those below it) is now ``new``;
-            False when ``old`` was not watched.
-            """
-            below = self._below(old)
-            for wd, point in below:
+        def renamed(self, old: bytes, new: bytes) -> None:
+            """The watched directory ``old`` (and those below it) is now ``new``."""
+            for wd, point in self._below(old):
                 self._watchpaths.pop(point.path, None)
                 point.path = FilePath(new + point.path.path[len(old) :])
                 self._watchpaths[point.path] = wd
-            return bool(below)
+
+        def _addChildren(self, iwp: Any) -> None:
+            # Twisted's catch-up on a new directory's subdirectories, a turn
+            # later: one gone or renamed by then is not to be watched.
+            try:
+                super()._addChildren(iwp)
+            except inotify.INotifyError:
+                pass
 
         def _doRead(self, in_: bytes) -> None:
             # Twisted adds a watch to each directory created in a watched one
@@ -220,9 +223,11 @@ class Watch:
                 else:
                     last["dest"] = path
                 if kind == "directory" and self.recursive:
-                    if not self.notifier.renamed(old, filepath.path):
-                        # Renamed before its watch could be added.
-                        self._watch_tree(filepath.path)
+                    self.notifier.renamed(old, filepath.path)
+                    # Directories made in it just before (a copy renamed
+                    # into place) may not be watched yet, nor the directory
+                    # itself when it was renamed before its watch existed.
+                    self._watch_tree(filepath.path)
             else:
                 self._add({"event": "created", "path": path, "type": kind})
                 if kind == "directory" and self.recursive:
