@@ -34,12 +34,14 @@ import os
 import re
 import socket
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import attrs
 
 from sandboxd import sockdiag
+from sandboxd.libc import libc
 
 #: The real ``/proc``: what the kernel is asked directly instead of read
 #: from (a fake tree in a test is always read).
@@ -463,12 +465,85 @@ def parse_proc_net_tcp(text: str, protocol: str) -> list[tuple[str, int, int]]:
     return out
 
 
+def _fd_targets(fd_dir: str) -> list[str]:
+    """
+    What a process's descriptors point at.
+
+    :raises PermissionError: the kernel keeps them from us (another user's
+        process, to a root without ``CAP_SYS_PTRACE``).
+    :raises OSError: the process is gone.
+    """
+    targets = []
+    for fd in os.listdir(fd_dir):
+        try:
+            targets.append(os.readlink(os.path.join(fd_dir, fd)))
+        except PermissionError:
+            raise
+        except OSError:
+            continue
+    return targets
+
+
+@contextmanager
+def _as_owner(path: str) -> Iterator[bool]:
+    """
+    This thread's file-system identity that of ``path``'s owner for the
+    block, then its own again; whether it switched.
+
+    A container's root usually runs without ``CAP_SYS_PTRACE`` (Docker's
+    default), and then may not read the descriptors of the children it
+    runs as the sandbox's user; the kernel checks those against the
+    caller's file-system uid and gid, which ``setfsuid``/``setfsgid``
+    change for the calling thread alone.
+    """
+    c = libc()
+    setfsuid = getattr(c, "setfsuid", None)
+    setfsgid = getattr(c, "setfsgid", None)
+    if setfsuid is None or setfsgid is None or os.geteuid() != 0:
+        yield False
+        return
+    try:
+        st = os.stat(path)
+    except OSError:
+        yield False
+        return
+    old_gid = setfsgid(st.st_gid)
+    old_uid = setfsuid(st.st_uid)
+    try:
+        yield True
+    finally:
+        setfsuid(old_uid)
+        setfsgid(old_gid)
+
+
+def fd_targets(proc: str, pid: int) -> list[str]:
+    """
+    What process ``pid``'s descriptors point at, read as its owner when
+    the daemon may not read them as itself; empty when it is gone or
+    they stay out of reach.
+    """
+    fd_dir = os.path.join(proc, str(pid), "fd")
+    try:
+        return _fd_targets(fd_dir)
+    except PermissionError:
+        pass
+    except OSError:
+        return []
+    with _as_owner(os.path.join(proc, str(pid))) as switched:
+        if not switched:
+            return []
+        try:
+            return _fd_targets(fd_dir)
+        except OSError:
+            return []
+
+
 def socket_owners(inodes: set[int], proc: str = PROC) -> dict[int, int]:
     """
     Which process holds each socket inode, from ``/proc/PID/fd`` links.
 
-    Processes whose fds we may not read are skipped (their sockets stay
-    ownerless); pids are visited in ascending order so a socket shared by
+    Processes whose fds stay out of reach (:func:`fd_targets`) are skipped
+    (their sockets stay ownerless); pids are visited in ascending order so a socket shared by
     a pre-forking server is credited to its parent.  The walk stops as soon
     as every inode is found.
     """
@@ -481,16 +556,7 @@ def socket_owners(inodes: set[int], proc: str = PROC) -> dict[int, int]:
     for pid in pids:
         if len(found) == len(wanted):
             break
-        fd_dir = os.path.join(proc, str(pid), "fd")
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(os.path.join(fd_dir, fd))
-            except OSError:
-                continue
+        for target in fd_targets(proc, pid):
             inode = wanted.get(target)
             if inode is not None and inode not in found:
                 found[inode] = pid
@@ -504,19 +570,11 @@ def ports_of(pid: int, proc: str = PROC) -> frozenset[int]:
     process's fds, not a walk of every pid: cheap enough for the reactor's
     turn.  Empty when the process is gone or unreadable.
     """
-    fd_dir = os.path.join(proc, str(pid), "fd")
-    inodes: set[int] = set()
-    try:
-        fds = os.listdir(fd_dir)
-    except OSError:
-        return frozenset()
-    for fd in fds:
-        try:
-            target = os.readlink(os.path.join(fd_dir, fd))
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(int(target[8:-1]))
+    inodes = {
+        int(target[8:-1])
+        for target in fd_targets(proc, pid)
+        if target.startswith("socket:[")
+    }
     if proc == PROC and sockdiag.same_namespace(pid, proc):
         found = sockdiag.listening()
         if found is not None:

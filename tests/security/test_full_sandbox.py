@@ -1414,6 +1414,31 @@ class ContainerRootTests(SynchronousTestCase):
         self.assertEqual(sb.commands.run("echo again").stdout, "again\n")
         self.assertEqual(thread_nice_values(box.proc.pid), {0})
 
+    def test_ports_name_the_process_of_another_user(self) -> None:
+        """
+        Without CAP_SYS_PTRACE a root daemon may not read the descriptors
+        of a child it runs as another user; ``/ports`` still names the
+        child that listens (read as that user).
+        """
+        box = BoxedDaemon(
+            self, capabilities=DOCKER_DEFAULT, policy={"groups": {"system": True}}
+        )
+        for path in (box.root, box.base):
+            os.chmod(path, 0o755)  # the child's working directory, as nobody
+        sb = Sandbox(box.url, timeout=20, retries=0)
+        self.addCleanup(sb.close)
+        port = free_port()
+        server = sb.commands.start(
+            [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+            user="nobody",
+        )
+        deadline = time.monotonic() + 10
+        while not someone_listens(port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        listed = [p for p in sb.system.ports() if p["port"] == port]
+        self.assertEqual([p["pid"] for p in listed], [server.pid])
+        server.kill()
+
     def test_an_empty_environment_gets_a_login_s_variables(self) -> None:
         """
         A daemon started with no environment at all (a service manager
