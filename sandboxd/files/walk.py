@@ -45,6 +45,7 @@ from sandboxd.errors import (
     file_exists,
     file_not_found,
     forbidden,
+    not_a_directory,
 )
 from sandboxd.files import crossing
 from sandboxd.files.atomic import TEMPORARY_NAME
@@ -488,6 +489,9 @@ def _move_to(
                 raise _prefixed(refusal(decision), "destination")
         elif dst_name == "":
             raise bad_request("destination: is a root directory")
+        elif isinstance(destination, str) and destination.endswith("/"):
+            # A name ending in a slash names a directory, as it does to mv.
+            raise _prefixed(not_a_directory(destination), "destination")
         if overwrite:
             # Replacing a file that has other names is a write to it;
             # a device file is never replaced.

@@ -573,6 +573,36 @@ class TreeTests(FilesCase):
         self.assertTrue(os.path.isdir(self.base_dir))
 
     @inlineCallbacks
+    def test_move_onto_a_name_ending_in_a_slash(self) -> Any:
+        """
+        A destination ending in ``/`` names a directory, as it does to mv:
+        into it when it is one, else 400 with nothing moved or made.
+        """
+        self.put("f.txt")
+        self.put("kept.txt", b"kept")
+        os.makedirs(os.path.join(self.base_dir, "d"))
+        for destination in ("new/", "deep/er/", "kept.txt/"):
+            reply = yield self.request(
+                "POST", "/files/move", {"source": "f.txt", "destination": destination}
+            )
+            self.assertEqual(
+                (reply.status, reply.json()["code"]),
+                (400, "invalid_param"),
+                destination,
+            )
+            self.assertTrue(
+                reply.json()["error"].startswith("destination: Not a directory")
+            )
+        self.assertEqual(sorted(os.listdir(self.base_dir)), ["d", "f.txt", "kept.txt"])
+        self.assertEqual(self.read("kept.txt"), b"kept")
+        reply = yield self.request(
+            "POST", "/files/move", {"source": "f.txt", "destination": "d/"}
+        )
+        self.assertEqual(
+            reply.json()["destination"], os.path.join(self.base_dir, "d/f.txt")
+        )
+
+    @inlineCallbacks
     def test_search(self) -> Any:
         """Search matches names recursively, caps results, and rejects over-long patterns."""
         for i in range(5):
