@@ -109,7 +109,9 @@ class AtomicWrite:
         #: where :meth:`commit` with ``keep_old`` left the replaced file
         self.old_name = ""
         self.done = False
-        if location.name == "":
+        if location.name == "" or self.display.endswith("/"):
+            # A name ending in a slash names a directory, as it does to open().
+            location.undo_made()
             location.close()
             raise is_a_directory(self.display)
         try:

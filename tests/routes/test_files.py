@@ -603,6 +603,29 @@ class TreeTests(FilesCase):
         )
 
     @inlineCallbacks
+    def test_write_to_a_name_ending_in_a_slash(self) -> Any:
+        """
+        A file written to ``new/`` (or ``p/new/``) is refused as a directory,
+        as open() refuses it, by every write route: no file ``new``, no
+        parent made for it.
+        """
+        for method, route, body, raw in (
+            ("POST", "/files/raw?path=p/new1/", None, b"x"),
+            ("POST", "/upload", {"path": "p/new2/", "content_base64": b64(b"x")}, None),
+            (
+                "POST",
+                "/files/upload-stream",
+                {"path": "p/new3/", "content_base64": b64(b"x")},
+                None,
+            ),
+        ):
+            reply = yield self.request(method, route, body, raw_body=raw)
+            self.assertEqual(
+                (reply.status, reply.json()["type"]), (400, "IsADirectoryError"), route
+            )
+        self.assertEqual(os.listdir(self.base_dir), [])
+
+    @inlineCallbacks
     def test_search(self) -> Any:
         """Search matches names recursively, caps results, and rejects over-long patterns."""
         for i in range(5):
