@@ -275,6 +275,7 @@ def delete(guard: PathGuard, path: str) -> str:
         st = loc.lstat()
         if st is None:
             raise file_not_found(path)
+        refuse_slash(path, st)
         try:
             refuse_mounted(loc, "delete", path)
             if stat.S_ISDIR(st.st_mode):
@@ -288,6 +289,16 @@ def delete(guard: PathGuard, path: str) -> str:
         except OSError as e:
             raise os_error(e, path) from None
         return loc.path
+
+
+def refuse_slash(path: Any, st: os.stat_result) -> None:
+    """
+    400 for a path ending in a slash whose entry is not a directory (a
+    link to one included): the caller named a directory, as ``rm`` and
+    ``mv`` take it.
+    """
+    if isinstance(path, str) and path.endswith("/") and not stat.S_ISDIR(st.st_mode):
+        raise not_a_directory(path)
 
 
 def _check_tree(guard: PathGuard, loc: Any, mounts: bool = False) -> None:
@@ -444,6 +455,8 @@ def move(
             )
         src_st = src.lstat()
         try:
+            if src_st is not None:
+                refuse_slash(source, src_st)
             refuse_mounted(src, "move", source)
             if src_st is not None and stat.S_ISDIR(src_st.st_mode):
                 # What the policy protects inside must not leave with the tree.

@@ -603,6 +603,33 @@ class TreeTests(FilesCase):
         )
 
     @inlineCallbacks
+    def test_delete_or_move_a_file_named_with_a_slash(self) -> Any:
+        """
+        ``f.txt/`` names a directory: deleting or moving it is 400 and the
+        file stays, as rm and mv leave it; a link to a directory named so
+        is not followed into either.
+        """
+        self.put("f.txt", b"f")
+        os.makedirs(os.path.join(self.base_dir, "d"))
+        self.put("d/inside.txt")
+        os.symlink("d", os.path.join(self.base_dir, "link"))
+        for path in ("f.txt/", "link/"):
+            reply = yield self.request("DELETE", "/files?path=" + quote(path))
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (400, "invalid_param")
+            )
+            reply = yield self.request(
+                "POST", "/files/move", {"source": path, "destination": "g.txt"}
+            )
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (400, "invalid_param")
+            )
+        self.assertEqual(sorted(os.listdir(self.base_dir)), ["d", "f.txt", "link"])
+        self.assertEqual(os.listdir(os.path.join(self.base_dir, "d")), ["inside.txt"])
+        reply = yield self.request("DELETE", "/files?path=d/")
+        self.assertEqual(reply.status, 200, reply.body)
+
+    @inlineCallbacks
     def test_write_to_a_name_ending_in_a_slash(self) -> Any:
         """
         A file written to ``new/`` (or ``p/new/``) is refused as a directory,
