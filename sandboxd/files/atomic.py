@@ -255,27 +255,30 @@ class AtomicWrite:
         the file is cut to length, so a reader never finds it empty.
         """
         if keep_old:
-            raise forbidden(
-                f"refusing to replace {self.display} in a change of several "
-                "files: it is a mount point (another file system is mounted "
-                "there), written in place only on its own",
-                Code.PATH_NOT_ALLOWED,
-                rule="guard:mount-point",
+            raise self._mounted(
+                "it is a mount point (another file system is mounted there), "
+                "written in place only on its own, not in a change of several files"
             )
         dfd = self.location.dir_fd
         src = os.open(
             self.tmp_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd
         )
         try:
-            dst = os.open(
-                self.location.name,
-                os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                dir_fd=dfd,
-            )
+            try:
+                # Not blocking: a pipe mounted there would wait for a reader.
+                dst = os.open(
+                    self.location.name,
+                    os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                    dir_fd=dfd,
+                )
+            except OSError as e:
+                if e.errno == errno.ENXIO:
+                    raise self._mounted(self._NOT_A_FILE) from None
+                raise
             try:
                 old = os.fstat(dst)
                 if not stat.S_ISREG(old.st_mode):
-                    raise OSError(errno.EBUSY, os.strerror(errno.EBUSY))
+                    raise self._mounted(self._NOT_A_FILE)
                 size = os.fstat(src).st_size
                 if size - old.st_size > free_bytes(dst):
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -294,6 +297,18 @@ class AtomicWrite:
             os.close(src)
         os.unlink(self.tmp_name, dir_fd=dfd)
         return st
+
+    _NOT_A_FILE = (
+        "it is a mount point (another file system is mounted there) and not "
+        "a regular file"
+    )
+
+    def _mounted(self, why: str) -> ApiError:
+        return forbidden(
+            f"refusing to replace {self.display}: {why}",
+            Code.PATH_NOT_ALLOWED,
+            rule="guard:mount-point",
+        )
 
     def abort(self) -> None:
         """

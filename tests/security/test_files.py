@@ -730,6 +730,27 @@ class SpecialMountTests(FilesCase):
         self.assertEqual(sorted(os.listdir(self.base_dir)), ["hosts"])
 
     @inlineCallbacks
+    def test_a_mounted_pipe_is_not_written(self) -> Any:
+        """
+        A named pipe bind-mounted over a file's name is refused (403) at
+        once, not waited on for a reader, and stays a pipe.
+        """
+        fifo = os.path.realpath(self.mktemp())
+        os.mkfifo(fifo)
+        target = os.path.join(self.base_dir, "pipe")
+        with open(target, "wb"):
+            pass
+        bind_mount(self, fifo, target)
+        reply = yield self.request(
+            "POST", "/files/raw?path=pipe&overwrite=true", raw_body=b"x"
+        )
+        self.assertEqual(
+            (reply.status, reply.json()["rule"]), (403, "guard:mount-point"), reply.body
+        )
+        self.assertTrue(stat.S_ISFIFO(os.stat(target).st_mode))
+        self.assertEqual(os.listdir(self.base_dir), ["pipe"])
+
+    @inlineCallbacks
     def test_a_mounted_file_is_not_part_of_a_change_that_may_be_undone(self) -> Any:
         """
         An archive extracted over a bind-mounted file is refused whole (its
