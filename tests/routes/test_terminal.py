@@ -95,6 +95,20 @@ class TerminalCase(DaemonTestCase):
         return client.closed
 
 
+def _sleep_in_foreground(shell: int) -> bool:
+    """Whether a ``sleep`` below ``shell`` leads its terminal's foreground group."""
+    try:
+        with open(f"/proc/{shell}/stat", "rb") as f:
+            foreground = int(f.read().rsplit(b")", 1)[1].split()[5])
+        for pid in descendants(shell):
+            with open(f"/proc/{pid}/comm", "rb") as f:
+                if f.read().strip() == b"sleep" and os.getpgid(pid) == foreground:
+                    return True
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
 class SessionTests(TerminalCase):
     """REST sessions and one client at a time."""
 
@@ -168,7 +182,9 @@ class SessionTests(TerminalCase):
         created = yield self.create()
         client = yield self.attach(created["session_id"])
         client.type("sleep 30\n")
-        found = yield wait_until(lambda: descendants(created["pid"]))
+        # Until sleep runs as the terminal's foreground group: before the
+        # shell hands it the terminal, SIGINT goes to the shell's group.
+        found = yield wait_until(lambda: _sleep_in_foreground(created["pid"]))
         self.assertTrue(found)
         client.send_json({"type": "signal", "signal": "SIGINT"})
         client.type("echo after''-int\n")
