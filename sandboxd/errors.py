@@ -287,6 +287,14 @@ def forbidden(
     return ApiError(403, message, type, code, **extra)
 
 
+def mount_point(message: str) -> ApiError:
+    """
+    403 ``path_not_allowed`` (rule ``guard:mount-point``): a mount point, or
+    a tree holding one, that a delete, a move or a write would reach.
+    """
+    return forbidden(message, Code.PATH_NOT_ALLOWED, rule="guard:mount-point")
+
+
 def permission_denied(path: Any) -> ApiError:
     """
     403 without a ``code``: the operating system (not the policy or the

@@ -67,6 +67,16 @@ def bind_mount(case: Any, source: str, target: str) -> None:
     case.addCleanup(libc.umount2, target.encode(), _MNT_DETACH)
 
 
+def tmpfs(case: Any, target: str, size: str) -> None:
+    """A tmpfs of ``size`` on ``target`` for the rest of the test, or skip."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    options = f"size={size}".encode()
+    if libc.mount(b"tmpfs", target.encode(), b"tmpfs", 0, options) != 0:
+        err = ctypes.get_errno()
+        raise SkipTest(f"cannot mount a tmpfs here ({os.strerror(err)}): needs root")
+    case.addCleanup(libc.umount2, target.encode(), _MNT_DETACH)
+
+
 def sans_error(body: dict[str, Any]) -> dict[str, Any]:
     """A refusal body without its message (which names the requested path)."""
     return {k: v for k, v in body.items() if k != "error"}

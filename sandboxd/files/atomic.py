@@ -32,12 +32,11 @@ from sandboxd.access.guard import (
 )
 from sandboxd.errors import (
     ApiError,
-    Code,
     bad_request,
     file_exists,
-    forbidden,
     insufficient_storage,
     is_a_directory,
+    mount_point,
     precondition_failed,
 )
 from sandboxd.libc import libc
@@ -304,11 +303,7 @@ class AtomicWrite:
     )
 
     def _mounted(self, why: str) -> ApiError:
-        return forbidden(
-            f"refusing to replace {self.display}: {why}",
-            Code.PATH_NOT_ALLOWED,
-            rule="guard:mount-point",
-        )
+        return mount_point(f"refusing to replace {self.display}: {why}")
 
     def abort(self) -> None:
         """

@@ -28,6 +28,7 @@ import os
 import shutil
 import stat
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -281,20 +282,23 @@ def move_across(
     src_name: str,
     dst_fd: int,
     dst_name: str,
-    place: Any,
+    exists: bool,
+    place: Callable[[int, str, int, str], None],
     bounds: Bounds,
     source: Any,
 ) -> None:
     """
     Move ``src_name`` to ``dst_name`` on another file system.
 
+    :param exists: something is there under ``dst_name`` already (the
+        copy's temporary name says so, for a watch to report a change
+        rather than a creation).
     :param place: ``(from_fd, from_name, to_fd, to_name)``: the rename the
         same-file-system move would have made of the source, made of the
         finished copy instead (raising OSError where it refuses).
     """
     found = survey(src_fd, src_name, bounds, source)
     room_for(dst_fd, found.bytes)
-    exists = _exists(dst_fd, dst_name)
     copy = temporary_name(dst_name, new=not exists)
     copier = Copier(bounds)
     try:
@@ -337,14 +341,6 @@ def move_across(
             source=source,
             why=e,
         )
-
-
-def _exists(dir_fd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
 
 
 def _discard(dir_fd: int, name: str) -> None:

@@ -45,6 +45,7 @@ from sandboxd.errors import (
     file_exists,
     file_not_found,
     forbidden,
+    mount_point,
     not_a_directory,
 )
 from sandboxd.files import crossing
@@ -348,11 +349,9 @@ def _refuse_mount_point(
 ) -> None:
     """403 when ``name`` (a directory in the tree) is on another mount."""
     if on_another_mount(dir_fd, name, mount):
-        raise forbidden(
+        raise mount_point(
             f"refusing to delete {tree}: {member} is a mount point "
-            "(another file system is mounted inside the tree)",
-            Code.PATH_NOT_ALLOWED,
-            rule="guard:mount-point",
+            "(another file system is mounted inside the tree)"
         )
 
 
@@ -368,10 +367,8 @@ def refuse_mounted(loc: Location, doing: str, path: Any) -> None:
 
 
 def _mounted(refusing: str) -> ApiError:
-    return forbidden(
-        f"{refusing}: it is a mount point (another file system is mounted there)",
-        Code.PATH_NOT_ALLOWED,
-        rule="guard:mount-point",
+    return mount_point(
+        f"{refusing}: it is a mount point (another file system is mounted there)"
     )
 
 
@@ -523,7 +520,8 @@ def _move_to(
         except OSError as e:
             if e.errno != errno.EXDEV:
                 raise
-            if not overwrite and _lstat_at(dst_fd, dst_name) is not None:
+            exists = _lstat_at(dst_fd, dst_name) is not None
+            if exists and not overwrite:
                 # The kernel says EXDEV before it looks: refuse before a copy.
                 raise FileExistsError(errno.EEXIST, "File exists") from None
             crossing.move_across(
@@ -531,6 +529,7 @@ def _move_to(
                 src.name,
                 dst_fd,
                 dst_name,
+                exists,
                 functools.partial(_rename, overwrite),
                 across,
                 source,

@@ -6,7 +6,6 @@ its own, so a rename cannot cross into it and the daemon copies.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import stat
 from typing import Any
@@ -14,24 +13,12 @@ from typing import Any
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
-from twisted.trial.unittest import SkipTest, SynchronousTestCase
+from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.errors import ApiError
 from sandboxd.files import crossing
 from tests.files.test_watch import StreamCase
-from tests.test_guard import bind_mount
-
-_MNT_DETACH = 2
-
-
-def tmpfs(case: Any, target: str, size: str) -> None:
-    """A tmpfs of ``size`` on ``target`` for the rest of the test, or skip."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    options = f"size={size}".encode()
-    if libc.mount(b"tmpfs", target.encode(), b"tmpfs", 0, options) != 0:
-        err = ctypes.get_errno()
-        raise SkipTest(f"cannot mount a tmpfs here ({os.strerror(err)}): needs root")
-    case.addCleanup(libc.umount2, target.encode(), _MNT_DETACH)
+from tests.test_guard import bind_mount, tmpfs
 
 
 class CrossingCase(StreamCase):
@@ -299,7 +286,7 @@ class DeadlineTests(SynchronousTestCase):
             os.rename(b, d, src_dir_fd=a, dst_dir_fd=c)
 
         with self.assertRaises(ApiError) as caught:
-            crossing.move_across(src, "t", dst, "t", place, bounds, "from/t")
+            crossing.move_across(src, "t", dst, "t", False, place, bounds, "from/t")
         self.assertEqual(
             (caught.exception.status, caught.exception.code.value),
             (504, "timeout"),

@@ -26,7 +26,7 @@ from sandboxd.errors import ApiError
 from sandboxd.files import atomic
 from tests.helpers import DaemonTestCase
 from tests.routes.test_files import FilesCase, b64
-from tests.test_guard import bind_mount, make_rule, sans_error
+from tests.test_guard import bind_mount, make_rule, sans_error, tmpfs
 
 
 def tar_of(*members: tuple[str, str, Any]) -> str:
@@ -650,14 +650,12 @@ class SpecialMountTests(FilesCase):
             os.makedirs(d)
         merged = os.path.join(self.base_dir, "root")
         os.makedirs(merged)
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.mount(b"tmpfs", lower.encode(), b"tmpfs", 0, b"size=1m") != 0:
-            raise SkipTest("cannot mount a tmpfs here: needs root")
-        self.addCleanup(libc.umount2, lower.encode(), 2)
+        tmpfs(self, lower, "1m")
         for name in ("a.txt", "b.txt", "c.txt"):
             with open(os.path.join(lower, name), "wb") as f:
                 f.write(name.encode())
         options = f"lowerdir={lower},upperdir={upper},workdir={work}".encode()
+        libc = ctypes.CDLL(None, use_errno=True)
         if libc.mount(b"overlay", merged.encode(), b"overlay", 0, options) != 0:
             raise SkipTest(
                 f"cannot mount an overlay here ({os.strerror(ctypes.get_errno())})"
