@@ -302,19 +302,24 @@ def move_across(
     copy = temporary_name(dst_name, new=not exists)
     copier = Copier(bounds)
     try:
+        # What fails here is the copy's writing, as a rename's failure is
+        # told: the caller answers an OSError as the destination's.
         copier.copy(src_fd, src_name, dst_fd, copy)
-    except BaseException as e:
+    except BaseException:
         copier.close()
         _discard(dst_fd, copy)
-        if isinstance(e, OSError):
-            raise os_error(e, source) from None
         raise
     copier.close()
     aside = temporary_name(src_name, new=False)
     try:
         os.rename(src_name, aside, src_dir_fd=src_fd, dst_dir_fd=src_fd)
-    except BaseException:
+    except BaseException as e:
         _discard(dst_fd, copy)
+        if isinstance(e, OSError):
+            # The source cannot leave its directory (a read-only volume).
+            error = os_error(e, source)
+            error.message = f"source: {error.message}"
+            raise error from None
         raise
     try:
         place(dst_fd, copy, dst_fd, dst_name)

@@ -6,6 +6,7 @@ its own, so a rename cannot cross into it and the daemon copies.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import stat
 from typing import Any
@@ -13,12 +14,15 @@ from typing import Any
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from sandboxd.errors import ApiError
 from sandboxd.files import crossing
 from tests.files.test_watch import StreamCase
 from tests.test_guard import bind_mount, tmpfs
+
+#: mount(2) flags: MS_REMOUNT | MS_BIND | MS_RDONLY.
+_MS_REMOUNT_RO_BIND = 32 | 4096 | 1
 
 
 class CrossingCase(StreamCase):
@@ -162,6 +166,31 @@ class CrossingTests(CrossingCase):
         self.assertIn("t/m is a mount point", reply.json()["error"])
         self.assertEqual(self.names(os.path.join(self.base_dir, "t")), ["a.txt", "m/"])
         self.assertEqual(os.listdir(self.volume), [])
+
+    @inlineCallbacks
+    def test_errors_say_which_side(self) -> Any:
+        """
+        A read-only side is named as the spec asks: the volume that cannot
+        take the copy is the destination, the one the moved file cannot
+        leave is the source; either way nothing moved and no copy is left.
+        """
+        self.put("f.txt", b"f")
+        readonly = os.path.join(self.base_dir, "ro")
+        os.makedirs(readonly)
+        with open(os.path.join(self.volume, "kept.txt"), "wb") as f:
+            f.write(b"kept")
+        bind_mount(self, self.volume, readonly)
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.mount(None, readonly.encode(), None, _MS_REMOUNT_RO_BIND, None) != 0:
+            raise SkipTest("cannot make a bind mount read-only here")
+        reply = yield self.move("f.txt", "ro/f.txt")
+        self.assertEqual(reply.status, 403, reply.body)
+        self.assertTrue(reply.json()["error"].startswith("destination:"), reply.body)
+        reply = yield self.move("ro/kept.txt", "kept.txt")
+        self.assertEqual(reply.status, 403, reply.body)
+        self.assertTrue(reply.json()["error"].startswith("source:"), reply.body)
+        self.assertEqual(sorted(os.listdir(self.base_dir)), ["f.txt", "ro", "vol"])
+        self.assertEqual(sorted(os.listdir(self.volume)), ["kept.txt"])
 
     @inlineCallbacks
     def test_a_full_volume(self) -> Any:
