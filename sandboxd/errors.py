@@ -590,6 +590,16 @@ def out_of_resources(error: OSError, doing: str) -> ApiError:
     )
 
 
+def no_thread(doing: str = "cannot start a thread for this call now") -> ApiError:
+    """
+    :func:`out_of_resources` for work that needs a thread the kernel would
+    not start (Python raises ``RuntimeError`` for the ``EAGAIN`` of
+    ``pthread_create``): the process is at its limit of processes or of
+    memory, as a fork refused for the same reason, and nothing was done.
+    """
+    return out_of_resources(OSError(errno.EAGAIN, os.strerror(errno.EAGAIN)), doing)
+
+
 def exhausted(error: object) -> ApiError | None:
     """
     :func:`out_of_resources` for an ``OSError`` of :data:`RESOURCE_ERRNOS`

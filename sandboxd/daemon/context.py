@@ -18,8 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import attrs
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IReactorFromThreads, IReactorTime
-from twisted.internet.threads import deferToThreadPool
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 from sandboxd.access.audit import AuditLog
 from sandboxd.access.links import LinkTable
@@ -30,6 +29,7 @@ from sandboxd.endpoints import RouteTable
 from sandboxd.policy import Policy
 from sandboxd.policy.limits import ConcurrencyGate, RateLimiter
 from sandboxd.processes.table import ChildTable
+from sandboxd.threads import in_pool
 from sandboxd.web.routing import Router
 
 if TYPE_CHECKING:
@@ -155,8 +155,7 @@ class Context:
 
     def in_thread(self, f: Callable[..., Any], *args: Any, **kw: Any) -> Deferred[Any]:
         """Run blocking work (a walk, a /proc scan) in the reactor's thread pool."""
-        threads = cast(IReactorFromThreads, self.reactor)
-        return deferToThreadPool(threads, self.reactor.getThreadPool(), f, *args, **kw)
+        return in_pool(self.reactor, f, *args, **kw)
 
     def replace_policy(self, policy: Policy) -> None:
         """Swap in a new compiled policy (reload); buckets start afresh."""

@@ -19,10 +19,10 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred, FirstError, fail, gatherResults, succeed
-from twisted.internet.threads import deferToThreadPool
 from twisted.python.failure import Failure
 
 from sandboxd.policy.defaults import UPLOAD_QUEUE_BYTES
+from sandboxd.threads import in_pool
 
 
 class BackgroundWriter:
@@ -73,9 +73,7 @@ class BackgroundWriter:
         if self._paused:
             self._paused = False
             self._resume()
-        d = deferToThreadPool(
-            self._reactor, self._reactor.getThreadPool(), self._run, batch
-        )
+        d = in_pool(self._reactor, self._run, batch)
         d.addCallbacks(self._done, self._failed)
 
     def _run(self, batch: list[bytes]) -> None:

@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import _thread
-import errno
 import inspect
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -20,8 +18,8 @@ from sandboxd.errors import (
     Code,
     forbidden,
     limit_rule,
+    no_thread,
     not_found,
-    out_of_resources,
     timed_out,
     unavailable,
     unexpected,
@@ -88,10 +86,7 @@ class CommandThreads:
         except RuntimeError:
             # ``pthread_create`` failed: the process is at its thread or
             # pid limit (EAGAIN), like a fork refused for the same reason.
-            raise out_of_resources(
-                OSError(errno.EAGAIN, os.strerror(errno.EAGAIN)),
-                "cannot start a thread for the command now",
-            ) from None
+            raise no_thread("cannot start a thread for the command now") from None
         self.running += 1
         return d
 

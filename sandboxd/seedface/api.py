@@ -32,6 +32,7 @@ from sandboxd import commands as ours
 from sandboxd.endpoints import CapabilityGroup, Endpoint
 from sandboxd.endpoints import RouteTable as OurTable
 from sandboxd.errors import Code
+from sandboxd.threads import in_pool
 from sandboxd.web import messages
 
 __all__ = [
@@ -376,20 +377,12 @@ class SSEResponse(messages.SSEResponse):
         headers: dict[str, str] | None = None,
         event_iterator: Iterable[Any] | None = None,
     ) -> None:
-        from twisted.internet import reactor, threads
+        from twisted.internet import reactor
 
         source: Any = event_iterator
         if source is not None and not hasattr(source, "__aiter__"):
             iterator = iter(source)
-            source = _off_the_reactor(
-                iterator,
-                lambda f, *a: threads.deferToThreadPool(
-                    reactor,  # type: ignore[arg-type]
-                    reactor.getThreadPool(),  # type: ignore[attr-defined]
-                    f,
-                    *a,
-                ),
-            )
+            source = _off_the_reactor(iterator, lambda f, *a: in_pool(reactor, f, *a))
         extra = {
             k: v for k, v in (headers or {}).items() if k.lower() != "content-type"
         }

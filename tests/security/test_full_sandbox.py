@@ -1370,6 +1370,110 @@ class ProcessLimitTests(DaemonTestCase):
         self.assertEqual(len(listed.json()["processes"]), 1)
 
 
+def pids_cgroup(test: SynchronousTestCase) -> str:
+    """
+    A new pids cgroup (v1, or v2 with the controller on at its root),
+    removed at the test's cleanup once emptied; SkipTest saying why when
+    there is none to make.
+    """
+    found = None
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            _, where, kind, options = line.split()[:4]
+            if kind == "cgroup" and "pids" in options.split(","):
+                found = where
+                break
+            if kind == "cgroup2":
+                try:
+                    with open(f"{where}/cgroup.subtree_control") as control:
+                        if "pids" in control.read().split():
+                            found = where
+                            break
+                except OSError:
+                    continue
+    if found is None:
+        raise SkipTest(
+            "no pids cgroup controller is mounted here (v1, or on at a v2 root)"
+        )
+    path = os.path.join(found, f"sandboxd-test-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        os.mkdir(path)
+    except OSError as e:
+        raise SkipTest(f"cannot make a pids cgroup under {found}: {e}") from e
+    test.addCleanup(os.rmdir, path)
+    return path
+
+
+def cgroup_file(path: str, name: str, value: str | None = None) -> str:
+    """A cgroup file's value, after writing ``value`` to it when given."""
+    if value is not None:
+        with open(os.path.join(path, name), "w") as f:
+            f.write(value)
+    with open(os.path.join(path, name)) as f:
+        return f.read().strip()
+
+
+class ThreadLimitTests(SynchronousTestCase):
+    """
+    The daemon in a container at its pid limit (``pids.max`` counts
+    threads too): work the daemon does on a thread of its pool is 503
+    ``unavailable`` while no thread can start, nothing is half-done, and
+    it all works once the sandbox lets some go; the daemon then stops
+    cleanly.
+    """
+
+    def test_at_the_limit(self) -> None:
+        """Files, a search, a move, an upload and /ports refused with Retry-After; all work after."""
+        group = pids_cgroup(self)
+        box = BoxedDaemon(self)
+        # Stopped while still in the group, so that it can be removed.
+        self.addCleanup(box.stop)
+        sb = Sandbox(box.url, timeout=20, retries=0)
+        self.addCleanup(sb.close)
+        with open(f"{box.base}/a.txt", "wb") as f:
+            f.write(OLD)
+        cgroup_file(group, "cgroup.procs", str(box.proc.pid))
+        # Not one more thread or process than the daemon has now: a fresh
+        # daemon has not started its pool's threads yet.
+        cgroup_file(group, "pids.max", cgroup_file(group, "pids.current"))
+
+        refused = (503, "unavailable")
+        calls: dict[str, Callable[[], Any]] = {
+            "list": lambda: sb.files.list("."),
+            "search": lambda: sb.files.search("*.txt", "."),
+            "move": lambda: sb.files.move("a.txt", "b.txt"),
+            "ports": lambda: sb.system.ports(),
+            "upload": lambda: sb.files.write_bytes("c.txt", NEW),
+        }
+        for name, call in calls.items():
+            self.assertEqual(error_of(call), refused, name)
+        request = urllib.request.Request(f"{box.url}/files/list?path=.")
+        with self.assertRaises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=20)
+        self.assertEqual(caught.exception.headers["Retry-After"], "1")
+        body = json.loads(caught.exception.read())
+        self.assertEqual(body["type"], "ResourceError")
+        self.assertEqual(
+            body["error"],
+            "cannot start a thread for this call now: Resource temporarily unavailable",
+        )
+        self.assertEqual(sorted(os.listdir(box.base)), ["a.txt"])
+        self.assertEqual(temporaries(box.base), [])
+        self.assertNotIn("Traceback", box.log())
+
+        cgroup_file(group, "pids.max", "max")
+        self.assertEqual([e["name"] for e in sb.files.list(".")], ["a.txt"])
+        sb.files.move("a.txt", "b.txt")
+        self.assertEqual(sb.files.read_bytes("b.txt"), OLD)
+        self.assertTrue(any(p["port"] == box.port for p in sb.system.ports()))
+        sb.files.write_bytes("c.txt", NEW)
+        self.assertEqual(sb.files.read_bytes("c.txt"), NEW)
+        box.stop()
+        self.assertEqual(box.proc.returncode, 0)
+        with open(f"{box.root}/log/twistd.log") as f:
+            self.assertNotIn("Traceback", f.read())
+
+
 #: The capabilities Docker gives a container's root by default: no
 #: CAP_SYS_NICE, CAP_SYS_RESOURCE or CAP_SYS_ADMIN.
 DOCKER_DEFAULT = (
