@@ -26,6 +26,7 @@ from sandboxd.policy import PolicyError, load_policy
 from sandboxd.policy.rules import EffectiveRule, Limits, Params, PathRule
 from sandboxd.routes import builtin_table
 
+_MS_RDONLY = 1
 _MS_BIND = 4096
 _MNT_DETACH = 2
 
@@ -67,11 +68,16 @@ def bind_mount(case: Any, source: str, target: str) -> None:
     case.addCleanup(libc.umount2, target.encode(), _MNT_DETACH)
 
 
-def tmpfs(case: Any, target: str, size: str) -> None:
-    """A tmpfs of ``size`` on ``target`` for the rest of the test, or skip."""
+def tmpfs(case: Any, target: str, size: str, read_only: bool = False) -> None:
+    """
+    A tmpfs of ``size`` on ``target`` for the rest of the test (mounted
+    read-only with ``read_only``, as a read-only container's root is), or
+    skip.
+    """
     libc = ctypes.CDLL(None, use_errno=True)
     options = f"size={size}".encode()
-    if libc.mount(b"tmpfs", target.encode(), b"tmpfs", 0, options) != 0:
+    flags = _MS_RDONLY if read_only else 0
+    if libc.mount(b"tmpfs", target.encode(), b"tmpfs", flags, options) != 0:
         err = ctypes.get_errno()
         raise SkipTest(f"cannot mount a tmpfs here ({os.strerror(err)}): needs root")
     case.addCleanup(libc.umount2, target.encode(), _MNT_DETACH)

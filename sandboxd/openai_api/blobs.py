@@ -25,7 +25,7 @@ from typing import Any
 from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
 
-from sandboxd.errors import ApiError, insufficient_storage, internal
+from sandboxd.errors import ApiError, insufficient_storage, internal, unavailable
 from sandboxd.files.atomic import remove_if_there, write_private
 from sandboxd.waiters import Waiters
 
@@ -79,10 +79,14 @@ class FileStore:
         return waiter
 
     def _read_index(self) -> list[dict[str, Any]]:
-        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        # Not made here: listing, reading or deleting needs no store on
+        # disk (a read-only home has none), only storing a file does.
         found = []
-        with os.scandir(self.root) as entries:
-            names = {e.name for e in entries}
+        try:
+            with os.scandir(self.root) as entries:
+                names = {e.name for e in entries}
+        except FileNotFoundError:
+            return []
         for name in names:
             if not name.endswith(".json") or name.startswith("."):
                 continue
@@ -189,6 +193,10 @@ class FileStore:
         return d.addErrback(_os_failure)
 
 
+#: What the kernel answers where the daemon may not write at all.
+_UNWRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+
+
 def _client_error(error: BaseException) -> BaseException:
     """A disk error as the client sees it (never a traceback)."""
     if isinstance(error, ApiError) or not isinstance(error, OSError):
@@ -196,8 +204,15 @@ def _client_error(error: BaseException) -> BaseException:
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         return insufficient_storage()
     where = f" ({error.filename})" if error.filename else ""
-    # Most often the state directory cannot be written (the daemon's user
-    # has no home, or a read-only one): say where, for the operator.
+    if error.errno in _UNWRITABLE:
+        # The state directory cannot be written (the daemon's user has no
+        # home, or a read-only one, as in a read-only container): nothing
+        # a retry changes, and the operator's to fix.
+        return unavailable(
+            f"the file store cannot be written: {error.strerror}{where}; start "
+            "the daemon with --state-dir on a writable disk",
+            "OSError",
+        )
     return internal(f"the file store failed: {error.strerror}{where}", "OSError")
 
 

@@ -17,6 +17,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from sandboxd.errors import ApiError
 from sandboxd.openai_api.blobs import FileStore
 from tests.openai_api.sdk import OpenAICase, caught, openai_policy
+from tests.test_guard import tmpfs
 
 
 def state_of(case: OpenAICase) -> str:
@@ -178,6 +179,43 @@ class FileLimitTests(OpenAICase):
         self.assertEqual(
             stored(state), sorted(f"{i}.{x}" for i in kept for x in ("bin", "json"))
         )
+
+
+class ReadOnlyStateTests(OpenAICase):
+    """A daemon whose state directory is on a read-only disk."""
+
+    @inlineCallbacks
+    def test_nothing_stored_is_listed_and_storing_says_why(self) -> Any:
+        """
+        Listing, reading and deleting need no store on disk: an empty list
+        and 404s. Storing a file is a 503 ``unavailable`` naming the
+        directory and what to do, never an internal error.
+        """
+        state = state_of(self)
+        os.makedirs(state)
+        tmpfs(self, state, "1m", read_only=True)
+        client = self.client()
+
+        def run() -> Any:
+            return (
+                client.files.list().data,
+                caught(lambda: client.files.retrieve("file-abc")),
+                caught(lambda: client.files.delete("file-abc")),
+                caught(
+                    lambda: client.files.create(
+                        file=("a.txt", b"a"), purpose="user_data"
+                    )
+                ),
+            )
+
+        listed, retrieved, deleted, created = yield self.sdk(run)
+        self.assertEqual(listed, [])
+        self.assertEqual((retrieved.status_code, deleted.status_code), (404, 404))
+        self.assertEqual(created.status_code, 503)
+        self.assertEqual(created.body["code"], "unavailable")
+        self.assertIn("Read-only file system", created.body["message"])
+        self.assertIn(state, created.body["message"])
+        self.assertIn("--state-dir", created.body["message"])
 
 
 class FileStoreTests(SynchronousTestCase):
