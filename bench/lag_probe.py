@@ -170,9 +170,11 @@ class Probe:
         spawned, ended, lower = children.spawned, children.ended, children._lower_due
         record = spawning.SPAWN_TIMES.record
 
-        def on_spawned(pid: int, tracked: bool = True) -> None:
+        def on_spawned(
+            pid: int, tracked: bool = True, lowers_itself: bool = False
+        ) -> None:
             born[pid] = time.monotonic()
-            spawned(pid, tracked)
+            spawned(pid, tracked, lowers_itself)
 
         def on_ended(pid: int) -> None:
             began = born.pop(pid, None)

@@ -26,6 +26,9 @@ from sandboxd.policy.rules import EffectiveRule
 #: util-linux's setpriv: switches user and groups, then execs.
 SETPRIV = "/usr/bin/setpriv"
 
+#: coreutils' nice: lowers its own priority, then execs.
+NICE = "/usr/bin/nice"
+
 
 def find_executable(name: str, env: Mapping[str, str]) -> str | None:
     """``name`` resolved against the child's PATH (not the daemon's)."""

@@ -82,6 +82,12 @@ LIGHTEST = 19
 LEADER_RETRY_SECONDS = 0.002
 LEADER_TRIES = 250
 
+#: When a child's process group is given its nice value once more, where
+#: the daemon gives it by pid: a process whose fork was under way at the
+#: first call copied its parent's value from before and joined the group
+#: after the kernel had gone through it.
+GROUP_AGAIN_SECONDS = 0.01
+
 #: The scheduler's weight of each nice value, -20 to 19 (the kernel's
 #: ``sched_prio_to_weight``).
 _WEIGHTS = (
@@ -186,6 +192,30 @@ def _may_raise_priority() -> bool:
     soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
     floor = 20 - soft if soft != resource.RLIM_INFINITY else -20
     return floor <= os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def _lower_group(pid: int, nice: int) -> None:
+    """
+    ``nice`` for a child that did not inherit it (the daemon could not
+    have taken its own back), given by pid just after its spawn: for every
+    thread of every process in its process group, else (the child has not
+    made its group yet, so has started nothing) for the child alone.
+
+    The child alone is not enough: by then a shell has often forked its
+    first command, a Go or Node program started its threads, and those
+    would keep the daemon's priority for good (a pid names one thread).
+    Never the daemon's group: a child that leads none makes the call fail
+    (a group's id is never a live pid of another process's).
+    """
+    try:
+        os.setpriority(os.PRIO_PGRP, pid, nice)
+        return
+    except OSError:
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+    except OSError:
+        pass
 
 
 def _write_value(path: str, value: int) -> bool:
@@ -317,6 +347,9 @@ class ChildPriority:
         #: when they stop counting as starting (spawn order, so the first
         #: is due first).
         self._starting: OrderedDict[int, float] = OrderedDict()
+        #: The second givings of a child's nice value by pid still to come
+        #: (:meth:`_arm_again`), by pid.
+        self._again: dict[int, IDelayedCall] = {}
         #: Children whose group waits at the lightest weight while others
         #: start (:meth:`first_output`); their own level stays in ``_groups``.
         self._yielding: set[int] = set()
@@ -370,6 +403,10 @@ class ChildPriority:
         original, self._original = self._original, None
         self.priorities = Priorities(enabled=False)
         self._stop_lowering()
+        again, self._again = self._again, {}
+        for call in again.values():
+            if call.active():
+                call.cancel()
         with self._lock:
             self._starting.clear()
         self._end_yielding()
@@ -454,6 +491,21 @@ class ChildPriority:
             if nice is not None and before_nice is not None:
                 self._raise_back(tid, before_nice)
 
+    def nice_to_take(self) -> int | None:
+        """
+        The nice value a child about to be spawned on this thread must give
+        itself before it switches to another user: where the thread cannot
+        carry it (the daemon could not take its own back), the daemon may
+        not give it by pid once the child runs as that user (without
+        CAP_SYS_NICE).  None when the child inherits it, or needs none.
+        """
+        p = self.priorities
+        if not p.enabled or self._restorable:
+            return None
+        child_nice, _ = self._child_nice()
+        own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        return child_nice if child_nice > own else None
+
     def _raise_back(self, tid: int, nice: int) -> None:
         """
         The spawning thread's CPU priority back after a spawn.  Refused
@@ -488,7 +540,9 @@ class ChildPriority:
         if _set_ioprio(tid, own if level is None else best_effort(level)):
             local.io_level = level
 
-    def spawned(self, pid: int, tracked: bool = True) -> None:
+    def spawned(
+        self, pid: int, tracked: bool = True, lowers_itself: bool = False
+    ) -> None:
         """
         After a spawn: the child's nice value by pid where the thread could
         not carry it (the daemon could not have raised its own back), and
@@ -497,17 +551,21 @@ class ChildPriority:
 
         :param tracked: the caller calls :meth:`ended` once the child is
             reaped; its group is made lighter while more children start.
+        :param lowers_itself: the child was started through ``nice`` with
+            :meth:`nice_to_take`'s value, which adds to whatever it finds:
+            a value given by pid meanwhile would count twice.
         """
         place_child(pid)
         p = self.priorities
         if not p.enabled:
             return
         child_nice, _ = self._child_nice()
-        if child_nice and not self._restorable:
-            try:
-                os.setpriority(os.PRIO_PROCESS, pid, child_nice)
-            except OSError:
-                pass
+        if child_nice and not self._restorable and not lowers_itself:
+            _lower_group(pid, child_nice)
+            if isInIOThread():
+                self._arm_again(pid, child_nice)
+            else:
+                self._reactor().callFromThread(self._arm_again, pid, child_nice)
         if _autogroups():
             self._weigh_group(pid, tracked)
 
@@ -583,6 +641,24 @@ class ChildPriority:
                 )
             else:
                 self._reactor().callFromThread(self._set_group_again, pid, nice, tries)
+
+    def _arm_again(self, pid: int, nice: int) -> None:
+        """
+        On the reactor thread: ``nice`` for ``pid``'s process group once
+        more, ``GROUP_AGAIN_SECONDS`` from now.  The pid cannot name a
+        stranger that soon, reaped or not: the kernel hands pids out in
+        turn.
+        """
+        earlier = self._again.pop(pid, None)
+        if earlier is not None and earlier.active():
+            earlier.cancel()
+        self._again[pid] = self._reactor().callLater(
+            GROUP_AGAIN_SECONDS, self._lower_again, pid, nice
+        )
+
+    def _lower_again(self, pid: int, nice: int) -> None:
+        self._again.pop(pid, None)
+        _lower_group(pid, nice)
 
     def _set_group_again(self, pid: int, nice: int, tries: int) -> None:
         """A retry of :meth:`_set_group`, at the level the child should have now."""

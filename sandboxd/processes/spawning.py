@@ -35,7 +35,7 @@ from sandboxd.policy.defaults import (
 )
 from sandboxd.processes import posix_spawn as _spawn
 from sandboxd.processes import reaping
-from sandboxd.processes.command import SETPRIV
+from sandboxd.processes.command import NICE, SETPRIV
 from sandboxd.processes.priority import CHILD_PRIORITY, holding_gil
 
 _IGNORED_SIGNALS: list[int] | None = None
@@ -91,7 +91,12 @@ class SignalsHeldAtFork:
     #: The spawning thread's mask before the fork (the child's after it).
     _mask: set[int | signal.Signals] = set()
 
+    #: The nice value the child gives itself before it switches user and
+    #: execs (:meth:`ChildPriority.nice_to_take`), or None.
+    _nice: int | None = None
+
     def _fork(self, *args: Any, **kwargs: Any) -> None:
+        self._nice = CHILD_PRIORITY.nice_to_take()
         self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, _ALL_SIGNALS)
         try:
             super()._fork(*args, **kwargs)  # type: ignore[misc]
@@ -100,6 +105,13 @@ class SignalsHeldAtFork:
 
     def _setupChild(self, *args: Any, **kwargs: Any) -> None:
         _caught_to_default()
+        if self._nice is not None:
+            # The value itself, not a step: the daemon may give the same
+            # by pid at the same moment.
+            try:
+                os.setpriority(os.PRIO_PROCESS, 0, self._nice)
+            except OSError:
+                pass
         super()._setupChild(*args, **kwargs)  # type: ignore[misc]
         signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
 
@@ -184,7 +196,12 @@ def _reaped(pid: int | None) -> None:
 def _as_user(
     executable: str, args: list[str], uid: int | None, gid: int | None
 ) -> tuple[str, list[str]] | None:
-    """``args`` run through setpriv as ``uid``/``gid``; None without setpriv."""
+    """
+    ``args`` run through setpriv as ``uid``/``gid``; None without setpriv.
+    Through nice first where the child must lower its own priority
+    (:meth:`~sandboxd.processes.priority.ChildPriority.nice_to_take`): once
+    it runs as the other user, the daemon may no longer do it for it.
+    """
     if uid is None or gid is None or not os.access(SETPRIV, os.X_OK):
         return None
     wrapped = [
@@ -196,7 +213,24 @@ def _as_user(
         executable,
         *args[1:],
     ]
+    if _lowers_itself(uid, gid):
+        target = CHILD_PRIORITY.nice_to_take()
+        assert target is not None
+        lower = target - os.getpriority(os.PRIO_PROCESS, 0)
+        return NICE, [NICE, "-n", str(lower), *wrapped]
     return SETPRIV, wrapped
+
+
+def _lowers_itself(uid: int | None, gid: int | None) -> bool:
+    """
+    Whether a child spawned as ``uid``/``gid`` through setpriv goes
+    through nice first (see :func:`_as_user`).
+    """
+    return (
+        (uid is not None or gid is not None)
+        and CHILD_PRIORITY.nice_to_take() is not None
+        and os.access(NICE, os.X_OK)
+    )
 
 
 class _OutputReader(_twisted_process.ProcessReader):
@@ -566,15 +600,19 @@ def _spawn_adopted(
     env: dict[str, str],
     path: str | None,
     child_fds: Mapping[int, Any],
+    lowers_itself: bool = False,
 ) -> AdoptedProcess:
-    """The child through :func:`sandboxd.processes.posix_spawn.posix_spawn`, then adopted."""
+    """
+    The child through :func:`sandboxd.processes.posix_spawn.posix_spawn`,
+    then adopted (``lowers_itself``: see :meth:`ChildPriority.spawned`).
+    """
     fdmap, pipes, plan = _planned(executable, args, env, path, child_fds)
     try:
         began = time.perf_counter()
         with CHILD_PRIORITY.spawning():
             pid = _spawn.posix_spawn(plan)
         SPAWN_TIMES.record(time.perf_counter() - began)
-        CHILD_PRIORITY.spawned(pid)
+        CHILD_PRIORITY.spawned(pid, lowers_itself=lowers_itself)
     except BaseException:
         _close_pipes(fdmap, pipes, parent=True)
         raise
@@ -746,6 +784,7 @@ def _spawn_adopted_later(
     env: dict[str, str],
     path: str | None,
     child_fds: Mapping[int, Any],
+    lowers_itself: bool = False,
 ) -> Deferred[AdoptedProcess]:
     """
     :func:`_spawn_adopted` with the wait for the child's exec on a worker
@@ -782,7 +821,7 @@ def _spawn_adopted_later(
         # Setting the child's session group weight takes the scheduler's
         # locks (~0.1 ms idle, milliseconds on a saturated machine): here,
         # not on the reactor.
-        CHILD_PRIORITY.spawned(pid)
+        CHILD_PRIORITY.spawned(pid, lowers_itself=lowers_itself)
         return pid, seconds, closed
 
     def adopt(result: tuple[int, float, float]) -> AdoptedProcess:
@@ -844,11 +883,12 @@ def spawn_session_later(
     thread, when spawns are slow right now (:class:`SpawnTimes`) and the
     ``posix_spawn`` path applies; None when the caller should spawn at once.
     """
+    lowers = _lowers_itself(uid, gid)
     program = _posix_spawn_program(executable, args, uid, gid)
     if not SPAWN_TIMES.slow or program is None:
         return None
     fds = _standard_fds(child_fds)
-    d = _spawn_adopted_later(reactor, protocol, *program, env, path, fds)
+    d = _spawn_adopted_later(reactor, protocol, *program, env, path, fds, lowers)
 
     def unsupported(failure: Failure) -> Any:
         error = failure.value
@@ -882,10 +922,11 @@ def spawn_session(
     it (:class:`SessionProcess`).
     """
     fds = _standard_fds(child_fds)
+    lowers = _lowers_itself(uid, gid)
     program = _posix_spawn_program(executable, args, uid, gid)
     if program is not None:
         try:
-            return _spawn_adopted(reactor, protocol, *program, env, path, fds)
+            return _spawn_adopted(reactor, protocol, *program, env, path, fds, lowers)
         except OSError as e:
             if e.errno not in _UNSUPPORTED:
                 raise
@@ -895,7 +936,7 @@ def spawn_session(
             reactor, executable, args, env, path, protocol, uid, gid, fds
         )
     if process.pid is not None:
-        CHILD_PRIORITY.spawned(process.pid)
+        CHILD_PRIORITY.spawned(process.pid, lowers_itself=lowers)
     return process
 
 

@@ -343,6 +343,9 @@ class GroupWeightTests(SynchronousTestCase):
         # The calls come from the reactor's thread, as in the daemon (the
         # reactor may not have run yet when this class runs alone).
         self.patch(priority, "isInIOThread", lambda: True)
+        # The pids here are made up: never renice whoever has them.
+        self.reniced: list[tuple[int, int]] = []
+        self.patch(priority, "_lower_group", lambda *a: self.reniced.append(a))
 
     def groups_written(self) -> list[tuple[str, int]]:
         """
@@ -570,6 +573,76 @@ class GroupWeightTests(SynchronousTestCase):
         self.assertIn(("/proc/500/autogroup", 11), written)
 
 
+class ByPidTests(SynchronousTestCase):
+    """
+    Where the spawning thread cannot carry the children's nice value (no
+    CAP_SYS_NICE): the daemon gives it to the child's whole process group
+    just after the spawn, and once more a moment later.
+    """
+
+    def test_the_whole_group_is_lowered(self) -> None:
+        """
+        Every process of the child's group (what a shell has forked, and
+        every thread) gets the value; a child that leads no group gets it
+        alone.
+        """
+        child = subprocess.Popen(
+            ["sh", "-c", "sleep 30 & sleep 30 & wait"], start_new_session=True
+        )
+        self.addCleanup(child.wait)
+        self.addCleanup(os.killpg, child.pid, 9)
+        deadline = time.monotonic() + 10
+        members: list[int] = []
+        while len(members) < 3 and time.monotonic() < deadline:
+            members = [
+                int(pid)
+                for pid in os.listdir("/proc")
+                if pid.isdigit() and _pgid(int(pid)) == child.pid
+            ]
+            time.sleep(0.01)
+        self.assertEqual(len(members), 3)
+        priority._lower_group(child.pid, 7)
+        self.assertEqual({os.getpriority(os.PRIO_PROCESS, m) for m in members}, {7})
+
+        # In this process's group, which must keep its value.
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        alone = subprocess.Popen(["sleep", "30"])
+        self.addCleanup(alone.wait)
+        self.addCleanup(alone.kill)
+        priority._lower_group(alone.pid, own + 6)
+        self.assertEqual(os.getpriority(os.PRIO_PROCESS, alone.pid), own + 6)
+        self.assertEqual(os.getpriority(os.PRIO_PROCESS, 0), own)
+
+    def test_once_more_a_moment_later(self) -> None:
+        """
+        A fork under way at the first giving joins the group after it: the
+        group gets the value again ``GROUP_AGAIN_SECONDS`` later, not for a
+        child that lowers itself, and not after the daemon stops.
+        """
+        self.patch(priority, "isInIOThread", lambda: True)
+        reniced: list[tuple[int, int]] = []
+        self.patch(priority, "_lower_group", lambda *a: reniced.append(a))
+        self.patch(priority, "_autogroups", lambda: False)
+        prio = priority.ChildPriority()
+        prio.clock = clock = Clock()
+        prio.priorities = priorities_from(True)
+        prio.spawned(1000)
+        prio.spawned(1001, lowers_itself=True)
+        self.assertEqual(reniced, [(1000, 10)])
+        clock.advance(priority.GROUP_AGAIN_SECONDS)
+        self.assertEqual(reniced, [(1000, 10), (1000, 10)])
+        prio.spawned(1002)
+        prio.restore()
+        self.assertEqual(clock.getDelayedCalls(), [])
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
 class FirstOutputTests(SynchronousTestCase):
     """
     With many streams started at once, a child that has printed its first
@@ -579,6 +652,8 @@ class FirstOutputTests(SynchronousTestCase):
 
     def setUp(self) -> None:
         self.patch(priority, "isInIOThread", lambda: True)
+        # The pids here are made up: never renice whoever has them.
+        self.patch(priority, "_lower_group", lambda *a: None)
         self.written: list[tuple[str, int]] = []
         self.patch(
             priority, "_write_value", lambda path, v: self.written.append((path, v))

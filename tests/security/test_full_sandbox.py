@@ -1518,6 +1518,36 @@ class ContainerRootTests(SynchronousTestCase):
         self.assertEqual(sb.commands.run("echo again").stdout, "again\n")
         self.assertEqual(thread_nice_values(box.proc.pid), {0})
 
+    def test_what_a_command_starts_at_once_runs_below_the_daemon(self) -> None:
+        """
+        Without CAP_SYS_NICE a child gets its nice value by pid just after
+        its spawn, by when a shell has often forked its first command:
+        that command, and everything it starts, must not keep the daemon's
+        priority.  A subshell forked at once reads its own nice value a
+        moment later, and the shell its own, forty times; thirty times more
+        as another user, whom the daemon may not renice once the child
+        runs as that user (the child does it itself, once).
+        """
+        box = BoxedDaemon(self, capabilities=DOCKER_DEFAULT)
+        for path in (box.root, box.base):
+            os.chmod(path, 0o755)  # the child's working directory, as nobody
+        sb = Sandbox(box.url, timeout=20, retries=0)
+        self.addCleanup(sb.close)
+        command = (
+            "(sleep 0.05; cut -d ' ' -f 19 /proc/self/stat); "
+            "cut -d ' ' -f 19 /proc/$$/stat"
+        )
+        seen = [sb.commands.run(command, shell="sh").stdout.split() for _ in range(40)]
+        self.assertEqual({n for pair in seen for n in pair}, {"10"}, seen)
+        seen = [
+            sb.commands.run(command, shell="sh", user="nobody").stdout.split()
+            for _ in range(30)
+        ]
+        self.assertEqual({n for pair in seen for n in pair}, {"10"}, seen)
+        terminal = sb.pty.create(user="nobody")
+        self.addCleanup(sb.pty.close, terminal["session_id"])
+        self.assertEqual(thread_nice_values(terminal["pid"]), {10})
+
     def test_ports_name_the_process_of_another_user(self) -> None:
         """
         Without CAP_SYS_PTRACE a root daemon may not read the descriptors
