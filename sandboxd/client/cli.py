@@ -433,6 +433,21 @@ class ProgressBar:
             self.stream.flush()
 
 
+def _local_error(error: OSError, local: str) -> str:
+    """
+    A local file's error as ``cp`` says it (``NAME: reason``), naming the
+    file the user gave rather than the ``.part`` written beside it.
+    """
+    name = error.filename
+    if name is None:
+        return error.strerror or str(error)
+    if isinstance(name, bytes):
+        name = os.fsdecode(name)
+    if name == local + ".part":
+        name = local
+    return f"{name}: {error.strerror}"
+
+
 def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -511,7 +526,7 @@ def cmd_cp(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
             return 1
         raise
     except OSError as e:
-        err.write(f"sandboxd cp: {e}\n")
+        err.write(f"sandboxd cp: {_local_error(e, local if remote_src else src)}\n")
         return 1
     if bar is not None:
         bar.end()

@@ -251,6 +251,30 @@ class CopyTests(ClientCase):
         self.assertEqual(both.returncode, 2)
 
     @inlineCallbacks
+    def test_local_errors_name_the_file(self) -> Any:
+        """
+        A local file that cannot be read or written is named as ``cp``
+        names it, the one the user gave (never the ``.part`` beside it),
+        without Python's errno text.
+        """
+        local = os.path.realpath(self.mktemp())
+        os.makedirs(local)
+        with open(self.path("there.txt"), "wb") as f:
+            f.write(b"x")
+        cases = (
+            (("cp", f"{local}/missing.txt", ":a.txt"), f"{local}/missing.txt"),
+            (("cp", local, ":a.txt"), local),
+            (("cp", ":there.txt", f"{local}/no/dir/b.txt"), f"{local}/no/dir/b.txt"),
+        )
+        for argv, named in cases:
+            done = yield self.cli(*argv)
+            self.assertEqual(done.returncode, 1, done.stderr)
+            message = done.stderr.decode()
+            self.assertTrue(message.startswith(f"sandboxd cp: {named}: "), message)
+            self.assertNotIn("Errno", message)
+            self.assertNotIn(".part", message)
+
+    @inlineCallbacks
     def test_refused_download_leaves_nothing(self) -> Any:
         """A download the daemon refuses (missing, outside the base dir) leaves no ``.part``."""
         local = os.path.realpath(self.mktemp())
