@@ -49,6 +49,7 @@ from sandboxd.daemon.startup import (
     startup_line,
 )
 from sandboxd.endpoints import RouteTable
+from sandboxd.files.atomic import abort_unfinished_at_shutdown
 from sandboxd.libc import libc, trim_when_free
 from sandboxd.policy import Policy, PolicyError, load_policy
 from sandboxd.policy.defaults import (
@@ -324,6 +325,7 @@ class DaemonService(MultiService):
             ),
         )
         CHILD_PRIORITY.configure(policy.document.priority)
+        abort_unfinished_at_shutdown(self.context.reactor)
         if self.settings.environ is None:
             self._fill_login_environ()
             self._hide_secrets()

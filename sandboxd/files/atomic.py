@@ -20,6 +20,7 @@ import os
 import re
 import secrets
 import stat
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -76,6 +77,42 @@ def temporary_name(name: str, new: bool) -> str:
     return f".{name[:200]}.{secrets.token_hex(6)}{'.new' if new else ''}.upload"
 
 
+#: Writes whose temporary file is on disk, neither renamed into place nor
+#: removed yet: what :func:`abort_unfinished` removes when the daemon stops.
+_UNFINISHED: set[AtomicWrite] = set()
+
+#: The reactors whose shutdown ends with :func:`abort_unfinished`.
+_ARMED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def abort_unfinished() -> int:
+    """
+    Abort every write still unfinished (its temporary file and the parent
+    directories made for it removed); how many there were.
+
+    For the end of a daemon's life, once no thread can be writing (the
+    reactor's thread pool has been joined): a body still arriving when the
+    daemon was told to stop, or a write waiting for its last chunk to
+    reach the disk, would otherwise leave its hidden temporary file in the
+    user's directory for good.
+    """
+    unfinished = list(_UNFINISHED)
+    for write in unfinished:
+        write.abort()
+    return len(unfinished)
+
+
+def abort_unfinished_at_shutdown(reactor: Any) -> None:
+    """
+    Have ``reactor``'s shutdown end with :func:`abort_unfinished` (once a
+    reactor, however many daemons it runs): after its ``during`` phase,
+    in which it drops every connection and joins its thread pool.
+    """
+    if reactor not in _ARMED:
+        _ARMED.add(reactor)
+        reactor.addSystemEventTrigger("after", "shutdown", abort_unfinished)
+
+
 class AtomicWrite:
     """
     One atomic replacement of ``location``'s file.
@@ -119,6 +156,7 @@ class AtomicWrite:
                 mode = stat.S_IMODE(existing.st_mode) if existing is not None else 0o644
             self.tmp_name = temporary_name(location.name, new=existing is None)
             self.fd = os.open(self.tmp_name, _TMP_FLAGS, 0o600, dir_fd=location.dir_fd)
+            _UNFINISHED.add(self)
             self._give(existing)
             os.fchmod(self.fd, mode)
         except OSError as e:
@@ -219,6 +257,7 @@ class AtomicWrite:
                 )
                 os.unlink(self.tmp_name, dir_fd=dfd)
             self.tmp_name = ""
+            _UNFINISHED.discard(self)
         except FileExistsError:
             self.abort()
             raise file_exists(f"File exists: {self.display}") from None
@@ -319,6 +358,7 @@ class AtomicWrite:
             except OSError:
                 pass
             self.tmp_name = ""
+        _UNFINISHED.discard(self)
         self.location.undo_made()
         self.location.close()
 

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -1368,6 +1369,81 @@ class ProcessLimitTests(DaemonTestCase):
             self.assertEqual(reply.status, 200, (path, reply.body))
         listed = yield self.request("GET", "/process/list")
         self.assertEqual(len(listed.json()["processes"]), 1)
+
+
+def body_sent(port: int, target: str, length: int, test: SynchronousTestCase) -> None:
+    """
+    A POST whose body (``Content-Length: length``) a thread sends as fast
+    as the daemon takes it, until the connection ends: an upload under
+    way, with a chunk most likely being written when the daemon stops.
+    """
+    conn = socket.create_connection(("127.0.0.1", port))
+    test.addCleanup(conn.close)
+    head = (
+        f"POST {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Content-Type: application/octet-stream\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    )
+    conn.sendall(head.encode())
+    chunk = b"x" * 65536
+
+    def send() -> None:
+        with contextlib.suppress(OSError):
+            for _ in range(length // len(chunk)):
+                conn.sendall(chunk)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    test.addCleanup(sender.join, 10)
+
+
+class StopTests(SynchronousTestCase):
+    """A daemon told to stop (SIGTERM, as ``docker stop`` or Kubernetes does)."""
+
+    def test_uploads_under_way_leave_nothing(self) -> None:
+        """
+        Raw writes and a resumable upload's append still receiving their
+        bodies when the daemon stops leave no temporary file and no
+        directory made for them in the user's tree; a file they were
+        replacing keeps its bytes.
+        """
+        box = BoxedDaemon(self)
+        with open(f"{box.base}/kept.txt", "wb") as f:
+            f.write(OLD)
+        made = json.loads(
+            urllib.request.urlopen(
+                urllib.request.Request(
+                    f"{box.url}/files/uploads",
+                    data=json.dumps({"path": "up/big.bin", "size": 9 * 10**7}).encode(),
+                    headers={"Content-Type": "application/json"},
+                ),
+                timeout=20,
+            ).read()
+        )
+        length = 9 * 10**7
+        body_sent(box.port, "/files/raw?path=new/dir/raw.bin", length, self)
+        body_sent(box.port, "/files/raw?path=kept.txt", length, self)
+        body_sent(
+            box.port, f"/files/uploads/{made['upload_id']}?offset=0", length, self
+        )
+
+        def staged() -> list[str]:
+            return [
+                name
+                for _, _, names in os.walk(box.base)
+                for name in names
+                if TEMPORARY_NAME.match(name)
+            ]
+
+        deadline = time.monotonic() + 10
+        while len(staged()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertEqual(len(staged()), 3, staged())
+        box.stop()
+        self.assertEqual(box.proc.returncode, 0)
+        self.assertEqual(os.listdir(box.base), ["kept.txt"])
+        with open(f"{box.base}/kept.txt", "rb") as f:
+            self.assertEqual(f.read(), OLD)
 
 
 def pids_cgroup(test: SynchronousTestCase) -> str:
