@@ -40,6 +40,7 @@ from sandboxd.errors import (
     insufficient_storage,
     payload_too_large,
     timed_out,
+    unavailable,
 )
 from sandboxd.files.atomic import free_bytes, temporary_name
 from sandboxd.files.mounts import mount_of, on_another_mount
@@ -61,12 +62,17 @@ class Bounds:
     :ivar timeout_seconds: the copy's wall time.
     :ivar entries_setting: the policy key of ``max_entries``, for the 413.
     :ivar timeout_setting: the policy key of ``timeout_seconds``.
+    :ivar stopping: whether the daemon is stopping (asked from the copy's
+        thread): the copy is given up and removed rather than finished, so
+        a stop neither waits for a big tree nor is cut off halfway through
+        by the supervisor's kill, which would leave the copy behind.
     """
 
     max_entries: int
     timeout_seconds: float
     entries_setting: str
     timeout_setting: str
+    stopping: Callable[[], bool] = attrs.field(default=lambda: False)
 
 
 @attrs.define
@@ -145,6 +151,11 @@ class Copier:
         self._entry(src_fd, src_name, dst_fd, dst_name, st, "")
 
     def _check_time(self) -> None:
+        if self.bounds.stopping():
+            raise unavailable(
+                "the daemon is stopping: the copy to another file system was "
+                "given up and nothing was moved"
+            )
         if time.monotonic() > self.deadline:
             raise timed_out(
                 "the copy to another file system took longer than "

@@ -603,6 +603,7 @@ def _crossing_bounds(request: ServerRequest) -> crossing.Bounds:
         ),
         entries_setting=limit_setting(endpoint, "max_entries"),
         timeout_setting=limit_setting(endpoint, "timeout_seconds"),
+        stopping=lambda: request.context.draining,
     )
 
 

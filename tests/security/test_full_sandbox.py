@@ -60,6 +60,7 @@ from tests.helpers import (
     until_exited,
 )
 from tests.kernels.test_contexts import need_ipykernel
+from tests.test_guard import tmpfs
 
 BIN = os.path.dirname(sys.executable)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -1444,6 +1445,46 @@ class StopTests(SynchronousTestCase):
         self.assertEqual(os.listdir(box.base), ["kept.txt"])
         with open(f"{box.base}/kept.txt", "rb") as f:
             self.assertEqual(f.read(), OLD)
+
+    def test_a_move_across_file_systems_is_given_up(self) -> None:
+        """
+        A move whose copy to another file system is under way when the
+        daemon stops is given up at once (a stop neither waits for a big
+        tree nor is cut off by the supervisor's kill halfway through):
+        the source is where it was, whole, and no part of the copy is left.
+        """
+        box = BoxedDaemon(self)
+        os.mkdir(f"{box.base}/mnt")
+        tmpfs(self, f"{box.base}/mnt", "3g")
+        os.mkdir(f"{box.base}/tree")
+        for name in ("a", "b"):
+            # Sparse: made at once, copied as a gigabyte of zeros each.
+            with open(f"{box.base}/tree/{name}", "wb") as f:
+                f.truncate(2**30)
+
+        def move() -> None:
+            request = urllib.request.Request(
+                f"{box.url}/files/move",
+                data=json.dumps({"source": "tree", "destination": "mnt/tree"}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(request, timeout=60).read()
+
+        mover = threading.Thread(target=move, daemon=True)
+        mover.start()
+        self.addCleanup(mover.join, 60)
+        deadline = time.monotonic() + 10
+        while not os.listdir(f"{box.base}/mnt") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertTrue(TEMPORARY_NAME.match(os.listdir(f"{box.base}/mnt")[0]))
+        began = time.monotonic()
+        box.stop()
+        self.assertLess(time.monotonic() - began, 5)
+        self.assertEqual(box.proc.returncode, 0)
+        self.assertEqual(os.listdir(f"{box.base}/mnt"), [])
+        self.assertEqual(sorted(os.listdir(f"{box.base}/tree")), ["a", "b"])
+        self.assertEqual(os.path.getsize(f"{box.base}/tree/a"), 2**30)
 
 
 def pids_cgroup(test: SynchronousTestCase) -> str:
