@@ -16,6 +16,8 @@ dropped too).
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import functools
 import os
 import posixpath
@@ -29,6 +31,7 @@ from twisted.python.filepath import FilePath
 
 from sandboxd.access.guard import PathGuard
 from sandboxd.errors import (
+    RESOURCE_ERRNOS,
     RESOURCE_RETRY_SECONDS,
     ApiError,
     Code,
@@ -38,6 +41,7 @@ from sandboxd.errors import (
 from sandboxd.eventlog import EventLog
 from sandboxd.files.atomic import TEMPORARY_NAME
 from sandboxd.files.walk import walk
+from sandboxd.libc import libc
 from sandboxd.policy.defaults import (
     MAX_WATCH_DIRS,
     MAX_WATCHES,
@@ -75,6 +79,66 @@ def _mask() -> int:
     return mask
 
 
+#: The kernel's inotify limits, per user, as ``sysctl`` names them.
+_LIMITS = {
+    "instances": "/proc/sys/fs/inotify/max_user_instances",
+    "watches": "/proc/sys/fs/inotify/max_user_watches",
+}
+
+
+def _limit(which: str) -> str:
+    """``fs.inotify.max_user_WHICH = N`` (its value when it can be read)."""
+    path = _LIMITS[which]
+    name = path[len("/proc/sys/") :].replace("/", ".")
+    try:
+        with open(path) as f:
+            return f"{name} = {f.read().strip()}"
+    except OSError:
+        return name
+
+
+@functools.cache
+def _calls() -> Any:
+    """
+    Twisted's three inotify calls (``twisted.python._inotify``), raising
+    its ``INotifyError`` with the kernel's errno: Twisted's own say only
+    that a call failed, and a watch refused for the user's limit of
+    inotify watches (held by every dev server and editor of the sandbox)
+    read as "Failed to add watch ... (-1)".
+    """
+    inotify = _inotify()
+    lib = libc()
+
+    class Failed(inotify.INotifyError):  # type: ignore[misc,name-defined]
+        def __init__(self, errno_: int, what: str) -> None:
+            super().__init__(f"{what}: {os.strerror(errno_)}")
+            self.errno = errno_
+
+    class Calls:
+        INotifyError = Failed
+
+        @staticmethod
+        def init() -> int:
+            fd = int(lib.inotify_init())
+            if fd < 0:
+                raise Failed(ctypes.get_errno(), "inotify_init")
+            return fd
+
+        @staticmethod
+        def add(fd: int, path: FilePath[Any], mask: int) -> int:
+            name = path.asBytesMode().path
+            wd = int(lib.inotify_add_watch(fd, name, ctypes.c_uint32(mask)))
+            if wd < 0:
+                raise Failed(ctypes.get_errno(), os.fsdecode(name))
+            return wd
+
+        @staticmethod
+        def remove(fd: int, wd: int) -> None:
+            lib.inotify_rm_watch(fd, wd)
+
+    return Calls
+
+
 @functools.cache
 def _notifier_class() -> type[Any]:
     inotify = _inotify()
@@ -86,6 +150,7 @@ def _notifier_class() -> type[Any]:
         subdirectories.
         """
 
+        _inotify = _calls()
         closing = False
 
         def loseConnection(self, *args: Any) -> None:
@@ -181,8 +246,13 @@ class Watch:
                 self.notifier.watch(
                     FilePath(d), mask=mask, autoAdd=True, callbacks=[self._raw]
                 )
-            except inotify.INotifyError:
-                continue
+            except inotify.INotifyError as e:
+                if getattr(e, "errno", None) == errno.ENOSPC:
+                    # Out of the user's inotify watches: a watch that left
+                    # part of the tree unwatched would miss its changes
+                    # without a word.
+                    raise
+                continue  # gone since the walk, or not readable
         self.notifier.startReading()
         # Closed after the idle period unless a client joins (one whose
         # request was a HEAD, or that left before its stream began, never does).
@@ -348,6 +418,29 @@ class Watch:
         self.service.forget(self)
 
 
+def _refusal(root: str, error: Exception) -> ApiError:
+    """
+    503 for a watch the kernel refused: the user's inotify limits (which
+    the sandbox's other watchers share) or the descriptors said by name,
+    to retry once some are let go; anything else said as the kernel said it.
+    """
+    number = getattr(error, "errno", None)
+    if number == errno.ENOSPC:
+        why = f"the limit of inotify watches is reached ({_limit('watches')})"
+    elif number == errno.EMFILE and "inotify_init" in str(error):
+        why = f"the limit of inotify instances is reached ({_limit('instances')})"
+    elif number in RESOURCE_ERRNOS:
+        why = os.strerror(number) if number is not None else str(error)
+    else:
+        return unavailable(f"cannot watch {root}: {error}", "OSError")
+    return unavailable(
+        f"cannot watch {root} now: {why}; other watchers of this user (dev "
+        "servers, editors) hold them too",
+        "ResourceError",
+        retry_after=RESOURCE_RETRY_SECONDS,
+    )
+
+
 class WatchService(Service):
     """The shared watches, by (directory, recursive)."""
 
@@ -393,19 +486,14 @@ class WatchService(Service):
             )
         try:
             watch = Watch(self, root, recursive, retention)
-        except _inotify().INotifyError:
-            # inotify_init: out of descriptors, or of the user's inotify instances.
-            raise unavailable(
-                f"cannot watch {root} now: no inotify instance or file descriptor left",
-                "ResourceError",
-                retry_after=RESOURCE_RETRY_SECONDS,
-            ) from None
+        except _inotify().INotifyError as e:
+            raise _refusal(root, e) from None
         watch.owner = owner
         try:
             watch.start(dirs)
         except _inotify().INotifyError as e:
             watch.notifier.close()
-            raise unavailable(f"cannot watch {root}: {e}", "OSError") from None
+            raise _refusal(root, e) from None
         self.watches[key] = watch
         return watch
 

@@ -106,7 +106,9 @@ class BoxedDaemon:
     file and its log) that only it sees; with ``nofile``, under that
     ``RLIMIT_NOFILE``; with ``nproc``, that ``RLIMIT_NPROC`` (which binds
     the children that run as another user than root); with ``state``, a
-    state directory (``--state-dir``) beside its base dir.
+    state directory (``--state-dir``) beside its base dir; with
+    ``inotify_watches``, in a user namespace of its own (as root there)
+    whose limit of inotify watches is that.
     """
 
     def __init__(
@@ -120,6 +122,7 @@ class BoxedDaemon:
         state: bool = False,
         capabilities: str | None = None,
         environ: dict[str, str] | None = None,
+        inotify_watches: int | None = None,
     ) -> None:
         if disk is not None and (why := tmpfs_refusal()) is not None:
             raise SkipTest(why)
@@ -137,6 +140,9 @@ class BoxedDaemon:
         self.disk, self.nofile, self.nproc = disk, nofile, nproc
         self.capabilities = capabilities
         self.environ = environ
+        self.inotify_watches = inotify_watches
+        if inotify_watches is not None and shutil.which("unshare") is None:
+            raise SkipTest("unshare (util-linux) is not installed")
         self.state = state
         if disk is None:
             for sub in ("home", "log", "tmp"):
@@ -190,6 +196,18 @@ class BoxedDaemon:
             argv = ["prlimit", *limits, "--", *argv]
         if self.capabilities is not None:
             argv = ["setpriv", "--bounding-set", self.capabilities, *argv]
+        if self.inotify_watches is not None:
+            argv = [
+                "unshare",
+                "--user",
+                "--map-root-user",
+                "sh",
+                "-c",
+                'echo "$1" > /proc/sys/user/max_inotify_watches && shift && exec "$@"',
+                "sh",
+                str(self.inotify_watches),
+                *argv,
+            ]
         if self.disk is not None:
             argv = [
                 "unshare",
@@ -1485,6 +1503,41 @@ class StopTests(SynchronousTestCase):
         self.assertEqual(os.listdir(f"{box.base}/mnt"), [])
         self.assertEqual(sorted(os.listdir(f"{box.base}/tree")), ["a", "b"])
         self.assertEqual(os.path.getsize(f"{box.base}/tree/a"), 2**30)
+
+
+class InotifyLimitTests(SynchronousTestCase):
+    """
+    A sandbox whose dev servers and editors hold nearly all of the user's
+    inotify watches (``fs.inotify.max_user_watches``, commonly 8192).
+    """
+
+    def test_a_watch_over_the_limit_says_so(self) -> None:
+        """
+        A recursive watch of a tree with more directories than watches are
+        left is refused with 503 ``unavailable`` naming the limit (not a
+        watch silently blind to part of the tree, nor "Failed to add watch
+        ... (-1)"), and leaves nothing held: a smaller watch works after.
+        """
+        box = BoxedDaemon(self, inotify_watches=20)
+        for n in range(30):
+            os.makedirs(f"{box.base}/tree/d{n}")
+        request = urllib.request.Request(
+            f"{box.url}/files/watch?path=tree&recursive=true"
+        )
+        with self.assertRaises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=20)
+        self.assertEqual(caught.exception.code, 503)
+        self.assertEqual(caught.exception.headers["Retry-After"], "1")
+        body = json.loads(caught.exception.read())
+        self.assertEqual((body["code"], body["type"]), ("unavailable", "ResourceError"))
+        self.assertIn("the limit of inotify watches is reached", body["error"])
+        self.assertIn("fs.inotify.max_user_watches", body["error"])
+        sb = Sandbox(box.url, timeout=20, retries=0)
+        self.addCleanup(sb.close)
+        with sb.files.watch("tree/d0") as events:
+            sb.files.write_bytes("tree/d0/new.txt", b"x")
+            first = next(iter(events))
+        self.assertTrue(first.data["path"].endswith("tree/d0/new.txt"), first)
 
 
 def pids_cgroup(test: SynchronousTestCase) -> str:

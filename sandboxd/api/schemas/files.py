@@ -532,6 +532,13 @@ SCHEMAS: dict[str, Schema] = {
                 "invalid_param",
                 "a bad timeout or interval, or either with follow=true",
             ),
+            E(
+                503,
+                "unavailable",
+                "the user's inotify watches or instances are used up (every "
+                "directory of a recursive watch needs one); Retry-After",
+                "ResourceError",
+            ),
         ),
         notes="inotify, debounced; events for paths the caller may not see are dropped. "
         "A name that is not UTF-8 is shown as files_list shows it (each such byte as "
