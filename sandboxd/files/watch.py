@@ -152,6 +152,9 @@ def _notifier_class() -> type[Any]:
 
         _inotify = _calls()
         closing = False
+        #: Whether a directory created in the tree could not be watched
+        #: for want of inotify watches (logged once).
+        blind = False
 
         def loseConnection(self, *args: Any) -> None:
             if self.closing:
@@ -197,8 +200,18 @@ def _notifier_class() -> type[Any]:
             while True:
                 try:
                     super()._doRead(in_)
-                except inotify.INotifyError:
+                except inotify.INotifyError as e:
                     in_ = b""
+                    if getattr(e, "errno", None) == errno.ENOSPC and not self.blind:
+                        # Said once: later directories go unwatched.
+                        self.blind = True
+                        log.warn(
+                            "sandboxd: a recursive watch cannot watch the new "
+                            "directory {what} ({limit} reached); changes below "
+                            "it are not reported",
+                            what=str(e).rpartition(":")[0],
+                            limit=_limit("watches"),
+                        )
                 else:
                     return
 

@@ -1539,6 +1539,29 @@ class InotifyLimitTests(SynchronousTestCase):
             first = next(iter(events))
         self.assertTrue(first.data["path"].endswith("tree/d0/new.txt"), first)
 
+    def test_directories_made_past_the_limit_are_logged(self) -> None:
+        """
+        A recursive watch that started whole but meets the limit as new
+        directories are made goes on for the rest and says, once, in the
+        log, that changes below the ones it could not watch are missed.
+        """
+        box = BoxedDaemon(self, inotify_watches=10)
+        os.makedirs(f"{box.base}/small")
+        sb = Sandbox(box.url, timeout=20, retries=0)
+        self.addCleanup(sb.close)
+        with sb.files.watch("small", recursive=True) as events:
+            for n in range(15):
+                os.mkdir(f"{box.base}/small/d{n}")
+            sb.files.write_bytes("small/last.txt", b"x")
+            for event in events:
+                if event.data.get("dest", event.data["path"]).endswith("/last.txt"):
+                    break
+        log = box.log()
+        self.assertEqual(
+            log.count("a recursive watch cannot watch the new directory"), 1
+        )
+        self.assertIn("fs.inotify.max_user_watches", log)
+
 
 def pids_cgroup(test: SynchronousTestCase) -> str:
     """
