@@ -25,7 +25,13 @@ from twisted.web.server import Request
 
 from sandboxd.access import gate
 from sandboxd.daemon.context import Context
-from sandboxd.errors import ApiError, limit_setting, payload_too_large, unexpected
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    limit_setting,
+    payload_too_large,
+    unexpected,
+)
 from sandboxd.policy.defaults import (
     DRAIN_LIMIT_BYTES,
     LARGE_BODY_BYTES,
@@ -436,13 +442,18 @@ class SandboxRequest(Request):
             or self.admission.endpoint.body != "json"
         ):
             return {}
-        if self.upload_body is not None:
-            body, self.payload = self.upload_body.result()
-            self.upload_body = None
-            return body
-        raw = self.body_buffer.getvalue()
-        self.body_buffer = self.content = io.BytesIO()
-        return parse_object(raw)
+        try:
+            if self.upload_body is not None:
+                body, self.payload = self.upload_body.result()
+                self.upload_body = None
+                return body
+            raw = self.body_buffer.getvalue()
+            self.body_buffer = self.content = io.BytesIO()
+            return parse_object(raw)
+        except ApiError as e:
+            if e.code == Code.INVALID_JSON:
+                e.message += _not_json(self.getHeader(b"content-type"))
+            raise
 
     def server_request(self, body: dict[str, Any]) -> ServerRequest:
         """The handler's view of this request."""
@@ -635,3 +646,19 @@ def http_date() -> bytes:
 def _site(request: Request) -> Any:
     """The channel's site (set by ``Site.buildProtocol``, untyped in Twisted)."""
     return request.channel.site  # type: ignore[attr-defined]
+
+
+def _not_json(content_type: bytes | str | None) -> str:
+    """
+    What to add to a JSON refusal of a body sent as another type (a form,
+    a file's bytes): the endpoint takes JSON, which its client did not
+    send.
+    """
+    if content_type is None:
+        return ""
+    if isinstance(content_type, bytes):
+        content_type = content_type.decode("latin-1")
+    kind = content_type.partition(";")[0].strip().lower()
+    if not kind or kind == "application/json" or kind.endswith("+json"):
+        return ""
+    return f"; this endpoint takes a JSON body (Content-Type: application/json), not {kind[:80]}"

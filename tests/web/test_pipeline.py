@@ -180,6 +180,38 @@ class LocalModeTests(MemoryCase):
             self.assertEqual(reply.status, 400)
             self.assertEqual(reply.json()["code"], "invalid_json")
 
+    def test_a_body_of_another_type_is_told_to_send_json(self) -> None:
+        """
+        A form or a file's bytes sent to an endpoint that takes JSON (a
+        client posting multipart to ``/upload``) is 400 ``invalid_json``
+        saying the endpoint takes JSON and what was sent instead; a body
+        that claims to be JSON and is not gets no such hint.
+        """
+        sent = {
+            "multipart/form-data; boundary=x": b"--x\r\nContent-Disposition: "
+            b'form-data; name="file"; filename="a"\r\n\r\n\xff\xfe\r\n--x--\r\n',
+            "application/x-www-form-urlencoded": b"path=a.txt&content=hi",
+        }
+        for kind, raw in sent.items():
+            for path in ("/upload", "/capabilities/check"):
+                reply = self.request(
+                    "POST", path, raw_body=raw, headers={"Content-Type": kind}
+                )
+                self.assertEqual(reply.status, 400, (path, kind))
+                self.assertEqual(reply.json()["code"], "invalid_json")
+                self.assertIn(
+                    "this endpoint takes a JSON body (Content-Type: application/json), "
+                    f"not {kind.partition(';')[0]}",
+                    reply.json()["error"],
+                )
+        reply = self.request(
+            "POST",
+            "/capabilities/check",
+            raw_body=b"{nope",
+            headers={"Content-Type": "application/json; charset=utf-8"},
+        )
+        self.assertEqual(reply.json()["error"], "the body is not valid JSON")
+
     def test_keep_alive_after_small_refusal(self) -> None:
         """Two requests on one connection: a refusal does not close it."""
         received = self.raw(
