@@ -19,6 +19,7 @@ import base64
 import binascii
 import errno
 import json
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -638,8 +639,12 @@ class Door:
         if call.request.too_big is not None:
             raise payload_too_large(request.too_big)
         if call.request.no_space:
+            # Twisted spools a body past its in-memory size to a temporary
+            # file: the temporary directory, not the target's disk, is full.
             raise insufficient_storage(
-                "no space left on the device for the request's body"
+                "no space left for the request's body in the daemon's temporary "
+                f"directory ({tempfile.gettempdir()}, TMPDIR), where it is held "
+                "until the call runs"
             )
         if request.content is not None:
             request.content.seek(0, 2)

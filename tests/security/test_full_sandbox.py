@@ -612,6 +612,9 @@ class FullDiskTests(SynchronousTestCase):
                 os.truncate(filler, os.path.getsize(filler) - 5 * 1024 * 1024)
             error = raised(lambda: e2b.files.write_files(entries))
             self.assertIsInstance(error, NotEnoughSpaceException, f"{free} MiB free")
+            if free == 1:
+                # Where the body was to be held, for the operator to give room.
+                self.assertIn(f"temporary directory ({self.box.root}/tmp", str(error))
             for name in ("first.bin", "second.bin"):
                 with open(self.on_disk(name), "rb") as f:
                     self.assertEqual(f.read(), OLD, f"{name}, {free} MiB free")
