@@ -107,9 +107,19 @@ _BY_STATUS = {
 
 
 def connect_code(error: ApiError) -> ConnectCode:
-    """The Connect code nearest to an error's SPEC §6 code and status."""
+    """
+    The Connect code nearest to an error's SPEC §6 code and status.
+
+    A 503 for want of room right now (type ``ResourceError``: processes,
+    threads, descriptors, inotify watches) is ``resource_exhausted``, as
+    gRPC defines it: as ``unavailable`` the E2B SDK took it for a sandbox
+    it could not reach, "it may have been killed", and an agent would
+    throw away a sandbox that only needed a moment.
+    """
     if error.code is not None and error.code in _BY_CODE:
         return _BY_CODE[error.code]
+    if error.status == 503 and error.type == "ResourceError":
+        return ConnectCode.RESOURCE_EXHAUSTED
     return _BY_STATUS.get(error.status, ConnectCode.INTERNAL)
 
 

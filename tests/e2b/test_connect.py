@@ -10,7 +10,14 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.e2b import codeinterp, connect, door
 from sandboxd.e2b.entries import go_mode_string
-from sandboxd.errors import ApiError, endpoint_disabled, missing_scope, unauthorized
+from sandboxd.errors import (
+    ApiError,
+    endpoint_disabled,
+    missing_scope,
+    no_thread,
+    unauthorized,
+    unavailable,
+)
 
 
 class EnvelopeTests(SynchronousTestCase):
@@ -101,6 +108,8 @@ class CodeTests(SynchronousTestCase):
             (ApiError(408, "x", code="timeout"), "deadline_exceeded"),
             (ApiError(400, "x", code="invalid_path"), "invalid_argument"),
             (ApiError(507, "x", code="insufficient_storage"), "resource_exhausted"),
+            (no_thread(), "resource_exhausted"),
+            (unavailable("the browser is not installed"), "unavailable"),
         ]
         for error, code in cases:
             self.assertEqual(connect.error_json(error)["code"], code, error)

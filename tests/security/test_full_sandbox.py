@@ -1621,7 +1621,7 @@ class ThreadLimitTests(SynchronousTestCase):
     def test_at_the_limit(self) -> None:
         """Files, a search, a move, an upload and /ports refused with Retry-After; all work after."""
         group = pids_cgroup(self)
-        box = BoxedDaemon(self)
+        box = BoxedDaemon(self, policy={"groups": {"e2b": True}})
         # Stopped while still in the group, so that it can be removed.
         self.addCleanup(box.stop)
         sb = Sandbox(box.url, timeout=20, retries=0)
@@ -1653,6 +1653,23 @@ class ThreadLimitTests(SynchronousTestCase):
             body["error"],
             "cannot start a thread for this call now: Resource temporarily unavailable",
         )
+        # The E2B SDK is told to try again later, not that the sandbox may
+        # have been killed (what it makes of Connect's "unavailable").
+        environ = mock.patch.dict(
+            os.environ,
+            {
+                "E2B_DEBUG": "true",
+                "E2B_SANDBOX_URL": f"http://127.0.0.1:{box.e2b_port}",
+            },
+        )
+        environ.start()
+        self.addCleanup(environ.stop)
+        from e2b import Sandbox as E2BSandbox
+        from e2b.exceptions import RateLimitException
+
+        refused = raised(lambda: E2BSandbox.create().files.list(box.base))
+        self.assertIsInstance(refused, RateLimitException, repr(refused))
+        self.assertIn("cannot start a thread for this call now", str(refused))
         self.assertEqual(sorted(os.listdir(box.base)), ["a.txt"])
         self.assertEqual(temporaries(box.base), [])
         self.assertNotIn("Traceback", box.log())
