@@ -343,6 +343,19 @@ class BoxedDaemon:
         self.output.close()
 
 
+def e2b_sandbox(test: SynchronousTestCase, box: BoxedDaemon) -> Any:
+    """The e2b SDK's ``Sandbox`` (debug mode) on ``box``'s E2B port."""
+    from e2b import Sandbox as E2BSandbox
+
+    environ = mock.patch.dict(
+        os.environ,
+        {"E2B_DEBUG": "true", "E2B_SANDBOX_URL": f"http://127.0.0.1:{box.e2b_port}"},
+    )
+    environ.start()
+    test.addCleanup(environ.stop)
+    return E2BSandbox.create()
+
+
 def work_tree(root: str) -> dict[str, bytes]:
     """The files of the work tree at ``root`` (not ``.git``), by path, and their bytes."""
     found = {}
@@ -418,18 +431,7 @@ class FullDiskTests(SynchronousTestCase):
 
     def e2b_sandbox(self) -> Any:
         """The e2b SDK's ``Sandbox`` on the boxed daemon's E2B port."""
-        from e2b import Sandbox as E2BSandbox
-
-        environ = mock.patch.dict(
-            os.environ,
-            {
-                "E2B_DEBUG": "true",
-                "E2B_SANDBOX_URL": f"http://127.0.0.1:{self.box.e2b_port}",
-            },
-        )
-        environ.start()
-        self.addCleanup(environ.stop)
-        return E2BSandbox.create()
+        return e2b_sandbox(self, self.box)
 
     def assert_refused_intact(self, error: BaseException | None, name: str) -> None:
         """A 507 ``insufficient_storage``; ``name`` holds :data:`OLD`; no temporary left."""
@@ -1655,19 +1657,9 @@ class ThreadLimitTests(SynchronousTestCase):
         )
         # The E2B SDK is told to try again later, not that the sandbox may
         # have been killed (what it makes of Connect's "unavailable").
-        environ = mock.patch.dict(
-            os.environ,
-            {
-                "E2B_DEBUG": "true",
-                "E2B_SANDBOX_URL": f"http://127.0.0.1:{box.e2b_port}",
-            },
-        )
-        environ.start()
-        self.addCleanup(environ.stop)
-        from e2b import Sandbox as E2BSandbox
         from e2b.exceptions import RateLimitException
 
-        refused = raised(lambda: E2BSandbox.create().files.list(box.base))
+        refused = raised(lambda: e2b_sandbox(self, box).files.list(box.base))
         self.assertIsInstance(refused, RateLimitException, repr(refused))
         self.assertIn("cannot start a thread for this call now", str(refused))
         self.assertEqual(sorted(os.listdir(box.base)), ["a.txt"])
