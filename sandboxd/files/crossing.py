@@ -62,10 +62,11 @@ class Bounds:
     :ivar timeout_seconds: the copy's wall time.
     :ivar entries_setting: the policy key of ``max_entries``, for the 413.
     :ivar timeout_setting: the policy key of ``timeout_seconds``.
-    :ivar stopping: whether the daemon is stopping (asked from the copy's
-        thread): the copy is given up and removed rather than finished, so
-        a stop neither waits for a big tree nor is cut off halfway through
-        by the supervisor's kill, which would leave the copy behind.
+    :ivar stopping: whether the daemon is stopping or the caller has left
+        (asked from the copy's thread): the copy is given up and removed
+        rather than finished, so a stop neither waits for a big tree nor is
+        cut off halfway through by the supervisor's kill, which would leave
+        the copy behind, and a caller that left holds no thread.
     """
 
     max_entries: int
@@ -153,8 +154,8 @@ class Copier:
     def _check_time(self) -> None:
         if self.bounds.stopping():
             raise unavailable(
-                "the daemon is stopping: the copy to another file system was "
-                "given up and nothing was moved"
+                "the copy to another file system was given up and nothing was "
+                "moved: the daemon is stopping, or the caller has left"
             )
         if time.monotonic() > self.deadline:
             raise timed_out(

@@ -15,6 +15,7 @@ import binascii
 import hashlib
 import json
 import os
+import threading
 from email.utils import formatdate
 from typing import Any
 
@@ -576,7 +577,8 @@ def files_move(request: ServerRequest) -> Any:
     overwrite = flag(body.get("overwrite"), "overwrite", False)
     allowed = overwrite_allowed(request, overwrite)
     guard = PathGuard.for_request(request)
-    across = _crossing_bounds(request)
+    gone = threading.Event()
+    across = _crossing_bounds(request, gone)
 
     def job() -> dict[str, str]:
         src, dst = walk.move(guard, source, destination, allowed, across)
@@ -588,12 +590,25 @@ def files_move(request: ServerRequest) -> Any:
             raise _policy_overwrite_refusal(request, destination)
         return failure
 
-    # In a thread: a move to another file system copies the tree.
-    return in_thread(request, job).addErrback(refused)
+    # In a thread: a move to another file system copies the tree.  A caller
+    # who leaves cancels the answer: the copy is given up too, rather than
+    # go on holding a pool thread for a move nobody will hear of.
+    work = in_thread(request, job).addErrback(refused)
+    answer: Deferred[Any] = Deferred(lambda _: gone.set())
+
+    def settle(outcome: Any) -> None:
+        if not answer.called:
+            answer.callback(outcome)
+
+    work.addBoth(settle)
+    return answer
 
 
-def _crossing_bounds(request: ServerRequest) -> crossing.Bounds:
-    """What a move's copy to another file system may take, from the policy."""
+def _crossing_bounds(request: ServerRequest, gone: threading.Event) -> crossing.Bounds:
+    """
+    What a move's copy to another file system may take, from the policy;
+    it is given up once the daemon stops or ``gone`` is set (the caller left).
+    """
     limits = request.rule.limits
     endpoint = request.endpoint.id
     return crossing.Bounds(
@@ -603,7 +618,7 @@ def _crossing_bounds(request: ServerRequest) -> crossing.Bounds:
         ),
         entries_setting=limit_setting(endpoint, "max_entries"),
         timeout_setting=limit_setting(endpoint, "timeout_seconds"),
-        stopping=lambda: request.context.draining,
+        stopping=lambda: request.context.draining or gone.is_set(),
     )
 
 

@@ -1509,6 +1509,44 @@ class StopTests(SynchronousTestCase):
         self.assertEqual(sorted(os.listdir(f"{box.base}/tree")), ["a", "b"])
         self.assertEqual(os.path.getsize(f"{box.base}/tree/a"), 2**30)
 
+    def test_a_move_whose_caller_left_is_given_up(self) -> None:
+        """
+        A caller that leaves during a move's copy to another file system
+        gets no answer, so the copy is given up at once rather than go on
+        holding a thread of the daemon's for a move nobody hears of: the
+        source is whole where it was and no part of the copy is left.
+        """
+        box = BoxedDaemon(self)
+        os.mkdir(f"{box.base}/mnt")
+        tmpfs(self, f"{box.base}/mnt", "3g")
+        os.mkdir(f"{box.base}/tree")
+        for name in ("a", "b"):
+            with open(f"{box.base}/tree/{name}", "wb") as f:
+                f.truncate(2**30)
+        body = json.dumps({"source": "tree", "destination": "mnt/tree"}).encode()
+        conn = socket.create_connection(("127.0.0.1", box.port))
+        self.addCleanup(conn.close)
+        conn.sendall(
+            b"POST /files/move HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        deadline = time.monotonic() + 10
+        while not os.listdir(f"{box.base}/mnt") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertTrue(TEMPORARY_NAME.match(os.listdir(f"{box.base}/mnt")[0]))
+        conn.close()
+        deadline = time.monotonic() + 5
+        while os.listdir(f"{box.base}/mnt") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(os.listdir(f"{box.base}/mnt"), [])
+        self.assertEqual(sorted(os.listdir(f"{box.base}/tree")), ["a", "b"])
+        self.assertEqual(os.path.getsize(f"{box.base}/tree/a"), 2**30)
+        sb = Sandbox(box.url, timeout=20, retries=0)
+        self.addCleanup(sb.close)
+        self.assertEqual([e["name"] for e in sb.files.list("tree")], ["a", "b"])
+
 
 class InotifyLimitTests(SynchronousTestCase):
     """
