@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import attrs
-from twisted.internet.defer import maybeDeferred
+from twisted.internet.defer import CancelledError, maybeDeferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -724,6 +724,11 @@ class Door:
             raise refused.error from None
 
     def _failed(self, call: Call, failure: Failure) -> None:
+        if call.closed and failure.check(CancelledError):
+            # Cancelled because the client left (Call.on_close): audited
+            # as client_closed already, and nobody to answer.
+            call.done()
+            return
         if isinstance(failure.value, ApiError):
             self._fail(call, failure.value)
             return

@@ -130,6 +130,9 @@ def move(call: Call, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
     moved: Deferred[dict[str, Any]] = file_routes.files_move(
         call.server_request(body=body)
     )
+    # A client that leaves gives up a copy to another file system, as on
+    # the HTTP API: it would hold a worker thread for a move nobody hears of.
+    call.on_close(moved.cancel)
     return moved.addCallback(
         lambda done: {"entry": describe(_guard(call), done["destination"])}
     )

@@ -1424,6 +1424,35 @@ def body_sent(port: int, target: str, length: int, test: SynchronousTestCase) ->
 class StopTests(SynchronousTestCase):
     """A daemon told to stop (SIGTERM, as ``docker stop`` or Kubernetes does)."""
 
+    def tree_and_mount(self, box: BoxedDaemon) -> None:
+        """
+        ``tree`` (two sparse files of 1 GiB: made at once, copied as zeros)
+        and ``mnt``, a tmpfs: a move of one into the other copies for a
+        while.
+        """
+        os.mkdir(f"{box.base}/mnt")
+        tmpfs(self, f"{box.base}/mnt", "3g")
+        os.mkdir(f"{box.base}/tree")
+        for name in ("a", "b"):
+            with open(f"{box.base}/tree/{name}", "wb") as f:
+                f.truncate(2**30)
+
+    def copy_begun(self, box: BoxedDaemon) -> None:
+        """Until the copy's temporary name shows in ``mnt`` (bounded)."""
+        deadline = time.monotonic() + 10
+        while not os.listdir(f"{box.base}/mnt") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertTrue(TEMPORARY_NAME.match(os.listdir(f"{box.base}/mnt")[0]))
+
+    def assert_given_up(self, box: BoxedDaemon) -> None:
+        """No part of the copy left (within 5 s); the source whole where it was."""
+        deadline = time.monotonic() + 5
+        while os.listdir(f"{box.base}/mnt") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(os.listdir(f"{box.base}/mnt"), [])
+        self.assertEqual(sorted(os.listdir(f"{box.base}/tree")), ["a", "b"])
+        self.assertEqual(os.path.getsize(f"{box.base}/tree/a"), 2**30)
+
     def test_uploads_under_way_leave_nothing(self) -> None:
         """
         Raw writes and a resumable upload's append still receiving their
@@ -1477,13 +1506,7 @@ class StopTests(SynchronousTestCase):
         the source is where it was, whole, and no part of the copy is left.
         """
         box = BoxedDaemon(self)
-        os.mkdir(f"{box.base}/mnt")
-        tmpfs(self, f"{box.base}/mnt", "3g")
-        os.mkdir(f"{box.base}/tree")
-        for name in ("a", "b"):
-            # Sparse: made at once, copied as a gigabyte of zeros each.
-            with open(f"{box.base}/tree/{name}", "wb") as f:
-                f.truncate(2**30)
+        self.tree_and_mount(box)
 
         def move() -> None:
             request = urllib.request.Request(
@@ -1497,17 +1520,12 @@ class StopTests(SynchronousTestCase):
         mover = threading.Thread(target=move, daemon=True)
         mover.start()
         self.addCleanup(mover.join, 60)
-        deadline = time.monotonic() + 10
-        while not os.listdir(f"{box.base}/mnt") and time.monotonic() < deadline:
-            time.sleep(0.01)
-        self.assertTrue(TEMPORARY_NAME.match(os.listdir(f"{box.base}/mnt")[0]))
+        self.copy_begun(box)
         began = time.monotonic()
         box.stop()
         self.assertLess(time.monotonic() - began, 5)
         self.assertEqual(box.proc.returncode, 0)
-        self.assertEqual(os.listdir(f"{box.base}/mnt"), [])
-        self.assertEqual(sorted(os.listdir(f"{box.base}/tree")), ["a", "b"])
-        self.assertEqual(os.path.getsize(f"{box.base}/tree/a"), 2**30)
+        self.assert_given_up(box)
 
     def test_a_move_whose_caller_left_is_given_up(self) -> None:
         """
@@ -1517,12 +1535,7 @@ class StopTests(SynchronousTestCase):
         source is whole where it was and no part of the copy is left.
         """
         box = BoxedDaemon(self)
-        os.mkdir(f"{box.base}/mnt")
-        tmpfs(self, f"{box.base}/mnt", "3g")
-        os.mkdir(f"{box.base}/tree")
-        for name in ("a", "b"):
-            with open(f"{box.base}/tree/{name}", "wb") as f:
-                f.truncate(2**30)
+        self.tree_and_mount(box)
         body = json.dumps({"source": "tree", "destination": "mnt/tree"}).encode()
         conn = socket.create_connection(("127.0.0.1", box.port))
         self.addCleanup(conn.close)
@@ -1532,20 +1545,36 @@ class StopTests(SynchronousTestCase):
             + f"Content-Length: {len(body)}\r\n\r\n".encode()
             + body
         )
-        deadline = time.monotonic() + 10
-        while not os.listdir(f"{box.base}/mnt") and time.monotonic() < deadline:
-            time.sleep(0.01)
-        self.assertTrue(TEMPORARY_NAME.match(os.listdir(f"{box.base}/mnt")[0]))
+        self.copy_begun(box)
         conn.close()
-        deadline = time.monotonic() + 5
-        while os.listdir(f"{box.base}/mnt") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        self.assertEqual(os.listdir(f"{box.base}/mnt"), [])
-        self.assertEqual(sorted(os.listdir(f"{box.base}/tree")), ["a", "b"])
-        self.assertEqual(os.path.getsize(f"{box.base}/tree/a"), 2**30)
+        self.assert_given_up(box)
         sb = Sandbox(box.url, timeout=20, retries=0)
         self.addCleanup(sb.close)
         self.assertEqual([e["name"] for e in sb.files.list("tree")], ["a", "b"])
+
+    def test_an_e2b_rename_whose_caller_left_is_given_up(self) -> None:
+        """
+        The same through the E2B door: the SDK's ``files.rename`` that
+        times out on the client's side leaves nothing moved, nothing
+        copied, and the call audited as the client's leaving.
+        """
+        box = BoxedDaemon(self, policy={"groups": {"e2b": True}})
+        self.tree_and_mount(box)
+        e2b = e2b_sandbox(self, box)
+        from e2b.exceptions import TimeoutException
+
+        refused = raised(
+            lambda: e2b.files.rename(
+                f"{box.base}/tree", f"{box.base}/mnt/tree", request_timeout=0.3
+            )
+        )
+        self.assertIsInstance(refused, TimeoutException, repr(refused))
+        self.assert_given_up(box)
+        log = box.log()
+        self.assertNotIn("Traceback", log)
+        with open(f"{box.root}/log/audit.log") as f:
+            moves = [json.loads(line) for line in f if "Filesystem/Move" in line]
+        self.assertEqual([m["code"] for m in moves], ["client_closed"])
 
 
 class InotifyLimitTests(SynchronousTestCase):
