@@ -151,7 +151,7 @@ class Copier:
         st = os.stat(src_name, dir_fd=src_fd, follow_symlinks=False)
         self._entry(src_fd, src_name, dst_fd, dst_name, st, "")
 
-    def _check_time(self) -> None:
+    def _check_going_on(self) -> None:
         if self.bounds.stopping():
             raise unavailable(
                 "the copy to another file system was given up and nothing was "
@@ -177,7 +177,7 @@ class Copier:
                 if self.top_fd < 0:
                     self.top_fd = target
                 for inner in sorted(os.listdir(source)):
-                    self._check_time()
+                    self._check_going_on()
                     try:
                         st = os.stat(inner, dir_fd=source, follow_symlinks=False)
                     except FileNotFoundError:
@@ -242,7 +242,7 @@ class Copier:
             target = os.open(dst_name, _NEW_FILE_FLAGS, 0o600, dir_fd=dst_fd)
             try:
                 while True:
-                    self._check_time()
+                    self._check_going_on()
                     if os.sendfile(target, source, None, _CHUNK) == 0:
                         break
                 _keep_metadata(target, None, st)

@@ -113,10 +113,10 @@ def _calls() -> Any:
         def __init__(self, errno_: int, what: str) -> None:
             super().__init__(f"{what}: {os.strerror(errno_)}")
             self.errno = errno_
+            #: ``inotify_init``, or the path a watch was refused for.
+            self.what = what
 
     class Calls:
-        INotifyError = Failed
-
         @staticmethod
         def init() -> int:
             fd = int(lib.inotify_init())
@@ -209,7 +209,7 @@ def _notifier_class() -> type[Any]:
                             "sandboxd: a recursive watch cannot watch the new "
                             "directory {what} ({limit} reached); changes below "
                             "it are not reported",
-                            what=str(e).rpartition(":")[0],
+                            what=getattr(e, "what", "?"),
                             limit=_limit("watches"),
                         )
                 else:
@@ -440,7 +440,7 @@ def _refusal(root: str, error: Exception) -> ApiError:
     number = getattr(error, "errno", None)
     if number == errno.ENOSPC:
         why = f"the limit of inotify watches is reached ({_limit('watches')})"
-    elif number == errno.EMFILE and "inotify_init" in str(error):
+    elif number == errno.EMFILE and getattr(error, "what", None) == "inotify_init":
         why = f"the limit of inotify instances is reached ({_limit('instances')})"
     elif number in RESOURCE_ERRNOS:
         why = os.strerror(number) if number is not None else str(error)

@@ -213,24 +213,28 @@ def _as_user(
         executable,
         *args[1:],
     ]
-    if _lowers_itself(uid, gid):
-        target = CHILD_PRIORITY.nice_to_take()
-        assert target is not None
-        lower = target - os.getpriority(os.PRIO_PROCESS, 0)
-        return NICE, [NICE, "-n", str(lower), *wrapped]
+    step = _nice_step(uid, gid)
+    if step is not None:
+        return NICE, [NICE, "-n", str(step), *wrapped]
     return SETPRIV, wrapped
 
 
+def _nice_step(uid: int | None, gid: int | None) -> int | None:
+    """
+    The ``nice -n`` a child spawned as ``uid``/``gid`` goes through before
+    setpriv (see :func:`_as_user`), or None when it does not.
+    """
+    if uid is None and gid is None:
+        return None
+    target = CHILD_PRIORITY.nice_to_take()
+    if target is None or not os.access(NICE, os.X_OK):
+        return None
+    return target - os.getpriority(os.PRIO_PROCESS, 0)
+
+
 def _lowers_itself(uid: int | None, gid: int | None) -> bool:
-    """
-    Whether a child spawned as ``uid``/``gid`` through setpriv goes
-    through nice first (see :func:`_as_user`).
-    """
-    return (
-        (uid is not None or gid is not None)
-        and CHILD_PRIORITY.nice_to_take() is not None
-        and os.access(NICE, os.X_OK)
-    )
+    """Whether a child spawned as ``uid``/``gid`` goes through nice first."""
+    return _nice_step(uid, gid) is not None
 
 
 class _OutputReader(_twisted_process.ProcessReader):

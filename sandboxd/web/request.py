@@ -648,7 +648,7 @@ def _site(request: Request) -> Any:
     return request.channel.site  # type: ignore[attr-defined]
 
 
-def _not_json(content_type: bytes | str | None) -> str:
+def _not_json(content_type: bytes | None) -> str:
     """
     What to add to a JSON refusal of a body sent as another type (a form,
     a file's bytes): the endpoint takes JSON, which its client did not
@@ -656,9 +656,7 @@ def _not_json(content_type: bytes | str | None) -> str:
     """
     if content_type is None:
         return ""
-    if isinstance(content_type, bytes):
-        content_type = content_type.decode("latin-1")
-    kind = content_type.partition(";")[0].strip().lower()
+    kind = content_type.decode("latin-1").partition(";")[0].strip().lower()
     if not kind or kind == "application/json" or kind.endswith("+json"):
         return ""
     return f"; this endpoint takes a JSON body (Content-Type: application/json), not {kind[:80]}"
