@@ -8,7 +8,8 @@ The seed serves only the create; the list, retrieve, content and delete
 OpenAI's SDK also calls are served too, so a caller can see and free what
 its quota holds.  A create takes OpenAI's multipart form (``file`` and
 ``purpose``) or the seed's JSON (``{purpose, filename?, data | file}``,
-base64), is bounded per file (``limits.max_bytes``) and per identity
+base64; a form's ``filename`` field names the file over its part's
+file name, as the seed's does), is bounded per file (``limits.max_bytes``) and per identity
 (``limits.max_files`` files, :data:`~sandboxd.policy.defaults.OPENAI_FILES_TOTAL_BYTES`),
 and leaves nothing behind when refused.
 """
@@ -30,7 +31,7 @@ from sandboxd.errors import (
     payload_too_large,
 )
 from sandboxd.openai_api.inputs import known_keys
-from sandboxd.openai_api.registry import page
+from sandboxd.openai_api.registry import labelled, page
 from sandboxd.openai_api.stores import room_for_one, stores
 from sandboxd.policy import defaults
 from sandboxd.web.jsonbody import parse_object
@@ -93,12 +94,23 @@ def _multipart(content_type: str, body: bytes) -> tuple[str, str, bytes]:
             part.get_filename(),
             payload if isinstance(payload, bytes) else b"",
         )
-    known_keys(fields, ("file", "purpose"))
+    known_keys(fields, ("file", "purpose", "filename"))
     if "file" not in fields:
         raise bad_request("file is required", param="file")
     filename, data = fields["file"]
-    purpose = fields.get("purpose", (None, b""))[1].decode("utf-8", "replace")
+    if "filename" in fields:
+        # A filename field names the file over its part's (as the seed's form).
+        filename = _text(fields["filename"][1], "filename")
+    purpose = _text(fields.get("purpose", (None, b""))[1], "purpose")
     return _filename(filename), purpose, data
+
+
+def _text(value: bytes, param: str) -> str:
+    """A text field of the form."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise bad_request(f"{param} must be UTF-8 text", param=param) from None
 
 
 def _json(body: bytes) -> tuple[str, str, bytes]:
@@ -246,11 +258,13 @@ async def agents_files_delete(request: ServerRequest) -> dict[str, Any]:
     return {"id": record["id"], "object": "file", "deleted": True}
 
 
-HANDLERS: dict[str, Any] = {
-    "agents_files_create": agents_files_create,
-    "agents_files_list": agents_files_list,
-    "agents_files_get": agents_files_get,
-    "agents_files_content": agents_files_content,
-    "agents_files_delete": agents_files_delete,
-}
+HANDLERS: dict[str, Any] = labelled(
+    {
+        "agents_files_create": agents_files_create,
+        "agents_files_list": agents_files_list,
+        "agents_files_get": agents_files_get,
+        "agents_files_content": agents_files_content,
+        "agents_files_delete": agents_files_delete,
+    }
+)
 SINKS: dict[str, Any] = {"agents_files_create": BodySink}

@@ -349,6 +349,24 @@ def restored_first(handlers: dict[str, Any]) -> dict[str, Any]:
     return {endpoint_id: _after_load(h) for endpoint_id, h in handlers.items()}
 
 
+def labelled(handlers: dict[str, Any]) -> dict[str, Any]:
+    """
+    ``handlers``, each answering with ``X-Agent-Sandbox-Local: 1`` (those
+    that need none of the state :func:`restored_first` waits for).
+    """
+    return {endpoint_id: _labelled(h) for endpoint_id, h in handlers.items()}
+
+
+def _labelled(handler: Callable[[ServerRequest], Any]) -> Callable[..., Any]:
+    @functools.wraps(handler)
+    def call(request: ServerRequest) -> Any:
+        if request.raw is not None:
+            request.raw.setHeader(LOCAL_HEADER, "1")
+        return handler(request)
+
+    return call
+
+
 def _after_load(handler: Callable[[ServerRequest], Any]) -> Callable[..., Any]:
     @functools.wraps(handler)
     def call(request: ServerRequest) -> Any:

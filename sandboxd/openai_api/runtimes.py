@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from sandboxd.agents import catalog
-from sandboxd.openai_api.registry import page
+from sandboxd.openai_api.registry import labelled, page
 from sandboxd.web.messages import ServerRequest
 
 
@@ -58,4 +58,4 @@ def agents_runtimes_list(request: ServerRequest) -> dict[str, Any]:
     return page(request, shown, default_order="asc")
 
 
-HANDLERS: dict[str, Any] = {"agents_runtimes_list": agents_runtimes_list}
+HANDLERS: dict[str, Any] = labelled({"agents_runtimes_list": agents_runtimes_list})

@@ -132,6 +132,36 @@ class FilesTests(OpenAICase):
             stored(state), sorted(f"{other['id']}.{x}" for x in ("bin", "json"))
         )
 
+    @inlineCallbacks
+    def test_form_filename_field_and_local_label(self) -> Any:
+        """
+        A ``filename`` field of the form names the file over its part's (as
+        agent-sandbox-server's form); the files routes and the runtimes
+        list answer ``X-Agent-Sandbox-Local: 1`` as the door's others do.
+        """
+        state_of(self)
+        auth = {"Authorization": "Bearer u-token"}
+
+        def run() -> Any:
+            named = httpx.post(
+                self.daemon.url + "/v1/files",
+                headers=auth,
+                data={"purpose": "user_data", "filename": "named.txt"},
+                files={"file": ("x.txt", b"abc")},
+            )
+            listed = httpx.get(self.daemon.url + "/v1/files", headers=auth)
+            runtimes = httpx.get(self.daemon.url + "/v1/agents/runtimes", headers=auth)
+            return named, listed, runtimes
+
+        named, listed, runtimes = yield self.sdk(run)
+        self.assertEqual(named.status_code, 200, named.text)
+        self.assertEqual(
+            (named.json()["filename"], named.json()["bytes"]), ("named.txt", 3)
+        )
+        for answer in (named, listed, runtimes):
+            self.assertEqual(answer.status_code, 200)
+            self.assertEqual(answer.headers.get("X-Agent-Sandbox-Local"), "1")
+
 
 class FileLimitTests(OpenAICase):
     """The per-file and per-identity bounds."""

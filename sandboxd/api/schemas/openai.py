@@ -604,7 +604,7 @@ SCHEMAS: dict[str, Schema] = {
         body=(
             F("file", "string", "multipart: the file part (its file name kept)"),
             F("purpose", enum=("user_data",), required=True, example="user_data"),
-            F("filename", doc="JSON form: the file's name"),
+            F("filename", doc="the file's name (multipart: over the file part's)"),
             F("data", doc="JSON form: the bytes, base64"),
         ),
         raw_body=True,
