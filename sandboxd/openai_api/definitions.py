@@ -1,7 +1,8 @@
 # -*- test-case-name: tests.openai_api.test_definitions -*-
 """
 Agent definitions (``client.beta.agents``): a named, reusable agent — which
-catalogue agent runs (``model``), its name and instructions — that a
+catalogue agent runs (``model``, or ``adapter`` with the model it is given),
+its name and instructions — that a
 session (``agent_id``) or a response (``model: agent_…``) starts from.
 
 Definitions belong to the identity that made them and, with a state dir,
@@ -17,6 +18,7 @@ from typing import Any
 from sandboxd.agents import catalog
 from sandboxd.api.schema import schema_for
 from sandboxd.errors import bad_request, not_found
+from sandboxd.openai_api import runtimes
 from sandboxd.openai_api.face import new_id
 from sandboxd.openai_api.inputs import metadata, refuse_multi_agent
 from sandboxd.openai_api.registry import door, page, restored_first
@@ -37,6 +39,8 @@ _KEYS = (
     "text",
     "service_tier",
     "multi_agent",
+    "adapter",
+    "runtime",
 )
 
 
@@ -52,12 +56,22 @@ def _string(body: dict[str, Any], key: str, limit: int) -> str | None:
 
 
 def _checked(
-    request: ServerRequest, body: dict[str, Any], partial: bool
+    request: ServerRequest,
+    body: dict[str, Any],
+    partial: bool,
+    runtime: str | None = None,
 ) -> dict[str, Any]:
-    """The fields of a create (or of an update, ``partial``), checked."""
+    """
+    The fields of a create (or of an update, ``partial``, of a definition
+    whose agent is ``runtime``), checked.
+    """
     for key in body:
         if key not in _KEYS:
             raise bad_request(f"{key}: unknown or unsupported parameter", param=key)
+        if partial and key in ("adapter", "runtime"):
+            raise bad_request(
+                f"{key}: the agent of a definition cannot change", param=key
+            )
     # reasoning, text and service_tier are taken and not used: a wrong
     # type is refused all the same, as OpenAI refuses it.
     declared_types(body, schema_for("agents_definitions_create").body, name_param=True)
@@ -69,8 +83,9 @@ def _checked(
             raise bad_request(
                 "model is required: an agent of the catalogue", param="model"
             )
-        catalog.find(request.context, request.rule, model)
-        out["model"] = model
+        chosen, passed = runtimes.select(request, body, model=model, default=runtime)
+        catalog.find(request.context, request.rule, chosen)
+        out.update(model=model, runtime=chosen, pass_model=passed)
     for key, limit in (
         ("name", defaults.OPENAI_MAX_NAME_CHARS),
         ("instructions", defaults.OPENAI_MAX_INSTRUCTIONS_CHARS),
@@ -121,8 +136,9 @@ def session_agent(record: dict[str, Any]) -> dict[str, Any]:
     """
     return {
         "id": record["id"],
-        "runtime": record["model"],
+        "runtime": record.get("runtime") or record["model"],
         "model": record["model"],
+        "pass_model": record.get("pass_model"),
         "name": record.get("name"),
         "instructions": record.get("instructions"),
         "tools": list(record.get("tools") or []),
@@ -166,7 +182,14 @@ def agents_definitions_get(request: ServerRequest) -> dict[str, Any]:
 def agents_definitions_update(request: ServerRequest) -> dict[str, Any]:
     """Change a definition (sessions already started keep what they had)."""
     record = find(request, request.path_params["agent_id"])
-    record.update(_checked(request, request.body, partial=True))
+    record.update(
+        _checked(
+            request,
+            request.body,
+            partial=True,
+            runtime=record.get("runtime") or record["model"],
+        )
+    )
     record["updated_at"] = int(time.time())
     return describe(record)
 

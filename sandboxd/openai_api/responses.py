@@ -33,7 +33,7 @@ from sandboxd.agents import catalog
 from sandboxd.api.schema import schema_for
 from sandboxd.errors import bad_request, not_found
 from sandboxd.eventlog import Event, json_size
-from sandboxd.openai_api import definitions
+from sandboxd.openai_api import definitions, runtimes
 from sandboxd.openai_api.face import SessionFace, WireTurn, new_id
 from sandboxd.openai_api.inputs import known_keys, message_text, metadata
 from sandboxd.openai_api.registry import (
@@ -70,6 +70,8 @@ _KEYS = (
     "reasoning",
     "text",
     "service_tier",
+    "adapter",
+    "runtime",
 )
 #: Keys accepted and ignored, named back in a header (as the seed does).
 _IGNORED = (
@@ -500,7 +502,7 @@ async def agents_responses_create(request: ServerRequest) -> Any:
             await revive(request, face)
         face.require_live()
     else:
-        agent = _agent(request, body["model"])
+        agent = _agent(request, body)
         await _make_room(request)
         face = await open_session(
             request, agent, None, {"type": "self_hosted"}, {}, hidden=True
@@ -592,17 +594,23 @@ async def _go_on(
     return await _answer(request, response, body)
 
 
-def _agent(request: ServerRequest, model: str) -> dict[str, Any]:
-    """A stored definition (``agent_…``) or a catalogue agent, as a session's agent."""
+def _agent(request: ServerRequest, body: dict[str, Any]) -> dict[str, Any]:
+    """
+    A stored definition (``model: agent_…``) or a catalogue agent (chosen
+    as :func:`.runtimes.select` says), as a session's agent.
+    """
+    model = str(body["model"])
     if model.startswith("agent_"):
         return definitions.session_agent(
             definitions.find(request, model, param="model")
         )
-    catalog.find(request.context, request.rule, model)
+    runtime, passed = runtimes.select(request, body, model=model)
+    catalog.find(request.context, request.rule, runtime)
     return {
-        "id": model,
-        "runtime": model,
+        "id": runtime,
+        "runtime": runtime,
         "model": model,
+        "pass_model": passed,
         "name": None,
         "instructions": None,
     }

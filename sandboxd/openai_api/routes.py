@@ -26,7 +26,14 @@ from sandboxd.errors import (
     not_found,
     not_implemented_locally,
 )
-from sandboxd.openai_api import artifacts, definitions, environments, tools, vaults
+from sandboxd.openai_api import (
+    artifacts,
+    definitions,
+    environments,
+    runtimes,
+    tools,
+    vaults,
+)
 from sandboxd.openai_api.face import SessionFace, WireTurn
 from sandboxd.openai_api.inputs import (
     known_keys,
@@ -49,6 +56,8 @@ from sandboxd.web.params import declared_types, flag
 _SESSION_KEYS = (
     "agent",
     "agent_id",
+    "adapter",
+    "runtime",
     "environment",
     "input",
     "metadata",
@@ -98,9 +107,10 @@ def accepted() -> ServerResponse:
 
 def _agent_spec(request: ServerRequest, body: dict[str, Any]) -> dict[str, Any]:
     """
-    The agent checked: which catalogue agent runs (``runtime``), and how
-    the session shows it — a stored definition (``agent_id``), with the
-    inline ``agent``'s fields over it, or the inline ``agent`` alone.
+    The agent checked: which catalogue agent runs (``runtime``, chosen as
+    :func:`.runtimes.select` says), and how the session shows it — a stored
+    definition (``agent_id``), with the inline ``agent``'s fields over it,
+    or the inline ``agent`` alone.
     """
     agent = body.get("agent")
     if agent is not None and not isinstance(agent, dict):
@@ -111,10 +121,6 @@ def _agent_spec(request: ServerRequest, body: dict[str, Any]) -> dict[str, Any]:
         spec = definitions.session_agent(
             definitions.find(request, str(body["agent_id"]))
         )
-    elif not agent:
-        raise bad_request(
-            "'agent' with a 'model', or 'agent_id', is required", param="agent"
-        )
     for key in agent:
         if key not in _AGENT_KEYS:
             raise bad_request(
@@ -123,16 +129,17 @@ def _agent_spec(request: ServerRequest, body: dict[str, Any]) -> dict[str, Any]:
     if "tools" in agent:
         spec["tools"] = tools.parse_tools(agent["tools"], "agent.tools")
     refuse_multi_agent(agent.get("multi_agent"), "agent.multi_agent")
-    runtime = agent.get("adapter") or agent.get("runtime") or agent.get("model")
-    if runtime is not None:
-        if not isinstance(runtime, str) or not runtime:
-            raise bad_request(
-                "agent.model must name an agent of the catalogue", param="agent.model"
-            )
-        spec.update(runtime=runtime, model=str(agent.get("model") or runtime))
+    model = agent.get("model")
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise bad_request("agent.model must be a string", param="agent.model")
+    if "runtime" not in spec or model is not None or _names_agent(request, body):
+        # A definition's agent is the default of an inline model over it.
+        wanted = model if model is not None else spec.get("model")
+        runtime, passed = runtimes.select(
+            request, body, agent, wanted, default=spec.get("runtime")
+        )
+        spec.update(runtime=runtime, model=wanted or runtime, pass_model=passed)
         spec.setdefault("id", runtime)
-    if "runtime" not in spec:
-        raise bad_request("agent.model is required", param="agent.model")
     for key in ("name", "instructions"):
         if key in agent:
             value = agent[key]
@@ -143,6 +150,16 @@ def _agent_spec(request: ServerRequest, body: dict[str, Any]) -> dict[str, Any]:
     spec.setdefault("instructions", None)
     spec.setdefault("tools", [])
     return spec
+
+
+def _names_agent(request: ServerRequest, body: dict[str, Any]) -> bool:
+    """Whether the request names the agent that runs (header, adapter, runtime)."""
+    agent = body.get("agent") or {}
+    return bool(request.headers.get(runtimes.ADAPTER_HEADER)) or any(
+        source.get(key) is not None
+        for source in (body, agent)
+        for key in ("adapter", "runtime")
+    )
 
 
 def _environment(
@@ -224,6 +241,8 @@ async def open_session(
     the secrets handed over are masked in everything the session shows.
     """
     engine_body: dict[str, Any] = {"agent": agent["runtime"]}
+    if agent.get("pass_model"):
+        engine_body["model"] = agent["pass_model"]
     if cwd:
         engine_body["cwd"] = cwd
     if variables:
@@ -270,6 +289,8 @@ async def revive(request: ServerRequest, face: SessionFace) -> None:
             "agent": face.agent["runtime"],
             "cwd": face.engine.cwd,
         }
+        if face.agent.get("pass_model"):
+            engine_body["model"] = face.agent["pass_model"]
         if face.agent.get("name"):
             engine_body["title"] = face.agent["name"]
         kept_env = door(request).environments.get(face.environment.get("id") or "")

@@ -8,16 +8,122 @@ Nothing is run to answer: the version shown is the catalogue's pinned one
 (the seed runs ``--version`` in the request), and ``installed`` is a PATH
 lookup; ``allowed`` says whether the policy's ``params.agents`` lets the
 caller run it.
+
+Which agent a request runs (:func:`select`) is chosen as the seed
+chooses its runtime: the ``X-ABX-Adapter`` header, else ``adapter`` or
+``runtime`` in the body (or its inline ``agent``), else a ``model`` that
+names an agent, else the default agent; a ``model`` that names no agent
+is handed to the agent that runs (ACP ``session/set_model``).
 """
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from sandboxd.agents import catalog
+from sandboxd.errors import bad_request
 from sandboxd.openai_api.registry import labelled, page
 from sandboxd.web.messages import ServerRequest
+
+#: agent-sandbox-server's runtime names and their aliases, as catalogue ids.
+SEED_NAMES: dict[str, str] = {
+    "openai-codex": "codex",
+    "claude-code": "claude",
+    "claude_code": "claude",
+    "claudecode": "claude",
+    "qwen": "qwen-code",
+    "qwen_code": "qwen-code",
+    "qwencode": "qwen-code",
+    "cursor-agent": "cursor",
+    "cursor_agent": "cursor",
+    "custom": "command",
+}
+#: The agent a request that names none runs (agent-sandbox-server's default).
+DEFAULT_AGENT = "codex"
+#: The header that names the agent, over anything in the body.
+ADAPTER_HEADER = "x-abx-adapter"
+
+
+def canonical(request: ServerRequest, name: str) -> str | None:
+    """
+    The catalogue id ``name`` stands for (itself, or one of the seed's
+    runtime names and aliases), or None: ``name`` is a model, not an agent.
+    """
+    ids = {entry.id for entry in catalog.entries(request.context)}
+    if name in ids:
+        return name
+    return SEED_NAMES.get(name.lower())
+
+
+def default_agent(environ: Mapping[str, str] | None = None) -> str:
+    """
+    The agent a request that names none runs: ``$ABX_AGENTS_DEFAULT``, else
+    ``default`` (or ``agents.default``) of the JSON file
+    ``$ABX_AGENTS_CONFIG`` names, else ``codex``, as agent-sandbox-server.
+    """
+    env = os.environ if environ is None else environ
+    named = env.get("ABX_AGENTS_DEFAULT", "").strip()
+    if named:
+        return named
+    path = env.get("ABX_AGENTS_CONFIG", "").strip()
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                found = json.load(f)
+        except (OSError, ValueError):
+            found = None
+        if isinstance(found, dict):
+            nested = found.get("agents")
+            for value in (
+                found.get("default"),
+                nested.get("default") if isinstance(nested, dict) else None,
+            ):
+                if isinstance(value, str) and value.strip():
+                    return value.strip()
+    return DEFAULT_AGENT
+
+
+def _named(value: Any, param: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise bad_request(f"{param} must name an agent", param=param)
+    return value.strip()
+
+
+def select(
+    request: ServerRequest,
+    body: Mapping[str, Any],
+    agent: Mapping[str, Any] | None = None,
+    model: str | None = None,
+    default: str | None = None,
+) -> tuple[str, str | None]:
+    """
+    ``(catalogue id, model for the agent or None)`` of a request whose
+    body is ``body`` (its inline agent ``agent``, its model ``model``);
+    ``default`` runs when nothing names an agent (else :func:`default_agent`).
+
+    The agent is not looked up in the catalogue here: the caller does it
+    (404 when unknown, 403 when the policy's ``params.agents`` omits it).
+    """
+    agent = agent or {}
+    named = _named(request.headers.get(ADAPTER_HEADER) or None, "X-ABX-Adapter")
+    for source, where in ((body, ""), (agent, "agent.")):
+        for key in ("adapter", "runtime"):
+            if named is None:
+                named = _named(source.get(key), where + key)
+    passed = None
+    if model is not None:
+        as_agent = canonical(request, model)
+        if named is None and as_agent is not None:
+            return as_agent, None
+        if as_agent is None:
+            passed = model
+    chosen = named or default or default_agent()
+    return canonical(request, chosen) or chosen, passed
 
 
 def describe(entry: catalog.CatalogEntry, request: ServerRequest) -> dict[str, Any]:

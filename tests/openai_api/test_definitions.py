@@ -32,7 +32,9 @@ class DefinitionTests(OpenAICase):
             theirs = caught(
                 lambda: self.client("o-token").beta.agents.retrieve(made.id)
             )
-            unknown = caught(lambda: agents.create(model="no-such"))
+            unknown = caught(
+                lambda: agents.create(model="m", extra_body={"adapter": "no-such"})
+            )
             deleted = agents.delete(made.id)
             gone = caught(lambda: agents.retrieve(made.id))
             return made, updated, listed, models, theirs, unknown, deleted, gone

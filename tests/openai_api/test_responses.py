@@ -140,7 +140,11 @@ class ResponseTests(OpenAICase):
                 response,
                 done,
                 caught(lambda: client.responses.cancel(response.id)),
-                caught(lambda: client.responses.create(model="no-such", input="x")),
+                caught(
+                    lambda: client.responses.create(
+                        model="no-such", input="x", extra_body={"adapter": "no-such"}
+                    )
+                ),
                 caught(
                     lambda: client.responses.create(
                         model="fake",

@@ -351,7 +351,9 @@ class DoorTests(OpenAICase):
                 caught(lambda: sessions.retrieve("agsess_nope")),
                 caught(
                     lambda: sessions.create(
-                        **self.session_body(agent={"model": "no-such"})
+                        **self.session_body(
+                            agent={"model": "no-such", "adapter": "no-such"}
+                        )
                     )
                 ),
                 caught(
@@ -675,3 +677,151 @@ class UnansweringAgentTests(OpenAICase):
         self.assertLess(reactor.seconds() - started, 30)
         self.assertIn("agent.session.turn.cancelled", types)
         self.assertEqual(types[-1], "agent.session.idle")
+
+
+class AgentSelectionTests(OpenAICase):
+    """
+    Which agent runs is chosen as agent-sandbox-server chooses its runtime:
+    ``X-ABX-Adapter``, ``adapter``/``runtime``, a model that names an
+    agent, else the default agent, which is handed a model naming no agent.
+    """
+
+    def post(self, path: str, body: dict[str, Any], **headers: str) -> Any:
+        """A raw JSON call of the door, as the user's own."""
+        return httpx.post(
+            self.daemon.url + path,
+            json=body,
+            headers={"Authorization": "Bearer u-token", **headers},
+            timeout=30,
+        )
+
+    def model_of(self, session_id: str) -> Any:
+        """The model the agent of ``session_id`` was set to."""
+        from sandboxd.openai_api.registry import registry
+
+        engine = registry(self.daemon.context.agents.get()).faces[session_id].engine
+        (option,) = [o for o in engine.config_options if o["category"] == "model"]
+        return option["currentValue"]
+
+    def environment(self) -> dict[str, Any]:
+        return {"type": "self_hosted", "workspace_directory": self.base_dir}
+
+    @inlineCallbacks
+    def test_adapter_names_the_agent(self) -> Any:
+        """
+        ``adapter`` (top level), the header, or a seed name of an agent pick
+        it; the ``model`` beside it goes to the agent; an unknown agent is 404.
+        """
+
+        def run() -> Any:
+            plain = self.post(
+                "/v1/agents/sessions",
+                {"adapter": "fake", "environment": self.environment()},
+            )
+            plain_id = plain.json()["id"]
+            httpx.delete(
+                self.daemon.url + f"/v1/agents/sessions/{plain_id}",
+                headers={"Authorization": "Bearer u-token"},
+            )
+            headed = self.post(
+                "/v1/agents/sessions",
+                {"agent": {"model": "large"}, "environment": self.environment()},
+                **{"X-ABX-Adapter": "fake"},
+            )
+            headed_model = self.model_of(headed.json()["id"])
+            return (
+                plain,
+                headed,
+                headed_model,
+                self.post(
+                    "/v1/agents/sessions",
+                    {"adapter": "claude-code", "environment": self.environment()},
+                ),
+                self.post(
+                    "/v1/agents/sessions",
+                    {"runtime": "no-such", "environment": self.environment()},
+                ),
+            )
+
+        plain, headed, headed_model, claude, unknown = yield self.sdk(run)
+        self.assertEqual(plain.status_code, 200, plain.text)
+        self.assertEqual(plain.headers["x-agent-sandbox-local"], "1")
+        self.assertEqual(
+            (plain.json()["agent"]["id"], plain.json()["agent"]["model"]),
+            ("fake", "fake"),
+        )
+        self.assertEqual(headed.status_code, 200, headed.text)
+        self.assertEqual(
+            (headed.json()["agent"]["id"], headed.json()["agent"]["model"]),
+            ("fake", "large"),
+        )
+        self.assertEqual(headed_model, "large")
+        # agent-sandbox-server's claude-code is the catalogue's claude.
+        self.assertEqual(claude.json()["error"]["code"], "agent_unavailable")
+        self.assertIn("'claude'", claude.json()["error"]["message"])
+        self.assertEqual(unknown.status_code, 404)
+        self.assertEqual(unknown.json()["error"]["code"], "not_found")
+
+    @inlineCallbacks
+    def test_default_agent_gets_the_model(self) -> Any:
+        """
+        A model naming no agent runs on the default agent
+        (``$ABX_AGENTS_DEFAULT``), which is set to that model.
+        """
+        old = os.environ.get("ABX_AGENTS_DEFAULT")
+        os.environ["ABX_AGENTS_DEFAULT"] = "fake"
+        self.addCleanup(
+            lambda: (
+                os.environ.pop("ABX_AGENTS_DEFAULT", None)
+                if old is None
+                else os.environ.__setitem__("ABX_AGENTS_DEFAULT", old)
+            )
+        )
+
+        def run() -> Any:
+            made = self.post(
+                "/v1/agents/sessions",
+                {"agent": {"model": "large"}, "environment": self.environment()},
+            )
+            return made, self.model_of(made.json()["id"])
+
+        made, model = yield self.sdk(run)
+        self.assertEqual(made.status_code, 200, made.text)
+        self.assertEqual(made.json()["agent"]["id"], "fake")
+        self.assertEqual(model, "large")
+
+    @inlineCallbacks
+    def test_definition_and_response_take_adapter(self) -> Any:
+        """
+        A definition and a response take ``adapter`` with the model it is
+        given; a definition's agent cannot change afterwards.
+        """
+
+        def run() -> Any:
+            made = self.post("/v1/agents", {"model": "large", "adapter": "fake"})
+            agent_id = made.json()["id"]
+            changed = self.post(f"/v1/agents/{agent_id}", {"adapter": "claude"})
+            session = self.post(
+                "/v1/agents/sessions",
+                {"agent_id": agent_id, "environment": self.environment()},
+            )
+            session_model = self.model_of(session.json()["id"])
+            response = self.post(
+                "/v1/responses",
+                {"model": "large", "adapter": "fake", "input": "echo over there"},
+            )
+            return made, changed, session, session_model, response
+
+        made, changed, session, session_model, response = yield self.sdk(run)
+        self.assertEqual(made.status_code, 200, made.text)
+        self.assertEqual(made.json()["model"], "large")
+        self.assertEqual(made.headers["x-agent-sandbox-local"], "1")
+        self.assertEqual(changed.status_code, 400)
+        self.assertEqual(changed.json()["error"]["param"], "adapter")
+        self.assertEqual(session.status_code, 200, session.text)
+        self.assertEqual(session_model, "large")
+        self.assertEqual(response.status_code, 200, response.text)
+        self.assertEqual(response.json()["model"], "large")
+        self.assertEqual(
+            response.json()["output"][-1]["content"][0]["text"], "over there"
+        )

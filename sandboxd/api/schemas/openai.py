@@ -11,6 +11,16 @@ from sandboxd.api.fragments import GAP
 _IDEMPOTENCY = F(
     "Idempotency-Key", doc="the same key and body answer the first result again"
 )
+_ADAPTER_HEADER = F(
+    "X-ABX-Adapter", doc="the agent that runs, over adapter, runtime and model"
+)
+_ADAPTER = (
+    F(
+        "adapter",
+        doc="the agent that runs (a catalogue id or an agent-sandbox-server runtime name)",
+    ),
+    F("runtime", doc="the same as adapter"),
+)
 
 
 _OA_PAGE = (
@@ -85,7 +95,13 @@ _OA_SUBAGENT_404 = E(404, "not_found", "no such subagent (an ACP agent reports n
 
 
 _OA_DEFINITION = (
-    F("model", doc="a catalogue id (required at create)", example="claude"),
+    F(
+        "model",
+        doc="a catalogue id, or a model for the agent that runs (required at create)",
+        example="claude",
+    ),
+    F("adapter", doc="the agent that runs (at create only)"),
+    F("runtime", doc="the same as adapter"),
     F("name"),
     F("instructions", doc="sent ahead of the first prompt of each session"),
     F("metadata", "object"),
@@ -243,15 +259,16 @@ _OA_REFUSED = E(
 
 SCHEMAS: dict[str, Schema] = {
     "agents_sessions_create": Schema(
-        headers=(_IDEMPOTENCY,),
+        headers=(_IDEMPOTENCY, _ADAPTER_HEADER),
         body=(
             F(
                 "agent",
                 "object",
-                "{model: a catalogue id, name?, instructions?, tools?: MCP servers over http}",
-                required=True,
+                "{model: a catalogue id (or a model for the agent that runs), "
+                "adapter?, name?, instructions?, tools?: MCP servers over http}",
                 example={"model": "claude"},
             ),
+            *_ADAPTER,
             F("agent_id", doc="a stored definition"),
             F(
                 "environment",
@@ -480,9 +497,15 @@ SCHEMAS: dict[str, Schema] = {
     "agents_cannot_executor_registration": Schema(errors=(_OA_REFUSED,)),
     "agents_cannot_executor_channel": Schema(errors=(_OA_REFUSED,)),
     "agents_responses_create": Schema(
-        headers=(_IDEMPOTENCY,),
+        headers=(_IDEMPOTENCY, _ADAPTER_HEADER),
         body=(
-            F("model", required=True, doc="a catalogue id", example="claude"),
+            F(
+                "model",
+                required=True,
+                doc="a catalogue id, a definition, or a model for the agent that runs",
+                example="claude",
+            ),
+            *_ADAPTER,
             F(
                 "input",
                 "any",
