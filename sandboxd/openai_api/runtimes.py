@@ -30,7 +30,11 @@ from sandboxd.web.messages import ServerRequest
 
 #: agent-sandbox-server's runtime names and their aliases, as catalogue ids.
 SEED_NAMES: dict[str, str] = {
+    "codex": "codex",
     "openai-codex": "codex",
+    "qwen-code": "qwen-code",
+    "cursor": "cursor",
+    "command": "command",
     "claude-code": "claude",
     "claude_code": "claude",
     "claudecode": "claude",

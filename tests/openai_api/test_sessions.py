@@ -741,9 +741,16 @@ class AgentSelectionTests(OpenAICase):
                     "/v1/agents/sessions",
                     {"runtime": "no-such", "environment": self.environment()},
                 ),
+                self.post(
+                    "/v1/agents/sessions",
+                    {
+                        "agent": {"model": "qwen-code"},
+                        "environment": self.environment(),
+                    },
+                ),
             )
 
-        plain, headed, headed_model, claude, unknown = yield self.sdk(run)
+        plain, headed, headed_model, claude, unknown, qwen = yield self.sdk(run)
         self.assertEqual(plain.status_code, 200, plain.text)
         self.assertEqual(plain.headers["x-agent-sandbox-local"], "1")
         self.assertEqual(
@@ -761,6 +768,10 @@ class AgentSelectionTests(OpenAICase):
         self.assertIn("'claude'", claude.json()["error"]["message"])
         self.assertEqual(unknown.status_code, 404)
         self.assertEqual(unknown.json()["error"]["code"], "not_found")
+        # An agent-sandbox-server runtime name is an agent, not a model for
+        # the default one: unknown here unless the policy adds it.
+        self.assertEqual(qwen.status_code, 404)
+        self.assertIn("'qwen-code'", qwen.json()["error"]["message"])
 
     @inlineCallbacks
     def test_default_agent_gets_the_model(self) -> Any:
