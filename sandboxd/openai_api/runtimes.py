@@ -130,15 +130,26 @@ def select(
     return canonical(request, chosen) or chosen, passed
 
 
-def describe(entry: catalog.CatalogEntry, request: ServerRequest) -> dict[str, Any]:
-    """One ``agent.runtime``."""
+def describe(
+    entry: catalog.CatalogEntry, request: ServerRequest, default: str | None = None
+) -> dict[str, Any]:
+    """
+    One ``agent.runtime``: its ``name`` is what ``adapter`` takes (as
+    agent-sandbox-server's), its ``aliases`` the other names that pick it,
+    ``default`` whether it runs when a request names no agent.
+    """
     shown = catalog.describe(entry, request.rule)
     install = shown["install"]
     return {
         "id": entry.id,
         "object": "agent.runtime",
-        "name": entry.name,
-        "aliases": [],
+        "name": entry.id,
+        "display_name": entry.name,
+        "aliases": sorted(
+            alias
+            for alias, target in SEED_NAMES.items()
+            if target == entry.id and alias != entry.id
+        ),
         "binary": entry.command[0] if entry.command else None,
         "installed": shown["installed"],
         "path": shown["path"],
@@ -146,7 +157,7 @@ def describe(entry: catalog.CatalogEntry, request: ServerRequest) -> dict[str, A
         "experimental": False,
         "implemented": True,
         "allowed": shown["allowed"],
-        "default": False,
+        "default": entry.id == default,
         "protocol": "acp",
         "source": entry.source,
         "capabilities": {
@@ -164,7 +175,11 @@ def describe(entry: catalog.CatalogEntry, request: ServerRequest) -> dict[str, A
 
 def agents_runtimes_list(request: ServerRequest) -> dict[str, Any]:
     """The catalogue's agents as runtimes (``allowed``: this caller may run it)."""
-    shown = [describe(entry, request) for entry in catalog.entries(request.context)]
+    chosen = default_agent()
+    default = canonical(request, chosen) or chosen
+    shown = [
+        describe(entry, request, default) for entry in catalog.entries(request.context)
+    ]
     return page(request, shown, default_order="asc")
 
 

@@ -272,5 +272,11 @@ class RuntimesTests(OpenAICase):
                 ("agent.runtime", True, True, "acp"),
             )
             self.assertIn("claude", [r["id"] for r in body["data"]])
+            # As agent-sandbox-server's: the name adapter takes, the names
+            # that pick it too, and which one runs when none is named.
+            claude = next(r for r in body["data"] if r["id"] == "claude")
+            self.assertEqual(claude["name"], "claude")
+            self.assertIn("claude-code", claude["aliases"])
+            self.assertEqual([r["id"] for r in body["data"] if r["default"]], ["codex"])
 
         return d.addCallback(check)

@@ -772,7 +772,8 @@ SCHEMAS: dict[str, Schema] = {
             _OA_PAGE[2],
         ),
         response=_OA_LIST,
-        notes="Each {id, object: agent.runtime, name, binary, installed, path, version, "
+        notes="Each {id, object: agent.runtime, name (what adapter takes), display_name, "
+        "aliases, default, binary, installed, path, version, "
         "allowed, capabilities, install_steps}; nothing is run to answer.",
     ),
     "agents_webhooks_create": Schema(
