@@ -603,30 +603,45 @@ def agents_models_get(request: ServerRequest) -> dict[str, Any]:
 # -- what a local daemon refuses -------------------------------------------------
 
 
+def _refused(message: str) -> ApiError:
+    """
+    404 ``agents.not_implemented_locally``, labelled as agent-sandbox-server
+    labels it: nothing runs for it, and where the local runtimes are listed.
+    """
+    error = not_implemented_locally(message)
+    error.extra["x_agent_sandbox"] = {
+        "local": True,
+        "compute": "none",
+        "differences": ["not_implemented_locally"],
+        "runtimes": "/v1/agents/runtimes",
+    }
+    return error
+
+
 def agents_cannot_models_delete(request: ServerRequest) -> Any:
     """No fine-tuned models here."""
-    raise not_implemented_locally(
+    raise _refused(
         "models cannot be deleted here: the models are the agents of the policy's catalogue"
     )
 
 
 def agents_cannot_responses_input_tokens(request: ServerRequest) -> Any:
     """No local tokenizer matches the agent's model."""
-    raise not_implemented_locally(
+    raise _refused(
         "input tokens cannot be counted locally: the agent's model and its tokenizer are its own"
     )
 
 
 def agents_cannot_executor_registration(request: ServerRequest) -> Any:
     """Executors register with OpenAI's hosted service."""
-    raise not_implemented_locally(
+    raise _refused(
         "executor registration is part of OpenAI's hosted service; agents run here already"
     )
 
 
 def agents_cannot_executor_channel(request: ServerRequest) -> Any:
     """The executor channel's peer is the hosted harness."""
-    raise not_implemented_locally(
+    raise _refused(
         "the executor channel connects to OpenAI's hosted harness; agents run here already"
     )
 

@@ -523,6 +523,9 @@ class ModelTests(OpenAICase):
         for refused in (delete, count):
             self.assertEqual(refused.status_code, 404)
             self.assertEqual(refused.body["code"], "agents.not_implemented_locally")
+            self.assertEqual(
+                refused.body["x_agent_sandbox"]["runtimes"], "/v1/agents/runtimes"
+            )
             self.assertEqual(refused.response.headers["x-should-retry"], "false")
 
 
