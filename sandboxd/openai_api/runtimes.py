@@ -18,6 +18,7 @@ is handed to the agent that runs (ACP ``session/set_model``).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Mapping
@@ -73,21 +74,30 @@ def default_agent(environ: Mapping[str, str] | None = None) -> str:
     if named:
         return named
     path = env.get("ABX_AGENTS_CONFIG", "").strip()
-    if path:
-        try:
-            with open(path, encoding="utf-8") as f:
-                found = json.load(f)
-        except (OSError, ValueError):
-            found = None
-        if isinstance(found, dict):
-            nested = found.get("agents")
-            for value in (
-                found.get("default"),
-                nested.get("default") if isinstance(nested, dict) else None,
-            ):
-                if isinstance(value, str) and value.strip():
-                    return value.strip()
-    return DEFAULT_AGENT
+    return (_configured(path) if path else None) or DEFAULT_AGENT
+
+
+@functools.lru_cache(maxsize=1)
+def _configured(path: str) -> str | None:
+    """
+    The default agent the JSON file ``path`` names, read once (the
+    reactor reads no file per request): a change needs a restart.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(found, dict):
+        return None
+    nested = found.get("agents")
+    for value in (
+        found.get("default"),
+        nested.get("default") if isinstance(nested, dict) else None,
+    ):
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    return None
 
 
 def _named(value: Any, param: str) -> str | None:

@@ -839,3 +839,25 @@ class AgentSelectionTests(OpenAICase):
         self.assertEqual(
             response.json()["output"][-1]["content"][0]["text"], "over there"
         )
+
+
+class DefaultAgentTests(SynchronousTestCase):
+    """The default agent, found as agent-sandbox-server finds its default runtime."""
+
+    def test_environment_then_file_then_codex(self) -> None:
+        """``$ABX_AGENTS_DEFAULT``, else the file's ``default`` or ``agents.default``."""
+        from sandboxd.openai_api.runtimes import default_agent
+
+        flat = self.mktemp()
+        with open(flat, "w") as f:
+            json.dump({"default": "claude"}, f)
+        nested = self.mktemp()
+        with open(nested, "w") as f:
+            json.dump({"agents": {"default": "gemini"}}, f)
+        self.assertEqual(default_agent({}), "codex")
+        self.assertEqual(default_agent({"ABX_AGENTS_CONFIG": flat}), "claude")
+        self.assertEqual(default_agent({"ABX_AGENTS_CONFIG": nested}), "gemini")
+        self.assertEqual(
+            default_agent({"ABX_AGENTS_CONFIG": nested, "ABX_AGENTS_DEFAULT": "x"}), "x"
+        )
+        self.assertEqual(default_agent({"ABX_AGENTS_CONFIG": flat + ".gone"}), "codex")
