@@ -359,7 +359,17 @@ class Worker:
         if kind == "jpeg" and req.get("quality") is not None:
             options["quality"] = req["quality"]
         if req.get("selector"):
-            data = await page.locator(req["selector"]).first.screenshot(**options)
+            # The element as the page is now, as agent-sandbox-server takes
+            # it: one that is not there is a 404 at once, not a wait.
+            element = await page.query_selector(req["selector"])
+            if element is None:
+                raise WorkerError(
+                    404,
+                    f"Selector not found: {req['selector']}",
+                    "ValueError",
+                    "not_found",
+                )
+            data = await element.screenshot(**options)
         else:
             data = await page.screenshot(
                 full_page=bool(req.get("full_page")), **options

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import time
 from typing import Any
 
 from twisted.internet import reactor
@@ -238,7 +239,8 @@ class BrowserTests(DaemonTestCase):
     @inlineCallbacks
     def test_errors(self) -> Any:
         """
-        A missing element times out (408), a script that throws is 400, a
+        A missing element times out (408) (a screenshot of one is 404 at
+        once), a script that throws is 400, a
         bad argument is 400 before the browser is asked, and the page stays
         usable after each.
         """
@@ -255,6 +257,14 @@ class BrowserTests(DaemonTestCase):
         self.assertIn("boom", reply.json()["error"])
         reply = yield self.request("POST", "/browser/screenshot", {"type": "gif"})
         self.assertEqual(reply.status, 400)
+        # An element that is not on the page is a 404 at once, as on
+        # agent-sandbox-server (not a 30 s wait for it to appear).
+        started = time.monotonic()
+        reply = yield self.request("POST", "/browser/screenshot", {"selector": "#nope"})
+        self.assertEqual(reply.status, 404, reply.body)
+        self.assertEqual(reply.json()["code"], "not_found")
+        self.assertIn("Selector not found", reply.json()["error"])
+        self.assertLess(time.monotonic() - started, 10)
         reply = yield self.request(
             "POST", "/browser/navigate", {"url": self.site, "wait_until": "soon"}
         )

@@ -47,7 +47,7 @@ SCHEMAS: dict[str, Schema] = {
     "browser_screenshot": Schema(
         body=(
             F("full_page", "boolean", default=False),
-            F("selector", doc="an element to capture"),
+            F("selector", doc="an element to capture, as the page is now"),
             F("type", enum=("png", "jpeg"), default="png"),
             F(
                 "format",
@@ -60,6 +60,7 @@ SCHEMAS: dict[str, Schema] = {
         response=(F("image_base64"), F("width", "integer"), F("height", "integer")),
         errors=(
             E(400, "invalid_param", "bad type or format, quality or timeout"),
+            E(404, "not_found", "no element matches selector", "ValueError"),
             *_BROWSER,
         ),
     ),
