@@ -499,7 +499,10 @@ def process_output(request: ServerRequest) -> Any:
       ``exit``).
     - ``?since=SEQ&wait=S`` (the seed's): the events from ``since`` on;
       ``next`` is the seq to pass as ``since`` next time.  Needs a process
-      started with ``capture_output: true`` (409 otherwise).
+      started with ``capture_output: true`` (409 otherwise).  A read of
+      such a process that names no cursor at all (no ``since``, ``after``,
+      ``Last-Event-ID`` or ``follow``) is in this form too, as on the seed,
+      so its ``next`` can be passed as ``since``.
 
     In either form ``wait`` holds the answer until there is output to give,
     the output ends, or ``wait`` seconds pass (at most
@@ -507,7 +510,7 @@ def process_output(request: ServerRequest) -> Any:
     process asks a few times a minute, not hundreds of times a second.
     """
     managed = _managed(request)
-    seed_form = request.arg("since") is not None
+    seed_form = request.arg("since") is not None or _seed_by_default(request, managed)
     if managed.capture_output is False or (
         seed_form and managed.capture_output is not True
     ):
@@ -539,6 +542,20 @@ def process_output(request: ServerRequest) -> Any:
     waited = output_after(request.context.reactor, managed, after, wait)
     return waited.addCallback(
         lambda _: _output_page(managed, after, since if seed_form else None)
+    )
+
+
+def _seed_by_default(request: ServerRequest, managed: processes.Managed) -> bool:
+    """
+    Whether a read that names no cursor is in the seed's form: for a
+    process started with ``capture_output: true`` (only the seed's clients
+    ask for it), unless the read names one of ours.
+    """
+    return (
+        managed.capture_output is True
+        and request.arg("after") is None
+        and request.arg("follow") is None
+        and "last-event-id" not in request.headers
     )
 
 
@@ -620,7 +637,8 @@ def process_stdin(request: ServerRequest) -> dict[str, Any]:
 
     → ``{"pid", "written", "closed", "bytes"}`` (``bytes`` is ``written``
     under its older name); 409 ``stdin_closed`` when the process was not
-    started with ``"stdin": true`` or its stdin is closed already.
+    started with ``"stdin": true`` or its stdin is closed already; 400
+    when there is nothing to write and no ``eof``, as on the seed.
     """
     managed = _managed(request)
     body = request.body
@@ -638,6 +656,9 @@ def process_stdin(request: ServerRequest) -> dict[str, Any]:
     if not managed.running:
         raise not_found(f"process {managed.pid} has exited")
     feed_stdin(managed, raw)
+    if not raw and not eof:
+        # After feed_stdin, so a process without a pipe is still its 409.
+        raise bad_request("give 'data' or 'data_base64' to write, or 'eof': true")
     if eof:
         managed.child.close_stdin()
     return {"pid": managed.pid, "written": len(raw), "closed": eof, "bytes": len(raw)}

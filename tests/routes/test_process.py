@@ -793,6 +793,28 @@ class SeedFormTests(ProcessCase):
         )
 
     @inlineCallbacks
+    def test_bare_read_is_the_seed_form(self) -> Any:
+        """
+        A read naming no cursor of a process started with capture_output:
+        true is the seed's form: its next, passed as since, gives only
+        what came after (no line twice).
+        """
+        started = yield self.start_process(
+            "echo one; sleep 0.5; echo two", capture_output=True
+        )
+        pid = started["pid"]
+        reply = yield self.request("GET", f"/process/{pid}/output?wait=5")
+        first = reply.json()
+        self.assertEqual([e["data"] for e in first["events"]], ["one\n"])
+        reply = yield self.request(
+            "GET", f"/process/{pid}/output?wait=5&since={first['next']}"
+        )
+        self.assertEqual([e["data"] for e in reply.json()["events"]], ["two\n"])
+        reply = yield self.request("GET", f"/process/{pid}/output?after=0")
+        after = reply.json()
+        self.assertEqual(after["next"], after["events"][-1]["seq"])
+
+    @inlineCallbacks
     def test_wait_answers_on_output(self) -> Any:
         """A long-poll answers as soon as output comes, not when wait runs out."""
         started = yield self.start_process("sleep 0.5; echo late", capture_output=True)
@@ -861,12 +883,18 @@ class SeedFormTests(ProcessCase):
 
     @inlineCallbacks
     def test_stdin_refusals(self) -> Any:
-        """Bad base64 and both data forms are 400; a closed stdin is 409 stdin_closed."""
+        """
+        Bad base64, both data forms and nothing to write without eof are
+        400; a closed stdin is 409 stdin_closed.
+        """
         started = yield self.start_process(f"cat; sleep {self.marker}", stdin=True)
         pid = started["pid"]
         for body in (
             {"data_base64": "not base64!"},
             {"data": "x", "data_base64": "eA=="},
+            {},
+            {"data": ""},
+            {"data_base64": "", "eof": False},
         ):
             reply = yield self.request("POST", f"/process/{pid}/stdin", body)
             self.assertEqual(

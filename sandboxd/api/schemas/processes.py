@@ -240,7 +240,8 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "next",
                 "integer",
-                "with after: the last seq returned (or after); with since: the "
+                "with after: the last seq returned (or after); with since, or "
+                "no cursor on a process started with capture_output true: the "
                 "since of the next read",
             ),
             F("dropped", "boolean", "some output is no longer kept"),
@@ -283,7 +284,8 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 400,
                 "invalid_param",
-                "pid, data, data_base64 or eof malformed, or both data forms",
+                "pid, data, data_base64 or eof malformed, both data forms, "
+                "or nothing to write and no eof",
             ),
             E(
                 409,
