@@ -45,7 +45,7 @@ from sandboxd.processes.environment import (
 )
 from sandboxd.web import params
 from sandboxd.web.messages import ServerRequest
-from sandboxd.web.params import flag, one_of, seconds, string
+from sandboxd.web.params import flag, seconds, string
 
 #: Each language's interpreters, first found on the child's PATH wins, and
 #: the flag that runs a program given as an argument.  Passing the code as
@@ -72,11 +72,30 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8", "replace")
 
 
+def _language(value: Any) -> str:
+    """
+    A language :data:`RUNTIMES` knows, named in any case.
+
+    :raises ApiError: 400 ``invalid_param`` naming the ones it knows.
+    """
+    name = value.lower() if isinstance(value, str) else value
+    if isinstance(name, str) and name in RUNTIMES:
+        return name
+    raise bad_request(
+        f"unsupported language {value!r}; use one of: {', '.join(RUNTIMES)}"
+    )
+
+
 async def code_run(request: ServerRequest) -> dict[str, Any]:
-    """``POST /code/run {"language", "code", "timeout"?, "cwd"?, "env"?, "user"?}``."""
+    """
+    ``POST /code/run {"language"?, "code", "timeout"?, "cwd"?, "env"?, "user"?}``.
+
+    ``language`` is ``python`` when not given, and read in any case, as
+    on the seed.
+    """
     body = request.body
     rule = request.rule
-    language = one_of(body.get("language"), "language", tuple(RUNTIMES))
+    language = _language(body.get("language", "python"))
     if language not in rule.params.languages:
         raise forbidden(
             f"the language {language!r} is not allowed"

@@ -42,6 +42,22 @@ class CodeRunTests(DaemonTestCase):
         self.assertIsInstance(body["execution_time_ms"], float)
 
     @inlineCallbacks
+    def test_language_defaults_to_python(self) -> Any:
+        """Without ``language`` the code runs as Python; a language is read in any case."""
+        reply = yield self.request("POST", "/code/run", {"code": "print(6 * 7)"})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(
+            (reply.json()["stdout"], reply.json()["language"]), ("42\n", "python")
+        )
+        reply = yield self.request(
+            "POST", "/code/run", {"language": "Bash", "code": "echo hi"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(
+            (reply.json()["stdout"], reply.json()["language"]), ("hi\n", "bash")
+        )
+
+    @inlineCallbacks
     def test_bash_cwd_and_env(self) -> Any:
         """bash runs in the guarded cwd with the request's env; secrets and env_deny are gone."""
         os.mkdir(os.path.join(self.base_dir, "work"))
@@ -144,6 +160,7 @@ class CodeRunTests(DaemonTestCase):
         """Unknown language, missing code, bad timeout and a cwd outside the boundary are refused."""
         cases = [
             ({"language": "ruby", "code": "p 1"}, 400, "invalid_param"),
+            ({"language": 3, "code": "p 1"}, 400, "invalid_param"),
             ({"language": "python"}, 400, "invalid_param"),
             (
                 {"language": "python", "code": "1", "timeout": "soon"},

@@ -10,8 +10,9 @@ SCHEMAS: dict[str, Schema] = {
         body=(
             F(
                 "language",
+                doc="in any case",
                 enum=("python", "node", "bash"),
-                required=True,
+                default="python",
                 example="python",
             ),
             F("code", required=True, example="print(6 * 7)"),
