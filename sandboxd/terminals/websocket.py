@@ -1,6 +1,7 @@
 # -*- test-case-name: tests.terminals.test_websocket -*-
 """
-The PTY WebSocket (SPEC §8): ``ws://HOST:PTY_PORT/pty?session_id=ID``.
+The PTY WebSocket (SPEC §8): ``ws://HOST:PTY_PORT/pty?session_id=ID``
+(``/`` in place of ``/pty`` as well, as on the seed).
 
 Autobahn does the framing; this module decides who may connect (the same
 tokens, scope, Origin and Host rules as the HTTP port, checked during the
@@ -51,6 +52,12 @@ NORMAL = 1000
 SLOW_CLIENT = 4008
 
 WS_PATH = "/pty"
+#: The paths the PTY port answers: ``/pty``, and ``/``, which the seed's
+#: server takes too (it reads only the query).
+WS_PATHS = frozenset({WS_PATH, ""})
+#: Query parameters a token may come in: ours (SPEC §4), and the seed's
+#: ``token``, which its ``ws_url`` carries.
+QUERY_TOKEN_PARAMS = ("access_token", "token")
 
 
 @implementer(IPushProducer)
@@ -122,7 +129,7 @@ class PtyServerProtocol(WebSocketServerProtocol):
 
     def _admit(self, request: Any, endpoint: Any) -> gate.Passed:
         context = self.factory.context
-        if request.path.rstrip("/") != WS_PATH:
+        if request.path.rstrip("/") not in WS_PATHS:
             raise gate.Refused(no_route(request.path))
         headers = {
             k.encode("latin-1"): [v.encode("latin-1", "replace")]
@@ -134,7 +141,11 @@ class PtyServerProtocol(WebSocketServerProtocol):
             endpoint,
             headers,
             secure=self.factory.isSecure if self.secure is None else self.secure,
-            query_tokens=[v.encode("utf-8") for v in params.get("access_token", [])],
+            query_tokens=[
+                v.encode("utf-8")
+                for name in QUERY_TOKEN_PARAMS
+                for v in params.get(name, [])
+            ],
             take_slot=False,
         )
         self.identity = passed.identity

@@ -541,6 +541,25 @@ class TokenTests(TerminalCase):
         yield client.wait_for(lambda m: m.get("event") == "started")
 
     @inlineCallbacks
+    def test_seed_url_forms(self) -> Any:
+        """
+        The seed's forms attach too: ``/`` for ``/pty``, and the token in a
+        ``token`` query parameter; a wrong one there is refused, and two
+        different query tokens are ambiguous.
+        """
+        created = yield self.create()
+        sid = created["session_id"]
+        client = yield self.attach(sid, path="/", token=TOKEN)
+        yield client.wait_for(lambda m: m.get("event") == "started")
+        client = yield self.attach(sid, path="/pty", token=TOKEN)
+        yield client.wait_for(lambda m: m.get("event") == "started")
+        for query in ({"token": "wrong"}, {"token": TOKEN, "access_token": "wrong"}):
+            d = connect(self.pty_port, sid, path="/", **query)
+            yield self.assertFailure(d, ConnectionError)
+        d = connect(self.pty_port, sid, path="/elsewhere", token=TOKEN)
+        yield self.assertFailure(d, ConnectionError)
+
+    @inlineCallbacks
     def test_scope_required(self) -> Any:
         """A token without terminal:use is refused (403)."""
         created = yield self.create()
