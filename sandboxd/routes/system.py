@@ -41,6 +41,11 @@ PROTECTED_VARIABLES = frozenset({"PATH", "HOME", "USER", "SHELL", "ABX_SERVER_TO
 #: The server's own configuration; never shown, never set.
 SERVER_PREFIX = "ABX_SERVER_"
 
+#: Every daemon setting's namespace (``ABX_MAX_UPLOAD_SIZE``, ...), any
+#: case: never set through ``POST /env``, as on the seed, since a policy
+#: reload reads the daemon's environment again.
+CONFIG_PREFIX = "ABX_"
+
 PACKAGE_MANAGERS = ("pip", "npm")
 
 
@@ -192,7 +197,7 @@ def _encodable(text: str, message: str) -> None:
 def _protection(request: ServerRequest, name: str) -> str | None:
     """The rule that protects ``name`` from ``POST /env``, or None."""
     params = request.rule.params
-    if name in PROTECTED_VARIABLES or name.startswith(SERVER_PREFIX):
+    if name in PROTECTED_VARIABLES or name.upper().startswith(CONFIG_PREFIX):
         return "default:protected_variables"
     if name in _secret_names(request):
         return "policy:auth.tokens"

@@ -349,7 +349,10 @@ class EnvSetTests(EnvMixin, DaemonTestCase):
 
     @inlineCallbacks
     def test_protected_names(self) -> Any:
-        """PATH, HOME, USER, SHELL and every ABX_SERVER_* are 403 protected_variable."""
+        """
+        PATH, HOME, USER, SHELL and every ABX_* (any case: the daemon's
+        settings, which a reload reads again) are 403 protected_variable.
+        """
         before = dict(os.environ)
         for name in (
             "PATH",
@@ -360,6 +363,10 @@ class EnvSetTests(EnvMixin, DaemonTestCase):
             "ABX_SERVER_TOKEN_FILE",
             "ABX_SERVER_POLICY",
             "ABX_SERVER_BASE_DIR",
+            "ABX_MAX_UPLOAD_SIZE",
+            "ABX_MAX_CONNECTIONS",
+            "abx_pty_port",
+            "ABX_GUARD_PROBE",
         ):
             body = yield self.post({name: "x"}, expect=403)
             self.assertEqual(body["code"], "protected_variable", name)

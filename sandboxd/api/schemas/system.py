@@ -55,7 +55,7 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 403,
                 "protected_variable",
-                "PATH, HOME, USER, SHELL, ABX_SERVER_*, token_env "
+                "PATH, HOME, USER, SHELL, ABX_* (any case), token_env "
                 "names, deny_vars or outside allow_vars (variable names it)",
             ),
         ),
