@@ -21,6 +21,7 @@ import attrs
 from sandboxd.errors import Code, bad_request, forbidden, policy_rule
 from sandboxd.libc import libc
 from sandboxd.policy.defaults import EXECUTABLE_PATHS_KEPT, USER_ENTRIES_KEPT
+from sandboxd.policy.paths import in_system_root
 from sandboxd.policy.rules import EffectiveRule
 
 #: util-linux's setpriv: switches user and groups, then execs.
@@ -228,6 +229,38 @@ def _first_word(command: str) -> list[str]:
     except ValueError:
         words = command.split()
     return words[:1]
+
+
+def system_program(argv: list[str], cwd: str, max_links: int) -> bool:
+    """
+    Whether ``argv`` names its program by a path below /proc, /sys or
+    /dev, as given from ``cwd`` or at any link on the way to the file
+    (``/proc/self/exe``, a link in the base to it: the link's own text is
+    judged, since resolving ``/proc``'s magic links would hide where they
+    are).  A bare name is looked up on the child's ``PATH`` by the child
+    and is not judged here.
+
+    :param max_links: links followed before the answer is yes (a loop,
+        which the kernel would refuse too).
+    """
+    if not argv or "/" not in argv[0]:
+        return False
+    path = os.path.join(cwd, argv[0])
+    for _ in range(max_links):
+        path = os.path.normpath(path)
+        if in_system_root(path):
+            return True
+        head, tail = os.path.split(path)
+        parent = os.path.realpath(head)
+        path = os.path.join(parent, tail)
+        if in_system_root(path):
+            return True
+        try:
+            target = os.readlink(path)
+        except OSError:
+            return False  # not a link (or not there): the file itself
+        path = os.path.join(parent, target)
+    return True
 
 
 def check_command_allowed(rule: EffectiveRule, argv: list[str]) -> None:

@@ -23,7 +23,7 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
 
 from sandboxd import processes
-from sandboxd.access.guard import PathGuard
+from sandboxd.access.guard import MAX_LINKS, PathGuard, system_refusal
 from sandboxd.errors import (
     RESOURCE_ERRNOS,
     Code,
@@ -41,7 +41,12 @@ from sandboxd.errors import (
 from sandboxd.eventlog import Event
 from sandboxd.policy.defaults import PROCESS_OUTPUT_WAIT_SECONDS, STDIN_PENDING_BYTES
 from sandboxd.processes.child import Child, timeout_message
-from sandboxd.processes.command import RunAs, command_argv, resolve_user
+from sandboxd.processes.command import (
+    RunAs,
+    command_argv,
+    resolve_user,
+    system_program,
+)
 from sandboxd.processes.environment import (
     child_environment,
     note_argv,
@@ -84,6 +89,10 @@ def launch(request: ServerRequest) -> Launch:
     rule = request.rule
     argv = command_argv(body, rule)
     cwd = PathGuard(rule).cwd(body.get("cwd"))
+    # The boundary no file call crosses is not crossed by the daemon's
+    # execve either (as on the seed): /proc/self/exe, a link to it.
+    if system_program(argv, cwd, MAX_LINKS):
+        raise system_refusal(argv[0])
     extra = validate_env(body.get("env"))
     run_as = resolve_user(body.get("user"), rule)
     # The names kept from the child are the names masked in the audit.

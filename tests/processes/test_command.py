@@ -30,6 +30,7 @@ from sandboxd.processes.command import (
     UserEntries,
     find_executable,
     split_command,
+    system_program,
 )
 from sandboxd.processes.environment import child_environment, note_argv
 from sandboxd.processes.spawning import _SpawnThreads, spawn_session
@@ -309,6 +310,40 @@ class SplitCommandTests(SynchronousTestCase):
             except ValueError:
                 got = ValueError
             self.assertEqual(got, want, repr(command))
+
+
+class SystemProgramTests(SynchronousTestCase):
+    """system_program judges where a program path leads, link by link."""
+
+    def test_paths_and_links(self) -> None:
+        """
+        /proc, /sys and /dev paths, links to them and links to directories
+        below them are system programs; bare names and ordinary files and
+        links are not; a link loop counts as one.
+        """
+        base = self.mktemp()
+        os.makedirs(os.path.join(base, "bin"))
+        os.symlink("/proc/self/exe", os.path.join(base, "exe"))
+        os.symlink("/proc/self", os.path.join(base, "self"))
+        os.symlink("exe", os.path.join(base, "again"))
+        os.symlink("/bin/sh", os.path.join(base, "sh"))
+        os.symlink("loop", os.path.join(base, "loop"))
+        for argv0, expected in [
+            ("/proc/self/exe", True),
+            ("/dev/../proc/1/exe", True),
+            ("/sys/x", True),
+            ("./exe", True),
+            ("again", False),  # a bare name: the child's PATH decides
+            ("./again", True),
+            ("self/exe", True),
+            ("bin/../exe", True),
+            ("./sh", False),
+            ("/bin/sh", False),
+            ("./missing", False),
+            ("./loop", True),
+            ("sh", False),
+        ]:
+            self.assertEqual(system_program([argv0], base, 40), expected, argv0)
 
 
 class EnvironmentSnapshotTests(SynchronousTestCase):

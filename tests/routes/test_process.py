@@ -311,6 +311,34 @@ class ShellTests(ProcessCase):
         )
 
     @inlineCallbacks
+    def test_program_below_proc_refused(self) -> Any:
+        """
+        A program named by a path below /proc, /sys or /dev, or by a link
+        in the base that leads there, is 403 path_not_allowed on every
+        route that starts one, and nothing runs.
+        """
+        marker = os.path.join(self.base_dir, "ran")
+        os.symlink("/proc/self/exe", os.path.join(self.base_dir, "python"))
+        for command in (
+            "/proc/self/exe",
+            f"/proc/self/exe -c 'open({marker!r}, \"w\")'",
+            f"./python -c 'open({marker!r}, \"w\")'",
+            "/dev/../proc/self/exe",
+        ):
+            for path in ("/shell", "/shell/stream", "/process/start"):
+                reply = yield self.request("POST", path, {"command": command})
+                self.assertEqual(
+                    (reply.status, reply.json()["code"], reply.json()["rule"]),
+                    (403, "path_not_allowed", "guard:system-paths"),
+                    (path, command),
+                )
+        self.assertFalse(os.path.exists(marker))
+        reply = yield self.request("GET", "/process/list")
+        self.assertEqual(reply.json()["processes"], [])
+        reply = yield self.request("POST", "/shell", {"command": "/bin/echo ok"})
+        self.assertEqual((reply.status, reply.json()["stdout"]), (200, "ok\n"))
+
+    @inlineCallbacks
     def test_run_as_user(self) -> Any:
         """As root, ``user`` runs the child as that user with HOME/USER set."""
         if os.geteuid() != 0:

@@ -20,7 +20,13 @@ _COMMAND = (
 _CHILD_ERRORS = (
     E(400, "invalid_param", "bad command, cwd, env, user or timeout"),
     E(403, "param_not_allowed", "command, shell or user refused by params"),
-    *GUARD[1:],
+    E(
+        403,
+        "path_not_allowed",
+        "cwd outside base_dir or paths.allow, or a link leading out; a program "
+        "named by a path below /proc, /sys or /dev, or a link there",
+    ),
+    *GUARD[2:],
     E(503, "unavailable", "the daemon is shutting down"),
 )
 
