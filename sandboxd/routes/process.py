@@ -441,7 +441,7 @@ def _managed(request: ServerRequest) -> processes.Managed:
     pid = _pid(request)
     managed = _service(request).get(pid)
     if managed is None:
-        raise not_found(f"process {pid} is not managed by this daemon")
+        raise not_found(f"process {pid} not found: this daemon manages no such process")
     return managed
 
 

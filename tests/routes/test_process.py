@@ -612,11 +612,12 @@ class BackgroundTests(ProcessCase):
 
     @inlineCallbacks
     def test_get_errors(self) -> Any:
-        """Non-integer pid → 400; unmanaged → 404 NotFoundError."""
+        """Non-integer pid → 400; unmanaged → 404 NotFoundError, saying "not found"."""
         reply = yield self.request("GET", "/process/abc")
         self.assertEqual(reply.status, 400)
         reply = yield self.request("GET", f"/process/{os.getpid()}")
         self.assertEqual((reply.status, reply.json()["type"]), (404, "NotFoundError"))
+        self.assertIn(f"process {os.getpid()} not found", reply.json()["error"])
 
     @inlineCallbacks
     def test_signal_rules(self) -> Any:
