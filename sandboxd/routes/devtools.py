@@ -82,7 +82,7 @@ def _language(value: Any) -> str:
     if isinstance(name, str) and name in RUNTIMES:
         return name
     raise bad_request(
-        f"unsupported language {value!r}; use one of: {', '.join(RUNTIMES)}"
+        f"Unsupported language {value!r}; use one of: {', '.join(RUNTIMES)}"
     )
 
 

@@ -332,7 +332,9 @@ async def packages(request: ServerRequest) -> dict[str, Any]:
     manager = request.arg("manager", "pip")
     if manager not in PACKAGE_MANAGERS:
         known = ", ".join(PACKAGE_MANAGERS)
-        raise bad_request(f"unknown package manager {manager!r}; use one of: {known}")
+        raise bad_request(
+            f"Unsupported package manager {manager!r}; use one of: {known}"
+        )
     env = _helper_environment(request)
     argv = package_argv(manager, env)
     empty: dict[str, Any] = {"manager": manager, "packages": [], "interpreter": None}

@@ -50,6 +50,10 @@ class CodeRunTests(DaemonTestCase):
             (reply.json()["stdout"], reply.json()["language"]), ("42\n", "python")
         )
         reply = yield self.request(
+            "POST", "/code/run", {"language": "ruby", "code": "p 1"}
+        )
+        self.assertIn("Unsupported language 'ruby'", reply.json()["error"])
+        reply = yield self.request(
             "POST", "/code/run", {"language": "Bash", "code": "echo hi"}
         )
         self.assertEqual(reply.status, 200, reply.body)
@@ -160,6 +164,7 @@ class CodeRunTests(DaemonTestCase):
         """Unknown language, missing code, bad timeout and a cwd outside the boundary are refused."""
         cases = [
             ({"language": "ruby", "code": "p 1"}, 400, "invalid_param"),
+            ({"language": "", "code": "p 1"}, 400, "invalid_param"),
             ({"language": 3, "code": "p 1"}, 400, "invalid_param"),
             ({"language": "python"}, 400, "invalid_param"),
             (

@@ -556,10 +556,11 @@ class PackagesTests(DaemonTestCase):
 
     @inlineCallbacks
     def test_other_manager(self) -> Any:
-        """A manager other than pip or npm is 400."""
+        """A manager other than pip or npm is 400, in the seed's words."""
         reply = yield self.request("GET", "/packages?manager=cargo")
         self.assertEqual(reply.status, 400)
         self.assertEqual(reply.json()["code"], "invalid_param")
+        self.assertIn("Unsupported package manager 'cargo'", reply.json()["error"])
 
     @inlineCallbacks
     def test_missing_tools(self) -> Any:
