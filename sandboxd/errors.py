@@ -244,8 +244,17 @@ def not_a_directory(path: Any, code: Code = Code.INVALID_PARAM) -> ApiError:
     return bad_request(f"Not a directory: {path}", code, "NotADirectoryError")
 
 
-def signal_not_allowed(message: str, rule: str) -> ApiError:
-    """400 ``signal_not_allowed``: a signal outside ``params.allowed_signals``."""
+def signal_not_allowed(message: str, rule: str, narrowed: bool = False) -> ApiError:
+    """
+    ``signal_not_allowed``: a signal outside ``params.allowed_signals``.
+
+    400 for a signal no policy allows (outside the built-in set), as the
+    seed answers; 403 for one the built-in set has and the policy took
+    away, which the seed answers as a policy refusal (its SDK raises
+    ``PolicyDeniedError`` for it).
+    """
+    if narrowed:
+        return forbidden(message, Code.SIGNAL_NOT_ALLOWED, rule=rule)
     return bad_request(message, Code.SIGNAL_NOT_ALLOWED, rule=rule)
 
 

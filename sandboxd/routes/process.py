@@ -40,6 +40,7 @@ from sandboxd.errors import (
 )
 from sandboxd.eventlog import Event
 from sandboxd.policy.defaults import PROCESS_OUTPUT_WAIT_SECONDS, STDIN_PENDING_BYTES
+from sandboxd.policy.rules import Params
 from sandboxd.processes.child import Child, timeout_message
 from sandboxd.processes.command import (
     RunAs,
@@ -467,13 +468,17 @@ def _signal_number(value: Any) -> int:
     raise bad_request(f"unknown signal {value!r}")
 
 
+#: The signals a process may be sent when no policy narrows the list.
+BUILT_IN_SIGNALS = frozenset(Params().allowed_signals)
+
+
 def process_signal(request: ServerRequest) -> dict[str, Any]:
     """
     ``POST /process/{pid}/signal {"signal": 15}``: signal a managed
     process's group (and descendants that left it).
 
-    400 for a signal outside ``allowed_signals``; 403 for pid 1 or the
-    daemon; 404 for a pid that is not a running managed process.
+    400 for a signal outside the built-in ``allowed_signals``, 403 for
+    one the policy's list leaves out; 403 for pid 1 or the daemon; 404 for a pid that is not a running managed process.
     """
     pid = _pid(request)
     if pid in (1, os.getpid()):
@@ -490,6 +495,7 @@ def process_signal(request: ServerRequest) -> dict[str, Any]:
         raise signal_not_allowed(
             f"signal {number} is not allowed (allowed: {', '.join(map(str, sorted(allowed)))})",
             policy_rule(request.rule, "params.allowed_signals"),
+            narrowed=number in BUILT_IN_SIGNALS,
         )
     managed = _managed(request)
     if not managed.running:

@@ -7,6 +7,8 @@ typed results, the same exception classes.
 from __future__ import annotations
 
 import base64
+import json
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -500,4 +502,39 @@ class SyncFaceTests(Compared):
                     -9,
                 ],
             },
+        )
+
+
+class NarrowedSignalTests(Compared):
+    """
+    A policy that narrows ``allowed_signals``: a signal it leaves out is a
+    policy refusal (``PolicyDeniedError``, 403), one no policy may allow
+    stays a 400, on both servers.
+    """
+
+    policy = {"endpoints": {"process_signal": {"params": {"allowed_signals": [15]}}}}
+
+    @inlineCallbacks
+    def test_left_out_by_the_policy(self) -> Any:
+        from agent_sandbox.models.errors import ServerAPIError
+
+        path = os.path.realpath(self.mktemp()) + "-policy.json"
+        with open(path, "w") as f:
+            json.dump(self.policy, f)
+        yield self.reference("--policy", path)
+
+        async def scenario(c: Any) -> Any:
+            started = await c.process.start("sleep 30")
+            outcomes = []
+            for number in (9, 1):
+                try:
+                    await c.process.signal(started.pid, number)
+                except ServerAPIError as e:
+                    outcomes.append(kind(e))
+            await c.process.terminate(started.pid)
+            return outcomes
+
+        outcomes = yield self.same(scenario)
+        self.assertEqual(
+            outcomes, [("PolicyDeniedError", 403), ("ServerAPIError", 400)]
         )

@@ -193,7 +193,12 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 400,
                 "signal_not_allowed",
-                "outside params.allowed_signals (2, 9, 15, 18, 20)",
+                "outside the built-in allowed_signals (2, 9, 15, 18, 20)",
+            ),
+            E(
+                403,
+                "signal_not_allowed",
+                "one of those the policy's params.allowed_signals leaves out",
             ),
             E(
                 403,
