@@ -28,6 +28,7 @@ from sandboxd.errors import (
     ApiError,
     Code,
     bad_request,
+    file_exists,
     file_not_found,
     forbidden,
     limit_setting,
@@ -140,11 +141,15 @@ def overwrite_allowed(request: ServerRequest, wanted: bool) -> bool:
 
 
 def _policy_overwrite_refusal(request: ServerRequest, path: str) -> ApiError:
-    return forbidden(
-        f"overwriting is not allowed: {path}",
-        Code.PARAM_NOT_ALLOWED,
-        rule=request.rule.source("params.overwrite"),
-    )
+    """
+    409 ``file_exists``: ``params.overwrite: false`` makes every write a
+    create, and this one met a file.  The answer of any create without
+    overwrite (and the seed's, which its SDK raises as a policy refusal),
+    with the rule that made it one.
+    """
+    error = file_exists(f"File exists: {path} (the policy does not allow overwriting)")
+    error.extra["rule"] = request.rule.source("params.overwrite")
+    return error
 
 
 def if_match_of(request: ServerRequest) -> str | None:

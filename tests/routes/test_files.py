@@ -366,6 +366,74 @@ class TooLargeSaysWhatToRaiseTests(FilesCase):
             self.assertIn(setting, body["error"])
 
 
+class PolicyOverwriteTests(FilesCase):
+    """
+    ``params.overwrite: false`` makes every write a create: one that meets
+    an existing file is the 409 ``file_exists`` of any create without
+    overwrite (the seed's answer, which its SDK raises as
+    ``FilePolicyDeniedError``), naming the policy's rule; nothing changes.
+    """
+
+    policy = {
+        "endpoints": {
+            name: {"params": {"overwrite": False}}
+            for name in (
+                "upload",
+                "files_upload_stream",
+                "files_write_raw",
+                "files_move",
+            )
+        }
+    }
+
+    @inlineCallbacks
+    def test_existing_file_kept(self) -> Any:
+        self.put("a.txt", b"alpha")
+        self.put("b.txt", b"beta")
+        cases = [
+            (
+                "upload",
+                self.request(
+                    "POST", "/upload", {"path": "a.txt", "content_base64": b64(b"new")}
+                ),
+            ),
+            (
+                "files_upload_stream",
+                self.request(
+                    "POST",
+                    "/files/upload-stream",
+                    {"path": "a.txt", "content_base64": b64(b"new"), "overwrite": True},
+                ),
+            ),
+            (
+                "files_write_raw",
+                self.request("POST", "/files/raw?path=a.txt", raw_body=b"new"),
+            ),
+            (
+                "files_move",
+                self.request(
+                    "POST",
+                    "/files/move",
+                    {"source": "b.txt", "destination": "a.txt", "overwrite": True},
+                ),
+            ),
+        ]
+        for endpoint, pending in cases:
+            reply = yield pending
+            body = reply.json()
+            self.assertEqual(
+                (reply.status, body["code"], body["type"]),
+                (409, "file_exists", "FileExistsError"),
+                endpoint,
+            )
+            self.assertEqual(body["rule"], f"policy:endpoints.{endpoint}")
+        self.assertEqual((self.read("a.txt"), self.read("b.txt")), (b"alpha", b"beta"))
+        reply = yield self.request(
+            "POST", "/upload", {"path": "c.txt", "content_base64": b64(b"new")}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+
+
 class RawTests(FilesCase):
     @inlineCallbacks
     def test_write_raw_and_read_raw(self) -> Any:

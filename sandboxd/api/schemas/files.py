@@ -9,11 +9,11 @@ _WRITE_GUARD = (*GUARD, E(403, "read_only", "below a paths.read_only entry"))
 
 
 _WRITE = (
-    E(403, "param_not_allowed", "extension or overwrite refused by params"),
+    E(403, "param_not_allowed", "extension refused by params"),
     E(
         409,
         "file_exists",
-        "the target exists and overwrite is false",
+        "the target exists and overwrite (or params.overwrite) is false",
         "FileExistsError",
     ),
     E(412, "precondition_failed", "If-Match names a version the file no longer has"),
@@ -189,7 +189,6 @@ SCHEMAS: dict[str, Schema] = {
         response=(F("source"), F("destination")),
         errors=(
             *_WRITE_GUARD,
-            E(403, "param_not_allowed", "overwrite refused by params.overwrite"),
             E(
                 400,
                 "invalid_param",
@@ -197,7 +196,11 @@ SCHEMAS: dict[str, Schema] = {
             ),
             E(403, "path_not_allowed", "a mount point to move or to replace"),
             E(404, "not_found", "no such source", "FileNotFoundError"),
-            E(409, "file_exists", "the destination exists and overwrite is false"),
+            E(
+                409,
+                "file_exists",
+                "the destination exists and overwrite (or params.overwrite) is false",
+            ),
             E(413, "payload_too_large", "to another file system: over max_entries"),
             E(
                 504,
