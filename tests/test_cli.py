@@ -467,6 +467,48 @@ class TwistdTests(SynchronousTestCase):
         d.proc.send_signal(signal.SIGTERM)
         self.assertEqual(d.proc.wait(timeout=15), 0)
 
+    def test_reload_reads_the_starting_environment(self) -> None:
+        """
+        A SIGHUP reload reads the environment the daemon started with: a
+        variable put in the daemon's environment since (by a template's
+        command here; ``POST /env`` refuses these names) changes nothing.
+        """
+        base = os.path.abspath(self.mktemp())
+        os.makedirs(base)
+        commands = os.path.join(base, "commands.py")
+        with open(commands, "w") as f:
+            f.write(
+                "import os\n"
+                "from agent_sandbox.server import command\n"
+                "@command()\n"
+                "def setenv(name: str, value: str) -> str:\n"
+                "    os.environ[name] = value\n"
+                "    return name\n"
+            )
+        d = DaemonProcess(self, serve_argv(base, "--commands", commands))
+        d.wait_healthy()
+        groups = d.get("/capabilities", {"Host": "localhost"})[1]["groups"]
+        self.assertFalse(groups["dev_tools"])
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{d.port}/commands/setenv",
+            data=json.dumps(
+                {"name": "ABX_SERVER_ENABLED_GROUPS", "value": "dev_tools"}
+            ).encode(),
+            headers={"Content-Type": "application/json", "Host": "localhost"},
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            self.assertEqual(response.status, 200)
+        d.proc.send_signal(signal.SIGHUP)
+        for _ in range(100):
+            if "policy reloaded" in d.output():
+                break
+            time.sleep(0.1)
+        self.assertIn("policy reloaded", d.output())
+        groups = d.get("/capabilities", {"Host": "localhost"})[1]["groups"]
+        self.assertFalse(groups["dev_tools"])
+        d.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(d.proc.wait(timeout=15), 0)
+
     def _wait_revision(self, d: DaemonProcess, revision: str) -> bool:
         for _ in range(50):
             if (

@@ -269,6 +269,12 @@ class DaemonService(MultiService):
             service.setServiceParent(self)
         self._previous_hup: Any = None
         self._trim: Any = None
+        #: What a reload reads for its environment: the one the daemon
+        #: started with.  ``POST /env`` changes ``os.environ`` (for the
+        #: children started later); that must not reach the configuration.
+        self._environ: Mapping[str, str] = (
+            dict(os.environ) if settings.environ is None else settings.environ
+        )
         #: Hands the free heap back now and then (:meth:`_sweep_heap`).
         self.heap_sweep = LoopingCall(self._sweep_heap)
         self.heap_sweep.clock = as_clock(context.reactor)
@@ -448,10 +454,8 @@ class DaemonService(MultiService):
                 path=s.policy_file or self.context.policy.file,
                 preset=s.preset,
                 base_dir=s.base_dir,
-                environ=s.environ,
-                daemon_files=daemon_files(
-                    s, os.environ if s.environ is None else s.environ
-                ),
+                environ=self._environ,
+                daemon_files=daemon_files(s, self._environ),
             )
             check_base_dir(policy.base_dir)
             if s.root_children_check:
