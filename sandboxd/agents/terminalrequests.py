@@ -70,7 +70,7 @@ class TerminalRequests:
             )
         args = [str(a) for a in args]
         try:
-            check_command_allowed(s.rule, [command])
+            check_command_allowed(s.rule, [command, *args])
             cwd = PathGuard(s.rule).cwd(params.get("cwd") or s.cwd)
         except ApiError as e:
             raise refusal_error(e) from None

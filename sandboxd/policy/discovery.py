@@ -17,7 +17,7 @@ from sandboxd._version import __version__
 from sandboxd.access.auth import Identity
 from sandboxd.access.gate import lacking_scope
 from sandboxd.endpoints import CapabilityGroup, Endpoint, current_id
-from sandboxd.errors import ApiError, Code, bad_request, policy_rule
+from sandboxd.errors import ApiError, Code, bad_request, forbidden, policy_rule
 from sandboxd.policy import Policy
 from sandboxd.policy.paths import absolute, decide, matches
 from sandboxd.policy.rules import EffectiveRule
@@ -257,10 +257,22 @@ def check_params(rule: EffectiveRule, params: dict[str, Any]) -> dict[str, Any] 
     """
     from sandboxd.processes.command import command_argv
 
+    def lexical(path: str) -> str:
+        # What the guard would decide, from the policy alone (no file system).
+        decision = decide(rule, path, "read")
+        if not decision.allowed:
+            assert decision.code is not None
+            raise forbidden(
+                f"path not allowed: {path}", decision.code, rule=decision.rule
+            )
+        return decision.target or path
+
     if "command" in params:
         try:
             command_argv(
-                {"command": params["command"], "shell": params.get("shell")}, rule
+                {"command": params["command"], "shell": params.get("shell")},
+                rule,
+                lexical,
             )
         except ApiError as e:
             return {"code": e.code, "rule": e.extra.get("rule"), "param": "command"}

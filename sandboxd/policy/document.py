@@ -28,6 +28,7 @@ from sandboxd.endpoints import (
     renamed_warning,
 )
 from sandboxd.policy.cgroup_limits import CgroupLimits, cgroup_limits_from
+from sandboxd.policy.commandrules import pattern_words
 from sandboxd.policy.priorities import Priorities, priorities_from
 from sandboxd.policy.rules import AUDIT_MODES, RULE_KEYS, section_fields
 from sandboxd.policy.sizes import parse_size
@@ -257,6 +258,10 @@ _CHOICES = {
 }
 
 
+#: Lists read in the seed's command pattern language.
+_COMMAND_LISTS = frozenset({"params.allow_commands", "params.deny_commands"})
+
+
 def validate_rule(where: str, rule: Any, known_scopes: Iterable[str]) -> dict[str, Any]:
     """Check one rule object and return it normalised."""
     if not isinstance(rule, dict):
@@ -290,6 +295,12 @@ def validate_rule(where: str, rule: Any, known_scopes: Iterable[str]) -> dict[st
                     raise PolicyError(
                         f"{place}.{name}: expected one of {', '.join(choices)}"
                     )
+                if f"{key}.{name}" in _COMMAND_LISTS and typed is not None:
+                    for pattern in typed:
+                        try:
+                            pattern_words(pattern)
+                        except ValueError as e:
+                            raise PolicyError(f"{place}.{name}: {e}") from None
                 section[name] = typed
             out[key] = section
     return out

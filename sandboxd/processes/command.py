@@ -13,13 +13,14 @@ import re
 import shlex
 import signal
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 
 from sandboxd.errors import Code, bad_request, forbidden, policy_rule
 from sandboxd.libc import libc
+from sandboxd.policy.commandrules import first_match, split_short_options
 from sandboxd.policy.defaults import EXECUTABLE_PATHS_KEPT, USER_ENTRIES_KEPT
 from sandboxd.policy.paths import in_system_root
 from sandboxd.policy.rules import EffectiveRule
@@ -170,11 +171,16 @@ def _add_watch(fd: int | None, directory: str) -> bool:
 EXECUTABLE_PATHS = ExecutablePaths()
 
 
-def command_argv(body: Mapping[str, Any], rule: EffectiveRule) -> list[str]:
+def command_argv(
+    body: Mapping[str, Any],
+    rule: EffectiveRule,
+    resolve: Callable[[str], str] | None = None,
+) -> list[str]:
     """
     The argv of a ``command`` (SPEC §7.4): ``shlex.split`` without a shell,
     or ``[shell, "-c", command]`` when ``shell`` names an allowed shell.
 
+    :param resolve: for :func:`check_command_allowed`.
     :raises ApiError: 400 for a missing or unparsable command or unknown
         shell; 403 ``param_not_allowed`` for a refused command or shell.
     """
@@ -195,7 +201,7 @@ def command_argv(body: Mapping[str, Any], rule: EffectiveRule) -> list[str]:
             )
         argv = [shell, "-c", command]
         check_command_allowed(rule, [shell])
-        check_command_allowed(rule, _first_word(command))
+        check_command_allowed(rule, _words(command))
         return argv
     try:
         argv = split_command(command)
@@ -203,8 +209,7 @@ def command_argv(body: Mapping[str, Any], rule: EffectiveRule) -> list[str]:
         raise bad_request(f"cannot parse the command: {e}") from None
     if not argv:
         raise bad_request("'command' is empty")
-    check_command_allowed(rule, argv)
-    return argv
+    return check_command_allowed(rule, argv, resolve)
 
 
 #: Characters that make ``shlex.split`` differ from ``str.split``: quotes,
@@ -223,12 +228,12 @@ def split_command(command: str) -> list[str]:
     return shlex.split(command)
 
 
-def _first_word(command: str) -> list[str]:
+def _words(command: str) -> list[str]:
+    """A shell command's words, as far as ``shlex`` can tell them apart."""
     try:
-        words = split_command(command)
+        return split_command(command)
     except ValueError:
-        words = command.split()
-    return words[:1]
+        return command.split()
 
 
 def system_program(argv: list[str], cwd: str, max_links: int) -> bool:
@@ -263,24 +268,55 @@ def system_program(argv: list[str], cwd: str, max_links: int) -> bool:
     return True
 
 
-def check_command_allowed(rule: EffectiveRule, argv: list[str]) -> None:
-    """``allow_commands``/``deny_commands`` on argv[0]'s basename."""
+def check_command_allowed(
+    rule: EffectiveRule,
+    argv: list[str],
+    resolve: Callable[[str], str] | None = None,
+) -> list[str]:
+    """
+    ``allow_commands``/``deny_commands`` on ``argv``, in the seed's pattern
+    language (:mod:`sandboxd.policy.commandrules`); the argv to run.
+
+    :param resolve: puts an argument an allow pattern binds to ``{path}``
+        through the path guard; the argv returned carries what it answers.
+        Without one, such a pattern admits nothing.
+    :raises ApiError: 403 ``param_not_allowed`` naming the list that refused.
+    """
     if not argv:
-        return
+        return argv
     name = os.path.basename(argv[0])
     params = rule.params
-    if name in params.deny_commands:
+    words = split_short_options(argv)
+    denied = first_match(params.deny_commands, words)
+    if denied is not None:
         raise forbidden(
-            f"the command {name!r} is not allowed",
+            f"the command {name!r} is not allowed (denied by {denied[0]!r})",
             Code.PARAM_NOT_ALLOWED,
             rule=rule.source("params.deny_commands"),
         )
-    if params.allow_commands is not None and name not in params.allow_commands:
+    if params.allow_commands is None:
+        return argv
+    allowed = first_match(params.allow_commands, words)
+    if allowed is None:
         raise forbidden(
             f"the command {name!r} is not in the allowed list",
             Code.PARAM_NOT_ALLOWED,
             rule=rule.source("params.allow_commands"),
         )
+    pattern, paths = allowed
+    if not paths:
+        return argv
+    if resolve is None or words != argv:
+        raise forbidden(
+            f"the command {name!r} matches {pattern!r}, whose {{path}} can only"
+            " be checked in a command without a shell and without grouped options",
+            Code.PARAM_NOT_ALLOWED,
+            rule=rule.source("params.allow_commands"),
+        )
+    out = list(argv)
+    for index in paths:
+        out[index] = resolve(argv[index])
+    return out
 
 
 @attrs.frozen

@@ -88,8 +88,11 @@ def launch(request: ServerRequest) -> Launch:
         raise unavailable("the daemon is shutting down")
     body = request.body
     rule = request.rule
-    argv = command_argv(body, rule)
-    cwd = PathGuard(rule).cwd(body.get("cwd"))
+    guard = PathGuard(rule)
+    cwd = guard.cwd(body.get("cwd"))
+    # A {path} of an allow pattern is the file the child would open: a
+    # relative one is relative to the child's working directory.
+    argv = command_argv(body, rule, lambda arg: guard.check(os.path.join(cwd, arg)))
     # The boundary no file call crosses is not crossed by the daemon's
     # execve either (as on the seed): /proc/self/exe, a link to it.
     if system_program(argv, cwd, MAX_LINKS):

@@ -10,6 +10,7 @@ them into responses and enforces the environment rules: redaction on
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import platform
@@ -201,9 +202,12 @@ def _protection(request: ServerRequest, name: str) -> str | None:
         return "default:protected_variables"
     if name in _secret_names(request):
         return "policy:auth.tokens"
-    if name in params.deny_vars:
+    # Names or globs (``APP_*``), as on the seed.
+    if any(fnmatch.fnmatchcase(name, p) for p in params.deny_vars):
         return request.rule.source("params.deny_vars") or "policy:params.deny_vars"
-    if params.allow_vars is not None and name not in params.allow_vars:
+    if params.allow_vars is not None and not any(
+        fnmatch.fnmatchcase(name, p) for p in params.allow_vars
+    ):
         return request.rule.source("params.allow_vars") or "policy:params.allow_vars"
     return None
 

@@ -1,0 +1,147 @@
+"""
+Policy files written for agent-sandbox-server mean on sandboxd what they
+mean there (SPEC §21): command patterns and variable globs, against a real
+daemon.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd.policy import load_policy
+from sandboxd.policy.commandrules import match, split_short_options
+from sandboxd.policy.document import PolicyError
+from sandboxd.routes import builtin_table
+from tests.helpers import DaemonTestCase
+
+
+class PatternTests(SynchronousTestCase):
+    """The seed's command pattern language, word by word."""
+
+    def test_executable_globs(self) -> None:
+        """One word is a glob on argv[0] or its basename."""
+        self.assertEqual(match("mk*", ["mkdir", "x"]), [])
+        self.assertEqual(match("rm", ["/bin/rm", "x"]), [])
+        self.assertEqual(match("/usr/bin/*", ["/usr/bin/cat"]), [])
+        self.assertIsNone(match("rm", ["rmdir", "x"]))
+
+    def test_whole_argv(self) -> None:
+        """Several words match the whole argv; globs never cross a '/' or an option."""
+        words = split_short_options(["rm", "-rf", "x"])
+        self.assertEqual(words, ["rm", "-r", "-f", "x"])
+        self.assertEqual(match("rm ... -f ...", words), [])
+        self.assertIsNone(match("rm -f", words))
+        self.assertEqual(match("git push ...", ["git", "push", "origin", "main"]), [])
+        self.assertIsNone(match("cat *.txt", ["cat", "../a.txt"]))
+        self.assertIsNone(match("cat *", ["cat", "-n"]))
+        self.assertEqual(match("head -n {int} {path}", ["head", "-n", "5", "f"]), [3])
+        self.assertIsNone(match("head -n {int} {path}", ["head", "-n", "x", "f"]))
+
+    def test_bad_patterns_stop_the_start(self) -> None:
+        """An unsplittable pattern, or one with four '...', is refused at load."""
+        for pattern in ("echo 'open", "a ... b ... c ... d ..."):
+            with self.assertRaises(PolicyError) as cm:
+                load_policy(
+                    builtin_table(),
+                    explicit={
+                        "endpoints": {"shell": {"params": {"deny_commands": [pattern]}}}
+                    },
+                    base_dir="/tmp",
+                    environ={},
+                )
+            self.assertIn("deny_commands", str(cm.exception))
+
+
+class CommandRuleTests(DaemonTestCase):
+    """allow_commands and deny_commands as a seed policy writes them."""
+
+    policy = {
+        "defaults": {"params": {"deny_commands": ["mk*", "rm", "ls ... -a ..."]}},
+    }
+
+    @inlineCallbacks
+    def test_deny_globs_and_patterns(self) -> Any:
+        """A glob and an argv pattern refuse on shell, stream and process start alike."""
+        for command in ("mkdir x", "/bin/rm x", "ls -la /", "ls -a"):
+            for path in ("/shell", "/shell/stream", "/process/start"):
+                reply = yield self.request("POST", path, {"command": command})
+                self.assertEqual(
+                    (reply.status, reply.json()["code"]),
+                    (403, "param_not_allowed"),
+                    (command, path),
+                )
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "x")))
+        reply = yield self.request("POST", "/shell", {"command": "ls -l"})
+        self.assertEqual(reply.status, 200)
+
+
+class PathPatternTests(DaemonTestCase):
+    """An allow pattern's {path} goes through the path guard."""
+
+    @property
+    def policy(self) -> Any:  # type: ignore[override]
+        return {
+            "endpoints": {
+                "shell": {
+                    "params": {"allow_commands": ["cat {path}", "echo ..."]},
+                    "paths": {"allow": [os.path.join(self.base_dir, "out")]},
+                }
+            }
+        }
+
+    @inlineCallbacks
+    def test_path_argument_is_guarded(self) -> Any:
+        """Inside the allowed tree it runs (relative to cwd); outside, 403."""
+        out = os.path.join(self.base_dir, "out")
+        os.makedirs(out)
+        with open(os.path.join(out, "a.txt"), "w") as f:
+            f.write("alpha")
+        reply = yield self.request(
+            "POST", "/shell", {"command": "cat a.txt", "cwd": out}
+        )
+        self.assertEqual((reply.status, reply.json()["stdout"]), (200, "alpha"))
+        for command in ("cat /etc/hostname", "cat ../secret"):
+            reply = yield self.request(
+                "POST", "/shell", {"command": command, "cwd": out}
+            )
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (403, "path_not_allowed"), command
+            )
+        for command in ("cat -n a.txt", "cat a.txt a.txt", "head a.txt"):
+            reply = yield self.request(
+                "POST", "/shell", {"command": command, "cwd": out}
+            )
+            self.assertEqual(reply.status, 403, command)
+        reply = yield self.request(
+            "POST", "/shell", {"command": "echo hi there", "cwd": out}
+        )
+        self.assertEqual((reply.status, reply.json()["stdout"]), (200, "hi there\n"))
+
+
+class VariableGlobTests(DaemonTestCase):
+    """allow_vars and deny_vars take globs, as the seed's do."""
+
+    policy = {
+        "endpoints": {
+            "env_set": {
+                "params": {"allow_vars": ["APP_*"], "deny_vars": ["APP_SECRET*"]}
+            }
+        }
+    }
+
+    def tearDown(self) -> None:
+        os.environ.pop("APP_A", None)
+
+    @inlineCallbacks
+    def test_globs(self) -> Any:
+        """APP_A is allowed; OTHER and APP_SECRET_KEY are refused and left unset."""
+        reply = yield self.request("POST", "/env", {"vars": {"APP_A": "1"}})
+        self.assertEqual(reply.status, 200)
+        for name in ("OTHER", "APP_SECRET_KEY"):
+            reply = yield self.request("POST", "/env", {"vars": {name: "1"}})
+            self.assertEqual(reply.status, 403, name)
+            self.assertNotIn(name, os.environ)
