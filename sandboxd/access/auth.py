@@ -123,6 +123,7 @@ class TokenStore:
         :raises PolicyError: naming the source that yielded nothing.
         """
         env = os.environ if environ is None else environ
+        specs = list(specs)
         store = cls()
         empty: list[str] = []
         secret_env = {"ABX_SERVER_TOKEN", "ABX_SERVER_TOKEN_FILE"}
@@ -134,7 +135,10 @@ class TokenStore:
                 empty.append(
                     f"ABX_SERVER_TOKEN_FILE: the token file {legacy_file!r} is empty"
                 )
-        if legacy:
+        if legacy and not specs:
+            # As on the seed, the legacy token is an identity of its own only
+            # when the policy declares no tokens; a policy that does decides
+            # what that token may do (``token_env: ABX_SERVER_TOKEN``).
             store.entries.append(
                 (_digest(legacy.encode("utf-8")), Identity("legacy", frozenset({"*"})))
             )
@@ -168,7 +172,7 @@ class TokenStore:
                 f"{empty[0]}; refusing to start rather than run without that token"
             )
         store.warnings.extend(f"{e}, so this identity cannot log in" for e in empty)
-        if not store.entries and (empty or any(True for _ in specs)):
+        if not store.entries and (empty or specs):
             # Tokens were configured but none resolved: fail closed, never open.
             store.entries.append((b"\x00" * 32, Identity("nobody", frozenset())))
         anonymous = Identity(

@@ -325,6 +325,9 @@ def seed_path_value(name: str, value: Any) -> Any:
 def _check_selector(where: str, selector: str, table: RouteTable) -> str | None:
     """Validate an ``endpoints`` key; return a warning when a glob matches nothing."""
     groups = [g.value for g in CapabilityGroup]
+    if selector == "@defaults":
+        # The seed's spelling of ``defaults`` inside ``endpoints``.
+        return None
     if selector.startswith("group:"):
         name = selector[6:]
         if name not in groups:

@@ -104,8 +104,17 @@ def launch(request: ServerRequest) -> Launch:
     env = child_environment(request.context, rule, extra, drop=hidden)
     note_argv(request, argv, extra, hidden)
     timeout = seconds(body.get("timeout"), "timeout", None)
+    configured = rule.limits.timeout_seconds
     if timeout is None:
-        timeout = rule.limits.timeout_seconds
+        timeout = configured
+    elif (
+        configured is not None
+        and rule.source("limits.timeout_seconds") is not None
+        and timeout > configured
+    ):
+        # A policy's timeout_seconds caps what a request asks for, as on the
+        # seed; the built-in default only fills in a missing one.
+        timeout = configured
     ceiling = rule.limits.max_duration_seconds
     if ceiling is not None and (timeout is None or timeout > ceiling):
         timeout = ceiling

@@ -1,12 +1,15 @@
 """
 Policy files written for agent-sandbox-server mean on sandboxd what they
-mean there (SPEC §21): command patterns and variable globs, against a real
-daemon.
+mean there (SPEC §21): command patterns, the legacy token beside policy
+tokens, ``@defaults`` inside ``endpoints``, timeout caps and variable globs,
+against a real daemon.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import time
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
@@ -60,7 +63,9 @@ class CommandRuleTests(DaemonTestCase):
     """allow_commands and deny_commands as a seed policy writes them."""
 
     policy = {
-        "defaults": {"params": {"deny_commands": ["mk*", "rm", "ls ... -a ..."]}},
+        "endpoints": {
+            "@defaults": {"params": {"deny_commands": ["mk*", "rm", "ls ... -a ..."]}},
+        }
     }
 
     @inlineCallbacks
@@ -120,6 +125,79 @@ class PathPatternTests(DaemonTestCase):
             "POST", "/shell", {"command": "echo hi there", "cwd": out}
         )
         self.assertEqual((reply.status, reply.json()["stdout"]), (200, "hi there\n"))
+
+
+class TimeoutCapTests(DaemonTestCase):
+    """A policy's timeout_seconds caps the timeout a request asks for."""
+
+    policy = {"endpoints": {"shell": {"limits": {"timeout_seconds": 1}}}}
+
+    @inlineCallbacks
+    def test_request_cannot_raise_the_cap(self) -> Any:
+        """sleep 5 with timeout 60 still ends after about a second, as a timeout."""
+        started = time.monotonic()
+        reply = yield self.request(
+            "POST", "/shell", {"command": "sleep 5", "timeout": 60}
+        )
+        self.assertEqual((reply.status, reply.json()["type"]), (500, "TimeoutError"))
+        self.assertLess(time.monotonic() - started, 4)
+
+
+LEGACY = "legacy-secret"
+
+
+class LegacyBesidePolicyTokensTests(DaemonTestCase):
+    """With auth.tokens, ABX_SERVER_TOKEN is not an identity holding '*'."""
+
+    token = LEGACY
+    policy = {
+        "auth": {
+            "tokens": [
+                {
+                    "id": "reader",
+                    "token_env": "ABX_SERVER_TOKEN",
+                    "scopes": ["files:read"],
+                },
+            ]
+        },
+        "defaults": {"params": {"default_user": "root"}},
+    }
+
+    @inlineCallbacks
+    def test_named_legacy_token_is_narrowed(self) -> Any:
+        """The token named by a policy entry holds that entry's scopes only."""
+        reply = yield self.request("GET", "/capabilities")
+        self.assertEqual(
+            reply.json()["identity"], {"id": "reader", "scopes": ["files:read"]}
+        )
+        reply = yield self.request("POST", "/shell", {"command": "true"})
+        self.assertEqual((reply.status, reply.json()["code"]), (403, "missing_scope"))
+
+
+class LegacyNotNamedTests(DaemonTestCase):
+    """A legacy token the policy's tokens do not name logs nobody in."""
+
+    token = LEGACY
+    policy = {
+        "auth": {
+            "tokens": [
+                {
+                    "id": "admin",
+                    "token_sha256": hashlib.sha256(b"admin-token").hexdigest(),
+                    "scopes": ["*"],
+                },
+            ]
+        },
+        "defaults": {"params": {"default_user": "root"}},
+    }
+
+    @inlineCallbacks
+    def test_legacy_token_is_refused(self) -> Any:
+        """401 for the legacy token; the policy's own token still works."""
+        reply = yield self.request("GET", "/system/info")
+        self.assertEqual(reply.status, 401)
+        reply = yield self.request("GET", "/system/info", token="admin-token")
+        self.assertEqual(reply.status, 200)
 
 
 class VariableGlobTests(DaemonTestCase):
