@@ -6,6 +6,8 @@ and the compiled form the pipeline consults on every request.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -48,11 +50,24 @@ class Policy:
     warnings: tuple[str, ...]
     #: What the path guard pinned of the directories this policy serves.
     anchors: Anchors = attrs.field(factory=Anchors, eq=False)
+    #: A hash of the document as written and the preset chosen.
+    digest: str = ""
+    #: Whether the document sets anything beyond ``version``, or a preset
+    #: was chosen (the seed's ``configured``).
+    configured: bool = False
 
     @property
     def revision(self) -> str | None:
         """The document's ``revision`` label."""
         return self.document.revision
+
+    @property
+    def shown_revision(self) -> str:
+        """
+        What discovery reports as the revision: the document's label, or
+        (as the seed reports) a hash that changes with the policy.
+        """
+        return self.revision if self.revision is not None else self.digest
 
     def rule(self, endpoint_id: str) -> EffectiveRule:
         """The merged rule of one endpoint."""
@@ -131,4 +146,18 @@ def load_policy(
         + tuple(tokens.warnings)
         + lint.warnings(table, doc, rules),
         anchors=anchors,
+        digest=_digest(data, chosen),
+        configured=chosen is not None
+        or (isinstance(data, Mapping) and bool(set(data) - {"version"})),
     )
+
+
+def _digest(data: Any, preset: str | None) -> str:
+    """16 hex digits of SHA-256 over the document (keys sorted) and the preset."""
+    blob = json.dumps(
+        {"document": data, "preset": preset},
+        sort_keys=True,
+        separators=(",", ":"),
+        default=str,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -102,7 +102,7 @@ def describe(
         if not rule.enabled
         else (Code.MISSING_SCOPE if not allowed else None)
     )
-    return {
+    entry: dict[str, Any] = {
         "method": endpoint.method,
         "path": endpoint.path,
         "group": endpoint.group.value,
@@ -113,10 +113,15 @@ def describe(
         "reason": reason,
         "rule": rule.enabled_by,
         "scopes": list(rule.scopes),
-        "limits": _non_default(rule.limits),
-        "paths": disclosed_paths(rule),
-        "params": _non_default(rule.params),
     }
+    if allowed:
+        # How an endpoint is configured is shown only to callers that may
+        # call it, as on the seed: another identity's allowed paths are not
+        # this caller's business.
+        entry["limits"] = _non_default(rule.limits)
+        entry["paths"] = disclosed_paths(rule)
+        entry["params"] = _non_default(rule.params)
+    return entry
 
 
 def capabilities(context: Any, identity: Identity) -> dict[str, Any]:
@@ -138,14 +143,22 @@ def capabilities(context: Any, identity: Identity) -> dict[str, Any]:
         "server_version": __version__,
         "identity": identity.as_json(),
         "policy": {
-            "preset": policy.preset,
-            "revision": policy.revision,
+            "preset": policy.preset or "default",
+            "revision": policy.shown_revision,
+            "configured": policy.configured,
             "base_dir": policy.base_dir,
         },
         "group_summary": summary,
         "endpoints": endpoints,
-        "warnings": list(policy.warnings),
+        "warnings": list(policy.warnings) + identity_warnings(policy, identity),
     }
+
+
+def identity_warnings(policy: Policy, identity: Identity) -> list[str]:
+    """What discovery warns the caller about itself (as the seed does)."""
+    if "*" in identity.scopes and not policy.tokens.local_mode:
+        return ["identity holds the wildcard scope '*'"]
+    return []
 
 
 def default_op(endpoint: Endpoint) -> str:

@@ -223,3 +223,84 @@ class VariableGlobTests(DaemonTestCase):
             reply = yield self.request("POST", "/env", {"vars": {name: "1"}})
             self.assertEqual(reply.status, 403, name)
             self.assertNotIn(name, os.environ)
+
+
+READER = "reader-token-123456"
+WRITER = "writer-token-654321"
+ADMIN = "admin-token-abcdef"
+
+
+def tokens(**extra: Any) -> dict[str, Any]:
+    """Three identities by hash, and whatever else the policy says."""
+    return {
+        "auth": {
+            "tokens": [
+                {
+                    "id": name,
+                    "token_sha256": hashlib.sha256(token.encode()).hexdigest(),
+                    "scopes": scopes,
+                }
+                for name, token, scopes in (
+                    ("reader", READER, ["files:read"]),
+                    ("writer", WRITER, ["files:write"]),
+                    ("admin", ADMIN, ["*"]),
+                )
+            ]
+        },
+        "defaults": {"params": {"default_user": "root"}},
+        **extra,
+    }
+
+
+class DiscoveryTests(DaemonTestCase):
+    """/capabilities as the seed's SDK reads it."""
+
+    policy = tokens(
+        endpoints={"files_stat": {"paths": {"allow": ["/srv/secret-place"]}}}
+    )
+
+    @inlineCallbacks
+    def test_configuration_only_for_callers_that_may_call(self) -> Any:
+        """limits, paths and params of an endpoint are shown only when it is allowed."""
+        reply = yield self.request("GET", "/capabilities", token=WRITER)
+        entry = reply.json()["endpoints"]["files_stat"]
+        self.assertFalse(entry["allowed"])
+        for key in ("limits", "paths", "params"):
+            self.assertNotIn(key, entry)
+        reply = yield self.request("GET", "/capabilities", token=READER)
+        entry = reply.json()["endpoints"]["files_stat"]
+        self.assertEqual(entry["paths"]["allow"], ["/srv/secret-place"])
+
+    @inlineCallbacks
+    def test_policy_block_and_warnings(self) -> Any:
+        """preset, a revision hash, configured; a '*' identity is warned."""
+        reply = yield self.request("GET", "/capabilities", token=ADMIN)
+        body = reply.json()
+        self.assertEqual(body["policy"]["preset"], "default")
+        self.assertTrue(body["policy"]["configured"])
+        self.assertRegex(body["policy"]["revision"], "^[0-9a-f]{16}$")
+        self.assertIn("identity holds the wildcard scope '*'", body["warnings"])
+        reply = yield self.request("GET", "/capabilities", token=READER)
+        self.assertNotIn(
+            "identity holds the wildcard scope '*'", reply.json()["warnings"]
+        )
+        yield self.daemon.stop()
+        yield self.start(policy=tokens(preset="read-only"))
+        reply = yield self.request("GET", "/capabilities", token=ADMIN)
+        self.assertNotEqual(
+            reply.json()["policy"]["revision"], body["policy"]["revision"]
+        )
+
+
+class UnconfiguredDiscoveryTests(DaemonTestCase):
+    """Without a policy, discovery says so."""
+
+    @inlineCallbacks
+    def test_not_configured(self) -> Any:
+        """configured is false, the preset is 'default', no warning about '*'."""
+        reply = yield self.request("GET", "/capabilities")
+        body = reply.json()
+        self.assertEqual(
+            (body["policy"]["configured"], body["policy"]["preset"]), (False, "default")
+        )
+        self.assertNotIn("identity holds the wildcard scope '*'", body["warnings"])

@@ -15,17 +15,29 @@ SCHEMAS: dict[str, Schema] = {
             F("api_version", "integer", "2"),
             F("server_version"),
             F("identity", "object", "{id, scopes} of the caller"),
-            F("policy", "object", "{preset, revision}"),
+            F(
+                "policy",
+                "object",
+                "{preset (default when none), revision (the document's, else a "
+                "hash that changes with the policy), configured, base_dir}",
+            ),
             F("group_summary", "object", "{group: {enabled, total}}"),
             F(
                 "endpoints",
                 "object",
                 "{id: {method, path, group, summary, streaming, "
                 "enabled, allowed, reason, rule, scopes, limits, paths, params}}; "
+                "limits, paths and params only where allowed; "
                 "paths: {allow, deny, deny_count, read_only (true when every "
                 "allowed place is read-only), read_only_paths, symlinks, hard_links}",
             ),
-            F("warnings", "array", items="string"),
+            F(
+                "warnings",
+                "array",
+                "the policy's warnings, and one when the caller holds '*' "
+                "while tokens are configured",
+                items="string",
+            ),
         ),
     ),
     "capabilities_check": Schema(
