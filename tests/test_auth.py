@@ -45,6 +45,24 @@ class FailClosedTests(SynchronousTestCase):
         assert identity is not None
         self.assertEqual(identity.id, "legacy")
 
+    def test_legacy_beside_policy_tokens(self) -> None:
+        """
+        With policy tokens, ABX_SERVER_TOKEN logs in only as the entry that
+        names it; unnamed, it logs nobody in and the start warns.
+        """
+        named = TokenSpec(id="ci", scopes=("files:read",), token_env="ABX_SERVER_TOKEN")
+        store = TokenStore.build([named], {"ABX_SERVER_TOKEN": "s3cret"})
+        identity = store.identify(b"s3cret")
+        assert identity is not None
+        self.assertEqual(
+            (identity.id, identity.scopes), ("ci", frozenset({"files:read"}))
+        )
+        self.assertEqual(store.warnings, [])
+        other = TokenSpec(id="ops", scopes=("*",), token_sha256="00" * 32)
+        store = TokenStore.build([other], {"ABX_SERVER_TOKEN": "s3cret"})
+        self.assertIsNone(store.identify(b"s3cret"))
+        self.assertIn("ABX_SERVER_TOKEN", store.warnings[0])
+
     def test_unset_token_env_refused(self) -> None:
         """A policy token whose token_env is unset or blank stops the start, naming it."""
         spec = TokenSpec(id="ci", scopes=("*",), token_env="CI_LOGIN_T")

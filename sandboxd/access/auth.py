@@ -167,6 +167,16 @@ class TokenStore:
             if value:
                 store.entries.append((_digest(value.encode("utf-8")), identity))
         store.secret_env = frozenset(secret_env)
+        if (legacy and specs) and not any(
+            s.token_env == "ABX_SERVER_TOKEN"
+            or (legacy_file and s.token_file == legacy_file)
+            for s in specs
+        ):
+            store.warnings.append(
+                "ABX_SERVER_TOKEN is set but auth.tokens does not name it, so it logs"
+                ' nobody in; add an entry with "token_env": "ABX_SERVER_TOKEN"'
+                " and its scopes to keep it"
+            )
         if empty and fail_closed:
             raise PolicyError(
                 f"{empty[0]}; refusing to start rather than run without that token"
@@ -201,6 +211,34 @@ class TokenStore:
         return found
 
 
+def presented_tokens(headers: Mapping[bytes, Sequence[bytes]]) -> list[bytes]:
+    """
+    The different tokens a request presents: at most one ``X-Access-Token``
+    and one ``Authorization: Bearer``, the Bearer first.
+
+    :raises ApiError: 400 ``ambiguous_credentials`` when two differing
+        ``X-Access-Token`` values, or two differing Bearer tokens, are
+        presented.
+    """
+    out: list[bytes] = []
+    for values in (
+        [
+            rest.strip()
+            for scheme, _, rest in (
+                v.strip().partition(b" ") for v in headers.get(b"authorization", [])
+            )
+            if scheme.lower() == b"bearer"
+        ],
+        [v.strip() for v in headers.get(b"x-access-token", [])],
+    ):
+        distinct = set(values)
+        if len(distinct) > 1:
+            raise ambiguous_credentials("two different credentials were presented")
+        if distinct and (token := distinct.pop()) not in out:
+            out.append(token)
+    return out
+
+
 def presented_token(headers: Mapping[bytes, Sequence[bytes]]) -> bytes | None:
     """
     The token a request presents, or None.
@@ -208,16 +246,34 @@ def presented_token(headers: Mapping[bytes, Sequence[bytes]]) -> bytes | None:
     :raises ApiError: 400 ``ambiguous_credentials`` when two differing
         tokens are presented.
     """
-    tokens: set[bytes] = set()
-    for value in headers.get(b"x-access-token", []):
-        tokens.add(value.strip())
-    for value in headers.get(b"authorization", []):
-        scheme, _, rest = value.strip().partition(b" ")
-        if scheme.lower() == b"bearer":
-            tokens.add(rest.strip())
+    tokens = presented_tokens(headers)
     if len(tokens) > 1:
         raise ambiguous_credentials("two different credentials were presented")
-    return tokens.pop() if tokens else None
+    return tokens[0] if tokens else None
+
+
+def authenticate_either(store: TokenStore, tokens: Sequence[bytes]) -> Identity:
+    """
+    The identity of a request that presents an ``X-Access-Token`` and a
+    different Bearer token (:func:`presented_tokens`).
+
+    A gateway in front of the daemon may add an ``X-Access-Token`` of its
+    own, which this daemon does not know: as on the seed, the one token
+    that logs in is used. Two that log in as different identities are
+    never a choice the daemon makes (400), and in local mode neither
+    matters.
+
+    :raises ApiError: 401 when neither logs in; 400
+        ``ambiguous_credentials`` when both do, as different identities.
+    """
+    if store.local_mode:
+        return store.anonymous or ANONYMOUS
+    found = {i for i in map(store.identify, tokens) if i is not None}
+    if len(found) > 1:
+        raise ambiguous_credentials("two different valid credentials were presented")
+    if not found:
+        raise unauthorized()
+    return found.pop()
 
 
 def authenticate(

@@ -29,7 +29,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 
 from sandboxd.access.audit import make_record, redact_url_secrets, should_record
-from sandboxd.access.auth import Identity, authenticate_token, presented_token
+from sandboxd.access.auth import (
+    Identity,
+    authenticate_either,
+    authenticate_token,
+    presented_token,
+    presented_tokens,
+)
 from sandboxd.access.links import CONSOLE, is_link
 from sandboxd.access.metrics import Metrics
 from sandboxd.errors import (
@@ -242,7 +248,9 @@ def identify(
     :param consume: count a use of a link.
     :raises ApiError: 401 ``unauthorized``, ``link_invalid``,
         ``link_expired``; 400 ``ambiguous_credentials`` when two different
-        tokens are presented.
+        tokens are presented in one header, or a query token and a header
+        one differ, or an ``X-Access-Token`` and a Bearer token both log in
+        as different identities (:func:`authenticate_either`).
     """
     queried = {t for t in query_tokens if t}
     if len(queried) > 1:
@@ -253,7 +261,12 @@ def identify(
         if shown is not None and shown != token:
             raise ambiguous_credentials()
         headers = {**headers, b"x-access-token": [token]}
-    shown = presented_token(headers)
+    tokens = presented_tokens(headers)
+    if len(tokens) > 1:
+        if any(is_link(t) for t in tokens):
+            raise ambiguous_credentials()
+        return authenticate_either(context.policy.tokens, tokens)
+    shown = tokens[0] if tokens else None
     if is_link(shown):
         assert shown is not None
         return context.links.verify(shown, audience, consume)

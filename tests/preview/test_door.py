@@ -206,7 +206,7 @@ class RoutingAndAuthTests(DoorCase):
         self.assertEqual(headers["x-forwarded-proto"], ["http"])
         lines = [r for r in self.audit_lines() if r.get("via") == "preview"]
         self.assertEqual(lines[-1]["endpoint"], "preview_proxy")
-        self.assertEqual(lines[-1]["identity"], "legacy")
+        self.assertEqual(lines[-1]["identity"], "admin")
 
     @inlineCallbacks
     def test_refusals(self) -> None:
@@ -310,7 +310,7 @@ class RoutingAndAuthTests(DoorCase):
         )
         lines = [r for r in self.audit_lines() if r.get("via") == "preview"]
         self.assertTrue(
-            any(r.get("on_behalf_of") == "legacy" and r["status"] == 200 for r in lines)
+            any(r.get("on_behalf_of") == "admin" and r["status"] == 200 for r in lines)
         )
 
     @inlineCallbacks

@@ -507,6 +507,7 @@ class TokenTests(TerminalCase):
     policy = {
         "auth": {
             "tokens": [
+                {"id": "admin", "token_env": "ABX_SERVER_TOKEN", "scopes": ["*"]},
                 {
                     "id": "other",
                     "token_sha256": hashlib.sha256(b"other-token").hexdigest(),

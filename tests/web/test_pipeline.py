@@ -5,6 +5,7 @@ The request pipeline of SPEC §3, through the whole HTTP door in memory
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
@@ -253,13 +254,37 @@ class TokenTests(MemoryCase):
         self.assertEqual(reply.status, 200)
         self.assertEqual(reply.json()["identity"], {"id": "legacy", "scopes": ["*"]})
 
-    def test_ambiguous_credentials(self) -> None:
-        """A header token and a different Bearer token are 400 ambiguous_credentials."""
+    def test_foreign_header_beside_the_token(self) -> None:
+        """
+        A header token that logs in beside a different Bearer token that
+        does not (a gateway's own), or the other way round, is the valid
+        one's identity, as on the seed; neither valid is 401.
+        """
+        for headers in (
+            {"Authorization": "Bearer gateway-own"},
+            {"X-Access-Token": "gateway-own", "Authorization": f"Bearer {TOKEN}"},
+        ):
+            token = TOKEN if "X-Access-Token" not in headers else None
+            reply = self.request("GET", "/capabilities", token=token, headers=headers)
+            self.assertEqual(reply.status, 200, headers)
+            self.assertEqual(reply.json()["identity"]["id"], "legacy")
         reply = self.request(
-            "GET", "/capabilities", headers={"Authorization": "Bearer other"}
+            "GET",
+            "/capabilities",
+            token=None,
+            headers={"X-Access-Token": "one", "Authorization": "Bearer two"},
         )
-        self.assertEqual(reply.status, 400)
-        self.assertEqual(reply.json()["code"], "ambiguous_credentials")
+        self.assertEqual(reply.status, 401)
+
+    def test_ambiguous_credentials(self) -> None:
+        """Two different X-Access-Token values are 400 ambiguous_credentials."""
+        data = self.raw(
+            b"GET /capabilities HTTP/1.1\r\nHost: localhost\r\n"
+            b"X-Access-Token: " + TOKEN.encode() + b"\r\n"
+            b"X-Access-Token: other\r\n\r\n"
+        )
+        self.assertTrue(data.startswith(b"HTTP/1.1 400"), data)
+        self.assertIn(b"ambiguous_credentials", data)
 
     def test_non_ascii_token(self) -> None:
         """A token with non-ASCII bytes is a plain 401, not a 500."""
@@ -282,6 +307,45 @@ class TokenTests(MemoryCase):
         """An unauthenticated request to a disabled route is 401, not a hint that it exists."""
         reply = self.request("GET", "/browser/console", token=None)
         self.assertEqual(reply.status, 401)
+
+
+class TwoIdentitiesTests(MemoryCase):
+    """Policy tokens, two of them presented in one request."""
+
+    policy = {
+        "auth": {
+            "tokens": [
+                {
+                    "id": name,
+                    "token_sha256": hashlib.sha256(name.encode()).hexdigest(),
+                    "scopes": ["*"],
+                }
+                for name in ("reader-t", "admin-t")
+            ]
+        }
+    }
+
+    def test_two_identities_are_ambiguous(self) -> None:
+        """An X-Access-Token and a Bearer token of two identities: 400, no choice."""
+        reply = self.request(
+            "GET",
+            "/capabilities",
+            token=None,
+            headers={"X-Access-Token": "reader-t", "Authorization": "Bearer admin-t"},
+        )
+        self.assertEqual(reply.status, 400)
+        self.assertEqual(reply.json()["code"], "ambiguous_credentials")
+
+    def test_same_identity_twice(self) -> None:
+        """The same token in both headers is that identity."""
+        reply = self.request(
+            "GET",
+            "/capabilities",
+            token=None,
+            headers={"X-Access-Token": "admin-t", "Authorization": "Bearer admin-t"},
+        )
+        self.assertEqual(reply.status, 200)
+        self.assertEqual(reply.json()["identity"]["id"], "admin-t")
 
 
 class NotImplementedTests(MemoryCase):
