@@ -45,6 +45,12 @@ class Code(enum.StrEnum):
     READ_ONLY = "read_only"
     SYMLINK_DENIED = "symlink_denied"
     PARAM_NOT_ALLOWED = "param_not_allowed"
+    #: The seed's own codes for a refusal by ``allow_commands``/
+    #: ``deny_commands``, ``languages`` and the extension lists (§21: its
+    #: SDK reads ``extension_not_allowed`` as a file refusal).
+    COMMAND_NOT_ALLOWED = "command_not_allowed"
+    LANGUAGE_NOT_ALLOWED = "language_not_allowed"
+    EXTENSION_NOT_ALLOWED = "extension_not_allowed"
     ORIGIN_NOT_ALLOWED = "origin_not_allowed"
     HOST_NOT_ALLOWED = "host_not_allowed"
     PROTECTED_VARIABLE = "protected_variable"

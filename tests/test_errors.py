@@ -88,6 +88,12 @@ SPEC_6 = {
     507: ("insufficient_storage",),
 }
 
+#: The seed's own codes that SPEC §6 takes where §21 makes a seed
+#: behaviour ours, merged into the check.
+SPEC_6_SEED = {
+    403: ("command_not_allowed", "language_not_allowed", "extension_not_allowed"),
+}
+
 #: The codes git adds (SPEC §24): its own rows, merged into the check.
 SPEC_6_GIT = {
     403: ("url_not_allowed", "protected_branch"),
@@ -184,7 +190,7 @@ class CodeTests(SynchronousTestCase):
 
     def test_code_is_spec_6(self) -> None:
         """Code holds exactly the codes of SPEC §6, no more and no fewer."""
-        rows = [*SPEC_6.values(), *SPEC_6_GIT.values()]
+        rows = [*SPEC_6.values(), *SPEC_6_SEED.values(), *SPEC_6_GIT.values()]
         spec = sorted(c for row in rows for c in row)
         self.assertEqual(sorted(c.value for c in Code), spec)
 

@@ -67,7 +67,7 @@ class Refusal(Exception):
     def as_json(self) -> dict[str, Any]:
         """The error fields of SPEC §3."""
         return error_fields(
-            403, self.message, "PermissionError", "param_not_allowed", rule=self.rule
+            403, self.message, "PermissionError", "url_not_allowed", rule=self.rule
         )
 
 

@@ -261,6 +261,24 @@ class ParamNotAllowed(PermissionDenied):
     default_code = "param_not_allowed"
 
 
+class CommandNotAllowed(ParamNotAllowed):
+    """A command that ``allow_commands`` or ``deny_commands`` refuses."""
+
+    default_code = "command_not_allowed"
+
+
+class LanguageNotAllowed(ParamNotAllowed):
+    """A ``/code/run`` language outside ``params.languages``."""
+
+    default_code = "language_not_allowed"
+
+
+class ExtensionNotAllowed(ParamNotAllowed):
+    """A file name that ``allow_extensions`` or ``deny_extensions`` refuses."""
+
+    default_code = "extension_not_allowed"
+
+
 class OriginNotAllowed(PermissionDenied):
     """A browser ``Origin`` the policy does not allow."""
 
@@ -426,8 +444,11 @@ class InsufficientStorage(ServerError):
 # -- git (SPEC §24) --------------------------------------------------------------------
 
 
-class UrlNotAllowed(PermissionDenied):
-    """A git remote outside the policy (transport, url_allow/url_deny, private address)."""
+class UrlNotAllowed(ParamNotAllowed):
+    """
+    A URL outside the policy: a page for the browser, a git remote
+    (transport, url_allow/url_deny, private address).
+    """
 
     default_code = "url_not_allowed"
 

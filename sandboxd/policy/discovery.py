@@ -252,7 +252,7 @@ def check(context: Any, identity: Identity, body: dict[str, Any]) -> dict[str, A
     if out["allowed"] and params:
         refusal = check_params(rule, params)
         if refusal is not None:
-            out.update(allowed=False, reason=Code.PARAM_NOT_ALLOWED, **refusal)
+            out.update(allowed=False, reason=refusal["code"], **refusal)
     decisions = [decide(rule, p, op or default_op(endpoint)) for p in paths]
     out["paths"] = [d.as_json() for d in decisions]
     if out["allowed"] and any(not d.allowed for d in decisions):
@@ -292,7 +292,7 @@ def check_params(rule: EffectiveRule, params: dict[str, Any]) -> dict[str, Any] 
     language = params.get("language")
     if language is not None and language not in rule.params.languages:
         return {
-            "code": Code.PARAM_NOT_ALLOWED,
+            "code": Code.LANGUAGE_NOT_ALLOWED,
             "rule": policy_rule(rule, "params.languages"),
             "param": "language",
         }

@@ -182,7 +182,8 @@ def command_argv(
 
     :param resolve: for :func:`check_command_allowed`.
     :raises ApiError: 400 for a missing or unparsable command or unknown
-        shell; 403 ``param_not_allowed`` for a refused command or shell.
+        shell; 403 ``command_not_allowed`` for a refused command,
+        ``param_not_allowed`` for a refused shell.
     """
     command = body.get("command")
     if not isinstance(command, str) or not command.strip():
@@ -280,7 +281,7 @@ def check_command_allowed(
     :param resolve: puts an argument an allow pattern binds to ``{path}``
         through the path guard; the argv returned carries what it answers.
         Without one, such a pattern admits nothing.
-    :raises ApiError: 403 ``param_not_allowed`` naming the list that refused.
+    :raises ApiError: 403 ``command_not_allowed`` naming the list that refused.
     """
     if not argv:
         return argv
@@ -291,7 +292,7 @@ def check_command_allowed(
     if denied is not None:
         raise forbidden(
             f"the command {name!r} is not allowed (denied by {denied[0]!r})",
-            Code.PARAM_NOT_ALLOWED,
+            Code.COMMAND_NOT_ALLOWED,
             rule=rule.source("params.deny_commands"),
         )
     if params.allow_commands is None:
@@ -300,7 +301,7 @@ def check_command_allowed(
     if allowed is None:
         raise forbidden(
             f"the command {name!r} is not in the allowed list",
-            Code.PARAM_NOT_ALLOWED,
+            Code.COMMAND_NOT_ALLOWED,
             rule=rule.source("params.allow_commands"),
         )
     pattern, paths = allowed
@@ -310,7 +311,7 @@ def check_command_allowed(
         raise forbidden(
             f"the command {name!r} matches {pattern!r}, whose {{path}} can only"
             " be checked in a command without a shell and without grouped options",
-            Code.PARAM_NOT_ALLOWED,
+            Code.COMMAND_NOT_ALLOWED,
             rule=rule.source("params.allow_commands"),
         )
     out = list(argv)

@@ -102,7 +102,7 @@ async def navigate(request: ServerRequest) -> dict[str, Any]:
         check_url(url_policy(request.rule), url)
     except Refusal as refusal:
         raise forbidden(
-            refusal.message, Code.PARAM_NOT_ALLOWED, rule=refusal.rule
+            refusal.message, Code.URL_NOT_ALLOWED, rule=refusal.rule
         ) from None
     wait_until = one_of(
         request.body.get("wait_until", "load"), "wait_until", WAIT_UNTIL

@@ -100,7 +100,7 @@ async def code_run(request: ServerRequest) -> dict[str, Any]:
         raise forbidden(
             f"the language {language!r} is not allowed"
             f" (allowed: {', '.join(rule.params.languages) or 'none'})",
-            Code.PARAM_NOT_ALLOWED,
+            Code.LANGUAGE_NOT_ALLOWED,
             rule=policy_rule(rule, "params.languages"),
         )
     code = string(body.get("code"), "code")

@@ -124,13 +124,13 @@ def check_extension(request: ServerRequest, path: str) -> None:
     if params.deny_extensions and has(params.deny_extensions):
         raise forbidden(
             f"this file extension is not allowed: {path}",
-            Code.PARAM_NOT_ALLOWED,
+            Code.EXTENSION_NOT_ALLOWED,
             rule=request.rule.source("params.deny_extensions"),
         )
     if params.allow_extensions is not None and not has(params.allow_extensions):
         raise forbidden(
             f"this file extension is not allowed: {path}",
-            Code.PARAM_NOT_ALLOWED,
+            Code.EXTENSION_NOT_ALLOWED,
             rule=request.rule.source("params.allow_extensions"),
         )
 

@@ -286,7 +286,7 @@ class BrowserTests(DaemonTestCase):
         ):
             reply = yield self.request("POST", "/browser/navigate", {"url": url})
             self.assertEqual(reply.status, 403, url)
-            self.assertEqual(reply.json()["code"], "param_not_allowed")
+            self.assertEqual(reply.json()["code"], "url_not_allowed")
         self.assertEqual(self.daemon.context.browser.starts, 0)
 
         reply = yield self.request(
@@ -300,7 +300,7 @@ class BrowserTests(DaemonTestCase):
         )
         self.assertEqual(reply.status, 403, reply.body)
         body = reply.json()
-        self.assertEqual(body["code"], "param_not_allowed")
+        self.assertEqual(body["code"], "url_not_allowed")
         self.assertIn("/secret", body["error"])
         self.assertEqual(body["rule"], "policy:endpoints.browser_*")
 
@@ -385,7 +385,7 @@ class PrivateNetworkTests(DaemonTestCase):
             reply = yield self.request("POST", "/browser/navigate", {"url": url})
             self.assertEqual(reply.status, 403, (url, reply.body))
             body = reply.json()
-            self.assertEqual(body["code"], "param_not_allowed")
+            self.assertEqual(body["code"], "url_not_allowed")
             self.assertIn("private network", body["error"])
             self.assertEqual(body["rule"], "policy:endpoints.group:browser")
 
@@ -407,7 +407,7 @@ class PrivateNetworkTests(DaemonTestCase):
             reply = yield self.request("POST", "/browser/navigate", {"url": url})
             self.assertEqual(reply.status, 403, (url, reply.body))
             body = reply.json()
-            self.assertEqual(body["code"], "param_not_allowed")
+            self.assertEqual(body["code"], "url_not_allowed")
             self.assertEqual(body["rule"], "policy:endpoints.group:browser")
         self.assertEqual(_Page.served, before)
 

@@ -239,7 +239,7 @@ class CheckParamsTests(DaemonTestCase):
             self.skipTest("shell is not built yet")
         self.assertEqual(
             (body["allowed"], body["code"], body["rule"]),
-            (False, "param_not_allowed", "policy:endpoints.shell"),
+            (False, "command_not_allowed", "policy:endpoints.shell"),
         )
         reply = yield self.request(
             "POST",

@@ -76,7 +76,7 @@ class CommandRuleTests(DaemonTestCase):
                 reply = yield self.request("POST", path, {"command": command})
                 self.assertEqual(
                     (reply.status, reply.json()["code"]),
-                    (403, "param_not_allowed"),
+                    (403, "command_not_allowed"),
                     (command, path),
                 )
         self.assertFalse(os.path.exists(os.path.join(self.base_dir, "x")))
@@ -304,3 +304,68 @@ class UnconfiguredDiscoveryTests(DaemonTestCase):
             (body["policy"]["configured"], body["policy"]["preset"]), (False, "default")
         )
         self.assertNotIn("identity holds the wildcard scope '*'", body["warnings"])
+
+
+class SeedCodeTests(DaemonTestCase):
+    """Refusals by the command, language and extension lists carry the seed's codes."""
+
+    @property
+    def policy(self) -> Any:  # type: ignore[override]
+        return {
+            "groups": {"dev_tools": True},
+            "endpoints": {
+                "shell": {"params": {"allow_commands": ["echo", "ls"]}},
+                "code_run": {"params": {"languages": ["python"]}},
+                "files_upload_stream": {
+                    "params": {"overwrite": False, "deny_extensions": [".sh", ".SO"]}
+                },
+            },
+        }
+
+    @inlineCallbacks
+    def test_codes(self) -> Any:
+        """command_not_allowed, language_not_allowed, extension_not_allowed (any case)."""
+        reply = yield self.request("POST", "/shell", {"command": "cat /etc/hostname"})
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (403, "command_not_allowed")
+        )
+        reply = yield self.request(
+            "POST", "/code/run", {"language": "bash", "code": "echo 1"}
+        )
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (403, "language_not_allowed")
+        )
+        for name in ("x.sh", "x.SH", "y.so", "y.SO"):
+            reply = yield self.request(
+                "POST",
+                "/files/upload-stream",
+                {"path": name, "content_base64": "IyE="},
+            )
+            self.assertEqual(
+                (reply.status, reply.json()["code"]),
+                (403, "extension_not_allowed"),
+                name,
+            )
+            self.assertFalse(os.path.exists(os.path.join(self.base_dir, name)))
+        reply = yield self.request(
+            "POST",
+            "/capabilities/check",
+            {"endpoint": "shell", "params": {"command": "cat x"}},
+        )
+        self.assertEqual(reply.json()["code"], "command_not_allowed")
+
+    @inlineCallbacks
+    def test_policy_overwrite_is_409(self) -> Any:
+        """params.overwrite false over an existing file: 409 file_exists naming the rule."""
+        body = {"path": "dup.txt", "content_base64": "b25l"}
+        reply = yield self.request("POST", "/files/upload-stream", body)
+        self.assertEqual(reply.status, 200)
+        reply = yield self.request(
+            "POST", "/files/upload-stream", {**body, "content_base64": "dHdv"}
+        )
+        self.assertEqual(
+            (reply.status, reply.json()["code"], reply.json()["rule"]),
+            (409, "file_exists", "policy:endpoints.files_upload_stream"),
+        )
+        with open(os.path.join(self.base_dir, "dup.txt"), "rb") as f:
+            self.assertEqual(f.read(), b"one")

@@ -199,13 +199,13 @@ class LanguagePolicyTests(DaemonTestCase):
 
     @inlineCallbacks
     def test_language_not_allowed(self) -> Any:
-        """bash outside the list is 403 param_not_allowed naming the rule; python still runs."""
+        """bash outside the list is 403 language_not_allowed naming the rule; python runs."""
         reply = yield self.request(
             "POST", "/code/run", {"language": "bash", "code": "echo hi"}
         )
         self.assertEqual(reply.status, 403)
         body = reply.json()
-        self.assertEqual(body["code"], "param_not_allowed")
+        self.assertEqual(body["code"], "language_not_allowed")
         self.assertEqual(body["rule"], "policy:endpoints.code_run")
         reply = yield self.request(
             "POST", "/code/run", {"language": "python", "code": "print('ok')"}

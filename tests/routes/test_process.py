@@ -294,7 +294,10 @@ class ShellTests(ProcessCase):
 
     @inlineCallbacks
     def test_disallowed_shell_and_command(self) -> Any:
-        """A shell outside params.shells and a denied command are 403 param_not_allowed."""
+        """
+        A shell outside params.shells is 403 param_not_allowed; a denied
+        command is 403 command_not_allowed (the seed's code).
+        """
         yield self.daemon.stop()
         yield self.start(
             policy={"endpoints": {"shell": {"params": {"deny_commands": ["rm"]}}}}
@@ -307,7 +310,7 @@ class ShellTests(ProcessCase):
         )
         reply = yield self.request("POST", "/shell", {"command": "rm -rf x"})
         self.assertEqual(
-            (reply.status, reply.json()["code"]), (403, "param_not_allowed")
+            (reply.status, reply.json()["code"]), (403, "command_not_allowed")
         )
 
     @inlineCallbacks

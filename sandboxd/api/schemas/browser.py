@@ -7,7 +7,7 @@ from sandboxd.api.fields import E, F, Field, Schema
 _BROWSER = (
     E(
         403,
-        "param_not_allowed",
+        "url_not_allowed",
         "a URL refused by url_allow/url_deny/schemes/private networks",
     ),
     E(429, "rate_limited", "too many calls queued for the shared page"),

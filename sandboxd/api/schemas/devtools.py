@@ -28,7 +28,7 @@ SCHEMAS: dict[str, Schema] = {
         ),
         errors=(
             E(400, "invalid_param", "bad language, code, cwd, env or timeout"),
-            E(403, "param_not_allowed", "language outside params.languages"),
+            E(403, "language_not_allowed", "language outside params.languages"),
             *GUARD[1:],
             E(408, "timeout", "past timeout: the group was killed", "TimeoutError"),
             E(

@@ -9,11 +9,11 @@ _WRITE_GUARD = (*GUARD, E(403, "read_only", "below a paths.read_only entry"))
 
 
 _WRITE = (
-    E(403, "param_not_allowed", "extension refused by params"),
+    E(403, "extension_not_allowed", "allow_extensions or deny_extensions refused it"),
     E(
         409,
         "file_exists",
-        "the target exists and overwrite (or params.overwrite) is false",
+        "the target exists and overwrite is false (or params.overwrite is)",
         "FileExistsError",
     ),
     E(412, "precondition_failed", "If-Match names a version the file no longer has"),

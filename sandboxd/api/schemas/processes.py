@@ -19,7 +19,8 @@ _COMMAND = (
 
 _CHILD_ERRORS = (
     E(400, "invalid_param", "bad command, cwd, env, user or timeout"),
-    E(403, "param_not_allowed", "command, shell or user refused by params"),
+    E(403, "command_not_allowed", "allow_commands or deny_commands refused it"),
+    E(403, "param_not_allowed", "shell or user refused by params"),
     E(
         403,
         "path_not_allowed",
