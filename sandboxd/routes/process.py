@@ -98,6 +98,17 @@ def launch(request: ServerRequest) -> Launch:
     if system_program(argv, cwd, MAX_LINKS):
         raise system_refusal(argv[0])
     extra = validate_env(body.get("env"))
+    secrets = request.context.policy.secret_env_names()
+    for name in extra:
+        if name in secrets or name.startswith("ABX_SERVER_"):
+            # As on the seed: a token's variable is refused, not quietly
+            # dropped (the command would run without what was asked for).
+            raise forbidden(
+                f"the variable {name!r} holds the daemon's secret and cannot be set",
+                Code.PROTECTED_VARIABLE,
+                rule="policy:auth.tokens",
+                variable=name,
+            )
     run_as = resolve_user(body.get("user"), rule)
     # The names kept from the child are the names masked in the audit.
     hidden = frozenset(secret_names(request.context, rule))

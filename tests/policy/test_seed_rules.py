@@ -369,3 +369,35 @@ class SeedCodeTests(DaemonTestCase):
         )
         with open(os.path.join(self.base_dir, "dup.txt"), "rb") as f:
             self.assertEqual(f.read(), b"one")
+
+
+class SecretVariableTests(DaemonTestCase):
+    """A child's env may not name a variable that holds a token."""
+
+    environ = {"MY_SERVER_TOKEN": "scrub-test-token-123"}
+    policy = {
+        "auth": {
+            "tokens": [{"id": "a", "token_env": "MY_SERVER_TOKEN", "scopes": ["*"]}]
+        },
+        "defaults": {"params": {"default_user": "root"}},
+    }
+    token = "scrub-test-token-123"
+
+    @inlineCallbacks
+    def test_refused_not_dropped(self) -> Any:
+        """403 protected_variable, and the command does not run."""
+        marker = os.path.join(self.base_dir, "ran")
+        for path in ("/shell", "/process/start"):
+            reply = yield self.request(
+                "POST",
+                path,
+                {"command": f"touch {marker}", "env": {"MY_SERVER_TOKEN": "x"}},
+            )
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (403, "protected_variable"), path
+            )
+        self.assertFalse(os.path.exists(marker))
+        reply = yield self.request(
+            "POST", "/shell", {"command": "true", "env": {"OTHER": "x"}}
+        )
+        self.assertEqual(reply.status, 200)

@@ -255,7 +255,10 @@ class ShellTests(ProcessCase):
 
     @inlineCallbacks
     def test_secrets_absent_from_child_env(self) -> Any:
-        """ABX_SERVER_*, token_env names and env_deny never reach the child."""
+        """
+        ABX_SERVER_*, token_env names and env_deny never reach the child; a
+        request's env naming a secret one is 403.
+        """
         os.environ["ABX_SERVER_SECRET_THING"] = "leak1"
         os.environ["SBX_TEST_CI_TOKEN"] = "leak2"
         os.environ["SBX_TEST_DENIED"] = "leak3"
@@ -279,11 +282,19 @@ class ShellTests(ProcessCase):
             },
             environ={"SBX_TEST_CI_TOKEN": "leak2"},
         )
+        for name in ("ABX_SERVER_TOKEN", "SBX_TEST_CI_TOKEN"):
+            # Asking for one is refused, as on the seed, not quietly dropped.
+            reply = yield self.request(
+                "POST",
+                "/shell",
+                {"command": "env", "env": {name: "x", "MINE": "1"}},
+                token="leak2",
+            )
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (403, "protected_variable")
+            )
         reply = yield self.request(
-            "POST",
-            "/shell",
-            {"command": "env", "env": {"ABX_SERVER_TOKEN": "x", "MINE": "1"}},
-            token="leak2",
+            "POST", "/shell", {"command": "env", "env": {"MINE": "1"}}, token="leak2"
         )
         self.assertEqual(reply.status, 200, reply.body)
         out = reply.json()["stdout"]
