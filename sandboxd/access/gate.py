@@ -295,10 +295,27 @@ def lacking_scope(
 
 
 def _disabled(endpoint: Endpoint, rule: EffectiveRule) -> ApiError:
-    why = (
-        "is not implemented yet" if rule.reason == "not_implemented" else "is disabled"
-    )
-    return endpoint_disabled(endpoint.id, rule.enabled_by, why)
+    return endpoint_disabled(endpoint.id, rule.enabled_by, disabled_why(endpoint, rule))
+
+
+def disabled_why(endpoint: Endpoint, rule: EffectiveRule) -> str:
+    """
+    Why a switched-off endpoint is off, for its 404: the rule that decided
+    and, for an opt-in group, how to turn it on (as the seed says it).
+    """
+    if rule.reason == "not_implemented":
+        return "is not implemented yet"
+    origin = rule.enabled_by
+    prefix = "default:opt-in:"
+    if origin.startswith(prefix):
+        group = origin[len(prefix) :]
+        return (
+            f"is disabled: the group {group!r} is opt-in; turn it on with"
+            f" ABX_SERVER_ENABLED_GROUPS={group} or the policy's"
+            f' "groups": {{"{group}": true}}, or the endpoint with'
+            f" endpoints.{endpoint.id}.enabled: true"
+        )
+    return f"is disabled by the rule {origin}"
 
 
 # -- the gate -----------------------------------------------------------------

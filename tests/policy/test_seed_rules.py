@@ -401,3 +401,21 @@ class SecretVariableTests(DaemonTestCase):
             "POST", "/shell", {"command": "true", "env": {"OTHER": "x"}}
         )
         self.assertEqual(reply.status, 200)
+
+
+class DisabledMessageTests(DaemonTestCase):
+    """A 404 endpoint_disabled says which rule, and how to turn an opt-in group on."""
+
+    policy = {"endpoints": {"shell": {"enabled": False}}}
+
+    @inlineCallbacks
+    def test_messages(self) -> Any:
+        """The policy's rule is named; an opt-in group's answer says how to enable it."""
+        reply = yield self.request("POST", "/shell", {"command": "true"})
+        body = reply.json()
+        self.assertEqual((reply.status, body["rule"]), (404, "policy:endpoints.shell"))
+        self.assertIn("policy:endpoints.shell", body["error"])
+        reply = yield self.request("POST", "/code/run", {"code": "print(1)"})
+        body = reply.json()
+        self.assertEqual(body["rule"], "default:opt-in:dev_tools")
+        self.assertIn("ABX_SERVER_ENABLED_GROUPS=dev_tools", body["error"])
