@@ -468,3 +468,35 @@ class GitDiffTests(DaemonTestCase):
                 "stats": {"files_changed": 0, "insertions": 0, "deletions": 0},
             },
         )
+
+
+class GitDiffDenyTests(DaemonTestCase):
+    """A diff may not show the changes of files paths.deny refuses."""
+
+    skip = NO_GIT
+    policy = {
+        "groups": {"dev_tools": True},
+        "endpoints": {"git_diff": {"paths": {"deny": ["**/secret/**"]}}},
+    }
+
+    @inlineCallbacks
+    def test_whole_tree_needs_a_file(self) -> Any:
+        """
+        Without ``file`` it is 403 path_denied and nothing is shown; a denied
+        file is 403; an allowed file's diff is served.
+        """
+        repo = new_repo(
+            os.path.join(self.base_dir, "repo"),
+            {"a.txt": "a\n", "secret/s.txt": "old\n"},
+        )
+        write(os.path.join(repo, "secret", "s.txt"), "top-secret\n")
+        write(os.path.join(repo, "a.txt"), "b\n")
+        reply = yield self.request("GET", "/git/diff?path=repo")
+        self.assertEqual((reply.status, reply.json()["code"]), (403, "path_denied"))
+        self.assertNotIn(b"top-secret", reply.body)
+        reply = yield self.request("GET", "/git/diff?path=repo&file=secret/s.txt")
+        self.assertEqual(reply.status, 403)
+        self.assertNotIn(b"top-secret", reply.body)
+        reply = yield self.request("GET", "/git/diff?path=repo&file=a.txt")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertIn("+b", reply.json()["diff"])

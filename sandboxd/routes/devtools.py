@@ -290,6 +290,15 @@ async def git_diff(request: ServerRequest) -> dict[str, Any]:
     run = _Git(request)
     staged = flag(request.arg("staged"), "staged")
     files = run.file_arg()
+    if not files and request.rule.paths.deny:
+        # A whole-tree diff prints the changes of every file, denied ones
+        # too: as on the seed, the caller names the file it may read.
+        raise forbidden(
+            "a 'file' is required while paths.deny rules apply: a diff of the"
+            " whole repository would show the changes of denied files",
+            Code.PATH_DENIED,
+            rule=request.rule.source("paths.deny") or "policy:paths.deny",
+        )
     await run.prepare()
     limit = (
         request.rule.limits.max_output_bytes

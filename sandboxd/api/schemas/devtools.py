@@ -63,6 +63,7 @@ SCHEMAS: dict[str, Schema] = {
         errors=(
             *GUARD,
             E(400, "invalid_path", ".. or NUL in path or file"),
+            E(403, "path_denied", "no file while paths.deny rules apply"),
             E(400, "git_error", "git failed (not a repository ...)", "GitError"),
             E(408, "timeout", "git ran past its limit", "TimeoutError"),
             E(500, "internal", "git is not installed", "FileNotFoundError"),
@@ -74,7 +75,11 @@ SCHEMAS: dict[str, Schema] = {
         query=(
             F("path", doc="the repository", default=".", example="."),
             F("staged", "boolean", default=False),
-            F("file", doc="limit the diff to one file"),
+            F(
+                "file",
+                doc="limit the diff to one file (required while paths.deny rules "
+                "apply)",
+            ),
         ),
         response=(
             F("diff", doc='truncated at 1 MB with "... (truncated at 1MB)"'),
