@@ -256,6 +256,8 @@ def make_record(
         "path": path,
         "query": redact_query(query),
         "status": status,
+        # The seed's field: whether the call was refused or failed.
+        "decision": "deny" if status >= 400 else "allow",
         "code": code,
         "rule": rule,
         "duration_ms": round((time.monotonic() - started) * 1000, 2),

@@ -200,12 +200,16 @@ class AuditTests(DaemonTestCase):
 
     @inlineCallbacks
     def test_records(self) -> Any:
-        """Allowed and refused requests are recorded with identity, status, code and rule."""
+        """
+        Allowed and refused requests are recorded with identity, status,
+        the seed's decision, code and rule.
+        """
         yield self.request("GET", "/capabilities?token=abc&x=1")
         yield self.request("GET", "/capabilities", token="wrong")
         yield self.request("GET", "/browser/console")
         lines = self.audit_lines()
         self.assertEqual([r["status"] for r in lines], [200, 401, 404])
+        self.assertEqual([r["decision"] for r in lines], ["allow", "deny", "deny"])
         self.assertEqual(lines[0]["identity"], "legacy")
         self.assertEqual(lines[0]["endpoint"], "capabilities")
         self.assertEqual(lines[0]["query"], "token=%2A%2A%2A&x=1")
