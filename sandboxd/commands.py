@@ -6,6 +6,7 @@ and callers run with ``POST /commands/{name}``.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 import typing
@@ -171,7 +172,9 @@ class Command:
             elif arg.required:
                 raise bad_request(f"missing required argument {arg.name!r}")
             elif arg.default is not None:
-                kwargs[arg.name] = arg.default
+                # A copy per call: a handler that changes a list default
+                # must not change the next call's (as on the seed).
+                kwargs[arg.name] = copy.deepcopy(arg.default)
         return kwargs
 
 

@@ -587,3 +587,27 @@ class ThreadStartRefusedTests(DaemonTestCase):
         starts.restore()
         reply = yield self.request("POST", "/commands/plain")
         self.assertEqual(reply.json(), {"result": "ran"})
+
+
+class ListDefaultTests(DaemonTestCase):
+    """A list default is the declared one on every call."""
+
+    autostart = False
+
+    def setUp(self) -> Any:
+        super().setUp()
+        registry = CommandRegistry()
+
+        @registry.command("defaults")
+        def defaults(args: list[str] = ["seed"]) -> list[str]:  # noqa: B006
+            args.append("new")
+            return args
+
+        return self.start(registry=registry)
+
+    @inlineCallbacks
+    def test_copied_per_call(self) -> Any:
+        """A handler that changes its list default does not change the next call's."""
+        for _ in range(2):
+            reply = yield self.request("POST", "/commands/defaults", {})
+            self.assertEqual(reply.json(), {"result": ["seed", "new"]})
