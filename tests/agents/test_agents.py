@@ -978,7 +978,7 @@ class ClientSideTests(AgentsTestCase):
         sid = yield self.session()
         reply = yield self.prompt(sid, "terminal printf nope")
         self.assertIn("error -32603", reply.json()["text"])
-        self.assertIn("param_not_allowed", reply.json()["text"])
+        self.assertIn("command_not_allowed", reply.json()["text"])
 
 
 class MisbehaviourTests(AgentsTestCase):

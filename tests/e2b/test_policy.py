@@ -151,7 +151,10 @@ class SecretTests(E2BCase):
 
     @inlineCallbacks
     def test_no_secret_in_the_environment(self) -> Any:
-        """ABX_SERVER_* and token_env names are stripped, even when the client sends them."""
+        """
+        ABX_SERVER_* and token_env names are stripped; a client that asks
+        to set one is refused and nothing runs.
+        """
         saved = {k: os.environ.get(k) for k in ("ABX_SERVER_TEST_SECRET", "READER")}
 
         def restore() -> None:
@@ -168,12 +171,19 @@ class SecretTests(E2BCase):
         def job() -> Any:
             sbx = self.sandbox(token="reader-token")
             plain = sbx.commands.run("env").stdout
-            asked = sbx.commands.run(
-                "env", envs={"ABX_SERVER_X": "y", "OK_VAR": "1"}
-            ).stdout
+            asked = sbx.commands.run("env", envs={"OK_VAR": "1"}).stdout
+            for name in ("ABX_SERVER_X", "READER"):
+                try:
+                    sbx.commands.run("env", envs={name: "y"})
+                except Exception as e:
+                    refused.append(str(e))
             return plain, asked
 
+        refused: list[str] = []
         plain, asked = yield self.sdk(job)
+        self.assertEqual(len(refused), 2, refused)
+        self.assertTrue(all("secret" in r for r in refused), refused)
+        self.assertIn("OK_VAR=1", asked)
         for out in (plain, asked):
             self.assertNotIn("s3cret", out)
             self.assertNotIn("reader-token", out)
