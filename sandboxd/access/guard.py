@@ -688,13 +688,24 @@ class PathGuard:
             return loc
         raise invalid_path(f"too many levels of symbolic links: {original}")
 
-    def _anchor(self, target: str, original: str) -> str:
-        """The directory a resolution starts from: the base, or an allowed root."""
+    def _anchor(self, target: str, original: str, above: str | None = None) -> str:
+        """
+        The directory a resolution starts from: the base, or an allowed root.
+
+        :param above: only a root that holds this one (a missing allowed
+            root is made from the root above it).
+        """
         base = posixpath.normpath(self.base_dir)
-        best = base if under(target, base) else ""
+
+        def fits(root: str) -> bool:
+            return under(target, root) and (
+                above is None or (root != above and under(above, root))
+            )
+
+        best = base if fits(base) else ""
         for entry in self.rule.paths.allow:
             root = allow_root(entry, base)
-            if root is not None and under(target, root) and len(root) > len(best):
+            if root is not None and fits(root) and len(root) > len(best):
                 best = root
         if not best or best == "/" or in_system_root(best):
             raise refusal(
@@ -713,7 +724,19 @@ class PathGuard:
         owner: tuple[int, int] | None = None,
     ) -> Location:
         anchor = self._anchor(target, original)
-        anchor_fd, anchor_dev = open_anchor(self.rule.anchors, anchor, original)
+        try:
+            anchor_fd, anchor_dev = open_anchor(self.rule.anchors, anchor, original)
+        except ApiError as e:
+            if e.status != 404 or made is None:
+                raise
+            # An allowed root that does not exist yet, on a write that makes
+            # its parents: made like any other missing parent, from the root
+            # above it (the base), each directory decided before it is made.
+            try:
+                anchor = self._anchor(target, original, above=anchor)
+            except ApiError:
+                raise e from None
+            anchor_fd, anchor_dev = open_anchor(self.rule.anchors, anchor, original)
         rel = target[len(anchor) :].strip("/")
         if rel == "":
             return Location(anchor_fd, "", anchor, dir_dev=anchor_dev)

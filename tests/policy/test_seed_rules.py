@@ -419,3 +419,53 @@ class DisabledMessageTests(DaemonTestCase):
         body = reply.json()
         self.assertEqual(body["rule"], "default:opt-in:dev_tools")
         self.assertIn("ABX_SERVER_ENABLED_GROUPS=dev_tools", body["error"])
+
+
+class MissingAllowedRootTests(DaemonTestCase):
+    """An upload below an allowed directory that does not exist yet makes it."""
+
+    @property
+    def policy(self) -> Any:  # type: ignore[override]
+        return {
+            "preset": "transfer-only",
+            "endpoints": {
+                "files_upload_stream": {
+                    "paths": {
+                        "allow": [
+                            os.path.join(self.base_dir, "uploads"),
+                            os.path.join(self.base_dir, "frozen", "in"),
+                        ],
+                        "read_only": [os.path.join(self.base_dir, "frozen")],
+                    }
+                },
+            },
+        }
+
+    @inlineCallbacks
+    def test_made_as_a_parent(self) -> Any:
+        """
+        uploads/ is made and the file written; outside the allowed list, or
+        below a read-only directory, nothing is made.
+        """
+        reply = yield self.request(
+            "POST",
+            "/files/upload-stream",
+            {"path": "uploads/deep/n.txt", "content_base64": "aGVsbG8="},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        with open(os.path.join(self.base_dir, "uploads", "deep", "n.txt"), "rb") as f:
+            self.assertEqual(f.read(), b"hello")
+        for path, code in (
+            ("out/n.txt", "path_not_allowed"),
+            ("frozen/in/n.txt", "read_only"),
+        ):
+            reply = yield self.request(
+                "POST", "/files/upload-stream", {"path": path, "content_base64": ""}
+            )
+            self.assertEqual((reply.status, reply.json()["code"]), (403, code), path)
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "out")))
+        self.assertFalse(os.path.exists(os.path.join(self.base_dir, "frozen")))
+        reply = yield self.request(
+            "GET", "/files/download-stream?path=uploads/none.txt"
+        )
+        self.assertEqual(reply.status, 404)
