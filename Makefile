@@ -53,12 +53,16 @@ test-tools:
 	@SKIP_TEST_TOOLS="$(SKIP_TEST_TOOLS)" scripts/install-test-tools.sh
 	@SKIP_TEST_TOOLS="$(SKIP_TEST_TOOLS)" scripts/install-e2b-js.sh $(VENV)/node-e2b $(E2B_JS_VERSION)
 
+# Then the seed's own test suite (agent-sandbox-server's published tests
+# that start a server), every server it starts a sandboxd: what it finds
+# is a failure unless scripts/seed_suite/differences.txt says why.
 test: $(STAMP) test-tools
 	$(PY) scripts/trial-summary.py --random=0 -j$(JOBS) tests
+	$(PY) scripts/seed_suite/run.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check sandboxd tests twisted bench
-	$(VENV)/bin/ruff format --check sandboxd tests twisted bench
+	$(VENV)/bin/ruff check sandboxd tests twisted bench scripts
+	$(VENV)/bin/ruff format --check sandboxd tests twisted bench scripts
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
