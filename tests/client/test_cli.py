@@ -74,7 +74,7 @@ class ExecTests(ClientCase):
         """
         A command that is not there exits 127, as in a shell;
         ps shows a process ended by SIGTERM as 143, as exec would exit; caps
-        says "preset none", not "None".
+        says "preset default" (what discovery names no preset), not "None".
         """
         missing = yield self.cli("exec", "--", "no-such-command-zz")
         self.assertEqual(missing.returncode, 127, missing.stderr)
@@ -92,7 +92,7 @@ class ExecTests(ClientCase):
         self.assertIn(b" 143 ", ps.stdout)
         self.assertNotIn(b"-15", ps.stdout)
         caps = yield self.cli("caps")
-        self.assertIn(b"preset none", caps.stdout)
+        self.assertIn(b"preset default", caps.stdout)
 
     @inlineCallbacks
     def test_bad_token_and_url(self) -> Any:
