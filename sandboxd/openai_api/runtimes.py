@@ -74,14 +74,22 @@ def default_agent(environ: Mapping[str, str] | None = None) -> str:
     if named:
         return named
     path = env.get("ABX_AGENTS_CONFIG", "").strip()
-    return (_configured(path) if path else None) or DEFAULT_AGENT
+    if not path:
+        return DEFAULT_AGENT
+    try:
+        found = os.stat(path)
+    except OSError:
+        return DEFAULT_AGENT
+    version = (found.st_ino, found.st_size, found.st_mtime_ns)
+    return _configured(path, version) or DEFAULT_AGENT
 
 
-@functools.lru_cache(maxsize=1)
-def _configured(path: str) -> str | None:
+@functools.lru_cache(maxsize=4)
+def _configured(path: str, version: tuple[int, int, int]) -> str | None:
     """
-    The default agent the JSON file ``path`` names, read once (the
-    reactor reads no file per request): a change needs a restart.
+    The default agent the JSON file ``path`` names, read again only when
+    ``version`` (its inode, size and modification time) changes: the
+    reactor reads no file per request, and an edit takes effect at once.
     """
     try:
         with open(path, encoding="utf-8") as f:

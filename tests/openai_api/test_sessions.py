@@ -861,3 +861,20 @@ class DefaultAgentTests(SynchronousTestCase):
             default_agent({"ABX_AGENTS_CONFIG": nested, "ABX_AGENTS_DEFAULT": "x"}), "x"
         )
         self.assertEqual(default_agent({"ABX_AGENTS_CONFIG": flat + ".gone"}), "codex")
+
+    def test_file_read_again_when_it_changes(self) -> None:
+        """An edit of the file takes effect at the next request; no edit, no read."""
+        from sandboxd.openai_api import runtimes
+
+        path = self.mktemp()
+        with open(path, "w") as f:
+            json.dump({"default": "claude"}, f)
+        env = {"ABX_AGENTS_CONFIG": path}
+        self.assertEqual(runtimes.default_agent(env), "claude")
+        reads = runtimes._configured.cache_info().misses
+        self.assertEqual(runtimes.default_agent(env), "claude")
+        self.assertEqual(runtimes._configured.cache_info().misses, reads)
+        with open(path, "w") as f:
+            json.dump({"default": "gemini", "note": "longer"}, f)
+        self.assertEqual(runtimes.default_agent(env), "gemini")
+        self.assertEqual(runtimes._configured.cache_info().misses, reads + 1)
