@@ -102,7 +102,11 @@ def start(
     port: int, pty_port: int, document: dict[str, Any] | None
 ) -> subprocess.Popen[bytes]:
     """Start sandboxd on ``port`` and return once it accepts connections."""
-    folder = tempfile.mkdtemp(prefix="seed-suite-")
+    # Under the runner's scratch folder, which goes with the run (or stays,
+    # with --keep: each daemon's policy, commands and log).
+    folder = tempfile.mkdtemp(
+        prefix="daemon-", dir=os.environ.get("SEED_SUITE_SCRATCH")
+    )
     argv = [*COMMAND, "serve", "--port", str(port), "--pty-port", str(pty_port)]
     if document is not None:
         argv += ["--policy", _policy_file(folder, document)]

@@ -14,7 +14,7 @@ Each such test that sandboxd does not pass is either listed in
 or the test reaches into the seed's own process) or a failure of this
 run. A listed test that passes is a failure too, so the list stays true.
 
-Usage: ``python scripts/seed_suite/run.py [-j N] [pytest args...]``
+Usage: ``python scripts/seed_suite/run.py [-j N] [--keep DIR] [pytest args...]``
 (``make test`` runs it). The source distributions are downloaded once
 with pip into ``.venv/seed-suite/`` and checked against pinned digests.
 """
@@ -193,6 +193,9 @@ def run(
     env = dict(os.environ)
     env["SEED_SUITE_SANDBOXD"] = shlex.join([sys.executable, "-m", "sandboxd"])
     env["ABX_SERVER_BASE_DIR"] = str(home)
+    daemons = scratch / "daemons"
+    daemons.mkdir()
+    env["SEED_SUITE_SCRATCH"] = str(daemons)
     env.pop("ABX_SERVER_TOKEN", None)
     command = [
         sys.executable,
@@ -219,11 +222,19 @@ def run(
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("-j", "--jobs", type=int, default=2)
+    parser.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="unpack and run in DIR (a new folder) and leave it: the tests, "
+        "and each daemon's policy and log under SUITE/daemons/",
+    )
     args, extra = parser.parse_known_args()
     found: dict[str, tuple[str, str]] = {}
     with tempfile.TemporaryDirectory(prefix="seed-suite-") as scratch:
+        where = Path(args.keep or scratch)
+        where.mkdir(exist_ok=args.keep is None)
         for suite in SUITES:
-            folder = Path(scratch) / suite.name
+            folder = where / suite.name
             folder.mkdir()
             found.update(run(suite, args.jobs, extra, folder))
     listed = differences()
@@ -231,7 +242,8 @@ def main() -> int:
         t: w for t, (s, w) in found.items() if s == "failed" and t not in listed
     }
     stale = sorted(t for t, (s, _) in found.items() if s == "passed" and t in listed)
-    missing = sorted(t for t in listed if t not in found)
+    # Extra pytest arguments (-k ...) may leave listed tests out on purpose.
+    missing = [] if extra else sorted(t for t in listed if t not in found)
     counts = {
         s: sum(1 for v in found.values() if v[0] == s)
         for s in ("passed", "failed", "skipped")
@@ -247,6 +259,8 @@ def main() -> int:
         print(f"  PASSES NOW (remove it from differences.txt) {test}")
     for test in missing:
         print(f"  NOT RUN (listed in differences.txt) {test}")
+    if unexpected and not args.keep:
+        print("  (run again with --keep DIR to keep the tests and each daemon's log)")
     return 1 if unexpected or stale or missing else 0
 
 
