@@ -11,7 +11,7 @@ WORKSPACE := workspace
 # worker fills the waits (docs/performance.md, "Three workers on two cores").
 JOBS ?= 3
 
-.PHONY: serve test lint typecheck check bench compile test-tools clean
+.PHONY: serve test seed-suite lint typecheck check bench compile test-tools clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,10 @@ test-tools:
 # is a failure unless scripts/seed_suite/differences.txt says why.
 test: $(STAMP) test-tools
 	$(PY) scripts/trial-summary.py --random=0 -j$(JOBS) tests
+	$(MAKE) --no-print-directory seed-suite
+
+# The seed's suites alone (about four minutes on two cores).
+seed-suite: $(STAMP)
 	$(PY) scripts/seed_suite/run.py
 
 lint: $(STAMP)
