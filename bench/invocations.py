@@ -1,0 +1,121 @@
+"""
+Medians and ranges over several invocations of the shared harness.
+
+``../shared/bench/compare.sh`` prints one side-by-side table per
+invocation. The performance page reports each figure as the median over
+the invocations with the range in brackets; this reads the printed
+tables (from the saved output of one or more runs) and writes that
+table. Columns are matched by server name, not position: invocations
+that start the servers in different orders (so that none always runs
+right after another's heaviest round) line up all the same.
+
+Usage: ``python bench/invocations.py OUT.LOG [...] > table.md``
+(``--order a,b,c`` sets the column order; by default, first seen).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+
+_TABLE = re.compile(r"(\| workload \|.*?)(?:\n\n|\Z)", re.S)
+
+#: workload -> server -> one cell per invocation
+Cells = dict[str, dict[str, list[str]]]
+
+
+def read_tables(text: str) -> tuple[list[str], Cells, int]:
+    """The servers (first seen first), the cells, and how many tables."""
+    servers: list[str] = []
+    cells: Cells = {}
+    tables = _TABLE.findall(text)
+    for table in tables:
+        lines = [line for line in table.strip().splitlines() if line.startswith("|")]
+        header = [c.strip() for c in lines[0].strip("|").split("|")][1:]
+        servers += [name for name in header if name not in servers]
+        for line in lines[2:]:
+            row = [c.strip() for c in line.strip("|").split("|")]
+            for server, value in zip(header, row[1:], strict=True):
+                cells.setdefault(row[0], {}).setdefault(server, []).append(value)
+    return servers, cells, len(tables)
+
+
+def number(text: str) -> float | None:
+    """A cell's figure, or None for a mark (``yes``, ``ERR``, ``–``)."""
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def figure(x: float) -> str:
+    """Thousands with commas, three significant digits below."""
+    if abs(x) >= 1000:
+        return f"{round(x):,}"
+    if abs(x) >= 100:
+        return f"{x:.0f}"
+    if abs(x) >= 10:
+        return f"{x:.3g}"
+    return f"{x:.2f}"
+
+
+def summarise(values: list[str]) -> str:
+    """
+    ``median (low–high)`` for each `` / ``-separated part of the cells;
+    a part that is not a figure in every invocation is given as is (the
+    same in all, or each in turn).
+    """
+    parts = [v.split(" / ") for v in values]
+    out = []
+    for k in range(max(len(p) for p in parts)):
+        texts = [p[k] if k < len(p) else "?" for p in parts]
+        figures = [number(t) for t in texts]
+        known = [f for f in figures if f is not None]
+        if len(known) == len(texts):
+            low, mid, high = min(known), statistics.median(known), max(known)
+            out.append(f"{figure(mid)} ({figure(low)}–{figure(high)})")
+        elif len(set(texts)) == 1:
+            out.append(texts[0])
+        else:
+            out.append("/".join(texts))
+    return " / ".join(out)
+
+
+def render(servers: list[str], cells: Cells, count: int) -> str:
+    """The markdown table."""
+    lines = [
+        "| workload | " + " | ".join(f"{s} (n={count})" for s in servers) + " |",
+        "|---" * (len(servers) + 1) + "|",
+    ]
+    for workload, row in cells.items():
+        shown = [summarise(row[s]) if s in row else "–" for s in servers]
+        lines.append(f"| {workload} | " + " | ".join(shown) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("logs", nargs="+")
+    parser.add_argument("--order", help="comma-separated server names")
+    args = parser.parse_args(argv)
+    text = ""
+    for path in args.logs:
+        with open(path, encoding="utf-8") as f:
+            text += f.read() + "\n\n"
+    servers, cells, count = read_tables(text)
+    if not count:
+        print("no compare.sh tables found", file=sys.stderr)
+        return 1
+    if args.order:
+        wanted = args.order.split(",")
+        servers = [s for s in wanted if s in servers] + [
+            s for s in servers if s not in wanted
+        ]
+    sys.stdout.write(render(servers, cells, count))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
