@@ -18,6 +18,7 @@ through the path guard).  Grouped short options are split before matching
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
 import re
 import shlex
@@ -33,9 +34,11 @@ _GLOB = "*?["
 PATH = "{path}"
 
 
+@functools.lru_cache(maxsize=1024)
 def pattern_words(pattern: str) -> tuple[str, ...]:
     """
-    The words of one pattern.
+    The words of one pattern, split once (every command a policy's lists
+    judge asks again; a policy's patterns are few).
 
     :raises ValueError: for a pattern that is empty, cannot be split, or
         has more than :data:`MAX_ELLIPSES` ``...``.

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sandboxd.access.audit import audit_argv
-from sandboxd.errors import bad_request
+from sandboxd.errors import Code, bad_request, forbidden
 from sandboxd.policy.defaults import (
     ARG_STRING_MAX_BYTES,
 )
@@ -152,6 +152,25 @@ def secret_names(context: Any, rule: EffectiveRule | None) -> set[str]:
     if rule is not None:
         names.update(rule.params.env_deny)
     return names
+
+
+def refuse_secret_variables(context: Any, extra: Mapping[str, str]) -> None:
+    """
+    Refuse a child's own variable named as one of the daemon's secrets (a
+    token's variable, an ``ABX_SERVER_*`` name), as the seed does: dropping
+    it quietly would run the command without what was asked for.
+
+    :raises ApiError: 403 ``protected_variable`` naming the variable.
+    """
+    secrets = context.policy.secret_env_names()
+    for name in extra:
+        if name in secrets or name.startswith(_SECRET_PREFIXES):
+            raise forbidden(
+                f"the variable {name!r} holds the daemon's secret and cannot be set",
+                Code.PROTECTED_VARIABLE,
+                rule="policy:auth.tokens",
+                variable=name,
+            )
 
 
 def child_environment(

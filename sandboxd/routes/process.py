@@ -51,6 +51,7 @@ from sandboxd.processes.command import (
 from sandboxd.processes.environment import (
     child_environment,
     note_argv,
+    refuse_secret_variables,
     secret_names,
     validate_env,
 )
@@ -98,17 +99,7 @@ def launch(request: ServerRequest) -> Launch:
     if system_program(argv, cwd, MAX_LINKS):
         raise system_refusal(argv[0])
     extra = validate_env(body.get("env"))
-    secrets = request.context.policy.secret_env_names()
-    for name in extra:
-        if name in secrets or name.startswith("ABX_SERVER_"):
-            # As on the seed: a token's variable is refused, not quietly
-            # dropped (the command would run without what was asked for).
-            raise forbidden(
-                f"the variable {name!r} holds the daemon's secret and cannot be set",
-                Code.PROTECTED_VARIABLE,
-                rule="policy:auth.tokens",
-                variable=name,
-            )
+    refuse_secret_variables(request.context, extra)
     run_as = resolve_user(body.get("user"), rule)
     # The names kept from the child are the names masked in the audit.
     hidden = frozenset(secret_names(request.context, rule))
@@ -501,7 +492,8 @@ def process_signal(request: ServerRequest) -> dict[str, Any]:
     process's group (and descendants that left it).
 
     400 for a signal outside the built-in ``allowed_signals``, 403 for
-    one the policy's list leaves out; 403 for pid 1 or the daemon; 404 for a pid that is not a running managed process.
+    one the policy's list leaves out; 403 for pid 1 or the daemon; 404
+    for a pid that is not a running managed process.
     """
     pid = _pid(request)
     if pid in (1, os.getpid()):
