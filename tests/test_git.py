@@ -148,6 +148,53 @@ class ParserTests(SynchronousTestCase):
         self.assertIn("filter.my.driver.process=", overrides)
         self.assertIn("filter.lfs.required=false", overrides)
 
+    def test_identity_values(self) -> None:
+        """
+        ``git config --null --get-regexp`` output read name by name, the
+        last of a name winning; values git could not write in a commit
+        header are left out.
+        """
+        output = (
+            b"user.name\nGrace Hopper\0user.email\ngrace@example.com\0"
+            b"user.name\nGrace\0Author.Email\na@example.com\0"
+            b"committer.name\n\0committer.email\n" + b"x" * 300 + b"\0"
+            b"user.bogus\0"
+        )
+        self.assertEqual(
+            git.identity_values(output),
+            {
+                "user.name": "Grace",
+                "user.email": "grace@example.com",
+                "author.email": "a@example.com",
+            },
+        )
+        self.assertEqual(git.identity_values(b""), {})
+
+    def test_identity_environment(self) -> None:
+        """
+        Only the parts the repository's own settings leave unsaid are
+        given, a role's own setting before ``user.*``.
+        """
+        home = {
+            "user.name": "Grace",
+            "user.email": "grace@example.com",
+            "committer.email": "ci@example.com",
+        }
+        self.assertEqual(
+            git.identity_environment([], home),
+            {
+                "GIT_AUTHOR_NAME": "Grace",
+                "GIT_AUTHOR_EMAIL": "grace@example.com",
+                "GIT_COMMITTER_NAME": "Grace",
+                "GIT_COMMITTER_EMAIL": "ci@example.com",
+            },
+        )
+        self.assertEqual(
+            git.identity_environment(["core.bare", "User.Name", "author.email"], home),
+            {"GIT_COMMITTER_EMAIL": "ci@example.com"},
+        )
+        self.assertEqual(git.identity_environment([], {}), {})
+
     def test_parent_segments(self) -> None:
         """``..`` as a segment is caught; dots inside a name are not."""
         self.assertTrue(git.has_parent_segment("a/../b"))

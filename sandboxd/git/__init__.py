@@ -134,6 +134,53 @@ def config_names(output: bytes) -> list[str]:
     return [n.decode("utf-8", "replace") for n in output.split(b"\0") if n.strip()]
 
 
+#: The settings that name who makes a commit, as ``git config`` prints them.
+IDENTITY_PATTERN = r"^(user|author|committer)\.(name|email)$"
+
+#: The longest name or email taken from a user's global configuration.
+_IDENTITY_MAX = 256
+
+
+def identity_values(output: bytes) -> dict[str, str]:
+    """
+    The settings printed by ``git config --null --get-regexp
+    IDENTITY_PATTERN`` (``name LF value NUL`` each), the last of a name
+    winning as it does for git; values git could not put in a commit
+    header (empty, over 256 characters, holding a line break) are left out.
+    """
+    values: dict[str, str] = {}
+    for entry in output.split(b"\0"):
+        name, sep, raw = entry.partition(b"\n")
+        value = raw.decode("utf-8", "replace")
+        if not sep or not value.strip() or len(value) > _IDENTITY_MAX:
+            continue
+        if "\n" in value or "\r" in value:
+            continue
+        values[name.decode("ascii", "replace").lower()] = value
+    return values
+
+
+def identity_environment(
+    local_names: Iterable[str], home: Mapping[str, str]
+) -> dict[str, str]:
+    """
+    ``GIT_AUTHOR_*``/``GIT_COMMITTER_*`` from ``home`` (a user's global
+    settings, :func:`identity_values`) for each part of the identity the
+    repository's own configuration (``local_names``) leaves unsaid, so that
+    the repository's settings still win, as they do in git.
+    """
+    local = {name.lower() for name in local_names}
+    env: dict[str, str] = {}
+    for role in ("author", "committer"):
+        for part in ("name", "email"):
+            if f"user.{part}" in local or f"{role}.{part}" in local:
+                continue
+            value = home.get(f"{role}.{part}") or home.get(f"user.{part}")
+            if value:
+                env[f"GIT_{role.upper()}_{part.upper()}"] = value
+    return env
+
+
 # -- git status --------------------------------------------------------------
 
 #: The porcelain codes of an unmerged path (git-status(1), "Short Format").

@@ -195,7 +195,8 @@ def classify_failure(
         return git_error(
             "git has no name and email to make the commit with: give the call an "
             "'author' {name, email} where it takes one, set git.author in the "
-            "policy, or set user.name and user.email with git_config_set"
+            "policy, or set user.name and user.email with git_config_set (or in "
+            "the global git configuration of the user git runs as)"
         )
     return git_error(tail)
 

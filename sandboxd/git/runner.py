@@ -33,11 +33,14 @@ from sandboxd.errors import (
     timed_out,
 )
 from sandboxd.git import (
+    IDENTITY_PATTERN,
     ceiling_for,
     config_names,
     filter_overrides,
     git_argv,
     git_environment,
+    identity_environment,
+    identity_values,
 )
 from sandboxd.git.askpass import AskpassSession, Secret
 from sandboxd.git.outcomes import UNWRITTEN, classify_failure, redact
@@ -151,6 +154,8 @@ class GitCall:
         self.lock_key: str | None = None
         #: The last child, for a job's ``process`` field and its cancel.
         self.child: Any = None
+        #: The names the repository's own configuration sets, once opened.
+        self.local_names: list[str] | None = None
 
     @property
     def uid_gid(self) -> tuple[int, int]:
@@ -187,10 +192,36 @@ class GitCall:
             self.lock_key = self.git_dir
         names = await self.run(["config", "--null", "--list", "--name-only"])
         listed = config_names(names.stdout)
+        self.local_names = listed
         self.config += filter_overrides(listed)
         self.config += network_overrides(listed, self.proxy)
         if self.rule.params.git_hooks and self.git_dir:
             self.config.append(f"core.hooksPath={os.path.join(self.git_dir, 'hooks')}")
+
+    async def identity_from_home(self) -> dict[str, str]:
+        """
+        The commit identity the user's global git configuration
+        (``~/.gitconfig``, ``~/.config/git/config``) gives, for each part
+        the repository's own configuration leaves unsaid, as
+        ``GIT_AUTHOR_*``/``GIT_COMMITTER_*``.
+
+        git otherwise runs with no global configuration (it may name
+        programs to run), but ``git config --global user.name`` is how a
+        sandbox's user says who they are, and a commit made for them
+        should say it too: only the identity settings are read from there,
+        by a ``git config`` run as that user.  Nothing before the
+        repository is opened.
+        """
+        if self.local_names is None:
+            return {}
+        result = await self.run(
+            ["config", "--global", "--null", "--get-regexp", IDENTITY_PATTERN],
+            check=False,
+            home_config=True,
+        )
+        if result.exit_code != 0:  # 1: none set; else no home or a bad file
+            return {}
+        return identity_environment(self.local_names, identity_values(result.stdout))
 
     def argv(
         self, args: list[str], remote: Remote | None = None, pin: str = ""
@@ -213,6 +244,7 @@ class GitCall:
         timeout: float | None = None,
         stdin: bytes | None = None,
         own_pathspecs: bool = False,
+        home_config: bool = False,
     ) -> processes.RunResult:
         """
         Run git to completion; with ``check``, a failure becomes the error
@@ -228,11 +260,15 @@ class GitCall:
             pass it to the git they run themselves (a stash of untracked
             files cleans them with ``:/``, which taken literally names no
             file, so they would stay).
+        :param home_config: let git read the user's global configuration
+            (for :meth:`identity_from_home` alone).
         """
         async with self._turn(remote, timeout):
             env = dict(self.env)
             if own_pathspecs:
                 del env["GIT_LITERAL_PATHSPECS"]
+            if home_config:
+                del env["GIT_CONFIG_GLOBAL"]
             session: AskpassSession | None = None
             if secret is not None:
                 uid, gid = self.uid_gid

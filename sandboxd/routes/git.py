@@ -241,6 +241,17 @@ def _author_env(request: ServerRequest, author: Any) -> dict[str, str]:
     }
 
 
+async def _identity(
+    request: ServerRequest, call: GitCall, author: Any
+) -> dict[str, str]:
+    """
+    Who a commit is made as: the body's author, else the policy's, else
+    what the repository's configuration says, completed from its user's
+    global git configuration.
+    """
+    return _author_env(request, author) or await call.identity_from_home()
+
+
 async def git_commit(request: ServerRequest) -> dict[str, Any]:
     """
     ``POST /git/commit {path, message, author?, allow_empty?, amend?, files?,
@@ -253,7 +264,7 @@ async def git_commit(request: ServerRequest) -> dict[str, Any]:
     call = await _repo(request, body.get("path"))
     branch = await _current_branch(call)
     _check_protected(request, branch, "committing")
-    call.env.update(_author_env(request, body.get("author")))
+    call.env.update(await _identity(request, call, body.get("author")))
     args = ["commit", "-q", "-F", "-", "--no-edit", "--cleanup=strip"]
     if params.flag(body.get("allow_empty"), "allow_empty"):
         args.append("--allow-empty")
@@ -1136,8 +1147,9 @@ async def git_pull(request: ServerRequest) -> Any:
     if body.get("branch") is not None:
         args.append(ref_name(body.get("branch"), "branch"))
 
-    # A merge commit, or a rebased one, is made as the policy's author.
-    call.env.update(_author_env(request, None))
+    # A merge commit, or a rebased one, is made as the policy's author
+    # (else as the repository's or its user's).
+    call.env.update(await _identity(request, call, None))
 
     async def work(job: GitJob) -> dict[str, Any]:
         job.call = call

@@ -16,6 +16,7 @@ from typing import Any, cast
 from twisted.internet.defer import Deferred, DeferredList, DeferredLock, inlineCallbacks
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
+from sandboxd.git import runner
 from sandboxd.processes.run import RunResult
 from sandboxd.routes.git import _ListCut, _listed
 from tests.git.remote import run as git
@@ -604,6 +605,96 @@ class RunAsUserTests(DaemonTestCase):
         self.assertEqual(os.stat(head).st_uid, nobody)
         reply = yield self.request("GET", "/git/log?path=n&user=nobody")
         self.assertEqual(len(reply.json()["commits"]), 1)
+
+
+class HomeIdentityTests(DaemonTestCase):
+    """
+    With no author in the call or the policy, a commit is made as the
+    repository's ``user.*``, completed from its user's ``~/.gitconfig``;
+    nothing else of that file reaches git.
+    """
+
+    policy = {"groups": {"git": True}}
+    skip = "git is not installed" if NO_GIT else None
+
+    def home(self, config: str | None) -> str:
+        """A home directory for git's user, with ``config`` as its ``.gitconfig``."""
+        home = os.path.realpath(self.mktemp())
+        os.makedirs(home)
+        if config is not None:
+            with open(os.path.join(home, ".gitconfig"), "w") as f:
+                f.write(config)
+        self.patch(runner, "BOOT_ENVIRON", {**runner.BOOT_ENVIRON, "HOME": home})
+        return home
+
+    @inlineCallbacks
+    def commit(self, **fields: Any) -> Any:
+        reply = yield self.request(
+            "POST",
+            "/git/commit",
+            {"path": "repo", "message": "m", "allow_empty": True, **fields},
+        )
+        return reply
+
+    @inlineCallbacks
+    def last_author(self) -> Any:
+        reply = yield self.request("GET", "/git/log?path=repo&max=1")
+        self.assertEqual(reply.status, 200, reply.body)
+        commit = reply.json()["commits"][0]
+        return commit["author"]["name"], commit["author"]["email"]
+
+    @inlineCallbacks
+    def test_global_identity(self) -> Any:
+        """
+        ``git config --global user.*`` names the commit; the repository's own
+        ``user.name`` wins over it; the call's ``author`` over both; a hook
+        path and an fsmonitor in the same file never run.
+        """
+        marker = os.path.join(self.base_dir, "ran")
+        hooks = os.path.join(self.base_dir, "hooks")
+        os.makedirs(hooks)
+        for name in ("pre-commit", "fsmonitor"):
+            script = os.path.join(hooks, name)
+            with open(script, "w") as f:
+                f.write(f"#!/bin/sh\necho {name} >> {marker}\nexit 1\n")
+            os.chmod(script, 0o755)
+        self.home(
+            "[user]\n\tname = Grace Hopper\n\temail = grace@example.com\n"
+            f"[core]\n\thooksPath = {hooks}\n\tfsmonitor = {hooks}/fsmonitor\n"
+        )
+        reply = yield self.request("POST", "/git/init", {"path": "repo"})
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.commit()
+        self.assertEqual(reply.status, 200, reply.body)
+        author = yield self.last_author()
+        self.assertEqual(author, ("Grace Hopper", "grace@example.com"))
+        self.assertFalse(os.path.exists(marker))
+
+        reply = yield self.request(
+            "POST", "/git/config", {"path": "repo", "key": "user.name", "value": "Bo"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.commit()
+        self.assertEqual(reply.status, 200, reply.body)
+        author = yield self.last_author()
+        self.assertEqual(author, ("Bo", "grace@example.com"))
+
+        reply = yield self.commit(author={"name": "Ada", "email": "ada@example.com"})
+        self.assertEqual(reply.status, 200, reply.body)
+        author = yield self.last_author()
+        self.assertEqual(author, ("Ada", "ada@example.com"))
+        self.assertFalse(os.path.exists(marker))
+
+    @inlineCallbacks
+    def test_no_identity_anywhere(self) -> Any:
+        """With none anywhere the commit is 400 ``git_error`` saying where to give one."""
+        self.home("[core]\n\tquotePath = false\n")
+        reply = yield self.request("POST", "/git/init", {"path": "repo"})
+        self.assertEqual(reply.status, 200, reply.body)
+        reply = yield self.commit()
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertEqual(reply.json()["code"], "git_error")
+        self.assertIn("global git configuration", reply.json()["error"])
 
 
 class GitDeniedPathTests(DaemonTestCase):

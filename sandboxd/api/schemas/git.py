@@ -270,7 +270,7 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "author",
                 "object",
-                "{name, email} (default: policy git.author, then repo config)",
+                "{name, email} (default: policy git.author, then the repo's, then its user's git config)",
             ),
             F("allow_empty", "boolean", default=False),
             F("amend", "boolean", default=False),
