@@ -56,6 +56,7 @@ from sandboxd.policy.paths import (
     absolute,
     decide,
     in_system_root,
+    request_target,
     under,
 )
 from sandboxd.policy.rules import Anchors, EffectiveRule
@@ -511,7 +512,7 @@ class PathGuard:
             if e.status != 404:
                 raise
         # A missing parent: nothing on the way to follow, the lexical path stands.
-        return absolute(path, self.base_dir)
+        return request_target(self.rule, path)
 
     def cwd(self, path: Any = None) -> str:
         """A guarded working directory (default: the base dir)."""

@@ -127,6 +127,32 @@ def covers(entry: str, path: str, base_dir: str) -> bool:
     return False
 
 
+def _first_allowed_directory(rule: EffectiveRule) -> str | None:
+    """The first ``paths.allow`` entry that names a directory (no glob), made absolute."""
+    for entry in rule.paths.allow:
+        if not any(c in entry for c in "*?["):
+            return absolute(entry, rule.base_dir)
+    return None
+
+
+def request_target(rule: EffectiveRule, path: str) -> str:
+    """
+    Where a request's ``path`` points: an absolute path as it is; a
+    relative one from the base dir, or, when that lands outside
+    ``paths.allow``, from the first directory ``paths.allow`` lists, as
+    agent-sandbox-server takes every relative path under an allow list.
+    A path that is allowed from the base dir keeps that meaning.
+    """
+    target = absolute(path, rule.base_dir)
+    allow = rule.paths.allow
+    if path.startswith("/") or not allow:
+        return target
+    if any(matches(entry, target, rule.base_dir) for entry in allow):
+        return target
+    first = _first_allowed_directory(rule)
+    return target if first is None else absolute(path, first)
+
+
 def absolute(path: str, base_dir: str) -> str:
     """A request path made absolute (relative to the base dir) and normalised."""
     joined = path if path.startswith("/") else posixpath.join(base_dir, path)
@@ -187,7 +213,7 @@ def _decide(rule: EffectiveRule, path: str, op: str) -> PathDecision:
     """:func:`decide`, worked out."""
     if "\x00" in path:
         return PathDecision(path, False, Code.INVALID_PATH)
-    target = absolute(path, rule.base_dir)
+    target = request_target(rule, path)
     if in_system_root(target):
         return PathDecision(path, False, Code.PATH_NOT_ALLOWED, "guard:system-paths")
     if is_daemon_file(target, rule.daemon_files):

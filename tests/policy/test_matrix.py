@@ -117,9 +117,11 @@ CONFIGS: list[tuple[str, dict[str, Any], str, bool]] = [
     ("plain", {}, ADMIN, True),
     ("endpoint disabled", {"endpoints": {"{op}": {"enabled": False}}}, ADMIN, False),
     ("scope lacking", {}, LIMITED, False),
+    # A glob: under a plain directory the relative paths below would be
+    # taken from that directory (as agent-sandbox-server takes them).
     (
         "paths allow elsewhere",
-        {"endpoints": {"{op}": {"paths": {"allow": ["elsewhere"]}}}},
+        {"endpoints": {"{op}": {"paths": {"allow": ["elsewhere/**"]}}}},
         ADMIN,
         False,
     ),

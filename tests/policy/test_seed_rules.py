@@ -456,7 +456,7 @@ class MissingAllowedRootTests(DaemonTestCase):
         with open(os.path.join(self.base_dir, "uploads", "deep", "n.txt"), "rb") as f:
             self.assertEqual(f.read(), b"hello")
         for path, code in (
-            ("out/n.txt", "path_not_allowed"),
+            (os.path.join(self.base_dir, "out", "n.txt"), "path_not_allowed"),
             ("frozen/in/n.txt", "read_only"),
         ):
             reply = yield self.request(
@@ -469,3 +469,69 @@ class MissingAllowedRootTests(DaemonTestCase):
             "GET", "/files/download-stream?path=uploads/none.txt"
         )
         self.assertEqual(reply.status, 404)
+
+
+class RelativeToAllowedDirectoryTests(DaemonTestCase):
+    """
+    A relative path that the allow list leaves out when taken from the base
+    dir is taken from the first allowed directory, as agent-sandbox-server
+    takes it; one allowed from the base dir keeps that meaning.
+    """
+
+    def setUp(self) -> Any:
+        self.autostart = False
+        super().setUp()
+        self.out = os.path.join(self.base_dir, "out")
+        os.makedirs(os.path.join(self.out, "sub"))
+        os.makedirs(os.path.join(self.base_dir, "secret"))
+        for path, text in (
+            ("out/a.txt", "in out"),
+            ("a.txt", "in base"),
+            ("secret/s.txt", "s"),
+        ):
+            with open(os.path.join(self.base_dir, path), "w") as f:
+                f.write(text)
+
+    def allow(self, *roots: str) -> Any:
+        self.policy = {"endpoints": {"files_*": {"paths": {"allow": list(roots)}}}}
+        return self.start()
+
+    @inlineCallbacks
+    def read(self, path: str) -> Any:
+        reply = yield self.request("GET", f"/files/raw?path={path}")
+        return reply
+
+    @inlineCallbacks
+    def test_first_allowed_directory(self) -> Any:
+        """Reads, writes and listings take ``a.txt`` from out/; ``..`` out of it is refused."""
+        yield self.allow(self.out, os.path.join(self.base_dir, "elsewhere"))
+        reply = yield self.read("a.txt")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.body, b"in out")
+        reply = yield self.request(
+            "POST",
+            "/files/upload-stream",
+            {"path": "sub/new.txt", "content_base64": "dw=="},
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["path"], os.path.join(self.out, "sub", "new.txt"))
+        with open(os.path.join(self.out, "sub", "new.txt")) as f:
+            self.assertEqual(f.read(), "w")
+        reply = yield self.request("GET", "/files/list?path=sub")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual([e["name"] for e in reply.json()["entries"]], ["new.txt"])
+        reply = yield self.read("../secret/s.txt")
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (403, "path_not_allowed")
+        )
+        reply = yield self.read("out/a.txt")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.body, b"in out")
+
+    @inlineCallbacks
+    def test_base_dir_allowed(self) -> Any:
+        """An allow list that holds the base dir leaves relative paths on the base dir."""
+        yield self.allow(self.out, self.base_dir)
+        reply = yield self.read("a.txt")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.body, b"in base")
