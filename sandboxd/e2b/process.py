@@ -59,7 +59,7 @@ from sandboxd.errors import (
     timed_out,
 )
 from sandboxd.eventlog import Event
-from sandboxd.processes.environment import note_argv
+from sandboxd.processes.environment import note_argv, secret_names
 from sandboxd.processes.managed import Managed
 from sandboxd.processes.service import ProcessService
 from sandboxd.routes import process as process_routes
@@ -529,9 +529,7 @@ def list_(call: Call, message: dict[str, Any]) -> dict[str, Any]:
     """
     state = _state(call)
     viewer = call.identity
-    hidden = frozenset(call.context.policy.secret_env_names()) | frozenset(
-        call.rule.params.env_deny
-    )
+    hidden = frozenset(secret_names(call.context, call.rule))
     out = []
     for managed in _service(call).list():
         if not managed.running:
