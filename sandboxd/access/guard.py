@@ -515,8 +515,15 @@ class PathGuard:
         return request_target(self.rule, path)
 
     def cwd(self, path: Any = None) -> str:
-        """A guarded working directory (default: the base dir)."""
-        target = self.base_dir if path is None or path == "" else path
+        """
+        A guarded working directory; by default where relative paths are
+        taken from (the base dir, or the first allowed directory when
+        ``paths.allow`` leaves the base dir out).
+        """
+        if path is None or path == "":
+            target = request_target(self.rule, ".")
+        else:
+            target = path
         anchor = self._pinned_anchor(target)
         if anchor is not None:
             return anchor

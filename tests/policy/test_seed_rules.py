@@ -535,3 +535,33 @@ class RelativeToAllowedDirectoryTests(DaemonTestCase):
         reply = yield self.read("a.txt")
         self.assertEqual(reply.status, 200, reply.body)
         self.assertEqual(reply.body, b"in base")
+
+
+class CommandUnderAllowListTests(DaemonTestCase):
+    """
+    A command's paths under an allow list that leaves the base dir out: a
+    relative ``cwd`` is taken from the first allowed directory, and a
+    command that names none runs as it does on agent-sandbox-server.
+    """
+
+    def setUp(self) -> Any:
+        self.autostart = False
+        super().setUp()
+        self.work = os.path.join(self.base_dir, "work")
+        os.makedirs(os.path.join(self.work, "sub"))
+        self.policy = {"endpoints": {"shell": {"paths": {"allow": [self.work]}}}}
+        return self.start()
+
+    @inlineCallbacks
+    def test_cwd(self) -> Any:
+        """``sub`` is below work/; no ``cwd`` is work/; ``/`` is refused."""
+        reply = yield self.request("POST", "/shell", {"command": "pwd", "cwd": "sub"})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["stdout"], os.path.join(self.work, "sub") + "\n")
+        reply = yield self.request("POST", "/shell", {"command": "pwd"})
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["stdout"], self.work + "\n")
+        reply = yield self.request("POST", "/shell", {"command": "pwd", "cwd": "/"})
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (403, "path_not_allowed")
+        )
