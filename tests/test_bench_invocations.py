@@ -53,3 +53,34 @@ class InvocationTests(SynchronousTestCase):
             table,
         )
         self.assertIn("| W5 real | yes/no/no | yes |", table)
+
+    def test_against(self) -> None:
+        """
+        Per invocation, one server's figure over the best other's: higher
+        is better for a rate, lower for a latency's chosen part; a row a
+        table lacks, or a mark, is ``–``.
+        """
+        inv = load()
+        header = "| workload | sd | st | fa |\n|---|---|---|---|\n"
+        first = header + (
+            "| W1 GET /health c1: req/s | 1,500 | 1,000 | 500 |\n"
+            "| W6 PTY keystroke echo p50 / p99 ms | 0.20 / 0.60 | 0.30 / 0.40 | 0.25 / 0.50 |\n"
+            "\n"
+        )
+        second = header + (
+            "| W1 GET /health c1: req/s | 900 | ERR | 1,000 |\n"
+            "| W6 PTY keystroke echo p50 / p99 ms | 0.20 / 0.30 | – | 0.25 / 0.50 |\n"
+            "\n"
+        )
+        tables = inv.read_each(first + second)  # type: ignore[attr-defined]
+        table = inv.against(tables, "sd")  # type: ignore[attr-defined]
+        self.assertIn(
+            "| W1 GET /health c1: req/s, higher is better | 1.50 (st) | 0.90 (fa) |",
+            table,
+        )
+        self.assertIn(
+            "| W6 PTY keystroke echo p50 / p99 ms (second figure), lower is better "
+            "| 1.50 (st) | 0.60 (fa) |",
+            table,
+        )
+        self.assertNotIn("W4", table)
