@@ -493,6 +493,15 @@ class PathGuard:
         """The boundary."""
         return self.rule.base_dir
 
+    @property
+    def default_dir(self) -> str:
+        """
+        Where a call that names no directory works (and relative paths are
+        taken from): the base dir, or the first allowed directory when
+        ``paths.allow`` leaves the base dir out.
+        """
+        return request_target(self.rule, ".")
+
     # -- public API used by every group ------------------------------------
 
     def check(self, path: Any, op: str = "read") -> str:
@@ -515,15 +524,8 @@ class PathGuard:
         return request_target(self.rule, path)
 
     def cwd(self, path: Any = None) -> str:
-        """
-        A guarded working directory; by default where relative paths are
-        taken from (the base dir, or the first allowed directory when
-        ``paths.allow`` leaves the base dir out).
-        """
-        if path is None or path == "":
-            target = request_target(self.rule, ".")
-        else:
-            target = path
+        """A guarded working directory (default: :attr:`default_dir`)."""
+        target = self.default_dir if path is None or path == "" else path
         anchor = self._pinned_anchor(target)
         if anchor is not None:
             return anchor

@@ -159,7 +159,7 @@ def _list(guard: PathGuard, path: str, depth: int, max_entries: int) -> dict[str
 def list_dir(call: Call, message: dict[str, Any]) -> Any:
     """``ListDir``: entries below the directory, to ``depth`` (0 means 1)."""
     guard = _guard(call)
-    path = string_field(message, "path") or guard.base_dir
+    path = string_field(message, "path") or guard.default_dir
     depth = uint_field(message, "depth", 1) or 1
     if depth > MAX_LIST_DEPTH:
         raise bad_request(f"'depth' must be at most {MAX_LIST_DEPTH}")

@@ -509,7 +509,7 @@ def files_list(request: ServerRequest) -> Any:
     """``GET /files/list``: entries, off the reactor thread."""
     guard = PathGuard.for_request(request)
     query = request.query
-    path = query.get("path") or guard.base_dir
+    path = query.get("path") or guard.default_dir
     # The seed's recursive=true lists as deep as its default depth; an
     # explicit depth says exactly how deep.
     recursive = flag(query.get("recursive"), "recursive", False)
@@ -634,7 +634,7 @@ def files_search(request: ServerRequest) -> Any:
     path = body.get("path")
     if path is not None and not isinstance(path, str):
         raise bad_request("'path' must be a string")
-    path = path or guard.base_dir
+    path = path or guard.default_dir
     pattern = required(body.get("pattern"), "pattern")
     if len(pattern) > MAX_PATTERN_CHARS:
         raise bad_request(f"'pattern' is longer than {MAX_PATTERN_CHARS} characters")
@@ -764,7 +764,7 @@ def files_watch(request: ServerRequest) -> Any:
     (``timeout``, else 300 s) closes.
     """
     guard = PathGuard.for_request(request)
-    path = request.query.get("path") or guard.base_dir
+    path = request.query.get("path") or guard.default_dir
     recursive = flag(request.query.get("recursive"), "recursive", False)
     after = resume_point(request.query, request.headers)
     window = watch_window(request)

@@ -529,6 +529,20 @@ class RelativeToAllowedDirectoryTests(DaemonTestCase):
         self.assertEqual(reply.body, b"in out")
 
     @inlineCallbacks
+    def test_no_path(self) -> Any:
+        """A listing or a search that names no directory works in out/."""
+        yield self.allow(self.out)
+        reply = yield self.request("GET", "/files/list")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(
+            sorted(e["name"] for e in reply.json()["entries"]), ["a.txt", "sub"]
+        )
+        reply = yield self.request("POST", "/files/search", {"pattern": "*.txt"})
+        self.assertEqual(reply.status, 200, reply.body)
+        found = [m["path"] for m in reply.json()["results"]]
+        self.assertEqual(found, [os.path.join(self.out, "a.txt")])
+
+    @inlineCallbacks
     def test_base_dir_allowed(self) -> Any:
         """An allow list that holds the base dir leaves relative paths on the base dir."""
         yield self.allow(self.out, self.base_dir)

@@ -94,7 +94,7 @@ SCHEMAS: dict[str, Schema] = {
     ),
     "files_list": Schema(
         query=(
-            F("path", doc="default: base_dir", example="."),
+            F("path", doc="default: base_dir (see paths.allow)", example="."),
             F("depth", "integer", "1..10", default=1, minimum=1, maximum=10),
             F(
                 "recursive",
@@ -216,7 +216,7 @@ SCHEMAS: dict[str, Schema] = {
     ),
     "files_search": Schema(
         body=(
-            F("path", doc="default: base_dir"),
+            F("path", doc="default: base_dir (see paths.allow)"),
             F(
                 "pattern",
                 doc="fnmatch on names, recursive",
@@ -485,7 +485,7 @@ SCHEMAS: dict[str, Schema] = {
     ),
     "files_watch": Schema(
         query=(
-            F("path", doc="default: base_dir", example="."),
+            F("path", doc="default: base_dir (see paths.allow)", example="."),
             F("recursive", "boolean", default=False),
             F(
                 "follow",
