@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import errno
+import io
 import json
 import tempfile
 import time
@@ -147,11 +149,36 @@ class E2BRequest(Request):
             self.no_space = True
             self._drop_content()
 
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        """
+        The whole body is in: what the spool still buffers in memory is
+        written first, so that a disk with no room for it is the same 507
+        as one that filled during the body (Twisted's own ``seek`` would
+        raise it and drop the connection unanswered).
+        """
+        if self.content is not None and self.too_big is None and not self.no_space:
+            try:
+                self.content.flush()
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                self.no_space = True
+                self._drop_content()
+        super().requestReceived(command, path, version)
+
     def _drop_content(self) -> None:
         """What was kept of the body, let go (its disk space too)."""
-        if self.content is not None:
+        if self.content is None:
+            return
+        try:
             self.content.seek(0)
             self.content.truncate()
+        except OSError:
+            # Bytes the disk refused are still buffered, and every seek
+            # tries them again: the spool goes (its file with it).
+            with contextlib.suppress(OSError):
+                self.content.close()
+            self.content = io.BytesIO()
 
 
 class E2BSite(HardenedSite):

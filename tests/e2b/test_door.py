@@ -7,6 +7,7 @@ bodies, keepalives, deadlines, and what an abandoned stream leaves.
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import socket
@@ -15,9 +16,12 @@ from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks, succeed
+from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.client import Agent, readBody
 from twisted.web.http_headers import Headers
+from twisted.web.test.requesthelper import DummyChannel
 
+from sandboxd.e2b.door import E2BRequest
 from sandboxd.policy.defaults import MIB
 from sandboxd.testing import BodyProducer
 from tests.e2b.sdk import CALL_SECONDS, E2BCase, caught, envelope, envelopes
@@ -493,3 +497,64 @@ class SlowHeadTests(E2BCase):
         response = yield agent.request(b"GET", f"{self.e2b_url}/health".encode())
         yield readBody(response)
         self.assertEqual(response.code, 204)
+
+
+class _FullSpool:
+    """
+    A buffered spool whose disk filled: the bytes it holds fail every
+    flush, and every seek tries them again (as ``BufferedRandom`` does).
+    """
+
+    def __init__(self, writes: bool) -> None:
+        self.writes = writes
+        self.closed = False
+
+    def _refused(self, *args: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def write(self, data: bytes) -> int:
+        if not self.writes:
+            self._refused()
+        return len(data)
+
+    flush = seek = truncate = _refused
+
+    def close(self) -> None:
+        self.closed = True
+        self._refused()
+
+
+class FullSpoolTests(SynchronousTestCase):
+    """
+    A body whose spool finds no room, whether at a chunk or only when the
+    last buffered bytes are written at its end: the request is marked for
+    the 507, the spool let go, and nothing raises (a raise here dropped the
+    connection unanswered).
+    """
+
+    def request(self, spool: _FullSpool) -> E2BRequest:
+        request = E2BRequest(DummyChannel())
+        request._cap = MIB
+        request.content = spool  # type: ignore[assignment]
+        return request
+
+    def test_at_a_chunk(self) -> None:
+        spool = _FullSpool(writes=False)
+        request = self.request(spool)
+        request.handleContentChunk(b"x" * 4096)
+        request.handleContentChunk(b"more")
+        self.assertTrue(request.no_space)
+        self.assertTrue(spool.closed)
+        self.assertEqual(request.content.read(), b"")
+
+    def test_at_the_end(self) -> None:
+        spool = _FullSpool(writes=True)
+        request = self.request(spool)
+        request.handleContentChunk(b"x" * 4096)
+        self.assertFalse(request.no_space)
+        processed = []
+        request.process = lambda: processed.append(True)  # type: ignore[method-assign]
+        request.requestReceived(b"POST", b"/files", b"HTTP/1.1")
+        self.assertTrue(request.no_space)
+        self.assertTrue(spool.closed)
+        self.assertEqual(processed, [True])
