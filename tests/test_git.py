@@ -194,6 +194,12 @@ class ParserTests(SynchronousTestCase):
             {"GIT_COMMITTER_EMAIL": "ci@example.com"},
         )
         self.assertEqual(git.identity_environment([], {}), {})
+        # A repository that names the whole identity needs nothing read.
+        self.assertEqual(git.unsaid_identity(["user.name", "User.Email"]), [])
+        self.assertEqual(
+            git.unsaid_identity(["user.name", "author.email"]),
+            [("committer", "email")],
+        )
 
     def test_parent_segments(self) -> None:
         """``..`` as a segment is caught; dots inside a name are not."""

@@ -160,6 +160,21 @@ def identity_values(output: bytes) -> dict[str, str]:
     return values
 
 
+def unsaid_identity(local_names: Iterable[str]) -> list[tuple[str, str]]:
+    """
+    The (role, part) pairs of a commit's identity (``author``/``committer``,
+    ``name``/``email``) that the repository's own configuration
+    (``local_names``) leaves unsaid.
+    """
+    local = {name.lower() for name in local_names}
+    return [
+        (role, part)
+        for role in ("author", "committer")
+        for part in ("name", "email")
+        if f"user.{part}" not in local and f"{role}.{part}" not in local
+    ]
+
+
 def identity_environment(
     local_names: Iterable[str], home: Mapping[str, str]
 ) -> dict[str, str]:
@@ -169,15 +184,11 @@ def identity_environment(
     repository's own configuration (``local_names``) leaves unsaid, so that
     the repository's settings still win, as they do in git.
     """
-    local = {name.lower() for name in local_names}
     env: dict[str, str] = {}
-    for role in ("author", "committer"):
-        for part in ("name", "email"):
-            if f"user.{part}" in local or f"{role}.{part}" in local:
-                continue
-            value = home.get(f"{role}.{part}") or home.get(f"user.{part}")
-            if value:
-                env[f"GIT_{role.upper()}_{part.upper()}"] = value
+    for role, part in unsaid_identity(local_names):
+        value = home.get(f"{role}.{part}") or home.get(f"user.{part}")
+        if value:
+            env[f"GIT_{role.upper()}_{part.upper()}"] = value
     return env
 
 

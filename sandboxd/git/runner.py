@@ -41,6 +41,7 @@ from sandboxd.git import (
     git_environment,
     identity_environment,
     identity_values,
+    unsaid_identity,
 )
 from sandboxd.git.askpass import AskpassSession, Secret
 from sandboxd.git.outcomes import UNWRITTEN, classify_failure, redact
@@ -210,9 +211,10 @@ class GitCall:
         sandbox's user says who they are, and a commit made for them
         should say it too: only the identity settings are read from there,
         by a ``git config`` run as that user.  Nothing before the
-        repository is opened.
+        repository is opened, and no ``git config`` when the repository
+        names the whole identity itself.
         """
-        if self.local_names is None:
+        if self.local_names is None or not unsaid_identity(self.local_names):
             return {}
         result = await self.run(
             ["config", "--global", "--null", "--get-regexp", IDENTITY_PATTERN],
