@@ -10,6 +10,7 @@ adds its own under the document's top-level ``agents.catalog``.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,10 +20,32 @@ from sandboxd.errors import Code, bad_request, forbidden, internal, not_found
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import find_executable
 
+#: The CLIs :mod:`sandboxd.agents.clibridge` runs once per turn.
+HEADLESS_CLIS = ("codex", "qwen", "claude")
+
+
+@attrs.frozen
+class Headless:
+    """
+    An agent's own CLI in its headless mode, run once per turn behind the
+    ACP bridge (:mod:`sandboxd.agents.clibridge`): how the seed runs codex
+    and qwen-code, and what runs when the agent's ACP adapter is not
+    installed.
+    """
+
+    #: The bridge's ``--cli``: which line format and arguments.
+    cli: str
+    #: The binary looked up on PATH.
+    program: str
+
 
 @attrs.frozen
 class CatalogEntry:
-    """One agent: how to start it and what it needs."""
+    """
+    One agent: how to start it and what it needs.  ``command`` is its ACP
+    adapter; ``headless``, where set, its CLI, run when the adapter is not
+    installed (an entry may have only the one or the other).
+    """
 
     id: str
     name: str
@@ -34,6 +57,7 @@ class CatalogEntry:
     auth_method: str | None = None
     package: str | None = None
     version: str | None = None
+    headless: Headless | None = None
 
     def env_present(self, environ: Mapping[str, str]) -> dict[str, bool]:
         """Which of the keys it may need are set in the daemon's environment."""
@@ -42,8 +66,52 @@ class CatalogEntry:
         }
 
     def executable(self, environ: Mapping[str, str]) -> str | None:
-        """``command[0]`` resolved against PATH, or None."""
-        return find_executable(self.command[0], environ) if self.command else None
+        """What runs for it, resolved against PATH (its adapter, else its CLI), or None."""
+        if self.command:
+            found = find_executable(self.command[0], environ)
+            if found is not None:
+                return found
+        if self.headless is not None:
+            return find_executable(self.headless.program, environ)
+        return None
+
+    def protocol(self, environ: Mapping[str, str]) -> str:
+        """``acp``, or the headless CLI the bridge would run for it."""
+        if self.command and find_executable(self.command[0], environ) is not None:
+            return "acp"
+        if self.headless is not None:
+            return f"headless:{self.headless.cli}"
+        return "acp"
+
+    def launch(
+        self, environ: Mapping[str, str], access: str
+    ) -> tuple[list[str], str] | None:
+        """
+        The argv and executable that start it, or None when neither its
+        adapter nor its CLI is installed; a CLI runs behind the bridge with
+        ``access`` (see :func:`sandboxd.agents.permissions.headless_access`).
+        """
+        if self.command:
+            found = find_executable(self.command[0], environ)
+            if found is not None:
+                return list(self.command), found
+        if self.headless is None:
+            return None
+        program = find_executable(self.headless.program, environ)
+        if program is None:
+            return None
+        # -I: the bridge runs in the session's directory, whose files must
+        # not be imported in place of sandboxd's.
+        argv = [sys.executable, "-I", "-m", "sandboxd.agents.clibridge"]
+        argv += ["--cli", self.headless.cli, "--access", access, program]
+        return argv, sys.executable
+
+    def programs(self) -> tuple[str, ...]:
+        """The binaries looked for on PATH: its adapter's, then its CLI."""
+        names = self.command[:1]
+        if self.headless is not None:
+            names += (self.headless.program,)
+        return names
 
 
 BUILTIN: tuple[CatalogEntry, ...] = (
@@ -61,6 +129,7 @@ BUILTIN: tuple[CatalogEntry, ...] = (
         env_required=("ANTHROPIC_API_KEY",),
         package="@agentclientprotocol/claude-agent-acp",
         version="0.101.0",
+        headless=Headless("claude", "claude"),
     ),
     CatalogEntry(
         id="codex",
@@ -72,6 +141,17 @@ BUILTIN: tuple[CatalogEntry, ...] = (
         auth_method="api-key",
         package="@agentclientprotocol/codex-acp",
         version="2.6.0",
+        headless=Headless("codex", "codex"),
+    ),
+    CatalogEntry(
+        id="qwen-code",
+        name="Qwen Code (headless)",
+        command=(),
+        env_pass=("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_MODEL"),
+        env_required=("OPENAI_API_KEY",),
+        package="@qwen-code/qwen-code",
+        version="0.24.4",
+        headless=Headless("qwen", "qwen"),
     ),
     CatalogEntry(
         id="gemini",
@@ -109,6 +189,17 @@ def policy_entry(agent_id: str, raw: Any) -> CatalogEntry:
     command = _strings(raw.get("command"), f"{agent_id}.command")
     if not command:
         raise internal(f"policy agents.catalog.{agent_id}.command is empty")
+    headless = None
+    cli = raw.get("headless")
+    if cli is not None:
+        if cli not in HEADLESS_CLIS:
+            raise internal(
+                f"policy agents.catalog.{agent_id}.headless must be one of "
+                + ", ".join(HEADLESS_CLIS)
+            )
+        # The command is the CLI itself, run behind the bridge.
+        headless = Headless(cli, command[0])
+        command = ()
     env = raw.get("env") or {}
     if not isinstance(env, dict):
         raise internal(f"policy agents.catalog.{agent_id}.env must be an object")
@@ -124,6 +215,7 @@ def policy_entry(agent_id: str, raw: Any) -> CatalogEntry:
         auth_method=raw.get("auth_method"),
         package=install.get("package") if isinstance(install, dict) else None,
         version=install.get("version") if isinstance(install, dict) else None,
+        headless=headless,
     )
 
 
@@ -179,8 +271,10 @@ def describe(
         "allowed": allowed(entry, rule),
         "installed": executable is not None,
         "path": executable,
+        "protocol": entry.protocol(env),
         "version": entry.version,
-        "command": list(entry.command),
+        "command": list(entry.command)
+        or ([entry.headless.program] if entry.headless else []),
         "env_required": list(entry.env_required),
         "env_present": entry.env_present(env),
         "auth_method": entry.auth_method,

@@ -30,6 +30,7 @@ from twisted.internet.defer import Deferred, DeferredList, succeed
 from sandboxd.access.guard import PathGuard
 from sandboxd.agents import catalog
 from sandboxd.agents.catalog import CatalogEntry
+from sandboxd.agents.permissions import headless_access
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -164,7 +165,8 @@ class AgentManager(Service):
         body: dict[str, Any],
         transient: bool = False,
         handed: tuple[str, ...] = (),
-    ) -> tuple[AgentSession, str]:
+    ) -> tuple[AgentSession, tuple[list[str], str]]:
+        """The session, and the argv and executable that start its agent."""
         from sandboxd.agents.session import AgentSession
 
         rule: EffectiveRule = request.rule
@@ -182,10 +184,10 @@ class AgentManager(Service):
         run_as = resolve_user(body.get("user"), rule)
         if run_as is not None:
             run_as.apply(env)
-        executable = entry.executable(env)
-        if executable is None:
+        launch = entry.launch(env, headless_access(rule))
+        if launch is None:
             raise agent_unavailable(
-                f"the agent {entry.id!r} is not installed ({entry.command[0]} not found on PATH)",
+                f"the agent {entry.id!r} is not installed ({' or '.join(entry.programs())} not found on PATH)",
                 install={"package": entry.package, "version": entry.version}
                 if entry.package
                 else None,
@@ -204,7 +206,7 @@ class AgentManager(Service):
             title=body.get("title") if isinstance(body.get("title"), str) else None,
             identity=request.identity.id,
         )
-        return session, executable
+        return session, launch
 
     async def create(
         self,
@@ -240,10 +242,12 @@ class AgentManager(Service):
                         check_mode(value, rule)
             if body.get("prompt") is not None:
                 check_prompt(body, rule)  # before an agent runs for it
-        session, executable = self._new_session(request, entry, body, handed=handed)
+        session, (argv, executable) = self._new_session(
+            request, entry, body, handed=handed
+        )
         self.sessions[session.session_id] = session
         try:
-            session.handshake.spawn(list(entry.command), executable)
+            session.handshake.spawn(argv, executable)
         except OSError as e:
             self.sessions.pop(session.session_id, None)
             raise agent_unavailable(f"cannot start the agent: {e.strerror}") from None
@@ -307,9 +311,11 @@ class AgentManager(Service):
         from sandboxd.jsonrpc import RpcError
 
         body = {"cwd": request.query.get("cwd")} if request.query.get("cwd") else {}
-        session, executable = self._new_session(request, entry, body, transient=True)
+        session, (argv, executable) = self._new_session(
+            request, entry, body, transient=True
+        )
         self._transient.add(session)
-        session.handshake.spawn(list(entry.command), executable)
+        session.handshake.spawn(argv, executable)
         out: dict[str, Any] = {}
         try:
             await session.handshake.run(body, probe=True)

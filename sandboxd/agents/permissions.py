@@ -189,3 +189,37 @@ def _iso(ts: float) -> str:
 def iso(ts: float) -> str:
     """ISO 8601 UTC with milliseconds."""
     return _iso(ts)
+
+
+#: The modes that skip permission requests (``params.deny_modes``' default).
+_FULL_ACCESS_MODES = ("bypassPermissions", "yolo", "agent-full-access")
+
+
+def headless_access(rule: EffectiveRule) -> str:
+    """
+    How much a headless CLI may do (:mod:`sandboxd.agents.clibridge`): it
+    asks nobody, so it gets what ``params.permission_mode`` answers
+    ``auto`` without a person.  ``full_access`` when every tool kind is
+    ``auto``, the modes that skip permission requests are allowed and the
+    rule names no paths (the CLI's own file access is not checked against
+    them); ``workspace_write`` when edits, deletes and moves are ``auto``;
+    otherwise ``read_only``.  The CLI's own sandbox or approval mode holds
+    it there.
+    """
+    auto = {kind for kind in TOOL_KINDS if mode_for(rule, kind)[0] == "auto"}
+    params = rule.params
+    modes_allowed = all(
+        mode not in params.deny_modes
+        and (params.allow_modes is None or mode in params.allow_modes)
+        for mode in _FULL_ACCESS_MODES
+    )
+    paths = rule.paths
+    if (
+        auto == set(TOOL_KINDS)
+        and modes_allowed
+        and not (paths.allow or paths.deny or paths.read_only)
+    ):
+        return "full_access"
+    if auto.issuperset(_WRITE_KINDS):
+        return "workspace_write"
+    return "read_only"

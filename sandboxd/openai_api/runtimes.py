@@ -168,7 +168,9 @@ def describe(
             for alias, target in SEED_NAMES.items()
             if target == entry.id and alias != entry.id
         ),
-        "binary": entry.command[0] if entry.command else None,
+        "binary": os.path.basename(shown["path"])
+        if shown["path"]
+        else next(iter(entry.programs()), None),
         "installed": shown["installed"],
         "path": shown["path"],
         "version": entry.version,
@@ -176,13 +178,15 @@ def describe(
         "implemented": True,
         "allowed": shown["allowed"],
         "default": entry.id == default,
-        "protocol": "acp",
+        "protocol": shown["protocol"],
         "source": entry.source,
         "capabilities": {
             "resume": True,
             "partial_deltas": True,
             "mcp": True,
-            "approvals": True,
+            # A headless CLI asks nobody: the policy's permission_mode sets
+            # its sandbox instead.
+            "approvals": shown["protocol"] == "acp",
         },
         "auth_env_present": entry.env_present(os.environ),
         "install_steps": [f"npm install -g {install['package']}@{install['version']}"]

@@ -772,8 +772,9 @@ class AgentSelectionTests(OpenAICase):
         self.assertEqual(unknown.status_code, 404)
         self.assertEqual(unknown.json()["error"]["code"], "not_found")
         # An agent-sandbox-server runtime name is an agent, not a model for
-        # the default one: unknown here unless the policy adds it.
-        self.assertEqual(qwen.status_code, 404)
+        # the default one: qwen-code's CLI is not installed here.
+        self.assertEqual(qwen.status_code, 503)
+        self.assertEqual(qwen.json()["error"]["code"], "agent_unavailable")
         self.assertIn("'qwen-code'", qwen.json()["error"]["message"])
 
     @inlineCallbacks

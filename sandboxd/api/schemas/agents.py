@@ -15,8 +15,9 @@ SCHEMAS: dict[str, Schema] = {
                 "agents",
                 "array",
                 "[{id, name, source: builtin|policy, enabled, "
-                "allowed, installed, version, command, env_required, env_present, "
-                "auth_method, install: {package, version}}]",
+                "allowed, installed, path, protocol: acp|headless:CLI, version, "
+                "command, env_required, env_present, auth_method, "
+                "install: {package, version}}]",
                 items="object",
             ),
         ),

@@ -774,7 +774,8 @@ SCHEMAS: dict[str, Schema] = {
         response=_OA_LIST,
         notes="Each {id, object: agent.runtime, name (what adapter takes), display_name, "
         "aliases, default, binary, installed, path, version, "
-        "allowed, capabilities, install_steps}; nothing is run to answer.",
+        "allowed, protocol (acp or headless:CLI), capabilities, install_steps}; "
+        "nothing is run to answer.",
     ),
     "agents_webhooks_create": Schema(
         body=_OA_WEBHOOK,

@@ -1,0 +1,590 @@
+# -*- test-case-name: tests.agents.test_clibridge -*-
+"""
+An ACP agent that runs a coding agent's own CLI once per turn, in its
+headless mode (``codex exec --json``, ``qwen … --output-format
+stream-json``, ``claude -p --output-format stream-json``), as
+agent-sandbox-server runs them.
+
+The daemon starts it like any ACP agent::
+
+    python -I -m sandboxd.agents.clibridge --cli codex --access read_only -- /usr/bin/codex
+
+and speaks ACP to it on stdin and stdout; each ``session/prompt`` starts
+the CLI in the session's directory, in a session of its own, reads its
+lines through :mod:`sandboxd.agents.cliparsers` and sends what they say as
+``session/update`` notifications; a ``session/cancel`` ends the CLI's
+process group.  The next turn resumes the CLI's own session.
+
+A headless CLI asks nobody before it acts, so ``--access`` (chosen by the
+daemon from the policy's ``permission_mode``) is the CLI's own sandbox or
+approval mode: ``read_only``, ``workspace_write`` or ``full_access``.
+
+Only the standard library is imported: this runs as its own process for
+each agent session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandboxd.agents.cliparsers import READERS, Outcome, Parsed
+
+#: ``--access`` values, narrowest first.
+ACCESS = ("read_only", "workspace_write", "full_access")
+
+#: The longest line a CLI may print (a whole file read back, say); a longer
+#: one is skipped, with a note on stderr.
+MAX_LINE_BYTES = 16 * 1024 * 1024
+
+#: How long a cancelled CLI has between SIGTERM and SIGKILL.
+CANCEL_GRACE_SECONDS = 3.0
+
+#: How long the CLI's output is read for once it has exited.
+OUTPUT_GRACE_SECONDS = 2.0
+
+#: What of the CLI's stderr a failed turn's error quotes.
+STDERR_TAIL_BYTES = 2000
+
+INVALID_PARAMS = -32602
+METHOD_NOT_FOUND = -32601
+INTERNAL_ERROR = -32603
+
+
+class RpcFailure(Exception):
+    """A JSON-RPC error answer."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class Session:
+    """One ACP session: where its CLI runs and the CLI's own session to resume."""
+
+    session_id: str
+    cwd: str
+    mcp_servers: list[dict[str, Any]]
+    model: str | None = None
+    #: The CLI's session (codex's thread), once its first turn named it.
+    resume: str | None = None
+    #: The running CLI: its pid, and when it exits.
+    process: tuple[int, asyncio.Future[None]] | None = None
+    #: A turn is running (from its prompt's arrival to its answer).
+    running: bool = False
+    cancelled: bool = False
+
+
+@dataclass
+class Turn:
+    """What a turn's lines have said so far."""
+
+    outcome: Outcome | None = None
+    usage: dict[str, int] | None = None
+    stderr: deque[bytes] = field(default_factory=deque)
+    stderr_bytes: int = 0
+
+
+def toml_string(value: str) -> str:
+    """``value`` as a TOML basic string (JSON's escapes are TOML's)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def toml_key(name: str) -> str:
+    """A dotted-key part: bare when it may be, quoted otherwise."""
+    if name and all(c.isascii() and (c.isalnum() or c in "-_") for c in name):
+        return name
+    return toml_string(name)
+
+
+def prompt_text(blocks: Any) -> str:
+    """An ACP prompt as the one text a CLI takes."""
+    parts: list[str] = []
+    for block in blocks if isinstance(blocks, list) else []:
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text" and isinstance(block.get("text"), str):
+            parts.append(block["text"])
+        elif kind == "resource_link" and isinstance(block.get("uri"), str):
+            parts.append(f"[{block.get('name') or 'file'}]({block['uri']})")
+        elif kind == "resource" and isinstance(block.get("resource"), dict):
+            resource = block["resource"]
+            if isinstance(resource.get("text"), str):
+                parts.append(
+                    f"<file uri={resource.get('uri')!r}>\n{resource['text']}\n</file>"
+                )
+    return "\n\n".join(parts)
+
+
+def _codex_mcp(servers: list[dict[str, Any]]) -> list[str]:
+    """``-c`` overrides naming the session's MCP servers for codex."""
+    args: list[str] = []
+    for server in servers:
+        name = server.get("name")
+        if not isinstance(name, str) or not name:
+            raise RpcFailure(INVALID_PARAMS, "an MCP server needs a name")
+        if server.get("headers") or server.get("env"):
+            raise RpcFailure(
+                INVALID_PARAMS,
+                f"MCP server {name!r}: a headless CLI is not handed headers or "
+                "environment variables (they would show in its command line)",
+            )
+        base = f"mcp_servers.{toml_key(name)}"
+        if isinstance(server.get("url"), str):
+            args += ["-c", f"{base}.url={toml_string(server['url'])}"]
+        elif isinstance(server.get("command"), str):
+            args += ["-c", f"{base}.command={toml_string(server['command'])}"]
+            extra = [str(a) for a in server.get("args") or []]
+            if extra:
+                args += ["-c", f"{base}.args=[{', '.join(map(toml_string, extra))}]"]
+        else:
+            raise RpcFailure(
+                INVALID_PARAMS, f"MCP server {name!r} has no url or command"
+            )
+    return args
+
+
+_CODEX_SANDBOX = {
+    "read_only": "read-only",
+    "workspace_write": "workspace-write",
+    "full_access": "danger-full-access",
+}
+
+
+def codex_argv(program: str, access: str, session: Session) -> list[str]:
+    """``codex exec [resume ID] --json …  -``: the prompt comes on stdin."""
+    argv = [program, "exec"]
+    if session.resume:
+        argv += ["resume", session.resume]
+    argv += ["--json", "--skip-git-repo-check"]
+    if session.model:
+        argv += ["-m", session.model]
+    argv += [
+        "-c",
+        f"sandbox_mode={toml_string(_CODEX_SANDBOX[access])}",
+        "-c",
+        'approval_policy="never"',
+    ]
+    argv += _codex_mcp(session.mcp_servers)
+    return [*argv, "-"]
+
+
+_QWEN_APPROVAL = {
+    "read_only": ["--approval-mode", "plan"],
+    "workspace_write": ["--approval-mode", "auto-edit"],
+    "full_access": ["--yolo"],
+}
+
+
+def qwen_argv(program: str, access: str, session: Session, prompt: str) -> list[str]:
+    """
+    ``qwen --output-format stream-json … -- PROMPT``: the prompt is an
+    argument, after ``--`` so that one starting with a dash is not an option.
+    """
+    argv = [
+        program,
+        "--output-format",
+        "stream-json",
+        "--include-partial-messages",
+    ]
+    if session.resume:
+        argv += ["--resume", session.resume]
+    if session.model:
+        argv += ["--model", session.model]
+    return [*argv, *_QWEN_APPROVAL[access], "--", prompt]
+
+
+_CLAUDE_PERMISSIONS = {
+    "read_only": "plan",
+    "workspace_write": "acceptEdits",
+    "full_access": "bypassPermissions",
+}
+
+
+def claude_argv(program: str, access: str, session: Session) -> list[str]:
+    """``claude -p --output-format stream-json …``: the prompt comes on stdin."""
+    argv = [
+        program,
+        "-p",
+        "--output-format",
+        "stream-json",
+        "--verbose",
+        "--include-partial-messages",
+        "--permission-mode",
+        _CLAUDE_PERMISSIONS[access],
+    ]
+    if session.resume:
+        argv += ["--resume", session.resume]
+    if session.model:
+        argv += ["--model", session.model]
+    return argv
+
+
+#: Each CLI: its line format and how it takes the prompt.
+CLIS = ("codex", "qwen", "claude")
+_FORMATS = {"codex": "codex", "qwen": "stream-json", "claude": "stream-json"}
+
+
+def invocation(
+    cli: str, program: str, access: str, session: Session, prompt: str
+) -> tuple[list[str], bytes | None]:
+    """The CLI's argv for one turn, and what goes on its stdin (None: nothing)."""
+    if cli == "codex":
+        return codex_argv(program, access, session), prompt.encode()
+    if session.mcp_servers:
+        raise RpcFailure(
+            INVALID_PARAMS, f"the {cli} CLI is not handed MCP servers by sandboxd"
+        )
+    if cli == "qwen":
+        return qwen_argv(program, access, session, prompt), None
+    return claude_argv(program, access, session), prompt.encode()
+
+
+class _CLIProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """
+    asyncio's protocol for a child's pipes, which also says when the child
+    itself has exited: ``Process.wait`` waits for its pipes to close too,
+    which a process it left behind may never do.
+    """
+
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+
+class Bridge:
+    """The ACP side: requests from the daemon, updates back."""
+
+    def __init__(
+        self, cli: str, program: str, access: str, write: Callable[[bytes], None]
+    ) -> None:
+        self.cli = cli
+        self.program = program
+        self.access = access
+        self.write = write
+        self.sessions: dict[str, Session] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    # -- the wire --------------------------------------------------------------
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.write(json.dumps({"jsonrpc": "2.0", **message}).encode() + b"\n")
+
+    def notify(self, session_id: str, update: dict[str, Any]) -> None:
+        self.send(
+            {
+                "method": "session/update",
+                "params": {"sessionId": session_id, "update": update},
+            }
+        )
+
+    def received(self, line: bytes) -> None:
+        """One line from the daemon: a request runs as a task of its own."""
+        try:
+            message = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(message, dict) or not isinstance(message.get("method"), str):
+            return  # an answer to a request of ours: the bridge makes none
+        task = asyncio.ensure_future(self._answer(message))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _answer(self, message: dict[str, Any]) -> None:
+        params = message.get("params")
+        params = params if isinstance(params, dict) else {}
+        handler = getattr(self, "do_" + message["method"].replace("/", "_"), None)
+        try:
+            if handler is None:
+                raise RpcFailure(METHOD_NOT_FOUND, f"no method {message['method']!r}")
+            result = await handler(params)
+        except RpcFailure as e:
+            if "id" in message:
+                self.send(
+                    {
+                        "id": message["id"],
+                        "error": {"code": e.code, "message": e.message},
+                    }
+                )
+            return
+        if "id" in message:
+            self.send({"id": message["id"], "result": result})
+
+    # -- methods ---------------------------------------------------------------
+
+    async def do_initialize(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "protocolVersion": 1,
+            "agentCapabilities": {
+                "loadSession": False,
+                "promptCapabilities": {
+                    "image": False,
+                    "audio": False,
+                    "embeddedContext": True,
+                },
+            },
+            "agentInfo": {
+                "name": f"{self.cli} (headless)",
+                "title": f"{self.cli} CLI through sandboxd's bridge",
+                "version": "1",
+            },
+            "authMethods": [],
+        }
+
+    async def do_session_new(self, params: dict[str, Any]) -> dict[str, Any]:
+        cwd = params.get("cwd")
+        if not isinstance(cwd, str) or not os.path.isabs(cwd):
+            raise RpcFailure(INVALID_PARAMS, "cwd must be an absolute path")
+        servers = params.get("mcpServers") or []
+        if not isinstance(servers, list) or not all(
+            isinstance(s, dict) for s in servers
+        ):
+            raise RpcFailure(INVALID_PARAMS, "mcpServers must be a list of objects")
+        session = Session("cli_" + uuid.uuid4().hex, cwd, servers)
+        # Refused here, not at the first prompt, if the CLI cannot take them.
+        invocation(self.cli, self.program, self.access, session, "")
+        self.sessions[session.session_id] = session
+        return {"sessionId": session.session_id}
+
+    def _session(self, params: dict[str, Any]) -> Session:
+        session = self.sessions.get(params.get("sessionId"))  # type: ignore[arg-type]
+        if session is None:
+            raise RpcFailure(INVALID_PARAMS, "unknown sessionId")
+        return session
+
+    async def do_session_set_model(self, params: dict[str, Any]) -> dict[str, Any]:
+        session = self._session(params)
+        model = params.get("modelId")
+        if not isinstance(model, str) or not model:
+            raise RpcFailure(INVALID_PARAMS, "modelId must be a string")
+        session.model = model
+        return {}
+
+    async def do_session_cancel(self, params: dict[str, Any]) -> None:
+        session = self.sessions.get(params.get("sessionId"))  # type: ignore[arg-type]
+        if session is None or not session.running:
+            return
+        session.cancelled = True
+        if session.process is not None:
+            await stop(*session.process)
+
+    async def do_session_prompt(self, params: dict[str, Any]) -> dict[str, Any]:
+        session = self._session(params)
+        if session.running:
+            raise RpcFailure(INVALID_PARAMS, "a turn is already running")
+        prompt = prompt_text(params.get("prompt"))
+        argv, stdin = invocation(self.cli, self.program, self.access, session, prompt)
+        session.running, session.cancelled = True, False
+        try:
+            return await self._turn(session, argv, stdin)
+        finally:
+            session.running = False
+
+    async def _turn(
+        self, session: Session, argv: list[str], stdin: bytes | None
+    ) -> dict[str, Any]:
+        """One run of the CLI, from its start to the prompt's answer."""
+        loop = asyncio.get_running_loop()
+        try:
+            transport, protocol = await loop.subprocess_exec(
+                lambda: _CLIProtocol(MAX_LINE_BYTES, loop),
+                *argv,
+                cwd=session.cwd,
+                stdin=asyncio.subprocess.PIPE
+                if stdin is not None
+                else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as e:
+            raise RpcFailure(
+                INTERNAL_ERROR, f"cannot start {self.program}: {e.strerror}"
+            ) from None
+        process = asyncio.subprocess.Process(transport, protocol, loop)
+        session.process = (process.pid, protocol.exited)
+        turn = Turn()
+        if session.cancelled:
+            # Cancelled while it was being started.
+            await stop(process.pid, protocol.exited)
+        try:
+            await self._run(session, process, protocol.exited, turn, stdin)
+        finally:
+            session.process = None
+            transport.close()
+        return self._ended(session, transport.get_returncode(), turn)
+
+    async def _run(
+        self,
+        session: Session,
+        process: asyncio.subprocess.Process,
+        exited: asyncio.Future[None],
+        turn: Turn,
+        stdin: bytes | None,
+    ) -> None:
+        assert process.stdout is not None and process.stderr is not None
+        if process.stdin is not None:
+            try:
+                process.stdin.write(stdin or b"")
+                await process.stdin.drain()
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            process.stdin.close()
+        reading = asyncio.ensure_future(self._stdout(session, process.stdout, turn))
+        errors = asyncio.ensure_future(self._stderr(process.stderr, turn))
+        await exited
+        # Something the CLI started may hold its pipes open after it is gone:
+        # what that has not printed by then is not waited for.
+        _, late = await asyncio.wait({reading, errors}, timeout=OUTPUT_GRACE_SECONDS)
+        for task in late:
+            task.cancel()
+
+    async def _stdout(
+        self, session: Session, stream: asyncio.StreamReader, turn: Turn
+    ) -> None:
+        """The CLI's lines, read as its format says, sent on as updates."""
+        reader = READERS[_FORMATS[self.cli]]()
+        while True:
+            try:
+                line = await stream.readline()
+            except ValueError:
+                # Longer than MAX_LINE_BYTES: what was read is dropped.
+                sys.stderr.write(
+                    f"sandboxd bridge: a line over {MAX_LINE_BYTES} bytes skipped\n"
+                )
+                continue
+            if not line:
+                return
+            self._take(session, turn, reader.feed(line.decode("utf-8", "replace")))
+
+    def _take(self, session: Session, turn: Turn, parsed: Parsed) -> None:
+        if parsed.session_id:
+            session.resume = parsed.session_id
+        if parsed.usage is not None:
+            turn.usage = parsed.usage
+        if parsed.outcome is not None:
+            turn.outcome = parsed.outcome
+        for update in parsed.updates:
+            if "locations" in update:
+                update["locations"] = [
+                    {"path": os.path.normpath(os.path.join(session.cwd, loc["path"]))}
+                    for loc in update["locations"]
+                ]
+            self.notify(session.session_id, update)
+
+    @staticmethod
+    async def _stderr(stream: asyncio.StreamReader, turn: Turn) -> None:
+        """The CLI's stderr passed on to the daemon's log, its tail kept."""
+        while True:
+            chunk = await stream.read(65536)
+            if not chunk:
+                return
+            sys.stderr.buffer.write(chunk)
+            sys.stderr.buffer.flush()
+            turn.stderr.append(chunk)
+            turn.stderr_bytes += len(chunk)
+            while turn.stderr_bytes - len(turn.stderr[0]) >= STDERR_TAIL_BYTES:
+                turn.stderr_bytes -= len(turn.stderr.popleft())
+
+    def _ended(self, session: Session, code: int | None, turn: Turn) -> dict[str, Any]:
+        if session.cancelled:
+            return {"stopReason": "cancelled"}
+        outcome = turn.outcome
+        if outcome is None:
+            if code == 0:
+                outcome = Outcome(True)
+            else:
+                tail = b"".join(turn.stderr)[-STDERR_TAIL_BYTES:].decode(
+                    "utf-8", "replace"
+                )
+                outcome = Outcome(
+                    False,
+                    message=f"{self.cli} exited with status {code}"
+                    + (f": {tail.strip()}" if tail.strip() else ""),
+                )
+        if not outcome.ok:
+            raise RpcFailure(INTERNAL_ERROR, outcome.message or f"{self.cli} failed")
+        result: dict[str, Any] = {"stopReason": outcome.stop_reason}
+        if turn.usage is not None:
+            result["usage"] = turn.usage
+        return result
+
+    async def close(self) -> None:
+        """The daemon has gone: every running CLI ends with the bridge."""
+        await asyncio.gather(
+            *(stop(*s.process) for s in self.sessions.values() if s.process is not None)
+        )
+
+
+async def stop(pid: int, exited: asyncio.Future[None]) -> None:
+    """
+    SIGTERM to the CLI's process group; once the CLI has exited (or the
+    grace is over), SIGKILL to what is left of the group.
+    """
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    try:
+        await asyncio.wait_for(asyncio.shield(exited), CANCEL_GRACE_SECONDS)
+    except TimeoutError:
+        pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def serve(cli: str, program: str, access: str) -> None:
+    """Answer ACP on stdin/stdout until stdin closes."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
+    await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), sys.stdin
+    )
+    out = sys.stdout.buffer
+
+    def write(data: bytes) -> None:
+        out.write(data)
+        out.flush()
+
+    bridge = Bridge(cli, program, access, write)
+    while True:
+        try:
+            line = await reader.readline()
+        except ValueError:
+            continue
+        if not line:
+            break
+        bridge.received(line)
+    await bridge.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m sandboxd.agents.clibridge")
+    parser.add_argument("--cli", choices=CLIS, required=True)
+    parser.add_argument("--access", choices=ACCESS, default="read_only")
+    parser.add_argument("program", help="the CLI's absolute path")
+    args = parser.parse_args(argv)
+    asyncio.run(serve(args.cli, args.program, args.access))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,485 @@
+# -*- test-case-name: tests.agents.test_cliparsers -*-
+"""
+What a coding agent's CLI prints in its headless mode, read as ACP
+``session/update`` payloads (the bridge in :mod:`sandboxd.agents.clibridge`
+sends them on to the daemon).
+
+Two line formats cover the CLIs agent-sandbox-server runs: ``codex exec
+--json`` (one JSON event per line: ``thread.started``, ``item.*``,
+``turn.completed``/``turn.failed``) and the ``--output-format stream-json``
+of Claude Code and Qwen Code (Anthropic's message shapes, with partial
+``stream_event`` deltas).  Each reader is a pure function of the lines it
+is fed, so it is tested line by line; this module imports nothing beyond
+the standard library, as it runs in the bridge's own process.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class Outcome:
+    """How the CLI said its turn ended (``message`` when it failed)."""
+
+    ok: bool
+    stop_reason: str = "end_turn"
+    message: str | None = None
+
+
+@dataclass
+class Parsed:
+    """What one line says: updates to send, and facts about the turn."""
+
+    updates: list[dict[str, Any]] = field(default_factory=list)
+    #: The CLI's own session id, to resume it on the next turn.
+    session_id: str | None = None
+    #: Token counts as ACP's ``PromptResponse.usage`` names them.
+    usage: dict[str, int] | None = None
+    outcome: Outcome | None = None
+
+
+def message_chunk(text: str) -> dict[str, Any]:
+    return {
+        "sessionUpdate": "agent_message_chunk",
+        "content": {"type": "text", "text": text},
+    }
+
+
+def thought_chunk(text: str) -> dict[str, Any]:
+    return {
+        "sessionUpdate": "agent_thought_chunk",
+        "content": {"type": "text", "text": text},
+    }
+
+
+def tool_started(
+    call_id: str,
+    title: str,
+    kind: str,
+    raw_input: Any,
+    paths: list[str] | None = None,
+) -> dict[str, Any]:
+    update: dict[str, Any] = {
+        "sessionUpdate": "tool_call",
+        "toolCallId": call_id,
+        "title": title,
+        "kind": kind,
+        "status": "in_progress",
+        "rawInput": raw_input,
+    }
+    if paths:
+        update["locations"] = [{"path": p} for p in paths]
+    return update
+
+
+def tool_finished(call_id: str, ok: bool, output: str | None) -> dict[str, Any]:
+    update: dict[str, Any] = {
+        "sessionUpdate": "tool_call_update",
+        "toolCallId": call_id,
+        "status": "completed" if ok else "failed",
+    }
+    if output:
+        update["content"] = [
+            {"type": "content", "content": {"type": "text", "text": output}}
+        ]
+    return update
+
+
+def plan(entries: list[tuple[str, str]]) -> dict[str, Any]:
+    """An ACP plan from ``(text, pending|in_progress|completed)`` pairs."""
+    return {
+        "sessionUpdate": "plan",
+        "entries": [
+            {"content": text, "priority": "medium", "status": status}
+            for text, status in entries
+        ],
+    }
+
+
+def _load(line: str) -> dict[str, Any] | None:
+    """One line as a JSON object; None for anything else (a CLI's stray log line)."""
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _count(mapping: dict[str, Any], *names: str) -> int:
+    total = 0
+    for name in names:
+        value = mapping.get(name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            total += value
+    return total
+
+
+def _text(value: Any) -> str:
+    """A tool result's content (a string, text blocks, or anything as JSON)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(b, dict) for b in value):
+        return "".join(
+            str(b.get("text") or "") for b in value if b.get("type") == "text"
+        )
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+class CodexEvents:
+    """``codex exec --json``: each ``item.*`` event as ACP updates."""
+
+    def __init__(self) -> None:
+        #: Tool items already announced with a ``tool_call``.
+        self._started: set[str] = set()
+
+    def feed(self, line: str) -> Parsed:
+        obj = _load(line)
+        out = Parsed()
+        if obj is None:
+            return out
+        kind = obj.get("type")
+        if kind == "thread.started" and isinstance(obj.get("thread_id"), str):
+            out.session_id = obj["thread_id"]
+        elif kind in ("item.started", "item.updated", "item.completed"):
+            item = obj.get("item")
+            if isinstance(item, dict):
+                out.updates = self._item(item, done=kind == "item.completed")
+        elif kind == "turn.completed":
+            usage = obj.get("usage")
+            if isinstance(usage, dict):
+                inp = _count(usage, "input_tokens")
+                outp = _count(usage, "output_tokens")
+                out.usage = {
+                    "inputTokens": inp,
+                    "outputTokens": outp,
+                    "cachedReadTokens": _count(usage, "cached_input_tokens"),
+                    "thoughtTokens": _count(usage, "reasoning_output_tokens"),
+                    "totalTokens": inp + outp,
+                }
+            out.outcome = Outcome(True)
+        elif kind == "turn.failed":
+            error = obj.get("error")
+            message = error.get("message") if isinstance(error, dict) else error
+            out.outcome = Outcome(False, message=str(message or "the turn failed"))
+        elif kind == "error":
+            # A retried stream error: codex goes on (turn.failed ends it).
+            out.updates = [thought_chunk(f"[codex] {obj.get('message') or 'error'}")]
+        return out
+
+    def _item(self, item: dict[str, Any], done: bool) -> list[dict[str, Any]]:
+        item_id = str(item.get("id") or "")
+        itype = item.get("type")
+        if itype == "agent_message":
+            text = item.get("text")
+            return [message_chunk(text)] if done and isinstance(text, str) else []
+        if itype == "reasoning":
+            text = item.get("text")
+            return [thought_chunk(text)] if done and isinstance(text, str) else []
+        if itype == "todo_list":
+            todos = [t for t in item.get("items") or [] if isinstance(t, dict)]
+            return [
+                plan(
+                    [
+                        (
+                            str(t.get("text") or ""),
+                            "completed" if t.get("completed") else "pending",
+                        )
+                        for t in todos
+                    ]
+                )
+            ]
+        if itype == "error":
+            text = item.get("message")
+            return [thought_chunk(f"[codex] {text}")] if done and text else []
+        tool = self._tool(item_id, itype, item)
+        if tool is None:
+            return []
+        updates: list[dict[str, Any]] = []
+        if item_id not in self._started:
+            self._started.add(item_id)
+            updates.append(tool)
+        if done:
+            updates.append(self._tool_result(item_id, itype, item))
+        return updates
+
+    @staticmethod
+    def _tool(item_id: str, itype: Any, item: dict[str, Any]) -> dict[str, Any] | None:
+        if itype == "command_execution":
+            command = str(item.get("command") or "")
+            return tool_started(item_id, command, "execute", {"command": command})
+        if itype == "file_change":
+            changes = [c for c in item.get("changes") or [] if isinstance(c, dict)]
+            paths = [str(c["path"]) for c in changes if c.get("path")]
+            title = ", ".join(paths) or "file change"
+            # Its locations are the files still there to look at; an item
+            # that only deletes is a delete.
+            kept = [
+                str(c["path"])
+                for c in changes
+                if c.get("path") and c.get("kind") != "delete"
+            ]
+            kind = "edit" if kept or not paths else "delete"
+            return tool_started(
+                item_id, title, kind, {"changes": changes}, kept or paths
+            )
+        if itype == "mcp_tool_call":
+            name = f"{item.get('server') or 'mcp'}/{item.get('tool') or 'tool'}"
+            return tool_started(item_id, name, "other", item.get("arguments"))
+        if itype == "web_search":
+            query = str(item.get("query") or "")
+            return tool_started(
+                item_id, query or "web search", "fetch", {"query": query}
+            )
+        return None
+
+    @staticmethod
+    def _tool_result(item_id: str, itype: Any, item: dict[str, Any]) -> dict[str, Any]:
+        status = item.get("status")
+        ok = status not in ("failed", "declined")
+        if itype == "command_execution":
+            code = item.get("exit_code")
+            ok = ok and code in (None, 0)
+            return tool_finished(item_id, ok, _text(item.get("aggregated_output")))
+        if itype == "mcp_tool_call":
+            error = item.get("error")
+            if error:
+                message = error.get("message") if isinstance(error, dict) else error
+                return tool_finished(item_id, False, str(message))
+            result = item.get("result")
+            if isinstance(result, dict) and "content" in result:
+                result = result["content"]
+            return tool_finished(item_id, ok, _text(result))
+        if itype == "file_change":
+            changes = [c for c in item.get("changes") or [] if isinstance(c, dict)]
+            summary = "\n".join(f"{c.get('kind')}: {c.get('path')}" for c in changes)
+            return tool_finished(item_id, ok, summary)
+        return tool_finished(item_id, ok, None)
+
+
+#: Tool names of Claude Code and Qwen Code, as ACP tool kinds.
+TOOL_KINDS = {
+    "Bash": "execute",
+    "run_shell_command": "execute",
+    "Read": "read",
+    "read_file": "read",
+    "read_many_files": "read",
+    "NotebookRead": "read",
+    "Edit": "edit",
+    "MultiEdit": "edit",
+    "Write": "edit",
+    "NotebookEdit": "edit",
+    "edit": "edit",
+    "replace": "edit",
+    "write_file": "edit",
+    "Glob": "search",
+    "Grep": "search",
+    "LS": "search",
+    "glob": "search",
+    "grep": "search",
+    "search_file_content": "search",
+    "list_directory": "search",
+    "WebFetch": "fetch",
+    "WebSearch": "fetch",
+    "web_fetch": "fetch",
+    "web_search": "fetch",
+    "google_web_search": "fetch",
+    "TodoWrite": "think",
+    "todo_write": "think",
+}
+
+_PATH_KEYS = ("file_path", "absolute_path", "notebook_path", "path")
+_PLAN_STATUSES = ("pending", "in_progress", "completed")
+
+
+def _tool_use(block: dict[str, Any]) -> list[dict[str, Any]]:
+    """A ``tool_use`` block as a ``tool_call`` (and a plan for a to-do list)."""
+    name = str(block.get("name") or "tool")
+    args = block.get("input")
+    args = args if isinstance(args, dict) else {}
+    kind = TOOL_KINDS.get(name, "other")
+    paths = [str(args[k]) for k in _PATH_KEYS if isinstance(args.get(k), str)][:1]
+    if kind == "execute" and isinstance(args.get("command"), str):
+        title = args["command"]
+    elif paths:
+        title = f"{name} {paths[0]}"
+    else:
+        title = name
+    updates = [tool_started(str(block.get("id") or ""), title, kind, args, paths)]
+    todos = args.get("todos")
+    if kind == "think" and isinstance(todos, list):
+        entries = [
+            (
+                str(t.get("content") or t.get("description") or ""),
+                t["status"] if t.get("status") in _PLAN_STATUSES else "pending",
+            )
+            for t in todos
+            if isinstance(t, dict)
+        ]
+        updates.append(plan(entries))
+    return updates
+
+
+class StreamJsonEvents:
+    """
+    ``--output-format stream-json`` (Claude Code, Qwen Code), with or
+    without partial messages: a text or thinking block already streamed
+    as deltas is not sent again when its whole message arrives.
+    """
+
+    def __init__(self) -> None:
+        self._message_id = ""
+        #: The streamed blocks' types by index, in the current message.
+        self._blocks: dict[int, str] = {}
+        #: Per message id, the streamed blocks of each type still to be matched.
+        self._streamed: dict[tuple[str, str], deque[int]] = defaultdict(deque)
+        self._tools: set[str] = set()
+
+    def feed(self, line: str) -> Parsed:
+        obj = _load(line)
+        out = Parsed()
+        if obj is None:
+            return out
+        kind = obj.get("type")
+        if obj.get("parent_tool_use_id"):
+            # A subagent's own messages: its task shows as the parent's
+            # tool call, and they are not the agent's answer.
+            return out
+        if kind == "system":
+            if obj.get("subtype") in ("init", "session_start") and isinstance(
+                obj.get("session_id"), str
+            ):
+                out.session_id = obj["session_id"]
+        elif kind == "stream_event":
+            event = obj.get("event")
+            if isinstance(event, dict):
+                out.updates = self._stream_event(event)
+        elif kind == "assistant":
+            out.updates = self._assistant(obj.get("message"))
+        elif kind == "user":
+            out.updates = self._tool_results(obj.get("message"))
+        elif kind == "result":
+            self._result(obj, out)
+        return out
+
+    def _stream_event(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        etype = event.get("type")
+        if etype == "message_start":
+            message = event.get("message")
+            mid = message.get("id") if isinstance(message, dict) else None
+            self._message_id = str(mid or "")
+            self._blocks.clear()
+            return []
+        index = event.get("index")
+        index = index if isinstance(index, int) else 0
+        if etype == "content_block_start":
+            block = event.get("content_block")
+            btype = str(block.get("type") or "") if isinstance(block, dict) else ""
+            self._blocks[index] = btype
+            if btype in ("text", "thinking"):
+                self._streamed[self._message_id, btype].append(index)
+            return []
+        if etype == "content_block_delta":
+            delta = event.get("delta")
+            if not isinstance(delta, dict):
+                return []
+            if delta.get("type") == "text_delta" and delta.get("text"):
+                return [message_chunk(str(delta["text"]))]
+            if delta.get("type") == "thinking_delta" and delta.get("thinking"):
+                return [thought_chunk(str(delta["thinking"]))]
+        return []
+
+    def _was_streamed(self, mid: str, btype: str) -> bool:
+        queue = self._streamed.get((mid, btype))
+        if queue:
+            queue.popleft()
+            return True
+        return False
+
+    def _assistant(self, message: Any) -> list[dict[str, Any]]:
+        if not isinstance(message, dict):
+            return []
+        mid = str(message.get("id") or "")
+        updates: list[dict[str, Any]] = []
+        content = message.get("content")
+        for block in content if isinstance(content, list) else []:
+            if not isinstance(block, dict):
+                continue
+            btype = block.get("type")
+            if btype == "text" and isinstance(block.get("text"), str):
+                if not self._was_streamed(mid, "text"):
+                    updates.append(message_chunk(block["text"]))
+            elif btype == "thinking" and isinstance(block.get("thinking"), str):
+                if not self._was_streamed(mid, "thinking"):
+                    updates.append(thought_chunk(block["thinking"]))
+            elif btype == "tool_use":
+                call_id = str(block.get("id") or "")
+                if call_id not in self._tools:
+                    self._tools.add(call_id)
+                    updates.extend(_tool_use(block))
+        return updates
+
+    @staticmethod
+    def _tool_results(message: Any) -> list[dict[str, Any]]:
+        content = message.get("content") if isinstance(message, dict) else None
+        blocks = content if isinstance(content, list) else []
+        return [
+            tool_finished(
+                str(block.get("tool_use_id") or ""),
+                not block.get("is_error"),
+                _text(block.get("content")),
+            )
+            for block in blocks
+            if isinstance(block, dict) and block.get("type") == "tool_result"
+        ]
+
+    @staticmethod
+    def _result(obj: dict[str, Any], out: Parsed) -> None:
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            cached = _count(usage, "cache_read_input_tokens")
+            inp = _count(usage, "input_tokens", "cache_creation_input_tokens") + cached
+            outp = _count(usage, "output_tokens")
+            out.usage = {
+                "inputTokens": inp,
+                "outputTokens": outp,
+                "cachedReadTokens": cached,
+                "totalTokens": inp + outp,
+            }
+        if isinstance(obj.get("session_id"), str):
+            out.session_id = obj["session_id"]
+        subtype = obj.get("subtype")
+        text = obj.get("result") if isinstance(obj.get("result"), str) else None
+        if subtype in ("error_max_turns", "error_max_session_turns"):
+            out.outcome = Outcome(True, stop_reason="max_turn_requests")
+        elif obj.get("is_error") or subtype not in (None, "success"):
+            out.outcome = Outcome(
+                False, message=text or str(subtype or "the turn failed")
+            )
+        else:
+            out.outcome = Outcome(True)
+
+
+class LineReader(Protocol):
+    """What the bridge feeds a CLI's stdout to, line by line."""
+
+    def feed(self, line: str) -> Parsed: ...
+
+
+#: Each headless protocol's reader.
+READERS: dict[str, Callable[[], LineReader]] = {
+    "codex": CodexEvents,
+    "stream-json": StreamJsonEvents,
+}

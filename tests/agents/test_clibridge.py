@@ -1,0 +1,316 @@
+"""
+Headless coding-agent CLIs behind the ACP bridge, against a real daemon:
+fake ``codex``, ``qwen`` and ``claude`` executables on PATH print the
+lines the real ones print (``tests/agents/fake_cli.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd.agents.clibridge import Session, codex_argv, qwen_argv
+from sandboxd.agents.permissions import headless_access
+from sandboxd.agents.process import is_alive
+from sandboxd.testing import memory_context
+from tests.agents.test_agents import AgentsTestCase, agents_policy
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAKE_CLI = os.path.join(HERE, "fake_cli.py")
+
+
+def fake_clis(test: Any, names: tuple[str, ...] = ("codex", "qwen", "claude")) -> str:
+    """Put fake headless CLIs first on ``PATH`` for ``test``; their directory."""
+    bin_dir = os.path.realpath(test.mktemp())
+    os.makedirs(bin_dir)
+    for name in names:
+        path = os.path.join(bin_dir, name)
+        with open(path, "w") as f:
+            f.write(f'#!/bin/sh\nexec {sys.executable} {FAKE_CLI} {name} "$@"\n')
+        os.chmod(path, 0o755)
+    old = os.environ.get("PATH", "")
+    os.environ["PATH"] = bin_dir + os.pathsep + old
+    test.addCleanup(os.environ.__setitem__, "PATH", old)
+    return bin_dir
+
+
+def runs(directory: str) -> list[dict[str, Any]]:
+    """How the fake CLIs were called in ``directory``, oldest first."""
+    try:
+        with open(os.path.join(directory, ".fake-cli-runs.jsonl")) as f:
+            return [json.loads(line) for line in f]
+    except FileNotFoundError:
+        return []
+
+
+class HeadlessTestCase(AgentsTestCase):
+    def setUp(self) -> Any:
+        self.bin_dir = fake_clis(self)
+        return super().setUp()
+
+
+class HeadlessSessionTests(HeadlessTestCase):
+    """The seed's runtimes, run as the seed runs them, through the agents API."""
+
+    @inlineCallbacks
+    def test_qwen_code_turns_resume(self) -> Any:
+        """
+        ``qwen-code`` runs ``qwen`` once per turn: the streamed deltas are the
+        agent's message (not sent twice), a tool call is reported, the usage
+        is the turn's, and the second turn resumes the CLI's session.
+        """
+        reply = yield self.create("qwen-code")
+        self.assertEqual(reply.status, 201, reply.body)
+        body = reply.json()
+        sid = body["session_id"]
+        self.addCleanup(self.request, "DELETE", f"/agents/sessions/{sid}")
+        self.assertEqual(body["agent_info"]["name"], "qwen (headless)")
+        reply = yield self.prompt(sid, "echo hello there world")
+        self.assertEqual(reply.status, 200, reply.body)
+        turn = reply.json()
+        self.assertEqual(turn["stop_reason"], "end_turn")
+        self.assertEqual(turn["text"], "hello there world")
+        reply = yield self.prompt(sid, "run echo from-the-tool")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["text"], "done")
+        reply = yield self.request("GET", f"/agents/sessions/{sid}/tool-calls")
+        [call] = reply.json()["tool_calls"]
+        self.assertEqual(call["kind"], "execute")
+        self.assertEqual(call["status"], "completed")
+        self.assertEqual(call["title"], "echo from-the-tool")
+        first, second = runs(self.base_dir)
+        self.assertEqual(first["cli"], "qwen")
+        self.assertEqual(first["prompt"], "echo hello there world")
+        self.assertNotIn("--resume", first["argv"])
+        self.assertIn("--resume", second["argv"])
+        self.assertEqual(
+            second["argv"][second["argv"].index("--resume") + 1], "sess_fake_1"
+        )
+        # The default policy asks before edits: the CLI may only plan.
+        self.assertEqual(
+            first["argv"][first["argv"].index("--approval-mode") + 1], "plan"
+        )
+        self.assertEqual(first["argv"][-2:], ["--", "echo hello there world"])
+
+    @inlineCallbacks
+    def test_codex_without_its_adapter(self) -> Any:
+        """
+        ``codex`` runs codex-acp where installed; without it, ``codex exec
+        --json`` with the prompt on stdin, in the read-only sandbox, never
+        asking for approval (nobody could answer).
+        """
+        sid = yield self.session("codex")
+        reply = yield self.prompt(sid, "think -- a prompt that starts like an option")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["text"], "-- a prompt that starts like an option")
+        [run] = runs(self.base_dir)
+        self.assertEqual(run["argv"][:2], ["exec", "--json"])
+        self.assertIn('sandbox_mode="read-only"', run["argv"])
+        self.assertIn('approval_policy="never"', run["argv"])
+        self.assertEqual(run["argv"][-1], "-")
+        reply = yield self.request("GET", f"/agents/sessions/{sid}/messages")
+        roles = [m["role"] for m in reply.json()["messages"]]
+        self.assertEqual(roles, ["user", "thought", "agent"])
+
+    @inlineCallbacks
+    def test_failures(self) -> Any:
+        """
+        A turn the CLI reports failed, and a CLI that exits with an error,
+        fail the turn with the CLI's words; the session takes the next turn.
+        """
+        sid = yield self.session("codex")
+        reply = yield self.prompt(sid, "fail")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["state"], "failed")
+        self.assertIn("model said no", reply.json()["error"]["message"])
+        reply = yield self.prompt(sid, "crash")
+        self.assertEqual(reply.json()["state"], "failed")
+        self.assertIn("no credentials", reply.json()["error"]["message"])
+        self.assertIn("status 3", reply.json()["error"]["message"])
+        reply = yield self.prompt(sid, "echo still here")
+        self.assertEqual(reply.json()["text"], "still here")
+
+    @inlineCallbacks
+    def test_cancel_ends_the_cli(self) -> Any:
+        """A cancelled turn ends ``cancelled`` and its CLI is gone."""
+        sid = yield self.session("qwen-code")
+        reply = yield self.prompt(sid, "slow", wait=0)
+        self.assertEqual(reply.status, 202, reply.body)
+        pid_file = os.path.join(self.base_dir, ".fake-cli-pid")
+        for _ in range(100):
+            if os.path.exists(pid_file):
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        with open(pid_file) as f:
+            pid = int(f.read())
+        self.assertTrue(is_alive(pid))
+        reply = yield self.request("POST", f"/agents/sessions/{sid}/cancel", {})
+        self.assertEqual(reply.status, 200, reply.body)
+        state = yield self.wait_state(sid, ("idle",))
+        self.assertEqual(state["stop_reason"], "cancelled")
+        for _ in range(50):
+            if not is_alive(pid):
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertFalse(is_alive(pid))
+
+    @inlineCallbacks
+    def test_turn_ends_with_the_cli(self) -> Any:
+        """
+        A process the CLI leaves behind holding its output does not hold
+        the turn: it ends with the CLI, after a short grace.
+        """
+        sid = yield self.session("codex")
+        started = reactor.seconds()
+        reply = yield self.prompt(sid, "linger answered")
+        with open(os.path.join(self.base_dir, ".fake-cli-pid")) as f:
+            lingering = int(f.read())
+        self.addCleanup(os.kill, lingering, 9)
+        self.assertEqual(reply.json()["text"], "answered")
+        self.assertLess(reactor.seconds() - started, 10)
+        self.assertTrue(is_alive(lingering))
+
+    @inlineCallbacks
+    def test_catalogue_shows_what_runs(self) -> Any:
+        """The catalogue says an agent is installed, and how it runs."""
+        reply = yield self.request("GET", "/agents/catalog")
+        shown = {a["id"]: a for a in reply.json()["agents"]}
+        self.assertTrue(shown["qwen-code"]["installed"])
+        self.assertEqual(shown["qwen-code"]["protocol"], "headless:qwen")
+        self.assertEqual(shown["codex"]["protocol"], "headless:codex")
+        self.assertEqual(shown["codex"]["path"], os.path.join(self.bin_dir, "codex"))
+        self.assertEqual(shown["fake"]["protocol"], "acp")
+
+
+class HeadlessNotInstalledTests(AgentsTestCase):
+    @inlineCallbacks
+    def test_neither_installed(self) -> Any:
+        """With neither the adapter nor the CLI on PATH: 503, naming both."""
+        old = os.environ.get("PATH", "")
+        os.environ["PATH"] = os.path.realpath(self.mktemp())
+        self.addCleanup(os.environ.__setitem__, "PATH", old)
+        reply = yield self.create("codex")
+        self.assertEqual(reply.status, 503, reply.body)
+        self.assertEqual(reply.json()["code"], "agent_unavailable")
+        self.assertIn("codex-acp or codex not found", reply.json()["error"])
+
+
+class HeadlessAccessTests(HeadlessTestCase):
+    """What the policy answers without a person is what the CLI may do."""
+
+    policy = agents_policy(params={"permission_mode": {"*": "auto"}, "deny_modes": []})
+
+    @inlineCallbacks
+    def test_everything_automatic_is_full_access(self) -> Any:
+        sid = yield self.session("codex")
+        reply = yield self.prompt(sid, "echo ok")
+        self.assertEqual(reply.json()["text"], "ok")
+        [run] = runs(self.base_dir)
+        self.assertIn('sandbox_mode="danger-full-access"', run["argv"])
+
+
+class AccessTests(SynchronousTestCase):
+    """:func:`headless_access` from the policy, in memory."""
+
+    def access(self, **params: Any) -> str:
+        rule: dict[str, Any] = {"params": params}
+        paths = params.pop("paths", None)
+        if paths is not None:
+            rule["paths"] = paths
+        context = memory_context(
+            policy={"groups": {"agents": True}, "endpoints": {"group:agents": rule}}
+        )
+        return headless_access(context.policy.rule("agents_session_create"))
+
+    def test_default_is_read_only(self) -> None:
+        self.assertEqual(self.access(), "read_only")
+
+    def test_edits_automatic(self) -> None:
+        mode = {"edit": "auto", "delete": "auto", "move": "auto", "*": "ask"}
+        self.assertEqual(self.access(permission_mode=mode), "workspace_write")
+        mode = {"edit": "auto", "*": "ask"}
+        self.assertEqual(self.access(permission_mode=mode), "read_only")
+
+    def test_full_access_needs_every_condition(self) -> None:
+        everything = {"*": "auto"}
+        self.assertEqual(
+            self.access(permission_mode=everything, deny_modes=[]), "full_access"
+        )
+        # The default deny_modes refuse the modes that skip permission requests.
+        self.assertEqual(self.access(permission_mode=everything), "workspace_write")
+        self.assertEqual(
+            self.access(
+                permission_mode=everything, deny_modes=[], paths={"deny": ["/etc/**"]}
+            ),
+            "workspace_write",
+        )
+
+
+class ArgvTests(SynchronousTestCase):
+    def test_codex_resume_model_and_mcp(self) -> None:
+        session = Session(
+            "s",
+            "/w",
+            [{"name": "my tools", "url": "http://127.0.0.1:9/mcp"}],
+            model="gpt-x",
+            resume="th_9",
+        )
+        argv = codex_argv("/bin/codex", "workspace_write", session)
+        self.assertEqual(argv[:4], ["/bin/codex", "exec", "resume", "th_9"])
+        self.assertEqual(argv[argv.index("-m") + 1], "gpt-x")
+        self.assertIn('mcp_servers."my tools".url="http://127.0.0.1:9/mcp"', argv)
+        self.assertIn('sandbox_mode="workspace-write"', argv)
+
+    def test_mcp_headers_refused(self) -> None:
+        from sandboxd.agents.clibridge import RpcFailure
+
+        session = Session(
+            "s",
+            "/w",
+            [
+                {
+                    "name": "t",
+                    "url": "http://x/",
+                    "headers": [{"name": "A", "value": "b"}],
+                }
+            ],
+        )
+        self.assertRaises(RpcFailure, codex_argv, "/bin/codex", "read_only", session)
+
+    def test_qwen_prompt_after_dashes(self) -> None:
+        argv = qwen_argv("/bin/qwen", "full_access", Session("s", "/w", []), "--yolo")
+        self.assertEqual(argv[-3:], ["--yolo", "--", "--yolo"])
+
+
+class PolicyEntryTests(HeadlessTestCase):
+    """A policy's own catalogue entry may name a headless CLI."""
+
+    policy = agents_policy()
+    policy["agents"]["catalog"] = {
+        **policy["agents"]["catalog"],
+        "team-codex": {"name": "Team codex", "command": ["codex"], "headless": "codex"},
+    }
+
+    @inlineCallbacks
+    def test_policy_headless_entry(self) -> Any:
+        sid = yield self.session("team-codex")
+        reply = yield self.prompt(sid, "echo from the team")
+        self.assertEqual(reply.json()["text"], "from the team")
+        [run] = runs(self.base_dir)
+        self.assertEqual(run["cli"], "codex")
+
+    def test_unknown_cli_refused(self) -> None:
+        from sandboxd.agents.catalog import policy_entry
+        from sandboxd.errors import ApiError
+
+        error = self.assertRaises(
+            ApiError, policy_entry, "x", {"command": ["x"], "headless": "cursor"}
+        )
+        self.assertIn("headless must be one of codex, qwen, claude", error.message)

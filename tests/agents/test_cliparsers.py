@@ -1,0 +1,308 @@
+"""The headless CLIs' lines as ACP updates (:mod:`sandboxd.agents.cliparsers`), in memory."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd.agents.cliparsers import CodexEvents, Outcome, StreamJsonEvents
+
+
+def feed(reader: Any, *objs: Any) -> list[Any]:
+    """Each object as a line; what each line said."""
+    return [reader.feed(o if isinstance(o, str) else json.dumps(o)) for o in objs]
+
+
+def updates(parsed: list[Any]) -> list[dict[str, Any]]:
+    return [u for p in parsed for u in p.updates]
+
+
+def texts(parsed: list[Any], kind: str = "agent_message_chunk") -> list[str]:
+    return [u["content"]["text"] for u in updates(parsed) if u["sessionUpdate"] == kind]
+
+
+class CodexTests(SynchronousTestCase):
+    def test_turn(self) -> None:
+        """Thread id, reasoning, a command from start to end, the answer, usage."""
+        command = {
+            "id": "c1",
+            "type": "command_execution",
+            "command": "ls",
+            "status": "in_progress",
+        }
+        parsed = feed(
+            CodexEvents(),
+            {"type": "thread.started", "thread_id": "th_1"},
+            {"type": "turn.started"},
+            {
+                "type": "item.completed",
+                "item": {"id": "r", "type": "reasoning", "text": "hm"},
+            },
+            {"type": "item.started", "item": command},
+            {"type": "item.updated", "item": command},
+            {
+                "type": "item.completed",
+                "item": {
+                    **command,
+                    "status": "failed",
+                    "exit_code": 2,
+                    "aggregated_output": "no",
+                },
+            },
+            {
+                "type": "item.completed",
+                "item": {"id": "m", "type": "agent_message", "text": "hi"},
+            },
+            {
+                "type": "turn.completed",
+                "usage": {
+                    "input_tokens": 10,
+                    "cached_input_tokens": 4,
+                    "output_tokens": 5,
+                },
+            },
+        )
+        self.assertEqual(parsed[0].session_id, "th_1")
+        self.assertEqual(texts(parsed, "agent_thought_chunk"), ["hm"])
+        self.assertEqual(texts(parsed), ["hi"])
+        tool = [
+            u for u in updates(parsed) if u["sessionUpdate"].startswith("tool_call")
+        ]
+        self.assertEqual(
+            [u["sessionUpdate"] for u in tool], ["tool_call", "tool_call_update"]
+        )
+        self.assertEqual(tool[0]["kind"], "execute")
+        self.assertEqual(tool[1]["status"], "failed")
+        self.assertEqual(tool[1]["content"][0]["content"]["text"], "no")
+        self.assertEqual(parsed[-1].outcome, Outcome(True))
+        self.assertEqual(
+            parsed[-1].usage,
+            {
+                "inputTokens": 10,
+                "outputTokens": 5,
+                "cachedReadTokens": 4,
+                "thoughtTokens": 0,
+                "totalTokens": 15,
+            },
+        )
+
+    def test_completed_alone_and_other_items(self) -> None:
+        """An item seen only completed is announced then finished; a to-do list is a plan."""
+        parsed = feed(
+            CodexEvents(),
+            {
+                "type": "item.completed",
+                "item": {
+                    "id": "f",
+                    "type": "file_change",
+                    "status": "completed",
+                    "changes": [{"path": "/w/a.py", "kind": "update"}],
+                },
+            },
+            {
+                "type": "item.completed",
+                "item": {
+                    "id": "t",
+                    "type": "mcp_tool_call",
+                    "server": "s",
+                    "tool": "x",
+                    "status": "failed",
+                    "error": {"message": "boom"},
+                },
+            },
+            {
+                "type": "item.updated",
+                "item": {
+                    "id": "p",
+                    "type": "todo_list",
+                    "items": [
+                        {"text": "a", "completed": True},
+                        {"text": "b", "completed": False},
+                    ],
+                },
+            },
+        )
+        edit, edited, mcp, mcp_done, plan = updates(parsed)
+        self.assertEqual(edit["kind"], "edit")
+        self.assertEqual(edit["locations"], [{"path": "/w/a.py"}])
+        self.assertEqual(edited["status"], "completed")
+        self.assertEqual(mcp["title"], "s/x")
+        self.assertEqual(mcp_done["status"], "failed")
+        self.assertEqual(
+            [(e["content"], e["status"]) for e in plan["entries"]],
+            [("a", "completed"), ("b", "pending")],
+        )
+
+    def test_failure_and_noise(self) -> None:
+        """turn.failed carries the message; stray lines, arrays and unknown events say nothing."""
+        parsed = feed(
+            CodexEvents(),
+            "Reading prompt from stdin...",
+            "[1, 2]",
+            "{not json",
+            {"type": "something.new"},
+            {"type": "turn.failed", "error": {"message": "quota"}},
+        )
+        self.assertEqual(updates(parsed), [])
+        self.assertEqual(parsed[-1].outcome, Outcome(False, message="quota"))
+
+    def test_delete_only_change(self) -> None:
+        """A file change that only deletes is a delete of those paths."""
+        [parsed] = feed(
+            CodexEvents(),
+            {
+                "type": "item.completed",
+                "item": {
+                    "id": "f",
+                    "type": "file_change",
+                    "changes": [{"path": "gone.txt", "kind": "delete"}],
+                },
+            },
+        )
+        started, finished = parsed.updates
+        self.assertEqual(started["kind"], "delete")
+        self.assertEqual(started["locations"], [{"path": "gone.txt"}])
+        self.assertEqual(finished["status"], "completed")
+
+
+def stream_event(event: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "stream_event", "event": event}
+
+
+class StreamJsonTests(SynchronousTestCase):
+    def test_partial_then_whole_sent_once(self) -> None:
+        """Deltas are the message; the whole message after them is not sent again, a block not streamed is."""
+        parsed = feed(
+            StreamJsonEvents(),
+            {"type": "system", "subtype": "init", "session_id": "s1"},
+            stream_event({"type": "message_start", "message": {"id": "m1"}}),
+            stream_event(
+                {
+                    "type": "content_block_start",
+                    "index": 0,
+                    "content_block": {"type": "thinking"},
+                }
+            ),
+            stream_event(
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "thinking_delta", "thinking": "mm"},
+                }
+            ),
+            stream_event(
+                {
+                    "type": "content_block_start",
+                    "index": 1,
+                    "content_block": {"type": "text"},
+                }
+            ),
+            stream_event(
+                {
+                    "type": "content_block_delta",
+                    "index": 1,
+                    "delta": {"type": "text_delta", "text": "he"},
+                }
+            ),
+            stream_event(
+                {
+                    "type": "content_block_delta",
+                    "index": 1,
+                    "delta": {"type": "text_delta", "text": "llo"},
+                }
+            ),
+            {
+                "type": "assistant",
+                "message": {
+                    "id": "m1",
+                    "content": [
+                        {"type": "thinking", "thinking": "mm"},
+                        {"type": "text", "text": "hello"},
+                        {"type": "text", "text": " and more"},
+                    ],
+                },
+            },
+        )
+        self.assertEqual(parsed[0].session_id, "s1")
+        self.assertEqual(texts(parsed, "agent_thought_chunk"), ["mm"])
+        self.assertEqual(texts(parsed), ["he", "llo", " and more"])
+
+    def test_tools_plan_and_subagents(self) -> None:
+        """A tool use and its result; a to-do list as a plan; a subagent's own lines kept out."""
+        parsed = feed(
+            StreamJsonEvents(),
+            {
+                "type": "assistant",
+                "message": {
+                    "id": "m1",
+                    "content": [
+                        {
+                            "type": "tool_use",
+                            "id": "t1",
+                            "name": "Read",
+                            "input": {"file_path": "/w/x"},
+                        },
+                        {
+                            "type": "tool_use",
+                            "id": "t2",
+                            "name": "TodoWrite",
+                            "input": {
+                                "todos": [{"content": "a", "status": "in_progress"}]
+                            },
+                        },
+                    ],
+                },
+            },
+            {
+                "type": "assistant",
+                "parent_tool_use_id": "t9",
+                "message": {"id": "m2", "content": [{"type": "text", "text": "sub"}]},
+            },
+            {
+                "type": "user",
+                "message": {
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t1",
+                            "content": [{"type": "text", "text": "body"}],
+                            "is_error": True,
+                        }
+                    ]
+                },
+            },
+        )
+        read, todo, plan, result = updates(parsed)
+        self.assertEqual((read["kind"], read["title"]), ("read", "Read /w/x"))
+        self.assertEqual(read["locations"], [{"path": "/w/x"}])
+        self.assertEqual(todo["kind"], "think")
+        self.assertEqual(plan["entries"][0]["status"], "in_progress")
+        self.assertEqual(result["status"], "failed")
+        self.assertEqual(result["content"][0]["content"]["text"], "body")
+
+    def test_results(self) -> None:
+        """Success with usage, the turn limit, and an error."""
+        ok, limit, error = feed(
+            StreamJsonEvents(),
+            {
+                "type": "result",
+                "subtype": "success",
+                "session_id": "s2",
+                "usage": {
+                    "input_tokens": 3,
+                    "cache_read_input_tokens": 2,
+                    "output_tokens": 1,
+                },
+            },
+            {"type": "result", "subtype": "error_max_turns", "is_error": True},
+            {"type": "result", "subtype": "error_during_execution", "is_error": True},
+        )
+        self.assertEqual(ok.outcome, Outcome(True))
+        self.assertEqual(ok.session_id, "s2")
+        self.assertEqual(ok.usage["inputTokens"], 5)
+        self.assertEqual(limit.outcome, Outcome(True, stop_reason="max_turn_requests"))
+        self.assertEqual(
+            error.outcome, Outcome(False, message="error_during_execution")
+        )

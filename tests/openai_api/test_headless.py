@@ -1,0 +1,132 @@
+"""
+The seed's own runtimes through the ``/v1`` door, as its users call them:
+``codex`` and ``qwen-code`` (by any of its names) run their headless CLIs,
+faked on PATH, driven by the official ``openai`` SDK.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+
+from tests.agents.test_clibridge import fake_clis, runs
+from tests.openai_api.sdk import OpenAICase
+
+
+class HeadlessRuntimeTests(OpenAICase):
+    def setUp(self) -> Any:
+        fake_clis(self)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_seed_runtimes_stream_a_turn(self) -> Any:
+        """
+        A session on ``codex`` and one on ``qwen`` each stream a turn: the
+        CLI's answer is the message item's text, streamed as deltas, and the
+        turn reports the CLI's token counts.
+        """
+        client = self.client()
+
+        def run(model: str, text: str) -> Any:
+            session = client.beta.agents.sessions.create(
+                **self.session_body(agent={"model": model})
+            )
+            with client.beta.agents.sessions.stream(session.id, input=text) as stream:
+                events = list(stream)
+            turns = list(client.beta.agents.sessions.turns.list(session.id))
+            return session, events, turns
+
+        for model, agent_id in (("codex", "codex"), ("qwen", "qwen-code")):
+            session, events, turns = yield self.sdk(
+                run, model, f"echo from {model} here"
+            )
+            self.assertEqual(session.agent.id, agent_id)
+            deltas = [
+                e.delta
+                for e in events
+                if e.type == "agent.session.turn.output_text.delta"
+            ]
+            self.assertEqual("".join(deltas), f"from {model} here")
+            self.assertEqual(events[-2].type, "agent.session.turn.completed")
+            [turn] = turns
+            self.assertEqual(turn.status, "completed")
+            self.assertGreater(turn.usage.output_tokens, 0)
+        self.assertEqual([r["cli"] for r in runs(self.base_dir)], ["codex", "qwen"])
+
+    @inlineCallbacks
+    def test_model_is_handed_to_the_cli(self) -> Any:
+        """A model that names no runtime is the CLI's ``-m``."""
+        client = self.client()
+
+        def run() -> Any:
+            session = client.beta.agents.sessions.create(
+                **self.session_body(agent={"model": "gpt-5-codex"}),
+                extra_body={"adapter": "codex"},
+            )
+            with client.beta.agents.sessions.stream(
+                session.id, input="echo ok"
+            ) as stream:
+                list(stream)
+            return session
+
+        session = yield self.sdk(run)
+        self.assertEqual(session.agent.model, "gpt-5-codex")
+        [run_] = runs(self.base_dir)
+        self.assertEqual(run_["argv"][run_["argv"].index("-m") + 1], "gpt-5-codex")
+
+    @inlineCallbacks
+    def test_runtimes_say_how_each_runs(self) -> Any:
+        """``/v1/agents/runtimes``: installed, the binary that runs, no approvals for a CLI."""
+        import httpx
+
+        def run() -> Any:
+            return httpx.get(
+                self.daemon.url + "/v1/agents/runtimes",
+                headers={"Authorization": "Bearer u-token"},
+                timeout=30,
+            )
+
+        reply = yield self.sdk(run)
+        self.assertEqual(reply.status_code, 200, reply.text)
+        shown = {r["name"]: r for r in reply.json()["data"]}
+        for name, cli in (("codex", "codex"), ("qwen-code", "qwen")):
+            self.assertTrue(shown[name]["installed"])
+            self.assertEqual(shown[name]["protocol"], f"headless:{cli}")
+            self.assertEqual(shown[name]["binary"], cli)
+            self.assertFalse(shown[name]["capabilities"]["approvals"])
+        self.assertEqual(shown["fake"]["protocol"], "acp")
+        self.assertTrue(shown["fake"]["capabilities"]["approvals"])
+
+    @inlineCallbacks
+    def test_reported_files_are_artifacts(self) -> Any:
+        """
+        The files a CLI reports writing (codex's ``file_change`` with a path
+        relative to its directory, qwen's ``write_file``) are the turn's
+        artifacts.
+        """
+        client = self.client()
+        artifacts = client.beta.agents.sessions.artifacts
+
+        def run(model: str, name: str) -> Any:
+            session = client.beta.agents.sessions.create(
+                **self.session_body(agent={"model": model})
+            )
+            with client.beta.agents.sessions.stream(
+                session.id, input=f"write {name} bytes-from-{model}"
+            ) as stream:
+                list(stream)
+            [artifact] = list(artifacts.list(session.id))
+            content = artifacts.with_raw_response.content(
+                artifact.id, session_id=session.id
+            )
+            return artifact, content.content
+
+        for model in ("codex", "qwen"):
+            name = f"{model}-out.txt"
+            artifact, content = yield self.sdk(run, model, name)
+            self.assertEqual(
+                artifact.path, os.path.realpath(os.path.join(self.base_dir, name))
+            )
+            self.assertEqual(content, f"bytes-from-{model}".encode())
