@@ -130,3 +130,34 @@ class HeadlessRuntimeTests(OpenAICase):
                 artifact.path, os.path.realpath(os.path.join(self.base_dir, name))
             )
             self.assertEqual(content, f"bytes-from-{model}".encode())
+
+    @inlineCallbacks
+    def test_responses_continue_the_cli_session(self) -> Any:
+        """
+        ``responses.create`` on ``qwen-code`` streams the CLI's answer; a
+        response continuing it resumes the CLI's own session.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            first = client.responses.create(
+                model="qwen-code", input="echo first answer"
+            )
+            with client.responses.create(
+                model="qwen-code",
+                input="echo second answer",
+                previous_response_id=first.id,
+                stream=True,
+            ) as stream:
+                deltas = [
+                    e.delta for e in stream if e.type == "response.output_text.delta"
+                ]
+            return first, deltas
+
+        first, deltas = yield self.sdk(run)
+        self.assertEqual(first.output_text, "first answer")
+        self.assertEqual("".join(deltas), "second answer")
+        self.assertGreater(len(deltas), 1)
+        one, two = runs(self.base_dir)
+        self.assertNotIn("--resume", one["argv"])
+        self.assertEqual(two["argv"][two["argv"].index("--resume") + 1], "sess_fake_1")
