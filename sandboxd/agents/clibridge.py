@@ -188,22 +188,17 @@ _QWEN_APPROVAL = {
 }
 
 
-def qwen_argv(program: str, access: str, session: Session, prompt: str) -> list[str]:
+def qwen_argv(program: str, access: str, session: Session) -> list[str]:
     """
-    ``qwen --output-format stream-json … -- PROMPT``: the prompt is an
-    argument, after ``--`` so that one starting with a dash is not an option.
+    ``qwen --output-format stream-json …``: the prompt comes on stdin (as an
+    argument, one starting with a dash would be read as an option).
     """
-    argv = [
-        program,
-        "--output-format",
-        "stream-json",
-        "--include-partial-messages",
-    ]
+    argv = [program, "--output-format", "stream-json", "--include-partial-messages"]
     if session.resume:
         argv += ["--resume", session.resume]
     if session.model:
         argv += ["--model", session.model]
-    return [*argv, *_QWEN_APPROVAL[access], "--", prompt]
+    return argv + _QWEN_APPROVAL[access]
 
 
 _CLAUDE_PERMISSIONS = {
@@ -248,7 +243,7 @@ def invocation(
             INVALID_PARAMS, f"the {cli} CLI is not handed MCP servers by sandboxd"
         )
     if cli == "qwen":
-        return qwen_argv(program, access, session, prompt), None
+        return qwen_argv(program, access, session), prompt.encode()
     return claude_argv(program, access, session), prompt.encode()
 
 

@@ -462,6 +462,9 @@ class StreamJsonEvents:
             out.session_id = obj["session_id"]
         subtype = obj.get("subtype")
         text = obj.get("result") if isinstance(obj.get("result"), str) else None
+        error = obj.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            text = error["message"]  # Qwen Code's failures say why here
         if subtype in ("error_max_turns", "error_max_session_turns"):
             out.outcome = Outcome(True, stop_reason="max_turn_requests")
         elif obj.get("is_error") or subtype not in (None, "success"):

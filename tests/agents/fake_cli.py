@@ -1,7 +1,7 @@
 """
 A coding agent's CLI in its headless mode, faked: ``codex exec --json``,
-``qwen PROMPT --output-format stream-json`` or ``claude -p
---output-format stream-json``, chosen by the first argument (the
+``qwen --output-format stream-json`` or ``claude -p --output-format
+stream-json`` (each reads its prompt on stdin), chosen by the first argument (the
 wrappers :func:`tests.agents.test_clibridge.fake_clis` puts on PATH pass
 it), printing the lines the real ones print.
 
@@ -208,10 +208,7 @@ def stream_json(argv: list[str], prompt: str) -> int:
 
 def main() -> int:
     cli, argv = sys.argv[1], sys.argv[2:]
-    if cli == "qwen":
-        prompt = argv[argv.index("--") + 1]
-    else:
-        prompt = sys.stdin.read()
+    prompt = sys.stdin.read()
     with open(".fake-cli-runs.jsonl", "a") as f:
         f.write(json.dumps({"cli": cli, "argv": argv, "prompt": prompt}) + "\n")
     word = prompt.partition(" ")[0]

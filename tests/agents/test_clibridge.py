@@ -16,7 +16,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.agents.clibridge import Session, codex_argv, qwen_argv
+from sandboxd.agents.clibridge import Session, codex_argv
 from sandboxd.agents.permissions import headless_access
 from sandboxd.agents.process import is_alive
 from sandboxd.testing import memory_context
@@ -97,7 +97,7 @@ class HeadlessSessionTests(HeadlessTestCase):
         self.assertEqual(
             first["argv"][first["argv"].index("--approval-mode") + 1], "plan"
         )
-        self.assertEqual(first["argv"][-2:], ["--", "echo hello there world"])
+        self.assertNotIn("echo hello there world", first["argv"])
 
     @inlineCallbacks
     def test_codex_without_its_adapter(self) -> Any:
@@ -284,9 +284,16 @@ class ArgvTests(SynchronousTestCase):
         )
         self.assertRaises(RpcFailure, codex_argv, "/bin/codex", "read_only", session)
 
-    def test_qwen_prompt_after_dashes(self) -> None:
-        argv = qwen_argv("/bin/qwen", "full_access", Session("s", "/w", []), "--yolo")
-        self.assertEqual(argv[-3:], ["--yolo", "--", "--yolo"])
+    def test_prompt_on_stdin(self) -> None:
+        """Every CLI takes the prompt on stdin: one like an option stays a prompt."""
+        from sandboxd.agents.clibridge import CLIS, invocation
+
+        for cli in CLIS:
+            argv, stdin = invocation(
+                cli, "/bin/x", "read_only", Session("s", "/w", []), "--yolo"
+            )
+            self.assertNotIn("--yolo", argv)
+            self.assertEqual(stdin, b"--yolo")
 
 
 class PolicyEntryTests(HeadlessTestCase):

@@ -297,12 +297,17 @@ class StreamJsonTests(SynchronousTestCase):
                 },
             },
             {"type": "result", "subtype": "error_max_turns", "is_error": True},
-            {"type": "result", "subtype": "error_during_execution", "is_error": True},
+            {
+                "type": "result",
+                "subtype": "error_during_execution",
+                "is_error": True,
+                "error": {"message": "No auth type is selected."},
+            },
         )
         self.assertEqual(ok.outcome, Outcome(True))
         self.assertEqual(ok.session_id, "s2")
         self.assertEqual(ok.usage["inputTokens"], 5)
         self.assertEqual(limit.outcome, Outcome(True, stop_reason="max_turn_requests"))
         self.assertEqual(
-            error.outcome, Outcome(False, message="error_during_execution")
+            error.outcome, Outcome(False, message="No auth type is selected.")
         )
