@@ -41,9 +41,11 @@ serve: $(STAMP)
 		--pty-port tcp:$(PTY_PORT):interface=127.0.0.1 \
 		--policy etc/policy.json --base-dir $(WORKSPACE)
 
-# E2B's JavaScript SDK, for tests/e2b/test_js_sdk.py: from npm, pinned,
-# into the venv (scripts/install-e2b-js.sh; the test skips without it).
+# From npm, pinned, into the venv (scripts/install-npm-package.sh; the
+# tests skip without them): E2B's JavaScript SDK for tests/e2b/test_js_sdk.py,
+# Qwen Code's CLI for tests/agents/test_real_cli.py.
 E2B_JS_VERSION := 2.8.0
+QWEN_CODE_VERSION := 0.24.4
 
 # Tools some tests drive (git, node, chromium): when missing, and this
 # machine is Debian and we are root, installed with apt-get (it says so
@@ -51,7 +53,10 @@ E2B_JS_VERSION := 2.8.0
 # that need a missing tool skip, saying why.
 test-tools:
 	@SKIP_TEST_TOOLS="$(SKIP_TEST_TOOLS)" scripts/install-test-tools.sh
-	@SKIP_TEST_TOOLS="$(SKIP_TEST_TOOLS)" scripts/install-e2b-js.sh $(VENV)/node-e2b $(E2B_JS_VERSION)
+	@SKIP_TEST_TOOLS="$(SKIP_TEST_TOOLS)" scripts/install-npm-package.sh $(VENV)/node-e2b \
+		@e2b/code-interpreter $(E2B_JS_VERSION) tests/e2b/test_js_sdk.py
+	@SKIP_TEST_TOOLS="$(SKIP_TEST_TOOLS)" scripts/install-npm-package.sh $(VENV)/node-qwen \
+		@qwen-code/qwen-code $(QWEN_CODE_VERSION) tests/agents/test_real_cli.py
 
 # Then the seed's own test suite (agent-sandbox-server's published tests
 # that start a server), every server it starts a sandboxd: what it finds

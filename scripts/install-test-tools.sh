@@ -8,8 +8,9 @@
 # (Playwright's own browser download cannot run here); the Python side
 # comes from the `browser` extra (pip install -e '.[dev,browser]').
 #
-# npm: installs E2B's JavaScript SDK for tests/e2b/test_js_sdk.py
-# (scripts/install-e2b-js.sh, run next by make test-tools).
+# npm: installs E2B's JavaScript SDK for tests/e2b/test_js_sdk.py and Qwen
+# Code's CLI for tests/agents/test_real_cli.py
+# (scripts/install-npm-package.sh, run next by make test-tools).
 missing=""
 command -v git >/dev/null 2>&1 || missing="$missing git"
 command -v node >/dev/null 2>&1 || missing="$missing nodejs"
