@@ -77,12 +77,16 @@ def tool_started(
     return update
 
 
-def tool_finished(call_id: str, ok: bool, output: str | None) -> dict[str, Any]:
+def tool_finished(
+    call_id: str, ok: bool, output: str | None, raw_output: Any = None
+) -> dict[str, Any]:
     update: dict[str, Any] = {
         "sessionUpdate": "tool_call_update",
         "toolCallId": call_id,
         "status": "completed" if ok else "failed",
     }
+    if raw_output is not None:
+        update["rawOutput"] = raw_output
     if output:
         update["content"] = [
             {"type": "content", "content": {"type": "text", "text": output}}
@@ -252,7 +256,9 @@ class CodexEvents:
         if itype == "command_execution":
             code = item.get("exit_code")
             ok = ok and code in (None, 0)
-            return tool_finished(item_id, ok, _text(item.get("aggregated_output")))
+            output = _text(item.get("aggregated_output"))
+            raw = {"exit_code": code} if isinstance(code, int) else None
+            return tool_finished(item_id, ok, output, raw)
         if itype == "mcp_tool_call":
             error = item.get("error")
             if error:

@@ -768,10 +768,12 @@ class SessionFace:
         status = data.get("status")
         if status in ("completed", "failed"):
             delta = data.get("delta")
-            content = delta.get("content") if isinstance(delta, dict) else None
-            self._tool_done(item, status, content)
+            delta = delta if isinstance(delta, dict) else {}
+            self._tool_done(item, status, delta.get("content"), delta.get("rawOutput"))
 
-    def _tool_done(self, item: dict[str, Any], status: Any, content: Any) -> None:
+    def _tool_done(
+        self, item: dict[str, Any], status: Any, content: Any, raw_output: Any = None
+    ) -> None:
         turn = self.current
         if turn is None:
             return
@@ -780,6 +782,11 @@ class SessionFace:
         if item["type"] == "command_execution":
             item["output"] = text
             item["duration_ms"] = int((time.monotonic() - item["_started"]) * 1000)
+            # An agent that ran the command itself may say how it exited;
+            # a terminal the daemon ran for it says so below.
+            code = raw_output.get("exit_code") if isinstance(raw_output, dict) else None
+            if isinstance(code, int) and not isinstance(code, bool):
+                item["exit_code"] = code
             self._terminal_result(item)
         elif status == "completed":
             item["output"] = text

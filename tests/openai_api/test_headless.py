@@ -161,3 +161,25 @@ class HeadlessRuntimeTests(OpenAICase):
         one, two = runs(self.base_dir)
         self.assertNotIn("--resume", one["argv"])
         self.assertEqual(two["argv"][two["argv"].index("--resume") + 1], "sess_fake_1")
+
+    @inlineCallbacks
+    def test_commands_are_command_execution_items(self) -> Any:
+        """A command the CLI ran is a ``command_execution`` item with its output and exit code."""
+        client = self.client()
+
+        def run() -> Any:
+            session = client.beta.agents.sessions.create(
+                **self.session_body(agent={"model": "codex"})
+            )
+            with client.beta.agents.sessions.stream(
+                session.id, input="run echo out; exit 3"
+            ) as stream:
+                list(stream)
+            return list(client.beta.agents.sessions.items.list(session.id, order="asc"))
+
+        items = yield self.sdk(run)
+        [command] = [i for i in items if i.type == "command_execution"]
+        self.assertEqual(command.command, "echo out; exit 3")
+        self.assertEqual(command.output, "out\n")
+        self.assertEqual(command.exit_code, 3)
+        self.assertEqual(command.status, "failed")
