@@ -142,18 +142,28 @@ def _text(value: Any) -> str:
         return str(value)
 
 
-class CodexEvents:
+class _JsonLines:
+    """A reader of one JSON object per line; any other line says nothing."""
+
+    def feed(self, line: str) -> Parsed:
+        out = Parsed()
+        obj = _load(line)
+        if obj is not None:
+            self.take(obj, out)
+        return out
+
+    def take(self, obj: dict[str, Any], out: Parsed) -> None:
+        raise NotImplementedError
+
+
+class CodexEvents(_JsonLines):
     """``codex exec --json``: each ``item.*`` event as ACP updates."""
 
     def __init__(self) -> None:
         #: Tool items already announced with a ``tool_call``.
         self._started: set[str] = set()
 
-    def feed(self, line: str) -> Parsed:
-        obj = _load(line)
-        out = Parsed()
-        if obj is None:
-            return out
+    def take(self, obj: dict[str, Any], out: Parsed) -> None:
         kind = obj.get("type")
         if kind == "thread.started" and isinstance(obj.get("thread_id"), str):
             out.session_id = obj["thread_id"]
@@ -181,7 +191,6 @@ class CodexEvents:
         elif kind == "error":
             # A retried stream error: codex goes on (turn.failed ends it).
             out.updates = [thought_chunk(f"[codex] {obj.get('message') or 'error'}")]
-        return out
 
     def _item(self, item: dict[str, Any], done: bool) -> list[dict[str, Any]]:
         item_id = str(item.get("id") or "")
@@ -338,7 +347,7 @@ def _tool_use(block: dict[str, Any]) -> list[dict[str, Any]]:
     return updates
 
 
-class StreamJsonEvents:
+class StreamJsonEvents(_JsonLines):
     """
     ``--output-format stream-json`` (Claude Code, Qwen Code), with or
     without partial messages: a text or thinking block already streamed
@@ -353,16 +362,12 @@ class StreamJsonEvents:
         self._streamed: dict[tuple[str, str], deque[int]] = defaultdict(deque)
         self._tools: set[str] = set()
 
-    def feed(self, line: str) -> Parsed:
-        obj = _load(line)
-        out = Parsed()
-        if obj is None:
-            return out
+    def take(self, obj: dict[str, Any], out: Parsed) -> None:
         kind = obj.get("type")
         if obj.get("parent_tool_use_id"):
             # A subagent's own messages: its task shows as the parent's
             # tool call, and they are not the agent's answer.
-            return out
+            return
         if kind == "system":
             if obj.get("subtype") in ("init", "session_start") and isinstance(
                 obj.get("session_id"), str
@@ -378,7 +383,6 @@ class StreamJsonEvents:
             out.updates = self._tool_results(obj.get("message"))
         elif kind == "result":
             self._result(obj, out)
-        return out
 
     def _stream_event(self, event: dict[str, Any]) -> list[dict[str, Any]]:
         etype = event.get("type")

@@ -105,21 +105,27 @@ MISSING_AGENT = {
 }
 
 
-def fake_npm(test: Any, script: str) -> str:
+def on_path(test: Any, scripts: dict[str, str]) -> str:
     """
-    Put an ``npm`` running ``script`` (sh) first on ``PATH`` for ``test``;
-    the directory it is in.
+    Put executables running each script (sh) first on ``PATH`` for
+    ``test``, named by the keys; the directory they are in.
     """
     bin_dir = os.path.realpath(test.mktemp())
     os.makedirs(bin_dir)
-    npm = os.path.join(bin_dir, "npm")
-    with open(npm, "w") as f:
-        f.write(f"#!/bin/sh\n{script}\n")
-    os.chmod(npm, 0o755)
+    for name, script in scripts.items():
+        path = os.path.join(bin_dir, name)
+        with open(path, "w") as f:
+            f.write(f"#!/bin/sh\n{script}\n")
+        os.chmod(path, 0o755)
     old = os.environ.get("PATH", "")
     os.environ["PATH"] = bin_dir + os.pathsep + old
     test.addCleanup(os.environ.__setitem__, "PATH", old)
     return bin_dir
+
+
+def fake_npm(test: Any, script: str) -> str:
+    """Put an ``npm`` running ``script`` (sh) first on ``PATH`` for ``test``."""
+    return on_path(test, {"npm": script})
 
 
 class AgentsTestCase(DaemonTestCase):

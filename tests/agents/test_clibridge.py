@@ -20,7 +20,7 @@ from sandboxd.agents.clibridge import Session, codex_argv
 from sandboxd.agents.permissions import headless_access
 from sandboxd.agents.process import is_alive
 from sandboxd.testing import memory_context
-from tests.agents.test_agents import AgentsTestCase, agents_policy
+from tests.agents.test_agents import AgentsTestCase, agents_policy, on_path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAKE_CLI = os.path.join(HERE, "fake_cli.py")
@@ -28,17 +28,9 @@ FAKE_CLI = os.path.join(HERE, "fake_cli.py")
 
 def fake_clis(test: Any, names: tuple[str, ...] = ("codex", "qwen", "claude")) -> str:
     """Put fake headless CLIs first on ``PATH`` for ``test``; their directory."""
-    bin_dir = os.path.realpath(test.mktemp())
-    os.makedirs(bin_dir)
-    for name in names:
-        path = os.path.join(bin_dir, name)
-        with open(path, "w") as f:
-            f.write(f'#!/bin/sh\nexec {sys.executable} {FAKE_CLI} {name} "$@"\n')
-        os.chmod(path, 0o755)
-    old = os.environ.get("PATH", "")
-    os.environ["PATH"] = bin_dir + os.pathsep + old
-    test.addCleanup(os.environ.__setitem__, "PATH", old)
-    return bin_dir
+    return on_path(
+        test, {name: f'exec {sys.executable} {FAKE_CLI} {name} "$@"' for name in names}
+    )
 
 
 def runs(directory: str) -> list[dict[str, Any]]:
@@ -187,6 +179,9 @@ class HeadlessSessionTests(HeadlessTestCase):
         self.assertEqual(shown["codex"]["protocol"], "headless:codex")
         self.assertEqual(shown["codex"]["path"], os.path.join(self.bin_dir, "codex"))
         self.assertEqual(shown["fake"]["protocol"], "acp")
+        reply = yield self.request("GET", "/agents/catalog/qwen-code?probe=true")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["agent_info"]["name"], "qwen (headless)")
 
 
 class HeadlessNotInstalledTests(AgentsTestCase):
