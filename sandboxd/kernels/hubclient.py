@@ -36,8 +36,10 @@ from sandboxd.processes.run import spawn
 
 log = Logger(namespace="sandboxd.kernels")
 
-#: The hub's command line (a test puts a misbehaving hub here).
-HUB_COMMAND = [sys.executable, "-m", "sandboxd.kernels.hub"]
+#: The hub's command line (a test puts a misbehaving hub here).  ``-I``:
+#: the hub runs in the base directory, where callers write files, and
+#: ``-m`` alone would import a ``sandboxd`` package found there first.
+HUB_COMMAND = [sys.executable, "-I", "-m", "sandboxd.kernels.hub"]
 
 
 def attend(child: Child) -> None:

@@ -1248,3 +1248,22 @@ class RetentionTests(CodeTestCase):
         self.assertEqual(trims, [])
         clock.advance(6)
         self.assertEqual(trims, [0])
+
+
+class HubImportTests(CodeTestCase):
+    @inlineCallbacks
+    def test_files_in_the_base_dir_are_not_imported(self) -> Any:
+        """
+        The kernel hub runs in the base directory, where callers write files:
+        a ``sandboxd`` package written there is not what it imports.
+        """
+        planted = os.path.join(self.base_dir, "sandboxd")
+        os.makedirs(os.path.join(planted, "kernels"))
+        marker = os.path.join(self.base_dir, "planted-code-ran")
+        for name in ("__init__.py", "kernels/__init__.py", "kernels/hub.py"):
+            with open(os.path.join(planted, name), "w") as f:
+                f.write(f"open({marker!r}, 'w').close()\n")
+        context = yield self.context()
+        result = yield self.execute(context["id"], "1 + 1")
+        self.assertEqual(result["results"][0]["data"]["text/plain"], "2")
+        self.assertFalse(os.path.exists(marker))
