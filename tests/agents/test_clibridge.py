@@ -112,6 +112,21 @@ class HeadlessSessionTests(HeadlessTestCase):
         self.assertEqual(roles, ["user", "thought", "agent"])
 
     @inlineCallbacks
+    def test_claude_without_its_adapter(self) -> Any:
+        """
+        ``claude`` runs claude-agent-acp where installed; without it, ``claude
+        -p`` with stream-json output, in plan mode under the default policy.
+        """
+        sid = yield self.session("claude")
+        reply = yield self.prompt(sid, "echo from claude")
+        self.assertEqual(reply.json()["text"], "from claude", reply.body)
+        [run] = runs(self.base_dir)
+        self.assertEqual(run["cli"], "claude")
+        self.assertEqual(run["argv"][:3], ["-p", "--output-format", "stream-json"])
+        mode = run["argv"][run["argv"].index("--permission-mode") + 1]
+        self.assertEqual(mode, "plan")
+
+    @inlineCallbacks
     def test_failures(self) -> Any:
         """
         A turn the CLI reports failed, and a CLI that exits with an error,
