@@ -13,7 +13,8 @@ and speaks ACP to it on stdin and stdout; each ``session/prompt`` starts
 the CLI in the session's directory, in a session of its own, reads its
 lines through :mod:`sandboxd.agents.cliparsers` and sends what they say as
 ``session/update`` notifications; a ``session/cancel`` ends the CLI's
-process group.  The next turn resumes the CLI's own session.
+process group.  The next turn resumes the CLI's own session, and so does
+one after a daemon restart (``session/load``).
 
 A headless CLI asks nobody before it acts, so ``--access`` (chosen by the
 daemon from the policy's ``permission_mode``) is the CLI's own sandbox or
@@ -29,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import sys
 import uuid
@@ -55,6 +57,7 @@ OUTPUT_GRACE_SECONDS = 2.0
 #: What of the CLI's stderr a failed turn's error quotes.
 STDERR_TAIL_BYTES = 2000
 
+RESOURCE_NOT_FOUND = -32002
 INVALID_PARAMS = -32602
 METHOD_NOT_FOUND = -32601
 INTERNAL_ERROR = -32603
@@ -264,6 +267,70 @@ class _CLIProtocol(asyncio.subprocess.SubprocessStreamProtocol):
             self.exited.set_result(None)
 
 
+class Pointers:
+    """
+    Which CLI session each of the bridge's sessions resumes, kept as one
+    small file per session in ``directory`` (under the user's home, beside
+    the CLIs' own sessions), so that a bridge started after a daemon
+    restart can load it.  What cannot be written is not kept: the session
+    then starts afresh after a restart.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def _path(self, session_id: Any) -> str | None:
+        if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
+            return None
+        return os.path.join(self.directory, session_id)
+
+    def write(self, session_id: str, resume: str) -> None:
+        path = self._path(session_id)
+        if path is None:
+            return
+        try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            temporary = f"{path}.{os.getpid()}"
+            with open(temporary, "w", encoding="utf-8") as f:
+                f.write(resume)
+            os.replace(temporary, path)
+            self._prune()
+        except OSError as e:
+            sys.stderr.write(f"sandboxd bridge: cannot keep the session: {e}\n")
+
+    def _prune(self) -> None:
+        """The oldest pointers go beyond :data:`MAX_POINTERS`."""
+        with os.scandir(self.directory) as found:
+            entries = [e for e in found if _SESSION_ID.fullmatch(e.name)]
+        if len(entries) <= MAX_POINTERS:
+            return
+        entries.sort(key=lambda e: e.stat().st_mtime)
+        for entry in entries[: len(entries) - MAX_POINTERS]:
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                pass
+
+    def read(self, session_id: Any) -> str | None:
+        path = self._path(session_id)
+        if path is None:
+            return None
+        try:
+            with open(path, encoding="utf-8") as f:
+                resume = f.read(4096).strip()
+        except OSError:
+            return None
+        return resume or None
+
+
+#: What the bridge's session ids look like (the pointers' file names).
+_SESSION_ID = re.compile(r"cli_[0-9a-f]{32}")
+
+#: Where :class:`Pointers` keeps them, below the user's home, and how many.
+POINTERS = os.path.join(".cache", "sandboxd", "cli-sessions")
+MAX_POINTERS = 1000
+
+
 class Bridge:
     """The ACP side: requests from the daemon, updates back."""
 
@@ -276,6 +343,7 @@ class Bridge:
         self.write = write
         self.sessions: dict[str, Session] = {}
         self.tasks: set[asyncio.Task[None]] = set()
+        self.pointers = Pointers(os.path.join(os.path.expanduser("~"), POINTERS))
 
     # -- the wire --------------------------------------------------------------
 
@@ -328,7 +396,7 @@ class Bridge:
         return {
             "protocolVersion": 1,
             "agentCapabilities": {
-                "loadSession": False,
+                "loadSession": True,
                 "promptCapabilities": {
                     "image": False,
                     "audio": False,
@@ -343,7 +411,8 @@ class Bridge:
             "authMethods": [],
         }
 
-    async def do_session_new(self, params: dict[str, Any]) -> dict[str, Any]:
+    def _opened(self, session_id: str, params: dict[str, Any]) -> Session:
+        """A session of ``params``' directory and MCP servers, kept as ``session_id``."""
         cwd = params.get("cwd")
         if not isinstance(cwd, str) or not os.path.isabs(cwd):
             raise RpcFailure(INVALID_PARAMS, "cwd must be an absolute path")
@@ -352,11 +421,28 @@ class Bridge:
             isinstance(s, dict) for s in servers
         ):
             raise RpcFailure(INVALID_PARAMS, "mcpServers must be a list of objects")
-        session = Session("cli_" + uuid.uuid4().hex, cwd, servers)
+        session = Session(session_id, cwd, servers)
         # Refused here, not at the first prompt, if the CLI cannot take them.
         invocation(self.cli, self.program, self.access, session, "")
         self.sessions[session.session_id] = session
+        return session
+
+    async def do_session_new(self, params: dict[str, Any]) -> dict[str, Any]:
+        session = self._opened("cli_" + uuid.uuid4().hex, params)
         return {"sessionId": session.session_id}
+
+    async def do_session_load(self, params: dict[str, Any]) -> dict[str, Any]:
+        """
+        A session of an earlier bridge (the daemon restarted): its next turn
+        resumes the CLI's own session.  Nothing is replayed; the daemon kept
+        the conversation as it was.
+        """
+        session_id = params.get("sessionId")
+        resume = self.pointers.read(session_id)
+        if resume is None:
+            raise RpcFailure(RESOURCE_NOT_FOUND, f"no session {session_id!r} to load")
+        self._opened(str(session_id), params).resume = resume
+        return {}
 
     def _session(self, params: dict[str, Any]) -> Session:
         session = self.sessions.get(params.get("sessionId"))  # type: ignore[arg-type]
@@ -470,8 +556,9 @@ class Bridge:
             self._take(session, turn, reader.feed(line.decode("utf-8", "replace")))
 
     def _take(self, session: Session, turn: Turn, parsed: Parsed) -> None:
-        if parsed.session_id:
+        if parsed.session_id and parsed.session_id != session.resume:
             session.resume = parsed.session_id
+            self.pointers.write(session.session_id, parsed.session_id)
         if parsed.usage is not None:
             turn.usage = parsed.usage
         if parsed.outcome is not None:

@@ -27,7 +27,17 @@ FAKE_CLI = os.path.join(HERE, "fake_cli.py")
 
 
 def fake_clis(test: Any, names: tuple[str, ...] = ("codex", "qwen", "claude")) -> str:
-    """Put fake headless CLIs first on ``PATH`` for ``test``; their directory."""
+    """
+    Put fake headless CLIs first on ``PATH`` for ``test``, and give it a
+    ``HOME`` of its own (the bridge keeps its sessions there); their directory.
+    """
+    home = os.path.realpath(test.mktemp())
+    os.makedirs(home)
+    old = os.environ.get("HOME")
+    os.environ["HOME"] = home
+    test.addCleanup(
+        lambda: os.environ.pop("HOME") if old is None else os.environ.update(HOME=old)
+    )
     return on_path(
         test, {name: f'exec {sys.executable} {FAKE_CLI} {name} "$@"' for name in names}
     )
@@ -331,3 +341,25 @@ class PolicyEntryTests(HeadlessTestCase):
             ApiError, policy_entry, "x", {"command": ["x"], "headless": "cursor"}
         )
         self.assertIn("headless must be one of codex, qwen, claude", error.message)
+
+
+class PointerTests(SynchronousTestCase):
+    """Which CLI session a bridge session resumes, kept on disk."""
+
+    def test_kept_bounded_and_refused_names(self) -> None:
+        from sandboxd.agents import clibridge
+
+        self.patch(clibridge, "MAX_POINTERS", 3)
+        directory = os.path.join(os.path.realpath(self.mktemp()), "pointers")
+        pointers = clibridge.Pointers(directory)
+        ids = [f"cli_{i:032x}" for i in range(5)]
+        for n, session_id in enumerate(ids):
+            pointers.write(session_id, f"native-{n}")
+            os.utime(os.path.join(directory, session_id), (n, n))
+        self.assertEqual(sorted(os.listdir(directory)), ids[2:])
+        self.assertEqual(pointers.read(ids[4]), "native-4")
+        self.assertIsNone(pointers.read(ids[0]))
+        self.assertEqual(oct(os.stat(directory).st_mode & 0o777), "0o700")
+        pointers.write("../escape", "x")
+        self.assertIsNone(pointers.read("../escape"))
+        self.assertFalse(os.path.exists(os.path.join(directory, "..", "escape")))

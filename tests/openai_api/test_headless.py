@@ -13,6 +13,7 @@ from twisted.internet.defer import inlineCallbacks
 
 from tests.agents.test_clibridge import fake_clis, runs
 from tests.openai_api.sdk import OpenAICase
+from tests.openai_api.test_restart import RestartCase
 
 
 class HeadlessRuntimeTests(OpenAICase):
@@ -183,3 +184,38 @@ class HeadlessRuntimeTests(OpenAICase):
         self.assertEqual(command.output, "out\n")
         self.assertEqual(command.exit_code, 3)
         self.assertEqual(command.status, "failed")
+
+
+class HeadlessRestartTests(RestartCase):
+    """A headless CLI's session after the daemon restarted."""
+
+    def setUp(self) -> Any:
+        fake_clis(self)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_next_turn_resumes_the_cli_session(self) -> Any:
+        """The first turn after a restart resumes the CLI's session of before."""
+        client = self.client()
+        sessions = client.beta.agents.sessions
+
+        def before() -> Any:
+            session = sessions.create(**self.session_body(agent={"model": "codex"}))
+            with sessions.stream(session.id, input="echo first") as stream:
+                list(stream)
+            return session
+
+        session = yield self.sdk(before)
+        yield self.restart()
+        again = self.client().beta.agents.sessions
+
+        def after() -> Any:
+            with again.stream(session.id, input="echo second") as stream:
+                list(stream)
+            return [i.output_text for i in again.items.list(session.id, order="asc")]
+
+        texts = yield self.sdk(after)
+        self.assertEqual(texts, ["first", "second"])
+        first, second = runs(self.base_dir)
+        self.assertNotIn("resume", first["argv"])
+        self.assertEqual(second["argv"][1:3], ["resume", "th_fake_1"])
