@@ -7,7 +7,7 @@ agent-sandbox-server runs them.
 
 The daemon starts it like any ACP agent::
 
-    python -I -m sandboxd.agents.clibridge --cli codex --access read_only -- /usr/bin/codex
+    python -I -m sandboxd.agents.clibridge --cli codex --access read_only /usr/bin/codex
 
 and speaks ACP to it on stdin and stdout; each ``session/prompt`` starts
 the CLI in the session's directory, in a session of its own, reads its
@@ -173,7 +173,7 @@ def codex_argv(program: str, access: str, session: Session) -> list[str]:
         argv += ["resume", session.resume]
     argv += ["--json", "--skip-git-repo-check"]
     if session.model:
-        argv += ["-m", session.model]
+        argv.append(f"--model={session.model}")
     argv += [
         "-c",
         f"sandbox_mode={toml_string(_CODEX_SANDBOX[access])}",
@@ -194,13 +194,14 @@ _QWEN_APPROVAL = {
 def qwen_argv(program: str, access: str, session: Session) -> list[str]:
     """
     ``qwen --output-format stream-json …``: the prompt comes on stdin (as an
-    argument, one starting with a dash would be read as an option).
+    argument, one starting with a dash would be read as an option; values
+    are joined to their option with ``=`` for the same reason).
     """
     argv = [program, "--output-format", "stream-json", "--include-partial-messages"]
     if session.resume:
-        argv += ["--resume", session.resume]
+        argv.append(f"--resume={session.resume}")
     if session.model:
-        argv += ["--model", session.model]
+        argv.append(f"--model={session.model}")
     return argv + _QWEN_APPROVAL[access]
 
 
@@ -224,9 +225,9 @@ def claude_argv(program: str, access: str, session: Session) -> list[str]:
         _CLAUDE_PERMISSIONS[access],
     ]
     if session.resume:
-        argv += ["--resume", session.resume]
+        argv.append(f"--resume={session.resume}")
     if session.model:
-        argv += ["--model", session.model]
+        argv.append(f"--model={session.model}")
     return argv
 
 
@@ -322,6 +323,10 @@ class Pointers:
             return None
         return resume or None
 
+
+#: A CLI's own session id the bridge passes back to it: what codex's,
+#: Qwen Code's and Claude Code's look like (UUIDs), never an option.
+_NATIVE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
 #: What the bridge's session ids look like (the pointers' file names).
 _SESSION_ID = re.compile(r"cli_[0-9a-f]{32}")
@@ -441,6 +446,8 @@ class Bridge:
         resume = self.pointers.read(session_id)
         if resume is None:
             raise RpcFailure(RESOURCE_NOT_FOUND, f"no session {session_id!r} to load")
+        if not _NATIVE_ID.fullmatch(resume):
+            raise RpcFailure(RESOURCE_NOT_FOUND, f"no session {session_id!r} to load")
         self._opened(str(session_id), params).resume = resume
         return {}
 
@@ -556,7 +563,11 @@ class Bridge:
             self._take(session, turn, reader.feed(line.decode("utf-8", "replace")))
 
     def _take(self, session: Session, turn: Turn, parsed: Parsed) -> None:
-        if parsed.session_id and parsed.session_id != session.resume:
+        if (
+            parsed.session_id
+            and parsed.session_id != session.resume
+            and _NATIVE_ID.fullmatch(parsed.session_id)
+        ):
             session.resume = parsed.session_id
             self.pointers.write(session.session_id, parsed.session_id)
         if parsed.usage is not None:

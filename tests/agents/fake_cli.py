@@ -32,7 +32,13 @@ def emit(obj: dict[str, Any]) -> None:
 
 
 def value_after(argv: list[str], flag: str) -> str | None:
-    return argv[argv.index(flag) + 1] if flag in argv else None
+    """An option's value, given as ``FLAG VALUE`` or ``FLAG=VALUE``."""
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg[len(flag) + 1 :]
+    return None
 
 
 def codex(argv: list[str], prompt: str) -> int:

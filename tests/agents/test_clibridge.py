@@ -90,11 +90,8 @@ class HeadlessSessionTests(HeadlessTestCase):
         first, second = runs(self.base_dir)
         self.assertEqual(first["cli"], "qwen")
         self.assertEqual(first["prompt"], "echo hello there world")
-        self.assertNotIn("--resume", first["argv"])
-        self.assertIn("--resume", second["argv"])
-        self.assertEqual(
-            second["argv"][second["argv"].index("--resume") + 1], "sess_fake_1"
-        )
+        self.assertFalse([a for a in first["argv"] if a.startswith("--resume")])
+        self.assertIn("--resume=sess_fake_1", second["argv"])
         # The default policy asks before edits: the CLI may only plan.
         self.assertEqual(
             first["argv"][first["argv"].index("--approval-mode") + 1], "plan"
@@ -284,7 +281,7 @@ class ArgvTests(SynchronousTestCase):
         )
         argv = codex_argv("/bin/codex", "workspace_write", session)
         self.assertEqual(argv[:4], ["/bin/codex", "exec", "resume", "th_9"])
-        self.assertEqual(argv[argv.index("-m") + 1], "gpt-x")
+        self.assertIn("--model=gpt-x", argv)
         self.assertIn('mcp_servers."my tools".url="http://127.0.0.1:9/mcp"', argv)
         self.assertIn('sandbox_mode="workspace-write"', argv)
 
@@ -303,6 +300,30 @@ class ArgvTests(SynchronousTestCase):
             ],
         )
         self.assertRaises(RpcFailure, codex_argv, "/bin/codex", "read_only", session)
+
+    def test_values_stay_values(self) -> None:
+        """A model or a session id like an option is given as a value."""
+        from sandboxd.agents.clibridge import CLIS, invocation
+
+        session = Session("s", "/w", [], model="--yolo", resume="abc-1")
+        for cli in CLIS:
+            argv, _ = invocation(cli, "/bin/x", "read_only", session, "hi")
+            self.assertIn("--model=--yolo", argv)
+            self.assertNotIn("--yolo", argv)
+
+    def test_only_plain_session_ids_are_resumed(self) -> None:
+        """A CLI session id that could be read as an option is not passed back."""
+        from sandboxd.agents.clibridge import Bridge, Turn
+        from sandboxd.agents.cliparsers import Parsed
+
+        bridge = Bridge("codex", "/bin/codex", "read_only", lambda data: None)
+        bridge.pointers.directory = os.path.realpath(self.mktemp())
+        session = Session("cli_" + "0" * 32, "/w", [])
+        bridge._take(session, Turn(), Parsed(session_id="--yolo"))
+        self.assertIsNone(session.resume)
+        bridge._take(session, Turn(), Parsed(session_id="019a-thread"))
+        self.assertEqual(session.resume, "019a-thread")
+        self.assertEqual(bridge.pointers.read(session.session_id), "019a-thread")
 
     def test_prompt_on_stdin(self) -> None:
         """Every CLI takes the prompt on stdin: one like an option stays a prompt."""
