@@ -104,13 +104,6 @@ def toml_string(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def toml_key(name: str) -> str:
-    """A dotted-key part: bare when it may be, quoted otherwise."""
-    if name and all(c.isascii() and (c.isalnum() or c in "-_") for c in name):
-        return name
-    return toml_string(name)
-
-
 def prompt_text(blocks: Any) -> str:
     """An ACP prompt as the one text a CLI takes."""
     parts: list[str] = []
@@ -131,20 +124,27 @@ def prompt_text(blocks: Any) -> str:
     return "\n\n".join(parts)
 
 
+_MCP_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
 def _codex_mcp(servers: list[dict[str, Any]]) -> list[str]:
     """``-c`` overrides naming the session's MCP servers for codex."""
     args: list[str] = []
     for server in servers:
         name = server.get("name")
-        if not isinstance(name, str) or not name:
-            raise RpcFailure(INVALID_PARAMS, "an MCP server needs a name")
+        if not isinstance(name, str) or not _MCP_NAME.fullmatch(name):
+            # The name is part of a -c key: nothing there may end or quote it.
+            raise RpcFailure(
+                INVALID_PARAMS,
+                f"MCP server name {name!r}: letters, digits, - and _ only for codex",
+            )
         if server.get("headers") or server.get("env"):
             raise RpcFailure(
                 INVALID_PARAMS,
                 f"MCP server {name!r}: a headless CLI is not handed headers or "
                 "environment variables (they would show in its command line)",
             )
-        base = f"mcp_servers.{toml_key(name)}"
+        base = f"mcp_servers.{name}"
         if isinstance(server.get("url"), str):
             args += ["-c", f"{base}.url={toml_string(server['url'])}"]
         elif isinstance(server.get("command"), str):

@@ -275,15 +275,24 @@ class ArgvTests(SynchronousTestCase):
         session = Session(
             "s",
             "/w",
-            [{"name": "my tools", "url": "http://127.0.0.1:9/mcp"}],
+            [{"name": "my_tools", "url": "http://127.0.0.1:9/mcp"}],
             model="gpt-x",
             resume="th_9",
         )
         argv = codex_argv("/bin/codex", "workspace_write", session)
         self.assertEqual(argv[:4], ["/bin/codex", "exec", "resume", "th_9"])
         self.assertIn("--model=gpt-x", argv)
-        self.assertIn('mcp_servers."my tools".url="http://127.0.0.1:9/mcp"', argv)
+        self.assertIn('mcp_servers.my_tools.url="http://127.0.0.1:9/mcp"', argv)
         self.assertIn('sandbox_mode="workspace-write"', argv)
+
+    def test_mcp_name_refused(self) -> None:
+        from sandboxd.agents.clibridge import RpcFailure
+
+        for name in ("a=b", 'x".url', "", "a b"):
+            session = Session("s", "/w", [{"name": name, "url": "http://x/"}])
+            self.assertRaises(
+                RpcFailure, codex_argv, "/bin/codex", "read_only", session
+            )
 
     def test_mcp_headers_refused(self) -> None:
         from sandboxd.agents.clibridge import RpcFailure
