@@ -57,6 +57,10 @@ OUTPUT_GRACE_SECONDS = 2.0
 #: What of the CLI's stderr a failed turn's error quotes.
 STDERR_TAIL_BYTES = 2000
 
+#: codex's reasoning efforts, and the option that sets one.
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+EFFORT_OPTION = "reasoning_effort"
+
 RESOURCE_NOT_FOUND = -32002
 INVALID_PARAMS = -32602
 METHOD_NOT_FOUND = -32601
@@ -80,6 +84,8 @@ class Session:
     cwd: str
     mcp_servers: list[dict[str, Any]]
     model: str | None = None
+    #: codex's reasoning effort (None: its configured one).
+    effort: str | None = None
     #: The CLI's session (codex's thread), once its first turn named it.
     resume: str | None = None
     #: The running CLI: its pid, and when it exits.
@@ -180,6 +186,8 @@ def codex_argv(program: str, access: str, session: Session) -> list[str]:
         "-c",
         'approval_policy="never"',
     ]
+    if session.effort:
+        argv += ["-c", f"model_reasoning_effort={toml_string(session.effort)}"]
     argv += _codex_mcp(session.mcp_servers)
     return [*argv, "-"]
 
@@ -432,9 +440,39 @@ class Bridge:
         self.sessions[session.session_id] = session
         return session
 
+    def _config_options(self, session: Session) -> list[dict[str, Any]]:
+        """What the session can be set to: codex's reasoning effort."""
+        if self.cli != "codex":
+            return []
+        return [
+            {
+                "id": EFFORT_OPTION,
+                "name": "Reasoning effort",
+                "category": "thought_level",
+                "type": "select",
+                "currentValue": session.effort or "default",
+                "options": [{"value": v, "name": v} for v in ("default", *EFFORTS)],
+            }
+        ]
+
     async def do_session_new(self, params: dict[str, Any]) -> dict[str, Any]:
         session = self._opened("cli_" + uuid.uuid4().hex, params)
-        return {"sessionId": session.session_id}
+        return {
+            "sessionId": session.session_id,
+            "configOptions": self._config_options(session),
+        }
+
+    async def do_session_set_config_option(
+        self, params: dict[str, Any]
+    ) -> dict[str, Any]:
+        session = self._session(params)
+        value = params.get("value")
+        if not self._config_options(session) or params.get("configId") != EFFORT_OPTION:
+            raise RpcFailure(INVALID_PARAMS, f"no option {params.get('configId')!r}")
+        if value not in ("default", *EFFORTS):
+            raise RpcFailure(INVALID_PARAMS, f"no reasoning effort {value!r}")
+        session.effort = None if value == "default" else str(value)
+        return {"configOptions": self._config_options(session)}
 
     async def do_session_load(self, params: dict[str, Any]) -> dict[str, Any]:
         """
@@ -448,8 +486,9 @@ class Bridge:
             raise RpcFailure(RESOURCE_NOT_FOUND, f"no session {session_id!r} to load")
         if not _NATIVE_ID.fullmatch(resume):
             raise RpcFailure(RESOURCE_NOT_FOUND, f"no session {session_id!r} to load")
-        self._opened(str(session_id), params).resume = resume
-        return {}
+        session = self._opened(str(session_id), params)
+        session.resume = resume
+        return {"configOptions": self._config_options(session)}
 
     def _session(self, params: dict[str, Any]) -> Session:
         session = self.sessions.get(params.get("sessionId"))  # type: ignore[arg-type]

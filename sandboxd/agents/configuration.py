@@ -53,12 +53,19 @@ class Configuration:
     async def configure(
         self, body: dict[str, Any], rule: EffectiveRule
     ) -> dict[str, Any]:
-        """``mode``, ``model``, ``config`` and ``title``, in that order."""
+        """
+        ``mode``, ``model``, ``config``, ``thought_level`` (the value of the
+        agent's option of that category: a reasoning effort) and ``title``,
+        in that order.
+        """
         s = self.session
         mode = body.get("mode")
         model = body.get("model")
         config = body.get("config")
         title = body.get("title")
+        thought_level = body.get("thought_level")
+        if thought_level is not None and not isinstance(thought_level, str):
+            raise bad_request("'thought_level' must be a string")
         check_mode(mode, rule)
         if config is not None and not isinstance(config, dict):
             raise bad_request("'config' must be an object of option id: value")
@@ -121,6 +128,8 @@ class Configuration:
                         }
             for config_id, value in (config or {}).items():
                 await self._set_option(config_id, value)
+            if thought_level is not None:
+                await self._set_option(self._thought_level_option(), thought_level)
         except RpcError as e:
             raise agent_refused("the change", e) from None
         except ConnectionLost:
@@ -134,6 +143,16 @@ class Configuration:
             "models": s.models,
             "title": s.title,
         }
+
+    def _thought_level_option(self) -> Any:
+        """The id of the agent's thought-level option (its reasoning effort)."""
+        for option in self.session.config_options or []:
+            if isinstance(option, dict) and option.get("category") == "thought_level":
+                return option.get("id")
+        raise bad_request(
+            f"the agent {self.session.entry.id!r} has no reasoning effort setting",
+            param="reasoning.effort",
+        )
 
     async def _set_option(self, config_id: Any, value: Any) -> None:
         s = self.session

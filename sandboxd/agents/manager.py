@@ -252,12 +252,11 @@ class AgentManager(Service):
             self.sessions.pop(session.session_id, None)
             raise agent_unavailable(f"cannot start the agent: {e.strerror}") from None
         await session.handshake.run(body, load)
-        if load is None and any(
-            body.get(k) is not None for k in ("mode", "model", "config")
-        ):
+        settings = ("mode", "model", "config", "thought_level")
+        if any(body.get(k) is not None for k in settings):
             try:
                 await session.configuration.configure(
-                    {k: body.get(k) for k in ("mode", "model", "config")}, rule
+                    {k: body.get(k) for k in settings}, rule
                 )
             except ApiError:
                 await self._withdraw(session, "configure_failed")

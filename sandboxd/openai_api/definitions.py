@@ -20,7 +20,7 @@ from sandboxd.api.schema import schema_for
 from sandboxd.errors import bad_request, not_found
 from sandboxd.openai_api import runtimes
 from sandboxd.openai_api.face import new_id
-from sandboxd.openai_api.inputs import metadata, refuse_multi_agent
+from sandboxd.openai_api.inputs import metadata, reasoning_effort, refuse_multi_agent
 from sandboxd.openai_api.registry import door, page, restored_first
 from sandboxd.openai_api.stores import owned, room_for_one
 from sandboxd.openai_api.tools import describe_tools, parse_tools
@@ -72,8 +72,8 @@ def _checked(
             raise bad_request(
                 f"{key}: the agent of a definition cannot change", param=key
             )
-    # reasoning, text and service_tier are taken and not used: a wrong
-    # type is refused all the same, as OpenAI refuses it.
+    # text and service_tier are taken and not used: a wrong type is
+    # refused all the same, as OpenAI refuses it.
     declared_types(body, schema_for("agents_definitions_create").body, name_param=True)
     refuse_multi_agent(body.get("multi_agent"), "multi_agent")
     out: dict[str, Any] = {}
@@ -96,6 +96,8 @@ def _checked(
         out["metadata"] = metadata(body["metadata"])
     if "tools" in body:
         out["tools"] = parse_tools(body["tools"])
+    if "reasoning" in body:
+        out["reasoning_effort"] = reasoning_effort(body["reasoning"], "reasoning")
     return out
 
 
@@ -111,7 +113,7 @@ def describe(record: dict[str, Any]) -> dict[str, Any]:
         "instructions": record.get("instructions"),
         "metadata": record.get("metadata") or {},
         "multi_agent": {"enabled": False},
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": {"effort": record.get("reasoning_effort"), "summary": None},
         "service_tier": "default",
         "text": {"format": {"type": "text"}, "verbosity": "medium"},
         "tools": describe_tools(record.get("tools") or []),
@@ -142,6 +144,7 @@ def session_agent(record: dict[str, Any]) -> dict[str, Any]:
         "name": record.get("name"),
         "instructions": record.get("instructions"),
         "tools": list(record.get("tools") or []),
+        "reasoning_effort": record.get("reasoning_effort"),
     }
 
 

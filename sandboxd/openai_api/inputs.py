@@ -90,3 +90,34 @@ def refuse_multi_agent(value: Any, where: str) -> None:
         raise bad_request(f"{where} must be an object", param=where)
     if value.get("enabled"):
         raise bad_request(f"{where}: subagents are not supported", param=where)
+
+
+#: OpenAI's reasoning efforts, as agent-sandbox-server takes them.
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def reasoning_effort(value: Any, where: str) -> str | None:
+    """
+    The effort of a ``reasoning`` object, for the agent's thought-level
+    setting (None: the agent's own).  A summary cannot be asked of an agent.
+
+    :raises ApiError: 400 naming ``where`` for anything else.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise bad_request(f"{where}: expected an object", param=where)
+    if value.get("summary") is not None:
+        raise bad_request(
+            f"{where}.summary: summaries cannot be requested from an agent",
+            param=f"{where}.summary",
+        )
+    effort = value.get("effort")
+    if effort is None:
+        return None
+    if effort not in REASONING_EFFORTS:
+        raise bad_request(
+            f"{where}.effort: must be {'|'.join(REASONING_EFFORTS)}",
+            param=f"{where}.effort",
+        )
+    return str(effort)

@@ -35,7 +35,12 @@ from sandboxd.errors import bad_request, not_found
 from sandboxd.eventlog import Event, json_size
 from sandboxd.openai_api import definitions, runtimes
 from sandboxd.openai_api.face import SessionFace, WireTurn, new_id
-from sandboxd.openai_api.inputs import known_keys, message_text, metadata
+from sandboxd.openai_api.inputs import (
+    known_keys,
+    message_text,
+    metadata,
+    reasoning_effort,
+)
 from sandboxd.openai_api.registry import (
     Registry,
     door,
@@ -600,10 +605,14 @@ def _agent(request: ServerRequest, body: dict[str, Any]) -> dict[str, Any]:
     as :func:`.runtimes.select` says), as a session's agent.
     """
     model = str(body["model"])
+    effort = reasoning_effort(body.get("reasoning"), "reasoning")
     if model.startswith("agent_"):
-        return definitions.session_agent(
+        agent = definitions.session_agent(
             definitions.find(request, model, param="model")
         )
+        if effort is not None:
+            agent["reasoning_effort"] = effort
+        return agent
     runtime, passed = runtimes.select(request, body, model=model)
     catalog.find(request.context, request.rule, runtime)
     return {
@@ -613,6 +622,7 @@ def _agent(request: ServerRequest, body: dict[str, Any]) -> dict[str, Any]:
         "pass_model": passed,
         "name": None,
         "instructions": None,
+        "reasoning_effort": effort,
     }
 
 

@@ -39,6 +39,7 @@ from sandboxd.openai_api.inputs import (
     known_keys,
     message_text,
     metadata,
+    reasoning_effort,
     refuse_multi_agent,
 )
 from sandboxd.openai_api.registry import (
@@ -146,6 +147,10 @@ def _agent_spec(request: ServerRequest, body: dict[str, Any]) -> dict[str, Any]:
             if value is not None and not isinstance(value, str):
                 raise bad_request(f"agent.{key} must be a string", param=f"agent.{key}")
             spec[key] = value
+    if "reasoning" in agent:
+        spec["reasoning_effort"] = reasoning_effort(
+            agent["reasoning"], "agent.reasoning"
+        )
     spec.setdefault("name", None)
     spec.setdefault("instructions", None)
     spec.setdefault("tools", [])
@@ -243,6 +248,8 @@ async def open_session(
     engine_body: dict[str, Any] = {"agent": agent["runtime"]}
     if agent.get("pass_model"):
         engine_body["model"] = agent["pass_model"]
+    if agent.get("reasoning_effort"):
+        engine_body["thought_level"] = agent["reasoning_effort"]
     if cwd:
         engine_body["cwd"] = cwd
     if variables:
@@ -291,6 +298,8 @@ async def revive(request: ServerRequest, face: SessionFace) -> None:
         }
         if face.agent.get("pass_model"):
             engine_body["model"] = face.agent["pass_model"]
+        if face.agent.get("reasoning_effort"):
+            engine_body["thought_level"] = face.agent["reasoning_effort"]
         if face.agent.get("name"):
             engine_body["title"] = face.agent["name"]
         kept_env = door(request).environments.get(face.environment.get("id") or "")

@@ -134,6 +134,33 @@ class HeadlessSessionTests(HeadlessTestCase):
         self.assertEqual(mode, "plan")
 
     @inlineCallbacks
+    def test_thought_level(self) -> Any:
+        """
+        codex's reasoning effort is its thought-level option: set at create
+        and changed later, each turn runs with the latest; an agent without
+        one refuses it (400), and nothing is left running.
+        """
+        sid = yield self.session("codex", thought_level="medium")
+        yield self.prompt(sid, "echo one")
+        reply = yield self.request(
+            "POST", f"/agents/sessions/{sid}/config", {"thought_level": "low"}
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        [option] = reply.json()["config_options"]
+        self.assertEqual(
+            (option["category"], option["currentValue"]), ("thought_level", "low")
+        )
+        yield self.prompt(sid, "echo two")
+        one, two = runs(self.base_dir)
+        self.assertIn('model_reasoning_effort="medium"', one["argv"])
+        self.assertIn('model_reasoning_effort="low"', two["argv"])
+        reply = yield self.create("qwen-code", thought_level="high")
+        self.assertEqual(reply.status, 400, reply.body)
+        self.assertIn("no reasoning effort setting", reply.json()["error"])
+        reply = yield self.request("GET", "/agents/sessions")
+        self.assertEqual([s["agent"] for s in reply.json()["sessions"]], ["codex"])
+
+    @inlineCallbacks
     def test_failures(self) -> Any:
         """
         A turn the CLI reports failed, and a CLI that exits with an error,

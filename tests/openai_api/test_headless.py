@@ -12,7 +12,7 @@ from typing import Any
 from twisted.internet.defer import inlineCallbacks
 
 from tests.agents.test_clibridge import fake_clis, runs
-from tests.openai_api.sdk import OpenAICase
+from tests.openai_api.sdk import OpenAICase, caught
 from tests.openai_api.test_restart import RestartCase
 
 
@@ -219,3 +219,80 @@ class HeadlessRestartTests(RestartCase):
         first, second = runs(self.base_dir)
         self.assertNotIn("resume", first["argv"])
         self.assertEqual(second["argv"][1:3], ["resume", "th_fake_1"])
+
+
+class ReasoningEffortTests(OpenAICase):
+    """``reasoning.effort`` reaches an agent with a thought-level setting."""
+
+    def setUp(self) -> Any:
+        fake_clis(self)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_effort_reaches_codex(self) -> Any:
+        """
+        A definition's effort is codex's ``model_reasoning_effort`` in its
+        sessions; a response's own effort too.
+        """
+        client = self.client()
+        sessions = client.beta.agents.sessions
+        environment = {"type": "self_hosted", "workspace_directory": self.base_dir}
+
+        def run() -> Any:
+            made = client.beta.agents.create(
+                model="codex", reasoning={"effort": "high"}
+            )
+            session = sessions.create(agent_id=made.id, environment=environment)
+            with sessions.stream(session.id, input="echo thought") as stream:
+                list(stream)
+            response = client.responses.create(
+                model="codex", input="echo quick", reasoning={"effort": "low"}
+            )
+            return made, response
+
+        made, response = yield self.sdk(run)
+        self.assertEqual(made.reasoning.effort, "high")
+        self.assertEqual(response.output_text, "quick")
+        first, second = runs(self.base_dir)
+        self.assertIn('model_reasoning_effort="high"', first["argv"])
+        self.assertIn('model_reasoning_effort="low"', second["argv"])
+
+    @inlineCallbacks
+    def test_refused_where_it_cannot_apply(self) -> Any:
+        """
+        An effort for an agent without the setting, a summary, an effort
+        OpenAI does not name: 400 naming the field, and no agent left running.
+        """
+        client = self.client()
+        sessions = client.beta.agents.sessions
+
+        def run() -> Any:
+            body = self.session_body(
+                agent={"model": "qwen", "reasoning": {"effort": "high"}}
+            )
+            no_setting = caught(lambda: sessions.create(**body))
+            summary = caught(
+                lambda: client.beta.agents.create(
+                    model="codex", reasoning={"summary": "auto"}
+                )
+            )
+            unknown = caught(
+                lambda: client.beta.agents.create(
+                    model="codex", reasoning={"effort": "maximal"}
+                )
+            )
+            kept = sessions.create(**self.session_body(agent={"model": "codex"}))
+            return no_setting, summary, unknown, list(sessions.list()), kept
+
+        no_setting, summary, unknown, listed, kept = yield self.sdk(run)
+        self.assertEqual(no_setting.status_code, 400)
+        self.assertIn("no reasoning effort setting", no_setting.message)
+        self.assertEqual(summary.status_code, 400)
+        self.assertEqual(summary.body["param"], "reasoning.summary")
+        self.assertEqual(unknown.status_code, 400)
+        self.assertEqual(unknown.body["param"], "reasoning.effort")
+        self.assertEqual([s.id for s in listed], [kept.id])
+        # Only the kept session's agent runs in the engine.
+        reply = yield self.request("GET", "/agents/sessions", token="r-token")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual([s["agent"] for s in reply.json()["sessions"]], ["codex"])

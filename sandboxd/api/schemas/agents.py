@@ -97,6 +97,7 @@ SCHEMAS: dict[str, Schema] = {
             F("mode"),
             F("model"),
             F("config", "object"),
+            F("thought_level", doc="its thought_level option's value"),
             F("title"),
             F("env", "object"),
             F("user", "any"),
@@ -210,6 +211,7 @@ SCHEMAS: dict[str, Schema] = {
             F("mode"),
             F("model"),
             F("config", "object"),
+            F("thought_level", doc="its thought_level option's value"),
             F("title", example="refactor"),
         ),
         response=(
