@@ -43,9 +43,11 @@ serve: $(STAMP)
 
 # From npm, pinned, into the venv (scripts/install-npm-package.sh; the
 # tests skip without them): E2B's JavaScript SDK for tests/e2b/test_js_sdk.py,
-# Qwen Code's CLI for tests/agents/test_real_cli.py.
+# Qwen Code's and Codex's CLIs for tests/agents/test_real_cli.py (Codex's
+# native binary makes it about 400 MB).
 E2B_JS_VERSION := 2.8.0
 QWEN_CODE_VERSION := 0.24.4
+CODEX_VERSION := 0.169.0
 
 # Tools some tests drive (git, node, chromium): when missing, and this
 # machine is Debian and we are root, installed with apt-get (it says so
@@ -57,6 +59,8 @@ test-tools:
 		@e2b/code-interpreter $(E2B_JS_VERSION) tests/e2b/test_js_sdk.py
 	@SKIP_TEST_TOOLS="$(SKIP_TEST_TOOLS)" scripts/install-npm-package.sh $(VENV)/node-qwen \
 		@qwen-code/qwen-code $(QWEN_CODE_VERSION) tests/agents/test_real_cli.py
+	@SKIP_TEST_TOOLS="$(SKIP_TEST_TOOLS)" scripts/install-npm-package.sh $(VENV)/node-codex \
+		@openai/codex $(CODEX_VERSION) tests/agents/test_real_cli.py
 
 # Then the seed's own test suite (agent-sandbox-server's published tests
 # that start a server), every server it starts a sandboxd: what it finds
