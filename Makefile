@@ -43,11 +43,12 @@ serve: $(STAMP)
 
 # From npm, pinned, into the venv (scripts/install-npm-package.sh; the
 # tests skip without them): E2B's JavaScript SDK for tests/e2b/test_js_sdk.py,
-# Qwen Code's and Codex's CLIs for tests/agents/test_real_cli.py (Codex's
-# native binary makes it about 400 MB).
+# the CLIs of Qwen Code, Codex and Claude Code for tests/agents/test_real_cli.py
+# (the last two are native binaries of about 400 MB each).
 E2B_JS_VERSION := 2.8.0
 QWEN_CODE_VERSION := 0.24.4
 CODEX_VERSION := 0.169.0
+CLAUDE_CODE_VERSION := 2.1.328
 
 # Tools some tests drive (git, node, chromium): when missing, and this
 # machine is Debian and we are root, installed with apt-get (it says so
@@ -61,6 +62,8 @@ test-tools:
 		@qwen-code/qwen-code $(QWEN_CODE_VERSION) tests/agents/test_real_cli.py
 	@SKIP_TEST_TOOLS="$(SKIP_TEST_TOOLS)" scripts/install-npm-package.sh $(VENV)/node-codex \
 		@openai/codex $(CODEX_VERSION) tests/agents/test_real_cli.py
+	@SKIP_TEST_TOOLS="$(SKIP_TEST_TOOLS)" scripts/install-npm-package.sh $(VENV)/node-claude \
+		@anthropic-ai/claude-code $(CLAUDE_CODE_VERSION) tests/agents/test_real_cli.py
 
 # Then the seed's own test suite (agent-sandbox-server's published tests
 # that start a server), every server it starts a sandboxd: what it finds

@@ -1,14 +1,15 @@
 """
-The real Qwen Code and Codex CLIs (``make test-tools`` installs them from
-npm) behind the bridge, each against a stand-in for its model's API on
-loopback (chat completions for Qwen Code, the Responses API for Codex): no
-key, no network beyond this machine.
+The real Qwen Code, Codex and Claude Code CLIs (``make test-tools``
+installs them from npm) behind the bridge, each against a stand-in for its
+model's API on loopback (chat completions, the Responses API, the Messages
+API): no key, no network beyond this machine.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -22,6 +23,7 @@ from tests.agents.test_agents import AgentsTestCase
 
 QWEN_BIN = os.path.join(sys.prefix, "node-qwen", "node_modules", ".bin")
 CODEX_BIN = os.path.join(sys.prefix, "node-codex", "node_modules", ".bin")
+CLAUDE_BIN = os.path.join(sys.prefix, "node-claude", "node_modules", ".bin")
 
 
 class ChatCompletions(Resource):
@@ -123,7 +125,7 @@ class Responses(Resource):
         }
         deltas = [
             {"item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": word}
-            for word in answer.split(" ")
+            for word in re.findall(r"\S+\s*", answer)
         ]
         events = [
             ("response.created", {"response": {"id": "resp_1"}}),
@@ -137,6 +139,75 @@ class Responses(Resource):
             f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
             for kind, data in events
         )
+
+
+class Messages(Resource):
+    """
+    ``POST /v1/messages``, streamed as Anthropic's Messages API streams: the
+    answer is ``you said:`` and the last user message's last text; every
+    request is kept.
+    """
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[dict[str, Any]] = []
+
+    def render_POST(self, request: Any) -> bytes:
+        body = json.loads(request.content.read() or b"{}")
+        self.requests.append(body)
+        texts: list[str] = []
+        for message in body.get("messages", []):
+            content = message.get("content")
+            if message.get("role") != "user":
+                continue
+            if isinstance(content, str):
+                texts.append(content)
+            else:
+                texts += [
+                    p.get("text", "")
+                    for p in content or []
+                    if isinstance(p, dict) and p.get("type") == "text"
+                ]
+        answer = "you said: " + (texts[-1] if texts else "")
+        start = {
+            "id": f"msg_{len(self.requests)}",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model"),
+            "content": [],
+            "stop_reason": None,
+            "usage": {"input_tokens": 5, "output_tokens": 1},
+        }
+        events = [
+            ("message_start", {"message": start}),
+            (
+                "content_block_start",
+                {"index": 0, "content_block": {"type": "text", "text": ""}},
+            ),
+            *(
+                (
+                    "content_block_delta",
+                    {"index": 0, "delta": {"type": "text_delta", "text": w}},
+                )
+                for w in re.findall(r"\S+\s*", answer)
+            ),
+            ("content_block_stop", {"index": 0}),
+            (
+                "message_delta",
+                {"delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 3}},
+            ),
+            ("message_stop", {}),
+        ]
+        request.setHeader(b"content-type", b"text/event-stream")
+        return b"".join(
+            f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
+            for kind, data in events
+        )
+
+    def render_HEAD(self, request: Any) -> bytes:
+        return b""
 
 
 def environment(test: Any, values: dict[str, str]) -> None:
@@ -250,5 +321,48 @@ class RealCodexTests(AgentsTestCase):
         reply = yield self.prompt(sid, "and again", wait=90)
         self.assertEqual(reply.json()["text"], "you said: and again", reply.body)
         said = json.dumps(self.model.requests[-1]["input"])
+        self.assertIn("--yolo say hi", said)
+        self.assertIn("you said: --yolo say hi", said)
+
+
+class RealClaudeTests(AgentsTestCase):
+    timeout = 120
+
+    def setUp(self) -> Any:
+        if not os.path.exists(os.path.join(CLAUDE_BIN, "claude")):
+            raise SkipTest(
+                f"Claude Code's CLI is not in {CLAUDE_BIN} (make test-tools installs it)"
+            )
+        self.model = Messages()
+        port = serve(self, self.model)
+        home = os.path.realpath(self.mktemp())
+        os.makedirs(home)
+        environment(
+            self,
+            {
+                "PATH": CLAUDE_BIN + os.pathsep + os.environ.get("PATH", ""),
+                "HOME": home,
+                "ANTHROPIC_API_KEY": "not-a-key",
+                "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}",
+            },
+        )
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_turns_through_the_real_cli(self) -> Any:
+        """
+        Two turns of a claude session without claude-agent-acp: the streamed
+        answer is the agent's message, once; the second turn resumes the
+        first's conversation.
+        """
+        sid = yield self.session("claude", model="m")
+        reply = yield self.prompt(sid, "--yolo say hi", wait=90)
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json()["stop_reason"], "end_turn", reply.body)
+        self.assertEqual(reply.json()["text"], "you said: --yolo say hi")
+        self.assertEqual(self.model.requests[-1]["model"], "m")
+        reply = yield self.prompt(sid, "and again", wait=90)
+        self.assertEqual(reply.json()["text"], "you said: and again", reply.body)
+        said = json.dumps(self.model.requests[-1]["messages"])
         self.assertIn("--yolo say hi", said)
         self.assertIn("you said: --yolo say hi", said)
