@@ -65,21 +65,34 @@ class CatalogEntry:
             name: bool(environ.get(name)) for name in self.env_required or self.env_pass
         }
 
-    def executable(self, environ: Mapping[str, str]) -> str | None:
-        """What runs for it, resolved against PATH (its adapter, else its CLI), or None."""
+    def found(self, environ: Mapping[str, str]) -> tuple[str, str] | None:
+        """
+        What runs for it, resolved against PATH: ``("acp", path)`` for its
+        adapter, else ``("headless", path)`` for its CLI; None for neither.
+        """
         if self.command:
-            found = find_executable(self.command[0], environ)
-            if found is not None:
-                return found
+            path = find_executable(self.command[0], environ)
+            if path is not None:
+                return "acp", path
         if self.headless is not None:
-            return find_executable(self.headless.program, environ)
+            path = find_executable(self.headless.program, environ)
+            if path is not None:
+                return "headless", path
         return None
 
+    def executable(self, environ: Mapping[str, str]) -> str | None:
+        """The path of what runs for it (:meth:`found`), or None."""
+        found = self.found(environ)
+        return found[1] if found else None
+
     def protocol(self, environ: Mapping[str, str]) -> str:
-        """``acp``, or the headless CLI the bridge would run for it."""
-        if self.command and find_executable(self.command[0], environ) is not None:
-            return "acp"
-        if self.headless is not None:
+        """
+        ``acp``, or ``headless:CLI`` for the CLI the bridge runs for it: what
+        runs now, or when nothing is installed, what would run first.
+        """
+        found = self.found(environ)
+        kind = found[0] if found else ("acp" if self.command else "headless")
+        if kind == "headless" and self.headless is not None:
             return f"headless:{self.headless.cli}"
         return "acp"
 
@@ -91,19 +104,17 @@ class CatalogEntry:
         adapter nor its CLI is installed; a CLI runs behind the bridge with
         ``access`` (see :func:`sandboxd.agents.permissions.headless_access`).
         """
-        if self.command:
-            found = find_executable(self.command[0], environ)
-            if found is not None:
-                return list(self.command), found
-        if self.headless is None:
+        found = self.found(environ)
+        if found is None:
             return None
-        program = find_executable(self.headless.program, environ)
-        if program is None:
-            return None
+        kind, path = found
+        if kind == "acp":
+            return list(self.command), path
+        assert self.headless is not None
         # -I: the bridge runs in the session's directory, whose files must
         # not be imported in place of sandboxd's.
         argv = [sys.executable, "-I", "-m", "sandboxd.agents.clibridge"]
-        argv += ["--cli", self.headless.cli, "--access", access, program]
+        argv += ["--cli", self.headless.cli, "--access", access, path]
         return argv, sys.executable
 
     def programs(self) -> tuple[str, ...]:

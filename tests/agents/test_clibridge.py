@@ -420,3 +420,57 @@ class PointerTests(SynchronousTestCase):
         pointers.write("../escape", "x")
         self.assertIsNone(pointers.read("../escape"))
         self.assertFalse(os.path.exists(os.path.join(directory, "..", "escape")))
+
+
+class CatalogueEntryTests(SynchronousTestCase):
+    """How an entry with an adapter and a CLI starts, by what PATH holds."""
+
+    def entry_and_path(self, *names: str) -> tuple[Any, dict[str, str]]:
+        from sandboxd.agents.catalog import CatalogEntry, Headless
+
+        bin_dir = os.path.realpath(self.mktemp())
+        os.makedirs(bin_dir)
+        for name in names:
+            path = os.path.join(bin_dir, name)
+            with open(path, "w") as f:
+                f.write("#!/bin/sh\n")
+            os.chmod(path, 0o755)
+        entry = CatalogEntry(
+            id="x",
+            name="X",
+            command=("x-acp", "--stdio"),
+            headless=Headless("codex", "x"),
+        )
+        return entry, {"PATH": bin_dir}
+
+    def test_adapter_first(self) -> None:
+        entry, env = self.entry_and_path("x-acp", "x")
+        self.assertEqual(entry.protocol(env), "acp")
+        argv, executable = entry.launch(env, "read_only")
+        self.assertEqual(argv, ["x-acp", "--stdio"])
+        self.assertEqual(executable, os.path.join(env["PATH"], "x-acp"))
+
+    def test_cli_without_adapter(self) -> None:
+        entry, env = self.entry_and_path("x")
+        self.assertEqual(entry.protocol(env), "headless:codex")
+        argv, executable = entry.launch(env, "workspace_write")
+        self.assertEqual(executable, sys.executable)
+        self.assertEqual(
+            argv[1:],
+            [
+                "-I",
+                "-m",
+                "sandboxd.agents.clibridge",
+                "--cli",
+                "codex",
+                "--access",
+                "workspace_write",
+                os.path.join(env["PATH"], "x"),
+            ],
+        )
+
+    def test_neither(self) -> None:
+        entry, env = self.entry_and_path()
+        self.assertIsNone(entry.launch(env, "read_only"))
+        self.assertEqual(entry.protocol(env), "acp")
+        self.assertEqual(entry.programs(), ("x-acp", "x"))
