@@ -228,64 +228,94 @@ def serve(test: Any, resource: Resource) -> int:
     return int(port.getHost().port)
 
 
-class RealQwenTests(AgentsTestCase):
+class RealCLICase(AgentsTestCase):
+    """
+    A daemon whose agent's CLI is the real one, its model API a stand-in:
+    a subclass names the CLI and prepares its home and environment.
+    """
+
     timeout = 120
+    #: The CLI's directory, its binary, and the catalogue agent it runs for.
+    bin_dir = ""
+    program = ""
+    agent = ""
+    #: Where a request of its API carries the conversation.
+    history = ""
+
+    def model_api(self) -> Any:
+        raise NotImplementedError
+
+    def prepare(self, home: str, port: int) -> dict[str, str]:
+        """Write the CLI's own settings under ``home``; its environment."""
+        raise NotImplementedError
 
     def setUp(self) -> Any:
-        if not os.path.exists(os.path.join(QWEN_BIN, "qwen")):
+        if not os.path.exists(os.path.join(self.bin_dir, self.program)):
             raise SkipTest(
-                f"Qwen Code's CLI is not in {QWEN_BIN} (make test-tools installs it)"
+                f"{self.program} is not in {self.bin_dir} (make test-tools installs it)"
             )
-        self.model = ChatCompletions()
+        self.model = self.model_api()
         port = serve(self, self.model)
         home = os.path.realpath(self.mktemp())
-        os.makedirs(os.path.join(home, ".qwen"))
-        with open(os.path.join(home, ".qwen", "settings.json"), "w") as f:
-            json.dump({"security": {"auth": {"selectedType": "openai"}}}, f)
-        environment(
-            self,
-            {
-                "PATH": QWEN_BIN + os.pathsep + os.environ.get("PATH", ""),
-                "HOME": home,
-                "OPENAI_API_KEY": "not-a-key",
-                "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
-                "OPENAI_MODEL": "m",
-            },
+        os.makedirs(home)
+        values = self.prepare(home, port)
+        values.update(
+            PATH=self.bin_dir + os.pathsep + os.environ.get("PATH", ""), HOME=home
         )
+        environment(self, values)
         return super().setUp()
 
     @inlineCallbacks
-    def test_turns_through_the_real_cli(self) -> Any:
+    def two_turns(self, **create: Any) -> Any:
         """
-        Two turns of a qwen-code session: the prompt reaches the model as
-        typed (one that looks like an option too), the streamed answer is the
-        agent's message, and the second turn resumes the first's conversation.
+        Two turns of a session on the real CLI: the prompt reaches the model
+        as typed (one that looks like an option too), the streamed answer is
+        the agent's message, once, and the second turn resumes the first's
+        conversation (its request carries the first exchange).
         """
-        sid = yield self.session("qwen-code")
+        sid = yield self.session(self.agent, **create)
         reply = yield self.prompt(sid, "--yolo say hi", wait=90)
         self.assertEqual(reply.status, 200, reply.body)
         self.assertEqual(reply.json()["stop_reason"], "end_turn", reply.body)
         self.assertEqual(reply.json()["text"], "you said: --yolo say hi")
+        first = self.model.requests[-1]
         reply = yield self.prompt(sid, "and again", wait=90)
         self.assertEqual(reply.json()["text"], "you said: and again", reply.body)
-        last = self.model.requests[-1]["messages"]
-        said = json.dumps(last)
-        # The first exchange is in the second turn's history: resumed.
+        said = json.dumps(self.model.requests[-1][self.history])
         self.assertIn("--yolo say hi", said)
         self.assertIn("you said: --yolo say hi", said)
+        return first
 
 
-class RealCodexTests(AgentsTestCase):
-    timeout = 120
+class RealQwenTests(RealCLICase):
+    bin_dir, program, agent, history = QWEN_BIN, "qwen", "qwen-code", "messages"
 
-    def setUp(self) -> Any:
-        if not os.path.exists(os.path.join(CODEX_BIN, "codex")):
-            raise SkipTest(
-                f"Codex's CLI is not in {CODEX_BIN} (make test-tools installs it)"
-            )
-        self.model = Responses()
-        port = serve(self, self.model)
-        home = os.path.realpath(self.mktemp())
+    def model_api(self) -> Any:
+        return ChatCompletions()
+
+    def prepare(self, home: str, port: int) -> dict[str, str]:
+        os.makedirs(os.path.join(home, ".qwen"))
+        with open(os.path.join(home, ".qwen", "settings.json"), "w") as f:
+            json.dump({"security": {"auth": {"selectedType": "openai"}}}, f)
+        return {
+            "OPENAI_API_KEY": "not-a-key",
+            "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
+            "OPENAI_MODEL": "m",
+        }
+
+    def test_turns_through_the_real_cli(self) -> Any:
+        """Qwen Code 0.24.4: see :meth:`RealCLICase.two_turns`."""
+        return self.two_turns()
+
+
+class RealCodexTests(RealCLICase):
+    bin_dir, program, agent, history = CODEX_BIN, "codex", "codex", "input"
+
+    def model_api(self) -> Any:
+        return Responses()
+
+    def prepare(self, home: str, port: int) -> dict[str, str]:
+        # codex takes another endpoint from its config, not OPENAI_BASE_URL.
         os.makedirs(os.path.join(home, ".codex"))
         with open(os.path.join(home, ".codex", "config.toml"), "w") as f:
             f.write(
@@ -293,76 +323,29 @@ class RealCodexTests(AgentsTestCase):
                 f'base_url = "http://127.0.0.1:{port}/v1"\nwire_api = "responses"\n'
                 'env_key = "CODEX_API_KEY"\n'
             )
-        environment(
-            self,
-            {
-                "PATH": CODEX_BIN + os.pathsep + os.environ.get("PATH", ""),
-                "HOME": home,
-                "CODEX_API_KEY": "not-a-key",
-            },
-        )
-        return super().setUp()
+        return {"CODEX_API_KEY": "not-a-key"}
 
     @inlineCallbacks
     def test_turns_through_the_real_cli(self) -> Any:
-        """
-        Two turns of a codex session without codex-acp: the prompt reaches
-        the model as typed, with the session's reasoning effort and model,
-        the answer is the agent's message, and the second turn resumes the
-        first's thread.
-        """
-        sid = yield self.session("codex", thought_level="high", model="m")
-        reply = yield self.prompt(sid, "--yolo say hi", wait=90)
-        self.assertEqual(reply.status, 200, reply.body)
-        self.assertEqual(reply.json()["stop_reason"], "end_turn", reply.body)
-        self.assertEqual(reply.json()["text"], "you said: --yolo say hi")
-        first = self.model.requests[-1]
+        """Codex 0.169.0, its model and reasoning effort the session's."""
+        first = yield self.two_turns(thought_level="high", model="m")
         self.assertEqual((first["model"], first["reasoning"]["effort"]), ("m", "high"))
-        reply = yield self.prompt(sid, "and again", wait=90)
-        self.assertEqual(reply.json()["text"], "you said: and again", reply.body)
-        said = json.dumps(self.model.requests[-1]["input"])
-        self.assertIn("--yolo say hi", said)
-        self.assertIn("you said: --yolo say hi", said)
 
 
-class RealClaudeTests(AgentsTestCase):
-    timeout = 120
+class RealClaudeTests(RealCLICase):
+    bin_dir, program, agent, history = CLAUDE_BIN, "claude", "claude", "messages"
 
-    def setUp(self) -> Any:
-        if not os.path.exists(os.path.join(CLAUDE_BIN, "claude")):
-            raise SkipTest(
-                f"Claude Code's CLI is not in {CLAUDE_BIN} (make test-tools installs it)"
-            )
-        self.model = Messages()
-        port = serve(self, self.model)
-        home = os.path.realpath(self.mktemp())
-        os.makedirs(home)
-        environment(
-            self,
-            {
-                "PATH": CLAUDE_BIN + os.pathsep + os.environ.get("PATH", ""),
-                "HOME": home,
-                "ANTHROPIC_API_KEY": "not-a-key",
-                "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}",
-            },
-        )
-        return super().setUp()
+    def model_api(self) -> Any:
+        return Messages()
+
+    def prepare(self, home: str, port: int) -> dict[str, str]:
+        return {
+            "ANTHROPIC_API_KEY": "not-a-key",
+            "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}",
+        }
 
     @inlineCallbacks
     def test_turns_through_the_real_cli(self) -> Any:
-        """
-        Two turns of a claude session without claude-agent-acp: the streamed
-        answer is the agent's message, once; the second turn resumes the
-        first's conversation.
-        """
-        sid = yield self.session("claude", model="m")
-        reply = yield self.prompt(sid, "--yolo say hi", wait=90)
-        self.assertEqual(reply.status, 200, reply.body)
-        self.assertEqual(reply.json()["stop_reason"], "end_turn", reply.body)
-        self.assertEqual(reply.json()["text"], "you said: --yolo say hi")
-        self.assertEqual(self.model.requests[-1]["model"], "m")
-        reply = yield self.prompt(sid, "and again", wait=90)
-        self.assertEqual(reply.json()["text"], "you said: and again", reply.body)
-        said = json.dumps(self.model.requests[-1]["messages"])
-        self.assertIn("--yolo say hi", said)
-        self.assertIn("you said: --yolo say hi", said)
+        """Claude Code 2.1.328 (its partial messages, then the whole one), its model the session's."""
+        first = yield self.two_turns(model="m")
+        self.assertEqual(first["model"], "m")
