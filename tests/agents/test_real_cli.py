@@ -26,10 +26,29 @@ CODEX_BIN = os.path.join(sys.prefix, "node-codex", "node_modules", ".bin")
 CLAUDE_BIN = os.path.join(sys.prefix, "node-claude", "node_modules", ".bin")
 
 
-class ChatCompletions(Resource):
+def pieces(answer: str) -> list[str]:
+    """``answer`` in the pieces a model streams: word by word, spaces kept."""
+    return re.findall(r"\S+\s*", answer)
+
+
+def sse(events: list[tuple[str | None, dict[str, Any]]]) -> bytes:
+    """Server-sent events: each ``(event name or None, data object)``."""
+    return b"".join(
+        (f"event: {name}\n" if name else "").encode()
+        + b"data: "
+        + json.dumps(data).encode()
+        + b"\n\n"
+        for name, data in events
+    )
+
+
+class ModelAPI(Resource):
     """
-    ``POST /v1/chat/completions``, streamed: the answer is ``you said:``
-    and the last user message's last text; every request is kept.
+    A stand-in for a model's streaming API: every answer is ``you said:``
+    and the request's last user text (its last text part, stripped: Qwen
+    Code adds its reminders ahead and line ends after); every request is
+    kept.  A subclass reads its API's messages and writes
+    its stream.
     """
 
     isLeaf = True
@@ -41,79 +60,83 @@ class ChatCompletions(Resource):
     def render_POST(self, request: Any) -> bytes:
         body = json.loads(request.content.read() or b"{}")
         self.requests.append(body)
-        users = [m for m in body.get("messages", []) if m.get("role") == "user"]
-        content = users[-1].get("content") if users else ""
-        if isinstance(content, list):
-            # Qwen Code puts reminders of its own ahead of what was typed.
-            texts = [p.get("text", "") for p in content if isinstance(p, dict)]
-            content = texts[-1] if texts else ""
-        answer = f"you said: {content}"
+        texts = self.user_texts(body)
+        request.setHeader(b"content-type", b"text/event-stream")
+        return self.stream(body, "you said: " + (texts[-1].strip() if texts else ""))
+
+    def render_HEAD(self, request: Any) -> bytes:
+        return b""
+
+    def render_GET(self, request: Any) -> bytes:
+        request.setHeader(b"content-type", b"application/json")
+        return json.dumps({"object": "list", "data": []}).encode()
+
+    @staticmethod
+    def parts(content: Any, kind: str) -> list[str]:
+        """The texts of a message's content: a string, or parts of ``kind``."""
+        if isinstance(content, str):
+            return [content]
+        return [
+            part.get("text", "")
+            for part in content or []
+            if isinstance(part, dict) and part.get("type") == kind
+        ]
+
+    def user_texts(self, body: dict[str, Any]) -> list[str]:
+        raise NotImplementedError
+
+    def stream(self, body: dict[str, Any], answer: str) -> bytes:
+        raise NotImplementedError
+
+
+class ChatCompletions(ModelAPI):
+    """``POST /v1/chat/completions`` (OpenAI's chat API), as Qwen Code calls it."""
+
+    def user_texts(self, body: dict[str, Any]) -> list[str]:
+        return [
+            text
+            for m in body.get("messages", [])
+            if m.get("role") == "user"
+            for text in self.parts(m.get("content"), "text")
+        ]
+
+    def stream(self, body: dict[str, Any], answer: str) -> bytes:
         base = {
             "id": "c1",
             "object": "chat.completion.chunk",
             "created": 0,
             "model": "m",
         }
-        request.setHeader(b"content-type", b"text/event-stream")
         chunks = [
             {
                 **base,
-                "choices": [
-                    {"index": 0, "delta": {"role": "assistant", "content": word}}
-                ],
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": p}}],
             }
-            for word in answer.split(" ")
-            for word in [word + " "]
+            for p in pieces(answer)
         ]
-        chunks[-1]["choices"][0]["delta"]["content"] = chunks[-1]["choices"][0][
-            "delta"
-        ]["content"].rstrip()
+        usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
         chunks.append(
             {
                 **base,
                 "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
-                "usage": {
-                    "prompt_tokens": 5,
-                    "completion_tokens": 3,
-                    "total_tokens": 8,
-                },
+                "usage": usage,
             }
         )
-        for chunk in chunks:
-            request.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-        return b"data: [DONE]\n\n"
-
-    def render_GET(self, request: Any) -> bytes:
-        request.setHeader(b"content-type", b"application/json")
-        return json.dumps(
-            {"object": "list", "data": [{"id": "m", "object": "model"}]}
-        ).encode()
+        return sse([(None, chunk) for chunk in chunks]) + b"data: [DONE]\n\n"
 
 
-class Responses(Resource):
-    """
-    ``POST /v1/responses``, streamed as the Responses API streams: the
-    answer is ``you said:`` and the last user message's last text; every
-    request is kept.
-    """
+class Responses(ModelAPI):
+    """``POST /v1/responses`` (OpenAI's Responses API), as Codex calls it."""
 
-    isLeaf = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.requests: list[dict[str, Any]] = []
-
-    def render_POST(self, request: Any) -> bytes:
-        body = json.loads(request.content.read() or b"{}")
-        self.requests.append(body)
-        texts = [
-            part.get("text", "")
+    def user_texts(self, body: dict[str, Any]) -> list[str]:
+        return [
+            text
             for item in body.get("input", [])
             if isinstance(item, dict) and item.get("role") == "user"
-            for part in item.get("content") or []
-            if isinstance(part, dict) and part.get("type") == "input_text"
+            for text in self.parts(item.get("content"), "input_text")
         ]
-        answer = "you said: " + (texts[-1] if texts else "")
+
+    def stream(self, body: dict[str, Any], answer: str) -> bytes:
         message = {"type": "message", "role": "assistant", "id": "msg_1"}
         text = {"type": "output_text", "text": answer, "annotations": []}
         usage = {
@@ -123,54 +146,31 @@ class Responses(Resource):
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": 10,
         }
-        deltas = [
-            {"item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": word}
-            for word in re.findall(r"\S+\s*", answer)
-        ]
-        events = [
+        events: list[tuple[str, dict[str, Any]]] = [
             ("response.created", {"response": {"id": "resp_1"}}),
             ("response.output_item.added", {"item": {**message, "content": []}}),
-            *(("response.output_text.delta", delta) for delta in deltas),
+            *(
+                ("response.output_text.delta", {"item_id": "msg_1", "delta": p})
+                for p in pieces(answer)
+            ),
             ("response.output_item.done", {"item": {**message, "content": [text]}}),
             ("response.completed", {"response": {"id": "resp_1", "usage": usage}}),
         ]
-        request.setHeader(b"content-type", b"text/event-stream")
-        return b"".join(
-            f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
-            for kind, data in events
-        )
+        return sse([(name, {"type": name, **data}) for name, data in events])
 
 
-class Messages(Resource):
-    """
-    ``POST /v1/messages``, streamed as Anthropic's Messages API streams: the
-    answer is ``you said:`` and the last user message's last text; every
-    request is kept.
-    """
+class Messages(ModelAPI):
+    """``POST /v1/messages`` (Anthropic's Messages API), as Claude Code calls it."""
 
-    isLeaf = True
+    def user_texts(self, body: dict[str, Any]) -> list[str]:
+        return [
+            text
+            for m in body.get("messages", [])
+            if m.get("role") == "user"
+            for text in self.parts(m.get("content"), "text")
+        ]
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.requests: list[dict[str, Any]] = []
-
-    def render_POST(self, request: Any) -> bytes:
-        body = json.loads(request.content.read() or b"{}")
-        self.requests.append(body)
-        texts: list[str] = []
-        for message in body.get("messages", []):
-            content = message.get("content")
-            if message.get("role") != "user":
-                continue
-            if isinstance(content, str):
-                texts.append(content)
-            else:
-                texts += [
-                    p.get("text", "")
-                    for p in content or []
-                    if isinstance(p, dict) and p.get("type") == "text"
-                ]
-        answer = "you said: " + (texts[-1] if texts else "")
+    def stream(self, body: dict[str, Any], answer: str) -> bytes:
         start = {
             "id": f"msg_{len(self.requests)}",
             "type": "message",
@@ -180,18 +180,16 @@ class Messages(Resource):
             "stop_reason": None,
             "usage": {"input_tokens": 5, "output_tokens": 1},
         }
-        events = [
+        block = {"type": "text", "text": ""}
+        events: list[tuple[str, dict[str, Any]]] = [
             ("message_start", {"message": start}),
-            (
-                "content_block_start",
-                {"index": 0, "content_block": {"type": "text", "text": ""}},
-            ),
+            ("content_block_start", {"index": 0, "content_block": block}),
             *(
                 (
                     "content_block_delta",
-                    {"index": 0, "delta": {"type": "text_delta", "text": w}},
+                    {"index": 0, "delta": {"type": "text_delta", "text": p}},
                 )
-                for w in re.findall(r"\S+\s*", answer)
+                for p in pieces(answer)
             ),
             ("content_block_stop", {"index": 0}),
             (
@@ -200,14 +198,7 @@ class Messages(Resource):
             ),
             ("message_stop", {}),
         ]
-        request.setHeader(b"content-type", b"text/event-stream")
-        return b"".join(
-            f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
-            for kind, data in events
-        )
-
-    def render_HEAD(self, request: Any) -> bytes:
-        return b""
+        return sse([(name, {"type": name, **data}) for name, data in events])
 
 
 def environment(test: Any, values: dict[str, str]) -> None:
