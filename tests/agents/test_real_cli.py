@@ -83,7 +83,13 @@ class ModelAPI(Resource):
         ]
 
     def user_texts(self, body: dict[str, Any]) -> list[str]:
-        raise NotImplementedError
+        """The user messages' texts (``messages``, as the chat and Messages APIs send them)."""
+        return [
+            text
+            for m in body.get("messages", [])
+            if m.get("role") == "user"
+            for text in self.parts(m.get("content"), "text")
+        ]
 
     def stream(self, body: dict[str, Any], answer: str) -> bytes:
         raise NotImplementedError
@@ -91,14 +97,6 @@ class ModelAPI(Resource):
 
 class ChatCompletions(ModelAPI):
     """``POST /v1/chat/completions`` (OpenAI's chat API), as Qwen Code calls it."""
-
-    def user_texts(self, body: dict[str, Any]) -> list[str]:
-        return [
-            text
-            for m in body.get("messages", [])
-            if m.get("role") == "user"
-            for text in self.parts(m.get("content"), "text")
-        ]
 
     def stream(self, body: dict[str, Any], answer: str) -> bytes:
         base = {
@@ -161,14 +159,6 @@ class Responses(ModelAPI):
 
 class Messages(ModelAPI):
     """``POST /v1/messages`` (Anthropic's Messages API), as Claude Code calls it."""
-
-    def user_texts(self, body: dict[str, Any]) -> list[str]:
-        return [
-            text
-            for m in body.get("messages", [])
-            if m.get("role") == "user"
-            for text in self.parts(m.get("content"), "text")
-        ]
 
     def stream(self, body: dict[str, Any], answer: str) -> bytes:
         start = {
