@@ -50,6 +50,43 @@ def start_daemon(
     ``args`` added to its command line: its process and HTTP port.
     ``prefix`` runs it under another program (valgrind, a profiler).
     """
+    for _ in range(START_TRIES):
+        proc, port = _start_once(base, token, policy, args, env, prefix, wait_seconds)
+        if _answers_with(port, token):
+            return proc, port
+        # Another server holds the port picked for this one (a free port is
+        # free only until someone binds it), and ours could not bind it.
+        stop(proc)
+    raise SystemExit(f"daemon did not start: its port was taken {START_TRIES} times")
+
+
+#: How many ports :func:`start_daemon` tries.
+START_TRIES = 3
+
+
+def _answers_with(port: int, token: str) -> bool:
+    """
+    Whether the server on ``port`` takes ``token``: the one just started
+    (another test's daemon refuses it with 401).
+    """
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        c.request("GET", "/capabilities", headers={"X-Access-Token": token})
+        return c.getresponse().status != 401
+    except OSError:
+        return False
+
+
+def _start_once(
+    base: str,
+    token: str,
+    policy: Mapping[str, Any] | None,
+    args: Sequence[str],
+    env: Mapping[str, str] | None,
+    prefix: Sequence[str],
+    wait_seconds: float,
+) -> tuple[subprocess.Popen[bytes], int]:
+    """One try of :func:`start_daemon`: on a port free a moment ago."""
     port = free_port()
     argv = [
         *prefix,

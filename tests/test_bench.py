@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -76,3 +77,35 @@ class FreshCloneTests(SynchronousTestCase):
         else:
             self.assertIn("nginx", result.stderr)
         self.assertEqual(workloads, expected)
+
+
+class TakenPortTests(SynchronousTestCase):
+    """bench/daemon.py's daemons beside other servers (the suite's, in parallel)."""
+
+    def test_a_taken_port_is_tried_again(self) -> None:
+        """
+        When the port picked for a daemon is taken by another daemon before
+        it binds, the other one answers ``/health`` but refuses the token:
+        a new port is tried, and the daemon returned is the one started.
+        """
+        path = os.path.join(ROOT, "bench", "daemon.py")
+        spec = importlib.util.spec_from_file_location("bench_daemon", path)
+        assert spec is not None and spec.loader is not None
+        daemon = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(daemon)
+
+        other, taken = daemon.start_daemon(self.mktemp_dir(), "other-token")
+        self.addCleanup(daemon.stop, other)
+        picks = iter([taken])
+        free_port = daemon.free_port
+        self.patch(daemon, "free_port", lambda: next(picks, None) or free_port())
+        ours, port = daemon.start_daemon(self.mktemp_dir(), "our-token")
+        self.addCleanup(daemon.stop, ours)
+        self.assertNotEqual(port, taken)
+        self.assertTrue(daemon._answers_with(port, "our-token"))
+        self.assertFalse(daemon._answers_with(taken, "our-token"))
+
+    def mktemp_dir(self) -> str:
+        path = os.path.realpath(self.mktemp())
+        os.makedirs(path)
+        return path
