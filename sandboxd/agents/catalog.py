@@ -17,11 +17,26 @@ from typing import Any
 import attrs
 
 from sandboxd.errors import Code, bad_request, forbidden, internal, not_found
+from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import find_executable
 
 #: The CLIs :mod:`sandboxd.agents.clibridge` runs once per turn.
 HEADLESS_CLIS = ("codex", "qwen", "claude")
+
+
+def _bridge_bounds() -> list[str]:
+    """
+    The bridge's bounds, from the policy defaults, for its command line (it
+    imports none of sandboxd's policy machinery).
+    """
+    return [
+        f"--max-line-bytes={defaults.AGENT_CLI_MAX_LINE_BYTES}",
+        f"--kill-grace={defaults.KILL_GRACE_SECONDS}",
+        f"--output-grace={defaults.AGENT_CLI_OUTPUT_GRACE_SECONDS}",
+        f"--error-tail-bytes={defaults.AGENT_CLI_ERROR_TAIL_BYTES}",
+        f"--kept-sessions={defaults.AGENT_CLI_KEPT_SESSIONS}",
+    ]
 
 
 @attrs.frozen
@@ -114,7 +129,14 @@ class CatalogEntry:
         # -I: the bridge runs in the session's directory, whose files must
         # not be imported in place of sandboxd's.
         argv = [sys.executable, "-I", "-m", "sandboxd.agents.clibridge"]
-        argv += ["--cli", self.headless.cli, "--access", access, path]
+        argv += [
+            "--cli",
+            self.headless.cli,
+            "--access",
+            access,
+            *_bridge_bounds(),
+            path,
+        ]
         return argv, sys.executable
 
     def programs(self) -> tuple[str, ...]:

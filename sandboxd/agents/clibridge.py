@@ -7,7 +7,8 @@ agent-sandbox-server runs them.
 
 The daemon starts it like any ACP agent::
 
-    python -I -m sandboxd.agents.clibridge --cli codex --access read_only /usr/bin/codex
+    python -I -m sandboxd.agents.clibridge --cli codex --access read_only \\
+        --max-line-bytes=... (its bounds) /usr/bin/codex
 
 and speaks ACP to it on stdin and stdout; each ``session/prompt`` starts
 the CLI in the session's directory, in a session of its own, reads its
@@ -44,18 +45,26 @@ from sandboxd.agents.cliparsers import READERS, Outcome, Parsed
 #: ``--access`` values, narrowest first.
 ACCESS = ("read_only", "workspace_write", "full_access")
 
-#: The longest line a CLI may print (a whole file read back, say); a longer
-#: one is skipped, with a note on stderr.
-MAX_LINE_BYTES = 16 * 1024 * 1024
 
-#: How long a cancelled CLI has between SIGTERM and SIGKILL.
-CANCEL_GRACE_SECONDS = 3.0
+@dataclass(frozen=True)
+class Bounds:
+    """
+    The bridge's bounds, given on its command line by the daemon (from
+    its policy defaults, ``AGENT_CLI_*`` and ``KILL_GRACE_SECONDS``).
+    """
 
-#: How long the CLI's output is read for once it has exited.
-OUTPUT_GRACE_SECONDS = 2.0
+    #: The longest line read, from the daemon or the CLI; a longer line
+    #: from the CLI (a whole file read back, say) is skipped.
+    max_line_bytes: int
+    #: How long a cancelled CLI has between SIGTERM and SIGKILL.
+    kill_grace: float
+    #: How long the CLI's output is read for once it has exited.
+    output_grace: float
+    #: What of the CLI's stderr a failed turn's error quotes.
+    error_tail_bytes: int
+    #: How many sessions' CLI sessions are kept for a resume (:class:`Pointers`).
+    kept_sessions: int
 
-#: What of the CLI's stderr a failed turn's error quotes.
-STDERR_TAIL_BYTES = 2000
 
 #: codex's reasoning efforts, and the option that sets one.
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
@@ -285,8 +294,9 @@ class Pointers:
     then starts afresh after a restart.
     """
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, kept: int) -> None:
         self.directory = directory
+        self.kept = kept
 
     def _path(self, session_id: Any) -> str | None:
         if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
@@ -308,13 +318,13 @@ class Pointers:
             sys.stderr.write(f"sandboxd bridge: cannot keep the session: {e}\n")
 
     def _prune(self) -> None:
-        """The oldest pointers go beyond :data:`MAX_POINTERS`."""
+        """The oldest pointers go beyond :attr:`kept`."""
         with os.scandir(self.directory) as found:
             entries = [e for e in found if _SESSION_ID.fullmatch(e.name)]
-        if len(entries) <= MAX_POINTERS:
+        if len(entries) <= self.kept:
             return
         entries.sort(key=lambda e: e.stat().st_mtime)
-        for entry in entries[: len(entries) - MAX_POINTERS]:
+        for entry in entries[: len(entries) - self.kept]:
             try:
                 os.unlink(entry.path)
             except FileNotFoundError:
@@ -339,24 +349,31 @@ _NATIVE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 #: What the bridge's session ids look like (the pointers' file names).
 _SESSION_ID = re.compile(r"cli_[0-9a-f]{32}")
 
-#: Where :class:`Pointers` keeps them, below the user's home, and how many.
+#: Where :class:`Pointers` keeps them, below the user's home.
 POINTERS = os.path.join(".cache", "sandboxd", "cli-sessions")
-MAX_POINTERS = 1000
 
 
 class Bridge:
     """The ACP side: requests from the daemon, updates back."""
 
     def __init__(
-        self, cli: str, program: str, access: str, write: Callable[[bytes], None]
+        self,
+        cli: str,
+        program: str,
+        access: str,
+        bounds: Bounds,
+        write: Callable[[bytes], None],
     ) -> None:
         self.cli = cli
         self.program = program
         self.access = access
+        self.bounds = bounds
         self.write = write
         self.sessions: dict[str, Session] = {}
         self.tasks: set[asyncio.Task[None]] = set()
-        self.pointers = Pointers(os.path.join(os.path.expanduser("~"), POINTERS))
+        self.pointers = Pointers(
+            os.path.join(os.path.expanduser("~"), POINTERS), bounds.kept_sessions
+        )
 
     # -- the wire --------------------------------------------------------------
 
@@ -510,7 +527,7 @@ class Bridge:
             return
         session.cancelled = True
         if session.process is not None:
-            await stop(*session.process)
+            await stop(*session.process, self.bounds.kill_grace)
 
     async def do_session_prompt(self, params: dict[str, Any]) -> dict[str, Any]:
         session = self._session(params)
@@ -531,7 +548,7 @@ class Bridge:
         loop = asyncio.get_running_loop()
         try:
             transport, protocol = await loop.subprocess_exec(
-                lambda: _CLIProtocol(MAX_LINE_BYTES, loop),
+                lambda: _CLIProtocol(self.bounds.max_line_bytes, loop),
                 *argv,
                 cwd=session.cwd,
                 stdin=asyncio.subprocess.PIPE
@@ -550,7 +567,7 @@ class Bridge:
         turn = Turn()
         if session.cancelled:
             # Cancelled while it was being started.
-            await stop(process.pid, protocol.exited)
+            await stop(process.pid, protocol.exited, self.bounds.kill_grace)
         try:
             await self._run(session, process, protocol.exited, turn, stdin)
         finally:
@@ -579,7 +596,9 @@ class Bridge:
         await exited
         # Something the CLI started may hold its pipes open after it is gone:
         # what that has not printed by then is not waited for.
-        _, late = await asyncio.wait({reading, errors}, timeout=OUTPUT_GRACE_SECONDS)
+        _, late = await asyncio.wait(
+            {reading, errors}, timeout=self.bounds.output_grace
+        )
         for task in late:
             task.cancel()
 
@@ -592,9 +611,9 @@ class Bridge:
             try:
                 line = await stream.readline()
             except ValueError:
-                # Longer than MAX_LINE_BYTES: what was read is dropped.
+                # Longer than max_line_bytes: what was read is dropped.
                 sys.stderr.write(
-                    f"sandboxd bridge: a line over {MAX_LINE_BYTES} bytes skipped\n"
+                    f"sandboxd bridge: a line over {self.bounds.max_line_bytes} bytes skipped\n"
                 )
                 continue
             if not line:
@@ -621,8 +640,7 @@ class Bridge:
                 ]
             self.notify(session.session_id, update)
 
-    @staticmethod
-    async def _stderr(stream: asyncio.StreamReader, turn: Turn) -> None:
+    async def _stderr(self, stream: asyncio.StreamReader, turn: Turn) -> None:
         """The CLI's stderr passed on to the daemon's log, its tail kept."""
         while True:
             chunk = await stream.read(65536)
@@ -632,7 +650,9 @@ class Bridge:
             sys.stderr.buffer.flush()
             turn.stderr.append(chunk)
             turn.stderr_bytes += len(chunk)
-            while turn.stderr_bytes - len(turn.stderr[0]) >= STDERR_TAIL_BYTES:
+            while (
+                turn.stderr_bytes - len(turn.stderr[0]) >= self.bounds.error_tail_bytes
+            ):
                 turn.stderr_bytes -= len(turn.stderr.popleft())
 
     def _ended(self, session: Session, code: int | None, turn: Turn) -> dict[str, Any]:
@@ -643,7 +663,7 @@ class Bridge:
             if code == 0:
                 outcome = Outcome(True)
             else:
-                tail = b"".join(turn.stderr)[-STDERR_TAIL_BYTES:].decode(
+                tail = b"".join(turn.stderr)[-self.bounds.error_tail_bytes :].decode(
                     "utf-8", "replace"
                 )
                 outcome = Outcome(
@@ -661,11 +681,15 @@ class Bridge:
     async def close(self) -> None:
         """The daemon has gone: every running CLI ends with the bridge."""
         await asyncio.gather(
-            *(stop(*s.process) for s in self.sessions.values() if s.process is not None)
+            *(
+                stop(*s.process, self.bounds.kill_grace)
+                for s in self.sessions.values()
+                if s.process is not None
+            )
         )
 
 
-async def stop(pid: int, exited: asyncio.Future[None]) -> None:
+async def stop(pid: int, exited: asyncio.Future[None], grace: float) -> None:
     """
     SIGTERM to the CLI's process group; once the CLI has exited (or the
     grace is over), SIGKILL to what is left of the group.
@@ -675,7 +699,7 @@ async def stop(pid: int, exited: asyncio.Future[None]) -> None:
     except (ProcessLookupError, PermissionError):
         return
     try:
-        await asyncio.wait_for(asyncio.shield(exited), CANCEL_GRACE_SECONDS)
+        await asyncio.wait_for(asyncio.shield(exited), grace)
     except TimeoutError:
         pass
     try:
@@ -684,10 +708,10 @@ async def stop(pid: int, exited: asyncio.Future[None]) -> None:
         pass
 
 
-async def serve(cli: str, program: str, access: str) -> None:
+async def serve(cli: str, program: str, access: str, bounds: Bounds) -> None:
     """Answer ACP on stdin/stdout until stdin closes."""
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=MAX_LINE_BYTES)
+    reader = asyncio.StreamReader(limit=bounds.max_line_bytes)
     await loop.connect_read_pipe(
         lambda: asyncio.StreamReaderProtocol(reader), sys.stdin
     )
@@ -697,7 +721,7 @@ async def serve(cli: str, program: str, access: str) -> None:
         out.write(data)
         out.flush()
 
-    bridge = Bridge(cli, program, access, write)
+    bridge = Bridge(cli, program, access, bounds, write)
     while True:
         try:
             line = await reader.readline()
@@ -713,9 +737,21 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m sandboxd.agents.clibridge")
     parser.add_argument("--cli", choices=CLIS, required=True)
     parser.add_argument("--access", choices=ACCESS, default="read_only")
+    parser.add_argument("--max-line-bytes", type=int, required=True)
+    parser.add_argument("--kill-grace", type=float, required=True)
+    parser.add_argument("--output-grace", type=float, required=True)
+    parser.add_argument("--error-tail-bytes", type=int, required=True)
+    parser.add_argument("--kept-sessions", type=int, required=True)
     parser.add_argument("program", help="the CLI's absolute path")
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.cli, args.program, args.access))
+    bounds = Bounds(
+        args.max_line_bytes,
+        args.kill_grace,
+        args.output_grace,
+        args.error_tail_bytes,
+        args.kept_sessions,
+    )
+    asyncio.run(serve(args.cli, args.program, args.access, bounds))
 
 
 if __name__ == "__main__":

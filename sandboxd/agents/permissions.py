@@ -21,7 +21,7 @@ import attrs
 
 from sandboxd.access.guard import PathGuard
 from sandboxd.errors import ApiError, policy_rule
-from sandboxd.policy.defaults import AGENT_PERMISSION_MODE
+from sandboxd.policy.defaults import AGENT_FULL_ACCESS_MODES, AGENT_PERMISSION_MODE
 from sandboxd.policy.rules import EffectiveRule
 
 TOOL_KINDS = (
@@ -191,10 +191,6 @@ def iso(ts: float) -> str:
     return _iso(ts)
 
 
-#: The modes that skip permission requests (``params.deny_modes``' default).
-_FULL_ACCESS_MODES = ("bypassPermissions", "yolo", "agent-full-access")
-
-
 def headless_access(rule: EffectiveRule) -> str:
     """
     How much a headless CLI may do (:mod:`sandboxd.agents.clibridge`): it
@@ -211,7 +207,7 @@ def headless_access(rule: EffectiveRule) -> str:
     modes_allowed = all(
         mode not in params.deny_modes
         and (params.allow_modes is None or mode in params.allow_modes)
-        for mode in _FULL_ACCESS_MODES
+        for mode in AGENT_FULL_ACCESS_MODES
     )
     paths = rule.paths
     if (

@@ -174,6 +174,21 @@ AGENT_PERMISSION_MODE = {"read": "auto", "search": "auto", "think": "auto", "*":
 #: Agents: the agent's stderr kept per session (head and tail).
 AGENT_STDERR_BYTES = 256 * KIB
 
+#: Agents: the modes that skip permission requests, refused unless the
+#: policy allows them (``params.deny_modes``' default); a CLI run without
+#: an ACP adapter gets full access only where they are allowed.
+AGENT_FULL_ACCESS_MODES = ("bypassPermissions", "yolo", "agent-full-access")
+
+#: Agents that run their own CLI (:mod:`sandboxd.agents.clibridge`): the
+#: longest line of its output taken, how long its output is read once it
+#: has exited (something it started may hold its pipes), how much of its
+#: stderr a failed turn quotes, and how many sessions' CLI sessions are
+#: kept for a resume after a restart.
+AGENT_CLI_MAX_LINE_BYTES = 16 * MIB
+AGENT_CLI_OUTPUT_GRACE_SECONDS = 2.0
+AGENT_CLI_ERROR_TAIL_BYTES = 2000
+AGENT_CLI_KEPT_SESSIONS = 1000
+
 # The /v1 door's stored files, vaults and templates (SPEC §26), bounded per
 # identity as the seed bounds them: a file is at most 10 MiB (its body,
 # base64 or multipart, a third more), an identity holds at most 256 MiB in

@@ -16,6 +16,8 @@ from typing import Any
 
 import attrs
 
+from sandboxd.policy.defaults import AGENT_FULL_ACCESS_MODES
+
 
 @attrs.frozen
 class Limits:
@@ -124,7 +126,7 @@ class Params:
     permission_timeout_action: str = "deny"
     allow_always: bool = True
     allow_modes: tuple[str, ...] | None = None
-    deny_modes: tuple[str, ...] = ("bypassPermissions", "yolo", "agent-full-access")
+    deny_modes: tuple[str, ...] = AGENT_FULL_ACCESS_MODES
     mcp_servers: str = "none"
     client_fs: str = "read_write"
     client_terminal: bool = True

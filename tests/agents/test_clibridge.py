@@ -16,9 +16,19 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.agents.clibridge import Session, codex_argv
+from sandboxd.agents.clibridge import (
+    CLIS,
+    Bounds,
+    Bridge,
+    RpcFailure,
+    Session,
+    Turn,
+    codex_argv,
+    invocation,
+)
 from sandboxd.agents.permissions import headless_access
 from sandboxd.agents.process import is_alive
+from sandboxd.policy import defaults
 from sandboxd.testing import memory_context
 from tests.agents.test_agents import AgentsTestCase, agents_policy, on_path
 
@@ -313,8 +323,6 @@ class ArgvTests(SynchronousTestCase):
         self.assertIn('sandbox_mode="workspace-write"', argv)
 
     def test_mcp_name_refused(self) -> None:
-        from sandboxd.agents.clibridge import RpcFailure
-
         for name in ("a=b", 'x".url', "", "a b"):
             session = Session("s", "/w", [{"name": name, "url": "http://x/"}])
             self.assertRaises(
@@ -322,8 +330,6 @@ class ArgvTests(SynchronousTestCase):
             )
 
     def test_mcp_headers_refused(self) -> None:
-        from sandboxd.agents.clibridge import RpcFailure
-
         session = Session(
             "s",
             "/w",
@@ -339,8 +345,6 @@ class ArgvTests(SynchronousTestCase):
 
     def test_values_stay_values(self) -> None:
         """A model or a session id like an option is given as a value."""
-        from sandboxd.agents.clibridge import CLIS, invocation
-
         session = Session("s", "/w", [], model="--yolo", resume="abc-1")
         for cli in CLIS:
             argv, _ = invocation(cli, "/bin/x", "read_only", session, "hi")
@@ -349,10 +353,10 @@ class ArgvTests(SynchronousTestCase):
 
     def test_only_plain_session_ids_are_resumed(self) -> None:
         """A CLI session id that could be read as an option is not passed back."""
-        from sandboxd.agents.clibridge import Bridge, Turn
         from sandboxd.agents.cliparsers import Parsed
 
-        bridge = Bridge("codex", "/bin/codex", "read_only", lambda data: None)
+        bounds = Bounds(1024, 1.0, 1.0, 100, 10)
+        bridge = Bridge("codex", "/bin/codex", "read_only", bounds, lambda data: None)
         bridge.pointers.directory = os.path.realpath(self.mktemp())
         session = Session("cli_" + "0" * 32, "/w", [])
         bridge._take(session, Turn(), Parsed(session_id="--yolo"))
@@ -363,8 +367,6 @@ class ArgvTests(SynchronousTestCase):
 
     def test_prompt_on_stdin(self) -> None:
         """Every CLI takes the prompt on stdin: one like an option stays a prompt."""
-        from sandboxd.agents.clibridge import CLIS, invocation
-
         for cli in CLIS:
             argv, stdin = invocation(
                 cli, "/bin/x", "read_only", Session("s", "/w", []), "--yolo"
@@ -406,9 +408,8 @@ class PointerTests(SynchronousTestCase):
     def test_kept_bounded_and_refused_names(self) -> None:
         from sandboxd.agents import clibridge
 
-        self.patch(clibridge, "MAX_POINTERS", 3)
         directory = os.path.join(os.path.realpath(self.mktemp()), "pointers")
-        pointers = clibridge.Pointers(directory)
+        pointers = clibridge.Pointers(directory, kept=3)
         ids = [f"cli_{i:032x}" for i in range(5)]
         for n, session_id in enumerate(ids):
             pointers.write(session_id, f"native-{n}")
@@ -456,7 +457,7 @@ class CatalogueEntryTests(SynchronousTestCase):
         argv, executable = entry.launch(env, "workspace_write")
         self.assertEqual(executable, sys.executable)
         self.assertEqual(
-            argv[1:],
+            argv[1:8],
             [
                 "-I",
                 "-m",
@@ -465,9 +466,12 @@ class CatalogueEntryTests(SynchronousTestCase):
                 "codex",
                 "--access",
                 "workspace_write",
-                os.path.join(env["PATH"], "x"),
             ],
         )
+        self.assertEqual(argv[-1], os.path.join(env["PATH"], "x"))
+        # The bridge's bounds are the policy defaults'.
+        self.assertIn(f"--kill-grace={defaults.KILL_GRACE_SECONDS}", argv)
+        self.assertIn(f"--kept-sessions={defaults.AGENT_CLI_KEPT_SESSIONS}", argv)
 
     def test_neither(self) -> None:
         entry, env = self.entry_and_path()
