@@ -49,12 +49,38 @@ STOP_SECONDS = 10.0
 _running: list[subprocess.Popen[bytes]] = []
 
 
+#: Where this helper picks its own ports: below the kernel's ephemeral
+#: range, where the seed's tests pick theirs (by binding port 0), and a
+#: block of its own for each pytest-xdist worker, so that a port one test
+#: chose and released is not handed to another test's daemon meanwhile.
+PORT_BASE = 20000
+PORTS_PER_WORKER = 500
+
+
+def _worker_block() -> range:
+    """This pytest-xdist worker's ports (``gw3`` has the fourth block)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    index = int(worker) if worker.isdigit() else 0
+    start = PORT_BASE + (index % 20) * PORTS_PER_WORKER
+    return range(start, start + PORTS_PER_WORKER)
+
+
+_next_port = [0]
+
+
 def free_port() -> int:
-    """A loopback port nobody listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
+    """A loopback port in this worker's block that nobody listens on now."""
+    block = _worker_block()
+    for _ in range(len(block)):
+        port = block[_next_port[0] % len(block)]
+        _next_port[0] += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {block.start}-{block.stop - 1}")
 
 
 def _other_port(taken: int) -> int:
@@ -64,6 +90,51 @@ def _other_port(taken: int) -> int:
         if port != taken:
             return port
     raise RuntimeError("no second free port")
+
+
+def _listeners(port: int) -> set[str] | None:
+    """
+    The inodes of the sockets listening on TCP ``port``; None without /proc.
+    """
+    found: set[str] = set()
+    tables = [t for t in ("/proc/net/tcp", "/proc/net/tcp6") if os.path.exists(t)]
+    if not tables:
+        return None
+    for table in tables:
+        with open(table) as f:
+            rows = f.read().splitlines()[1:]
+        for row in rows:
+            fields = row.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                found.add(inode)
+    return found
+
+
+def _listens(pid: int, port: int) -> bool:
+    """
+    Whether process ``pid`` holds the socket listening on ``port``.
+
+    Anything that accepts a connection is not enough: another test's
+    server may have bound the port first, and then the daemon fails to
+    bind it and the test talks to a stranger. Where /proc is missing the
+    connection has to do.
+    """
+    inodes = _listeners(port)
+    if inodes is None:
+        return True
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target[8:-1] in inodes:
+            return True
+    return False
 
 
 def _policy_file(folder: str, document: dict[str, Any]) -> str:
@@ -125,9 +196,14 @@ def start(
             raise RuntimeError(f"sandboxd exited with {child.returncode}: {said}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return child
         except OSError:
             time.sleep(0.03)
+            continue
+        if _listens(child.pid, port):
+            return child
+        # Someone else's listener: the child will fail to bind and exit,
+        # which the next round reports with its log.
+        time.sleep(0.03)
     stop(child)
     raise RuntimeError(f"sandboxd did not listen on {port} within {START_SECONDS} s")
 
