@@ -33,6 +33,7 @@ every child was asked on each SIGCHLD).
     .venv/bin/python bench/percall.py --mode callgrind --calls 2000 [--cases health,json,shell]
     .venv/bin/python bench/percall.py --mode cpu --cases shell --trees /tmp/base,. --rounds 5
     .venv/bin/python bench/percall.py --mode cpu --cases shell --concurrency 8 ...
+    .venv/bin/python bench/percall.py --mode callgrind --cases shell --policy priority-off.json
     .venv/bin/python bench/percall.py --mode callgrind --cases shell --background 100
 
 One JSON line per case.
@@ -147,7 +148,11 @@ def _start(args: argparse.Namespace, base: str, token: str, prefix: list[str]) -
         # The profiler's wrapper would put its own folder (this checkout's
         # bench/) first on sys.path, ahead of PYTHONPATH.
         env["PYTHONSAFEPATH"] = "1"
-    return start_daemon(base, token, prefix=prefix, wait_seconds=120, env=env)
+    policy = None
+    if args.policy:
+        with open(args.policy) as f:
+            policy = json.load(f)
+    return start_daemon(base, token, policy, prefix=prefix, wait_seconds=120, env=env)
 
 
 def concurrent_calls(
@@ -421,6 +426,7 @@ def main() -> None:
         help="comma-separated checkouts, alternated --rounds times in this run",
     )
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--policy", help="the daemon's policy, a JSON file")
     ap.add_argument(
         "--background",
         type=int,
