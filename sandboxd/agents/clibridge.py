@@ -36,10 +36,12 @@ import signal
 import sys
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandboxd.agents import climcp
+from sandboxd.agents.climcp import toml_string
 from sandboxd.agents.cliparsers import READERS, Outcome, Parsed
 
 #: ``--access`` values, narrowest first.
@@ -114,11 +116,6 @@ class Turn:
     stderr_bytes: int = 0
 
 
-def toml_string(value: str) -> str:
-    """``value`` as a TOML basic string (JSON's escapes are TOML's)."""
-    return json.dumps(value, ensure_ascii=False)
-
-
 def prompt_text(blocks: Any) -> str:
     """An ACP prompt as the one text a CLI takes."""
     parts: list[str] = []
@@ -139,41 +136,6 @@ def prompt_text(blocks: Any) -> str:
     return "\n\n".join(parts)
 
 
-_MCP_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-
-
-def _codex_mcp(servers: list[dict[str, Any]]) -> list[str]:
-    """``-c`` overrides naming the session's MCP servers for codex."""
-    args: list[str] = []
-    for server in servers:
-        name = server.get("name")
-        if not isinstance(name, str) or not _MCP_NAME.fullmatch(name):
-            # The name is part of a -c key: nothing there may end or quote it.
-            raise RpcFailure(
-                INVALID_PARAMS,
-                f"MCP server name {name!r}: letters, digits, - and _ only for codex",
-            )
-        if server.get("headers") or server.get("env"):
-            raise RpcFailure(
-                INVALID_PARAMS,
-                f"MCP server {name!r}: a headless CLI is not handed headers or "
-                "environment variables (they would show in its command line)",
-            )
-        base = f"mcp_servers.{name}"
-        if isinstance(server.get("url"), str):
-            args += ["-c", f"{base}.url={toml_string(server['url'])}"]
-        elif isinstance(server.get("command"), str):
-            args += ["-c", f"{base}.command={toml_string(server['command'])}"]
-            extra = [str(a) for a in server.get("args") or []]
-            if extra:
-                args += ["-c", f"{base}.args=[{', '.join(map(toml_string, extra))}]"]
-        else:
-            raise RpcFailure(
-                INVALID_PARAMS, f"MCP server {name!r} has no url or command"
-            )
-    return args
-
-
 _CODEX_SANDBOX = {
     "read_only": "read-only",
     "workspace_write": "workspace-write",
@@ -181,8 +143,13 @@ _CODEX_SANDBOX = {
 }
 
 
-def codex_argv(program: str, access: str, session: Session) -> list[str]:
-    """``codex exec [resume ID] --json …  -``: the prompt comes on stdin."""
+def codex_argv(
+    program: str, access: str, session: Session, mcp: Sequence[str] = ()
+) -> list[str]:
+    """
+    ``codex exec [resume ID] --json …  -``: the prompt comes on stdin;
+    ``mcp``: the overrides naming the session's MCP servers.
+    """
     argv = [program, "exec"]
     if session.resume:
         argv += ["resume", session.resume]
@@ -197,8 +164,7 @@ def codex_argv(program: str, access: str, session: Session) -> list[str]:
     ]
     if session.effort:
         argv += ["-c", f"model_reasoning_effort={toml_string(session.effort)}"]
-    argv += _codex_mcp(session.mcp_servers)
-    return [*argv, "-"]
+    return [*argv, *mcp, "-"]
 
 
 _QWEN_APPROVAL = {
@@ -253,19 +219,53 @@ CLIS = ("codex", "qwen", "claude")
 _FORMATS = {"codex": "codex", "qwen": "stream-json", "claude": "stream-json"}
 
 
+@dataclass(frozen=True)
+class Call:
+    """One turn's run of the CLI."""
+
+    argv: list[str]
+    #: What goes on its stdin (None: nothing).
+    stdin: bytes | None
+    #: Variables added to its environment.
+    env: dict[str, str] = field(default_factory=dict)
+    #: The JSON it reads through ``--mcp-config`` (the session's MCP servers).
+    mcp_config: bytes | None = None
+
+
 def invocation(
     cli: str, program: str, access: str, session: Session, prompt: str
-) -> tuple[list[str], bytes | None]:
-    """The CLI's argv for one turn, and what goes on its stdin (None: nothing)."""
+) -> Call:
+    """
+    The CLI's run for one turn.
+
+    :raises RpcFailure: the session's MCP servers cannot be handed to it.
+    """
+    try:
+        servers = climcp.handover(cli, session.mcp_servers)
+    except climcp.Refused as e:
+        raise RpcFailure(INVALID_PARAMS, str(e)) from None
     if cli == "codex":
-        return codex_argv(program, access, session), prompt.encode()
-    if session.mcp_servers:
-        raise RpcFailure(
-            INVALID_PARAMS, f"the {cli} CLI is not handed MCP servers by sandboxd"
-        )
-    if cli == "qwen":
-        return qwen_argv(program, access, session), prompt.encode()
-    return claude_argv(program, access, session), prompt.encode()
+        argv = codex_argv(program, access, session, servers.args)
+    elif cli == "qwen":
+        argv = qwen_argv(program, access, session)
+    else:
+        argv = claude_argv(program, access, session)
+    return Call(argv, prompt.encode(), servers.env, servers.config)
+
+
+def mcp_config_file(content: bytes) -> int:
+    """
+    A descriptor of an anonymous file holding ``content`` (not inherited):
+    the MCP servers' settings, credentials included, never get a name on
+    disk that a turn killed with the bridge would leave behind.
+    """
+    fd = os.memfd_create("sandboxd-mcp-config")
+    try:
+        os.write(fd, content)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 class _CLIProtocol(asyncio.subprocess.SubprocessStreamProtocol):
@@ -534,34 +534,42 @@ class Bridge:
         if session.running:
             raise RpcFailure(INVALID_PARAMS, "a turn is already running")
         prompt = prompt_text(params.get("prompt"))
-        argv, stdin = invocation(self.cli, self.program, self.access, session, prompt)
+        call = invocation(self.cli, self.program, self.access, session, prompt)
         session.running, session.cancelled = True, False
         try:
-            return await self._turn(session, argv, stdin)
+            return await self._turn(session, call)
         finally:
             session.running = False
 
-    async def _turn(
-        self, session: Session, argv: list[str], stdin: bytes | None
-    ) -> dict[str, Any]:
+    async def _turn(self, session: Session, call: Call) -> dict[str, Any]:
         """One run of the CLI, from its start to the prompt's answer."""
-        loop = asyncio.get_running_loop()
         try:
-            transport, protocol = await loop.subprocess_exec(
-                lambda: _CLIProtocol(self.bounds.max_line_bytes, loop),
-                *argv,
-                cwd=session.cwd,
-                stdin=asyncio.subprocess.PIPE
-                if stdin is not None
-                else asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                start_new_session=True,
+            config = (
+                None if call.mcp_config is None else mcp_config_file(call.mcp_config)
             )
         except OSError as e:
             raise RpcFailure(
-                INTERNAL_ERROR, f"cannot start {self.program}: {e.strerror}"
+                INTERNAL_ERROR, f"cannot hand the MCP servers over: {e.strerror}"
             ) from None
+        argv = list(call.argv)
+        if config is not None:
+            # Read through the bridge's own descriptor, open until the turn
+            # ends: a CLI that starts itself again (qwen does) has it too,
+            # which a descriptor handed down would not promise.
+            argv.append(f"--mcp-config=/proc/{os.getpid()}/fd/{config}")
+        try:
+            return await self._run_cli(session, call, argv)
+        finally:
+            if config is not None:
+                os.close(config)
+
+    async def _run_cli(
+        self, session: Session, call: Call, argv: list[str]
+    ) -> dict[str, Any]:
+        """The CLI started as ``argv``, read to its end: the prompt's answer."""
+        loop = asyncio.get_running_loop()
+        transport, protocol = await self._start(session, call, argv)
+        stdin = call.stdin
         process = asyncio.subprocess.Process(transport, protocol, loop)
         session.process = (process.pid, protocol.exited)
         turn = Turn()
@@ -574,6 +582,29 @@ class Bridge:
             session.process = None
             transport.close()
         return self._ended(session, transport.get_returncode(), turn)
+
+    async def _start(
+        self, session: Session, call: Call, argv: list[str]
+    ) -> tuple[asyncio.SubprocessTransport, _CLIProtocol]:
+        """The CLI started in the session's directory, in a session of its own."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.subprocess_exec(
+                lambda: _CLIProtocol(self.bounds.max_line_bytes, loop),
+                *argv,
+                cwd=session.cwd,
+                env={**os.environ, **call.env} if call.env else None,
+                stdin=asyncio.subprocess.PIPE
+                if call.stdin is not None
+                else asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as e:
+            raise RpcFailure(
+                INTERNAL_ERROR, f"cannot start {self.program}: {e.strerror}"
+            ) from None
 
     async def _run(
         self,

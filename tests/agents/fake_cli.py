@@ -6,7 +6,9 @@ wrappers :func:`tests.agents.test_clibridge.fake_clis` puts on PATH pass
 it), printing the lines the real ones print.
 
 Each run appends its argv and prompt to ``.fake-cli-runs.jsonl`` in its
-working directory, so a test sees how the bridge called it.  The prompt's
+working directory, with the MCP settings it read through ``--mcp-config``
+and the variables of its environment named ``SANDBOXD_MCP_*`` or
+``MCP_TEST_*``, so a test sees how the bridge called it.  The prompt's
 first word picks what it does: ``echo TEXT``, ``run COMMAND`` (a shell
 tool call, then ``done``), ``fail`` (the turn fails), ``crash`` (exit 3
 with a message on stderr), ``slow`` (until killed), ``linger TEXT`` (leaves a process holding its
@@ -215,8 +217,18 @@ def stream_json(argv: list[str], prompt: str) -> int:
 def main() -> int:
     cli, argv = sys.argv[1], sys.argv[2:]
     prompt = sys.stdin.read()
+    run = {"cli": cli, "argv": argv, "prompt": prompt}
+    config = value_after(argv, "--mcp-config")
+    if config is not None:
+        with open(config) as f:
+            run["mcp_config"] = json.load(f)
+    run["mcp_env"] = {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith(("SANDBOXD_MCP_", "MCP_TEST_"))
+    }
     with open(".fake-cli-runs.jsonl", "a") as f:
-        f.write(json.dumps({"cli": cli, "argv": argv, "prompt": prompt}) + "\n")
+        f.write(json.dumps(run) + "\n")
     word = prompt.partition(" ")[0]
     if word == "crash":
         sys.stderr.write("fake cli: no credentials\n")

@@ -23,7 +23,6 @@ from sandboxd.agents.clibridge import (
     RpcFailure,
     Session,
     Turn,
-    codex_argv,
     invocation,
 )
 from sandboxd.agents.permissions import headless_access
@@ -312,42 +311,46 @@ class ArgvTests(SynchronousTestCase):
         session = Session(
             "s",
             "/w",
-            [{"name": "my_tools", "url": "http://127.0.0.1:9/mcp"}],
+            [{"name": "my_tools", "url": "http://127.0.0.1:9/mcp", "type": "http"}],
             model="gpt-x",
             resume="th_9",
         )
-        argv = codex_argv("/bin/codex", "workspace_write", session)
+        argv = invocation("codex", "/bin/codex", "workspace_write", session, "").argv
         self.assertEqual(argv[:4], ["/bin/codex", "exec", "resume", "th_9"])
         self.assertIn("--model=gpt-x", argv)
         self.assertIn('mcp_servers.my_tools.url="http://127.0.0.1:9/mcp"', argv)
         self.assertIn('sandbox_mode="workspace-write"', argv)
+        self.assertEqual(argv[-1], "-")
 
     def test_mcp_name_refused(self) -> None:
         for name in ("a=b", 'x".url', "", "a b"):
             session = Session("s", "/w", [{"name": name, "url": "http://x/"}])
-            self.assertRaises(
-                RpcFailure, codex_argv, "/bin/codex", "read_only", session
-            )
+            for cli in CLIS:
+                self.assertRaises(
+                    RpcFailure, invocation, cli, "/bin/x", "read_only", session, ""
+                )
 
-    def test_mcp_headers_refused(self) -> None:
-        session = Session(
-            "s",
-            "/w",
-            [
-                {
-                    "name": "t",
-                    "url": "http://x/",
-                    "headers": [{"name": "A", "value": "b"}],
-                }
-            ],
-        )
-        self.assertRaises(RpcFailure, codex_argv, "/bin/codex", "read_only", session)
+    def test_mcp_secrets_stay_off_the_command_line(self) -> None:
+        """A header's value reaches each CLI, never through its arguments."""
+        server = {
+            "type": "http",
+            "name": "t",
+            "url": "http://x/",
+            "headers": [{"name": "Authorization", "value": "Bearer s3cret"}],
+        }
+        for cli in CLIS:
+            call = invocation(
+                cli, "/bin/x", "read_only", Session("s", "/w", [server]), ""
+            )
+            self.assertFalse([a for a in call.argv if "s3cret" in a], cli)
+            handed = json.dumps(call.env) + (call.mcp_config or b"").decode()
+            self.assertIn("Bearer s3cret", handed, cli)
 
     def test_values_stay_values(self) -> None:
         """A model or a session id like an option is given as a value."""
         session = Session("s", "/w", [], model="--yolo", resume="abc-1")
         for cli in CLIS:
-            argv, _ = invocation(cli, "/bin/x", "read_only", session, "hi")
+            argv = invocation(cli, "/bin/x", "read_only", session, "hi").argv
             self.assertIn("--model=--yolo", argv)
             self.assertNotIn("--yolo", argv)
 
@@ -368,11 +371,119 @@ class ArgvTests(SynchronousTestCase):
     def test_prompt_on_stdin(self) -> None:
         """Every CLI takes the prompt on stdin: one like an option stays a prompt."""
         for cli in CLIS:
-            argv, stdin = invocation(
+            call = invocation(
                 cli, "/bin/x", "read_only", Session("s", "/w", []), "--yolo"
             )
+            argv, stdin = call.argv, call.stdin
             self.assertNotIn("--yolo", argv)
             self.assertEqual(stdin, b"--yolo")
+
+
+#: An HTTP server holding a vault's token, and a stdio server with a key.
+MCP_SERVERS = [
+    {
+        "type": "http",
+        "name": "issues",
+        "url": "http://127.0.0.1:9/mcp",
+        "headers": [{"name": "Authorization", "value": "Bearer tok-123"}],
+    },
+    {
+        "name": "local",
+        "command": "/usr/bin/env",
+        "args": ["mcp-server", "--stdio"],
+        "env": [{"name": "MCP_TEST_KEY", "value": "key-456"}],
+    },
+]
+
+
+class McpHandoverTests(HeadlessTestCase):
+    """A session's MCP servers reach each CLI, their credentials never in its argv."""
+
+    policy = agents_policy(params={"mcp_servers": "all"})
+
+    @inlineCallbacks
+    def turn(self, agent: str) -> Any:
+        sid = yield self.session(agent, mcp_servers=MCP_SERVERS)
+        reply = yield self.prompt(sid, "echo with tools")
+        self.assertEqual(reply.status, 200, reply.body)
+        [run] = runs(self.base_dir)
+        for secret in ("tok-123", "key-456"):
+            self.assertFalse([a for a in run["argv"] if secret in a], run["argv"])
+        return run
+
+    @inlineCallbacks
+    def test_claude_reads_a_file_with_no_name(self) -> Any:
+        """
+        claude gets ``--mcp-config`` naming an open descriptor of an
+        anonymous file (nothing on disk to leave behind) with both servers.
+        """
+        run = yield self.turn("claude")
+        [config] = [a for a in run["argv"] if a.startswith("--mcp-config=")]
+        self.assertRegex(config, r"^--mcp-config=/proc/\d+/fd/\d+$")
+        self.assertEqual(
+            run["mcp_config"],
+            {
+                "mcpServers": {
+                    "issues": {
+                        "type": "http",
+                        "url": "http://127.0.0.1:9/mcp",
+                        "headers": {"Authorization": "Bearer tok-123"},
+                    },
+                    "local": {
+                        "type": "stdio",
+                        "command": "/usr/bin/env",
+                        "args": ["mcp-server", "--stdio"],
+                        "env": {"MCP_TEST_KEY": "key-456"},
+                    },
+                }
+            },
+        )
+        self.assertEqual(run["mcp_env"], {})
+
+    @inlineCallbacks
+    def test_qwen_in_its_own_format(self) -> Any:
+        run = yield self.turn("qwen-code")
+        self.assertEqual(
+            run["mcp_config"]["mcpServers"]["issues"],
+            {
+                "httpUrl": "http://127.0.0.1:9/mcp",
+                "headers": {"Authorization": "Bearer tok-123"},
+            },
+        )
+        self.assertEqual(
+            run["mcp_config"]["mcpServers"]["local"]["env"], {"MCP_TEST_KEY": "key-456"}
+        )
+
+    @inlineCallbacks
+    def test_codex_by_its_environment(self) -> Any:
+        """
+        codex's overrides name variables of its environment: the header's
+        value in one of ours, the stdio server's under its own name.
+        """
+        run = yield self.turn("codex")
+        argv = run["argv"]
+        self.assertIn('mcp_servers.issues.url="http://127.0.0.1:9/mcp"', argv)
+        self.assertIn(
+            'mcp_servers.issues.env_http_headers={"Authorization" = '
+            '"SANDBOXD_MCP_SECRET_0_0"}',
+            argv,
+        )
+        self.assertIn('mcp_servers.local.env_vars=["MCP_TEST_KEY"]', argv)
+        self.assertEqual(
+            run["mcp_env"],
+            {"SANDBOXD_MCP_SECRET_0_0": "Bearer tok-123", "MCP_TEST_KEY": "key-456"},
+        )
+        self.assertNotIn("mcp_config", run)
+
+    @inlineCallbacks
+    def test_refused_before_any_turn(self) -> Any:
+        """Servers a CLI cannot take stop the session's creation, with the reason."""
+        sse = {"type": "sse", "name": "old", "url": "http://127.0.0.1:9/sse"}
+        reply = yield self.create("codex", mcp_servers=[sse])
+        self.assertEqual(reply.status, 502, reply.body)
+        self.assertEqual(reply.json()["code"], "agent_error")
+        self.assertIn("not SSE", reply.json()["error"])
+        self.assertEqual(runs(self.base_dir), [])
 
 
 class PolicyEntryTests(HeadlessTestCase):

@@ -19,7 +19,7 @@ from twisted.trial.unittest import SkipTest
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from tests.agents.test_agents import AgentsTestCase
+from tests.agents.test_agents import AgentsTestCase, agents_policy
 
 QWEN_BIN = os.path.join(sys.prefix, "node-qwen", "node_modules", ".bin")
 CODEX_BIN = os.path.join(sys.prefix, "node-codex", "node_modules", ".bin")
@@ -191,6 +191,55 @@ class Messages(ModelAPI):
         return sse([(name, {"type": name, **data}) for name, data in events])
 
 
+class McpServer(Resource):
+    """
+    A stand-in MCP server (streamable HTTP, answers as JSON) offering one
+    tool, ``lookup_issue``; every request's method and ``Authorization``
+    header are kept.
+    """
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, str | None]] = []
+
+    def render_POST(self, request: Any) -> bytes:
+        message = json.loads(request.content.read() or b"{}")
+        token = request.getHeader("authorization")
+        self.calls.append((message.get("method", ""), token))
+        if "id" not in message:
+            request.setResponseCode(202)
+            return b""
+        method = message.get("method")
+        if method == "initialize":
+            result: dict[str, Any] = {
+                "protocolVersion": message["params"]["protocolVersion"],
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "stand-in", "version": "1"},
+            }
+        elif method == "tools/list":
+            tool = {
+                "name": "lookup_issue",
+                "description": "Look an issue up.",
+                "inputSchema": {"type": "object", "properties": {}},
+            }
+            result = {"tools": [tool]}
+        else:
+            result = {}
+        request.setHeader(b"content-type", b"application/json")
+        return json.dumps(
+            {"jsonrpc": "2.0", "id": message["id"], "result": result}
+        ).encode()
+
+    def render_GET(self, request: Any) -> bytes:
+        request.setResponseCode(405)
+        return b""
+
+    def render_DELETE(self, request: Any) -> bytes:
+        return b""
+
+
 def environment(test: Any, values: dict[str, str]) -> None:
     """``values`` in the daemon's environment for ``test``."""
     for name, value in values.items():
@@ -216,12 +265,15 @@ class RealCLICase(AgentsTestCase):
     """
 
     timeout = 120
+    policy = agents_policy(params={"mcp_servers": "http"})
     #: The CLI's directory, its binary, and the catalogue agent it runs for.
     bin_dir = ""
     program = ""
     agent = ""
     #: Where a request of its API carries the conversation.
     history = ""
+    #: What of an MCP server's tools its model's request shows.
+    offered_tool = "lookup_issue"
 
     def model_api(self) -> Any:
         raise NotImplementedError
@@ -267,6 +319,28 @@ class RealCLICase(AgentsTestCase):
         self.assertIn("you said: --yolo say hi", said)
         return first
 
+    @inlineCallbacks
+    def with_mcp_server(self) -> Any:
+        """
+        A session with an MCP server behind a bearer token: the real CLI
+        connects with the token and offers the server's tool to the model.
+        """
+        server = McpServer()
+        port = serve(self, server)
+        mcp = {
+            "type": "http",
+            "name": "issues",
+            "url": f"http://127.0.0.1:{port}/mcp",
+            "headers": [{"name": "Authorization", "value": "Bearer tok-123"}],
+        }
+        sid = yield self.session(self.agent, mcp_servers=[mcp])
+        reply = yield self.prompt(sid, "look", wait=90)
+        self.assertEqual(reply.json().get("text"), "you said: look", reply.body)
+        methods = [method for method, _ in server.calls]
+        self.assertIn("tools/list", methods)
+        self.assertEqual({token for _, token in server.calls}, {"Bearer tok-123"})
+        self.assertIn(self.offered_tool, json.dumps(self.model.requests[-1]))
+
 
 class RealQwenTests(RealCLICase):
     bin_dir, program, agent, history = QWEN_BIN, "qwen", "qwen-code", "messages"
@@ -288,9 +362,15 @@ class RealQwenTests(RealCLICase):
         """Qwen Code 0.24.4: see :meth:`RealCLICase.two_turns`."""
         return self.two_turns()
 
+    def test_mcp_server(self) -> Any:
+        """See :meth:`RealCLICase.with_mcp_server`."""
+        return self.with_mcp_server()
+
 
 class RealCodexTests(RealCLICase):
     bin_dir, program, agent, history = CODEX_BIN, "codex", "codex", "input"
+    # codex names a server's tools as a namespace its model loads when needed.
+    offered_tool = "mcp__issues"
 
     def model_api(self) -> Any:
         return Responses()
@@ -312,6 +392,10 @@ class RealCodexTests(RealCLICase):
         first = yield self.two_turns(thought_level="high", model="m")
         self.assertEqual((first["model"], first["reasoning"]["effort"]), ("m", "high"))
 
+    def test_mcp_server(self) -> Any:
+        """See :meth:`RealCLICase.with_mcp_server`."""
+        return self.with_mcp_server()
+
 
 class RealClaudeTests(RealCLICase):
     bin_dir, program, agent, history = CLAUDE_BIN, "claude", "claude", "messages"
@@ -330,3 +414,7 @@ class RealClaudeTests(RealCLICase):
         """Claude Code 2.1.328 (its partial messages, then the whole one), its model the session's."""
         first = yield self.two_turns(model="m")
         self.assertEqual(first["model"], "m")
+
+    def test_mcp_server(self) -> Any:
+        """See :meth:`RealCLICase.with_mcp_server`."""
+        return self.with_mcp_server()

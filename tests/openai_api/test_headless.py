@@ -12,8 +12,52 @@ from typing import Any
 from twisted.internet.defer import inlineCallbacks
 
 from tests.agents.test_clibridge import fake_clis, runs
-from tests.openai_api.sdk import OpenAICase, caught
+from tests.openai_api.sdk import OpenAICase, caught, openai_policy
 from tests.openai_api.test_restart import RestartCase
+from tests.openai_api.vaults import SERVER, TOKEN, bearer_vault, mcp_agent
+
+
+class HeadlessVaultTests(OpenAICase):
+    """A vault's credential for a session's MCP tool reaches a headless CLI."""
+
+    policy = openai_policy(params={"mcp_servers": "http"})
+
+    def setUp(self) -> Any:
+        fake_clis(self)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_credential_reaches_the_cli_not_its_arguments(self) -> Any:
+        """
+        codex gets the tool's server with the token in a variable of its
+        environment that its ``-c`` overrides name; qwen reads it from the
+        settings it is handed; neither's command line holds it.
+        """
+        agents = self.client().beta.agents
+
+        def run(model: str) -> None:
+            vault, _ = bearer_vault(agents)
+            session = agents.sessions.create(
+                **self.session_body(
+                    agent={**mcp_agent(), "model": model}, vault_ids=[vault.id]
+                )
+            )
+            with agents.sessions.stream(session.id, input="echo ok") as stream:
+                list(stream)
+
+        for model in ("codex", "qwen"):
+            yield self.sdk(run, model)
+        codex, qwen = runs(self.base_dir)
+        for run_ in (codex, qwen):
+            self.assertFalse([a for a in run_["argv"] if TOKEN in a], run_["argv"])
+        self.assertIn(f'mcp_servers.docs.url="{SERVER}"', codex["argv"])
+        self.assertEqual(
+            codex["mcp_env"], {"SANDBOXD_MCP_SECRET_0_0": f"Bearer {TOKEN}"}
+        )
+        self.assertEqual(
+            qwen["mcp_config"]["mcpServers"]["docs"],
+            {"httpUrl": SERVER, "headers": {"Authorization": f"Bearer {TOKEN}"}},
+        )
 
 
 class HeadlessRuntimeTests(OpenAICase):
