@@ -63,24 +63,52 @@ SLOW_ENDPOINT_PLUGIN = textwrap.dedent(
     """
 )
 
-#: Run twistd in-process; on SIGUSR2 write the names in sys.modules to OUT.
+#: Run twistd in-process; write the names in sys.modules to OUT just before
+#: the daemon loads its everyday groups once listening, and to OUT.settled
+#: just after.
 MODULES_WRAPPER = textwrap.dedent(
     """
-    import os, signal, sys
+    import os, sys
 
     out = sys.argv[1]
 
-    def dump(*_):
-        with open(out + ".part", "w") as f:
+    def dump(path):
+        with open(path + ".part", "w") as f:
             f.write("\\n".join(sorted(sys.modules)))
-        os.replace(out + ".part", out)
+        os.replace(path + ".part", path)
 
-    signal.signal(signal.SIGUSR2, dump)
+    import sandboxd.daemon.server as server
+
+    everyday = server.load_everyday
+
+    def dumping(*args):
+        dump(out)
+        everyday(*args)
+        dump(out + ".settled")
+
+    server.load_everyday = dumping
     sys.argv = ["twistd", *sys.argv[2:]]
     from twisted.scripts.twistd import run
 
     run()
     """
+)
+
+#: What :func:`sandboxd.daemon.startup.load_everyday` loads once the daemon
+#: listens: the handlers of the process and file groups, and what they import
+#: (a child's machinery, the upload and watch services' modules; not the
+#: services, nor inotify).
+EVERYDAY = (
+    "sandboxd.routes.files",
+    "sandboxd.routes.uploads",
+    "sandboxd.routes.process",
+    "sandboxd.files.uploads",
+    "sandboxd.files.watch",
+    "sandboxd.processes.child",
+    "sandboxd.processes.managed",
+    "sandboxd.processes.posix_spawn",
+    "sandboxd.processes.run",
+    "sandboxd.processes.spawning",
 )
 
 #: Modules that the default policy's daemon must not have imported before
@@ -333,8 +361,10 @@ class StartImportsTests(SynchronousTestCase):
 
     def test_default_policy_imports_no_unused_group(self) -> None:
         """
-        With the default policy (every group on), after the first
-        ``200 /health`` the daemon has imported none of ``NOT_AT_START``.
+        With the default policy (every group on), what the daemon has
+        imported by the time it listens holds none of ``NOT_AT_START``;
+        once it has settled, the everyday groups' handlers are loaded and
+        still nothing else of the list.
         """
         base = os.path.abspath(self.mktemp())
         os.makedirs(base)
@@ -346,21 +376,57 @@ class StartImportsTests(SynchronousTestCase):
         daemon = DaemonProcess(self, argv, {"ABX_SERVER_TOKEN": TOKEN})
         self.addCleanup(stop, daemon)
         first_health(daemon)
-        daemon.proc.send_signal(signal.SIGUSR2)
         deadline = time.monotonic() + 10
-        while not os.path.exists(out) and time.monotonic() < deadline:
+        while not os.path.exists(out + ".settled") and time.monotonic() < deadline:
             time.sleep(0.05)
-        self.assertTrue(os.path.exists(out), daemon.output())
+        self.assertTrue(os.path.exists(out + ".settled"), daemon.output())
         with open(out) as f:
-            modules = set(f.read().split())
-        self.assertIn("sandboxd.routes.core", modules)
-        imported = sorted(
-            m
-            for m in modules
-            for unwanted in NOT_AT_START
-            if m == unwanted or m.startswith(unwanted + ".")
-        )
-        self.assertEqual(imported, [])
+            at_start = set(f.read().split())
+        with open(out + ".settled") as f:
+            settled = set(f.read().split())
+        self.assertIn("sandboxd.routes.core", at_start)
+        self.assertEqual(unwanted(at_start, NOT_AT_START), [])
+        self.assertEqual(sorted(settled & set(EVERYDAY)), sorted(EVERYDAY))
+        self.assertNotIn("twisted.internet.inotify", settled)
+        later = tuple(m for m in NOT_AT_START if m not in EVERYDAY)
+        self.assertEqual(unwanted(settled, later), [])
+
+
+def unwanted(modules: set[str], listed: tuple[str, ...]) -> list[str]:
+    """The modules of ``modules`` that are, or are inside, one of ``listed``."""
+    return sorted(
+        m for m in modules for name in listed if m == name or m.startswith(name + ".")
+    )
+
+
+class EverydayGroupsTests(SynchronousTestCase):
+    """Which groups are loaded once the daemon listens (in memory)."""
+
+    def loaded(self, policy: dict[str, object]) -> set[str]:
+        from sandboxd.daemon.startup import load_everyday
+        from sandboxd.routes import FirstCall
+        from sandboxd.testing import memory_context
+
+        context = memory_context(policy)
+        load_everyday(context.policy, context.table)
+        return {
+            e.group.value
+            for e in context.table
+            if e.handler is not None and not isinstance(e.handler, FirstCall)
+        }
+
+    def test_process_and_files_when_on(self) -> None:
+        loaded = self.loaded({})
+        self.assertIn("process", loaded)
+        self.assertIn("file_ops", loaded)
+        self.assertNotIn("terminal", loaded)
+        self.assertNotIn("system", loaded)
+
+    def test_a_group_switched_off_stays_unloaded(self) -> None:
+        """Nothing of a group the policy turned off is loaded ahead of use."""
+        loaded = self.loaded({"groups": {"process": False}})
+        self.assertNotIn("process", loaded)
+        self.assertIn("file_ops", loaded)
 
 
 class HealthcheckImportsTests(SynchronousTestCase):

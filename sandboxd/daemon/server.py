@@ -46,6 +46,7 @@ from sandboxd.daemon.startup import (
     exposed,
     groups_on,
     interface_of,
+    load_everyday,
     startup_line,
 )
 from sandboxd.endpoints import RouteTable
@@ -337,8 +338,18 @@ class DaemonService(MultiService):
             self._hide_secrets()
         self._install_hup()
         self._enter_base_dir()
-        self._trim = self.context.reactor.callLater(TRIM_AFTER_SECONDS, release_memory)
+        self._trim = self.context.reactor.callLater(TRIM_AFTER_SECONDS, self._settle)
         self.heap_sweep.start(HEAP_TRIM_QUIET_SECONDS, now=False)
+
+    def _settle(self) -> None:
+        """
+        Once the daemon listens: the everyday groups' handlers loaded
+        (:func:`sandboxd.daemon.startup.load_everyday`), then start-up's
+        heap handed back (:func:`release_memory`, which also freezes what
+        the loading made).
+        """
+        load_everyday(self.context.policy, self.context.table)
+        release_memory()
 
     def _sweep_heap(self) -> None:
         """

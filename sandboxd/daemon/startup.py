@@ -208,6 +208,28 @@ def groups_on(policy: Policy, table: RouteTable) -> list[str]:
     return names
 
 
+#: The groups nearly every caller uses, loaded once the daemon listens
+#: rather than on their first request (:func:`load_everyday`).
+EVERYDAY_GROUPS = (CapabilityGroup.PROCESS, CapabilityGroup.FILE_OPS)
+
+
+def load_everyday(policy: Policy, table: RouteTable) -> None:
+    """
+    Attach the handlers of :data:`EVERYDAY_GROUPS` that the policy has on.
+
+    A group's modules are imported on its first request so that a start
+    loads only what answering ``/health`` needs; run once the daemon
+    listens and is idle, this spares an agent's first command or file
+    read the import (several milliseconds) at the cost of the memory the
+    modules take, which the first such call would take anyway.
+    """
+    from sandboxd.routes import load_group
+
+    for group in EVERYDAY_GROUPS:
+        if any(policy.rules[e.id].enabled for e in table if e.group is group):
+            load_group(table, group)
+
+
 def startup_line(
     version: str,
     listeners: Sequence[tuple[str, str]],
