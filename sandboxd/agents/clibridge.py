@@ -250,7 +250,13 @@ def invocation(
         argv = qwen_argv(program, access, session)
     else:
         argv = claude_argv(program, access, session)
-    return Call(argv, prompt.encode(), servers.env, servers.config)
+    env = dict(servers.env)
+    if cli == "claude" and access == "full_access" and os.geteuid() == 0:
+        # Claude Code refuses its full-access mode to root unless it runs in
+        # a sandbox it recognises (IS_SANDBOX=1, bubblewrap, docker); the
+        # daemon's policy granted full access and is that sandbox here.
+        env["IS_SANDBOX"] = "1"
+    return Call(argv, prompt.encode(), env, servers.config)
 
 
 def mcp_config_file(content: bytes) -> int:

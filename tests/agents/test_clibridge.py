@@ -346,6 +346,21 @@ class ArgvTests(SynchronousTestCase):
             handed = json.dumps(call.env) + (call.mcp_config or b"").decode()
             self.assertIn("Bearer s3cret", handed, cli)
 
+    def test_claude_full_access_as_root(self) -> None:
+        """
+        Claude Code's full-access mode as root gets ``IS_SANDBOX=1`` (it
+        refuses that mode to root otherwise); nothing else does.
+        """
+        session = Session("s", "/w", [])
+        self.patch(os, "geteuid", lambda: 0)
+        call = invocation("claude", "/bin/claude", "full_access", session, "")
+        self.assertEqual(call.env, {"IS_SANDBOX": "1"})
+        for cli, access in (("claude", "workspace_write"), ("codex", "full_access")):
+            self.assertEqual(invocation(cli, "/bin/x", access, session, "").env, {})
+        self.patch(os, "geteuid", lambda: 1000)
+        call = invocation("claude", "/bin/claude", "full_access", session, "")
+        self.assertEqual(call.env, {})
+
     def test_values_stay_values(self) -> None:
         """A model or a session id like an option is given as a value."""
         session = Session("s", "/w", [], model="--yolo", resume="abc-1")

@@ -418,3 +418,42 @@ class RealClaudeTests(RealCLICase):
     def test_mcp_server(self) -> Any:
         """See :meth:`RealCLICase.with_mcp_server`."""
         return self.with_mcp_server()
+
+
+#: Every kind of action automatic, the full-access modes allowed.
+FULL_ACCESS = agents_policy(
+    params={"permission_mode": {"*": "auto"}, "deny_modes": [], "mcp_servers": "http"}
+)
+
+
+class FullAccess:
+    """
+    Mixed into a real CLI's case: the CLI in its full-access mode
+    (``--yolo``, ``danger-full-access``, ``bypassPermissions``).
+    """
+
+    policy = FULL_ACCESS
+
+    @inlineCallbacks
+    def test_turns_through_the_real_cli(self: Any) -> Any:
+        """
+        A turn answers in full access, as root too: Claude Code refuses that
+        mode to root outside a sandbox it recognises, and the daemon's
+        policy, which granted it, is that sandbox.
+        """
+        sid = yield self.session(self.agent)
+        reply = yield self.prompt(sid, "hello", wait=90)
+        self.assertEqual(reply.json().get("text"), "you said: hello", reply.body)
+        self.assertEqual(reply.json()["stop_reason"], "end_turn")
+
+
+class RealQwenFullAccessTests(FullAccess, RealQwenTests):
+    pass
+
+
+class RealCodexFullAccessTests(FullAccess, RealCodexTests):
+    pass
+
+
+class RealClaudeFullAccessTests(FullAccess, RealClaudeTests):
+    pass
