@@ -62,7 +62,21 @@ class ModelAPI(Resource):
         self.requests.append(body)
         texts = self.user_texts(body)
         request.setHeader(b"content-type", b"text/event-stream")
-        return self.stream(body, "you said: " + (texts[-1].strip() if texts else ""))
+        result = self.tool_result(body)
+        if result is not None:
+            return self.stream(body, "ran: " + result.strip())
+        said = texts[-1].strip() if texts else ""
+        if said.startswith("run: "):
+            return self.tool_call(body, said[len("run: ") :])
+        return self.stream(body, "you said: " + said)
+
+    def tool_result(self, body: dict[str, Any]) -> str | None:
+        """The output of the tool call the last request answers, if it does."""
+        return None
+
+    def tool_call(self, body: dict[str, Any], command: str) -> bytes:
+        """A stream asking the CLI to run ``command`` with its shell tool."""
+        raise NotImplementedError
 
     def render_HEAD(self, request: Any) -> bytes:
         return b""
@@ -97,6 +111,42 @@ class ModelAPI(Resource):
 
 class ChatCompletions(ModelAPI):
     """``POST /v1/chat/completions`` (OpenAI's chat API), as Qwen Code calls it."""
+
+    def tool_result(self, body: dict[str, Any]) -> str | None:
+        last = (body.get("messages") or [{}])[-1]
+        if last.get("role") != "tool":
+            return None
+        return " ".join(self.parts(last.get("content"), "text"))
+
+    def tool_call(self, body: dict[str, Any], command: str) -> bytes:
+        call = {
+            "index": 0,
+            "id": "call_1",
+            "type": "function",
+            "function": {
+                "name": "run_shell_command",
+                "arguments": json.dumps({"command": command}),
+            },
+        }
+        base = {
+            "id": "c2",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "m",
+        }
+        chunks = [
+            {
+                **base,
+                "choices": [
+                    {"index": 0, "delta": {"role": "assistant", "tool_calls": [call]}}
+                ],
+            },
+            {
+                **base,
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}],
+            },
+        ]
+        return sse([(None, chunk) for chunk in chunks]) + b"data: [DONE]\n\n"
 
     def stream(self, body: dict[str, Any], answer: str) -> bytes:
         base = {
@@ -159,6 +209,48 @@ class Responses(ModelAPI):
 
 class Messages(ModelAPI):
     """``POST /v1/messages`` (Anthropic's Messages API), as Claude Code calls it."""
+
+    def tool_result(self, body: dict[str, Any]) -> str | None:
+        last = (body.get("messages") or [{}])[-1]
+        content = last.get("content")
+        if last.get("role") != "user" or not isinstance(content, list):
+            return None
+        for block in content:
+            if isinstance(block, dict) and block.get("type") == "tool_result":
+                inner = block.get("content")
+                return " ".join(self.parts(inner, "text"))
+        return None
+
+    def tool_call(self, body: dict[str, Any], command: str) -> bytes:
+        start = {
+            "id": f"msg_{len(self.requests)}",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model"),
+            "content": [],
+            "stop_reason": None,
+            "usage": {"input_tokens": 5, "output_tokens": 1},
+        }
+        use = {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}}
+        arguments = json.dumps({"command": command, "description": "Run it"})
+        events: list[tuple[str, dict[str, Any]]] = [
+            ("message_start", {"message": start}),
+            ("content_block_start", {"index": 0, "content_block": use}),
+            (
+                "content_block_delta",
+                {
+                    "index": 0,
+                    "delta": {"type": "input_json_delta", "partial_json": arguments},
+                },
+            ),
+            ("content_block_stop", {"index": 0}),
+            (
+                "message_delta",
+                {"delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 3}},
+            ),
+            ("message_stop", {}),
+        ]
+        return sse([(name, {"type": name, **data}) for name, data in events])
 
     def stream(self, body: dict[str, Any], answer: str) -> bytes:
         start = {
@@ -447,7 +539,30 @@ class FullAccess:
         self.assertEqual(reply.json()["stop_reason"], "end_turn")
 
 
-class RealQwenFullAccessTests(FullAccess, RealQwenTests):
+class ToolCall:
+    """
+    Mixed into a real CLI's full-access case: the model asks the CLI to run
+    a command with its shell tool; the session reports the tool call as
+    the CLI ran it, and the model's answer after it.
+    """
+
+    @inlineCallbacks
+    def test_a_command_the_model_asks_for(self: Any) -> Any:
+        sid = yield self.session(self.agent)
+        reply = yield self.prompt(sid, "run: echo tool-ran-$((6*7))", wait=90)
+        # The model's answer quotes the tool's result (qwen's adds the exit
+        # code and more around the output).
+        text = reply.json().get("text") or ""
+        self.assertTrue(text.startswith("ran: "), reply.body)
+        self.assertIn("tool-ran-42", text)
+        reply = yield self.request("GET", f"/agents/sessions/{sid}/tool-calls")
+        [call] = reply.json()["tool_calls"]
+        self.assertEqual(call["kind"], "execute", call)
+        self.assertEqual(call["status"], "completed", call)
+        self.assertIn("echo tool-ran-$((6*7))", call["title"], call)
+
+
+class RealQwenFullAccessTests(ToolCall, FullAccess, RealQwenTests):
     pass
 
 
@@ -455,5 +570,5 @@ class RealCodexFullAccessTests(FullAccess, RealCodexTests):
     pass
 
 
-class RealClaudeFullAccessTests(FullAccess, RealClaudeTests):
+class RealClaudeFullAccessTests(ToolCall, FullAccess, RealClaudeTests):
     pass
