@@ -15,9 +15,10 @@ from typing import Any
 
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
 from twisted.trial.unittest import SkipTest
 from twisted.web.resource import Resource
-from twisted.web.server import Site
+from twisted.web.server import NOT_DONE_YET, Site
 
 from tests.agents.test_agents import AgentsTestCase, agents_policy
 
@@ -56,6 +57,8 @@ class ModelAPI(Resource):
     def __init__(self) -> None:
         super().__init__()
         self.requests: list[dict[str, Any]] = []
+        #: Requests left unanswered (``hang``).
+        self.waiting: list[Any] = []
 
     def render_POST(self, request: Any) -> bytes:
         body = json.loads(request.content.read() or b"{}")
@@ -66,6 +69,10 @@ class ModelAPI(Resource):
         if result is not None:
             return self.stream(body, "ran: " + result.strip())
         said = texts[-1].strip() if texts else ""
+        if said == "hang":
+            # Never answered: the CLI waits until it is ended.
+            self.waiting.append(request)
+            return NOT_DONE_YET
         if said.startswith("run: "):
             return self.tool_call(body, said[len("run: ") :])
         return self.stream(body, "you said: " + said)
@@ -381,7 +388,7 @@ class RealCLICase(AgentsTestCase):
             )
         self.model = self.model_api()
         port = serve(self, self.model)
-        home = os.path.realpath(self.mktemp())
+        home = self.home = os.path.realpath(self.mktemp())
         os.makedirs(home)
         values = self.prepare(home, port)
         values.update(
@@ -410,6 +417,53 @@ class RealCLICase(AgentsTestCase):
         self.assertIn("--yolo say hi", said)
         self.assertIn("you said: --yolo say hi", said)
         return first
+
+    def cli_processes(self) -> list[int]:
+        """
+        The processes of this test's CLI: those with its ``HOME``, but the
+        bridge (which lives as long as the session).
+        """
+        mark = f"HOME={self.home}".encode()
+        found = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{name}/environ", "rb") as f:
+                    environ = f.read().split(b"\0")
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    bridge = b"sandboxd.agents.clibridge" in f.read()
+            except OSError:
+                continue
+            if mark in environ and not bridge:
+                found.append(int(name))
+        return found
+
+    @inlineCallbacks
+    def cancelled_while_waiting(self) -> Any:
+        """
+        A turn cancelled while the real CLI waits for its model ends
+        ``cancelled``, and no process of the CLI's is left (qwen, for one,
+        runs in a second node process it starts itself).
+        """
+        sid = yield self.session(self.agent)
+        reply = yield self.prompt(sid, "hang", wait=0)
+        self.assertEqual(reply.status, 202, reply.body)
+        for _ in range(600):
+            if self.model.waiting:
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertTrue(self.model.waiting, "the CLI never asked its model")
+        self.assertTrue(self.cli_processes())
+        reply = yield self.request("POST", f"/agents/sessions/{sid}/cancel", {})
+        self.assertEqual(reply.status, 200, reply.body)
+        state = yield self.wait_state(sid, ("idle",))
+        self.assertEqual(state["stop_reason"], "cancelled")
+        for _ in range(100):
+            if not self.cli_processes():
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertEqual(self.cli_processes(), [])
 
     @inlineCallbacks
     def with_mcp_server(self) -> Any:
@@ -458,6 +512,10 @@ class RealQwenTests(RealCLICase):
         """See :meth:`RealCLICase.with_mcp_server`."""
         return self.with_mcp_server()
 
+    def test_cancel(self) -> Any:
+        """See :meth:`RealCLICase.cancelled_while_waiting`."""
+        return self.cancelled_while_waiting()
+
 
 class RealCodexTests(RealCLICase):
     bin_dir, program, agent, history = CODEX_BIN, "codex", "codex", "input"
@@ -488,6 +546,10 @@ class RealCodexTests(RealCLICase):
         """See :meth:`RealCLICase.with_mcp_server`."""
         return self.with_mcp_server()
 
+    def test_cancel(self) -> Any:
+        """See :meth:`RealCLICase.cancelled_while_waiting`."""
+        return self.cancelled_while_waiting()
+
 
 class RealClaudeTests(RealCLICase):
     bin_dir, program, agent, history = CLAUDE_BIN, "claude", "claude", "messages"
@@ -510,6 +572,10 @@ class RealClaudeTests(RealCLICase):
     def test_mcp_server(self) -> Any:
         """See :meth:`RealCLICase.with_mcp_server`."""
         return self.with_mcp_server()
+
+    def test_cancel(self) -> Any:
+        """See :meth:`RealCLICase.cancelled_while_waiting`."""
+        return self.cancelled_while_waiting()
 
 
 #: Every kind of action automatic, the full-access modes allowed.
