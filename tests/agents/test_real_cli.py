@@ -45,11 +45,13 @@ def sse(events: list[tuple[str | None, dict[str, Any]]]) -> bytes:
 
 class ModelAPI(Resource):
     """
-    A stand-in for a model's streaming API: every answer is ``you said:``
+    A stand-in for a model's streaming API: the answer is ``you said:``
     and the request's last user text (its last text part, stripped: Qwen
-    Code adds its reminders ahead and line ends after); every request is
-    kept.  A subclass reads its API's messages and writes
-    its stream.
+    Code adds its reminders ahead and line ends after), but for ``run:
+    COMMAND`` a call of the CLI's shell tool, answered ``ran:`` and the
+    tool's result once the CLI sends it, and for ``hang`` none at all.
+    Every request is kept.  A subclass reads its API's messages and
+    writes its stream.
     """
 
     isLeaf = True
@@ -229,37 +231,23 @@ class Messages(ModelAPI):
         return None
 
     def tool_call(self, body: dict[str, Any], command: str) -> bytes:
-        start = {
-            "id": f"msg_{len(self.requests)}",
-            "type": "message",
-            "role": "assistant",
-            "model": body.get("model"),
-            "content": [],
-            "stop_reason": None,
-            "usage": {"input_tokens": 5, "output_tokens": 1},
-        }
         use = {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}}
         arguments = json.dumps({"command": command, "description": "Run it"})
-        events: list[tuple[str, dict[str, Any]]] = [
-            ("message_start", {"message": start}),
-            ("content_block_start", {"index": 0, "content_block": use}),
-            (
-                "content_block_delta",
-                {
-                    "index": 0,
-                    "delta": {"type": "input_json_delta", "partial_json": arguments},
-                },
-            ),
-            ("content_block_stop", {"index": 0}),
-            (
-                "message_delta",
-                {"delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 3}},
-            ),
-            ("message_stop", {}),
-        ]
-        return sse([(name, {"type": name, **data}) for name, data in events])
+        delta = {"type": "input_json_delta", "partial_json": arguments}
+        return self.message(body, use, [delta], "tool_use")
 
     def stream(self, body: dict[str, Any], answer: str) -> bytes:
+        deltas = [{"type": "text_delta", "text": p} for p in pieces(answer)]
+        return self.message(body, {"type": "text", "text": ""}, deltas, "end_turn")
+
+    def message(
+        self,
+        body: dict[str, Any],
+        block: dict[str, Any],
+        deltas: list[dict[str, Any]],
+        stop_reason: str,
+    ) -> bytes:
+        """One assistant message: ``block``, the ``deltas`` to it, then ``stop_reason``."""
         start = {
             "id": f"msg_{len(self.requests)}",
             "type": "message",
@@ -269,21 +257,14 @@ class Messages(ModelAPI):
             "stop_reason": None,
             "usage": {"input_tokens": 5, "output_tokens": 1},
         }
-        block = {"type": "text", "text": ""}
         events: list[tuple[str, dict[str, Any]]] = [
             ("message_start", {"message": start}),
             ("content_block_start", {"index": 0, "content_block": block}),
-            *(
-                (
-                    "content_block_delta",
-                    {"index": 0, "delta": {"type": "text_delta", "text": p}},
-                )
-                for p in pieces(answer)
-            ),
+            *(("content_block_delta", {"index": 0, "delta": d}) for d in deltas),
             ("content_block_stop", {"index": 0}),
             (
                 "message_delta",
-                {"delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 3}},
+                {"delta": {"stop_reason": stop_reason}, "usage": {"output_tokens": 3}},
             ),
             ("message_stop", {}),
         ]
