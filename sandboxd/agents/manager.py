@@ -21,7 +21,7 @@ import json
 import os
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from twisted.application.service import Service
@@ -109,6 +109,24 @@ def check_mcp_servers(value: Any, rule: EffectiveRule) -> list[dict[str, Any]]:
     return value
 
 
+def check_headless_servers(
+    entry: CatalogEntry, environ: Mapping[str, str], servers: list[dict[str, Any]]
+) -> None:
+    """
+    The MCP servers a headless CLI would be handed, checked before anything
+    starts: what it cannot take is the caller's 400, not the agent's 502.
+    """
+    from sandboxd.agents import climcp
+
+    protocol = entry.protocol(environ)
+    if not protocol.startswith("headless:") or not servers:
+        return
+    try:
+        climcp.handover(protocol.partition(":")[2], servers)
+    except climcp.Refused as e:
+        raise bad_request(str(e), param="mcp_servers") from None
+
+
 class AgentManager(Service):
     """
     Every agent session of the daemon: the agents group's service
@@ -185,6 +203,7 @@ class AgentManager(Service):
         if run_as is not None:
             run_as.apply(env)
         launch = entry.launch(env, headless_access(rule))
+        check_headless_servers(entry, env, body["mcp_servers"])
         if launch is None:
             raise agent_unavailable(
                 f"the agent {entry.id!r} is not installed ({' or '.join(entry.programs())} not found on PATH)",

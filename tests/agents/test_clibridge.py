@@ -492,12 +492,23 @@ class McpHandoverTests(HeadlessTestCase):
 
     @inlineCallbacks
     def test_refused_before_any_turn(self) -> Any:
-        """Servers a CLI cannot take stop the session's creation, with the reason."""
+        """
+        Servers a CLI cannot take are the caller's 400, with the reason,
+        before any agent starts.
+        """
         sse = {"type": "sse", "name": "old", "url": "http://127.0.0.1:9/sse"}
-        reply = yield self.create("codex", mcp_servers=[sse])
-        self.assertEqual(reply.status, 502, reply.body)
-        self.assertEqual(reply.json()["code"], "agent_error")
-        self.assertIn("not SSE", reply.json()["error"])
+        bad = {**MCP_SERVERS[0], "headers": [{"name": "X", "value": "a\r\nB: c"}]}
+        for agent, servers, said in (
+            ("codex", [sse], "not SSE"),
+            ("claude", [bad], "header 'X'"),
+        ):
+            reply = yield self.create(agent, mcp_servers=servers)
+            self.assertEqual(reply.status, 400, reply.body)
+            self.assertEqual(reply.json()["code"], "invalid_param")
+            self.assertEqual(reply.json()["param"], "mcp_servers")
+            self.assertIn(said, reply.json()["error"])
+        reply = yield self.request("GET", "/agents/sessions")
+        self.assertEqual(reply.json()["sessions"], [])
         self.assertEqual(runs(self.base_dir), [])
 
 
