@@ -185,6 +185,48 @@ class ChatCompletions(ModelAPI):
 class Responses(ModelAPI):
     """``POST /v1/responses`` (OpenAI's Responses API), as Codex calls it."""
 
+    #: Every response's token counts.
+    usage = {
+        "input_tokens": 7,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 3,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 10,
+    }
+
+    def tool_result(self, body: dict[str, Any]) -> str | None:
+        last = (body.get("input") or [{}])[-1]
+        if not isinstance(last, dict) or last.get("type") != "custom_tool_call_output":
+            return None
+        return "".join(self.parts(last.get("output"), "input_text"))
+
+    def tool_call(self, body: dict[str, Any], command: str) -> bytes:
+        """
+        Codex 0.169 offers its tools to a script its ``exec`` tool runs
+        (in a JavaScript host of its own): the call is such a script.
+        """
+        script = f"const r = await tools.exec_command({{cmd: {json.dumps(command)}}});"
+        script += " text(r.output);"
+        item = {
+            "type": "custom_tool_call",
+            "id": "ctc_1",
+            "call_id": "call_1",
+            "name": "exec",
+            "input": script,
+            "status": "completed",
+        }
+        events: list[tuple[str, dict[str, Any]]] = [
+            ("response.created", {"response": {"id": "resp_2"}}),
+            ("response.output_item.added", {"item": {**item, "input": ""}}),
+            (
+                "response.custom_tool_call_input.delta",
+                {"item_id": "ctc_1", "delta": script},
+            ),
+            ("response.output_item.done", {"item": item}),
+            ("response.completed", {"response": {"id": "resp_2", "usage": self.usage}}),
+        ]
+        return sse([(name, {"type": name, **data}) for name, data in events])
+
     def user_texts(self, body: dict[str, Any]) -> list[str]:
         return [
             text
@@ -196,13 +238,7 @@ class Responses(ModelAPI):
     def stream(self, body: dict[str, Any], answer: str) -> bytes:
         message = {"type": "message", "role": "assistant", "id": "msg_1"}
         text = {"type": "output_text", "text": answer, "annotations": []}
-        usage = {
-            "input_tokens": 7,
-            "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": 3,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": 10,
-        }
+        usage = self.usage
         events: list[tuple[str, dict[str, Any]]] = [
             ("response.created", {"response": {"id": "resp_1"}}),
             ("response.output_item.added", {"item": {**message, "content": []}}),
@@ -589,8 +625,9 @@ class FullAccess:
 class ToolCall:
     """
     Mixed into a real CLI's full-access case: the model asks the CLI to run
-    a command with its shell tool; the session reports the tool call as
-    the CLI ran it, and the model's answer after it.
+    a command with its shell tool (codex: through a script of its ``exec``
+    tool); the session reports the tool call as the CLI ran it, and the
+    model's answer after it.
     """
 
     @inlineCallbacks
@@ -613,7 +650,7 @@ class RealQwenFullAccessTests(ToolCall, FullAccess, RealQwenTests):
     pass
 
 
-class RealCodexFullAccessTests(FullAccess, RealCodexTests):
+class RealCodexFullAccessTests(ToolCall, FullAccess, RealCodexTests):
     pass
 
 
