@@ -330,16 +330,23 @@ def output_item(item: dict[str, Any]) -> dict[str, Any]:
             "status": item["status"],
             "summary": [dict(s) for s in item["summary"]],
         }
-    if kind == "command_execution":
-        name, arguments = "shell", {"command": item["command"], "cwd": item.get("cwd")}
-        error = (
-            None if item["exit_code"] in (0, None) else f"exit code {item['exit_code']}"
-        )
-    else:
-        name, arguments, error = item["name"], item["arguments"], item.get("error")
     status = (
         item["status"] if item["status"] in ("completed", "in_progress") else "failed"
     )
+    if kind == "command_execution":
+        # agent-sandbox-server's own output type (OpenAI's API has none for
+        # a command an agent ran); the SDK parses it loosely.
+        return {
+            "id": item["id"],
+            "type": "command_execution",
+            "status": status,
+            "command": item["command"],
+            "cwd": item.get("cwd"),
+            "output": item.get("output"),
+            "exit_code": item["exit_code"],
+            "duration_ms": item.get("duration_ms"),
+        }
+    name, arguments, error = item["name"], item["arguments"], item.get("error")
     call = {
         "id": item["id"],
         "type": "mcp_call",

@@ -374,6 +374,22 @@ def serve(test: Any, resource: Resource) -> int:
     return int(port.getHost().port)
 
 
+def codex_home(home: str, port: int) -> dict[str, str]:
+    """
+    codex's settings under ``home`` for a Responses API on ``port``; its
+    environment. codex takes another endpoint from its config, not from
+    ``OPENAI_BASE_URL``.
+    """
+    os.makedirs(os.path.join(home, ".codex"))
+    with open(os.path.join(home, ".codex", "config.toml"), "w") as f:
+        f.write(
+            'model_provider = "local"\n\n[model_providers.local]\nname = "local"\n'
+            f'base_url = "http://127.0.0.1:{port}/v1"\nwire_api = "responses"\n'
+            'env_key = "CODEX_API_KEY"\n'
+        )
+    return {"CODEX_API_KEY": "not-a-key"}
+
+
 class RealCLICase(AgentsTestCase):
     """
     A daemon whose agent's CLI is the real one, its model API a stand-in:
@@ -543,15 +559,7 @@ class RealCodexTests(RealCLICase):
         return Responses()
 
     def prepare(self, home: str, port: int) -> dict[str, str]:
-        # codex takes another endpoint from its config, not OPENAI_BASE_URL.
-        os.makedirs(os.path.join(home, ".codex"))
-        with open(os.path.join(home, ".codex", "config.toml"), "w") as f:
-            f.write(
-                'model_provider = "local"\n\n[model_providers.local]\nname = "local"\n'
-                f'base_url = "http://127.0.0.1:{port}/v1"\nwire_api = "responses"\n'
-                'env_key = "CODEX_API_KEY"\n'
-            )
-        return {"CODEX_API_KEY": "not-a-key"}
+        return codex_home(home, port)
 
     @inlineCallbacks
     def test_turns_through_the_real_cli(self) -> Any:

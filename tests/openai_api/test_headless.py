@@ -10,8 +10,16 @@ import os
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
+from twisted.trial.unittest import SkipTest
 
 from tests.agents.test_clibridge import fake_clis, runs
+from tests.agents.test_real_cli import (
+    CODEX_BIN,
+    Responses,
+    codex_home,
+    environment,
+    serve,
+)
 from tests.openai_api.sdk import OpenAICase, caught, openai_policy
 from tests.openai_api.test_restart import RestartCase
 from tests.openai_api.vaults import SERVER, TOKEN, bearer_vault, mcp_agent
@@ -228,6 +236,46 @@ class HeadlessRuntimeTests(OpenAICase):
         self.assertEqual(command.output, "out\n")
         self.assertEqual(command.exit_code, 3)
         self.assertEqual(command.status, "failed")
+
+
+class RealCodexResponseTests(OpenAICase):
+    """``responses.create`` on the real codex (``make test-tools`` installs it)."""
+
+    policy = openai_policy(params={"permission_mode": {"*": "auto"}, "deny_modes": []})
+
+    def setUp(self) -> Any:
+        if not os.path.exists(os.path.join(CODEX_BIN, "codex")):
+            raise SkipTest(f"codex is not in {CODEX_BIN} (make test-tools installs it)")
+        self.model = Responses()
+        home = os.path.realpath(self.mktemp())
+        os.makedirs(home)
+        values = codex_home(home, serve(self, self.model))
+        values.update(
+            PATH=CODEX_BIN + os.pathsep + os.environ.get("PATH", ""), HOME=home
+        )
+        environment(self, values)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_command_item_of_a_real_cli(self) -> Any:
+        """
+        A command the model has codex run is a ``command_execution`` output
+        item with codex's command line, output and exit code, then the
+        model's answer.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            return client.responses.create(
+                model="codex", input="run: echo real; exit 3"
+            )
+
+        response = yield self.sdk(run)
+        [command] = [i for i in response.output if i.type == "command_execution"]
+        self.assertIn("echo real; exit 3", command.command)
+        self.assertEqual(command.exit_code, 3)
+        self.assertEqual(command.output, "real\n")
+        self.assertTrue(response.output_text.startswith("ran: "), response.output_text)
 
 
 class HeadlessRestartTests(RestartCase):
