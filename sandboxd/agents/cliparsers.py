@@ -63,7 +63,12 @@ def tool_started(
     kind: str,
     raw_input: Any,
     paths: list[str] | None = None,
+    mcp: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
+    """
+    A ``tool_call`` update; ``mcp``: the MCP server and tool it calls, put
+    in its ``_meta`` (ACP's place for what its schema lacks).
+    """
     update: dict[str, Any] = {
         "sessionUpdate": "tool_call",
         "toolCallId": call_id,
@@ -74,7 +79,17 @@ def tool_started(
     }
     if paths:
         update["locations"] = [{"path": p} for p in paths]
+    if mcp is not None:
+        update["_meta"] = {"mcp": {"server": mcp[0], "tool": mcp[1]}}
     return update
+
+
+def mcp_tool(name: str) -> tuple[str, str] | None:
+    """The server and tool of a Claude Code or Qwen Code name ``mcp__SERVER__TOOL``."""
+    server, _, tool = name.removeprefix("mcp__").partition("__")
+    if not name.startswith("mcp__") or not server or not tool:
+        return None
+    return server, tool
 
 
 def tool_finished(
@@ -249,8 +264,17 @@ class CodexEvents(_JsonLines):
                 item_id, title, kind, {"changes": changes}, kept or paths
             )
         if itype == "mcp_tool_call":
-            name = f"{item.get('server') or 'mcp'}/{item.get('tool') or 'tool'}"
-            return tool_started(item_id, name, "other", item.get("arguments"))
+            server, tool = (
+                str(item.get("server") or "mcp"),
+                str(item.get("tool") or "tool"),
+            )
+            return tool_started(
+                item_id,
+                f"{server}/{tool}",
+                "other",
+                item.get("arguments"),
+                mcp=(server, tool),
+            )
         if itype == "web_search":
             query = str(item.get("query") or "")
             return tool_started(
@@ -332,7 +356,11 @@ def _tool_use(block: dict[str, Any]) -> list[dict[str, Any]]:
         title = f"{name} {paths[0]}"
     else:
         title = name
-    updates = [tool_started(str(block.get("id") or ""), title, kind, args, paths)]
+    updates = [
+        tool_started(
+            str(block.get("id") or ""), title, kind, args, paths, mcp=mcp_tool(name)
+        )
+    ]
     todos = args.get("todos")
     if kind == "think" and isinstance(todos, list):
         entries = [

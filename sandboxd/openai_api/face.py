@@ -717,7 +717,7 @@ class SessionFace:
             return
         self._close_open("commentary")
         kind = data.get("kind") or "other"
-        raw_input = (data.get("raw") or {}).get("rawInput")
+        raw_input = _update_of(data.get("raw")).get("rawInput")
         if kind == "execute":
             command = raw_input.get("command") if isinstance(raw_input, dict) else None
             item: dict[str, Any] = {
@@ -732,13 +732,14 @@ class SessionFace:
                 "duration_ms": None,
             }
         else:
+            server, name = _mcp_call(data.get("raw"))
             item = {
                 "id": new_id("mcp_"),
                 "type": "mcp_call",
                 "status": "in_progress",
                 "turn_id": turn.id,
-                "server_label": "agent",
-                "name": str(data.get("title") or kind),
+                "server_label": server or "agent",
+                "name": name or str(data.get("title") or kind),
                 "arguments": raw_input if raw_input is not None else {},
                 "output": None,
             }
@@ -1076,3 +1077,26 @@ _FOLD = {
     "session.state": SessionFace._session_failed,
     "terminal.started": SessionFace._terminal_started,
 }
+
+
+def _mcp_call(raw: Any) -> tuple[str | None, str | None]:
+    """
+    The MCP server and tool a tool call (``raw``: its ``session/update``
+    notification's parameters) names in its ``_meta``, as the headless
+    CLIs' bridge reports an MCP tool; else ``(None, None)``: any other tool
+    call is the agent's own (``server_label: "agent"``).
+    """
+    meta = _update_of(raw).get("_meta")
+    mcp = meta.get("mcp") if isinstance(meta, dict) else None
+    if not isinstance(mcp, dict):
+        return None, None
+    server, tool = mcp.get("server"), mcp.get("tool")
+    if not isinstance(server, str) or not isinstance(tool, str):
+        return None, None
+    return server, tool
+
+
+def _update_of(raw: Any) -> dict[str, Any]:
+    """The ``update`` of a ``session/update`` notification's parameters."""
+    update = raw.get("update") if isinstance(raw, dict) else None
+    return update if isinstance(update, dict) else {}

@@ -350,7 +350,7 @@ def output_item(item: dict[str, Any]) -> dict[str, Any]:
     call = {
         "id": item["id"],
         "type": "mcp_call",
-        "server_label": "agent",
+        "server_label": item.get("server_label") or "agent",
         "name": name,
         "arguments": json.dumps(arguments),
         "output": item.get("output"),

@@ -15,7 +15,9 @@ with a message on stderr), ``slow`` (until killed), ``linger TEXT`` (leaves a pr
 stdout, then answers TEXT), ``limit`` (claude and
 qwen: the turn limit reached), ``think TEXT`` (reasoning, then the text),
 ``write NAME TEXT`` (writes the file, relative to its directory, and
-reports it: codex a ``file_change``, the others a ``write_file`` tool use).
+reports it: codex a ``file_change``, the others a ``write_file`` tool use),
+``mcp SERVER TOOL`` (a call of an MCP server's tool: codex an
+``mcp_tool_call``, the others a ``mcp__SERVER__TOOL`` tool use).
 """
 
 from __future__ import annotations
@@ -71,6 +73,18 @@ def codex(argv: list[str], prompt: str) -> int:
         }
         emit({"type": "item.completed", "item": item})
         rest = "written"
+    if word == "mcp":
+        server, _, tool = rest.partition(" ")
+        item = {"id": "t1", "type": "mcp_tool_call", "server": server, "tool": tool}
+        emit({"type": "item.started", "item": {**item, "status": "in_progress"}})
+        result = {"content": [{"type": "text", "text": "looked up"}]}
+        emit(
+            {
+                "type": "item.completed",
+                "item": {**item, "status": "completed", "result": result},
+            }
+        )
+        rest = "done"
     if word == "run":
         item = {
             "id": "c1",
@@ -179,6 +193,18 @@ def stream_json(argv: list[str], prompt: str) -> int:
         result = {"type": "tool_result", "tool_use_id": "tu_w", "content": "ok"}
         emit({"type": "user", "message": {"content": [result]}})
         rest = "written"
+    if word == "mcp":
+        server, _, name = rest.partition(" ")
+        tool = {
+            "type": "tool_use",
+            "id": "tu_m",
+            "name": f"mcp__{server}__{name}",
+            "input": {"id": 7},
+        }
+        emit({"type": "assistant", "message": {"id": "msg_0", "content": [tool]}})
+        result = {"type": "tool_result", "tool_use_id": "tu_m", "content": "looked up"}
+        emit({"type": "user", "message": {"content": [result]}})
+        rest = "done"
     if word == "run":
         tool = {
             "type": "tool_use",

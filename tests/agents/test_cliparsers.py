@@ -7,7 +7,7 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.agents.cliparsers import CodexEvents, Outcome, StreamJsonEvents
+from sandboxd.agents.cliparsers import CodexEvents, Outcome, StreamJsonEvents, mcp_tool
 
 
 def feed(reader: Any, *objs: Any) -> list[Any]:
@@ -311,3 +311,30 @@ class StreamJsonTests(SynchronousTestCase):
         self.assertEqual(
             error.outcome, Outcome(False, message="No auth type is selected.")
         )
+
+
+class McpToolTests(SynchronousTestCase):
+    """An MCP tool call names its server and tool in the update's ``_meta``."""
+
+    def test_names(self) -> None:
+        self.assertEqual(
+            mcp_tool("mcp__issues__lookup_issue"), ("issues", "lookup_issue")
+        )
+        self.assertEqual(mcp_tool("mcp__a__b__c"), ("a", "b__c"))
+        for name in ("Bash", "mcp__issues", "mcp____x", "mcp__x__"):
+            self.assertIsNone(mcp_tool(name), name)
+
+    def test_stream_json_tool_use(self) -> None:
+        block = {
+            "type": "tool_use",
+            "id": "t",
+            "name": "mcp__docs__search",
+            "input": {},
+        }
+        line = {"type": "assistant", "message": {"id": "m", "content": [block]}}
+        [update] = updates(feed(StreamJsonEvents(), line))
+        self.assertEqual(update["_meta"], {"mcp": {"server": "docs", "tool": "search"}})
+        block = {**block, "name": "Bash", "input": {"command": "ls"}}
+        line = {"type": "assistant", "message": {"id": "m", "content": [block]}}
+        [update] = updates(feed(StreamJsonEvents(), line))
+        self.assertNotIn("_meta", update)

@@ -278,6 +278,46 @@ class RealCodexResponseTests(OpenAICase):
         self.assertTrue(response.output_text.startswith("ran: "), response.output_text)
 
 
+class McpCallItemTests(OpenAICase):
+    """An MCP tool a headless CLI calls, as agent-sandbox-server shows it."""
+
+    def setUp(self) -> Any:
+        fake_clis(self)
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_server_and_tool(self) -> Any:
+        """
+        The ``mcp_call`` item names the server (``server_label``) and the
+        tool (``name``) the CLI called, for codex's ``mcp_tool_call`` and a
+        ``mcp__SERVER__TOOL`` tool use alike.
+        """
+        client = self.client()
+
+        def run(model: str) -> Any:
+            session = client.beta.agents.sessions.create(
+                **self.session_body(agent={"model": model})
+            )
+            with client.beta.agents.sessions.stream(
+                session.id, input="mcp issues lookup_issue"
+            ) as stream:
+                list(stream)
+            items = client.beta.agents.sessions.items.list(session.id, order="asc")
+            response = client.responses.create(
+                model=model, input="mcp issues lookup_issue"
+            )
+            return list(items), response
+
+        for model in ("codex", "qwen"):
+            items, response = yield self.sdk(run, model)
+            for found in (items, response.output):
+                [call] = [i for i in found if i.type == "mcp_call"]
+                self.assertEqual(
+                    (call.server_label, call.name), ("issues", "lookup_issue")
+                )
+                self.assertEqual(call.status, "completed")
+
+
 class HeadlessRestartTests(RestartCase):
     """A headless CLI's session after the daemon restarted."""
 
