@@ -69,12 +69,14 @@ def _answers_with(port: int, token: str) -> bool:
     Whether the server on ``port`` takes ``token``: the one just started
     (another test's daemon refuses it with 401).
     """
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     try:
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         c.request("GET", "/capabilities", headers={"X-Access-Token": token})
         return c.getresponse().status != 401
     except OSError:
         return False
+    finally:
+        c.close()
 
 
 def _start_once(

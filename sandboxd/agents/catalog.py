@@ -95,31 +95,26 @@ class CatalogEntry:
                 return "headless", path
         return None
 
-    def executable(self, environ: Mapping[str, str]) -> str | None:
-        """The path of what runs for it (:meth:`found`), or None."""
-        found = self.found(environ)
-        return found[1] if found else None
-
-    def protocol(self, environ: Mapping[str, str]) -> str:
+    def protocol(self, found: tuple[str, str] | None) -> str:
         """
-        ``acp``, or ``headless:CLI`` for the CLI the bridge runs for it: what
-        runs now, or when nothing is installed, what would run first.
+        ``acp``, or ``headless:CLI`` for the CLI the bridge runs for it:
+        what runs now (``found``, from :meth:`found`), or when nothing is
+        installed, what would run first.
         """
-        found = self.found(environ)
         kind = found[0] if found else ("acp" if self.command else "headless")
         if kind == "headless" and self.headless is not None:
             return f"headless:{self.headless.cli}"
         return "acp"
 
     def launch(
-        self, environ: Mapping[str, str], access: str
+        self, found: tuple[str, str] | None, access: str
     ) -> tuple[list[str], str] | None:
         """
-        The argv and executable that start it, or None when neither its
-        adapter nor its CLI is installed; a CLI runs behind the bridge with
-        ``access`` (see :func:`sandboxd.agents.permissions.headless_access`).
+        The argv and executable that start what ``found`` (from
+        :meth:`found`) names, or None when neither its adapter nor its CLI
+        is installed; a CLI runs behind the bridge with ``access`` (see
+        :func:`sandboxd.agents.permissions.headless_access`).
         """
-        found = self.found(environ)
         if found is None:
             return None
         kind, path = found
@@ -295,7 +290,8 @@ def describe(
 ) -> dict[str, Any]:
     """The catalogue entry as ``agents_catalog`` shows it."""
     env = os.environ if environ is None else environ
-    executable = entry.executable(env)
+    found = entry.found(env)
+    executable = found[1] if found else None
     return {
         "id": entry.id,
         "name": entry.name,
@@ -304,7 +300,7 @@ def describe(
         "allowed": allowed(entry, rule),
         "installed": executable is not None,
         "path": executable,
-        "protocol": entry.protocol(env),
+        "protocol": entry.protocol(found),
         "version": entry.version,
         "command": list(entry.command)
         or ([entry.headless.program] if entry.headless else []),

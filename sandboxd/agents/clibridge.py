@@ -224,8 +224,8 @@ class Call:
     """One turn's run of the CLI."""
 
     argv: list[str]
-    #: What goes on its stdin (None: nothing).
-    stdin: bytes | None
+    #: What goes on its stdin: the prompt, for every CLI.
+    stdin: bytes
     #: Variables added to its environment.
     env: dict[str, str] = field(default_factory=dict)
     #: The JSON it reads through ``--mcp-config`` (the session's MCP servers).
@@ -575,7 +575,6 @@ class Bridge:
         """The CLI started as ``argv``, read to its end: the prompt's answer."""
         loop = asyncio.get_running_loop()
         transport, protocol = await self._start(session, call, argv)
-        stdin = call.stdin
         process = asyncio.subprocess.Process(transport, protocol, loop)
         session.process = (process.pid, protocol.exited)
         turn = Turn()
@@ -583,7 +582,7 @@ class Bridge:
             # Cancelled while it was being started.
             await stop(process.pid, protocol.exited, self.bounds.kill_grace)
         try:
-            await self._run(session, process, protocol.exited, turn, stdin)
+            await self._run(session, process, protocol.exited, turn, call.stdin)
         finally:
             session.process = None
             transport.close()
@@ -600,9 +599,7 @@ class Bridge:
                 *argv,
                 cwd=session.cwd,
                 env={**os.environ, **call.env} if call.env else None,
-                stdin=asyncio.subprocess.PIPE
-                if call.stdin is not None
-                else asyncio.subprocess.DEVNULL,
+                stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
@@ -618,16 +615,16 @@ class Bridge:
         process: asyncio.subprocess.Process,
         exited: asyncio.Future[None],
         turn: Turn,
-        stdin: bytes | None,
+        stdin: bytes,
     ) -> None:
+        assert process.stdin is not None
         assert process.stdout is not None and process.stderr is not None
-        if process.stdin is not None:
-            try:
-                process.stdin.write(stdin or b"")
-                await process.stdin.drain()
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-            process.stdin.close()
+        try:
+            process.stdin.write(stdin)
+            await process.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        process.stdin.close()
         reading = asyncio.ensure_future(self._stdout(session, process.stdout, turn))
         errors = asyncio.ensure_future(self._stderr(process.stderr, turn))
         await exited

@@ -264,10 +264,8 @@ class CodexEvents(_JsonLines):
                 item_id, title, kind, {"changes": changes}, kept or paths
             )
         if itype == "mcp_tool_call":
-            server, tool = (
-                str(item.get("server") or "mcp"),
-                str(item.get("tool") or "tool"),
-            )
+            server = str(item.get("server") or "mcp")
+            tool = str(item.get("tool") or "tool")
             return tool_started(
                 item_id,
                 f"{server}/{tool}",

@@ -21,7 +21,7 @@ import json
 import os
 import secrets
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from twisted.application.service import Service
@@ -109,16 +109,14 @@ def check_mcp_servers(value: Any, rule: EffectiveRule) -> list[dict[str, Any]]:
     return value
 
 
-def check_headless_servers(
-    entry: CatalogEntry, environ: Mapping[str, str], servers: list[dict[str, Any]]
-) -> None:
+def check_headless_servers(protocol: str, servers: list[dict[str, Any]]) -> None:
     """
-    The MCP servers a headless CLI would be handed, checked before anything
-    starts: what it cannot take is the caller's 400, not the agent's 502.
+    The MCP servers a headless CLI (``protocol``: ``headless:CLI``) would
+    be handed, checked before anything starts: what it cannot take is the
+    caller's 400, not the agent's 502.
     """
     from sandboxd.agents import climcp
 
-    protocol = entry.protocol(environ)
     if not protocol.startswith("headless:") or not servers:
         return
     try:
@@ -202,8 +200,9 @@ class AgentManager(Service):
         run_as = resolve_user(body.get("user"), rule)
         if run_as is not None:
             run_as.apply(env)
-        launch = entry.launch(env, headless_access(rule))
-        check_headless_servers(entry, env, body["mcp_servers"])
+        found = entry.found(env)
+        launch = entry.launch(found, headless_access(rule))
+        check_headless_servers(entry.protocol(found), body["mcp_servers"])
         if launch is None:
             raise agent_unavailable(
                 f"the agent {entry.id!r} is not installed ({' or '.join(entry.programs())} not found on PATH)",

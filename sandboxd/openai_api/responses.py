@@ -346,17 +346,16 @@ def output_item(item: dict[str, Any]) -> dict[str, Any]:
             "exit_code": item["exit_code"],
             "duration_ms": item.get("duration_ms"),
         }
-    name, arguments, error = item["name"], item["arguments"], item.get("error")
     call = {
         "id": item["id"],
         "type": "mcp_call",
-        "server_label": item.get("server_label") or "agent",
-        "name": name,
-        "arguments": json.dumps(arguments),
+        "server_label": item["server_label"],
+        "name": item["name"],
+        "arguments": json.dumps(item["arguments"]),
         "output": item.get("output"),
         "status": status,
     }
-    call["error"] = error  # the call's field, not an error body
+    call["error"] = item.get("error")  # the call's field, not an error body
     return call
 
 

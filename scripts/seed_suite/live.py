@@ -39,6 +39,8 @@ from typing import Any
 
 from agent_sandbox.server.router import default_table
 
+from sandboxd.sysinfo import ports_of
+
 #: How to start sandboxd (a command line; ``serve`` and its options follow).
 COMMAND = shlex.split(os.environ.get("SEED_SUITE_SANDBOXD", "sandboxd"))
 #: How long a child has to start listening.
@@ -90,51 +92,6 @@ def _other_port(taken: int) -> int:
         if port != taken:
             return port
     raise RuntimeError("no second free port")
-
-
-def _listeners(port: int) -> set[str] | None:
-    """
-    The inodes of the sockets listening on TCP ``port``; None without /proc.
-    """
-    found: set[str] = set()
-    tables = [t for t in ("/proc/net/tcp", "/proc/net/tcp6") if os.path.exists(t)]
-    if not tables:
-        return None
-    for table in tables:
-        with open(table) as f:
-            rows = f.read().splitlines()[1:]
-        for row in rows:
-            fields = row.split()
-            local, state, inode = fields[1], fields[3], fields[9]
-            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
-                found.add(inode)
-    return found
-
-
-def _listens(pid: int, port: int) -> bool:
-    """
-    Whether process ``pid`` holds the socket listening on ``port``.
-
-    Anything that accepts a connection is not enough: another test's
-    server may have bound the port first, and then the daemon fails to
-    bind it and the test talks to a stranger. Where /proc is missing the
-    connection has to do.
-    """
-    inodes = _listeners(port)
-    if inodes is None:
-        return True
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:[") and target[8:-1] in inodes:
-            return True
-    return False
 
 
 def _policy_file(folder: str, document: dict[str, Any]) -> str:
@@ -199,10 +156,11 @@ def start(
         except OSError:
             time.sleep(0.03)
             continue
-        if _listens(child.pid, port):
+        if port in ports_of(child.pid):
             return child
-        # Someone else's listener: the child will fail to bind and exit,
-        # which the next round reports with its log.
+        # Anything that accepts is not enough: another test's server may
+        # have bound the port first, and then the child fails to bind it
+        # and exits, which the next round reports with its log.
         time.sleep(0.03)
     stop(child)
     raise RuntimeError(f"sandboxd did not listen on {port} within {START_SECONDS} s")

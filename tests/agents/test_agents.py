@@ -1382,7 +1382,7 @@ class RealAgentTests(AgentsTestCase):
         entry = next(e for e in BUILTIN if e.id == agent_id)
         if not os.environ.get("SANDBOXD_REAL_AGENTS"):
             raise SkipTest("set SANDBOXD_REAL_AGENTS=1 to run real agents")
-        if entry.executable(os.environ) is None or not all(
+        if entry.found(os.environ) is None or not all(
             os.environ.get(k) for k in entry.env_required
         ):
             raise SkipTest(f"{agent_id} or its key is not available here")

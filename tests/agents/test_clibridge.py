@@ -583,15 +583,15 @@ class CatalogueEntryTests(SynchronousTestCase):
 
     def test_adapter_first(self) -> None:
         entry, env = self.entry_and_path("x-acp", "x")
-        self.assertEqual(entry.protocol(env), "acp")
-        argv, executable = entry.launch(env, "read_only")
+        self.assertEqual(entry.protocol(entry.found(env)), "acp")
+        argv, executable = entry.launch(entry.found(env), "read_only")
         self.assertEqual(argv, ["x-acp", "--stdio"])
         self.assertEqual(executable, os.path.join(env["PATH"], "x-acp"))
 
     def test_cli_without_adapter(self) -> None:
         entry, env = self.entry_and_path("x")
-        self.assertEqual(entry.protocol(env), "headless:codex")
-        argv, executable = entry.launch(env, "workspace_write")
+        self.assertEqual(entry.protocol(entry.found(env)), "headless:codex")
+        argv, executable = entry.launch(entry.found(env), "workspace_write")
         self.assertEqual(executable, sys.executable)
         self.assertEqual(
             argv[1:8],
@@ -612,6 +612,7 @@ class CatalogueEntryTests(SynchronousTestCase):
 
     def test_neither(self) -> None:
         entry, env = self.entry_and_path()
-        self.assertIsNone(entry.launch(env, "read_only"))
-        self.assertEqual(entry.protocol(env), "acp")
+        self.assertIsNone(entry.found(env))
+        self.assertIsNone(entry.launch(None, "read_only"))
+        self.assertEqual(entry.protocol(None), "acp")
         self.assertEqual(entry.programs(), ("x-acp", "x"))

@@ -521,7 +521,19 @@ class RealCLICase(AgentsTestCase):
         self.assertIn(self.offered_tool, json.dumps(self.model.requests[-1]))
 
 
-class RealQwenTests(RealCLICase):
+class EachCLI:
+    """Mixed into each real CLI's case: what every CLI is put through."""
+
+    def test_mcp_server(self: Any) -> Any:
+        """See :meth:`RealCLICase.with_mcp_server`."""
+        return self.with_mcp_server()
+
+    def test_cancel(self: Any) -> Any:
+        """See :meth:`RealCLICase.cancelled_while_waiting`."""
+        return self.cancelled_while_waiting()
+
+
+class RealQwenTests(EachCLI, RealCLICase):
     bin_dir, program, agent, history = QWEN_BIN, "qwen", "qwen-code", "messages"
 
     def model_api(self) -> Any:
@@ -541,16 +553,8 @@ class RealQwenTests(RealCLICase):
         """Qwen Code 0.24.4: see :meth:`RealCLICase.two_turns`."""
         return self.two_turns()
 
-    def test_mcp_server(self) -> Any:
-        """See :meth:`RealCLICase.with_mcp_server`."""
-        return self.with_mcp_server()
 
-    def test_cancel(self) -> Any:
-        """See :meth:`RealCLICase.cancelled_while_waiting`."""
-        return self.cancelled_while_waiting()
-
-
-class RealCodexTests(RealCLICase):
+class RealCodexTests(EachCLI, RealCLICase):
     bin_dir, program, agent, history = CODEX_BIN, "codex", "codex", "input"
     # codex names a server's tools as a namespace its model loads when needed.
     offered_tool = "mcp__issues"
@@ -567,16 +571,8 @@ class RealCodexTests(RealCLICase):
         first = yield self.two_turns(thought_level="high", model="m")
         self.assertEqual((first["model"], first["reasoning"]["effort"]), ("m", "high"))
 
-    def test_mcp_server(self) -> Any:
-        """See :meth:`RealCLICase.with_mcp_server`."""
-        return self.with_mcp_server()
 
-    def test_cancel(self) -> Any:
-        """See :meth:`RealCLICase.cancelled_while_waiting`."""
-        return self.cancelled_while_waiting()
-
-
-class RealClaudeTests(RealCLICase):
+class RealClaudeTests(EachCLI, RealCLICase):
     bin_dir, program, agent, history = CLAUDE_BIN, "claude", "claude", "messages"
 
     def model_api(self) -> Any:
@@ -593,14 +589,6 @@ class RealClaudeTests(RealCLICase):
         """Claude Code 2.1.328 (its partial messages, then the whole one), its model the session's."""
         first = yield self.two_turns(model="m")
         self.assertEqual(first["model"], "m")
-
-    def test_mcp_server(self) -> Any:
-        """See :meth:`RealCLICase.with_mcp_server`."""
-        return self.with_mcp_server()
-
-    def test_cancel(self) -> Any:
-        """See :meth:`RealCLICase.cancelled_while_waiting`."""
-        return self.cancelled_while_waiting()
 
 
 #: Every kind of action automatic, the full-access modes allowed.

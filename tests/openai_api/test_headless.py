@@ -25,14 +25,18 @@ from tests.openai_api.test_restart import RestartCase
 from tests.openai_api.vaults import SERVER, TOKEN, bearer_vault, mcp_agent
 
 
-class HeadlessVaultTests(OpenAICase):
-    """A vault's credential for a session's MCP tool reaches a headless CLI."""
-
-    policy = openai_policy(params={"mcp_servers": "http"})
+class FakeCLICase(OpenAICase):
+    """A daemon whose agents' CLIs are the fakes on PATH (:func:`fake_clis`)."""
 
     def setUp(self) -> Any:
         fake_clis(self)
         return super().setUp()
+
+
+class HeadlessVaultTests(FakeCLICase):
+    """A vault's credential for a session's MCP tool reaches a headless CLI."""
+
+    policy = openai_policy(params={"mcp_servers": "http"})
 
     @inlineCallbacks
     def test_credential_reaches_the_cli_not_its_arguments(self) -> Any:
@@ -68,11 +72,7 @@ class HeadlessVaultTests(OpenAICase):
         )
 
 
-class HeadlessRuntimeTests(OpenAICase):
-    def setUp(self) -> Any:
-        fake_clis(self)
-        return super().setUp()
-
+class HeadlessRuntimeTests(FakeCLICase):
     @inlineCallbacks
     def test_seed_runtimes_stream_a_turn(self) -> Any:
         """
@@ -278,12 +278,8 @@ class RealCodexResponseTests(OpenAICase):
         self.assertTrue(response.output_text.startswith("ran: "), response.output_text)
 
 
-class McpCallItemTests(OpenAICase):
+class McpCallItemTests(FakeCLICase):
     """An MCP tool a headless CLI calls, as agent-sandbox-server shows it."""
-
-    def setUp(self) -> Any:
-        fake_clis(self)
-        return super().setUp()
 
     @inlineCallbacks
     def test_server_and_tool(self) -> Any:
@@ -353,12 +349,8 @@ class HeadlessRestartTests(RestartCase):
         self.assertEqual(second["argv"][1:3], ["resume", "th_fake_1"])
 
 
-class ReasoningEffortTests(OpenAICase):
+class ReasoningEffortTests(FakeCLICase):
     """``reasoning.effort`` reaches an agent with a thought-level setting."""
-
-    def setUp(self) -> Any:
-        fake_clis(self)
-        return super().setUp()
 
     @inlineCallbacks
     def test_effort_reaches_codex(self) -> Any:
