@@ -215,12 +215,16 @@ class HeldRequests:
         held = self._new_held(
             "permission", rpc_id, tool_call=tool_call, options=options
         )
+        allow = first_option(options, "allow_once")
         refusal = path_refusal(s.rule, tool_call)
         if refusal is not None:
             decision, source = "deny", refusal.extra.get("rule") or "guard"
             held.policy = {"decision": "deny", "rule": source, "code": refusal.code}
         else:
             decision, source = mode_for(s.rule, tool_call.get("kind"))
+            if decision == "auto" and allow is None:
+                # Nothing the daemon may pick by itself: a human decides.
+                decision = "ask"
             held.policy = {"decision": decision, "rule": source}
         d = self._hold(held)
         s.emit(
@@ -233,16 +237,13 @@ class HeldRequests:
             options=held.describe()["options"],
             policy=held.policy,
         )
-        if decision == "auto":
-            option = first_option(options, "allow_once")
-            if option is not None:
-                self._resolve(
-                    held,
-                    {"outcome": "selected", "optionId": option.get("optionId")},
-                    "policy",
-                )
-                return d
-            decision = "ask"
+        if decision == "auto" and allow is not None:
+            self._resolve(
+                held,
+                {"outcome": "selected", "optionId": allow.get("optionId")},
+                "policy",
+            )
+            return d
         if decision == "deny":
             self._reject(held, "policy")
             return d

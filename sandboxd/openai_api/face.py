@@ -45,6 +45,11 @@ if TYPE_CHECKING:
 
     from sandboxd.agents.session import AgentSession
 
+#: The id prefix of an ``mcp_call`` item that is the agent's own tool (an
+#: edit, a read, a search), not a call to an MCP server: a response's output
+#: shows it as agent-sandbox-server's ``tool_call`` item.
+NATIVE_TOOL_PREFIX = "tc_"
+
 #: Turns (with their items) kept per session.
 MAX_TURNS_KEPT = defaults.AGENT_KEPT_ITEMS
 
@@ -270,6 +275,14 @@ class SessionFace:
             engine.env[name] for name in engine.entry.env_pass if engine.env.get(name)
         )
         self._unsubscribe = engine.log.subscribe(self._on_engine)
+
+    @property
+    def runtime(self) -> str:
+        """
+        The agent's runtime name, which labels its own tool calls'
+        ``server_label`` (as agent-sandbox-server labels them).
+        """
+        return str(self.agent["runtime"])
 
     def _setup(
         self,
@@ -734,11 +747,14 @@ class SessionFace:
         else:
             server, name = _mcp_call(data.get("raw"))
             item = {
-                "id": new_id("mcp_"),
+                # The id tells a real MCP call from the agent's own tool in
+                # every later view of the item (stored, streamed): a
+                # response's output shows the latter as a ``tool_call``.
+                "id": new_id("mcp_" if server else NATIVE_TOOL_PREFIX),
                 "type": "mcp_call",
                 "status": "in_progress",
                 "turn_id": turn.id,
-                "server_label": server or "agent",
+                "server_label": server or self.runtime,
                 "name": name or str(data.get("title") or kind),
                 "arguments": raw_input if raw_input is not None else {},
                 "output": None,
@@ -867,8 +883,8 @@ class SessionFace:
         if turn is None or not isinstance(request_id, str):
             return
         held = self.engine.pending.get(request_id)
-        if held is None:
-            return  # decided by the policy as it was asked
+        if held is None or held.policy.get("decision") != "ask":
+            return  # the policy decides it (answered the moment it was asked)
         tool = self.engine.tool_calls.get(str(data.get("tool_call_id"))) or {}
         raw_input = ((data.get("raw") or {}).get("toolCall") or {}).get("rawInput")
         if raw_input is None:
@@ -889,7 +905,7 @@ class SessionFace:
             "turn_id": turn.id,
             "request": {
                 "type": "mcp_tool_call",
-                "server_label": "agent",
+                "server_label": self.runtime,
                 "name": str(title),
                 "arguments": self._redacted(raw_input),
                 "message": self.redactor.redact(f"The agent asks to run: {title}"),
@@ -1084,7 +1100,7 @@ def _mcp_call(raw: Any) -> tuple[str | None, str | None]:
     The MCP server and tool a tool call (``raw``: its ``session/update``
     notification's parameters) names in its ``_meta``, as the headless
     CLIs' bridge reports an MCP tool; else ``(None, None)``: any other tool
-    call is the agent's own (``server_label: "agent"``).
+    call is the agent's own (``server_label``: the runtime's name).
     """
     meta = _update_of(raw).get("_meta")
     mcp = meta.get("mcp") if isinstance(meta, dict) else None

@@ -34,7 +34,7 @@ from sandboxd.api.schema import schema_for
 from sandboxd.errors import bad_request, not_found
 from sandboxd.eventlog import Event, json_size
 from sandboxd.openai_api import definitions, runtimes
-from sandboxd.openai_api.face import SessionFace, WireTurn, new_id
+from sandboxd.openai_api.face import NATIVE_TOOL_PREFIX, SessionFace, WireTurn, new_id
 from sandboxd.openai_api.inputs import (
     known_keys,
     message_text,
@@ -346,6 +346,19 @@ def output_item(item: dict[str, Any]) -> dict[str, Any]:
             "exit_code": item["exit_code"],
             "duration_ms": item.get("duration_ms"),
         }
+    if item["id"].startswith(NATIVE_TOOL_PREFIX):
+        # The agent's own tool (an edit, a read): agent-sandbox-server's
+        # ``tool_call`` type, its arguments as the object they are.
+        native = {
+            "id": item["id"],
+            "type": "tool_call",
+            "status": status,
+            "tool_name": item["name"],
+            "arguments": item["arguments"],
+            "output": item.get("output"),
+        }
+        native["error"] = item.get("error")  # the call's field, not an error body
+        return native
     call = {
         "id": item["id"],
         "type": "mcp_call",

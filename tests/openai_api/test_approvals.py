@@ -12,7 +12,7 @@ from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
 
-from tests.openai_api.sdk import OpenAICase, caught
+from tests.openai_api.sdk import OpenAICase, caught, openai_policy
 
 
 class ApprovalTests(OpenAICase):
@@ -71,7 +71,8 @@ class ApprovalTests(OpenAICase):
         [action] = asked.required_actions
         self.assertEqual(action.type, "mcp_approval_request")
         self.assertEqual(action.request.name, "Edit notes.txt")
-        self.assertEqual(action.request.server_label, "agent")
+        # The agent's own tool: labelled with its runtime, as the seed labels it.
+        self.assertEqual(action.request.server_label, "fake")
         self.assertEqual(waiting.status, "requires_action")
         types = [e.type for e in events]
         after = types[types.index("agent.session.requires_action") + 1 :]
@@ -80,6 +81,7 @@ class ApprovalTests(OpenAICase):
         self.assertEqual(content, "new text")
         self.assertEqual([i.type for i in items], ["mcp_call", "message"])
         self.assertEqual(items[0].status, "completed")
+        self.assertEqual(items[0].server_label, "fake")
         self.assertEqual(items[1].output_text, "edited notes.txt (allow)")
 
     @inlineCallbacks
@@ -162,14 +164,16 @@ class ResponseApprovalTests(OpenAICase):
 
         asked, request, done, again = yield self.sdk(run)
         self.assertEqual(asked.status, "completed")
-        self.assertEqual(request.server_label, "agent")
+        self.assertEqual(request.server_label, "fake")
         self.assertEqual(request.name, "Edit notes.txt")
         self.assertIsInstance(request.arguments, str)
         self.assertEqual([i.type for i in again.output], [i.type for i in asked.output])
         self.assertEqual(done.status, "completed")
         self.assertEqual(done.previous_response_id, asked.id)
-        self.assertEqual([i.type for i in done.output], ["mcp_call", "message"])
+        # The call it became: the agent's own tool, a tool_call item.
+        self.assertEqual([i.type for i in done.output], ["tool_call", "message"])
         self.assertEqual(done.output[0].status, "completed")
+        self.assertEqual(done.output[0].tool_name, "Edit notes.txt")
         self.assertEqual(done.output_text, "edited notes.txt (allow)")
         with open(path) as f:
             self.assertEqual(f.read(), "new text")
@@ -213,7 +217,7 @@ class ResponseApprovalTests(OpenAICase):
         self.assertEqual(request.type, "mcp_approval_request")
         self.assertEqual(second[-1].type, "response.completed")
         final = second[-1].response
-        self.assertEqual([i.type for i in final.output], ["mcp_call", "message"])
+        self.assertEqual([i.type for i in final.output], ["tool_call", "message"])
         self.assertEqual(final.output[0].status, "failed")
         self.assertEqual(final.output_text, "permission refused")
         done = [e for e in second if e.type == "response.output_item.done"]
@@ -267,3 +271,95 @@ class ResponseApprovalTests(OpenAICase):
         self.assertEqual(
             (orphan.status_code, orphan.body["param"]), (400, "previous_response_id")
         )
+
+
+class NativeToolOutputTests(OpenAICase):
+    """
+    A tool call that is the agent's own (an edit, not an MCP server's tool)
+    is agent-sandbox-server's ``tool_call`` item in a response's output:
+    ``tool_name``, the arguments as an object, the output and error, as a
+    seed user's code reads it.  A session's items show it as an
+    ``mcp_call`` labelled with the runtime, as the seed does.
+    """
+
+    policy = openai_policy(params={"permission_mode": {"*": "auto"}})
+
+    @inlineCallbacks
+    def test_response_output(self) -> Any:
+        path = os.path.join(self.base_dir, "notes.txt")
+        with open(path, "w") as f:
+            f.write("old\n")
+        client = self.client()
+
+        def run() -> Any:
+            with client.responses.create(
+                model="fake", input=f"edit {path} new text", stream=True
+            ) as stream:
+                events = list(stream)
+            done = events[-1].response
+            return events, done, client.responses.retrieve(done.id)
+
+        events, done, again = yield self.sdk(run)
+        self.assertEqual(done.status, "completed")
+        for response in (done, again):
+            self.assertEqual(
+                [i.type for i in response.output], ["tool_call", "message"]
+            )
+            call = response.output[0]
+            self.assertEqual(call.status, "completed")
+            self.assertEqual(call.tool_name, "Edit notes.txt")
+            self.assertIsInstance(call.arguments, dict)
+            self.assertEqual(call.error, None)
+            self.assertTrue(call.id.startswith("tc_"))
+        added = [e.item for e in events if e.type == "response.output_item.added"]
+        finished = [e.item for e in events if e.type == "response.output_item.done"]
+        self.assertEqual(added[0].type, "tool_call")
+        self.assertEqual(added[0].status, "in_progress")
+        self.assertEqual(finished[0].type, "tool_call")
+        self.assertEqual(finished[0].id, added[0].id)
+        self.assertEqual(done.output_text, "edited notes.txt (allow)")
+        with open(path) as f:
+            self.assertEqual(f.read(), "new text")
+
+    @inlineCallbacks
+    def test_session_not_waiting(self) -> Any:
+        """
+        What the policy answers by itself is never the caller's to answer:
+        the session does not stop in ``requires_action`` on the way.
+        """
+        path = os.path.join(self.base_dir, "notes.txt")
+        client = self.client()
+        sessions = client.beta.agents.sessions
+
+        def run() -> Any:
+            session = sessions.create(**self.session_body())
+            with sessions.stream(session.id, input=f"edit {path} new text") as stream:
+                events = list(stream)
+            return events, list(sessions.items.list(session.id, order="asc"))
+
+        events, items = yield self.sdk(run)
+        types = [e.type for e in events]
+        self.assertNotIn("agent.session.requires_action", types)
+        self.assertIn("agent.session.turn.completed", types)
+        self.assertEqual([i.type for i in items], ["mcp_call", "message"])
+        self.assertEqual(items[0].server_label, "fake")
+
+    @inlineCallbacks
+    def test_refused_by_policy(self) -> Any:
+        """
+        An edit outside the policy's paths is refused by the policy, whatever
+        the mode: the response shows the failed call and the agent's
+        answer, no approval request.
+        """
+        client = self.client()
+
+        def run() -> Any:
+            return client.responses.create(
+                model="fake", input="edit /etc/sandboxd-test-file nope"
+            )
+
+        done = yield self.sdk(run)
+        self.assertEqual([i.type for i in done.output], ["tool_call", "message"])
+        self.assertEqual(done.output[0].status, "failed")
+        self.assertEqual(done.output_text, "permission refused")
+        self.assertFalse(os.path.exists("/etc/sandboxd-test-file"))
