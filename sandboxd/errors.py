@@ -44,6 +44,8 @@ class Code(enum.StrEnum):
     PATH_DENIED = "path_denied"
     READ_ONLY = "read_only"
     SYMLINK_DENIED = "symlink_denied"
+    #: The operating system, not the policy, refused (EACCES, EPERM, EROFS).
+    PERMISSION_DENIED = "permission_denied"
     PARAM_NOT_ALLOWED = "param_not_allowed"
     #: The seed's own codes for a refusal by ``allow_commands``/
     #: ``deny_commands``, ``languages`` and the extension lists (§21: its
@@ -312,10 +314,12 @@ def mount_point(message: str) -> ApiError:
 
 def permission_denied(path: Any) -> ApiError:
     """
-    403 without a ``code``: the operating system (not the policy or the
-    guard) said EACCES, EPERM or EROFS.
+    403 ``permission_denied``: the operating system (not the policy or the
+    guard) said EACCES, EPERM or EROFS.  No ``rule``: no policy decided it.
     """
-    return ApiError(403, f"Permission denied: {path}", "PermissionError")
+    return ApiError(
+        403, f"Permission denied: {path}", "PermissionError", Code.PERMISSION_DENIED
+    )
 
 
 def missing_scope(

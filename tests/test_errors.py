@@ -50,6 +50,7 @@ SPEC_6 = {
         "host_not_allowed",
         "protected_variable",
         "port_not_allowed",
+        "permission_denied",
     ),
     404: (
         "not_found",
@@ -283,7 +284,13 @@ class ConstructorTests(SynchronousTestCase):
                 "read_only",
                 {"rule": "r"},
             ),
-            (errors.permission_denied("/p"), 403, "PermissionError", None, {}),
+            (
+                errors.permission_denied("/p"),
+                403,
+                "PermissionError",
+                "permission_denied",
+                {},
+            ),
             (
                 errors.missing_scope("e", "s", "r"),
                 403,
@@ -483,7 +490,11 @@ class BodyTests(SynchronousTestCase):
         )
         self.assertEqual(
             errors.permission_denied("/p").body(),
-            {"error": "Permission denied: /p", "type": "PermissionError"},
+            {
+                "error": "Permission denied: /p",
+                "type": "PermissionError",
+                "code": "permission_denied",
+            },
         )
 
     def test_event(self) -> None:

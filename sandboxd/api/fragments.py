@@ -17,6 +17,11 @@ GUARD = (
     E(403, "path_denied", "matches paths.deny"),
     E(403, "symlink_denied", "a symlink under symlinks: deny"),
     E(
+        403,
+        "permission_denied",
+        "the operating system refused (file permissions, a read-only mount)",
+    ),
+    E(
         503,
         "unavailable",
         "no file descriptor left for now (Retry-After)",

@@ -116,7 +116,15 @@ class AuthenticationError(SandboxError):
 
 
 class PermissionDenied(SandboxError):
-    """403: a policy or path-guard refusal (``rule`` says which rule)."""
+    """
+    403: a refusal by the policy, the path guard or the operating system.
+
+    ``rule`` says which rule refused; the operating system's own refusal
+    (file permissions, a read-only mount) is this class itself, code
+    ``permission_denied``, with no rule.
+    """
+
+    default_code = "permission_denied"
 
 
 class NotFoundError(SandboxError):

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import tarfile
 import tempfile
 import zipfile
@@ -20,7 +21,7 @@ from urllib.parse import quote
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.testing import StringTransport
 from twisted.internet.threads import deferToThread
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from sandboxd.files import walk
 from sandboxd.files.stream import FileShrank
@@ -122,6 +123,49 @@ class FilesCase(DaemonTestCase):
 
     def get(self, route: str, path: str, **kwargs: Any) -> Any:
         return self.request("GET", f"{route}?path={quote(path, safe='')}", **kwargs)
+
+
+class OperatingSystemRefusalTests(FilesCase):
+    """
+    What the operating system refuses (here an immutable file, which even
+    root may not replace or remove) is 403 ``permission_denied`` with no
+    ``rule`` (no policy decided it), and nothing is changed or left behind.
+    """
+
+    def setUp(self) -> Any:
+        d = super().setUp()
+        self.path = self.put("locked.txt", b"old")
+        if shutil.which("chattr") is None:
+            raise SkipTest("chattr is not installed (e2fsprogs)")
+        done = subprocess.run(
+            ["chattr", "+i", self.path], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise SkipTest(f"no immutable files here: {done.stderr.strip()}")
+        self.addCleanup(subprocess.run, ["chattr", "-i", self.path])
+        return d
+
+    def assertRefused(self, reply: Any) -> None:
+        self.assertEqual(reply.status, 403, reply.body)
+        body = reply.json()
+        self.assertEqual(
+            (body["code"], body["type"]), ("permission_denied", "PermissionError")
+        )
+        self.assertNotIn("rule", body)
+        self.assertEqual(self.read("locked.txt"), b"old")
+        self.assertEqual(os.listdir(self.base_dir), ["locked.txt"])
+
+    @inlineCallbacks
+    def test_upload(self) -> Any:
+        reply = yield self.request(
+            "POST", "/upload", {"path": "locked.txt", "content_base64": b64(b"new")}
+        )
+        self.assertRefused(reply)
+
+    @inlineCallbacks
+    def test_delete(self) -> Any:
+        reply = yield self.request("DELETE", f"/files?path={quote(self.path, safe='')}")
+        self.assertRefused(reply)
 
 
 class TransferTests(FilesCase):
