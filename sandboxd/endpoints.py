@@ -269,7 +269,7 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("agents_artifacts_delete", "DELETE", _V + "/artifacts/{artifact_id}", G.AGENTS, ("agents:use",), "Delete an artifact's copy (the workspace file stays).", _OA),
     ("agents_artifacts_content", "GET", _V + "/artifacts/{artifact_id}/content", G.AGENTS, ("agents:use",), "Download an artifact's bytes (streamed).", _OA_STREAM),
     ("agents_traces_list", "GET", _V + "/traces", G.AGENTS, ("agents:use",), "List a session's traces (OTLP/JSON, one span per ended turn).", _OA),
-    ("agents_subagents_list", "GET", _V + "/subagents", G.AGENTS, ("agents:use",), "List a session's subagents (ACP agents report none).", _OA),
+    ("agents_subagents_list", "GET", _V + "/subagents", G.AGENTS, ("agents:use",), "List the subagents a session's CLI started (ACP agents report none).", _OA),
     ("agents_subagents_get", "GET", _V + "/subagents/{subagent_id}", G.AGENTS, ("agents:use",), "Get a subagent.", _OA),
     ("agents_subagents_items_list", "GET", _V + "/subagents/{subagent_id}" + "/items", G.AGENTS, ("agents:use",), "List a subagent's items.", _OA),
     ("agents_subagents_turns_list", "GET", _V + "/subagents/{subagent_id}" + "/turns", G.AGENTS, ("agents:use",), "List a subagent's turns.", _OA),

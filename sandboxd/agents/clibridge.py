@@ -42,7 +42,7 @@ from typing import Any
 
 from sandboxd.agents import climcp
 from sandboxd.agents.climcp import toml_string
-from sandboxd.agents.cliparsers import READERS, Outcome, Parsed
+from sandboxd.agents.cliparsers import READERS, SUBAGENT_NOTIFICATION, Outcome, Parsed
 
 #: ``--access`` values, narrowest first.
 ACCESS = ("read_only", "workspace_write", "full_access")
@@ -673,6 +673,13 @@ class Bridge:
                     for loc in update["locations"]
                 ]
             self.notify(session.session_id, update)
+        for event in parsed.subagents:
+            self.send(
+                {
+                    "method": SUBAGENT_NOTIFICATION,
+                    "params": {"sessionId": session.session_id, "subagent": event},
+                }
+            )
 
     async def _stderr(self, stream: asyncio.StreamReader, turn: Turn) -> None:
         """The CLI's stderr passed on to the daemon's log, its tail kept."""

@@ -31,11 +31,20 @@ class Outcome:
     message: str | None = None
 
 
+#: The notification (an ACP extension method) that carries what a CLI's
+#: subagent did: its params are ``{"sessionId", "subagent": EVENT}``, an
+#: event being ``{"op": "open"|"entry"|"close", "id", "name",
+#: "instructions", "entry"}`` (:class:`StreamJsonEvents`).
+SUBAGENT_NOTIFICATION = "_sandboxd/subagent"
+
+
 @dataclass
 class Parsed:
     """What one line says: updates to send, and facts about the turn."""
 
     updates: list[dict[str, Any]] = field(default_factory=list)
+    #: What the CLI's subagents did (:data:`SUBAGENT_NOTIFICATION`'s events).
+    subagents: list[dict[str, Any]] = field(default_factory=list)
     #: The CLI's own session id, to resume it on the next turn.
     session_id: str | None = None
     #: Token counts as ACP's ``PromptResponse.usage`` names them.
@@ -373,11 +382,20 @@ def _tool_use(block: dict[str, Any]) -> list[dict[str, Any]]:
     return updates
 
 
+#: The tools with which Claude Code and Qwen Code start a subagent.
+SUBAGENT_TOOLS = frozenset({"agent", "task"})
+
+
 class StreamJsonEvents(_JsonLines):
     """
     ``--output-format stream-json`` (Claude Code, Qwen Code), with or
     without partial messages: a text or thinking block already streamed
     as deltas is not sent again when its whole message arrives.
+
+    A subagent's own messages carry the id of the tool call that started
+    it (``parent_tool_use_id``): they are not the agent's answer, so they
+    become the subagent's entries (``Parsed.subagents``), named after that
+    call's description and prompt; the call's result closes it.
     """
 
     def __init__(self) -> None:
@@ -387,12 +405,18 @@ class StreamJsonEvents(_JsonLines):
         #: Per message id, the streamed blocks of each type still to be matched.
         self._streamed: dict[tuple[str, str], deque[int]] = defaultdict(deque)
         self._tools: set[str] = set()
+        #: The calls that start a subagent: their (name, instructions).
+        self._spawners: dict[str, tuple[str | None, str | None]] = {}
+        #: The subagents that said something, to close when their call ends.
+        self._subagents: set[str] = set()
 
     def take(self, obj: dict[str, Any], out: Parsed) -> None:
         kind = obj.get("type")
-        if obj.get("parent_tool_use_id"):
-            # A subagent's own messages: its task shows as the parent's
-            # tool call, and they are not the agent's answer.
+        parent = obj.get("parent_tool_use_id")
+        if parent:
+            # Partial messages of a subagent are left to its whole ones.
+            if kind in ("assistant", "user"):
+                out.subagents = self._subagent(str(parent), kind, obj.get("message"))
             return
         if kind == "system":
             if obj.get("subtype") in ("init", "session_start") and isinstance(
@@ -407,8 +431,38 @@ class StreamJsonEvents(_JsonLines):
             out.updates = self._assistant(obj.get("message"))
         elif kind == "user":
             out.updates = self._tool_results(obj.get("message"))
+            out.subagents = self._closed(out.updates)
         elif kind == "result":
             self._result(obj, out)
+
+    def _subagent(self, parent: str, kind: str, message: Any) -> list[dict[str, Any]]:
+        """One message of the subagent ``parent`` started, as its events."""
+        name, instructions = self._spawners.get(parent, (None, None))
+        common = {"id": parent, "name": name, "instructions": instructions}
+        role = "user" if kind == "user" else "assistant"
+        content = message.get("content") if isinstance(message, dict) else None
+        entries: list[dict[str, Any]] = []
+        if isinstance(content, str) and content:
+            entries.append({"kind": "message", "role": role, "text": content})
+        for block in content if isinstance(content, list) else []:
+            if isinstance(block, dict):
+                entry = _subagent_entry(role, block)
+                if entry is not None:
+                    entries.append(entry)
+        self._subagents.add(parent)
+        if not entries:
+            return [{"op": "open", **common}]
+        return [{"op": "entry", **common, "entry": entry} for entry in entries]
+
+    def _closed(self, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The subagents whose starting calls these results end."""
+        closed = []
+        for update in results:
+            call_id = update.get("toolCallId")
+            if call_id in self._subagents:
+                self._subagents.discard(call_id)
+                closed.append({"op": "close", "id": call_id})
+        return closed
 
     def _stream_event(self, event: dict[str, Any]) -> list[dict[str, Any]]:
         etype = event.get("type")
@@ -465,7 +519,21 @@ class StreamJsonEvents(_JsonLines):
                 if call_id not in self._tools:
                     self._tools.add(call_id)
                     updates.extend(_tool_use(block))
+                    self._note_spawner(call_id, block)
         return updates
+
+    def _note_spawner(self, call_id: str, block: dict[str, Any]) -> None:
+        """A call of a subagent tool: what to name the subagent it starts."""
+        args = block.get("input")
+        if str(block.get("name") or "").lower() in SUBAGENT_TOOLS and isinstance(
+            args, dict
+        ):
+            name = args.get("description") or args.get("subagent_type")
+            prompt = args.get("prompt")
+            self._spawners[call_id] = (
+                str(name) if name else None,
+                str(prompt) if prompt else None,
+            )
 
     @staticmethod
     def _tool_results(message: Any) -> list[dict[str, Any]]:
@@ -509,6 +577,30 @@ class StreamJsonEvents(_JsonLines):
             )
         else:
             out.outcome = Outcome(True)
+
+
+def _subagent_entry(role: str, block: dict[str, Any]) -> dict[str, Any] | None:
+    """One content block of a subagent's message as its entry, or None."""
+    btype = block.get("type")
+    if btype == "text" and block.get("text"):
+        return {"kind": "message", "role": role, "text": str(block["text"])}
+    if btype == "thinking" and block.get("thinking"):
+        return {"kind": "reasoning", "text": str(block["thinking"])}
+    if btype == "tool_use":
+        return {
+            "kind": "tool_call",
+            "call_id": str(block.get("id") or ""),
+            "name": str(block.get("name") or "tool"),
+            "arguments": block.get("input"),
+        }
+    if btype == "tool_result":
+        return {
+            "kind": "tool_result",
+            "call_id": str(block.get("tool_use_id") or ""),
+            "output": _text(block.get("content")),
+            "ok": not block.get("is_error"),
+        }
+    return None
 
 
 class LineReader(Protocol):

@@ -42,6 +42,7 @@ from twisted.internet.defer import Deferred, succeed
 
 from sandboxd.agents.catalog import CatalogEntry
 from sandboxd.agents.clientside import FileRequests
+from sandboxd.agents.cliparsers import SUBAGENT_NOTIFICATION
 from sandboxd.agents.configuration import Configuration
 from sandboxd.agents.connection import Connection, ConnectionLost
 from sandboxd.agents.filechanges import FileChanges
@@ -302,6 +303,13 @@ class AgentSession(SessionState):
             self.updates.update(params["update"], params)
         elif method == "$/cancel_request" and isinstance(params, dict):
             self.held.cancel_request(params.get("requestId"))
+        elif (
+            method == SUBAGENT_NOTIFICATION
+            and isinstance(params, dict)
+            and isinstance(params.get("subagent"), dict)
+        ):
+            # What a headless CLI's subagent did (its bridge reports it).
+            self.emit("subagent", subagent=params["subagent"])
         else:
             self.emit(
                 "unknown",

@@ -37,6 +37,7 @@ from sandboxd.errors import (
 )
 from sandboxd.eventlog import Event, EventLog, json_size
 from sandboxd.openai_api.redact import Redactor
+from sandboxd.openai_api.subagent_records import Subagents
 from sandboxd.policy import defaults
 from sandboxd.waiters import Waiters
 
@@ -320,6 +321,8 @@ class SessionFace:
         self._tools: dict[str, dict[str, Any]] = {}
         self._shown_busy = False
         self.redactor = Redactor(())
+        #: What the agent's CLI reported of its subagents.
+        self.subagents = Subagents(self._redacted)
         #: The conversation's latest response, when responses drive it.
         self.last_response_id: str | None = None
         #: The vaults the session was given, and the credentials of theirs
@@ -845,6 +848,10 @@ class SessionFace:
         if not terminal.log.closed:
             stop.append(terminal.log.subscribe(output))
 
+    def _subagent(self, data: dict[str, Any]) -> None:
+        turn = self.current
+        self.subagents.take(data.get("subagent"), turn.id if turn else None)
+
     def _redacted(self, value: Any) -> Any:
         """A JSON value with the secrets in its strings replaced."""
         if not self.redactor.secrets:
@@ -1092,6 +1099,7 @@ _FOLD = {
     "turn.ended": SessionFace._turn_ended,
     "session.state": SessionFace._session_failed,
     "terminal.started": SessionFace._terminal_started,
+    "subagent": SessionFace._subagent,
 }
 
 

@@ -131,6 +131,7 @@ def snapshot(
         "idempotency": face.idempotency.entries(),
         "responses": responses or [],
         "turns": [_turn_record(t) for t in face.turns.values()],
+        "subagents": face.subagents.kept(),
         "last_seq": face.log.last_seq,
         "events": _event_tail(events),
     }
@@ -172,6 +173,7 @@ def restore(record: dict[str, Any]) -> SessionFace:
     face.tools = list(record.get("tools") or [])
     face.instructions = record.get("instructions", face.instructions)
     face.last_response_id = record.get("last_response_id")
+    face.subagents.restore(record.get("subagents"))
     for entry in record.get("idempotency") or []:
         # [key, digest, result, stored at]; without the time if kept by an
         # older daemon.

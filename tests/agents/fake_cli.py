@@ -17,7 +17,9 @@ qwen: the turn limit reached), ``think TEXT`` (reasoning, then the text),
 ``write NAME TEXT`` (writes the file, relative to its directory, and
 reports it: codex a ``file_change``, the others a ``write_file`` tool use),
 ``mcp SERVER TOOL`` (a call of an MCP server's tool: codex an
-``mcp_tool_call``, the others a ``mcp__SERVER__TOOL`` tool use).
+``mcp_tool_call``, the others a ``mcp__SERVER__TOOL`` tool use),
+``subagent TEXT`` (claude and qwen: a ``Task`` call whose subagent thinks,
+runs ``ls`` and answers, then TEXT).
 """
 
 from __future__ import annotations
@@ -154,6 +156,46 @@ def stream_text(mid: str, text: str) -> None:
     )
 
 
+def subagent() -> None:
+    """A ``Task`` call and its subagent's messages, as Claude Code prints them."""
+    task = {
+        "type": "tool_use",
+        "id": "tu_task",
+        "name": "Task",
+        "input": {
+            "description": "Look around",
+            "prompt": "List the files",
+            "subagent_type": "general-purpose",
+        },
+    }
+    emit({"type": "assistant", "message": {"id": "msg_0", "content": [task]}})
+    own = {"parent_tool_use_id": "tu_task", "session_id": "sess_fake_1"}
+    prompt = [{"type": "text", "text": "List the files"}]
+    emit({"type": "user", "message": {"role": "user", "content": prompt}, **own})
+    emit(
+        {
+            "type": "stream_event",
+            "event": {"type": "message_start", "message": {"id": "msg_s"}},
+            **own,
+        }
+    )
+    ls = {"type": "tool_use", "id": "tu_ls", "name": "Bash", "input": {"command": "ls"}}
+    thinking = {"type": "thinking", "thinking": "I should look"}
+    emit(
+        {
+            "type": "assistant",
+            "message": {"id": "msg_s", "content": [thinking, ls]},
+            **own,
+        }
+    )
+    result = {"type": "tool_result", "tool_use_id": "tu_ls", "content": "a.txt\n"}
+    emit({"type": "user", "message": {"content": [result]}, **own})
+    found = {"type": "text", "text": "found a.txt"}
+    emit({"type": "assistant", "message": {"id": "msg_s2", "content": [found]}, **own})
+    done = {"type": "tool_result", "tool_use_id": "tu_task", "content": "found a.txt"}
+    emit({"type": "user", "message": {"content": [done]}})
+
+
 def stream_json(argv: list[str], prompt: str) -> int:
     session = value_after(argv, "--resume") or "sess_fake_1"
     emit({"type": "system", "subtype": "init", "session_id": session})
@@ -205,6 +247,8 @@ def stream_json(argv: list[str], prompt: str) -> int:
         result = {"type": "tool_result", "tool_use_id": "tu_m", "content": "looked up"}
         emit({"type": "user", "message": {"content": [result]}})
         rest = "done"
+    if word == "subagent":
+        subagent()
     if word == "run":
         tool = {
             "type": "tool_use",

@@ -282,6 +282,97 @@ class StreamJsonTests(SynchronousTestCase):
         self.assertEqual(result["status"], "failed")
         self.assertEqual(result["content"][0]["content"]["text"], "body")
 
+    def test_subagent(self) -> None:
+        """
+        A ``Task`` call's subagent: its messages (partial ones left to the
+        whole) are its entries, named after the call's description and
+        prompt, never the agent's updates; the call's result closes it.
+        """
+        own = {"parent_tool_use_id": "tu_task"}
+        task = {
+            "type": "tool_use",
+            "id": "tu_task",
+            "name": "Task",
+            "input": {"description": "Look around", "prompt": "List the files"},
+        }
+        ls = {
+            "type": "tool_use",
+            "id": "l1",
+            "name": "Bash",
+            "input": {"command": "ls"},
+        }
+        parsed = feed(
+            StreamJsonEvents(),
+            {"type": "assistant", "message": {"id": "m0", "content": [task]}},
+            {"type": "user", "message": {"content": "List the files"}, **own},
+            {
+                "type": "stream_event",
+                "event": {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "text_delta", "text": "partial"},
+                },
+                **own,
+            },
+            {
+                "type": "assistant",
+                "message": {
+                    "id": "m1",
+                    "content": [{"type": "thinking", "thinking": "hm"}, ls],
+                },
+                **own,
+            },
+            {
+                "type": "user",
+                "message": {
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": "l1", "content": "a\n"}
+                    ]
+                },
+                **own,
+            },
+            {"type": "assistant", "message": {"id": "m2", "content": []}, **own},
+            {
+                "type": "user",
+                "message": {
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "tu_task",
+                            "content": "a",
+                        }
+                    ]
+                },
+            },
+        )
+        started, finished = updates(parsed)
+        self.assertEqual((started["toolCallId"], started["kind"]), ("tu_task", "other"))
+        self.assertEqual(finished["status"], "completed")
+        events = [e for p in parsed for e in p.subagents]
+        self.assertEqual(
+            [e["op"] for e in events],
+            ["entry", "entry", "entry", "entry", "open", "close"],
+        )
+        self.assertEqual(
+            {(e["id"], e["name"], e["instructions"]) for e in events[:-1]},
+            {("tu_task", "Look around", "List the files")},
+        )
+        self.assertEqual(
+            [e["entry"] for e in events[:4]],
+            [
+                {"kind": "message", "role": "user", "text": "List the files"},
+                {"kind": "reasoning", "text": "hm"},
+                {
+                    "kind": "tool_call",
+                    "call_id": "l1",
+                    "name": "Bash",
+                    "arguments": {"command": "ls"},
+                },
+                {"kind": "tool_result", "call_id": "l1", "output": "a\n", "ok": True},
+            ],
+        )
+        self.assertEqual(events[-1], {"op": "close", "id": "tu_task"})
+
     def test_results(self) -> None:
         """Success with usage, the turn limit, and an error."""
         ok, limit, error = feed(

@@ -350,7 +350,7 @@ SCHEMAS: dict[str, Schema] = {
                 "<type>",
                 "{seq, time, session_id, turn_id?, type, ...}: session.state, "
                 "turn.started, turn.ended, message.delta, tool_call, plan, "
-                "permission.requested, ... session.closed (always last)",
+                "permission.requested, subagent, ... session.closed (always last)",
             ),
             GAP,
         ),

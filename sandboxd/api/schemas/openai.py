@@ -91,7 +91,9 @@ _OA_ARTIFACT = (
 _OA_ARTIFACT_404 = E(404, "not_found", "no such artifact")
 
 
-_OA_SUBAGENT_404 = E(404, "not_found", "no such subagent (an ACP agent reports none)")
+_OA_SUBAGENT_404 = E(
+    404, "not_found", "no such subagent or turn (an ACP agent reports none)"
+)
 
 
 _OA_DEFINITION = (
