@@ -395,7 +395,9 @@ class StreamJsonEvents(_JsonLines):
     A subagent's own messages carry the id of the tool call that started
     it (``parent_tool_use_id``): they are not the agent's answer, so they
     become the subagent's entries (``Parsed.subagents``), named after that
-    call's description and prompt; the call's result closes it.
+    call's description and prompt; the call's result closes it, or, for
+    one Claude Code runs in the background (``system`` ``task_started``),
+    its ``task_notification``.
     """
 
     def __init__(self) -> None:
@@ -409,6 +411,9 @@ class StreamJsonEvents(_JsonLines):
         self._spawners: dict[str, tuple[str | None, str | None]] = {}
         #: The subagents that said something, to close when their call ends.
         self._subagents: set[str] = set()
+        #: The subagents running in the background: their call's result
+        #: comes at once, their end in a ``task_notification``.
+        self._background: set[str] = set()
 
     def take(self, obj: dict[str, Any], out: Parsed) -> None:
         kind = obj.get("type")
@@ -419,10 +424,13 @@ class StreamJsonEvents(_JsonLines):
                 out.subagents = self._subagent(str(parent), kind, obj.get("message"))
             return
         if kind == "system":
-            if obj.get("subtype") in ("init", "session_start") and isinstance(
+            subtype = obj.get("subtype")
+            if subtype in ("init", "session_start") and isinstance(
                 obj.get("session_id"), str
             ):
                 out.session_id = obj["session_id"]
+            elif subtype in ("task_started", "task_notification"):
+                out.subagents = self._task(subtype, obj)
         elif kind == "stream_event":
             event = obj.get("event")
             if isinstance(event, dict):
@@ -454,12 +462,34 @@ class StreamJsonEvents(_JsonLines):
             return [{"op": "open", **common}]
         return [{"op": "entry", **common, "entry": entry} for entry in entries]
 
+    def _task(self, subtype: str, obj: dict[str, Any]) -> list[dict[str, Any]]:
+        """
+        Claude Code's word on a subagent it runs as a task: started (with
+        its description and prompt; in the background, its call's result
+        comes at once and does not end it), and done.
+        """
+        call_id = obj.get("tool_use_id")
+        if not isinstance(call_id, str) or not call_id:
+            return []
+        if subtype == "task_notification":
+            self._background.discard(call_id)
+            self._subagents.discard(call_id)
+            return [{"op": "close", "id": call_id}]
+        name, instructions = self._spawners.get(call_id, (None, None))
+        self._spawners[call_id] = (
+            str(obj.get("description") or "") or name,
+            str(obj.get("prompt") or "") or instructions,
+        )
+        if obj.get("is_backgrounded"):
+            self._background.add(call_id)
+        return self._subagent(call_id, "assistant", None)
+
     def _closed(self, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The subagents whose starting calls these results end."""
         closed = []
         for update in results:
             call_id = update.get("toolCallId")
-            if call_id in self._subagents:
+            if call_id in self._subagents and call_id not in self._background:
                 self._subagents.discard(call_id)
                 closed.append({"op": "close", "id": call_id})
         return closed

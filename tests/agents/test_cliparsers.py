@@ -373,6 +373,48 @@ class StreamJsonTests(SynchronousTestCase):
         )
         self.assertEqual(events[-1], {"op": "close", "id": "tu_task"})
 
+    def test_subagent_in_the_background(self) -> None:
+        """
+        Claude Code's ``Agent`` run in the background, as 2.1 prints it: the
+        task's start names it, the call's result (at once) does not end it,
+        its ``task_notification`` does.
+        """
+        agent = {
+            "type": "tool_use",
+            "id": "tu_a",
+            "name": "Agent",
+            "input": {"description": "d", "prompt": "p"},
+        }
+        result = {"type": "tool_result", "tool_use_id": "tu_a", "content": "launched"}
+        parsed = feed(
+            StreamJsonEvents(),
+            {"type": "assistant", "message": {"id": "m0", "content": [agent]}},
+            {
+                "type": "system",
+                "subtype": "task_started",
+                "tool_use_id": "tu_a",
+                "description": "Look around",
+                "prompt": "List the files",
+                "is_backgrounded": True,
+            },
+            {"type": "user", "message": {"content": [result]}},
+            {
+                "type": "assistant",
+                "parent_tool_use_id": "tu_a",
+                "message": {"id": "m1", "content": [{"type": "text", "text": "a"}]},
+            },
+            {"type": "system", "subtype": "task_notification", "tool_use_id": "tu_a"},
+        )
+        events = [e for p in parsed for e in p.subagents]
+        self.assertEqual([e["op"] for e in events], ["open", "entry", "close"])
+        self.assertEqual(
+            (events[0]["name"], events[0]["instructions"]),
+            ("Look around", "List the files"),
+        )
+        self.assertEqual(
+            events[1]["entry"], {"kind": "message", "role": "assistant", "text": "a"}
+        )
+
     def test_results(self) -> None:
         """Success with usage, the turn limit, and an error."""
         ok, limit, error = feed(

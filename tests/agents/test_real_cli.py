@@ -77,7 +77,13 @@ class ModelAPI(Resource):
             return NOT_DONE_YET
         if said.startswith("run: "):
             return self.tool_call(body, said[len("run: ") :])
+        if said.startswith("task: "):
+            return self.subagent_call(body, said[len("task: ") :])
         return self.stream(body, "you said: " + said)
+
+    def subagent_call(self, body: dict[str, Any], prompt: str) -> bytes:
+        """A stream asking the CLI to start a subagent with ``prompt``."""
+        raise NotImplementedError
 
     def tool_result(self, body: dict[str, Any]) -> str | None:
         """The output of the tool call the last request answers, if it does."""
@@ -269,6 +275,20 @@ class Messages(ModelAPI):
     def tool_call(self, body: dict[str, Any], command: str) -> bytes:
         use = {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}}
         arguments = json.dumps({"command": command, "description": "Run it"})
+        delta = {"type": "input_json_delta", "partial_json": arguments}
+        return self.message(body, use, [delta], "tool_use")
+
+    def subagent_call(self, body: dict[str, Any], prompt: str) -> bytes:
+        names = [t.get("name") for t in body.get("tools") or []]
+        [tool] = [n for n in names if n in ("Task", "Agent")]
+        use = {"type": "tool_use", "id": "toolu_task", "name": tool, "input": {}}
+        arguments = json.dumps(
+            {
+                "description": "Look around",
+                "prompt": prompt,
+                "subagent_type": "general-purpose",
+            }
+        )
         delta = {"type": "input_json_delta", "partial_json": arguments}
         return self.message(body, use, [delta], "tool_use")
 
@@ -651,4 +671,28 @@ class RealCodexFullAccessTests(ToolCall, FullAccess, RealCodexTests):
 
 
 class RealClaudeFullAccessTests(ToolCall, FullAccess, RealClaudeTests):
-    pass
+    @inlineCallbacks
+    def test_subagent(self) -> Any:
+        """
+        The model starts a subagent (Claude Code's ``Agent`` tool): the real
+        CLI tags the subagent's messages, which the session reports as the
+        subagent's, named after the call, and closes once the CLI says the
+        subagent is done (it runs it in the background: the call's result
+        comes at once).
+        """
+        sid = yield self.session(self.agent)
+        reply = yield self.prompt(sid, "task: sub-hello", wait=90)
+        self.assertEqual(reply.json()["stop_reason"], "end_turn", reply.body)
+        page = yield self.events(sid, "&types=subagent")
+        events = [e["subagent"] for e in page["events"]]
+        self.assertEqual({e["id"] for e in events}, {"toolu_task"}, events)
+        self.assertIn(
+            {"kind": "message", "role": "assistant", "text": "you said: sub-hello"},
+            [e["entry"] for e in events if e["op"] == "entry"],
+        )
+        ops = [e["op"] for e in events]
+        self.assertEqual((ops[0], ops[-1], ops.count("close")), ("open", "close", 1))
+        self.assertEqual(
+            {(e["name"], e["instructions"]) for e in events if "name" in e},
+            {("Look around", "sub-hello")},
+        )
