@@ -651,6 +651,7 @@ class Bridge:
                 )
                 continue
             if not line:
+                self._take(session, turn, reader.finish())
                 return
             self._take(session, turn, reader.feed(line.decode("utf-8", "replace")))
 

@@ -179,6 +179,10 @@ class _JsonLines:
     def take(self, obj: dict[str, Any], out: Parsed) -> None:
         raise NotImplementedError
 
+    def finish(self) -> Parsed:
+        """What the end of the CLI's output says (its run is over)."""
+        return Parsed()
+
 
 class CodexEvents(_JsonLines):
     """``codex exec --json``: each ``item.*`` event as ACP updates."""
@@ -396,8 +400,8 @@ class StreamJsonEvents(_JsonLines):
     it (``parent_tool_use_id``): they are not the agent's answer, so they
     become the subagent's entries (``Parsed.subagents``), named after that
     call's description and prompt; the call's result closes it, or, for
-    one Claude Code runs in the background (``system`` ``task_started``),
-    its ``task_notification``.
+    one the CLI runs in the background (a ``system`` ``task_started``), its
+    ``task_notification``, or at the latest the end of the CLI's run.
     """
 
     def __init__(self) -> None:
@@ -468,21 +472,37 @@ class StreamJsonEvents(_JsonLines):
         its description and prompt; in the background, its call's result
         comes at once and does not end it), and done.
         """
-        call_id = obj.get("tool_use_id")
+        # Claude Code's fields are the event's own, Qwen Code's its data's.
+        data = obj.get("data")
+        fields = data if isinstance(data, dict) else obj
+        call_id = fields.get("tool_use_id")
         if not isinstance(call_id, str) or not call_id:
             return []
         if subtype == "task_notification":
             self._background.discard(call_id)
+            if call_id not in self._subagents:
+                return []
             self._subagents.discard(call_id)
             return [{"op": "close", "id": call_id}]
         name, instructions = self._spawners.get(call_id, (None, None))
         self._spawners[call_id] = (
-            str(obj.get("description") or "") or name,
-            str(obj.get("prompt") or "") or instructions,
+            str(fields.get("description") or "") or name,
+            str(fields.get("prompt") or "") or instructions,
         )
-        if obj.get("is_backgrounded"):
+        # Both run their agents in the background by default: the end is
+        # the notification, unless the CLI says this one is not.
+        if fields.get("is_backgrounded") is not False:
             self._background.add(call_id)
         return self._subagent(call_id, "assistant", None)
+
+    def finish(self) -> Parsed:
+        """The subagents still open end with the CLI's run."""
+        out = Parsed(
+            subagents=[{"op": "close", "id": i} for i in sorted(self._subagents)]
+        )
+        self._subagents.clear()
+        self._background.clear()
+        return out
 
     def _closed(self, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The subagents whose starting calls these results end."""
@@ -634,9 +654,11 @@ def _subagent_entry(role: str, block: dict[str, Any]) -> dict[str, Any] | None:
 
 
 class LineReader(Protocol):
-    """What the bridge feeds a CLI's stdout to, line by line."""
+    """What the bridge feeds a CLI's stdout to, line by line, then its end."""
 
     def feed(self, line: str) -> Parsed: ...
+
+    def finish(self) -> Parsed: ...
 
 
 #: Each headless protocol's reader.

@@ -415,6 +415,37 @@ class StreamJsonTests(SynchronousTestCase):
             events[1]["entry"], {"kind": "message", "role": "assistant", "text": "a"}
         )
 
+    def test_subagent_as_qwen_reports_it(self) -> None:
+        """
+        Qwen Code's task events carry their fields in ``data``; a subagent
+        still open when the CLI's output ends is closed then.
+        """
+        agent = {
+            "type": "tool_use",
+            "id": "c1",
+            "name": "agent",
+            "input": {"description": "d", "prompt": "p"},
+        }
+        started = {"task_id": "t", "tool_use_id": "c1", "description": "Look"}
+        result = {"type": "tool_result", "tool_use_id": "c1", "content": "launched"}
+        reader = StreamJsonEvents()
+        parsed = feed(
+            reader,
+            {"type": "assistant", "message": {"id": "m0", "content": [agent]}},
+            {
+                "type": "user",
+                "parent_tool_use_id": "c1",
+                "message": {"content": [{"type": "text", "text": "p"}]},
+            },
+            {"type": "system", "subtype": "task_started", "data": started},
+            {"type": "user", "message": {"content": [result]}},
+        )
+        events = [e for p in parsed for e in p.subagents]
+        self.assertEqual([e["op"] for e in events], ["entry", "open"])
+        self.assertEqual((events[1]["name"], events[1]["instructions"]), ("Look", "p"))
+        self.assertEqual(reader.finish().subagents, [{"op": "close", "id": "c1"}])
+        self.assertEqual(reader.finish().subagents, [])
+
     def test_results(self) -> None:
         """Success with usage, the turn limit, and an error."""
         ok, limit, error = feed(
