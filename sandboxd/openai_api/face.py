@@ -38,6 +38,7 @@ from sandboxd.errors import (
 from sandboxd.eventlog import Event, EventLog, json_size
 from sandboxd.openai_api.redact import Redactor
 from sandboxd.openai_api.subagent_records import Subagents
+from sandboxd.openai_api.subagent_records import describe as describe_subagent
 from sandboxd.policy import defaults
 from sandboxd.waiters import Waiters
 
@@ -850,7 +851,16 @@ class SessionFace:
 
     def _subagent(self, data: dict[str, Any]) -> None:
         turn = self.current
-        self.subagents.take(data.get("subagent"), turn.id if turn else None)
+        record, changes = self.subagents.take(
+            data.get("subagent"), turn.id if turn else None
+        )
+        for change in changes:
+            # OpenAI's session events for a subagent (agent-sandbox-server
+            # sends none).
+            self._emit(
+                f"agent.session.subagent.{change}",
+                subagent=describe_subagent(record, self.id, self.agent["id"]),
+            )
 
     def _redacted(self, value: Any) -> Any:
         """A JSON value with the secrets in its strings replaced."""

@@ -54,17 +54,23 @@ class Subagents:
         self.records: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.size = 0
 
-    def take(self, event: Any, turn_id: str | None) -> None:
-        """One event of the bridge's (open, entry, close); others are ignored."""
+    def take(self, event: Any, turn_id: str | None) -> tuple[dict[str, Any], list[str]]:
+        """
+        One event of the bridge's (open, entry, close); others are ignored.
+        The subagent's record and what became of it (``created``,
+        ``closed``), or ``({}, [])``.
+        """
         if not isinstance(event, dict):
-            return
+            return {}, []
         sid = event.get("id")
         if not isinstance(sid, str) or not SUBAGENT_ID.fullmatch(sid):
-            return
+            return {}, []
+        changes = []
         record = self.records.get(sid)
         if record is None:
             if len(self.records) >= MAX_SUBAGENTS:
-                return
+                return {}, []
+            changes.append("created")
             record = self.records[sid] = {
                 "id": sid,
                 "name": None,
@@ -80,8 +86,10 @@ class Subagents:
         op = event.get("op")
         if op == "close" and record["closed_at"] is None:
             record["closed_at"] = int(time.time())
+            changes.append("closed")
         elif op == "entry":
             self._add(record["entries"], event.get("entry"))
+        return record, changes
 
     def _add(self, entries: list[dict[str, Any]], entry: Any) -> None:
         """An entry, checked and bounded; a tool's result folds into its call."""
@@ -126,3 +134,21 @@ class Subagents:
     def kept(self) -> list[dict[str, Any]]:
         """The records, for the session's file."""
         return list(self.records.values())
+
+
+def describe(record: dict[str, Any], session_id: str, agent_id: str) -> dict[str, Any]:
+    """A subagent as the ``agent.session.subagent`` object."""
+    instructions = record["instructions"]
+    return {
+        "id": record["id"],
+        "object": "agent.session.subagent",
+        "session_id": session_id,
+        "parent_agent_id": agent_id,
+        "name": record["name"],
+        "instructions": [{"type": "input_text", "text": instructions}]
+        if instructions
+        else None,
+        "opened_at": record["opened_at"],
+        "closed_at": record["closed_at"],
+        "status": "closed" if record["closed_at"] is not None else "active",
+    }

@@ -20,24 +20,12 @@ from typing import Any
 
 from sandboxd.errors import not_found
 from sandboxd.openai_api.registry import face_of, page, restored_first
+from sandboxd.openai_api.subagent_records import describe
 from sandboxd.web.messages import ServerRequest
 
 
 def _describe(face: Any, record: dict[str, Any]) -> dict[str, Any]:
-    instructions = record["instructions"]
-    return {
-        "id": record["id"],
-        "object": "agent.session.subagent",
-        "session_id": face.id,
-        "parent_agent_id": face.agent.get("id"),
-        "name": record["name"],
-        "instructions": [{"type": "input_text", "text": instructions}]
-        if instructions
-        else None,
-        "opened_at": record["opened_at"],
-        "closed_at": record["closed_at"],
-        "status": "closed" if record["closed_at"] is not None else "active",
-    }
+    return describe(record, face.id, face.agent["id"])
 
 
 def _turns(record: dict[str, Any]) -> list[dict[str, Any]]:

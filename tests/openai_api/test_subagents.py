@@ -28,11 +28,18 @@ from tests.openai_api.test_restart import RestartCase
 
 def subagent_turn(client: Any, model: str, body: dict[str, Any]) -> Any:
     """A session of ``model`` whose one turn starts a subagent; its id."""
+    return streamed_subagent_turn(client, model, body)[0]
+
+
+def streamed_subagent_turn(
+    client: Any, model: str, body: dict[str, Any]
+) -> tuple[str, list[Any]]:
+    """The same, and the session's events during the turn."""
     sessions = client.beta.agents.sessions
     session = sessions.create(**body)
     with sessions.stream(session.id, input="subagent all done") as stream:
-        list(stream)
-    return session.id
+        events = list(stream)
+    return session.id, events
 
 
 class SubagentTests(FakeCLICase):
@@ -40,7 +47,8 @@ class SubagentTests(FakeCLICase):
     def test_subagent(self) -> Any:
         """
         The subagent is listed with the name and instructions of the call
-        that started it, closed once that call ended; its items are its
+        that started it, closed once that call ended (the session's stream
+        says when it was created and closed); its items are its
         prompt, reasoning, tool call (with its result) and answer, in one
         turn; the session's own items hold the ``Task`` call and the
         agent's answer only.
@@ -49,7 +57,7 @@ class SubagentTests(FakeCLICase):
         sessions = client.beta.agents.sessions
 
         def run(model: str) -> Any:
-            sid = subagent_turn(
+            sid, events = streamed_subagent_turn(
                 client, model, self.session_body(agent={"model": model})
             )
             [sub] = list(sessions.subagents.list(sid))
@@ -67,11 +75,25 @@ class SubagentTests(FakeCLICase):
                 )
             )
             own = list(sessions.items.list(sid, order="asc"))
-            return sid, sub, one, items, turn, again, turn_items, own
+            return sid, events, sub, one, items, turn, again, turn_items, own
 
         for model in ("claude", "qwen"):
-            sid, sub, one, items, turn, again, turn_items, own = yield self.sdk(
+            sid, events, sub, one, items, turn, again, turn_items, own = yield self.sdk(
                 run, model
+            )
+            # The session's stream says when it starts and ends, as
+            # OpenAI's sessions do.
+            told = [
+                (e.type, e.subagent.id, e.subagent.status)
+                for e in events
+                if e.type.startswith("agent.session.subagent.")
+            ]
+            self.assertEqual(
+                told,
+                [
+                    ("agent.session.subagent.created", "tu_task", "active"),
+                    ("agent.session.subagent.closed", "tu_task", "closed"),
+                ],
             )
             self.assertEqual(sub.to_dict(), one.to_dict())
             self.assertEqual(
