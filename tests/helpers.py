@@ -106,6 +106,34 @@ def listening_inodes(port: int | None = None) -> set[str]:
     }
 
 
+def unnamed_files(directory: str, pid: int | str = "self") -> list[str]:
+    """
+    The files process ``pid`` writes in ``directory`` (or below it) that
+    have no name yet (an upload's, made with ``O_TMPFILE``), as the
+    ``/proc/PID/fd/N`` paths that read them.
+    """
+    top = os.path.realpath(directory)
+    found = []
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for name in names:
+        link = f"/proc/{pid}/fd/{name}"
+        try:
+            target = os.readlink(link)
+        except OSError:
+            continue  # closed meanwhile
+        where, _, rest = target.rpartition("/#")
+        if (
+            rest.endswith(" (deleted)")
+            and rest[: -len(" (deleted)")].isdigit()
+            and (where == top or where.startswith(top + "/"))
+        ):
+            found.append(link)
+    return found
+
+
 def socket_inodes(pid: int) -> set[str]:
     """The inodes of the sockets process ``pid`` has open (gone: none)."""
     found = set()

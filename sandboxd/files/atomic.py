@@ -5,10 +5,15 @@ Atomic writes: a temporary file beside the target, renamed into place.
 Every write of file content goes through :class:`AtomicWrite`, so a reader
 sees the old file or the new one, never half of either: an aborted, oversize
 or failed upload (ENOSPC included) removes its temporary file and leaves the
-old content alone.  The temporary file is created with ``O_EXCL |
-O_NOFOLLOW`` in the directory the guard resolved by fd, and the rename
-replaces the *name*: a link planted at the target is replaced, never written
-through.
+old content alone.  The temporary file is created in the directory the guard
+resolved by fd, and the rename replaces the *name*: a link planted at the
+target is replaced, never written through.
+
+Where the file system has them, the temporary file has no name while it is
+written (``O_TMPFILE``) and gets one only at the commit, just before the
+rename: a daemon killed mid-upload (``SIGKILL``, the OOM killer) leaves
+nothing behind, as the kernel frees a file nobody named.  Elsewhere it is
+a hidden name (``O_EXCL | O_NOFOLLOW``) for the whole write.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import os
 import re
 import secrets
 import stat
+import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -43,6 +50,100 @@ from sandboxd.errors import (
 from sandboxd.libc import libc
 
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_UNNAMED_FLAGS = os.O_WRONLY | getattr(os, "O_TMPFILE", 0) | os.O_CLOEXEC
+#: Where an unnamed file's descriptor can be linked from without
+#: ``CAP_DAC_READ_SEARCH`` (``linkat`` with ``AT_SYMLINK_FOLLOW``).
+_FD_LINKS = "/proc/self/fd"
+#: What ``open`` says when a file system (or kernel) has no ``O_TMPFILE``.
+_NO_UNNAMED = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT})
+
+
+def _unnamed_files() -> bool:
+    """Whether this system can create unnamed files and name them later."""
+    return hasattr(os, "O_TMPFILE") and os.path.isdir(_FD_LINKS)
+
+
+#: Set to False where unnamed files must not be used.
+UNNAMED_FILES = _unnamed_files()
+
+
+def open_temporary(dir_fd: int, name: str) -> tuple[int, int]:
+    """
+    A new file for writing in ``dir_fd``, mode 0600: an unnamed one where
+    the file system has them, else ``name`` (which must not exist); the
+    descriptor, and the unnamed file's inode (0: ``name`` is on disk).
+    """
+    if UNNAMED_FILES:
+        try:
+            fd = os.open(".", _UNNAMED_FLAGS, 0o600, dir_fd=dir_fd)
+        except OSError as e:
+            if e.errno not in _NO_UNNAMED:
+                raise
+        else:
+            inode = os.fstat(fd).st_ino
+            UNNAMED.opened(inode)
+            return fd, inode
+    return os.open(name, _TMP_FLAGS, 0o600, dir_fd=dir_fd), 0
+
+
+class UnnamedInodes:
+    """
+    The inodes of the daemon's unnamed files, while written and for
+    :data:`UNNAMED_SEEN_SECONDS` after.
+
+    A directory's inotify watch reports a write to an unnamed file in it
+    under the name ``#INODE``; a watch of the daemon's hides those
+    (:meth:`ours`), as it hides its named temporaries.  The events are
+    read on the reactor after the write, so an inode stays known a while
+    after its file was named or dropped.
+    """
+
+    def __init__(self, keep: int = 4096) -> None:
+        self._lock = threading.Lock()
+        #: inode -> None while written, else when to forget it
+        self._inodes: dict[int, float | None] = {}
+        self._keep = keep
+
+    def opened(self, inode: int) -> None:
+        with self._lock:
+            if len(self._inodes) >= self._keep:
+                self._prune()
+            self._inodes[inode] = None
+
+    def closed(self, inode: int) -> None:
+        with self._lock:
+            if inode in self._inodes:
+                self._inodes[inode] = time.monotonic() + UNNAMED_SEEN_SECONDS
+
+    def ours(self, name: str) -> bool:
+        """Whether ``name`` is how inotify names one of these files."""
+        if not (name.startswith("#") and name[1:].isdigit()):
+            return False
+        with self._lock:
+            if int(name[1:]) not in self._inodes:
+                return False
+            until = self._inodes[int(name[1:])]
+        return until is None or until > time.monotonic()
+
+    def _prune(self) -> None:
+        now = time.monotonic()
+        for inode, until in list(self._inodes.items()):
+            if until is not None and until <= now:
+                del self._inodes[inode]
+
+
+#: Seconds an unnamed file's inode is still known after its write ended.
+UNNAMED_SEEN_SECONDS = 30.0
+#: The daemon's unnamed files (one set per process).
+UNNAMED = UnnamedInodes()
+
+
+def name_file(fd: int, dir_fd: int, name: str) -> None:
+    """
+    Give the unnamed file ``fd`` the name ``name`` in ``dir_fd``
+    (``FileExistsError`` when the name is taken: never replaced).
+    """
+    os.link(f"{_FD_LINKS}/{fd}", name, dst_dir_fd=dir_fd, follow_symlinks=True)
 
 
 def parse_mode(raw: Any) -> int | None:
@@ -142,6 +243,11 @@ class AtomicWrite:
         self.bytes = 0
         self.fd = -1
         self.tmp_name = ""
+        #: whether :attr:`tmp_name` is on disk (an unnamed file gets it
+        #: only at the commit)
+        self.named = False
+        #: the unnamed file's inode (0: it was created with its name)
+        self.inode = 0
         #: where :meth:`commit` with ``keep_old`` left the replaced file
         self.old_name = ""
         self.done = False
@@ -155,7 +261,8 @@ class AtomicWrite:
             if mode is None:
                 mode = stat.S_IMODE(existing.st_mode) if existing is not None else 0o644
             self.tmp_name = temporary_name(location.name, new=existing is None)
-            self.fd = os.open(self.tmp_name, _TMP_FLAGS, 0o600, dir_fd=location.dir_fd)
+            self.fd, self.inode = open_temporary(location.dir_fd, self.tmp_name)
+            self.named = not self.inode
             _UNFINISHED.add(self)
             self._give(existing)
             os.fchmod(self.fd, mode)
@@ -236,9 +343,14 @@ class AtomicWrite:
         try:
             self._check_target()
             st = os.fstat(self.fd)
-            os.close(self.fd)
-            self.fd = -1
             dfd = self.location.dir_fd
+            if not self.overwrite:
+                # link() refuses an existing name: no window for a racing writer.
+                self._link_as(self.location.name)
+            elif not self.named:
+                name_file(self.fd, dfd, self.tmp_name)
+                self.named = True
+            self._close()
             if self.overwrite:
                 try:
                     self._replace(keep_old)
@@ -246,16 +358,6 @@ class AtomicWrite:
                     if e.errno != errno.EBUSY:
                         raise
                     st = self._in_place(keep_old)
-            else:
-                # link() refuses an existing name: no window for a racing writer.
-                os.link(
-                    self.tmp_name,
-                    self.location.name,
-                    src_dir_fd=dfd,
-                    dst_dir_fd=dfd,
-                    follow_symlinks=False,
-                )
-                os.unlink(self.tmp_name, dir_fd=dfd)
             self.tmp_name = ""
             _UNFINISHED.discard(self)
         except FileExistsError:
@@ -272,6 +374,29 @@ class AtomicWrite:
         self.done = True
         self.location.close()
         return etag_of(st)
+
+    def _close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+            if self.inode:
+                UNNAMED.closed(self.inode)
+
+    def _link_as(self, name: str) -> None:
+        """The new file under ``name``, which must not exist; no temporary left."""
+        dfd = self.location.dir_fd
+        if not self.named:
+            name_file(self.fd, dfd, name)
+            return
+        os.link(
+            self.tmp_name,
+            name,
+            src_dir_fd=dfd,
+            dst_dir_fd=dfd,
+            follow_symlinks=False,
+        )
+        os.unlink(self.tmp_name, dir_fd=dfd)
+        self.named = False
 
     def _replace(self, keep_old: bool) -> None:
         """The rename over the old file (kept aside with ``keep_old``)."""
@@ -349,15 +474,14 @@ class AtomicWrite:
         Remove the temporary file, and the parent directories made for it;
         the old file stays as it was.
         """
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-        if self.tmp_name:
+        self._close()
+        if self.tmp_name and self.named:
             try:
                 os.unlink(self.tmp_name, dir_fd=self.location.dir_fd)
             except OSError:
                 pass
-            self.tmp_name = ""
+        self.tmp_name = ""
+        self.named = False
         _UNFINISHED.discard(self)
         self.location.undo_made()
         self.location.close()

@@ -39,7 +39,7 @@ from sandboxd.errors import (
     unavailable,
 )
 from sandboxd.eventlog import EventLog
-from sandboxd.files.atomic import TEMPORARY_NAME
+from sandboxd.files.atomic import TEMPORARY_NAME, UNNAMED
 from sandboxd.files.walk import walk
 from sandboxd.libc import libc
 from sandboxd.policy.defaults import (
@@ -277,7 +277,10 @@ class Watch:
         kind = "directory" if mask & inotify.IN_ISDIR else "file"
         if self._inside_temporary(path):
             return
-        temporary = TEMPORARY_NAME.match(posixpath.basename(path))
+        name = posixpath.basename(path)
+        if UNNAMED.ours(name):
+            return  # an upload's file before it has its name
+        temporary = TEMPORARY_NAME.match(name)
         if temporary is not None:
             self._temporary(path, kind, mask, temporary.group(1) is not None)
             return

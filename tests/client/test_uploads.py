@@ -22,6 +22,7 @@ from sandboxd.client._shared import ResumableUpload
 from sandboxd.client.errors import ConnectionFailed, InvalidParam, UploadMismatch
 from sandboxd.files.atomic import TEMPORARY_NAME
 from tests.client.base import ClientCase, CutProxy, listen_proxy
+from tests.helpers import unnamed_files
 
 #: A file just over the threshold, cut about a third of the way in.
 SIZE = RESUMABLE_UPLOAD_BYTES + 1024 * 1024 + 7
@@ -188,7 +189,9 @@ class UploadIdMismatchTests(ClientCase):
         return upload_id
 
     def staging(self) -> list[str]:
-        return [n for n in os.listdir(self.base_dir) if TEMPORARY_NAME.match(n)]
+        """The open upload's staging file: hidden, or unnamed (held by the daemon)."""
+        named = [n for n in os.listdir(self.base_dir) if TEMPORARY_NAME.match(n)]
+        return named + unnamed_files(self.base_dir)
 
     @inlineCallbacks
     def check_untouched(self, upload_id: str, *paths: str) -> Any:

@@ -17,7 +17,7 @@ from twisted.internet.task import Clock, deferLater
 from twisted.internet.threads import deferToThread
 
 from sandboxd.files.atomic import TEMPORARY_NAME
-from tests.helpers import DaemonTestCase
+from tests.helpers import DaemonTestCase, unnamed_files
 
 
 def _send_part(port: int, path: str, length: int, part: bytes, token: str) -> None:
@@ -69,9 +69,20 @@ class UploadCase(DaemonTestCase):
     token = "uploads-test-token"
 
     def staging(self, where: str = "") -> list[str]:
-        """The daemon's temporary files in ``where`` (below the base dir)."""
-        names = os.listdir(os.path.join(self.base_dir, where))
-        return [n for n in names if TEMPORARY_NAME.match(n)]
+        """
+        The daemon's temporary files in ``where`` (below the base dir): its
+        hidden names, or, where they have none yet (``O_TMPFILE``), the
+        ``/proc`` paths of the daemon's descriptors of them (this process's:
+        the daemon runs in it).
+        """
+        directory = os.path.join(self.base_dir, where)
+        names = os.listdir(directory)
+        named = [n for n in names if TEMPORARY_NAME.match(n)]
+        return named + [
+            f
+            for f in unnamed_files(directory)
+            if os.path.dirname(os.readlink(f)) == os.path.realpath(directory)
+        ]
 
     def read(self, rel: str) -> bytes:
         with open(os.path.join(self.base_dir, rel), "rb") as f:

@@ -57,6 +57,7 @@ from tests.helpers import (
     free_port,
     session_listens,
     someone_listens,
+    unnamed_files,
     until_exited,
 )
 from tests.kernels.test_contexts import need_ipykernel
@@ -1463,6 +1464,42 @@ class StopTests(SynchronousTestCase):
         box = BoxedDaemon(self)
         with open(f"{box.base}/kept.txt", "wb") as f:
             f.write(OLD)
+        self.three_under_way(box)
+        box.stop()
+        self.assertEqual(box.proc.returncode, 0)
+        self.assertEqual(os.listdir(box.base), ["kept.txt"])
+        with open(f"{box.base}/kept.txt", "rb") as f:
+            self.assertEqual(f.read(), OLD)
+
+    def test_uploads_under_way_leave_no_file_when_killed(self) -> None:
+        """
+        The same uploads when the daemon is killed (``SIGKILL``, as the OOM
+        killer or a supervisor out of patience does it): nothing ran to
+        clean up, and still no file of theirs is left in the user's tree
+        (they had no name yet); the file they were replacing keeps its
+        bytes.  The directories made for them stay.
+        """
+        box = BoxedDaemon(self)
+        with open(f"{box.base}/kept.txt", "wb") as f:
+            f.write(OLD)
+        self.three_under_way(box)
+        box.proc.kill()
+        box.proc.wait(10)
+        files = [
+            os.path.relpath(os.path.join(top, name), box.base)
+            for top, _, names in os.walk(box.base)
+            for name in names
+        ]
+        self.assertEqual(files, ["kept.txt"])
+        with open(f"{box.base}/kept.txt", "rb") as f:
+            self.assertEqual(f.read(), OLD)
+
+    def three_under_way(self, box: BoxedDaemon) -> None:
+        """
+        Two raw writes (a new file in new directories, a replacement) and a
+        resumable upload's append, each receiving its body, until all
+        three have their files open (bounded).
+        """
         made = json.loads(
             urllib.request.urlopen(
                 urllib.request.Request(
@@ -1481,22 +1518,18 @@ class StopTests(SynchronousTestCase):
         )
 
         def staged() -> list[str]:
-            return [
+            named = [
                 name
                 for _, _, names in os.walk(box.base)
                 for name in names
                 if TEMPORARY_NAME.match(name)
             ]
+            return named + unnamed_files(box.base, box.proc.pid)
 
         deadline = time.monotonic() + 10
         while len(staged()) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
         self.assertEqual(len(staged()), 3, staged())
-        box.stop()
-        self.assertEqual(box.proc.returncode, 0)
-        self.assertEqual(os.listdir(box.base), ["kept.txt"])
-        with open(f"{box.base}/kept.txt", "rb") as f:
-            self.assertEqual(f.read(), OLD)
 
     def test_a_move_across_file_systems_is_given_up(self) -> None:
         """

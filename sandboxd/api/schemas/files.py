@@ -399,9 +399,11 @@ SCHEMAS: dict[str, Schema] = {
             ),
         ),
         notes="Every refusal happens here, before a byte is sent. The bytes go to "
-        "a hidden staging file beside the target (.NAME.<hex>.upload; left out "
-        "of listings, searches and archives), renamed "
-        "into place by the append that completes it; an upload idle for "
+        "a staging file in the target's directory that has no name until the "
+        "append that completes it renames it into place (on a file system "
+        "without unnamed files, a hidden .NAME.<hex>.upload, left out of "
+        "listings, searches and archives), so a daemon killed meanwhile "
+        "leaves nothing; an upload idle for "
         "idle_timeout_seconds (3600) is dropped with its staging file, as on "
         "DELETE and when the daemon stops.",
     ),
