@@ -120,9 +120,7 @@ class UnnamedInodes:
         if not (name.startswith("#") and name[1:].isdigit()):
             return False
         with self._lock:
-            if int(name[1:]) not in self._inodes:
-                return False
-            until = self._inodes[int(name[1:])]
+            until = self._inodes.get(int(name[1:]), 0.0)
         return until is None or until > time.monotonic()
 
     def _prune(self) -> None:
