@@ -40,6 +40,23 @@ def _capped(value: Any, limit: int) -> str | None:
     return str(value)[:limit] if value else None
 
 
+def _shortened(value: Any, depth: int = 0) -> Any:
+    """
+    A JSON value whose strings are cut at :data:`MAX_TEXT` (a tool call's
+    arguments too: a file written whole is one of them); nesting deeper
+    than a tool's arguments go is dropped.
+    """
+    if isinstance(value, str):
+        return value[:MAX_TEXT]
+    if depth > 8:
+        return None
+    if isinstance(value, dict):
+        return {str(k): _shortened(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shortened(v, depth + 1) for v in value]
+    return value
+
+
 class Subagents:
     """
     The subagents of one session, as the bridge reported them: each an id,
@@ -95,12 +112,7 @@ class Subagents:
         """An entry, checked and bounded; a tool's result folds into its call."""
         if not isinstance(entry, dict) or entry.get("kind") not in _ENTRY_KINDS:
             return
-        clean = self.redact(
-            {
-                key: _capped(value, MAX_TEXT) if isinstance(value, str) else value
-                for key, value in entry.items()
-            }
-        )
+        clean = self.redact(_shortened(entry))
         if clean["kind"] == "tool_result":
             for existing in reversed(entries):
                 if (

@@ -245,3 +245,17 @@ class RecordTests(SynchronousTestCase):
         self.assertLessEqual(subs.size, MAX_BYTES)
         # As many as the bytes allow, the rest dropped.
         self.assertEqual(len(entries), MAX_BYTES // json_size(entries[0]))
+
+    def test_arguments_cut(self) -> None:
+        """A tool call's long arguments (a file written whole) are cut, not dropped."""
+        subs = self.records()
+        call = {
+            "kind": "tool_call",
+            "call_id": "w",
+            "name": "Write",
+            "arguments": {"file_path": "a", "content": "y" * (MAX_TEXT * 3)},
+        }
+        subs.take({"op": "entry", "id": "s1", "entry": call}, None)
+        [kept] = subs.records["s1"]["entries"]
+        self.assertEqual(len(kept["arguments"]["content"]), MAX_TEXT)
+        self.assertEqual(kept["arguments"]["file_path"], "a")
