@@ -199,6 +199,8 @@ class CodexEvents(_JsonLines):
             item = obj.get("item")
             if isinstance(item, dict):
                 out.updates = self._item(item, done=kind == "item.completed")
+                if kind == "item.completed" and item.get("type") == "collab_tool_call":
+                    out.subagents = _collab(item)
         elif kind == "turn.completed":
             usage = obj.get("usage")
             if isinstance(usage, dict):
@@ -317,6 +319,36 @@ class CodexEvents(_JsonLines):
             summary = "\n".join(f"{c.get('kind')}: {c.get('path')}" for c in changes)
             return tool_finished(item_id, ok, summary)
         return tool_finished(item_id, ok, None)
+
+
+def _collab(item: dict[str, Any]) -> list[dict[str, Any]]:
+    """
+    The subagents a codex ``collab_tool_call`` names (its
+    ``receiver_thread_ids`` and ``agents_states``): opened, with the
+    prompt of a ``spawn_agent``, and closed when ``close_agent`` or a state
+    says so.  Their own turns are in codex's session files, not here.
+    """
+    tool = str(item.get("tool") or "")
+    ids = [str(i) for i in item.get("receiver_thread_ids") or [] if i]
+    states = item.get("agents_states")
+    closed = []
+    if isinstance(states, dict):
+        for thread_id, state in states.items():
+            if str(thread_id) not in ids:
+                ids.append(str(thread_id))
+            if isinstance(state, dict) and state.get("status") in (
+                "shutdown",
+                "closed",
+            ):
+                closed.append(str(thread_id))
+    if tool == "close_agent":
+        closed = list(dict.fromkeys([*closed, *ids]))
+    prompt = item.get("prompt") if tool == "spawn_agent" else None
+    events: list[dict[str, Any]] = [
+        {"op": "open", "id": i, "name": None, "instructions": prompt or None}
+        for i in ids
+    ]
+    return events + [{"op": "close", "id": i} for i in closed]
 
 
 #: Tool names of Claude Code and Qwen Code, as ACP tool kinds.

@@ -19,7 +19,8 @@ reports it: codex a ``file_change``, the others a ``write_file`` tool use),
 ``mcp SERVER TOOL`` (a call of an MCP server's tool: codex an
 ``mcp_tool_call``, the others a ``mcp__SERVER__TOOL`` tool use),
 ``subagent TEXT`` (claude and qwen: a ``Task`` call whose subagent thinks,
-runs ``ls`` and answers, then TEXT).
+runs ``ls`` and answers, then TEXT; codex: a ``spawn_agent`` and a
+``close_agent`` collab call, then TEXT).
 """
 
 from __future__ import annotations
@@ -87,6 +88,27 @@ def codex(argv: list[str], prompt: str) -> int:
             }
         )
         rest = "done"
+    if word == "subagent":
+        # codex's collab tool calls: a spawn, then a close.
+        spawn = {
+            "id": "k1",
+            "type": "collab_tool_call",
+            "tool": "spawn_agent",
+            "receiver_thread_ids": ["th_child_1"],
+            "prompt": "List the files",
+            "agents_states": {"th_child_1": {"status": "running"}},
+            "status": "completed",
+        }
+        emit({"type": "item.completed", "item": spawn})
+        close = {
+            "id": "k2",
+            "type": "collab_tool_call",
+            "tool": "close_agent",
+            "receiver_thread_ids": ["th_child_1"],
+            "agents_states": {"th_child_1": {"status": "shutdown"}},
+            "status": "completed",
+        }
+        emit({"type": "item.completed", "item": close})
     if word == "run":
         item = {
             "id": "c1",

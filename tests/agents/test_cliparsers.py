@@ -135,6 +135,43 @@ class CodexTests(SynchronousTestCase):
             [("a", "completed"), ("b", "pending")],
         )
 
+    def test_collab_subagents(self) -> None:
+        """A spawn_agent names its subagent with its prompt; close_agent closes it."""
+        spawn = {
+            "id": "k1",
+            "type": "collab_tool_call",
+            "tool": "spawn_agent",
+            "receiver_thread_ids": ["th_a"],
+            "prompt": "go",
+            "agents_states": {"th_b": {"status": "shutdown"}},
+        }
+        close = {"id": "k2", "type": "collab_tool_call", "tool": "close_agent"}
+        parsed = feed(
+            CodexEvents(),
+            {"type": "item.started", "item": spawn},
+            {"type": "item.completed", "item": spawn},
+            {
+                "type": "item.completed",
+                "item": {**close, "receiver_thread_ids": ["th_a"]},
+            },
+        )
+        self.assertEqual(parsed[0].subagents, [])
+        self.assertEqual(
+            parsed[1].subagents,
+            [
+                {"op": "open", "id": "th_a", "name": None, "instructions": "go"},
+                {"op": "open", "id": "th_b", "name": None, "instructions": "go"},
+                {"op": "close", "id": "th_b"},
+            ],
+        )
+        self.assertEqual(
+            parsed[2].subagents,
+            [
+                {"op": "open", "id": "th_a", "name": None, "instructions": None},
+                {"op": "close", "id": "th_a"},
+            ],
+        )
+
     def test_failure_and_noise(self) -> None:
         """turn.failed carries the message; stray lines, arrays and unknown events say nothing."""
         parsed = feed(

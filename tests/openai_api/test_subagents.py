@@ -158,18 +158,35 @@ class SubagentTests(FakeCLICase):
         self.assertEqual((turn.status_code, turn.body["param"]), (404, "turn_id"))
 
     @inlineCallbacks
-    def test_codex_reports_none(self) -> Any:
-        """An agent that reports no subagent lists none."""
+    def test_codex(self) -> Any:
+        """
+        codex's collab calls name its subagents: listed with the spawn's
+        prompt, closed by ``close_agent``, with no items (codex keeps their
+        turns in its own session files); a turn that starts none lists none.
+        """
         client = self.client()
         sessions = client.beta.agents.sessions
 
-        def run() -> Any:
+        def run(prompt: str) -> Any:
             session = sessions.create(**self.session_body(agent={"model": "codex"}))
-            with sessions.stream(session.id, input="echo hi") as stream:
+            with sessions.stream(session.id, input=prompt) as stream:
                 list(stream)
-            return list(sessions.subagents.list(session.id))
+            found = list(sessions.subagents.list(session.id))
+            items = [
+                list(sessions.subagents.items.list(s.id, session_id=session.id))
+                for s in found
+            ]
+            return found, items
 
-        self.assertEqual((yield self.sdk(run)), [])
+        none, _ = yield self.sdk(run, "echo hi")
+        self.assertEqual(none, [])
+        [sub], [items] = yield self.sdk(run, "subagent all done")
+        self.assertEqual((sub.id, sub.status), ("th_child_1", "closed"))
+        self.assertEqual(
+            sub.to_dict()["instructions"],
+            [{"type": "input_text", "text": "List the files"}],
+        )
+        self.assertEqual(items, [])
 
 
 class SubagentRestartTests(RestartCase):
