@@ -42,7 +42,13 @@ from sandboxd.errors import (
     timed_out,
     unavailable,
 )
-from sandboxd.files.atomic import free_bytes, temporary_name
+from sandboxd.files.atomic import (
+    UNNAMED,
+    free_bytes,
+    name_file,
+    open_temporary,
+    temporary_name,
+)
 from sandboxd.files.mounts import mount_of, on_another_mount
 
 log = Logger()
@@ -221,7 +227,7 @@ class Copier:
                     follow_symlinks=False,
                 )
                 return
-            self._file(src_fd, src_name, dst_fd, dst_name, st)
+            self._file(src_fd, src_name, dst_fd, dst_name, st, top=not rel)
             if st.st_nlink > 1 and rel:
                 self.linked[key] = rel
         else:
@@ -234,20 +240,35 @@ class Copier:
         dst_fd: int,
         dst_name: str,
         st: os.stat_result,
+        top: bool = False,
     ) -> None:
+        """
+        One file's copy.  A file moved on its own (``top``) is copied into
+        an unnamed file, named ``dst_name`` once whole (as an upload is,
+        :mod:`sandboxd.files.atomic`): a daemon killed meanwhile leaves no
+        copy behind.  A tree's files go into its hidden top directory.
+        """
         source = os.open(src_name, _READ_FLAGS, dir_fd=src_fd)
         try:
             if not stat.S_ISREG(os.fstat(source).st_mode):
                 raise bad_request(f"source: {src_name} changed while it was copied")
-            target = os.open(dst_name, _NEW_FILE_FLAGS, 0o600, dir_fd=dst_fd)
+            if top:
+                target, inode = open_temporary(dst_fd, dst_name)
+            else:
+                target = os.open(dst_name, _NEW_FILE_FLAGS, 0o600, dir_fd=dst_fd)
+                inode = 0
             try:
                 while True:
                     self._check_going_on()
                     if os.sendfile(target, source, None, _CHUNK) == 0:
                         break
                 _keep_metadata(target, None, st)
+                if inode:
+                    name_file(target, dst_fd, dst_name)
             finally:
                 os.close(target)
+                if inode:
+                    UNNAMED.closed(inode)
         finally:
             os.close(source)
 

@@ -1560,6 +1560,46 @@ class StopTests(SynchronousTestCase):
         self.assertEqual(box.proc.returncode, 0)
         self.assert_given_up(box)
 
+    def test_a_file_moved_across_file_systems_leaves_no_copy_when_killed(
+        self,
+    ) -> None:
+        """
+        A file moved on its own to another file system is copied into a file
+        with no name until it is whole: a daemon killed during the copy
+        (``SIGKILL``) leaves nothing at the destination, and the source is
+        where it was, whole.
+        """
+        box = BoxedDaemon(self)
+        os.mkdir(f"{box.base}/mnt")
+        tmpfs(self, f"{box.base}/mnt", "3g")
+        with open(f"{box.base}/big", "wb") as f:
+            f.truncate(2**30)
+
+        def move() -> None:
+            request = urllib.request.Request(
+                f"{box.url}/files/move",
+                data=json.dumps({"source": "big", "destination": "mnt/big"}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(request, timeout=60).read()
+
+        mover = threading.Thread(target=move, daemon=True)
+        mover.start()
+        self.addCleanup(mover.join, 60)
+        deadline = time.monotonic() + 10
+        while (
+            not unnamed_files(f"{box.base}/mnt", box.proc.pid)
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.005)
+        self.assertEqual(os.listdir(f"{box.base}/mnt"), [])
+        self.assertTrue(unnamed_files(f"{box.base}/mnt", box.proc.pid))
+        box.proc.kill()
+        box.proc.wait(10)
+        self.assertEqual(os.listdir(f"{box.base}/mnt"), [])
+        self.assertEqual(os.path.getsize(f"{box.base}/big"), 2**30)
+
     def test_a_move_whose_caller_left_is_given_up(self) -> None:
         """
         A caller that leaves during a move's copy to another file system
