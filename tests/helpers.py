@@ -106,6 +106,24 @@ def listening_inodes(port: int | None = None) -> set[str]:
     }
 
 
+def fd_targets(pid: int | str) -> Iterator[tuple[str, str]]:
+    """
+    ``(/proc/PID/fd/N, what it points at)`` for each descriptor process
+    ``pid`` has open (gone: none; one closed meanwhile is skipped).
+    """
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return
+    for name in names:
+        link = f"/proc/{pid}/fd/{name}"
+        try:
+            target = os.readlink(link)
+        except OSError:
+            continue
+        yield link, target
+
+
 def unnamed_files(directory: str, pid: int | str = "self") -> list[str]:
     """
     The files process ``pid`` writes in ``directory`` (or below it) that
@@ -114,16 +132,7 @@ def unnamed_files(directory: str, pid: int | str = "self") -> list[str]:
     """
     top = os.path.realpath(directory)
     found = []
-    try:
-        names = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return found
-    for name in names:
-        link = f"/proc/{pid}/fd/{name}"
-        try:
-            target = os.readlink(link)
-        except OSError:
-            continue  # closed meanwhile
+    for link, target in fd_targets(pid):
         where, _, rest = target.rpartition("/#")
         if (
             rest.endswith(" (deleted)")
@@ -136,19 +145,9 @@ def unnamed_files(directory: str, pid: int | str = "self") -> list[str]:
 
 def socket_inodes(pid: int) -> set[str]:
     """The inodes of the sockets process ``pid`` has open (gone: none)."""
-    found = set()
-    try:
-        names = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return found
-    for name in names:
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{name}")
-        except OSError:
-            continue  # closed meanwhile
-        if target.startswith("socket:["):
-            found.add(target[8:-1])
-    return found
+    return {
+        target[8:-1] for _, target in fd_targets(pid) if target.startswith("socket:[")
+    }
 
 
 def someone_listens(port: int) -> bool:

@@ -500,9 +500,9 @@ class StreamJsonEvents(_JsonLines):
 
     def _task(self, subtype: str, obj: dict[str, Any]) -> list[dict[str, Any]]:
         """
-        Claude Code's word on a subagent it runs as a task: started (with
-        its description and prompt; in the background, its call's result
-        comes at once and does not end it), and done.
+        A CLI's word on a subagent it runs as a task: started (with its
+        description, and Claude Code's its prompt; in the background, its
+        call's result comes at once and does not end it), and done.
         """
         # Claude Code's fields are the event's own, Qwen Code's its data's.
         data = obj.get("data")

@@ -28,7 +28,7 @@ from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, succeed
 
 from sandboxd.access.guard import PathGuard
-from sandboxd.agents import catalog
+from sandboxd.agents import catalog, climcp
 from sandboxd.agents.catalog import CatalogEntry
 from sandboxd.agents.permissions import headless_access
 from sandboxd.errors import (
@@ -115,8 +115,6 @@ def check_headless_servers(protocol: str, servers: list[dict[str, Any]]) -> None
     be handed, checked before anything starts: what it cannot take is the
     caller's 400, not the agent's 502.
     """
-    from sandboxd.agents import climcp
-
     if not protocol.startswith("headless:") or not servers:
         return
     try:

@@ -225,8 +225,9 @@ def load_everyday(policy: Policy, table: RouteTable) -> None:
     """
     from sandboxd.routes import load_group
 
+    on = groups_on(policy, table)
     for group in EVERYDAY_GROUPS:
-        if any(policy.rules[e.id].enabled for e in table if e.group is group):
+        if group.value in on:
             load_group(table, group)
 
 

@@ -850,10 +850,7 @@ class SessionFace:
             stop.append(terminal.log.subscribe(output))
 
     def _subagent(self, data: dict[str, Any]) -> None:
-        turn = self.current
-        record, changes = self.subagents.take(
-            data.get("subagent"), turn.id if turn else None
-        )
+        record, changes = self.subagents.take(data.get("subagent"))
         for change in changes:
             # OpenAI's session events for a subagent (agent-sandbox-server
             # sends none).

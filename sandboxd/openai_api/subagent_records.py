@@ -61,7 +61,7 @@ class Subagents:
     """
     The subagents of one session, as the bridge reported them: each an id,
     a name and instructions (from the call that started it), open and
-    close times, the parent turn, and its entries.
+    close times, and its entries.
 
     :param redact: masks the session's secrets in a JSON value.
     """
@@ -71,7 +71,7 @@ class Subagents:
         self.records: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.size = 0
 
-    def take(self, event: Any, turn_id: str | None) -> tuple[dict[str, Any], list[str]]:
+    def take(self, event: Any) -> tuple[dict[str, Any], list[str]]:
         """
         One event of the bridge's (open, entry, close); others are ignored.
         The subagent's record and what became of it (``created``,
@@ -94,7 +94,6 @@ class Subagents:
                 "instructions": None,
                 "opened_at": int(time.time()),
                 "closed_at": None,
-                "turn_id": turn_id,
                 "entries": [],
             }
         for key, limit in (("name", _MAX_NAME), ("instructions", _MAX_INSTRUCTIONS)):

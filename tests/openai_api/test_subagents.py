@@ -223,9 +223,9 @@ class RecordTests(SynchronousTestCase):
     def test_checked(self) -> None:
         """Bad ids and entry kinds are ignored; secrets masked; a result folds once."""
         subs = self.records()
-        subs.take({"op": "entry", "id": "../x", "entry": {"kind": "message"}}, "t1")
-        subs.take({"op": "entry", "id": "a1", "entry": {"kind": "shell"}}, "t1")
-        subs.take("nonsense", "t1")
+        subs.take({"op": "entry", "id": "../x", "entry": {"kind": "message"}})
+        subs.take({"op": "entry", "id": "a1", "entry": {"kind": "shell"}})
+        subs.take("nonsense")
         call = {"kind": "tool_call", "call_id": "c", "name": "Bash", "arguments": {}}
         result = {
             "kind": "tool_result",
@@ -233,16 +233,12 @@ class RecordTests(SynchronousTestCase):
             "output": "s3cr3t",
             "ok": False,
         }
-        subs.take(
-            {"op": "entry", "id": "a1", "name": "s3cr3t job", "entry": call}, "t1"
-        )
-        subs.take({"op": "entry", "id": "a1", "entry": result}, "t2")
-        subs.take(
-            {"op": "entry", "id": "a1", "entry": {**result, "output": "later"}}, "t2"
-        )
+        subs.take({"op": "entry", "id": "a1", "name": "s3cr3t job", "entry": call})
+        subs.take({"op": "entry", "id": "a1", "entry": result})
+        subs.take({"op": "entry", "id": "a1", "entry": {**result, "output": "later"}})
         self.assertEqual(list(subs.records), ["a1"])
         record = subs.records["a1"]
-        self.assertEqual((record["name"], record["turn_id"]), ("*** job", "t1"))
+        self.assertEqual(record["name"], "*** job")
         self.assertEqual(
             record["entries"],
             [{**call, "output": "***", "ok": False}],
@@ -252,11 +248,11 @@ class RecordTests(SynchronousTestCase):
         """Subagents, entries' bytes and a text's length are bounded."""
         subs = self.records()
         for n in range(MAX_SUBAGENTS + 5):
-            subs.take({"op": "open", "id": f"s{n}"}, None)
+            subs.take({"op": "open", "id": f"s{n}"})
         self.assertEqual(len(subs.records), MAX_SUBAGENTS)
         text = {"kind": "message", "role": "assistant", "text": "x" * (MAX_TEXT * 2)}
         for _ in range(MAX_BYTES // MAX_TEXT + 5):
-            subs.take({"op": "entry", "id": "s0", "entry": text}, None)
+            subs.take({"op": "entry", "id": "s0", "entry": text})
         entries = subs.records["s0"]["entries"]
         self.assertEqual({len(e["text"]) for e in entries}, {MAX_TEXT})
         self.assertLessEqual(subs.size, MAX_BYTES)
@@ -272,7 +268,7 @@ class RecordTests(SynchronousTestCase):
             "name": "Write",
             "arguments": {"file_path": "a", "content": "y" * (MAX_TEXT * 3)},
         }
-        subs.take({"op": "entry", "id": "s1", "entry": call}, None)
+        subs.take({"op": "entry", "id": "s1", "entry": call})
         [kept] = subs.records["s1"]["entries"]
         self.assertEqual(len(kept["arguments"]["content"]), MAX_TEXT)
         self.assertEqual(kept["arguments"]["file_path"], "a")

@@ -1438,6 +1438,24 @@ class StopTests(SynchronousTestCase):
             with open(f"{box.base}/tree/{name}", "wb") as f:
                 f.truncate(2**30)
 
+    def moving(self, box: BoxedDaemon, source: str, destination: str) -> None:
+        """``POST /files/move`` of ``source`` to ``destination``, sent by a thread."""
+
+        def move() -> None:
+            request = urllib.request.Request(
+                f"{box.url}/files/move",
+                data=json.dumps(
+                    {"source": source, "destination": destination}
+                ).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(request, timeout=60).read()
+
+        mover = threading.Thread(target=move, daemon=True)
+        mover.start()
+        self.addCleanup(mover.join, 60)
+
     def copy_begun(self, box: BoxedDaemon) -> None:
         """Until the copy's temporary name shows in ``mnt`` (bounded)."""
         deadline = time.monotonic() + 10
@@ -1540,19 +1558,7 @@ class StopTests(SynchronousTestCase):
         """
         box = BoxedDaemon(self)
         self.tree_and_mount(box)
-
-        def move() -> None:
-            request = urllib.request.Request(
-                f"{box.url}/files/move",
-                data=json.dumps({"source": "tree", "destination": "mnt/tree"}).encode(),
-                headers={"Content-Type": "application/json"},
-            )
-            with contextlib.suppress(OSError):
-                urllib.request.urlopen(request, timeout=60).read()
-
-        mover = threading.Thread(target=move, daemon=True)
-        mover.start()
-        self.addCleanup(mover.join, 60)
+        self.moving(box, "tree", "mnt/tree")
         self.copy_begun(box)
         began = time.monotonic()
         box.stop()
@@ -1574,19 +1580,7 @@ class StopTests(SynchronousTestCase):
         tmpfs(self, f"{box.base}/mnt", "3g")
         with open(f"{box.base}/big", "wb") as f:
             f.truncate(2**30)
-
-        def move() -> None:
-            request = urllib.request.Request(
-                f"{box.url}/files/move",
-                data=json.dumps({"source": "big", "destination": "mnt/big"}).encode(),
-                headers={"Content-Type": "application/json"},
-            )
-            with contextlib.suppress(OSError):
-                urllib.request.urlopen(request, timeout=60).read()
-
-        mover = threading.Thread(target=move, daemon=True)
-        mover.start()
-        self.addCleanup(mover.join, 60)
+        self.moving(box, "big", "mnt/big")
         deadline = time.monotonic() + 10
         while (
             not unnamed_files(f"{box.base}/mnt", box.proc.pid)
