@@ -25,6 +25,8 @@ SEED_AND_BEYOND = {
         "files_delete",
         "files_move",
         "files_search",
+        # Editing by exact replacement: beyond SPEC §2's table.
+        "files_edit",
         "files_upload_stream",
         "files_download_stream",
         "files_archive",

@@ -87,6 +87,7 @@ from sandboxd.client.models import (
     CodeResult,
     CommandResult,
     Decision,
+    Edited,
     Entry,
     Extracted,
     GitDiff,
@@ -388,6 +389,44 @@ class Files(_Namespace[F]):
         return cast(
             SearchResult,
             await self._http.call(calls.files_search(pattern, path, max_results)),
+        )
+
+    @api
+    async def edit(
+        self,
+        path: str,
+        old_text: str | None = None,
+        new_text: str | None = None,
+        *,
+        replace_all: bool = False,
+        edits: Sequence[Mapping[str, Any]] | None = None,
+        dry_run: bool = False,
+        if_match: str | None = None,
+    ) -> Edited:
+        """
+        Replace ``old_text`` (exactly as in the file, there once unless
+        ``replace_all``) with ``new_text``, atomically; or apply ``edits``
+        (``{"old_text", "new_text", "replace_all"?}`` each) in order, all
+        or none.
+
+        :param dry_run: check and count, write nothing.
+        :param if_match: an ``etag``: refuse (412) if the file changed since.
+        :raises InvalidParam: an edit's text is missing or ambiguous (its
+            ``body["kind"]``: ``not_found``, ``not_unique``), or the file is
+            not UTF-8 (``not_text``).
+        """
+        if (edits is None) == (old_text is None or new_text is None):
+            raise TypeError("give old_text and new_text, or edits")
+        listed = (
+            [dict(e) for e in edits]
+            if edits is not None
+            else [
+                {"old_text": old_text, "new_text": new_text, "replace_all": replace_all}
+            ]
+        )
+        return cast(
+            Edited,
+            await self._http.call(calls.files_edit(path, listed, dry_run, if_match)),
         )
 
     @api

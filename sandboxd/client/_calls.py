@@ -95,6 +95,22 @@ def files_search(pattern: str, path: str | None, max_results: int | None) -> Req
     )
 
 
+def files_edit(
+    path: str,
+    edits: Sequence[dict[str, Any]],
+    dry_run: bool,
+    if_match: str | None,
+) -> Req:
+    return Req(
+        "POST",
+        "/files/edit",
+        json=body(path=path, edits=list(edits), dry_run=dry_run, if_match=if_match),
+        # Sent twice, a replacement could apply twice; with if_match the
+        # second is refused (412) instead.
+        idempotent=if_match is not None,
+    )
+
+
 def files_archive(paths: Sequence[str], format: str) -> Req:
     return Req(
         "POST",

@@ -66,6 +66,17 @@ class SearchResult(TypedDict):
     truncated: bool
 
 
+class Edited(TypedDict):
+    """``POST /files/edit``."""
+
+    path: str
+    replacements: int
+    edits: list[dict[str, int]]
+    bytes: int
+    changed: bool
+    etag: str
+
+
 class Extracted(TypedDict):
     """``POST /files/extract``."""
 

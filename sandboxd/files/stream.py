@@ -65,6 +65,19 @@ class FileShrank(OSError):
         )
 
 
+def read_all(fd: int, size: int) -> bytes:
+    """``size`` bytes from ``fd`` (fewer when the file shrank meanwhile)."""
+    chunks = []
+    left = size
+    while left > 0:
+        data = os.read(fd, left)
+        if not data:
+            break
+        chunks.append(data)
+        left -= len(data)
+    return b"".join(chunks)
+
+
 def b64_length(size: int) -> int:
     """Length of the base64 (padded, no newlines) of ``size`` bytes."""
     return 4 * ((size + 2) // 3)

@@ -82,6 +82,7 @@ DESTRUCTIVE = frozenset(
     {
         "files_delete",
         "files_move",
+        "files_edit",
         "process_signal",
         "env_set",
         "pty_delete_session",
@@ -124,6 +125,10 @@ NOT_LISTED: dict[str, str] = {
     "openapi": "the HTTP API's description, for HTTP clients",
     "metrics": "Prometheus text for monitoring",
     "files_upload_stream": "upload does the same",
+    "files_archive": "an archive comes back as base64, which a model cannot read; "
+    "shell runs tar or zip on the files in place",
+    "files_extract": "the archive would have to pass through the model as base64; "
+    "shell unpacks one already in the sandbox",
 }
 
 #: The shell a command tool runs through when the call names none.
@@ -149,6 +154,7 @@ MODEL_DESCRIPTIONS: dict[str, str] = {
     "download": "Read a file; text files come back as text.",
     "files_list": "List a directory (depth 1..10).",
     "files_search": "Find files whose names match a glob pattern, recursively.",
+    "files_edit": "Replace old_text with new_text in a text file (read it first).",
     "files_extract": "Unpack a tar.gz or zip archive (base64) into a directory.",
     "files_archive": "Pack paths into a tar.gz or zip archive (base64).",
     "capabilities": "A summary of what this token may do: the tools allowed and "

@@ -45,6 +45,8 @@ ENDPOINT_LIMITS: dict[str, dict[str, Any]] = {
     # A move to another file system copies the tree: its entries and time.
     "files_move": {"max_entries": 100_000, "timeout_seconds": 300},
     "files_search": {"timeout_seconds": 10, "max_entries": 1000},
+    # An edited file is held in memory twice (as read, and as edited).
+    "files_edit": {"max_bytes": 10 * MIB},
     "files_watch": {"max_output_bytes": MIB},
     "shell": {"timeout_seconds": 300, "max_output_bytes": 10 * MIB},
     "shell_stream": {"timeout_seconds": 300, "max_output_bytes": 10 * MIB},
@@ -459,6 +461,9 @@ INLINE_READ_BYTES = 256 * KIB
 
 #: file_ops: longest search pattern accepted (fnmatch compiles to a regex).
 MAX_PATTERN_CHARS = 1024
+
+#: file_ops: edits in one ``files_edit`` call (each scans the whole file).
+MAX_EDITS = 100
 
 #: file_ops: deepest listing (``depth`` is 1..this).
 MAX_LIST_DEPTH = 10

@@ -14,7 +14,6 @@ from __future__ import annotations
 import binascii
 import hashlib
 import json
-import os
 import threading
 from email.utils import formatdate
 from typing import Any
@@ -39,12 +38,20 @@ from sandboxd.eventlog import Event
 from sandboxd.files import crossing, walk
 from sandboxd.files.atomic import AtomicWrite, Undo, etag_matches, parse_mode
 from sandboxd.files.background import HashedWrite
-from sandboxd.files.stream import FileProducer, b64_chunk, b64_length, parse_range
+from sandboxd.files.edit import Edit, edit_file
+from sandboxd.files.stream import (
+    FileProducer,
+    b64_chunk,
+    b64_length,
+    parse_range,
+    read_all,
+)
 from sandboxd.files.watch import seed_changes, seen_as, watch_dirs
 from sandboxd.policy.defaults import (
     DEFAULT_UPLOAD_BYTES,
     ENDPOINT_LIMITS,
     INLINE_READ_BYTES,
+    MAX_EDITS,
     MAX_LIST_DEPTH,
     MAX_PATTERN_CHARS,
     MAX_WATCHES,
@@ -266,18 +273,6 @@ def files_upload_stream(request: ServerRequest) -> Any:
     return _upload(request, True)
 
 
-def _read_all(fd: int, size: int) -> bytes:
-    chunks = []
-    left = size
-    while left > 0:
-        data = os.read(fd, left)
-        if not data:
-            break
-        chunks.append(data)
-        left -= len(data)
-    return b"".join(chunks)
-
-
 def download(request: ServerRequest) -> Any:
     """``GET /download``: a file as base64 (small files answered inline)."""
     path = required(request.query.get("path"), "path")
@@ -290,7 +285,7 @@ def download(request: ServerRequest) -> Any:
         raise file_too_large(request, size)
     if size <= INLINE_READ_BYTES:
         with f:
-            data = _read_all(f.fd, size)
+            data = read_all(f.fd, size)
         return {
             "path": f.path,
             "content_base64": b64_chunk(data).decode("ascii"),
@@ -299,7 +294,7 @@ def download(request: ServerRequest) -> Any:
 
     def job() -> dict[str, Any]:
         with f:
-            data = _read_all(f.fd, size)
+            data = read_all(f.fd, size)
         return {
             "path": f.path,
             "content_base64": pybase64.b64encode_as_string(data),
@@ -343,7 +338,7 @@ def files_download_stream(request: ServerRequest) -> Any:
     )
     if size <= INLINE_READ_BYTES:
         with f:
-            return _small_download(head, _read_all(f.fd, size))
+            return _small_download(head, read_all(f.fd, size))
     tail = b'","bytes":' + str(size).encode() + b"}"
     producer = FileProducer(f.fd, 0, size, transform=b64_chunk, trailer=tail)
     f.fd = -1  # the producer owns it now
@@ -656,6 +651,75 @@ def files_search(request: ServerRequest) -> Any:
     )
 
 
+def _edits(body: dict[str, Any]) -> list[Edit]:
+    """
+    The body's edits: ``edits``, a list of ``{old_text, new_text,
+    replace_all?}``, or one edit given by those fields at the top level.
+    """
+    listed = body.get("edits")
+    single = "old_text" in body or "new_text" in body
+    if listed is not None and single:
+        raise bad_request("give either 'edits' or 'old_text' and 'new_text', not both")
+    if listed is None:
+        return [_edit(body, "")]
+    if not isinstance(listed, list) or not listed:
+        raise bad_request("'edits' must be a non-empty list of objects")
+    if len(listed) > MAX_EDITS:
+        raise bad_request(f"'edits' holds more than {MAX_EDITS} edits")
+    return [_edit(item, f"edits[{n}].") for n, item in enumerate(listed)]
+
+
+def _edit(raw: Any, where: str) -> Edit:
+    """One ``{old_text, new_text, replace_all?}``; ``where`` prefixes its errors."""
+    if not isinstance(raw, dict):
+        raise bad_request(f"'{where.rstrip('.')}' must be an object")
+    old = required(raw.get("old_text"), f"{where}old_text")
+    new = string(raw.get("new_text"), f"{where}new_text")
+    replace_all = flag(
+        raw.get("replace_all", False), f"{where}replace_all", False, words=False
+    )
+    return Edit(old, new, replace_all)
+
+
+def files_edit(request: ServerRequest) -> Any:
+    """``POST /files/edit``: exact replacements in a text file, all or none."""
+    from sandboxd.access.guard import refusal
+
+    body = request.body
+    path = required(body.get("path"), "path")
+    guard = PathGuard.for_request(request)
+    for op in ("read", "write"):
+        decision = guard.decide(path, op)
+        if not decision.allowed:
+            raise refusal(decision)
+    check_extension(request, path)
+    edits = _edits(body)
+    dry_run = flag(body.get("dry_run", False), "dry_run", False, words=False)
+    if_match = if_match_of(request)
+    cap = request.rule.limits.max_bytes or _default("files_edit", "max_bytes")
+
+    def too_large(size: int) -> ApiError:
+        return payload_too_large(
+            cap,
+            f"the file ({size} bytes)",
+            setting=limit_setting("files_edit", "max_bytes"),
+            size=size,
+        )
+
+    def job() -> dict[str, Any]:
+        return edit_file(
+            guard,
+            path,
+            edits,
+            if_match=if_match,
+            max_bytes=cap,
+            too_large=too_large,
+            dry_run=dry_run,
+        )
+
+    return in_thread(request, job)
+
+
 def files_archive(request: ServerRequest) -> Any:
     """``POST /files/archive``: tar.gz or zip of guarded paths, in a thread."""
     from sandboxd.files import archive  # tarfile and zipfile: on first use
@@ -866,6 +930,7 @@ HANDLERS: dict[str, Any] = {
     "files_delete": files_delete,
     "files_move": files_move,
     "files_search": files_search,
+    "files_edit": files_edit,
     "files_upload_stream": files_upload_stream,
     "files_download_stream": files_download_stream,
     "files_archive": files_archive,

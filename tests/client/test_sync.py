@@ -17,7 +17,13 @@ from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
 
-from sandboxd.client import AsyncSandbox, NotFound, Sandbox
+from sandboxd.client import (
+    AsyncSandbox,
+    InvalidParam,
+    NotFound,
+    PreconditionFailed,
+    Sandbox,
+)
 from tests.client.base import ROOT, ClientCase
 
 
@@ -97,6 +103,32 @@ class FilesTests(ClientCase):
             self.assertEqual([r["name"] for r in found["results"]], ["a.txt"])
             sb.files.delete("docs/sub")
             self.assertFalse(os.path.exists(self.path("docs/sub")))
+
+        return self.in_thread(body)
+
+    def test_edit(self) -> Any:
+        """
+        ``edit`` replaces text in place and gives the new etag; a missing
+        text raises InvalidParam saying so (its ``kind``), a stale etag
+        PreconditionFailed, and neither changes the file.
+        """
+
+        def body() -> None:
+            sb = self.sandbox()
+            sb.files.write_text("app.py", "DEBUG = True\nLEVEL = 1\n")
+            done = sb.files.edit("app.py", "DEBUG = True", "DEBUG = False")
+            self.assertEqual(done["replacements"], 1)
+            self.assertEqual(sb.files.read_text("app.py"), "DEBUG = False\nLEVEL = 1\n")
+            with self.assertRaises(InvalidParam) as caught:
+                sb.files.edit("app.py", "DEBUG = True", "x")
+            self.assertEqual(caught.exception.body["kind"], "not_found")
+            edits = [{"old_text": "LEVEL = 1", "new_text": "LEVEL = 2"}]
+            with self.assertRaises(PreconditionFailed):
+                sb.files.edit("app.py", edits=edits, if_match='"0-0-0"')
+            done = sb.files.edit("app.py", edits=edits, if_match=done["etag"])
+            self.assertEqual(sb.files.read_text("app.py"), "DEBUG = False\nLEVEL = 2\n")
+            with self.assertRaises(TypeError):
+                sb.files.edit("app.py", "only old text")
 
         return self.in_thread(body)
 

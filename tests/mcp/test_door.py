@@ -399,6 +399,36 @@ class ModelToolsTests(McpTestCase):
         self.assertEqual(argv.structured_content["stdout"], "a && b\n")
 
     @inlineCallbacks
+    def test_edit_a_file(self) -> Any:
+        """
+        files_edit, as a model calls it: the file holds the new text; an
+        old_text that is not there is a tool error saying so, and the file
+        is left as it was.
+        """
+        path = os.path.join(self.base_dir, "app.py")
+        with open(path, "w") as f:
+            f.write("DEBUG = True\n")
+
+        async def body(client: Any) -> Any:
+            done = await client.call_tool(
+                "files_edit",
+                {"path": "app.py", "old_text": "True", "new_text": "False"},
+            )
+            missing = await client.call_tool(
+                "files_edit",
+                {"path": "app.py", "old_text": "True", "new_text": "x"},
+            )
+            return done, missing
+
+        done, missing = yield self.with_client(body)
+        self.assertFalse(done.is_error, done)
+        self.assertEqual(done.structured_content["replacements"], 1)
+        self.assertTrue(missing.is_error)
+        self.assertIn("old_text is not in the file", missing.content[0].text)
+        with open(path) as f:
+            self.assertEqual(f.read(), "DEBUG = False\n")
+
+    @inlineCallbacks
     def test_large_answers_summarised(self) -> Any:
         """capabilities and openapi answer in a few kB; one endpoint on request."""
 

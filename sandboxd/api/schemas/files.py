@@ -214,6 +214,81 @@ SCHEMAS: dict[str, Schema] = {
         "when the destination is one. To another file system it is copied, "
         "then the source removed; an error leaves the source as it was.",
     ),
+    "files_edit": Schema(
+        body=(
+            F("path", required=True, min_length=1, example="app.py"),
+            F(
+                "old_text",
+                doc="the text to replace, exactly as in the file",
+                min_length=1,
+                example="DEBUG = True",
+            ),
+            F("new_text", example="DEBUG = False"),
+            F(
+                "replace_all",
+                "boolean",
+                "every occurrence (else it must be there once)",
+                default=False,
+            ),
+            F(
+                "edits",
+                "array",
+                "instead: [{old_text, new_text, replace_all?}], in order, all or none",
+                items="object",
+                min_items=1,
+            ),
+            F("dry_run", "boolean", "write nothing", default=False),
+            _IF_MATCH,
+        ),
+        response=(
+            F("path", doc="absolute"),
+            F("replacements", "integer"),
+            F(
+                "edits",
+                "array",
+                "per edit: {replacements, line}",
+                items="object",
+            ),
+            F("bytes", "integer"),
+            F("changed", "boolean"),
+            _ETAG,
+        ),
+        errors=(
+            *_WRITE_GUARD,
+            E(
+                400,
+                "invalid_param",
+                "an edit's old_text is not in the file (kind: not_found) or is there "
+                "more than once without replace_all (kind: not_unique, with "
+                "occurrences); the file is not UTF-8 (kind: not_text) or not a "
+                "regular file; an empty old_text, edits and old_text both, over 100 "
+                "edits",
+            ),
+            E(
+                403,
+                "extension_not_allowed",
+                "allow_extensions or deny_extensions refused it",
+            ),
+            E(404, "not_found", "no such file", "FileNotFoundError"),
+            E(
+                412,
+                "precondition_failed",
+                "If-Match names a version the file no longer has, "
+                "or the file changed while it was edited",
+            ),
+            E(413, "payload_too_large", "the file is over max_bytes (10 MiB)"),
+            E(
+                507,
+                "insufficient_storage",
+                "the disk filled up; nothing was written",
+                "OSError",
+            ),
+        ),
+        notes="Each edit applies to the text the one before left; if any fails, "
+        "none is written. The new text replaces the file atomically and only if "
+        "no one changed it since it was read; the file keeps its mode and owner. "
+        "A refused edit is named by its index (edit).",
+    ),
     "files_search": Schema(
         body=(
             F("path", doc="default: base_dir (see paths.allow)"),

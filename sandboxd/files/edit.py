@@ -1,0 +1,163 @@
+# -*- test-case-name: tests.files.test_edit,tests.routes.test_files_edit -*-
+"""
+Editing a text file in place by exact replacement (``files_edit``).
+
+An agent changes a few lines of a file far more often than it writes one
+whole: it names the text to replace and the text to put there, as its own
+editing tools do (a ``str_replace``).  Done here rather than as a download
+and an upload, the change is one call, the file's other bytes never cross
+the wire, and nothing else can write the file between the read and the
+write: the new content replaces the file only if the file still has the
+version that was read (its ETag), or the edit is refused with 412.
+
+Every edit of a call applies to the text the previous one left, and either
+all of them apply or none: each must find its text, exactly once unless it
+says ``replace_all``.  Matching is exact (no whitespace or line-ending
+folding): a model that quotes the file must quote it as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from sandboxd.access.guard import PathGuard
+from sandboxd.errors import ApiError, bad_request, precondition_failed
+from sandboxd.files.atomic import AtomicWrite, etag_matches
+from sandboxd.files.stream import read_all
+
+
+@attrs.frozen
+class Edit:
+    """One replacement: ``old`` (not empty) becomes ``new``."""
+
+    old: str
+    new: str
+    replace_all: bool = False
+
+
+@attrs.frozen
+class Outcome:
+    """What the edits made of a text, and where each one landed."""
+
+    text: str
+    #: per edit: how many times its text was replaced
+    counts: tuple[int, ...]
+    #: per edit: the 1-based line of its first replacement, in the new text
+    lines: tuple[int, ...]
+
+
+def not_found(index: int, total: int) -> ApiError:
+    """400, ``kind`` ``not_found``: edit ``index`` finds nothing to replace."""
+    which = f"edits[{index}]: " if total > 1 else ""
+    return bad_request(
+        f"{which}old_text is not in the file (it must match exactly, "
+        "whitespace and line ends included)",
+        kind="not_found",
+        edit=index,
+    )
+
+
+def not_unique(index: int, total: int, count: int) -> ApiError:
+    """400, ``kind`` ``not_unique``: edit ``index`` would be ambiguous."""
+    which = f"edits[{index}]: " if total > 1 else ""
+    return bad_request(
+        f"{which}old_text is in the file {count} times; give more of the "
+        "surrounding text to pick one, or replace_all: true",
+        kind="not_unique",
+        edit=index,
+        occurrences=count,
+    )
+
+
+def apply(text: str, edits: Sequence[Edit]) -> Outcome:
+    """
+    The text after ``edits``, each applied to what the one before left.
+
+    :raises ApiError: 400 ``invalid_param`` when an edit's text is
+        missing, or there more than once without ``replace_all`` (its
+        ``kind`` says which); nothing is applied then.
+    """
+    counts: list[int] = []
+    lines: list[int] = []
+    for index, edit in enumerate(edits):
+        count = text.count(edit.old)
+        if count == 0:
+            raise not_found(index, len(edits))
+        if count > 1 and not edit.replace_all:
+            raise not_unique(index, len(edits), count)
+        at = text.find(edit.old)
+        text = text.replace(edit.old, edit.new)
+        counts.append(count)
+        lines.append(text.count("\n", 0, at) + 1)
+    return Outcome(text, tuple(counts), tuple(lines))
+
+
+def decode(data: bytes, path: str) -> str:
+    """The file's text, or 400 (``kind`` ``not_text``) when it is not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise bad_request(
+            f"{path} is not UTF-8 text (byte {e.start} is not); "
+            "write binary files with upload",
+            kind="not_text",
+        ) from None
+
+
+def edit_file(
+    guard: PathGuard,
+    path: str,
+    edits: Sequence[Edit],
+    *,
+    if_match: str | None,
+    max_bytes: int,
+    too_large: Callable[[int], ApiError],
+    dry_run: bool = False,
+) -> dict[str, Any]:
+    """
+    ``files_edit``: apply ``edits`` to the file at ``path``, atomically.
+
+    The file keeps its mode and owner.  A file changed by someone else
+    between this read and the rename is not overwritten (412).  The path
+    is read and written through the guard, so it needs both decisions.
+
+    :param if_match: an ETag the file must have now (412 otherwise).
+    :param too_large: makes the 413 for a file over ``max_bytes``, given
+        its size.
+    :param dry_run: check and count, write nothing.
+    """
+    with guard.open_file(path) as f:
+        size = f.stat.st_size
+        if size > max_bytes:
+            raise too_large(size)
+        if if_match is not None and not etag_matches(if_match, f.etag):
+            raise precondition_failed(path)
+        read_as = f.etag
+        original = read_all(f.fd, size)
+    outcome = apply(decode(original, path), edits)
+    data = outcome.text.encode("utf-8")
+    answer: dict[str, Any] = {
+        "path": f.path,
+        "replacements": sum(outcome.counts),
+        "edits": [
+            {"replacements": count, "line": line}
+            for count, line in zip(outcome.counts, outcome.lines, strict=True)
+        ],
+        "bytes": len(data),
+        "changed": data != original,
+        "etag": read_as,
+    }
+    if dry_run or data == original:
+        return answer
+    loc = guard.locate(path, "write", follow=True)
+    writer = AtomicWrite(loc, if_match=read_as, display=path)
+    try:
+        writer.write(data)
+    except BaseException:
+        writer.abort()
+        raise
+    answer["etag"] = writer.commit()
+    return answer

@@ -1,0 +1,110 @@
+"""
+The replacements of ``files_edit`` (:mod:`sandboxd.files.edit`), in memory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd.access.guard import PathGuard
+from sandboxd.errors import ApiError
+from sandboxd.files import edit
+from sandboxd.files.edit import Edit, apply, decode
+from tests.test_guard import make_rule
+
+
+class ApplyTests(SynchronousTestCase):
+    def test_one_exact_replacement(self) -> None:
+        """An edit replaces its text where it is, and says on which line."""
+        out = apply("a = 1\nb = 2\nc = 3\n", [Edit("b = 2", "b = 20")])
+        self.assertEqual(out.text, "a = 1\nb = 20\nc = 3\n")
+        self.assertEqual((out.counts, out.lines), ((1,), (2,)))
+
+    def test_each_edit_sees_the_one_before(self) -> None:
+        """Edits apply in order, each to the text the previous one left."""
+        out = apply("x\n", [Edit("x", "y\nz"), Edit("z", "w")])
+        self.assertEqual(out.text, "y\nw\n")
+        self.assertEqual(out.lines, (1, 2))
+
+    def test_missing_text_refused(self) -> None:
+        """Text not in the file is 400 (kind not_found) naming the edit."""
+        with self.assertRaises(ApiError) as caught:
+            apply("abc\n", [Edit("a", "A"), Edit("q", "Q")])
+        error = caught.exception
+        self.assertEqual(
+            (error.status, error.code, error.extra["kind"]),
+            (400, "invalid_param", "not_found"),
+        )
+        self.assertEqual(error.extra["edit"], 1)
+        self.assertTrue(error.message.startswith("edits[1]: "), error.message)
+
+    def test_ambiguous_text_refused_unless_replace_all(self) -> None:
+        """
+        Text found twice is 400 (kind not_unique) with the count; with
+        replace_all every occurrence is replaced and counted.
+        """
+        with self.assertRaises(ApiError) as caught:
+            apply("x x x", [Edit("x", "y")])
+        error = caught.exception
+        self.assertEqual(
+            (error.extra["kind"], error.extra["occurrences"]), ("not_unique", 3)
+        )
+        self.assertIn("3 times", error.message)
+        out = apply("x x x", [Edit("x", "y", replace_all=True)])
+        self.assertEqual((out.text, out.counts), ("y y y", (3,)))
+
+    def test_matching_is_exact(self) -> None:
+        """No folding of line ends or whitespace: CRLF text is not LF text."""
+        with self.assertRaises(ApiError):
+            apply("a\r\nb\r\n", [Edit("a\nb", "c")])
+        self.assertEqual(apply("a\r\nb\r\n", [Edit("a\r\nb", "c")]).text, "c\r\n")
+
+    def test_non_utf8_is_not_text(self) -> None:
+        """Bytes that are not UTF-8 are 400 (kind not_text), saying where."""
+        with self.assertRaises(ApiError) as caught:
+            decode(b"ok\xff", "f.bin")
+        self.assertEqual(caught.exception.extra["kind"], "not_text")
+        self.assertIn("byte 2", caught.exception.message)
+
+
+class RaceTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.base = os.path.realpath(tempfile.mkdtemp())
+        self.addCleanup(shutil.rmtree, self.base)
+        self.path = os.path.join(self.base, "f.txt")
+        with open(self.path, "w") as f:
+            f.write("one\n")
+
+    def test_changed_while_edited(self) -> None:
+        """
+        A file another writer replaces between the edit's read and its
+        rename is not overwritten: 412, the other writer's bytes stay, and
+        no temporary file is left.
+        """
+        real = edit.apply
+
+        def meanwhile(text: str, edits: Any) -> Any:
+            with open(self.path + ".new", "w") as f:
+                f.write("theirs\n")
+            os.rename(self.path + ".new", self.path)
+            return real(text, edits)
+
+        self.patch(edit, "apply", meanwhile)
+        with self.assertRaises(ApiError) as caught:
+            edit.edit_file(
+                PathGuard(make_rule(self.base)),
+                "f.txt",
+                [Edit("one", "two")],
+                if_match=None,
+                max_bytes=1000,
+                too_large=lambda size: ApiError(413, "big"),
+            )
+        self.assertEqual(caught.exception.code, "precondition_failed")
+        with open(self.path) as f:
+            self.assertEqual(f.read(), "theirs\n")
+        self.assertEqual(os.listdir(self.base), ["f.txt"])
