@@ -24,6 +24,10 @@ DEFAULT_KERNEL = "python3"
 #: The built-in kernel (stdlib only), used where no ipykernel is installed.
 BUILTIN_KERNEL = "sandboxd-python"
 
+#: The built-in bash kernel: one shell whose state carries between
+#: executions (where the sandbox has bash).
+BASH_KERNEL = "sandboxd-bash"
+
 #: The built-in kernel's program, run by the sandbox's own Python.
 REPL_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "repl.py")
 
@@ -115,6 +119,33 @@ def builtin_spec(environ: Mapping[str, str]) -> KernelSpec:
     )
 
 
+def builtin_bash_spec(environ: Mapping[str, str]) -> KernelSpec | None:
+    """``sandboxd-bash``: :mod:`repl` running bash, if the sandbox has bash."""
+    from sandboxd.processes.command import find_executable
+
+    if find_executable("bash", environ) is None:
+        return None
+    python = find_executable("python3", environ) or sys.executable
+    return KernelSpec(
+        name=BASH_KERNEL,
+        display_name="Bash (sandboxd)",
+        language="bash",
+        argv=(python, "-u", REPL_SCRIPT, "bash"),
+        env={},
+        interrupt_mode="signal",
+        resource_dir=os.path.dirname(REPL_SCRIPT),
+        source="builtin",
+    )
+
+
+def _builtins(found: dict[str, KernelSpec], environ: Mapping[str, str]) -> None:
+    """Add the built-in kernels to ``found`` where no kernelspec has their names."""
+    found.setdefault(BUILTIN_KERNEL, builtin_spec(environ))
+    bash = builtin_bash_spec(environ)
+    if bash is not None:
+        found.setdefault(BASH_KERNEL, bash)
+
+
 def jupyter_usable() -> bool:
     """
     Whether the hub can run (the ``code`` extra is installed for the
@@ -131,11 +162,12 @@ def find_kernelspecs(environ: Mapping[str, str]) -> dict[str, KernelSpec]:
     """
     Every kernel the daemon can start, by name: the kernelspecs on the
     search path (the first one of a name wins; none when the hub's
-    libraries are missing) and the built-in ``sandboxd-python``.
+    libraries are missing) and the built-in ``sandboxd-python`` and
+    ``sandboxd-bash``.
     """
     found: dict[str, KernelSpec] = {}
     if not jupyter_usable():
-        found[BUILTIN_KERNEL] = builtin_spec(environ)
+        _builtins(found, environ)
         return found
     for directory in kernel_dirs(environ):
         try:
@@ -148,7 +180,7 @@ def find_kernelspecs(environ: Mapping[str, str]) -> dict[str, KernelSpec]:
             spec = _read(directory, name)
             if spec is not None:
                 found[name] = spec
-    found.setdefault(BUILTIN_KERNEL, builtin_spec(environ))
+    _builtins(found, environ)
     return found
 
 

@@ -1,16 +1,24 @@
 # -*- test-case-name: tests.kernels.test_repl -*-
 """
-``sandboxd-python``: the built-in kernel for images without ipykernel.
+The built-in kernels, for images without ipykernel: ``sandboxd-python``
+and ``sandboxd-bash``.
 
-Run as a script (``python3 repl.py``) by the sandbox's own Python, so it
-uses the standard library only and imports nothing of sandboxd. It speaks
-the hub's events directly, one JSON object per line on its original
-stdout; the code's own stdout and stderr (file descriptors 1 and 2, so a
-subprocess's output too) are pipes it reads and reports as ``stream``
-events. The value of a last expression is shown as ``text/plain`` (and
+Run as a script (``python3 repl.py`` or ``python3 repl.py bash``) by the
+sandbox's own Python, so it uses the standard library only and imports
+nothing of sandboxd. It speaks the hub's events directly, one JSON object
+per line on its original stdout; the code's own stdout and stderr are
+pipes it reads and reports as ``stream`` events.
+
+``sandboxd-python``: the code runs in this process (file descriptors 1
+and 2 are the pipes, so a subprocess's output is caught too). The value of
+a last expression is shown as ``text/plain`` (and
 ``_repr_html_``/``_repr_png_`` where the value has them); open matplotlib
 figures are sent as PNG after each execution (the Agg backend, when
 matplotlib is importable). SIGINT interrupts the running code.
+
+``sandboxd-bash``: one bash for the context's life, so ``cd``, variables,
+functions and ``export`` carry from one execution to the next, as in a
+terminal. See :class:`BashRepl`.
 
 Commands: ``{"op": "execute", "xid", "code", "silent", "allow_stdin"}``,
 ``{"op": "input", "value"}``.
@@ -30,6 +38,7 @@ import platform
 import signal
 import sys
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -297,15 +306,268 @@ class Repl:
             sys.stderr.flush()
         except Exception:
             pass
-        for fd, pump in zip((1, 2), self.pumps, strict=True):
-            marker = b"\x00sandboxd-sync-" + os.urandom(6).hex().encode() + b"\x00"
-            pump.synced.clear()
-            pump.marker = marker
+        sync(zip((1, 2), self.pumps, strict=True))
+
+
+#: The descriptors of ``sandboxd-bash``'s shell: the file it reads each
+#: cell from, and those it writes a cell's stderr and its exit status to.
+#: High, so that a script's own ``exec 3>file`` leaves them alone.
+BASH_CELL_FD = 61
+BASH_STDERR_FD = 62
+BASH_STATUS_FD = 63
+
+#: What bash runs once, before the first cell: no history expansion of
+#: ``!`` in the lines written to it, no prompts, and the function that
+#: reports a cell's exit status (``$?`` as the function starts) with the
+#: tag of the cell it follows.
+BASH_SETUP = (
+    "set +H\n"
+    "PS1= PS2= PROMPT_COMMAND=\n"
+    "__sandboxd_done() { local s=$?; "
+    f'printf \'%s %s\\n\' "$1" "$s" >&{BASH_STATUS_FD}; }}\n'
+)
+
+#: How long an interrupted cell's status is waited for before its report
+#: is asked for again (the interrupt may have cut the line that reports).
+BASH_INTERRUPT_RETRY_SECONDS = 0.5
+
+
+class BashRepl:
+    """
+    ``sandboxd-bash``: one interactive bash, fed each cell as a sourced file.
+
+    The bash is interactive (``-i``, without line editing or job control)
+    for one reason: on SIGINT an interactive shell abandons the command
+    line it is running and reads the next one, where a script would go on
+    with its next command or exit.  Each cell is written to a file and run
+    with ``source`` in the shell itself, so its ``cd``, variables,
+    functions and ``export`` stay; a syntax error ends that cell only.  Its
+    stdin is ``/dev/null`` (the shell's own stdin carries the cells), its
+    stderr goes to :data:`BASH_STDERR_FD` (the shell's own messages, its
+    prompts and its job-control warnings, go nowhere).  The line after the
+    cell's reports its exit status; a status other than 0 is the
+    execution's error (``ExitCode``, or ``KeyboardInterrupt`` after an
+    interrupt).  ``exit`` in a cell ends the shell: a new one is started
+    at once and the cell's error (``ShellExited``) says its state is new.
+    """
+
+    def __init__(self, commands: Any) -> None:
+        self.commands = commands
+        self.count = 0
+        self.interrupted = False
+        self.pumps: list[Pump] = []
+        self.writers: list[int] = []
+        self.bash = ""
+        self.out_write = -1
+        self.shell: Any = None
+        self.statuses: Any = None
+
+    def start(self) -> None:
+        """Make the pipes, start bash, and say we are ready."""
+        import shutil
+        import subprocess
+        import tempfile
+
+        bash = shutil.which("bash")
+        if bash is None:
+            emit({"ev": "failed", "message": "bash is not installed"})
+            sys.exit(1)
+        self.bash = bash
+        # A file with no name (nothing is left behind if the kernel is
+        # killed), rewritten for each cell and read by the shell through
+        # its own descriptor.
+        with tempfile.TemporaryFile() as cell:
+            os.dup2(cell.fileno(), BASH_CELL_FD)
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        status_read, status_write = os.pipe()
+        # Kept open here for the next shell after an ``exit``: a shell's
+        # end is seen by its pid, not by the end of this pipe.
+        os.dup2(err_write, BASH_STDERR_FD)
+        os.dup2(status_write, BASH_STATUS_FD)
+        os.close(err_write)
+        os.close(status_write)
+        self.out_write = out_write
+        self.statuses = os.fdopen(status_read, "rb", buffering=0)
+        self.writers = [out_write, BASH_STDERR_FD]
+        self.pumps = [Pump(out_read, "stdout"), Pump(err_read, "stderr")]
+        for pump in self.pumps:
+            pump.start()
+        # SIGINT reaches this process with bash (the context signals the
+        # group): noted here, acted on by bash.  A handler, not SIG_IGN,
+        # which bash would inherit.
+        signal.signal(signal.SIGINT, self._on_interrupt)
+        if not self._spawn():
+            emit({"ev": "failed", "message": "bash ended as it started"})
+            sys.exit(1)
+        version = subprocess.run(
+            [bash, "-c", "echo $BASH_VERSION"], capture_output=True, text=True
+        ).stdout.strip()
+        emit(
+            {
+                "ev": "ready",
+                "info": {
+                    "name": "bash",
+                    "version": version,
+                    "implementation": "sandboxd-bash",
+                },
+            }
+        )
+
+    def _spawn(self) -> bool:
+        """A new shell, set up; False if it ended before it answered."""
+        import subprocess
+
+        self.shell = subprocess.Popen(
+            [self.bash, "--noprofile", "--norc", "--noediting", "-i"],
+            stdin=subprocess.PIPE,
+            stdout=self.out_write,
+            stderr=subprocess.DEVNULL,
+            pass_fds=(BASH_CELL_FD, BASH_STDERR_FD, BASH_STATUS_FD),
+        )
+        self._send(BASH_SETUP + "__sandboxd_done ready\n")
+        return self._status("ready") is not None
+
+    def _on_interrupt(self, signum: int, frame: Any) -> None:
+        self.interrupted = True
+
+    def _send(self, text: str) -> None:
+        try:
+            self.shell.stdin.write(text.encode("utf-8", "surrogateescape"))
+            self.shell.stdin.flush()
+        except OSError:
+            pass  # the shell has ended: _status sees it by its pid
+
+    def _status(self, tag: str) -> int | None:
+        """
+        The exit status reported with ``tag``, or None if bash ended.  After
+        an interrupt the report is asked for again now and then: the
+        interrupt may have cut the line that makes it.
+        """
+        import select
+
+        asked_again = 0.0
+        line = b""
+        while True:
             try:
-                os.write(fd, marker)
-            except OSError:
+                ready, _, _ = select.select([self.statuses], [], [], 0.2)
+            except InterruptedError:
+                ready = []
+            if ready:
+                line += self.statuses.read(4096)
+                while b"\n" in line:
+                    one, line = line.split(b"\n", 1)
+                    got, _, status = one.decode("ascii", "replace").partition(" ")
+                    if got == tag:
+                        return int(status) if status.isdigit() else 1
+            elif self.shell.poll() is not None:
+                return None
+            if self.interrupted:
+                now = time.monotonic()
+                if not asked_again:
+                    asked_again = now
+                elif now - asked_again > BASH_INTERRUPT_RETRY_SECONDS:
+                    asked_again = now
+                    self._send(f"__sandboxd_done {tag}\n")
+
+    def loop(self) -> None:
+        """Run commands until stdin closes, or bash ends."""
+        for line in self.commands:
+            if not line.strip():
                 continue
-            pump.synced.wait(DRAIN_SECONDS)
+            try:
+                command = json.loads(line)
+            except ValueError:
+                continue
+            if command.get("op") == "execute" and not self.execute(command):
+                return
+
+    def execute(self, command: dict[str, Any]) -> bool:
+        """Run one cell; its events; ``done`` last.  False once bash has ended."""
+        xid = str(command.get("xid"))
+        silent = bool(command.get("silent"))
+        if not silent:
+            self.count += 1
+            emit({"ev": "started", "xid": xid, "count": self.count})
+        code = str(command.get("code", "")).encode("utf-8", "surrogateescape")
+        os.ftruncate(BASH_CELL_FD, 0)
+        os.pwrite(BASH_CELL_FD, code, 0)
+        for pump in self.pumps:
+            pump.xid = xid
+        self.interrupted = False
+        tag = os.urandom(6).hex()
+        self._send(
+            f"source /dev/fd/{BASH_CELL_FD} </dev/null 2>&{BASH_STDERR_FD}\n"
+            f"__sandboxd_done {tag}\n"
+        )
+        status = self._status(tag)
+        self._sync()
+        if status is None:
+            self._ended(xid)
+        elif status != 0:
+            emit(
+                {
+                    "ev": "error",
+                    "xid": xid,
+                    "ename": "KeyboardInterrupt" if self.interrupted else "ExitCode",
+                    "evalue": str(status),
+                    "traceback": [],
+                }
+            )
+        emit(
+            {
+                "ev": "done",
+                "xid": xid,
+                "status": "ok" if status == 0 else "error",
+                "count": self.count,
+            }
+        )
+        for pump in self.pumps:
+            pump.xid = None
+        return self.shell.poll() is None
+
+    def _ended(self, xid: str) -> None:
+        """
+        The shell exited during the cell (``exit``): the cell's error says
+        so, and a new shell takes its place, its state new.
+        """
+        code = self.shell.wait()
+        started = self._spawn()
+        emit(
+            {
+                "ev": "error",
+                "xid": xid,
+                "ename": "ShellExited",
+                "evalue": f"the shell exited with status {code}; "
+                + (
+                    "a new one was started (its variables, functions and "
+                    "directory are new)"
+                    if started
+                    else "a new one did not start"
+                ),
+                "traceback": [],
+            }
+        )
+
+    def _sync(self) -> None:
+        """Wait until what bash wrote to its two pipes has been reported."""
+        sync(zip(self.writers, self.pumps, strict=True))
+
+
+def sync(pairs: Any) -> None:
+    """
+    Wait until each pump has reported what came before a marker written
+    to its pipe (``pairs``: write end, pump).
+    """
+    for fd, pump in pairs:
+        marker = b"\x00sandboxd-sync-" + os.urandom(6).hex().encode() + b"\x00"
+        pump.synced.clear()
+        pump.marker = marker
+        try:
+            os.write(fd, marker)
+        except OSError:
+            continue
+        pump.synced.wait(DRAIN_SECONDS)
 
 
 def bundle(value: Any) -> dict[str, Any]:
@@ -338,6 +600,11 @@ def main() -> None:
     )
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
+    if sys.argv[1:] == ["bash"]:
+        shell = BashRepl(commands)
+        shell.start()
+        shell.loop()
+        return
     signal.signal(signal.SIGINT, signal.default_int_handler)
     repl = Repl(commands)
     repl.start()

@@ -151,7 +151,7 @@ class Params:
     )
     allow_url_credentials: bool = False
     # code contexts (SPEC §22)
-    kernels: tuple[str, ...] = ("python3", "sandboxd-python")
+    kernels: tuple[str, ...] = ("python3", "sandboxd-python", "sandboxd-bash")
     allow_stdin: bool = True
     auto_restart: bool = True
     # the MCP door: "default" lists the tools a model uses; "all" every tool

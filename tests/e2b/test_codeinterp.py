@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 from typing import Any
 
 from twisted.internet.defer import inlineCallbacks
@@ -162,6 +163,53 @@ class CodeInterpreterTests(E2BCase):
         self.assertEqual(out.logs.stdout, [value + "\n"])
         after = yield self.sdk(sbx.run_code, "import os\nprint(os.environ.get('Q'))")
         self.assertEqual(after.logs.stdout, ["None\n"])
+
+
+class BashTests(E2BCase):
+    """
+    ``run_code(..., language="bash")``: the built-in bash kernel, no
+    ipykernel or bash kernel installed, its shell's state kept across calls.
+    """
+
+    policy = {"groups": {"code": True}, **KERNEL_START}
+    call_seconds = KERNEL_CALL_SECONDS
+    timeout = KERNEL_CASE_SECONDS
+
+    def setUp(self) -> Any:
+        if shutil.which("bash") is None:
+            raise SkipTest("bash is not installed")
+        try:
+            import e2b_code_interpreter  # noqa: F401
+        except ImportError:
+            raise SkipTest("e2b-code-interpreter is not installed") from None
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_bash_state_and_errors(self) -> Any:
+        """
+        cd and a variable carry to the next call; stdout and stderr are the
+        logs; a failing command is the execution's error with its status;
+        a bash context of its own starts fresh.
+        """
+        from e2b_code_interpreter import Sandbox
+
+        os.mkdir(os.path.join(self.base_dir, "work"))
+        sbx = Sandbox.create()
+        yield self.sdk(sbx.run_code, "cd work; NAME=ada", language="bash")
+        out = yield self.sdk(
+            sbx.run_code, "pwd; echo hi $NAME; echo oops >&2", language="bash"
+        )
+        self.assertEqual(
+            "".join(out.logs.stdout), os.path.join(self.base_dir, "work") + "\nhi ada\n"
+        )
+        self.assertEqual("".join(out.logs.stderr), "oops\n")
+        self.assertIsNone(out.error)
+        failed = yield self.sdk(sbx.run_code, "ls /no/such/dir", language="bash")
+        self.assertEqual((failed.error.name, failed.error.value), ("ExitCode", "2"))
+        ctx = yield self.sdk(sbx.create_code_context, language="bash")
+        self.assertEqual(ctx.language, "bash")
+        fresh = yield self.sdk(sbx.run_code, 'echo "[$NAME]"', context=ctx)
+        self.assertEqual(fresh.logs.stdout, ["[]\n"])
 
 
 class TokenModeTests(CodeInterpreterTests):

@@ -7,9 +7,14 @@ a subprocess's output, and the default where no ipykernel can run.
 
 from __future__ import annotations
 
+import os
+import shutil
 from typing import Any
 
+from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
+from twisted.trial.unittest import SkipTest
 
 from sandboxd.kernels import kernelspecs
 from tests.kernels.test_contexts import KERNEL_START, CodeTestCase, KernelScenarios
@@ -66,7 +71,8 @@ class BuiltinKernelTests(CodeTestCase):
         self.patch(kernelspecs, "jupyter_usable", lambda: False)
         listed = yield self.request("GET", "/code/kernels")
         self.assertEqual(
-            [k["name"] for k in listed.json()["kernels"]], ["sandboxd-python"]
+            [k["name"] for k in listed.json()["kernels"]],
+            ["sandboxd-bash", "sandboxd-python"],
         )
         self.assertEqual(listed.json()["default"], "sandboxd-python")
         ctx = yield self.context()
@@ -141,3 +147,94 @@ class LinkOwnerTests(CodeTestCase):
         )
         self.assertEqual(refused.status, 404)
         self.assertEqual(refused.json()["code"], "not_found")
+
+
+class BashKernelTests(CodeTestCase):
+    """
+    ``sandboxd-bash``: one shell per context, whose directory, variables
+    and functions carry from one execution to the next.
+    """
+
+    def setUp(self) -> Any:
+        if shutil.which("bash") is None:
+            raise SkipTest("bash is not installed")
+        # No ipykernel needed: skip CodeTestCase's check.
+        return super(CodeTestCase, self).setUp()
+
+    @inlineCallbacks
+    def test_state_carries(self) -> Any:
+        """
+        ``cd``, a variable and a function set in one execution are there in
+        the next; stdout and stderr are the execution's; a cell's stdin is
+        empty (``cat`` ends at once).
+        """
+        os.mkdir(os.path.join(self.base_dir, "sub"))
+        ctx = yield self.context(language="bash")
+        self.assertEqual(ctx["kernel"], "sandboxd-bash")
+        first = yield self.execute(
+            ctx["id"],
+            'cd sub; GREETING=hello; greet() { echo "$GREETING $1"; }\n'
+            "echo to-err >&2; cat",
+        )
+        self.assertEqual((first["state"], first["stderr"]), ("ok", "to-err\n"))
+        second = yield self.execute(ctx["id"], "pwd; greet ada")
+        self.assertEqual(
+            second["stdout"], os.path.join(self.base_dir, "sub") + "\nhello ada\n"
+        )
+
+    @inlineCallbacks
+    def test_exit_status_and_syntax_error(self) -> Any:
+        """
+        A cell whose last command fails is an error with its status; a
+        syntax error ends that cell only, with bash's message on stderr.
+        """
+        ctx = yield self.context(kernel="sandboxd-bash")
+        failed = yield self.execute(ctx["id"], "KEPT=1; (exit 3)")
+        self.assertEqual(failed["state"], "error")
+        self.assertEqual(
+            (failed["error"]["ename"], failed["error"]["evalue"]), ("ExitCode", "3")
+        )
+        broken = yield self.execute(ctx["id"], "echo 'unterminated")
+        self.assertEqual(broken["state"], "error")
+        self.assertIn("unexpected EOF", broken["stderr"])
+        after = yield self.execute(ctx["id"], "echo $KEPT")
+        self.assertEqual((after["state"], after["stdout"]), ("ok", "1\n"))
+
+    @inlineCallbacks
+    def test_interrupt_keeps_the_shell(self) -> Any:
+        """
+        Interrupting a loop of sleeps ends the whole cell (not just the
+        sleep running), ``interrupted``; the shell's variables survive.
+        """
+        ctx = yield self.context(kernel="sandboxd-bash")
+        yield self.execute(ctx["id"], "KEPT=7")
+        reply = yield self.request(
+            "POST",
+            f"/code/contexts/{ctx['id']}/execute",
+            {"code": "for i in 1 2 3; do sleep 5; echo late $i; done", "wait": 0},
+        )
+        xid = reply.json()["execution_id"]
+        yield deferLater(reactor, 0.5, lambda: None)
+        yield self.request("POST", f"/code/contexts/{ctx['id']}/interrupt", {})
+        got = yield self.request(
+            "GET", f"/code/contexts/{ctx['id']}/executions/{xid}?wait=10"
+        )
+        self.assertEqual(got.json()["state"], "interrupted")
+        self.assertEqual(got.json()["stdout"], "")
+        after = yield self.execute(ctx["id"], "echo $KEPT")
+        self.assertEqual(after["stdout"], "7\n")
+
+    @inlineCallbacks
+    def test_exit_starts_a_new_shell(self) -> Any:
+        """
+        ``exit`` in a cell is that cell's error (``ShellExited``, saying the
+        state is new); the next cell runs in a new shell at once.
+        """
+        ctx = yield self.context(kernel="sandboxd-bash")
+        yield self.execute(ctx["id"], "KEPT=7")
+        ended = yield self.execute(ctx["id"], "echo bye; exit 4")
+        self.assertEqual((ended["state"], ended["stdout"]), ("error", "bye\n"))
+        self.assertEqual(ended["error"]["ename"], "ShellExited")
+        self.assertIn("status 4", ended["error"]["evalue"])
+        after = yield self.execute(ctx["id"], 'echo "[$KEPT]"')
+        self.assertEqual((after["state"], after["stdout"]), ("ok", "[]\n"))
