@@ -45,6 +45,9 @@ ENDPOINT_LIMITS: dict[str, dict[str, Any]] = {
     # A move to another file system copies the tree: its entries and time.
     "files_move": {"max_entries": 100_000, "timeout_seconds": 300},
     "files_search": {"timeout_seconds": 10, "max_entries": 1000},
+    # A content search: its time and matches as a name search's; a file
+    # over max_bytes is skipped (it is read whole, and counted as skipped).
+    "files_grep": {"timeout_seconds": 10, "max_entries": 1000, "max_bytes": 16 * MIB},
     "files_watch": {"max_output_bytes": MIB},
     "shell": {"timeout_seconds": 300, "max_output_bytes": 10 * MIB},
     "shell_stream": {"timeout_seconds": 300, "max_output_bytes": 10 * MIB},
@@ -459,6 +462,14 @@ INLINE_READ_BYTES = 256 * KIB
 
 #: file_ops: longest search pattern accepted (fnmatch compiles to a regex).
 MAX_PATTERN_CHARS = 1024
+
+#: files_grep: a matching line is shown cut at this many characters (marked
+#: ``cut``), so one minified line does not fill the answer once per match.
+GREP_LINE_CHARS = 1024
+
+#: files_grep: a file with a NUL byte in its first this many bytes is
+#: binary, and skipped (as grep and ripgrep take it).
+GREP_BINARY_PROBE_BYTES = 8 * KIB
 
 #: file_ops: deepest listing (``depth`` is 1..this).
 MAX_LIST_DEPTH = 10
