@@ -91,6 +91,7 @@ from sandboxd.client.models import (
     Extracted,
     GitDiff,
     GitStatus,
+    GrepResult,
     Listing,
     OutputPage,
     ProcessInfo,
@@ -388,6 +389,38 @@ class Files(_Namespace[F]):
         return cast(
             SearchResult,
             await self._http.call(calls.files_search(pattern, path, max_results)),
+        )
+
+    @api
+    async def grep(
+        self,
+        pattern: str,
+        path: str | None = None,
+        *,
+        fixed_strings: bool = False,
+        ignore_case: bool = False,
+        include: str | None = None,
+        max_results: int | None = None,
+        max_depth: int | None = None,
+    ) -> GrepResult:
+        """
+        Lines of files matching ``pattern`` (a regular expression, or the
+        text itself with ``fixed_strings``), below ``path`` or in the file
+        ``path``; ``include`` is an fnmatch pattern on file names.
+        """
+        return cast(
+            GrepResult,
+            await self._http.call(
+                calls.files_grep(
+                    pattern,
+                    path,
+                    fixed_strings,
+                    ignore_case,
+                    include,
+                    max_results,
+                    max_depth,
+                )
+            ),
         )
 
     @api

@@ -96,7 +96,9 @@ IDEMPOTENT = frozenset(
 )
 
 #: POST endpoints that only read (their body is a question, not a change).
-READ_ONLY_POSTS = frozenset({"files_search", "files_archive", "capabilities_check"})
+READ_ONLY_POSTS = frozenset(
+    {"files_search", "files_grep", "files_archive", "capabilities_check"}
+)
 
 #: Endpoints that reach outside the sandbox (``openWorldHint``), besides every
 #: endpoint that starts a child (a command can reach the network).
@@ -149,6 +151,8 @@ MODEL_DESCRIPTIONS: dict[str, str] = {
     "download": "Read a file; text files come back as text.",
     "files_list": "List a directory (depth 1..10).",
     "files_search": "Find files whose names match a glob pattern, recursively.",
+    "files_grep": "Find the lines of files that match a regular expression (or, "
+    "with fixed_strings, a text), recursively: path, line, column, text.",
     "files_extract": "Unpack a tar.gz or zip archive (base64) into a directory.",
     "files_archive": "Pack paths into a tar.gz or zip archive (base64).",
     "capabilities": "A summary of what this token may do: the tools allowed and "
