@@ -671,8 +671,10 @@ def files_grep(request: ServerRequest) -> Any:
         raise bad_request(f"'include' is longer than {MAX_PATTERN_CHARS} characters")
     query = grep.Query(
         pattern,
-        fixed_strings=flag(body.get("fixed_strings"), "fixed_strings", False, False),
-        ignore_case=flag(body.get("ignore_case"), "ignore_case", False, False),
+        fixed_strings=flag(
+            body.get("fixed_strings", False), "fixed_strings", words=False
+        ),
+        ignore_case=flag(body.get("ignore_case", False), "ignore_case", words=False),
         include=include or None,
     )
     limits = request.rule.limits
