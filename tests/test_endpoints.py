@@ -25,6 +25,7 @@ SEED_AND_BEYOND = {
         "files_delete",
         "files_move",
         "files_search",
+        "files_grep",
         "files_upload_stream",
         "files_download_stream",
         "files_archive",
