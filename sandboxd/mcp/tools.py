@@ -151,8 +151,8 @@ MODEL_DESCRIPTIONS: dict[str, str] = {
     "download": "Read a file; text files come back as text.",
     "files_list": "List a directory (depth 1..10).",
     "files_search": "Find files whose names match a glob pattern, recursively.",
-    "files_grep": "Find the lines of files that match a regular expression (or, "
-    "with fixed_strings, a text), recursively: path, line, column, text.",
+    "files_grep": "Find lines matching a regex (or text: fixed_strings) in files, "
+    "recursively.",
     "files_extract": "Unpack a tar.gz or zip archive (base64) into a directory.",
     "files_archive": "Pack paths into a tar.gz or zip archive (base64).",
     "capabilities": "A summary of what this token may do: the tools allowed and "

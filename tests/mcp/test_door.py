@@ -398,7 +398,7 @@ class ModelToolsTests(McpTestCase):
     def test_default_list_fits_a_model(self) -> Any:
         """
         The default tools/list (every default group on, an all-scope token)
-        has at most 30 tools and about 6k tokens (characters / 4); no
+        has at most 30 tools and about 6.5k tokens (characters / 4); no
         terminal tool, which a model could not type into.
         """
 
@@ -409,7 +409,8 @@ class ModelToolsTests(McpTestCase):
         tools = [t.model_dump(by_alias=True, exclude_none=True) for t in listed.tools]
         size = len(json.dumps({"tools": tools}))
         self.assertLessEqual(len(tools), 30)
-        self.assertLessEqual(size / 4, 6000, size)
+        # 6000 until files_grep (about 350 tokens) joined the list.
+        self.assertLessEqual(size / 4, 6500, size)
         names = {t["name"] for t in tools}
         self.assertIn("shell", names)
         self.assertFalse(any(n.startswith("pty_") for n in names), names)

@@ -243,29 +243,23 @@ SCHEMAS: dict[str, Schema] = {
         body=(
             F(
                 "pattern",
-                doc="a regular expression (Python's syntax), or the text itself "
-                "with fixed_strings; matched line by line",
+                doc="a regular expression, or the text itself with fixed_strings",
                 required=True,
                 min_length=1,
                 example="TODO",
             ),
             F(
                 "path",
-                doc="a directory, searched recursively, or one file "
-                "(default: base_dir, see paths.allow)",
+                doc="a directory (searched recursively) or a file; default: base_dir",
             ),
             F(
                 "fixed_strings",
                 "boolean",
-                "pattern is a text, not a regex",
+                "pattern is text, not a regex",
                 default=False,
             ),
             F("ignore_case", "boolean", default=False),
-            F(
-                "include",
-                doc="fnmatch on file names (*.py); a file named by path is "
-                "searched whatever it says",
-            ),
+            F("include", doc="fnmatch on file names (*.py)"),
             F("max_results", "integer", "at most max_entries", default=1000, minimum=1),
             F(
                 "max_depth",
@@ -310,9 +304,11 @@ SCHEMAS: dict[str, Schema] = {
             ),
             E(404, "not_found", "no such path", "FileNotFoundError"),
         ),
-        notes="Files are read as UTF-8 (bad bytes shown as U+FFFD). Links are not "
+        notes="Patterns take Python's syntax (the regex module's), matched line by "
+        "line. Files are read as UTF-8 (bad bytes shown as U+FFFD). Links are not "
         "followed; .git, .hg and .svn are not searched; what the policy hides "
-        "from a listing is not read. An empty match (^) counts once a line.",
+        "from a listing is not read; include does not apply to a file named by "
+        "path. An empty match (^) counts once a line.",
     ),
     "files_upload_stream": Schema(
         body=(
