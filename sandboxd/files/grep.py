@@ -40,6 +40,7 @@ from sandboxd.policy.defaults import (
     ENDPOINT_LIMITS,
     GREP_BINARY_PROBE_BYTES,
     GREP_LINE_CHARS,
+    GREP_PATTERN_NODES,
     WALK_DEPTH,
 )
 
@@ -57,6 +58,71 @@ _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 #: the file is searched whole for the next candidate line (in the engine,
 #: not line by line in Python).  A pattern with one is tried on every line.
 _NEEDS_LINES = re.compile(r"\(\?(?!:)|\\[AZzGX]|[*+?}]\+")
+
+#: A counted repeat: ``{3}``, ``{2,}``, ``{1,5}``, ``{,5}``.
+_COUNTED = re.compile(r"\{(\d*)(,?)(\d*)\}")
+
+#: Verbose mode switched on inline (``(?x)``, ``(?ix:``): its comments make
+#: the text of a pattern say less than it seems about its size.
+_VERBOSE = re.compile(r"\(\?[a-zA-Z]*x[a-zA-Z-]*[):]")
+
+
+def pattern_size(pattern: str) -> int:
+    """
+    An upper bound of what the regex module writes out when it compiles
+    ``pattern``: each atom counts one, a group what is inside it, and a
+    repeat multiplies by its minimum count and one (``+`` by two).
+
+    The pattern's text is read twice, with ``[...]`` as a character set
+    and with its brackets as plain characters, and the greater answer
+    kept: a set misread (a ``[`` that is a literal, a nested set) can then
+    only make the answer bigger.
+    """
+    return max(_size(pattern, sets=True), _size(pattern, sets=False))
+
+
+def _size(pattern: str, sets: bool) -> int:
+    stack: list[list[int]] = [[]]
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        items = stack[-1]
+        if c == "\\":
+            items.append(1)
+            i += 2
+        elif c == "[" and sets:
+            j = i + 1
+            j += pattern.startswith("^", j)
+            j += pattern.startswith("]", j)
+            while j < n and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            items.append(1)
+            i = j + 1 if j < n else i + 1
+        elif pattern.startswith("(?#", i):
+            end = pattern.find(")", i)
+            i = n if end < 0 else end + 1
+        elif c == "(":
+            stack.append([])
+            i += 1
+        elif c == ")" and len(stack) > 1:
+            inner = stack.pop()
+            stack[-1].append(sum(inner) or 1)
+            i += 1
+        elif c == "+" and items and pattern[i - 1] not in "*+?}":
+            items[-1] *= 2
+            i += 1
+        elif (m := _COUNTED.match(pattern, i)) and items and (m[1] or m[3]):
+            items[-1] *= int(m[1] or 0) + 1
+            i = m.end()
+        elif c in "*?|":
+            i += 1
+        else:
+            items.append(1)
+            i += 1
+    while len(stack) > 1:
+        inner = stack.pop()
+        stack[-1].append(sum(inner))
+    return sum(stack[0])
 
 
 @attrs.frozen
@@ -105,6 +171,16 @@ def compile_query(query: Query) -> tuple[regex.Pattern[str], regex.Pattern[str] 
     """
     source = regex.escape(query.pattern) if query.fixed_strings else query.pattern
     flags = regex.IGNORECASE if query.ignore_case else 0
+    if not query.fixed_strings:
+        if _VERBOSE.search(source) is not None:
+            raise bad_request(
+                "'pattern' switches on verbose mode ((?x)), which is not taken here"
+            )
+        if pattern_size(source) > GREP_PATTERN_NODES:
+            raise bad_request(
+                "'pattern' repeats too much: its counted repeats ({n}) and nested "
+                f"+ multiply out past {GREP_PATTERN_NODES}"
+            )
     try:
         line = regex.compile(source, flags)
         whole = None

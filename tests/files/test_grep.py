@@ -219,6 +219,32 @@ class MatchTests(GrepCase):
             self.assertIn("not a valid regular expression", caught.exception.message)
             self.assertIn("fixed_strings", caught.exception.message)
 
+    def test_patterns_that_would_take_the_memory(self) -> None:
+        """
+        Repeats that multiply out past the bound (the regex module writes a
+        repeat's minimum count out when it compiles: these would take
+        hundreds of megabytes to gigabytes) and verbose mode (whose comments
+        hide what a pattern holds) are 400 before anything is compiled;
+        ordinary repeats are taken.
+        """
+        self.put("f.txt", "2024-01-31 abc\n")
+        for pattern in (
+            "a{1000000}",
+            "(ab){100000}",
+            "(a{1000}){1000}",
+            "(" * 20 + "a+" + ")+" * 20,
+            "[[](a{1000}){1000}",
+            "(?#[)(a{1000}){1000}",
+            "(?x)#[\n(a{1000}){1000}]",
+        ):
+            with self.assertRaises(ApiError) as caught:
+                self.grep(pattern)
+            self.assertEqual(caught.exception.code, "invalid_param", pattern)
+        for pattern in (r"\d{4}-\d{2}-\d{2}", "[a-c]{3}", "a{0,1000000}bc", "(c+)+$"):
+            self.assertEqual(len(self.grep(pattern)["matches"]), 1, pattern)
+        answer = self.grep("a{1000000}", fixed_strings=True)
+        self.assertEqual(answer["matches"], [])
+
 
 class SkipTests(GrepCase):
     """What is not searched."""

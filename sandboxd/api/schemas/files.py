@@ -300,7 +300,8 @@ SCHEMAS: dict[str, Schema] = {
                 400,
                 "invalid_param",
                 "a pattern that is not a valid regular expression, one over 1024 "
-                "characters, a field of the wrong type",
+                "characters, one whose repeats multiply out past 10000 "
+                "((a{1000}){1000}), verbose mode ((?x)), a field of the wrong type",
             ),
             E(404, "not_found", "no such path", "FileNotFoundError"),
         ),
