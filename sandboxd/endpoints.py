@@ -146,6 +146,7 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("files_move", "POST", "/files/move", G.FILE_OPS, ("files:write", "files:delete"), "Move or rename.", {}),
     ("files_search", "POST", "/files/search", G.FILE_OPS, ("files:read",), "Find names matching a pattern.", {}),
     ("files_edit", "POST", "/files/edit", G.FILE_OPS, ("files:read", "files:write"), "Replace exact text in a file, atomically.", {}),
+    ("files_grep", "POST", "/files/grep", G.FILE_OPS, ("files:read",), "Find lines matching a pattern in files.", {}),
     ("files_upload_stream", "POST", "/files/upload-stream", G.FILE_OPS, ("files:write",), "Write a file atomically from base64.", {"upload": True}),
     ("files_download_stream", "GET", "/files/download-stream", G.FILE_OPS, ("files:read",), "Read a file as base64, streamed.", {}),
     ("files_archive", "POST", "/files/archive", G.FILE_OPS, ("files:read",), "Pack paths into tar.gz or zip.", {}),

@@ -27,6 +27,7 @@ SEED_AND_BEYOND = {
         "files_search",
         # Editing by exact replacement: beyond SPEC §2's table.
         "files_edit",
+        "files_grep",
         "files_upload_stream",
         "files_download_stream",
         "files_archive",

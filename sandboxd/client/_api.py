@@ -92,6 +92,7 @@ from sandboxd.client.models import (
     Extracted,
     GitDiff,
     GitStatus,
+    GrepResult,
     Listing,
     OutputPage,
     ProcessInfo,
@@ -427,6 +428,38 @@ class Files(_Namespace[F]):
         return cast(
             Edited,
             await self._http.call(calls.files_edit(path, listed, dry_run, if_match)),
+        )
+
+    @api
+    async def grep(
+        self,
+        pattern: str,
+        path: str | None = None,
+        *,
+        fixed_strings: bool = False,
+        ignore_case: bool = False,
+        include: str | None = None,
+        max_results: int | None = None,
+        max_depth: int | None = None,
+    ) -> GrepResult:
+        """
+        Lines of files matching ``pattern`` (a regular expression, or the
+        text itself with ``fixed_strings``), below ``path`` or in the file
+        ``path``; ``include`` is an fnmatch pattern on file names.
+        """
+        return cast(
+            GrepResult,
+            await self._http.call(
+                calls.files_grep(
+                    pattern,
+                    path,
+                    fixed_strings,
+                    ignore_case,
+                    include,
+                    max_results,
+                    max_depth,
+                )
+            ),
         )
 
     @api

@@ -111,6 +111,31 @@ def files_edit(
     )
 
 
+def files_grep(
+    pattern: str,
+    path: str | None,
+    fixed_strings: bool,
+    ignore_case: bool,
+    include: str | None,
+    max_results: int | None,
+    max_depth: int | None,
+) -> Req:
+    return Req(
+        "POST",
+        "/files/grep",
+        json=body(
+            pattern=pattern,
+            path=path,
+            fixed_strings=fixed_strings or None,
+            ignore_case=ignore_case or None,
+            include=include,
+            max_results=max_results,
+            max_depth=max_depth,
+        ),
+        idempotent=True,
+    )
+
+
 def files_archive(paths: Sequence[str], format: str) -> Req:
     return Req(
         "POST",

@@ -77,6 +77,30 @@ class Edited(TypedDict):
     etag: str
 
 
+class GrepMatch(TypedDict):
+    """One match of ``files.grep``: line and column count from 1."""
+
+    path: str
+    line: int
+    #: In characters.
+    column: int
+    #: The line without its newline, cut at 1024 characters.
+    text: str
+    #: Present (True) only on a line that was cut.
+    cut: NotRequired[bool]
+
+
+class GrepResult(TypedDict):
+    """``POST /files/grep``."""
+
+    matches: list[GrepMatch]
+    files_searched: int
+    files_matched: int
+    files_skipped: int
+    truncated: bool
+    timed_out: bool
+
+
 class Extracted(TypedDict):
     """``POST /files/extract``."""
 

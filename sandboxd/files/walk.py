@@ -128,6 +128,27 @@ def walk(
     resumable upload's staging file) are not listed: they are not the
     user's files until renamed into place.
     """
+    for _dir_fd, parent, name, st in walk_at(fd, root, max_depth, hidden):
+        yield parent, name, st
+
+
+def walk_at(
+    fd: int,
+    root: str,
+    max_depth: int,
+    hidden: bool = True,
+    prune: frozenset[str] = frozenset(),
+) -> Iterator[tuple[int, str, str, os.stat_result]]:
+    """
+    :func:`walk`, each entry with the open directory it is in: ``(dir fd,
+    parent path, name, lstat)``, for a caller that opens the entry relative
+    to that fd (never by a path string a swapped directory could redirect).
+    The fd is the walk's: valid until the walk moves on, and not closed by
+    the caller.
+
+    :param prune: names of directories yielded but not descended into
+        (``.git`` for a content search).
+    """
     try:
         with os.scandir(fd) as it:
             names = [
@@ -151,8 +172,8 @@ def walk(
             continue  # gone since the scan
         if mounted_special(fd, name, st, dev):
             continue  # /proc mounted here is as out of reach as /proc
-        yield root, name, st
-        if max_depth > 1 and stat.S_ISDIR(st.st_mode):
+        yield fd, root, name, st
+        if max_depth > 1 and stat.S_ISDIR(st.st_mode) and name not in prune:
             try:
                 sub = os.open(name, _SUBDIR_FLAGS, dir_fd=fd)
             except OSError:
@@ -160,7 +181,9 @@ def walk(
             try:
                 if os.fstat(sub).st_ino != st.st_ino:
                     continue  # swapped since scandir: skip rather than guess
-                yield from walk(sub, posixpath.join(root, name), max_depth - 1, hidden)
+                yield from walk_at(
+                    sub, posixpath.join(root, name), max_depth - 1, hidden, prune
+                )
             finally:
                 os.close(sub)
 

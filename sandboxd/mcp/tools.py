@@ -97,7 +97,9 @@ IDEMPOTENT = frozenset(
 )
 
 #: POST endpoints that only read (their body is a question, not a change).
-READ_ONLY_POSTS = frozenset({"files_search", "files_archive", "capabilities_check"})
+READ_ONLY_POSTS = frozenset(
+    {"files_search", "files_grep", "files_archive", "capabilities_check"}
+)
 
 #: Endpoints that reach outside the sandbox (``openWorldHint``), besides every
 #: endpoint that starts a child (a command can reach the network).
@@ -155,6 +157,8 @@ MODEL_DESCRIPTIONS: dict[str, str] = {
     "files_list": "List a directory (depth 1..10).",
     "files_search": "Find files whose names match a glob pattern, recursively.",
     "files_edit": "Replace old_text with new_text in a text file (read it first).",
+    "files_grep": "Find lines matching a regex (or text: fixed_strings) in files, "
+    "recursively.",
     "files_extract": "Unpack a tar.gz or zip archive (base64) into a directory.",
     "files_archive": "Pack paths into a tar.gz or zip archive (base64).",
     "capabilities": "A summary of what this token may do: the tools allowed and "

@@ -47,6 +47,9 @@ ENDPOINT_LIMITS: dict[str, dict[str, Any]] = {
     "files_search": {"timeout_seconds": 10, "max_entries": 1000},
     # An edited file is held in memory twice (as read, and as edited).
     "files_edit": {"max_bytes": 10 * MIB},
+    # A content search: its time and matches as a name search's; a file
+    # over max_bytes is skipped (it is read whole, and counted as skipped).
+    "files_grep": {"timeout_seconds": 10, "max_entries": 1000, "max_bytes": 16 * MIB},
     "files_watch": {"max_output_bytes": MIB},
     "shell": {"timeout_seconds": 300, "max_output_bytes": 10 * MIB},
     "shell_stream": {"timeout_seconds": 300, "max_output_bytes": 10 * MIB},
@@ -464,6 +467,20 @@ MAX_PATTERN_CHARS = 1024
 
 #: file_ops: edits in one ``files_edit`` call (each scans the whole file).
 MAX_EDITS = 100
+
+#: files_grep: a matching line is shown cut at this many characters (marked
+#: ``cut``), so one minified line does not fill the answer once per match.
+GREP_LINE_CHARS = 1024
+
+#: files_grep: the most a pattern's repeats may multiply out to.  The regex
+#: module writes out a repeat's minimum count when it compiles (``a{1000000}``
+#: costs 270 MB, ``(a{1000}){1000}`` as much, and each nested ``+`` doubles
+#: what is inside it), so a short pattern could take the daemon's memory.
+GREP_PATTERN_NODES = 10_000
+
+#: files_grep: a file with a NUL byte in its first this many bytes is
+#: binary, and skipped (as grep and ripgrep take it).
+GREP_BINARY_PROBE_BYTES = 8 * KIB
 
 #: file_ops: deepest listing (``depth`` is 1..this).
 MAX_LIST_DEPTH = 10

@@ -720,6 +720,42 @@ def files_edit(request: ServerRequest) -> Any:
     return in_thread(request, job)
 
 
+def files_grep(request: ServerRequest) -> Any:
+    """``POST /files/grep``: lines matching a pattern in files, time-boxed, in a thread."""
+    from sandboxd.files import grep  # the regex module: on first use
+
+    guard = PathGuard.for_request(request)
+    body = request.body
+    path = string(body.get("path"), "path", None) or guard.default_dir
+    pattern = required(body.get("pattern"), "pattern")
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise bad_request(f"'pattern' is longer than {MAX_PATTERN_CHARS} characters")
+    include = string(body.get("include"), "include", None)
+    if include is not None and len(include) > MAX_PATTERN_CHARS:
+        raise bad_request(f"'include' is longer than {MAX_PATTERN_CHARS} characters")
+    query = grep.Query(
+        pattern,
+        fixed_strings=flag(
+            body.get("fixed_strings", False), "fixed_strings", words=False
+        ),
+        ignore_case=flag(body.get("ignore_case", False), "ignore_case", words=False),
+        include=include or None,
+    )
+    limits = request.rule.limits
+    cap = smallest(limits.max_results, limits.max_entries) or _default(
+        "files_grep", "max_entries"
+    )
+    depth = min(WALK_DEPTH, integer(body.get("max_depth"), "max_depth", WALK_DEPTH, 1))
+    bounds = grep.Bounds(
+        max_results=min(cap, integer(body.get("max_results"), "max_results", cap, 1)),
+        timeout=limits.timeout_seconds or _default("files_grep", "timeout_seconds"),
+        depth=min(depth, limits.max_depth or depth),
+        max_file_bytes=limits.max_bytes or _default("files_grep", "max_bytes"),
+    )
+    guard.locate(path, "read", follow=True).close()
+    return in_thread(request, grep.grep, guard, path, query, bounds)
+
+
 def files_archive(request: ServerRequest) -> Any:
     """``POST /files/archive``: tar.gz or zip of guarded paths, in a thread."""
     from sandboxd.files import archive  # tarfile and zipfile: on first use
@@ -931,6 +967,7 @@ HANDLERS: dict[str, Any] = {
     "files_move": files_move,
     "files_search": files_search,
     "files_edit": files_edit,
+    "files_grep": files_grep,
     "files_upload_stream": files_upload_stream,
     "files_download_stream": files_download_stream,
     "files_archive": files_archive,

@@ -132,6 +132,34 @@ class FilesTests(ClientCase):
 
         return self.in_thread(body)
 
+    def test_grep(self) -> Any:
+        """
+        ``files.grep`` answers the daemon's matches; a pattern that is not a
+        regular expression raises the error of its code.
+        """
+
+        def body() -> None:
+            sb = self.sandbox()
+            sb.files.write_text("src/a.py", "x = 1\nprint(x)  # x?\n")
+            sb.files.write_text("src/b.txt", "x?\n")
+            found = sb.files.grep("x?", "src", fixed_strings=True, include="*.py")
+            self.assertEqual(
+                [(m["line"], m["column"], m["text"]) for m in found["matches"]],
+                [(2, 13, "print(x)  # x?")],
+            )
+            self.assertEqual(
+                (found["files_searched"], found["truncated"], found["timed_out"]),
+                (1, False, False),
+            )
+            everywhere = sb.files.grep("X", ignore_case=True, max_results=2)
+            self.assertEqual(len(everywhere["matches"]), 2)
+            self.assertTrue(everywhere["truncated"])
+            with self.assertRaises(InvalidParam) as caught:
+                sb.files.grep("x(")
+            self.assertIn("fixed_strings", str(caught.exception))
+
+        return self.in_thread(body)
+
     def test_archive_and_extract(self) -> Any:
         """``archive`` returns the archive's bytes; ``extract`` unpacks them."""
 

@@ -136,7 +136,12 @@ class ToolboxTests(SynchronousTestCase):
         for name in ("upload", "files_upload_stream", "files_extract"):
             self.assertTrue(hints(name)["destructiveHint"], name)
             self.assertFalse(hints(name)["readOnlyHint"], name)
-        for name in ("files_search", "files_archive", "capabilities_check"):
+        for name in (
+            "files_search",
+            "files_grep",
+            "files_archive",
+            "capabilities_check",
+        ):
             self.assertTrue(hints(name)["readOnlyHint"], name)
             self.assertNotIn(
                 "destructiveHint", self.tool(name).descriptor["annotations"]

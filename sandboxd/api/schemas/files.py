@@ -314,6 +314,78 @@ SCHEMAS: dict[str, Schema] = {
         ),
         errors=(*GUARD, E(400, "invalid_param", "a pattern over 1024 characters")),
     ),
+    "files_grep": Schema(
+        body=(
+            F(
+                "pattern",
+                doc="a regular expression, or the text itself with fixed_strings",
+                required=True,
+                min_length=1,
+                example="TODO",
+            ),
+            F(
+                "path",
+                doc="a directory (searched recursively) or a file; default: base_dir",
+            ),
+            F(
+                "fixed_strings",
+                "boolean",
+                "pattern is text, not a regex",
+                default=False,
+            ),
+            F("ignore_case", "boolean", default=False),
+            F("include", doc="fnmatch on file names (*.py)"),
+            F("max_results", "integer", "at most max_entries", default=1000, minimum=1),
+            F(
+                "max_depth",
+                "integer",
+                "levels searched (1: path's own entries)",
+                minimum=1,
+            ),
+        ),
+        response=(
+            F(
+                "matches",
+                "array",
+                "[{path, line, column, text, cut}] in walk order, one per match: "
+                "line and column count from 1 (column in characters); text is "
+                "the line without its newline, cut at 1024 characters (cut: "
+                "true only then)",
+                items="object",
+            ),
+            F("files_searched", "integer", "files read"),
+            F("files_matched", "integer", "files with a match"),
+            F(
+                "files_skipped",
+                "integer",
+                "binary (a NUL in the first 8 KiB), over max_bytes (16 MiB), "
+                "or unreadable",
+            ),
+            F("truncated", "boolean", "more matches than max_results"),
+            F(
+                "timed_out",
+                "boolean",
+                "the 10 s limit (timeout_seconds) ran out, within a match "
+                "included: the matches found until then",
+            ),
+        ),
+        errors=(
+            *GUARD,
+            E(
+                400,
+                "invalid_param",
+                "a pattern that is not a valid regular expression, one over 1024 "
+                "characters, one whose repeats multiply out past 10000 "
+                "((a{1000}){1000}), verbose mode ((?x)), a field of the wrong type",
+            ),
+            E(404, "not_found", "no such path", "FileNotFoundError"),
+        ),
+        notes="Patterns take Python's syntax (the regex module's), matched line by "
+        "line. Files are read as UTF-8 (bad bytes shown as U+FFFD). Links are not "
+        "followed; .git, .hg and .svn are not searched; what the policy hides "
+        "from a listing is not read; include does not apply to a file named by "
+        "path. An empty match (^) counts once a line.",
+    ),
     "files_upload_stream": Schema(
         body=(
             _OWNER,

@@ -1,0 +1,244 @@
+"""
+``POST /files/grep`` against a real daemon on loopback: the answer, the
+path rules (deny globs, links out of the boundary, scopes), its refusals,
+and a reactor that keeps answering while a pattern backtracks without end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
+
+from tests.files.test_grep import CATASTROPHIC, LONG_LINE
+from tests.helpers import DaemonTestCase
+from tests.test_guard import _rmtree
+
+
+class GrepCase(DaemonTestCase):
+    def put(self, rel: str, data: bytes = b"needle\n") -> str:
+        path = os.path.join(self.base_dir, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+
+    def grep(self, **body: Any) -> Any:
+        return self.request("POST", "/files/grep", body)
+
+
+class GrepTests(GrepCase):
+    """The answer, and the refusals of a request."""
+
+    @inlineCallbacks
+    def test_answer(self) -> Any:
+        """200: every match with its path, line, column and text, and the counts."""
+        self.put("src/a.py", b"import os\nx = os.path  # os\n")
+        self.put("src/b.txt", b"os\n")
+        self.put("src/c.bin", b"os\0")
+        reply = yield self.grep(pattern=r"\bos\b", path="src", include="*.py")
+        self.assertEqual(reply.status, 200, reply.body)
+        a = os.path.join(self.base_dir, "src/a.py")
+        self.assertEqual(
+            reply.json(),
+            {
+                "matches": [
+                    {"path": a, "line": 1, "column": 8, "text": "import os"},
+                    {"path": a, "line": 2, "column": 5, "text": "x = os.path  # os"},
+                    {"path": a, "line": 2, "column": 16, "text": "x = os.path  # os"},
+                ],
+                "files_searched": 1,
+                "files_matched": 1,
+                "files_skipped": 0,
+                "truncated": False,
+                "timed_out": False,
+            },
+        )
+        reply = yield self.grep(pattern="OS", ignore_case=True, fixed_strings=True)
+        body = reply.json()
+        self.assertEqual(
+            (
+                len(body["matches"]),
+                body["files_searched"],
+                body["files_skipped"],
+                body["truncated"],
+            ),
+            (4, 2, 1, False),
+        )
+        reply = yield self.grep(pattern="os", path="src", max_results=2)
+        self.assertEqual(
+            (len(reply.json()["matches"]), reply.json()["truncated"]), (2, True)
+        )
+
+    @inlineCallbacks
+    def test_refusals(self) -> Any:
+        """
+        400 invalid_param for a regex that does not compile (the message
+        points at fixed_strings), a pattern over 1024 characters, fields of
+        the wrong type; 404 for a missing path.
+        """
+        self.put("a.txt")
+        reply = yield self.grep(pattern="a(b")
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (400, "invalid_param"), reply.body
+        )
+        self.assertIn("not a valid regular expression", reply.json()["error"])
+        self.assertIn("fixed_strings", reply.json()["error"])
+        reply = yield self.grep(pattern="a(b", fixed_strings=True)
+        self.assertEqual(reply.status, 200)
+        for body in (
+            {"pattern": "x" * 1025},
+            {},
+            {"pattern": ""},
+            {"pattern": 7},
+            {"pattern": "x", "fixed_strings": "yes"},
+            {"pattern": "x", "ignore_case": 1},
+            {"pattern": "x", "include": ["*.py"]},
+            {"pattern": "x", "path": 3},
+            {"pattern": "x", "max_results": 0},
+            {"pattern": "x", "max_depth": 0},
+        ):
+            reply = yield self.grep(**body)
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (400, "invalid_param"), body
+            )
+        reply = yield self.grep(pattern="x", path="missing")
+        self.assertEqual((reply.status, reply.json()["code"]), (404, "not_found"))
+
+
+class PolicyTests(GrepCase):
+    """The path rules hold as they do for listing and reading."""
+
+    policy = {"endpoints": {"files_*": {"paths": {"deny": ["**/secret*", ".env"]}}}}
+
+    @inlineCallbacks
+    def test_denied_files_hidden(self) -> Any:
+        """
+        Denied files' matches are not shown (nor their names in a name
+        search); searching a denied path itself is refused 403, as a name
+        search refuses it.
+        """
+        self.put("app/main.py")
+        self.put("app/secret.key")
+        self.put("app/secrets/inner.txt")
+        self.put(".env")
+        reply = yield self.grep(pattern="needle")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(
+            [m["path"] for m in reply.json()["matches"]],
+            [os.path.join(self.base_dir, "app/main.py")],
+        )
+        self.assertEqual(reply.json()["files_searched"], 1)
+        for path in ("app/secret.key", "app/secrets", ".env"):
+            searched = yield self.request(
+                "POST", "/files/search", {"pattern": "*", "path": path}
+            )
+            grepped = yield self.grep(pattern="needle", path=path)
+            self.assertEqual(
+                (grepped.status, grepped.json()["code"]), (403, "path_denied"), path
+            )
+            self.assertEqual(
+                (searched.status, searched.json()["code"]), (403, "path_denied")
+            )
+
+    @inlineCallbacks
+    def test_link_out_not_followed(self) -> Any:
+        """
+        A link in the tree to a directory or a file outside the base dir
+        is not followed; named as the path, it is refused.
+        """
+        outside = os.path.realpath(tempfile.mkdtemp())
+        self.addCleanup(_rmtree, outside)
+        with open(os.path.join(outside, "passwords.txt"), "w") as f:
+            f.write("needle\n")
+        self.put("inside.txt")
+        os.symlink(outside, os.path.join(self.base_dir, "out"))
+        os.symlink(
+            os.path.join(outside, "passwords.txt"), os.path.join(self.base_dir, "pw")
+        )
+        reply = yield self.grep(pattern="needle")
+        self.assertEqual(
+            [m["path"] for m in reply.json()["matches"]],
+            [os.path.join(self.base_dir, "inside.txt")],
+        )
+        for path in ("out", "pw", "out/passwords.txt"):
+            reply = yield self.grep(pattern="needle", path=path)
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (403, "path_not_allowed"), path
+            )
+
+
+class ScopeTests(GrepCase):
+    """files_grep needs files:read."""
+
+    token = "admin-token"
+    policy = {
+        "auth": {
+            "tokens": [
+                {"id": "admin", "token_env": "ABX_SERVER_TOKEN", "scopes": ["*"]},
+                {
+                    "id": "runner",
+                    "token_sha256": hashlib.sha256(b"runner-token").hexdigest(),
+                    "scopes": ["process:run"],
+                },
+                {
+                    "id": "reader",
+                    "token_sha256": hashlib.sha256(b"reader-token").hexdigest(),
+                    "scopes": ["files:read"],
+                },
+            ]
+        }
+    }
+
+    @inlineCallbacks
+    def test_missing_scope(self) -> Any:
+        """A token without files:read is 403 missing_scope; one with it greps."""
+        self.put("a.txt")
+        body = {"pattern": "needle"}
+        reply = yield self.request("POST", "/files/grep", body, token="runner-token")
+        self.assertEqual((reply.status, reply.json()["code"]), (403, "missing_scope"))
+        reply = yield self.request("POST", "/files/grep", body, token="reader-token")
+        self.assertEqual((reply.status, len(reply.json()["matches"])), (200, 1))
+
+
+class ResponsiveTests(GrepCase):
+    """A pattern that backtracks without end holds neither the reactor nor past its limit."""
+
+    policy = {"endpoints": {"files_grep": {"limits": {"timeout_seconds": 3}}}}
+
+    @inlineCallbacks
+    def test_health_answers_during_a_catastrophic_match(self) -> Any:
+        """
+        While ``(a+)+$`` runs on a long line of ``a``, GET /health answers
+        at once; the grep ends at its timeout_seconds with timed_out.
+        """
+        self.put("a.txt", LONG_LINE.encode())
+        began = time.monotonic()
+        grepping = self.grep(pattern=CATASTROPHIC)
+        ended: list[float] = []
+
+        def end(result: Any) -> Any:
+            ended.append(time.monotonic())
+            return result
+
+        grepping.addBoth(end)
+        waits = []
+        for _ in range(3):
+            yield deferLater(reactor, 0.4, lambda: None)
+            asked = time.monotonic()
+            health = yield self.request("GET", "/health")
+            waits.append(time.monotonic() - asked)
+            self.assertEqual(health.status, 200)
+        self.assertEqual(ended, [], "the grep ended before the checks")
+        reply = yield grepping
+        took = time.monotonic() - began
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertTrue(reply.json()["timed_out"])
+        self.assertLess(max(waits), 0.5, waits)
+        self.assertLess(took, 6.0)
