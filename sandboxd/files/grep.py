@@ -9,29 +9,30 @@ fd with ``O_NOFOLLOW``, never by a path string, so a directory swapped for
 a link while the walk runs cannot lead out of the boundary; links are not
 followed at all (as ripgrep without ``-L``).
 
-Patterns are compiled by the third-party ``regex`` module rather than
-``re``: ``re`` holds the interpreter's lock for the whole of one match, so
-a pattern that backtracks without end (``(a+)+$`` on a long line of ``a``)
-would stop every other thread, the reactor's included, until it ended.
-``regex`` lets go of the lock while it matches (``concurrent=True``) and
-gives up at a deadline (``timeout=``): one match cannot outlast the
-endpoint's ``timeout_seconds``.
+Patterns are RE2's (Google's engine, as ripgrep's syntax: no
+backreferences or lookarounds), through ``google-re2``, not ``re``:
+``re`` holds the interpreter's lock for the whole of one match and
+backtracks, so a pattern such as ``(a+)+$`` on a long line of ``a`` would
+stop every other thread, the reactor's included, for as long as it liked.
+RE2 matches in time linear in the text, lets go of the lock while it
+matches, and refuses at compile time a pattern whose program would pass a
+memory bound (``a{1000}{1000}``).  The file's bytes are searched whole,
+once, with a pattern that never matches a newline, so each match lies on
+one line: what a line-by-line search finds, in one pass.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import os
 import posixpath
 import re
 import stat
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import attrs
-import regex
+import re2
 
 from sandboxd.access.guard import PathGuard
 from sandboxd.errors import bad_request
@@ -40,7 +41,7 @@ from sandboxd.policy.defaults import (
     ENDPOINT_LIMITS,
     GREP_BINARY_PROBE_BYTES,
     GREP_LINE_CHARS,
-    GREP_PATTERN_NODES,
+    GREP_PROGRAM_BYTES,
     WALK_DEPTH,
 )
 
@@ -50,88 +51,14 @@ VCS_DIRS = frozenset({".git", ".hg", ".svn"})
 
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
-#: What makes a match on one line depend on the text around that line:
-#: extensions ``(?...`` other than ``(?:`` (lookarounds, inline flags,
-#: atomic groups, conditionals), the anchors of the whole text, graphemes
-#: (``\r\n`` is one) and possessive repeats.  A pattern with none of them
-#: matches a line alone wherever it matches that line within the file, so
-#: the file is searched whole for the next candidate line (in the engine,
-#: not line by line in Python).  A pattern with one is tried on every line.
-_NEEDS_LINES = re.compile(r"\(\?(?!:)|\\[AZzGX]|[*+?}]\+")
-
-#: A counted repeat: ``{3}``, ``{2,}``, ``{1,5}``, ``{,5}``.
-_COUNTED = re.compile(r"\{(\d*)(,?)(\d*)\}")
-
-#: Verbose mode switched on inline (``(?x)``, ``(?ix:``): its comments make
-#: the text of a pattern say less than it seems about its size.
-_VERBOSE = re.compile(r"\(\?[a-zA-Z]*x[a-zA-Z-]*[):]")
-
-
-def pattern_size(pattern: str) -> int:
-    """
-    An upper bound of what the regex module writes out when it compiles
-    ``pattern``: each atom counts one, a group what is inside it, and a
-    repeat multiplies by its minimum count and one (``+`` by two).
-
-    The pattern's text is read twice, with ``[...]`` as a character set
-    and with its brackets as plain characters, and the greater answer
-    kept: a set misread (a ``[`` that is a literal, a nested set) can then
-    only make the answer bigger.
-    """
-    return max(_size(pattern, sets=True), _size(pattern, sets=False))
-
-
-def _size(pattern: str, sets: bool) -> int:
-    stack: list[list[int]] = [[]]
-    i, n = 0, len(pattern)
-    while i < n:
-        c = pattern[i]
-        items = stack[-1]
-        if c == "\\":
-            items.append(1)
-            i += 2
-        elif c == "[" and sets:
-            j = i + 1
-            j += pattern.startswith("^", j)
-            j += pattern.startswith("]", j)
-            while j < n and pattern[j] != "]":
-                j += 2 if pattern[j] == "\\" else 1
-            items.append(1)
-            i = j + 1 if j < n else i + 1
-        elif pattern.startswith("(?#", i):
-            end = pattern.find(")", i)
-            i = n if end < 0 else end + 1
-        elif c == "(":
-            stack.append([])
-            i += 1
-        elif c == ")" and len(stack) > 1:
-            inner = stack.pop()
-            stack[-1].append(sum(inner) or 1)
-            i += 1
-        elif c == "+" and items and pattern[i - 1] not in "*+?}":
-            items[-1] *= 2
-            i += 1
-        elif (m := _COUNTED.match(pattern, i)) and items and (m[1] or m[3]):
-            items[-1] *= int(m[1] or 0) + 1
-            i = m.end()
-        elif c in "*?|":
-            i += 1
-        else:
-            items.append(1)
-            i += 1
-    while len(stack) > 1:
-        inner = stack.pop()
-        stack[-1].append(sum(inner))
-    return sum(stack[0])
-
 
 @attrs.frozen
 class Query:
     """
     What is looked for.
 
-    :ivar pattern: a regular expression (the ``regex`` module's, which
-        takes what ``re`` takes), or the text itself with ``fixed_strings``.
+    :ivar pattern: a regular expression (RE2's syntax), or the text itself
+        with ``fixed_strings``.
     :ivar include: an fnmatch pattern on file names (``*.py``); files found
         by the walk whose names do not match are not read.
     """
@@ -161,37 +88,34 @@ class Bounds:
     line_chars: int = GREP_LINE_CHARS
 
 
-def compile_query(query: Query) -> tuple[regex.Pattern[str], regex.Pattern[str] | None]:
+def compile_query(query: Query) -> Any:
     """
-    The pattern a line is matched with, and the one the whole text is
-    searched with for candidate lines (None when lines must each be tried).
+    The compiled pattern: over bytes (UTF-8), ``^`` and ``$`` at each line,
+    never matching a newline.
 
-    :raises ApiError: 400 ``invalid_param`` for a pattern that does not
-        compile.
+    :raises ApiError: 400 ``invalid_param`` for a pattern RE2 does not take
+        (bad syntax, a backreference or lookaround, a program too big).
     """
-    source = regex.escape(query.pattern) if query.fixed_strings else query.pattern
-    flags = regex.IGNORECASE if query.ignore_case else 0
+    options = re2.Options()
+    options.log_errors = False  # a caller's bad pattern is the caller's 400
+    options.never_nl = True
+    options.case_sensitive = not query.ignore_case
+    options.literal = query.fixed_strings
+    options.max_mem = GREP_PROGRAM_BYTES
+    source = query.pattern.encode("utf-8", "surrogatepass")
     if not query.fixed_strings:
-        if _VERBOSE.search(source) is not None:
-            raise bad_request(
-                "'pattern' switches on verbose mode ((?x)), which is not taken here"
-            )
-        if pattern_size(source) > GREP_PATTERN_NODES:
-            raise bad_request(
-                "'pattern' repeats too much: its counted repeats ({n}) and nested "
-                f"+ multiply out past {GREP_PATTERN_NODES}"
-            )
+        source = b"(?m)" + source
     try:
-        line = regex.compile(source, flags)
-        whole = None
-        if query.fixed_strings or _NEEDS_LINES.search(source) is None:
-            whole = regex.compile(source, flags | regex.MULTILINE)
-    except (regex.error, RecursionError, OverflowError, ValueError) as e:
+        return re2.compile(source, options)
+    except re2.error as e:
+        why = e.args[0] if e.args else ""
+        if isinstance(why, bytes):
+            why = why.decode("utf-8", "replace")
         raise bad_request(
-            f"'pattern' is not a valid regular expression ({e}); to search "
-            "for the text as written, pass fixed_strings: true"
+            f"'pattern' is not a valid regular expression ({why}; RE2 syntax: no "
+            "backreferences or lookarounds); to search for the text as written, "
+            "pass fixed_strings: true"
         ) from None
-    return line, whole
 
 
 class _Over(Exception):
@@ -202,8 +126,7 @@ class _Over(Exception):
 class _Search:
     """One search's state: the matches so far and the counts."""
 
-    line: regex.Pattern[str]
-    whole: regex.Pattern[str] | None
+    pattern: Any
     bounds: Bounds
     deadline: float
     matches: list[dict[str, Any]] = attrs.Factory(list)
@@ -240,68 +163,69 @@ class _Search:
         self.searched += 1
         before = len(self.matches)
         try:
-            self.text(data.decode("utf-8", "replace"), shown)
+            self.text(data, shown)
         finally:
             if len(self.matches) > before:
                 self.matched += 1
 
-    def text(self, text: str, shown: str) -> None:
-        """The lines of one file's ``text`` that match."""
-        size = len(text)
-        pos = 0
-        number = 1
-        counted = 0
-        while pos < size:
-            start = pos
-            if self.whole is not None:
-                with self.engine() as left:
-                    found = self.whole.search(text, pos, concurrent=True, timeout=left)
-                if found is None:
-                    return
-                at = found.start()
-                if at >= size and text.endswith("\n"):
-                    return  # past the last line's newline: no line there
-                newline = text.rfind("\n", pos, at)
-                start = pos if newline < 0 else newline + 1
-            end = text.find("\n", start)
-            if end < 0:
-                end = size
-            number += text.count("\n", counted, start)
-            counted = start
-            self.line_matches(text[start:end], number, shown)
-            pos = end + 1
-
-    def line_matches(self, line: str, number: int, shown: str) -> None:
+    def text(self, data: bytes, shown: str) -> None:
         """
-        Every match on ``line``, one entry each; an empty match (``^``,
-        ``x*``) counts once a line, and only on a line with no other.
+        The matches in one file's bytes, line by line: every match on a
+        line, one entry each; an empty match (``^``, ``x*``) counts once a
+        line, and only on a line with no other.
         """
+        if not data:
+            return  # no line at all
+        line_start = -1  # the line being gathered (its first byte)
+        line_end = 0
+        newlines = counted = 0  # the newlines before ``counted``
+        number = 0  # the line's, from 1
+        starts: list[int] = []
         empty: int | None = None
-        found_one = False
-        with self.engine() as left:
-            # The timeout covers the whole iteration, not each step.
-            for m in self.line.finditer(line, concurrent=True, timeout=left):
-                start, end = m.span()
-                if start < end:
-                    found_one = True
-                    self.add(line, number, start, shown)
-                elif empty is None:
-                    empty = start
-        if not found_one and empty is not None:
-            self.add(line, number, empty, shown)
+        for found in self.pattern.finditer(data):
+            self.left()
+            at, end = found.span()
+            if at > line_end and line_start >= 0:
+                self._line(data, line_start, line_end, number, starts, empty, shown)
+                starts, empty = [], None
+                line_start = -1
+            if line_start < 0:
+                if at == len(data) and data.endswith(b"\n"):
+                    return  # past the last line's newline: no line there
+                line_start = data.rfind(b"\n", 0, at) + 1
+                line_end = data.find(b"\n", at)
+                if line_end < 0:
+                    line_end = len(data)
+                newlines += data.count(b"\n", counted, line_start)
+                counted = line_start
+                number = newlines + 1
+            if at < end:
+                starts.append(at)
+            elif empty is None:
+                empty = at
+        if line_start >= 0:
+            self._line(data, line_start, line_end, number, starts, empty, shown)
 
-    @contextlib.contextmanager
-    def engine(self) -> Iterator[float]:
-        """
-        Around one call of the regular expression engine: the seconds left
-        for it; a timeout inside it ends the search.
-        """
-        left = self.left()
-        try:
-            yield left
-        except TimeoutError:
-            self.timed_out = True
-            raise _Over from None
+    def _line(
+        self,
+        data: bytes,
+        start: int,
+        end: int,
+        number: int,
+        starts: list[int],
+        empty: int | None,
+        shown: str,
+    ) -> None:
+        """One line's matches (``starts``, byte offsets), or its empty one."""
+        raw = data[start:end]
+        line = raw.decode("utf-8", "replace")
+        column = 0
+        prev = start
+        for at in starts or ([] if empty is None else [empty]):
+            # Columns in characters, counted on from the last match.
+            column += len(data[prev:at].decode("utf-8", "replace"))
+            prev = at
+            self.add(line, number, column, shown)
 
     def add(self, line: str, number: int, start: int, shown: str) -> None:
         """One match, or :class:`_Over` (truncated) past ``max_results``."""
@@ -354,8 +278,7 @@ def grep(guard: PathGuard, path: str, query: Query, bounds: Bounds) -> dict[str,
         refusals of ``path`` itself; 404 when it does not exist.
     """
     deadline = time.monotonic() + bounds.timeout
-    line, whole = compile_query(query)
-    search = _Search(line, whole, bounds, deadline)
+    search = _Search(compile_query(query), bounds, deadline)
     with guard.locate(path, "read", follow=True, missing_ok=False) as loc:
         st = loc.seen()
         is_dir = loc.name == "" or (st is not None and stat.S_ISDIR(st.st_mode))

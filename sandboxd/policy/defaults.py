@@ -472,11 +472,10 @@ MAX_EDITS = 100
 #: ``cut``), so one minified line does not fill the answer once per match.
 GREP_LINE_CHARS = 1024
 
-#: files_grep: the most a pattern's repeats may multiply out to.  The regex
-#: module writes out a repeat's minimum count when it compiles (``a{1000000}``
-#: costs 270 MB, ``(a{1000}){1000}`` as much, and each nested ``+`` doubles
-#: what is inside it), so a short pattern could take the daemon's memory.
-GREP_PATTERN_NODES = 10_000
+#: files_grep: the memory one compiled pattern may take (RE2's ``max_mem``:
+#: a pattern whose program would need more is refused, 400; its matching
+#: cache shares the figure and falls back to a slower way past it).
+GREP_PROGRAM_BYTES = 8 * MIB
 
 #: files_grep: a file with a NUL byte in its first this many bytes is
 #: binary, and skipped (as grep and ripgrep take it).

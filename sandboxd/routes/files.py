@@ -722,7 +722,7 @@ def files_edit(request: ServerRequest) -> Any:
 
 def files_grep(request: ServerRequest) -> Any:
     """``POST /files/grep``: lines matching a pattern in files, time-boxed, in a thread."""
-    from sandboxd.files import grep  # the regex module: on first use
+    from sandboxd.files import grep  # RE2: on first use
 
     guard = PathGuard.for_request(request)
     body = request.body

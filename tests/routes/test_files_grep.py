@@ -12,9 +12,7 @@ import tempfile
 import time
 from typing import Any
 
-from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
-from twisted.internet.task import deferLater
 
 from tests.files.test_grep import CATASTROPHIC, LONG_LINE
 from tests.helpers import DaemonTestCase
@@ -208,37 +206,23 @@ class ScopeTests(GrepCase):
 
 
 class ResponsiveTests(GrepCase):
-    """A pattern that backtracks without end holds neither the reactor nor past its limit."""
-
-    policy = {"endpoints": {"files_grep": {"limits": {"timeout_seconds": 3}}}}
+    """A pattern a backtracking engine would run without end costs nothing here."""
 
     @inlineCallbacks
-    def test_health_answers_during_a_catastrophic_match(self) -> Any:
+    def test_backtracking_pattern_answers_at_once(self) -> Any:
         """
-        While ``(a+)+$`` runs on a long line of ``a``, GET /health answers
-        at once; the grep ends at its timeout_seconds with timed_out.
+        ``(a+)+$`` on a long line of ``a`` (which ``re`` would take for
+        ages, holding every thread) is answered at once, not timed out, and
+        GET /health answers alongside it.
         """
-        self.put("a.txt", LONG_LINE.encode())
+        self.put("a.txt", (LONG_LINE * 200).encode())
         began = time.monotonic()
         grepping = self.grep(pattern=CATASTROPHIC)
-        ended: list[float] = []
-
-        def end(result: Any) -> Any:
-            ended.append(time.monotonic())
-            return result
-
-        grepping.addBoth(end)
-        waits = []
-        for _ in range(3):
-            yield deferLater(reactor, 0.4, lambda: None)
-            asked = time.monotonic()
-            health = yield self.request("GET", "/health")
-            waits.append(time.monotonic() - asked)
-            self.assertEqual(health.status, 200)
-        self.assertEqual(ended, [], "the grep ended before the checks")
+        health = yield self.request("GET", "/health")
+        self.assertEqual(health.status, 200)
         reply = yield grepping
-        took = time.monotonic() - began
         self.assertEqual(reply.status, 200, reply.body)
-        self.assertTrue(reply.json()["timed_out"])
-        self.assertLess(max(waits), 0.5, waits)
-        self.assertLess(took, 6.0)
+        self.assertEqual(
+            (reply.json()["timed_out"], reply.json()["matches"]), (False, [])
+        )
+        self.assertLess(time.monotonic() - began, 2.0)

@@ -318,7 +318,7 @@ SCHEMAS: dict[str, Schema] = {
         body=(
             F(
                 "pattern",
-                doc="a regular expression, or the text itself with fixed_strings",
+                doc="a regular expression (RE2), or the text itself with fixed_strings",
                 required=True,
                 min_length=1,
                 example="TODO",
@@ -365,8 +365,8 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "timed_out",
                 "boolean",
-                "the 10 s limit (timeout_seconds) ran out, within a match "
-                "included: the matches found until then",
+                "the 10 s limit (timeout_seconds) ran out: the matches found "
+                "until then",
             ),
         ),
         errors=(
@@ -374,14 +374,15 @@ SCHEMAS: dict[str, Schema] = {
             E(
                 400,
                 "invalid_param",
-                "a pattern that is not a valid regular expression, one over 1024 "
-                "characters, one whose repeats multiply out past 10000 "
-                "((a{1000}){1000}), verbose mode ((?x)), a field of the wrong type",
+                "a pattern RE2 does not take (bad syntax, a backreference or "
+                "lookaround, a repeat over 1000, a program over 8 MiB), one over "
+                "1024 characters, a field of the wrong type",
             ),
             E(404, "not_found", "no such path", "FileNotFoundError"),
         ),
-        notes="Patterns take Python's syntax (the regex module's), matched line by "
-        "line. Files are read as UTF-8 (bad bytes shown as U+FFFD). Links are not "
+        notes="Patterns take RE2's syntax (as ripgrep's: no backreferences or "
+        "lookarounds), matched in time linear in the text; a match never spans "
+        "a newline, ^ and $ are a line's ends. Files are read as UTF-8 (bad bytes shown as U+FFFD). Links are not "
         "followed; .git, .hg and .svn are not searched; what the policy hides "
         "from a listing is not read; include does not apply to a file named by "
         "path. An empty match (^) counts once a line.",
