@@ -1078,6 +1078,16 @@ class System(_Namespace[F]):
         )
 
     @api
+    async def wait_for_port(self, port: int, timeout: float = 60.0) -> bool:
+        """
+        Whether something listens on ``port`` within ``timeout`` seconds
+        (the daemon waits, at most 120 s): an app's server, started in the
+        background, ready for requests.
+        """
+        answer = await self._http.object(calls.port_wait(port, timeout))
+        return bool(answer["ready"])
+
+    @api
     async def packages(self, manager: str = "pip") -> builtins.list[dict[str, str]]:
         """Installed ``pip`` or ``npm`` packages."""
         return cast(

@@ -355,6 +355,13 @@ def ports() -> Req:
     return Req("GET", "/ports")
 
 
+def port_wait(port: int, wait: float) -> Req:
+    # The answer may take the whole wait: the read's timeout is longer.
+    return Req(
+        "GET", "/ports", params={"port": int(port), "wait": wait}, timeout=wait + 30
+    )
+
+
 def packages(manager: str) -> Req:
     return Req("GET", "/packages", {"manager": manager}, timeout=120.0)
 

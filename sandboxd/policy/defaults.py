@@ -540,6 +540,11 @@ STDIN_PENDING_BYTES = 4 * MIB
 #: (``wait``); a longer wait asked for is cut to this, as the seed does.
 PROCESS_OUTPUT_WAIT_SECONDS = 30.0
 
+#: system: the longest ``GET /ports?port=N&wait=S`` waits for a port to
+#: listen (a longer wait is cut to this), and how often it looks.
+PORT_WAIT_SECONDS = 120.0
+PORT_WAIT_POLL_SECONDS = 0.2
+
 
 #: The kernel's MAX_ARG_STRLEN: the longest single argv or environment
 #: string ``execve`` takes, its NUL included.

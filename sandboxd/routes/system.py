@@ -18,7 +18,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from twisted.internet.task import deferLater
+
 from sandboxd import processes
+from sandboxd.daemon.context import as_clock
 from sandboxd.errors import (
     Code,
     bad_request,
@@ -31,6 +34,7 @@ from sandboxd.policy import defaults
 from sandboxd.processes import command, environment
 from sandboxd.processes.cgroups import CHILD_CGROUPS
 from sandboxd.web.messages import ServerRequest, ServerResponse
+from sandboxd.web.params import integer, number
 
 #: Substrings that mark a variable as a secret (any case): never returned.
 REDACTED_MARKERS = ("TOKEN", "SECRET", "KEY", "PASSWORD", "CREDENTIAL")
@@ -250,11 +254,52 @@ async def ports(request: ServerRequest) -> dict[str, Any]:
     ``GET /ports``: listening TCP sockets, IPv4 and IPv6, with the owning
     pid where its fds are readable (else null).  The /proc walk runs in
     the thread pool.
+
+    ``?port=N`` answers that port's sockets and whether something listens
+    (``ready``); with ``&wait=S`` the answer waits until it does or ``S``
+    seconds pass: an agent that started a server asks once instead of
+    polling with ``curl``.
     """
     from sandboxd import sysinfo  # on first use, not at start
 
+    port = integer(request.arg("port"), "port", None, low=1, high=65535)
+    wait = number(
+        request.arg("wait"),
+        "wait",
+        0.0,
+        low=0.0,
+        high=defaults.PORT_WAIT_SECONDS,
+        clamp=True,
+    )
+    if wait and port is None:
+        raise bad_request("'wait' needs 'port': the port to wait for")
+    if port is not None and wait:
+        await _listened(request, port, wait)
     found = await request.context.in_thread(sysinfo.listening)
-    return {"listening": [entry.as_json() for entry in found]}
+    if port is None:
+        return {"listening": [entry.as_json() for entry in found]}
+    mine = [entry.as_json() for entry in found if entry.port == port]
+    return {"listening": mine, "ready": bool(mine)}
+
+
+async def _listened(request: ServerRequest, port: int, wait: float) -> bool:
+    """
+    Whether something listens on ``port`` within ``wait`` seconds, looked
+    for every :data:`~sandboxd.policy.defaults.PORT_WAIT_POLL_SECONDS`
+    (the kernel says nothing when a socket starts to listen).  A caller
+    that leaves cancels the wait.
+    """
+    from sandboxd import sysinfo
+
+    clock = as_clock(request.context.reactor)
+    deadline = clock.seconds() + wait
+    while True:
+        if port in await request.context.in_thread(sysinfo.listening_ports):
+            return True
+        left = deadline - clock.seconds()
+        if left <= 0:
+            return False
+        await deferLater(clock, min(left, defaults.PORT_WAIT_POLL_SECONDS))
 
 
 # --- /packages --------------------------------------------------------------

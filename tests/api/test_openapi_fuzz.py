@@ -160,7 +160,11 @@ class OutsideTheSchemaTests(DaemonTestCase):
 #:   directory ("Is a directory", as the seed does);
 #: - the ``access_token`` query parameter (for EventSource) carries the same
 #:   token as the headers: two different ones are 400 ambiguous_credentials,
-#:   which the schema cannot say.
+#:   which the schema cannot say;
+#: - ``GET /ports`` is asked with ``wait=0`` and valid data only: a run that
+#:   waited up to 120 s an example would test the clock, and a fixed value
+#:   would turn the run's invalid ``wait`` into a valid one (its ``port`` is
+#:   still generated).
 def schemathesis_config(token: str, paths: str, statuses: tuple[str, ...]) -> str:
     """
     The settings above, for routes matching ``paths`` whose positive data
@@ -181,6 +185,11 @@ checks.positive_data_acceptance.expected-statuses = [{listed}]
 
 [parameters]
 "query.access_token" = "{token}"
+
+[[operations]]
+include-path = "/ports"
+generation.mode = "positive"
+parameters = {{ "query.wait" = "0" }}
 """
 
 

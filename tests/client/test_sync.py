@@ -369,6 +369,9 @@ class SystemTests(ClientCase):
             self.assertGreater(sb.system.info()["cpu_count"], 0)
             self.assertIn("memory_percent", sb.system.metrics())
             self.assertIsInstance(sb.system.ports(), list)
+            # The daemon's own port listens; a closed one does not, in time.
+            self.assertTrue(sb.system.wait_for_port(self.daemon.port, timeout=5))
+            self.assertFalse(sb.system.wait_for_port(1, timeout=0.3))
             self.assertIsInstance(sb.system.packages("pip"), list)
             self.assertEqual(
                 sb.env.set(CLIENT_TEST_VAR="1", OTHER_VAR="2"),

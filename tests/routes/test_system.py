@@ -9,6 +9,7 @@ import os
 import platform
 import socket
 import stat
+import sys
 from typing import Any
 
 from twisted.internet import reactor
@@ -531,6 +532,68 @@ class PortsTests(DaemonTestCase):
         yield port.stopListening()
         entries = (yield self.request("GET", "/ports")).json()["listening"]
         self.assertNotIn(number, [e["port"] for e in entries])
+
+
+class PortWaitTests(DaemonTestCase):
+    """``GET /ports?port=N&wait=S``: an app's port, waited for."""
+
+    def free_port(self) -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+
+    @inlineCallbacks
+    def test_waits_for_an_app_started_through_the_daemon(self) -> Any:
+        """
+        Asked before the app listens, the answer comes once it does: ready,
+        its socket with the app's pid; other ports are not listed.
+        """
+        number = self.free_port()
+        began = reactor.seconds()
+        waiting = self.request("GET", f"/ports?port={number}&wait=20")
+        yield deferLater(reactor, 0.5, lambda: None)
+        started = yield self.request(
+            "POST",
+            "/process/start",
+            {"command": f"{sys.executable} -m http.server {number} --bind 127.0.0.1"},
+        )
+        self.assertEqual(started.status, 200, started.body)
+        self.addCleanup(
+            self.request,
+            "POST",
+            f"/process/{started.json()['pid']}/signal",
+            {"signal": 9},
+        )
+        reply = yield waiting
+        took = reactor.seconds() - began
+        self.assertEqual(reply.status, 200, reply.body)
+        body = reply.json()
+        self.assertTrue(body["ready"])
+        self.assertEqual(
+            [(e["port"], e["pid"]) for e in body["listening"]],
+            [(number, started.json()["pid"])],
+        )
+        self.assertGreater(took, 0.5)
+        self.assertLess(took, 10)
+
+    @inlineCallbacks
+    def test_wait_runs_out(self) -> Any:
+        """Nothing listening within the wait: 200, ready false, after the wait."""
+        number = self.free_port()
+        began = reactor.seconds()
+        reply = yield self.request("GET", f"/ports?port={number}&wait=0.6")
+        self.assertEqual(reply.status, 200)
+        self.assertEqual(reply.json(), {"listening": [], "ready": False})
+        self.assertGreaterEqual(reactor.seconds() - began, 0.6)
+
+    @inlineCallbacks
+    def test_bad_queries(self) -> Any:
+        """A wait without a port, or a port out of range, is 400 invalid_param."""
+        for query in ("wait=1", "port=0", "port=70000", "port=x", "port=80&wait=-1"):
+            reply = yield self.request("GET", f"/ports?{query}")
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (400, "invalid_param"), query
+            )
 
 
 def write_script(directory: str, name: str, text: str) -> str:

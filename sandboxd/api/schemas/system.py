@@ -62,6 +62,17 @@ SCHEMAS: dict[str, Schema] = {
         notes="All or nothing. Later children inherit the variables.",
     ),
     "ports": Schema(
+        query=(
+            F("port", "integer", "only this port's sockets", minimum=1, maximum=65535),
+            F(
+                "wait",
+                "number",
+                "with port: wait until something listens on it, at most this "
+                "many seconds (cut to 120)",
+                default=0,
+                minimum=0,
+            ),
+        ),
         response=(
             F(
                 "listening",
@@ -69,6 +80,14 @@ SCHEMAS: dict[str, Schema] = {
                 "[{port, protocol: tcp|tcp6, address, pid}]",
                 items="object",
             ),
+            F(
+                "ready",
+                "boolean",
+                "with port: something listens on it (false when wait ran out)",
+            ),
+        ),
+        errors=(
+            E(400, "invalid_param", "a port outside 1-65535, a wait without port"),
         ),
         notes=(
             "The kernel's listening TCP sockets (sock_diag, else /proc/net/tcp{,6}); "
