@@ -75,8 +75,8 @@ class Bounds:
     How much one search may take.
 
     :ivar max_results: matches answered; one more sets ``truncated``.
-    :ivar timeout: seconds for the whole search, a match in progress
-        included.
+    :ivar timeout: seconds for the whole search (looked at before each
+        file and after each match).
     :ivar depth: levels walked (1: the directory's own entries).
     :ivar max_file_bytes: a bigger file is skipped.
     """

@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 #: Bytes read from the code's stdout or stderr at a time.
@@ -112,6 +113,19 @@ class Pump(threading.Thread):
                 self.synced.set()
 
 
+def parsed(lines: Any) -> Iterator[dict[str, Any]]:
+    """The commands on ``lines``, one JSON object a line (others skipped)."""
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            command = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(command, dict):
+            yield command
+
+
 def _redirect(fd: int) -> int:
     """Point ``fd`` at a new pipe; its read end."""
     read, write = os.pipe()
@@ -163,13 +177,7 @@ class Repl:
 
     def loop(self) -> None:
         """Run commands until stdin closes."""
-        for line in self.commands:
-            if not line.strip():
-                continue
-            try:
-                command = json.loads(line)
-            except ValueError:
-                continue
+        for command in parsed(self.commands):
             if command.get("op") == "execute":
                 self.execute(command)
 
@@ -177,11 +185,7 @@ class Repl:
         if not self.allow_stdin or self.xid is None:
             raise RuntimeError("input() is not allowed in this execution (allow_stdin)")
         emit({"ev": "input", "xid": self.xid, "prompt": str(prompt), "password": False})
-        for line in self.commands:
-            try:
-                command = json.loads(line)
-            except ValueError:
-                continue
+        for command in parsed(self.commands):
             if command.get("op") == "input":
                 return str(command.get("value", ""))
         raise EOFError
@@ -472,13 +476,7 @@ class BashRepl:
 
     def loop(self) -> None:
         """Run commands until stdin closes, or bash ends."""
-        for line in self.commands:
-            if not line.strip():
-                continue
-            try:
-                command = json.loads(line)
-            except ValueError:
-                continue
+        for command in parsed(self.commands):
             if command.get("op") == "execute" and not self.execute(command):
                 return
 

@@ -15,17 +15,13 @@ from typing import Any
 from twisted.internet.defer import inlineCallbacks
 
 from tests.files.test_grep import CATASTROPHIC, LONG_LINE
-from tests.helpers import DaemonTestCase
+from tests.routes.test_files import FilesCase
 from tests.test_guard import _rmtree
 
 
-class GrepCase(DaemonTestCase):
+class GrepCase(FilesCase):
     def put(self, rel: str, data: bytes = b"needle\n") -> str:
-        path = os.path.join(self.base_dir, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
-        return path
+        return super().put(rel, data)
 
     def grep(self, **body: Any) -> Any:
         return self.request("POST", "/files/grep", body)

@@ -29,6 +29,12 @@ _WRITE = (
 
 _ETAG = F("etag", doc="the file's version, for If-Match")
 
+#: How far a search goes: files_search's and files_grep's.
+_SEARCH_BOUNDS = (
+    F("max_results", "integer", "at most max_entries", default=1000, minimum=1),
+    F("max_depth", "integer", "levels searched (1: path's own entries)", minimum=1),
+)
+
 
 _IF_MATCH = F("if_match", doc="write only if the file still has this ETag")
 
@@ -299,13 +305,7 @@ SCHEMAS: dict[str, Schema] = {
                 min_length=1,
                 example="*.py",
             ),
-            F("max_results", "integer", "at most max_entries", default=1000, minimum=1),
-            F(
-                "max_depth",
-                "integer",
-                "levels searched (1: path's own entries)",
-                minimum=1,
-            ),
+            *_SEARCH_BOUNDS,
         ),
         response=(
             F("results", "array", "[{name, path}]", items="object"),
@@ -335,13 +335,7 @@ SCHEMAS: dict[str, Schema] = {
             ),
             F("ignore_case", "boolean", default=False),
             F("include", doc="fnmatch on file names (*.py)"),
-            F("max_results", "integer", "at most max_entries", default=1000, minimum=1),
-            F(
-                "max_depth",
-                "integer",
-                "levels searched (1: path's own entries)",
-                minimum=1,
-            ),
+            *_SEARCH_BOUNDS,
         ),
         response=(
             F(
