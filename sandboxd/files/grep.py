@@ -29,6 +29,7 @@ import posixpath
 import re
 import stat
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -79,6 +80,8 @@ class Bounds:
         file and after each match).
     :ivar depth: levels walked (1: the directory's own entries).
     :ivar max_file_bytes: a bigger file is skipped.
+    :ivar stopping: whether the daemon is stopping or the caller has left:
+        the search is given up then (looked at as the time is).
     """
 
     max_results: int
@@ -86,6 +89,7 @@ class Bounds:
     depth: int = WALK_DEPTH
     max_file_bytes: int = ENDPOINT_LIMITS["files_grep"]["max_bytes"]
     line_chars: int = GREP_LINE_CHARS
+    stopping: Callable[[], bool] = attrs.field(default=lambda: False)
 
 
 def compile_query(query: Query) -> Any:
@@ -137,10 +141,15 @@ class _Search:
     timed_out: bool = False
 
     def left(self) -> float:
-        """Seconds left, or :class:`_Over` (timed out) when none are."""
+        """
+        Seconds left, or :class:`_Over` when none are (timed out) or no one
+        waits for the answer any more.
+        """
         left = self.deadline - time.monotonic()
         if left <= 0:
             self.timed_out = True
+            raise _Over
+        if self.bounds.stopping():
             raise _Over
         return left
 

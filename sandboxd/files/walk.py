@@ -22,7 +22,7 @@ import re
 import shutil
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -221,10 +221,12 @@ def search(
     max_results: int,
     timeout: float,
     depth: int = WALK_DEPTH,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> dict[str, Any]:
     """
     ``files_search``: names matching ``pattern`` below ``path``, within
-    ``timeout`` s, at most ``depth`` levels down (1: ``path``'s own entries).
+    ``timeout`` s, at most ``depth`` levels down (1: ``path``'s own entries);
+    given up (the answer unread) once ``stopping()`` says so.
     """
     deadline = time.monotonic() + timeout
     regex = re.compile(fnmatch.translate(pattern))
@@ -232,7 +234,7 @@ def search(
     timed_out = truncated = False
     with guard.open_dir(path) as (fd, root):
         for n, (parent, name, st) in enumerate(walk(fd, root, depth)):
-            if n % 256 == 0 and time.monotonic() > deadline:
+            if n % 256 == 0 and (time.monotonic() > deadline or stopping()):
                 timed_out = True
                 break
             if regex.match(name) is None:

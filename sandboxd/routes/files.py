@@ -590,10 +590,16 @@ def files_move(request: ServerRequest) -> Any:
             raise _policy_overwrite_refusal(request, destination)
         return failure
 
-    # In a thread: a move to another file system copies the tree.  A caller
-    # who leaves cancels the answer: the copy is given up too, rather than
-    # go on holding a pool thread for a move nobody will hear of.
-    work = in_thread(request, job).addErrback(refused)
+    # In a thread: a move to another file system copies the tree.
+    return until_gone(in_thread(request, job).addErrback(refused), gone)
+
+
+def until_gone(work: Deferred[Any], gone: threading.Event) -> Deferred[Any]:
+    """
+    The answer of ``work`` (a thread's), whose cancelling (the caller left)
+    sets ``gone``: the thread looks at it and gives up, rather than go on
+    holding a pool thread for an answer nobody will read.
+    """
     answer: Deferred[Any] = Deferred(lambda _: gone.set())
 
     def settle(outcome: Any) -> None:
@@ -646,9 +652,19 @@ def files_search(request: ServerRequest) -> Any:
     depth = min(WALK_DEPTH, integer(body.get("max_depth"), "max_depth", WALK_DEPTH, 1))
     depth = min(depth, request.rule.limits.max_depth or depth)
     guard.locate(path, "read", follow=True).close()
-    return in_thread(
-        request, walk.search, guard, path, pattern, max_results, timeout, depth
+    gone = threading.Event()
+    work = in_thread(
+        request,
+        walk.search,
+        guard,
+        path,
+        pattern,
+        max_results,
+        timeout,
+        depth,
+        lambda: request.context.draining or gone.is_set(),
     )
+    return until_gone(work, gone)
 
 
 def _edits(body: dict[str, Any]) -> list[Edit]:
@@ -746,14 +762,16 @@ def files_grep(request: ServerRequest) -> Any:
         "files_grep", "max_entries"
     )
     depth = min(WALK_DEPTH, integer(body.get("max_depth"), "max_depth", WALK_DEPTH, 1))
+    gone = threading.Event()
     bounds = grep.Bounds(
         max_results=min(cap, integer(body.get("max_results"), "max_results", cap, 1)),
         timeout=limits.timeout_seconds or _default("files_grep", "timeout_seconds"),
         depth=min(depth, limits.max_depth or depth),
         max_file_bytes=limits.max_bytes or _default("files_grep", "max_bytes"),
+        stopping=lambda: request.context.draining or gone.is_set(),
     )
     guard.locate(path, "read", follow=True).close()
-    return in_thread(request, grep.grep, guard, path, query, bounds)
+    return until_gone(in_thread(request, grep.grep, guard, path, query, bounds), gone)
 
 
 def files_archive(request: ServerRequest) -> Any:

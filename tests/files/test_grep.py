@@ -340,6 +340,27 @@ class BoundTests(GrepCase):
         self.assertLess(time.monotonic() - began, 1.0)
         self.assertEqual((answer["matches"], answer["timed_out"]), ([], False))
 
+    def test_given_up_when_no_one_waits(self) -> None:
+        """
+        Once ``stopping`` says the caller left (or the daemon stops), the
+        search ends at the next file or match instead of running on.
+        """
+        for n in range(20):
+            self.put(f"f{n:02}.txt", "needle\n")
+        looked: list[int] = []
+
+        def stopping() -> bool:
+            looked.append(1)
+            return len(looked) > 3
+
+        answer = grep(
+            self.guard,
+            ".",
+            Query("needle"),
+            Bounds(1000, 10.0, stopping=stopping),
+        )
+        self.assertLess(len(answer["matches"]), 5)
+
     def test_time_limit(self) -> None:
         """
         Past its time limit the search ends with what it found so far and
