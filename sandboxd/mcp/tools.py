@@ -153,7 +153,8 @@ MODEL_DESCRIPTIONS: dict[str, str] = {
     "eof: true closes its stdin.",
     "upload": "Write a file: content (text) or content_base64 (bytes). Parent "
     "directories are created; the file lands whole or not at all.",
-    "download": "Read a file; text files come back as text.",
+    "download": "Read a file (offset and limit: only those lines); text comes "
+    "back as text.",
     "files_list": "List a directory (depth 1..10).",
     "files_search": "Find files whose names match a glob pattern, recursively.",
     "files_edit": "Replace old_text with new_text in a text file (read it first).",

@@ -22,7 +22,7 @@ import pybase64
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
-from sandboxd.access.guard import PathGuard
+from sandboxd.access.guard import OpenFile, PathGuard
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -39,6 +39,7 @@ from sandboxd.files import crossing, walk
 from sandboxd.files.atomic import AtomicWrite, Undo, etag_matches, parse_mode
 from sandboxd.files.background import HashedWrite
 from sandboxd.files.edit import Edit, edit_file
+from sandboxd.files.lines import line_slice
 from sandboxd.files.stream import (
     FileProducer,
     b64_chunk,
@@ -274,8 +275,15 @@ def files_upload_stream(request: ServerRequest) -> Any:
 
 
 def download(request: ServerRequest) -> Any:
-    """``GET /download``: a file as base64 (small files answered inline)."""
+    """
+    ``GET /download``: a file as base64 (small files answered inline); with
+    ``offset`` or ``limit``, only those lines of it.
+    """
     path = required(request.query.get("path"), "path")
+    offset = integer(request.arg("offset"), "offset", None)
+    limit = integer(request.arg("limit"), "limit", None, low=1)
+    if offset == 0:
+        raise bad_request("'offset' counts lines from 1 (or from the end, below 0)")
     guard = PathGuard(request.rule)
     f = guard.open_file(path)
     size = f.stat.st_size
@@ -283,6 +291,8 @@ def download(request: ServerRequest) -> Any:
     if size > cap:
         f.close()
         raise file_too_large(request, size)
+    if offset is not None or limit is not None:
+        return in_thread(request, _lines_of, f, size, offset or 1, limit)
     if size <= INLINE_READ_BYTES:
         with f:
             data = read_all(f.fd, size)
@@ -302,6 +312,22 @@ def download(request: ServerRequest) -> Any:
         }
 
     return in_thread(request, job)
+
+
+def _lines_of(f: OpenFile, size: int, offset: int, limit: int | None) -> dict[str, Any]:
+    """``download`` of some lines: those bytes, and where they lie in the file."""
+    with f:
+        data = read_all(f.fd, size)
+    part = line_slice(data, offset, limit)
+    return {
+        "path": f.path,
+        "content_base64": pybase64.b64encode_as_string(data[part.start : part.end]),
+        "etag": f.etag,
+        "offset": part.first,
+        "lines": part.count,
+        "total_lines": part.total,
+        "more": part.more,
+    }
 
 
 def files_download_stream(request: ServerRequest) -> Any:

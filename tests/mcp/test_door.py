@@ -438,6 +438,22 @@ class ModelToolsTests(McpTestCase):
         self.assertEqual(argv.structured_content["stdout"], "a && b\n")
 
     @inlineCallbacks
+    def test_read_some_lines(self) -> Any:
+        """download with offset and limit gives a model those lines, as text."""
+        with open(os.path.join(self.base_dir, "log.txt"), "w") as f:
+            f.write("".join(f"line {n}\n" for n in range(1, 51)))
+
+        async def body(client: Any) -> Any:
+            return await client.call_tool(
+                "download", {"path": "log.txt", "offset": -2, "limit": 1}
+            )
+
+        got = yield self.with_client(body)
+        self.assertFalse(got.is_error, got)
+        self.assertEqual(got.content[0].text, "line 49\n")
+        self.assertEqual(got.structured_content["total_lines"], 50)
+
+    @inlineCallbacks
     def test_edit_a_file(self) -> Any:
         """
         files_edit, as a model calls it: the file holds the new text; an

@@ -926,3 +926,44 @@ class SmallStreamedDownloadTests(SynchronousTestCase):
             (1024, data),
         )
         self.assertEqual(list(answer), ["path", "etag", "content_base64", "bytes"])
+
+
+class DownloadLinesTests(FilesCase):
+    """``GET /download`` with ``offset`` and ``limit``: some lines of a file."""
+
+    @inlineCallbacks
+    def test_lines(self) -> Any:
+        """
+        Those lines (newlines kept), where they lie, and whether more
+        follow; a negative offset counts from the end.
+        """
+        self.put("log.txt", b"".join(b"line %d\n" % n for n in range(1, 101)))
+        reply = yield self.request("GET", "/download?path=log.txt&offset=10&limit=3")
+        self.assertEqual(reply.status, 200, reply.body)
+        body = reply.json()
+        self.assertEqual(
+            base64.b64decode(body["content_base64"]), b"line 10\nline 11\nline 12\n"
+        )
+        self.assertEqual(
+            (body["offset"], body["lines"], body["total_lines"], body["more"]),
+            (10, 3, 100, True),
+        )
+        reply = yield self.request("GET", "/download?path=log.txt&offset=-2")
+        body = reply.json()
+        self.assertEqual(
+            base64.b64decode(body["content_base64"]), b"line 99\nline 100\n"
+        )
+        self.assertEqual((body["offset"], body["more"]), (99, False))
+        whole = yield self.get("/download", "log.txt")
+        self.assertNotIn("offset", whole.json())
+        self.assertEqual(whole.json()["etag"], body["etag"])
+
+    @inlineCallbacks
+    def test_bad_lines(self) -> Any:
+        """An offset of 0, a limit below 1 or not a number is 400 invalid_param."""
+        self.put("a.txt", b"a\n")
+        for query in ("offset=0", "limit=0", "offset=x", "limit=-3"):
+            reply = yield self.request("GET", f"/download?path=a.txt&{query}")
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (400, "invalid_param"), query
+            )

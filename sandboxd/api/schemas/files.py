@@ -89,11 +89,28 @@ SCHEMAS: dict[str, Schema] = {
         "name and renamed, so it lands whole or not at all.",
     ),
     "download": Schema(
-        query=(F("path", required=True, min_length=1, example="hello.txt"),),
-        response=(F("path"), F("content_base64"), _ETAG),
+        query=(
+            F("path", required=True, min_length=1, example="hello.txt"),
+            F(
+                "offset",
+                "integer",
+                "only some lines: the first one, from 1 (below 0: from the end, "
+                "-1 being the last)",
+            ),
+            F("limit", "integer", "only some lines: how many", minimum=1),
+        ),
+        response=(
+            F("path"),
+            F("content_base64", doc="the file, or with offset or limit its lines"),
+            _ETAG,
+            F("offset", "integer", "with offset or limit: the first line given"),
+            F("lines", "integer", "with offset or limit: the lines given"),
+            F("total_lines", "integer", "with offset or limit: the file's lines"),
+            F("more", "boolean", "with offset or limit: lines follow those given"),
+        ),
         errors=(
             *GUARD,
-            E(400, "invalid_param", "the path is a directory"),
+            E(400, "invalid_param", "the path is a directory; an offset of 0"),
             E(404, "not_found", "no such file", "FileNotFoundError"),
             E(413, "payload_too_large", "the file is over max_bytes"),
         ),
