@@ -14,6 +14,7 @@ CLIENT_COMMANDS = {
     "exec": "Run a command in the sandbox, output live; exit with its code.",
     "cp": "Copy a file to or from the sandbox (:PATH is remote); resumable.",
     "ls": "List a directory in the sandbox.",
+    "grep": "Lines of files in the sandbox that match a pattern.",
     "ps": "List the managed processes.",
     "logs": "A process's output (-f follows it).",
     "kill": "Signal a process (default TERM).",

@@ -131,6 +131,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--depth", type=int)
 
+    p = sub.add_parser("grep", parents=[common], help=CLIENT_COMMANDS["grep"])
+    p.add_argument("pattern", help="a regular expression (RE2), or text with -F")
+    p.add_argument("path", nargs="?", help="a directory or a file (default: base dir)")
+    p.add_argument(
+        "-F", dest="fixed_strings", action="store_true", help="PATTERN is text"
+    )
+    p.add_argument("-i", dest="ignore_case", action="store_true", help="ignore case")
+    p.add_argument("--include", metavar="GLOB", help="only files named so (*.py)")
+    p.add_argument("-m", "--max-count", type=int, metavar="N", help="at most N matches")
+
     p = sub.add_parser("ps", parents=[common], help=CLIENT_COMMANDS["ps"])
     p.add_argument("--tag")
 
@@ -582,6 +592,33 @@ def cmd_ls(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> i
     return 0
 
 
+def cmd_grep(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``PATH:LINE:TEXT`` per matching line, as grep -n prints; 1 when none match."""
+    found = sb.files.grep(
+        args.pattern,
+        args.path,
+        fixed_strings=args.fixed_strings,
+        ignore_case=args.ignore_case,
+        include=args.include,
+        max_results=args.max_count,
+    )
+    if args.json:
+        _print_json(found, out)
+        return 0 if found["matches"] else 1
+    shown: set[tuple[str, int]] = set()
+    for match in found["matches"]:
+        line = (match["path"], match["line"])
+        if line in shown:
+            continue  # several matches on one line: the line once
+        shown.add(line)
+        out.write(f"{_shown_name(match['path'])}:{match['line']}:{match['text']}\n")
+    if found["truncated"]:
+        err.write("sandboxd grep: more matches than were asked for (-m)\n")
+    if found["timed_out"]:
+        err.write("sandboxd grep: the search ran out of time; matches may be missing\n")
+    return 0 if found["matches"] else 1
+
+
 def cmd_ps(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     processes = sb.commands.list(args.tag)
     if args.json:
@@ -1018,6 +1055,7 @@ HANDLERS: dict[str, Callable[[Sandbox, argparse.Namespace, TextIO, TextIO], int]
     "exec": cmd_exec,
     "cp": cmd_cp,
     "ls": cmd_ls,
+    "grep": cmd_grep,
     "ps": cmd_ps,
     "logs": cmd_logs,
     "kill": cmd_kill,

@@ -29,7 +29,7 @@ nothing from Twisted, so it runs wherever those two are installed.
 
 **Installing the client alone.** The repository builds a second
 distribution, `sandboxd-client`, from `client/pyproject.toml`: the client,
-the `sandboxd` command's client side (`exec`, `cp`, `ls`, `ps`, `logs`,
+the `sandboxd` command's client side (`exec`, `cp`, `ls`, `grep`, `ps`, `logs`,
 `kill`, `term`, `caps`) and nothing of the daemon; it depends on httpx and
 websockets only. From a checkout:
 

@@ -454,6 +454,28 @@ class ListingTests(ClientCase):
         self.assertEqual(len(json.loads(js.stdout)["entries"]), 2)
 
     @inlineCallbacks
+    def test_grep(self) -> Any:
+        """
+        ``PATH:LINE:TEXT`` per matching line (a line once however many
+        matches it holds), exit 0; no match exits 1; --json the answer.
+        """
+        os.makedirs(self.path("src"))
+        with open(self.path("src", "a.py"), "w") as f:
+            f.write("x = 1\nx = x + x\n")
+        with open(self.path("src", "b.txt"), "w") as f:
+            f.write("x\n")
+        done = yield self.cli("grep", "-F", "x", "src", "--include", "*.py")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        a = self.path("src", "a.py")
+        self.assertEqual(
+            done.stdout.decode().splitlines(), [f"{a}:1:x = 1", f"{a}:2:x = x + x"]
+        )
+        none = yield self.cli("grep", "nowhere", "src")
+        self.assertEqual((none.returncode, none.stdout), (1, b""))
+        js = yield self.cli("grep", "--json", "-i", "X", "src")
+        self.assertEqual(len(json.loads(js.stdout)["matches"]), 5)
+
+    @inlineCallbacks
     def test_ps_logs_kill(self) -> Any:
         """
         ``ps`` lists a started process; ``logs`` prints its output, ``-f``
