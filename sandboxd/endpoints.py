@@ -142,6 +142,7 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("files_list", "GET", "/files/list", G.FILE_OPS, ("files:read",), "List a directory.", {}),
     ("files_stat", "GET", "/files/stat", G.FILE_OPS, ("files:read",), "Describe one path.", {}),
     ("files_mkdir", "POST", "/files/mkdir", G.FILE_OPS, ("files:write",), "Create a directory and its parents.", {}),
+    ("files_chmod", "POST", "/files/chmod", G.FILE_OPS, ("files:write",), "Set a file's or directory's permissions.", {}),
     ("files_delete", "DELETE", "/files", G.FILE_OPS, ("files:delete",), "Delete a file or directory tree.", {}),
     ("files_move", "POST", "/files/move", G.FILE_OPS, ("files:write", "files:delete"), "Move or rename.", {}),
     ("files_search", "POST", "/files/search", G.FILE_OPS, ("files:read",), "Find names matching a pattern.", {}),

@@ -22,6 +22,8 @@ SEED_AND_BEYOND = {
         "files_list",
         "files_stat",
         "files_mkdir",
+        # Permissions: beyond SPEC §2's table.
+        "files_chmod",
         "files_delete",
         "files_move",
         "files_search",

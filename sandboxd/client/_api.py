@@ -393,6 +393,14 @@ class Files(_Namespace[F]):
         )
 
     @api
+    async def chmod(self, path: str, mode: str | int) -> dict[str, Any]:
+        """
+        Set the permission bits of a file or directory: ``0o755`` or
+        ``"755"`` (000..777; no set-user-ID, set-group-ID or sticky bit).
+        """
+        return await self._http.object(calls.files_chmod(path, mode))
+
+    @api
     async def edit(
         self,
         path: str,

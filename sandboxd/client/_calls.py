@@ -136,6 +136,12 @@ def files_grep(
     )
 
 
+def files_chmod(path: str, mode: str | int) -> Req:
+    return Req(
+        "POST", "/files/chmod", json={"path": path, "mode": mode}, idempotent=True
+    )
+
+
 def files_archive(paths: Sequence[str], format: str) -> Req:
     return Req(
         "POST",

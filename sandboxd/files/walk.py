@@ -573,6 +573,48 @@ def _move_to(
     return src.path, dst_path
 
 
+def change_mode(guard: PathGuard, path: Any, mode: int) -> dict[str, Any]:
+    """
+    ``files_chmod``: the permissions of the file or directory at ``path``
+    (a link is followed inside the boundary; the entry changed is the one
+    the guard resolved, reached through a descriptor, never by its name
+    again).  Only the permission bits: no set-user-ID, set-group-ID or
+    sticky bit, which a root daemon could hand to a program the sandbox's
+    users run.  Not a root of the boundary, which the daemon itself works
+    in; not a file with other names when ``hard_links: deny_writes``.
+    """
+    with guard.locate(path, "write", follow=True, missing_ok=False) as loc:
+        if loc.name == "":
+            raise forbidden(
+                f"refusing to change a root directory's permissions: {path}",
+                Code.PATH_NOT_ALLOWED,
+                rule="guard:base_dir",
+            )
+        st = loc.seen()
+        if st is None:
+            raise file_not_found(path)
+        refuse_device(st, path)
+        loc.refuse_shared(st, path)
+        try:
+            fd = os.open(loc.name, _PATH_FLAGS | os.O_NOFOLLOW, dir_fd=loc.dir_fd)
+        except OSError as e:
+            raise os_error(e, path) from None
+        try:
+            if (os.fstat(fd).st_dev, os.fstat(fd).st_ino) != (st.st_dev, st.st_ino):
+                raise file_not_found(path)  # replaced since it was resolved
+            # An O_PATH descriptor takes no fchmod; its /proc name does.
+            os.chmod(f"/proc/self/fd/{fd}", mode)
+        except OSError as e:
+            raise os_error(e, path) from None
+        finally:
+            os.close(fd)
+        return {"path": loc.path, "mode": f"{mode:03o}"}
+
+
+#: A descriptor that names an entry without opening it for reading.
+_PATH_FLAGS = os.O_PATH | os.O_CLOEXEC
+
+
 def make_dir(guard: PathGuard, path: Any) -> str:
     """``files_mkdir``: the directory and its parents (exist_ok)."""
     with guard.locate(path, "write", follow=True, make_parents=True) as loc:

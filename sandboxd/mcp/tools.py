@@ -93,7 +93,14 @@ DESTRUCTIVE = frozenset(
 
 #: Non-GET endpoints that can be repeated with no further effect.
 IDEMPOTENT = frozenset(
-    {"files_mkdir", "files_delete", "env_set", "pty_resize", "pty_delete_session"}
+    {
+        "files_mkdir",
+        "files_chmod",
+        "files_delete",
+        "env_set",
+        "pty_resize",
+        "pty_delete_session",
+    }
 )
 
 #: POST endpoints that only read (their body is a question, not a change).
@@ -127,6 +134,7 @@ NOT_LISTED: dict[str, str] = {
     "openapi": "the HTTP API's description, for HTTP clients",
     "metrics": "Prometheus text for monitoring",
     "files_upload_stream": "upload does the same",
+    "files_chmod": "upload takes a mode, and shell runs chmod",
     "files_archive": "an archive comes back as base64, which a model cannot read; "
     "shell runs tar or zip on the files in place",
     "files_extract": "the archive would have to pass through the model as base64; "

@@ -561,6 +561,15 @@ def files_mkdir(request: ServerRequest) -> Any:
     }
 
 
+def files_chmod(request: ServerRequest) -> Any:
+    """``POST /files/chmod``: a file's or directory's permission bits."""
+    path = required(request.body.get("path"), "path")
+    mode = parse_mode(request.body.get("mode"))
+    if mode is None:
+        raise bad_request("'mode' is required, octal, e.g. 755")
+    return walk.change_mode(PathGuard.for_request(request), path, mode)
+
+
 def files_delete(request: ServerRequest) -> Any:
     """``DELETE /files?path=``: files, links, or whole trees (in a thread)."""
     in_body = request.body.get("path")
@@ -1007,6 +1016,7 @@ HANDLERS: dict[str, Any] = {
     "files_list": files_list,
     "files_stat": files_stat,
     "files_mkdir": files_mkdir,
+    "files_chmod": files_chmod,
     "files_delete": files_delete,
     "files_move": files_move,
     "files_search": files_search,

@@ -129,6 +129,8 @@ class FilesTests(ClientCase):
             self.assertEqual(sb.files.read_text("app.py"), "DEBUG = False\nLEVEL = 2\n")
             with self.assertRaises(TypeError):
                 sb.files.edit("app.py", "only old text")
+            self.assertEqual(sb.files.chmod("app.py", 0o750)["mode"], "750")
+            self.assertEqual(os.stat(self.path("app.py")).st_mode & 0o777, 0o750)
 
         return self.in_thread(body)
 

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import tarfile
 import tempfile
@@ -967,3 +968,64 @@ class DownloadLinesTests(FilesCase):
             self.assertEqual(
                 (reply.status, reply.json()["code"]), (400, "invalid_param"), query
             )
+
+
+class ChmodTests(FilesCase):
+    """``POST /files/chmod``: permission bits, and nothing else."""
+
+    def chmod(self, path: str, mode: Any) -> Any:
+        return self.request("POST", "/files/chmod", {"path": path, "mode": mode})
+
+    def mode_of(self, rel: str) -> int:
+        return stat.S_IMODE(os.stat(os.path.join(self.base_dir, rel)).st_mode)
+
+    @inlineCallbacks
+    def test_file_directory_and_link(self) -> Any:
+        """
+        Text or number; a directory too; a link inside the boundary changes
+        its target (the answer names it).
+        """
+        path = self.put("run.sh", b"#!/bin/sh\necho hi\n")
+        os.chmod(path, 0o644)
+        reply = yield self.chmod("run.sh", "755")
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(reply.json(), {"path": path, "mode": "755"})
+        self.assertEqual(self.mode_of("run.sh"), 0o755)
+        os.mkdir(os.path.join(self.base_dir, "d"))
+        reply = yield self.chmod("d", 0o700)
+        self.assertEqual((reply.status, self.mode_of("d")), (200, 0o700))
+        os.symlink("run.sh", os.path.join(self.base_dir, "link"))
+        reply = yield self.chmod("link", "600")
+        self.assertEqual(reply.json()["path"], path)
+        self.assertEqual(self.mode_of("run.sh"), 0o600)
+
+    @inlineCallbacks
+    def test_refusals(self) -> Any:
+        """
+        Set-user-ID and other bits past 777, a bad mode, a missing file,
+        the base dir itself, and a link leading out are refused; nothing
+        changes.
+        """
+        path = self.put("a.txt")
+        os.chmod(path, 0o644)
+        outside = tempfile.NamedTemporaryFile(delete=False)
+        self.addCleanup(os.unlink, outside.name)
+        os.chmod(outside.name, 0o644)
+        os.symlink(outside.name, os.path.join(self.base_dir, "out"))
+        for rel, mode, status, code in [
+            ("a.txt", "4755", 400, "invalid_param"),
+            ("a.txt", 0o2755, 400, "invalid_param"),
+            ("a.txt", "rwx", 400, "invalid_param"),
+            ("a.txt", None, 400, "invalid_param"),
+            ("a.txt", True, 400, "invalid_param"),
+            ("missing.txt", "755", 404, "not_found"),
+            (".", "700", 403, "path_not_allowed"),
+            ("out", "777", 403, "path_not_allowed"),
+        ]:
+            reply = yield self.chmod(rel, mode)
+            self.assertEqual(
+                (reply.status, reply.json()["code"]), (status, code), (rel, mode)
+            )
+        self.assertEqual(self.mode_of("a.txt"), 0o644)
+        self.assertEqual(stat.S_IMODE(os.stat(outside.name).st_mode), 0o644)
+        self.assertNotEqual(stat.S_IMODE(os.stat(self.base_dir).st_mode), 0o700)

@@ -168,6 +168,30 @@ SCHEMAS: dict[str, Schema] = {
         errors=_WRITE_GUARD,
         notes="Parents are created; an existing directory is fine.",
     ),
+    "files_chmod": Schema(
+        body=(
+            F("path", required=True, min_length=1, example="run.sh"),
+            F(
+                "mode",
+                "any",
+                'octal permissions: text ("755") or their number (493); 000..777',
+                required=True,
+                example="755",
+            ),
+        ),
+        response=(
+            F("path", doc="absolute (a link resolved)"),
+            F("mode", doc="as set, octal text"),
+        ),
+        errors=(
+            *_WRITE_GUARD,
+            E(400, "invalid_param", "a mode that is not octal 000..777"),
+            E(403, "permission_denied", "a file the daemon's user does not own"),
+            E(404, "not_found", "no such path", "FileNotFoundError"),
+        ),
+        notes="Permission bits only: set-user-ID, set-group-ID and sticky are "
+        "refused. A link is followed inside the boundary; a device is refused.",
+    ),
     "files_delete": Schema(
         query=(
             F(
