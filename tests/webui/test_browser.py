@@ -512,6 +512,192 @@ class FileTreeTests(ConsoleCase):
         self.assertNoCspViolation(seen)
 
 
+class FileSearchTests(ConsoleCase):
+    """Search in files (``files_grep``) from the files page."""
+
+    @inlineCallbacks
+    def test_search_open_bad_regex(self) -> Any:
+        """
+        Enter in the search field searches the folder the tree shows: a row
+        per matching line, ``path:line`` and the line as text (markup in a
+        file stays text), the matches marked; a click opens the file at that
+        line; a regex RE2 refuses shows the daemon's message; more matches
+        than the daemon gives say so; a file too large to show opens at the
+        lines around the match.
+        """
+        url = yield self.link()
+        base = self.base_dir
+        os.makedirs(os.path.join(base, "src", "deep"))
+        with open(os.path.join(base, "src", "app.py"), "w") as f:
+            f.write("import os\n\ndef main():\n    return 'Needle' + 'needle'\n")
+        with open(os.path.join(base, "src", "deep", "notes.txt"), "w") as f:
+            f.write("nothing here\n" * 40 + "a needle in <b>hay</b>\n" + "more\n" * 80)
+        with open(os.path.join(base, "many.txt"), "w") as f:
+            f.write("zz\n" * 1200)
+        with open(os.path.join(base, "big.log"), "w") as f:
+            f.write(
+                "filler line of a big log\n" * 90_000
+                + "the big needle\n"
+                + "tail\n" * 10
+            )
+        expected_error = yield self.request(
+            "POST", "/files/grep", {"pattern": "ne+dle(", "path": base}
+        )
+        self.assertEqual(expected_error.status, 400)
+
+        def rows(page: Any) -> Any:
+            return page.eval_on_selector_all(
+                "[data-testid=file-match]",
+                "els => els.map(e => [e.querySelector('[data-testid=file-match-where]').textContent,"
+                " e.querySelector('[data-testid=file-match-text]').textContent,"
+                " [...e.querySelectorAll('[data-testid=file-match-hit]')].map(m => m.textContent),"
+                " e.dataset.path, e.dataset.line])",
+            )
+
+        def search(page: Any, pattern: str) -> None:
+            page.fill("[data-testid=files-search]", pattern)
+            page.press("[data-testid=files-search]", "Enter")
+            wait_true(
+                page,
+                "document.querySelector('[data-testid=files-search-status]').dataset.state !== 'searching'",
+            )
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=nav-files]")
+            page.wait_for_selector("[data-testid=file-entry][data-name='src']")
+            seen["mode"] = page.input_value("[data-testid=files-search-mode]")
+            page.check("[data-testid=files-search-case]")
+            search(page, "needle")
+            seen["rows"] = rows(page)
+            seen["status"] = page.text_content("[data-testid=files-search-status]")
+            seen["markup"] = page.locator(
+                "[data-testid=files-search-results] b"
+            ).count()
+            page.screenshot(path=os.path.join(SHOTS, "files-search.png"))
+            page.click("[data-testid=file-match][data-line='41']")
+            page.wait_for_selector("[data-testid=file-line]")
+            seen["viewing"] = page.text_content("[data-testid=file-view-name]")
+            seen["line"] = [
+                page.get_attribute("[data-testid=file-line]", "data-line"),
+                page.text_content("[data-testid=file-line]"),
+            ]
+            seen["text"] = page.text_content("[data-testid=file-text]")
+            seen["line_in_view"] = page.evaluate(
+                "(() => { const v = document.querySelector('[data-testid=file-view]').getBoundingClientRect();"
+                " const l = document.querySelector('[data-testid=file-line]').getBoundingClientRect();"
+                " return l.top >= v.top && l.bottom <= v.bottom; })()"
+            )
+            page.screenshot(path=os.path.join(SHOTS, "files-search-open.png"))
+            page.click("[data-testid=file-match][data-path$='big.log']")
+            page.wait_for_selector("[data-testid=file-lines]")
+            seen["big_line"] = [
+                page.get_attribute("[data-testid=file-line]", "data-line"),
+                page.text_content("[data-testid=file-line]"),
+            ]
+            page.select_option("[data-testid=files-search-mode]", "regex")
+            page.uncheck("[data-testid=files-search-case]")
+            search(page, "ne+dle(")
+            seen["error"] = [
+                page.get_attribute("[data-testid=files-search-status]", "data-state"),
+                page.text_content("[data-testid=files-search-status]"),
+                page.locator("[data-testid=file-match]").count(),
+            ]
+            search(page, "[Nn]e+dle'")
+            seen["regex_rows"] = rows(page)
+            search(page, "^zz$")
+            seen["truncated"] = [
+                page.locator("[data-testid=file-match]").count(),
+                page.eval_on_selector_all(
+                    "[data-testid=files-search-note]",
+                    "els => els.map(e => e.dataset.kind)",
+                ),
+            ]
+            page.click("[data-testid=files-search-clear]")
+            seen["cleared"] = page.is_hidden("[data-testid=files-search-results]")
+
+        seen = yield self.browse(steps)
+        self.assertEqual(seen["mode"], "text")
+        src = os.path.join(base, "src")
+        self.assertEqual(
+            seen["rows"],
+            [
+                [
+                    "big.log:90001",
+                    "the big needle",
+                    ["needle"],
+                    os.path.join(base, "big.log"),
+                    "90001",
+                ],
+                [
+                    "src/app.py:4",
+                    "    return 'Needle' + 'needle'",
+                    ["Needle", "needle"],
+                    os.path.join(src, "app.py"),
+                    "4",
+                ],
+                [
+                    "src/deep/notes.txt:41",
+                    "a needle in <b>hay</b>",
+                    ["needle"],
+                    os.path.join(src, "deep", "notes.txt"),
+                    "41",
+                ],
+            ],
+        )
+        self.assertIn("3 lines in 3 of", seen["status"])
+        self.assertEqual(seen["markup"], 0)
+        self.assertTrue(seen["viewing"].endswith("/src/deep/notes.txt"))
+        self.assertEqual(seen["line"], ["41", "a needle in <b>hay</b>"])
+        with open(os.path.join(src, "deep", "notes.txt")) as f:
+            self.assertEqual(seen["text"], f.read())
+        self.assertTrue(seen["line_in_view"])
+        self.assertEqual(seen["big_line"], ["90001", "the big needle"])
+        self.assertEqual(seen["error"][0], "error")
+        self.assertIn(expected_error.json()["error"], seen["error"][1])
+        self.assertEqual(seen["error"][2], 0)
+        self.assertEqual([r[0] for r in seen["regex_rows"]], ["src/app.py:4"])
+        self.assertEqual(seen["regex_rows"][0][2], ["Needle'", "needle'"])
+        self.assertEqual(seen["truncated"], [1000, ["truncated"]])
+        self.assertTrue(seen["cleared"])
+        self.assertNoCspViolation(
+            {**seen, "console": [m for m in seen["console"] if "400" not in m]}
+        )
+
+
+class FileSearchRefusedTests(ConsoleCase):
+    """A link whose policy turns ``files_grep`` off: no search control."""
+
+    policy = {
+        **POLICY,
+        "endpoints": {**POLICY["endpoints"], "files_grep": {"enabled": False}},
+    }
+
+    @inlineCallbacks
+    def test_no_search_control(self) -> Any:
+        """The files page is shown (files_list is allowed) but no search control is drawn."""
+        url = yield self.link(scopes=["core:read", "files:read"])
+        with open(os.path.join(self.base_dir, "readme.txt"), "w") as f:
+            f.write("read me\n")
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.wait_for_selector("[data-testid=file-entry][data-name='readme.txt']")
+            seen["caps"] = page.evaluate(
+                "(async () => { const r = await fetch('/capabilities', {headers: {Authorization:"
+                " 'Bearer ' + sessionStorage.getItem('sandboxd.console.link')}}); const e = (await r.json()).endpoints;"
+                " return [e.files_list.allowed, e.files_grep.allowed]; })()"
+            )
+            seen["search"] = page.locator("[data-testid^=files-search]").count()
+
+        seen = yield self.browse(steps)
+        self.assertEqual(seen["caps"], [True, False])
+        self.assertEqual(seen["search"], 0)
+        self.assertNoCspViolation(seen)
+
+
 class LinkTests(ConsoleCase):
     """What a narrower or dead link gets."""
 

@@ -1,6 +1,7 @@
 // Files: a folder tree (each folder listed when it is first expanded), a
-// viewer, uploads with progress, and small-text edits that never overwrite
-// someone else's change (If-Match, 412 shown).
+// viewer, a search in the files below the tree's folder, uploads with
+// progress, and small-text edits that never overwrite someone else's
+// change (If-Match, 412 shown).
 // Contents are only ever text nodes or blob images; HTML and SVG files
 // are offered for download, never rendered.
 
@@ -10,6 +11,7 @@ const IMAGES = { png: "image/png", jpg: "image/jpeg", jpeg: "image/jpeg", gif: "
 const DOWNLOAD_ONLY = new Set(["html", "htm", "xhtml", "svg", "svgz", "xml", "mht", "mhtml"]);
 const VIEW_LIMIT = 2_000_000; // bytes shown as text
 const EDIT_LIMIT = 512 * 1024; // bytes editable
+const LINES_AROUND = 20; // shown either side of a search's line in a file too large to show
 
 function extension(name) {
   const dot = name.lastIndexOf(".");
@@ -23,6 +25,26 @@ function parentOf(path) {
 }
 
 function join(dir, name) { return `${dir.replace(/\/+$/, "")}/${name}`; }
+
+/** Where line ``line`` (from 1, lines end at "\n" as the daemon counts them) lies in ``text``: [start, end), or null. */
+function lineSpan(text, line) {
+  let start = 0;
+  for (let n = 1; n < line; n += 1) {
+    const nl = text.indexOf("\n", start);
+    if (nl < 0) return null;
+    start = nl + 1;
+  }
+  const end = text.indexOf("\n", start);
+  return [start, end < 0 ? text.length : end];
+}
+
+/** ``text`` (lines from ``first`` on) in a <pre>, line ``line`` marked (text nodes only); [pre, mark or null]. */
+function textWithLine(text, line, testid, first = 1) {
+  const span = line ? lineSpan(text, line - first + 1) : null;
+  if (!span) return [h("pre", { testid }, text), null];
+  const mark = h("mark", { class: "line", testid: "file-line", "data-line": String(line) }, text.slice(span[0], span[1]));
+  return [h("pre", { testid }, text.slice(0, span[0]), mark, text.slice(span[1])), mark];
+}
 
 export class FilesPage {
   constructor(root, api, caps, banner) {
@@ -58,7 +80,13 @@ export class FilesPage {
     }
     this.list = h("div", { class: "list tree", testid: "file-list" });
     this.view = h("div", { class: "view", testid: "file-view" }, h("p", { class: "dim" }, "Select a file to view it."));
-    clear(root).append(h("div", { class: "toolbar" }, ...tools), h("div", { class: "toolbar" }, this.crumbs, this.where), h("div", { class: "split" }, this.list, this.view));
+    // Search in files: drawn only when the link may call files_grep.
+    this.search = may("files_grep") ? new FileSearch(this) : null;
+    clear(root).append(
+      h("div", { class: "toolbar" }, ...tools),
+      h("div", { class: "toolbar" }, this.crumbs, this.where),
+      ...(this.search ? [this.search.bar, this.search.results] : []),
+      h("div", { class: "split" }, this.list, this.view));
   }
 
   async start() { await this.open(null); }
@@ -204,6 +232,7 @@ export class FilesPage {
     if (entry.type === "directory") {
       // One click selects a folder (to move or delete it); two open it.
       this.dropObjectUrl();
+      this.showing = null;
       clear(this.view).append(h("p", { class: "dim", testid: "file-folder-selected" }, `${entry.path}/ (double-click to show only this folder)`));
     } else {
       this.show(entry);
@@ -215,8 +244,19 @@ export class FilesPage {
     this.objectUrl = null;
   }
 
-  async show(entry) {
+  /** Open a file a search found in the viewer, at ``line``; the tree's selection is dropped, as the file may be out of its sight. */
+  openAt(path, line) {
+    for (const r of this.list.querySelectorAll("tr")) r.classList.remove("selected");
+    this.selected = null;
+    this.showTarget();
+    if (this.confirmButton) this.confirmButton.hidden = true;
+    this.show({ name: path.slice(path.lastIndexOf("/") + 1), path, type: "file" }, line);
+  }
+
+  /** Show a file in the viewer (scrolled to ``line`` and that line marked, when given). */
+  async show(entry, line) {
     this.dropObjectUrl();
+    this.showing = entry; // a file clicked meanwhile wins: an older answer is dropped
     const ext = extension(entry.name);
     const head = h("div", { class: "toolbar" },
       h("strong", { testid: "file-view-name" }, entry.path),
@@ -245,18 +285,46 @@ export class FilesPage {
       this.view.append(h("p", { class: "bad" }, e.message));
       return;
     }
+    if (this.showing !== entry) { response.body.cancel(); return; }
+    // A file a search found comes without its size: the answer's length tells.
+    const length = Number(response.headers.get("Content-Length"));
+    if (entry.size === undefined && length > VIEW_LIMIT) {
+      response.body.cancel();
+      this.view.append(h("p", { class: "dim" }, `Too large to show (${size(length)}); download it.`));
+      if (line && this.caps.allowed("download")) await this.showLines(entry, line);
+      return;
+    }
     const etag = response.headers.get("ETag");
     const bytes = new Uint8Array(await response.arrayBuffer());
+    if (this.showing !== entry) return;
     if (bytes.subarray(0, 8000).includes(0)) {
       this.view.append(h("p", { class: "dim" }, "A binary file; download it."));
       return;
     }
     const text = new TextDecoder().decode(bytes);
-    const pre = h("pre", { testid: "file-text" }, text);
+    const [pre, mark] = textWithLine(text, line, "file-text");
     this.view.append(pre);
+    if (mark) mark.scrollIntoView({ block: "center" });
     if (this.caps.allowed("files_write_raw") && bytes.length <= EDIT_LIMIT) {
       head.append(h("button", { type: "button", testid: "file-edit", onclick: () => this.edit(entry, text, etag, pre) }, "Edit"));
     }
+  }
+
+  /** The lines around ``line`` of a file too large to show whole (GET /download with offset and limit). */
+  async showLines(entry, line) {
+    const first = Math.max(1, line - LINES_AROUND);
+    let got;
+    try {
+      got = await this.api.json("GET", "/download", { query: { path: entry.path, offset: first, limit: 2 * LINES_AROUND + 1 } });
+    } catch (e) {
+      this.view.append(h("p", { class: "bad" }, e.message));
+      return;
+    }
+    if (this.showing !== entry) return;
+    const bytes = Uint8Array.from(atob(got.content_base64), (c) => c.charCodeAt(0));
+    const [pre, mark] = textWithLine(new TextDecoder().decode(bytes), line, "file-lines", got.offset);
+    this.view.append(h("p", { class: "dim" }, `Lines ${got.offset} to ${got.offset + got.lines - 1} of ${got.total_lines}:`), pre);
+    if (mark) mark.scrollIntoView({ block: "center" });
   }
 
   edit(entry, text, etag, pre) {
@@ -372,5 +440,144 @@ export class FilesPage {
     } finally {
       this.uploadInput.value = "";
     }
+  }
+}
+
+/** The UTF-16 index of character ``n`` (from 0) of ``text``: the daemon counts columns in characters. */
+function codeUnits(text, n) {
+  let i = 0;
+  for (let k = 0; k < n && i < text.length; k += 1) i += text.codePointAt(i) > 0xffff ? 2 : 1;
+  return i;
+}
+
+/**
+ * How long a match of ``query`` at index ``at`` of a line is, when the page
+ * can tell: a text pattern, or a regular expression JavaScript reads alike
+ * (RE2's own syntax, such as (?i), is not highlighted); 0 otherwise.
+ */
+function matchLength(query) {
+  if (query.fixed_strings) {
+    const fold = (t) => (query.ignore_case ? t.toLowerCase() : t);
+    const want = fold(query.pattern);
+    return (text, at) => (fold(text.slice(at, at + query.pattern.length)) === want ? query.pattern.length : 0);
+  }
+  let re;
+  try { re = new RegExp(query.pattern, query.ignore_case ? "iuy" : "uy"); } catch (_) { return () => 0; }
+  return (text, at) => {
+    re.lastIndex = at;
+    const found = re.exec(text);
+    return found ? found[0].length : 0;
+  };
+}
+
+/** A line's text with its matches (columns from 1) marked; text nodes and <mark>s only. */
+function marked(text, columns, length) {
+  const out = [];
+  let done = 0;
+  for (const column of columns) {
+    const at = codeUnits(text, column - 1);
+    const n = at >= done ? length(text, at) : 0;
+    if (!n) continue;
+    out.push(text.slice(done, at), h("mark", { testid: "file-match-hit" }, text.slice(at, at + n)));
+    done = at + n;
+  }
+  out.push(text.slice(done));
+  return out;
+}
+
+/**
+ * Search in files (POST /files/grep) below the folder the tree shows: a
+ * row per matching line, ``path:line`` and the line; a click opens the file
+ * at that line.
+ */
+class FileSearch {
+  constructor(page) {
+    this.page = page;
+    this.turn = 0; // the latest search: an older answer arriving late is dropped
+    this.input = h("input", {
+      type: "text", placeholder: "search in files", testid: "files-search", "aria-label": "search in files",
+      onkeydown: (e) => { if (e.key === "Enter") { e.preventDefault(); this.run(); } },
+    });
+    this.mode = h("select", { testid: "files-search-mode", "aria-label": "pattern kind" },
+      h("option", { value: "text" }, "text"), h("option", { value: "regex" }, "regex"));
+    this.ignoreCase = h("input", { type: "checkbox", testid: "files-search-case" });
+    this.status = h("span", { class: "status", testid: "files-search-status" });
+    this.clearButton = h("button", { type: "button", testid: "files-search-clear", hidden: true, onclick: () => this.clear() }, "Clear");
+    this.bar = h("div", { class: "toolbar" },
+      this.input, this.mode, h("label", {}, this.ignoreCase, " ignore case"),
+      h("button", { type: "button", testid: "files-search-run", onclick: () => this.run() }, "Search"),
+      this.clearButton, this.status);
+    this.results = h("div", { class: "list results", testid: "files-search-results", hidden: true });
+  }
+
+  clear() {
+    this.turn += 1;
+    clear(this.results).hidden = true;
+    this.clearButton.hidden = true;
+    this.say("", "");
+  }
+
+  say(text, state) {
+    this.status.textContent = text;
+    this.status.className = state === "error" ? "status bad" : "status";
+    this.status.dataset.state = state;
+  }
+
+  async run() {
+    const pattern = this.input.value;
+    if (!pattern) { this.input.focus(); return; }
+    const dir = this.page.dir;
+    if (!dir) { this.page.banner("The folder is still being listed; try again."); return; }
+    const query = { pattern, path: dir, fixed_strings: this.mode.value === "text", ignore_case: this.ignoreCase.checked };
+    const turn = ++this.turn;
+    this.clearButton.hidden = false;
+    this.say(`Searching ${dir}...`, "searching");
+    let found;
+    try {
+      found = await this.page.api.json("POST", "/files/grep", { json: query });
+    } catch (e) {
+      if (turn !== this.turn) return;
+      clear(this.results).hidden = true;
+      // A 400 is the pattern (RE2 refused it): the daemon's words say why.
+      this.say(e.status === 400 ? `Bad pattern: ${e.message}` : `Cannot search ${dir}: ${e.message}`, "error");
+      return;
+    }
+    if (turn !== this.turn) return;
+    this.show(query, found);
+  }
+
+  show(query, found) {
+    const lines = [];
+    for (const m of found.matches) {
+      const last = lines[lines.length - 1];
+      if (last && last.path === m.path && last.line === m.line) last.columns.push(m.column);
+      else lines.push({ ...m, columns: [m.column] });
+    }
+    const skipped = found.files_skipped ? `, ${found.files_skipped} skipped (binary, too large or unreadable)` : "";
+    this.say(`${lines.length} ${lines.length === 1 ? "line" : "lines"} in ${found.files_matched} of ${found.files_searched} files searched${skipped}`, "done");
+    const prefix = `${query.path.replace(/\/+$/, "")}/`;
+    const length = matchLength(query);
+    const rows = lines.map((m) => {
+      const row = h("tr", {
+        class: "entry match",
+        testid: "file-match",
+        "data-path": m.path,
+        "data-line": String(m.line),
+        onclick: () => {
+          for (const r of this.results.querySelectorAll("tr")) r.classList.remove("selected");
+          row.classList.add("selected");
+          this.page.openAt(m.path, m.line);
+        },
+      },
+      h("td", { class: "where", testid: "file-match-where" }, `${m.path.startsWith(prefix) ? m.path.slice(prefix.length) : m.path}:${m.line}`),
+      h("td", { class: "text", testid: "file-match-text" }, marked(m.text, m.columns, length), m.cut ? h("span", { class: "dim" }, " \u2026") : null));
+      return row;
+    });
+    const notes = [];
+    if (found.truncated) notes.push(h("p", { class: "note", testid: "files-search-note", "data-kind": "truncated" }, `Only the first ${found.matches.length} matches are shown: narrow the pattern, or search a folder further down.`));
+    if (found.timed_out) notes.push(h("p", { class: "note", testid: "files-search-note", "data-kind": "timed-out" }, "The search ran out of time: these are the matches found until then."));
+    if (!rows.length) rows.push(h("tr", { class: "dim" }, h("td", {}, "No match.")));
+    clear(this.results).append(...notes, h("table", {}, h("tbody", {}, rows)));
+    this.results.hidden = false;
   }
 }
