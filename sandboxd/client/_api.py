@@ -415,8 +415,9 @@ class Files(_Namespace[F]):
         """
         Replace ``old_text`` (exactly as in the file, there once unless
         ``replace_all``) with ``new_text``, atomically; or apply ``edits``
-        (``{"old_text", "new_text", "replace_all"?}`` each) in order, all
-        or none.
+        (``{"old_text", "new_text", "replace_all"?}`` each, or
+        ``{"insert_line", "new_text"}`` to add lines after that line) in
+        order, all or none.
 
         :param dry_run: check and count, write nothing.
         :param if_match: an ``etag``: refuse (412) if the file changed since.

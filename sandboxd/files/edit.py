@@ -31,11 +31,16 @@ from sandboxd.files.stream import read_all
 
 @attrs.frozen
 class Edit:
-    """One replacement: ``old`` (not empty) becomes ``new``."""
+    """
+    One replacement: ``old`` (not empty) becomes ``new``; or, with
+    ``insert_line``, ``new`` put in as lines of their own after that line
+    (0: before the first).
+    """
 
     old: str
     new: str
     replace_all: bool = False
+    insert_line: int | None = None
 
 
 @attrs.frozen
@@ -77,12 +82,18 @@ def apply(text: str, edits: Sequence[Edit]) -> Outcome:
     The text after ``edits``, each applied to what the one before left.
 
     :raises ApiError: 400 ``invalid_param`` when an edit's text is
-        missing, or there more than once without ``replace_all`` (its
-        ``kind`` says which); nothing is applied then.
+        missing, or there more than once without ``replace_all``, or its
+        ``insert_line`` is past the end (its ``kind`` says which); nothing
+        is applied then.
     """
     counts: list[int] = []
     lines: list[int] = []
     for index, edit in enumerate(edits):
+        if edit.insert_line is not None:
+            text = _insert(text, edit.insert_line, edit.new, index, len(edits))
+            counts.append(1)
+            lines.append(edit.insert_line + 1)
+            continue
         count = text.count(edit.old)
         if count == 0:
             raise not_found(index, len(edits))
@@ -93,6 +104,31 @@ def apply(text: str, edits: Sequence[Edit]) -> Outcome:
         counts.append(count)
         lines.append(text.count("\n", 0, at) + 1)
     return Outcome(text, tuple(counts), tuple(lines))
+
+
+def _insert(text: str, after: int, new: str, index: int, total: int) -> str:
+    """
+    ``new`` as lines of their own after line ``after``: a newline is added
+    after it where a line follows, and before it after a last line that
+    had none.
+    """
+    lines = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+    if after > lines:
+        which = f"edits[{index}]: " if total > 1 else ""
+        raise bad_request(
+            f"{which}insert_line {after} is past the file's last line ({lines})",
+            kind="past_end",
+            edit=index,
+        )
+    at = 0
+    for _ in range(after):
+        found = text.find("\n", at)
+        at = len(text) if found < 0 else found + 1
+    if at < len(text) and not new.endswith("\n"):
+        new += "\n"
+    if at == len(text) and text and not text.endswith("\n"):
+        new = "\n" + new
+    return text[:at] + new + text[at:]
 
 
 def decode(data: bytes, path: str) -> str:

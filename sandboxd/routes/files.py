@@ -708,9 +708,12 @@ def _edits(body: dict[str, Any]) -> list[Edit]:
     replace_all?}``, or one edit given by those fields at the top level.
     """
     listed = body.get("edits")
-    single = "old_text" in body or "new_text" in body
+    single = any(k in body for k in ("old_text", "new_text", "insert_line"))
     if listed is not None and single:
-        raise bad_request("give either 'edits' or 'old_text' and 'new_text', not both")
+        raise bad_request(
+            "give either 'edits' or one edit ('old_text' or 'insert_line', and "
+            "'new_text'), not both"
+        )
     if listed is None:
         return [_edit(body, "")]
     if not isinstance(listed, list) or not listed:
@@ -721,11 +724,21 @@ def _edits(body: dict[str, Any]) -> list[Edit]:
 
 
 def _edit(raw: Any, where: str) -> Edit:
-    """One ``{old_text, new_text, replace_all?}``; ``where`` prefixes its errors."""
+    """
+    One ``{old_text, new_text, replace_all?}`` or ``{insert_line,
+    new_text}``; ``where`` prefixes its errors.
+    """
     if not isinstance(raw, dict):
         raise bad_request(f"'{where.rstrip('.')}' must be an object")
-    old = required(raw.get("old_text"), f"{where}old_text")
     new = string(raw.get("new_text"), f"{where}new_text")
+    if "insert_line" in raw:
+        if "old_text" in raw or "replace_all" in raw:
+            raise bad_request(
+                f"'{where}insert_line' inserts: it takes no old_text or replace_all"
+            )
+        after = integer(raw.get("insert_line"), f"{where}insert_line", low=0)
+        return Edit("", new, insert_line=after)
+    old = required(raw.get("old_text"), f"{where}old_text")
     replace_all = flag(
         raw.get("replace_all", False), f"{where}replace_all", False, words=False
     )

@@ -58,6 +58,27 @@ class ApplyTests(SynchronousTestCase):
         out = apply("x x x", [Edit("x", "y", replace_all=True)])
         self.assertEqual((out.text, out.counts), ("y y y", (3,)))
 
+    def test_insert_lines(self) -> None:
+        """
+        insert_line puts the text in as lines of their own after that line
+        (0: first), adding the newlines it needs; past the end is 400
+        (kind past_end).
+        """
+        cases = [
+            ("a\nb\n", 0, "x", "x\na\nb\n"),
+            ("a\nb\n", 1, "x\ny\n", "a\nx\ny\nb\n"),
+            ("a\nb\n", 2, "x", "a\nb\nx"),
+            ("a\nb", 2, "x\n", "a\nb\nx\n"),
+            ("", 0, "x\n", "x\n"),
+        ]
+        for text, after, new, expected in cases:
+            out = apply(text, [Edit("", new, insert_line=after)])
+            self.assertEqual(out.text, expected, (text, after, new))
+            self.assertEqual(out.lines, (after + 1,))
+        with self.assertRaises(ApiError) as caught:
+            apply("a\nb\n", [Edit("", "x", insert_line=3)])
+        self.assertEqual(caught.exception.extra["kind"], "past_end")
+
     def test_matching_is_exact(self) -> None:
         """No folding of line ends or whitespace: CRLF text is not LF text."""
         with self.assertRaises(ApiError):

@@ -76,6 +76,32 @@ class EditTests(FilesCase):
         )
 
     @inlineCallbacks
+    def test_insert_and_replace_together(self) -> Any:
+        """
+        An insert and a replacement in one call: the replacement sees the
+        inserted line; insert_line with old_text is 400.
+        """
+        self.put("app.py", SOURCE)
+        reply = yield self.edit(
+            {
+                "path": "app.py",
+                "edits": [
+                    {"insert_line": 1, "new_text": "import sys"},
+                    {"old_text": "import sys", "new_text": "import json"},
+                ],
+            }
+        )
+        self.assertEqual(reply.status, 200, reply.body)
+        self.assertEqual(
+            self.read("app.py"),
+            SOURCE.replace(b"import os\n", b"import os\nimport json\n"),
+        )
+        reply = yield self.edit(
+            {"path": "app.py", "insert_line": 0, "old_text": "x", "new_text": "y"}
+        )
+        self.assertEqual((reply.status, reply.json()["code"]), (400, "invalid_param"))
+
+    @inlineCallbacks
     def test_ambiguous_edit(self) -> Any:
         """Text found more than once is 400 (kind not_unique) with the count; nothing written."""
         self.put("app.py", SOURCE)

@@ -272,6 +272,13 @@ SCHEMAS: dict[str, Schema] = {
             ),
             F("new_text", example="DEBUG = False"),
             F(
+                "insert_line",
+                "integer",
+                "instead of old_text: put new_text in as lines after this line "
+                "(0: first)",
+                minimum=0,
+            ),
+            F(
                 "replace_all",
                 "boolean",
                 "every occurrence (else it must be there once)",
@@ -280,7 +287,8 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "edits",
                 "array",
-                "instead: [{old_text, new_text, replace_all?}], in order, all or none",
+                "instead: [{old_text or insert_line, new_text, replace_all?}], in "
+                "order, all or none",
                 items="object",
                 min_items=1,
             ),
@@ -307,7 +315,8 @@ SCHEMAS: dict[str, Schema] = {
                 "invalid_param",
                 "an edit's old_text is not in the file (kind: not_found) or is there "
                 "more than once without replace_all (kind: not_unique, with "
-                "occurrences); the file is not UTF-8 (kind: not_text) or not a "
+                "occurrences), its insert_line past the last line (kind: "
+                "past_end); the file is not UTF-8 (kind: not_text) or not a "
                 "regular file; an empty old_text, edits and old_text both, over 100 "
                 "edits",
             ),
