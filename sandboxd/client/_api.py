@@ -450,6 +450,7 @@ class Files(_Namespace[F]):
         include: str | None = None,
         max_results: int | None = None,
         max_depth: int | None = None,
+        context: int = 0,
     ) -> GrepResult:
         """
         Lines of files matching ``pattern`` (a regular expression, or the
@@ -467,6 +468,7 @@ class Files(_Namespace[F]):
                     include,
                     max_results,
                     max_depth,
+                    context,
                 )
             ),
         )

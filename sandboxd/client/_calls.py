@@ -119,6 +119,7 @@ def files_grep(
     include: str | None,
     max_results: int | None,
     max_depth: int | None,
+    context: int | None = None,
 ) -> Req:
     return Req(
         "POST",
@@ -131,6 +132,7 @@ def files_grep(
             include=include,
             max_results=max_results,
             max_depth=max_depth,
+            context=context or None,
         ),
         idempotent=True,
     )

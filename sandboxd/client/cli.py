@@ -140,6 +140,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-i", dest="ignore_case", action="store_true", help="ignore case")
     p.add_argument("--include", metavar="GLOB", help="only files named so (*.py)")
     p.add_argument("-m", "--max-count", type=int, metavar="N", help="at most N matches")
+    p.add_argument(
+        "-C", "--context", type=int, default=0, metavar="N", help="N lines around (0-5)"
+    )
 
     p = sub.add_parser("ps", parents=[common], help=CLIENT_COMMANDS["ps"])
     p.add_argument("--tag")
@@ -601,6 +604,7 @@ def cmd_grep(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
         ignore_case=args.ignore_case,
         include=args.include,
         max_results=args.max_count,
+        context=args.context,
     )
     if args.json:
         _print_json(found, out)
@@ -611,7 +615,14 @@ def cmd_grep(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
         if line in shown:
             continue  # several matches on one line: the line once
         shown.add(line)
-        out.write(f"{_shown_name(match['path'])}:{match['line']}:{match['text']}\n")
+        name = _shown_name(match["path"])
+        # As grep -C prints them: context lines with '-', the match with ':'.
+        before = match.get("before", [])
+        for n, text in enumerate(before):
+            out.write(f"{name}-{match['line'] - len(before) + n}-{text}\n")
+        out.write(f"{name}:{match['line']}:{match['text']}\n")
+        for n, text in enumerate(match.get("after", []), 1):
+            out.write(f"{name}-{match['line'] + n}-{text}\n")
     if found["truncated"]:
         err.write("sandboxd grep: more matches than were asked for (-m)\n")
     if found["timed_out"]:

@@ -88,6 +88,9 @@ class GrepMatch(TypedDict):
     text: str
     #: Present (True) only on a line that was cut.
     cut: NotRequired[bool]
+    #: With ``context``: the lines before and after the matching line.
+    before: NotRequired[list[str]]
+    after: NotRequired[list[str]]
 
 
 class GrepResult(TypedDict):

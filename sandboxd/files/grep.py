@@ -80,6 +80,7 @@ class Bounds:
         file and after each match).
     :ivar depth: levels walked (1: the directory's own entries).
     :ivar max_file_bytes: a bigger file is skipped.
+    :ivar context: lines shown before and after each matching line.
     :ivar stopping: whether the daemon is stopping or the caller has left:
         the search is given up then (looked at as the time is).
     """
@@ -89,6 +90,7 @@ class Bounds:
     depth: int = WALK_DEPTH
     max_file_bytes: int = ENDPOINT_LIMITS["files_grep"]["max_bytes"]
     line_chars: int = GREP_LINE_CHARS
+    context: int = 0
     stopping: Callable[[], bool] = attrs.field(default=lambda: False)
 
 
@@ -228,15 +230,41 @@ class _Search:
         """One line's matches (``starts``, byte offsets), or its empty one."""
         raw = data[start:end]
         line = raw.decode("utf-8", "replace")
+        around = self._around(data, start, end) if self.bounds.context else None
         column = 0
         prev = start
         for at in starts or ([] if empty is None else [empty]):
             # Columns in characters, counted on from the last match.
             column += len(data[prev:at].decode("utf-8", "replace"))
             prev = at
-            self.add(line, number, column, shown)
+            self.add(line, number, column, shown, around)
 
-    def add(self, line: str, number: int, start: int, shown: str) -> None:
+    def _around(self, data: bytes, start: int, end: int) -> dict[str, list[str]]:
+        """The ``context`` lines before and after the line at ``start:end``."""
+        cap = self.bounds.line_chars
+        before: list[str] = []
+        pos = start
+        while len(before) < self.bounds.context and pos > 0:
+            begin = data.rfind(b"\n", 0, pos - 1) + 1
+            before.append(data[begin : pos - 1].decode("utf-8", "replace")[:cap])
+            pos = begin
+        after: list[str] = []
+        pos = end
+        while len(after) < self.bounds.context and pos + 1 < len(data):
+            stop = data.find(b"\n", pos + 1)
+            stop = len(data) if stop < 0 else stop
+            after.append(data[pos + 1 : stop].decode("utf-8", "replace")[:cap])
+            pos = stop
+        return {"before": before[::-1], "after": after}
+
+    def add(
+        self,
+        line: str,
+        number: int,
+        start: int,
+        shown: str,
+        around: dict[str, list[str]] | None = None,
+    ) -> None:
         """One match, or :class:`_Over` (truncated) past ``max_results``."""
         if len(self.matches) >= self.bounds.max_results:
             self.truncated = True
@@ -250,6 +278,8 @@ class _Search:
         }
         if len(line) > cap:
             match["cut"] = True
+        if around is not None:
+            match.update(around)
         self.matches.append(match)
 
     def answer(self) -> dict[str, Any]:

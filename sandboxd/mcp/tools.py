@@ -161,13 +161,11 @@ MODEL_DESCRIPTIONS: dict[str, str] = {
     "eof: true closes its stdin.",
     "upload": "Write a file: content (text) or content_base64 (bytes). Parent "
     "directories are created; the file lands whole or not at all.",
-    "download": "Read a file (offset and limit: only those lines); text comes "
-    "back as text.",
+    "download": "Read a file, or some lines (offset, limit); text comes as text.",
     "files_list": "List a directory (depth 1..10).",
     "files_search": "Find files whose names match a glob pattern, recursively.",
     "files_edit": "Replace old_text with new_text in a text file (read it first).",
-    "files_grep": "Find lines matching a regex (or text: fixed_strings) in files, "
-    "recursively.",
+    "files_grep": "Search files' lines for a regex (or text: fixed_strings).",
     "files_extract": "Unpack a tar.gz or zip archive (base64) into a directory.",
     "files_archive": "Pack paths into a tar.gz or zip archive (base64).",
     "capabilities": "A summary of what this token may do: the tools allowed and "

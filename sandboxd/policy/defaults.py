@@ -472,6 +472,10 @@ MAX_EDITS = 100
 #: ``cut``), so one minified line does not fill the answer once per match.
 GREP_LINE_CHARS = 1024
 
+#: files_grep: the most lines of ``context`` shown before and after each
+#: match (each cut as a matching line is).
+GREP_CONTEXT_LINES = 5
+
 #: files_grep: the memory one compiled pattern may take (RE2's ``max_mem``:
 #: a pattern whose program would need more is refused, 400; its matching
 #: cache shares the figure and falls back to a slower way past it).

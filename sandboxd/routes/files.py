@@ -51,6 +51,7 @@ from sandboxd.files.watch import seed_changes, seen_as, watch_dirs
 from sandboxd.policy.defaults import (
     DEFAULT_UPLOAD_BYTES,
     ENDPOINT_LIMITS,
+    GREP_CONTEXT_LINES,
     INLINE_READ_BYTES,
     MAX_EDITS,
     MAX_LIST_DEPTH,
@@ -816,6 +817,7 @@ def files_grep(request: ServerRequest) -> Any:
         timeout=limits.timeout_seconds or _default("files_grep", "timeout_seconds"),
         depth=min(depth, limits.max_depth or depth),
         max_file_bytes=limits.max_bytes or _default("files_grep", "max_bytes"),
+        context=integer(body.get("context"), "context", 0, 0, GREP_CONTEXT_LINES),
         stopping=lambda: request.context.draining or gone.is_set(),
     )
     guard.locate(path, "read", follow=True).close()

@@ -470,6 +470,10 @@ class ListingTests(ClientCase):
         self.assertEqual(
             done.stdout.decode().splitlines(), [f"{a}:1:x = 1", f"{a}:2:x = x + x"]
         )
+        around = yield self.cli("grep", "-C", "1", "x = x", "src")
+        self.assertEqual(
+            around.stdout.decode().splitlines(), [f"{a}-1-x = 1", f"{a}:2:x = x + x"]
+        )
         none = yield self.cli("grep", "nowhere", "src")
         self.assertEqual((none.returncode, none.stdout), (1, b""))
         js = yield self.cli("grep", "--json", "-i", "X", "src")

@@ -50,7 +50,13 @@ class GrepCase(SynchronousTestCase):
         **options: Any,
     ) -> dict[str, Any]:
         depth = options.pop("depth", None)
-        bounds = Bounds(max_results, timeout, **({"depth": depth} if depth else {}))
+        context = options.pop("context", 0)
+        bounds = Bounds(
+            max_results,
+            timeout,
+            **({"depth": depth} if depth else {}),
+            context=context,
+        )
         return grep(self.guard, path, Query(pattern, **options), bounds)
 
     def found(self, answer: dict[str, Any]) -> list[tuple[str, int, int, str]]:
@@ -194,6 +200,23 @@ class MatchTests(GrepCase):
         """Bytes that are not UTF-8 are shown as U+FFFD in the text."""
         self.put("f.txt", b"caf\xe9 ok\n")
         self.assertEqual(self.found(self.grep("ok")), [("f.txt", 1, 6, "caf\ufffd ok")])
+
+    def test_context(self) -> None:
+        """
+        context gives the lines before and after each match (fewer at a
+        file's ends), nearest last before and first after.
+        """
+        self.put("f.txt", "a\nb\nneedle\nc\nd\ne\n")
+        self.put("g.txt", "needle")
+        answer = self.grep("needle", context=2)
+        self.assertEqual(
+            [(m["before"], m["after"]) for m in answer["matches"]],
+            [(["a", "b"], ["c", "d"]), ([], [])],
+        )
+        self.put("h.txt", "x\nneedle\n")
+        matches = self.grep("needle", "h.txt", context=5)["matches"]
+        self.assertEqual((matches[0]["before"], matches[0]["after"]), (["x"], []))
+        self.assertNotIn("before", self.grep("needle", "h.txt")["matches"][0])
 
     def test_long_line_cut(self) -> None:
         """A line over 1024 characters is cut there and marked cut."""

@@ -97,6 +97,8 @@ class GrepTests(GrepCase):
             {"pattern": "x", "path": 3},
             {"pattern": "x", "max_results": 0},
             {"pattern": "x", "max_depth": 0},
+            {"pattern": "x", "context": 6},
+            {"pattern": "x", "context": -1},
         ):
             reply = yield self.grep(**body)
             self.assertEqual(

@@ -274,21 +274,20 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "insert_line",
                 "integer",
-                "instead of old_text: put new_text in as lines after this line "
-                "(0: first)",
+                "instead of old_text: add new_text after this line (0: first)",
                 minimum=0,
             ),
             F(
                 "replace_all",
                 "boolean",
-                "every occurrence (else it must be there once)",
+                "every occurrence, not exactly one",
                 default=False,
             ),
             F(
                 "edits",
                 "array",
-                "instead: [{old_text or insert_line, new_text, replace_all?}], in "
-                "order, all or none",
+                "[{old_text|insert_line, new_text, replace_all?}] in order, all or "
+                "none",
                 items="object",
                 min_items=1,
             ),
@@ -375,16 +374,24 @@ SCHEMAS: dict[str, Schema] = {
             ),
             F(
                 "path",
-                doc="a directory (searched recursively) or a file; default: base_dir",
+                doc="a directory (recursive) or a file; default: base_dir",
             ),
             F(
                 "fixed_strings",
                 "boolean",
-                "pattern is text, not a regex",
+                "pattern is plain text",
                 default=False,
             ),
             F("ignore_case", "boolean", default=False),
             F("include", doc="fnmatch on file names (*.py)"),
+            F(
+                "context",
+                "integer",
+                "lines around each match",
+                default=0,
+                minimum=0,
+                maximum=5,
+            ),
             *_SEARCH_BOUNDS,
         ),
         response=(
@@ -394,7 +401,8 @@ SCHEMAS: dict[str, Schema] = {
                 "[{path, line, column, text, cut}] in walk order, one per match: "
                 "line and column count from 1 (column in characters); text is "
                 "the line without its newline, cut at 1024 characters (cut: "
-                "true only then)",
+                "true only then); with context, before and after: the lines "
+                "around it",
                 items="object",
             ),
             F("files_searched", "integer", "files read"),
