@@ -289,15 +289,20 @@ def stat_path(guard: PathGuard, path: str) -> dict[str, Any]:
     return out
 
 
+def refuse_root(loc: Location, doing: str, path: Any) -> None:
+    """403 when ``loc`` is a root of the boundary, which the daemon works in."""
+    if loc.name == "":
+        raise forbidden(
+            f"refusing to {doing} a root directory: {path}",
+            Code.PATH_NOT_ALLOWED,
+            rule="guard:base_dir",
+        )
+
+
 def delete(guard: PathGuard, path: str) -> str:
     """``files_delete``: a file, a link (not its target) or a whole tree."""
     with guard.locate(path, "delete", follow=False, missing_ok=False) as loc:
-        if loc.name == "":
-            raise forbidden(
-                f"refusing to delete a root directory: {path}",
-                Code.PATH_NOT_ALLOWED,
-                rule="guard:base_dir",
-            )
+        refuse_root(loc, "delete", path)
         st = loc.lstat()
         if st is None:
             raise file_not_found(path)
@@ -584,12 +589,7 @@ def change_mode(guard: PathGuard, path: Any, mode: int) -> dict[str, Any]:
     in; not a file with other names when ``hard_links: deny_writes``.
     """
     with guard.locate(path, "write", follow=True, missing_ok=False) as loc:
-        if loc.name == "":
-            raise forbidden(
-                f"refusing to change a root directory's permissions: {path}",
-                Code.PATH_NOT_ALLOWED,
-                rule="guard:base_dir",
-            )
+        refuse_root(loc, "change the permissions of", path)
         st = loc.seen()
         if st is None:
             raise file_not_found(path)
