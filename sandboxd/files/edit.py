@@ -54,11 +54,15 @@ class Outcome:
     lines: tuple[int, ...]
 
 
+def _which(index: int, total: int) -> str:
+    """How a message names edit ``index``: by its place, when there are several."""
+    return f"edits[{index}]: " if total > 1 else ""
+
+
 def not_found(index: int, total: int) -> ApiError:
     """400, ``kind`` ``not_found``: edit ``index`` finds nothing to replace."""
-    which = f"edits[{index}]: " if total > 1 else ""
     return bad_request(
-        f"{which}old_text is not in the file (it must match exactly, "
+        f"{_which(index, total)}old_text is not in the file (it must match exactly, "
         "whitespace and line ends included)",
         kind="not_found",
         edit=index,
@@ -67,9 +71,8 @@ def not_found(index: int, total: int) -> ApiError:
 
 def not_unique(index: int, total: int, count: int) -> ApiError:
     """400, ``kind`` ``not_unique``: edit ``index`` would be ambiguous."""
-    which = f"edits[{index}]: " if total > 1 else ""
     return bad_request(
-        f"{which}old_text is in the file {count} times; give more of the "
+        f"{_which(index, total)}old_text is in the file {count} times; give more of the "
         "surrounding text to pick one, or replace_all: true",
         kind="not_unique",
         edit=index,
@@ -114,9 +117,8 @@ def _insert(text: str, after: int, new: str, index: int, total: int) -> str:
     """
     lines = text.count("\n") + (1 if text and not text.endswith("\n") else 0)
     if after > lines:
-        which = f"edits[{index}]: " if total > 1 else ""
         raise bad_request(
-            f"{which}insert_line {after} is past the file's last line ({lines})",
+            f"{_which(index, total)}insert_line {after} is past the file's last line ({lines})",
             kind="past_end",
             edit=index,
         )

@@ -600,7 +600,8 @@ def change_mode(guard: PathGuard, path: Any, mode: int) -> dict[str, Any]:
         except OSError as e:
             raise os_error(e, path) from None
         try:
-            if (os.fstat(fd).st_dev, os.fstat(fd).st_ino) != (st.st_dev, st.st_ino):
+            opened = os.fstat(fd)
+            if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino):
                 raise file_not_found(path)  # replaced since it was resolved
             # An O_PATH descriptor takes no fchmod; its /proc name does.
             os.chmod(f"/proc/self/fd/{fd}", mode)

@@ -369,7 +369,6 @@ class BashRepl:
     def start(self) -> None:
         """Make the pipes, start bash, and say we are ready."""
         import shutil
-        import subprocess
         import tempfile
 
         bash = shutil.which("bash")
@@ -401,12 +400,10 @@ class BashRepl:
         # group): noted here, acted on by bash.  A handler, not SIG_IGN,
         # which bash would inherit.
         signal.signal(signal.SIGINT, self._on_interrupt)
-        if not self._spawn():
+        version = self._spawn()
+        if version is None:
             emit({"ev": "failed", "message": "bash ended as it started"})
             sys.exit(1)
-        version = subprocess.run(
-            [bash, "-c", "echo $BASH_VERSION"], capture_output=True, text=True
-        ).stdout.strip()
         emit(
             {
                 "ev": "ready",
@@ -418,8 +415,8 @@ class BashRepl:
             }
         )
 
-    def _spawn(self) -> bool:
-        """A new shell, set up; False if it ended before it answered."""
+    def _spawn(self) -> str | None:
+        """A new shell, set up: its version, or None if it ended before it answered."""
         import subprocess
 
         self.shell = subprocess.Popen(
@@ -429,8 +426,10 @@ class BashRepl:
             stderr=subprocess.DEVNULL,
             pass_fds=(BASH_CELL_FD, BASH_STDERR_FD, BASH_STATUS_FD),
         )
-        self._send(BASH_SETUP + "__sandboxd_done ready\n")
-        return self._status("ready") is not None
+        self._send(
+            BASH_SETUP + f"printf 'ready %s\\n' \"$BASH_VERSION\" >&{BASH_STATUS_FD}\n"
+        )
+        return self._report("ready")
 
     def _on_interrupt(self, signum: int, frame: Any) -> None:
         self.interrupted = True
@@ -440,18 +439,19 @@ class BashRepl:
             self.shell.stdin.write(text.encode("utf-8", "surrogateescape"))
             self.shell.stdin.flush()
         except OSError:
-            pass  # the shell has ended: _status sees it by its pid
+            pass  # the shell has ended: _report sees it by its pid
 
-    def _status(self, tag: str) -> int | None:
+    def _report(self, tag: str) -> str | None:
         """
-        The exit status reported with ``tag``, or None if bash ended.  After
-        an interrupt the report is asked for again now and then: the
-        interrupt may have cut the line that makes it.
+        What the shell reported with ``tag`` (a cell's exit status, its
+        version at the start), or None if it ended.  After an interrupt the
+        report is asked for again now and then: the interrupt may have cut
+        the line that makes it.
         """
         import select
 
         asked_again = 0.0
-        line = b""
+        line: bytes = b""
         while True:
             try:
                 ready, _, _ = select.select([self.statuses], [], [], 0.2)
@@ -461,9 +461,9 @@ class BashRepl:
                 line += self.statuses.read(4096)
                 while b"\n" in line:
                     one, line = line.split(b"\n", 1)
-                    got, _, status = one.decode("ascii", "replace").partition(" ")
+                    got, _, said = one.decode("ascii", "replace").partition(" ")
                     if got == tag:
-                        return int(status) if status.isdigit() else 1
+                        return said
             elif self.shell.poll() is not None:
                 return None
             if self.interrupted:
@@ -498,7 +498,8 @@ class BashRepl:
             f"source /dev/fd/{BASH_CELL_FD} </dev/null 2>&{BASH_STDERR_FD}\n"
             f"__sandboxd_done {tag}\n"
         )
-        status = self._status(tag)
+        said = self._report(tag)
+        status = None if said is None else int(said) if said.isdigit() else 1
         self._sync()
         if status is None:
             self._ended(xid)
@@ -530,7 +531,7 @@ class BashRepl:
         so, and a new shell takes its place, its state new.
         """
         code = self.shell.wait()
-        started = self._spawn()
+        started = self._spawn() is not None
         emit(
             {
                 "ev": "error",

@@ -15,6 +15,7 @@ import binascii
 import hashlib
 import json
 import threading
+from collections.abc import Callable
 from email.utils import formatdate
 from typing import Any
 
@@ -22,7 +23,7 @@ import pybase64
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
-from sandboxd.access.guard import OpenFile, PathGuard
+from sandboxd.access.guard import OpenFile, PathGuard, refusal
 from sandboxd.errors import (
     ApiError,
     Code,
@@ -241,8 +242,6 @@ def _upload(request: ServerRequest, default_overwrite: bool) -> Any:
     guard.decide(path)  # NUL and lexical refusals before decoding anything
     first = guard.decide(path, "write")
     if not first.allowed:
-        from sandboxd.access.guard import refusal
-
         raise refusal(first)
     check_extension(request, path)
     overwrite = flag(request.body.get("overwrite"), "overwrite", default_overwrite)
@@ -630,6 +629,11 @@ def files_move(request: ServerRequest) -> Any:
     return until_gone(in_thread(request, job).addErrback(refused), gone)
 
 
+def given_up(request: ServerRequest, gone: threading.Event) -> Callable[[], bool]:
+    """Whether no one waits for the answer any more: the daemon stops, or ``gone``."""
+    return lambda: request.context.draining or gone.is_set()
+
+
 def until_gone(work: Deferred[Any], gone: threading.Event) -> Deferred[Any]:
     """
     The answer of ``work`` (a thread's), whose cancelling (the caller left)
@@ -660,7 +664,7 @@ def _crossing_bounds(request: ServerRequest, gone: threading.Event) -> crossing.
         ),
         entries_setting=limit_setting(endpoint, "max_entries"),
         timeout_setting=limit_setting(endpoint, "timeout_seconds"),
-        stopping=lambda: request.context.draining or gone.is_set(),
+        stopping=given_up(request, gone),
     )
 
 
@@ -698,7 +702,7 @@ def files_search(request: ServerRequest) -> Any:
         max_results,
         timeout,
         depth,
-        lambda: request.context.draining or gone.is_set(),
+        given_up(request, gone),
     )
     return until_gone(work, gone)
 
@@ -748,8 +752,6 @@ def _edit(raw: Any, where: str) -> Edit:
 
 def files_edit(request: ServerRequest) -> Any:
     """``POST /files/edit``: exact replacements in a text file, all or none."""
-    from sandboxd.access.guard import refusal
-
     body = request.body
     path = required(body.get("path"), "path")
     guard = PathGuard.for_request(request)
@@ -818,7 +820,7 @@ def files_grep(request: ServerRequest) -> Any:
         depth=min(depth, limits.max_depth or depth),
         max_file_bytes=limits.max_bytes or _default("files_grep", "max_bytes"),
         context=integer(body.get("context"), "context", 0, 0, GREP_CONTEXT_LINES),
-        stopping=lambda: request.context.draining or gone.is_set(),
+        stopping=given_up(request, gone),
     )
     guard.locate(path, "read", follow=True).close()
     return until_gone(in_thread(request, grep.grep, guard, path, query, bounds), gone)
@@ -875,8 +877,6 @@ def files_extract(request: ServerRequest) -> Any:
     guard = PathGuard.for_request(request)
     first = guard.decide(destination, "write")
     if not first.allowed:
-        from sandboxd.access.guard import refusal
-
         raise refusal(first)
     limits = request.rule.limits
     cap = max_bytes(request)

@@ -274,7 +274,7 @@ async def ports(request: ServerRequest) -> dict[str, Any]:
     if wait and port is None:
         raise bad_request("'wait' needs 'port': the port to wait for")
     if port is not None and wait:
-        await _listened(request, port, wait)
+        await _wait_for_port(request, port, wait)
     found = await request.context.in_thread(sysinfo.listening)
     if port is None:
         return {"listening": [entry.as_json() for entry in found]}
@@ -282,9 +282,9 @@ async def ports(request: ServerRequest) -> dict[str, Any]:
     return {"listening": mine, "ready": bool(mine)}
 
 
-async def _listened(request: ServerRequest, port: int, wait: float) -> bool:
+async def _wait_for_port(request: ServerRequest, port: int, wait: float) -> None:
     """
-    Whether something listens on ``port`` within ``wait`` seconds, looked
+    Until something listens on ``port``, or ``wait`` seconds pass; looked
     for every :data:`~sandboxd.policy.defaults.PORT_WAIT_POLL_SECONDS`
     (the kernel says nothing when a socket starts to listen).  A caller
     that leaves cancels the wait.
@@ -295,10 +295,10 @@ async def _listened(request: ServerRequest, port: int, wait: float) -> bool:
     deadline = clock.seconds() + wait
     while True:
         if port in await request.context.in_thread(sysinfo.listening_ports):
-            return True
+            return
         left = deadline - clock.seconds()
         if left <= 0:
-            return False
+            return
         await deferLater(clock, min(left, defaults.PORT_WAIT_POLL_SECONDS))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import attrs
+
 from sandboxd.api.fields import E, Event, F, Schema
 from sandboxd.api.fragments import GAP, GUARD, LAST_EVENT_ID, QUERY_TOKEN, RESUME
 
@@ -171,13 +173,7 @@ SCHEMAS: dict[str, Schema] = {
     "files_chmod": Schema(
         body=(
             F("path", required=True, min_length=1, example="run.sh"),
-            F(
-                "mode",
-                "any",
-                'octal permissions: text ("755") or their number (493); 000..777',
-                required=True,
-                example="755",
-            ),
+            attrs.evolve(_MODE, required=True, example="755"),
         ),
         response=(
             F("path", doc="absolute (a link resolved)"),
