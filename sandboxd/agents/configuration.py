@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandboxd.agents.connection import ConnectionLost
 from sandboxd.agents.handshake import agent_refused
 from sandboxd.agents.state import SessionState
 from sandboxd.errors import (
@@ -19,7 +18,7 @@ from sandboxd.errors import (
     forbidden,
     policy_rule,
 )
-from sandboxd.jsonrpc import METHOD_NOT_FOUND, RpcError
+from sandboxd.jsonrpc import METHOD_NOT_FOUND, ConnectionLost, RpcError
 from sandboxd.policy.rules import EffectiveRule
 
 

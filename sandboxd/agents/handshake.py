@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandboxd.agents.connection import ConnectionLost
 from sandboxd.agents.state import IdleTimer, SessionState
 from sandboxd.errors import ApiError, agent_error, agent_timeout
-from sandboxd.jsonrpc import INTERNAL_ERROR, RpcError
+from sandboxd.jsonrpc import INTERNAL_ERROR, ConnectionLost, RpcError
 
 CLIENT_INFO = {"name": "sandboxd", "title": "sandboxd", "version": "1"}
 PROTOCOL_VERSION = 1

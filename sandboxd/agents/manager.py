@@ -320,10 +320,9 @@ class AgentManager(Service):
         Start the agent, ``initialize`` it (and make one more call), then
         end it: the catalogue's probe and ``session/list``.
         """
-        from sandboxd.agents.connection import ConnectionLost
         from sandboxd.agents.handshake import agent_refused
         from sandboxd.agents.session import within
-        from sandboxd.jsonrpc import RpcError
+        from sandboxd.jsonrpc import ConnectionLost, RpcError
 
         body = {"cwd": request.query.get("cwd")} if request.query.get("cwd") else {}
         session, (argv, executable) = self._new_session(

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred, succeed
 
-from sandboxd.agents.connection import LineFramer
 from sandboxd.processes.child import Child, OutputCallback
 from sandboxd.processes.command import RunAs, signal_name
 from sandboxd.processes.priority import CHILD_PRIORITY
@@ -29,6 +28,16 @@ from sandboxd.processes.run import spawn
 from sandboxd.processes.table import ChildTable
 from sandboxd.processes.tree import kill_tree, proc_info, reap_orphans
 from sandboxd.waiters import Waiters
+
+
+class Framer(Protocol):
+    """What splits a child's stdout into messages (:mod:`sandboxd.jsonrpc`)."""
+
+    def feed(self, data: bytes) -> None:
+        """Take the next chunk of stdout."""
+
+    def stop(self) -> None:
+        """Ignore further input."""
 
 
 class HeadTailLog:
@@ -126,10 +135,10 @@ class AgentChild(Child):
 
 class AgentProcess:
     """
-    One agent child, as the session drives it.
+    One agent child (or a language server), as its session drives it.
 
-    :param on_line: each complete stdout line.
-    :param on_overflow: a stdout line went over ``max_message_bytes``.
+    :param framer: splits stdout into messages (lines for ACP,
+        ``Content-Length`` frames for LSP).
     :param on_exit: ``(exit_code, signal_name)`` once the agent has exited.
     """
 
@@ -137,16 +146,14 @@ class AgentProcess:
         self,
         reactor: Any,
         children: ChildTable,
-        max_message_bytes: int,
         stderr: HeadTailLog,
-        on_line: Callable[[bytes], None],
-        on_overflow: Callable[[int], None],
+        framer: Framer,
         on_exit: Callable[[int | None, str | None], None],
     ) -> None:
         self.reactor = reactor
         self.children = children
         self.stderr = stderr
-        self.framer = LineFramer(max_message_bytes, on_line, on_overflow)
+        self.framer = framer
         self.child = AgentChild(reactor, self._output)
         self.child.exited.addCallback(self._exited)
         self._on_exit = on_exit

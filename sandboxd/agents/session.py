@@ -44,7 +44,6 @@ from sandboxd.agents.catalog import CatalogEntry
 from sandboxd.agents.clientside import FileRequests
 from sandboxd.agents.cliparsers import SUBAGENT_NOTIFICATION
 from sandboxd.agents.configuration import Configuration
-from sandboxd.agents.connection import Connection, ConnectionLost
 from sandboxd.agents.filechanges import FileChanges
 from sandboxd.agents.handshake import Handshake
 from sandboxd.agents.heldrequests import HeldRequests
@@ -58,6 +57,9 @@ from sandboxd.jsonrpc import (
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
     REQUEST_CANCELLED,
+    Connection,
+    ConnectionLost,
+    LineFramer,
     RpcError,
 )
 from sandboxd.policy import defaults
@@ -140,10 +142,8 @@ class AgentSession(SessionState):
         self.process = AgentProcess(
             self.reactor,
             self.context.children,
-            self.max_message_bytes,
             self.stderr,
-            self._line,
-            self._overflow,
+            LineFramer(self.max_message_bytes, self._line, self._overflow),
             self._exited,
         )
         self.conn = Connection(self.process.write, self)
@@ -271,7 +271,7 @@ class AgentSession(SessionState):
     # -- reading the agent ---------------------------------------------------
 
     def _line(self, line: bytes) -> None:
-        self.conn.line_received(line)
+        self.conn.message_received(line)
 
     def _overflow(self, size: int) -> None:
         self.emit(

@@ -27,12 +27,12 @@ from twisted.internet import defer
 from twisted.internet.defer import Deferred, succeed
 
 from sandboxd.agents.catalog import CatalogEntry
-from sandboxd.agents.connection import Connection
 from sandboxd.agents.permissions import HeldRequest, iso
 from sandboxd.agents.process import AgentProcess, HeadTailLog
 from sandboxd.agents.terminals import AgentTerminal
 from sandboxd.errors import agent_timeout, agent_unavailable
 from sandboxd.eventlog import EventLog, json_size
+from sandboxd.jsonrpc import Connection
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import RunAs

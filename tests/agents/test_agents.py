@@ -25,8 +25,8 @@ from twisted.trial.unittest import SkipTest, SynchronousTestCase, TestCase
 from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
-from sandboxd.agents.connection import LineFramer
 from sandboxd.agents.process import is_alive
+from sandboxd.jsonrpc import LineFramer
 from sandboxd.testing import SSEReader
 from tests.helpers import DaemonTestCase, marked_pids
 

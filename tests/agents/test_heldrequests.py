@@ -15,14 +15,13 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from sandboxd.agents.catalog import CatalogEntry
-from sandboxd.agents.connection import Connection
 from sandboxd.agents.filechanges import FileChanges
 from sandboxd.agents.heldrequests import HeldRequests
 from sandboxd.agents.permissions import HeldRequest
 from sandboxd.agents.state import SessionState, Turn
 from sandboxd.agents.updates import UpdateFolding
 from sandboxd.errors import ApiError
-from sandboxd.jsonrpc import REQUEST_CANCELLED
+from sandboxd.jsonrpc import REQUEST_CANCELLED, Connection
 from sandboxd.policy.rules import EffectiveRule, Limits, Params, PathRule
 
 OPTIONS = [
@@ -110,7 +109,7 @@ class HeldRequestsTests(SynchronousTestCase):
             "method": "session/request_permission",
             "params": params,
         }
-        self.session.conn.line_received(json.dumps(message).encode())
+        self.session.conn.message_received(json.dumps(message).encode())
 
     def events(self) -> list[str]:
         """The event types logged so far."""
@@ -204,7 +203,7 @@ class HeldRequestsTests(SynchronousTestCase):
             "method": "$/cancel_request",
             "params": {"requestId": 3},
         }
-        self.session.conn.line_received(json.dumps(cancel).encode())
+        self.session.conn.message_received(json.dumps(cancel).encode())
         self.assertEqual(self.sent[0]["id"], 3)
         self.assertEqual(self.sent[0]["error"]["code"], REQUEST_CANCELLED)
         self.assertEqual(request.state, "withdrawn")
