@@ -39,6 +39,7 @@ class CapabilityGroup(enum.StrEnum):
     PREVIEW = "preview"
     CODE = "code"
     CONSOLE = "console"
+    LSP = "lsp"
 
 
 #: Groups that are on unless something turns them off.
@@ -124,6 +125,7 @@ def param_name(segment: str) -> str | None:
 G = CapabilityGroup
 _S = "/agents/sessions/{sid}"
 _C = "/code/contexts/{cid}"
+_L = "/lsp/sessions/{lid}"
 _V = "/v1/agents/sessions/{session_id}"
 _OA: dict[str, Any] = {"door": "openai"}
 _OA_STREAM: dict[str, Any] = {"door": "openai", "streaming": True}
@@ -255,6 +257,18 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("code_execution_events", "GET", _C + "/executions/{xid}/events", G.CODE, ("code:read",), "An execution's events (resumable SSE).", {"streaming": True}),
     ("code_execution_input", "POST", _C + "/executions/{xid}/input", G.CODE, ("code:run",), "Answer an execution's input().", {}),
     ("code_output_get", "GET", _C + "/outputs/{oid}", G.CODE, ("code:read",), "A spilled display item, raw.", {}),
+    # Language servers: what an editor asks of one, asked by an agent.
+    ("lsp_servers", "GET", "/lsp/servers", G.LSP, ("lsp:use",), "Language servers, and which are installed.", {}),
+    ("lsp_sessions_list", "GET", "/lsp/sessions", G.LSP, ("lsp:use",), "List your language server sessions.", {}),
+    ("lsp_session_create", "POST", "/lsp/sessions", G.LSP, ("lsp:use",), "Start a language server for a project.", {}),
+    ("lsp_session_get", "GET", _L, G.LSP, ("lsp:use",), "Describe one language server session.", {}),
+    ("lsp_session_delete", "DELETE", _L, G.LSP, ("lsp:use",), "Stop a language server.", {}),
+    ("lsp_diagnostics", "POST", "/lsp/diagnostics", G.LSP, ("lsp:use",), "A file's errors and warnings, from its language server.", {}),
+    ("lsp_definition", "POST", "/lsp/definition", G.LSP, ("lsp:use",), "Where the name at a position is defined.", {}),
+    ("lsp_references", "POST", "/lsp/references", G.LSP, ("lsp:use",), "Where the name at a position is used.", {}),
+    ("lsp_hover", "POST", "/lsp/hover", G.LSP, ("lsp:use",), "The type and documentation of the name at a position.", {}),
+    ("lsp_symbols", "POST", "/lsp/symbols", G.LSP, ("lsp:use",), "A file's symbols, or the project's matching a query.", {}),
+    ("lsp_completions", "POST", "/lsp/completions", G.LSP, ("lsp:use",), "Completions at a position.", {}),
     # The seed's agents API, OpenAI-shaped, over the ACP engine above (SPEC §26).
     ("agents_sessions_create", "POST", "/v1/agents/sessions", G.AGENTS, ("agents:use",), "Create an agent session (OpenAI-shaped).", _OA),
     ("agents_sessions_list", "GET", "/v1/agents/sessions", G.AGENTS, ("agents:use",), "List agent sessions (OpenAI-shaped).", _OA),
@@ -403,6 +417,7 @@ def default_scopes(group: CapabilityGroup, method: str) -> tuple[str, ...]:
         G.PREVIEW: "preview:manage" if writes else "preview:read",
         G.CODE: "code:run" if writes else "code:read",
         G.CONSOLE: "console:use",
+        G.LSP: "lsp:use",
     }
     return (table[group],)
 

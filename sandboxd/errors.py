@@ -718,6 +718,14 @@ def upstream_unavailable(port: int, why: str | None = None) -> ApiError:
     )
 
 
+def server_unavailable(message: str, **extra: Any) -> ApiError:
+    """
+    502 ``upstream_unavailable`` for a server the daemon speaks to on a
+    caller's behalf (a language server) that is gone, or refused a request.
+    """
+    return ApiError(502, message, "ConnectionError", Code.UPSTREAM_UNAVAILABLE, **extra)
+
+
 def upstream_timeout(port: int, seconds: float) -> ApiError:
     """504 ``upstream_timeout``: the app sent no response head in time."""
     return ApiError(

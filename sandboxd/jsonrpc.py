@@ -323,6 +323,18 @@ class Connection:
         self._send(request(request_id, method, params))
         return d
 
+    @property
+    def last_request_id(self) -> int:
+        """The id of the request sent last (to cancel it by)."""
+        return self._next_id - 1
+
+    def forget(self, request_id: int) -> None:
+        """
+        Stop waiting for ``request_id``'s answer (a caller that gave up on
+        it); its Deferred is left as it is, and a late answer is garbage.
+        """
+        self._pending.pop(request_id, None)
+
     def notify(self, method: str, params: Any) -> None:
         """Send a notification."""
         self._send(notification(method, params))

@@ -63,6 +63,7 @@ _GROUP_NOTES = {
     CapabilityGroup.PREVIEW: "the preview door: a sandbox's web apps in a browser (docs/preview.md)",
     CapabilityGroup.CODE: "stateful kernels: code contexts, see [code](code.md)",
     CapabilityGroup.CONSOLE: "the web console at /ui/ (docs/console.md)",
+    CapabilityGroup.LSP: "language servers: diagnostics, definitions, references (docs/lsp.md)",
 }
 
 _HEADER = """\

@@ -32,6 +32,7 @@ from sandboxd.api.schemas import (
     files,
     git,
     links,
+    lsp,
     mcp,
     openai,
     preview,
@@ -71,6 +72,7 @@ PATH_PARAMS: dict[str, Field] = {
     "cid": F("cid", doc="a code context id", example="$CONTEXT"),
     "xid": F("xid", doc="an execution id", example="$EXECUTION"),
     "oid": F("oid", doc="a spilled output id", example="$OUTPUT"),
+    "lid": F("lid", doc="a language server session id", example="$LSP_SESSION"),
     # The /v1 door (SPEC §26).
     "session_id": F(
         "session_id", doc="an agent session id (agsess_...)", example="$AGSESS"
@@ -133,6 +135,7 @@ SCHEMAS: dict[str, Schema] = {
     **git.SCHEMAS,
     **browser.SCHEMAS,
     **code_contexts.SCHEMAS,
+    **lsp.SCHEMAS,
     **agents.SCHEMAS,
     **openai.SCHEMAS,
     **mcp.SCHEMAS,

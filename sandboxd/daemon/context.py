@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from sandboxd.files.uploads import UploadTable
     from sandboxd.files.watch import WatchService
     from sandboxd.kernels.service import CodeService
+    from sandboxd.lsp.service import LspService
     from sandboxd.processes.service import ProcessService
     from sandboxd.terminals.service import TerminalService
 
@@ -107,6 +108,8 @@ class Context:
     git_locks: dict[str, Any] = attrs.field(factory=dict, init=False)
     #: Code contexts (kernels), built on the code group's first request.
     code: ServiceOnFirstUse[CodeService] | None = attrs.field(default=None, init=False)
+    #: Language servers, built on the lsp group's first request.
+    lsp: ServiceOnFirstUse[LspService] | None = attrs.field(default=None, init=False)
     #: Paths the site hands to a door of their own before the JSON
     #: pipeline (``/mcp``), to the door's ``exchange``.
     doors: dict[bytes, Any] = attrs.field(factory=dict, init=False)

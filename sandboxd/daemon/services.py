@@ -9,7 +9,8 @@ stops it in order, but only two are built at start: the processes' (the
 daemon becomes the subreaper of every child it starts, of any group, and
 ends them all at stop) and the terminals' (its PTY port listens before the
 first ``/health``, :mod:`sandboxd.daemon.readiness`). Every other one (watches,
-uploads, the browser, the agents, the MCP door) is a
+uploads, the browser, the agents, code contexts, language servers, the MCP
+door) is a
 :class:`~sandboxd.daemon.firstuse.ServiceOnFirstUse` until first used, and its
 module is not imported before.
 """
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from sandboxd.files.uploads import UploadTable
     from sandboxd.files.watch import WatchService
     from sandboxd.kernels.service import CodeService
+    from sandboxd.lsp.service import LspService
     from sandboxd.mcp import McpDoor
 
 #: Where the site finds the MCP door.
@@ -46,10 +48,11 @@ def setup_services(context: Context) -> list[IService]:
     browser = context.browser = ServiceOnFirstUse("browser", lambda: _browser(context))
     agents = context.agents = ServiceOnFirstUse("agents", lambda: _agents(context))
     code = context.code = ServiceOnFirstUse("code", lambda: _code(context))
+    lsp = context.lsp = ServiceOnFirstUse("lsp", lambda: _lsp(context))
     door = context.doors[MCP_PATH] = ServiceOnFirstUse(
         "mcp", lambda: _mcp_door(context)
     )
-    return [watches, uploads, processes, terminals, browser, agents, code, door]
+    return [watches, uploads, processes, terminals, browser, agents, code, lsp, door]
 
 
 def _watches(context: Context) -> WatchService:
@@ -85,6 +88,13 @@ def _code(context: Context) -> CodeService:
     from sandboxd.kernels.service import CodeService
 
     return CodeService(context)
+
+
+def _lsp(context: Context) -> LspService:
+    """The language server sessions (each server starts with its first question)."""
+    from sandboxd.lsp.service import LspService
+
+    return LspService(context)
 
 
 def _mcp_door(context: Context) -> McpDoor:

@@ -105,6 +105,7 @@ CHILD_GROUPS = frozenset(
         CapabilityGroup.BROWSER,
         CapabilityGroup.CODE,
         CapabilityGroup.GIT,
+        CapabilityGroup.LSP,
     }
 )
 

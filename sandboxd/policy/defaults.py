@@ -121,6 +121,29 @@ CODE_LIMITS: dict[str, Any] = {
     "interrupt_grace_seconds": 5,
 }
 
+#: Language servers: shared by every lsp_* endpoint, like CODE_LIMITS.
+#: ``max_sessions`` counts the daemon's servers (each a process that holds a
+#: project's index in memory), ``max_bytes`` the largest file sent to one,
+#: ``timeout_seconds`` one question, ``max_results`` the locations,
+#: symbols or completions one answer lists.
+LSP_LIMITS: dict[str, Any] = {
+    "max_sessions": 4,
+    "idle_timeout_seconds": 900,
+    "start_timeout_seconds": 30,
+    "timeout_seconds": 10,
+    "max_message_bytes": 16 * MIB,
+    "max_bytes": 4 * MIB,
+    "max_results": 200,
+}
+
+#: Language servers: the documents one session keeps open (the oldest
+#: closed first).
+LSP_OPEN_DOCUMENTS = 64
+
+#: Language servers: how long diagnostics must stay unchanged before they
+#: are taken as the server's answer.
+LSP_DIAGNOSTICS_SETTLE_SECONDS = 0.3
+
 #: Code contexts: executions kept listed per context (finished ones go first).
 CODE_KEPT_EXECUTIONS = 64
 
@@ -685,6 +708,8 @@ def endpoint_limits(endpoint_id: str, group: str) -> dict[str, Any]:
         out.update(GIT_REMOTE_LIMITS if remote else GIT_LOCAL_LIMITS)
     if group == "code":
         out.update(CODE_LIMITS)
+    if group == "lsp":
+        out.update(LSP_LIMITS)
     if group == "browser":
         out.update(BROWSER_LIMITS)
     out.update(ENDPOINT_LIMITS.get(endpoint_id, {}))

@@ -67,6 +67,8 @@ _RUNNING_GROUPS = {
     "terminal": False,
     "dev_tools": False,
     "browser": False,
+    # A language server runs the project's tooling (build scripts, macros).
+    "lsp": False,
 }
 
 

@@ -154,6 +154,8 @@ class Params:
     kernels: tuple[str, ...] = ("python3", "sandboxd-python", "sandboxd-bash")
     allow_stdin: bool = True
     auto_restart: bool = True
+    # language servers: the catalogue ids a session may start (None: all)
+    lsp_servers: tuple[str, ...] | None = None
     # the MCP door: "default" lists the tools a model uses; "all" every tool
     mcp_tools: str = "default"
 

@@ -57,6 +57,7 @@ GROUP_MODULES: dict[CapabilityGroup, tuple[str, ...]] = {
     G.PREVIEW: ("sandboxd.routes.preview",),
     G.CODE: ("sandboxd.routes.kernels",),
     G.CONSOLE: ("sandboxd.routes.console",),
+    G.LSP: ("sandboxd.routes.lsp",),
 }
 
 

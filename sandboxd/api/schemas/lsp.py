@@ -1,0 +1,281 @@
+"""What the endpoints of language servers take and give."""
+
+from __future__ import annotations
+
+from sandboxd.api.fields import E, F, Schema
+from sandboxd.api.fragments import GUARD
+
+_SESSION = (
+    F("id"),
+    F("server", doc="the catalogue id (pylsp, pyright, ...)"),
+    F("languages", "array", items="string"),
+    F("root", doc="the project directory the server was started for"),
+    F("state", enum=("starting", "ready", "failed", "closed")),
+    F("pid", "integer", nullable=True),
+    F("user", nullable=True),
+    F("owner"),
+    F("created_at", "number"),
+    F("idle_seconds", "number"),
+    F("open_documents", "integer"),
+    F(
+        "server_info",
+        "object",
+        "{name, version} as the server gave them",
+        nullable=True,
+    ),
+    F(
+        "capabilities",
+        "array",
+        "the server's providers (hoverProvider, ...)",
+        items="string",
+    ),
+    F("failure", doc="why it is not running", nullable=True),
+)
+
+#: Which session answers: named, or found (and started) by server or
+#: language, project root and user.
+_WHICH = (
+    F("session_id", doc="a session to ask (default: found or started for the file)"),
+    F("server", doc="a catalogue id allowed by params.lsp_servers"),
+    F("language", doc="an LSP language id (default: from the file's extension)"),
+    F(
+        "root",
+        doc="the project directory (default: the nearest one holding a project file)",
+    ),
+    F("user", "any", "who the server runs as (params.users)"),
+)
+
+_FILE = (
+    F(
+        "path",
+        doc="the file asked about",
+        required=True,
+        min_length=1,
+        example="app.py",
+    ),
+    *_WHICH,
+)
+
+_POSITION = (
+    F("line", "integer", "from 1", required=True, minimum=1, example=1),
+    F("column", "integer", "from 1, in characters", default=1, minimum=1),
+)
+
+_ANSWER = (
+    F("session_id"),
+    F("server"),
+)
+
+_LOCATION = (
+    "[{path, line, column, end_line, end_column, text}]: lines and columns "
+    "from 1 in characters; text is the line, cut at 1024 characters"
+)
+
+_MAX_RESULTS = F(
+    "max_results", "integer", "at most the policy's max_results (200)", minimum=1
+)
+
+_ERRORS = (
+    *GUARD,
+    E(
+        400,
+        "invalid_param",
+        "no language known for the file, an unknown or disallowed server (body: allowed), "
+        "a file that is not UTF-8 (kind: not_text), a line past the end (kind: past_end)",
+    ),
+    E(403, "param_not_allowed", "a refused user"),
+    E(404, "not_found", "no such file, or no such session", "FileNotFoundError"),
+    E(413, "payload_too_large", "the file is over max_bytes (4 MiB)"),
+    E(429, "too_many_sessions", "max_sessions language servers run", "ResourceError"),
+    E(
+        501,
+        "unsupported",
+        "the server does not answer this question",
+    ),
+    E(
+        502,
+        "upstream_unavailable",
+        "the server exited, broke its framing, or refused the request (body: lsp_error, stderr)",
+        "ConnectionError",
+    ),
+    E(
+        503,
+        "unavailable",
+        "no server for the language is installed (the message says how to install one)",
+    ),
+    E(
+        504,
+        "timeout",
+        "the server did not start within start_timeout_seconds, or did not answer within "
+        "timeout_seconds",
+        "TimeoutError",
+    ),
+)
+
+_NO_SESSION = E(404, "not_found", "unknown session, or another identity's")
+
+
+SCHEMAS: dict[str, Schema] = {
+    "lsp_servers": Schema(
+        response=(
+            F(
+                "servers",
+                "array",
+                "[{id, languages, command, installed, allowed, install}] in order of "
+                "preference: for a language, the first installed and allowed one is used",
+                items="object",
+            ),
+        ),
+    ),
+    "lsp_sessions_list": Schema(
+        response=(F("sessions", "array", "session documents", items="object"),),
+    ),
+    "lsp_session_create": Schema(
+        body=(
+            F("server", doc="a catalogue id allowed by params.lsp_servers"),
+            F("language", doc="start the first installed server of this language"),
+            F("root", doc="the project directory (guarded); default base_dir"),
+            F("user", "any", "who the server runs as (params.users)"),
+        ),
+        status=201,
+        response=_SESSION,
+        errors=_ERRORS,
+        notes="Answers 200 with the session already running for the same server, root and "
+        "user. The questions below start one themselves; this is for starting it ahead of "
+        "them (a big project's index takes time).",
+    ),
+    "lsp_session_get": Schema(
+        response=(
+            *_SESSION,
+            F(
+                "messages",
+                "array",
+                "the server's last log messages: [{type, message}]",
+                items="object",
+            ),
+            F("stderr", doc="the end of the server's standard error"),
+        ),
+        errors=(_NO_SESSION,),
+    ),
+    "lsp_session_delete": Schema(
+        response=(F("id"), F("state", enum=("closed",))),
+        errors=(_NO_SESSION,),
+    ),
+    "lsp_diagnostics": Schema(
+        body=(
+            *_FILE,
+            F(
+                "timeout",
+                "number",
+                "seconds to wait for the server's first report on the file's current text",
+                default=10,
+            ),
+        ),
+        response=(
+            *_ANSWER,
+            F("path", doc="the file, resolved"),
+            F(
+                "diagnostics",
+                "array",
+                "[{line, column, end_line, end_column, severity: error|warning|information|hint, "
+                "code, source, message}] in file order",
+                items="object",
+            ),
+            F("counts", "object", "{error, warning, information, hint}"),
+            F(
+                "settled",
+                "boolean",
+                "false: the server said nothing about the current text within timeout "
+                "(the diagnostics are its earlier ones, if any)",
+            ),
+        ),
+        errors=_ERRORS,
+        notes="The file is read as it is on disk now and sent to the server when it changed; "
+        "the answer comes once the server has reported on that text and then said nothing "
+        "new for 0.3 s.",
+    ),
+    "lsp_definition": Schema(
+        body=(*_FILE, *_POSITION, _MAX_RESULTS),
+        response=(
+            *_ANSWER,
+            F("locations", "array", _LOCATION, items="object"),
+            F(
+                "outside",
+                "integer",
+                "locations left out: files the caller may not read",
+            ),
+            F("truncated", "boolean"),
+        ),
+        errors=_ERRORS,
+    ),
+    "lsp_references": Schema(
+        body=(
+            *_FILE,
+            *_POSITION,
+            F("include_declaration", "boolean", default=True),
+            _MAX_RESULTS,
+        ),
+        response=(
+            *_ANSWER,
+            F("locations", "array", _LOCATION, items="object"),
+            F(
+                "outside",
+                "integer",
+                "locations left out: files the caller may not read",
+            ),
+            F("truncated", "boolean"),
+        ),
+        errors=_ERRORS,
+    ),
+    "lsp_hover": Schema(
+        body=(*_FILE, *_POSITION),
+        response=(
+            *_ANSWER,
+            F("found", "boolean", "false: nothing to say there"),
+            F("contents", doc="Markdown or plain text, as the server wrote it"),
+            F("range", "object", "{line, column, end_line, end_column}", nullable=True),
+        ),
+        errors=_ERRORS,
+    ),
+    "lsp_symbols": Schema(
+        body=(
+            *_FILE,
+            F(
+                "query",
+                doc="search the project's symbols by name instead of listing the file's",
+            ),
+            _MAX_RESULTS,
+        ),
+        response=(
+            *_ANSWER,
+            F(
+                "symbols",
+                "array",
+                "[{name, kind, container, path, line, column, end_line, end_column, text}]",
+                items="object",
+            ),
+            F("outside", "integer", "symbols left out: files the caller may not read"),
+            F("truncated", "boolean"),
+        ),
+        errors=_ERRORS,
+    ),
+    "lsp_completions": Schema(
+        body=(*_FILE, *_POSITION, _MAX_RESULTS),
+        response=(
+            *_ANSWER,
+            F(
+                "items",
+                "array",
+                "[{label, kind, detail, documentation, insert_text}] in the server's order",
+                items="object",
+            ),
+            F(
+                "is_incomplete",
+                "boolean",
+                "the server would give more as more is typed",
+            ),
+            F("truncated", "boolean"),
+        ),
+        errors=_ERRORS,
+    ),
+}

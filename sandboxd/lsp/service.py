@@ -1,0 +1,166 @@
+# -*- test-case-name: tests.lsp.test_lsp -*-
+"""
+The ``lsp`` group's service: every language server session, found by who
+asks, which server, which project root and which user; the daemon-wide
+and per-identity bounds; the idle sweep; the orderly stop.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.interfaces import IDelayedCall
+from twisted.logger import Logger
+
+from sandboxd.errors import ApiError, Code, limit_exceeded, not_found
+from sandboxd.lsp.catalog import ServerSpec
+from sandboxd.lsp.session import LspSession
+from sandboxd.policy.defaults import identity_cap
+from sandboxd.processes.command import RunAs
+
+log = Logger(namespace="sandboxd.lsp")
+
+
+class LspService(Service):
+    """Every language server session of the daemon."""
+
+    def __init__(self, context: Any) -> None:
+        """:param context: the daemon's :class:`~sandboxd.daemon.context.Context`."""
+        self.context = context
+        self.reactor = context.reactor
+        self.sessions: dict[str, LspSession] = {}
+        self._sweep: IDelayedCall | None = None
+
+    def find(
+        self, owner: str, spec: ServerSpec, root: str, run_as: RunAs | None
+    ) -> LspSession | None:
+        """The live session of this owner, server, root and user, if one runs."""
+        user = run_as.uid if run_as is not None else None
+        for session in self.sessions.values():
+            same_user = (session.run_as.uid if session.run_as else None) == user
+            if (
+                session.owner == owner
+                and session.spec.id == spec.id
+                and session.root == root
+                and same_user
+                and session.state in ("starting", "ready")
+            ):
+                return session
+        return None
+
+    def open(
+        self,
+        identity: Any,
+        spec: ServerSpec,
+        argv: list[str],
+        env: dict[str, str],
+        root: str,
+        run_as: RunAs | None,
+        limits: dict[str, Any],
+    ) -> LspSession:
+        """
+        A new session, started now (wait on its ``ready()``).
+
+        :raises ApiError: 429 ``too_many_sessions`` at ``max_sessions`` or
+            the identity's share of it.
+        """
+        self._forget_failed()
+        self.check_room(identity, limits)
+        session = LspSession(
+            self.reactor, self.context.children, spec, identity.id, root, run_as, limits
+        )
+        self.sessions[session.id] = session
+        session.start(argv, env).addErrback(lambda _: None)
+        self._arm_sweep()
+        return session
+
+    def check_room(self, identity: Any, limits: dict[str, Any]) -> None:
+        """:raises ApiError: 429 at the daemon's or the identity's bound."""
+        live = [s for s in self.sessions.values() if s.state in ("starting", "ready")]
+        total = limits["max_sessions"]
+        if len(live) >= total:
+            raise _too_many(
+                f"{len(live)} language servers are running (max_sessions {total})",
+                total,
+            )
+        mine = identity_cap(
+            total,
+            len(self.context.policy.tokens.ids()),
+            limits.get("max_per_identity"),
+        )
+        own = sum(1 for s in live if s.owner == identity.id)
+        if own >= mine:
+            raise _too_many(
+                f"you have {own} language servers running (max_per_identity {mine})",
+                mine,
+            )
+
+    def get(self, sid: str, identity: Any) -> LspSession:
+        """
+        The session ``sid`` if ``identity`` may see it.
+
+        :raises ApiError: 404 for an unknown id and another identity's alike.
+        """
+        session = self.sessions.get(sid)
+        if session is None or not _may_see(identity, session):
+            raise not_found(f"no language server session {sid!r}")
+        return session
+
+    def visible(self, identity: Any) -> list[LspSession]:
+        """The sessions ``identity`` may see."""
+        return [s for s in self.sessions.values() if _may_see(identity, s)]
+
+    def remove(self, session: LspSession) -> Deferred[Any]:
+        """Stop ``session`` and forget it."""
+        self.sessions.pop(session.id, None)
+        return session.close()
+
+    def _forget_failed(self) -> None:
+        for session in list(self.sessions.values()):
+            if session.state == "failed":
+                self.remove(session)
+
+    def _arm_sweep(self) -> None:
+        if self._sweep is not None and self._sweep.active():
+            return
+        if not self.sessions:
+            return
+        every = max(
+            0.5,
+            min(s.limits["idle_timeout_seconds"] for s in self.sessions.values()) / 2,
+        )
+        self._sweep = self.reactor.callLater(every, self._sweep_idle)
+
+    def _sweep_idle(self) -> None:
+        self._sweep = None
+        now = time.monotonic()
+        for session in list(self.sessions.values()):
+            if now - session.last_activity > session.limits["idle_timeout_seconds"]:
+                log.info("language server {id} idle: stopped", id=session.id)
+                self.remove(session)
+        self._arm_sweep()
+
+    def stopService(self) -> Deferred[None]:
+        """Stop every server; bounded by the kill grace."""
+        super().stopService()  # type: ignore[no-untyped-call]
+        if self._sweep is not None and self._sweep.active():
+            self._sweep.cancel()
+        waits = [self.remove(s) for s in list(self.sessions.values())]
+        done: Deferred[Any] = DeferredList(waits, consumeErrors=True)
+        return done.addCallback(lambda _: None)
+
+
+def _may_see(identity: Any, session: LspSession) -> bool:
+    """Its creator, a link its creator minted, or an identity holding ``*``."""
+    return bool(
+        identity.id == session.owner
+        or identity.on_behalf_of == session.owner
+        or identity.has_scope("*")
+    )
+
+
+def _too_many(message: str, limit: int) -> ApiError:
+    return limit_exceeded(429, message, Code.TOO_MANY_SESSIONS, limit=limit)

@@ -1,0 +1,496 @@
+# -*- test-case-name: tests.lsp.test_lsp -*-
+"""
+One language server: its child, the JSON-RPC peer over its stdio, the
+documents it has open and the diagnostics it published.
+
+The server runs as one of the daemon's children (its own session, the
+request's user, no secrets, its whole tree ended with it).  The daemon is
+the editor: before each question it reads the file and opens it, or sends
+its new text when it changed on disk, so the answer is about the file as
+it is now; the server's own requests are answered as a plain editor
+would (no configuration, no edits applied).  Every question has a
+timeout; a server that dies fails what waits on it at once, and the
+session is ``failed`` (the next question starts a new one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import time
+from collections import OrderedDict, deque
+from typing import Any
+
+from twisted.internet.defer import Deferred, TimeoutError
+from twisted.logger import Logger
+
+from sandboxd.agents.process import AgentProcess, HeadTailLog
+from sandboxd.errors import ApiError, Code, server_unavailable, timed_out
+from sandboxd.jsonrpc import (
+    METHOD_NOT_FOUND,
+    Connection,
+    ConnectionLost,
+    ContentLengthFramer,
+    RpcError,
+    content_length_frame,
+)
+from sandboxd.lsp.answers import uri_of
+from sandboxd.lsp.catalog import ServerSpec
+from sandboxd.lsp.text import ENCODINGS
+from sandboxd.policy import defaults
+from sandboxd.processes.command import RunAs
+from sandboxd.waiters import Waiters
+
+log = Logger(namespace="sandboxd.lsp")
+
+_ids = itertools.count(1)
+
+#: The server's log messages kept per session.
+KEPT_LOG_MESSAGES = 50
+
+#: What the daemon, as an editor, says it can do.
+CLIENT_CAPABILITIES: dict[str, Any] = {
+    "general": {"positionEncodings": list(ENCODINGS)},
+    "workspace": {
+        "configuration": True,
+        "workspaceFolders": True,
+        "symbol": {"dynamicRegistration": False},
+    },
+    "textDocument": {
+        "synchronization": {"dynamicRegistration": False, "didSave": False},
+        "publishDiagnostics": {"relatedInformation": False, "versionSupport": True},
+        "hover": {"contentFormat": ["markdown", "plaintext"]},
+        "definition": {"linkSupport": True},
+        "references": {},
+        "documentSymbol": {"hierarchicalDocumentSymbolSupport": True},
+        "completion": {
+            "completionItem": {
+                "snippetSupport": False,
+                "documentationFormat": ["markdown", "plaintext"],
+            }
+        },
+    },
+    "window": {"workDoneProgress": False},
+}
+
+
+class Document:
+    """A file the server has open: its version and a digest of the text sent."""
+
+    def __init__(self, uri: str, language: str) -> None:
+        self.uri = uri
+        self.language = language
+        self.version = 0
+        self.digest = b""
+
+
+class Diagnostics:
+    """What the server last published for one document."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.version: int | None = None
+        #: How many publishes have come for this document.
+        self.count = 0
+        self.published = Waiters[None]()
+
+
+class LspSession:
+    """One language server for one project root, user and owner."""
+
+    def __init__(
+        self,
+        reactor: Any,
+        children: Any,
+        spec: ServerSpec,
+        owner: str,
+        root: str,
+        run_as: RunAs | None,
+        limits: dict[str, Any],
+    ) -> None:
+        self.id = f"lsp_{next(_ids)}"
+        self.reactor = reactor
+        self.spec = spec
+        self.owner = owner
+        self.root = root
+        self.run_as = run_as
+        self.limits = limits
+        self.state = "starting"
+        self.created_at = time.time()
+        self.last_activity = time.monotonic()
+        self.capabilities: dict[str, Any] = {}
+        #: How the server counts characters in a line (its choice of ours).
+        self.encoding = "utf-16"
+        self.server_info: dict[str, Any] | None = None
+        self.failure: str | None = None
+        self.documents: OrderedDict[str, Document] = OrderedDict()
+        self.diagnostics: dict[str, Diagnostics] = {}
+        self.messages: deque[dict[str, Any]] = deque(maxlen=KEPT_LOG_MESSAGES)
+        self.stderr = HeadTailLog(64 * 1024)
+        framer = ContentLengthFramer(
+            limits["max_message_bytes"], self._message, self._broken
+        )
+        self.process = AgentProcess(
+            reactor, children, self.stderr, framer, self._exited
+        )
+        self.conn = Connection(self.process.write, self, content_length_frame)
+        self._ready: Waiters[None] = Waiters()
+
+    # -- life ----------------------------------------------------------------
+
+    def start(self, argv: list[str], env: dict[str, str]) -> Deferred[None]:
+        """
+        Spawn the server and ``initialize`` it; fires once it answered, or
+        fails (504 ``timeout`` past ``start_timeout_seconds``, 502 when it
+        exits or refuses).  Every other caller waits on :meth:`ready`.
+        """
+        try:
+            self.process.spawn(argv[0], argv, env, self.root, self.run_as)
+        except OSError as e:
+            self._fail(f"could not start {argv[0]}: {e.strerror or e}")
+            return self.ready()
+        params = {
+            "processId": None,
+            "clientInfo": {"name": "sandboxd"},
+            "rootUri": uri_of(self.root),
+            "rootPath": self.root,
+            "workspaceFolders": [{"uri": uri_of(self.root), "name": self.root}],
+            "capabilities": CLIENT_CAPABILITIES,
+        }
+        d = self._ask("initialize", params, self.limits["start_timeout_seconds"])
+        d.addCallbacks(self._initialized, self._start_failed)
+        return self.ready()
+
+    def _initialized(self, result: Any) -> None:
+        if self.state != "starting":
+            return
+        if isinstance(result, dict):
+            caps = result.get("capabilities")
+            self.capabilities = caps if isinstance(caps, dict) else {}
+            chosen = self.capabilities.get("positionEncoding")
+            if chosen in ENCODINGS:
+                self.encoding = chosen
+            info = result.get("serverInfo")
+            self.server_info = info if isinstance(info, dict) else None
+        self.conn.notify("initialized", {})
+        self.state = "ready"
+        self._ready.fire(None)
+
+    def _start_failed(self, failure: Any) -> None:
+        error = failure.value
+        if isinstance(error, ApiError) and error.code == Code.TIMEOUT:
+            self._fail("it did not answer initialize in time", error)
+        else:
+            self._fail(f"initialize failed: {_reason(error)}")
+        self.process.kill()
+
+    def ready(self) -> Deferred[None]:
+        """Fires once the server is ready; fails as :meth:`start` does."""
+        d: Deferred[None] = Deferred()
+        if self.state == "ready":
+            d.callback(None)
+        elif self.state in ("failed", "closed"):
+            d.errback(self._gone())
+        else:
+            d = self._ready.wait()
+        return d
+
+    def _fail(self, why: str, error: ApiError | None = None) -> None:
+        if self.state in ("failed", "closed"):
+            return
+        self.state = "failed"
+        self.failure = why
+        log.info(
+            "language server {id} ({server}) failed: {why}",
+            id=self.id,
+            server=self.spec.id,
+            why=why,
+        )
+        self._ready.fail(error or self._gone())
+        self.conn.close(ConnectionLost(why))
+        for diag in self.diagnostics.values():
+            diag.published.fire(None)
+
+    def _gone(self) -> ApiError:
+        why = self.failure or self.state
+        tail = self.stderr.tail_text(2000)
+        return server_unavailable(
+            f"the language server {self.spec.id} is not running ({why})",
+            session_id=self.id,
+            stderr=tail or None,
+        )
+
+    def _exited(self, code: int | None, signal: str | None) -> None:
+        how = f"killed by {signal}" if signal else f"exited with status {code}"
+        self._fail(f"it {how}")
+
+    def _broken(self, reason: str) -> None:
+        self._fail(f"it sent {reason}")
+        self.process.kill()
+
+    def close(self) -> Deferred[Any]:
+        """``shutdown`` and ``exit`` if it is up, then end its tree; fires once gone."""
+        polite = self.state == "ready"
+        self._fail("closed")
+        self.state = "closed"
+        if polite and not self.process.exited:
+            # A server that takes its time over shutdown is ended anyway.
+            self.process.write(
+                content_length_frame(b'{"jsonrpc":"2.0","id":-1,"method":"shutdown"}')
+            )
+            self.process.write(
+                content_length_frame(b'{"jsonrpc":"2.0","method":"exit"}')
+            )
+            later = self.reactor.callLater(1.0, self.process.terminate)
+            gone = self.process.wait_exit()
+            gone.addBoth(lambda result: (later.active() and later.cancel(), result)[1])
+            return gone
+        return self.process.terminate()
+
+    @property
+    def pid(self) -> int | None:
+        """The server's pid once spawned."""
+        return self.process.pid
+
+    def touch(self) -> None:
+        """A question came: the idle clock restarts."""
+        self.last_activity = time.monotonic()
+
+    # -- questions -----------------------------------------------------------
+
+    def ask(self, method: str, params: Any) -> Deferred[Any]:
+        """One request, bounded by ``timeout_seconds``."""
+        self.touch()
+        if self.state != "ready":
+            d: Deferred[Any] = Deferred()
+            d.errback(self._gone())
+            return d
+        return self._ask(method, params, self.limits["timeout_seconds"])
+
+    def _ask(self, method: str, params: Any, timeout: float) -> Deferred[Any]:
+        d = self.conn.request(method, params)
+        request_id = self.conn.last_request_id
+
+        def given_up(result: Any, _timeout: float) -> Any:
+            self.conn.forget(request_id)
+            if self.state == "ready":
+                self.conn.notify("$/cancelRequest", {"id": request_id})
+            return result
+
+        d.addTimeout(timeout, self.reactor, onTimeoutCancel=given_up)
+        d.addErrback(self._answer_failed, method, timeout)
+        return d
+
+    def _answer_failed(self, failure: Any, method: str, timeout: float) -> Any:
+        error = failure.value
+        if isinstance(error, TimeoutError):
+            raise timed_out(
+                f"the language server {self.spec.id} did not answer {method} "
+                f"within {timeout:g} s",
+                status=504,
+                limit=timeout,
+            )
+        if isinstance(error, RpcError):
+            raise server_unavailable(
+                f"the language server {self.spec.id} refused {method}: {error.message}",
+                session_id=self.id,
+                lsp_error={"code": error.code, "message": error.message},
+            )
+        if isinstance(error, ConnectionLost):
+            raise self._gone()
+        return failure
+
+    def supports(self, capability: str) -> bool:
+        """Whether the server said it answers ``capability`` (``hoverProvider``...)."""
+        value = self.capabilities.get(capability)
+        return value is not None and value is not False
+
+    # -- documents -----------------------------------------------------------
+
+    def sync(self, path: str, language: str, text: str) -> bool:
+        """
+        Make the server see ``text`` as ``path``'s content: open it, or send
+        the whole new text if it changed.  True when something was sent.
+        """
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+        doc = self.documents.get(path)
+        if doc is not None and doc.digest == digest:
+            self.documents.move_to_end(path)
+            return False
+        if doc is None:
+            doc = Document(uri_of(path), language)
+            doc.version = 1
+            self.conn.notify(
+                "textDocument/didOpen",
+                {
+                    "textDocument": {
+                        "uri": doc.uri,
+                        "languageId": language,
+                        "version": doc.version,
+                        "text": text,
+                    }
+                },
+            )
+            self.documents[path] = doc
+            self._close_oldest()
+        else:
+            doc.version += 1
+            self.conn.notify(
+                "textDocument/didChange",
+                {
+                    "textDocument": {"uri": doc.uri, "version": doc.version},
+                    "contentChanges": [{"text": text}],
+                },
+            )
+            self.documents.move_to_end(path)
+        doc.digest = digest
+        self.diagnostics.setdefault(doc.uri, Diagnostics())
+        return True
+
+    def _close_oldest(self) -> None:
+        while len(self.documents) > defaults.LSP_OPEN_DOCUMENTS:
+            _, old = self.documents.popitem(last=False)
+            self.conn.notify(
+                "textDocument/didClose", {"textDocument": {"uri": old.uri}}
+            )
+            self.diagnostics.pop(old.uri, None)
+
+    async def diagnostics_of(
+        self, path: str, fresh: bool, timeout: float
+    ) -> tuple[list[Any], bool]:
+        """
+        ``(items, settled)``: what the server publishes for ``path`` once it
+        has said something about its current text and then nothing more for
+        :data:`~sandboxd.policy.defaults.LSP_DIAGNOSTICS_SETTLE_SECONDS`;
+        ``settled`` is False when it said nothing about that text within
+        ``timeout`` (the items are then what it said before, if anything).
+
+        :param fresh: the text was just sent (:meth:`sync`): what was
+            published before does not count.
+        """
+        doc = self.documents[path]
+        diag = self.diagnostics.setdefault(doc.uri, Diagnostics())
+        if not fresh and diag.count:
+            return diag.items, True
+        deadline = self.reactor.seconds() + timeout
+        seen = diag.count if fresh else 0
+        while diag.count <= seen or (
+            diag.version is not None and diag.version < doc.version
+        ):
+            if not await self._published(diag, deadline - self.reactor.seconds()):
+                return diag.items, False
+        settle = defaults.LSP_DIAGNOSTICS_SETTLE_SECONDS
+        while await self._published(
+            diag, min(settle, deadline - self.reactor.seconds())
+        ):
+            pass
+        return diag.items, True
+
+    async def _published(self, diag: Diagnostics, within: float) -> bool:
+        """
+        Whether another publish came within ``within`` seconds.
+
+        :raises ApiError: the server is gone.
+        """
+        if self.state != "ready":
+            raise self._gone()
+        if within <= 0:
+            return False
+        count = diag.count
+        d = diag.published.wait()
+        d.addTimeout(within, self.reactor)
+        try:
+            await d
+        except TimeoutError:
+            return False
+        if self.state != "ready":
+            raise self._gone()
+        return diag.count > count
+
+    # -- what the server sends (the Peer of Connection) ----------------------
+
+    def handle_request(self, request_id: Any, method: str, params: Any) -> Any:
+        """Answer the server as an editor with no settings of its own would."""
+        if method == "workspace/configuration":
+            items = params.get("items") if isinstance(params, dict) else None
+            return [None] * (len(items) if isinstance(items, list) else 0)
+        if method == "workspace/workspaceFolders":
+            return [{"uri": uri_of(self.root), "name": self.root}]
+        if method == "workspace/applyEdit":
+            return {"applied": False, "failureReason": "sandboxd applies no edits"}
+        if method in (
+            "client/registerCapability",
+            "client/unregisterCapability",
+            "window/workDoneProgress/create",
+            "window/showMessageRequest",
+            "window/showDocument",
+        ):
+            return None
+        raise RpcError(METHOD_NOT_FOUND, f"sandboxd does not handle {method}")
+
+    def handle_notification(self, method: str, params: Any) -> None:
+        """Diagnostics are kept; log and show messages go to :attr:`messages`."""
+        if method == "textDocument/publishDiagnostics" and isinstance(params, dict):
+            self._publish(params)
+        elif method in ("window/logMessage", "window/showMessage") and isinstance(
+            params, dict
+        ):
+            self.messages.append(
+                {
+                    "type": params.get("type"),
+                    "message": str(params.get("message"))[:2000],
+                }
+            )
+
+    def _publish(self, params: dict[str, Any]) -> None:
+        uri = params.get("uri")
+        if not isinstance(uri, str) or not any(
+            d.uri == uri for d in self.documents.values()
+        ):
+            return
+        diag = self.diagnostics.setdefault(uri, Diagnostics())
+        items = params.get("diagnostics")
+        diag.items = items if isinstance(items, list) else []
+        version = params.get("version")
+        diag.version = version if isinstance(version, int) else None
+        diag.count += 1
+        diag.published.fire(None)
+
+    def handle_garbage(self, line: bytes, reason: str, message: Any) -> None:
+        """Kept as a log message (a late answer to a question given up on is one)."""
+        self.messages.append({"type": 0, "message": f"ignored: {reason}"})
+
+    def _message(self, body: bytes) -> None:
+        self.conn.message_received(body)
+
+    # -- the document ----------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        """The session document."""
+        return {
+            "id": self.id,
+            "server": self.spec.id,
+            "languages": list(self.spec.languages),
+            "root": self.root,
+            "state": self.state,
+            "pid": self.pid,
+            "user": self.run_as.name if self.run_as is not None else None,
+            "owner": self.owner,
+            "created_at": self.created_at,
+            "idle_seconds": round(time.monotonic() - self.last_activity, 3),
+            "open_documents": len(self.documents),
+            "server_info": self.server_info,
+            "position_encoding": self.encoding,
+            "capabilities": sorted(
+                k
+                for k in self.capabilities
+                if k.endswith("Provider") and self.supports(k)
+            ),
+            "failure": self.failure,
+        }
+
+
+def _reason(error: Any) -> str:
+    if isinstance(error, ApiError):
+        return error.message
+    return str(error) or type(error).__name__

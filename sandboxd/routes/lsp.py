@@ -1,0 +1,511 @@
+# -*- test-case-name: tests.lsp.test_lsp -*-
+"""
+Handlers of the ``lsp`` group: a file's diagnostics, definitions,
+references, hover, symbols and completions, from a language server the
+daemon starts for the file's project on the first question.
+
+Positions are an agent's: lines and columns from 1, in characters (as
+``files_grep`` gives them); what comes back names files by path.  Every
+file named goes through the path guard: the one asked about is read
+through it, and a location the server points to outside what the policy
+lets the caller read is left out (counted in ``outside``), so a question
+cannot show what a read could not.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from typing import Any
+
+import attrs
+
+from sandboxd.access.guard import PathGuard
+from sandboxd.errors import (
+    ApiError,
+    bad_request,
+    limit_setting,
+    payload_too_large,
+    policy_rule,
+    unavailable,
+    unsupported,
+)
+from sandboxd.lsp import answers
+from sandboxd.lsp.catalog import (
+    SERVERS,
+    SERVERS_BY_ID,
+    ServerSpec,
+    allowed_ids,
+    find_root,
+    language_of,
+    servers_for,
+)
+from sandboxd.lsp.service import LspService
+from sandboxd.lsp.session import LspSession
+from sandboxd.lsp.text import Text
+from sandboxd.policy import defaults
+from sandboxd.policy.rules import EffectiveRule
+from sandboxd.processes.command import RunAs, resolve_user
+from sandboxd.processes.environment import child_environment
+from sandboxd.web.messages import ServerRequest, ServerResponse
+from sandboxd.web.params import flag, integer, required, seconds, string
+
+
+def service(request: ServerRequest) -> LspService:
+    """The group's service."""
+    lsp = request.context.lsp
+    assert lsp is not None
+    return lsp.get()
+
+
+def limits_of(rule: EffectiveRule) -> dict[str, Any]:
+    """The lsp limits of ``rule``, each falling back to the built-in default."""
+    out = dict(defaults.LSP_LIMITS)
+    for key in (*out, "max_per_identity"):
+        value = getattr(rule.limits, key, None)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+# -- the catalogue and sessions ------------------------------------------------
+
+
+def lsp_servers(request: ServerRequest) -> dict[str, Any]:
+    """Every server sandboxd knows, whether it is installed, whether allowed."""
+    env = child_environment(request.context, request.rule)
+    allowed = allowed_ids(request.rule.params.lsp_servers)
+    return {"servers": [s.describe(env, s.id in allowed) for s in SERVERS]}
+
+
+def lsp_sessions_list(request: ServerRequest) -> dict[str, Any]:
+    """The caller's sessions (every session for ``*``)."""
+    return {
+        "sessions": [s.describe() for s in service(request).visible(request.identity)]
+    }
+
+
+async def lsp_session_create(request: ServerRequest) -> ServerResponse:
+    """
+    ``POST /lsp/sessions {server? | language?, root?, user?}``: 201 once the
+    server answered ``initialize``; 200 with the session already running
+    for that server, root and user.
+    """
+    body = request.body
+    server = string(body.get("server"), "server", None)
+    language = string(body.get("language"), "language", None)
+    if server is None and language is None:
+        raise bad_request("name a 'server' or a 'language'")
+    spec, argv = choose_server(request, language, server)
+    root = PathGuard(request.rule).cwd(body.get("root"))
+    run_as = resolve_user(body.get("user"), request.rule)
+    existing = service(request).find(request.identity.id, spec, root, run_as)
+    session = await session_for(request, spec, argv, root, run_as)
+    return ServerResponse(status=200 if existing else 201, body=session.describe())
+
+
+def lsp_session_get(request: ServerRequest) -> dict[str, Any]:
+    """One session, with the server's last log messages."""
+    session = service(request).get(request.path_params["lid"], request.identity)
+    return {
+        **session.describe(),
+        "messages": list(session.messages),
+        "stderr": session.stderr.tail_text(4000),
+    }
+
+
+async def lsp_session_delete(request: ServerRequest) -> dict[str, Any]:
+    """Stop the server (``shutdown``, ``exit``, then its tree is ended)."""
+    svc = service(request)
+    session = svc.get(request.path_params["lid"], request.identity)
+    await svc.remove(session)
+    return {"id": session.id, "state": "closed"}
+
+
+def choose_server(
+    request: ServerRequest, language: str | None, server: str | None
+) -> tuple[ServerSpec, list[str]]:
+    """
+    The server named, or the first installed one the policy allows for
+    ``language``, with the argv that starts it.
+
+    :raises ApiError: 400 unknown or disallowed server, or no server for
+        the language; 503 ``unavailable`` when none of them is installed.
+    """
+    rule = request.rule
+    allowed = allowed_ids(rule.params.lsp_servers)
+    where = policy_rule(rule, "params.lsp_servers")
+    if server is not None:
+        spec = SERVERS_BY_ID.get(server)
+        if spec is None or server not in allowed:
+            why = "is not a server sandboxd knows" if spec is None else "is not allowed"
+            raise bad_request(
+                f"the language server {server!r} {why} (allowed: {', '.join(allowed) or 'none'})",
+                allowed=list(allowed),
+                rule=where,
+            )
+        candidates = [spec]
+    else:
+        assert language is not None
+        candidates = servers_for(language, rule.params.lsp_servers)
+        if not candidates:
+            raise bad_request(
+                f"no allowed language server for {language!r}",
+                allowed=list(allowed),
+                rule=where,
+            )
+    env = child_environment(request.context, rule)
+    for spec in candidates:
+        argv = spec.command(env)
+        if argv is not None:
+            return spec, argv
+    hints = "; ".join(f"{s.id}: {s.install}" for s in candidates)
+    raise unavailable(f"no language server for this is installed ({hints})")
+
+
+async def session_for(
+    request: ServerRequest,
+    spec: ServerSpec,
+    argv: list[str],
+    root: str,
+    run_as: RunAs | None,
+) -> LspSession:
+    """The running session for these, or a new one; ready when it returns."""
+    svc = service(request)
+    session = svc.find(request.identity.id, spec, root, run_as)
+    if session is None:
+        env = child_environment(request.context, request.rule)
+        if run_as is not None:
+            run_as.apply(env)
+        session = svc.open(
+            request.identity, spec, argv, env, root, run_as, limits_of(request.rule)
+        )
+    request.audit["server"] = spec.id
+    await session.ready()
+    return session
+
+
+# -- the file asked about --------------------------------------------------------
+
+
+@attrs.frozen
+class Source:
+    """The file a question is about, as read through the guard."""
+
+    path: str
+    text: str
+    root: str
+
+
+def read_source(guard: PathGuard, path: str, cap: int, endpoint_id: str) -> Source:
+    """
+    Read ``path`` (a regular file, UTF-8, at most ``cap`` bytes) and find
+    its project root.  Blocking: in a thread.
+    """
+    with guard.open_file(path, "read") as f:
+        if f.stat.st_size > cap:
+            raise _too_large(cap, f.stat.st_size, endpoint_id)
+        data = read_upto(f.fd, cap + 1)
+        resolved = f.path
+    if len(data) > cap:
+        raise _too_large(cap, len(data), endpoint_id)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise bad_request(f"{path!r} is not UTF-8 text", kind="not_text") from None
+
+    def readable(directory: str) -> bool:
+        return guard.decide(directory, "read").allowed
+
+    root = find_root(posixpath.dirname(resolved), readable, guard.default_dir)
+    return Source(resolved, text, root)
+
+
+def read_upto(fd: int, size: int) -> bytes:
+    """What ``fd`` holds from where it is, up to ``size`` bytes."""
+    chunks: list[bytes] = []
+    left = size
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(cap: int, size: int, endpoint_id: str) -> ApiError:
+    return payload_too_large(
+        cap,
+        f"the file ({size} bytes)",
+        setting=limit_setting(endpoint_id, "max_bytes"),
+        size=size,
+    )
+
+
+@attrs.define
+class Question:
+    """A file, its text, and the session that was made to see it."""
+
+    session: LspSession
+    source: Source
+    text: Text
+    fresh: bool
+    guard: PathGuard
+
+    @property
+    def document(self) -> dict[str, str]:
+        """The ``textDocument`` of a request about this file."""
+        return {"uri": answers.uri_of(self.source.path)}
+
+    def position(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The request's ``line`` and ``column`` as an LSP text document position."""
+        line = integer(body.get("line"), "line", low=1)
+        column = integer(body.get("column", 1), "column", low=1)
+        try:
+            position = self.text.position(line, column)
+        except ValueError as e:
+            raise bad_request(str(e), kind="past_end") from None
+        return {"textDocument": self.document, "position": position}
+
+    def answer(self, **fields: Any) -> dict[str, Any]:
+        """An answer naming the session and server."""
+        return {"session_id": self.session.id, "server": self.session.spec.id, **fields}
+
+    def needs(self, capability: str, what: str) -> None:
+        """:raises ApiError: 501 when the server does not answer ``what``."""
+        if not self.session.supports(capability):
+            raise unsupported(
+                f"the language server {self.session.spec.id} does not answer {what}"
+            )
+
+
+async def question(request: ServerRequest) -> Question:
+    """
+    The file named by ``path``, read, with the session for its project
+    (``session_id``, else by ``server`` or the file's language, ``root``
+    or the nearest project root, and ``user``), which now has its text.
+    """
+    body = request.body
+    path = required(body.get("path"), "path")
+    guard = PathGuard.for_request(request)
+    limits = limits_of(request.rule)
+    source: Source = await request.context.in_thread(
+        read_source, guard, path, limits["max_bytes"], request.endpoint.id
+    )
+    language = string(body.get("language"), "language", None) or language_of(
+        source.path
+    )
+    session_id = string(body.get("session_id"), "session_id", None)
+    if session_id is not None:
+        session = service(request).get(session_id, request.identity)
+        request.audit["server"] = session.spec.id
+        await session.ready()
+        language = language or session.spec.languages[0]
+    else:
+        server = string(body.get("server"), "server", None)
+        if language is None and server is None:
+            raise bad_request(
+                f"no language is known for {path!r}: name a 'language' or a 'server'"
+            )
+        spec, argv = choose_server(request, language, server)
+        language = language or spec.languages[0]
+        root = source.root
+        if body.get("root") is not None:
+            root = guard.cwd(body.get("root"))
+        run_as = resolve_user(body.get("user"), request.rule)
+        session = await session_for(request, spec, argv, root, run_as)
+    fresh = session.sync(source.path, language, source.text)
+    return Question(session, source, Text(source.text, session.encoding), fresh, guard)
+
+
+def result_limit(request: ServerRequest, body: dict[str, Any], default: int) -> int:
+    """``max_results`` of the body, at most the policy's."""
+    ceiling = limits_of(request.rule)["max_results"]
+    return integer(
+        body.get("max_results", min(default, ceiling)),
+        "max_results",
+        low=1,
+        high=ceiling,
+    )
+
+
+def placed(
+    guard: PathGuard,
+    found: list[tuple[dict[str, Any], str, Any]],
+    known: dict[str, Text],
+    cap: int,
+    encoding: str,
+) -> tuple[list[dict[str, Any]], int]:
+    """
+    Each ``(fields, path, range)`` with its lines and columns counted in
+    its file's text and that line's ``text``; those whose file the caller
+    may not read are left out and counted.  Blocking: in a thread.
+    """
+    out: list[dict[str, Any]] = []
+    outside = 0
+    for fields, path, span in found:
+        text = known.get(path)
+        if text is None:
+            try:
+                with guard.open_file(path, "read") as f:
+                    data = read_upto(f.fd, cap) if f.stat.st_size <= cap else b""
+                text = Text(data.decode("utf-8", "replace"), encoding)
+            except ApiError as e:
+                if e.status == 403:
+                    outside += 1
+                    continue
+                text = Text("", encoding)
+            known[path] = text
+        where = text.span(span)
+        out.append(
+            {**fields, "path": path, **where, "text": text.line_text(where["line"])}
+        )
+    return out, outside
+
+
+# -- the questions ------------------------------------------------------------------
+
+
+async def lsp_diagnostics(request: ServerRequest) -> dict[str, Any]:
+    """
+    ``POST /lsp/diagnostics {path}``: what the server reports for the file as
+    it is on disk now, once it has stopped changing its mind.
+    """
+    body = request.body
+    limits = limits_of(request.rule)
+    timeout = seconds(
+        body.get("timeout"),
+        "timeout",
+        limits["timeout_seconds"],
+        ceiling=limits["timeout_seconds"],
+    )
+    q = await question(request)
+    items, settled = await q.session.diagnostics_of(q.source.path, q.fresh, timeout)
+    found = answers.diagnostics(items, q.text)
+    counts = {s: 0 for s in answers.SEVERITIES if s is not None}
+    for d in found:
+        counts[d["severity"]] += 1
+    return q.answer(
+        path=q.source.path, diagnostics=found, counts=counts, settled=settled
+    )
+
+
+async def _locations(
+    request: ServerRequest, method: str, extra: dict[str, Any]
+) -> dict[str, Any]:
+    body = request.body
+    q = await question(request)
+    q.needs(
+        "definitionProvider" if method.endswith("definition") else "referencesProvider",
+        method.rsplit("/", 1)[1],
+    )
+    limit = result_limit(request, body, 100)
+    result = await q.session.ask(method, {**q.position(body), **extra})
+    found: list[tuple[dict[str, Any], str, Any]] = [
+        ({}, path, span) for path, span in answers.locations(result)
+    ]
+    limits = limits_of(request.rule)
+    located, outside = await request.context.in_thread(
+        placed,
+        q.guard,
+        found[:limit],
+        {q.source.path: q.text},
+        limits["max_bytes"],
+        q.session.encoding,
+    )
+    return q.answer(locations=located, outside=outside, truncated=len(found) > limit)
+
+
+def lsp_definition(request: ServerRequest) -> Any:
+    """``POST /lsp/definition {path, line, column}``: where the name there is defined."""
+    return _locations(request, "textDocument/definition", {})
+
+
+def lsp_references(request: ServerRequest) -> Any:
+    """``POST /lsp/references {path, line, column}``: where the name there is used."""
+    include = flag(
+        request.body.get("include_declaration", True),
+        "include_declaration",
+        words=False,
+    )
+    return _locations(
+        request, "textDocument/references", {"context": {"includeDeclaration": include}}
+    )
+
+
+async def lsp_hover(request: ServerRequest) -> dict[str, Any]:
+    """``POST /lsp/hover {path, line, column}``: the type and documentation there."""
+    q = await question(request)
+    q.needs("hoverProvider", "hover")
+    result = await q.session.ask("textDocument/hover", q.position(request.body))
+    if not isinstance(result, dict):
+        return q.answer(found=False, contents="", range=None)
+    span = result.get("range")
+    return q.answer(
+        found=True,
+        contents=answers.hover_text(result.get("contents")),
+        range=q.text.span(span) if isinstance(span, dict) else None,
+    )
+
+
+async def lsp_completions(request: ServerRequest) -> dict[str, Any]:
+    """``POST /lsp/completions {path, line, column}``: what could be typed there."""
+    body = request.body
+    q = await question(request)
+    q.needs("completionProvider", "completions")
+    limit = result_limit(request, body, 50)
+    params = {**q.position(body), "context": {"triggerKind": 1}}
+    result = await q.session.ask("textDocument/completion", params)
+    items, incomplete, truncated = answers.completions(result, limit)
+    return q.answer(items=items, is_incomplete=incomplete, truncated=truncated)
+
+
+async def lsp_symbols(request: ServerRequest) -> dict[str, Any]:
+    """
+    ``POST /lsp/symbols {path}``: the file's symbols; ``{query, path}``: the
+    project's symbols whose names match ``query``.
+    """
+    body = request.body
+    query = string(body.get("query"), "query", None)
+    q = await question(request)
+    limit = result_limit(request, body, 100)
+    if query is None:
+        q.needs("documentSymbolProvider", "document symbols")
+        result = await q.session.ask(
+            "textDocument/documentSymbol", {"textDocument": q.document}
+        )
+        symbols = answers.document_symbols(result, q.text, q.source.path)
+        for s in symbols:
+            s["text"] = q.text.line_text(s["line"])
+        return q.answer(
+            symbols=symbols[:limit], outside=0, truncated=len(symbols) > limit
+        )
+    q.needs("workspaceSymbolProvider", "workspace symbols")
+    result = await q.session.ask("workspace/symbol", {"query": query})
+    found = answers.workspace_symbols(result)
+    limits = limits_of(request.rule)
+    symbols, outside = await request.context.in_thread(
+        placed,
+        q.guard,
+        found[:limit],
+        {q.source.path: q.text},
+        limits["max_bytes"],
+        q.session.encoding,
+    )
+    return q.answer(symbols=symbols, outside=outside, truncated=len(found) > limit)
+
+
+HANDLERS = {
+    "lsp_servers": lsp_servers,
+    "lsp_sessions_list": lsp_sessions_list,
+    "lsp_session_create": lsp_session_create,
+    "lsp_session_get": lsp_session_get,
+    "lsp_session_delete": lsp_session_delete,
+    "lsp_diagnostics": lsp_diagnostics,
+    "lsp_definition": lsp_definition,
+    "lsp_references": lsp_references,
+    "lsp_hover": lsp_hover,
+    "lsp_symbols": lsp_symbols,
+    "lsp_completions": lsp_completions,
+}

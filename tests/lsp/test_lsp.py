@@ -1,0 +1,307 @@
+"""
+Language servers through a real daemon and a real pylsp: diagnostics of
+the file as it is on disk, definitions across files, references, hover,
+symbols and completions with an agent's positions; the path guard over
+what comes back; bounds, failures and the end of every server's tree.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+from typing import Any
+
+from twisted.internet import reactor
+from twisted.internet.defer import gatherResults, inlineCallbacks
+from twisted.internet.task import deferLater
+from twisted.trial.unittest import SkipTest
+
+from tests.helpers import DaemonTestCase, alive
+
+#: pylsp starts in about a second on a quiet machine; on two cores shared
+#: with the rest of the suite, at the children's nice value, much slower.
+START_SECONDS = 60
+
+
+def need_pylsp() -> None:
+    """Skip (saying why) where python-lsp-server is not installed."""
+    if importlib.util.find_spec("pylsp") is None:
+        raise SkipTest("python-lsp-server is not installed (pip install -e '.[dev]')")
+
+
+def lsp_policy(**rule: Any) -> dict[str, Any]:
+    """The lsp group on, pylsp the only server, starts given room."""
+    limits = {"start_timeout_seconds": START_SECONDS, "timeout_seconds": 30}
+    limits.update(rule.pop("limits", {}))
+    params = {"lsp_servers": ["pylsp"], **rule.pop("params", {})}
+    return {
+        "groups": {"lsp": True},
+        "endpoints": {"group:lsp": {"limits": limits, "params": params, **rule}},
+    }
+
+
+class LspTestCase(DaemonTestCase):
+    """A daemon with the lsp group on and a small Python project."""
+
+    timeout = 120
+    policy = lsp_policy()
+
+    def setUp(self) -> Any:
+        need_pylsp()
+        return super().setUp()
+
+    def write(self, name: str, text: str) -> str:
+        path = os.path.join(self.base_dir, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def project(self) -> None:
+        self.write("proj/pyproject.toml", "[project]\nname = 'proj'\n")
+        self.write(
+            "proj/lib.py",
+            'def greet(name: str) -> str:\n    """Say hello."""\n    return "hi " + name\n',
+        )
+        self.write(
+            "proj/app.py",
+            "from lib import greet\n\nprint(greet('x'))\nprint(greet('y'))\n",
+        )
+
+    @inlineCallbacks
+    def ask(self, endpoint: str, status: int = 200, **body: Any) -> Any:
+        reply = yield self.request("POST", f"/lsp/{endpoint}", body)
+        self.assertEqual(reply.status, status, reply.body)
+        return reply.json()
+
+
+class QuestionTests(LspTestCase):
+    """What an agent asks, answered in its own coordinates."""
+
+    @inlineCallbacks
+    def test_diagnostics_follow_the_file_on_disk(self) -> Any:
+        """An undefined name is reported at its line and column; once fixed on disk, it is gone."""
+        path = self.write("proj/bad.py", "import os\n\nx = undefined_name + 1\n")
+        self.write("proj/pyproject.toml", "")
+        out = yield self.ask("diagnostics", path="proj/bad.py")
+        self.assertTrue(out["settled"])
+        self.assertEqual(out["server"], "pylsp")
+        self.assertEqual(out["path"], path)
+        by_line = {d["line"]: d for d in out["diagnostics"]}
+        self.assertIn("undefined_name", by_line[3]["message"])
+        self.assertEqual((by_line[3]["column"], by_line[3]["severity"]), (5, "error"))
+        self.assertIn("os", by_line[1]["message"])  # imported but unused
+        self.assertEqual(out["counts"]["error"], 1)
+        self.write("proj/bad.py", "x = 1\n")
+        out = yield self.ask("diagnostics", path="proj/bad.py")
+        self.assertEqual((out["diagnostics"], out["settled"]), ([], True))
+
+    @inlineCallbacks
+    def test_definition_in_another_file(self) -> Any:
+        """The call of a function imported from another file leads to its def line there."""
+        self.project()
+        out = yield self.ask("definition", path="proj/app.py", line=3, column=7)
+        [location] = out["locations"]
+        self.assertEqual(location["path"], os.path.join(self.base_dir, "proj/lib.py"))
+        self.assertEqual((location["line"], location["column"]), (1, 5))
+        self.assertEqual(location["text"], "def greet(name: str) -> str:")
+        self.assertEqual(out["outside"], 0)
+
+    @inlineCallbacks
+    def test_references_and_hover(self) -> Any:
+        """Every use of a name is found; hover gives its signature and docstring."""
+        self.project()
+        out = yield self.ask("references", path="proj/lib.py", line=1, column=5)
+        places = sorted(
+            (os.path.basename(r["path"]), r["line"]) for r in out["locations"]
+        )
+        self.assertEqual(
+            places, [("app.py", 1), ("app.py", 3), ("app.py", 4), ("lib.py", 1)]
+        )
+        out = yield self.ask(
+            "references",
+            path="proj/lib.py",
+            line=1,
+            column=5,
+            include_declaration=False,
+        )
+        self.assertNotIn(
+            "lib.py", {os.path.basename(r["path"]) for r in out["locations"]}
+        )
+        out = yield self.ask("hover", path="proj/app.py", line=3, column=8)
+        self.assertTrue(out["found"])
+        self.assertIn("greet(name: str) -> str", out["contents"])
+        self.assertIn("Say hello.", out["contents"])
+
+    @inlineCallbacks
+    def test_columns_are_characters(self) -> Any:
+        """
+        A line with a two-byte character before the name still lands on the
+        name, both ways.  (Past the BMP pylsp counts characters where LSP
+        says UTF-16 units: the conversion is tested in test_text.)
+        """
+        self.write("proj/pyproject.toml", "")
+        self.write("proj/u.py", "def f():\n    pass\n\ns = 'é'; f()\n")
+        out = yield self.ask("definition", path="proj/u.py", line=4, column=10)
+        [location] = out["locations"]
+        self.assertEqual((location["line"], location["column"]), (1, 5))
+        out = yield self.ask("references", path="proj/u.py", line=1, column=5)
+        self.assertIn((4, 10), {(r["line"], r["column"]) for r in out["locations"]})
+
+    @inlineCallbacks
+    def test_symbols_and_completions(self) -> Any:
+        """A file's symbols by name, kind and line; completions after ``os.``."""
+        self.project()
+        out = yield self.ask("symbols", path="proj/lib.py")
+        self.assertEqual(
+            [(s["name"], s["kind"], s["line"]) for s in out["symbols"]],
+            [("greet", "function", 1)],
+        )
+        self.write("proj/c.py", "import os\nos.pa\n")
+        out = yield self.ask("completions", path="proj/c.py", line=2, column=6)
+        labels = {i["label"] for i in out["items"]}
+        self.assertIn("path", labels)
+        self.assertLessEqual(len(out["items"]), 50)
+
+    @inlineCallbacks
+    def test_one_server_per_project(self) -> Any:
+        """Questions about one project share a server; another project gets its own."""
+        self.project()
+        self.write("other/pyproject.toml", "")
+        self.write("other/m.py", "y = 2\n")
+        a = yield self.ask("symbols", path="proj/lib.py")
+        b = yield self.ask("symbols", path="proj/app.py")
+        c = yield self.ask("symbols", path="other/m.py")
+        self.assertEqual(a["session_id"], b["session_id"])
+        self.assertNotEqual(a["session_id"], c["session_id"])
+        reply = yield self.request("GET", "/lsp/sessions")
+        roots = sorted(s["root"] for s in reply.json()["sessions"])
+        self.assertEqual(
+            roots,
+            [os.path.join(self.base_dir, "other"), os.path.join(self.base_dir, "proj")],
+        )
+
+    @inlineCallbacks
+    def test_bad_questions(self) -> Any:
+        """Each bad question is a clear 4xx with its code, and starts nothing it need not."""
+        self.write("proj/pyproject.toml", "")
+        self.write("proj/a.py", "x = 1\n")
+        self.write("proj/notes.txt", "hello\n")
+        with open(os.path.join(self.base_dir, "proj/bin.py"), "wb") as f:
+            f.write(b"\xff\xfe\x00")
+        out = yield self.ask("definition", 400, path="proj/a.py", line=9)
+        self.assertEqual((out["code"], out["kind"]), ("invalid_param", "past_end"))
+        out = yield self.ask("diagnostics", 400, path="proj/notes.txt")
+        self.assertIn("no language", out["error"])
+        out = yield self.ask("diagnostics", 400, path="proj/bin.py")
+        self.assertEqual(out["kind"], "not_text")
+        out = yield self.ask("diagnostics", 404, path="proj/missing.py")
+        self.assertEqual(out["code"], "not_found")
+        out = yield self.ask("diagnostics", 403, path="/etc/passwd", language="python")
+        self.assertEqual(out["code"], "path_not_allowed")
+        out = yield self.ask("diagnostics", 400, path="proj/a.py", server="pyright")
+        self.assertEqual(out["allowed"], ["pylsp"])
+        out = yield self.ask("definition", 400, path="proj/a.py")
+        self.assertEqual(out["code"], "invalid_param")
+
+
+class GuardTests(LspTestCase):
+    """What the server points at is shown only where the caller may read."""
+
+    policy = lsp_policy(paths={"deny": ["**/secret/**"]})
+
+    @inlineCallbacks
+    def test_location_in_a_denied_file_is_left_out(self) -> Any:
+        """A definition in a denied file is counted, not shown; a read of it is refused."""
+        self.write("proj/pyproject.toml", "")
+        self.write("proj/secret/keys.py", "TOKEN = 'hunter2'\n")
+        self.write("proj/secret/__init__.py", "")
+        self.write("proj/use.py", "from secret.keys import TOKEN\nprint(TOKEN)\n")
+        out = yield self.ask("definition", path="proj/use.py", line=2, column=8)
+        self.assertNotIn("hunter2", str(out))
+        self.assertEqual(out["locations"], [])
+        self.assertGreaterEqual(out["outside"], 1)
+        out = yield self.ask("diagnostics", 403, path="proj/secret/keys.py")
+        self.assertEqual(out["code"], "path_denied")
+
+
+class SessionTests(LspTestCase):
+    """Sessions started, shared, bounded, failed and stopped."""
+
+    policy = lsp_policy(limits={"max_sessions": 2})
+
+    @inlineCallbacks
+    def test_create_reuse_delete(self) -> Any:
+        """Create answers 201, again 200 with the same id; delete ends the server's process."""
+        self.write("proj/pyproject.toml", "")
+        reply = yield self.request(
+            "POST", "/lsp/sessions", {"language": "python", "root": "proj"}
+        )
+        self.assertEqual(reply.status, 201, reply.body)
+        session = reply.json()
+        self.assertEqual((session["state"], session["server"]), ("ready", "pylsp"))
+        self.assertIn("definitionProvider", session["capabilities"])
+        again = yield self.request(
+            "POST", "/lsp/sessions", {"server": "pylsp", "root": "proj"}
+        )
+        self.assertEqual((again.status, again.json()["id"]), (200, session["id"]))
+        reply = yield self.request("GET", f"/lsp/sessions/{session['id']}")
+        self.assertEqual(reply.json()["pid"], session["pid"])
+        self.assertTrue(alive(session["pid"]))
+        reply = yield self.request("DELETE", f"/lsp/sessions/{session['id']}")
+        self.assertEqual(reply.json()["state"], "closed")
+        self.assertFalse(alive(session["pid"]))
+        reply = yield self.request("GET", f"/lsp/sessions/{session['id']}")
+        self.assertEqual(reply.status, 404)
+
+    @inlineCallbacks
+    def test_max_sessions(self) -> Any:
+        """A third project's server is 429 too_many_sessions while two run."""
+        for name in ("a", "b", "c"):
+            self.write(f"{name}/pyproject.toml", "")
+            self.write(f"{name}/m.py", "x = 1\n")
+        yield gatherResults(
+            [self.ask("symbols", path="a/m.py"), self.ask("symbols", path="b/m.py")]
+        )
+        out = yield self.ask("symbols", 429, path="c/m.py")
+        self.assertEqual(out["code"], "too_many_sessions")
+
+    @inlineCallbacks
+    def test_killed_server(self) -> Any:
+        """A server killed under a session: 502 for that session; the next question starts a new one."""
+        self.write("proj/pyproject.toml", "")
+        self.write("proj/m.py", "x = 1\n")
+        first = yield self.ask("symbols", path="proj/m.py")
+        reply = yield self.request("GET", f"/lsp/sessions/{first['session_id']}")
+        os.kill(reply.json()["pid"], signal.SIGKILL)
+        yield deferLater(reactor, 0.5, lambda: None)
+        out = yield self.ask(
+            "symbols", 502, path="proj/m.py", session_id=first["session_id"]
+        )
+        self.assertEqual(out["code"], "upstream_unavailable")
+        second = yield self.ask("symbols", path="proj/m.py")
+        self.assertNotEqual(second["session_id"], first["session_id"])
+
+    @inlineCallbacks
+    def test_stop_ends_every_server(self) -> Any:
+        """The daemon's stop leaves no language server behind."""
+        self.write("proj/pyproject.toml", "")
+        self.write("proj/m.py", "x = 1\n")
+        out = yield self.ask("symbols", path="proj/m.py")
+        reply = yield self.request("GET", f"/lsp/sessions/{out['session_id']}")
+        pid = reply.json()["pid"]
+        yield self.daemon.stop()
+        self.assertFalse(alive(pid))
+
+
+class OffTests(DaemonTestCase):
+    """The group is off unless the policy turns it on."""
+
+    @inlineCallbacks
+    def test_off_by_default(self) -> Any:
+        """Without the group, every lsp route is 404 endpoint_disabled."""
+        reply = yield self.request("POST", "/lsp/diagnostics", {"path": "a.py"})
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (404, "endpoint_disabled")
+        )
