@@ -139,6 +139,13 @@ NOT_LISTED: dict[str, str] = {
     "shell runs tar or zip on the files in place",
     "files_extract": "the archive would have to pass through the model as base64; "
     "shell unpacks one already in the sandbox",
+    "lsp_servers": "the questions pick a server themselves",
+    "lsp_sessions_list": "the questions start and reuse servers themselves",
+    "lsp_session_create": "the questions start and reuse servers themselves",
+    "lsp_session_get": "for people looking at a server's log",
+    "lsp_session_delete": "an idle server stops by itself",
+    "lsp_completions": "for editors completing what a person types; a model "
+    "writes whole lines and checks them with lsp_diagnostics",
 }
 
 #: The shell a command tool runs through when the call names none.
@@ -168,6 +175,13 @@ MODEL_DESCRIPTIONS: dict[str, str] = {
     "files_grep": "Search files' lines for a regex (or text: fixed_strings).",
     "files_extract": "Unpack a tar.gz or zip archive (base64) into a directory.",
     "files_archive": "Pack paths into a tar.gz or zip archive (base64).",
+    "lsp_diagnostics": "A file's errors and warnings from its language server "
+    "(type checker, linter), as the file is on disk now.",
+    "lsp_definition": "Where the name at line/column (from 1) of a file is defined.",
+    "lsp_references": "Every use of the name at line/column (from 1) of a file.",
+    "lsp_hover": "The type and documentation of the name at line/column (from 1).",
+    "lsp_symbols": "A file's classes, functions and variables; with query, the "
+    "project's symbols by name.",
     "capabilities": "A summary of what this token may do: the tools allowed and "
     "why others are refused. Name one endpoint for its full entry.",
     "capabilities_check": "Say whether a call would be allowed (and which rule "
