@@ -21,7 +21,7 @@ import time
 from collections import OrderedDict, deque
 from typing import Any
 
-from twisted.internet.defer import Deferred, TimeoutError
+from twisted.internet.defer import Deferred, TimeoutError, succeed
 from twisted.logger import Logger
 
 from sandboxd.agents.process import AgentProcess, HeadTailLog
@@ -233,6 +233,8 @@ class LspSession:
         polite = self.state == "ready"
         self._fail("closed")
         self.state = "closed"
+        if self.process.pid is None:
+            return succeed(None)  # never spawned: nothing to end
         if polite and not self.process.exited:
             # A server that takes its time over shutdown is ended anyway.
             self.process.write(
@@ -275,7 +277,7 @@ class LspSession:
             self.conn.forget(request_id)
             if self.state == "ready":
                 self.conn.notify("$/cancelRequest", {"id": request_id})
-            return result
+            raise TimeoutError()
 
         d.addTimeout(timeout, self.reactor, onTimeoutCancel=given_up)
         d.addErrback(self._answer_failed, method, timeout)

@@ -305,3 +305,49 @@ class OffTests(DaemonTestCase):
         self.assertEqual(
             (reply.status, reply.json()["code"]), (404, "endpoint_disabled")
         )
+
+
+class BrokenServerTests(LspTestCase):
+    """A server that dies or never answers fails the question clearly and leaves nothing."""
+
+    policy = lsp_policy(limits={"start_timeout_seconds": 2})
+
+    def setUp(self) -> Any:
+        self.bin = os.path.realpath(self.mktemp())
+        os.makedirs(self.bin)
+        path = os.environ.get("PATH", "")
+        os.environ["PATH"] = self.bin + os.pathsep + path
+        self.addCleanup(os.environ.__setitem__, "PATH", path)
+        return super().setUp()
+
+    def fake_server(self, script: str) -> None:
+        exe = os.path.join(self.bin, "pylsp")
+        with open(exe, "w") as f:
+            f.write("#!/bin/sh\n" + script)
+        os.chmod(exe, 0o755)
+
+    @inlineCallbacks
+    def test_server_that_exits(self) -> Any:
+        """A server exiting at start is 502 upstream_unavailable naming its status and stderr."""
+        self.fake_server("echo 'no module named foo' >&2\nexit 3\n")
+        self.write("m.py", "x = 1\n")
+        out = yield self.ask("diagnostics", 502, path="m.py")
+        self.assertEqual(out["code"], "upstream_unavailable")
+        self.assertIn("status 3", out["error"])
+        self.assertIn("no module named foo", out["stderr"])
+
+    @inlineCallbacks
+    def test_server_that_never_answers(self) -> Any:
+        """No answer to initialize within start_timeout_seconds: 504 timeout, its process gone."""
+        self.fake_server("exec sleep 60\n")
+        self.write("m.py", "x = 1\n")
+        out = yield self.ask("diagnostics", 504, path="m.py")
+        self.assertEqual(out["code"], "timeout")
+        reply = yield self.request("GET", "/lsp/sessions")
+        [session] = reply.json()["sessions"]
+        self.assertEqual(session["state"], "failed")
+        for _ in range(50):
+            if not alive(session["pid"]):
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertFalse(alive(session["pid"]))
