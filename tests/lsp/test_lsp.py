@@ -351,3 +351,71 @@ class BrokenServerTests(LspTestCase):
                 break
             yield deferLater(reactor, 0.1, lambda: None)
         self.assertFalse(alive(session["pid"]))
+
+
+class IdleTests(LspTestCase):
+    """A server nobody asks is stopped."""
+
+    policy = lsp_policy(limits={"idle_timeout_seconds": 1})
+
+    @inlineCallbacks
+    def test_idle_server_stopped(self) -> Any:
+        """After idle_timeout_seconds without a question the session is gone and so is its process."""
+        self.write("proj/pyproject.toml", "")
+        self.write("proj/m.py", "x = 1\n")
+        out = yield self.ask("symbols", path="proj/m.py")
+        reply = yield self.request("GET", f"/lsp/sessions/{out['session_id']}")
+        pid = reply.json()["pid"]
+        for _ in range(60):
+            reply = yield self.request("GET", "/lsp/sessions")
+            if not reply.json()["sessions"] and not alive(pid):
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertEqual(reply.json()["sessions"], [])
+        self.assertFalse(alive(pid))
+
+
+class IdentityTests(LspTestCase):
+    """Two identities: each sees only its own servers and holds at most its share."""
+
+    policy = {
+        **lsp_policy(limits={"max_sessions": 2}),
+        "auth": {
+            "tokens": [
+                {"id": "alice", "token_env": "ALICE", "scopes": ["lsp:use"]},
+                {"id": "bob", "token_env": "BOB", "scopes": ["lsp:use"]},
+            ]
+        },
+    }
+    environ = {"ALICE": "alice-token", "BOB": "bob-token"}
+
+    @inlineCallbacks
+    def test_share_and_privacy(self) -> Any:
+        """Alice's second server is 429 while Bob still starts his; neither sees the other's."""
+        for name in ("a", "b", "c"):
+            self.write(f"{name}/pyproject.toml", "")
+            self.write(f"{name}/m.py", "x = 1\n")
+
+        def ask(token: str, path: str) -> Any:
+            return self.request("POST", "/lsp/symbols", {"path": path}, token=token)
+
+        first = yield ask("alice-token", "a/m.py")
+        self.assertEqual(first.status, 200, first.body)
+        second = yield ask("alice-token", "b/m.py")
+        self.assertEqual(
+            (second.status, second.json()["code"]), (429, "too_many_sessions")
+        )
+        bobs = yield ask("bob-token", "b/m.py")
+        self.assertEqual(bobs.status, 200, bobs.body)
+        sid = first.json()["session_id"]
+        seen = yield self.request("GET", f"/lsp/sessions/{sid}", token="bob-token")
+        self.assertEqual(seen.status, 404)
+        listed = yield self.request("GET", "/lsp/sessions", token="bob-token")
+        self.assertEqual([s["owner"] for s in listed.json()["sessions"]], ["bob"])
+        used = yield self.request(
+            "POST",
+            "/lsp/symbols",
+            {"path": "a/m.py", "session_id": sid},
+            token="bob-token",
+        )
+        self.assertEqual(used.status, 404)
