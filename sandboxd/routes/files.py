@@ -40,7 +40,7 @@ from sandboxd.files import crossing, walk
 from sandboxd.files.atomic import AtomicWrite, Undo, etag_matches, parse_mode
 from sandboxd.files.background import HashedWrite
 from sandboxd.files.edit import Edit, edit_file
-from sandboxd.files.lines import line_slice
+from sandboxd.files.lines import file_lines, read_slice
 from sandboxd.files.stream import (
     FileProducer,
     b64_chunk,
@@ -288,11 +288,12 @@ def download(request: ServerRequest) -> Any:
     f = guard.open_file(path)
     size = f.stat.st_size
     cap = max_bytes(request)
+    if offset is not None or limit is not None:
+        # A log's last lines: the bound is on the lines sent, not the file.
+        return in_thread(request, _lines_of, request, f, size, offset or 1, limit)
     if size > cap:
         f.close()
         raise file_too_large(request, size)
-    if offset is not None or limit is not None:
-        return in_thread(request, _lines_of, f, size, offset or 1, limit)
     if size <= INLINE_READ_BYTES:
         with f:
             data = read_all(f.fd, size)
@@ -314,14 +315,28 @@ def download(request: ServerRequest) -> Any:
     return in_thread(request, job)
 
 
-def _lines_of(f: OpenFile, size: int, offset: int, limit: int | None) -> dict[str, Any]:
-    """``download`` of some lines: those bytes, and where they lie in the file."""
+def _lines_of(
+    request: ServerRequest, f: OpenFile, size: int, offset: int, limit: int | None
+) -> dict[str, Any]:
+    """
+    ``download`` of some lines: those bytes, and where they lie in the file.
+    The file is read a chunk at a time to find them, whatever its size; 413
+    when the lines asked for are over ``max_bytes``.
+    """
     with f:
-        data = read_all(f.fd, size)
-    part = line_slice(data, offset, limit)
+        part = file_lines(f.fd, size, offset, limit)
+        if part.end - part.start > max_bytes(request):
+            raise payload_too_large(
+                max_bytes(request),
+                f"lines {part.first}..{part.first + part.count - 1} "
+                f"({part.end - part.start} bytes; ask for fewer with limit)",
+                setting=limit_setting(request.endpoint.id, "max_bytes"),
+                size=part.end - part.start,
+            )
+        data = read_slice(f.fd, part)
     return {
         "path": f.path,
-        "content_base64": pybase64.b64encode_as_string(data[part.start : part.end]),
+        "content_base64": pybase64.b64encode_as_string(data),
         "etag": f.etag,
         "offset": part.first,
         "lines": part.count,

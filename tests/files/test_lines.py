@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.files.lines import count_lines, line_slice
+from sandboxd.files.lines import count_lines, line_slice, scan_lines
 
 TEXT = b"one\ntwo\nthree\nfour\nfive"
 
@@ -41,3 +41,23 @@ class LineSliceTests(SynchronousTestCase):
         """An offset past the last line gives nothing, and nothing more."""
         self.assertEqual(sliced(TEXT, 6, None), (b"", 6, 0, False))
         self.assertEqual(sliced(b"", 1, 5), (b"", 1, 0, False))
+
+    def test_small_reads_agree(self) -> None:
+        """Read a byte or a few at a time, every slice is the one the whole bytes give."""
+        for data in (TEXT, b"", b"\n", b"a\n\nb\n", b"x" * 10, b"\n\nab\ncd"):
+            reader = lambda pos, n, d=data: d[pos : pos + n]  # noqa: E731
+            for offset in (1, 2, 3, 5, 9, -1, -2, -4, -9):
+                for limit in (None, 1, 2, 7):
+                    want = line_slice(data, offset, limit)
+                    for chunk in (1, 2, 3, 64):
+                        self.assertEqual(
+                            scan_lines(reader, len(data), offset, limit, chunk),
+                            want,
+                            (data, offset, limit, chunk),
+                        )
+
+    def test_file_shorter_than_said(self) -> None:
+        """A file cut short since its size was read: its lines are what is left."""
+        data = b"a\nb\n"
+        s = scan_lines(lambda pos, n: data[pos : pos + n], 100, -1, None, chunk=2)
+        self.assertEqual((s.start, s.end, s.first, s.total), (2, 4, 2, 2))

@@ -932,6 +932,8 @@ class SmallStreamedDownloadTests(SynchronousTestCase):
 class DownloadLinesTests(FilesCase):
     """``GET /download`` with ``offset`` and ``limit``: some lines of a file."""
 
+    policy = {"endpoints": {"download": {"limits": {"max_bytes": 65536}}}}
+
     @inlineCallbacks
     def test_lines(self) -> Any:
         """
@@ -958,6 +960,33 @@ class DownloadLinesTests(FilesCase):
         whole = yield self.get("/download", "log.txt")
         self.assertNotIn("offset", whole.json())
         self.assertEqual(whole.json()["etag"], body["etag"])
+
+    @inlineCallbacks
+    def test_tail_of_a_file_over_max_bytes(self) -> Any:
+        """
+        A file over max_bytes still gives its lines: the bound is on the lines
+        sent (413 for too many of them, a whole download still 413).
+        """
+        self.put("big.log", b"".join(b"entry %05d\n" % n for n in range(1, 20001)))
+        reply = yield self.request("GET", "/download?path=big.log&offset=-3")
+        self.assertEqual(reply.status, 200, reply.body)
+        body = reply.json()
+        self.assertEqual(
+            base64.b64decode(body["content_base64"]),
+            b"entry 19998\nentry 19999\nentry 20000\n",
+        )
+        self.assertEqual((body["offset"], body["total_lines"]), (19998, 20000))
+        reply = yield self.request("GET", "/download?path=big.log&offset=5000&limit=1")
+        self.assertEqual(
+            base64.b64decode(reply.json()["content_base64"]), b"entry 05000\n"
+        )
+        reply = yield self.request("GET", "/download?path=big.log&offset=1&limit=10000")
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (413, "payload_too_large")
+        )
+        self.assertIn("limit", reply.json()["error"])
+        whole = yield self.get("/download", "big.log")
+        self.assertEqual(whole.status, 413)
 
     @inlineCallbacks
     def test_bad_lines(self) -> Any:

@@ -114,8 +114,14 @@ SCHEMAS: dict[str, Schema] = {
             *GUARD,
             E(400, "invalid_param", "the path is a directory; an offset of 0"),
             E(404, "not_found", "no such file", "FileNotFoundError"),
-            E(413, "payload_too_large", "the file is over max_bytes"),
+            E(
+                413,
+                "payload_too_large",
+                "the file is over max_bytes; with offset or limit, the lines asked for are",
+            ),
         ),
+        notes="With offset or limit the file may be any size: it is read a chunk at a "
+        "time to find the lines, and only they are sent (a long log's last lines).",
     ),
     "files_list": Schema(
         query=(
