@@ -19,6 +19,7 @@ from twisted.internet.threads import blockingCallFromThread, deferToThread
 
 from tests.chromium import SKIP_REASON, chromium_page
 from tests.helpers import DaemonTestCase
+from tests.lsp.test_lsp import lsp_policy, need_pylsp
 
 TOKEN = "console-admin-token-0123456789"
 #: Where screenshots go: ``$SANDBOXD_SCREENSHOTS``, else
@@ -921,3 +922,89 @@ class AgentTests(ConsoleCase):
         self.assertEqual(seen["diff"], "new line")
         self.assertIn("new line", seen["file"])
         self.assertNoCspViolation(seen)
+
+
+class FileProblemsTests(ConsoleCase):
+    """A source file's problems from its language server, in the file viewer."""
+
+    policy = {
+        **POLICY,
+        "groups": {"console": True, "lsp": True},
+        "endpoints": {**POLICY["endpoints"], **lsp_policy()["endpoints"]},
+    }
+
+    def setUp(self) -> Any:
+        need_pylsp()
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_problems_listed_and_marked(self) -> Any:
+        """
+        Problems lists each diagnostic (line:column, severity, message, as
+        text); a click marks its line; a fixed file then has none; a text
+        file gets no button.
+        """
+        url = yield self.link()
+        os.makedirs(os.path.join(self.base_dir, "proj"))
+        path = os.path.join(self.base_dir, "proj", "app.py")
+        with open(path, "w") as f:
+            f.write(
+                "import os\n\n\nprint(<b>undefined_name</b>)\n".replace(
+                    "<b>", ""
+                ).replace("</b>", "")
+                + "x = '<b>'\n"
+            )
+        with open(os.path.join(self.base_dir, "proj", "notes.txt"), "w") as f:
+            f.write("hello\n")
+
+        def problems(page: Any) -> Any:
+            return page.eval_on_selector_all(
+                "[data-testid=file-problem]",
+                "els => els.map(e => [e.dataset.line, e.dataset.severity,"
+                " e.querySelector('[data-testid=file-problem-message]').textContent])",
+            )
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=nav-files]")
+            page.click("[data-testid=file-toggle][data-path$='proj']")
+            page.click("[data-testid=file-entry][data-name='notes.txt']")
+            page.wait_for_selector("[data-testid=file-text]")
+            seen["txt_button"] = page.locator("[data-testid=file-check]").count()
+            page.click("[data-testid=file-entry][data-name='app.py']")
+            page.click("[data-testid=file-check]")
+            page.wait_for_selector("[data-testid=file-problem]", timeout=60_000)
+            seen["problems"] = problems(page)
+            seen["status"] = page.text_content("[data-testid=file-problems-status]")
+            page.screenshot(path=os.path.join(SHOTS, "files-problems.png"))
+            page.click("[data-testid=file-problem][data-line='4']")
+            page.wait_for_selector("[data-testid=file-line][data-line='4']")
+            seen["marked"] = page.text_content("[data-testid=file-line]")
+            self.on_reactor(lambda: _write(path, "print('fixed')\n"))
+            page.click("[data-testid=file-check]")
+            wait_true(
+                page,
+                "document.querySelector('[data-testid=file-problems-status]').textContent.startsWith('No problems')",
+                timeout=30,
+            )
+            seen["after"] = problems(page)
+
+        seen = yield self.browse(steps)
+        self.assertEqual(seen["txt_button"], 0)
+        self.assertEqual(
+            sorted((line, severity) for line, severity, _ in seen["problems"]),
+            [("1", "warning"), ("4", "error")],
+        )
+        self.assertIn(
+            "undefined_name", next(m for line, _, m in seen["problems"] if line == "4")
+        )
+        self.assertIn("1 error", seen["status"])
+        self.assertEqual(seen["marked"], "print(undefined_name)")
+        self.assertEqual(seen["after"], [])
+        self.assertNoCspViolation(seen)
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)

@@ -1,6 +1,7 @@
 // Files: a folder tree (each folder listed when it is first expanded), a
-// viewer, a search in the files below the tree's folder, uploads with
-// progress, and small-text edits that never overwrite someone else's
+// viewer (with a source file's problems from its language server), a
+// search in the files below the tree's folder, uploads with progress, and
+// small-text edits that never overwrite someone else's
 // change (If-Match, 412 shown).
 // Contents are only ever text nodes or blob images; HTML and SVG files
 // are offered for download, never rendered.
@@ -12,6 +13,8 @@ const DOWNLOAD_ONLY = new Set(["html", "htm", "xhtml", "svg", "svgz", "xml", "mh
 const VIEW_LIMIT = 2_000_000; // bytes shown as text
 const EDIT_LIMIT = 512 * 1024; // bytes editable
 const LINES_AROUND = 20; // shown either side of a search's line in a file too large to show
+// Extensions a language server may know (the daemon decides; these only draw the button).
+const CHECKABLE = new Set(["py", "pyi", "ts", "mts", "cts", "tsx", "js", "mjs", "cjs", "jsx", "sh", "bash", "go", "rs", "c", "h", "cc", "cpp", "cxx", "hh", "hpp"]);
 
 function extension(name) {
   const dot = name.lastIndexOf(".");
@@ -305,9 +308,63 @@ export class FilesPage {
     const [pre, mark] = textWithLine(text, line, "file-text");
     this.view.append(pre);
     if (mark) mark.scrollIntoView({ block: "center" });
+    if (this.caps.allowed("lsp_diagnostics") && CHECKABLE.has(ext)) {
+      head.append(h("button", { type: "button", testid: "file-check", onclick: () => this.check(entry, text) }, "Problems"));
+    }
     if (this.caps.allowed("files_write_raw") && bytes.length <= EDIT_LIMIT) {
       head.append(h("button", { type: "button", testid: "file-edit", onclick: () => this.edit(entry, text, etag, pre) }, "Edit"));
     }
+  }
+
+  /**
+   * Ask the file's language server for its problems (POST /lsp/diagnostics):
+   * a row per problem above the text, ``line:column``, severity and message;
+   * a click marks that line.  The server reads the file as saved.
+   */
+  async check(entry, text) {
+    const old = this.view.querySelector("[data-testid=file-problems]");
+    if (old) old.remove();
+    const status = h("p", { class: "dim", testid: "file-problems-status" }, "Checking\u2026");
+    const panel = h("div", { class: "list problems", testid: "file-problems" }, status);
+    this.view.querySelector(".toolbar").after(panel);
+    let got;
+    try {
+      got = await this.api.json("POST", "/lsp/diagnostics", { json: { path: entry.path } });
+    } catch (e) {
+      status.textContent = e.message;
+      status.className = "bad";
+      return;
+    }
+    if (this.showing !== entry) return;
+    const counts = Object.entries(got.counts).filter(([, n]) => n).map(([s, n]) => `${n} ${s}${n > 1 ? "s" : ""}`);
+    status.textContent = got.diagnostics.length
+      ? `${counts.join(", ")} (${got.server})`
+      : `No problems found (${got.server}).`;
+    if (!got.settled) status.textContent += " The server has not finished; check again.";
+    for (const d of got.diagnostics) {
+      panel.append(h("div", {
+        class: `problem ${d.severity}`,
+        testid: "file-problem",
+        "data-line": String(d.line),
+        "data-severity": d.severity,
+        role: "button",
+        tabindex: "0",
+        onclick: () => this.markLine(text, d.line),
+        onkeydown: (e) => { if (e.key === "Enter") this.markLine(text, d.line); },
+      }, h("span", { class: "where" }, `${d.line}:${d.column}`), " ",
+      h("span", { class: "severity" }, d.severity), " ",
+      h("span", { testid: "file-problem-message" }, d.message),
+      d.source ? h("span", { class: "dim" }, ` ${d.source}${d.code !== null ? ` ${d.code}` : ""}`) : ""));
+    }
+  }
+
+  /** Mark ``line`` in the text shown, scrolled to it. */
+  markLine(text, line) {
+    const pre = this.view.querySelector("[data-testid=file-text]");
+    if (!pre) return;
+    const [next, mark] = textWithLine(text, line, "file-text");
+    pre.replaceWith(next);
+    if (mark) mark.scrollIntoView({ block: "center" });
   }
 
   /** The lines around ``line`` of a file too large to show whole (GET /download with offset and limit). */
