@@ -269,6 +269,7 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("lsp_hover", "POST", "/lsp/hover", G.LSP, ("lsp:use",), "The type and documentation of the name at a position.", {}),
     ("lsp_symbols", "POST", "/lsp/symbols", G.LSP, ("lsp:use",), "A file's symbols, or the project's matching a query.", {}),
     ("lsp_completions", "POST", "/lsp/completions", G.LSP, ("lsp:use",), "Completions at a position.", {}),
+    ("lsp_rename", "POST", "/lsp/rename", G.LSP, ("lsp:use", "files:write"), "Rename a symbol across the project's files, all or none.", {}),
     # The seed's agents API, OpenAI-shaped, over the ACP engine above (SPEC §26).
     ("agents_sessions_create", "POST", "/v1/agents/sessions", G.AGENTS, ("agents:use",), "Create an agent session (OpenAI-shaped).", _OA),
     ("agents_sessions_list", "GET", "/v1/agents/sessions", G.AGENTS, ("agents:use",), "List agent sessions (OpenAI-shaped).", _OA),

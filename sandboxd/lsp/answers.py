@@ -258,5 +258,45 @@ def workspace_symbols(result: Any) -> list[tuple[dict[str, Any], str, Any]]:
     return out
 
 
+def text_edits(edit: Any) -> tuple[dict[str, list[tuple[Any, str]]], list[str]]:
+    """
+    A WorkspaceEdit as ``({path: [(range, new_text)]}, operations)``: its
+    ``changes`` or ``documentChanges`` text edits by file, and the kinds of
+    the file operations it also asks for (``create``, ``rename``,
+    ``delete``), which the caller refuses.  Edits of a URI that is not a
+    file count as an operation (``uri``).
+    """
+    edits: dict[str, list[tuple[Any, str]]] = {}
+    operations: list[str] = []
+
+    def add(uri: Any, items: Any) -> None:
+        path = path_of(uri)
+        if path is None:
+            operations.append("uri")
+            return
+        for item in items if isinstance(items, list) else []:
+            span = item.get("range") if isinstance(item, dict) else None
+            if isinstance(span, dict):
+                edits.setdefault(path, []).append((span, _text(item.get("newText"))))
+
+    if not isinstance(edit, dict):
+        return edits, operations
+    changes = edit.get("documentChanges")
+    if isinstance(changes, list):
+        for change in changes:
+            if not isinstance(change, dict):
+                continue
+            if "kind" in change:
+                operations.append(_text(change.get("kind")) or "unknown")
+                continue
+            document = change.get("textDocument")
+            uri = document.get("uri") if isinstance(document, dict) else None
+            add(uri, change.get("edits"))
+    elif isinstance(edit.get("changes"), dict):
+        for uri, items in edit["changes"].items():
+            add(uri, items)
+    return edits, operations
+
+
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""

@@ -44,8 +44,11 @@ class Text:
     """The lines of one file's text, positions counted in ``encoding``."""
 
     def __init__(self, text: str, encoding: str = "utf-16") -> None:
+        self.source = text
         self.lines = _LINE_BREAK.split(text)
         self.encoding = encoding if encoding in ENCODINGS else "utf-16"
+        #: Where each line starts in ``source``.
+        self.starts = [0] + [m.end() for m in _LINE_BREAK.finditer(text)]
 
     def position(self, line: int, column: int) -> dict[str, int]:
         """
@@ -73,6 +76,38 @@ class Text:
                 return line + 1, index + 1
             count += _width(ch, self.encoding)
         return line + 1, len(text) + 1
+
+    def index(self, position: Any) -> int:
+        """Where an LSP position falls in ``source`` (past the end: the end)."""
+        line, column = self.point(position)
+        if line > len(self.lines):
+            return len(self.source)
+        return self.starts[line - 1] + column - 1
+
+    def edited(self, edits: list[tuple[Any, str]]) -> str:
+        """
+        ``source`` with each ``(range, new_text)`` applied, as LSP means a
+        list of text edits: every range is of the original text, none
+        overlap, and edits at one position go in the order given.
+
+        :raises ValueError: two edits overlap.
+        """
+        spans = sorted(
+            (
+                (self.index(r.get("start")), self.index(r.get("end")), order, new)
+                for order, (r, new) in enumerate(edits)
+            ),
+            key=lambda e: (e[0], e[2]),
+        )
+        out: list[str] = []
+        done = 0
+        for start, end, _, new in spans:
+            if start < done:
+                raise ValueError("the server's edits overlap")
+            out += [self.source[done:start], new]
+            done = max(start, end)
+        out.append(self.source[done:])
+        return "".join(out)
 
     def line_text(self, line: int) -> str:
         """The text of 1-based ``line`` ("" past the end), cut at :data:`MAX_LINE_CHARS`."""

@@ -182,6 +182,8 @@ MODEL_DESCRIPTIONS: dict[str, str] = {
     "lsp_hover": "The type and documentation of the name at line/column (from 1).",
     "lsp_symbols": "A file's classes, functions and variables; with query, the "
     "project's symbols by name.",
+    "lsp_rename": "Rename the symbol at line/column (from 1) in every file that "
+    "uses it (dry_run: show the diffs only).",
     "capabilities": "A summary of what this token may do: the tools allowed and "
     "why others are refused. Name one endpoint for its full entry.",
     "capabilities_check": "Say whether a call would be allowed (and which rule "

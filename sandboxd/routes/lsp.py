@@ -31,6 +31,7 @@ from sandboxd.errors import (
     unsupported,
 )
 from sandboxd.lsp import answers
+from sandboxd.lsp import edits as workspace
 from sandboxd.lsp.catalog import (
     SERVERS,
     SERVERS_BY_ID,
@@ -496,6 +497,50 @@ async def lsp_symbols(request: ServerRequest) -> dict[str, Any]:
     return q.answer(symbols=symbols, outside=outside, truncated=len(found) > limit)
 
 
+async def lsp_rename(request: ServerRequest) -> dict[str, Any]:
+    """
+    ``POST /lsp/rename {path, line, column, new_name, dry_run?}``: the name
+    there renamed in every file the server says uses it, all or none.
+    """
+    body = request.body
+    new_name = required(body.get("new_name"), "new_name")
+    dry_run = flag(body.get("dry_run", False), "dry_run", words=False)
+    q = await question(request)
+    q.needs("renameProvider", "renames")
+    result = await q.session.ask(
+        "textDocument/rename", {**q.position(body), "newName": new_name}
+    )
+    edits, operations = answers.text_edits(result)
+    if operations:
+        raise unsupported(
+            f"the language server's rename also asks to {', '.join(sorted(set(operations)))} "
+            "files, which sandboxd does not do"
+        )
+    if not edits:
+        raise bad_request(
+            f"the language server found nothing to rename at line {body.get('line')}",
+            kind="not_found",
+        )
+    cap = limits_of(request.rule)["max_bytes"]
+    sent = {path: doc.digest for path, doc in q.session.documents.items()}
+
+    def job() -> list[dict[str, Any]]:
+        planned = workspace.plan(
+            q.guard,
+            edits,
+            q.session.encoding,
+            sent,
+            cap,
+            lambda size: _too_large(cap, size, request.endpoint.id),
+        )
+        if not dry_run:
+            workspace.write(q.guard, planned)
+        return [workspace.describe(p) for p in planned]
+
+    files = await request.context.in_thread(job)
+    return q.answer(files=files, applied=not dry_run)
+
+
 HANDLERS = {
     "lsp_servers": lsp_servers,
     "lsp_sessions_list": lsp_sessions_list,
@@ -508,4 +553,5 @@ HANDLERS = {
     "lsp_hover": lsp_hover,
     "lsp_symbols": lsp_symbols,
     "lsp_completions": lsp_completions,
+    "lsp_rename": lsp_rename,
 }

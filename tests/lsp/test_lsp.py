@@ -165,6 +165,42 @@ class QuestionTests(LspTestCase):
         self.assertLessEqual(len(out["items"]), 50)
 
     @inlineCallbacks
+    def test_rename_across_files(self) -> Any:
+        """A dry run shows diffs and writes nothing; the rename changes both files on disk."""
+        self.project()
+        lib = os.path.join(self.base_dir, "proj/lib.py")
+        app = os.path.join(self.base_dir, "proj/app.py")
+        before = {p: open(p).read() for p in (lib, app)}
+        out = yield self.ask(
+            "rename",
+            path="proj/app.py",
+            line=3,
+            column=7,
+            new_name="welcome",
+            dry_run=True,
+        )
+        self.assertFalse(out["applied"])
+        self.assertEqual(sorted(f["path"] for f in out["files"]), [app, lib])
+        self.assertIn(
+            "+def welcome(name: str) -> str:", "".join(f["diff"] for f in out["files"])
+        )
+        self.assertEqual({p: open(p).read() for p in (lib, app)}, before)
+        out = yield self.ask(
+            "rename", path="proj/app.py", line=3, column=7, new_name="welcome"
+        )
+        self.assertTrue(out["applied"])
+        with open(lib) as f:
+            self.assertTrue(f.read().startswith("def welcome(name: str) -> str:"))
+        with open(app) as f:
+            self.assertEqual(
+                f.read(),
+                "from lib import welcome\n\nprint(welcome('x'))\nprint(welcome('y'))\n",
+            )
+        # The server is told of the new text: a definition finds the new name.
+        out = yield self.ask("definition", path="proj/app.py", line=3, column=7)
+        self.assertEqual(out["locations"][0]["text"], "def welcome(name: str) -> str:")
+
+    @inlineCallbacks
     def test_one_server_per_project(self) -> Any:
         """Questions about one project share a server; another project gets its own."""
         self.project()

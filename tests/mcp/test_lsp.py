@@ -1,6 +1,6 @@
 """
 The lsp group through the MCP door with the official ``mcp`` client: the
-five questions a model asks are listed, the editor's are not, and a
+six calls a model makes are listed, the editor's are not, and a
 diagnostics call answers in the model's coordinates.
 """
 
@@ -28,7 +28,7 @@ class LspToolTests(McpTestCase):
 
     @inlineCallbacks
     def test_listed_tools_and_a_diagnostics_call(self) -> Any:
-        """Five lsp tools are listed; diagnostics and definition answer with lines from 1."""
+        """Six lsp tools are listed; diagnostics and definition answer with lines from 1."""
         os.makedirs(os.path.join(self.base_dir, "proj"))
         for name, text in (
             ("pyproject.toml", ""),
@@ -56,6 +56,7 @@ class LspToolTests(McpTestCase):
                 "lsp_references",
                 "lsp_hover",
                 "lsp_symbols",
+                "lsp_rename",
             },
         )
         self.assertFalse(diag.is_error, diag)

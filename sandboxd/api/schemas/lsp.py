@@ -24,6 +24,11 @@ _SESSION = (
         nullable=True,
     ),
     F(
+        "position_encoding",
+        enum=("utf-16", "utf-32", "utf-8"),
+        doc="how the server counts a line's characters (converted both ways)",
+    ),
+    F(
         "capabilities",
         "array",
         "the server's providers (hoverProvider, ...)",
@@ -114,6 +119,22 @@ _ERRORS = (
 
 _NO_SESSION = E(404, "not_found", "unknown session, or another identity's")
 
+
+_RENAME_ERRORS = (
+    *_ERRORS,
+    E(403, "read_only", "a file to change is below a paths.read_only entry"),
+    E(
+        412,
+        "precondition_failed",
+        "a file changed on disk after the server was sent it: ask again",
+    ),
+    E(
+        507,
+        "insufficient_storage",
+        "the disk filled up; no file was changed",
+        "OSError",
+    ),
+)
 
 SCHEMAS: dict[str, Schema] = {
     "lsp_servers": Schema(
@@ -258,6 +279,41 @@ SCHEMAS: dict[str, Schema] = {
             F("truncated", "boolean"),
         ),
         errors=_ERRORS,
+    ),
+    "lsp_rename": Schema(
+        body=(
+            *_FILE,
+            *_POSITION,
+            F(
+                "new_name",
+                doc="the new name",
+                required=True,
+                min_length=1,
+                example="new_name",
+            ),
+            F(
+                "dry_run",
+                "boolean",
+                "say what would change, write nothing",
+                default=False,
+            ),
+        ),
+        response=(
+            *_ANSWER,
+            F(
+                "files",
+                "array",
+                "[{path, edits, diff, diff_truncated}]: each file the rename changes, "
+                "with a unified diff (cut at 20,000 characters)",
+                items="object",
+            ),
+            F("applied", "boolean", "false with dry_run"),
+        ),
+        errors=_RENAME_ERRORS,
+        notes="Every file is read, checked against the path rules for writing and "
+        "its new text made before the first is written; each is then replaced "
+        "atomically, and a failure puts back those already replaced. A rename "
+        "that would also create, move or delete files is refused (501).",
     ),
     "lsp_completions": Schema(
         body=(*_FILE, *_POSITION, _MAX_RESULTS),
