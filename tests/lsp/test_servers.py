@@ -18,6 +18,7 @@ from tests.agents.test_real_cli import environment
 from tests.lsp.test_lsp import LspTestCase, lsp_policy
 
 PYRIGHT_BIN = os.path.join(sys.prefix, "node-pyright", "node_modules", ".bin")
+TSLS_BIN = os.path.join(sys.prefix, "node-tsls", "node_modules", ".bin")
 
 
 class NpmServerCase(LspTestCase):
@@ -125,3 +126,65 @@ class PyrightTests(NpmServerCase):
             (out["range"]["line"], out["range"]["column"], out["range"]["end_column"]),
             (3, 7, 12),
         )
+
+
+class TypeScriptTests(NpmServerCase):
+    """typescript-language-server: a small project's definitions, errors, completions."""
+
+    bin_dir = TSLS_BIN
+    program = "typescript-language-server"
+    policy = lsp_policy(params={"lsp_servers": ["typescript-language-server"]})
+
+    def ts_project(self) -> None:
+        self.write(
+            "web/tsconfig.json",
+            '{"compilerOptions": {"strict": true, "target": "es2020",'
+            ' "module": "commonjs"}}\n',
+        )
+        self.write(
+            "web/lib.ts",
+            "export function greet(name: string): string {\n"
+            '  return "hi " + name;\n}\n\n'
+            'export const obj = { size: 1, label: "a" };\n',
+        )
+        self.write(
+            "web/app.ts",
+            'import { greet } from "./lib";\n\nconst n: number = greet("x");\n'
+            "console.log(n);\n",
+        )
+
+    @inlineCallbacks
+    def test_definition_in_another_file(self) -> Any:
+        """An imported function's call leads to its name in the other file."""
+        self.ts_project()
+        out = yield self.ask("definition", path="web/app.ts", line=3, column=20)
+        self.assertEqual(out["server"], "typescript-language-server")
+        [location] = out["locations"]
+        self.assertEqual(location["path"], os.path.join(self.base_dir, "web/lib.ts"))
+        self.assertEqual((location["line"], location["column"]), (1, 17))
+        self.assertTrue(location["text"].startswith("export function greet("))
+
+    @inlineCallbacks
+    def test_diagnostics_of_a_type_error(self) -> Any:
+        """A string given to a number is TS2322 at the name it is given to."""
+        self.ts_project()
+        out = yield self.ask("diagnostics", path="web/app.ts")
+        self.assertTrue(out["settled"])
+        [error] = out["diagnostics"]
+        self.assertEqual(
+            (error["line"], error["column"], error["severity"], error["code"]),
+            (3, 7, "error", 2322),
+        )
+        self.assertEqual(error["source"], "typescript")
+        self.assertIn("not assignable to type 'number'", error["message"])
+
+    @inlineCallbacks
+    def test_completions_of_a_property(self) -> Any:
+        """After ``obj.`` the object's properties are offered."""
+        self.ts_project()
+        self.write("web/c.ts", 'import { obj } from "./lib";\nobj.\n')
+        out = yield self.ask("completions", path="web/c.ts", line=2, column=5)
+        labels = {i["label"]: i for i in out["items"]}
+        self.assertIn("size", labels)
+        self.assertIn("label", labels)
+        self.assertEqual(labels["size"]["kind"], "field")
