@@ -44,11 +44,16 @@ serve: $(STAMP)
 # From npm, pinned, into the venv (scripts/install-npm-package.sh; the
 # tests skip without them): E2B's JavaScript SDK for tests/e2b/test_js_sdk.py,
 # the CLIs of Qwen Code, Codex and Claude Code for tests/agents/test_real_cli.py
-# (the last two are native binaries of about 400 MB each).
+# (the last two are native binaries of about 400 MB each), and the language
+# servers pyright and typescript-language-server (with the typescript it
+# drives) for tests/lsp/test_servers.py.
 E2B_JS_VERSION := 2.8.0
 QWEN_CODE_VERSION := 0.24.4
 CODEX_VERSION := 0.169.0
 CLAUDE_CODE_VERSION := 2.1.328
+PYRIGHT_VERSION := 1.1.414
+TSLS_VERSION := 5.3.0
+TYPESCRIPT_VERSION := 6.0.3
 
 # Tools some tests drive (git, node, chromium): when missing, and this
 # machine is Debian and we are root, installed with apt-get (it says so
@@ -64,6 +69,11 @@ test-tools:
 		@openai/codex $(CODEX_VERSION) tests/agents/test_real_cli.py
 	@SKIP_TEST_TOOLS="$(SKIP_TEST_TOOLS)" scripts/install-npm-package.sh $(VENV)/node-claude \
 		@anthropic-ai/claude-code $(CLAUDE_CODE_VERSION) tests/agents/test_real_cli.py
+	@SKIP_TEST_TOOLS="$(SKIP_TEST_TOOLS)" scripts/install-npm-package.sh $(VENV)/node-pyright \
+		pyright $(PYRIGHT_VERSION) tests/lsp/test_servers.py
+	@SKIP_TEST_TOOLS="$(SKIP_TEST_TOOLS)" scripts/install-npm-package.sh $(VENV)/node-tsls \
+		typescript-language-server $(TSLS_VERSION) tests/lsp/test_servers.py \
+		typescript $(TYPESCRIPT_VERSION)
 
 # Then the seed's own test suite (agent-sandbox-server's published tests
 # that start a server), every server it starts a sandboxd: what it finds

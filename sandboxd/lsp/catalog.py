@@ -16,6 +16,7 @@ import os
 import posixpath
 import sys
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import attrs
 
@@ -31,6 +32,8 @@ class ServerSpec:
     :ivar module: a Python module that is the same server, run with the
         daemon's interpreter when ``argv[0]`` is not on the PATH.
     :ivar install: how to get it, for the 503 that says it is missing.
+    :ivar initialization_options: what ``initialize`` tells it besides
+        the daemon's capabilities (None: nothing).
     """
 
     id: str
@@ -38,6 +41,9 @@ class ServerSpec:
     argv: tuple[str, ...]
     install: str
     module: str | None = None
+    initialization_options: Mapping[str, Any] | None = attrs.field(
+        default=None, eq=False
+    )
 
     def command(self, env: Mapping[str, str]) -> list[str] | None:
         """The argv to start it with, executable resolved; None: not installed."""
@@ -102,6 +108,13 @@ SERVERS: tuple[ServerSpec, ...] = (
         _TS,
         ("typescript-language-server", "--stdio"),
         "npm install -g typescript typescript-language-server",
+        # By default, while tsserver loads the project, definitions,
+        # references, hover and completions go to a second tsserver that
+        # sees only the open file: an import's binding as the definition,
+        # nothing after ``obj.``.  An editor shows that and asks again; an
+        # agent takes the first answer, so every question waits for the
+        # project.
+        initialization_options={"tsserver": {"useSyntaxServer": "never"}},
     ),
     ServerSpec(
         "bash-language-server",

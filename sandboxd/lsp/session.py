@@ -149,7 +149,7 @@ class LspSession:
         except OSError as e:
             self._fail(f"could not start {argv[0]}: {e.strerror or e}")
             return self.ready()
-        params = {
+        params: dict[str, Any] = {
             "processId": None,
             "clientInfo": {"name": "sandboxd"},
             "rootUri": uri_of(self.root),
@@ -157,6 +157,8 @@ class LspSession:
             "workspaceFolders": [{"uri": uri_of(self.root), "name": self.root}],
             "capabilities": CLIENT_CAPABILITIES,
         }
+        if self.spec.initialization_options is not None:
+            params["initializationOptions"] = self.spec.initialization_options
         d = self._ask("initialize", params, self.limits["start_timeout_seconds"])
         d.addCallbacks(self._initialized, self._start_failed)
         return self.ready()
