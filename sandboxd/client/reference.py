@@ -273,6 +273,7 @@ SECTIONS: list[tuple[str, type, str]] = [
     ("sb.agents", _api.Agents, "sb.agents"),
     ("sb.links", _api.Links, "sb.links"),
     ("sb.preview", _api.Preview, "sb.preview"),
+    ("sb.lsp", _api.Lsp, "sb.lsp"),
 ]
 
 
