@@ -1,12 +1,13 @@
 # -*- test-case-name: tests.client.test_lsp -*-
 """
-``sb.lsp`` in both faces of the client, against a real daemon and a real
-pylsp: what an agent sees of a file's problems and its names, and of a
-refusal.
+``sb.lsp`` in both faces of the client, and ``sandboxd diagnostics`` and
+``sandboxd definition``, against a real daemon and a real pylsp: what an
+agent sees of a file's problems and its names, and of a refusal.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -184,12 +185,66 @@ class AsyncTests(LspClientCase):
         )
 
 
+class CliTests(LspClientCase):
+    """``sandboxd diagnostics`` and ``sandboxd definition``."""
+
+    @inlineCallbacks
+    def test_diagnostics(self) -> Any:
+        """
+        A line per diagnostic as compilers print it, exit 1 for an error;
+        a clean file prints nothing and exits 0; a refusal exits 2.
+        """
+        bad = self.path("proj", "bad.py")
+        done = yield self.cli("diagnostics", "proj/bad.py", "proj/lib.py")
+        self.assertEqual(done.returncode, 1, done.stderr)
+        lines = done.stdout.decode().splitlines()
+        self.assertIn(
+            f"{bad}:3:5: error: undefined name 'undefined_name' [pyflakes]", lines
+        )
+        self.assertTrue(
+            any(
+                line.startswith(f"{bad}:1:1: warning: ") and "'os'" in line
+                for line in lines
+            ),
+            lines,
+        )
+        self.assertTrue(all(line.startswith(bad + ":") for line in lines), lines)
+        clean = yield self.cli("diagnostics", "--timeout", "20", "proj/lib.py")
+        self.assertEqual((clean.returncode, clean.stdout), (0, b""), clean.stderr)
+        as_json = yield self.cli("diagnostics", "--json", "proj/lib.py")
+        self.assertEqual(json.loads(as_json.stdout)[0]["counts"]["error"], 0)
+        refused = yield self.cli("diagnostics", "/etc/passwd")
+        self.assertEqual(refused.returncode, 2)
+        self.assertIn(b"path_not_allowed", refused.stderr)
+        missing = yield self.cli("diagnostics", "proj/missing.py")
+        self.assertEqual(missing.returncode, 2)
+        self.assertIn(b"not_found", missing.stderr)
+
+    @inlineCallbacks
+    def test_definition(self) -> Any:
+        """
+        ``PATH:LINE:COLUMN: TEXT`` of the def, exit 0; nothing there exits 1;
+        a position that is not one is a usage error (2).
+        """
+        lib = self.path("proj", "lib.py")
+        done = yield self.cli("definition", "proj/app.py:3:7")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(
+            done.stdout.decode(), f"{lib}:1:5: def greet(name: str) -> str:\n"
+        )
+        none = yield self.cli("definition", "proj/app.py:2")
+        self.assertEqual((none.returncode, none.stdout), (1, b""), none.stderr)
+        usage = yield self.cli("definition", "proj/app.py")
+        self.assertEqual(usage.returncode, 2)
+        self.assertIn(b"PATH:LINE[:COLUMN]", usage.stderr)
+
+
 class OffTests(ClientCase):
     """The group is off unless the policy turns it on."""
 
     @inlineCallbacks
     def test_endpoint_disabled(self) -> Any:
-        """Without the group a question raises EndpointDisabled."""
+        """Without the group a question raises EndpointDisabled; the CLI exits 2."""
 
         def body(sb: Sandbox) -> Any:
             with self.assertRaises(EndpointDisabled) as off:
@@ -198,3 +253,6 @@ class OffTests(ClientCase):
 
         off = yield self.in_thread(lambda: body(self.sandbox()))
         self.assertEqual((off.status, off.code), (404, "endpoint_disabled"))
+        done = yield self.cli("diagnostics", "a.py")
+        self.assertEqual(done.returncode, 2)
+        self.assertIn(b"endpoint_disabled", done.stderr)
