@@ -15,6 +15,8 @@ CLIENT_COMMANDS = {
     "cp": "Copy a file to or from the sandbox (:PATH is remote); resumable.",
     "ls": "List a directory in the sandbox.",
     "grep": "Lines of files in the sandbox that match a pattern.",
+    "diagnostics": "A file's errors and warnings from its language server.",
+    "definition": "Where the name at PATH:LINE[:COLUMN] is defined.",
     "ps": "List the managed processes.",
     "logs": "A process's output (-f follows it).",
     "kill": "Signal a process (default TERM).",

@@ -542,7 +542,10 @@ class HelpTests(SynchronousTestCase):
             self.assertGreater(len(line.split()), 2, line)
         bare = subprocess.run([script], capture_output=True, text=True, timeout=30)
         self.assertEqual(bare.returncode, 2)
-        self.assertIn("exec, cp, ls, grep, ps, logs, kill, term, caps", bare.stderr)
+        self.assertIn(
+            "exec, cp, ls, grep, diagnostics, definition, ps, logs, kill, term, caps",
+            bare.stderr,
+        )
 
 
 class CheckConfigTests(SynchronousTestCase):

@@ -86,23 +86,31 @@ from sandboxd.client.errors import (
 from sandboxd.client.models import (
     CodeResult,
     CommandResult,
+    Completions,
     Decision,
+    Diagnostics,
     Edited,
     Entry,
     Extracted,
     GitDiff,
     GitStatus,
     GrepResult,
+    Hover,
     Listing,
+    Locations,
+    LspServer,
+    LspSession,
     OutputPage,
     ProcessInfo,
     Progress,
     PtyCreated,
     PtyEvent,
     PtySessionInfo,
+    Renamed,
     SearchResult,
     SSEEvent,
     Stat,
+    Symbols,
     Written,
 )
 
@@ -1907,6 +1915,189 @@ class Preview(_Namespace[F]):
         return await self._http.object(calls.preview_unexpose(port))
 
 
+class Lsp(_Namespace[F]):
+    """
+    ``sandbox.lsp``: language servers for an agent (opt-in ``lsp``): a
+    file's diagnostics, where a name is defined and used, its type and
+    documentation, symbols and completions.  Lines and columns count from
+    1, columns in characters, as ``files.grep`` gives them.
+
+    The first question about a project starts its server, so it may take
+    a while; later ones reuse it.  Each question takes these keyword
+    options besides its own:
+
+    :param session_id: a session to ask (from :meth:`start`).
+    :param server: a server id (``pylsp``, ``pyright`` ...; see :meth:`servers`).
+    :param language: an LSP language id (default: from the file's extension).
+    :param root: the project directory (default: the nearest one above the
+        file holding a project file).
+    :param user: who the server runs as.
+    :param max_results: at most this many locations, symbols or completions.
+    """
+
+    @api
+    async def servers(self) -> builtins.list[LspServer]:
+        """The language servers sandboxd knows, whether installed and allowed."""
+        answer = await self._http.call(calls.lsp("GET", "/servers"))
+        return cast(builtins.list[LspServer], answer["servers"])
+
+    @api
+    async def sessions(self) -> builtins.list[LspSession]:
+        """Your running language servers."""
+        answer = await self._http.call(calls.lsp("GET", "/sessions"))
+        return cast(builtins.list[LspSession], answer["sessions"])
+
+    @api
+    async def start(
+        self,
+        language: str | None = None,
+        *,
+        server: str | None = None,
+        root: str | None = None,
+        user: str | int | None = None,
+    ) -> LspSession:
+        """
+        Start a server ahead of the questions (a big project's index takes
+        time), or find the one running for the same server, root and user.
+        Name a ``language`` (its first installed, allowed server) or a
+        ``server``.
+
+        :raises Unavailable: no server for the language is installed (the
+            message says how to install one).
+        """
+        req = calls.lsp(
+            "POST", "/sessions", language=language, server=server, root=root, user=user
+        )
+        return cast(LspSession, await self._http.call(req))
+
+    @api
+    async def session(self, session_id: str) -> LspSession:
+        """One session, with the server's last log ``messages`` and ``stderr``."""
+        req = calls.lsp("GET", calls.lsp_session_path(session_id))
+        return cast(LspSession, await self._http.call(req))
+
+    @api
+    async def stop(self, session_id: str) -> dict[str, Any]:
+        """Stop a server (asked to shut down, then its process tree is ended)."""
+        req = calls.lsp("DELETE", calls.lsp_session_path(session_id))
+        return await self._http.object(req)
+
+    @api
+    async def diagnostics(
+        self, /, path: str, *, timeout: float | None = None, **options: Any
+    ) -> Diagnostics:
+        """
+        The errors and warnings the server reports for ``path`` as it is on
+        disk now, once it has stopped changing its mind (``settled``).
+
+        :param timeout: seconds to wait for the server's report on the
+            file's current text (at most the policy's ``timeout_seconds``).
+        """
+        req = calls.lsp(
+            "POST", "/diagnostics", wait=timeout, path=path, timeout=timeout, **options
+        )
+        return cast(Diagnostics, await self._http.call(req))
+
+    @api
+    async def definition(
+        self, /, path: str, line: int, column: int = 1, **options: Any
+    ) -> Locations:
+        """
+        Where the name at ``line`` and ``column`` of ``path`` is defined;
+        ``outside`` counts the places left out because the caller may not
+        read their files.
+        """
+        req = calls.lsp(
+            "POST", "/definition", path=path, line=line, column=column, **options
+        )
+        return cast(Locations, await self._http.call(req))
+
+    @api
+    async def references(
+        self,
+        /,
+        path: str,
+        line: int,
+        column: int = 1,
+        *,
+        include_declaration: bool = True,
+        **options: Any,
+    ) -> Locations:
+        """Where the name at ``line`` and ``column`` is used (and defined)."""
+        req = calls.lsp(
+            "POST",
+            "/references",
+            path=path,
+            line=line,
+            column=column,
+            include_declaration=include_declaration,
+            **options,
+        )
+        return cast(Locations, await self._http.call(req))
+
+    @api
+    async def hover(
+        self, /, path: str, line: int, column: int = 1, **options: Any
+    ) -> Hover:
+        """The type and documentation of the name there (``found: false``: none)."""
+        req = calls.lsp(
+            "POST", "/hover", path=path, line=line, column=column, **options
+        )
+        return cast(Hover, await self._http.call(req))
+
+    @api
+    async def symbols(
+        self, /, path: str, *, query: str | None = None, **options: Any
+    ) -> Symbols:
+        """
+        The symbols ``path`` defines, in file order; with ``query``, the
+        project's symbols whose names match it.
+        """
+        req = calls.lsp("POST", "/symbols", path=path, query=query, **options)
+        return cast(Symbols, await self._http.call(req))
+
+    @api
+    async def completions(
+        self, /, path: str, line: int, column: int = 1, **options: Any
+    ) -> Completions:
+        """What could be typed at ``line`` and ``column``, in the server's order."""
+        req = calls.lsp(
+            "POST", "/completions", path=path, line=line, column=column, **options
+        )
+        return cast(Completions, await self._http.call(req))
+
+    @api
+    async def rename(
+        self,
+        /,
+        path: str,
+        line: int,
+        new_name: str,
+        column: int = 1,
+        *,
+        dry_run: bool = False,
+        **options: Any,
+    ) -> Renamed:
+        """
+        Rename the name at ``line`` and ``column`` to ``new_name`` in every
+        file that uses it, all or none (needs ``files:write`` too); with
+        ``dry_run`` only the diffs, nothing written.  Not sent again after
+        a lost answer: the files may have changed.
+        """
+        req = calls.lsp(
+            "POST",
+            "/rename",
+            idempotent=False,
+            path=path,
+            line=line,
+            column=column,
+            new_name=new_name,
+            dry_run=dry_run,
+            **options,
+        )
+        return cast(Renamed, await self._http.call(req))
+
+
 class Client(Part[F], Generic[F, H]):
     """
     What both clients are: the settings, the namespaces and the client's
@@ -1943,6 +2134,7 @@ class Client(Part[F], Generic[F, H]):
         self.agents: Agents[F] = Agents(self)
         self.links: Links[F] = Links(self)
         self.preview: Preview[F] = Preview(self)
+        self.lsp: Lsp[F] = Lsp(self)
 
     def _connect(self, settings: Settings, http_client: H | None) -> F:
         """The face that runs this client's calls."""

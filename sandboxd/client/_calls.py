@@ -537,3 +537,43 @@ def preview_unexpose(port: int) -> Req:
 def preview_link(port: int, ttl_seconds: float | None, uses: int | None) -> Req:
     fields = body(ttl_seconds=ttl_seconds, uses=uses)
     return Req("POST", f"/preview/ports/{int(port)}/link", json=fields)
+
+
+# -- language servers -------------------------------------------------------------------
+
+#: How long the client waits for an lsp answer: the first question about a
+#: project starts its server (``start_timeout_seconds``) before it is asked.
+LSP_WAIT = 120.0
+
+
+def lsp(
+    method: str,
+    route: str = "",
+    wait: float | None = None,
+    idempotent: bool = True,
+    **fields: Any,
+) -> Req:
+    """
+    One call of the ``lsp`` group; ``route`` below ``/lsp``.  A question
+    only reads, and starting a session answers the running one when it is
+    asked twice, so a POST is sent again after a lost answer (a rename,
+    which writes, says ``idempotent=False``).
+
+    :param wait: seconds the daemon may wait besides a server's start
+        (a diagnostics ``timeout``).
+    """
+    timeout = LSP_WAIT + (wait or 0)
+    if method in ("GET", "DELETE"):
+        return Req(method, "/lsp" + route, timeout=timeout)
+    return Req(
+        "POST",
+        "/lsp" + route,
+        json=body(**fields),
+        idempotent=idempotent,
+        timeout=timeout,
+    )
+
+
+def lsp_session_path(session_id: str) -> str:
+    """``/sessions/{lid}``, below ``/lsp``."""
+    return f"/sessions/{seg(session_id)}"

@@ -1,6 +1,7 @@
 """
 The commands that drive a daemon (SPEC §19): ``sandboxd exec``, ``cp``,
-``ls``, ``ps``, ``logs``, ``kill``, ``term`` and ``caps``.
+``ls``, ``grep``, ``diagnostics``, ``definition``, ``ps``, ``logs``,
+``kill``, ``term``, ``caps``, ``code`` and ``ui``.
 
 They talk to ``--url`` (or ``SANDBOXD_URL``) with ``--token`` (or
 ``SANDBOXD_TOKEN``) through :class:`sandboxd.client.Sandbox`, print for
@@ -37,7 +38,7 @@ from sandboxd.client.errors import (
     Unauthorized,
     UploadMismatch,
 )
-from sandboxd.client.models import Written
+from sandboxd.client.models import Diagnostic, Written
 from sandboxd.client.upload_ids import UploadIds
 from sandboxd.subcommands import CLIENT_COMMANDS
 
@@ -143,6 +144,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-C", "--context", type=int, default=0, metavar="N", help="N lines around (0-5)"
     )
+
+    p = sub.add_parser(
+        "diagnostics", parents=[common], help=CLIENT_COMMANDS["diagnostics"]
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="files in the sandbox")
+    p.add_argument("--server", help="a language server id (default: by file type)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="wait this long for the server's report (default: the daemon's)",
+    )
+
+    p = sub.add_parser(
+        "definition", parents=[common], help=CLIENT_COMMANDS["definition"]
+    )
+    p.add_argument(
+        "position",
+        type=_position,
+        metavar="PATH:LINE[:COLUMN]",
+        help="lines and columns from 1 (as grep and compilers print them)",
+    )
+    p.add_argument("--server", help="a language server id (default: by file type)")
 
     p = sub.add_parser("ps", parents=[common], help=CLIENT_COMMANDS["ps"])
     p.add_argument("--tag")
@@ -630,6 +654,78 @@ def cmd_grep(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) ->
     return 0 if found["matches"] else 1
 
 
+# -- diagnostics, definition ----------------------------------------------------
+
+#: Commands whose status 1 is an answer (errors found, no definition), so
+#: a refusal or an unreachable daemon exits 2, as compilers and grep report
+#: trouble.
+ANSWERS_WITH_ONE = frozenset({"diagnostics", "definition"})
+
+
+def _position(spec: str) -> tuple[str, int, int]:
+    """``PATH:LINE[:COLUMN]`` as its parts (a ``:`` in PATH is kept)."""
+    head, _, last = spec.rpartition(":")
+    if not head or not last.isdigit():
+        raise argparse.ArgumentTypeError(f"{spec!r} is not PATH:LINE[:COLUMN]")
+    path, _, middle = head.rpartition(":")
+    if path and middle.isdigit():
+        return path, int(middle), int(last)
+    return head, int(last), 1
+
+
+def _diagnostic_line(path: str, d: Diagnostic) -> str:
+    """``PATH:LINE:COLUMN: SEVERITY: MESSAGE [SOURCE CODE]``, as compilers print."""
+    tag = " ".join(str(x) for x in (d["source"], d["code"]) if x not in (None, ""))
+    # One line each: a message of several lines keeps its newlines escaped.
+    message = _shown_name(d["message"])
+    return f"{path}:{d['line']}:{d['column']}: {d['severity']}: {message}" + (
+        f" [{tag}]" if tag else ""
+    )
+
+
+def cmd_diagnostics(
+    sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO
+) -> int:
+    """A line per diagnostic of each PATH; 1 when any is an error."""
+    answers = []
+    for path in args.paths:
+        answer = sb.lsp.diagnostics(path, timeout=args.timeout, server=args.server)
+        answers.append(answer)
+        if args.json:
+            continue
+        name = _shown_name(answer["path"])
+        for d in answer["diagnostics"]:
+            out.write(_diagnostic_line(name, d) + "\n")
+        if not answer["settled"]:
+            err.write(
+                f"sandboxd diagnostics: {name}: the server had not finished within "
+                "the timeout; these may be its earlier ones\n"
+            )
+    if args.json:
+        _print_json(answers, out)
+    return 1 if any(a["counts"].get("error") for a in answers) else 0
+
+
+def cmd_definition(
+    sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO
+) -> int:
+    """``PATH:LINE:COLUMN: TEXT`` per place the name is defined; 1 when none."""
+    path, line, column = args.position
+    found = sb.lsp.definition(path, line, column, server=args.server)
+    if args.json:
+        _print_json(found, out)
+        return 0 if found["locations"] else 1
+    for place in found["locations"]:
+        name = _shown_name(place["path"])
+        out.write(f"{name}:{place['line']}:{place['column']}: {place['text']}\n")
+    if found["outside"]:
+        err.write(
+            f"sandboxd definition: {found['outside']} left out "
+            "(in files this token may not read)\n"
+        )
+    return 0 if found["locations"] else 1
+
+
 def cmd_ps(sb: Sandbox, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     processes = sb.commands.list(args.tag)
     if args.json:
@@ -1067,6 +1163,8 @@ HANDLERS: dict[str, Callable[[Sandbox, argparse.Namespace, TextIO, TextIO], int]
     "cp": cmd_cp,
     "ls": cmd_ls,
     "grep": cmd_grep,
+    "diagnostics": cmd_diagnostics,
+    "definition": cmd_definition,
     "ps": cmd_ps,
     "logs": cmd_logs,
     "kill": cmd_kill,
@@ -1085,7 +1183,8 @@ def main(
 ) -> int:
     """
     Run one client command; its exit status (``exec``: the child's;
-    1 for a refusal or an unreachable daemon, 2 for bad usage; 141, as a
+    1 for a refusal or an unreachable daemon, 2 for bad usage or, from
+    ``diagnostics`` and ``definition``, a refusal; 141, as a
     shell reports SIGPIPE, when the reader of our output went away).
 
     :param inp: the local stdin ``exec`` forwards when it is not a
@@ -1107,10 +1206,10 @@ def main(
         return _reader_gone(out)
     except NotFoundError as e:
         err.write(f"sandboxd {args.command}: {e}\n")
-        return 1
+        return 2 if args.command in ANSWERS_WITH_ONE else 1
     except (SandboxError, RequestTimeout) as e:
         err.write(f"sandboxd {args.command}: {_explain(e, sb.url)}\n")
-        return 1
+        return 2 if args.command in ANSWERS_WITH_ONE else 1
     except KeyboardInterrupt:
         return 130
     finally:

@@ -324,7 +324,10 @@ class PortNotExposed(NotFoundError):
 
 
 class Timeout(DeadlineExceeded):
-    """A command, code run or git call ran past its time limit."""
+    """
+    A command, code run or git call ran past its time limit, or a
+    language server did not start or answer in time.
+    """
 
     default_code = "timeout"
 
@@ -402,7 +405,7 @@ class TooManyProcesses(LimitExceeded):
 
 
 class TooManySessions(LimitExceeded):
-    """Over the PTY or agent session limit."""
+    """Over the PTY, agent or language server session limit."""
 
     default_code = "too_many_sessions"
 
@@ -429,6 +432,16 @@ class Unavailable(ServerError):
     """503: an optional dependency is missing, or the daemon is shutting down."""
 
     default_code = "unavailable"
+
+
+class UpstreamUnavailable(ServerError):
+    """
+    502: a server the daemon speaks to for the caller is gone or refused
+    the request (a language server that exited, an app behind a preview
+    that does not answer); the ``body`` may hold its ``stderr``.
+    """
+
+    default_code = "upstream_unavailable"
 
 
 class AgentUnavailable(ServerError):

@@ -206,6 +206,180 @@ class GitDiff(TypedDict):
     stats: dict[str, int]
 
 
+class LspServer(TypedDict):
+    """One entry of ``GET /lsp/servers``, in order of preference."""
+
+    id: str
+    languages: list[str]
+    #: The argv that starts it (where it was found, when installed).
+    command: list[str]
+    installed: bool
+    #: Allowed by the policy's ``params.lsp_servers``.
+    allowed: bool
+    #: How to install it.
+    install: str
+
+
+class LspSession(TypedDict):
+    """A language server session (``POST /lsp/sessions`` and each listed)."""
+
+    id: str
+    server: str
+    languages: list[str]
+    #: The project directory the server was started for.
+    root: str
+    state: Literal["starting", "ready", "failed", "closed"]
+    pid: int | None
+    user: str | None
+    owner: str
+    created_at: float
+    idle_seconds: float
+    open_documents: int
+    server_info: dict[str, Any] | None
+    #: How the server counts a line's characters (converted both ways).
+    position_encoding: Literal["utf-16", "utf-32", "utf-8"]
+    #: The server's providers (``hoverProvider`` ...).
+    capabilities: list[str]
+    #: Why it is not running.
+    failure: str | None
+    #: ``GET /lsp/sessions/{id}`` only: the server's last log messages
+    #: (``{type, message}``) and the end of its standard error.
+    messages: NotRequired[list[dict[str, Any]]]
+    stderr: NotRequired[str]
+
+
+class Span(TypedDict):
+    """Where something is in a file: lines and columns from 1, in characters."""
+
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+
+
+class Diagnostic(Span):
+    """One problem a language server reports in a file."""
+
+    severity: Literal["error", "warning", "information", "hint"]
+    #: The checker's own code (``E225``), if it gives one.
+    code: str | int | None
+    #: The checker (``pyflakes``, ``pycodestyle`` ...).
+    source: str | None
+    message: str
+
+
+class Diagnostics(TypedDict):
+    """``POST /lsp/diagnostics``."""
+
+    session_id: str
+    server: str
+    #: The file, resolved.
+    path: str
+    #: In file order.
+    diagnostics: list[Diagnostic]
+    #: How many of each severity.
+    counts: dict[str, int]
+    #: False: the server said nothing about the file's current text in
+    #: time (the diagnostics are its earlier ones, if any).
+    settled: bool
+
+
+class Location(Span):
+    """A place a language server points to."""
+
+    path: str
+    #: The line, cut at 1024 characters.
+    text: str
+
+
+class Locations(TypedDict):
+    """``POST /lsp/definition`` and ``/lsp/references``."""
+
+    session_id: str
+    server: str
+    locations: list[Location]
+    #: Locations left out: in files the caller may not read.
+    outside: int
+    truncated: bool
+
+
+class Hover(TypedDict):
+    """``POST /lsp/hover``."""
+
+    session_id: str
+    server: str
+    #: False: nothing to say there.
+    found: bool
+    #: Markdown or plain text, as the server wrote it.
+    contents: str
+    range: Span | None
+
+
+class Symbol(Location):
+    """A name a file or project defines."""
+
+    name: str
+    #: ``function``, ``class``, ``variable`` ...
+    kind: str | None
+    #: The name of what holds it, if anything.
+    container: str | None
+
+
+class Symbols(TypedDict):
+    """``POST /lsp/symbols``."""
+
+    session_id: str
+    server: str
+    symbols: list[Symbol]
+    #: Symbols left out: in files the caller may not read.
+    outside: int
+    truncated: bool
+
+
+class Completion(TypedDict):
+    """One completion a language server offers."""
+
+    label: str
+    kind: str | None
+    detail: str | None
+    documentation: str | None
+    #: What to type in place of the word being completed.
+    insert_text: str
+
+
+class Completions(TypedDict):
+    """``POST /lsp/completions``."""
+
+    session_id: str
+    server: str
+    #: In the server's order.
+    items: list[Completion]
+    #: The server would give more as more is typed.
+    is_incomplete: bool
+    truncated: bool
+
+
+class RenamedFile(TypedDict):
+    """One file an ``lsp.rename`` changes."""
+
+    path: str
+    #: The server's text edits in it.
+    edits: int
+    #: A unified diff of the change, cut at 20,000 characters.
+    diff: str
+    diff_truncated: bool
+
+
+class Renamed(TypedDict):
+    """``POST /lsp/rename``."""
+
+    session_id: str
+    server: str
+    files: list[RenamedFile]
+    #: False for a dry run: nothing was written.
+    applied: bool
+
+
 @dataclass(frozen=True)
 class SSEEvent:
     """

@@ -29,9 +29,9 @@ nothing from Twisted, so it runs wherever those two are installed.
 
 **Installing the client alone.** The repository builds a second
 distribution, `sandboxd-client`, from `client/pyproject.toml`: the client,
-the `sandboxd` command's client side (`exec`, `cp`, `ls`, `grep`, `ps`, `logs`,
-`kill`, `term`, `caps`) and nothing of the daemon; it depends on httpx and
-websockets only. From a checkout:
+the `sandboxd` command's client side (`exec`, `cp`, `ls`, `grep`,
+`diagnostics`, `definition`, `ps`, `logs`, `kill`, `term`, `caps`) and nothing
+of the daemon; it depends on httpx and websockets only. From a checkout:
 
 ```sh
 pip install ./client
@@ -140,7 +140,9 @@ The token is sent as `Authorization: Bearer`, on the PTY handshake too.
 The `sandboxd` command drives a daemon as well as running one. It reads
 `--url`/`--token` or `SANDBOXD_URL`/`SANDBOXD_TOKEN`, prints for humans by
 default and JSON with `--json`, and exits 1 with one line (naming the code
-and rule) when the daemon refuses, 2 on bad usage.
+and rule) when the daemon refuses, 2 on bad usage. `diagnostics` and
+`definition` answer with 1 (an error found, no definition), so they exit 2
+when the daemon refuses, as compilers do.
 
 ```sh
 export SANDBOXD_URL=http://sandbox:9000 SANDBOXD_TOKEN=...
@@ -154,6 +156,8 @@ sandboxd kill 4242 -s INT
 sandboxd term                                 # new session; ctrl-p ctrl-q detaches
 sandboxd term 5f0c...                         # reattach: the scrollback, then live
 sandboxd caps --explain files_read_raw --path /etc/passwd
+sandboxd diagnostics app/main.py              # PATH:3:5: error: undefined name 'x' [pyflakes]
+sandboxd definition app/main.py:3:5           # PATH:LINE:COLUMN: the line that defines it
 ```
 
 `exec` prints the command's output as it comes, byte for byte (so
@@ -273,6 +277,7 @@ SECTIONS: list[tuple[str, type, str]] = [
     ("sb.agents", _api.Agents, "sb.agents"),
     ("sb.links", _api.Links, "sb.links"),
     ("sb.preview", _api.Preview, "sb.preview"),
+    ("sb.lsp", _api.Lsp, "sb.lsp"),
 ]
 
 

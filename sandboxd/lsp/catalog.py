@@ -107,7 +107,8 @@ SERVERS: tuple[ServerSpec, ...] = (
         "typescript-language-server",
         _TS,
         ("typescript-language-server", "--stdio"),
-        "npm install -g typescript typescript-language-server",
+        "npm install -g typescript typescript-language-server "
+        "(on Node.js 20: typescript@6 typescript-language-server@5)",
         # By default, while tsserver loads the project, definitions,
         # references, hover and completions go to a second tsserver that
         # sees only the open file: an import's binding as the definition,

@@ -32,6 +32,7 @@ NAMESPACES = (
     "agents",
     "links",
     "preview",
+    "lsp",
 )
 
 #: The protocol methods of a handle that only one face has by nature.
