@@ -96,6 +96,7 @@ from sandboxd.client.models import (
     GitStatus,
     GrepResult,
     Hover,
+    Lines,
     Listing,
     Locations,
     LspServer,
@@ -480,6 +481,20 @@ class Files(_Namespace[F]):
                 )
             ),
         )
+
+    @api
+    async def read_lines(
+        self, path: str, offset: int = 1, limit: int | None = None
+    ) -> Lines:
+        """
+        Lines ``offset`` .. ``offset + limit - 1`` of a text file (from 1; a
+        negative ``offset`` counts from the end, ``-1`` being the last line),
+        with where they lie (``total_lines``, ``more``): a log's tail, or the
+        lines around a match, of a file of any size.
+        """
+        answer = await self._http.call(calls.download_lines(path, offset, limit))
+        data = base64.b64decode(answer.pop("content_base64"))
+        return cast(Lines, {**answer, "text": data.decode("utf-8", "replace")})
 
     @api
     async def archive(

@@ -66,6 +66,12 @@ def files_list(path: str | None, depth: int | None, hidden: bool | None) -> Req:
     )
 
 
+def download_lines(path: str, offset: int, limit: int | None) -> Req:
+    return Req(
+        "GET", "/download", clean({"path": path, "offset": offset, "limit": limit})
+    )
+
+
 def files_stat(path: str) -> Req:
     return Req("GET", "/files/stat", {"path": path})
 

@@ -104,6 +104,24 @@ class GrepResult(TypedDict):
     timed_out: bool
 
 
+class Lines(TypedDict):
+    """``files.read_lines``: some lines of a file, and where they lie."""
+
+    path: str
+    #: The lines, each with its line break, decoded as UTF-8 (bytes that are
+    #: not UTF-8 shown as U+FFFD).
+    text: str
+    #: The first line given, from 1.
+    offset: int
+    #: How many lines were given.
+    lines: int
+    #: The file's lines.
+    total_lines: int
+    #: Lines follow those given.
+    more: bool
+    etag: str
+
+
 class Extracted(TypedDict):
     """``POST /files/extract``."""
 
@@ -323,6 +341,9 @@ class Symbol(Location):
     kind: str | None
     #: The name of what holds it, if anything.
     container: str | None
+    #: A file's symbols only: the lines of the whole definition,
+    #: ``{line, end_line}`` (``files.read_lines`` reads them).
+    body: NotRequired[dict[str, int]]
 
 
 class Symbols(TypedDict):

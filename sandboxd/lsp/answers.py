@@ -196,10 +196,15 @@ def document_symbols(result: Any, text: Text, path: str) -> list[dict[str, Any]]
     """
     A documentSymbol answer (hierarchical DocumentSymbols, or flat
     SymbolInformation) as a flat list in file order, each naming its
-    ``container``.
+    ``container``: where its name is, and the lines its ``body`` spans (the
+    whole definition, to read it by lines).
     """
     out: list[dict[str, Any]] = []
-    for name, kind, container, span in _symbols(result, None):
+    for name, kind, container, span, whole in _symbols(result, None):
+        body = text.span(whole)
+        if body["end_column"] == 1 and body["end_line"] > body["line"]:
+            # Ending at a line's start is ending with the line before.
+            body["end_line"] -= 1
         out.append(
             {
                 "name": name,
@@ -207,6 +212,7 @@ def document_symbols(result: Any, text: Text, path: str) -> list[dict[str, Any]]
                 "container": container,
                 "path": path,
                 **text.span(span),
+                "body": {"line": body["line"], "end_line": body["end_line"]},
             }
         )
     out.sort(key=lambda s: (s["line"], s["column"]))
@@ -215,7 +221,8 @@ def document_symbols(result: Any, text: Text, path: str) -> list[dict[str, Any]]
 
 def _symbols(
     items: Any, container: str | None
-) -> Iterator[tuple[str, str | None, str | None, Any]]:
+) -> Iterator[tuple[str, str | None, str | None, Any, Any]]:
+    """``(name, kind, container, the name's range, the whole symbol's range)``."""
     for item in items if isinstance(items, list) else []:
         if not isinstance(item, dict):
             continue
@@ -225,9 +232,16 @@ def _symbols(
             location = item["location"]
             span = location.get("range") if isinstance(location, dict) else None
             outer = item.get("containerName")
-            yield name, kind, outer if isinstance(outer, str) else container, span
+            yield name, kind, outer if isinstance(outer, str) else container, span, span
             continue
-        yield name, kind, container, item.get("selectionRange") or item.get("range")
+        whole = item.get("range")
+        yield (
+            name,
+            kind,
+            container,
+            item.get("selectionRange") or whole,
+            whole or item.get("selectionRange"),
+        )
         yield from _symbols(item.get("children"), name)
 
 

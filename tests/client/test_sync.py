@@ -162,6 +162,29 @@ class FilesTests(ClientCase):
 
         return self.in_thread(body)
 
+    def test_read_lines(self) -> Any:
+        """``files.read_lines``: some lines as text, where they lie; from the end too."""
+
+        def body() -> None:
+            sb = self.sandbox()
+            sb.files.write_text(
+                "log.txt", "".join(f"line {n}\n" for n in range(1, 101))
+            )
+            part = sb.files.read_lines("log.txt", 10, 2)
+            self.assertEqual(part["text"], "line 10\nline 11\n")
+            self.assertEqual(
+                (part["offset"], part["lines"], part["total_lines"], part["more"]),
+                (10, 2, 100, True),
+            )
+            tail = sb.files.read_lines("log.txt", -1)
+            self.assertEqual(
+                (tail["text"], tail["offset"], tail["more"]), ("line 100\n", 100, False)
+            )
+            with self.assertRaises(InvalidParam):
+                sb.files.read_lines("log.txt", 0)
+
+        return self.in_thread(body)
+
     def test_archive_and_extract(self) -> Any:
         """``archive`` returns the archive's bytes; ``extract`` unpacks them."""
 

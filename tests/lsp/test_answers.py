@@ -112,6 +112,15 @@ class AnswerTests(SynchronousTestCase):
             ],
             [("A", "class", None, 1, 7), ("m", "method", "A", 2, 9)],
         )
+        self.assertEqual(out[0]["body"], {"line": 1, "end_line": 1})
+        whole = {
+            "start": {"line": 0, "character": 0},
+            "end": {"line": 3, "character": 0},
+        }
+        tree[0]["range"] = whole
+        out = answers.document_symbols(tree, text, "/a.py")
+        # A body ending at a line's start ends with the line before.
+        self.assertEqual(out[0]["body"], {"line": 1, "end_line": 3})
         flat = [
             {
                 "name": "m",

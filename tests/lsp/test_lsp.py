@@ -158,6 +158,8 @@ class QuestionTests(LspTestCase):
             [(s["name"], s["kind"], s["line"]) for s in out["symbols"]],
             [("greet", "function", 1)],
         )
+        # The whole definition's lines, to read it by lines.
+        self.assertEqual(out["symbols"][0]["body"], {"line": 1, "end_line": 3})
         self.write("proj/c.py", "import os\nos.pa\n")
         out = yield self.ask("completions", path="proj/c.py", line=2, column=6)
         labels = {i["label"] for i in out["items"]}

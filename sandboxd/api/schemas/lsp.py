@@ -272,7 +272,9 @@ SCHEMAS: dict[str, Schema] = {
             F(
                 "symbols",
                 "array",
-                "[{name, kind, container, path, line, column, end_line, end_column, text}]",
+                "[{name, kind, container, path, line, column, end_line, end_column, text, "
+                "body?}]: where each name is; for a file's symbols, body: {line, end_line}, "
+                "the lines of the whole definition",
                 items="object",
             ),
             F("outside", "integer", "symbols left out: files the caller may not read"),
