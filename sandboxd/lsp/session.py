@@ -22,6 +22,7 @@ from collections import OrderedDict, deque
 from typing import Any
 
 from twisted.internet.defer import Deferred, TimeoutError, succeed
+from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 from sandboxd.agents.process import AgentProcess, HeadTailLog
@@ -117,6 +118,8 @@ class LspSession:
         self.limits = limits
         self.state = "starting"
         self.created_at = time.time()
+        #: When it answered ``initialize`` (monotonic).
+        self.ready_at = 0.0
         self.last_activity = time.monotonic()
         self.capabilities: dict[str, Any] = {}
         #: How the server counts characters in a line (its choice of ours).
@@ -175,6 +178,7 @@ class LspSession:
             info = result.get("serverInfo")
             self.server_info = info if isinstance(info, dict) else None
         self.conn.notify("initialized", {})
+        self.ready_at = time.monotonic()
         self.state = "ready"
         self._ready.fire(None)
 
@@ -303,6 +307,21 @@ class LspSession:
         if isinstance(error, ConnectionLost):
             raise self._gone()
         return failure
+
+    async def ask_warm(self, method: str, params: Any) -> Any:
+        """
+        :meth:`ask`, asked again while the server is young and answers
+        nothing (:data:`~sandboxd.policy.defaults.LSP_WARMUP_SECONDS`), within
+        the question's ``timeout_seconds``.
+        """
+        deadline = self.reactor.seconds() + self.limits["timeout_seconds"]
+        while True:
+            result = await self.ask(method, params)
+            young = time.monotonic() - self.ready_at < defaults.LSP_WARMUP_SECONDS
+            pause = defaults.LSP_WARMUP_RETRY_SECONDS
+            if result or not young or self.reactor.seconds() + pause >= deadline:
+                return result
+            await deferLater(self.reactor, pause, lambda: None)
 
     def supports(self, capability: str) -> bool:
         """Whether the server said it answers ``capability`` (``hoverProvider``...)."""

@@ -144,6 +144,14 @@ LSP_OPEN_DOCUMENTS = 64
 #: are taken as the server's answer.
 LSP_DIAGNOSTICS_SETTLE_SECONDS = 0.3
 
+#: Language servers: a project's symbols asked this soon after its server
+#: started, and none found, are asked again every
+#: ``LSP_WARMUP_RETRY_SECONDS`` until then: a server still listing the
+#: project's files answers an empty list (pyright does), which an agent
+#: would take for "no such symbol".
+LSP_WARMUP_SECONDS = 5.0
+LSP_WARMUP_RETRY_SECONDS = 0.5
+
 #: Code contexts: executions kept listed per context (finished ones go first).
 CODE_KEPT_EXECUTIONS = 64
 

@@ -483,7 +483,7 @@ async def lsp_symbols(request: ServerRequest) -> dict[str, Any]:
             symbols=symbols[:limit], outside=0, truncated=len(symbols) > limit
         )
     q.needs("workspaceSymbolProvider", "workspace symbols")
-    result = await q.session.ask("workspace/symbol", {"query": query})
+    result = await q.session.ask_warm("workspace/symbol", {"query": query})
     found = answers.workspace_symbols(result)
     limits = limits_of(request.rule)
     symbols, outside = await request.context.in_thread(

@@ -115,6 +115,28 @@ class PyrightTests(NpmServerCase):
         self.assertIn((7, 11), {(r["line"], r["column"]) for r in out["locations"]})
 
     @inlineCallbacks
+    def test_project_symbols_and_rename(self) -> Any:
+        """
+        A query finds a function in another file of the project; a rename
+        from its use changes both files (pyright's edits are ranges, not
+        whole files).
+        """
+        self.project()
+        out = yield self.ask("symbols", path="proj/app.py", query="greet")
+        found = {
+            (os.path.basename(s["path"]), s["name"], s["line"]) for s in out["symbols"]
+        }
+        self.assertIn(("lib.py", "greet", 1), found)
+        out = yield self.ask(
+            "rename", path="proj/app.py", line=3, column=7, new_name="hello"
+        )
+        self.assertEqual(len(out["files"]), 2)
+        with open(os.path.join(self.base_dir, "proj/lib.py")) as f:
+            self.assertTrue(f.read().startswith("def hello(name: str) -> str:"))
+        with open(os.path.join(self.base_dir, "proj/app.py")) as f:
+            self.assertIn("print(hello('x'))", f.read())
+
+    @inlineCallbacks
     def test_hover(self) -> Any:
         """Hover over a call gives the function's signature and docstring."""
         self.project()
