@@ -14,8 +14,6 @@ cannot show what a read could not.
 
 from __future__ import annotations
 
-import os
-import posixpath
 from typing import Any
 
 import attrs
@@ -37,12 +35,12 @@ from sandboxd.lsp.catalog import (
     SERVERS_BY_ID,
     ServerSpec,
     allowed_ids,
-    find_root,
     language_of,
     servers_for,
 )
 from sandboxd.lsp.service import LspService
 from sandboxd.lsp.session import LspSession
+from sandboxd.lsp.sources import Source, placed, read_source
 from sandboxd.lsp.text import Text
 from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
@@ -189,52 +187,6 @@ async def session_for(
 # -- the file asked about --------------------------------------------------------
 
 
-@attrs.frozen
-class Source:
-    """The file a question is about, as read through the guard."""
-
-    path: str
-    text: str
-    root: str
-
-
-def read_source(guard: PathGuard, path: str, cap: int, endpoint_id: str) -> Source:
-    """
-    Read ``path`` (a regular file, UTF-8, at most ``cap`` bytes) and find
-    its project root.  Blocking: in a thread.
-    """
-    with guard.open_file(path, "read") as f:
-        if f.stat.st_size > cap:
-            raise _too_large(cap, f.stat.st_size, endpoint_id)
-        data = read_upto(f.fd, cap + 1)
-        resolved = f.path
-    if len(data) > cap:
-        raise _too_large(cap, len(data), endpoint_id)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise bad_request(f"{path!r} is not UTF-8 text", kind="not_text") from None
-
-    def readable(directory: str) -> bool:
-        return guard.decide(directory, "read").allowed
-
-    root = find_root(posixpath.dirname(resolved), readable, guard.default_dir)
-    return Source(resolved, text, root)
-
-
-def read_upto(fd: int, size: int) -> bytes:
-    """What ``fd`` holds from where it is, up to ``size`` bytes."""
-    chunks: list[bytes] = []
-    left = size
-    while left > 0:
-        chunk = os.read(fd, min(left, 1 << 20))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
 def _too_large(cap: int, size: int, endpoint_id: str) -> ApiError:
     return payload_too_large(
         cap,
@@ -291,8 +243,13 @@ async def question(request: ServerRequest) -> Question:
     path = required(body.get("path"), "path")
     guard = PathGuard.for_request(request)
     limits = limits_of(request.rule)
+    cap = limits["max_bytes"]
     source: Source = await request.context.in_thread(
-        read_source, guard, path, limits["max_bytes"], request.endpoint.id
+        read_source,
+        guard,
+        path,
+        cap,
+        lambda size: _too_large(cap, size, request.endpoint.id),
     )
     language = string(body.get("language"), "language", None) or language_of(
         source.path
@@ -331,40 +288,6 @@ def result_limit(request: ServerRequest, body: dict[str, Any], default: int) -> 
     )
 
 
-def placed(
-    guard: PathGuard,
-    found: list[tuple[dict[str, Any], str, Any]],
-    known: dict[str, Text],
-    cap: int,
-    encoding: str,
-) -> tuple[list[dict[str, Any]], int]:
-    """
-    Each ``(fields, path, range)`` with its lines and columns counted in
-    its file's text and that line's ``text``; those whose file the caller
-    may not read are left out and counted.  Blocking: in a thread.
-    """
-    out: list[dict[str, Any]] = []
-    outside = 0
-    for fields, path, span in found:
-        text = known.get(path)
-        if text is None:
-            try:
-                with guard.open_file(path, "read") as f:
-                    data = read_upto(f.fd, cap) if f.stat.st_size <= cap else b""
-                text = Text(data.decode("utf-8", "replace"), encoding)
-            except ApiError as e:
-                if e.status == 403:
-                    outside += 1
-                    continue
-                text = Text("", encoding)
-            known[path] = text
-        where = text.span(span)
-        out.append(
-            {**fields, "path": path, **where, "text": text.line_text(where["line"])}
-        )
-    return out, outside
-
-
 # -- the questions ------------------------------------------------------------------
 
 
@@ -393,14 +316,12 @@ async def lsp_diagnostics(request: ServerRequest) -> dict[str, Any]:
 
 
 async def _locations(
-    request: ServerRequest, method: str, extra: dict[str, Any]
+    request: ServerRequest, method: str, provider: str, extra: dict[str, Any]
 ) -> dict[str, Any]:
+    """A definition or references question: the locations, placed and guarded."""
     body = request.body
     q = await question(request)
-    q.needs(
-        "definitionProvider" if method.endswith("definition") else "referencesProvider",
-        method.rsplit("/", 1)[1],
-    )
+    q.needs(provider, method.rsplit("/", 1)[1])
     limit = result_limit(request, body, 100)
     result = await q.session.ask(method, {**q.position(body), **extra})
     found: list[tuple[dict[str, Any], str, Any]] = [
@@ -420,7 +341,7 @@ async def _locations(
 
 def lsp_definition(request: ServerRequest) -> Any:
     """``POST /lsp/definition {path, line, column}``: where the name there is defined."""
-    return _locations(request, "textDocument/definition", {})
+    return _locations(request, "textDocument/definition", "definitionProvider", {})
 
 
 def lsp_references(request: ServerRequest) -> Any:
@@ -431,7 +352,10 @@ def lsp_references(request: ServerRequest) -> Any:
         words=False,
     )
     return _locations(
-        request, "textDocument/references", {"context": {"includeDeclaration": include}}
+        request,
+        "textDocument/references",
+        "referencesProvider",
+        {"context": {"includeDeclaration": include}},
     )
 
 
