@@ -180,8 +180,8 @@ MODEL_DESCRIPTIONS: dict[str, str] = {
     "lsp_definition": "Where the name at line/column (from 1) of a file is defined.",
     "lsp_references": "Every use of the name at line/column (from 1) of a file.",
     "lsp_hover": "The type and documentation of the name at line/column (from 1).",
-    "lsp_symbols": "A file's classes, functions and variables; with query, the "
-    "project's symbols by name.",
+    "lsp_symbols": "A file's classes, functions and variables, each with its "
+    "body's lines; with query, the project's symbols by name.",
     "lsp_rename": "Rename the symbol at line/column (from 1) in every file that "
     "uses it (dry_run: show the diffs only).",
     "capabilities": "A summary of what this token may do: the tools allowed and "
