@@ -300,6 +300,8 @@ class Diagnostics(TypedDict):
     #: False: the server said nothing about the file's current text in
     #: time (the diagnostics are its earlier ones, if any).
     settled: bool
+    #: The server reported more than the 1000 kept per file.
+    truncated: bool
 
 
 class Location(Span):

@@ -90,6 +90,8 @@ class Diagnostics:
 
     def __init__(self) -> None:
         self.items: list[Any] = []
+        #: How many more the last publish held than are kept.
+        self.dropped = 0
         self.version: int | None = None
         #: How many publishes have come for this document.
         self.count = 0
@@ -380,13 +382,13 @@ class LspSession:
 
     async def diagnostics_of(
         self, path: str, fresh: bool, timeout: float
-    ) -> tuple[list[Any], bool]:
+    ) -> tuple[Diagnostics, bool]:
         """
-        ``(items, settled)``: what the server publishes for ``path`` once it
+        ``(diagnostics, settled)``: what the server publishes for ``path`` once it
         has said something about its current text and then nothing more for
         :data:`~sandboxd.policy.defaults.LSP_DIAGNOSTICS_SETTLE_SECONDS`;
         ``settled`` is False when it said nothing about that text within
-        ``timeout`` (the items are then what it said before, if anything).
+        ``timeout`` (the diagnostics are then what it said before, if any).
 
         :param fresh: the text was just sent (:meth:`sync`): what was
             published before does not count.
@@ -394,20 +396,20 @@ class LspSession:
         doc = self.documents[path]
         diag = self.diagnostics.setdefault(doc.uri, Diagnostics())
         if not fresh and diag.count:
-            return diag.items, True
+            return diag, True
         deadline = self.reactor.seconds() + timeout
         seen = diag.count if fresh else 0
         while diag.count <= seen or (
             diag.version is not None and diag.version < doc.version
         ):
             if not await self._published(diag, deadline - self.reactor.seconds()):
-                return diag.items, False
+                return diag, False
         settle = defaults.LSP_DIAGNOSTICS_SETTLE_SECONDS
         while await self._published(
             diag, min(settle, deadline - self.reactor.seconds())
         ):
             pass
-        return diag.items, True
+        return diag, True
 
     async def _published(self, diag: Diagnostics, within: float) -> bool:
         """
@@ -473,7 +475,9 @@ class LspSession:
             return
         diag = self.diagnostics.setdefault(uri, Diagnostics())
         items = params.get("diagnostics")
-        diag.items = items if isinstance(items, list) else []
+        items = items if isinstance(items, list) else []
+        diag.items = items[: defaults.LSP_KEPT_DIAGNOSTICS]
+        diag.dropped = len(items) - len(diag.items)
         version = params.get("version")
         diag.version = version if isinstance(version, int) else None
         diag.count += 1

@@ -140,6 +140,10 @@ LSP_LIMITS: dict[str, Any] = {
 #: closed first).
 LSP_OPEN_DOCUMENTS = 64
 
+#: Language servers: the diagnostics kept of one document (the first ones
+#: published; the answer says when there were more).
+LSP_KEPT_DIAGNOSTICS = 1000
+
 #: Language servers: how long diagnostics must stay unchanged before they
 #: are taken as the server's answer.
 LSP_DIAGNOSTICS_SETTLE_SECONDS = 0.3

@@ -305,13 +305,17 @@ async def lsp_diagnostics(request: ServerRequest) -> dict[str, Any]:
         ceiling=limits["timeout_seconds"],
     )
     q = await question(request)
-    items, settled = await q.session.diagnostics_of(q.source.path, q.fresh, timeout)
-    found = answers.diagnostics(items, q.text)
+    published, settled = await q.session.diagnostics_of(q.source.path, q.fresh, timeout)
+    found = answers.diagnostics(published.items, q.text)
     counts = {s: 0 for s in answers.SEVERITIES if s is not None}
     for d in found:
         counts[d["severity"]] += 1
     return q.answer(
-        path=q.source.path, diagnostics=found, counts=counts, settled=settled
+        path=q.source.path,
+        diagnostics=found,
+        counts=counts,
+        settled=settled,
+        truncated=published.dropped > 0,
     )
 
 

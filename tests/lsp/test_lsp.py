@@ -457,3 +457,16 @@ class IdentityTests(LspTestCase):
             token="bob-token",
         )
         self.assertEqual(used.status, 404)
+
+
+class ManyDiagnosticsTests(LspTestCase):
+    """A file with more problems than are kept."""
+
+    @inlineCallbacks
+    def test_kept_and_said(self) -> Any:
+        """1,200 undefined names: the first 1,000 are given, and truncated says so."""
+        self.write("proj/pyproject.toml", "")
+        self.write("proj/many.py", "".join(f"print(name_{n})\n" for n in range(1200)))
+        out = yield self.ask("diagnostics", path="proj/many.py")
+        self.assertEqual((len(out["diagnostics"]), out["truncated"]), (1000, True))
+        self.assertEqual(out["counts"]["error"], 1000)

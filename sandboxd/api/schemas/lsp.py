@@ -202,7 +202,16 @@ SCHEMAS: dict[str, Schema] = {
                 "code, source, message}] in file order",
                 items="object",
             ),
-            F("counts", "object", "{error, warning, information, hint}"),
+            F(
+                "counts",
+                "object",
+                "{error, warning, information, hint}: of those given",
+            ),
+            F(
+                "truncated",
+                "boolean",
+                "the server reported more than the 1000 kept per file",
+            ),
             F(
                 "settled",
                 "boolean",
