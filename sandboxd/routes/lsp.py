@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+from twisted.internet.defer import Deferred
 
 from sandboxd.access.guard import PathGuard
 from sandboxd.errors import (
@@ -225,6 +226,22 @@ class Question:
         """An answer naming the session and server."""
         return {"session_id": self.session.id, "server": self.session.spec.id, **fields}
 
+    def place(
+        self, request: ServerRequest, found: list[tuple[dict[str, Any], str, Any]]
+    ) -> Deferred[tuple[list[dict[str, Any]], int]]:
+        """
+        ``found`` placed in their files' lines, in a thread
+        (:func:`~sandboxd.lsp.sources.placed`): ``(placed, outside)``.
+        """
+        return request.context.in_thread(
+            placed,
+            self.guard,
+            found,
+            {self.source.path: self.text},
+            limits_of(request.rule)["max_bytes"],
+            self.session.encoding,
+        )
+
     def needs(self, capability: str, what: str) -> None:
         """:raises ApiError: 501 when the server does not answer ``what``."""
         if not self.session.supports(capability):
@@ -331,15 +348,7 @@ async def _locations(
     found: list[tuple[dict[str, Any], str, Any]] = [
         ({}, path, span) for path, span in answers.locations(result)
     ]
-    limits = limits_of(request.rule)
-    located, outside = await request.context.in_thread(
-        placed,
-        q.guard,
-        found[:limit],
-        {q.source.path: q.text},
-        limits["max_bytes"],
-        q.session.encoding,
-    )
+    located, outside = await q.place(request, found[:limit])
     return q.answer(locations=located, outside=outside, truncated=len(found) > limit)
 
 
@@ -413,15 +422,7 @@ async def lsp_symbols(request: ServerRequest) -> dict[str, Any]:
     q.needs("workspaceSymbolProvider", "workspace symbols")
     result = await q.session.ask_warm("workspace/symbol", {"query": query})
     found = answers.workspace_symbols(result)
-    limits = limits_of(request.rule)
-    symbols, outside = await request.context.in_thread(
-        placed,
-        q.guard,
-        found[:limit],
-        {q.source.path: q.text},
-        limits["max_bytes"],
-        q.session.encoding,
-    )
+    symbols, outside = await q.place(request, found[:limit])
     return q.answer(symbols=symbols, outside=outside, truncated=len(found) > limit)
 
 
