@@ -263,6 +263,7 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("lsp_session_create", "POST", "/lsp/sessions", G.LSP, ("lsp:use",), "Start a language server for a project.", {}),
     ("lsp_session_get", "GET", _L, G.LSP, ("lsp:use",), "Describe one language server session.", {}),
     ("lsp_session_delete", "DELETE", _L, G.LSP, ("lsp:use",), "Stop a language server.", {}),
+    ("lsp_connect", "GET", "/lsp/connect", G.LSP, ("lsp:use",), "A language server of an editor's own, over a WebSocket (JSON-RPC, one message per text frame).", {"streaming": True}),
     ("lsp_diagnostics", "POST", "/lsp/diagnostics", G.LSP, ("lsp:use",), "A file's errors and warnings, from its language server.", {}),
     ("lsp_definition", "POST", "/lsp/definition", G.LSP, ("lsp:use",), "Where the name at a position is defined.", {}),
     ("lsp_references", "POST", "/lsp/references", G.LSP, ("lsp:use",), "Where the name at a position is used.", {}),

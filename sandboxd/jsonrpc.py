@@ -38,6 +38,8 @@ INTERNAL_ERROR = -32603
 RESOURCE_NOT_FOUND = -32002
 #: LSP's code, which ACP uses for a request the caller cancelled.
 REQUEST_CANCELLED = -32800
+#: LSP's code for a request that was well formed but refused.
+REQUEST_FAILED = -32803
 
 Message = dict[str, Any]
 

@@ -1,8 +1,10 @@
 # -*- test-case-name: tests.lsp.test_lsp -*-
 """
 The ``lsp`` group's service: every language server session, found by who
-asks, which server, which project root and which user; the daemon-wide
-and per-identity bounds; the idle sweep; the orderly stop.
+asks, which server, which project root and which user; the editors' own
+servers (``lsp_connect``); the daemon-wide and per-identity bounds, which
+count both; the idle sweep (of sessions: an editor's socket has its own
+pings); the orderly stop.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from twisted.logger import Logger
 
 from sandboxd.errors import ApiError, Code, limit_exceeded, not_found
 from sandboxd.lsp.catalog import ServerSpec
+from sandboxd.lsp.relay import GOING_AWAY, EditorRelay
 from sandboxd.lsp.session import LspSession
 from sandboxd.policy.defaults import identity_cap
 from sandboxd.processes.command import RunAs
@@ -32,6 +35,8 @@ class LspService(Service):
         self.context = context
         self.reactor = context.reactor
         self.sessions: dict[str, LspSession] = {}
+        #: The servers of editors' sockets, each ended with its socket.
+        self.editors: set[EditorRelay] = set()
         self._sweep: IDelayedCall | None = None
 
     def find(
@@ -77,9 +82,27 @@ class LspService(Service):
         self._arm_sweep()
         return session
 
+    def add_editor(self, relay: EditorRelay) -> None:
+        """
+        Count an editor's server from now on; its handler has checked the
+        room (:meth:`check_room`) in the same reactor turn.
+        """
+        self.editors.add(relay)
+
+    def remove_editor(self, relay: EditorRelay) -> Deferred[Any]:
+        """Its socket is gone: end its server and stop counting it."""
+        self.editors.discard(relay)
+        return relay.close()
+
     def check_room(self, identity: Any, limits: dict[str, Any]) -> None:
-        """:raises ApiError: 429 at the daemon's or the identity's bound."""
-        live = [s for s in self.sessions.values() if s.state in ("starting", "ready")]
+        """
+        :raises ApiError: 429 at the daemon's or the identity's bound, which
+            count the sessions and the editors' servers together.
+        """
+        live: list[LspSession | EditorRelay] = [
+            s for s in self.sessions.values() if s.state in ("starting", "ready")
+        ]
+        live += self.editors
         total = limits["max_sessions"]
         if len(live) >= total:
             raise _too_many(
@@ -144,11 +167,14 @@ class LspService(Service):
         self._arm_sweep()
 
     def stopService(self) -> Deferred[None]:
-        """Stop every server; bounded by the kill grace."""
+        """Close every editor's socket and stop every server; bounded by the kill grace."""
         super().stopService()  # type: ignore[no-untyped-call]
         if self._sweep is not None and self._sweep.active():
             self._sweep.cancel()
         waits = [self.remove(s) for s in list(self.sessions.values())]
+        for relay in list(self.editors):
+            relay.hang_up(GOING_AWAY, "the daemon is stopping")
+            waits.append(self.remove_editor(relay))
         done: Deferred[Any] = DeferredList(waits, consumeErrors=True)
         return done.addCallback(lambda _: None)
 

@@ -35,6 +35,8 @@ NOT_TOOLS: dict[str, str] = {
     "e2b": "the E2B door itself, on a port of its own",
     "pty_connect": "an interactive WebSocket byte stream, not one call; use "
     "shell, shell_stream or process_start with process_stdin",
+    "lsp_connect": "an editor's WebSocket to its own language server, not one "
+    "call; use lsp_diagnostics, lsp_definition and the other lsp tools",
     "files_read_raw": "raw binary response body; use download (base64) or "
     "the file:/// resource",
     "files_write_raw": "raw binary request body; use upload or "

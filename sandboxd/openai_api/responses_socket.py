@@ -30,8 +30,6 @@ a steer only once the turn before it has ended.)
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import time
 import weakref
@@ -90,6 +88,10 @@ from sandboxd.web.sending import raw_json_response, send_now
 from sandboxd.web.websocket_server import (
     WebSocketServerFactory,
     WebSocketServerProtocol,
+    asks_upgrade,
+    request_head,
+    server_options,
+    valid_handshake,
 )
 
 log = Logger(namespace="sandboxd.openai_api.responses_socket")
@@ -116,18 +118,14 @@ def agents_responses_connect(request: ServerRequest) -> UpgradeResponse:
     """
     headers = request.headers
     local = {LOCAL_HEADER: "1"}
-    if "websocket" not in _tokens(headers.get("upgrade", "")):
+    if not asks_upgrade(headers):
         raise bad_request(
             "GET /v1/responses is the Responses WebSocket: send the upgrade "
             "(Upgrade: websocket), or POST /v1/responses",
             Code.WEBSOCKET_UPGRADE_REQUIRED,
             headers=local,
         )
-    if (
-        "upgrade" not in _tokens(headers.get("connection", ""))
-        or headers.get("sec-websocket-version", "").strip() != "13"
-        or not _valid_key(headers.get("sec-websocket-key", ""))
-    ):
+    if not valid_handshake(headers):
         raise bad_request(
             "invalid WebSocket handshake: Connection: Upgrade, a Sec-WebSocket-Key "
             "(16 bytes, base64) and Sec-WebSocket-Version: 13 are required",
@@ -145,18 +143,6 @@ def agents_responses_connect(request: ServerRequest) -> UpgradeResponse:
             headers=local,
         )
     return UpgradeResponse(take_over=lambda raw: _hand_over(factory, request, raw))
-
-
-def _tokens(value: str) -> set[str]:
-    return {t.strip().lower() for t in value.split(",")}
-
-
-def _valid_key(value: str) -> bool:
-    """RFC 6455 §4.1: the key is 16 random bytes, base64-encoded."""
-    try:
-        return len(base64.b64decode(value.strip(), validate=True)) == 16
-    except (binascii.Error, ValueError):
-        return False
 
 
 def _hand_over(
@@ -179,10 +165,7 @@ def _hand_over(
     protocol.maxMessagePayloadSize = limit
     protocol.maxFramePayloadSize = limit
     factory.opened(protocol)
-    lines = [b"GET " + raw.uri + b" HTTP/1.1"]
-    for name, values in raw.requestHeaders.getAllRawHeaders():
-        lines += [name + b": " + value for value in values]
-    channel.take_over(protocol, replay=b"\r\n".join(lines) + b"\r\n\r\n")
+    channel.take_over(protocol, replay=request_head(raw))
 
 
 # -- the socket -------------------------------------------------------------------
@@ -869,16 +852,12 @@ class ResponsesSocketFactory(WebSocketServerFactory):
         super().__init__(reactor=reactor, server=None)  # type: ignore[no-untyped-call]
         self.sockets: dict[str, set[ResponsesSocket]] = {}
         self.setProtocolOptions(  # type: ignore[no-untyped-call]
-            autoPingInterval=WS_PING_SECONDS,
-            autoPingTimeout=WS_PING_TIMEOUT_SECONDS,
-            openHandshakeTimeout=WS_HANDSHAKE_SECONDS,
-            closeHandshakeTimeout=WS_CLOSE_SECONDS,
-            failByDrop=False,
-            versions=[13],
-            webStatus=False,
-            # The gate has already checked Origin (and a null one).
-            allowNullOrigin=True,
-            tcpNoDelay=True,
+            **server_options(
+                WS_PING_SECONDS,
+                WS_PING_TIMEOUT_SECONDS,
+                WS_HANDSHAKE_SECONDS,
+                WS_CLOSE_SECONDS,
+            )
         )
 
     def opened(self, socket: ResponsesSocket) -> None:

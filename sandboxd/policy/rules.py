@@ -156,6 +156,9 @@ class Params:
     auto_restart: bool = True
     # language servers: the catalogue ids a session may start (None: all)
     lsp_servers: tuple[str, ...] | None = None
+    # the editor socket: the workspace/executeCommand commands an editor may
+    # send its server (a command runs whatever the server makes of it)
+    lsp_commands: tuple[str, ...] = ()
     # the MCP door: "default" lists the tools a model uses; "all" every tool
     mcp_tools: str = "default"
 

@@ -22,11 +22,12 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IDelayedCall, IPushProducer
 from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
 from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from sandboxd.access.metrics import child_timed_out
 from sandboxd.errors import ApiError, timed_out
@@ -541,6 +542,21 @@ class Child(ProcessProtocol):
             self.stdin_open = False
             self.transport.closeStdin()
 
+    def throttle_stdin(self, producer: Any) -> None:
+        """
+        Pause ``producer`` (whoever feeds stdin: a client's connection)
+        while the pipe holds more than the child has taken, and resume it
+        once drained, so a child that reads slowly bounds what waits for
+        it.  The pipe's end never stops ``producer``: its owner decides.
+        """
+        writer = (
+            getattr(self.transport, "pipes", {}).get(0)
+            if self.transport is not None
+            else None
+        )
+        if writer is not None and writer.producer is None:
+            writer.registerProducer(_PauseOnly(producer), True)
+
     def stdin_pending(self) -> int:
         """Bytes written to stdin but not yet taken by the child."""
         writer = (
@@ -558,6 +574,23 @@ class Child(ProcessProtocol):
         """A pipe closed (stdin: the child closed it or exited)."""
         if childFD == 0:
             self.stdin_open = False
+
+
+@implementer(IPushProducer)
+class _PauseOnly:
+    """A producer's pause and resume, passed on; its stop left to its owner."""
+
+    def __init__(self, producer: Any) -> None:
+        self.producer = producer
+
+    def pauseProducing(self) -> None:
+        self.producer.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        self.producer.resumeProducing()
+
+    def stopProducing(self) -> None:
+        """The pipe closed (the child exited): the producer's owner decides."""
 
 
 def signal_child(child: Child, sig: int) -> None:

@@ -39,6 +39,9 @@ from sandboxd.lsp.catalog import (
     language_of,
     servers_for,
 )
+from sandboxd.lsp.checks import EditorRules
+from sandboxd.lsp.editor_socket import connect_editor
+from sandboxd.lsp.relay import EditorRelay
 from sandboxd.lsp.service import LspService
 from sandboxd.lsp.session import LspSession
 from sandboxd.lsp.sources import Source, placed, read_source
@@ -47,8 +50,9 @@ from sandboxd.policy import defaults
 from sandboxd.policy.rules import EffectiveRule
 from sandboxd.processes.command import RunAs, resolve_user
 from sandboxd.processes.environment import child_environment
-from sandboxd.web.messages import ServerRequest, ServerResponse
+from sandboxd.web.messages import ServerRequest, ServerResponse, UpgradeResponse
 from sandboxd.web.params import flag, integer, required, seconds, string
+from sandboxd.web.websocket_server import asks_upgrade, valid_handshake
 
 
 def service(request: ServerRequest) -> LspService:
@@ -120,6 +124,63 @@ async def lsp_session_delete(request: ServerRequest) -> dict[str, Any]:
     session = svc.get(request.path_params["lid"], request.identity)
     await svc.remove(session)
     return {"id": session.id, "state": "closed"}
+
+
+def lsp_connect(request: ServerRequest) -> UpgradeResponse:
+    """
+    ``GET /lsp/connect?server=|language=&root=&user=`` with ``Upgrade:
+    websocket``: a language server of the editor's own, its JSON-RPC
+    relayed one message per text frame, what the editor sends checked
+    against the path rules first (:mod:`sandboxd.lsp.checks`).  Everything
+    that can be refused is refused here, before the upgrade.
+    """
+    headers = request.headers
+    if not asks_upgrade(headers):
+        raise bad_request(
+            "GET /lsp/connect is a WebSocket for editors: send the upgrade "
+            "(Upgrade: websocket)"
+        )
+    if not valid_handshake(headers):
+        raise bad_request(
+            "invalid WebSocket handshake: Connection: Upgrade, a Sec-WebSocket-Key "
+            "(16 bytes, base64) and Sec-WebSocket-Version: 13 are required"
+        )
+    query = request.query
+    server = string(query.get("server"), "server", None)
+    language = string(query.get("language"), "language", None)
+    if server is None and language is None:
+        raise bad_request("name a 'server' or a 'language'")
+    spec, argv = choose_server(request, language, server)
+    rule = request.rule
+    guard = PathGuard(rule)
+    root = guard.cwd(query.get("root"))
+    run_as = resolve_user(query.get("user"), rule)
+    limits = limits_of(rule)
+    svc = service(request)
+    svc.check_room(request.identity, limits)
+    env = child_environment(request.context, rule)
+    if run_as is not None:
+        run_as.apply(env)
+    rules = EditorRules(
+        guard,
+        root,
+        rule.params.lsp_commands,
+        policy_rule(rule, "params.lsp_commands"),
+    )
+    relay = EditorRelay(
+        request.context.reactor,
+        request.context.children,
+        spec,
+        request.identity.id,
+        root,
+        run_as,
+        limits,
+        rules,
+    )
+    request.audit["server"] = spec.id
+    return UpgradeResponse(
+        take_over=lambda raw: connect_editor(svc, relay, argv, env, raw)
+    )
 
 
 def choose_server(
@@ -476,6 +537,7 @@ HANDLERS = {
     "lsp_session_create": lsp_session_create,
     "lsp_session_get": lsp_session_get,
     "lsp_session_delete": lsp_session_delete,
+    "lsp_connect": lsp_connect,
     "lsp_diagnostics": lsp_diagnostics,
     "lsp_definition": lsp_definition,
     "lsp_references": lsp_references,

@@ -182,6 +182,52 @@ SCHEMAS: dict[str, Schema] = {
         response=(F("id"), F("state", enum=("closed",))),
         errors=(_NO_SESSION,),
     ),
+    "lsp_connect": Schema(
+        query=(
+            F("server", doc="a catalogue id allowed by params.lsp_servers"),
+            F("language", doc="start the first installed server of this language"),
+            F("root", doc="the project directory (guarded); default base_dir"),
+            F("user", doc="who the server runs as (params.users)"),
+        ),
+        headers=(
+            F("Upgrade", required=True, doc="websocket"),
+            F("Connection", required=True, doc="Upgrade"),
+            F("Sec-WebSocket-Key", required=True),
+            F("Sec-WebSocket-Version", required=True, doc="13"),
+        ),
+        produces="websocket",
+        errors=(
+            *GUARD,
+            E(
+                400,
+                "invalid_param",
+                "a plain GET (send the upgrade), a broken handshake, no server or "
+                "language named, an unknown or disallowed server",
+            ),
+            E(403, "param_not_allowed", "a refused user"),
+            E(
+                429,
+                "too_many_sessions",
+                "max_sessions language servers run (sessions and editors' sockets together)",
+                "ResourceError",
+            ),
+            E(
+                503,
+                "unavailable",
+                "no server for the language is installed (the message says how to install one)",
+            ),
+        ),
+        notes="Each text frame is one JSON-RPC message; the server's messages come back "
+        "unchanged. Every URI an editor's message names (uri, rootUri, any ...Uri, "
+        "rootPath, workspaceFolders) must be a file:// path the caller may read, and the "
+        "workspace must lie within root: a refused request is answered with error "
+        "-32803 (data: {code, rule}) and not passed on, a refused notification is "
+        "dropped and a window/logMessage says so. workspace/executeCommand runs only "
+        "the commands in params.lsp_commands. A frame that is not a JSON object is "
+        "answered with -32700 or -32600. Binary frames close 1003, messages over "
+        "max_message_bytes 1009; the server exiting or breaking its framing closes "
+        "1011; closing the socket ends the server's whole tree.",
+    ),
     "lsp_diagnostics": Schema(
         body=(
             *_FILE,

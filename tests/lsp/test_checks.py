@@ -1,0 +1,118 @@
+"""
+What an editor on ``lsp_connect`` may send its server
+(:class:`sandboxd.lsp.checks.EditorRules`), message by message, with no
+server: the files named anywhere in a message, the workspace within the
+socket's root, the commands the policy lets run.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from sandboxd.access.guard import PathGuard
+from sandboxd.errors import Code
+from sandboxd.lsp.answers import uri_of
+from sandboxd.lsp.checks import EditorRules
+from tests.test_guard import make_rule
+
+
+class EditorRulesTests(SynchronousTestCase):
+    """Each message is passed or refused with the guard's code."""
+
+    def setUp(self) -> None:
+        self.base = os.path.realpath(self.mktemp())
+        self.root = os.path.join(self.base, "proj")
+        os.makedirs(self.root)
+        guard = PathGuard(make_rule(self.base, deny=["**/secret/**"]))
+        self.rules = EditorRules(
+            guard, self.root, ("pylsp.allowed",), "policy:test:params.lsp_commands"
+        )
+
+    def code(self, message: dict[str, Any]) -> Code | None:
+        refused = self.rules.refusal(message)
+        return None if refused is None else refused.code
+
+    def test_files_anywhere_in_params(self) -> None:
+        """A URI is checked at any depth, under any key ending in Uri."""
+        inside = uri_of(os.path.join(self.root, "a.py"))
+        ok = {"method": "x", "params": {"a": [{"b": {"uri": inside}}]}}
+        self.assertIsNone(self.code(ok))
+        deep = {"method": "x", "params": {"a": [{"b": {"uri": "file:///etc/passwd"}}]}}
+        self.assertEqual(self.code(deep), Code.PATH_NOT_ALLOWED)
+        other = {"method": "x", "params": {"targetUri": "file:///etc/passwd"}}
+        self.assertEqual(self.code(other), Code.PATH_NOT_ALLOWED)
+        renamed = {"method": "x", "params": {"files": [{"newUri": "file:///etc/x"}]}}
+        self.assertEqual(self.code(renamed), Code.PATH_NOT_ALLOWED)
+
+    def test_denied_and_foreign_uris(self) -> None:
+        """A denied path carries the deny rule; a URI of another scheme is refused."""
+        secret = uri_of(os.path.join(self.root, "secret", "k.py"))
+        refused = self.rules.refusal({"method": "x", "params": {"uri": secret}})
+        assert refused is not None
+        self.assertEqual(refused.data(), {"code": "path_denied", "rule": "policy:test"})
+        for uri in ("untitled:Untitled-1", "https://example.com/a.py", 7):
+            self.assertEqual(
+                self.code({"method": "x", "params": {"uri": uri}}),
+                Code.INVALID_PARAM,
+                uri,
+            )
+        self.assertIsNone(self.code({"method": "x", "params": {"rootUri": None}}))
+
+    def test_workspace_within_root(self) -> None:
+        """rootUri, rootPath, workspaceFolders and added folders must lie within the root."""
+        beside = os.path.join(self.base, "other")
+        for params in (
+            {"rootUri": uri_of(beside)},
+            {"rootPath": beside},
+            {"workspaceFolders": [{"uri": uri_of(beside), "name": "o"}]},
+        ):
+            self.assertEqual(
+                self.code({"method": "initialize", "id": 1, "params": params}),
+                Code.PATH_NOT_ALLOWED,
+                params,
+            )
+        added = {"event": {"added": [{"uri": uri_of(beside)}], "removed": []}}
+        self.assertEqual(
+            self.code(
+                {"method": "workspace/didChangeWorkspaceFolders", "params": added}
+            ),
+            Code.PATH_NOT_ALLOWED,
+        )
+        # A file beside the root may still be read: only the workspace is bounded.
+        self.assertIsNone(
+            self.code({"method": "x", "params": {"uri": uri_of(beside + "/m.py")}})
+        )
+        self.assertIsNone(
+            self.code(
+                {
+                    "method": "initialize",
+                    "params": {
+                        "rootUri": uri_of(self.root),
+                        "rootPath": self.root,
+                        "workspaceFolders": [{"uri": uri_of(self.root), "name": "p"}],
+                    },
+                }
+            )
+        )
+
+    def test_answers_to_the_server(self) -> None:
+        """An answer's result is checked as a request's params are."""
+        answer = {"id": 3, "result": [{"uri": "file:///etc/passwd", "name": "x"}]}
+        self.assertEqual(self.code(answer), Code.PATH_NOT_ALLOWED)
+        self.assertIsNone(self.code({"id": 3, "result": [None]}))
+
+    def test_commands(self) -> None:
+        """Only the commands params.lsp_commands names run."""
+        run = {"method": "workspace/executeCommand", "id": 1, "params": {}}
+        run["params"] = {"command": "pylsp.allowed"}
+        self.assertIsNone(self.code(run))
+        run["params"] = {"command": "pylsp.other"}
+        refused = self.rules.refusal(run)
+        assert refused is not None
+        self.assertEqual(
+            refused.data(),
+            {"code": "command_not_allowed", "rule": "policy:test:params.lsp_commands"},
+        )

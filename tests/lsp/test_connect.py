@@ -1,0 +1,518 @@
+"""
+``lsp_connect``, the editors' WebSocket, through a real daemon and a real
+pylsp, with websocket-client (the WebSocket client most Python users run):
+the editor's JSON-RPC relayed both ways, what it names outside the path
+rules refused and kept from the server, the bounds, and the server's
+tree ended with the socket.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import time
+from typing import Any
+from urllib.parse import urlencode
+
+from twisted.internet import reactor
+from twisted.internet.defer import inlineCallbacks
+from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThread
+
+from sandboxd.lsp.answers import uri_of
+from sandboxd.policy.defaults import WS_CLOSE_SECONDS
+from sandboxd.processes.tree import proc_info
+from tests.helpers import DaemonTestCase, alive
+from tests.lsp.test_lsp import LspTestCase, lsp_policy, need_pylsp
+
+try:
+    import websocket
+except ImportError:  # pragma: no cover - the dev extra installs it
+    websocket = None
+
+#: Seconds a test waits for one message of the server's.
+WAIT = 60
+
+
+def need_client() -> None:
+    """Skip (saying why) where websocket-client is not installed."""
+    if websocket is None:
+        from twisted.trial.unittest import SkipTest
+
+        raise SkipTest("websocket-client is not installed (pip install -e '.[dev]')")
+
+
+def server_pids() -> set[int]:
+    """The language servers this process (the test daemon) started: pylsp children of ours."""
+    found = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        info = proc_info(int(name))
+        if info is None or info.ppid != os.getpid() or not alive(info.pid):
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if b"pylsp" in f.read():
+                    found.add(info.pid)
+        except OSError:
+            continue
+    return found
+
+
+class Editor:
+    """A blocking editor on the socket (run it from a thread)."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self.seen: list[dict[str, Any]] = []
+        self.next_id = 0
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.ws.send(json.dumps({"jsonrpc": "2.0", **message}))
+
+    def request(self, method: str, params: Any) -> int:
+        self.next_id += 1
+        self.send({"id": self.next_id, "method": method, "params": params})
+        return self.next_id
+
+    def notify(self, method: str, params: Any) -> None:
+        self.send({"method": method, "params": params})
+
+    def until(self, test: Any, seconds: float = WAIT) -> dict[str, Any]:
+        """The next message ``test`` accepts; the others are kept in :attr:`seen`."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.ws.settimeout(max(0.1, deadline - time.monotonic()))
+            message = json.loads(self.ws.recv())
+            self.seen.append(message)
+            if message.get("method") == "workspace/configuration":
+                # An editor answers its server's requests.
+                items = message["params"].get("items", [])
+                self.send({"id": message["id"], "result": [None] * len(items)})
+            elif "method" in message and "id" in message:
+                self.send({"id": message["id"], "result": None})
+            if test(message):
+                return message
+        raise AssertionError(f"nothing matched in {seconds} s; seen: {self.seen}")
+
+    def answer(self, request_id: int) -> dict[str, Any]:
+        return self.until(lambda m: m.get("id") == request_id and "method" not in m)
+
+    def initialize(self, root: str) -> dict[str, Any]:
+        rid = self.request(
+            "initialize",
+            {
+                "processId": None,
+                "rootUri": uri_of(root),
+                "workspaceFolders": [{"uri": uri_of(root), "name": "proj"}],
+                "capabilities": {},
+            },
+        )
+        answer = self.answer(rid)
+        self.notify("initialized", {})
+        return answer
+
+    def open(self, path: str) -> None:
+        with open(path) as f:
+            text = f.read()
+        self.notify(
+            "textDocument/didOpen",
+            {
+                "textDocument": {
+                    "uri": uri_of(path),
+                    "languageId": "python",
+                    "version": 1,
+                    "text": text,
+                }
+            },
+        )
+
+    def diagnostics_of(self, uri: str) -> dict[str, Any]:
+        return self.until(
+            lambda m: (
+                m.get("method") == "textDocument/publishDiagnostics"
+                and m["params"]["uri"] == uri
+                and m["params"]["diagnostics"]
+            )
+        )
+
+    def close_frame(self, seconds: float = WAIT) -> tuple[int, str]:
+        """Read until the server's close frame: its code and reason."""
+        self.ws.settimeout(seconds)
+        while True:
+            frame = self.ws.recv_data_frame(True)[1]
+            if frame.opcode == websocket.ABNF.OPCODE_CLOSE:
+                code = int.from_bytes(frame.data[:2], "big")
+                return code, frame.data[2:].decode("utf-8")
+
+
+def close_timers() -> Any:
+    """
+    Let autobahn's close-handshake timer of a socket the daemon closed
+    run out (its batched timer is never cancelled).
+    """
+    return deferLater(reactor, WS_CLOSE_SECONDS + 1.1, lambda: None)
+
+
+class ConnectCase(LspTestCase):
+    """A daemon with the lsp group on, and an editor's socket to it."""
+
+    def setUp(self) -> Any:
+        need_pylsp()
+        need_client()
+        return super().setUp()
+
+    def url(self, **query: str) -> str:
+        query = {"language": "python", **query}
+        return (
+            self.daemon.url.replace("http://", "ws://")
+            + "/lsp/connect?"
+            + urlencode(query)
+        )
+
+    def connect(self, token: str | None = None, **query: str) -> Any:
+        """A connected websocket-client socket (closed at the test's end)."""
+        header = [f"X-Access-Token: {token}"] if token else []
+        ws = websocket.create_connection(self.url(**query), header=header, timeout=30)
+        self.addCleanup(ws.shutdown)
+        return ws
+
+    def refused(self, token: str | None = None, **query: str) -> Any:
+        """The status and body of an upgrade the daemon refuses."""
+
+        def attempt() -> tuple[int, dict[str, Any]]:
+            try:
+                ws = self.connect(token, **query)
+            except websocket.WebSocketBadStatusException as e:
+                return e.status_code, json.loads(e.resp_body)
+            ws.close()
+            raise AssertionError("the upgrade was accepted")
+
+        return deferToThread(attempt)
+
+    def talk(self, script: Any, **query: str) -> Any:
+        """Run ``script(editor)`` against a new socket, from a thread."""
+
+        def run() -> Any:
+            ws = self.connect(**query)
+            try:
+                return script(Editor(ws))
+            finally:
+                # The editor closes first: the daemon arms no close timer.
+                ws.close()
+
+        return deferToThread(run)
+
+
+class RelayTests(ConnectCase):
+    """What an editor sends and hears, relayed by the daemon."""
+
+    @inlineCallbacks
+    def test_initialize_and_definition_across_files(self) -> Any:
+        """
+        ``initialize`` answers with the server's capabilities; after both
+        files are opened, ``textDocument/definition`` at a call of a
+        function imported from the other file gives its def there.
+        """
+        self.project()
+        root = os.path.join(self.base_dir, "proj")
+
+        def script(editor: Editor) -> Any:
+            init = editor.initialize(root)
+            editor.open(os.path.join(root, "lib.py"))
+            editor.open(os.path.join(root, "app.py"))
+            rid = editor.request(
+                "textDocument/definition",
+                {
+                    "textDocument": {"uri": uri_of(os.path.join(root, "app.py"))},
+                    "position": {"line": 2, "character": 7},
+                },
+            )
+            return init, editor.answer(rid)
+
+        init, found = yield self.talk(script, root="proj")
+        self.assertIn("definitionProvider", init["result"]["capabilities"])
+        [location] = found["result"]
+        self.assertEqual(location["uri"], uri_of(os.path.join(root, "lib.py")))
+        self.assertEqual(location["range"]["start"], {"line": 0, "character": 4})
+
+    @inlineCallbacks
+    def test_diagnostics_are_published(self) -> Any:
+        """A file with an undefined name gets its publishDiagnostics, as the server sent it."""
+        self.write("proj/pyproject.toml", "")
+        bad = self.write("proj/bad.py", "x = undefined_name + 1\n")
+
+        def script(editor: Editor) -> Any:
+            editor.initialize(os.path.dirname(bad))
+            editor.open(bad)
+            return editor.diagnostics_of(uri_of(bad))
+
+        published = yield self.talk(script, root="proj")
+        messages = [d["message"] for d in published["params"]["diagnostics"]]
+        self.assertTrue(any("undefined_name" in m for m in messages), messages)
+
+    @inlineCallbacks
+    def test_outside_the_boundary_is_refused_and_kept_from_the_server(self) -> Any:
+        """
+        A definition about file:///etc/passwd is answered with a JSON-RPC
+        error (data.code path_not_allowed); a didOpen of a file outside the
+        base directory is dropped, the editor told with a logMessage, and
+        the server never sees it: it publishes no diagnostics for it, while
+        it does for a file inside opened after it.
+        """
+        self.write("proj/pyproject.toml", "")
+        inside = self.write("proj/inside.py", "y = also_undefined\n")
+        outside = "file:///etc/outside.py"
+
+        def script(editor: Editor) -> Any:
+            editor.initialize(os.path.dirname(inside))
+            rid = editor.request(
+                "textDocument/definition",
+                {
+                    "textDocument": {"uri": "file:///etc/passwd"},
+                    "position": {"line": 0, "character": 0},
+                },
+            )
+            refused = editor.answer(rid)
+            editor.notify(
+                "textDocument/didOpen",
+                {
+                    "textDocument": {
+                        "uri": outside,
+                        "languageId": "python",
+                        "version": 1,
+                        "text": "x = undefined_name\n",
+                    }
+                },
+            )
+            told = editor.until(lambda m: m.get("method") == "window/logMessage")
+            editor.open(inside)
+            editor.diagnostics_of(uri_of(inside))
+            # The server lints each file on its own timer: give the outside
+            # one, had it been passed on, as long again.
+            try:
+                editor.until(lambda m: False, seconds=2)
+            except (AssertionError, websocket.WebSocketTimeoutException):
+                pass
+            return refused, told, editor.seen
+
+        refused, told, seen = yield self.talk(script, root="proj")
+        self.assertEqual(refused["error"]["data"]["code"], "path_not_allowed")
+        self.assertIn("/etc/passwd", refused["error"]["message"])
+        self.assertIn("rule", refused["error"]["data"])
+        self.assertNotIn("result", refused)
+        self.assertEqual(told["params"]["type"], 1)
+        self.assertIn("textDocument/didOpen", told["params"]["message"])
+        about_outside = [
+            m
+            for m in seen
+            if m.get("method") == "textDocument/publishDiagnostics"
+            and m["params"]["uri"] == outside
+        ]
+        self.assertEqual(about_outside, [])
+
+    @inlineCallbacks
+    def test_root_outside_the_socket_root_is_refused(self) -> Any:
+        """An initialize whose rootUri lies outside the socket's root is refused, not passed on."""
+        self.write("proj/pyproject.toml", "")
+        self.write("other/x.py", "")
+
+        def script(editor: Editor) -> Any:
+            rid = editor.request(
+                "initialize",
+                {
+                    "processId": None,
+                    "rootUri": uri_of(os.path.join(self.base_dir, "other")),
+                    "capabilities": {},
+                },
+            )
+            return editor.answer(rid)
+
+        answer = yield self.talk(script, root="proj")
+        self.assertEqual(answer["error"]["data"]["code"], "path_not_allowed")
+        self.assertIn("root", answer["error"]["message"])
+
+    @inlineCallbacks
+    def test_execute_command_refused(self) -> Any:
+        """workspace/executeCommand is refused when params.lsp_commands does not name it."""
+        self.write("proj/pyproject.toml", "")
+
+        def script(editor: Editor) -> Any:
+            editor.initialize(os.path.join(self.base_dir, "proj"))
+            rid = editor.request(
+                "workspace/executeCommand",
+                {"command": "pylsp.anything", "arguments": []},
+            )
+            return editor.answer(rid)
+
+        answer = yield self.talk(script, root="proj")
+        self.assertEqual(
+            answer["error"]["data"],
+            {"code": "command_not_allowed", "rule": "default:params.lsp_commands"},
+        )
+
+    @inlineCallbacks
+    def test_frames_that_are_not_json_objects(self) -> Any:
+        """A frame that is not JSON is a parse error, one that is not an object an invalid request."""
+
+        def script(editor: Editor) -> Any:
+            editor.ws.send("this is not json")
+            first = editor.until(lambda m: True)
+            editor.ws.send("[1, 2]")
+            second = editor.until(lambda m: True)
+            return first, second
+
+        first, second = yield self.talk(script)
+        self.assertEqual((first["id"], first["error"]["code"]), (None, -32700))
+        self.assertEqual((second["id"], second["error"]["code"]), (None, -32600))
+
+
+class LifeTests(ConnectCase):
+    """Each socket's server lives and dies with it."""
+
+    @inlineCallbacks
+    def test_closing_the_socket_ends_the_server(self) -> Any:
+        """A socket has a pylsp of its own; once the editor closes, that process is gone."""
+        before = server_pids()
+
+        def script(editor: Editor) -> Any:
+            editor.initialize(self.base_dir)
+            mine = server_pids() - before
+            editor.ws.close()
+            return mine
+
+        mine = yield self.talk(script)
+        self.assertEqual(len(mine), 1, mine)
+        [pid] = mine
+        for _ in range(100):
+            if not alive(pid):
+                break
+            yield deferLater(reactor, 0.1, lambda: None)
+        self.assertFalse(alive(pid))
+        reply = yield self.request("GET", "/lsp/sessions")
+        self.assertEqual(reply.json()["sessions"], [])
+
+    @inlineCallbacks
+    def test_server_exit_closes_1011(self) -> Any:
+        """A server killed under the socket closes it with 1011 and a reason naming the signal."""
+        before = server_pids()
+
+        def script(editor: Editor) -> Any:
+            editor.initialize(self.base_dir)
+            [pid] = server_pids() - before
+            os.kill(pid, signal.SIGKILL)
+            return editor.close_frame()
+
+        code, reason = yield self.talk(script)
+        yield close_timers()
+        self.assertEqual(code, 1011)
+        self.assertIn("SIGKILL", reason)
+
+    @inlineCallbacks
+    def test_daemon_stop_closes_the_socket(self) -> Any:
+        """The daemon's stop closes the socket (1001) and leaves no server behind."""
+        before = server_pids()
+        ws = yield deferToThread(self.connect)
+        editor = Editor(ws)
+        yield deferToThread(editor.initialize, self.base_dir)
+        [pid] = server_pids() - before
+        closed = deferToThread(editor.close_frame)
+        yield self.daemon.stop()
+        code, _ = yield closed
+        yield close_timers()
+        self.assertEqual(code, 1001)
+        self.assertFalse(alive(pid))
+
+
+class HandshakeTests(ConnectCase):
+    """What is refused before any upgrade."""
+
+    policy = lsp_policy(limits={"max_sessions": 1})
+
+    @inlineCallbacks
+    def test_plain_get(self) -> Any:
+        """A GET without the upgrade is 400 invalid_param saying to send it."""
+        reply = yield self.request("GET", "/lsp/connect?language=python")
+        self.assertEqual((reply.status, reply.json()["code"]), (400, "invalid_param"))
+        self.assertIn("Upgrade: websocket", reply.json()["error"])
+
+    @inlineCallbacks
+    def test_no_server_named(self) -> Any:
+        """Neither server nor language: 400 before any upgrade."""
+        status, body = yield self.refused(language="")
+        self.assertEqual((status, body["code"]), (400, "invalid_param"))
+
+    @inlineCallbacks
+    def test_max_sessions_counts_rest_sessions(self) -> Any:
+        """
+        With max_sessions 1 and a REST session running, the upgrade is 429
+        too_many_sessions; with the session gone, a socket's server takes
+        the place and a REST session is 429 in turn.
+        """
+        self.write("proj/pyproject.toml", "")
+        reply = yield self.request(
+            "POST", "/lsp/sessions", {"language": "python", "root": "proj"}
+        )
+        self.assertEqual(reply.status, 201, reply.body)
+        status, body = yield self.refused(root="proj")
+        self.assertEqual((status, body["code"]), (429, "too_many_sessions"))
+        yield self.request("DELETE", f"/lsp/sessions/{reply.json()['id']}")
+        ws = yield deferToThread(self.connect, root="proj")
+        again = yield self.request(
+            "POST", "/lsp/sessions", {"language": "python", "root": "proj"}
+        )
+        self.assertEqual(
+            (again.status, again.json()["code"]), (429, "too_many_sessions")
+        )
+        yield deferToThread(ws.close)
+
+
+class ScopeTests(ConnectCase):
+    """The gate decides before any upgrade."""
+
+    policy = {
+        **lsp_policy(),
+        "auth": {
+            "tokens": [
+                {"id": "editor", "token_env": "EDITOR", "scopes": ["lsp:use"]},
+                {"id": "reader", "token_env": "READER", "scopes": ["files:read"]},
+            ]
+        },
+    }
+    environ = {"EDITOR": "editor-token", "READER": "reader-token"}
+
+    @inlineCallbacks
+    def test_token_and_scope(self) -> Any:
+        """No token is 401, a token without lsp:use 403; the right one connects."""
+        status, body = yield self.refused()
+        self.assertEqual((status, body["code"]), (401, "unauthorized"))
+        status, body = yield self.refused("reader-token")
+        self.assertEqual((status, body["code"]), (403, "missing_scope"))
+        ws = yield deferToThread(self.connect, "editor-token")
+        yield deferToThread(ws.close)
+
+
+class OffTests(DaemonTestCase):
+    """The group is off unless the policy turns it on."""
+
+    @inlineCallbacks
+    def test_off_by_default(self) -> Any:
+        """Without the lsp group the upgrade is 404 endpoint_disabled."""
+        need_client()
+        key = base64.b64encode(os.urandom(16)).decode()
+        reply = yield self.request(
+            "GET",
+            "/lsp/connect?language=python",
+            headers={
+                "Upgrade": "websocket",
+                "Connection": "Upgrade",
+                "Sec-WebSocket-Key": key,
+                "Sec-WebSocket-Version": "13",
+            },
+        )
+        self.assertEqual(
+            (reply.status, reply.json()["code"]), (404, "endpoint_disabled")
+        )
