@@ -1,8 +1,9 @@
 # -*- test-case-name: tests.web.test_query_token -*-
 """
 ``access_token`` in the query, for the few routes a browser's EventSource
-follows (SPEC §20): EventSource cannot set headers, so without it a console
-cannot follow a stream from a daemon that has a token.
+follows (SPEC §20) or opens a WebSocket to (``lsp_connect``): neither can
+set headers, so without it a page cannot follow a stream, or talk to a
+language server, on a daemon that has a token.
 
 Only GET streaming routes accept it, and ``process_output`` only while
 following: a token in a URL ends up in browser history and proxy logs, so
@@ -25,6 +26,9 @@ QUERY_TOKEN_ENDPOINTS = frozenset(
         "agents_events",
         "git_job_events",
         "code_execution_events",
+        # A browser's WebSocket cannot set headers either (as the terminal
+        # socket's ``access_token``): an editor in a page passes a link here.
+        "lsp_connect",
     }
 )
 #: Of those, the ones that accept it only with ``follow=true``.

@@ -479,10 +479,19 @@ class ScopeTests(ConnectCase):
             "tokens": [
                 {"id": "editor", "token_env": "EDITOR", "scopes": ["lsp:use"]},
                 {"id": "reader", "token_env": "READER", "scopes": ["files:read"]},
+                {
+                    "id": "minter",
+                    "token_env": "MINTER",
+                    "scopes": ["lsp:use", "links:mint"],
+                },
             ]
         },
     }
-    environ = {"EDITOR": "editor-token", "READER": "reader-token"}
+    environ = {
+        "EDITOR": "editor-token",
+        "READER": "reader-token",
+        "MINTER": "minter-token",
+    }
 
     @inlineCallbacks
     def test_token_and_scope(self) -> Any:
@@ -493,6 +502,35 @@ class ScopeTests(ConnectCase):
         self.assertEqual((status, body["code"]), (403, "missing_scope"))
         ws = yield deferToThread(self.connect, "editor-token")
         yield deferToThread(ws.close)
+
+    @inlineCallbacks
+    def test_token_in_the_query(self) -> Any:
+        """A browser's socket passes its token as access_token; a wrong one is 401."""
+        ws = yield deferToThread(self.connect, access_token="editor-token")
+        yield deferToThread(ws.close)
+        status, body = yield self.refused(access_token="not-a-token")
+        self.assertEqual((status, body["code"]), (401, "unauthorized"))
+        status, body = yield self.refused(access_token="reader-token")
+        self.assertEqual((status, body["code"]), (403, "missing_scope"))
+
+    @inlineCallbacks
+    def test_link_in_the_query(self) -> Any:
+        """A page passes a short-lived link, not the token; a revoked link is 401."""
+        reply = yield self.request(
+            "POST",
+            "/auth/links",
+            {"audience": "console", "scopes": ["lsp:use"], "ttl_seconds": 60},
+            token="minter-token",
+        )
+        self.assertEqual(reply.status, 201, reply.body)
+        link = reply.json()
+        ws = yield deferToThread(self.connect, access_token=link["token"])
+        yield deferToThread(ws.close)
+        yield self.request(
+            "DELETE", f"/auth/links/{link['link_id']}", token="minter-token"
+        )
+        status, body = yield self.refused(access_token=link["token"])
+        self.assertEqual((status, body["code"]), (401, "link_invalid"))
 
 
 class OffTests(DaemonTestCase):

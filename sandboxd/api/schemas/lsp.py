@@ -188,6 +188,10 @@ SCHEMAS: dict[str, Schema] = {
             F("language", doc="start the first installed server of this language"),
             F("root", doc="the project directory (guarded); default base_dir"),
             F("user", doc="who the server runs as (params.users)"),
+            F(
+                "access_token",
+                doc="the token, for a browser's WebSocket (it cannot set headers)",
+            ),
         ),
         headers=(
             F("Upgrade", required=True, doc="websocket"),
