@@ -40,6 +40,7 @@ from sandboxd.jsonrpc import (
 )
 from sandboxd.lsp.catalog import ServerSpec
 from sandboxd.lsp.checks import EditorRules, Refusal
+from sandboxd.policy import defaults
 from sandboxd.processes.command import RunAs
 
 log = Logger(namespace="sandboxd.lsp")
@@ -84,7 +85,7 @@ class EditorRelay:
         self.limits = limits
         self.rules = rules
         self.editor: Editor | None = None
-        self.stderr = HeadTailLog(64 * 1024)
+        self.stderr = HeadTailLog(defaults.LSP_STDERR_BYTES)
         framer = ContentLengthFramer(
             limits["max_message_bytes"], self._message, self._broken
         )

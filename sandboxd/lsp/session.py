@@ -131,7 +131,7 @@ class LspSession:
         self.documents: OrderedDict[str, Document] = OrderedDict()
         self.diagnostics: dict[str, Diagnostics] = {}
         self.messages: deque[dict[str, Any]] = deque(maxlen=KEPT_LOG_MESSAGES)
-        self.stderr = HeadTailLog(64 * 1024)
+        self.stderr = HeadTailLog(defaults.LSP_STDERR_BYTES)
         framer = ContentLengthFramer(
             limits["max_message_bytes"], self._message, self._broken
         )

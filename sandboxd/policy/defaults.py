@@ -140,6 +140,10 @@ LSP_LIMITS: dict[str, Any] = {
 #: closed first).
 LSP_OPEN_DOCUMENTS = 64
 
+#: Language servers: the head and tail of a server's stderr kept (what a
+#: 502 and the session document show of why it failed).
+LSP_STDERR_BYTES = 64 * KIB
+
 #: Language servers: the diagnostics kept of one document (the first ones
 #: published; the answer says when there were more).
 LSP_KEPT_DIAGNOSTICS = 1000
