@@ -1008,3 +1008,95 @@ class FileProblemsTests(ConsoleCase):
 def _write(path: str, text: str) -> None:
     with open(path, "w") as f:
         f.write(text)
+
+
+class FileDefinitionTests(ConsoleCase):
+    """Ctrl+click on a name in the file viewer: its definition, from the language server."""
+
+    policy = FileProblemsTests.policy
+
+    def setUp(self) -> Any:
+        need_pylsp()
+        return super().setUp()
+
+    @inlineCallbacks
+    def test_ctrl_click_opens_the_definition(self) -> Any:
+        """
+        Ctrl+click on an imported function's call opens the file defining it
+        at that line; a plain click does nothing; a click on a name with no
+        definition says so.
+        """
+        url = yield self.link()
+        os.makedirs(os.path.join(self.base_dir, "proj"))
+        for name, text in (
+            ("pyproject.toml", ""),
+            ("lib.py", "# helpers\n\ndef greet(name):\n    return 'hi ' + name\n"),
+            ("app.py", "from lib import greet\n\nprint(greet('x'))\nprint(nope)\n"),
+        ):
+            _write(os.path.join(self.base_dir, "proj", name), text)
+
+        def click_word(page: Any, line: int, word: str, ctrl: bool) -> None:
+            box = page.evaluate(
+                """([line, word]) => {
+                  const pre = document.querySelector('[data-testid=file-text]');
+                  const text = pre.textContent;
+                  let start = 0;
+                  for (let n = 1; n < line; n += 1) start = text.indexOf('\\n', start) + 1;
+                  const at = text.indexOf(word, start) + 1;
+                  const walker = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT);
+                  let seen = 0, node;
+                  while ((node = walker.nextNode())) {
+                    if (seen + node.length > at) break;
+                    seen += node.length;
+                  }
+                  const range = document.createRange();
+                  range.setStart(node, at - seen);
+                  range.setEnd(node, at - seen + 1);
+                  const r = range.getBoundingClientRect();
+                  return [r.x + r.width / 2, r.y + r.height / 2];
+                }""",
+                [line, word],
+            )
+            if ctrl:
+                page.keyboard.down("Control")
+            page.mouse.click(box[0], box[1])
+            if ctrl:
+                page.keyboard.up("Control")
+
+        def steps(page: Any, seen: dict[str, Any]) -> None:
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]")
+            page.click("[data-testid=nav-files]")
+            page.click("[data-testid=file-toggle][data-path$='proj']")
+            page.click("[data-testid=file-entry][data-name='app.py']")
+            page.wait_for_selector("[data-testid=file-definition-hint]")
+            click_word(page, 3, "greet", ctrl=False)
+            page.wait_for_timeout(300)
+            seen["plain"] = page.text_content("[data-testid=file-view-name]")
+            click_word(page, 3, "greet", ctrl=True)
+            page.wait_for_selector("[data-testid=file-line]", timeout=60_000)
+            seen["opened"] = page.text_content("[data-testid=file-view-name]")
+            seen["line"] = [
+                page.get_attribute("[data-testid=file-line]", "data-line"),
+                page.text_content("[data-testid=file-line]"),
+            ]
+            page.screenshot(path=os.path.join(SHOTS, "files-definition.png"))
+            page.click("[data-testid=file-entry][data-name='app.py']")
+            page.wait_for_selector("[data-testid=file-definition-hint]")
+            click_word(page, 4, "nope", ctrl=True)
+            page.wait_for_selector("[data-testid=file-definition-status]")
+            wait_true(
+                page,
+                "!document.querySelector('[data-testid=file-definition-status]').textContent.startsWith('Looking')",
+                timeout=30,
+            )
+            seen["none"] = page.text_content("[data-testid=file-definition-status]")
+
+        seen = yield self.browse(steps)
+        app = os.path.join(self.base_dir, "proj", "app.py")
+        self.assertEqual(seen["plain"], app)
+        self.assertEqual(seen["opened"], os.path.join(self.base_dir, "proj", "lib.py"))
+        self.assertEqual(seen["line"], ["3", "def greet(name):"])
+        # The click falls on the second character of the name.
+        self.assertIn("No definition found at 4:8", seen["none"])
+        self.assertNoCspViolation(seen)

@@ -83,6 +83,8 @@ export class FilesPage {
     }
     this.list = h("div", { class: "list tree", testid: "file-list" });
     this.view = h("div", { class: "view", testid: "file-view" }, h("p", { class: "dim" }, "Select a file to view it."));
+    // Ctrl+click (Cmd+click) a name in a source file: its definition.
+    if (may("lsp_definition")) this.view.addEventListener("click", (e) => this.definitionAt(e));
     // Search in files: drawn only when the link may call files_grep.
     this.search = may("files_grep") ? new FileSearch(this) : null;
     clear(root).append(
@@ -308,8 +310,12 @@ export class FilesPage {
     const [pre, mark] = textWithLine(text, line, "file-text");
     this.view.append(pre);
     if (mark) mark.scrollIntoView({ block: "center" });
+    this.shownText = text;
     if (this.caps.allowed("lsp_diagnostics") && CHECKABLE.has(ext)) {
       head.append(h("button", { type: "button", testid: "file-check", onclick: () => this.check(entry, text) }, "Problems"));
+    }
+    if (this.caps.allowed("lsp_definition") && CHECKABLE.has(ext)) {
+      head.append(h("span", { class: "dim", testid: "file-definition-hint" }, "Ctrl+click a name: its definition"));
     }
     if (this.caps.allowed("files_write_raw") && bytes.length <= EDIT_LIMIT) {
       head.append(h("button", { type: "button", testid: "file-edit", onclick: () => this.edit(entry, text, etag, pre) }, "Edit"));
@@ -356,6 +362,55 @@ export class FilesPage {
       h("span", { testid: "file-problem-message" }, d.message),
       d.source ? h("span", { class: "dim" }, ` ${d.source}${d.code !== null ? ` ${d.code}` : ""}`) : ""));
     }
+  }
+
+  /**
+   * Ctrl+click (Cmd+click) on a name in a source file's text: ask its
+   * language server where it is defined (POST /lsp/definition) and open
+   * that file at that line; the head says when there is none.
+   */
+  async definitionAt(event) {
+    if (!(event.ctrlKey || event.metaKey)) return;
+    const pre = event.target.closest && event.target.closest("[data-testid=file-text]");
+    const entry = this.showing;
+    if (!pre || !entry || !CHECKABLE.has(extension(entry.name))) return;
+    const at = clickedOffset(pre, event);
+    if (at === null) return;
+    event.preventDefault();
+    const text = this.shownText;
+    const lineStart = text.lastIndexOf("\n", at - 1) + 1;
+    const line = text.slice(0, lineStart).split("\n").length;
+    const column = [...text.slice(lineStart, at)].length + 1;
+    const note = this.definitionNote(`Looking for the definition at ${line}:${column}\u2026`);
+    let got;
+    try {
+      got = await this.api.json("POST", "/lsp/definition", { json: { path: entry.path, line, column } });
+    } catch (e) {
+      note.textContent = e.message;
+      note.className = "status bad";
+      return;
+    }
+    if (this.showing !== entry) return;
+    const [first] = got.locations;
+    if (!first) {
+      note.textContent = got.outside ? "Defined in a file you may not read." : `No definition found at ${line}:${column}.`;
+      return;
+    }
+    if (first.path === entry.path) {
+      note.textContent = `Defined at line ${first.line}.`;
+      this.markLine(text, first.line);
+    } else {
+      this.openAt(first.path, first.line);
+    }
+  }
+
+  /** The status line of a definition lookup, in the viewer's head (replacing the last). */
+  definitionNote(message) {
+    const old = this.view.querySelector("[data-testid=file-definition-status]");
+    if (old) old.remove();
+    const note = h("span", { class: "status", testid: "file-definition-status" }, message);
+    this.view.querySelector(".toolbar").append(note);
+    return note;
   }
 
   /** Mark ``line`` in the text shown, scrolled to it. */
@@ -498,6 +553,16 @@ export class FilesPage {
       this.uploadInput.value = "";
     }
   }
+}
+
+/** The UTF-16 offset in ``pre``'s text of the place a click fell, or null. */
+function clickedOffset(pre, event) {
+  const caret = document.caretRangeFromPoint ? document.caretRangeFromPoint(event.clientX, event.clientY) : null;
+  if (!caret || !pre.contains(caret.startContainer)) return null;
+  const before = document.createRange();
+  before.setStart(pre, 0);
+  before.setEnd(caret.startContainer, caret.startOffset);
+  return before.toString().length;
 }
 
 /** The UTF-16 index of character ``n`` (from 0) of ``text``: the daemon counts columns in characters. */
