@@ -387,7 +387,7 @@ class LifeTests(ConnectCase):
         mine = yield self.talk(script)
         self.assertEqual(len(mine), 1, mine)
         [pid] = mine
-        for _ in range(100):
+        for _ in range(200):
             if not alive(pid):
                 break
             yield deferLater(reactor, 0.1, lambda: None)

@@ -384,7 +384,7 @@ class BrokenServerTests(LspTestCase):
         reply = yield self.request("GET", "/lsp/sessions")
         [session] = reply.json()["sessions"]
         self.assertEqual(session["state"], "failed")
-        for _ in range(50):
+        for _ in range(200):
             if not alive(session["pid"]):
                 break
             yield deferLater(reactor, 0.1, lambda: None)
@@ -404,7 +404,10 @@ class IdleTests(LspTestCase):
         out = yield self.ask("symbols", path="proj/m.py")
         reply = yield self.request("GET", f"/lsp/sessions/{out['session_id']}")
         pid = reply.json()["pid"]
-        for _ in range(60):
+        # The sweep runs every half second; a stop is shutdown and exit,
+        # then TERM after a second and KILL after the grace: room for all
+        # of it on a loaded machine.
+        for _ in range(200):
             reply = yield self.request("GET", "/lsp/sessions")
             if not reply.json()["sessions"] and not alive(pid):
                 break
