@@ -94,3 +94,12 @@ LINK_MINTED = (
     F("uses", "integer", nullable=True),
     F("url", doc="a preview link: the URL that opens it (when the door listens)"),
 )
+
+
+#: What a WebSocket upgrade sends (RFC 6455): the routes that upgrade.
+WEBSOCKET_HANDSHAKE = (
+    F("Upgrade", required=True, doc="websocket"),
+    F("Connection", required=True, doc="Upgrade"),
+    F("Sec-WebSocket-Key", required=True),
+    F("Sec-WebSocket-Version", required=True, doc="13"),
+)

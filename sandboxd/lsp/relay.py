@@ -27,12 +27,10 @@ from typing import Any, Protocol
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 
-from sandboxd.agents.process import AgentProcess, HeadTailLog
 from sandboxd.jsonrpc import (
     INVALID_REQUEST,
     PARSE_ERROR,
     REQUEST_FAILED,
-    ContentLengthFramer,
     content_length_frame,
     encode,
     error,
@@ -40,7 +38,7 @@ from sandboxd.jsonrpc import (
 )
 from sandboxd.lsp.catalog import ServerSpec
 from sandboxd.lsp.checks import EditorRules, Refusal
-from sandboxd.policy import defaults
+from sandboxd.lsp.session import server_child
 from sandboxd.processes.command import RunAs
 
 log = Logger(namespace="sandboxd.lsp")
@@ -85,14 +83,10 @@ class EditorRelay:
         self.limits = limits
         self.rules = rules
         self.editor: Editor | None = None
-        self.stderr = HeadTailLog(defaults.LSP_STDERR_BYTES)
-        framer = ContentLengthFramer(
-            limits["max_message_bytes"], self._message, self._broken
+        self.stderr, self.process = server_child(
+            reactor, children, limits, self._message, self._broken, self._exited
         )
-        self.process = AgentProcess(
-            reactor, children, self.stderr, framer, self._exited
-        )
-        self.framer = framer
+        self.framer = self.process.framer
         #: The editor sent ``exit``: the server's exit is the end it asked for.
         self.exit_sent = False
         self.closed = False

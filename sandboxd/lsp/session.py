@@ -19,6 +19,7 @@ import hashlib
 import itertools
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred, TimeoutError, succeed
@@ -73,6 +74,25 @@ CLIENT_CAPABILITIES: dict[str, Any] = {
     },
     "window": {"workDoneProgress": False},
 }
+
+
+def server_child(
+    reactor: Any,
+    children: Any,
+    limits: dict[str, Any],
+    on_message: Callable[[bytes], None],
+    on_broken: Callable[[str], None],
+    on_exit: Callable[[int | None, str | None], None],
+) -> tuple[HeadTailLog, AgentProcess]:
+    """
+    A language server's child, not yet spawned, and the head and tail of
+    its stderr: stdout in ``Content-Length`` frames up to
+    ``max_message_bytes``, each to ``on_message``; broken framing to
+    ``on_broken``; the exit to ``on_exit``.
+    """
+    stderr = HeadTailLog(defaults.LSP_STDERR_BYTES)
+    framer = ContentLengthFramer(limits["max_message_bytes"], on_message, on_broken)
+    return stderr, AgentProcess(reactor, children, stderr, framer, on_exit)
 
 
 class Document:
@@ -131,12 +151,8 @@ class LspSession:
         self.documents: OrderedDict[str, Document] = OrderedDict()
         self.diagnostics: dict[str, Diagnostics] = {}
         self.messages: deque[dict[str, Any]] = deque(maxlen=KEPT_LOG_MESSAGES)
-        self.stderr = HeadTailLog(defaults.LSP_STDERR_BYTES)
-        framer = ContentLengthFramer(
-            limits["max_message_bytes"], self._message, self._broken
-        )
-        self.process = AgentProcess(
-            reactor, children, self.stderr, framer, self._exited
+        self.stderr, self.process = server_child(
+            reactor, children, limits, self._message, self._broken, self._exited
         )
         self.conn = Connection(self.process.write, self, content_length_frame)
         self._ready: Waiters[None] = Waiters()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sandboxd.api.fields import E, F, Schema
-from sandboxd.api.fragments import GUARD
+from sandboxd.api.fragments import GUARD, WEBSOCKET_HANDSHAKE
 
 _SESSION = (
     F("id"),
@@ -193,12 +193,7 @@ SCHEMAS: dict[str, Schema] = {
                 doc="the token, for a browser's WebSocket (it cannot set headers)",
             ),
         ),
-        headers=(
-            F("Upgrade", required=True, doc="websocket"),
-            F("Connection", required=True, doc="Upgrade"),
-            F("Sec-WebSocket-Key", required=True),
-            F("Sec-WebSocket-Version", required=True, doc="13"),
-        ),
+        headers=WEBSOCKET_HANDSHAKE,
         produces="websocket",
         errors=(
             *GUARD,

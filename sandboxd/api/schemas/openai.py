@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 from sandboxd.api.fields import E, Event, F, Schema
-from sandboxd.api.fragments import GAP
+from sandboxd.api.fragments import GAP, WEBSOCKET_HANDSHAKE
 
 # The /v1 door's shared pieces (SPEC §26).
 _IDEMPOTENCY = F(
@@ -551,12 +551,7 @@ SCHEMAS: dict[str, Schema] = {
         "answer it with previous_response_id and mcp_approval_response.",
     ),
     "agents_responses_connect": Schema(
-        headers=(
-            F("Upgrade", required=True, doc="websocket"),
-            F("Connection", required=True, doc="Upgrade"),
-            F("Sec-WebSocket-Key", required=True),
-            F("Sec-WebSocket-Version", required=True, doc="13"),
-        ),
+        headers=WEBSOCKET_HANDSHAKE,
         produces="websocket",
         errors=(
             E(
