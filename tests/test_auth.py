@@ -10,7 +10,7 @@ import subprocess
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from sandboxd.access.auth import TokenStore
+from sandboxd.access.auth import Identity, TokenStore
 from sandboxd.policy import PolicyError, load_policy
 from sandboxd.policy.document import TokenSpec
 from sandboxd.routes import default_table
@@ -114,3 +114,18 @@ class FailClosedTests(SynchronousTestCase):
         )
         self.assertNotEqual(result.returncode, 0)
         self.assertIn(path, result.stdout + result.stderr)
+
+
+class ActsForTests(SynchronousTestCase):
+    """Who may see and drive what another identity made (terminals, contexts, jobs, servers)."""
+
+    def test_owner_link_and_star(self) -> None:
+        """Its maker, a link its maker minted, and ``*``; no one else, not a link of another."""
+        self.assertTrue(
+            Identity("agent", frozenset({"terminal:use"})).acts_for("agent")
+        )
+        link = Identity("link:x", frozenset({"files:read"}), on_behalf_of="agent")
+        self.assertTrue(link.acts_for("agent"))
+        self.assertFalse(link.acts_for("other"))
+        self.assertTrue(Identity("admin", frozenset({"*"})).acts_for("agent"))
+        self.assertFalse(Identity("other", frozenset({"terminal:*"})).acts_for("agent"))

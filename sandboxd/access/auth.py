@@ -47,6 +47,16 @@ class Identity:
         namespace, colon, _ = scope.partition(":")
         return bool(colon) and f"{namespace}:*" in self.scopes
 
+    def acts_for(self, owner: str) -> bool:
+        """
+        Whether this identity may see and drive what ``owner`` made (a
+        terminal, a code context, a git job, a language server): it is
+        ``owner``, a capability link ``owner`` minted (the web console
+        watching an agent's work), or it holds ``*``.  Everyone else is
+        told such a thing is not there.
+        """
+        return self.id == owner or self.on_behalf_of == owner or "*" in self.scopes
+
     def missing(self, required: Iterable[str]) -> str | None:
         """The first required scope this identity lacks, or None."""
         for scope in required:

@@ -68,11 +68,7 @@ class GitJob:
         credential, and its progress lines; another caller is told it is
         not there.
         """
-        return (
-            identity.id == self.owner
-            or identity.on_behalf_of == self.owner
-            or "*" in identity.scopes
-        )
+        return identity.acts_for(self.owner)
 
     def observe(self, fd: int, data: bytes) -> None:
         """

@@ -137,13 +137,13 @@ class CodeService(Service):
 
     def get(self, cid: str, identity: Any) -> CodeContext:
         """
-        The context ``cid`` if ``identity`` may see it (:func:`_may_see`).
+        The context ``cid`` if ``identity`` may see it (``acts_for`` its owner).
 
         :raises ApiError: 404 for an unknown id and for another identity's
             context alike (its existence is not disclosed).
         """
         ctx = self.contexts.get(cid)
-        if ctx is None or not _may_see(identity, ctx):
+        if ctx is None or not identity.acts_for(ctx.owner):
             raise not_found(f"no code context {cid!r}")
         return ctx
 
@@ -156,7 +156,7 @@ class CodeService(Service):
 
     def visible(self, identity: Any) -> list[CodeContext]:
         """The contexts ``identity`` may see."""
-        return [c for c in self.contexts.values() if _may_see(identity, c)]
+        return [c for c in self.contexts.values() if identity.acts_for(c.owner)]
 
     def check_room(self, identity: Any, limits: dict[str, Any]) -> None:
         """
@@ -334,18 +334,6 @@ class CodeService(Service):
 
         done.addCallback(cleanup)
         return done
-
-
-def _may_see(identity: Any, ctx: CodeContext) -> bool:
-    """
-    Its creator, a link its creator minted (the web console watching an
-    agent's contexts, as with terminals), or an identity holding ``*``.
-    """
-    return bool(
-        identity.id == ctx.owner
-        or identity.on_behalf_of == ctx.owner
-        or identity.has_scope("*")
-    )
 
 
 def _too_many(message: str, limit: int) -> ApiError:

@@ -128,13 +128,13 @@ class LspService(Service):
         :raises ApiError: 404 for an unknown id and another identity's alike.
         """
         session = self.sessions.get(sid)
-        if session is None or not _may_see(identity, session):
+        if session is None or not identity.acts_for(session.owner):
             raise not_found(f"no language server session {sid!r}")
         return session
 
     def visible(self, identity: Any) -> list[LspSession]:
         """The sessions ``identity`` may see."""
-        return [s for s in self.sessions.values() if _may_see(identity, s)]
+        return [s for s in self.sessions.values() if identity.acts_for(s.owner)]
 
     def remove(self, session: LspSession) -> Deferred[Any]:
         """Stop ``session`` and forget it."""
@@ -177,15 +177,6 @@ class LspService(Service):
             waits.append(self.remove_editor(relay))
         done: Deferred[Any] = DeferredList(waits, consumeErrors=True)
         return done.addCallback(lambda _: None)
-
-
-def _may_see(identity: Any, session: LspSession) -> bool:
-    """Its creator, a link its creator minted, or an identity holding ``*``."""
-    return bool(
-        identity.id == session.owner
-        or identity.on_behalf_of == session.owner
-        or identity.has_scope("*")
-    )
 
 
 def _too_many(message: str, limit: int) -> ApiError:

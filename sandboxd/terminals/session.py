@@ -483,13 +483,7 @@ class PtySession:
         (SPEC §4).  Every door asks this, and answers "not yours" exactly
         as "not there".
         """
-        return (
-            identity.id == self.owner
-            # A capability link acts for its minter (the web console
-            # taking over an agent's terminal).
-            or identity.on_behalf_of == self.owner
-            or "*" in identity.scopes
-        )
+        return identity.acts_for(self.owner)
 
     def describe(self) -> dict[str, Any]:
         """The JSON of SPEC §7.5."""
