@@ -14,7 +14,6 @@ no file changed.
 from __future__ import annotations
 
 import difflib
-import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +24,7 @@ from sandboxd.errors import ApiError, precondition_failed, server_unavailable
 from sandboxd.files.atomic import AtomicWrite, Undo
 from sandboxd.files.edit import decode
 from sandboxd.files.stream import read_all
+from sandboxd.lsp.sources import digest_of
 from sandboxd.lsp.text import Text
 
 #: The longest diff shown for one file.
@@ -70,7 +70,7 @@ def plan(
             old = decode(read_all(f.fd, f.stat.st_size), path)
             resolved = f.path
         digest = sent.get(resolved)
-        if digest is not None and digest != hashlib.sha256(old.encode()).digest():
+        if digest is not None and digest != digest_of(old):
             raise precondition_failed(path)
         try:
             new = Text(old, encoding).edited(items)

@@ -15,7 +15,6 @@ session is ``failed`` (the next question starts a new one).
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import time
 from collections import OrderedDict, deque
@@ -35,6 +34,8 @@ from sandboxd.jsonrpc import (
     ContentLengthFramer,
     RpcError,
     content_length_frame,
+    encode,
+    notification,
 )
 from sandboxd.lsp.answers import uri_of
 from sandboxd.lsp.catalog import ServerSpec
@@ -260,16 +261,22 @@ class LspSession:
         if self.process.pid is None:
             return succeed(None)  # never spawned: nothing to end
         if polite and not self.process.exited:
-            # A server that takes its time over shutdown is ended anyway.
-            self.process.write(
-                content_length_frame(b'{"jsonrpc":"2.0","id":-1,"method":"shutdown"}')
+            # The peer is closed: the goodbye goes straight to the pipe, and
+            # a server that takes its time over it is ended anyway.
+            shutdown = {"jsonrpc": "2.0", "id": -1, "method": "shutdown"}  # no params
+            for message in (shutdown, notification("exit")):
+                self.process.write(content_length_frame(encode(message)))
+            later = self.reactor.callLater(
+                defaults.LSP_SHUTDOWN_SECONDS, self.process.terminate
             )
-            self.process.write(
-                content_length_frame(b'{"jsonrpc":"2.0","method":"exit"}')
-            )
-            later = self.reactor.callLater(1.0, self.process.terminate)
             gone = self.process.wait_exit()
-            gone.addBoth(lambda result: (later.active() and later.cancel(), result)[1])
+
+            def ended(result: Any) -> Any:
+                if later.active():
+                    later.cancel()
+                return result
+
+            gone.addBoth(ended)
             return gone
         return self.process.terminate()
 
@@ -348,12 +355,13 @@ class LspSession:
 
     # -- documents -----------------------------------------------------------
 
-    def sync(self, path: str, language: str, text: str) -> bool:
+    def sync(self, path: str, language: str, text: str, digest: bytes) -> bool:
         """
         Make the server see ``text`` as ``path``'s content: open it, or send
-        the whole new text if it changed.  True when something was sent.
+        the whole new text if it changed (``digest``, from
+        :func:`~sandboxd.lsp.sources.digest_of`, tells).  True when
+        something was sent.
         """
-        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
         doc = self.documents.get(path)
         if doc is not None and doc.digest == digest:
             self.documents.move_to_end(path)

@@ -4,13 +4,15 @@ The files a question is about and the files its answer points to, read
 through the path guard (blocking: each function runs in a thread).
 
 The file asked about must be UTF-8 text within a size bound; it is sent to
-the server as read here.  A file an answer points to is read only to turn
+the server as read here, its digest and lines worked out here too, off the
+reactor.  A file an answer points to is read only to turn
 the server's positions into lines and columns and to show the line: one
 the caller may not read is left out and counted, never shown.
 """
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 from collections.abc import Callable
 from typing import Any
@@ -26,11 +28,22 @@ from sandboxd.lsp.text import Text
 
 @attrs.frozen
 class Source:
-    """The file a question is about, as read through the guard."""
+    """
+    The file a question is about, as read through the guard, with what the
+    reactor would otherwise work out from a text of up to ``max_bytes``:
+    its digest (whether the server has it already) and its lines.
+    """
 
     path: str
     text: str
     root: str
+    digest: bytes
+    lines: Text
+
+
+def digest_of(text: str) -> bytes:
+    """What tells one text from another (a file as sent to a server, as read back)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
 
 
 def read_source(
@@ -63,7 +76,7 @@ def read_source(
         return guard.decide(directory, "read").allowed
 
     root = find_root(posixpath.dirname(resolved), readable, guard.default_dir)
-    return Source(resolved, text, root)
+    return Source(resolved, text, root, digest_of(text), Text(text))
 
 
 def placed(

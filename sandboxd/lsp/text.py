@@ -11,6 +11,7 @@ at ``\\n``, ``\\r\\n`` or ``\\r`` (LSP's three), nothing else.
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any
 
@@ -49,6 +50,12 @@ class Text:
         self.encoding = encoding if encoding in ENCODINGS else "utf-16"
         #: Where each line starts in ``source``.
         self.starts = [0] + [m.end() for m in _LINE_BREAK.finditer(text)]
+
+    def in_encoding(self, encoding: str) -> Text:
+        """The same lines, positions counted in ``encoding`` (nothing split again)."""
+        other = copy.copy(self)
+        other.encoding = encoding if encoding in ENCODINGS else "utf-16"
+        return other
 
     def position(self, line: int, column: int) -> dict[str, int]:
         """

@@ -140,6 +140,10 @@ LSP_LIMITS: dict[str, Any] = {
 #: closed first).
 LSP_OPEN_DOCUMENTS = 64
 
+#: Language servers: how long a server stopped politely (``shutdown``,
+#: ``exit``) has before its tree is ended.
+LSP_SHUTDOWN_SECONDS = 1.0
+
 #: Language servers: the head and tail of a server's stderr kept (what a
 #: 502 and the session document show of why it failed).
 LSP_STDERR_BYTES = 64 * KIB

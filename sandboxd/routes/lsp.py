@@ -96,15 +96,11 @@ async def lsp_session_create(request: ServerRequest) -> ServerResponse:
     for that server, root and user.
     """
     body = request.body
-    server = string(body.get("server"), "server", None)
-    language = string(body.get("language"), "language", None)
-    if server is None and language is None:
-        raise bad_request("name a 'server' or a 'language'")
-    spec, argv = choose_server(request, language, server)
+    specs = named_servers(request, body)
     root = PathGuard(request.rule).cwd(body.get("root"))
     run_as = resolve_user(body.get("user"), request.rule)
-    existing = service(request).find(request.identity.id, spec, root, run_as)
-    session = await session_for(request, spec, argv, root, run_as)
+    existing = running(request, specs, root, run_as)
+    session = await session_for(request, specs, root, run_as)
     return ServerResponse(status=200 if existing else 201, body=session.describe())
 
 
@@ -146,11 +142,7 @@ def lsp_connect(request: ServerRequest) -> UpgradeResponse:
             "(16 bytes, base64) and Sec-WebSocket-Version: 13 are required"
         )
     query = request.query
-    server = string(query.get("server"), "server", None)
-    language = string(query.get("language"), "language", None)
-    if server is None and language is None:
-        raise bad_request("name a 'server' or a 'language'")
-    spec, argv = choose_server(request, language, server)
+    spec, argv = installed(request, named_servers(request, query))
     rule = request.rule
     guard = PathGuard(rule)
     root = guard.cwd(query.get("root"))
@@ -158,9 +150,7 @@ def lsp_connect(request: ServerRequest) -> UpgradeResponse:
     limits = limits_of(rule)
     svc = service(request)
     svc.check_room(request.identity, limits)
-    env = child_environment(request.context, rule)
-    if run_as is not None:
-        run_as.apply(env)
+    env = server_environment(request, run_as)
     rules = EditorRules(
         guard,
         root,
@@ -183,15 +173,29 @@ def lsp_connect(request: ServerRequest) -> UpgradeResponse:
     )
 
 
-def choose_server(
-    request: ServerRequest, language: str | None, server: str | None
-) -> tuple[ServerSpec, list[str]]:
+def named_servers(request: ServerRequest, fields: Any) -> list[ServerSpec]:
     """
-    The server named, or the first installed one the policy allows for
-    ``language``, with the argv that starts it.
+    The servers a body or query names by ``server`` or ``language``
+    (:func:`candidates`).
+
+    :raises ApiError: 400 when it names neither.
+    """
+    server = string(fields.get("server"), "server", None)
+    language = string(fields.get("language"), "language", None)
+    if server is None and language is None:
+        raise bad_request("name a 'server' or a 'language'")
+    return candidates(request, language, server)
+
+
+def candidates(
+    request: ServerRequest, language: str | None, server: str | None
+) -> list[ServerSpec]:
+    """
+    The server named, or the servers the policy allows for ``language`` in
+    order of preference; nothing is looked for on disk.
 
     :raises ApiError: 400 unknown or disallowed server, or no server for
-        the language; 503 ``unavailable`` when none of them is installed.
+        the language.
     """
     rule = request.rule
     allowed = allowed_ids(rule.params.lsp_servers)
@@ -205,43 +209,79 @@ def choose_server(
                 allowed=list(allowed),
                 rule=where,
             )
-        candidates = [spec]
-    else:
-        assert language is not None
-        candidates = servers_for(language, rule.params.lsp_servers)
-        if not candidates:
-            raise bad_request(
-                f"no allowed language server for {language!r}",
-                allowed=list(allowed),
-                rule=where,
-            )
-    env = child_environment(request.context, rule)
-    for spec in candidates:
+        return [spec]
+    assert language is not None
+    specs = servers_for(language, rule.params.lsp_servers)
+    if not specs:
+        raise bad_request(
+            f"no allowed language server for {language!r}",
+            allowed=list(allowed),
+            rule=where,
+        )
+    return specs
+
+
+def installed(
+    request: ServerRequest, specs: list[ServerSpec]
+) -> tuple[ServerSpec, list[str]]:
+    """
+    The first of ``specs`` that is installed, with the argv that starts it.
+
+    :raises ApiError: 503 ``unavailable`` when none is, saying how to
+        install them.
+    """
+    env = child_environment(request.context, request.rule)
+    for spec in specs:
         argv = spec.command(env)
         if argv is not None:
             return spec, argv
-    hints = "; ".join(f"{s.id}: {s.install}" for s in candidates)
+    hints = "; ".join(f"{s.id}: {s.install}" for s in specs)
     raise unavailable(f"no language server for this is installed ({hints})")
+
+
+def server_environment(request: ServerRequest, run_as: RunAs | None) -> dict[str, str]:
+    """A server's environment: the children's, without secrets, as ``run_as``."""
+    env = child_environment(request.context, request.rule)
+    if run_as is not None:
+        run_as.apply(env)
+    return env
+
+
+def running(
+    request: ServerRequest, specs: list[ServerSpec], root: str, run_as: RunAs | None
+) -> LspSession | None:
+    """The caller's running session of one of ``specs`` for ``root`` and ``run_as``."""
+    svc = service(request)
+    for spec in specs:
+        session = svc.find(request.identity.id, spec, root, run_as)
+        if session is not None:
+            return session
+    return None
 
 
 async def session_for(
     request: ServerRequest,
-    spec: ServerSpec,
-    argv: list[str],
+    specs: list[ServerSpec],
     root: str,
     run_as: RunAs | None,
 ) -> LspSession:
-    """The running session for these, or a new one; ready when it returns."""
-    svc = service(request)
-    session = svc.find(request.identity.id, spec, root, run_as)
+    """
+    The running session of one of ``specs``, or a new one of the first
+    installed (only then is the disk looked at); ready when it returns.
+    """
+    session = running(request, specs, root, run_as)
     if session is None:
-        env = child_environment(request.context, request.rule)
-        if run_as is not None:
-            run_as.apply(env)
-        session = svc.open(
-            request.identity, spec, argv, env, root, run_as, limits_of(request.rule)
+        spec, argv = installed(request, specs)
+        session = service(request).open(
+            request.identity,
+            spec,
+            argv,
+            server_environment(request, run_as),
+            root,
+            run_as,
+            limits_of(request.rule),
         )
-    request.audit["server"] = spec.id
+    request.audit["server"] = session.spec.id
     await session.ready()
     return session
 
@@ -344,15 +384,16 @@ async def question(request: ServerRequest) -> Question:
             raise bad_request(
                 f"no language is known for {path!r}: name a 'language' or a 'server'"
             )
-        spec, argv = choose_server(request, language, server)
-        language = language or spec.languages[0]
+        specs = candidates(request, language, server)
         root = source.root
         if body.get("root") is not None:
             root = guard.cwd(body.get("root"))
         run_as = resolve_user(body.get("user"), request.rule)
-        session = await session_for(request, spec, argv, root, run_as)
-    fresh = session.sync(source.path, language, source.text)
-    return Question(session, source, Text(source.text, session.encoding), fresh, guard)
+        session = await session_for(request, specs, root, run_as)
+        language = language or session.spec.languages[0]
+    fresh = session.sync(source.path, language, source.text, source.digest)
+    text = source.lines.in_encoding(session.encoding)
+    return Question(session, source, text, fresh, guard)
 
 
 def result_limit(request: ServerRequest, body: dict[str, Any], default: int) -> int:

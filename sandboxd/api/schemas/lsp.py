@@ -76,6 +76,14 @@ _LOCATION = (
     "from 1 in characters; text is the line, cut at 1024 characters"
 )
 
+#: What a definition or references question answers.
+_LOCATIONS = (
+    *_ANSWER,
+    F("locations", "array", _LOCATION, items="object"),
+    F("outside", "integer", "locations left out: files the caller may not read"),
+    F("truncated", "boolean"),
+)
+
 _MAX_RESULTS = F(
     "max_results", "integer", "at most the policy's max_results (200)", minimum=1
 )
@@ -271,16 +279,7 @@ SCHEMAS: dict[str, Schema] = {
     ),
     "lsp_definition": Schema(
         body=(*_FILE, *_POSITION, _MAX_RESULTS),
-        response=(
-            *_ANSWER,
-            F("locations", "array", _LOCATION, items="object"),
-            F(
-                "outside",
-                "integer",
-                "locations left out: files the caller may not read",
-            ),
-            F("truncated", "boolean"),
-        ),
+        response=_LOCATIONS,
         errors=_ERRORS,
     ),
     "lsp_references": Schema(
@@ -290,16 +289,7 @@ SCHEMAS: dict[str, Schema] = {
             F("include_declaration", "boolean", default=True),
             _MAX_RESULTS,
         ),
-        response=(
-            *_ANSWER,
-            F("locations", "array", _LOCATION, items="object"),
-            F(
-                "outside",
-                "integer",
-                "locations left out: files the caller may not read",
-            ),
-            F("truncated", "boolean"),
-        ),
+        response=_LOCATIONS,
         errors=_ERRORS,
     ),
     "lsp_hover": Schema(
