@@ -423,7 +423,8 @@ class Files(_Namespace[F]):
     ) -> Edited:
         """
         Replace ``old_text`` (exactly as in the file, there once unless
-        ``replace_all``) with ``new_text``, atomically; or apply ``edits``
+        ``replace_all``; LF line ends also match a file that is all CRLF)
+        with ``new_text``, atomically; or apply ``edits``
         (``{"old_text", "new_text", "replace_all"?}`` each, or
         ``{"insert_line", "new_text"}`` to add lines after that line) in
         order, all or none.

@@ -12,8 +12,12 @@ version that was read (its ETag), or the edit is refused with 412.
 
 Every edit of a call applies to the text the previous one left, and either
 all of them apply or none: each must find its text, exactly once unless it
-says ``replace_all``.  Matching is exact (no whitespace or line-ending
-folding): a model that quotes the file must quote it as it is.
+says ``replace_all``.  Matching is exact (no whitespace folding), with
+one exception for line ends: in a file whose every line ends in CRLF, an
+edit written with bare LF line ends (as models write text, whatever the
+file) is read with CRLF ones, in the text it looks for and in the text it
+puts there, so the file keeps one kind of line end.  An exact match is
+always tried first.
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ def apply(text: str, edits: Sequence[Edit]) -> Outcome:
     counts: list[int] = []
     lines: list[int] = []
     for index, edit in enumerate(edits):
+        edit = in_line_ends_of(text, edit)
         if edit.insert_line is not None:
             text = _insert(text, edit.insert_line, edit.new, index, len(edits))
             counts.append(1)
@@ -107,6 +112,27 @@ def apply(text: str, edits: Sequence[Edit]) -> Outcome:
         counts.append(count)
         lines.append(text.count("\n", 0, at) + 1)
     return Outcome(text, tuple(counts), tuple(lines))
+
+
+def crlf_only(text: str) -> bool:
+    """Whether ``text`` has line ends and every one of them is CRLF."""
+    newlines = text.count("\n")
+    return newlines > 0 and text.count("\r\n") == newlines
+
+
+def in_line_ends_of(text: str, edit: Edit) -> Edit:
+    """
+    ``edit`` as it applies to ``text``: unchanged when its text is there as
+    written or ``text`` is not all CRLF; else with its bare LF line ends
+    made CRLF (an edit that already has a CR in it is taken as written).
+    """
+    if not crlf_only(text) or "\r" in edit.old or "\r" in edit.new:
+        return edit
+    if edit.insert_line is None and (not edit.old or edit.old in text):
+        return edit
+    return attrs.evolve(
+        edit, old=edit.old.replace("\n", "\r\n"), new=edit.new.replace("\n", "\r\n")
+    )
 
 
 def _insert(text: str, after: int, new: str, index: int, total: int) -> str:

@@ -80,10 +80,28 @@ class ApplyTests(SynchronousTestCase):
         self.assertEqual(caught.exception.extra["kind"], "past_end")
 
     def test_matching_is_exact(self) -> None:
-        """No folding of line ends or whitespace: CRLF text is not LF text."""
+        """No folding of whitespace; CRLF in an edit matches only CRLF."""
         with self.assertRaises(ApiError):
-            apply("a\r\nb\r\n", [Edit("a\nb", "c")])
+            apply("a  b\n", [Edit("a b", "c")])
+        with self.assertRaises(ApiError):
+            apply("a\nb\n", [Edit("a\r\nb", "c")])
         self.assertEqual(apply("a\r\nb\r\n", [Edit("a\r\nb", "c")]).text, "c\r\n")
+
+    def test_lf_edit_of_a_crlf_file(self) -> None:
+        """
+        In a file whose lines all end in CRLF, an edit written with LF finds
+        its text and puts CRLF line ends in, so the file keeps one kind.
+        """
+        out = apply("a\r\nb\r\nc\r\n", [Edit("a\nb", "x\ny\nz")])
+        self.assertEqual(out.text, "x\r\ny\r\nz\r\nc\r\n")
+        self.assertEqual(out.lines, (1,))
+        out = apply("a\r\nb\r\n", [Edit("", "x\ny\n", insert_line=1)])
+        self.assertEqual(out.text, "a\r\nx\r\ny\r\nb\r\n")
+
+    def test_mixed_line_ends_stay_exact(self) -> None:
+        """A file with both kinds of line end is matched as written."""
+        with self.assertRaises(ApiError):
+            apply("a\r\nb\nc\r\n", [Edit("a\nb", "x")])
 
     def test_non_utf8_is_not_text(self) -> None:
         """Bytes that are not UTF-8 are 400 (kind not_text), saying where."""

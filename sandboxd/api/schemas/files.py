@@ -268,7 +268,8 @@ SCHEMAS: dict[str, Schema] = {
             F("path", required=True, min_length=1, example="app.py"),
             F(
                 "old_text",
-                doc="the text to replace, exactly as in the file",
+                doc="the text to replace, exactly as in the file (LF line ends also "
+                "match a file whose lines all end in CRLF)",
                 min_length=1,
                 example="DEBUG = True",
             ),
