@@ -34,6 +34,9 @@ class ServerSpec:
     :ivar install: how to get it, for the 503 that says it is missing.
     :ivar initialization_options: what ``initialize`` tells it besides
         the daemon's capabilities (None: nothing).
+    :ivar counts_in: the unit its columns really count, whatever it says
+        (None: as it says); for a server that counts characters where the
+        protocol says UTF-16 units, which differ past the BMP.
     """
 
     id: str
@@ -44,6 +47,7 @@ class ServerSpec:
     initialization_options: Mapping[str, Any] | None = attrs.field(
         default=None, eq=False
     )
+    counts_in: str | None = None
 
     def command(self, env: Mapping[str, str]) -> list[str] | None:
         """The argv to start it with, executable resolved; None: not installed."""
@@ -96,6 +100,8 @@ SERVERS: tuple[ServerSpec, ...] = (
         ("pylsp",),
         "pip install 'python-lsp-server[pyflakes]'",
         module="pylsp",
+        # It hands LSP columns to Jedi, which counts characters.
+        counts_in="utf-32",
     ),
     ServerSpec(
         "jedi-language-server",

@@ -191,7 +191,7 @@ class LspSession:
         if isinstance(result, dict):
             caps = result.get("capabilities")
             self.capabilities = caps if isinstance(caps, dict) else {}
-            chosen = self.capabilities.get("positionEncoding")
+            chosen = self.spec.counts_in or self.capabilities.get("positionEncoding")
             if chosen in ENCODINGS:
                 self.encoding = chosen
             info = result.get("serverInfo")

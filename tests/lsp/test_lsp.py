@@ -137,17 +137,31 @@ class QuestionTests(LspTestCase):
     @inlineCallbacks
     def test_columns_are_characters(self) -> Any:
         """
-        A line with a two-byte character before the name still lands on the
-        name, both ways.  (Past the BMP pylsp counts characters where LSP
-        says UTF-16 units: the conversion is tested in test_text.)
+        A line with a two-byte character, or two emoji, before the name still
+        lands on the name, both ways: pylsp counts characters where LSP says
+        UTF-16 units, and the daemon speaks to it in characters.
         """
         self.write("proj/pyproject.toml", "")
-        self.write("proj/u.py", "def f():\n    pass\n\ns = 'é'; f()\n")
-        out = yield self.ask("definition", path="proj/u.py", line=4, column=10)
+        self.write(
+            "proj/u.py",
+            "def f():\n    pass\n\ndef g(n):\n    pass\n\n"
+            "s = 'é'; f()\nt = '\U0001f600\U0001f600'; g(f())\n",
+        )
+        out = yield self.ask("definition", path="proj/u.py", line=7, column=10)
         [location] = out["locations"]
         self.assertEqual((location["line"], location["column"]), (1, 5))
+        out = yield self.ask("definition", path="proj/u.py", line=8, column=13)
+        [location] = out["locations"]
+        self.assertEqual((location["line"], location["column"]), (1, 5))
+        out = yield self.ask("definition", path="proj/u.py", line=8, column=11)
+        [location] = out["locations"]
+        self.assertEqual((location["line"], location["column"]), (4, 5))
         out = yield self.ask("references", path="proj/u.py", line=1, column=5)
-        self.assertIn((4, 10), {(r["line"], r["column"]) for r in out["locations"]})
+        found = {(r["line"], r["column"]) for r in out["locations"]}
+        self.assertIn((7, 10), found)
+        self.assertIn((8, 13), found)
+        reply = yield self.request("GET", f"/lsp/sessions/{out['session_id']}")
+        self.assertEqual(reply.json()["position_encoding"], "utf-32")
 
     @inlineCallbacks
     def test_symbols_and_completions(self) -> Any:
