@@ -52,7 +52,7 @@ class ServerSpec:
     def command(self, env: Mapping[str, str]) -> list[str] | None:
         """The argv to start it with, executable resolved; None: not installed."""
         found = find_executable(self.argv[0], env)
-        if found is not None:
+        if found is not None and not unbacked_proxy(found, env):
             return [found, *self.argv[1:]]
         if self.module is not None and _module_exists(self.module):
             return [sys.executable, "-m", self.module, *self.argv[1:]]
@@ -69,6 +69,29 @@ class ServerSpec:
             "allowed": allowed,
             "install": self.install,
         }
+
+
+def unbacked_proxy(path: str, env: Mapping[str, str]) -> bool:
+    """
+    Whether ``path`` is one of rustup's proxies for a tool no toolchain has.
+
+    rustup puts ``rust-analyzer`` on the PATH whether or not its component
+    is installed; the proxy then fails with "Unknown binary".  Such a
+    server is not installed, and its 503 says how to install it.
+    """
+    if os.path.basename(os.path.realpath(path)) != "rustup":
+        return False
+    name = os.path.basename(path)
+    home = env.get("RUSTUP_HOME") or os.path.join(env.get("HOME", "/"), ".rustup")
+    toolchains = os.path.join(home, "toolchains")
+    try:
+        names = os.listdir(toolchains)
+    except OSError:
+        return True
+    return not any(
+        os.access(os.path.join(toolchains, toolchain, "bin", name), os.X_OK)
+        for toolchain in names
+    )
 
 
 def _module_exists(name: str) -> bool:

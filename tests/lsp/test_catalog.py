@@ -44,6 +44,32 @@ class CatalogTests(SynchronousTestCase):
         entry = catalog.SERVERS_BY_ID["clangd"].describe(env, allowed=False)
         self.assertEqual((entry["installed"], entry["allowed"]), (False, False))
 
+    def test_rustup_proxy_without_its_component(self) -> None:
+        """
+        rustup's rust-analyzer proxy counts as installed only once a
+        toolchain has the tool (the proxy alone fails with "Unknown binary").
+        """
+        root = os.path.realpath(self.mktemp())
+        bin_dir = os.path.join(root, "cargo", "bin")
+        os.makedirs(bin_dir)
+        rustup = os.path.join(bin_dir, "rustup")
+        with open(rustup, "w") as f:
+            f.write("#!/bin/sh\n")
+        os.chmod(rustup, 0o755)
+        os.symlink(rustup, os.path.join(bin_dir, "rust-analyzer"))
+        home = os.path.join(root, "rustup")
+        tools = os.path.join(home, "toolchains", "stable", "bin")
+        os.makedirs(tools)
+        env = {"PATH": bin_dir, "RUSTUP_HOME": home}
+        server = catalog.SERVERS_BY_ID["rust-analyzer"]
+        self.assertIsNone(server.command(env))
+        self.assertIs(server.describe(env, allowed=True)["installed"], False)
+        tool = os.path.join(tools, "rust-analyzer")
+        with open(tool, "w") as f:
+            f.write("#!/bin/sh\n")
+        os.chmod(tool, 0o755)
+        self.assertEqual(server.command(env), [os.path.join(bin_dir, "rust-analyzer")])
+
     def test_project_root(self) -> None:
         """The nearest marker wins; nothing above the allowed area is looked at."""
         base = os.path.realpath(self.mktemp())
