@@ -24,7 +24,7 @@ from sandboxd.kep.wire import (
 
 try:
     from google.protobuf import json_format
-    from k8s_agent_sandbox._proto.process.v1 import process_pb2 as pb
+    from k8s_agent_sandbox.commands._process_stubs import process_pb2 as pb
 except ImportError:  # pragma: no cover - the dev extra installs them
     pb = None
 
