@@ -937,3 +937,27 @@ V1_ARTIFACT_BYTES = 10 * MIB
 V1_ARTIFACTS_PER_TURN = 100
 #: Artifacts kept per session (the oldest copy goes beyond).
 V1_ARTIFACTS_KEPT = 1000
+
+# -- the agent-sandbox door's gRPC transport (sandboxd.kep.grpc) -------------
+#: The largest request message, and the largest response the door sends
+#: (grpc-go's and grpcio's default receive limit).
+KEP_MAX_MESSAGE_BYTES = 4 * MIB
+#: Streams open at once on one connection (SETTINGS_MAX_CONCURRENT_STREAMS).
+KEP_MAX_CONCURRENT_STREAMS = 100
+#: Connections open at once; a connection over it is closed as it opens.
+KEP_MAX_CONNECTIONS = 256
+#: A connection with no open stream for this long is sent GOAWAY and closed.
+KEP_IDLE_TIMEOUT_SECONDS = 300.0
+#: The request headers' size (SETTINGS_MAX_HEADER_LIST_SIZE), as grpc-go's.
+KEP_MAX_HEADER_LIST_BYTES = 16 * KIB
+#: A stream's unsent response bytes past which its producer is paused; it
+#: is resumed once they are down to a quarter of it.
+KEP_STREAM_HIGH_WATER_BYTES = 256 * KIB
+#: A stream's unsent response bytes past which the stream is reset: a
+#: handler that ignores the pause cannot make the daemon hold more.
+KEP_STREAM_MAX_QUEUED_BYTES = 16 * MIB
+#: How long a stop lets running calls finish after its GOAWAY.
+KEP_STOP_GRACE_SECONDS = 5.0
+#: A client's reset this close to a call's deadline is that deadline: the
+#: client's clock started first, so its timer fires before ours.
+KEP_DEADLINE_SLACK_SECONDS = 0.1

@@ -1,0 +1,1 @@
+"""Tests of the agent-sandbox runtime protocol's door (sandboxd.kep)."""
