@@ -2,7 +2,7 @@
 """
 The one gate every front door passes (SPEC §16).
 
-A door (the HTTP API, the PTY WebSocket, MCP, the E2B port) knows which
+A door (the HTTP API, the PTY WebSocket, MCP, the E2B port, the KEP ports) knows which
 endpoint a call is governed as and what headers came with it; :func:`admit`
 decides the rest the same way for all of them: who is calling (SPEC §4),
 whether the endpoint is enabled and the caller holds its scopes, the rate
@@ -82,6 +82,7 @@ class Door(enum.StrEnum):
     WS = "ws"
     MCP = "mcp"
     E2B = "e2b"
+    KEP = "kep"
     PREVIEW = "preview"
     OPENAI = "openai"
 
