@@ -1,0 +1,1 @@
+"""Tests of the KEP door (kubernetes-sigs/agent-sandbox's runtime protocol)."""
