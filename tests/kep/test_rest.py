@@ -72,6 +72,7 @@ class SdkTests(KepCase):
         error = _sdk_error(self, error)
         self.assertEqual(error.status_code, 403)
         self.assertEqual(error.response.json()["code"], "PERMISSION_DENIED")
+        self.assertEqual(error.response.headers["X-Sandboxd-Rule"], "kep:root")
         error = yield self.assertFailure(self.blocking(fs.list, ".."), Exception)
         self.assertEqual(_sdk_error(self, error).status_code, 403)
 
