@@ -10,6 +10,7 @@ through the door belong to the daemon's process service, which ends them.
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
 
@@ -31,7 +32,7 @@ def grpc_factory(context: Any) -> Any:
     no gRPC side (the module is imported on first use, as every door's is).
     """
     try:
-        from sandboxd.kep import process  # type: ignore[attr-defined]
+        process = importlib.import_module("sandboxd.kep.process")
     except ModuleNotFoundError as e:
         if e.name != "sandboxd.kep.process":
             raise
