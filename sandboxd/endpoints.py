@@ -35,6 +35,7 @@ class CapabilityGroup(enum.StrEnum):
     GIT = "git"
     MCP = "mcp"
     E2B = "e2b"
+    KEP = "kep"
     AUTH = "auth"
     PREVIEW = "preview"
     CODE = "code"
@@ -60,8 +61,9 @@ DEFAULT_ON = frozenset(
 HTTP_METHODS = ("GET", "POST", "DELETE")
 
 #: Endpoints served on a port of their own (a front door), not by the HTTP
-#: router: the PTY WebSocket, the E2B-compatible port and the preview door.
-DOOR_METHODS = ("WS", "E2B", "PREVIEW")
+#: router: the PTY WebSocket, the E2B-compatible port, the preview door and
+#: the KEP ports (kubernetes-sigs/agent-sandbox's runtime protocol).
+DOOR_METHODS = ("WS", "E2B", "PREVIEW", "KEP")
 
 Handler = Callable[[Any], Any]
 
@@ -350,6 +352,7 @@ _CATALOGUE: list[tuple[str, str, str, CapabilityGroup, tuple[str, ...], str, dic
     ("agents_webhook_event_types", "GET", "/v1/webhook_event_types", G.AGENTS, ("agents:use",), "The webhook event types sent.", _OA),
     ("mcp", "POST", "/mcp", G.MCP, ("core:read",), "MCP Streamable HTTP: every endpoint as a tool (GET, POST, DELETE).", {}),
     ("e2b", "E2B", "/", G.E2B, ("core:read",), "The E2B-compatible envd API (E2B port); each call is governed as its sandboxd endpoint.", {"body": "none"}),
+    ("kep", "KEP", "/", G.KEP, ("core:read",), "The agent-sandbox runtime protocol (KEP ports: REST files, gRPC processes); each call is governed as its sandboxd endpoint.", {"body": "none"}),
     ("links_mint", "POST", "/auth/links", G.AUTH, ("links:mint",), "Mint a short-lived capability link, narrowed to an audience.", {}),
     ("links_list", "GET", "/auth/links", G.AUTH, ("links:mint",), "The caller's live links.", {}),
     ("links_revoke", "DELETE", "/auth/links/{link_id}", G.AUTH, ("links:mint",), "Revoke a link.", {}),
@@ -415,6 +418,7 @@ def default_scopes(group: CapabilityGroup, method: str) -> tuple[str, ...]:
         G.GIT: "git:write" if writes else "git:read",
         G.MCP: "core:read",
         G.E2B: "core:read",
+        G.KEP: "core:read",
         G.AUTH: "links:mint",
         G.PREVIEW: "preview:manage" if writes else "preview:read",
         G.CODE: "code:run" if writes else "code:read",

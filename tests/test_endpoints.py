@@ -82,6 +82,7 @@ SEED_AND_BEYOND = {
         "browser_console",
     ],
     "e2b": ["e2b"],
+    "kep": ["kep"],
 }
 
 

@@ -211,6 +211,17 @@ class TokenStore:
                     names.append(identity.id)
         return names
 
+    def identity_named(self, identity_id: str) -> Identity | None:
+        """
+        The identity configured under ``identity_id`` (a policy token's
+        ``id``), or None: what a door lets a caller without credentials
+        stand for, when its policy names one.
+        """
+        for _, identity in self.entries:
+            if identity.id == identity_id:
+                return identity
+        return None
+
     def identify(self, token: bytes) -> Identity | None:
         """The identity whose token this is, checking every digest."""
         digest = _digest(token)

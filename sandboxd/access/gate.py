@@ -2,7 +2,7 @@
 """
 The one gate every front door passes (SPEC §16).
 
-A door (the HTTP API, the PTY WebSocket, MCP, the E2B port) knows which
+A door (the HTTP API, the PTY WebSocket, MCP, the E2B port, the KEP ports) knows which
 endpoint a call is governed as and what headers came with it; :func:`admit`
 decides the rest the same way for all of them: who is calling (SPEC §4),
 whether the endpoint is enabled and the caller holds its scopes, the rate
@@ -82,6 +82,7 @@ class Door(enum.StrEnum):
     WS = "ws"
     MCP = "mcp"
     E2B = "e2b"
+    KEP = "kep"
     PREVIEW = "preview"
     OPENAI = "openai"
 
@@ -236,6 +237,7 @@ def identify(
     query_tokens: Iterable[bytes] = (),
     audience: str = CONSOLE,
     consume: bool = True,
+    unauthenticated_as: str | None = None,
 ) -> Identity:
     """
     The caller's identity from its headers, or from a query token on the
@@ -246,6 +248,11 @@ def identify(
     its doors are ``console``; the preview door ``preview:PORT``).
 
     :param consume: count a use of a link.
+    :param unauthenticated_as: a call that presents no credential at all
+        is this token id's identity (its scopes, path rules, limits, audit
+        name), on a door whose clients cannot send one (the KEP door's
+        ``params.unauthenticated_as``); one that presents a credential is
+        authenticated as always.
     :raises ApiError: 401 ``unauthorized``, ``link_invalid``,
         ``link_expired``; 400 ``ambiguous_credentials`` when two different
         tokens are presented in one header, or a query token and a header
@@ -262,6 +269,11 @@ def identify(
             raise ambiguous_credentials()
         headers = {**headers, b"x-access-token": [token]}
     tokens = presented_tokens(headers)
+    store = context.policy.tokens
+    if not tokens and unauthenticated_as is not None and not store.local_mode:
+        stand_in = store.identity_named(unauthenticated_as)
+        if stand_in is not None:
+            return stand_in
     if len(tokens) > 1:
         if any(is_link(t) for t in tokens):
             raise ambiguous_credentials()
@@ -339,6 +351,7 @@ def admit(
     consume: bool = True,
     public: bool = False,
     host_rules: bool = True,
+    unauthenticated_as: str | None = None,
 ) -> Passed:
     """
     Decide one call through any door.
@@ -357,6 +370,7 @@ def admit(
         credential is asked for and no scope checked; the rest applies.
     :param host_rules: apply SPEC §3's Origin and local-mode Host rules (a
         door with a Host rule of its own, the preview door's, says no).
+    :param unauthenticated_as: see :func:`identify`.
     :raises Refused: carrying the error and what was known.
     """
     params = path_params or {}
@@ -364,7 +378,9 @@ def admit(
     needs_auth = endpoint.auth_required and not public
     try:
         identity = (
-            identify(context, headers, query_tokens, audience, consume)
+            identify(
+                context, headers, query_tokens, audience, consume, unauthenticated_as
+            )
             if needs_auth
             else NOBODY
         )

@@ -27,6 +27,7 @@ from sandboxd.api.schema import (
 )
 from sandboxd.endpoints import (
     DEFAULT_ON,
+    DOOR_METHODS,
     CapabilityGroup,
     Endpoint,
     RouteTable,
@@ -40,6 +41,7 @@ from sandboxd.policy import defaults
 BASE_URL = "http://localhost:9000"
 PTY_URL = "ws://localhost:9001"
 E2B_URL = "http://localhost:49983"
+KEP_URL = "http://localhost:8080"
 PREVIEW_URL = "http://3000.localhost:9002/"
 TOKEN_HEADER = '-H "X-Access-Token: $TOKEN"'
 
@@ -59,6 +61,7 @@ _GROUP_NOTES = {
     CapabilityGroup.GIT: "git that writes: clone, commit, branch, push (see [git](git.md))",
     CapabilityGroup.MCP: "every endpoint as an MCP tool, see [mcp](mcp.md)",
     CapabilityGroup.E2B: "the E2B-compatible envd port (docs/e2b.md)",
+    CapabilityGroup.KEP: "kubernetes-sigs/agent-sandbox's runtime protocol on ports of its own (docs/kep.md)",
     CapabilityGroup.AUTH: "short-lived capability links",
     CapabilityGroup.PREVIEW: "the preview door: a sandbox's web apps in a browser (docs/preview.md)",
     CapabilityGroup.CODE: "stateful kernels: code contexts, see [code](code.md)",
@@ -188,7 +191,7 @@ def _limits(endpoint: Endpoint) -> str:
     limits = defaults.endpoint_limits(endpoint.id, endpoint.group.value)
     if endpoint.upload and "max_bytes" in limits:
         limits["max_request_bytes"] = defaults.upload_request_cap(limits["max_bytes"])
-    if endpoint.method in ("GET", "WS", "E2B", "PREVIEW") and endpoint.body != "raw":
+    if endpoint.method in ("GET", *DOOR_METHODS) and endpoint.body != "raw":
         limits.pop("max_request_bytes", None)
     out = []
     for key, value in sorted(limits.items()):
@@ -234,6 +237,8 @@ def curl_example(endpoint: Endpoint, schema: Schema) -> str:
         return " ".join(["websocat", *auth, _url(endpoint, schema, PTY_URL)])
     if endpoint.method == "PREVIEW":
         return " ".join(["curl", "-s", *auth, f'"{PREVIEW_URL}"'])
+    if endpoint.method == "KEP":
+        return " ".join(["curl", "-s", *auth, f'"{KEP_URL}/v1/files/%2E"'])
     if endpoint.method == "E2B":
         return " ".join(
             [
@@ -290,6 +295,10 @@ def render_endpoint(endpoint: Endpoint) -> str:
         path = "http://HOST:E2B_PORT/ (Connect RPC and envd's REST routes)"
     elif endpoint.method == "PREVIEW":
         path = "http://PORT.localhost:PREVIEW_PORT/ (any method, any path)"
+    elif endpoint.method == "KEP":
+        path = (
+            "http://HOST:KEP_REST_PORT/v1/ (REST files) and HOST:KEP_GRPC_PORT (gRPC)"
+        )
     produces = {
         "json": "application/json",
         "sse": "text/event-stream (SSE)",

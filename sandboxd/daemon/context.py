@@ -117,6 +117,9 @@ class Context:
     #: ``--e2b-port`` is given; typed loosely because the door imports the
     #: routes, which import this module.
     e2b: Any = attrs.field(default=None, init=False)
+    #: The KEP door's service (``sandboxd.kep.service.KepService``), when
+    #: ``--kep-rest-port`` is given.
+    kep: Any = attrs.field(default=None, init=False)
     hostname: str = attrs.field(factory=socket.gethostname, init=False)
     started_at: float = attrs.field(factory=time.time, init=False)
     pty_port: int | None = None

@@ -168,6 +168,13 @@ class Settings:
     preview_public_url: str | None = None
     #: A second listener of the E2B door (E2B's code-interpreter port).
     e2b_code_port: str | None = None
+    #: agent-sandbox's REST filesystem API (KEP-539.2); None: the KEP door
+    #: does not listen.
+    kep_rest_port: str | None = None
+    #: agent-sandbox's gRPC ProcessService, beside the REST port.
+    kep_grpc_port: str | None = None
+    #: What KEP paths are relative to; None: the base dir.
+    kep_root: str | None = None
     policy: Any = None
     policy_file: str | None = None
     preset: str | None = None
@@ -376,6 +383,11 @@ class DaemonService(MultiService):
         preview = self.context.preview
         if preview is not None and self.context.policy.rules["preview_proxy"].enabled:
             descriptions.append(preview.description)
+        kep = self.context.kep
+        if kep is not None and self.context.policy.rules["kep"].enabled:
+            descriptions.append(kep.description)
+            if kep.grpc_description is not None:
+                descriptions.append(kep.grpc_description)
         return descriptions
 
     def bound_addresses(self) -> list[tuple[str, str]]:
@@ -401,6 +413,10 @@ class DaemonService(MultiService):
         preview_port = getattr(self.context.preview, "port", None)
         if preview_port is not None:
             found.append(("preview", address_text(preview_port.getHost())))
+        for name, attribute in (("kep-rest", "port"), ("kep-grpc", "grpc_port")):
+            kep_port = getattr(self.context.kep, attribute, None)
+            if kep_port is not None:
+                found.append((name, address_text(kep_port.getHost())))
         return found
 
     def _fill_login_environ(self) -> None:
@@ -489,6 +505,8 @@ class DaemonService(MultiService):
             self.context.e2b.policy_reloaded()
         if self.context.preview is not None:
             self.context.preview.policy_reloaded()
+        if self.context.kep is not None:
+            self.context.kep.policy_reloaded()
         log.info(
             "sandboxd: policy reloaded (revision {revision})", revision=policy.revision
         )
@@ -637,6 +655,12 @@ def check_start(
     preview = preview_listen(settings, http)
     if preview is not None and policy.rules["preview_proxy"].enabled:
         opened.append(preview)
+    kep = kep_listen(settings.kep_rest_port, http)
+    if kep is not None and policy.rules["kep"].enabled:
+        opened.append(kep)
+        grpc = kep_listen(settings.kep_grpc_port, http)
+        if grpc is not None:
+            opened.append(grpc)
     check_exposure(opened, policy, settings.allow_unauthenticated)
     return http, pty
 
@@ -653,6 +677,13 @@ def e2b_listen(settings: Settings, http: str) -> str | None:
     if not settings.e2b_port:
         return None
     return listen_string(settings.e2b_port, interface_of(http))
+
+
+def kep_listen(port: str | None, http: str) -> str | None:
+    """A KEP listener's endpoint string (a number binds the HTTP port's interface)."""
+    if not port:
+        return None
+    return listen_string(port, interface_of(http))
 
 
 def preview_listen(settings: Settings, http: str) -> str | None:
@@ -693,6 +724,8 @@ def daemon_files(settings: Settings, environ: Mapping[str, str]) -> list[str]:
         settings.e2b_port,
         settings.preview_port,
         settings.e2b_code_port,
+        settings.kep_rest_port,
+        settings.kep_grpc_port,
     ):
         for part in re.split(r"(?<!\\):", listener or ""):
             name, _, value = part.partition("=")
@@ -760,6 +793,19 @@ def build(
         from sandboxd.preview import setup as setup_preview
 
         groups.append(setup_preview(context, preview, connection_limits(settings)))
+    kep = kep_listen(settings.kep_rest_port, http_listen)
+    if kep is not None:
+        from sandboxd.kep import setup as setup_kep
+
+        groups.append(
+            setup_kep(
+                context,
+                kep,
+                kep_listen(settings.kep_grpc_port, http_listen),
+                settings.kep_root,
+                connection_limits(settings),
+            )
+        )
     site = SandboxSite(context, reactor=reactor, limits=connection_limits(settings))
     context.metrics.site = site
     # /health answers only once the policy is in force and every other

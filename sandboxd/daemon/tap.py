@@ -75,6 +75,26 @@ class Options(usage.Options):
             "A second E2B port or endpoint, for platforms that route E2B's "
             "code interpreter by its port (49999); needs --e2b-port.",
         ],
+        [
+            "kep-rest-port",
+            None,
+            None,
+            "Port or endpoint of agent-sandbox's REST filesystem API (KEP-539.2; "
+            "off unless given and the kep endpoint is enabled).",
+        ],
+        [
+            "kep-grpc-port",
+            None,
+            None,
+            "Port or endpoint of agent-sandbox's gRPC ProcessService; needs "
+            "--kep-rest-port.",
+        ],
+        [
+            "kep-root",
+            None,
+            None,
+            "The directory KEP paths are relative to (default: the base dir).",
+        ],
         ["policy", None, None, "Policy file (JSON, or YAML with a server: block)."],
         [
             "preset",
@@ -167,7 +187,7 @@ class Options(usage.Options):
 
     def postOptions(self) -> None:
         """Resolve paths now: twistd may chdir before the service starts."""
-        for key in ("policy", "base-dir", "audit-log", "state-dir"):
+        for key in ("policy", "base-dir", "audit-log", "state-dir", "kep-root"):
             if self[key]:
                 self[key] = os.path.abspath(self[key])
         self["commands"] = [
@@ -175,6 +195,8 @@ class Options(usage.Options):
         ]
         if self["e2b-code-port"] and not self["e2b-port"]:
             raise usage.UsageError("--e2b-code-port needs --e2b-port")
+        if self["kep-grpc-port"] and not self["kep-rest-port"]:
+            raise usage.UsageError("--kep-grpc-port needs --kep-rest-port")
         try:
             if self["preview-public-url"] is not None:
                 self["preview-public-url"] = check_preview_url(
@@ -210,6 +232,13 @@ class Options(usage.Options):
             e2b_code_port=listen_string(self["e2b-code-port"], host)
             if self["e2b-code-port"]
             else None,
+            kep_rest_port=listen_string(self["kep-rest-port"], host)
+            if self["kep-rest-port"]
+            else None,
+            kep_grpc_port=listen_string(self["kep-grpc-port"], host)
+            if self["kep-grpc-port"]
+            else None,
+            kep_root=self["kep-root"],
             policy_file=self["policy"],
             preset=self["preset"],
             base_dir=self["base-dir"],

@@ -15,13 +15,7 @@ HTTP status, the message carrying sandboxd's §6 code and rule.
 
 from __future__ import annotations
 
-import email.parser
-import email.policy
-import io
-import mmap
-import os
 import posixpath
-from collections.abc import Callable
 from typing import Any, cast
 
 from twisted.internet.defer import Deferred
@@ -34,6 +28,7 @@ from sandboxd.files.atomic import Undo
 from sandboxd.policy.defaults import E2B_MAX_UPLOAD_FILES
 from sandboxd.routes import files as file_routes
 from sandboxd.routes import system as system_routes
+from sandboxd.web import multipart
 from sandboxd.web.messages import StreamResponse
 
 
@@ -113,74 +108,20 @@ def download(call: Call, _: Any) -> Any:
 
 
 def _boundary(content_type: str) -> bytes:
-    header = email.parser.HeaderParser(policy=email.policy.HTTP).parsestr(
-        f"Content-Type: {content_type}\r\n\r\n"
-    )
-    boundary = header.get_param("boundary")
-    if not isinstance(boundary, str) or not boundary or len(boundary) > 200:
-        raise bad_request("the multipart Content-Type has no usable boundary")
-    return boundary.encode("latin-1")
+    return multipart.boundary_of(content_type)
 
 
 def split_multipart(boundary: bytes, body: Any) -> list[tuple[str | None, memoryview]]:
     """
-    The ``(file name, bytes)`` of each part of a multipart body, as views
-    into ``body`` (a buffer: bytes, or the mapped temporary file Twisted
-    kept the body in), found with ``find`` rather than parsed line by line.
-
-    :raises ApiError: 400 for a body that is not multipart as announced;
-        413 past :data:`E2B_MAX_UPLOAD_FILES` parts.
+    The ``(file name, bytes)`` of each part of a multipart body
+    (:func:`sandboxd.web.multipart.split_multipart`), at most
+    :data:`E2B_MAX_UPLOAD_FILES` parts (413 past them).
     """
-    view = memoryview(body)
-    delimiter = b"--" + boundary
-    find = body.find
-    at = find(delimiter)
-    if at < 0:
-        raise bad_request("the multipart body has no part")
-    at += len(delimiter)
-    out: list[tuple[str | None, memoryview]] = []
-    while True:
-        if body[at : at + 2] == b"--":
-            return out
-        if body[at : at + 2] != b"\r\n":
-            raise bad_request("a malformed multipart delimiter")
-        at += 2
-        head_end = find(b"\r\n\r\n", at, at + 16 * 1024)
-        if head_end < 0:
-            raise bad_request("a multipart part without the end of its headers")
-        headers = email.parser.BytesHeaderParser(policy=email.policy.HTTP).parsebytes(
-            bytes(view[at:head_end]) + b"\r\n\r\n"
-        )
-        start = head_end + 4
-        end = start
-        while True:
-            # A delimiter is one followed by CRLF or "--" (RFC 2046 §5.1.1).
-            end = find(b"\r\n" + delimiter, end)
-            if end < 0:
-                raise bad_request("a multipart part without its closing delimiter")
-            after = body[end + 2 + len(delimiter) : end + 4 + len(delimiter)]
-            if after in (b"\r\n", b"--"):
-                break
-            end += 2
-        out.append((headers.get_filename(), view[start:end]))
-        if len(out) > E2B_MAX_UPLOAD_FILES:
-            raise payload_too_large(
-                E2B_MAX_UPLOAD_FILES,
-                message=f"at most {E2B_MAX_UPLOAD_FILES} files per upload",
-            )
-        at = end + 2 + len(delimiter)
+    parts = multipart.split_multipart(boundary, body, E2B_MAX_UPLOAD_FILES)
+    return [(name, data) for _, name, data in parts]
 
 
-def _body_buffer(content: Any) -> tuple[Any, Callable[[], None]]:
-    """The request body as a buffer, without copying it, and how to let go."""
-    if isinstance(content, io.BytesIO):
-        return content.getvalue(), lambda: None  # small: Twisted spools big ones
-    content.seek(0, os.SEEK_END)
-    size = content.tell()
-    if size == 0:
-        return b"", lambda: None
-    mapped = mmap.mmap(content.fileno(), size, access=mmap.ACCESS_READ)
-    return mapped, mapped.close
+_body_buffer = multipart.body_buffer
 
 
 def upload(call: Call, _: Any) -> Deferred[Any]:

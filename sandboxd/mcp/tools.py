@@ -33,6 +33,7 @@ from sandboxd.endpoints import DOOR_METHODS, CapabilityGroup, Endpoint, param_na
 NOT_TOOLS: dict[str, str] = {
     "mcp": "the MCP door itself",
     "e2b": "the E2B door itself, on a port of its own",
+    "kep": "the KEP door itself (agent-sandbox's runtime protocol), on ports of its own",
     "pty_connect": "an interactive WebSocket byte stream, not one call; use "
     "shell, shell_stream or process_start with process_stdin",
     "lsp_connect": "an editor's WebSocket to its own language server, not one "

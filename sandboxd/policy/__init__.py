@@ -135,6 +135,7 @@ def load_policy(
         allow_anonymous=doc.allow_anonymous,
         anonymous_scopes=doc.anonymous_scopes,
     )
+    check_unauthenticated_as(rules, doc, tokens)
     return Policy(
         document=doc,
         rules=rules,
@@ -150,6 +151,32 @@ def load_policy(
         configured=chosen is not None
         or (isinstance(data, Mapping) and bool(set(data) - {"version"})),
     )
+
+
+def check_unauthenticated_as(
+    rules: Mapping[str, EffectiveRule], doc: PolicyDocument, tokens: TokenStore
+) -> None:
+    """
+    Refuse a ``params.unauthenticated_as`` that names no token of the
+    policy: a caller without credentials would otherwise be refused on
+    every call, or worse, stand for whoever a later token is named.
+
+    :raises PolicyError: naming the rule that set it and the known ids.
+    """
+    for rule in rules.values():
+        wanted = rule.params.unauthenticated_as
+        if wanted is None:
+            continue
+        known = [spec.id for spec in doc.tokens] + [
+            i for i in tokens.ids() if i not in {s.id for s in doc.tokens}
+        ]
+        if wanted not in known:
+            where = rule.source("params.unauthenticated_as") or rule.endpoint_id
+            listed = ", ".join(repr(i) for i in known) or "none: no token is configured"
+            raise PolicyError(
+                f"{where}: params.unauthenticated_as names the token id {wanted!r}, "
+                f"which is not one of the policy's tokens (ids: {listed})"
+            )
 
 
 def _digest(data: Any, preset: str | None) -> str:

@@ -845,6 +845,13 @@ E2B_WATCHER_IDLE_SECONDS = 600.0
 #: on ``/execute`` (E2B's own interval), so a vanished client is noticed.
 E2B_CODE_KEEPALIVE_SECONDS = 5.0
 
+#: KEP door: the body of a request that carries no file (everything but
+#: ``PUT /v1/files/...``, whose cap is ``files_write_raw``'s ``max_bytes``).
+KEP_MAX_REQUEST_BYTES = 64 * 1024
+
+#: KEP door: parts a multipart ``PUT`` may carry (only ``file`` is read).
+KEP_MAX_UPLOAD_PARTS = 64
+
 #: E2B door: files one ``POST /files`` may carry.
 E2B_MAX_UPLOAD_FILES = 1000
 

@@ -161,6 +161,9 @@ class Params:
     lsp_commands: tuple[str, ...] = ()
     # the MCP door: "default" lists the tools a model uses; "all" every tool
     mcp_tools: str = "default"
+    # the KEP door: the token id a call with no credential at all stands
+    # for (agent-sandbox's SDK sends none); None: such a call is 401
+    unauthenticated_as: str | None = None
 
     def url_refusal(self, forms: Sequence[str]) -> tuple[str, str] | None:
         """

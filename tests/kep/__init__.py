@@ -1,1 +1,1 @@
-"""Tests of the agent-sandbox runtime protocol's door (sandboxd.kep)."""
+"""Tests of the KEP door (kubernetes-sigs/agent-sandbox's runtime protocol)."""

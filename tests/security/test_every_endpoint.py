@@ -30,8 +30,9 @@ What the HTTP sweep leaves out, and why:
 
 - ``health`` and ``ui_assets`` take no body, query or parameter that
   could be wrong (any text is a name that is not there: 404);
-- ``pty_connect``, ``e2b`` and ``preview_proxy`` are doors of their own
-  ports, not HTTP routes (the E2B door is swept below; the PTY
+- ``pty_connect``, ``e2b``, ``kep`` and ``preview_proxy`` are doors of
+  their own ports, not HTTP routes (the E2B door is swept below; the KEP
+  door's hostile paths are in :mod:`tests.kep.test_rest`; the PTY
   WebSocket's messages in :mod:`tests.security.test_pty_messages`; the
   preview door's hostile hosts in :mod:`tests.preview`);
 - ``mcp`` is the MCP door, swept below through ``tools/call``; the
@@ -104,7 +105,7 @@ ALL_GROUPS: dict[str, Any] = {
 
 #: Ids the HTTP sweep does not send to (see the module docstring).
 NOT_SWEPT = frozenset(
-    {"health", "ui_assets", "pty_connect", "e2b", "preview_proxy", "mcp"}
+    {"health", "ui_assets", "pty_connect", "e2b", "kep", "preview_proxy", "mcp"}
 )
 
 #: Endpoints sent only the cases they must refuse: one they may take does

@@ -1,0 +1,73 @@
+# -*- test-case-name: tests.kep.test_access -*-
+"""
+Who a KEP call is: the gate's answer, with the KEP door's one exception.
+
+agent-sandbox's SDK sends no credential at all.  A policy may name, in
+the ``kep`` endpoint's ``params.unauthenticated_as``, one of its tokens
+that such a call stands for: the call then has that token's identity (its
+scopes, path rules, limits, audit name) on both KEP listeners and nowhere
+else.  A call that presents a credential is authenticated as on every
+door; without the param a call without one is 401 as everywhere (unless
+the daemon has no token at all).  Both listeners admit through
+:func:`admit`, so the exception is decided in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from twisted.logger import Logger
+
+from sandboxd.access import gate
+
+log = Logger(namespace="sandboxd.kep")
+
+#: The door's own endpoint id (its rule carries the param).
+ENDPOINT = "kep"
+
+
+def unauthenticated_as(context: Any) -> str | None:
+    """The token id a KEP call without credentials stands for, or None."""
+    name: str | None = context.policy.rules[ENDPOINT].params.unauthenticated_as
+    return name
+
+
+def admit(
+    context: Any,
+    endpoint: Any,
+    headers: Mapping[bytes, Sequence[bytes]],
+    **options: Any,
+) -> gate.Passed:
+    """
+    :func:`sandboxd.access.gate.admit` for a KEP call, a call without a
+    credential standing for ``params.unauthenticated_as`` when it is set.
+
+    :raises gate.Refused: the gate's refusal.
+    """
+    return gate.admit(
+        context,
+        endpoint,
+        headers,
+        unauthenticated_as=unauthenticated_as(context),
+        **options,
+    )
+
+
+def warn_if_unauthenticated(context: Any) -> None:
+    """
+    Say at start and at each reload that calls without credentials are let
+    in: whoever reaches the KEP ports acts as that token.
+    """
+    name = unauthenticated_as(context)
+    if name is None or context.policy.tokens.local_mode:
+        return
+    log.warn(
+        "sandboxd: the kep endpoint's params.unauthenticated_as is {name!r}: a call "
+        "to the KEP ports without a credential acts as the token {name!r} (its "
+        "scopes and path rules); whoever can reach those ports can",
+        name=name,
+    )
+
+
+__all__ = ["ENDPOINT", "admit", "unauthenticated_as", "warn_if_unauthenticated"]

@@ -1,0 +1,535 @@
+# -*- test-case-name: tests.kep.test_rest -*-
+"""
+agent-sandbox's REST filesystem API (KEP-539.2, ``filesystem/v1``) on a
+port of its own, each call governed as the sandboxd endpoint doing the job.
+
+- ``GET /v1/files/{path}``: a file's bytes (``files_read_raw``: its Range,
+  ETag and Last-Modified; ``HEAD`` answers the head alone) or a directory's
+  ``DirectoryListing`` (``files_list``);
+- ``PUT /v1/files/{path}``: an atomic write, raw or the ``file`` part of a
+  multipart body, ``?mode=0644`` (``files_write_raw``, its ``max_bytes``),
+  answered 204;
+- ``DELETE /v1/files/{path}?recursive=``: 204, 409 for a directory that is
+  not empty without ``recursive`` (``files_delete``);
+- ``GET /v1/health`` (``health``, no credential) and ``GET /v1/metadata``
+  (``env_get``: its redaction, then the protocol's ``SANDBOX_`` rule).
+
+The path is one percent-encoded segment (the SDK sends ``a%2Fb%2Fc.txt``),
+relative to the door's root; one that leaves the root is 403 before the
+path guard is asked, which then applies every rule it applies elsewhere.
+Errors are the protocol's ``{"code", "message"}`` (:mod:`sandboxd.kep.errors`).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import posixpath
+import re
+import stat
+import time
+import urllib.parse
+from datetime import UTC, datetime
+from email.utils import formatdate
+from typing import Any, cast
+
+from twisted.internet.defer import Deferred
+from twisted.web.server import NOT_DONE_YET
+
+from sandboxd.access import gate
+from sandboxd.access.guard import PathGuard, os_error
+from sandboxd.errors import (
+    ApiError,
+    Code,
+    bad_request,
+    file_not_found,
+    forbidden,
+    payload_too_large,
+    unavailable,
+    unsupported,
+)
+from sandboxd.files import walk
+from sandboxd.kep import access
+from sandboxd.kep.errors import error_body, error_headers, kep_status
+from sandboxd.policy.defaults import (
+    ENDPOINT_LIMITS,
+    KEP_MAX_REQUEST_BYTES,
+    KEP_MAX_UPLOAD_PARTS,
+    MIB,
+)
+from sandboxd.web import multipart
+from sandboxd.web.connections import ConnectionLimits
+from sandboxd.web.messages import StreamResponse
+from sandboxd.web.portdoor import REST, Call, PortDoor, Procedure
+
+FILES = "/v1/files"
+_MODE = re.compile(r"^0[0-7]{3}$")
+#: What Go's ``strconv.ParseBool`` takes, as the reference reads ``recursive``.
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+#: Name parts that keep a variable off ``/v1/metadata`` (the reference's list).
+SENSITIVE_MARKERS = (
+    "TOKEN",
+    "SECRET",
+    "PASSWORD",
+    "PASSWD",
+    "CRED",
+    "KEY",
+    "AUTH",
+    "BEARER",
+    "PRIVATE",
+    "CERT",
+)
+METADATA_PREFIX = "SANDBOX_"
+
+
+class KepRestDoor(PortDoor):
+    """
+    The REST listener's door.
+
+    :param root: the directory paths are relative to (absolute).
+    """
+
+    name = "kep"
+    via = gate.Door.KEP
+    endpoint_id = access.ENDPOINT
+
+    def __init__(
+        self, context: Any, root: str, limits: ConnectionLimits | None = None
+    ) -> None:
+        super().__init__(context, PROCEDURES, limits)
+        self.root = posixpath.normpath(root)
+        self.started = time.monotonic()
+
+    def body_cap(self, path: bytes) -> int:
+        """A file's route takes ``files_write_raw``'s ``max_bytes``; the rest little."""
+        if path == FILES.encode() or path.startswith(FILES.encode() + b"/"):
+            limit = self.context.policy.rules["files_write_raw"].limits.max_bytes
+            # Multipart framing adds a little to the file bytes.
+            return int(limit or 100 * MIB) + MIB
+        return KEP_MAX_REQUEST_BYTES
+
+    def find(self, request: Any) -> Procedure | None:
+        """A route by method and path (``HEAD`` is ``GET``'s, body left out)."""
+        method = request.method.decode("latin-1")
+        if method == "HEAD":
+            method = "GET"
+        path = request.path.decode("latin-1")
+        if path == FILES or path.startswith(FILES + "/"):
+            path = FILES
+        return self.procedures.get(f"{method} {path}")
+
+    def unknown(self, request: Any) -> Procedure:
+        """404 for a path the protocol has not, 501 for a method it has not."""
+        path = request.path.decode("latin-1", "replace")[:200]
+        return Procedure(path, REST, access.ENDPOINT, _unknown)
+
+    def refusal(
+        self, error: ApiError, path: str, accept: bytes | None
+    ) -> tuple[bytes, bytes, dict[str, str]]:
+        """A request the HTTP front refused: the protocol's error."""
+        body = _json(error_body(error))
+        return b"application/json", body, {**error.headers, **error_headers(error)}
+
+    def error_response(
+        self, call: Call, error: ApiError
+    ) -> tuple[int, bytes, bytes, dict[str, str]]:
+        """The protocol's status and error, sandboxd's code and rule in headers."""
+        status = kep_status(error).http
+        return (
+            status,
+            b"application/json",
+            _json(error_body(error)),
+            error_headers(error),
+        )
+
+    def admit(self, call: Call, endpoint: Any) -> gate.Passed:
+        """The gate, a call without credentials standing for ``unauthenticated_as``."""
+        return access.admit(self.context, endpoint, call.headers)
+
+    # -- paths ------------------------------------------------------------------
+
+    def target(self, call: Call) -> tuple[str, str]:
+        """
+        The request's ``{path}``: as given (decoded), and as an absolute
+        path below the root.
+
+        :raises ApiError: 400 for a path that is not UTF-8 or holds NUL;
+            403 for one that leaves the root.
+        """
+        raw = call.request.path[len(FILES) :].lstrip(b"/")
+        try:
+            given = urllib.parse.unquote_to_bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            raise bad_request("the path is not UTF-8") from None
+        if "\x00" in given:
+            raise bad_request("the path holds a NUL byte", Code.INVALID_PATH)
+        joined = posixpath.normpath(posixpath.join(self.root, given.lstrip("/")))
+        inside = self.root == "/" or joined == self.root
+        if not inside and not joined.startswith(self.root + "/"):
+            raise forbidden(
+                "path traversal outside the sandbox root is forbidden",
+                Code.PATH_NOT_ALLOWED,
+                rule="kep:root",
+            )
+        return given, joined
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value).encode()
+
+
+def _unknown(call: Call, _: Any) -> Any:
+    path = call.request.path.decode("latin-1", "replace")
+    if any(f"{m} {path}" in PROCEDURES for m in ("GET", "PUT", "DELETE")) or (
+        path.startswith(FILES + "/")
+    ):
+        raise unsupported(f"{call.request.method.decode('latin-1')} is not served here")
+    raise file_not_found(path[:200])
+
+
+def _door(call: Call) -> KepRestDoor:
+    return cast(KepRestDoor, call.door)
+
+
+def _query(call: Call, name: str) -> str | None:
+    values = call.request.args.get(name.encode())
+    if not values:
+        return None
+    try:
+        return str(values[-1].decode("utf-8"))
+    except UnicodeDecodeError:
+        raise bad_request(f"the query parameter {name!r} is not UTF-8") from None
+
+
+# -- GET: a file or a directory -------------------------------------------------
+
+
+def _read_endpoint(call: Call, _: Any) -> str:
+    """
+    A directory is listed (``files_list``), anything else read
+    (``files_read_raw``): which one is a ``stat`` of the path, before the
+    path guard is asked, so that the endpoint the policy governs the call
+    as is the one that does the job.  Only the lexical root check has run:
+    what this learns (directory or not) is told to nobody but the gate.
+    """
+    call.endpoint_id = "files_read_raw"
+    _, path = _door(call).target(call)
+    try:
+        is_dir = stat.S_ISDIR(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        is_dir = False
+    return "files_list" if is_dir else "files_read_raw"
+
+
+def read(call: Call, _: Any) -> Any:
+    """``GET``/``HEAD /v1/files/{path}``."""
+    given, path = _door(call).target(call)
+    if call.passed is not None and call.passed.endpoint.id == "files_list":
+        return listing(call, given, path)
+    request = call.server_request(query={"path": path})
+    raw = call.request
+    if raw.method == b"HEAD":
+        return _head(call, request, path)
+    request.headers = {
+        name.decode("latin-1"): values[-1].decode("latin-1")
+        for name, values in call.headers.items()
+        if name in (b"range", b"if-none-match", b"if-range")
+    }
+    from sandboxd.routes import files as file_routes
+
+    response = file_routes.files_read_raw(request)
+    raw.setResponseCode(response.status)
+    call.status = response.status
+    for name, value in response.headers.items():
+        raw.setHeader(name.encode(), value.encode())
+    if not isinstance(response, StreamResponse):  # 304 (If-None-Match)
+        raw.finish()
+        call.done()
+        return NOT_DONE_YET
+
+    def sent(count: int) -> None:
+        call.bytes_out = count
+        if not call.closed:
+            raw.finish()
+        call.done()
+
+    def failed(_: Any) -> None:
+        # The length was announced: cut the connection so the client sees it.
+        if not call.closed:
+            raw.channel.transport.abortConnection()
+        call.done()
+
+    response.write_to(raw).addCallbacks(sent, failed)
+    return NOT_DONE_YET
+
+
+def _head(call: Call, request: Any, path: str) -> Any:
+    """A file's head: what ``GET`` would announce, through the same guard."""
+    f = PathGuard.for_request(request).open_file(path)
+    try:
+        st = f.stat
+        headers = {
+            "content-type": "application/octet-stream",
+            "content-length": str(st.st_size),
+            "etag": f.etag,
+            "last-modified": formatdate(st.st_mtime, usegmt=True),
+            "accept-ranges": "bytes",
+        }
+    finally:
+        f.close()
+    raw = call.request
+    raw.setResponseCode(200)
+    for name, value in headers.items():
+        raw.setHeader(name.encode(), value.encode())
+    raw.finish()
+    call.done()
+    return NOT_DONE_YET
+
+
+def rfc3339(ts: float) -> str:
+    """Seconds since the epoch as Go's ``time.RFC3339`` in UTC (``...Z``)."""
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def listing(call: Call, given: str, path: str) -> Deferred[Any]:
+    """
+    A ``DirectoryListing``: one level, sorted by name, a link shown as what
+    it leads to (left out when it is broken or leads out of bounds), each
+    entry through the guard as ``files_list`` shows it; at most the rule's
+    ``max_entries`` (``X-Sandboxd-Truncated`` says when more were left out).
+    """
+    request = call.server_request(query={"path": path})
+    guard = PathGuard.for_request(request)
+    cap = (
+        request.rule.limits.max_entries or ENDPOINT_LIMITS["files_list"]["max_entries"]
+    )
+    shown = given if given.startswith("/") else "/" + given
+    guard.locate(path, "read", follow=True).close()  # refusals before the thread
+
+    def job() -> tuple[dict[str, Any], bool]:
+        entries: list[dict[str, Any]] = []
+        truncated = False
+        with guard.open_dir(path) as (fd, root):
+            for parent, name, st in walk.walk(fd, root, 1):
+                full = posixpath.join(parent, name)
+                if not walk.visible(guard, full, st):
+                    continue
+                if stat.S_ISLNK(st.st_mode):
+                    try:
+                        st = os.stat(name, dir_fd=fd)
+                    except OSError:
+                        continue  # broken
+                if len(entries) >= cap:
+                    truncated = True
+                    break
+                entries.append(
+                    {
+                        "name": walk.display_name(name),
+                        "size": st.st_size,
+                        "type": "directory" if stat.S_ISDIR(st.st_mode) else "file",
+                        "modified_at": rfc3339(st.st_mtime),
+                        "mode": f"{stat.S_IMODE(st.st_mode) & 0o777:04o}",
+                    }
+                )
+        return {"path": shown, "entries": entries}, truncated
+
+    def answer(result: tuple[dict[str, Any], bool]) -> dict[str, Any]:
+        if result[1]:
+            call.request.setHeader(b"x-sandboxd-truncated", b"true")
+        return result[0]
+
+    listed: Deferred[Any] = call.context.in_thread(job)
+    return listed.addCallback(answer)
+
+
+# -- PUT ----------------------------------------------------------------------------
+
+
+def _mode(call: Call) -> int:
+    raw = _query(call, "mode")
+    if raw is None or raw == "":
+        return 0o644
+    if not _MODE.match(raw):
+        raise bad_request(f"mode {raw[:20]!r} must match ^0[0-7]{{3}}$")
+    return int(raw, 8)
+
+
+def write(call: Call, _: Any) -> Deferred[Any]:
+    """
+    ``PUT /v1/files/{path}``: the raw body, or the ``file`` part of a
+    multipart one, written atomically (temporary file, then rename) with
+    ``files_write_raw``'s rules, parents made; 204.  Every refusal comes
+    before the first byte is written, and the body was received whole
+    before the call ran at all.
+    """
+    from sandboxd.routes import files as file_routes
+
+    mode = _mode(call)
+    given, path = _door(call).target(call)
+    content_type = call.header("content-type") or ""
+    kind = content_type.split(";", 1)[0].strip().lower()
+    boundary = (
+        multipart.boundary_of(content_type) if kind == "multipart/form-data" else None
+    )
+    request = call.server_request(query={"path": path})
+    guard = PathGuard.for_request(request)
+    cap = file_routes.max_bytes(request)
+    rule = call.rule.source("limits.max_bytes") or "default:limits.max_bytes"
+    content = call.request.content
+    file_routes.check_extension(request, path)
+    guard.check(path, "write")
+
+    def job() -> int:
+        body, release = multipart.body_buffer(content)
+        try:
+            data: Any = memoryview(body)
+            if boundary is not None:
+                parts = multipart.split_multipart(boundary, body, KEP_MAX_UPLOAD_PARTS)
+                found = [view for field, _, view in parts if field == "file"]
+                if not found:
+                    raise bad_request("the multipart body has no 'file' part")
+                data = found[0]
+            try:
+                if len(data) > cap:
+                    raise payload_too_large(cap, f"{given}: the file", rule=rule)
+                st = _stat(path)
+                if st is not None and stat.S_ISDIR(st.st_mode):
+                    raise bad_request("the target path is a directory")
+                file_routes.write_bytes(
+                    request, guard, path, cast(bytes, data), True, None, mode=mode
+                )
+            finally:
+                data.release()
+        finally:
+            release()
+        return 204
+
+    written: Deferred[Any] = call.context.in_thread(job)
+    return written
+
+
+def _stat(path: str) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
+# -- DELETE ---------------------------------------------------------------------------
+
+
+def _recursive(call: Call) -> bool:
+    raw = _query(call, "recursive")
+    if raw is None or raw == "":
+        return False
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise bad_request(f"recursive {raw[:20]!r} must be a boolean")
+
+
+def _not_empty(path: str) -> ApiError:
+    return ApiError(
+        409,
+        f"the directory is not empty: {path}; pass recursive=true to remove it",
+        "OSError",
+    )
+
+
+def remove(call: Call, _: Any) -> Deferred[Any]:
+    """
+    ``DELETE /v1/files/{path}``: a file, a link, an empty directory, or
+    with ``recursive`` a whole tree (``files_delete``'s own checks: what the
+    policy protects inside, mounts); the root itself is emptied, never
+    removed.
+    """
+    recursive = _recursive(call)
+    given, path = _door(call).target(call)
+    door = _door(call)
+    request = call.server_request(query={"path": path})
+    guard = PathGuard.for_request(request)
+
+    def job() -> int:
+        if path == door.root:
+            if not recursive:
+                raise ApiError(
+                    409,
+                    "cannot delete the sandbox root; pass recursive=true to clear "
+                    "its contents",
+                    "OSError",
+                )
+            with guard.open_dir(path) as (fd, root):
+                names = [name for _, name, _ in walk.walk(fd, root, 1)]
+            for name in names:
+                walk.delete(guard, posixpath.join(path, name))
+            return 204
+        if not recursive:
+            with guard.locate(path, "delete", follow=False, missing_ok=False) as loc:
+                walk.refuse_root(loc, "delete", given)
+                st = loc.lstat()
+                if st is None:
+                    raise file_not_found(given)
+                if stat.S_ISDIR(st.st_mode):
+                    try:
+                        os.rmdir(loc.name, dir_fd=loc.dir_fd)
+                    except OSError as e:
+                        if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                            raise _not_empty(given) from None
+                        raise os_error(e, given) from None
+                    return 204
+        walk.delete(guard, path)
+        return 204
+
+    removed: Deferred[Any] = call.context.in_thread(job)
+    return removed
+
+
+# -- health and metadata --------------------------------------------------------------
+
+
+def health(call: Call, _: Any) -> dict[str, Any]:
+    """``GET /v1/health``: ok and the uptime, 503 ``UNAVAILABLE`` while stopping."""
+    if getattr(call.context, "draining", False):
+        raise unavailable("sandboxd is shutting down")
+    return {
+        "status": "ok",
+        "uptime_seconds": int(time.monotonic() - _door(call).started),
+    }
+
+
+def sensitive(name: str) -> bool:
+    """Whether a variable's name looks like a credential's (the reference's rule)."""
+    upper = name.upper()
+    return any(marker in upper for marker in SENSITIVE_MARKERS)
+
+
+def metadata(call: Call, _: Any) -> dict[str, Any]:
+    """
+    ``GET /v1/metadata``: the ``SANDBOX_`` variables of ``env_get``'s answer
+    (its redaction first: secrets, ``env_deny``), without any whose name
+    looks like a credential's.
+    """
+    from sandboxd.routes import system as system_routes
+
+    answer = system_routes.env_get(call.server_request())
+    variables: dict[str, str] = answer["variables"]
+    env = {
+        name: value
+        for name, value in variables.items()
+        if name.startswith(METADATA_PREFIX) and not sensitive(name)
+    }
+    return {"env": env}
+
+
+PROCEDURES = {
+    "GET /v1/files": Procedure("GET /v1/files", REST, _read_endpoint, read),
+    "PUT /v1/files": Procedure("PUT /v1/files", REST, "files_write_raw", write),
+    "DELETE /v1/files": Procedure("DELETE /v1/files", REST, "files_delete", remove),
+    "GET /v1/health": Procedure("GET /v1/health", REST, "health", health),
+    "GET /v1/metadata": Procedure("GET /v1/metadata", REST, "env_get", metadata),
+}
+
+__all__ = ["PROCEDURES", "KepRestDoor", "rfc3339", "sensitive"]

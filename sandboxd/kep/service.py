@@ -1,0 +1,142 @@
+# -*- test-case-name: tests.kep.test_rest -*-
+"""
+The KEP door's listeners: the REST filesystem API, and the gRPC
+ProcessService when ``--kep-grpc-port`` is given.  They listen when the
+REST port is given *and* the ``kep`` endpoint is enabled, follow the policy
+across reloads (:class:`~sandboxd.daemon.listener.PolicyListener`), and at
+shutdown stop listening and close their connections; the processes started
+through the door belong to the daemon's process service, which ends them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred, succeed
+from twisted.internet.endpoints import serverFromString
+from twisted.logger import Logger
+
+from sandboxd.daemon.listener import PolicyListener
+from sandboxd.kep import access
+from sandboxd.kep.rest import KepRestDoor
+from sandboxd.web.connections import ConnectionLimits
+
+log = Logger(namespace="sandboxd.kep")
+
+
+def grpc_factory(context: Any) -> Any:
+    """
+    The gRPC ProcessService's protocol factory, or None when this build has
+    no gRPC side (the module is imported on first use, as every door's is).
+    """
+    try:
+        process = importlib.import_module("sandboxd.kep.process")
+    except ModuleNotFoundError as e:
+        if e.name != "sandboxd.kep.process":
+            raise
+        log.warn(
+            "sandboxd: --kep-grpc-port is given but this build has no KEP gRPC "
+            "ProcessService (sandboxd.kep.process): only the REST port listens"
+        )
+        return None
+    return process.grpc_factory(context)
+
+
+class KepService(PolicyListener):
+    """
+    The KEP ports.
+
+    :ivar port: the REST port once it listens (None otherwise).
+    :ivar grpc_port: the gRPC port once it listens (None otherwise).
+    """
+
+    name = "kep"
+    endpoint = access.ENDPOINT
+    port_name = "the KEP REST port"
+
+    def __init__(
+        self,
+        context: Any,
+        description: str,
+        grpc_description: str | None = None,
+        root: str | None = None,
+        limits: ConnectionLimits | None = None,
+    ) -> None:
+        """
+        :param grpc_description: the gRPC listener's endpoint string.
+        :param root: what paths are relative to (default: the base dir).
+        """
+        super().__init__(context, description)
+        self.grpc_description = grpc_description
+        self.grpc_port: Any = None
+        self.root = os.path.abspath(root or context.policy.base_dir)
+        self.door = KepRestDoor(context, self.root, limits)
+        self._grpc_factory: Any = None
+
+    def startService(self) -> None:
+        """Listen (if enabled), saying first who a call without credentials is."""
+        access.warn_if_unauthenticated(self.context)
+        super().startService()
+
+    def policy_reloaded(self) -> None:
+        """Follow the new policy; say again who a call without credentials is."""
+        if self.running:
+            access.warn_if_unauthenticated(self.context)
+        super().policy_reloaded()
+
+    def _listen(self) -> Deferred[Any]:
+        """Listen on the REST port, and the gRPC port when one is given."""
+        site = self.door.site()
+        rest = serverFromString(self.context.reactor, self.description)
+        factory = None
+        if self.grpc_description is not None:
+            if self._grpc_factory is None:
+                self._grpc_factory = grpc_factory(self.context)
+            factory = self._grpc_factory
+        if factory is None:
+            listening: Deferred[Any] = rest.listen(site)
+            return listening
+        grpc = serverFromString(self.context.reactor, self.grpc_description)
+
+        def both(ports: list[Any]) -> Any:
+            self.grpc_port = ports[1]
+            return ports[0]
+
+        return gatherResults(
+            [rest.listen(site), grpc.listen(factory)], consumeErrors=True
+        ).addCallback(both)
+
+    def _close(self) -> Deferred[Any]:
+        """Stop listening and close every connection of both listeners."""
+        if self.port is None:
+            return succeed(None)
+        port, self.port = self.port, None
+        grpc, self.grpc_port = self.grpc_port, None
+        d = maybeDeferred(port.stopListening)
+        if grpc is not None:
+            d.addCallback(lambda _: grpc.stopListening())
+            close = getattr(self._grpc_factory, "close_all", None)
+            if close is not None:
+                d.addCallback(lambda _: close())
+        d.addCallback(lambda _: self.door.site().close_all())
+        return d
+
+    def stopService(self) -> Deferred[Any]:
+        """Stop listening."""
+        super().stopService()  # type: ignore[no-untyped-call]
+        return self._close()
+
+
+def setup(
+    context: Any,
+    description: str,
+    grpc_description: str | None = None,
+    root: str | None = None,
+    limits: ConnectionLimits | None = None,
+) -> KepService:
+    """Create the KEP service (``context.kep``)."""
+    service = KepService(context, description, grpc_description, root, limits)
+    context.kep = service
+    return service
