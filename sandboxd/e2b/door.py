@@ -24,9 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
-from zope.interface import implementer
 
 from sandboxd.access import gate
 from sandboxd.api.fields import Field
@@ -53,6 +51,7 @@ from sandboxd.web.portdoor import (
     UNARY,
     DoorRequest,
     DoorSite,
+    Pauser,
     PortDoor,
     Procedure,
     raw_headers,
@@ -130,26 +129,6 @@ class Call(portdoor.Call):
 # -- server streams -------------------------------------------------------------
 
 
-@implementer(IPushProducer)
-class _Pauser:
-    """What a slow client pauses (a child's pipes, a terminal)."""
-
-    def __init__(self, pause: Callable[[], None], resume: Callable[[], None]) -> None:
-        self.pause = pause
-        self.resume = resume
-
-    def pauseProducing(self) -> None:
-        """The client's socket is full: pause the source."""
-        self.pause()
-
-    def resumeProducing(self) -> None:
-        """The client's socket drained: resume the source."""
-        self.resume()
-
-    def stopProducing(self) -> None:
-        """The client left: the stream's close handling lets go."""
-
-
 class Stream:
     """
     The response of a server stream: enveloped messages, keepalives at the
@@ -167,7 +146,7 @@ class Stream:
         self._timer: Any = None
         self._deadline: Any = None
         self._end_hooks: list[Callable[[], None]] = []
-        self._producer: _Pauser | None = None
+        self._producer: Pauser | None = None
         self.request.setResponseCode(200)
         self.request.setHeader(b"content-type", connect.STREAM_CONTENT_TYPE.encode())
         call.on_close(self._client_gone)
@@ -220,7 +199,7 @@ class Stream:
         self, pause: Callable[[], None], resume: Callable[[], None]
     ) -> None:
         """Let a client that reads slowly pause what feeds the stream."""
-        self._producer = _Pauser(pause, resume)
+        self._producer = Pauser(pause, resume)
         self.request.registerProducer(self._producer, True)
 
     def _stop(self) -> None:

@@ -323,19 +323,9 @@ class _PtyClient:
         """
         message = json.loads(frame)
         if message.get("type") == "output" and message.get("data"):
-            data = self._written_since(int(message.get("offset", 0)))
+            data = self.session.output_since(int(message.get("offset", 0)))
             if data:
                 self.stream.send({"event": {"data": {"pty": b64(data)}}})
-
-    def _written_since(self, offset: int) -> bytes:
-        """The output bytes from ``offset`` to what the session has sent so far."""
-        session = self.session
-        kept = session.scrollback
-        # A frame is sent as soon as ``emitted`` moves; the last one (a
-        # character the shell left unfinished) just before it does.
-        upto = kept.end if session.ended else session.emitted
-        begin = max(offset, kept.start)
-        return bytes(kept.data[begin - kept.start : upto - kept.start])
 
     def session_ended(self, frame: bytes) -> None:
         """The shell ended: the ``end`` event, then the end of the stream."""

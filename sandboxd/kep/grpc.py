@@ -600,6 +600,10 @@ class _Connection(Protocol):
                 pseudo[name] = value
             else:
                 headers.setdefault(name.lower(), []).append(value)
+        authority = pseudo.get(b":authority")
+        if authority is not None and b"host" not in headers:
+            # HTTP/2's Host: the gate's local-mode Host rule reads it there.
+            headers[b"host"] = [authority]
         content_type = (headers.get(b"content-type") or [b""])[0]
         bare = content_type.split(b";", 1)[0].strip().lower()
         if bare not in _GRPC_TYPES:

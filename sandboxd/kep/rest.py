@@ -165,15 +165,30 @@ class KepRestDoor(PortDoor):
             raise bad_request("the path is not UTF-8") from None
         if "\x00" in given:
             raise bad_request("the path holds a NUL byte", Code.INVALID_PATH)
-        joined = posixpath.normpath(posixpath.join(self.root, given.lstrip("/")))
-        inside = self.root == "/" or joined == self.root
-        if not inside and not joined.startswith(self.root + "/"):
-            raise forbidden(
-                "path traversal outside the sandbox root is forbidden",
-                Code.PATH_NOT_ALLOWED,
-                rule="kep:root",
-            )
-        return given, joined
+        return given, below_root(self.root, given)
+
+
+def below_root(root: str, given: str) -> str:
+    """
+    ``given`` as an absolute path below ``root``, as the protocol reads a
+    path: relative to the root whether or not it starts with ``/``, except
+    one already under the root, which is taken as it is.
+
+    :raises ApiError: 403 for a path that leaves the root (``..``).
+    """
+    if given.startswith("/"):
+        clean = posixpath.normpath(given)
+        if clean == root or clean.startswith(root.rstrip("/") + "/"):
+            given = clean[len(root) :]
+    joined = posixpath.normpath(posixpath.join(root, given.lstrip("/")))
+    inside = root == "/" or joined == root
+    if not inside and not joined.startswith(root + "/"):
+        raise forbidden(
+            "path traversal outside the sandbox root is forbidden",
+            Code.PATH_NOT_ALLOWED,
+            rule="kep:root",
+        )
+    return joined
 
 
 def _json(value: Any) -> bytes:

@@ -10,7 +10,6 @@ through the door belong to the daemon's process service, which ends them.
 
 from __future__ import annotations
 
-import importlib
 import os
 from typing import Any
 
@@ -21,27 +20,10 @@ from twisted.logger import Logger
 from sandboxd.daemon.listener import PolicyListener
 from sandboxd.kep import access
 from sandboxd.kep.rest import KepRestDoor
+from sandboxd.policy.defaults import KEP_STOP_GRACE_SECONDS
 from sandboxd.web.connections import ConnectionLimits
 
 log = Logger(namespace="sandboxd.kep")
-
-
-def grpc_factory(context: Any) -> Any:
-    """
-    The gRPC ProcessService's protocol factory, or None when this build has
-    no gRPC side (the module is imported on first use, as every door's is).
-    """
-    try:
-        process = importlib.import_module("sandboxd.kep.process")
-    except ModuleNotFoundError as e:
-        if e.name != "sandboxd.kep.process":
-            raise
-        log.warn(
-            "sandboxd: --kep-grpc-port is given but this build has no KEP gRPC "
-            "ProcessService (sandboxd.kep.process): only the REST port listens"
-        )
-        return None
-    return process.grpc_factory(context)
 
 
 class KepService(PolicyListener):
@@ -93,6 +75,9 @@ class KepService(PolicyListener):
         factory = None
         if self.grpc_description is not None:
             if self._grpc_factory is None:
+                # h2 is imported with it: only when the port is asked for.
+                from sandboxd.kep.process import grpc_factory
+
                 self._grpc_factory = grpc_factory(self.context)
             factory = self._grpc_factory
         if factory is None:
@@ -116,10 +101,9 @@ class KepService(PolicyListener):
         grpc, self.grpc_port = self.grpc_port, None
         d = maybeDeferred(port.stopListening)
         if grpc is not None:
+            factory = self._grpc_factory
             d.addCallback(lambda _: grpc.stopListening())
-            close = getattr(self._grpc_factory, "close_all", None)
-            if close is not None:
-                d.addCallback(lambda _: close())
+            d.addCallback(lambda _: factory.stop(KEP_STOP_GRACE_SECONDS))
         d.addCallback(lambda _: self.door.site().close_all())
         return d
 

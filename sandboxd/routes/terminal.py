@@ -82,8 +82,27 @@ def pty_create_session(request: ServerRequest) -> dict[str, Any]:
         run_as.apply(env)
     name, path = choose_shell(body.get("shell"), env, rule)
     note_argv(request, [path], extra)
-    limits = rule.limits
     spec = SpawnRequest(path, [name], env, cwd, cols, rows, run_as)
+    session = open_session(request, spec)
+    return {
+        "session_id": session.id,
+        "ws_url": _ws_url(request, session.id),
+        "pid": session.pid,
+    }
+
+
+def open_session(
+    request: ServerRequest, spec: SpawnRequest, via: str = "http"
+) -> PtySession:
+    """
+    Start ``spec`` on a terminal of the caller's, within the endpoint's
+    ``max_sessions``, idle and duration bounds, audited when it ends (the
+    terminal routes' own, and a door's that runs a command on a PTY).
+
+    :raises ApiError: 429 ``too_many_sessions``, 503 when out of
+        descriptors or processes, 500 when the PTY cannot be opened.
+    """
+    limits = request.rule.limits
     try:
         session = _service(request).table.create(
             request.identity.id,
@@ -96,7 +115,7 @@ def pty_create_session(request: ServerRequest) -> dict[str, Any]:
             429,
             f"Maximum number of PTY sessions ({e.args[0]}) reached",
             Code.TOO_MANY_SESSIONS,
-            rule=limit_rule(rule, "max_sessions"),
+            rule=limit_rule(request.rule, "max_sessions"),
             type="RuntimeError",
             limit=e.args[0],
         ) from None
@@ -107,12 +126,10 @@ def pty_create_session(request: ServerRequest) -> dict[str, Any]:
     request.audit["session_id"] = session.id
     _bound_duration(request, session)
     opened = time.monotonic()
-    session.when_ended().addCallback(lambda _: _audit_closed(request, session, opened))
-    return {
-        "session_id": session.id,
-        "ws_url": _ws_url(request, session.id),
-        "pid": session.pid,
-    }
+    session.when_ended().addCallback(
+        lambda _: _audit_closed(request, session, opened, via)
+    )
+    return session
 
 
 def _bound_duration(request: ServerRequest, session: PtySession) -> None:
@@ -133,7 +150,9 @@ def _bound_duration(request: ServerRequest, session: PtySession) -> None:
     session.when_ended().addCallback(ended)
 
 
-def _audit_closed(request: ServerRequest, session: PtySession, opened: float) -> None:
+def _audit_closed(
+    request: ServerRequest, session: PtySession, opened: float, via: str
+) -> None:
     """
     The second audit record of a terminal (SPEC §20): when it ended, how
     long it ran and how many bytes went each way.
@@ -155,7 +174,7 @@ def _audit_closed(request: ServerRequest, session: PtySession, opened: float) ->
         client=request.client,
     )
     record.update(
-        via="http",
+        via=via,
         event="pty_closed",
         session_id=session.id,
         exit_code=session.exit_code,

@@ -353,6 +353,19 @@ class PtySession:
             for client in list(self.clients):
                 client.send_frame(frame)
 
+    def output_since(self, offset: int) -> bytes:
+        """
+        The output bytes from ``offset`` (or the oldest kept) to what has
+        been sent to clients so far: the bytes themselves, for a client
+        that wants them rather than a frame's text (where what is not UTF-8
+        became U+FFFD).  A frame is sent as soon as ``emitted`` moves; the
+        last one (a character the program left unfinished) once it ended.
+        """
+        kept = self.scrollback
+        upto = kept.end if self.ended else self.emitted
+        begin = max(offset, kept.start)
+        return bytes(kept.data[begin - kept.start : upto - kept.start])
+
     # -- clients --------------------------------------------------------------
 
     def attach(self, client: Client, offset: int | None = None) -> bool:

@@ -32,10 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 from twisted.internet.defer import CancelledError, maybeDeferred
+from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
+from zope.interface import implementer
 
 from sandboxd.access import gate
 from sandboxd.api.fields import Field
@@ -651,6 +653,26 @@ class PortDoor:
 _STRICT = json.JSONEncoder(allow_nan=False)
 
 
+@implementer(IPushProducer)
+class Pauser:
+    """What a slow client pauses (a child's pipes, a terminal)."""
+
+    def __init__(self, pause: Callable[[], None], resume: Callable[[], None]) -> None:
+        self.pause = pause
+        self.resume = resume
+
+    def pauseProducing(self) -> None:
+        """The client's socket is full: pause the source."""
+        self.pause()
+
+    def resumeProducing(self) -> None:
+        """The client's socket drained: resume the source."""
+        self.resume()
+
+    def stopProducing(self) -> None:
+        """The client left: the stream's close handling lets go."""
+
+
 __all__ = [
     "CLIENT_STREAM",
     "REST",
@@ -659,6 +681,7 @@ __all__ = [
     "Call",
     "DoorRequest",
     "DoorSite",
+    "Pauser",
     "PortDoor",
     "Procedure",
     "raw_headers",

@@ -27,6 +27,8 @@ class KepCase(DaemonTestCase):
     #: Merged into the policy (the kep group is turned on unless a test says).
     extra_policy: dict[str, Any] = {}
     enable_kep = True
+    #: Also listen on a gRPC port (``self.grpc_port``).
+    grpc = False
 
     def setUp(self) -> Any:
         self.pool = ThreadPool(minthreads=1, maxthreads=4, name="kep-sdk")
@@ -44,9 +46,13 @@ class KepCase(DaemonTestCase):
             policy["groups"] = groups
         kwargs.setdefault("policy", policy)
         kwargs.setdefault("kep_rest_port", "tcp:0:interface=127.0.0.1")
+        if self.grpc:
+            kwargs.setdefault("kep_grpc_port", "tcp:0:interface=127.0.0.1")
         daemon = yield super().start(stop_at_end, **kwargs)
         port = yield daemon.context.kep.listening()
         self.rest_port = port.getHost().port if port is not None else None
+        grpc_port = daemon.context.kep.grpc_port
+        self.grpc_port = grpc_port.getHost().port if grpc_port is not None else None
         return daemon
 
     def blocking(
@@ -57,23 +63,24 @@ class KepCase(DaemonTestCase):
         d.addTimeout(CALL_SECONDS, reactor)
         return d
 
-    def filesystem(self) -> Any:
+    def connector(self) -> Any:
         """
-        The SDK's own ``Filesystem`` over a ``SandboxConnector`` in
-        ``in-cluster-pod-ip`` mode whose pod IP is loopback: the connector
-        builds its ``SandboxdInClusterStrategy`` itself; no Kubernetes
-        client is made (``k8s_helper`` is only read by the gateway and
-        tunnel strategies), so nothing reaches a cluster.
+        The SDK's ``SandboxConnector`` in ``in-cluster-pod-ip`` mode whose
+        pod IP is loopback: the connector builds its
+        ``SandboxdInClusterStrategy`` itself; no Kubernetes client is made
+        (``k8s_helper`` is only read by the gateway and tunnel strategies),
+        so nothing reaches a cluster.
         """
         from k8s_agent_sandbox.connector import (
             SandboxConnector,
             SandboxdInClusterStrategy,
         )
-        from k8s_agent_sandbox.files.filesystem import Filesystem
         from k8s_agent_sandbox.models import SandboxdInClusterConnectionConfig
 
         config = SandboxdInClusterConnectionConfig(
-            mode="in-cluster-pod-ip", rest_port=self.rest_port, grpc_port=1
+            mode="in-cluster-pod-ip",
+            rest_port=self.rest_port,
+            grpc_port=self.grpc_port or 1,
         )
         connector = SandboxConnector(
             "sandbox",
@@ -85,7 +92,19 @@ class KepCase(DaemonTestCase):
         assert isinstance(connector.strategy, SandboxdInClusterStrategy)
         assert connector.is_sandboxd()
         self.addCleanup(connector.close)
-        return Filesystem(connector, None, "sandbox-client")
+        return connector
+
+    def commands(self) -> Any:
+        """The SDK's own ``CommandExecutor`` (``sandbox.commands``)."""
+        from k8s_agent_sandbox.commands.command_executor import CommandExecutor
+
+        return CommandExecutor(self.connector(), None, "sandbox-client")
+
+    def filesystem(self) -> Any:
+        """The SDK's own ``Filesystem`` (``sandbox.files``)."""
+        from k8s_agent_sandbox.files.filesystem import Filesystem
+
+        return Filesystem(self.connector(), None, "sandbox-client")
 
     def http(self, method: str, path: str, **kwargs: Any) -> Deferred[httpx.Response]:
         """One raw request to the REST port (in a thread)."""

@@ -1,0 +1,434 @@
+"""
+The door's ``process.v1.ProcessService`` with the clients users run: the
+SDK's ``CommandExecutor`` (``Execute``, as ``sandbox.commands.run`` calls
+it) and, for the calls the SDK does not make yet, the ``ProcessServiceStub``
+generated from the protocol's ``.proto`` that the SDK ships.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+from twisted.internet.defer import inlineCallbacks
+
+from tests.helpers import alive
+from tests.kep.case import KepCase
+
+TOKEN = "kep-process-token"
+DIGEST = hashlib.sha256(TOKEN.encode()).hexdigest()
+
+
+def stubs() -> Any:
+    """The SDK's generated messages and stub (through its own import shim)."""
+    from k8s_agent_sandbox.commands._process_stubs import process_pb2, process_pb2_grpc
+
+    return process_pb2, process_pb2_grpc
+
+
+def config(pb: Any, command: list[str], **kwargs: Any) -> Any:
+    return pb.ProcessConfig(command=command, **kwargs)
+
+
+def events(stream: Iterator[Any]) -> list[tuple[str, Any]]:
+    """A Start stream as ``(kind, value)`` pairs, stdout and stderr joined per run."""
+    out: list[tuple[str, Any]] = []
+    for response in stream:
+        kind = response.WhichOneof("event")
+        if kind == "init":
+            out.append(("init", response.init.process_id))
+        elif kind == "exit":
+            out.append(("exit", response.exit.exit_code))
+        else:
+            data = getattr(response, kind)
+            if out and out[-1][0] == kind:
+                out[-1] = (kind, out[-1][1] + data)
+            else:
+                out.append((kind, data))
+    return out
+
+
+def status_of(error: Any) -> tuple[str, str, dict[str, str]]:
+    """A grpc.RpcError's status name, details, and its sandboxd trailers."""
+    trailers = {
+        k: v
+        for k, v in (error.trailing_metadata() or ())
+        if k.startswith("x-sandboxd-")
+    }
+    return error.code().name, error.details(), trailers
+
+
+class ProcessCase(KepCase):
+    """A daemon with the door's both ports, and a stub on its gRPC one."""
+
+    grpc = True
+
+    def stub(self, token: str | None = None) -> Any:
+        channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
+        self.addCleanup(channel.close)
+        if token is not None:
+            channel = grpc.intercept_channel(channel, _Bearer(token))
+        return stubs()[1].ProcessServiceStub(channel)
+
+    def sleep(self, seconds: float) -> Any:
+        from twisted.internet import reactor
+        from twisted.internet.task import deferLater
+
+        return deferLater(reactor, seconds, lambda: None)
+
+    def caught(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except grpc.RpcError as e:
+            return e
+
+
+class _Details(
+    collections.namedtuple(
+        "_Details",
+        (
+            "method",
+            "timeout",
+            "metadata",
+            "credentials",
+            "wait_for_ready",
+            "compression",
+        ),
+    ),
+    grpc.ClientCallDetails,  # type: ignore[misc]
+):
+    """A call's details with metadata of our own (grpcio's documented way)."""
+
+
+class _Bearer(
+    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
+):
+    """Adds ``authorization: Bearer T`` to every call, as a user wraps the SDK's channel."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    def intercept_unary_unary(
+        self, continuation: Any, details: Any, request: Any
+    ) -> Any:
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(
+        self, continuation: Any, details: Any, request: Any
+    ) -> Any:
+        return continuation(self._with_token(details), request)
+
+    def _with_token(self, details: Any) -> Any:
+        metadata = [
+            *(details.metadata or ()),
+            ("authorization", f"Bearer {self.token}"),
+        ]
+        return _Details(
+            details.method,
+            details.timeout,
+            metadata,
+            details.credentials,
+            details.wait_for_ready,
+            details.compression,
+        )
+
+
+class ExecuteTests(ProcessCase):
+    """``sandbox.commands.run``: the SDK's own command executor."""
+
+    audit = True
+    extra_policy = {"defaults": {"audit": "all"}}
+
+    @inlineCallbacks
+    def test_run(self) -> Any:
+        """Output, exit codes, env and cwd, as the SDK reads them."""
+        os.makedirs(os.path.join(self.base_dir, "sub"))
+        executor = self.commands()
+        result = yield self.blocking(executor.run, "echo hi; echo err >&2")
+        self.assertEqual(
+            (result.stdout, result.stderr, result.exit_code), ("hi\n", "err\n", 0)
+        )
+        result = yield self.blocking(executor.run, "exit 3")
+        self.assertEqual(result.exit_code, 3)
+        result = yield self.blocking(
+            executor.run, "echo $GREETING; pwd", env={"GREETING": "hello"}, cwd="sub"
+        )
+        self.assertEqual(
+            result.stdout, f"hello\n{os.path.join(self.base_dir, 'sub')}\n"
+        )
+        [line] = [
+            r
+            for r in self.audit_lines()
+            if r.get("endpoint") == "shell" and "exit 3" in str(r)
+        ]
+        self.assertEqual(
+            (line["via"], line["path"]), ("kep", "/process.v1.ProcessService/Execute")
+        )
+
+    @inlineCallbacks
+    def test_command_timeout(self) -> Any:
+        """
+        ``command_timeout`` is the call's deadline: the SDK reports exit 124
+        and ``timed_out``, and the command's whole group is gone.
+        """
+        marker = os.path.join(self.base_dir, "pid")
+        executor = self.commands()
+        started = time.monotonic()
+        result = yield self.blocking(
+            executor.run, f"sleep 300 & echo $! > {marker}; wait", command_timeout=1
+        )
+        self.assertLess(time.monotonic() - started, 10)
+        self.assertEqual((result.exit_code, result.timed_out), (124, True))
+        with open(marker) as f:
+            pid = int(f.read())
+        for _ in range(50):
+            if not alive(pid):
+                break
+            yield self.sleep(0.1)
+        self.assertFalse(
+            alive(pid), "the command's background child outlived the deadline"
+        )
+
+    @inlineCallbacks
+    def test_refusals(self) -> Any:
+        """
+        A cwd outside the root is PERMISSION_DENIED, a program that is not
+        there NOT_FOUND, as the SDK reports them.
+        """
+        executor = self.commands()
+        error = yield self.blocking(
+            self.caught_plain, executor.run, "true", cwd="../.."
+        )
+        self.assertIsInstance(error, RuntimeError)
+        self.assertIn("PERMISSION_DENIED", str(error))
+        # Absolute paths are the root's, as the protocol reads them.
+        error = yield self.blocking(self.caught_plain, executor.run, "true", cwd="/etc")
+        self.assertIn("NOT_FOUND", str(error))
+        pb, _ = stubs()
+        error = yield self.blocking(
+            self.caught,
+            self.stub().Execute,
+            pb.ExecuteRequest(config=config(pb, ["no-such-program-kep"])),
+            timeout=10,
+        )
+        self.assertEqual(status_of(error)[0], "NOT_FOUND")
+        error = yield self.blocking(
+            self.caught, self.stub().Execute, pb.ExecuteRequest(), timeout=10
+        )
+        self.assertEqual(status_of(error)[0], "INVALID_ARGUMENT")
+
+    def caught_plain(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            return e
+
+
+class StartTests(ProcessCase):
+    """``Start`` and the calls on a started process, through the generated stub."""
+
+    @inlineCallbacks
+    def test_start_streams_init_output_exit(self) -> Any:
+        """init with the pid, stdout and stderr apart, then the exit code."""
+        pb, _ = stubs()
+        request = pb.StartRequest(
+            config=config(pb, ["/bin/sh", "-c", "echo out; echo err >&2; exit 7"])
+        )
+        got = yield self.blocking(
+            lambda: events(self.stub().Start(request, timeout=10))
+        )
+        self.assertEqual(got[0][0], "init")
+        self.assertGreater(got[0][1], 0)
+        self.assertEqual(got[-1], ("exit", 7))
+        self.assertIn(("stdout", b"out\n"), got)
+        self.assertIn(("stderr", b"err\n"), got)
+
+    @inlineCallbacks
+    def test_stdin_and_eof(self) -> Any:
+        """WriteStdin feeds the process; eof ends its input."""
+        pb, _ = stubs()
+        stub = self.stub()
+
+        def job() -> Any:
+            stream = stub.Start(pb.StartRequest(config=config(pb, ["cat"])), timeout=10)
+            first = next(stream)
+            pid = first.init.process_id
+            stub.WriteStdin(
+                pb.WriteStdinRequest(process_id=pid, input=b"abc\n"), timeout=5
+            )
+            stub.WriteStdin(_eof(pb, pid), timeout=5)
+            return events(stream)
+
+        got = yield self.blocking(job)
+        self.assertEqual(got, [("stdout", b"abc\n"), ("exit", 0)])
+
+    @inlineCallbacks
+    def test_signals(self) -> Any:
+        """SIGTERM ends the process (exit -1); an unspecified signal is refused."""
+        pb, _ = stubs()
+        stub = self.stub()
+
+        def job() -> Any:
+            stream = stub.Start(
+                pb.StartRequest(config=config(pb, ["sleep", "300"])), timeout=10
+            )
+            pid = next(stream).init.process_id
+            refused = self.caught(
+                stub.SendSignal, pb.SendSignalRequest(process_id=pid), timeout=5
+            )
+            stub.SendSignal(
+                pb.SendSignalRequest(process_id=pid, signal=pb.SIGNAL_SIGTERM),
+                timeout=5,
+            )
+            return pid, refused, events(stream)
+
+        pid, refused, got = yield self.blocking(job)
+        self.assertEqual(status_of(refused)[0], "INVALID_ARGUMENT")
+        self.assertEqual(got, [("exit", -1)])
+        error = yield self.blocking(
+            self.caught,
+            stub.SendSignal,
+            pb.SendSignalRequest(process_id=pid, signal=pb.SIGNAL_SIGKILL),
+            timeout=5,
+        )
+        self.assertEqual(status_of(error)[0], "NOT_FOUND")
+
+    @inlineCallbacks
+    def test_cancel_ends_the_group(self) -> Any:
+        """A client that cancels its Start ends the command's whole process group."""
+        pb, _ = stubs()
+        stub = self.stub()
+
+        def job() -> Any:
+            stream = stub.Start(
+                pb.StartRequest(
+                    config=config(pb, ["/bin/sh", "-c", "sleep 300 & echo $!; wait"])
+                ),
+                timeout=30,
+            )
+            next(stream)
+            line = b""
+            while not line.endswith(b"\n"):
+                line += next(stream).stdout
+            stream.cancel()
+            return int(line)
+
+        pid = yield self.blocking(job)
+        for _ in range(50):
+            if not alive(pid):
+                break
+            yield self.sleep(0.1)
+        self.assertFalse(alive(pid))
+
+    @inlineCallbacks
+    def test_pty(self) -> Any:
+        """
+        A Start with a pty runs the command on a terminal of that size;
+        ResizeTTY resizes it, and is FAILED_PRECONDITION for a process
+        without one.
+        """
+        pb, _ = stubs()
+        stub = self.stub()
+        script = "stty size; read x; stty size"
+
+        def job() -> Any:
+            stream = stub.Start(
+                pb.StartRequest(
+                    config=config(pb, ["/bin/sh", "-c", script]),
+                    pty=pb.PTY(cols=100, rows=30),
+                ),
+                timeout=20,
+            )
+            pid = next(stream).init.process_id
+            seen = b""
+            while b"30 100" not in seen:
+                seen += next(stream).stdout
+            stub.ResizeTTY(
+                pb.ResizeTTYRequest(process_id=pid, cols=120, rows=40), timeout=5
+            )
+            stub.WriteStdin(
+                pb.WriteStdinRequest(process_id=pid, input=b"\n"), timeout=5
+            )
+            rest = events(stream)
+            return seen, rest
+
+        _seen, rest = yield self.blocking(job)
+        output = b"".join(v for k, v in rest if k == "stdout")
+        self.assertIn(b"40 120", output)
+        self.assertEqual(rest[-1], ("exit", 0))
+
+        def plain() -> Any:
+            stream = stub.Start(
+                pb.StartRequest(config=config(pb, ["sleep", "30"])), timeout=20
+            )
+            pid = next(stream).init.process_id
+            error = self.caught(
+                stub.ResizeTTY,
+                pb.ResizeTTYRequest(process_id=pid, cols=1, rows=1),
+                timeout=5,
+            )
+            stream.cancel()
+            return error
+
+        error = yield self.blocking(plain)
+        self.assertEqual(status_of(error)[0], "FAILED_PRECONDITION")
+
+
+def _eof(pb: Any, pid: int) -> Any:
+    from google.protobuf import empty_pb2
+
+    return pb.WriteStdinRequest(process_id=pid, eof=empty_pb2.Empty())
+
+
+class AccessTests(ProcessCase):
+    """The gate on the gRPC port: tokens in metadata, scopes, the door switched off."""
+
+    audit = True
+    extra_policy = {
+        "defaults": {"audit": "all"},
+        "auth": {
+            "tokens": [
+                {"id": "agent", "token_sha256": DIGEST, "scopes": ["*"]},
+                {
+                    "id": "reader",
+                    "token_sha256": hashlib.sha256(b"reader-token").hexdigest(),
+                    "scopes": ["core:read", "files:read"],
+                },
+            ]
+        },
+    }
+
+    @inlineCallbacks
+    def test_tokens_and_scopes(self) -> Any:
+        """
+        No credential is UNAUTHENTICATED, a token in metadata runs, a token
+        without ``process:run`` is PERMISSION_DENIED; sandboxd's code rides
+        in the trailers.
+        """
+        pb, _ = stubs()
+        request = pb.ExecuteRequest(config=config(pb, ["/bin/sh", "-c", "echo ok"]))
+        error = yield self.blocking(
+            self.caught, self.stub().Execute, request, timeout=10
+        )
+        self.assertEqual(status_of(error)[0], "UNAUTHENTICATED")
+        self.assertEqual(status_of(error)[2]["x-sandboxd-code"], "unauthorized")
+        answer = yield self.blocking(self.stub(TOKEN).Execute, request, timeout=10)
+        self.assertEqual((answer.stdout, answer.exit_code), (b"ok\n", 0))
+        error = yield self.blocking(
+            self.caught, self.stub("reader-token").Execute, request, timeout=10
+        )
+        name, _, trailers = status_of(error)
+        self.assertEqual(
+            (name, trailers["x-sandboxd-code"]), ("PERMISSION_DENIED", "missing_scope")
+        )
+        lines = [r for r in self.audit_lines() if r.get("via") == "kep"]
+        self.assertEqual(
+            [(r["identity"], r["status"]) for r in lines],
+            [("-", 401), ("agent", 200), ("reader", 403)],
+        )
