@@ -984,6 +984,13 @@ class GrpcFactory(Factory):
     :param idle_timeout: seconds a connection may have no open stream.
     """
 
+    #: The daemon logs what its ports do itself, once, at start.
+    noisy = False
+
+    def logPrefix(self) -> str:
+        """How the log names this listener."""
+        return "kep-grpc"
+
     def __init__(
         self,
         reactor: IReactorTime,
