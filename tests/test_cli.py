@@ -332,6 +332,20 @@ class PluginTests(SynchronousTestCase):
             options.parseOptions(["--policy", path, "--base-dir", "/tmp"])
         self.assertIn("did you mean 'shell'", str(cm.exception))
 
+    def test_kep_grpc_port_without_h2(self) -> None:
+        """
+        The KEP door's gRPC port without the h2 library is refused at once,
+        saying which extra installs it (not a traceback once it listens).
+        """
+        from sandboxd.daemon import tap
+
+        self.patch(tap.importlib.util, "find_spec", lambda name: None)
+        options = Options()
+        argv = ["--base-dir", "/tmp", "--kep-rest-port", "0", "--kep-grpc-port", "0"]
+        with self.assertRaises(usage.UsageError) as cm:
+            options.parseOptions(argv)
+        self.assertIn("sandboxd[kep]", str(cm.exception))
+
     def test_policy_compiled_once(self) -> None:
         """
         The policy the options validated is the one the daemon serves with:

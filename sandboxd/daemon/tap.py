@@ -8,6 +8,7 @@ The reactor is never imported at module scope here, so ``twistd
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any
 
@@ -197,6 +198,10 @@ class Options(usage.Options):
             raise usage.UsageError("--e2b-code-port needs --e2b-port")
         if self["kep-grpc-port"] and not self["kep-rest-port"]:
             raise usage.UsageError("--kep-grpc-port needs --kep-rest-port")
+        if self["kep-grpc-port"] and importlib.util.find_spec("h2") is None:
+            raise usage.UsageError(
+                "--kep-grpc-port needs the h2 library: pip install 'sandboxd[kep]'"
+            )
         try:
             if self["preview-public-url"] is not None:
                 self["preview-public-url"] = check_preview_url(
