@@ -413,23 +413,9 @@ def start(call: Call, message: dict[str, Any]) -> Any:
     spec = attrs.evolve(spec, argv=[config.cmd, *config.args])
     # What runs is on record as it runs (a shell's -l included), as HTTP's.
     note_argv(request, spec.argv, config.envs)
-    rule = call.rule
-    service = _service(call)
-    service.check_room(rule)
-    retention = rule.limits.max_output_bytes or processes.DEFAULT_RETENTION_BYTES
     try:
-        managed = service.start(
-            spec.argv,
-            command=shlex.join(spec.argv),
-            env=spec.env,
-            cwd=spec.cwd,
-            run_as=spec.run_as,
-            stdin_pipe=stdin,
-            tag=tag,
-            retention=int(retention),
-            timeout=spec.timeout,
-            idle_timeout=spec.idle_timeout,
-            may_wait=True,
+        managed = process_routes.start_managed(
+            request, spec, stdin=stdin, tag=tag, command=shlex.join(spec.argv)
         )
     except OSError as e:
         raise process_routes._spawn_failed(e, spec.command) from None

@@ -19,7 +19,6 @@ import posixpath
 from typing import Any, cast
 
 from twisted.internet.defer import Deferred
-from twisted.web.server import NOT_DONE_YET
 
 from sandboxd.access.guard import PathGuard
 from sandboxd.e2b.door import REST, Call, Procedure
@@ -29,7 +28,7 @@ from sandboxd.policy.defaults import E2B_MAX_UPLOAD_FILES
 from sandboxd.routes import files as file_routes
 from sandboxd.routes import system as system_routes
 from sandboxd.web import multipart
-from sandboxd.web.messages import StreamResponse
+from sandboxd.web.portdoor import conditional_headers, send_response
 
 
 def _query(call: Call, name: str) -> str | None:
@@ -64,44 +63,10 @@ def download(call: Call, _: Any) -> Any:
     path = _query(call, "path")
     if not path:
         raise bad_request("'path' is required")
-    headers = {
-        name.decode("latin-1").lower(): values[-1].decode("latin-1")
-        for name, values in call.headers.items()
-        if name in (b"range", b"if-none-match", b"if-range")
-    }
     request = call.server_request(query={"path": path})
-    request.headers = headers
+    request.headers = conditional_headers(call)
     response = file_routes.files_read_raw(request)
-    raw = call.request
-    if not isinstance(response, StreamResponse):
-        # 304 (If-None-Match): status and headers only.
-        raw.setResponseCode(response.status)
-        for name, value in response.headers.items():
-            raw.setHeader(name.encode(), value.encode())
-        call.status = response.status
-        raw.finish()
-        call.done()
-        return NOT_DONE_YET
-    raw.setResponseCode(response.status)
-    call.status = response.status
-    for name, value in response.headers.items():
-        raw.setHeader(name.encode(), value.encode())
-    raw.setHeader(b"content-disposition", b"attachment")
-
-    def sent(count: int) -> None:
-        call.bytes_out = count
-        if not call.closed:
-            raw.finish()
-        call.done()
-
-    def failed(_: Any) -> None:
-        # The length was announced: cut the connection so the client sees it.
-        if not call.closed:
-            raw.channel.transport.abortConnection()
-        call.done()
-
-    response.write_to(raw).addCallbacks(sent, failed)
-    return NOT_DONE_YET
+    return send_response(call, response, {b"content-disposition": b"attachment"})
 
 
 # -- uploads ----------------------------------------------------------------------

@@ -36,7 +36,6 @@ from twisted.internet.defer import CancelledError, Deferred, maybeDeferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from sandboxd import processes
 from sandboxd.access import gate
 from sandboxd.errors import (
     ApiError,
@@ -62,7 +61,7 @@ from sandboxd.routes import terminal as terminal_routes
 from sandboxd.terminals.service import TERM
 from sandboxd.terminals.session import PtySession, SpawnRequest
 from sandboxd.web.messages import ServerRequest
-from sandboxd.web.portdoor import Pauser
+from sandboxd.web.portdoor import Pauser, governed_request, run_each
 
 if TYPE_CHECKING:
     from sandboxd.access.auth import Identity
@@ -110,8 +109,8 @@ class Rpc:
     #: Fires (None) once the call is over, whichever way: the transport
     #: takes the call's end from it.
     ended: Deferred[None] = attrs.Factory(Deferred)
-    _on_gone: list[Callable[[], None]] = attrs.Factory(list)
-    _on_over: list[Callable[[], None]] = attrs.Factory(list)
+    _on_gone: list[Callable[[], object]] = attrs.Factory(list)
+    _on_over: list[Callable[[], object]] = attrs.Factory(list)
 
     @property
     def identity(self) -> Identity:
@@ -156,30 +155,22 @@ class Rpc:
         so that handler's rules apply as they are, not as a copy.
         """
         assert self.passed is not None
-        endpoint = self.passed.endpoint
-        return ServerRequest(
-            method=endpoint.method,
-            path=endpoint.path,
-            query={},
-            headers={},
-            body=body or {},
-            path_params=path_params or {},
-            identity=self.passed.identity,
-            endpoint=endpoint,
-            rule=self.passed.rule,
-            context=self.context,
-            raw=None,
-            client=self.call.peer,
-            audit=self.audit_fields,
+        return governed_request(
+            self.context,
+            self.passed,
+            self.call.peer,
+            self.audit_fields,
+            body=body,
+            path_params=path_params,
         )
 
-    def on_gone(self, callback: Callable[[], None]) -> None:
+    def on_gone(self, callback: Callable[[], object]) -> None:
         """Call ``callback`` if the call ends before it is answered."""
         if self.over:
             return
         self._on_gone.append(callback)
 
-    def on_over(self, callback: Callable[[], None]) -> None:
+    def on_over(self, callback: Callable[[], object]) -> None:
         """Call ``callback`` once the call is over, whichever way."""
         if self.over:
             callback()
@@ -204,7 +195,7 @@ class Rpc:
         # Over first: what the cleanup cancels then fails quietly.
         callbacks = list(self._on_gone)
         self.done()
-        _run_each(callbacks)
+        run_each(callbacks, "sandboxd: kep cleanup failed")
 
     def send(self, message: dict[str, Any]) -> None:
         """One response message of a stream."""
@@ -255,7 +246,8 @@ class Rpc:
             return
         self.over = True
         self._on_gone.clear()
-        _run_each(self._on_over)
+        over, self._on_over = self._on_over, []
+        run_each(over, "sandboxd: kep cleanup failed")
         context = self.context
         for held in (self.door_passed, self.passed):
             if held is not None:
@@ -294,17 +286,6 @@ class Rpc:
         )
         if not self.ended.called:
             self.ended.callback(None)
-
-
-def _run_each(callbacks: list[Callable[[], None]]) -> None:
-    """Run and forget ``callbacks``; one that raises is logged, the rest run."""
-    taken = list(callbacks)
-    callbacks.clear()
-    for callback in taken:
-        try:
-            callback()
-        except Exception:
-            log.failure("sandboxd: kep cleanup failed")
 
 
 Handler = Callable[[Rpc, dict[str, Any]], Any]
@@ -480,23 +461,9 @@ def start(rpc: Rpc, message: dict[str, Any]) -> None:
     spec = process_routes.launch(request)
     spec = attrs.evolve(spec, argv=config.argv)
     note_argv(request, spec.argv, config.env)
-    rule = rpc.rule
-    service = _processes(rpc)
-    service.check_room(rule)
-    retention = rule.limits.max_output_bytes or processes.DEFAULT_RETENTION_BYTES
     try:
-        managed = service.start(
-            spec.argv,
-            command=shlex.join(spec.argv),
-            env=spec.env,
-            cwd=spec.cwd,
-            run_as=spec.run_as,
-            stdin_pipe=True,
-            tag=None,
-            retention=int(retention),
-            timeout=spec.timeout,
-            idle_timeout=spec.idle_timeout,
-            may_wait=True,
+        managed = process_routes.start_managed(
+            request, spec, stdin=True, tag=None, command=shlex.join(spec.argv)
         )
     except OSError as e:
         raise not_started(e, spec.command) from None

@@ -60,8 +60,14 @@ from sandboxd.policy.defaults import (
 )
 from sandboxd.web import multipart
 from sandboxd.web.connections import ConnectionLimits
-from sandboxd.web.messages import StreamResponse
-from sandboxd.web.portdoor import REST, Call, PortDoor, Procedure
+from sandboxd.web.portdoor import (
+    REST,
+    Call,
+    PortDoor,
+    Procedure,
+    conditional_headers,
+    send_response,
+)
 
 FILES = "/v1/files"
 _MODE = re.compile(r"^0[0-7]{3}$")
@@ -247,37 +253,10 @@ def read(call: Call, _: Any) -> Any:
     raw = call.request
     if raw.method == b"HEAD":
         return _head(call, request, path)
-    request.headers = {
-        name.decode("latin-1"): values[-1].decode("latin-1")
-        for name, values in call.headers.items()
-        if name in (b"range", b"if-none-match", b"if-range")
-    }
+    request.headers = conditional_headers(call)
     from sandboxd.routes import files as file_routes
 
-    response = file_routes.files_read_raw(request)
-    raw.setResponseCode(response.status)
-    call.status = response.status
-    for name, value in response.headers.items():
-        raw.setHeader(name.encode(), value.encode())
-    if not isinstance(response, StreamResponse):  # 304 (If-None-Match)
-        raw.finish()
-        call.done()
-        return NOT_DONE_YET
-
-    def sent(count: int) -> None:
-        call.bytes_out = count
-        if not call.closed:
-            raw.finish()
-        call.done()
-
-    def failed(_: Any) -> None:
-        # The length was announced: cut the connection so the client sees it.
-        if not call.closed:
-            raw.channel.transport.abortConnection()
-        call.done()
-
-    response.write_to(raw).addCallbacks(sent, failed)
-    return NOT_DONE_YET
+    return send_response(call, file_routes.files_read_raw(request))
 
 
 def _head(call: Call, request: Any, path: str) -> Any:

@@ -413,33 +413,52 @@ async def process_start(request: ServerRequest) -> dict[str, Any]:
     capture = body.get("capture_output")
     if capture is not None:
         capture = flag(capture, "capture_output", words=False)
-    service = _service(request)
-    service.check_room(request.rule)
-    retention = (
-        request.rule.limits.max_output_bytes or processes.DEFAULT_RETENTION_BYTES
-    )
     # A background process has no time limit unless the request or the rule
     # gives one (launch() cut the request's to ``max_duration_seconds``).
     try:
-        managed = service.start(
-            spec.argv,
-            command=spec.command,
-            env=spec.env,
-            cwd=spec.cwd,
-            run_as=spec.run_as,
-            stdin_pipe=stdin,
-            tag=tag,
-            retention=int(retention),
-            timeout=spec.timeout,
-            idle_timeout=spec.idle_timeout,
-            may_wait=True,
-        )
+        managed = start_managed(request, spec, stdin=stdin, tag=tag)
         if managed.child.pending:
             await managed.child.when_spawned()
     except OSError as e:
         raise _spawn_failed(e, spec.command) from None
     managed.capture_output = capture
     return {"pid": managed.pid, "command": managed.command, "tag": managed.tag}
+
+
+def start_managed(
+    request: ServerRequest,
+    spec: Launch,
+    *,
+    stdin: bool,
+    tag: str | None,
+    command: str | None = None,
+) -> processes.Managed:
+    """
+    Start ``spec`` as one of the daemon's background processes, within the
+    endpoint's ``max_processes``, its output kept up to ``max_output_bytes``
+    (for ``/process/start`` and the doors' calls that start a process).
+
+    :param command: how listings show it (default: the request's command).
+    :raises ApiError: 429 past ``max_processes`` running.
+    :raises OSError: the spawn failed at once (each caller says how).
+    """
+    service = _service(request)
+    rule = request.rule
+    service.check_room(rule)
+    retention = rule.limits.max_output_bytes or processes.DEFAULT_RETENTION_BYTES
+    return service.start(
+        spec.argv,
+        command=command or spec.command,
+        env=spec.env,
+        cwd=spec.cwd,
+        run_as=spec.run_as,
+        stdin_pipe=stdin,
+        tag=tag,
+        retention=int(retention),
+        timeout=spec.timeout,
+        idle_timeout=spec.idle_timeout,
+        may_wait=True,
+    )
 
 
 def process_list(request: ServerRequest) -> dict[str, Any]:

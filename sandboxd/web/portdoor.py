@@ -52,7 +52,7 @@ from sandboxd.errors import (
 )
 from sandboxd.web.connections import ConnectionLimits
 from sandboxd.web.factory import HardenedSite
-from sandboxd.web.messages import ServerRequest
+from sandboxd.web.messages import ServerRequest, ServerResponse, StreamResponse
 
 if TYPE_CHECKING:
     from sandboxd.access.auth import Identity
@@ -228,6 +228,92 @@ def run_each(callbacks: Iterable[Callable[[], object]], failed: str) -> None:
             log.failure(failed)
 
 
+def governed_request(
+    context: Any,
+    passed: gate.Passed,
+    client: str,
+    audit: dict[str, Any],
+    *,
+    body: dict[str, Any] | None = None,
+    query: dict[str, str] | None = None,
+    path_params: dict[str, str] | None = None,
+) -> ServerRequest:
+    """
+    A door's call as the handler of the endpoint it was admitted as sees a
+    request, so that handler's rules (paths, limits, users, caps) apply as
+    they are, not as a copy; what the handler notes lands in ``audit``.
+    """
+    endpoint = passed.endpoint
+    return ServerRequest(
+        method=endpoint.method,
+        path=endpoint.path,
+        query=query or {},
+        headers={},
+        body=body or {},
+        path_params=path_params or {},
+        identity=passed.identity,
+        endpoint=endpoint,
+        rule=passed.rule,
+        context=context,
+        raw=None,
+        client=client,
+        audit=audit,
+    )
+
+
+#: The request headers a file read honours (a range, a cached version).
+CONDITIONAL_HEADERS = (b"range", b"if-none-match", b"if-range")
+
+
+def conditional_headers(call: Call) -> dict[str, str]:
+    """The call's :data:`CONDITIONAL_HEADERS`, as a handler reads headers."""
+    return {
+        name.decode("latin-1"): values[-1].decode("latin-1")
+        for name, values in call.headers.items()
+        if name in CONDITIONAL_HEADERS
+    }
+
+
+def send_response(
+    call: Call,
+    response: ServerResponse | StreamResponse,
+    extra_headers: dict[bytes, bytes] | None = None,
+) -> object:
+    """
+    Write a handler's response (a file's bytes, or a 304's head) as the
+    call's answer, and finish the call once it is sent; a stream that fails
+    after its length was announced cuts the connection, so the client sees
+    it was cut.
+
+    :returns: ``NOT_DONE_YET``, for the procedure to return.
+    """
+    raw = call.request
+    raw.setResponseCode(response.status)
+    call.status = response.status
+    for name, value in response.headers.items():
+        raw.setHeader(name.encode(), value.encode())
+    if not isinstance(response, StreamResponse):
+        raw.finish()
+        call.done()
+        return NOT_DONE_YET
+    for header, header_value in (extra_headers or {}).items():
+        raw.setHeader(header, header_value)
+
+    def sent(count: int) -> None:
+        call.bytes_out = count
+        if not call.closed:
+            raw.finish()
+        call.done()
+
+    def failed(_: Any) -> None:
+        if not call.closed:
+            raw.channel.transport.abortConnection()
+        call.done()
+
+    response.write_to(raw).addCallbacks(sent, failed)
+    return NOT_DONE_YET
+
+
 def raw_headers(request: Any) -> dict[bytes, list[bytes]]:
     """Lower-cased header names to their raw values, as the gate reads them."""
     out: dict[bytes, list[bytes]] = {}
@@ -303,21 +389,14 @@ class Call:
         are, not as a copy.
         """
         assert self.passed is not None
-        endpoint = self.passed.endpoint
-        return ServerRequest(
-            method=endpoint.method,
-            path=endpoint.path,
-            query=query or {},
-            headers={},
-            body=body or {},
-            path_params=path_params or {},
-            identity=self.passed.identity,
-            endpoint=endpoint,
-            rule=self.passed.rule,
-            context=self.context,
-            raw=None,
-            client=self.client,
-            audit=self.audit_fields,
+        return governed_request(
+            self.context,
+            self.passed,
+            self.client,
+            self.audit_fields,
+            body=body,
+            query=query,
+            path_params=path_params,
         )
 
     @property
@@ -684,6 +763,9 @@ __all__ = [
     "Pauser",
     "PortDoor",
     "Procedure",
+    "conditional_headers",
+    "governed_request",
     "raw_headers",
     "run_each",
+    "send_response",
 ]
