@@ -55,7 +55,6 @@ from sandboxd.kep.rest import below_root
 from sandboxd.processes.command import find_executable
 from sandboxd.processes.environment import note_argv
 from sandboxd.processes.managed import Managed
-from sandboxd.processes.run import run_collect
 from sandboxd.routes import process as process_routes
 from sandboxd.routes import terminal as terminal_routes
 from sandboxd.terminals.service import TERM
@@ -621,19 +620,7 @@ def execute(rpc: Rpc, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
     spec = process_routes.launch(request)
     spec = attrs.evolve(spec, argv=config.argv)
     note_argv(request, spec.argv, config.env)
-    ran = Deferred.fromCoroutine(
-        run_collect(
-            rpc.context.reactor,
-            spec.argv,
-            children=rpc.context.children,
-            env=spec.env,
-            cwd=spec.cwd,
-            timeout=spec.timeout,
-            idle_timeout=spec.idle_timeout,
-            max_output_bytes=process_routes._cap(request),
-            run_as=spec.run_as,
-        )
-    )
+    ran = Deferred.fromCoroutine(process_routes.run_to_end(request, spec))
     rpc.on_gone(ran.cancel)
 
     def answered(result: Any) -> dict[str, Any]:

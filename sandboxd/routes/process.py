@@ -15,7 +15,7 @@ import binascii
 import errno
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import attrs
@@ -57,7 +57,7 @@ from sandboxd.processes.environment import (
 )
 from sandboxd.processes.managed import readable
 from sandboxd.processes.priority import CHILD_PRIORITY
-from sandboxd.processes.run import run_collect, spawn
+from sandboxd.processes.run import RunResult, run_collect, spawn
 from sandboxd.processes.service import ProcessService
 from sandboxd.web.linestream import ChunkStream, LineStream
 from sandboxd.web.messages import ServerRequest, SSEResponse
@@ -184,17 +184,7 @@ async def shell(request: ServerRequest) -> dict[str, Any]:
     """
     spec = launch(request)
     try:
-        result = await run_collect(
-            request.context.reactor,
-            spec.argv,
-            children=request.context.children,
-            env=spec.env,
-            cwd=spec.cwd,
-            timeout=spec.timeout,
-            idle_timeout=spec.idle_timeout,
-            max_output_bytes=_cap(request),
-            run_as=spec.run_as,
-        )
+        result = await run_to_end(request, spec)
     except OSError as e:
         raise _spawn_failed(e, spec.command) from None
     body = {
@@ -215,6 +205,25 @@ async def shell(request: ServerRequest) -> dict[str, Any]:
             **body,
         )
     return body
+
+
+def run_to_end(request: ServerRequest, spec: Launch) -> Coroutine[Any, Any, RunResult]:
+    """
+    Run ``spec`` to its end, its output kept up to the endpoint's
+    ``max_output_bytes`` (head and tail), within its timeouts (``/shell``,
+    and the doors' calls that do its job).  Cancelling it ends the group.
+    """
+    return run_collect(
+        request.context.reactor,
+        spec.argv,
+        children=request.context.children,
+        env=spec.env,
+        cwd=spec.cwd,
+        timeout=spec.timeout,
+        idle_timeout=spec.idle_timeout,
+        max_output_bytes=_cap(request),
+        run_as=spec.run_as,
+    )
 
 
 # --------------------------------------------------------------------------
