@@ -1,0 +1,407 @@
+"""
+The KEP door seen by a hostile client, on a real daemon on loopback:
+paths that try to leave the root, bodies that lie, ranges and modes out
+of bounds, connections held open, HTTP/2 that is not what it claims,
+streams never read or cancelled by the hundred, processes and terminals
+of another identity.  Every bad input gets a clear refusal in the door's
+own framing, nothing is left half-done, every resource is bounded, and
+the daemon keeps answering other callers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Any
+
+from twisted.internet.defer import inlineCallbacks
+
+from tests.kep.case import KepCase
+
+
+def raw_http(port: int, data: bytes, seconds: float = 10.0) -> bytes:
+    """Send ``data`` on one connection; everything read until it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=seconds) as s:
+        try:
+            s.sendall(data)
+        except OSError:
+            pass
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except (ConnectionResetError, TimeoutError):
+            pass
+    return out
+
+
+def status(answer: bytes) -> int:
+    """The status of a raw HTTP/1.1 answer (0 for none)."""
+    if not answer.startswith(b"HTTP/1."):
+        return 0
+    return int(answer.split(b" ", 2)[1])
+
+
+def body_json(answer: bytes) -> Any:
+    return json.loads(answer.partition(b"\r\n\r\n")[2] or b"null")
+
+
+def get(path: bytes) -> bytes:
+    return b"GET " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+
+
+class RestPathTests(KepCase):
+    """Paths that try to leave the root, or to reach it through a link."""
+
+    audit = True
+
+    def setUp(self) -> Any:
+        self.outside = os.path.realpath(self.mktemp())
+        os.makedirs(self.outside)
+        with open(os.path.join(self.outside, "secret.txt"), "w") as f:
+            f.write("SECRET-CONTENT")
+        return super().setUp()
+
+    def raw(self, data: bytes) -> Any:
+        return self.blocking(raw_http, self.rest_port, data)
+
+    @inlineCallbacks
+    def test_encoded_dotdot(self) -> Any:
+        """
+        ``%2e%2e`` and ``..%2f`` leave the root once decoded: 403 with the
+        root's rule; ``%252e%252e`` is the literal name ``%2e%2e`` (404), not
+        decoded twice; ``..`` inside a path is normalised before the check.
+        """
+        rel = os.path.relpath(self.outside, self.base_dir).encode()
+        for path in (
+            b"/v1/files/%2e%2e/" + rel + b"/secret.txt",
+            b"/v1/files/..%2f" + rel.replace(b"/", b"%2f") + b"%2fsecret.txt",
+            b"/v1/files/a/../../" + rel + b"/secret.txt",
+            b"/v1/files/%2F..%2F..%2F..%2Fetc%2Fpasswd",
+        ):
+            answer = yield self.raw(get(path))
+            self.assertEqual(status(answer), 403, (path, answer[:300]))
+            self.assertNotIn(b"SECRET-CONTENT", answer)
+            self.assertEqual(body_json(answer)["code"], "PERMISSION_DENIED")
+            self.assertIn(b"kep:root", answer)
+        answer = yield self.raw(get(b"/v1/files/%252e%252e/x"))
+        self.assertEqual(status(answer), 404, answer[:300])
+
+    @inlineCallbacks
+    def test_nul_and_overlong(self) -> Any:
+        """A NUL byte is 400; a path longer than any file system's is refused, not a 500."""
+        answer = yield self.raw(get(b"/v1/files/a%00b"))
+        self.assertEqual(status(answer), 400, answer[:300])
+        answer = yield self.raw(get(b"/v1/files/" + b"a" * 5000))
+        self.assertIn(status(answer), (400, 404, 414, 431), answer[:300])
+        answer = yield self.raw(get(b"/v1/files/" + b"a/" * 3000 + b"x"))
+        self.assertIn(status(answer), (400, 404, 414, 431), answer[:300])
+        health = yield self.http("GET", "/v1/health")
+        self.assertEqual(health.status_code, 200)
+
+    @inlineCallbacks
+    def test_symlink_out_of_the_root(self) -> Any:
+        """
+        A link inside the root to a directory outside it: reading, listing,
+        writing and deleting through it are refused, nothing outside is
+        read, written or removed.
+        """
+        os.symlink(self.outside, os.path.join(self.base_dir, "out"))
+        os.symlink(
+            os.path.join(self.outside, "secret.txt"),
+            os.path.join(self.base_dir, "file-link"),
+        )
+        for path in ("/v1/files/out/secret.txt", "/v1/files/file-link"):
+            response = yield self.http("GET", path)
+            self.assertEqual(response.status_code, 403, (path, response.text))
+            self.assertNotIn("SECRET-CONTENT", response.text)
+            response = yield self.http("HEAD", path)
+            self.assertEqual(response.status_code, 403, path)
+        response = yield self.http("GET", "/v1/files/out")
+        self.assertEqual(response.status_code, 403, response.text)
+        response = yield self.http("PUT", "/v1/files/out/new.txt", content=b"in")
+        self.assertEqual(response.status_code, 403, response.text)
+        self.assertFalse(os.path.exists(os.path.join(self.outside, "new.txt")))
+        response = yield self.http("PUT", "/v1/files/file-link", content=b"over")
+        self.assertIn(response.status_code, (403,), response.text)
+        response = yield self.http("DELETE", "/v1/files/out/secret.txt")
+        self.assertEqual(response.status_code, 403, response.text)
+        with open(os.path.join(self.outside, "secret.txt")) as f:
+            self.assertEqual(f.read(), "SECRET-CONTENT")
+        self.assertEqual(sorted(os.listdir(self.outside)), ["secret.txt"])
+
+    @inlineCallbacks
+    def test_symlink_loop(self) -> Any:
+        """A link loop is a clear 4xx for every method, never a 500."""
+        os.symlink("loop-b", os.path.join(self.base_dir, "loop-a"))
+        os.symlink("loop-a", os.path.join(self.base_dir, "loop-b"))
+        for method, path in (
+            ("GET", "/v1/files/loop-a"),
+            ("HEAD", "/v1/files/loop-a"),
+            ("GET", "/v1/files/loop-a/x"),
+            ("PUT", "/v1/files/loop-a"),
+            ("PUT", "/v1/files/loop-a/x"),
+        ):
+            response = yield self.http(method, path, content=b"x")
+            self.assertTrue(
+                400 <= response.status_code < 500,
+                (method, path, response.status_code, response.text),
+            )
+        # Deleting the link itself is fine: it is inside the root.
+        response = yield self.http("DELETE", "/v1/files/loop-a")
+        self.assertEqual(response.status_code, 204, response.text)
+
+
+class RestBodyTests(KepCase):
+    """Bodies that lie, overflow or are malformed: nothing half-written."""
+
+    audit = True
+    extra_policy = {"endpoints": {"files_write_raw": {"limits": {"max_bytes": 1000}}}}
+
+    def raw(self, data: bytes, seconds: float = 10.0) -> Any:
+        return self.blocking(raw_http, self.rest_port, data, seconds)
+
+    def leftovers(self) -> list[str]:
+        return sorted(n for n in os.listdir(self.base_dir) if n != "audit.log")
+
+    @inlineCallbacks
+    def test_content_length_lies(self) -> Any:
+        """
+        A body shorter than its Content-Length, then the client closes its
+        side: no file and no temporary file left; the daemon still answers.
+        """
+        head = (
+            b"PUT /v1/files/short.txt HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Length: 500\r\n\r\n"
+        )
+
+        def lie() -> None:
+            with socket.create_connection(("127.0.0.1", self.rest_port)) as s:
+                s.sendall(head + b"x" * 10)
+                s.shutdown(socket.SHUT_WR)
+                s.settimeout(5)
+                try:
+                    s.recv(100)
+                except OSError:
+                    pass
+
+        yield self.blocking(lie)
+        self.assertEqual(self.leftovers(), [])
+        health = yield self.http("GET", "/v1/health")
+        self.assertEqual(health.status_code, 200)
+
+    @inlineCallbacks
+    def test_over_max_bytes_announced_and_chunked(self) -> Any:
+        """
+        Over ``max_bytes``, announced or chunked: 413 and nothing written.
+        (The announced one is answered once its body has come, dropped as
+        it arrives: the door does not answer at the head as the HTTP port
+        does.)
+        """
+        answer = yield self.raw(
+            b"PUT /v1/files/big HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Length: 2000000\r\nConnection: close\r\n\r\n" + b"z" * 2000000
+        )
+        self.assertEqual(status(answer), 413, answer[:300])
+        chunk = b"%x\r\n%s\r\n" % (1500, b"y" * 1500)
+        answer = yield self.raw(
+            b"PUT /v1/files/big HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
+            b"Connection: close\r\n\r\n" + chunk + b"0\r\n\r\n"
+        )
+        self.assertEqual(status(answer), 413, answer[:300])
+        self.assertEqual(self.leftovers(), [])
+
+    @inlineCallbacks
+    def test_multipart_two_files_or_none(self) -> Any:
+        """
+        A multipart body with no ``file`` part is 400 and writes nothing;
+        with two, one whole file is written (the first), never a mix.
+        """
+
+        def multipart(*parts: tuple[str, bytes]) -> bytes:
+            out = b""
+            for name, data in parts:
+                out += (
+                    b"--B\r\nContent-Disposition: form-data; name=\"%s\"; "
+                    b'filename="f"\r\n\r\n%s\r\n' % (name.encode(), data)
+                )
+            return out + b"--B--\r\n"
+
+        headers = {"content-type": "multipart/form-data; boundary=B"}
+        response = yield self.http(
+            "PUT", "/v1/files/none", content=multipart(("other", b"x")), headers=headers
+        )
+        self.assertEqual(response.status_code, 400, response.text)
+        self.assertEqual(response.json()["code"], "INVALID_ARGUMENT")
+        self.assertEqual(self.leftovers(), [])
+        response = yield self.http(
+            "PUT",
+            "/v1/files/two",
+            content=multipart(("file", b"first"), ("file", b"second")),
+            headers=headers,
+        )
+        self.assertIn(response.status_code, (204, 400), response.text)
+        if response.status_code == 204:
+            with open(os.path.join(self.base_dir, "two"), "rb") as f:
+                self.assertEqual(f.read(), b"first")
+        else:
+            self.assertEqual(self.leftovers(), [])
+        response = yield self.http(
+            "PUT", "/v1/files/broken", content=b"--B\r\nnot a part", headers=headers
+        )
+        self.assertEqual(response.status_code, 400, response.text)
+        self.assertNotIn("broken", self.leftovers())
+
+    @inlineCallbacks
+    def test_modes(self) -> Any:
+        """
+        ``?mode=`` takes permission bits only: set-uid, too many digits and
+        words are 400 with nothing written; ``0777`` is the mode asked for.
+        """
+        for mode in ("4755", "04755", "abc", "0888", "-1", "0o644", "0644 "):
+            response = yield self.http(
+                "PUT", "/v1/files/m", content=b"x", params={"mode": mode}
+            )
+            self.assertEqual(response.status_code, 400, (mode, response.text))
+            self.assertEqual(response.json()["code"], "INVALID_ARGUMENT")
+            self.assertEqual(self.leftovers(), [], mode)
+        response = yield self.http(
+            "PUT", "/v1/files/m", content=b"x", params={"mode": "0777"}
+        )
+        self.assertEqual(response.status_code, 204, response.text)
+        mode = os.stat(os.path.join(self.base_dir, "m")).st_mode & 0o7777
+        self.assertFalse(mode & 0o7000, oct(mode))
+
+    @inlineCallbacks
+    def test_ranges(self) -> Any:
+        """Unsatisfiable and odd ranges: 416 or the whole file, never a 500."""
+        with open(os.path.join(self.base_dir, "r.txt"), "wb") as f:
+            f.write(b"0123456789")
+        for value, allowed in (
+            ("bytes=-0", (416, 200)),
+            ("bytes=5-1", (416, 200)),
+            ("bytes=20-", (416,)),
+            ("bytes=abc", (416, 200)),
+            ("bytes=" + ",".join(f"{i}-{i}" for i in range(500)), (416, 200, 206)),
+            ("bytes=0-0,-1", (200, 206, 416)),
+        ):
+            response = yield self.http(
+                "GET", "/v1/files/r.txt", headers={"range": value}
+            )
+            self.assertIn(response.status_code, allowed, (value, response.text[:200]))
+            if response.status_code == 200:
+                self.assertEqual(response.content, b"0123456789")
+            if response.status_code == 206 and "multipart" not in response.headers.get(
+                "content-type", ""
+            ):
+                self.assertLessEqual(len(response.content), 10)
+
+    @inlineCallbacks
+    def test_head_on_directory_and_unknown_methods(self) -> Any:
+        """
+        HEAD on a directory answers a head without a body; methods the door
+        has not are 501 (on a file path) or 404, in the protocol's framing.
+        """
+        os.makedirs(os.path.join(self.base_dir, "d"))
+        response = yield self.http("HEAD", "/v1/files/d")
+        self.assertEqual(response.status_code, 200)
+        self.assertEqual(response.content, b"")
+        for method in ("PATCH", "POST", "OPTIONS", "TRACE", "PROPFIND"):
+            response = yield self.http(method, "/v1/files/d")
+            self.assertEqual(response.status_code, 501, (method, response.text))
+            self.assertEqual(
+                set(response.json()), {"code", "message"}, (method, response.text)
+            )
+        answer = yield self.raw(get(b"/v2/whatever"))
+        self.assertEqual(status(answer), 404, answer[:300])
+
+    @inlineCallbacks
+    def test_delete_protected(self) -> Any:
+        """
+        DELETE of the root without ``recursive`` is 409 and removes
+        nothing; DELETE of the daemon's audit log inside the root is 403
+        (the policy protects it), with or without ``recursive``, and a
+        recursive DELETE of the root keeps it.
+        """
+        with open(os.path.join(self.base_dir, "keep"), "w") as f:
+            f.write("k")
+        response = yield self.http("DELETE", "/v1/files/")
+        self.assertEqual(response.status_code, 409, response.text)
+        self.assertTrue(os.path.exists(os.path.join(self.base_dir, "keep")))
+        for params in ({}, {"recursive": "true"}):
+            response = yield self.http("DELETE", "/v1/files/audit.log", params=params)
+            self.assertEqual(response.status_code, 403, (params, response.text))
+        self.assertTrue(os.path.exists(self.audit_path))
+        response = yield self.http("DELETE", "/v1/files/", params={"recursive": "1"})
+        self.assertIn(response.status_code, (204, 403), response.text)
+        self.assertTrue(os.path.exists(self.audit_path))
+
+
+class RestConnectionTests(KepCase):
+    """Connections held open or opened by the hundred from one address."""
+
+    def start(self, stop_at_end: bool = True, **kwargs: Any) -> Any:
+        kwargs.setdefault("max_connections_per_address", 8)
+        kwargs.setdefault("head_deadline", 1.0)
+        return super().start(stop_at_end, **kwargs)
+
+    @inlineCallbacks
+    def test_slowloris_head_is_cut(self) -> Any:
+        """A request head that never ends is cut at the head deadline."""
+
+        def slow() -> float:
+            started = time.monotonic()
+            with socket.create_connection(("127.0.0.1", self.rest_port)) as s:
+                s.settimeout(10)
+                s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                try:
+                    for _ in range(20):
+                        s.sendall(b"X-A: b\r\n")
+                        time.sleep(0.2)
+                        if not s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                            break
+                except (BlockingIOError, OSError):
+                    pass
+                try:
+                    while s.recv(4096):
+                        pass
+                except OSError:
+                    pass
+            return time.monotonic() - started
+
+        took = yield self.blocking(slow)
+        self.assertLess(took, 6)
+
+    @inlineCallbacks
+    def test_per_address_cap(self) -> Any:
+        """
+        Past the per-address cap a new connection from that address is
+        closed; once the held ones go, the door answers again.
+        """
+
+        def flood() -> tuple[int, int]:
+            held = []
+            try:
+                for _ in range(8):
+                    s = socket.create_connection(("127.0.0.1", self.rest_port))
+                    held.append(s)
+                time.sleep(0.2)
+                extra = socket.create_connection(("127.0.0.1", self.rest_port))
+                extra.settimeout(5)
+                try:
+                    extra.sendall(get(b"/v1/health"))
+                    answer = extra.recv(4096)
+                except OSError:
+                    answer = b""
+                extra.close()
+                return status(answer), len(held)
+            finally:
+                for s in held:
+                    s.close()
+
+        refused, _ = yield self.blocking(flood)
+        self.assertIn(refused, (0, 429, 503))
+        response = yield self.http("GET", "/v1/health")
+        self.assertEqual(response.status_code, 200)
