@@ -405,3 +405,315 @@ class RestConnectionTests(KepCase):
         self.assertIn(refused, (0, 429, 503))
         response = yield self.http("GET", "/v1/health")
         self.assertEqual(response.status_code, 200)
+
+
+# -- gRPC -----------------------------------------------------------------------
+
+START = "/process.v1.ProcessService/Start"
+EXECUTE = "/process.v1.ProcessService/Execute"
+SIGNAL = "/process.v1.ProcessService/SendSignal"
+
+
+def pb() -> Any:
+    from k8s_agent_sandbox.commands._process_stubs import process_pb2
+
+    return process_pb2
+
+
+def framed(payload: bytes) -> bytes:
+    return b"\0" + len(payload).to_bytes(4, "big") + payload
+
+
+class H2Client:
+    """A blocking HTTP/2 client on a raw socket: frames as a hostile client sends them."""
+
+    def __init__(self, port: int, seconds: float = 10.0) -> None:
+        from h2.config import H2Configuration
+        from h2.connection import H2Connection
+
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=seconds)
+        self.h2 = H2Connection(
+            H2Configuration(client_side=True, header_encoding=None)
+        )
+        self.h2.initiate_connection()
+        self.events: list[Any] = []
+        self.closed = False
+        self.flush()
+
+    def flush(self) -> None:
+        data = self.h2.data_to_send()
+        if data:
+            self.sock.sendall(data)
+
+    def request(
+        self,
+        path: str,
+        message: bytes | None,
+        headers: list[tuple[bytes, bytes]] | None = None,
+        te: bool = True,
+        end: bool = True,
+    ) -> int:
+        stream_id: int = self.h2.get_next_available_stream_id()
+        fields = [
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", path.encode()),
+            (b":authority", b"127.0.0.1"),
+            (b"content-type", b"application/grpc"),
+        ]
+        if te:
+            fields.append((b"te", b"trailers"))
+        self.h2.send_headers(stream_id, fields + (headers or []), end_stream=False)
+        if message is not None:
+            self.h2.send_data(stream_id, message, end_stream=end)
+        elif end:
+            self.h2.end_stream(stream_id)
+        self.flush()
+        return stream_id
+
+    def read(self, until: Any, seconds: float = 10.0) -> bool:
+        """Read events until ``until(self)`` holds or the connection ends."""
+        from h2.exceptions import ProtocolError
+
+        deadline = time.monotonic() + seconds
+        while not until(self):
+            if self.closed or time.monotonic() > deadline:
+                return bool(until(self))
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                data = self.sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                self.closed = True
+                continue
+            try:
+                self.events.extend(self.h2.receive_data(data))
+            except ProtocolError:
+                self.closed = True
+            try:
+                self.flush()
+            except OSError:
+                self.closed = True
+        return True
+
+    def fields(self, stream_id: int) -> dict[bytes, bytes]:
+        from h2.events import ResponseReceived, TrailersReceived
+
+        out: dict[bytes, bytes] = {}
+        for e in self.events:
+            if isinstance(e, ResponseReceived | TrailersReceived):
+                if e.stream_id == stream_id:
+                    out.update(dict(e.headers))
+        return out
+
+    def ended(self, stream_id: int) -> bool:
+        from h2.events import StreamEnded, StreamReset
+
+        return any(
+            isinstance(e, StreamEnded | StreamReset) and e.stream_id == stream_id
+            for e in self.events
+        )
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class GrpcCase(KepCase):
+    """A daemon with both KEP ports."""
+
+    grpc = True
+
+    def h2(self) -> H2Client:
+        client = H2Client(self.grpc_port)  # type: ignore[arg-type]
+        self.addCleanup(client.close)
+        return client
+
+    def factory(self) -> Any:
+        return self.daemon.context.kep._grpc_factory
+
+    def sleep(self, seconds: float) -> Any:
+        from twisted.internet import reactor
+        from twisted.internet.task import deferLater
+
+        return deferLater(reactor, seconds, lambda: None)
+
+    def answered(self) -> Any:
+        """A fresh client's Execute answers: the port still serves others."""
+
+        def call() -> dict[bytes, bytes]:
+            client = H2Client(self.grpc_port)  # type: ignore[arg-type]
+            try:
+                message = pb().ExecuteRequest(
+                    config=pb().ProcessConfig(command=["/bin/echo", "still"])
+                )
+                sid = client.request(EXECUTE, framed(message.SerializeToString()))
+                client.read(lambda c: c.ended(sid))
+                return client.fields(sid)
+            finally:
+                client.close()
+
+        return self.blocking(call)
+
+    def buffered(self) -> int:
+        """Bytes the daemon holds for the gRPC connections' transports."""
+        total = 0
+        for connection in self.factory().connections:
+            transport = connection.transport
+            total += len(getattr(transport, "dataBuffer", b""))
+            total += getattr(transport, "_tempDataLen", 0)
+        return total
+
+
+class GrpcWireTests(GrpcCase):
+    """What is not gRPC over HTTP/2, and HTTP/2 used as a weapon."""
+
+    @inlineCallbacks
+    def test_garbage_and_http11(self) -> Any:
+        """Garbage or HTTP/1.1 instead of the preface: closed at once; others still served."""
+        for data in (
+            b"\x00" * 100 + b"garbage" * 100,
+            b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\xff" * 64,
+        ):
+            started = time.monotonic()
+            yield self.blocking(raw_http, self.grpc_port, data, 10.0)
+            self.assertLess(time.monotonic() - started, 5, data[:20])
+        fields = yield self.answered()
+        self.assertEqual(fields.get(b"grpc-status"), b"0", fields)
+
+    @inlineCallbacks
+    def test_two_gib_prefix(self) -> Any:
+        """A prefix announcing 2 GiB is RESOURCE_EXHAUSTED at once, nothing buffered."""
+
+        def call() -> dict[bytes, bytes]:
+            client = self.h2()
+            sid = client.request(
+                EXECUTE, b"\0" + (2**31).to_bytes(4, "big") + b"x" * 100, end=False
+            )
+            client.read(lambda c: c.ended(sid))
+            return client.fields(sid)
+
+        fields = yield self.blocking(call)
+        self.assertEqual(fields.get(b"grpc-status"), b"8", fields)
+
+    @inlineCallbacks
+    def test_huge_header_block(self) -> Any:
+        """A header block over the advertised bound ends that connection, not the daemon."""
+
+        def call() -> bool:
+            client = self.h2()
+            client.h2.max_outbound_frame_size = 16384
+            # h2 as a client would refuse to send it: the frames by hand.
+            from hpack import Encoder
+            from hyperframe.frame import ContinuationFrame, HeadersFrame
+
+            block = Encoder().encode(
+                [
+                    (b":method", b"POST"),
+                    (b":scheme", b"http"),
+                    (b":path", EXECUTE.encode()),
+                    (b":authority", b"x"),
+                    (b"content-type", b"application/grpc"),
+                ]
+                + [(b"x-big-%d" % i, b"v" * 4000) for i in range(300)]
+            )
+            chunks = [block[i : i + 16000] for i in range(0, len(block), 16000)]
+            first = HeadersFrame(1, chunks[0])
+            frames = [first.serialize()]
+            for i, chunk in enumerate(chunks[1:], 1):
+                frame = ContinuationFrame(1, chunk)
+                if i == len(chunks) - 1:
+                    frame.flags.add("END_HEADERS")
+                frames.append(frame.serialize())
+            try:
+                client.sock.sendall(b"".join(frames))
+            except OSError:
+                return True
+            client.read(lambda c: False, 5)
+            return client.closed
+
+        closed = yield self.blocking(call)
+        self.assertTrue(closed, "a 1 MB header block was taken")
+        fields = yield self.answered()
+        self.assertEqual(fields.get(b"grpc-status"), b"0", fields)
+
+    @inlineCallbacks
+    def test_too_many_streams(self) -> Any:
+        """
+        More streams than ``max_concurrent_streams`` on one connection:
+        the extra stream is refused, the connection (or the daemon) does
+        not take it.
+        """
+        from sandboxd.policy.defaults import KEP_MAX_CONCURRENT_STREAMS
+
+        def call() -> tuple[int, bool]:
+            client = self.h2()
+            client.read(lambda c: bool(c.events), 5)  # the server's SETTINGS
+            from h2.settings import SettingCodes, Settings
+
+            # A client that ignores the server's bound (h2 would not send).
+            client.h2.remote_settings = Settings(
+                client=False,
+                initial_values={SettingCodes.MAX_CONCURRENT_STREAMS: 10**6},
+            )
+            sleep = pb().StartRequest(
+                config=pb().ProcessConfig(command=["/bin/sleep", "30"])
+            )
+            for _ in range(KEP_MAX_CONCURRENT_STREAMS + 5):
+                client.request(START, framed(sleep.SerializeToString()))
+            client.read(lambda c: False, 3)
+            return len(self.factory().connections), client.closed
+
+        yield self.blocking(call)
+        # Whatever the connection's fate, no more processes than streams run.
+        self.assertLessEqual(
+            len(self.daemon.context.processes.list(None)), KEP_MAX_CONCURRENT_STREAMS
+        )
+        fields = yield self.answered()
+        self.assertEqual(fields.get(b"grpc-status"), b"0", fields)
+
+    @inlineCallbacks
+    def test_ping_flood_unread(self) -> Any:
+        """
+        PINGs by the hundred thousand from a client that reads nothing:
+        the daemon does not queue their acknowledgements without bound.
+        """
+        from hyperframe.frame import PingFrame
+
+        ping = PingFrame(0, b"12345678").serialize()
+
+        def flood() -> None:
+            client = self.h2()
+            client.sock.settimeout(3)
+            try:
+                for _ in range(200):
+                    client.sock.sendall(ping * 5000)
+            except OSError:
+                pass
+
+        yield self.blocking(flood)
+        yield self.sleep(0.5)
+        self.assertLess(self.buffered(), 4 * 1024 * 1024)
+
+    @inlineCallbacks
+    def test_settings_flood_unread(self) -> Any:
+        """SETTINGS frames by the hundred thousand, nothing read: bounded too."""
+        from hyperframe.frame import SettingsFrame
+
+        settings = SettingsFrame(0, {0x4: 65535}).serialize()
+
+        def flood() -> None:
+            client = self.h2()
+            client.sock.settimeout(3)
+            try:
+                for _ in range(100):
+                    client.sock.sendall(settings * 5000)
+            except OSError:
+                pass
+
+        yield self.blocking(flood)
+        yield self.sleep(0.5)
+        self.assertLess(self.buffered(), 4 * 1024 * 1024)
