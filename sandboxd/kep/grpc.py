@@ -113,6 +113,7 @@ log = Logger(namespace="sandboxd.kep")
 EndReason = Literal["cancelled", "deadline", "overrun"]
 
 _PREFIX = 5
+_FRAME_HEADER = 9
 _GRPC_TYPES = (b"application/grpc", b"application/grpc+proto")
 _TRAILER_NAME = re.compile(r"[0-9a-z_.\-]+\Z")
 _TIMEOUT = re.compile(rb"([0-9]{1,8})([HMSmun])\Z")
@@ -519,6 +520,21 @@ class _Connection(Protocol):
                 "kep: connection from {peer} closed: {error}", peer=self.peer, error=e
             )
             self._write()
+            self._abort()
+            return
+        # What h2 left unparsed starts with the next frame's header; h2
+        # checks its length only once the whole frame is in, so one
+        # announcing 16 MiB would be waited for and buffered to the end.
+        pending = h2.incoming_buffer._data
+        if (
+            len(pending) >= _FRAME_HEADER
+            and int.from_bytes(pending[:3], "big") > h2.max_inbound_frame_size
+        ):
+            log.info(
+                "kep: connection from {peer} closed: a frame over {n} bytes",
+                peer=self.peer,
+                n=h2.max_inbound_frame_size,
+            )
             self._abort()
             return
         for event in events:
