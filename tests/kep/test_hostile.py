@@ -224,7 +224,7 @@ class RestBodyTests(KepCase):
             out = b""
             for name, data in parts:
                 out += (
-                    b"--B\r\nContent-Disposition: form-data; name=\"%s\"; "
+                    b'--B\r\nContent-Disposition: form-data; name="%s"; '
                     b'filename="f"\r\n\r\n%s\r\n' % (name.encode(), data)
                 )
             return out + b"--B--\r\n"
@@ -432,9 +432,7 @@ class H2Client:
         from h2.connection import H2Connection
 
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=seconds)
-        self.h2 = H2Connection(
-            H2Configuration(client_side=True, header_encoding=None)
-        )
+        self.h2 = H2Connection(H2Configuration(client_side=True, header_encoding=None))
         self.h2.initiate_connection()
         self.events: list[Any] = []
         self.closed = False
@@ -717,3 +715,162 @@ class GrpcWireTests(GrpcCase):
         yield self.blocking(flood)
         yield self.sleep(0.5)
         self.assertLess(self.buffered(), 4 * 1024 * 1024)
+
+
+class GrpcProcessTests(GrpcCase):
+    """Processes through the door: never read, cancelled by the hundred, refused."""
+
+    audit = True
+    extra_policy = {
+        "defaults": {"audit": "all"},
+        "endpoints": {
+            "process_start": {
+                "params": {"deny_commands": ["forbidden-*"]},
+                "limits": {"max_processes": 120},
+            }
+        },
+    }
+
+    def children(self) -> list[Any]:
+        import psutil
+
+        return [
+            p
+            for p in psutil.Process().children(recursive=True)
+            if p.status() != psutil.STATUS_ZOMBIE
+        ]
+
+    def call(self, path: str, message: Any, **headers: str) -> Any:
+        def run() -> dict[bytes, bytes]:
+            client = H2Client(self.grpc_port)  # type: ignore[arg-type]
+            try:
+                payload = (
+                    message
+                    if isinstance(message, bytes)
+                    else message.SerializeToString()
+                )
+                sid = client.request(
+                    path,
+                    framed(payload),
+                    [(k.encode(), v.encode()) for k, v in headers.items()],
+                )
+                client.read(lambda c: c.ended(sid))
+                return client.fields(sid)
+            finally:
+                client.close()
+
+        return self.blocking(run)
+
+    @inlineCallbacks
+    def test_unread_output_is_bounded(self) -> Any:
+        """
+        ``yes`` on a stream the client never reads: the daemon's buffers
+        stay bounded (the child is paused, not buffered), and the process
+        goes when the client does.
+        """
+        client = self.h2()
+        start = pb().StartRequest(config=pb().ProcessConfig(command=["/usr/bin/yes"]))
+        client.request(START, framed(start.SerializeToString()))
+        yield self.sleep(2.0)
+        [connection] = self.factory().connections
+        queued = sum(call._pending_bytes for call in connection._calls.values())
+        from sandboxd.policy.defaults import KEP_STREAM_MAX_QUEUED_BYTES
+
+        self.assertLess(queued + self.buffered(), KEP_STREAM_MAX_QUEUED_BYTES)
+        [child] = self.children()
+        retained = self.daemon.context.processes.get(child.pid)
+        self.assertIsNotNone(retained)
+        client.close()
+        for _ in range(50):
+            if not self.children():
+                break
+            yield self.sleep(0.1)
+        self.assertEqual(self.children(), [])
+
+    @inlineCallbacks
+    def test_hundred_cancelled_starts(self) -> Any:
+        """A hundred Start streams reset at once: no child of the daemon is left."""
+        from h2.errors import ErrorCodes
+
+        def run() -> None:
+            client = self.h2()
+            start = pb().StartRequest(
+                config=pb().ProcessConfig(command=["/bin/sleep", "300"])
+            )
+            ids = [
+                client.request(START, framed(start.SerializeToString()))
+                for _ in range(100)
+            ]
+            time.sleep(1.0)
+            for sid in ids:
+                client.h2.reset_stream(sid, ErrorCodes.CANCEL)
+            client.flush()
+            client.read(lambda c: False, 1)
+
+        yield self.blocking(run)
+        for _ in range(100):
+            if not self.children():
+                break
+            yield self.sleep(0.1)
+        self.assertEqual(self.children(), [])
+
+    @inlineCallbacks
+    def test_refusals(self) -> Any:
+        """
+        A command the deny list names is PERMISSION_DENIED with
+        ``command_not_allowed``; an unsupported signal INVALID_ARGUMENT;
+        ids no process has NOT_FOUND; a wrong wire type INVALID_ARGUMENT,
+        an unknown field ignored (proto3); no ``te: trailers`` still
+        answered.  Each refusal a handler makes is one audit line
+        ``via: kep`` naming the rule that refused it.
+        """
+        fields = yield self.call(
+            START,
+            pb().StartRequest(config=pb().ProcessConfig(command=["forbidden-x"])),
+        )
+        self.assertEqual(fields.get(b"grpc-status"), b"7", fields)
+        self.assertEqual(fields.get(b"x-sandboxd-code"), b"command_not_allowed")
+        fields = yield self.call(
+            SIGNAL, pb().SendSignalRequest(process_id=os.getpid(), signal=9999)
+        )
+        self.assertEqual(fields.get(b"grpc-status"), b"3", fields)
+        for pid in (-1, 2**31 - 1, 1, os.getpid()):
+            fields = yield self.call(
+                SIGNAL, pb().SendSignalRequest(process_id=pid, signal=9)
+            )
+            self.assertEqual(fields.get(b"grpc-status"), b"5", (pid, fields))
+        # Field 1 (config, a message) sent as a varint.
+        fields = yield self.call(EXECUTE, b"\x08\x01")
+        self.assertEqual(fields.get(b"grpc-status"), b"3", fields)
+        echo = (
+            pb()
+            .ExecuteRequest(config=pb().ProcessConfig(command=["/bin/echo", "x"]))
+            .SerializeToString()
+        )
+        fields = yield self.call(EXECUTE, echo + b"\xf8\x3f\x05")  # field 1023
+        self.assertEqual(fields.get(b"grpc-status"), b"0", fields)
+
+        def no_te() -> dict[bytes, bytes]:
+            client = self.h2()
+            sid = client.request(EXECUTE, framed(echo), te=False)
+            client.read(lambda c: c.ended(sid))
+            return client.fields(sid)
+
+        fields = yield self.blocking(no_te)
+        self.assertEqual(fields.get(b"grpc-status"), b"0", fields)
+        lines = [
+            r
+            for r in self.audit_lines()
+            if r.get("via") == "kep" and r.get("status", 200) >= 400
+        ]
+        # A request the transport refuses before any handler runs (the
+        # wrong wire type) writes no audit line yet: only the handlers'.
+        self.assertEqual(
+            [(r["endpoint"], r["status"], r["code"]) for r in lines],
+            [
+                ("process_start", 403, "command_not_allowed"),
+                ("process_signal", 400, "invalid_param"),
+                *[("process_signal", 404, "not_found")] * 4,
+            ],
+        )
+        self.assertEqual(lines[0]["rule"], "policy:endpoints.process_start")
