@@ -874,3 +874,74 @@ class GrpcProcessTests(GrpcCase):
             ],
         )
         self.assertEqual(lines[0]["rule"], "policy:endpoints.process_start")
+
+
+class GrpcOtherIdentityTests(GrpcCase):
+    """Another identity's terminal is not there, for every RPC that names a pid."""
+
+    extra_policy = {
+        "auth": {
+            "tokens": [
+                {"id": "alice", "token_env": "T_ALICE", "scopes": ["*"]},
+                {
+                    "id": "bob",
+                    "token_env": "T_BOB",
+                    "scopes": ["terminal:use", "process:manage", "process:run"],
+                },
+            ]
+        }
+    }
+    environ = {"T_ALICE": "alice-secret", "T_BOB": "bob-secret"}
+
+    @inlineCallbacks
+    def test_foreign_terminal_is_not_found(self) -> Any:
+        """
+        Bob's WriteStdin, SendSignal and ResizeTTY naming the pid of
+        Alice's terminal are NOT_FOUND, and her terminal runs on untouched.
+        """
+        alice = self.h2()
+        start = pb().StartRequest(
+            config=pb().ProcessConfig(command=["/bin/sleep", "30"]),
+            pty=pb().PTY(cols=80, rows=24),
+        )
+        sid = alice.request(
+            START,
+            framed(start.SerializeToString()),
+            [(b"authorization", b"Bearer alice-secret")],
+        )
+        from h2.events import DataReceived
+
+        yield self.blocking(
+            alice.read,
+            lambda c: any(isinstance(e, DataReceived) for e in c.events),
+        )
+        data = b"".join(e.data for e in alice.events if isinstance(e, DataReceived))
+        init = pb().StartResponse.FromString(data[5 : 5 + int.from_bytes(data[1:5])])
+        pid = init.init.process_id
+        self.assertGreater(pid, 0)
+        bob = [(b"authorization", b"Bearer bob-secret")]
+        for path, message in (
+            (
+                "/process.v1.ProcessService/WriteStdin",
+                pb().WriteStdinRequest(process_id=pid, input=b"x"),
+            ),
+            (SIGNAL, pb().SendSignalRequest(process_id=pid, signal=9)),
+            (
+                "/process.v1.ProcessService/ResizeTTY",
+                pb().ResizeTTYRequest(process_id=pid, cols=10, rows=10),
+            ),
+        ):
+
+            def call(path: str = path, message: Any = message) -> Any:
+                client = H2Client(self.grpc_port)  # type: ignore[arg-type]
+                try:
+                    s = client.request(path, framed(message.SerializeToString()), bob)
+                    client.read(lambda c: c.ended(s))
+                    return client.fields(s)
+                finally:
+                    client.close()
+
+            fields = yield self.blocking(call)
+            self.assertEqual(fields.get(b"grpc-status"), b"5", (path, fields))
+        self.assertFalse(alice.ended(sid))
+        os.kill(pid, 0)
