@@ -87,6 +87,7 @@ from sandboxd.policy.defaults import (
     KEP_MAX_CONNECTIONS,
     KEP_MAX_HEADER_LIST_BYTES,
     KEP_MAX_MESSAGE_BYTES,
+    KEP_MAX_UNREAD_CONTROL_BYTES,
     KEP_STOP_GRACE_SECONDS,
     KEP_STREAM_HIGH_WATER_BYTES,
     KEP_STREAM_MAX_QUEUED_BYTES,
@@ -112,6 +113,7 @@ log = Logger(namespace="sandboxd.kep")
 EndReason = Literal["cancelled", "deadline", "overrun"]
 
 _PREFIX = 5
+_FRAME_HEADER = 9
 _GRPC_TYPES = (b"application/grpc", b"application/grpc+proto")
 _TRAILER_NAME = re.compile(r"[0-9a-z_.\-]+\Z")
 _TIMEOUT = re.compile(rb"([0-9]{1,8})([HMSmun])\Z")
@@ -475,6 +477,8 @@ class _Connection(Protocol):
         #: Streams being read: the request bytes so far (prefix included).
         self._reading: dict[int, _Request] = {}
         self._paused = False
+        #: Bytes written while the transport is paused (its client not reading).
+        self._unread = 0
         self._idle: IDelayedCall | None = None
         self._last_stream_id = 0
         self._draining = False
@@ -518,6 +522,21 @@ class _Connection(Protocol):
             self._write()
             self._abort()
             return
+        # What h2 left unparsed starts with the next frame's header; h2
+        # checks its length only once the whole frame is in, so one
+        # announcing 16 MiB would be waited for and buffered to the end.
+        pending = h2.incoming_buffer._data
+        if (
+            len(pending) >= _FRAME_HEADER
+            and int.from_bytes(pending[:3], "big") > h2.max_inbound_frame_size
+        ):
+            log.info(
+                "kep: connection from {peer} closed: a frame over {n} bytes",
+                peer=self.peer,
+                n=h2.max_inbound_frame_size,
+            )
+            self._abort()
+            return
         for event in events:
             self._handle(event)
         self._write()
@@ -543,6 +562,7 @@ class _Connection(Protocol):
     def resumeProducing(self) -> None:
         """The transport drained: move queued bytes again."""
         self._paused = False
+        self._unread = 0
         self._flush_all()
         self._write()
 
@@ -900,11 +920,27 @@ class _Connection(Protocol):
             return
         data = self._h2.data_to_send()
         if data and not self._gone:
+            if self._paused:
+                # Only what h2 answers by itself moves now (a PING's or a
+                # SETTINGS' acknowledgement): a flood of them is cut here.
+                self._unread += len(data)
+                if self._unread > self.factory.max_unread_bytes:
+                    log.info(
+                        "kep: connection from {peer} cut: {n} bytes unread",
+                        peer=self.peer,
+                        n=self._unread,
+                    )
+                    self._abort(hard=True)
+                    return
             self.transport.write(data)
 
-    def _abort(self) -> None:
+    def _abort(self, hard: bool = False) -> None:
         self._gone = True
-        if self.transport is not None:
+        if self.transport is None:
+            return
+        if hard:
+            self.transport.abortConnection()  # type: ignore[attr-defined]
+        else:
             self.transport.loseConnection()
 
     # -- idle connections and stops -----------------------------------------------
@@ -981,6 +1017,8 @@ class GrpcFactory(Factory):
 
     :param methods: the methods by ``:path``.
     :param max_connections: connections over it are closed as they open.
+    :param max_unread_bytes: what may be written to a client that reads
+        nothing before its connection is cut.
     :param idle_timeout: seconds a connection may have no open stream.
     """
 
@@ -1003,6 +1041,7 @@ class GrpcFactory(Factory):
         max_header_list_bytes: int = KEP_MAX_HEADER_LIST_BYTES,
         high_water_bytes: int = KEP_STREAM_HIGH_WATER_BYTES,
         max_queued_bytes: int = KEP_STREAM_MAX_QUEUED_BYTES,
+        max_unread_bytes: int = KEP_MAX_UNREAD_CONTROL_BYTES,
     ) -> None:
         for path, method in methods.items():
             if path != method.path:
@@ -1015,6 +1054,7 @@ class GrpcFactory(Factory):
         self.idle_timeout = idle_timeout
         self.max_header_list_bytes = max_header_list_bytes
         self.high_water_bytes = high_water_bytes
+        self.max_unread_bytes = max_unread_bytes
         # A single message may always be queued whole.
         self.max_queued_bytes = max(
             max_queued_bytes, max_message_bytes + high_water_bytes

@@ -74,12 +74,11 @@ class KepService(PolicyListener):
         rest = serverFromString(self.context.reactor, self.description)
         factory = None
         if self.grpc_description is not None:
-            if self._grpc_factory is None:
-                # h2 is imported with it: only when the port is asked for.
-                from sandboxd.kep.process import grpc_factory
+            # h2 is imported with it: only when the port is asked for.
+            from sandboxd.kep.process import grpc_factory
 
-                self._grpc_factory = grpc_factory(self.context)
-            factory = self._grpc_factory
+            # A new factory each time: a stopped one refuses every connection.
+            factory = self._grpc_factory = grpc_factory(self.context)
         if factory is None:
             listening: Deferred[Any] = rest.listen(site)
             return listening

@@ -963,6 +963,10 @@ KEP_STREAM_HIGH_WATER_BYTES = 256 * KIB
 #: A stream's unsent response bytes past which the stream is reset: a
 #: handler that ignores the pause cannot make the daemon hold more.
 KEP_STREAM_MAX_QUEUED_BYTES = 16 * MIB
+#: What the daemon writes to a connection whose client reads nothing (its
+#: transport paused: acknowledgements of PINGs and SETTINGS, answers'
+#: headers) past which the connection is cut.
+KEP_MAX_UNREAD_CONTROL_BYTES = 1 * MIB
 #: How long a stop lets running calls finish after its GOAWAY.
 KEP_STOP_GRACE_SECONDS = 5.0
 #: A client's reset this close to a call's deadline is that deadline: the
