@@ -81,6 +81,7 @@ from zope.interface import implementer
 from sandboxd.kep.wire import Schema, WireError, decode, encode
 from sandboxd.policy.defaults import (
     CAP_WARNING_INTERVAL_SECONDS,
+    HEADER_DEADLINE_SECONDS,
     KEP_DEADLINE_SLACK_SECONDS,
     KEP_IDLE_TIMEOUT_SECONDS,
     KEP_MAX_CONCURRENT_STREAMS,
@@ -480,6 +481,10 @@ class _Connection(Protocol):
         #: Bytes written while the transport is paused (its client not reading).
         self._unread = 0
         self._idle: IDelayedCall | None = None
+        #: When the connection last had no call open (None: one is open).
+        self.idle_since: float | None = None
+        #: Closes a connection whose client has not said HTTP/2's preface.
+        self._preface: IDelayedCall | None = None
         self._last_stream_id = 0
         self._draining = False
         self._gone = False
@@ -508,6 +513,15 @@ class _Connection(Protocol):
         self.transport.registerProducer(self, True)  # type: ignore[union-attr]
         self._write()
         self._arm_idle()
+        self._preface = self._reactor.callLater(
+            HEADER_DEADLINE_SECONDS, self._preface_overdue
+        )
+
+    def _preface_overdue(self) -> None:
+        """A client that opened and never spoke HTTP/2 makes room for others."""
+        self._preface = None
+        log.info("kep: connection from {peer} closed: no preface", peer=self.peer)
+        self._abort()
 
     def dataReceived(self, data: bytes) -> None:
         h2 = self._h2
@@ -543,9 +557,10 @@ class _Connection(Protocol):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._gone = True
-        if self._idle is not None and self._idle.active():
-            self._idle.cancel()
-        self._idle = None
+        for timer in (self._idle, self._preface):
+            if timer is not None and timer.active():
+                timer.cancel()
+        self._idle = self._preface = None
         for call in list(self._calls.values()):
             if not call.finished:
                 call._end("cancelled")
@@ -573,6 +588,11 @@ class _Connection(Protocol):
     # -- events ---------------------------------------------------------------
 
     def _handle(self, event: Event) -> None:
+        if self._preface is not None and isinstance(event, RemoteSettingsChanged):
+            # The preface ends with the client's SETTINGS.
+            if self._preface.active():
+                self._preface.cancel()
+            self._preface = None
         if isinstance(event, RequestReceived):
             assert event.stream_id is not None and event.headers is not None
             self._request(event.stream_id, event.headers, bool(event.stream_ended))
@@ -947,11 +967,13 @@ class _Connection(Protocol):
 
     def _arm_idle(self) -> None:
         self._cancel_idle()
+        self.idle_since = self._reactor.seconds()
         self._idle = self._reactor.callLater(
             self.factory.idle_timeout, self._idle_expired
         )
 
     def _cancel_idle(self) -> None:
+        self.idle_since = None
         if self._idle is not None and self._idle.active():
             self._idle.cancel()
         self._idle = None
@@ -1066,7 +1088,14 @@ class GrpcFactory(Factory):
         self._last_warning = float("-inf")
 
     def buildProtocol(self, addr: IAddress) -> _Connection | None:  # type: ignore[override]
-        """A connection, or None (closed at once) when stopping or at the cap."""
+        """
+        A connection, or None (closed at once) when stopping or at the cap;
+        at the cap, the connection idle the longest (no call open) is closed
+        to make room, as the HTTP port does, so idle clients cannot keep a
+        working one out.
+        """
+        if not self._stopping and len(self.connections) >= self.max_connections:
+            self._reclaim()
         if self._stopping or len(self.connections) >= self.max_connections:
             self._refused += 1
             now = self.reactor.seconds()
@@ -1084,6 +1113,14 @@ class GrpcFactory(Factory):
         connection = _Connection(self, self.reactor)
         self.connections.add(connection)
         return connection
+
+    def _reclaim(self) -> None:
+        """Close the connection idle the longest, if one is."""
+        idle = [c for c in self.connections if c.idle_since is not None]
+        if idle:
+            oldest = min(idle, key=lambda c: c.idle_since or 0.0)
+            self.connections.discard(oldest)
+            oldest.close()
 
     def _forget(self, connection: _Connection) -> None:
         self.connections.discard(connection)

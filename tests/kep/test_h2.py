@@ -32,6 +32,7 @@ from sandboxd.kep.grpc import (
     percent_encode,
 )
 from sandboxd.kep.wire import Kind, encode, field, message
+from sandboxd.policy.defaults import HEADER_DEADLINE_SECONDS
 
 ECHO = message("test.Echo", field(1, "text", Kind.STRING), field(2, "n", Kind.INT32))
 ADDRESS = IPv4Address("TCP", "127.0.0.1", 40000)
@@ -269,10 +270,39 @@ class H2Tests(SynchronousTestCase):
         self.assertEqual(self.flushLoggedErrors(), [])
 
     def test_connection_cap(self) -> None:
-        """Past max_connections, buildProtocol gives None: Twisted closes it."""
-        Harness(self.factory)
-        Harness(self.factory)
+        """
+        At max_connections a new connection closes the one idle the longest;
+        when every connection has a call open, buildProtocol gives None
+        (Twisted closes it).
+        """
+        first = Harness(self.factory)
+        self.clock.advance(1)
+        second = Harness(self.factory)
+        third = Harness(self.factory)
+        self.assertTrue(first.transport.disconnecting)
+        self.assertFalse(second.transport.disconnecting)
+        second.request("/t/Hang", body=framed({}))
+        third.request("/t/Hang", body=framed({}))
         self.assertIsNone(self.factory.buildProtocol(ADDRESS))
+        self.assertFalse(second.transport.disconnecting)
+
+    def test_preface_deadline(self) -> None:
+        """A client that connects and says nothing is closed at the head deadline."""
+        self.factory = GrpcFactory(
+            self.clock,
+            self.recorder.methods(),
+            idle_timeout=HEADER_DEADLINE_SECONDS * 10,
+        )
+        protocol = self.factory.buildProtocol(ADDRESS)
+        assert protocol is not None
+        transport = StringTransport(peerAddress=ADDRESS)
+        protocol.makeConnection(transport)
+        self.clock.advance(HEADER_DEADLINE_SECONDS + 1)
+        self.assertTrue(transport.disconnecting)
+        spoken = Harness(self.factory)
+        spoken.request("/t/Hang", body=framed({}))
+        self.clock.advance(HEADER_DEADLINE_SECONDS + 1)
+        self.assertFalse(spoken.transport.disconnecting)
 
     def test_idle_timeout(self) -> None:
         """No stream for idle_timeout: GOAWAY and close; a running call keeps it open."""
