@@ -644,6 +644,7 @@ class _Connection(Protocol):
         if authority is not None and b"host" not in headers:
             # HTTP/2's Host: the gate's local-mode Host rule reads it there.
             headers[b"host"] = [authority]
+        path = pseudo.get(b":path", b"").decode("latin-1")
         content_type = (headers.get(b"content-type") or [b""])[0]
         bare = content_type.split(b";", 1)[0].strip().lower()
         if bare not in _GRPC_TYPES:
@@ -653,6 +654,8 @@ class _Connection(Protocol):
                 415,
                 Status.INVALID_ARGUMENT,
                 f'invalid gRPC request content-type "{content_type.decode("latin-1")}"',
+                path=path,
+                headers=headers,
             )
             return
         verb = pseudo.get(b":method", b"")
@@ -663,6 +666,8 @@ class _Connection(Protocol):
                 405,
                 Status.INTERNAL,
                 f"gRPC requires POST, not {verb.decode('latin-1')}",
+                path=path,
+                headers=headers,
             )
             return
         deadline: float | None = None
@@ -671,7 +676,15 @@ class _Connection(Protocol):
             try:
                 deadline = parse_timeout(timeout[0])
             except ValueError as e:
-                self._early(stream_id, ended, 400, Status.INTERNAL, str(e))
+                self._early(
+                    stream_id,
+                    ended,
+                    400,
+                    Status.INTERNAL,
+                    str(e),
+                    path=path,
+                    headers=headers,
+                )
                 return
         encoding = (headers.get(b"grpc-encoding") or [b"identity"])[0]
         if encoding != b"identity":
@@ -683,13 +696,20 @@ class _Connection(Protocol):
                 f"grpc-encoding {encoding.decode('latin-1')} is not supported "
                 "(messages are not compressed here)",
                 [(b"grpc-accept-encoding", b"identity")],
+                path=path,
+                headers=headers,
             )
             return
-        path = pseudo.get(b":path", b"").decode("latin-1")
         method = self.factory.methods.get(path)
         if method is None:
             self._early(
-                stream_id, ended, 200, Status.UNIMPLEMENTED, f"unknown method {path}"
+                stream_id,
+                ended,
+                200,
+                Status.UNIMPLEMENTED,
+                f"unknown method {path}",
+                path=path,
+                headers=headers,
             )
             return
         call = Call(self, stream_id, method, headers, self.peer, deadline)
@@ -756,12 +776,14 @@ class _Connection(Protocol):
                 if not request.body
                 else "a truncated request message"
             )
-            call.finish(Status.INVALID_ARGUMENT, f"{call.method.path} got {what}")
+            self._refuse(
+                call, Status.INVALID_ARGUMENT, f"{call.method.path} got {what}"
+            )
             return
         try:
             message = decode(call.method.request, bytes(request.body[_PREFIX:]))
         except WireError as e:
-            call.finish(Status.INVALID_ARGUMENT, f"undecodable request: {e}")
+            self._refuse(call, Status.INVALID_ARGUMENT, f"undecodable request: {e}")
             return
         del request.body[:]
         self._run(call, message)
@@ -907,7 +929,13 @@ class _Connection(Protocol):
         status: Status,
         message: str,
         extra: list[tuple[bytes, bytes]] | None = None,
+        *,
+        path: str = "",
+        headers: dict[bytes, list[bytes]] | None = None,
     ) -> None:
+        self.report(
+            Refusal(path, headers or {}, self.peer, status, message, time.monotonic())
+        )
         fields = [
             (b"grpc-status", b"%d" % status),
             (b"grpc-message", percent_encode(message).encode("ascii")),
@@ -919,8 +947,29 @@ class _Connection(Protocol):
         self._check_idle()
 
     def _refuse(self, call: Call, status: Status, message: str) -> None:
-        # The request is still arriving: answer, then reset so it stops.
+        """Answer a call whose request the transport cannot take."""
+        self.report(
+            Refusal(
+                call.method.path,
+                call.headers,
+                self.peer,
+                status,
+                message,
+                call.started,
+                call.bytes_in,
+            )
+        )
         call.finish(status, message)
+
+    def report(self, refusal: Refusal) -> None:
+        """Tell the factory's ``on_refusal`` (a failing one is logged)."""
+        hook = self.factory.on_refusal
+        if hook is None:
+            return
+        try:
+            hook(refusal)
+        except Exception:
+            log.failure("kep: reporting a refused call failed")
 
     def _reset_stream(self, stream_id: int, code: ErrorCodes) -> None:
         if self._gone or self._h2 is None:
@@ -1033,6 +1082,23 @@ class _Request:
     length: int | None = None
 
 
+@attrs.frozen
+class Refusal:
+    """
+    A call the transport answered itself, before any handler ran (not
+    gRPC, a method it does not serve, a message it cannot take): the
+    factory's ``on_refusal`` is told, so the door can audit it.
+    """
+
+    path: str
+    headers: dict[bytes, list[bytes]]
+    peer: str
+    status: Status
+    message: str
+    started: float
+    bytes_in: int = 0
+
+
 class GrpcFactory(Factory):
     """
     The gRPC door's listening factory.
@@ -1064,6 +1130,7 @@ class GrpcFactory(Factory):
         high_water_bytes: int = KEP_STREAM_HIGH_WATER_BYTES,
         max_queued_bytes: int = KEP_STREAM_MAX_QUEUED_BYTES,
         max_unread_bytes: int = KEP_MAX_UNREAD_CONTROL_BYTES,
+        on_refusal: Callable[[Refusal], None] | None = None,
     ) -> None:
         for path, method in methods.items():
             if path != method.path:
@@ -1081,6 +1148,7 @@ class GrpcFactory(Factory):
         self.max_queued_bytes = max(
             max_queued_bytes, max_message_bytes + high_water_bytes
         )
+        self.on_refusal = on_refusal
         self.connections: set[_Connection] = set()
         self._stopping = False
         self._stopped: list[defer.Deferred[None]] = []

@@ -50,7 +50,7 @@ from sandboxd.kep import schema
 from sandboxd.kep.access import admit
 from sandboxd.kep.errors import error_headers, grpc_status_name
 from sandboxd.kep.grpc import Call as GrpcCall
-from sandboxd.kep.grpc import GrpcFactory, Method, Status
+from sandboxd.kep.grpc import GrpcFactory, Method, Refusal, Status
 from sandboxd.kep.rest import below_root
 from sandboxd.processes.command import find_executable
 from sandboxd.processes.environment import note_argv
@@ -738,6 +738,44 @@ def methods(context: Any) -> dict[str, Method]:
     )
 
 
+#: How a call the transport refused reads in the audit: status and code.
+REFUSED_AS = {
+    Status.UNIMPLEMENTED: (501, "unsupported"),
+    Status.INVALID_ARGUMENT: (400, "malformed_request"),
+    Status.INTERNAL: (400, "malformed_request"),
+    Status.RESOURCE_EXHAUSTED: (413, "payload_too_large"),
+}
+
+
+def audit_refusal(context: Any, refusal: Refusal) -> None:
+    """
+    The one audit line of a call the transport answered itself (no
+    handler ran, so no identity was asked for): as the door's ``kep``.
+    """
+    status, code = REFUSED_AS.get(refusal.status, (500, "internal"))
+    gate.audit(
+        context,
+        door=gate.Door.KEP,
+        endpoint=context.table.get("kep"),
+        identity=None,
+        rule=context.policy.rules.get("kep"),
+        method="POST",
+        path=refusal.path[:1024],
+        query="",
+        status=status,
+        code=code,
+        decided_by=None,
+        started=refusal.started,
+        bytes_in=refusal.bytes_in,
+        client=refusal.peer,
+        extra={"grpc_status": refusal.status.name},
+    )
+
+
 def grpc_factory(context: Any) -> GrpcFactory:
     """The door's gRPC listener: the process service on the reactor."""
-    return GrpcFactory(context.reactor, methods(context))
+    return GrpcFactory(
+        context.reactor,
+        methods(context),
+        on_refusal=lambda refusal: audit_refusal(context, refusal),
+    )

@@ -432,3 +432,34 @@ class AccessTests(ProcessCase):
             [(r["identity"], r["status"]) for r in lines],
             [("-", 401), ("agent", 200), ("reader", 403)],
         )
+
+
+class TransportRefusalTests(ProcessCase):
+    """What the transport refuses before any handler runs is audited too."""
+
+    audit = True
+    extra_policy = {"defaults": {"audit": "all"}}
+
+    @inlineCallbacks
+    def test_refused_calls_are_audited(self) -> Any:
+        """
+        A method the door does not serve and a message that does not decode
+        each get their gRPC status and one audit line ``via: kep``.
+        """
+        channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}")
+        self.addCleanup(channel.close)
+        unknown = channel.unary_unary("/process.v1.ProcessService/Nope")
+        garbled = channel.unary_unary("/process.v1.ProcessService/Execute")
+        first = yield self.blocking(self.caught, unknown, b"", timeout=10)
+        # Field 1 (config) sent as a varint: the wrong wire type.
+        second = yield self.blocking(self.caught, garbled, b"\x08\x01", timeout=10)
+        self.assertEqual(status_of(first)[0], "UNIMPLEMENTED")
+        self.assertEqual(status_of(second)[0], "INVALID_ARGUMENT")
+        lines = [r for r in self.audit_lines() if r.get("via") == "kep"]
+        self.assertEqual(
+            [(r["path"], r["endpoint"], r["status"], r["code"]) for r in lines],
+            [
+                ("/process.v1.ProcessService/Nope", "kep", 501, "unsupported"),
+                ("/process.v1.ProcessService/Execute", "kep", 400, "malformed_request"),
+            ],
+        )
