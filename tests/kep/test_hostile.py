@@ -821,8 +821,8 @@ class GrpcProcessTests(GrpcCase):
         ``command_not_allowed``; an unsupported signal INVALID_ARGUMENT;
         ids no process has NOT_FOUND; a wrong wire type INVALID_ARGUMENT,
         an unknown field ignored (proto3); no ``te: trailers`` still
-        answered.  Each refusal a handler makes is one audit line
-        ``via: kep`` naming the rule that refused it.
+        answered.  Each refusal is one audit line ``via: kep`` naming what
+        refused it.
         """
         fields = yield self.call(
             START,
@@ -864,13 +864,14 @@ class GrpcProcessTests(GrpcCase):
             if r.get("via") == "kep" and r.get("status", 200) >= 400
         ]
         # A request the transport refuses before any handler runs (the
-        # wrong wire type) writes no audit line yet: only the handlers'.
+        # wrong wire type) is audited as the door itself.
         self.assertEqual(
             [(r["endpoint"], r["status"], r["code"]) for r in lines],
             [
                 ("process_start", 403, "command_not_allowed"),
                 ("process_signal", 400, "invalid_param"),
                 *[("process_signal", 404, "not_found")] * 4,
+                ("kep", 400, "malformed_request"),
             ],
         )
         self.assertEqual(lines[0]["rule"], "policy:endpoints.process_start")
