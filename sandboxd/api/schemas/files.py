@@ -268,8 +268,7 @@ SCHEMAS: dict[str, Schema] = {
             F("path", required=True, min_length=1, example="app.py"),
             F(
                 "old_text",
-                doc="the text to replace, exactly as in the file (LF line ends also "
-                "match a file whose lines all end in CRLF)",
+                doc="the text to replace, exactly as in the file",
                 min_length=1,
                 example="DEBUG = True",
             ),
@@ -345,7 +344,8 @@ SCHEMAS: dict[str, Schema] = {
         notes="Each edit applies to the text the one before left; if any fails, "
         "none is written. The new text replaces the file atomically and only if "
         "no one changed it since it was read; the file keeps its mode and owner. "
-        "A refused edit is named by its index (edit).",
+        "A refused edit is named by its index (edit). In a file whose lines all "
+        "end in CRLF, an edit's LF line ends match and are written as CRLF.",
     ),
     "files_search": Schema(
         body=(
