@@ -667,6 +667,18 @@ class ProcessConformance(ConformanceCase, ProcessCase):
             self.assertEqual(status_of(error)[0], "NOT_FOUND", method)
 
     @inlineCallbacks
+    def test_unknown_id_with_unspecified_signal(self) -> Any:
+        """An unknown id is NOT_FOUND even with no signal, as the reference looks it up first."""
+        pb, _ = stubs()
+        error = yield self.blocking(
+            self.caught,
+            self.stub().SendSignal,
+            pb.SendSignalRequest(process_id=NO_SUCH_ID),
+            timeout=5,
+        )
+        self.assertEqual(status_of(error)[0], "NOT_FOUND")
+
+    @inlineCallbacks
     def test_id_gone_after_start_returned(self) -> Any:
         """Once Start's stream has ended, its id is NOT_FOUND."""
         pb, _ = stubs()
