@@ -172,12 +172,16 @@ def below_root(root: str, given: str) -> str:
     """
     ``given`` as an absolute path below ``root``, as the protocol reads a
     path: relative to the root whether or not it starts with ``/``, except
-    one already under the root, which is taken as it is.
+    one already under the root, which is taken as it is.  An absolute path
+    is cleaned first, so its ``..`` stops at ``/`` (the root), as the
+    reference cleans one.
 
     :raises ApiError: 403 for a path that leaves the root (``..``).
     """
     if given.startswith("/"):
-        clean = posixpath.normpath(given)
+        # normpath keeps a leading "//"; one "/" is what the root is compared to.
+        clean = "/" + posixpath.normpath(given).lstrip("/")
+        given = clean
         if clean == root or clean.startswith(root.rstrip("/") + "/"):
             given = clean[len(root) :]
     joined = posixpath.normpath(posixpath.join(root, given.lstrip("/")))

@@ -298,6 +298,22 @@ class FilesConformance(ConformanceCase):
         self.assert_error(r, 403, "PERMISSION_DENIED")
 
     @inlineCallbacks
+    def test_absolute_paths_are_below_the_root(self) -> Any:
+        """
+        A path starting with ``/`` is below the root, and ``..`` stops at
+        it, as the reference cleans an absolute path; the root's own
+        absolute path names the root.
+        """
+        self.put_file("sub/f.txt", b"abs")
+        r = yield self.http("GET", "/v1/files/%2Fsub%2Ff.txt")
+        self.assertEqual((r.status_code, r.content), (200, b"abs"))
+        r = yield self.http("GET", "/v1/files/%2F..%2Fsub%2Ff.txt")
+        self.assertEqual((r.status_code, r.content), (200, b"abs"))
+        full = (self.base_dir + "/sub/f.txt").replace("/", "%2F")
+        r = yield self.http("GET", f"/v1/files/{full}")
+        self.assertEqual((r.status_code, r.content), (200, b"abs"))
+
+    @inlineCallbacks
     def test_delete_file(self) -> Any:
         """DELETE of a file is 204; again, 404 NOT_FOUND."""
         self.put_file("f.txt")
