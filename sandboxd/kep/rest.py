@@ -465,13 +465,24 @@ def remove(call: Call, _: Any) -> Deferred[Any]:
     policy protects inside, mounts); the root itself is emptied, never
     removed.
     """
-    recursive = _recursive(call)
+    try:
+        recursive, malformed = _recursive(call), None
+    except ApiError as e:
+        recursive, malformed = False, e
     given, path = _door(call).target(call)
     door = _door(call)
     request = call.server_request(query={"path": path})
     guard = PathGuard.for_request(request)
 
     def job() -> int:
+        if malformed is not None:
+            # As the reference: a path that is not there is 404 before
+            # ``recursive`` is read (the guard's refusals come first).
+            if path != door.root:
+                with guard.locate(path, "delete") as loc:
+                    if loc.lstat() is None:
+                        raise file_not_found(given)
+            raise malformed
         if path == door.root:
             if not recursive:
                 raise ApiError(

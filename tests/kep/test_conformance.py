@@ -368,6 +368,19 @@ class FilesConformance(ConformanceCase):
         self.assertTrue(os.path.exists(os.path.join(self.base_dir, "f.txt")))
 
     @inlineCallbacks
+    def test_delete_missing_before_recursive(self) -> Any:
+        """
+        A missing path is 404, one out of the root 403, whatever
+        ``recursive`` says: the reference reads it last.
+        """
+        r = yield self.http("DELETE", "/v1/files/absent?recursive=banana")
+        self.assert_error(r, 404, "NOT_FOUND")
+        r = yield self.http("DELETE", "/v1/files/no%2Fparent?recursive=banana")
+        self.assert_error(r, 404, "NOT_FOUND")
+        r = yield self.http("DELETE", "/v1/files/%2E%2E%2Fx?recursive=banana")
+        self.assert_error(r, 403, "PERMISSION_DENIED")
+
+    @inlineCallbacks
     def test_health(self) -> Any:
         """Health is 200 ``{"status": "ok", "uptime_seconds": N}``."""
         r = yield self.http("GET", "/v1/health")
