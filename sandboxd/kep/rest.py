@@ -4,7 +4,8 @@ agent-sandbox's REST filesystem API (KEP-539.2, ``filesystem/v1``) on a
 port of its own, each call governed as the sandboxd endpoint doing the job.
 
 - ``GET /v1/files/{path}``: a file's bytes (``files_read_raw``: its Range,
-  ETag and Last-Modified; ``HEAD`` answers the head alone) or a directory's
+  ETag and Last-Modified, and If-Modified-Since as the reference's file
+  server reads it; ``HEAD`` answers the head alone) or a directory's
   ``DirectoryListing`` (``files_list``);
 - ``PUT /v1/files/{path}``: an atomic write, raw or the ``file`` part of a
   multipart body, ``?mode=0644`` (``files_write_raw``, its ``max_bytes``),
@@ -31,7 +32,7 @@ import stat
 import time
 import urllib.parse
 from datetime import UTC, datetime
-from email.utils import formatdate
+from email.utils import formatdate, parsedate_to_datetime
 from typing import Any, cast
 
 from twisted.internet.defer import Deferred
@@ -249,6 +250,8 @@ def read(call: Call, _: Any) -> Any:
         return listing(call, given, path)
     request = call.server_request(query={"path": path})
     raw = call.request
+    if _not_modified(call, request, path):
+        return NOT_DONE_YET
     if raw.method == b"HEAD":
         return _head(call, request, path)
     request.headers = {
@@ -282,6 +285,36 @@ def read(call: Call, _: Any) -> Any:
 
     response.write_to(raw).addCallbacks(sent, failed)
     return NOT_DONE_YET
+
+
+def _not_modified(call: Call, request: Any, path: str) -> bool:
+    """
+    Answer 304 when ``If-Modified-Since`` (without ``If-None-Match``) is
+    not older than the file's time in whole seconds, as the reference's
+    Go file server does for GET and HEAD; False when it does not apply.
+    """
+    since = call.header("if-modified-since")
+    if not since or call.header("if-none-match") is not None:
+        return False
+    try:
+        when = parsedate_to_datetime(since).timestamp()
+    except (TypeError, ValueError):
+        return False
+    f = PathGuard.for_request(request).open_file(path)
+    try:
+        mtime, etag = f.stat.st_mtime, f.etag
+    finally:
+        f.close()
+    if int(mtime) > when:
+        return False
+    raw = call.request
+    raw.setResponseCode(304)
+    call.status = 304
+    raw.setHeader(b"last-modified", formatdate(mtime, usegmt=True).encode())
+    raw.setHeader(b"etag", etag.encode())
+    raw.finish()
+    call.done()
+    return True
 
 
 def _head(call: Call, request: Any, path: str) -> Any:

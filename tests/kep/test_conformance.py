@@ -278,6 +278,31 @@ class FilesConformance(ConformanceCase):
         self.assertEqual(r.headers["content-range"], "bytes */10")
 
     @inlineCallbacks
+    def test_if_modified_since(self) -> Any:
+        """
+        A file not modified since ``If-Modified-Since`` is 304 with no
+        body, for GET and HEAD; an older date reads the file.
+        """
+        self.put_file("c.txt", b"cached")
+        r = yield self.http("GET", "/v1/files/c.txt")
+        stamp = r.headers["last-modified"]
+        r = yield self.http(
+            "GET", "/v1/files/c.txt", headers={"If-Modified-Since": stamp}
+        )
+        self.assertEqual((r.status_code, r.content), (304, b""))
+        self.assertEqual(r.headers["last-modified"], stamp)
+        r = yield self.http(
+            "HEAD", "/v1/files/c.txt", headers={"If-Modified-Since": stamp}
+        )
+        self.assertEqual(r.status_code, 304)
+        r = yield self.http(
+            "GET",
+            "/v1/files/c.txt",
+            headers={"If-Modified-Since": "Mon, 01 Jan 2001 00:00:00 GMT"},
+        )
+        self.assertEqual((r.status_code, r.content), (200, b"cached"))
+
+    @inlineCallbacks
     def test_traversal(self) -> Any:
         """``..`` out of the root is 403 PERMISSION_DENIED for GET, PUT and DELETE."""
         for method in ("GET", "PUT", "DELETE"):
