@@ -667,10 +667,12 @@ def write_stdin(rpc: Rpc, message: dict[str, Any]) -> dict[str, Any]:
 
 def send_signal(rpc: Rpc, message: dict[str, Any]) -> dict[str, Any]:
     """``SendSignal``: SIGINT, SIGTERM or SIGKILL, to the process's group."""
+    # The id first: an unknown one is NOT_FOUND whatever the signal, as
+    # the reference answers.
+    target = find(rpc, message)
     number = int(message.get("signal") or 0)
     if number not in SIGNALS:
         raise bad_request(f"unsupported or unspecified signal: {number}")
-    target = find(rpc, message)
     if isinstance(target, PtySession):
         target.send_signal(signal.Signals(number).name)
         return {}

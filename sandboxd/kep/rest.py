@@ -4,7 +4,8 @@ agent-sandbox's REST filesystem API (KEP-539.2, ``filesystem/v1``) on a
 port of its own, each call governed as the sandboxd endpoint doing the job.
 
 - ``GET /v1/files/{path}``: a file's bytes (``files_read_raw``: its Range,
-  ETag and Last-Modified; ``HEAD`` answers the head alone) or a directory's
+  ETag and Last-Modified, and If-Modified-Since as the reference's file
+  server reads it; ``HEAD`` answers the head alone) or a directory's
   ``DirectoryListing`` (``files_list``);
 - ``PUT /v1/files/{path}``: an atomic write, raw or the ``file`` part of a
   multipart body, ``?mode=0644`` (``files_write_raw``, its ``max_bytes``),
@@ -31,7 +32,7 @@ import stat
 import time
 import urllib.parse
 from datetime import UTC, datetime
-from email.utils import formatdate
+from email.utils import formatdate, parsedate_to_datetime
 from typing import Any, cast
 
 from twisted.internet.defer import Deferred
@@ -178,12 +179,16 @@ def below_root(root: str, given: str) -> str:
     """
     ``given`` as an absolute path below ``root``, as the protocol reads a
     path: relative to the root whether or not it starts with ``/``, except
-    one already under the root, which is taken as it is.
+    one already under the root, which is taken as it is.  An absolute path
+    is cleaned first, so its ``..`` stops at ``/`` (the root), as the
+    reference cleans one.
 
     :raises ApiError: 403 for a path that leaves the root (``..``).
     """
     if given.startswith("/"):
-        clean = posixpath.normpath(given)
+        # normpath keeps a leading "//"; one "/" is what the root is compared to.
+        clean = "/" + posixpath.normpath(given).lstrip("/")
+        given = clean
         if clean == root or clean.startswith(root.rstrip("/") + "/"):
             given = clean[len(root) :]
     joined = posixpath.normpath(posixpath.join(root, given.lstrip("/")))
@@ -251,12 +256,44 @@ def read(call: Call, _: Any) -> Any:
         return listing(call, given, path)
     request = call.server_request(query={"path": path})
     raw = call.request
+    if _not_modified(call, request, path):
+        return NOT_DONE_YET
     if raw.method == b"HEAD":
         return _head(call, request, path)
     request.headers = conditional_headers(call)
     from sandboxd.routes import files as file_routes
 
     return send_response(call, file_routes.files_read_raw(request))
+
+
+def _not_modified(call: Call, request: Any, path: str) -> bool:
+    """
+    Answer 304 when ``If-Modified-Since`` (without ``If-None-Match``) is
+    not older than the file's time in whole seconds, as the reference's
+    Go file server does for GET and HEAD; False when it does not apply.
+    """
+    since = call.header("if-modified-since")
+    if not since or call.header("if-none-match") is not None:
+        return False
+    try:
+        when = parsedate_to_datetime(since).timestamp()
+    except (TypeError, ValueError):
+        return False
+    f = PathGuard.for_request(request).open_file(path)
+    try:
+        mtime, etag = f.stat.st_mtime, f.etag
+    finally:
+        f.close()
+    if int(mtime) > when:
+        return False
+    raw = call.request
+    raw.setResponseCode(304)
+    call.status = 304
+    raw.setHeader(b"last-modified", formatdate(mtime, usegmt=True).encode())
+    raw.setHeader(b"etag", etag.encode())
+    raw.finish()
+    call.done()
+    return True
 
 
 def _head(call: Call, request: Any, path: str) -> Any:
@@ -440,13 +477,24 @@ def remove(call: Call, _: Any) -> Deferred[Any]:
     policy protects inside, mounts); the root itself is emptied, never
     removed.
     """
-    recursive = _recursive(call)
+    try:
+        recursive, malformed = _recursive(call), None
+    except ApiError as e:
+        recursive, malformed = False, e
     given, path = _door(call).target(call)
     door = _door(call)
     request = call.server_request(query={"path": path})
     guard = PathGuard.for_request(request)
 
     def job() -> int:
+        if malformed is not None:
+            # As the reference: a path that is not there is 404 before
+            # ``recursive`` is read (the guard's refusals come first).
+            if path != door.root:
+                with guard.locate(path, "delete") as loc:
+                    if loc.lstat() is None:
+                        raise file_not_found(given)
+            raise malformed
         if path == door.root:
             if not recursive:
                 raise ApiError(
