@@ -73,13 +73,15 @@ class RestPathTests(KepCase):
         ``%2e%2e`` and ``..%2f`` leave the root once decoded: 403 with the
         root's rule; ``%252e%252e`` is the literal name ``%2e%2e`` (404), not
         decoded twice; ``..`` inside a path is normalised before the check.
+        An absolute path is cleaned first, as the reference cleans it, so its
+        ``..`` stops at the root: ``/../../etc/passwd`` is the root's
+        ``etc/passwd``, not there (404), and never the system's.
         """
         rel = os.path.relpath(self.outside, self.base_dir).encode()
         for path in (
             b"/v1/files/%2e%2e/" + rel + b"/secret.txt",
             b"/v1/files/..%2f" + rel.replace(b"/", b"%2f") + b"%2fsecret.txt",
             b"/v1/files/a/../../" + rel + b"/secret.txt",
-            b"/v1/files/%2F..%2F..%2F..%2Fetc%2Fpasswd",
         ):
             answer = yield self.raw(get(path))
             self.assertEqual(status(answer), 403, (path, answer[:300]))
@@ -88,6 +90,9 @@ class RestPathTests(KepCase):
             self.assertIn(b"kep:root", answer)
         answer = yield self.raw(get(b"/v1/files/%252e%252e/x"))
         self.assertEqual(status(answer), 404, answer[:300])
+        answer = yield self.raw(get(b"/v1/files/%2F..%2F..%2F..%2Fetc%2Fpasswd"))
+        self.assertEqual(status(answer), 404, answer[:300])
+        self.assertNotIn(b"root:", answer)
 
     @inlineCallbacks
     def test_nul_and_overlong(self) -> Any:
@@ -830,10 +835,13 @@ class GrpcProcessTests(GrpcCase):
         )
         self.assertEqual(fields.get(b"grpc-status"), b"7", fields)
         self.assertEqual(fields.get(b"x-sandboxd-code"), b"command_not_allowed")
+        # The id is looked up before the signal is read, as the reference
+        # does: no such process is NOT_FOUND whatever the signal (a live
+        # one's bad signal is in test_process).
         fields = yield self.call(
             SIGNAL, pb().SendSignalRequest(process_id=os.getpid(), signal=9999)
         )
-        self.assertEqual(fields.get(b"grpc-status"), b"3", fields)
+        self.assertEqual(fields.get(b"grpc-status"), b"5", fields)
         for pid in (-1, 2**31 - 1, 1, os.getpid()):
             fields = yield self.call(
                 SIGNAL, pb().SendSignalRequest(process_id=pid, signal=9)
@@ -869,8 +877,7 @@ class GrpcProcessTests(GrpcCase):
             [(r["endpoint"], r["status"], r["code"]) for r in lines],
             [
                 ("process_start", 403, "command_not_allowed"),
-                ("process_signal", 400, "invalid_param"),
-                *[("process_signal", 404, "not_found")] * 4,
+                *[("process_signal", 404, "not_found")] * 5,
                 ("kep", 400, "malformed_request"),
             ],
         )

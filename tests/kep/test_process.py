@@ -282,14 +282,20 @@ class StartTests(ProcessCase):
             refused = self.caught(
                 stub.SendSignal, pb.SendSignalRequest(process_id=pid), timeout=5
             )
+            odd = self.caught(
+                stub.SendSignal,
+                pb.SendSignalRequest(process_id=pid, signal=9999),
+                timeout=5,
+            )
             stub.SendSignal(
                 pb.SendSignalRequest(process_id=pid, signal=pb.SIGNAL_SIGTERM),
                 timeout=5,
             )
-            return pid, refused, events(stream)
+            return pid, refused, odd, events(stream)
 
-        pid, refused, got = yield self.blocking(job)
+        pid, refused, odd, got = yield self.blocking(job)
         self.assertEqual(status_of(refused)[0], "INVALID_ARGUMENT")
+        self.assertEqual(status_of(odd)[0], "INVALID_ARGUMENT")
         self.assertEqual(got, [("exit", -1)])
         error = yield self.blocking(
             self.caught,
