@@ -307,7 +307,8 @@ class RestBodyTests(KepCase):
     def test_head_on_directory_and_unknown_methods(self) -> Any:
         """
         HEAD on a directory answers a head without a body; methods the door
-        has not are 501 (on a file path) or 404, in the protocol's framing.
+        has not are 405 with Allow (on a file path) or 404, in the
+        protocol's framing.
         """
         os.makedirs(os.path.join(self.base_dir, "d"))
         response = yield self.http("HEAD", "/v1/files/d")
@@ -315,7 +316,8 @@ class RestBodyTests(KepCase):
         self.assertEqual(response.content, b"")
         for method in ("PATCH", "POST", "OPTIONS", "TRACE", "PROPFIND"):
             response = yield self.http(method, "/v1/files/d")
-            self.assertEqual(response.status_code, 501, (method, response.text))
+            self.assertEqual(response.status_code, 405, (method, response.text))
+            self.assertEqual(response.headers["allow"], "GET, HEAD, PUT, DELETE")
             self.assertEqual(
                 set(response.json()), {"code", "message"}, (method, response.text)
             )
