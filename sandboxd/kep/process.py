@@ -43,8 +43,10 @@ from sandboxd.errors import (
     bad_request,
     exhausted,
     internal,
+    limit_exceeded,
     not_found,
     timed_out,
+    unmet_precondition,
 )
 from sandboxd.kep import schema
 from sandboxd.kep.access import admit
@@ -606,11 +608,10 @@ class _TerminalClient:
     def drop_slow(self) -> None:
         """The client left the output unread too long: the call ends."""
         self.rpc.fail(
-            ApiError(
+            limit_exceeded(
                 429,
                 "the client left terminal output unread for too long",
-                "ResourceError",
-                None,
+                Code.RATE_LIMITED,
             )
         )
 
@@ -694,12 +695,7 @@ def resize(rpc: Rpc, message: dict[str, Any]) -> dict[str, Any]:
     target = find(rpc, message)
     if not isinstance(target, PtySession):
         # FAILED_PRECONDITION, as the reference answers.
-        raise ApiError(
-            412,
-            f"process {target.pid} has no terminal to resize",
-            "ValueError",
-            Code.PRECONDITION_FAILED,
-        )
+        raise unmet_precondition(f"process {target.pid} has no terminal to resize")
     terminal_routes.pty_resize(
         rpc.server_request(
             body={"cols": message.get("cols"), "rows": message.get("rows")},

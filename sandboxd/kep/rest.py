@@ -44,10 +44,13 @@ from sandboxd.errors import (
     ApiError,
     Code,
     bad_request,
+    directory_not_empty,
     file_not_found,
     forbidden,
+    method_not_allowed,
     payload_too_large,
     unavailable,
+    unmet_precondition,
 )
 from sandboxd.files import walk
 from sandboxd.kep import access
@@ -219,13 +222,7 @@ def _unknown(call: Call, _: Any) -> Any:
     if "GET" in allowed:
         allowed.insert(1, "HEAD")
     method = call.request.method.decode("latin-1", "replace")[:20]
-    raise ApiError(
-        405,
-        f"{method} is not served here (allowed: {', '.join(allowed)})",
-        "ValueError",
-        Code.UNSUPPORTED,
-        headers={"Allow": ", ".join(allowed)},
-    )
+    raise method_not_allowed(method, allowed)
 
 
 def _door(call: Call) -> KepRestDoor:
@@ -313,12 +310,7 @@ def _not_modified(call: Call, request: Any, path: str) -> bool:
         f.close()
     if before is not None and int(mtime) > before:
         # As Go's file server: the file is newer than the client's copy.
-        raise ApiError(
-            412,
-            f"the file changed after If-Unmodified-Since: {path}",
-            "ValueError",
-            Code.PRECONDITION_FAILED,
-        )
+        raise unmet_precondition(f"the file changed after If-Unmodified-Since: {path}")
     if since is None or int(mtime) > since:
         return False
     raw = call.request
@@ -498,10 +490,8 @@ def _recursive(call: Call) -> bool:
 
 
 def _not_empty(path: str) -> ApiError:
-    return ApiError(
-        409,
-        f"the directory is not empty: {path}; pass recursive=true to remove it",
-        "OSError",
+    return directory_not_empty(
+        f"the directory is not empty: {path}; pass recursive=true to remove it"
     )
 
 
@@ -532,11 +522,9 @@ def remove(call: Call, _: Any) -> Deferred[Any]:
             raise malformed
         if path == door.root:
             if not recursive:
-                raise ApiError(
-                    409,
+                raise directory_not_empty(
                     "cannot delete the sandbox root; pass recursive=true to clear "
-                    "its contents",
-                    "OSError",
+                    "its contents"
                 )
             with guard.open_dir(path) as (fd, root):
                 names = [name for _, name, _ in walk.walk(fd, root, 1)]
