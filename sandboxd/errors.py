@@ -422,6 +422,30 @@ def precondition_failed(path: Any) -> ApiError:
     )
 
 
+def unmet_precondition(message: str) -> ApiError:
+    """
+    412 ``precondition_failed`` for a condition other than an ETag: a date
+    the file is newer than, a terminal a process does not have.
+    """
+    return ApiError(412, message, "ValueError", Code.PRECONDITION_FAILED)
+
+
+def method_not_allowed(method: str, allowed: list[str]) -> ApiError:
+    """405 ``unsupported``: a path that takes other methods, named in ``Allow``."""
+    return ApiError(
+        405,
+        f"{method} is not served here (allowed: {', '.join(allowed)})",
+        "ValueError",
+        Code.UNSUPPORTED,
+        headers={"Allow": ", ".join(allowed)},
+    )
+
+
+def directory_not_empty(message: str) -> ApiError:
+    """409 for a directory deleted without ``recursive`` that has entries."""
+    return ApiError(409, message, "OSError")
+
+
 def payload_too_large(
     limit: int,
     what: str = "the request body",

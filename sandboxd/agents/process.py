@@ -105,11 +105,13 @@ class AgentChild(Child):
 
     def __init__(self, clock: Any, on_output: OutputCallback) -> None:
         super().__init__(clock, on_output)
+        #: The leftovers' kill once the leader has exited (None before).
+        self.leftovers: Deferred[None] | None = None
         # First in line on ``exited``, ahead of every listener.
         self.exited.addCallback(self._leader_exited)
 
     def _leader_exited(self, code: int | None) -> int | None:
-        self.kill_now()
+        self.leftovers = self.kill_now()
         return code
 
     def kill_now(self) -> Deferred[None]:
@@ -229,6 +231,22 @@ class AgentProcess:
         if self.exited:
             return succeed(self.exit_code)
         return self._exit_waiters.wait()
+
+    def wait_gone(self) -> Deferred[int | None]:
+        """
+        Fires with the exit code once the agent has exited and what it left
+        behind is gone too (a stop that waits for it leaves no timer).
+        """
+
+        def after_leftovers(code: int | None) -> Deferred[int | None] | int | None:
+            leftovers = self.child.leftovers
+            if leftovers is None or leftovers.called:
+                return code
+            waiting: Deferred[int | None] = Deferred()
+            leftovers.addBoth(lambda _: waiting.callback(code))
+            return waiting
+
+        return self.wait_exit().addCallback(after_leftovers)
 
     def terminate(self) -> Deferred[int | None]:
         """TERM the whole tree now, KILL it after the grace; fires at exit."""

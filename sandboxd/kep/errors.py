@@ -39,6 +39,8 @@ _BY_STATUS: dict[int, KepStatus] = {
     401: KepStatus(401, "UNAUTHENTICATED", "UNAUTHENTICATED"),
     403: _DENIED,
     404: KepStatus(404, "NOT_FOUND", "NOT_FOUND"),
+    # A method a path does not take (the reference's router: 405, Allow).
+    405: KepStatus(405, "UNIMPLEMENTED", "UNIMPLEMENTED"),
     408: KepStatus(504, "DEADLINE_EXCEEDED", "DEADLINE_EXCEEDED"),
     409: KepStatus(409, "CONFLICT", "FAILED_PRECONDITION"),
     412: KepStatus(412, "FAILED_PRECONDITION", "FAILED_PRECONDITION"),

@@ -43,8 +43,10 @@ from sandboxd.errors import (
     bad_request,
     exhausted,
     internal,
+    limit_exceeded,
     not_found,
     timed_out,
+    unmet_precondition,
 )
 from sandboxd.kep import schema
 from sandboxd.kep.access import admit
@@ -124,25 +126,26 @@ class Rpc:
         assert self.passed is not None
         return self.passed.rule
 
-    def admit(self, endpoint_id: str) -> None:
+    def admit(self, endpoint_id: str) -> gate.Passed:
         """
-        Admit the call as the door (``kep``), then as ``endpoint_id`` (a
-        call without a credential is ``params.unauthenticated_as`` when set).
+        Admit the call as ``endpoint_id``: the door (``kep``) first, then
+        the endpoint doing the job (a call without a credential is
+        ``params.unauthenticated_as`` when set).
 
         :raises ApiError: the gate's refusal, audited as what refused it.
         """
         context = self.context
-        for name in ("kep", endpoint_id):
-            self.endpoint_id = name
-            try:
-                passed = admit(context, context.table.get(name), self.call.headers)
-            except gate.Refused as refused:
-                self.refused_identity = refused.identity
-                raise refused.error from None
-            if name == "kep":
-                self.door_passed = passed
-            else:
-                self.passed = passed
+        self.endpoint_id = endpoint_id
+        try:
+            passed = admit(context, context.table.get(endpoint_id), self.call.headers)
+        except gate.Refused as refused:
+            self.refused_identity = refused.identity
+            raise refused.error from None
+        if endpoint_id == "kep":
+            self.door_passed = passed
+        else:
+            self.passed = passed
+        return passed
 
     def server_request(
         self,
@@ -305,8 +308,10 @@ def serve(
         rpc = Rpc(context, call)
         call.on_end(rpc.gone)
         try:
-            chosen = endpoint if isinstance(endpoint, str) else endpoint(rpc, message)
-            rpc.admit(chosen)
+            # The door first: who is calling is known before the endpoint
+            # is chosen (a terminal's only for one the caller may drive).
+            rpc.admit("kep")
+            rpc.admit(endpoint if isinstance(endpoint, str) else endpoint(rpc, message))
             d = maybeDeferred(run, rpc, message)
         except ApiError as e:
             rpc.fail(e)
@@ -430,14 +435,16 @@ def find(rpc: Rpc, message: dict[str, Any]) -> Managed | PtySession:
 
 
 def by_target(process_endpoint: str, terminal_endpoint: str) -> Chooser:
-    """An endpoint chooser: the terminal's when the id names a terminal."""
+    """
+    An endpoint chooser: the terminal's when the id names a terminal the
+    caller may drive; another identity's is not there for it (NOT_FOUND,
+    as an id nobody has, whatever scopes the caller holds).
+    """
 
     def choose(rpc: Rpc, message: dict[str, Any]) -> str:
         pid = int(message.get("process_id") or 0)
-        for session in _terminals(rpc).sessions.values():
-            if session.pid == pid and not session.ended:
-                return terminal_endpoint
-        return process_endpoint
+        found = _terminal(rpc, pid) if pid > 0 else None
+        return terminal_endpoint if found is not None else process_endpoint
 
     return choose
 
@@ -601,11 +608,10 @@ class _TerminalClient:
     def drop_slow(self) -> None:
         """The client left the output unread too long: the call ends."""
         self.rpc.fail(
-            ApiError(
+            limit_exceeded(
                 429,
                 "the client left terminal output unread for too long",
-                "ResourceError",
-                None,
+                Code.RATE_LIMITED,
             )
         )
 
@@ -689,12 +695,7 @@ def resize(rpc: Rpc, message: dict[str, Any]) -> dict[str, Any]:
     target = find(rpc, message)
     if not isinstance(target, PtySession):
         # FAILED_PRECONDITION, as the reference answers.
-        raise ApiError(
-            412,
-            f"process {target.pid} has no terminal to resize",
-            "ValueError",
-            Code.PRECONDITION_FAILED,
-        )
+        raise unmet_precondition(f"process {target.pid} has no terminal to resize")
     terminal_routes.pty_resize(
         rpc.server_request(
             body={"cols": message.get("cols"), "rows": message.get("rows")},

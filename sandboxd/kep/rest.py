@@ -44,11 +44,13 @@ from sandboxd.errors import (
     ApiError,
     Code,
     bad_request,
+    directory_not_empty,
     file_not_found,
     forbidden,
+    method_not_allowed,
     payload_too_large,
     unavailable,
-    unsupported,
+    unmet_precondition,
 )
 from sandboxd.files import walk
 from sandboxd.kep import access
@@ -148,7 +150,7 @@ class KepRestDoor(PortDoor):
             status,
             b"application/json",
             _json(error_body(error)),
-            error_headers(error),
+            {**error.headers, **error_headers(error)},
         )
 
     def admit(self, call: Call, endpoint: Any) -> gate.Passed:
@@ -207,12 +209,20 @@ def _json(value: Any) -> bytes:
 
 
 def _unknown(call: Call, _: Any) -> Any:
+    """
+    A path the protocol has: 405 with the methods it takes in ``Allow``,
+    as the reference's router answers; any other path: 404.
+    """
     path = call.request.path.decode("latin-1", "replace")
-    if any(f"{m} {path}" in PROCEDURES for m in ("GET", "PUT", "DELETE")) or (
-        path.startswith(FILES + "/")
-    ):
-        raise unsupported(f"{call.request.method.decode('latin-1')} is not served here")
-    raise file_not_found(path[:200])
+    if path.startswith(FILES + "/"):
+        path = FILES
+    allowed = [m for m in ("GET", "PUT", "DELETE") if f"{m} {path}" in PROCEDURES]
+    if not allowed:
+        raise file_not_found(path[:200])
+    if "GET" in allowed:
+        allowed.insert(1, "HEAD")
+    method = call.request.method.decode("latin-1", "replace")[:20]
+    raise method_not_allowed(method, allowed)
 
 
 def _door(call: Call) -> KepRestDoor:
@@ -266,25 +276,42 @@ def read(call: Call, _: Any) -> Any:
     return send_response(call, file_routes.files_read_raw(request))
 
 
+def _header_time(call: Call, name: str, overridden_by: str) -> float | None:
+    """
+    A date header as a timestamp; None when absent, unreadable, or when
+    ``overridden_by`` (the ETag header that takes its place) is given.
+    """
+    value = call.header(name)
+    if not value or call.header(overridden_by) is not None:
+        return None
+    try:
+        return parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None
+
+
 def _not_modified(call: Call, request: Any, path: str) -> bool:
     """
     Answer 304 when ``If-Modified-Since`` (without ``If-None-Match``) is
     not older than the file's time in whole seconds, as the reference's
     Go file server does for GET and HEAD; False when it does not apply.
+
+    :raises ApiError: 412 when ``If-Unmodified-Since`` (without
+        ``If-Match``) is older than the file, as that server answers.
     """
-    since = call.header("if-modified-since")
-    if not since or call.header("if-none-match") is not None:
-        return False
-    try:
-        when = parsedate_to_datetime(since).timestamp()
-    except (TypeError, ValueError):
+    since = _header_time(call, "if-modified-since", "if-none-match")
+    before = _header_time(call, "if-unmodified-since", "if-match")
+    if since is None and before is None:
         return False
     f = PathGuard.for_request(request).open_file(path)
     try:
         mtime, etag = f.stat.st_mtime, f.etag
     finally:
         f.close()
-    if int(mtime) > when:
+    if before is not None and int(mtime) > before:
+        # As Go's file server: the file is newer than the client's copy.
+        raise unmet_precondition(f"the file changed after If-Unmodified-Since: {path}")
+    if since is None or int(mtime) > since:
         return False
     raw = call.request
     raw.setResponseCode(304)
@@ -463,10 +490,8 @@ def _recursive(call: Call) -> bool:
 
 
 def _not_empty(path: str) -> ApiError:
-    return ApiError(
-        409,
-        f"the directory is not empty: {path}; pass recursive=true to remove it",
-        "OSError",
+    return directory_not_empty(
+        f"the directory is not empty: {path}; pass recursive=true to remove it"
     )
 
 
@@ -497,11 +522,9 @@ def remove(call: Call, _: Any) -> Deferred[Any]:
             raise malformed
         if path == door.root:
             if not recursive:
-                raise ApiError(
-                    409,
+                raise directory_not_empty(
                     "cannot delete the sandbox root; pass recursive=true to clear "
-                    "its contents",
-                    "OSError",
+                    "its contents"
                 )
             with guard.open_dir(path) as (fd, root):
                 names = [name for _, name, _ in walk.walk(fd, root, 1)]

@@ -136,7 +136,8 @@ class EditorRelay:
         self.framer.stop()
         if self.process.pid is None:
             return succeed(None)
-        return self.process.terminate()
+        self.process.terminate()
+        return self.process.wait_gone()
 
     @property
     def pid(self) -> int | None:

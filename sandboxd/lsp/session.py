@@ -269,7 +269,7 @@ class LspSession:
             later = self.reactor.callLater(
                 defaults.LSP_SHUTDOWN_SECONDS, self.process.terminate
             )
-            gone = self.process.wait_exit()
+            gone = self.process.wait_gone()
 
             def ended(result: Any) -> Any:
                 if later.active():
@@ -278,7 +278,8 @@ class LspSession:
 
             gone.addBoth(ended)
             return gone
-        return self.process.terminate()
+        self.process.terminate()
+        return self.process.wait_gone()
 
     @property
     def pid(self) -> int | None:

@@ -485,7 +485,16 @@ class PtySession:
             return False
         try:
             os.killpg(group, number)
-        except (ProcessLookupError, PermissionError):
+        except ProcessLookupError:
+            if group != self.pid:
+                return False
+            # Just forked: not yet the leader of a group of its own (its
+            # setsid is still to come), so the process itself is signalled.
+            try:
+                os.kill(self.pid, number)
+            except (ProcessLookupError, PermissionError):
+                return False
+        except PermissionError:
             return False
         return True
 

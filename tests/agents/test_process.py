@@ -19,10 +19,11 @@ from typing import Any
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import deferLater
+from twisted.trial.unittest import TestCase
 
 from sandboxd.processes import tree as proctree
 from tests.agents.test_agents import CATALOG, FAKE, AgentsTestCase, agents_policy
-from tests.helpers import kill_marked, marked_pids
+from tests.helpers import alive, kill_marked, marked_pids
 
 
 class AgentTreeTests(AgentsTestCase):
@@ -234,3 +235,39 @@ class AgentPriorityPolicyTests(AgentPriorityTests):
         self.assertEqual(nice, 10)
         if group != "none":
             self.assertTrue(group.endswith(" nice 10"), group)
+
+
+class WaitGoneTests(TestCase):
+    """An agent's exit and the end of what it left behind, apart."""
+
+    @inlineCallbacks
+    def test_wait_gone_outlasts_the_leftovers(self) -> Any:
+        """
+        A leader that exits leaving a background child: ``wait_exit`` fires
+        at its exit, ``wait_gone`` only once the child is gone too, so a
+        stop that waits for it leaves no kill in progress behind.
+        """
+        from sandboxd import processes
+        from sandboxd.agents.process import AgentProcess, HeadTailLog
+        from sandboxd.jsonrpc import LineFramer
+
+        pid_file = os.path.realpath(self.mktemp())
+        agent = AgentProcess(
+            reactor,
+            processes.ChildTable(),
+            HeadTailLog(4096),
+            LineFramer(4096, lambda line: None, lambda: None),
+            lambda code, sig: None,
+        )
+        agent.spawn(
+            "/bin/sh",
+            ["sh", "-c", f"sleep 30 & echo $! > {pid_file}; exit 0"],
+            dict(os.environ),
+            os.getcwd(),
+            None,
+        )
+        code = yield agent.wait_gone()
+        self.assertEqual(code, 0)
+        with open(pid_file) as f:
+            leftover = int(f.read())
+        self.assertFalse(alive(leftover))

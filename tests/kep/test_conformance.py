@@ -303,6 +303,27 @@ class FilesConformance(ConformanceCase):
         self.assertEqual((r.status_code, r.content), (200, b"cached"))
 
     @inlineCallbacks
+    def test_if_unmodified_since(self) -> Any:
+        """
+        A file modified after ``If-Unmodified-Since`` is 412
+        ``FAILED_PRECONDITION``; its own time reads it.
+        """
+        self.put_file("u.txt", b"fresh")
+        r = yield self.http("GET", "/v1/files/u.txt")
+        stamp = r.headers["last-modified"]
+        r = yield self.http(
+            "GET",
+            "/v1/files/u.txt",
+            headers={"If-Unmodified-Since": "Mon, 01 Jan 2001 00:00:00 GMT"},
+        )
+        self.assertEqual(r.status_code, 412)
+        self.assertEqual(r.json()["code"], "FAILED_PRECONDITION")
+        r = yield self.http(
+            "GET", "/v1/files/u.txt", headers={"If-Unmodified-Since": stamp}
+        )
+        self.assertEqual((r.status_code, r.content), (200, b"fresh"))
+
+    @inlineCallbacks
     def test_traversal(self) -> Any:
         """``..`` out of the root is 403 PERMISSION_DENIED for GET, PUT and DELETE."""
         for method in ("GET", "PUT", "DELETE"):

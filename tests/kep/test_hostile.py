@@ -10,6 +10,7 @@ the daemon keeps answering other callers.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -307,7 +308,8 @@ class RestBodyTests(KepCase):
     def test_head_on_directory_and_unknown_methods(self) -> Any:
         """
         HEAD on a directory answers a head without a body; methods the door
-        has not are 501 (on a file path) or 404, in the protocol's framing.
+        has not are 405 with Allow (on a file path) or 404, in the
+        protocol's framing.
         """
         os.makedirs(os.path.join(self.base_dir, "d"))
         response = yield self.http("HEAD", "/v1/files/d")
@@ -315,7 +317,8 @@ class RestBodyTests(KepCase):
         self.assertEqual(response.content, b"")
         for method in ("PATCH", "POST", "OPTIONS", "TRACE", "PROPFIND"):
             response = yield self.http(method, "/v1/files/d")
-            self.assertEqual(response.status_code, 501, (method, response.text))
+            self.assertEqual(response.status_code, 405, (method, response.text))
+            self.assertEqual(response.headers["allow"], "GET, HEAD, PUT, DELETE")
             self.assertEqual(
                 set(response.json()), {"code", "message"}, (method, response.text)
             )
@@ -896,16 +899,23 @@ class GrpcOtherIdentityTests(GrpcCase):
                     "token_env": "T_BOB",
                     "scopes": ["terminal:use", "process:manage", "process:run"],
                 },
+                {
+                    "id": "carol",
+                    "token_env": "T_CAROL",
+                    "scopes": ["process:manage", "process:run"],
+                },
             ]
         }
     }
-    environ = {"T_ALICE": "alice-secret", "T_BOB": "bob-secret"}
+    environ = {"T_ALICE": "alice-secret", "T_BOB": "bob-secret", "T_CAROL": "carol"}
 
     @inlineCallbacks
     def test_foreign_terminal_is_not_found(self) -> Any:
         """
         Bob's WriteStdin, SendSignal and ResizeTTY naming the pid of
-        Alice's terminal are NOT_FOUND, and her terminal runs on untouched.
+        Alice's terminal are NOT_FOUND, and her terminal runs on untouched;
+        so are Carol's, who holds no terminal scope (a refusal of that scope
+        would tell her a terminal has that pid).
         """
         alice = self.h2()
         start = pb().StartRequest(
@@ -927,20 +937,26 @@ class GrpcOtherIdentityTests(GrpcCase):
         init = pb().StartResponse.FromString(data[5 : 5 + int.from_bytes(data[1:5])])
         pid = init.init.process_id
         self.assertGreater(pid, 0)
-        bob = [(b"authorization", b"Bearer bob-secret")]
-        for path, message in (
+        others = (
+            [(b"authorization", b"Bearer bob-secret")],
+            [(b"authorization", b"Bearer carol")],
+        )
+        for bob, (path, message) in itertools.product(
+            others,
             (
-                "/process.v1.ProcessService/WriteStdin",
-                pb().WriteStdinRequest(process_id=pid, input=b"x"),
-            ),
-            (SIGNAL, pb().SendSignalRequest(process_id=pid, signal=9)),
-            (
-                "/process.v1.ProcessService/ResizeTTY",
-                pb().ResizeTTYRequest(process_id=pid, cols=10, rows=10),
+                (
+                    "/process.v1.ProcessService/WriteStdin",
+                    pb().WriteStdinRequest(process_id=pid, input=b"x"),
+                ),
+                (SIGNAL, pb().SendSignalRequest(process_id=pid, signal=9)),
+                (
+                    "/process.v1.ProcessService/ResizeTTY",
+                    pb().ResizeTTYRequest(process_id=pid, cols=10, rows=10),
+                ),
             ),
         ):
 
-            def call(path: str = path, message: Any = message) -> Any:
+            def call(path: str = path, message: Any = message, bob: Any = bob) -> Any:
                 client = H2Client(self.grpc_port)  # type: ignore[arg-type]
                 try:
                     s = client.request(path, framed(message.SerializeToString()), bob)
@@ -950,6 +966,11 @@ class GrpcOtherIdentityTests(GrpcCase):
                     client.close()
 
             fields = yield self.blocking(call)
-            self.assertEqual(fields.get(b"grpc-status"), b"5", (path, fields))
+            expected = b"5"
+            if bob is others[1] and path.endswith("ResizeTTY"):
+                # ResizeTTY is pty_resize for any pid: without the scope it
+                # is refused whatever the pid names (nothing told).
+                expected = b"7"
+            self.assertEqual(fields.get(b"grpc-status"), expected, (path, fields))
         self.assertFalse(alice.ended(sid))
         os.kill(pid, 0)

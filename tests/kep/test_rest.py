@@ -272,11 +272,17 @@ class RawTests(KepCase):
 
     @inlineCallbacks
     def test_unknown_route(self) -> Any:
-        """A path the protocol has not is 404 NOT_FOUND in its framing."""
+        """
+        A path the protocol has not is 404 NOT_FOUND in its framing; a
+        method a path does not take is 405 with the ones it does in Allow.
+        """
         r = yield self.http("GET", "/v2/files/x")
         self.assertEqual((r.status_code, r.json()["code"]), (404, "NOT_FOUND"))
         r = yield self.http("POST", "/v1/files/x", content=b"")
-        self.assertEqual((r.status_code, r.json()["code"]), (501, "UNIMPLEMENTED"))
+        self.assertEqual((r.status_code, r.json()["code"]), (405, "UNIMPLEMENTED"))
+        self.assertEqual(r.headers["allow"], "GET, HEAD, PUT, DELETE")
+        r = yield self.http("DELETE", "/v1/health")
+        self.assertEqual((r.status_code, r.headers["allow"]), (405, "GET, HEAD"))
 
 
 class RootTests(KepCase):

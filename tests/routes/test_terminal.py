@@ -207,6 +207,26 @@ class SessionTests(TerminalCase):
         self.assertEqual(sent, [(created["pid"], signal.SIGINT)])
 
     @inlineCallbacks
+    def test_signal_before_the_shell_leads_its_group(self) -> Any:
+        """
+        Just after the fork the shell is not yet the leader of a group of
+        its own: killpg finds no such group, and the signal goes to the
+        shell itself instead of being lost.
+        """
+        created = yield self.create()
+        session = self.daemon.context.terminals.table.get(created["session_id"])
+        killed: list[tuple[int, int]] = []
+        self.patch(os, "tcgetpgrp", lambda fd: 0)
+
+        def no_group(group: int, sig: int) -> None:
+            raise ProcessLookupError(group)
+
+        self.patch(os, "killpg", no_group)
+        self.patch(os, "kill", lambda pid, sig: killed.append((pid, sig)))
+        self.assertTrue(session.send_signal("SIGTERM"))
+        self.assertEqual(killed, [(created["pid"], signal.SIGTERM)])
+
+    @inlineCallbacks
     def test_exit_code_delivered(self) -> Any:
         """`exit 3` ends the session: `exited` with 3, then a normal close."""
         created = yield self.create()
