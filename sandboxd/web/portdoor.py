@@ -107,6 +107,9 @@ class DoorRequest(Request):
     """
 
     too_big: int | None = None
+    #: Refused at its head (a body announced over the cap): answered then,
+    #: the rest of the request read and dropped, no handler run.
+    answered_early = False
     #: The body's spool (a temporary file past Twisted's in-memory size)
     #: ran out of disk: the rest is dropped, and the call answers 507.
     no_space = False
@@ -118,9 +121,16 @@ class DoorRequest(Request):
         site: DoorSite = self.channel.site  # type: ignore[attr-defined]
         path = getattr(self.channel, "_path", b"") or b""
         self._cap = site.body_cap(path)
+        super().gotLength(length)
         if length is not None and length > self._cap:
             self.too_big = self._cap
-        super().gotLength(length)
+            self.answered_early = True
+            site.port_door.refuse_early(self, payload_too_large(self._cap))
+
+    def process(self) -> None:
+        """Run the door, unless the request was answered at its head."""
+        if not self.answered_early:
+            super().process()
 
     def handleContentChunk(self, data: bytes) -> None:
         """
@@ -559,6 +569,35 @@ class PortDoor:
         if self._site is None:
             self._site = DoorSite(self, self.limits)
         return self._site
+
+    def refuse_early(self, request: Any, error: ApiError) -> None:
+        """
+        Answer ``error`` at the request's head, in this door's framing, and
+        close once the client can read it (what it still sends is read and
+        dropped), with the one audit line a late refusal would write: a
+        client that announces a body over the cap is told at once, not
+        after it sent the body.
+        """
+        channel = request.channel
+        raw = (getattr(channel, "_path", b"") or b"").decode("latin-1")
+        path, _, query = raw.partition("?")
+        channel._refuse(error, path, request.getHeader(b"accept"))
+        peer = request.getClientAddress()
+        gate.audit(
+            self.context,
+            door=self.via,
+            endpoint=None,
+            identity=None,
+            rule=self.context.policy.rules.get(self.endpoint_id),
+            method=(channel._command or b"").decode("latin-1"),
+            path=path,
+            query=query,
+            status=error.status,
+            code=str(error.code) if error.code else None,
+            decided_by=error.rule,
+            started=time.monotonic(),
+            client=str(getattr(peer, "host", "") or ""),
+        )
 
     def serve(self, request: Any) -> None:
         """Answer one request (the response is always finished)."""

@@ -202,9 +202,8 @@ class RestBodyTests(KepCase):
     def test_over_max_bytes_announced_and_chunked(self) -> Any:
         """
         Over ``max_bytes``, announced or chunked: 413 and nothing written.
-        (The announced one is answered once its body has come, dropped as
-        it arrives: the door does not answer at the head as the HTTP port
-        does.)
+        An announced one is answered at its head, as the HTTP port does,
+        before the client sends any of the body, with its audit line.
         """
         answer = yield self.raw(
             b"PUT /v1/files/big HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -218,6 +217,30 @@ class RestBodyTests(KepCase):
         )
         self.assertEqual(status(answer), 413, answer[:300])
         self.assertEqual(self.leftovers(), [])
+
+        def head_only() -> tuple[bytes, float]:
+            began = time.monotonic()
+            with socket.create_connection(("127.0.0.1", self.rest_port)) as s:
+                s.settimeout(5)
+                s.sendall(
+                    b"PUT /v1/files/huge HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    b"Content-Length: 50000000\r\n\r\n"
+                )
+                answer = s.recv(4096)
+            return answer, time.monotonic() - began
+
+        answer, took = yield self.blocking(head_only)
+        self.assertEqual(status(answer), 413, answer[:300])
+        self.assertEqual(body_json(answer)["code"], "INVALID_ARGUMENT")
+        self.assertLess(took, 3.0)
+        refused = [
+            r
+            for r in self.audit_lines()
+            if r.get("via") == "kep" and r.get("path") == "/v1/files/huge"
+        ]
+        self.assertEqual(
+            [(r["status"], r["code"]) for r in refused], [(413, "payload_too_large")]
+        )
 
     @inlineCallbacks
     def test_multipart_two_files_or_none(self) -> Any:
