@@ -416,3 +416,117 @@ class ReadmeTests(SynchronousTestCase):
                 ["sh", "-c", recipe], capture_output=True, text=True, timeout=10
             ).stdout.strip()
             self.assertRegex(token, r"^[A-Za-z0-9_-]{40,}$")
+
+
+class AgentSandboxTemplateTests(SynchronousTestCase):
+    """The agent-sandbox runtime template (etc/kubernetes/agent-sandbox-template.yaml)."""
+
+    def setUp(self) -> None:
+        with open(os.path.join(ETC, "kubernetes", "agent-sandbox-template.yaml")) as f:
+            self.docs = [d for d in yaml.safe_load_all(f) if d]
+        self.config = next(d for d in self.docs if d["kind"] == "ConfigMap")
+        self.template = next(d for d in self.docs if d["kind"] == "SandboxTemplate")
+        self.spec = self.template["spec"]["podTemplate"]["spec"]
+        self.container = self.spec["containers"][0]
+
+    def test_policy_passes_strict_with_the_sdk_token(self) -> None:
+        """
+        The policy passes ``check-config --strict`` with its SDK token (a
+        file, as mounted), the kep group on and calls without a credential
+        standing for that token.
+        """
+        import pwd
+
+        real = pwd.getpwnam
+        self.patch(
+            pwd, "getpwnam", lambda name: real("root") if name == "user" else real(name)
+        )
+        doc = json.loads(self.config["data"]["policy.json"])
+        [token] = doc["auth"]["tokens"]
+        token_file = self.mktemp()
+        with open(token_file, "w") as f:
+            f.write("sdk-token-value")
+        token["token_file"] = token_file
+        path = self.mktemp() + ".json"
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        options = cli.CheckConfigOptions()
+        options.parseOptions(["--policy", path, "--base-dir", "/tmp", "--strict"])
+        out = io.StringIO()
+        self.assertEqual(cli.check_config(options, out), 0, out.getvalue())
+        self.assertEqual(doc["groups"], {"kep": True})
+        self.assertEqual(
+            doc["endpoints"]["kep"]["params"]["unauthenticated_as"], token["id"]
+        )
+
+    def test_container(self) -> None:
+        """
+        Its argv is what ``sandboxd serve`` takes (the KEP ports on the
+        protocol's 8080 and 9090, the policy where the ConfigMap is
+        mounted); the probes are the protocol's /v1/health; the tokens
+        are files from a Secret.
+        """
+        from sandboxd.daemon.tap import Options
+
+        args = self.container["args"]
+        self.assertEqual(args[:2], ["sandboxd", "serve"])
+        flags = dict(zip(args[2::2], args[3::2], strict=True))
+        self.assertEqual(
+            (flags["--kep-rest-port"], flags["--kep-grpc-port"]), ("8080", "9090")
+        )
+        mounts = {m["name"]: m["mountPath"] for m in self.container["volumeMounts"]}
+        self.assertEqual(os.path.dirname(flags["--policy"]), mounts["policy"])
+        ports = {p["name"]: p["containerPort"] for p in self.container["ports"]}
+        self.assertEqual((ports["kep-rest"], ports["kep-grpc"]), (8080, 9090))
+        for probe in ("startupProbe", "readinessProbe"):
+            get = self.container[probe]["httpGet"]
+            self.assertEqual((get["path"], get["port"]), ("/v1/health", "kep-rest"))
+        policy = json.loads(self.config["data"]["policy.json"])
+        [token] = policy["auth"]["tokens"]
+        self.assertEqual(os.path.dirname(token["token_file"]), mounts["tokens"])
+        volumes = {v["name"]: v for v in self.spec["volumes"]}
+        self.assertEqual(volumes["tokens"]["secret"]["defaultMode"], 0o400)
+        # The argv parses as the daemon's own options (paths made real here).
+        import pwd
+
+        real = pwd.getpwnam
+        self.patch(
+            pwd, "getpwnam", lambda name: real("root") if name == "user" else real(name)
+        )
+        sdk_token = self.mktemp()
+        with open(sdk_token, "w") as f:
+            f.write("sdk-token-value")
+        token["token_file"] = sdk_token
+        policy_path = self.mktemp() + ".json"
+        with open(policy_path, "w") as f:
+            json.dump(policy, f)
+        argv = [*args[2:]]
+        argv[argv.index("--policy") + 1] = policy_path
+        argv[argv.index("--base-dir") + 1] = "/tmp"
+        token = self.mktemp()
+        with open(token, "w") as f:
+            f.write("operator-token")
+        env = self.container["env"][0]
+        self.assertEqual(env["name"], "ABX_SERVER_TOKEN_FILE")
+        self.assertEqual(os.path.dirname(env["value"]), mounts["tokens"])
+        os.environ["ABX_SERVER_TOKEN_FILE"] = token
+        self.addCleanup(os.environ.pop, "ABX_SERVER_TOKEN_FILE", None)
+        Options().parseOptions(argv)
+
+    def test_schema(self) -> None:
+        """The ConfigMap, and the pod the template makes, validate (kubernetes-validate)."""
+        try:
+            import kubernetes_validate
+        except ImportError:
+            raise SkipTest(
+                "kubernetes-validate is not installed (pip install kubernetes-validate)"
+            ) from None
+        version = kubernetes_validate.latest_version()
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "sandbox"},
+            "spec": self.spec,
+        }
+        for doc in (self.config, pod):
+            kubernetes_validate.validate(doc, version, strict=True)
