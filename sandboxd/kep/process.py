@@ -106,6 +106,8 @@ class Rpc:
     status: int = 200
     code: str | None = None
     audit_fields: dict[str, Any] = attrs.Factory(dict)
+    #: Trailers an OK answer carries (what the message has no field for).
+    trailers: dict[str, str] = attrs.Factory(dict)
     over: bool = False
     #: Fires (None) once the call is over, whichever way: the transport
     #: takes the call's end from it.
@@ -214,7 +216,7 @@ class Rpc:
         except Exception as e:
             self.failed(Failure(e))
             return
-        self.call.finish(Status.OK)
+        self.call.finish(Status.OK, trailers=self.trailers)
         self.done()
 
     def fail(self, error: ApiError) -> None:
@@ -633,7 +635,11 @@ def execute(rpc: Rpc, message: dict[str, Any]) -> Deferred[dict[str, Any]]:
         if result.timed_out or result.idle_timed_out:
             raise _timeout(spec.idle_timeout if result.idle_timed_out else spec.timeout)
         if result.truncated:
+            # ExecuteResponse has no field for it: the head and the tail
+            # are kept (a marker between them), and the trailers say so.
             rpc.audit_fields["truncated"] = True
+            rpc.trailers["x-sandboxd-truncated"] = "true"
+            rpc.trailers["x-sandboxd-dropped-bytes"] = str(result.dropped_bytes)
         return {
             "exit_code": exit_code(result.exit_code),
             "stdout": result.stdout,

@@ -230,6 +230,35 @@ class ExecuteTests(ProcessCase):
             return e
 
 
+class TruncatedTests(ProcessCase):
+    """Output past ``max_output_bytes``: head and tail kept, the trailers say so."""
+
+    extra_policy = {"endpoints": {"shell": {"limits": {"max_output_bytes": 4096}}}}
+
+    @inlineCallbacks
+    def test_execute_output_capped(self) -> Any:
+        """
+        Execute of a command printing 100 KB answers at most the cap (its
+        head and tail) with ``x-sandboxd-truncated`` and the dropped bytes.
+        """
+        pb, _ = stubs()
+        request = pb.ExecuteRequest(
+            config=config(
+                pb, ["/bin/sh", "-c", "head -c 100000 /dev/zero | tr '\\0' a"]
+            )
+        )
+        answer, call = yield self.blocking(
+            self.stub().Execute.with_call, request, timeout=10
+        )
+        self.assertEqual(answer.exit_code, 0)
+        self.assertLessEqual(len(answer.stdout), 4096 + 200)
+        self.assertTrue(answer.stdout.startswith(b"aaaa"))
+        self.assertTrue(answer.stdout.endswith(b"aaaa"))
+        trailers = dict(call.trailing_metadata())
+        self.assertEqual(trailers["x-sandboxd-truncated"], "true")
+        self.assertGreater(int(trailers["x-sandboxd-dropped-bytes"]), 90000)
+
+
 class StartTests(ProcessCase):
     """``Start`` and the calls on a started process, through the generated stub."""
 
