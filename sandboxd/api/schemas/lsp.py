@@ -41,7 +41,11 @@ _SESSION = (
 #: language, project root and user.
 _WHICH = (
     F("session_id", doc="a session to ask (default: found or started for the file)"),
-    F("server", doc="a catalogue id allowed by params.lsp_servers"),
+    F(
+        "server",
+        doc="which language server (pyright, pylsp, ...; see lsp_servers); "
+        "default: the first installed for the file's language",
+    ),
     F("language", doc="an LSP language id (default: from the file's extension)"),
     F(
         "root",
