@@ -169,6 +169,7 @@ NOT_AT_START = (
     "sandboxd.mcp",
     "sandboxd.e2b",
     "sandboxd.preview",
+    "sandboxd.kep",
     # metrics exposition
     "prometheus_client",
 )
