@@ -9,7 +9,7 @@ text (:class:`~sandboxd.lsp.text.Text`).
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from sandboxd.lsp.text import Text
@@ -123,19 +123,30 @@ def locations(result: Any) -> list[tuple[str, Any]]:
     return out
 
 
-def diagnostics(items: Any, text: Text) -> list[dict[str, Any]]:
-    """A publishDiagnostics list, in file order."""
+def diagnostics(
+    items: Any, text: Text, count_in: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """
+    A publishDiagnostics list, in file order.
+
+    :param count_in: by a diagnostic's ``source``, the unit its columns
+        count when that is not the session's (a server's plugin that
+        passes on another tool's offsets).
+    """
     out: list[dict[str, Any]] = []
     for item in items if isinstance(items, list) else []:
         if not isinstance(item, dict):
             continue
         code = item.get("code")
+        source = _text(item.get("source"))
+        unit = (count_in or {}).get(source)
+        counted = text.in_encoding(unit) if unit is not None else text
         out.append(
             {
-                **text.span(item.get("range")),
+                **counted.span(item.get("range")),
                 "severity": _name(SEVERITIES, item.get("severity")) or "error",
                 "code": code if isinstance(code, (str, int)) else None,
-                "source": _text(item.get("source")) or None,
+                "source": source or None,
                 "message": _text(item.get("message")),
             }
         )

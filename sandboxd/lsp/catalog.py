@@ -37,6 +37,8 @@ class ServerSpec:
     :ivar counts_in: the unit its columns really count, whatever it says
         (None: as it says); for a server that counts characters where the
         protocol says UTF-16 units, which differ past the BMP.
+    :ivar diagnostics_count_in: for diagnostics from one of its plugins
+        (by ``source``), the unit that plugin's columns count.
     """
 
     id: str
@@ -48,6 +50,7 @@ class ServerSpec:
         default=None, eq=False
     )
     counts_in: str | None = None
+    diagnostics_count_in: Mapping[str, str] = attrs.field(factory=dict, eq=False)
 
     def command(self, env: Mapping[str, str]) -> list[str] | None:
         """The argv to start it with, executable resolved; None: not installed."""
@@ -123,8 +126,10 @@ SERVERS: tuple[ServerSpec, ...] = (
         ("pylsp",),
         "pip install 'python-lsp-server[pyflakes]'",
         module="pylsp",
-        # It hands LSP columns to Jedi, which counts characters.
+        # It hands LSP columns to Jedi, which counts characters; its pyflakes
+        # plugin passes on Python's AST offsets, which count UTF-8 bytes.
         counts_in="utf-32",
+        diagnostics_count_in={"pyflakes": "utf-8"},
     ),
     ServerSpec(
         "jedi-language-server",

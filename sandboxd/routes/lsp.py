@@ -425,7 +425,9 @@ async def lsp_diagnostics(request: ServerRequest) -> dict[str, Any]:
     )
     q = await question(request)
     published, settled = await q.session.diagnostics_of(q.source.path, q.fresh, timeout)
-    found = answers.diagnostics(published.items, q.text)
+    found = answers.diagnostics(
+        published.items, q.text, q.session.spec.diagnostics_count_in
+    )
     counts = {s: 0 for s in answers.SEVERITIES if s is not None}
     for d in found:
         counts[d["severity"]] += 1

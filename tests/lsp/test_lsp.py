@@ -164,6 +164,20 @@ class QuestionTests(LspTestCase):
         self.assertEqual(reply.json()["position_encoding"], "utf-32")
 
     @inlineCallbacks
+    def test_pyflakes_columns_after_non_ascii(self) -> Any:
+        """
+        pyflakes (through pylsp) counts a diagnostic's column in UTF-8
+        bytes: after two ``é`` the undefined name is still reported at its
+        character column.
+        """
+        self.write("proj/pyproject.toml", "")
+        self.write("proj/e.py", "s = 'éé'; print(undefined_name)\n")
+        out = yield self.ask("diagnostics", path="proj/e.py")
+        [found] = [d for d in out["diagnostics"] if d["source"] == "pyflakes"]
+        self.assertEqual((found["line"], found["column"]), (1, 17))
+        self.assertIn("undefined_name", found["message"])
+
+    @inlineCallbacks
     def test_symbols_and_completions(self) -> Any:
         """A file's symbols by name, kind and line; completions after ``os.``."""
         self.project()
