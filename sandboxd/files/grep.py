@@ -228,8 +228,7 @@ class _Search:
         shown: str,
     ) -> None:
         """One line's matches (``starts``, byte offsets), or its empty one."""
-        raw = data[start:end]
-        line = raw.decode("utf-8", "replace")
+        line = _text(data[start:end])
         around = self._around(data, start, end) if self.bounds.context else None
         column = 0
         prev = start
@@ -246,14 +245,14 @@ class _Search:
         pos = start
         while len(before) < self.bounds.context and pos > 0:
             begin = data.rfind(b"\n", 0, pos - 1) + 1
-            before.append(data[begin : pos - 1].decode("utf-8", "replace")[:cap])
+            before.append(_text(data[begin : pos - 1])[:cap])
             pos = begin
         after: list[str] = []
         pos = end
         while len(after) < self.bounds.context and pos + 1 < len(data):
             stop = data.find(b"\n", pos + 1)
             stop = len(data) if stop < 0 else stop
-            after.append(data[pos + 1 : stop].decode("utf-8", "replace")[:cap])
+            after.append(_text(data[pos + 1 : stop])[:cap])
             pos = stop
         return {"before": before[::-1], "after": after}
 
@@ -292,6 +291,13 @@ class _Search:
             "truncated": self.truncated,
             "timed_out": self.timed_out,
         }
+
+
+def _text(line: bytes) -> str:
+    """A line as text, without the CR of a CRLF line end (it ends the line)."""
+    if line.endswith(b"\r"):
+        line = line[:-1]
+    return line.decode("utf-8", "replace")
 
 
 def _read(fd: int, limit: int) -> bytes:

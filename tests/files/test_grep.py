@@ -158,13 +158,18 @@ class MatchTests(GrepCase):
         )
 
     def test_lines_without_newlines(self) -> None:
-        """The last line needs no newline; an empty file has no line."""
+        """
+        The last line needs no newline; an empty file has no line; a CRLF
+        line's text (and its context lines') ends before the CR.
+        """
         self.put("f.txt", "first\r\nlast")
         self.put("g.txt", "")
         self.assertEqual(
             self.found(self.grep("t")),
-            [("f.txt", 1, 5, "first\r"), ("f.txt", 2, 4, "last")],
+            [("f.txt", 1, 5, "first"), ("f.txt", 2, 4, "last")],
         )
+        [match] = self.grep("last", "f.txt", context=1)["matches"]
+        self.assertEqual(match["before"], ["first"])
         self.assertEqual(self.grep("^", "g.txt")["matches"], [])
 
     def test_same_matches_line_by_line(self) -> None:
