@@ -429,6 +429,14 @@ class AgentSandboxTemplateTests(SynchronousTestCase):
         self.spec = self.template["spec"]["podTemplate"]["spec"]
         self.container = self.spec["containers"][0]
 
+    def test_warm_pool_names_the_template(self) -> None:
+        """The pool the SDK claims from refers to the template by its name."""
+        pool = next(d for d in self.docs if d["kind"] == "SandboxWarmPool")
+        self.assertEqual(
+            pool["spec"]["sandboxTemplateRef"]["name"],
+            self.template["metadata"]["name"],
+        )
+
     def test_policy_passes_strict_with_the_sdk_token(self) -> None:
         """
         The policy passes ``check-config --strict`` with its SDK token (a
