@@ -200,11 +200,8 @@ def _pty_session(call: Call, pid: int) -> PtySession | None:
     The caller's running terminal with ``pid``: another identity's is not
     there for it (SPEC §4), so every procedure answers it as a pid nobody has.
     """
-    identity = call.identity
-    for session in _terminals(call).sessions.values():
-        if session.pid == pid and not session.ended and session.usable_by(identity):
-            return session  # type: ignore[no-any-return]
-    return None
+    session: PtySession | None = _terminals(call).running(pid, call.identity)
+    return session
 
 
 def _find(call: Call, message: dict[str, Any]) -> Managed | PtySession | None:

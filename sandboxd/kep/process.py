@@ -413,10 +413,8 @@ def _terminals(rpc: Rpc) -> Any:
 
 def _terminal(rpc: Rpc, pid: int) -> PtySession | None:
     """The running terminal of ``pid`` the caller may drive (else None)."""
-    for session in _terminals(rpc).sessions.values():
-        if session.pid == pid and not session.ended and session.usable_by(rpc.identity):
-            return session  # type: ignore[no-any-return]
-    return None
+    session: PtySession | None = _terminals(rpc).running(pid, rpc.identity)
+    return session
 
 
 def find(rpc: Rpc, message: dict[str, Any]) -> Managed | PtySession:

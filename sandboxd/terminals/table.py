@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet.defer import Deferred
 
 if TYPE_CHECKING:
+    from sandboxd.access.auth import Identity
     from sandboxd.terminals.session import PtySession, SpawnRequest
 
 Spawn = Callable[[Any, "PtySession", "SpawnRequest"], None]
@@ -44,6 +45,17 @@ class TerminalTable:
     def get(self, session_id: str) -> PtySession | None:
         """The session, or None."""
         return self.sessions.get(session_id)
+
+    def running(self, pid: int, identity: Identity) -> PtySession | None:
+        """
+        The running terminal whose shell is ``pid`` that ``identity`` may
+        drive; another identity's is not there for it (the doors that name
+        processes by pid answer it as a pid nobody has).
+        """
+        for session in self.sessions.values():
+            if session.pid == pid and not session.ended and session.usable_by(identity):
+                return session
+        return None
 
     def create(
         self,
