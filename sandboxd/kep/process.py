@@ -128,11 +128,11 @@ class Rpc:
         assert self.passed is not None
         return self.passed.rule
 
-    def admit(self, endpoint_id: str) -> gate.Passed:
+    def admit(self, endpoint_id: str) -> None:
         """
-        Admit the call as ``endpoint_id``: the door (``kep``) first, then
-        the endpoint doing the job (a call without a credential is
-        ``params.unauthenticated_as`` when set).
+        Admit the call as ``endpoint_id`` (the door's own ``kep``, then,
+        in a second call, the endpoint doing the job); a call without a
+        credential is ``params.unauthenticated_as`` when set.
 
         :raises ApiError: the gate's refusal, audited as what refused it.
         """
@@ -147,7 +147,6 @@ class Rpc:
             self.door_passed = passed
         else:
             self.passed = passed
-        return passed
 
     def server_request(
         self,
