@@ -430,6 +430,8 @@ class RealCLICase(AgentsTestCase):
     """
 
     timeout = 120
+    #: How long a turn may take to reach the model, in seconds.
+    model_wait = 110
     policy = agents_policy(params={"mcp_servers": "http"})
     #: The CLI's directory, its binary, and the catalogue agent it runs for.
     bin_dir = ""
@@ -515,11 +517,22 @@ class RealCLICase(AgentsTestCase):
         sid = yield self.session(self.agent)
         reply = yield self.prompt(sid, "hang", wait=0)
         self.assertEqual(reply.status, 202, reply.body)
-        for _ in range(600):
-            if self.model.waiting:
-                break
-            yield deferLater(reactor, 0.1, lambda: None)
-        self.assertTrue(self.model.waiting, "the CLI never asked its model")
+        # A CLI starting beside two other test workers on two cores may take
+        # a minute to ask; one whose turn ended without asking says why.
+        deadline = reactor.seconds() + self.model_wait
+        while not self.model.waiting and reactor.seconds() < deadline:
+            yield deferLater(reactor, 0.2, lambda: None)
+            session = yield self.request("GET", f"/agents/sessions/{sid}")
+            if session.json().get("state") == "idle" and not self.model.waiting:
+                self.fail(
+                    f"the turn ended before the CLI asked its model: {session.body!r}"
+                    f" (the model was asked {len(self.model.requests)} time(s))"
+                )
+        self.assertTrue(
+            self.model.waiting,
+            f"the CLI never asked its model in {self.model_wait} s"
+            f" ({len(self.model.requests)} other request(s))",
+        )
         self.assertTrue(self.cli_processes())
         reply = yield self.request("POST", f"/agents/sessions/{sid}/cancel", {})
         self.assertEqual(reply.status, 200, reply.body)
@@ -565,6 +578,9 @@ class EachCLI:
         """See :meth:`RealCLICase.cancelled_while_waiting`."""
         return self.cancelled_while_waiting()
 
+    # The wait for the model, then the cancel and the processes' end.
+    test_cancel.timeout = 150  # type: ignore[attr-defined]
+
 
 class RealQwenTests(EachCLI, RealCLICase):
     bin_dir, program, agent, history = QWEN_BIN, "qwen", "qwen-code", "messages"
@@ -575,7 +591,13 @@ class RealQwenTests(EachCLI, RealCLICase):
     def prepare(self, home: str, port: int) -> dict[str, str]:
         os.makedirs(os.path.join(home, ".qwen"))
         with open(os.path.join(home, ".qwen", "settings.json"), "w") as f:
-            json.dump({"security": {"auth": {"selectedType": "openai"}}}, f)
+            # Nothing beyond the stand-in model: no update check, no statistics.
+            settings = {
+                "security": {"auth": {"selectedType": "openai"}},
+                "general": {"enableAutoUpdate": False},
+                "privacy": {"usageStatisticsEnabled": False},
+            }
+            json.dump(settings, f)
         return {
             "OPENAI_API_KEY": "not-a-key",
             "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
