@@ -8,9 +8,8 @@ program.)
 - :mod:`~sandboxd.kep.access`: who a call is (``params.unauthenticated_as``);
 - :mod:`~sandboxd.kep.errors`: sandboxd's refusals as the protocol's codes;
 - :mod:`~sandboxd.kep.rest`: the REST filesystem API;
-- :mod:`~sandboxd.kep.wire`: a small proto3 codec (no ``protobuf`` in the
-  daemon);
-- :mod:`~sandboxd.kep.schema`: the ``process.v1`` messages;
+- :mod:`~sandboxd.kep.schema`: the ``process.v1`` messages, in
+  :mod:`sandboxd.proto3`'s terms (no ``protobuf`` in the daemon);
 - :mod:`~sandboxd.kep.grpc`: the gRPC server over cleartext HTTP/2 (needs
   the ``kep`` extra, ``h2``);
 - :mod:`~sandboxd.kep.service`: the listeners.

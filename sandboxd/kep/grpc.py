@@ -78,7 +78,6 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from sandboxd.kep.wire import Schema, WireError, decode, encode
 from sandboxd.policy.defaults import (
     CAP_WARNING_INTERVAL_SECONDS,
     HEADER_DEADLINE_SECONDS,
@@ -93,6 +92,7 @@ from sandboxd.policy.defaults import (
     KEP_STREAM_HIGH_WATER_BYTES,
     KEP_STREAM_MAX_QUEUED_BYTES,
 )
+from sandboxd.proto3 import Schema, WireError, decode, encode
 
 __all__ = [
     "Call",
@@ -301,7 +301,7 @@ class Call:
         Queue one response message; a no-op once the call has ended.
 
         :raises RuntimeError: for a second message on a unary method.
-        :raises sandboxd.kep.wire.WireError: when ``message`` does not fit
+        :raises sandboxd.proto3.WireError: when ``message`` does not fit
             the response schema.
         """
         if self.finished:

@@ -15,7 +15,7 @@ import enum
 
 import attrs
 
-from sandboxd.kep.wire import Kind, Schema, field, message, oneof
+from sandboxd.proto3 import Kind, Schema, field, message, oneof
 
 __all__ = [
     "EMPTY",

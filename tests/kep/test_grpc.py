@@ -17,7 +17,7 @@ from zope.interface import implementer
 
 from sandboxd.kep import schema
 from sandboxd.kep.grpc import Call, GrpcError, GrpcFactory, Method, Status
-from sandboxd.kep.wire import Kind, decode, encode, field, message
+from sandboxd.proto3 import Kind, decode, encode, field, message
 
 try:
     import grpc

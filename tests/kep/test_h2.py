@@ -31,8 +31,8 @@ from sandboxd.kep.grpc import (
     parse_timeout,
     percent_encode,
 )
-from sandboxd.kep.wire import Kind, encode, field, message
 from sandboxd.policy.defaults import HEADER_DEADLINE_SECONDS
+from sandboxd.proto3 import Kind, encode, field, message
 
 ECHO = message("test.Echo", field(1, "text", Kind.STRING), field(2, "n", Kind.INT32))
 ADDRESS = IPv4Address("TCP", "127.0.0.1", 40000)

@@ -1,10 +1,11 @@
-# -*- test-case-name: tests.kep.test_wire -*-
+# -*- test-case-name: tests.test_proto3 -*-
 """
 A small proto3 codec: messages declared as data, bytes in and out as dicts.
 
-The door speaks a handful of flat messages; a ``protobuf`` runtime (and
-the generated code that goes with it) would be a large, native dependency
-of the daemon for that.  What is kept of protobuf's behaviour is what a
+The KEP door speaks a handful of flat messages and the trace exporter
+writes one (OTLP's spans); a ``protobuf`` runtime (and the generated code
+that goes with it) would be a large, native dependency of the daemon for
+that.  What is kept of protobuf's behaviour is what a
 peer can observe on the wire, so that the real client's bytes decode and
 ours parse in it:
 
@@ -29,6 +30,7 @@ buffering it).
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -65,7 +67,7 @@ class WireError(ValueError):
 
 
 class Kind(enum.Enum):
-    """The value kinds the door's messages use."""
+    """The value kinds the daemon's messages use."""
 
     INT32 = "int32"
     UINT32 = "uint32"
@@ -75,6 +77,9 @@ class Kind(enum.Enum):
     STRING = "string"
     BYTES = "bytes"
     ENUM = "enum"
+    #: Unsigned integers written in four or eight bytes (OTLP's times and flags).
+    FIXED32 = "fixed32"
+    FIXED64 = "fixed64"
     MESSAGE = "message"
     #: ``map<string, string>``: on the wire, a repeated entry message whose
     #: key is field 1 and value field 2.
@@ -85,12 +90,20 @@ _NUMERIC = frozenset(
     {Kind.INT32, Kind.UINT32, Kind.INT64, Kind.UINT64, Kind.BOOL, Kind.ENUM}
 )
 
+#: The fixed-width kinds: their wire type and ``struct`` format.
+_FIXED: dict[Kind, tuple[int, str]] = {
+    Kind.FIXED32: (_FIXED32, "<I"),
+    Kind.FIXED64: (_FIXED64, "<Q"),
+}
+
 _DEFAULTS: dict[Kind, Any] = {
     Kind.INT32: 0,
     Kind.UINT32: 0,
     Kind.INT64: 0,
     Kind.UINT64: 0,
     Kind.ENUM: 0,
+    Kind.FIXED32: 0,
+    Kind.FIXED64: 0,
     Kind.BOOL: False,
     Kind.STRING: "",
     Kind.BYTES: b"",
@@ -100,6 +113,8 @@ _RANGES: dict[Kind, tuple[int, int]] = {
     Kind.INT32: (-(1 << 31), (1 << 31) - 1),
     Kind.ENUM: (-(1 << 31), (1 << 31) - 1),
     Kind.UINT32: (0, _U32),
+    Kind.FIXED32: (0, _U32),
+    Kind.FIXED64: (0, _U64),
     Kind.INT64: (-(1 << 63), (1 << 63) - 1),
     Kind.UINT64: (0, _U64),
 }
@@ -299,6 +314,13 @@ def _decode_into(
         elif wire_type == _VARINT and spec.kind in _NUMERIC:
             value, pos = _read_varint(data, pos, path)
             _store(spec, out, _scalar_from_varint(spec.kind, value))
+        elif spec.kind in _FIXED and wire_type == _FIXED[spec.kind][0]:
+            fmt = _FIXED[spec.kind][1]
+            size = struct.calcsize(fmt)
+            if size > end - pos:
+                raise WireError(f"{path}: runs past the end of the message")
+            _store(spec, out, struct.unpack_from(fmt, data, pos)[0])
+            pos += size
         else:
             raise WireError(
                 f"{path}: wire type {wire_type} for a {spec.kind.value} field"
@@ -354,6 +376,15 @@ def _take_length_delimited(
     elif kind is Kind.MAP:
         key, item = _map_entry(chunk, path)
         out.setdefault(spec.name, {})[key] = item
+        return
+    elif spec.repeated and kind in _FIXED:
+        fmt = _FIXED[kind][1]
+        size = struct.calcsize(fmt)
+        if len(chunk) % size:
+            raise WireError(f"{path}: packed {kind.value} values of {len(chunk)} bytes")
+        out.setdefault(spec.name, []).extend(
+            v for (v,) in struct.iter_unpack(fmt, chunk)
+        )
         return
     elif spec.repeated:
         # Packed numbers.
@@ -468,6 +499,11 @@ def _encode_scalar(spec: Field, value: Any, depth: int, path: str) -> bytes:
         inner: list[bytes] = []
         _encode_into(spec.message, value, inner, depth + 1, path)
         return _length_delimited(spec.number, b"".join(inner))
+    if kind in _FIXED:
+        wire_type, fmt = _FIXED[kind]
+        return _tag(spec.number, wire_type) + struct.pack(
+            fmt, _number(kind, value, path)
+        )
     return _tag(spec.number, _VARINT) + _varint(_number(kind, value, path))
 
 
@@ -511,6 +547,11 @@ def _encode_repeated(
         raise WireError(f"{path}: expected a list, got {type(items).__name__}")
     items = list(items)
     if not items:
+        return
+    if spec.kind in _FIXED:
+        fmt = f"<{len(items)}{_FIXED[spec.kind][1][1]}"
+        packed = struct.pack(fmt, *(_number(spec.kind, v, path) for v in items))
+        parts.append(_length_delimited(spec.number, packed))
         return
     if spec.kind in _NUMERIC:
         packed = b"".join(_varint(_number(spec.kind, v, path)) for v in items)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from sandboxd.kep import schema
-from sandboxd.kep.wire import (
+from sandboxd.proto3 import (
     MAX_DEPTH,
     Kind,
     WireError,
@@ -347,6 +347,62 @@ class CodecTests(SynchronousTestCase):
         self.assertEqual(decode(schema_, b""), {})
         self.assertEqual(decode(schema_, b"\x08\x00"), {"a": 0})
         self.assertEqual(encode(schema_, {"a": 0}), b"\x08\x00")
+
+
+class FixedWidthTests(SynchronousTestCase):
+    """``fixed32`` and ``fixed64``, checked against OpenTelemetry's generated ``Span``."""
+
+    def setUp(self) -> None:
+        try:
+            from opentelemetry.proto.trace.v1 import trace_pb2
+        except ImportError:  # pragma: no cover - the dev extra installs it
+            raise SkipTest("opentelemetry-proto is not installed") from None
+        self.pb = trace_pb2
+        self.schema = message(
+            "Span",
+            field(5, "name", Kind.STRING),
+            field(7, "start", Kind.FIXED64),
+            field(16, "flags", Kind.FIXED32),
+        )
+
+    def test_both_ways(self) -> None:
+        big = (1 << 64) - 1
+        ours = encode(self.schema, {"name": "s", "start": big, "flags": 0x301})
+        theirs = self.pb.Span.FromString(ours)
+        self.assertEqual(
+            (theirs.name, theirs.start_time_unix_nano, theirs.flags), ("s", big, 0x301)
+        )
+        back = self.pb.Span(name="t", start_time_unix_nano=12345, flags=7)
+        self.assertEqual(
+            decode(self.schema, back.SerializeToString()),
+            {"name": "t", "start": 12345, "flags": 7},
+        )
+        self.assertEqual(decode(self.schema, b""), {"name": "", "start": 0, "flags": 0})
+
+    def test_bounds_and_truncation(self) -> None:
+        with self.assertRaises(WireError):
+            encode(self.schema, {"flags": 1 << 32})
+        with self.assertRaises(WireError):
+            encode(self.schema, {"start": -1})
+        with self.assertRaises(WireError):
+            decode(self.schema, b"\x39\x01\x02")
+        # A fixed field read with a varint's wire type is refused, not misread.
+        with self.assertRaises(WireError):
+            decode(self.schema, b"\x38\x01")
+
+    def test_packed_round_trip(self) -> None:
+        schema_ = message("t.P", field(1, "xs", Kind.FIXED32, repeated=True))
+        data = encode(schema_, {"xs": [1, 2, (1 << 32) - 1]})
+        self.assertEqual(
+            data, b"\x0a\x0c" + b"\x01\x00\x00\x00\x02\x00\x00\x00\xff\xff\xff\xff"
+        )
+        self.assertEqual(decode(schema_, data), {"xs": [1, 2, (1 << 32) - 1]})
+        # Unpacked, as an older writer may send them.
+        self.assertEqual(
+            decode(schema_, b"\x0d\x05\x00\x00\x00\x0d\x06\x00\x00\x00"), {"xs": [5, 6]}
+        )
+        with self.assertRaises(WireError):
+            decode(schema_, b"\x0a\x03\x01\x02\x03")
 
 
 def _len(data: bytes) -> bytes:
